@@ -1,0 +1,80 @@
+"""Analysis wall time: flopcount.count_flops (jit tracer) vs fvcore's FlopCountAnalysis,
+same process, same models, median of N runs, reported as a ratio.
+
+    .venv/bin/python benchmarks/bench_core.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.hf import gpt2, token_ids  # noqa: E402
+from examples.resnet import resnet50  # noqa: E402
+from flopcount import count_flops  # noqa: E402
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up: first-call costs (imports, schema caches) are not what users pay per model
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fvcore_run(model, inputs):
+    from fvcore.nn import FlopCountAnalysis
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            analysis = FlopCountAnalysis(model, inputs)
+            analysis.unsupported_ops_warnings(False)
+            analysis.uncalled_modules_warnings(False)
+            analysis.total()
+            analysis.by_module()
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    cases = [
+        ("ResNet-50 1x3x224x224", resnet50().eval(), (torch.randn(1, 3, 224, 224),)),
+        ("GPT-2 small 1x256 tokens", gpt2(), (token_ids(1, 256, 50257),)),
+    ]
+    print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, "
+          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+    print(f"{'model':28} {'forward s':>10} {'flopcount s':>12} {'fvcore s':>10} {'flopcount/fvcore':>17}")
+    for name, model, inputs in cases:
+        def forward():
+            with torch.no_grad():
+                model(*inputs)
+
+        def ours():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                count_flops(model, inputs, tracer="jit")
+
+        t_fwd = median_time(forward, args.repeats)
+        t_ours = median_time(ours, args.repeats)
+        t_fv = median_time(fvcore_run(model, inputs), args.repeats)
+        print(f"{name:28} {t_fwd:10.3f} {t_ours:12.3f} {t_fv:10.3f} {t_ours / t_fv:17.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Real architectures built from code (no downloads), used by the demo, tests and benchmarks."""

@@ -1,0 +1,91 @@
+"""Shape helpers shared by every handler family, so each formula exists exactly once."""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Iterable, Optional, Sequence, Tuple
+
+from ..types import OpCall, TensorMeta
+
+Shape = Tuple[int, ...]
+
+
+def broadcast(*shapes: Sequence[int]) -> Shape:
+    """The broadcast shape of ``shapes`` (numpy rules); raises ValueError when incompatible."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for axis in range(-ndim, 0):
+        sizes = {s[axis] for s in shapes if len(s) >= -axis} - {1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {list(shapes)} do not broadcast")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def maybe_tensor(call: OpCall, name: str) -> Optional[TensorMeta]:
+    """The tensor argument ``name`` or None when absent (an optional weight, bias...)."""
+    value = call.arg(name)
+    return value if isinstance(value, TensorMeta) else None
+
+
+def first_output(call: OpCall) -> Optional[TensorMeta]:
+    value = call.outputs[0] if call.outputs else None
+    return value if isinstance(value, TensorMeta) else None
+
+
+def output_numel(call: OpCall) -> int:
+    """Elements of the op's first output; the broadcast of its tensor inputs when the
+    tracer did not know the output shape."""
+    out = first_output(call)
+    if out is not None:
+        return out.numel
+    tensors = call.tensors()
+    if not tensors:
+        raise ValueError(f"{call.op}: no output shape and no tensor input to infer one")
+    return prod(broadcast(*(t.shape for t in tensors)))
+
+
+def ints(value: Any, ndim: int, default: int) -> Tuple[int, ...]:
+    """An int-list argument expanded to ``ndim`` entries (``[]``/None -> ``default``)."""
+    if value is None:
+        return (default,) * ndim
+    if isinstance(value, int):
+        return (value,) * ndim
+    value = tuple(value)
+    if not value:
+        return (default,) * ndim
+    if len(value) == 1:
+        return value * ndim
+    return value
+
+
+def matmul_macs(a: Shape, b: Shape) -> int:
+    """MACs of ``torch.matmul(a, b)`` with its 1-D and broadcasting rules:
+    output elements x contracted size."""
+    if not a or not b:
+        raise ValueError(f"matmul needs tensors of at least one dimension, got {a} and {b}")
+    k = a[-1]
+    if len(a) == 1 and len(b) == 1:
+        out: Shape = ()
+    elif len(a) == 1:
+        out = b[:-2] + b[-1:]
+    elif len(b) == 1:
+        out = a[:-1]
+    else:
+        out = broadcast(a[:-2], b[:-2]) + (a[-2], b[-1])
+    return prod(out) * k
+
+
+def product(values: Iterable[int]) -> int:
+    return prod(values)
+
+
+def grads_present(call: OpCall, count: int = 3) -> Tuple[bool, ...]:
+    """Which of a backward op's ``count`` gradients were computed: the outputs the tracer
+    saw (None = not computed), else ``output_mask``, else all."""
+    if len(call.outputs) >= count:
+        return tuple(o is not None for o in call.outputs[:count])
+    mask = call.arg("output_mask")
+    if mask is None:
+        return (True,) * count
+    return tuple(bool(m) for m in mask)

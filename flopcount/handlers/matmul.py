@@ -1,0 +1,180 @@
+"""Contractions: linear, the mm family, matmul, einsum, tensordot, bilinear.
+
+MACs = output elements x contracted size; bias/``self`` adds of addmm-style ops are
+not counted (see docs/conventions.md), so these ops always have flops == 2 * macs.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..registry import HandlerRegistry
+from ..types import Cost, OpCall
+from ._common import Shape, broadcast, matmul_macs
+
+__all__ = ["register", "einsum_cost", "linear_macs"]
+
+
+def linear_macs(input_shape: Shape, weight_shape: Shape) -> int:
+    """``F.linear``: rows of input x in_features x out_features (weight (out, in) or (in,))."""
+    out_features = weight_shape[0] if len(weight_shape) == 2 else 1
+    return prod(input_shape[:-1]) * input_shape[-1] * out_features
+
+
+def _linear(call: OpCall) -> Cost:
+    # input (*, in), weight (out, in); the bias add is not counted.
+    return Cost.from_macs(linear_macs(call.tensor("input").shape, call.tensor("weight").shape))
+
+
+def _mm(call: OpCall) -> Cost:
+    # self (n, m) @ mat2 (m, p) -> n*m*p
+    return Cost.from_macs(matmul_macs(call.tensor("self").shape, call.tensor("mat2").shape))
+
+
+def _addmm(call: OpCall) -> Cost:
+    # beta*self + alpha*(mat1 (n, m) @ mat2 (m, p)); only the product is counted.
+    return Cost.from_macs(matmul_macs(call.tensor("mat1").shape, call.tensor("mat2").shape))
+
+
+def _baddbmm(call: OpCall) -> Cost:
+    # batch1 (b, n, m) @ batch2 (b, m, p): b*n*m*p; addbmm also sums over b inside the MACs.
+    return Cost.from_macs(matmul_macs(call.tensor("batch1").shape, call.tensor("batch2").shape))
+
+
+def _matmul(call: OpCall) -> Cost:
+    return Cost.from_macs(matmul_macs(call.tensor("self").shape, call.tensor("other").shape))
+
+
+def _mv(call: OpCall) -> Cost:
+    # self (n, m) @ vec (m,) -> n*m
+    return Cost.from_macs(matmul_macs(call.tensor("self").shape, call.tensor("vec").shape))
+
+
+def _addmv(call: OpCall) -> Cost:
+    return Cost.from_macs(matmul_macs(call.tensor("mat").shape, call.tensor("vec").shape))
+
+
+def _dot(call: OpCall) -> Cost:
+    # (n,) . (n,) -> n
+    return Cost.from_macs(call.tensor("self").numel)
+
+
+def _inner(call: OpCall) -> Cost:
+    # contracts the last dims: (*a, k) x (*b, k) -> a_rows * b_rows * k
+    a, b = call.tensor("self"), call.tensor("other")
+    if a.ndim == 0 or b.ndim == 0:
+        return Cost.from_macs(max(a.numel, b.numel))
+    return Cost.from_macs(a.numel * b.numel // a.shape[-1])
+
+
+def _outer(call: OpCall) -> Cost:
+    # (n,) x (m,) -> n*m products (contracted size 1)
+    return Cost.from_macs(call.tensor("self").numel * call.tensor("vec2").numel)
+
+
+def _tensordot(call: OpCall) -> Cost:
+    # free dims of self x free dims of other x contracted dims
+    a, b = call.tensor("self").shape, call.tensor("other").shape
+    dims_a = {d % len(a) for d in call.arg("dims_self") or ()}
+    dims_b = {d % len(b) for d in call.arg("dims_other") or ()}
+    free_a = prod(s for i, s in enumerate(a) if i not in dims_a)
+    free_b = prod(s for i, s in enumerate(b) if i not in dims_b)
+    return Cost.from_macs(free_a * free_b * prod(a[i] for i in dims_a))
+
+
+def _bilinear(call: OpCall) -> Cost:
+    # input1 (*, in1), input2 (*, in2), weight (out, in1, in2): rows x out x in1 x in2
+    x1, x2, w = call.tensor("input1").shape, call.tensor("input2").shape, call.tensor("weight").shape
+    rows = prod(broadcast(x1[:-1], x2[:-1]))
+    return Cost.from_macs(rows * w[0] * w[1] * w[2])
+
+
+# -- einsum -------------------------------------------------------------------------------
+
+
+def _parse_equation(equation: str, shapes: Sequence[Shape]) -> Tuple[List[str], str, Dict[str, int]]:
+    """Operand subscripts, output subscripts and letter sizes, with "..." expanded into
+    private placeholder characters (broadcast sizes) and the implicit output filled in."""
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ValueError(f"einsum equation {equation!r} has {len(terms)} operands, got {len(shapes)} tensors")
+    ell_ndim = max((len(s) - len(t.replace("...", "")) for t, s in zip(terms, shapes) if "..." in t), default=0)
+    ell = "".join(chr(0x2460 + i) for i in range(ell_ndim))  # characters no equation uses
+    sizes: Dict[str, int] = {}
+    expanded: List[str] = []
+    for term, shape in zip(terms, shapes):
+        if "..." in term:
+            n = len(shape) - len(term.replace("...", ""))
+            term = term.replace("...", ell[ell_ndim - n:] if n else "")
+        if len(term) != len(shape):
+            raise ValueError(f"einsum subscripts {term!r} do not match shape {tuple(shape)}")
+        for letter, size in zip(term, shape):
+            if size != 1 or letter not in sizes:
+                sizes[letter] = size
+        expanded.append(term)
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:
+        counts = "".join(expanded)
+        out = ell + "".join(sorted(c for c in set(counts) if counts.count(c) == 1 and c not in ell))
+    return expanded, out, sizes
+
+
+def einsum_cost(equation: str, shapes: Sequence[Shape], path: Optional[Sequence[int]] = None) -> Cost:
+    """einsum as torch evaluates it: operands contracted pairwise (left to right, or along
+    ``path``); each pair costs the product of the sizes of every letter in either operand.
+    A letter summed away that occurs in one operand only is summed first (1 FLOP per
+    element of that operand, as torch does with a sum) and is not part of the MACs.
+    A single operand costs its elements in FLOPs when some letter is summed, else 0."""
+    terms, out, sizes = _parse_equation(equation, shapes)
+    operands = list(terms)
+    flops = 0
+    macs = 0
+
+    def needed_elsewhere(letter: str, skip: Sequence[int]) -> bool:
+        return letter in out or any(letter in t for i, t in enumerate(operands) if i not in skip)
+
+    # Pre-sum letters private to one operand.
+    for i, term in enumerate(operands):
+        private = [c for c in set(term) if not needed_elsewhere(c, (i,))]
+        if private:
+            flops += prod(sizes[c] for c in term)
+            operands[i] = "".join(c for c in term if c not in private)
+    if len(operands) == 1:
+        return Cost.from_flops(flops)
+    pairs = list(path) if path else []
+    pair_list = [(pairs[j], pairs[j + 1]) for j in range(0, len(pairs) - 1, 2)] if pairs else []
+    while len(operands) > 1:
+        i, j = pair_list.pop(0) if pair_list else (0, 1)
+        a, b = operands[i], operands[j]
+        letters = set(a) | set(b)
+        macs += prod(sizes[c] for c in letters)
+        kept = "".join(c for c in sorted(letters) if needed_elsewhere(c, (i, j)))
+        operands = [t for k, t in enumerate(operands) if k not in (i, j)] + [kept]
+    return Cost(macs=macs, flops=2 * macs + flops)
+
+
+def _einsum(call: OpCall) -> Cost:
+    tensors = call.arg("tensors") or ()
+    return einsum_cost(call.arg("equation"), [t.shape for t in tensors], call.arg("path"))
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register("aten::linear", _linear)
+    registry.register("aten::mm", _mm)
+    registry.register("aten::bmm", _mm)
+    registry.register("aten::addmm", _addmm)
+    registry.register(["aten::baddbmm", "aten::addbmm"], _baddbmm)
+    registry.register("aten::matmul", _matmul)
+    registry.register("aten::mv", _mv)
+    registry.register("aten::addmv", _addmv)
+    registry.register(["aten::dot", "aten::vdot"], _dot)
+    registry.register("aten::inner", _inner)
+    registry.register(["aten::outer", "aten::ger"], _outer)
+    registry.register("aten::addr", lambda call: Cost.from_macs(call.tensor("vec1").numel * call.tensor("vec2").numel))
+    registry.register("aten::tensordot", _tensordot)
+    registry.register("aten::bilinear", _bilinear)
+    registry.register("aten::einsum", _einsum)

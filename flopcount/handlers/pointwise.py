@@ -1,0 +1,141 @@
+"""Elementwise arithmetic, comparisons, activations, dropout and their backward ops.
+
+Cost = a per-element constant x output elements (the output's numel, so broadcasting
+is handled). Every arithmetic primitive -- including exp, log, sqrt, tanh, erf, a
+comparison, a select -- counts 1; composite activations count the primitives of their
+textbook formula. The constants live in :data:`PER_ELEMENT`; docs/conventions.md lists
+them with the formula each is counted from.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from ..registry import HandlerRegistry
+from ..types import Cost, Handler, OpCall
+from ._common import output_numel
+
+__all__ = ["register", "PER_ELEMENT", "per_element", "elementwise_flops"]
+
+_ONE = (
+    # arithmetic; scalar factors folded into an op (add's alpha, addcmul's value) are not extra
+    "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod",
+    "neg", "negative", "abs", "absolute", "sign", "sgn", "signbit", "reciprocal", "sqrt", "rsqrt", "square",
+    "pow", "float_power", "copysign", "heaviside",
+    # transcendental primitives: one library call each
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan",
+    "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "atan2", "arctan2",
+    "erf", "erfc", "erfinv", "lgamma", "digamma", "i0", "sinc", "hypot",
+    # rounding
+    "floor", "ceil", "round", "trunc", "fix", "frac",
+    # one comparison or select per element
+    "clamp", "clamp_min", "clamp_max", "clip", "relu", "relu6", "hardtanh", "threshold", "hardshrink",
+    "where", "masked_fill", "minimum", "maximum", "fmin", "fmax",
+    "eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal", "not_equal",
+    "logical_and", "logical_or", "logical_xor", "logical_not",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
+    "__and__", "__or__", "__xor__", "__lshift__", "__rshift__",
+    "isnan", "isinf", "isfinite", "isneginf", "isposinf", "isclose", "nan_to_num",
+    # backward selects: grad where the forward passed, else 0
+    "threshold_backward", "hardtanh_backward",
+)
+
+PER_ELEMENT: Dict[str, int] = {f"aten::{name}": 1 for name in _ONE}
+PER_ELEMENT.update(
+    {
+        "aten::addcmul": 2,  # self + t1*t2
+        "aten::addcdiv": 2,  # self + t1/t2
+        "aten::lerp": 3,  # a + w*(b - a)
+        "aten::xlogy": 2,  # x * log(y)
+        "aten::logit": 3,  # log(x / (1 - x))
+        "aten::logaddexp": 5,  # max + log1p(exp(-|a - b|)): sub, abs, exp, log1p, add
+        "aten::sigmoid": 4,  # 1 / (1 + exp(-x))
+        "aten::silu": 5,  # x * sigmoid(x)
+        "aten::softplus": 3,  # log(1 + exp(x))
+        "aten::mish": 5,  # x * tanh(softplus(x))
+        "aten::log_sigmoid": 5,  # -log(1 + exp(-x))
+        "aten::log_sigmoid_forward": 5,
+        "aten::elu": 4,  # x > 0 ? x : alpha*(exp(x) - 1)
+        "aten::celu": 5,  # elu on x/alpha
+        "aten::selu": 5,  # scale * elu
+        "aten::hardswish": 4,  # x * clamp(x + 3, 0, 6) / 6
+        "aten::hardsigmoid": 3,  # clamp(x + 3, 0, 6) / 6
+        "aten::leaky_relu": 2,  # compare + multiply
+        "aten::prelu": 2,
+        "aten::_prelu_kernel": 2,
+        "aten::rrelu": 2,
+        "aten::softshrink": 2,  # compare + shift
+        "aten::tanhshrink": 2,  # x - tanh(x)
+        "aten::glu": 5,  # a * sigmoid(b), per output element
+        # backward: derivative x grad, counted from the same primitives
+        "aten::leaky_relu_backward": 2,  # select, multiply by slope
+        "aten::sigmoid_backward": 3,  # g * y * (1 - y)
+        "aten::tanh_backward": 3,  # g * (1 - y^2)
+        "aten::silu_backward": 9,  # sigmoid (4) + g * s * (1 + x*(1 - s)) (5)
+        "aten::elu_backward": 3,  # select, g * (y + alpha) on the negative side
+        "aten::hardswish_backward": 4,  # range test, g * (2x + 3) / 6
+        "aten::hardsigmoid_backward": 2,  # range test, g / 6
+        "aten::softplus_backward": 5,  # g * sigmoid(beta * x)
+        "aten::mish_backward": 14,  # softplus 3, tanh 1, sech^2 2, sigmoid 4, combine 4
+        "aten::log_sigmoid_backward": 3,  # g * (1 - sigmoid(x)) from the saved buffer
+    }
+)
+
+# gelu: exact 0.5*x*(1 + erf(x/sqrt(2))) = 5; tanh approximation
+# 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))) = 9.
+GELU = {"none": 5, "tanh": 9}
+# gelu backward: exact Phi(x) (4) + x*phi(x) (5) + times grad... = 11; tanh form = 17.
+GELU_BACKWARD = {"none": 11, "tanh": 17}
+# dropout in training: scale the mask by 1/(1-p) and multiply = 2 per element (what the
+# decomposition bernoulli_ -> div_ -> mul runs); its backward is the same two ops.
+DROPOUT = 2
+
+
+def elementwise_flops(op: str, elements: int) -> int:
+    """FLOPs of ``elements`` applications of the pointwise op ``op``."""
+    return PER_ELEMENT[op] * elements
+
+
+def per_element(flops: int) -> Handler:
+    """A handler costing ``flops`` per output element."""
+
+    def handler(call: OpCall) -> Cost:
+        return Cost.from_flops(flops * output_numel(call))
+
+    handler.__doc__ = f"{flops} FLOP(s) per output element."
+    return handler
+
+
+def _gelu(call: OpCall) -> Cost:
+    return Cost.from_flops(GELU.get(call.arg("approximate") or "none", GELU["none"]) * output_numel(call))
+
+
+def _gelu_backward(call: OpCall) -> Cost:
+    per = GELU_BACKWARD.get(call.arg("approximate") or "none", GELU_BACKWARD["none"])
+    return Cost.from_flops(per * output_numel(call))
+
+
+def _dropout(call: OpCall) -> Cost:
+    # dropout(input, p, train): identity (0) when not training or p == 0.
+    if call.arg("train") is False or call.arg("p") == 0:
+        return Cost()
+    return Cost.from_flops(DROPOUT * call.tensor("input").numel)
+
+
+def _dropout_backward(call: OpCall) -> Cost:
+    return Cost.from_flops(DROPOUT * call.tensor("grad_output").numel)
+
+
+def register(registry: HandlerRegistry) -> None:
+    by_cost: Dict[int, list] = {}
+    for op, flops in PER_ELEMENT.items():
+        by_cost.setdefault(flops, []).append(op)
+    for flops, ops in by_cost.items():
+        registry.register(ops, per_element(flops))
+    registry.register("aten::gelu", _gelu)
+    registry.register("aten::gelu_backward", _gelu_backward)
+    registry.register(
+        ["aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout", "aten::native_dropout"],
+        _dropout,
+    )
+    registry.register("aten::native_dropout_backward", _dropout_backward)

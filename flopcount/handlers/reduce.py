@@ -1,0 +1,179 @@
+"""Reductions, scans, softmax and friends.
+
+N = input elements, M = output elements. A reduction costs one FLOP per input element
+(an add, a compare...); ``mean`` adds one divide per output element. The constants are
+written once here (``mean_flops``, ``softmax_flops``...) and reused by the norm and loss
+families, so a composite op costs the sum of the pieces it decomposes into.
+"""
+
+from __future__ import annotations
+
+import math
+from math import prod
+
+from ..registry import HandlerRegistry
+from ..types import Cost, OpCall, TensorMeta
+from ._common import broadcast, first_output, maybe_tensor, output_numel
+
+__all__ = [
+    "register",
+    "reduce_flops",
+    "mean_flops",
+    "var_flops",
+    "softmax_flops",
+    "log_softmax_flops",
+    "SOFTMAX",
+]
+
+SOFTMAX = 5  # per input element: max, subtract, exp, sum, divide
+LOG_SOFTMAX = 5  # per input element: max, subtract, exp, sum, subtract (log per row not counted)
+SOFTMAX_BACKWARD = 4  # y * (g - sum(g * y)): multiply, sum, subtract, multiply
+LOG_SOFTMAX_BACKWARD = 4  # g - exp(y) * sum(g): sum, exp, multiply, subtract
+
+
+def reduce_flops(n: int) -> int:
+    """sum / prod / amax / argmax / any ...: one op per input element."""
+    return n
+
+
+def mean_flops(n: int, m: int) -> int:
+    """sum (N) + one divide per output element (M)."""
+    return n + m
+
+
+def var_flops(n: int, m: int) -> int:
+    """mean (N + M) + subtract, square, sum (3N) + divide (M) = 4N + 2M."""
+    return 4 * n + 2 * m
+
+
+def softmax_flops(n: int) -> int:
+    return SOFTMAX * n
+
+
+def log_softmax_flops(n: int) -> int:
+    return LOG_SOFTMAX * n
+
+
+def _input(call: OpCall):
+    return maybe_tensor(call, "self") or maybe_tensor(call, "input") or call.tensors()[0]
+
+
+def _out_elements(call: OpCall) -> int:
+    out = first_output(call)
+    if out is not None:
+        return out.numel
+    x = _input(call)
+    dims = call.arg("dim")
+    if dims is None or dims == ():
+        return 1
+    if isinstance(dims, int):
+        dims = (dims,)
+    reduced = {d % max(x.ndim, 1) for d in dims}
+    return prod(s for i, s in enumerate(x.shape) if i not in reduced)
+
+
+def _reduce(call: OpCall) -> Cost:
+    return Cost.from_flops(reduce_flops(_input(call).numel))
+
+
+def _max_min(call: OpCall) -> Cost:
+    # aten::max(self, other) is elementwise (1 per output); max(self[, dim]) a reduction.
+    if isinstance(call.arg("other"), TensorMeta):
+        return Cost.from_flops(output_numel(call))
+    return _reduce(call)
+
+
+def _mean(call: OpCall) -> Cost:
+    return Cost.from_flops(mean_flops(_input(call).numel, _out_elements(call)))
+
+
+def _var(call: OpCall) -> Cost:
+    return Cost.from_flops(var_flops(_input(call).numel, _out_elements(call)))
+
+
+def _std(call: OpCall) -> Cost:
+    # var + one sqrt per output element
+    m = _out_elements(call)
+    return Cost.from_flops(var_flops(_input(call).numel, m) + m)
+
+
+def _norm(call: OpCall) -> Cost:
+    """p=2 (default, 'fro'): square, sum, sqrt = 2N + M; p in {1, inf, -inf, 0}: |x| or
+    x != 0, then sum/max = 2N; other p: |x|, pow, sum = 3N, plus a root per output = M."""
+    n, m = _input(call).numel, _out_elements(call)
+    p = call.arg("p", call.arg("ord"))
+    if p is None or p == 2 or p == "fro":
+        return Cost.from_flops(2 * n + m)
+    if p in (1, 0) or (isinstance(p, float) and math.isinf(p)):
+        return Cost.from_flops(2 * n)
+    return Cost.from_flops(3 * n + m)
+
+
+def _logsumexp(call: OpCall) -> Cost:
+    # max, subtract, exp, sum (4N) + log, add back the max (2M)
+    n, m = _input(call).numel, _out_elements(call)
+    return Cost.from_flops(4 * n + 2 * m)
+
+
+def _softmax(call: OpCall) -> Cost:
+    return Cost.from_flops(softmax_flops(_input(call).numel))
+
+
+def _log_softmax(call: OpCall) -> Cost:
+    return Cost.from_flops(log_softmax_flops(_input(call).numel))
+
+
+def _softmax_backward(call: OpCall) -> Cost:
+    return Cost.from_flops(SOFTMAX_BACKWARD * call.tensor("grad_output").numel)
+
+
+def _log_softmax_backward(call: OpCall) -> Cost:
+    return Cost.from_flops(LOG_SOFTMAX_BACKWARD * call.tensor("grad_output").numel)
+
+
+def _sort(call: OpCall) -> Cost:
+    """N * ceil(log2(L)) comparisons, L the length of the sorted dimension."""
+    x = _input(call)
+    if x.ndim == 0:
+        return Cost()
+    dim = call.arg("dim", -1)
+    length = x.shape[(dim if dim is not None else -1) % x.ndim]
+    return Cost.from_flops(x.numel * max(1, math.ceil(math.log2(length))) if length > 1 else 0)
+
+
+def _dist(call: OpCall) -> Cost:
+    # norm(self - other, p): subtract (N) + the norm
+    n = prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
+    p = call.arg("p")
+    return Cost.from_flops(n + (2 * n + 1 if p in (None, 2) else 3 * n + 1))
+
+
+def _trace(call: OpCall) -> Cost:
+    return Cost.from_flops(min(_input(call).shape))
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register(
+        [
+            "aten::sum", "aten::nansum", "aten::prod", "aten::amax", "aten::amin", "aten::argmax", "aten::argmin",
+            "aten::all", "aten::any", "aten::count_nonzero", "aten::cumsum", "aten::cumprod", "aten::cummax",
+            "aten::cummin", "aten::median", "aten::nanmedian", "aten::kthvalue", "aten::mode", "aten::topk",
+            "aten::equal",
+        ],
+        _reduce,
+    )
+    registry.register(["aten::max", "aten::min"], _max_min)
+    registry.register("aten::aminmax", lambda call: Cost.from_flops(2 * _input(call).numel))
+    registry.register(["aten::mean", "aten::nanmean"], _mean)
+    registry.register(["aten::var", "aten::var_mean"], _var)
+    registry.register(["aten::std", "aten::std_mean"], _std)
+    registry.register(["aten::norm", "aten::linalg_vector_norm", "aten::frobenius_norm"], _norm)
+    registry.register("aten::logsumexp", _logsumexp)
+    registry.register("aten::logcumsumexp", lambda call: Cost.from_flops(4 * _input(call).numel))
+    registry.register(["aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::special_softmax"], _softmax)
+    registry.register(["aten::log_softmax", "aten::_log_softmax", "aten::special_log_softmax"], _log_softmax)
+    registry.register("aten::_softmax_backward_data", _softmax_backward)
+    registry.register("aten::_log_softmax_backward_data", _log_softmax_backward)
+    registry.register(["aten::sort", "aten::argsort", "aten::msort"], _sort)
+    registry.register("aten::dist", _dist)
+    registry.register("aten::trace", _trace)

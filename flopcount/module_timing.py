@@ -1,0 +1,276 @@
+"""Per-module latency: how long each module's forward takes, measured through hooks.
+
+What is measured: for every module of ``named_modules()`` ("" = the root), the time
+between its forward pre-hook and its forward hook, summed over the calls it gets in
+one forward of the model, per iteration, after warm-up, under ``torch.inference_mode()``.
+On CPU the hooks read ``time.perf_counter_ns()``; on CUDA they record events and the
+whole forward is synchronised once per iteration (never once per module). Hooks cost
+microseconds each, so the figures of small modules (and of parents of many small
+modules) are inflated: use :func:`flopcount.bench.benchmark` for the model's latency
+and these figures to see where the time goes. ``unhooked_median_ms`` on the result
+is the root's latency without hooks, for comparison.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .bench import (
+    Clock,
+    autocast_context,
+    bind_call,
+    borrowed_model,
+    compute_stats,
+    move_inputs,
+    resolve_device,
+    synchronize,
+)
+from .errors import UsageError
+
+PERTURBATION_NOTE = (
+    "per-module times come from forward hooks, whose own cost (a few µs per module call) "
+    "inflates small modules and their parents; compare the root with unhooked_median_ms"
+)
+
+
+@dataclass(frozen=True)
+class ModuleLatency:
+    """One module: hook-measured latency per forward of the model (all its calls summed).
+
+    ``achieved_flops_per_s`` = ``flops`` / ``median_ms`` when FLOPs were given."""
+
+    name: str
+    type_name: str
+    depth: int
+    calls: int  # calls per forward of the model
+    median_ms: Optional[float]
+    mean_ms: Optional[float]
+    min_ms: Optional[float]
+    flops: Optional[float] = None
+
+    @property
+    def achieved_flops_per_s(self) -> Optional[float]:
+        if self.flops is None or not self.median_ms:
+            return None
+        return self.flops / (self.median_ms * 1e-3)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type_name,
+            "depth": self.depth,
+            "calls": self.calls,
+            "median_ms": self.median_ms,
+            "mean_ms": self.mean_ms,
+            "min_ms": self.min_ms,
+            "flops": self.flops,
+            "achieved_flops_per_s": self.achieved_flops_per_s,
+        }
+
+
+@dataclass(frozen=True)
+class ModuleLatencyResult:
+    """Per-module latencies in ``named_modules()`` order; parents include children."""
+
+    modules: Tuple[ModuleLatency, ...]
+    iters: int
+    warmup: int
+    device: str
+    timing: str
+    unhooked_median_ms: float
+    warnings: Tuple[str, ...] = (PERTURBATION_NOTE,)
+
+    def by_module(self) -> Dict[str, Optional[float]]:
+        """``{module name: median ms}``."""
+        return {m.name: m.median_ms for m in self.modules}
+
+    def __getitem__(self, name: str) -> ModuleLatency:
+        for m in self.modules:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    @property
+    def root(self) -> ModuleLatency:
+        return self[""]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "iters": self.iters,
+            "warmup": self.warmup,
+            "device": self.device,
+            "timing": self.timing,
+            "unhooked_median_ms": self.unhooked_median_ms,
+            "modules": [m.to_dict() for m in self.modules],
+            "warnings": list(self.warnings),
+        }
+
+    def __str__(self) -> str:
+        root_ms = self.root.median_ms or 0.0
+        rows = [("module", "type", "calls", "median ms", "% root", "FLOPs", "FLOP/s")]
+        for m in self.modules:
+            share = f"{100 * m.median_ms / root_ms:.1f}" if m.median_ms is not None and root_ms > 0 else "-"
+            rows.append(
+                (
+                    "  " * m.depth + (m.name.rsplit(".", 1)[-1] if m.name else "(root)"),
+                    m.type_name,
+                    str(m.calls),
+                    "-" if m.median_ms is None else f"{m.median_ms:.4g}",
+                    share,
+                    "-" if m.flops is None else f"{m.flops:.4g}",
+                    "-" if m.achieved_flops_per_s is None else f"{m.achieved_flops_per_s:.4g}",
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(
+            f"{self.iters} iterations after {self.warmup} warm-up on {self.device} ({self.timing}); "
+            f"root without hooks: {self.unhooked_median_ms:.4g} ms"
+        )
+        lines.extend(f"note: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+
+def module_latency(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    warmup: int = 3,
+    iters: int = 20,
+    device: Union[None, str, torch.device] = None,
+    dtype: Optional[torch.dtype] = None,
+    flops: Union[None, Mapping[str, float], Any] = None,
+    timer: Optional[Clock] = None,
+) -> ModuleLatencyResult:
+    """Median per-module forward latency over ``iters`` forwards (after ``warmup``).
+
+    ``flops``: ``{module name: FLOPs}`` or a ``FlopResult`` (its ``by_module()``) to
+    report achieved FLOP/s per module. Inputs follow flopcount's convention (a tuple
+    is unpacked). Hooks are removed and the model left as found on every path.
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"module_latency expects a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(iters, int) or iters < 1:
+        raise UsageError(f"iters must be a positive int, got {iters!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise UsageError(f"warmup must be a non-negative int, got {warmup!r}")
+    flop_map = _flop_map(flops)
+    dev = resolve_device(model, inputs, kwargs, device)
+    amp = autocast_context(dev, dtype)
+    clock: Clock = timer if timer is not None else time.perf_counter_ns
+    use_events = dev.type == "cuda"
+    named = list(model.named_modules())
+    run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
+
+    # per-iteration accumulators, reset before each forward
+    totals: Dict[str, float] = {}
+    counts: Dict[str, int] = {}
+    open_calls: Dict[str, List[Any]] = {name: [] for name, _ in named}
+    event_pairs: List[Tuple[str, Any, Any]] = []
+
+    def make_hooks(name: str) -> Tuple[Callable[..., None], Callable[..., None]]:
+        stack = open_calls[name]
+        if use_events:
+
+            def pre(module: nn.Module, args: Any) -> None:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                stack.append(start)
+
+            def post(module: nn.Module, args: Any, output: Any) -> None:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                event_pairs.append((name, stack.pop(), end))
+                counts[name] = counts.get(name, 0) + 1
+
+        else:
+
+            def pre(module: nn.Module, args: Any) -> None:
+                stack.append(clock())
+
+            def post(module: nn.Module, args: Any, output: Any) -> None:
+                now = clock()
+                totals[name] = totals.get(name, 0.0) + (now - stack.pop()) * 1e-6
+                counts[name] = counts.get(name, 0) + 1
+
+        return pre, post
+
+    samples: Dict[str, List[float]] = {name: [] for name, _ in named}
+    calls_seen: Dict[str, int] = {}
+    with borrowed_model(model, dev) as on_device:
+        call = bind_call(on_device, run_inputs, run_kwargs)
+        with torch.inference_mode(), amp:
+            for _ in range(warmup):
+                call()
+            unhooked: List[float] = []
+            for _ in range(iters):
+                synchronize(dev)
+                t0 = clock()
+                call()
+                synchronize(dev)
+                unhooked.append((clock() - t0) * 1e-6)
+            handles = []
+            try:
+                for name, module in named:
+                    pre, post = make_hooks(name)
+                    handles.append(module.register_forward_pre_hook(pre))
+                    handles.append(module.register_forward_hook(post))
+                for _ in range(iters):
+                    totals.clear()
+                    counts.clear()
+                    event_pairs.clear()
+                    for stack in open_calls.values():
+                        stack.clear()
+                    call()
+                    if use_events:
+                        synchronize(dev)
+                        for name, start, end in event_pairs:
+                            totals[name] = totals.get(name, 0.0) + start.elapsed_time(end)
+                    for name, value in totals.items():
+                        samples[name].append(value)
+                    calls_seen = dict(counts)
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+    rows = []
+    for name, module in named:
+        values = samples[name]
+        stats = compute_stats(values) if values else None
+        rows.append(
+            ModuleLatency(
+                name=name,
+                type_name=type(module).__name__,
+                depth=0 if name == "" else name.count(".") + 1,
+                calls=calls_seen.get(name, 0),
+                median_ms=None if stats is None else stats.median_ms,
+                mean_ms=None if stats is None else stats.mean_ms,
+                min_ms=None if stats is None else stats.min_ms,
+                flops=None if flop_map is None or name not in flop_map else float(flop_map[name]),
+            )
+        )
+    return ModuleLatencyResult(
+        modules=tuple(rows),
+        iters=iters,
+        warmup=warmup,
+        device=str(dev),
+        timing="cuda_event" if use_events else "perf_counter",
+        unhooked_median_ms=compute_stats(unhooked).median_ms,
+    )
+
+
+def _flop_map(flops: Any) -> Optional[Mapping[str, float]]:
+    if flops is None:
+        return None
+    if isinstance(flops, Mapping):
+        return flops
+    if hasattr(flops, "by_module"):
+        return flops.by_module()
+    raise UsageError(f"flops must be a {{module name: FLOPs}} mapping or a FlopResult, got {type(flops).__name__}")

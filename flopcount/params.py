@@ -1,0 +1,54 @@
+"""Parameter counts and sizes, read statically from the model (no forward needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Mapping
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParamSummary:
+    """Unique parameters (tied weights once) and the bytes parameters and buffers take."""
+
+    total: int
+    trainable: int
+    frozen: int
+    bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
+    buffer_bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self.bytes_by_dtype.values())
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(self.buffer_bytes_by_dtype.values())
+
+    @property
+    def size_bytes(self) -> int:
+        """Serialised size of the weights: parameters plus buffers, by their dtypes."""
+        return self.param_bytes + self.buffer_bytes
+
+
+def _dtype_name(tensor) -> str:  # type: ignore[no-untyped-def]
+    return str(tensor.dtype).replace("torch.", "")
+
+
+def summarize_parameters(model: nn.Module) -> ParamSummary:
+    """Count each parameter tensor once, even when shared by several modules."""
+    total = trainable = 0
+    by_dtype: Dict[str, int] = {}
+    for param in model.parameters():  # parameters() already yields a shared tensor once
+        n = param.numel()
+        total += n
+        if param.requires_grad:
+            trainable += n
+        key = _dtype_name(param)
+        by_dtype[key] = by_dtype.get(key, 0) + n * param.element_size()
+    buffers: Dict[str, int] = {}
+    for buf in model.buffers():
+        key = _dtype_name(buf)
+        buffers[key] = buffers.get(key, 0) + buf.numel() * buf.element_size()
+    return ParamSummary(total, trainable, total - trainable, by_dtype, buffers)

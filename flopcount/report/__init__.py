@@ -1,0 +1,1 @@
+"""Reports: strings made from results. Nothing here traces, counts or prints."""

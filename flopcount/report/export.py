@@ -1,0 +1,64 @@
+"""Machine-readable exports: a JSON-safe dict and CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:
+    from ..results import FlopResult
+
+SCHEMA_VERSION = 1
+
+
+def result_to_dict(result: "FlopResult") -> Dict[str, Any]:
+    """Stable keys (documented in docs/api.md); every value is a str, int, float, list or dict."""
+    from ..results import CONVENTION
+
+    params = result.parameters
+    data: Dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "convention": CONVENTION,
+        "tracer": result.tracer,
+        "inputs": result.input_description,
+        "flops": result.flops,
+        "macs": result.macs,
+        "params": result.params,
+        "trainable_params": params.trainable,
+        "frozen_params": params.frozen,
+        "param_bytes_by_dtype": dict(params.bytes_by_dtype),
+        "buffer_bytes_by_dtype": dict(params.buffer_bytes_by_dtype),
+        "size_bytes": params.size_bytes,
+        "by_phase": {phase: {"macs": result.by_phase("macs")[phase], "flops": flops} for phase, flops in result.by_phase().items()},
+        "by_operator": {op: {"count": t.count, "macs": t.macs, "flops": t.flops} for op, t in result.operator_totals().items()},
+        "by_module": {
+            m.name: {
+                "type": m.type_name,
+                "depth": m.depth,
+                "calls": m.calls,
+                "params": m.params,
+                "macs": result.module_totals(m.name).macs,
+                "flops": result.module_totals(m.name).flops,
+            }
+            for m in result.modules
+        },
+        "unsupported_ops": {u.op: {"count": u.count, "modules": list(u.modules)} for u in result.unsupported_details()},
+        "warnings": list(result.warnings),
+    }
+    if result.benchmark is not None and hasattr(result.benchmark, "to_dict"):
+        data["benchmark"] = result.benchmark.to_dict()
+    return data
+
+
+def result_to_csv(result: "FlopResult", max_depth: Optional[int] = None) -> str:
+    """One row per module: name, type, depth, calls, params, macs, flops (raw integers)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["module", "type", "depth", "calls", "params", "macs", "flops"])
+    for m in result.modules:
+        if max_depth is not None and m.depth > max_depth:
+            continue
+        t = result.module_totals(m.name)
+        writer.writerow([m.name, m.type_name, m.depth, m.calls, m.params, t.macs, t.flops])
+    return out.getvalue()

@@ -1,0 +1,203 @@
+"""The immutable result of a count, and how op costs aggregate into it (no torch here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
+
+from .params import ParamSummary
+from .types import Cost, OpEvent
+
+Metric = Literal["flops", "macs", "count"]
+
+CONVENTION = (
+    "MACs count multiply-accumulates of contraction ops (matmul, linear, conv, attention); "
+    "FLOPs count every floating-point operation, with 1 MAC = 2 FLOPs."
+)
+
+
+@dataclass(frozen=True)
+class OpTotals:
+    """Calls, MACs and FLOPs of one operator (or of everything in one module)."""
+
+    count: int = 0
+    macs: int = 0
+    flops: int = 0
+
+    def add(self, cost: Cost, calls: int = 1) -> "OpTotals":
+        return OpTotals(self.count + calls, self.macs + cost.macs, self.flops + cost.flops)
+
+    def get(self, metric: Metric) -> int:
+        return getattr(self, metric)
+
+
+@dataclass(frozen=True)
+class UnsupportedOp:
+    """An op that ran without a handler: how often, and in which modules."""
+
+    op: str
+    count: int
+    modules: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One module of the model as ``named_modules()`` lists it."""
+
+    name: str
+    type_name: str
+    depth: int
+    calls: int
+    params: int
+
+
+@dataclass(frozen=True)
+class FlopResult:
+    """FLOPs, MACs and parameters of one traced run, by operator, by module and by both.
+
+    Convention: 1 MAC = 2 FLOPs; ``macs`` counts contraction ops only; ``flops`` counts
+    every floating-point operation that has a handler. Module names are those of
+    ``named_modules()``, ``""`` being the whole model; a parent includes its children.
+    """
+
+    flops: int
+    macs: int
+    params: int
+    tracer: str
+    modules: Tuple[ModuleInfo, ...]
+    parameters: ParamSummary
+    input_description: str = ""
+    _operators: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
+    _modules: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
+    _module_ops: Mapping[str, Mapping[str, OpTotals]] = field(default_factory=dict, repr=False)
+    _phases: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
+    _unsupported: Tuple[UnsupportedOp, ...] = field(default_factory=tuple, repr=False)
+    warnings: Tuple[str, ...] = ()
+    benchmark: Optional[Any] = field(default=None, repr=False)
+
+    # -- breakdowns ---------------------------------------------------------------
+    def by_operator(self, metric: Metric = "flops") -> Dict[str, int]:
+        """``{op: FLOPs}`` (or MACs / call counts), largest first."""
+        return _sorted({op: t.get(metric) for op, t in self._operators.items()})
+
+    def by_module(self, metric: Metric = "flops") -> Dict[str, int]:
+        """``{module name: FLOPs}`` including children, in ``named_modules()`` order;
+        modules that never ran appear with 0."""
+        return {m.name: self._modules.get(m.name, OpTotals()).get(metric) for m in self.modules}
+
+    def by_module_and_operator(self, metric: Metric = "flops") -> Dict[str, Dict[str, int]]:
+        """``{module name: {op: FLOPs}}`` including children's ops."""
+        return {name: _sorted({op: t.get(metric) for op, t in ops.items()}) for name, ops in self._module_ops.items()}
+
+    def by_phase(self, metric: Metric = "flops") -> Dict[str, int]:
+        """``{"forward": ..., "backward": ...}`` (backward only when it was traced)."""
+        return {phase: t.get(metric) for phase, t in self._phases.items()}
+
+    def operator_totals(self) -> Dict[str, OpTotals]:
+        """Calls, MACs and FLOPs per operator, largest FLOPs first."""
+        return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].flops, -kv[1].count, kv[0])))
+
+    def module_totals(self, name: str) -> OpTotals:
+        return self._modules.get(name, OpTotals())
+
+    def unsupported_ops(self) -> Dict[str, int]:
+        """``{op: calls}`` of ops that ran without a handler (not counted in the totals)."""
+        return {u.op: u.count for u in self._unsupported}
+
+    def unsupported_details(self) -> Tuple[UnsupportedOp, ...]:
+        return self._unsupported
+
+    # -- reports ------------------------------------------------------------------
+    def table(self, max_depth: Optional[int] = None, *, show_zero: bool = True) -> str:
+        """Per-module table (params, MACs, FLOPs, share) with the convention stated below it."""
+        from .report.table import module_table
+
+        return module_table(self, max_depth=max_depth, show_zero=show_zero)
+
+    def operator_table(self) -> str:
+        """Per-operator table: calls, MACs, FLOPs and share."""
+        from .report.table import operator_table
+
+        return operator_table(self)
+
+    def tree(self, max_depth: Optional[int] = None) -> str:
+        """The module tree like a model printout, annotated with params, MACs, FLOPs and share."""
+        from .report.tree import module_tree
+
+        return module_tree(self, max_depth=max_depth)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-safe dict; keys are documented in docs/api.md."""
+        from .report.export import result_to_dict
+
+        return result_to_dict(self)
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_csv(self, max_depth: Optional[int] = None) -> str:
+        from .report.export import result_to_csv
+
+        return result_to_csv(self, max_depth=max_depth)
+
+    def to_markdown(self, max_depth: Optional[int] = None) -> str:
+        from .report.table import module_table
+
+        return module_table(self, max_depth=max_depth, fmt="github")
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _sorted(values: Dict[str, int]) -> Dict[str, int]:
+    return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def aggregate(
+    costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
+    *,
+    tracer: str,
+    modules: Sequence[ModuleInfo],
+    parameters: ParamSummary,
+    input_description: str = "",
+    warnings: Sequence[str] = (),
+) -> FlopResult:
+    """Sum op costs by operator, by module (a module includes every op run while it was
+    on the call stack, so parents include children) and by phase. ``None`` marks an op
+    without a handler: it is listed as unsupported, never counted as zero."""
+    operators: Dict[str, OpTotals] = {}
+    by_module: Dict[str, OpTotals] = {}
+    module_ops: Dict[str, Dict[str, OpTotals]] = {}
+    phases: Dict[str, OpTotals] = {}
+    unsupported: Dict[str, List[Any]] = {}
+    empty = OpTotals()
+    for event, cost in costed:
+        op = event.call.op
+        if cost is None:
+            entry = unsupported.setdefault(op, [0, {}])
+            entry[0] += 1
+            entry[1][event.module] = None
+            continue
+        operators[op] = operators.get(op, empty).add(cost)
+        phases[event.phase] = phases.get(event.phase, empty).add(cost)
+        for name in dict.fromkeys(("",) + event.module_stack):
+            by_module[name] = by_module.get(name, empty).add(cost)
+            ops = module_ops.setdefault(name, {})
+            ops[op] = ops.get(op, empty).add(cost)
+    total = by_module.get("", empty)
+    return FlopResult(
+        flops=total.flops,
+        macs=total.macs,
+        params=parameters.total,
+        tracer=tracer,
+        modules=tuple(modules),
+        parameters=parameters,
+        input_description=input_description,
+        _operators=operators,
+        _modules=by_module,
+        _module_ops=module_ops,
+        _phases=phases,
+        _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(unsupported.items())),
+        warnings=tuple(warnings),
+    )

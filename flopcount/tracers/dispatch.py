@@ -1,0 +1,459 @@
+"""The TorchDispatchMode tracer: records every aten op as it executes, forward and
+(optionally) backward, with shapes, schema-named arguments and the owning module.
+
+Works on real, meta and fake tensors alike because nothing here reads tensor data:
+a data-dependent read of a meta/fake tensor (``.item()``, ``bool(t)``, ``torch.equal``)
+is answered with a placeholder value and reported in the trace's warnings.
+
+Two interceptions keep the op spellings comparable with the jit tracer:
+
+* ``F.scaled_dot_product_attention`` is recorded as one ``aten::scaled_dot_product_attention``
+  event (as jit records it), whatever kernel or decomposition CPU/meta picks underneath;
+  the ops it runs internally in forward are not recorded. Its backward ops are.
+* A pass-through TorchFunctionMode is active while tracing (it is what sees the SDPA
+  call). As under jit tracing, it makes ``nn.MultiheadAttention`` take its composite
+  path (linear + SDPA) instead of the fused ``_native_multi_head_attention`` kernel.
+
+Backward ops are attributed to the module whose forward created the autograd node
+that runs them: module entries and exits are stamped with autograd's sequence number
+during forward, and each backward op looks up its node's sequence number.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import contextlib
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..errors import TraceError, UsageError
+from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
+from .modules import (
+    ModuleStack,
+    as_call_args,
+    describe_inputs,
+    flatten_tensors,
+    forward_error,
+    module_names,
+    output_tensors,
+    preserved_model_state,
+)
+
+__all__ = ["trace"]
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_SDPA_OP = "aten::scaled_dot_product_attention"
+
+_aten = torch.ops.aten
+# Ops that read tensor data into Python; on meta/fake tensors they cannot run.
+_LOCAL_SCALAR = _aten._local_scalar_dense.default
+_EQUAL = _aten.equal.default
+_IS_NONZERO = _aten.is_nonzero.default
+# Metadata queries some tensor subclasses (FakeTensor) route through the dispatcher:
+# not computations, so not recorded (like the jit tracer's graph plumbing).
+_METADATA = frozenset({"prim::device", "prim::layout"})
+# A boolean made by these reads as True when answered by a placeholder ("all valid").
+_ALL_OPS = frozenset({"aten::all"})
+
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _meta(tensor: torch.Tensor) -> TensorMeta:
+    return TensorMeta(tuple(map(int, tensor.shape)), _dtype_name(tensor.dtype))
+
+
+def _value(value: Any) -> Any:
+    """An argument as handlers see it: TensorMeta, tuple for lists, plain scalars."""
+    if isinstance(value, torch.Tensor):
+        return _meta(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_value(v) for v in value)
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    return value
+
+
+def _outputs(out: Any) -> Tuple[Any, ...]:
+    """Outputs like the jit tracer gives them: one entry per returned value, a
+    TensorMeta for a tensor and None for anything else (lists of tensors included)."""
+    if isinstance(out, torch.Tensor):
+        return (_meta(out),)
+    if isinstance(out, tuple):
+        return tuple(_meta(o) if isinstance(o, torch.Tensor) else None for o in out)
+    return (None,)
+
+
+class _Signature:
+    """Schema facts of one op overload, computed once: name, argument names, defaults."""
+
+    __slots__ = ("name", "names", "defaults")
+
+    def __init__(self, schema: Any):
+        self.name: str = schema.name
+        self.names: Tuple[str, ...] = tuple(a.name for a in schema.arguments)
+        self.defaults: Dict[str, Any] = {
+            a.name: _value(a.default_value) for a in schema.arguments if a.has_default_value()
+        }
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+        """Every argument by schema name, in schema order, defaults filled in (as jit has them)."""
+        bound: Dict[str, Any] = {}
+        given = len(args)
+        defaults = self.defaults
+        for index, name in enumerate(self.names):
+            if index < given:
+                bound[name] = _value(args[index])
+            elif name in kwargs:
+                bound[name] = _value(kwargs[name])
+            elif name in defaults:
+                bound[name] = defaults[name]
+        return bound
+
+
+_SIGNATURES: Dict[Any, _Signature] = {}
+
+
+def _signature(func: Any) -> _Signature:
+    sig = _SIGNATURES.get(func)
+    if sig is None:
+        sig = _SIGNATURES[func] = _Signature(func._schema)
+    return sig
+
+
+def _fake_tensor_type() -> Optional[type]:
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:  # pragma: no cover - very old or stripped torch
+        return None
+    return FakeTensor
+
+
+def is_dataless(tensor: torch.Tensor) -> bool:
+    """True for tensors without data: on the meta device, or FakeTensors."""
+    if tensor.device.type == "meta":
+        return True
+    fake = _fake_tensor_type()
+    return fake is not None and isinstance(tensor, fake)
+
+
+class _BackwardAttribution:
+    """Maps autograd nodes to the module stack their forward ran in.
+
+    During forward, every module entry and exit appends (next autograd sequence
+    number, module stack); a node created inside a module has a sequence number in
+    that module's span, so a bisect finds its stack. Needs two private-but-stable
+    torch bindings; without them backward ops are attributed to the root.
+    """
+
+    def __init__(self, stack: List[str]):
+        self._stack = stack
+        self._peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
+        self._current_node = getattr(torch._C, "_current_autograd_node", None)
+        self._seqs: List[int] = []
+        self._stacks: List[Tuple[str, ...]] = []
+        self._by_seq: Dict[int, Tuple[str, ...]] = {}
+        self._handles: List[Any] = []
+
+    @property
+    def available(self) -> bool:
+        return self._peek is not None and self._current_node is not None
+
+    def __enter__(self) -> "_BackwardAttribution":
+        if not self.available:
+            return self
+        from torch.nn.modules import module as module_impl
+
+        def mark(*_: Any) -> None:
+            self._seqs.append(self._peek())
+            self._stacks.append(tuple(self._stack))
+
+        mark()
+        # Registered after ModuleStack's hooks, so they see the stack already updated.
+        self._handles = [
+            module_impl.register_module_forward_pre_hook(mark),
+            module_impl.register_module_forward_hook(mark),
+        ]
+        return self
+
+    def stop_marking(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_marking()
+
+    def current(self) -> Tuple[str, ...]:
+        """The forward module stack of the autograd node now running (root if none)."""
+        if not self.available or not self._seqs:
+            return ()
+        node = self._current_node()
+        if node is None:
+            return ()
+        seq = node._sequence_nr()
+        found = self._by_seq.get(seq)
+        if found is None:
+            index = bisect.bisect_right(self._seqs, seq) - 1
+            found = self._by_seq[seq] = self._stacks[index] if index >= 0 else ()
+        return found
+
+
+class _DataReads(TorchDispatchMode):
+    """Answers data-dependent reads of meta/fake tensors (``.item()``, ``bool(t)``,
+    ``torch.equal``) with a placeholder instead of failing; everything else passes through.
+
+    Placeholders take the typical case: a boolean made by ``all()`` is True (every
+    position valid), any other boolean (``any()``, comparisons) is False, numbers are
+    0, ``equal`` is True. Each use is counted so the trace can report it.
+    """
+
+    def __init__(self, stack: List[str]):
+        super().__init__()
+        self.placeholders: Dict[Tuple[str, str], int] = {}
+        self._stack = stack
+        self._made_by_all = WeakIdKeyDictionary()
+
+    def module_stack(self) -> Tuple[str, ...]:
+        return tuple(self._stack)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func is _LOCAL_SCALAR or func is _EQUAL or func is _IS_NONZERO:
+            answer = self._placeholder(func, args)
+            if answer is not _NO_PLACEHOLDER:
+                return answer
+        return func(*args, **(kwargs or {}))
+
+    def _note_reduction(self, name: str, out: Any) -> None:
+        if name in _ALL_OPS and isinstance(out, torch.Tensor) and is_dataless(out):
+            self._made_by_all[out] = True
+
+    def _placeholder(self, func: Any, args: Tuple[Any, ...]) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or not any(is_dataless(t) for t in tensors):
+            return _NO_PLACEHOLDER
+        first = tensors[0]
+        if func is _EQUAL:
+            answer: Any = True
+        elif first.dtype == torch.bool:
+            answer = first in self._made_by_all
+        elif first.is_floating_point() or first.is_complex():
+            answer = 0.0
+        else:
+            answer = 0
+        if func is _IS_NONZERO:
+            answer = bool(answer)
+        where = self.module_stack()
+        key = (func._schema.name, where[-1] if where else "")
+        self.placeholders[key] = self.placeholders.get(key, 0) + 1
+        return answer
+
+
+class _Recorder(_DataReads):
+    """Appends one OpEvent per aten op (and answers data reads of meta/fake tensors);
+    knows nothing about costs."""
+
+    def __init__(self, stack: List[str]):
+        super().__init__(stack)
+        self.events: List[OpEvent] = []
+        self.phase: Phase = "forward"
+        self.muted = 0  # > 0 inside an intercepted composite (SDPA) or flopcount's own ops
+        self.attribution: Optional[_BackwardAttribution] = None
+
+    def module_stack(self) -> Tuple[str, ...]:
+        if self.phase == "backward" and not self._stack and self.attribution is not None:
+            return self.attribution.current()
+        return tuple(self._stack)
+
+    def record(self, op: str, args: Dict[str, Any], outputs: Tuple[Any, ...]) -> None:
+        self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is _LOCAL_SCALAR or func is _EQUAL or func is _IS_NONZERO:
+            answer = self._placeholder(func, args)
+            if answer is not _NO_PLACEHOLDER:
+                return answer
+        out = func(*args, **kwargs)
+        if not self.muted:
+            sig = _SIGNATURES.get(func) or _signature(func)
+            if sig.name in _METADATA:
+                return out
+            self.record(sig.name, sig.bind(args, kwargs), _outputs(out))
+            if sig.name in _ALL_OPS:
+                self._note_reduction(sig.name, out)
+        return out
+
+
+_NO_PLACEHOLDER = object()
+
+
+class _CompositeInterceptor(TorchFunctionMode):
+    """Records ``F.scaled_dot_product_attention`` as one event (forward only) and
+    mutes the aten ops it decomposes into; everything else passes straight through."""
+
+    def __init__(self, recorder: _Recorder):
+        super().__init__()
+        self._recorder = recorder
+        self._sdpa_sig = _Signature(_aten.scaled_dot_product_attention.default._schema)
+
+    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        recorder = self._recorder
+        if func is not _SDPA or recorder.phase != "forward" or recorder.muted:
+            return func(*args, **kwargs)
+        recorder.muted += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            recorder.muted -= 1
+        recorder.record(_SDPA_OP, self._sdpa_sig.bind(args, kwargs), _outputs(out))
+        return out
+
+
+def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    seen = set()
+    unique = []
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            unique.append(tensor)
+    return unique
+
+
+def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    return [t for t in tensors if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+
+
+def _run_backward(
+    model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: _Recorder
+) -> None:
+    """Differentiate the loss (``loss_fn(outputs)``, or every floating output with a
+    ones gradient: the gradient of their sum without recording a sum) with respect to
+    every parameter and input that requires grad. ``autograd.grad`` is used so no
+    ``.grad`` is written and no gradient accumulation op runs."""
+    if loss_fn is not None:
+        roots = output_tensors(loss_fn(outputs))
+        if not roots:
+            raise UsageError("loss_fn must return a tensor (or tensors) to differentiate")
+    else:
+        roots = output_tensors(outputs)
+    roots = _differentiable(roots)
+    leaves = _differentiable(_unique(list(model.parameters()) + list(inputs)))
+    if not roots or not leaves:
+        raise UsageError(
+            "backward=True but nothing requires grad: no parameter or input has requires_grad=True, "
+            "or no floating output depends on one"
+        )
+    recorder.muted += 1
+    try:
+        seeds = [torch.ones_like(r) for r in roots]
+    finally:
+        recorder.muted -= 1
+    recorder.phase = "backward"
+    torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
+
+
+def trace(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    backward: bool = False,
+    loss_fn: Optional[Callable[[Any], Any]] = None,
+) -> Trace:
+    """Run ``model`` once under a TorchDispatchMode and return its aten op events.
+
+    ``backward=True`` also runs the backward pass of ``loss_fn(outputs)`` (default:
+    every floating output with a gradient of ones) and records its ops with phase
+    "backward", attributed to the module whose forward created them. ``loss_fn``'s
+    own forward ops are recorded at the root. The model is left as found.
+    """
+    if loss_fn is not None and not backward:
+        raise UsageError("loss_fn is only used with backward=True")
+    args, kw = as_call_args(inputs, kwargs)
+    flat_inputs, _ = flatten_tensors((args, kw))
+    names = module_names(model)
+    inputs_text = describe_inputs(inputs, kwargs)
+    modules = ModuleStack(names)
+    recorder = _Recorder(modules.stack)
+    attribution = _BackwardAttribution(modules.stack) if backward else None
+    recorder.attribution = attribution
+    fake_mode = _fake_mode(itertools.chain(flat_inputs, model.parameters(), model.buffers()))
+    with contextlib.ExitStack() as outer:
+        if fake_mode is not None:
+            # Fake tensors only work inside their mode (tensors made in forward must be
+            # fake too); the extra reader answers data reads while the state is restored.
+            outer.enter_context(fake_mode)
+            outer.enter_context(_DataReads(modules.stack))
+        with preserved_model_state(model), modules, torch.set_grad_enabled(backward):
+            with attribution or contextlib.nullcontext(), _CompositeInterceptor(recorder), recorder:
+                try:
+                    outputs = model(*args, **kw)
+                except Exception as exc:
+                    raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
+                if attribution is not None:
+                    attribution.stop_marking()
+                    try:
+                        _run_backward(model, outputs, flat_inputs, loss_fn, recorder)
+                    except UsageError:
+                        raise
+                    except Exception as exc:
+                        raise _backward_error(exc, recorder, inputs_text) from exc
+                del outputs
+    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), _notes(recorder.placeholders))
+
+
+def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
+    """The FakeTensorMode of the first fake tensor among ``tensors`` (None if none is fake)."""
+    fake = _fake_tensor_type()
+    if fake is None:
+        return None
+    for tensor in tensors:
+        if isinstance(tensor, fake):
+            return tensor.fake_mode
+    return None
+
+
+def _backward_error(exc: BaseException, recorder: _Recorder, inputs_text: str) -> TraceError:
+    """A TraceError for a failure in ``loss_fn`` or in backward, naming the module."""
+    in_backward = recorder.phase == "backward"
+    stack = recorder.module_stack() if in_backward else ()
+    where = stack[-1] if stack else ""
+    text = str(exc).strip()
+    detail = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    place = f" in module '{where}'" if where else ""
+    return TraceError(
+        f"{'backward' if in_backward else 'loss_fn'} failed{place} (dispatch tracer) with inputs {inputs_text}: {detail}",
+        module_path=where,
+        input_shapes=inputs_text,
+    )
+
+
+def _notes(placeholders: Mapping[Tuple[str, str], int]) -> Tuple[str, ...]:
+    if not placeholders:
+        return ()
+    listing = ", ".join(
+        f"{op} x{n} in {repr(module) if module else 'the root module'}"
+        for (op, module), n in sorted(placeholders.items(), key=lambda kv: kv[0])
+    )
+    return (
+        "dispatch: data-dependent reads of meta/fake tensors were answered with placeholders "
+        f"(all() -> True, any() and other booleans -> False, numbers -> 0, equal() -> True): {listing}",
+    )

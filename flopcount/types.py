@@ -1,0 +1,123 @@
+"""Plain data shared by every stage: tensor metadata, op calls, op events and costs.
+
+Tracers produce :class:`OpEvent` lists, handlers turn an :class:`OpCall` into a
+:class:`Cost`, aggregation sums costs. Nothing here imports a tracer or a handler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Callable, Literal, Mapping, Optional, Tuple
+
+Phase = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and dtype of one tensor seen by a tracer (never its data)."""
+
+    shape: Tuple[int, ...]
+    dtype: Optional[str] = None
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """One aten op as a handler sees it.
+
+    ``op`` is the canonical key (``"aten::addmm"``); ``args`` binds every argument
+    by its schema name to a :class:`TensorMeta`, a tuple (for lists), a Python
+    scalar/string, or ``None``; ``outputs`` holds the outputs in order.
+    """
+
+    op: str
+    args: Mapping[str, Any]
+    outputs: Tuple[Any, ...] = ()
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        return self.args.get(name, default)
+
+    def tensor(self, name: str) -> TensorMeta:
+        """The tensor argument ``name``; raises ``KeyError`` naming the op if absent."""
+        value = self.args.get(name)
+        if not isinstance(value, TensorMeta):
+            raise KeyError(f"{self.op}: argument {name!r} is not a tensor (got {value!r})")
+        return value
+
+    def tensors(self) -> Tuple[TensorMeta, ...]:
+        """Every tensor argument, lists flattened, in schema order."""
+        found = []
+        for value in self.args.values():
+            if isinstance(value, TensorMeta):
+                found.append(value)
+            elif isinstance(value, (tuple, list)):
+                found.extend(v for v in value if isinstance(v, TensorMeta))
+        return tuple(found)
+
+    def out(self, index: int = 0) -> TensorMeta:
+        value = self.outputs[index] if index < len(self.outputs) else None
+        if not isinstance(value, TensorMeta):
+            raise KeyError(f"{self.op}: output {index} is not a tensor (got {value!r})")
+        return value
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Cost of one op call. ``macs`` counts multiply-accumulates of contractions only;
+    ``flops`` counts every floating-point operation (1 MAC = 2 FLOPs)."""
+
+    macs: int = 0
+    flops: int = 0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.macs + other.macs, self.flops + other.flops)
+
+    @staticmethod
+    def from_macs(macs: int) -> "Cost":
+        """A pure contraction: FLOPs are twice the MACs."""
+        return Cost(macs=int(macs), flops=2 * int(macs))
+
+    @staticmethod
+    def from_flops(flops: int) -> "Cost":
+        """A non-contraction op: FLOPs only, no MACs."""
+        return Cost(macs=0, flops=int(flops))
+
+
+ZERO_COST = Cost()
+
+Handler = Callable[[OpCall], Cost]
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One executed op: the call, the module call stack that ran it, and the phase.
+
+    ``module_stack`` holds qualified module names (as in ``named_modules()``) from
+    outermost to innermost; the root module ``""`` is implied and not listed.
+    """
+
+    call: OpCall
+    module_stack: Tuple[str, ...] = ()
+    phase: Phase = "forward"
+
+    @property
+    def module(self) -> str:
+        return self.module_stack[-1] if self.module_stack else ""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What a tracer returns: the op events in execution order, plus facts about the run."""
+
+    events: Tuple[OpEvent, ...]
+    tracer: str
+    module_calls: Mapping[str, int] = field(default_factory=dict)
+    warnings: Tuple[str, ...] = ()

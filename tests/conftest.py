@@ -1,0 +1,58 @@
+"""Shared test helpers: the repo root on sys.path (for examples/), and model-state snapshots."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def snapshot(model: torch.nn.Module) -> Dict[str, Any]:
+    """Everything flopcount promises to leave untouched."""
+    return {
+        "state": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
+        "keys": list(model.state_dict().keys()),
+        "training": [m.training for m in model.modules()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+        "hooks": [
+            (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks), len(getattr(m, "_backward_pre_hooks", {})))
+            for m in model.modules()
+        ],
+        "buffers": [id(b) for b in model.buffers()],
+        "global_hooks": _global_hooks(),
+    }
+
+
+def _global_hooks() -> tuple:
+    from torch.nn.modules import module as mod
+
+    return tuple(len(getattr(mod, name, {})) for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks"))
+
+
+def assert_same_state(model: torch.nn.Module, before: Dict[str, Any]) -> None:
+    after = snapshot(model)
+    assert after["keys"] == before["keys"], "state_dict keys changed"
+    for key, value in before["state"].items():
+        assert torch.equal(after["state"][key], value), f"{key} changed"
+    for name in ("training", "requires_grad", "hooks", "buffers", "global_hooks"):
+        assert after[name] == before[name], f"{name} changed"
+    for g0, g1 in zip(before["grads"], after["grads"]):
+        assert (g0 is None) == (g1 is None) and (g0 is None or torch.equal(g0, g1)), "a .grad changed"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_flopcount_warnings():
+    from flopcount import FlopcountWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlopcountWarning)
+        yield

@@ -1,0 +1,101 @@
+"""Aggregation invariants and report formats: totals equal sums, parents include children,
+shared modules and tied weights, JSON/CSV/Markdown/tree outputs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import torch
+from torch import nn
+
+from examples.resnet import resnet18
+from flopcount import count_flops
+
+
+class Shared(nn.Module):
+    """One Linear used twice, and an embedding tied to the output head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+        self.block = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = self.block(self.block(h))
+        return self.head(h)
+
+
+def test_parent_equals_self_plus_children():
+    model = resnet18().eval()
+    r = count_flops(model, torch.randn(1, 3, 32, 32))
+    flops = r.by_module()
+    self_ops = r.by_module_and_operator()
+    for info in r.modules:
+        children = [n for n, _ in model.get_submodule(info.name).named_children()] if info.name else [n for n, _ in model.named_children()]
+        child_sum = sum(flops[f"{info.name}.{c}" if info.name else c] for c in children)
+        assert flops[info.name] >= child_sum
+    # the root equals the sum over operators, and the sum over top-level children plus root-level ops
+    assert flops[""] == sum(r.by_operator().values()) == r.flops
+    assert sum(self_ops[""].values()) == r.flops
+    assert r.by_module("macs")[""] == r.macs
+
+
+def test_shared_module_and_tied_weights():
+    model = Shared()
+    r = count_flops(model, torch.randint(0, 50, (2, 5)))
+    tokens = 2 * 5
+    assert r.by_module("macs")["block"] == 2 * tokens * 8 * 8  # called twice: both calls accumulate
+    assert r.by_module("macs")["head"] == tokens * 8 * 50      # tied weight still costs its matmul
+    assert r.params == 50 * 8 + 8 * 8 + 8                      # tied weight counted once
+    assert [m.calls for m in r.modules if m.name == "block"] == [2]
+
+
+def test_to_dict_is_json_safe_with_stable_keys():
+    r = count_flops(resnet18().eval(), torch.randn(1, 3, 32, 32))
+    data = json.loads(json.dumps(r.to_dict()))
+    for key in ("flops", "macs", "params", "by_module", "by_operator", "unsupported_ops", "convention", "tracer", "size_bytes"):
+        assert key in data
+    assert data["flops"] == r.flops and data["macs"] == r.macs and data["params"] == 11_689_512
+    assert data["by_module"]["layer1"]["flops"] == r.by_module()["layer1"]
+    assert sum(v["flops"] for v in data["by_operator"].values()) == r.flops
+
+
+def test_csv_rows_match_modules():
+    r = count_flops(resnet18().eval(), torch.randn(1, 3, 32, 32))
+    rows = list(csv.DictReader(io.StringIO(r.to_csv(max_depth=1))))
+    assert rows[0]["module"] == "" and int(rows[0]["flops"]) == r.flops
+    top = [row for row in rows if row["depth"] == "1"]
+    assert {row["module"] for row in top} == {n for n, _ in resnet18().named_children()}
+
+
+def test_table_tree_markdown_state_the_convention():
+    r = count_flops(resnet18().eval(), torch.randn(1, 3, 32, 32))
+    table = r.table(max_depth=1)
+    assert "layer1" in table and "layer1.0" not in table
+    assert "1 MAC = 2 FLOPs" in table
+    assert "1 MAC = 2 FLOPs" in r.tree(max_depth=2)
+    assert "(conv1): Conv2d" in r.tree()
+    md = r.to_markdown(max_depth=1)
+    assert md.startswith("| Module") and "1 MAC = 2 FLOPs" in md
+    ops = r.operator_table()
+    assert "aten::_convolution" in ops
+
+
+def test_parameter_summary_bytes_and_trainable():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).half()
+    model[0].weight.requires_grad_(False)
+    r = count_flops(model.float(), torch.randn(2, 4))
+    model[0].half()
+    from flopcount import summarize_parameters
+
+    s = summarize_parameters(model)
+    assert s.total == 16 + 4 + 4 + 4
+    assert s.frozen == 16 and s.trainable == 12
+    assert s.bytes_by_dtype == {"float16": 2 * 20, "float32": 4 * 8}
+    assert s.buffer_bytes_by_dtype == {"float32": 4 * 8, "int64": 8}
+    assert r.params == 28

@@ -1,0 +1,96 @@
+"""StepTimer with a fake clock: reader cost, batch cost, reader ratio and ips against
+hand-computed values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flopcount.errors import UsageError
+from flopcount.step_timer import StepRecord, StepTimer, summarize_steps
+
+S = 1_000_000_000  # one second in ns
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def slow_loader(clock: FakeClock, read_s, batches):
+    for seconds, batch in zip(read_s, batches):
+        clock.now += seconds * S
+        yield batch
+
+
+def run_loop(timer: StepTimer, clock: FakeClock, read_s, work_s, sizes, pass_sizes=True):
+    for i, batch in enumerate(timer.wrap(slow_loader(clock, read_s, sizes))):
+        clock.now += work_s[i] * S
+        timer.step(num_samples=batch if pass_sizes else None)
+
+
+def test_hand_computed_summary():
+    clock = FakeClock()
+    timer = StepTimer(clock=clock)
+    # reads 1 s and 3 s, work 3 s and 5 s -> batch costs 4 s and 8 s; 4 and 16 samples
+    run_loop(timer, clock, [1, 3], [3, 5], [4, 16])
+    s = timer.summary()
+    assert s.steps == 2
+    assert (s.reader_cost.avg, s.reader_cost.min, s.reader_cost.max) == pytest.approx((2.0, 1.0, 3.0))
+    assert (s.batch_cost.avg, s.batch_cost.min, s.batch_cost.max) == pytest.approx((6.0, 4.0, 8.0))
+    assert s.reader_ratio == pytest.approx(4.0 / 12.0)
+    # per-step ips 4/4 = 1 and 16/8 = 2; avg = 20 samples / 12 s
+    assert (s.ips.avg, s.ips.min, s.ips.max) == pytest.approx((20.0 / 12.0, 1.0, 2.0))
+    assert s.ips_unit == "samples/s"
+    assert "reader_ratio" in str(s)
+    json.dumps(s.to_dict())
+
+
+def test_data_bound_loop_has_high_reader_ratio():
+    clock = FakeClock()
+    timer = StepTimer(clock=clock)
+    run_loop(timer, clock, [9] * 5, [1] * 5, [1] * 5)
+    assert timer.summary().reader_ratio == pytest.approx(0.9)
+
+
+def test_skip_first_and_steps_per_second_without_sizes():
+    clock = FakeClock()
+    timer = StepTimer(clock=clock, skip_first=1)
+    run_loop(timer, clock, [10, 1, 1], [10, 1, 3], [8, 8, 8], pass_sizes=False)
+    s = timer.summary()
+    assert s.steps == 2 and len(timer.records) == 3
+    assert s.ips_unit == "steps/s"
+    assert (s.ips.avg, s.ips.min, s.ips.max) == pytest.approx((2.0 / 6.0, 0.25, 0.5))
+
+
+def test_start_and_manual_steps_and_synchronize():
+    clock = FakeClock()
+    synced = []
+    timer = StepTimer(clock=clock, synchronize=lambda: synced.append(clock.now))
+    timer.start()
+    clock.now += 2 * S
+    rec = timer.step(num_samples=4)
+    assert rec == StepRecord(reader_cost=0.0, batch_cost=2.0, num_samples=4)
+    assert synced == [2 * S]
+
+
+def test_errors_and_reset():
+    clock = FakeClock()
+    timer = StepTimer(clock=clock)
+    with pytest.raises(UsageError):
+        timer.step()
+    timer.reset()
+    with pytest.raises(UsageError):
+        timer.summary()
+    with pytest.raises(UsageError):
+        summarize_steps([])
+    with pytest.raises(UsageError):
+        StepTimer(skip_first=-1)
+    timer = StepTimer(clock=clock, skip_first=5)
+    run_loop(timer, clock, [1], [1], [1])
+    with pytest.raises(UsageError, match="skipped"):
+        timer.summary()
