@@ -6,9 +6,10 @@
    dispatch pass, torch.utils.flop_counter.FlopCounterMode and fvcore do on the same
    model. Each measurement runs in its own subprocess so peak RSS is its own.
 2. Overhead on real CPU tensors: count_flops(tracer="dispatch") wall time over one plain
-   forward (torch.no_grad(), eval) of the same model, median of N runs, same process.
+   forward (torch.no_grad(), eval) of the same model: median of N interleaved rounds and the
+   median of the per-round ratios, same process.
 
-    .venv/bin/python benchmarks/bench_dispatch.py [--repeats 5] [--skip-70b]
+    .venv/bin/python benchmarks/bench_dispatch.py [--repeats 7] [--threads 1] [--skip-70b] [--only-overhead]
 """
 
 from __future__ import annotations
@@ -141,14 +142,18 @@ def run_child(tool: str, key: str, timeout: int = 900) -> dict:
 # --------------------------------------------------------------------------- overhead
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def interleaved_times(fns, repeats: int):
+    """Per function, its times over ``repeats`` rounds; each round runs every function
+    once, in turn, so load from other processes hits them alike (one warm-up round)."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return times
 
 
 def overhead(repeats: int) -> None:
@@ -163,8 +168,9 @@ def overhead(repeats: int) -> None:
         ("ResNet-50 1x3x224x224", resnet50().eval(), (torch.randn(1, 3, 224, 224),)),
         ("GPT-2 small 1x256 tokens", gpt2(), (token_ids(1, 256, 50257),)),
     ]
-    print(f"\nOverhead on real CPU tensors (median of {repeats}; plain forward = eval + torch.no_grad())")
-    print(f"{'model':28} {'plain fwd s':>12} {'dispatch s':>11} {'ratio':>7} {'jit s':>8}")
+    print(f"\nOverhead on real CPU tensors ({torch.get_num_threads()} threads; median of {repeats} interleaved rounds; "
+          "plain forward = eval + torch.no_grad())")
+    print(f"{'model':28} {'plain fwd s':>12} {'dispatch s':>11} {'ratio':>7} {'ratio range':>13} {'jit s':>8}")
     for name, model, inputs in cases:
         def plain():
             with torch.no_grad():
@@ -172,10 +178,13 @@ def overhead(repeats: int) -> None:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            forward_s = median_time(plain, repeats)
-            dispatch_s = median_time(lambda: count_flops(model, inputs, tracer="dispatch"), repeats)
-            jit_s = median_time(lambda: count_flops(model, inputs, tracer="jit"), repeats)
-        print(f"{name:28} {forward_s:12.3f} {dispatch_s:11.3f} {dispatch_s / forward_s:7.2f} {jit_s:8.3f}")
+            forward, by_dispatch, by_jit = interleaved_times(
+                [plain, lambda: count_flops(model, inputs, tracer="dispatch"), lambda: count_flops(model, inputs, tracer="jit")],
+                repeats,
+            )
+        ratios = sorted(d / f for d, f in zip(by_dispatch, forward))
+        print(f"{name:28} {statistics.median(forward):12.3f} {statistics.median(by_dispatch):11.3f} "
+              f"{statistics.median(ratios):7.2f} {f'{ratios[0]:.2f}-{ratios[-1]:.2f}':>13} {statistics.median(by_jit):8.3f}")
 
 
 # --------------------------------------------------------------------------- main
@@ -183,8 +192,10 @@ def overhead(repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-70b", action="store_true")
+    parser.add_argument("--only-overhead", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for the overhead part (0: torch's default)")
     parser.add_argument("--child", nargs=2, metavar=("TOOL", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -199,7 +210,7 @@ def main() -> None:
     print("\nLlamaForCausalLM on the meta device, input_ids only (one fresh process per cell; "
           "peak RSS includes the interpreter, torch and transformers)")
     print(f"{'config':20} {'tool':13} {'seconds':>8} {'peak GB':>8}  result")
-    keys = ["7b"] if args.skip_70b else ["7b", "70b"]
+    keys = [] if args.only_overhead else ["7b"] if args.skip_70b else ["7b", "70b"]
     for key in keys:
         label, _, tokens = CONFIGS[key]
         for tool in ("flopcount", "bare", "flop_counter", "fvcore", "thop", "ptflops"):
@@ -219,6 +230,8 @@ def main() -> None:
             seconds = f"{r['seconds']:8.2f}" if "seconds" in r else f"{'-':>8}"
             rss = f"{r['peak_rss_gb']:8.2f}" if "peak_rss_gb" in r else f"{'-':>8}"
             print(f"{label + ' 1x' + str(tokens):20} {tool:13} {seconds} {rss}  {result}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     overhead(args.repeats)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import warnings
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from torch import nn
 
@@ -30,6 +30,7 @@ def count_flops(
     registry: Optional[HandlerRegistry] = None,
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
+    measure: Union[bool, Mapping[str, Any]] = False,
 ) -> FlopResult:
     """Count FLOPs, MACs and parameters of one forward of ``model``.
 
@@ -38,6 +39,9 @@ def count_flops(
     as keyword arguments. ``tracer``: "auto" (jit), "jit" or "dispatch".
     ``handlers`` overrides or adds handlers for this call only (``None`` = known zero);
     ``strict=True`` raises :class:`UnsupportedOpError` when an op without a handler ran.
+    ``measure=True`` (or a dict of :func:`flopcount.benchmark` options) also times the
+    forward and stores the :class:`BenchmarkResult` on ``result.benchmark``, with
+    achieved FLOP/s; tables and ``to_dict()`` then show counts and timings together.
     ``backward=True`` (dispatch tracer) also counts the backward pass of a loss made
     from the outputs (their sum, or ``loss_fn(outputs)``); see ``FlopResult.by_phase()``.
     Convention: 1 MAC = 2 FLOPs; MACs count contraction ops only.
@@ -62,6 +66,12 @@ def count_flops(
         input_description=describe_inputs(inputs, kwargs),
         warnings=trace.warnings,
     )
+    if measure:
+        from .bench import benchmark
+
+        options = dict(measure) if isinstance(measure, Mapping) else {}
+        timing = benchmark(model, inputs, kwargs, flops=result.by_phase().get("forward", result.flops), **options)
+        result = dataclasses.replace(result, benchmark=timing)
     unsupported = result.unsupported_details()
     if unsupported:
         listing = ", ".join(f"{u.op} x{u.count}" for u in unsupported)
@@ -103,9 +113,16 @@ def _run_tracer(
             reason = f"jit could not trace the model ({exc})"
         else:
             opaque = sorted({e.call.op for e in jit_trace.events if e.call.op in _OPAQUE_TO_JIT})
-            if not opaque:
+            # jit's TracerWarning when a tensor becomes a Python bool/int/float/list/array
+            value_reads = any("Converting a tensor to a" in w for w in jit_trace.warnings)
+            if not opaque and not value_reads:
                 return jit_trace
-            reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions)"
+            if opaque:
+                reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions)"
+            else:
+                # jit drops ops whose results only steered Python (an if/while on a tensor,
+                # .tolist() routing), so its count would miss them.
+                reason = "the forward reads tensor values into Python (data-dependent control flow jit cannot trace)"
     fallback = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
     return dataclasses.replace(fallback, warnings=fallback.warnings + (f"tracer auto: used dispatch because {reason}",))
 
@@ -116,13 +133,12 @@ _OPAQUE_TO_JIT = frozenset({"prim::PythonOp"})
 
 def _jit_unsuitable(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], backward: bool) -> Optional[str]:
     from .tracers import jit
-    from .tracers.modules import as_call_args, flatten_tensors
+    from .tracers.modules import as_call_args, flatten_tensors, is_dataless
 
     if backward:
         return "backward=True"
     if not jit.is_available():
         return "torch.jit is not available"
-    from .tracers.dispatch import is_dataless
 
     tensors, _ = flatten_tensors(as_call_args(inputs, kwargs))
     for tensor in itertools.chain(tensors, model.parameters(), model.buffers()):

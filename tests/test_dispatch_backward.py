@@ -171,3 +171,31 @@ def test_meta_backward_equals_cpu_backward():
     on_meta = count_flops(meta_model, ids.to("meta"), tracer="dispatch", backward=True)
     assert on_meta.by_phase("macs") == on_cpu.by_phase("macs")
     assert on_meta.by_module("macs") == on_cpu.by_module("macs")
+
+
+def test_activation_checkpointing_recompute_is_backward_work_of_its_module():
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block, self.head = Block(), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.block, x, use_reentrant=False))
+
+    B = 4
+    r = count_flops(Net(), torch.randn(B, 8), tracer="dispatch", backward=True)
+    lin, head = B * 8 * 8, B * 8 * 2
+    # Recompute runs a (b's output is not needed: checkpoint stops early); a needs no
+    # grad_input (x does not require grad).
+    assert r.by_module("macs") == {"": 6 * lin + 3 * head, "block": 6 * lin, "block.a": 3 * lin, "block.b": 3 * lin, "head": 3 * head}
+    assert r.by_phase("macs") == {"forward": 2 * lin + head, "backward": 4 * lin + 2 * head}

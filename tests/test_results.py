@@ -99,3 +99,12 @@ def test_parameter_summary_bytes_and_trainable():
     assert s.bytes_by_dtype == {"float16": 2 * 20, "float32": 4 * 8}
     assert s.buffer_bytes_by_dtype == {"float32": 4 * 8, "int64": 8}
     assert r.params == 28
+
+
+def test_measure_attaches_benchmark_with_achieved_flops():
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    r = count_flops(model, torch.randn(4, 32), measure={"iters": 5, "warmup": 1})
+    assert r.benchmark.iters == 5
+    assert r.benchmark.achieved_flops_per_s == r.flops / (r.benchmark.median_ms * 1e-3)
+    assert "Measured: median" in r.table()
+    assert r.to_dict()["benchmark"]["iters"] == 5

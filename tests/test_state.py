@@ -40,8 +40,9 @@ def _prepared(model: nn.Module) -> nn.Module:
 def test_train_mode_batchnorm_stats_untouched():
     model = _prepared(Net())
     before = snapshot(model)
+    x = torch.randn(4, 3, 8, 8)
     rng = torch.get_rng_state()
-    count_flops(model, torch.randn(4, 3, 8, 8))
+    count_flops(model, x)
     assert_same_state(model, before)
     assert torch.equal(torch.get_rng_state(), rng), "dropout's RNG draws leaked into the process"
     assert model.bn.num_batches_tracked.item() == 0
@@ -73,3 +74,12 @@ def test_no_grad_mode_and_inference_mode_callers():
     with torch.inference_mode():
         count_flops(model, torch.randn(1, 3, 8, 8))
     assert_same_state(model, before)
+
+
+def test_train_mode_stays_on_jit_under_auto():
+    """BatchNorm's own batch-size check warns during jit tracing; that is torch reading a
+    shape, not data-dependent control flow, so auto keeps the (faster) jit trace."""
+    from examples.resnet import resnet18
+
+    r = count_flops(resnet18().train(), torch.randn(2, 3, 32, 32))
+    assert r.tracer == "jit"

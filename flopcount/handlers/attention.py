@@ -12,7 +12,10 @@ from __future__ import annotations
 from math import prod
 
 from ..registry import HandlerRegistry
-from ..types import Cost, OpCall
+from ..types import Cost, OpCall, TensorMeta
+from .matmul import linear_macs
+from .norm import normalize_flops
+from .pointwise import GELU, elementwise_flops
 
 __all__ = ["register", "sdpa_macs"]
 
@@ -55,7 +58,44 @@ def _backward_bshd(call: OpCall) -> Cost:
     return Cost.from_macs(2 * _bshd(call))
 
 
+def _mha_core(x: TensorMeta, kv_len: int, embed_dim: int, heads: int) -> Cost:
+    """q/k/v projections, attention, output projection of a fused MHA kernel. Its biases
+    are not counted, as for the ``aten::linear`` calls of MHA's composite path (which
+    dispatch and jit-with-grad record), so both paths cost the same."""
+    rows, kv_rows = x.numel // embed_dim, (x.numel // embed_dim // x.shape[-2]) * kv_len
+    macs = linear_macs((rows, embed_dim), (embed_dim, embed_dim))
+    macs += 2 * linear_macs((kv_rows, embed_dim), (embed_dim, embed_dim))
+    batch = x.numel // (x.shape[-2] * embed_dim)
+    head_dim = embed_dim // heads
+    macs += sdpa_macs(batch * heads, x.shape[-2], kv_len, head_dim, head_dim)
+    macs += linear_macs((rows, embed_dim), (embed_dim, embed_dim))
+    return Cost.from_macs(macs)
+
+
+def _native_mha(call: OpCall) -> Cost:
+    q, k = call.tensor("query"), call.tensor("key")
+    return _mha_core(q, k.shape[-2], int(call.arg("embed_dim")), int(call.arg("num_head")))
+
+
+def _encoder_layer(call: OpCall) -> Cost:
+    """The fused nn.TransformerEncoderLayer: attention block, two residual adds, two layer
+    norms (with affine), the feed-forward linears and their activation -- the same
+    formulas as the ops it decomposes into."""
+    x = call.tensor("src")
+    e = int(call.arg("embed_dim"))
+    rows = x.numel // e
+    ffn = call.tensor("ffn_weight_1").shape[0]
+    cost = _mha_core(x, x.shape[-2], e, int(call.arg("num_heads")))
+    cost += Cost.from_macs(linear_macs((rows, e), (ffn, e)) + linear_macs((rows, ffn), (e, ffn)))
+    act = GELU["none"] if call.arg("use_gelu") else elementwise_flops("aten::relu", 1)
+    residual = 2 * elementwise_flops("aten::add", x.numel)
+    norms = 2 * normalize_flops(x.numel, rows, True, True, True)
+    return cost + Cost.from_flops(act * rows * ffn + residual + norms)
+
+
 def register(registry: HandlerRegistry) -> None:
+    registry.register("aten::_native_multi_head_attention", _native_mha)
+    registry.register("aten::_transformer_encoder_layer_fwd", _encoder_layer)
     registry.register(
         [
             "aten::scaled_dot_product_attention",

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Dict
 
 from ..registry import HandlerRegistry
-from ..types import Cost, Handler, OpCall
+from ..types import Cost, Handler, OpCall, TensorMeta
 from ._common import output_numel
 
-__all__ = ["register", "PER_ELEMENT", "per_element", "elementwise_flops"]
+__all__ = ["register", "PER_ELEMENT", "per_element", "elementwise_flops", "integer_only"]
 
 _ONE = (
     # arithmetic; scalar factors folded into an op (add's alpha, addcmul's value) are not extra
@@ -96,10 +96,22 @@ def elementwise_flops(op: str, elements: int) -> int:
     return PER_ELEMENT[op] * elements
 
 
+_INTEGER_DTYPES = frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"})
+
+
+def integer_only(call: OpCall) -> bool:
+    """True when every tensor in and out has a known integer/bool dtype: index and shape
+    arithmetic (jit records ``size`` maths on 0-d int64 tensors), not floating point."""
+    metas = call.tensors() + tuple(o for o in call.outputs if isinstance(o, TensorMeta))
+    return bool(metas) and all(m.dtype in _INTEGER_DTYPES for m in metas)
+
+
 def per_element(flops: int) -> Handler:
-    """A handler costing ``flops`` per output element."""
+    """A handler costing ``flops`` per output element (0 for integer-only arithmetic)."""
 
     def handler(call: OpCall) -> Cost:
+        if integer_only(call):
+            return Cost()
         return Cost.from_flops(flops * output_numel(call))
 
     handler.__doc__ = f"{flops} FLOP(s) per output element."

@@ -13,7 +13,8 @@ from math import prod
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
-from ._common import broadcast, first_output, maybe_tensor, output_numel
+from ._common import broadcast, first_output, maybe_tensor
+from .pointwise import per_element
 
 __all__ = [
     "register",
@@ -72,6 +73,9 @@ def _out_elements(call: OpCall) -> int:
     return prod(s for i, s in enumerate(x.shape) if i not in reduced)
 
 
+_ELEMENTWISE = per_element(1)  # max(self, other) is the elementwise maximum
+
+
 def _reduce(call: OpCall) -> Cost:
     return Cost.from_flops(reduce_flops(_input(call).numel))
 
@@ -79,7 +83,7 @@ def _reduce(call: OpCall) -> Cost:
 def _max_min(call: OpCall) -> Cost:
     # aten::max(self, other) is elementwise (1 per output); max(self[, dim]) a reduction.
     if isinstance(call.arg("other"), TensorMeta):
-        return Cost.from_flops(output_numel(call))
+        return _ELEMENTWISE(call)
     return _reduce(call)
 
 

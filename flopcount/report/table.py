@@ -22,6 +22,14 @@ def _footer(result: "FlopResult") -> List[str]:
         f"weights {format_bytes(size.size_bytes)}; tracer: {result.tracer}; inputs: {result.input_description}",
         CONVENTION,
     ]
+    timing = result.benchmark
+    if timing is not None:
+        achieved = timing.achieved_flops_per_s
+        lines.append(
+            f"Measured: median {timing.median_ms:.3f} ms (p90 {timing.p90_ms:.3f} ms, CV {100 * timing.cv:.1f}%, "
+            f"{timing.iters} iters), {timing.throughput:.1f} samples/s"
+            + (f", {with_unit(achieved, 'FLOP/s')} achieved" if achieved else "")
+        )
     unsupported = result.unsupported_details()
     if unsupported:
         parts = []
@@ -46,10 +54,9 @@ def module_table(
         totals = result.module_totals(info.name)
         if not show_zero and info.name and totals.flops == 0 and info.params == 0:
             continue
-        indent = "  " * info.depth if fmt == "simple" else ""
         rows.append(
             [
-                indent + (info.name or "(model)"),
+                info.name or "(model)",
                 info.type_name,
                 format_count(info.params),
                 format_count(totals.macs),

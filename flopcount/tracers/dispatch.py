@@ -5,14 +5,16 @@ Works on real, meta and fake tensors alike because nothing here reads tensor dat
 a data-dependent read of a meta/fake tensor (``.item()``, ``bool(t)``, ``torch.equal``)
 is answered with a placeholder value and reported in the trace's warnings.
 
-Two interceptions keep the op spellings comparable with the jit tracer:
-
-* ``F.scaled_dot_product_attention`` is recorded as one ``aten::scaled_dot_product_attention``
-  event (as jit records it), whatever kernel or decomposition CPU/meta picks underneath;
-  the ops it runs internally in forward are not recorded. Its backward ops are.
-* A pass-through TorchFunctionMode is active while tracing (it is what sees the SDPA
-  call). As under jit tracing, it makes ``nn.MultiheadAttention`` take its composite
-  path (linear + SDPA) instead of the fused ``_native_multi_head_attention`` kernel.
+SDPA is recorded as one unit, as jit records it: a pass-through TorchFunctionMode sees
+each ``F.scaled_dot_product_attention`` call and records one
+``aten::scaled_dot_product_attention`` event, muting the aten ops underneath (the CPU
+fused kernel, or the math decomposition that meta tensors get), so CPU and meta give the
+same numbers. Its backward ops are recorded as they run. Limits of a TorchFunctionMode:
+an SDPA called from inside another overridable Python function (``nn.MultiheadAttention``
+via ``F.multi_head_attention_forward``) is not seen as a call, so its kernel or
+decomposition is recorded instead; and while the mode is active ``nn.MultiheadAttention``
+takes its composite path (linear + SDPA) rather than the fused
+``_native_multi_head_attention`` that jit records under ``torch.no_grad()``.
 
 Backward ops are attributed to the module whose forward created the autograd node
 that runs them: module entries and exits are stamped with autograd's sequence number
@@ -22,8 +24,9 @@ during forward, and each backward op looks up its node's sequence number.
 from __future__ import annotations
 
 import bisect
-import itertools
 import contextlib
+import itertools
+from functools import lru_cache
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -38,8 +41,10 @@ from .modules import (
     ModuleStack,
     as_call_args,
     describe_inputs,
+    fake_tensor_type,
     flatten_tensors,
     forward_error,
+    is_dataless,
     module_names,
     output_tensors,
     preserved_model_state,
@@ -61,14 +66,10 @@ _METADATA = frozenset({"prim::device", "prim::layout"})
 # A boolean made by these reads as True when answered by a placeholder ("all valid").
 _ALL_OPS = frozenset({"aten::all"})
 
-_DTYPE_NAMES: Dict[torch.dtype, str] = {}
 
-
+@lru_cache(maxsize=None)
 def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
-    return name
+    return str(dtype).replace("torch.", "")
 
 
 def _meta(tensor: torch.Tensor) -> TensorMeta:
@@ -127,30 +128,11 @@ class _Signature:
         return bound
 
 
-_SIGNATURES: Dict[Any, _Signature] = {}
-
-
+@lru_cache(maxsize=None)
 def _signature(func: Any) -> _Signature:
-    sig = _SIGNATURES.get(func)
-    if sig is None:
-        sig = _SIGNATURES[func] = _Signature(func._schema)
-    return sig
+    """The schema facts of an op overload, once per overload (the per-op hot path)."""
+    return _Signature(func._schema)
 
-
-def _fake_tensor_type() -> Optional[type]:
-    try:
-        from torch._subclasses.fake_tensor import FakeTensor
-    except ImportError:  # pragma: no cover - very old or stripped torch
-        return None
-    return FakeTensor
-
-
-def is_dataless(tensor: torch.Tensor) -> bool:
-    """True for tensors without data: on the meta device, or FakeTensors."""
-    if tensor.device.type == "meta":
-        return True
-    fake = _fake_tensor_type()
-    return fake is not None and isinstance(tensor, fake)
 
 
 class _BackwardAttribution:
@@ -196,6 +178,25 @@ class _BackwardAttribution:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    def start_backward(self, names: Mapping[nn.Module, str]) -> None:
+        """Stop marking; from now on, modules only run to recompute activations
+        (checkpointing). Checkpoint's early stop leaves a module's forward by an
+        exception, which skips ModuleStack's exit hook: pop that module here."""
+        self.stop_marking()
+        from torch.nn.modules import module as module_impl
+
+        stack = self._stack
+
+        def exit_always(module: nn.Module, args: Any, output: Any) -> None:
+            name = names.get(module)
+            if name and stack and stack[-1] == name:
+                stack.pop()
+
+        try:
+            self._handles = [module_impl.register_module_forward_hook(exit_always, always_call=True)]
+        except TypeError:  # torch < 2.1: no always_call; early-stopped recompute may misattribute
+            self._handles = []
 
     def __exit__(self, *exc: Any) -> None:
         self.stop_marking()
@@ -292,7 +293,7 @@ class _Recorder(_DataReads):
                 return answer
         out = func(*args, **kwargs)
         if not self.muted:
-            sig = _SIGNATURES.get(func) or _signature(func)
+            sig = _signature(func)
             if sig.name in _METADATA:
                 return out
             self.record(sig.name, sig.bind(args, kwargs), _outputs(out))
@@ -409,7 +410,7 @@ def trace(
                 except Exception as exc:
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
                 if attribution is not None:
-                    attribution.stop_marking()
+                    attribution.start_backward(names)
                     try:
                         _run_backward(model, outputs, flat_inputs, loss_fn, recorder)
                     except UsageError:
@@ -422,7 +423,7 @@ def trace(
 
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
     """The FakeTensorMode of the first fake tensor among ``tensors`` (None if none is fake)."""
-    fake = _fake_tensor_type()
+    fake = fake_tensor_type()
     if fake is None:
         return None
     for tensor in tensors:

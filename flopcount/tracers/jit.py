@@ -6,6 +6,7 @@ leaves the dispatch tracer and everything downstream untouched.
 
 from __future__ import annotations
 
+import os
 import warnings
 from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -55,6 +56,9 @@ _JIT_DTYPES = {
     "ComplexFloat": "complex64",
     "ComplexDouble": "complex128",
 }
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def is_available() -> bool:
@@ -175,11 +179,12 @@ def trace(model: nn.Module, inputs: Any = (), kwargs: Optional[Mapping[str, Any]
             raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map
+    # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
     notes = tuple(
         dict.fromkeys(
             f"{w.category.__name__}: {str(w.message).splitlines()[0]}"
             for w in caught
-            if issubclass(w.category, torch.jit.TracerWarning)
+            if issubclass(w.category, torch.jit.TracerWarning) and not str(w.filename).startswith(_TORCH_DIR)
         )
     )
     return Trace(tuple(_graph_events(graph)), "jit", dict(modules.calls), notes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -166,6 +167,23 @@ class ModuleStack:
 # --------------------------------------------------------------------------- state
 
 
+@functools.lru_cache(maxsize=None)
+def fake_tensor_type() -> Optional[type]:
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:  # pragma: no cover - very old or stripped torch
+        return None
+    return FakeTensor
+
+
+def is_dataless(tensor: torch.Tensor) -> bool:
+    """True for tensors without data (meta device, FakeTensors): shapes only."""
+    if tensor.device.type == "meta":
+        return True
+    fake = fake_tensor_type()
+    return fake is not None and isinstance(tensor, fake)
+
+
 @contextlib.contextmanager
 def preserved_model_state(model: nn.Module) -> Iterator[None]:
     """Leave ``model`` as found whatever the forward does: training flags, buffers
@@ -177,7 +195,7 @@ def preserved_model_state(model: nn.Module) -> Iterator[None]:
     for m in modules:
         for name, buf in m._buffers.items():
             if buf is not None:
-                buffers.append((m, name, buf, buf.detach().clone() if buf.device.type != "meta" else None))
+                buffers.append((m, name, buf, None if is_dataless(buf) else buf.detach().clone()))
     params = list(model.parameters())
     param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
     hook_attrs = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")

@@ -1,0 +1,8 @@
+"""``python -m flopcount``: the same command as the ``flopcount`` console script."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

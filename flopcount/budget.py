@@ -1,0 +1,234 @@
+"""Budgets (limits on params, FLOPs, MACs, weight size, latency) and checking a result
+against them: plain data in, a pass/fail list out. The CLI's ``check`` prints it.
+
+A budget passes when ``actual <= limit``. Size is the serialised bytes of parameters
+and buffers by their dtypes, in MB of 10^6 bytes. Budgets come from flags or from
+``[tool.flopcount]`` in pyproject.toml (``max-params = "25M"``, ``max-flops = 5e9``...).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from .errors import UsageError
+from .report.units import format_count, format_ms, with_unit
+from .specs import parse_quantity
+
+Number = Union[int, float]
+BYTES_PER_MB = 10**6
+
+# budget name -> (the limit's field on Budget, unit printed after numbers)
+_NAMES = {
+    "params": ("max_params", ""),
+    "flops": ("max_flops", "FLOPs"),
+    "macs": ("max_macs", "MACs"),
+    "size_mb": ("max_size_mb", "MB"),
+    "latency_ms": ("max_latency_ms", "ms"),
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Upper limits; ``None`` means not checked."""
+
+    max_params: Optional[Number] = None
+    max_flops: Optional[Number] = None
+    max_macs: Optional[Number] = None
+    max_size_mb: Optional[Number] = None
+    max_latency_ms: Optional[Number] = None
+
+    def merged(self, override: "Budget") -> "Budget":
+        """This budget with every limit ``override`` sets replaced (flags win over the file)."""
+        return replace(self, **{f.name: getattr(override, f.name) for f in fields(self) if getattr(override, f.name) is not None})
+
+    def limits(self) -> Dict[str, Number]:
+        """``{budget name: limit}`` of the limits that are set, in a fixed order."""
+        return {name: getattr(self, key) for name, (key, _) in _NAMES.items() if getattr(self, key) is not None}
+
+    @property
+    def needs_latency(self) -> bool:
+        return self.max_latency_ms is not None
+
+    def __bool__(self) -> bool:
+        return bool(self.limits())
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One limit and the measured value."""
+
+    name: str
+    limit: Number
+    actual: Number
+    unit: str
+
+    @property
+    def passed(self) -> bool:
+        return self.actual <= self.limit
+
+    def describe(self) -> str:
+        """``'flops 8.216 G > 5.000 G'``."""
+        relation = "<=" if self.passed else ">"
+        return f"{self.name} {_show(self.actual, self.unit)} {relation} {_show(self.limit, self.unit)}"
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    """Every checked budget with pass/fail."""
+
+    lines: Tuple[BudgetLine, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(line.passed for line in self.lines)
+
+    @property
+    def exceeded(self) -> Tuple[BudgetLine, ...]:
+        return tuple(line for line in self.lines if not line.passed)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "exceeded": [line.name for line in self.exceeded],
+            "lines": [
+                {"name": line.name, "limit": line.limit, "actual": line.actual, "unit": line.unit, "passed": line.passed}
+                for line in self.lines
+            ],
+        }
+
+    def table(self, fmt: str = "simple") -> str:
+        """Budget, limit, actual, PASS/FAIL per line (human units)."""
+        from tabulate import tabulate
+
+        rows = [
+            [line.name, _show(line.limit, line.unit), _show(line.actual, line.unit), "PASS" if line.passed else "FAIL"]
+            for line in self.lines
+        ]
+        return tabulate(rows, headers=["Budget", "Limit", "Actual", "Status"], tablefmt=fmt, colalign=("left", "right", "right", "left"))
+
+    def to_csv(self) -> str:
+        """Raw numbers: ``budget,limit,actual,unit,status``."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["budget", "limit", "actual", "unit", "status"])
+        for line in self.lines:
+            writer.writerow([line.name, line.limit, line.actual, line.unit, "PASS" if line.passed else "FAIL"])
+        return out.getvalue()
+
+
+def _show(value: Number, unit: str) -> str:
+    if unit == "ms":
+        return format_ms(float(value))
+    if unit == "MB":
+        return f"{float(value):.2f} MB"
+    return with_unit(value, unit) if unit else format_count(value)
+
+
+def check_budget(
+    budget: Budget,
+    *,
+    params: Optional[Number] = None,
+    flops: Optional[Number] = None,
+    macs: Optional[Number] = None,
+    size_bytes: Optional[Number] = None,
+    latency_ms: Optional[Number] = None,
+) -> BudgetReport:
+    """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
+    A limit whose actual value was not given is a usage error, never a pass."""
+    actuals = {
+        "params": params,
+        "flops": flops,
+        "macs": macs,
+        "size_mb": None if size_bytes is None else size_bytes / BYTES_PER_MB,
+        "latency_ms": latency_ms,
+    }
+    lines: List[BudgetLine] = []
+    for name, limit in budget.limits().items():
+        actual = actuals[name]
+        if actual is None:
+            raise UsageError(f"budget {name} is set but no {name} value was measured")
+        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1]))
+    return BudgetReport(tuple(lines))
+
+
+def check_result(result: Any, budget: Budget, latency_ms: Optional[Number] = None) -> BudgetReport:
+    """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`."""
+    return check_budget(
+        budget,
+        params=result.params,
+        flops=result.flops,
+        macs=result.macs,
+        size_bytes=result.parameters.size_bytes,
+        latency_ms=latency_ms,
+    )
+
+
+# --------------------------------------------------------------------------- pyproject.toml
+
+#: accepted keys of [tool.flopcount] (dashes or underscores) -> Budget field
+FILE_KEYS = {key.replace("_", "-"): key for key, _ in _NAMES.values()}
+
+
+def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
+    """A :class:`Budget` from ``{"max-flops": "5G", ...}``; ``source`` names where the
+    table came from in error messages. Unknown keys and non-numbers are errors."""
+    values: Dict[str, Number] = {}
+    for raw_key, raw in table.items():
+        key = str(raw_key).replace("_", "-")
+        if key not in FILE_KEYS:
+            known = ", ".join(FILE_KEYS)
+            raise UsageError(f"{source}: unknown key {raw_key!r} (known: {known})")
+        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+            raise UsageError(f"{source}: {raw_key} must be a number or a string like \"25M\", got {type(raw).__name__}")
+        try:
+            values[FILE_KEYS[key]] = parse_quantity(raw, f"{source}: {raw_key}")
+        except UsageError as exc:
+            raise UsageError(str(exc)) from None
+    return Budget(**values)
+
+
+def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budget:
+    """The budget in ``[tool.flopcount]`` of a pyproject.toml; an empty budget when the
+    file (unless ``required``) or the table is missing. Malformed TOML or values raise
+    :class:`UsageError` naming the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        if required:
+            raise UsageError(f"config file not found: {path}")
+        return Budget()
+    toml = _toml_module()
+    try:
+        with open(path, "rb") as fh:
+            document = toml.load(fh)
+    except toml.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    tool = document.get("tool", {})
+    if not isinstance(tool, Mapping):
+        raise UsageError(f"{path}: [tool] must be a table")
+    table = tool.get("flopcount")
+    if table is None:
+        return Budget()
+    if not isinstance(table, Mapping):
+        raise UsageError(f"{path}: [tool.flopcount] must be a table, got {type(table).__name__}")
+    return budget_from_mapping(table, f"{path} [tool.flopcount]")
+
+
+def _toml_module() -> Any:
+    try:
+        import tomllib  # Python >= 3.11
+
+        return tomllib
+    except ImportError:
+        pass
+    try:
+        import tomli
+
+        return tomli
+    except ImportError as exc:
+        raise UsageError("reading pyproject.toml needs Python >= 3.11 or the tomli package (pip install tomli)") from exc

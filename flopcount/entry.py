@@ -1,0 +1,312 @@
+"""Turning the CLI's ENTRY into a model (and maybe example inputs).
+
+ENTRY forms:
+
+* ``package.module:attr`` or ``path/to/file.py:attr`` — ``attr`` (dotted names allowed)
+  is an ``nn.Module``, or a callable (a factory or a Module class) returning an
+  ``nn.Module``, a ``(module, example_inputs)`` pair or a ``(module, inputs, kwargs)``
+  triple; ``config`` entries are passed to the callable as keyword arguments.
+* ``hf:MODEL_TYPE`` — a transformers model built from its default config
+  (``AutoConfig.for_model``) with ``config`` overrides; random weights, no download.
+* ``tv:NAME`` (or ``torchvision:NAME``) — ``torchvision.models.get_model(NAME, weights=None)``.
+
+Every failure is a :class:`~flopcount.errors.UsageError` naming the ENTRY and what is
+wrong, chained to the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .errors import UsageError
+from .specs import InputSpec
+
+ENTRY_HELP = "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE or tv:NAME"
+HF_PREFIXES = ("hf:", "transformers:")
+TV_PREFIXES = ("tv:", "torchvision:")
+
+
+@dataclass
+class LoadedEntry:
+    """A model ready to run, plus what the ENTRY said about its inputs.
+
+    ``inputs``/``kwargs``: example inputs returned by a factory (None when it gave
+    none); ``default_specs``: inputs to make when neither the factory nor the command
+    line gave any (token ids for transformers models, an image for torchvision)."""
+
+    entry: str
+    model: nn.Module
+    inputs: Any = None
+    kwargs: Optional[Dict[str, Any]] = None
+    default_specs: Tuple[InputSpec, ...] = ()
+    default_kwargs: Dict[str, InputSpec] = field(default_factory=dict)
+
+
+def load_entry(entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None) -> LoadedEntry:
+    """Import or build the model ENTRY names, in eval mode, on ``device``.
+
+    ``device="meta"`` builds factories under ``torch.device("meta")`` (no memory, no
+    data: shapes only); ``"cuda"`` builds on the CPU and moves the model."""
+    text = entry.strip()
+    overrides = dict(config or {})
+    if not text:
+        raise UsageError(f"empty ENTRY; {ENTRY_HELP}")
+    lowered = text.lower()
+    for prefix in HF_PREFIXES:
+        if lowered.startswith(prefix):
+            loaded = _load_hf(entry, text[len(prefix):].strip(), overrides, device)
+            break
+    else:
+        for prefix in TV_PREFIXES:
+            if lowered.startswith(prefix):
+                loaded = _load_torchvision(entry, text[len(prefix):].strip(), overrides, device)
+                break
+        else:
+            target = _import_target(text)
+            loaded = _from_object(entry, target, overrides, device)
+    if device != "meta" and device != "cpu":
+        loaded.model = loaded.model.to(device)
+    loaded.inputs, loaded.kwargs = _inputs_to(loaded.inputs, loaded.kwargs, device)
+    loaded.model.eval()
+    return loaded
+
+
+# --------------------------------------------------------------------------- module:attr
+
+
+def _import_target(text: str) -> Any:
+    module_part, sep, attr = text.rpartition(":")
+    if not sep or not module_part or (len(module_part) == 1 and module_part.isalpha()):
+        hint = f" (did you mean {text}:ATTR?)" if text.endswith(".py") or "/" in text or "\\" in text else ""
+        raise UsageError(f"bad ENTRY {text!r}: no ':attr' part{hint}; {ENTRY_HELP}")
+    if not attr or not all(part.isidentifier() for part in attr.split(".")):
+        raise UsageError(f"bad ENTRY {text!r}: {attr!r} is not an attribute name; {ENTRY_HELP}")
+    is_path = module_part.endswith(".py") or "/" in module_part or os.sep in module_part
+    module = _import_file(module_part) if is_path else _import_module(module_part)
+    obj: Any = module
+    walked: List[str] = []
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            where = f"{module_part}:{'.'.join(walked)}" if walked else module_part
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(f"bad ENTRY {text!r}: {where} has no attribute {part!r}{hint}")
+        obj = getattr(obj, part)
+        walked.append(part)
+    return obj
+
+
+def _import_file(path_text: str) -> Any:
+    path = Path(path_text).expanduser()
+    if not path.exists():
+        raise UsageError(f"bad ENTRY: file not found: {path_text}")
+    if not path.is_file():
+        raise UsageError(f"bad ENTRY: {path_text} is not a file")
+    if path.suffix != ".py":
+        raise UsageError(f"bad ENTRY: {path_text} is not a .py file")
+    path = path.resolve()
+    name = "_flopcount_entry_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"bad ENTRY: cannot import {path_text}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    # the file's own folder first, so it can import its siblings
+    with _on_sys_path(str(path.parent)):
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            sys.modules.pop(name, None)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise UsageError(f"bad ENTRY: importing {path_text} failed: {_describe(exc)}") from exc
+    return module
+
+
+def _import_module(name: str) -> Any:
+    # `python -m` puts the working directory on sys.path; the console script does not
+    with _on_sys_path(os.getcwd()):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if missing and (name == missing or name.startswith(missing + ".")):
+                raise UsageError(f"bad ENTRY: no module named {missing!r} (looked on sys.path and in {os.getcwd()})") from exc
+            raise UsageError(f"bad ENTRY: importing {name!r} failed: {_describe(exc)}") from exc
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise UsageError(f"bad ENTRY: importing {name!r} failed: {_describe(exc)}") from exc
+
+
+@contextlib.contextmanager
+def _on_sys_path(folder: str) -> Iterator[None]:
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
+def _from_object(entry: str, obj: Any, overrides: Dict[str, Any], device: str) -> LoadedEntry:
+    if isinstance(obj, nn.Module):
+        if overrides:
+            raise UsageError(f"--config needs a factory, but {entry} is an nn.Module instance")
+        return LoadedEntry(entry, obj.to("meta") if device == "meta" else obj)
+    if not callable(obj):
+        raise UsageError(
+            f"bad ENTRY {entry!r}: it is an object of type {type(obj).__name__}, not an nn.Module or a callable returning one"
+        )
+    _check_callable(entry, obj, overrides)
+    with _build_device(device):
+        try:
+            made = obj(**overrides)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise UsageError(f"model construction failed: {entry} raised {_describe(exc)}") from exc
+    return _unpack(entry, made)
+
+
+def _check_callable(entry: str, obj: Any, overrides: Dict[str, Any]) -> None:
+    """Fail before running anything when the factory cannot take the call."""
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(**overrides)
+    except TypeError as exc:
+        raise UsageError(f"model construction failed: cannot call {entry}{signature} with {overrides or 'no arguments'}: {exc}") from exc
+
+
+def _unpack(entry: str, made: Any) -> LoadedEntry:
+    if isinstance(made, nn.Module):
+        return LoadedEntry(entry, made)
+    if isinstance(made, (tuple, list)) and len(made) in (2, 3) and isinstance(made[0], nn.Module):
+        kwargs = made[2] if len(made) == 3 else None
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise UsageError(f"bad ENTRY {entry!r}: the third item it returned must be a dict of kwargs, got {type(kwargs).__name__}")
+        return LoadedEntry(entry, made[0], inputs=made[1], kwargs=dict(kwargs) if kwargs is not None else None)
+    raise UsageError(
+        f"bad ENTRY {entry!r}: it returned an object of type {type(made).__name__}; expected an nn.Module, "
+        "(module, example_inputs) or (module, example_inputs, kwargs)"
+    )
+
+
+@contextlib.contextmanager
+def _build_device(device: str) -> Iterator[None]:
+    if device == "meta":
+        with torch.device("meta"):
+            yield
+    else:
+        yield
+
+
+def _describe(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    if inputs is None and kwargs is None:
+        return inputs, kwargs
+    from .tracers.modules import flatten_tensors
+
+    tensors, rebuild = flatten_tensors((inputs, kwargs))
+    if all(t.device.type == torch.device(device).type for t in tensors):
+        return inputs, kwargs
+    moved = [torch.empty_like(t, device="meta") if device == "meta" else t.to(device) for t in tensors]
+    new_inputs, new_kwargs = rebuild(moved)
+    return new_inputs, new_kwargs
+
+
+# --------------------------------------------------------------------------- model zoos
+
+
+def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"{entry} needs the transformers package: pip install transformers") from exc
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UsageError(f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint}")
+    try:
+        config = AutoConfig.for_model(model_type)
+    except Exception as exc:
+        raise UsageError(f"model construction failed: the default config of {entry}: {_describe(exc)}") from exc
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            close = difflib.get_close_matches(key, [k for k in config.to_dict() if not k.startswith("_")], n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
+        setattr(config, key, value)
+    if "use_cache" not in overrides and hasattr(config, "use_cache"):
+        config.use_cache = False  # one forward; a KV cache is only extra outputs
+    # decoders get their LM head; encoders (also listed as masked LMs) the bare model
+    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    auto = AutoModelForCausalLM if causal else AutoModel
+    with _build_device(device):
+        try:
+            model = auto.from_config(config)
+        except Exception as exc:
+            raise UsageError(f"model construction failed: {entry}: {_describe(exc)}") from exc
+    return LoadedEntry(entry, model, default_specs=_hf_default_specs(model, config))
+
+
+def _hf_default_specs(model: nn.Module, config: Any) -> Tuple[InputSpec, ...]:
+    main_input = getattr(model, "main_input_name", "input_ids")
+    if main_input == "input_ids":
+        length = 128
+        limit = getattr(config, "max_position_embeddings", None)
+        if isinstance(limit, int) and limit > 0:
+            length = min(length, limit)
+        return (InputSpec((1, length), torch.int64),)
+    if main_input == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        size = size if isinstance(size, int) else 224
+        return (InputSpec((1, getattr(config, "num_channels", 3), size, size)),)
+    return ()
+
+
+def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
+    try:
+        import torchvision.models as tvm
+    except ImportError as exc:
+        raise UsageError(f"{entry} needs the torchvision package: pip install torchvision") from exc
+    known = tvm.list_models()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UsageError(f"bad ENTRY {entry!r}: torchvision has no model {name!r}{hint}")
+    with _build_device(device):
+        try:
+            model = tvm.get_model(name, weights=None, **overrides)
+        except Exception as exc:
+            raise UsageError(f"model construction failed: {entry}: {_describe(exc)}") from exc
+    return LoadedEntry(entry, model, default_specs=(InputSpec((1, 3, 224, 224)),))

@@ -1,0 +1,75 @@
+"""Index-accumulate ops: embedding bags, index_add, scatter_add/reduce, index_put with
+accumulate, and the embedding backward. One FLOP per accumulated element; plain
+gathers and scatters without a reduction are copies (see zero_cost.py)."""
+
+from __future__ import annotations
+
+from ..registry import HandlerRegistry
+from ..types import Cost, OpCall
+from ._common import first_output, maybe_tensor
+
+__all__ = ["register"]
+
+SUM_MODE, MEAN_MODE, MAX_MODE = 0, 1, 2
+
+
+def _bag_elements(call: OpCall, width: int) -> int:
+    return call.tensor("indices").numel * width
+
+
+def _embedding_bag(call: OpCall) -> Cost:
+    """indices x dim adds (sum) or compares (max); mean adds a divide per output element;
+    per_sample_weights adds a multiply per looked-up element."""
+    width = call.tensor("weight").shape[-1]
+    rows = _bag_elements(call, width)
+    flops = rows + rows * (maybe_tensor(call, "per_sample_weights") is not None)
+    if call.arg("mode") == MEAN_MODE:
+        out = first_output(call)
+        flops += out.numel if out is not None else call.tensor("offsets").numel * width
+    return Cost.from_flops(flops)
+
+
+def _embedding_bag_backward(call: OpCall) -> Cost:
+    rows = _bag_elements(call, call.tensor("grad").shape[-1])
+    return Cost.from_flops(rows + rows * (maybe_tensor(call, "per_sample_weights") is not None))
+
+
+def _embedding_dense_backward(call: OpCall) -> Cost:
+    # index-add of every grad_output row into the weight gradient
+    return Cost.from_flops(call.tensor("grad_output").numel)
+
+
+def _index_add(call: OpCall) -> Cost:
+    return Cost.from_flops(call.tensor("source").numel)
+
+
+def _scatter_add(call: OpCall) -> Cost:
+    # one add per index element (index may be smaller than src)
+    return Cost.from_flops(call.tensor("index").numel)
+
+
+def _scatter(call: OpCall) -> Cost:
+    # plain scatter is a copy; scatter(..., reduce="add"/"multiply") accumulates
+    return Cost.from_flops(call.tensor("index").numel) if call.arg("reduce") else Cost()
+
+
+def _scatter_reduce(call: OpCall) -> Cost:
+    flops = call.tensor("index").numel
+    if call.arg("reduce") == "mean":
+        flops += call.tensor("self").numel
+    return Cost.from_flops(flops)
+
+
+def _index_put(call: OpCall) -> Cost:
+    return Cost.from_flops(call.tensor("values").numel) if call.arg("accumulate") else Cost()
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register(["aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"], _embedding_bag)
+    registry.register(["aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward"], _embedding_bag_backward)
+    registry.register("aten::embedding_dense_backward", _embedding_dense_backward)
+    registry.register("aten::index_add", _index_add)
+    registry.register("aten::scatter_add", _scatter_add)
+    registry.register("aten::scatter", _scatter)
+    registry.register("aten::scatter_reduce", _scatter_reduce)
+    registry.register(["aten::index_put", "aten::_index_put_impl"], _index_put)

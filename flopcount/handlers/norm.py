@@ -1,0 +1,186 @@
+"""Normalisation layers: layer/batch/group/instance/RMS norm, both spellings, and backward.
+
+A norm over N elements in G groups (rows for layer norm, channels for batch norm,
+batch x groups for group norm, batch x channels for instance norm):
+
+* statistics (only when computed from the batch): mean and biased variance, 4N + 2G
+  (the same ``var_flops`` as ``aten::var``);
+* normalisation: (x - mean) * rstd, 2N, plus eps add and rsqrt per group, 2G;
+* affine: N for the weight multiply, N for the bias add, each only when given.
+
+Batch norm in eval mode (running statistics) skips the statistics. Running-statistics
+updates in training are O(C) and not counted. RMS norm costs exactly the ops it
+decomposes into (pow, mean, add, rsqrt, mul, mul).
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Optional
+
+from ..registry import HandlerRegistry
+from ..types import Cost, OpCall, TensorMeta
+from ._common import grads_present, maybe_tensor
+from .pointwise import elementwise_flops
+from .reduce import mean_flops, var_flops
+
+__all__ = ["register", "normalize_flops", "rms_norm_flops"]
+
+# backward, per element: recompute xhat (2), g*w (1), sum(g*w) (1), sum(g*w*xhat) (2),
+# combine rstd*(g*w - a/n - xhat*b/n) (4): 10 with a weight, 9 without; + 2 divides per group.
+NORM_BACKWARD_STATS = 9
+NORM_BACKWARD_GROUP = 2
+GRAD_WEIGHT = 2  # sum(g * xhat): multiply + add
+GRAD_BIAS = 1  # sum(g)
+
+
+def normalize_flops(n: int, groups: int, stats: bool, weight: bool, bias: bool) -> int:
+    """FLOPs of normalising ``n`` elements in ``groups`` groups (see the module docstring)."""
+    flops = 2 * n + 2 * groups
+    if stats:
+        flops += var_flops(n, groups)
+    return flops + n * weight + n * bias
+
+
+def rms_norm_flops(n: int, rows: int, weight: bool) -> int:
+    """x * rsqrt(mean(x^2) + eps) [* weight]: pow N, mean N + rows, add rows, rsqrt rows,
+    mul N, weight mul N -- the decomposition's own pieces."""
+    flops = (
+        elementwise_flops("aten::pow", n)
+        + mean_flops(n, rows)
+        + elementwise_flops("aten::add", rows)
+        + elementwise_flops("aten::rsqrt", rows)
+        + elementwise_flops("aten::mul", n)
+    )
+    return flops + (elementwise_flops("aten::mul", n) if weight else 0)
+
+
+def _norm_cost(x: TensorMeta, groups: int, stats: bool, call: OpCall) -> Cost:
+    weight = maybe_tensor(call, "weight") is not None
+    bias = maybe_tensor(call, "bias") is not None
+    return Cost.from_flops(normalize_flops(x.numel, groups, stats, weight, bias))
+
+
+def _normalized_numel(call: OpCall, x: TensorMeta) -> int:
+    """prod(normalized_shape); entries jit computed while tracing (None) are read from
+    the input's trailing dims."""
+    shape = call.arg("normalized_shape")
+    if shape is None:
+        w = maybe_tensor(call, "weight")
+        shape = w.shape if w is not None else x.shape[-1:]
+    elif any(s is None for s in shape):
+        shape = x.shape[-len(shape):]
+    return prod(shape)
+
+
+def _channels(x: TensorMeta) -> int:
+    return x.shape[1] if x.ndim >= 2 else 1
+
+
+def _layer_norm(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    return _norm_cost(x, x.numel // max(_normalized_numel(call, x), 1), True, call)
+
+
+def _batch_norm(call: OpCall) -> Cost:
+    """``training`` picks batch statistics; without running stats they are always used."""
+    x = call.tensor("input")
+    training = call.arg("training")
+    stats = bool(training) or maybe_tensor(call, "running_mean") is None
+    return _norm_cost(x, _channels(x), stats, call)
+
+
+def _batch_norm_eval(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    return _norm_cost(x, _channels(x), False, call)
+
+
+def _batch_norm_with_update(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    return _norm_cost(x, _channels(x), True, call)
+
+
+def _instance_norm(call: OpCall) -> Cost:
+    # batch norm on (1, N*C, ...): one group per sample and channel
+    x = call.tensor("input")
+    groups = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
+    use_input_stats = call.arg("use_input_stats")
+    return _norm_cost(x, groups, use_input_stats is not False, call)
+
+
+def _group_norm(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    groups = call.arg("num_groups", call.arg("group"))
+    batch = x.shape[0] if x.ndim >= 2 else 1
+    return _norm_cost(x, batch * int(groups), True, call)
+
+
+def _rms_norm(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    rows = x.numel // max(_normalized_numel(call, x), 1)
+    return Cost.from_flops(rms_norm_flops(x.numel, rows, maybe_tensor(call, "weight") is not None))
+
+
+# -- backward -------------------------------------------------------------------------------
+
+
+def norm_backward_flops(n: int, groups: int, stats: bool, weight: bool, present) -> int:
+    """grad_input: with batch statistics 9N (+N with a weight) + 2G; with running
+    statistics g * rstd [* w] = N (+N) + 2G. grad_weight 2N, grad_bias N."""
+    flops = 0
+    if present[0]:
+        per = NORM_BACKWARD_STATS if stats else 1
+        flops += (per + weight) * n + NORM_BACKWARD_GROUP * groups
+    if present[1]:
+        flops += GRAD_WEIGHT * n
+    if present[2]:
+        flops += GRAD_BIAS * n
+    return flops
+
+
+def _layer_norm_backward(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    groups = x.numel // max(_normalized_numel(call, x), 1)
+    weight = maybe_tensor(call, "weight") is not None
+    return Cost.from_flops(norm_backward_flops(x.numel, groups, True, weight, grads_present(call)))
+
+
+def _batch_norm_backward(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    train: Optional[bool] = call.arg("train", call.arg("update"))
+    stats = True if train is None else bool(train) or maybe_tensor(call, "running_mean") is None
+    weight = maybe_tensor(call, "weight") is not None
+    return Cost.from_flops(norm_backward_flops(x.numel, _channels(x), stats, weight, grads_present(call)))
+
+
+def _group_norm_backward(call: OpCall) -> Cost:
+    x = call.tensor("input")
+    groups = (x.shape[0] if x.ndim >= 2 else 1) * int(call.arg("group"))
+    weight = maybe_tensor(call, "weight") is not None
+    return Cost.from_flops(norm_backward_flops(x.numel, groups, True, weight, grads_present(call)))
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register(["aten::layer_norm", "aten::native_layer_norm"], _layer_norm)
+    registry.register(
+        [
+            "aten::batch_norm",
+            "aten::native_batch_norm",
+            "aten::_native_batch_norm_legit",
+            "aten::_native_batch_norm_legit_functional",
+            "aten::_batch_norm_impl_index",
+            "aten::cudnn_batch_norm",
+            "aten::miopen_batch_norm",
+        ],
+        _batch_norm,
+    )
+    registry.register("aten::_native_batch_norm_legit_no_training", _batch_norm_eval)
+    registry.register("aten::_batch_norm_with_update", _batch_norm_with_update)
+    # no training flag: batch statistics exactly when no running statistics are given
+    registry.register("aten::_batch_norm_no_update", _batch_norm)
+    registry.register("aten::instance_norm", _instance_norm)
+    registry.register(["aten::group_norm", "aten::native_group_norm"], _group_norm)
+    registry.register(["aten::rms_norm", "aten::_fused_rms_norm"], _rms_norm)
+    registry.register("aten::native_layer_norm_backward", _layer_norm_backward)
+    registry.register(["aten::native_batch_norm_backward", "aten::batch_norm_backward", "aten::cudnn_batch_norm_backward"], _batch_norm_backward)
+    registry.register("aten::native_group_norm_backward", _group_norm_backward)

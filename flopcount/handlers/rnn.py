@@ -1,0 +1,98 @@
+"""Recurrent layers: jit's aten::lstm/gru/rnn_tanh/rnn_relu, the *_cell ops, and the
+CPU kernel aten::mkldnn_rnn_layer that the dispatch tracer sees for nn.LSTM.
+
+Per layer and direction over S = steps x batch positions: MACs = S x (w_ih.numel +
+w_hh.numel [+ w_hr.numel]) (input and hidden projections for all gates; bias adds not
+counted). Gate arithmetic per position and hidden unit, counted as the cell's
+decomposition runs it (gate adds, sigmoid, tanh, state updates):
+LSTM 4 adds + 3 sigmoid + 2 tanh + 4 mul/add = 22; GRU 7 + 2 sigmoid + 1 tanh = 16;
+RNN add + tanh/relu = 2. Dropout between layers (training) costs what dropout costs.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..registry import HandlerRegistry
+from ..types import Cost, OpCall, TensorMeta
+from .pointwise import DROPOUT, elementwise_flops
+
+__all__ = ["register", "GATE_FLOPS"]
+
+_ADD, _SIG, _TANH, _RELU = "aten::add", "aten::sigmoid", "aten::tanh", "aten::relu"
+
+
+def _gate_flops(kind: str) -> int:
+    if kind == "lstm":
+        # gates = x@W + h@U (4 adds), i,f,o = sigmoid, g = tanh, c = f*c + i*g (3), h = o*tanh(c) (1+tanh)
+        return 4 * elementwise_flops(_ADD, 1) + 3 * elementwise_flops(_SIG, 1) + 2 * elementwise_flops(_TANH, 1) + 4
+    if kind == "gru":
+        # r,z = sigmoid(gi + gh) (2 adds), n = tanh(gi_n + r*gh_n) (mul, add), h = n + z*(h - n) (sub, mul, add)
+        return 7 + 2 * elementwise_flops(_SIG, 1) + elementwise_flops(_TANH, 1)
+    if kind == "rnn_relu":
+        return elementwise_flops(_ADD, 1) + elementwise_flops(_RELU, 1)
+    return elementwise_flops(_ADD, 1) + elementwise_flops(_TANH, 1)
+
+
+GATE_FLOPS = {kind: _gate_flops(kind) for kind in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
+_MKLDNN_MODES = {0: "rnn_relu", 1: "rnn_tanh", 2: "lstm", 3: "gru"}
+
+
+def _layer_cost(kind: str, positions: int, weights: Sequence[TensorMeta], hidden: int) -> Cost:
+    macs = positions * sum(w.numel for w in weights)
+    return Cost(macs=macs, flops=2 * macs + positions * hidden * GATE_FLOPS[kind])
+
+
+def _positions(x: TensorMeta, packed: bool) -> int:
+    """steps x batch: every row of the input but its feature dim (packed data: its rows)."""
+    return x.shape[0] if packed else x.numel // x.shape[-1]
+
+
+def _rnn(call: OpCall) -> Cost:
+    kind = call.op.split("::")[1]
+    packed = "data" in call.args
+    x = call.tensor("data") if packed else call.tensor("input")
+    params = [p for p in call.arg("params") or () if isinstance(p, TensorMeta)]
+    layers = int(call.arg("num_layers") or 1)
+    dirs = 2 if call.arg("bidirectional") else 1
+    per_layer = len(params) // (layers * dirs)
+    positions = _positions(x, packed)
+    cost = Cost()
+    hidden = 0
+    for k in range(layers * dirs):
+        group = params[k * per_layer:(k + 1) * per_layer]
+        weights = [w for w in group if w.ndim == 2]  # w_ih, w_hh, optional w_hr; biases are 1-D
+        hidden = weights[1].shape[0] // (4 if kind == "lstm" else 3 if kind == "gru" else 1)
+        cost += _layer_cost(kind, positions, weights, hidden)
+    dropout = call.arg("dropout") or 0
+    if dropout and call.arg("train") and layers > 1:
+        cost += Cost.from_flops(DROPOUT * (layers - 1) * positions * hidden * dirs)
+    return cost
+
+
+def _cell(call: OpCall) -> Cost:
+    kind = call.op.split("::")[1].replace("_cell", "")
+    x, w_ih, w_hh = call.tensor("input"), call.tensor("w_ih"), call.tensor("w_hh")
+    return _layer_cost(kind, _positions(x, False), (w_ih, w_hh), w_hh.shape[1])
+
+
+def _mkldnn_layer(call: OpCall) -> Cost:
+    kind = _MKLDNN_MODES.get(call.arg("mode"), "lstm")
+    weights = (call.tensor("weight0"), call.tensor("weight1"))
+    return _layer_cost(kind, _positions(call.tensor("input"), False), weights, int(call.arg("hidden_size")))
+
+
+def _mkldnn_layer_backward(call: OpCall) -> Cost:
+    """Estimate: twice the forward (input and weight gradients of both projections,
+    and the gate derivatives at about the forward's gate cost)."""
+    kind = _MKLDNN_MODES.get(call.arg("mode"), "lstm")
+    weights = (call.tensor("weight1"), call.tensor("weight2"))
+    forward = _layer_cost(kind, _positions(call.tensor("input"), False), weights, int(call.arg("hidden_size")))
+    return forward + forward
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register(["aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"], _rnn)
+    registry.register(["aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell", "aten::rnn_relu_cell"], _cell)
+    registry.register("aten::mkldnn_rnn_layer", _mkldnn_layer)
+    registry.register("aten::mkldnn_rnn_layer_backward", _mkldnn_layer_backward)

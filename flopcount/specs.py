@@ -1,0 +1,175 @@
+"""Text the CLI accepts, parsed into plain data: input SPECs (``1x3x224x224:float16``),
+quantities with K/M/G/T suffixes (``25M``, ``1.5T``, ``5e9``) and ``key=value`` options;
+plus making example tensors from SPECs (token ids within the embedding's range)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .errors import UsageError
+
+# decimal multipliers, like the units the reports print (1 G = 10^9)
+_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_QUANTITY = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*$")
+
+DTYPES: Dict[str, torch.dtype] = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "f32": torch.float32,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16, "f16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "double": torch.float64, "fp64": torch.float64, "f64": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "i64": torch.int64,
+    "int32": torch.int32, "int": torch.int32, "i32": torch.int32,
+    "int16": torch.int16, "short": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8,
+    "bool": torch.bool,
+    "complex64": torch.complex64,
+}
+
+SPEC_HELP = "SPEC is dims joined by 'x' with an optional ':dtype', e.g. 1x3x224x224 or 1x128:int64"
+
+
+def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
+    """``"25M" -> 25_000_000``, ``"1.5T" -> 1.5e12``, ``"5e9" -> 5_000_000_000``.
+
+    Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
+    finite and >= 0. Integral values come back as ``int``."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what}: expected a number, got a bool")
+    if isinstance(text, (int, float)):
+        value: float = text
+    else:
+        match = _QUANTITY.match(str(text))
+        if not match:
+            raise UsageError(f"{what}: {text!r} is not a number (examples: 25M, 5G, 1.5T, 3e9, 120)")
+        number, suffix = match.groups()
+        value = float(number.replace("_", "")) * _SUFFIXES[suffix.upper()]
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what}: {text!r} must be a finite number >= 0")
+    return int(value) if float(value).is_integer() else float(value)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Shape and dtype of one example tensor."""
+
+    shape: Tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+    def __str__(self) -> str:
+        return "x".join(map(str, self.shape)) + ("" if self.dtype == torch.float32 else f":{dtype_name(self.dtype)}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def parse_dtype(name: str, what: str = "dtype") -> torch.dtype:
+    key = name.strip().lower().replace("torch.", "")
+    if key not in DTYPES:
+        known = ", ".join(sorted({dtype_name(d) for d in DTYPES.values()}))
+        raise UsageError(f"{what}: unknown dtype {name!r} (known: {known})")
+    return DTYPES[key]
+
+
+def parse_spec(text: str) -> InputSpec:
+    """``"1x3x224x224" -> InputSpec((1, 3, 224, 224), float32)``; ``"1x128:int64"``.
+
+    Every dimension must be a positive integer; ``"x"`` separates them (``*`` and
+    ``,`` are accepted too)."""
+    raw = text
+    text = text.strip()
+    if not text:
+        raise UsageError(f"bad input SPEC {raw!r}: empty; {SPEC_HELP}")
+    dims_text, sep, dtype_text = text.partition(":")
+    if sep and not dtype_text.strip():
+        raise UsageError(f"bad input SPEC {raw!r}: nothing after ':'; {SPEC_HELP}")
+    dtype = parse_dtype(dtype_text, f"bad input SPEC {raw!r}") if sep else torch.float32
+    parts = re.split(r"[xX*,]", dims_text.strip())
+    shape = []
+    for part in parts:
+        part = part.strip()
+        if not re.fullmatch(r"[+-]?\d+", part):
+            shown = part if part else "(empty)"
+            raise UsageError(f"bad input SPEC {raw!r}: dimension {shown!r} is not an integer; {SPEC_HELP}")
+        dim = int(part)
+        if dim <= 0:
+            raise UsageError(f"bad input SPEC {raw!r}: dimension {dim} must be >= 1; {SPEC_HELP}")
+        shape.append(dim)
+    return InputSpec(tuple(shape), dtype)
+
+
+def parse_kwarg(text: str) -> Tuple[str, InputSpec]:
+    """``"attention_mask=1x128:int64" -> ("attention_mask", InputSpec(...))``."""
+    name, sep, spec = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier():
+        raise UsageError(f"bad --kwarg {text!r}: expected NAME=SPEC, e.g. attention_mask=1x128:int64")
+    return name, parse_spec(spec)
+
+
+def parse_config_value(text: str) -> Tuple[str, Any]:
+    """``"num_hidden_layers=2" -> ("num_hidden_layers", 2)``; values become int, float,
+    bool (true/false), None (none/null) or stay str."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise UsageError(f"bad --config {text!r}: expected KEY=VALUE, e.g. num_hidden_layers=2")
+    return key, _typed(value.strip())
+
+
+def _typed(value: str) -> Any:
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def token_range(model: nn.Module) -> Optional[int]:
+    """The smallest ``num_embeddings`` of the model's embeddings (None without one): an
+    upper bound that keeps integer inputs valid for every embedding table."""
+    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    return min(sizes) if sizes else None
+
+
+def make_tensor(
+    spec: InputSpec,
+    *,
+    device: Union[str, torch.device] = "cpu",
+    high: Optional[int] = None,
+    ones: bool = False,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """An example tensor for ``spec``: floats from N(0, 1); integers in ``[0, high)``
+    (``high`` defaults to 2); bools random; ``ones=True`` gives all ones (masks).
+    On the meta device the tensor has no data. Values come from ``generator`` (CPU)."""
+    device = torch.device(device)
+    if device.type == "meta":
+        return torch.empty(spec.shape, dtype=spec.dtype, device=device)
+    if ones:
+        return torch.ones(spec.shape, dtype=spec.dtype, device=device)
+    if spec.dtype == torch.bool:
+        values = torch.randint(0, 2, spec.shape, generator=generator).bool()
+    elif spec.dtype.is_floating_point or spec.dtype.is_complex:
+        values = torch.randn(spec.shape, generator=generator, dtype=torch.float32).to(spec.dtype)
+    else:
+        top = min(max(1, high or 2), torch.iinfo(spec.dtype).max + 1)
+        values = torch.randint(0, top, spec.shape, generator=generator, dtype=torch.int64).to(spec.dtype)
+    return values.to(device)

@@ -1,0 +1,85 @@
+"""Budgets: merging, pass/fail at the boundary, and the [tool.flopcount] table."""
+
+from __future__ import annotations
+
+import pytest
+
+from flopcount.budget import Budget, budget_from_mapping, check_budget, load_budget_file
+from flopcount.errors import UsageError
+
+
+def test_flags_win_over_the_file():
+    file_budget = Budget(max_params=10, max_flops=100)
+    flags = Budget(max_flops=50, max_macs=20)
+    merged = file_budget.merged(flags)
+    assert merged == Budget(max_params=10, max_flops=50, max_macs=20)
+    assert merged.limits() == {"params": 10, "flops": 50, "macs": 20}
+    assert not Budget()
+    assert Budget(max_latency_ms=3).needs_latency
+
+
+def test_equal_passes_and_above_fails():
+    report = check_budget(Budget(max_params=100, max_flops=1000), params=100, flops=1001)
+    assert [(line.name, line.passed) for line in report.lines] == [("params", True), ("flops", False)]
+    assert not report.passed
+    assert [line.name for line in report.exceeded] == ["flops"]
+    assert report.to_dict()["exceeded"] == ["flops"]
+    table = report.table()
+    assert "PASS" in table and "FAIL" in table
+
+
+def test_size_is_megabytes_of_ten_to_the_six_bytes():
+    report = check_budget(Budget(max_size_mb=2), size_bytes=2_000_001)
+    (line,) = report.lines
+    assert line.actual == pytest.approx(2.000001)
+    assert not line.passed
+    assert check_budget(Budget(max_size_mb=2), size_bytes=2_000_000).passed
+
+
+def test_only_set_limits_are_checked_and_missing_actuals_are_errors():
+    assert check_budget(Budget(max_macs=5), macs=5, flops=10**12).lines[0].name == "macs"
+    with pytest.raises(UsageError):
+        check_budget(Budget(max_latency_ms=5), params=1)
+
+
+def test_csv_has_raw_numbers():
+    text = check_budget(Budget(max_flops=5_000_000_000), flops=4_000_000_000).to_csv()
+    assert text.splitlines() == ["budget,limit,actual,unit,status", "flops,5000000000,4000000000,FLOPs,PASS"]
+
+
+def test_mapping_accepts_dashes_underscores_and_suffixes():
+    budget = budget_from_mapping({"max-params": "25M", "max_flops": 5e9, "max-size-mb": 100, "max-latency-ms": "2.5"}, "x")
+    assert budget == Budget(max_params=25_000_000, max_flops=5_000_000_000, max_size_mb=100, max_latency_ms=2.5)
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ('[tool.flopcount]\nmax-parms = "1K"\n', "unknown key 'max-parms'"),
+        ('[tool.flopcount]\nmax-params = "lots"\n', "max-params"),
+        ("[tool.flopcount]\nmax-params = [1]\n", "max-params must be a number"),
+        ("[tool.flopcount]\nmax-params = true\n", "max-params must be a number"),
+        ("[tool.flopcount]\nmax-flops = -3\n", "max-flops"),
+        ("[tool.flopcount\nmax-params = 1\n", "not valid TOML"),
+        ("[tool]\nflopcount = 3\n", "must be a table"),
+    ],
+)
+def test_malformed_files_name_the_file_and_key(tmp_path, body, fragment):
+    path = tmp_path / "pyproject.toml"
+    path.write_text(body)
+    with pytest.raises(UsageError) as info:
+        load_budget_file(path)
+    assert fragment in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_or_table(tmp_path):
+    assert not load_budget_file(tmp_path / "pyproject.toml")
+    with pytest.raises(UsageError):
+        load_budget_file(tmp_path / "pyproject.toml", required=True)
+    other = tmp_path / "other.toml"
+    other.write_text('[project]\nname = "x"\n')
+    assert not load_budget_file(other)
+    ok = tmp_path / "ok.toml"
+    ok.write_text('[tool.flopcount]\nmax-macs = "3G"\n')
+    assert load_budget_file(ok) == Budget(max_macs=3_000_000_000)
