@@ -171,7 +171,13 @@ class LoopPlan:
             raise UsageError(f"max_iters ({self.max_iters}) is below min_iters ({self.min_iters})")
 
 
-def run_iterations(run_block: BlockRunner, plan: LoopPlan, clock: Clock) -> Tuple[List[float], int]:
+#: ``progress(done, total)`` after each block; ``total`` is None under a time budget.
+Progress = Callable[[int, Optional[int]], None]
+
+
+def run_iterations(
+    run_block: BlockRunner, plan: LoopPlan, clock: Clock, progress: Optional[Progress] = None
+) -> Tuple[List[float], int]:
     """Iteration control: call ``run_block`` until ``plan`` is satisfied.
 
     Returns ``(samples_ms, wall_ns)`` where ``wall_ns`` is the clock time the whole
@@ -182,7 +188,14 @@ def run_iterations(run_block: BlockRunner, plan: LoopPlan, clock: Clock) -> Tupl
     """
     begin = clock()
     if plan.iters is not None:
-        samples = run_block(plan.iters)
+        if progress is None:
+            return run_block(plan.iters), clock() - begin
+        # about ten reports; a block boundary costs one clock read (CPU) or one sync (CUDA)
+        chunk = max(1, -(-plan.iters // 10))
+        samples = []
+        while len(samples) < plan.iters:
+            samples.extend(run_block(min(chunk, plan.iters - len(samples))))
+            progress(len(samples), plan.iters)
         return samples, clock() - begin
     budget_ns = plan.budget_s * 1e9
     samples: List[float] = []
@@ -193,6 +206,8 @@ def run_iterations(run_block: BlockRunner, plan: LoopPlan, clock: Clock) -> Tupl
         now = clock()
         elapsed = now - begin
         count = len(samples)
+        if progress is not None:
+            progress(count, None)
         if count >= plan.max_iters or (count >= plan.min_iters and elapsed >= budget_ns):
             return samples, elapsed
         # size the next block from the last one, so one slow early call (a cold cache,
@@ -561,6 +576,7 @@ def benchmark(
     gpu_name: Optional[str] = None,
     noise_threshold: float = NOISE_SPREAD,
     timer: Optional[Clock] = None,
+    progress: Optional[Progress] = None,
 ) -> BenchmarkResult:
     """Median (and spread) latency of ``model(inputs, **kwargs)`` under
     ``torch.inference_mode()``, after ``warmup`` untimed calls.
@@ -620,7 +636,7 @@ def benchmark(
                 runner = cuda_block_runner(call, dev)
             else:
                 runner = cpu_block_runner(call, clock)
-            samples, wall_ns = run_iterations(runner, plan, clock)
+            samples, wall_ns = run_iterations(runner, plan, clock, progress)
             if dev.type == "cuda":
                 peak_mem = int(torch.cuda.max_memory_allocated(dev))
         if dev.type == "cpu":

@@ -14,11 +14,12 @@ import inspect
 import json
 import os
 import sys
+import time
 import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 
@@ -339,6 +340,21 @@ def _progress(args: argparse.Namespace, message: str) -> None:
         _say(message)
 
 
+def _iteration_progress() -> Callable[[int, Optional[int]], None]:
+    """Benchmark progress on stderr, at most about twice a second; stdout stays clean."""
+    last = [0.0]
+
+    def report(done: int, total: Optional[int]) -> None:
+        now = time.monotonic()
+        if total is None or done < total:
+            if now - last[0] < 0.5:
+                return
+        last[0] = now
+        _say(f"  {done}/{total} calls" if total else f"  {done} calls")
+
+    return report
+
+
 # =========================================================================== preparing a run
 
 
@@ -488,6 +504,7 @@ def _benchmark(run: _Run, args: argparse.Namespace, flops: Any) -> Any:
             run.model, run.inputs, run.kwargs,
             warmup=args.warmup, iters=args.iters, budget_s=args.duration,
             device=run.device, dtype=dtype, flops=flops,
+            progress=None if args.quiet else _iteration_progress(),
         )
     except FlopcountError:
         raise

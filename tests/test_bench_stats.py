@@ -134,3 +134,14 @@ def test_adaptive_overshoot_is_bounded():
 def test_plan_validation(plan):
     with pytest.raises(UsageError):
         plan.validate()
+
+
+def test_progress_reports_every_chunk_up_to_the_total():
+    from flopcount.bench import LoopPlan, run_iterations
+
+    seen = []
+    clock = iter(range(0, 10**9, 1000)).__next__
+    samples, _ = run_iterations(lambda n: [1.0] * n, LoopPlan(iters=25), clock, lambda done, total: seen.append((done, total)))
+    assert len(samples) == 25
+    assert seen[-1] == (25, 25) and len(seen) == 9  # chunks of ceil(25 / 10) = 3
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
