@@ -15,6 +15,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+#: marks a test that needs a CUDA GPU; skipped where none is present
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+class FakeClock:
+    """A clock (integer ns) that only moves when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
 def snapshot(model: torch.nn.Module) -> Dict[str, Any]:
     """Everything flopcount promises to leave untouched."""
     return {

@@ -10,19 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import assert_same_state, snapshot
+from conftest import FakeClock, assert_same_state, cuda, snapshot
 from flopcount.errors import UsageError
 from flopcount.module_timing import PERTURBATION_NOTE, module_latency
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
 
 
 class Sleep(nn.Module):
