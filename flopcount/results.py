@@ -154,6 +154,17 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _with_owners(stack: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The root, each module on the call stack, and every module that owns one of them
+    by name (``"h"`` and ``"h.0"`` for ``"h.0.attn"``), each once."""
+    names: Dict[str, None] = {"": None}
+    for qualified in stack:
+        parts = qualified.split(".")
+        for end in range(1, len(parts) + 1):
+            names[".".join(parts[:end])] = None
+    return tuple(names)
+
+
 def aggregate(
     costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
     *,
@@ -164,7 +175,8 @@ def aggregate(
     warnings: Sequence[str] = (),
 ) -> FlopResult:
     """Sum op costs by operator, by module (a module includes every op run while it was
-    on the call stack, so parents include children) and by phase. ``None`` marks an op
+    on the call stack, and every op of its submodules: containers that are never called,
+    like ModuleList, still include their children) and by phase. ``None`` marks an op
     without a handler: it is listed as unsupported, never counted as zero."""
     operators: Dict[str, OpTotals] = {}
     by_module: Dict[str, OpTotals] = {}
@@ -172,6 +184,7 @@ def aggregate(
     phases: Dict[str, OpTotals] = {}
     unsupported: Dict[str, List[Any]] = {}
     empty = OpTotals()
+    owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
     for event, cost in costed:
         op = event.call.op
         if cost is None:
@@ -181,7 +194,10 @@ def aggregate(
             continue
         operators[op] = operators.get(op, empty).add(cost)
         phases[event.phase] = phases.get(event.phase, empty).add(cost)
-        for name in dict.fromkeys(("",) + event.module_stack):
+        names = owners.get(event.module_stack)
+        if names is None:
+            names = owners[event.module_stack] = _with_owners(event.module_stack)
+        for name in names:
             by_module[name] = by_module.get(name, empty).add(cost)
             ops = module_ops.setdefault(name, {})
             ops[op] = ops.get(op, empty).add(cost)

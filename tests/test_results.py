@@ -108,3 +108,23 @@ def test_measure_attaches_benchmark_with_achieved_flops():
     assert r.benchmark.achieved_flops_per_s == r.flops / (r.benchmark.median_ms * 1e-3)
     assert "Measured: median" in r.table()
     assert r.to_dict()["benchmark"]["iters"] == 5
+
+
+class WithModuleList(nn.Module):
+    """A ModuleList is never called itself; it must still include its children's cost."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(6, 6) for _ in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_uncalled_container_includes_children():
+    r = count_flops(WithModuleList(), torch.randn(2, 6))
+    macs = r.by_module("macs")
+    assert macs["blocks"] == 3 * 2 * 6 * 6 == sum(macs[f"blocks.{i}"] for i in range(3)) == r.macs
+    assert [m.calls for m in r.modules if m.name == "blocks"] == [0]
