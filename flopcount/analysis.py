@@ -172,9 +172,19 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
 
 
 def _module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:
+    """Each module with its parameter count (its own and its submodules', each tensor
+    once), in one pass over the parameters rather than one per module."""
+    owned: Dict[str, int] = {}
+    counted = set()
+    for qualified, param in model.named_parameters(remove_duplicate=False):
+        parts = qualified.split(".")[:-1]
+        for end in range(len(parts) + 1):
+            prefix = ".".join(parts[:end])
+            if (prefix, id(param)) not in counted:  # a tied tensor counts once per module
+                counted.add((prefix, id(param)))
+                owned[prefix] = owned.get(prefix, 0) + param.numel()
     infos = []
     for name, module in model.named_modules():
         depth = 0 if not name else name.count(".") + 1
-        n_params = sum(p.numel() for p in module.parameters())
-        infos.append(ModuleInfo(name, type(module).__name__, depth, calls.get(name, 0), n_params))
+        infos.append(ModuleInfo(name, type(module).__name__, depth, calls.get(name, 0), owned.get(name, 0)))
     return infos

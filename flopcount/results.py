@@ -25,9 +25,6 @@ class OpTotals:
     macs: int = 0
     flops: int = 0
 
-    def add(self, cost: Cost, calls: int = 1) -> "OpTotals":
-        return OpTotals(self.count + calls, self.macs + cost.macs, self.flops + cost.flops)
-
     def get(self, metric: Metric) -> int:
         return getattr(self, metric)
 
@@ -154,6 +151,20 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _bump(table: Dict[str, List[int]], key: str, sums: List[int]) -> None:
+    into = table.get(key)
+    if into is None:
+        table[key] = list(sums)
+    else:
+        into[0] += sums[0]
+        into[1] += sums[1]
+        into[2] += sums[2]
+
+
+def _frozen(table: Dict[str, List[int]]) -> Dict[str, OpTotals]:
+    return {key: OpTotals(*sums) for key, sums in table.items()}
+
+
 def _with_owners(stack: Tuple[str, ...]) -> Tuple[str, ...]:
     """The root, each module on the call stack, and every module that owns one of them
     by name (``"h"`` and ``"h.0"`` for ``"h.0.attn"``), each once."""
@@ -178,13 +189,9 @@ def aggregate(
     on the call stack, and every op of its submodules: containers that are never called,
     like ModuleList, still include their children) and by phase. ``None`` marks an op
     without a handler: it is listed as unsupported, never counted as zero."""
-    operators: Dict[str, OpTotals] = {}
-    by_module: Dict[str, OpTotals] = {}
-    module_ops: Dict[str, Dict[str, OpTotals]] = {}
-    phases: Dict[str, OpTotals] = {}
+    # first sum events that share (call stack, op, phase): far fewer than events
+    groups: Dict[Tuple[Tuple[str, ...], str, str], List[int]] = {}
     unsupported: Dict[str, List[Any]] = {}
-    empty = OpTotals()
-    owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
     for event, cost in costed:
         op = event.call.op
         if cost is None:
@@ -192,16 +199,29 @@ def aggregate(
             entry[0] += 1
             entry[1][event.module] = None
             continue
-        operators[op] = operators.get(op, empty).add(cost)
-        phases[event.phase] = phases.get(event.phase, empty).add(cost)
-        names = owners.get(event.module_stack)
+        key = (event.module_stack, op, event.phase)
+        sums = groups.get(key)
+        if sums is None:
+            groups[key] = [1, cost.macs, cost.flops]
+        else:
+            sums[0] += 1
+            sums[1] += cost.macs
+            sums[2] += cost.flops
+    operators: Dict[str, List[int]] = {}
+    phases: Dict[str, List[int]] = {}
+    by_module: Dict[str, List[int]] = {}
+    module_ops: Dict[str, Dict[str, List[int]]] = {}
+    owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+    for (stack, op, phase), sums in groups.items():
+        _bump(operators, op, sums)
+        _bump(phases, phase, sums)
+        names = owners.get(stack)
         if names is None:
-            names = owners[event.module_stack] = _with_owners(event.module_stack)
+            names = owners[stack] = _with_owners(stack)
         for name in names:
-            by_module[name] = by_module.get(name, empty).add(cost)
-            ops = module_ops.setdefault(name, {})
-            ops[op] = ops.get(op, empty).add(cost)
-    total = by_module.get("", empty)
+            _bump(by_module, name, sums)
+            _bump(module_ops.setdefault(name, {}), op, sums)
+    total = OpTotals(*by_module.get("", (0, 0, 0)))
     return FlopResult(
         flops=total.flops,
         macs=total.macs,
@@ -210,10 +230,10 @@ def aggregate(
         modules=tuple(modules),
         parameters=parameters,
         input_description=input_description,
-        _operators=operators,
-        _modules=by_module,
-        _module_ops=module_ops,
-        _phases=phases,
+        _operators=_frozen(operators),
+        _modules=_frozen(by_module),
+        _module_ops={name: _frozen(ops) for name, ops in module_ops.items()},
+        _phases=_frozen(phases),
         _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(unsupported.items())),
         warnings=tuple(warnings),
     )

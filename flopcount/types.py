@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable, Literal, Mapping, Optional, Tuple
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Tuple
 
 Phase = Literal["forward", "backward"]
 
@@ -35,12 +35,13 @@ class OpCall:
 
     ``op`` is the canonical key (``"aten::addmm"``); ``args`` binds every argument
     by its schema name to a :class:`TensorMeta`, a tuple (for lists), a Python
-    scalar/string, or ``None``; ``outputs`` holds the outputs in order.
+    scalar/string, or ``None``; ``outputs`` holds the outputs in order (a tuple, or a
+    sequence a tracer fills on first access).
     """
 
     op: str
     args: Mapping[str, Any]
-    outputs: Tuple[Any, ...] = ()
+    outputs: Sequence[Any] = ()
 
     def arg(self, name: str, default: Any = None) -> Any:
         return self.args.get(name, default)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 from functools import lru_cache
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -39,6 +39,12 @@ _PLUMBING = frozenset(
         "prim::GetAttr",
         "prim::Param",
         "prim::Return",
+        # Python-int bookkeeping jit records when a forward reads sizes (x.size(0) -> int):
+        # shape arithmetic, not tensor operations; the dispatch tracer never sees it.
+        "aten::size",
+        "prim::NumToTensor",
+        "aten::Int",
+        "aten::ScalarImplicit",
     }
 )
 
@@ -98,7 +104,8 @@ def _from_ivalue(value: Any) -> Any:
 class _ValueReader:
     """Turns graph values into handler arguments (TensorMeta, tuples, scalars), memoised."""
 
-    def __init__(self) -> None:
+    def __init__(self, graph: Any) -> None:
+        self._graph = graph  # graph values are only valid while their graph lives
         self._cache: Dict[Any, Any] = {}
 
     def read(self, value: Any) -> Any:
@@ -123,8 +130,58 @@ class _ValueReader:
         return result
 
 
+class _LazyArgs(Mapping[str, Any]):
+    """An op's arguments by schema name, each read from the graph only when a handler
+    asks for it: most handlers need two or three of a dozen arguments, and reading a
+    graph value costs several calls into torch."""
+
+    __slots__ = ("_names", "_values", "_reader", "_read")
+
+    def __init__(self, names: Tuple[str, ...], values: List[Any], reader: _ValueReader):
+        self._names = names
+        self._values = dict(zip(names, values))
+        self._reader = reader
+        self._read: Dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._read:
+            return self._read[name]
+        value = self._read[name] = self._reader.read(self._values[name])  # KeyError if no such argument
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+class _LazyOutputs(Sequence[Any]):
+    """An op's outputs (TensorMeta or None), read from the graph on first access."""
+
+    __slots__ = ("_values", "_reader")
+
+    def __init__(self, values: List[Any], reader: _ValueReader):
+        self._values = values
+        self._reader = reader
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self._reader.read(v) for v in self._values[index])
+        return self._reader.read(self._values[index])
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
 def _graph_events(graph: Any) -> List[OpEvent]:
-    reader = _ValueReader()
+    reader = _ValueReader(graph)
     scopes: Dict[str, Tuple[str, ...]] = {}
     events: List[OpEvent] = []
     for node in graph.nodes():
@@ -135,10 +192,8 @@ def _graph_events(graph: Any) -> List[OpEvent]:
         names = _argument_names(node.schema()) if kind.startswith("aten::") else None
         if names is None or len(names) < len(inputs):
             names = tuple(f"arg{i}" for i in range(len(inputs)))
-        args = {name: reader.read(v) for name, v in zip(names, inputs)}
-        outputs = tuple(
-            _tensor_meta(o.type()) if isinstance(o.type(), torch._C.TensorType) else None for o in node.outputs()
-        )
+        args = _LazyArgs(names, inputs, reader)
+        outputs = _LazyOutputs(list(node.outputs()), reader)
         scope = node.scopeName()
         stack = scopes.get(scope)
         if stack is None:
