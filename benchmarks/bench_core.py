@@ -1,5 +1,5 @@
 """Analysis wall time: flopcount.count_flops (jit tracer) vs fvcore's FlopCountAnalysis,
-same process, same models, median of N runs, reported as a ratio.
+same process, same models, median of N interleaved rounds, reported as a ratio.
 
     .venv/bin/python benchmarks/bench_core.py [--repeats 5]
 """
@@ -23,14 +23,24 @@ from examples.resnet import resnet50  # noqa: E402
 from flopcount import count_flops  # noqa: E402
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up: first-call costs (imports, schema caches) are not what users pay per model
-    times = []
+def interleaved_medians(fns, repeats: int):
+    """Median wall time of each function, running them in turn each round so that slow
+    phases of a noisy machine hit every tool alike. ``None`` for a function that raised."""
+    times = {name: [] for name in fns}
+    failures = {}
+    for name, fn in fns.items():  # warm-up: first-call costs (imports, caches) are not per-model costs
+        try:
+            fn()
+        except Exception as exc:  # a peer's failure is a result too
+            failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            if name in failures:
+                continue
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (None if name in failures else statistics.median(t)) for name, t in times.items()}, failures
 
 
 def fvcore_run(model, inputs):
@@ -74,15 +84,15 @@ def main() -> None:
                 warnings.simplefilter("ignore")
                 count_flops(model, inputs, kwargs=kwargs, tracer="jit")
 
-        t_fwd = median_time(forward, args.repeats)
-        t_ours = median_time(ours, args.repeats)
-        try:
-            target = _kw_wrapper(model, kwargs, inputs) if kwargs else (model, inputs)
-            t_fv = median_time(fvcore_run(*target), args.repeats)
-        except Exception as exc:  # a peer's failure is a result too
-            print(f"{name:28} {t_fwd:10.3f} {t_ours:12.3f} {'fails':>10}  fvcore: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
-            continue
-        print(f"{name:28} {t_fwd:10.3f} {t_ours:12.3f} {t_fv:10.3f} {t_ours / t_fv:17.2f}")
+        target = _kw_wrapper(model, kwargs, inputs) if kwargs else (model, inputs)
+        medians, failures = interleaved_medians(
+            {"forward": forward, "flopcount": ours, "fvcore": fvcore_run(*target)}, args.repeats
+        )
+        t_fwd, t_ours, t_fv = medians["forward"], medians["flopcount"], medians["fvcore"]
+        if t_fv is None:
+            print(f"{name:28} {t_fwd:10.3f} {t_ours:12.3f} {'fails':>10}  fvcore: {failures['fvcore']}")
+        else:
+            print(f"{name:28} {t_fwd:10.3f} {t_ours:12.3f} {t_fv:10.3f} {t_ours / t_fv:17.2f}")
 
 
 def _kw_wrapper(model, kwargs, inputs):
