@@ -108,21 +108,18 @@ def _run_tracer(
     reason = _jit_unsuitable(model, inputs, kwargs, backward)
     if reason is None:
         try:
-            jit_trace = jit.trace(model, inputs, kwargs)
+            jit_trace = jit.trace(model, inputs, kwargs, stop_on_value_read=True)
+        except jit.ValueReadError as exc:
+            # jit drops ops whose results only steered Python (an if/while on a tensor,
+            # .tolist() routing), so its count would miss them; it stopped at the first read.
+            reason = f"{exc} (data-dependent control flow jit cannot trace)"
         except TraceError as exc:
             reason = f"jit could not trace the model ({exc})"
         else:
             opaque = sorted({e.call.op for e in jit_trace.events if e.call.op in _OPAQUE_TO_JIT})
-            # jit's TracerWarning when a tensor becomes a Python bool/int/float/list/array
-            value_reads = any("Converting a tensor to a" in w for w in jit_trace.warnings)
-            if not opaque and not value_reads:
+            if not opaque:
                 return jit_trace
-            if opaque:
-                reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions)"
-            else:
-                # jit drops ops whose results only steered Python (an if/while on a tensor,
-                # .tolist() routing), so its count would miss them.
-                reason = "the forward reads tensor values into Python (data-dependent control flow jit cannot trace)"
+            reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions)"
     fallback = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
     return dataclasses.replace(fallback, warnings=fallback.warnings + (f"tracer auto: used dispatch because {reason}",))
 
