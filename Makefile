@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test lint bench venv clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check flopcount tests benchmarks examples
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

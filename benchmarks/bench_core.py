@@ -18,9 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.hf import gpt2, token_ids  # noqa: E402
-from examples.resnet import resnet50  # noqa: E402
-from flopcount import count_flops  # noqa: E402
+from examples.hf import gpt2, token_ids
+from examples.resnet import resnet50
+from flopcount import count_flops
 
 
 def interleaved_medians(fns, repeats: int):

@@ -26,7 +26,7 @@ from torch.utils import benchmark as tub
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flopcount.bench import benchmark  # noqa: E402
+from flopcount.bench import benchmark
 
 
 def mlp() -> Tuple[nn.Module, torch.Tensor]:

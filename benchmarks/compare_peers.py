@@ -27,11 +27,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples import hf  # noqa: E402
-from examples.mobilenet import mobilenet_v2  # noqa: E402
-from examples.resnet import resnet50  # noqa: E402
-from examples.vit import vit_b_16  # noqa: E402
-from flopcount import count_flops  # noqa: E402
+from examples import hf
+from examples.mobilenet import mobilenet_v2
+from examples.resnet import resnet50
+from examples.vit import vit_b_16
+from flopcount import count_flops
 
 SEQ = 128
 

@@ -1,63 +1,125 @@
 """flopcount: FLOPs, MACs, parameters and latency of PyTorch models, per operator and per module.
 
 Convention: 1 MAC = 2 FLOPs; MACs count contraction ops (matmul, linear, conv, attention).
+
+Names load on first use (PEP 562), so ``import flopcount`` and the CLI's ``--help`` do not
+import torch until something needs it.
 """
 
-from . import peaks
-from .analysis import count_flops
-from .bench import BenchmarkResult, LatencyStats, benchmark, compute_stats
-from .budget import Budget, BudgetReport, check_budget, load_budget_file
-from .errors import (
-    FlopcountError,
-    FlopcountWarning,
-    HandlerError,
-    TraceError,
-    UnsupportedOpError,
-    UsageError,
-)
-from .params import ParamSummary, summarize_parameters
-from .registry import HandlerRegistry, default_registry, register_handler
-from .results import FlopResult, OpTotals, UnsupportedOp
-from .module_timing import ModuleLatency, ModuleLatencyResult, module_latency
-from .specs import parse_quantity
-from .step_timer import StepRecord, StepSummary, StepTimer
-from .types import Cost, OpCall, TensorMeta
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any, Dict
+
+__version__ = "0.2.0"
+
+# public name -> the module that defines it
+_EXPORTS: Dict[str, str] = {
+    "count_flops": "api",
+    "FlopResult": "results",
+    "OpTotals": "results",
+    "UnsupportedOp": "results",
+    "Cost": "types",
+    "OpCall": "types",
+    "TensorMeta": "types",
+    "ParamSummary": "types",
+    "summarize_parameters": "params",
+    "HandlerRegistry": "registry",
+    "default_registry": "handlers",
+    "register_handler": "handlers",
+    "FlopcountError": "errors",
+    "FlopcountWarning": "errors",
+    "HandlerError": "errors",
+    "TraceError": "errors",
+    "UnsupportedOpError": "errors",
+    "UsageError": "errors",
+    "benchmark": "bench",
+    "BenchmarkResult": "bench",
+    "LatencyStats": "bench",
+    "compute_stats": "bench",
+    "module_latency": "bench",
+    "ModuleLatency": "bench",
+    "ModuleLatencyResult": "bench",
+    "StepTimer": "bench",
+    "StepRecord": "bench",
+    "StepSummary": "bench",
+    "peaks": "bench",
+    "Budget": "budget",
+    "BudgetReport": "budget",
+    "check_budget": "budget",
+    "load_budget_file": "budget",
+    "parse_quantity": "budget",
+}
 
 __all__ = [
+    "BenchmarkResult",
     "Budget",
     "BudgetReport",
-    "check_budget",
-    "load_budget_file",
-    "parse_quantity",
-    "BenchmarkResult",
-    "LatencyStats",
-    "ModuleLatency",
-    "ModuleLatencyResult",
-    "StepRecord",
-    "StepSummary",
-    "StepTimer",
-    "benchmark",
-    "compute_stats",
-    "module_latency",
-    "peaks",
     "Cost",
     "FlopResult",
     "FlopcountError",
     "FlopcountWarning",
     "HandlerError",
     "HandlerRegistry",
+    "LatencyStats",
+    "ModuleLatency",
+    "ModuleLatencyResult",
     "OpCall",
     "OpTotals",
     "ParamSummary",
+    "StepRecord",
+    "StepSummary",
+    "StepTimer",
     "TensorMeta",
     "TraceError",
     "UnsupportedOp",
     "UnsupportedOpError",
     "UsageError",
+    "benchmark",
+    "check_budget",
+    "compute_stats",
     "count_flops",
     "default_registry",
+    "load_budget_file",
+    "module_latency",
+    "parse_quantity",
+    "peaks",
     "register_handler",
     "summarize_parameters",
 ]
+
+if TYPE_CHECKING:
+    from .api import count_flops
+    from .bench import (
+        BenchmarkResult,
+        LatencyStats,
+        ModuleLatency,
+        ModuleLatencyResult,
+        StepRecord,
+        StepSummary,
+        StepTimer,
+        benchmark,
+        compute_stats,
+        module_latency,
+        peaks,
+    )
+    from .budget import Budget, BudgetReport, check_budget, load_budget_file, parse_quantity
+    from .errors import FlopcountError, FlopcountWarning, HandlerError, TraceError, UnsupportedOpError, UsageError
+    from .handlers import default_registry, register_handler
+    from .params import summarize_parameters
+    from .registry import HandlerRegistry
+    from .results import FlopResult, OpTotals, UnsupportedOp
+    from .types import Cost, OpCall, ParamSummary, TensorMeta
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flopcount' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> Any:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import csv
 import io
+import math
+import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .errors import UsageError
-from .report.units import format_count, format_ms, with_unit
-from .specs import parse_quantity
+from .report.budget import budget_table, show_value
+
+# decimal multipliers, like the units the reports print (1 G = 10^9)
+_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_QUANTITY = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*$")
+
 
 Number = Union[int, float]
 BYTES_PER_MB = 10**6
@@ -31,6 +37,26 @@ _NAMES = {
 }
 
 
+def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
+    """``"25M" -> 25_000_000``, ``"1.5T" -> 1.5e12``, ``"5e9" -> 5_000_000_000``.
+
+    Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
+    finite and >= 0. Integral values come back as ``int``."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what}: expected a number, got a bool")
+    if isinstance(text, (int, float)):
+        value: float = text
+    else:
+        match = _QUANTITY.match(str(text))
+        if not match:
+            raise UsageError(f"{what}: {text!r} is not a number (examples: 25M, 5G, 1.5T, 3e9, 120)")
+        number, suffix = match.groups()
+        value = float(number.replace("_", "")) * _SUFFIXES[suffix.upper()]
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what}: {text!r} must be a finite number >= 0")
+    return int(value) if float(value).is_integer() else float(value)
+
+
 @dataclass(frozen=True)
 class Budget:
     """Upper limits; ``None`` means not checked."""
@@ -41,7 +67,7 @@ class Budget:
     max_size_mb: Optional[Number] = None
     max_latency_ms: Optional[Number] = None
 
-    def merged(self, override: "Budget") -> "Budget":
+    def merged(self, override: Budget) -> Budget:
         """This budget with every limit ``override`` sets replaced (flags win over the file)."""
         return replace(self, **{f.name: getattr(override, f.name) for f in fields(self) if getattr(override, f.name) is not None})
 
@@ -73,7 +99,7 @@ class BudgetLine:
     def describe(self) -> str:
         """``'flops 8.216 G > 5.000 G'``."""
         relation = "<=" if self.passed else ">"
-        return f"{self.name} {_show(self.actual, self.unit)} {relation} {_show(self.limit, self.unit)}"
+        return f"{self.name} {show_value(self.actual, self.unit)} {relation} {show_value(self.limit, self.unit)}"
 
 
 @dataclass(frozen=True)
@@ -102,13 +128,7 @@ class BudgetReport:
 
     def table(self, fmt: str = "simple") -> str:
         """Budget, limit, actual, PASS/FAIL per line (human units)."""
-        from tabulate import tabulate
-
-        rows = [
-            [line.name, _show(line.limit, line.unit), _show(line.actual, line.unit), "PASS" if line.passed else "FAIL"]
-            for line in self.lines
-        ]
-        return tabulate(rows, headers=["Budget", "Limit", "Actual", "Status"], tablefmt=fmt, colalign=("left", "right", "right", "left"))
+        return budget_table(self, fmt)
 
     def to_csv(self) -> str:
         """Raw numbers: ``budget,limit,actual,unit,status``."""
@@ -118,14 +138,6 @@ class BudgetReport:
         for line in self.lines:
             writer.writerow([line.name, line.limit, line.actual, line.unit, "PASS" if line.passed else "FAIL"])
         return out.getvalue()
-
-
-def _show(value: Number, unit: str) -> str:
-    if unit == "ms":
-        return format_ms(float(value))
-    if unit == "MB":
-        return f"{float(value):.2f} MB"
-    return with_unit(value, unit) if unit else format_count(value)
 
 
 def check_budget(

@@ -2,34 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Mapping
+from typing import Dict
 
 from torch import nn
 
-
-@dataclass(frozen=True)
-class ParamSummary:
-    """Unique parameters (tied weights once) and the bytes parameters and buffers take."""
-
-    total: int
-    trainable: int
-    frozen: int
-    bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
-    buffer_bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def param_bytes(self) -> int:
-        return sum(self.bytes_by_dtype.values())
-
-    @property
-    def buffer_bytes(self) -> int:
-        return sum(self.buffer_bytes_by_dtype.values())
-
-    @property
-    def size_bytes(self) -> int:
-        """Serialised size of the weights: parameters plus buffers, by their dtypes."""
-        return self.param_bytes + self.buffer_bytes
+from .types import ParamSummary
 
 
 def _dtype_name(tensor) -> str:  # type: ignore[no-untyped-def]

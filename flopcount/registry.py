@@ -2,11 +2,12 @@
 
 Keys are canonical op names such as ``"aten::addmm"``. An in-place spelling
 (``"aten::add_"``) resolves to its out-of-place handler when it has none of its own.
+This module imports no handler: ``flopcount.handlers`` builds and owns the default registry.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Mapping, Optional, Set, Union, overload
+from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Set, Union, overload
 
 from .errors import DuplicateHandlerError, UsageError
 from .types import Handler
@@ -15,6 +16,9 @@ from .types import Handler
 KNOWN_ZERO = "known-zero"
 
 Resolved = Union[Handler, str, None]
+
+#: One op name, or several that share a handler.
+OpNames = Union[str, Iterable[str]]
 
 
 def _check_name(op: str) -> str:
@@ -32,12 +36,14 @@ class HandlerRegistry:
 
     # -- building ---------------------------------------------------------------
     @overload
-    def register(self, op: str, handler: Handler, *, replace: bool = ...) -> Handler: ...
+    def register(self, op: OpNames, handler: Handler, *, replace: bool = ...) -> Handler: ...
 
     @overload
-    def register(self, op: str, handler: None = ..., *, replace: bool = ...) -> Callable[[Handler], Handler]: ...
+    def register(self, op: OpNames, handler: None = ..., *, replace: bool = ...) -> Callable[[Handler], Handler]: ...
 
-    def register(self, op, handler=None, *, replace=False):  # type: ignore[no-untyped-def]
+    def register(
+        self, op: OpNames, handler: Optional[Handler] = None, *, replace: bool = False
+    ) -> Union[Handler, Callable[[Handler], Handler]]:
         """Register ``handler`` for ``op`` (usable as a decorator). Registering an op
         twice is an error unless ``replace=True``."""
         names = (op,) if isinstance(op, str) else tuple(op)
@@ -64,13 +70,13 @@ class HandlerRegistry:
             self._handlers.pop(name, None)
             self._zero.add(name)
 
-    def copy(self) -> "HandlerRegistry":
+    def copy(self) -> HandlerRegistry:
         new = HandlerRegistry()
         new._handlers = dict(self._handlers)
         new._zero = set(self._zero)
         return new
 
-    def with_overrides(self, handlers: Mapping[str, Optional[Handler]]) -> "HandlerRegistry":
+    def with_overrides(self, handlers: Mapping[str, Optional[Handler]]) -> HandlerRegistry:
         """A copy where each ``op -> handler`` replaces the default (``None`` = known zero)."""
         new = self.copy()
         for name, fn in handlers.items():
@@ -101,34 +107,8 @@ class HandlerRegistry:
         return dict(sorted(listing.items()))
 
 
-def _spellings(op: str):
+def _spellings(op: str) -> Iterator[str]:
     yield op
     namespace, _, name = op.partition("::")
     if name.endswith("_") and not name.endswith("__"):
         yield f"{namespace}::{name[:-1]}"
-
-
-_DEFAULT: Optional[HandlerRegistry] = None
-
-
-def default_registry() -> HandlerRegistry:
-    """The process-wide registry with every built-in handler (loaded on first use)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        from .handlers import build_default_registry
-
-        _DEFAULT = build_default_registry()
-    return _DEFAULT
-
-
-def register_handler(op: Union[str, Iterable[str]], handler: Optional[Handler] = None, *, replace: bool = False):  # type: ignore[no-untyped-def]
-    """Add a handler for a custom op to the default registry (also usable as a decorator).
-
-    Example::
-
-        @flopcount.register_handler("mylib::fused_gelu_linear")
-        def _(call):
-            x, w = call.tensor("input"), call.tensor("weight")
-            return flopcount.Cost.from_macs(x.numel // x.shape[-1] * w.shape[0] * w.shape[1])
-    """
-    return default_registry().register(op, handler, replace=replace)

@@ -6,15 +6,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
-from .params import ParamSummary
-from .types import Cost, OpEvent
+from .report.export import result_to_csv, result_to_dict
+from .report.table import module_table, operator_table
+from .report.tree import module_tree
+from .types import CONVENTION, Cost, OpEvent, ParamSummary
 
 Metric = Literal["flops", "macs", "count"]
 
-CONVENTION = (
-    "MACs count multiply-accumulates of contraction ops (matmul, linear, conv, attention); "
-    "FLOPs count every floating-point operation, with 1 MAC = 2 FLOPs."
-)
+__all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "OpTotals", "UnsupportedOp", "aggregate"]
 
 
 @dataclass(frozen=True)
@@ -108,39 +107,27 @@ class FlopResult:
     # -- reports ------------------------------------------------------------------
     def table(self, max_depth: Optional[int] = None, *, show_zero: bool = True) -> str:
         """Per-module table (params, MACs, FLOPs, share) with the convention stated below it."""
-        from .report.table import module_table
-
         return module_table(self, max_depth=max_depth, show_zero=show_zero)
 
     def operator_table(self) -> str:
         """Per-operator table: calls, MACs, FLOPs and share."""
-        from .report.table import operator_table
-
         return operator_table(self)
 
     def tree(self, max_depth: Optional[int] = None) -> str:
         """The module tree like a model printout, annotated with params, MACs, FLOPs and share."""
-        from .report.tree import module_tree
-
         return module_tree(self, max_depth=max_depth)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict; keys are documented in docs/api.md."""
-        from .report.export import result_to_dict
-
         return result_to_dict(self)
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     def to_csv(self, max_depth: Optional[int] = None) -> str:
-        from .report.export import result_to_csv
-
         return result_to_csv(self, max_depth=max_depth)
 
     def to_markdown(self, max_depth: Optional[int] = None) -> str:
-        from .report.table import module_table
-
         return module_table(self, max_depth=max_depth, fmt="github")
 
     def __str__(self) -> str:

@@ -1,7 +1,8 @@
 """Plain data shared by every stage: tensor metadata, op calls, op events and costs.
 
 Tracers produce :class:`OpEvent` lists, handlers turn an :class:`OpCall` into a
-:class:`Cost`, aggregation sums costs. Nothing here imports a tracer or a handler.
+:class:`Cost`, aggregation sums costs; :class:`ParamSummary` is the static parameter
+count. Nothing here imports torch, a tracer or a handler.
 """
 
 from __future__ import annotations
@@ -11,6 +12,15 @@ from math import prod
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Tuple
 
 Phase = Literal["forward", "backward"]
+
+#: The tracers ``count_flops(..., tracer=)`` accepts.
+TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
+
+#: The counting convention, printed under every report.
+CONVENTION = (
+    "MACs count multiply-accumulates of contraction ops (matmul, linear, conv, attention); "
+    "FLOPs count every floating-point operation, with 1 MAC = 2 FLOPs."
+)
 
 
 @dataclass(frozen=True)
@@ -78,16 +88,16 @@ class Cost:
     macs: int = 0
     flops: int = 0
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         return Cost(self.macs + other.macs, self.flops + other.flops)
 
     @staticmethod
-    def from_macs(macs: int) -> "Cost":
+    def from_macs(macs: int) -> Cost:
         """A pure contraction: FLOPs are twice the MACs."""
         return Cost(macs=int(macs), flops=2 * int(macs))
 
     @staticmethod
-    def from_flops(flops: int) -> "Cost":
+    def from_flops(flops: int) -> Cost:
         """A non-contraction op: FLOPs only, no MACs."""
         return Cost(macs=0, flops=int(flops))
 
@@ -122,3 +132,27 @@ class Trace:
     tracer: str
     module_calls: Mapping[str, int] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ParamSummary:
+    """Unique parameters (tied weights once) and the bytes parameters and buffers take."""
+
+    total: int
+    trainable: int
+    frozen: int
+    bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
+    buffer_bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self.bytes_by_dtype.values())
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(self.buffer_bytes_by_dtype.values())
+
+    @property
+    def size_bytes(self) -> int:
+        """Serialised size of the weights: parameters plus buffers, by their dtypes."""
+        return self.param_bytes + self.buffer_bytes

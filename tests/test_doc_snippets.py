@@ -5,7 +5,6 @@ first line is ``# doctest: skip`` is not run (kept for CUDA-only snippets)."""
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from pathlib import Path

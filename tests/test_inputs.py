@@ -93,7 +93,7 @@ def test_kwargs_only_with_empty_inputs():
 
 
 def test_model_output_dataclass():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from examples.hf import gpt2, token_ids
 
     model = gpt2(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64)

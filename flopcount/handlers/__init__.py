@@ -6,10 +6,13 @@ bias adds fused into linear/addmm/conv are not counted.
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, Optional, Union
+
 from ..registry import HandlerRegistry
+from ..types import Handler
 from . import attention, conv, indexing, loss, matmul, norm, pointwise, pool, reduce, rnn, zero_cost
 
-__all__ = ["build_default_registry", "FAMILIES"]
+__all__ = ["FAMILIES", "build_default_registry", "default_registry", "register_handler"]
 
 FAMILIES = (matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, zero_cost)
 
@@ -20,3 +23,29 @@ def build_default_registry() -> HandlerRegistry:
     for family in FAMILIES:
         family.register(registry)
     return registry
+
+
+_DEFAULT: Optional[HandlerRegistry] = None
+
+
+def default_registry() -> HandlerRegistry:
+    """The process-wide registry with every built-in handler (built on first use)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = build_default_registry()
+    return _DEFAULT
+
+
+def register_handler(
+    op: Union[str, Iterable[str]], handler: Optional[Handler] = None, *, replace: bool = False
+) -> Union[Handler, Callable[[Handler], Handler]]:
+    """Add a handler for a custom op to the default registry (also usable as a decorator).
+
+    Example::
+
+        @flopcount.register_handler("mylib::fused_gelu_linear")
+        def _(call):
+            x, w = call.tensor("input"), call.tensor("weight")
+            return flopcount.Cost.from_macs(x.numel // x.shape[-1] * w.shape[0] * w.shape[1])
+    """
+    return default_registry().register(op, handler, replace=replace)

@@ -9,6 +9,7 @@ depthwise convs come out right from the weight's shape alone. Bias adds are not 
 from __future__ import annotations
 
 from math import prod
+
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall
 from ._common import Shape, first_output, grads_present, ints, maybe_tensor

@@ -8,6 +8,8 @@ the two ops it decomposes into.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall
 from ._common import maybe_tensor
@@ -35,7 +37,7 @@ BACKWARD = {
 }
 
 
-def _reduction(n: int, reduction) -> int:
+def _reduction(n: int, reduction: Any) -> int:
     if reduction == MEAN or reduction is None:
         return mean_flops(n, 1)
     if reduction == SUM:
@@ -50,7 +52,7 @@ def _elementwise_loss(call: OpCall) -> Cost:
     return Cost.from_flops(flops)
 
 
-def nll_flops(targets: int, weighted: bool, reduction) -> int:
+def nll_flops(targets: int, weighted: bool, reduction: Any) -> int:
     """Pick -x[t] and accumulate: 1 per target; a class weight adds a multiply and a
     weight-total add per target; mean adds one divide."""
     flops = targets + 2 * targets * weighted

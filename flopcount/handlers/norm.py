@@ -16,7 +16,7 @@ decomposes into (pow, mean, add, rsqrt, mul, mul).
 from __future__ import annotations
 
 from math import prod
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
@@ -124,7 +124,7 @@ def _rms_norm(call: OpCall) -> Cost:
 # -- backward -------------------------------------------------------------------------------
 
 
-def norm_backward_flops(n: int, groups: int, stats: bool, weight: bool, present) -> int:
+def norm_backward_flops(n: int, groups: int, stats: bool, weight: bool, present: Sequence[bool]) -> int:
     """grad_input: with batch statistics 9N (+N with a weight) + 2G; with running
     statistics g * rstd [* w] = N (+N) + 2G. grad_weight 2N, grad_bias N."""
     flops = 0

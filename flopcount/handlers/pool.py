@@ -16,7 +16,7 @@ from math import prod
 from typing import Sequence
 
 from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
+from ..types import Cost, Handler, OpCall, TensorMeta
 from ._common import first_output, ints, maybe_tensor, output_numel
 
 __all__ = ["register", "adaptive_window_total", "INTERPOLATION"]
@@ -92,7 +92,7 @@ def _grad_output_elements(call: OpCall) -> Cost:
     return Cost.from_flops(call.tensor("grad_output").numel)
 
 
-def _interpolation(per_output: int):
+def _interpolation(per_output: int) -> Handler:
     def handler(call: OpCall) -> Cost:
         return Cost.from_flops(per_output * output_numel(call))
 
@@ -100,7 +100,7 @@ def _interpolation(per_output: int):
     return handler
 
 
-def _interpolation_backward(per_output: int):
+def _interpolation_backward(per_output: int) -> Handler:
     def handler(call: OpCall) -> Cost:
         return Cost.from_flops(per_output * call.tensor("grad_output").numel)
 

@@ -55,7 +55,7 @@ def log_softmax_flops(n: int) -> int:
     return LOG_SOFTMAX * n
 
 
-def _input(call: OpCall):
+def _input(call: OpCall) -> TensorMeta:
     return maybe_tensor(call, "self") or maybe_tensor(call, "input") or call.tensors()[0]
 
 

@@ -6,16 +6,16 @@ import csv
 import io
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
+from ..types import CONVENTION
+
 if TYPE_CHECKING:
     from ..results import FlopResult
 
 SCHEMA_VERSION = 1
 
 
-def result_to_dict(result: "FlopResult") -> Dict[str, Any]:
+def result_to_dict(result: FlopResult) -> Dict[str, Any]:
     """Stable keys (documented in docs/api.md); every value is a str, int, float, list or dict."""
-    from ..results import CONVENTION
-
     params = result.parameters
     data: Dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -51,7 +51,7 @@ def result_to_dict(result: "FlopResult") -> Dict[str, Any]:
     return data
 
 
-def result_to_csv(result: "FlopResult", max_depth: Optional[int] = None) -> str:
+def result_to_csv(result: FlopResult, max_depth: Optional[int] = None) -> str:
     """One row per module: name, type, depth, calls, params, macs, flops (raw integers)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")

@@ -6,15 +6,14 @@ from typing import TYPE_CHECKING, List, Optional
 
 from tabulate import tabulate
 
+from ..types import CONVENTION
 from .units import format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
     from ..results import FlopResult
 
 
-def _footer(result: "FlopResult") -> List[str]:
-    from ..results import CONVENTION
-
+def _footer(result: FlopResult) -> List[str]:
     size = result.parameters
     lines = [
         f"Total: {with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}, "
@@ -43,7 +42,7 @@ def _footer(result: "FlopResult") -> List[str]:
 
 
 def module_table(
-    result: "FlopResult", max_depth: Optional[int] = None, *, show_zero: bool = True, fmt: str = "simple"
+    result: FlopResult, max_depth: Optional[int] = None, *, show_zero: bool = True, fmt: str = "simple"
 ) -> str:
     """One row per module down to ``max_depth`` (the whole model is depth 0)."""
     rows = []
@@ -72,8 +71,9 @@ def module_table(
     return body + "\n" + "\n".join(footer)
 
 
-def operator_table(result: "FlopResult", fmt: str = "simple") -> str:
-    """One row per aten operator with calls, MACs, FLOPs and share; unsupported ops last."""
+def operator_table(result: FlopResult, fmt: str = "simple", *, footer: bool = True) -> str:
+    """One row per aten operator with calls, MACs, FLOPs and share; unsupported ops last;
+    ``footer=False`` leaves out the totals lines (when a module table above shows them)."""
     total = result.flops
     rows = [
         [op, t.count, format_count(t.macs), format_count(t.flops), format_share(t.flops, total)]
@@ -86,4 +86,4 @@ def operator_table(result: "FlopResult", fmt: str = "simple") -> str:
         tablefmt=fmt,
         colalign=("left", "right", "right", "right", "right"),
     )
-    return body + "\n" + "\n".join(_footer(result))
+    return body + "\n" + "\n".join(_footer(result)) if footer else body

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional
 
+from ..types import CONVENTION
 from .units import format_count, format_share, with_unit
 
 if TYPE_CHECKING:
     from ..results import FlopResult
 
 
-def module_tree(result: "FlopResult", max_depth: Optional[int] = None) -> str:
+def module_tree(result: FlopResult, max_depth: Optional[int] = None) -> str:
     """``Model(...)``-like tree: each line names a module and its params, MACs, FLOPs, share."""
     lines: List[str] = []
     total = result.flops
@@ -25,8 +26,6 @@ def module_tree(result: "FlopResult", max_depth: Optional[int] = None) -> str:
         )
         label = f"({info.name.rsplit('.', 1)[-1]}): {info.type_name}" if info.name else info.type_name
         lines.append(f"{'  ' * info.depth}{label}  {costs}")
-    from ..results import CONVENTION
-
     lines.append(CONVENTION)
     if result.unsupported_details():
         lines.append("WARNING: ops without a handler were not counted: " + ", ".join(result.unsupported_ops()))

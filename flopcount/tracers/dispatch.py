@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
-from functools import lru_cache
+from functools import cache
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -36,19 +36,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import TraceError, UsageError
+from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
-from .modules import (
-    ModuleStack,
-    as_call_args,
-    describe_inputs,
-    fake_tensor_type,
-    flatten_tensors,
-    forward_error,
-    is_dataless,
-    module_names,
-    output_tensors,
-    preserved_model_state,
-)
+from ._modules import ModuleStack, forward_error, module_names
+from ._state import preserved_model_state
 
 __all__ = ["trace"]
 
@@ -67,7 +58,7 @@ _METADATA = frozenset({"prim::device", "prim::layout"})
 _ALL_OPS = frozenset({"aten::all"})
 
 
-@lru_cache(maxsize=None)
+@cache
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -128,7 +119,7 @@ class _Signature:
         return bound
 
 
-@lru_cache(maxsize=None)
+@cache
 def _signature(func: Any) -> _Signature:
     """The schema facts of an op overload, once per overload (the per-op hot path)."""
     return _Signature(func._schema)
@@ -157,13 +148,13 @@ class _BackwardAttribution:
     def available(self) -> bool:
         return self._peek is not None and self._current_node is not None
 
-    def __enter__(self) -> "_BackwardAttribution":
+    def __enter__(self) -> _BackwardAttribution:
         if not self.available:
             return self
         from torch.nn.modules import module as module_impl
 
         def mark(*_: Any) -> None:
-            self._seqs.append(self._peek())
+            self._seqs.append(self._peek())  # type: ignore[misc]  # `available` checked it
             self._stacks.append(tuple(self._stack))
 
         mark()
@@ -205,10 +196,13 @@ class _BackwardAttribution:
         """The forward module stack of the autograd node now running (root if none)."""
         if not self.available or not self._seqs:
             return ()
-        node = self._current_node()
+        node = self._current_node()  # type: ignore[misc]  # `available` checked it
         if node is None:
             return ()
-        seq = node._sequence_nr()
+        sequence_nr = getattr(node, "_sequence_nr", None)
+        if sequence_nr is None:  # private binding gone: attribute to the root
+            return ()
+        seq = sequence_nr()
         found = self._by_seq.get(seq)
         if found is None:
             index = bisect.bisect_right(self._seqs, seq) - 1
@@ -424,11 +418,9 @@ def trace(
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
     """The FakeTensorMode of the first fake tensor among ``tensors`` (None if none is fake)."""
     fake = fake_tensor_type()
-    if fake is None:
-        return None
     for tensor in tensors:
         if isinstance(tensor, fake):
-            return tensor.fake_mode
+            return tensor.fake_mode  # type: ignore[attr-defined]  # isinstance(tensor, FakeTensor) above
     return None
 
 

@@ -8,24 +8,17 @@ from __future__ import annotations
 
 import os
 import warnings
-from functools import lru_cache
+from functools import cache
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from ..errors import TraceError
+from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from ..types import OpCall, OpEvent, TensorMeta, Trace
-from .modules import (
-    ModuleStack,
-    as_call_args,
-    describe_inputs,
-    flatten_tensors,
-    forward_error,
-    module_names,
-    output_tensors,
-    preserved_model_state,
-)
+from ._modules import ModuleStack, forward_error, module_names
+from ._state import preserved_model_state
 
 # Graph plumbing, not operations: the values they carry are read where they are used.
 _PLUMBING = frozenset(
@@ -68,10 +61,12 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def is_available() -> bool:
-    return hasattr(torch, "jit") and hasattr(torch._C, "_create_graph_by_tracing")
+    """Both private hooks this tracer needs exist (else ``auto`` uses the dispatch tracer)."""
+    trace_module = getattr(getattr(torch, "jit", None), "_trace", None)
+    return hasattr(torch._C, "_create_graph_by_tracing") and hasattr(trace_module, "_trace_module_map")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _argument_names(schema: str) -> Optional[Tuple[str, ...]]:
     if not schema or schema == "(no schema)":
         return None

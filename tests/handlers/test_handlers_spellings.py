@@ -5,7 +5,8 @@ arguments each tracer records (checked against the aten schemas)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flopcount.errors import DuplicateHandlerError
 from flopcount.handlers import FAMILIES, build_default_registry

@@ -6,16 +6,16 @@ import pytest
 import torch
 from torch import nn
 
-from flopcount.errors import UsageError
-from flopcount.specs import (
+from flopcount.budget import parse_quantity
+from flopcount.cli.specs import (
     InputSpec,
     make_tensor,
     parse_config_value,
     parse_kwarg,
-    parse_quantity,
     parse_spec,
     token_range,
 )
+from flopcount.errors import UsageError
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
+from conftest import FakeClock, assert_same_state, cuda, snapshot
 from torch import nn
 
-from conftest import FakeClock, assert_same_state, cuda, snapshot
 from flopcount import peaks
 from flopcount.bench import BenchmarkResult, benchmark
 from flopcount.errors import FlopcountWarning, UsageError
-
 
 
 class Ticking(nn.Module):

@@ -1,10 +1,9 @@
-"""Text the CLI accepts, parsed into plain data: input SPECs (``1x3x224x224:float16``),
-quantities with K/M/G/T suffixes (``25M``, ``1.5T``, ``5e9``) and ``key=value`` options;
-plus making example tensors from SPECs (token ids within the embedding's range)."""
+"""Text the CLI accepts, parsed into plain data: input SPECs (``1x3x224x224:float16``)
+and ``key=value`` options; plus making example tensors from SPECs (token ids within the
+embedding's range). Quantities (``25M``) are parsed by :func:`flopcount.budget.parse_quantity`."""
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
@@ -12,11 +11,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .errors import UsageError
-
-# decimal multipliers, like the units the reports print (1 G = 10^9)
-_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_QUANTITY = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*$")
+from ..errors import UsageError
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "f32": torch.float32,
@@ -32,26 +27,6 @@ DTYPES: Dict[str, torch.dtype] = {
 }
 
 SPEC_HELP = "SPEC is dims joined by 'x' with an optional ':dtype', e.g. 1x3x224x224 or 1x128:int64"
-
-
-def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
-    """``"25M" -> 25_000_000``, ``"1.5T" -> 1.5e12``, ``"5e9" -> 5_000_000_000``.
-
-    Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
-    finite and >= 0. Integral values come back as ``int``."""
-    if isinstance(text, bool):
-        raise UsageError(f"{what}: expected a number, got a bool")
-    if isinstance(text, (int, float)):
-        value: float = text
-    else:
-        match = _QUANTITY.match(str(text))
-        if not match:
-            raise UsageError(f"{what}: {text!r} is not a number (examples: 25M, 5G, 1.5T, 3e9, 120)")
-        number, suffix = match.groups()
-        value = float(number.replace("_", "")) * _SUFFIXES[suffix.upper()]
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{what}: {text!r} must be a finite number >= 0")
-    return int(value) if float(value).is_integer() else float(value)
 
 
 @dataclass(frozen=True)

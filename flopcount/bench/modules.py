@@ -20,17 +20,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .bench import (
-    Clock,
-    autocast_context,
-    bind_call,
-    borrowed_model,
-    compute_stats,
-    move_inputs,
-    resolve_device,
-    synchronize,
-)
-from .errors import UsageError
+from ..errors import UsageError
+from .device import autocast_context, bind_call, borrowed_model, move_inputs, resolve_device, synchronize
+from .loop import Clock
+from .stats import compute_stats
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "

@@ -10,15 +10,15 @@ import textwrap
 
 import pytest
 import torch
+from conftest import ROOT, assert_same_state, snapshot
 from torch import nn
 
-from conftest import ROOT, assert_same_state, snapshot
 from examples.mobilenet import mobilenet_v2
 from examples.resnet import resnet18
 from examples.vit import vit_tiny
 from flopcount import TraceError, count_flops
+from flopcount.inputs import flatten_tensors
 from flopcount.tracers import dispatch
-from flopcount.tracers.modules import flatten_tensors
 
 hf = pytest.importorskip("examples.hf")
 pytest.importorskip("transformers")

@@ -10,11 +10,11 @@ import copy
 
 import pytest
 import torch
+from conftest import assert_same_state, snapshot
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import assert_same_state, snapshot
 from flopcount import UsageError, count_flops
 
 

@@ -14,7 +14,7 @@ import torch
 
 from flopcount.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Linear(16, 32) -> ReLU -> Linear(32, 8) on a 4x16 input
 B, D_IN, D_HID, D_OUT = 4, 16, 32, 8

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_same_state, snapshot
 from torch import nn
 
-from conftest import assert_same_state, snapshot
 from flopcount import TraceError, count_flops
 
 

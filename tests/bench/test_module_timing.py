@@ -8,12 +8,11 @@ import json
 
 import pytest
 import torch
+from conftest import FakeClock, assert_same_state, cuda, snapshot
 from torch import nn
 
-from conftest import FakeClock, assert_same_state, cuda, snapshot
+from flopcount.bench.modules import PERTURBATION_NOTE, module_latency
 from flopcount.errors import UsageError
-from flopcount.module_timing import PERTURBATION_NOTE, module_latency
-
 
 
 class Sleep(nn.Module):

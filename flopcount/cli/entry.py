@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from .errors import UsageError
+from ..errors import UsageError
 from .specs import InputSpec
 
 ENTRY_HELP = "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE or tv:NAME"
@@ -227,7 +227,7 @@ def _describe(exc: BaseException) -> str:
 def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
     if inputs is None and kwargs is None:
         return inputs, kwargs
-    from .tracers.modules import flatten_tensors
+    from ..inputs import flatten_tensors
 
     tensors, rebuild = flatten_tensors((inputs, kwargs))
     if all(t.device.type == torch.device(device).type for t in tensors):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from math import ceil, floor, prod
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flopcount.handlers import build_default_registry
 from flopcount.registry import KNOWN_ZERO

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 DTYPE_KEYS = ("float32", "tfloat32", "float16", "bfloat16")
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
-from .errors import UsageError
+from ..errors import UsageError
 
 T = TypeVar("T")
 Clock = Callable[[], int]

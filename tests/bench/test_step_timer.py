@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from flopcount.bench.steps import StepRecord, StepTimer, summarize_steps
 from flopcount.errors import UsageError
-from flopcount.step_timer import StepRecord, StepTimer, summarize_steps
 
 S = 1_000_000_000  # one second in ns
 

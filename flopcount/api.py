@@ -1,0 +1,73 @@
+"""The public entry point ``count_flops``: the counting pipeline plus, on request, the
+benchmark (``measure=``) — the one place the two side of flopcount meet."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable, Mapping, Optional, Union
+
+from torch import nn
+
+from .analysis import analyze
+from .bench.latency import benchmark
+from .errors import FlopcountWarning, UnsupportedOpError, UsageError
+from .registry import HandlerRegistry
+from .results import FlopResult
+from .types import TRACERS, Handler
+
+
+def count_flops(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    tracer: str = "auto",
+    *,
+    strict: bool = False,
+    handlers: Optional[Mapping[str, Optional[Handler]]] = None,
+    registry: Optional[HandlerRegistry] = None,
+    backward: bool = False,
+    loss_fn: Optional[Callable[[Any], Any]] = None,
+    measure: Union[bool, Mapping[str, Any]] = False,
+) -> FlopResult:
+    """Count FLOPs, MACs and parameters of one forward of ``model``.
+
+    ``inputs``: a tuple is unpacked as positional arguments; a Tensor, list, dict or
+    any other container is passed as one positional argument; ``kwargs`` are passed
+    as keyword arguments. ``tracer``: "auto" (jit), "jit" or "dispatch".
+    ``handlers`` overrides or adds handlers for this call only (``None`` = known zero);
+    ``strict=True`` raises :class:`UnsupportedOpError` when an op without a handler ran.
+    ``measure=True`` (or a dict of :func:`flopcount.benchmark` options) also times the
+    forward and stores the :class:`BenchmarkResult` on ``result.benchmark``, with
+    achieved FLOP/s; tables and ``to_dict()`` then show counts and timings together.
+    ``backward=True`` (dispatch tracer) also counts the backward pass of a loss made
+    from the outputs (their sum, or ``loss_fn(outputs)``); see ``FlopResult.by_phase()``.
+    Convention: 1 MAC = 2 FLOPs; MACs count contraction ops only.
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"count_flops expects a torch.nn.Module, got {type(model).__name__}")
+    if tracer not in TRACERS:
+        raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
+    if loss_fn is not None and not backward:
+        raise UsageError("loss_fn is only used with backward=True")
+    result = analyze(
+        model, inputs, kwargs, tracer=tracer, handlers=handlers, registry=registry, backward=backward, loss_fn=loss_fn
+    )
+    if measure:
+        options = dict(measure) if isinstance(measure, Mapping) else {}
+        timing = benchmark(model, inputs, kwargs, flops=result.by_phase().get("forward", result.flops), **options)
+        result = dataclasses.replace(result, benchmark=timing)
+    unsupported = result.unsupported_details()
+    if unsupported:
+        listing = ", ".join(f"{u.op} x{u.count}" for u in unsupported)
+        if strict:
+            raise UnsupportedOpError(f"ops without a handler ran (strict=True): {listing}")
+        warnings.warn(
+            f"{len(unsupported)} op type(s) without a handler were not counted: {listing}; "
+            "see FlopResult.unsupported_ops() or register a handler",
+            FlopcountWarning,
+            stacklevel=2,
+        )
+    return result
+
+

@@ -1,0 +1,143 @@
+"""Borrowing the model and inputs for a timed run: the device to run on, moving there and
+back without changing anything the caller owns, binding the call, autocast, sync, RSS."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from ..inputs import as_call_args, flatten_tensors
+
+_AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def resolve_device(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], device: Any) -> torch.device:
+    """The device to run on: ``device`` when given (CUDA must exist), otherwise the
+    device of the model's first parameter/buffer, else of the first input tensor, else CPU."""
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise UsageError(f"not a device: {device!r}") from exc
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise UsageError(f"device={device!r} was asked for but CUDA is not available (torch {torch.__version__})")
+            if dev.index is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.type not in ("cpu", "cuda"):
+            raise UsageError(f"benchmark supports cpu and cuda devices, got {dev.type!r}")
+        return dev
+    for tensor in _chain(model.parameters(), model.buffers()):
+        return tensor.device
+    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
+def _chain(*iterables: Any) -> Iterator[Any]:
+    for it in iterables:
+        yield from it
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.type == "cpu" or a.index == b.index)
+
+
+@contextlib.contextmanager
+def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module]:
+    """Yields ``model`` on ``device``; afterwards the model is exactly as found.
+
+    A model already on ``device`` is used in place; buffers a training-mode forward
+    may update (BatchNorm running statistics) are copied before and restored after.
+    A model elsewhere is moved for the run and then given back its original tensors
+    (the same parameter storages, gradients and buffer objects, not copies)."""
+    tensors = list(_chain(model.parameters(), model.buffers()))
+    needs_move = any(not _same_device(t.device, device) for t in tensors)
+    if not needs_move:
+        saved = []
+        if any(m.training for m in model.modules()):
+            saved = [(m, k, b.detach().clone()) for m in model.modules() for k, b in m._buffers.items() if b is not None]
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                for module, key, copy in saved:
+                    current = module._buffers.get(key)
+                    if current is not None and not torch.equal(current, copy):
+                        current.copy_(copy)
+        return
+    params = [(p, p.data, None if p.grad is None else p.grad.data) for p in model.parameters()]
+    slots = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    try:
+        model.to(device)
+        yield model
+    finally:
+        for module, original_params, original_buffers in slots:
+            # .to() may replace Parameter objects (overwrite_module_params_on_conversion)
+            module._parameters.clear()
+            module._parameters.update(original_params)
+            module._buffers.clear()
+            module._buffers.update(original_buffers)
+        for p, data, grad in params:
+            p.data = data
+            if grad is not None and p.grad is not None:
+                p.grad.data = grad
+
+
+def move_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]], device: torch.device) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """Copies of ``inputs``/``kwargs`` with every tensor on ``device`` (untouched when
+    already there; the caller's objects are never modified)."""
+    tensors, rebuild = flatten_tensors((inputs, dict(kwargs or {})))
+    if all(_same_device(t.device, device) for t in tensors):
+        return inputs, (dict(kwargs) if kwargs is not None else None)
+    moved_inputs, moved_kwargs = rebuild([t.to(device) for t in tensors])
+    return moved_inputs, (moved_kwargs if kwargs is not None else None)
+
+
+def bind_call(fn: Callable[..., Any], inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> Callable[[], Any]:
+    """A zero-argument callable for ``fn`` with flopcount's input convention, built
+    once so the timed loop does no argument packing."""
+    args, kw = as_call_args(inputs, kwargs)
+    if kw:
+        return lambda: fn(*args, **kw)
+    if len(args) == 1:
+        (only,) = args
+        return lambda: fn(only)
+    return lambda: fn(*args)
+
+
+def leading_batch(inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> int:
+    """The leading dimension of the first tensor in ``inputs`` then ``kwargs``
+    (1 when there is none or it is a scalar)."""
+    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    for t in tensors:
+        return int(t.shape[0]) if t.dim() > 0 else 1
+    return 1
+
+
+def autocast_context(device: torch.device, dtype: Optional[torch.dtype]) -> Any:
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    if dtype not in _AUTOCAST_DTYPES:
+        raise UsageError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 or None; got {dtype!r}")
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rss_bytes() -> Optional[int]:
+    """Resident set size of this process (Linux ``/proc/self/statm``), or None."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+

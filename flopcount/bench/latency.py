@@ -1,0 +1,197 @@
+"""benchmark(): latency and throughput of a model's forward, measured honestly.
+
+Built from separate pieces, each testable on its own:
+
+* measurement — flopcount.bench.loop (the timing loop and its iteration control)
+  with a CPU clock or CUDA events;
+* statistics — flopcount.bench.stats, a pure function from samples to
+  :class:`LatencyStats`;
+* rendering — flopcount.report.bench.
+
+What is measured: the wall time of one ``model(*args, **kwargs)`` call under
+``torch.inference_mode()``, after ``warmup`` untimed calls. On CPU each iteration is
+bracketed by ``time.perf_counter_ns()`` (or the injected ``timer``); on CUDA by a pair
+of ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream, read after
+a synchronisation, so asynchronous kernel launches are not mistaken for completed
+work. The library never prints; warnings use :class:`~flopcount.errors.FlopcountWarning`
+and are also stored on the result.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from ..errors import FlopcountWarning, UsageError
+from . import peaks
+from .device import (
+    autocast_context,
+    bind_call,
+    borrowed_model,
+    leading_batch,
+    move_inputs,
+    resolve_device,
+    rss_bytes,
+    synchronize,
+)
+from .loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
+from .result import BenchmarkResult
+from .stats import NOISE_SPREAD, compute_stats
+
+# modules whose forward differs between train and eval mode
+_TRAIN_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
+
+
+def benchmark(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    warmup: int = 10,
+    iters: Optional[int] = None,
+    min_iters: int = 10,
+    budget_s: float = 1.0,
+    max_iters: int = 100_000,
+    device: Union[None, str, torch.device] = None,
+    dtype: Optional[torch.dtype] = None,
+    compile: Union[bool, Mapping[str, Any]] = False,
+    batch_size: Optional[int] = None,
+    flops: Any = None,
+    peak_flops: Optional[float] = None,
+    gpu_name: Optional[str] = None,
+    noise_threshold: float = NOISE_SPREAD,
+    timer: Optional[Clock] = None,
+    progress: Optional[Progress] = None,
+) -> BenchmarkResult:
+    """Median (and spread) latency of ``model(inputs, **kwargs)`` under
+    ``torch.inference_mode()``, after ``warmup`` untimed calls.
+
+    ``inputs``: a tuple is unpacked as positional arguments, anything else is one
+    argument. ``iters`` times exactly that many calls; without it calls are timed
+    until ``budget_s`` seconds passed and at least ``min_iters`` ran. ``device`` runs
+    on that device (the model is moved for the run and moved back); ``dtype``
+    (float16/bfloat16) runs under ``torch.autocast``. ``compile=True`` (or a dict of
+    ``torch.compile`` options) times ``torch.compile(model)``; its compiling first call
+    is reported as ``compile_ms``. ``flops`` (a number or a ``FlopResult``) gives
+    achieved FLOP/s = flops / median; ``mfu`` uses ``peak_flops`` (FLOP/s) or the
+    dense peak of ``gpu_name`` (default: the CUDA device's name) from
+    :mod:`flopcount.peaks`. ``timer``: a nanosecond clock replacing
+    ``time.perf_counter_ns`` (tests). The model's flags, parameters, buffers and
+    gradients are left as found.
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"benchmark expects a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise UsageError(f"warmup must be a non-negative int, got {warmup!r}")
+    plan = LoopPlan(iters=iters, min_iters=min_iters, budget_s=budget_s, max_iters=max_iters)
+    plan.validate()
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise UsageError(f"batch_size must be a positive int, got {batch_size!r}")
+    flop_count = _flops_value(flops)
+    dev = resolve_device(model, inputs, kwargs, device)
+    amp = autocast_context(dev, dtype)  # validates dtype before any work
+    clock: Clock = timer if timer is not None else time.perf_counter_ns
+    batch = batch_size if batch_size is not None else leading_batch(inputs, kwargs)
+    notes: List[str] = []
+    training = any(m.training for m in model.modules())
+    if any(m.training and isinstance(m, _TRAIN_SENSITIVE) for m in model.modules()):
+        notes.append("model is in training mode: dropout/batch-norm run as in training (call model.eval() to time inference)")
+
+    run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
+    compile_ms: Optional[float] = None
+    peak_mem: Optional[int] = None
+    with borrowed_model(model, dev) as on_device:
+        fn: Callable[..., Any] = on_device
+        if compile:
+            options = dict(compile) if isinstance(compile, Mapping) else {}
+            fn = torch.compile(on_device, **options)
+        call = bind_call(fn, run_inputs, run_kwargs)
+        rss_before = rss_bytes() if dev.type == "cpu" else None
+        with torch.inference_mode(), amp:
+            if compile:
+                t0 = clock()
+                call()
+                synchronize(dev)
+                compile_ms = (clock() - t0) * 1e-6
+            for _ in range(warmup):
+                call()
+            synchronize(dev)
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+                runner = cuda_block_runner(call, dev)
+            else:
+                runner = cpu_block_runner(call, clock)
+            samples, wall_ns = run_iterations(runner, plan, clock, progress)
+            if dev.type == "cuda":
+                peak_mem = int(torch.cuda.max_memory_allocated(dev))
+        if dev.type == "cpu":
+            rss_after = rss_bytes()
+            if rss_before is not None and rss_after is not None:
+                peak_mem = max(0, rss_after - rss_before)
+
+    stats = compute_stats(samples)
+    if stats.is_noisy(noise_threshold):
+        notes.append(
+            f"noisy measurement: IQR/median {100 * stats.rel_iqr:.1f}% > {100 * noise_threshold:.0f}% "
+            f"(CV {100 * stats.cv:.1f}%): other load, frequency scaling or too short a budget"
+        )
+    peak, source = _peak(dev, dtype, peak_flops, gpu_name)
+    for note in notes:
+        warnings.warn(note, FlopcountWarning, stacklevel=2)
+    return BenchmarkResult(
+        stats=stats,
+        device=str(dev),
+        timing="cuda_event" if dev.type == "cuda" else "perf_counter",
+        warmup=warmup,
+        batch_size=batch,
+        dtype=None if dtype is None else str(dtype).replace("torch.", ""),
+        compiled=bool(compile),
+        compile_ms=compile_ms,
+        wall_s=wall_ns * 1e-9,
+        flops=flop_count,
+        peak_flops=peak,
+        peak_source=source,
+        peak_memory_bytes=peak_mem,
+        memory_kind=None if peak_mem is None else ("cuda max_memory_allocated" if dev.type == "cuda" else "cpu RSS growth"),
+        threads=torch.get_num_threads(),
+        training=training,
+        noise_threshold=noise_threshold,
+        warnings=tuple(notes),
+    )
+
+
+def _flops_value(flops: Any) -> Optional[float]:
+    if flops is None:
+        return None
+    if isinstance(flops, bool):
+        raise UsageError("flops must be a number or a FlopResult, got a bool")
+    if isinstance(flops, (int, float)):
+        value = float(flops)
+    elif hasattr(flops, "flops"):
+        value = float(flops.flops)
+    else:
+        raise UsageError(f"flops must be a number or a FlopResult, got {type(flops).__name__}")
+    if value < 0:
+        raise UsageError(f"flops must be >= 0, got {value}")
+    return value
+
+
+def _peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], gpu_name: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
+    """The MFU denominator and where it came from."""
+    if peak_flops is not None:
+        if not peak_flops > 0:
+            raise UsageError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")
+        return float(peak_flops), "given"
+    name = gpu_name
+    if name is None and dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+    if name is None:
+        return None, None
+    value = peaks.peak_flops(name, dtype)
+    if value is None:
+        return None, None
+    return value, f"{peaks.match_gpu(name)} {peaks.dtype_key(dtype)} dense, flopcount.peaks"

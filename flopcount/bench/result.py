@@ -1,0 +1,147 @@
+"""What a benchmark returns: latency statistics plus what they were measured on, and the
+rates derived from them. Plain data; text rendering lives in flopcount.report.bench."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from ..report.bench import benchmark_text
+from .stats import NOISE_SPREAD, LatencyStats
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """One benchmark: latency statistics plus what they were measured on.
+
+    ``throughput`` = ``batch_size`` / median latency (samples/s); ``iters_per_s`` =
+    1 / median latency; ``achieved_flops_per_s`` = ``flops`` / median latency;
+    ``mfu`` = achieved / ``peak_flops`` (dense peak, FLOP/s). ``peak_memory_bytes`` is
+    CUDA ``max_memory_allocated`` over the timed region (absolute, model included) or,
+    on CPU, the growth of the process RSS from before warm-up to after timing
+    (``memory_kind`` says which). ``compile_ms`` is the first (compiling) call of a
+    ``compile=True`` run, excluded from the statistics.
+    """
+
+    stats: LatencyStats
+    device: str
+    timing: str  # "cuda_event" or "perf_counter"
+    warmup: int
+    batch_size: int
+    dtype: Optional[str] = None
+    compiled: bool = False
+    compile_ms: Optional[float] = None
+    wall_s: float = 0.0
+    flops: Optional[float] = None
+    peak_flops: Optional[float] = None
+    peak_source: Optional[str] = None
+    peak_memory_bytes: Optional[int] = None
+    memory_kind: Optional[str] = None
+    threads: int = 0
+    training: bool = False
+    noise_threshold: float = NOISE_SPREAD
+    warnings: Tuple[str, ...] = ()
+
+    # -- statistics, delegated -------------------------------------------------
+    @property
+    def median_ms(self) -> float:
+        return self.stats.median_ms
+
+    @property
+    def mean_ms(self) -> float:
+        return self.stats.mean_ms
+
+    @property
+    def p90_ms(self) -> float:
+        return self.stats.p90_ms
+
+    @property
+    def p99_ms(self) -> float:
+        return self.stats.p99_ms
+
+    @property
+    def min_ms(self) -> float:
+        return self.stats.min_ms
+
+    @property
+    def max_ms(self) -> float:
+        return self.stats.max_ms
+
+    @property
+    def std_ms(self) -> float:
+        return self.stats.std_ms
+
+    @property
+    def cv(self) -> float:
+        return self.stats.cv
+
+    @property
+    def iters(self) -> int:
+        return self.stats.iters
+
+    @property
+    def noisy(self) -> bool:
+        return self.stats.is_noisy(self.noise_threshold)
+
+    # -- derived rates ------------------------------------------------------------
+    @property
+    def iters_per_s(self) -> float:
+        return 1e3 / self.median_ms if self.median_ms > 0 else math.inf
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second: batch size / median latency."""
+        return self.batch_size * self.iters_per_s
+
+    @property
+    def overhead_per_iter_us(self) -> float:
+        """Wall time of the timed region per iteration minus the mean sample (µs): what
+        the loop itself costs beyond the timed calls."""
+        return (self.wall_s * 1e3 / self.iters - self.mean_ms) * 1e3 if self.iters else 0.0
+
+    @property
+    def achieved_flops_per_s(self) -> Optional[float]:
+        if self.flops is None or self.median_ms <= 0:
+            return None
+        return self.flops / (self.median_ms * 1e-3)
+
+    @property
+    def mfu(self) -> Optional[float]:
+        """Model FLOPs utilisation: achieved FLOP/s over the dense peak (0..1)."""
+        achieved = self.achieved_flops_per_s
+        if achieved is None or not self.peak_flops:
+            return None
+        return achieved / self.peak_flops
+
+    # -- rendering ------------------------------------------------------------------
+    def to_dict(self, samples: bool = False) -> Dict[str, Any]:
+        """Plain JSON-ready data: statistics, context and derived rates."""
+        out = self.stats.to_dict(samples=samples)
+        out.update(
+            device=self.device,
+            timing=self.timing,
+            warmup=self.warmup,
+            batch_size=self.batch_size,
+            dtype=self.dtype,
+            compiled=self.compiled,
+            compile_ms=self.compile_ms,
+            wall_s=self.wall_s,
+            throughput=self.throughput,
+            iters_per_s=self.iters_per_s,
+            flops=self.flops,
+            achieved_flops_per_s=self.achieved_flops_per_s,
+            peak_flops=self.peak_flops,
+            peak_source=self.peak_source,
+            mfu=self.mfu,
+            peak_memory_bytes=self.peak_memory_bytes,
+            memory_kind=self.memory_kind,
+            threads=self.threads,
+            training=self.training,
+            noisy=self.noisy,
+            warnings=list(self.warnings),
+        )
+        return out
+
+    def __str__(self) -> str:
+        return benchmark_text(self)

@@ -1,0 +1,256 @@
+"""The three commands: load the model from ENTRY, make inputs from SPECs, call the
+library, hand the result to a renderer, write it. Rendering lives in flopcount.report.render."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from ..errors import FlopcountError, UsageError
+from ..report.render import render_bench, render_check, render_count
+from .output import iteration_progress, progress, say
+from .parser import EXIT_BUDGET, EXIT_OK
+
+
+@dataclass
+class _Run:
+    """A loaded model and the inputs to call it with."""
+
+    entry: str
+    model: Any
+    inputs: Any
+    kwargs: Optional[Dict[str, Any]]
+    device: str
+    tracer: str
+
+
+def _check_device(text: str) -> str:
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(f"--device {text!r} is not a device (cpu, cuda, cuda:N or meta)") from None
+    if device.type not in ("cpu", "cuda", "meta"):
+        raise UsageError(f"--device {text!r}: flopcount runs on cpu, cuda or meta")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text} was requested but CUDA is not available (torch {torch.__version__}); use --device cpu or meta")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return str(device)
+
+
+def _check_output(path: Optional[str], flag: str) -> None:
+    """Refuse an output path that cannot be written before any long work starts."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
+
+
+def _prepare(args: argparse.Namespace) -> _Run:
+    device = _check_device(args.device)
+    _check_output(args.output, "--output")
+    if args.plot:
+        from ..report.plot import check_plot_path
+
+        _check_output(args.plot, "--plot")
+        check_plot_path(args.plot)
+    tracer = args.tracer
+    if device == "meta":
+        if tracer == "jit":
+            raise UsageError("--device meta needs the dispatch tracer (torch.jit cannot trace data-less tensors); drop --tracer jit")
+        tracer = "dispatch"
+    kw_specs: Dict[str, Any] = {}
+    for name, spec in args.kwargs:
+        if name in kw_specs:
+            raise UsageError(f"--kwarg {name} is given twice")
+        kw_specs[name] = spec
+    config: Dict[str, Any] = {}
+    for key, value in args.config:
+        if key in config:
+            raise UsageError(f"--config {key} is given twice")
+        config[key] = value
+
+    from .entry import load_entry
+
+    loaded = load_entry(args.entry, device=device, config=config)
+    model = loaded.model
+    if args.inputs or kw_specs:
+        inputs, kwargs = _make_inputs(model, args.inputs, kw_specs, device, args.seed)
+    elif loaded.inputs is not None or loaded.kwargs is not None:
+        inputs = loaded.inputs if loaded.inputs is not None else ()
+        kwargs = loaded.kwargs
+    elif loaded.default_specs:
+        inputs, kwargs = _make_inputs(model, list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed)
+    else:
+        inputs, kwargs = (), None
+    _check_arity(args.entry, model, inputs, kwargs)
+    return _Run(args.entry, model, inputs, kwargs, device, tracer)
+
+
+def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    import torch
+
+    from .specs import make_tensor, token_range
+
+    generator = torch.Generator().manual_seed(seed)
+    high = token_range(model)
+    inputs = tuple(make_tensor(spec, device=device, high=high, generator=generator) for spec in specs)
+    kwargs = {
+        name: make_tensor(
+            spec, device=device, high=high, generator=generator,
+            ones="mask" in name.lower() and not (spec.dtype.is_floating_point or spec.dtype.is_complex),
+        )
+        for name, spec in kw_specs.items()
+    }
+    return inputs, (kwargs or None)
+
+
+def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str, Any]]) -> None:
+    """Name a wrong number of inputs before tracing, with the forward's parameters."""
+    from ..inputs import as_call_args
+
+    args, kw = as_call_args(inputs, kwargs)
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kw)
+    except TypeError as exc:
+        names = [p.name for p in signature.parameters.values()]
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        given = f"{len(args)} positional input(s)" + (f" and keyword(s) {', '.join(kw)}" if kw else "")
+        raise UsageError(
+            f"the inputs do not fit {type(model).__name__}.forward({shown}) of {entry}: {exc}; got {given} "
+            "(one --input per positional argument, --kwarg NAME=SPEC for keywords)"
+        ) from exc
+
+
+def _count(run: _Run, backward: bool = False) -> Any:
+    from ..api import count_flops
+
+    return count_flops(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
+
+
+def _benchmark(run: _Run, args: argparse.Namespace, flops: Any) -> Any:
+    if run.device == "meta":
+        raise UsageError("cannot time a model on the meta device (it has no data); use --device cpu or cuda")
+    import torch
+
+    from ..bench.latency import benchmark
+
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
+    how_many = f"{args.iters} timed calls" if args.iters else f"timed calls for about {args.duration:g} s"
+    progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} warm-up calls, then {how_many} ...")
+    try:
+        result = benchmark(
+            run.model, run.inputs, run.kwargs,
+            warmup=args.warmup, iters=args.iters, budget_s=args.duration,
+            device=run.device, dtype=dtype, flops=flops,
+            progress=None if args.quiet else iteration_progress(),
+        )
+    except FlopcountError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"the forward of {run.entry} failed during the benchmark: {type(exc).__name__}: {exc}") from exc
+    progress(args, f"timed {result.iters} calls in {result.wall_s:.2f} s (median {result.median_ms:.3f} ms)")
+    return result
+
+
+def _emit(text: str, args: argparse.Namespace) -> None:
+    if not text.endswith("\n"):
+        text += "\n"
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from exc
+        progress(args, f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None) -> None:
+    if not args.plot:
+        return
+    from ..report.plot import plot_result
+
+    title = f"{args.entry}  inputs: {result.input_description}" if result.input_description else args.entry
+    try:
+        plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies)
+    except OSError as exc:
+        raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
+    progress(args, f"wrote {args.plot}")
+
+
+
+
+def _cmd_count(args: argparse.Namespace) -> int:
+    run = _prepare(args)
+    result = _count(run, backward=args.backward)
+    _emit(render_count(result, args.format, entry=args.entry, depth=args.depth, operators=args.operators), args)
+    _plot(result, args)
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    run = _prepare(args)
+    result = _count(run)
+    timing = _benchmark(run, args, result.flops)
+    result = dataclasses.replace(result, benchmark=timing)
+    _emit(render_bench(result, timing, args.format, entry=args.entry, depth=args.depth), args)
+    _plot(result, args, latencies=timing.stats.samples_ms)
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from ..budget import Budget, check_result, load_budget_file
+
+    flags = Budget(
+        max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
+        max_size_mb=args.max_size_mb, max_latency_ms=args.max_latency_ms,
+    )
+    config_file = args.config_file or "pyproject.toml"
+    budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
+    if not budget:
+        raise UsageError(
+            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb or --max-latency-ms, "
+            f"or a [tool.flopcount] table in {config_file}"
+        )
+    if budget.needs_latency and args.device == "meta":
+        raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
+    run = _prepare(args)
+    result = _count(run)
+    latency = None
+    if budget.needs_latency:
+        timing = _benchmark(run, args, result.flops)
+        result = dataclasses.replace(result, benchmark=timing)
+        latency = timing.median_ms
+    report = check_result(result, budget, latency_ms=latency)
+    _emit(render_check(result, report, args.format, entry=args.entry, depth=args.depth), args)
+    _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms)
+    if not report.passed:
+        say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
+        return EXIT_BUDGET
+    return EXIT_OK
+
+
+
+
+COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {"count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check}

@@ -1,0 +1,62 @@
+"""What the CLI writes besides the report: one-line messages, warnings and progress on
+stderr (stdout carries only the report)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from typing import Callable, Optional, Sequence
+
+from ..errors import FlopcountError, FlopcountWarning, TraceError
+
+
+def say(message: str, kind: str = "") -> None:
+    print(f"flopcount: {kind}: {message}" if kind else f"flopcount: {message}", file=sys.stderr, flush=True)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def describe_error(exc: FlopcountError) -> str:
+    text = str(exc)
+    if isinstance(exc, TraceError) and exc.module_path and exc.module_path not in text:
+        text = f"{text} (module: {exc.module_path})"
+    return text
+
+
+def report_warnings(caught: Sequence[warnings.WarningMessage], args: argparse.Namespace) -> None:
+    if args.quiet:
+        return
+    seen = set()
+    for w in caught:
+        ours = issubclass(w.category, FlopcountWarning)
+        if not ours and not args.debug:
+            continue  # torch.jit TracerWarnings and the like: noise for this report
+        text = one_line(str(w.message))
+        if text in seen:
+            continue
+        seen.add(text)
+        say(text if ours else f"{w.category.__name__}: {text}", "warning")
+
+
+def progress(args: argparse.Namespace, message: str) -> None:
+    if not args.quiet:
+        say(message)
+
+
+def iteration_progress() -> Callable[[int, Optional[int]], None]:
+    """Benchmark progress on stderr, at most about twice a second; stdout stays clean."""
+    last = [0.0]
+
+    def report(done: int, total: Optional[int]) -> None:
+        now = time.monotonic()
+        if total is None or done < total:
+            if now - last[0] < 0.5:
+                return
+        last[0] = now
+        say(f"  {done}/{total} calls" if total else f"  {done} calls")
+
+    return report

@@ -1,0 +1,260 @@
+"""The ``flopcount`` argument parser: three subcommands, their options and help texts.
+Imports no torch, so ``--help``, ``--version`` and argument errors answer at once."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
+from ..budget import parse_quantity
+from ..errors import UsageError
+from ..types import TRACERS
+
+FORMATS = ("table", "tree", "json", "csv", "markdown")
+BENCH_DTYPES = ("float32", "float16", "bfloat16")
+
+EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_ENTRY_TEXT = """\
+ENTRY
+  package.module:attr     an importable module (the working directory is searched)
+  path/to/file.py:attr    a Python file
+      attr is an nn.Module, or a callable (factory or Module class) returning an
+      nn.Module, a (module, example_inputs) pair or a (module, inputs, kwargs)
+      triple; --config KEY=VALUE are passed to the callable as keyword arguments.
+  hf:MODEL_TYPE           a transformers model from its default config, random
+                          weights, no download (hf:gpt2, hf:bert, hf:llama);
+                          --config KEY=VALUE overrides config fields
+  tv:NAME                 torchvision.models.get_model(NAME, weights=None)
+
+SPEC
+  dims joined by 'x', optional ':dtype' (default float32): 1x3x224x224, 1x128:int64.
+  Integer inputs are token ids within the model's smallest nn.Embedding (0 or 1
+  without one); integer or bool --kwarg inputs whose name contains 'mask' are ones.
+  Without --input: the factory's example inputs; 1x128:int64 for hf:, 1x3x224x224
+  for tv:.
+
+Numbers accept K/M/G/T suffixes (10^3..10^12) and scientific notation: 25M, 5G,
+1.5T, 3e9.
+
+Exit codes: 0 ok, 1 a budget exceeded, 2 usage error / bad ENTRY / bad SPEC /
+model construction or forward failure (one line on stderr; --debug for the
+traceback).
+"""
+
+_MAIN_EPILOG = """\
+examples:
+  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
+  flopcount count hf:gpt2 --config n_layer=2 --format json --output gpt2.json
+  flopcount bench examples/resnet.py:resnet18 --input 8x3x224x224 --iters 20
+  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-flops 10G --max-params 30M
+
+'flopcount COMMAND --help' describes each command.
+"""
+
+_COUNT_EPILOG = """\
+examples:
+  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
+  flopcount count examples.mobilenet:mobilenet_v2 --input 1x3x224x224 --format tree --depth 1
+  flopcount count hf:bert --config num_hidden_layers=2 --input 2x64:int64 --format json
+  flopcount count hf:llama --device meta --input 1x4096:int64 --depth 1
+  flopcount count my_model.py:build --input 4x16 --kwarg mask=4x16:bool --format csv -o costs.csv
+  flopcount count examples/resnet.py:resnet18 --input 1x3x224x224 --backward --depth 1
+  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --plot flops.png
+
+""" + _ENTRY_TEXT
+
+_BENCH_EPILOG = """\
+examples:
+  flopcount bench examples/resnet.py:resnet18 --input 8x3x224x224
+  flopcount bench examples/resnet.py:resnet50 --input 1x3x224x224 --warmup 5 --iters 50 --format json
+  flopcount bench hf:gpt2 --config n_layer=4 --input 1x256:int64 --device cuda --dtype bfloat16
+  flopcount bench examples/vit.py:vit_tiny --input 16x3x32x32 --plot latency.png
+
+Times model(*inputs) under torch.inference_mode() after --warmup untimed calls:
+exactly --iters calls, or as many as fit in --duration seconds (at least 10).
+Progress goes to stderr; stdout holds only the report.
+
+""" + _ENTRY_TEXT
+
+_CHECK_EPILOG = """\
+examples:
+  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-params 30M --max-flops 10G
+  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-size-mb 100 --max-latency-ms 200
+  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224          # budgets from pyproject.toml
+
+Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
+--config-file); a flag wins over the file:
+
+  [tool.flopcount]
+  max-params = "30M"
+  max-flops = "10G"
+  max-macs = 5e9
+  max-size-mb = 100        # parameters + buffers, serialised, 1 MB = 10^6 bytes
+  max-latency-ms = 50      # median latency; runs the benchmark
+
+A budget passes when actual <= limit. Prints budget vs actual with PASS/FAIL;
+exits 1 naming the exceeded budgets on stderr.
+
+""" + _ENTRY_TEXT
+
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _type(parse: Any) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def _lazy_spec(name: str) -> Any:
+    """A SPEC parser from flopcount.cli.specs, imported (with torch) only when a value is parsed."""
+
+    def parse(text: str) -> Any:
+        from . import specs
+
+        return getattr(specs, name)(text)
+
+    parse.__name__ = name
+    return _type(parse)
+
+
+def _quantity(what: str) -> Any:
+    return _type(lambda text: parse_quantity(text, "budget"))
+
+
+def _int_at_least(low: int, what: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = parse_quantity(text, what)
+        except UsageError:
+            value = None
+        if not isinstance(value, int) or value < low:
+            raise UsageError(f"must be an integer >= {low}, got {text!r}")
+        return value
+
+    return _type(parse)
+
+
+def _positive_float(what: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{what} must be a number, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise UsageError(f"{what} must be > 0, got {text!r}")
+        return value
+
+    return _type(parse)
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=80)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``flopcount`` argument parser (three subcommands)."""
+    from .. import __version__
+
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="flopcount",
+        description="FLOPs, MACs, parameters and latency of PyTorch models, per operator and per module.",
+        epilog=_MAIN_EPILOG,
+        formatter_class=formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"flopcount {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    count = commands.add_parser(
+        "count",
+        help="count FLOPs, MACs and parameters per module and operator",
+        description=_wrap("Count FLOPs, MACs and parameters of one forward (and optionally backward) pass, per module "
+        "and per operator. Convention: 1 MAC = 2 FLOPs; MACs count contraction ops only."),
+        epilog=_COUNT_EPILOG,
+        formatter_class=formatter,
+    )
+    _add_common(count)
+    count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
+    count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
+    count.set_defaults(command_name="count")
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure latency and throughput (plus FLOPs and achieved FLOP/s)",
+        description=_wrap("Measure the latency of the model's forward: median, mean, p90, p99, min, max, std and "
+        "throughput, with FLOPs and achieved FLOP/s."),
+        epilog=_BENCH_EPILOG,
+        formatter_class=formatter,
+    )
+    _add_common(bench)
+    _add_timing(bench)
+    bench.set_defaults(command_name="bench")
+
+    check = commands.add_parser(
+        "check",
+        help="check budgets (params, FLOPs, MACs, size, latency); exit 1 when one is exceeded",
+        description=_wrap("Compare the model with budgets from flags or [tool.flopcount] in pyproject.toml; print "
+        "budget vs actual with PASS/FAIL and exit 1 when any budget is exceeded. Made for CI gates."),
+        epilog=_CHECK_EPILOG,
+        formatter_class=formatter,
+    )
+    _add_common(check)
+    limits = check.add_argument_group("budgets (K/M/G/T suffixes and 1e9 notation accepted)")
+    limits.add_argument("--max-params", type=_quantity("--max-params"), metavar="N", help="most parameters, e.g. 25M")
+    limits.add_argument("--max-flops", type=_quantity("--max-flops"), metavar="N", help="most FLOPs of one forward, e.g. 5G")
+    limits.add_argument("--max-macs", type=_quantity("--max-macs"), metavar="N", help="most MACs of one forward, e.g. 2.5G")
+    limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (10^6 bytes) of parameters + buffers")
+    limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
+    limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
+    _add_timing(check)
+    check.set_defaults(command_name="check")
+    return parser
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE or tv:NAME (see below)")
+    inputs = p.add_argument_group("inputs")
+    inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
+                        help="a positional input tensor, e.g. 1x3x224x224 or 1x128:int64 (repeat for several)")
+    inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
+                        help="a keyword input tensor, e.g. attention_mask=1x128:int64 (repeatable)")
+    inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
+                        help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
+    inputs.add_argument("--device", default="cpu", metavar="D",
+                        help="cpu (default), cuda, cuda:N, or meta (shapes only: no memory, dispatch tracer)")
+    inputs.add_argument("--seed", type=_int_at_least(0, "--seed"), default=0, metavar="N", help="seed of the random example inputs (default 0)")
+
+    run = p.add_argument_group("counting and output")
+    run.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default: jit, else dispatch), jit or dispatch")
+    run.add_argument("--depth", type=_int_at_least(0, "--depth"), default=None, metavar="N",
+                     help="module rows down to depth N (0 = whole model; default: all)")
+    run.add_argument("-f", "--format", choices=FORMATS, default="table", help="table (default), tree, json, csv or markdown")
+    run.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
+    run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=15, metavar="N", help="modules in the plot (default 15)")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    run.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+
+
+def _add_timing(p: argparse.ArgumentParser) -> None:
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--warmup", type=_int_at_least(0, "--warmup"), default=10, metavar="N", help="untimed calls first (default 10)")
+    timing.add_argument("--iters", type=_int_at_least(1, "--iters"), default=None, metavar="N", help="time exactly N calls (default: adaptive, see --duration)")
+    timing.add_argument("--duration", type=_positive_float("--duration"), default=1.0, metavar="S",
+                        help="without --iters, time calls for about S seconds, at least 10 calls (default 1)")
+    timing.add_argument("--dtype", choices=BENCH_DTYPES, default=None, help="run under torch.autocast with this dtype (default: the model's own)")

@@ -1,0 +1,115 @@
+"""flopcount's input convention: a tuple is positional arguments, anything else is one
+argument; flattening the tensors inside inputs and outputs; describing inputs in text."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from .errors import UsageError
+
+
+def as_call_args(inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """flopcount's input convention: a tuple is unpacked into positional arguments;
+    anything else (a Tensor, list, dict, nested container) is ONE positional argument."""
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise UsageError(f"kwargs must be a mapping of keyword arguments, got {type(kwargs).__name__}")
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    return args, dict(kwargs or {})
+
+
+def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """Every tensor inside ``obj`` (tuples, lists, dicts, dataclasses, nested) and a
+    function that rebuilds ``obj`` with replacement tensors in the same order."""
+    tensors: List[torch.Tensor] = []
+
+    def walk(node: Any) -> Callable[[Sequence[torch.Tensor]], Any]:
+        if isinstance(node, torch.Tensor):
+            index = len(tensors)
+            tensors.append(node)
+            return lambda values: values[index]
+        if isinstance(node, tuple) and hasattr(node, "_fields"):  # namedtuple
+            parts = [walk(v) for v in node]
+            return lambda values: type(node)(*(p(values) for p in parts))
+        if isinstance(node, (tuple, list)):
+            parts = [walk(v) for v in node]
+            seq_kind = type(node)
+            return lambda values: seq_kind(p(values) for p in parts) if seq_kind in (tuple, list) else seq_kind([p(values) for p in parts])
+        if isinstance(node, Mapping):
+            items = [(k, walk(v)) for k, v in node.items()]
+            kind: Any = type(node)
+
+            def rebuild_mapping(values: Sequence[torch.Tensor]) -> Any:
+                rebuilt = {k: p(values) for k, p in items}
+                if kind is dict:
+                    return rebuilt
+                try:
+                    return kind(rebuilt)
+                except Exception:
+                    return OrderedDict(rebuilt) if isinstance(node, OrderedDict) else rebuilt
+
+            return rebuild_mapping
+        return lambda values: node
+
+    rebuild = walk(obj)
+    return tensors, rebuild
+
+
+def output_tensors(obj: Any) -> List[torch.Tensor]:
+    """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput)."""
+    found: List[torch.Tensor] = []
+    stack = [obj]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if isinstance(node, torch.Tensor):
+            found.append(node)
+        elif isinstance(node, Mapping):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, (tuple, list)):
+            stack.extend(reversed(node))
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type) and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(reversed([getattr(node, f.name) for f in dataclasses.fields(node)]))
+    return found
+
+
+def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> str:
+    """A short human description of example inputs, e.g. ``(Tensor[1, 3, 224, 224] float32)``."""
+
+    def one(node: Any) -> str:
+        if isinstance(node, torch.Tensor):
+            dtype = str(node.dtype).replace("torch.", "")
+            where = "" if node.device.type == "cpu" else f" {node.device.type}"
+            return f"Tensor[{', '.join(str(s) for s in node.shape)}] {dtype}{where}"
+        if isinstance(node, Mapping):
+            return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in node.items()) + "}"
+        if isinstance(node, tuple):
+            return "(" + ", ".join(one(v) for v in node) + ("," if len(node) == 1 else "") + ")"
+        if isinstance(node, list):
+            return "[" + ", ".join(one(v) for v in node) + "]"
+        text = repr(node)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    text = one(inputs)
+    if kwargs:
+        text += " with kwargs {" + ", ".join(f"{k}={one(v)}" for k, v in kwargs.items()) + "}"
+    return text
+
+
+@functools.cache
+def fake_tensor_type() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor  # imported on first use: it is slow to load
+
+    return FakeTensor
+
+
+def is_dataless(tensor: torch.Tensor) -> bool:
+    """True for tensors without data (meta device, FakeTensors): shapes only."""
+    if tensor.device.type == "meta":
+        return True
+    return isinstance(tensor, fake_tensor_type())

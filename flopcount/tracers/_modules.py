@@ -1,0 +1,77 @@
+"""Module bookkeeping both tracers share: canonical module names, the module call
+stack seen through process-wide forward hooks, and the error naming the failing module."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from torch import nn
+
+from ..errors import TraceError
+
+
+def module_names(model: nn.Module) -> Dict[nn.Module, str]:
+    """Each module's canonical qualified name (the first one ``named_modules()`` gives)."""
+    names: Dict[nn.Module, str] = {}
+    for name, module in model.named_modules():
+        names.setdefault(module, name)
+    return names
+
+
+class ModuleStack:
+    """Tracks which modules are running, through process-wide forward hooks that are
+    removed on exit. Nothing is added to the model's own hook dictionaries.
+
+    ``stack`` holds qualified names, outermost first, without the root. After a
+    forward raises, ``stack`` still holds the path of the module that failed.
+    """
+
+    def __init__(self, names: Mapping[nn.Module, str]):
+        self._names = names
+        self.stack: List[str] = []
+        self.calls: Dict[str, int] = {}
+        self._handles: List[Any] = []
+
+    def __enter__(self) -> ModuleStack:
+        from torch.nn.modules import module as module_impl
+
+        names, stack, calls = self._names, self.stack, self.calls
+
+        def pre(module: nn.Module, args: Any) -> None:
+            name = names.get(module)
+            if name is not None:
+                calls[name] = calls.get(name, 0) + 1
+                if name:
+                    stack.append(name)
+
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            name = names.get(module)
+            if name and stack and stack[-1] == name:
+                stack.pop()
+
+        self._handles = [
+            module_impl.register_module_forward_pre_hook(pre),
+            module_impl.register_module_forward_hook(post),
+        ]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+
+def forward_error(exc: BaseException, where: str, inputs_text: str, tracer: str) -> TraceError:
+    """A TraceError naming the module that failed and the inputs given, chained to ``exc``."""
+    place = f"module '{where}'" if where else "the root module"
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    err = TraceError(
+        f"forward failed in {place} ({tracer} tracer) with inputs {inputs_text}: {type(exc).__name__}: {first_line}",
+        module_path=where,
+        input_shapes=inputs_text,
+    )
+    return err

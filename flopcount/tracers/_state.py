@@ -1,0 +1,65 @@
+"""Leaving the model and the process exactly as found, whatever the forward does."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ..errors import FlopcountWarning
+from ..inputs import is_dataless
+
+
+@contextlib.contextmanager
+def preserved_model_state(model: nn.Module) -> Iterator[None]:
+    """Leave ``model`` as found whatever the forward does: training flags, buffers
+    (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
+    dictionaries, grad mode and the RNG state (dropout draws from it)."""
+    modules = list(model.modules())
+    flags = [(m, m.training) for m in modules]
+    buffers = []
+    for m in modules:
+        for name, buf in m._buffers.items():
+            if buf is not None:
+                buffers.append((m, name, buf, None if is_dataless(buf) else buf.detach().clone()))
+    params = list(model.parameters())
+    param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
+    hook_attrs = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
+    hooks = [(m, attr, dict(getattr(m, attr))) for m in modules for attr in hook_attrs if hasattr(m, attr)]
+    grad_enabled = torch.is_grad_enabled()
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(grad_enabled)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        for m, mode in flags:
+            m.training = mode
+        with torch.no_grad():
+            for m, name, buf, saved in buffers:
+                m._buffers[name] = buf
+                if saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
+                    buf.copy_(saved) if buf.shape == saved.shape else buf.set_(saved)  # type: ignore[call-overload]  # set_(Tensor) exists; the stubs omit it
+        changed = []
+        for p, requires_grad, grad, version in param_state:
+            p.requires_grad_(requires_grad)
+            p.grad = grad
+            if p._version != version:
+                changed.append(p)
+        for m, attr, saved_hooks in hooks:
+            current = getattr(m, attr)
+            if current.keys() != saved_hooks.keys():
+                current.clear()
+                current.update(saved_hooks)
+        if changed:
+            warnings.warn(
+                f"the model's forward changed {len(changed)} parameter(s) in place; flopcount cannot undo that",
+                FlopcountWarning,
+                stacklevel=3,
+            )

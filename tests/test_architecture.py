@@ -1,0 +1,91 @@
+"""The layout's promises (docs/internals.md): no import cycles between flopcount's modules,
+results and reports without torch, and a CLI parser that answers --help without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Set
+
+PACKAGE = Path(__file__).resolve().parents[1] / "flopcount"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, top_level_only: bool = False) -> Set[str]:
+    """Modules imported anywhere in the file (function-local imports too: a cycle held
+    apart by a local import is still a cycle), or at module level only; never those
+    under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text())
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: Set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            continue
+        if top_level_only and not isinstance(node, (ast.Import, ast.ImportFrom, ast.Try)):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Import):
+                found.update(a.name for a in sub.names)
+            elif isinstance(sub, ast.ImportFrom):
+                if sub.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (sub.level - 1)]
+                    module = ".".join(base + ([sub.module] if sub.module else []))
+                else:
+                    module = sub.module or ""
+                found.add(module)
+                found.update(f"{module}.{a.name}" for a in sub.names)
+    return found
+
+
+def _graph() -> Dict[str, Set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    # a package's __init__ re-exporting its own submodules is not a cycle of concepts
+    for name, edges in graph.items():
+        graph[name] = {e for e in edges if not (e.startswith(name + ".") and (PACKAGE.parent / name.replace(".", "/")).is_dir())}
+    state: Dict[str, int] = {}
+    path: list = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_results_and_reports_import_no_torch():
+    for path in [PACKAGE / "results.py", PACKAGE / "types.py", *sorted((PACKAGE / "report").glob("*.py"))]:
+        imported = _imports(path, top_level_only=True)
+        assert not any(m == "torch" or m.startswith("torch.") for m in imported), path.name
+
+
+def test_cli_parser_imports_no_torch():
+    code = (
+        "import sys; from flopcount.cli.parser import build_parser; build_parser(); "
+        "import flopcount; flopcount.__version__; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
