@@ -39,6 +39,7 @@ def analyze(
         parameters=summarize_parameters(model),
         input_description=describe_inputs(inputs, kwargs),
         warnings=run.warnings,
+        gaps=run.gaps,
     )
 
 

@@ -71,6 +71,19 @@ class FlopResult:
     _unsupported: Tuple[UnsupportedOp, ...] = field(default_factory=tuple, repr=False)
     warnings: Tuple[str, ...] = ()
     benchmark: Optional[Any] = field(default=None, repr=False)
+    gaps: Tuple[str, ...] = ()
+
+    # -- completeness -------------------------------------------------------------
+    @property
+    def complete(self) -> bool:
+        """False when the count may be short: an op without a handler ran, a placeholder
+        decided a value on meta/fake tensors, or a tracer could not see some work."""
+        return not self._unsupported and not self.gaps
+
+    def incomplete_reasons(self) -> Tuple[str, ...]:
+        """One sentence per reason the count is not complete (empty when complete)."""
+        reasons = tuple(f"{u.op} ran {u.count}x without a handler" for u in self._unsupported)
+        return reasons + tuple(self.gaps)
 
     # -- breakdowns ---------------------------------------------------------------
     def by_operator(self, metric: Metric = "flops") -> Dict[str, int]:
@@ -171,6 +184,7 @@ def aggregate(
     parameters: ParamSummary,
     input_description: str = "",
     warnings: Sequence[str] = (),
+    gaps: Sequence[str] = (),
 ) -> FlopResult:
     """Sum op costs by operator, by module (a module includes every op run while it was
     on the call stack, and every op of its submodules: containers that are never called,
@@ -223,4 +237,5 @@ def aggregate(
         _phases=_frozen(phases),
         _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(unsupported.items())),
         warnings=tuple(warnings),
+        gaps=tuple(gaps),
     )

@@ -132,6 +132,9 @@ class Trace:
     tracer: str
     module_calls: Mapping[str, int] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
+    #: Why the count may be short, one sentence each: work the tracer could not see, or a
+    #: value a placeholder decided (each is also in ``warnings``). Empty when complete.
+    gaps: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def trace(
                 return jit_trace
             reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions)"
     fallback = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
-    return dataclasses.replace(fallback, warnings=fallback.warnings + (f"tracer auto: used dispatch because {reason}",))
+    return dataclasses.replace(fallback, warnings=(f"tracer auto: used dispatch because {reason}",) + fallback.warnings)
 
 
 def _jit_unsuitable(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], backward: bool) -> Optional[str]:

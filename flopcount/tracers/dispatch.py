@@ -412,7 +412,8 @@ def trace(
                     except Exception as exc:
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
-    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), _notes(recorder.placeholders))
+    notes = _notes(recorder.placeholders)
+    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), notes, gaps=notes)
 
 
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
