@@ -27,7 +27,11 @@ def analyze(
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
 ) -> FlopResult:
-    """trace -> cost -> aggregate: the :class:`FlopResult` of one run of ``model``."""
+    """trace -> cost -> aggregate: the :class:`FlopResult` of one run of ``model``.
+
+    A ``torch.compile``d module is counted through the module it wraps: the same ops,
+    module names without the ``_orig_mod.`` prefix, and no compilation."""
+    model = uncompiled(model)
     table = registry if registry is not None else default_registry()
     if handlers:
         table = table.with_overrides(handlers)
@@ -41,6 +45,14 @@ def analyze(
         warnings=run.warnings,
         gaps=run.gaps,
     )
+
+
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``model``."""
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
+        return inner
+    return model
 
 
 def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[Tuple[OpEvent, Optional[Cost]]]:
