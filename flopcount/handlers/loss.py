@@ -9,7 +9,7 @@ the two ops it decomposes into.
 from __future__ import annotations
 
 from ..registry import HandlerRegistry
-from ..types import Cost, OpCall
+from ..types import Cost, OpCall, TensorMeta
 from ._common import maybe_tensor
 from .reduce import log_softmax_flops, mean_flops, reduce_flops
 
@@ -87,6 +87,68 @@ def _nll_backward(call: OpCall) -> Cost:
     return Cost.from_flops(call.tensor("target").numel)
 
 
+#: FLOPs per CTC lattice cell (time step x extended-label position): a log-sum-exp of
+#: up to three predecessors (2 compares for the max, 3 subtracts, 3 exps, 2 adds, a log,
+#: the max added back) + the emission log-probability (1 add)
+CTC_CELL = 13
+
+
+def ctc_lattice(log_probs: TensorMeta, targets: TensorMeta, input_lengths: object, target_lengths: object) -> int:
+    """Cells of the CTC alpha recursion: sum over the batch of T_b x (2 S_b + 1). Lengths
+    given as int lists are used exactly; as tensors (values unknown), T_b = T and
+    S_b = the padded target length (2-D targets), or sum of S_b = numel(targets) for
+    concatenated 1-D targets, which is exact."""
+    time = log_probs.shape[0]
+    batch = log_probs.shape[1] if log_probs.ndim == 3 else 1
+    if isinstance(input_lengths, tuple) and all(isinstance(v, int) for v in input_lengths):
+        times = list(input_lengths)
+    else:
+        times = [time] * batch
+    if isinstance(target_lengths, tuple) and all(isinstance(v, int) for v in target_lengths):
+        labels = list(target_lengths)
+        return sum(t * (2 * s + 1) for t, s in zip(times, labels))
+    if targets.ndim == 2 or (targets.ndim == 1 and batch == 1 and log_probs.ndim == 2):
+        padded = targets.shape[-1]
+        return sum(t * (2 * padded + 1) for t in times)
+    if len(set(times)) == 1:
+        return times[0] * (2 * targets.numel + batch)
+    return max(times) * (2 * targets.numel + batch)
+
+
+def _ctc_core(call: OpCall) -> int:
+    return CTC_CELL * ctc_lattice(
+        call.tensor("log_probs"), call.tensor("targets"), call.arg("input_lengths"), call.arg("target_lengths")
+    )
+
+
+def _ctc_loss(call: OpCall) -> Cost:
+    """_ctc_loss (dispatch): the alpha recursion, 13 FLOPs per lattice cell."""
+    return Cost.from_flops(_ctc_core(call))
+
+
+def _ctc_loss_composite(call: OpCall) -> Cost:
+    """ctc_loss (jit) = _ctc_loss + what its decomposition adds per sequence (B):
+    zero_infinity: eq + where (2B); mean: divide by target length + mean (2B + 1); sum: B."""
+    log_probs = call.tensor("log_probs")
+    batch = log_probs.shape[1] if log_probs.ndim == 3 else 1
+    flops = _ctc_core(call)
+    if call.arg("zero_infinity"):
+        flops += 2 * batch
+    reduction = call.arg("reduction", MEAN)
+    if reduction == MEAN:
+        flops += 2 * batch + 1
+    elif reduction == SUM:
+        flops += batch
+    return Cost.from_flops(flops)
+
+
+def _ctc_loss_backward(call: OpCall) -> Cost:
+    """The beta recursion (13 per cell) and the gradient (exp, multiply, accumulate: 3 per
+    cell): 16 FLOPs per lattice cell."""
+    cells = ctc_lattice(call.tensor("log_probs"), call.tensor("targets"), call.arg("input_lengths"), call.arg("target_lengths"))
+    return Cost.from_flops((CTC_CELL + 3) * cells)
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(list(PER_ELEMENT), _elementwise_loss)
     registry.register(
@@ -96,3 +158,6 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::cross_entropy_loss", _cross_entropy)
     registry.register(list(BACKWARD), _loss_backward)
     registry.register(["aten::nll_loss_backward", "aten::nll_loss2d_backward"], _nll_backward)
+    registry.register("aten::_ctc_loss", _ctc_loss)
+    registry.register("aten::ctc_loss", _ctc_loss_composite)
+    registry.register("aten::_ctc_loss_backward", _ctc_loss_backward)

@@ -145,6 +145,32 @@ def _sort(call: OpCall) -> Cost:
     return Cost.from_flops(x.numel * max(1, math.ceil(math.log2(length))) if length > 1 else 0)
 
 
+#: per-output FLOPs after the shared gather, by interpolation, as the decomposition runs
+#: them: masked_fill (1) + sub, ceil, lerp (5) for linear; + round/floor/ceil (1) for
+#: the index modes; + sub, ceil, lerp(0.5) for midpoint. nanquantile adds the per-row
+#: valid count scale (mul) and a lt test per output.
+QUANTILE_PER_OUTPUT = {"linear": 6, "lower": 2, "higher": 2, "nearest": 2, "midpoint": 5}
+
+
+def _quantile(call: OpCall) -> Cost:
+    """quantile/nanquantile over L elements per row (the whole tensor when ``dim`` is
+    None), Q quantiles, O = rows x Q outputs: sort (N ceil(log2 L)) + isnan and any/sum
+    (2N) + quantile plumbing, exactly the decomposition: quantile Q + k O, nanquantile
+    (k + 2) O, k from :data:`QUANTILE_PER_OUTPUT`."""
+    x = _input(call)
+    dim = call.arg("dim")
+    length = x.numel if dim is None or x.ndim == 0 else x.shape[int(dim) % x.ndim]
+    rows = x.numel // length if length else 0
+    q = call.arg("q")
+    quantiles = q.numel if isinstance(q, TensorMeta) else 1
+    outputs = rows * quantiles
+    sort = x.numel * max(1, math.ceil(math.log2(length))) if length > 1 else 0
+    per = QUANTILE_PER_OUTPUT.get(call.arg("interpolation") or "linear", QUANTILE_PER_OUTPUT["linear"])
+    if call.op == "aten::nanquantile":
+        return Cost.from_flops(sort + 2 * x.numel + (per + 2) * outputs)
+    return Cost.from_flops(sort + 2 * x.numel + quantiles + per * outputs)
+
+
 def _dist(call: OpCall) -> Cost:
     # norm(self - other, p): subtract (N) + the norm
     n = prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
@@ -162,7 +188,7 @@ def register(registry: HandlerRegistry) -> None:
             "aten::sum", "aten::nansum", "aten::prod", "aten::amax", "aten::amin", "aten::argmax", "aten::argmin",
             "aten::all", "aten::any", "aten::count_nonzero", "aten::cumsum", "aten::cumprod", "aten::cummax",
             "aten::cummin", "aten::median", "aten::nanmedian", "aten::kthvalue", "aten::mode", "aten::topk",
-            "aten::equal",
+            "aten::equal", "aten::histc",
         ],
         _reduce,
     )
@@ -180,4 +206,5 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_log_softmax_backward_data", _log_softmax_backward)
     registry.register(["aten::sort", "aten::argsort", "aten::msort"], _sort)
     registry.register("aten::dist", _dist)
+    registry.register(["aten::quantile", "aten::nanquantile"], _quantile)
     registry.register("aten::trace", _trace)

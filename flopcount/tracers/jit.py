@@ -189,7 +189,8 @@ def _graph_events(graph: Any) -> List[OpEvent]:
         if kind in _PLUMBING:
             continue
         inputs = list(node.inputs())
-        names = _argument_names(node.schema()) if kind.startswith("aten::") else None
+        # aten, quantized and custom-library ops carry a schema; prim nodes do not
+        names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
         if names is None or len(names) < len(inputs):
             names = tuple(f"arg{i}" for i in range(len(inputs)))
         args = _LazyArgs(names, inputs, reader)
