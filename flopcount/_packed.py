@@ -8,7 +8,7 @@ from typing import Any, Iterator, Optional, Tuple
 import torch
 from torch import nn
 
-__all__ = ["packed_objects", "unpack", "packed_dtype"]
+__all__ = ["packed_dtype", "packed_objects", "unpack"]
 
 
 def unpack(obj: Any) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
@@ -16,10 +16,10 @@ def unpack(obj: Any) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     if not isinstance(obj, torch.ScriptObject):
         return None
     try:
-        if not obj._has_method("unpack"):
+        if not getattr(obj, "_has_method")("unpack"):
             return None
-        unpacked = obj.unpack()
-    except Exception:  # an unknown custom class: not packed weights
+        unpacked = getattr(obj, "unpack")()
+    except (RuntimeError, TypeError, AttributeError):  # an unknown custom class: not packed weights
         return None
     if not isinstance(unpacked, tuple) or not unpacked or not isinstance(unpacked[0], torch.Tensor):
         return None

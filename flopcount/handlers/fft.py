@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from math import prod
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
 from ._common import first_output, is_complex
 
-__all__ = ["register", "fft_flops", "C2C", "REAL"]
+__all__ = ["C2C", "REAL", "fft_flops", "register"]
 
 C2C = 5.0  # FLOPs per N log2 N, complex transform
 REAL = 2.5  # real input (r2c) or real output (c2r)
@@ -29,7 +29,7 @@ def fft_flops(points: int, transforms: int, per: float) -> int:
     """``transforms`` FFTs of ``points`` points: per x N log2 N each (0 for N <= 1)."""
     if points <= 1 or transforms <= 0:
         return 0
-    return int(round(per * points * math.log2(points) * transforms))
+    return round(per * points * math.log2(points) * transforms)
 
 
 def _norm_flops(out: Optional[TensorMeta], scaled: bool) -> int:
@@ -39,12 +39,12 @@ def _norm_flops(out: Optional[TensorMeta], scaled: bool) -> int:
     return out.numel * (2 if is_complex(out) else 1)
 
 
-def _dims(value: object, ndim: int) -> Tuple[int, ...]:
+def _dims(value: Any, ndim: int) -> Tuple[int, ...]:
     if value is None:
         return tuple(range(ndim))
     if isinstance(value, int):
         return (value % ndim,)
-    return tuple(int(d) % ndim for d in value)  # type: ignore[union-attr]
+    return tuple(int(d) % ndim for d in value)
 
 
 def _transform(shape: Sequence[int], dims: Sequence[int], sizes: Sequence[int]) -> Tuple[int, int]:

@@ -19,7 +19,7 @@ from ..types import Cost, OpCall, TensorMeta
 from ._common import broadcast, first_output, is_complex, maybe_tensor
 from .reduce import _norm
 
-__all__ = ["register", "lu_flops", "qr_flops", "svd_flops", "cholesky_flops", "solve_flops"]
+__all__ = ["cholesky_flops", "lu_flops", "qr_flops", "register", "solve_flops", "svd_flops"]
 
 COMPLEX = 4
 
@@ -38,7 +38,7 @@ def _batch(shape: Sequence[int]) -> int:
 
 def _scale(call: OpCall, flops: float, batch: int) -> Cost:
     factor = COMPLEX if any(is_complex(t) for t in call.tensors()) else 1
-    return Cost.from_flops(int(round(flops * batch * factor)))
+    return Cost.from_flops(round(flops * batch * factor))
 
 
 def cholesky_flops(n: int) -> float:

@@ -232,6 +232,7 @@ def register(registry: HandlerRegistry) -> None:
     add("aten::bilinear", _bilinear)
     add("aten::_trilinear", _trilinear)
     add("aten::einsum", _einsum)
+    add("aten::_scaled_mm", _mm)  # (M, K) @ (K, N) with scales folded in, as torch's flop counter
     add(["aten::_grouped_mm", "aten::_scaled_grouped_mm"], _grouped_mm)
     add("transformers::grouped_mm_fallback", _grouped_mm_fallback)
     add("transformers::grouped_mm_fallback_backward", _grouped_mm_fallback_backward)

@@ -19,7 +19,7 @@ from ..registry import HandlerRegistry
 from ..types import Cost, Handler, OpCall, TensorMeta
 from ._common import first_output
 
-__all__ = ["register", "QUANTIZE", "DEQUANTIZE"]
+__all__ = ["DEQUANTIZE", "QUANTIZE", "register"]
 
 QUANTIZE = 4  # x / scale, round, + zero point, clamp
 DEQUANTIZE = 2  # (q - zero point) * scale

@@ -18,7 +18,7 @@ from ..registry import HandlerRegistry
 from ..types import Cost, OpCall
 from ._common import first_output, maybe_tensor
 
-__all__ = ["register", "GRID_SAMPLER", "aa_window_total"]
+__all__ = ["GRID_SAMPLER", "aa_window_total", "register"]
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 COORDINATE = 3  # unnormalise (multiply, add) and clip/reflect (1), per spatial coordinate
