@@ -16,9 +16,9 @@ def unpack(obj: Any) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     if not isinstance(obj, torch.ScriptObject):
         return None
     try:
-        if not getattr(obj, "_has_method")("unpack"):
+        if not obj._has_method("unpack"):  # type: ignore[attr-defined]
             return None
-        unpacked = getattr(obj, "unpack")()
+        unpacked = obj.unpack()  # type: ignore[attr-defined]
     except (RuntimeError, TypeError, AttributeError):  # an unknown custom class: not packed weights
         return None
     if not isinstance(unpacked, tuple) or not unpacked or not isinstance(unpacked[0], torch.Tensor):
