@@ -356,3 +356,75 @@ def test_packed_lstm_is_strict_clean(tracer):
 def test_matrix_h():
     x = nc(3, 4, 4)
     assert counts(lambda t: t.mH @ t, x) == (3 * 4 * 4 * 4, 2 * 3 * 4 * 4 * 4)
+
+
+# -- composite losses jit records whole: the same cost as their decomposition -----------------
+
+
+def test_composite_losses():
+    b, d = 4, 5
+    n = b * d
+    a, c, e = nc(b, d), nc(b, d), nc(b, d)
+    sign = torch.sign(torch.randn(b))
+    # 3 products + 3 sums over D (6N), then 13 per-row ops, mean over B (B + 1)
+    assert counts(nn.CosineEmbeddingLoss(), a, c, sign) == (0, 6 * n + 13 * b + b + 1)
+    # margin - x, clamp, two ne/where selects, add; mean (N + 1)
+    assert counts(nn.HingeEmbeddingLoss(), a, torch.sign(torch.randn(b, d))) == (0, 7 * n + n + 1)
+    assert counts(nn.MarginRankingLoss(), a[:, 0], c[:, 0], sign) == (0, 5 * b + b + 1)
+    # exp(x) - t x; full adds Stirling's term (10 per element)
+    assert counts(nn.PoissonNLLLoss(), a, torch.rand(b, d)) == (0, 3 * n + n + 1)
+    assert counts(nn.PoissonNLLLoss(log_input=False, full=True, reduction="sum"), a.abs(), torch.rand(b, d)) == (0, 14 * n + n)
+    # two pairwise distances (sub, add eps, square, sum, sqrt: 4N + B each), margin, sub, clamp
+    assert counts(nn.TripletMarginLoss(), a, c, e) == (0, 2 * (4 * n + b) + 3 * b + b + 1)
+    assert counts(nn.TripletMarginLoss(swap=True, p=1), a, c, e)[1] > 0
+    # upper bound C^2 per sample, a divide per sample, mean
+    assert counts(nn.MultiLabelMarginLoss(), a, torch.randint(0, d, (b, d))) == (0, b * d * d + b + b + 1)
+    assert counts(nn.MultiMarginLoss(), a, torch.randint(0, d, (b,))) == (0, 4 * n + b + b + 1)
+
+
+@pytest.mark.parametrize(
+    "module, inputs",
+    [
+        (nn.FractionalMaxPool2d(2, output_size=(4, 4)), (torch.randn(2, 3, 8, 8),)),
+        (nn.RReLU(), (torch.randn(2, 3, 10),)),
+        (nn.GLU(), (torch.randn(2, 4),)),
+        (nn.Conv2d(3, 4, 3, padding_mode="reflect", padding=1), (torch.randn(2, 3, 8, 8),)),
+        (nn.Conv2d(3, 4, 3, padding_mode="replicate", padding=1), (torch.randn(2, 3, 8, 8),)),
+        (nn.MultiMarginLoss(p=2), (torch.randn(4, 5), torch.randint(0, 5, (4,)))),
+        (nn.MultiLabelMarginLoss(), (torch.randn(4, 5), torch.randint(0, 5, (4, 5)))),
+        (nn.CTCLoss(), (torch.randn(10, 2, 6).log_softmax(-1), torch.randint(1, 6, (2, 4)), torch.full((2,), 10), torch.full((2,), 4))),
+    ],
+)
+def test_backward_ops_have_handlers(module, inputs):
+    inputs = tuple(t.clone().requires_grad_() if t.is_floating_point() else t for t in inputs)
+    result = count_flops(module.train(), inputs, tracer="dispatch", backward=True)
+    assert result.unsupported_ops() == {}
+    assert result.by_phase()["backward"] > 0
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (lambda x, g: F.grid_sample(x, g, align_corners=False), [(2, 3, 5, 6), (2, 4, 7, 2)]),
+        (lambda x, g: F.grid_sample(x, g, align_corners=False), [(2, 3, 5, 6, 4), (2, 4, 7, 3, 3)]),
+        (lambda x: F.interpolate(x, size=(5, 7), mode="bilinear", antialias=True), [(2, 3, 9, 11)]),
+        (lambda x: F.interpolate(x, size=(5, 7), mode="bicubic", antialias=True), [(2, 3, 9, 11)]),
+        (torch.cdist, [(2, 5, 3), (2, 7, 3)]),
+        (F.pdist, [(6, 3)]),
+        (lambda x: torch.fft.rfft(x).abs(), [(3, 16)]),
+        (lambda a, b: torch.linalg.solve(a, b), [(2, 4, 4), (2, 4, 3)]),
+        (lambda x, w: torch._grouped_mm(x, w, offs=torch.tensor([3, 7, 10], dtype=torch.int32)), [(10, 8), (3, 8, 16)]),
+    ],
+)
+def test_new_ops_backward(fn, shapes):
+    inputs = tuple(torch.randn(*s, requires_grad=True) for s in shapes)
+    result = count_flops(Fn(fn), inputs, tracer="dispatch", backward=True)
+    assert result.unsupported_ops() == {}
+    assert result.by_phase()["backward"] > 0
+
+
+def test_antialias_backward_equals_forward_taps():
+    # the backward scatters through the same filter windows: the same 2 FLOPs per tap
+    x = torch.randn(2, 3, 5, 8, requires_grad=True)
+    result = count_flops(Fn(lambda a: F.interpolate(a, size=(5, 4), mode="bilinear", antialias=True)), x, tracer="dispatch", backward=True)
+    assert result.by_phase() == {"forward": 2 * 14 * 30, "backward": 2 * 14 * 30}

@@ -7,11 +7,30 @@ bias adds fused into linear/addmm/conv are not counted.
 from __future__ import annotations
 
 from ..registry import HandlerRegistry
-from . import attention, conv, fft, indexing, linalg, loss, matmul, norm, pointwise, pool, quantized, reduce, rnn, sampling, zero_cost
+from . import (
+    attention,
+    conv,
+    fft,
+    indexing,
+    linalg,
+    loss,
+    matmul,
+    norm,
+    pointwise,
+    pool,
+    quantized,
+    reduce,
+    rnn,
+    sampling,
+    zero_cost,
+)
 
 __all__ = ["build_default_registry", "FAMILIES"]
 
-FAMILIES = (matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, fft, linalg, sampling, quantized, zero_cost)
+FAMILIES = (
+    matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, fft, linalg, sampling, quantized,
+    zero_cost,
+)
 
 
 def build_default_registry() -> HandlerRegistry:

@@ -19,7 +19,7 @@ from ..types import Cost, OpCall, TensorMeta
 from ._common import broadcast, first_output, is_complex, maybe_tensor
 from .reduce import _norm
 
-__all__ = ["cholesky_flops", "lu_flops", "qr_flops", "register", "solve_flops", "svd_flops"]
+__all__ = ["cholesky_flops", "pairwise_distance_cost", "lu_flops", "qr_flops", "register", "solve_flops", "svd_flops"]
 
 COMPLEX = 4
 
@@ -328,15 +328,33 @@ def _pdist(call: OpCall) -> Cost:
     return Cost.from_flops(n * (n - 1) // 2 * (coord * m + pair))
 
 
-def _pairwise_distance(call: OpCall) -> Cost:
+def _cdist_backward(call: OpCall) -> Cost:
+    """_cdist_backward(grad, x1, x2, p, cdist): the gradient for x1 (torch calls it once per
+    input): per pair g / d (1) and per coordinate subtract, multiply, accumulate (3):
+    B r1 r2 (3m + 1)."""
+    x1, x2 = call.tensor("x1"), call.tensor("x2")
+    batch = prod(broadcast(x1.shape[:-2], x2.shape[:-2]))
+    return Cost.from_flops(batch * x1.shape[-2] * x2.shape[-2] * (3 * x1.shape[-1] + 1))
+
+
+def _pdist_backward(call: OpCall) -> Cost:
+    """_pdist_backward: each pair's gradient (3m + 1, as cdist's) goes to both of its points."""
+    x = call.tensor("self")
+    n, m = x.shape[-2], x.shape[-1]
+    return Cost.from_flops(n * (n - 1) * (3 * m + 1))
+
+
+def pairwise_distance_cost(a: Sequence[int], b: Sequence[int], p: object) -> Cost:
     """pairwise_distance(x1, x2, p, eps): x1 - x2 + eps (2 per element), then the p-norm
     over the last dim, exactly its decomposition (sub, add, norm)."""
-    x1, x2 = call.tensor("x1"), call.tensor("x2")
-    shape = broadcast(x1.shape, x2.shape)
-    n = prod(shape)
+    shape = broadcast(a, b)
     out_shape = shape[:-1] if shape else ()
-    norm = _norm(OpCall("aten::norm", {"self": TensorMeta(shape), "p": call.arg("p", 2.0)}, (TensorMeta(out_shape),)))
-    return Cost.from_flops(2 * n) + norm
+    norm = _norm(OpCall("aten::norm", {"self": TensorMeta(shape), "p": p}, (TensorMeta(out_shape),)))
+    return Cost.from_flops(2 * prod(shape)) + norm
+
+
+def _pairwise_distance(call: OpCall) -> Cost:
+    return pairwise_distance_cost(call.tensor("x1").shape, call.tensor("x2").shape, call.arg("p", 2.0))
 
 
 def _cosine_similarity(call: OpCall) -> Cost:
@@ -378,6 +396,8 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::cdist", "aten::_cdist_forward"], _cdist)
     registry.register("aten::_euclidean_dist", _euclidean_dist)
     registry.register(["aten::pdist", "aten::_pdist_forward"], _pdist)
+    registry.register("aten::_cdist_backward", _cdist_backward)
+    registry.register("aten::_pdist_backward", _pdist_backward)
     registry.register("aten::pairwise_distance", _pairwise_distance)
     registry.register("aten::cosine_similarity", _cosine_similarity)
     # reads the info tensor of a factorization; unpacking an LU is a copy

@@ -8,9 +8,12 @@ the two ops it decomposes into.
 
 from __future__ import annotations
 
+from math import prod
+
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
-from ._common import maybe_tensor
+from ._common import broadcast, maybe_tensor
+from .linalg import pairwise_distance_cost
 from .reduce import log_softmax_flops, mean_flops, reduce_flops
 
 __all__ = ["register", "nll_flops"]
@@ -149,6 +152,89 @@ def _ctc_loss_backward(call: OpCall) -> Cost:
     return Cost.from_flops((CTC_CELL + 3) * cells)
 
 
+# -- composite losses jit records whole (each costs exactly its decomposition) ----------------
+
+
+def _pairwise(a: TensorMeta, b: TensorMeta, p: object) -> int:
+    return pairwise_distance_cost(a.shape, b.shape, p).flops
+
+
+def _cosine_embedding(call: OpCall) -> Cost:
+    """x1 . x2 and both squared norms (mul + sum: 6N), + eps (2B), denominator mul and sqrt
+    (2B), divide (B), 1 - cos (B), cos - margin and clamp (2B), two eq/where selects (4B),
+    add (B): 6N + 13B + reduction(B)."""
+    x1, target = call.tensor("input1"), call.tensor("target")
+    batch = max(target.numel, 1)
+    return Cost.from_flops(6 * x1.numel + 13 * batch + _reduction(batch, call.arg("reduction", MEAN)))
+
+
+def _hinge_embedding(call: OpCall) -> Cost:
+    """margin - x, clamp, two ne/where selects, add: 7N + reduction(N)."""
+    n = call.tensor("self").numel
+    return Cost.from_flops(7 * n + _reduction(n, call.arg("reduction", MEAN)))
+
+
+def _margin_ranking(call: OpCall) -> Cost:
+    """-(target * (x1 - x2)) + margin, clamp: 5N + reduction(N), N the broadcast size."""
+    shape = broadcast(call.tensor("input1").shape, call.tensor("input2").shape, call.tensor("target").shape)
+    n = prod(shape)
+    return Cost.from_flops(5 * n + _reduction(n, call.arg("reduction", MEAN)))
+
+
+def _poisson_nll(call: OpCall) -> Cost:
+    """log_input: exp(x) - t x (3N); else x - t log(x + eps) (4N); ``full`` adds the
+    Stirling term t log t - t + 0.5 log(2 pi t) where t > 1 (10N); + reduction(N)."""
+    n = call.tensor("input").numel
+    flops = (3 if call.arg("log_input", True) is not False else 4) * n + (10 * n if call.arg("full") else 0)
+    return Cost.from_flops(flops + _reduction(n, call.arg("reduction", MEAN)))
+
+
+def _triplet_margin(call: OpCall) -> Cost:
+    """pairwise_distance(anchor, positive) and (anchor, negative) (and (positive, negative)
+    with ``swap``, + an elementwise minimum), + margin, subtract, clamp (3B) + reduction(B)."""
+    a, pos, neg = call.tensor("anchor"), call.tensor("positive"), call.tensor("negative")
+    p = call.arg("p", 2.0)
+    flops = _pairwise(a, pos, p) + _pairwise(a, neg, p)
+    rows = prod(broadcast(a.shape, neg.shape)[:-1]) if a.ndim > 1 else 1
+    if call.arg("swap"):
+        flops += _pairwise(pos, neg, p) + rows
+    return Cost.from_flops(flops + 3 * rows + _reduction(rows, call.arg("reduction", MEAN)))
+
+
+def _multilabel_margin(call: OpCall) -> Cost:
+    """An upper bound: with k of C labels targets a sample has k (C - k) <= C^2 / 4
+    (target, non-target) pairs, each 1 - (x_j - x_i), compare, accumulate (4 FLOPs): C^2
+    per sample, + a divide by C per sample + reduction(B). The targets are data."""
+    x = call.tensor("self")
+    classes = x.shape[-1] if x.ndim else 1
+    batch = x.numel // classes if classes else 0
+    return Cost.from_flops(batch * classes * classes + batch + _reduction(batch, call.arg("reduction", MEAN)))
+
+
+def _multilabel_margin_backward(call: OpCall) -> Cost:
+    """The same pair bound (C^2 per sample) and a scale per element."""
+    x = call.tensor("self")
+    classes = x.shape[-1] if x.ndim else 1
+    return Cost.from_flops(x.numel * classes + x.numel)
+
+
+def _multi_margin(call: OpCall) -> Cost:
+    """Per element margin - x[y] + x[i] (2), clamp (1), square for p = 2 (1), class weight
+    (1), sum over classes (1); a divide by C per sample; + reduction(B)."""
+    x = call.tensor("self")
+    classes = x.shape[-1] if x.ndim else 1
+    batch = x.numel // classes if classes else 0
+    per = 4 + (call.arg("p", 1) == 2) + (maybe_tensor(call, "weight") is not None)
+    return Cost.from_flops(per * x.numel + batch + _reduction(batch, call.arg("reduction", MEAN)))
+
+
+def _multi_margin_backward(call: OpCall) -> Cost:
+    """Per element: the margin test (1) and the gradient (1, 2 for p = 2), class weight (1)."""
+    x = call.tensor("self")
+    per = 2 + (call.arg("p", 1) == 2) + (maybe_tensor(call, "weight") is not None)
+    return Cost.from_flops(per * x.numel)
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(list(PER_ELEMENT), _elementwise_loss)
     registry.register(
@@ -161,3 +247,12 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_ctc_loss", _ctc_loss)
     registry.register("aten::ctc_loss", _ctc_loss_composite)
     registry.register("aten::_ctc_loss_backward", _ctc_loss_backward)
+    registry.register("aten::cosine_embedding_loss", _cosine_embedding)
+    registry.register("aten::hinge_embedding_loss", _hinge_embedding)
+    registry.register("aten::margin_ranking_loss", _margin_ranking)
+    registry.register("aten::poisson_nll_loss", _poisson_nll)
+    registry.register("aten::triplet_margin_loss", _triplet_margin)
+    registry.register(["aten::multilabel_margin_loss", "aten::multilabel_margin_loss_forward"], _multilabel_margin)
+    registry.register("aten::multilabel_margin_loss_backward", _multilabel_margin_backward)
+    registry.register("aten::multi_margin_loss", _multi_margin)
+    registry.register("aten::multi_margin_loss_backward", _multi_margin_backward)

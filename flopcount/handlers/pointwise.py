@@ -66,6 +66,9 @@ PER_ELEMENT.update(
         "aten::prelu": 2,
         "aten::_prelu_kernel": 2,
         "aten::rrelu": 2,
+        "aten::rrelu_with_noise": 2,  # compare + multiply (the noise draw is RNG, not counted)
+        "aten::rrelu_with_noise_backward": 2,  # select, multiply by the saved slope
+        "aten::glu_backward": 9,  # per grad_output element: sigmoid (4), g*s, g*a, *s*(1-s) (3)
         "aten::softshrink": 2,  # compare + shift
         "aten::tanhshrink": 2,  # x - tanh(x)
         "aten::glu": 5,  # a * sigmoid(b), per output element

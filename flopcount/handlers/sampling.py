@@ -15,8 +15,8 @@ from math import prod
 from typing import Optional, Sequence
 
 from ..registry import HandlerRegistry
-from ..types import Cost, OpCall
-from ._common import first_output, maybe_tensor
+from ..types import Cost, OpCall, TensorMeta
+from ._common import first_output, grads_present, maybe_tensor
 
 __all__ = ["GRID_SAMPLER", "aa_window_total", "register"]
 
@@ -44,6 +44,25 @@ def _grid_sampler(call: OpCall) -> Cost:
     return Cost.from_flops(locations * (dims * COORDINATE + per_location) + locations * channels * per_element)
 
 
+def _grid_sampler_backward(call: OpCall) -> Cost:
+    """grad_input: each output gradient scattered through the forward taps (t per element);
+    grad_grid: the weights' derivative along each of the d coordinates (d x t per element)
+    plus the per-location coordinate and weight work, for the gradients requested."""
+    x, grid = call.tensor("input"), call.tensor("grid")
+    dims = grid.shape[-1]
+    mode = int(call.arg("interpolation_mode", BILINEAR))
+    per_element, per_location = GRID_SAMPLER.get((dims, mode), GRID_SAMPLER[(dims, BILINEAR)])
+    locations = prod(grid.shape[:-1])
+    elements = locations * x.shape[1]
+    want_input, want_grid = grads_present(call, 2)
+    flops = locations * (dims * COORDINATE + per_location)
+    if want_input:
+        flops += elements * per_element
+    if want_grid:
+        flops += elements * dims * per_element
+    return Cost.from_flops(flops)
+
+
 def _aa_scale(size_in: int, size_out: int, align_corners: bool, scale: Optional[float]) -> float:
     if align_corners:
         return (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
@@ -69,13 +88,15 @@ def aa_window_total(size_in: int, size_out: int, interp_size: int, align_corners
 
 def _aa(interp_size: int):  # type: ignore[no-untyped-def]
     def handler(call: OpCall) -> Cost:
-        x = maybe_tensor(call, "self") or call.tensor("input")
-        out = first_output(call)
+        grad = maybe_tensor(call, "grad_output")
         sizes: Sequence[int]
-        if out is not None:
-            sizes = out.shape[2:]
+        if grad is not None:  # backward: the same taps, scattered from grad_output to the input size
+            x = TensorMeta(tuple(call.arg("input_size")))
+            sizes = grad.shape[2:]
         else:
-            sizes = tuple(call.arg("output_size"))
+            x = maybe_tensor(call, "self") or call.tensor("input")
+            out = first_output(call)
+            sizes = out.shape[2:] if out is not None else tuple(call.arg("output_size"))
         align = bool(call.arg("align_corners"))
         factors = call.arg("scale_factors")
         scales = list(factors) if factors else [call.arg("scales_h"), call.arg("scales_w")]
@@ -96,5 +117,6 @@ def _aa(interp_size: int):  # type: ignore[no-untyped-def]
 
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::grid_sampler", "aten::grid_sampler_2d", "aten::grid_sampler_3d", "aten::cudnn_grid_sampler"], _grid_sampler)
-    registry.register("aten::_upsample_bilinear2d_aa", _aa(2))
-    registry.register("aten::_upsample_bicubic2d_aa", _aa(4))
+    registry.register(["aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward"], _grid_sampler_backward)
+    registry.register(["aten::_upsample_bilinear2d_aa", "aten::_upsample_bilinear2d_aa_backward"], _aa(2))
+    registry.register(["aten::_upsample_bicubic2d_aa", "aten::_upsample_bicubic2d_aa_backward"], _aa(4))

@@ -41,6 +41,7 @@ _COPIES = (
     # packing/padding variable-length sequences and nested tensors: data moves by position
     "_pack_padded_sequence", "_pad_packed_sequence", "_nested_tensor_from_mask", "_nested_from_padded",
     "_nested_tensor_from_tensor_list", "to_padded_tensor", "nested_to_padded_tensor", "complex",
+    "max_unpool2d", "max_unpool3d",
 )
 _CREATION = (
     "zeros", "ones", "empty", "empty_strided", "empty_permuted", "full", "arange", "linspace", "logspace", "eye",
