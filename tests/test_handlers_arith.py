@@ -95,7 +95,9 @@ def test_fft_real_input_tracers_agree(name):
         assert counts(lambda t: fn(t, n=12, dim=1, norm="ortho"), nc(3, 8, 16))[1] > 0
 
 
-@pytest.mark.parametrize("name", ["fft", "ifft", "irfft", "hfft", "fft2", "ifft2", "irfft2", "hfft2", "fftn", "ifftn", "irfftn", "hfftn"])
+@pytest.mark.parametrize(
+    "name", ["fft", "ifft", "irfft", "hfft", "fft2", "ifft2", "irfft2", "hfft2", "fftn", "ifftn", "irfftn", "hfftn"]
+)
 def test_fft_complex_input_tracers_agree(name):
     fn = getattr(torch.fft, name)
     assert counts(fn, nc(3, 8, 16, dtype=torch.complex64))[1] > 0
@@ -181,7 +183,10 @@ def test_linalg_tracers_agree(fn, shapes):
 def test_matrix_power_counts_torch_binary_powering(power, matmuls):
     # 13 = 0b1101: 3 squarings + 2 products; 16: 4 squarings
     b, k = 2, 4
-    assert counts(lambda a: torch.linalg.matrix_power(a, power), nc(b, k, k)) == (matmuls * b * k**3, 2 * matmuls * b * k**3)
+    assert counts(lambda a: torch.linalg.matrix_power(a, power), nc(b, k, k)) == (
+        matmuls * b * k**3,
+        2 * matmuls * b * k**3,
+    )
 
 
 # -- distances -------------------------------------------------------------------------------
@@ -215,7 +220,9 @@ def test_pdist_pairwise_cosine():
 # -- sampling --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode, per_element, per_location", [("bilinear", 7, 8), ("nearest", 0, 2), ("bicubic", 35, 48)])
+@pytest.mark.parametrize(
+    "mode, per_element, per_location", [("bilinear", 7, 8), ("nearest", 0, 2), ("bicubic", 35, 48)]
+)
 def test_grid_sample_2d(mode, per_element, per_location):
     x, grid = nc(2, 3, 5, 6), torch.rand(2, 4, 7, 2) * 2 - 1
     locations, channels = 2 * 4 * 7, 3
@@ -226,7 +233,10 @@ def test_grid_sample_2d(mode, per_element, per_location):
 def test_grid_sample_3d():
     x, grid = torch.randn(2, 3, 5, 6, 4), torch.rand(2, 4, 7, 3, 3) * 2 - 1
     locations = 2 * 4 * 7 * 3
-    assert counts(lambda a, g: F.grid_sample(a, g, align_corners=False), x, grid) == (0, locations * (9 + 22) + locations * 3 * 15)
+    assert counts(lambda a, g: F.grid_sample(a, g, align_corners=False), x, grid) == (
+        0,
+        locations * (9 + 22) + locations * 3 * 15,
+    )
 
 
 def test_antialiased_resize_windows():
@@ -327,7 +337,13 @@ def test_scaled_mm_and_trilinear_registered():
 
 
 @pytest.mark.parametrize(
-    "op", ["aten::_pack_padded_sequence", "aten::_pad_packed_sequence", "aten::matrix_H", "aten::_nested_tensor_from_mask_left_aligned"]
+    "op",
+    [
+        "aten::_pack_padded_sequence",
+        "aten::_pad_packed_sequence",
+        "aten::matrix_H",
+        "aten::_nested_tensor_from_mask_left_aligned",
+    ],
 )
 def test_zero_cost_ops_are_known(op):
     assert REG.resolve(op) == KNOWN_ZERO
@@ -373,7 +389,10 @@ def test_composite_losses():
     assert counts(nn.MarginRankingLoss(), a[:, 0], c[:, 0], sign) == (0, 5 * b + b + 1)
     # exp(x) - t x; full adds Stirling's term (10 per element)
     assert counts(nn.PoissonNLLLoss(), a, torch.rand(b, d)) == (0, 3 * n + n + 1)
-    assert counts(nn.PoissonNLLLoss(log_input=False, full=True, reduction="sum"), a.abs(), torch.rand(b, d)) == (0, 14 * n + n)
+    assert counts(nn.PoissonNLLLoss(log_input=False, full=True, reduction="sum"), a.abs(), torch.rand(b, d)) == (
+        0,
+        14 * n + n,
+    )
     # two pairwise distances (sub, add eps, square, sum, sqrt: 4N + B each), margin, sub, clamp
     assert counts(nn.TripletMarginLoss(), a, c, e) == (0, 2 * (4 * n + b) + 3 * b + b + 1)
     assert counts(nn.TripletMarginLoss(swap=True, p=1), a, c, e)[1] > 0
@@ -392,7 +411,15 @@ def test_composite_losses():
         (nn.Conv2d(3, 4, 3, padding_mode="replicate", padding=1), (torch.randn(2, 3, 8, 8),)),
         (nn.MultiMarginLoss(p=2), (torch.randn(4, 5), torch.randint(0, 5, (4,)))),
         (nn.MultiLabelMarginLoss(), (torch.randn(4, 5), torch.randint(0, 5, (4, 5)))),
-        (nn.CTCLoss(), (torch.randn(10, 2, 6).log_softmax(-1), torch.randint(1, 6, (2, 4)), torch.full((2,), 10), torch.full((2,), 4))),
+        (
+            nn.CTCLoss(),
+            (
+                torch.randn(10, 2, 6).log_softmax(-1),
+                torch.randint(1, 6, (2, 4)),
+                torch.full((2,), 10),
+                torch.full((2,), 4),
+            ),
+        ),
     ],
 )
 def test_backward_ops_have_handlers(module, inputs):
@@ -426,5 +453,10 @@ def test_new_ops_backward(fn, shapes):
 def test_antialias_backward_equals_forward_taps():
     # the backward scatters through the same filter windows: the same 2 FLOPs per tap
     x = torch.randn(2, 3, 5, 8, requires_grad=True)
-    result = count_flops(Fn(lambda a: F.interpolate(a, size=(5, 4), mode="bilinear", antialias=True)), x, tracer="dispatch", backward=True)
+    result = count_flops(
+        Fn(lambda a: F.interpolate(a, size=(5, 4), mode="bilinear", antialias=True)),
+        x,
+        tracer="dispatch",
+        backward=True,
+    )
     assert result.by_phase() == {"forward": 2 * 14 * 30, "backward": 2 * 14 * 30}

@@ -93,8 +93,15 @@ def _analytical_macs(cfg, batch: int, seq: int, experts: int, k: int, expert_int
 def _mixtral():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.MixtralConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
     )
     return cfg, _analytical_macs(cfg, 2, 7, experts=4, k=2, expert_inter=48)
 
@@ -102,9 +109,19 @@ def _mixtral():
 def _qwen2_moe():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.Qwen2MoeConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=40, moe_intermediate_size=24,
-        shared_expert_intermediate_size=36, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        num_experts=6, num_experts_per_tok=2, max_position_embeddings=64, decoder_sparse_step=1, mlp_only_layers=[],
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=40,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=36,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=6,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
     )
     return cfg, _analytical_macs(cfg, 2, 7, experts=6, k=2, expert_inter=24, shared_inter=36)
 

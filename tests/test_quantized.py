@@ -110,7 +110,9 @@ def test_static_conv_and_linear():
 
 def test_quantized_handlers_without_packed_weight_and_transposed():
     linear = REG.resolve("quantized::linear_dynamic")
-    call = OpCall("quantized::linear_dynamic", {"X": TensorMeta((4, 3, 8)), "W_prepack": None}, (TensorMeta((4, 3, 16)),))
+    call = OpCall(
+        "quantized::linear_dynamic", {"X": TensorMeta((4, 3, 8)), "W_prepack": None}, (TensorMeta((4, 3, 16)),)
+    )
     assert linear(call).macs == 12 * 8 * 16
     transposed = REG.resolve("quantized::conv_transpose2d")
     weight = TensorMeta((4, 3, 3, 3), "qint8")  # (C_in, C_out / groups, kh, kw), groups 2

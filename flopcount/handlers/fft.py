@@ -63,7 +63,9 @@ def _r2c(call: OpCall) -> Cost:
     x = call.tensor("self")
     dims = _dims(call.arg("dim"), x.ndim)
     points, batch = _transform(x.shape, dims, [x.shape[d] for d in dims])
-    return Cost.from_flops(fft_flops(points, batch, REAL) + _norm_flops(first_output(call), bool(call.arg("normalization"))))
+    return Cost.from_flops(
+        fft_flops(points, batch, REAL) + _norm_flops(first_output(call), bool(call.arg("normalization")))
+    )
 
 
 def _c2r(call: OpCall) -> Cost:
@@ -73,7 +75,9 @@ def _c2r(call: OpCall) -> Cost:
     dims = _dims(call.arg("dim"), x.ndim)
     sizes = [x.shape[d] for d in dims[:-1]] + [int(call.arg("last_dim_size"))]
     points, batch = _transform(x.shape, dims, sizes)
-    return Cost.from_flops(fft_flops(points, batch, REAL) + _norm_flops(first_output(call), bool(call.arg("normalization"))))
+    return Cost.from_flops(
+        fft_flops(points, batch, REAL) + _norm_flops(first_output(call), bool(call.arg("normalization")))
+    )
 
 
 def _c2c(call: OpCall) -> Cost:
@@ -81,7 +85,9 @@ def _c2c(call: OpCall) -> Cost:
     x = call.tensor("self")
     dims = _dims(call.arg("dim"), x.ndim)
     points, batch = _transform(x.shape, dims, [x.shape[d] for d in dims])
-    return Cost.from_flops(fft_flops(points, batch, C2C) + _norm_flops(first_output(call), bool(call.arg("normalization"))))
+    return Cost.from_flops(
+        fft_flops(points, batch, C2C) + _norm_flops(first_output(call), bool(call.arg("normalization")))
+    )
 
 
 # -- torch.fft functions (jit) ---------------------------------------------------------------
@@ -242,5 +248,7 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::stft", _stft)
     registry.register(list(WINDOWS), _window)
     # conj_physical negates the imaginary part: one FLOP per complex element
-    registry.register(["aten::_conj_physical", "aten::conj_physical"], lambda call: Cost.from_flops(call.tensor("self").numel))
+    registry.register(
+        ["aten::_conj_physical", "aten::conj_physical"], lambda call: Cost.from_flops(call.tensor("self").numel)
+    )
     registry.register_zero(["aten::fft_fftshift", "aten::fft_ifftshift", "aten::fft_fftfreq", "aten::fft_rfftfreq"])

@@ -317,7 +317,9 @@ def _euclidean_dist(call: OpCall) -> Cost:
 
 
 def _euclidean_cost(batch: int, r1: int, r2: int, m: int) -> Cost:
-    return Cost.from_macs(batch * r1 * r2 * (m + 2)) + Cost.from_flops(batch * (2 * r1 * m + 2 * r2 * m + r1 * m + 2 * r1 * r2))
+    return Cost.from_macs(batch * r1 * r2 * (m + 2)) + Cost.from_flops(
+        batch * (2 * r1 * m + 2 * r2 * m + r1 * m + 2 * r1 * r2)
+    )
 
 
 def _pdist(call: OpCall) -> Cost:

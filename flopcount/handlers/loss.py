@@ -148,7 +148,9 @@ def _ctc_loss_composite(call: OpCall) -> Cost:
 def _ctc_loss_backward(call: OpCall) -> Cost:
     """The beta recursion (13 per cell) and the gradient (exp, multiply, accumulate: 3 per
     cell): 16 FLOPs per lattice cell."""
-    cells = ctc_lattice(call.tensor("log_probs"), call.tensor("targets"), call.arg("input_lengths"), call.arg("target_lengths"))
+    cells = ctc_lattice(
+        call.tensor("log_probs"), call.tensor("targets"), call.arg("input_lengths"), call.arg("target_lengths")
+    )
     return Cost.from_flops((CTC_CELL + 3) * cells)
 
 

@@ -94,14 +94,34 @@ def _per_element(flops: int, source: str = "out") -> Handler:
 def register(registry: HandlerRegistry) -> None:
     q = "quantized::"
     registry.register([q + "linear", q + "linear_dynamic", q + "linear_dynamic_fp16"], _linear(0))
-    registry.register([q + "linear_relu", q + "linear_relu_dynamic", q + "linear_relu_dynamic_fp16",
-                       q + "linear_leaky_relu", q + "linear_tanh"], _linear(1))
+    registry.register(
+        [
+            q + "linear_relu",
+            q + "linear_relu_dynamic",
+            q + "linear_relu_dynamic_fp16",
+            q + "linear_leaky_relu",
+            q + "linear_tanh",
+        ],
+        _linear(1),
+    )
     registry.register([q + "conv1d", q + "conv2d", q + "conv3d"], _conv(0, False))
     registry.register([q + "conv1d_relu", q + "conv2d_relu", q + "conv3d_relu"], _conv(1, False))
     registry.register([q + "conv_transpose1d", q + "conv_transpose2d", q + "conv_transpose3d"], _conv(0, True))
     registry.register([q + "add", q + "mul", q + "add_scalar", q + "mul_scalar"], _per_element(1))
     registry.register([q + "add_relu", q + "mul_relu", q + "add_scalar_relu", q + "mul_scalar_relu"], _per_element(2))
-    registry.register(["aten::quantize_per_tensor", "aten::quantize_per_channel", "aten::quantize_per_tensor_dynamic"], _per_element(QUANTIZE))
+    registry.register(
+        ["aten::quantize_per_tensor", "aten::quantize_per_channel", "aten::quantize_per_tensor_dynamic"],
+        _per_element(QUANTIZE),
+    )
     registry.register("aten::dequantize", _per_element(DEQUANTIZE))
-    registry.register_zero([q + "cat", "aten::q_scale", "aten::q_zero_point", "aten::int_repr", "aten::q_per_channel_scales",
-                            "aten::q_per_channel_zero_points", "aten::qscheme"])
+    registry.register_zero(
+        [
+            q + "cat",
+            "aten::q_scale",
+            "aten::q_zero_point",
+            "aten::int_repr",
+            "aten::q_per_channel_scales",
+            "aten::q_per_channel_zero_points",
+            "aten::qscheme",
+        ]
+    )

@@ -71,7 +71,9 @@ def _aa_scale(size_in: int, size_out: int, align_corners: bool, scale: Optional[
     return size_in / size_out
 
 
-def aa_window_total(size_in: int, size_out: int, interp_size: int, align_corners: bool = False, scale: Optional[float] = None) -> int:
+def aa_window_total(
+    size_in: int, size_out: int, interp_size: int, align_corners: bool = False, scale: Optional[float] = None
+) -> int:
     """Sum over outputs of torch's antialias filter window lengths along one dimension:
     support = interp_size / 2 x max(scale, 1); output i covers
     [max(int(c - support + 0.5), 0), min(int(c + support + 0.5), size_in)), c = scale (i + 0.5)."""
@@ -111,12 +113,17 @@ def _aa(interp_size: int):  # type: ignore[no-untyped-def]
             shape[axis] = sizes[k]
         return Cost.from_flops(flops)
 
-    handler.__doc__ = f"antialiased resize, interp_size {interp_size}: 2 FLOPs per filter tap, one pass per resized dim."
+    handler.__doc__ = (
+        f"antialiased resize, interp_size {interp_size}: 2 FLOPs per filter tap, one pass per resized dim."
+    )
     return handler
 
 
 def register(registry: HandlerRegistry) -> None:
-    registry.register(["aten::grid_sampler", "aten::grid_sampler_2d", "aten::grid_sampler_3d", "aten::cudnn_grid_sampler"], _grid_sampler)
+    registry.register(
+        ["aten::grid_sampler", "aten::grid_sampler_2d", "aten::grid_sampler_3d", "aten::cudnn_grid_sampler"],
+        _grid_sampler,
+    )
     registry.register(["aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward"], _grid_sampler_backward)
     registry.register(["aten::_upsample_bilinear2d_aa", "aten::_upsample_bilinear2d_aa_backward"], _aa(2))
     registry.register(["aten::_upsample_bicubic2d_aa", "aten::_upsample_bicubic2d_aa_backward"], _aa(4))
