@@ -460,3 +460,11 @@ def test_antialias_backward_equals_forward_taps():
         backward=True,
     )
     assert result.by_phase() == {"forward": 2 * 14 * 30, "backward": 2 * 14 * 30}
+
+
+def test_complex_reductions():
+    z = nc(3, 4, 5, dtype=torch.complex64)
+    n = 60
+    assert counts(torch.sum, z) == (0, 2 * n)  # complex adds
+    assert counts(lambda t: t.mean(dim=1), z) == (0, 2 * (n + 15))  # sum + a divide per output, doubled
+    assert counts(torch.prod, z) == (0, 6 * n)  # complex products

@@ -13,7 +13,7 @@ from math import prod
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
-from ._common import broadcast, first_output, maybe_tensor
+from ._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor
 from .pointwise import per_element
 
 __all__ = [
@@ -76,8 +76,16 @@ def _out_elements(call: OpCall) -> int:
 _ELEMENTWISE = per_element(1)  # max(self, other) is the elementwise maximum
 
 
+#: complex input: an add of complex numbers is 2 real adds, a product 6 real FLOPs
+COMPLEX_REDUCE = {"aten::prod": 6, "aten::cumprod": 6}
+
+
 def _reduce(call: OpCall) -> Cost:
-    return Cost.from_flops(reduce_flops(_input(call).numel))
+    x = _input(call)
+    if is_complex(x):
+        name = call.op[:-1] if call.op.endswith("_") else call.op
+        return Cost.from_flops(COMPLEX_REDUCE.get(name, COMPLEX_ADD) * reduce_flops(x.numel))
+    return Cost.from_flops(reduce_flops(x.numel))
 
 
 def _max_min(call: OpCall) -> Cost:
@@ -88,7 +96,9 @@ def _max_min(call: OpCall) -> Cost:
 
 
 def _mean(call: OpCall) -> Cost:
-    return Cost.from_flops(mean_flops(_input(call).numel, _out_elements(call)))
+    x = _input(call)
+    factor = COMPLEX_ADD if is_complex(x) else 1  # complex sum and divide-by-count: 2 real ops each
+    return Cost.from_flops(factor * mean_flops(x.numel, _out_elements(call)))
 
 
 def _var(call: OpCall) -> Cost:
