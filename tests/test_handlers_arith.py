@@ -468,3 +468,25 @@ def test_complex_reductions():
     assert counts(torch.sum, z) == (0, 2 * n)  # complex adds
     assert counts(lambda t: t.mean(dim=1), z) == (0, 2 * (n + 15))  # sum + a divide per output, doubled
     assert counts(torch.prod, z) == (0, 6 * n)  # complex products
+
+
+def test_trapezoid_diff_cov_cross():
+    y = nc(4, 10)  # 4 rows of 10 samples
+    rows, length = 4, 10
+    # uniform spacing: sum (N) + end-point half terms (4 per row)
+    assert counts(torch.trapezoid, y) == (0, 40 + 4 * rows)
+    # sample points: diff(x) (L - 1), add, multiply, sum (3 per interval), halve (1 per row)
+    assert counts(torch.trapezoid, y, torch.randn(length)) == (0, 9 + 3 * rows * 9 + rows)
+    assert counts(torch.cumulative_trapezoid, y) == (0, 3 * rows * 9)
+    # second difference along dim 0 of (5, 10): 4 x 10 + 3 x 10 subtracts
+    assert counts(lambda t: torch.diff(t, n=2, dim=0), nc(5, 10)) == (0, 70)
+    # cov of 4 variables x 10 observations: mean (N + V), check (1), centre (N),
+    # V^2 O MACs, divide by O - 1 (V^2)
+    v, o = 4, 10
+    assert counts(torch.cov, y) == (v * v * o, 2 * v * v * o + 2 * 40 + v + 1 + v * v)
+    assert counts(torch.corrcoef, y) == (v * v * o, 2 * v * v * o + 2 * 40 + v + 1 + v * v + v + 3 * v * v)
+    for weights in ({"fweights": torch.randint(1, 3, (o,))}, {"aweights": torch.rand(o)}):
+        for correction in (0, 1):
+            assert counts(lambda t: torch.cov(t, correction=correction, **weights), y)[0] == v * v * o
+    # cross product: 6 multiplies + 3 subtracts per 3-vector
+    assert counts(torch.linalg.cross, torch.randn(4, 3), torch.randn(4, 3)) == (0, 36)

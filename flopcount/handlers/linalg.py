@@ -372,6 +372,46 @@ def _cosine_similarity(call: OpCall) -> Cost:
     return Cost.from_flops(8 * n + 4 * m)
 
 
+#: the scalar checks and sums of cov's weights, as its decomposition runs them: fweights
+#: (min, equal, sum, equal: 2 O + 2), aweights (min, ge, equal, sum, ne, equal, le: 2 O + 5,
+#: one check fewer with both), and for aweights with correction != 0 the sum of w * a and
+#: its scalar arithmetic (2 O + 3)
+def _cov_weights(observations: int, fweights: bool, aweights: bool, correction: object) -> int:
+    flops = 0
+    if fweights:
+        flops += 2 * observations + 2
+    if aweights:
+        flops += 2 * observations + 5 - (1 if fweights else 0)
+        if correction not in (0, None):
+            flops += 2 * observations + 3
+    return flops
+
+
+def _cov(call: OpCall) -> Cost:
+    """cov(x (V variables, O observations)), its decomposition: mean (sum N, divide V),
+    a check (1), centre (N), (x - mean) (x - mean)^H: V^2 O MACs, divide V^2. Weights add
+    the weighted-mean and weighting multiplies (2N) and their checks and sums
+    (:func:`_cov_weights`). corrcoef adds sqrt (V), two divides and a clamp (3 V^2)."""
+    x = call.tensor("self")
+    variables = x.shape[0] if x.ndim == 2 else 1
+    observations = x.shape[-1] if x.ndim else 1
+    n = x.numel
+    flops = 2 * n + variables + 1 + variables * variables
+    fweights, aweights = maybe_tensor(call, "fweights") is not None, maybe_tensor(call, "aweights") is not None
+    if fweights or aweights:
+        flops += 2 * n + _cov_weights(observations, fweights, aweights, call.arg("correction", 1))
+    if call.op == "aten::corrcoef":
+        flops += variables + 3 * variables * variables
+    return Cost.from_macs(variables * variables * observations) + Cost.from_flops(flops)
+
+
+def _cross(call: OpCall) -> Cost:
+    """Cross product of 3-vectors: 6 multiplies and 3 subtracts per vector, 3 per output element."""
+    out = first_output(call)
+    n = out.numel if out is not None else prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
+    return Cost.from_flops(3 * n)
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::cholesky"], _square(cholesky_flops))
     registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _lu)
@@ -402,5 +442,7 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_pdist_backward", _pdist_backward)
     registry.register("aten::pairwise_distance", _pairwise_distance)
     registry.register("aten::cosine_similarity", _cosine_similarity)
+    registry.register(["aten::cov", "aten::corrcoef"], _cov)
+    registry.register(["aten::linalg_cross", "aten::cross"], _cross)
     # reads the info tensor of a factorization; unpacking an LU is a copy
     registry.register_zero(["aten::_linalg_check_errors", "aten::lu_unpack"])

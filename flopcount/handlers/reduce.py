@@ -181,6 +181,58 @@ def _quantile(call: OpCall) -> Cost:
     return Cost.from_flops(sort + 2 * x.numel + quantiles + per * outputs)
 
 
+def _along(call: OpCall, name: str = "y") -> tuple:
+    x = call.tensor(name)
+    dim = int(call.arg("dim", -1)) % max(x.ndim, 1)
+    length = x.shape[dim] if x.ndim else 1
+    return x, length, (x.numel // length if length else 0)
+
+
+def _spacing(call: OpCall, x: TensorMeta, length: int) -> int:
+    """diff(x) along the integration dim: L - 1 subtracts per row of ``x`` (1-D or full)."""
+    if x.ndim <= 1:
+        return length - 1
+    dim = int(call.arg("dim", -1)) % x.ndim
+    return (length - 1) * (x.numel // x.shape[dim] if x.shape[dim] else 0)
+
+
+def _trapezoid(call: OpCall) -> Cost:
+    """Its decomposition over L samples in R rows: uniform spacing (``dx``): sum (N) + the
+    end-point half terms (4R); sample points ``x``: diff(x) (x's L - 1 per x row) +
+    (y[1:] + y[:-1]) * dx, sum (3R(L - 1)) + a halving per row (R)."""
+    y, length, rows = _along(call)
+    x = maybe_tensor(call, "x")
+    if x is None:
+        return Cost.from_flops(y.numel + 4 * rows)
+    return Cost.from_flops(_spacing(call, x, length) + 3 * rows * (length - 1) + rows)
+
+
+def _cumulative_trapezoid(call: OpCall) -> Cost:
+    """add, multiply, cumsum over the L - 1 intervals (3R(L - 1)); with sample points,
+    + diff(x) + a halving per interval."""
+    y, length, rows = _along(call)
+    x = maybe_tensor(call, "x")
+    flops = 3 * rows * (length - 1)
+    if x is not None:
+        flops += _spacing(call, x, length) + rows * (length - 1)
+    return Cost.from_flops(flops)
+
+
+def _diff(call: OpCall) -> Cost:
+    """n-th difference along ``dim`` (after prepend/append): one subtract per element of
+    each successive difference, R x sum_{k=1..n} (L - k)."""
+    x = call.tensor("self")
+    dim = int(call.arg("dim", -1)) % max(x.ndim, 1)
+    length = x.shape[dim] if x.ndim else 1
+    rows = x.numel // length if length else 0
+    for extra in ("prepend", "append"):
+        t = maybe_tensor(call, extra)
+        if t is not None:
+            length += t.shape[dim] if t.ndim == x.ndim else 1
+    n = int(call.arg("n", 1))
+    return Cost.from_flops(rows * sum(max(length - k, 0) for k in range(1, n + 1)))
+
+
 def _dist(call: OpCall) -> Cost:
     # norm(self - other, p): subtract (N) + the norm
     n = prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
@@ -217,4 +269,7 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::sort", "aten::argsort", "aten::msort"], _sort)
     registry.register("aten::dist", _dist)
     registry.register(["aten::quantile", "aten::nanquantile"], _quantile)
+    registry.register("aten::trapezoid", _trapezoid)
+    registry.register("aten::cumulative_trapezoid", _cumulative_trapezoid)
+    registry.register("aten::diff", _diff)
     registry.register("aten::trace", _trace)
