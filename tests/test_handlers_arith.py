@@ -487,6 +487,7 @@ def test_trapezoid_diff_cov_cross():
     assert counts(torch.corrcoef, y) == (v * v * o, 2 * v * v * o + 2 * 40 + v + 1 + v * v + v + 3 * v * v)
     for weights in ({"fweights": torch.randint(1, 3, (o,))}, {"aweights": torch.rand(o)}):
         for correction in (0, 1):
-            assert counts(lambda t: torch.cov(t, correction=correction, **weights), y)[0] == v * v * o
+            fn = lambda t, c=correction, w=weights: torch.cov(t, correction=c, **w)
+            assert counts(fn, y)[0] == v * v * o
     # cross product: 6 multiplies + 3 subtracts per 3-vector
     assert counts(torch.linalg.cross, torch.randn(4, 3), torch.randn(4, 3)) == (0, 36)

@@ -19,7 +19,7 @@ from ..types import Cost, OpCall, TensorMeta
 from ._common import broadcast, first_output, is_complex, maybe_tensor
 from .reduce import _norm
 
-__all__ = ["cholesky_flops", "pairwise_distance_cost", "lu_flops", "qr_flops", "register", "solve_flops", "svd_flops"]
+__all__ = ["cholesky_flops", "lu_flops", "pairwise_distance_cost", "qr_flops", "register", "solve_flops", "svd_flops"]
 
 COMPLEX = 4
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from math import prod
+from typing import Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
@@ -83,8 +84,7 @@ COMPLEX_REDUCE = {"aten::prod": 6, "aten::cumprod": 6}
 def _reduce(call: OpCall) -> Cost:
     x = _input(call)
     if is_complex(x):
-        name = call.op[:-1] if call.op.endswith("_") else call.op
-        return Cost.from_flops(COMPLEX_REDUCE.get(name, COMPLEX_ADD) * reduce_flops(x.numel))
+        return Cost.from_flops(COMPLEX_REDUCE.get(call.op.removesuffix("_"), COMPLEX_ADD) * reduce_flops(x.numel))
     return Cost.from_flops(reduce_flops(x.numel))
 
 
@@ -181,7 +181,7 @@ def _quantile(call: OpCall) -> Cost:
     return Cost.from_flops(sort + 2 * x.numel + quantiles + per * outputs)
 
 
-def _along(call: OpCall, name: str = "y") -> tuple:
+def _along(call: OpCall, name: str = "y") -> Tuple[TensorMeta, int, int]:
     x = call.tensor(name)
     dim = int(call.arg("dim", -1)) % max(x.ndim, 1)
     length = x.shape[dim] if x.ndim else 1
@@ -210,7 +210,7 @@ def _trapezoid(call: OpCall) -> Cost:
 def _cumulative_trapezoid(call: OpCall) -> Cost:
     """add, multiply, cumsum over the L - 1 intervals (3R(L - 1)); with sample points,
     + diff(x) + a halving per interval."""
-    y, length, rows = _along(call)
+    _, length, rows = _along(call)
     x = maybe_tensor(call, "x")
     flops = 3 * rows * (length - 1)
     if x is not None:
