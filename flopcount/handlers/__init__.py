@@ -10,11 +10,30 @@ from typing import Callable, Iterable, Optional, Union
 
 from ..registry import HandlerRegistry
 from ..types import Handler
-from . import attention, conv, indexing, loss, matmul, norm, pointwise, pool, reduce, rnn, zero_cost
+from . import (
+    attention,
+    conv,
+    fft,
+    indexing,
+    linalg,
+    loss,
+    matmul,
+    norm,
+    pointwise,
+    pool,
+    quantized,
+    reduce,
+    rnn,
+    sampling,
+    zero_cost,
+)
 
 __all__ = ["FAMILIES", "build_default_registry", "default_registry", "register_handler"]
 
-FAMILIES = (matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, zero_cost)
+FAMILIES = (
+    matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, fft, linalg, sampling, quantized,
+    zero_cost,
+)
 
 
 def build_default_registry() -> HandlerRegistry:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
-from ..types import OpCall, TensorMeta
+from ..types import Cost, Handler, OpCall, TensorMeta
 
 Shape = Tuple[int, ...]
 
@@ -89,3 +89,35 @@ def grads_present(call: OpCall, count: int = 3) -> Tuple[bool, ...]:
     if mask is None:
         return (True,) * count
     return tuple(bool(m) for m in mask)
+
+
+def is_complex(meta: Optional[TensorMeta]) -> bool:
+    return meta is not None and bool(meta.dtype) and str(meta.dtype).startswith("complex")
+
+
+def any_complex(call: OpCall) -> bool:
+    """True when some tensor argument of ``call`` is complex."""
+    return any(is_complex(t) for t in call.tensors())
+
+
+#: real MACs in one complex multiply-accumulate: (a+bi)(c+di) = 4 real products
+COMPLEX_MAC = 4
+#: real FLOPs in one complex add
+COMPLEX_ADD = 2
+
+
+def complex_contraction(handler: Handler) -> Handler:
+    """Wrap a contraction handler: with a complex operand each MAC is 4 real MACs and
+    each non-contraction FLOP (a pre-sum, an add) 2 real FLOPs."""
+
+    def wrapped(call: OpCall) -> Cost:
+        cost = handler(call)
+        if not any_complex(call):
+            return cost
+        macs = COMPLEX_MAC * cost.macs
+        other = cost.flops - 2 * cost.macs
+        return Cost(macs=macs, flops=2 * macs + COMPLEX_ADD * other)
+
+    wrapped.__doc__ = handler.__doc__
+    wrapped.__name__ = getattr(handler, "__name__", "handler")
+    return wrapped

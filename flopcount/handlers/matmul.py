@@ -1,7 +1,8 @@
-"""Contractions: linear, the mm family, matmul, einsum, tensordot, bilinear.
+"""Contractions: linear, the mm family, matmul, einsum, tensordot, bilinear, grouped mm.
 
 MACs = output elements x contracted size; bias/``self`` adds of addmm-style ops are
 not counted (see docs/conventions.md), so these ops always have flops == 2 * macs.
+With a complex operand every MAC is 4 real MACs (:func:`complex_contraction`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall
-from ._common import Shape, broadcast, matmul_macs
+from ._common import Shape, broadcast, complex_contraction, matmul_macs, maybe_tensor
 
 __all__ = ["register", "einsum_cost", "linear_macs"]
 
@@ -84,10 +85,56 @@ def _tensordot(call: OpCall) -> Cost:
 
 
 def _bilinear(call: OpCall) -> Cost:
-    # input1 (*, in1), input2 (*, in2), weight (out, in1, in2): rows x out x in1 x in2
+    """input1 (*, in1), input2 (*, in2), weight (out, in1, in2): rows x out x in1 x in2 MACs;
+    a bias is a separate ``aten::add`` in its decomposition: rows x out FLOPs."""
     x1, x2, w = call.tensor("input1").shape, call.tensor("input2").shape, call.tensor("weight").shape
     rows = prod(broadcast(x1[:-1], x2[:-1]))
-    return Cost.from_macs(rows * w[0] * w[1] * w[2])
+    bias = rows * w[0] if maybe_tensor(call, "bias") is not None else 0
+    return Cost.from_macs(rows * w[0] * w[1] * w[2]) + Cost.from_flops(bias)
+
+
+def _trilinear(call: OpCall) -> Cost:
+    """``aten::_trilinear`` (nn.Bilinear under dispatch): each input is unsqueezed at its
+    ``expand`` dims; MACs = the product of the broadcast index space (i1 * i2 * i3 summed
+    over ``sumdim``), i.e. rows x out x in1 x in2 for a bilinear layer."""
+    shapes = []
+    for tensor, expand in (("i1", "expand1"), ("i2", "expand2"), ("i3", "expand3")):
+        shape = list(call.tensor(tensor).shape)
+        for dim in sorted(call.arg(expand) or ()):
+            shape.insert(dim, 1)
+        shapes.append(tuple(shape))
+    return Cost.from_macs(prod(broadcast(*shapes)))
+
+
+def grouped_mm_macs(a: Shape, b: Shape) -> int:
+    """``torch._grouped_mm(a, b, offs)``: the groups partition rows, columns or the
+    contracted dim, so the total is that of one matmul over all of them:
+    2-D x 3-D (M, K) x (G, K, N): M*K*N; 3-D x 2-D (G, M, K) x (K, N): M*K*N;
+    2-D x 2-D (M, K) x (K, N) with K split: M*K*N; 3-D x 3-D (G, M, K) x (G, K, N): G*M*K*N."""
+    if len(a) == 2 and len(b) == 3:
+        return a[0] * a[1] * b[2]
+    if len(a) == 3 and len(b) == 2:
+        return a[1] * a[2] * b[1]
+    if len(a) == 2 and len(b) == 2:
+        return a[0] * a[1] * b[1]
+    if len(a) == 3 and len(b) == 3:
+        return a[0] * a[1] * a[2] * b[2]
+    raise ValueError(f"grouped mm takes 2-D or 3-D operands, got {a} and {b}")
+
+
+def _grouped_mm(call: OpCall) -> Cost:
+    # _grouped_mm / _scaled_grouped_mm (the scales are folded into the product, like alpha)
+    return Cost.from_macs(grouped_mm_macs(call.tensor("self").shape, call.tensor("mat2").shape))
+
+
+def _grouped_mm_fallback(call: OpCall) -> Cost:
+    # transformers::grouped_mm_fallback(input (S, K), weight (G, K, N), offs): S*K*N
+    return Cost.from_macs(grouped_mm_macs(call.tensor("input").shape, call.tensor("weight").shape))
+
+
+def _grouped_mm_fallback_backward(call: OpCall) -> Cost:
+    # grad_input (S, N) x (G, N, K) and grad_weight (K, S) x (S, N) split by offs: 2*S*K*N
+    return Cost.from_macs(2 * grouped_mm_macs(call.tensor("input").shape, call.tensor("weight").shape))
 
 
 # -- einsum -------------------------------------------------------------------------------
@@ -162,19 +209,30 @@ def _einsum(call: OpCall) -> Cost:
     return einsum_cost(call.arg("equation"), [t.shape for t in tensors], call.arg("path"))
 
 
+def _addr(call: OpCall) -> Cost:
+    return Cost.from_macs(call.tensor("vec1").numel * call.tensor("vec2").numel)
+
+
 def register(registry: HandlerRegistry) -> None:
-    registry.register("aten::linear", _linear)
-    registry.register("aten::mm", _mm)
-    registry.register("aten::bmm", _mm)
-    registry.register("aten::addmm", _addmm)
-    registry.register(["aten::baddbmm", "aten::addbmm"], _baddbmm)
-    registry.register("aten::matmul", _matmul)
-    registry.register("aten::mv", _mv)
-    registry.register("aten::addmv", _addmv)
-    registry.register(["aten::dot", "aten::vdot"], _dot)
-    registry.register("aten::inner", _inner)
-    registry.register(["aten::outer", "aten::ger"], _outer)
-    registry.register("aten::addr", lambda call: Cost.from_macs(call.tensor("vec1").numel * call.tensor("vec2").numel))
-    registry.register("aten::tensordot", _tensordot)
-    registry.register("aten::bilinear", _bilinear)
-    registry.register("aten::einsum", _einsum)
+    def add(ops, handler) -> None:  # type: ignore[no-untyped-def]
+        registry.register(ops, complex_contraction(handler))
+
+    add("aten::linear", _linear)
+    add(["aten::mm", "aten::bmm"], _mm)
+    add("aten::addmm", _addmm)
+    add(["aten::baddbmm", "aten::addbmm"], _baddbmm)
+    add("aten::matmul", _matmul)
+    add("aten::mv", _mv)
+    add("aten::addmv", _addmv)
+    add(["aten::dot", "aten::vdot"], _dot)
+    add("aten::inner", _inner)
+    add(["aten::outer", "aten::ger"], _outer)
+    add("aten::addr", _addr)
+    add("aten::tensordot", _tensordot)
+    add("aten::bilinear", _bilinear)
+    add("aten::_trilinear", _trilinear)
+    add("aten::einsum", _einsum)
+    add("aten::_scaled_mm", _mm)  # (M, K) @ (K, N) with scales folded in, as torch's flop counter
+    add(["aten::_grouped_mm", "aten::_scaled_grouped_mm"], _grouped_mm)
+    add("transformers::grouped_mm_fallback", _grouped_mm_fallback)
+    add("transformers::grouped_mm_fallback_backward", _grouped_mm_fallback_backward)

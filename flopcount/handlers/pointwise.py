@@ -13,7 +13,7 @@ from typing import Dict
 
 from ..registry import HandlerRegistry
 from ..types import Cost, Handler, OpCall, TensorMeta
-from ._common import output_numel
+from ._common import any_complex, output_numel
 
 __all__ = ["register", "PER_ELEMENT", "per_element", "elementwise_flops", "integer_only"]
 
@@ -36,6 +36,8 @@ _ONE = (
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
     "__and__", "__or__", "__xor__", "__lshift__", "__rshift__",
     "isnan", "isinf", "isfinite", "isneginf", "isposinf", "isclose", "nan_to_num",
+    # angle: a sign select for real input, atan2(imag, real) for complex
+    "angle",
     # backward selects: grad where the forward passed, else 0
     "threshold_backward", "hardtanh_backward",
 )
@@ -64,9 +66,13 @@ PER_ELEMENT.update(
         "aten::prelu": 2,
         "aten::_prelu_kernel": 2,
         "aten::rrelu": 2,
+        "aten::rrelu_with_noise": 2,  # compare + multiply (the noise draw is RNG, not counted)
+        "aten::rrelu_with_noise_backward": 2,  # select, multiply by the saved slope
+        "aten::glu_backward": 9,  # per grad_output element: sigmoid (4), g*s, g*a, *s*(1-s) (3)
         "aten::softshrink": 2,  # compare + shift
         "aten::tanhshrink": 2,  # x - tanh(x)
         "aten::glu": 5,  # a * sigmoid(b), per output element
+        "aten::polar": 4,  # abs * cos(angle), abs * sin(angle)
         # backward: derivative x grad, counted from the same primitives
         "aten::leaky_relu_backward": 2,  # select, multiply by slope
         "aten::sigmoid_backward": 3,  # g * y * (1 - y)
@@ -91,6 +97,25 @@ GELU_BACKWARD = {"none": 11, "tanh": 17}
 DROPOUT = 2
 
 
+#: complex operands: a complex number is two reals, so an op costs twice its real
+#: constant (add, sub, neg: 2 real ops), except these, counted from their real formulas
+COMPLEX_PER_ELEMENT = {
+    "aten::mul": 6,  # (a+bi)(c+di): 4 multiplies, 2 adds
+    "aten::div": 11,  # ((ac+bd) + (bc-ad)i) / (c^2+d^2): 6 multiplies, 3 adds, 2 divides
+    "aten::true_divide": 11,
+    "aten::abs": 1,  # hypot(re, im), one primitive (as aten::hypot)
+    "aten::absolute": 1,
+    "aten::angle": 1,  # atan2(im, re)
+    "aten::sgn": 3,  # z / |z|: hypot + 2 divides
+    "aten::reciprocal": 5,  # conj(z) / |z|^2: 2 squares, add, 2 divides
+}
+
+
+def _complex_flops(op: str, real: int) -> int:
+    name = op[:-1] if op.endswith("_") and not op.endswith("__") else op
+    return COMPLEX_PER_ELEMENT.get(name, 2 * real)
+
+
 def elementwise_flops(op: str, elements: int) -> int:
     """FLOPs of ``elements`` applications of the pointwise op ``op``."""
     return PER_ELEMENT[op] * elements
@@ -112,6 +137,8 @@ def per_element(flops: int) -> Handler:
     def handler(call: OpCall) -> Cost:
         if integer_only(call):
             return Cost()
+        if any_complex(call):
+            return Cost.from_flops(_complex_flops(call.op, flops) * output_numel(call))
         return Cost.from_flops(flops * output_numel(call))
 
     handler.__doc__ = f"{flops} FLOP(s) per output element."

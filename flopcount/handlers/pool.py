@@ -153,3 +153,15 @@ def register(registry: HandlerRegistry) -> None:
         _interpolation_backward(NEAREST_BACKWARD),
     )
     registry.register("aten::col2im", _col2im)
+    # fractional max pooling: one compare per window element, like max pooling
+    registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _max_pool)
+    registry.register(
+        [
+            "aten::fractional_max_pool2d_backward", "aten::fractional_max_pool3d_backward",
+            "aten::max_unpool2d_backward", "aten::max_unpool3d_backward",
+            # padding backward: each gradient element is accumulated into its source position
+            "aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward",
+            "aten::replication_pad1d_backward", "aten::replication_pad2d_backward", "aten::replication_pad3d_backward",
+        ],
+        _grad_output_elements,
+    )

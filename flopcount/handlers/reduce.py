@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from math import prod
+from typing import Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
-from ._common import broadcast, first_output, maybe_tensor
+from ._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor
 from .pointwise import per_element
 
 __all__ = [
@@ -76,8 +77,15 @@ def _out_elements(call: OpCall) -> int:
 _ELEMENTWISE = per_element(1)  # max(self, other) is the elementwise maximum
 
 
+#: complex input: an add of complex numbers is 2 real adds, a product 6 real FLOPs
+COMPLEX_REDUCE = {"aten::prod": 6, "aten::cumprod": 6}
+
+
 def _reduce(call: OpCall) -> Cost:
-    return Cost.from_flops(reduce_flops(_input(call).numel))
+    x = _input(call)
+    if is_complex(x):
+        return Cost.from_flops(COMPLEX_REDUCE.get(call.op.removesuffix("_"), COMPLEX_ADD) * reduce_flops(x.numel))
+    return Cost.from_flops(reduce_flops(x.numel))
 
 
 def _max_min(call: OpCall) -> Cost:
@@ -88,7 +96,9 @@ def _max_min(call: OpCall) -> Cost:
 
 
 def _mean(call: OpCall) -> Cost:
-    return Cost.from_flops(mean_flops(_input(call).numel, _out_elements(call)))
+    x = _input(call)
+    factor = COMPLEX_ADD if is_complex(x) else 1  # complex sum and divide-by-count: 2 real ops each
+    return Cost.from_flops(factor * mean_flops(x.numel, _out_elements(call)))
 
 
 def _var(call: OpCall) -> Cost:
@@ -145,6 +155,84 @@ def _sort(call: OpCall) -> Cost:
     return Cost.from_flops(x.numel * max(1, math.ceil(math.log2(length))) if length > 1 else 0)
 
 
+#: per-output FLOPs after the shared gather, by interpolation, as the decomposition runs
+#: them: masked_fill (1) + sub, ceil, lerp (5) for linear; + round/floor/ceil (1) for
+#: the index modes; + sub, ceil, lerp(0.5) for midpoint. nanquantile adds the per-row
+#: valid count scale (mul) and a lt test per output.
+QUANTILE_PER_OUTPUT = {"linear": 6, "lower": 2, "higher": 2, "nearest": 2, "midpoint": 5}
+
+
+def _quantile(call: OpCall) -> Cost:
+    """quantile/nanquantile over L elements per row (the whole tensor when ``dim`` is
+    None), Q quantiles, O = rows x Q outputs: sort (N ceil(log2 L)) + isnan and any/sum
+    (2N) + quantile plumbing, exactly the decomposition: quantile Q + k O, nanquantile
+    (k + 2) O, k from :data:`QUANTILE_PER_OUTPUT`."""
+    x = _input(call)
+    dim = call.arg("dim")
+    length = x.numel if dim is None or x.ndim == 0 else x.shape[int(dim) % x.ndim]
+    rows = x.numel // length if length else 0
+    q = call.arg("q")
+    quantiles = q.numel if isinstance(q, TensorMeta) else 1
+    outputs = rows * quantiles
+    sort = x.numel * max(1, math.ceil(math.log2(length))) if length > 1 else 0
+    per = QUANTILE_PER_OUTPUT.get(call.arg("interpolation") or "linear", QUANTILE_PER_OUTPUT["linear"])
+    if call.op == "aten::nanquantile":
+        return Cost.from_flops(sort + 2 * x.numel + (per + 2) * outputs)
+    return Cost.from_flops(sort + 2 * x.numel + quantiles + per * outputs)
+
+
+def _along(call: OpCall, name: str = "y") -> Tuple[TensorMeta, int, int]:
+    x = call.tensor(name)
+    dim = int(call.arg("dim", -1)) % max(x.ndim, 1)
+    length = x.shape[dim] if x.ndim else 1
+    return x, length, (x.numel // length if length else 0)
+
+
+def _spacing(call: OpCall, x: TensorMeta, length: int) -> int:
+    """diff(x) along the integration dim: L - 1 subtracts per row of ``x`` (1-D or full)."""
+    if x.ndim <= 1:
+        return length - 1
+    dim = int(call.arg("dim", -1)) % x.ndim
+    return (length - 1) * (x.numel // x.shape[dim] if x.shape[dim] else 0)
+
+
+def _trapezoid(call: OpCall) -> Cost:
+    """Its decomposition over L samples in R rows: uniform spacing (``dx``): sum (N) + the
+    end-point half terms (4R); sample points ``x``: diff(x) (x's L - 1 per x row) +
+    (y[1:] + y[:-1]) * dx, sum (3R(L - 1)) + a halving per row (R)."""
+    y, length, rows = _along(call)
+    x = maybe_tensor(call, "x")
+    if x is None:
+        return Cost.from_flops(y.numel + 4 * rows)
+    return Cost.from_flops(_spacing(call, x, length) + 3 * rows * (length - 1) + rows)
+
+
+def _cumulative_trapezoid(call: OpCall) -> Cost:
+    """add, multiply, cumsum over the L - 1 intervals (3R(L - 1)); with sample points,
+    + diff(x) + a halving per interval."""
+    _, length, rows = _along(call)
+    x = maybe_tensor(call, "x")
+    flops = 3 * rows * (length - 1)
+    if x is not None:
+        flops += _spacing(call, x, length) + rows * (length - 1)
+    return Cost.from_flops(flops)
+
+
+def _diff(call: OpCall) -> Cost:
+    """n-th difference along ``dim`` (after prepend/append): one subtract per element of
+    each successive difference, R x sum_{k=1..n} (L - k)."""
+    x = call.tensor("self")
+    dim = int(call.arg("dim", -1)) % max(x.ndim, 1)
+    length = x.shape[dim] if x.ndim else 1
+    rows = x.numel // length if length else 0
+    for extra in ("prepend", "append"):
+        t = maybe_tensor(call, extra)
+        if t is not None:
+            length += t.shape[dim] if t.ndim == x.ndim else 1
+    n = int(call.arg("n", 1))
+    return Cost.from_flops(rows * sum(max(length - k, 0) for k in range(1, n + 1)))
+
+
 def _dist(call: OpCall) -> Cost:
     # norm(self - other, p): subtract (N) + the norm
     n = prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
@@ -162,7 +250,7 @@ def register(registry: HandlerRegistry) -> None:
             "aten::sum", "aten::nansum", "aten::prod", "aten::amax", "aten::amin", "aten::argmax", "aten::argmin",
             "aten::all", "aten::any", "aten::count_nonzero", "aten::cumsum", "aten::cumprod", "aten::cummax",
             "aten::cummin", "aten::median", "aten::nanmedian", "aten::kthvalue", "aten::mode", "aten::topk",
-            "aten::equal",
+            "aten::equal", "aten::histc",
         ],
         _reduce,
     )
@@ -180,4 +268,8 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_log_softmax_backward_data", _log_softmax_backward)
     registry.register(["aten::sort", "aten::argsort", "aten::msort"], _sort)
     registry.register("aten::dist", _dist)
+    registry.register(["aten::quantile", "aten::nanquantile"], _quantile)
+    registry.register("aten::trapezoid", _trapezoid)
+    registry.register("aten::cumulative_trapezoid", _cumulative_trapezoid)
+    registry.register("aten::diff", _diff)
     registry.register("aten::trace", _trace)

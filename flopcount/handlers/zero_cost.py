@@ -21,6 +21,7 @@ _VIEWS = (
     "tensor_split", "hsplit", "vsplit", "dsplit", "narrow", "slice", "select", "diagonal", "meshgrid",
     "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
     "lift", "lift_fresh", "detach", "resolve_conj", "resolve_neg", "conj", "_conj", "_neg_view",
+    "matrix_H", "view_as_real_copy", "view_as_complex_copy",
 )
 _COPIES = (
     "contiguous", "clone", "copy", "_copy_from", "_copy_from_and_resize", "to", "_to_copy", "type_as",
@@ -37,6 +38,10 @@ _COPIES = (
     "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
     "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "nonzero", "nonzero_static", "argwhere",
     "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim", "bucketize", "searchsorted",
+    # packing/padding variable-length sequences and nested tensors: data moves by position
+    "_pack_padded_sequence", "_pad_packed_sequence", "_nested_tensor_from_mask", "_nested_from_padded",
+    "_nested_tensor_from_tensor_list", "to_padded_tensor", "nested_to_padded_tensor", "complex",
+    "max_unpool2d", "max_unpool3d",
 )
 _CREATION = (
     "zeros", "ones", "empty", "empty_strided", "empty_permuted", "full", "arange", "linspace", "logspace", "eye",
@@ -54,6 +59,8 @@ _SCALARS = (
     "is_contiguous", "is_nonzero", "is_same_size", "_shape_as_tensor", "_assert_async", "_assert_scalar",
     "_functional_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range", "sym_constrain_range_for_size",
     "_has_compatible_shallow_copy_type", "record_stream", "__getitem__", "device", "dtype", "layout",
+    # a mask-shape check: tells whether a padding mask is left-aligned (a bool, no arithmetic on data)
+    "_nested_tensor_from_mask_left_aligned",
     "contiguous_format", "data", "requires_grad_", "retain_grad", "_version", "output_nr",
 )
 _PRIM = (

@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .._packed import unpack
 from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
@@ -73,6 +74,8 @@ def _value(value: Any) -> Any:
         return _meta(value)
     if isinstance(value, (list, tuple)):
         return tuple(_value(v) for v in value)
+    if isinstance(value, torch.ScriptObject):
+        return _packed_meta(value)
     if isinstance(value, torch.SymInt):
         return int(value)
     if isinstance(value, torch.SymFloat):
@@ -80,6 +83,15 @@ def _value(value: Any) -> Any:
     if isinstance(value, torch.SymBool):
         return bool(value)
     return value
+
+
+def _packed_meta(value: Any) -> Any:
+    """Quantized packed params as handlers see them: (weight meta, bias meta or None)."""
+    unpacked = unpack(value)
+    if unpacked is None:
+        return value
+    weight, bias = unpacked
+    return (_meta(weight), None if bias is None else _meta(bias))
 
 
 def _outputs(out: Any) -> Tuple[Any, ...]:

@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from .._packed import packed_objects
 from ..errors import TraceError
 from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from ..types import OpCall, OpEvent, TensorMeta, Trace
@@ -184,7 +185,8 @@ def _graph_events(graph: Any) -> List[OpEvent]:
         if kind in _PLUMBING:
             continue
         inputs = list(node.inputs())
-        names = _argument_names(node.schema()) if kind.startswith("aten::") else None
+        # aten, quantized and custom-library ops carry a schema; prim nodes do not
+        names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
         if names is None or len(names) < len(inputs):
             names = tuple(f"arg{i}" for i in range(len(inputs)))
         args = _LazyArgs(names, inputs, reader)
@@ -232,6 +234,14 @@ def trace(
     (the caller then uses the dispatch tracer without paying for the rest of this trace)."""
     if not is_available():
         raise TraceError("torch.jit tracing is not available in this torch build")
+    packed = next(packed_objects(model), None)
+    if packed is not None:
+        where = f"module '{packed[0]}'" if packed[0] else "the root module"
+        raise TraceError(
+            f"the jit tracer cannot trace quantized packed parameters (in {where}); use tracer='dispatch' or 'auto'",
+            module_path=packed[0],
+            input_shapes=describe_inputs(inputs, kwargs),
+        )
     args, kw = as_call_args(inputs, kwargs)
     flat, rebuild = flatten_tensors((args, kw))
     n_inputs = len(flat)

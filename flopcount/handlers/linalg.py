@@ -1,0 +1,448 @@
+"""Dense linear algebra: factorizations, solves, inverses, determinants, eigen and singular
+value decompositions, and the distance ops (cdist, pdist, cosine similarity...).
+
+Factorization FLOPs are the standard LAPACK operation counts, leading terms, for one
+matrix, times the batch (sources: LAPACK Working Note 41, "Installation Guide for
+LAPACK", appendix on operation counts; Golub & Van Loan, *Matrix Computations*, 4th ed.,
+tables in sections 3.2, 4.2, 5.2, 7.5, 8.3, 8.6). A complex matrix costs 4x (a complex
+multiply-add is 4 real multiplies and 4 real adds). They are FLOPs, not MACs: MACs count
+the contractions of neural-network layers, and LAPACK counts FLOPs.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Callable, Optional, Sequence, Tuple
+
+from ..registry import HandlerRegistry
+from ..types import Cost, OpCall, TensorMeta
+from ._common import broadcast, first_output, is_complex, maybe_tensor
+from .reduce import _norm
+
+__all__ = ["cholesky_flops", "lu_flops", "pairwise_distance_cost", "qr_flops", "register", "solve_flops", "svd_flops"]
+
+COMPLEX = 4
+
+
+def _mat(call: OpCall, *names: str) -> TensorMeta:
+    for name in names:
+        value = maybe_tensor(call, name)
+        if value is not None:
+            return value
+    raise KeyError(f"{call.op}: none of {names} is a tensor argument")
+
+
+def _batch(shape: Sequence[int]) -> int:
+    return prod(shape[:-2])
+
+
+def _scale(call: OpCall, flops: float, batch: int) -> Cost:
+    factor = COMPLEX if any(is_complex(t) for t in call.tensors()) else 1
+    return Cost.from_flops(round(flops * batch * factor))
+
+
+def cholesky_flops(n: int) -> float:
+    """potrf: n^3 / 3."""
+    return n**3 / 3
+
+
+def lu_flops(m: int, n: int) -> float:
+    """getrf of an m x n matrix: m n^2 - n^3 / 3 (m >= n), n m^2 - m^3 / 3 (m < n);
+    2 n^3 / 3 for a square matrix."""
+    if m >= n:
+        return m * n * n - n**3 / 3
+    return n * m * m - m**3 / 3
+
+
+def qr_flops(m: int, n: int) -> float:
+    """geqrf of an m x n matrix: 2 m n^2 - 2 n^3 / 3 (m >= n), 2 n m^2 - 2 m^3 / 3 (m < n)."""
+    if m >= n:
+        return 2 * m * n * n - 2 * n**3 / 3
+    return 2 * n * m * m - 2 * m**3 / 3
+
+
+def orgqr_flops(m: int, n: int, k: int) -> float:
+    """orgqr: form the m x n matrix Q from k reflectors: 4 m n k - 2 (m + n) k^2 + 4 k^3 / 3."""
+    return 4 * m * n * k - 2 * (m + n) * k * k + 4 * k**3 / 3
+
+
+def solve_flops(n: int, nrhs: int) -> float:
+    """getrf + getrs: 2 n^3 / 3 + 2 n^2 nrhs."""
+    return lu_flops(n, n) + 2 * n * n * nrhs
+
+
+def triangular_solve_flops(n: int, nrhs: int) -> float:
+    """trsm with an n x n triangle and nrhs right-hand sides: n^2 nrhs."""
+    return n * n * nrhs
+
+
+def svd_flops(m: int, n: int, compute_uv: bool, full_matrices: bool) -> float:
+    """Golub-Reinsch SVD (Golub & Van Loan 8.6.3), m >= n (else transposed): values only
+    4 m n^2 - 4 n^3 / 3; thin U, S, V 14 m n^2 + 8 n^3; full U, S, V 4 m^2 n + 8 m n^2 + 9 n^3."""
+    if m < n:
+        m, n = n, m
+    if not compute_uv:
+        return 4 * m * n * n - 4 * n**3 / 3
+    if full_matrices:
+        return 4 * m * m * n + 8 * m * n * n + 9 * n**3
+    return 14 * m * n * n + 8 * n**3
+
+
+def eigh_flops(n: int, vectors: bool) -> float:
+    """Symmetric QR algorithm (Golub & Van Loan 8.3): 4 n^3 / 3 for eigenvalues, 9 n^3 with vectors."""
+    return 9 * n**3 if vectors else 4 * n**3 / 3
+
+
+def eig_flops(n: int, vectors: bool) -> float:
+    """Francis QR steps to Schur form (Golub & Van Loan 7.5.6): 10 n^3 for eigenvalues,
+    25 n^3 with the Schur vectors (eigenvectors)."""
+    return 25 * n**3 if vectors else 10 * n**3
+
+
+def _square(fn: Callable[[int], float]) -> Callable[[OpCall], Cost]:
+    def handler(call: OpCall) -> Cost:
+        a = _mat(call, "A", "self", "input")
+        return _scale(call, fn(a.shape[-1]), _batch(a.shape))
+
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _lu(call: OpCall) -> Cost:
+    a = _mat(call, "A", "self", "input")
+    return _scale(call, lu_flops(a.shape[-2], a.shape[-1]), _batch(a.shape))
+
+
+def _det(call: OpCall) -> Cost:
+    """LU + the product of the diagonal (n)."""
+    a = _mat(call, "A", "self", "input")
+    n = a.shape[-1]
+    return _scale(call, lu_flops(n, n) + n, _batch(a.shape))
+
+
+def _slogdet(call: OpCall) -> Cost:
+    """LU + |u_ii|, log, sum over the diagonal (3n)."""
+    a = _mat(call, "A", "self", "input")
+    n = a.shape[-1]
+    return _scale(call, lu_flops(n, n) + 3 * n, _batch(a.shape))
+
+
+def _logdet(call: OpCall) -> Cost:
+    """slogdet + a sign test and a select per matrix (log of a negative determinant is nan)."""
+    a = _mat(call, "self")
+    return _slogdet(call) + Cost.from_flops(2 * _batch(a.shape))
+
+
+def _inv(call: OpCall) -> Cost:
+    """getrf + getri: 2 n^3 / 3 + 4 n^3 / 3 = 2 n^3."""
+    a = _mat(call, "A", "self", "input")
+    return _scale(call, 2 * a.shape[-1] ** 3, _batch(a.shape))
+
+
+def _rhs(a: TensorMeta, b: TensorMeta, left: bool) -> Tuple[int, int]:
+    """(n, right-hand sides) of a solve with A (*, n, n) and B (*, n, k) or (*, n)."""
+    n = a.shape[-1]
+    if b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1]):
+        return n, 1
+    return n, (b.shape[-1] if left else b.shape[-2])
+
+
+def _solve_batch(a: TensorMeta, b: TensorMeta) -> int:
+    if b.ndim >= 2 and not (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1]):
+        return prod(broadcast(a.shape[:-2], b.shape[:-2]))
+    return prod(broadcast(a.shape[:-2], b.shape[:-1]))
+
+
+def _solve(call: OpCall) -> Cost:
+    """linalg_solve / _linalg_solve_ex: LU of A, two triangular solves per right-hand side."""
+    a, b = call.tensor("A"), call.tensor("B")
+    n, k = _rhs(a, b, call.arg("left", True) is not False)
+    return _scale(call, solve_flops(n, k), _solve_batch(a, b))
+
+
+def _lu_solve(call: OpCall) -> Cost:
+    """linalg_lu_solve: two triangular solves, 2 n^2 nrhs."""
+    lu, b = call.tensor("LU"), call.tensor("B")
+    n, k = _rhs(lu, b, call.arg("left", True) is not False)
+    return _scale(call, 2 * triangular_solve_flops(n, k), _solve_batch(lu, b))
+
+
+def _triangular(call: OpCall) -> Cost:
+    """linalg_solve_triangular(A, B): n^2 nrhs."""
+    a, b = call.tensor("self"), call.tensor("B")
+    n, k = _rhs(a, b, call.arg("left", True) is not False)
+    return _scale(call, triangular_solve_flops(n, k), _solve_batch(a, b))
+
+
+def _triangular_legacy(call: OpCall) -> Cost:
+    """triangular_solve(b, A): n^2 nrhs."""
+    b, a = call.tensor("self"), call.tensor("A")
+    return _scale(call, triangular_solve_flops(a.shape[-1], b.shape[-1]), _solve_batch(a, b))
+
+
+def _cholesky_solve(call: OpCall) -> Cost:
+    """cholesky_solve(B, L): two triangular solves, 2 n^2 nrhs."""
+    b, l_factor = call.tensor("self"), call.tensor("input2")
+    return _scale(call, 2 * triangular_solve_flops(l_factor.shape[-1], b.shape[-1]), _solve_batch(l_factor, b))
+
+
+def _cholesky_inverse(call: OpCall) -> Cost:
+    """potri: 2 n^3 / 3."""
+    a = call.tensor("self")
+    return _scale(call, 2 * a.shape[-1] ** 3 / 3, _batch(a.shape))
+
+
+def _qr(call: OpCall) -> Cost:
+    """geqrf, plus orgqr to form Q unless ``mode='r'`` (reduced: m x k, complete: m x m)."""
+    a = _mat(call, "A", "self")
+    m, n = a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    mode = call.arg("mode", "reduced")
+    flops = qr_flops(m, n)
+    if mode != "r":
+        flops += orgqr_flops(m, m if mode == "complete" else k, k)
+    return _scale(call, flops, _batch(a.shape))
+
+
+def _geqrf(call: OpCall) -> Cost:
+    a = call.tensor("self")
+    return _scale(call, qr_flops(a.shape[-2], a.shape[-1]), _batch(a.shape))
+
+
+def _householder_product(call: OpCall) -> Cost:
+    """orgqr: 4 m n k - 2 (m + n) k^2 + 4 k^3 / 3, k = number of reflectors."""
+    a, tau = call.tensor("input"), call.tensor("tau")
+    return _scale(call, orgqr_flops(a.shape[-2], a.shape[-1], tau.shape[-1]), _batch(a.shape))
+
+
+def _ormqr(call: OpCall) -> Cost:
+    """ormqr: apply k reflectors to C (m x n): 4 m n k - 2 n k^2 (left), 4 m n k - 2 m k^2 (right)."""
+    tau, c = call.tensor("input2"), call.tensor("input3")
+    m, n, k = c.shape[-2], c.shape[-1], tau.shape[-1]
+    flops = 4 * m * n * k - (2 * n * k * k if call.arg("left", True) is not False else 2 * m * k * k)
+    return _scale(call, flops, _batch(c.shape))
+
+
+def _svd(call: OpCall) -> Cost:
+    a = _mat(call, "A", "self", "input")
+    compute_uv = call.op != "aten::linalg_svdvals" and call.arg("compute_uv", True) is not False
+    full = call.arg("some", True) is False if call.op == "aten::svd" else bool(call.arg("full_matrices", False))
+    return _scale(call, svd_flops(a.shape[-2], a.shape[-1], compute_uv, full), _batch(a.shape))
+
+
+def _eigh(call: OpCall) -> Cost:
+    a = _mat(call, "A", "self")
+    vectors = call.op != "aten::linalg_eigvalsh" and call.arg("compute_v", True) is not False
+    return _scale(call, eigh_flops(a.shape[-1], vectors), _batch(a.shape))
+
+
+def _eig(call: OpCall) -> Cost:
+    a = _mat(call, "self", "A")
+    return _scale(call, eig_flops(a.shape[-1], call.op != "aten::linalg_eigvals"), _batch(a.shape))
+
+
+def _pinv(call: OpCall) -> Cost:
+    """Thin SVD (eigh when hermitian) + V diag(1/s) U^H: a divide per singular value and
+    n k m multiply-adds (2 n k m FLOPs), k = min(m, n)."""
+    a = _mat(call, "self", "input")
+    m, n = a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    decomposition = eigh_flops(n, True) if call.arg("hermitian") else svd_flops(m, n, True, False)
+    return _scale(call, decomposition + k + 2 * n * k * m, _batch(a.shape))
+
+
+def _lstsq(call: OpCall) -> Cost:
+    """QR-based least squares (gelsy/gels): geqrf (m x n) + apply Q^H to B (ormqr with
+    k = min(m, n) reflectors) + a triangular solve (k^2 nrhs)."""
+    a, b = call.tensor("self"), call.tensor("b")
+    m, n = a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    nrhs = 1 if b.ndim == a.ndim - 1 else b.shape[-1]
+    flops = qr_flops(m, n) + 4 * m * nrhs * k - 2 * nrhs * k * k + triangular_solve_flops(k, nrhs)
+    return _scale(call, flops, _solve_batch(a, b))
+
+
+def _matrix_power(call: OpCall) -> Cost:
+    """torch's binary powering: (bit_length(|n|) - 1) squarings + (popcount(|n|) - 1)
+    products, each a k x k matmul (k^3 MACs); a negative power inverts first (2 k^3)."""
+    a = call.tensor("self")
+    n = int(call.arg("n"))
+    k, batch = a.shape[-1], _batch(a.shape)
+    power = abs(n)
+    matmuls = (power.bit_length() - 1) + (bin(power).count("1") - 1) if power > 1 else 0
+    factor = COMPLEX if is_complex(a) else 1
+    cost = Cost.from_macs(matmuls * k**3 * batch * factor)
+    if n < 0:
+        cost += _scale(call, 2 * k**3, batch)
+    return cost
+
+
+# -- distances -------------------------------------------------------------------------------
+
+
+def _per_coordinate(p: Optional[float]) -> Tuple[int, int]:
+    """(FLOPs per coordinate, FLOPs per pair) of a p-norm distance: subtract, |.| or square,
+    accumulate (3) and a square root per pair for p = 2; p in {0, 1, inf}: 3 and 0;
+    other p: subtract, |.|, pow, accumulate (4) and a root per pair."""
+    if p is None or p == 2:
+        return 3, 1
+    if p in (0, 1) or p == float("inf"):
+        return 3, 0
+    return 4, 1
+
+
+def _cdist(call: OpCall) -> Cost:
+    """cdist(x1 (*, r1, m), x2 (*, r2, m), p): for p = 2 with more than 25 rows on either
+    side (or compute_mode 1) torch uses a matmul: B r1 r2 (m + 2) MACs, the row norms
+    (2 r1 m + 2 r2 m), the -2 x1 scale (r1 m), clamp and sqrt (2 r1 r2);
+    otherwise B r1 r2 (per-coordinate m + per-pair) FLOPs."""
+    x1, x2 = call.tensor("x1"), call.tensor("x2")
+    r1, r2, m = x1.shape[-2], x2.shape[-2], x1.shape[-1]
+    batch = prod(broadcast(x1.shape[:-2], x2.shape[:-2]))
+    p = call.arg("p", 2.0)
+    mode = call.arg("compute_mode")
+    use_mm = (p is None or p == 2) and (mode == 1 or (mode in (None, 0) and (r1 > 25 or r2 > 25)))
+    if use_mm:
+        return _euclidean_cost(batch, r1, r2, m)
+    coord, pair = _per_coordinate(p)
+    return Cost.from_flops(batch * r1 * r2 * (coord * m + pair))
+
+
+def _euclidean_dist(call: OpCall) -> Cost:
+    """_euclidean_dist(x1, x2): the matmul form of cdist (see :func:`_cdist`)."""
+    x1, x2 = call.tensor("x1"), call.tensor("x2")
+    r1, r2, m = x1.shape[-2], x2.shape[-2], x1.shape[-1]
+    batch = prod(broadcast(x1.shape[:-2], x2.shape[:-2]))
+    return _euclidean_cost(batch, r1, r2, m)
+
+
+def _euclidean_cost(batch: int, r1: int, r2: int, m: int) -> Cost:
+    return Cost.from_macs(batch * r1 * r2 * (m + 2)) + Cost.from_flops(
+        batch * (2 * r1 * m + 2 * r2 * m + r1 * m + 2 * r1 * r2)
+    )
+
+
+def _pdist(call: OpCall) -> Cost:
+    """pdist(x (n, m), p): n (n - 1) / 2 pairs, each a p-norm distance as in cdist."""
+    x = call.tensor("self")
+    n, m = x.shape[-2], x.shape[-1]
+    coord, pair = _per_coordinate(call.arg("p", 2.0))
+    return Cost.from_flops(n * (n - 1) // 2 * (coord * m + pair))
+
+
+def _cdist_backward(call: OpCall) -> Cost:
+    """_cdist_backward(grad, x1, x2, p, cdist): the gradient for x1 (torch calls it once per
+    input): per pair g / d (1) and per coordinate subtract, multiply, accumulate (3):
+    B r1 r2 (3m + 1)."""
+    x1, x2 = call.tensor("x1"), call.tensor("x2")
+    batch = prod(broadcast(x1.shape[:-2], x2.shape[:-2]))
+    return Cost.from_flops(batch * x1.shape[-2] * x2.shape[-2] * (3 * x1.shape[-1] + 1))
+
+
+def _pdist_backward(call: OpCall) -> Cost:
+    """_pdist_backward: each pair's gradient (3m + 1, as cdist's) goes to both of its points."""
+    x = call.tensor("self")
+    n, m = x.shape[-2], x.shape[-1]
+    return Cost.from_flops(n * (n - 1) * (3 * m + 1))
+
+
+def pairwise_distance_cost(a: Sequence[int], b: Sequence[int], p: object) -> Cost:
+    """pairwise_distance(x1, x2, p, eps): x1 - x2 + eps (2 per element), then the p-norm
+    over the last dim, exactly its decomposition (sub, add, norm)."""
+    shape = broadcast(a, b)
+    out_shape = shape[:-1] if shape else ()
+    norm = _norm(OpCall("aten::norm", {"self": TensorMeta(shape), "p": p}, (TensorMeta(out_shape),)))
+    return Cost.from_flops(2 * prod(shape)) + norm
+
+
+def _pairwise_distance(call: OpCall) -> Cost:
+    return pairwise_distance_cost(call.tensor("x1").shape, call.tensor("x2").shape, call.arg("p", 2.0))
+
+
+def _cosine_similarity(call: OpCall) -> Cost:
+    """cosine_similarity(x1, x2, dim, eps), as ATen decomposes it on the broadcast shape
+    (N elements, M outputs): two 2-norms over ``dim`` (2N + M each), two clamp_min (M
+    each), x / ||x|| for both (N each), their product (N), the sum over ``dim`` (N):
+    8N + 4M."""
+    x1, x2 = call.tensor("x1"), call.tensor("x2")
+    shape = broadcast(x1.shape, x2.shape)
+    n = prod(shape)
+    out = first_output(call)
+    m = out.numel if out is not None else (n // shape[int(call.arg("dim", 1)) % len(shape)] if shape else 1)
+    return Cost.from_flops(8 * n + 4 * m)
+
+
+#: the scalar checks and sums of cov's weights, as its decomposition runs them: fweights
+#: (min, equal, sum, equal: 2 O + 2), aweights (min, ge, equal, sum, ne, equal, le: 2 O + 5,
+#: one check fewer with both), and for aweights with correction != 0 the sum of w * a and
+#: its scalar arithmetic (2 O + 3)
+def _cov_weights(observations: int, fweights: bool, aweights: bool, correction: object) -> int:
+    flops = 0
+    if fweights:
+        flops += 2 * observations + 2
+    if aweights:
+        flops += 2 * observations + 5 - (1 if fweights else 0)
+        if correction not in (0, None):
+            flops += 2 * observations + 3
+    return flops
+
+
+def _cov(call: OpCall) -> Cost:
+    """cov(x (V variables, O observations)), its decomposition: mean (sum N, divide V),
+    a check (1), centre (N), (x - mean) (x - mean)^H: V^2 O MACs, divide V^2. Weights add
+    the weighted-mean and weighting multiplies (2N) and their checks and sums
+    (:func:`_cov_weights`). corrcoef adds sqrt (V), two divides and a clamp (3 V^2)."""
+    x = call.tensor("self")
+    variables = x.shape[0] if x.ndim == 2 else 1
+    observations = x.shape[-1] if x.ndim else 1
+    n = x.numel
+    flops = 2 * n + variables + 1 + variables * variables
+    fweights, aweights = maybe_tensor(call, "fweights") is not None, maybe_tensor(call, "aweights") is not None
+    if fweights or aweights:
+        flops += 2 * n + _cov_weights(observations, fweights, aweights, call.arg("correction", 1))
+    if call.op == "aten::corrcoef":
+        flops += variables + 3 * variables * variables
+    return Cost.from_macs(variables * variables * observations) + Cost.from_flops(flops)
+
+
+def _cross(call: OpCall) -> Cost:
+    """Cross product of 3-vectors: 6 multiplies and 3 subtracts per vector, 3 per output element."""
+    out = first_output(call)
+    n = out.numel if out is not None else prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
+    return Cost.from_flops(3 * n)
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register(["aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::cholesky"], _square(cholesky_flops))
+    registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _lu)
+    registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _det)
+    registry.register(["aten::linalg_slogdet", "aten::_linalg_slogdet", "aten::slogdet"], _slogdet)
+    registry.register("aten::logdet", _logdet)
+    registry.register(["aten::linalg_inv", "aten::linalg_inv_ex", "aten::inverse"], _inv)
+    registry.register(["aten::linalg_solve", "aten::_linalg_solve_ex", "aten::linalg_solve_ex"], _solve)
+    registry.register("aten::linalg_lu_solve", _lu_solve)
+    registry.register("aten::linalg_solve_triangular", _triangular)
+    registry.register("aten::triangular_solve", _triangular_legacy)
+    registry.register("aten::cholesky_solve", _cholesky_solve)
+    registry.register("aten::cholesky_inverse", _cholesky_inverse)
+    registry.register("aten::linalg_qr", _qr)
+    registry.register("aten::geqrf", _geqrf)
+    registry.register(["aten::linalg_householder_product", "aten::orgqr"], _householder_product)
+    registry.register("aten::ormqr", _ormqr)
+    registry.register(["aten::linalg_svd", "aten::_linalg_svd", "aten::linalg_svdvals", "aten::svd"], _svd)
+    registry.register(["aten::linalg_eigh", "aten::_linalg_eigh", "aten::linalg_eigvalsh"], _eigh)
+    registry.register(["aten::linalg_eig", "aten::linalg_eigvals"], _eig)
+    registry.register(["aten::linalg_pinv", "aten::pinverse"], _pinv)
+    registry.register("aten::linalg_lstsq", _lstsq)
+    registry.register("aten::linalg_matrix_power", _matrix_power)
+    registry.register(["aten::cdist", "aten::_cdist_forward"], _cdist)
+    registry.register("aten::_euclidean_dist", _euclidean_dist)
+    registry.register(["aten::pdist", "aten::_pdist_forward"], _pdist)
+    registry.register("aten::_cdist_backward", _cdist_backward)
+    registry.register("aten::_pdist_backward", _pdist_backward)
+    registry.register("aten::pairwise_distance", _pairwise_distance)
+    registry.register("aten::cosine_similarity", _cosine_similarity)
+    registry.register(["aten::cov", "aten::corrcoef"], _cov)
+    registry.register(["aten::linalg_cross", "aten::cross"], _cross)
+    # reads the info tensor of a factorization; unpacking an LU is a copy
+    registry.register_zero(["aten::_linalg_check_errors", "aten::lu_unpack"])
