@@ -44,6 +44,7 @@ def analyze(
         input_description=describe_inputs(inputs, kwargs),
         warnings=run.warnings,
         gaps=run.gaps,
+        aliases=_module_aliases(model),
     )
 
 
@@ -76,6 +77,14 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
                 where = event.module or "<root>"
                 raise HandlerError(f"handler for {call.op} failed in module '{where}' on ({shapes}): {exc}") from exc
     return costed
+
+
+def _module_aliases(model: nn.Module) -> Dict[str, Tuple[str, ...]]:
+    """``{canonical name: all names}`` for each module reachable under several names."""
+    names: Dict[int, List[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(module), []).append(name)
+    return {found[0]: tuple(found) for found in names.values() if len(found) > 1}
 
 
 def _module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:

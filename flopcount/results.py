@@ -165,14 +165,32 @@ def _frozen(table: Dict[str, List[int]]) -> Dict[str, OpTotals]:
     return {key: OpTotals(*sums) for key, sums in table.items()}
 
 
-def _with_owners(stack: Tuple[str, ...]) -> Tuple[str, ...]:
-    """The root, each module on the call stack, and every module that owns one of them
-    by name (``"h"`` and ``"h.0"`` for ``"h.0.attn"``), each once."""
+def _with_owners(
+    stack: Tuple[str, ...], aliases: Mapping[str, Sequence[str]], canonical: Mapping[str, str]
+) -> Tuple[str, ...]:
+    """The root, each module on the call stack, and the modules between two stack entries
+    that own the inner one by name but were never called themselves (``"h"`` for
+    ``("", "h.0")``, a ModuleList), each once. A name-prefix owner that is not on the call
+    path is not credited: a module shared as ``a.m`` and ``b.m`` runs inside ``b`` when
+    ``b`` calls it (its canonical name being ``a.m``), so it counts for ``b``, not ``a``.
+    ``aliases`` maps a canonical name to every name of that module, so the path through
+    ``b`` is found; ``canonical`` (alias -> canonical name) names the prefixes credited."""
     names: Dict[str, None] = {"": None}
+    outer = ""
     for qualified in stack:
-        parts = qualified.split(".")
-        for end in range(1, len(parts) + 1):
-            names[".".join(parts[:end])] = None
+        path = qualified
+        for alias in aliases.get(qualified, (qualified,)):
+            if not outer or alias.startswith(outer + "."):
+                path = alias
+                break
+        if not outer or path.startswith(outer + "."):
+            parts = path.split(".")
+            start = outer.count(".") + 2 if outer else 1
+            for end in range(start, len(parts)):
+                prefix = ".".join(parts[:end])
+                names[canonical.get(prefix, prefix)] = None
+        names[qualified] = None
+        outer = path
     return tuple(names)
 
 
@@ -185,11 +203,13 @@ def aggregate(
     input_description: str = "",
     warnings: Sequence[str] = (),
     gaps: Sequence[str] = (),
+    aliases: Optional[Mapping[str, Sequence[str]]] = None,
 ) -> FlopResult:
     """Sum op costs by operator, by module (a module includes every op run while it was
     on the call stack, and every op of its submodules: containers that are never called,
     like ModuleList, still include their children) and by phase. ``None`` marks an op
-    without a handler: it is listed as unsupported, never counted as zero."""
+    without a handler: it is listed as unsupported, never counted as zero. ``aliases``:
+    ``{canonical name: every name}`` of modules reachable under several names."""
     # first sum events that share (call stack, op, phase): far fewer than events
     groups: Dict[Tuple[Tuple[str, ...], str, str], List[int]] = {}
     unsupported: Dict[str, List[Any]] = {}
@@ -213,12 +233,14 @@ def aggregate(
     by_module: Dict[str, List[int]] = {}
     module_ops: Dict[str, Dict[str, List[int]]] = {}
     owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+    aliases = aliases or {}
+    canonical = {alias: name for name, names in aliases.items() for alias in names}
     for (stack, op, phase), sums in groups.items():
         _bump(operators, op, sums)
         _bump(phases, phase, sums)
         names = owners.get(stack)
         if names is None:
-            names = owners[stack] = _with_owners(stack)
+            names = owners[stack] = _with_owners(stack, aliases, canonical)
         for name in names:
             _bump(by_module, name, sums)
             _bump(module_ops.setdefault(name, {}), op, sums)

@@ -3,13 +3,17 @@
 MACs = B*H*Lq*Lk*(E + Ev) with H the query heads (grouped-query attention counts with
 the query heads); masks, dropout and ``is_causal`` do not change the count, and the
 softmax is part of the kernel, not counted separately, so FLOPs = 2 * MACs exactly as
-``torch.utils.flop_counter`` counts SDPA. Backward kernels cost twice the forward MACs
-(dQ, dK, dV and dP: four matmuls of the forward's two sizes).
+``torch.utils.flop_counter`` counts SDPA. A fused backward kernel (flash, efficient,
+cuDNN, CPU flash) keeps no attention matrix, so it recomputes the scores QK^T and then
+runs dP, dV, dQ and dK: B*H*Lq*Lk*(3E + 2Ev) MACs, 2.5x the forward when E = Ev
+(torch's ``sdpa_backward_flop_count``). The math path's backward is the backward of its
+decomposed bmm ops (4 matmuls, 2x the forward), recorded op by op.
 """
 
 from __future__ import annotations
 
 from math import prod
+from typing import Callable, Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
@@ -17,7 +21,9 @@ from .matmul import linear_macs
 from .norm import normalize_flops
 from .pointwise import GELU, elementwise_flops
 
-__all__ = ["register", "sdpa_macs"]
+__all__ = ["register", "sdpa_macs", "sdpa_backward_macs"]
+
+Dims = Tuple[int, int, int, int, int]  # batch x query heads, Lq, Lk, E, Ev
 
 
 def sdpa_macs(batch_heads: int, lq: int, lk: int, e: int, ev: int) -> int:
@@ -25,37 +31,40 @@ def sdpa_macs(batch_heads: int, lq: int, lk: int, e: int, ev: int) -> int:
     return batch_heads * lq * lk * (e + ev)
 
 
-def _bhsd(call: OpCall) -> int:
+def sdpa_backward_macs(batch_heads: int, lq: int, lk: int, e: int, ev: int) -> int:
+    """A fused backward kernel: recomputed scores QK^T (E), dP = dO V^T (Ev), dV = P^T dO
+    (Ev), dQ = dS K (E), dK = dS^T Q (E), each Lq x Lk per batch x query head."""
+    return batch_heads * lq * lk * (3 * e + 2 * ev)
+
+
+def _bhsd(call: OpCall) -> Dims:
     # query (*, H, Lq, E), key (*, Hkv, Lk, E), value (*, Hkv, Lk, Ev)
     q, k, v = call.tensor("query").shape, call.tensor("key").shape, call.tensor("value").shape
-    return sdpa_macs(prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
+    return prod(q[:-2]), q[-2], k[-2], q[-1], v[-1]
 
 
-def _bshd(call: OpCall) -> int:
+def _bshd(call: OpCall) -> Dims:
     """The flash/efficient kernels' (B, L, H, E) layout; a packed varlen call
     ((total, H, E) with cumulative lengths) is counted as total_q x max_k per head,
     an upper bound since the sequence lengths are tensor data."""
     q, k, v = call.tensor("query").shape, call.tensor("key").shape, call.tensor("value").shape
     if len(q) == 3:
         max_k = call.arg("max_k") or call.arg("max_seqlen_k") or call.arg("max_seqlen_batch_k") or k[0]
-        return sdpa_macs(q[1], q[0], int(max_k), q[2], v[2])
-    return sdpa_macs(q[0] * q[2], q[1], k[1], q[3], v[3])
+        return q[1], q[0], int(max_k), q[2], v[2]
+    return q[0] * q[2], q[1], k[1], q[3], v[3]
 
 
-def _forward_bhsd(call: OpCall) -> Cost:
-    return Cost.from_macs(_bhsd(call))
+def _handler(dims: Callable[[OpCall], Dims], macs: Callable[..., int]) -> Callable[[OpCall], Cost]:
+    def handler(call: OpCall) -> Cost:
+        return Cost.from_macs(macs(*dims(call)))
+
+    return handler
 
 
-def _forward_bshd(call: OpCall) -> Cost:
-    return Cost.from_macs(_bshd(call))
-
-
-def _backward_bhsd(call: OpCall) -> Cost:
-    return Cost.from_macs(2 * _bhsd(call))
-
-
-def _backward_bshd(call: OpCall) -> Cost:
-    return Cost.from_macs(2 * _bshd(call))
+_forward_bhsd = _handler(_bhsd, sdpa_macs)
+_forward_bshd = _handler(_bshd, sdpa_macs)
+_backward_bhsd = _handler(_bhsd, sdpa_backward_macs)
+_backward_bshd = _handler(_bshd, sdpa_backward_macs)
 
 
 def _mha_core(x: TensorMeta, kv_len: int, embed_dim: int, heads: int) -> Cost:

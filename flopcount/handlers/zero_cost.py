@@ -1,5 +1,5 @@
 """Ops that do no floating-point arithmetic: views, copies, indexing, tensor creation,
-random sampling, dtype/device moves, and the scalar plumbing jit records.
+random sampling, dtype/device moves, the scalar plumbing jit records and profiler markers.
 
 Only ops whose result is a rearrangement, a copy, a constant or a random draw belong
 here; anything that adds, multiplies or compares tensor data gets a handler instead,
@@ -67,11 +67,14 @@ _PRIM = (
     "NumToTensor", "device", "dtype", "layout", "shape", "data", "is_cuda", "is_cpu", "is_meta", "unchecked_cast",
     "TupleIndex", "ListIndex", "min", "max", "requires_grad", "layout", "name", "Uninitialized",
 )
+# torch.profiler.record_function markers (also emitted by DataParallel): bookkeeping only.
+_PROFILER = ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
 
 ZERO_OPS = tuple(
     sorted(
         {f"aten::{name}" for name in _VIEWS + _COPIES + _CREATION + _RANDOM + _SCALARS}
         | {f"prim::{name}" for name in _PRIM}
+        | {f"profiler::{name}" for name in _PROFILER}
     )
 )
 

@@ -28,8 +28,9 @@ class Tracer(Protocol):
     def __call__(self, model: nn.Module, inputs: Any = (), kwargs: Optional[Mapping[str, Any]] = None) -> Trace: ...
 
 
-# jit records a custom torch.autograd.Function as one opaque node; dispatch sees its aten ops.
-_OPAQUE_TO_JIT = frozenset({"prim::PythonOp"})
+# jit records a custom torch.autograd.Function as one opaque node, and a scripted function
+# it could not inline (control flow in the callee) as a call; dispatch sees their aten ops.
+_OPAQUE_TO_JIT = frozenset({"prim::PythonOp", "prim::CallFunction"})
 
 
 def trace(
@@ -67,7 +68,7 @@ def trace(
             opaque = sorted({e.call.op for e in jit_trace.events if e.call.op in _OPAQUE_TO_JIT})
             if not opaque:
                 return jit_trace
-            reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions)"
+            reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions, scripted calls)"
     fallback = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
     return dataclasses.replace(fallback, warnings=(f"tracer auto: used dispatch because {reason}",) + fallback.warnings)
 

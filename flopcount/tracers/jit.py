@@ -176,11 +176,72 @@ class _LazyOutputs(Sequence[Any]):
         return repr(tuple(self))
 
 
-def _graph_events(graph: Any) -> List[OpEvent]:
+_CALL_FUNCTION = "prim::CallFunction"
+
+
+def _inline_script_calls(graph: Any, inputs: Sequence[torch.Tensor]) -> Tuple[Any, Dict[int, str]]:
+    """Replace each call of a ``torch.jit.script``-ed function by the callee's ops.
+
+    jit records such a call as one opaque ``prim::CallFunction`` node. Inlining puts the
+    callee's aten ops in its place, without shapes: torch's symbolic shape analysis fills
+    them in from the graph inputs' shapes. Inlined nodes lose their module scope, so the
+    returned map gives each (by its position in ``graph.nodes()``) its call's scope. A
+    callee with control flow (``prim::If``/``prim::Loop``: how often a branch runs is data)
+    or whose shapes cannot be derived is left as the opaque call, which
+    ``tracer="auto"`` treats as a reason to use the dispatch tracer."""
+    if not any(node.kind() == _CALL_FUNCTION for node in graph.nodes()):
+        return graph, {}
+    inlined = graph.copy()
+    # Nodes that survive inlining are told apart from inlined ones by identity: their
+    # Python wrappers are kept alive (pybind hands back the same objects), the call nodes'
+    # are not (inlining frees those nodes, and a new node may reuse the address).
+    originals: List[Any] = []
+    follow: Dict[int, str] = {}  # original node -> scope of the inlined ops right after it
+    lead: Optional[str] = None  # the scope of calls before any original node
+    pending: Optional[str] = None
+    for node in inlined.nodes():
+        if node.kind() == _CALL_FUNCTION:
+            pending = node.scopeName() if pending is None else pending
+            continue
+        if pending is not None:
+            if originals:
+                follow[id(originals[-1])] = pending
+            else:
+                lead = pending
+        pending = None
+        originals.append(node)
+    if pending is not None and originals:
+        follow[id(originals[-1])] = pending
+    del node
+    known = {id(node) for node in originals}
+    torch._C._jit_pass_inline(inlined)
+    nodes = list(inlined.nodes())
+    if any(next(iter(node.blocks()), None) is not None for node in nodes):
+        return graph, {}
+    for value, tensor in zip(inlined.inputs(), inputs):
+        value.setType(torch._C.TensorType.create_from_tensor(tensor))
+    try:
+        torch._C._jit_pass_propagate_shapes_on_graph(inlined)
+    except RuntimeError:
+        return graph, {}
+    scopes: Dict[int, str] = {}
+    scope = lead or ""
+    for index, node in enumerate(nodes):
+        if id(node) in known:
+            scope = follow.get(id(node), "")
+            continue
+        for out in node.outputs():
+            if isinstance(out.type(), torch._C.TensorType) and _tensor_meta(out.type()) is None:
+                return graph, {}
+        scopes[index] = scope
+    return inlined, scopes
+
+
+def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> List[OpEvent]:
     reader = _ValueReader(graph)
     scopes: Dict[str, Tuple[str, ...]] = {}
     events: List[OpEvent] = []
-    for node in graph.nodes():
+    for index, node in enumerate(graph.nodes()):
         kind = node.kind()
         if kind in _PLUMBING:
             continue
@@ -191,7 +252,7 @@ def _graph_events(graph: Any) -> List[OpEvent]:
             names = tuple(f"arg{i}" for i in range(len(inputs)))
         args = _LazyArgs(names, inputs, reader)
         outputs = _LazyOutputs(list(node.outputs()), reader)
-        scope = node.scopeName()
+        scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
         stack = scopes.get(scope)
         if stack is None:
             stack = scopes[scope] = tuple(part for part in scope.split("/") if part)
@@ -290,4 +351,5 @@ def trace(
             if issubclass(w.category, torch.jit.TracerWarning) and not str(w.filename).startswith(_TORCH_DIR)
         )
     )
-    return Trace(tuple(_graph_events(graph)), "jit", dict(modules.calls), notes)
+    graph, inlined_scopes = _inline_script_calls(graph, flat + state)
+    return Trace(tuple(_graph_events(graph, inlined_scopes)), "jit", dict(modules.calls), notes)
