@@ -17,7 +17,7 @@ import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -190,7 +190,10 @@ class _Faker:
             extent = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
             numel = max(storage.nbytes() // tensor.element_size(), extent if tensor.numel() else 0)
             with self.mode:
-                self._bases[key] = (storage, torch.empty(numel, dtype=dtype, device=device))  # storage kept alive: ids stay unique
+                self._bases[key] = (
+                    storage,
+                    torch.empty(numel, dtype=dtype, device=device),
+                )  # storage kept alive: ids stay unique
         with self.mode:
             twin = self._bases[key][1].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
             if isinstance(tensor, nn.Parameter):
@@ -211,11 +214,15 @@ def _fake_model(model: nn.Module, faker: _Faker) -> Tuple[nn.Module, Dict[int, t
     try:
         twin = copy.deepcopy(model, memo=dict(twins))
     except Exception as exc:
-        raise UsageError(f"estimate_memory could not copy the model's module tree: {type(exc).__name__}: {exc}") from exc
+        raise UsageError(
+            f"estimate_memory could not copy the model's module tree: {type(exc).__name__}: {exc}"
+        ) from exc
     return twin, twins
 
 
-def _fake_optimizer(optimizer: Any, twin: nn.Module, twins: Mapping[int, torch.Tensor]) -> Tuple[torch.optim.Optimizer, str]:
+def _fake_optimizer(
+    optimizer: Any, twin: nn.Module, twins: Mapping[int, torch.Tensor]
+) -> Tuple[torch.optim.Optimizer, str]:
     if isinstance(optimizer, str):
         key = optimizer.strip().lower()
         params = [p for p in twin.parameters() if p.requires_grad]
@@ -225,9 +232,13 @@ def _fake_optimizer(optimizer: Any, twin: nn.Module, twins: Mapping[int, torch.T
             return torch.optim.SGD(params, lr=1e-3, momentum=0.9), key
         if key in ("adam", "adamw"):
             return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params), key
-        raise UsageError(f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)}, or an instance)")
+        raise UsageError(
+            f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)}, or an instance)"
+        )
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise UsageError(f"estimate_memory: optimizer must be a name or a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise UsageError(
+            f"estimate_memory: optimizer must be a name or a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
     groups = []
     for index, group in enumerate(optimizer.param_groups):
         missing = [p for p in group["params"] if id(p) not in twins]
@@ -356,7 +367,9 @@ def _warm_up(opt: torch.optim.Optimizer) -> None:
     try:
         opt.step()
     except Exception as exc:
-        raise UsageError(f"estimate_memory: {type(opt).__name__}.step() failed on fake tensors: {type(exc).__name__}: {exc}") from exc
+        raise UsageError(
+            f"estimate_memory: {type(opt).__name__}.step() failed on fake tensors: {type(exc).__name__}: {exc}"
+        ) from exc
     opt.zero_grad(set_to_none=True)
 
 
@@ -380,7 +393,8 @@ def _step_error(exc: Exception, where: str, description: str) -> TraceError:
     if "DataDependent" in type(exc).__name__ or "DynamicOutputShape" in type(exc).__name__:
         hint = " (fake tensors have no values: the step reads tensor data, e.g. .item() or nonzero())"
     return TraceError(
-        f"estimate_memory: the step failed in {place} with inputs {description}: {type(exc).__name__}: {first_line}{hint}",
+        f"estimate_memory: the step failed in {place} with inputs {description}: "
+        f"{type(exc).__name__}: {first_line}{hint}",
         module_path=where,
         input_shapes=description,
     )
@@ -409,7 +423,11 @@ def _collect(
         fqn = tracker._mod_tracker.get_known_fqn(module)
         modules.append(
             ModuleMemory(
-                name, type(module).__name__, name.count(".") + 1 if name else 0, len(before), retained,
+                name,
+                type(module).__name__,
+                name.count(".") + 1 if name else 0,
+                len(before),
+                retained,
                 tracker.module_peaks.get(fqn, 0) if fqn is not None else 0,
             )
         )

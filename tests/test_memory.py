@@ -95,7 +95,12 @@ def checked_estimate(model: nn.Module, inputs: Any, **kwargs: Any) -> MemoryEsti
     assert_same_state(model, before)
     assert torch.equal(torch.get_rng_state(), rng)
     for t, (value, stride, requires_grad, version) in zip(tensors, saved):
-        assert torch.equal(t, value) and t.stride() == stride and t.requires_grad == requires_grad and t._version == version
+        assert (
+            torch.equal(t, value)
+            and t.stride() == stride
+            and t.requires_grad == requires_grad
+            and t._version == version
+        )
     return result
 
 
@@ -123,7 +128,9 @@ CASES = {
 
 @pytest.mark.parametrize("backward, optimizer", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_peak_within_five_percent_of_memtracker_on_a_real_cpu_run(case: str, backward: bool, optimizer: Optional[str]) -> None:
+def test_peak_within_five_percent_of_memtracker_on_a_real_cpu_run(
+    case: str, backward: bool, optimizer: Optional[str]
+) -> None:
     make_model, make_inputs = CASES[case]
     torch.manual_seed(0)
     model, inputs = make_model(), make_inputs()
@@ -155,9 +162,19 @@ def test_per_module_activation_bytes_by_hand() -> None:
     # output, already counted) and ReLU its output, so each still keeps one output's bytes.
     x = torch.randn(64, 1024)
     inference = checked_estimate(mlp(), x)
-    assert inference.activation_bytes() == {"": 64 * 1024 * 4, "0": 64 * 4096 * 4, "1": 64 * 4096 * 4, "2": 64 * 1024 * 4}
+    assert inference.activation_bytes() == {
+        "": 64 * 1024 * 4,
+        "0": 64 * 4096 * 4,
+        "1": 64 * 4096 * 4,
+        "2": 64 * 1024 * 4,
+    }
     training = checked_estimate(mlp(), x, backward=True)
-    assert training.activation_bytes() == {"": (64 * 4096 + 64 * 1024) * 4, "0": 64 * 4096 * 4, "1": 64 * 4096 * 4, "2": 64 * 1024 * 4}
+    assert training.activation_bytes() == {
+        "": (64 * 4096 + 64 * 1024) * 4,
+        "0": 64 * 4096 * 4,
+        "1": 64 * 4096 * 4,
+        "2": 64 * 1024 * 4,
+    }
     assert inference.module("0").calls == 1 and inference.module("").depth == 0 and inference.module("2").depth == 1
     assert all(m.peak_bytes <= inference.peak_bytes for m in inference.modules)
 
@@ -265,7 +282,10 @@ def test_a_failing_forward_names_the_module_and_leaves_everything_as_found() -> 
         (lambda m, x: estimate_memory(m, x, backward=True, optimizer="lion"), "unknown optimizer 'lion'"),
         (lambda m, x: estimate_memory(m, x, dtype=torch.int8), "floating torch.dtype"),
         (lambda m, x: estimate_memory(lambda t: t, x), "torch.nn.Module"),
-        (lambda m, x: estimate_memory(m, x, backward=True, optimizer=torch.optim.SGD([nn.Parameter(torch.ones(3))])), "not parameters of the model"),
+        (
+            lambda m, x: estimate_memory(m, x, backward=True, optimizer=torch.optim.SGD([nn.Parameter(torch.ones(3))])),
+            "not parameters of the model",
+        ),
         (lambda m, x: estimate_memory(m, x.to_sparse()), "sparse"),
     ],
 )

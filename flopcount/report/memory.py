@@ -28,7 +28,9 @@ _LABELS = {
 def breakdown_table(estimate: "MemoryEstimate", fmt: str = "simple") -> str:
     """What is alive at the peak, by kind, with shares of the peak."""
     parts = asdict(estimate.at_peak)
-    rows = [[_LABELS[key], format_bytes(value), format_share(value, estimate.peak_bytes)] for key, value in parts.items()]
+    rows = [
+        [_LABELS[key], format_bytes(value), format_share(value, estimate.peak_bytes)] for key, value in parts.items()
+    ]
     rows.append(["peak", format_bytes(estimate.peak_bytes), format_share(estimate.peak_bytes, estimate.peak_bytes)])
     return tabulate(rows, headers=["At peak", "Bytes", "Share"], tablefmt=fmt, colalign=("left", "right", "right"))
 
