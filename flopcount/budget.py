@@ -36,9 +36,8 @@ _NAMES = {
 }
 
 _BYTES = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_BYTE_UNITS = {"B": 1}
-for _power, _prefix in enumerate("KMGT", 1):
-    _BYTE_UNITS[_prefix + "B"], _BYTE_UNITS[_prefix + "IB"] = 1000**_power, 1024**_power
+_BYTE_UNITS = {"B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
+_BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGT", 1)})
 
 
 def parse_bytes(text: Union[str, int, float], what: str = "memory") -> int:

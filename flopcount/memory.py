@@ -17,7 +17,7 @@ import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -223,15 +223,19 @@ def _fake_model(model: nn.Module, faker: _Faker) -> Tuple[nn.Module, Dict[int, t
 def _fake_optimizer(
     optimizer: Any, twin: nn.Module, twins: Mapping[int, torch.Tensor]
 ) -> Tuple[torch.optim.Optimizer, str]:
+    """The optimizer rebuilt on the fake parameters. Where it leaves ``foreach`` to torch,
+    it is set as torch would set it for the real tensors (multi-tensor kernels on cuda),
+    since torch never picks them for FakeTensors and they allocate more at the step."""
     if isinstance(optimizer, str):
         key = optimizer.strip().lower()
         params = [p for p in twin.parameters() if p.requires_grad]
+        foreach = _foreach_default(params)
         if key == "sgd":
-            return torch.optim.SGD(params, lr=1e-3), key
+            return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
         if key == "sgd-momentum":
-            return torch.optim.SGD(params, lr=1e-3, momentum=0.9), key
+            return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
         if key in ("adam", "adamw"):
-            return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params), key
+            return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
         raise UsageError(
             f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)}, or an instance)"
         )
@@ -247,7 +251,11 @@ def _fake_optimizer(
                 f"estimate_memory: param group {index} of the optimizer holds {len(missing)} tensor(s) that are not "
                 f"parameters of the model (first shape {tuple(missing[0].shape)})"
             )
-        groups.append({**group, "params": [twins[id(p)] for p in group["params"]]})
+        fakes = [twins[id(p)] for p in group["params"]]
+        rebuilt = {**group, "params": fakes}
+        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+            rebuilt["foreach"] = _foreach_default(fakes)
+        groups.append(rebuilt)
     try:
         return type(optimizer)(groups, **optimizer.defaults), type(optimizer).__name__
     except Exception as exc:
@@ -255,6 +263,10 @@ def _fake_optimizer(
             f"estimate_memory could not rebuild {type(optimizer).__name__} on fake parameters as "
             f"type(opt)(param_groups, **opt.defaults): {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _foreach_default(params: List[torch.Tensor]) -> Optional[bool]:
+    return True if params and all(p.device.type in ("cuda", "xpu") for p in params) else None
 
 
 def _loss_of(output: Any) -> torch.Tensor:
