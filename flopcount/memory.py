@@ -189,11 +189,8 @@ class _Faker:
         if key not in self._bases:
             extent = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
             numel = max(storage.nbytes() // tensor.element_size(), extent if tensor.numel() else 0)
-            with self.mode:
-                self._bases[key] = (
-                    storage,
-                    torch.empty(numel, dtype=dtype, device=device),
-                )  # storage kept alive: ids stay unique
+            with self.mode:  # the original storage is kept alive so that ids stay unique
+                self._bases[key] = (storage, torch.empty(numel, dtype=dtype, device=device))
         with self.mode:
             twin = self._bases[key][1].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
             if isinstance(tensor, nn.Parameter):
@@ -214,9 +211,7 @@ def _fake_model(model: nn.Module, faker: _Faker) -> Tuple[nn.Module, Dict[int, t
     try:
         twin = copy.deepcopy(model, memo=dict(twins))
     except Exception as exc:
-        raise UsageError(
-            f"estimate_memory could not copy the model's module tree: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise UsageError(f"estimate_memory could not copy the model's modules: {type(exc).__name__}: {exc}") from exc
     return twin, twins
 
 
@@ -236,13 +231,9 @@ def _fake_optimizer(
             return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
         if key in ("adam", "adamw"):
             return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
-        raise UsageError(
-            f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)}, or an instance)"
-        )
+        raise UsageError(f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)})")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise UsageError(
-            f"estimate_memory: optimizer must be a name or a torch.optim.Optimizer, got {type(optimizer).__name__}"
-        )
+        raise UsageError(f"estimate_memory: optimizer must be a name or an Optimizer, got {type(optimizer).__name__}")
     groups = []
     for index, group in enumerate(optimizer.param_groups):
         missing = [p for p in group["params"] if id(p) not in twins]

@@ -336,3 +336,38 @@ def test_cuda_peak_close_to_max_memory_allocated(backward: bool, optimizer: Opti
         opt.step()
     torch.cuda.synchronize()
     assert result.peak_bytes == pytest.approx(torch.cuda.max_memory_allocated(), rel=0.10)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.f(x)
+
+
+class Deep(nn.Module):
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        self.checkpointed = checkpointed
+        self.blocks = nn.ModuleList([Block() for _ in range(6)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
+        return x
+
+
+def test_activation_checkpointing_is_estimated_as_the_model_runs() -> None:
+    x = torch.randn(1024, 64)
+    plain, checkpointed = Deep(False), Deep(True)
+    checkpointed.load_state_dict(plain.state_dict())
+    peaks = {}
+    for name, model in (("plain", plain), ("checkpointed", checkpointed)):
+        result = checked_estimate(model, x, backward=True)
+        assert result.peak_bytes == pytest.approx(truth_peak(model, x, True, None), rel=0.05)
+        peaks[name] = result.peak_bytes
+    assert peaks["checkpointed"] < peaks["plain"]
