@@ -138,7 +138,8 @@ def truth_peak(model: nn.Module, inputs: Any, backward: bool, optimizer: Optiona
         opt.step()
         opt.zero_grad(set_to_none=True)
     tracker = MemTracker()
-    tracker.track_external(model, opt, *[a for a in args if isinstance(a, torch.Tensor)])
+    extra: List[Any] = [opt] if opt is not None else []
+    tracker.track_external(model, *extra, *[a for a in args if isinstance(a, torch.Tensor)])
     start = time.perf_counter()
     with tracker:
         with torch.set_grad_enabled(backward):

@@ -17,7 +17,7 @@ import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -256,7 +256,7 @@ def _fake_optimizer(
         ) from exc
 
 
-def _foreach_default(params: List[torch.Tensor]) -> Optional[bool]:
+def _foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
     return True if params and all(p.device.type in ("cuda", "xpu") for p in params) else None
 
 

@@ -281,7 +281,7 @@ def test_a_failing_forward_names_the_module_and_leaves_everything_as_found() -> 
         (lambda m, x: estimate_memory(m, x, optimizer="adam"), "needs backward=True"),
         (lambda m, x: estimate_memory(m, x, backward=True, optimizer="lion"), "unknown optimizer 'lion'"),
         (lambda m, x: estimate_memory(m, x, dtype=torch.int8), "floating torch.dtype"),
-        (lambda m, x: estimate_memory(lambda t: t, x), "torch.nn.Module"),
+        (lambda m, x: estimate_memory(lambda t: t, x), "torch.nn.Module"),  # type: ignore[arg-type]
         (
             lambda m, x: estimate_memory(m, x, backward=True, optimizer=torch.optim.SGD([nn.Parameter(torch.ones(3))])),
             "not parameters of the model",
