@@ -18,6 +18,7 @@ SCRIPTS = [
     ("bench_dispatch.py", [], ["--repeats", "1"]),
     ("bench_latency.py", [], ["--budget", "0.5", "--rounds", "3"]),
     ("compare_peers.py", [], ["--repeats", "1"]),
+    ("bench_memory.py", [], ["--quick"]),
 ]
 
 

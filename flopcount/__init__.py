@@ -49,6 +49,9 @@ _EXPORTS: Dict[str, str] = {
     "check_budget": "budget",
     "load_budget_file": "budget",
     "parse_quantity": "budget",
+    "parse_bytes": "budget",
+    "estimate_memory": "memory",
+    "MemoryEstimate": "memory",
 }
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "HandlerError",
     "HandlerRegistry",
     "LatencyStats",
+    "MemoryEstimate",
     "ModuleLatency",
     "ModuleLatencyResult",
     "OpCall",
@@ -80,8 +84,10 @@ __all__ = [
     "compute_stats",
     "count_flops",
     "default_registry",
+    "estimate_memory",
     "load_budget_file",
     "module_latency",
+    "parse_bytes",
     "parse_quantity",
     "peaks",
     "register_handler",
@@ -103,9 +109,10 @@ if TYPE_CHECKING:
         module_latency,
         peaks,
     )
-    from .budget import Budget, BudgetReport, check_budget, load_budget_file, parse_quantity
+    from .budget import Budget, BudgetReport, check_budget, load_budget_file, parse_bytes, parse_quantity
     from .errors import FlopcountError, FlopcountWarning, HandlerError, TraceError, UnsupportedOpError, UsageError
     from .handlers import default_registry, register_handler
+    from .memory import MemoryEstimate, estimate_memory
     from .params import summarize_parameters
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp

@@ -1,9 +1,11 @@
-"""Budgets (limits on params, FLOPs, MACs, weight size, latency) and checking a result
-against them: plain data in, a pass/fail list out. The CLI's ``check`` prints it.
+"""Budgets (limits on params, FLOPs, MACs, weight size, latency, peak memory) and checking
+a result against them: plain data in, a pass/fail list out. The CLI's ``check`` prints it.
 
 A budget passes when ``actual <= limit``. Size is the serialised bytes of parameters
-and buffers by their dtypes, in MB of 10^6 bytes. Budgets come from flags or from
-``[tool.flopcount]`` in pyproject.toml (``max-params = "25M"``, ``max-flops = 5e9``...).
+and buffers by their dtypes, in MB of 10^6 bytes. Memory is the estimated peak of
+:func:`flopcount.memory.estimate_memory` in bytes, written with byte units
+(``16GB`` = 16 * 10^9, ``16GiB`` = 16 * 2^30). Budgets come from flags or from
+``[tool.flopcount]`` in pyproject.toml (``max-params = "25M"``, ``max-memory = "16GiB"``...).
 """
 
 from __future__ import annotations
@@ -34,7 +36,29 @@ _NAMES = {
     "macs": ("max_macs", "MACs"),
     "size_mb": ("max_size_mb", "MB"),
     "latency_ms": ("max_latency_ms", "ms"),
+    "memory": ("max_memory", "bytes"),
 }
+
+_BYTES = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
+_BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGT", 1)})
+
+
+def parse_bytes(text: Union[str, int, float], what: str = "memory") -> int:
+    """``"16GB" -> 16 * 10**9``, ``"16GiB" -> 16 * 2**30``, ``"512MiB"``, ``2e9`` (bytes)."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what}: expected a size in bytes, got a bool")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _BYTES.match(str(text))
+        if not match:
+            raise UsageError(f"{what}: {text!r} is not a size (examples: 16GB, 16GiB, 512MiB, 2e9)")
+        number, unit = match.groups()
+        value = float(number.replace("_", "")) * _BYTE_UNITS[(unit or "B").upper()]
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what}: {text!r} must be a finite size >= 0")
+    return int(value)
 
 
 def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
@@ -66,6 +90,7 @@ class Budget:
     max_macs: Optional[Number] = None
     max_size_mb: Optional[Number] = None
     max_latency_ms: Optional[Number] = None
+    max_memory: Optional[Number] = None
 
     def merged(self, override: Budget) -> Budget:
         """This budget with every limit ``override`` sets replaced (flags win over the file)."""
@@ -78,6 +103,10 @@ class Budget:
     @property
     def needs_latency(self) -> bool:
         return self.max_latency_ms is not None
+
+    @property
+    def needs_memory(self) -> bool:
+        return self.max_memory is not None
 
     def __bool__(self) -> bool:
         return bool(self.limits())
@@ -148,6 +177,7 @@ def check_budget(
     macs: Optional[Number] = None,
     size_bytes: Optional[Number] = None,
     latency_ms: Optional[Number] = None,
+    memory_bytes: Optional[Number] = None,
 ) -> BudgetReport:
     """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
     A limit whose actual value was not given is a usage error, never a pass."""
@@ -157,6 +187,7 @@ def check_budget(
         "macs": macs,
         "size_mb": None if size_bytes is None else size_bytes / BYTES_PER_MB,
         "latency_ms": latency_ms,
+        "memory": memory_bytes,
     }
     lines: List[BudgetLine] = []
     for name, limit in budget.limits().items():
@@ -167,8 +198,11 @@ def check_budget(
     return BudgetReport(tuple(lines))
 
 
-def check_result(result: Any, budget: Budget, latency_ms: Optional[Number] = None) -> BudgetReport:
-    """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`."""
+def check_result(
+    result: Any, budget: Budget, latency_ms: Optional[Number] = None, memory_bytes: Optional[Number] = None
+) -> BudgetReport:
+    """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`
+    (``memory_bytes``: ``estimate_memory(...).peak_bytes`` when a memory budget is set)."""
     return check_budget(
         budget,
         params=result.params,
@@ -176,6 +210,7 @@ def check_result(result: Any, budget: Budget, latency_ms: Optional[Number] = Non
         macs=result.macs,
         size_bytes=result.parameters.size_bytes,
         latency_ms=latency_ms,
+        memory_bytes=memory_bytes,
     )
 
 
@@ -197,7 +232,8 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
         if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
             raise UsageError(f"{source}: {raw_key} must be a number or a string like \"25M\", got {type(raw).__name__}")
         try:
-            values[FILE_KEYS[key]] = parse_quantity(raw, f"{source}: {raw_key}")
+            parse = parse_bytes if key == "max-memory" else parse_quantity
+            values[FILE_KEYS[key]] = parse(raw, f"{source}: {raw_key}")
         except UsageError as exc:
             raise UsageError(str(exc)) from None
     return Budget(**values)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Union
 
 from tabulate import tabulate
 
-from .units import format_count, format_ms, with_unit
+from .units import format_bytes, format_count, format_ms, with_unit
 
 if TYPE_CHECKING:
     from ..budget import BudgetReport
@@ -18,6 +18,8 @@ def show_value(value: Union[int, float], unit: str) -> str:
         return format_ms(float(value))
     if unit == "MB":
         return f"{float(value):.2f} MB"
+    if unit == "bytes":
+        return format_bytes(int(value))
     return with_unit(value, unit) if unit else format_count(value)
 
 

@@ -1,0 +1,457 @@
+"""Peak memory of one inference or training step, estimated on fake tensors ("will it fit?").
+
+A fake twin of the model (the same module tree; parameters, buffers and inputs as
+FakeTensors with the original shapes, strides, storages and dtypes, meta mapped to
+cpu) runs the step under ``FakeTensorMode`` inside torch's
+``torch.distributed._tools.mem_tracker.MemTracker``. Nothing is computed or
+allocated, and the user's model, inputs and optimizer are never touched.
+
+Bytes are tensor storage bytes, as MemTracker counts them (rounded up to 512 bytes
+on CUDA). Allocator caching, the CUDA context, workspaces and fragmentation are not
+counted: see docs/memory.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
+from .inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
+from .tracers._modules import ModuleStack, module_names
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+Phase = Literal["forward", "backward", "optimizer"]
+Mode = Literal["inference", "forward+backward", "training step"]
+
+#: MemTracker's category names -> MemoryBreakdown fields ("Other" holds the inputs we register)
+_CATEGORIES = {
+    "Parameter": "parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Other": "inputs",
+}
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Live tensor bytes by what they hold. ``activations``: tensors made by the forward
+    (in training mostly those saved for backward); ``temporaries``: tensors made by the
+    backward (gradients of activations); ``inputs``: the example inputs."""
+
+    parameters: int = 0
+    buffers: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    activations: int = 0
+    temporaries: int = 0
+    inputs: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class ModuleMemory:
+    """One module of the model. ``activation_bytes``: bytes its forward made that were
+    still alive when it returned (output plus what it saved for backward), summed over
+    calls; ``peak_bytes``: the highest total while it ran, forward or backward (0: never ran)."""
+
+    name: str
+    type_name: str
+    depth: int
+    calls: int
+    activation_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated peak memory of one step; ``at_peak`` sums to ``peak_bytes``."""
+
+    peak_bytes: int
+    at_peak: MemoryBreakdown
+    peak_module: str
+    peak_phase: Phase
+    mode: Mode
+    optimizer: Optional[str]
+    params: int
+    device: str
+    dtype: Optional[str]
+    input_description: str
+    modules: Tuple[ModuleMemory, ...] = ()
+    warnings: Tuple[str, ...] = ()
+
+    def module(self, name: str) -> ModuleMemory:
+        for info in self.modules:
+            if info.name == name:
+                return info
+        raise KeyError(f"no module named {name!r} in this estimate")
+
+    def activation_bytes(self) -> Dict[str, int]:
+        """``{module name: activation bytes}`` for modules that ran, in model order."""
+        return {m.name: m.activation_bytes for m in self.modules if m.calls}
+
+    def table(self, max_depth: Optional[int] = 1, fmt: str = "simple") -> str:
+        from .report.memory import memory_table
+
+        return memory_table(self, max_depth=max_depth, fmt=fmt)
+
+    def to_dict(self) -> Dict[str, Any]:
+        from .report.memory import memory_to_dict
+
+        return memory_to_dict(self)
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+# --------------------------------------------------------------------------- torch's tools
+
+
+def _memtracker_class() -> type:
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except Exception as exc:  # ImportError, or a RuntimeError on builds without torch.distributed
+        raise UsageError(
+            f"estimate_memory needs torch.distributed._tools.mem_tracker.MemTracker (torch >= 2.5 built with "
+            f"distributed support); torch {torch.__version__} here has none ({type(exc).__name__}: {exc})"
+        ) from exc
+    if not hasattr(MemTracker, "_update_peak_stats") or not hasattr(MemTracker, "track_external"):
+        raise UsageError(f"estimate_memory: torch {torch.__version__}'s MemTracker lacks the hooks flopcount uses")
+    return MemTracker
+
+
+def _peak_tracker() -> Any:
+    """A MemTracker that also records where the step peaks and each module's own peak.
+
+    It replaces MemTracker's per-op peak update, which walks every module seen so far
+    (quadratic in depth on a 70B model), by a walk over the modules running now."""
+
+    class PeakTracker(_memtracker_class()):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            for attr in ("_curr_mem_snap", "_mod_tracker", "_in_opt"):
+                if not hasattr(self, attr):
+                    raise UsageError(f"estimate_memory: torch {torch.__version__}'s MemTracker has no {attr}")
+            self.peak_total = -1
+            self.peak_snapshot: Dict[Any, Dict[Any, int]] = {}
+            self.peak_where: FrozenSet[str] = frozenset()
+            self.peak_phase: Phase = "forward"
+            self.module_peaks: Dict[str, int] = {}
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            snap = self._curr_mem_snap
+            total = sum(dev.get("Total", 0) for dev in snap.values())
+            parents = self._mod_tracker.parents
+            peaks = self.module_peaks
+            for name in parents:
+                if peaks.get(name, -1) < total:
+                    peaks[name] = total
+            if total > self.peak_total:
+                self.peak_total = total
+                self.peak_snapshot = {dev: dict(values) for dev, values in snap.items()}
+                self.peak_where = frozenset(parents)
+                self.peak_phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+
+    return PeakTracker()
+
+
+class _Faker:
+    """Fake twins of real, meta or fake tensors: one fake storage per original storage
+    (tied weights and views stay shared, a view keeps its base's size), meta mapped to
+    cpu, floating dtypes cast to ``dtype`` when given."""
+
+    def __init__(self, mode: FakeTensorMode, dtype: Optional[torch.dtype]):
+        self.mode = mode
+        self.dtype = dtype
+        self._bases: Dict[Tuple[int, torch.dtype], Tuple[Any, torch.Tensor]] = {}
+
+    def __call__(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            raise UsageError(f"estimate_memory: {what} is a {tensor.layout} tensor; only dense tensors are supported")
+        dtype = self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
+        device = torch.device("cpu") if tensor.device.type == "meta" else tensor.device
+        storage = tensor.untyped_storage()
+        key = (id(storage), dtype)
+        if key not in self._bases:
+            extent = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
+            numel = max(storage.nbytes() // tensor.element_size(), extent if tensor.numel() else 0)
+            with self.mode:  # the original storage is kept alive so that ids stay unique
+                self._bases[key] = (storage, torch.empty(numel, dtype=dtype, device=device))
+        with self.mode:
+            twin = self._bases[key][1].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+            if isinstance(tensor, nn.Parameter):
+                return nn.Parameter(twin, requires_grad=tensor.requires_grad)
+            return twin.requires_grad_(tensor.requires_grad) if tensor.requires_grad else twin
+
+
+def _fake_model(model: nn.Module, faker: _Faker) -> Tuple[nn.Module, Dict[int, torch.Tensor]]:
+    """A copy of the module tree whose tensors are fake; ``{id(original): fake}``."""
+    twins: Dict[int, Any] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        owned = [(f"parameter {n}", t) for n, t in module._parameters.items()]
+        owned += [(f"buffer {n}", t) for n, t in module._buffers.items()]
+        owned += [(f"tensor attribute {n}", t) for n, t in vars(module).items() if isinstance(t, torch.Tensor)]
+        for label, tensor in owned:
+            if tensor is not None and id(tensor) not in twins:
+                twins[id(tensor)] = faker(tensor, f"{label} of module '{mod_name}'")
+    try:
+        twin = copy.deepcopy(model, memo=dict(twins))
+    except Exception as exc:
+        raise UsageError(f"estimate_memory could not copy the model's modules: {type(exc).__name__}: {exc}") from exc
+    return twin, twins
+
+
+def _fake_optimizer(
+    optimizer: Any, twin: nn.Module, twins: Mapping[int, torch.Tensor]
+) -> Tuple[torch.optim.Optimizer, str]:
+    """The optimizer rebuilt on the fake parameters. Where it leaves ``foreach`` to torch,
+    it is set as torch would set it for the real tensors (multi-tensor kernels on cuda),
+    since torch never picks them for FakeTensors and they allocate more at the step."""
+    if isinstance(optimizer, str):
+        key = optimizer.strip().lower()
+        params = [p for p in twin.parameters() if p.requires_grad]
+        foreach = _foreach_default(params)
+        if key == "sgd":
+            return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
+        if key == "sgd-momentum":
+            return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
+        if key in ("adam", "adamw"):
+            return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
+        raise UsageError(f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)})")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError(f"estimate_memory: optimizer must be a name or an Optimizer, got {type(optimizer).__name__}")
+    groups = []
+    for index, group in enumerate(optimizer.param_groups):
+        missing = [p for p in group["params"] if id(p) not in twins]
+        if missing:
+            raise UsageError(
+                f"estimate_memory: param group {index} of the optimizer holds {len(missing)} tensor(s) that are not "
+                f"parameters of the model (first shape {tuple(missing[0].shape)})"
+            )
+        fakes = [twins[id(p)] for p in group["params"]]
+        rebuilt = {**group, "params": fakes}
+        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+            rebuilt["foreach"] = _foreach_default(fakes)
+        groups.append(rebuilt)
+    try:
+        return type(optimizer)(groups, **optimizer.defaults), type(optimizer).__name__
+    except Exception as exc:
+        raise UsageError(
+            f"estimate_memory could not rebuild {type(optimizer).__name__} on fake parameters as "
+            f"type(opt)(param_groups, **opt.defaults): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
+    return True if params and all(p.device.type in ("cuda", "xpu") for p in params) else None
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    """What backward starts from: ``output.loss`` when the model computed one (Hugging
+    Face with labels), else the sum of every output that requires grad."""
+    loss = None if isinstance(output, torch.Tensor) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss.sum() if loss.numel() != 1 else loss
+    tensors = [t for t in output_tensors(output) if t.requires_grad]
+    if not tensors:
+        raise UsageError("estimate_memory(backward=True): none of the model's outputs requires grad")
+    total = tensors[0].sum()
+    for tensor in tensors[1:]:
+        total = total + tensor.sum()
+    return total
+
+
+def _bytes_of(snapshot: Mapping[Any, Mapping[Any, int]], category: str) -> int:
+    return sum(v for values in snapshot.values() for k, v in values.items() if getattr(k, "value", k) == category)
+
+
+# --------------------------------------------------------------------------- the estimate
+
+
+def estimate_memory(
+    model: nn.Module,
+    inputs: Any,
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    backward: bool = False,
+    optimizer: Union[None, str, torch.optim.Optimizer] = None,
+    dtype: Union[None, str, torch.dtype] = None,
+) -> MemoryEstimate:
+    """Peak tensor memory of one step of ``model(*inputs, **kwargs)`` on fake tensors.
+
+    ``backward=False``: inference under ``torch.no_grad()``. ``backward=True``: forward
+    then backward from ``output.loss`` (if the model returns one) or the sum of its
+    outputs, the other outputs released first. ``optimizer`` ("sgd", "sgd-momentum",
+    "adam", "adamw" or an instance, needs ``backward``) adds its step, in the steady
+    state: its state exists from the start (allocated by an earlier step), gradients do
+    not (``zero_grad(set_to_none=True)``). ``dtype`` casts floating parameters, buffers and
+    inputs. Works on cpu, cuda and meta models (meta is estimated as cpu)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not backward:
+        raise UsageError("estimate_memory: an optimizer step needs backward=True")
+    cast = _dtype(dtype)
+    args, kw = as_call_args(inputs, kwargs)
+    description = describe_inputs(inputs, kwargs)
+    tracker = _peak_tracker()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    faker = _Faker(mode, cast)
+    twin, twins = _fake_model(model, faker)
+    flat, rebuild = flatten_tensors((args, kw))
+    fake_args, fake_kw = rebuild([faker(t, f"input tensor {i}") for i, t in enumerate(flat)])
+    opt, opt_name = _fake_optimizer(optimizer, twin, twins) if optimizer is not None else (None, None)
+    names = module_names(twin)
+    rng = torch.get_rng_state()
+    formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
+    try:
+        with mode:
+            if opt is not None:
+                _warm_up(opt)
+            tracker.track_external(twin, opt, output_tensors((fake_args, fake_kw)))
+            _skip_grad_hooks(tracker, twin)
+            with tracker, ModuleStack(names) as stack:
+                tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
+                try:
+                    _run_step(twin, fake_args, fake_kw, backward, opt)
+                except FlopcountError:
+                    raise
+                except Exception as exc:
+                    raise _step_error(exc, stack.current, description) from exc
+    finally:
+        warnings.formatwarning = formatwarning
+        torch.set_rng_state(rng)
+    return _collect(tracker, twin, names, backward, opt_name, cast, description)
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_grad_hooks(tracker: Any, model: nn.Module) -> None:
+    """MemTracker registers a gradient hook on every parameter of a module it enters, which
+    raises on frozen ones; mark those as already hooked so it leaves them alone."""
+    for param in model.parameters():
+        if not param.requires_grad:
+            tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+
+
+def _dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    if dtype is None:
+        return None
+    value = getattr(torch, dtype.strip().replace("torch.", ""), None) if isinstance(dtype, str) else dtype
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise UsageError(f"estimate_memory: dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
+    return value
+
+
+def _warm_up(opt: torch.optim.Optimizer) -> None:
+    """One step on zero gradients, so the optimizer state exists as in every step after the first."""
+    for group in opt.param_groups:
+        for param in group["params"]:
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+    try:
+        opt.step()
+    except Exception as exc:
+        raise UsageError(
+            f"estimate_memory: {type(opt).__name__}.step() failed on fake tensors: {type(exc).__name__}: {exc}"
+        ) from exc
+    opt.zero_grad(set_to_none=True)
+
+
+def _run_step(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], backward: bool, opt: Any) -> None:
+    with torch.set_grad_enabled(backward):
+        output = model(*args, **kwargs)
+        if not backward:
+            return
+        loss = _loss_of(output)
+        del output
+        loss.backward()
+        del loss
+    if opt is not None:
+        opt.step()
+
+
+def _step_error(exc: Exception, where: str, description: str) -> TraceError:
+    place = f"module '{where}'" if where else "the root module"
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    hint = ""
+    if "DataDependent" in type(exc).__name__ or "DynamicOutputShape" in type(exc).__name__:
+        hint = " (fake tensors have no values: the step reads tensor data, e.g. .item() or nonzero())"
+    return TraceError(
+        f"estimate_memory: the step failed in {place} with inputs {description}: "
+        f"{type(exc).__name__}: {first_line}{hint}",
+        module_path=where,
+        input_shapes=description,
+    )
+
+
+def _collect(
+    tracker: Any,
+    twin: nn.Module,
+    names: Mapping[nn.Module, str],
+    backward: bool,
+    opt_name: Optional[str],
+    cast: Optional[torch.dtype],
+    description: str,
+) -> MemoryEstimate:
+    snapshot = tracker.peak_snapshot
+    at_peak = MemoryBreakdown(**{field: _bytes_of(snapshot, category) for category, field in _CATEGORIES.items()})
+    known = {tracker._mod_tracker.get_known_fqn(module): name for module, name in names.items()}
+    running = [fqn for fqn in tracker.peak_where if fqn in known]
+    peak_module = known[max(running, key=lambda fqn: (fqn.count("."), fqn))] if running else ""
+    modules = []
+    for module, name in names.items():
+        stats = tracker.memory_tracking.get(module)
+        states = {} if stats is None else {getattr(k, "value", k): v for k, v in stats.snapshots.items()}
+        before, after = states.get("Pre-Forward", []), states.get("Post-Forward", [])
+        retained = sum(max(0, _bytes_of(b, "Activation") - _bytes_of(a, "Activation")) for a, b in zip(before, after))
+        fqn = tracker._mod_tracker.get_known_fqn(module)
+        modules.append(
+            ModuleMemory(
+                name,
+                type(module).__name__,
+                name.count(".") + 1 if name else 0,
+                len(before),
+                retained,
+                tracker.module_peaks.get(fqn, 0) if fqn is not None else 0,
+            )
+        )
+    devices = sorted({str(device) for device in snapshot})
+    notes = []
+    if len(devices) > 1:
+        notes.append(f"the step used several devices ({', '.join(devices)}); peak_bytes is their sum")
+    for note in notes:
+        warnings.warn(note, FlopcountWarning, stacklevel=3)
+    return MemoryEstimate(
+        peak_bytes=at_peak.total,
+        at_peak=at_peak,
+        peak_module=peak_module,
+        peak_phase=tracker.peak_phase,
+        mode="training step" if opt_name else "forward+backward" if backward else "inference",
+        optimizer=opt_name,
+        params=sum(p.numel() for p in twin.parameters()),
+        device=", ".join(devices) or "cpu",
+        dtype=None if cast is None else str(cast).replace("torch.", ""),
+        input_description=description,
+        modules=tuple(modules),
+        warnings=tuple(notes),
+    )

@@ -1,0 +1,103 @@
+"""Renderers of a MemoryEstimate: a table with the breakdown at the peak, and a JSON-safe dict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from tabulate import tabulate
+
+from .units import format_bytes, format_count, format_share
+
+if TYPE_CHECKING:
+    from ..memory import MemoryEstimate
+
+SCHEMA_VERSION = 1
+
+_LABELS = {
+    "parameters": "parameters",
+    "buffers": "buffers",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations (forward)",
+    "temporaries": "temporaries (backward)",
+    "inputs": "inputs",
+}
+
+
+def breakdown_table(estimate: MemoryEstimate, fmt: str = "simple") -> str:
+    """What is alive at the peak, by kind, with shares of the peak."""
+    parts = asdict(estimate.at_peak)
+    rows = [
+        [_LABELS[key], format_bytes(value), format_share(value, estimate.peak_bytes)] for key, value in parts.items()
+    ]
+    rows.append(["peak", format_bytes(estimate.peak_bytes), format_share(estimate.peak_bytes, estimate.peak_bytes)])
+    return tabulate(rows, headers=["At peak", "Bytes", "Share"], tablefmt=fmt, colalign=("left", "right", "right"))
+
+
+def memory_table(estimate: MemoryEstimate, max_depth: Optional[int] = 1, fmt: str = "simple") -> str:
+    """The breakdown at the peak, then one row per module that ran (down to ``max_depth``)
+    with its retained activations and its own peak, then a footer naming the step."""
+    rows = []
+    for info in estimate.modules:
+        if not info.calls or (max_depth is not None and info.depth > max_depth):
+            continue
+        rows.append(
+            [
+                info.name or "(model)",
+                info.type_name,
+                info.calls,
+                format_bytes(info.activation_bytes),
+                format_bytes(info.peak_bytes),
+            ]
+        )
+    modules = tabulate(
+        rows,
+        headers=["Module", "Type", "Calls", "Activations kept", "Peak while running"],
+        tablefmt=fmt,
+        colalign=("left", "left", "right", "right", "right"),
+    )
+    return "\n\n".join([breakdown_table(estimate, fmt), modules, "\n".join(_footer(estimate))])
+
+
+def _footer(estimate: MemoryEstimate) -> List[str]:
+    step = estimate.mode + (f" ({estimate.optimizer})" if estimate.optimizer else "")
+    where = estimate.peak_module or "(model)"
+    lines = [
+        f"Peak: {format_bytes(estimate.peak_bytes)} ({estimate.peak_bytes:,} bytes) in the {estimate.peak_phase} of "
+        f"'{where}'; step: {step}; device: {estimate.device}; {format_count(estimate.params)} params"
+        + (f" cast to {estimate.dtype}" if estimate.dtype else "")
+        + f"; inputs: {estimate.input_description}",
+        "Tensor storage bytes as torch's MemTracker counts them, estimated on fake tensors; allocator caching, "
+        "fragmentation and the CUDA context are not included.",
+    ]
+    lines += [f"WARNING: {text}" for text in estimate.warnings]
+    return lines
+
+
+def memory_to_dict(estimate: MemoryEstimate) -> Dict[str, Any]:
+    """Stable keys; every value is a str, int, list, dict or None."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "peak_bytes": estimate.peak_bytes,
+        "at_peak": asdict(estimate.at_peak),
+        "peak_module": estimate.peak_module,
+        "peak_phase": estimate.peak_phase,
+        "mode": estimate.mode,
+        "optimizer": estimate.optimizer,
+        "params": estimate.params,
+        "device": estimate.device,
+        "dtype": estimate.dtype,
+        "inputs": estimate.input_description,
+        "by_module": {
+            m.name: {
+                "type": m.type_name,
+                "depth": m.depth,
+                "calls": m.calls,
+                "activation_bytes": m.activation_bytes,
+                "peak_bytes": m.peak_bytes,
+            }
+            for m in estimate.modules
+        },
+        "warnings": list(estimate.warnings),
+    }
