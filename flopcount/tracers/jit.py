@@ -19,6 +19,7 @@ from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tens
 from ..types import OpCall, OpEvent, TensorMeta, Trace
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
+from ._vocabulary import canonical
 
 # Graph plumbing, not operations: the values they carry are read where they are used.
 _PLUMBING = frozenset(
@@ -187,7 +188,10 @@ def _graph_events(graph: Any) -> List[OpEvent]:
         names = _argument_names(node.schema()) if kind.startswith("aten::") else None
         if names is None or len(names) < len(inputs):
             names = tuple(f"arg{i}" for i in range(len(inputs)))
-        args = _LazyArgs(names, inputs, reader)
+        args: Mapping[str, Any] = _LazyArgs(names, inputs, reader)
+        kind, extra = canonical(kind)  # the one operator vocabulary (tracers/_vocabulary.py)
+        if extra:
+            args = {**args, **extra}
         outputs = _LazyOutputs(list(node.outputs()), reader)
         scope = node.scopeName()
         stack = scopes.get(scope)
