@@ -202,8 +202,8 @@ def aggregate(
             entry[1][event.module] = None
             continue
         # a fused op's cost is booked under the canonical ops it performs, one call each
-        for op, part in cost.parts or ((op, cost),):
-            key = (event.module_stack, op, event.phase)
+        for name, part in cost.parts or ((op, cost),):
+            key = (event.module_stack, name, event.phase)
             sums = groups.get(key)
             if sums is None:
                 groups[key] = [1, part.macs, part.flops]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from functools import cache
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -246,54 +246,70 @@ def _mha_binder() -> Binder:
     return bind
 
 
+def _entries() -> List[Callable[[], Tuple[Any, Binder]]]:
+    """Each composite as (torch function, binder), built lazily: a name this torch lacks
+    is skipped (that composite is then recorded as its aten ops)."""
+    aten = torch.ops.aten
+    entries: List[Callable[[], Tuple[Any, Binder]]] = [
+        lambda: (F.linear, _schema_binder(aten.linear.default)),
+        lambda: (torch.bilinear, _schema_binder(aten.bilinear.default)),
+        lambda: (torch.matmul, _schema_binder(aten.matmul.default)),
+        lambda: (torch._C.TensorBase.matmul, _schema_binder(aten.matmul.default)),  # also `@`
+        lambda: (torch.outer, _schema_binder(aten.outer.default)),
+        lambda: (torch.ger, _schema_binder(aten.ger.default)),
+        lambda: (torch._C.TensorBase.outer, _schema_binder(aten.outer.default)),
+        lambda: (torch._C.TensorBase.ger, _schema_binder(aten.ger.default)),
+        lambda: (torch.inner, _schema_binder(aten.inner.default)),
+        lambda: (torch._C.TensorBase.inner, _schema_binder(aten.inner.default)),
+        lambda: (torch.einsum, _einsum_binder),
+        lambda: (torch.tensordot, _tensordot_binder),
+        lambda: (F.scaled_dot_product_attention, _schema_binder(aten.scaled_dot_product_attention.default)),
+        lambda: (F.multi_head_attention_forward, _mha_binder()),
+        lambda: (F.instance_norm, _python_binder(F.instance_norm, "aten::instance_norm")),
+        lambda: (F.rms_norm, _python_binder(F.rms_norm, "aten::rms_norm")),
+        lambda: (F.dropout, _dropout_binder(F.dropout, "aten::dropout")),
+        lambda: (F.alpha_dropout, _dropout_binder(F.alpha_dropout, "aten::alpha_dropout")),
+        lambda: (F.dropout2d, _dropout_binder(F.dropout2d, "aten::feature_dropout")),
+        lambda: (F.dropout3d, _dropout_binder(F.dropout3d, "aten::feature_dropout")),
+        lambda: (F.feature_alpha_dropout, _dropout_binder(F.feature_alpha_dropout, "aten::feature_alpha_dropout")),
+        lambda: (F.cross_entropy, _loss_binder(F.cross_entropy, "aten::cross_entropy_loss")),
+        lambda: (F.l1_loss, _loss_binder(F.l1_loss, "aten::l1_loss", refuse=("weight",))),
+        # kl_div(reduction="batchmean") runs kl_div(sum) and a divide: left to the leaf ops
+        lambda: (F.kl_div, _loss_binder(F.kl_div, "aten::kl_div")),
+        lambda: (torch.cosine_similarity, _schema_binder(aten.cosine_similarity.default)),
+        lambda: (torch.cdist, _cdist_binder()),
+        # pooling spelled differently below the dispatcher (a 1-D pool runs as a 2-D one,
+        # a global average pool as a mean)
+        lambda: (torch.avg_pool1d, _schema_binder(aten.avg_pool1d.default)),
+        lambda: (torch.adaptive_avg_pool1d, _schema_binder(aten.adaptive_avg_pool1d.default)),
+        lambda: (F.adaptive_avg_pool2d, _python_binder(F.adaptive_avg_pool2d, "aten::adaptive_avg_pool2d", {"input": "self"})),
+        lambda: (F.adaptive_avg_pool3d, _python_binder(F.adaptive_avg_pool3d, "aten::adaptive_avg_pool3d", {"input": "self"})),
+        # boolean-dispatch wrappers: the torch function seen is the wrapper, bound by the
+        # signature of the function it dispatches to
+        lambda: (F.max_pool1d, _python_binder(F.max_pool1d_with_indices, "aten::max_pool1d", {"input": "self"})),
+        lambda: (
+            F.adaptive_max_pool1d,
+            _python_binder(F.adaptive_max_pool1d_with_indices, "aten::adaptive_max_pool1d", {"input": "self"}),
+        ),
+    ]
+    for op in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        entries.append(lambda op=op: (getattr(torch, op), _rnn_binder(op)))  # type: ignore[misc]
+    for op in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"):
+        # jit records a cell as the ops it decomposes into; its handler books the same split
+        entries.append(lambda op=op: (getattr(torch, op), _schema_binder(getattr(aten, op).default)))  # type: ignore[misc]
+    return entries
+
+
 @cache
 def _composites() -> Dict[Any, Binder]:
     """torch function -> binder, built once (the lookup runs on every torch function call)."""
-    aten = torch.ops.aten
-    table: Dict[Any, Binder] = {
-        F.linear: _schema_binder(aten.linear.default),
-        torch.bilinear: _schema_binder(aten.bilinear.default),
-        torch.matmul: _schema_binder(aten.matmul.default),
-        torch._C.TensorBase.matmul: _schema_binder(aten.matmul.default),
-        torch.outer: _schema_binder(aten.outer.default),
-        torch.ger: _schema_binder(aten.ger.default),
-        torch._C.TensorBase.outer: _schema_binder(aten.outer.default),
-        torch._C.TensorBase.ger: _schema_binder(aten.ger.default),
-        torch.inner: _schema_binder(aten.inner.default),
-        torch._C.TensorBase.inner: _schema_binder(aten.inner.default),
-        torch.einsum: _einsum_binder,
-        torch.tensordot: _tensordot_binder,
-        F.scaled_dot_product_attention: _schema_binder(aten.scaled_dot_product_attention.default),
-        F.multi_head_attention_forward: _mha_binder(),
-        F.instance_norm: _python_binder(F.instance_norm, "aten::instance_norm"),
-        F.dropout: _dropout_binder(F.dropout, "aten::dropout"),
-        F.alpha_dropout: _dropout_binder(F.alpha_dropout, "aten::alpha_dropout"),
-        F.dropout2d: _dropout_binder(F.dropout2d, "aten::feature_dropout"),
-        F.dropout3d: _dropout_binder(F.dropout3d, "aten::feature_dropout"),
-        F.feature_alpha_dropout: _dropout_binder(F.feature_alpha_dropout, "aten::feature_alpha_dropout"),
-        F.cross_entropy: _loss_binder(F.cross_entropy, "aten::cross_entropy_loss"),
-        F.l1_loss: _loss_binder(F.l1_loss, "aten::l1_loss", refuse=("weight",)),
-        F.rms_norm: _python_binder(F.rms_norm, "aten::rms_norm"),
-        torch.cosine_similarity: _schema_binder(aten.cosine_similarity.default),
-        torch.cdist: _cdist_binder(),
-        # pooling spelled differently below the dispatcher (a 1-D pool runs as a 2-D one,
-        # a global average pool as a mean)
-        torch.avg_pool1d: _schema_binder(aten.avg_pool1d.default),
-        torch.adaptive_avg_pool1d: _schema_binder(aten.adaptive_avg_pool1d.default),
-        F.adaptive_avg_pool2d: _python_binder(F.adaptive_avg_pool2d, "aten::adaptive_avg_pool2d", {"input": "self"}),
-        F.adaptive_avg_pool3d: _python_binder(F.adaptive_avg_pool3d, "aten::adaptive_avg_pool3d", {"input": "self"}),
-        # boolean-dispatch wrappers: the torch function seen is the wrapper, bound by the
-        # signature of the function it dispatches to
-        F.max_pool1d: _python_binder(F._max_pool1d, "aten::max_pool1d", {"input": "self"}),
-        F.adaptive_max_pool1d: _python_binder(F._adaptive_max_pool1d, "aten::adaptive_max_pool1d", {"input": "self"}),
-    }
-    # kl_div(reduction="batchmean") runs kl_div(sum) and a divide: left to the leaf ops
-    table[F.kl_div] = _loss_binder(F.kl_div, "aten::kl_div")
-    for op in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
-        table[getattr(torch, op)] = _rnn_binder(op)
-    for op in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"):
-        # jit records a cell as the ops it decomposes into; its handler books the same split
-        table[getattr(torch, op)] = _schema_binder(getattr(aten, op).default)
+    table: Dict[Any, Binder] = {}
+    for entry in _entries():
+        try:
+            func, binder = entry()
+        except (AttributeError, RuntimeError, ValueError):  # not in this torch build
+            continue
+        table[func] = binder
     return table
 
 
