@@ -14,7 +14,6 @@ from flopcount.handlers import attention, default_registry
 from flopcount.registry import KNOWN_ZERO
 from flopcount.tracers import _vocabulary
 
-
 # renamed for agreement before their handler exists (issue #9.8 adds it): reported as
 # unsupported under one name by both tracers
 PENDING = {"aten::cdist"}
@@ -56,7 +55,7 @@ def test_split_costs_add_up_and_refuse_an_unnamed_addend() -> None:
     assert (total.macs, total.flops) == (4, 10) and [op for op, _ in total.parts] == ["aten::linear", "aten::relu", "aten::linear"]
     assert a + Cost() == a
     with pytest.raises(ValueError, match="split"):
-        a + Cost.from_flops(1)  # noqa: B018
+        a + Cost.from_flops(1)
 
 
 def test_no_function_mode_is_left_behind_also_when_the_forward_raises() -> None:
