@@ -241,8 +241,8 @@ def _small_models() -> Dict[str, Case]:
         "mobilenet_v2": (lambda: mobilenet_v2(num_classes=10), lambda: (torch.randn(2, 3, 32, 32),), None),
         "vit_tiny": (lambda: vit_tiny(), lambda: (torch.randn(2, 3, 32, 32),), None),
         "nn_transformer": (
-            lambda: nn.Transformer(E, H, 1, 1, FF),
-            lambda: (torch.randn(L, B, E), non_contiguous(4, B, E)),
+            lambda: nn.Transformer(E, H, 1, 1, FF, batch_first=True),
+            lambda: (torch.randn(B, L, E), non_contiguous(B, 4, E)),
             None,
         ),
     }
