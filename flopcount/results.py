@@ -208,7 +208,8 @@ def aggregate(
     """Sum op costs by operator, by module (a module includes every op run while it was
     on the call stack, and every op of its submodules: containers that are never called,
     like ModuleList, still include their children) and by phase. ``None`` marks an op
-    without a handler: it is listed as unsupported, never counted as zero. ``aliases``:
+    without a handler: it is listed as unsupported, never counted as zero. A split cost
+    (``Cost.parts``) is booked under the ops it names, one call each. ``aliases``:
     ``{canonical name: every name}`` of modules reachable under several names."""
     # first sum events that share (call stack, op, phase): far fewer than events
     groups: Dict[Tuple[Tuple[str, ...], str, str], List[int]] = {}
@@ -220,14 +221,16 @@ def aggregate(
             entry[0] += 1
             entry[1][event.module] = None
             continue
-        key = (event.module_stack, op, event.phase)
-        sums = groups.get(key)
-        if sums is None:
-            groups[key] = [1, cost.macs, cost.flops]
-        else:
-            sums[0] += 1
-            sums[1] += cost.macs
-            sums[2] += cost.flops
+        # a fused op's cost is booked under the canonical ops it performs, one call each
+        for name, part in cost.parts or ((op, cost),):
+            key = (event.module_stack, name, event.phase)
+            sums = groups.get(key)
+            if sums is None:
+                groups[key] = [1, part.macs, part.flops]
+            else:
+                sums[0] += 1
+                sums[1] += part.macs
+                sums[2] += part.flops
     operators: Dict[str, List[int]] = {}
     phases: Dict[str, List[int]] = {}
     by_module: Dict[str, List[int]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Literal, Mapping, Optional, Sequence, Tuple
 
 Phase = Literal["forward", "backward"]
 
@@ -83,13 +83,26 @@ class OpCall:
 @dataclass(frozen=True)
 class Cost:
     """Cost of one op call. ``macs`` counts multiply-accumulates of contractions only;
-    ``flops`` counts every floating-point operation (1 MAC = 2 FLOPs)."""
+    ``flops`` counts every floating-point operation (1 MAC = 2 FLOPs).
+
+    ``parts`` is empty for an op that is one operation. A fused op (jit's
+    ``aten::_transformer_encoder_layer_fwd``) is reported as the canonical operations it
+    performs: one ``(op name, Cost)`` entry per operation, booked by aggregation under
+    those names (one call each) instead of the fused op's; ``macs`` and ``flops`` are
+    their sums. Build it with :meth:`split`.
+    """
 
     macs: int = 0
     flops: int = 0
+    parts: Tuple[Tuple[str, Cost], ...] = ()
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.macs + other.macs, self.flops + other.flops)
+        if not self.parts and not other.parts:
+            return Cost(self.macs + other.macs, self.flops + other.flops)
+        for cost in (self, other):
+            if not cost.parts and (cost.macs or cost.flops):
+                raise ValueError("cannot add an unnamed cost to a split cost: use Cost.split((op, cost), ...)")
+        return Cost.split(*self.parts, *other.parts)
 
     @staticmethod
     def from_macs(macs: int) -> Cost:
@@ -100,6 +113,17 @@ class Cost:
     def from_flops(flops: int) -> Cost:
         """A non-contraction op: FLOPs only, no MACs."""
         return Cost(macs=0, flops=int(flops))
+
+    @staticmethod
+    def split(*parts: Tuple[str, Cost]) -> Cost:
+        """The cost of a fused op as the operations it performs, one ``(op, cost)`` per call."""
+        flat: List[Tuple[str, Cost]] = []
+        for op, cost in parts:
+            if cost.parts:
+                flat.extend(cost.parts)
+            else:
+                flat.append((op, cost))
+        return Cost(sum(c.macs for _, c in flat), sum(c.flops for _, c in flat), tuple(flat))
 
 
 ZERO_COST = Cost()

@@ -13,17 +13,23 @@ decomposed bmm ops (4 matmuls, 2x the forward), recorded op by op.
 from __future__ import annotations
 
 from math import prod
-from typing import Callable, Tuple
+from typing import Callable, List, Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
+from ._common import broadcast, maybe_tensor
 from .matmul import linear_macs
 from .norm import normalize_flops
-from .pointwise import GELU, elementwise_flops
+from .pointwise import DROPOUT, GELU, elementwise_flops
+from .reduce import mean_flops, softmax_flops
 
-__all__ = ["register", "sdpa_macs", "sdpa_backward_macs"]
+__all__ = ["MHA_OP", "register", "sdpa_macs", "sdpa_backward_macs", "mha_parts"]
 
 Dims = Tuple[int, int, int, int, int]  # batch x query heads, Lq, Lk, E, Ev
+
+#: What the dispatch tracer records for ``F.multi_head_attention_forward`` (no aten op
+#: exists for it); its cost is booked under the operations it performs.
+MHA_OP = "flopcount::multi_head_attention_forward"
 
 
 def sdpa_macs(batch_heads: int, lq: int, lk: int, e: int, ev: int) -> int:
@@ -67,44 +73,154 @@ _backward_bhsd = _handler(_bhsd, sdpa_backward_macs)
 _backward_bshd = _handler(_bshd, sdpa_backward_macs)
 
 
-def _mha_core(x: TensorMeta, kv_len: int, embed_dim: int, heads: int) -> Cost:
-    """q/k/v projections, attention, output projection of a fused MHA kernel. Its biases
-    are not counted, as for the ``aten::linear`` calls of MHA's composite path (which
-    dispatch and jit-with-grad record), so both paths cost the same."""
-    rows, kv_rows = x.numel // embed_dim, (x.numel // embed_dim // x.shape[-2]) * kv_len
-    macs = linear_macs((rows, embed_dim), (embed_dim, embed_dim))
-    macs += 2 * linear_macs((kv_rows, embed_dim), (embed_dim, embed_dim))
-    batch = x.numel // (x.shape[-2] * embed_dim)
-    head_dim = embed_dim // heads
-    macs += sdpa_macs(batch * heads, x.shape[-2], kv_len, head_dim, head_dim)
-    macs += linear_macs((rows, embed_dim), (embed_dim, embed_dim))
-    return Cost.from_macs(macs)
+_LINEAR, _SDPA = "aten::linear", "aten::scaled_dot_product_attention"
+
+
+def _linear(rows: int, in_features: int, out_features: int) -> Tuple[str, Cost]:
+    return _LINEAR, Cost.from_macs(linear_macs((rows, in_features), (out_features, in_features)))
+
+
+def _flops(op: str, flops: int) -> Tuple[str, Cost]:
+    return op, Cost.from_flops(flops)
+
+
+def mha_parts(
+    lq: int,
+    lk: int,
+    batch: int,
+    embed_dim: int,
+    heads: int,
+    *,
+    projections: int,
+    need_weights: bool,
+    average_weights: bool,
+    masked: bool,
+    dropout: bool,
+    kv_features: Tuple[int, int] = (0, 0),
+) -> List[Tuple[str, Cost]]:
+    """The operations ``F.multi_head_attention_forward`` performs, one entry per op, as
+    jit records them: the in-projection as ``projections`` linears (1 packed q/k/v, 2 for
+    q and packed k/v, 3 separate), then with ``need_weights`` q * scale, QK^T (``baddbmm``
+    when a mask is added, else ``bmm``), softmax, dropout, AV ``bmm`` and the mean over
+    heads; without it one ``scaled_dot_product_attention``; then the output linear.
+    ``kv_features`` are the key and value input features of separate projections (0 =
+    ``embed_dim``). Biases are not counted (as for every linear)."""
+    rows_q, rows_k = lq * batch, lk * batch
+    e = embed_dim
+    if projections == 1:
+        parts = [_linear(rows_q, e, 3 * e)]
+    elif projections == 2:
+        parts = [_linear(rows_q, e, e), _linear(rows_k, e, 2 * e)]
+    else:
+        kdim, vdim = (f or e for f in kv_features)
+        parts = [_linear(rows_q, e, e), _linear(rows_k, kdim, e), _linear(rows_k, vdim, e)]
+    head_dim = e // heads
+    scores = batch * heads * lq * lk
+    if need_weights:
+        parts.append(_flops("aten::mul", elementwise_flops("aten::mul", rows_q * e)))
+        parts.append(("aten::baddbmm" if masked else "aten::bmm", Cost.from_macs(scores * head_dim)))
+        parts.append(_flops("aten::softmax", softmax_flops(scores)))
+        if dropout:
+            parts.append(_flops("aten::dropout", DROPOUT * scores))
+        parts.append(("aten::bmm", Cost.from_macs(scores * head_dim)))
+    else:
+        parts.append((_SDPA, Cost.from_macs(sdpa_macs(batch * heads, lq, lk, head_dim, head_dim))))
+    parts.append(_linear(rows_q, e, e))
+    if need_weights and average_weights:
+        parts.append(_flops("aten::mean", mean_flops(scores, batch * lq * lk)))
+    return parts
+
+
+def _mha_forward(call: OpCall) -> Cost:
+    """``F.multi_head_attention_forward`` (the dispatch tracer records it as one call;
+    inputs sequence-first ``(L, N, E)`` or unbatched ``(L, E)``): the ops it runs, plus a
+    bool mask's conversion to float (``masked_fill_``) and the merge of both masks (``add``)."""
+    q, k = call.tensor("query"), call.tensor("key")
+    batch = q.shape[1] if q.ndim == 3 else 1
+    lq, lk = q.shape[0], k.shape[0]
+    heads = int(call.arg("num_heads"))
+    lk += (maybe_tensor(call, "bias_k") is not None) + bool(call.arg("add_zero_attn"))
+    parts: List[Tuple[str, Cost]] = []
+    kpm, mask = maybe_tensor(call, "key_padding_mask"), maybe_tensor(call, "attn_mask")
+    need_weights = bool(call.arg("need_weights"))
+    if call.arg("is_causal") and kpm is None and not need_weights:
+        mask = None
+    for m in (kpm, mask):
+        if m is not None and m.dtype == "bool":
+            parts.append(_flops("aten::masked_fill_", elementwise_flops("aten::masked_fill", m.numel)))
+    if kpm is not None and mask is not None:
+        merged = broadcast(mask.shape if mask.ndim == 3 else (1,) + mask.shape, (batch * heads, 1, lk))
+        parts.append(_flops("aten::add", elementwise_flops("aten::add", prod(merged))))
+    kv_features = (0, 0)
+    if call.arg("use_separate_proj_weight"):
+        projections = 3
+        kv_features = (call.tensor("k_proj_weight").shape[-1], call.tensor("v_proj_weight").shape[-1])
+    elif call.arg("query_is_key") and call.arg("key_is_value"):
+        projections = 1
+    else:
+        projections = 2 if call.arg("key_is_value") else 3
+    dropout = bool(call.arg("training")) and float(call.arg("dropout_p") or 0.0) > 0.0
+    parts += mha_parts(
+        lq, lk, batch, q.shape[-1], heads,
+        projections=projections, need_weights=need_weights, average_weights=bool(call.arg("average_attn_weights")),
+        masked=kpm is not None or mask is not None, dropout=dropout, kv_features=kv_features,
+    )
+    return Cost.split(*parts)
+
+
+def _packing(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> int:
+    """How many in-projection linears a fused kernel stands for (it sees no tensor identity:
+    equal shapes are taken as self-attention, as in ``nn.MultiheadAttention``'s fast path)."""
+    if q.shape == k.shape == v.shape:
+        return 1
+    return 2 if k.shape == v.shape else 3
 
 
 def _native_mha(call: OpCall) -> Cost:
-    q, k = call.tensor("query"), call.tensor("key")
-    return _mha_core(q, k.shape[-2], int(call.arg("embed_dim")), int(call.arg("num_head")))
+    """jit's fused ``nn.MultiheadAttention`` (batch-first, eval): the same operations as
+    ``F.multi_head_attention_forward`` on the same call, so both tracers agree."""
+    q, k, v = call.tensor("query"), call.tensor("key"), call.tensor("value")
+    need_weights = bool(call.arg("need_weights"))
+    parts = mha_parts(
+        q.shape[-2], k.shape[-2], q.numel // (q.shape[-2] * q.shape[-1]), int(call.arg("embed_dim")),
+        int(call.arg("num_head")), projections=_packing(q, k, v), need_weights=need_weights,
+        average_weights=bool(call.arg("average_attn_weights")), masked=maybe_tensor(call, "mask") is not None,
+        dropout=False,
+    )
+    return Cost.split(*parts)
 
 
 def _encoder_layer(call: OpCall) -> Cost:
-    """The fused nn.TransformerEncoderLayer: attention block, two residual adds, two layer
-    norms (with affine), the feed-forward linears and their activation -- the same
-    formulas as the ops it decomposes into."""
+    """jit's fused ``nn.TransformerEncoderLayer`` (eval): self-attention without weights,
+    two residual adds, two layer norms (with affine), the feed-forward linears and their
+    activation -- the operations its unfused forward runs, under their own names."""
     x = call.tensor("src")
     e = int(call.arg("embed_dim"))
+    lq = x.shape[-2]
     rows = x.numel // e
     ffn = call.tensor("ffn_weight_1").shape[0]
-    cost = _mha_core(x, x.shape[-2], e, int(call.arg("num_heads")))
-    cost += Cost.from_macs(linear_macs((rows, e), (ffn, e)) + linear_macs((rows, ffn), (e, ffn)))
-    act = GELU["none"] if call.arg("use_gelu") else elementwise_flops("aten::relu", 1)
-    residual = 2 * elementwise_flops("aten::add", x.numel)
-    norms = 2 * normalize_flops(x.numel, rows, True, True, True)
-    return cost + Cost.from_flops(act * rows * ffn + residual + norms)
+    parts = mha_parts(
+        lq, lq, rows // lq, e, int(call.arg("num_heads")), projections=1, need_weights=False,
+        average_weights=False, masked=maybe_tensor(call, "mask") is not None, dropout=False,
+    )
+    act = ("aten::gelu", GELU["none"]) if call.arg("use_gelu") else ("aten::relu", elementwise_flops("aten::relu", 1))
+    norm = normalize_flops(x.numel, rows, True, True, True)
+    parts += [
+        _flops("aten::add", elementwise_flops("aten::add", x.numel)),
+        _flops("aten::layer_norm", norm),
+        _linear(rows, e, ffn),
+        _flops(act[0], act[1] * rows * ffn),
+        _linear(rows, ffn, e),
+        _flops("aten::add", elementwise_flops("aten::add", x.numel)),
+        _flops("aten::layer_norm", norm),
+    ]
+    return Cost.split(*parts)
 
 
 def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_native_multi_head_attention", _native_mha)
     registry.register("aten::_transformer_encoder_layer_fwd", _encoder_layer)
+    registry.register(MHA_OP, _mha_forward)
     registry.register(
         [
             "aten::scaled_dot_product_attention",

@@ -70,10 +70,33 @@ def _rnn(call: OpCall) -> Cost:
     return cost
 
 
+# The elementwise ops of one cell step, in the order and spelling aten's RNN.cpp runs
+# them (what jit records for ``nn.LSTMCell``...): (op, elements per hidden unit, FLOPs each).
+_CELL_OPS = {
+    "lstm": (("aten::add_", 4, 1), ("aten::sigmoid_", 1, 4), ("aten::sigmoid_", 1, 4), ("aten::tanh_", 1, 1),
+             ("aten::sigmoid_", 1, 4), ("aten::mul", 1, 1), ("aten::mul", 1, 1), ("aten::add_", 1, 1),
+             ("aten::tanh", 1, 1), ("aten::mul", 1, 1)),
+    "gru": (("aten::add_", 1, 1), ("aten::sigmoid_", 1, 4), ("aten::add_", 1, 1), ("aten::sigmoid_", 1, 4),
+            ("aten::mul_", 1, 1), ("aten::add", 1, 1), ("aten::tanh_", 1, 1), ("aten::sub", 1, 1),
+            ("aten::mul_", 1, 1), ("aten::add_", 1, 1)),
+    "rnn_tanh": (("aten::add_", 1, 1), ("aten::tanh", 1, 1)),
+    "rnn_relu": (("aten::add_", 1, 1), ("aten::relu", 1, 1)),
+}
+
+
 def _cell(call: OpCall) -> Cost:
+    """One step of ``nn.LSTMCell``/``GRUCell``/``RNNCell``, split into the ops it runs: the
+    input and hidden ``aten::linear`` (biases not counted) and the gate arithmetic
+    (:data:`GATE_FLOPS` per hidden unit in total)."""
     kind = call.op.split("::")[1].replace("_cell", "")
     x, w_ih, w_hh = call.tensor("input"), call.tensor("w_ih"), call.tensor("w_hh")
-    return _layer_cost(kind, _positions(x, False), (w_ih, w_hh), w_hh.shape[1])
+    rows, hidden = _positions(x, False), w_hh.shape[1]
+    parts = [
+        ("aten::linear", Cost.from_macs(rows * w_hh.numel)),
+        ("aten::linear", Cost.from_macs(rows * w_ih.numel)),
+    ]
+    parts += [(op, Cost.from_flops(rows * hidden * per_unit * flops)) for op, per_unit, flops in _CELL_OPS[kind]]
+    return Cost.split(*parts)
 
 
 def _mkldnn_layer(call: OpCall) -> Cost:

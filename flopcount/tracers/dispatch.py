@@ -5,16 +5,11 @@ Works on real, meta and fake tensors alike because nothing here reads tensor dat
 a data-dependent read of a meta/fake tensor (``.item()``, ``bool(t)``, ``torch.equal``)
 is answered with a placeholder value and reported in the trace's warnings.
 
-SDPA is recorded as one unit, as jit records it: a pass-through TorchFunctionMode sees
-each ``F.scaled_dot_product_attention`` call and records one
-``aten::scaled_dot_product_attention`` event, muting the aten ops underneath (the CPU
-fused kernel, or the math decomposition that meta tensors get), so CPU and meta give the
-same numbers. Its backward ops are recorded as they run. Limits of a TorchFunctionMode:
-an SDPA called from inside another overridable Python function (``nn.MultiheadAttention``
-via ``F.multi_head_attention_forward``) is not seen as a call, so its kernel or
-decomposition is recorded instead; and while the mode is active ``nn.MultiheadAttention``
-takes its composite path (linear + SDPA) rather than the fused
-``_native_multi_head_attention`` that jit records under ``torch.no_grad()``.
+Op names follow the one vocabulary of ``_vocabulary.py``: kernel spellings are renamed
+to their canonical names, and the composites jit records as one op (``F.linear``,
+``torch.matmul``, SDPA, the RNN ops, ``F.multi_head_attention_forward``...) are recorded
+as one event by a pass-through TorchFunctionMode that mutes the aten ops underneath, so
+CPU, meta and jit give the same operators and numbers. Backward ops are recorded as they run.
 
 Backward ops are attributed to the module whose forward created the autograd node
 that runs them: module entries and exits are stamped with autograd's sequence number
@@ -31,7 +26,6 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -41,11 +35,9 @@ from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_te
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
+from ._vocabulary import CompositeInterceptor, canonical
 
 __all__ = ["trace"]
-
-_SDPA = torch.nn.functional.scaled_dot_product_attention
-_SDPA_OP = "aten::scaled_dot_product_attention"
 
 _aten = torch.ops.aten
 # Ops that read tensor data into Python; on meta/fake tensors they cannot run.
@@ -110,11 +102,13 @@ class _Signature:
     __slots__ = ("name", "names", "defaults")
 
     def __init__(self, schema: Any):
-        self.name: str = schema.name
-        self.names: Tuple[str, ...] = tuple(a.name for a in schema.arguments)
+        # the canonical name, and the constant arguments a renamed kernel implies
+        self.name, extra = canonical(schema.name)
+        self.names: Tuple[str, ...] = tuple(a.name for a in schema.arguments) + tuple(extra)
         self.defaults: Dict[str, Any] = {
             a.name: _value(a.default_value) for a in schema.arguments if a.has_default_value()
         }
+        self.defaults.update(extra)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
         """Every argument by schema name, in schema order, defaults filled in (as jit has them)."""
@@ -311,29 +305,6 @@ class _Recorder(_DataReads):
 _NO_PLACEHOLDER = object()
 
 
-class _CompositeInterceptor(TorchFunctionMode):
-    """Records ``F.scaled_dot_product_attention`` as one event (forward only) and
-    mutes the aten ops it decomposes into; everything else passes straight through."""
-
-    def __init__(self, recorder: _Recorder):
-        super().__init__()
-        self._recorder = recorder
-        self._sdpa_sig = _Signature(_aten.scaled_dot_product_attention.default._schema)
-
-    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        recorder = self._recorder
-        if func is not _SDPA or recorder.phase != "forward" or recorder.muted:
-            return func(*args, **kwargs)
-        recorder.muted += 1
-        try:
-            out = func(*args, **kwargs)
-        finally:
-            recorder.muted -= 1
-        recorder.record(_SDPA_OP, self._sdpa_sig.bind(args, kwargs), _outputs(out))
-        return out
-
-
 def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     seen = set()
     unique = []
@@ -410,7 +381,7 @@ def trace(
             outer.enter_context(fake_mode)
             outer.enter_context(_DataReads(modules.stack))
         with preserved_model_state(model), modules, torch.set_grad_enabled(backward):
-            with attribution or contextlib.nullcontext(), _CompositeInterceptor(recorder), recorder:
+            with attribution or contextlib.nullcontext(), CompositeInterceptor(recorder, _value, _outputs), recorder:
                 try:
                     outputs = model(*args, **kw)
                 except Exception as exc:

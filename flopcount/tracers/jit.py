@@ -20,6 +20,7 @@ from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tens
 from ..types import OpCall, OpEvent, TensorMeta, Trace
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
+from ._vocabulary import canonical
 
 # Graph plumbing, not operations: the values they carry are read where they are used.
 _PLUMBING = frozenset(
@@ -250,7 +251,10 @@ def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> L
         names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
         if names is None or len(names) < len(inputs):
             names = tuple(f"arg{i}" for i in range(len(inputs)))
-        args = _LazyArgs(names, inputs, reader)
+        args: Mapping[str, Any] = _LazyArgs(names, inputs, reader)
+        kind, extra = canonical(kind)  # the one operator vocabulary (tracers/_vocabulary.py)
+        if extra:
+            args = {**args, **extra}
         outputs = _LazyOutputs(list(node.outputs()), reader)
         scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
         stack = scopes.get(scope)

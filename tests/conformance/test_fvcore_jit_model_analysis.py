@@ -241,8 +241,7 @@ def test_unsupported_ops(tracer: str) -> None:
     result = count(model, (x,), tracer, strict=True)
     assert result.unsupported_ops() == {}
     ops = result.by_module_and_operator()
-    conv = "aten::_convolution" if result.tracer == "jit" else "aten::convolution"
-    assert ops["submod.conv"][conv] == 2 * 5 * 1 * 2 * 2
+    assert ops["submod.conv"]["aten::convolution"] == 2 * 5 * 1 * 2 * 2
     assert ops["submod"]["aten::mul"] == ops["submod"]["aten::add"] == 10  # 3 * y + 1: 1 per element
     assert ops[""]["aten::pow"] == 10
 

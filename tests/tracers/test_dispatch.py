@@ -312,10 +312,28 @@ def test_sdpa_is_one_event_and_hides_its_kernel():
         assert call.out().shape == (1, 4, 6, 8)
 
 
+class _AddMM(nn.Module):
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(n_in, n_out)), nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x):
+        return torch.addmm(self.b, x, self.w)
+
+
+class _MM(nn.Module):
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n_in, n_out))
+
+    def forward(self, x):
+        return torch.mm(x, self.w)
+
+
 def test_events_bind_schema_names_and_module_stacks():
-    model = nn.Sequential(nn.Linear(4, 6), nn.Sequential(nn.Linear(6, 2, bias=False)))
+    model = nn.Sequential(_AddMM(4, 6), nn.Sequential(_MM(6, 2)), nn.Linear(2, 3))
     tr = dispatch.trace(model, torch.randn(3, 4))
-    assert tr.tracer == "dispatch" and tr.module_calls == {"": 1, "0": 1, "1": 1, "1.0": 1}
+    assert tr.tracer == "dispatch" and tr.module_calls == {"": 1, "0": 1, "1": 1, "1.0": 1, "2": 1}
     addmm = next(e for e in tr.events if e.call.op == "aten::addmm")
     assert addmm.module_stack == ("0",)
     assert list(addmm.call.args) == ["self", "mat1", "mat2", "beta", "alpha"]
@@ -323,6 +341,10 @@ def test_events_bind_schema_names_and_module_stacks():
     assert addmm.call.arg("beta") == 1 and addmm.call.out().shape == (3, 6)
     mm = next(e for e in tr.events if e.call.op == "aten::mm")
     assert mm.module_stack == ("1", "1.0") and mm.phase == "forward"
+    # nn.Linear is recorded as the composite jit records, with aten::linear's argument names
+    (linear,) = [e for e in tr.events if e.module == "2"]
+    assert linear.call.op == "aten::linear" and list(linear.call.args) == ["input", "weight", "bias"]
+    assert linear.call.tensor("weight").shape == (3, 2) and linear.call.out().shape == (3, 3)
 
 
 def test_list_outputs_and_tuple_outputs():

@@ -1,0 +1,349 @@
+"""One operator vocabulary for every tracer (docs/conventions.md, "Operator names").
+
+jit records the op Python called (``aten::linear``, ``aten::_convolution``); the
+dispatch tracer sees what reaches the dispatcher below autograd (``aten::addmm``,
+``aten::convolution``, a CPU kernel). Two tools make both name the same operation the
+same way, so ``FlopResult.by_operator()`` does not depend on ``tracer=``:
+
+* :func:`canonical` renames a spelling to its canonical name (``aten::_convolution`` and
+  ``aten::conv2d`` -> ``aten::convolution``, ``aten::native_layer_norm`` ->
+  ``aten::layer_norm``, ``aten::_softmax`` -> ``aten::softmax``...), adding the constant
+  arguments a renamed kernel implies (``_batch_norm_with_update`` -> ``training=True``).
+  Both tracers apply it to every event; it is computed once per op name.
+* :class:`CompositeInterceptor`, a pass-through TorchFunctionMode for the dispatch
+  tracer, records the composite functions jit records as one op (``F.linear``,
+  ``torch.matmul``, ``torch.einsum``, ``F.bilinear``, the RNN ops, dropout, SDPA,
+  ``F.multi_head_attention_forward``...) as one event with the composite's arguments and
+  mutes the aten ops underneath (their decomposition depends on strides and devices: a
+  non-contiguous 3-D ``F.linear`` becomes ``mm`` plus a bias ``add``).
+
+Limit: a TorchFunctionMode sees only the outermost overridable call; a composite called
+from inside another overridable Python function is seen as the leaf ops it becomes
+(``F.multi_head_attention_forward`` is therefore intercepted as a whole and costed as the
+operations it performs, see ``handlers/attention.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["CANONICAL", "CompositeInterceptor", "MHA_OP", "canonical"]
+
+#: The composite op the dispatch tracer records for ``F.multi_head_attention_forward``
+#: (no aten op exists for it; its handler books the cost under the ops it performs).
+MHA_OP = "flopcount::multi_head_attention_forward"
+
+_NO_EXTRA: Mapping[str, Any] = {}
+
+
+def _same(names: Tuple[str, ...], target: str) -> Dict[str, Tuple[str, Mapping[str, Any]]]:
+    return {f"aten::{name}": (f"aten::{target}", _NO_EXTRA) for name in names}
+
+
+#: spelling -> (canonical name, constant arguments the spelling implies). Only spellings
+#: whose handler gives the same cost under the canonical name belong here.
+CANONICAL: Dict[str, Tuple[str, Mapping[str, Any]]] = {
+    **_same(("_convolution", "_convolution_mode", "conv1d", "conv2d", "conv3d"), "convolution"),
+    **{f"aten::conv_transpose{n}d": ("aten::convolution", {"transposed": True}) for n in (1, 2, 3)},
+    **{f"aten::max_pool{n}d_with_indices": (f"aten::max_pool{n}d", _NO_EXTRA) for n in (1, 2, 3)},
+    **_same(("_adaptive_avg_pool2d",), "adaptive_avg_pool2d"),
+    **_same(("_adaptive_avg_pool3d",), "adaptive_avg_pool3d"),
+    **_same(("native_layer_norm",), "layer_norm"),
+    **_same(("native_group_norm",), "group_norm"),
+    **_same(("_fused_rms_norm",), "rms_norm"),
+    **_same(("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"), "batch_norm"),
+    "aten::_native_batch_norm_legit_no_training": ("aten::batch_norm", {"training": False}),
+    "aten::_batch_norm_with_update": ("aten::batch_norm", {"training": True}),
+    "aten::_batch_norm_with_update_functional": ("aten::batch_norm", {"training": True}),
+    **_same(("_softmax", "_safe_softmax"), "softmax"),
+    **_same(("_log_softmax",), "log_softmax"),
+    **_same(("native_dropout",), "dropout"),
+    **_same(("_embedding_bag", "_embedding_bag_forward_only"), "embedding_bag"),
+    **_same(("log_sigmoid_forward",), "log_sigmoid"),
+    **_same(("_prelu_kernel",), "prelu"),
+    **_same(("_cdist_forward",), "cdist"),
+    **_same(("nll_loss_forward", "nll_loss_nd"), "nll_loss"),
+    **_same(("nll_loss2d_forward",), "nll_loss2d"),
+    **_same(
+        (
+            "_scaled_dot_product_attention_math",
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_fused_attention_overrideable",
+        ),
+        "scaled_dot_product_attention",
+    ),
+}
+
+
+def canonical(op: str) -> Tuple[str, Mapping[str, Any]]:
+    """The canonical name of ``op`` and the constant arguments its spelling implies."""
+    return CANONICAL.get(op, (op, _NO_EXTRA))
+
+
+# -- the dispatch tracer's composite interceptor ------------------------------------------
+
+Binder = Callable[[Tuple[Any, ...], Mapping[str, Any]], Optional[Tuple[str, Dict[str, Any]]]]
+
+
+def _schema_binder(overload: Any, op: Optional[str] = None) -> Binder:
+    """Bind a builtin's arguments (which follow its aten schema) by schema name."""
+    schema = overload._schema
+    names = tuple(a.name for a in schema.arguments)
+    defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    name = op or f"aten::{schema.name.split('::')[1]}"
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
+        bound: Dict[str, Any] = {}
+        for index, arg_name in enumerate(names):
+            if index < len(args):
+                bound[arg_name] = args[index]
+            elif arg_name in kwargs:
+                bound[arg_name] = kwargs[arg_name]
+            elif arg_name in defaults:
+                bound[arg_name] = defaults[arg_name]
+        return name, bound
+
+    return bind
+
+
+def _rnn_binder(op: str) -> Binder:
+    """``_VF.lstm/gru/rnn_*``: the ``input`` overload has ``has_biases`` (a bool) fourth,
+    the packed ``data`` overload has ``params`` (a list) there."""
+    packet = getattr(torch.ops.aten, op)
+    by_input, by_data = _schema_binder(packet.input, f"aten::{op}"), _schema_binder(packet.data, f"aten::{op}")
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        if len(args) < 4:
+            return None
+        return (by_data if isinstance(args[3], (list, tuple)) else by_input)(args, kwargs)
+
+    return bind
+
+
+def _python_binder(
+    func: Callable[..., Any], op: str, rename: Mapping[str, str] = _NO_EXTRA, refuse: Tuple[str, ...] = ()
+) -> Binder:
+    """Bind a Python-level torch function by its own signature, renaming arguments to the
+    aten schema's names; ``refuse`` lists arguments that, when given, leave the call to
+    the leaf ops (legacy spellings the composite cannot express)."""
+    signature = inspect.signature(func)
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        if any(values.get(name) is not None for name in refuse):
+            return None
+        return op, {rename.get(k, k): v for k, v in values.items()}
+
+    return bind
+
+
+def _dropout_binder(func: Callable[..., Any], op: str) -> Binder:
+    python = _python_binder(func, op, {"training": "train"})
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        found = python(args, kwargs)
+        if found is None:
+            return None
+        name, values = found
+        return (name + "_" if values.pop("inplace", False) else name), values
+
+    return bind
+
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _loss_binder(func: Callable[..., Any], op: str, refuse: Tuple[str, ...] = ()) -> Binder:
+    """A loss taking ``reduction="none"|"mean"|"sum"``, passed to aten as 0/1/2; the legacy
+    ``size_average``/``reduce`` (and other ``refuse``d arguments) leave it to the leaf ops."""
+    python = _python_binder(func, op, {"input": "self"}, refuse=("size_average", "reduce") + refuse)
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        found = python(args, kwargs)
+        if found is None or found[1].get("reduction") not in _REDUCTIONS:
+            return None
+        found[1]["reduction"] = _REDUCTIONS[found[1]["reduction"]]
+        return found
+
+    return bind
+
+
+_CDIST_MODES = {"use_mm_for_euclid_dist_if_necessary": None, "use_mm_for_euclid_dist": 1, "donot_use_mm_for_euclid_dist": 2}
+
+
+def _cdist_binder() -> Binder:
+    python = _python_binder(torch.cdist, "aten::cdist")
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        found = python(args, kwargs)
+        if found is None or found[1].get("compute_mode") not in _CDIST_MODES:
+            return None
+        found[1]["compute_mode"] = _CDIST_MODES[found[1]["compute_mode"]]
+        return found
+
+    return bind
+
+
+def _einsum_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``torch.einsum(equation, *operands)`` (or a list of operands), with the contraction
+    path torch itself would pass to the kernel (opt_einsum's, when enabled and installed)."""
+    if kwargs or not args or not isinstance(args[0], str):
+        return None
+    equation = args[0]
+    operands = list(args[1][0] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:])
+    path = None
+    opt = torch.backends.opt_einsum
+    if len(operands) > 2 and opt.enabled and opt.is_available():
+        contract = opt.get_opt_einsum().contract_path(equation, *operands, optimize=opt.strategy)[0]
+        path = [index for pair in contract for index in pair]
+    return "aten::einsum", {"equation": equation, "tensors": operands, "path": path}
+
+
+def _tensordot_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``torch.tensordot(a, b, dims)``: an int ``dims`` contracts a's last and b's first dims."""
+    if len(args) < 2 or kwargs.get("out") is not None:
+        return None
+    a, b = args[0], args[1]
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", 2)
+    if isinstance(dims, torch.Tensor):
+        dims = dims.tolist() if dims.ndim else int(dims)
+    if isinstance(dims, int):
+        dims_a, dims_b = list(range(a.ndim - dims, a.ndim)), list(range(dims))
+    else:
+        dims_a, dims_b = list(dims[0]), list(dims[1])
+        if dims_a and isinstance(dims_a[0], (list, tuple)):
+            return None
+    return "aten::tensordot", {"self": a, "other": b, "dims_self": dims_a, "dims_other": dims_b}
+
+
+def _mha_binder() -> Binder:
+    python = _python_binder(F.multi_head_attention_forward, MHA_OP)
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        found = python(args, kwargs)
+        if found is None:
+            return None
+        values = found[1]
+        # which in-projection runs (one packed linear, two, or three) depends on identity
+        values["query_is_key"] = values["query"] is values["key"]
+        values["key_is_value"] = values["key"] is values["value"]
+        return found
+
+    return bind
+
+
+def _entries() -> List[Callable[[], Tuple[Any, Binder]]]:
+    """Each composite as (torch function, binder), built lazily: a name this torch lacks
+    is skipped (that composite is then recorded as its aten ops)."""
+    aten = torch.ops.aten
+    entries: List[Callable[[], Tuple[Any, Binder]]] = [
+        lambda: (F.linear, _schema_binder(aten.linear.default)),
+        lambda: (torch.bilinear, _schema_binder(aten.bilinear.default)),
+        lambda: (torch.matmul, _schema_binder(aten.matmul.default)),
+        lambda: (torch._C.TensorBase.matmul, _schema_binder(aten.matmul.default)),  # also `@`
+        lambda: (torch.outer, _schema_binder(aten.outer.default)),
+        lambda: (torch.ger, _schema_binder(aten.ger.default)),
+        lambda: (torch._C.TensorBase.outer, _schema_binder(aten.outer.default)),
+        lambda: (torch._C.TensorBase.ger, _schema_binder(aten.ger.default)),
+        lambda: (torch.inner, _schema_binder(aten.inner.default)),
+        lambda: (torch._C.TensorBase.inner, _schema_binder(aten.inner.default)),
+        lambda: (torch.einsum, _einsum_binder),
+        lambda: (torch.tensordot, _tensordot_binder),
+        lambda: (F.scaled_dot_product_attention, _schema_binder(aten.scaled_dot_product_attention.default)),
+        lambda: (F.multi_head_attention_forward, _mha_binder()),
+        lambda: (F.instance_norm, _python_binder(F.instance_norm, "aten::instance_norm")),
+        lambda: (F.rms_norm, _python_binder(F.rms_norm, "aten::rms_norm")),
+        lambda: (F.dropout, _dropout_binder(F.dropout, "aten::dropout")),
+        lambda: (F.alpha_dropout, _dropout_binder(F.alpha_dropout, "aten::alpha_dropout")),
+        lambda: (F.dropout2d, _dropout_binder(F.dropout2d, "aten::feature_dropout")),
+        lambda: (F.dropout3d, _dropout_binder(F.dropout3d, "aten::feature_dropout")),
+        lambda: (F.feature_alpha_dropout, _dropout_binder(F.feature_alpha_dropout, "aten::feature_alpha_dropout")),
+        lambda: (F.cross_entropy, _loss_binder(F.cross_entropy, "aten::cross_entropy_loss")),
+        lambda: (F.l1_loss, _loss_binder(F.l1_loss, "aten::l1_loss", refuse=("weight",))),
+        # kl_div(reduction="batchmean") runs kl_div(sum) and a divide: left to the leaf ops
+        lambda: (F.kl_div, _loss_binder(F.kl_div, "aten::kl_div")),
+        lambda: (torch.cosine_similarity, _schema_binder(aten.cosine_similarity.default)),
+        lambda: (torch.cdist, _cdist_binder()),
+        # pooling spelled differently below the dispatcher (a 1-D pool runs as a 2-D one,
+        # a global average pool as a mean)
+        lambda: (torch.avg_pool1d, _schema_binder(aten.avg_pool1d.default)),
+        lambda: (torch.adaptive_avg_pool1d, _schema_binder(aten.adaptive_avg_pool1d.default)),
+        lambda: (F.adaptive_avg_pool2d, _python_binder(F.adaptive_avg_pool2d, "aten::adaptive_avg_pool2d", {"input": "self"})),
+        lambda: (F.adaptive_avg_pool3d, _python_binder(F.adaptive_avg_pool3d, "aten::adaptive_avg_pool3d", {"input": "self"})),
+        # boolean-dispatch wrappers: the torch function seen is the wrapper, bound by the
+        # signature of the function it dispatches to
+        lambda: (F.max_pool1d, _python_binder(F.max_pool1d_with_indices, "aten::max_pool1d", {"input": "self"})),
+        lambda: (
+            F.adaptive_max_pool1d,
+            _python_binder(F.adaptive_max_pool1d_with_indices, "aten::adaptive_max_pool1d", {"input": "self"}),
+        ),
+    ]
+    for op in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        entries.append(lambda op=op: (getattr(torch, op), _rnn_binder(op)))  # type: ignore[misc]
+    for op in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"):
+        # jit records a cell as the ops it decomposes into; its handler books the same split
+        entries.append(lambda op=op: (getattr(torch, op), _schema_binder(getattr(aten, op).default)))  # type: ignore[misc]
+    return entries
+
+
+@cache
+def _composites() -> Dict[Any, Binder]:
+    """torch function -> binder, built once (the lookup runs on every torch function call)."""
+    table: Dict[Any, Binder] = {}
+    for entry in _entries():
+        try:
+            func, binder = entry()
+        except (AttributeError, RuntimeError, ValueError):  # not in this torch build
+            continue
+        table[func] = binder
+    return table
+
+
+class CompositeInterceptor(TorchFunctionMode):
+    """Records each composite call of the forward as one event and mutes the aten ops it
+    runs; every other call passes straight through.
+
+    ``recorder`` provides ``phase``, ``muted`` (a counter) and ``record(op, args, outputs)``;
+    ``value`` turns an argument into what handlers see (TensorMeta, tuple, scalar) and
+    ``outputs`` a result into the outputs tuple.
+    """
+
+    def __init__(self, recorder: Any, value: Callable[[Any], Any], outputs: Callable[[Any], Tuple[Any, ...]]):
+        super().__init__()
+        self._recorder = recorder
+        self._value = value
+        self._outputs = outputs
+        self._table = _composites()
+
+    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        binder = self._table.get(func)
+        recorder = self._recorder
+        if binder is None or recorder.phase != "forward" or recorder.muted:
+            return func(*args, **kwargs)
+        bound = binder(args, kwargs)
+        if bound is None:
+            return func(*args, **kwargs)
+        recorder.muted += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            recorder.muted -= 1
+        op, values = bound
+        value = self._value
+        recorder.record(op, {name: value(v) for name, v in values.items()}, self._outputs(out))
+        return out
