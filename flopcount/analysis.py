@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
@@ -58,12 +59,31 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
             costed.append((event, ZERO_COST))
         else:
             try:
-                costed.append((event, handler(call)))
+                cost = handler(call)
             except Exception as exc:
                 shapes = ", ".join(f"{k}={getattr(v, 'shape', v)}" for k, v in call.args.items())
                 where = event.module or "<root>"
                 raise HandlerError(f"handler for {call.op} failed in module '{where}' on ({shapes}): {exc}") from exc
+            costed.append((event, _checked(cost, call.op, event.module)))
     return costed
+
+
+def _checked(cost: Any, op: str, module: str) -> Cost:
+    """A handler's answer, or a HandlerError naming the op and module when it is not a
+    Cost of non-negative integers (``None`` would be unsupported: use the registry's
+    known-zero or ``Cost()`` for free ops)."""
+    if isinstance(cost, Cost):
+        macs, flops = cost.macs, cost.flops
+        if _count_ok(macs) and _count_ok(flops):
+            return cost
+        problem = f"returned Cost(macs={macs!r}, flops={flops!r}); both must be integers >= 0"
+    else:
+        problem = f"returned {type(cost).__name__} {cost!r:.60}; a handler must return a flopcount.Cost(macs=, flops=)"
+    raise HandlerError(f"handler for {op} in module '{module or '<root>'}' {problem}")
+
+
+def _count_ok(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
 def _module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:
