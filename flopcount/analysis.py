@@ -68,10 +68,12 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
     return costed
 
 
-def _checked(cost: Any, op: str, module: str) -> Cost:
-    """A handler's answer, or a HandlerError naming the op and module when it is not a
-    Cost of non-negative integers (``None`` would be unsupported: use the registry's
-    known-zero or ``Cost()`` for free ops)."""
+def _checked(cost: Any, op: str, module: str) -> Optional[Cost]:
+    """A handler's answer: a Cost of non-negative integers, or ``None`` (this call is
+    unsupported: reported, never zero). Anything else is a HandlerError naming the op
+    and the module."""
+    if cost is None:
+        return None
     if isinstance(cost, Cost):
         macs, flops = cost.macs, cost.flops
         if _count_ok(macs) and _count_ok(flops):
