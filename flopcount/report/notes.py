@@ -47,7 +47,8 @@ def note_lines(result: FlopResult, *, markdown: bool = False) -> List[str]:
 
 
 def _md(text: str) -> str:
-    """Plain text inside markdown: ``_``, ``*`` and ``|`` would start emphasis or end a cell."""
+    """Plain text inside markdown: ``_``, ``*`` and ``|`` would start emphasis or end a
+    cell, and ``<root>`` would be read as an HTML tag."""
     for char in ("\\", "*", "_", "|"):
         text = text.replace(char, "\\" + char)
-    return text
+    return text.replace("<", "&lt;").replace(">", "&gt;")
