@@ -90,7 +90,6 @@ def _prepare(args: argparse.Namespace) -> _Run:
     _check_not_entry(args.output, "--output", args.entry)
     if args.plot:
         _check_not_entry(args.plot, "--plot", args.entry)
-    if args.plot:
         from ..report.plot import check_plot_path
 
         _check_output(args.plot, "--plot")
@@ -114,7 +113,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
     from .entry import load_entry
 
     loaded = load_entry(args.entry, device=device, config=config)
-    _check_not_entry(args.output, "--output", args.entry)  # a package.module ENTRY has a file now
+    # a package.module ENTRY has a file now that it is imported
+    _check_not_entry(args.output, "--output", args.entry)
+    _check_not_entry(args.plot, "--plot", args.entry)
     model = loaded.model
     if args.inputs or kw_specs:
         inputs, kwargs = _make_inputs(model, args.inputs, kw_specs, device, args.seed)
@@ -137,20 +138,20 @@ def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], dev
     generator = torch.Generator().manual_seed(seed)
     high = token_range(model)
 
-    def make(spec: Any, flag: str, ones: bool = False) -> Any:
+    def make(spec: Any, label: str, ones: bool = False) -> Any:
         try:
             return make_tensor(spec, device=device, high=high, generator=generator, ones=ones)
         except (RuntimeError, MemoryError) as exc:
             size = math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
             hint = "; --device meta counts without allocating" if device != "meta" else ""
             raise UsageError(
-                f"{flag} {spec}: cannot allocate the input on {device} ({size / 1e9:.3g} GB): "
+                f"{label}: cannot allocate the input on {device} ({size / 1e9:.3g} GB): "
                 f"{type(exc).__name__}: {_clip(' '.join(str(exc).split()), 240)}{hint}"
             ) from exc
 
-    inputs = tuple(make(spec, "--input") for spec in specs)
+    inputs = tuple(make(spec, f"--input {spec}") for spec in specs)
     kwargs = {
-        name: make(spec, f"--kwarg {name}=", "mask" in name.lower() and not (spec.dtype.is_floating_point or spec.dtype.is_complex))
+        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and not (spec.dtype.is_floating_point or spec.dtype.is_complex))
         for name, spec in kw_specs.items()
     }
     return inputs, (kwargs or None)
@@ -182,11 +183,16 @@ def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str,
 
 
 def _count(run: _Run, args: argparse.Namespace, backward: bool = False) -> Any:
-    """The count, with its INCOMPLETE reasons and warnings said on stderr (ops without a
-    handler are said there too, not as a Python warning)."""
-    from ..analysis import analyze
+    """The count, with its INCOMPLETE reasons and warnings said on stderr."""
+    import warnings
 
-    result = analyze(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
+    from ..api import count_flops
+    from ..errors import FlopcountWarning
+
+    with warnings.catch_warnings():
+        # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
+        warnings.filterwarnings("ignore", message=r".*without a handler were not counted", category=FlopcountWarning)
+        result = count_flops(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
     report_notes(result, args)
     return result
 

@@ -355,6 +355,16 @@ def test_benchmark_leaves_the_random_stream_as_found():
         assert torch.equal(torch.rand(5), expected)
 
 
+@cuda
+def test_cuda_random_stream_left_as_found():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).train()
+    torch.cuda.manual_seed(7)
+    expected = torch.rand(5, device="cuda")
+    torch.cuda.manual_seed(7)
+    benchmark(model, torch.randn(4, 8), device="cuda", iters=3, warmup=1)
+    assert torch.equal(torch.rand(5, device="cuda"), expected)
+
+
 @pytest.mark.parametrize("where", ["model", "input"])
 def test_a_model_without_data_is_refused(where):
     from flopcount import count_flops
