@@ -47,6 +47,7 @@ _EXPORTS: Dict[str, str] = {
     "Budget": "budget",
     "BudgetReport": "budget",
     "check_budget": "budget",
+    "check_result": "budget",
     "load_budget_file": "budget",
     "parse_quantity": "budget",
     "parse_bytes": "budget",
@@ -81,6 +82,7 @@ __all__ = [
     "UsageError",
     "benchmark",
     "check_budget",
+    "check_result",
     "compute_stats",
     "count_flops",
     "default_registry",
@@ -109,7 +111,7 @@ if TYPE_CHECKING:
         module_latency,
         peaks,
     )
-    from .budget import Budget, BudgetReport, check_budget, load_budget_file, parse_bytes, parse_quantity
+    from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
     from .errors import FlopcountError, FlopcountWarning, HandlerError, TraceError, UnsupportedOpError, UsageError
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory

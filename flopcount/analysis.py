@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
@@ -71,11 +72,12 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
             costed.append((event, ZERO_COST))
         else:
             try:
-                costed.append((event, handler(call)))
+                cost = handler(call)
             except Exception as exc:
                 shapes = ", ".join(f"{k}={getattr(v, 'shape', v)}" for k, v in call.args.items())
                 where = event.module or "<root>"
                 raise HandlerError(f"handler for {call.op} failed in module '{where}' on ({shapes}): {exc}") from exc
+            costed.append((event, _checked(cost, call.op, event.module)))
     return costed
 
 
@@ -85,6 +87,26 @@ def _module_aliases(model: nn.Module) -> Dict[str, Tuple[str, ...]]:
     for name, module in model.named_modules(remove_duplicate=False):
         names.setdefault(id(module), []).append(name)
     return {found[0]: tuple(found) for found in names.values() if len(found) > 1}
+
+
+def _checked(cost: Any, op: str, module: str) -> Optional[Cost]:
+    """A handler's answer: a Cost of non-negative integers, or ``None`` (this call is
+    unsupported: reported, never zero). Anything else is a HandlerError naming the op
+    and the module."""
+    if cost is None:
+        return None
+    if isinstance(cost, Cost):
+        macs, flops = cost.macs, cost.flops
+        if _count_ok(macs) and _count_ok(flops):
+            return cost
+        problem = f"returned Cost(macs={macs!r}, flops={flops!r}); both must be integers >= 0"
+    else:
+        problem = f"returned {type(cost).__name__} {cost!r:.60}; a handler must return a flopcount.Cost(macs=, flops=)"
+    raise HandlerError(f"handler for {op} in module '{module or '<root>'}' {problem}")
+
+
+def _count_ok(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
 def _module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:

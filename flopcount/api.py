@@ -4,8 +4,9 @@ benchmark (``measure=``) — the one place the two side of flopcount meet."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from torch import nn
 
@@ -37,6 +38,7 @@ def count_flops(
     as keyword arguments. ``tracer``: "auto" (jit), "jit" or "dispatch".
     ``handlers`` overrides or adds handlers for this call only (``None`` = known zero);
     ``strict=True`` raises :class:`UnsupportedOpError` when an op without a handler ran.
+    ``inputs=None`` means no positional inputs (same as ``()``).
     ``measure=True`` (or a dict of :func:`flopcount.benchmark` options) also times the
     forward and stores the :class:`BenchmarkResult` on ``result.benchmark``, with
     achieved FLOP/s; tables and ``to_dict()`` then show counts and timings together.
@@ -50,11 +52,20 @@ def count_flops(
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
+    if handlers is not None and not isinstance(handlers, Mapping):
+        raise UsageError(
+            f"handlers must be a mapping {{op name: handler or None}}, got {type(handlers).__name__} "
+            "(e.g. handlers={'mylib::op': my_handler})"
+        )
+    if registry is not None and not isinstance(registry, HandlerRegistry):
+        raise UsageError(f"registry must be a flopcount HandlerRegistry, got {type(registry).__name__}")
+    options = _measure_options(measure)
+    if inputs is None:  # "no positional inputs", as with kwargs-only models
+        inputs = ()
     result = analyze(
         model, inputs, kwargs, tracer=tracer, handlers=handlers, registry=registry, backward=backward, loss_fn=loss_fn
     )
-    if measure:
-        options = dict(measure) if isinstance(measure, Mapping) else {}
+    if options is not None:
         timing = benchmark(model, inputs, kwargs, flops=result.by_phase().get("forward", result.flops), **options)
         result = dataclasses.replace(result, benchmark=timing)
     unsupported = result.unsupported_details()
@@ -71,3 +82,17 @@ def count_flops(
     return result
 
 
+
+def _measure_options(measure: Any) -> Optional[Dict[str, Any]]:
+    """``None`` (do not time), or the keyword arguments for :func:`benchmark`."""
+    if measure is None or measure is False:
+        return None
+    if measure is True:
+        return {}
+    if not isinstance(measure, Mapping):
+        raise UsageError(f"measure must be True, False or a dict of benchmark() options, got {type(measure).__name__}")
+    known = [name for name, p in inspect.signature(benchmark).parameters.items() if p.kind is p.KEYWORD_ONLY and name != "flops"]
+    unknown = [str(key) for key in measure if key not in known]
+    if unknown:
+        raise UsageError(f"measure: unknown benchmark option(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+    return dict(measure)

@@ -6,6 +6,14 @@ and buffers by their dtypes, in MB of 10^6 bytes. Memory is the estimated peak o
 :func:`flopcount.memory.estimate_memory` in bytes, written with byte units
 (``16GB`` = 16 * 10^9, ``16GiB`` = 16 * 2^30). Budgets come from flags or from
 ``[tool.flopcount]`` in pyproject.toml (``max-params = "25M"``, ``max-memory = "16GiB"``...).
+
+The verdict is one of PASS, FAIL and INCOMPLETE. FLOPs and MACs come from the count, which
+may be short (:attr:`FlopResult.complete`); params, size and latency never depend on it.
+A budget line is FAIL only when the failure is certain: its value is exact, or it is a
+lower bound (ops without a handler ran, nothing else) already over the limit. A FLOPs or
+MACs line of an incomplete count is INCOMPLETE otherwise, and so is the verdict, unless
+``allow_incomplete``: then the numbers as counted decide. A certain FAIL wins over
+INCOMPLETE (exit 1 before 3 in the CLI): more work can only make an exceeded budget worse.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import UsageError
 from .report.budget import budget_table, show_value
@@ -28,6 +36,15 @@ _QUANTITY = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*
 
 Number = Union[int, float]
 BYTES_PER_MB = 10**6
+
+#: how far a budget line's value can be trusted: ``exact``; ``lower`` (the true value is
+#: at least this: ops without a handler were not counted); ``estimate`` (could be either
+#: way: a placeholder decided a value, or a tracer could not see some work)
+Bound = Literal["exact", "lower", "estimate"]
+Status = Literal["PASS", "FAIL", "INCOMPLETE"]
+
+#: budgets whose actual value comes from the count (and so may be incomplete)
+COUNTED = ("flops", "macs")
 
 # budget name -> (the limit's field on Budget, unit printed after numbers)
 _NAMES = {
@@ -120,52 +137,122 @@ class BudgetLine:
     limit: Number
     actual: Number
     unit: str
+    bound: Bound = "exact"
 
     @property
     def passed(self) -> bool:
+        """The value as measured is within the limit (see :attr:`status` for the verdict)."""
         return self.actual <= self.limit
 
+    @property
+    def status(self) -> Status:
+        """PASS (exact and within), FAIL (certainly over: exact or a lower bound over the
+        limit) or INCOMPLETE (an incomplete count that does not decide)."""
+        if self.passed:
+            return "PASS" if self.bound == "exact" else "INCOMPLETE"
+        return "FAIL" if self.bound in ("exact", "lower") else "INCOMPLETE"
+
     def describe(self) -> str:
-        """``'flops 8.216 G > 5.000 G'``."""
+        """``'flops 8.216 G > 5.000 G'`` (``'flops >= 8.216 G > ...'`` for a lower bound)."""
         relation = "<=" if self.passed else ">"
-        return f"{self.name} {show_value(self.actual, self.unit)} {relation} {show_value(self.limit, self.unit)}"
+        at_least = {"exact": "", "lower": ">= ", "estimate": "~"}[self.bound]
+        return f"{self.name} {at_least}{show_value(self.actual, self.unit)} {relation} {show_value(self.limit, self.unit)}"
 
 
 @dataclass(frozen=True)
 class BudgetReport:
-    """Every checked budget with pass/fail."""
+    """Every checked budget with its status, and the verdict.
+
+    ``incomplete_reasons``: why the count may be short (empty when complete);
+    ``allow_incomplete``: let the numbers as counted decide instead of INCOMPLETE."""
 
     lines: Tuple[BudgetLine, ...]
+    incomplete_reasons: Tuple[str, ...] = ()
+    allow_incomplete: bool = False
+
+    @property
+    def status(self) -> Status:
+        """FAIL when a budget is certainly exceeded; else INCOMPLETE when a counted budget
+        (FLOPs, MACs) rests on an incomplete count (unless ``allow_incomplete``); else
+        FAIL when a budget is exceeded as counted; else PASS."""
+        if any(line.status == "FAIL" for line in self.lines):
+            return "FAIL"
+        if not self.allow_incomplete and any(line.status == "INCOMPLETE" for line in self.lines):
+            return "INCOMPLETE"
+        return "PASS" if all(line.passed for line in self.lines) else "FAIL"
 
     @property
     def passed(self) -> bool:
-        return all(line.passed for line in self.lines)
+        """True only for the PASS verdict: never for an incomplete count (unless allowed)."""
+        return self.status == "PASS"
+
+    @property
+    def complete(self) -> bool:
+        return not self.incomplete_reasons
 
     @property
     def exceeded(self) -> Tuple[BudgetLine, ...]:
+        """Lines over their limit as counted (certain or not: see each line's status)."""
         return tuple(line for line in self.lines if not line.passed)
+
+    @property
+    def undecided(self) -> Tuple[BudgetLine, ...]:
+        """Lines an incomplete count cannot decide."""
+        return tuple(line for line in self.lines if line.status == "INCOMPLETE")
+
+    def verdict(self) -> str:
+        """One sentence: ``'PASS: all 2 budget(s) met'``, ``'FAIL: ...'`` or ``'INCOMPLETE: ...'``."""
+        status = self.status
+        n = len(self.lines)
+        if status == "INCOMPLETE":
+            names = ", ".join(line.name for line in self.undecided)
+            return (
+                f"INCOMPLETE: the count may be short, so {names} cannot be checked "
+                f"({len(self.incomplete_reasons)} reason(s); --allow-incomplete lets the count decide)"
+            )
+        if status == "FAIL":
+            failed = [line.name for line in self.exceeded]
+            text = f"FAIL: {len(failed)} of {n} budget(s) exceeded: {', '.join(failed)}"
+        else:
+            text = f"PASS: all {n} budget(s) met"
+        if self.incomplete_reasons:
+            text += " (on an incomplete count" + (", allowed)" if self.allow_incomplete else ")")
+        return text
 
     def to_dict(self) -> Dict[str, Any]:
         return {
+            "status": self.status,
             "passed": self.passed,
+            "complete": self.complete,
+            "allow_incomplete": self.allow_incomplete,
+            "incomplete_reasons": list(self.incomplete_reasons),
             "exceeded": [line.name for line in self.exceeded],
             "lines": [
-                {"name": line.name, "limit": line.limit, "actual": line.actual, "unit": line.unit, "passed": line.passed}
+                {
+                    "name": line.name,
+                    "limit": line.limit,
+                    "actual": line.actual,
+                    "unit": line.unit,
+                    "bound": line.bound,
+                    "passed": line.passed,
+                    "status": line.status,
+                }
                 for line in self.lines
             ],
         }
 
     def table(self, fmt: str = "simple") -> str:
-        """Budget, limit, actual, PASS/FAIL per line (human units)."""
+        """Budget, limit, actual, PASS/FAIL/INCOMPLETE per line (human units)."""
         return budget_table(self, fmt)
 
     def to_csv(self) -> str:
-        """Raw numbers: ``budget,limit,actual,unit,status``."""
+        """Raw numbers: ``budget,limit,actual,unit,status``, then an ``overall`` row with the verdict."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["budget", "limit", "actual", "unit", "status"])
         for line in self.lines:
-            writer.writerow([line.name, line.limit, line.actual, line.unit, "PASS" if line.passed else "FAIL"])
+            writer.writerow([line.name, line.limit, line.actual, line.unit, line.status])
+        writer.writerow(["overall", "", "", "", self.status])
         return out.getvalue()
 
 
@@ -178,9 +265,20 @@ def check_budget(
     size_bytes: Optional[Number] = None,
     latency_ms: Optional[Number] = None,
     memory_bytes: Optional[Number] = None,
+    incomplete_reasons: Sequence[str] = (),
+    lower_bound: bool = False,
+    allow_incomplete: bool = False,
 ) -> BudgetReport:
     """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
-    A limit whose actual value was not given is a usage error, never a pass."""
+    A limit whose actual value was not given is a usage error, never a pass.
+
+    ``incomplete_reasons``: why the counted values (FLOPs, MACs) may be short;
+    ``lower_bound=True`` says they can only be short (ops without a handler, nothing
+    else), so a counted value over its limit is a certain FAIL."""
+    if isinstance(incomplete_reasons, str):
+        raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
+    reasons = tuple(incomplete_reasons)
+    counted_bound: Bound = "exact" if not reasons else ("lower" if lower_bound else "estimate")
     actuals = {
         "params": params,
         "flops": flops,
@@ -194,15 +292,25 @@ def check_budget(
         actual = actuals[name]
         if actual is None:
             raise UsageError(f"budget {name} is set but no {name} value was measured")
-        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1]))
-    return BudgetReport(tuple(lines))
+        bound: Bound = counted_bound if name in COUNTED else "exact"
+        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound))
+    return BudgetReport(tuple(lines), reasons, bool(allow_incomplete))
 
 
 def check_result(
-    result: Any, budget: Budget, latency_ms: Optional[Number] = None, memory_bytes: Optional[Number] = None
+    result: Any,
+    budget: Budget,
+    latency_ms: Optional[Number] = None,
+    memory_bytes: Optional[Number] = None,
+    *,
+    allow_incomplete: bool = False,
 ) -> BudgetReport:
-    """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`
-    (``memory_bytes``: ``estimate_memory(...).peak_bytes`` when a memory budget is set)."""
+    """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`,
+    its completeness included: an incomplete count never PASSes a FLOPs or MACs budget
+    (status INCOMPLETE) unless ``allow_incomplete``. Its FLOPs and MACs are a lower bound
+    when the only reason is ops without a handler. ``memory_bytes``:
+    ``estimate_memory(...).peak_bytes`` when a memory budget is set."""
+    reasons = tuple(result.incomplete_reasons())
     return check_budget(
         budget,
         params=result.params,
@@ -211,6 +319,9 @@ def check_result(
         size_bytes=result.parameters.size_bytes,
         latency_ms=latency_ms,
         memory_bytes=memory_bytes,
+        incomplete_reasons=reasons,
+        lower_bound=bool(reasons) and not result.gaps,
+        allow_incomplete=allow_incomplete,
     )
 
 
@@ -254,6 +365,8 @@ def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budge
             document = toml.load(fh)
     except toml.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not valid UTF-8 (byte {exc.start}): TOML files must be UTF-8") from exc
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
     tool = document.get("tool", {})

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
+from .errors import UsageError
 from .report.export import result_to_csv, result_to_dict
 from .report.table import module_table, operator_table
 from .report.tree import module_tree
 from .types import CONVENTION, Cost, OpEvent, ParamSummary
 
 Metric = Literal["flops", "macs", "count"]
+METRICS: Tuple[str, ...] = ("flops", "macs", "count")
+
+
+def _metric(metric: str, where: str) -> str:
+    if metric not in METRICS:
+        hint = " (parameters per module: FlopResult.modules[i].params)" if metric == "params" else ""
+        raise UsageError(f"{where}: metric must be one of {', '.join(map(repr, METRICS))}, got {metric!r}{hint}")
+    return metric
 
 __all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "OpTotals", "UnsupportedOp", "aggregate"]
 
@@ -88,19 +97,23 @@ class FlopResult:
     # -- breakdowns ---------------------------------------------------------------
     def by_operator(self, metric: Metric = "flops") -> Dict[str, int]:
         """``{op: FLOPs}`` (or MACs / call counts), largest first."""
+        _metric(metric, "by_operator")
         return _sorted({op: t.get(metric) for op, t in self._operators.items()})
 
     def by_module(self, metric: Metric = "flops") -> Dict[str, int]:
         """``{module name: FLOPs}`` including children, in ``named_modules()`` order;
         modules that never ran appear with 0."""
+        _metric(metric, "by_module")
         return {m.name: self._modules.get(m.name, OpTotals()).get(metric) for m in self.modules}
 
     def by_module_and_operator(self, metric: Metric = "flops") -> Dict[str, Dict[str, int]]:
         """``{module name: {op: FLOPs}}`` including children's ops."""
+        _metric(metric, "by_module_and_operator")
         return {name: _sorted({op: t.get(metric) for op, t in ops.items()}) for name, ops in self._module_ops.items()}
 
     def by_phase(self, metric: Metric = "flops") -> Dict[str, int]:
         """``{"forward": ..., "backward": ...}`` (backward only when it was traced)."""
+        _metric(metric, "by_phase")
         return {phase: t.get(metric) for phase, t in self._phases.items()}
 
     def operator_totals(self) -> Dict[str, OpTotals]:
@@ -108,7 +121,21 @@ class FlopResult:
         return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].flops, -kv[1].count, kv[0])))
 
     def module_totals(self, name: str) -> OpTotals:
-        return self._modules.get(name, OpTotals())
+        """Calls, MACs and FLOPs of module ``name`` (children included; zeros for a module
+        that never ran). An unknown name raises ``KeyError``, as fvcore does."""
+        totals = self._modules.get(name)
+        if totals is not None:
+            return totals
+        if name not in self._module_names():
+            raise KeyError(f"no module named {name!r} in this result (names are those of named_modules(); '' is the model)")
+        return OpTotals()
+
+    def _module_names(self) -> FrozenSet[str]:
+        names: Optional[FrozenSet[str]] = self.__dict__.get("_names_cache")
+        if names is None:
+            names = frozenset(m.name for m in self.modules)
+            object.__setattr__(self, "_names_cache", names)
+        return names
 
     def unsupported_ops(self) -> Dict[str, int]:
         """``{op: calls}`` of ops that ran without a handler (not counted in the totals)."""

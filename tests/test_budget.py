@@ -44,7 +44,11 @@ def test_only_set_limits_are_checked_and_missing_actuals_are_errors():
 
 def test_csv_has_raw_numbers():
     text = check_budget(Budget(max_flops=5_000_000_000), flops=4_000_000_000).to_csv()
-    assert text.splitlines() == ["budget,limit,actual,unit,status", "flops,5000000000,4000000000,FLOPs,PASS"]
+    assert text.splitlines() == [
+        "budget,limit,actual,unit,status",
+        "flops,5000000000,4000000000,FLOPs,PASS",
+        "overall,,,,PASS",
+    ]
 
 
 def test_mapping_accepts_dashes_underscores_and_suffixes():
@@ -83,3 +87,81 @@ def test_missing_file_or_table(tmp_path):
     ok = tmp_path / "ok.toml"
     ok.write_text('[tool.flopcount]\nmax-macs = "3G"\n')
     assert load_budget_file(ok) == Budget(max_macs=3_000_000_000)
+
+
+# --------------------------------------------------------------------------- issue #9, finding 2
+
+
+@pytest.mark.parametrize(
+    "lower_bound, allow, flops, expected",
+    [
+        # a count that can only be short: over the limit is certain, under it is undecided
+        (True, False, 1001, "FAIL"),
+        (True, False, 999, "INCOMPLETE"),
+        (True, True, 999, "PASS"),
+        # a count a placeholder may have pushed either way decides nothing
+        (False, False, 1001, "INCOMPLETE"),
+        (False, False, 999, "INCOMPLETE"),
+        (False, True, 1001, "FAIL"),
+        (False, True, 999, "PASS"),
+    ],
+)
+def test_an_incomplete_count_never_passes(lower_bound, allow, flops, expected):
+    report = check_budget(
+        Budget(max_flops=1000, max_params=10), flops=flops, params=10,
+        incomplete_reasons=["x ran 1x without a handler"], lower_bound=lower_bound, allow_incomplete=allow,
+    )
+    assert report.status == expected
+    assert report.passed is (expected == "PASS")
+    assert report.to_dict()["status"] == expected and report.to_dict()["complete"] is False
+    assert report.verdict().startswith(expected)
+    assert report.to_csv().splitlines()[-1] == f"overall,,,,{expected}"
+    params_line = next(line for line in report.lines if line.name == "params")
+    assert params_line.status == "PASS" and params_line.bound == "exact"  # params never depend on the count
+
+
+def test_a_certain_fail_wins_over_incomplete():
+    report = check_budget(Budget(max_params=10, max_flops=1000), params=11, flops=5, incomplete_reasons=["gap"])
+    assert report.status == "FAIL"
+    assert [line.status for line in report.lines] == ["FAIL", "INCOMPLETE"]
+
+
+def test_check_result_reads_the_completeness_of_a_real_count():
+    import torch
+    from torch import nn
+
+    from flopcount import count_flops
+    from flopcount.budget import check_result
+
+    if not hasattr(torch.ops.flopcount_budget_test, "mystery"):
+        torch.library.define("flopcount_budget_test::mystery", "(Tensor x) -> Tensor")
+        torch.library.impl("flopcount_budget_test::mystery", "CompositeExplicitAutograd")(lambda x: x * 2)
+        torch.library.register_fake("flopcount_budget_test::mystery")(lambda x: torch.empty_like(x))
+
+    class Custom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 5)
+
+        def forward(self, x):
+            return torch.ops.flopcount_budget_test.mystery(self.fc(x))
+
+    for tracer in ("jit", "dispatch", "auto"):
+        result = count_flops(Custom(), torch.randn(3, 2, 6), tracer=tracer)
+        assert result.macs == 3 * 2 * 6 * 5 and not result.complete
+        report = check_result(result, Budget(max_macs=10**6))
+        assert report.status == "INCOMPLETE" and report.lines[0].bound == "lower"
+        assert report.incomplete_reasons == result.incomplete_reasons()
+        assert check_result(result, Budget(max_macs=10**6), allow_incomplete=True).status == "PASS"
+        assert check_result(result, Budget(max_macs=3 * 2 * 6 * 5 - 1)).status == "FAIL"
+    # complete counts are unaffected
+    full = count_flops(nn.Linear(6, 5), torch.randn(3, 6))
+    assert check_result(full, Budget(max_macs=90)).status == "PASS"
+
+
+def test_invalid_utf8_names_the_file(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_bytes(b"[tool.flopcount]\nmax-params = 1 # \xff\n")
+    with pytest.raises(UsageError, match="UTF-8") as info:
+        load_budget_file(path)
+    assert str(path) in str(info.value)

@@ -55,7 +55,8 @@ def test_memory_budget_gates_on_the_estimated_peak() -> None:
     assert check_budget(Budget(max_memory=68_460_552), memory_bytes=peak).passed
     report = check_budget(Budget(max_memory=parse_bytes("65MiB")), memory_bytes=peak)
     assert not report.passed and report.exceeded[0].name == "memory"
-    assert report.lines[0].describe() == "memory 65.29 MiB > 65.00 MiB"
+    # one size unit across reports: decimal MB (68,460,552 B; 65 MiB = 68,157,440 B)
+    assert report.lines[0].describe() == "memory 68.46 MB > 68.16 MB"
     assert report.to_dict()["lines"][0]["unit"] == "bytes"
     with pytest.raises(UsageError, match="memory"):
         check_budget(Budget(max_memory=1), params=3)

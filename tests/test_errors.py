@@ -99,3 +99,69 @@ def test_register_handler_duplicate_is_an_error():
 def test_bad_op_name():
     with pytest.raises(UsageError, match="aten::addmm"):
         flopcount.default_registry().copy().register("addmm", lambda c: Cost())
+
+
+# --------------------------------------------------------------------------- issue #9, finding 10: misuse
+
+
+def _mystery_op():
+    """A custom torch.library op that flopcount has no handler for (registered once)."""
+    if not hasattr(torch.ops.flopcount_errors_test, "mystery"):
+        torch.library.define("flopcount_errors_test::mystery", "(Tensor x) -> Tensor")
+        torch.library.impl("flopcount_errors_test::mystery", "CompositeExplicitAutograd")(lambda x: x * 2)
+        torch.library.register_fake("flopcount_errors_test::mystery")(lambda x: torch.empty_like(x))
+    return torch.ops.flopcount_errors_test.mystery
+
+
+class Mystery(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 4))
+        self.op = _mystery_op()
+
+    def forward(self, x):
+        return self.op(self.inner(x))
+
+
+@pytest.mark.parametrize("tracer", ["jit", "dispatch", "auto"])
+@pytest.mark.parametrize("answer, fragment", [(5, "returned int"), (Cost(-1, 4), "must be integers >= 0"),
+                                              (Cost(1, 2.5), "must be integers >= 0"), ("7", "returned str")])  # type: ignore[arg-type]
+def test_a_handler_returning_a_bad_cost_is_a_handler_error(tracer, answer, fragment):
+    with pytest.raises(HandlerError) as info:
+        count_flops(Mystery(), torch.randn(2, 3, 4), tracer=tracer, handlers={"flopcount_errors_test::mystery": lambda call: answer})
+    message = str(info.value)
+    assert "flopcount_errors_test::mystery" in message and fragment in message and "'<root>'" in message
+
+
+def test_handlers_must_be_a_mapping():
+    with pytest.raises(UsageError, match="handlers must be a mapping"):
+        count_flops(Mystery(), torch.randn(2, 4), handlers=[lambda call: Cost()])  # type: ignore[arg-type]
+
+
+def test_measure_options_are_checked_before_any_work():
+    with pytest.raises(UsageError, match="'bogus'"):
+        count_flops(nn.Linear(4, 4), torch.randn(2, 4), measure={"bogus": 1})
+    with pytest.raises(UsageError, match="measure must be"):
+        count_flops(nn.Linear(4, 4), torch.randn(2, 4), measure="yes")  # type: ignore[arg-type]
+
+
+class KeywordOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, *, x):
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("tracer", ["jit", "dispatch", "auto"])
+def test_none_inputs_mean_no_positional_inputs(tracer):
+    x = torch.randn(2, 5, 4)
+    r = count_flops(KeywordOnly(), None, kwargs={"x": x}, tracer=tracer)
+    assert r.macs == 2 * 5 * 4 * 3
+
+
+def test_a_handler_returning_none_marks_the_call_unsupported():
+    r = count_flops(Mystery(), torch.randn(2, 3, 4), handlers={"flopcount_errors_test::mystery": lambda call: None})
+    assert r.unsupported_ops() == {"flopcount_errors_test::mystery": 1} and not r.complete
+    assert r.macs == 2 * 3 * 4 * 4

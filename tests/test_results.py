@@ -144,3 +144,71 @@ def test_uncalled_container_includes_children():
     macs = r.by_module("macs")
     assert macs["blocks"] == 3 * 2 * 6 * 6 == sum(macs[f"blocks.{i}"] for i in range(3)) == r.macs
     assert [m.calls for m in r.modules if m.name == "blocks"] == [0]
+
+
+# --------------------------------------------------------------------------- issue #9, findings 3 and 10
+
+
+def test_metric_names_are_checked():
+    import pytest
+
+    from flopcount import UsageError
+
+    r = count_flops(nn.Linear(4, 3), torch.randn(2, 4))
+    for method in (r.by_operator, r.by_module, r.by_module_and_operator, r.by_phase):
+        with pytest.raises(UsageError, match="'flops', 'macs', 'count'"):
+            method("params")  # type: ignore[arg-type]
+
+
+def test_module_totals_of_an_unknown_name_raise_keyerror():
+    import pytest
+
+    class WithSpare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Linear(4, 3)
+            self.unused = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    r = count_flops(WithSpare(), torch.randn(2, 4))
+    assert r.module_totals("used").macs == 2 * 4 * 3
+    assert r.module_totals("unused").flops == 0  # known but never ran: zeros
+    with pytest.raises(KeyError, match="no.such.module"):
+        r.module_totals("no.such.module")
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.light = nn.Linear(8, 8)
+        self.heavy = nn.Linear(8, 256)
+
+    def forward(self, x):
+        if x.abs().sum() > 0:
+            return self.heavy(x)
+        return self.light(x)
+
+
+def test_every_text_report_shows_why_a_count_is_incomplete():
+    with torch.device("meta"):
+        model = _Branchy()
+    r = count_flops(model, torch.empty(2, 3, 8, device="meta"))
+    assert not r.complete and r.gaps
+    reason = r.incomplete_reasons()[0]
+    for text in (r.table(), r.tree(), r.to_markdown(), r.operator_table(), str(r)):
+        assert "INCOMPLETE" in text
+        assert reason.split(":")[0] in text and "placeholder" in text
+    assert r.to_dict()["complete"] is False and r.to_dict()["incomplete_reasons"] == list(r.incomplete_reasons())
+
+
+def test_every_warning_of_a_result_is_printed_under_each_report():
+    import dataclasses
+
+    r = count_flops(nn.Linear(4, 3), torch.randn(2, 4))
+    assert r.complete and "INCOMPLETE" not in r.table()
+    noted = dataclasses.replace(r, warnings=("auto: fell back | for a reason",))
+    for text in (noted.table(), noted.tree(), noted.operator_table()):
+        assert "warning: auto: fell back | for a reason" in text
+    assert "warning: auto: fell back \\| for a reason" in noted.to_markdown()

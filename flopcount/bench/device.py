@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..inputs import as_call_args, flatten_tensors
+from ..inputs import as_call_args, flatten_tensors, is_dataless
 
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -36,6 +36,38 @@ def resolve_device(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, 
         return tensor.device
     tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
     return tensors[0].device if tensors else torch.device("cpu")
+
+
+def refuse_data_less(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], who: str) -> None:
+    """A model or input on the meta device (or a fake tensor) has no data: timing it would
+    report a latency that was never measured, so it is a UsageError."""
+    for name, tensor in _chain(model.named_parameters(), model.named_buffers()):
+        if is_dataless(tensor):
+            kind = "on the meta device" if tensor.device.type == "meta" else "made of fake tensors"
+            raise UsageError(
+                f"{who}: the model is {kind} ({name} has no data), so there is nothing to time; "
+                "build it on cpu or cuda (count_flops counts such models without timing)"
+            )
+    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    for tensor in tensors:
+        if is_dataless(tensor):
+            raise UsageError(f"{who}: an input tensor {tuple(tensor.shape)} is on the meta device or fake (no data); pass real tensors")
+
+
+@contextlib.contextmanager
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """Restore torch's CPU generator (and ``device``'s CUDA generator) afterwards: a
+    train-mode dropout in a timed forward must not advance the caller's random stream."""
+    cpu_state = torch.get_rng_state()
+    cuda_state = None
+    if device.type == "cuda":  # the run initialises CUDA anyway
+        cuda_state = torch.cuda.get_rng_state(device)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, device)
 
 
 def _chain(*iterables: Any) -> Iterator[Any]:

@@ -34,6 +34,8 @@ from .device import (
     borrowed_model,
     leading_batch,
     move_inputs,
+    preserved_rng,
+    refuse_data_less,
     resolve_device,
     rss_bytes,
     synchronize,
@@ -81,7 +83,9 @@ def benchmark(
     dense peak of ``gpu_name`` (default: the CUDA device's name) from
     :mod:`flopcount.peaks`. ``timer``: a nanosecond clock replacing
     ``time.perf_counter_ns`` (tests). The model's flags, parameters, buffers and
-    gradients are left as found.
+    gradients are left as found, and so are torch's random generators (a dropout in a
+    train-mode forward does not advance them). A model or input without data (meta
+    device, fake tensors) is refused with a :class:`UsageError`: there is nothing to time.
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"benchmark expects a torch.nn.Module, got {type(model).__name__}")
@@ -92,6 +96,9 @@ def benchmark(
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise UsageError(f"batch_size must be a positive int, got {batch_size!r}")
     flop_count = _flops_value(flops)
+    if inputs is None:
+        inputs = ()
+    refuse_data_less(model, inputs, kwargs, "benchmark")
     dev = resolve_device(model, inputs, kwargs, device)
     amp = autocast_context(dev, dtype)  # validates dtype before any work
     clock: Clock = timer if timer is not None else time.perf_counter_ns
@@ -104,7 +111,7 @@ def benchmark(
     run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
     compile_ms: Optional[float] = None
     peak_mem: Optional[int] = None
-    with borrowed_model(model, dev) as on_device:
+    with preserved_rng(dev), borrowed_model(model, dev) as on_device:
         fn: Callable[..., Any] = on_device
         if compile:
             options = dict(compile) if isinstance(compile, Mapping) else {}

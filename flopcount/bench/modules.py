@@ -21,7 +21,16 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .device import autocast_context, bind_call, borrowed_model, move_inputs, resolve_device, synchronize
+from .device import (
+    autocast_context,
+    bind_call,
+    borrowed_model,
+    move_inputs,
+    preserved_rng,
+    refuse_data_less,
+    resolve_device,
+    synchronize,
+)
 from .loop import Clock
 from .stats import compute_stats
 
@@ -146,7 +155,8 @@ def module_latency(
 
     ``flops``: ``{module name: FLOPs}`` or a ``FlopResult`` (its ``by_module()``) to
     report achieved FLOP/s per module. Inputs follow flopcount's convention (a tuple
-    is unpacked). Hooks are removed and the model left as found on every path.
+    is unpacked). Hooks are removed and the model and torch's random generators left
+    as found on every path; a meta or fake model is refused (:class:`UsageError`).
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"module_latency expects a torch.nn.Module, got {type(model).__name__}")
@@ -155,6 +165,7 @@ def module_latency(
     if not isinstance(warmup, int) or warmup < 0:
         raise UsageError(f"warmup must be a non-negative int, got {warmup!r}")
     flop_map = _flop_map(flops)
+    refuse_data_less(model, inputs, kwargs, "module_latency")
     dev = resolve_device(model, inputs, kwargs, device)
     amp = autocast_context(dev, dtype)
     clock: Clock = timer if timer is not None else time.perf_counter_ns
@@ -197,7 +208,7 @@ def module_latency(
 
     samples: Dict[str, List[float]] = {name: [] for name, _ in named}
     calls_seen: Dict[str, int] = {}
-    with borrowed_model(model, dev) as on_device:
+    with preserved_rng(dev), borrowed_model(model, dev) as on_device:
         call = bind_call(on_device, run_inputs, run_kwargs)
         with torch.inference_mode(), amp:
             for _ in range(warmup):

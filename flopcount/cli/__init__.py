@@ -1,13 +1,18 @@
 """The ``flopcount`` command: count, bench, check. Only wiring: parse arguments, load
 the model, call the library, print. :func:`main` is the one place that prints and exits.
 
-Exit codes: 0 ok; 1 a budget exceeded (check); 2 usage error, bad ENTRY or SPEC, model
-construction failure, or a forward that fails (one line on stderr; ``--debug`` adds
-the traceback); 130 interrupted.
+Exit codes: 0 ok; 1 a budget certainly exceeded (check); 2 usage error, bad ENTRY or
+SPEC, model construction failure, or a forward that fails (one line on stderr;
+``--debug`` adds the traceback); 3 incomplete (check could not decide a budget on an
+incomplete count, or ``--strict`` and an op without a handler ran); 130 interrupted.
+
+stdout carries only the report: while the model is imported, built and run, anything
+it prints goes to stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 import warnings
@@ -18,8 +23,6 @@ from .output import describe_error, one_line, report_warnings, say
 from .parser import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
 
 __all__ = ["main"]
-
-
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -38,7 +41,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             warnings.simplefilter("default")
             from .commands import COMMANDS
 
-            return COMMANDS[args.command_name](args)
+            args.stdout = sys.stdout  # the report's stream; the model's own prints go to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                return COMMANDS[args.command_name](args)
     except KeyboardInterrupt:
         say("interrupted", "error")
         return EXIT_INTERRUPTED

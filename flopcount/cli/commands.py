@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -14,8 +15,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import FlopcountError, UsageError
 from ..report.render import render_bench, render_check, render_count
-from .output import iteration_progress, progress, say
-from .parser import EXIT_BUDGET, EXIT_OK
+from .output import iteration_progress, progress, report_notes, say
+from .parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
 
 
 @dataclass
@@ -61,10 +62,34 @@ def _check_output(path: Optional[str], flag: str) -> None:
         raise UsageError(f"{flag} {path}: not writable")
 
 
+def _entry_file(entry: str) -> Optional[Path]:
+    """The source file of a ``path.py:attr`` or ``package.module:attr`` ENTRY, when it
+    has one (after loading, so the module is already imported)."""
+    module_part, sep, _ = entry.strip().rpartition(":")
+    if not sep or entry.strip().lower().startswith(("hf:", "transformers:", "tv:", "torchvision:")):
+        return None
+    if module_part.endswith(".py") or "/" in module_part or os.sep in module_part:
+        return Path(module_part).expanduser()
+    module = sys.modules.get(module_part)
+    source = getattr(module, "__file__", None)
+    return Path(source) if source else None
+
+
+def _check_not_entry(path: Optional[str], flag: str, entry: str) -> None:
+    """Refuse to write a report over the model's own source file."""
+    if path is None:
+        return
+    source = _entry_file(entry)
+    if source is not None and source.exists() and Path(path).exists() and Path(path).resolve() == source.resolve():
+        raise UsageError(f"{flag} {path}: refusing to overwrite the source file of ENTRY {entry}; choose another file")
+
+
 def _prepare(args: argparse.Namespace) -> _Run:
     device = _check_device(args.device)
     _check_output(args.output, "--output")
+    _check_not_entry(args.output, "--output", args.entry)
     if args.plot:
+        _check_not_entry(args.plot, "--plot", args.entry)
         from ..report.plot import check_plot_path
 
         _check_output(args.plot, "--plot")
@@ -88,6 +113,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
     from .entry import load_entry
 
     loaded = load_entry(args.entry, device=device, config=config)
+    # a package.module ENTRY has a file now that it is imported
+    _check_not_entry(args.output, "--output", args.entry)
+    _check_not_entry(args.plot, "--plot", args.entry)
     model = loaded.model
     if args.inputs or kw_specs:
         inputs, kwargs = _make_inputs(model, args.inputs, kw_specs, device, args.seed)
@@ -109,15 +137,28 @@ def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], dev
 
     generator = torch.Generator().manual_seed(seed)
     high = token_range(model)
-    inputs = tuple(make_tensor(spec, device=device, high=high, generator=generator) for spec in specs)
+
+    def make(spec: Any, label: str, ones: bool = False) -> Any:
+        try:
+            return make_tensor(spec, device=device, high=high, generator=generator, ones=ones)
+        except (RuntimeError, MemoryError) as exc:
+            size = math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
+            hint = "; --device meta counts without allocating" if device != "meta" else ""
+            raise UsageError(
+                f"{label}: cannot allocate the input on {device} ({size / 1e9:.3g} GB): "
+                f"{type(exc).__name__}: {_clip(' '.join(str(exc).split()), 240)}{hint}"
+            ) from exc
+
+    inputs = tuple(make(spec, f"--input {spec}") for spec in specs)
     kwargs = {
-        name: make_tensor(
-            spec, device=device, high=high, generator=generator,
-            ones="mask" in name.lower() and not (spec.dtype.is_floating_point or spec.dtype.is_complex),
-        )
+        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and not (spec.dtype.is_floating_point or spec.dtype.is_complex))
         for name, spec in kw_specs.items()
     }
     return inputs, (kwargs or None)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str, Any]]) -> None:
@@ -141,10 +182,29 @@ def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str,
         ) from exc
 
 
-def _count(run: _Run, backward: bool = False) -> Any:
-    from ..api import count_flops
+def _count(run: _Run, args: argparse.Namespace, backward: bool = False) -> Any:
+    """The count, with its INCOMPLETE reasons and warnings said on stderr."""
+    import warnings
 
-    return count_flops(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
+    from ..api import count_flops
+    from ..errors import FlopcountWarning
+
+    with warnings.catch_warnings():
+        # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
+        warnings.filterwarnings("ignore", message=r".*without a handler were not counted", category=FlopcountWarning)
+        result = count_flops(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
+    report_notes(result, args)
+    return result
+
+
+def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
+    """``--strict`` and an op without a handler ran: say so (the caller exits 3)."""
+    unsupported = result.unsupported_ops()
+    if getattr(args, "strict", False) and unsupported:
+        listing = ", ".join(f"{op} x{n}" for op, n in unsupported.items())
+        say(f"--strict: op(s) without a handler ran: {listing}", "error")
+        return True
+    return False
 
 
 def _benchmark(run: _Run, args: argparse.Namespace, flops: Any) -> Any:
@@ -182,8 +242,9 @@ def _emit(text: str, args: argparse.Namespace) -> None:
             raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from exc
         progress(args, f"wrote {args.output}")
     else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stream = getattr(args, "stdout", None) or sys.stdout
+        stream.write(text)
+        stream.flush()
 
 
 def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None) -> None:
@@ -203,15 +264,15 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
 
 def _cmd_count(args: argparse.Namespace) -> int:
     run = _prepare(args)
-    result = _count(run, backward=args.backward)
+    result = _count(run, args, backward=args.backward)
     _emit(render_count(result, args.format, entry=args.entry, depth=args.depth, operators=args.operators), args)
     _plot(result, args)
-    return EXIT_OK
+    return EXIT_INCOMPLETE if _strict_failure(result, args) else EXIT_OK
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     run = _prepare(args)
-    result = _count(run)
+    result = _count(run, args)
     timing = _benchmark(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
     _emit(render_bench(result, timing, args.format, entry=args.entry, depth=args.depth), args)
@@ -236,19 +297,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if budget.needs_latency and args.device == "meta":
         raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
     run = _prepare(args)
-    result = _count(run)
+    result = _count(run, args)
     latency = None
     if budget.needs_latency:
         timing = _benchmark(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
-    report = check_result(result, budget, latency_ms=latency)
+    report = check_result(result, budget, latency_ms=latency, allow_incomplete=args.allow_incomplete)
     _emit(render_check(result, report, args.format, entry=args.entry, depth=args.depth), args)
     _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms)
-    if not report.passed:
+    strict = _strict_failure(result, args)
+    status = report.status
+    if status == "FAIL":  # certain (or allowed): more work can only make it worse
         say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
         return EXIT_BUDGET
-    return EXIT_OK
+    if status == "INCOMPLETE":
+        say(report.verdict())
+        return EXIT_INCOMPLETE
+    return EXIT_INCOMPLETE if strict else EXIT_OK
 
 
 

@@ -224,6 +224,11 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _describe_short(exc: BaseException) -> str:
+    """The exception's own message, one line (a validator's class name adds nothing)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
     if inputs is None and kwargs is None:
         return inputs, kwargs
@@ -265,7 +270,10 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
             close = difflib.get_close_matches(key, [k for k in config.to_dict() if not k.startswith("_")], n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
-        setattr(config, key, value)
+        try:
+            setattr(config, key, value)
+        except Exception as exc:  # transformers 5 validates fields (StrictDataclassFieldValidationError)
+            raise UsageError(f"--config {key}={value!r}: {type(config).__name__} rejects the value: {_describe_short(exc)}") from exc
     if "use_cache" not in overrides and hasattr(config, "use_cache"):
         config.use_cache = False  # one forward; a KV cache is only extra outputs
     # decoders get their LM head; encoders (also listed as masked LMs) the bare model

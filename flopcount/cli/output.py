@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Set
 
 from ..errors import FlopcountError, FlopcountWarning, TraceError
 
@@ -27,10 +27,40 @@ def describe_error(exc: FlopcountError) -> str:
     return text
 
 
+def _said(args: argparse.Namespace) -> Set[str]:
+    """Texts already written to stderr in this run (so a warning is said once)."""
+    said: Optional[Set[str]] = getattr(args, "said", None)
+    if said is None:
+        said = set()
+        args.said = said
+    return said
+
+
+def report_notes(result: Any, args: argparse.Namespace) -> None:
+    """Why the count may be short (always, even with --quiet: it qualifies every number),
+    then the result's other warnings (unless --quiet), one line each on stderr."""
+    from ..report.notes import incomplete_lines, other_warnings
+
+    said = _said(args)
+    reasons = incomplete_lines(result)
+    if reasons:
+        say(f"the count may be short ({len(reasons)} reason(s)):", "INCOMPLETE")
+        for text in reasons:
+            said.add(one_line(text))
+            say(one_line(text), "INCOMPLETE")
+    if args.quiet:
+        return
+    for text in other_warnings(result):
+        line = one_line(text)
+        if line not in said:
+            said.add(line)
+            say(line, "warning")
+
+
 def report_warnings(caught: Sequence[warnings.WarningMessage], args: argparse.Namespace) -> None:
     if args.quiet:
         return
-    seen = set()
+    seen = _said(args)
     for w in caught:
         ours = issubclass(w.category, FlopcountWarning)
         if not ours and not args.debug:

@@ -13,7 +13,7 @@ from ..types import TRACERS
 FORMATS = ("table", "tree", "json", "csv", "markdown")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
 
-EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 _ENTRY_TEXT = """\
 ENTRY
@@ -37,9 +37,12 @@ SPEC
 Numbers accept K/M/G/T suffixes (10^3..10^12) and scientific notation: 25M, 5G,
 1.5T, 3e9.
 
-Exit codes: 0 ok, 1 a budget exceeded, 2 usage error / bad ENTRY / bad SPEC /
-model construction or forward failure (one line on stderr; --debug for the
-traceback).
+Exit codes: 0 ok; 1 a budget certainly exceeded (check); 2 usage error / bad
+ENTRY / bad SPEC / model construction or forward failure (one line on stderr;
+--debug for the traceback); 3 incomplete: check could not decide a FLOPs/MACs
+budget because the count may be short (an op without a handler, a placeholder on
+meta, work a tracer could not see; --allow-incomplete lets the count decide), or
+--strict and an op without a handler ran.
 """
 
 _MAIN_EPILOG = """\
@@ -93,8 +96,11 @@ Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
   max-size-mb = 100        # parameters + buffers, serialised, 1 MB = 10^6 bytes
   max-latency-ms = 50      # median latency; runs the benchmark
 
-A budget passes when actual <= limit. Prints budget vs actual with PASS/FAIL;
-exits 1 naming the exceeded budgets on stderr.
+A budget passes when actual <= limit. Prints budget vs actual with PASS, FAIL or
+INCOMPLETE and the verdict. FAIL (exit 1) only when certain: an exact value, or a
+count that can only be short and is already over. A FLOPs/MACs budget on an
+incomplete count is INCOMPLETE (exit 3) unless --allow-incomplete; a certain FAIL
+wins over INCOMPLETE. Params, size and latency never depend on the count.
 
 """ + _ENTRY_TEXT
 
@@ -191,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(count)
     count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
+    count.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran (the report is still printed)")
     count.set_defaults(command_name="count")
 
     bench = commands.add_parser(
@@ -207,9 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
-        help="check budgets (params, FLOPs, MACs, size, latency); exit 1 when one is exceeded",
+        help="check budgets (params, FLOPs, MACs, size, latency); exit 1 when one is exceeded, 3 when incomplete",
         description=_wrap("Compare the model with budgets from flags or [tool.flopcount] in pyproject.toml; print "
-        "budget vs actual with PASS/FAIL and exit 1 when any budget is exceeded. Made for CI gates."),
+        "budget vs actual with PASS/FAIL/INCOMPLETE; exit 1 when a budget is exceeded, 3 when an incomplete count cannot "
+        "decide. Made for CI gates."),
         epilog=_CHECK_EPILOG,
         formatter_class=formatter,
     )
@@ -218,9 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-params", type=_quantity("--max-params"), metavar="N", help="most parameters, e.g. 25M")
     limits.add_argument("--max-flops", type=_quantity("--max-flops"), metavar="N", help="most FLOPs of one forward, e.g. 5G")
     limits.add_argument("--max-macs", type=_quantity("--max-macs"), metavar="N", help="most MACs of one forward, e.g. 2.5G")
-    limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (10^6 bytes) of parameters + buffers")
+    limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
     limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
+    verdict = check.add_argument_group("incomplete counts")
+    verdict.add_argument("--allow-incomplete", action="store_true",
+                         help="let an incomplete count decide FLOPs/MACs budgets (PASS/FAIL) instead of exiting 3")
+    verdict.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran, even with --allow-incomplete")
     _add_timing(check)
     check.set_defaults(command_name="check")
     return parser
@@ -247,7 +259,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     run.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
     run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=15, metavar="N", help="modules in the plot (default 15)")
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr (INCOMPLETE reasons are still printed)")
     run.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
 
 

@@ -1,4 +1,4 @@
-"""The budget table: limit, actual and PASS/FAIL per budget, in human units."""
+"""The budget table: limit, actual and PASS/FAIL/INCOMPLETE per budget, in human units."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Union
 
 from tabulate import tabulate
 
-from .units import format_bytes, format_count, format_ms, with_unit
+from .units import escape_markdown, format_bytes, format_count, format_ms, with_unit
 
 if TYPE_CHECKING:
     from ..budget import BudgetReport
@@ -17,16 +17,22 @@ def show_value(value: Union[int, float], unit: str) -> str:
     if unit == "ms":
         return format_ms(float(value))
     if unit == "MB":
-        return f"{float(value):.2f} MB"
+        return format_bytes(float(value) * 10**6)
     if unit == "bytes":
         return format_bytes(int(value))
     return with_unit(value, unit) if unit else format_count(value)
 
 
+_BOUND_MARK = {"exact": "", "lower": ">= ", "estimate": "~ "}
+
+
 def budget_table(report: BudgetReport, fmt: str = "simple") -> str:
-    """Budget, limit, actual, PASS/FAIL per line."""
+    """Budget, limit, actual, status per line; an actual that is a lower bound of an
+    incomplete count reads ``>= x``, one that may be off either way ``~ x``."""
     rows = [
-        [line.name, show_value(line.limit, line.unit), show_value(line.actual, line.unit), "PASS" if line.passed else "FAIL"]
+        [line.name, show_value(line.limit, line.unit), _BOUND_MARK[line.bound] + show_value(line.actual, line.unit), line.status]
         for line in report.lines
     ]
+    if fmt == "github":
+        rows = [[escape_markdown(cell) for cell in row] for row in rows]
     return tabulate(rows, headers=["Budget", "Limit", "Actual", "Status"], tablefmt=fmt, colalign=("left", "right", "right", "left"))

@@ -44,6 +44,8 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
             for m in result.modules
         },
         "unsupported_ops": {u.op: {"count": u.count, "modules": list(u.modules)} for u in result.unsupported_details()},
+        "complete": result.complete,
+        "incomplete_reasons": list(result.incomplete_reasons()),
         "warnings": list(result.warnings),
     }
     if result.benchmark is not None and hasattr(result.benchmark, "to_dict"):

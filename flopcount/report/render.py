@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 from tabulate import tabulate
 
 from .bench import bench_rows
+from .notes import note_lines
 from .table import operator_table
+from .units import escape_markdown
 
 if TYPE_CHECKING:
     from ..bench.result import BenchmarkResult
@@ -57,9 +59,12 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     )
     table = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"],
                      tablefmt="github" if fmt == "markdown" else "simple", colalign=("left", "right"))
-    parts = [f"**{heading}**\n" if fmt == "markdown" else heading, table]
-    if fmt == "tree":
+    parts = [f"**{escape_markdown(heading)}**\n" if fmt == "markdown" else heading, table]
+    if fmt == "tree":  # the tree ends with the notes
         parts.append(result.tree(max_depth=depth))
+    else:
+        notes = note_lines(result, markdown=fmt == "markdown")
+        parts += [""] + notes if notes else []
     return "\n".join(parts)
 
 
@@ -68,24 +73,28 @@ def _csv_key(label: str) -> str:
 
 
 def render_check(result: FlopResult, report: BudgetReport, fmt: str, *, entry: str, depth: Optional[int] = None) -> str:
-    """What ``flopcount check`` prints: budget vs actual with PASS/FAIL and the verdict."""
+    """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
+    the verdict, and why the count may be short. The markdown suits a GitHub step summary."""
     if fmt == "json":
         data = result_dict(result, entry)
+        data["status"] = report.status
         data["budget"] = report.to_dict()
         return _json(data)
     if fmt == "csv":
         return report.to_csv()
-    failed = [line.name for line in report.exceeded]
-    verdict = (
-        f"PASS: all {len(report.lines)} budget(s) met"
-        if report.passed
-        else f"FAIL: {len(failed)} of {len(report.lines)} budget(s) exceeded: {', '.join(failed)}"
-    )
     heading = f"{entry} | inputs {result.input_description or '()'}"
+    notes = note_lines(result, markdown=fmt == "markdown")
     if fmt == "markdown":
-        return f"**{heading}**\n\n{report.table(fmt='github')}\n\n**{verdict}**"
-    parts = [heading, report.table(), verdict]
-    if fmt == "tree":
-        parts += ["", result.tree(max_depth=depth)]
-    return "\n".join(parts)
-
+        parts = [
+            f"### flopcount check: {report.status}",
+            f"**{escape_markdown(heading)}**",
+            report.table(fmt="github"),
+            f"**{escape_markdown(report.verdict())}**",
+        ]
+        if notes:
+            parts.append("\n".join(notes))
+        return "\n\n".join(parts)
+    parts = [heading, report.table(), report.verdict()]
+    if fmt == "tree":  # the tree ends with the notes
+        return "\n".join([*parts, "", result.tree(max_depth=depth)])
+    return "\n".join(parts + notes)

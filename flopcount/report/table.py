@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from tabulate import tabulate
 
 from ..types import CONVENTION
-from .units import format_bytes, format_count, format_share, with_unit
+from .notes import note_lines
+from .units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
     from ..results import FlopResult
 
 
+def phases_label(result: FlopResult) -> str:
+    """``"forward"`` or ``"forward + backward"``: what the totals of ``result`` cover."""
+    return " + ".join(result.by_phase()) or "forward"
+
+
 def _footer(result: FlopResult) -> List[str]:
     size = result.parameters
+    covered = phases_label(result)
     lines = [
-        f"Total: {with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}, "
+        f"Total{'' if covered == 'forward' else f' ({covered})'}: {with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}, "
         f"{format_count(result.params)} params ({format_count(size.trainable)} trainable), "
-        f"weights {format_bytes(size.size_bytes)}; tracer: {result.tracer}; inputs: {result.input_description}",
+        f"weights {format_bytes(size.size_bytes)} (params + buffers, {SIZE_UNITS}); tracer: {result.tracer}; "
+        f"inputs: {result.input_description}",
         CONVENTION,
     ]
     timing = result.benchmark
@@ -29,22 +37,39 @@ def _footer(result: FlopResult) -> List[str]:
             f"{timing.iters} iters), {timing.throughput:.1f} samples/s"
             + (f", {with_unit(achieved, 'FLOP/s')} achieved" if achieved else "")
         )
-    unsupported = result.unsupported_details()
-    if unsupported:
-        parts = []
-        for u in unsupported:
-            where = ", ".join(m or "<root>" for m in u.modules[:3]) + (", ..." if len(u.modules) > 3 else "")
-            parts.append(f"{u.op} x{u.count} (in {where})")
-        lines.append(
-            f"WARNING: {len(unsupported)} op type(s) ran without a handler and are NOT counted: " + "; ".join(parts)
-        )
     return lines
+
+
+def _finish(body: str, result: FlopResult, fmt: str, footer: bool = True) -> str:
+    """The table, then (with ``footer``) the totals and convention, then every note."""
+    lines = _footer(result) if footer else []
+    notes = note_lines(result, markdown=fmt == "github")
+    if fmt == "github":
+        parts = [body]
+        if lines:
+            parts.append("\n".join(f"_{line}_" if i else f"**{escape_markdown(line)}**" for i, line in enumerate(lines)))
+        if notes:
+            parts.append("\n".join(notes))
+        return "\n\n".join(parts) + "\n"
+    return "\n".join([body, *lines, *notes])
+
+
+def phase_table(result: FlopResult, fmt: str = "simple") -> str:
+    """Rows per phase (forward, backward) and their total: MACs, FLOPs, share."""
+    macs = result.by_phase("macs")
+    flops = result.by_phase()
+    rows: List[List[Any]] = [
+        [phase, format_count(macs[phase]), format_count(flops[phase]), format_share(flops[phase], result.flops)] for phase in flops
+    ]
+    rows.append([f"total ({phases_label(result)})", format_count(result.macs), format_count(result.flops), format_share(result.flops, result.flops)])
+    return tabulate(rows, headers=["Phase", "MACs", "FLOPs", "FLOPs %"], tablefmt=fmt, colalign=("left", "right", "right", "right"))
 
 
 def module_table(
     result: FlopResult, max_depth: Optional[int] = None, *, show_zero: bool = True, fmt: str = "simple"
 ) -> str:
-    """One row per module down to ``max_depth`` (the whole model is depth 0)."""
+    """One row per module down to ``max_depth`` (the whole model is depth 0); with a
+    backward pass, a second table gives each phase's share."""
     rows = []
     total = result.flops
     for info in result.modules:
@@ -63,27 +88,33 @@ def module_table(
                 format_share(totals.flops, total),
             ]
         )
-    headers = ["Module", "Type", "Params", "MACs", "FLOPs", "FLOPs %"]
-    body = tabulate(rows, headers=headers, tablefmt=fmt, colalign=("left", "left", "right", "right", "right", "right"))
-    footer = _footer(result)
     if fmt == "github":
-        return body + "\n\n" + "\n".join(f"_{line}_" if i else f"**{line}**" for i, line in enumerate(footer)) + "\n"
-    return body + "\n" + "\n".join(footer)
+        rows = [[escape_markdown(cell) for cell in row] for row in rows]
+    phases = len(result.by_phase()) > 1
+    headers = ["Module", "Type", "Params", "MACs", "FLOPs", "FLOPs %"]
+    if phases:  # the module rows sum every phase: say so in the headers
+        headers = ["Module", "Type", "Params", "MACs (fwd+bwd)", "FLOPs (fwd+bwd)", "FLOPs %"]
+    body = tabulate(rows, headers=headers, tablefmt=fmt, colalign=("left", "left", "right", "right", "right", "right"))
+    if phases:
+        body += "\n\n" + phase_table(result, fmt)
+    return _finish(body, result, fmt)
 
 
 def operator_table(result: FlopResult, fmt: str = "simple", *, footer: bool = True) -> str:
     """One row per aten operator with calls, MACs, FLOPs and share; unsupported ops last;
-    ``footer=False`` leaves out the totals lines (when a module table above shows them)."""
+    ``footer=False`` leaves out the totals lines and notes (when a module table above shows them)."""
     total = result.flops
-    rows = [
+    rows: List[List[Any]] = [
         [op, t.count, format_count(t.macs), format_count(t.flops), format_share(t.flops, total)]
         for op, t in result.operator_totals().items()
     ]
     rows += [[f"{u.op} (no handler)", u.count, "?", "?", "-"] for u in result.unsupported_details()]
+    if fmt == "github":
+        rows = [[escape_markdown(cell) for cell in row] for row in rows]
     body = tabulate(
         rows,
         headers=["Operator", "Calls", "MACs", "FLOPs", "FLOPs %"],
         tablefmt=fmt,
         colalign=("left", "right", "right", "right", "right"),
     )
-    return body + "\n" + "\n".join(_footer(result)) if footer else body
+    return _finish(body, result, fmt) if footer else body

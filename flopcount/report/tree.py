@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, Optional
 
 from ..types import CONVENTION
+from .notes import note_lines
 from .units import format_count, format_share, with_unit
 
 if TYPE_CHECKING:
@@ -12,7 +13,8 @@ if TYPE_CHECKING:
 
 
 def module_tree(result: FlopResult, max_depth: Optional[int] = None) -> str:
-    """``Model(...)``-like tree: each line names a module and its params, MACs, FLOPs, share."""
+    """``Model(...)``-like tree: each line names a module and its params, MACs, FLOPs, share;
+    then what the totals cover (the phases), the convention and every note."""
     lines: List[str] = []
     total = result.flops
     for info in result.modules:
@@ -26,8 +28,11 @@ def module_tree(result: FlopResult, max_depth: Optional[int] = None) -> str:
         )
         label = f"({info.name.rsplit('.', 1)[-1]}): {info.type_name}" if info.name else info.type_name
         lines.append(f"{'  ' * info.depth}{label}  {costs}")
+    phases = result.by_phase()
+    if len(phases) > 1:
+        macs = result.by_phase("macs")
+        split = ", ".join(f"{p} {with_unit(f, 'FLOPs')} ({with_unit(macs[p], 'MACs')})" for p, f in phases.items())
+        lines.append(f"Costs above are forward + backward: {split}")
     lines.append(CONVENTION)
-    if result.unsupported_details():
-        lines.append("WARNING: ops without a handler were not counted: " + ", ".join(result.unsupported_ops()))
+    lines.extend(note_lines(result))
     return "\n".join(lines)
-

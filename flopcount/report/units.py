@@ -25,14 +25,24 @@ def with_unit(value: Optional[float], unit: str) -> str:
     return f"{text}{unit}" if text[-1:].isalpha() else f"{text} {unit}"
 
 
-def format_bytes(value: int) -> str:
-    """Binary units: ``102_760_448 -> '98.00 MiB'``."""
+#: the one definition of a byte size flopcount prints: decimal units, like the K/M/G of
+#: counts and the ``--max-size-mb`` budget (1 kB = 10^3 bytes, 1 MB = 10^6, 1 GB = 10^9)
+SIZE_UNITS = "1 MB = 10^6 bytes"
+
+
+def format_bytes(value: float) -> str:
+    """Decimal units: ``102_440_000 -> '102.44 MB'`` (1 MB = 10^6 bytes)."""
     size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size) < 1000 or unit == "TB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
-        size /= 1024
+        size /= 1000
     raise AssertionError("unreachable")
+
+
+def escape_markdown(cell: object) -> str:
+    """A table cell safe inside a GitHub markdown table (``|`` would end the cell)."""
+    return str(cell).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def format_share(part: int, whole: int) -> str:

@@ -332,3 +332,62 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+# --------------------------------------------------------------------------- issue #9, finding 7 (benchmark part)
+
+
+def test_benchmark_leaves_the_random_stream_as_found():
+    """A train-mode dropout draws random numbers in every timed call; the caller's next
+    draw must be what it would have been without the benchmark."""
+    from flopcount.bench import module_latency
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).train()
+    x = torch.randn(4, 3, 8)
+    torch.manual_seed(123)
+    expected = torch.rand(5)
+    for run in (
+        lambda: benchmark(model, x, iters=3, warmup=1),
+        lambda: module_latency(model, x, iters=2, warmup=1),
+    ):
+        torch.manual_seed(123)
+        run()
+        assert torch.equal(torch.rand(5), expected)
+
+
+@cuda
+def test_cuda_random_stream_left_as_found():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).train()
+    torch.cuda.manual_seed(7)
+    expected = torch.rand(5, device="cuda")
+    torch.cuda.manual_seed(7)
+    benchmark(model, torch.randn(4, 8), device="cuda", iters=3, warmup=1)
+    assert torch.equal(torch.rand(5, device="cuda"), expected)
+
+
+@pytest.mark.parametrize("where", ["model", "input"])
+def test_a_model_without_data_is_refused(where):
+    from flopcount import count_flops
+    from flopcount.bench import module_latency
+
+    device = "meta" if where == "model" else "cpu"
+    with torch.device(device):
+        model = nn.Linear(4, 4)
+    x = torch.randn(2, 4, device="meta" if where == "input" else "cpu")
+    with pytest.raises(UsageError, match="meta"):
+        benchmark(model, x, iters=2, warmup=0)
+    with pytest.raises(UsageError, match="meta"):
+        module_latency(model, x, iters=2, warmup=0)
+    if where == "model":
+        with pytest.raises(UsageError, match="meta"):
+            count_flops(model, torch.empty(2, 4, device="meta"), measure=True)
+
+
+def test_a_fake_model_is_refused():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        model = nn.Linear(4, 4)
+        x = torch.randn(2, 4)
+    with pytest.raises(UsageError, match="fake"):
+        benchmark(model, x, iters=2, warmup=0)

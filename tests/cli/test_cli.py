@@ -250,7 +250,7 @@ def test_check_on_size_and_latency(workdir, capsys):
     assert code == 1
     assert "size_mb" in err and "latency_ms" not in err
     size_line = next(line for line in out.splitlines() if line.startswith("size_mb"))
-    assert f"{PARAMS * 4 / 1e6:.2f} MB" in size_line and "FAIL" in size_line
+    assert f"{PARAMS * 4 / 1e3:.2f} kB" in size_line and "FAIL" in size_line  # 1 kB = 10^3 bytes
 
 
 def test_hf_shortcut_builds_from_config_without_download(workdir, capsys):
