@@ -73,6 +73,13 @@ class FlopResult:
     benchmark: Optional[Any] = field(default=None, repr=False)
     gaps: Tuple[str, ...] = ()
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token touches: ``params`` less the routed experts a token does not
+        use (k of E per mixture-of-experts layer); equal to ``params`` for a dense model."""
+        active = self.parameters.active
+        return self.params if active is None else active
+
     # -- completeness -------------------------------------------------------------
     @property
     def complete(self) -> bool:

@@ -10,11 +10,11 @@ from typing import Callable, Iterable, Optional, Union
 
 from ..registry import HandlerRegistry
 from ..types import Handler
-from . import attention, conv, indexing, loss, matmul, norm, pointwise, pool, reduce, rnn, zero_cost
+from . import attention, conv, grouped_mm, indexing, loss, matmul, norm, pointwise, pool, reduce, rnn, zero_cost
 
 __all__ = ["FAMILIES", "build_default_registry", "default_registry", "register_handler"]
 
-FAMILIES = (matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, zero_cost)
+FAMILIES = (matmul, grouped_mm, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, zero_cost)
 
 
 def build_default_registry() -> HandlerRegistry:

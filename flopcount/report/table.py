@@ -15,9 +15,10 @@ if TYPE_CHECKING:
 
 def _footer(result: FlopResult) -> List[str]:
     size = result.parameters
+    active = "" if size.active is None else f"{format_count(size.active)} active per token, "
     lines = [
         f"Total: {with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}, "
-        f"{format_count(result.params)} params ({format_count(size.trainable)} trainable), "
+        f"{format_count(result.params)} params ({active}{format_count(size.trainable)} trainable), "
         f"weights {format_bytes(size.size_bytes)}; tracer: {result.tracer}; inputs: {result.input_description}",
         CONVENTION,
     ]
