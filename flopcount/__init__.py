@@ -16,6 +16,8 @@ __version__ = "0.2.0"
 # public name -> the module that defines it
 _EXPORTS: Dict[str, str] = {
     "count_flops": "api",
+    "count_generation": "generation",
+    "GenerationResult": "generation",
     "FlopResult": "results",
     "OpTotals": "results",
     "UnsupportedOp": "results",
@@ -59,6 +61,7 @@ __all__ = [
     "FlopResult",
     "FlopcountError",
     "FlopcountWarning",
+    "GenerationResult",
     "HandlerError",
     "HandlerRegistry",
     "LatencyStats",
@@ -79,6 +82,7 @@ __all__ = [
     "check_budget",
     "compute_stats",
     "count_flops",
+    "count_generation",
     "default_registry",
     "load_budget_file",
     "module_latency",
@@ -105,6 +109,7 @@ if TYPE_CHECKING:
     )
     from .budget import Budget, BudgetReport, check_budget, load_budget_file, parse_quantity
     from .errors import FlopcountError, FlopcountWarning, HandlerError, TraceError, UnsupportedOpError, UsageError
+    from .generation import GenerationResult, count_generation
     from .handlers import default_registry, register_handler
     from .params import summarize_parameters
     from .registry import HandlerRegistry

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from .report.export import result_to_csv, result_to_dict
@@ -245,4 +245,41 @@ def aggregate(
         _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(unsupported.items())),
         warnings=tuple(warnings),
         gaps=tuple(gaps),
+    )
+
+
+def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -> FlopResult:
+    """``result`` with some of its events' costs replaced (event, old cost, new cost): the same
+    events ran, only their shapes differ. Cheaper than :func:`aggregate` when few events
+    change (the decode steps of :func:`flopcount.count_generation`); call counts are unchanged."""
+    operators = dict(result._operators)
+    phases = dict(result._phases)
+    modules = dict(result._modules)
+    module_ops = dict(result._module_ops)
+    copied: Dict[str, Dict[str, OpTotals]] = {}
+    total_macs, total_flops = result.macs, result.flops
+
+    def shift(table: Dict[str, OpTotals], key: str, macs: int, flops: int) -> None:
+        old = table[key]
+        table[key] = OpTotals(old.count, old.macs + macs, old.flops + flops)
+
+    for event, old, new in changes:
+        macs, flops = new.macs - old.macs, new.flops - old.flops
+        if not macs and not flops:
+            continue
+        op = event.call.op
+        total_macs += macs
+        total_flops += flops
+        shift(operators, op, macs, flops)
+        shift(phases, event.phase, macs, flops)
+        for name in _with_owners(event.module_stack):
+            shift(modules, name, macs, flops)
+            ops = copied.get(name)
+            if ops is None:
+                ops = copied[name] = dict(module_ops[name])
+                module_ops[name] = ops
+            shift(ops, op, macs, flops)
+    return replace(
+        result, flops=total_flops, macs=total_macs, _operators=operators, _modules=modules,
+        _module_ops=module_ops, _phases=phases,
     )
