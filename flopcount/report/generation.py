@@ -44,7 +44,7 @@ def generation_table(result: GenerationResult, fmt: str = "simple") -> str:
         table,
         f"Total: {with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}; KV cache after the last step "
         f"{format_bytes(result.kv_cache_bytes)}; {format_count(params.params)} params{active}; "
-        f"prompt {params.input_description}",
+        f"batch {result.batch}, prompt {result.prompt_tokens} positions",
         CONVENTION,
     ]
     lines += [f"note: {w}" for w in result.warnings]
