@@ -273,7 +273,12 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
             close = difflib.get_close_matches(key, [k for k in config.to_dict() if not k.startswith("_")], n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
-        setattr(config, key, value)
+    if overrides:
+        # built with the overrides, so values derived from them (head_dim from hidden_size) follow
+        try:
+            config = AutoConfig.for_model(model_type, **overrides)
+        except Exception as exc:
+            raise UsageError(f"model construction failed: the config of {entry} with {overrides}: {_describe(exc)}") from exc
     if "use_cache" not in overrides and hasattr(config, "use_cache"):
         config.use_cache = False  # one forward; a KV cache is only extra outputs
     # encoder-decoders are built whole (their causal-LM class is the decoder alone); decoders
