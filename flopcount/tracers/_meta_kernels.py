@@ -15,7 +15,7 @@ hot path.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Set, Tuple
+from typing import Any, Dict, Mapping, Optional, Set, Tuple
 
 import torch
 
@@ -24,8 +24,19 @@ from ..inputs import is_dataless
 __all__ = ["ROUTING_NOTE", "fallback"]
 
 _aten = torch.ops.aten
-# op -> its output dtype when out_dtype is not given (None: the input's)
-_GROUPED = {_aten._grouped_mm.default: None, _aten._scaled_grouped_mm.default: torch.bfloat16}
+
+def _overloads(**dtypes: Optional[torch.dtype]) -> Dict[Any, Optional[torch.dtype]]:
+    """op overload -> its output dtype when out_dtype is not given (None: the input's); ops
+    this torch lacks (private ones may go) are left out."""
+    found: Dict[Any, Optional[torch.dtype]] = {}
+    for name, dtype in dtypes.items():
+        packet = getattr(_aten, name, None)
+        if packet is not None and hasattr(packet, "default"):
+            found[packet.default] = dtype
+    return found
+
+
+_GROUPED = _overloads(_grouped_mm=None, _scaled_grouped_mm=torch.bfloat16)
 _NONZERO = {_aten.nonzero.default}
 
 ROUTING_NOTE = (
