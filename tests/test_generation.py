@@ -164,3 +164,13 @@ def test_bad_new_tokens(bad: Any) -> None:
 def test_one_new_token_is_the_prefill_only() -> None:
     result = count_generation(_llama("meta"), torch.zeros(B, P, dtype=torch.int64, device="meta"), new_tokens=1)
     assert result.steps == () and result.macs == prefill_macs() and result.kv_cache_bytes == kv_bytes(P)
+
+
+def test_non_contiguous_prompt() -> None:
+    model = _llama("cpu")
+    wide = torch.randint(0, VOCAB, (B, 2 * P))
+    prompt = wide[:, ::2]
+    assert not prompt.is_contiguous()
+    result = count_generation(model, prompt, new_tokens=3)
+    assert result.prefill.macs == prefill_macs() and [s.macs for s in result.steps] == [step_macs(0), step_macs(1)]
+    assert torch.equal(prompt, wide[:, ::2])

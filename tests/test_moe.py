@@ -166,3 +166,11 @@ def test_module_list_experts_use_k_from_the_argument() -> None:
     block = Block()
     assert summarize_parameters(block).active is None  # k unknown: no claim
     assert summarize_parameters(block, experts_per_token=1).active == 8 * 4 + 4 + 64
+
+
+def test_moe_in_train_mode_counts_the_same_and_stays_in_train_mode() -> None:
+    model = _build("mixtral", MIXTRAL, "cpu").train()
+    before = snapshot(model)
+    result = flopcount.count_flops(model, (torch.randint(0, VOCAB, (B, T)),), tracer="dispatch")
+    assert_same_state(model, before)
+    assert result.macs == mixtral_macs()
