@@ -16,6 +16,8 @@ __version__ = "0.2.0"
 # public name -> the module that defines it
 _EXPORTS: Dict[str, str] = {
     "count_flops": "api",
+    "count_generation": "generation",
+    "GenerationResult": "generation",
     "FlopResult": "results",
     "OpTotals": "results",
     "UnsupportedOp": "results",
@@ -63,6 +65,7 @@ __all__ = [
     "FlopResult",
     "FlopcountError",
     "FlopcountWarning",
+    "GenerationResult",
     "HandlerError",
     "HandlerRegistry",
     "LatencyStats",
@@ -85,6 +88,7 @@ __all__ = [
     "check_result",
     "compute_stats",
     "count_flops",
+    "count_generation",
     "default_registry",
     "estimate_memory",
     "load_budget_file",
@@ -113,6 +117,7 @@ if TYPE_CHECKING:
     )
     from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
     from .errors import FlopcountError, FlopcountWarning, HandlerError, TraceError, UnsupportedOpError, UsageError
+    from .generation import GenerationResult, count_generation
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
     from .params import summarize_parameters

@@ -40,7 +40,7 @@ def analyze(
     return aggregate(
         cost_events(run.events, table),
         tracer=run.tracer,
-        modules=_module_infos(model, run.module_calls),
+        modules=module_infos(model, run.module_calls),
         parameters=summarize_parameters(model),
         input_description=describe_inputs(inputs, kwargs),
         warnings=run.warnings,
@@ -109,7 +109,7 @@ def _count_ok(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
-def _module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:
+def module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:
     """Each module with its parameter count (its own and its submodules', each tensor
     once), in one pass over the parameters rather than one per module."""
     owned: Dict[str, int] = {}

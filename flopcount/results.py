@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from .errors import UsageError
@@ -78,9 +78,17 @@ class FlopResult:
     _module_ops: Mapping[str, Mapping[str, OpTotals]] = field(default_factory=dict, repr=False)
     _phases: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
     _unsupported: Tuple[UnsupportedOp, ...] = field(default_factory=tuple, repr=False)
+    _aliases: Mapping[str, Tuple[str, ...]] = field(default_factory=dict, repr=False)
     warnings: Tuple[str, ...] = ()
     benchmark: Optional[Any] = field(default=None, repr=False)
     gaps: Tuple[str, ...] = ()
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token touches: ``params`` less the routed experts a token does not
+        use (k of E per mixture-of-experts layer); equal to ``params`` for a dense model."""
+        active = self.parameters.active
+        return self.params if active is None else active
 
     # -- completeness -------------------------------------------------------------
     @property
@@ -263,14 +271,14 @@ def aggregate(
     by_module: Dict[str, List[int]] = {}
     module_ops: Dict[str, Dict[str, List[int]]] = {}
     owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
-    aliases = aliases or {}
-    canonical = {alias: name for name, names in aliases.items() for alias in names}
+    alias_table = {name: tuple(names) for name, names in (aliases or {}).items()}
+    canonical = {alias: name for name, names in alias_table.items() for alias in names}
     for (stack, op, phase), sums in groups.items():
         _bump(operators, op, sums)
         _bump(phases, phase, sums)
         names = owners.get(stack)
         if names is None:
-            names = owners[stack] = _with_owners(stack, aliases, canonical)
+            names = owners[stack] = _with_owners(stack, alias_table, canonical)
         for name in names:
             _bump(by_module, name, sums)
             _bump(module_ops.setdefault(name, {}), op, sums)
@@ -288,6 +296,48 @@ def aggregate(
         _module_ops={name: _frozen(ops) for name, ops in module_ops.items()},
         _phases=_frozen(phases),
         _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(unsupported.items())),
+        _aliases=alias_table,
         warnings=tuple(warnings),
         gaps=tuple(gaps),
+    )
+
+
+def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -> FlopResult:
+    """``result`` with some of its events' costs replaced (event, old cost, new cost): the same
+    events ran, only their shapes differ. Cheaper than :func:`aggregate` when few events
+    change (the decode steps of :func:`flopcount.count_generation`); call counts are unchanged."""
+    operators = dict(result._operators)
+    phases = dict(result._phases)
+    modules = dict(result._modules)
+    module_ops = dict(result._module_ops)
+    copied: Dict[str, Dict[str, OpTotals]] = {}
+    total_macs, total_flops = result.macs, result.flops
+    canonical = {alias: name for name, names in result._aliases.items() for alias in names}
+
+    def owners(stack: Tuple[str, ...]) -> Tuple[str, ...]:
+        return _with_owners(stack, result._aliases, canonical)
+
+    def shift(table: Dict[str, OpTotals], key: str, macs: int, flops: int) -> None:
+        old = table[key]
+        table[key] = OpTotals(old.count, old.macs + macs, old.flops + flops)
+
+    for event, old, new in changes:
+        macs, flops = new.macs - old.macs, new.flops - old.flops
+        if not macs and not flops:
+            continue
+        op = event.call.op
+        total_macs += macs
+        total_flops += flops
+        shift(operators, op, macs, flops)
+        shift(phases, event.phase, macs, flops)
+        for name in owners(event.module_stack):
+            shift(modules, name, macs, flops)
+            ops = copied.get(name)
+            if ops is None:
+                ops = copied[name] = dict(module_ops[name])
+                module_ops[name] = ops
+            shift(ops, op, macs, flops)
+    return replace(
+        result, flops=total_flops, macs=total_macs, _operators=operators, _modules=modules,
+        _module_ops=module_ops, _phases=phases,
     )

@@ -170,6 +170,9 @@ class ParamSummary:
     frozen: int
     bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
     buffer_bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
+    #: Parameters one token touches in a mixture-of-experts model (shared ones plus k of the
+    #: E routed experts per MoE layer); None when no routed experts were found.
+    active: Optional[int] = None
 
     @property
     def param_bytes(self) -> int:

@@ -10,11 +10,11 @@ from typing import Any, Callable, Optional
 
 import pytest
 import torch
+from conftest import assert_same_state, cuda, snapshot
 from torch import nn
 
 from flopcount.errors import TraceError, UsageError
 from flopcount.memory import MemoryEstimate, estimate_memory
-from tests.conftest import assert_same_state, cuda, snapshot
 
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
 

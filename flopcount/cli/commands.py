@@ -118,6 +118,8 @@ def _prepare(args: argparse.Namespace) -> _Run:
     _check_not_entry(args.plot, "--plot", args.entry)
     model = loaded.model
     if args.inputs or kw_specs:
+        if args.inputs and not getattr(args, "generate", None):  # defaults the prompt does not replace
+            kw_specs = {**{k: v for k, v in loaded.default_kwargs.items() if k not in kw_specs}, **kw_specs}
         inputs, kwargs = _make_inputs(model, args.inputs, kw_specs, device, args.seed)
     elif loaded.inputs is not None or loaded.kwargs is not None:
         inputs = loaded.inputs if loaded.inputs is not None else ()
@@ -252,7 +254,7 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
         return
     from ..report.plot import plot_result
 
-    title = f"{args.entry}  inputs: {result.input_description}" if result.input_description else args.entry
+    title = f"{_label(args)}  inputs: {result.input_description}" if result.input_description else _label(args)
     try:
         plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies)
     except OSError as exc:
@@ -264,10 +266,35 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
 
 def _cmd_count(args: argparse.Namespace) -> int:
     run = _prepare(args)
+    if getattr(args, "generate", None):
+        return _count_generation(run, args)
     result = _count(run, args, backward=args.backward)
-    _emit(render_count(result, args.format, entry=args.entry, depth=args.depth, operators=args.operators), args)
+    _emit(render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators), args)
     _plot(result, args)
     return EXIT_INCOMPLETE if _strict_failure(result, args) else EXIT_OK
+
+
+def _label(args: argparse.Namespace) -> str:
+    """ENTRY as the reports name it: with its --config overrides, e.g. ``hf:llama [num_hidden_layers=2]``."""
+    overrides = ", ".join(f"{key}={value}" for key, value in getattr(args, "config", []) or [])
+    return f"{args.entry} [{overrides}]" if overrides else args.entry
+
+
+def _count_generation(run: _Run, args: argparse.Namespace) -> int:
+    import torch
+
+    from ..generation import count_generation
+    from ..report.render import render_generation
+
+    if args.backward or args.plot:
+        raise UsageError("--generate counts inference only: drop --backward and --plot")
+    prompt = run.inputs[0] if isinstance(run.inputs, tuple) and len(run.inputs) == 1 else run.inputs
+    if not isinstance(prompt, torch.Tensor):
+        raise UsageError("--generate needs one prompt tensor: --input BATCHxLENGTH:int64 (token ids)")
+    progress(args, f"counting generate() of {args.generate} new tokens after a {tuple(prompt.shape)} prompt ...")
+    result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
+    _emit(render_generation(result, args.format, entry=_label(args)), args)
+    return EXIT_OK
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -275,7 +302,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     result = _count(run, args)
     timing = _benchmark(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
-    _emit(render_bench(result, timing, args.format, entry=args.entry, depth=args.depth), args)
+    _emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
     _plot(result, args, latencies=timing.stats.samples_ms)
     return EXIT_OK
 
@@ -304,7 +331,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
     report = check_result(result, budget, latency_ms=latency, allow_incomplete=args.allow_incomplete)
-    _emit(render_check(result, report, args.format, entry=args.entry, depth=args.depth), args)
+    _emit(render_check(result, report, args.format, entry=_label(args), depth=args.depth), args)
     _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms)
     strict = _strict_failure(result, args)
     status = report.status

@@ -250,11 +250,19 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         import transformers  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"{entry} needs the transformers package: pip install transformers") from exc
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSpeechSeq2Seq,
+    )
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
     )
 
     if model_type not in CONFIG_MAPPING_NAMES:
@@ -270,31 +278,58 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
             close = difflib.get_close_matches(key, [k for k in config.to_dict() if not k.startswith("_")], n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
+    if overrides:
+        # built with the overrides, so values derived from them (head_dim from hidden_size) follow;
+        # transformers 5 validates field types (StrictDataclassFieldValidationError)
         try:
-            setattr(config, key, value)
-        except Exception as exc:  # transformers 5 validates fields (StrictDataclassFieldValidationError)
-            raise UsageError(f"--config {key}={value!r}: {type(config).__name__} rejects the value: {_describe_short(exc)}") from exc
+            config = AutoConfig.for_model(model_type, **overrides)
+        except Exception as exc:
+            shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+            raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {_describe_short(exc)}") from exc
     if "use_cache" not in overrides and hasattr(config, "use_cache"):
         config.use_cache = False  # one forward; a KV cache is only extra outputs
-    # decoders get their LM head; encoders (also listed as masked LMs) the bare model
+    # encoder-decoders are built whole (their causal-LM class is the decoder alone); decoders
+    # get their LM head; encoders (also listed as masked LMs) the bare model
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    auto = AutoModelForCausalLM if causal else AutoModel
+    if seq2seq and model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        auto: Any = AutoModelForSpeechSeq2Seq
+    elif seq2seq and model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        auto = AutoModelForSeq2SeqLM
+    elif seq2seq:
+        auto = AutoModel
+    else:
+        auto = AutoModelForCausalLM if causal else AutoModel
     with _build_device(device):
         try:
             model = auto.from_config(config)
         except Exception as exc:
             raise UsageError(f"model construction failed: {entry}: {_describe(exc)}") from exc
-    return LoadedEntry(entry, model, default_specs=_hf_default_specs(model, config))
+    default_kwargs: Dict[str, InputSpec] = {}
+    if seq2seq:
+        # the decoder's tokens; generate() would start from one, a forward counts a whole target
+        limit = getattr(config, "max_target_positions", None) or getattr(config, "max_position_embeddings", None)
+        default_kwargs["decoder_input_ids"] = InputSpec((1, _text_length(limit)), torch.int64)
+    return LoadedEntry(entry, model, default_specs=_hf_default_specs(model, config), default_kwargs=default_kwargs)
+
+
+def _text_length(limit: Any) -> int:
+    """128 tokens, or fewer when the positions table is smaller."""
+    return min(128, limit) if isinstance(limit, int) and limit > 0 else 128
 
 
 def _hf_default_specs(model: nn.Module, config: Any) -> Tuple[InputSpec, ...]:
     main_input = getattr(model, "main_input_name", "input_ids")
     if main_input == "input_ids":
-        length = 128
         limit = getattr(config, "max_position_embeddings", None)
-        if isinstance(limit, int) and limit > 0:
-            length = min(length, limit)
-        return (InputSpec((1, length), torch.int64),)
+        if getattr(config, "is_encoder_decoder", False):
+            limit = getattr(config, "max_source_positions", None) or limit
+        return (InputSpec((1, _text_length(limit)), torch.int64),)
+    if main_input == "input_features":
+        # speech encoders (Whisper): mel bins x frames; the encoder expects 2 x its positions
+        bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None) or 80
+        positions = getattr(config, "max_source_positions", None) or 1500
+        return (InputSpec((1, int(bins), 2 * int(positions))),)
     if main_input == "pixel_values":
         size = getattr(config, "image_size", 224)
         size = size if isinstance(size, int) else 224

@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
     count.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran (the report is still printed)")
+    count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
+                       help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
+                       "decode steps through the KV cache (transformers models; docs/llm.md)")
     count.set_defaults(command_name="count")
 
     bench = commands.add_parser(

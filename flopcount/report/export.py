@@ -25,6 +25,7 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
         "flops": result.flops,
         "macs": result.macs,
         "params": result.params,
+        "active_params": result.active_params,
         "trainable_params": params.trainable,
         "frozen_params": params.frozen,
         "param_bytes_by_dtype": dict(params.bytes_by_dtype),

@@ -15,6 +15,7 @@ from .units import escape_markdown
 if TYPE_CHECKING:
     from ..bench.result import BenchmarkResult
     from ..budget import BudgetReport
+    from ..generation import GenerationResult
     from ..results import FlopResult
 
 
@@ -98,3 +99,21 @@ def render_check(result: FlopResult, report: BudgetReport, fmt: str, *, entry: s
     if fmt == "tree":  # the tree ends with the notes
         return "\n".join([*parts, "", result.tree(max_depth=depth)])
     return "\n".join(parts + notes)
+
+
+def render_generation(result: GenerationResult, fmt: str, *, entry: str) -> str:
+    """What ``flopcount count --generate N`` prints: prefill, decode and totals."""
+    from .generation import generation_table
+
+    if fmt == "json":
+        data: Dict[str, Any] = {"entry": entry}
+        data.update(result.to_dict())
+        return _json(data)
+    if fmt == "csv":
+        rows = [f"prefill,,{result.prefill.macs},{result.prefill.flops}"]
+        rows += [f"decode,{i},{s.macs},{s.flops}" for i, s in enumerate(result.steps)]
+        return "\n".join(["phase,step,macs,flops"] + rows)
+    heading = f"{entry} | generate {result.new_tokens} new tokens after a {result.batch}x{result.prompt_tokens} prompt"
+    if fmt == "markdown":
+        return f"**{heading}**\n\n" + generation_table(result, fmt="github")
+    return heading + "\n" + generation_table(result)

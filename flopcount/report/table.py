@@ -22,9 +22,10 @@ def phases_label(result: FlopResult) -> str:
 def _footer(result: FlopResult) -> List[str]:
     size = result.parameters
     covered = phases_label(result)
+    active = "" if size.active is None else f"{format_count(size.active)} active per token, "
     lines = [
         f"Total{'' if covered == 'forward' else f' ({covered})'}: {with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}, "
-        f"{format_count(result.params)} params ({format_count(size.trainable)} trainable), "
+        f"{format_count(result.params)} params ({active}{format_count(size.trainable)} trainable), "
         f"weights {format_bytes(size.size_bytes)} (params + buffers, {SIZE_UNITS}); tracer: {result.tracer}; "
         f"inputs: {result.input_description}",
         CONVENTION,

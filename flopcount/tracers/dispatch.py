@@ -22,7 +22,7 @@ import bisect
 import contextlib
 import itertools
 from functools import cache
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from .._packed import unpack
 from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
+from . import _meta_kernels
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
 from ._vocabulary import CompositeInterceptor, canonical
@@ -276,6 +277,7 @@ class _Recorder(_DataReads):
         self.phase: Phase = "forward"
         self.muted = 0  # > 0 inside an intercepted composite (SDPA) or flopcount's own ops
         self.attribution: Optional[_BackwardAttribution] = None
+        self.assumptions: Set[str] = set()  # what a stand-in kernel assumed (exact totals: warnings only)
 
     def module_stack(self) -> Tuple[str, ...]:
         if self.phase == "backward" and not self._stack and self.attribution is not None:
@@ -291,7 +293,10 @@ class _Recorder(_DataReads):
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
                 return answer
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
+            out = _meta_kernels.fallback(func, args, kwargs, exc, self.assumptions)
         if not self.muted:
             sig = _signature(func)
             if sig.name in _METADATA:
@@ -396,7 +401,7 @@ def trace(
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
     notes = _notes(recorder.placeholders)
-    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), notes, gaps=notes)
+    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes)
 
 
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:

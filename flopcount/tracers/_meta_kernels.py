@@ -1,0 +1,88 @@
+"""Stand-in kernels for ops whose meta kernel refuses shapes-only tensors that matter for
+counting: mixture-of-experts grouped matmuls.
+
+torch's meta kernel for ``aten::_grouped_mm`` accepts bfloat16 only (``_scaled_grouped_mm``
+fp8 only), so a float32 mixture-of-experts model (transformers 5 runs its experts through
+``_grouped_mm`` by default) cannot run on meta or fake tensors. When the real kernel refuses
+and an operand has no data, :func:`fallback` returns an empty output of the shape torch's own
+meta kernel computes. The number of rows is the model's, not ours: transformers sends
+tokens x k rows (each token to exactly k experts), so the MACs are exact whatever the
+routing; only the split between experts (``offs``) is unknown.
+
+Called by the dispatch tracer only after the real kernel raised, so it costs nothing on the
+hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Set, Tuple
+
+import torch
+
+from ..inputs import is_dataless
+
+__all__ = ["ROUTING_NOTE", "fallback"]
+
+_aten = torch.ops.aten
+
+def _overloads(**dtypes: Optional[torch.dtype]) -> Dict[Any, Optional[torch.dtype]]:
+    """op overload -> its output dtype when out_dtype is not given (None: the input's); ops
+    this torch lacks (private ones may go) are left out."""
+    found: Dict[Any, Optional[torch.dtype]] = {}
+    for name, dtype in dtypes.items():
+        packet = getattr(_aten, name, None)
+        if packet is not None and hasattr(packet, "default"):
+            found[packet.default] = dtype
+    return found
+
+
+_GROUPED = _overloads(_grouped_mm=None, _scaled_grouped_mm=torch.bfloat16)
+_NONZERO = {_aten.nonzero.default}
+
+ROUTING_NOTE = (
+    "mixture of experts on meta/fake tensors: routing is unknown, so aten::_grouped_mm ran as a shapes-only "
+    "stand-in; its rows are the model's tokens x k (each token goes to exactly k experts), so the MACs are exact "
+    "whatever the balance between experts"
+)
+
+
+def _bound(func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict:
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: Any) -> Tuple[int, ...]:
+    """The output shape torch's meta kernel gives (torch/_meta_registrations.py)."""
+    if a.dim() == 2 and b.dim() == 2:
+        groups = offs.size(0) if isinstance(offs, torch.Tensor) else 1
+        return (groups, a.size(0), b.size(1))
+    if a.dim() == 2:
+        return (a.size(0), b.size(-1))
+    if b.dim() == 2:
+        return (a.size(1), b.size(1))
+    return (a.size(0), a.size(1), b.size(-1))
+
+
+def fallback(func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException, notes: Set[str]) -> Any:
+    """The output ``func`` would have produced on data-less operands, when torch's kernel
+    refused them; re-raises ``exc`` for every other op or when the operands have data."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or not any(is_dataless(t) for t in tensors):
+        raise exc
+    if func in _GROUPED:
+        bound = _bound(func, args, kwargs)
+        a, b = bound["self"], bound["mat2"]
+        if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.size(-1) != b.size(-2):
+            raise exc
+        dtype = bound.get("out_dtype") or _GROUPED[func] or a.dtype
+        notes.add(ROUTING_NOTE)
+        return torch.empty(_grouped_mm_shape(a, b, bound.get("offs")), dtype=dtype, device=a.device)
+    if func in _NONZERO:
+        raise NotImplementedError(
+            "nonzero() on a meta/fake tensor: its output size depends on the data; for a transformers "
+            "mixture-of-experts model build it with experts_implementation='grouped_mm' (the default) or "
+            "'batched_mm', whose costs do not depend on the routing"
+        ) from exc
+    raise exc
