@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator
+from typing import Iterator, List, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -27,6 +27,13 @@ def preserved_model_state(model: nn.Module) -> Iterator[None]:
                 buffers.append((m, name, buf, None if is_dataless(buf) else buf.detach().clone()))
     params = list(model.parameters())
     param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
+    # The one in-place parameter write torch's own layers do in forward: Embedding(max_norm=)
+    # renormalises the rows it looks up. Those weights are saved so they can be put back.
+    renormed = [
+        (m.weight, m.weight.detach().clone())
+        for m in modules
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None and not is_dataless(m.weight)
+    ]
     hook_attrs = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
     hooks = [(m, attr, dict(getattr(m, attr))) for m in modules for attr in hook_attrs if hasattr(m, attr)]
     grad_enabled = torch.is_grad_enabled()
@@ -46,11 +53,17 @@ def preserved_model_state(model: nn.Module) -> Iterator[None]:
                 m._buffers[name] = buf
                 if saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
                     buf.copy_(saved) if buf.shape == saved.shape else buf.set_(saved)  # type: ignore[call-overload]  # set_(Tensor) exists; the stubs omit it
+        restored = set()
+        with torch.no_grad():
+            for weight, saved_weight in renormed:
+                if not torch.equal(weight, saved_weight):
+                    weight.copy_(saved_weight)
+                restored.add(id(weight))
         changed = []
         for p, requires_grad, grad, version in param_state:
             p.requires_grad_(requires_grad)
             p.grad = grad
-            if p._version != version:
+            if p._version != version and id(p) not in restored:
                 changed.append(p)
         for m, attr, saved_hooks in hooks:
             current = getattr(m, attr)
@@ -63,3 +76,45 @@ def preserved_model_state(model: nn.Module) -> Iterator[None]:
                 FlopcountWarning,
                 stacklevel=3,
             )
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore the CPU (and initialised CUDA) RNG state on exit."""
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+@contextlib.contextmanager
+def preserved_inputs(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Give the caller's input tensors back exactly as found, even when the forward
+    writes to them in place (``x.add_(1)``, ``x.relu_()``): their values, ``requires_grad``
+    and ``.grad``. Each tensor with data is copied first; a copy is only written back to a
+    tensor whose version counter moved."""
+    saved: List[Tuple[torch.Tensor, int, Tuple[object, ...], torch.Tensor, bool, object]] = []
+    seen = set()
+    for tensor in tensors:
+        if id(tensor) in seen or is_dataless(tensor):
+            continue
+        seen.add(id(tensor))
+        layout = (tensor.shape, tensor.stride(), tensor.storage_offset())
+        saved.append((tensor, tensor._version, layout, tensor.detach().clone(), tensor.requires_grad, tensor.grad))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, version, layout, copy, requires_grad, grad in saved:
+                if (tensor.shape, tensor.stride(), tensor.storage_offset()) != layout:
+                    shape, stride, offset = layout
+                    tensor.as_strided_(shape, stride, offset)  # type: ignore[arg-type]  # saved from the tensor
+                if tensor._version != version:
+                    tensor.copy_(copy)
+                if tensor.is_leaf:
+                    tensor.requires_grad_(requires_grad)
+                    tensor.grad = grad  # type: ignore[assignment]  # saved from the same tensor
