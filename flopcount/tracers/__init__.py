@@ -60,10 +60,13 @@ def trace(
         if dataless is not None:
             run = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
             return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
-        try:
-            return dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn, fake_copy=True)
-        except FakeRunError as exc:
-            note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
+        if has_lazy_parameters(model):
+            note = "tracer auto: counted one real run (dispatch) because lazy modules are not materialised yet"
+        else:
+            try:
+                return dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn, fake_copy=True)
+            except FakeRunError as exc:
+                note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
     # A real run: on a copy of the module tree when lazy modules would otherwise be
     # materialised in the caller's model (the copy shares every initialised tensor).
     run_model = shared_tensor_copy(model) if has_lazy_parameters(model) else model

@@ -14,16 +14,29 @@ A forward that needs a real value (``.item()``, ``.tolist()``, ``bool(t)`` on da
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
+import types
+from collections import OrderedDict
 from functools import cache
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from ..errors import TraceError
+from ..inputs import is_uninitialized
 
-__all__ = ["FakeCopy", "FakeRunError", "fake_copies", "has_lazy_parameters", "reason_for", "shared_tensor_copy"]
+__all__ = [
+    "FakeCopy",
+    "FakeRunError",
+    "fake_copies",
+    "has_lazy_parameters",
+    "quiet_fake_logs",
+    "reason_for",
+    "shared_tensor_copy",
+]
 
 
 class FakeRunError(TraceError):
@@ -52,13 +65,9 @@ def _fake_types() -> Tuple[Any, Any]:
     return FakeTensor, FakeTensorMode
 
 
-def _is_uninitialized(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, nn.parameter.UninitializedTensorMixin)
-
-
 def has_lazy_parameters(model: nn.Module) -> bool:
     """True when a lazy module (``nn.LazyLinear``...) has not been materialised yet."""
-    return any(_is_uninitialized(t) for t in _own_tensors(model))
+    return any(is_uninitialized(t) for t in _own_tensors(model))
 
 
 def _own_tensors(model: nn.Module) -> List[torch.Tensor]:
@@ -92,10 +101,10 @@ class _Faker:
     def fake(self, tensor: torch.Tensor) -> torch.Tensor:
         found = self.memo.get(id(tensor))
         if found is not None:
-            return found  # type: ignore[no-any-return]  # the memo holds only tensors we made
+            return found
         made = self._make(tensor)
         if isinstance(tensor, nn.Parameter):
-            made._is_param = True  # type: ignore[attr-defined]  # makes isinstance(made, nn.Parameter) true
+            made._is_param = True  # makes isinstance(made, nn.Parameter) true
         if tensor.requires_grad and (made.is_floating_point() or made.is_complex()):
             made.requires_grad_(True)
         self.memo[id(tensor)] = made
@@ -106,10 +115,10 @@ class _Faker:
             try:
                 # The fast way (a meta tensor wrapped as fake): ~20x cheaper than from_tensor.
                 meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=self._meta_device)
-                return self._fake_tensor(self.mode, meta, tensor.device)  # type: ignore[no-any-return]
+                return self._fake_tensor(self.mode, meta, tensor.device)
             except Exception:
                 pass  # a private constructor that changed: the public route below
-        return self.mode.from_tensor(tensor, static_shapes=True)  # type: ignore[no-any-return]
+        return self.mode.from_tensor(tensor, static_shapes=True)
 
 
 def fake_copies(model: nn.Module, inputs: Sequence[torch.Tensor]) -> FakeCopy:
@@ -119,20 +128,90 @@ def fake_copies(model: nn.Module, inputs: Sequence[torch.Tensor]) -> FakeCopy:
     memo: Dict[int, Any] = {}
     try:
         for tensor in _own_tensors(model) + _attribute_tensors(model):
-            if not _is_uninitialized(tensor):
+            if not is_uninitialized(tensor):
                 memo[id(tensor)] = faker.fake(tensor)
         fake_inputs = [faker.fake(t) for t in inputs]
-        model_copy = copy.deepcopy(model, memo)
+        model_copy = _TreeCopier(memo, faker).module(model)
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
     return FakeCopy(faker.mode, model_copy, fake_inputs)
 
 
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
+
+
+class _TreeCopier:
+    """A deep copy of a module tree, made for the fake run: modules, their attribute and
+    hook dictionaries, lists and tuples are copied here; tensors come from ``memo`` (their
+    fakes); immutable values and plain functions are shared; anything else goes through
+    ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy`` of
+    the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
+
+    def __init__(self, memo: Dict[int, Any], faker: _Faker):
+        self.memo = memo
+        self.faker = faker
+
+    def module(self, module: nn.Module) -> nn.Module:
+        found = self.memo.get(id(module))
+        if found is not None:
+            return found
+        new = module.__class__.__new__(module.__class__)
+        self.memo[id(module)] = new
+        new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
+        return new
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, _IMMUTABLE) or isinstance(value, _FUNCTIONS):
+            return value
+        found = self.memo.get(id(value))
+        if found is not None:
+            return found
+        kind = type(value)
+        if isinstance(value, nn.Module):
+            return self.module(value)
+        if isinstance(value, torch.Tensor):  # held in a container attribute: faked too
+            made = self.memo[id(value)] = self.faker.fake(value)
+            return made
+        if kind is dict or kind is OrderedDict:
+            new: Any = kind()
+            self.memo[id(value)] = new
+            for key, item in value.items():
+                new[key] = self.value(item)
+            return new
+        if kind is list:
+            new = []
+            self.memo[id(value)] = new
+            new.extend(self.value(item) for item in value)
+            return new
+        if kind is tuple:
+            return tuple(self.value(item) for item in value)
+        return copy.deepcopy(value, self.memo)
+
+
 def shared_tensor_copy(model: nn.Module) -> nn.Module:
     """A copy of the module tree that shares every initialised tensor with ``model``: a
     real run on it materialises the copy's lazy modules, not the caller's."""
-    memo: Dict[int, Any] = {id(t): t for t in _own_tensors(model) + _attribute_tensors(model) if not _is_uninitialized(t)}
+    memo: Dict[int, Any] = {id(t): t for t in _own_tensors(model) + _attribute_tensors(model) if not is_uninitialized(t)}
     return copy.deepcopy(model, memo)
+
+
+class _Quiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def quiet_fake_logs() -> Iterator[None]:
+    """FakeTensorMode logs an error line when an op's meta kernel raises; that failure is
+    ours to handle (a real run follows), and the library never prints: mute it meanwhile."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    quiet = _Quiet()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -38,8 +38,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
+from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._modules import ModuleStack, forward_error, module_names
-from ._fake import FakeRunError, fake_copies, reason_for
 from ._state import preserved_model_state, preserved_rng
 
 __all__ = ["trace"]
@@ -233,6 +233,12 @@ class _DataReads(TorchDispatchMode):
     0, ``equal`` is True. Each use is counted so the trace can report it.
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a dynamo-disabling shim unless told
+        # otherwise: a per-op cost for a method that compiles nothing.
+        return False
+
     def __init__(self, modules: ModuleStack):
         super().__init__()
         self.placeholders: Dict[Tuple[str, str], int] = {}
@@ -314,9 +320,13 @@ class _Recorder(_DataReads):
             sig = self._signatures[func] = _signature(func)
         if sig.skip:
             return out
-        self.events.append(
-            OpEvent(OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), _outputs(out)), self.module_stack(), self.phase)
-        )
+        try:
+            call = OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), _outputs(out))
+        except (ValueError, RuntimeError):
+            # an nn.UninitializedParameter refuses to show its shape: the bookkeeping ops of a
+            # lazy module materialising itself (``param.data``), which compute nothing
+            return out
+        self.events.append(OpEvent(call, self.module_stack(), self.phase))
         if sig.is_all:
             self._note_reduction(out)
         return out
@@ -424,7 +434,9 @@ def trace(
         copied = fake_copies(model, flat_inputs)
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
         args, kw = rebuild(flat_inputs)
-        preserve = preserved_rng()  # the copy needs no restoring; the process's RNG does
+        preserve = contextlib.ExitStack()  # the copy needs no restoring; the process's RNG does
+        preserve.enter_context(preserved_rng())
+        preserve.enter_context(quiet_fake_logs())
     else:
         run_model = model
         fake_mode = _fake_mode(itertools.chain(flat_inputs, model.parameters(), model.buffers()))
