@@ -1,8 +1,9 @@
 """Tracers: run a model once and return a :class:`flopcount.types.Trace` of op events.
 
 Tracers know nothing about costs. ``jit`` uses torch.jit tracing; ``dispatch`` uses a
-TorchDispatchMode; :func:`trace` picks one (``tracer="auto"``) and says why in the
-trace's warnings when it falls back.
+TorchDispatchMode. :func:`trace` with ``tracer="auto"`` runs the dispatch tracer on fake
+copies of the model and inputs (``_fake.py``), or one real run when the forward needs a
+value, and says why in the trace's warnings.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import logging
 import types
 from collections import OrderedDict
 from functools import cache
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -48,14 +48,16 @@ class FakeRunError(TraceError):
 
 
 class FakeCopy:
-    """A fake copy of a model and of the tensors it is called with, sharing one mode."""
+    """A fake copy of a model and of the tensors it is called with, sharing one mode;
+    ``call`` is the copied call arguments (positional, keyword)."""
 
-    __slots__ = ("mode", "model", "tensors")
+    __slots__ = ("mode", "model", "tensors", "call")
 
-    def __init__(self, mode: Any, model: nn.Module, tensors: List[torch.Tensor]):
+    def __init__(self, mode: Any, model: nn.Module, tensors: List[torch.Tensor], call: Any):
         self.mode = mode
         self.model = model
         self.tensors = tensors
+        self.call = call
 
 
 @cache
@@ -91,7 +93,7 @@ class _Faker:
 
     def __init__(self) -> None:
         fake_tensor, fake_mode = _fake_types()
-        self._fake_tensor = fake_tensor
+        self._fake_tensor = self.fake_type = fake_tensor
         # Real tensors the forward reaches some other way (a global, a closure) are
         # converted on use; they are never written to.
         self.mode = fake_mode(allow_non_fake_inputs=True)
@@ -121,9 +123,13 @@ class _Faker:
         return self.mode.from_tensor(tensor, static_shapes=True)
 
 
-def fake_copies(model: nn.Module, inputs: Sequence[torch.Tensor]) -> FakeCopy:
-    """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy)
-    and a fake for each of ``inputs``. Raises :class:`FakeRunError` if it cannot."""
+def fake_copies(
+    model: nn.Module, inputs: Sequence[torch.Tensor], rebuild: Optional[Callable[[Sequence[torch.Tensor]], Any]] = None
+) -> FakeCopy:
+    """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
+    fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
+    object in them copied too (a list or KV cache the forward appends to stays the
+    caller's own). Raises :class:`FakeRunError` if it cannot."""
     faker = _Faker()
     memo: Dict[int, Any] = {}
     try:
@@ -131,10 +137,12 @@ def fake_copies(model: nn.Module, inputs: Sequence[torch.Tensor]) -> FakeCopy:
             if not is_uninitialized(tensor):
                 memo[id(tensor)] = faker.fake(tensor)
         fake_inputs = [faker.fake(t) for t in inputs]
-        model_copy = _TreeCopier(memo, faker).module(model)
+        copier = _TreeCopier(memo, faker)
+        model_copy = copier.module(model)
+        call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
-    return FakeCopy(faker.mode, model_copy, fake_inputs)
+    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy)
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
@@ -170,6 +178,8 @@ class _TreeCopier:
         kind = type(value)
         if isinstance(value, nn.Module):
             return self.module(value)
+        if isinstance(value, self.faker.fake_type):
+            return value  # already one of ours
         if isinstance(value, torch.Tensor):  # held in a container attribute: faked too
             made = self.memo[id(value)] = self.faker.fake(value)
             return made

@@ -431,9 +431,9 @@ def trace(
     inputs_text = describe_inputs(inputs, kwargs)
     preserve: Any
     if fake_copy:
-        copied = fake_copies(model, flat_inputs)
+        copied = fake_copies(model, flat_inputs, rebuild)
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
-        args, kw = rebuild(flat_inputs)
+        args, kw = copied.call
         preserve = contextlib.ExitStack()  # the copy needs no restoring; the process's RNG does
         preserve.enter_context(preserved_rng())
         preserve.enter_context(quiet_fake_logs())

@@ -333,3 +333,10 @@ def test_custom_op_without_fake_kernel_gets_one_real_run():
     r = count_flops(UsesCustomOp(), torch.randn(3, 5, 4))
     assert r.macs == 3 * 5 * 4 * 6
     assert "counted one real run" in r.warnings[0] and "flopcount_test::twice" in r.unsupported_ops()
+
+
+def test_objects_passed_in_are_not_written_to_by_the_fake_run():
+    """A list the forward appends to (a KV cache works the same way) stays the caller's."""
+    model, out = AppendsToList(), []
+    r = count_flops(model, (torch.randn(2, 8), out))
+    assert r.macs == 2 * 8 * 16 and out == []
