@@ -9,7 +9,7 @@ from torch import nn
 
 from .errors import HandlerError
 from .handlers import default_registry
-from .inputs import describe_inputs
+from .inputs import describe_inputs, is_uninitialized
 from .params import summarize_parameters
 from .registry import KNOWN_ZERO, HandlerRegistry
 from .results import FlopResult, ModuleInfo, aggregate
@@ -74,9 +74,7 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
             try:
                 cost = handler(call)
             except Exception as exc:
-                shapes = ", ".join(f"{k}={getattr(v, 'shape', v)}" for k, v in call.args.items())
-                where = event.module or "<root>"
-                raise HandlerError(f"handler for {call.op} failed in module '{where}' on ({shapes}): {exc}") from exc
+                raise HandlerError(_handler_failure(event, exc)) from exc
             costed.append((event, _checked(cost, call.op, event.module)))
     return costed
 
@@ -109,12 +107,28 @@ def _count_ok(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
+def _handler_failure(event: OpEvent, exc: BaseException) -> str:
+    """One readable sentence: the op, the module, what went wrong, the tensor shapes."""
+    call = event.call
+    text = str(exc).strip().strip('"').splitlines()
+    detail = text[0] if text else type(exc).__name__
+    if len(detail) > 120:
+        detail = detail[:117] + "..."
+    shapes = [f"{name}={list(value.shape)}" for name, value in call.args.items() if hasattr(value, "shape")]
+    listed = ", ".join(shapes[:4]) + (f" and {len(shapes) - 4} more" if len(shapes) > 4 else "")
+    where = f"module '{event.module}'" if event.module else "the root module"
+    on = f" (tensor arguments {listed})" if listed else ""
+    return f"the handler for {call.op} in {where} failed: {type(exc).__name__}: {detail}{on}"
+
+
 def module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:
     """Each module with its parameter count (its own and its submodules', each tensor
     once), in one pass over the parameters rather than one per module."""
     owned: Dict[str, int] = {}
     counted = set()
     for qualified, param in model.named_parameters(remove_duplicate=False):
+        if is_uninitialized(param):
+            continue  # a lazy module not materialised yet (counting leaves it lazy)
         parts = qualified.split(".")[:-1]
         for end in range(len(parts) + 1):
             prefix = ".".join(parts[:end])

@@ -35,7 +35,8 @@ def count_flops(
 
     ``inputs``: a tuple is unpacked as positional arguments; a Tensor, list, dict or
     any other container is passed as one positional argument; ``kwargs`` are passed
-    as keyword arguments. ``tracer``: "auto" (jit), "jit" or "dispatch".
+    as keyword arguments. ``tracer``: "auto" (dispatch on fake copies: nothing computed; one real run
+    if the forward needs a value, said in ``warnings``), "jit" or "dispatch" (real runs).
     ``handlers`` overrides or adds handlers for this call only (``None`` = known zero);
     ``strict=True`` raises :class:`UnsupportedOpError` when an op without a handler ran.
     ``inputs=None`` means no positional inputs (same as ``()``).

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # missing from the stubs
 
 from .errors import UsageError
 
@@ -113,3 +114,9 @@ def is_dataless(tensor: torch.Tensor) -> bool:
     if tensor.device.type == "meta":
         return True
     return isinstance(tensor, fake_tensor_type())
+
+
+def is_uninitialized(tensor: torch.Tensor) -> bool:
+    """True for the parameters and buffers of a lazy module not materialised yet
+    (``nn.LazyLinear`` before its first forward): their shape is not known."""
+    return isinstance(tensor, UninitializedTensorMixin)

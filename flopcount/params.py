@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ._packed import packed_dtype, packed_objects, unpack
+from .inputs import is_uninitialized
 from .types import ParamSummary
 
 #: Config keys that name how many experts each token is routed to.
@@ -24,6 +25,8 @@ def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] =
     total = trainable = 0
     by_dtype: Dict[str, int] = {}
     for param in model.parameters():  # parameters() already yields a shared tensor once
+        if is_uninitialized(param):
+            continue  # a lazy module not materialised yet: its size is not known
         n = param.numel()
         total += n
         if param.requires_grad:
@@ -44,6 +47,8 @@ def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] =
             by_dtype[key] = by_dtype.get(key, 0) + n * size
     buffers: Dict[str, int] = {}
     for buf in model.buffers():
+        if is_uninitialized(buf):
+            continue
         key = _dtype_name(buf)
         buffers[key] = buffers.get(key, 0) + buf.numel() * buf.element_size()
     active = active_parameters(model, experts_per_token=experts_per_token)

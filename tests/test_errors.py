@@ -83,7 +83,7 @@ def test_handler_failure_names_op_and_module():
         raise ValueError("bad shape")
 
     with pytest.raises(HandlerError) as info:
-        count_flops(Outer().blocks[0], torch.randn(2, 4), handlers={"aten::linear": broken})
+        count_flops(Outer().blocks[0], torch.randn(2, 4), tracer="jit", handlers={"aten::linear": broken})
     assert "aten::linear" in str(info.value) and "fc" in str(info.value)
 
 

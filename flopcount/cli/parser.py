@@ -255,7 +255,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     inputs.add_argument("--seed", type=_int_at_least(0, "--seed"), default=0, metavar="N", help="seed of the random example inputs (default 0)")
 
     run = p.add_argument_group("counting and output")
-    run.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default: jit, else dispatch), jit or dispatch")
+    run.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default: dispatch on fake copies, one real run if a value is needed), jit or dispatch")
     run.add_argument("--depth", type=_int_at_least(0, "--depth"), default=None, metavar="N",
                      help="module rows down to depth N (0 = whole model; default: all)")
     run.add_argument("-f", "--format", choices=FORMATS, default="table", help="table (default), tree, json, csv or markdown")

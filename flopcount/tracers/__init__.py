@@ -1,21 +1,25 @@
 """Tracers: run a model once and return a :class:`flopcount.types.Trace` of op events.
 
 Tracers know nothing about costs. ``jit`` uses torch.jit tracing; ``dispatch`` uses a
-TorchDispatchMode; :func:`trace` picks one (``tracer="auto"``) and says why in the
-trace's warnings when it falls back.
+TorchDispatchMode. :func:`trace` with ``tracer="auto"`` runs the dispatch tracer on fake
+copies of the model and inputs (``_fake.py``), or one real run when the forward needs a
+value, and says why in the trace's warnings.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
-from ..errors import TraceError, UsageError
+from .._packed import packed_objects
+from ..errors import UsageError
 from ..inputs import as_call_args, flatten_tensors, is_dataless
 from ..types import TRACERS, Trace
+from ._fake import FakeRunError, has_lazy_parameters, shared_tensor_copy
+from ._state import preserved_inputs
 
 __all__ = ["TRACERS", "LossFn", "Tracer", "trace"]
 
@@ -28,11 +32,6 @@ class Tracer(Protocol):
     def __call__(self, model: nn.Module, inputs: Any = (), kwargs: Optional[Mapping[str, Any]] = None) -> Trace: ...
 
 
-# jit records a custom torch.autograd.Function as one opaque node, and a scripted function
-# it could not inline (control flow in the callee) as a call; dispatch sees their aten ops.
-_OPAQUE_TO_JIT = frozenset({"prim::PythonOp", "prim::CallFunction"})
-
-
 def trace(
     model: nn.Module,
     inputs: Any = (),
@@ -42,45 +41,52 @@ def trace(
     backward: bool = False,
     loss_fn: Optional[LossFn] = None,
 ) -> Trace:
-    """Run ``model`` once with the chosen tracer. "auto" uses jit unless it cannot serve
-    the request or fails, then the dispatch tracer; the reason is kept in the warnings."""
+    """Run ``model`` once with the chosen tracer and return its op events.
+
+    "auto" runs the dispatch tracer on fake copies of the model and inputs (no arithmetic,
+    nothing of the caller's touched). If the forward needs a real value, or cannot run on
+    fakes, it counts one real run instead and says why in the warnings. Inputs or weights
+    already on the meta device (or fake) are counted as given. "jit" and "dispatch" run
+    the real model. Every path gives the caller's model and input tensors back as found.
+    """
     from . import dispatch, jit
 
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
-    if tracer == "jit":
-        if backward:
-            raise UsageError("backward=True needs tracer='dispatch' (or 'auto'); torch.jit cannot see backward")
-        return jit.trace(model, inputs, kwargs)
-    if tracer == "dispatch":
-        return dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
-    reason = _jit_unsuitable(model, inputs, kwargs, backward)
-    if reason is None:
-        try:
-            jit_trace = jit.trace(model, inputs, kwargs, stop_on_value_read=True)
-        except jit.ValueReadError as exc:
-            # jit drops ops whose results only steered Python (an if/while on a tensor,
-            # .tolist() routing), so its count would miss them; it stopped at the first read.
-            reason = f"{exc} (data-dependent control flow jit cannot trace)"
-        except TraceError as exc:
-            reason = f"jit could not trace the model ({exc})"
-        else:
-            opaque = sorted({e.call.op for e in jit_trace.events if e.call.op in _OPAQUE_TO_JIT})
-            if not opaque:
-                return jit_trace
-            reason = f"jit cannot see inside {', '.join(opaque)} (custom autograd Functions, scripted calls)"
-    fallback = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
-    return dataclasses.replace(fallback, warnings=(f"tracer auto: used dispatch because {reason}",) + fallback.warnings)
-
-
-def _jit_unsuitable(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], backward: bool) -> Optional[str]:
-    from . import jit
-
-    if backward:
-        return "backward=True"
-    if not jit.is_available():
-        return "torch.jit is not available"
+    if tracer == "jit" and backward:
+        raise UsageError("backward=True needs tracer='dispatch' (or 'auto'); torch.jit cannot see backward")
     tensors, _ = flatten_tensors(as_call_args(inputs, kwargs))
+    note = ""
+    if tracer == "auto":
+        dataless = _dataless(model, tensors)
+        if dataless is not None:
+            run = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
+            return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
+        if has_lazy_parameters(model):
+            note = "tracer auto: counted one real run (dispatch) because lazy modules are not materialised yet"
+        elif next(packed_objects(model), None) is not None:
+            # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
+            note = "tracer auto: counted one real run (dispatch) because the model has quantized packed parameters"
+        else:
+            try:
+                return dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn, fake_copy=True)
+            except FakeRunError as exc:
+                note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
+    # A real run: on a copy of the module tree when lazy modules would otherwise be
+    # materialised in the caller's model (the copy shares every initialised tensor).
+    run_model = shared_tensor_copy(model) if has_lazy_parameters(model) else model
+    with preserved_inputs(tensors):
+        if tracer == "jit":
+            return jit.trace(run_model, inputs, kwargs)
+        run = dispatch.trace(run_model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
+    return _with_warning(run, note) if note else run
+
+
+def _with_warning(run: Trace, text: str) -> Trace:
+    return dataclasses.replace(run, warnings=(text,) + run.warnings)
+
+
+def _dataless(model: nn.Module, tensors: Sequence[Any]) -> Optional[str]:
     for tensor in itertools.chain(tensors, model.parameters(), model.buffers()):
         if is_dataless(tensor):
             kind = "on the meta device" if tensor.device.type == "meta" else "FakeTensors"

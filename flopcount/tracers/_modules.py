@@ -3,7 +3,7 @@ stack seen through process-wide forward hooks, and the error naming the failing 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 from torch import nn
 
@@ -22,13 +22,15 @@ class ModuleStack:
     """Tracks which modules are running, through process-wide forward hooks that are
     removed on exit. Nothing is added to the model's own hook dictionaries.
 
-    ``stack`` holds qualified names, outermost first, without the root. After a
-    forward raises, ``stack`` still holds the path of the module that failed.
+    ``stack`` holds qualified names, outermost first, without the root, and ``path``
+    the same as a tuple (kept ready for tracers that stamp every op with it). After a
+    forward raises, both still hold the path of the module that failed.
     """
 
     def __init__(self, names: Mapping[nn.Module, str]):
         self._names = names
         self.stack: List[str] = []
+        self.path: Tuple[str, ...] = ()
         self.calls: Dict[str, int] = {}
         self._handles: List[Any] = []
 
@@ -43,11 +45,12 @@ class ModuleStack:
                 calls[name] = calls.get(name, 0) + 1
                 if name:
                     stack.append(name)
+                    self.path = tuple(stack)
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
             name = names.get(module)
-            if name and stack and stack[-1] == name:
-                stack.pop()
+            if name:
+                self.pop(name)
 
         self._handles = [
             module_impl.register_module_forward_pre_hook(pre),
@@ -59,6 +62,13 @@ class ModuleStack:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    def pop(self, name: str) -> None:
+        """Leave module ``name`` if it is the innermost one running."""
+        stack = self.stack
+        if stack and stack[-1] == name:
+            stack.pop()
+            self.path = tuple(stack)
 
     @property
     def current(self) -> str:

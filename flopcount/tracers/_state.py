@@ -4,37 +4,83 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from ..errors import FlopcountWarning
-from ..inputs import is_dataless
+from ..inputs import is_dataless, is_uninitialized
+
+
+class StateWatch:
+    """What the forward (re)assigned on the model's modules so far: buffers and plain
+    attributes (``self.aux_loss = ...``, ``self.ema = ...``), by qualified name."""
+
+    def __init__(self, modules: List[nn.Module], attributes: List[Dict[str, Any]]):
+        self._modules = modules
+        self._attributes = attributes
+
+    def assigned(self, names: Mapping[nn.Module, str]) -> List[str]:
+        found = []
+        for module, before in zip(self._modules, self._attributes):
+            prefix = names.get(module, "")
+            now = vars(module)
+            for key, value in now.items():
+                old = before.get(key, _MISSING)
+                # a new tensor attribute, or a tensor attribute replaced (not a size that
+                # jit's tracing hands over as a tensor, as lazy modules' in_features)
+                if old is not value and isinstance(value, torch.Tensor) and (old is _MISSING or isinstance(old, torch.Tensor)):
+                    found.append(f"{prefix}.{key}" if prefix else key)
+            for key, buf in module._buffers.items():
+                if buf is not None and before["_buffers"].get(key) is not buf:
+                    found.append(f"{prefix}.{key}" if prefix else key)
+        return found
+
+
+_MISSING = object()
 
 
 @contextlib.contextmanager
-def preserved_model_state(model: nn.Module) -> Iterator[None]:
+def preserved_model_state(model: nn.Module) -> Iterator[StateWatch]:
     """Leave ``model`` as found whatever the forward does: training flags, buffers
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
-    dictionaries, grad mode and the RNG state (dropout draws from it)."""
+    dictionaries, attributes the forward set or replaced on a module, grad mode and
+    the RNG state (dropout draws from it)."""
     modules = list(model.modules())
+    # A shallow copy of each module's attributes, and of its buffer dict (buffers can be
+    # reassigned through it): the forward's own ``self.x = ...`` are undone on exit.
+    attributes = [dict(vars(m), _buffers=dict(m._buffers)) for m in modules]
     flags = [(m, m.training) for m in modules]
     buffers = []
     for m in modules:
         for name, buf in m._buffers.items():
             if buf is not None:
                 buffers.append((m, name, buf, None if is_dataless(buf) else buf.detach().clone()))
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if not is_uninitialized(p)]
     param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
+    # The one in-place parameter write torch's own layers do in forward: Embedding(max_norm=)
+    # renormalises the rows it looks up. Those weights are saved so they can be put back.
+    renormed = [
+        (m.weight, m.weight.detach().clone())
+        for m in modules
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None and not is_dataless(m.weight)
+    ]
     hook_attrs = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
     hooks = [(m, attr, dict(getattr(m, attr))) for m in modules for attr in hook_attrs if hasattr(m, attr)]
     grad_enabled = torch.is_grad_enabled()
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
-        yield
+        yield StateWatch(modules, attributes)
     finally:
+        for m, before in zip(modules, attributes):
+            now = vars(m)
+            for key in [k for k in now if k not in before]:
+                del now[key]
+            for key, value in before.items():
+                if key != "_buffers" and now.get(key, _MISSING) is not value:
+                    now[key] = value
         torch.set_grad_enabled(grad_enabled)
         torch.set_rng_state(rng)
         if cuda_rng is not None:
@@ -46,11 +92,17 @@ def preserved_model_state(model: nn.Module) -> Iterator[None]:
                 m._buffers[name] = buf
                 if saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
                     buf.copy_(saved) if buf.shape == saved.shape else buf.set_(saved)  # type: ignore[call-overload]  # set_(Tensor) exists; the stubs omit it
+        restored = set()
+        with torch.no_grad():
+            for weight, saved_weight in renormed:
+                if not torch.equal(weight, saved_weight):
+                    weight.copy_(saved_weight)
+                restored.add(id(weight))
         changed = []
         for p, requires_grad, grad, version in param_state:
             p.requires_grad_(requires_grad)
             p.grad = grad
-            if p._version != version:
+            if p._version != version and id(p) not in restored:
                 changed.append(p)
         for m, attr, saved_hooks in hooks:
             current = getattr(m, attr)
@@ -63,3 +115,45 @@ def preserved_model_state(model: nn.Module) -> Iterator[None]:
                 FlopcountWarning,
                 stacklevel=3,
             )
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore the CPU (and initialised CUDA) RNG state on exit."""
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+@contextlib.contextmanager
+def preserved_inputs(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Give the caller's input tensors back exactly as found, even when the forward
+    writes to them in place (``x.add_(1)``, ``x.relu_()``): their values, ``requires_grad``
+    and ``.grad``. Each tensor with data is copied first; a copy is only written back to a
+    tensor whose version counter moved."""
+    saved: List[Tuple[torch.Tensor, int, Tuple[Any, ...], torch.Tensor, bool, Any]] = []
+    seen = set()
+    for tensor in tensors:
+        if id(tensor) in seen or is_dataless(tensor):
+            continue
+        seen.add(id(tensor))
+        layout = (tensor.shape, tensor.stride(), tensor.storage_offset())
+        saved.append((tensor, tensor._version, layout, tensor.detach().clone(), tensor.requires_grad, tensor.grad))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, version, layout, copy, requires_grad, grad in saved:
+                if (tensor.shape, tensor.stride(), tensor.storage_offset()) != layout:
+                    shape, stride, offset = layout
+                    tensor.as_strided_(shape, stride, offset)
+                if tensor._version != version:
+                    tensor.copy_(copy)
+                if tensor.is_leaf:
+                    tensor.requires_grad_(requires_grad)
+                    tensor.grad = grad

@@ -34,8 +34,9 @@ from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
 from . import _meta_kernels
+from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._modules import ModuleStack, forward_error, module_names
-from ._state import preserved_model_state
+from ._state import preserved_model_state, preserved_rng
 from ._vocabulary import CompositeInterceptor, canonical
 
 __all__ = ["trace"]
@@ -50,23 +51,33 @@ _IS_NONZERO = _aten.is_nonzero.default
 _METADATA = frozenset({"prim::device", "prim::layout"})
 # A boolean made by these reads as True when answered by a placeholder ("all valid").
 _ALL_OPS = frozenset({"aten::all"})
+_READS = frozenset({_LOCAL_SCALAR, _EQUAL, _IS_NONZERO})
 
 
-@cache
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 def _meta(tensor: torch.Tensor) -> TensorMeta:
-    return TensorMeta(tuple(map(int, tensor.shape)), _dtype_name(tensor.dtype))
+    # torch.Size is a tuple of ints already (shapes are static here)
+    return TensorMeta(tuple(tensor.shape), _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype))
 
 
 def _value(value: Any) -> Any:
     """An argument as handlers see it: TensorMeta, tuple for lists, plain scalars."""
+    kind = type(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        return value
     if isinstance(value, torch.Tensor):
         return _meta(value)
-    if isinstance(value, (list, tuple)):
-        return tuple(_value(v) for v in value)
+    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+        return tuple([_value(v) for v in value])
     if isinstance(value, torch.ScriptObject):
         return _packed_meta(value)
     if isinstance(value, torch.SymInt):
@@ -93,18 +104,20 @@ def _outputs(out: Any) -> Tuple[Any, ...]:
     if isinstance(out, torch.Tensor):
         return (_meta(out),)
     if isinstance(out, tuple):
-        return tuple(_meta(o) if isinstance(o, torch.Tensor) else None for o in out)
+        return tuple([_meta(o) if isinstance(o, torch.Tensor) else None for o in out])
     return (None,)
 
 
 class _Signature:
     """Schema facts of one op overload, computed once: name, argument names, defaults."""
 
-    __slots__ = ("name", "names", "defaults")
+    __slots__ = ("name", "names", "defaults", "skip", "is_all")
 
     def __init__(self, schema: Any):
         # the canonical name, and the constant arguments a renamed kernel implies
         self.name, extra = canonical(schema.name)
+        self.skip = schema.name in _METADATA
+        self.is_all = self.name in _ALL_OPS
         self.names: Tuple[str, ...] = tuple(a.name for a in schema.arguments) + tuple(extra)
         self.defaults: Dict[str, Any] = {
             a.name: _value(a.default_value) for a in schema.arguments if a.has_default_value()
@@ -113,16 +126,16 @@ class _Signature:
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
         """Every argument by schema name, in schema order, defaults filled in (as jit has them)."""
-        bound: Dict[str, Any] = {}
+        names = self.names
         given = len(args)
-        defaults = self.defaults
-        for index, name in enumerate(self.names):
-            if index < given:
-                bound[name] = _value(args[index])
-            elif name in kwargs:
-                bound[name] = _value(kwargs[name])
-            elif name in defaults:
-                bound[name] = defaults[name]
+        bound: Dict[str, Any] = {names[i]: _value(args[i]) for i in range(min(given, len(names)))}
+        if given < len(names):
+            defaults = self.defaults
+            for name in names[given:]:
+                if name in kwargs:
+                    bound[name] = _value(kwargs[name])
+                elif name in defaults:
+                    bound[name] = defaults[name]
         return bound
 
 
@@ -142,8 +155,9 @@ class _BackwardAttribution:
     torch bindings; without them backward ops are attributed to the root.
     """
 
-    def __init__(self, stack: List[str]):
-        self._stack = stack
+    def __init__(self, modules: ModuleStack):
+        self._modules = modules
+        self._stack = modules.stack
         self._peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
         self._current_node = getattr(torch._C, "_current_autograd_node", None)
         self._seqs: List[int] = []
@@ -162,7 +176,7 @@ class _BackwardAttribution:
 
         def mark(*_: Any) -> None:
             self._seqs.append(self._peek())  # type: ignore[misc]  # `available` checked it
-            self._stacks.append(tuple(self._stack))
+            self._stacks.append(self._modules.path)
 
         mark()
         # Registered after ModuleStack's hooks, so they see the stack already updated.
@@ -184,12 +198,12 @@ class _BackwardAttribution:
         self.stop_marking()
         from torch.nn.modules import module as module_impl
 
-        stack = self._stack
+        modules = self._modules
 
         def exit_always(module: nn.Module, args: Any, output: Any) -> None:
             name = names.get(module)
-            if name and stack and stack[-1] == name:
-                stack.pop()
+            if name:
+                modules.pop(name)
 
         try:
             self._handles = [module_impl.register_module_forward_hook(exit_always, always_call=True)]
@@ -226,24 +240,30 @@ class _DataReads(TorchDispatchMode):
     0, ``equal`` is True. Each use is counted so the trace can report it.
     """
 
-    def __init__(self, stack: List[str]):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a dynamo-disabling shim unless told
+        # otherwise: a per-op cost for a method that compiles nothing.
+        return False
+
+    def __init__(self, modules: ModuleStack):
         super().__init__()
         self.placeholders: Dict[Tuple[str, str], int] = {}
-        self._stack = stack
+        self._modules = modules
         self._made_by_all = WeakIdKeyDictionary()
 
     def module_stack(self) -> Tuple[str, ...]:
-        return tuple(self._stack)
+        return self._modules.path
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if func is _LOCAL_SCALAR or func is _EQUAL or func is _IS_NONZERO:
+        if func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
                 return answer
         return func(*args, **(kwargs or {}))
 
-    def _note_reduction(self, name: str, out: Any) -> None:
-        if name in _ALL_OPS and isinstance(out, torch.Tensor) and is_dataless(out):
+    def _note_reduction(self, out: Any) -> None:
+        if isinstance(out, torch.Tensor) and is_dataless(out):
             self._made_by_all[out] = True
 
     def _placeholder(self, func: Any, args: Tuple[Any, ...]) -> Any:
@@ -268,45 +288,62 @@ class _DataReads(TorchDispatchMode):
 
 
 class _Recorder(_DataReads):
-    """Appends one OpEvent per aten op (and answers data reads of meta/fake tensors);
-    knows nothing about costs."""
+    """Appends one OpEvent per aten op (and, unless ``answer_reads`` is False, answers
+    data reads of meta/fake tensors); knows nothing about costs.
 
-    def __init__(self, stack: List[str]):
-        super().__init__(stack)
+    The per-op path is kept short: the schema facts of each overload are looked up in
+    a dict, the module stack is a tuple the module hooks keep ready, and arguments are
+    converted to TensorMeta without keeping any reference to a tensor.
+    """
+
+    def __init__(self, modules: ModuleStack, answer_reads: bool = True):
+        super().__init__(modules)
         self.events: List[OpEvent] = []
         self.phase: Phase = "forward"
         self.muted = 0  # > 0 inside an intercepted composite (SDPA) or flopcount's own ops
         self.attribution: Optional[_BackwardAttribution] = None
         self.assumptions: Set[str] = set()  # what a stand-in kernel assumed (exact totals: warnings only)
+        self.answer_reads = answer_reads
+        self._signatures: Dict[Any, _Signature] = {}
 
     def module_stack(self) -> Tuple[str, ...]:
-        if self.phase == "backward" and not self._stack and self.attribution is not None:
+        path = self._modules.path
+        if self.phase == "backward" and not path and self.attribution is not None:
             return self.attribution.current()
-        return tuple(self._stack)
+        return path
 
     def record(self, op: str, args: Dict[str, Any], outputs: Tuple[Any, ...]) -> None:
         self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is _LOCAL_SCALAR or func is _EQUAL or func is _IS_NONZERO:
+        if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
                 return answer
         try:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
-            out = _meta_kernels.fallback(func, args, kwargs, exc, self.assumptions)
-        if not self.muted:
-            sig = _signature(func)
-            if sig.name in _METADATA:
-                return out
-            self.record(sig.name, sig.bind(args, kwargs), _outputs(out))
-            if sig.name in _ALL_OPS:
-                self._note_reduction(sig.name, out)
+            out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions)
+        if self.muted:
+            return out
+        sig = self._signatures.get(func)
+        if sig is None:
+            sig = self._signatures[func] = _signature(func)
+        if sig.skip:
+            return out
+        try:
+            call = OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), _outputs(out))
+        except (ValueError, RuntimeError):
+            # an nn.UninitializedParameter refuses to show its shape: the bookkeeping ops of a
+            # lazy module materialising itself (``param.data``), which compute nothing
+            return out
+        self.events.append(OpEvent(call, self.module_stack(), self.phase))
+        if sig.is_all:
+            self._note_reduction(out)
         return out
 
 
+_NO_KWARGS: Mapping[str, Any] = {}
 _NO_PLACEHOLDER = object()
 
 
@@ -360,6 +397,7 @@ def trace(
     *,
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
+    fake_copy: bool = False,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -367,37 +405,58 @@ def trace(
     every floating output with a gradient of ones) and records its ops with phase
     "backward", attributed to the module whose forward created them. ``loss_fn``'s
     own forward ops are recorded at the root. The model is left as found.
+
+    ``fake_copy=True`` runs a copy of the model with fake parameters, buffers and inputs
+    (see ``_fake.py``): nothing is computed and the caller's objects are never touched.
+    A forward that needs a real value raises :class:`FakeRunError` instead of guessing.
     """
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
     args, kw = as_call_args(inputs, kwargs)
-    flat_inputs, _ = flatten_tensors((args, kw))
-    names = module_names(model)
+    flat_inputs, rebuild = flatten_tensors((args, kw))
     inputs_text = describe_inputs(inputs, kwargs)
+    preserve: Any
+    if fake_copy:
+        copied = fake_copies(model, flat_inputs, rebuild)
+        run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
+        args, kw = copied.call
+        preserve = contextlib.ExitStack()  # the copy needs no restoring; the process's RNG does
+        preserve.enter_context(preserved_rng())
+        preserve.enter_context(quiet_fake_logs())
+    else:
+        run_model = model
+        fake_mode = _fake_mode(itertools.chain(flat_inputs, model.parameters(), model.buffers()))
+        preserve = preserved_model_state(model)
+    names = module_names(run_model)
     modules = ModuleStack(names)
-    recorder = _Recorder(modules.stack)
-    attribution = _BackwardAttribution(modules.stack) if backward else None
+    recorder = _Recorder(modules, answer_reads=not fake_copy)
+    attribution = _BackwardAttribution(modules) if backward else None
     recorder.attribution = attribution
-    fake_mode = _fake_mode(itertools.chain(flat_inputs, model.parameters(), model.buffers()))
     with contextlib.ExitStack() as outer:
         if fake_mode is not None:
             # Fake tensors only work inside their mode (tensors made in forward must be
             # fake too); the extra reader answers data reads while the state is restored.
             outer.enter_context(fake_mode)
-            outer.enter_context(_DataReads(modules.stack))
-        with preserved_model_state(model), modules, torch.set_grad_enabled(backward):
+            if not fake_copy:
+                outer.enter_context(_DataReads(modules))
+        with preserve, modules, torch.set_grad_enabled(backward):
             with attribution or contextlib.nullcontext(), CompositeInterceptor(recorder, _value, _outputs), recorder:
                 try:
-                    outputs = model(*args, **kw)
+                    outputs = run_model(*args, **kw)
                 except Exception as exc:
+                    if fake_copy:
+                        raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
                 if attribution is not None:
                     attribution.start_backward(names)
                     try:
-                        _run_backward(model, outputs, flat_inputs, loss_fn, recorder)
+                        _run_backward(run_model, outputs, flat_inputs, loss_fn, recorder)
                     except UsageError:
                         raise
                     except Exception as exc:
+                        if fake_copy:
+                            where = recorder.module_stack()
+                            raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
     notes = _notes(recorder.placeholders)

@@ -317,15 +317,19 @@ def trace(
             seen.add(id(tensor))
             state.append(tensor)
 
+    returned: List[int] = []
+
     def run(*traced: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         call_args, call_kwargs = rebuild(traced[:n_inputs])
-        return tuple(output_tensors(model(*call_args, **call_kwargs)))
+        outputs = tuple(output_tensors(model(*call_args, **call_kwargs)))
+        returned.append(len(outputs))
+        return outputs
 
     names = module_names(model)
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
     previous_map = torch.jit._trace._trace_module_map
-    with preserved_model_state(model), ModuleStack(names) as modules:
+    with preserved_model_state(model) as watch, ModuleStack(names) as modules:
         torch.jit._trace._trace_module_map = scope_map
         try:
             with warnings.catch_warnings(record=True) as caught, torch.no_grad():
@@ -347,6 +351,7 @@ def trace(
             raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map
+        stored = watch.assigned(names)
     # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
     notes = tuple(
         dict.fromkeys(
@@ -356,4 +361,42 @@ def trace(
         )
     )
     graph, inlined_scopes = _inline_script_calls(graph, flat + state)
-    return Trace(tuple(_graph_events(graph, inlined_scopes)), "jit", dict(modules.calls), notes)
+    events = _graph_events(graph, inlined_scopes)
+    gaps = _dropped_work(model, events, modules.calls, stored, returned)
+    return Trace(tuple(events), "jit", dict(modules.calls), notes + gaps, gaps=gaps)
+
+
+def _dropped_work(
+    model: nn.Module, events: Sequence[OpEvent], calls: Mapping[str, int], stored: Sequence[str], returned: Sequence[int]
+) -> Tuple[str, ...]:
+    """Work jit ran but left out of its graph. jit keeps only ops that reach the forward's
+    returned tensors (it removes the rest as dead code), so work whose result is stored on
+    a module, appended to a list or discarded is not in the graph. Three signs of it: the
+    forward returned no tensor, it (re)assigned a tensor attribute or buffer of a module,
+    or a module with parameters ran but no op of its forward is in the graph."""
+    hint = "use tracer='auto' or 'dispatch' to count it"
+    if returned and returned[0] == 0:
+        return (f"jit: the forward returned no tensor, so jit kept none of its work ({hint})",)
+    gaps = []
+    if stored:
+        listing = ", ".join(repr(name) for name in stored[:5]) + (", ..." if len(stored) > 5 else "")
+        gaps.append(
+            f"jit: the forward stored tensors on the model ({listing}); jit drops the work that computed "
+            f"them when it does not reach the returned tensors ({hint})"
+        )
+    seen = {name for event in events for name in event.module_stack}
+    silent = [
+        name
+        for name, module in model.named_modules()
+        if name
+        and calls.get(name, 0)
+        and name not in seen
+        and any(p is not None for p in module._parameters.values())
+    ]
+    if silent:
+        listing = ", ".join(repr(name) for name in silent[:5]) + (", ..." if len(silent) > 5 else "")
+        gaps.append(
+            f"jit: module(s) {listing} ran but none of their ops reached the returned tensors, "
+            f"so jit did not count them ({hint})"
+        )
+    return tuple(gaps)

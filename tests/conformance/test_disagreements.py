@@ -124,7 +124,7 @@ def test_scripted_function_counted_in_its_module(tracer: str, train: bool) -> No
     before = snapshot(model)
     result = count_flops(model, (x,), tracer=tracer, strict=True)
     assert_same_state(model, before)
-    assert result.tracer == ("dispatch" if tracer == "dispatch" else "jit")
+    assert result.tracer == ("jit" if tracer == "jit" else "dispatch")  # auto counts on fake copies
     fc, scores, outer = 3 * 6 * 6 * 6, 3 * 6 * 6 * 6, 3 * 6 * 6 * 6  # rows x in x out; b x n x k x m
     macs = result.by_module("macs")
     assert macs["blocks.0"] == macs["blocks.1"] == fc + scores
@@ -134,8 +134,9 @@ def test_scripted_function_counted_in_its_module(tracer: str, train: bool) -> No
     )
 
 
-def test_scripted_function_with_a_loop_goes_to_dispatch_under_auto() -> None:
-    # the loop count is data to jit: it keeps the opaque call, and auto counts with dispatch
+def test_scripted_function_with_a_loop_is_counted_under_auto() -> None:
+    # the loop count is data to jit: it keeps the opaque call (reported, never zero); auto
+    # counts on fake copies with the dispatch tracer, which sees every op the loop runs
     class Loop(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.jit.script(_loop)(x)
@@ -144,7 +145,7 @@ def test_scripted_function_with_a_loop_goes_to_dispatch_under_auto() -> None:
     assert count_flops(Loop(), (x,), tracer="jit").unsupported_ops() == {"prim::CallFunction": 1}
     result = count_flops(Loop(), (x,), tracer="auto", strict=True)
     assert result.tracer == "dispatch" and result.macs == 2 * 2 * 5 * 5 * 5
-    assert any("prim::CallFunction" in w for w in result.warnings)
+    assert result.complete
 
 
 # -- 4. record_function markers are known zeros ----------------------------------------------------

@@ -45,9 +45,11 @@ class _Variety(nn.Module):
 @pytest.mark.parametrize(
     "tracer",
     [
-        pytest.param("jit", marks=pytest.mark.xfail(strict=True, reason="#9.1 jit drops unreturned work")),
+        # jit flags results stored on modules, returned-nothing forwards and silent modules,
+        # but not a result discarded by the forward itself: known limit, auto counts it
+        pytest.param("jit", marks=pytest.mark.xfail(strict=True, reason="jit cannot see a discarded result (#9.1)")),
         "dispatch",
-        pytest.param("auto", marks=pytest.mark.xfail(strict=True, reason="#9.1 jit drops unreturned work")),
+        "auto",
     ],
 )
 def test_flop_counter_variety(tracer: str) -> None:
@@ -57,7 +59,11 @@ def test_flop_counter_variety(tracer: str) -> None:
     expected, _ = torch_flops(lambda: model(*xs))
     assert expected == 3012
     result = count(model, xs, tracer)
-    assert result.flops == 2 * result.macs == expected
+    if tracer == "jit":
+        # jit keeps only what reaches the returned tensor; it must say so (#9.1), never pass as complete
+        assert result.flops < expected and not result.complete and result.gaps
+    else:
+        assert result.flops == 2 * result.macs == expected and result.complete
 
 
 # -- test_op ---------------------------------------------------------------------------------
