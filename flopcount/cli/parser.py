@@ -26,13 +26,16 @@ ENTRY
                           weights, no download (hf:gpt2, hf:bert, hf:llama);
                           --config KEY=VALUE overrides config fields
   tv:NAME                 torchvision.models.get_model(NAME, weights=None)
+  example:NAME            an architecture shipped with flopcount, built from code:
+                          resnet18, resnet50, mobilenet_v2, vit_b_16, vit_tiny
+                          (and gpt2, bert, llama with transformers installed)
 
 SPEC
   dims joined by 'x', optional ':dtype' (default float32): 1x3x224x224, 1x128:int64.
   Integer inputs are token ids within the model's smallest nn.Embedding (0 or 1
   without one); integer or bool --kwarg inputs whose name contains 'mask' are ones.
   Without --input: the factory's example inputs; 1x128:int64 for hf:, 1x3x224x224
-  for tv:.
+  for tv:, the model's usual input for example: (1x3x224x224 for resnet50).
 
 Numbers accept K/M/G/T suffixes (10^3..10^12) and scientific notation: 25M, 5G,
 1.5T, 3e9.
@@ -44,32 +47,32 @@ traceback).
 
 _MAIN_EPILOG = """\
 examples:
-  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
+  flopcount count example:resnet50 --depth 2
   flopcount count hf:gpt2 --config n_layer=2 --format json --output gpt2.json
-  flopcount bench examples/resnet.py:resnet18 --input 8x3x224x224 --iters 20
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-flops 10G --max-params 30M
+  flopcount bench example:resnet18 --input 8x3x224x224 --iters 20
+  flopcount check example:resnet50 --max-flops 10G --max-params 30M
 
 'flopcount COMMAND --help' describes each command.
 """
 
 _COUNT_EPILOG = """\
 examples:
-  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
-  flopcount count examples.mobilenet:mobilenet_v2 --input 1x3x224x224 --format tree --depth 1
+  flopcount count example:resnet50 --depth 2
+  flopcount count example:mobilenet_v2 --format tree --depth 1
   flopcount count hf:bert --config num_hidden_layers=2 --input 2x64:int64 --format json
   flopcount count hf:llama --device meta --input 1x4096:int64 --depth 1
   flopcount count my_model.py:build --input 4x16 --kwarg mask=4x16:bool --format csv -o costs.csv
-  flopcount count examples/resnet.py:resnet18 --input 1x3x224x224 --backward --depth 1
-  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --plot flops.png
+  flopcount count example:resnet18 --backward --depth 1
+  flopcount count example:resnet50 --plot flops.png
 
 """ + _ENTRY_TEXT
 
 _BENCH_EPILOG = """\
 examples:
-  flopcount bench examples/resnet.py:resnet18 --input 8x3x224x224
-  flopcount bench examples/resnet.py:resnet50 --input 1x3x224x224 --warmup 5 --iters 50 --format json
+  flopcount bench example:resnet18 --input 8x3x224x224
+  flopcount bench example:resnet50 --warmup 5 --iters 50 --format json
   flopcount bench hf:gpt2 --config n_layer=4 --input 1x256:int64 --device cuda --dtype bfloat16
-  flopcount bench examples/vit.py:vit_tiny --input 16x3x32x32 --plot latency.png
+  flopcount bench example:vit_tiny --input 16x3x32x32 --plot latency.png
 
 Times model(*inputs) under torch.inference_mode() after --warmup untimed calls:
 exactly --iters calls, or as many as fit in --duration seconds (at least 10).
@@ -79,9 +82,9 @@ Progress goes to stderr; stdout holds only the report.
 
 _CHECK_EPILOG = """\
 examples:
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-params 30M --max-flops 10G
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-size-mb 100 --max-latency-ms 200
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224          # budgets from pyproject.toml
+  flopcount check example:resnet50 --max-params 30M --max-flops 10G
+  flopcount check example:resnet50 --max-size-mb 100 --max-latency-ms 200
+  flopcount check example:resnet50          # budgets from pyproject.toml
 
 Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
 --config-file); a flag wins over the file:
@@ -227,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE or tv:NAME (see below)")
+    p.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME (see below)")
     inputs = p.add_argument_group("inputs")
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
                         help="a positional input tensor, e.g. 1x3x224x224 or 1x128:int64 (repeat for several)")
