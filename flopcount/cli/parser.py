@@ -74,9 +74,13 @@ examples:
   flopcount bench hf:gpt2 --config n_layer=4 --input 1x256:int64 --device cuda --dtype bfloat16
   flopcount bench example:vit_tiny --input 16x3x32x32 --plot latency.png
 
-Times model(*inputs) under torch.inference_mode() after --warmup untimed calls:
-exactly --iters calls, or as many as fit in --duration seconds (at least 10).
-Progress goes to stderr; stdout holds only the report.
+Times model(*inputs) under torch.inference_mode() after --warmup untimed calls
+(default 10): exactly --iters calls, or calls until --duration seconds passed and
+at least 10 ran (default 1 s), so a 2 s model takes about 20 calls = 40 s. After
+the first warm-up call stderr says how long the whole run will take, and shows
+progress through the warm-up and the timed calls; stdout holds only the report.
+Throughput = batch / median; the batch is the first input's leading dimension
+unless --batch-size says otherwise (the report names the dimension it took).
 
 """ + _ENTRY_TEXT
 
@@ -257,7 +261,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def _add_timing(p: argparse.ArgumentParser) -> None:
     timing = p.add_argument_group("timing")
     timing.add_argument("--warmup", type=_int_at_least(0, "--warmup"), default=10, metavar="N", help="untimed calls first (default 10)")
-    timing.add_argument("--iters", type=_int_at_least(1, "--iters"), default=None, metavar="N", help="time exactly N calls (default: adaptive, see --duration)")
-    timing.add_argument("--duration", type=_positive_float("--duration"), default=1.0, metavar="S",
-                        help="without --iters, time calls for about S seconds, at least 10 calls (default 1)")
+    timing.add_argument("--iters", type=_int_at_least(1, "--iters"), default=None, metavar="N",
+                        help="time exactly N calls (default: adaptive, see --duration; not with --duration)")
+    timing.add_argument("--duration", type=_positive_float("--duration"), default=None, metavar="S",
+                        help="time calls until S seconds passed and at least 10 ran (default 1; not with --iters)")
+    timing.add_argument("--batch-size", type=_int_at_least(1, "--batch-size"), default=None, metavar="N",
+                        help="samples per call for throughput (default: the first input's leading dimension)")
     timing.add_argument("--dtype", choices=BENCH_DTYPES, default=None, help="run under torch.autocast with this dtype (default: the model's own)")
