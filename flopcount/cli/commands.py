@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import os
 import sys
 import time
@@ -240,10 +241,33 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
 
 
 
+def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] = None) -> Any:
+    """Peak memory of one step: inference, or a training step with --backward / --optimizer."""
+    from ..memory import estimate_memory
+
+    backward = bool(args.backward or args.optimizer is not None)
+    what = "a training step" + (f" with {args.optimizer}" if args.optimizer else "") if backward else "inference"
+    progress(args, f"estimating the peak memory of {what} on fake tensors ...")
+    return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
+
+
 def _cmd_count(args: argparse.Namespace) -> int:
+    if args.optimizer is not None and not args.memory:
+        raise UsageError("--optimizer applies to the memory estimate: add --memory")
     run = _prepare(args)
     result = _count(run, backward=args.backward)
-    _emit(render_count(result, args.format, entry=args.entry, depth=args.depth, operators=args.operators), args)
+    text = render_count(result, args.format, entry=args.entry, depth=args.depth, operators=args.operators)
+    if args.memory:
+        estimate = _estimate_memory(run, args)
+        if args.format == "json":
+            data = json.loads(text)
+            data["memory"] = estimate.to_dict()
+            text = json.dumps(data, indent=2)
+        elif args.format in ("table", "tree", "markdown"):
+            text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
+        else:
+            raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
+    _emit(text, args)
     _plot(result, args)
     return EXIT_OK
 
@@ -264,14 +288,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     flags = Budget(
         max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
-        max_size_mb=args.max_size_mb, max_latency_ms=args.max_latency_ms,
+        max_size_mb=args.max_size_mb, max_latency_ms=args.max_latency_ms, max_memory=args.max_memory,
     )
     config_file = args.config_file or "pyproject.toml"
     budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
     if not budget:
         raise UsageError(
-            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb or --max-latency-ms, "
-            f"or a [tool.flopcount] table in {config_file}"
+            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms or "
+            f"--max-memory, or a [tool.flopcount] table in {config_file}"
         )
     if budget.needs_latency:
         _check_timing_args(args)
@@ -284,8 +308,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         timing = _benchmark(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
-    report = check_result(result, budget, latency_ms=latency)
-    _emit(render_check(result, report, args.format, entry=args.entry, depth=args.depth), args)
+    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory else None
+    report = check_result(result, budget, latency_ms=latency, memory_bytes=None if estimate is None else estimate.peak_bytes)
+    text = render_check(result, report, args.format, entry=args.entry, depth=args.depth)
+    if estimate is not None and args.format == "json":
+        data = json.loads(text)
+        data["memory"] = estimate.to_dict()
+        text = json.dumps(data, indent=2)
+    _emit(text, args)
     _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms)
     if not report.passed:
         say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from ..budget import parse_quantity
+from ..budget import parse_bytes, parse_quantity
 from ..errors import UsageError
 from ..types import TRACERS
 
@@ -64,6 +64,7 @@ examples:
   flopcount count my_model.py:build --input 4x16 --kwarg mask=4x16:bool --format csv -o costs.csv
   flopcount count example:resnet18 --backward --depth 1
   flopcount count example:resnet50 --plot flops.png
+  flopcount count example:resnet50 --input 32x3x224x224 --memory --optimizer adamw --depth 1
 
 """ + _ENTRY_TEXT
 
@@ -88,6 +89,7 @@ _CHECK_EPILOG = """\
 examples:
   flopcount check example:resnet50 --max-params 30M --max-flops 10G
   flopcount check example:resnet50 --max-size-mb 100 --max-latency-ms 200
+  flopcount check example:resnet50 --input 64x3x224x224 --max-memory 16GB --optimizer adam
   flopcount check example:resnet50          # budgets from pyproject.toml
 
 Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
@@ -99,6 +101,8 @@ Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
   max-macs = 5e9
   max-size-mb = 100        # parameters + buffers, serialised, 1 MB = 10^6 bytes
   max-latency-ms = 50      # median latency; runs the benchmark
+  max-memory = "16GiB"     # estimated peak memory of one step (--backward,
+                           # --optimizer adam: of a training step)
 
 A budget passes when actual <= limit. Prints budget vs actual with PASS/FAIL;
 exits 1 naming the exceeded budgets on stderr.
@@ -139,6 +143,10 @@ def _lazy_spec(name: str) -> Any:
 
 def _quantity(what: str) -> Any:
     return _type(lambda text: parse_quantity(text, "budget"))
+
+
+def _bytes(what: str) -> Any:
+    return _type(lambda text: parse_bytes(text, what))
 
 
 def _int_at_least(low: int, what: str) -> Any:
@@ -198,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(count)
     count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
+    memory = count.add_argument_group("peak memory (estimated on fake tensors: no data allocated)")
+    memory.add_argument("--memory", action="store_true",
+                        help="also estimate the peak memory of the step (inference, or forward + backward with --backward)")
+    _add_optimizer(memory, "with --memory")
     count.set_defaults(command_name="count")
 
     bench = commands.add_parser(
@@ -227,10 +239,23 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-macs", type=_quantity("--max-macs"), metavar="N", help="most MACs of one forward, e.g. 2.5G")
     limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (10^6 bytes) of parameters + buffers")
     limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
+    limits.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="BYTES",
+                        help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
+    limits.add_argument("--backward", action="store_true",
+                        help="the memory budget covers a training step (forward + backward), not inference")
+    _add_optimizer(limits, "for --max-memory")
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
     _add_timing(check)
     check.set_defaults(command_name="check")
     return parser
+
+
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+
+
+def _add_optimizer(group: Any, when: str) -> None:
+    group.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                       help=f"{when}: add this optimizer's step and state (implies --backward)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
