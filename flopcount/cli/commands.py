@@ -226,14 +226,14 @@ def _emit(text: str, args: argparse.Namespace) -> None:
         sys.stdout.flush()
 
 
-def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None) -> None:
+def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None, budget: Any = None) -> None:
     if not args.plot:
         return
     from ..report.plot import plot_result
 
     title = f"{args.entry}  inputs: {result.input_description}" if result.input_description else args.entry
     try:
-        plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies)
+        plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
     except OSError as exc:
         raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
     progress(args, f"wrote {args.plot}")
@@ -316,7 +316,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         data["memory"] = estimate.to_dict()
         text = json.dumps(data, indent=2)
     _emit(text, args)
-    _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms)
+    _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms, budget=report)
     if not report.passed:
         say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
         return EXIT_BUDGET
