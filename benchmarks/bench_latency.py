@@ -77,32 +77,46 @@ def compare(name: str, model: nn.Module, x: torch.Tensor, budget: float, rounds:
 
 
 def explain(budget: float, rounds: int) -> None:
-    """Where flopcount's per-call median and Timer's figure part on a ~2 ms model, interleaved
-    in rounds: the statistic (median of single calls vs median of block means, rebuilt from
-    flopcount's own samples with Timer's block size), and the grad mode Timer's stmt runs in."""
-    model, x = mlp()
-    names = ["flopcount median (single calls)", "flopcount mean", "flopcount, median of block means",
-             "Timer (inference_mode)", "Timer (no_grad)", "Timer (grad enabled: plain model(x))"]
-    rows: Dict[str, List[float]] = {n: [] for n in names}
-    for _ in range(rounds):
-        with torch.inference_mode():
-            r = benchmark(model, x, warmup=10, budget_s=budget)
-            m_inf = _timer(model, x, budget)
-        with torch.no_grad():
-            m_ng = _timer(model, x, budget)
-        m_grad = _timer(model, x, budget)
-        k = max(1, int(m_inf.number_per_run))
-        samples = r.stats.samples_ms
-        blocks = [statistics.fmean(samples[i:i + k]) for i in range(0, len(samples) - k + 1, k)] or [r.mean_ms]
-        for name, value in zip(names, [r.median_ms, r.mean_ms, statistics.median(blocks),
-                                       m_inf.median * 1e3, m_ng.median * 1e3, m_grad.median * 1e3]):
-            rows[name].append(value)
-    ref = statistics.median(rows["Timer (inference_mode)"])
-    print(f"== where the MLP's figures part ({rounds} interleaved rounds, {budget} s each, torch threads {torch.get_num_threads()}) ==")
-    print(f"{'statistic':<40} {'ms (median of rounds)':>22} {'/ Timer (inference_mode)':>25}")
-    for name in names:
-        value = statistics.median(rows[name])
-        print(f"{name:<40} {value:>22.4f} {value / ref:>25.3f}")
+    """Where flopcount's per-call median and Timer's figure part, interleaved in rounds.
+
+    Timer's ``blocked_autorange`` times blocks of ``number_per_run`` calls, chosen so that the
+    clock overhead (``timeit(0)``, ~0.5 us) is <= 1e-4 of a block: a 2 ms model gets blocks of 10
+    calls, a 19 ms one blocks of 1. Its median is then a median of 10-call *means*, which sits
+    above the median of single calls when the distribution has a right tail. The third column
+    rebuilds Timer's statistic from flopcount's own samples (same run, so no drift between
+    them); the last two time Timer's stmt under no_grad and with grad enabled."""
+    names = ["flopcount median (single calls)", "flopcount mean", "flopcount samples, median of k-call means",
+             "Timer median (inference_mode)", "Timer median (no_grad)", "Timer median (grad enabled)"]
+    print(f"== where the figures part ({rounds} interleaved rounds, {budget} s per measurement, "
+          f"torch threads {torch.get_num_threads()}) ==")
+    for label, make in (("mlp", mlp), ("small_cnn", small_cnn)):
+        model, x = make()
+        rows: Dict[str, List[float]] = {n: [] for n in names}
+        ks: List[int] = []
+        same_run: List[float] = []
+        for _ in range(rounds):
+            with torch.inference_mode():
+                r = benchmark(model, x, warmup=10, budget_s=budget)
+                m_inf = _timer(model, x, budget)
+            with torch.no_grad():
+                m_ng = _timer(model, x, budget)
+            m_grad = _timer(model, x, budget)
+            k = max(1, int(m_inf.number_per_run))
+            ks.append(k)
+            samples = r.stats.samples_ms
+            blocks = [statistics.fmean(samples[i:i + k]) for i in range(0, len(samples) - k + 1, k)] or [r.mean_ms]
+            rebuilt = statistics.median(blocks)
+            same_run.append(rebuilt / r.median_ms)
+            for name, value in zip(names, [r.median_ms, r.mean_ms, rebuilt, m_inf.median * 1e3, m_ng.median * 1e3, m_grad.median * 1e3]):
+                rows[name].append(value)
+        ref = statistics.median(rows["flopcount median (single calls)"])
+        print(f"\n{label}: Timer's calls per block (number_per_run) {sorted(set(ks))}; "
+              f"k-call-mean median / single-call median within each flopcount run: "
+              f"{' '.join(f'{v:.3f}' for v in same_run)}")
+        print(f"{'statistic':<44} {'ms (median of rounds)':>22} {'/ flopcount median':>19}")
+        for name in names:
+            value = statistics.median(rows[name])
+            print(f"{name:<44} {value:>22.4f} {value / ref:>19.3f}")
 
 
 def _timer(model: nn.Module, x: torch.Tensor, budget: float) -> Any:
