@@ -10,7 +10,7 @@ from ..budget import parse_bytes, parse_quantity
 from ..errors import UsageError
 from ..types import TRACERS
 
-FORMATS = ("table", "tree", "json", "csv", "markdown")
+FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
 
 EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -275,7 +275,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     run.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default: jit, else dispatch), jit or dispatch")
     run.add_argument("--depth", type=_int_at_least(0, "--depth"), default=None, metavar="N",
                      help="module rows down to depth N (0 = whole model; default: all)")
-    run.add_argument("-f", "--format", choices=FORMATS, default="table", help="table (default), tree, json, csv or markdown")
+    run.add_argument("-f", "--format", choices=FORMATS, default="table", help="table (default), tree, json, csv, markdown or html (one self-contained page: tables, tree, plot)")
     run.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
     run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=15, metavar="N", help="modules in the plot (default 15)")

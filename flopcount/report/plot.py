@@ -124,6 +124,29 @@ def plot_result(
     marked; with ``budget``, a panel shows each budget's actual value against its limit
     (a line at 100 %) with PASS, FAIL or INCOMPLETE. ``depth=None`` lets the plot choose
     the depth (:func:`choose_depth`)."""
+    figure = draw_figure(result, top=top, depth=depth, title=title, latencies_ms=latencies_ms, budget=budget)
+    figure.savefig(str(path))
+
+
+def png_bytes(result: FlopResult, **options: Any) -> bytes:
+    """The picture :func:`plot_result` draws, as PNG bytes (for the HTML report)."""
+    import io
+
+    buffer = io.BytesIO()
+    draw_figure(result, **options).savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def draw_figure(
+    result: FlopResult,
+    *,
+    top: int = 15,
+    depth: Optional[int] = None,
+    title: str = "",
+    latencies_ms: Optional[Sequence[float]] = None,
+    budget: Optional[BudgetReport] = None,
+) -> Any:
+    """The matplotlib ``Figure`` of :func:`plot_result` (Agg canvas; no pyplot state)."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -162,7 +185,7 @@ def plot_result(
         panel += 1
     if latencies_ms:
         _latency_panel(figure.add_subplot(grid[panel]), latencies_ms)
-    figure.savefig(str(path))
+    return figure
 
 
 _STATUS_COLOURS = {"PASS": "#4c9a5a", "FAIL": "#c0392b", "INCOMPLETE": "#d68910"}

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 from tabulate import tabulate
 
 from .bench import bench_rows
+from .html import html_report
 from .table import operator_table
 
 if TYPE_CHECKING:
@@ -28,7 +29,9 @@ def result_dict(result: FlopResult, entry: str) -> Dict[str, Any]:
 
 
 def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False) -> str:
-    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown)."""
+    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html)."""
+    if fmt == "html":
+        return html_report(result, entry=entry, depth=depth)
     if fmt == "json":
         return _json(result_dict(result, entry))
     if fmt == "csv":
@@ -47,6 +50,9 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     if fmt == "json":
         return _json(result_dict(result, entry))
     rows = bench_rows(result, timing)
+    if fmt == "html":
+        latency = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"], colalign=("left", "right"))
+        return html_report(result, entry=entry, depth=depth, sections=[("Latency", latency)], latencies_ms=timing.stats.samples_ms)
     if fmt == "csv":
         lines = ["metric,value"] + [f"{_csv_key(label)},{raw}" for label, _, raw in rows]
         return "\n".join(lines)
@@ -82,6 +88,8 @@ def render_check(result: FlopResult, report: BudgetReport, fmt: str, *, entry: s
         else f"FAIL: {len(failed)} of {len(report.lines)} budget(s) exceeded: {', '.join(failed)}"
     )
     heading = f"{entry} | inputs {result.input_description or '()'}"
+    if fmt == "html":
+        return html_report(result, entry=entry, depth=depth, sections=[("Budgets", f"{report.table()}\n{verdict}")], budget=report)
     if fmt == "markdown":
         return f"**{heading}**\n\n{report.table(fmt='github')}\n\n**{verdict}**"
     parts = [heading, report.table(), verdict]
