@@ -38,7 +38,7 @@ from .specs import InputSpec
 ENTRY_HELP = "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME"
 HF_PREFIXES = ("hf:", "transformers:")
 TV_PREFIXES = ("tv:", "torchvision:")
-EXAMPLE_PREFIXES = ("example:", "examples:")
+EXAMPLE_PREFIXES = ("example:",)
 
 
 @dataclass
@@ -325,6 +325,10 @@ def _load_example(entry: str, name: str, overrides: Dict[str, Any], device: str)
     from .specs import parse_spec
 
     if name not in CATALOG:
+        with _on_sys_path(os.getcwd()):
+            own_module = importlib.util.find_spec("example") is not None
+        if own_module:  # the user's own example.py wins for names the catalog lacks
+            return _from_object(entry, _import_target(entry.strip()), overrides, device)
         close = difflib.get_close_matches(name, list(CATALOG), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UsageError(f"bad ENTRY {entry!r}: no example {name!r}; {hint}(examples: {', '.join(CATALOG)})")

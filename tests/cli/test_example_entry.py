@@ -66,3 +66,10 @@ def test_catalog_entries_exist_and_help_names_the_form(capsys):
             assert callable(getattr(importlib.import_module(f"flopcount.examples.{example.module}"), example.attr))
     assert main(["count", "--help"]) == 0
     assert "example:NAME" in capsys.readouterr().out
+
+
+def test_a_users_own_example_module_still_imports(tmp_path, monkeypatch, capsys):
+    (tmp_path / "example.py").write_text("from torch import nn\n\ndef tiny():\n    return nn.Linear(4, 3)\n")
+    monkeypatch.chdir(tmp_path)
+    data = _count_json(capsys, "example:tiny", "--input", "2x4")
+    assert data["macs"] == 2 * 4 * 3
