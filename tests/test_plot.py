@@ -9,7 +9,7 @@ from torch import nn
 
 from flopcount import count_flops
 from flopcount.budget import Budget, check_result
-from flopcount.report.plot import budget_status, choose_depth, plot_result, top_modules
+from flopcount.report.plot import budget_status, choose_depth, draw_sunburst, plot_result, top_modules
 
 pytest.importorskip("matplotlib")
 
@@ -66,3 +66,22 @@ def test_check_plot_draws_a_budget_panel(tmp_path):
     plot_result(result, plain)
     plot_result(result, with_budget, budget=report)
     assert imread(str(with_budget)).shape[0] > imread(str(plain)).shape[0]  # one more panel below
+
+
+def test_sunburst_wedges_are_shares_of_the_total():
+    from matplotlib.patches import Wedge
+
+    # 2 blocks x 6 equal Linear layers: ring 1 = two 180-degree wedges, ring 2 = twelve of 30 degrees
+    result = count_flops(_blocks(2, 6), torch.randn(4, 8))
+    figure = draw_sunburst(result, max_depth=2)
+    wedges = [p for p in figure.axes[0].patches if isinstance(p, Wedge)]
+    spans = sorted(round(w.theta2 - w.theta1, 6) for w in wedges)
+    assert spans == [30.0] * 12 + [180.0] * 2 + [360.0]  # the centre disc is the whole model
+
+
+def test_cli_sunburst(tmp_path, monkeypatch, capsys):
+    from flopcount.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["count", "example:vit_tiny", "--plot", "sun.png", "--plot-kind", "sunburst", "--quiet"]) == 0
+    assert (tmp_path / "sun.png").read_bytes().startswith(b"\x89PNG")

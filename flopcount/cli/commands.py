@@ -233,7 +233,12 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
 
     title = f"{args.entry}  inputs: {result.input_description}" if result.input_description else args.entry
     try:
-        plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
+        if args.plot_kind == "sunburst":
+            from ..report.plot import plot_sunburst
+
+            plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title)
+        else:
+            plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
     except OSError as exc:
         raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
     progress(args, f"wrote {args.plot}")

@@ -233,3 +233,63 @@ def _latency_panel(ax: Any, latencies_ms: Sequence[float]) -> None:
     ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(f"Latency over {len(latencies_ms)} timed calls", fontsize=10, loc="left")
+
+
+def draw_sunburst(result: FlopResult, *, max_depth: int = 3, title: str = "") -> Any:
+    """FLOPs by module as rings: the model in the middle, depth ``d`` on ring ``d``; a
+    wedge's angle is the module's share of the total, under its parent's wedge. The part
+    of a parent no child accounts for (its own ops) stays blank."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Wedge
+
+    total = result.flops
+    figure = Figure(figsize=(9, 9), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ring = 1.0
+    palette = ["#3b6ea8", "#6a9f58", "#d68910", "#8e44ad", "#c0392b", "#16a085", "#7f8c8d", "#b7950b"]
+    ax.add_patch(Wedge((0, 0), ring, 0, 360, facecolor="#dfe6ee", edgecolor="white"))
+    ax.text(0, 0, f"{with_unit(total, 'FLOPs')}\n{format_count(result.params)} params", ha="center", va="center", fontsize=10)
+    start: dict = {"": 90.0}  # angles run counter-clockwise from 12 o'clock
+    colour: dict = {}
+    used: dict = {}
+    for m in result.modules:
+        if not m.name or m.depth > max_depth or total <= 0:
+            continue
+        parent = m.name.rsplit(".", 1)[0] if "." in m.name else ""
+        if parent not in start:
+            continue
+        flops = result.module_totals(m.name).flops
+        span = 360.0 * flops / total
+        theta1 = start[parent] + used.get(parent, 0.0)
+        used[parent] = used.get(parent, 0.0) + span
+        start[m.name] = theta1
+        if span <= 0:
+            continue
+        colour[m.name] = colour.get(parent) or palette[len(colour) % len(palette)]
+        inner = ring * m.depth
+        shade = 1.0 - 0.18 * (m.depth - 1)
+        ax.add_patch(Wedge((0, 0), inner + ring, theta1, theta1 + span, width=ring, facecolor=colour[m.name],
+                           alpha=max(0.35, shade), edgecolor="white", linewidth=0.8))
+        if span >= 9:
+            import math
+
+            middle = math.radians(theta1 + span / 2)
+            radius = inner + ring / 2
+            label = m.name.rsplit(".", 1)[-1] + f"\n{format_share(flops, total)}"
+            ax.text(radius * math.cos(middle), radius * math.sin(middle), label, ha="center", va="center", fontsize=7)
+    outer = ring * (max_depth + 1)
+    ax.set_xlim(-outer, outer)
+    ax.set_ylim(-outer, outer)
+    heading = f"FLOPs by module, depth 1-{max_depth} from the centre out"
+    ax.set_title(f"{title}\n{heading}" if title else heading, fontsize=10, loc="left")
+    return figure
+
+
+def plot_sunburst(result: FlopResult, path: Union[str, Path], *, max_depth: int = 3, title: str = "") -> None:
+    """Write :func:`draw_sunburst` to ``path``."""
+    draw_sunburst(result, max_depth=max_depth, title=title).savefig(str(path))
