@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
+	$(VENV)/bin/flopcount count example:resnet50 --depth 2
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check flopcount tests benchmarks examples

@@ -4,6 +4,7 @@ harness's own per-iteration overhead on an empty model; plus, when CUDA is prese
 CUDA-event latency vs a naive time.time() loop without synchronisation.
 
     .venv/bin/python benchmarks/bench_latency.py [--budget 2.0] [--rounds 5] [--threads N] [--skip-gpt2]
+    .venv/bin/python benchmarks/bench_latency.py --explain [--threads 1]   # where a gap on a short model comes from
 
 Each model is measured in ``--rounds`` alternating rounds (flopcount, Timer, flopcount,
 Timer...) so slow drift of the machine affects both; the figure printed per tool is
@@ -75,6 +76,56 @@ def compare(name: str, model: nn.Module, x: torch.Tensor, budget: float, rounds:
             "rounds_flopcount": ours, "rounds_timer": theirs}
 
 
+def explain(budget: float, rounds: int) -> None:
+    """Where flopcount's per-call median and Timer's figure part, interleaved in rounds.
+
+    Timer's ``blocked_autorange`` times blocks of ``number_per_run`` calls, chosen so that the
+    clock overhead (``timeit(0)``, ~0.5 us) is <= 1e-4 of a block: a 2 ms model gets blocks of 10
+    calls, a 19 ms one blocks of 1. Its median is then a median of 10-call *means*, which sits
+    above the median of single calls when the distribution has a right tail. The third column
+    rebuilds Timer's statistic from flopcount's own samples (same run, so no drift between
+    them); the last two time Timer's stmt under no_grad and with grad enabled."""
+    names = ["flopcount median (single calls)", "flopcount mean", "flopcount samples, median of k-call means",
+             "Timer median (inference_mode)", "Timer median (no_grad)", "Timer median (grad enabled)"]
+    print(f"== where the figures part ({rounds} interleaved rounds, {budget} s per measurement, "
+          f"torch threads {torch.get_num_threads()}) ==")
+    for label, make in (("mlp", mlp), ("small_cnn", small_cnn)):
+        model, x = make()
+        rows: Dict[str, List[float]] = {n: [] for n in names}
+        ks: List[int] = []
+        same_run: List[float] = []
+        for _ in range(rounds):
+            with torch.inference_mode():
+                r = benchmark(model, x, warmup=10, budget_s=budget)
+                m_inf = _timer(model, x, budget)
+            with torch.no_grad():
+                m_ng = _timer(model, x, budget)
+            m_grad = _timer(model, x, budget)
+            k = max(1, int(m_inf.number_per_run))
+            ks.append(k)
+            samples = r.stats.samples_ms
+            blocks = [statistics.fmean(samples[i:i + k]) for i in range(0, len(samples) - k + 1, k)] or [r.mean_ms]
+            rebuilt = statistics.median(blocks)
+            same_run.append(rebuilt / r.median_ms)
+            for name, value in zip(names, [r.median_ms, r.mean_ms, rebuilt, m_inf.median * 1e3, m_ng.median * 1e3, m_grad.median * 1e3]):
+                rows[name].append(value)
+        ref = statistics.median(rows["flopcount median (single calls)"])
+        print(f"\n{label}: Timer's calls per block (number_per_run) {sorted(set(ks))}; "
+              f"k-call-mean median / single-call median within each flopcount run: "
+              f"{' '.join(f'{v:.3f}' for v in same_run)}")
+        print(f"{'statistic':<44} {'ms (median of rounds)':>22} {'/ flopcount median':>19}")
+        for name in names:
+            value = statistics.median(rows[name])
+            print(f"{name:<44} {value:>22.4f} {value / ref:>19.3f}")
+
+
+def _timer(model: nn.Module, x: torch.Tensor, budget: float) -> Any:
+    for _ in range(10):
+        model(x)
+    timer = tub.Timer(stmt="model(x)", globals={"model": model, "x": x}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=budget)
+
+
 def overhead(budget: float) -> Dict[str, float]:
     """Harness cost per iteration on an empty model: flopcount's wall time per
     iteration of its timed region minus the per-call cost Timer measures with its
@@ -130,9 +181,13 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--seq", type=int, default=64, help="GPT-2 sequence length")
     parser.add_argument("--skip-gpt2", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the whole run (default: torch's)")
+    parser.add_argument("--explain", action="store_true", help="only the MLP, decomposing the gap (statistic, grad mode)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.explain:
+        explain(args.budget, args.rounds)
+        return 0
 
     cpu = platform.processor() or platform.machine()
     try:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import FlopcountWarning, UsageError
+from ..inputs import flatten_tensors
 from . import peaks
 from .device import (
     autocast_context,
@@ -68,6 +69,7 @@ def benchmark(
     noise_threshold: float = NOISE_SPREAD,
     timer: Optional[Clock] = None,
     progress: Optional[Progress] = None,
+    warmup_progress: Optional[Progress] = None,
 ) -> BenchmarkResult:
     """Median (and spread) latency of ``model(inputs, **kwargs)`` under
     ``torch.inference_mode()``, after ``warmup`` untimed calls.
@@ -82,7 +84,11 @@ def benchmark(
     achieved FLOP/s = flops / median; ``mfu`` uses ``peak_flops`` (FLOP/s) or the
     dense peak of ``gpu_name`` (default: the CUDA device's name) from
     :mod:`flopcount.peaks`. ``timer``: a nanosecond clock replacing
-    ``time.perf_counter_ns`` (tests). The model's flags, parameters, buffers and
+    ``time.perf_counter_ns`` (tests). ``batch_size`` (samples per call, for
+    ``throughput``) defaults to the leading dimension of the first input tensor; the
+    result's ``batch_source`` says which was taken. ``progress(done, total)`` is called
+    during the timed calls, ``warmup_progress(done, warmup)`` after each warm-up call.
+    The model's flags, parameters, buffers and
     gradients are left as found, and so are torch's random generators (a dropout in a
     train-mode forward does not advance them). A model or input without data (meta
     device, fake tensors) is refused with a :class:`UsageError`: there is nothing to time.
@@ -102,8 +108,13 @@ def benchmark(
     dev = resolve_device(model, inputs, kwargs, device)
     amp = autocast_context(dev, dtype)  # validates dtype before any work
     clock: Clock = timer if timer is not None else time.perf_counter_ns
-    batch = batch_size if batch_size is not None else leading_batch(inputs, kwargs)
+    batch, batch_source = batch_and_source(inputs, kwargs, batch_size)
     notes: List[str] = []
+    if batch_size is None and batch_source.startswith("dim 0") and _sequence_first(model):
+        notes.append(
+            f"throughput takes batch {batch} from {batch_source}, but the model has a sequence-first layer "
+            "(batch_first=False), whose batch is dim 1: pass batch_size (--batch-size) if dim 0 is the sequence"
+        )
     training = any(m.training for m in model.modules())
     if any(m.training and isinstance(m, _TRAIN_SENSITIVE) for m in model.modules()):
         notes.append("model is in training mode: dropout/batch-norm run as in training (call model.eval() to time inference)")
@@ -124,8 +135,11 @@ def benchmark(
                 call()
                 synchronize(dev)
                 compile_ms = (clock() - t0) * 1e-6
-            for _ in range(warmup):
+            for done in range(1, warmup + 1):
                 call()
+                if warmup_progress is not None:
+                    synchronize(dev)  # so the report follows the work, not the launches
+                    warmup_progress(done, warmup)
             synchronize(dev)
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
@@ -155,6 +169,7 @@ def benchmark(
         timing="cuda_event" if dev.type == "cuda" else "perf_counter",
         warmup=warmup,
         batch_size=batch,
+        batch_source=batch_source,
         dtype=None if dtype is None else str(dtype).replace("torch.", ""),
         compiled=bool(compile),
         compile_ms=compile_ms,
@@ -169,6 +184,26 @@ def benchmark(
         noise_threshold=noise_threshold,
         warnings=tuple(notes),
     )
+
+
+def batch_and_source(inputs: Any, kwargs: Optional[Mapping[str, Any]], batch_size: Optional[int]) -> Tuple[int, str]:
+    """Samples per call for throughput, and where that number came from: ``batch_size``
+    when given, else dim 0 of the first input tensor (wrong for a sequence-first input
+    such as an LSTM's (T, B, F): pass ``batch_size`` there)."""
+    if batch_size is not None:
+        return batch_size, "as given"
+    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    if not tensors:
+        return 1, "no input tensor"
+    first = tensors[0]
+    if first.dim() == 0:
+        return 1, "the first input is a scalar"
+    return leading_batch(inputs, kwargs), f"dim 0 of Tensor[{', '.join(str(d) for d in first.shape)}]"
+
+
+def _sequence_first(model: nn.Module) -> bool:
+    seq_first = (nn.RNNBase, nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+    return any(isinstance(m, seq_first) and not getattr(m, "batch_first", True) for m in model.modules())
 
 
 def _flops_value(flops: Any) -> Optional[float]:

@@ -29,6 +29,7 @@ class BenchmarkResult:
     timing: str  # "cuda_event" or "perf_counter"
     warmup: int
     batch_size: int
+    batch_source: Optional[str] = None  # "as given", "dim 0 of Tensor[8, 3, 224, 224]", ...
     dtype: Optional[str] = None
     compiled: bool = False
     compile_ms: Optional[float] = None
@@ -123,6 +124,7 @@ class BenchmarkResult:
             timing=self.timing,
             warmup=self.warmup,
             batch_size=self.batch_size,
+            batch_source=self.batch_source,
             dtype=self.dtype,
             compiled=self.compiled,
             compile_ms=self.compile_ms,

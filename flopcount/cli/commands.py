@@ -6,16 +6,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import FlopcountError, UsageError
 from ..report.render import render_bench, render_check, render_count
-from .output import iteration_progress, progress, report_notes, say
+from .output import format_seconds, iteration_progress, progress, report_notes, say
 from .parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
 
 
@@ -209,28 +211,66 @@ def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
     return False
 
 
+#: at least this many timed calls under --duration (flopcount.bench.loop.LoopPlan.min_iters)
+_MIN_TIMED = 10
+_DEFAULT_DURATION = 1.0
+
+
+def _check_timing_args(args: argparse.Namespace) -> None:
+    """Refuse flags that would be silently ignored, before any model is built."""
+    if args.iters is not None and args.duration is not None:
+        raise UsageError(
+            f"--iters {args.iters} and --duration {args.duration:g} exclude each other: --iters N times exactly N calls, "
+            f"--duration S times calls until S seconds passed and at least {_MIN_TIMED} ran"
+        )
+
+
+def _timing_plan_text(args: argparse.Namespace, duration: float) -> str:
+    if args.iters is not None:
+        return f"exactly {args.iters} timed calls"
+    return f"timed calls until {duration:g} s has passed and at least {_MIN_TIMED} ran"
+
+
 def _benchmark(run: _Run, args: argparse.Namespace, flops: Any) -> Any:
     if run.device == "meta":
         raise UsageError("cannot time a model on the meta device (it has no data); use --device cpu or cuda")
+    _check_timing_args(args)
     import torch
 
     from ..bench.latency import benchmark
 
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
-    how_many = f"{args.iters} timed calls" if args.iters else f"timed calls for about {args.duration:g} s"
-    progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} warm-up calls, then {how_many} ...")
+    duration = _DEFAULT_DURATION if args.duration is None else args.duration
+    progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} untimed warm-up calls, "
+                   f"then {_timing_plan_text(args, duration)} ...")
+    started = time.monotonic()
+    warm_report = iteration_progress("warm-up")
+
+    def on_warmup(done: int, total: Optional[int]) -> None:
+        if done == 1:
+            first = time.monotonic() - started
+            timed = args.iters * first if args.iters is not None else max(duration, _MIN_TIMED * first)
+            expect = args.warmup * first + timed
+            if expect >= 2.0:  # worth saying; a fast model is done before one could read it
+                timed_text = f"{args.iters}" if args.iters is not None else f"at least {max(_MIN_TIMED, int(duration / first))}"
+                progress(args, f"  the first call took {format_seconds(first)}: expect about {format_seconds(expect)} in all "
+                               f"({args.warmup} warm-up + {timed_text} timed calls)")
+        warm_report(done, total)
+
     try:
         result = benchmark(
             run.model, run.inputs, run.kwargs,
-            warmup=args.warmup, iters=args.iters, budget_s=args.duration,
-            device=run.device, dtype=dtype, flops=flops,
+            warmup=args.warmup, iters=args.iters, budget_s=duration, min_iters=_MIN_TIMED,
+            device=run.device, dtype=dtype, flops=flops, batch_size=args.batch_size,
             progress=None if args.quiet else iteration_progress(),
+            warmup_progress=None if args.quiet else on_warmup,
         )
     except FlopcountError:
         raise
     except Exception as exc:
         raise UsageError(f"the forward of {run.entry} failed during the benchmark: {type(exc).__name__}: {exc}") from exc
-    progress(args, f"timed {result.iters} calls in {result.wall_s:.2f} s (median {result.median_ms:.3f} ms)")
+    progress(args, f"timed {result.iters} calls in {result.wall_s:.2f} s (median {result.median_ms:.3f} ms; "
+                   f"throughput uses batch {result.batch_size}: {result.batch_source})")
     return result
 
 
@@ -249,14 +289,19 @@ def _emit(text: str, args: argparse.Namespace) -> None:
         stream.flush()
 
 
-def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None) -> None:
+def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None, budget: Any = None) -> None:
     if not args.plot:
         return
     from ..report.plot import plot_result
 
     title = f"{_label(args)}  inputs: {result.input_description}" if result.input_description else _label(args)
     try:
-        plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies)
+        if args.plot_kind == "sunburst":
+            from ..report.plot import plot_sunburst
+
+            plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title)
+        else:
+            plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
     except OSError as exc:
         raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
     progress(args, f"wrote {args.plot}")
@@ -264,12 +309,35 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
 
 
 
+def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] = None) -> Any:
+    """Peak memory of one step: inference, or a training step with --backward / --optimizer."""
+    from ..memory import estimate_memory
+
+    backward = bool(args.backward or args.optimizer is not None)
+    what = "a training step" + (f" with {args.optimizer}" if args.optimizer else "") if backward else "inference"
+    progress(args, f"estimating the peak memory of {what} on fake tensors ...")
+    return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
+
+
 def _cmd_count(args: argparse.Namespace) -> int:
+    if args.optimizer is not None and not args.memory:
+        raise UsageError("--optimizer applies to the memory estimate: add --memory")
     run = _prepare(args)
     if getattr(args, "generate", None):
         return _count_generation(run, args)
     result = _count(run, args, backward=args.backward)
-    _emit(render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators), args)
+    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
+    if args.memory:
+        estimate = _estimate_memory(run, args)
+        if args.format == "json":
+            data = json.loads(text)
+            data["memory"] = estimate.to_dict()
+            text = json.dumps(data, indent=2)
+        elif args.format in ("table", "tree", "markdown"):
+            text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
+        else:
+            raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
+    _emit(text, args)
     _plot(result, args)
     return EXIT_INCOMPLETE if _strict_failure(result, args) else EXIT_OK
 
@@ -298,6 +366,7 @@ def _count_generation(run: _Run, args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    _check_timing_args(args)
     run = _prepare(args)
     result = _count(run, args)
     timing = _benchmark(run, args, result.flops)
@@ -312,15 +381,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     flags = Budget(
         max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
-        max_size_mb=args.max_size_mb, max_latency_ms=args.max_latency_ms,
+        max_size_mb=args.max_size_mb, max_latency_ms=args.max_latency_ms, max_memory=args.max_memory,
     )
     config_file = args.config_file or "pyproject.toml"
     budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
     if not budget:
         raise UsageError(
-            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb or --max-latency-ms, "
-            f"or a [tool.flopcount] table in {config_file}"
+            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms or "
+            f"--max-memory, or a [tool.flopcount] table in {config_file}"
         )
+    if budget.needs_latency:
+        _check_timing_args(args)
     if budget.needs_latency and args.device == "meta":
         raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
     run = _prepare(args)
@@ -330,9 +401,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
         timing = _benchmark(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
-    report = check_result(result, budget, latency_ms=latency, allow_incomplete=args.allow_incomplete)
-    _emit(render_check(result, report, args.format, entry=_label(args), depth=args.depth), args)
-    _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms)
+    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory else None
+    report = check_result(
+        result,
+        budget,
+        latency_ms=latency,
+        memory_bytes=None if estimate is None else estimate.peak_bytes,
+        allow_incomplete=args.allow_incomplete,
+    )
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth)
+    if estimate is not None and args.format == "json":
+        data = json.loads(text)
+        data["memory"] = estimate.to_dict()
+        text = json.dumps(data, indent=2)
+    _emit(text, args)
+    _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms, budget=report)
     strict = _strict_failure(result, args)
     status = report.status
     if status == "FAIL":  # certain (or allowed): more work can only make it worse

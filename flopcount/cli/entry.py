@@ -9,6 +9,8 @@ ENTRY forms:
 * ``hf:MODEL_TYPE`` — a transformers model built from its default config
   (``AutoConfig.for_model``) with ``config`` overrides; random weights, no download.
 * ``tv:NAME`` (or ``torchvision:NAME``) — ``torchvision.models.get_model(NAME, weights=None)``.
+* ``example:NAME`` — an architecture shipped in :mod:`flopcount.examples` (``resnet50``,
+  ``mobilenet_v2``, ``vit_b_16``, ...), with its usual input when none is given.
 
 Every failure is a :class:`~flopcount.errors.UsageError` naming the ENTRY and what is
 wrong, chained to the cause.
@@ -33,9 +35,10 @@ from torch import nn
 from ..errors import UsageError
 from .specs import InputSpec
 
-ENTRY_HELP = "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE or tv:NAME"
+ENTRY_HELP = "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME"
 HF_PREFIXES = ("hf:", "transformers:")
 TV_PREFIXES = ("tv:", "torchvision:")
+EXAMPLE_PREFIXES = ("example:",)
 
 
 @dataclass
@@ -74,8 +77,13 @@ def load_entry(entry: str, *, device: str = "cpu", config: Optional[Mapping[str,
                 loaded = _load_torchvision(entry, text[len(prefix):].strip(), overrides, device)
                 break
         else:
-            target = _import_target(text)
-            loaded = _from_object(entry, target, overrides, device)
+            for prefix in EXAMPLE_PREFIXES:
+                if lowered.startswith(prefix):
+                    loaded = _load_example(entry, text[len(prefix):].strip(), overrides, device)
+                    break
+            else:
+                target = _import_target(text)
+                loaded = _from_object(entry, target, overrides, device)
     if device != "meta" and device != "cpu":
         loaded.model = loaded.model.to(device)
     loaded.inputs, loaded.kwargs = _inputs_to(loaded.inputs, loaded.kwargs, device)
@@ -353,3 +361,25 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
         except Exception as exc:
             raise UsageError(f"model construction failed: {entry}: {_describe(exc)}") from exc
     return LoadedEntry(entry, model, default_specs=(InputSpec((1, 3, 224, 224)),))
+
+
+def _load_example(entry: str, name: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
+    from ..examples import CATALOG
+    from .specs import parse_spec
+
+    if name not in CATALOG:
+        with _on_sys_path(os.getcwd()):
+            own_module = importlib.util.find_spec("example") is not None
+        if own_module:  # the user's own example.py wins for names the catalog lacks
+            return _from_object(entry, _import_target(entry.strip()), overrides, device)
+        close = difflib.get_close_matches(name, list(CATALOG), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise UsageError(f"bad ENTRY {entry!r}: no example {name!r}; {hint}(examples: {', '.join(CATALOG)})")
+    example = CATALOG[name]
+    for package in example.needs:
+        if importlib.util.find_spec(package) is None:
+            raise UsageError(f"{entry} needs the {package} package: pip install {package}")
+    factory = getattr(importlib.import_module(f"flopcount.examples.{example.module}"), example.attr)
+    loaded = _from_object(entry, factory, overrides, device)
+    loaded.default_specs = (parse_spec(example.input_spec),)
+    return loaded

@@ -77,8 +77,9 @@ def progress(args: argparse.Namespace, message: str) -> None:
         say(message)
 
 
-def iteration_progress() -> Callable[[int, Optional[int]], None]:
-    """Benchmark progress on stderr, at most about twice a second; stdout stays clean."""
+def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[int]], None]:
+    """Benchmark progress on stderr (``  warm-up 3/10 calls``, ``  12 timed calls``), at most
+    about twice a second and always at the end of a counted phase; stdout stays clean."""
     last = [0.0]
 
     def report(done: int, total: Optional[int]) -> None:
@@ -87,6 +88,15 @@ def iteration_progress() -> Callable[[int, Optional[int]], None]:
             if now - last[0] < 0.5:
                 return
         last[0] = now
-        say(f"  {done}/{total} calls" if total else f"  {done} calls")
+        say(f"  {label} {done}/{total}" if total else f"  {label} {done}")
 
     return report
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.35 s``, ``42 s``, ``3 min 20 s``: for estimates in progress lines."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from ..budget import parse_quantity
+from ..budget import parse_bytes, parse_quantity
 from ..errors import UsageError
 from ..types import TRACERS
 
-FORMATS = ("table", "tree", "json", "csv", "markdown")
+FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
 
 EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -26,13 +26,16 @@ ENTRY
                           weights, no download (hf:gpt2, hf:bert, hf:llama);
                           --config KEY=VALUE overrides config fields
   tv:NAME                 torchvision.models.get_model(NAME, weights=None)
+  example:NAME            an architecture shipped with flopcount, built from code:
+                          resnet18, resnet50, mobilenet_v2, vit_b_16, vit_tiny
+                          (and gpt2, bert, llama with transformers installed)
 
 SPEC
   dims joined by 'x', optional ':dtype' (default float32): 1x3x224x224, 1x128:int64.
   Integer inputs are token ids within the model's smallest nn.Embedding (0 or 1
   without one); integer or bool --kwarg inputs whose name contains 'mask' are ones.
   Without --input: the factory's example inputs; 1x128:int64 for hf:, 1x3x224x224
-  for tv:.
+  for tv:, the model's usual input for example: (1x3x224x224 for resnet50).
 
 Numbers accept K/M/G/T suffixes (10^3..10^12) and scientific notation: 25M, 5G,
 1.5T, 3e9.
@@ -47,44 +50,50 @@ meta, work a tracer could not see; --allow-incomplete lets the count decide), or
 
 _MAIN_EPILOG = """\
 examples:
-  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
+  flopcount count example:resnet50 --depth 2
   flopcount count hf:gpt2 --config n_layer=2 --format json --output gpt2.json
-  flopcount bench examples/resnet.py:resnet18 --input 8x3x224x224 --iters 20
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-flops 10G --max-params 30M
+  flopcount bench example:resnet18 --input 8x3x224x224 --iters 20
+  flopcount check example:resnet50 --max-flops 10G --max-params 30M
 
 'flopcount COMMAND --help' describes each command.
 """
 
 _COUNT_EPILOG = """\
 examples:
-  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --depth 2
-  flopcount count examples.mobilenet:mobilenet_v2 --input 1x3x224x224 --format tree --depth 1
+  flopcount count example:resnet50 --depth 2
+  flopcount count example:mobilenet_v2 --format tree --depth 1
   flopcount count hf:bert --config num_hidden_layers=2 --input 2x64:int64 --format json
   flopcount count hf:llama --device meta --input 1x4096:int64 --depth 1
   flopcount count my_model.py:build --input 4x16 --kwarg mask=4x16:bool --format csv -o costs.csv
-  flopcount count examples/resnet.py:resnet18 --input 1x3x224x224 --backward --depth 1
-  flopcount count examples/resnet.py:resnet50 --input 1x3x224x224 --plot flops.png
+  flopcount count example:resnet18 --backward --depth 1
+  flopcount count example:resnet50 --plot flops.png
+  flopcount count example:resnet50 --input 32x3x224x224 --memory --optimizer adamw --depth 1
 
 """ + _ENTRY_TEXT
 
 _BENCH_EPILOG = """\
 examples:
-  flopcount bench examples/resnet.py:resnet18 --input 8x3x224x224
-  flopcount bench examples/resnet.py:resnet50 --input 1x3x224x224 --warmup 5 --iters 50 --format json
+  flopcount bench example:resnet18 --input 8x3x224x224
+  flopcount bench example:resnet50 --warmup 5 --iters 50 --format json
   flopcount bench hf:gpt2 --config n_layer=4 --input 1x256:int64 --device cuda --dtype bfloat16
-  flopcount bench examples/vit.py:vit_tiny --input 16x3x32x32 --plot latency.png
+  flopcount bench example:vit_tiny --input 16x3x32x32 --plot latency.png
 
-Times model(*inputs) under torch.inference_mode() after --warmup untimed calls:
-exactly --iters calls, or as many as fit in --duration seconds (at least 10).
-Progress goes to stderr; stdout holds only the report.
+Times model(*inputs) under torch.inference_mode() after --warmup untimed calls
+(default 10): exactly --iters calls, or calls until --duration seconds passed and
+at least 10 ran (default 1 s), so a 2 s model takes about 20 calls = 40 s. After
+the first warm-up call stderr says how long the whole run will take, and shows
+progress through the warm-up and the timed calls; stdout holds only the report.
+Throughput = batch / median; the batch is the first input's leading dimension
+unless --batch-size says otherwise (the report names the dimension it took).
 
 """ + _ENTRY_TEXT
 
 _CHECK_EPILOG = """\
 examples:
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-params 30M --max-flops 10G
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224 --max-size-mb 100 --max-latency-ms 200
-  flopcount check examples/resnet.py:resnet50 --input 1x3x224x224          # budgets from pyproject.toml
+  flopcount check example:resnet50 --max-params 30M --max-flops 10G
+  flopcount check example:resnet50 --max-size-mb 100 --max-latency-ms 200
+  flopcount check example:resnet50 --input 64x3x224x224 --max-memory 16GB --optimizer adam
+  flopcount check example:resnet50          # budgets from pyproject.toml
 
 Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
 --config-file); a flag wins over the file:
@@ -95,6 +104,8 @@ Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
   max-macs = 5e9
   max-size-mb = 100        # parameters + buffers, serialised, 1 MB = 10^6 bytes
   max-latency-ms = 50      # median latency; runs the benchmark
+  max-memory = "16GiB"     # estimated peak memory of one step (--backward,
+                           # --optimizer adam: of a training step)
 
 A budget passes when actual <= limit. Prints budget vs actual with PASS, FAIL or
 INCOMPLETE and the verdict. FAIL (exit 1) only when certain: an exact value, or a
@@ -138,6 +149,10 @@ def _lazy_spec(name: str) -> Any:
 
 def _quantity(what: str) -> Any:
     return _type(lambda text: parse_quantity(text, "budget"))
+
+
+def _bytes(what: str) -> Any:
+    return _type(lambda text: parse_bytes(text, what))
 
 
 def _int_at_least(low: int, what: str) -> Any:
@@ -201,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
+    memory = count.add_argument_group("peak memory (estimated on fake tensors: no data allocated)")
+    memory.add_argument("--memory", action="store_true",
+                        help="also estimate the peak memory of the step (inference, or forward + backward with --backward)")
+    _add_optimizer(memory, "with --memory")
     count.set_defaults(command_name="count")
 
     bench = commands.add_parser(
@@ -231,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-macs", type=_quantity("--max-macs"), metavar="N", help="most MACs of one forward, e.g. 2.5G")
     limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
     limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
+    limits.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="BYTES",
+                        help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
+    limits.add_argument("--backward", action="store_true",
+                        help="the memory budget covers a training step (forward + backward), not inference")
+    _add_optimizer(limits, "for --max-memory")
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
     verdict = check.add_argument_group("incomplete counts")
     verdict.add_argument("--allow-incomplete", action="store_true",
@@ -241,8 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+
+
+def _add_optimizer(group: Any, when: str) -> None:
+    group.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                       help=f"{when}: add this optimizer's step and state (implies --backward)")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE or tv:NAME (see below)")
+    p.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME (see below)")
     inputs = p.add_argument_group("inputs")
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
                         help="a positional input tensor, e.g. 1x3x224x224 or 1x128:int64 (repeat for several)")
@@ -258,9 +290,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     run.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default: dispatch on fake copies, one real run if a value is needed), jit or dispatch")
     run.add_argument("--depth", type=_int_at_least(0, "--depth"), default=None, metavar="N",
                      help="module rows down to depth N (0 = whole model; default: all)")
-    run.add_argument("-f", "--format", choices=FORMATS, default="table", help="table (default), tree, json, csv or markdown")
+    run.add_argument("-f", "--format", choices=FORMATS, default="table", help="table (default), tree, json, csv, markdown or html (one self-contained page: tables, tree, plot)")
     run.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
+    run.add_argument("--plot-kind", choices=("bars", "sunburst"), default="bars",
+                     help="bars (default: the top modules) or sunburst (rings by depth, --depth rings, default 3)")
     run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=15, metavar="N", help="modules in the plot (default 15)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr (INCOMPLETE reasons are still printed)")
     run.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
@@ -269,7 +303,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def _add_timing(p: argparse.ArgumentParser) -> None:
     timing = p.add_argument_group("timing")
     timing.add_argument("--warmup", type=_int_at_least(0, "--warmup"), default=10, metavar="N", help="untimed calls first (default 10)")
-    timing.add_argument("--iters", type=_int_at_least(1, "--iters"), default=None, metavar="N", help="time exactly N calls (default: adaptive, see --duration)")
-    timing.add_argument("--duration", type=_positive_float("--duration"), default=1.0, metavar="S",
-                        help="without --iters, time calls for about S seconds, at least 10 calls (default 1)")
+    timing.add_argument("--iters", type=_int_at_least(1, "--iters"), default=None, metavar="N",
+                        help="time exactly N calls (default: adaptive, see --duration; not with --duration)")
+    timing.add_argument("--duration", type=_positive_float("--duration"), default=None, metavar="S",
+                        help="time calls until S seconds passed and at least 10 ran (default 1; not with --iters)")
+    timing.add_argument("--batch-size", type=_int_at_least(1, "--batch-size"), default=None, metavar="N",
+                        help="samples per call for throughput (default: the first input's leading dimension)")
     timing.add_argument("--dtype", choices=BENCH_DTYPES, default=None, help="run under torch.autocast with this dtype (default: the model's own)")

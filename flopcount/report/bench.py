@@ -20,8 +20,11 @@ def benchmark_text(result: BenchmarkResult) -> str:
         f"{s.iters} iterations after {result.warmup} warm-up)",
         f"  median {s.median_ms:.4g} ms | mean {s.mean_ms:.4g} | p90 {s.p90_ms:.4g} | p99 {s.p99_ms:.4g} | "
         f"min {s.min_ms:.4g} | max {s.max_ms:.4g} | std {s.std_ms:.3g} (CV {100 * s.cv:.1f}%, IQR/median {100 * s.rel_iqr:.1f}%)",
-        f"  throughput {with_unit(result.throughput, 'samples/s')} (batch {result.batch_size}), {with_unit(result.iters_per_s, 'it/s')}",
+        f"  throughput {with_unit(result.throughput, 'samples/s')} ({batch_text(result)}), {with_unit(result.iters_per_s, 'it/s')}",
     ]
+    caveat = tail_caveat(s.iters)
+    if caveat:
+        lines.insert(2, f"  {caveat}")
     if result.compile_ms is not None:
         lines.append(f"  compile warm-up (first call) {result.compile_ms:.4g} ms, not in the statistics")
     if result.achieved_flops_per_s is not None:
@@ -35,18 +38,43 @@ def benchmark_text(result: BenchmarkResult) -> str:
     return "\n".join(lines)
 
 
+def batch_text(result: BenchmarkResult) -> str:
+    """``batch 10: dim 0 of Tensor[10, 4, 16]``: the batch and which dimension it was read from."""
+    return f"batch {result.batch_size}: {result.batch_source}" if result.batch_source else f"batch {result.batch_size}"
+
+
+def tail_note(n: int, p: float) -> str:
+    """A caveat for the ``p``-th percentile of ``n`` samples: ``""`` when about ten or more
+    samples lie above it, else how little it rests on."""
+    above = n * (100 - p) / 100
+    if above < 1:
+        return f" (only {n} samples: about the max)"
+    if above < 10:
+        return f" (rough: {n} samples)"
+    return ""
+
+
+def tail_caveat(n: int) -> str:
+    """One sentence when p90/p99 rest on too few samples to be more than the largest ones."""
+    if n >= 1000:
+        return ""
+    need = "p90" if n < 100 else "p99"
+    return (f"note: {need} from {n} samples is little more than the largest sample"
+            f" (about {1000 if need == 'p99' else 100} samples make it stable: raise --duration or --iters)")
+
+
 def bench_rows(result: Any, timing: BenchmarkResult) -> List[Tuple[str, str, Any]]:
     """(label, human text, raw value) for each line of the CLI's bench summary."""
     rows: List[Tuple[str, str, Any]] = [
         ("median", format_ms(timing.median_ms), timing.median_ms),
         ("mean", format_ms(timing.mean_ms), timing.mean_ms),
-        ("p90", format_ms(timing.p90_ms), timing.p90_ms),
-        ("p99", format_ms(timing.p99_ms), timing.p99_ms),
+        ("p90", format_ms(timing.p90_ms) + tail_note(timing.iters, 90), timing.p90_ms),
+        ("p99", format_ms(timing.p99_ms) + tail_note(timing.iters, 99), timing.p99_ms),
         ("min", format_ms(timing.min_ms), timing.min_ms),
         ("max", format_ms(timing.max_ms), timing.max_ms),
         ("std", format_ms(timing.std_ms), timing.std_ms),
         ("iterations", str(timing.iters), timing.iters),
-        ("throughput", f"{timing.throughput:.1f} samples/s (batch {timing.batch_size})", timing.throughput),
+        ("throughput", f"{timing.throughput:.1f} samples/s ({batch_text(timing)})", timing.throughput),
         ("FLOPs", with_unit(result.flops, "FLOPs"), result.flops),
         ("MACs", with_unit(result.macs, "MACs"), result.macs),
         ("params", format_count(result.params), result.params),

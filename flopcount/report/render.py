@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 from tabulate import tabulate
 
 from .bench import bench_rows
+from .html import html_report
 from .notes import note_lines
 from .table import operator_table
 from .units import escape_markdown
@@ -31,7 +32,9 @@ def result_dict(result: FlopResult, entry: str) -> Dict[str, Any]:
 
 
 def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False) -> str:
-    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown)."""
+    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html)."""
+    if fmt == "html":
+        return html_report(result, entry=entry, depth=depth)
     if fmt == "json":
         return _json(result_dict(result, entry))
     if fmt == "csv":
@@ -50,6 +53,9 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     if fmt == "json":
         return _json(result_dict(result, entry))
     rows = bench_rows(result, timing)
+    if fmt == "html":
+        latency = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"], colalign=("left", "right"))
+        return html_report(result, entry=entry, depth=depth, sections=[("Latency", latency)], latencies_ms=timing.stats.samples_ms)
     if fmt == "csv":
         lines = ["metric,value"] + [f"{_csv_key(label)},{raw}" for label, _, raw in rows]
         return "\n".join(lines)
@@ -85,6 +91,8 @@ def render_check(result: FlopResult, report: BudgetReport, fmt: str, *, entry: s
         return report.to_csv()
     heading = f"{entry} | inputs {result.input_description or '()'}"
     notes = note_lines(result, markdown=fmt == "markdown")
+    if fmt == "html":
+        return html_report(result, entry=entry, depth=depth, sections=[("Budgets", f"{report.table()}\n{report.verdict()}")], budget=report)
     if fmt == "markdown":
         parts = [
             f"### flopcount check: {report.status}",
