@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import platform
+import re
 import sys
 import time
 import traceback
@@ -127,12 +129,17 @@ def changes(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
 
 def first_line(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-    return text if len(text) <= 400 else text[:397] + "..."
+    return text if len(text) <= 2000 else text[:1997] + "..."
 
 
-def _short(text: str, size: int = 150) -> str:
-    """An error for a table cell: its start (what failed, where) and its end (the cause)."""
-    return text if len(text) <= size else text[:60] + " … " + text[-(size - 63):]
+def _short(text: str, size: int = 170) -> str:
+    """An error for a table cell: what failed where (up to the input listing) and the cause."""
+    if len(text) <= size:
+        return text
+    head = text.split(" with inputs", 1)[0][:80]
+    cause = re.search(r"\b\w+(Error|Exception|Warning): ", text[len(head) + 2:])
+    tail = text[len(head) + 2 + cause.start():] if cause else text[-(size - len(head)):]
+    return f"{head} … {tail[:max(40, size - len(head))]}"
 
 
 @contextlib.contextmanager
@@ -160,7 +167,15 @@ def _summary(result: Any) -> Dict[str, Any]:
         "by_op_macs": result.by_operator("macs"),
         "by_op_flops": result.by_operator("flops"),
         "warnings": len(result.warnings),
+        "complete": _complete(result),
     }
+
+
+def _complete(result: Any) -> Optional[bool]:
+    """``FlopResult.complete`` where this flopcount has it (None before it existed)."""
+    value = getattr(result, "complete", None)
+    value = value() if callable(value) else value
+    return None if value is None else bool(value)
 
 
 def _build(case: Case, device: Optional[str] = None) -> nn.Module:
@@ -183,10 +198,25 @@ def _inputs_for(case: Case, which: Any = None, device: Optional[str] = None) -> 
 
 
 def op_diff(a: Dict[str, Any], b: Dict[str, Any], metric: str) -> List[str]:
-    """Operators whose ``metric`` differs between two summaries: ``op a/b``."""
+    """Operators whose ``metric`` differs between two summaries, as ``op a/b``, after
+    removing renames: a surplus on one side that equals the sum of up to three surpluses
+    on the other (``linear`` = ``mm`` + ``addmm``) is the same work under other names."""
     x, y = a[f"by_op_{metric}"], b[f"by_op_{metric}"]
-    ops = sorted(set(x) | set(y), key=lambda op: -abs(x.get(op, 0) - y.get(op, 0)))
-    return [f"{op} {x.get(op, 0)}/{y.get(op, 0)}" for op in ops if x.get(op, 0) != y.get(op, 0)][:4]
+    diff = {op: x.get(op, 0) - y.get(op, 0) for op in set(x) | set(y) if x.get(op, 0) != y.get(op, 0)}
+    for _ in range(2):
+        for op in sorted(diff, key=lambda o: -abs(diff[o])):
+            if op not in diff:
+                continue
+            others = [o for o in diff if o != op and (diff[o] > 0) != (diff[op] > 0)]
+            for size in (1, 2, 3):
+                match = next((c for c in itertools.combinations(others, size)
+                              if sum(diff[o] for o in c) == -diff[op]), None)
+                if match:
+                    for o in (op, *match):
+                        del diff[o]
+                    break
+    ops = sorted(diff, key=lambda o: -abs(diff[o]))
+    return [f"{op} {x.get(op, 0)}/{y.get(op, 0)}" for op in ops][:6]
 
 
 def run_case(case: Case, *, meta: bool = True) -> Dict[str, Any]:
@@ -260,14 +290,14 @@ def _judge(row: Dict[str, Any]) -> None:
         same = jit["macs"] == disp["macs"] and jit["flops"] == disp["flops"]
         row["jit_vs_dispatch"] = "=" if same else {
             "macs": [jit["macs"], disp["macs"]], "flops": [jit["flops"], disp["flops"]],
-            "ops": op_diff(jit, disp, "macs") or op_diff(jit, disp, "flops"),
+            "ops": op_diff(jit, disp, "macs" if jit["macs"] != disp["macs"] else "flops"),
         }
     row["meta_vs_cpu"] = None
     if disp and meta_r:
         same = disp["macs"] == meta_r["macs"] and disp["flops"] == meta_r["flops"]
         row["meta_vs_cpu"] = "=" if same else {
             "macs": [disp["macs"], meta_r["macs"]], "flops": [disp["flops"], meta_r["flops"]],
-            "ops": op_diff(disp, meta_r, "macs") or op_diff(disp, meta_r, "flops"),
+            "ops": op_diff(disp, meta_r, "macs" if disp["macs"] != meta_r["macs"] else "flops"),
         }
     counted = res.get("ref") if row.get("ref_input") else (res.get("auto") or res.get("dispatch"))
     row["counted_macs"] = counted["macs"] if counted else None
@@ -299,6 +329,14 @@ def _g(value: Optional[int]) -> str:
     return str(value)
 
 
+def _grouped(errors: Dict[str, str]) -> Dict[str, str]:
+    """``{"auto/jit": message}``: runs that failed the same way, named together."""
+    by_message: Dict[str, List[str]] = {}
+    for run, message in errors.items():
+        by_message.setdefault(message, []).append(run)
+    return {"/".join(runs): message for message, runs in by_message.items()}
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -310,6 +348,12 @@ def _mark(verdict: Any) -> str:
         return "="
     (m1, m2), (f1, f2) = verdict["macs"], verdict["flops"]
     return f"**≠** MACs {m1:,}/{m2:,}" if m1 != m2 else f"**≠** FLOPs {f1:,}/{f2:,}"
+
+
+def _ran(auto: Optional[Dict[str, Any]]) -> str:
+    if not auto:
+        return "—"
+    return auto["tracer"] + (", incomplete" if auto.get("complete") is False else "")
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
@@ -327,11 +371,14 @@ def table(rows: List[Dict[str, Any]]) -> str:
             f"`{op.replace('aten::', '')}`" + ("" if len(t) == len(res) else f" ({'/'.join(t)})")
             for op, t in sorted(r.get("unsupported", {}).items()))
         changed = "; ".join(f"{t}: {', '.join(c)}" for t, c in r["changed"].items())
-        errors = "; ".join(f"{k}: {_short(v)}" for k, v in r["errors"].items())
-        ref = f"{_g(r['ref_macs'])} ({r['ref_source']})" if r["ref_macs"] is not None else "—"
+        errors = "; ".join(f"{k}: {_short(v)}" for k, v in _grouped(r["errors"]).items())
+        ref = "—"
+        if r["ref_macs"] is not None:
+            at = r.get("ref_input")
+            ref = f"{_g(r['ref_macs'])} (published, at {at})" if at else f"{_g(r['ref_macs'])} ({r['ref_source']})"
         lines.append("| " + " | ".join(_cell(c) for c in (
             r["name"], r.get("input", "—"), params_text, ref, _g(r.get("counted_macs")), r.get("vs_ref") or "—",
-            auto.get("tracer", "—") if "auto" in res else "—", unsupported or "", _mark(r.get("jit_vs_dispatch")),
+            _ran(res.get("auto")), unsupported or "", _mark(r.get("jit_vs_dispatch")),
             _mark(r.get("meta_vs_cpu")), "yes" if not r["changed"] else f"**no**: {changed}", errors,
             f"{r['seconds']:.1f}",
         )) + " |")
@@ -357,6 +404,13 @@ def summary(rows: List[Dict[str, Any]]) -> str:
         tag = "" if op in arithmetic else " (no arithmetic)"
         listing = ", ".join(names[:6]) + (f", … (+{len(names) - 6})" if len(names) > 6 else "")
         out.append(f"  - `{op}`{tag}: {len(names)} models — {listing}")
+    judged = [r for r in rows if r["results"].get("auto", {}).get("complete") is not None]
+    if judged:
+        flagged = [r for r in judged if r["results"]["auto"]["complete"] is False]
+        silent = [r["name"] for r in judged if r["results"]["auto"]["complete"] and (
+            set(r["results"]["auto"]["unsupported"]) - NO_ARITHMETIC or str(r.get("vs_ref") or "").startswith("-"))]
+        out.append(f"- auto results flagged incomplete: {len(flagged)} of {len(judged)}; "
+                   f"short or unsupported but flagged complete: {len(silent)} {', '.join(silent)}".rstrip())
     disagree = [r for r in rows if isinstance(r.get("jit_vs_dispatch"), dict)]
     out.append(f"- jit ≠ dispatch: {len(disagree)} models")
     for r in disagree:
@@ -381,7 +435,8 @@ def summary(rows: List[Dict[str, Any]]) -> str:
         out.append(f"  - {r['family']}/{r['name']}: {what}")
     out.append(f"- errors: {len(failed)} models")
     for r in failed:
-        out.append(f"  - {r['family']}/{r['name']}: " + "; ".join(f"{k}: {v}" for k, v in r["errors"].items()))
+        out.append(f"  - {r['family']}/{r['name']}: " + "; ".join(f"{k}: {_short(v, 300)}"
+                                                                 for k, v in _grouped(r["errors"]).items()))
     return "\n".join(out)
 
 
@@ -460,7 +515,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         recorded: Dict[str, str] = {}
         for path in args.from_json:
             data = json.loads(path.read_text())
-            merged += data["rows"]
+            for row in data["rows"]:
+                if row["results"]:
+                    _judge(row)  # re-derive the verdicts with this version of the rules
+                merged.append(row)
             notes.update(data["skipped"])
             recorded = recorded or data["environment"]
         sys.stdout.write(report(merged, recorded, notes))
