@@ -282,7 +282,8 @@ def _specs() -> List[Tuple[str, Callable[[], nn.Module], Callable[[], Inputs], O
     add("CTCLoss", nn.CTCLoss, _in(lambda: (F.log_softmax(torch.randn(6, 2, 4), -1), torch.tensor([[1, 2], [3, 1]]),
                                             torch.tensor([6, 5]), torch.tensor([2, 2]))), 0)
     add("AdaptiveLogSoftmaxWithLoss", lambda: nn.AdaptiveLogSoftmaxWithLoss(6, 10, cutoffs=[4]),
-        _in(lambda: (nc(8, 6), torch.tensor([0, 1, 2, 3, 4, 5, 8, 9]))), None)
+        _in(lambda: (nc(8, 6), torch.tensor([0, 1, 2, 3, 4, 5, 8, 9]))),
+        8 * 6 * (4 + 1) + 4 * (6 * 1 + 1 * 6))  # head on 8 rows; tail 6 -> 6 // 4 -> 6 on the 4 targets >= 4
     add("LinearCrossEntropyLoss", lambda: nn.LinearCrossEntropyLoss(6, 5),
         _in(lambda: (nc(8, 6), torch.randint(0, 5, (8,)))), 8 * 6 * 5)
     return specs

@@ -63,18 +63,18 @@ def _case(family: str, name: str) -> Case:
     note = ""
 
     if family == "classification":
-        size = 224 if name.startswith(FIXED_224) else max(64, min_h)
+        size = 224 if name.startswith(FIXED_224) else max(32, min_h)
         inputs = _images(batch, 3, size, size)
         crop = _crop(weights, 224)
         ref_inputs = _images(1, 3, crop, crop)
         note = f"published at 1×3×{crop}²"
     elif family == "segmentation":
-        inputs = _images(batch, 3, 64, 64)
+        inputs = _images(batch, 3, 48, 48)
         ref_inputs = _images(1, 3, 520, 520)
         note = "published at 1×3×520²"
     elif family == "video":
-        frames = max(8, int(meta.get("min_temporal_size", 1)))
-        size = max(64, min_h)
+        frames = max(4, int(meta.get("min_temporal_size", 1)))
+        size = max(32, min_h)
         inputs = _images(batch, 3, frames, size, size)
         crop = _crop(weights, 112)
         ref_inputs = _images(1, 3, 16, crop, crop)
