@@ -160,7 +160,16 @@ def _group_norm_backward(call: OpCall) -> Cost:
     return Cost.from_flops(norm_backward_flops(x.numel, groups, True, weight, grads_present(call)))
 
 
+def _weight_norm(call: OpCall) -> Cost:
+    """``w = v * (g / ||v||)``, the norm over every dim but ``dim`` (G = g's elements, N = v's):
+    squares and sum 2N, G square roots, G divides, N multiplies: **3N + 2G** (the order of
+    torch's CPU kernel ``weight_norm``)."""
+    n, groups = call.tensor("v").numel, call.tensor("g").numel
+    return Cost.from_flops(3 * n + 2 * groups)
+
+
 def register(registry: HandlerRegistry) -> None:
+    registry.register(["aten::_weight_norm", "aten::_weight_norm_interface"], _weight_norm)
     registry.register(["aten::layer_norm", "aten::native_layer_norm"], _layer_norm)
     registry.register(
         [

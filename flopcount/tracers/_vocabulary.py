@@ -68,6 +68,7 @@ CANONICAL: Dict[str, Tuple[str, Mapping[str, Any]]] = {
     **_same(("log_sigmoid_forward",), "log_sigmoid"),
     **_same(("_prelu_kernel",), "prelu"),
     **_same(("_cdist_forward",), "cdist"),
+    **_same(("_weight_norm_interface",), "_weight_norm"),
     **_same(("nll_loss_forward", "nll_loss_nd"), "nll_loss"),
     **_same(("nll_loss2d_forward",), "nll_loss2d"),
     **_same(
