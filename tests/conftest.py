@@ -70,3 +70,12 @@ def _quiet_flopcount_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FlopcountWarning)
         yield
+
+
+def run_cli(capsys: Any, *args: str) -> Any:
+    """Run the flopcount CLI in-process: (exit code, stdout, stderr)."""
+    from flopcount.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -10,9 +10,9 @@ import re
 import textwrap
 
 import pytest
+from conftest import run_cli as cli
 
 from flopcount.bench.latency import batch_and_source
-from flopcount.cli import main
 from flopcount.report.bench import tail_caveat, tail_note
 
 MODELS = textwrap.dedent(
@@ -46,12 +46,6 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "bench_models.py").write_text(MODELS)
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def cli(capsys, *args: str):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_iters_and_duration_together_are_refused_before_any_work(workdir, capsys):

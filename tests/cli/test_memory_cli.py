@@ -9,8 +9,7 @@ import textwrap
 
 import pytest
 import torch
-
-from flopcount.cli import main
+from conftest import run_cli as cli
 
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
 
@@ -33,12 +32,6 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "mem_models.py").write_text(MODELS)
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def cli(capsys, *args: str):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _inference_truth() -> int:

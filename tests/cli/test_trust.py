@@ -13,8 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from flopcount.cli import main
+from conftest import run_cli as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,12 +92,6 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "trust_models.py").write_text(MODELS)
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def cli(capsys, *args: str):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 CUSTOM = ("trust_models.py:Custom", "-i", "4x16")
