@@ -202,8 +202,18 @@ class _TreeCopier:
 def shared_tensor_copy(model: nn.Module) -> nn.Module:
     """A copy of the module tree that shares every initialised tensor with ``model``: a
     real run on it materialises the copy's lazy modules, not the caller's."""
-    memo: Dict[int, Any] = {id(t): t for t in _own_tensors(model) + _attribute_tensors(model) if not is_uninitialized(t)}
+    memo: Dict[int, Any] = {}
+    for tensor in _own_tensors(model) + _attribute_tensors(model):
+        # an uninitialised buffer cannot be deep-copied: the copy gets a fresh one of its kind
+        memo[id(tensor)] = _fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
     return copy.deepcopy(model, memo)
+
+
+def _fresh_uninitialized(tensor: Any) -> Any:
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    kind: Any = UninitializedBuffer if isinstance(tensor, UninitializedBuffer) else UninitializedParameter
+    return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
 
 
 class _Quiet(logging.Filter):

@@ -56,7 +56,7 @@ def preserved_model_state(model: nn.Module) -> Iterator[StateWatch]:
     for m in modules:
         for name, buf in m._buffers.items():
             if buf is not None:
-                buffers.append((m, name, buf, None if is_dataless(buf) else buf.detach().clone()))
+                buffers.append((m, name, buf, None if is_dataless(buf) or is_uninitialized(buf) else buf.detach().clone()))
     params = [p for p in model.parameters() if not is_uninitialized(p)]
     param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
     # The one in-place parameter write torch's own layers do in forward: Embedding(max_norm=)
