@@ -58,36 +58,34 @@ def _transform(shape: Sequence[int], dims: Sequence[int], sizes: Sequence[int]) 
 # -- dispatch kernels ------------------------------------------------------------------------
 
 
-def _r2c(call: OpCall) -> Cost:
-    """_fft_r2c(self real, dim, normalization, onesided): 2.5 N log2 N per transform."""
+def _kernel_cost(call: OpCall, kind: float, last_size: Optional[int] = None) -> Cost:
+    """One dispatch FFT kernel: the transform over ``dim`` (the last transformed dim's
+    length replaced by ``last_size`` when given) plus its normalisation."""
     x = call.tensor("self")
     dims = _dims(call.arg("dim"), x.ndim)
-    points, batch = _transform(x.shape, dims, [x.shape[d] for d in dims])
+    sizes = [x.shape[d] for d in dims]
+    if last_size is not None:
+        sizes[-1] = last_size
+    points, batch = _transform(x.shape, dims, sizes)
     return Cost.from_flops(
-        fft_flops(points, batch, REAL) + _norm_flops(first_output(call), bool(call.arg("normalization")))
+        fft_flops(points, batch, kind) + _norm_flops(first_output(call), bool(call.arg("normalization")))
     )
+
+
+def _r2c(call: OpCall) -> Cost:
+    """_fft_r2c(self real, dim, normalization, onesided): 2.5 N log2 N per transform."""
+    return _kernel_cost(call, REAL)
 
 
 def _c2r(call: OpCall) -> Cost:
     """_fft_c2r(self complex, dim, normalization, last_dim_size): 2.5 N log2 N per
     transform, N counted on the real output (last dim = ``last_dim_size``)."""
-    x = call.tensor("self")
-    dims = _dims(call.arg("dim"), x.ndim)
-    sizes = [x.shape[d] for d in dims[:-1]] + [int(call.arg("last_dim_size"))]
-    points, batch = _transform(x.shape, dims, sizes)
-    return Cost.from_flops(
-        fft_flops(points, batch, REAL) + _norm_flops(first_output(call), bool(call.arg("normalization")))
-    )
+    return _kernel_cost(call, REAL, int(call.arg("last_dim_size")))
 
 
 def _c2c(call: OpCall) -> Cost:
     """_fft_c2c(self complex, dim, normalization, forward): 5 N log2 N per transform."""
-    x = call.tensor("self")
-    dims = _dims(call.arg("dim"), x.ndim)
-    points, batch = _transform(x.shape, dims, [x.shape[d] for d in dims])
-    return Cost.from_flops(
-        fft_flops(points, batch, C2C) + _norm_flops(first_output(call), bool(call.arg("normalization")))
-    )
+    return _kernel_cost(call, C2C)
 
 
 # -- torch.fft functions (jit) ---------------------------------------------------------------
