@@ -54,22 +54,6 @@ def refuse_data_less(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str
             raise UsageError(f"{who}: an input tensor {tuple(tensor.shape)} is on the meta device or fake (no data); pass real tensors")
 
 
-@contextlib.contextmanager
-def preserved_rng(device: torch.device) -> Iterator[None]:
-    """Restore torch's CPU generator (and ``device``'s CUDA generator) afterwards: a
-    train-mode dropout in a timed forward must not advance the caller's random stream."""
-    cpu_state = torch.get_rng_state()
-    cuda_state = None
-    if device.type == "cuda":  # the run initialises CUDA anyway
-        cuda_state = torch.cuda.get_rng_state(device)
-    try:
-        yield
-    finally:
-        torch.set_rng_state(cpu_state)
-        if cuda_state is not None:
-            torch.cuda.set_rng_state(cuda_state, device)
-
-
 def _chain(*iterables: Any) -> Iterator[Any]:
     for it in iterables:
         yield from it

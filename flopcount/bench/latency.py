@@ -28,6 +28,7 @@ from torch import nn
 
 from ..errors import FlopcountWarning, UsageError
 from ..inputs import flatten_tensors
+from ..state import preserved_inputs, preserved_rng
 from . import peaks
 from .device import (
     autocast_context,
@@ -35,7 +36,6 @@ from .device import (
     borrowed_model,
     leading_batch,
     move_inputs,
-    preserved_rng,
     refuse_data_less,
     resolve_device,
     rss_bytes,
@@ -122,7 +122,8 @@ def benchmark(
     run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
     compile_ms: Optional[float] = None
     peak_mem: Optional[int] = None
-    with preserved_rng(dev), borrowed_model(model, dev) as on_device:
+    caller_tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
         fn: Callable[..., Any] = on_device
         if compile:
             options = dict(compile) if isinstance(compile, Mapping) else {}

@@ -21,12 +21,13 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from ..inputs import flatten_tensors
+from ..state import preserved_inputs, preserved_rng
 from .device import (
     autocast_context,
     bind_call,
     borrowed_model,
     move_inputs,
-    preserved_rng,
     refuse_data_less,
     resolve_device,
     synchronize,
@@ -208,7 +209,8 @@ def module_latency(
 
     samples: Dict[str, List[float]] = {name: [] for name, _ in named}
     calls_seen: Dict[str, int] = {}
-    with preserved_rng(dev), borrowed_model(model, dev) as on_device:
+    caller_tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
         call = bind_call(on_device, run_inputs, run_kwargs)
         with torch.inference_mode(), amp:
             for _ in range(warmup):

@@ -17,9 +17,9 @@ from torch import nn
 from .._packed import packed_objects
 from ..errors import UsageError
 from ..inputs import as_call_args, flatten_tensors, is_dataless
+from ..state import preserved_inputs
 from ..types import TRACERS, Trace
 from ._fake import FakeRunError, has_lazy_parameters, shared_tensor_copy
-from ._state import preserved_inputs
 
 __all__ = ["TRACERS", "LossFn", "Tracer", "trace"]
 

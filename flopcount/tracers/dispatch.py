@@ -32,11 +32,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._packed import unpack
 from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
+from ..state import preserved_rng
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
 from . import _meta_kernels
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._modules import ModuleStack, forward_error, module_names
-from ._state import preserved_model_state, preserved_rng
+from ._state import preserved_model_state
 from ._vocabulary import CompositeInterceptor, canonical
 
 __all__ = ["trace"]
