@@ -147,6 +147,7 @@ def fake_copies(
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
+_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
 class _TreeCopier:
@@ -170,12 +171,16 @@ class _TreeCopier:
         return new
 
     def value(self, value: Any) -> Any:
+        kind = type(value)
+        if kind in _IMMUTABLE_TYPES:
+            return value
+        if (kind is dict or kind is OrderedDict) and not value:
+            return kind()  # the hook and buffer dictionaries of most modules: empty
         if isinstance(value, _IMMUTABLE) or isinstance(value, _FUNCTIONS):
             return value
         found = self.memo.get(id(value))
         if found is not None:
             return found
-        kind = type(value)
         if isinstance(value, nn.Module):
             return self.module(value)
         if isinstance(value, self.faker.fake_type):
@@ -196,6 +201,9 @@ class _TreeCopier:
             return new
         if kind is tuple:
             return tuple(self.value(item) for item in value)
+        if kind is set and all(type(item) in _IMMUTABLE_TYPES for item in value):
+            new = self.memo[id(value)] = set(value)
+            return new
         return copy.deepcopy(value, self.memo)
 
 

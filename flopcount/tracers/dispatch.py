@@ -37,6 +37,7 @@ from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
 from . import _meta_kernels
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._modules import ModuleStack, forward_error, module_names
+from ._shape_cache import ShapeCache
 from ._state import preserved_model_state
 from ._vocabulary import CompositeInterceptor, canonical
 
@@ -306,6 +307,7 @@ class _Recorder(_DataReads):
         self.assumptions: Set[str] = set()  # what a stand-in kernel assumed (exact totals: warnings only)
         self.answer_reads = answer_reads
         self._signatures: Dict[Any, _Signature] = {}
+        self.run_op: Optional[Callable[[Any, Tuple[Any, ...], Optional[Dict[str, Any]]], Any]] = None
 
     def module_stack(self) -> Tuple[str, ...]:
         path = self._modules.path
@@ -322,7 +324,10 @@ class _Recorder(_DataReads):
             if answer is not _NO_PLACEHOLDER:
                 return answer
         try:
-            out = func(*args, **kwargs) if kwargs else func(*args)
+            if self.run_op is not None:
+                out = self.run_op(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions)
         if self.muted:
@@ -431,6 +436,8 @@ def trace(
     names = module_names(run_model)
     modules = ModuleStack(names)
     recorder = _Recorder(modules, answer_reads=not fake_copy)
+    if fake_copy:
+        recorder.run_op = ShapeCache(fake_mode, fake_tensor_type()).run
     attribution = _BackwardAttribution(modules) if backward else None
     recorder.attribution = attribution
     with contextlib.ExitStack() as outer:

@@ -1,0 +1,179 @@
+"""A shape cache in front of FakeTensorMode, for the default (fake) path.
+
+On fake tensors an op's result depends only on the metadata of its arguments (shapes,
+strides, dtypes, devices) and on its non-tensor arguments. FakeTensorMode computes it by
+running the op's meta kernel (often Python, such as convolution's) behind a general cache
+whose key building costs more than the kernel on small models. Most ops a model runs
+repeat with the same argument metadata (every block of a ResNet or a transformer), so
+this cache keeps, per op and argument metadata, the metadata of the result, and makes the
+next result directly: a meta tensor wrapped as a FakeTensor, about 10 µs.
+
+Only what is safe is cached:
+
+* ops whose schema returns fresh tensors (no aliasing, no ``out=``, no mutated argument)
+  and in-place ops (``relu_``, ``add_``) whose only effect on metadata is none: they return
+  their first argument itself;
+* calls whose arguments are FakeTensors of this mode (no constant folded in, strided,
+  not complex), Python scalars, dtypes, devices and lists of those;
+* results made on a first call that succeeded; an op that raised, or needs a value
+  (``nonzero``, ``.item()``), is never cached and raises again as before.
+
+Every other call goes to FakeTensorMode unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+__all__ = ["ShapeCache"]
+
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+_UNCACHEABLE = object()
+# Tags that mean the result's metadata is not a function of the argument metadata.
+_VALUE_TAGS = ("dynamic_output_shape", "data_dependent_output", "inplace_view", "nondeterministic_seeded")
+
+
+class _Kind:
+    """How an op overload may be cached: "fresh" (new tensors), "inplace" (returns
+    argument 0, metadata unchanged) or None (never)."""
+
+    __slots__ = ("mode", "tuple_out")
+
+    def __init__(self, func: Any):
+        self.mode: Optional[str] = None
+        self.tuple_out = False
+        schema = func._schema
+        tags = {str(t).rsplit(".", 1)[-1] for t in getattr(func, "tags", ())}
+        if any(tag in tags for tag in _VALUE_TAGS if tag != "nondeterministic_seeded"):
+            return
+        returns = schema.returns
+        if not returns or any(str(r.type) != "Tensor" for r in returns):
+            return
+        written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if any(r.alias_info is not None for r in returns):
+            # in-place: one return, the first argument, written; not a metadata change
+            if (
+                len(returns) == 1
+                and len(written) == 1
+                and schema.arguments
+                and written[0] is schema.arguments[0]
+                and not schema.arguments[0].kwarg_only
+            ):
+                self.mode = "inplace"
+            return
+        if written or any(a.alias_info is not None for a in schema.arguments):
+            return
+        self.mode = "fresh"
+        self.tuple_out = len(returns) > 1
+
+
+# Process-wide, like FakeTensorMode's own cache: metadata only, no tensor is kept.
+_KINDS: Dict[Any, _Kind] = {}
+_RESULTS: Dict[Tuple[Any, ...], Any] = {}
+_MAX_RESULTS = 50_000
+
+
+class ShapeCache:
+    """Runs ops on fake tensors of ``mode``, remembering the result metadata per op and
+    argument metadata; ``run(func, args, kwargs)`` is a drop-in for ``func(*args, **kwargs)``."""
+
+    def __init__(self, mode: Any, fake_type: type):
+        self._mode = mode
+        self._fake_type: Any = fake_type
+        self._results = _RESULTS
+        self._meta = torch.device("meta")
+        self.hits = 0
+        self.misses = 0
+
+    def run(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
+        kind = _KINDS.get(func)
+        if kind is None:
+            kind = _KINDS[func] = _Kind(func)
+        if kind.mode is None:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        key = self._key(func, args, kwargs)
+        if key is _UNCACHEABLE:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        found = self._results.get(key)
+        if found is not None:
+            self.hits += 1
+            if kind.mode == "inplace":
+                return args[0]
+            try:
+                return self._make(found, kind.tuple_out)
+            except Exception:  # a private constructor that changed: FakeTensorMode as before
+                kind.mode = None
+                return func(*args, **kwargs) if kwargs else func(*args)
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        self.misses += 1
+        record = self._describe(out, kind, args)
+        if record is not None:
+            if len(self._results) >= _MAX_RESULTS:
+                self._results.clear()
+            self._results[key] = record
+        return out
+
+    def _key(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
+        # the default dtype decides the result dtype of, e.g., an int tensor times a float
+        parts = [func, torch.get_default_dtype()]
+        part = self._part
+        for value in args:
+            item = part(value)
+            if item is _UNCACHEABLE:
+                return _UNCACHEABLE
+            parts.append(item)
+        if kwargs:
+            for name, value in kwargs.items():
+                item = part(value)
+                if item is _UNCACHEABLE:
+                    return _UNCACHEABLE
+                parts.append(name)
+                parts.append(item)
+        return tuple(parts)
+
+    def _part(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is self._fake_type:
+            if value.fake_mode is not self._mode or value.constant is not None:
+                return _UNCACHEABLE
+            if value.layout != torch.strided or value.is_complex():
+                return _UNCACHEABLE
+            return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device)
+        if kind in _SCALARS:
+            return (kind, value)
+        if kind is list or kind is tuple:
+            items = []
+            for item in value:
+                made = self._part(item)
+                if made is _UNCACHEABLE:
+                    return _UNCACHEABLE
+                items.append(made)
+            return (kind, tuple(items))
+        return _UNCACHEABLE
+
+    def _describe(self, out: Any, kind: _Kind, args: Tuple[Any, ...]) -> Any:
+        if kind.mode == "inplace":
+            return True if args and out is args[0] else None
+        outs: Tuple[Any, ...] = out if kind.tuple_out else (out,)
+        if not isinstance(outs, tuple):
+            return None
+        described = []
+        tensor: Any
+        for tensor in outs:
+            if type(tensor) is not self._fake_type or tensor.fake_mode is not self._mode or tensor.constant is not None:
+                return None
+            if tensor.storage_offset() or tensor.layout != torch.strided:
+                return None
+            described.append((tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.fake_device))
+        return tuple(described)
+
+    def _make(self, described: Any, tuple_out: bool) -> Any:
+        with torch._C._DisableTorchDispatch():
+            made = tuple(self._fake(*meta) for meta in described)
+        return made if tuple_out else made[0]
+
+    def _fake(self, shape: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> Any:
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device=self._meta)
+        return self._fake_type(self._mode, meta, device)

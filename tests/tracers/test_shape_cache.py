@@ -1,0 +1,206 @@
+"""The shape cache in front of FakeTensorMode (#11): every result it makes has the metadata
+FakeTensorMode itself gives (the reference, run live), it never caches what it must not,
+and the default path records the same events with and without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from examples.mobilenet import mobilenet_v2
+from examples.resnet import resnet18
+from examples.vit import vit_tiny
+from flopcount import count_flops
+from flopcount.tracers import _shape_cache
+from flopcount.tracers import trace as run_trace
+from flopcount.tracers._shape_cache import ShapeCache
+
+aten = torch.ops.aten
+
+
+def _meta(t):
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.storage_offset())
+
+
+@pytest.fixture()
+def cache():
+    _shape_cache._RESULTS.clear()
+    mode = FakeTensorMode()
+    return mode, ShapeCache(mode, FakeTensor)
+
+
+def _twice(cache_pair, func, make_args, kwargs=None):
+    """Run ``func`` through the cache twice (miss, then hit) and once plainly in the mode."""
+    mode, shape_cache = cache_pair
+    with mode:
+        args = make_args()
+        first = shape_cache.run(func, args, kwargs)
+        second = shape_cache.run(func, make_args(), kwargs)
+        plain = func(*make_args(), **(kwargs or {}))
+    return first, second, plain
+
+
+@pytest.mark.parametrize(
+    "func, make_args, kwargs",
+    [
+        (aten.convolution.default, lambda: (torch.empty(2, 3, 9, 9), torch.empty(4, 3, 3, 3), None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1), None),
+        (aten.mm.default, lambda: (torch.empty(5, 7), torch.empty(7, 3).t().contiguous().t()), None),
+        (aten.add.Tensor, lambda: (torch.empty(4, 1, 3), torch.empty(5, 1)), None),
+        (aten.mul.Tensor, lambda: (torch.empty(2, 3, 4, 4).to(memory_format=torch.channels_last), torch.empty(2, 3, 4, 4)), None),
+        (aten.sum.dim_IntList, lambda: (torch.empty(3, 4, 5), [1]), {"keepdim": True}),
+        (aten._native_batch_norm_legit_no_training.default,
+         lambda: (torch.empty(2, 3, 5, 5), torch.empty(3), torch.empty(3), torch.empty(3), torch.empty(3), 0.1, 1e-5), None),
+        (aten.native_dropout.default, lambda: (torch.empty(4, 6), 0.5, True), None),
+        (aten.topk.default, lambda: (torch.empty(4, 9), 3), None),
+    ],
+    ids=["conv", "mm_transposed", "add_broadcast", "mul_channels_last", "sum_keepdim", "batch_norm", "dropout", "topk"],
+)
+def test_a_hit_has_the_metadata_fake_tensor_mode_gives(cache, func, make_args, kwargs):
+    first, second, plain = _twice(cache, func, make_args, kwargs)
+    _, shape_cache = cache
+    assert shape_cache.misses == 1 and shape_cache.hits == 1
+    firsts = first if isinstance(first, tuple) else (first,)
+    seconds = second if isinstance(second, tuple) else (second,)
+    plains = plain if isinstance(plain, tuple) else (plain,)
+    assert [_meta(t) for t in seconds] == [_meta(t) for t in plains] == [_meta(t) for t in firsts]
+    assert all(isinstance(t, FakeTensor) and t.fake_mode is cache[0] for t in seconds)
+    assert all(s is not f for s, f in zip(seconds, firsts))  # a fresh tensor per call
+
+
+def test_an_inplace_op_returns_its_own_argument(cache):
+    mode, shape_cache = cache
+    with mode:
+        for _ in range(2):
+            x = torch.empty(3, 4)
+            assert shape_cache.run(aten.relu_.default, (x,), None) is x
+            assert shape_cache.run(aten.add_.Tensor, (x, torch.empty(4)), None) is x
+    assert shape_cache.hits == 2
+
+
+def test_views_metadata_changes_and_values_are_never_cached(cache):
+    mode, shape_cache = cache
+    with mode:
+        for _ in range(2):
+            x = torch.empty(3, 4)
+            view = shape_cache.run(aten.view.default, (x, [4, 3]), None)
+            assert view._base is x or view.untyped_storage()._cdata == x.untyped_storage()._cdata
+            shape_cache.run(aten.t_.default, (torch.empty(3, 4),), None)  # inplace_view: metadata changes
+    assert shape_cache.hits == 0 and shape_cache.misses == 0
+    with mode, pytest.raises(Exception):
+        shape_cache.run(aten.nonzero.default, (torch.empty(3),), None)
+    assert not _shape_cache._RESULTS
+
+
+def test_a_failing_call_is_not_cached_and_fails_again(cache):
+    mode, shape_cache = cache
+    with mode:
+        for _ in range(2):
+            with pytest.raises(RuntimeError):
+                shape_cache.run(aten.mm.default, (torch.empty(2, 3), torch.empty(4, 5)), None)
+    assert shape_cache.hits == 0
+
+
+def test_constants_and_real_tensors_go_to_the_fake_mode(cache):
+    _, shape_cache = cache
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    shape_cache = ShapeCache(mode, FakeTensor)
+    real = torch.tensor([1.0, 2.0])
+    const = FakeTensor(mode, torch.empty(2, device="meta"), torch.device("cpu"), constant=real)
+    with mode:
+        for _ in range(2):
+            shape_cache.run(aten.mul.Tensor, (const, const), None)
+            shape_cache.run(aten.mul.Tensor, (real, torch.empty(2)), None)
+    assert shape_cache.hits == 0 and shape_cache.misses == 0
+
+
+def test_the_default_dtype_is_part_of_the_key(cache):
+    mode, shape_cache = cache
+    before = torch.get_default_dtype()
+    try:
+        with mode:
+            ints = torch.empty(3, dtype=torch.int64)
+            assert shape_cache.run(aten.mul.Tensor, (ints, 1.5), None).dtype == torch.float32
+            torch.set_default_dtype(torch.float64)
+            assert shape_cache.run(aten.mul.Tensor, (ints, 1.5), None).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(before)
+
+
+def test_python_scalars_of_another_type_do_not_share_an_entry(cache):
+    mode, shape_cache = cache
+    with mode:
+        ints = torch.empty(3, dtype=torch.int64)
+        assert shape_cache.run(aten.mul.Tensor, (ints, 2), None).dtype == torch.int64
+        assert shape_cache.run(aten.mul.Tensor, (ints, 2.0), None).dtype == torch.float32
+
+
+class InPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        y = self.fc(x)
+        y += x
+        y = torch.relu_(y)
+        return self.drop(y).transpose(0, 1).contiguous()
+
+
+MODELS = {
+    "resnet18": (resnet18, lambda: (torch.randn(2, 3, 32, 32),)),
+    "resnet18_channels_last": (
+        lambda: resnet18().to(memory_format=torch.channels_last),
+        lambda: (torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last),),
+    ),
+    "mobilenet_v2": (mobilenet_v2, lambda: (torch.randn(2, 3, 32, 32),)),
+    "vit_tiny": (vit_tiny, lambda: (torch.randn(2, 3, 32, 32),)),
+    "inplace": (InPlace, lambda: (torch.randn(4, 5, 8),)),
+}
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_default_path_records_the_same_events_without_the_cache(monkeypatch, name, train, backward):
+    torch.manual_seed(0)
+    build, make_inputs = MODELS[name]
+    model, inputs = build().train(train), make_inputs()
+    _shape_cache._RESULTS.clear()
+    # twice with the cache, so the second run is mostly hits
+    run_trace(model, inputs, backward=backward)
+    cached = run_trace(model, inputs, backward=backward)
+    monkeypatch.setattr(ShapeCache, "run", lambda self, func, args, kwargs: func(*args, **(kwargs or {})))
+    plain = run_trace(model, inputs, backward=backward)
+    assert [(e.call.op, e.call.args, e.call.outputs, e.module_stack, e.phase) for e in cached.events] == [
+        (e.call.op, e.call.args, e.call.outputs, e.module_stack, e.phase) for e in plain.events
+    ]
+    assert cached.warnings == plain.warnings
+
+
+def test_counts_with_the_cache_equal_a_real_run_at_batch_two():
+    torch.manual_seed(0)
+    model, x = resnet18().eval(), torch.randn(2, 3, 32, 32)
+    _shape_cache._RESULTS.clear()
+    count_flops(model, x)
+    warm = count_flops(model, x)
+    real = count_flops(model, x, tracer="dispatch")
+    assert warm.macs == real.macs and warm.flops == real.flops
+    assert warm.by_operator() == real.by_operator()
+
+
+def test_a_constructor_that_fails_sends_the_op_back_to_the_fake_mode(cache, monkeypatch):
+    mode, shape_cache = cache
+    monkeypatch.setattr(_shape_cache, "_KINDS", {})
+
+    def broken(self, *meta):
+        raise TypeError("FakeTensor.__new__() changed")
+
+    monkeypatch.setattr(ShapeCache, "_fake", broken)
+    with mode:
+        for _ in range(3):
+            out = shape_cache.run(aten.mm.default, (torch.empty(2, 3), torch.empty(3, 4)), None)
+            assert isinstance(out, FakeTensor) and out.shape == (2, 4)
+    assert _shape_cache._KINDS[aten.mm.default].mode is None
