@@ -41,9 +41,12 @@ class _Kind:
 
     __slots__ = ("mode", "tuple_out")
 
-    def __init__(self, func: Any):
+    def __init__(self, func: Any = None):
         self.mode: Optional[str] = None
         self.tuple_out = False
+        if func is None:  # a composite (Python function) known to return one new tensor
+            self.mode = "fresh"
+            return
         schema = func._schema
         tags = {str(t).rsplit(".", 1)[-1] for t in getattr(func, "tags", ())}
         if any(tag in tags for tag in _VALUE_TAGS if tag != "nondeterministic_seeded"):
@@ -68,6 +71,8 @@ class _Kind:
         self.mode = "fresh"
         self.tuple_out = len(returns) > 1
 
+
+_COMPOSITE = _Kind()
 
 # Process-wide, like FakeTensorMode's own cache: metadata only, no tensor is kept.
 _KINDS: Dict[Any, _Kind] = {}
@@ -109,6 +114,29 @@ class ShapeCache:
         out = func(*args, **kwargs) if kwargs else func(*args)
         self.misses += 1
         record = self._describe(out, kind, args)
+        if record is not None:
+            if len(self._results) >= _MAX_RESULTS:
+                self._results.clear()
+            self._results[key] = record
+        return out
+
+    def run_composite(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """Like :meth:`run`, for a whole composite torch function that always returns one
+        new tensor (``F.linear``, ``torch.matmul``, SDPA): on a hit, none of its aten ops
+        run. Only valid without autograd (the caller checks grad mode)."""
+        key = self._key(func, args, kwargs)
+        if key is _UNCACHEABLE:
+            return func(*args, **kwargs)
+        found = self._results.get(key)
+        if found is not None:
+            self.hits += 1
+            try:
+                return self._make(found, False)
+            except Exception:  # a private constructor that changed: run it as before
+                return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self.misses += 1
+        record = self._describe(out, _COMPOSITE, args)
         if record is not None:
             if len(self._results) >= _MAX_RESULTS:
                 self._results.clear()

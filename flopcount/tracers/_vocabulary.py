@@ -314,6 +314,18 @@ def _composites() -> Dict[Any, Binder]:
     return table
 
 
+@cache
+def _fresh_composites() -> frozenset:
+    """Composites whose result is always a new tensor (never an input or a view of one):
+    on fake tensors without autograd, their result may come from the shape cache."""
+    found = []
+    for name in ("linear", "scaled_dot_product_attention", "rms_norm"):
+        if hasattr(F, name):
+            found.append(getattr(F, name))
+    found += [torch.matmul, torch._C.TensorBase.matmul, torch.bilinear]
+    return frozenset(found)
+
+
 class CompositeInterceptor(TorchFunctionMode):
     """Records each composite call of the forward as one event and mutes the aten ops it
     runs; every other call passes straight through.
@@ -323,12 +335,21 @@ class CompositeInterceptor(TorchFunctionMode):
     ``outputs`` a result into the outputs tuple.
     """
 
-    def __init__(self, recorder: Any, value: Callable[[Any], Any], outputs: Callable[[Any], Tuple[Any, ...]]):
+    def __init__(
+        self,
+        recorder: Any,
+        value: Callable[[Any], Any],
+        outputs: Callable[[Any], Tuple[Any, ...]],
+        cached: Optional[Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]] = None,
+    ):
         super().__init__()
         self._recorder = recorder
         self._value = value
         self._outputs = outputs
         self._table = _composites()
+        # on fake copies: the shape cache's runner for a whole composite (no autograd only)
+        self._cached = cached
+        self._fresh = _fresh_composites()
 
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -341,7 +362,10 @@ class CompositeInterceptor(TorchFunctionMode):
             return func(*args, **kwargs)
         recorder.muted += 1
         try:
-            out = func(*args, **kwargs)
+            if self._cached is not None and func in self._fresh and not torch.is_grad_enabled():
+                out = self._cached(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
         finally:
             recorder.muted -= 1
         op, values = bound

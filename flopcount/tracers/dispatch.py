@@ -436,8 +436,9 @@ def trace(
     names = module_names(run_model)
     modules = ModuleStack(names)
     recorder = _Recorder(modules, answer_reads=not fake_copy)
-    if fake_copy:
-        recorder.run_op = ShapeCache(fake_mode, fake_tensor_type()).run
+    shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
+    if shape_cache is not None:
+        recorder.run_op = shape_cache.run
     attribution = _BackwardAttribution(modules) if backward else None
     recorder.attribution = attribution
     with contextlib.ExitStack() as outer:
@@ -448,7 +449,9 @@ def trace(
             if not fake_copy:
                 outer.enter_context(_DataReads(modules))
         with preserve, modules, torch.set_grad_enabled(backward):
-            with attribution or contextlib.nullcontext(), CompositeInterceptor(recorder, _value, _outputs), recorder:
+            with attribution or contextlib.nullcontext(), CompositeInterceptor(
+                recorder, _value, _outputs, shape_cache.run_composite if shape_cache is not None else None
+            ), recorder:
                 try:
                     outputs = run_model(*args, **kw)
                 except Exception as exc:

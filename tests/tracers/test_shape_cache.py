@@ -149,6 +149,25 @@ class InPlace(nn.Module):
         return self.drop(y).transpose(0, 1).contiguous()
 
 
+class Attention(nn.Module):
+    """Linear on a non-contiguous 3-D input, matmul, SDPA and rms_norm: the composites a hit
+    answers whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.out = nn.Linear(16, 16, bias=False)
+        self.bil = nn.Bilinear(16, 16, 4)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(6, 2, 3, 2, 8).permute(2, 1, 3, 0, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        s = q @ k.transpose(-1, -2)
+        h = self.out(a.transpose(1, 2).reshape(2, 6, 16))
+        h = torch.nn.functional.rms_norm(h, (16,)) if hasattr(torch.nn.functional, "rms_norm") else h
+        return h, s.sum(), torch.matmul(h, h.transpose(1, 2)), self.bil(h, h)
+
+
 MODELS = {
     "resnet18": (resnet18, lambda: (torch.randn(2, 3, 32, 32),)),
     "resnet18_channels_last": (
@@ -158,6 +177,7 @@ MODELS = {
     "mobilenet_v2": (mobilenet_v2, lambda: (torch.randn(2, 3, 32, 32),)),
     "vit_tiny": (vit_tiny, lambda: (torch.randn(2, 3, 32, 32),)),
     "inplace": (InPlace, lambda: (torch.randn(4, 5, 8),)),
+    "attention": (Attention, lambda: (torch.randn(2, 6, 16).transpose(0, 1),)),
 }
 
 
@@ -173,6 +193,7 @@ def test_the_default_path_records_the_same_events_without_the_cache(monkeypatch,
     run_trace(model, inputs, backward=backward)
     cached = run_trace(model, inputs, backward=backward)
     monkeypatch.setattr(ShapeCache, "run", lambda self, func, args, kwargs: func(*args, **(kwargs or {})))
+    monkeypatch.setattr(ShapeCache, "run_composite", lambda self, func, args, kwargs: func(*args, **kwargs))
     plain = run_trace(model, inputs, backward=backward)
     assert [(e.call.op, e.call.args, e.call.outputs, e.module_stack, e.phase) for e in cached.events] == [
         (e.call.op, e.call.args, e.call.outputs, e.module_stack, e.phase) for e in plain.events
@@ -204,3 +225,24 @@ def test_a_constructor_that_fails_sends_the_op_back_to_the_fake_mode(cache, monk
             out = shape_cache.run(aten.mm.default, (torch.empty(2, 3), torch.empty(3, 4)), None)
             assert isinstance(out, FakeTensor) and out.shape == (2, 4)
     assert _shape_cache._KINDS[aten.mm.default].mode is None
+
+
+@pytest.mark.parametrize(
+    "func, make_args, kwargs",
+    [
+        (torch.nn.functional.linear, lambda: (torch.empty(6, 2, 16).transpose(0, 1), torch.empty(8, 16), torch.empty(8)), {}),
+        (torch.matmul, lambda: (torch.empty(2, 3, 4, 5), torch.empty(5, 7)), {}),
+        (torch.matmul, lambda: (torch.empty(5), torch.empty(5)), {}),
+        (torch.nn.functional.scaled_dot_product_attention,
+         lambda: (torch.empty(2, 4, 6, 8), torch.empty(2, 4, 9, 8), torch.empty(2, 4, 9, 8)), {"is_causal": False}),
+    ],
+    ids=["linear_3d_transposed", "matmul_broadcast", "dot", "sdpa"],
+)
+def test_a_whole_composite_from_the_cache_has_the_metadata_it_would_have(cache, func, make_args, kwargs):
+    mode, shape_cache = cache
+    with mode, torch.no_grad():
+        first = shape_cache.run_composite(func, make_args(), kwargs)
+        second = shape_cache.run_composite(func, make_args(), kwargs)
+        plain = func(*make_args(), **kwargs)
+    assert shape_cache.hits == 1
+    assert _meta(second) == _meta(plain) == _meta(first)
