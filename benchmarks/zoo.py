@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -178,10 +179,12 @@ def _complete(result: Any) -> Optional[bool]:
     return None if value is None else bool(value)
 
 
-def _build(case: Case, device: Optional[str] = None) -> nn.Module:
+def _build(case: Case, device: Optional[str] = None, reference: bool = False) -> nn.Module:
     """The model, on CPU or built directly on ``device``; a model whose constructor
     computes with tensors (RegNet's widths) cannot be built under the meta device, so it
-    is built on CPU and moved."""
+    is built on CPU and moved. ``reference``: the model the reference count is stated for."""
+    if reference and case.ref_build is not None:
+        case = dataclasses.replace(case, build=case.ref_build)
     torch.manual_seed(0)
     with quiet():
         if device is None:
@@ -262,7 +265,7 @@ def run_case(case: Case, *, meta: bool = True) -> Dict[str, Any]:
             row["errors"]["meta"] = first_line(exc)
         if case.ref_inputs is not None:
             try:
-                meta_model = _build(case, "meta")
+                meta_model = _build(case, "meta", reference=True)
                 ref_inputs = _inputs_for(case, case.ref_inputs, device="meta")
                 row["ref_input"] = _describe(ref_inputs)
                 row["results"]["ref"] = _summary(_count(meta_model, ref_inputs, "dispatch"))

@@ -36,6 +36,7 @@ class Case:
     ref_inputs: Optional[Callable[[], Inputs]] = None  # other inputs the reference is stated for (run on meta)
     ref_params: Optional[int] = None
     note: str = ""
+    ref_build: Optional[Callable[[], nn.Module]] = None  # the model the reference is stated for, if not ``build``
 
 
 def nc(*shape: int) -> torch.Tensor:

@@ -65,9 +65,12 @@ def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: Any) -> Tuple[int,
     return (a.size(0), a.size(1), b.size(-1))
 
 
-def fallback(func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException, notes: Set[str]) -> Any:
+def fallback(
+    func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException, notes: Set[str], where: str = ""
+) -> Any:
     """The output ``func`` would have produced on data-less operands, when torch's kernel
-    refused them; re-raises ``exc`` for every other op or when the operands have data."""
+    refused them; re-raises ``exc`` for every other op or when the operands have data.
+    ``where`` is the module running the op (it picks the hint of an error)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or not any(is_dataless(t) for t in tensors):
         raise exc
@@ -80,9 +83,11 @@ def fallback(func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: B
         notes.add(ROUTING_NOTE)
         return torch.empty(_grouped_mm_shape(a, b, bound.get("offs")), dtype=dtype, device=a.device)
     if func in _NONZERO:
-        raise NotImplementedError(
-            "nonzero() on a meta/fake tensor: its output size depends on the data; for a transformers "
-            "mixture-of-experts model build it with experts_implementation='grouped_mm' (the default) or "
-            "'batched_mm', whose costs do not depend on the routing"
-        ) from exc
+        hint = "count it with inputs and weights on a real device"
+        if "expert" in where.lower():
+            hint = (
+                "for a transformers mixture-of-experts model build it with experts_implementation='grouped_mm' "
+                "(the default) or 'batched_mm', whose costs do not depend on the routing"
+            )
+        raise NotImplementedError(f"nonzero() on a meta/fake tensor: its output size depends on the data; {hint}") from exc
     raise exc

@@ -329,7 +329,7 @@ class _Recorder(_DataReads):
             else:
                 out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
-            out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions)
+            out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
         if self.muted:
             return out
         sig = self._signatures.get(func)

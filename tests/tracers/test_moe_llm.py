@@ -9,6 +9,7 @@ from typing import Any, Dict
 import pytest
 import torch
 from conftest import assert_same_state, snapshot
+from torch import nn
 
 import flopcount
 from flopcount.tracers._meta_kernels import ROUTING_NOTE
@@ -175,3 +176,16 @@ def test_moe_in_train_mode_counts_the_same_and_stays_in_train_mode() -> None:
     result = flopcount.count_flops(model, (torch.randint(0, VOCAB, (B, T)),), tracer="dispatch")
     assert_same_state(model, before)
     assert result.macs == mixtral_macs()
+
+
+def test_nonzero_on_meta_outside_experts_gets_a_generic_hint() -> None:
+    # a detection head's score filter, not an MoE router: no word about experts_implementation
+    class Filter(nn.Module):
+        def forward(self, scores: torch.Tensor) -> torch.Tensor:
+            return scores[torch.nonzero(scores > 0.5, as_tuple=True)]
+
+    model = nn.Sequential()
+    model.add_module("head", Filter())
+    with pytest.raises(flopcount.TraceError, match="real device") as info:
+        flopcount.count_flops(model, (torch.empty(2, 7, device="meta"),), tracer="dispatch")
+    assert "experts" not in str(info.value) and "'head'" in str(info.value)
