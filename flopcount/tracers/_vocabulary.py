@@ -314,6 +314,15 @@ def _composites() -> Dict[Any, Binder]:
     return table
 
 
+def _autocast_on() -> bool:
+    """True inside any ``torch.autocast``: a composite's result dtype then depends on more
+    than its arguments (autocast casts them below the torch-function level)."""
+    any_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+    if any_enabled is not None:
+        return bool(any_enabled())
+    return bool(torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled())  # torch < 2.4
+
+
 @cache
 def _fresh_composites() -> frozenset:
     """Composites whose result is always a new tensor (never an input or a view of one):
@@ -362,7 +371,7 @@ class CompositeInterceptor(TorchFunctionMode):
             return func(*args, **kwargs)
         recorder.muted += 1
         try:
-            if self._cached is not None and func in self._fresh and not torch.is_grad_enabled():
+            if self._cached is not None and func in self._fresh and not torch.is_grad_enabled() and not _autocast_on():
                 out = self._cached(func, args, kwargs)
             else:
                 out = func(*args, **kwargs)

@@ -246,3 +246,24 @@ def test_a_whole_composite_from_the_cache_has_the_metadata_it_would_have(cache, 
         plain = func(*make_args(), **kwargs)
     assert shape_cache.hits == 1
     assert _meta(second) == _meta(plain) == _meta(first)
+
+
+class Projection(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_autocast_is_respected_after_a_cached_fp32_call():
+    # the same F.linear call, cached in fp32, then under autocast: the result dtype (and the
+    # dtypes the handlers see) must be autocast's, as a run without the cache gives it
+    _shape_cache._RESULTS.clear()
+    model, x = Projection().eval(), torch.randn(3, 8)
+    run_trace(model, (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        traced = run_trace(model, (x,))
+    linear = [e for e in traced.events if e.call.op == "aten::linear"]
+    assert linear and all(out.dtype == "bfloat16" for e in linear for out in e.call.outputs)
