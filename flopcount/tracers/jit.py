@@ -238,7 +238,24 @@ def _inline_script_calls(graph: Any, inputs: Sequence[torch.Tensor]) -> Tuple[An
     return inlined, scopes
 
 
-def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> List[OpEvent]:
+_PYTHON_OP = "prim::PythonOp"
+
+
+def _function_body(node: Any) -> Optional[Any]:
+    """The ops a custom ``autograd.Function``'s forward ran, as jit keeps them in the
+    ``prim::PythonOp`` node's ``Subgraph`` attribute (with shapes); None when this torch
+    keeps no subgraph or it holds no op (the Function then stays one opaque node)."""
+    if not node.hasAttribute("Subgraph"):
+        return None
+    body = node.g("Subgraph")
+    if not any(inner.kind() not in _PLUMBING for inner in body.nodes()):
+        return None
+    return body
+
+
+def _graph_events(
+    graph: Any, scope_of: Optional[Mapping[int, str]] = None, scope_all: Optional[str] = None
+) -> List[OpEvent]:
     reader = _ValueReader(graph)
     scopes: Dict[str, Tuple[str, ...]] = {}
     events: List[OpEvent] = []
@@ -246,6 +263,11 @@ def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> L
         kind = node.kind()
         if kind in _PLUMBING:
             continue
+        if kind == _PYTHON_OP:
+            body = _function_body(node)
+            if body is not None:  # counted as the ops inside it, in the Function's module
+                events.extend(_graph_events(body, scope_all=node.scopeName() if scope_all is None else scope_all))
+                continue
         inputs = list(node.inputs())
         # aten, quantized and custom-library ops carry a schema; prim nodes do not
         names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
@@ -256,7 +278,10 @@ def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> L
         if extra:
             args = {**args, **extra}
         outputs = _LazyOutputs(list(node.outputs()), reader)
-        scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
+        if scope_all is not None:
+            scope = scope_all
+        else:
+            scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
         stack = scopes.get(scope)
         if stack is None:
             stack = scopes[scope] = tuple(part for part in scope.split("/") if part)
