@@ -1,5 +1,5 @@
 """Stand-in kernels for ops whose meta kernel refuses shapes-only tensors that matter for
-counting: mixture-of-experts grouped matmuls.
+counting: mixture-of-experts grouped matmuls, and TransformerEncoder's padding-mask check.
 
 torch's meta kernel for ``aten::_grouped_mm`` accepts bfloat16 only (``_scaled_grouped_mm``
 fp8 only), so a float32 mixture-of-experts model (transformers 5 runs its experts through
@@ -8,6 +8,12 @@ and an operand has no data, :func:`fallback` returns an empty output of the shap
 meta kernel computes. The number of rows is the model's, not ours: transformers sends
 tokens x k rows (each token to exactly k experts), so the MACs are exact whatever the
 routing; only the split between experts (``offs``) is unknown.
+
+``aten::_nested_tensor_from_mask_left_aligned`` (no meta kernel) answers whether a padding
+mask is left-aligned, which only decides whether ``nn.TransformerEncoder`` in eval may take
+its nested-tensor fast path. The dispatch tracer never takes that path (its
+TorchFunctionMode makes torch choose the padded one), so the answer cannot change the count:
+the stand-in answers True and says so in the warnings.
 
 Called by the dispatch tracer only after the real kernel raised, so it costs nothing on the
 hot path.
@@ -21,7 +27,7 @@ import torch
 
 from ..inputs import is_dataless
 
-__all__ = ["ROUTING_NOTE", "fallback"]
+__all__ = ["LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "fallback"]
 
 _aten = torch.ops.aten
 
@@ -38,11 +44,18 @@ def _overloads(**dtypes: Optional[torch.dtype]) -> Dict[Any, Optional[torch.dtyp
 
 _GROUPED = _overloads(_grouped_mm=None, _scaled_grouped_mm=torch.bfloat16)
 _NONZERO = {_aten.nonzero.default}
+_LEFT_ALIGNED = _overloads(_nested_tensor_from_mask_left_aligned=None)
 
 ROUTING_NOTE = (
     "mixture of experts on meta/fake tensors: routing is unknown, so aten::_grouped_mm ran as a shapes-only "
     "stand-in; its rows are the model's tokens x k (each token goes to exactly k experts), so the MACs are exact "
     "whatever the balance between experts"
+)
+
+LEFT_ALIGNED_NOTE = (
+    "padding mask on meta/fake tensors: aten::_nested_tensor_from_mask_left_aligned has no meta kernel and was "
+    "answered True (left-aligned); it only decides whether nn.TransformerEncoder may take its nested-tensor fast "
+    "path, which this tracer does not take (the padded path is counted), so the count does not depend on it"
 )
 
 
@@ -79,6 +92,9 @@ def fallback(func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: B
         dtype = bound.get("out_dtype") or _GROUPED[func] or a.dtype
         notes.add(ROUTING_NOTE)
         return torch.empty(_grouped_mm_shape(a, b, bound.get("offs")), dtype=dtype, device=a.device)
+    if func in _LEFT_ALIGNED:
+        notes.add(LEFT_ALIGNED_NOTE)
+        return True
     if func in _NONZERO:
         raise NotImplementedError(
             "nonzero() on a meta/fake tensor: its output size depends on the data; for a transformers "

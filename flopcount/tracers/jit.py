@@ -61,6 +61,11 @@ _JIT_DTYPES = {
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
+# jit types a nested tensor without sizes. TransformerEncoder's fast path (eval with a
+# padding mask) makes one from the padded input and passes it through its layers; read
+# it as the padded shape, which is what the dispatch tracer runs (docs/conventions.md).
+_NESTED_FROM_PADDED = frozenset({"aten::_nested_tensor_from_mask", "aten::_transformer_encoder_layer_fwd"})
+
 
 def is_available() -> bool:
     """Both private hooks this tracer needs exist (else ``auto`` uses the dispatch tracer)."""
@@ -117,6 +122,8 @@ class _ValueReader:
             result: Any = _tensor_meta(jit_type)
             if result is None and kind == "prim::Constant":
                 result = _from_ivalue(value.toIValue())
+            elif result is None and kind in _NESTED_FROM_PADDED:
+                result = self.read(next(iter(producer.inputs())))
         elif kind == "prim::Constant":
             result = _from_ivalue(value.toIValue())
         elif kind == "prim::ListConstruct":
