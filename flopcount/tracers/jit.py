@@ -18,7 +18,7 @@ from .._packed import packed_objects
 from ..errors import TraceError
 from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from ..types import OpCall, OpEvent, TensorMeta, Trace
-from ._jit_sizes import StaticUnpoolSizes
+from ._jit_sizes import static_unpool_sizes, unpool_failure
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
 from ._vocabulary import canonical
@@ -365,7 +365,7 @@ def trace(
     with preserved_model_state(model) as watch, ModuleStack(names) as modules:
         torch.jit._trace._trace_module_map = scope_map
         try:
-            with warnings.catch_warnings(record=True) as caught, torch.no_grad(), StaticUnpoolSizes():
+            with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
                 warnings.simplefilter("always")
                 if stop_on_value_read:
                     warnings.filterwarnings(
@@ -381,6 +381,9 @@ def trace(
                     module_path=modules.current,
                     input_shapes=describe_inputs(inputs, kwargs),
                 ) from exc
+            unpool = unpool_failure(exc, modules.current)
+            if unpool is not None:
+                raise TraceError(unpool, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
             raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flopcount import count_flops
+from flopcount import TraceError, count_flops
 from flopcount.tracers import jit
 
 TRACERS = ("jit", "dispatch", "auto")
@@ -65,13 +65,51 @@ def test_max_unpool_given_output_size(tracer: str) -> None:
 
 
 class _Functional(nn.Module):
+    def __init__(self, output_size: Any = None):
+        super().__init__()
+        self.output_size = output_size
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pooled, indices = F.max_pool2d(x, 2, return_indices=True)
-        return F.max_unpool2d(pooled, indices, 2) + 1
+        return F.max_unpool2d(pooled, indices, 2, output_size=self.output_size) + 1
 
 
-def test_functional_max_unpool_under_jit_stopping_on_value_reads() -> None:
+def test_functional_max_unpool_under_jit_is_one_clear_error() -> None:
+    # outside an nn.MaxUnpool module jit keeps torch's fused paths, so it is not intercepted
+    with pytest.raises(TraceError, match=r"^torch.jit cannot trace F.max_unpool\*d without output_size in the root module"):
+        count_flops(_Functional(), (torch.randn(B, C, 6, 6),), tracer="jit")
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_functional_max_unpool_counted(tracer: str) -> None:
+    # auto and dispatch count it; jit too when output_size is given
+    model = _Functional(None if tracer != "jit" else [6, 6])
+    result = count_flops(model, (torch.randn(B, C, 6, 6),), tracer=tracer)
+    assert result.by_operator()["aten::add"] == B * C * 36
+
+
+def test_stop_on_value_read_is_not_triggered_by_torchs_own_size_checks() -> None:
     # torch's own range checks read traced sizes; they are not the forward's value reads
-    trace = jit.trace(_Functional(), (torch.randn(B, C, 6, 6),), stop_on_value_read=True)
-    adds = [e for e in trace.events if e.call.op == "aten::add"]
-    assert [e.call.out().shape for e in adds] == [(B, C, 6, 6)]
+    trace = jit.trace(_PoolUnpool(2, 2, None, 0), (torch.randn(B, C, 6, 6),), stop_on_value_read=True)
+    muls = [e for e in trace.events if e.call.op == "aten::mul"]
+    assert [e.call.out().shape for e in muls] == [(B, C, 6, 6)]
+
+
+def test_modes_and_hooks_left_as_found() -> None:
+    from torch.nn.modules import module as module_impl
+    from torch.overrides import _get_current_function_mode_stack
+
+    hooks = (len(module_impl._global_forward_pre_hooks), len(module_impl._global_forward_hooks))
+
+    class Failing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.unpool = nn.MaxUnpool2d(2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.unpool(x, x.long())  # float indices: refused inside the module
+
+    with pytest.raises(TraceError):
+        count_flops(Failing(), (torch.randn(B, C, 4, 4),), tracer="jit")
+    assert _get_current_function_mode_stack() == []
+    assert (len(module_impl._global_forward_pre_hooks), len(module_impl._global_forward_hooks)) == hooks
