@@ -111,8 +111,9 @@ def _ctc_outputs(bound: Mapping[str, Any], notes: Set[str], exc: BaseException) 
     else:
         longest = targets.size(-1) if targets.dim() == 2 else targets.numel()
     notes.add(CTC_NOTE)
-    options = {"dtype": log_probs.dtype, "device": log_probs.device}
-    return torch.empty((batch,), **options), torch.empty((batch, log_probs.size(0), 2 * longest + 1), **options)
+    dtype, device = log_probs.dtype, log_probs.device
+    lattice = (batch, log_probs.size(0), 2 * longest + 1)
+    return torch.empty((batch,), dtype=dtype, device=device), torch.empty(lattice, dtype=dtype, device=device)
 
 
 def fallback(func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException, notes: Set[str]) -> Any:
