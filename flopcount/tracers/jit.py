@@ -271,10 +271,14 @@ def _graph_events(
         kind = node.kind()
         if kind in _PLUMBING:
             continue
+        if scope_all is not None:
+            scope = scope_all
+        else:
+            scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
         if kind == _PYTHON_OP:
             body = _function_body(node)
             if body is not None:  # counted as the ops inside it, in the Function's module
-                events.extend(_graph_events(body, scope_all=node.scopeName() if scope_all is None else scope_all))
+                events.extend(_graph_events(body, scope_all=scope))
                 continue
         inputs = list(node.inputs())
         # aten, quantized and custom-library ops carry a schema; prim nodes do not
@@ -286,10 +290,6 @@ def _graph_events(
         if extra:
             args = {**args, **extra}
         outputs = _LazyOutputs(list(node.outputs()), reader)
-        if scope_all is not None:
-            scope = scope_all
-        else:
-            scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
         stack = scopes.get(scope)
         if stack is None:
             stack = scopes[scope] = tuple(part for part in scope.split("/") if part)
