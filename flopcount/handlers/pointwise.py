@@ -9,7 +9,8 @@ them with the formula each is counted from.
 
 from __future__ import annotations
 
-from typing import Dict
+from math import prod
+from typing import Dict, Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, Handler, OpCall, TensorMeta
@@ -57,7 +58,6 @@ PER_ELEMENT.update(
         "aten::mish": 5,  # x * tanh(softplus(x))
         "aten::log_sigmoid": 5,  # -log(1 + exp(-x))
         "aten::log_sigmoid_forward": 5,
-        "aten::elu": 4,  # x > 0 ? x : alpha*(exp(x) - 1)
         "aten::celu": 5,  # elu on x/alpha
         "aten::selu": 5,  # scale * elu
         "aten::hardswish": 4,  # x * clamp(x + 3, 0, 6) / 6
@@ -95,6 +95,14 @@ GELU_BACKWARD = {"none": 11, "tanh": 17}
 # dropout in training: scale the mask by 1/(1-p) and multiply = 2 per element (what the
 # decomposition bernoulli_ -> div_ -> mul runs); its backward is the same two ops.
 DROPOUT = 2
+# alpha dropout per mask element: b = (mask - 1) * alpha*a + alpha*a*p (3) and mask * a (1);
+# per input element: input * mask + b (2). aten's _dropout_impl, torch/native/Dropout.cpp.
+ALPHA_DROPOUT_MASK = 4
+ALPHA_DROPOUT_INPUT = 2
+#: elu(x, alpha, scale, input_scale) = x > 0 ? scale*x : alpha*scale*(exp(input_scale*x) - 1):
+#: compare, exp, sub, multiply by alpha = 4; a scale or input_scale other than 1 one multiply
+#: more each (selu = elu with scale: 5; celu = elu with input_scale 1/alpha: 5)
+ELU = 4
 
 
 #: complex operands: a complex number is two reals, so an op costs twice its real
@@ -154,11 +162,41 @@ def _gelu_backward(call: OpCall) -> Cost:
     return Cost.from_flops(per * output_numel(call))
 
 
-def _dropout(call: OpCall) -> Cost:
+def _elu(call: OpCall) -> Cost:
+    per = ELU + sum(1 for name in ("scale", "input_scale") if call.arg(name, 1) not in (1, None))
+    return Cost.from_flops(per * output_numel(call))
+
+
+def _training(call: OpCall) -> bool:
     # dropout(input, p, train): identity (0) when not training or p == 0.
-    if call.arg("train") is False or call.arg("p") == 0:
+    return call.arg("train") is not False and call.arg("p") != 0
+
+
+def _feature_mask(shape: Tuple[int, ...]) -> int:
+    """Elements of feature dropout's mask: one per (sample, channel), broadcast over the rest."""
+    return prod(shape[:2])
+
+
+def _dropout(call: OpCall) -> Cost:
+    if not _training(call):
         return Cost()
     return Cost.from_flops(DROPOUT * call.tensor("input").numel)
+
+
+def _feature_dropout(call: OpCall) -> Cost:
+    """Divide the (N, C, 1, ...) mask by 1-p, multiply the input by it: N*C + numel."""
+    if not _training(call):
+        return Cost()
+    x = call.tensor("input")
+    return Cost.from_flops(_feature_mask(x.shape) + x.numel)
+
+
+def _alpha_dropout(call: OpCall) -> Cost:
+    if not _training(call):
+        return Cost()
+    x = call.tensor("input")
+    mask = _feature_mask(x.shape) if call.op.startswith("aten::feature_") else x.numel
+    return Cost.from_flops(ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel)
 
 
 def _dropout_backward(call: OpCall) -> Cost:
@@ -173,8 +211,8 @@ def register(registry: HandlerRegistry) -> None:
         registry.register(ops, per_element(flops))
     registry.register("aten::gelu", _gelu)
     registry.register("aten::gelu_backward", _gelu_backward)
-    registry.register(
-        ["aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout", "aten::native_dropout"],
-        _dropout,
-    )
+    registry.register("aten::elu", _elu)
+    registry.register(["aten::dropout", "aten::native_dropout"], _dropout)
+    registry.register("aten::feature_dropout", _feature_dropout)
+    registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _alpha_dropout)
     registry.register("aten::native_dropout_backward", _dropout_backward)

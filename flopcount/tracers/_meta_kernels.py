@@ -1,5 +1,6 @@
 """Stand-in kernels for ops whose meta kernel refuses shapes-only tensors that matter for
-counting: mixture-of-experts grouped matmuls.
+counting: mixture-of-experts grouped matmuls, the CTC loss, and TransformerEncoder's
+padding-mask check.
 
 torch's meta kernel for ``aten::_grouped_mm`` accepts bfloat16 only (``_scaled_grouped_mm``
 fp8 only), so a float32 mixture-of-experts model (transformers 5 runs its experts through
@@ -8,6 +9,19 @@ and an operand has no data, :func:`fallback` returns an empty output of the shap
 meta kernel computes. The number of rows is the model's, not ours: transformers sends
 tokens x k rows (each token to exactly k experts), so the MACs are exact whatever the
 routing; only the split between experts (``offs``) is unknown.
+
+``aten::_ctc_loss`` has no meta kernel. Its outputs are the loss per sequence ``(B,)`` and
+the alpha lattice ``(B, T, 2 S + 1)`` kept for backward; its cost (and its backward's) is a
+function of the input shapes and int-list lengths only (handlers/loss.py), so empty outputs
+of those shapes give the CPU count exactly. S is the longest target: known for int-list
+lengths, else the padded target length (2-D targets) or all targets (1-D), an upper bound
+that only sizes the lattice tensor.
+
+``aten::_nested_tensor_from_mask_left_aligned`` (no meta kernel) answers whether a padding
+mask is left-aligned, which only decides whether ``nn.TransformerEncoder`` in eval may take
+its nested-tensor fast path. The dispatch tracer never takes that path (its
+TorchFunctionMode makes torch choose the padded one), so the answer cannot change the count:
+the stand-in answers True and says so in the warnings.
 
 Called by the dispatch tracer only after the real kernel raised, so it costs nothing on the
 hot path.
@@ -21,9 +35,10 @@ import torch
 
 from ..inputs import is_dataless
 
-__all__ = ["ROUTING_NOTE", "fallback"]
+__all__ = ["CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "fallback"]
 
 _aten = torch.ops.aten
+
 
 def _overloads(**dtypes: Optional[torch.dtype]) -> Dict[Any, Optional[torch.dtype]]:
     """op overload -> its output dtype when out_dtype is not given (None: the input's); ops
@@ -38,11 +53,32 @@ def _overloads(**dtypes: Optional[torch.dtype]) -> Dict[Any, Optional[torch.dtyp
 
 _GROUPED = _overloads(_grouped_mm=None, _scaled_grouped_mm=torch.bfloat16)
 _NONZERO = {_aten.nonzero.default}
+_LEFT_ALIGNED = _overloads(_nested_tensor_from_mask_left_aligned=None)
+
+
+def _all_overloads(name: str) -> Set[Any]:
+    packet = getattr(_aten, name, None)
+    return {getattr(packet, o) for o in ("default", "Tensor") if packet is not None and hasattr(packet, o)}
+
+
+_CTC = _all_overloads("_ctc_loss")
+_CTC_BACKWARD = _all_overloads("_ctc_loss_backward")
 
 ROUTING_NOTE = (
     "mixture of experts on meta/fake tensors: routing is unknown, so aten::_grouped_mm ran as a shapes-only "
     "stand-in; its rows are the model's tokens x k (each token goes to exactly k experts), so the MACs are exact "
     "whatever the balance between experts"
+)
+
+LEFT_ALIGNED_NOTE = (
+    "padding mask on meta/fake tensors: aten::_nested_tensor_from_mask_left_aligned has no meta kernel and was "
+    "answered True (left-aligned); it only decides whether nn.TransformerEncoder may take its nested-tensor fast "
+    "path, which this tracer does not take (the padded path is counted), so the count does not depend on it"
+)
+
+CTC_NOTE = (
+    "CTC loss on meta/fake tensors: aten::_ctc_loss has no meta kernel, so a shapes-only stand-in made its outputs; "
+    "its cost depends on the input shapes and lengths only, as on real tensors"
 )
 
 
@@ -65,6 +101,21 @@ def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: Any) -> Tuple[int,
     return (a.size(0), a.size(1), b.size(-1))
 
 
+def _ctc_outputs(bound: Mapping[str, Any], notes: Set[str], exc: BaseException) -> Tuple[torch.Tensor, torch.Tensor]:
+    log_probs, targets, lengths = bound["log_probs"], bound["targets"], bound.get("target_lengths")
+    if not isinstance(log_probs, torch.Tensor) or not isinstance(targets, torch.Tensor) or log_probs.dim() not in (2, 3):
+        raise exc
+    batch = log_probs.size(1) if log_probs.dim() == 3 else 1
+    if isinstance(lengths, (list, tuple)) and lengths:
+        longest = max(int(n) for n in lengths)
+    else:
+        longest = targets.size(-1) if targets.dim() == 2 else targets.numel()
+    notes.add(CTC_NOTE)
+    dtype, device = log_probs.dtype, log_probs.device
+    lattice = (batch, log_probs.size(0), 2 * longest + 1)
+    return torch.empty((batch,), dtype=dtype, device=device), torch.empty(lattice, dtype=dtype, device=device)
+
+
 def fallback(
     func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException, notes: Set[str], where: str = ""
 ) -> Any:
@@ -82,12 +133,24 @@ def fallback(
         dtype = bound.get("out_dtype") or _GROUPED[func] or a.dtype
         notes.add(ROUTING_NOTE)
         return torch.empty(_grouped_mm_shape(a, b, bound.get("offs")), dtype=dtype, device=a.device)
+    if func in _CTC:
+        return _ctc_outputs(_bound(func, args, kwargs), notes, exc)
+    if func in _CTC_BACKWARD:  # the gradient of log_probs
+        log_probs = _bound(func, args, kwargs)["log_probs"]
+        notes.add(CTC_NOTE)
+        return torch.empty(log_probs.shape, dtype=log_probs.dtype, device=log_probs.device)
+    if func in _LEFT_ALIGNED:
+        notes.add(LEFT_ALIGNED_NOTE)
+        return True
     if func in _NONZERO:
-        hint = "count it with inputs and weights on a real device"
+        hint = "count with real weights and inputs (e.g. on the CPU)"
         if "expert" in where.lower():
-            hint = (
-                "for a transformers mixture-of-experts model build it with experts_implementation='grouped_mm' "
-                "(the default) or 'batched_mm', whose costs do not depend on the routing"
+            hint += (
+                "; a transformers mixture-of-experts model can instead be built with "
+                "experts_implementation='grouped_mm' (the default) or 'batched_mm', whose costs do not depend on the routing"
             )
-        raise NotImplementedError(f"nonzero() on a meta/fake tensor: its output size depends on the data; {hint}") from exc
+        raise NotImplementedError(
+            f"nonzero() on a meta/fake tensor: its output size depends on the tensor's values, which meta tensors "
+            f"do not have, so {hint}"
+        ) from exc
     raise exc

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..types import TensorMeta
+
 __all__ = ["CANONICAL", "CompositeInterceptor", "MHA_OP", "canonical"]
 
 #: The composite op the dispatch tracer records for ``F.multi_head_attention_forward``
@@ -165,6 +167,33 @@ def _dropout_binder(func: Callable[..., Any], op: str) -> Binder:
     return bind
 
 
+def _feature_dropout_binder(func: Callable[..., Any], unbatched: Optional[int]) -> Binder:
+    """``F.dropout1d``/``F.dropout3d`` add a batch dimension to an ``unbatched``-D input
+    before calling ``aten::feature_dropout`` (whose mask has one element per sample and
+    channel); record the input as the aten op sees it, as jit does."""
+    python = _dropout_binder(func, "aten::feature_dropout")
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        found = python(args, kwargs)
+        if found is None:
+            return None
+        x = found[1].get("input")
+        if isinstance(x, torch.Tensor) and x.dim() == unbatched:
+            found[1]["input"] = TensorMeta((1, *x.shape), str(x.dtype).replace("torch.", ""))
+        return found
+
+    return bind
+
+
+def _selu_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``F.selu(input, inplace)``: aten runs it as ``elu`` with a scale; jit records ``selu``."""
+    found = _python_binder(F.selu, "aten::selu", {"input": "self"})(args, kwargs)
+    if found is None:
+        return None
+    name, values = found
+    return (name + "_" if values.pop("inplace", False) else name), values
+
+
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
 
@@ -270,8 +299,13 @@ def _entries() -> List[Callable[[], Tuple[Any, Binder]]]:
         lambda: (F.rms_norm, _python_binder(F.rms_norm, "aten::rms_norm")),
         lambda: (F.dropout, _dropout_binder(F.dropout, "aten::dropout")),
         lambda: (F.alpha_dropout, _dropout_binder(F.alpha_dropout, "aten::alpha_dropout")),
-        lambda: (F.dropout2d, _dropout_binder(F.dropout2d, "aten::feature_dropout")),
-        lambda: (F.dropout3d, _dropout_binder(F.dropout3d, "aten::feature_dropout")),
+        lambda: (F.dropout1d, _feature_dropout_binder(F.dropout1d, 2)),
+        # dropout2d takes a 3-D input as (N, C, L), adding no batch dimension
+        lambda: (F.dropout2d, _feature_dropout_binder(F.dropout2d, None)),
+        lambda: (F.dropout3d, _feature_dropout_binder(F.dropout3d, 4)),
+        lambda: (F.selu, _selu_binder),
+        lambda: (torch.selu, _schema_binder(aten.selu.default)),
+        lambda: (torch.selu_, _schema_binder(aten.selu_.default)),
         lambda: (F.feature_alpha_dropout, _dropout_binder(F.feature_alpha_dropout, "aten::feature_alpha_dropout")),
         lambda: (F.cross_entropy, _loss_binder(F.cross_entropy, "aten::cross_entropy_loss")),
         lambda: (F.l1_loss, _loss_binder(F.l1_loss, "aten::l1_loss", refuse=("weight",))),

@@ -18,6 +18,7 @@ from .._packed import packed_objects
 from ..errors import TraceError
 from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from ..types import OpCall, OpEvent, TensorMeta, Trace
+from ._jit_sizes import static_unpool_sizes, unpool_failure
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
 from ._vocabulary import canonical
@@ -60,6 +61,11 @@ _JIT_DTYPES = {
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+# jit types a nested tensor without sizes. TransformerEncoder's fast path (eval with a
+# padding mask) makes one from the padded input and passes it through its layers; read
+# it as the padded shape, which is what the dispatch tracer runs (docs/conventions.md).
+_NESTED_FROM_PADDED = frozenset({"aten::_nested_tensor_from_mask", "aten::_transformer_encoder_layer_fwd"})
 
 
 def is_available() -> bool:
@@ -117,6 +123,8 @@ class _ValueReader:
             result: Any = _tensor_meta(jit_type)
             if result is None and kind == "prim::Constant":
                 result = _from_ivalue(value.toIValue())
+            elif result is None and kind in _NESTED_FROM_PADDED:
+                result = self.read(next(iter(producer.inputs())))
         elif kind == "prim::Constant":
             result = _from_ivalue(value.toIValue())
         elif kind == "prim::ListConstruct":
@@ -238,7 +246,24 @@ def _inline_script_calls(graph: Any, inputs: Sequence[torch.Tensor]) -> Tuple[An
     return inlined, scopes
 
 
-def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> List[OpEvent]:
+_PYTHON_OP = "prim::PythonOp"
+
+
+def _function_body(node: Any) -> Optional[Any]:
+    """The ops a custom ``autograd.Function``'s forward ran, as jit keeps them in the
+    ``prim::PythonOp`` node's ``Subgraph`` attribute (with shapes); None when this torch
+    keeps no subgraph or it holds no op (the Function then stays one opaque node)."""
+    if not node.hasAttribute("Subgraph"):
+        return None
+    body = node.g("Subgraph")
+    if not any(inner.kind() not in _PLUMBING for inner in body.nodes()):
+        return None
+    return body
+
+
+def _graph_events(
+    graph: Any, scope_of: Optional[Mapping[int, str]] = None, scope_all: Optional[str] = None
+) -> List[OpEvent]:
     reader = _ValueReader(graph)
     scopes: Dict[str, Tuple[str, ...]] = {}
     events: List[OpEvent] = []
@@ -246,6 +271,15 @@ def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> L
         kind = node.kind()
         if kind in _PLUMBING:
             continue
+        if scope_all is not None:
+            scope = scope_all
+        else:
+            scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
+        if kind == _PYTHON_OP:
+            body = _function_body(node)
+            if body is not None:  # counted as the ops inside it, in the Function's module
+                events.extend(_graph_events(body, scope_all=scope))
+                continue
         inputs = list(node.inputs())
         # aten, quantized and custom-library ops carry a schema; prim nodes do not
         names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
@@ -256,7 +290,6 @@ def _graph_events(graph: Any, scope_of: Optional[Mapping[int, str]] = None) -> L
         if extra:
             args = {**args, **extra}
         outputs = _LazyOutputs(list(node.outputs()), reader)
-        scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
         stack = scopes.get(scope)
         if stack is None:
             stack = scopes[scope] = tuple(part for part in scope.split("/") if part)
@@ -332,7 +365,7 @@ def trace(
     with preserved_model_state(model) as watch, ModuleStack(names) as modules:
         torch.jit._trace._trace_module_map = scope_map
         try:
-            with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
                 warnings.simplefilter("always")
                 if stop_on_value_read:
                     warnings.filterwarnings(
@@ -348,6 +381,9 @@ def trace(
                     module_path=modules.current,
                     input_shapes=describe_inputs(inputs, kwargs),
                 ) from exc
+            unpool = unpool_failure(exc, modules.current)
+            if unpool is not None:
+                raise TraceError(unpool, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
             raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map

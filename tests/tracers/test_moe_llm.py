@@ -186,6 +186,6 @@ def test_nonzero_on_meta_outside_experts_gets_a_generic_hint() -> None:
 
     model = nn.Sequential()
     model.add_module("head", Filter())
-    with pytest.raises(flopcount.TraceError, match="real device") as info:
+    with pytest.raises(flopcount.TraceError, match="real weights and inputs") as info:
         flopcount.count_flops(model, (torch.empty(2, 7, device="meta"),), tracer="dispatch")
     assert "experts" not in str(info.value) and "'head'" in str(info.value)

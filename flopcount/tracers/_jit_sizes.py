@@ -1,0 +1,151 @@
+"""Static sizes for the few torch functions that cannot be traced with jit's traced sizes.
+
+While jit traces, ``tensor.size()`` gives 0-d tensors (so the graph can replay other
+shapes). ``F.max_unpool1d/2d/3d`` compute their default output size from those and pass
+it to ``torch._check_value``, which refuses a tensor condition: tracing any ``MaxUnpool``
+fails inside torch. :class:`StaticUnpoolSizes`, a pass-through TorchFunctionMode, computes
+that default size from the input's static shape (torch's formula:
+``(in - 1) * stride + kernel - 2 * padding`` per pooled dim) and hands it over as
+``output_size``; the trace is the same graph with the size as a constant.
+
+:func:`static_unpool_sizes` enters that mode only while an ``nn.MaxUnpool*d`` module runs:
+an active TorchFunctionMode makes torch's ``has_torch_function`` checks true, which would
+turn off the fused eval paths of ``nn.MultiheadAttention`` and the Transformer layers
+that jit records everywhere else. A direct ``F.max_unpool*d`` call outside such a module
+still fails under jit (with flopcount's error naming the module); ``tracer="auto"``
+counts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["StaticUnpoolSizes", "static_unpool_sizes", "unpool_failure"]
+
+_UNPOOL_MODULES = (nn.MaxUnpool1d, nn.MaxUnpool2d, nn.MaxUnpool3d)
+
+_UNPOOL: Dict[Callable[..., Any], int] = {F.max_unpool1d: 1, F.max_unpool2d: 2, F.max_unpool3d: 3}
+_SIGNATURES = {func: inspect.signature(func) for func in _UNPOOL}
+
+
+def _expand(value: Any, dims: int) -> Tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,) * dims
+    values = tuple(int(v) for v in value)
+    return values * dims if len(values) == 1 else values
+
+
+def _static_shape(tensor: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """The tensor's sizes as ints, read with tracing paused (so no size op is recorded);
+    None if this torch lacks the private switch."""
+    get, put = getattr(torch._C, "_get_tracing_state", None), getattr(torch._C, "_set_tracing_state", None)
+    if get is None or put is None:
+        return None
+    state = get()
+    put(None)
+    try:
+        return tuple(int(s) for s in tensor.shape)
+    finally:
+        put(state)
+
+
+def default_unpool_size(
+    shape: Sequence[int], dims: int, kernel_size: Any, stride: Any, padding: Any
+) -> Optional[Tuple[int, ...]]:
+    """The output size ``F.max_unpool{dims}d`` takes when none is given (None when the
+    arguments do not describe ``dims`` pooled dimensions: torch then reports the error)."""
+    kernel = _expand(kernel_size, dims)
+    strides = kernel if stride is None else _expand(stride, dims)
+    pads = _expand(padding, dims)
+    if not (len(kernel) == len(strides) == len(pads) == dims) or len(shape) < dims:
+        return None
+    spatial = shape[len(shape) - dims :]
+    return tuple((n - 1) * s + k - 2 * p for n, s, k, p in zip(spatial, strides, kernel, pads))
+
+
+class StaticUnpoolSizes(TorchFunctionMode):
+    """Passes every call through; a ``F.max_unpool*d`` call without ``output_size`` made
+    while jit traces gets its default output size as ints."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        dims = _UNPOOL.get(func)
+        if dims is None or not torch.jit.is_tracing():
+            return func(*args, **kwargs)
+        try:
+            bound = _SIGNATURES[func].bind(*args, **kwargs)
+        except TypeError:
+            return func(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        x = given["input"]
+        if given["output_size"] is not None or not isinstance(x, torch.Tensor):
+            return func(*args, **kwargs)
+        shape = _static_shape(x)
+        size = None if shape is None else default_unpool_size(shape, dims, given["kernel_size"], given["stride"], given["padding"])
+        if size is None:
+            return func(*args, **kwargs)
+        given["output_size"] = list(size)
+        return func(*bound.args, **bound.kwargs)
+
+
+@contextlib.contextmanager
+def static_unpool_sizes(model: nn.Module) -> Iterator[None]:
+    """While active, each ``nn.MaxUnpool*d`` forward runs inside :class:`StaticUnpoolSizes`
+    (process-wide module hooks, removed on exit; nothing is added to the model). A model
+    without such a module costs nothing."""
+    if not any(isinstance(m, _UNPOOL_MODULES) for m in model.modules()):
+        yield
+        return
+    from torch.nn.modules import module as module_impl
+
+    entered: List[StaticUnpoolSizes] = []
+
+    def pre(module: nn.Module, args: Any) -> None:
+        if isinstance(module, _UNPOOL_MODULES):
+            mode = StaticUnpoolSizes()
+            mode.__enter__()
+            entered.append(mode)
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(module, _UNPOOL_MODULES) and entered:
+            entered.pop().__exit__(None, None, None)
+
+    handles = [module_impl.register_module_forward_pre_hook(pre)]
+    try:
+        handles.append(module_impl.register_module_forward_hook(post, always_call=True))
+    except TypeError:  # torch < 2.1: no always_call; the finally below still leaves the mode
+        handles.append(module_impl.register_module_forward_hook(post))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        while entered:  # a forward that raised inside an unpool module
+            entered.pop().__exit__(None, None, None)
+
+
+def unpool_failure(exc: BaseException, where: str) -> Optional[str]:
+    """The one-sentence reason when ``exc`` is torch's unpool size check refusing jit's
+    traced sizes (a direct ``F.max_unpool*d`` call), else None."""
+    if not isinstance(exc, TypeError):
+        return None
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if "_unpool_output_size" not in frames:
+        return None
+    place = f"module '{where}'" if where else "the root module"
+    return (
+        f"torch.jit cannot trace F.max_unpool*d without output_size in {place}: torch's own size check refuses "
+        "the sizes jit traces (nn.MaxUnpool modules are handled); pass output_size, or use tracer='auto' or 'dispatch'"
+    )
