@@ -30,34 +30,38 @@ __all__ = ["register"]
 #: 2 clamps at 0), intersection area (1 multiply), union (add, subtract), IoU divide, threshold compare
 NMS_PAIR = 13
 NMS_AREA = 3  # per box: (x2 - x1) * (y2 - y1)
-#: per RoI of roi_align: 4 coordinates x spatial_scale, 4 minus the alignment offset, width and
-#: height (2 subtracts), bin sizes (2 divides); + 2 clamps to >= 1 when not aligned
+#: per RoI of roi_align / ps_roi_align: 4 coordinates x spatial_scale, 4 minus the alignment
+#: offset, width and height (2 subtracts), bin sizes (2 divides)
 ROI_SETUP = 12
-ROI_CLAMP = 2
-#: one sample coordinate inside a bin: start + p x bin + (i + 0.5) x bin / grid
-COORD = 6
-#: bilinear weights from a sample point: 2 fractions, 2 complements, 4 products
-BILINEAR_WEIGHTS = 8
-TAPS = 8  # the four weighted taps summed into a bin: 4 multiplies, 3 adds, 1 accumulate
+ROI_CLAMP = 2  # roi_align with aligned=False: width and height clamped to >= 1
+ADAPTIVE_GRID = 4  # sampling_ratio <= 0: ceil(RoI size / pooled size) per axis, 2 divides + 2 ceils
+COORD = 6  # a roi_align sample coordinate: start + p x bin + (i + 0.5) x bin / grid
+PS_COORD = 4  # ps_roi_align hoists start + p x bin per output element (2 per axis), then 4 per sample
+#: a sample point's bilinear set-up: the in-map test (4 compares), clamps at 0 (2 compares),
+#: 2 fractions, 2 complements, 4 weight products
+SAMPLE_POINT = 4 + 2 + 8
+TAPS = 7  # the four weighted taps: 4 multiplies, 3 adds
 #: backward per sample: the 4 tap gradients (grad x weight / count: 4 multiplies, 4 divides)
 #: and their 4 adds into grad_input
 TAP_GRADIENTS = 12
 #: per RoI of roi_pool / ps_roi_pool: 4 coordinates x spatial_scale and rounded, 2 bin sizes
 POOL_SETUP = 10
 POOL_BIN = 8  # per bin: start and end products (4) and their floor/ceil (4)
-PS_COORD = 4  # ps_roi_align: bin start hoisted per output element (2 per axis), then 4 per sample
-#: deformable im2col per sample: 2 coordinate adds (integer grid + offset), bilinear weights (8),
-#: four taps (4 multiplies, 3 adds)
-DEFORM_SAMPLE = 2 + BILINEAR_WEIGHTS + 7
-#: deformable col2im per sample (grad_input): coordinates (2); 9 neighbour candidates each tested
-#: with |y - yp| < 1 and |x - xp| < 1 (subtract, abs, compare per axis: 6); up to 4 taps each
-#: weighted (1 - dy)(1 - dx) (3), times mask and column value (2), accumulated (1)
-DEFORM_COL2IM = 2 + 9 * 6 + 4 * 6
-#: grad_offset per sample and direction: coordinates (2), the coordinate weight
+#: deform_conv2d's bilinear value: in-map test (4 compares), 2 floors, 2 fractions, 2 complements,
+#: 4 weight products, 4 taps (4 multiplies, 3 adds)
+DEFORM_BILINEAR = 4 + 2 + 4 + 4 + 7
+#: im2col per sample: 2 coordinate adds (integer grid + offset), the bilinear value, x mask
+#: (the kernel multiplies by the mask, 1 without one, in either case)
+DEFORM_SAMPLE = 2 + DEFORM_BILINEAR + 1
+#: col2im per sample (grad_input): coordinates (2); 9 neighbour candidates each tested with
+#: |y - yp| < 1 and |x - xp| < 1 (subtract, abs, compare per axis: 6); up to 4 taps, each weighted
+#: (1 - |y - yp|)(1 - |x - xp|) (7), times mask and column (2), accumulated (1)
+DEFORM_COL2IM = 2 + 9 * 6 + 4 * 10
+#: grad_offset per sample and direction: coordinates (2), 2 floors and the coordinate weight
 #: dx (v11 - v01) + (1 - dx)(v10 - v00) (7), mask x weight x column accumulated (3)
-DEFORM_COORD_GRAD = 2 + 7 + 3
-#: grad_mask per sample: the bilinear value without coordinates (15) times the column, accumulated
-DEFORM_MASK_GRAD = BILINEAR_WEIGHTS + 7 + 2
+DEFORM_COORD_GRAD = 2 + 2 + 7 + 3
+#: grad_mask per sample (with a mask): the bilinear value times the column, accumulated
+DEFORM_MASK_GRAD = DEFORM_BILINEAR + 2
 
 BOUND_NMS = "every pair of boxes is compared (no box suppressed), an upper bound since suppression depends on the scores"
 ESTIMATE_ROI = (
@@ -85,32 +89,34 @@ def _grid(call: OpCall, pooled: Tuple[int, int], size: Tuple[int, int]) -> Tuple
     return max(1, ceil(size[0] / pooled[0])), max(1, ceil(size[1] / pooled[1])), True
 
 
+def _roi_setup(call: OpCall, adaptive: bool) -> int:
+    return ROI_SETUP + (0 if call.arg("aligned") else ROI_CLAMP) + (ADAPTIVE_GRID if adaptive else 0)
+
+
 def _pooled(call: OpCall) -> Tuple[int, int]:
     return int(call.arg("pooled_height")), int(call.arg("pooled_width"))
 
 
 def _roi_align(call: OpCall) -> Cost:
-    """R RoIs over input (B, C, H, W): R (setup + P (6 gh + 14 g)) for the sample points and
-    their bilinear weights (shared by the channels) + R C P (8 g + 1) for the taps and the
-    average; g = gh x gw samples per bin."""
+    """R RoIs over input (B, C, H, W): R (setup + P (6 gh + 20 g)) for the sample points and
+    their bilinear weights (shared by the channels) + R C P (8 g + 1) for the taps, their
+    accumulation and the average; g = gh x gw samples per bin."""
     x, rois = call.tensor("input"), call.tensor("rois")
     (ph, pw), (channels, height, width) = _pooled(call), x.shape[1:4]
     gh, gw, estimated = _grid(call, (ph, pw), (height, width))
     r, p, g = rois.shape[0], ph * pw, gh * gw
-    setup = ROI_SETUP + (0 if call.arg("aligned") else ROI_CLAMP)
-    points = r * (setup + p * (COORD * gh + (COORD + BILINEAR_WEIGHTS) * g))
-    cost = Cost.from_flops(points + r * channels * p * (TAPS * g + 1))
+    points = r * (_roi_setup(call, estimated) + p * (COORD * gh + (COORD + SAMPLE_POINT) * g))
+    cost = Cost.from_flops(points + r * channels * p * ((TAPS + 1) * g + 1))
     return cost.with_note(ESTIMATE_ROI) if estimated and r else cost
 
 
 def _roi_align_backward(call: OpCall) -> Cost:
     """grad (R, C, ph, pw): the kernel redoes the RoI setup and sample weights per gradient
-    element, then scatters 4 weighted taps per sample: R C P (setup + 6 gh + 26 g)."""
+    element, then scatters 4 weighted taps per sample: R C P (setup + 6 gh + 32 g)."""
     grad = call.tensor("grad")
     (ph, pw), size = _pooled(call), (int(call.arg("height")), int(call.arg("width")))
     gh, gw, estimated = _grid(call, (ph, pw), size)
-    setup = ROI_SETUP + (0 if call.arg("aligned") else ROI_CLAMP)
-    per = setup + COORD * gh + (COORD + BILINEAR_WEIGHTS + TAP_GRADIENTS) * gh * gw
+    per = _roi_setup(call, estimated) + COORD * gh + (COORD + SAMPLE_POINT + TAP_GRADIENTS) * gh * gw
     cost = Cost.from_flops(grad.numel * per)
     return cost.with_note(ESTIMATE_ROI) if estimated and grad.numel else cost
 
@@ -164,24 +170,27 @@ def _ps_roi_pool_backward(call: OpCall) -> Cost:
 
 
 def _ps_roi_align(call: OpCall) -> Cost:
-    """12 R + R C_out P (5 + 4 gh + 20 g): per sample 4 for the coordinate, 15 for the bilinear
-    value (weights and taps), 1 accumulate; 4 for the bin start and 1 divide per output."""
+    """12 R + R C_out P (5 + 4 gh + 26 g): per output element the bin start (4) and a divide;
+    per sample the coordinate (4), the bilinear value (in-map test and weights 14, taps 7) and
+    its accumulation (1)."""
     x = call.tensor("input")
     pooled = _pooled(call)
     r, c_out = _ps_channels(call, pooled)
     gh, gw, estimated = _grid(call, pooled, (x.shape[2], x.shape[3]))
-    per = 2 * 2 + 1 + PS_COORD * gh + (PS_COORD + BILINEAR_WEIGHTS + 7 + 1) * gh * gw
+    per = 2 * 2 + 1 + (ADAPTIVE_GRID if estimated else 0) + PS_COORD * gh
+    per += (PS_COORD + SAMPLE_POINT + TAPS + 1) * gh * gw
     cost = Cost.from_flops(ROI_SETUP * r + r * c_out * pooled[0] * pooled[1] * per)
     return cost.with_note(ESTIMATE_ROI) if estimated and r else cost
 
 
 def _ps_roi_align_backward(call: OpCall) -> Cost:
     """Per gradient element: RoI setup (12), bin start (4), then per sample the coordinate (4),
-    bilinear weights (8) and 4 tap gradients scattered (12): 16 + 4 gh + 24 g."""
+    the in-map test and weights (14) and 4 tap gradients scattered (12): 16 + 4 gh + 30 g."""
     grad = call.tensor("grad")
     pooled = _pooled(call)
     gh, gw, estimated = _grid(call, pooled, (int(call.arg("height")), int(call.arg("width"))))
-    per = ROI_SETUP + 2 * 2 + PS_COORD * gh + (PS_COORD + BILINEAR_WEIGHTS + TAP_GRADIENTS) * gh * gw
+    per = ROI_SETUP + 2 * 2 + (ADAPTIVE_GRID if estimated else 0) + PS_COORD * gh
+    per += (PS_COORD + SAMPLE_POINT + TAP_GRADIENTS) * gh * gw
     cost = Cost.from_flops(grad.numel * per)
     return cost.with_note(ESTIMATE_ROI) if estimated and grad.numel else cost
 
@@ -198,21 +207,20 @@ def _deform_shapes(call: OpCall) -> Tuple[int, int, int]:
 
 def _deform_conv2d(call: OpCall) -> Cost:
     """A convolution's MACs (output elements x C_in/groups x kh x kw) + the bilinear sampling of
-    every input channel at every kernel tap and output position: 17 FLOPs per sample (+1 for the
-    mask). The bias add is not counted (as for convolutions)."""
+    every input channel at every kernel tap and output position: 24 FLOPs per sample. The bias
+    add is not counted (as for convolutions)."""
     macs, samples, _ = _deform_shapes(call)
-    mask = 1 if call.arg("use_mask") else 0
-    return Cost.from_macs(macs) + Cost.from_flops(samples * (DEFORM_SAMPLE + mask))
+    return Cost.from_macs(macs) + Cost.from_flops(samples * DEFORM_SAMPLE)
 
 
 def _deform_conv2d_backward(call: OpCall) -> Cost:
     """All five gradients (the kernel always computes them): columns = Wᵀ·grad and
     grad_weight = grad·columnsᵀ (one forward's MACs each); per sample the offset gradient
-    (2 directions x 12), the mask gradient (17, with a mask), grad_input's col2im (80) and the
-    im2col redone for grad_weight (17, +1 with a mask); grad_bias = sum of grad (+ C_out)."""
+    (2 directions x 14), the mask gradient (23, with a mask), grad_input's col2im (96) and the
+    im2col redone for grad_weight (24); grad_bias = the sum of grad (+ C_out ones products)."""
     macs, samples, outputs = _deform_shapes(call)
-    mask = 1 if call.arg("use_mask") else 0
-    per = 2 * DEFORM_COORD_GRAD + mask * DEFORM_MASK_GRAD + DEFORM_COL2IM + DEFORM_SAMPLE + mask
+    mask = DEFORM_MASK_GRAD if call.arg("use_mask") else 0
+    per = 2 * DEFORM_COORD_GRAD + mask + DEFORM_COL2IM + DEFORM_SAMPLE
     bias = outputs + call.tensor("weight").shape[0]
     return Cost.from_macs(2 * macs) + Cost.from_flops(samples * per + bias)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+import _tv_kernels as kernels
 import pytest
 import torch
 from conftest import assert_same_state, snapshot
@@ -36,7 +37,7 @@ def cost(op: str, **args) -> Cost:
 IOU = 4 + 2 + 2 + 1 + 2 + 1 + 1  # max/min corners 4, w/h 2, clamp 2, inter 1, union 2, divide 1, compare 1
 ROI_SETUP = 4 + 4 + 2 + 2  # x scale 4, - offset 4, width/height 2, bin sizes 2
 COORD = 6  # start + p*bin + (i + .5)*bin/grid: mul, add, add, mul, div, add
-WEIGHTS = 2 + 2 + 4  # ly lx, hy hx, w1..w4
+WEIGHTS = 4 + 2 + 2 + 2 + 4  # in-map test 4 compares, clamps at 0 2, ly lx, hy hx, w1..w4
 TAPS = 4 + 3 + 1  # 4 products, 3 adds, accumulate
 GRAD_TAPS = 4 + 4 + 4  # grad*w (4), /count (4), scatter adds (4)
 
@@ -59,11 +60,11 @@ def test_roi_align_fixed_sampling_is_exact():
     per_roi = ROI_SETUP + 2 + 4 * (2 * COORD + 4 * (COORD + WEIGHTS))  # + 2 clamps to >= 1 when not aligned
     per_output = 4 * TAPS + 1  # 4 samples of 4 taps, one divide
     found = cost("torchvision::roi_align", aligned=False, **args)
-    assert found.flops == 3 * per_roi + 3 * 8 * 4 * per_output == 858 + 3168
+    assert found.flops == 3 * per_roi + 3 * 8 * 4 * per_output == 1146 + 3168
     assert found.macs == 0 and found.note == ""
     assert cost("torchvision::roi_align", aligned=True, **args).flops == 3 * (per_roi - 2) + 3168
     assert cost("torchvision::qroi_align", aligned=False, input_scale=0.1, input_zero_point=0, rois_scale=0.1,
-                rois_zero_point=0, **args).flops == 4026
+                rois_zero_point=0, **args).flops == 4314
 
 
 def test_roi_align_adaptive_sampling_assumes_the_whole_map():
@@ -71,7 +72,7 @@ def test_roi_align_adaptive_sampling_assumes_the_whole_map():
     found = cost("torchvision::roi_align", input=T(2, 8, 7, 12), rois=T(3, 5), spatial_scale=0.5,
                  pooled_height=2, pooled_width=2, sampling_ratio=-1, aligned=True)
     gh, gw = 4, 6  # ceil(7 / 2), ceil(12 / 2)
-    per_roi = ROI_SETUP + 4 * (gh * COORD + gh * gw * (COORD + WEIGHTS))
+    per_roi = ROI_SETUP + 4 + 4 * (gh * COORD + gh * gw * (COORD + WEIGHTS))  # + 2 divides, 2 ceils for the grid
     assert found.flops == 3 * per_roi + 3 * 8 * 4 * (gh * gw * TAPS + 1)
     assert "whole feature map" in found.note
     empty = cost("torchvision::roi_align", input=T(2, 8, 7, 12), rois=T(0, 5), spatial_scale=0.5,
@@ -84,7 +85,7 @@ def test_roi_align_backward_redoes_the_weights_per_gradient_element():
                  pooled_height=2, pooled_width=2, batch_size=2, channels=8, height=7, width=12, sampling_ratio=2,
                  aligned=False)
     per_element = ROI_SETUP + 2 + 2 * COORD + 4 * (COORD + WEIGHTS + GRAD_TAPS)
-    assert found.flops == 96 * per_element == 96 * 130
+    assert found.flops == 96 * per_element == 96 * 154
 
 
 def test_roi_pool_compares_every_element_of_its_bins():
@@ -111,7 +112,7 @@ def test_position_sensitive_ops():
     align = cost("torchvision::ps_roi_align", input=T(2, 8, 7, 12), sampling_ratio=2, **common)
     ps_coord = 4  # hstart + (i + .5)*bin/grid; the bin start (2 per axis) is hoisted per output
     per_output = 2 * 2 + 1 + 2 * ps_coord + 4 * (ps_coord + WEIGHTS + 7 + 1)
-    assert align.flops == 3 * ROI_SETUP + 3 * 2 * 4 * per_output == 36 + 2232
+    assert align.flops == 3 * ROI_SETUP + 3 * 2 * 4 * per_output == 36 + 2808
     align_back = cost("torchvision::_ps_roi_align_backward", grad=T(3, 2, 2, 2), channel_mapping=T(3, 2, 2, 2),
                       sampling_ratio=2, batch_size=2, channels=8, height=7, width=12, **common)
     assert align_back.flops == 24 * (ROI_SETUP + 4 + 2 * ps_coord + 4 * (ps_coord + WEIGHTS + GRAD_TAPS))
@@ -127,9 +128,11 @@ def deform_args(use_mask: bool) -> dict:
 def test_deform_conv2d_is_a_conv_plus_bilinear_sampling():
     macs = 2 * 6 * 36 * 2 * 9  # output elements x C_in/groups x kernel (the grouped conv's MACs)
     samples = 2 * 4 * 36 * 9  # every input channel at every kernel tap and output position
-    sample = 2 + WEIGHTS + 7  # coordinates, weights, 4 taps (4 mul + 3 add)
+    # coordinates 2; in-map test 4, 2 floors, 2 fractions, 2 complements, 4 weights, 4 taps (4 mul + 3 add);
+    # times the mask (the kernel multiplies by 1 without one)
+    sample = 2 + (4 + 2 + 2 + 2 + 4 + 7) + 1
     found = cost("torchvision::deform_conv2d", **deform_args(True))
-    assert (found.macs, found.flops) == (macs, 2 * macs + samples * (sample + 1))  # + the mask multiply
+    assert (found.macs, found.flops) == (macs, 2 * macs + samples * sample)
     plain = cost("torchvision::deform_conv2d", **deform_args(False))
     assert (plain.macs, plain.flops) == (macs, 2 * macs + samples * sample)
     assert macs == 7776
@@ -138,10 +141,11 @@ def test_deform_conv2d_is_a_conv_plus_bilinear_sampling():
 def test_deform_conv2d_backward_counts_all_five_gradients():
     macs = 7776
     samples = 2592
-    offset_grad = 2 * (2 + 7 + 3)  # both directions: coordinates, coordinate weight, accumulate
-    mask_grad = WEIGHTS + 7 + 2  # bilinear value, times the column, accumulate
-    col2im = 2 + 9 * 6 + 4 * 6  # coordinates, 9 neighbour tests, 4 weighted taps scattered
-    im2col = 2 + WEIGHTS + 7 + 1  # the sampling redone for grad_weight, with the mask
+    bilinear = 4 + 2 + 2 + 2 + 4 + 7  # deform_conv2d's bilinear value (as in the forward test)
+    offset_grad = 2 * (2 + 2 + 7 + 3)  # both directions: coordinates, floors, coordinate weight, accumulate
+    mask_grad = bilinear + 2  # bilinear value, times the column, accumulate
+    col2im = 2 + 9 * 6 + 4 * (7 + 3)  # coordinates, 9 neighbour tests, 4 taps weighted and scattered
+    im2col = 2 + bilinear + 1  # the sampling redone for grad_weight
     bias = 2 * 6 * 36 + 6  # sum of grad over (N, H, W), times ones
     found = cost("torchvision::_deform_conv2d_backward", grad=T(2, 6, 6, 6), **deform_args(True))
     assert found.macs == 2 * macs  # columns = W^T grad, grad_weight = grad columns^T
@@ -162,6 +166,86 @@ def test_notes_combine_without_repeats():
     a = Cost.from_flops(1).with_note("x")
     assert (a + a).note == "x" and (a + Cost.from_macs(2).with_note("y")).note == "x; y"
     assert Cost.split(("aten::a", a), ("aten::b", Cost.from_flops(2))).note == "x"
+
+
+# -- the handlers against line-by-line ports of the CPU kernels that count as they run --------------
+
+FMAP = torch.randn(2, 4, 7, 12, dtype=torch.float64)  # (B, C, H, W)
+INSIDE = [[0, 1.0, 1.0, 6.0, 5.0], [1, 0.0, 0.0, 11.0, 6.0], [0, 2.5, 2.0, 4.0, 4.5]]  # every sample in the map
+WHOLE = [[0, 0.0, 0.0, 12.0, 7.0], [1, 0.0, 0.0, 12.0, 7.0]]  # the whole 7 x 12 map (aligned, scale 1)
+
+
+def test_nms_port_equals_the_bound_when_nothing_is_suppressed():
+    boxes = torch.rand(9, 4, dtype=torch.float64) * 10
+    boxes[:, 2:] += boxes[:, :2] + 1
+    scores = torch.rand(9, dtype=torch.float64).tolist()
+    bound = cost("torchvision::nms", dets=T(9, 4), scores=T(9), iou_threshold=1.0).flops
+    _, ops = kernels.counted(kernels.nms, boxes.tolist(), scores, 1.0)  # IoU <= 1: no box suppressed
+    assert ops == bound
+    boxes[1:] = boxes[0]  # identical boxes: the first suppresses all others
+    keep, ops = kernels.counted(kernels.nms, boxes.tolist(), scores, 0.5)
+    assert len(keep) == 1 and ops < bound
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_port(aligned):
+    args = dict(input=T(2, 4, 7, 12), rois=T(3, 5), spatial_scale=1.0, pooled_height=2, pooled_width=3)
+    found = cost("torchvision::roi_align", sampling_ratio=2, aligned=aligned, **args)
+    _, ops = kernels.counted(kernels.roi_align, FMAP.tolist(), INSIDE, 1.0, 2, 3, 2, aligned)
+    assert ops == found.flops
+    grad = torch.randn(3, 4, 2, 3, dtype=torch.float64).tolist()
+    back = cost("torchvision::_roi_align_backward", grad=T(3, 4, 2, 3), rois=T(3, 5), spatial_scale=1.0,
+                pooled_height=2, pooled_width=3, batch_size=2, channels=4, height=7, width=12, sampling_ratio=2,
+                aligned=aligned)
+    _, ops = kernels.counted(kernels.roi_align_backward, grad, INSIDE, 1.0, 2, 3, (2, 4, 7, 12), 2, aligned)
+    assert ops == back.flops
+
+
+def test_roi_align_adaptive_port_on_whole_map_rois():
+    found = cost("torchvision::roi_align", input=T(2, 4, 7, 12), rois=T(2, 5), spatial_scale=1.0,
+                 pooled_height=2, pooled_width=3, sampling_ratio=0, aligned=True)
+    _, ops = kernels.counted(kernels.roi_align, FMAP.tolist(), WHOLE, 1.0, 2, 3, 0, True)
+    assert ops == found.flops
+    _, smaller = kernels.counted(kernels.roi_align, FMAP.tolist(), INSIDE, 1.0, 2, 3, 0, True)
+    assert smaller < cost("torchvision::roi_align", input=T(2, 4, 7, 12), rois=T(3, 5), spatial_scale=1.0,
+                          pooled_height=2, pooled_width=3, sampling_ratio=0, aligned=True).flops
+
+
+def test_roi_pool_port():
+    whole = [[0, 0.0, 0.0, 11.0, 6.0], [1, 0.0, 0.0, 11.0, 6.0]]  # start 0, end + 1 = the map size
+    found = cost("torchvision::roi_pool", input=T(2, 4, 7, 12), rois=T(2, 5), spatial_scale=1.0,
+                 pooled_height=2, pooled_width=3)
+    _, ops = kernels.counted(kernels.roi_pool, FMAP.tolist(), whole, 1.0, 2, 3)
+    assert ops == found.flops
+    _, smaller = kernels.counted(kernels.roi_pool, FMAP.tolist(), INSIDE[:2], 1.0, 2, 3)
+    assert smaller < found.flops
+
+
+def test_ps_roi_align_port():
+    x = torch.randn(2, 12, 7, 12, dtype=torch.float64)  # 12 channels in 2 x 3 bins: 2 output channels
+    found = cost("torchvision::ps_roi_align", input=T(2, 12, 7, 12), rois=T(3, 5), spatial_scale=1.0,
+                 pooled_height=2, pooled_width=3, sampling_ratio=2)
+    _, ops = kernels.counted(kernels.ps_roi_align, x.tolist(), INSIDE, 1.0, 2, 3, 2)
+    assert ops == found.flops
+
+
+def deform_data():
+    x = torch.randn(2, 4, 6, 7, dtype=torch.float64)
+    offset = (torch.rand(2, 2 * 2 * 9, 4, 5, dtype=torch.float64) - 0.5) * 0.8  # every sample stays in the map
+    mask = torch.rand(2, 2 * 9, 4, 5, dtype=torch.float64)
+    return x, offset, mask
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_deform_conv2d_port(use_mask):
+    x, offset, mask = deform_data()
+    found = cost("torchvision::deform_conv2d", input=T(2, 4, 6, 7), weight=T(6, 2, 3, 3), offset=T(2, 36, 4, 5),
+                 mask=T(2, 18, 4, 5), bias=T(6), stride_h=1, stride_w=1, pad_h=0, pad_w=0, dilation_h=1,
+                 dilation_w=1, groups=2, offset_groups=2, use_mask=use_mask)
+    _, ops = kernels.counted(kernels.deform_im2col, x.tolist(), offset.tolist(), mask.tolist(), (3, 3), (1, 1),
+                             (0, 0), (1, 1), 2, use_mask)
+    assert found.macs == 2 * 6 * 20 * 2 * 9
+    assert found.flops - 2 * found.macs == ops
 
 
 # -- with torchvision ---------------------------------------------------------------------------
@@ -210,9 +294,9 @@ def test_real_ops_under_every_tracer(tv):
     x = feature_map()
     assert not x.is_contiguous()
     cases = {
-        "torchvision::roi_align": (lambda f, r: ops.roi_align(f, r, (2, 2), 0.5, 2), 858 + 3168),
+        "torchvision::roi_align": (lambda f, r: ops.roi_align(f, r, (2, 2), 0.5, 2), 1146 + 3168),
         "torchvision::roi_pool": (lambda f, r: ops.roi_pool(f, r, (2, 2), 0.5), 30 + 96 + 2304),
-        "torchvision::ps_roi_align": (lambda f, r: ops.ps_roi_align(f, r, (2, 2), 0.5, 2), 36 + 2232),
+        "torchvision::ps_roi_align": (lambda f, r: ops.ps_roi_align(f, r, (2, 2), 0.5, 2), 36 + 2808),
         "torchvision::ps_roi_pool": (lambda f, r: ops.ps_roi_pool(f, r, (2, 2), 0.5), 30 + 3 * 2 * (32 + 96 + 4)),
     }
     for op, (fn, expected) in cases.items():
@@ -234,14 +318,14 @@ def test_deform_conv2d_module_in_train_and_eval(tv):
         layer.train(mode)
         result = run_all(layer, (x, offset, mask))
         assert result.macs == macs
-        assert result.by_operator()["torchvision::deform_conv2d"] == 2 * macs + 2 * 8 * 84 * 9 * 18
+        assert result.by_operator()["torchvision::deform_conv2d"] == 2 * macs + 2 * 8 * 84 * 9 * 24
 
 
 def test_backward_ops_are_counted(tv):
     ops = tv.ops
     x = feature_map().requires_grad_()
     for op, fn, expected in [
-        ("torchvision::_roi_align_backward", lambda f, r: ops.roi_align(f, r, (2, 2), 0.5, 2), 96 * 130),
+        ("torchvision::_roi_align_backward", lambda f, r: ops.roi_align(f, r, (2, 2), 0.5, 2), 96 * 154),
         ("torchvision::_roi_pool_backward", lambda f, r: ops.roi_pool(f, r, (2, 2), 0.5), 96),
     ]:
         result = count_flops(Fn(fn), (x, ROIS), tracer="dispatch", backward=True)
@@ -275,3 +359,35 @@ def test_detection_model_has_no_unsupported_op(tv):
     assert len({r.macs for r in results.values()}) == 1
     roi = {t: r.by_operator().get("torchvision::roi_align") for t, r in results.items()}
     assert len(set(roi.values())) == 1 and roi["dispatch"] > 0
+
+
+def test_the_kernel_ports_compute_what_torchvision_computes(tv):
+    """The ports the counts are checked against run the kernels' loops: same results as the ops."""
+    ops = tv.ops
+    x, rois = FMAP, torch.tensor(INSIDE, dtype=torch.float64)
+    for aligned, ratio in [(False, 2), (True, 2), (True, 0)]:
+        port = torch.tensor(kernels.roi_align(x.tolist(), INSIDE, 1.0, 2, 3, ratio, aligned), dtype=torch.float64)
+        assert torch.allclose(port, ops.roi_align(x, rois, (2, 3), 1.0, ratio, aligned))
+        leaf = x.clone().requires_grad_()
+        grad = torch.randn(3, 4, 2, 3, dtype=torch.float64)
+        ops.roi_align(leaf, rois, (2, 3), 1.0, ratio, aligned).backward(grad)
+        port = kernels.roi_align_backward(grad.tolist(), INSIDE, 1.0, 2, 3, (2, 4, 7, 12), ratio, aligned)
+        assert torch.allclose(torch.tensor(port, dtype=torch.float64), leaf.grad)
+    port = torch.tensor(kernels.roi_pool(x.tolist(), INSIDE, 1.0, 2, 3), dtype=torch.float64)
+    assert torch.allclose(port, ops.roi_pool(x, rois, (2, 3), 1.0))
+    wide = torch.randn(2, 12, 7, 12, dtype=torch.float64)
+    port = torch.tensor(kernels.ps_roi_align(wide.tolist(), INSIDE, 1.0, 2, 3, 2), dtype=torch.float64)
+    assert torch.allclose(port, ops.ps_roi_align(wide, rois, (2, 3), 1.0, 2))
+    boxes = torch.rand(12, 4, dtype=torch.float64) * 10
+    boxes[:, 2:] += boxes[:, :2] + 1
+    scores = torch.rand(12, dtype=torch.float64)
+    assert kernels.nms(boxes.tolist(), scores.tolist(), 0.3) == ops.nms(boxes, scores, 0.3).tolist()
+    inp, offset, mask = deform_data()
+    weight = torch.randn(6, 2, 3, 3, dtype=torch.float64)
+    cols = kernels.deform_im2col(inp.tolist(), offset.tolist(), mask.tolist(), (3, 3), (1, 1), (0, 0), (1, 1), 2, True)
+    columns = torch.tensor([[[cols[(b, c, i, j, oy, ox)] for oy in range(4) for ox in range(5)]
+                             for c in range(4) for i in range(3) for j in range(3)] for b in range(2)],
+                           dtype=torch.float64)  # (B, C_in x kh x kw, oh x ow)
+    out = torch.cat([weight[g * 3:(g + 1) * 3].flatten(1) @ columns[:, g * 18:(g + 1) * 18] for g in range(2)], dim=1)
+    expected = ops.deform_conv2d(inp, offset, weight, mask=mask)
+    assert torch.allclose(out.reshape(2, 6, 4, 5), expected)
