@@ -373,3 +373,81 @@ def deform_im2col(inp, offset, mask, kernel: Tuple[int, int], stride, pad, dilat
                             x = F(off_w) + ((ox * stride[1] - pad[1]) + j * dilation[1])
                             cols[(b, c, i, j, oy, ox)] = (m * _deform_bilinear(inp[b][c], height, width, y, x)).v
     return cols
+
+
+# -- deform_conv2d_kernel.cpp backward: col2im (grad_input) and col2im_coord (grad_offset, grad_mask) --
+
+
+def deform_col2im(cols, offset, mask, shape, kernel, stride, pad, dilation, offset_groups: int, use_mask: bool):
+    """grad_input from the columns Wᵀ·grad (cols[(b, c, i, j, oy, ox)])."""
+    batch, channels, height, width = shape
+    kh, kw = kernel
+    out_h, out_w = len(offset[0][0]), len(offset[0][0][0])
+    per_group = channels // offset_groups
+    grad = [[[[0.0] * width for _ in range(height)] for _ in range(channels)] for _ in range(batch)]
+    for c in range(channels):
+        for i in range(kh):
+            for j in range(kw):
+                for b in range(batch):
+                    for oy in range(out_h):
+                        for ox in range(out_w):
+                            grp, k = c // per_group, i * kw + j
+                            off_h = offset[b][grp * 2 * kh * kw + 2 * k][oy][ox]
+                            off_w = offset[b][grp * 2 * kh * kw + 2 * k + 1][oy][ox]
+                            m = F(mask[b][grp * kh * kw + k][oy][ox]) if use_mask else F(1.0)
+                            y = F(off_h) + ((oy * stride[0] - pad[0]) + i * dilation[0])
+                            x = F(off_w) + ((ox * stride[1] - pad[1]) + j * dilation[1])
+                            col = cols[(b, c, i, j, oy, ox)]
+                            for dy in (-1, 0, 1):
+                                for dx in (-1, 0, 1):
+                                    yp, xp = int(y) + dy, int(x) + dx
+                                    if (0 <= yp < height and 0 <= xp < width and fabs(y - yp) < 1
+                                            and fabs(x - xp) < 1):
+                                        weight = (1 - fabs(y - yp)) * (1 - fabs(x - xp))
+                                        grad[b][c][yp][xp] = (F(grad[b][c][yp][xp]) + m * weight * col).v
+    return grad
+
+
+def deform_col2im_coord(cols, inp, offset, mask, kernel, stride, pad, dilation, offset_groups: int, use_mask: bool):
+    """(grad_offset, grad_mask) from the columns and the input."""
+    batch, channels, height, width = len(inp), len(inp[0]), len(inp[0][0]), len(inp[0][0][0])
+    kh, kw = kernel
+    out_h, out_w = len(offset[0][0]), len(offset[0][0][0])
+    per_group = channels // offset_groups
+    grad_offset = [[[[0.0] * out_w for _ in range(out_h)] for _ in range(len(offset[0]))] for _ in range(batch)]
+    grad_mask = [[[[0.0] * out_w for _ in range(out_h)] for _ in range(len(mask[0]))] for _ in range(batch)]
+    for b in range(batch):
+        for oc in range(len(offset[0])):  # offset channel: group, kernel tap, direction
+            grp, rest = divmod(oc, 2 * kh * kw)
+            k, direction = divmod(rest, 2)
+            i, j = divmod(k, kw)
+            for oy in range(out_h):
+                for ox in range(out_w):
+                    g_off, g_mask = F(0.0), F(0.0)
+                    for c in range(grp * per_group, (grp + 1) * per_group):
+                        off_h = offset[b][grp * 2 * kh * kw + 2 * k][oy][ox]
+                        off_w = offset[b][grp * 2 * kh * kw + 2 * k + 1][oy][ox]
+                        m = F(mask[b][grp * kh * kw + k][oy][ox]) if use_mask else F(1.0)
+                        y = F(off_h) + ((oy * stride[0] - pad[0]) + i * dilation[0])
+                        x = F(off_w) + ((ox * stride[1] - pad[1]) + j * dilation[1])
+                        img, col = inp[b][c], cols[(b, c, i, j, oy, ox)]
+                        y_l, x_l = ffloor(y), ffloor(x)
+
+                        def at(yy: int, xx: int) -> float:
+                            return img[yy][xx] if 0 <= yy < height and 0 <= xx < width else 0.0
+
+                        if direction == 0:  # the y offset: derivative along y
+                            dx = x - x_l
+                            weight = dx * (F(at(y_l + 1, x_l + 1)) - at(y_l, x_l + 1)) + (1 - dx) * (
+                                F(at(y_l + 1, x_l)) - at(y_l, x_l))
+                        else:
+                            dy = y - y_l
+                            weight = dy * (F(at(y_l + 1, x_l + 1)) - at(y_l + 1, x_l)) + (1 - dy) * (
+                                F(at(y_l, x_l + 1)) - at(y_l, x_l))
+                        g_off = g_off + m * weight * col
+                        if use_mask and direction == 0:
+                            g_mask = g_mask + F(col) * _deform_bilinear(img, height, width, y, x)
+                    grad_offset[b][oc][oy][ox] = g_off.v
+                    if use_mask and direction == 0:
+                        grad_mask[b][grp * kh * kw + k][oy][ox] = g_mask.v
+    return grad_offset, grad_mask

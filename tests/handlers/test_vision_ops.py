@@ -248,6 +248,44 @@ def test_deform_conv2d_port(use_mask):
     assert found.flops - 2 * found.macs == ops
 
 
+def deform_columns(weight, grad_out):
+    """Wᵀ·grad per weight group, as the backward kernel forms them: {(b, c, i, j, oy, ox): value}."""
+    groups, c_out, c_in_g = 2, weight.shape[0], weight.shape[1]
+    cols = {}
+    for g in range(groups):
+        w = weight[g * (c_out // groups):(g + 1) * (c_out // groups)].flatten(1)  # (C_out/g, C_in/g x 9)
+        for b in range(grad_out.shape[0]):
+            block = w.t() @ grad_out[b, g * (c_out // groups):(g + 1) * (c_out // groups)].flatten(1)
+            for row in range(block.shape[0]):
+                c, k = divmod(row, 9)
+                for pos in range(block.shape[1]):
+                    oy, ox = divmod(pos, grad_out.shape[3])
+                    cols[(b, g * c_in_g + c, k // 3, k % 3, oy, ox)] = block[row, pos].item()
+    return cols
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_deform_conv2d_backward_port(use_mask):
+    x, offset, mask = deform_data()
+    weight, grad_out = torch.randn(6, 2, 3, 3, dtype=torch.float64), torch.randn(2, 6, 4, 5, dtype=torch.float64)
+    cols = deform_columns(weight, grad_out)
+    geometry = ((3, 3), (1, 1), (0, 0), (1, 1), 2, use_mask)
+    _, coord = kernels.counted(kernels.deform_col2im_coord, cols, x.tolist(), offset.tolist(), mask.tolist(), *geometry)
+    _, col2im = kernels.counted(kernels.deform_col2im, cols, offset.tolist(), mask.tolist(), (2, 4, 6, 7), *geometry)
+    _, im2col = kernels.counted(kernels.deform_im2col, x.tolist(), offset.tolist(), mask.tolist(), *geometry)
+    samples = 2 * 4 * 20 * 9
+    assert coord == samples * (2 * 14 + (23 if use_mask else 0))  # every sample in the map: exact
+    assert im2col == samples * 24
+    assert col2im <= samples * 96  # the bound: every one of the 9 neighbours fully tested
+    found = cost("torchvision::_deform_conv2d_backward", grad=T(2, 6, 4, 5), input=T(2, 4, 6, 7),
+                 weight=T(6, 2, 3, 3), offset=T(2, 36, 4, 5), mask=T(2, 18, 4, 5), bias=T(6), stride_h=1,
+                 stride_w=1, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1, groups=2, offset_groups=2,
+                 use_mask=use_mask)
+    bias = 2 * 6 * 20 + 6
+    assert found.macs == 2 * 2 * 6 * 20 * 2 * 9
+    assert found.flops == 2 * found.macs + coord + samples * 96 + im2col + bias
+
+
 # -- with torchvision ---------------------------------------------------------------------------
 
 TRACERS = ("jit", "dispatch", "auto")
@@ -391,3 +429,13 @@ def test_the_kernel_ports_compute_what_torchvision_computes(tv):
     out = torch.cat([weight[g * 3:(g + 1) * 3].flatten(1) @ columns[:, g * 18:(g + 1) * 18] for g in range(2)], dim=1)
     expected = ops.deform_conv2d(inp, offset, weight, mask=mask)
     assert torch.allclose(out.reshape(2, 6, 4, 5), expected)
+
+    leaf, off_leaf, mask_leaf = (t.clone().requires_grad_() for t in (inp, offset, mask))
+    grad_out = torch.randn(2, 6, 4, 5, dtype=torch.float64)
+    ops.deform_conv2d(leaf, off_leaf, weight, mask=mask_leaf).backward(grad_out)
+    cols = deform_columns(weight, grad_out)
+    geometry = ((3, 3), (1, 1), (0, 0), (1, 1), 2, True)
+    grad_input = kernels.deform_col2im(cols, offset.tolist(), mask.tolist(), (2, 4, 6, 7), *geometry)
+    grad_offset, grad_mask = kernels.deform_col2im_coord(cols, inp.tolist(), offset.tolist(), mask.tolist(), *geometry)
+    for port, real in ((grad_input, leaf.grad), (grad_offset, off_leaf.grad), (grad_mask, mask_leaf.grad)):
+        assert torch.allclose(torch.tensor(port, dtype=torch.float64), real)
