@@ -160,6 +160,7 @@ def test_estimate_notes_reach_the_result_warnings_and_keep_it_complete():
     assert result.complete
     assert f"aten::relu (1 call) is an estimate: {note}" in result.warnings
     assert result.by_operator()["aten::relu"] == 12
+    assert note in result.table() and note in result.to_markdown()  # printed under every text report
 
 
 def test_notes_combine_without_repeats():
@@ -340,6 +341,8 @@ def test_real_ops_under_every_tracer(tv):
     for op, (fn, expected) in cases.items():
         result = run_all(Fn(fn), (x, ROIS))
         assert result.by_operator() == {op: expected}, op
+        on_meta = count_flops(Fn(fn), (x.to("meta"), ROIS.to("meta")))  # torchvision's meta kernels: same shapes
+        assert on_meta.by_operator() == {op: expected}, op
     boxes = torch.rand(6, 4) * 10
     boxes[:, 2:] += boxes[:, :2]
     result = run_all(Fn(lambda b, s: ops.nms(b, s, 0.5)), (boxes, torch.rand(6)))
