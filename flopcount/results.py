@@ -249,6 +249,7 @@ def aggregate(
     # first sum events that share (call stack, op, phase): far fewer than events
     groups: Dict[Tuple[Tuple[str, ...], str, str], List[int]] = {}
     unsupported: Dict[str, List[Any]] = {}
+    notes: Dict[Tuple[str, str], int] = {}
     for event, cost in costed:
         op = event.call.op
         if cost is None:
@@ -256,6 +257,8 @@ def aggregate(
             entry[0] += 1
             entry[1][event.module] = None
             continue
+        if cost.note:
+            notes[(op, cost.note)] = notes.get((op, cost.note), 0) + 1
         # a fused op's cost is booked under the canonical ops it performs, one call each
         for name, part in cost.parts or ((op, cost),):
             key = (event.module_stack, name, event.phase)
@@ -297,8 +300,16 @@ def aggregate(
         _phases=_frozen(phases),
         _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(unsupported.items())),
         _aliases=alias_table,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings) + _estimate_warnings(notes),
         gaps=tuple(gaps),
+    )
+
+
+def _estimate_warnings(notes: Mapping[Tuple[str, str], int]) -> Tuple[str, ...]:
+    """One sentence per (op, note) of the costs that are estimates: the count is complete
+    (every op has a handler) but these figures depend on data the handlers cannot see."""
+    return tuple(
+        f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}" for (op, note), count in notes.items()
     )
 
 

@@ -90,19 +90,28 @@ class Cost:
     performs: one ``(op name, Cost)`` entry per operation, booked by aggregation under
     those names (one call each) instead of the fused op's; ``macs`` and ``flops`` are
     their sums. Build it with :meth:`split`.
+
+    ``note`` says why the figure is an estimate or a bound when the op's work depends on
+    tensor data the handler cannot see (NMS suppression, RoI sizes); aggregation lists each
+    distinct note once in ``FlopResult.warnings``. Set it with :meth:`with_note`.
     """
 
     macs: int = 0
     flops: int = 0
     parts: Tuple[Tuple[str, Cost], ...] = ()
+    note: str = ""
 
     def __add__(self, other: Cost) -> Cost:
         if not self.parts and not other.parts:
-            return Cost(self.macs + other.macs, self.flops + other.flops)
+            return Cost(self.macs + other.macs, self.flops + other.flops, note=_join_notes(self.note, other.note))
         for cost in (self, other):
             if not cost.parts and (cost.macs or cost.flops):
                 raise ValueError("cannot add an unnamed cost to a split cost: use Cost.split((op, cost), ...)")
-        return Cost.split(*self.parts, *other.parts)
+        return Cost.split(*self.parts, *other.parts).with_note(_join_notes(self.note, other.note))
+
+    def with_note(self, note: str) -> Cost:
+        """This cost, marked as an estimate for the reason ``note`` (one sentence)."""
+        return Cost(self.macs, self.flops, self.parts, _join_notes(self.note, note))
 
     @staticmethod
     def from_macs(macs: int) -> Cost:
@@ -123,7 +132,18 @@ class Cost:
                 flat.extend(cost.parts)
             else:
                 flat.append((op, cost))
-        return Cost(sum(c.macs for _, c in flat), sum(c.flops for _, c in flat), tuple(flat))
+        note = _join_notes(*(c.note for _, c in flat))
+        return Cost(sum(c.macs for _, c in flat), sum(c.flops for _, c in flat), tuple(flat), note)
+
+
+def _join_notes(*notes: str) -> str:
+    """Distinct non-empty notes, in order, joined into one text."""
+    kept: List[str] = []
+    for note in notes:
+        for part in note.split("; ") if note else ():
+            if part not in kept:
+                kept.append(part)
+    return "; ".join(kept)
 
 
 ZERO_COST = Cost()

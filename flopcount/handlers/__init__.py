@@ -25,6 +25,7 @@ from . import (
     reduce,
     rnn,
     sampling,
+    vision_ops,
     zero_cost,
 )
 
@@ -32,7 +33,7 @@ __all__ = ["FAMILIES", "build_default_registry", "default_registry", "register_h
 
 FAMILIES = (
     matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, fft, linalg, sampling, quantized,
-    zero_cost,
+    vision_ops, zero_cost,
 )
 
 
