@@ -271,18 +271,20 @@ def _keep_unread_results(graph: Any) -> None:
     trace is still live, after the forward and before torch registers the outputs. Those
     extra outputs are never read; torch's own passes (module scopes, op-alias names) then
     treat the kept ops like every other. The ops a custom ``autograd.Function`` ran are
-    left alone: its ``prim::PythonOp`` stands for them (see _function_body)."""
+    left alone: its ``prim::PythonOp`` stands for them (see _function_bodies)."""
+    has_functions = bool(graph.findAllNodes(_FUNCTION_CALL))  # rare: most graphs take the quick loop
     blocks = [graph.block()]
     while blocks:
-        nodes = list(blocks.pop().nodes())
-        body = range(0)
+        nodes: Any = blocks.pop().nodes()
+        bodies: Set[int] = set()
+        if has_functions:
+            nodes = list(nodes)
+            bodies = _function_bodies(nodes)
         for index, node in enumerate(nodes):
-            if index in body:
+            if node.hasUses() or (bodies and index in bodies):
                 continue
             kind = node.kind()
-            if kind == _FUNCTION_CALL:
-                body = _function_body(node, nodes, index)
-            if node.hasUses() or kind == "prim::Constant":
+            if kind == "prim::Constant":
                 continue
             if kind == _MODULE_CALL:  # a module's ops, recorded in its own block
                 blocks.extend(node.blocks())
@@ -295,20 +297,27 @@ def _keep_unread_results(graph: Any) -> None:
                     graph.registerOutput(value)
 
 
-def _function_body(call: Any, nodes: Sequence[Any], index: int) -> range:
-    """Positions in ``nodes`` of the ops a custom autograd Function's forward recorded.
+def _function_bodies(nodes: Sequence[Any]) -> Set[int]:
+    """Positions in ``nodes`` (one block) of the ops custom autograd Functions' forwards recorded.
 
-    jit records the call as a ``prim::PythonOp`` (counted by a handler for it, or reported
-    unsupported), then the forward's ops right after it (after a ``prim::TupleUnpack`` of
-    its results, if any). torch copies those into the node's ``Subgraph`` and leaves the
-    originals to its dead-code cleanup; keeping them would count the Function twice.
-    Without a ``Subgraph`` their extent is unknown: nothing after the call is kept."""
-    start = index + 1
-    if start < len(nodes) and nodes[start].kind() == "prim::TupleUnpack":
-        start += 1
-    if not call.hasAttribute("Subgraph"):
-        return range(start, len(nodes))
-    return range(start, start + sum(1 for _ in call.g("Subgraph").nodes()))
+    jit records a Function call as a ``prim::PythonOp`` (counted by a handler for it, or
+    reported unsupported), then the forward's ops right after it (after a
+    ``prim::TupleUnpack`` of its results, if any). torch copies those into the node's
+    ``Subgraph`` and leaves the originals to its dead-code cleanup; keeping them would
+    count the Function twice. Without a ``Subgraph`` their extent is unknown: nothing
+    after the call is kept."""
+    bodies: Set[int] = set()
+    for index, call in enumerate(nodes):
+        if call.kind() != _FUNCTION_CALL or index in bodies:
+            continue
+        start = index + 1
+        if start < len(nodes) and nodes[start].kind() == "prim::TupleUnpack":
+            start += 1
+        if call.hasAttribute("Subgraph"):
+            bodies.update(range(start, start + sum(1 for _ in call.g("Subgraph").nodes())))
+        else:
+            bodies.update(range(start, len(nodes)))
+    return bodies
 
 
 def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[Any]) -> bool:
