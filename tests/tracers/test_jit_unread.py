@@ -66,7 +66,10 @@ def test_discarded_results_are_counted(tracer: str, train: bool, kind: str) -> N
         "body": rows * D * 4,
     }
     assert next(m for m in r.modules if m.name == "aux").calls == 2
-    assert r.by_module("flops")["norm"] > 0  # the dropped BatchNorm is counted in its own module
+    # the dropped BatchNorm, in its own module (docs/conventions.md "Normalisation", N elements,
+    # G = S channels): normalise 2N + 2G, affine 2N, batch statistics 4N + 2G in train mode
+    n, g = x.numel(), S
+    assert r.by_module("flops")["norm"] == 4 * n + 2 * g + (4 * n + 2 * g if train else 0)
     assert r.complete and not r.gaps
     assert_same_state(model, before)  # the BatchNorm's running stats are given back in train mode
     assert torch.equal(x, saved)
