@@ -28,7 +28,6 @@ PER_ELEMENT = {
     "aten::soft_margin_loss": 4,  # log(1 + exp(-y*x)): mul, exp, add, log
     "aten::binary_cross_entropy": 7,  # -(t*log(x) + (1-t)*log(1-x))
     "aten::binary_cross_entropy_with_logits": 7,  # (1-t)*x + log(1 + exp(-x)), stabilised
-    "aten::kl_div": 3,  # t * (log t - x)
 }
 BACKWARD = {
     "aten::mse_loss_backward": 3,  # 2*(x - t)*g (/N folded)
@@ -238,8 +237,17 @@ def _multi_margin_backward(call: OpCall) -> Cost:
     return Cost.from_flops(per * x.numel)
 
 
+def _kl_div(call: OpCall) -> Cost:
+    """torch's kl_div: xlogy(t, t) - t * x (log, two multiplies, subtract: 4 per element),
+    or exp(t) * (t - x) with ``log_target`` (3), plus the reduction."""
+    n = call.tensor("self").numel
+    per = 3 if call.arg("log_target", False) else 4
+    return Cost.from_flops(per * n + _reduction(n, call.arg("reduction", MEAN)))
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(list(PER_ELEMENT), _elementwise_loss)
+    registry.register("aten::kl_div", _kl_div)
     registry.register(
         ["aten::nll_loss", "aten::nll_loss_forward", "aten::nll_loss2d", "aten::nll_loss2d_forward", "aten::nll_loss_nd"],
         _nll,

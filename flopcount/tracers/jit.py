@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 from functools import cache
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -44,6 +44,25 @@ _PLUMBING = frozenset(
     }
 )
 
+# How a live trace records a module call: a node whose block holds the module's ops
+# (torch turns it into scope names when the trace ends).
+_MODULE_CALL = "prim::TracedModuleForward"
+_FUNCTION_CALL = "prim::PythonOp"  # a custom autograd.Function
+
+# Under tracing a size read (x.size(0)) is a 0-dim tensor (prim::NumToTensor), so the
+# forward's Python arithmetic on sizes is recorded as tensor ops, which eager (and the
+# dispatch tracer) runs as Python ints. Only Python's number operators count as such;
+# an explicit conversion (torch.tensor(n), .to) makes a real tensor whose ops eager runs too.
+_SIZE_SOURCES = frozenset({"aten::size", "prim::NumToTensor"})
+_NUMBER_OPERATORS = frozenset(
+    f"aten::{name}{suffix}"
+    for name in (
+        "add", "sub", "rsub", "mul", "div", "floor_divide", "remainder", "pow", "neg", "abs",
+        "gt", "lt", "ge", "le", "eq", "ne", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__",
+    )
+    for suffix in ("", "_")
+)  # fmt: skip
+
 _JIT_DTYPES = {
     "Float": "float32",
     "Double": "float64",
@@ -69,9 +88,13 @@ _NESTED_FROM_PADDED = frozenset({"aten::_nested_tensor_from_mask", "aten::_trans
 
 
 def is_available() -> bool:
-    """Both private hooks this tracer needs exist (else ``auto`` uses the dispatch tracer)."""
+    """The private hooks this tracer needs exist (else ``auto`` uses the dispatch tracer)."""
     trace_module = getattr(getattr(torch, "jit", None), "_trace", None)
-    return hasattr(torch._C, "_create_graph_by_tracing") and hasattr(trace_module, "_trace_module_map")
+    return (
+        hasattr(torch._C, "_create_graph_by_tracing")
+        and hasattr(torch._C, "_get_tracing_state")
+        and hasattr(trace_module, "_trace_module_map")
+    )
 
 
 @cache
@@ -261,15 +284,98 @@ def _function_body(node: Any) -> Optional[Any]:
     return body
 
 
+def _keep_unread_results(graph: Any) -> None:
+    """Make every recorded op whose result nothing reads an output of the graph being traced.
+
+    At the end of a trace torch removes, as dead code, every op that does not lead to the
+    returned tensors: work whose result is discarded (``self.aux(x)``), stored on a module
+    (``self.aux_loss = ...``), appended to a list, or only read into Python (``if m.any():``,
+    ``.item()``). Such work ran and costs what it costs, so it is kept: called while the
+    trace is still live, after the forward and before torch registers the outputs. Those
+    extra outputs are never read; torch's own passes (module scopes, op-alias names) then
+    treat the kept ops like every other. The ops a custom ``autograd.Function`` ran are
+    left alone: its ``prim::PythonOp`` stands for them (see _function_bodies)."""
+    has_functions = bool(graph.findAllNodes(_FUNCTION_CALL))  # rare: most graphs take the quick loop
+    blocks = [graph.block()]
+    while blocks:
+        nodes: Any = blocks.pop().nodes()
+        bodies: Set[int] = set()
+        if has_functions:
+            nodes = list(nodes)
+            bodies = _function_bodies(nodes)
+        for index, node in enumerate(nodes):
+            if node.hasUses() or (bodies and index in bodies):
+                continue
+            kind = node.kind()
+            if kind == "prim::Constant":
+                continue
+            if kind == _MODULE_CALL:  # a module's ops, recorded in its own block
+                blocks.extend(node.blocks())
+            elif node.outputsSize():
+                # one output keeps the node and all it was computed from (also through
+                # plumbing: ``int(mask.sum())`` ends in an unused aten::Int)
+                graph.registerOutput(node.outputsAt(0))
+            else:
+                for value in node.inputs():  # an op without results (an assert): keep its inputs
+                    graph.registerOutput(value)
+
+
+def _function_bodies(nodes: Sequence[Any]) -> Set[int]:
+    """Positions in ``nodes`` (one block) of the ops custom autograd Functions' forwards recorded.
+
+    jit records a Function call as a ``prim::PythonOp`` (counted by a handler for it, or
+    reported unsupported), then the forward's ops right after it (after a
+    ``prim::TupleUnpack`` of its results, if any). torch copies those into the node's
+    ``Subgraph`` and leaves the originals to its dead-code cleanup; keeping them would
+    count the Function twice. Without a ``Subgraph`` their extent is unknown: nothing
+    after the call is kept."""
+    bodies: Set[int] = set()
+    for index, call in enumerate(nodes):
+        if call.kind() != _FUNCTION_CALL or index in bodies:
+            continue
+        start = index + 1
+        if start < len(nodes) and nodes[start].kind() == "prim::TupleUnpack":
+            start += 1
+        if call.hasAttribute("Subgraph"):
+            bodies.update(range(start, start + sum(1 for _ in call.g("Subgraph").nodes())))
+        else:
+            bodies.update(range(start, len(nodes)))
+    return bodies
+
+
+def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[Any]) -> bool:
+    """Whether ``node`` is Python-number arithmetic on sizes (``x.size(-1) ** 0.5``,
+    ``min(h, 7)``, ``n // 2``) that jit records as 0-dim tensor ops (see _NUMBER_OPERATORS):
+    a number operator whose inputs are size-derived values or constants, at least one
+    size-derived, giving 0-dim results. Those are added to ``sizes``, so the arithmetic
+    built on them is skipped too."""
+    if kind not in _NUMBER_OPERATORS or not any(value in sizes for value in inputs):
+        return False
+    if not all(value in sizes or value.node().kind() == "prim::Constant" for value in inputs):
+        return False
+    outputs = list(node.outputs())
+    for out in outputs:
+        jit_type = out.type()
+        if isinstance(jit_type, torch._C.TensorType):
+            meta = _tensor_meta(jit_type)
+            if meta is None or meta.shape != ():
+                return False
+    sizes.update(outputs)
+    return True
+
+
 def _graph_events(
     graph: Any, scope_of: Optional[Mapping[int, str]] = None, scope_all: Optional[str] = None
 ) -> List[OpEvent]:
     reader = _ValueReader(graph)
     scopes: Dict[str, Tuple[str, ...]] = {}
     events: List[OpEvent] = []
+    sizes: Set[Any] = set()  # values computed from size reads only (see _shape_arithmetic)
     for index, node in enumerate(graph.nodes()):
         kind = node.kind()
         if kind in _PLUMBING:
+            if kind in _SIZE_SOURCES:
+                sizes.update(node.outputs())
             continue
         if scope_all is not None:
             scope = scope_all
@@ -281,6 +387,8 @@ def _graph_events(
                 events.extend(_graph_events(body, scope_all=scope))
                 continue
         inputs = list(node.inputs())
+        if sizes and _shape_arithmetic(kind, node, inputs, sizes):
+            continue
         # aten, quantized and custom-library ops carry a schema; prim nodes do not
         names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
         if names is None or len(names) < len(inputs):
@@ -327,9 +435,11 @@ def trace(
 ) -> Trace:
     """Trace one forward of ``model`` with torch.jit and return its op events.
 
-    jit drops ops whose results only steer Python; with ``stop_on_value_read`` the trace
-    stops at the first such read outside torch's own code and raises :class:`ValueReadError`
-    (the caller then uses the dispatch tracer without paying for the rest of this trace)."""
+    Every op the forward ran is counted, also those whose result is not returned (see
+    :func:`_keep_unread_results`). A value read into Python (``if t.any():``) is answered
+    with the real value, so the trace holds the branch this input took; with
+    ``stop_on_value_read`` the trace stops at the first such read outside torch's own code
+    and raises :class:`ValueReadError`."""
     if not is_available():
         raise TraceError("torch.jit tracing is not available in this torch build")
     packed = next(packed_objects(model), None)
@@ -350,19 +460,17 @@ def trace(
             seen.add(id(tensor))
             state.append(tensor)
 
-    returned: List[int] = []
-
     def run(*traced: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         call_args, call_kwargs = rebuild(traced[:n_inputs])
         outputs = tuple(output_tensors(model(*call_args, **call_kwargs)))
-        returned.append(len(outputs))
+        _keep_unread_results(torch._C._get_tracing_state().graph())
         return outputs
 
     names = module_names(model)
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
     previous_map = torch.jit._trace._trace_module_map
-    with preserved_model_state(model) as watch, ModuleStack(names) as modules:
+    with preserved_model_state(model), ModuleStack(names) as modules:
         torch.jit._trace._trace_module_map = scope_map
         try:
             with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
@@ -387,7 +495,6 @@ def trace(
             raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map
-        stored = watch.assigned(names)
     # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
     notes = tuple(
         dict.fromkeys(
@@ -398,28 +505,13 @@ def trace(
     )
     graph, inlined_scopes = _inline_script_calls(graph, flat + state)
     events = _graph_events(graph, inlined_scopes)
-    gaps = _dropped_work(model, events, modules.calls, stored, returned)
+    gaps = _silent_modules(model, events, modules.calls)
     return Trace(tuple(events), "jit", dict(modules.calls), notes + gaps, gaps=gaps)
 
 
-def _dropped_work(
-    model: nn.Module, events: Sequence[OpEvent], calls: Mapping[str, int], stored: Sequence[str], returned: Sequence[int]
-) -> Tuple[str, ...]:
-    """Work jit ran but left out of its graph. jit keeps only ops that reach the forward's
-    returned tensors (it removes the rest as dead code), so work whose result is stored on
-    a module, appended to a list or discarded is not in the graph. Three signs of it: the
-    forward returned no tensor, it (re)assigned a tensor attribute or buffer of a module,
-    or a module with parameters ran but no op of its forward is in the graph."""
-    hint = "use tracer='auto' or 'dispatch' to count it"
-    if returned and returned[0] == 0:
-        return (f"jit: the forward returned no tensor, so jit kept none of its work ({hint})",)
-    gaps = []
-    if stored:
-        listing = ", ".join(repr(name) for name in stored[:5]) + (", ..." if len(stored) > 5 else "")
-        gaps.append(
-            f"jit: the forward stored tensors on the model ({listing}); jit drops the work that computed "
-            f"them when it does not reach the returned tensors ({hint})"
-        )
+def _silent_modules(model: nn.Module, events: Sequence[OpEvent], calls: Mapping[str, int]) -> Tuple[str, ...]:
+    """A module with parameters that ran but recorded no op: its work was invisible to jit
+    (done outside torch's traced ops), so the count may miss it."""
     seen = {name for event in events for name in event.module_stack}
     silent = [
         name
@@ -429,10 +521,10 @@ def _dropped_work(
         and name not in seen
         and any(p is not None for p in module._parameters.values())
     ]
-    if silent:
-        listing = ", ".join(repr(name) for name in silent[:5]) + (", ..." if len(silent) > 5 else "")
-        gaps.append(
-            f"jit: module(s) {listing} ran but none of their ops reached the returned tensors, "
-            f"so jit did not count them ({hint})"
-        )
-    return tuple(gaps)
+    if not silent:
+        return ()
+    listing = ", ".join(repr(name) for name in silent[:5]) + (", ..." if len(silent) > 5 else "")
+    return (
+        f"jit: module(s) {listing} ran but recorded no op, so jit did not count their work "
+        "(use tracer='auto' or 'dispatch' to count it)",
+    )

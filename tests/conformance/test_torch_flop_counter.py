@@ -42,16 +42,7 @@ class _Variety(nn.Module):
         return self.lin(x)  # only the last result is returned
 
 
-@pytest.mark.parametrize(
-    "tracer",
-    [
-        # jit flags results stored on modules, returned-nothing forwards and silent modules,
-        # but not a result discarded by the forward itself: known limit, auto counts it
-        pytest.param("jit", marks=pytest.mark.xfail(strict=True, reason="jit cannot see a discarded result (#9.1)")),
-        "dispatch",
-        "auto",
-    ],
-)
+@pytest.mark.parametrize("tracer", TRACERS)
 def test_flop_counter_variety(tracer: str) -> None:
     # torch: test_flop_counter_variety (published total 3012)
     model = _Variety()
@@ -59,11 +50,8 @@ def test_flop_counter_variety(tracer: str) -> None:
     expected, _ = torch_flops(lambda: model(*xs))
     assert expected == 3012
     result = count(model, xs, tracer)
-    if tracer == "jit":
-        # jit keeps only what reaches the returned tensor; it must say so (#9.1), never pass as complete
-        assert result.flops < expected and not result.complete and result.gaps
-    else:
-        assert result.flops == 2 * result.macs == expected and result.complete
+    # four of the five results are discarded: every tracer counts them all (#9.1)
+    assert result.flops == 2 * result.macs == expected and result.complete
 
 
 # -- test_op ---------------------------------------------------------------------------------

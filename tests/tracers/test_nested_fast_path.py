@@ -55,7 +55,18 @@ def test_padding_mask_counted_by_every_tracer(tracer: str, train: bool) -> None:
     result = _count(model, x, mask, tracer)
     reference = _count(model, x, mask, "dispatch")
     assert result.macs == _macs()
-    assert (result.macs, result.flops) == (reference.macs, reference.flops)
+    if tracer == "jit" and not train:
+        # jit sees inside the fast path's left-aligned mask check (a kernel dispatch books as
+        # one zero-cost op): the boolean bookkeeping on the B x L mask, and nothing else
+        extra = {
+            op: flops - reference.by_operator().get(op, 0)
+            for op, flops in result.by_operator().items()
+            if flops != reference.by_operator().get(op, 0)
+        }
+        assert set(extra) <= {"aten::logical_not", "aten::cumsum", "aten::argmin"}
+        assert result.flops - reference.flops == sum(extra.values()) <= 4 * mask.numel()
+    else:
+        assert (result.macs, result.flops) == (reference.macs, reference.flops)
     assert result.unsupported_ops() == {}
     assert torch.equal(x, x0) and torch.equal(mask, mask0)
     assert model.training is train
