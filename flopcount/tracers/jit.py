@@ -405,41 +405,16 @@ def _graph_events(
     return events
 
 
-#: jit's warning when Python reads a tensor's value (``if t.any():``, ``.item()``, ``.tolist()``)
-VALUE_READ = "Converting a tensor to a"
-
-
-class ValueReadError(TraceError):
-    """jit stopped at the forward's first read of a tensor value into Python (outside torch)."""
-
-
-def _value_read(exc: BaseException) -> Optional[BaseException]:
-    """The value-read warning raised as an error, if ``exc`` is one. It may arrive wrapped
-    (torch reports a SystemError whose cause is the TracerWarning): follow the chain."""
-    node: Optional[BaseException] = exc
-    for _ in range(8):
-        if node is None:
-            break
-        if isinstance(node, torch.jit.TracerWarning) and VALUE_READ in str(node):
-            return node
-        node = node.__cause__ or node.__context__
-    return None
-
-
 def trace(
     model: nn.Module,
     inputs: Any = (),
     kwargs: Optional[Mapping[str, Any]] = None,
-    *,
-    stop_on_value_read: bool = False,
 ) -> Trace:
     """Trace one forward of ``model`` with torch.jit and return its op events.
 
     Every op the forward ran is counted, also those whose result is not returned (see
     :func:`_keep_unread_results`). A value read into Python (``if t.any():``) is answered
-    with the real value, so the trace holds the branch this input took; with
-    ``stop_on_value_read`` the trace stops at the first such read outside torch's own code
-    and raises :class:`ValueReadError`."""
+    with the real value, so the trace holds the branch this input took."""
     if not is_available():
         raise TraceError("torch.jit tracing is not available in this torch build")
     packed = next(packed_objects(model), None)
@@ -475,20 +450,8 @@ def trace(
         try:
             with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
                 warnings.simplefilter("always")
-                if stop_on_value_read:
-                    warnings.filterwarnings(
-                        "error", message=VALUE_READ, category=torch.jit.TracerWarning, module=r"(?!torch(\.|$))"
-                    )
                 graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
-            read = _value_read(exc) if stop_on_value_read else None
-            if read is not None:
-                where = f"module '{modules.current}'" if modules.current else "the root module"
-                raise ValueReadError(
-                    f"the forward reads tensor values into Python in {where} ({str(read).split('.')[0]})",
-                    module_path=modules.current,
-                    input_shapes=describe_inputs(inputs, kwargs),
-                ) from exc
             unpool = unpool_failure(exc, modules.current)
             if unpool is not None:
                 raise TraceError(unpool, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
