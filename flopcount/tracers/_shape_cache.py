@@ -112,12 +112,7 @@ class ShapeCache:
                 kind.mode = None
                 return func(*args, **kwargs) if kwargs else func(*args)
         out = func(*args, **kwargs) if kwargs else func(*args)
-        self.misses += 1
-        record = self._describe(out, kind, args)
-        if record is not None:
-            if len(self._results) >= _MAX_RESULTS:
-                self._results.clear()
-            self._results[key] = record
+        self._remember(key, self._describe(out, kind, args))
         return out
 
     def run_composite(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -135,13 +130,16 @@ class ShapeCache:
             except Exception:  # a private constructor that changed: run it as before
                 return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        self.misses += 1
-        record = self._describe(out, _COMPOSITE, args)
-        if record is not None:
-            if len(self._results) >= _MAX_RESULTS:
-                self._results.clear()
-            self._results[key] = record
+        self._remember(key, self._describe(out, _COMPOSITE, args))
         return out
+
+    def _remember(self, key: Tuple[Any, ...], record: Any) -> None:
+        self.misses += 1
+        if record is None:
+            return
+        if len(self._results) >= _MAX_RESULTS:
+            self._results.clear()
+        self._results[key] = record
 
     def _key(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
         # the default dtype decides the result dtype of, e.g., an int tensor times a float

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Tuple
 
 import pytest
+from conftest import Fn as Fn  # re-exported: the conformance files import it from here
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -26,16 +27,6 @@ TRACERS = ("jit", "dispatch", "auto")
 BACKWARD_TRACERS = ("dispatch", "auto")
 
 
-class Fn(nn.Module):
-    """A module whose forward is a plain function: the peers' op-level cases run under a
-    mode with no module, flopcount counts a module."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
 
 
 def count(model: nn.Module, inputs: Any, tracer: str, **kwargs: Any) -> FlopResult:

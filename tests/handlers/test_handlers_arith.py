@@ -13,7 +13,7 @@ from math import ceil, log2
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same_state, snapshot
+from conftest import Fn, assert_same_state, snapshot
 from torch import nn
 
 from flopcount import count_flops
@@ -24,13 +24,6 @@ REG = build_default_registry()
 TRACERS = ("jit", "dispatch", "auto")
 
 
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def counts(fn, *inputs, tracers=TRACERS):

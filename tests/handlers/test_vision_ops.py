@@ -13,7 +13,7 @@ import warnings
 import _tv_kernels as kernels
 import pytest
 import torch
-from conftest import assert_same_state, snapshot
+from conftest import Fn, assert_same_state, snapshot
 from torch import nn
 
 from flopcount import Cost, count_flops
@@ -292,13 +292,6 @@ def test_deform_conv2d_backward_port(use_mask):
 TRACERS = ("jit", "dispatch", "auto")
 
 
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def run_all(module, args, **kwargs):
