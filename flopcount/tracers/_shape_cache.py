@@ -31,6 +31,9 @@ __all__ = ["ShapeCache"]
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 _UNCACHEABLE = object()
+# In-place ops that change their argument's metadata without the inplace_view tag
+# (``_resize_output_`` under every out= kernel, ``requires_grad_``, sparse resizes).
+_METADATA_WRITERS = ("resize", "requires_grad", "sparse", "coalesced", "set_")
 # Tags that mean the result's metadata is not a function of the argument metadata.
 _VALUE_TAGS = ("dynamic_output_shape", "data_dependent_output", "inplace_view", "nondeterministic_seeded")
 
@@ -63,6 +66,7 @@ class _Kind:
                 and schema.arguments
                 and written[0] is schema.arguments[0]
                 and not schema.arguments[0].kwarg_only
+                and not any(word in schema.name for word in _METADATA_WRITERS)
             ):
                 self.mode = "inplace"
             return

@@ -267,3 +267,12 @@ def test_autocast_is_respected_after_a_cached_fp32_call():
         traced = run_trace(model, (x,))
     linear = [e for e in traced.events if e.call.op == "aten::linear"]
     assert linear and all(out.dtype == "bfloat16" for e in linear for out in e.call.outputs)
+
+
+@pytest.mark.parametrize("name", ["_resize_output_", "resize_", "resize_as_", "requires_grad_", "set_", "t_", "detach_"])
+def test_inplace_ops_that_change_metadata_are_never_cached(name):
+    # each changes its own argument's shape, strides or flags: returning the argument as it
+    # was would be wrong, tagged inplace_view or not
+    for overload in getattr(aten, name).overloads():
+        assert _shape_cache._Kind(getattr(getattr(aten, name), overload)).mode is None, (name, overload)
+
