@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import pytest
 import torch
@@ -57,27 +57,37 @@ def truth_peak(model: nn.Module, inputs: Any, backward: bool, optimizer: Optiona
     ``loss = sum of outputs`` with the outputs released, backward, step."""
     model = copy.deepcopy(model)
     args = inputs if isinstance(inputs, tuple) else (inputs,)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad]) if optimizer == "adam" else None
-    if opt is not None:
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    opt = _warmed_adam(model) if optimizer == "adam" else None
     tracker = MemTracker()
     tracker.track_external(model, opt, *[a for a in args if isinstance(a, torch.Tensor)])
     with tracker:
-        with torch.set_grad_enabled(backward):
-            out = model(*args)
-            if backward:
-                out = out if isinstance(out, torch.Tensor) else out.logits
-                loss = out.sum()
-                del out
-                loss.backward()
-                del loss
-        if opt is not None:
-            opt.step()
+        _real_step(model, args, backward, opt)
     (device_peak,) = tracker.get_tracker_snapshot("peak").values()
     return device_peak["Total"]
+
+
+def _warmed_adam(model: nn.Module) -> torch.optim.Optimizer:
+    """Adam after one step: its state exists, the grads are None again."""
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad])
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return opt
+
+
+def _real_step(model: nn.Module, args: Tuple[Any, ...], backward: bool, opt: Optional[torch.optim.Optimizer]) -> None:
+    """Forward, ``loss = sum of outputs`` with the outputs released, backward, step."""
+    with torch.set_grad_enabled(backward):
+        out = model(*args)
+        if backward:
+            out = out if isinstance(out, torch.Tensor) else out.logits
+            loss = out.sum()
+            del out
+            loss.backward()
+            del loss
+    if opt is not None:
+        opt.step()
 
 
 def checked_estimate(model: nn.Module, inputs: Any, **kwargs: Any) -> MemoryEstimate:
@@ -316,24 +326,11 @@ def test_cuda_peak_close_to_max_memory_allocated(backward: bool, optimizer: Opti
     model, x = cnn().cuda(), torch.randn(32, 3, 64, 64, device="cuda")
     result = estimate_memory(model, x, backward=backward, optimizer=optimizer)
     work = copy.deepcopy(model)
-    opt = torch.optim.Adam(work.parameters()) if optimizer else None
-    if opt is not None:
-        for p in work.parameters():
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    opt = _warmed_adam(work) if optimizer else None
     del model
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    with torch.set_grad_enabled(backward):
-        out = work(x)
-        if backward:
-            loss = out.sum()
-            del out
-            loss.backward()
-            del loss
-    if opt is not None:
-        opt.step()
+    _real_step(work, (x,), backward, opt)
     torch.cuda.synchronize()
     assert result.peak_bytes == pytest.approx(torch.cuda.max_memory_allocated(), rel=0.10)
 

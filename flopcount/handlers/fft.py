@@ -120,6 +120,15 @@ def _one_dim(kind: str, inverse: bool):  # type: ignore[no-untyped-def]
     return handler
 
 
+def _transform_dims(call: OpCall, ndim: int, s: Any, default_dims: Optional[Tuple[int, ...]]) -> Tuple[int, ...]:
+    """The dims an n-dim transform runs over: ``dim``, else the last ``len(s)`` dims when
+    sizes ``s`` are given, else ``default_dims`` (None: every dim)."""
+    dims_arg = call.arg("dim", default_dims)
+    if dims_arg is None and s is not None:
+        dims_arg = tuple(range(ndim - len(s), ndim))
+    return _dims(dims_arg, ndim)
+
+
 def _n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  # type: ignore[no-untyped-def]
     """fft2/fftn/ifft2/ifftn (c2c; a real input is promoted to complex first), rfft2/rfftn
     (r2c), irfft2/irfftn (c2r): one transform over
@@ -128,10 +137,7 @@ def _n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  
     def handler(call: OpCall) -> Cost:
         x = call.tensor("self")
         s = call.arg("s")
-        dims_arg = call.arg("dim", default_dims)
-        if dims_arg is None and s is not None:
-            dims_arg = tuple(range(x.ndim - len(s), x.ndim))
-        dims = _dims(dims_arg, x.ndim)
+        dims = _transform_dims(call, x.ndim, s, default_dims)
         if s is not None:
             sizes = [int(v) if v != -1 else x.shape[d] for v, d in zip(s, dims)]
         else:
@@ -173,10 +179,7 @@ def _hermitian_n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int,
     def handler(call: OpCall) -> Cost:
         x = call.tensor("self")
         s = call.arg("s")
-        dims_arg = call.arg("dim", default_dims)
-        if dims_arg is None and s is not None:
-            dims_arg = tuple(range(x.ndim - len(s), x.ndim))
-        dims = _dims(dims_arg, x.ndim)
+        dims = _transform_dims(call, x.ndim, s, default_dims)
         last = dims[-1]
         shape = list(x.shape)
         if s is not None:
