@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -18,29 +16,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _interleave import median, rounds
+
 from examples.hf import gpt2, token_ids
 from examples.resnet import resnet50
 from flopcount import count_flops
-
-
-def interleaved_medians(fns, repeats: int):
-    """Median wall time of each function, running them in turn each round so that slow
-    phases of a noisy machine hit every tool alike. ``None`` for a function that raised."""
-    times = {name: [] for name in fns}
-    failures = {}
-    for name, fn in fns.items():  # warm-up: first-call costs (imports, caches) are not per-model costs
-        try:
-            fn()
-        except Exception as exc:  # a peer's failure is a result too
-            failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if name in failures:
-                continue
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: (None if name in failures else statistics.median(t)) for name, t in times.items()}, failures
 
 
 def fvcore_run(model, inputs):
@@ -85,9 +65,8 @@ def main() -> None:
                 count_flops(model, inputs, kwargs=kwargs, tracer="jit")
 
         target = _kw_wrapper(model, kwargs, inputs) if kwargs else (model, inputs)
-        medians, failures = interleaved_medians(
-            {"forward": forward, "flopcount": ours, "fvcore": fvcore_run(*target)}, args.repeats
-        )
+        times, failures = rounds({"forward": forward, "flopcount": ours, "fvcore": fvcore_run(*target)}, args.repeats)
+        medians = {tool: median(values) for tool, values in times.items()}
         t_fwd, t_ours, t_fv = medians["forward"], medians["flopcount"], medians["fvcore"]
         if t_fv is None:
             print(f"{name:28} {t_fwd:10.3f} {t_ours:12.3f} {'fails':>10}  fvcore: {failures['fvcore']}")

@@ -24,56 +24,24 @@ import io
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from _interleave import median, ratio, rounds  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from flopcount import count_flops  # noqa: E402
 
 warnings.simplefilter("ignore")
-
-
-def rounds(fns: Dict[str, Callable[[], Any]], repeats: int) -> Tuple[Dict[str, Optional[List[float]]], Dict[str, str]]:
-    """Each function once as warm-up, then ``repeats`` rounds in turn: every wall time."""
-    times: Dict[str, Optional[List[float]]] = {name: [] for name in fns}
-    failures: Dict[str, str] = {}
-    for name, fn in fns.items():
-        try:
-            fn()
-        except Exception as exc:  # a peer's failure is a result too
-            failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
-            times[name] = None
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if name in failures:
-                continue
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)  # type: ignore[union-attr]
-    return times, failures
-
-
-def median(values: Optional[List[float]]) -> Optional[float]:
-    return statistics.median(values) if values else None
-
-
-def ratio(times: Dict[str, Optional[List[float]]], a: str, b: str) -> Optional[float]:
-    """Median over rounds of time(a) / time(b)."""
-    ta, tb = times.get(a), times.get(b)
-    if not ta or not tb:
-        return None
-    return statistics.median(x / y for x, y in zip(ta, tb))
 
 
 # --------------------------------------------------------------------------- models
