@@ -308,6 +308,9 @@ class _Recorder(_DataReads):
         self.answer_reads = answer_reads
         self._signatures: Dict[Any, _Signature] = {}
         self.run_op: Optional[Callable[[Any, Tuple[Any, ...], Optional[Dict[str, Any]]], Any]] = None
+        #: ``marker(index)``: a context manager around the run of the op recorded as event
+        #: ``index`` (flopcount.profiling names each op's profiler range with it); None: none
+        self.marker: Optional[Callable[[int], Any]] = None
 
     def module_stack(self) -> Tuple[str, ...]:
         path = self._modules.path
@@ -324,7 +327,10 @@ class _Recorder(_DataReads):
             if answer is not _NO_PLACEHOLDER:
                 return answer
         try:
-            if self.run_op is not None:
+            if self.marker is not None and not self.muted and not _signature(func).skip:
+                with self.marker(len(self.events)):
+                    out = func(*args, **kwargs) if kwargs else func(*args)
+            elif self.run_op is not None:
                 out = self.run_op(func, args, kwargs)
             else:
                 out = func(*args, **kwargs) if kwargs else func(*args)
@@ -404,6 +410,7 @@ def trace(
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
     fake_copy: bool = False,
+    marker: Optional[Callable[[int], Any]] = None,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -415,6 +422,9 @@ def trace(
     ``fake_copy=True`` runs a copy of the model with fake parameters, buffers and inputs
     (see ``_fake.py``): nothing is computed and the caller's objects are never touched.
     A forward that needs a real value raises :class:`FakeRunError` instead of guessing.
+
+    ``marker(index)`` (real runs only) is a context manager entered around the run of
+    each recorded op and composite, ``index`` being its event's position in the trace.
     """
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
@@ -436,6 +446,7 @@ def trace(
     names = module_names(run_model)
     modules = ModuleStack(names)
     recorder = _Recorder(modules, answer_reads=not fake_copy)
+    recorder.marker = marker
     shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
     if shape_cache is not None:
         recorder.run_op = shape_cache.run
