@@ -55,6 +55,11 @@ _EXPORTS: Dict[str, str] = {
     "parse_bytes": "budget",
     "estimate_memory": "memory",
     "MemoryEstimate": "memory",
+    "profile": "profiling",
+    "ProfileResult": "profiling",
+    "predict": "profiling",
+    "PredictResult": "profiling",
+    "Roofs": "roofline",
 }
 
 __all__ = [
@@ -75,6 +80,9 @@ __all__ = [
     "OpCall",
     "OpTotals",
     "ParamSummary",
+    "PredictResult",
+    "ProfileResult",
+    "Roofs",
     "StepRecord",
     "StepSummary",
     "StepTimer",
@@ -96,6 +104,8 @@ __all__ = [
     "parse_bytes",
     "parse_quantity",
     "peaks",
+    "predict",
+    "profile",
     "register_handler",
     "summarize_parameters",
 ]
@@ -121,8 +131,10 @@ if TYPE_CHECKING:
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
     from .params import summarize_parameters
+    from .profiling import PredictResult, ProfileResult, predict, profile
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp
+    from .roofline import Roofs
     from .types import Cost, OpCall, ParamSummary, TensorMeta
 
 

@@ -126,9 +126,11 @@ def measure_roofs(
     *,
     budget_s: float = 1.0,
     clock: Optional[Clock] = None,
+    stream_bytes: int = _STREAM_BYTES,
 ) -> Roofs:
-    """Measure peak FLOP/s (GEMM per dtype) and bandwidth (streaming add/copy) on ``device``,
-    each within about ``budget_s`` seconds."""
+    """Measure peak FLOP/s (GEMM per dtype) and bandwidth (streaming add/copy over buffers
+    of ``stream_bytes``) on ``device``, each within about ``budget_s`` seconds; ``clock``
+    (seconds) replaces ``time.perf_counter`` (tests)."""
     dev = torch.device(device or "cpu")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -147,7 +149,7 @@ def measure_roofs(
                 continue
             flops[name] = rate
             details[f"gemm_{name}"] = f"{n}x{n}x{n} mm"
-        bandwidth, how = _stream_rate(dev, budget_s, timer)
+        bandwidth, how = _stream_rate(dev, budget_s, timer, stream_bytes)
     details["bandwidth"] = how
     label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{_cpu_model()} ({torch.get_num_threads()} threads)"
     return Roofs(flops, bandwidth, label, "measured", details)
@@ -198,16 +200,18 @@ def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Ca
     return 2.0 * n**3 / max(best, 1e-12), n
 
 
-def _stream_rate(dev: torch.device, budget_s: float, timer: Callable[[Callable[[], Any]], float]) -> Tuple[float, str]:
+def _stream_rate(
+    dev: torch.device, budget_s: float, timer: Callable[[Callable[[], Any]], float], size: int
+) -> Tuple[float, str]:
     """Best bytes/s of ``out = a + b`` (3 buffers moved) and ``out.copy_(a)`` (2)."""
-    numel = _STREAM_BYTES // 4
+    numel = size // 4
     a = torch.rand(numel, device=dev)
     b = torch.rand(numel, device=dev)
     out = torch.empty_like(a)
     rates = {}
     for name, moved, fn in (
-        ("add", 3 * _STREAM_BYTES, lambda: torch.add(a, b, out=out)),
-        ("copy", 2 * _STREAM_BYTES, lambda: out.copy_(a)),
+        ("add", 3 * numel * 4, lambda: torch.add(a, b, out=out)),
+        ("copy", 2 * numel * 4, lambda: out.copy_(a)),
     ):
         timer(fn)
         best, spent = float("inf"), 0.0

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
+from .predict import PredictResult, PredictRow, predict
 from .result import Overview, ProfileResult, ProfileRow, Unmatched
 from .run import profile
 
-__all__ = ["Overview", "ProfileResult", "ProfileRow", "Unmatched", "profile"]
+__all__ = ["Overview", "PredictResult", "PredictRow", "ProfileResult", "ProfileRow", "Unmatched", "predict", "profile"]

@@ -78,3 +78,21 @@ def call_dtype(call: OpCall) -> str:
         if meta.dtype and ("float" in meta.dtype or "complex" in meta.dtype):
             return meta.dtype
     return first or "float32"
+
+
+def call_bytes_as(call: OpCall, dtype: Any = None) -> Tuple[int, int]:
+    """:func:`call_bytes`, floating tensors priced at ``dtype``'s item size when given."""
+    if dtype is None:
+        return call_bytes(call)
+    if is_view(call.op):
+        return 0, 0
+    size = itemsize(dtype)
+
+    def moved(meta: TensorMeta) -> int:
+        kind = str(meta.dtype)
+        floating = "float" in kind or "half" in kind or "double" in kind
+        return meta.numel * (size if floating else itemsize(kind))
+
+    read = sum(moved(t) for t in call.tensors())
+    written = sum(moved(o) for o in call.outputs if isinstance(o, TensorMeta))
+    return read, written
