@@ -204,6 +204,8 @@ class BudgetReport:
         """One sentence: ``'PASS: all 2 budget(s) met'``, ``'FAIL: ...'`` or ``'INCOMPLETE: ...'``."""
         status = self.status
         n = len(self.lines)
+        if status == "INCOMPLETE" and all(line.name == "latency_ms" for line in self.undecided):
+            return "INCOMPLETE: latency_ms is not decided without measuring (its roofline lower bound is within the budget)"
         if status == "INCOMPLETE":
             names = ", ".join(line.name for line in self.undecided)
             return (
@@ -268,13 +270,16 @@ def check_budget(
     incomplete_reasons: Sequence[str] = (),
     lower_bound: bool = False,
     allow_incomplete: bool = False,
+    latency_bound: Bound = "exact",
 ) -> BudgetReport:
     """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
     A limit whose actual value was not given is a usage error, never a pass.
 
     ``incomplete_reasons``: why the counted values (FLOPs, MACs) may be short;
     ``lower_bound=True`` says they can only be short (ops without a handler, nothing
-    else), so a counted value over its limit is a certain FAIL."""
+    else), so a counted value over its limit is a certain FAIL. ``latency_bound="lower"``:
+    ``latency_ms`` is a lower bound (``flopcount.predict``): over the limit is a certain
+    FAIL, within it is not decided (INCOMPLETE)."""
     if isinstance(incomplete_reasons, str):
         raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
     reasons = tuple(incomplete_reasons)
@@ -292,7 +297,7 @@ def check_budget(
         actual = actuals[name]
         if actual is None:
             raise UsageError(f"budget {name} is set but no {name} value was measured")
-        bound: Bound = counted_bound if name in COUNTED else "exact"
+        bound: Bound = counted_bound if name in COUNTED else (latency_bound if name == "latency_ms" else "exact")
         lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound))
     return BudgetReport(tuple(lines), reasons, bool(allow_incomplete))
 
@@ -304,6 +309,7 @@ def check_result(
     memory_bytes: Optional[Number] = None,
     *,
     allow_incomplete: bool = False,
+    latency_bound: Bound = "exact",
 ) -> BudgetReport:
     """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`,
     its completeness included: an incomplete count never PASSes a FLOPs or MACs budget
@@ -322,6 +328,7 @@ def check_result(
         incomplete_reasons=reasons,
         lower_bound=bool(reasons) and not result.gaps,
         allow_incomplete=allow_incomplete,
+        latency_bound=latency_bound,
     )
 
 

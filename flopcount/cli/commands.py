@@ -327,6 +327,10 @@ def _cmd_count(args: argparse.Namespace) -> int:
         return _count_generation(run, args)
     result = _count(run, args, backward=args.backward)
     text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
+    if args.predict:
+        from .predicting import with_prediction
+
+        text = with_prediction(text, run, args)
     if args.memory:
         estimate = _estimate_memory(run, args)
         if args.format == "json":
@@ -379,9 +383,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from ..budget import Budget, check_result, load_budget_file
 
+    if args.max_latency is not None and args.max_latency_ms is not None:
+        raise UsageError("--max-latency and --max-latency-ms both set the latency budget: give one")
+    max_latency = args.max_latency if args.max_latency is not None else args.max_latency_ms
     flags = Budget(
         max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
-        max_size_mb=args.max_size_mb, max_latency_ms=args.max_latency_ms, max_memory=args.max_memory,
+        max_size_mb=args.max_size_mb, max_latency_ms=max_latency, max_memory=args.max_memory,
     )
     config_file = args.config_file or "pyproject.toml"
     budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
@@ -390,14 +397,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms or "
             f"--max-memory, or a [tool.flopcount] table in {config_file}"
         )
-    if budget.needs_latency:
+    if args.on is not None and not budget.needs_latency:
+        raise UsageError("--on DEVICE checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
+    if budget.needs_latency and args.on is None:
         _check_timing_args(args)
-    if budget.needs_latency and args.device == "meta":
+    if budget.needs_latency and args.on is None and args.device == "meta":
         raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
     run = _prepare(args)
     result = _count(run, args)
     latency = None
-    if budget.needs_latency:
+    if budget.needs_latency and args.on is not None:
+        from .predicting import predicted_latency_ms
+
+        latency = predicted_latency_ms(run, args)
+    elif budget.needs_latency:
         timing = _benchmark(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
@@ -408,6 +421,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         latency_ms=latency,
         memory_bytes=None if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
+        latency_bound="lower" if args.on is not None else "exact",
     )
     text = render_check(result, report, args.format, entry=_label(args), depth=args.depth)
     if estimate is not None and args.format == "json":
@@ -415,7 +429,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         data["memory"] = estimate.to_dict()
         text = json.dumps(data, indent=2)
     _emit(text, args)
-    _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms, budget=report)
+    timed = latency is not None and result.benchmark is not None
+    _plot(result, args, latencies=result.benchmark.stats.samples_ms if timed else None, budget=report)
     strict = _strict_failure(result, args)
     status = report.status
     if status == "FAIL":  # certain (or allowed): more work can only make it worse
@@ -429,4 +444,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 
-COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {"count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check}
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .predicting import run_profile
+
+    return run_profile(args, _prepare(args), _emit, _label(args))
+
+
+COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
+    "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile,
+}

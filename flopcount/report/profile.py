@@ -90,19 +90,23 @@ def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
         f"{100 * row.time_s / total:.1f}%" if total > 0 else "-",
         format_count(row.achieved_flops_per_s),
         _ratio(row.intensity),
-        row.bound,
+        row.bound if row.attainable_s > 0 else "-",
         format_seconds(row.attainable_s),
         _ratio(row.efficiency),
     ]
     return cells
 
 
-def profile_table(result: ProfileResult, *, by: str = "operator", limit: Optional[int] = 25, fmt: str = "simple") -> str:
+def profile_table(
+    result: ProfileResult, *, by: str = "operator", limit: Optional[int] = 25, fmt: str = "simple", depth: Optional[int] = None
+) -> str:
     """The rows (per operator, module or op), largest time first, then the overview,
-    the roofs, what was not joined and the convention."""
+    the roofs, what was not joined and the convention. ``depth``: module rows down to it."""
     from ..profiling.result import PROFILE_CONVENTION
 
     rows = _rows_for(result, by)
+    if by == "module" and depth is not None:
+        rows = [r for r in rows if (r.module.count(".") + 1 if r.module else 0) <= depth]
     if by != "module":
         rows.sort(key=lambda r: -r.time_s)
     total = result.total_time_s
@@ -167,7 +171,8 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     text = escape_markdown if fmt == "github" else str
     body = tabulate(
         [
-            [text(r.name), f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity), r.bound,
+            [text(r.name), f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
+             r.bound if r.latency_s > 0 else "-",
              format_seconds(r.latency_s), f"{100 * r.latency_s / result.latency_s:.1f}%" if result.latency_s else "-"]
             for r in shown
         ],
@@ -184,3 +189,32 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
         "launch and framework overhead, caches, imperfect kernels, and fuse nothing the trace did not.",
     ]
     return ("\n\n" if fmt == "github" else "\n").join(lines)
+
+
+def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator", depth: Optional[int] = None) -> str:
+    """One self-contained page: the table, the overview and, with matplotlib, the roofline."""
+    import html
+
+    body = tabulate(
+        [_cells(r, by, result.total_time_s, False) for r in _rows_for(result, by)
+         if by != "module" or depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth],
+        headers=_header(by, result.timing),
+        tablefmt="html",
+        disable_numparse=True,
+    )
+    notes = [overview_line(result), f"Roofs: {result.roofs.describe()}", *unmatched_lines(result)]
+    figure = ""
+    try:
+        from .roofline_plot import roofline_svg
+
+        figure = roofline_svg(result)
+    except ImportError:
+        figure = "<p>(install matplotlib for the roofline plot)</p>"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>flopcount profile</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child{text-align:left}</style>"
+        f"</head><body><h1>flopcount profile: {html.escape(entry)}</h1>"
+        + "".join(f"<p>{html.escape(line)}</p>" for line in notes)
+        + figure + body + "</body></html>"
+    )
