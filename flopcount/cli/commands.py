@@ -447,7 +447,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from .predicting import run_profile
 
-    return run_profile(args, _prepare(args), _emit, _label(args))
+    return run_profile(args, lambda: _prepare(args), _emit, _label(args))
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {

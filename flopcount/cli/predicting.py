@@ -58,20 +58,22 @@ def _roofs(text: Any) -> Any:
     return Roofs({"float32": float(peak)}, float(bandwidth), "--roofs", "given")
 
 
-def run_profile(args: argparse.Namespace, run: Any, emit: Callable[[str, argparse.Namespace], None], label: str) -> int:
-    """``flopcount profile``: profile, render once, write the trace and the plot."""
+def run_profile(
+    args: argparse.Namespace, prepare: Callable[[], Any], emit: Callable[[str, argparse.Namespace], None], label: str
+) -> int:
+    """``flopcount profile``: check the flags, load the model (``prepare``), profile,
+    render once, write the trace and the plot."""
     from ..profiling.run import profile
     from ..report.profile import profile_csv, profile_html, profile_table
+    from .commands import _check_output
 
-    if run.device == "meta":
+    if args.device == "meta":
         raise UsageError("profile runs the model for real: use --device cpu or cuda, not meta")
     if args.depth is not None and args.by != "module":
         raise UsageError("--depth applies to --by module")
-    for path, flag in ((args.trace, "--trace"),):
-        from .commands import _check_output
-
-        _check_output(path, flag)
+    _check_output(args.trace, "--trace")
     roofs = _roofs(args.roofs)
+    run = prepare()
     progress(args, f"profiling {label} on {run.device}: {args.warmup} warm-up, a join step, then {args.steps} profiled steps"
                    + (" (forward + backward)" if args.backward else "") + " ...")
     result = profile(run.model, run.inputs, run.kwargs, backward=args.backward, warmup=args.warmup, steps=args.steps,
