@@ -16,6 +16,13 @@ from .errors import UsageError
 
 Bound = Literal["compute", "memory"]
 
+#: How a profile's figures are made, printed under every profile report.
+PROFILE_CONVENTION = (
+    "time: self time of the op's whole call tree per step (device time on CUDA, CPU time on CPU); "
+    "bytes: input tensors read + output tensors written (views 0); "
+    "attainable = max(FLOPs / peak, bytes / bandwidth); efficiency = attainable / time."
+)
+
 #: dtype used when an op's dtype has no peak of its own (integer ops, bool masks, no tensor)
 DEFAULT_DTYPE = "float32"
 

@@ -101,7 +101,7 @@ def test_training_step_phases_and_flops():
 def test_loss_fn_training_step():
     model, x = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)), torch.randn(8, 16)
     target = torch.randint(0, 4, (8,))
-    loss = lambda out: F.cross_entropy(out, target)  # noqa: E731
+    loss = lambda out: F.cross_entropy(out, target)
     result = flopcount.profile(model, x, backward=True, loss_fn=loss, roofs=ROOFS, warmup=0, steps=1)
     counted = flopcount.count_flops(model, x, backward=True, loss_fn=loss)
     assert _flops_by_operator(result) == counted.by_operator()

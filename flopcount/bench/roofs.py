@@ -183,21 +183,26 @@ def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Ca
     a tenth of the budget; then the best of as many repeats as the budget holds."""
     n, limit = 256, 8192
     while True:
-        a = torch.randn(n, n, device=dev).to(dtype)
-        b = torch.randn(n, n, device=dev).to(dtype)
-        out = torch.empty(n, n, device=dev, dtype=dtype)
-        timer(lambda: torch.mm(a, b, out=out))  # warm the kernel
-        once = timer(lambda: torch.mm(a, b, out=out))
+        product = _gemm(n, dev, dtype)
+        timer(product)  # warm the kernel
+        once = timer(product)
         if once >= budget_s / 10 or n >= limit:
             break
         n *= 2
     best = once
     spent = 2 * once
     while spent < budget_s / 2:
-        took = timer(lambda: torch.mm(a, b, out=out))
+        took = timer(product)
         best = min(best, took)
         spent += took
     return 2.0 * n**3 / max(best, 1e-12), n
+
+
+def _gemm(n: int, dev: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    out = torch.empty(n, n, device=dev, dtype=dtype)
+    return lambda: torch.mm(a, b, out=out)
 
 
 def _stream_rate(

@@ -447,6 +447,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from .predicting import run_profile
 
+    _check_output(args.trace, "--trace")
     return run_profile(args, lambda: _prepare(args), _emit, _label(args))
 
 

@@ -65,13 +65,11 @@ def run_profile(
     render once, write the trace and the plot."""
     from ..profiling.run import profile
     from ..report.profile import profile_csv, profile_html, profile_table
-    from .commands import _check_output
 
     if args.device == "meta":
         raise UsageError("profile runs the model for real: use --device cpu or cuda, not meta")
     if args.depth is not None and args.by != "module":
         raise UsageError("--depth applies to --by module")
-    _check_output(args.trace, "--trace")
     roofs = _roofs(args.roofs)
     run = prepare()
     progress(args, f"profiling {label} on {run.device}: {args.warmup} warm-up, a join step, then {args.steps} profiled steps"

@@ -116,7 +116,10 @@ def rows(facts: Sequence[EventFacts], measured: Measured, roofs: Roofs, steps: i
             ):
                 sums[slot] += value
             dtypes[key] = fact.dtype if dtypes.get(key, fact.dtype) == fact.dtype else "mixed"
-    made = [ProfileRow(name, module, phase, *sums, dtype=dtypes[(name, module, phase)]) for (name, module, phase), sums in groups.items()]
+    made = [
+        ProfileRow(name, module, phase, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dtypes[(name, module, phase)])
+        for (name, module, phase), s in groups.items()
+    ]
     made.sort(key=lambda r: (-r.time_s, -r.flops, r.name, r.module))
     return tuple(made)
 

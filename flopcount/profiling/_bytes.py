@@ -7,7 +7,7 @@ main has it ("Cost vector:" commit); this local copy follows the same convention
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any, Tuple
 
 from ..types import Cost, OpCall, TensorMeta
@@ -31,7 +31,7 @@ def tensor_bytes(meta: TensorMeta) -> int:
     return meta.numel * itemsize(meta.dtype)
 
 
-@lru_cache(maxsize=None)
+@cache
 def is_view(op: str) -> bool:
     """True when the op's first result aliases an input without writing it (``view``,
     ``transpose``, ``expand``...): it moves no data."""

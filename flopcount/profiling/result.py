@@ -7,16 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
-from ..roofline import Bound, Roofs, bound, efficiency, intensity
+from ..roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
 
 Category = Literal["flops", "data movement", "other"]
 
-#: How the figures are made, printed under every profile report.
-PROFILE_CONVENTION = (
-    "time: self time of the op's whole call tree per step (device time on CUDA, CPU time on CPU); "
-    "bytes: input tensors read + output tensors written (views 0); "
-    "attainable = max(FLOPs / peak, bytes / bandwidth); efficiency = attainable / time."
-)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from tabulate import tabulate
 
+from ..roofline import PROFILE_CONVENTION
 from .units import escape_markdown, format_bytes, format_count
 
 if TYPE_CHECKING:
@@ -102,8 +103,6 @@ def profile_table(
 ) -> str:
     """The rows (per operator, module or op), largest time first, then the overview,
     the roofs, what was not joined and the convention. ``depth``: module rows down to it."""
-    from ..profiling.result import PROFILE_CONVENTION
-
     rows = _rows_for(result, by)
     if by == "module" and depth is not None:
         rows = [r for r in rows if (r.module.count(".") + 1 if r.module else 0) <= depth]
