@@ -126,3 +126,13 @@ def test_cuda_roofs_measured_and_datasheet(tmp_path, monkeypatch):
     sheet = roofs.details.get("datasheet")
     if sheet is not None:  # a GPU in the table: measured below the datasheet peak, within reason
         assert 0.3 * sheet["bandwidth"] < roofs.bandwidth < 1.1 * sheet["bandwidth"]
+
+
+def test_a_new_measurement_keeps_the_best_roofs(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    slow = Roofs({"float32": 4e10, "bfloat16": 9e10}, 3e9, "cpu", "measured")
+    fast = Roofs({"float32": 6e10}, 2e9, "cpu", "measured")
+    roofs_mod.machine_roofs("cpu", measure=lambda dev: slow)
+    merged = roofs_mod.machine_roofs("cpu", measure=lambda dev: fast, refresh=True)
+    assert (merged.peak_flops, merged.bandwidth) == ({"float32": 6e10, "bfloat16": 9e10}, 3e9)
+    assert roofs_mod.machine_roofs("cpu").peak_flops == merged.peak_flops  # and it is what the cache holds
