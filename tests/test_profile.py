@@ -181,3 +181,25 @@ def test_cuda_kernels_attributed_to_ops():
     conv = result.by_operator()["aten::convolution"]
     assert 0 < conv.time_s < result.total_time_s
     assert "datasheet" in result.roofs.details or result.roofs.source.startswith("measured")
+
+
+def test_llm_decode_step_with_a_kv_cache():
+    pytest.importorskip("transformers")
+    from flopcount.examples.hf import gpt2
+
+    model = gpt2(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64).eval()
+    prompt = torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        cache = model(prompt, use_cache=True).past_key_values
+    length = cache.get_seq_length()
+    token = torch.randint(0, 100, (2, 1))
+    kwargs = {"past_key_values": cache, "use_cache": True}
+    result = flopcount.profile(model, token, kwargs, roofs=ROOFS, warmup=1, steps=2)
+    counted = flopcount.count_flops(model, token, kwargs)
+    assert _flops_by_operator(result) == counted.by_operator()
+    # a .to() that converts nothing returns its input: no op below autograd, nothing to cost
+    assert [(u.name, u.reason.split(" (")[0]) for u in result.unmatched] == [("aten::to", "flopcount's trace recorded no op for it")]
+    # every step decoded one token after the same 12: the caller's cache is as found
+    assert cache.get_seq_length() == length == 12
+    sdpa = result.by_operator()["aten::scaled_dot_product_attention"]
+    assert sdpa.calls == 2  # one per layer per step

@@ -185,7 +185,7 @@ def book_step(
                 "the counted run has no such call here (the model ran other code when timed: a fast path, "
                 "or a data-dependent branch)"
                 if carried is None
-                else "flopcount's trace recorded no op for it (argument handling of a composite, a backward seed)"
+                else "flopcount's trace recorded no op for it (no work below autograd: a .to() that converts nothing, argument handling)"
             )
             measured.add_loose(node.name, reason, time_us)
             measured.category["other"] += time_us

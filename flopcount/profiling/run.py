@@ -4,6 +4,7 @@ profiled op call with flopcount's cost of that same call (see ``_tree.py`` for t
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import tempfile
@@ -76,13 +77,17 @@ def profile(
     with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
         step = _Step(on_device, run_inputs, run_kwargs, backward, loss_fn, dev)
         for _ in range(warmup):
+            step.fresh()
             step()
+        join_args, join_kwargs = step.fresh()
         with _profiling(activities) as join_prof:
-            trace = dispatch.trace(on_device, run_inputs, run_kwargs, backward=backward, loss_fn=loss_fn, marker=_marker)
+            trace = dispatch.trace(on_device, join_args, join_kwargs, backward=backward, loss_fn=loss_fn, marker=_marker)
             synchronize(dev)
         with _profiling(activities) as timed_prof:
+            step.fresh()
             step()  # the profiler's own first-step cost stays out of the timed steps
             for index in range(steps):
+                step.fresh()
                 with _range(f"{_tree.STEP}{index}"):
                     step()
                     synchronize(dev)
@@ -120,22 +125,37 @@ def profile(
 
 class _Step:
     """One step as the dispatch tracer counts it: the forward (no grad), or the forward
-    and ``autograd.grad`` of the loss with ones seeds (made once, outside timed steps)."""
+    and ``autograd.grad`` of the loss with ones seeds (made once, outside timed steps).
+
+    Inputs holding state the forward changes (a KV cache it appends to) are copied before
+    each step (:meth:`fresh`, outside the timed ranges), so every step runs the same call
+    and the caller's objects stay as found."""
 
     def __init__(self, model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], backward: bool,
                  loss_fn: Optional[Callable[[Any], Any]], dev: torch.device):
         self.model, self.backward, self.loss_fn, self.dev = model, backward, loss_fn, dev
         self.args, self.kwargs = as_call_args(inputs, kwargs)
         self.flat, _ = flatten_tensors((self.args, self.kwargs))
+        self.stateful = _has_objects((self.args, self.kwargs))
+        self.call = (self.args, self.kwargs)
         self.seeds: Optional[List[torch.Tensor]] = None
 
+    def fresh(self) -> Any:
+        """The call arguments for the next step: the originals, or a copy of their objects
+        (the top-level input tensors shared) when they hold state."""
+        if self.stateful:
+            memo = {id(t): t for t in self.flat}
+            self.call = copy.deepcopy((self.args, self.kwargs), memo)
+        return self.call
+
     def __call__(self) -> None:
+        args, kwargs = self.call
         if not self.backward:
             with torch.no_grad():
-                self.model(*self.args, **self.kwargs)
+                self.model(*args, **kwargs)
             return
         with torch.enable_grad():
-            outputs = self.model(*self.args, **self.kwargs)
+            outputs = self.model(*args, **kwargs)
             roots = _differentiable(output_tensors(self.loss_fn(outputs) if self.loss_fn is not None else outputs))
             leaves = _differentiable(_unique(list(self.model.parameters()) + list(self.flat)))
             if not roots or not leaves:
@@ -143,6 +163,21 @@ class _Step:
             if self.seeds is None:
                 self.seeds = [torch.ones_like(r) for r in roots]
             torch.autograd.grad(roots, leaves, grad_outputs=self.seeds, allow_unused=True)
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _has_objects(value: Any) -> bool:
+    """True when ``value`` holds anything besides tensors, plain values and the builtin
+    containers (a cache object, a dataclass the forward may change)."""
+    if isinstance(value, (torch.Tensor, *_PLAIN)):
+        return False
+    if type(value) in (list, tuple):
+        return any(_has_objects(v) for v in value)
+    if type(value) is dict:
+        return any(_has_objects(v) for v in value.values())
+    return True
 
 
 def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
