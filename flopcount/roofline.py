@@ -113,5 +113,6 @@ def intensity(flops: float, bytes_moved: float) -> Optional[float]:
 
 
 def efficiency(attainable_s: float, measured_s: float) -> Optional[float]:
-    """``attainable_s / measured_s`` (None without a measured time)."""
-    return attainable_s / measured_s if measured_s > 0 else None
+    """``attainable_s / measured_s`` (None without a measured time, or for work the roofs
+    do not see: no FLOPs and no bytes)."""
+    return attainable_s / measured_s if measured_s > 0 and attainable_s > 0 else None

@@ -62,8 +62,8 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
     ax.set_ylim(min(ys + [roofs.peak(None)]) / 20, max(roofs.peak_flops.values()) * 3)
     ax.set_xlabel("arithmetic intensity (FLOPs / byte moved)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(f"Roofline: {roofs.device or result.device} ({roofs.source}); area = share of time; "
-                 "red compute-bound, blue memory-bound", fontsize=9)
+    ax.set_title(f"Roofline: {roofs.device or result.device} (roofs {roofs.source})\n"
+                 "point area = share of the step's time; red compute-bound, blue memory-bound", fontsize=9)
     ax.grid(True, which="both", ls=":", lw=0.4)
     ax.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
