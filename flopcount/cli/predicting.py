@@ -68,6 +68,10 @@ def run_profile(
 
     if args.device == "meta":
         raise UsageError("profile runs the model for real: use --device cpu or cuda, not meta")
+    if args.tracer != "auto":
+        raise UsageError("profile joins the profiler with flopcount's dispatch recorder on the real model: drop --tracer")
+    if args.plot_kind != "bars":
+        raise UsageError("profile --plot draws the roofline: drop --plot-kind")
     if args.depth is not None and args.by != "module":
         raise UsageError("--depth applies to --by module")
     roofs = _roofs(args.roofs)

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import tempfile
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import torch
@@ -83,18 +84,29 @@ def profile(
         with _profiling(activities) as join_prof:
             trace = dispatch.trace(on_device, join_args, join_kwargs, backward=backward, loss_fn=loss_fn, marker=_marker)
             synchronize(dev)
-        with _profiling(activities) as timed_prof:
+        # the profiler's schedule discards a warm-up step: its own first-step cost stays out;
+        # the events and the trace are taken when the cycle is complete
+        captured: Dict[str, Any] = {}
+
+        def ready(prof: Any) -> None:
+            captured["events"] = prof.events()
+            captured["trace"] = _chrome_trace(prof) if keep_trace else None
+
+        schedule = torch.profiler.schedule(wait=0, warmup=1, active=steps)
+        with _profiling(activities, schedule, ready) as timed_prof:
             step.fresh()
-            step()  # the profiler's own first-step cost stays out of the timed steps
+            step()
+            synchronize(dev)
+            timed_prof.step()
             for index in range(steps):
                 step.fresh()
                 with _range(f"{_tree.STEP}{index}"):
                     step()
                     synchronize(dev)
-        raw_trace = _chrome_trace(timed_prof) if keep_trace else None
+                timed_prof.step()
     facts = _book.event_facts(cost_events(trace.events, table))
     join_tops = _tree.top_ops(_tree.from_profiler(join_prof.events()))
-    timed_roots = _tree.from_profiler(timed_prof.events())
+    timed_roots = _tree.from_profiler(captured.get("events") or ())
     measure = _tree.device_total if dev.type == "cuda" else _tree.cpu_total
     measured = _book.Measured()
     args: Dict[int, Dict[str, Any]] = {}
@@ -118,7 +130,7 @@ def profile(
         backward=backward,
         timing="device" if dev.type == "cuda" else "cpu",
         warnings=tuple(trace.warnings),
-        trace=raw_trace,
+        trace=captured.get("trace"),
         trace_args=args,
     )
 
@@ -206,16 +218,19 @@ def _marker(index: int) -> Any:
 
 
 @contextlib.contextmanager
-def _profiling(activities: List[Any]) -> Iterator[Any]:
+def _profiling(activities: List[Any], schedule: Any = None, ready: Optional[Callable[[Any], None]] = None) -> Iterator[Any]:
     """``torch.profiler.profile`` recording shapes, its start and stop lines silenced."""
-    prof = torch.profiler.profile(activities=activities, record_shapes=True)
-    with _quiet():
-        prof.__enter__()
-    try:
-        yield prof
-    finally:
+    prof = torch.profiler.profile(activities=activities, record_shapes=True, schedule=schedule, on_trace_ready=ready)
+    with warnings.catch_warnings():
+        # torch's note that a schedule's cycle clears its events: they are taken in `ready`
+        warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
         with _quiet():
-            prof.__exit__(None, None, None)
+            prof.__enter__()
+        try:
+            yield prof
+        finally:
+            with _quiet():
+                prof.__exit__(None, None, None)
 
 
 @contextlib.contextmanager
