@@ -333,21 +333,24 @@ def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -
         table[key] = OpTotals(old.count, old.macs + macs, old.flops + flops)
 
     for event, old, new in changes:
-        macs, flops = new.macs - old.macs, new.flops - old.flops
-        if not macs and not flops:
+        if new.macs == old.macs and new.flops == old.flops and new.parts == old.parts:
             continue
-        op = event.call.op
-        total_macs += macs
-        total_flops += flops
-        shift(operators, op, macs, flops)
-        shift(phases, event.phase, macs, flops)
-        for name in owners(event.module_stack):
-            shift(modules, name, macs, flops)
-            ops = copied.get(name)
-            if ops is None:
-                ops = copied[name] = dict(module_ops[name])
-                module_ops[name] = ops
-            shift(ops, op, macs, flops)
+        total_macs += new.macs - old.macs
+        total_flops += new.flops - old.flops
+        shift(phases, event.phase, new.macs - old.macs, new.flops - old.flops)
+        stack_owners = owners(event.module_stack)
+        # booked as aggregate books it: a split cost under the ops it names
+        for sign, cost in ((-1, old), (1, new)):
+            for op, part in cost.parts or ((event.call.op, cost),):
+                macs, flops = sign * part.macs, sign * part.flops
+                shift(operators, op, macs, flops)
+                for name in stack_owners:
+                    shift(modules, name, macs, flops)
+                    ops = copied.get(name)
+                    if ops is None:
+                        ops = copied[name] = dict(module_ops[name])
+                        module_ops[name] = ops
+                    shift(ops, op, macs, flops)
     return replace(
         result, flops=total_flops, macs=total_macs, _operators=operators, _modules=modules,
         _module_ops=module_ops, _phases=phases,
