@@ -14,7 +14,6 @@ a mixture-of-experts model is counted with each token routed to exactly k expert
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -24,10 +23,11 @@ import torch
 from torch import nn
 
 from ._decode import Affine, Costed, cache_limits, plan_runs
+from ._steps import Decoding, LastOutput, Setup
 from .analysis import _module_aliases, cost_events, module_infos, uncompiled
-from .errors import UsageError
+from .errors import TraceError, UsageError
 from .handlers import default_registry
-from .inputs import describe_inputs, is_dataless
+from .inputs import describe_inputs
 from .params import summarize_parameters
 from .results import FlopResult, aggregate
 from .tracers import trace
@@ -164,50 +164,6 @@ def _tensors_in(obj: Any, visited: set) -> Iterator[torch.Tensor]:
         yield from _tensors_in(child, visited)
 
 
-class _LastOutput:
-    """Keeps the output of the model's own forward (a process-wide hook, removed on exit)."""
-
-    def __init__(self, model: nn.Module):
-        self._model = model
-        self.value: Any = None
-        self._handle: Any = None
-
-    def __enter__(self) -> _LastOutput:
-        from torch.nn.modules import module as module_impl
-
-        def keep(module: nn.Module, args: Any, output: Any) -> None:
-            if module is self._model:
-                self.value = output
-
-        self._handle = module_impl.register_module_forward_hook(keep)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._handle.remove()
-
-    def take(self) -> Any:
-        value, self.value = self.value, None
-        if value is None:
-            raise UsageError("count_generation: the model's forward returned nothing to continue from")
-        return value
-
-
-def _field(output: Any, name: str) -> Any:
-    if isinstance(output, Mapping) or hasattr(output, "keys"):
-        try:
-            return output[name]
-        except (KeyError, TypeError):
-            return None
-    return getattr(output, name, None)
-
-
-def _next_tokens(logits: Any) -> torch.Tensor:
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
-        raise UsageError("count_generation: the model returned no (batch, positions, vocab) logits")
-    with torch.no_grad():
-        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
-
-
 def count_generation(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -238,12 +194,13 @@ def count_generation(
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise UsageError(f"count_generation: new_tokens must be an int >= 1, got {new_tokens!r}")
     model = uncompiled(model)
-    setup = _Setup(model, input_ids, kwargs)
-    counted = _count(model, setup, new_tokens - 1, trace_every_step)
+    setup = Setup(model, input_ids, kwargs)
     notes = list(setup.notes)
-    if counted is None:  # a traced step did not match its prediction: start again, tracing every step
+    try:
+        counted = _count(model, setup, new_tokens - 1, trace_every_step)
+    except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
         counted = _count(model, setup, new_tokens - 1, True)
-        notes.append("a traced decode step did not match the affine continuation predicted for it: every step was traced")
+        notes.append(f"{why}: every decode step was traced")
     notes += counted.notes
     return GenerationResult(
         prefill=counted.prefill,
@@ -267,42 +224,6 @@ def _diagnostics(notes: List[str], results: List[FlopResult]) -> Tuple[str, ...]
     return tuple(found)
 
 
-class _Setup:
-    """The prefill call (prompt, mask, decoder start, ``logits_to_keep``) and what decoding needs."""
-
-    def __init__(self, model: nn.Module, input_ids: torch.Tensor, kwargs: Optional[Mapping[str, Any]]):
-        config = getattr(model, "config", None)
-        self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-        self.parameters = _forward_parameters(model)
-        # (batch, P), or (batch, features, P) for speech
-        self.batch, self.prompt = int(input_ids.shape[0]), int(input_ids.shape[-1])
-        self.device = input_ids.device
-        self.notes: List[str] = []
-        if is_dataless(input_ids):
-            self.notes.append(
-                "count_generation on meta/fake tensors: the generated token ids have no value (a dense model costs the "
-                "same whatever the ids); no early stop at an end-of-sequence token"
-            )
-        main = getattr(model, "main_input_name", "input_ids") if self.encoder_decoder else "input_ids"
-        first: Dict[str, Any] = {main: input_ids, "use_cache": True}
-        if "attention_mask" in self.parameters and not (kwargs and "attention_mask" in kwargs) and input_ids.dtype in _INT:
-            if is_dataless(input_ids):
-                # generate's all-ones mask would only be checked with .all(), which meta cannot answer
-                self.notes.append("no attention mask was passed on meta (all positions valid, as generate's all-ones mask)")
-            else:
-                first["attention_mask"] = torch.ones(self.batch, self.prompt, dtype=torch.int64, device=self.device)
-        if self.encoder_decoder:
-            first["decoder_input_ids"] = torch.full((self.batch, 1), _decoder_start(model), dtype=torch.int64, device=self.device)
-        if "logits_to_keep" in self.parameters:
-            first["logits_to_keep"] = 1
-        first.update(kwargs or {})
-        self.first = first
-        # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` deprecated)
-        self.cache_key = "cache" if "cache" in self.parameters else "past_key_values"
-        # positions the cache holds after the prefill: the prompt, or the decoder's first token
-        self.base = 1 if self.encoder_decoder else self.prompt
-
-
 @dataclass
 class _Counted:
     prefill: FlopResult
@@ -311,13 +232,17 @@ class _Counted:
     notes: List[str]
 
 
-def _count(model: nn.Module, setup: _Setup, total: int, every_step: bool) -> Optional[_Counted]:
-    """The prefill and ``total`` decode steps; ``None`` when a traced step contradicts the
-    continuation predicted for it (the caller then traces every step)."""
+class _Mismatch(Exception):
+    """A traced step is not the continuation predicted for the steps before it."""
+
+
+def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Counted:
+    """The prefill and ``total`` decode steps; raises :class:`_Mismatch` when a run's last
+    step, traced, contradicts the continuation predicted for it."""
     counter = _Counter(model)
-    with _LastOutput(model) as last:
+    with LastOutput(model) as last:
         prefill = counter.count(setup.first)[2]
-        state = _Decoding(model, last.take(), setup)
+        state = Decoding(model, last.take(), setup)
         if total > 0 and state.cache is None:
             raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
         limits = cache_limits(state.cache, getattr(model, "config", None))
@@ -346,14 +271,17 @@ def _count(model: nn.Module, setup: _Setup, total: int, every_step: bool) -> Opt
                 base_result = steps[first]
                 steps += [affine.result_at(s - first, base_result) for s in range(index, final)]
                 predicted.append((index, final - 1))
-                counter.catch_up(state.call(index, width=final - index))
+                try:
+                    counter.catch_up(state.call(index, width=final - index))
+                except TraceError as exc:
+                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({exc})") from exc
                 state.advance(last.take())
                 if not affine.matches(final - first, *step(final)):
-                    return None
+                    raise _Mismatch(f"decode step {final} did not match the affine continuation predicted for it")
                 break
     notes = []
     if predicted:
-        ranges = ", ".join(f"{a}..{b}" for a, b in predicted)
+        ranges = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in predicted)
         crossed = limits.within(setup.base + 1, setup.base + total)
         split = f"; runs split where the context reaches the cache's limits ({', '.join(map(str, crossed))})" if crossed else ""
         notes.append(
@@ -397,82 +325,3 @@ class _Counter:
         )
 
 
-class _Decoding:
-    """What the next decode step is fed: the greedy token, the cache, the growing mask."""
-
-    def __init__(self, model: nn.Module, output: Any, setup: _Setup):
-        self.setup = setup
-        self.prepare = _step_preparer(model, setup)
-        self.encoder_out = _field(output, "encoder_last_hidden_state") if setup.encoder_decoder else None
-        self.mask = setup.first.get("attention_mask")
-        self.advance(output)
-
-    def advance(self, output: Any) -> None:
-        self.cache = _field(output, self.setup.cache_key)
-        if self.cache is None:
-            self.cache = _field(output, "past_key_values")
-        self.tokens = _next_tokens(_field(output, "logits"))
-
-    def call(self, step: int, width: int = 1) -> Dict[str, Any]:
-        """The forward of decode step ``step``, or of ``width`` positions from it at once: as
-        the model's ``prepare_inputs_for_generation`` makes it when it has one (Mamba drops
-        the attention mask after the prefill), else the tokens, the cache and the mask."""
-        call = self._call(step, width)
-        if self.prepare is None:
-            return call
-        setup = self.setup
-        ids = call.pop("decoder_input_ids" if setup.encoder_decoder else "input_ids")
-        history = ids[:, :1].expand(-1, (1 if setup.encoder_decoder else setup.prompt) + step + width)
-        return dict(self.prepare(history, next_sequence_length=width, is_first_iteration=False, **call))
-
-    def _call(self, step: int, width: int) -> Dict[str, Any]:
-        setup = self.setup
-        tokens = self.tokens if width == 1 else self.tokens.expand(-1, width)
-        call: Dict[str, Any] = {setup.cache_key: self.cache, "use_cache": True}
-        if setup.encoder_decoder:
-            from transformers.modeling_outputs import BaseModelOutput
-
-            call["decoder_input_ids"] = tokens
-            call["encoder_outputs"] = BaseModelOutput(last_hidden_state=self.encoder_out)
-            if self.mask is not None:
-                call["attention_mask"] = self.mask
-        else:
-            call["input_ids"] = tokens
-            if self.mask is not None:
-                call["attention_mask"] = torch.ones(setup.batch, setup.prompt + step + width, dtype=torch.int64, device=setup.device)
-        if "logits_to_keep" in setup.parameters:
-            call["logits_to_keep"] = 1
-        return call
-
-
-def _step_preparer(model: nn.Module, setup: _Setup) -> Any:
-    """The model's ``prepare_inputs_for_generation`` when it takes the arguments generate()
-    gives it in transformers 5 (``cache``, ``next_sequence_length``), else None."""
-    prepare = getattr(model, "prepare_inputs_for_generation", None)
-    if not callable(prepare) or setup.cache_key != "cache":
-        return None
-    try:
-        names = inspect.signature(prepare).parameters
-    except (TypeError, ValueError):
-        return None
-    takes_length = "next_sequence_length" in names or any(p.kind is p.VAR_KEYWORD for p in names.values())
-    return prepare if takes_length and "cache" in names else None
-
-
-_INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-
-
-def _forward_parameters(model: nn.Module) -> Tuple[str, ...]:
-    try:
-        return tuple(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return ()
-
-
-def _decoder_start(model: nn.Module) -> int:
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        for key in ("decoder_start_token_id", "bos_token_id", "pad_token_id"):
-            value = getattr(source, key, None)
-            if isinstance(value, int):
-                return value
-    return 0
