@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
+import torch
+
 from .analysis import cost_events
 from .registry import HandlerRegistry
 from .results import FlopResult, reprice
@@ -80,7 +82,7 @@ def _keyed_ints(obj: Any, visited: Set[int]) -> Iterator[Tuple[str, int]]:
         items: Any = obj.items()
     elif isinstance(obj, (list, tuple)):
         items = (("", child) for child in obj)
-    elif hasattr(obj, "__dict__") and not _is_tensor(obj):
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, torch.nn.Module)):
         items = vars(obj).items()
     else:
         return
@@ -100,12 +102,6 @@ def _ints(value: Any) -> Iterator[int]:
     elif isinstance(value, (list, tuple)):
         for v in value:
             yield from _ints(v)
-
-
-def _is_tensor(obj: Any) -> bool:
-    import torch
-
-    return isinstance(obj, (torch.Tensor, torch.nn.Module))
 
 
 def plan_runs(total: int, base: int, limits: Limits, every_step: bool) -> List[Tuple[int, int, bool]]:
