@@ -12,7 +12,7 @@ from torch import nn
 
 from .analysis import analyze
 from .bench.latency import benchmark
-from .errors import FlopcountWarning, UnsupportedOpError, UsageError
+from .errors import UnsupportedOpError, UnsupportedOpsWarning, UsageError
 from .registry import HandlerRegistry
 from .results import FlopResult
 from .types import TRACERS, Handler
@@ -77,7 +77,7 @@ def count_flops(
         warnings.warn(
             f"{len(unsupported)} op type(s) without a handler were not counted: {listing}; "
             "see FlopResult.unsupported_ops() or register a handler",
-            FlopcountWarning,
+            UnsupportedOpsWarning,
             stacklevel=2,
         )
     return result

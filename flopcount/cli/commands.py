@@ -191,11 +191,11 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False) -> Any:
     import warnings
 
     from ..api import count_flops
-    from ..errors import FlopcountWarning
+    from ..errors import UnsupportedOpsWarning
 
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
-        warnings.filterwarnings("ignore", message=r".*without a handler were not counted", category=FlopcountWarning)
+        warnings.simplefilter("ignore", UnsupportedOpsWarning)
         result = count_flops(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
     report_notes(result, args)
     return result

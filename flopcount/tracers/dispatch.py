@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 from torch import nn
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -298,8 +299,20 @@ class _Recorder(_DataReads):
     converted to TensorMeta without keeping any reference to a tensor.
     """
 
+    #: torch hands higher-order ops (``torch.cond``) to the mode: see :meth:`_higher_order`.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch runs an eager higher-order op under torch.compile, which would trace this
+        # mode's own code: keep it eager (torch wraps __torch_dispatch__ in _disable_dynamo)
+        return True
+
     def __init__(self, modules: ModuleStack, answer_reads: bool = True):
         super().__init__(modules)
+        #: module -> calls of ``torch.cond`` whose predicate was a placeholder (both branches counted)
+        self.both_branches: Dict[str, int] = {}
+        self.conds = 0
         self.events: List[OpEvent] = []
         self.phase: Phase = "forward"
         self.muted = 0  # > 0 inside an intercepted composite (SDPA) or flopcount's own ops
@@ -319,6 +332,8 @@ class _Recorder(_DataReads):
         self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs or {})
         if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
@@ -347,6 +362,29 @@ class _Recorder(_DataReads):
         if sig.is_all:
             self._note_reduction(out)
         return out
+
+
+    def _higher_order(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """``torch.cond``: on real data, the branch the predicate takes; when the predicate
+        has no value (meta/fake tensors), both branches, their costs added (an upper bound,
+        reported as a gap) and the true branch's result returned (both have its shapes).
+        The branches' ops are recorded like any others, in their modules."""
+        if func.name() != "cond":
+            raise NotImplementedError(
+                f"flopcount cannot count the higher-order op torch.ops.higher_order.{func.name()} yet (only torch.cond)"
+            )
+        bound = dict(zip(("pred", "true_fn", "false_fn", "operands"), args))
+        bound.update(kwargs)
+        pred, operands = bound["pred"], tuple(bound["operands"])
+        self.conds += 1
+        with self:
+            if isinstance(pred, torch.Tensor) and is_dataless(pred):
+                where = self._modules.current
+                self.both_branches[where] = self.both_branches.get(where, 0) + 1
+                out = bound["true_fn"](*operands)
+                bound["false_fn"](*operands)
+                return out
+            return bound["true_fn"](*operands) if bool(pred) else bound["false_fn"](*operands)
 
 
 _NO_KWARGS: Mapping[str, Any] = {}
@@ -458,6 +496,11 @@ def trace(
                     if fake_copy:
                         raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
+                if attribution is not None and recorder.conds:
+                    raise UsageError(
+                        "backward=True through torch.cond is not counted yet (torch runs the branch below "
+                        "autograd under a dispatch mode); count the forward with backward=False"
+                    )
                 if attribution is not None:
                     attribution.start_backward(names)
                     try:
@@ -470,8 +513,11 @@ def trace(
                             raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
-    notes = _notes(recorder.placeholders)
-    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes)
+    notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)
+    return Trace(
+        tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes,
+        shape_cache=shape_cache.stats() if shape_cache is not None else {},
+    )
 
 
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
@@ -495,6 +541,15 @@ def _backward_error(exc: BaseException, recorder: _Recorder, inputs_text: str) -
         f"{'backward' if in_backward else 'loss_fn'} failed{place} (dispatch tracer) with inputs {inputs_text}: {detail}",
         module_path=where,
         input_shapes=inputs_text,
+    )
+
+
+def _cond_notes(both: Mapping[str, int]) -> Tuple[str, ...]:
+    return tuple(
+        f"torch.cond in {f'module {where!r}' if where else 'the root module'} ({n}x): its predicate has no value on "
+        "meta/fake tensors, so both branches are counted (an upper bound); count real tensors "
+        "(tracer='dispatch') for the branch taken"
+        for where, n in sorted(both.items())
     )
 
 
