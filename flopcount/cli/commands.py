@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import json
 import math
 import os
 import sys
@@ -326,14 +325,11 @@ def _cmd_count(args: argparse.Namespace) -> int:
     if getattr(args, "generate", None):
         return _count_generation(run, args)
     result = _count(run, args, backward=args.backward)
-    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
-    if args.memory:
-        estimate = _estimate_memory(run, args)
-        if args.format == "json":
-            data = json.loads(text)
-            data["memory"] = estimate.to_dict()
-            text = json.dumps(data, indent=2)
-        elif args.format in ("table", "tree", "markdown"):
+    estimate = _estimate_memory(run, args) if args.memory else None
+    extra = {"memory": estimate.to_dict()} if estimate is not None else None
+    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators, extra=extra)
+    if estimate is not None and args.format != "json":  # JSON: one document with its memory section
+        if args.format in ("table", "tree", "markdown"):
             text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
         else:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
@@ -409,11 +405,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         memory_bytes=None if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
     )
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth)
-    if estimate is not None and args.format == "json":
-        data = json.loads(text)
-        data["memory"] = estimate.to_dict()
-        text = json.dumps(data, indent=2)
+    extra = {"memory": estimate.to_dict()} if estimate is not None else None
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, extra=extra)
     _emit(text, args)
     _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms, budget=report)
     strict = _strict_failure(result, args)
