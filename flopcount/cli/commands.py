@@ -186,7 +186,7 @@ def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str,
         ) from exc
 
 
-def _count(run: _Run, args: argparse.Namespace, backward: bool = False) -> Any:
+def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimizer: Optional[str] = None) -> Any:
     """The count, with its INCOMPLETE reasons and warnings said on stderr."""
     import warnings
 
@@ -196,7 +196,9 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False) -> Any:
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
         warnings.filterwarnings("ignore", message=r".*without a handler were not counted", category=FlopcountWarning)
-        result = count_flops(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
+        result = count_flops(
+            run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
+        )
     report_notes(result, args)
     return result
 
@@ -320,12 +322,11 @@ def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] =
 
 
 def _cmd_count(args: argparse.Namespace) -> int:
-    if args.optimizer is not None and not args.memory:
-        raise UsageError("--optimizer applies to the memory estimate: add --memory")
     run = _prepare(args)
     if getattr(args, "generate", None):
         return _count_generation(run, args)
-    result = _count(run, args, backward=args.backward)
+    # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
+    result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
     text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
     if args.memory:
         estimate = _estimate_memory(run, args)
@@ -354,8 +355,8 @@ def _count_generation(run: _Run, args: argparse.Namespace) -> int:
     from ..generation import count_generation
     from ..report.render import render_generation
 
-    if args.backward or args.plot:
-        raise UsageError("--generate counts inference only: drop --backward and --plot")
+    if args.backward or args.plot or args.optimizer:
+        raise UsageError("--generate counts inference only: drop --backward, --optimizer and --plot")
     prompt = run.inputs[0] if isinstance(run.inputs, tuple) and len(run.inputs) == 1 else run.inputs
     if not isinstance(prompt, torch.Tensor):
         raise UsageError("--generate needs one prompt tensor: --input BATCHxLENGTH:int64 (token ids)")

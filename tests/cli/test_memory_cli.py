@@ -89,10 +89,29 @@ def test_count_memory_prints_the_estimate_after_the_flop_table(workdir, capsys):
     assert data["memory"]["peak_bytes"] == MLP_TRAIN_PEAK and data["macs"] > 0
 
 
+def test_count_optimizer_counts_the_training_step_it_estimates(workdir, capsys):
+    # issue #20.4: forward + backward + one Adam step, beside the training-step peak
+    code, out, err = cli(capsys, "count", "mem_models.py:mlp", "-i", "4x1024", "--optimizer", "adam", "--memory",
+                         "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    phases = {phase: v["flops"] for phase, v in data["by_phase"].items()}
+    assert list(phases) == ["forward", "backward", "optimizer"]
+    # Adam: 11 FLOPs per parameter element + 1 per tensor (its step counter), 4 tensors
+    assert phases["optimizer"] == 11 * N_PARAMS + 4
+    # forward: two linears, 2 x 4 x 1024 x 4096 MACs, plus the ReLU's 4 x 4096 FLOPs
+    assert phases["forward"] == 2 * (2 * 4 * 1024 * 4096) + 4 * 4096
+    assert data["memory"]["mode"] == "training step" and data["memory"]["optimizer"] == "adam"
+    code, out, err = cli(capsys, "count", "mem_models.py:mlp", "-i", "4x1024", "--optimizer", "sgd")
+    assert code == 0, err
+    assert "Total (forward + backward + optimizer):" in out
+
+
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["count", "mem_models.py:mlp", "-i", "64x1024", "--optimizer", "adam"], "add --memory"),
+        (["count", "mem_models.py:mlp", "-i", "64x1024", "--optimizer", "lion"], "invalid choice"),
+        (["count", "mem_models.py:mlp", "-i", "1x8:int64", "--generate", "2", "--optimizer", "adam"], "drop --backward"),
         (["count", "mem_models.py:mlp", "-i", "64x1024", "--memory", "--format", "csv"], "--memory has no csv form"),
         (["check", "mem_models.py:mlp", "-i", "64x1024"], "--max-memory"),
         (["check", "mem_models.py:mlp", "--max-memory", "12XB"], "'12XB' is not a size"),
