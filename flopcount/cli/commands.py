@@ -4,6 +4,7 @@ library, hand the result to a renderer, write it. Rendering lives in flopcount.r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -13,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ..errors import FlopcountError, UsageError
 from ..report.render import render_bench, render_check, render_count
@@ -321,8 +322,24 @@ def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] =
     return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
 
 
+def _cast(run: _Run, dtype: Optional[str]) -> _Run:
+    """``count --dtype``: the model (the CLI's own copy) and its floating inputs in ``dtype``."""
+    if dtype is None:
+        return run
+    import torch
+
+    from ..inputs import flatten_tensors
+
+    target = getattr(torch, dtype)
+    run.model.to(target)
+    tensors, rebuild = flatten_tensors((run.inputs, run.kwargs))
+    cast = [t.to(target) if t.is_floating_point() else t for t in tensors]
+    inputs, kwargs = rebuild(cast)
+    return dataclasses.replace(run, inputs=inputs, kwargs=kwargs)
+
+
 def _cmd_count(args: argparse.Namespace) -> int:
-    run = _prepare(args)
+    run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
         return _count_generation(run, args)
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
@@ -361,9 +378,36 @@ def _count_generation(run: _Run, args: argparse.Namespace) -> int:
     if not isinstance(prompt, torch.Tensor):
         raise UsageError("--generate needs one prompt tensor: --input BATCHxLENGTH:int64 (token ids)")
     progress(args, f"counting generate() of {args.generate} new tokens after a {tuple(prompt.shape)} prompt ...")
-    result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
+    with _without_cache_rename_notice():
+        result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
     _emit(render_generation(result, args.format, entry=_label(args)), args)
     return EXIT_OK
+
+
+class _CacheRenameFilter:
+    """Drops transformers' "`past_key_values`/`cache_params` are deprecated" log line: it
+    is about the argument name flopcount's decoding loop passes, not about the user's code."""
+
+    def filter(self, record: Any) -> bool:
+        return "are deprecated. Use `cache` instead" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_cache_rename_notice() -> Iterator[None]:
+    """transformers' notices that ``past_key_values`` is now called ``cache`` (a log line, and a
+    FutureWarning on some models' forward), silenced for this call only: the filters go after."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("transformers.utils.generic")
+    notice = _CacheRenameFilter()
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+            yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -410,11 +454,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         memory_bytes=None if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
     )
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth)
-    if estimate is not None and args.format == "json":
-        data = json.loads(text)
-        data["memory"] = estimate.to_dict()
-        text = json.dumps(data, indent=2)
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate)
     _emit(text, args)
     _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms, budget=report)
     strict = _strict_failure(result, args)

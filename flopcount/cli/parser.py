@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
+    count.add_argument("--dtype", choices=BENCH_DTYPES, default=None,
+                       help="cast the model's floating parameters and buffers and the floating inputs to this dtype first: "
+                       "the weights MB, --memory and the KV cache of --generate follow it (default: the model's own)")
     count.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                        help="count a training step: forward, backward and one step of this optimizer (phase 'optimizer'; "
                        "implies --backward); with --memory its state is in the peak too")
