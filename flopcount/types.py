@@ -12,7 +12,9 @@ from enum import Enum
 from math import prod
 from typing import Any, Callable, List, Literal, Mapping, Optional, Sequence, Tuple
 
+#: The pass an op ran in: the forward, autograd's backward, or one optimizer step after it.
 Phase = Literal["forward", "backward", "optimizer"]
+
 
 class Status(str, Enum):
     """A verdict, the one spelling every renderer and the CLI use. PASS: within every limit,
@@ -34,6 +36,9 @@ class Status(str, Enum):
 
 #: The tracers ``count_flops(..., tracer=)`` accepts.
 TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
+
+#: The optimizer names ``count_flops``/``estimate_memory(optimizer=)`` and the CLI accept.
+OPTIMIZERS: Tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw")
 
 #: The counting convention, printed under every report.
 CONVENTION = (
