@@ -37,6 +37,7 @@ _EXPORTS: Dict[str, str] = {
     "UsageError": "errors",
     "UnsupportedOpsWarning": "errors",
     "Status": "types",
+    "Diagnostic": "types",
     "benchmark": "bench",
     "BenchmarkResult": "bench",
     "LatencyStats": "bench",
@@ -64,6 +65,7 @@ __all__ = [
     "Budget",
     "BudgetReport",
     "Cost",
+    "Diagnostic",
     "FlopResult",
     "FlopcountError",
     "FlopcountWarning",
@@ -135,7 +137,7 @@ if TYPE_CHECKING:
     from .params import summarize_parameters
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp
-    from .types import Cost, OpCall, ParamSummary, Status, TensorMeta
+    from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 
 def __getattr__(name: str) -> Any:

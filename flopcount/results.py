@@ -11,7 +11,7 @@ from .ledger import Ledger
 from .report.export import result_to_csv, result_to_dict
 from .report.table import module_table, operator_table
 from .report.tree import module_tree
-from .types import CONVENTION, Cost, OpEvent, ParamSummary
+from .types import CONVENTION, Cost, Diagnostic, OpEvent, ParamSummary
 
 Metric = Literal["flops", "macs", "count", "bytes", "bytes_read", "bytes_written"]
 METRICS: Tuple[str, ...] = ("flops", "macs", "count", "bytes", "bytes_read", "bytes_written")
@@ -96,6 +96,8 @@ class FlopResult:
     warnings: Tuple[str, ...] = ()
     benchmark: Optional[Any] = field(default=None, repr=False)
     gaps: Tuple[str, ...] = ()
+    #: ``(op, note, calls)`` of the costs that are estimates (their sentences are in ``warnings``).
+    _estimates: Tuple[Tuple[str, str, int], ...] = field(default_factory=tuple, repr=False)
     #: Tensor bytes the ops read and wrote (docs/conventions.md, "Bytes").
     bytes_read: int = 0
     bytes_written: int = 0
@@ -118,6 +120,28 @@ class FlopResult:
         """False when the count may be short: an op without a handler ran, a placeholder
         decided a value on meta/fake tensors, or a tracer could not see some work."""
         return not self._unsupported and not self.gaps
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Every diagnostic of the count as a typed record, each once: ops without a handler
+        (with their modules and calls), gaps, estimated costs (op and calls), then the other
+        warnings. ``incomplete_reasons()`` and ``warnings`` are their texts."""
+        found: List[Diagnostic] = [
+            Diagnostic("unsupported", f"{u.op} ran {u.count}x without a handler", u.op, u.modules, u.count)
+            for u in self._unsupported
+        ]
+        found += [Diagnostic("gap", text) for text in self.gaps]
+        estimates = {_estimate_text(op, note, n): (op, n) for op, note, n in self._estimates}
+        seen = set(self.gaps)
+        for text in self.warnings:
+            if text in seen:
+                continue
+            seen.add(text)
+            if text in estimates:
+                op, n = estimates[text]
+                found.append(Diagnostic("estimate", text, op, (), n))
+            else:
+                found.append(Diagnostic("warning", text))
+        return tuple(found)
 
     def incomplete_reasons(self) -> Tuple[str, ...]:
         """One sentence per reason the count is not complete (empty when complete)."""
@@ -260,18 +284,17 @@ def aggregate(
         input_description=input_description,
         _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(ledger.unsupported.items())),
         _aliases=ledger.aliases,
-        warnings=tuple(warnings) + _estimate_warnings(ledger.notes),
+        warnings=tuple(warnings) + tuple(_estimate_text(op, note, n) for (op, note), n in ledger.notes.items()),
+        _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()),
         gaps=tuple(gaps),
     )
     return _from_ledger(ledger, base)
 
 
-def _estimate_warnings(notes: Mapping[Tuple[str, str], int]) -> Tuple[str, ...]:
-    """One sentence per (op, note) of the costs that are estimates: the count is complete
-    (every op has a handler) but these figures depend on data the handlers cannot see."""
-    return tuple(
-        f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}" for (op, note), count in notes.items()
-    )
+def _estimate_text(op: str, note: str, count: int) -> str:
+    """The sentence for a cost that is an estimate: the count is complete (every op has a
+    handler) but this op's figure depends on data the handlers cannot see."""
+    return f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}"
 
 
 def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -> FlopResult:

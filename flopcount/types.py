@@ -34,6 +34,29 @@ class Status(str, Enum):
         return format(self.value, spec)
 
 
+#: What a diagnostic says about a count: an op without a handler ran (``unsupported``), the
+#: tracer could not see some work or a placeholder decided a value (``gap``): both make the
+#: count incomplete; an op's figure depends on data (``estimate``); anything else (``warning``).
+DiagnosticKind = Literal["unsupported", "gap", "estimate", "warning"]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One typed diagnostic of a reading: what kind, the sentence a report prints, and where
+    (the op, the modules it ran in, how many calls) when it is about an op."""
+
+    kind: DiagnosticKind
+    text: str
+    op: str = ""
+    modules: Tuple[str, ...] = ()
+    count: int = 0
+
+    @property
+    def makes_incomplete(self) -> bool:
+        """True for the kinds that make a count possibly short (unsupported ops, gaps)."""
+        return self.kind in ("unsupported", "gap")
+
+
 #: The tracers ``count_flops(..., tracer=)`` accepts.
 TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
 
