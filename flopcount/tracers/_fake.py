@@ -165,7 +165,7 @@ class _TreeCopier:
         found = self.memo.get(id(module))
         if found is not None:
             return found
-        new = module.__class__.__new__(module.__class__)
+        new = object.__new__(module.__class__)
         self.memo[id(module)] = new
         new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
         return new

@@ -398,7 +398,7 @@ class CompositeInterceptor(TorchFunctionMode):
         kwargs = kwargs or {}
         binder = self._table.get(func)
         recorder = self._recorder
-        if binder is None or recorder.phase != "forward" or recorder.muted:
+        if binder is None or recorder.muted:
             return func(*args, **kwargs)
         bound = binder(args, kwargs)
         if bound is None:
