@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._packed import unpack
+from .._packed import cell_tensors, unpack
 from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless
 from ..state import preserved_rng
@@ -92,7 +92,12 @@ def _value(value: Any) -> Any:
 
 
 def _packed_meta(value: Any) -> Any:
-    """Quantized packed params as handlers see them: (weight meta, bias meta or None)."""
+    """Quantized packed params as handlers see them: (weight meta, bias meta or None) for a
+    linear/conv, (w_ih, w_hh, biases...) metas for an RNN cell (weights at their stored dtype)."""
+    cell = cell_tensors(value)
+    if cell is not None:
+        weights, biases, stored = cell
+        return tuple(TensorMeta(tuple(w.shape), _dtype_name(stored)) for w in weights) + tuple(_meta(b) for b in biases)
     unpacked = unpack(value)
     if unpacked is None:
         return value
