@@ -86,8 +86,9 @@ class BackwardAttribution:
           ``F.linear`` is named as in forward.
         * Marking goes on, on this thread: a reentrant checkpoint builds new autograd
           nodes while it recomputes, and its backward runs them. Sequence numbers are
-          per thread; another thread's would not sort after the forward's, so nodes
-          built there keep the root."""
+          per thread: marks made on another thread (CUDA's backward threads) would not
+          sort after the forward's, so none are made there, and nodes built there may be
+          matched to the wrong module (totals unaffected)."""
         self.stop_marking()
         from torch.nn.modules import module as module_impl
 
