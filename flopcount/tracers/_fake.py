@@ -165,7 +165,12 @@ class _TreeCopier:
         found = self.memo.get(id(module))
         if found is not None:
             return found
-        new = object.__new__(module.__class__)
+        # object.__new__ keeps the exact class: a GraphModule's __new__ would make a new
+        # per-instance class without the generated forward (torch.export's .module())
+        try:
+            new = object.__new__(module.__class__)
+        except TypeError:  # a module that also subclasses a builtin container
+            new = module.__class__.__new__(module.__class__)
         self.memo[id(module)] = new
         new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
         return new
