@@ -19,6 +19,7 @@ from .._packed import packed_objects
 from ..errors import TraceError
 from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from ..types import OpCall, OpEvent, TensorMeta, Trace
+from ._jit_functions import function_failure
 from ._jit_sizes import static_unpool_sizes, unpool_failure
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
@@ -458,9 +459,9 @@ def trace(
                 warnings.simplefilter("always")
                 graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
-            unpool = unpool_failure(exc, modules.current)
-            if unpool is not None:
-                raise TraceError(unpool, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
+            refusal = unpool_failure(exc, modules.current) or function_failure(exc, modules.current)
+            if refusal is not None:
+                raise TraceError(refusal, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
             raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map
