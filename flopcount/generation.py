@@ -59,6 +59,8 @@ class GenerationResult:
     warnings: Tuple[str, ...] = ()
     kv_cache_position_bytes: int = 0
     wall_s: float = field(default=0.0, compare=False)
+    #: the dtype(s) of the cache's floating tensors, e.g. "bfloat16" ("" when it holds none)
+    kv_cache_dtype: str = ""
 
     @property
     def macs(self) -> int:
@@ -145,6 +147,12 @@ def _unique_tensors(cache: Any) -> Iterator[torch.Tensor]:
             yield tensor
 
 
+def cache_dtype(cache: Any) -> str:
+    """The dtype of a KV cache's floating tensors ("bfloat16"; several joined by "+"; "" if none)."""
+    names = {str(t.dtype).replace("torch.", "") for t in _tensors_in(cache, set()) if t.is_floating_point()}
+    return "+".join(sorted(names))
+
+
 def _tensors_in(obj: Any, visited: set) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -209,6 +217,7 @@ def count_generation(
         prompt_tokens=setup.prompt,
         new_tokens=new_tokens,
         kv_cache_bytes=cache_bytes(counted.cache),
+        kv_cache_dtype=cache_dtype(counted.cache),
         encoder_decoder=setup.encoder_decoder,
         warnings=_diagnostics(notes, [counted.prefill, *counted.steps]),
         kv_cache_position_bytes=cache_position_bytes(counted.cache),
