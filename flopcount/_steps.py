@@ -105,6 +105,7 @@ class Decoding:
         self.prepare = _step_preparer(model, setup)
         self.encoder_out = _field(output, "encoder_last_hidden_state") if setup.encoder_decoder else None
         self.mask = setup.first.get("attention_mask")
+        self.notes: List[str] = []
         self.advance(output)
 
     def advance(self, output: Any) -> None:
@@ -123,7 +124,15 @@ class Decoding:
         setup = self.setup
         ids = call.pop("decoder_input_ids" if setup.encoder_decoder else "input_ids")
         history = ids[:, :1].expand(-1, (1 if setup.encoder_decoder else setup.prompt) + step + width)
-        return dict(self.prepare(history, next_sequence_length=width, is_first_iteration=False, **call))
+        try:
+            return dict(self.prepare(history, next_sequence_length=width, is_first_iteration=False, **call))
+        except Exception as exc:  # transformers' own helper: fall back to the plain inputs, and say so
+            self.prepare = None
+            self.notes.append(
+                f"{type(exc).__name__} in the model's prepare_inputs_for_generation ({str(exc)[:120]}): decode steps "
+                "were fed the greedy token, the cache and the all-ones mask instead"
+            )
+            return self._call(step, width)
 
     def _call(self, step: int, width: int) -> Dict[str, Any]:
         setup = self.setup

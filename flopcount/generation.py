@@ -288,7 +288,7 @@ def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Cou
                 if not affine.matches(final - first, *step(final)):
                     raise _Mismatch(f"decode step {final} did not match the affine continuation predicted for it")
                 break
-    notes = []
+    notes = list(state.notes)
     if predicted:
         ranges = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in predicted)
         crossed = limits.within(setup.base + 1, setup.base + total)

@@ -289,3 +289,17 @@ def test_every_diagnostic_reaches_the_generation_result() -> None:
     table, data = gen.table(), json.loads(gen.to_json())
     for warning in parts:
         assert warning in gen.warnings and warning in data["warnings"] and f"note: {warning}" in table
+
+
+def test_a_failing_prepare_inputs_falls_back_to_the_plain_step_inputs() -> None:
+    model = _model(_config("mistral", sliding_window=64), "meta")
+
+    def broken(input_ids: Any, next_sequence_length: Any = None, cache: Any = None, **kwargs: Any) -> Any:
+        raise TypeError("a helper that fails")
+
+    model.prepare_inputs_for_generation = broken  # this test's own model
+    prompt, new_tokens = 12, 6
+    result = count_generation(model, torch.zeros(B, prompt, dtype=torch.int64, device="meta"), new_tokens=new_tokens)
+    attention = [LAYERS * B * HEADS * (prompt + s + 1) * 2 * HD for s in range(new_tokens - 1)]
+    assert [s.macs for s in result.steps] == [B * (DENSE + H * VOCAB) + a for a in attention]
+    assert any("prepare_inputs_for_generation" in w and "TypeError" in w for w in result.warnings)
