@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -217,11 +217,13 @@ def _grads_set_aside(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
 
 def _backward_keeping_grads(
     roots: Sequence[torch.Tensor], seeds: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]
-) -> None:
+) -> Set[int]:
     """``torch.autograd.backward(roots, seeds)`` with every ``.grad`` of ``leaves`` put back
-    afterwards (what a reentrant checkpoint needs instead of ``autograd.grad``)."""
+    afterwards (what a reentrant checkpoint needs instead of ``autograd.grad``); returns the
+    ids of the leaves that received a gradient."""
     with _grads_set_aside(leaves):
         torch.autograd.backward(list(roots), grad_tensors=list(seeds))
+        return {id(leaf) for leaf in leaves if leaf.grad is not None}
 
 
 def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
@@ -240,13 +242,14 @@ def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
 
 def run_backward(
     model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: Any
-) -> None:
+) -> Set[int]:
     """Differentiate the loss (``loss_fn(outputs)``, or every floating output with a
     ones gradient: the gradient of their sum without recording a sum) with respect to
     every parameter and input that requires grad. ``autograd.grad`` is used so no
     ``.grad`` is written and no gradient accumulation op runs; a graph holding a reentrant
     checkpoint (which refuses ``autograd.grad``) gets a plain backward instead, with every
-    ``.grad`` set aside and put back.
+    ``.grad`` set aside and put back. Returns the ids of the leaves that received a
+    gradient (the parameters an optimizer step then updates).
 
     ``recorder`` has ``muted`` (a counter: ops made while > 0 are not recorded) and ``phase``."""
     if loss_fn is not None:
@@ -270,6 +273,7 @@ def run_backward(
     reentrant, graph_leaves = _reentrant_checkpoint(roots)
     recorder.phase = "backward"
     if reentrant is None:
-        torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
-    else:  # its backward refuses autograd.grad: a plain backward, every .grad put back
-        _backward_keeping_grads(roots, seeds, leaves + graph_leaves + list(model.parameters()))
+        grads = torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
+        return {id(leaf) for leaf, grad in zip(leaves, grads) if grad is not None}
+    # its backward refuses autograd.grad: a plain backward, every .grad put back
+    return _backward_keeping_grads(roots, seeds, leaves + graph_leaves + list(model.parameters()))

@@ -25,18 +25,21 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 from torch import nn
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._packed import cell_tensors, unpack
 from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless
+from ..optimizers import OptimizerSpec
 from ..state import preserved_rng
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
 from . import _meta_kernels
 from ._backward import BackwardAttribution, run_backward
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._modules import ModuleStack, forward_error, module_names
+from ._optimizer import FakeOptimizerStep
 from ._shape_cache import ShapeCache
 from ._state import preserved_model_state
 from ._vocabulary import CompositeInterceptor, canonical
@@ -218,8 +221,20 @@ class _Recorder(_DataReads):
     converted to TensorMeta without keeping any reference to a tensor.
     """
 
+    #: torch hands higher-order ops (``torch.cond``) to the mode: see :meth:`_higher_order`.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch runs an eager higher-order op under torch.compile, which would trace this
+        # mode's own code: keep it eager (torch wraps __torch_dispatch__ in _disable_dynamo)
+        return True
+
     def __init__(self, modules: ModuleStack, answer_reads: bool = True):
         super().__init__(modules)
+        #: module -> calls of ``torch.cond`` whose predicate was a placeholder (both branches counted)
+        self.both_branches: Dict[str, int] = {}
+        self.conds = 0
         self.events: List[OpEvent] = []
         self.phase: Phase = "forward"
         self.muted = 0  # > 0 inside an intercepted composite (SDPA) or flopcount's own ops
@@ -239,6 +254,8 @@ class _Recorder(_DataReads):
         self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs or {})
         if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
@@ -269,6 +286,29 @@ class _Recorder(_DataReads):
         return out
 
 
+    def _higher_order(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """``torch.cond``: on real data, the branch the predicate takes; when the predicate
+        has no value (meta/fake tensors), both branches, their costs added (an upper bound,
+        reported as a gap) and the true branch's result returned (both have its shapes).
+        The branches' ops are recorded like any others, in their modules."""
+        if func.name() != "cond":
+            raise NotImplementedError(
+                f"flopcount cannot count the higher-order op torch.ops.higher_order.{func.name()} yet (only torch.cond)"
+            )
+        bound = dict(zip(("pred", "true_fn", "false_fn", "operands"), args))
+        bound.update(kwargs)
+        pred, operands = bound["pred"], tuple(bound["operands"])
+        self.conds += 1
+        with self:
+            if isinstance(pred, torch.Tensor) and is_dataless(pred):
+                where = self._modules.current
+                self.both_branches[where] = self.both_branches.get(where, 0) + 1
+                out = bound["true_fn"](*operands)
+                bound["false_fn"](*operands)
+                return out
+            return bound["true_fn"](*operands) if bool(pred) else bound["false_fn"](*operands)
+
+
 _NO_KWARGS: Mapping[str, Any] = {}
 _NO_PLACEHOLDER = object()
 
@@ -281,6 +321,7 @@ def trace(
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
     fake_copy: bool = False,
+    optimizer: Optional[OptimizerSpec] = None,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -292,9 +333,15 @@ def trace(
     ``fake_copy=True`` runs a copy of the model with fake parameters, buffers and inputs
     (see ``_fake.py``): nothing is computed and the caller's objects are never touched.
     A forward that needs a real value raises :class:`FakeRunError` instead of guessing.
+
+    ``optimizer`` (with ``backward``) then runs one step of that optimizer on fake twins
+    of the parameters that got a gradient, its ops recorded with phase "optimizer" at
+    the root (see ``_optimizer.py``); the user's parameters and optimizer are not stepped.
     """
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
+    if optimizer is not None and not backward:
+        raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
     args, kw = as_call_args(inputs, kwargs)
     flat_inputs, rebuild = flatten_tensors((args, kw))
     inputs_text = describe_inputs(inputs, kwargs)
@@ -336,10 +383,16 @@ def trace(
                     if fake_copy:
                         raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
+                if attribution is not None and recorder.conds:
+                    raise UsageError(
+                        "backward=True through torch.cond is not counted yet (torch runs the branch below "
+                        "autograd under a dispatch mode); count the forward with backward=False"
+                    )
+                trained: Set[int] = set()
                 if attribution is not None:
                     attribution.start_backward(names, interceptor)
                     try:
-                        run_backward(run_model, outputs, flat_inputs, loss_fn, recorder)
+                        trained = run_backward(run_model, outputs, flat_inputs, loss_fn, recorder)
                     except UsageError:
                         raise
                     except Exception as exc:
@@ -348,8 +401,23 @@ def trace(
                             raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
-    notes = _notes(recorder.placeholders)
-    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes)
+    if optimizer is not None:
+        _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
+    notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)
+    return Trace(
+        tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes,
+        shape_cache=shape_cache.stats() if shape_cache is not None else {},
+    )
+
+
+def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[bool], recorder: _Recorder) -> None:
+    """Record one step of ``spec`` on fake twins of ``model``'s parameters (phase "optimizer")."""
+    step = FakeOptimizerStep(spec, list(model.parameters()), trained, "count_flops")
+    recorder.phase = "optimizer"
+    recorder.answer_reads = False  # the step reads its step counters: the fake mode knows them
+    recorder.run_op = None
+    with step.running(), CompositeInterceptor(recorder, _value, _outputs, None), recorder:
+        step.step()
 
 
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
@@ -373,6 +441,15 @@ def _backward_error(exc: BaseException, recorder: _Recorder, inputs_text: str) -
         f"{'backward' if in_backward else 'loss_fn'} failed{place} (dispatch tracer) with inputs {inputs_text}: {detail}",
         module_path=where,
         input_shapes=inputs_text,
+    )
+
+
+def _cond_notes(both: Mapping[str, int]) -> Tuple[str, ...]:
+    return tuple(
+        f"torch.cond in {f'module {where!r}' if where else 'the root module'} ({n}x): its predicate has no value on "
+        "meta/fake tensors, so both branches are counted (an upper bound); count real tensors "
+        "(tracer='dispatch') for the branch taken"
+        for where, n in sorted(both.items())
     )
 
 

@@ -7,6 +7,7 @@ leaves the dispatch tracer and everything downstream untouched.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from functools import cache
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
@@ -406,6 +407,11 @@ def _graph_events(
     return events
 
 
+#: torch.jit's tracing state and the module map swapped in below are process-wide: two
+#: threads tracing with jit at once take turns (the dispatch tracer needs no lock).
+_JIT_LOCK = threading.Lock()
+
+
 def trace(
     model: nn.Module,
     inputs: Any = (),
@@ -445,8 +451,8 @@ def trace(
     names = module_names(model)
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
-    previous_map = torch.jit._trace._trace_module_map
-    with preserved_model_state(model), ModuleStack(names) as modules:
+    with _JIT_LOCK, preserved_model_state(model), ModuleStack(names) as modules:
+        previous_map = torch.jit._trace._trace_module_map
         torch.jit._trace._trace_module_map = scope_map
         try:
             with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
