@@ -159,3 +159,39 @@ def test_jit_names_a_custom_function_that_calls_a_module():
     with pytest.raises(TraceError, match=r"autograd.Function 'CallsModule'.*calls a module.*tracer='dispatch'"):
         count_flops(FunctionNet(), x, tracer="jit")
     assert count_flops(FunctionNet(), x, tracer="auto").macs == STEM  # what the Function ran
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_transformers_gradient_checkpointing_matches_flop_counter_mode(reentrant):
+    """A real model's own switch: GPT-2's ``gradient_checkpointing_enable``, batch 2."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, attn_implementation="eager")
+    plain = transformers.GPT2LMHeadModel(config).train()
+    model = copy.deepcopy(plain)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    ids = torch.randint(0, 100, (2, 16))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        copy.deepcopy(model)(ids).logits.sum().backward()
+    before = snapshot(model)
+    r = count_flops(model, ids, backward=True)
+    assert_same_state(model, before)
+    assert 2 * r.macs == counter.get_total_flops()
+    # the model builds its masks differently with checkpointing on; its contractions do not change
+    contractions = {op for op, n in r.by_operator("macs").items() if n}
+    plain_result = count_flops(plain, ids, backward=True)
+    assert contractions == {op for op, n in plain_result.by_operator("macs").items() if n}
+    assert r.by_phase("macs")["forward"] == plain_result.by_phase("macs")["forward"]
+    assert r.complete
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non_reentrant"])
+def test_checkpointing_does_not_change_the_optimizer_step(mode):
+    """Every parameter gets its gradient through the checkpointed region too (the plain
+    backward a reentrant checkpoint needs included), so the step updates all of them."""
+    x = torch.randn(B, 8)
+    checkpointed = count_flops(Net(mode), x, backward=True, optimizer="adam").by_phase()
+    plain = count_flops(Net("plain"), x, backward=True, optimizer="adam").by_phase()
+    assert checkpointed["optimizer"] == plain["optimizer"] > 0
+    assert checkpointed["forward"] == plain["forward"]
