@@ -283,7 +283,8 @@ def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Cou
                 try:
                     counter.catch_up(state.call(index, width=final - index))
                 except TraceError as exc:
-                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({exc})") from exc
+                    first_line = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({first_line})") from exc
                 state.advance(last.take())
                 if not affine.matches(final - first, *step(final)):
                     raise _Mismatch(f"decode step {final} did not match the affine continuation predicted for it")
