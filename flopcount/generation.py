@@ -24,7 +24,7 @@ from torch import nn
 
 from ._decode import Affine, Costed, cache_limits, plan_runs
 from ._steps import Decoding, LastOutput, Setup
-from .analysis import _module_aliases, cost_events, module_infos, uncompiled
+from .analysis import module_aliases, cost_events, module_infos, uncompiled
 from .errors import TraceError, UsageError
 from .handlers import default_registry
 from .inputs import describe_inputs
@@ -311,7 +311,7 @@ class _Counter:
         self.model = model
         self.registry = default_registry()
         self.parameters = summarize_parameters(model)
-        self.aliases = _module_aliases(model)
+        self.aliases = module_aliases(model)
 
     def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
         run = trace(self.model, (), call, tracer="dispatch")
