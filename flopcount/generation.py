@@ -24,7 +24,7 @@ from torch import nn
 
 from ._decode import Affine, Costed, cache_limits, plan_runs
 from ._steps import Decoding, LastOutput, Setup
-from .analysis import module_aliases, cost_events, module_infos, uncompiled
+from .analysis import cost_events, module_aliases, module_infos, uncompiled
 from .errors import TraceError, UsageError
 from .handlers import default_registry
 from .inputs import describe_inputs
