@@ -35,6 +35,9 @@ _EXPORTS: Dict[str, str] = {
     "TraceError": "errors",
     "UnsupportedOpError": "errors",
     "UsageError": "errors",
+    "UnsupportedOpsWarning": "errors",
+    "Status": "types",
+    "Diagnostic": "types",
     "benchmark": "bench",
     "BenchmarkResult": "bench",
     "LatencyStats": "bench",
@@ -67,6 +70,7 @@ __all__ = [
     "Budget",
     "BudgetReport",
     "Cost",
+    "Diagnostic",
     "FlopResult",
     "FlopcountError",
     "FlopcountWarning",
@@ -85,11 +89,13 @@ __all__ = [
     "Roofs",
     "StepRecord",
     "StepSummary",
+    "Status",
     "StepTimer",
     "TensorMeta",
     "TraceError",
     "UnsupportedOp",
     "UnsupportedOpError",
+    "UnsupportedOpsWarning",
     "UsageError",
     "benchmark",
     "check_budget",
@@ -126,7 +132,15 @@ if TYPE_CHECKING:
         peaks,
     )
     from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
-    from .errors import FlopcountError, FlopcountWarning, HandlerError, TraceError, UnsupportedOpError, UsageError
+    from .errors import (
+        FlopcountError,
+        FlopcountWarning,
+        HandlerError,
+        TraceError,
+        UnsupportedOpError,
+        UnsupportedOpsWarning,
+        UsageError,
+    )
     from .generation import GenerationResult, count_generation
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
@@ -135,7 +149,7 @@ if TYPE_CHECKING:
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp
     from .roofline import Roofs
-    from .types import Cost, OpCall, ParamSummary, TensorMeta
+    from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ from ..registry import HandlerRegistry
 from ..types import Cost, Handler, OpCall, TensorMeta
 from ._common import any_complex, output_numel
 
-__all__ = ["register", "PER_ELEMENT", "per_element", "elementwise_flops", "integer_only"]
+__all__ = ["register", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
 
 _ONE = (
     # arithmetic; scalar factors folded into an op (add's alpha, addcmul's value) are not extra
@@ -68,7 +68,6 @@ PER_ELEMENT.update(
         "aten::rrelu": 2,
         "aten::rrelu_with_noise": 2,  # compare + multiply (the noise draw is RNG, not counted)
         "aten::rrelu_with_noise_backward": 2,  # select, multiply by the saved slope
-        "aten::glu_backward": 9,  # per grad_output element: sigmoid (4), g*s, g*a, *s*(1-s) (3)
         "aten::softshrink": 2,  # compare + shift
         "aten::tanhshrink": 2,  # x - tanh(x)
         "aten::glu": 5,  # a * sigmoid(b), per output element
@@ -92,6 +91,9 @@ PER_ELEMENT.update(
 GELU = {"none": 5, "tanh": 9}
 # gelu backward: exact Phi(x) (4) + x*phi(x) (5) + times grad... = 11; tanh form = 17.
 GELU_BACKWARD = {"none": 11, "tanh": 17}
+# glu backward, per grad_output element (half the grad_input it writes): sigmoid(b) (4),
+# grad_a = g*s (1), grad_b = g*a*s*(1-s) (4)
+GLU_BACKWARD = 9
 # dropout in training: scale the mask by 1/(1-p) and multiply = 2 per element (what the
 # decomposition bernoulli_ -> div_ -> mul runs); its backward is the same two ops.
 DROPOUT = 2
@@ -119,7 +121,8 @@ COMPLEX_PER_ELEMENT = {
 }
 
 
-def _complex_flops(op: str, real: int) -> int:
+def complex_flops(op: str, real: int) -> int:
+    """FLOPs per element of ``op`` on complex operands, given its real constant ``real``."""
     name = op[:-1] if op.endswith("_") and not op.endswith("__") else op
     return COMPLEX_PER_ELEMENT.get(name, 2 * real)
 
@@ -146,7 +149,7 @@ def per_element(flops: int) -> Handler:
         if integer_only(call):
             return Cost()
         if any_complex(call):
-            return Cost.from_flops(_complex_flops(call.op, flops) * output_numel(call))
+            return Cost.from_flops(complex_flops(call.op, flops) * output_numel(call))
         return Cost.from_flops(flops * output_numel(call))
 
     handler.__doc__ = f"{flops} FLOP(s) per output element."
@@ -199,6 +202,10 @@ def _alpha_dropout(call: OpCall) -> Cost:
     return Cost.from_flops(ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel)
 
 
+def _glu_backward(call: OpCall) -> Cost:
+    return Cost.from_flops(GLU_BACKWARD * call.tensor("grad_output").numel)
+
+
 def _dropout_backward(call: OpCall) -> Cost:
     return Cost.from_flops(DROPOUT * call.tensor("grad_output").numel)
 
@@ -216,3 +223,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::feature_dropout", _feature_dropout)
     registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _alpha_dropout)
     registry.register("aten::native_dropout_backward", _dropout_backward)
+    registry.register("aten::glu_backward", _glu_backward)

@@ -37,7 +37,7 @@ def event_facts(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> List[EventF
     for event, cost in costed:
         fact = EventFacts(event, cost)
         if cost is not None:
-            fact.bytes = event_bytes(event.call, cost)
+            fact.bytes = event_bytes(cost)
             fact.dtype = call_dtype(event.call)
             parts = cost.parts or ((event.call.op, cost),)
             total = sum(p.flops for _, p in parts)

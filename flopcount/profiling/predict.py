@@ -18,7 +18,7 @@ from ..handlers import default_registry
 from ..registry import HandlerRegistry
 from ..roofline import Bound, Roofs, bound, compute_time, intensity, memory_time
 from ..tracers import trace
-from ._bytes import call_bytes_as, call_dtype
+from ._bytes import bytes_as, call_dtype
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def predict(
             unsupported[event.call.op] = None
             continue
         op_dtype = as_dtype if as_dtype is not None and _floating(call_dtype(event.call)) else call_dtype(event.call)
-        moved = sum(call_bytes_as(event.call, as_dtype))
+        moved = bytes_as(event.call, cost, as_dtype)
         c, m = compute_time(cost.flops, roofs, op_dtype), memory_time(moved, roofs)
         key = (event.call.op, event.module, event.phase)
         sums = groups.setdefault(key, [0, 0, 0, 0, 0.0, 0.0, 0.0, op_dtype])
