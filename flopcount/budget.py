@@ -154,7 +154,10 @@ class BudgetLine:
         """PASS (exact and within), FAIL (certainly over: exact or a lower bound over the
         limit) or INCOMPLETE (an incomplete count that does not decide)."""
         if self.passed:
-            return Status.PASS if self.bound == "exact" else Status.INCOMPLETE
+            if self.bound == "exact":
+                return Status.PASS
+            # a latency lower bound (flopcount.predict) within the limit: only measuring decides
+            return Status.UNDECIDED if self.name == "latency_ms" and self.bound == "lower" else Status.INCOMPLETE
         return Status.FAIL if self.bound in ("exact", "lower") else Status.INCOMPLETE
 
     def describe(self) -> str:
@@ -184,6 +187,8 @@ class BudgetReport:
             return Status.FAIL
         if not self.allow_incomplete and any(line.status == Status.INCOMPLETE for line in self.lines):
             return Status.INCOMPLETE
+        if any(line.status == Status.UNDECIDED for line in self.lines):
+            return Status.UNDECIDED
         return Status.PASS if all(line.passed for line in self.lines) else Status.FAIL
 
     @property
@@ -209,8 +214,8 @@ class BudgetReport:
         """One sentence: ``'PASS: all 2 budget(s) met'``, ``'FAIL: ...'`` or ``'INCOMPLETE: ...'``."""
         status = self.status
         n = len(self.lines)
-        if status == "INCOMPLETE" and all(line.name == "latency_ms" for line in self.undecided):
-            return "INCOMPLETE: latency_ms is not decided without measuring (its roofline lower bound is within the budget)"
+        if status == Status.UNDECIDED:
+            return "UNDECIDED: latency_ms is not decided without measuring (its roofline lower bound is within the budget)"
         if status == "INCOMPLETE":
             names = ", ".join(line.name for line in self.undecided)
             return (
@@ -286,7 +291,7 @@ def check_budget(
     when a FLOPs or MACs limit is set: params, size, latency and memory do not rest on the
     count's completeness (a memory verdict rests on the memory estimate alone). ``latency_bound="lower"``:
     ``latency_ms`` is a lower bound (``flopcount.predict``): over the limit is a certain
-    FAIL, within it is not decided (INCOMPLETE)."""
+    FAIL, within it is not decided without measuring (UNDECIDED)."""
     if isinstance(incomplete_reasons, str):
         raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
     reasons = tuple(incomplete_reasons) if budget.needs_count else ()

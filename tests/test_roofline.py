@@ -136,3 +136,16 @@ def test_a_new_measurement_keeps_the_best_roofs(tmp_path, monkeypatch):
     merged = roofs_mod.machine_roofs("cpu", measure=lambda dev: fast, refresh=True)
     assert (merged.peak_flops, merged.bandwidth) == ({"float32": 6e10, "bfloat16": 9e10}, 3e9)
     assert roofs_mod.machine_roofs("cpu").peak_flops == merged.peak_flops  # and it is what the cache holds
+
+
+def test_a_latency_lower_bound_fails_or_stays_undecided():
+    from flopcount.budget import Budget, check_budget
+
+    over = check_budget(Budget(max_latency_ms=10), latency_ms=12.5, latency_bound="lower")
+    within = check_budget(Budget(max_latency_ms=10), latency_ms=4.0, latency_bound="lower")
+    measured = check_budget(Budget(max_latency_ms=10), latency_ms=4.0)
+    assert (over.status, within.status, measured.status) == ("FAIL", "UNDECIDED", "PASS")
+    assert "not decided without measuring" in within.verdict()
+    # a certain FAIL elsewhere still wins over an undecided latency
+    both = check_budget(Budget(max_latency_ms=10, max_params=5), latency_ms=4.0, params=6, latency_bound="lower")
+    assert both.status == "FAIL"

@@ -473,7 +473,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if status == "FAIL":  # certain (or allowed): more work can only make it worse
         say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
         return EXIT_BUDGET
-    if status == "INCOMPLETE":
+    if status in ("INCOMPLETE", "UNDECIDED"):  # UNDECIDED: a latency lower bound within its budget
         say(report.verdict())
         return EXIT_INCOMPLETE
     return EXIT_INCOMPLETE if strict else EXIT_OK
