@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..roofline import Roofs, compute_time, memory_time
 from ..types import Cost, OpEvent
 from ._bytes import call_dtype, event_bytes
-from ._tree import Node, TopOp
+from ._tree import Alignment, Node, TopOp
 from .result import Overview, ProfileRow, Unmatched
 
 
@@ -56,6 +56,7 @@ class Measured:
     host: Dict[int, float] = field(default_factory=dict)
     seen: Dict[int, int] = field(default_factory=dict)
     loose: Dict[Tuple[str, str], List[float]] = field(default_factory=dict)  # (name, reason) -> [calls, time]
+    swaps: Dict[str, int] = field(default_factory=dict)  # what the timed run ran instead -> times seen
     category: Dict[str, float] = field(default_factory=lambda: {"flops": 0.0, "data movement": 0.0, "other": 0.0})
     step_us: float = 0.0
     covered_us: float = 0.0
@@ -135,7 +136,7 @@ def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tu
             entry = missing.setdefault(key, [0.0, 0.0])
             entry[0] += 1
             entry[1] += measured.time.get(index, 0.0) / steps
-        elif measured.seen.get(index, 0) < steps:
+        elif measured.seen.get(index, 0) < steps and (fact.flops or fact.bytes):  # a costless view changes no figure
             reason = "counted, but no profiled op carried it in every step (it ran inside another op, or only when counted)"
             key = (fact.event.call.op, fact.event.module, reason)
             entry = missing.setdefault(key, [0.0, 0.0])
@@ -160,24 +161,60 @@ def overview(measured: Measured, steps: int) -> Overview:
     )
 
 
+def _swapped(swaps: Sequence[Tuple[List[int], List[int]]], join: Sequence[TopOp]) -> Dict[int, TopOp]:
+    """Timed position -> a stand-in twin carrying every event of the join stretch it replaced."""
+    found: Dict[int, TopOp] = {}
+    for join_positions, timed_positions in swaps:
+        events = [i for p in join_positions for i in join[p].events]
+        if not events:
+            continue
+        stand_in = TopOp(join[join_positions[0]].node, composite=None)
+        stand_in.owners = [(i, ()) for i in dict.fromkeys(events)]
+        for position in timed_positions:
+            found[position] = stand_in
+    return found
+
+
+def _by_roofline(node: Node, carried: TopOp, facts: Sequence[EventFacts], roofs: Roofs, total: float) -> Dict[int, float]:
+    """A fused op's time shared among the counted events it stands for, by their attainable time."""
+    weights = {i: attainable_parts(facts[i], roofs)[2] if facts[i].cost is not None else 0.0 for i, _ in carried.owners}
+    whole = sum(weights.values())
+    if whole <= 0:
+        return {i: total / len(weights) for i in weights}
+    return {i: total * w / whole for i, w in weights.items()}
+
+
 def book_step(
     tops: Sequence[TopOp],
     join: Sequence[TopOp],
-    pairs: Dict[int, int],
+    alignment: Alignment,
     facts: Sequence[EventFacts],
     measured: Measured,
     measure: Any,
     roofs: Roofs,
     args_out: Dict[int, Dict[str, Any]],
 ) -> None:
-    """Give each timed top-level op's time to the events its join-step twin carries."""
+    """Give each timed top-level op's time to the events its join-step twin carries; a
+    timed op in a stretch where the runs differ goes to the counted events of that stretch."""
     from ._tree import attribute, cpu_total
 
+    pairs = alignment.pairs
+    swapped = _swapped(alignment.swaps, join)
     step_seen: Dict[int, int] = {}
     for position, top in enumerate(tops):
         node = top.node
         time_us, host_us = measure(node), cpu_total(node)
         measured.covered_us += host_us
+        stand_in = swapped.get(position)
+        if stand_in is not None:
+            shares = _by_roofline(node, stand_in, facts, roofs, time_us)
+            host_shares = _by_roofline(node, stand_in, facts, roofs, host_us)
+            counted = ", ".join(sorted({facts[i].event.call.op for i in shares if facts[i].flops or facts[i].bytes}))
+            note = f"{node.name} ran where the counted run had {counted or 'ops without cost'}"
+            measured.swaps[note] = measured.swaps.get(note, 0) + 1
+            _credit(shares, host_shares, facts, measured, step_seen)
+            args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
+            continue
         twin = pairs.get(position)
         carried = join[twin] if twin is not None else None
         if carried is None or not carried.events:
@@ -192,11 +229,17 @@ def book_step(
             continue
         shares = attribute(node, carried, measure)
         host_shares = attribute(node, carried, cpu_total)
-        for index, value in shares.items():
-            measured.time[index] = measured.time.get(index, 0.0) + value
-            measured.host[index] = measured.host.get(index, 0.0) + host_shares.get(index, 0.0)
-            step_seen[index] = 1
-            measured.category[category(facts[index])] += value
+        _credit(shares, host_shares, facts, measured, step_seen)
         args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
     for index in step_seen:
         measured.seen[index] = measured.seen.get(index, 0) + 1
+
+
+def _credit(
+    shares: Dict[int, float], host_shares: Dict[int, float], facts: Sequence[EventFacts], measured: Measured, seen: Dict[int, int]
+) -> None:
+    for index, value in shares.items():
+        measured.time[index] = measured.time.get(index, 0.0) + value
+        measured.host[index] = measured.host.get(index, 0.0) + host_shares.get(index, 0.0)
+        seen[index] = 1
+        measured.category[category(facts[index])] += value

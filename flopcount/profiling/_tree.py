@@ -188,15 +188,35 @@ def _collect_owners(node: Node, path: Tuple[int, ...], into: List[Tuple[int, Tup
         _collect_owners(child, path + (position,), into)
 
 
-def align(join: Sequence[Key], timed: Sequence[Key]) -> Dict[int, int]:
-    """``{timed position: join position}`` for the top-level ops both runs share, in order
-    (difflib's longest matching blocks over (name, input shapes))."""
-    matcher = difflib.SequenceMatcher(None, list(join), list(timed), autojunk=False)
-    pairs: Dict[int, int] = {}
-    for block in matcher.get_matching_blocks():
-        for k in range(block.size):
-            pairs[block.b + k] = block.a + k
-    return pairs
+@dataclass
+class Alignment:
+    """``pairs``: timed position -> join position of the top-level ops both runs share;
+    ``swaps``: (join positions, timed positions) of each stretch between two shared ops
+    where the runs differ (the timed run took a fused fast path, say)."""
+
+    pairs: Dict[int, int] = field(default_factory=dict)
+    swaps: List[Tuple[List[int], List[int]]] = field(default_factory=list)
+
+
+def _loose(key: Key) -> Key:
+    """The key with an in-place spelling read as its out-of-place op (autograd accumulates a
+    gradient in place or not depending on who holds references: ``add_`` or ``add``)."""
+    name, shapes = key
+    return (name.rstrip("_") if not name.endswith("__") else name, shapes)
+
+
+def align(join: Sequence[Key], timed: Sequence[Key]) -> Alignment:
+    """Line the timed step's top-level ops up with the join step's (difflib's longest
+    matching blocks over (name, input shapes), in-place spellings read as out-of-place)."""
+    matcher = difflib.SequenceMatcher(None, [_loose(k) for k in join], [_loose(k) for k in timed], autojunk=False)
+    found = Alignment()
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            for k in range(i2 - i1):
+                found.pairs[j1 + k] = i1 + k
+        elif tag == "replace":
+            found.swaps.append((list(range(i1, i2)), list(range(j1, j2))))
+    return found
 
 
 def _follow(node: Node, path: Tuple[int, ...]) -> Optional[Node]:

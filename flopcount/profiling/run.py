@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -97,13 +97,15 @@ def profile(
             step.fresh()
             step()
             synchronize(dev)
-            timed_prof.step()
+            with _quiet():  # the profiler starts recording here (and says so on stderr)
+                timed_prof.step()
             for index in range(steps):
                 step.fresh()
                 with _range(f"{_tree.STEP}{index}"):
                     step()
                     synchronize(dev)
-                timed_prof.step()
+                with _quiet():
+                    timed_prof.step()
     facts = _book.event_facts(cost_events(trace.events, table))
     join_tops = _tree.top_ops(_tree.from_profiler(join_prof.events()))
     timed_roots = _tree.from_profiler(captured.get("events") or ())
@@ -116,8 +118,8 @@ def profile(
     for window in windows:
         tops = [t for t in all_tops if window.start <= t.node.start <= window.end]
         measured.step_us += window.end - window.start
-        pairs = _tree.align(join_keys, [t.node.key for t in tops])
-        _book.book_step(tops, join_tops, pairs, facts, measured, measure, roof, args)
+        alignment = _tree.align(join_keys, [t.node.key for t in tops])
+        _book.book_step(tops, join_tops, alignment, facts, measured, measure, roof, args)
     count = max(len(windows), 1)
     return ProfileResult(
         rows=_book.rows(facts, measured, roof, count),
@@ -129,9 +131,18 @@ def profile(
         warmup=warmup,
         backward=backward,
         timing="device" if dev.type == "cuda" else "cpu",
-        warnings=tuple(trace.warnings),
+        warnings=tuple(trace.warnings) + _swap_notes(measured.swaps, count),
         trace=captured.get("trace"),
         trace_args=args,
+    )
+
+
+def _swap_notes(swaps: Mapping[str, int], steps: int) -> Tuple[str, ...]:
+    """One sentence per fused path the timed run took instead of the counted ops."""
+    return tuple(
+        f"the timed run took another path: {what} (x{n / steps:g} per step); its time is booked to those counted "
+        "ops in proportion to their attainable time"
+        for what, n in swaps.items()
     )
 
 
