@@ -107,20 +107,8 @@ def profile(
                 with _quiet():
                     timed_prof.step()
     facts = _book.event_facts(cost_events(trace.events, table))
-    join_tops = _tree.top_ops(_tree.from_profiler(join_prof.events()))
-    timed_roots = _tree.from_profiler(captured.get("events") or ())
     measure = _tree.device_total if dev.type == "cuda" else _tree.cpu_total
-    measured = _book.Measured()
-    args: Dict[int, Dict[str, Any]] = {}
-    join_keys = [t.node.key for t in join_tops]
-    windows = _tree.steps(timed_roots)
-    all_tops = _tree.top_ops(timed_roots)
-    for window in windows:
-        tops = [t for t in all_tops if window.start <= t.node.start <= window.end]
-        measured.step_us += window.end - window.start
-        alignment = _tree.align(join_keys, [t.node.key for t in tops])
-        _book.book_step(tops, join_tops, alignment, facts, measured, measure, roof, args)
-    count = max(len(windows), 1)
+    measured, args, count = _join(join_prof.events(), captured.get("events") or (), facts, measure, roof)
     return ProfileResult(
         rows=_book.rows(facts, measured, roof, count),
         unmatched=_book.unmatched(facts, measured, count),
@@ -135,6 +123,26 @@ def profile(
         trace=captured.get("trace"),
         trace_args=args,
     )
+
+
+def _join(
+    join_events: Any, timed_events: Any, facts: Sequence[_book.EventFacts], measure: Callable[[_tree.Node], float], roof: Roofs
+) -> Tuple[_book.Measured, Dict[int, Dict[str, Any]], int]:
+    """Book each timed step's top-level ops to the counted events (see ``_tree``): the
+    measured sums, the trace args per profiler event id, and the number of steps."""
+    join_tops = _tree.top_ops(_tree.from_profiler(join_events))
+    join_keys = [t.node.key for t in join_tops]
+    timed_roots = _tree.from_profiler(timed_events)
+    all_tops = _tree.top_ops(timed_roots)
+    measured = _book.Measured()
+    args: Dict[int, Dict[str, Any]] = {}
+    windows = _tree.steps(timed_roots)
+    for window in windows:
+        tops = [t for t in all_tops if window.start <= t.node.start <= window.end]
+        measured.step_us += window.end - window.start
+        alignment = _tree.align(join_keys, [t.node.key for t in tops])
+        _book.book_step(tops, join_tops, alignment, facts, measured, measure, roof, args)
+    return measured, args, max(len(windows), 1)
 
 
 def _swap_notes(swaps: Mapping[str, int], steps: int) -> Tuple[str, ...]:
