@@ -70,12 +70,6 @@ class PassCost:
         return self.forward + self.backward
 
 
-def _counts_optimizers() -> bool:  # until branch mem's optimizer phase is merged
-    import inspect
-
-    return "optimizer" in inspect.signature(count_flops).parameters
-
-
 class StepCounter:
     """Caches of counts by signature: training passes, evaluation forwards, optimizer steps.
 
@@ -103,7 +97,7 @@ class StepCounter:
             return self.train[sig]
         with_optimizer = optimizer is not None and id(optimizer) not in self.optimizer
         options: Dict[str, Any] = {"backward": True, "loss_fn": self.loss_fn}
-        if with_optimizer and _counts_optimizers():
+        if with_optimizer:
             options["optimizer"] = optimizer
         result = self._count(model, args, kwargs, options, "training step")
         if result is None:
