@@ -37,7 +37,7 @@ from ._rates import PREFIX, Window, model_device, model_dtype, resolve_peak, win
 
 __all__ = ["FlopcountCallback", "hf_loss"]
 
-Call = Tuple[Signature, Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]], bool]
+Call = Tuple[Signature, Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]], Tuple[int, Optional[int]]]  # signature, inputs kept, (samples, tokens)
 
 
 def hf_loss(outputs: Any) -> Any:
@@ -50,7 +50,7 @@ def hf_loss(outputs: Any) -> Any:
     return outputs
 
 
-class FlopcountCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
+class FlopcountCallback(TrainerCallback):
     """Logs ``flopcount/flops_per_step``, ``flopcount/tflops_per_s``, ``flopcount/mfu``,
     ``flopcount/tokens_per_s`` (and ``samples_per_s``, ``total_flops``, ``eval_flops``) through
     the trainer's own logs, and makes ``state.total_flos`` exact.

@@ -19,6 +19,7 @@ training ends, and never set when the module defines its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import time
 import warnings
@@ -57,7 +58,7 @@ class _Step(nn.Module):
             return getattr(self.module, self.method)(*args)
 
 
-class FlopcountMonitor(Callback):  # type: ignore[misc]  # lightning is untyped here
+class FlopcountMonitor(Callback):
     """Logs ``flopcount/flops_per_step``, ``tflops_per_s``, ``mfu``, ``samples_per_s`` (and
     ``total_flops``, ``val_flops``) via ``pl_module.log``.
 
@@ -165,11 +166,18 @@ class FlopcountMonitor(Callback):  # type: ignore[misc]  # lightning is untyped 
 
 def _step_args(method: Any, batch: Any, batch_idx: int) -> tuple:
     """``(batch, batch_idx)``, or ``(batch,)`` for a step that takes the batch only."""
+    return (batch,) if _takes_batch_only(getattr(method, "__func__", method)) else (batch, batch_idx)
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_batch_only(function: Any) -> bool:
     try:
-        params = [p for p in inspect.signature(method).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        params = [p for p in inspect.signature(function).parameters.values() if p.kind is not p.VAR_KEYWORD]
     except (TypeError, ValueError):
-        return (batch, batch_idx)
-    return (batch,) if len(params) == 1 and params[0].kind is not params[0].VAR_POSITIONAL else (batch, batch_idx)
+        return False
+    if params and params[0].name == "self":
+        params = params[1:]
+    return len(params) == 1 and params[0].kind is not params[0].VAR_POSITIONAL
 
 
 def _steps_optimizer(trainer: Any, batch_idx: int) -> bool:

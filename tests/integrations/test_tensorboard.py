@@ -10,9 +10,9 @@ import textwrap
 import pytest
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from flopcount.cli import main  # noqa: E402
+from flopcount.cli import main
 
 MODEL = textwrap.dedent(
     """
