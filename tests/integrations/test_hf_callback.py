@@ -191,6 +191,7 @@ def test_compiled_model_and_log_every(tmp_path):
         warnings.simplefilter("ignore")
         trainer.train()
     handle.remove()
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"  # the steps ran compiled
     steps = _train_calls(calls, 3, ga=1)
     optimizer = trainer.optimizer.optimizer
     expected = [_expected_step(model, micro, optimizer) for micro in steps]
