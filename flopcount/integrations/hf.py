@@ -77,13 +77,14 @@ class FlopcountCallback(TrainerCallback):
         self._model: Optional[nn.Module] = None
         self._handle: Any = None
         self._peak: Optional[float] = None
+        self._cuda = False
         self._in_step = False
         self._calls: List[Call] = []
         self._eval_calls: List[Call] = []
         self._eval_flops = 0
         self._t0 = 0.0
         self._window = Window()
-        self._hf_estimate: Dict[Signature, float] = {}
+        self._hf_estimate: Dict[Signature, Optional[float]] = {}
 
     # -- attach / detach ------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Optional[nn.Module] = None, **kwargs: Any) -> None:
@@ -95,6 +96,7 @@ class FlopcountCallback(TrainerCallback):
             hook = torch.compiler.disable(hook)  # run eagerly in front of the compiled forward
         self._handle = model.register_forward_pre_hook(hook, with_kwargs=True)
         device = self.device or model_device(model)
+        self._cuda = model_device(model).type == "cuda"
         dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) else model_dtype(model)
         self._peak, note = resolve_peak(device, dtype, self.peak_flops)
         if note:
@@ -121,7 +123,7 @@ class FlopcountCallback(TrainerCallback):
         model = self._model
         if model is None or not self._in_step:
             return None
-        if model_device(model).type == "cuda":
+        if self._cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - self._t0
         self._in_step = False
@@ -132,8 +134,9 @@ class FlopcountCallback(TrainerCallback):
         if calls and opt_flops is not None and all(c is not None for c in costs):
             flops = sum(c.flops for c in costs if c is not None) + opt_flops
             self.total_flops += flops
-            hf = sum(self._hf_estimate.get(sig, 0.0) for sig, _, _ in calls)
-            state.total_flos += flops - hf  # HF adds its own estimate for these micro-batches
+            hf = [self._hf_estimate.get(sig) for sig, _, _ in calls]
+            if all(h is not None for h in hf):  # HF adds its own estimate for these micro-batches
+                state.total_flos += flops - sum(h for h in hf if h is not None)
             self._window.add(flops, seconds, _sum_tokens(calls), _sum_samples(calls))
         if self.log_every is not None and state.global_step % self.log_every == 0:
             control.should_log = True
@@ -226,15 +229,16 @@ def _sum_samples(calls: List[Any]) -> int:
     return sum(call[2][0] for call in calls)
 
 
-def _hf_estimate(model: nn.Module, inputs: Mapping[str, Any]) -> float:
+def _hf_estimate(model: nn.Module, inputs: Mapping[str, Any]) -> Optional[float]:
     """What the Trainer adds to ``total_flos`` for these inputs (``Trainer.floating_point_ops``
-    called with this model: 6 x main-input elements x non-embedding parameters here)."""
+    called with this model: 6 x main-input elements x non-embedding parameters here), or
+    ``None`` if that cannot be learnt (then ``total_flos`` is left as HF makes it)."""
     from transformers import Trainer
 
     try:
         return float(Trainer.floating_point_ops(types.SimpleNamespace(model=model), dict(inputs)))  # type: ignore[arg-type]
     except Exception:
-        return 0.0
+        return None
 
 
 def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
