@@ -14,6 +14,8 @@ FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
 
 EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: a bug in flopcount itself (never the user's input or model): says so, asks for a report
+EXIT_INTERNAL = 4
 
 _ENTRY_TEXT = """\
 ENTRY
