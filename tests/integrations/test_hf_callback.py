@@ -204,3 +204,28 @@ def _stack(items):
     n = max(len(i["input_ids"]) for i in items)
     ids = torch.stack([nn.functional.pad(i["input_ids"], (0, n - len(i["input_ids"]))) for i in items])
     return {"input_ids": ids, "labels": torch.tensor([i["labels"] for i in items])}
+
+
+def test_the_real_tensorboard_reporter_receives_the_keys(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    data = [{"input_ids": torch.randint(0, 50, (n,)), "labels": n % 3} for n in (4, 6, 5, 5)]
+    callback = FlopcountCallback(peak_flops=PEAK)
+    calls, handle = _recording(model)
+    args = _args(tmp_path / "out", max_steps=2, gradient_accumulation_steps=1, report_to=["tensorboard"])
+    args.logging_dir = str(tmp_path / "tb")  # where the Trainer's TensorBoardCallback writes
+    trainer = transformers.Trainer(model, args, train_dataset=data, data_collator=_stack, callbacks=[callback])
+    trainer.train()
+    handle.remove()
+    order = [type(c).__name__ for c in trainer.callback_handler.callbacks]
+    assert order.index("FlopcountCallback") < order.index("TensorBoardCallback")  # moved ahead of the reporter
+    expected = [_expected_step(model, micro, trainer.optimizer.optimizer) for micro in _train_calls(calls, 2, ga=1)]
+    (run,) = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = [e.value for e in events.Scalars("train/flopcount/flops_per_step")]
+    assert logged == pytest.approx(expected, rel=1e-6)  # TensorBoard stores float32
+    assert "train/flopcount/mfu" in events.Tags()["scalars"]
