@@ -229,3 +229,34 @@ def test_the_real_tensorboard_reporter_receives_the_keys(tmp_path):
     logged = [e.value for e in events.Scalars("train/flopcount/flops_per_step")]
     assert logged == pytest.approx(expected, rel=1e-6)  # TensorBoard stores float32
     assert "train/flopcount/mfu" in events.Tags()["scalars"]
+
+
+class FailsOnSecondCall(TinyClassifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.real_calls = 0
+
+    def forward(self, input_ids, labels=None):
+        if not is_dataless(input_ids):
+            self.real_calls += 1
+            if self.real_calls == 2:
+                raise RuntimeError("data error in batch 2")
+        return super().forward(input_ids, labels)
+
+
+def test_remove_after_a_failed_train_leaves_the_model_as_found(tmp_path):
+    torch.manual_seed(0)
+    model = FailsOnSecondCall()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    attributes = set(vars(model))
+    callback = FlopcountCallback(peak_flops=PEAK)
+    data = [{"input_ids": torch.randint(0, 50, (4,)), "labels": 0} for _ in range(4)]
+    trainer = transformers.Trainer(model, _args(tmp_path, max_steps=2, gradient_accumulation_steps=1, learning_rate=0.0),
+                                   train_dataset=data, data_collator=_stack, callbacks=[callback])
+    with pytest.raises(RuntimeError, match="data error"):
+        trainer.train()
+    assert model._forward_pre_hooks  # HF calls no callback on an exception: the hook is still there
+    callback.remove()
+    assert not model._forward_pre_hooks and not model._forward_pre_hooks_with_kwargs
+    assert set(vars(model)) - {"_is_accelerate_prepared"} == attributes  # (that one is accelerate's mark)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # lr 0: nothing learnt either
