@@ -47,7 +47,7 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
     sizes = [20 + 2000 * r.time_s / total for r in points]
     ax.scatter(xs, ys, s=sizes, c=[_COLORS[r.bound] for r in points], alpha=0.55, edgecolors="black", linewidths=0.5)
     ranked = sorted(range(len(points)), key=lambda i: -points[i].time_s)[:label_top]
-    offsets = ((6, 6), (6, -16), (-60, 10), (-60, -18))
+    offsets = ((10, 10), (10, -22), (-70, 14), (-70, -24))
     for n, i in enumerate(ranked):
         row = points[i]
         name = row.name.replace("aten::", "")
@@ -55,7 +55,8 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
             name = f"{name} ({row.module})"
         eff = row.efficiency
         ax.annotate(f"{name}\n{100 * row.time_s / result.total_time_s:.0f}% time, eff {eff:.2f}" if eff else name,
-                    (xs[i], ys[i]), fontsize=7, xytext=offsets[n % len(offsets)], textcoords="offset points")
+                    (xs[i], ys[i]), fontsize=7, xytext=offsets[n % len(offsets)], textcoords="offset points",
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"})
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(low, high)
