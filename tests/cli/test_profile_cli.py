@@ -92,3 +92,15 @@ def test_profile_usage_errors(workdir, capsys):
     assert code == 2 and "PEAK_FLOPS,BANDWIDTH" in err
     code, _, err = cli(capsys, "profile", "prof_models.py:mlp", "--format", "tree")
     assert code == 2
+
+
+def test_profile_html_and_json(workdir, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, _ = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--steps", "1", "--roofs", "100G,10G",
+                       "--format", "html", "-q")
+    assert code == 0 and "<table>" in out and "<svg" in out
+    code, out, _ = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--steps", "1", "--roofs", "100G,10G",
+                       "--format", "json", "--by", "module", "-q")
+    data = json.loads(out)
+    assert code == 0 and data["roofs"]["source"] == "given"
+    assert sum(r["flops"] for r in data["rows"]) == FLOPS
