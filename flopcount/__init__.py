@@ -55,6 +55,8 @@ _EXPORTS: Dict[str, str] = {
     "parse_bytes": "budget",
     "estimate_memory": "memory",
     "MemoryEstimate": "memory",
+    "plan": "planner",
+    "PlanResult": "plan_result",
 }
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "ModuleLatencyResult",
     "OpCall",
     "OpTotals",
+    "PlanResult",
     "ParamSummary",
     "StepRecord",
     "StepSummary",
@@ -96,6 +99,7 @@ __all__ = [
     "parse_bytes",
     "parse_quantity",
     "peaks",
+    "plan",
     "register_handler",
     "summarize_parameters",
 ]
@@ -121,6 +125,8 @@ if TYPE_CHECKING:
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
     from .params import summarize_parameters
+    from .plan_result import PlanResult
+    from .planner import plan
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp
     from .types import Cost, OpCall, ParamSummary, TensorMeta
