@@ -215,14 +215,35 @@ def state_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) ->
     }
 
 
-def _memory_tracker(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], inputs: Sequence[torch.Tensor]) -> Any:
+def _peak_only(base: Any) -> Any:
+    """torch's tracker class without its per-module peak bookkeeping, which walks every
+    module ever seen on every op (ops x modules: minutes for an 80-layer model); the
+    global peak, all plan() reads, is kept exactly as torch keeps it."""
+    if not callable(getattr(base, "_update_peak_stats", None)):
+        raise PlanError(f"flopcount.plan needs torch's private {base.__name__}._update_peak_stats")
+
+    class PeakOnly(base):  # type: ignore[misc,valid-type]
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot["Total"]:
+                    self._peak_mem[device] = snapshot["Total"]
+                    self._peak_mem_snap[device] = dict(snapshot)
+
+    return PeakOnly
+
+
+def _memory_tracker(
+    model: nn.Module, optimizer: Optional[torch.optim.Optimizer], inputs: Sequence[torch.Tensor], peak_only: bool
+) -> Any:
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
-        tracker = private("FSDPMemTracker")(model, optimizer)
+        base = private("FSDPMemTracker")
+        tracker = (_peak_only(base) if peak_only else base)(model, optimizer)
         tracker.track_inputs(tuple(inputs))
         return tracker
-    tracker = private("MemTracker")()
+    base = private("MemTracker")
+    tracker = (_peak_only(base) if peak_only else base)()
     tracker.track_external(model, *([optimizer] if optimizer is not None else []), *inputs)
     return tracker
 
@@ -235,12 +256,14 @@ def run_step(
     loss_fn: Optional[Callable[[Any], Any]] = None,
     groups: Optional[Mapping[str, Any]] = None,
     track_memory: bool = True,
+    peak_only: bool = True,
 ) -> StepRecord:
-    """Run forward, backward and ``optimizer.step()`` once, recording everything."""
+    """Run forward, backward and ``optimizer.step()`` once, recording everything.
+    ``peak_only=False`` keeps torch's tracker exactly as it is (per-module stats too)."""
     flat = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
     modules = ModuleStack(module_names(model))
     recorder = _StepRecorder(modules, groups or {})
-    tracker = _memory_tracker(model, optimizer, flat) if track_memory else contextlib.nullcontext()
+    tracker = _memory_tracker(model, optimizer, flat, peak_only) if track_memory else contextlib.nullcontext()
     recorder.tracker = tracker if track_memory else None
     with tracker, modules, recorder:
         outputs = model(*args, **kwargs)

@@ -91,7 +91,7 @@ def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int
         optimizer = make_optimizer("adamw", model)
         start = time.perf_counter()
         with CommDebugMode() as comm, CollectiveBytes() as nbytes:
-            record = run_step(model, optimizer, (example_input(model_name),), {}, None, mesh_groups(mesh))
+            record = run_step(model, optimizer, (example_input(model_name),), {}, None, mesh_groups(mesh), peak_only=False)
         seconds = time.perf_counter() - start
         costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), default_registry())
         flops, macs, _, unsupported = _book(costed)
