@@ -222,7 +222,7 @@ def _peak_only(base: Any) -> Any:
     if not callable(getattr(base, "_update_peak_stats", None)):
         raise PlanError(f"flopcount.plan needs torch's private {base.__name__}._update_peak_stats")
 
-    class PeakOnly(base):  # type: ignore[misc,valid-type]
+    class PeakOnly(base):
         def _update_peak_stats(self, peak_state: Any) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
@@ -272,7 +272,7 @@ def run_step(
         loss.backward()
         del loss, outputs
         if optimizer is not None:
-            recorder.phase = "optimizer"
+            recorder.phase = "optimizer"  # type: ignore[assignment]  # types.Phase gains "optimizer" with branch mem
             optimizer.step()
     peak: Dict[str, int] = {}
     if track_memory:

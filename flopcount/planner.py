@@ -89,7 +89,7 @@ def plan(
     fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
     if not callable(build) or isinstance(build, nn.Module):
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
-    gpu = _gpu(device)
+    gpu = gpu_key(device)
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
     with fake_world(fsdp, tp) as mesh:
         groups = mesh_groups(mesh)
@@ -123,7 +123,8 @@ def _ranks(value: Any, name: str) -> int:
     return value
 
 
-def _gpu(device: Optional[str]) -> Optional[str]:
+def gpu_key(device: Optional[str]) -> Optional[str]:
+    """The peaks-table key of a GPU name (None for None); UsageError when unknown."""
     if device is None:
         return None
     key = match_gpu(str(device))
@@ -227,7 +228,7 @@ _ITEMSIZE: Dict[str, int] = {}
 
 
 def _meta_bytes(value: Any) -> int:
-    if isinstance(value, TensorMeta):
+    if isinstance(value, TensorMeta) and value.dtype is not None:
         size = _ITEMSIZE.get(value.dtype)
         if size is None:
             dtype = getattr(torch, value.dtype, None)

@@ -439,10 +439,13 @@ def _planned_peak(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import cmd_plan
+    from .plan import parse_link, render, run_plan
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
-    return cmd_plan(args)
+    _check_output(args.output, "--output")
+    result = run_plan(args, device=args.gpu, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
+    _emit(render(result, args.format, args.entry), args)
+    return EXIT_OK
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {

@@ -53,8 +53,12 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
 
 
 def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
-    from ..planner import plan
+    from ..plan_result import link_bandwidth
+    from ..planner import gpu_key, plan
 
+    gpu_key(device)  # bad --device or --link: one line before any work
+    for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):
+        link_bandwidth(value, "--link")
     inputs, kwargs = _meta_inputs(args)
     progress(args, f"planning {args.entry} on a fake world of {args.fsdp} x {args.tp} ranks")
     return plan(
@@ -63,7 +67,7 @@ def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, opti
     )
 
 
-def _link(text: Optional[str]) -> Any:
+def parse_link(text: Optional[str]) -> Any:
     """``nvlink4``, ``50e9`` (bytes/s), or ``dp=infiniband-ndr,tp=nvlink4``."""
     if text is None:
         return None
@@ -80,16 +84,7 @@ def _link(text: Optional[str]) -> Any:
     return one(text)
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from .commands import _check_output, _emit
-
-    _check_output(args.output, "--output")
-    result = run_plan(args, device=args.gpu, link=_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
-    if args.format == "json":
-        text = json.dumps({"entry": args.entry, **result.to_dict()}, indent=2)
-    elif args.format == "markdown":
-        text = result.to_markdown()
-    else:
-        text = result.table()
-    _emit(text, args)
-    return 0
+def render(result: Any, fmt: str, entry: str) -> str:
+    if fmt == "json":
+        return json.dumps({"entry": entry, **result.to_dict()}, indent=2)
+    return result.to_markdown() if fmt == "markdown" else result.table()

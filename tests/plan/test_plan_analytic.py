@@ -13,12 +13,12 @@ import torch.distributed as dist
 from torch import nn
 
 pytest.importorskip("transformers")
-import _plan_gloo as gloo  # noqa: E402
+import _plan_gloo as gloo
 
-import flopcount  # noqa: E402
-from flopcount._parallel import PRIVATE, PlanError, private  # noqa: E402
-from flopcount.errors import UsageError  # noqa: E402
-from flopcount.plan_result import LINKS, ring_factor  # noqa: E402
+import flopcount
+from flopcount._parallel import PRIVATE, PlanError, private
+from flopcount.errors import UsageError
+from flopcount.plan_result import LINKS, ring_factor
 
 H, I, HEADS, KV, V, L = 64, 128, 4, 2, gloo.VOCAB, 2
 B, S = gloo.BATCH, gloo.SEQ

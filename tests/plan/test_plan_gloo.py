@@ -10,14 +10,14 @@ from typing import Any, Dict
 import pytest
 
 pytest.importorskip("transformers")
-import torch.distributed as dist  # noqa: E402
+import torch.distributed as dist
 
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("needs torch.distributed with gloo", allow_module_level=True)
 
-import _plan_gloo as gloo  # noqa: E402
+import _plan_gloo as gloo
 
-import flopcount  # noqa: E402
+import flopcount
 
 #: CommDebugMode's op names -> plan()'s collective kinds
 KIND = {
