@@ -177,10 +177,16 @@ def builtin_tp_plan(model: nn.Module) -> Dict[str, Any]:
 
 
 def parallelize(
-    model: nn.Module, mesh: Any, fsdp: int, tp: int, tp_plan: Optional[Mapping[str, Any]] = None
+    model: nn.Module,
+    mesh: Any,
+    fsdp: int,
+    tp: int,
+    tp_plan: Optional[Mapping[str, Any]] = None,
+    mixed_precision: Optional[torch.dtype] = None,
 ) -> Tuple[str, int]:
     """Apply TP (``tp > 1``: ``tp_plan`` or :func:`builtin_tp_plan`) and then FSDP2
     (``fsdp > 1``: ``fully_shard`` on each repeated block, then on the root), in place.
+    ``mixed_precision``: FSDP2's ``MixedPrecisionPolicy(param_dtype=that, reduce_dtype=float32)``.
     Returns the blocks' ModuleList path and how many blocks were wrapped."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
@@ -192,9 +198,14 @@ def parallelize(
     elif tp_plan is not None:
         raise UsageError("tp_plan is only used with tp > 1")
     if fsdp > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         dp = mesh["dp"]
+        policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32 if mixed_precision else None)
         for block in blocks:
-            fully_shard(block, mesh=dp)
-        fully_shard(model, mesh=dp)
+            fully_shard(block, mesh=dp, mp_policy=policy)
+        fully_shard(model, mesh=dp, mp_policy=policy)
         return prefix, len(blocks)
+    if mixed_precision is not None:
+        raise UsageError("mixed_precision is FSDP2's MixedPrecisionPolicy: it needs fsdp > 1 (or cast the model in build)")
     return prefix, 0

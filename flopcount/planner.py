@@ -73,6 +73,7 @@ def plan(
     device: Optional[str] = "h100",
     link: LinkSpec = None,
     tp_plan: Optional[Mapping[str, Any]] = None,
+    mixed_precision: Union[None, str, torch.dtype] = None,
     registry: Optional[HandlerRegistry] = None,
 ) -> PlanResult:
     """Per-rank cost of one training step (forward, backward, ``optimizer.step()``) of the
@@ -84,20 +85,25 @@ def plan(
     (``{module path: ParallelStyle}``, wildcards allowed) or the built-in Megatron plan.
     ``device``: a GPU name for the step-time roofline (None: no times); ``link``: a link
     name (see ``flopcount.plan_result.LINKS``), bytes/s, or ``{"dp": ..., "tp": ...}``.
+    ``mixed_precision`` (e.g. "bfloat16"): FSDP2 computes in that dtype and reduces
+    gradients in float32 while parameters and optimizer state keep the model's dtype.
     A default process group already initialised is left alone: plan() raises instead.
     """
     fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
     if not callable(build) or isinstance(build, nn.Module):
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
     gpu = gpu_key(device)
+    compute = _dtype(mixed_precision)
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
     with fake_world(fsdp, tp) as mesh:
         groups = mesh_groups(mesh)
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)
         model = _built(build)
-        prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan)
+        prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
         record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups)
+    if compute is not None:
+        dtype = str(compute).replace("torch.", "")
     costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
     flops, macs, by_operator, unsupported = _book(costed)
     comm = _comm_rows(record.collectives, groups, links)
@@ -133,6 +139,15 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
 
         raise UsageError(f"device: unknown GPU {device!r} (known: {', '.join(PEAK_TFLOPS)}; or None for no step times)")
     return key
+
+
+def _dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = getattr(torch, str(value).replace("torch.", "").strip(), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise UsageError(f"mixed_precision must be a floating dtype such as 'bfloat16', got {value!r}")
+    return found
 
 
 def _registry(registry: Optional[HandlerRegistry]) -> HandlerRegistry:
