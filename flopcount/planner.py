@@ -22,6 +22,8 @@ from .handlers import default_registry
 from .inputs import as_call_args, flatten_tensors
 from .plan_result import MEMORY_BANDWIDTH, CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
 from .registry import HandlerRegistry
+from .state import preserved_rng
+from .tracers._fake import quiet_fake_logs
 from .types import Cost, OpEvent, TensorMeta
 
 __all__ = ["plan", "PlanResult"]
@@ -95,7 +97,7 @@ def plan(
     gpu = gpu_key(device)
     compute = _dtype(mixed_precision)
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
-    with fake_world(fsdp, tp) as mesh:
+    with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh:
         groups = mesh_groups(mesh)
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)

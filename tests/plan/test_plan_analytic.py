@@ -149,3 +149,21 @@ def test_bad_arguments() -> None:
         flopcount.plan(nn.Linear(2, 2), (torch.randn(1, 2),))
     with pytest.raises(UsageError, match="unknown GPU"):
         _plan(device="abacus")
+
+
+def test_a_failing_build_or_step_leaves_no_group_and_the_rng_as_found(caplog: Any) -> None:
+    x4, x5 = torch.randn(2, 4), torch.randn(2, 5)
+    state = torch.get_rng_state()
+
+    def broken() -> nn.Module:
+        raise RuntimeError("no weights today")
+
+    with pytest.raises(flopcount.TraceError, match="no weights today"):
+        flopcount.plan(broken, (x4,), fsdp=2, device=None)
+    assert not dist.is_initialized()
+    with pytest.raises(flopcount.TraceError, match="training step failed"):
+        flopcount.plan(lambda: nn.Sequential(nn.Linear(4, 4)), (x5,), fsdp=2, device=None)
+    assert not dist.is_initialized()
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]  # the library never prints
+    _plan(fsdp=2)
+    assert torch.equal(torch.get_rng_state(), state)
