@@ -272,7 +272,7 @@ def run_step(
         loss.backward()
         del loss, outputs
         if optimizer is not None:
-            recorder.phase = "optimizer"  # type: ignore[assignment]  # types.Phase gains "optimizer" with branch mem
+            recorder.phase = "optimizer"
             optimizer.step()
     peak: Dict[str, int] = {}
     if track_memory:

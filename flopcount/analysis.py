@@ -10,6 +10,7 @@ from torch import nn
 from .errors import HandlerError
 from .handlers import default_registry
 from .inputs import describe_inputs, is_uninitialized
+from .optimizers import OptimizerSpec
 from .params import summarize_parameters
 from .registry import KNOWN_ZERO, HandlerRegistry
 from .results import FlopResult, ModuleInfo, aggregate
@@ -27,8 +28,10 @@ def analyze(
     registry: Optional[HandlerRegistry] = None,
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
+    optimizer: Optional[OptimizerSpec] = None,
 ) -> FlopResult:
-    """trace -> cost -> aggregate: the :class:`FlopResult` of one run of ``model``.
+    """trace -> cost -> aggregate: the :class:`FlopResult` of one run of ``model`` (and,
+    with ``optimizer``, of one optimizer step after its backward: phase "optimizer").
 
     A ``torch.compile``d module is counted through the module it wraps: the same ops,
     module names without the ``_orig_mod.`` prefix, and no compilation."""
@@ -36,7 +39,7 @@ def analyze(
     table = registry if registry is not None else default_registry()
     if handlers:
         table = table.with_overrides(handlers)
-    run = trace(model, inputs, kwargs, tracer=tracer, backward=backward, loss_fn=loss_fn)
+    run = trace(model, inputs, kwargs, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     return aggregate(
         cost_events(run.events, table),
         tracer=run.tracer,

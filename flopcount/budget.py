@@ -125,6 +125,11 @@ class Budget:
     def needs_memory(self) -> bool:
         return self.max_memory is not None
 
+    @property
+    def needs_count(self) -> bool:
+        """A FLOPs or MACs limit is set: the only budgets the count's completeness decides."""
+        return any(name in COUNTED for name in self.limits())
+
     def __bool__(self) -> bool:
         return bool(self.limits())
 
@@ -274,10 +279,12 @@ def check_budget(
 
     ``incomplete_reasons``: why the counted values (FLOPs, MACs) may be short;
     ``lower_bound=True`` says they can only be short (ops without a handler, nothing
-    else), so a counted value over its limit is a certain FAIL."""
+    else), so a counted value over its limit is a certain FAIL. The reasons are kept only
+    when a FLOPs or MACs limit is set: params, size, latency and memory do not rest on the
+    count's completeness (a memory verdict rests on the memory estimate alone)."""
     if isinstance(incomplete_reasons, str):
         raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
-    reasons = tuple(incomplete_reasons)
+    reasons = tuple(incomplete_reasons) if budget.needs_count else ()
     counted_bound: Bound = "exact" if not reasons else ("lower" if lower_bound else "estimate")
     actuals = {
         "params": params,

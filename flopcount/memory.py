@@ -13,23 +13,27 @@ counted: see docs/memory.md.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
+from ._autocast import ambient_autocast_note, amp_device
 from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from .inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
+from .optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
+from .tied import restore_ties
 from .tracers._modules import ModuleStack, module_names
+from .types import Phase
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-Phase = Literal["forward", "backward", "optimizer"]
 Mode = Literal["inference", "forward+backward", "training step"]
 
 #: MemTracker's category names -> MemoryBreakdown fields ("Other" holds the inputs we register)
@@ -42,7 +46,6 @@ _CATEGORIES = {
     "Temp": "temporaries",
     "Other": "inputs",
 }
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 
 
 @dataclass(frozen=True)
@@ -216,51 +219,6 @@ def _fake_model(model: nn.Module, faker: _Faker) -> Tuple[nn.Module, Dict[int, t
     return twin, twins
 
 
-def _fake_optimizer(
-    optimizer: Any, twin: nn.Module, twins: Mapping[int, torch.Tensor]
-) -> Tuple[torch.optim.Optimizer, str]:
-    """The optimizer rebuilt on the fake parameters. Where it leaves ``foreach`` to torch,
-    it is set as torch would set it for the real tensors (multi-tensor kernels on cuda),
-    since torch never picks them for FakeTensors and they allocate more at the step."""
-    if isinstance(optimizer, str):
-        key = optimizer.strip().lower()
-        params = [p for p in twin.parameters() if p.requires_grad]
-        foreach = _foreach_default(params)
-        if key == "sgd":
-            return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
-        if key == "sgd-momentum":
-            return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
-        if key in ("adam", "adamw"):
-            return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
-        raise UsageError(f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)})")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise UsageError(f"estimate_memory: optimizer must be a name or an Optimizer, got {type(optimizer).__name__}")
-    groups = []
-    for index, group in enumerate(optimizer.param_groups):
-        missing = [p for p in group["params"] if id(p) not in twins]
-        if missing:
-            raise UsageError(
-                f"estimate_memory: param group {index} of the optimizer holds {len(missing)} tensor(s) that are not "
-                f"parameters of the model (first shape {tuple(missing[0].shape)})"
-            )
-        fakes = [twins[id(p)] for p in group["params"]]
-        rebuilt = {**group, "params": fakes}
-        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
-            rebuilt["foreach"] = _foreach_default(fakes)
-        groups.append(rebuilt)
-    try:
-        return type(optimizer)(groups, **optimizer.defaults), type(optimizer).__name__
-    except Exception as exc:
-        raise UsageError(
-            f"estimate_memory could not rebuild {type(optimizer).__name__} on fake parameters as "
-            f"type(opt)(param_groups, **opt.defaults): {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
-    return True if params and all(p.device.type in ("cuda", "xpu") for p in params) else None
-
-
 def _loss_of(output: Any) -> torch.Tensor:
     """What backward starts from: ``output.loss`` when the model computed one (Hugging
     Face with labels), else the sum of every output that requires grad."""
@@ -289,8 +247,9 @@ def estimate_memory(
     kwargs: Optional[Mapping[str, Any]] = None,
     *,
     backward: bool = False,
-    optimizer: Union[None, str, torch.optim.Optimizer] = None,
+    optimizer: Optional[OptimizerSpec] = None,
     dtype: Union[None, str, torch.dtype] = None,
+    autocast: Union[None, str, torch.dtype] = None,
 ) -> MemoryEstimate:
     """Peak tensor memory of one step of ``model(*inputs, **kwargs)`` on fake tensors.
 
@@ -300,36 +259,46 @@ def estimate_memory(
     "adam", "adamw" or an instance, needs ``backward``) adds its step, in the steady
     state: its state exists from the start (allocated by an earlier step), gradients do
     not (``zero_grad(set_to_none=True)``). ``dtype`` casts floating parameters, buffers and
-    inputs. Works on cpu, cuda and meta models (meta is estimated as cpu)."""
+    inputs. ``autocast`` (e.g. ``torch.bfloat16``) runs the forward and the loss under
+    ``torch.autocast`` and the backward and step outside it, as the AMP recipe does.
+    A tie the model declares but no longer has (``model.to("meta")`` unties) is restored on
+    the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if not isinstance(model, nn.Module):
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:
         raise UsageError("estimate_memory: an optimizer step needs backward=True")
-    cast = _dtype(dtype)
+    if optimizer is not None:
+        check_spec(optimizer, "estimate_memory")
+    cast = _dtype(dtype, "dtype")
+    amp = _dtype(autocast, "autocast")
     args, kw = as_call_args(inputs, kwargs)
     description = describe_inputs(inputs, kwargs)
     tracker = _peak_tracker()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     faker = _Faker(mode, cast)
     twin, twins = _fake_model(model, faker)
+    notes = restore_ties(twin) + ambient_autocast_note(amp)
     flat, rebuild = flatten_tensors((args, kw))
     fake_args, fake_kw = rebuild([faker(t, f"input tensor {i}") for i, t in enumerate(flat)])
-    opt, opt_name = _fake_optimizer(optimizer, twin, twins) if optimizer is not None else (None, None)
+    opt, opt_name = (None, None)
+    if optimizer is not None:
+        trainable = [p for p in twin.parameters() if p.requires_grad]
+        opt, opt_name = build_optimizer(optimizer, twins, trainable, "estimate_memory")
     names = module_names(twin)
     rng = torch.get_rng_state()
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:
         with mode:
             if opt is not None:
-                _warm_up(opt)
+                warm_up(opt, "estimate_memory")
             tracker.track_external(twin, opt, output_tensors((fake_args, fake_kw)))
             _skip_grad_hooks(tracker, twin)
             with tracker, ModuleStack(names) as stack:
                 tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
                 try:
-                    _run_step(twin, fake_args, fake_kw, backward, opt)
+                    _run_step(twin, fake_args, fake_kw, backward, opt, amp_device(twin, fake_args, fake_kw), amp)
                 except FlopcountError:
                     raise
                 except Exception as exc:
@@ -337,7 +306,7 @@ def estimate_memory(
     finally:
         warnings.formatwarning = formatwarning
         torch.set_rng_state(rng)
-    return _collect(tracker, twin, names, backward, opt_name, cast, description)
+    return _collect(tracker, twin, names, backward, opt_name, cast, description, notes)
 
 
 class _NoHook:
@@ -353,41 +322,43 @@ def _skip_grad_hooks(tracker: Any, model: nn.Module) -> None:
             tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
 
 
-def _dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+def _dtype(dtype: Union[None, str, torch.dtype], what: str) -> Optional[torch.dtype]:
     if dtype is None:
         return None
     value = getattr(torch, dtype.strip().replace("torch.", ""), None) if isinstance(dtype, str) else dtype
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise UsageError(f"estimate_memory: dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
+        raise UsageError(f"estimate_memory: {what} must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
     return value
 
 
-def _warm_up(opt: torch.optim.Optimizer) -> None:
-    """One step on zero gradients, so the optimizer state exists as in every step after the first."""
-    for group in opt.param_groups:
-        for param in group["params"]:
-            if param.requires_grad:
-                param.grad = torch.zeros_like(param)
-    try:
-        opt.step()
-    except Exception as exc:
-        raise UsageError(
-            f"estimate_memory: {type(opt).__name__}.step() failed on fake tensors: {type(exc).__name__}: {exc}"
-        ) from exc
-    opt.zero_grad(set_to_none=True)
-
-
-def _run_step(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], backward: bool, opt: Any) -> None:
+def _run_step(
+    model: nn.Module,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    backward: bool,
+    opt: Any,
+    device_type: str,
+    amp: Optional[torch.dtype],
+) -> None:
+    """Forward (and loss), backward, step; with ``amp`` the forward and loss under autocast and
+    the rest with autocast off, whatever the caller's (the AMP recipe)."""
+    inside = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    outside = torch.autocast(device_type, enabled=False) if amp is not None else contextlib.nullcontext()
     with torch.set_grad_enabled(backward):
-        output = model(*args, **kwargs)
-        if not backward:
-            return
-        loss = _loss_of(output)
-        del output
-        loss.backward()
+        with inside:
+            output = model(*args, **kwargs)
+            if not backward:
+                return
+            loss = _loss_of(output)
+            del output
+        if amp is not None:  # the low-precision weight copies die with the forward's autocast, as in the
+            torch.clear_autocast_cache()  # recipe, even when the caller's own autocast is still open
+        with outside:
+            loss.backward()
         del loss
     if opt is not None:
-        opt.step()
+        with outside:
+            opt.step()
 
 
 def _step_error(exc: Exception, where: str, description: str) -> TraceError:
@@ -412,6 +383,7 @@ def _collect(
     opt_name: Optional[str],
     cast: Optional[torch.dtype],
     description: str,
+    notes: List[str],
 ) -> MemoryEstimate:
     snapshot = tracker.peak_snapshot
     at_peak = MemoryBreakdown(**{field: _bytes_of(snapshot, category) for category, field in _CATEGORIES.items()})
@@ -436,7 +408,6 @@ def _collect(
             )
         )
     devices = sorted({str(device) for device in snapshot})
-    notes = []
     if len(devices) > 1:
         notes.append(f"the step used several devices ({', '.join(devices)}); peak_bytes is their sum")
     for note in notes:

@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Callable, List, Literal, Mapping, Optional, Sequence, Tuple
 
-Phase = Literal["forward", "backward"]
+#: The pass an op ran in: the forward, autograd's backward, or one optimizer step after it.
+Phase = Literal["forward", "backward", "optimizer"]
 
 #: The tracers ``count_flops(..., tracer=)`` accepts.
 TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
+
+#: The optimizer names ``count_flops``/``estimate_memory(optimizer=)`` and the CLI accept.
+OPTIMIZERS: Tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw")
 
 #: The counting convention, printed under every report.
 CONVENTION = (

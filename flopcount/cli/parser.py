@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 from ..budget import parse_bytes, parse_quantity
 from ..errors import UsageError
-from ..types import TRACERS
+from ..types import OPTIMIZERS, TRACERS
 
 FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -216,10 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
+    count.add_argument("--dtype", choices=BENCH_DTYPES, default=None,
+                       help="cast the model's floating parameters and buffers and the floating inputs to this dtype first: "
+                       "the weights MB, --memory and the KV cache of --generate follow it (default: the model's own)")
+    count.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                       help="count a training step: forward, backward and one step of this optimizer (phase 'optimizer'; "
+                       "implies --backward); with --memory its state is in the peak too")
     memory = count.add_argument_group("peak memory (estimated on fake tensors: no data allocated)")
     memory.add_argument("--memory", action="store_true",
-                        help="also estimate the peak memory of the step (inference, or forward + backward with --backward)")
-    _add_optimizer(memory, "with --memory")
+                        help="also estimate the peak memory of the step (inference, or forward + backward with --backward, "
+                        "plus the optimizer step with --optimizer)")
     count.set_defaults(command_name="count")
 
     bench = commands.add_parser(
@@ -254,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",
                         help="the memory budget covers a training step (forward + backward), not inference")
-    _add_optimizer(limits, "for --max-memory")
+    limits.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                        help="for --max-memory: add this optimizer's step and state (implies --backward)")
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
     verdict = check.add_argument_group("incomplete counts")
     verdict.add_argument("--allow-incomplete", action="store_true",
@@ -304,14 +311,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_ranks(group: Any) -> None:
     group.add_argument("--fsdp", type=_int_at_least(1, "--fsdp"), default=None, metavar="N", help="FSDP2 ranks (default 1)")
     group.add_argument("--tp", type=_int_at_least(1, "--tp"), default=None, metavar="N", help="tensor-parallel ranks (default 1)")
-
-
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
-
-
-def _add_optimizer(group: Any, when: str) -> None:
-    group.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                       help=f"{when}: add this optimizer's step and state (implies --backward)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

@@ -32,11 +32,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._packed import unpack
 from ..errors import TraceError, UsageError
 from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
+from ..optimizers import OptimizerSpec
 from ..state import preserved_rng
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
 from . import _meta_kernels
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._modules import ModuleStack, forward_error, module_names
+from ._optimizer import FakeOptimizerStep
 from ._shape_cache import ShapeCache
 from ._state import preserved_model_state
 from ._vocabulary import CompositeInterceptor, canonical
@@ -369,11 +371,12 @@ def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
 
 def _run_backward(
     model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: _Recorder
-) -> None:
+) -> Set[int]:
     """Differentiate the loss (``loss_fn(outputs)``, or every floating output with a
     ones gradient: the gradient of their sum without recording a sum) with respect to
     every parameter and input that requires grad. ``autograd.grad`` is used so no
-    ``.grad`` is written and no gradient accumulation op runs."""
+    ``.grad`` is written and no gradient accumulation op runs. Returns the ids of the
+    leaves that received a gradient."""
     if loss_fn is not None:
         roots = output_tensors(loss_fn(outputs))
         if not roots:
@@ -393,7 +396,8 @@ def _run_backward(
     finally:
         recorder.muted -= 1
     recorder.phase = "backward"
-    torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
+    grads = torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
+    return {id(leaf) for leaf, grad in zip(leaves, grads) if grad is not None}
 
 
 def trace(
@@ -404,6 +408,7 @@ def trace(
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
     fake_copy: bool = False,
+    optimizer: Optional[OptimizerSpec] = None,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -415,9 +420,15 @@ def trace(
     ``fake_copy=True`` runs a copy of the model with fake parameters, buffers and inputs
     (see ``_fake.py``): nothing is computed and the caller's objects are never touched.
     A forward that needs a real value raises :class:`FakeRunError` instead of guessing.
+
+    ``optimizer`` (with ``backward``) then runs one step of that optimizer on fake twins
+    of the parameters that got a gradient, its ops recorded with phase "optimizer" at
+    the root (see ``_optimizer.py``); the user's parameters and optimizer are not stepped.
     """
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
+    if optimizer is not None and not backward:
+        raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
     args, kw = as_call_args(inputs, kwargs)
     flat_inputs, rebuild = flatten_tensors((args, kw))
     inputs_text = describe_inputs(inputs, kwargs)
@@ -458,10 +469,11 @@ def trace(
                     if fake_copy:
                         raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
+                trained: Set[int] = set()
                 if attribution is not None:
                     attribution.start_backward(names)
                     try:
-                        _run_backward(run_model, outputs, flat_inputs, loss_fn, recorder)
+                        trained = _run_backward(run_model, outputs, flat_inputs, loss_fn, recorder)
                     except UsageError:
                         raise
                     except Exception as exc:
@@ -470,8 +482,20 @@ def trace(
                             raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
+    if optimizer is not None:
+        _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
     notes = _notes(recorder.placeholders)
     return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes)
+
+
+def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[bool], recorder: _Recorder) -> None:
+    """Record one step of ``spec`` on fake twins of ``model``'s parameters (phase "optimizer")."""
+    step = FakeOptimizerStep(spec, list(model.parameters()), trained, "count_flops")
+    recorder.phase = "optimizer"
+    recorder.answer_reads = False  # the step reads its step counters: the fake mode knows them
+    recorder.run_op = None
+    with step.running(), CompositeInterceptor(recorder, _value, _outputs, None), recorder:
+        step.step()
 
 
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
