@@ -24,6 +24,10 @@ def _percent(value: Optional[float]) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
+def _rate(tokens: int, seconds: Optional[float]) -> str:
+    return "-" if not tokens or not seconds else format_count(tokens / seconds)
+
+
 def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]]:
     phases = [[p, format_count(result.flops[p]), format_count(result.macs.get(p, 0))] for p in result.flops]
     phases.append(["total", format_count(result.total_flops), format_count(sum(result.macs.values()))])
@@ -43,12 +47,13 @@ def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]
     bounds = result.step_time
     if bounds is not None:
         rows = [
-            ["compute (roofline)", _seconds(bounds.compute_s), ""],
-            ["communication", _seconds(bounds.comm_s), ""],
-            ["no overlap", _seconds(bounds.no_overlap_s), _percent(bounds.mfu_no_overlap)],
-            ["perfect overlap", _seconds(bounds.overlap_s), _percent(bounds.mfu_overlap)],
+            ["compute (roofline)", _seconds(bounds.compute_s), "", ""],
+            ["communication", _seconds(bounds.comm_s), "", ""],
+            ["no overlap", _seconds(bounds.no_overlap_s), _percent(bounds.mfu_no_overlap), _rate(result.tokens, bounds.no_overlap_s)],
+            ["perfect overlap", _seconds(bounds.overlap_s), _percent(bounds.mfu_overlap), _rate(result.tokens, bounds.overlap_s)],
         ]
-        sections.append((f"step time on {result.device} ({result.dtype})", ["bound", "time", "MFU"], rows))
+        headers = ["bound", "time", "MFU", "tokens/s per rank"]
+        sections.append((f"step time on {result.device} ({result.dtype})", headers, rows))
     return sections
 
 

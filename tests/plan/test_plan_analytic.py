@@ -167,3 +167,15 @@ def test_a_failing_build_or_step_leaves_no_group_and_the_rng_as_found(caplog: An
     assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]  # the library never prints
     _plan(fsdp=2)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_renderings_agree_with_the_numbers(plans: Dict[str, Any]) -> None:
+    import json
+
+    result = plans["2d"]
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["total_flops"] == sum(result.flops.values()) == sum(data["flops"].values())
+    assert data["world_size"] == 4 and len(data["comm"]) == 3
+    assert sum(row["wire_bytes"] for row in data["comm"]) == sum(r.wire_bytes for r in result.comm)
+    for text in (result.table(), result.to_markdown()):
+        assert "fsdp=2 x tp=2 = 4 ranks" in text and "all_reduce" in text and "reduce_scatter" in text
