@@ -120,6 +120,8 @@ class _StepRecorder(_Recorder):
         self._groups = groups
         self.collectives: List[Collective] = []
         self.tracker: Any = None
+        self._current_mode = private("_get_current_dispatch_mode")
+        self._pop_mode = private("_pop_mode_temporarily")
         # DTensor derives output shapes by running the op on global-shape fakes under the
         # ambient fake mode (ours, in plan()'s fake world): those runs are not this rank's work
         propagator = private("ShardingPropagator")
@@ -153,10 +155,8 @@ class _StepRecorder(_Recorder):
     def _unwatched(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Run a shape-propagation op past our memory tracker too: on a real rank DTensor runs
         it in a fake mode of its own, which MemTracker ignores; in the fake world it shares ours."""
-        from torch.utils import _python_dispatch as modes
-
-        if self.tracker is not None and modes._get_current_dispatch_mode() is self.tracker:
-            with modes._pop_mode_temporarily():
+        if self.tracker is not None and self._current_mode() is self.tracker:
+            with self._pop_mode():
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
 
