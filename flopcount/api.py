@@ -12,7 +12,7 @@ from torch import nn
 
 from .analysis import analyze
 from .bench.latency import benchmark
-from .errors import FlopcountWarning, UnsupportedOpError, UsageError
+from .errors import UnsupportedOpError, UnsupportedOpsWarning, UsageError
 from .optimizers import OptimizerSpec, check_spec
 from .registry import HandlerRegistry
 from .results import FlopResult
@@ -94,7 +94,7 @@ def count_flops(
         warnings.warn(
             f"{len(unsupported)} op type(s) without a handler were not counted: {listing}; "
             "see FlopResult.unsupported_ops() or register a handler",
-            FlopcountWarning,
+            UnsupportedOpsWarning,
             stacklevel=2,
         )
     return result

@@ -90,3 +90,21 @@ def run_cli(capsys: Any, *args: str) -> Any:
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def torch_contraction_flops(model: torch.nn.Module, inputs: Any) -> int:
+    """The live peer for MACs: ``FlopCounterMode``'s total over one no-grad forward (it counts
+    contractions only, 2 FLOPs per MAC), with SDPA on its math path and the MHA fast path off so
+    that torch counts attention as the ``bmm`` it runs. Runs the model: pass a copy you may change."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            model(*inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return counter.get_total_flops()

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
-import json
 import math
 import os
 import sys
@@ -192,11 +191,11 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
     import warnings
 
     from ..api import count_flops
-    from ..errors import FlopcountWarning
+    from ..errors import UnsupportedOpsWarning
 
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
-        warnings.filterwarnings("ignore", message=r".*without a handler were not counted", category=FlopcountWarning)
+        warnings.simplefilter("ignore", UnsupportedOpsWarning)
         result = count_flops(
             run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
         )
@@ -339,25 +338,42 @@ def _cast(run: _Run, dtype: Optional[str]) -> _Run:
 
 
 def _cmd_count(args: argparse.Namespace) -> int:
+    if getattr(args, "tensorboard", None):
+        from ..integrations.tensorboard import summary_writer
+
+        summary_writer()  # a missing package is said before counting
     run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
+        if args.tensorboard:
+            raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
         return _count_generation(run, args)
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
-    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
-    if args.memory:
-        estimate = _estimate_memory(run, args)
-        if args.format == "json":
-            data = json.loads(text)
-            data["memory"] = estimate.to_dict()
-            text = json.dumps(data, indent=2)
-        elif args.format in ("table", "tree", "markdown"):
+    estimate = _estimate_memory(run, args) if args.memory else None
+    extra = {"memory": estimate.to_dict()} if estimate is not None else None
+    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators, extra=extra)
+    if estimate is not None and args.format != "json":  # JSON: one document with its memory section
+        if args.format in ("table", "tree", "markdown"):
             text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
         else:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
     _emit(text, args)
     _plot(result, args)
+    _tensorboard(result, args)
     return EXIT_INCOMPLETE if _strict_failure(result, args) else EXIT_OK
+
+
+def _tensorboard(result: Any, args: argparse.Namespace) -> None:
+    if not getattr(args, "tensorboard", None):
+        return
+    from ..integrations.tensorboard import write_tensorboard
+
+    depth = 1 if args.depth is None else args.depth
+    try:
+        write_tensorboard(result, args.tensorboard, max_depth=depth, label=_label(args))
+    except OSError as exc:
+        raise UsageError(f"--tensorboard {args.tensorboard}: {exc.strerror or exc}") from exc
+    progress(args, f"wrote TensorBoard scalars and tables to {args.tensorboard}")
 
 
 def _label(args: argparse.Namespace) -> str:

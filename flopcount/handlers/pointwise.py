@@ -68,7 +68,6 @@ PER_ELEMENT.update(
         "aten::rrelu": 2,
         "aten::rrelu_with_noise": 2,  # compare + multiply (the noise draw is RNG, not counted)
         "aten::rrelu_with_noise_backward": 2,  # select, multiply by the saved slope
-        "aten::glu_backward": 9,  # per grad_output element: sigmoid (4), g*s, g*a, *s*(1-s) (3)
         "aten::softshrink": 2,  # compare + shift
         "aten::tanhshrink": 2,  # x - tanh(x)
         "aten::glu": 5,  # a * sigmoid(b), per output element
@@ -92,6 +91,9 @@ PER_ELEMENT.update(
 GELU = {"none": 5, "tanh": 9}
 # gelu backward: exact Phi(x) (4) + x*phi(x) (5) + times grad... = 11; tanh form = 17.
 GELU_BACKWARD = {"none": 11, "tanh": 17}
+# glu backward, per grad_output element (half the grad_input it writes): sigmoid(b) (4),
+# grad_a = g*s (1), grad_b = g*a*s*(1-s) (4)
+GLU_BACKWARD = 9
 # dropout in training: scale the mask by 1/(1-p) and multiply = 2 per element (what the
 # decomposition bernoulli_ -> div_ -> mul runs); its backward is the same two ops.
 DROPOUT = 2
@@ -200,6 +202,10 @@ def _alpha_dropout(call: OpCall) -> Cost:
     return Cost.from_flops(ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel)
 
 
+def _glu_backward(call: OpCall) -> Cost:
+    return Cost.from_flops(GLU_BACKWARD * call.tensor("grad_output").numel)
+
+
 def _dropout_backward(call: OpCall) -> Cost:
     return Cost.from_flops(DROPOUT * call.tensor("grad_output").numel)
 
@@ -217,3 +223,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::feature_dropout", _feature_dropout)
     registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _alpha_dropout)
     registry.register("aten::native_dropout_backward", _dropout_backward)
+    registry.register("aten::glu_backward", _glu_backward)

@@ -33,12 +33,16 @@ def result_dict(result: FlopResult, entry: str) -> Dict[str, Any]:
     return data
 
 
-def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False) -> str:
-    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html)."""
+def render_count(
+    result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False,
+    extra: Optional[Dict[str, Any]] = None,
+) -> str:
+    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html).
+    ``extra``: more top-level sections of the JSON document (``{"memory": {...}}``)."""
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth)
     if fmt == "json":
-        return _json(result_dict(result, entry))
+        return _json({**result_dict(result, entry), **(extra or {})})
     if fmt == "csv":
         return result.to_csv(max_depth=depth)
     if fmt == "tree":
@@ -89,16 +93,18 @@ def render_check(
     entry: str,
     depth: Optional[int] = None,
     memory: Optional[MemoryEstimate] = None,
+    extra: Optional[Dict[str, Any]] = None,
 ) -> str:
     """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
     the verdict, what a memory budget's peak includes (``memory``), and why the count may
     be short. The markdown suits a GitHub step summary."""
     if fmt == "json":
         data = result_dict(result, entry)
-        data["status"] = report.status
+        data["status"] = str(report.status)
         data["budget"] = report.to_dict()
         if memory is not None:
             data["memory"] = memory.to_dict()
+        data.update(extra or {})
         return _json(data)
     if fmt == "csv":
         return report.to_csv()

@@ -1,5 +1,5 @@
-"""The flopcount command, end to end: subprocesses for what a user runs, main([...])
-in-process for the many error paths. Numbers are checked against hand-derived formulas."""
+"""The flopcount command, end to end: main([...]) in-process (exit code, stdout, stderr), and
+one console-script subprocess smoke for what a user runs. Numbers are checked against hand-derived formulas."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import pytest
 import torch
 
 from flopcount.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Linear(16, 32) -> ReLU -> Linear(32, 8) on a 4x16 input
 B, D_IN, D_HID, D_OUT = 4, 16, 32, 8
@@ -93,36 +91,22 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "flopcount", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
-        env={**_env(), "PYTHONPATH": str(ROOT)},
-    )
-
-
-def _env():
-    import os
-
-    return dict(os.environ)
-
-
 def cli(capsys, *args: str):
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-# --------------------------------------------------------------------------- subprocesses
+# --------------------------------------------------------------------------- end to end
 
 
-def test_count_json_end_to_end(workdir):
-    proc = run_cli("count", "models.py:mlp", "--input", "4x16", "--format", "json", cwd=workdir)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+def test_count_json_end_to_end(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:mlp", "--input", "4x16", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
     assert data["macs"] == MACS_FC1 + MACS_FC2
     assert data["params"] == PARAMS
-    assert data["flops"] >= 2 * data["macs"]
+    assert data["flops"] == 2 * data["macs"] + B * D_HID  # + the ReLU on (4, 32); fused biases are free
     assert data["entry"] == "models.py:mlp"
     modules = data["by_module"]
     assert modules["fc1"]["macs"] == MACS_FC1 and modules["fc2"]["macs"] == MACS_FC2
@@ -145,38 +129,38 @@ def test_count_table_is_the_default_and_the_console_script_works(workdir):
     assert "1 MAC = 2 FLOPs" in proc.stdout
 
 
-def test_check_exits_1_naming_the_budget_and_reads_pyproject(workdir):
+def test_check_exits_1_naming_the_budget_and_reads_pyproject(workdir, capsys):
     (workdir / "pyproject.toml").write_text(f'[tool.flopcount]\nmax-params = "{PARAMS}"\nmax-macs = "1K"\n')
-    proc = run_cli("check", "models.py:mlp", "--input", "4x16", cwd=workdir)
-    assert proc.returncode == 1, proc.stderr
-    assert "FAIL" in proc.stdout and "PASS" in proc.stdout  # params == limit passes
-    assert "budget exceeded" in proc.stderr and "macs" in proc.stderr and "params" not in proc.stderr
+    code, out, err = cli(capsys, "check", "models.py:mlp", "--input", "4x16")
+    assert code == 1, err
+    assert "FAIL" in out and "PASS" in out  # params == limit passes
+    assert "budget exceeded" in err and "macs" in err and "params" not in err
     # a flag wins over the file
-    proc = run_cli("check", "models.py:mlp", "--input", "4x16", "--max-macs", "3.1K", "--format", "json", cwd=workdir)
-    assert proc.returncode == 0, proc.stderr
-    budget = json.loads(proc.stdout)["budget"]
+    code, out, err = cli(capsys, "check", "models.py:mlp", "--input", "4x16", "--max-macs", "3.1K", "--format", "json")
+    assert code == 0, err
+    budget = json.loads(out)["budget"]
     assert budget["passed"] is True
     assert {line["name"]: line["limit"] for line in budget["lines"]} == {"params": PARAMS, "macs": 3100}
 
 
-def test_bench_json_has_figures_and_progress_stays_on_stderr(workdir):
-    proc = run_cli("bench", "models.py:mlp", "--input", "4x16", "--warmup", "2", "--iters", "7", "--format", "json", cwd=workdir)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)  # nothing but the JSON object on stdout
+def test_bench_json_has_figures_and_progress_stays_on_stderr(workdir, capsys):
+    code, out, err = cli(capsys, "bench", "models.py:mlp", "--input", "4x16", "--warmup", "2", "--iters", "7", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)  # nothing but the JSON object on stdout
     assert data["macs"] == MACS_FC1 + MACS_FC2
     bench = data["benchmark"]
     assert bench["iters"] == 7 and bench["warmup"] == 2
     assert bench["min_ms"] <= bench["median_ms"] <= bench["max_ms"]
-    assert "benchmarking" in proc.stderr
+    assert "benchmarking" in err
 
 
-def test_error_is_one_line_without_traceback_and_debug_shows_it(workdir):
-    proc = run_cli("count", "models.py:broken", "--input", "2x4", cwd=workdir)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0
-    assert "blocks.1" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_cli("count", "models.py:broken", "--input", "2x4", "--debug", cwd=workdir)
-    assert proc.returncode == 2 and "Traceback" in proc.stderr
+def test_error_is_one_line_without_traceback_and_debug_shows_it(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:broken", "--input", "2x4")
+    assert code == 2
+    assert err.strip().count("\n") == 0
+    assert "blocks.1" in err and "Traceback" not in err
+    code, out, err = cli(capsys, "count", "models.py:broken", "--input", "2x4", "--debug")
+    assert code == 2 and "Traceback" in err
 
 
 @pytest.mark.parametrize("command", [None, "count", "bench", "check"])
