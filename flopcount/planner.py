@@ -24,7 +24,7 @@ from .plan_result import MEMORY_BANDWIDTH, CommRow, LinkSpec, PlanResult, StepTi
 from .registry import HandlerRegistry
 from .state import preserved_rng
 from .tracers._fake import quiet_fake_logs
-from .types import Cost, OpEvent, TensorMeta
+from .types import Cost, OpEvent
 
 __all__ = ["plan", "PlanResult"]
 
@@ -46,18 +46,6 @@ _MEMORY_KEYS = {
     "Inputs": "inputs",
     "Other": "inputs",
 }
-# ops that move no data of their own (views, metadata, FSDP's bookkeeping) for the roofline
-_NO_TRAFFIC = frozenset(
-    f"aten::{name}"
-    for name in (
-        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "slice", "select", "as_strided",
-        "unsqueeze", "squeeze", "alias", "detach", "split", "split_with_sizes", "chunk", "unbind", "empty",
-        "empty_strided", "empty_like", "lift_fresh", "_local_scalar_dense", "set_", "resize_", "new_empty",
-        "new_empty_strided", "view_as", "_reshape_alias",
-    )
-)
-
-
 def _skipped(op: str) -> bool:
     """Ops booked as communication or bookkeeping rather than FLOPs."""
     return op in COLLECTIVE_KINDS or op.startswith(("c10d::", "_c10d_functional::", "fsdp::", "profiler::"))
@@ -241,24 +229,6 @@ def _tokens(args: Tuple[Any, ...], kw: Mapping[str, Any]) -> int:
     return 0
 
 
-_ITEMSIZE: Dict[str, int] = {}
-
-
-def _meta_bytes(value: Any) -> int:
-    if isinstance(value, TensorMeta) and value.dtype is not None:
-        size = _ITEMSIZE.get(value.dtype)
-        if size is None:
-            dtype = getattr(torch, value.dtype, None)
-            size = _ITEMSIZE[value.dtype] = dtype.itemsize if isinstance(dtype, torch.dtype) else 0
-        count = 1
-        for dim in value.shape:
-            count *= int(dim)
-        return count * size
-    if isinstance(value, tuple):
-        return sum(_meta_bytes(v) for v in value)
-    return 0
-
-
 def _bounds(
     costed: List[Tuple[OpEvent, Optional[Cost]]], comm: Tuple[CommRow, ...], flops: Mapping[str, int],
     gpu: Optional[str], dtype: str, have_links: bool,
@@ -271,12 +241,9 @@ def _bounds(
         return None
     bandwidth = MEMORY_BANDWIDTH.get(gpu)
     compute = 0.0
-    for event, cost in costed:
-        work = cost.flops if cost is not None else 0
-        traffic = 0
-        if bandwidth and event.call.op not in _NO_TRAFFIC:
-            traffic = sum(_meta_bytes(v) for v in event.call.args.values()) + _meta_bytes(event.call.outputs)
-        compute += max(work / peak, traffic / bandwidth if bandwidth else 0.0)
+    for _, cost in costed:  # bytes: flopcount.traffic's convention (views and allocations move none)
+        if cost is not None:
+            compute += max(cost.flops / peak, cost.bytes / bandwidth if bandwidth else 0.0)
     comm_s = sum(r.seconds or 0.0 for r in comm) if have_links else None
     model_flops = flops.get("forward", 0) + flops.get("backward", 0)
     no_overlap = overlap = None
