@@ -20,6 +20,7 @@ from .bench.peaks import dtype_key, match_gpu, peak_flops
 from .errors import TraceError, UsageError
 from .handlers import default_registry
 from .inputs import as_call_args, flatten_tensors
+from .ledger import TOTAL_FIELDS, Ledger
 from .plan_result import MEMORY_BANDWIDTH, CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
 from .registry import HandlerRegistry
 from .state import preserved_rng
@@ -184,21 +185,16 @@ def _fake_step(
 
 
 def _book(costed: List[Tuple[OpEvent, Optional[Cost]]]) -> Tuple[Dict[str, int], Dict[str, int], Dict[str, int], Dict[str, int]]:
-    """FLOPs and MACs by phase, FLOPs by operator, and calls of ops without a handler."""
-    flops: Dict[str, int] = {"forward": 0, "backward": 0, "optimizer": 0}
-    macs = dict.fromkeys(flops, 0)
-    by_operator: Dict[str, int] = {}
-    unsupported: Dict[str, int] = {}
-    for event, cost in costed:
-        if cost is None:
-            unsupported[event.call.op] = unsupported.get(event.call.op, 0) + 1
-            continue
-        flops[event.phase] = flops.get(event.phase, 0) + cost.flops
-        macs[event.phase] = macs.get(event.phase, 0) + cost.macs
-        for op, part in cost.parts or ((event.call.op, cost),):
-            by_operator[op] = by_operator.get(op, 0) + part.flops
-    ordered = dict(sorted(((k, v) for k, v in by_operator.items() if v), key=lambda kv: -kv[1]))
-    return flops, macs, ordered, unsupported
+    """FLOPs and MACs by phase, FLOPs by operator, and calls of ops without a handler,
+    booked by flopcount's one ledger."""
+    ledger = Ledger().book_all(costed)
+    macs_at, flops_at = TOTAL_FIELDS.index("macs"), TOTAL_FIELDS.index("flops")
+    phases = ("forward", "backward", "optimizer")
+    flops = {phase: ledger.phases.get(phase, [0] * len(TOTAL_FIELDS))[flops_at] for phase in phases}
+    macs = {phase: ledger.phases.get(phase, [0] * len(TOTAL_FIELDS))[macs_at] for phase in phases}
+    by_operator = {op: sums[flops_at] for op, sums in ledger.operators.items() if sums[flops_at]}
+    ordered = dict(sorted(by_operator.items(), key=lambda kv: -kv[1]))
+    return flops, macs, ordered, {op: int(entry[0]) for op, entry in ledger.unsupported.items()}
 
 
 def _comm_rows(
