@@ -8,6 +8,7 @@ torch's MemTracker watch rank 0. See docs/parallel.md.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -17,7 +18,7 @@ from ._parallel import fake_world, mesh_groups, parallelize
 from ._step import COLLECTIVE_KINDS, Collective, StepRecord, make_optimizer, run_step
 from .analysis import cost_events
 from .bench.peaks import dtype_key, match_gpu, peak_flops
-from .errors import TraceError, UsageError
+from .errors import FlopcountWarning, TraceError, UsageError
 from .handlers import default_registry
 from .inputs import as_call_args, flatten_tensors
 from .ledger import TOTAL_FIELDS, Ledger
@@ -47,6 +48,8 @@ _MEMORY_KEYS = {
     "Inputs": "inputs",
     "Other": "inputs",
 }
+
+
 def _skipped(op: str) -> bool:
     """Ops booked as communication or bookkeeping rather than FLOPs."""
     return op in COLLECTIVE_KINDS or op.startswith(("c10d::", "_c10d_functional::", "fsdp::", "profiler::"))
@@ -101,6 +104,8 @@ def plan(
     tokens = _tokens(args, kw)
     bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links))
     notes = _notes(unsupported, links, gpu)
+    if unsupported:
+        warnings.warn(f"plan: {notes[0]}; see PlanResult.unsupported or register a handler", FlopcountWarning, stacklevel=2)
     memory: Dict[str, int] = {}
     for key, value in record.memory_peak.items():
         if key != "Total":

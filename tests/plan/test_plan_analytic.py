@@ -179,3 +179,12 @@ def test_renderings_agree_with_the_numbers(plans: Dict[str, Any]) -> None:
     assert sum(row["wire_bytes"] for row in data["comm"]) == sum(r.wire_bytes for r in result.comm)
     for text in (result.table(), result.to_markdown()):
         assert "fsdp=2 x tp=2 = 4 ranks" in text and "all_reduce" in text and "reduce_scatter" in text
+
+
+def test_an_op_without_a_handler_is_reported_never_zero() -> None:
+    from flopcount.registry import HandlerRegistry
+
+    empty = HandlerRegistry()
+    with pytest.warns(flopcount.FlopcountWarning, match="without a handler"):
+        result = flopcount.plan(gloo.tiny_encoder, (gloo.example_input("encoder"),), fsdp=2, device=None, registry=empty)
+    assert result.unsupported.get("aten::mm", 0) > 0 and result.total_flops == 0
