@@ -63,6 +63,8 @@ _EXPORTS: Dict[str, str] = {
     "predict": "profiling",
     "PredictResult": "profiling",
     "Roofs": "roofline",
+    "plan": "planner",
+    "PlanResult": "plan_result",
 }
 
 __all__ = [
@@ -83,6 +85,7 @@ __all__ = [
     "ModuleLatencyResult",
     "OpCall",
     "OpTotals",
+    "PlanResult",
     "ParamSummary",
     "PredictResult",
     "ProfileResult",
@@ -112,6 +115,7 @@ __all__ = [
     "peaks",
     "predict",
     "profile",
+    "plan",
     "register_handler",
     "summarize_parameters",
 ]
@@ -145,6 +149,8 @@ if TYPE_CHECKING:
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
     from .params import summarize_parameters
+    from .plan_result import PlanResult
+    from .planner import plan
     from .profiling import PredictResult, ProfileResult, predict, profile
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp

@@ -475,12 +475,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         timing = _benchmark(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
-    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory else None
+    sharded = args.fsdp is not None or args.tp is not None
+    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory and not sharded else None
+    planned = _planned_peak(args) if budget.needs_memory and sharded else None
     report = check_result(
         result,
         budget,
         latency_ms=latency,
-        memory_bytes=None if estimate is None else estimate.peak_bytes,
+        memory_bytes=planned if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",
     )
@@ -500,6 +502,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 
+def _planned_peak(args: argparse.Namespace) -> int:
+    """Rank 0's peak of a training step sharded over --fsdp x --tp (flopcount plan)."""
+    from .plan import run_plan
+
+    args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
+    return int(run_plan(args, device=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import parse_link, render, run_plan
+
+    args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
+    _check_output(args.output, "--output")
+    result = run_plan(args, device=args.gpu, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
+    _emit(render(result, args.format, args.entry), args)
+    return EXIT_OK
+
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from .predicting import run_profile
@@ -509,5 +528,5 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
-    "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile,
+    "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
 }

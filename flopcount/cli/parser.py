@@ -318,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     verdict.add_argument("--allow-incomplete", action="store_true",
                          help="let an incomplete count decide FLOPs/MACs budgets (PASS/FAIL) instead of exiting 3")
     verdict.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran, even with --allow-incomplete")
+    sharded = check.add_argument_group("sharded training (with --max-memory: the per-rank peak, as flopcount plan)")
+    _add_ranks(sharded)
     _add_timing(check)
     check.set_defaults(command_name="check")
 
@@ -341,7 +343,45 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--roofs", metavar="FLOPS,BW", default=None,
                        help="roofs as peak FLOP/s and bandwidth in bytes/s, e.g. 2T,100G (default: measured here, cached)")
     prof.set_defaults(command_name="profile")
+    planner = commands.add_parser(
+        "plan",
+        help="per-rank FLOPs, memory and communication of FSDP / tensor-parallel training",
+        description=_wrap("Plan one training step sharded over --fsdp x --tp ranks on torch's own FSDP2 and "
+        "tensor parallelism, in a fake world of that many ranks in this process (nothing allocated, nothing sent): "
+        "rank 0's FLOPs by phase, peak memory, collectives and step-time bounds. See docs/parallel.md."),
+        epilog="examples:\n  flopcount plan hf:llama --fsdp 8 --tp 2 --input 1x4096:int64 --device h100 --link nvlink4\n"
+        "  flopcount plan hf:llama --config num_hidden_layers=4 --fsdp 64 --tp 8 --link dp=infiniband-ndr,tp=nvlink4",
+        formatter_class=formatter,
+    )
+    planner.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE or example:NAME")
+    inputs = planner.add_argument_group("one rank's micro-batch")
+    inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
+                        help="a positional input tensor, e.g. 1x4096:int64 (repeat for several)")
+    inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
+                        help="a keyword input tensor (repeatable)")
+    inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
+                        help="hf: config override, or keyword argument of a factory (repeatable)")
+    setup = planner.add_argument_group("the cluster")
+    _add_ranks(setup)
+    setup.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer step counted (default adamw)")
+    setup.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="cast the model to this dtype (default: as built)")
+    setup.add_argument("--mixed-precision", choices=("bfloat16", "float16"), default=None,
+                       help="FSDP2 computes in this dtype, reduces grads in float32; params and optimizer state keep theirs")
+    setup.add_argument("--device", dest="gpu", default="h100", metavar="GPU", help="GPU for the step-time roofline (default h100)")
+    setup.add_argument("--link", default=None, metavar="LINK",
+                       help="nvlink4, nvlink3, pcie5, pcie4, infiniband-ndr, infiniband-hdr..., bytes/s, or dp=LINK,tp=LINK")
+    out = planner.add_argument_group("output")
+    out.add_argument("-f", "--format", choices=("table", "json", "markdown"), default="table", help="table (default), json or markdown")
+    out.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    planner.set_defaults(command_name="plan")
     return parser
+
+
+def _add_ranks(group: Any) -> None:
+    group.add_argument("--fsdp", type=_int_at_least(1, "--fsdp"), default=None, metavar="N", help="FSDP2 ranks (default 1)")
+    group.add_argument("--tp", type=_int_at_least(1, "--tp"), default=None, metavar="N", help="tensor-parallel ranks (default 1)")
 
 
 def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS) -> None:

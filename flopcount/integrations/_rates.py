@@ -72,8 +72,8 @@ def resolve_peak(device: torch.device, dtype: Union[None, str, torch.dtype], giv
     if device.type == "cpu":
         from ..bench.roofs import machine_roofs
 
-        name = str(dtype).replace("torch.", "") if dtype is not None else None
-        return machine_roofs(device).peak(name), ""
+        dtype_name = str(dtype).replace("torch.", "") if dtype is not None else None
+        return machine_roofs(device).peak(dtype_name), ""
     return None, f"no peak FLOP/s is known for device {device.type!r}: pass peak_flops= (FLOP/s) for an MFU"
 
 
