@@ -20,7 +20,7 @@ from ._parallel import PlanError, private
 from .errors import UsageError
 from .inputs import output_tensors
 from .tracers._modules import ModuleStack, module_names
-from .tracers.dispatch import _Recorder, _signature
+from .tracers._recorder import Recorder, _signature
 from .types import OpEvent
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
@@ -105,7 +105,7 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
-class _StepRecorder(_Recorder):
+class _StepRecorder(Recorder):
     """flopcount's dispatch recorder that lets DTensor desugar into local ops first (so
     ops are seen with this rank's shard shapes), skips DTensor's sharding-propagation ops
     (run under a fake mode of its own) and notes each collective with its group."""
