@@ -2,7 +2,7 @@
 
 torch.jit's tracer removes, at the end of a trace, every op that does not lead to the
 returned tensors. flopcount's jit tracer keeps them (``tracers/jit.py``,
-``_keep_unread_results``), so a discarded result, a value read into Python (``if``,
+``keep_unread_results`` in tracers/_jit_graph.py), so a discarded result, a value read into Python (``if``,
 ``.item()``, ``float()``), a loss whose checks only steer Python, count the same under
 ``jit``, ``dispatch`` and ``auto`` — and equal the formula written here by hand from
 docs/conventions.md's per-op costs. Batch > 1, 3-D and non-contiguous inputs, train and eval.
