@@ -35,6 +35,9 @@ _EXPORTS: Dict[str, str] = {
     "TraceError": "errors",
     "UnsupportedOpError": "errors",
     "UsageError": "errors",
+    "UnsupportedOpsWarning": "errors",
+    "Status": "types",
+    "Diagnostic": "types",
     "benchmark": "bench",
     "BenchmarkResult": "bench",
     "LatencyStats": "bench",
@@ -62,6 +65,7 @@ __all__ = [
     "Budget",
     "BudgetReport",
     "Cost",
+    "Diagnostic",
     "FlopResult",
     "FlopcountError",
     "FlopcountWarning",
@@ -77,11 +81,13 @@ __all__ = [
     "ParamSummary",
     "StepRecord",
     "StepSummary",
+    "Status",
     "StepTimer",
     "TensorMeta",
     "TraceError",
     "UnsupportedOp",
     "UnsupportedOpError",
+    "UnsupportedOpsWarning",
     "UsageError",
     "benchmark",
     "check_budget",
@@ -116,14 +122,22 @@ if TYPE_CHECKING:
         peaks,
     )
     from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
-    from .errors import FlopcountError, FlopcountWarning, HandlerError, TraceError, UnsupportedOpError, UsageError
+    from .errors import (
+        FlopcountError,
+        FlopcountWarning,
+        HandlerError,
+        TraceError,
+        UnsupportedOpError,
+        UnsupportedOpsWarning,
+        UsageError,
+    )
     from .generation import GenerationResult, count_generation
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
     from .params import summarize_parameters
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp
-    from .types import Cost, OpCall, ParamSummary, TensorMeta
+    from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 
 def __getattr__(name: str) -> Any:

@@ -1,14 +1,19 @@
 """Quantized modules keep their weights in packed ScriptObjects, not ``nn.Parameter``s;
-these helpers find and unpack them (read-only) for parameter counts and tracers."""
+these helpers find and unpack them (read-only) for parameter counts and tracers.
+
+Two kinds are known: a quantized linear/conv's packed params (``unpack()`` gives weight
+and bias) and a dynamic quantized RNN layer's ``CellParamsBase``, one per layer and
+direction, whose state holds a packed linear for each of w_ih and w_hh (int8 weights;
+fp16 cells keep float32 copies that stand for float16 storage) and the biases."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-__all__ = ["packed_dtype", "packed_objects", "unpack"]
+__all__ = ["cell_tensors", "held_tensors", "packed_dtype", "packed_objects", "unpack"]
 
 
 def unpack(obj: Any) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
@@ -27,13 +32,57 @@ def unpack(obj: Any) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     return unpacked[0], bias
 
 
+def _state(obj: Any) -> Optional[Tuple[Any, ...]]:
+    try:
+        if not obj._has_method("__getstate__"):
+            return None
+        state = obj.__getstate__()
+    except (RuntimeError, TypeError, AttributeError):
+        return None
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], str):
+        state = state[0]  # (state, type name)
+    return state if isinstance(state, tuple) and len(state) == 5 else None
+
+
+def cell_tensors(obj: Any) -> Optional[Tuple[List[torch.Tensor], List[torch.Tensor], torch.dtype]]:
+    """(weights w_ih, w_hh; biases; the weights' stored dtype) of a dynamic quantized RNN
+    cell's ``CellParamsBase``, else None."""
+    if not isinstance(obj, torch.ScriptObject):
+        return None
+    state = _state(obj)
+    if state is None or not isinstance(state[0], str) or not state[0].startswith("quantized"):
+        return None
+    unpacked = [unpack(packed) for packed in state[4]]
+    if not unpacked or any(u is None for u in unpacked):
+        return None
+    weights = [u[0] for u in unpacked if u is not None]
+    biases = [u[1] for u in unpacked if u is not None and u[1] is not None]
+    if not biases:  # int8 cells keep them beside the packed weights
+        biases = [t for t in state[1] if isinstance(t, torch.Tensor) and t.dim() == 1]
+    stored = torch.float16 if state[0].endswith("fp16") else weights[0].dtype
+    return weights, biases, stored
+
+
+def held_tensors(module: nn.Module, obj: Any) -> List[Tuple[torch.Tensor, torch.dtype]]:
+    """Every tensor a packed object holds, with the dtype it is stored in (weights first)."""
+    cell = cell_tensors(obj)
+    if cell is not None:
+        weights, biases, stored = cell
+        return [(w, stored) for w in weights] + [(b, b.dtype) for b in biases]
+    unpacked = unpack(obj)
+    if unpacked is None:
+        return []
+    weight, bias = unpacked
+    return [(weight, packed_dtype(module, weight))] + ([] if bias is None else [(bias, bias.dtype)])
+
+
 def packed_objects(model: nn.Module) -> Iterator[Tuple[str, nn.Module, Any]]:
     """(qualified module name, module, packed ScriptObject) for every packed-params
-    object held directly by a module of ``model``, each object once."""
+    object (linear/conv params, RNN cells) held directly by a module of ``model``, each once."""
     seen = set()
     for name, module in model.named_modules():
         for value in vars(module).values():
-            if isinstance(value, torch.ScriptObject) and id(value) not in seen and unpack(value) is not None:
+            if isinstance(value, torch.ScriptObject) and id(value) not in seen and held_tensors(module, value):
                 seen.add(id(value))
                 yield name, module, value
 

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import numbers
+from functools import cache
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+import torch
 from torch import nn
 
 from .errors import HandlerError
 from .handlers import default_registry
 from .inputs import describe_inputs, is_uninitialized
+from .optimizers import OptimizerSpec
 from .params import summarize_parameters
 from .registry import KNOWN_ZERO, HandlerRegistry
 from .results import FlopResult, ModuleInfo, aggregate
 from .tracers import trace
+from .traffic import call_traffic
 from .types import ZERO_COST, Cost, Handler, OpEvent
 
 
@@ -27,8 +31,10 @@ def analyze(
     registry: Optional[HandlerRegistry] = None,
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
+    optimizer: Optional[OptimizerSpec] = None,
 ) -> FlopResult:
-    """trace -> cost -> aggregate: the :class:`FlopResult` of one run of ``model``.
+    """trace -> cost -> aggregate: the :class:`FlopResult` of one run of ``model`` (and,
+    with ``optimizer``, of one optimizer step after its backward: phase "optimizer").
 
     A ``torch.compile``d module is counted through the module it wraps: the same ops,
     module names without the ``_orig_mod.`` prefix, and no compilation."""
@@ -36,7 +42,7 @@ def analyze(
     table = registry if registry is not None else default_registry()
     if handlers:
         table = table.with_overrides(handlers)
-    run = trace(model, inputs, kwargs, tracer=tracer, backward=backward, loss_fn=loss_fn)
+    run = trace(model, inputs, kwargs, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     return aggregate(
         cost_events(run.events, table),
         tracer=run.tracer,
@@ -58,25 +64,59 @@ def uncompiled(model: nn.Module) -> nn.Module:
 
 
 def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[Tuple[OpEvent, Optional[Cost]]]:
-    """Pair each event with its cost (``None`` when no handler knows the op)."""
-    resolved: Dict[str, Any] = {}
+    """Pair each event with its cost (``None`` when no handler knows the op): the
+    handler's MACs and FLOPs, and the bytes the call moves (:mod:`flopcount.traffic`)
+    unless the handler gave them."""
+    resolved: Dict[str, Tuple[Any, bool]] = {}
     costed: List[Tuple[OpEvent, Optional[Cost]]] = []
     for event in events:
         call = event.call
-        handler = resolved.get(call.op, resolved)
-        if handler is resolved:
-            handler = resolved[call.op] = registry.resolve(call.op)
+        entry = resolved.get(call.op)
+        if entry is None:
+            entry = resolved[call.op] = (registry.resolve(call.op), is_view_op(call.op))
+        handler: Any = entry[0]
+        view = entry[1]
         if handler is None:
             costed.append((event, None))
-        elif handler is KNOWN_ZERO:
-            costed.append((event, ZERO_COST))
+            continue
+        if handler is KNOWN_ZERO:
+            cost: Optional[Cost] = ZERO_COST
         else:
             try:
                 cost = handler(call)
             except Exception as exc:
                 raise HandlerError(_handler_failure(event, exc)) from exc
-            costed.append((event, _checked(cost, call.op, event.module)))
+            cost = _checked(cost, call.op, event.module)
+        if cost is not None and not (cost.bytes_read or cost.bytes_written):
+            read, written = call_traffic(call, view=view)
+            if read or written:
+                cost = cost.with_traffic(read, written)
+        costed.append((event, cost))
     return costed
+
+
+#: Ops that return a view whose schema does not say so (the result shares the input's storage).
+_UNTAGGED_VIEWS = frozenset({"aten::_unsafe_view"})
+
+
+@cache
+def is_view_op(op: str) -> bool:
+    """True when ``op``'s schema returns an alias of an input that it does not write (a
+    view: ``aten::view``, ``aten::t``...). Ops torch does not know (composite names of
+    flopcount's vocabulary, custom ops) are not views."""
+    if op in _UNTAGGED_VIEWS:
+        return True
+    namespace, _, name = op.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return False
+    for overload in overloads:
+        returns = overload._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return True
+    return False
 
 
 def _module_aliases(model: nn.Module) -> Dict[str, Tuple[str, ...]]:

@@ -12,7 +12,8 @@ from torch import nn
 
 from .analysis import analyze
 from .bench.latency import benchmark
-from .errors import FlopcountWarning, UnsupportedOpError, UsageError
+from .errors import UnsupportedOpError, UnsupportedOpsWarning, UsageError
+from .optimizers import OptimizerSpec, check_spec
 from .registry import HandlerRegistry
 from .results import FlopResult
 from .types import TRACERS, Handler
@@ -29,6 +30,7 @@ def count_flops(
     registry: Optional[HandlerRegistry] = None,
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
+    optimizer: Optional[OptimizerSpec] = None,
     measure: Union[bool, Mapping[str, Any]] = False,
 ) -> FlopResult:
     """Count FLOPs, MACs and parameters of one forward of ``model``.
@@ -45,6 +47,9 @@ def count_flops(
     achieved FLOP/s; tables and ``to_dict()`` then show counts and timings together.
     ``backward=True`` (dispatch tracer) also counts the backward pass of a loss made
     from the outputs (their sum, or ``loss_fn(outputs)``); see ``FlopResult.by_phase()``.
+    ``optimizer`` (with ``backward=True``): "sgd", "sgd-momentum", "adam", "adamw", an
+    Optimizer instance, class or factory ``f(params)``; one steady-state step of it is
+    counted under phase "optimizer", on fake twins of the parameters (nothing is stepped).
     Convention: 1 MAC = 2 FLOPs; MACs count contraction ops only.
     """
     if not isinstance(model, nn.Module):
@@ -53,6 +58,10 @@ def count_flops(
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
+    if optimizer is not None:
+        if not backward:
+            raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
+        check_spec(optimizer, "count_flops")
     if handlers is not None and not isinstance(handlers, Mapping):
         raise UsageError(
             f"handlers must be a mapping {{op name: handler or None}}, got {type(handlers).__name__} "
@@ -64,7 +73,15 @@ def count_flops(
     if inputs is None:  # "no positional inputs", as with kwargs-only models
         inputs = ()
     result = analyze(
-        model, inputs, kwargs, tracer=tracer, handlers=handlers, registry=registry, backward=backward, loss_fn=loss_fn
+        model,
+        inputs,
+        kwargs,
+        tracer=tracer,
+        handlers=handlers,
+        registry=registry,
+        backward=backward,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
     )
     if options is not None:
         timing = benchmark(model, inputs, kwargs, flops=result.by_phase().get("forward", result.flops), **options)
@@ -77,7 +94,7 @@ def count_flops(
         warnings.warn(
             f"{len(unsupported)} op type(s) without a handler were not counted: {listing}; "
             "see FlopResult.unsupported_ops() or register a handler",
-            FlopcountWarning,
+            UnsupportedOpsWarning,
             stacklevel=2,
         )
     return result

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
 
 from .errors import UsageError
 from .report.budget import budget_table, show_value
+from .types import Status
 
 # decimal multipliers, like the units the reports print (1 G = 10^9)
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -41,7 +42,6 @@ BYTES_PER_MB = 10**6
 #: at least this: ops without a handler were not counted); ``estimate`` (could be either
 #: way: a placeholder decided a value, or a tracer could not see some work)
 Bound = Literal["exact", "lower", "estimate"]
-Status = Literal["PASS", "FAIL", "INCOMPLETE"]
 
 #: budgets whose actual value comes from the count (and so may be incomplete)
 COUNTED = ("flops", "macs")
@@ -125,6 +125,11 @@ class Budget:
     def needs_memory(self) -> bool:
         return self.max_memory is not None
 
+    @property
+    def needs_count(self) -> bool:
+        """A FLOPs or MACs limit is set: the only budgets the count's completeness decides."""
+        return any(name in COUNTED for name in self.limits())
+
     def __bool__(self) -> bool:
         return bool(self.limits())
 
@@ -149,8 +154,8 @@ class BudgetLine:
         """PASS (exact and within), FAIL (certainly over: exact or a lower bound over the
         limit) or INCOMPLETE (an incomplete count that does not decide)."""
         if self.passed:
-            return "PASS" if self.bound == "exact" else "INCOMPLETE"
-        return "FAIL" if self.bound in ("exact", "lower") else "INCOMPLETE"
+            return Status.PASS if self.bound == "exact" else Status.INCOMPLETE
+        return Status.FAIL if self.bound in ("exact", "lower") else Status.INCOMPLETE
 
     def describe(self) -> str:
         """``'flops 8.216 G > 5.000 G'`` (``'flops >= 8.216 G > ...'`` for a lower bound)."""
@@ -175,11 +180,11 @@ class BudgetReport:
         """FAIL when a budget is certainly exceeded; else INCOMPLETE when a counted budget
         (FLOPs, MACs) rests on an incomplete count (unless ``allow_incomplete``); else
         FAIL when a budget is exceeded as counted; else PASS."""
-        if any(line.status == "FAIL" for line in self.lines):
-            return "FAIL"
-        if not self.allow_incomplete and any(line.status == "INCOMPLETE" for line in self.lines):
-            return "INCOMPLETE"
-        return "PASS" if all(line.passed for line in self.lines) else "FAIL"
+        if any(line.status == Status.FAIL for line in self.lines):
+            return Status.FAIL
+        if not self.allow_incomplete and any(line.status == Status.INCOMPLETE for line in self.lines):
+            return Status.INCOMPLETE
+        return Status.PASS if all(line.passed for line in self.lines) else Status.FAIL
 
     @property
     def passed(self) -> bool:
@@ -221,7 +226,7 @@ class BudgetReport:
 
     def to_dict(self) -> Dict[str, Any]:
         return {
-            "status": self.status,
+            "status": str(self.status),
             "passed": self.passed,
             "complete": self.complete,
             "allow_incomplete": self.allow_incomplete,
@@ -235,7 +240,7 @@ class BudgetReport:
                     "unit": line.unit,
                     "bound": line.bound,
                     "passed": line.passed,
-                    "status": line.status,
+                    "status": str(line.status),
                 }
                 for line in self.lines
             ],
@@ -274,10 +279,12 @@ def check_budget(
 
     ``incomplete_reasons``: why the counted values (FLOPs, MACs) may be short;
     ``lower_bound=True`` says they can only be short (ops without a handler, nothing
-    else), so a counted value over its limit is a certain FAIL."""
+    else), so a counted value over its limit is a certain FAIL. The reasons are kept only
+    when a FLOPs or MACs limit is set: params, size, latency and memory do not rest on the
+    count's completeness (a memory verdict rests on the memory estimate alone)."""
     if isinstance(incomplete_reasons, str):
         raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
-    reasons = tuple(incomplete_reasons)
+    reasons = tuple(incomplete_reasons) if budget.needs_count else ()
     counted_bound: Bound = "exact" if not reasons else ("lower" if lower_bound else "estimate")
     actuals = {
         "params": params,

@@ -38,3 +38,8 @@ class DuplicateHandlerError(FlopcountError, ValueError):
 
 class FlopcountWarning(UserWarning):
     """Warnings flopcount emits; filter with ``warnings.filterwarnings(..., category=FlopcountWarning)``."""
+
+
+class UnsupportedOpsWarning(FlopcountWarning):
+    """Ops without a handler ran and were not counted (the result lists them in
+    ``unsupported_ops()``); filter this class alone to silence just that warning."""

@@ -54,6 +54,8 @@ class GenerationResult:
     encoder_decoder: bool = False
     warnings: Tuple[str, ...] = ()
     wall_s: float = field(default=0.0, compare=False)
+    #: the dtype(s) of the cache's floating tensors, e.g. "bfloat16" ("" when it holds none)
+    kv_cache_dtype: str = ""
 
     @property
     def macs(self) -> int:
@@ -122,6 +124,12 @@ def cache_bytes(cache: Any) -> int:
         seen.add(key)
         total += tensor.numel() * tensor.element_size()
     return total
+
+
+def cache_dtype(cache: Any) -> str:
+    """The dtype of a KV cache's floating tensors ("bfloat16"; several joined by "+"; "" if none)."""
+    names = {str(t.dtype).replace("torch.", "") for t in _tensors_in(cache, set()) if t.is_floating_point()}
+    return "+".join(sorted(names))
 
 
 def _tensors_in(obj: Any, visited: set) -> Iterator[torch.Tensor]:
@@ -277,6 +285,7 @@ def count_generation(
         prompt_tokens=prompt,
         new_tokens=new_tokens,
         kv_cache_bytes=kv_bytes,
+        kv_cache_dtype=cache_dtype(state.cache),
         encoder_decoder=encoder_decoder,
         warnings=tuple(notes),
         wall_s=time.perf_counter() - started,

@@ -17,19 +17,20 @@ import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from .inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
+from .optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
 from .tracers._modules import ModuleStack, module_names
+from .types import Phase
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-Phase = Literal["forward", "backward", "optimizer"]
 Mode = Literal["inference", "forward+backward", "training step"]
 
 #: MemTracker's category names -> MemoryBreakdown fields ("Other" holds the inputs we register)
@@ -42,7 +43,6 @@ _CATEGORIES = {
     "Temp": "temporaries",
     "Other": "inputs",
 }
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 
 
 @dataclass(frozen=True)
@@ -216,51 +216,6 @@ def _fake_model(model: nn.Module, faker: _Faker) -> Tuple[nn.Module, Dict[int, t
     return twin, twins
 
 
-def _fake_optimizer(
-    optimizer: Any, twin: nn.Module, twins: Mapping[int, torch.Tensor]
-) -> Tuple[torch.optim.Optimizer, str]:
-    """The optimizer rebuilt on the fake parameters. Where it leaves ``foreach`` to torch,
-    it is set as torch would set it for the real tensors (multi-tensor kernels on cuda),
-    since torch never picks them for FakeTensors and they allocate more at the step."""
-    if isinstance(optimizer, str):
-        key = optimizer.strip().lower()
-        params = [p for p in twin.parameters() if p.requires_grad]
-        foreach = _foreach_default(params)
-        if key == "sgd":
-            return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
-        if key == "sgd-momentum":
-            return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
-        if key in ("adam", "adamw"):
-            return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
-        raise UsageError(f"estimate_memory: unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)})")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise UsageError(f"estimate_memory: optimizer must be a name or an Optimizer, got {type(optimizer).__name__}")
-    groups = []
-    for index, group in enumerate(optimizer.param_groups):
-        missing = [p for p in group["params"] if id(p) not in twins]
-        if missing:
-            raise UsageError(
-                f"estimate_memory: param group {index} of the optimizer holds {len(missing)} tensor(s) that are not "
-                f"parameters of the model (first shape {tuple(missing[0].shape)})"
-            )
-        fakes = [twins[id(p)] for p in group["params"]]
-        rebuilt = {**group, "params": fakes}
-        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
-            rebuilt["foreach"] = _foreach_default(fakes)
-        groups.append(rebuilt)
-    try:
-        return type(optimizer)(groups, **optimizer.defaults), type(optimizer).__name__
-    except Exception as exc:
-        raise UsageError(
-            f"estimate_memory could not rebuild {type(optimizer).__name__} on fake parameters as "
-            f"type(opt)(param_groups, **opt.defaults): {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
-    return True if params and all(p.device.type in ("cuda", "xpu") for p in params) else None
-
-
 def _loss_of(output: Any) -> torch.Tensor:
     """What backward starts from: ``output.loss`` when the model computed one (Hugging
     Face with labels), else the sum of every output that requires grad."""
@@ -289,7 +244,7 @@ def estimate_memory(
     kwargs: Optional[Mapping[str, Any]] = None,
     *,
     backward: bool = False,
-    optimizer: Union[None, str, torch.optim.Optimizer] = None,
+    optimizer: Optional[OptimizerSpec] = None,
     dtype: Union[None, str, torch.dtype] = None,
 ) -> MemoryEstimate:
     """Peak tensor memory of one step of ``model(*inputs, **kwargs)`` on fake tensors.
@@ -307,6 +262,8 @@ def estimate_memory(
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:
         raise UsageError("estimate_memory: an optimizer step needs backward=True")
+    if optimizer is not None:
+        check_spec(optimizer, "estimate_memory")
     cast = _dtype(dtype)
     args, kw = as_call_args(inputs, kwargs)
     description = describe_inputs(inputs, kwargs)
@@ -316,14 +273,17 @@ def estimate_memory(
     twin, twins = _fake_model(model, faker)
     flat, rebuild = flatten_tensors((args, kw))
     fake_args, fake_kw = rebuild([faker(t, f"input tensor {i}") for i, t in enumerate(flat)])
-    opt, opt_name = _fake_optimizer(optimizer, twin, twins) if optimizer is not None else (None, None)
+    opt, opt_name = (None, None)
+    if optimizer is not None:
+        trainable = [p for p in twin.parameters() if p.requires_grad]
+        opt, opt_name = build_optimizer(optimizer, twins, trainable, "estimate_memory")
     names = module_names(twin)
     rng = torch.get_rng_state()
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:
         with mode:
             if opt is not None:
-                _warm_up(opt)
+                warm_up(opt, "estimate_memory")
             tracker.track_external(twin, opt, output_tensors((fake_args, fake_kw)))
             _skip_grad_hooks(tracker, twin)
             with tracker, ModuleStack(names) as stack:
@@ -360,21 +320,6 @@ def _dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
         raise UsageError(f"estimate_memory: dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
     return value
-
-
-def _warm_up(opt: torch.optim.Optimizer) -> None:
-    """One step on zero gradients, so the optimizer state exists as in every step after the first."""
-    for group in opt.param_groups:
-        for param in group["params"]:
-            if param.requires_grad:
-                param.grad = torch.zeros_like(param)
-    try:
-        opt.step()
-    except Exception as exc:
-        raise UsageError(
-            f"estimate_memory: {type(opt).__name__}.step() failed on fake tensors: {type(exc).__name__}: {exc}"
-        ) from exc
-    opt.zero_grad(set_to_none=True)
 
 
 def _run_step(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], backward: bool, opt: Any) -> None:

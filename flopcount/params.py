@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ._packed import packed_dtype, packed_objects, unpack
+from ._packed import held_tensors, packed_objects
 from .inputs import is_uninitialized
 from .types import ParamSummary
 
@@ -35,13 +35,9 @@ def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] =
         by_dtype[key] = by_dtype.get(key, 0) + n * param.element_size()
     # quantized modules: packed weights/biases are not nn.Parameters (frozen, stored dtype)
     for _, module, obj in packed_objects(model):
-        weight, bias = unpack(obj)  # type: ignore[misc]
-        for tensor, dtype in ((weight, packed_dtype(module, weight)), (bias, None)):
-            if tensor is None:
-                continue
+        for tensor, stored in held_tensors(module, obj):
             n = tensor.numel()
             total += n
-            stored = dtype if dtype is not None else tensor.dtype
             size = torch.finfo(stored).bits // 8 if stored != tensor.dtype else tensor.element_size()
             key = str(stored).replace("torch.", "")
             by_dtype[key] = by_dtype.get(key, 0) + n * size

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from .errors import UsageError
+from .ledger import Ledger
 from .report.export import result_to_csv, result_to_dict
 from .report.table import module_table, operator_table
 from .report.tree import module_tree
-from .types import CONVENTION, Cost, OpEvent, ParamSummary
+from .types import CONVENTION, Cost, Diagnostic, OpEvent, ParamSummary
 
-Metric = Literal["flops", "macs", "count"]
-METRICS: Tuple[str, ...] = ("flops", "macs", "count")
+Metric = Literal["flops", "macs", "count", "bytes", "bytes_read", "bytes_written"]
+METRICS: Tuple[str, ...] = ("flops", "macs", "count", "bytes", "bytes_read", "bytes_written")
 
 
 def _metric(metric: str, where: str) -> str:
@@ -27,14 +28,27 @@ __all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "OpTotals", "UnsupportedOp"
 
 @dataclass(frozen=True)
 class OpTotals:
-    """Calls, MACs and FLOPs of one operator (or of everything in one module)."""
+    """Calls, MACs, FLOPs and bytes moved of one operator (or of everything in one module)."""
 
     count: int = 0
     macs: int = 0
     flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes read plus bytes written (the roofline's memory traffic)."""
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def intensity(self) -> Optional[float]:
+        """Arithmetic intensity, FLOPs per byte moved; None when nothing was moved."""
+        moved = self.bytes
+        return self.flops / moved if moved else None
 
     def get(self, metric: Metric) -> int:
-        return getattr(self, metric)
+        return int(getattr(self, metric))
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,16 @@ class FlopResult:
     warnings: Tuple[str, ...] = ()
     benchmark: Optional[Any] = field(default=None, repr=False)
     gaps: Tuple[str, ...] = ()
+    #: ``(op, note, calls)`` of the costs that are estimates (their sentences are in ``warnings``).
+    _estimates: Tuple[Tuple[str, str, int], ...] = field(default_factory=tuple, repr=False)
+    #: Tensor bytes the ops read and wrote (docs/conventions.md, "Bytes").
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes read plus bytes written by every counted op (the roofline's memory traffic)."""
+        return self.bytes_read + self.bytes_written
 
     @property
     def active_params(self) -> int:
@@ -97,6 +121,28 @@ class FlopResult:
         decided a value on meta/fake tensors, or a tracer could not see some work."""
         return not self._unsupported and not self.gaps
 
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Every diagnostic of the count as a typed record, each once: ops without a handler
+        (with their modules and calls), gaps, estimated costs (op and calls), then the other
+        warnings. ``incomplete_reasons()`` and ``warnings`` are their texts."""
+        found: List[Diagnostic] = [
+            Diagnostic("unsupported", f"{u.op} ran {u.count}x without a handler", u.op, u.modules, u.count)
+            for u in self._unsupported
+        ]
+        found += [Diagnostic("gap", text) for text in self.gaps]
+        estimates = {_estimate_text(op, note, n): (op, n) for op, note, n in self._estimates}
+        seen = set(self.gaps)
+        for text in self.warnings:
+            if text in seen:
+                continue
+            seen.add(text)
+            if text in estimates:
+                op, n = estimates[text]
+                found.append(Diagnostic("estimate", text, op, (), n))
+            else:
+                found.append(Diagnostic("warning", text))
+        return tuple(found)
+
     def incomplete_reasons(self) -> Tuple[str, ...]:
         """One sentence per reason the count is not complete (empty when complete)."""
         reasons = tuple(f"{u.op} ran {u.count}x without a handler" for u in self._unsupported)
@@ -104,7 +150,7 @@ class FlopResult:
 
     # -- breakdowns ---------------------------------------------------------------
     def by_operator(self, metric: Metric = "flops") -> Dict[str, int]:
-        """``{op: FLOPs}`` (or MACs / call counts), largest first."""
+        """``{op: FLOPs}`` (or MACs, call counts, bytes), largest first."""
         _metric(metric, "by_operator")
         return _sorted({op: t.get(metric) for op, t in self._operators.items()})
 
@@ -186,47 +232,27 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _bump(table: Dict[str, List[int]], key: str, sums: List[int]) -> None:
-    into = table.get(key)
-    if into is None:
-        table[key] = list(sums)
-    else:
-        into[0] += sums[0]
-        into[1] += sums[1]
-        into[2] += sums[2]
-
-
-def _frozen(table: Dict[str, List[int]]) -> Dict[str, OpTotals]:
+def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
     return {key: OpTotals(*sums) for key, sums in table.items()}
 
 
-def _with_owners(
-    stack: Tuple[str, ...], aliases: Mapping[str, Sequence[str]], canonical: Mapping[str, str]
-) -> Tuple[str, ...]:
-    """The root, each module on the call stack, and the modules between two stack entries
-    that own the inner one by name but were never called themselves (``"h"`` for
-    ``("", "h.0")``, a ModuleList), each once. A name-prefix owner that is not on the call
-    path is not credited: a module shared as ``a.m`` and ``b.m`` runs inside ``b`` when
-    ``b`` calls it (its canonical name being ``a.m``), so it counts for ``b``, not ``a``.
-    ``aliases`` maps a canonical name to every name of that module, so the path through
-    ``b`` is found; ``canonical`` (alias -> canonical name) names the prefixes credited."""
-    names: Dict[str, None] = {"": None}
-    outer = ""
-    for qualified in stack:
-        path = qualified
-        for alias in aliases.get(qualified, (qualified,)):
-            if not outer or alias.startswith(outer + "."):
-                path = alias
-                break
-        if not outer or path.startswith(outer + "."):
-            parts = path.split(".")
-            start = outer.count(".") + 2 if outer else 1
-            for end in range(start, len(parts)):
-                prefix = ".".join(parts[:end])
-                names[canonical.get(prefix, prefix)] = None
-        names[qualified] = None
-        outer = path
-    return tuple(names)
+def _thawed(table: Mapping[str, OpTotals]) -> Dict[str, List[int]]:
+    return {key: [t.count, t.macs, t.flops, t.bytes_read, t.bytes_written] for key, t in table.items()}
+
+
+def _from_ledger(ledger: Ledger, base: FlopResult) -> FlopResult:
+    total = OpTotals(*ledger.total())
+    return replace(
+        base,
+        flops=total.flops,
+        macs=total.macs,
+        bytes_read=total.bytes_read,
+        bytes_written=total.bytes_written,
+        _operators=_frozen(ledger.operators),
+        _modules=_frozen(ledger.modules),
+        _module_ops={name: _frozen(ops) for name, ops in ledger.module_ops.items()},
+        _phases=_frozen(ledger.phases),
+    )
 
 
 def aggregate(
@@ -242,113 +268,45 @@ def aggregate(
 ) -> FlopResult:
     """Sum op costs by operator, by module (a module includes every op run while it was
     on the call stack, and every op of its submodules: containers that are never called,
-    like ModuleList, still include their children) and by phase. ``None`` marks an op
-    without a handler: it is listed as unsupported, never counted as zero. A split cost
-    (``Cost.parts``) is booked under the ops it names, one call each. ``aliases``:
-    ``{canonical name: every name}`` of modules reachable under several names."""
-    # first sum events that share (call stack, op, phase): far fewer than events
-    groups: Dict[Tuple[Tuple[str, ...], str, str], List[int]] = {}
-    unsupported: Dict[str, List[Any]] = {}
-    notes: Dict[Tuple[str, str], int] = {}
-    for event, cost in costed:
-        op = event.call.op
-        if cost is None:
-            entry = unsupported.setdefault(op, [0, {}])
-            entry[0] += 1
-            entry[1][event.module] = None
-            continue
-        if cost.note:
-            notes[(op, cost.note)] = notes.get((op, cost.note), 0) + 1
-        # a fused op's cost is booked under the canonical ops it performs, one call each
-        for name, part in cost.parts or ((op, cost),):
-            key = (event.module_stack, name, event.phase)
-            sums = groups.get(key)
-            if sums is None:
-                groups[key] = [1, part.macs, part.flops]
-            else:
-                sums[0] += 1
-                sums[1] += part.macs
-                sums[2] += part.flops
-    operators: Dict[str, List[int]] = {}
-    phases: Dict[str, List[int]] = {}
-    by_module: Dict[str, List[int]] = {}
-    module_ops: Dict[str, Dict[str, List[int]]] = {}
-    owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
-    alias_table = {name: tuple(names) for name, names in (aliases or {}).items()}
-    canonical = {alias: name for name, names in alias_table.items() for alias in names}
-    for (stack, op, phase), sums in groups.items():
-        _bump(operators, op, sums)
-        _bump(phases, phase, sums)
-        names = owners.get(stack)
-        if names is None:
-            names = owners[stack] = _with_owners(stack, alias_table, canonical)
-        for name in names:
-            _bump(by_module, name, sums)
-            _bump(module_ops.setdefault(name, {}), op, sums)
-    total = OpTotals(*by_module.get("", (0, 0, 0)))
-    return FlopResult(
-        flops=total.flops,
-        macs=total.macs,
+    like ModuleList, still include their children) and by phase, with the one
+    :class:`~flopcount.ledger.Ledger`. ``None`` marks an op without a handler: it is listed
+    as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
+    the ops it names, one call each. ``aliases``: ``{canonical name: every name}`` of
+    modules reachable under several names."""
+    ledger = Ledger(aliases).book_all(costed)
+    base = FlopResult(
+        flops=0,
+        macs=0,
         params=parameters.total,
         tracer=tracer,
         modules=tuple(modules),
         parameters=parameters,
         input_description=input_description,
-        _operators=_frozen(operators),
-        _modules=_frozen(by_module),
-        _module_ops={name: _frozen(ops) for name, ops in module_ops.items()},
-        _phases=_frozen(phases),
-        _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(unsupported.items())),
-        _aliases=alias_table,
-        warnings=tuple(warnings) + _estimate_warnings(notes),
+        _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(ledger.unsupported.items())),
+        _aliases=ledger.aliases,
+        warnings=tuple(warnings) + tuple(_estimate_text(op, note, n) for (op, note), n in ledger.notes.items()),
+        _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()),
         gaps=tuple(gaps),
     )
+    return _from_ledger(ledger, base)
 
 
-def _estimate_warnings(notes: Mapping[Tuple[str, str], int]) -> Tuple[str, ...]:
-    """One sentence per (op, note) of the costs that are estimates: the count is complete
-    (every op has a handler) but these figures depend on data the handlers cannot see."""
-    return tuple(
-        f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}" for (op, note), count in notes.items()
-    )
+def _estimate_text(op: str, note: str, count: int) -> str:
+    """The sentence for a cost that is an estimate: the count is complete (every op has a
+    handler) but this op's figure depends on data the handlers cannot see."""
+    return f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}"
 
 
 def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -> FlopResult:
     """``result`` with some of its events' costs replaced (event, old cost, new cost): the same
-    events ran, only their shapes differ. Cheaper than :func:`aggregate` when few events
-    change (the decode steps of :func:`flopcount.count_generation`); call counts are unchanged."""
-    operators = dict(result._operators)
-    phases = dict(result._phases)
-    modules = dict(result._modules)
-    module_ops = dict(result._module_ops)
-    copied: Dict[str, Dict[str, OpTotals]] = {}
-    total_macs, total_flops = result.macs, result.flops
-    canonical = {alias: name for name, names in result._aliases.items() for alias in names}
-
-    def owners(stack: Tuple[str, ...]) -> Tuple[str, ...]:
-        return _with_owners(stack, result._aliases, canonical)
-
-    def shift(table: Dict[str, OpTotals], key: str, macs: int, flops: int) -> None:
-        old = table[key]
-        table[key] = OpTotals(old.count, old.macs + macs, old.flops + flops)
-
-    for event, old, new in changes:
-        macs, flops = new.macs - old.macs, new.flops - old.flops
-        if not macs and not flops:
-            continue
-        op = event.call.op
-        total_macs += macs
-        total_flops += flops
-        shift(operators, op, macs, flops)
-        shift(phases, event.phase, macs, flops)
-        for name in owners(event.module_stack):
-            shift(modules, name, macs, flops)
-            ops = copied.get(name)
-            if ops is None:
-                ops = copied[name] = dict(module_ops[name])
-                module_ops[name] = ops
-            shift(ops, op, macs, flops)
-    return replace(
-        result, flops=total_flops, macs=total_macs, _operators=operators, _modules=modules,
-        _module_ops=module_ops, _phases=phases,
+    events ran, only their shapes differ (the decode steps of
+    :func:`flopcount.count_generation`). Booked by the same ledger as :func:`aggregate`, split
+    costs included; call counts are unchanged."""
+    ledger = Ledger.from_totals(
+        _thawed(result._operators), _thawed(result._phases), _thawed(result._modules),
+        {name: _thawed(ops) for name, ops in result._module_ops.items()}, result._aliases,
     )
+    for event, old, new in changes:
+        if old != new:
+            ledger.rebook(event, old, new)
+    return _from_ledger(ledger, result)

@@ -8,13 +8,60 @@ count. Nothing here imports torch, a tracer or a handler.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from math import prod
 from typing import Any, Callable, List, Literal, Mapping, Optional, Sequence, Tuple
 
-Phase = Literal["forward", "backward"]
+#: The pass an op ran in: the forward, autograd's backward, or one optimizer step after it.
+Phase = Literal["forward", "backward", "optimizer"]
+
+
+class Status(str, Enum):
+    """A verdict, the one spelling every renderer and the CLI use. PASS: within every limit,
+    exactly; FAIL: a limit is certainly exceeded; INCOMPLETE: the count may be short, so a
+    limit cannot be decided; UNDECIDED: the evidence (a lower bound under the limit, say)
+    cannot decide without measuring. A ``str`` subclass: ``Status.PASS == "PASS"``."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCOMPLETE = "INCOMPLETE"
+    UNDECIDED = "UNDECIDED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+#: What a diagnostic says about a count: an op without a handler ran (``unsupported``), the
+#: tracer could not see some work or a placeholder decided a value (``gap``): both make the
+#: count incomplete; an op's figure depends on data (``estimate``); anything else (``warning``).
+DiagnosticKind = Literal["unsupported", "gap", "estimate", "warning"]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One typed diagnostic of a reading: what kind, the sentence a report prints, and where
+    (the op, the modules it ran in, how many calls) when it is about an op."""
+
+    kind: DiagnosticKind
+    text: str
+    op: str = ""
+    modules: Tuple[str, ...] = ()
+    count: int = 0
+
+    @property
+    def makes_incomplete(self) -> bool:
+        """True for the kinds that make a count possibly short (unsupported ops, gaps)."""
+        return self.kind in ("unsupported", "gap")
+
 
 #: The tracers ``count_flops(..., tracer=)`` accepts.
 TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
+
+#: The optimizer names ``count_flops``/``estimate_memory(optimizer=)`` and the CLI accept.
+OPTIMIZERS: Tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw")
 
 #: The counting convention, printed under every report.
 CONVENTION = (
@@ -80,16 +127,24 @@ class OpCall:
         return value
 
 
+#: The metrics a :class:`Cost` carries, in order: every booking (the ledger) sums each of them.
+COST_METRICS: Tuple[str, ...] = ("macs", "flops", "bytes_read", "bytes_written")
+
+
 @dataclass(frozen=True)
 class Cost:
-    """Cost of one op call. ``macs`` counts multiply-accumulates of contractions only;
-    ``flops`` counts every floating-point operation (1 MAC = 2 FLOPs).
+    """Cost of one op call, a small named vector. ``macs`` counts multiply-accumulates of
+    contractions only; ``flops`` counts every floating-point operation (1 MAC = 2 FLOPs);
+    ``bytes_read`` / ``bytes_written`` are the tensor bytes the op reads and writes (the
+    roofline's memory traffic, convention in :mod:`flopcount.traffic`). Handlers give
+    ``macs`` and ``flops``; the costing stage fills the bytes from the call's tensors
+    unless a handler set them.
 
     ``parts`` is empty for an op that is one operation. A fused op (jit's
     ``aten::_transformer_encoder_layer_fwd``) is reported as the canonical operations it
     performs: one ``(op name, Cost)`` entry per operation, booked by aggregation under
-    those names (one call each) instead of the fused op's; ``macs`` and ``flops`` are
-    their sums. Build it with :meth:`split`.
+    those names (one call each) instead of the fused op's; every metric is their sum.
+    Build it with :meth:`split`.
 
     ``note`` says why the figure is an estimate or a bound when the op's work depends on
     tensor data the handler cannot see (NMS suppression, RoI sizes); aggregation lists each
@@ -100,18 +155,37 @@ class Cost:
     flops: int = 0
     parts: Tuple[Tuple[str, Cost], ...] = ()
     note: str = ""
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes read plus bytes written."""
+        return self.bytes_read + self.bytes_written
 
     def __add__(self, other: Cost) -> Cost:
         if not self.parts and not other.parts:
-            return Cost(self.macs + other.macs, self.flops + other.flops, note=_join_notes(self.note, other.note))
+            return Cost(
+                self.macs + other.macs, self.flops + other.flops, note=_join_notes(self.note, other.note),
+                bytes_read=self.bytes_read + other.bytes_read, bytes_written=self.bytes_written + other.bytes_written,
+            )
         for cost in (self, other):
-            if not cost.parts and (cost.macs or cost.flops):
+            if not cost.parts and (cost.macs or cost.flops or cost.bytes_read or cost.bytes_written):
                 raise ValueError("cannot add an unnamed cost to a split cost: use Cost.split((op, cost), ...)")
         return Cost.split(*self.parts, *other.parts).with_note(_join_notes(self.note, other.note))
 
     def with_note(self, note: str) -> Cost:
         """This cost, marked as an estimate for the reason ``note`` (one sentence)."""
-        return Cost(self.macs, self.flops, self.parts, _join_notes(self.note, note))
+        return Cost(self.macs, self.flops, self.parts, _join_notes(self.note, note), self.bytes_read, self.bytes_written)
+
+    def with_traffic(self, bytes_read: int, bytes_written: int) -> Cost:
+        """This cost with its bytes set; a split cost books them under its first part."""
+        if not self.parts:
+            return Cost(self.macs, self.flops, (), self.note, bytes_read, bytes_written)
+        (first_op, first), *rest = self.parts
+        moved = Cost(first.macs, first.flops, (), first.note, bytes_read, bytes_written)
+        parts = ((first_op, moved), *((op, Cost(c.macs, c.flops, (), c.note)) for op, c in rest))
+        return Cost(self.macs, self.flops, parts, self.note, bytes_read, bytes_written)
 
     @staticmethod
     def from_macs(macs: int) -> Cost:
@@ -133,7 +207,10 @@ class Cost:
             else:
                 flat.append((op, cost))
         note = _join_notes(*(c.note for _, c in flat))
-        return Cost(sum(c.macs for _, c in flat), sum(c.flops for _, c in flat), tuple(flat), note)
+        return Cost(
+            sum(c.macs for _, c in flat), sum(c.flops for _, c in flat), tuple(flat), note,
+            sum(c.bytes_read for _, c in flat), sum(c.bytes_written for _, c in flat),
+        )
 
 
 def _join_notes(*notes: str) -> str:
@@ -179,6 +256,9 @@ class Trace:
     #: Why the count may be short, one sentence each: work the tracer could not see, or a
     #: value a placeholder decided (each is also in ``warnings``). Empty when complete.
     gaps: Tuple[str, ...] = ()
+    #: The fake path's shape cache: ``{"hits", "misses", "disabled": {op: why}}`` (empty
+    #: when no cache ran).
+    shape_cache: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,16 @@ def test_invalid_utf8_names_the_file(tmp_path):
     with pytest.raises(UsageError, match="UTF-8") as info:
         load_budget_file(path)
     assert str(path) in str(info.value)
+
+
+def test_a_memory_verdict_rests_on_the_memory_estimate_alone():
+    # issue #20.4: the count's reasons (here an op without a handler) do not qualify budgets that
+    # do not come from the count: no "(on an incomplete count)" after a memory or params verdict
+    report = check_budget(
+        Budget(max_memory=2_000, max_params=10), memory_bytes=1_500, params=10, incomplete_reasons=["x ran 1x"]
+    )
+    assert report.verdict() == "PASS: all 2 budget(s) met"
+    assert report.complete and report.to_dict()["incomplete_reasons"] == []
+    with_flops = check_budget(Budget(max_memory=2_000, max_flops=100), memory_bytes=1_500, flops=5,
+                              incomplete_reasons=["x ran 1x"], allow_incomplete=True)
+    assert with_flops.verdict() == "PASS: all 2 budget(s) met (on an incomplete count, allowed)"

@@ -226,6 +226,26 @@ def test_optimizer_instance_is_rebuilt_on_fakes_and_left_alone() -> None:
     assert plain.at_peak.optimizer_state == 0
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        lambda m: torch.optim.AdamW(m.parameters(), lr=0.1),  # AdamW's defaults hold a key its constructor refuses
+        lambda m: torch.optim.Adam,  # a class, built with its defaults
+        lambda m: (lambda ps: torch.optim.Adam(ps, lr=0.1)),  # a factory of the parameter list
+    ],
+    ids=["AdamW instance", "Adam class", "Adam factory"],
+)
+def test_every_optimizer_form_count_flops_accepts_is_estimated(spec: Callable[[nn.Module], Any]) -> None:
+    # The forms are parsed in one place (flopcount.optimizers) for count_flops and estimate_memory;
+    # an AdamW instance used to fail to rebuild. Oracle: MemTracker on the real step with warmed Adam
+    # (AdamW's extra weight-decay multiply is in place: the same memory).
+    model, x = mlp(), torch.randn(8, 1024)
+    result = checked_estimate(model, x, backward=True, optimizer=spec(model))
+    truth = truth_peak(model, x, True, "adam")
+    assert abs(result.peak_bytes - truth) <= 0.05 * truth
+    assert result.at_peak.optimizer_state >= 2 * 4 * sum(p.numel() for p in model.parameters())
+
+
 def test_frozen_parameters_get_no_gradient_or_state() -> None:
     # MemTracker alone raises on frozen parameters (it hooks every parameter); flopcount must not.
     model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 16))

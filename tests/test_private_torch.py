@@ -105,3 +105,25 @@ def test_memtracker_calls_the_peak_update_flopcount_overrides():
     with tracker:
         model(torch.randn(2, 4)).sum().backward()
     assert calls
+
+
+def test_autograd_graph_facts_the_reentrant_backward_reads():
+    """tracers/_backward.py: a custom Function's node names its class in ``_forward_cls`` (how a
+    reentrant checkpoint is found), an AccumulateGrad node holds its leaf in ``variable``, and an
+    emptied ``_post_accumulate_grad_hooks`` dict calls nothing (refilled, it calls again)."""
+    from torch.utils.checkpoint import CheckpointFunction, checkpoint
+
+    weight = nn.Parameter(torch.randn(3))
+    out = checkpoint(lambda t: t * weight, torch.randn(3, requires_grad=True), use_reentrant=True)
+    assert out.grad_fn._forward_cls is CheckpointFunction
+    product = weight * 2
+    assert product.grad_fn.next_functions[0][0].variable is weight
+    fired = []
+    weight.register_post_accumulate_grad_hook(lambda p: fired.append(p))
+    held = dict(weight._post_accumulate_grad_hooks)
+    weight._post_accumulate_grad_hooks.clear()
+    product.sum().backward(retain_graph=True)
+    assert fired == []
+    weight._post_accumulate_grad_hooks.update(held)
+    product.sum().backward()
+    assert fired == [weight]

@@ -4,7 +4,9 @@ the model, call the library, print. :func:`main` is the one place that prints an
 Exit codes: 0 ok; 1 a budget certainly exceeded (check); 2 usage error, bad ENTRY or
 SPEC, model construction failure, or a forward that fails (one line on stderr;
 ``--debug`` adds the traceback); 3 incomplete (check could not decide a budget on an
-incomplete count, or ``--strict`` and an op without a handler ran); 130 interrupted.
+incomplete count, or ``--strict`` and an op without a handler ran); 4 an internal error: a
+bug in flopcount itself (an exception raised by flopcount's own code, not by the user's model
+or input), reported as such; 130 interrupted.
 
 stdout carries only the report: while the model is imported, built and run, anything
 it prints goes to stderr.
@@ -19,8 +21,8 @@ import warnings
 from typing import List, Optional, Sequence
 
 from ..errors import FlopcountError
-from .output import describe_error, one_line, report_warnings, say
-from .parser import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
+from .output import describe_error, is_internal, one_line, report_warnings, say
+from .parser import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
 
 __all__ = ["main"]
 
@@ -52,9 +54,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             traceback.print_exc()
         say(one_line(describe_error(exc)), "error")
         return EXIT_USAGE
-    except Exception as exc:  # a model's own code failing outside a tracer (e.g. during the benchmark)
+    except Exception as exc:  # the model's own code failing outside a tracer, or a bug of ours
         if args.debug:
             traceback.print_exc()
+        if is_internal(exc):
+            say(one_line(f"internal error in flopcount (a bug, not your input; please report it with the "
+                         f"traceback --debug prints): {type(exc).__name__}: {exc}"), "error")
+            return EXIT_INTERNAL
         say(one_line(f"{type(exc).__name__}: {exc}"), "error")
         return EXIT_USAGE
     finally:

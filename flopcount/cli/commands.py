@@ -4,16 +4,16 @@ library, hand the result to a renderer, write it. Rendering lives in flopcount.r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
-import json
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ..errors import FlopcountError, UsageError
 from ..report.render import render_bench, render_check, render_count
@@ -186,17 +186,19 @@ def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str,
         ) from exc
 
 
-def _count(run: _Run, args: argparse.Namespace, backward: bool = False) -> Any:
+def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimizer: Optional[str] = None) -> Any:
     """The count, with its INCOMPLETE reasons and warnings said on stderr."""
     import warnings
 
     from ..api import count_flops
-    from ..errors import FlopcountWarning
+    from ..errors import UnsupportedOpsWarning
 
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
-        warnings.filterwarnings("ignore", message=r".*without a handler were not counted", category=FlopcountWarning)
-        result = count_flops(run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward)
+        warnings.simplefilter("ignore", UnsupportedOpsWarning)
+        result = count_flops(
+            run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
+        )
     report_notes(result, args)
     return result
 
@@ -319,21 +321,33 @@ def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] =
     return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
 
 
+def _cast(run: _Run, dtype: Optional[str]) -> _Run:
+    """``count --dtype``: the model (the CLI's own copy) and its floating inputs in ``dtype``."""
+    if dtype is None:
+        return run
+    import torch
+
+    from ..inputs import flatten_tensors
+
+    target = getattr(torch, dtype)
+    run.model.to(target)
+    tensors, rebuild = flatten_tensors((run.inputs, run.kwargs))
+    cast = [t.to(target) if t.is_floating_point() else t for t in tensors]
+    inputs, kwargs = rebuild(cast)
+    return dataclasses.replace(run, inputs=inputs, kwargs=kwargs)
+
+
 def _cmd_count(args: argparse.Namespace) -> int:
-    if args.optimizer is not None and not args.memory:
-        raise UsageError("--optimizer applies to the memory estimate: add --memory")
-    run = _prepare(args)
+    run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
         return _count_generation(run, args)
-    result = _count(run, args, backward=args.backward)
-    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
-    if args.memory:
-        estimate = _estimate_memory(run, args)
-        if args.format == "json":
-            data = json.loads(text)
-            data["memory"] = estimate.to_dict()
-            text = json.dumps(data, indent=2)
-        elif args.format in ("table", "tree", "markdown"):
+    # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
+    result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
+    estimate = _estimate_memory(run, args) if args.memory else None
+    extra = {"memory": estimate.to_dict()} if estimate is not None else None
+    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators, extra=extra)
+    if estimate is not None and args.format != "json":  # JSON: one document with its memory section
+        if args.format in ("table", "tree", "markdown"):
             text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
         else:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
@@ -354,15 +368,42 @@ def _count_generation(run: _Run, args: argparse.Namespace) -> int:
     from ..generation import count_generation
     from ..report.render import render_generation
 
-    if args.backward or args.plot:
-        raise UsageError("--generate counts inference only: drop --backward and --plot")
+    if args.backward or args.plot or args.optimizer:
+        raise UsageError("--generate counts inference only: drop --backward, --optimizer and --plot")
     prompt = run.inputs[0] if isinstance(run.inputs, tuple) and len(run.inputs) == 1 else run.inputs
     if not isinstance(prompt, torch.Tensor):
         raise UsageError("--generate needs one prompt tensor: --input BATCHxLENGTH:int64 (token ids)")
     progress(args, f"counting generate() of {args.generate} new tokens after a {tuple(prompt.shape)} prompt ...")
-    result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
+    with _without_cache_rename_notice():
+        result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
     _emit(render_generation(result, args.format, entry=_label(args)), args)
     return EXIT_OK
+
+
+class _CacheRenameFilter:
+    """Drops transformers' "`past_key_values`/`cache_params` are deprecated" log line: it
+    is about the argument name flopcount's decoding loop passes, not about the user's code."""
+
+    def filter(self, record: Any) -> bool:
+        return "are deprecated. Use `cache` instead" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_cache_rename_notice() -> Iterator[None]:
+    """transformers' notices that ``past_key_values`` is now called ``cache`` (a log line, and a
+    FutureWarning on some models' forward), silenced for this call only: the filters go after."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("transformers.utils.generic")
+    notice = _CacheRenameFilter()
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+            yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -409,11 +450,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         memory_bytes=None if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
     )
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth)
-    if estimate is not None and args.format == "json":
-        data = json.loads(text)
-        data["memory"] = estimate.to_dict()
-        text = json.dumps(data, indent=2)
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate)
     _emit(text, args)
     _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms, budget=report)
     strict = _strict_failure(result, args)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import sysconfig
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Set
 
 from ..errors import FlopcountError, FlopcountWarning, TraceError
@@ -18,6 +20,35 @@ def say(message: str, kind: str = "") -> None:
 
 def one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def is_internal(exc: BaseException) -> bool:
+    """True when ``exc`` was raised by flopcount's own code: the innermost frame of its
+    traceback that is neither torch's nor the standard library's nor another installed
+    package's is in the flopcount package (the shipped example models excepted). An error
+    raised in the user's model, or by torch on the user's behalf, has a user frame deeper
+    down and is not ours."""
+    package = Path(__file__).resolve().parents[1]
+    examples = package / "examples"
+    ours = False
+    tb = exc.__traceback__
+    while tb is not None:
+        raw = tb.tb_frame.f_code.co_filename
+        path = Path(raw).resolve() if not raw.startswith("<") else None
+        if path is not None and package in path.parents:
+            ours = examples not in path.parents
+        elif not _is_library(raw):
+            ours = False
+        tb = tb.tb_next
+    return ours
+
+
+def _is_library(path: str) -> bool:
+    """torch, the standard library and installed packages (site-packages), or frozen code."""
+    return path.startswith("<") or "site-packages" in path or "dist-packages" in path or path.startswith(_STDLIB)
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
 
 
 def describe_error(exc: FlopcountError) -> str:

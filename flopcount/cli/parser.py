@@ -8,12 +8,14 @@ from typing import Any, NoReturn
 
 from ..budget import parse_bytes, parse_quantity
 from ..errors import UsageError
-from ..types import TRACERS
+from ..types import OPTIMIZERS, TRACERS
 
 FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
 
 EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: a bug in flopcount itself (never the user's input or model): says so, asks for a report
+EXIT_INTERNAL = 4
 
 _ENTRY_TEXT = """\
 ENTRY
@@ -216,10 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
+    count.add_argument("--dtype", choices=BENCH_DTYPES, default=None,
+                       help="cast the model's floating parameters and buffers and the floating inputs to this dtype first: "
+                       "the weights MB, --memory and the KV cache of --generate follow it (default: the model's own)")
+    count.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                       help="count a training step: forward, backward and one step of this optimizer (phase 'optimizer'; "
+                       "implies --backward); with --memory its state is in the peak too")
     memory = count.add_argument_group("peak memory (estimated on fake tensors: no data allocated)")
     memory.add_argument("--memory", action="store_true",
-                        help="also estimate the peak memory of the step (inference, or forward + backward with --backward)")
-    _add_optimizer(memory, "with --memory")
+                        help="also estimate the peak memory of the step (inference, or forward + backward with --backward, "
+                        "plus the optimizer step with --optimizer)")
     count.set_defaults(command_name="count")
 
     bench = commands.add_parser(
@@ -254,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",
                         help="the memory budget covers a training step (forward + backward), not inference")
-    _add_optimizer(limits, "for --max-memory")
+    limits.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                        help="for --max-memory: add this optimizer's step and state (implies --backward)")
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
     verdict = check.add_argument_group("incomplete counts")
     verdict.add_argument("--allow-incomplete", action="store_true",
@@ -263,14 +272,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_timing(check)
     check.set_defaults(command_name="check")
     return parser
-
-
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
-
-
-def _add_optimizer(group: Any, when: str) -> None:
-    group.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                       help=f"{when}: add this optimizer's step and state (implies --backward)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from . import (
     loss,
     matmul,
     norm,
+    optim,
     pointwise,
     pool,
     quantized,
@@ -33,7 +34,7 @@ __all__ = ["FAMILIES", "build_default_registry", "default_registry", "register_h
 
 FAMILIES = (
     matmul, conv, attention, norm, pointwise, reduce, pool, loss, indexing, rnn, fft, linalg, sampling, quantized,
-    vision_ops, zero_cost,
+    vision_ops, optim, zero_cost,
 )
 
 

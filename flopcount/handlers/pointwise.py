@@ -16,7 +16,7 @@ from ..registry import HandlerRegistry
 from ..types import Cost, Handler, OpCall, TensorMeta
 from ._common import any_complex, output_numel
 
-__all__ = ["register", "PER_ELEMENT", "per_element", "elementwise_flops", "integer_only"]
+__all__ = ["register", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
 
 _ONE = (
     # arithmetic; scalar factors folded into an op (add's alpha, addcmul's value) are not extra
@@ -121,7 +121,8 @@ COMPLEX_PER_ELEMENT = {
 }
 
 
-def _complex_flops(op: str, real: int) -> int:
+def complex_flops(op: str, real: int) -> int:
+    """FLOPs per element of ``op`` on complex operands, given its real constant ``real``."""
     name = op[:-1] if op.endswith("_") and not op.endswith("__") else op
     return COMPLEX_PER_ELEMENT.get(name, 2 * real)
 
@@ -148,7 +149,7 @@ def per_element(flops: int) -> Handler:
         if integer_only(call):
             return Cost()
         if any_complex(call):
-            return Cost.from_flops(_complex_flops(call.op, flops) * output_numel(call))
+            return Cost.from_flops(complex_flops(call.op, flops) * output_numel(call))
         return Cost.from_flops(flops * output_numel(call))
 
     handler.__doc__ = f"{flops} FLOP(s) per output element."

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from math import prod
-from typing import Tuple
+from typing import Any, Tuple
 
 from ..registry import HandlerRegistry
 from ..types import Cost, OpCall, TensorMeta
@@ -20,6 +20,7 @@ from .pointwise import per_element
 __all__ = [
     "register",
     "reduce_flops",
+    "norm_flops",
     "mean_flops",
     "var_flops",
     "softmax_flops",
@@ -111,16 +112,18 @@ def _std(call: OpCall) -> Cost:
     return Cost.from_flops(var_flops(_input(call).numel, m) + m)
 
 
-def _norm(call: OpCall) -> Cost:
+def norm_flops(n: int, m: int, p: Any) -> int:
     """p=2 (default, 'fro'): square, sum, sqrt = 2N + M; p in {1, inf, -inf, 0}: |x| or
     x != 0, then sum/max = 2N; other p: |x|, pow, sum = 3N, plus a root per output = M."""
-    n, m = _input(call).numel, _out_elements(call)
-    p = call.arg("p", call.arg("ord"))
     if p is None or p == 2 or p == "fro":
-        return Cost.from_flops(2 * n + m)
+        return 2 * n + m
     if p in (1, 0) or (isinstance(p, float) and math.isinf(p)):
-        return Cost.from_flops(2 * n)
-    return Cost.from_flops(3 * n + m)
+        return 2 * n
+    return 3 * n + m
+
+
+def _norm(call: OpCall) -> Cost:
+    return Cost.from_flops(norm_flops(_input(call).numel, _out_elements(call), call.arg("p", call.arg("ord"))))
 
 
 def _logsumexp(call: OpCall) -> Cost:

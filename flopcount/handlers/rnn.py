@@ -1,5 +1,7 @@
-"""Recurrent layers: jit's aten::lstm/gru/rnn_tanh/rnn_relu, the *_cell ops, and the
-CPU kernel aten::mkldnn_rnn_layer that the dispatch tracer sees for nn.LSTM.
+"""Recurrent layers: jit's aten::lstm/gru/rnn_tanh/rnn_relu, the *_cell ops, the CPU
+kernel aten::mkldnn_rnn_layer that the dispatch tracer sees for nn.LSTM, and their
+dynamic quantized forms (aten::quantized_lstm/gru, quantized::*_cell_dynamic), counted
+as the float layers: a MAC per weight use whatever the weight's type.
 
 Per layer and direction over S = steps x batch positions: MACs = S x (w_ih.numel +
 w_hh.numel [+ w_hr.numel]) (input and hidden projections for all gates; bias adds not
@@ -48,14 +50,14 @@ def _positions(x: TensorMeta, packed: bool) -> int:
     return x.shape[0] if packed else x.numel // x.shape[-1]
 
 
-def _rnn(call: OpCall) -> Cost:
-    kind = call.op.split("::")[1]
+def _rnn_cost(kind: str, call: OpCall, params: Sequence[TensorMeta]) -> Cost:
     packed = "data" in call.args
     x = call.tensor("data") if packed else call.tensor("input")
-    params = [p for p in call.arg("params") or () if isinstance(p, TensorMeta)]
     layers = int(call.arg("num_layers") or 1)
     dirs = 2 if call.arg("bidirectional") else 1
     per_layer = len(params) // (layers * dirs)
+    if not per_layer:
+        raise ValueError(f"{call.op}: the layers' weights are not known")
     positions = _positions(x, packed)
     cost = Cost()
     hidden = 0
@@ -68,6 +70,20 @@ def _rnn(call: OpCall) -> Cost:
     if dropout and call.arg("train") and layers > 1:
         cost += Cost.from_flops(DROPOUT * (layers - 1) * positions * hidden * dirs)
     return cost
+
+
+def _rnn(call: OpCall) -> Cost:
+    params = [p for p in call.arg("params") or () if isinstance(p, TensorMeta)]
+    return _rnn_cost(call.op.split("::")[1], call, params)
+
+
+def _quantized_rnn(call: OpCall) -> Cost:
+    """``aten::quantized_lstm``/``quantized_gru`` (dynamic int8 or fp16 ``nn.LSTM``/``nn.GRU``):
+    the float layer's cost, one MAC per int8 (or fp16) weight use. ``params`` holds one
+    cell per layer and direction, each (w_ih, w_hh, biases...) as the dispatch tracer
+    unpacks it; the activations' dynamic quantization inside the kernel is not counted."""
+    params = [m for cell in call.arg("params") or () if isinstance(cell, tuple) for m in cell if isinstance(m, TensorMeta)]
+    return _rnn_cost(call.op.split("::quantized_")[1], call, params)
 
 
 # The elementwise ops of one cell step, in the order and spelling aten's RNN.cpp runs
@@ -84,19 +100,37 @@ _CELL_OPS = {
 }
 
 
+def _cell_cost(kind: str, x: TensorMeta, w_ih: TensorMeta, w_hh: TensorMeta, linear: str) -> Cost:
+    rows, hidden = _positions(x, False), w_hh.shape[1]
+    parts = [
+        (linear, Cost.from_macs(rows * w_hh.numel)),
+        (linear, Cost.from_macs(rows * w_ih.numel)),
+    ]
+    parts += [(op, Cost.from_flops(rows * hidden * per_unit * flops)) for op, per_unit, flops in _CELL_OPS[kind]]
+    return Cost.split(*parts)
+
+
 def _cell(call: OpCall) -> Cost:
     """One step of ``nn.LSTMCell``/``GRUCell``/``RNNCell``, split into the ops it runs: the
     input and hidden ``aten::linear`` (biases not counted) and the gate arithmetic
     (:data:`GATE_FLOPS` per hidden unit in total)."""
     kind = call.op.split("::")[1].replace("_cell", "")
-    x, w_ih, w_hh = call.tensor("input"), call.tensor("w_ih"), call.tensor("w_hh")
-    rows, hidden = _positions(x, False), w_hh.shape[1]
-    parts = [
-        ("aten::linear", Cost.from_macs(rows * w_hh.numel)),
-        ("aten::linear", Cost.from_macs(rows * w_ih.numel)),
-    ]
-    parts += [(op, Cost.from_flops(rows * hidden * per_unit * flops)) for op, per_unit, flops in _CELL_OPS[kind]]
-    return Cost.split(*parts)
+    return _cell_cost(kind, call.tensor("input"), call.tensor("w_ih"), call.tensor("w_hh"), "aten::linear")
+
+
+def _packed_weight(call: OpCall, name: str) -> TensorMeta:
+    value = call.arg(name)
+    if isinstance(value, tuple) and value and isinstance(value[0], TensorMeta):
+        return value[0]
+    raise ValueError(f"{call.op}: the packed weight {name} is not known")
+
+
+def _quantized_cell(call: OpCall) -> Cost:
+    """One step of a dynamic quantized ``LSTMCell``/``GRUCell``/``RNNCell``: as the float
+    cell, its two projections named ``quantized::linear_dynamic`` (what they run as)."""
+    kind = call.op.split("::quantized_")[1].replace("_cell_dynamic", "")
+    w_ih, w_hh = _packed_weight(call, "w_ih"), _packed_weight(call, "w_hh")
+    return _cell_cost(kind, call.tensor("input"), w_ih, w_hh, "quantized::linear_dynamic")
 
 
 def _mkldnn_layer(call: OpCall) -> Cost:
@@ -117,5 +151,7 @@ def _mkldnn_layer_backward(call: OpCall) -> Cost:
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"], _rnn)
     registry.register(["aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell", "aten::rnn_relu_cell"], _cell)
+    registry.register(["aten::quantized_lstm", "aten::quantized_gru"], _quantized_rnn)
+    registry.register([f"quantized::quantized_{kind}_cell_dynamic" for kind in _CELL_OPS], _quantized_cell)
     registry.register("aten::mkldnn_rnn_layer", _mkldnn_layer)
     registry.register("aten::mkldnn_rnn_layer_backward", _mkldnn_layer_backward)

@@ -31,8 +31,17 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
         "param_bytes_by_dtype": dict(params.bytes_by_dtype),
         "buffer_bytes_by_dtype": dict(params.buffer_bytes_by_dtype),
         "size_bytes": params.size_bytes,
-        "by_phase": {phase: {"macs": result.by_phase("macs")[phase], "flops": flops} for phase, flops in result.by_phase().items()},
-        "by_operator": {op: {"count": t.count, "macs": t.macs, "flops": t.flops} for op, t in result.operator_totals().items()},
+        "bytes_read": result.bytes_read,
+        "bytes_written": result.bytes_written,
+        "by_phase": {
+            phase: {"macs": result.by_phase("macs")[phase], "flops": flops, "bytes_read": result.by_phase("bytes_read")[phase],
+                    "bytes_written": result.by_phase("bytes_written")[phase]}
+            for phase, flops in result.by_phase().items()
+        },
+        "by_operator": {
+            op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written}
+            for op, t in result.operator_totals().items()
+        },
         "by_module": {
             m.name: {
                 "type": m.type_name,
@@ -41,6 +50,8 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
                 "params": m.params,
                 "macs": result.module_totals(m.name).macs,
                 "flops": result.module_totals(m.name).flops,
+                "bytes_read": result.module_totals(m.name).bytes_read,
+                "bytes_written": result.module_totals(m.name).bytes_written,
             }
             for m in result.modules
         },

@@ -26,7 +26,7 @@ h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.1em; margin-top
 .summary { color: #444; } .note { color: #8a5a00; }
 pre { background: #f6f8fa; padding: 0.8em; overflow-x: auto; font-size: 0.85em; line-height: 1.35; }
 img { max-width: 100%; border: 1px solid #ddd; }
-.PASS { color: #2e7d32; font-weight: bold; } .FAIL { color: #c0392b; font-weight: bold; }
+.PASS { color: #2e7d32; font-weight: bold; } .FAIL { color: #c0392b; font-weight: bold; } .INCOMPLETE, .UNDECIDED { color: #b7791f; font-weight: bold; }
 """
 
 
@@ -59,7 +59,7 @@ def html_report(
         f'<p class="summary">{html.escape(CONVENTION)}</p>',
     ]
     if budget is not None:
-        verdict = "PASS" if budget.passed else "FAIL"
+        verdict = str(budget.status)
         parts.append(f'<p>Budgets: <span class="{verdict}">{verdict}</span></p>')
     if not result.complete:
         reasons = "; ".join(result.incomplete_reasons())

@@ -35,6 +35,34 @@ def breakdown_table(estimate: MemoryEstimate, fmt: str = "simple") -> str:
     return tabulate(rows, headers=["At peak", "Bytes", "Share"], tablefmt=fmt, colalign=("left", "right", "right"))
 
 
+#: what a peak is made of, in the order the one-line summary names them
+_SUMMARY = (
+    ("parameters", "weights"),
+    ("buffers", "buffers"),
+    ("gradients", "gradients"),
+    ("optimizer_state", "optimizer state"),
+    ("activations", "activations"),
+    ("temporaries", "backward temporaries"),
+    ("inputs", "inputs"),
+)
+
+
+def peak_summary(estimate: MemoryEstimate) -> str:
+    """One line: what the peak is of and what it includes, e.g. ``memory: peak 168.13 MB of a
+    training step (adam), reached in the optimizer step = weights 33.57 MB + gradients ...``.
+    Weights, gradients, optimizer state and activations are always named (0 B when absent)."""
+    parts = asdict(estimate.at_peak)
+    always = {"parameters", "gradients", "optimizer_state", "activations"}
+    terms = [f"{label} {format_bytes(parts[key])}" for key, label in _SUMMARY if parts[key] or key in always]
+    step = _STEP.get(estimate.mode, estimate.mode) + (f" ({estimate.optimizer})" if estimate.optimizer else "")
+    cast = f", weights and inputs cast to {estimate.dtype}" if estimate.dtype else ""
+    phase = "optimizer step" if estimate.peak_phase == "optimizer" else estimate.peak_phase
+    return f"memory: peak {format_bytes(estimate.peak_bytes)} of {step}{cast}, reached in the {phase} = " + " + ".join(terms)
+
+
+_STEP = {"inference": "an inference step", "forward+backward": "a forward + backward step", "training step": "a training step"}
+
+
 def memory_table(estimate: MemoryEstimate, max_depth: Optional[int] = 1, fmt: str = "simple") -> str:
     """The breakdown at the peak, then one row per module that ran (down to ``max_depth``)
     with its retained activations and its own peak, then a footer naming the step."""

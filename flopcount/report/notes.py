@@ -10,22 +10,24 @@ if TYPE_CHECKING:
 
 
 def incomplete_lines(result: FlopResult) -> Tuple[str, ...]:
-    """One sentence per reason the count may be short: each op without a handler (with
-    where it ran), then each gap a tracer reported."""
+    """One sentence per reason the count may be short, from the result's typed diagnostics:
+    each op without a handler (with where it ran), then each gap a tracer reported."""
     reasons = []
-    for u in result.unsupported_details():
-        where = ", ".join(m or "<root>" for m in u.modules[:3]) + (", ..." if len(u.modules) > 3 else "")
-        reasons.append(f"{u.op} ran {u.count}x without a handler and is NOT counted (in {where})")
-    return tuple(reasons) + tuple(result.gaps)
+    for d in result.diagnostics():
+        if d.kind == "unsupported":
+            where = ", ".join(m or "<root>" for m in d.modules[:3]) + (", ..." if len(d.modules) > 3 else "")
+            reasons.append(f"{d.op} ran {d.count}x without a handler and is NOT counted (in {where})")
+        elif d.kind == "gap":
+            reasons.append(d.text)
+    return tuple(reasons)
 
 
 def other_warnings(result: FlopResult) -> Tuple[str, ...]:
-    """The result's warnings that are not already a reason it is incomplete, then the
-    benchmark's warnings, each once, in order."""
-    seen = set(result.gaps)
-    out: List[str] = []
-    timing = result.benchmark
-    for text in tuple(result.warnings) + tuple(getattr(timing, "warnings", ()) or ()):
+    """The result's diagnostics that do not make it incomplete (estimates, warnings), then
+    the benchmark's warnings, each once, in order."""
+    out = [d.text for d in result.diagnostics() if not d.makes_incomplete]
+    seen = set(out) | set(result.gaps)
+    for text in tuple(getattr(result.benchmark, "warnings", ()) or ()):
         if text not in seen:
             seen.add(text)
             out.append(text)

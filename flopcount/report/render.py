@@ -9,6 +9,7 @@ from tabulate import tabulate
 
 from .bench import bench_rows
 from .html import html_report
+from .memory import peak_summary
 from .notes import note_lines
 from .table import operator_table
 from .units import escape_markdown
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from ..bench.result import BenchmarkResult
     from ..budget import BudgetReport
     from ..generation import GenerationResult
+    from ..memory import MemoryEstimate
     from ..results import FlopResult
 
 
@@ -31,12 +33,16 @@ def result_dict(result: FlopResult, entry: str) -> Dict[str, Any]:
     return data
 
 
-def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False) -> str:
-    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html)."""
+def render_count(
+    result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False,
+    extra: Optional[Dict[str, Any]] = None,
+) -> str:
+    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html).
+    ``extra``: more top-level sections of the JSON document (``{"memory": {...}}``)."""
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth)
     if fmt == "json":
-        return _json(result_dict(result, entry))
+        return _json({**result_dict(result, entry), **(extra or {})})
     if fmt == "csv":
         return result.to_csv(max_depth=depth)
     if fmt == "tree":
@@ -79,31 +85,47 @@ def _csv_key(label: str) -> str:
     return label.split(" (")[0].lower().replace(" ", "_")
 
 
-def render_check(result: FlopResult, report: BudgetReport, fmt: str, *, entry: str, depth: Optional[int] = None) -> str:
+def render_check(
+    result: FlopResult,
+    report: BudgetReport,
+    fmt: str,
+    *,
+    entry: str,
+    depth: Optional[int] = None,
+    memory: Optional[MemoryEstimate] = None,
+    extra: Optional[Dict[str, Any]] = None,
+) -> str:
     """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
-    the verdict, and why the count may be short. The markdown suits a GitHub step summary."""
+    the verdict, what a memory budget's peak includes (``memory``), and why the count may
+    be short. The markdown suits a GitHub step summary."""
     if fmt == "json":
         data = result_dict(result, entry)
-        data["status"] = report.status
+        data["status"] = str(report.status)
         data["budget"] = report.to_dict()
+        if memory is not None:
+            data["memory"] = memory.to_dict()
+        data.update(extra or {})
         return _json(data)
     if fmt == "csv":
         return report.to_csv()
     heading = f"{entry} | inputs {result.input_description or '()'}"
     notes = note_lines(result, markdown=fmt == "markdown")
+    peak = [] if memory is None else [peak_summary(memory)]
     if fmt == "html":
-        return html_report(result, entry=entry, depth=depth, sections=[("Budgets", f"{report.table()}\n{report.verdict()}")], budget=report)
+        budgets = "\n".join([report.table(), report.verdict(), *peak])
+        return html_report(result, entry=entry, depth=depth, sections=[("Budgets", budgets)], budget=report)
     if fmt == "markdown":
         parts = [
             f"### flopcount check: {report.status}",
             f"**{escape_markdown(heading)}**",
             report.table(fmt="github"),
             f"**{escape_markdown(report.verdict())}**",
+            *[escape_markdown(line) for line in peak],
         ]
         if notes:
             parts.append("\n".join(notes))
         return "\n\n".join(parts)
-    parts = [heading, report.table(), report.verdict()]
+    parts = [heading, report.table(), report.verdict(), *peak]
     if fmt == "tree":  # the tree ends with the notes
         return "\n".join([*parts, "", result.tree(max_depth=depth)])
     return "\n".join(parts + notes)

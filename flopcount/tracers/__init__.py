@@ -17,6 +17,7 @@ from torch import nn
 from .._packed import packed_objects
 from ..errors import UsageError
 from ..inputs import as_call_args, flatten_tensors, is_dataless
+from ..optimizers import OptimizerSpec
 from ..state import preserved_inputs
 from ..types import TRACERS, Trace
 from ._fake import FakeRunError, has_lazy_parameters, shared_tensor_copy
@@ -40,6 +41,7 @@ def trace(
     tracer: str = "auto",
     backward: bool = False,
     loss_fn: Optional[LossFn] = None,
+    optimizer: Optional[OptimizerSpec] = None,
 ) -> Trace:
     """Run ``model`` once with the chosen tracer and return its op events.
 
@@ -48,11 +50,17 @@ def trace(
     fakes, it counts one real run instead and says why in the warnings. Inputs or weights
     already on the meta device (or fake) are counted as given. "jit" and "dispatch" run
     the real model. Every path gives the caller's model and input tensors back as found.
+    ``optimizer`` (with ``backward``, dispatch or auto) adds one optimizer step on fake
+    twins of the parameters, recorded with phase "optimizer".
     """
     from . import dispatch, jit
 
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
+    if tracer == "jit" and optimizer is not None:
+        raise UsageError(
+            "optimizer= needs tracer='dispatch' (or 'auto'): the step follows a backward pass, which torch.jit cannot see"
+        )
     if tracer == "jit" and backward:
         raise UsageError("backward=True needs tracer='dispatch' (or 'auto'); torch.jit cannot see backward")
     tensors, _ = flatten_tensors(as_call_args(inputs, kwargs))
@@ -60,7 +68,7 @@ def trace(
     if tracer == "auto":
         dataless = _dataless(model, tensors)
         if dataless is not None:
-            run = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
+            run = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
             return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
         if has_lazy_parameters(model):
             note = "tracer auto: counted one real run (dispatch) because lazy modules are not materialised yet"
@@ -69,7 +77,9 @@ def trace(
             note = "tracer auto: counted one real run (dispatch) because the model has quantized packed parameters"
         else:
             try:
-                return dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn, fake_copy=True)
+                return dispatch.trace(
+                    model, inputs, kwargs, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer
+                )
             except FakeRunError as exc:
                 note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
     # A real run: on a copy of the module tree when lazy modules would otherwise be
@@ -78,7 +88,7 @@ def trace(
     with preserved_inputs(tensors):
         if tracer == "jit":
             return jit.trace(run_model, inputs, kwargs)
-        run = dispatch.trace(run_model, inputs, kwargs, backward=backward, loss_fn=loss_fn)
+        run = dispatch.trace(run_model, inputs, kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     return _with_warning(run, note) if note else run
 
 

@@ -165,7 +165,12 @@ class _TreeCopier:
         found = self.memo.get(id(module))
         if found is not None:
             return found
-        new = module.__class__.__new__(module.__class__)
+        # object.__new__ keeps the exact class: a GraphModule's __new__ would make a new
+        # per-instance class without the generated forward (torch.export's .module())
+        try:
+            new = object.__new__(module.__class__)
+        except TypeError:  # a module that also subclasses a builtin container
+            new = module.__class__.__new__(module.__class__)
         self.memo[id(module)] = new
         new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
         return new
@@ -185,6 +190,8 @@ class _TreeCopier:
             return self.module(value)
         if isinstance(value, self.faker.fake_type):
             return value  # already one of ours
+        if isinstance(value, _shared_types()):
+            return value
         if isinstance(value, torch.Tensor):  # held in a container attribute: faked too
             made = self.memo[id(value)] = self.faker.fake(value)
             return made
@@ -205,6 +212,18 @@ class _TreeCopier:
             new = self.memo[id(value)] = set(value)
             return new
         return copy.deepcopy(value, self.memo)
+
+
+@cache
+def _shared_types() -> Tuple[type, ...]:
+    """Objects shared with the copy rather than deep-copied: a ``torch.export``ed (or
+    fx) module's graph, which its generated forward never reads, and pytree specs (its
+    ``_in_spec``/``_out_spec``, immutable). Copying them is slow and trips a deprecation
+    warning inside torch."""
+    import torch.fx
+
+    spec = getattr(getattr(torch.utils, "_pytree", None), "TreeSpec", None)
+    return (torch.fx.Graph,) + ((spec,) if isinstance(spec, type) else ())
 
 
 def shared_tensor_copy(model: nn.Module) -> nn.Module:

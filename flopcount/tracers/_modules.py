@@ -3,6 +3,7 @@ stack seen through process-wide forward hooks, and the error naming the failing 
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, List, Mapping, Tuple
 
 from torch import nn
@@ -20,7 +21,8 @@ def module_names(model: nn.Module) -> Dict[nn.Module, str]:
 
 class ModuleStack:
     """Tracks which modules are running, through process-wide forward hooks that are
-    removed on exit. Nothing is added to the model's own hook dictionaries.
+    removed on exit. Nothing is added to the model's own hook dictionaries. The hooks
+    answer only the thread that entered the stack, and only modules of the traced model.
 
     ``stack`` holds qualified names, outermost first, without the root, and ``path``
     the same as a tuple (kept ready for tracers that stamp every op with it). After a
@@ -38,8 +40,13 @@ class ModuleStack:
         from torch.nn.modules import module as module_impl
 
         names, stack, calls = self._names, self.stack, self.calls
+        # the hooks are process-wide: answer only the thread that traces, so a model run
+        # (or counted) in another thread at the same time is not booked here
+        owner = threading.get_ident()
 
         def pre(module: nn.Module, args: Any) -> None:
+            if threading.get_ident() != owner:
+                return
             name = names.get(module)
             if name is not None:
                 calls[name] = calls.get(name, 0) + 1
@@ -48,6 +55,8 @@ class ModuleStack:
                     self.path = tuple(stack)
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
+            if threading.get_ident() != owner:
+                return
             name = names.get(module)
             if name:
                 self.pop(name)

@@ -78,7 +78,10 @@ class _Kind:
 
 _COMPOSITE = _Kind()
 
-# Process-wide, like FakeTensorMode's own cache: metadata only, no tensor is kept.
+# Memos shared by every ShapeCache, like FakeTensorMode's own cache: pure functions of an op
+# overload's schema (_KINDS) and of argument metadata and the default dtype (_RESULTS); no
+# tensor is kept and nothing here changes behaviour, only speed. Turning the cache off for
+# an op after a failure is per ShapeCache (one trace), never process-wide.
 _KINDS: Dict[Any, _Kind] = {}
 _RESULTS: Dict[Tuple[Any, ...], Any] = {}
 _MAX_RESULTS = 50_000
@@ -95,12 +98,16 @@ class ShapeCache:
         self._meta = torch.device("meta")
         self.hits = 0
         self.misses = 0
+        #: op -> why this call stopped answering it from the cache (reported on the trace);
+        #: the choice lasts for this cache, never for the process.
+        self.disabled: Dict[str, str] = {}
+        self._off: Dict[Any, None] = {}
 
     def run(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
         kind = _KINDS.get(func)
         if kind is None:
             kind = _KINDS[func] = _Kind(func)
-        if kind.mode is None:
+        if kind.mode is None or func in self._off:
             return func(*args, **kwargs) if kwargs else func(*args)
         key = self._key(func, args, kwargs)
         if key is _UNCACHEABLE:
@@ -112,8 +119,8 @@ class ShapeCache:
                 return args[0]
             try:
                 return self._make(found, kind.tuple_out)
-            except Exception:  # a private constructor that changed: FakeTensorMode as before
-                kind.mode = None
+            except Exception as exc:  # a private constructor that changed: FakeTensorMode as before
+                self._disable(func, exc)
                 return func(*args, **kwargs) if kwargs else func(*args)
         out = func(*args, **kwargs) if kwargs else func(*args)
         self._remember(key, self._describe(out, kind, args))
@@ -131,11 +138,21 @@ class ShapeCache:
             self.hits += 1
             try:
                 return self._make(found, False)
-            except Exception:  # a private constructor that changed: run it as before
+            except Exception as exc:  # a private constructor that changed: run it as before
+                self._disable(func, exc)
                 return func(*args, **kwargs)
         out = func(*args, **kwargs)
         self._remember(key, self._describe(out, _COMPOSITE, args))
         return out
+
+    def _disable(self, func: Any, exc: BaseException) -> None:
+        self._off[func] = None
+        name = str(getattr(func, "__name__", func))
+        self.disabled.setdefault(name, f"{type(exc).__name__}: {str(exc)[:120]}")
+
+    def stats(self) -> Dict[str, Any]:
+        """Hits, misses and the ops this cache stopped answering (with why)."""
+        return {"hits": self.hits, "misses": self.misses, "disabled": dict(self.disabled)}
 
     def _remember(self, key: Tuple[Any, ...], record: Any) -> None:
         self.misses += 1

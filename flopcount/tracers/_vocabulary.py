@@ -335,6 +335,18 @@ def _entries() -> List[Callable[[], Tuple[Any, Binder]]]:
     return entries
 
 
+#: The composites above as aten ops: a graph that calls ops directly (``torch.export``'s
+#: ``.module()``: ``torch.ops.aten.linear.default(...)``) reaches the mode with those.
+_OVERLOAD_COMPOSITES = (
+    "linear", "bilinear", "matmul", "outer", "ger", "inner", "einsum", "tensordot",
+    "scaled_dot_product_attention", "instance_norm", "rms_norm", "cosine_similarity", "cdist",
+    "dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "feature_dropout", "feature_dropout_",
+    "feature_alpha_dropout", "feature_alpha_dropout_", "selu", "selu_",
+    "cross_entropy_loss", "l1_loss", "kl_div", "avg_pool1d", "adaptive_avg_pool1d",
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+)  # fmt: skip
+
+
 @cache
 def _composites() -> Dict[Any, Binder]:
     """torch function -> binder, built once (the lookup runs on every torch function call)."""
@@ -345,6 +357,13 @@ def _composites() -> Dict[Any, Binder]:
         except (AttributeError, RuntimeError, ValueError):  # not in this torch build
             continue
         table[func] = binder
+    for name in _OVERLOAD_COMPOSITES:
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            table[op] = _schema_binder(op, f"aten::{name}")
     return table
 
 
@@ -398,7 +417,7 @@ class CompositeInterceptor(TorchFunctionMode):
         kwargs = kwargs or {}
         binder = self._table.get(func)
         recorder = self._recorder
-        if binder is None or recorder.phase != "forward" or recorder.muted:
+        if binder is None or recorder.muted:
             return func(*args, **kwargs)
         bound = binder(args, kwargs)
         if bound is None:

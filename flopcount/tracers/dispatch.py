@@ -18,7 +18,6 @@ during forward, and each backward op looks up its node's sequence number.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import itertools
 from functools import cache
@@ -26,17 +25,21 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 from torch import nn
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._packed import unpack
+from .._packed import cell_tensors, unpack
 from ..errors import TraceError, UsageError
-from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless, output_tensors
+from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors, is_dataless
+from ..optimizers import OptimizerSpec
 from ..state import preserved_rng
 from ..types import OpCall, OpEvent, Phase, TensorMeta, Trace
 from . import _meta_kernels
+from ._backward import BackwardAttribution, run_backward
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._modules import ModuleStack, forward_error, module_names
+from ._optimizer import FakeOptimizerStep
 from ._shape_cache import ShapeCache
 from ._state import preserved_model_state
 from ._vocabulary import CompositeInterceptor, canonical
@@ -92,7 +95,12 @@ def _value(value: Any) -> Any:
 
 
 def _packed_meta(value: Any) -> Any:
-    """Quantized packed params as handlers see them: (weight meta, bias meta or None)."""
+    """Quantized packed params as handlers see them: (weight meta, bias meta or None) for a
+    linear/conv, (w_ih, w_hh, biases...) metas for an RNN cell (weights at their stored dtype)."""
+    cell = cell_tensors(value)
+    if cell is not None:
+        weights, biases, stored = cell
+        return tuple(TensorMeta(tuple(w.shape), _dtype_name(stored)) for w in weights) + tuple(_meta(b) for b in biases)
     unpacked = unpack(value)
     if unpacked is None:
         return value
@@ -146,91 +154,6 @@ def _signature(func: Any) -> _Signature:
     """The schema facts of an op overload, once per overload (the per-op hot path)."""
     return _Signature(func._schema)
 
-
-
-class _BackwardAttribution:
-    """Maps autograd nodes to the module stack their forward ran in.
-
-    During forward, every module entry and exit appends (next autograd sequence
-    number, module stack); a node created inside a module has a sequence number in
-    that module's span, so a bisect finds its stack. Needs two private-but-stable
-    torch bindings; without them backward ops are attributed to the root.
-    """
-
-    def __init__(self, modules: ModuleStack):
-        self._modules = modules
-        self._stack = modules.stack
-        self._peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
-        self._current_node = getattr(torch._C, "_current_autograd_node", None)
-        self._seqs: List[int] = []
-        self._stacks: List[Tuple[str, ...]] = []
-        self._by_seq: Dict[int, Tuple[str, ...]] = {}
-        self._handles: List[Any] = []
-
-    @property
-    def available(self) -> bool:
-        return self._peek is not None and self._current_node is not None
-
-    def __enter__(self) -> _BackwardAttribution:
-        if not self.available:
-            return self
-        from torch.nn.modules import module as module_impl
-
-        def mark(*_: Any) -> None:
-            self._seqs.append(self._peek())  # type: ignore[misc]  # `available` checked it
-            self._stacks.append(self._modules.path)
-
-        mark()
-        # Registered after ModuleStack's hooks, so they see the stack already updated.
-        self._handles = [
-            module_impl.register_module_forward_pre_hook(mark),
-            module_impl.register_module_forward_hook(mark),
-        ]
-        return self
-
-    def stop_marking(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def start_backward(self, names: Mapping[nn.Module, str]) -> None:
-        """Stop marking; from now on, modules only run to recompute activations
-        (checkpointing). Checkpoint's early stop leaves a module's forward by an
-        exception, which skips ModuleStack's exit hook: pop that module here."""
-        self.stop_marking()
-        from torch.nn.modules import module as module_impl
-
-        modules = self._modules
-
-        def exit_always(module: nn.Module, args: Any, output: Any) -> None:
-            name = names.get(module)
-            if name:
-                modules.pop(name)
-
-        try:
-            self._handles = [module_impl.register_module_forward_hook(exit_always, always_call=True)]
-        except TypeError:  # torch < 2.1: no always_call; early-stopped recompute may misattribute
-            self._handles = []
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop_marking()
-
-    def current(self) -> Tuple[str, ...]:
-        """The forward module stack of the autograd node now running (root if none)."""
-        if not self.available or not self._seqs:
-            return ()
-        node = self._current_node()  # type: ignore[misc]  # `available` checked it
-        if node is None:
-            return ()
-        sequence_nr = getattr(node, "_sequence_nr", None)
-        if sequence_nr is None:  # private binding gone: attribute to the root
-            return ()
-        seq = sequence_nr()
-        found = self._by_seq.get(seq)
-        if found is None:
-            index = bisect.bisect_right(self._seqs, seq) - 1
-            found = self._by_seq[seq] = self._stacks[index] if index >= 0 else ()
-        return found
 
 
 class _DataReads(TorchDispatchMode):
@@ -298,12 +221,24 @@ class _Recorder(_DataReads):
     converted to TensorMeta without keeping any reference to a tensor.
     """
 
+    #: torch hands higher-order ops (``torch.cond``) to the mode: see :meth:`_higher_order`.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch runs an eager higher-order op under torch.compile, which would trace this
+        # mode's own code: keep it eager (torch wraps __torch_dispatch__ in _disable_dynamo)
+        return True
+
     def __init__(self, modules: ModuleStack, answer_reads: bool = True):
         super().__init__(modules)
+        #: module -> calls of ``torch.cond`` whose predicate was a placeholder (both branches counted)
+        self.both_branches: Dict[str, int] = {}
+        self.conds = 0
         self.events: List[OpEvent] = []
         self.phase: Phase = "forward"
         self.muted = 0  # > 0 inside an intercepted composite (SDPA) or flopcount's own ops
-        self.attribution: Optional[_BackwardAttribution] = None
+        self.attribution: Optional[BackwardAttribution] = None
         self.assumptions: Set[str] = set()  # what a stand-in kernel assumed (exact totals: warnings only)
         self.answer_reads = answer_reads
         self._signatures: Dict[Any, _Signature] = {}
@@ -319,6 +254,8 @@ class _Recorder(_DataReads):
         self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs or {})
         if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
@@ -349,51 +286,31 @@ class _Recorder(_DataReads):
         return out
 
 
+    def _higher_order(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """``torch.cond``: on real data, the branch the predicate takes; when the predicate
+        has no value (meta/fake tensors), both branches, their costs added (an upper bound,
+        reported as a gap) and the true branch's result returned (both have its shapes).
+        The branches' ops are recorded like any others, in their modules."""
+        if func.name() != "cond":
+            raise NotImplementedError(
+                f"flopcount cannot count the higher-order op torch.ops.higher_order.{func.name()} yet (only torch.cond)"
+            )
+        bound = dict(zip(("pred", "true_fn", "false_fn", "operands"), args))
+        bound.update(kwargs)
+        pred, operands = bound["pred"], tuple(bound["operands"])
+        self.conds += 1
+        with self:
+            if isinstance(pred, torch.Tensor) and is_dataless(pred):
+                where = self._modules.current
+                self.both_branches[where] = self.both_branches.get(where, 0) + 1
+                out = bound["true_fn"](*operands)
+                bound["false_fn"](*operands)
+                return out
+            return bound["true_fn"](*operands) if bool(pred) else bound["false_fn"](*operands)
+
+
 _NO_KWARGS: Mapping[str, Any] = {}
 _NO_PLACEHOLDER = object()
-
-
-def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    seen = set()
-    unique = []
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            unique.append(tensor)
-    return unique
-
-
-def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    return [t for t in tensors if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-
-
-def _run_backward(
-    model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: _Recorder
-) -> None:
-    """Differentiate the loss (``loss_fn(outputs)``, or every floating output with a
-    ones gradient: the gradient of their sum without recording a sum) with respect to
-    every parameter and input that requires grad. ``autograd.grad`` is used so no
-    ``.grad`` is written and no gradient accumulation op runs."""
-    if loss_fn is not None:
-        roots = output_tensors(loss_fn(outputs))
-        if not roots:
-            raise UsageError("loss_fn must return a tensor (or tensors) to differentiate")
-    else:
-        roots = output_tensors(outputs)
-    roots = _differentiable(roots)
-    leaves = _differentiable(_unique(list(model.parameters()) + list(inputs)))
-    if not roots or not leaves:
-        raise UsageError(
-            "backward=True but nothing requires grad: no parameter or input has requires_grad=True, "
-            "or no floating output depends on one"
-        )
-    recorder.muted += 1
-    try:
-        seeds = [torch.ones_like(r) for r in roots]
-    finally:
-        recorder.muted -= 1
-    recorder.phase = "backward"
-    torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
 
 
 def trace(
@@ -404,6 +321,7 @@ def trace(
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
     fake_copy: bool = False,
+    optimizer: Optional[OptimizerSpec] = None,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -415,9 +333,15 @@ def trace(
     ``fake_copy=True`` runs a copy of the model with fake parameters, buffers and inputs
     (see ``_fake.py``): nothing is computed and the caller's objects are never touched.
     A forward that needs a real value raises :class:`FakeRunError` instead of guessing.
+
+    ``optimizer`` (with ``backward``) then runs one step of that optimizer on fake twins
+    of the parameters that got a gradient, its ops recorded with phase "optimizer" at
+    the root (see ``_optimizer.py``); the user's parameters and optimizer are not stepped.
     """
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
+    if optimizer is not None and not backward:
+        raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
     args, kw = as_call_args(inputs, kwargs)
     flat_inputs, rebuild = flatten_tensors((args, kw))
     inputs_text = describe_inputs(inputs, kwargs)
@@ -439,7 +363,7 @@ def trace(
     shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
     if shape_cache is not None:
         recorder.run_op = shape_cache.run
-    attribution = _BackwardAttribution(modules) if backward else None
+    attribution = BackwardAttribution(modules) if backward else None
     recorder.attribution = attribution
     with contextlib.ExitStack() as outer:
         if fake_mode is not None:
@@ -449,19 +373,26 @@ def trace(
             if not fake_copy:
                 outer.enter_context(_DataReads(modules))
         with preserve, modules, torch.set_grad_enabled(backward):
-            with attribution or contextlib.nullcontext(), CompositeInterceptor(
+            interceptor = CompositeInterceptor(
                 recorder, _value, _outputs, shape_cache.run_composite if shape_cache is not None else None
-            ), recorder:
+            )
+            with attribution or contextlib.nullcontext(), interceptor, recorder:
                 try:
                     outputs = run_model(*args, **kw)
                 except Exception as exc:
                     if fake_copy:
                         raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
+                if attribution is not None and recorder.conds:
+                    raise UsageError(
+                        "backward=True through torch.cond is not counted yet (torch runs the branch below "
+                        "autograd under a dispatch mode); count the forward with backward=False"
+                    )
+                trained: Set[int] = set()
                 if attribution is not None:
-                    attribution.start_backward(names)
+                    attribution.start_backward(names, interceptor)
                     try:
-                        _run_backward(run_model, outputs, flat_inputs, loss_fn, recorder)
+                        trained = run_backward(run_model, outputs, flat_inputs, loss_fn, recorder)
                     except UsageError:
                         raise
                     except Exception as exc:
@@ -470,8 +401,23 @@ def trace(
                             raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
-    notes = _notes(recorder.placeholders)
-    return Trace(tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes)
+    if optimizer is not None:
+        _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
+    notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)
+    return Trace(
+        tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes,
+        shape_cache=shape_cache.stats() if shape_cache is not None else {},
+    )
+
+
+def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[bool], recorder: _Recorder) -> None:
+    """Record one step of ``spec`` on fake twins of ``model``'s parameters (phase "optimizer")."""
+    step = FakeOptimizerStep(spec, list(model.parameters()), trained, "count_flops")
+    recorder.phase = "optimizer"
+    recorder.answer_reads = False  # the step reads its step counters: the fake mode knows them
+    recorder.run_op = None
+    with step.running(), CompositeInterceptor(recorder, _value, _outputs, None), recorder:
+        step.step()
 
 
 def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
@@ -495,6 +441,15 @@ def _backward_error(exc: BaseException, recorder: _Recorder, inputs_text: str) -
         f"{'backward' if in_backward else 'loss_fn'} failed{place} (dispatch tracer) with inputs {inputs_text}: {detail}",
         module_path=where,
         input_shapes=inputs_text,
+    )
+
+
+def _cond_notes(both: Mapping[str, int]) -> Tuple[str, ...]:
+    return tuple(
+        f"torch.cond in {f'module {where!r}' if where else 'the root module'} ({n}x): its predicate has no value on "
+        "meta/fake tensors, so both branches are counted (an upper bound); count real tensors "
+        "(tracer='dispatch') for the branch taken"
+        for where, n in sorted(both.items())
     )
 
 

@@ -7,6 +7,7 @@ leaves the dispatch tracer and everything downstream untouched.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from functools import cache
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
@@ -18,6 +19,7 @@ from .._packed import packed_objects
 from ..errors import TraceError
 from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from ..types import OpCall, OpEvent, TensorMeta, Trace
+from ._jit_functions import function_failure
 from ._jit_sizes import static_unpool_sizes, unpool_failure
 from ._modules import ModuleStack, forward_error, module_names
 from ._state import preserved_model_state
@@ -405,6 +407,11 @@ def _graph_events(
     return events
 
 
+#: torch.jit's tracing state and the module map swapped in below are process-wide: two
+#: threads tracing with jit at once take turns (the dispatch tracer needs no lock).
+_JIT_LOCK = threading.Lock()
+
+
 def trace(
     model: nn.Module,
     inputs: Any = (),
@@ -444,17 +451,17 @@ def trace(
     names = module_names(model)
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
-    previous_map = torch.jit._trace._trace_module_map
-    with preserved_model_state(model), ModuleStack(names) as modules:
+    with _JIT_LOCK, preserved_model_state(model), ModuleStack(names) as modules:
+        previous_map = torch.jit._trace._trace_module_map
         torch.jit._trace._trace_module_map = scope_map
         try:
             with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
                 warnings.simplefilter("always")
                 graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
-            unpool = unpool_failure(exc, modules.current)
-            if unpool is not None:
-                raise TraceError(unpool, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
+            refusal = unpool_failure(exc, modules.current) or function_failure(exc, modules.current)
+            if refusal is not None:
+                raise TraceError(refusal, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
             raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map

@@ -88,3 +88,55 @@ def test_count_generate(capsys):
 def test_count_generate_needs_a_token_prompt(capsys):
     code, _, err = cli(capsys, "count", "hf:llama", *LLAMA, "--device", "meta", "--generate", "3", "--backward")
     assert code != 0 and "--generate" in err
+
+
+def test_count_generate_says_the_kv_cache_dtype_and_takes_dtype(capsys):
+    # issue #20.4: `count --dtype` casts the model and floating inputs (as check's --dtype does for
+    # memory); the KV-cache line says its dtype
+    code, out, err = cli(capsys, "count", "hf:llama", *LLAMA, "--device", "meta", "--generate", "5", "--input", "2x12:int64",
+                         "--dtype", "bfloat16", "-f", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    # K and V x layers x batch x KV heads x positions x head dim, 2 bytes each in bfloat16
+    assert data["kv_cache_bytes"] == 2 * 2 * 2 * 2 * (12 + 4) * 16 * 2
+    assert data["kv_cache_dtype"] == "bfloat16"
+    code, out, err = cli(capsys, "count", "hf:llama", *LLAMA, "--generate", "3", "--input", "1x8:int64")
+    assert code == 0, err
+    kv = 2 * 2 * 1 * 2 * (8 + 2) * 16 * 4  # float32 on cpu
+    assert f"KV cache after the last step {kv / 1000:.2f} kB (float32)" in out
+
+
+def test_count_generate_does_not_print_transformers_cache_rename_notice(capsys):
+    # issue #20.4: "`past_key_values`/`cache_params` are deprecated" was printed on every --generate
+    # run; it is silenced inside flopcount's own call only
+    import logging
+
+    seen = []
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("transformers.utils.generic")
+    grab = Grab()
+    logger.addHandler(grab)
+    once = getattr(logging.Logger.warning_once, "cache_clear", None)  # transformers logs it once per process
+    try:
+        if once is not None:
+            once()
+        code, _, err = cli(capsys, "count", "hf:llama", *LLAMA, "--generate", "2", "--input", "1x8:int64")
+        assert code == 0, err
+        assert not [m for m in seen if "deprecated" in m]
+        # outside flopcount's call the notice is transformers' again (nothing silenced globally)
+        logger.warning("`past_key_values`/`cache_params` are deprecated. Use `cache` instead.")
+        assert [m for m in seen if "deprecated" in m]
+    finally:
+        logger.removeHandler(grab)
+
+
+def test_count_dtype_casts_the_weights(capsys):
+    code, out, err = cli(capsys, "count", "hf:llama", *LLAMA, "--device", "meta", "--input", "2x12:int64",
+                         "--dtype", "float16", "-f", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["param_bytes_by_dtype"] == {"float16": 2 * data["params"]}

@@ -19,10 +19,28 @@ N_PARAMS = 1024 * 4096 + 4096 + 4096 * 1024 + 1024
 
 MODELS = textwrap.dedent(
     """
+    import torch
     from torch import nn
 
     def mlp():
         return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024))
+
+    if not hasattr(torch.ops.flopcount_memcli_test, "mystery"):
+        torch.library.define("flopcount_memcli_test::mystery", "(Tensor x) -> Tensor")
+        torch.library.impl("flopcount_memcli_test::mystery", "CompositeExplicitAutograd")(lambda x: x * 2)
+        torch.library.register_fake("flopcount_memcli_test::mystery")(lambda x: torch.empty_like(x))
+
+    class Unhandled(nn.Module):
+        # an op no handler knows: the FLOPs count is incomplete, the memory estimate is not
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(1024, 1024)
+
+        def forward(self, x):
+            return torch.ops.flopcount_memcli_test.mystery(self.fc(x))
+
+    def unhandled():
+        return Unhandled()
     """
 )
 
@@ -78,6 +96,23 @@ def test_optimizer_implies_backward_and_adds_its_state(workdir, capsys):
     assert memory["peak_bytes"] >= MLP_TRAIN_PEAK + 2 * 4 * N_PARAMS
 
 
+def test_check_says_what_the_peak_includes(workdir, capsys):
+    # issue #20.4: the check table names what its memory peak holds: weights, gradients, optimizer
+    # state, activations. Oracle: fp32 bytes of the MLP's weights and gradients (4 per parameter).
+    from flopcount.report.units import format_bytes
+
+    code, out, err = cli(capsys, "check", "mem_models.py:mlp", "-i", "64x1024", "--optimizer", "adam",
+                         "--max-memory", "1GB")
+    assert code == 0, err
+    (line,) = [text for text in out.splitlines() if text.startswith("memory: peak")]
+    assert "of a training step (adam), reached in the optimizer step" in line
+    assert f"weights {format_bytes(4 * N_PARAMS)} + gradients {format_bytes(4 * N_PARAMS)} + optimizer state" in line
+    assert "activations" in line
+    code, out, err = cli(capsys, "check", "mem_models.py:mlp", "-i", "64x1024", "--max-memory", "1GB", "--format", "markdown")
+    assert code == 0, err
+    assert f"of an inference step, reached in the forward = weights {format_bytes(4 * N_PARAMS)} + gradients 0 B" in out
+
+
 def test_count_memory_prints_the_estimate_after_the_flop_table(workdir, capsys):
     code, out, err = cli(capsys, "count", "mem_models.py:mlp", "-i", "64x1024", "--backward", "--memory", "--depth", "1")
     assert code == 0, err
@@ -91,10 +126,47 @@ def test_count_memory_prints_the_estimate_after_the_flop_table(workdir, capsys):
     assert data["memory"]["peak_bytes"] == MLP_TRAIN_PEAK and data["macs"] == 5 * 64 * 1024 * 4096
 
 
+def test_a_memory_verdict_does_not_rest_on_the_flop_count(workdir, capsys):
+    # issue #20.4: an op without a handler makes the FLOPs count incomplete; a --max-memory check
+    # rests on the memory estimate alone: its verdict says no "(on an incomplete count)" (the
+    # count's own reasons are still listed below it, as the count's diagnostics)
+    code, out, err = cli(capsys, "check", "mem_models.py:unhandled", "-i", "64x1024", "--max-memory", "1GB",
+                         "--format", "json")
+    assert code == 0, err
+    budget = json.loads(out)["budget"]
+    assert budget["status"] == "PASS" and budget["complete"] is True and budget["incomplete_reasons"] == []
+    code, out, err = cli(capsys, "check", "mem_models.py:unhandled", "-i", "64x1024", "--max-memory", "1GB")
+    assert code == 0, err
+    assert "PASS: all 1 budget(s) met\n" in out and "on an incomplete count" not in out
+    # with a FLOPs budget beside it the count's completeness matters again
+    code, out, err = cli(capsys, "check", "mem_models.py:unhandled", "-i", "64x1024", "--max-memory", "1GB",
+                         "--max-flops", "1T")
+    assert code == 3 and "INCOMPLETE" in out and "mystery" in out
+
+
+def test_count_optimizer_counts_the_training_step_it_estimates(workdir, capsys):
+    # issue #20.4: forward + backward + one Adam step, beside the training-step peak
+    code, out, err = cli(capsys, "count", "mem_models.py:mlp", "-i", "4x1024", "--optimizer", "adam", "--memory",
+                         "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    phases = {phase: v["flops"] for phase, v in data["by_phase"].items()}
+    assert list(phases) == ["forward", "backward", "optimizer"]
+    # Adam: 11 FLOPs per parameter element + 1 per tensor (its step counter), 4 tensors
+    assert phases["optimizer"] == 11 * N_PARAMS + 4
+    # forward: two linears, 2 x 4 x 1024 x 4096 MACs, plus the ReLU's 4 x 4096 FLOPs
+    assert phases["forward"] == 2 * (2 * 4 * 1024 * 4096) + 4 * 4096
+    assert data["memory"]["mode"] == "training step" and data["memory"]["optimizer"] == "adam"
+    code, out, err = cli(capsys, "count", "mem_models.py:mlp", "-i", "4x1024", "--optimizer", "sgd")
+    assert code == 0, err
+    assert "Total (forward + backward + optimizer):" in out
+
+
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["count", "mem_models.py:mlp", "-i", "64x1024", "--optimizer", "adam"], "add --memory"),
+        (["count", "mem_models.py:mlp", "-i", "64x1024", "--optimizer", "lion"], "invalid choice"),
+        (["count", "mem_models.py:mlp", "-i", "1x8:int64", "--generate", "2", "--optimizer", "adam"], "drop --backward"),
         (["count", "mem_models.py:mlp", "-i", "64x1024", "--memory", "--format", "csv"], "--memory has no csv form"),
         (["check", "mem_models.py:mlp", "-i", "64x1024"], "--max-memory"),
         (["check", "mem_models.py:mlp", "--max-memory", "12XB"], "'12XB' is not a size"),

@@ -1,0 +1,53 @@
+"""What to tell the user when torch.jit fails inside a custom ``autograd.Function``.
+
+torch.jit records a Function call as one ``prim::PythonOp`` node. When the Function's
+forward calls a module (``torch.utils.checkpoint(use_reentrant=True)`` does: its
+Function runs the checkpointed module), torch's tracer fails inside ``Function.apply``
+with a bare ``RuntimeError: unordered_map::at``, also under a plain ``torch.jit.trace``.
+The dispatch tracer sees inside the Function, so the sentence points there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+__all__ = ["function_failure"]
+
+_APPLY_FILE = os.path.join("autograd", "function.py")
+
+
+def _failing_function(exc: BaseException) -> Optional[type]:
+    """The Function class whose ``apply`` raised ``exc`` from torch's C++ side (the
+    innermost Python frame is ``Function.apply`` itself, not code the Function runs)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    if frame.f_code.co_name != "apply" or not frame.f_code.co_filename.endswith(_APPLY_FILE):
+        return None
+    cls: Any = frame.f_locals.get("cls")
+    return cls if isinstance(cls, type) else None
+
+
+def function_failure(exc: BaseException, where: str) -> Optional[str]:
+    """One sentence naming the custom Function torch.jit failed in, or None if the
+    failure did not come from inside ``Function.apply``."""
+    function = _failing_function(exc)
+    if function is None:
+        return None
+    place = f"module '{where}'" if where else "the root module"
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if function.__module__ == "torch.utils.checkpoint":
+        cause = (
+            f"torch.utils.checkpoint(use_reentrant=True) in {place} runs the checkpointed code inside the "
+            f"custom autograd.Function '{function.__name__}', and torch.jit fails there ({detail})"
+        )
+    else:
+        cause = (
+            f"torch.jit failed inside the custom autograd.Function '{function.__name__}' in {place} ({detail}), "
+            "as it does when a Function's forward calls a module"
+        )
+    return f"the jit tracer cannot trace this model: {cause}; use tracer='dispatch' (or 'auto'), which sees inside the Function"
