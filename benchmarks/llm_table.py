@@ -8,7 +8,10 @@ own), and measured with flopcount:
   bf16), active and total parameters; beside 2N per token (Kaplan) and the EleutherAI
   cookbook's decode estimate 2N + 2 * L * d_attn * context.
 * training: ``count_flops(model, 1 x P, backward=True)`` FLOPs per token, beside 6N, PaLM's
-  6N + 12 * L * H * Q * T and Megatron-LM's 72 * L * h^2 * (1 + s / (6h) + V / (12 h L)) per token.
+  6N + 12 * L * H * Q * T, the Megatron-LM paper's 72 * L * h^2 * (1 + s / (6h) + V / (12 h L))
+  (Narayanan et al. 2021) and current Megatron-LM's ``num_floating_point_operations``
+  (megatron/training/training.py: GQA, SwiGLU and MoE terms, causal attention halved), see
+  :func:`megatron_lm_current`.
 
 N = parameters one token uses, less the input embeddings (token and position tables): the
 active parameters for a mixture of experts. Encoder-decoders (T5) get P tokens on each side.
@@ -39,6 +42,50 @@ MODELS: Dict[str, Any] = {
     "GPT-2 (124M)": ("gpt2", {}),
     "T5-small": ("t5", {}),
 }
+
+
+def megatron_lm_current(config: Any, seq: int) -> float:
+    """Training FLOPs per token by current Megatron-LM's ``num_floating_point_operations`` for a
+    standard (non-MLA, non-hybrid) transformer, from a transformers config (text part).
+
+    6 x [L x (h (q + 2 k) + q s + q h) + h F + h V]: 3 GEMM passes (forward, dgrad, wgrad) x 2 FLOPs
+    per MAC; q = heads x head dim, k = KV groups x head dim; the attention term q s counts QK^T and
+    AV over half the s x s square (causal); F = per-layer MLP width x 3 (SwiGLU) or x 2 over the
+    dense layers, and top-k x expert width x 3 (+ shared experts) over the MoE layers; V the logits.
+    """
+    h = int(_first(config, "hidden_size", "n_embd", "d_model"))
+    layers = int(_first(config, "num_hidden_layers", "n_layer", "num_layers"))
+    if getattr(config, "is_encoder_decoder", False):
+        layers += int(getattr(config, "num_decoder_layers", None) or getattr(config, "num_layers", 0))
+    heads = int(_first(config, "num_attention_heads", "n_head", "num_heads"))
+    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or h // heads)
+    groups = int(getattr(config, "num_key_value_heads", None) or heads)
+    q, k = heads * head_dim, groups * head_dim
+    act = str(getattr(config, "hidden_act", None) or getattr(config, "activation_function", "") or "")
+    gated = getattr(config, "is_gated_act", None)
+    swiglu = bool(gated) if gated is not None else act in ("silu", "swiglu", "swish")
+    expansion = 3 if swiglu else 2
+    dense_ffn = int(getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+                    or getattr(config, "d_ff", None) or 4 * h)
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    moe_layers = 0
+    if experts:
+        sparse = set(getattr(config, "mlp_only_layers", None) or [])
+        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+        moe_layers = sum(1 for i in range(layers) if i not in sparse and (i + 1) % step == 0)
+    routed = int(getattr(config, "num_experts_per_tok", 0) or 0) * int(getattr(config, "moe_intermediate_size", None) or dense_ffn)
+    shared = int(getattr(config, "shared_expert_intermediate_size", 0) or 0)
+    mlp = expansion * h * (dense_ffn * (layers - moe_layers) + (routed + shared) * moe_layers)
+    attention = layers * (h * (q + 2 * k) + q * seq + q * h)
+    return 6 * (attention + mlp + h * int(config.vocab_size))
+
+
+def _first(config: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    raise AttributeError(f"{type(config).__name__} has none of {names}")
 
 
 def measure(label: str, prompt: int) -> Dict[str, Any]:
@@ -118,6 +165,7 @@ def measure(label: str, prompt: int) -> Dict[str, Any]:
         "six_n": 6 * n_active,
         "palm": 6 * n_active + 12 * layers * heads * head_dim * seq,
         "megatron": 72 * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * hidden * layers)),
+        "megatron_current": megatron_lm_current(config if config.is_encoder_decoder else text, seq),
         "complete": gen.complete and train.complete,
         "incomplete_reasons": list(gen.incomplete_reasons()) + list(train.incomplete_reasons()),
         "build_s": built,
@@ -148,13 +196,14 @@ def render(rows: List[Dict[str, Any]]) -> str:
         )
     lines += [
         "",
-        "| model | training FLOPs/token (measured) | 6N | PaLM 6N + 12·L·H·Q·T | Megatron-LM | measured / 6N | time |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | training FLOPs/token (measured) | 6N | PaLM 6N + 12·L·H·Q·T | Megatron-LM paper (2021) "
+        "| Megatron-LM current | measured / 6N | time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {_g(r['train_flops_per_token'])} | {_g(r['six_n'])} | {_g(r['palm'])} | {_g(r['megatron'])} "
-            f"| {r['train_flops_per_token'] / r['six_n']:.3f} | {r['training_s']:.1f} s |"
+            f"| {_g(r['megatron_current'])} | {r['train_flops_per_token'] / r['six_n']:.3f} | {r['training_s']:.1f} s |"
         )
     return "\n".join(lines)
 

@@ -51,7 +51,7 @@ def analyze(
         input_description=describe_inputs(inputs, kwargs),
         warnings=run.warnings,
         gaps=run.gaps,
-        aliases=_module_aliases(model),
+        aliases=module_aliases(model),
     )
 
 
@@ -119,7 +119,7 @@ def is_view_op(op: str) -> bool:
     return False
 
 
-def _module_aliases(model: nn.Module) -> Dict[str, Tuple[str, ...]]:
+def module_aliases(model: nn.Module) -> Dict[str, Tuple[str, ...]]:
     """``{canonical name: all names}`` for each module reachable under several names."""
     names: Dict[int, List[str]] = {}
     for name, module in model.named_modules(remove_duplicate=False):

@@ -14,7 +14,6 @@ a mixture-of-experts model is counted with each token routed to exactly k expert
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -23,25 +22,30 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from .analysis import cost_events, module_infos
-from .errors import UsageError
+from ._decode import Affine, Costed, cache_limits, plan_runs
+from ._steps import Decoding, LastOutput, Setup
+from .analysis import cost_events, module_aliases, module_infos, uncompiled
+from .errors import TraceError, UsageError
 from .handlers import default_registry
-from .inputs import describe_inputs, is_dataless
+from .inputs import describe_inputs
 from .params import summarize_parameters
-from .registry import HandlerRegistry
-from .results import FlopResult, ModuleInfo, aggregate, reprice
+from .results import FlopResult, aggregate
 from .tracers import trace
-from .types import Cost, OpCall, OpEvent, TensorMeta, Trace
+from .types import Trace
 
-__all__ = ["GenerationResult", "count_generation", "cache_bytes"]
+__all__ = ["GenerationResult", "count_generation", "cache_bytes", "cache_position_bytes"]
 
 
 @dataclass(frozen=True)
 class GenerationResult:
     """FLOPs and MACs of a greedy ``generate`` run: the prefill, each decode step, totals.
 
-    ``kv_cache_bytes`` is the size of the model's KV cache after the last step (P + N - 1
-    positions for a decoder, in the cache's real dtype; cross-attention caches included).
+    ``kv_cache_bytes`` is the memory the model's cache holds after the last step: each
+    storage its tensors keep alive, once and whole, in the cache's real dtype (cross-attention
+    caches, recurrent states and bookkeeping tensors included). ``kv_cache_position_bytes``
+    is the positions it keeps times their bytes (the tensors' own elements: P + N - 1
+    positions per full-attention layer, the window per sliding layer).
+    ``warnings`` holds every diagnostic of the prefill and step counts, each once.
     Convention: 1 MAC = 2 FLOPs; attention counts the full query x key product.
     """
 
@@ -53,6 +57,7 @@ class GenerationResult:
     kv_cache_bytes: int
     encoder_decoder: bool = False
     warnings: Tuple[str, ...] = ()
+    kv_cache_position_bytes: int = 0
     wall_s: float = field(default=0.0, compare=False)
     #: the dtype(s) of the cache's floating tensors, e.g. "bfloat16" ("" when it holds none)
     kv_cache_dtype: str = ""
@@ -113,17 +118,33 @@ class GenerationResult:
 
 
 def cache_bytes(cache: Any) -> int:
-    """Bytes of every tensor a KV cache object holds (each storage once), walking its
-    attributes, lists, tuples and dicts; real dtypes, data-less tensors included."""
-    seen: set = set()
-    total = 0
-    for tensor in _tensors_in(cache, set()):
-        key = (tensor.untyped_storage().data_ptr(), tensor.device) if not is_dataless(tensor) else id(tensor)
-        if key in seen or tensor.numel() == 0:
+    """Bytes a KV cache object holds: every storage its tensors keep alive, each once and
+    whole (a sliding-window layer's keys are a view of a larger tensor), found by walking
+    its attributes, lists, tuples and dicts; real dtypes, meta/fake tensors included."""
+    storages: Dict[int, Any] = {}  # id -> storage (kept alive while the walk lasts)
+    loose = 0
+    for tensor in _unique_tensors(cache):
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse or opaque tensors: their own elements
+            loose += tensor.numel() * tensor.element_size()
             continue
-        seen.add(key)
-        total += tensor.numel() * tensor.element_size()
-    return total
+        storages.setdefault(id(storage), storage)
+    return loose + sum(storage.nbytes() for storage in storages.values())
+
+
+def cache_position_bytes(cache: Any) -> int:
+    """Bytes of the positions a KV cache keeps: each of its tensors' own elements
+    (``nbytes`` of the views), the figure positions x bytes per position gives."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in _unique_tensors(cache))
+
+
+def _unique_tensors(cache: Any) -> Iterator[torch.Tensor]:
+    seen: set = set()
+    for tensor in _tensors_in(cache, set()):
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            yield tensor
 
 
 def cache_dtype(cache: Any) -> str:
@@ -151,50 +172,6 @@ def _tensors_in(obj: Any, visited: set) -> Iterator[torch.Tensor]:
         yield from _tensors_in(child, visited)
 
 
-class _LastOutput:
-    """Keeps the output of the model's own forward (a process-wide hook, removed on exit)."""
-
-    def __init__(self, model: nn.Module):
-        self._model = model
-        self.value: Any = None
-        self._handle: Any = None
-
-    def __enter__(self) -> _LastOutput:
-        from torch.nn.modules import module as module_impl
-
-        def keep(module: nn.Module, args: Any, output: Any) -> None:
-            if module is self._model:
-                self.value = output
-
-        self._handle = module_impl.register_module_forward_hook(keep)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._handle.remove()
-
-    def take(self) -> Any:
-        value, self.value = self.value, None
-        if value is None:
-            raise UsageError("count_generation: the model's forward returned nothing to continue from")
-        return value
-
-
-def _field(output: Any, name: str) -> Any:
-    if isinstance(output, Mapping) or hasattr(output, "keys"):
-        try:
-            return output[name]
-        except (KeyError, TypeError):
-            return None
-    return getattr(output, name, None)
-
-
-def _next_tokens(logits: Any) -> torch.Tensor:
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
-        raise UsageError("count_generation: the model returned no (batch, positions, vocab) logits")
-    with torch.no_grad():
-        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
-
-
 def count_generation(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -210,12 +187,13 @@ def count_generation(
     (an ``attention_mask`` of ones is made when none is given). Works on CPU, CUDA and meta.
     The model and ``input_ids`` are left as found.
 
-    Decode steps differ only in the context length, so by default steps 0, 1 and 2 are
-    traced, every shape and integer argument of step 2 is checked to be exactly the affine
-    continuation of steps 0 and 1, and later steps are costed from that continuation (the
-    KV cache, which grows by the same bytes each step, too). When the check fails (a sliding window
-    filling up, data-dependent routing on real tensors), or ``trace_every_step=True``,
-    every step is traced."""
+    Decode steps differ only in the context length. By default the steps are cut into runs
+    at the cache's limits (sliding windows, attention chunks, fixed-size states: see
+    ``flopcount._decode``); in each run the first three steps and the last are traced and
+    the steps between them are costed as the affine continuation of the first two, checked
+    to reproduce the third and the last exactly (the skipped positions reach the model in
+    one uncounted forward, so the last step runs on the real cache). When a check fails, or
+    ``trace_every_step=True``, every step is traced."""
     started = time.perf_counter()
     if not isinstance(model, nn.Module):
         raise UsageError(f"count_generation expects a torch.nn.Module, got {type(model).__name__}")
@@ -223,248 +201,137 @@ def count_generation(
         raise UsageError("count_generation: input_ids must be a (batch, prompt length) tensor")
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise UsageError(f"count_generation: new_tokens must be an int >= 1, got {new_tokens!r}")
-    config = getattr(model, "config", None)
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-    parameters = _forward_parameters(model)
-    batch, prompt = int(input_ids.shape[0]), int(input_ids.shape[-1])  # (batch, P), or (batch, features, P) for speech
-    device = input_ids.device
-    notes: List[str] = []
-    if is_dataless(input_ids):
-        notes.append(
-            "count_generation on meta/fake tensors: the generated token ids have no value (a dense model costs the "
-            "same whatever the ids); no early stop at an end-of-sequence token"
-        )
-    main = getattr(model, "main_input_name", "input_ids") if encoder_decoder else "input_ids"
-    first: Dict[str, Any] = {main: input_ids, "use_cache": True}
-    if "attention_mask" in parameters and not (kwargs and "attention_mask" in kwargs) and input_ids.dtype in _INT:
-        if is_dataless(input_ids):
-            # generate's all-ones mask would only be checked with .all(), which meta cannot answer
-            notes.append("no attention mask was passed on meta (all positions valid, as generate's all-ones mask)")
-        else:
-            first["attention_mask"] = torch.ones(batch, prompt, dtype=torch.int64, device=device)
-    if encoder_decoder:
-        first["decoder_input_ids"] = torch.full((batch, 1), _decoder_start(model), dtype=torch.int64, device=device)
-    if "logits_to_keep" in parameters:
-        first["logits_to_keep"] = 1
-    first.update(kwargs or {})
-    counter = _Counter(model)
-    with _LastOutput(model) as last:
-        prefill = counter.count(first)
-        output = last.take()
-        state = _Decoding(model, output, encoder_decoder, first.get("attention_mask"), parameters, batch, prompt, device)
-        if new_tokens > 1 and state.cache is None:
-            raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
-        total = new_tokens - 1
-        traced: List[Tuple[Any, Any]] = []  # (trace, costed) of the steps traced so far
-        sizes: List[int] = []  # cache bytes after each traced step
-        steps: List[FlopResult] = []
-        continuation: Optional[_Affine] = None
-        kv_bytes = cache_bytes(state.cache)
-        for step in range(total):
-            if continuation is not None:
-                steps.append(continuation.result_at(step, steps[0]))
-                continue
-            run, costed = counter.trace(state.call(step))
-            state.advance(last.take())
-            traced.append((run, costed))
-            sizes.append(kv_bytes := cache_bytes(state.cache))
-            steps.append(counter.result(run, costed))
-            if not trace_every_step and len(traced) == 3 and step + 1 < total and sizes[2] - sizes[1] == sizes[1] - sizes[0]:
-                continuation = _Affine.check(traced, counter.registry)
-                if continuation is not None:  # the cache grows by the same bytes every step
-                    kv_bytes = sizes[0] + (sizes[1] - sizes[0]) * (total - 1)
-    if continuation is not None:
-        notes.append(
-            f"decode steps 3..{total - 1} were costed as the exact affine continuation of steps 0 and 1 in the context "
-            "length (checked on step 2: every shape and integer argument matched); trace_every_step=True traces each"
-        )
+    model = uncompiled(model)
+    setup = Setup(model, input_ids, kwargs)
+    notes = list(setup.notes)
+    try:
+        counted = _count(model, setup, new_tokens - 1, trace_every_step)
+    except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
+        counted = _count(model, setup, new_tokens - 1, True)
+        notes.append(f"{why}: every decode step was traced")
+    notes += counted.notes
     return GenerationResult(
-        prefill=prefill,
-        steps=tuple(steps),
-        batch=batch,
-        prompt_tokens=prompt,
+        prefill=counted.prefill,
+        steps=tuple(counted.steps),
+        batch=setup.batch,
+        prompt_tokens=setup.prompt,
         new_tokens=new_tokens,
-        kv_cache_bytes=kv_bytes,
-        kv_cache_dtype=cache_dtype(state.cache),
-        encoder_decoder=encoder_decoder,
-        warnings=tuple(notes),
+        kv_cache_bytes=cache_bytes(counted.cache),
+        kv_cache_dtype=cache_dtype(counted.cache),
+        encoder_decoder=setup.encoder_decoder,
+        warnings=_diagnostics(notes, [counted.prefill, *counted.steps]),
+        kv_cache_position_bytes=cache_position_bytes(counted.cache),
         wall_s=time.perf_counter() - started,
     )
 
 
+def _diagnostics(notes: List[str], results: List[FlopResult]) -> Tuple[str, ...]:
+    """count_generation's own notes, then every warning of the counts it is made of, each once."""
+    found: Dict[str, None] = dict.fromkeys(notes)
+    for result in results:
+        found.update(dict.fromkeys(result.warnings))
+    return tuple(found)
+
+
+@dataclass
+class _Counted:
+    prefill: FlopResult
+    steps: List[FlopResult]
+    cache: Any
+    notes: List[str]
+
+
+class _Mismatch(Exception):
+    """A traced step is not the continuation predicted for the steps before it."""
+
+
+def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Counted:
+    """The prefill and ``total`` decode steps; raises :class:`_Mismatch` when a run's last
+    step, traced, contradicts the continuation predicted for it."""
+    counter = _Counter(model)
+    with LastOutput(model) as last:
+        prefill = counter.count(setup.first)[2]
+        state = Decoding(model, last.take(), setup)
+        if total > 0 and state.cache is None:
+            raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
+        limits = cache_limits(state.cache, getattr(model, "config", None))
+        steps: List[FlopResult] = []
+        predicted: List[Tuple[int, int]] = []
+        shortcut = not every_step
+
+        def step(index: int) -> Tuple[Trace, Costed]:
+            run, costed, result = counter.count(state.call(index))
+            state.advance(last.take())
+            steps.append(result)
+            return run, costed
+
+        for first, final, predictable in plan_runs(total, setup.base, limits, every_step):
+            traced: List[Tuple[Trace, Costed]] = []
+            index = first
+            while index <= final:
+                traced.append(step(index))
+                index += 1
+                if not (shortcut and predictable and len(traced) == 3 and final - index >= 1):
+                    continue
+                affine = Affine.check(traced, counter.registry)
+                if affine is None:
+                    shortcut = False  # any mismatch: every later step is traced
+                    continue
+                base_result = steps[first]
+                steps += [affine.result_at(s - first, base_result) for s in range(index, final)]
+                predicted.append((index, final - 1))
+                try:
+                    counter.catch_up(state.call(index, width=final - index))
+                except TraceError as exc:
+                    first_line = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({first_line})") from exc
+                state.advance(last.take())
+                if not affine.matches(final - first, *step(final)):
+                    raise _Mismatch(f"decode step {final} did not match the affine continuation predicted for it")
+                break
+    notes = list(state.notes)
+    if predicted:
+        ranges = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in predicted)
+        crossed = limits.within(setup.base + 1, setup.base + total)
+        split = f"; runs split where the context reaches the cache's limits ({', '.join(map(str, crossed))})" if crossed else ""
+        notes.append(
+            f"decode steps {ranges} were costed as the exact affine continuation, in the context length, of the two "
+            f"steps before them, not traced: the third step and the last step of each run were traced and matched it "
+            f"(the skipped positions were fed in one uncounted forward){split}; trace_every_step=True traces each"
+        )
+    return _Counted(prefill, steps, state.cache, notes)
+
+
 class _Counter:
-    """Traces one forward with the dispatch tracer and turns it into a FlopResult; the
-    module list and parameter summary are computed once for all steps."""
+    """Traces one forward with the dispatch tracer and turns it into a FlopResult, as
+    :func:`flopcount.analysis.analyze` does (module aliases included); the parameter summary
+    and aliases are computed once for all steps."""
 
     def __init__(self, model: nn.Module):
         self.model = model
         self.registry = default_registry()
         self.parameters = summarize_parameters(model)
-        self._modules: Optional[List[ModuleInfo]] = None
-        self._description = ""
-        self._warnings: Tuple[str, ...] = ()
-        self._gaps: Tuple[str, ...] = ()
+        self.aliases = module_aliases(model)
 
-    def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, List[Tuple[OpEvent, Optional[Cost]]]]:
+    def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
         run = trace(self.model, (), call, tracer="dispatch")
-        self._description = describe_inputs((), call)
         return run, cost_events(run.events, self.registry)
 
-    def count(self, call: Mapping[str, Any]) -> FlopResult:
-        run, costed = self.trace(call)
-        return self.result(run, costed)
+    def catch_up(self, call: Mapping[str, Any]) -> None:
+        """Run a forward that is not counted (dispatch, for its meta-kernel stand-ins)."""
+        trace(self.model, (), call, tracer="dispatch")
 
-    def result(self, run: Trace, costed: List[Tuple[OpEvent, Optional[Cost]]], first: bool = True) -> FlopResult:
-        if first:
-            self._modules = module_infos(self.model, run.module_calls)
-            self._warnings, self._gaps = run.warnings, run.gaps
-        return aggregate(
+    def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
+        run, costed = self.trace(call)
+        return run, costed, aggregate(
             costed,
             tracer="dispatch",
-            modules=self._modules or (),
+            modules=module_infos(self.model, run.module_calls),
             parameters=self.parameters,
-            input_description=self._description,
-            warnings=self._warnings,
-            gaps=self._gaps,
+            input_description=describe_inputs((), call),
+            warnings=run.warnings,
+            gaps=run.gaps,
+            aliases=self.aliases,
         )
 
 
-class _Decoding:
-    """What the next decode step is fed: the greedy token, the cache, the growing mask."""
-
-    def __init__(
-        self, model: nn.Module, output: Any, encoder_decoder: bool, mask: Optional[torch.Tensor],
-        parameters: Tuple[str, ...], batch: int, prompt: int, device: torch.device,
-    ):
-        self.encoder_decoder = encoder_decoder
-        self.encoder_out = _field(output, "encoder_last_hidden_state") if encoder_decoder else None
-        self.mask = mask
-        self.logits_to_keep = "logits_to_keep" in parameters
-        self.batch, self.prompt, self.device = batch, prompt, device
-        self.advance(output)
-
-    def advance(self, output: Any) -> None:
-        self.cache = _field(output, "past_key_values")
-        self.tokens = _next_tokens(_field(output, "logits"))
-
-    def call(self, step: int) -> Dict[str, Any]:
-        call: Dict[str, Any] = {"past_key_values": self.cache, "use_cache": True}
-        if self.encoder_decoder:
-            from transformers.modeling_outputs import BaseModelOutput
-
-            call["decoder_input_ids"] = self.tokens
-            call["encoder_outputs"] = BaseModelOutput(last_hidden_state=self.encoder_out)
-            if self.mask is not None:
-                call["attention_mask"] = self.mask
-        else:
-            call["input_ids"] = self.tokens
-            if self.mask is not None:
-                call["attention_mask"] = torch.ones(self.batch, self.prompt + step + 1, dtype=torch.int64, device=self.device)
-        if self.logits_to_keep:
-            call["logits_to_keep"] = 1
-        return call
-
-
-class _NotAffine(Exception):
-    pass
-
-
-class _Affine:
-    """Decode step s as the affine continuation of steps 0 and 1: every tensor dimension and
-    integer argument is ``v0 + (v1 - v0) * s``; everything else is unchanged."""
-
-    def __init__(self, first: List[Tuple[OpEvent, Optional[Cost]]], second: List[Tuple[OpEvent, Optional[Cost]]], registry: HandlerRegistry):
-        if len(first) != len(second):
-            raise _NotAffine
-        self.registry = registry
-        self.first = first
-        self.varying: List[Tuple[int, OpEvent, OpEvent]] = []
-        for index, ((a, _), (b, _)) in enumerate(zip(first, second)):
-            if a.call.op != b.call.op or a.module_stack != b.module_stack or a.phase != b.phase:
-                raise _NotAffine
-            if a.call.args != b.call.args or tuple(a.call.outputs) != tuple(b.call.outputs):
-                self.varying.append((index, a, b))
-
-    @staticmethod
-    def check(traced: List[Tuple[Any, Any]], registry: HandlerRegistry) -> Optional[_Affine]:
-        """The continuation of the first two traced steps if it reproduces the third exactly."""
-        (run0, costed0), (run1, costed1), (run2, costed2) = traced[:3]
-        if run0.gaps or run1.gaps or run2.gaps:
-            return None
-        try:
-            affine = _Affine(costed0, costed1, registry)
-            predicted = affine.events(2)
-        except _NotAffine:
-            return None
-        if len(predicted) != len(costed2):
-            return None
-        for event, (actual, _) in zip(predicted, costed2):
-            if event.call.op != actual.call.op or event.module_stack != actual.module_stack:
-                return None
-            if event.call.args != actual.call.args or tuple(event.call.outputs) != tuple(actual.call.outputs):
-                return None
-        return affine
-
-    def events(self, step: int) -> List[OpEvent]:
-        events = [event for event, _ in self.first]
-        for index, a, b in self.varying:
-            events[index] = OpEvent(
-                OpCall(a.call.op, _continue(a.call.args, b.call.args, step), _continue(tuple(a.call.outputs), tuple(b.call.outputs), step)),
-                a.module_stack,
-                a.phase,
-            )
-        return events
-
-    def result_at(self, step: int, first: FlopResult) -> FlopResult:
-        """Step ``step``'s FlopResult: step 0's, with the events that change re-costed."""
-        moved = [
-            OpEvent(
-                OpCall(a.call.op, _continue(a.call.args, b.call.args, step), _continue(tuple(a.call.outputs), tuple(b.call.outputs), step)),
-                a.module_stack,
-                a.phase,
-            )
-            for _, a, b in self.varying
-        ]
-        changes = []
-        for (index, _, _), (event, cost) in zip(self.varying, cost_events(tuple(moved), self.registry)):
-            old = self.first[index][1]
-            if cost is None or old is None:  # unsupported either way: nothing to re-cost
-                continue
-            changes.append((event, old, cost))
-        return reprice(first, changes)
-
-
-def _continue(a: Any, b: Any, step: int) -> Any:
-    """``a`` at step 0 and ``b`` at step 1, continued to ``step``."""
-    if a == b:
-        return a
-    if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
-        if a.dtype != b.dtype or len(a.shape) != len(b.shape):
-            raise _NotAffine
-        return TensorMeta(tuple(x + (y - x) * step for x, y in zip(a.shape, b.shape)), a.dtype)
-    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
-        return a + (b - a) * step
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return tuple(_continue(x, y, step) for x, y in zip(a, b))
-    if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
-        return {key: _continue(a[key], b[key], step) for key in a}
-    raise _NotAffine
-
-
-_INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-
-
-def _forward_parameters(model: nn.Module) -> Tuple[str, ...]:
-    try:
-        return tuple(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return ()
-
-
-def _decoder_start(model: nn.Module) -> int:
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        for key in ("decoder_start_token_id", "bos_token_id", "pad_token_id"):
-            value = getattr(source, key, None)
-            if isinstance(value, int):
-                return value
-    return 0

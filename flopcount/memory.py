@@ -13,18 +13,21 @@ counted: see docs/memory.md.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Literal, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
+from ._autocast import ambient_autocast_note, amp_device
 from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from .inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from .optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
+from .tied import restore_ties
 from .tracers._modules import ModuleStack, module_names
 from .types import Phase
 
@@ -246,6 +249,7 @@ def estimate_memory(
     backward: bool = False,
     optimizer: Optional[OptimizerSpec] = None,
     dtype: Union[None, str, torch.dtype] = None,
+    autocast: Union[None, str, torch.dtype] = None,
 ) -> MemoryEstimate:
     """Peak tensor memory of one step of ``model(*inputs, **kwargs)`` on fake tensors.
 
@@ -255,7 +259,10 @@ def estimate_memory(
     "adam", "adamw" or an instance, needs ``backward``) adds its step, in the steady
     state: its state exists from the start (allocated by an earlier step), gradients do
     not (``zero_grad(set_to_none=True)``). ``dtype`` casts floating parameters, buffers and
-    inputs. Works on cpu, cuda and meta models (meta is estimated as cpu)."""
+    inputs. ``autocast`` (e.g. ``torch.bfloat16``) runs the forward and the loss under
+    ``torch.autocast`` and the backward and step outside it, as the AMP recipe does.
+    A tie the model declares but no longer has (``model.to("meta")`` unties) is restored on
+    the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if not isinstance(model, nn.Module):
@@ -264,13 +271,15 @@ def estimate_memory(
         raise UsageError("estimate_memory: an optimizer step needs backward=True")
     if optimizer is not None:
         check_spec(optimizer, "estimate_memory")
-    cast = _dtype(dtype)
+    cast = _dtype(dtype, "dtype")
+    amp = _dtype(autocast, "autocast")
     args, kw = as_call_args(inputs, kwargs)
     description = describe_inputs(inputs, kwargs)
     tracker = _peak_tracker()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     faker = _Faker(mode, cast)
     twin, twins = _fake_model(model, faker)
+    notes = restore_ties(twin) + ambient_autocast_note(amp)
     flat, rebuild = flatten_tensors((args, kw))
     fake_args, fake_kw = rebuild([faker(t, f"input tensor {i}") for i, t in enumerate(flat)])
     opt, opt_name = (None, None)
@@ -289,7 +298,7 @@ def estimate_memory(
             with tracker, ModuleStack(names) as stack:
                 tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
                 try:
-                    _run_step(twin, fake_args, fake_kw, backward, opt)
+                    _run_step(twin, fake_args, fake_kw, backward, opt, amp_device(twin, fake_args, fake_kw), amp)
                 except FlopcountError:
                     raise
                 except Exception as exc:
@@ -297,7 +306,7 @@ def estimate_memory(
     finally:
         warnings.formatwarning = formatwarning
         torch.set_rng_state(rng)
-    return _collect(tracker, twin, names, backward, opt_name, cast, description)
+    return _collect(tracker, twin, names, backward, opt_name, cast, description, notes)
 
 
 class _NoHook:
@@ -313,26 +322,43 @@ def _skip_grad_hooks(tracker: Any, model: nn.Module) -> None:
             tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
 
 
-def _dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+def _dtype(dtype: Union[None, str, torch.dtype], what: str) -> Optional[torch.dtype]:
     if dtype is None:
         return None
     value = getattr(torch, dtype.strip().replace("torch.", ""), None) if isinstance(dtype, str) else dtype
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise UsageError(f"estimate_memory: dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
+        raise UsageError(f"estimate_memory: {what} must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
     return value
 
 
-def _run_step(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], backward: bool, opt: Any) -> None:
+def _run_step(
+    model: nn.Module,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    backward: bool,
+    opt: Any,
+    device_type: str,
+    amp: Optional[torch.dtype],
+) -> None:
+    """Forward (and loss), backward, step; with ``amp`` the forward and loss under autocast and
+    the rest with autocast off, whatever the caller's (the AMP recipe)."""
+    inside = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    outside = torch.autocast(device_type, enabled=False) if amp is not None else contextlib.nullcontext()
     with torch.set_grad_enabled(backward):
-        output = model(*args, **kwargs)
-        if not backward:
-            return
-        loss = _loss_of(output)
-        del output
-        loss.backward()
+        with inside:
+            output = model(*args, **kwargs)
+            if not backward:
+                return
+            loss = _loss_of(output)
+            del output
+        if amp is not None:  # the low-precision weight copies die with the forward's autocast, as in the
+            torch.clear_autocast_cache()  # recipe, even when the caller's own autocast is still open
+        with outside:
+            loss.backward()
         del loss
     if opt is not None:
-        opt.step()
+        with outside:
+            opt.step()
 
 
 def _step_error(exc: Exception, where: str, description: str) -> TraceError:
@@ -357,6 +383,7 @@ def _collect(
     opt_name: Optional[str],
     cast: Optional[torch.dtype],
     description: str,
+    notes: List[str],
 ) -> MemoryEstimate:
     snapshot = tracker.peak_snapshot
     at_peak = MemoryBreakdown(**{field: _bytes_of(snapshot, category) for category, field in _CATEGORIES.items()})
@@ -381,7 +408,6 @@ def _collect(
             )
         )
     devices = sorted({str(device) for device in snapshot})
-    notes = []
     if len(devices) > 1:
         notes.append(f"the step used several devices ({', '.join(devices)}); peak_bytes is their sum")
     for note in notes:

@@ -48,6 +48,8 @@ def build_optimizer(
     tensors (multi-tensor kernels on cuda), since torch never picks them for fakes."""
     check_spec(spec, caller)
     params = list(trainable)
+    if not params and not isinstance(spec, torch.optim.Optimizer):
+        raise UsageError(f"{caller}: the model has no trainable parameter (requires_grad=True) for the optimizer to step")
     if isinstance(spec, str):
         key = spec.strip().lower()
         foreach = foreach_default(params)

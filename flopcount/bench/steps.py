@@ -10,7 +10,12 @@ What is measured, per step (a step ends at each :meth:`StepTimer.step` call):
   when ``num_samples`` is not given).
 
 ``reader_ratio`` = total reader cost / total batch cost: near 1 the loop is starved
-by data loading; near 0 the model is the bottleneck. On CUDA, pass
+by data loading; near 0 the model is the bottleneck.
+
+With the FLOPs of a step (:meth:`StepTimer.set_step_cost`, or ``StepTimer(model=...,
+example_batch=...)`` which counts forward + backward (+ ``optimizer``) once on fake
+copies), the summary adds ``tflops`` = step FLOPs / batch cost / 1e12 per step, and the
+``mfu`` = FLOP/s / ``peak_flops`` (given, or the GPU's datasheet peak). On CUDA, pass
 ``synchronize=torch.cuda.synchronize`` so a step's GPU work is finished before its
 end is read (otherwise asynchronous work lands in the next step's reader cost).
 """
@@ -63,6 +68,9 @@ class StepSummary:
     reader_ratio: float
     ips: CostSummary
     ips_unit: str  # "samples/s" or "steps/s"
+    flops_per_step: Optional[int] = None
+    tflops: Optional[CostSummary] = None  # TFLOP/s: avg = total FLOPs / total batch cost
+    mfu: Optional[CostSummary] = None  # fraction of peak_flops, same averaging
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -72,20 +80,33 @@ class StepSummary:
             "reader_ratio": self.reader_ratio,
             "ips": self.ips.to_dict(),
             "ips_unit": self.ips_unit,
+            "flops_per_step": self.flops_per_step,
+            "tflops": None if self.tflops is None else self.tflops.to_dict(),
+            "mfu": None if self.mfu is None else self.mfu.to_dict(),
         }
 
     def __str__(self) -> str:
         r, b, i = self.reader_cost, self.batch_cost, self.ips
-        return (
+        text = (
             f"{self.steps} steps | reader_cost avg {r.avg:.5f} s (min {r.min:.5f}, max {r.max:.5f}) | "
             f"batch_cost avg {b.avg:.5f} s (min {b.min:.5f}, max {b.max:.5f}) | "
             f"reader_ratio {100 * self.reader_ratio:.1f}% | "
             f"ips avg {i.avg:.5g} {self.ips_unit} (min {i.min:.5g}, max {i.max:.5g})"
         )
+        if self.tflops is not None:
+            t = self.tflops
+            text += f" | {self.flops_per_step:.4g} FLOPs/step, TFLOP/s avg {t.avg:.4g} (min {t.min:.4g}, max {t.max:.4g})"
+        if self.mfu is not None:
+            m = self.mfu
+            text += f" | MFU avg {100 * m.avg:.2f}% (min {100 * m.min:.2f}%, max {100 * m.max:.2f}%)"
+        return text
 
 
-def summarize_steps(records: Sequence[StepRecord]) -> StepSummary:
-    """Pure aggregation of step records; see :class:`StepSummary` for the formulas."""
+def summarize_steps(
+    records: Sequence[StepRecord], flops_per_step: Optional[int] = None, peak_flops: Optional[float] = None
+) -> StepSummary:
+    """Pure aggregation of step records; see :class:`StepSummary` for the formulas.
+    ``flops_per_step`` adds TFLOP/s per step; ``peak_flops`` (FLOP/s) with it the MFU."""
     if not records:
         raise UsageError("no steps recorded: call step() once per iteration of the loop")
     readers = [r.reader_cost for r in records]
@@ -94,6 +115,13 @@ def summarize_steps(records: Sequence[StepRecord]) -> StepSummary:
     samples = [float(r.num_samples) if with_samples else 1.0 for r in records]  # type: ignore[arg-type]
     total_batch = sum(batches)
     per_step_ips = [n / b if b > 0 else float("inf") for n, b in zip(samples, batches)]
+    tflops = mfu = None
+    if flops_per_step is not None:
+        rates = [flops_per_step / b if b > 0 else float("inf") for b in batches]
+        avg = flops_per_step * len(batches) / total_batch if total_batch > 0 else float("inf")
+        tflops = CostSummary(avg=avg / 1e12, min=min(rates) / 1e12, max=max(rates) / 1e12)
+        if peak_flops:
+            mfu = CostSummary(avg=avg / peak_flops, min=min(rates) / peak_flops, max=max(rates) / peak_flops)
     return StepSummary(
         steps=len(records),
         reader_cost=_summary(readers, sum(readers) / len(readers)),
@@ -101,6 +129,9 @@ def summarize_steps(records: Sequence[StepRecord]) -> StepSummary:
         reader_ratio=sum(readers) / total_batch if total_batch > 0 else 0.0,
         ips=_summary(per_step_ips, sum(samples) / total_batch if total_batch > 0 else float("inf")),
         ips_unit="samples/s" if with_samples else "steps/s",
+        flops_per_step=flops_per_step,
+        tflops=tflops,
+        mfu=mfu,
     )
 
 
@@ -121,17 +152,58 @@ class StepTimer:
     fake). ``synchronize``: called before each step's end is read (e.g.
     ``torch.cuda.synchronize``). ``skip_first``: steps left out of the summary
     (warm-up: first batches, worker start-up, compilation).
+
+    FLOPs of a step: ``model`` and ``example_batch`` (counted once with
+    ``count_flops(model, example_batch, backward=True, loss_fn=loss_fn, optimizer=optimizer)``
+    on fake copies), or :meth:`set_step_cost`. ``peak_flops`` (FLOP/s) for the MFU; on a
+    GPU in flopcount's peaks table it defaults to the datasheet peak at the model's dtype.
     """
 
-    def __init__(self, *, clock: Optional[Clock] = None, synchronize: Optional[Callable[[], Any]] = None, skip_first: int = 0):
+    def __init__(
+        self,
+        *,
+        clock: Optional[Clock] = None,
+        synchronize: Optional[Callable[[], Any]] = None,
+        skip_first: int = 0,
+        model: Any = None,
+        example_batch: Any = None,
+        loss_fn: Optional[Callable[[Any], Any]] = None,
+        optimizer: Any = None,
+        peak_flops: Optional[float] = None,
+    ):
         if skip_first < 0:
             raise UsageError(f"skip_first must be >= 0, got {skip_first}")
+        if (model is None) != (example_batch is None):
+            raise UsageError("StepTimer: pass model= and example_batch= together (or neither, and call set_step_cost)")
+        if peak_flops is not None and not peak_flops > 0:
+            raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
+        self.flops_per_step: Optional[int] = None
+        self.peak_flops = peak_flops
+        if model is not None:
+            from ..api import count_flops
+
+            result = count_flops(model, example_batch, backward=True, loss_fn=loss_fn, optimizer=optimizer)
+            self.flops_per_step = result.flops
+            if peak_flops is None:
+                self.peak_flops = _gpu_peak(model)
         self._clock: Clock = clock if clock is not None else time.perf_counter_ns
         self._synchronize = synchronize
         self.skip_first = skip_first
         self._records: List[StepRecord] = []
         self._reader_ns = 0
         self._last_ns: Optional[int] = None
+
+    def set_step_cost(self, flops: Any, peak_flops: Optional[float] = None) -> None:
+        """The FLOPs of one step: an int, or a FlopResult (its ``flops``: count it with
+        ``backward=True`` and ``optimizer=`` for a training step). ``peak_flops`` sets the MFU's peak."""
+        value = getattr(flops, "flops", flops)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UsageError(f"set_step_cost expects FLOPs as an int >= 0 or a FlopResult, got {flops!r:.60}")
+        if peak_flops is not None:
+            if not peak_flops > 0:
+                raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
+            self.peak_flops = peak_flops
+        self.flops_per_step = value
 
     def start(self) -> None:
         """Marks the start of the first step (otherwise: the first fetch from a wrapped iterator)."""
@@ -179,10 +251,23 @@ class StepTimer:
         kept = self._records[self.skip_first :]
         if not kept and self._records:
             raise UsageError(f"only {len(self._records)} step(s) recorded, all skipped (skip_first={self.skip_first})")
-        return summarize_steps(kept)
+        return summarize_steps(kept, self.flops_per_step, self.peak_flops)
 
     def reset(self) -> None:
         """Forgets every step; the next fetch or start() begins a new measurement."""
         self._records.clear()
         self._reader_ns = 0
         self._last_ns = None
+
+
+def _gpu_peak(model: Any) -> Optional[float]:
+    """The datasheet peak of the GPU the model's first parameter lives on, at its dtype."""
+    import torch
+
+    from .peaks import peak_flops
+
+    for param in model.parameters():
+        if param.device.type == "cuda":
+            return peak_flops(torch.cuda.get_device_name(param.device), param.dtype)
+        return None
+    return None

@@ -338,8 +338,14 @@ def _cast(run: _Run, dtype: Optional[str]) -> _Run:
 
 
 def _cmd_count(args: argparse.Namespace) -> int:
+    if getattr(args, "tensorboard", None):
+        from ..integrations.tensorboard import summary_writer
+
+        summary_writer()  # a missing package is said before counting
     run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
+        if args.tensorboard:
+            raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
         return _count_generation(run, args)
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
@@ -353,7 +359,21 @@ def _cmd_count(args: argparse.Namespace) -> int:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
     _emit(text, args)
     _plot(result, args)
+    _tensorboard(result, args)
     return EXIT_INCOMPLETE if _strict_failure(result, args) else EXIT_OK
+
+
+def _tensorboard(result: Any, args: argparse.Namespace) -> None:
+    if not getattr(args, "tensorboard", None):
+        return
+    from ..integrations.tensorboard import write_tensorboard
+
+    depth = 1 if args.depth is None else args.depth
+    try:
+        write_tensorboard(result, args.tensorboard, max_depth=depth, label=_label(args))
+    except OSError as exc:
+        raise UsageError(f"--tensorboard {args.tensorboard}: {exc.strerror or exc}") from exc
+    progress(args, f"wrote TensorBoard scalars and tables to {args.tensorboard}")
 
 
 def _label(args: argparse.Namespace) -> str:

@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                        help="count a training step: forward, backward and one step of this optimizer (phase 'optimizer'; "
                        "implies --backward); with --memory its state is in the peak too")
+    count.add_argument("--tensorboard", metavar="DIR", default=None,
+                       help="also write the totals and per-module FLOPs (to --depth, default 1) as TensorBoard scalars and "
+                       "the tables as text into DIR; needs flopcount[tensorboard]")
     memory = count.add_argument_group("peak memory (estimated on fake tensors: no data allocated)")
     memory.add_argument("--memory", action="store_true",
                         help="also estimate the peak memory of the step (inference, or forward + backward with --backward, "

@@ -43,8 +43,8 @@ def generation_table(result: GenerationResult, fmt: str = "simple") -> str:
     lines = [
         table,
         f"Total: {with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}; KV cache after the last step "
-        f"{format_bytes(result.kv_cache_bytes)}{f' ({result.kv_cache_dtype})' if result.kv_cache_dtype else ''}; "
-        f"{format_count(params.params)} params{active}; "
+        f"{format_bytes(result.kv_cache_bytes)}{f' ({result.kv_cache_dtype})' if result.kv_cache_dtype else ''} held, "
+        f"{format_bytes(result.kv_cache_position_bytes)} in the positions it keeps; {format_count(params.params)} params{active}; "
         f"batch {result.batch}, prompt {result.prompt_tokens} positions",
         CONVENTION,
     ]
@@ -71,6 +71,7 @@ def generation_to_dict(result: GenerationResult) -> Dict[str, Any]:
         "decode_flops_per_token": result.decode_flops_per_token,
         "steps": [{"macs": s.macs, "flops": s.flops} for s in result.steps],
         "kv_cache_bytes": result.kv_cache_bytes,
+        "kv_cache_position_bytes": result.kv_cache_position_bytes,
         "kv_cache_dtype": result.kv_cache_dtype,
         "params": result.prefill.params,
         "active_params": result.prefill.active_params,

@@ -15,8 +15,16 @@ if TYPE_CHECKING:
 
 
 def phases_label(result: FlopResult) -> str:
-    """``"forward"`` or ``"forward + backward"``: what the totals of ``result`` cover."""
+    """``"forward"``, ``"forward + backward"`` or ``"forward + backward + optimizer"``: what the totals cover."""
     return " + ".join(result.by_phase()) or "forward"
+
+
+_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+
+
+def phases_short(result: FlopResult) -> str:
+    """The phases for a column header: ``"fwd+bwd"``, ``"fwd+bwd+opt"``."""
+    return "+".join(_SHORT.get(phase, phase) for phase in result.by_phase()) or "fwd"
 
 
 def _footer(result: FlopResult) -> List[str]:
@@ -94,7 +102,8 @@ def module_table(
     phases = len(result.by_phase()) > 1
     headers = ["Module", "Type", "Params", "MACs", "FLOPs", "FLOPs %"]
     if phases:  # the module rows sum every phase: say so in the headers
-        headers = ["Module", "Type", "Params", "MACs (fwd+bwd)", "FLOPs (fwd+bwd)", "FLOPs %"]
+        short = phases_short(result)
+        headers = ["Module", "Type", "Params", f"MACs ({short})", f"FLOPs ({short})", "FLOPs %"]
     body = tabulate(rows, headers=headers, tablefmt=fmt, colalign=("left", "left", "right", "right", "right", "right"))
     if phases:
         body += "\n\n" + phase_table(result, fmt)

@@ -32,7 +32,7 @@ def module_tree(result: FlopResult, max_depth: Optional[int] = None) -> str:
     if len(phases) > 1:
         macs = result.by_phase("macs")
         split = ", ".join(f"{p} {with_unit(f, 'FLOPs')} ({with_unit(macs[p], 'MACs')})" for p, f in phases.items())
-        lines.append(f"Costs above are forward + backward: {split}")
+        lines.append(f"Costs above are {' + '.join(phases)}: {split}")
     lines.append(CONVENTION)
     lines.extend(note_lines(result))
     return "\n".join(lines)

@@ -94,3 +94,44 @@ def test_errors_and_reset():
     run_loop(timer, clock, [1], [1], [1])
     with pytest.raises(UsageError, match="skipped"):
         timer.summary()
+
+
+def test_step_cost_gives_tflops_and_mfu_per_step():
+    clock = FakeClock()
+    timer = StepTimer(clock=clock)
+    timer.set_step_cost(3 * 10**12, peak_flops=2e12)
+    run_loop(timer, clock, [1, 1], [1, 5], [4, 4])  # batch costs 2 s and 6 s
+    summary = timer.summary()
+    # 3e12 FLOPs in 2 s = 1.5 TFLOP/s, in 6 s = 0.5; sustained 6e12 / 8 s = 0.75
+    assert summary.tflops.to_dict() == pytest.approx({"avg": 0.75, "min": 0.5, "max": 1.5})
+    assert summary.mfu.to_dict() == pytest.approx({"avg": 0.375, "min": 0.25, "max": 0.75})
+    assert "TFLOP/s avg 0.75 (min 0.5, max 1.5)" in str(summary) and "MFU avg 37.50%" in str(summary)
+    assert json.loads(json.dumps(summary.to_dict()))["flops_per_step"] == 3 * 10**12
+    with pytest.raises(UsageError, match="set_step_cost"):
+        timer.set_step_cost(-1)
+
+
+def test_step_cost_without_peak_has_no_mfu_and_no_cost_no_rate():
+    clock = FakeClock()
+    timer = StepTimer(clock=clock)
+    run_loop(timer, clock, [1], [1], [4])
+    assert timer.summary().tflops is None and "TFLOP/s" not in str(timer.summary())
+    timer.set_step_cost(10**12)
+    assert timer.summary().tflops.avg == pytest.approx(0.5) and timer.summary().mfu is None
+
+
+def test_step_timer_counts_the_training_step_of_a_model():
+    import torch
+
+    from flopcount import count_flops
+
+    model = torch.nn.Linear(8, 4, bias=False)
+    batch = torch.randn(5, 8)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    timer = StepTimer(model=model, example_batch=batch, optimizer=sgd)
+    optimizer = count_flops(model, batch, backward=True, optimizer=sgd).by_phase()["optimizer"]
+    # forward x @ W.T and backward grad_W = grad.T @ x: 2 x (5 x 8 x 4) MACs = 4 x 160 FLOPs; no input grad
+    assert timer.flops_per_step == 4 * 5 * 8 * 4 + optimizer
+    assert optimizer > 0
+    with pytest.raises(UsageError, match="together"):
+        StepTimer(model=model)

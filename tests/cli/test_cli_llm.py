@@ -140,3 +140,28 @@ def test_count_dtype_casts_the_weights(capsys):
     assert code == 0, err
     data = json.loads(out)
     assert data["param_bytes_by_dtype"] == {"float16": 2 * data["params"]}
+
+
+MIXTRAL = ["--config", "hidden_size=32", "--config", "intermediate_size=48", "--config", "num_hidden_layers=2",
+           "--config", "num_attention_heads=4", "--config", "num_key_value_heads=2", "--config", "num_local_experts=4",
+           "--config", "num_experts_per_tok=2", "--config", "vocab_size=50"]
+
+
+def test_count_generate_prints_every_warning_of_its_counts(capsys):
+    """#20.3: the MoE-on-meta note of the prefill's count reached neither the table nor the JSON."""
+    import torch
+
+    from flopcount.generation import count_generation
+
+    config = transformers.AutoConfig.for_model("mixtral", **{a.split("=")[0]: int(a.split("=")[1]) for a in MIXTRAL[1::2]})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    gen = count_generation(model, torch.zeros(2, 6, dtype=torch.int64, device="meta"), new_tokens=3)
+    expected = [w for w in gen.prefill.warnings if "_grouped_mm" in w]
+    assert expected
+    code, out, err = cli(capsys, "count", "hf:mixtral", *MIXTRAL, "--device", "meta", "--generate", "3", "--input", "2x6:int64")
+    assert code == 0, err
+    assert all(f"note: {w}" in out for w in expected)
+    code, out, err = cli(capsys, "count", "hf:mixtral", *MIXTRAL, "--device", "meta", "--generate", "3", "--input", "2x6:int64",
+                         "-f", "json")
+    assert all(w in json.loads(out)["warnings"] for w in expected)

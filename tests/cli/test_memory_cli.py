@@ -159,7 +159,7 @@ def test_count_optimizer_counts_the_training_step_it_estimates(workdir, capsys):
     assert data["memory"]["mode"] == "training step" and data["memory"]["optimizer"] == "adam"
     code, out, err = cli(capsys, "count", "mem_models.py:mlp", "-i", "4x1024", "--optimizer", "sgd")
     assert code == 0, err
-    assert "Total (forward + backward + optimizer):" in out
+    assert "Total (forward + backward + optimizer):" in out and "FLOPs (fwd+bwd+opt)" in out
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,12 @@ def test_optimizer_usage_errors(kwargs, fragment):
         count_flops(mlp(), (torch.randn(2, 8),), **kwargs)
 
 
+def test_a_model_without_trainable_parameters_is_a_usage_error():
+    model = mlp().requires_grad_(False)
+    with pytest.raises(UsageError, match="no trainable parameter"):
+        count_flops(model, (torch.randn(2, 8, requires_grad=True),), backward=True, optimizer="adam")
+
+
 def _call(op, **args):
     return OpCall(op, args)
 

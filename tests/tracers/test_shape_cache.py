@@ -224,7 +224,11 @@ def test_a_constructor_that_fails_sends_the_op_back_to_the_fake_mode(cache, monk
         for _ in range(3):
             out = shape_cache.run(aten.mm.default, (torch.empty(2, 3), torch.empty(3, 4)), None)
             assert isinstance(out, FakeTensor) and out.shape == (2, 4)
-    assert _shape_cache._KINDS[aten.mm.default].mode is None
+    # the op goes back to the fake mode for this cache only, and the cache says why (#19: it
+    # used to be switched off for the whole process, silently)
+    assert list(shape_cache.disabled) == [str(aten.mm.default.__name__)]
+    assert "FakeTensor.__new__() changed" in shape_cache.disabled[aten.mm.default.__name__]
+    assert _shape_cache._KINDS[aten.mm.default].mode == "fresh"
 
 
 @pytest.mark.parametrize(

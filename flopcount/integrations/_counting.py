@@ -1,0 +1,137 @@
+"""The count behind the trainer callbacks: one fake count per distinct batch shape, then a
+dictionary lookup per step.
+
+A *signature* is what a count depends on: the shape and dtype of every tensor in the
+call, and the value of every flag-like argument (bool, str, None). Numbers are treated as
+data (``num_items_in_batch`` changes every step and changes no FLOPs). A training
+signature is counted with ``count_flops(..., backward=True)`` on fake copies; the
+optimizer step is counted once per optimizer (its cost does not depend on the batch).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..api import count_flops
+from ..errors import FlopcountWarning
+
+Signature = Tuple[Hashable, ...]
+LossFn = Callable[[Any], Any]
+
+__all__ = ["PassCost", "Signature", "StepCounter", "batch_signature"]
+
+_FLAGS = (bool, str, type(None))
+
+
+def batch_signature(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Signature:
+    """Shapes and dtypes of the tensors in a call, the values of its flags, the types of
+    anything else: equal signatures give equal counts."""
+    parts: List[Hashable] = []
+    _walk(args, parts)
+    for key in kwargs:
+        parts.append(key)
+        _walk(kwargs[key], parts)
+    return tuple(parts)
+
+
+def _walk(value: Any, parts: List[Hashable]) -> None:
+    if isinstance(value, torch.Tensor):
+        parts.append((tuple(value.shape), value.dtype))
+    elif isinstance(value, _FLAGS):
+        parts.append(value)
+    elif isinstance(value, Mapping):
+        parts.append(len(value))
+        for key in value:
+            parts.append(key)
+            _walk(value[key], parts)
+    elif isinstance(value, (list, tuple)):
+        parts.append(len(value))
+        for item in value:
+            _walk(item, parts)
+    else:
+        parts.append(type(value).__name__)
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """FLOPs of one micro-batch: its forward and the backward of its loss."""
+
+    forward: int
+    backward: int
+    forward_macs: int
+
+    @property
+    def flops(self) -> int:
+        return self.forward + self.backward
+
+
+class StepCounter:
+    """Caches of counts by signature: training passes, evaluation forwards, optimizer steps.
+
+    ``loss_fn`` picks the loss out of the model's outputs for the backward. A count that
+    fails is remembered as ``None`` (never retried for that signature) and reported once
+    with a :class:`FlopcountWarning`; the training run itself is never interrupted.
+    ``busy`` is True while a count runs, so input recorders can ignore the fake run (the
+    fake copy of a model carries copies of its hooks).
+    """
+
+    def __init__(self, loss_fn: LossFn):
+        self.loss_fn = loss_fn
+        self.train: Dict[Signature, Optional[PassCost]] = {}
+        self.eval: Dict[Signature, Optional[int]] = {}
+        self.optimizer: Dict[int, Optional[int]] = {}
+        self.failures: List[str] = []
+        self.busy = False
+
+    def count_train(
+        self, sig: Signature, model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], optimizer: Any = None
+    ) -> Optional[PassCost]:
+        """The forward + backward cost of ``sig`` (counted now if new); the optimizer's
+        step is counted in the same run the first time ``optimizer`` is seen."""
+        if sig in self.train and (optimizer is None or id(optimizer) in self.optimizer):
+            return self.train[sig]
+        with_optimizer = optimizer is not None and id(optimizer) not in self.optimizer
+        options: Dict[str, Any] = {"backward": True, "loss_fn": self.loss_fn}
+        if with_optimizer:
+            options["optimizer"] = optimizer
+        result = self._count(model, args, kwargs, options, "training step")
+        if result is None:
+            self.train[sig] = None
+            if with_optimizer:
+                self.optimizer[id(optimizer)] = None
+            return None
+        phases = result.by_phase()
+        macs = result.by_phase("macs")
+        cost = PassCost(phases.get("forward", 0), phases.get("backward", 0), macs.get("forward", 0))
+        self.train[sig] = cost
+        if with_optimizer:
+            self.optimizer[id(optimizer)] = phases.get("optimizer", 0)
+        return cost
+
+    def count_eval(self, sig: Signature, model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Optional[int]:
+        """Forward FLOPs of an evaluation call with signature ``sig`` (counted now if new)."""
+        if sig not in self.eval:
+            result = self._count(model, args, kwargs, {}, "evaluation forward")
+            self.eval[sig] = None if result is None else result.flops
+        return self.eval[sig]
+
+    def optimizer_flops(self, optimizer: Any) -> Optional[int]:
+        """The optimizer step's FLOPs, once counted (``None`` before, or if it failed)."""
+        return self.optimizer.get(id(optimizer)) if optimizer is not None else 0
+
+    def _count(self, model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], options: Dict[str, Any], what: str) -> Any:
+        self.busy = True
+        try:
+            return count_flops(model, tuple(args), kwargs=dict(kwargs), **options)
+        except Exception as exc:  # a failed count must never stop training
+            reason = f"flopcount could not count this {what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.failures.append(reason)
+            warnings.warn(reason + "; its FLOPs are not logged", FlopcountWarning, stacklevel=3)
+            return None
+        finally:
+            self.busy = False

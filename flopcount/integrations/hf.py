@@ -1,0 +1,270 @@
+"""Exact FLOPs, TFLOP/s and MFU in Hugging Face's ``Trainer``: :class:`FlopcountCallback`.
+
+>>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[FlopcountCallback()])  # doctest: +SKIP
+
+How it sees the batch: HF callbacks receive no inputs, so the callback registers a
+forward pre-hook on the trainer's model at ``on_train_begin`` (removed at
+``on_train_end``, or by :meth:`FlopcountCallback.remove`). The hook records each call's
+signature (shapes, dtypes, flags); only a call with a new signature keeps a reference to
+its inputs, until the step ends. At ``on_step_end`` each new signature is counted on fake
+copies (forward + backward of the loss the model returns), the optimizer once; every
+other step is a dictionary lookup. Forward calls outside a training step (evaluation,
+prediction) are counted as forwards and logged separately.
+
+``state.total_flos``: HF adds ``6 x tokens x non-embedding parameters`` per micro-batch;
+at each step end the callback adds the difference between the exact count of that step
+and HF's figure for the same micro-batches, so ``total_flos`` (in the final metrics, the
+logs and ``trainer_state.json``) becomes the exact FLOPs of every counted step
+(forward, backward and optimizer).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from ..analysis import uncompiled
+from ..errors import FlopcountWarning
+from ._counting import PassCost, Signature, StepCounter, batch_signature
+from ._rates import PREFIX, Window, model_device, model_dtype, resolve_peak, window_metrics
+
+__all__ = ["FlopcountCallback", "hf_loss"]
+
+Call = Tuple[Signature, Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]], Tuple[int, Optional[int]]]  # signature, inputs kept, (samples, tokens)
+
+
+def hf_loss(outputs: Any) -> Any:
+    """The loss the Trainer backpropagates: ``outputs["loss"]`` for a dict-like output, else
+    ``outputs[0]`` (as ``Trainer.compute_loss``); without a loss, the first output."""
+    if isinstance(outputs, Mapping):
+        return outputs["loss"] if outputs.get("loss") is not None else next(iter(outputs.values()))
+    if isinstance(outputs, (tuple, list)):
+        return outputs[0]
+    return outputs
+
+
+class FlopcountCallback(TrainerCallback):
+    """Logs ``flopcount/flops_per_step``, ``flopcount/tflops_per_s``, ``flopcount/mfu``,
+    ``flopcount/tokens_per_s`` (and ``samples_per_s``, ``total_flops``, ``eval_flops``) through
+    the trainer's own logs, and makes ``state.total_flos`` exact.
+
+    ``device``: where the peak is looked up (default: the model's device). ``peak_flops``:
+    FLOP/s for the MFU (default: the GPU's dense datasheet peak at the training dtype; on
+    CPU no MFU is logged unless given). ``log_every``: also ask the trainer to log every N
+    optimizer steps (default: at the trainer's own ``logging_steps``). Step time is the wall
+    time from ``on_step_begin`` to ``on_step_end`` (forward, backward, optimizer; the
+    batch fetch and logging excluded), with a CUDA synchronisation at the end on GPU.
+    """
+
+    def __init__(self, device: Optional[Any] = None, peak_flops: Optional[float] = None, log_every: Optional[int] = None):
+        if log_every is not None and log_every < 1:
+            raise ValueError(f"log_every must be >= 1 (optimizer steps), got {log_every}")
+        self.device = torch.device(device) if device is not None else None
+        self.peak_flops = peak_flops
+        self.log_every = log_every
+        self.counter = StepCounter(hf_loss)
+        self.total_flops = 0
+        self._reset_run()
+
+    def _reset_run(self) -> None:
+        self._model: Optional[nn.Module] = None
+        self._handle: Any = None
+        self._peak: Optional[float] = None
+        self._cuda = False
+        self._in_step = False
+        self._calls: List[Call] = []
+        self._eval_calls: List[Call] = []
+        self._eval_flops = 0
+        self._t0 = 0.0
+        self._window = Window()
+        self._hf_estimate: Dict[Signature, Optional[float]] = {}
+
+    # -- attach / detach ------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Optional[nn.Module] = None, **kwargs: Any) -> None:
+        if model is None or self._handle is not None:
+            return
+        self._model = model
+        hook = _recorder(self)
+        if getattr(args, "torch_compile", False):
+            hook = torch.compiler.disable(hook)  # run eagerly in front of the compiled forward
+        self._handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+        device = self.device or model_device(model)
+        self._cuda = model_device(model).type == "cuda"
+        dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) else model_dtype(model)
+        self._peak, note = resolve_peak(device, dtype, self.peak_flops)
+        if note:
+            warnings.warn(f"FlopcountCallback: {note}", FlopcountWarning, stacklevel=2)
+        _move_ahead_of_reporters(self)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Removes the forward pre-hook from the model (also done at the end of training; HF
+        calls no callback when ``train()`` raises, so call this yourself then)."""
+        if self._handle is not None:
+            self._handle.remove()
+        self._reset_run()
+
+    # -- training steps -------------------------------------------------------------
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._in_step = True
+        self._calls = []
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:
+        model = self._model
+        if model is None or not self._in_step:
+            return None
+        if self._cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - self._t0
+        self._in_step = False
+        calls, self._calls = self._calls, []
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the real one
+        costs = [self._train_cost(model, call, optimizer) for call in calls]
+        opt_flops = self.counter.optimizer_flops(optimizer)
+        if calls and opt_flops is not None and all(c is not None for c in costs):
+            flops = sum(c.flops for c in costs if c is not None) + opt_flops
+            self.total_flops += flops
+            hf = [self._hf_estimate.get(sig) for sig, _, _ in calls]
+            if all(h is not None for h in hf):  # HF adds its own estimate for these micro-batches
+                state.total_flos += flops - sum(h for h in hf if h is not None)
+            self._window.add(flops, seconds, _sum_tokens(calls), _sum_samples(calls))
+        if self.log_every is not None and state.global_step % self.log_every == 0:
+            control.should_log = True
+        return control
+
+    def _train_cost(self, model: nn.Module, call: Call, optimizer: Any) -> Optional[PassCost]:
+        sig, inputs, _ = call
+        known = self.counter.train.get(sig, False)
+        if known is not False and (optimizer is None or id(optimizer) in self.counter.optimizer):
+            return known  # type: ignore[return-value]
+        if inputs is None:  # the inputs of a signature seen before, counted then
+            return self.counter.train.get(sig)
+        args, kw = inputs
+        self._hf_estimate[sig] = _hf_estimate(model, kw)
+        return self.counter.count_train(sig, model, args, kw, optimizer)
+
+    # -- evaluation -------------------------------------------------------------------
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = self._model
+        calls, self._eval_calls = self._eval_calls, []
+        if model is None:
+            return
+        for sig, inputs, _ in calls:
+            flops = self.counter.eval.get(sig) if inputs is None else self.counter.count_eval(sig, model, *inputs)
+            if flops is not None:
+                self._eval_flops += flops
+
+    # -- logging ----------------------------------------------------------------------
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+        if logs is None:
+            return
+        added: Dict[str, float] = {}
+        if self._window.steps:
+            added.update(window_metrics(self._window, self._peak))
+            added[PREFIX + "total_flops"] = float(self.total_flops)
+            self._window = Window()
+        if self._eval_flops and any(key.startswith("eval_") for key in logs):
+            added[PREFIX + "eval_flops"] = float(self._eval_flops)
+            self._eval_flops = 0
+        if added:
+            logs.update(added)
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(added)
+
+
+def _recorder(callback: FlopcountCallback) -> Any:
+    """The forward pre-hook: records the signature of each call; keeps the inputs of a
+    signature not counted yet. A plain function (not a bound method) so that fake copies
+    of the model share it instead of deep-copying the callback."""
+    counter = callback.counter
+
+    def record(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        if counter.busy:
+            return  # the fake copy's forward, during a count
+        sig = batch_signature(args, kwargs)
+        if callback._in_step:
+            cache: Mapping[Signature, Any] = counter.train
+            calls = callback._calls
+        else:
+            cache, calls = counter.eval, callback._eval_calls
+        new = sig not in cache and not any(c[0] == sig and c[1] is not None for c in calls)
+        calls.append((sig, (args, dict(kwargs)) if new else None, _sizes(module, args, kwargs)))
+
+    return record
+
+
+def _main_input(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    name = getattr(uncompiled(model), "main_input_name", "input_ids")
+    if name in kwargs:
+        return kwargs[name]
+    return args[0] if args else None
+
+
+def _sizes(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[int, Optional[int]]:
+    """(samples, tokens) of a call: the main input's batch size, and its element count when
+    it holds token ids (integers); tokens ``None`` for images, audio features..."""
+    main = _main_input(model, args, kwargs)
+    if not isinstance(main, torch.Tensor) or main.dim() == 0:
+        return (0, None)
+    tokens = main.numel() if not main.is_floating_point() else None
+    return (int(main.shape[0]), tokens)
+
+
+def _sum_tokens(calls: List[Any]) -> Optional[int]:
+    counts = [call[2][1] for call in calls]
+    return None if any(c is None for c in counts) else sum(counts)
+
+
+def _sum_samples(calls: List[Any]) -> int:
+    return sum(call[2][0] for call in calls)
+
+
+def _hf_estimate(model: nn.Module, inputs: Mapping[str, Any]) -> Optional[float]:
+    """What the Trainer adds to ``total_flos`` for these inputs (``Trainer.floating_point_ops``
+    called with this model: 6 x main-input elements x non-embedding parameters here), or
+    ``None`` if that cannot be learnt (then ``total_flos`` is left as HF makes it)."""
+    from transformers import Trainer
+
+    try:
+        return float(Trainer.floating_point_ops(types.SimpleNamespace(model=model), dict(inputs)))  # type: ignore[arg-type]
+    except Exception:
+        return None
+
+
+def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
+    """Put the callback before the reporting callbacks (TensorBoard, W&B...) so that the
+    keys it adds in ``on_log`` reach them: the Trainer places user callbacks after its
+    reporters. The CallbackHandler calling ``on_train_begin`` is found on the call stack;
+    moving an element to an earlier place is safe while the handler iterates (everything it
+    skips over was already called)."""
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    frame = sys._getframe(1)
+    handler = None
+    while frame is not None and handler is None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, CallbackHandler) and any(c is callback for c in candidate.callbacks):
+            handler = candidate
+        frame = frame.f_back  # type: ignore[assignment]
+    if handler is None:
+        warnings.warn(
+            "FlopcountCallback: could not find the Trainer's CallbackHandler; reporters listed before this "
+            "callback will not receive flopcount/* (state.log_history still does)",
+            FlopcountWarning,
+            stacklevel=3,
+        )
+        return
+    callbacks = handler.callbacks
+    callbacks.remove(callback)
+    first = next((i for i, c in enumerate(callbacks) if not isinstance(c, DefaultFlowCallback)), len(callbacks))
+    callbacks.insert(first, callback)

@@ -1,0 +1,63 @@
+"""A count in TensorBoard: totals and per-module FLOPs as scalars, the tables as text.
+
+``torch.utils.tensorboard`` (and the ``tensorboard`` package behind it) is imported when
+:func:`write_tensorboard` runs, never by ``import flopcount``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from ..errors import UsageError
+
+__all__ = ["count_scalars", "write_tensorboard"]
+
+
+def count_scalars(result: Any, max_depth: Optional[int] = 1, prefix: str = "flopcount") -> Dict[str, float]:
+    """``{tag: value}``: ``flops``, ``macs``, ``params``, FLOPs by phase, and FLOPs of each
+    module down to ``max_depth`` (``modules/<name>``; the whole model is ``flops``)."""
+    scalars = {f"{prefix}/flops": float(result.flops), f"{prefix}/macs": float(result.macs), f"{prefix}/params": float(result.params)}
+    phases = result.by_phase()
+    if len(phases) > 1:
+        scalars.update({f"{prefix}/phase/{phase}": float(flops) for phase, flops in phases.items()})
+    depths = {m.name: m.depth for m in result.modules}
+    for name, flops in result.by_module().items():
+        if name and (max_depth is None or depths[name] <= max_depth):
+            scalars[f"{prefix}/modules/{name}"] = float(flops)
+    return scalars
+
+
+def write_tensorboard(
+    result: Any, log_dir: str, *, max_depth: Optional[int] = 1, step: int = 0, prefix: str = "flopcount", label: str = ""
+) -> Dict[str, float]:
+    """Write ``result`` (a FlopResult) as TensorBoard scalars (:func:`count_scalars`) and
+    text (the module table and the operator table, as markdown) into ``log_dir``; returns
+    the scalars written. Needs the ``tensorboard`` package (``pip install flopcount[tensorboard]``)."""
+    writer_type = summary_writer()
+    scalars = count_scalars(result, max_depth=max_depth, prefix=prefix)
+    writer = writer_type(log_dir=log_dir)
+    try:
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, global_step=step)
+        title = f"**{label}**\n\n" if label else ""
+        writer.add_text(f"{prefix}/modules", title + result.to_markdown(max_depth=max_depth), global_step=step)
+        writer.add_text(f"{prefix}/operators", _operator_markdown(result), global_step=step)
+    finally:
+        writer.close()
+    return scalars
+
+
+def summary_writer() -> Any:
+    """``torch.utils.tensorboard.SummaryWriter``, or a UsageError saying what to install."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise UsageError("--tensorboard needs the tensorboard package: pip install flopcount[tensorboard]") from exc
+    return SummaryWriter
+
+
+def _operator_markdown(result: Any) -> str:
+    rows = ["| operator | FLOPs | MACs | calls |", "|---|---:|---:|---:|"]
+    for op, totals in sorted(result.operator_totals().items(), key=lambda kv: -kv[1].flops):
+        rows.append(f"| {op} | {totals.flops:,} | {totals.macs:,} | {totals.count} |")
+    return "\n".join(rows)

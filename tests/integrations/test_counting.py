@@ -1,0 +1,87 @@
+"""The framework-free parts of the trainer integrations: signatures, the per-signature cache
+(one count per shape, a failed count never raises), the rates by hand, the peak."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from flopcount.errors import FlopcountWarning
+from flopcount.integrations._counting import StepCounter, batch_signature
+from flopcount.integrations._rates import Window, resolve_peak, window_metrics
+
+
+class Counted(nn.Module):
+    """Counts how often its forward runs (the fake copies' runs included)."""
+
+    runs = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x, flag=True, n_items=0):
+        type(self).runs += 1
+        return self.fc(x).sum()
+
+
+def test_signature_is_shapes_dtypes_and_flags_not_numbers():
+    x = torch.zeros(2, 8)
+    base = batch_signature((x,), {"flag": True, "n_items": 3})
+    assert batch_signature((torch.ones(2, 8),), {"flag": True, "n_items": 7}) == base  # values and numbers: same
+    assert batch_signature((torch.zeros(3, 8),), {"flag": True, "n_items": 3}) != base  # shape
+    assert batch_signature((x.double(),), {"flag": True, "n_items": 3}) != base  # dtype
+    assert batch_signature((x,), {"flag": False, "n_items": 3}) != base  # a flag
+
+
+def test_one_count_per_signature_then_lookups():
+    model, sgd = Counted(), None
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    counter = StepCounter(lambda out: out)
+    Counted.runs = 0
+    x = torch.randn(5, 8)
+    sig = batch_signature((x,), {})
+    first = counter.count_train(sig, model, (x,), {}, sgd)
+    runs = Counted.runs
+    for _ in range(3):
+        assert counter.count_train(sig, model, (x,), {}, sgd) == first
+    assert Counted.runs == runs == 1
+    # forward x @ W.T: 5 x 8 x 4 MACs; backward grad_W only (x needs no grad)
+    assert first.forward_macs == 5 * 8 * 4 and first.backward == 2 * 5 * 8 * 4
+    assert counter.optimizer_flops(sgd) is not None and model.fc.weight.grad is None
+
+
+def test_a_failed_count_warns_once_and_returns_none():
+    def broken(out):
+        raise RuntimeError("no loss here")
+
+    counter = StepCounter(broken)
+    x = torch.randn(2, 8)
+    sig = batch_signature((x,), {})
+    with pytest.warns(FlopcountWarning, match="could not count this training step"):
+        assert counter.count_train(sig, Counted(), (x,), {}) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert counter.count_train(sig, Counted(), (x,), {}) is None  # remembered: not retried, no second warning
+
+
+def test_window_metrics_by_hand():
+    window = Window()
+    window.add(3 * 10**12, 2.0, 1000, 4)
+    window.add(10**12, 2.0, 3000, 4)
+    metrics = window_metrics(window, peak=2e12)
+    assert metrics == pytest.approx({
+        "flopcount/flops_per_step": 2e12, "flopcount/tflops_per_s": 1.0, "flopcount/mfu": 0.5,
+        "flopcount/tokens_per_s": 1000.0, "flopcount/samples_per_s": 2.0,
+    })
+    window.add(1, 1.0, None, 1)  # a step without token ids: no tokens_per_s
+    assert "flopcount/tokens_per_s" not in window_metrics(window, None) and "flopcount/mfu" not in window_metrics(window, None)
+
+
+def test_peak_on_cpu_needs_peak_flops():
+    peak, note = resolve_peak(torch.device("cpu"), torch.float32, None)
+    assert peak is None and "pass peak_flops=" in note
+    assert resolve_peak(torch.device("cpu"), torch.float32, 5e11) == (5e11, "")
