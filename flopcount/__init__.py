@@ -58,6 +58,13 @@ _EXPORTS: Dict[str, str] = {
     "parse_bytes": "budget",
     "estimate_memory": "memory",
     "MemoryEstimate": "memory",
+    "profile": "profiling",
+    "ProfileResult": "profiling",
+    "predict": "profiling",
+    "PredictResult": "profiling",
+    "Roofs": "roofline",
+    "plan": "planner",
+    "PlanResult": "plan_result",
 }
 
 __all__ = [
@@ -78,7 +85,11 @@ __all__ = [
     "ModuleLatencyResult",
     "OpCall",
     "OpTotals",
+    "PlanResult",
     "ParamSummary",
+    "PredictResult",
+    "ProfileResult",
+    "Roofs",
     "StepRecord",
     "StepSummary",
     "Status",
@@ -102,6 +113,9 @@ __all__ = [
     "parse_bytes",
     "parse_quantity",
     "peaks",
+    "predict",
+    "profile",
+    "plan",
     "register_handler",
     "summarize_parameters",
 ]
@@ -135,8 +149,12 @@ if TYPE_CHECKING:
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
     from .params import summarize_parameters
+    from .plan_result import PlanResult
+    from .planner import plan
+    from .profiling import PredictResult, ProfileResult, predict, profile
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp
+    from .roofline import Roofs
     from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 

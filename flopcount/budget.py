@@ -154,7 +154,10 @@ class BudgetLine:
         """PASS (exact and within), FAIL (certainly over: exact or a lower bound over the
         limit) or INCOMPLETE (an incomplete count that does not decide)."""
         if self.passed:
-            return Status.PASS if self.bound == "exact" else Status.INCOMPLETE
+            if self.bound == "exact":
+                return Status.PASS
+            # a latency lower bound (flopcount.predict) within the limit: only measuring decides
+            return Status.UNDECIDED if self.name == "latency_ms" and self.bound == "lower" else Status.INCOMPLETE
         return Status.FAIL if self.bound in ("exact", "lower") else Status.INCOMPLETE
 
     def describe(self) -> str:
@@ -184,6 +187,8 @@ class BudgetReport:
             return Status.FAIL
         if not self.allow_incomplete and any(line.status == Status.INCOMPLETE for line in self.lines):
             return Status.INCOMPLETE
+        if any(line.status == Status.UNDECIDED for line in self.lines):
+            return Status.UNDECIDED
         return Status.PASS if all(line.passed for line in self.lines) else Status.FAIL
 
     @property
@@ -209,6 +214,8 @@ class BudgetReport:
         """One sentence: ``'PASS: all 2 budget(s) met'``, ``'FAIL: ...'`` or ``'INCOMPLETE: ...'``."""
         status = self.status
         n = len(self.lines)
+        if status == Status.UNDECIDED:
+            return "UNDECIDED: latency_ms is not decided without measuring (its roofline lower bound is within the budget)"
         if status == "INCOMPLETE":
             names = ", ".join(line.name for line in self.undecided)
             return (
@@ -273,6 +280,7 @@ def check_budget(
     incomplete_reasons: Sequence[str] = (),
     lower_bound: bool = False,
     allow_incomplete: bool = False,
+    latency_bound: Bound = "exact",
 ) -> BudgetReport:
     """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
     A limit whose actual value was not given is a usage error, never a pass.
@@ -281,7 +289,9 @@ def check_budget(
     ``lower_bound=True`` says they can only be short (ops without a handler, nothing
     else), so a counted value over its limit is a certain FAIL. The reasons are kept only
     when a FLOPs or MACs limit is set: params, size, latency and memory do not rest on the
-    count's completeness (a memory verdict rests on the memory estimate alone)."""
+    count's completeness (a memory verdict rests on the memory estimate alone). ``latency_bound="lower"``:
+    ``latency_ms`` is a lower bound (``flopcount.predict``): over the limit is a certain
+    FAIL, within it is not decided without measuring (UNDECIDED)."""
     if isinstance(incomplete_reasons, str):
         raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
     reasons = tuple(incomplete_reasons) if budget.needs_count else ()
@@ -299,7 +309,7 @@ def check_budget(
         actual = actuals[name]
         if actual is None:
             raise UsageError(f"budget {name} is set but no {name} value was measured")
-        bound: Bound = counted_bound if name in COUNTED else "exact"
+        bound: Bound = counted_bound if name in COUNTED else (latency_bound if name == "latency_ms" else "exact")
         lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound))
     return BudgetReport(tuple(lines), reasons, bool(allow_incomplete))
 
@@ -311,6 +321,7 @@ def check_result(
     memory_bytes: Optional[Number] = None,
     *,
     allow_incomplete: bool = False,
+    latency_bound: Bound = "exact",
 ) -> BudgetReport:
     """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`,
     its completeness included: an incomplete count never PASSes a FLOPs or MACs budget
@@ -329,6 +340,7 @@ def check_result(
         incomplete_reasons=reasons,
         lower_bound=bool(reasons) and not result.gaps,
         allow_incomplete=allow_incomplete,
+        latency_bound=latency_bound,
     )
 
 

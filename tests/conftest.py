@@ -108,3 +108,15 @@ def torch_contraction_flops(model: torch.nn.Module, inputs: Any) -> int:
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
     return counter.get_total_flops()
+
+
+@pytest.fixture(scope="session")
+def _roofs_cache(tmp_path_factory: Any) -> Any:
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(_roofs_cache: Any, monkeypatch: Any) -> None:
+    """Roofs measured by a test (flopcount.profile without roofs=) are cached in a session
+    folder, never in the user's ~/.cache; tests that need their own folder set it again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_roofs_cache))

@@ -1,4 +1,5 @@
-"""Known dense peak throughput of a few NVIDIA GPUs, for MFU (model FLOPs utilisation).
+"""Known dense peak throughput and memory bandwidth of a few NVIDIA GPUs, for MFU (model
+FLOPs utilisation) and roofline bounds.
 
 Figures are TFLOP/s from NVIDIA's datasheets, **dense** (without 2:4 structured
 sparsity; datasheets often print the sparse figure, twice the dense one). Tensor-core
@@ -35,6 +36,24 @@ _PEAKS = {
     "T4": {"float32": 8.1, "float16": 65.0},
     "RTX 4090": {"float32": 82.6, "tfloat32": 82.6, "float16": 165.2, "bfloat16": 165.2},
 }
+
+# GPU key -> memory bandwidth in GB/s (10^9 bytes/s), datasheet (the largest-memory
+# variant where a part comes in several: A100 80GB SXM, H100 SXM5 80GB).
+_BANDWIDTH_GBPS = {
+    "H100 SXM": 3350.0,
+    "H100 PCIe": 2000.0,
+    "H200": 4800.0,
+    "A100": 2039.0,
+    "L4": 300.0,
+    "A10": 600.0,
+    "V100 SXM2": 900.0,
+    "V100 PCIe": 900.0,
+    "T4": 320.0,
+    "RTX 4090": 1008.0,
+}
+
+#: Read-only view: ``BANDWIDTH_GBPS[gpu]`` = datasheet memory bandwidth in GB/s.
+BANDWIDTH_GBPS: Mapping[str, float] = MappingProxyType(_BANDWIDTH_GBPS)
 
 #: Read-only view: ``PEAK_TFLOPS[gpu][dtype]`` = dense peak in TFLOP/s.
 PEAK_TFLOPS: Mapping[str, Mapping[str, float]] = MappingProxyType({k: MappingProxyType(v) for k, v in _PEAKS.items()})
@@ -92,3 +111,11 @@ def peak_flops(gpu_name: str, dtype: Union[None, str, torch.dtype] = None) -> Op
         return None
     tflops = _PEAKS[key].get(dtype_key(dtype))
     return None if tflops is None else tflops * 1e12
+
+
+def bandwidth(gpu_name: str) -> Optional[float]:
+    """Datasheet memory bandwidth in bytes/s for ``gpu_name``, or ``None`` when unknown."""
+    key = match_gpu(gpu_name)
+    if key is None or key not in _BANDWIDTH_GBPS:
+        return None
+    return _BANDWIDTH_GBPS[key] * 1e9

@@ -4,21 +4,21 @@ library, hand the result to a renderer, write it. Rendering lives in flopcount.r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import inspect
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from ..errors import FlopcountError, UsageError
+from ..errors import UsageError
 from ..report.render import render_bench, render_check, render_count
-from .output import format_seconds, iteration_progress, progress, report_notes, say
+from .generating import count_generation_command
+from .output import progress, report_notes, say
 from .parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
+from .timing import benchmark_entry, check_timing_args
 
 
 @dataclass
@@ -214,68 +214,6 @@ def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
 
 
 #: at least this many timed calls under --duration (flopcount.bench.loop.LoopPlan.min_iters)
-_MIN_TIMED = 10
-_DEFAULT_DURATION = 1.0
-
-
-def _check_timing_args(args: argparse.Namespace) -> None:
-    """Refuse flags that would be silently ignored, before any model is built."""
-    if args.iters is not None and args.duration is not None:
-        raise UsageError(
-            f"--iters {args.iters} and --duration {args.duration:g} exclude each other: --iters N times exactly N calls, "
-            f"--duration S times calls until S seconds passed and at least {_MIN_TIMED} ran"
-        )
-
-
-def _timing_plan_text(args: argparse.Namespace, duration: float) -> str:
-    if args.iters is not None:
-        return f"exactly {args.iters} timed calls"
-    return f"timed calls until {duration:g} s has passed and at least {_MIN_TIMED} ran"
-
-
-def _benchmark(run: _Run, args: argparse.Namespace, flops: Any) -> Any:
-    if run.device == "meta":
-        raise UsageError("cannot time a model on the meta device (it has no data); use --device cpu or cuda")
-    _check_timing_args(args)
-    import torch
-
-    from ..bench.latency import benchmark
-
-    dtype = None if args.dtype is None else getattr(torch, args.dtype)
-    duration = _DEFAULT_DURATION if args.duration is None else args.duration
-    progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} untimed warm-up calls, "
-                   f"then {_timing_plan_text(args, duration)} ...")
-    started = time.monotonic()
-    warm_report = iteration_progress("warm-up")
-
-    def on_warmup(done: int, total: Optional[int]) -> None:
-        if done == 1:
-            first = time.monotonic() - started
-            timed = args.iters * first if args.iters is not None else max(duration, _MIN_TIMED * first)
-            expect = args.warmup * first + timed
-            if expect >= 2.0:  # worth saying; a fast model is done before one could read it
-                timed_text = f"{args.iters}" if args.iters is not None else f"at least {max(_MIN_TIMED, int(duration / first))}"
-                progress(args, f"  the first call took {format_seconds(first)}: expect about {format_seconds(expect)} in all "
-                               f"({args.warmup} warm-up + {timed_text} timed calls)")
-        warm_report(done, total)
-
-    try:
-        result = benchmark(
-            run.model, run.inputs, run.kwargs,
-            warmup=args.warmup, iters=args.iters, budget_s=duration, min_iters=_MIN_TIMED,
-            device=run.device, dtype=dtype, flops=flops, batch_size=args.batch_size,
-            progress=None if args.quiet else iteration_progress(),
-            warmup_progress=None if args.quiet else on_warmup,
-        )
-    except FlopcountError:
-        raise
-    except Exception as exc:
-        raise UsageError(f"the forward of {run.entry} failed during the benchmark: {type(exc).__name__}: {exc}") from exc
-    progress(args, f"timed {result.iters} calls in {result.wall_s:.2f} s (median {result.median_ms:.3f} ms; "
-                   f"throughput uses batch {result.batch_size}: {result.batch_source})")
-    return result
-
-
 def _emit(text: str, args: argparse.Namespace) -> None:
     if not text.endswith("\n"):
         text += "\n"
@@ -346,7 +284,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
     if getattr(args, "generate", None):
         if args.tensorboard:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
-        return _count_generation(run, args)
+        return count_generation_command(run, args, _emit, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
     estimate = _estimate_memory(run, args) if args.memory else None
@@ -357,6 +295,10 @@ def _cmd_count(args: argparse.Namespace) -> int:
             text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
         else:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
+    if args.predict:
+        from .predicting import with_prediction
+
+        text = with_prediction(text, run, args)
     _emit(text, args)
     _plot(result, args)
     _tensorboard(result, args)
@@ -382,55 +324,11 @@ def _label(args: argparse.Namespace) -> str:
     return f"{args.entry} [{overrides}]" if overrides else args.entry
 
 
-def _count_generation(run: _Run, args: argparse.Namespace) -> int:
-    import torch
-
-    from ..generation import count_generation
-    from ..report.render import render_generation
-
-    if args.backward or args.plot or args.optimizer:
-        raise UsageError("--generate counts inference only: drop --backward, --optimizer and --plot")
-    prompt = run.inputs[0] if isinstance(run.inputs, tuple) and len(run.inputs) == 1 else run.inputs
-    if not isinstance(prompt, torch.Tensor):
-        raise UsageError("--generate needs one prompt tensor: --input BATCHxLENGTH:int64 (token ids)")
-    progress(args, f"counting generate() of {args.generate} new tokens after a {tuple(prompt.shape)} prompt ...")
-    with _without_cache_rename_notice():
-        result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
-    _emit(render_generation(result, args.format, entry=_label(args)), args)
-    return EXIT_OK
-
-
-class _CacheRenameFilter:
-    """Drops transformers' "`past_key_values`/`cache_params` are deprecated" log line: it
-    is about the argument name flopcount's decoding loop passes, not about the user's code."""
-
-    def filter(self, record: Any) -> bool:
-        return "are deprecated. Use `cache` instead" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _without_cache_rename_notice() -> Iterator[None]:
-    """transformers' notices that ``past_key_values`` is now called ``cache`` (a log line, and a
-    FutureWarning on some models' forward), silenced for this call only: the filters go after."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger("transformers.utils.generic")
-    notice = _CacheRenameFilter()
-    logger.addFilter(notice)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
-            yield
-    finally:
-        logger.removeFilter(notice)
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
-    _check_timing_args(args)
+    check_timing_args(args)
     run = _prepare(args)
     result = _count(run, args)
-    timing = _benchmark(run, args, result.flops)
+    timing = benchmark_entry(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
     _emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
     _plot(result, args, latencies=timing.stats.samples_ms)
@@ -440,9 +338,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from ..budget import Budget, check_result, load_budget_file
 
+    if args.max_latency is not None and args.max_latency_ms is not None:
+        raise UsageError("--max-latency and --max-latency-ms both set the latency budget: give one")
+    max_latency = args.max_latency if args.max_latency is not None else args.max_latency_ms
     flags = Budget(
         max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
-        max_size_mb=args.max_size_mb, max_latency_ms=args.max_latency_ms, max_memory=args.max_memory,
+        max_size_mb=args.max_size_mb, max_latency_ms=max_latency, max_memory=args.max_memory,
     )
     config_file = args.config_file or "pyproject.toml"
     budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
@@ -451,39 +352,75 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms or "
             f"--max-memory, or a [tool.flopcount] table in {config_file}"
         )
-    if budget.needs_latency:
-        _check_timing_args(args)
-    if budget.needs_latency and args.device == "meta":
+    if args.on is not None and not budget.needs_latency:
+        raise UsageError("--on DEVICE checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
+    if budget.needs_latency and args.on is None:
+        check_timing_args(args)
+    if budget.needs_latency and args.on is None and args.device == "meta":
         raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
     run = _prepare(args)
     result = _count(run, args)
     latency = None
-    if budget.needs_latency:
-        timing = _benchmark(run, args, result.flops)
+    if budget.needs_latency and args.on is not None:
+        from .predicting import predicted_latency_ms
+
+        latency = predicted_latency_ms(run, args)
+    elif budget.needs_latency:
+        timing = benchmark_entry(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
-    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory else None
+    sharded = args.fsdp is not None or args.tp is not None
+    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory and not sharded else None
+    planned = _planned_peak(args) if budget.needs_memory and sharded else None
     report = check_result(
         result,
         budget,
         latency_ms=latency,
-        memory_bytes=None if estimate is None else estimate.peak_bytes,
+        memory_bytes=planned if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
+        latency_bound="lower" if args.on is not None else "exact",
     )
     text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate)
     _emit(text, args)
-    _plot(result, args, latencies=None if latency is None else result.benchmark.stats.samples_ms, budget=report)
+    timed = latency is not None and result.benchmark is not None
+    _plot(result, args, latencies=result.benchmark.stats.samples_ms if timed else None, budget=report)
     strict = _strict_failure(result, args)
     status = report.status
     if status == "FAIL":  # certain (or allowed): more work can only make it worse
         say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
         return EXIT_BUDGET
-    if status == "INCOMPLETE":
+    if status in ("INCOMPLETE", "UNDECIDED"):  # UNDECIDED: a latency lower bound within its budget
         say(report.verdict())
         return EXIT_INCOMPLETE
     return EXIT_INCOMPLETE if strict else EXIT_OK
 
 
 
+def _planned_peak(args: argparse.Namespace) -> int:
+    """Rank 0's peak of a training step sharded over --fsdp x --tp (flopcount plan)."""
+    from .plan import run_plan
 
-COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {"count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check}
+    args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
+    return int(run_plan(args, device=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import parse_link, render, run_plan
+
+    args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
+    _check_output(args.output, "--output")
+    result = run_plan(args, device=args.gpu, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
+    _emit(render(result, args.format, args.entry), args)
+    return EXIT_OK
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .predicting import run_profile
+
+    _check_output(args.trace, "--trace")
+    return run_profile(args, lambda: _prepare(args), _emit, _label(args))
+
+
+COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
+    "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
+}

@@ -117,6 +117,24 @@ wins over INCOMPLETE. Params, size and latency never depend on the count.
 
 """ + _ENTRY_TEXT
 
+_PROFILE_EPILOG = """\
+examples:
+  flopcount profile example:resnet18 --input 8x3x224x224
+  flopcount profile example:resnet50 --by module --depth 2
+  flopcount profile hf:bert --config num_hidden_layers=2 --input 2x64:int64 --format csv -o ops.csv
+  flopcount profile example:resnet18 --backward --trace trace.json --plot roofline.png
+
+Runs --steps real steps under torch.profiler (after --warmup untimed ones) and
+joins every profiled op call with flopcount's cost of that same call: per op,
+module and phase, FLOPs, bytes, time per step, achieved FLOP/s, intensity, the
+roofline bound, the attainable time and the efficiency (attainable / time).
+Roofs: measured once on this machine (cached in $XDG_CACHE_HOME/flopcount) or
+--roofs PEAK_FLOPS,BANDWIDTH (e.g. 2T,100G). --trace writes the Chrome trace
+with flops/bytes/efficiency in each op's args (Perfetto, TensorBoard).
+
+""" + _ENTRY_TEXT
+
+PROFILE_FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -183,6 +201,27 @@ def _positive_float(what: str) -> Any:
     return _type(parse)
 
 
+_DURATION_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "µs": 1e-3, "ns": 1e-6}
+
+
+def parse_duration_ms(text: str) -> float:
+    """``"10ms" -> 10.0``, ``"2s" -> 2000.0``, ``"500us" -> 0.5`` (a bare number is ms)."""
+    raw = str(text).strip().lower()
+    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if raw.endswith(unit):
+            number, scale = raw[: -len(unit)], _DURATION_UNITS[unit]
+            break
+    else:
+        number, scale = raw, 1.0
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise UsageError(f"{text!r} is not a duration (examples: 10ms, 2.5s, 800us)") from None
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"{text!r}: a latency budget must be > 0")
+    return value
+
+
 def _wrap(text: str) -> str:
     import textwrap
 
@@ -215,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
     count.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran (the report is still printed)")
+    count.add_argument("--predict", metavar="DEVICE", default=None,
+                       help="also give the roofline latency lower bound on DEVICE (h100, h200, a100, l4, t4, 'this machine')")
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
@@ -261,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-macs", type=_quantity("--max-macs"), metavar="N", help="most MACs of one forward, e.g. 2.5G")
     limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
     limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
+    limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
+                        help="highest latency, e.g. 10ms: measured (median), or with --on DEVICE its roofline lower bound")
+    limits.add_argument("--on", metavar="DEVICE", default=None,
+                        help="check the latency budget against the lower bound on DEVICE (h100, t4, ...; no hardware "
+                        "needed): above the budget is a certain FAIL, below it is not decided without measuring (exit 3)")
     limits.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="BYTES",
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",
@@ -272,12 +318,73 @@ def build_parser() -> argparse.ArgumentParser:
     verdict.add_argument("--allow-incomplete", action="store_true",
                          help="let an incomplete count decide FLOPs/MACs budgets (PASS/FAIL) instead of exiting 3")
     verdict.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran, even with --allow-incomplete")
+    sharded = check.add_argument_group("sharded training (with --max-memory: the per-rank peak, as flopcount plan)")
+    _add_ranks(sharded)
     _add_timing(check)
     check.set_defaults(command_name="check")
+
+    prof = commands.add_parser(
+        "profile",
+        help="time every op for real and join it with its cost: per-op roofline and efficiency",
+        description=_wrap("Profile real steps under torch.profiler and join every op call with its counted FLOPs "
+        "and bytes: time, achieved FLOP/s, intensity, roofline bound and efficiency per op, operator or module."),
+        epilog=_PROFILE_EPILOG,
+        formatter_class=formatter,
+    )
+    _add_common(prof, formats=PROFILE_FORMATS)
+    shape = prof.add_argument_group("profiling")
+    shape.add_argument("--backward", action="store_true", help="profile a training step: forward + backward of sum(outputs)")
+    shape.add_argument("--steps", type=_int_at_least(1, "--steps"), default=5, metavar="N", help="profiled steps (default 5)")
+    shape.add_argument("--warmup", type=_int_at_least(0, "--warmup"), default=2, metavar="N", help="untimed steps first (default 2)")
+    shape.add_argument("--by", choices=("operator", "module", "op"), default="operator",
+                       help="rows per operator (default), per module (children included) or per op in its module and phase")
+    shape.add_argument("--top", type=_int_at_least(1, "--top"), default=25, metavar="N", help="rows in the table (default 25)")
+    shape.add_argument("--trace", metavar="PATH.json", help="also write the Chrome trace with each op's flops, bytes and efficiency")
+    shape.add_argument("--roofs", metavar="FLOPS,BW", default=None,
+                       help="roofs as peak FLOP/s and bandwidth in bytes/s, e.g. 2T,100G (default: measured here, cached)")
+    prof.set_defaults(command_name="profile")
+    planner = commands.add_parser(
+        "plan",
+        help="per-rank FLOPs, memory and communication of FSDP / tensor-parallel training",
+        description=_wrap("Plan one training step sharded over --fsdp x --tp ranks on torch's own FSDP2 and "
+        "tensor parallelism, in a fake world of that many ranks in this process (nothing allocated, nothing sent): "
+        "rank 0's FLOPs by phase, peak memory, collectives and step-time bounds. See docs/parallel.md."),
+        epilog="examples:\n  flopcount plan hf:llama --fsdp 8 --tp 2 --input 1x4096:int64 --device h100 --link nvlink4\n"
+        "  flopcount plan hf:llama --config num_hidden_layers=4 --fsdp 64 --tp 8 --link dp=infiniband-ndr,tp=nvlink4",
+        formatter_class=formatter,
+    )
+    planner.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE or example:NAME")
+    inputs = planner.add_argument_group("one rank's micro-batch")
+    inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
+                        help="a positional input tensor, e.g. 1x4096:int64 (repeat for several)")
+    inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
+                        help="a keyword input tensor (repeatable)")
+    inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
+                        help="hf: config override, or keyword argument of a factory (repeatable)")
+    setup = planner.add_argument_group("the cluster")
+    _add_ranks(setup)
+    setup.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer step counted (default adamw)")
+    setup.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="cast the model to this dtype (default: as built)")
+    setup.add_argument("--mixed-precision", choices=("bfloat16", "float16"), default=None,
+                       help="FSDP2 computes in this dtype, reduces grads in float32; params and optimizer state keep theirs")
+    setup.add_argument("--device", dest="gpu", default="h100", metavar="GPU", help="GPU for the step-time roofline (default h100)")
+    setup.add_argument("--link", default=None, metavar="LINK",
+                       help="nvlink4, nvlink3, pcie5, pcie4, infiniband-ndr, infiniband-hdr..., bytes/s, or dp=LINK,tp=LINK")
+    out = planner.add_argument_group("output")
+    out.add_argument("-f", "--format", choices=("table", "json", "markdown"), default="table", help="table (default), json or markdown")
+    out.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    planner.set_defaults(command_name="plan")
     return parser
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_ranks(group: Any) -> None:
+    group.add_argument("--fsdp", type=_int_at_least(1, "--fsdp"), default=None, metavar="N", help="FSDP2 ranks (default 1)")
+    group.add_argument("--tp", type=_int_at_least(1, "--tp"), default=None, metavar="N", help="tensor-parallel ranks (default 1)")
+
+
+def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS) -> None:
     p.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME (see below)")
     inputs = p.add_argument_group("inputs")
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
@@ -294,7 +401,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     run.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default: dispatch on fake copies, one real run if a value is needed), jit or dispatch")
     run.add_argument("--depth", type=_int_at_least(0, "--depth"), default=None, metavar="N",
                      help="module rows down to depth N (0 = whole model; default: all)")
-    run.add_argument("-f", "--format", choices=FORMATS, default="table", help="table (default), tree, json, csv, markdown or html (one self-contained page: tables, tree, plot)")
+    run.add_argument("-f", "--format", choices=formats, default="table", help="table (default), tree, json, csv, markdown or html (one self-contained page: tables, tree, plot)")
     run.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
     run.add_argument("--plot-kind", choices=("bars", "sunburst"), default="bars",

@@ -56,8 +56,9 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
 
 def resolve_peak(device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float]) -> Tuple[Optional[float], str]:
     """The FLOP/s an MFU is measured against, and a sentence when there is none: ``given``
-    if set, else the GPU's dense datasheet peak (``bench/peaks.py``) at ``dtype``. On CPU
-    there is no table: ``peak_flops=`` is needed for an MFU."""
+    if set, else the GPU's dense datasheet peak (``bench/peaks.py``) at ``dtype``, else on
+    CPU this machine's measured GEMM roof (``bench/roofs.py``: measured once in seconds,
+    then cached per machine)."""
     if given is not None:
         if not given > 0:
             raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {given!r}")
@@ -68,6 +69,11 @@ def resolve_peak(device: torch.device, dtype: Union[None, str, torch.dtype], giv
         if found is None:
             return None, f"no peak for {name} at {dtype} in flopcount's table: pass peak_flops= for an MFU"
         return found, ""
+    if device.type == "cpu":
+        from ..bench.roofs import machine_roofs
+
+        dtype_name = str(dtype).replace("torch.", "") if dtype is not None else None
+        return machine_roofs(device).peak(dtype_name), ""
     return None, f"no peak FLOP/s is known for device {device.type!r}: pass peak_flops= (FLOP/s) for an MFU"
 
 

@@ -423,8 +423,12 @@ class CompositeInterceptor(TorchFunctionMode):
         if bound is None:
             return func(*args, **kwargs)
         recorder.muted += 1
+        marker = getattr(recorder, "marker", None)
         try:
-            if self._cached is not None and func in self._fresh and not torch.is_grad_enabled() and not _autocast_on():
+            if marker is not None:
+                with marker(len(recorder.events)):
+                    out = func(*args, **kwargs)
+            elif self._cached is not None and func in self._fresh and not torch.is_grad_enabled() and not _autocast_on():
                 out = self._cached(func, args, kwargs)
             else:
                 out = func(*args, **kwargs)

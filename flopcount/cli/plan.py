@@ -1,0 +1,91 @@
+"""``flopcount plan`` and the per-rank memory of ``check --fsdp/--tp``: load the ENTRY
+on the meta device, make one rank's inputs from SPECs, call :func:`flopcount.plan`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from ..errors import UsageError
+from .output import progress
+
+
+def _config(args: argparse.Namespace) -> Dict[str, Any]:
+    config: Dict[str, Any] = {}
+    for key, value in args.config:
+        if key in config:
+            raise UsageError(f"--config {key} is given twice")
+        config[key] = value
+    return config
+
+
+def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any]:
+    from .entry import load_entry
+    from .specs import parse_dtype
+
+    config = _config(args)
+    cast = parse_dtype(dtype, "--dtype") if dtype else None
+
+    def build() -> Any:
+        model = load_entry(args.entry, device="meta", config=config).model
+        return model.to(cast) if cast is not None else model
+
+    return build
+
+
+def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads)."""
+    from .entry import load_entry
+    from .specs import make_tensor
+
+    kw_specs = dict(args.kwargs)
+    if args.inputs or kw_specs:
+        specs, kwargs = list(args.inputs), kw_specs
+    else:
+        loaded = load_entry(args.entry, device="meta", config=_config(args))
+        if loaded.inputs is not None or loaded.kwargs is not None:
+            return (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
+        specs, kwargs = list(loaded.default_specs), dict(loaded.default_kwargs)
+    inputs = tuple(make_tensor(spec, device="meta") for spec in specs)
+    made = {name: make_tensor(spec, device="meta") for name, spec in kwargs.items()}
+    return inputs, (made or None)
+
+
+def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
+    from ..plan_result import link_bandwidth
+    from ..planner import gpu_key, plan
+
+    gpu_key(device)  # bad --device or --link: one line before any work
+    for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):
+        link_bandwidth(value, "--link")
+    inputs, kwargs = _meta_inputs(args)
+    progress(args, f"planning {args.entry} on a fake world of {args.fsdp} x {args.tp} ranks")
+    return plan(
+        _builder(args, dtype), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
+        optimizer=optimizer or "adamw", device=device, link=link,
+        mixed_precision=getattr(args, "mixed_precision", None),
+    )
+
+
+def parse_link(text: Optional[str]) -> Any:
+    """``nvlink4``, ``50e9`` (bytes/s), or ``dp=infiniband-ndr,tp=nvlink4``."""
+    if text is None:
+        return None
+
+    def one(value: str) -> Any:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+
+    if "=" in text:
+        pairs = [part.partition("=") for part in text.split(",")]
+        return {key.strip(): one(value.strip()) for key, _, value in pairs}
+    return one(text)
+
+
+def render(result: Any, fmt: str, entry: str) -> str:
+    if fmt == "json":
+        return json.dumps({"entry": entry, **result.to_dict()}, indent=2)
+    return result.to_markdown() if fmt == "markdown" else result.table()

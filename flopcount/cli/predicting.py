@@ -1,0 +1,99 @@
+"""The CLI's roofline wiring: ``profile`` (measured time joined with cost), ``count
+--predict DEVICE`` and ``check --max-latency T --on DEVICE`` (lower bounds)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+from ..errors import UsageError
+from .output import progress
+from .parser import EXIT_OK
+
+
+def _predict(run: Any, args: argparse.Namespace, device: str) -> Any:
+    from ..profiling.predict import predict
+
+    dtype = getattr(args, "dtype", None)
+    progress(args, f"bounding the latency of {run.entry} on {device} (roofline, fake tensors) ...")
+    return predict(run.model, run.inputs, run.kwargs, device=device, dtype=dtype, backward=bool(getattr(args, "backward", False)))
+
+
+def predicted_latency_ms(run: Any, args: argparse.Namespace) -> float:
+    """The roofline lower bound on ``--on DEVICE`` in ms (said on stderr)."""
+    from ..report.profile import format_seconds
+
+    result = _predict(run, args, args.on)
+    progress(args, f"latency lower bound on {result.roofs.device}: {format_seconds(result.latency_s)} "
+                   f"({result.roofs.source}); a bound, not a forecast")
+    return float(result.latency_s * 1e3)
+
+
+def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
+    """The count's report with the lower bound on ``--predict DEVICE`` added."""
+    from ..report.profile import predict_table
+
+    result = _predict(run, args, args.predict)
+    if args.format == "json":
+        data = json.loads(text)
+        data["predict"] = result.to_dict()
+        return json.dumps(data, indent=2)
+    if args.format in ("table", "tree", "markdown"):
+        fmt = "github" if args.format == "markdown" else "simple"
+        return text.rstrip("\n") + "\n\n" + predict_table(result, fmt=fmt)
+    raise UsageError(f"--predict has no {args.format} form; use --format table, tree, markdown or json")
+
+
+def _roofs(text: Any) -> Any:
+    if text is None:
+        return None
+    from ..budget import parse_quantity
+    from ..roofline import Roofs
+
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) != 2:
+        raise UsageError(f"--roofs {text!r}: give PEAK_FLOPS,BANDWIDTH, e.g. 2T,100G (FLOP/s and bytes/s)")
+    peak, bandwidth = (parse_quantity(p, "--roofs") for p in parts)
+    return Roofs({"float32": float(peak)}, float(bandwidth), "--roofs", "given")
+
+
+def run_profile(
+    args: argparse.Namespace, prepare: Callable[[], Any], emit: Callable[[str, argparse.Namespace], None], label: str
+) -> int:
+    """``flopcount profile``: check the flags, load the model (``prepare``), profile,
+    render once, write the trace and the plot."""
+    from ..profiling.run import profile
+    from ..report.profile import profile_csv, profile_html, profile_table
+
+    if args.device == "meta":
+        raise UsageError("profile runs the model for real: use --device cpu or cuda, not meta")
+    if args.tracer != "auto":
+        raise UsageError("profile joins the profiler with flopcount's dispatch recorder on the real model: drop --tracer")
+    if args.plot_kind != "bars":
+        raise UsageError("profile --plot draws the roofline: drop --plot-kind")
+    if args.depth is not None and args.by != "module":
+        raise UsageError("--depth applies to --by module")
+    roofs = _roofs(args.roofs)
+    run = prepare()
+    progress(args, f"profiling {label} on {run.device}: {args.warmup} warm-up, a join step, then {args.steps} profiled steps"
+                   + (" (forward + backward)" if args.backward else "") + " ...")
+    result = profile(run.model, run.inputs, run.kwargs, backward=args.backward, warmup=args.warmup, steps=args.steps,
+                     device=run.device, roofs=roofs, keep_trace=args.trace is not None)
+    if args.format == "json":
+        text = json.dumps({"entry": label, **result.to_dict()}, indent=2)
+    elif args.format == "csv":
+        text = profile_csv(result, by=args.by)
+    elif args.format == "html":
+        text = profile_html(result, entry=label, by=args.by, depth=args.depth)
+    else:
+        fmt = "github" if args.format == "markdown" else "simple"
+        text = profile_table(result, by=args.by, limit=args.top, fmt=fmt, depth=args.depth)
+    emit(text, args)
+    if args.trace:
+        result.export_chrome_trace(args.trace)
+        progress(args, f"wrote {args.trace}")
+    if args.plot:
+        result.plot_roofline(args.plot)
+        progress(args, f"wrote {args.plot}")
+    return EXIT_OK

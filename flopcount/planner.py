@@ -1,0 +1,266 @@
+"""``flopcount.plan``: one rank's FLOPs, memory and communication for one training step
+under FSDP2 and tensor parallelism, planned on torch's own distributed engine in one
+process: a ``"fake"`` world of ``fsdp x tp`` ranks, ``fully_shard`` and
+``parallelize_module`` applied to a model built on the meta device, and the step run on
+fake tensors (nothing allocated, nothing sent) while flopcount's dispatch recorder and
+torch's MemTracker watch rank 0. See docs/parallel.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from ._parallel import fake_world, mesh_groups, parallelize
+from ._step import COLLECTIVE_KINDS, Collective, StepRecord, make_optimizer, run_step
+from .analysis import cost_events
+from .bench.peaks import dtype_key, match_gpu, peak_flops
+from .errors import FlopcountWarning, TraceError, UsageError
+from .handlers import default_registry
+from .inputs import as_call_args, flatten_tensors
+from .ledger import TOTAL_FIELDS, Ledger
+from .plan_result import MEMORY_BANDWIDTH, CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
+from .registry import HandlerRegistry
+from .state import preserved_rng
+from .tracers._fake import quiet_fake_logs
+from .types import Cost, OpEvent
+
+__all__ = ["plan", "PlanResult"]
+
+#: MemTracker / FSDPMemTracker category -> PlanResult.memory key
+_MEMORY_KEYS = {
+    "Sharded Param": "sharded_params",
+    "Unsharded Param": "unsharded_params",
+    "Parameter": "sharded_params",
+    "Sharded Grad": "gradients",
+    "Unsharded Grad": "unsharded_gradients",
+    "Gradient": "gradients",
+    "OptState": "optimizer_state",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "All Gather": "all_gather_buffers",
+    "Reduce Scatter": "reduce_scatter_buffers",
+    "Buffer": "buffers",
+    "Inputs": "inputs",
+    "Other": "inputs",
+}
+
+
+def _skipped(op: str) -> bool:
+    """Ops booked as communication or bookkeeping rather than FLOPs."""
+    return op in COLLECTIVE_KINDS or op.startswith(("c10d::", "_c10d_functional::", "fsdp::", "profiler::"))
+
+
+def plan(
+    build: Callable[[], nn.Module],
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    fsdp: int = 1,
+    tp: int = 1,
+    optimizer: Union[str, Callable[[Any], Any], None] = "adamw",
+    loss_fn: Optional[Callable[[Any], Any]] = None,
+    device: Optional[str] = "h100",
+    link: LinkSpec = None,
+    tp_plan: Optional[Mapping[str, Any]] = None,
+    mixed_precision: Union[None, str, torch.dtype] = None,
+    registry: Optional[HandlerRegistry] = None,
+) -> PlanResult:
+    """Per-rank cost of one training step (forward, backward, ``optimizer.step()``) of the
+    model ``build()`` returns, sharded over ``fsdp x tp`` ranks.
+
+    ``build`` is called on the meta device inside a fake world (so a 70B model allocates
+    nothing); ``inputs``/``kwargs`` are one rank's micro-batch (only shapes and dtypes are
+    used). FSDP2 wraps each repeated block and the root; ``tp > 1`` applies ``tp_plan``
+    (``{module path: ParallelStyle}``, wildcards allowed) or the built-in Megatron plan.
+    ``device``: a GPU name for the step-time roofline (None: no times); ``link``: a link
+    name (see ``flopcount.plan_result.LINKS``), bytes/s, or ``{"dp": ..., "tp": ...}``.
+    ``mixed_precision`` (e.g. "bfloat16"): FSDP2 computes in that dtype and reduces
+    gradients in float32 while parameters and optimizer state keep the model's dtype.
+    A default process group already initialised is left alone: plan() raises instead.
+    """
+    fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
+    if not callable(build) or isinstance(build, nn.Module):
+        raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
+    gpu = gpu_key(device)
+    compute = _dtype(mixed_precision)
+    args, kw = as_call_args(() if inputs is None else inputs, kwargs)
+    with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh:
+        groups = mesh_groups(mesh)
+        dims = tuple(name for name, _ in groups.values())
+        links = links_by_dim(link, dims)
+        model = _built(build)
+        prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
+        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups)
+    if compute is not None:
+        dtype = str(compute).replace("torch.", "")
+    costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
+    flops, macs, by_operator, unsupported = _book(costed)
+    comm = _comm_rows(record.collectives, groups, links)
+    tokens = _tokens(args, kw)
+    bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links))
+    notes = _notes(unsupported, links, gpu)
+    if unsupported:
+        warnings.warn(f"plan: {notes[0]}; see PlanResult.unsupported or register a handler", FlopcountWarning, stacklevel=2)
+    memory: Dict[str, int] = {}
+    for key, value in record.memory_peak.items():
+        if key != "Total":
+            name = _MEMORY_KEYS.get(key, key)
+            memory[name] = memory.get(name, 0) + value
+    return PlanResult(
+        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, flops=flops, macs=macs,
+        peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
+        state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
+        tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes,
+    )
+
+
+def _ranks(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def gpu_key(device: Optional[str]) -> Optional[str]:
+    """The peaks-table key of a GPU name (None for None); UsageError when unknown."""
+    if device is None:
+        return None
+    key = match_gpu(str(device))
+    if key is None:
+        from .bench.peaks import PEAK_TFLOPS
+
+        raise UsageError(f"device: unknown GPU {device!r} (known: {', '.join(PEAK_TFLOPS)}; or None for no step times)")
+    return key
+
+
+def _dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = getattr(torch, str(value).replace("torch.", "").strip(), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise UsageError(f"mixed_precision must be a floating dtype such as 'bfloat16', got {value!r}")
+    return found
+
+
+def _registry(registry: Optional[HandlerRegistry]) -> HandlerRegistry:
+    if registry is not None and not isinstance(registry, HandlerRegistry):
+        raise UsageError(f"registry must be a flopcount HandlerRegistry, got {type(registry).__name__}")
+    return registry if registry is not None else default_registry()
+
+
+def _built(build: Callable[[], nn.Module]) -> nn.Module:
+    try:
+        with torch.device("meta"):
+            model = build()
+    except Exception as exc:
+        raise TraceError(f"build() failed on the meta device: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"build() must return a torch.nn.Module, got {type(model).__name__}")
+    return model.train()
+
+
+def _fake_step(
+    model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any, groups: Mapping[str, Any]
+) -> Tuple[StepRecord, str]:
+    """Materialise the sharded model as fake tensors on cpu, then run and record one step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tensors, rebuild = flatten_tensors((args, dict(kw)))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model.to_empty(device="cpu")
+        fakes = [
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").requires_grad_(t.requires_grad)
+            for t in tensors
+        ]
+        call_args, call_kw = rebuild(fakes)
+        opt = make_optimizer(optimizer, model)
+        try:
+            record = run_step(model, opt, call_args, call_kw, loss_fn, groups)
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise TraceError(f"the planned training step failed on rank 0: {type(exc).__name__}: {exc}") from exc
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
+    return record, dtype
+
+
+def _book(costed: List[Tuple[OpEvent, Optional[Cost]]]) -> Tuple[Dict[str, int], Dict[str, int], Dict[str, int], Dict[str, int]]:
+    """FLOPs and MACs by phase, FLOPs by operator, and calls of ops without a handler,
+    booked by flopcount's one ledger."""
+    ledger = Ledger().book_all(costed)
+    macs_at, flops_at = TOTAL_FIELDS.index("macs"), TOTAL_FIELDS.index("flops")
+    phases = ("forward", "backward", "optimizer")
+    flops = {phase: ledger.phases.get(phase, [0] * len(TOTAL_FIELDS))[flops_at] for phase in phases}
+    macs = {phase: ledger.phases.get(phase, [0] * len(TOTAL_FIELDS))[macs_at] for phase in phases}
+    by_operator = {op: sums[flops_at] for op, sums in ledger.operators.items() if sums[flops_at]}
+    ordered = dict(sorted(by_operator.items(), key=lambda kv: -kv[1]))
+    return flops, macs, ordered, {op: int(entry[0]) for op, entry in ledger.unsupported.items()}
+
+
+def _comm_rows(
+    collectives: Tuple[Collective, ...], groups: Mapping[str, Tuple[str, int]], links: Mapping[str, Tuple[str, float]]
+) -> Tuple[CommRow, ...]:
+    rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for c in collectives:
+        dim, size = groups.get(c.group, ("?", 1))
+        row = rows.setdefault((c.kind, dim), {"size": size, "calls": 0, "bytes": 0, "wire": 0.0, "phases": {}})
+        row["calls"] += 1
+        row["bytes"] += c.tensor_bytes
+        row["wire"] += c.tensor_bytes * ring_factor(c.kind, size)
+        row["phases"][c.phase] = row["phases"].get(c.phase, 0) + 1
+    out = []
+    for (kind, dim), row in sorted(rows.items()):
+        wire = int(round(row["wire"]))
+        seconds = wire / links[dim][1] if dim in links else None
+        out.append(CommRow(kind, dim, row["size"], row["calls"], row["bytes"], wire, seconds, row["phases"]))
+    return tuple(out)
+
+
+def _tokens(args: Tuple[Any, ...], kw: Mapping[str, Any]) -> int:
+    """Tokens in the micro-batch: the elements of the first integer input (token ids)."""
+    tensors, _ = flatten_tensors((args, dict(kw)))
+    for tensor in tensors:
+        if not tensor.is_floating_point() and tensor.dtype != torch.bool:
+            return tensor.numel()
+    return 0
+
+
+def _bounds(
+    costed: List[Tuple[OpEvent, Optional[Cost]]], comm: Tuple[CommRow, ...], flops: Mapping[str, int],
+    gpu: Optional[str], dtype: str, have_links: bool,
+) -> Optional[StepTimeBounds]:
+    """The roofline of the rank's ops, the communication time, and the step times they bound."""
+    if gpu is None:
+        return None
+    peak = peak_flops(gpu, dtype_key(dtype)) or peak_flops(gpu, "float32")
+    if not peak:
+        return None
+    bandwidth = MEMORY_BANDWIDTH.get(gpu)
+    compute = 0.0
+    for _, cost in costed:  # bytes: flopcount.traffic's convention (views and allocations move none)
+        if cost is not None:
+            compute += max(cost.flops / peak, cost.bytes / bandwidth if bandwidth else 0.0)
+    comm_s = sum(r.seconds or 0.0 for r in comm) if have_links else None
+    model_flops = flops.get("forward", 0) + flops.get("backward", 0)
+    no_overlap = overlap = None
+    mfu_no = mfu_ov = None
+    if comm_s is not None:
+        no_overlap, overlap = compute + comm_s, max(compute, comm_s)
+        mfu_no = model_flops / (no_overlap * peak) if no_overlap else None
+        mfu_ov = model_flops / (overlap * peak) if overlap else None
+    return StepTimeBounds(peak, bandwidth, compute, comm_s, no_overlap, overlap, mfu_no, mfu_ov)
+
+
+def _notes(unsupported: Mapping[str, int], links: Mapping[str, Any], gpu: Optional[str]) -> Tuple[str, ...]:
+    notes = []
+    if unsupported:
+        listing = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
+        notes.append(f"ops without a handler were not counted: {listing}")
+    if gpu is not None and not links:
+        notes.append("no link given: communication time and MFU not estimated (pass link=)")
+    return tuple(notes)

@@ -1,0 +1,245 @@
+"""Booking a joined run: counted events with their costs and measured times -> profile
+rows, the unmatched list, the step overview and the per-trace-event args."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..roofline import Roofs, compute_time, memory_time
+from ..types import Cost, OpEvent
+from ._bytes import call_dtype, event_bytes
+from ._tree import Alignment, Node, TopOp
+from .result import Overview, ProfileRow, Unmatched
+
+
+@dataclass
+class EventFacts:
+    """One counted event's cost under the roofs (per call)."""
+
+    event: OpEvent
+    cost: Optional[Cost]
+    bytes: int = 0
+    dtype: str = "float32"
+    parts: Tuple[Tuple[str, float, float, float], ...] = ()  # (op, share of the event, macs, flops)
+
+    @property
+    def flops(self) -> int:
+        return self.cost.flops if self.cost is not None else 0
+
+    @property
+    def macs(self) -> int:
+        return self.cost.macs if self.cost is not None else 0
+
+
+def event_facts(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> List[EventFacts]:
+    facts = []
+    for event, cost in costed:
+        fact = EventFacts(event, cost)
+        if cost is not None:
+            fact.bytes = event_bytes(cost)
+            fact.dtype = call_dtype(event.call)
+            parts = cost.parts or ((event.call.op, cost),)
+            total = sum(p.flops for _, p in parts)
+            fact.parts = tuple(
+                (op, (p.flops / total) if total else 1.0 / len(parts), p.macs, p.flops) for op, p in parts
+            )
+        facts.append(fact)
+    return facts
+
+
+@dataclass
+class Measured:
+    """Per-event sums over the timed steps (microseconds) and profiled calls without cost."""
+
+    time: Dict[int, float] = field(default_factory=dict)
+    host: Dict[int, float] = field(default_factory=dict)
+    seen: Dict[int, int] = field(default_factory=dict)
+    loose: Dict[Tuple[str, str], List[float]] = field(default_factory=dict)  # (name, reason) -> [calls, time]
+    swaps: Dict[str, int] = field(default_factory=dict)  # what the timed run ran instead -> times seen
+    category: Dict[str, float] = field(default_factory=lambda: {"flops": 0.0, "data movement": 0.0, "other": 0.0})
+    step_us: float = 0.0
+    covered_us: float = 0.0
+
+    def add_loose(self, name: str, reason: str, time_us: float) -> None:
+        entry = self.loose.setdefault((name, reason), [0.0, 0.0])
+        entry[0] += 1
+        entry[1] += time_us
+
+
+def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, float]:
+    """(compute s, memory s, attainable s) of one call."""
+    c = compute_time(fact.flops, roofs, fact.dtype)
+    m = memory_time(fact.bytes, roofs)
+    return c, m, max(c, m)
+
+
+def category(fact: EventFacts) -> str:
+    if fact.flops > 0:
+        return "flops"
+    return "data movement" if fact.bytes > 0 else "other"
+
+
+def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
+    """The ``args`` a trace event gains: the cost of the counted calls it ran."""
+    chosen = [facts[i] for i in events if facts[i].cost is not None]
+    flops = sum(f.flops for f in chosen)
+    moved = sum(f.bytes for f in chosen)
+    attain = sum(attainable_parts(f, roofs)[2] for f in chosen)
+    return {
+        "flopcount op": ", ".join(sorted({f.event.call.op for f in chosen})),
+        "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or "<root>",
+        "flops": flops,
+        "macs": sum(f.macs for f in chosen),
+        "bytes": moved,
+        "intensity": (flops / moved) if moved else None,
+        "attainable_us": attain * 1e6,
+        "efficiency": (attain * 1e6 / measured_us) if measured_us > 0 else None,
+    }
+
+
+def rows(facts: Sequence[EventFacts], measured: Measured, roofs: Roofs, steps: int) -> Tuple[ProfileRow, ...]:
+    """One row per (op, module, phase), per step; fused costs booked under their parts."""
+    groups: Dict[Tuple[str, str, str], List[float]] = {}
+    dtypes: Dict[Tuple[str, str, str], str] = {}
+    for index, fact in enumerate(facts):
+        if fact.cost is None:
+            continue
+        time_us = measured.time.get(index, 0.0) / steps
+        host_us = measured.host.get(index, 0.0) / steps
+        c, m, a = attainable_parts(fact, roofs)
+        for op, share, macs, flops in fact.parts:
+            key = (op, fact.event.module, fact.event.phase)
+            sums = groups.setdefault(key, [0.0] * 9)
+            part_bytes = fact.bytes * share
+            for slot, value in enumerate(
+                (1, flops, macs, part_bytes, time_us * share * 1e-6, host_us * share * 1e-6, c * share, m * share, a * share)
+            ):
+                sums[slot] += value
+            dtypes[key] = fact.dtype if dtypes.get(key, fact.dtype) == fact.dtype else "mixed"
+    made = [
+        ProfileRow(name, module, phase, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dtypes[(name, module, phase)])
+        for (name, module, phase), s in groups.items()
+    ]
+    made.sort(key=lambda r: (-r.time_s, -r.flops, r.name, r.module))
+    return tuple(made)
+
+
+def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tuple[Unmatched, ...]:
+    found: List[Unmatched] = []
+    for (name, reason), (calls, time_us) in sorted(measured.loose.items(), key=lambda kv: -kv[1][1]):
+        found.append(Unmatched("profiled", name, "", "", calls / steps, time_us * 1e-6 / steps, 0, reason))
+    missing: Dict[Tuple[str, str, str], List[float]] = {}
+    for index, fact in enumerate(facts):
+        if fact.cost is None:
+            key = (fact.event.call.op, fact.event.module, "no handler: its cost is unknown (not zero)")
+            entry = missing.setdefault(key, [0.0, 0.0])
+            entry[0] += 1
+            entry[1] += measured.time.get(index, 0.0) / steps
+        elif measured.seen.get(index, 0) < steps and (fact.flops or fact.bytes):  # a costless view changes no figure
+            reason = "counted, but no profiled op carried it in every step (it ran inside another op, or only when counted)"
+            key = (fact.event.call.op, fact.event.module, reason)
+            entry = missing.setdefault(key, [0.0, 0.0])
+            entry[0] += 1
+            entry[1] += fact.flops
+    for (op, module, reason), (calls, value) in missing.items():
+        if reason.startswith("no handler"):
+            found.append(Unmatched("counted", op, module, "", calls, value * 1e-6, 0, reason))
+        else:
+            found.append(Unmatched("counted", op, module, "", calls, 0.0, value, reason))
+    return tuple(found)
+
+
+def overview(measured: Measured, steps: int) -> Overview:
+    per = 1e-6 / steps
+    return Overview(
+        measured.step_us * per,
+        measured.category["flops"] * per,
+        measured.category["data movement"] * per,
+        measured.category["other"] * per,
+        max(0.0, measured.step_us - measured.covered_us) * per,
+    )
+
+
+def _swapped(swaps: Sequence[Tuple[List[int], List[int]]], join: Sequence[TopOp]) -> Dict[int, TopOp]:
+    """Timed position -> a stand-in twin carrying every event of the join stretch it replaced."""
+    found: Dict[int, TopOp] = {}
+    for join_positions, timed_positions in swaps:
+        events = [i for p in join_positions for i in join[p].events]
+        if not events:
+            continue
+        stand_in = TopOp(join[join_positions[0]].node, composite=None)
+        stand_in.owners = [(i, ()) for i in dict.fromkeys(events)]
+        for position in timed_positions:
+            found[position] = stand_in
+    return found
+
+
+def _by_roofline(node: Node, carried: TopOp, facts: Sequence[EventFacts], roofs: Roofs, total: float) -> Dict[int, float]:
+    """A fused op's time shared among the counted events it stands for, by their attainable time."""
+    weights = {i: attainable_parts(facts[i], roofs)[2] if facts[i].cost is not None else 0.0 for i, _ in carried.owners}
+    whole = sum(weights.values())
+    if whole <= 0:
+        return {i: total / len(weights) for i in weights}
+    return {i: total * w / whole for i, w in weights.items()}
+
+
+def book_step(
+    tops: Sequence[TopOp],
+    join: Sequence[TopOp],
+    alignment: Alignment,
+    facts: Sequence[EventFacts],
+    measured: Measured,
+    measure: Any,
+    roofs: Roofs,
+    args_out: Dict[int, Dict[str, Any]],
+) -> None:
+    """Give each timed top-level op's time to the events its join-step twin carries; a
+    timed op in a stretch where the runs differ goes to the counted events of that stretch."""
+    from ._tree import attribute, cpu_total
+
+    pairs = alignment.pairs
+    swapped = _swapped(alignment.swaps, join)
+    step_seen: Dict[int, int] = {}
+    for position, top in enumerate(tops):
+        node = top.node
+        time_us, host_us = measure(node), cpu_total(node)
+        measured.covered_us += host_us
+        stand_in = swapped.get(position)
+        if stand_in is not None:
+            shares = _by_roofline(node, stand_in, facts, roofs, time_us)
+            host_shares = _by_roofline(node, stand_in, facts, roofs, host_us)
+            counted = ", ".join(sorted({facts[i].event.call.op for i in shares if facts[i].flops or facts[i].bytes}))
+            note = f"{node.name} ran where the counted run had {counted or 'ops without cost'}"
+            measured.swaps[note] = measured.swaps.get(note, 0) + 1
+            _credit(shares, host_shares, facts, measured, step_seen)
+            args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
+            continue
+        twin = pairs.get(position)
+        carried = join[twin] if twin is not None else None
+        if carried is None or not carried.events:
+            reason = (
+                "the counted run has no such call here (the model ran other code when timed: a fast path, "
+                "or a data-dependent branch)"
+                if carried is None
+                else "flopcount's trace recorded no op for it (no work below autograd: a .to() that converts nothing, argument handling)"
+            )
+            measured.add_loose(node.name, reason, time_us)
+            measured.category["other"] += time_us
+            continue
+        shares = attribute(node, carried, measure)
+        host_shares = attribute(node, carried, cpu_total)
+        _credit(shares, host_shares, facts, measured, step_seen)
+        args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
+    for index in step_seen:
+        measured.seen[index] = measured.seen.get(index, 0) + 1
+
+
+def _credit(
+    shares: Dict[int, float], host_shares: Dict[int, float], facts: Sequence[EventFacts], measured: Measured, seen: Dict[int, int]
+) -> None:
+    for index, value in shares.items():
+        measured.time[index] = measured.time.get(index, 0.0) + value
+        measured.host[index] = measured.host.get(index, 0.0) + host_shares.get(index, 0.0)
+        seen[index] = 1
+        measured.category[category(facts[index])] += value

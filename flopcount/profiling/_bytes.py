@@ -1,0 +1,51 @@
+"""Bytes and dtype of an op call, for the memory and compute roofs.
+
+Bytes come from the cost vector (``Cost.bytes_read + Cost.bytes_written``,
+:mod:`flopcount.traffic`: inputs read + outputs written, views 0); :func:`bytes_as`
+prices the same call as if its floating tensors had another dtype (``predict(dtype=)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..analysis import is_view_op
+from ..traffic import call_traffic
+from ..types import Cost, OpCall, TensorMeta
+
+
+def event_bytes(cost: Cost) -> int:
+    """Bytes read + written by the call, as the cost vector has them."""
+    return int(cost.bytes_read + cost.bytes_written)
+
+
+def _floating(dtype: Optional[str]) -> bool:
+    return dtype is not None and ("float" in dtype or "complex" in dtype)
+
+
+def _recast(value: Any, dtype: str) -> Any:
+    if isinstance(value, TensorMeta):
+        return TensorMeta(value.shape, dtype) if _floating(value.dtype) and "complex" not in str(value.dtype) else value
+    if isinstance(value, tuple):
+        return tuple(_recast(v, dtype) for v in value)
+    return value
+
+
+def bytes_as(call: OpCall, cost: Cost, dtype: Optional[str]) -> int:
+    """The call's bytes with its real floating tensors priced at ``dtype`` (as given when None)."""
+    if dtype is None:
+        return event_bytes(cost)
+    recast = OpCall(call.op, {k: _recast(v, dtype) for k, v in call.args.items()}, tuple(_recast(o, dtype) for o in call.outputs))
+    read, written = call_traffic(recast, view=is_view_op(call.op))
+    return read + written
+
+
+def call_dtype(call: OpCall) -> str:
+    """The dtype the op computes in: its first floating tensor's (else its first tensor's)."""
+    first = None
+    for meta in list(call.tensors()) + [o for o in call.outputs if isinstance(o, TensorMeta)]:
+        if first is None:
+            first = meta.dtype
+        if _floating(meta.dtype):
+            return str(meta.dtype)
+    return first or "float32"

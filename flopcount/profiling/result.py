@@ -1,0 +1,237 @@
+"""The immutable result of :func:`flopcount.profile`: measured time joined with counted
+cost per op, under a device's roofs (no torch here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
+
+from ..roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
+
+Category = Literal["flops", "data movement", "other"]
+
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One operator in one module and phase, per step: what it costs and how long it took.
+
+    ``calls``, ``flops``, ``macs``, ``bytes``, ``time_s``, ``host_time_s`` are per step;
+    ``compute_s`` = FLOPs / peak and ``memory_s`` = bytes / bandwidth (summed per call),
+    ``attainable_s`` = the sum over calls of max(compute, memory).
+    """
+
+    name: str
+    module: str
+    phase: str
+    calls: float
+    flops: float
+    macs: float
+    bytes: float
+    time_s: float
+    host_time_s: float
+    compute_s: float
+    memory_s: float
+    attainable_s: float
+    dtype: str = "float32"
+
+    @property
+    def achieved_flops_per_s(self) -> Optional[float]:
+        return self.flops / self.time_s if self.time_s > 0 else None
+
+    @property
+    def intensity(self) -> Optional[float]:
+        """FLOPs per byte moved."""
+        return intensity(self.flops, self.bytes)
+
+    @property
+    def bound(self) -> Bound:
+        return bound(self.compute_s, self.memory_s)
+
+    @property
+    def efficiency(self) -> Optional[float]:
+        """attainable_s / time_s: 1.0 runs at the roof."""
+        return efficiency(self.attainable_s, self.time_s)
+
+    @property
+    def category(self) -> Category:
+        """"flops" (does arithmetic), "data movement" (moves bytes only), or "other"."""
+        if self.flops > 0:
+            return "flops"
+        return "data movement" if self.bytes > 0 else "other"
+
+    def to_dict(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            achieved_flops_per_s=self.achieved_flops_per_s,
+            intensity=self.intensity,
+            bound=self.bound,
+            efficiency=self.efficiency,
+        )
+        return data
+
+
+def merge(rows: Iterable[ProfileRow], name: str, module: str, phase: str) -> ProfileRow:
+    """One row summing ``rows`` under the given labels."""
+    rows = list(rows)
+    dtypes = {r.dtype for r in rows}
+    return ProfileRow(
+        name, module, phase,
+        sum(r.calls for r in rows), sum(r.flops for r in rows), sum(r.macs for r in rows),
+        sum(r.bytes for r in rows), sum(r.time_s for r in rows), sum(r.host_time_s for r in rows),
+        sum(r.compute_s for r in rows), sum(r.memory_s for r in rows), sum(r.attainable_s for r in rows),
+        dtypes.pop() if len(dtypes) == 1 else "mixed",
+    )
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    """A profiled call that got no cost (``kind="profiled"``) or a counted call that got
+    no time (``kind="counted"``), per step, with the reason."""
+
+    kind: Literal["profiled", "counted"]
+    name: str
+    module: str
+    phase: str
+    calls: float
+    time_s: float
+    flops: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Where one step's time went (seconds per step), in the spirit of TensorBoard's Overview."""
+
+    step_s: float
+    flops_s: float  # ops that do arithmetic
+    data_movement_s: float  # ops that only move bytes (copies, layout, cat, index)
+    other_s: float  # views, allocation, and profiled ops without a cost
+    host_uncovered_s: float  # step wall time no top-level op covers (Python, hooks, launches)
+
+    def to_dict(self) -> Dict[str, float]:
+        return asdict(self)
+
+
+def _module_prefixes(module: str) -> Tuple[str, ...]:
+    parts = module.split(".") if module else []
+    return ("",) + tuple(".".join(parts[:end]) for end in range(1, len(parts) + 1))
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """Per-op rows (name, module, phase) of a profiled run, largest time first.
+
+    ``total_time_s`` is the mean wall time of a profiled step; ``roofs`` the roofs used
+    (``roofs.source`` says where from); ``unmatched`` what could not be joined.
+    """
+
+    rows: Tuple[ProfileRow, ...]
+    unmatched: Tuple[Unmatched, ...]
+    roofs: Roofs
+    overview: Overview
+    device: str
+    steps: int
+    warmup: int
+    backward: bool
+    timing: str  # "cpu" (self CPU time) or "device" (kernel time by correlation)
+    warnings: Tuple[str, ...] = ()
+    trace: Optional[Mapping[str, Any]] = field(default=None, repr=False)
+    trace_args: Mapping[int, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def total_time_s(self) -> float:
+        return self.overview.step_s
+
+    @property
+    def op_time_s(self) -> float:
+        """Sum of the joined rows' times per step."""
+        return sum(r.time_s for r in self.rows)
+
+    @property
+    def flops(self) -> float:
+        return sum(r.flops for r in self.rows)
+
+    def by_operator(self) -> Dict[str, ProfileRow]:
+        """``{op: row}`` over every module and phase, largest time first."""
+        groups: Dict[str, list] = {}
+        for row in self.rows:
+            groups.setdefault(row.name, []).append(row)
+        phases = {r.phase for r in self.rows}
+        phase = phases.pop() if len(phases) == 1 else "all"
+        merged = {name: merge(rows, name, "", phase) for name, rows in groups.items()}
+        return dict(sorted(merged.items(), key=lambda kv: (-kv[1].time_s, kv[0])))
+
+    def by_module(self) -> Dict[str, ProfileRow]:
+        """``{module: row}``: each module with every op of its submodules, in name order."""
+        groups: Dict[str, list] = {}
+        for row in self.rows:
+            for prefix in _module_prefixes(row.module):
+                groups.setdefault(prefix, []).append(row)
+        phases = {r.phase for r in self.rows}
+        phase = phases.pop() if len(phases) == 1 else "all"
+        return {name: merge(groups[name], name, name, phase) for name in sorted(groups)}
+
+    def by_phase(self) -> Dict[str, ProfileRow]:
+        groups: Dict[str, list] = {}
+        for row in self.rows:
+            groups.setdefault(row.phase, []).append(row)
+        return {phase: merge(rows, phase, "", phase) for phase, rows in groups.items()}
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-safe dict: settings, roofs, overview, rows, per-operator rows, unmatched."""
+        return {
+            "device": self.device,
+            "timing": self.timing,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "backward": self.backward,
+            "total_time_s": self.total_time_s,
+            "roofs": self.roofs.to_dict(),
+            "overview": self.overview.to_dict(),
+            "rows": [r.to_dict() for r in self.rows],
+            "by_operator": [r.to_dict() for r in self.by_operator().values()],
+            "unmatched": [asdict(u) for u in self.unmatched],
+            "warnings": list(self.warnings),
+            "convention": PROFILE_CONVENTION,
+        }
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    # Renderers live in flopcount.report.profile; imported on use so this module stays data.
+    def table(self, by: str = "operator", limit: Optional[int] = 25) -> str:
+        from ..report.profile import profile_table
+
+        return profile_table(self, by=by, limit=limit)
+
+    def to_markdown(self, by: str = "operator", limit: Optional[int] = None) -> str:
+        from ..report.profile import profile_table
+
+        return profile_table(self, by=by, limit=limit, fmt="github")
+
+    def to_csv(self, by: str = "op") -> str:
+        from ..report.profile import profile_csv
+
+        return profile_csv(self, by=by)
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Write the profiler's Chrome trace, each joined op event's ``args`` extended by
+        its flops, macs, bytes, intensity, attainable time and efficiency."""
+        from ..report.chrome_trace import enriched_trace
+
+        if self.trace is None:
+            raise ValueError("this profile kept no trace (profile(..., keep_trace=False))")
+        with open(path, "w") as fh:
+            json.dump(enriched_trace(self.trace, self.trace_args), fh)
+
+    def plot_roofline(self, path: str, *, by: str = "operator", label_top: int = 6) -> None:
+        """A log-log roofline (PNG or SVG by the file name): the roofs, one point per
+        operator (or per op row: ``by="op"``), area by time, the top ops labelled."""
+        from ..report.roofline_plot import plot_roofline
+
+        plot_roofline(self, path, by=by, label_top=label_top)
+
+    def __str__(self) -> str:
+        return self.table()

@@ -1,0 +1,287 @@
+"""``flopcount.profile``: run the model for real under ``torch.profiler`` and join every
+profiled op call with flopcount's cost of that same call (see ``_tree.py`` for the join)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import tempfile
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from ..analysis import cost_events, uncompiled
+from ..bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
+from ..bench.roofs import roofs_for
+from ..errors import UsageError
+from ..handlers import default_registry
+from ..inputs import as_call_args, flatten_tensors, output_tensors
+from ..registry import HandlerRegistry
+from ..roofline import Roofs
+from ..state import preserved_inputs, preserved_rng
+from ..tracers import dispatch
+from . import _book, _tree
+from .result import ProfileResult
+
+__all__ = ["profile"]
+
+
+def profile(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    backward: bool = False,
+    loss_fn: Optional[Callable[[Any], Any]] = None,
+    warmup: int = 2,
+    steps: int = 5,
+    device: Union[None, str, torch.device] = None,
+    roofs: Optional[Roofs] = None,
+    registry: Optional[HandlerRegistry] = None,
+    keep_trace: bool = True,
+) -> ProfileResult:
+    """Profile ``steps`` real steps of ``model`` (a forward; with ``backward=True`` also the
+    backward of ``loss_fn(outputs)``, default every floating output with a ones gradient,
+    as :func:`flopcount.count_flops` counts it) and join each profiled aten call with its
+    counted cost: per op, module and phase, FLOPs, MACs, bytes, measured time per step, and
+    the roofline figures under ``roofs`` (default: this machine's measured roofs, cached).
+
+    One extra *join step* runs under the profiler with flopcount's dispatch recorder, which
+    marks each recorded op; the timed steps run without it. The model, its flags, the
+    inputs and the RNG are left as found.
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"profile expects a torch.nn.Module, got {type(model).__name__}")
+    for name, value, low in (("warmup", warmup, 0), ("steps", steps, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise UsageError(f"profile: {name} must be an int >= {low}, got {value!r}")
+    if loss_fn is not None and not backward:
+        raise UsageError("loss_fn is only used with backward=True")
+    if roofs is not None and not isinstance(roofs, Roofs):
+        raise UsageError(f"roofs must be a flopcount Roofs, got {type(roofs).__name__}")
+    if inputs is None:
+        inputs = ()
+    model = uncompiled(model)
+    refuse_data_less(model, inputs, kwargs, "profile")
+    dev = resolve_device(model, inputs, kwargs, device)
+    roof = roofs_for(dev, roofs)
+    table = registry if registry is not None else default_registry()
+    run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
+    caller_tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
+        step = _Step(on_device, run_inputs, run_kwargs, backward, loss_fn, dev)
+        for _ in range(warmup):
+            step.fresh()
+            step()
+        join_args, join_kwargs = step.fresh()
+        with _profiling(activities) as join_prof:
+            trace = dispatch.trace(on_device, join_args, join_kwargs, backward=backward, loss_fn=loss_fn, marker=_marker)
+            synchronize(dev)
+        # the profiler's schedule discards a warm-up step: its own first-step cost stays out;
+        # the events and the trace are taken when the cycle is complete
+        captured: Dict[str, Any] = {}
+
+        def ready(prof: Any) -> None:
+            captured["events"] = prof.events()
+            captured["trace"] = _chrome_trace(prof) if keep_trace else None
+
+        schedule = torch.profiler.schedule(wait=0, warmup=1, active=steps)
+        with _profiling(activities, schedule, ready) as timed_prof:
+            step.fresh()
+            step()
+            synchronize(dev)
+            with _quiet():  # the profiler starts recording here (and says so on stderr)
+                timed_prof.step()
+            for index in range(steps):
+                step.fresh()
+                with _range(f"{_tree.STEP}{index}"):
+                    step()
+                    synchronize(dev)
+                with _quiet():
+                    timed_prof.step()
+    facts = _book.event_facts(cost_events(trace.events, table))
+    measure = _tree.device_total if dev.type == "cuda" else _tree.cpu_total
+    measured, args, count = _join(join_prof.events(), captured.get("events") or (), facts, measure, roof)
+    return ProfileResult(
+        rows=_book.rows(facts, measured, roof, count),
+        unmatched=_book.unmatched(facts, measured, count),
+        roofs=roof,
+        overview=_book.overview(measured, count),
+        device=str(dev),
+        steps=count,
+        warmup=warmup,
+        backward=backward,
+        timing="device" if dev.type == "cuda" else "cpu",
+        warnings=tuple(trace.warnings) + _swap_notes(measured.swaps, count),
+        trace=captured.get("trace"),
+        trace_args=args,
+    )
+
+
+def _join(
+    join_events: Any, timed_events: Any, facts: Sequence[_book.EventFacts], measure: Callable[[_tree.Node], float], roof: Roofs
+) -> Tuple[_book.Measured, Dict[int, Dict[str, Any]], int]:
+    """Book each timed step's top-level ops to the counted events (see ``_tree``): the
+    measured sums, the trace args per profiler event id, and the number of steps."""
+    join_tops = _tree.top_ops(_tree.from_profiler(join_events))
+    join_keys = [t.node.key for t in join_tops]
+    timed_roots = _tree.from_profiler(timed_events)
+    all_tops = _tree.top_ops(timed_roots)
+    measured = _book.Measured()
+    args: Dict[int, Dict[str, Any]] = {}
+    windows = _tree.steps(timed_roots)
+    for window in windows:
+        tops = [t for t in all_tops if window.start <= t.node.start <= window.end]
+        measured.step_us += window.end - window.start
+        alignment = _tree.align(join_keys, [t.node.key for t in tops])
+        _book.book_step(tops, join_tops, alignment, facts, measured, measure, roof, args)
+    return measured, args, max(len(windows), 1)
+
+
+def _swap_notes(swaps: Mapping[str, int], steps: int) -> Tuple[str, ...]:
+    """One sentence per fused path the timed run took instead of the counted ops."""
+    return tuple(
+        f"the timed run took another path: {what} (x{n / steps:g} per step); its time is booked to those counted "
+        "ops in proportion to their attainable time"
+        for what, n in swaps.items()
+    )
+
+
+class _Step:
+    """One step as the dispatch tracer counts it: the forward (no grad), or the forward
+    and ``autograd.grad`` of the loss with ones seeds (made once, outside timed steps).
+
+    Inputs holding state the forward changes (a KV cache it appends to) are copied before
+    each step (:meth:`fresh`, outside the timed ranges), so every step runs the same call
+    and the caller's objects stay as found."""
+
+    def __init__(self, model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], backward: bool,
+                 loss_fn: Optional[Callable[[Any], Any]], dev: torch.device):
+        self.model, self.backward, self.loss_fn, self.dev = model, backward, loss_fn, dev
+        self.args, self.kwargs = as_call_args(inputs, kwargs)
+        self.flat, _ = flatten_tensors((self.args, self.kwargs))
+        self.stateful = _has_objects((self.args, self.kwargs))
+        self.call = (self.args, self.kwargs)
+        self.seeds: Optional[List[torch.Tensor]] = None
+
+    def fresh(self) -> Any:
+        """The call arguments for the next step: the originals, or a copy of their objects
+        (the top-level input tensors shared) when they hold state."""
+        if self.stateful:
+            memo = {id(t): t for t in self.flat}
+            self.call = copy.deepcopy((self.args, self.kwargs), memo)
+        return self.call
+
+    def __call__(self) -> None:
+        args, kwargs = self.call
+        if not self.backward:
+            with torch.no_grad():
+                self.model(*args, **kwargs)
+            return
+        with torch.enable_grad():
+            outputs = self.model(*args, **kwargs)
+            roots = _differentiable(output_tensors(self.loss_fn(outputs) if self.loss_fn is not None else outputs))
+            leaves = _differentiable(_unique(list(self.model.parameters()) + list(self.flat)))
+            if not roots or not leaves:
+                raise UsageError("backward=True but nothing requires grad (no parameter or input with requires_grad=True)")
+            if self.seeds is None:
+                self.seeds = [torch.ones_like(r) for r in roots]
+            torch.autograd.grad(roots, leaves, grad_outputs=self.seeds, allow_unused=True)
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _has_objects(value: Any) -> bool:
+    """True when ``value`` holds anything besides tensors, plain values and the builtin
+    containers (a cache object, a dataclass the forward may change)."""
+    if isinstance(value, (torch.Tensor, *_PLAIN)):
+        return False
+    if type(value) in (list, tuple):
+        return any(_has_objects(v) for v in value)
+    if type(value) is dict:
+        return any(_has_objects(v) for v in value.values())
+    return True
+
+
+def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    return [t for t in tensors if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+
+
+def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    seen, out = set(), []
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out.append(tensor)
+    return out
+
+
+def _range(name: str) -> Any:
+    """A profiler range (the fast C++ one where this torch has it)."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+    if fast is not None:
+        return fast(name)
+    return torch.autograd.profiler.record_function(name)
+
+
+def _marker(index: int) -> Any:
+    return _range(f"{_tree.MARKER}{index}")
+
+
+@contextlib.contextmanager
+def _profiling(activities: List[Any], schedule: Any = None, ready: Optional[Callable[[Any], None]] = None) -> Iterator[Any]:
+    """``torch.profiler.profile`` recording shapes, its start and stop lines silenced."""
+    prof = torch.profiler.profile(activities=activities, record_shapes=True, schedule=schedule, on_trace_ready=ready)
+    with warnings.catch_warnings():
+        # torch's note that a schedule's cycle clears its events: they are taken in `ready`
+        warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
+        with _quiet():
+            prof.__enter__()
+        try:
+            yield prof
+        finally:
+            with _quiet():
+                prof.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Kineto prints start/stop lines on stderr's file descriptor; the library never prints."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+def _chrome_trace(prof: Any) -> Optional[Dict[str, Any]]:
+    handle, path = tempfile.mkstemp(suffix=".json", prefix="flopcount-trace-")
+    os.close(handle)
+    try:
+        with _quiet():
+            prof.export_chrome_trace(path)
+        with open(path) as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {"traceEvents": data}
+    except (OSError, ValueError, RuntimeError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)

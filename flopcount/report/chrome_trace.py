@@ -1,0 +1,23 @@
+"""A profiler Chrome trace with flopcount's figures in each joined op event's ``args``
+(Perfetto and the TensorBoard profiler plugin show ``args`` beside the event)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Mapping
+
+
+def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[str, Any]]) -> Dict[str, Any]:
+    """A copy of ``trace`` whose CPU op events (matched by the profiler's ``External id``,
+    the ``FunctionEvent.id`` of the joined top-level op) carry the given extra ``args``."""
+    data = copy.deepcopy(dict(trace))
+    for event in data.get("traceEvents", ()):
+        if not isinstance(event, dict) or event.get("cat") != "cpu_op":
+            continue
+        args = event.get("args")
+        if not isinstance(args, dict):
+            continue
+        extra = args_by_id.get(args.get("External id", -1))
+        if extra is not None:
+            args.update({key: value for key, value in extra.items() if value is not None})
+    return data

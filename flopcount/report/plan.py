@@ -1,0 +1,80 @@
+"""Text and markdown for a :class:`flopcount.plan_result.PlanResult` (pure functions)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+from tabulate import tabulate
+
+from .units import format_bytes, format_count
+
+if TYPE_CHECKING:
+    from ..plan_result import PlanResult
+
+
+def _seconds(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} us"
+    return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
+
+
+def _percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _rate(tokens: int, seconds: Optional[float]) -> str:
+    return "-" if not tokens or not seconds else format_count(tokens / seconds)
+
+
+def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]]:
+    phases = [[p, format_count(result.flops[p]), format_count(result.macs.get(p, 0))] for p in result.flops]
+    phases.append(["total", format_count(result.total_flops), format_count(sum(result.macs.values()))])
+    memory = [[name, format_bytes(value)] for name, value in result.memory.items() if value]
+    memory.append(["peak (MemTracker)", format_bytes(result.peak_bytes)])
+    state = [[name, format_bytes(value)] for name, value in result.state_bytes.items()]
+    comm = [
+        [r.kind, r.dim, str(r.group_size), str(r.calls), format_bytes(r.tensor_bytes), format_bytes(r.wire_bytes), _seconds(r.seconds)]
+        for r in result.comm
+    ]
+    sections = [
+        ("compute per rank (1 MAC = 2 FLOPs)", ["phase", "FLOPs", "MACs"], phases),
+        ("memory of rank 0 at its peak", ["category", "bytes"], memory),
+        ("state held by each rank", ["tensor", "bytes"], state),
+        ("communication per rank (ring)", ["collective", "mesh dim", "ranks", "calls", "tensor bytes", "wire bytes", "time"], comm),
+    ]
+    bounds = result.step_time
+    if bounds is not None:
+        rows = [
+            ["compute (roofline)", _seconds(bounds.compute_s), "", ""],
+            ["communication", _seconds(bounds.comm_s), "", ""],
+            ["no overlap", _seconds(bounds.no_overlap_s), _percent(bounds.mfu_no_overlap), _rate(result.tokens, bounds.no_overlap_s)],
+            ["perfect overlap", _seconds(bounds.overlap_s), _percent(bounds.mfu_overlap), _rate(result.tokens, bounds.overlap_s)],
+        ]
+        headers = ["bound", "time", "MFU", "tokens/s per rank"]
+        sections.append((f"step time on {result.device} ({result.dtype})", headers, rows))
+    return sections
+
+
+def _header(result: PlanResult) -> str:
+    blocks = f"; FSDP2 on {result.wrapped_blocks} blocks of '{result.blocks}' + root" if result.wrapped_blocks else ""
+    return f"plan: fsdp={result.fsdp} x tp={result.tp} = {result.world_size} ranks, rank 0, one training step{blocks}"
+
+
+def plan_table(result: PlanResult) -> str:
+    parts = [_header(result)]
+    for title, headers, rows in _sections(result):
+        if rows:
+            parts.append(f"\n{title}\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+    parts.extend(f"note: {note}" for note in result.notes)
+    return "\n".join(parts)
+
+
+def plan_markdown(result: PlanResult) -> str:
+    parts = [f"**{_header(result)}**"]
+    for title, headers, rows in _sections(result):
+        if rows:
+            parts.append(f"\n*{title}*\n\n" + tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
+    parts.extend(f"\n> note: {note}" for note in result.notes)
+    return "\n".join(parts)

@@ -1,0 +1,219 @@
+"""Tables, CSV and overview text of a profile (measured time joined with counted cost)
+and of a prediction (roofline lower bounds)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+from tabulate import tabulate
+
+from ..roofline import PROFILE_CONVENTION
+from .units import escape_markdown, format_bytes, format_count
+
+if TYPE_CHECKING:
+    from ..profiling.predict import PredictResult
+    from ..profiling.result import ProfileResult, ProfileRow
+
+BY = ("operator", "module", "op")
+
+
+def format_seconds(value: Optional[float]) -> str:
+    """``0.00123 -> '1.230 ms'``; microseconds below a millisecond."""
+    if value is None:
+        return "-"
+    if value >= 1.0:
+        return f"{value:.3f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3f} ms"
+    if value >= 1e-6 or value == 0:
+        return f"{value * 1e6:.1f} us"
+    return f"{value * 1e9:.1f} ns"
+
+
+def _ratio(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _rows_for(result: ProfileResult, by: str) -> List[ProfileRow]:
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
+    if by == "operator":
+        return list(result.by_operator().values())
+    if by == "module":
+        return list(result.by_module().values())
+    return list(result.rows)
+
+
+def overview_line(result: ProfileResult) -> str:
+    """One line per step: where the step's time went."""
+    o = result.overview
+    step = o.step_s or 1.0
+
+    def part(label: str, value: float) -> str:
+        return f"{label} {format_seconds(value)} ({100 * value / step:.1f}%)"
+
+    return (
+        f"Step {format_seconds(o.step_s)}: "
+        + ", ".join(
+            (
+                part("ops with FLOPs", o.flops_s),
+                part("data movement", o.data_movement_s),
+                part("other ops", o.other_s),
+                part("host time not covered by ops", o.host_uncovered_s),
+            )
+        )
+    )
+
+
+def _header(by: str, timing: str) -> List[str]:
+    first = {"operator": "operator", "module": "module", "op": "op"}[by]
+    cols = [first]
+    if by == "op":
+        cols += ["module", "phase"]
+    return cols + [
+        "calls", "FLOPs", "bytes", f"time ({timing})", "share", "achieved FLOP/s", "FLOP/B", "bound", "attainable", "efficiency",
+    ]
+
+
+def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
+    text = escape_markdown if markdown else str
+    first = row.module or "<model>" if by == "module" else row.name
+    cells = [text(first)]
+    if by == "op":
+        cells += [text(row.module or "<root>"), row.phase]
+    cells += [
+        f"{row.calls:g}",
+        format_count(row.flops),
+        format_bytes(row.bytes),
+        format_seconds(row.time_s),
+        f"{100 * row.time_s / total:.1f}%" if total > 0 else "-",
+        format_count(row.achieved_flops_per_s),
+        _ratio(row.intensity),
+        row.bound if row.attainable_s > 0 else "-",
+        format_seconds(row.attainable_s),
+        _ratio(row.efficiency),
+    ]
+    return cells
+
+
+def profile_table(
+    result: ProfileResult, *, by: str = "operator", limit: Optional[int] = 25, fmt: str = "simple", depth: Optional[int] = None
+) -> str:
+    """The rows (per operator, module or op), largest time first, then the overview,
+    the roofs, what was not joined and the convention. ``depth``: module rows down to it."""
+    rows = _rows_for(result, by)
+    if by == "module" and depth is not None:
+        rows = [r for r in rows if (r.module.count(".") + 1 if r.module else 0) <= depth]
+    if by != "module":
+        rows.sort(key=lambda r: -r.time_s)
+    total = result.total_time_s
+    shown = rows if limit is None else rows[:limit]
+    body = tabulate(
+        [_cells(r, by, total, fmt == "github") for r in shown],
+        headers=_header(by, result.timing),
+        tablefmt=fmt,
+        disable_numparse=True,
+    )
+    lines = [body]
+    if limit is not None and len(rows) > limit:
+        lines.append(f"... {len(rows) - limit} more rows (limit={limit})")
+    lines += [
+        overview_line(result),
+        f"{result.steps} steps after {result.warmup} warm-up on {result.device}"
+        + (" (forward + backward)" if result.backward else "")
+        + f"; joined op time {format_seconds(result.op_time_s)} per step",
+        f"Roofs: {result.roofs.describe()}",
+    ]
+    lines += unmatched_lines(result)
+    lines.append(PROFILE_CONVENTION)
+    lines += [f"warning: {w}" for w in result.warnings]
+    sep = "\n\n" if fmt == "github" else "\n"
+    return sep.join(lines)
+
+
+def unmatched_lines(result: ProfileResult, limit: int = 8) -> List[str]:
+    if not result.unmatched:
+        return ["Unmatched: none (every profiled op call has a cost, every counted call a time)"]
+    lines = [f"Unmatched ({len(result.unmatched)}):"]
+    for u in result.unmatched[:limit]:
+        what = f"{u.time_s * 1e6:.1f} us/step" if u.kind == "profiled" else f"{format_count(u.flops)} FLOPs"
+        where = f" in '{u.module}'" if u.module else ""
+        lines.append(f"  {u.kind}: {u.name}{where} x{u.calls:g}, {what}: {u.reason}")
+    if len(result.unmatched) > limit:
+        lines.append(f"  ... {len(result.unmatched) - limit} more")
+    return lines
+
+
+_CSV_FIELDS = (
+    "name", "module", "phase", "calls", "flops", "macs", "bytes", "time_s", "host_time_s",
+    "achieved_flops_per_s", "intensity", "bound", "compute_s", "memory_s", "attainable_s", "efficiency", "dtype",
+)
+
+
+def profile_csv(result: ProfileResult, *, by: str = "op") -> str:
+    """One CSV line per row (per op by default), every figure unformatted."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(_CSV_FIELDS)
+    for row in _rows_for(result, by):
+        data: Dict[str, Any] = row.to_dict()
+        writer.writerow(["" if data[f] is None else data[f] for f in _CSV_FIELDS])
+    return buffer.getvalue()
+
+
+def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str = "simple") -> str:
+    """The per-operator lower bounds, largest first, and the total."""
+    rows: Sequence[Any] = list(result.by_operator().values())
+    shown = rows if limit is None else rows[:limit]
+    text = escape_markdown if fmt == "github" else str
+    body = tabulate(
+        [
+            [text(r.name), f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
+             r.bound if r.latency_s > 0 else "-",
+             format_seconds(r.latency_s), f"{100 * r.latency_s / result.latency_s:.1f}%" if result.latency_s else "-"]
+            for r in shown
+        ],
+        headers=["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound", "share"],
+        tablefmt=fmt,
+        disable_numparse=True,
+    )
+    lines = [
+        body,
+        f"Latency lower bound on {result.roofs.device}: {format_seconds(result.latency_s)} "
+        f"(compute {format_seconds(result.compute_s)}, memory {format_seconds(result.memory_s)} if each ran alone)",
+        f"Roofs: {result.roofs.describe()}",
+        "A bound, not a forecast: the sum over ops of max(FLOPs / peak, bytes / bandwidth); real runs add "
+        "launch and framework overhead, caches, imperfect kernels, and fuse nothing the trace did not.",
+    ]
+    return ("\n\n" if fmt == "github" else "\n").join(lines)
+
+
+def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator", depth: Optional[int] = None) -> str:
+    """One self-contained page: the table, the overview and, with matplotlib, the roofline."""
+    import html
+
+    body = tabulate(
+        [_cells(r, by, result.total_time_s, False) for r in _rows_for(result, by)
+         if by != "module" or depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth],
+        headers=_header(by, result.timing),
+        tablefmt="html",
+        disable_numparse=True,
+    )
+    notes = [overview_line(result), f"Roofs: {result.roofs.describe()}", *unmatched_lines(result)]
+    figure = ""
+    try:
+        from .roofline_plot import roofline_svg
+
+        figure = roofline_svg(result)
+    except ImportError:
+        figure = "<p>(install matplotlib for the roofline plot)</p>"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>flopcount profile</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child{text-align:left}</style>"
+        f"</head><body><h1>flopcount profile: {html.escape(entry)}</h1>"
+        + "".join(f"<p>{html.escape(line)}</p>" for line in notes)
+        + figure + body + "</body></html>"
+    )

@@ -1,0 +1,106 @@
+"""The CLI's roofline wiring: ``profile``, ``count --predict`` and ``check --max-latency
+--on``. Oracles: bounds computed by hand from the T4 datasheet figures (8.1 TFLOP/s
+float32, 320 GB/s) for a Linear, and count_flops for the profile's FLOPs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import textwrap
+
+import pytest
+from conftest import run_cli as cli
+
+MODELS = textwrap.dedent(
+    """
+    from torch import nn
+
+    def mlp():
+        return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 64))
+    """
+)
+# Linear(256->512) and Linear(512->64) on a 32x256 input, float32
+FLOPS = 2 * 32 * 256 * 512 + 32 * 512 + 2 * 32 * 512 * 64  # the ReLU: one FLOP per element
+L1_BYTES = (32 * 256 + 512 * 256 + 512 + 32 * 512) * 4
+RELU_BYTES = (32 * 512 + 32 * 512) * 4
+L2_BYTES = (32 * 512 + 64 * 512 + 64 + 32 * 64) * 4
+T4_BOUND_S = sum(
+    max(flops / 8.1e12, moved / 320e9)
+    for flops, moved in ((2 * 32 * 256 * 512, L1_BYTES), (32 * 512, RELU_BYTES), (2 * 32 * 512 * 64, L2_BYTES))
+)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "prof_models.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_count_predict_json(workdir, capsys):
+    code, out, _ = cli(capsys, "count", "prof_models.py:mlp", "-i", "32x256", "--predict", "t4", "--format", "json", "-q")
+    assert code == 0
+    data = json.loads(out)
+    assert data["predict"]["latency_s"] == pytest.approx(T4_BOUND_S)
+    assert data["predict"]["roofs"]["device"] == "T4"
+
+
+@pytest.mark.parametrize(
+    "budget, code, word",
+    [
+        (f"{T4_BOUND_S * 1e6 / 2:.3f}us", 1, "FAIL"),  # the bound alone exceeds it: certain
+        (f"{T4_BOUND_S * 1e6 * 2:.3f}us", 3, "not decided without measuring"),
+    ],
+)
+def test_check_latency_on_a_device(workdir, capsys, budget, code, word):
+    got, out, err = cli(capsys, "check", "prof_models.py:mlp", "-i", "32x256", "--max-latency", budget, "--on", "t4")
+    assert got == code
+    assert word in out + err
+
+
+def test_check_on_needs_a_latency_budget(workdir, capsys):
+    code, _, err = cli(capsys, "check", "prof_models.py:mlp", "-i", "32x256", "--max-flops", "1G", "--on", "t4")
+    assert code == 2 and "--max-latency" in err
+
+
+def test_bad_duration_and_device(workdir, capsys):
+    code, _, err = cli(capsys, "check", "prof_models.py:mlp", "--max-latency", "fast", "--on", "t4")
+    assert code == 2 and "not a duration" in err
+    code, _, err = cli(capsys, "count", "prof_models.py:mlp", "-i", "32x256", "--predict", "tpu9", "-q")
+    assert code == 2 and "no datasheet roofs" in err
+
+
+def test_profile_csv_flops_match_the_count(workdir, capsys, tmp_path):
+    trace = tmp_path / "trace.json"
+    code, out, _ = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--steps", "2", "--roofs", "100G,10G",
+                       "--format", "csv", "--by", "op", "--trace", str(trace), "-q")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert sum(float(r["flops"]) for r in rows) == FLOPS
+    assert {r["name"] for r in rows} == {"aten::linear", "aten::relu"}
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sorted(e["args"]["flops"] for e in events if e.get("name") == "aten::linear" and "flops" in e["args"]) == sorted(
+        [2 * 32 * 256 * 512, 2 * 32 * 512 * 64] * 2  # each of the 2 steps
+    )
+
+
+def test_profile_usage_errors(workdir, capsys):
+    code, _, err = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--device", "meta")
+    assert code == 2 and "for real" in err
+    code, _, err = cli(capsys, "profile", "prof_models.py:mlp", "--roofs", "1T")
+    assert code == 2 and "PEAK_FLOPS,BANDWIDTH" in err
+    code, _, err = cli(capsys, "profile", "prof_models.py:mlp", "--format", "tree")
+    assert code == 2
+
+
+def test_profile_html_and_json(workdir, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, _ = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--steps", "1", "--roofs", "100G,10G",
+                       "--format", "html", "-q")
+    assert code == 0 and "<table>" in out and "<svg" in out
+    code, out, _ = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--steps", "1", "--roofs", "100G,10G",
+                       "--format", "json", "--by", "module", "-q")
+    data = json.loads(out)
+    assert code == 0 and data["roofs"]["source"] == "given"
+    assert sum(r["flops"] for r in data["rows"]) == FLOPS

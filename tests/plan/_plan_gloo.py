@@ -1,0 +1,147 @@
+"""A real training step on a gloo rank (2 or 4 CPU processes), recorded with torch's own
+instruments: CommDebugMode (collective counts), MemTracker / FSDPMemTracker (peak), the
+collectives' real tensors (bytes), the real shards (state bytes), and flopcount's dispatch
+recorder on real tensors (FLOPs). Rank 0 writes what it saw to ``out_dir/rank0.json``.
+Shared by tests/plan/test_plan_gloo.py and benchmarks/bench_plan_gloo.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any, Dict, List, Tuple
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SEQ, BATCH, VOCAB = 16, 2, 128
+
+
+def tiny_llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def tiny_encoder() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+
+BUILDERS = {"llama": tiny_llama, "encoder": tiny_encoder}
+
+
+def example_input(name: str) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    if name == "llama":
+        return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+    return torch.randn(BATCH, SEQ, 64, generator=generator)
+
+
+class CollectiveBytes(TorchDispatchMode):
+    """The real tensors each c10d collective was given: (op, bytes of its largest tensor
+    argument or result). Lets DTensor desugar first, like CommDebugMode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: List[Tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket)
+        if name.startswith(("c10d.", "_c10d_functional.")) and "wait" not in name and "wrap" not in name:
+            flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(a, torch.Tensor)]
+            self.seen.append((name, max(t.numel() * t.element_size() for t in flat)))
+        return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from flopcount._parallel import device_mesh, mesh_groups, parallelize
+    from flopcount._step import default_loss, make_optimizer, run_step
+    from flopcount.analysis import cost_events
+    from flopcount.handlers import default_registry
+    from flopcount.planner import _book, _skipped
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mesh = device_mesh(fsdp, tp)
+        torch.manual_seed(0)
+        model = BUILDERS[model_name]().train()
+        parallelize(model, mesh, fsdp, tp)
+        optimizer = make_optimizer("adamw", model)
+        start = time.perf_counter()
+        with CollectiveBytes() as nbytes:
+            record = run_step(model, optimizer, (example_input(model_name),), {}, None, mesh_groups(mesh), peak_only=False)
+        seconds = time.perf_counter() - start
+        # CommDebugMode counts a second step of its own: its module tracker's hooks hand
+        # nn.MultiheadAttention three distinct query/key/value tensors, which turns the packed
+        # in-projection into three (other FLOPs); the collectives are the same every step
+        with CommDebugMode() as comm:
+            default_loss(model(example_input(model_name))).backward()
+            optimizer.step()
+        costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), default_registry())
+        flops, macs, _, unsupported = _book(costed)
+        result: Dict[str, Any] = {
+            "state_bytes": dict(record.state_bytes),
+            "peak": record.memory_peak.get("Total", 0),
+            "comm_counts": {str(op): n for op, n in comm.get_comm_counts().items()},
+            "collective_bytes": nbytes.seen,
+            "flops": flops,
+            "macs": macs,
+            "unsupported": unsupported,
+            "ops": [
+                [e.phase, e.call.op, e.module, [list(a.shape) for a in e.call.args.values() if hasattr(a, "shape")]]
+                for e in record.events if not _skipped(e.call.op)
+            ],
+            "seconds": seconds,
+        }
+        if rank == 0:
+            with open(os.path.join(out_dir, "rank0.json"), "w") as f:
+                json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_real(model_name: str, fsdp: int, tp: int, out_dir: str, timeout: float = 90.0) -> Dict[str, Any]:
+    """Spawn ``fsdp * tp`` gloo processes; rank 0's record, or an error after ``timeout`` s."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    world, port = fsdp * tp, free_port()
+    procs = [context.Process(target=worker, args=(r, world, port, model_name, fsdp, tp, out_dir)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+        p.join()
+    if hung:
+        raise TimeoutError(f"gloo run {model_name} fsdp={fsdp} tp={tp} did not finish in {timeout} s")
+    codes = [p.exitcode for p in procs]
+    if any(codes):
+        raise RuntimeError(f"gloo run {model_name} fsdp={fsdp} tp={tp} failed: exit codes {codes}")
+    with open(os.path.join(out_dir, "rank0.json")) as f:
+        return json.load(f)

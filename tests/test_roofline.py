@@ -1,0 +1,151 @@
+"""Roofs and roofline arithmetic (hand-computed numbers, a fake clock), the per-machine
+roofs cache, and predict()'s lower bound computed by hand for a Linear."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import cuda
+from torch import nn
+
+import flopcount
+from flopcount.bench import roofs as roofs_mod
+from flopcount.roofline import Roofs, attainable, bound, efficiency, intensity
+
+
+def test_roofline_math_by_hand():
+    r = Roofs({"float32": 1e9, "bfloat16": 4e9}, 1e8)
+    # 2e6 FLOPs / 1e9 = 2 ms of compute; 1e6 bytes / 1e8 = 10 ms of memory
+    assert attainable(2e6, 1e6, r, "float32") == pytest.approx(1e-2)
+    assert bound(2e-3, 1e-2) == "memory"
+    assert efficiency(1e-2, 2e-2) == pytest.approx(0.5)
+    assert intensity(2e6, 1e6) == pytest.approx(2.0)
+    # bfloat16 has its own peak; an unknown dtype falls back to float32's
+    assert attainable(8e7, 0, r, "bfloat16") == pytest.approx(2e-2)
+    assert attainable(8e7, 0, r, "int8") == pytest.approx(8e-2)
+    assert r.ridge == pytest.approx(10.0)
+
+
+def test_roofs_refuse_nonsense():
+    with pytest.raises(flopcount.UsageError, match="bandwidth"):
+        Roofs({"float32": 1e9}, 0)
+    with pytest.raises(flopcount.UsageError, match="peak"):
+        Roofs({}, 1e9)
+
+
+class _StepClock:
+    """Seconds; every reading advances by ``dt``, so each timed call takes exactly ``dt``."""
+
+    def __init__(self, dt: float) -> None:
+        self.t, self.dt = 0.0, dt
+
+    def __call__(self) -> float:
+        self.t += self.dt  # a timed call reads twice: it took dt
+        return self.t
+
+
+def test_measure_roofs_with_a_fake_clock():
+    # each call "takes" 0.5 s: GEMM stops growing at n=256 (0.5 >= budget/10), so the
+    # rate is 2 * 256^3 / 0.5; the add moves 3 buffers of 1 MiB in 0.5 s, the copy 2
+    roofs = roofs_mod.measure_roofs("cpu", ["float32"], budget_s=1.0, clock=_StepClock(0.5), stream_bytes=2**20)
+    assert roofs.peak_flops == {"float32": pytest.approx(2 * 256**3 / 0.5)}
+    assert roofs.bandwidth == pytest.approx(3 * 2**20 / 0.5)
+    assert roofs.source == "measured"
+    assert roofs.details["gemm_float32"] == "256x256x256 mm"
+
+
+def test_machine_roofs_cached_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def fake_measure(device: torch.device) -> Roofs:
+        calls.append(device)
+        return Roofs({"float32": 5e10}, 2e10, "fake cpu", "measured")
+
+    first = roofs_mod.machine_roofs("cpu", measure=fake_measure)
+    second = roofs_mod.machine_roofs("cpu", measure=fake_measure)
+    assert len(calls) == 1
+    assert (second.peak_flops, second.bandwidth) == ({"float32": 5e10}, 2e10)
+    assert (first.source, second.source) == ("measured", "measured (cached)")
+    stored = json.loads((tmp_path / "flopcount" / "roofs.json").read_text())
+    assert list(stored) == [roofs_mod.machine_key(torch.device("cpu"))]
+    roofs_mod.machine_roofs("cpu", measure=fake_measure, refresh=True)
+    assert len(calls) == 2
+
+
+def test_datasheet_roofs_and_names():
+    h100 = roofs_mod.named_roofs("h100")
+    assert h100.bandwidth == 3350e9 and h100.peak_flops["bfloat16"] == 989.5e12
+    assert roofs_mod.named_roofs("T4").peak_flops["float32"] == 8.1e12
+    assert roofs_mod.named_roofs("NVIDIA A100-SXM4-80GB").device == "A100"
+    for name in ("h200", "l4"):
+        assert roofs_mod.named_roofs(name).source.startswith("datasheet")
+    with pytest.raises(flopcount.UsageError, match="no datasheet roofs"):
+        roofs_mod.named_roofs("tpu v9")
+
+
+def test_predict_linear_by_hand():
+    model, x = nn.Linear(64, 32), torch.randn(8, 64)
+    result = flopcount.predict(model, x, device="t4")
+    (row,) = result.rows
+    flops = 2 * 8 * 64 * 32
+    moved = (8 * 64 + 32 * 64 + 32 + 8 * 32) * 4
+    assert (row.flops, row.bytes) == (flops, moved)
+    expected = max(flops / 8.1e12, moved / 320e9)
+    assert row.latency_s == pytest.approx(expected) and result.latency_s == pytest.approx(expected)
+    assert row.bound == "memory"
+    # priced in bfloat16 on an H100: floating tensors at 2 bytes, the bf16 tensor-core peak
+    bf16 = flopcount.predict(model, x, device="h100", dtype=torch.bfloat16)
+    assert bf16.latency_s == pytest.approx(max(flops / 989.5e12, moved / 2 / 3350e9))
+
+
+def test_predict_backward_covers_both_phases_and_given_roofs():
+    model, x = nn.Sequential(nn.Linear(16, 16), nn.ReLU()), torch.randn(4, 16)
+    roofs = Roofs({"float32": 1e9}, 1e9, "toy")
+    result = flopcount.predict(model, x, device=roofs, backward=True)
+    counted = flopcount.count_flops(model, x, backward=True)
+    assert sum(r.flops for r in result.rows) == counted.flops
+    assert {r.phase for r in result.rows} == {"forward", "backward"}
+    assert result.latency_s == pytest.approx(sum(max(r.flops / 1e9, r.bytes / 1e9) for r in _calls(result)))
+
+
+def _calls(result):
+    # rows of one call each here (every op of this model runs once per phase and module)
+    assert all(r.calls == 1 for r in result.rows if r.flops or r.bytes)
+    return result.rows
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_roofs_measured_and_datasheet(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    roofs = roofs_mod.roofs_for(torch.device("cuda"))
+    assert roofs.source == "measured"
+    sheet = roofs.details.get("datasheet")
+    if sheet is not None:  # a GPU in the table: measured below the datasheet peak, within reason
+        assert 0.3 * sheet["bandwidth"] < roofs.bandwidth < 1.1 * sheet["bandwidth"]
+
+
+def test_a_new_measurement_keeps_the_best_roofs(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    slow = Roofs({"float32": 4e10, "bfloat16": 9e10}, 3e9, "cpu", "measured")
+    fast = Roofs({"float32": 6e10}, 2e9, "cpu", "measured")
+    roofs_mod.machine_roofs("cpu", measure=lambda dev: slow)
+    merged = roofs_mod.machine_roofs("cpu", measure=lambda dev: fast, refresh=True)
+    assert (merged.peak_flops, merged.bandwidth) == ({"float32": 6e10, "bfloat16": 9e10}, 3e9)
+    assert roofs_mod.machine_roofs("cpu").peak_flops == merged.peak_flops  # and it is what the cache holds
+
+
+def test_a_latency_lower_bound_fails_or_stays_undecided():
+    from flopcount.budget import Budget, check_budget
+
+    over = check_budget(Budget(max_latency_ms=10), latency_ms=12.5, latency_bound="lower")
+    within = check_budget(Budget(max_latency_ms=10), latency_ms=4.0, latency_bound="lower")
+    measured = check_budget(Budget(max_latency_ms=10), latency_ms=4.0)
+    assert (over.status, within.status, measured.status) == ("FAIL", "UNDECIDED", "PASS")
+    assert "not decided without measuring" in within.verdict()
+    # a certain FAIL elsewhere still wins over an undecided latency
+    both = check_budget(Budget(max_latency_ms=10, max_params=5), latency_ms=4.0, params=6, latency_bound="lower")
+    assert both.status == "FAIL"
