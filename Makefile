@@ -60,4 +60,4 @@ compat: $(COMPAT_STAMP)
 	$(ZOO_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) $(ZOO_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis
