@@ -12,7 +12,7 @@ ZOO_TORCH ?= torch==2.14.1 torchvision==0.29.1
 ZOO_ARGS ?=
 ZOO_STAMP := $(ZOO_VENV)/.installed
 
-.PHONY: demo test lint bench venv clean zoo
+.PHONY: demo test lint bench venv clean zoo compat
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check flopcount tests benchmarks examples
 	$(VENV)/bin/mypy
 
+# The full suite on the pinned torch (also the oldest supported: pyproject's floor), then the
+# tests not marked slow on the newest torch this machine can install (the zoo's venv).
 test: lint
 	$(PY) -m pytest -q
+	$(MAKE) compat
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
@@ -44,6 +47,17 @@ $(ZOO_STAMP): pyproject.toml
 
 zoo: $(ZOO_STAMP)
 	$(ZOO_VENV)/bin/python benchmarks/zoo.py $(ZOO_ARGS)
+
+# torch 2.14.1 (CUDA build with its nvidia wheels, ~5 GB, about 5 min to install here; runs on CPU)
+COMPAT_STAMP := $(ZOO_VENV)/.compat-installed
+
+$(COMPAT_STAMP): $(ZOO_STAMP) requirements-dev.txt
+	$(ZOO_VENV)/bin/python -m pip install -q -r requirements-dev.txt
+	touch $(COMPAT_STAMP)
+
+compat: $(COMPAT_STAMP)
+	$(ZOO_VENV)/bin/python -c "import torch; print('compat: torch', torch.__version__)"
+	$(ZOO_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

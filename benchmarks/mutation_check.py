@@ -6,7 +6,7 @@ tests with ``-x``: the family's own test file first, then the shared set. A muta
 *killed* when a test fails, *survives* when all pass. Prints one line per mutant and a summary;
 exits 1 if any mutant survived. Not part of ``make test`` (minutes of CPU).
 
-    .venv/bin/python benchmarks/mutation_check.py [--only OP] [--kinds plus1,double]
+    .venv/bin/python benchmarks/mutation_check.py [--only OP] [--kinds plus1,double] [--family-only]
 """
 
 from __future__ import annotations
@@ -51,6 +51,15 @@ SAMPLE: Sequence[Tuple[str, Tuple[str, ...], str]] = (
     ("distance", ("aten::cdist",), ARITH),
     ("sampling", ("aten::grid_sampler_2d",), ARITH),
     ("sampling", ("aten::_upsample_bilinear2d_aa",), ARITH),
+    ("sampling", ("aten::_upsample_bicubic2d_aa",), ARITH),
+    ("sampling", ("aten::grid_sampler_2d_backward",), ARITH),
+    ("fft", ("aten::fft_ihfft2",), ARITH),
+    ("linalg", ("aten::linalg_pinv",), ARITH),
+    ("linalg", ("aten::ormqr",), ARITH),
+    ("distance", ("aten::_pdist_backward",), ARITH),
+    ("loss", ("aten::multilabel_margin_loss_backward",), ARITH),
+    ("loss", ("aten::_ctc_loss_backward",), ARITH),
+    ("pool", ("aten::fractional_max_pool2d_backward",), ARITH),
     ("indexing", ("aten::embedding_bag",), HANDLERS),
     ("quantized", ("quantized::linear",), "tests/handlers/test_quantized.py"),
 )
@@ -66,12 +75,12 @@ SHARED = (
 )
 
 
-def run_mutant(ops: Sequence[str], kind: str, first: str, python: str) -> Tuple[str, float, str]:
+def run_mutant(ops: Sequence[str], kind: str, first: str, python: str, shared: bool = True) -> Tuple[str, float, str]:
     """(killed | survived | error, seconds, the first failing test or the error's last line)."""
     env = dict(os.environ)
     env["FLOPCOUNT_MUTANT"] = f"{','.join(ops)}:{kind}"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
-    paths = [first] + [p for p in SHARED if p != first]
+    paths = [first] + [p for p in SHARED if p != first and shared]
     cmd = [python, "-m", "pytest", "-x", "-q", "-p", "_mutant", "-p", "no:cacheprovider", "-W", "ignore", *paths]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -89,6 +98,7 @@ def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", default=[], help="run the mutants of this op only (repeatable)")
     parser.add_argument("--kinds", default="plus1,double", help="comma-separated: plus1, double")
+    parser.add_argument("--family-only", action="store_true", help="run only each mutant's family test file (quick)")
     args = parser.parse_args(list(argv) or None)
     kinds = [k for k in args.kinds.split(",") if k]
     rows: List[Tuple[str, str, str, str, float, str]] = []
@@ -96,7 +106,7 @@ def main(argv: Sequence[str] = ()) -> int:
         if args.only and not set(args.only) & set(ops):
             continue
         for kind in kinds:
-            verdict, seconds, where = run_mutant(ops, kind, first, sys.executable)
+            verdict, seconds, where = run_mutant(ops, kind, first, sys.executable, shared=not args.family_only)
             rows.append((family, ",".join(ops), kind, verdict, seconds, where))
             print(f"{family:10s} {','.join(ops):36s} {kind:7s} {verdict:8s} {seconds:6.1f}s  {where}", flush=True)
     counts = {v: sum(r[3] == v for r in rows) for v in ("killed", "survived", "error")}

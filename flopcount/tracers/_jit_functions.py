@@ -4,17 +4,24 @@ torch.jit records a Function call as one ``prim::PythonOp`` node. When the Funct
 forward calls a module (``torch.utils.checkpoint(use_reentrant=True)`` does: its
 Function runs the checkpointed module), torch's tracer fails inside ``Function.apply``
 with a bare ``RuntimeError: unordered_map::at``, also under a plain ``torch.jit.trace``.
-The dispatch tracer sees inside the Function, so the sentence points there.
+The dispatch tracer sees inside the Function, so the sentence points there. Up to torch 2.13
+the innermost Python frame is ``Function.apply``; from torch 2.14 ``apply`` runs in C++ and
+the innermost frame is the caller's line ``SomeFunction.apply(...)``, read from its source.
 """
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 from typing import Any, Optional
+
+import torch
 
 __all__ = ["function_failure"]
 
 _APPLY_FILE = os.path.join("autograd", "function.py")
+_APPLY_CALL = re.compile(r"([A-Za-z_][\w.]*)\.apply\(")
 
 
 def _failing_function(exc: BaseException) -> Optional[type]:
@@ -26,10 +33,23 @@ def _failing_function(exc: BaseException) -> Optional[type]:
     while tb.tb_next is not None:
         tb = tb.tb_next
     frame = tb.tb_frame
-    if frame.f_code.co_name != "apply" or not frame.f_code.co_filename.endswith(_APPLY_FILE):
+    if frame.f_code.co_name == "apply" and frame.f_code.co_filename.endswith(_APPLY_FILE):  # torch <= 2.13
+        cls: Any = frame.f_locals.get("cls")
+        return cls if isinstance(cls, type) else None
+    return _called_function(frame, tb.tb_lineno)
+
+
+def _called_function(frame: Any, lineno: int) -> Optional[type]:
+    """The Function whose ``X.apply(`` the failing line calls (torch >= 2.14), looked up by
+    its dotted name in the frame's locals, then globals."""
+    found = _APPLY_CALL.search(linecache.getline(frame.f_code.co_filename, lineno))
+    if found is None:
         return None
-    cls: Any = frame.f_locals.get("cls")
-    return cls if isinstance(cls, type) else None
+    first, *rest = found.group(1).split(".")
+    obj = frame.f_locals.get(first, frame.f_globals.get(first))
+    for name in rest:
+        obj = getattr(obj, name, None)
+    return obj if isinstance(obj, type) and issubclass(obj, torch.autograd.Function) else None
 
 
 def function_failure(exc: BaseException, where: str) -> Optional[str]:

@@ -37,6 +37,11 @@ MODELS = textwrap.dedent(
         def forward(self, x):
             time.sleep(0.4)
             return self.fc(x)
+
+    class Dozy(Sleepy):  # 10 calls take 0.2 s, past a 0.1 s budget
+        def forward(self, x):
+            time.sleep(0.02)
+            return self.fc(x)
     """
 )
 
@@ -68,7 +73,7 @@ def test_plan_estimate_and_warmup_progress_are_on_stderr(workdir, capsys):
 
 
 def test_duration_plan_names_the_floor(workdir, capsys):
-    code, _, err = cli(capsys, "bench", "bench_models.py:Sleepy", "-i", "2x4", "--warmup", "1", "--duration", "0.1")
+    code, _, err = cli(capsys, "bench", "bench_models.py:Dozy", "-i", "2x4", "--warmup", "1", "--duration", "0.1")
     assert code == 0, err
     assert "1 untimed warm-up calls, then timed calls until 0.1 s has passed and at least 10 ran" in err
     assert "timed 10 calls" in err  # the floor, not the 0.1 s, decided

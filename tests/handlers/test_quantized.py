@@ -101,6 +101,9 @@ def test_static_conv_and_linear():
         assert result.macs == macs
         ops = result.by_operator("macs")
         assert ops["quantized::conv2d_relu"] == b * 4 * 6 * 6 * 3 * 9
+        # + quantize the (2, 3, 8, 8) input (4 per element), the fused ReLU (1 per (2, 4, 6, 6) output),
+        # dequantize the (2, 5) output (2 per element)
+        assert result.flops == 2 * macs + 4 * b * 3 * 8 * 8 + b * 4 * 6 * 6 + 2 * b * 5
     summary = summarize_parameters(quantized)
     weights = 4 * 3 * 9 + 4 * 2 * 9 + 6 * 4 * 5 + 5 * 96
     biases = 4 + 4 + 6 + 5
