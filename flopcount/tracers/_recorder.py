@@ -200,11 +200,6 @@ class Recorder(DataReads):
     #: torch hands higher-order ops (``torch.cond``) to the mode: see :meth:`_higher_order`.
     supports_higher_order_operators = True
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch runs an eager higher-order op under torch.compile, which would trace this
-        # mode's own code: keep it eager (torch wraps __torch_dispatch__ in _disable_dynamo)
-        return True
 
     def __init__(self, modules: ModuleStack, answer_reads: bool = True):
         super().__init__(modules)
@@ -293,3 +288,17 @@ class Recorder(DataReads):
 
 _NO_KWARGS: Mapping[str, Any] = {}
 _NO_PLACEHOLDER = object()
+
+
+class HopRecorder(Recorder):
+    """The recorder for a forward that calls ``torch.cond``: torch runs an eager higher-order
+    op under ``torch.compile``, which would trace the mode's own code, so torch is asked to
+    keep it out of dynamo (it wraps ``__torch_dispatch__`` in ``_disable_dynamo``: ~10 us per
+    op, which is why the plain :class:`Recorder` does not)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        return Recorder.__torch_dispatch__(self, func, types, args, kwargs)

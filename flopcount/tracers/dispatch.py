@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -40,13 +40,52 @@ from ._vocabulary import CompositeInterceptor
 
 __all__ = ["trace"]
 
-from ._recorder import DataReads, Recorder, outputs_of, value_of
+from ._recorder import DataReads, HopRecorder, Recorder, outputs_of, value_of
 
 
 def trace(
     model: nn.Module,
     inputs: Any = (),
     kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    backward: bool = False,
+    loss_fn: Optional[Callable[[Any], Any]] = None,
+    fake_copy: bool = False,
+    optimizer: Optional[OptimizerSpec] = None,
+    marker: Optional[Callable[[int], Any]] = None,
+) -> Trace:
+    """See :func:`_trace`. A forward that calls ``torch.cond`` is traced again with the
+    recorder torch keeps out of dynamo (torch compiles an eager ``cond``; the fast recorder's
+    own code must not be traced, and keeping every op out of dynamo costs ~10 us per op)."""
+    options: Dict[str, Any] = dict(
+        backward=backward, loss_fn=loss_fn, fake_copy=fake_copy, optimizer=optimizer, marker=marker
+    )
+    try:
+        return _trace(model, inputs, kwargs, Recorder, **options)
+    except (TraceError, FakeRunError) as exc:
+        if not _refused_by_dynamo(exc):
+            raise
+    return _trace(model, inputs, kwargs, HopRecorder, **options)
+
+
+def _refused_by_dynamo(exc: BaseException) -> bool:
+    """True when the failure came from torch's compiler (an eager higher-order op compiling
+    the fast recorder's own code), somewhere in the exception's chain."""
+    seen: Set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__module__.startswith("torch._dynamo"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _trace(
+    model: nn.Module,
+    inputs: Any,
+    kwargs: Optional[Mapping[str, Any]],
+    recorder_type: Any,
     *,
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
@@ -93,7 +132,7 @@ def trace(
         preserve = preserved_model_state(model)
     names = module_names(run_model)
     modules = ModuleStack(names)
-    recorder = Recorder(modules, answer_reads=not fake_copy)
+    recorder = recorder_type(modules, answer_reads=not fake_copy)
     recorder.marker = marker
     shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
     if shape_cache is not None:
