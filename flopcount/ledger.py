@@ -19,6 +19,7 @@ __all__ = ["Ledger", "TOTAL_FIELDS", "owners_of"]
 #: What a booked total holds, in order: calls, then each cost metric.
 TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
 _WIDTH = len(TOTAL_FIELDS)
+assert _WIDTH == 5, "_add below is unrolled for five fields: extend it with COST_METRICS"
 
 Sums = List[int]
 Key = Tuple[Tuple[str, ...], str, str]
@@ -60,10 +61,16 @@ def owners_of(
 def _add(table: Dict[str, Sums], key: str, sums: Sums, sign: int = 1) -> None:
     into = table.get(key)
     if into is None:
-        table[key] = [sign * v for v in sums]
+        table[key] = list(sums) if sign == 1 else [-v for v in sums]
+    elif sign == 1:  # unrolled: this runs once per (call stack, op, phase) and owner
+        into[0] += sums[0]
+        into[1] += sums[1]
+        into[2] += sums[2]
+        into[3] += sums[3]
+        into[4] += sums[4]
     else:
         for i in range(_WIDTH):
-            into[i] += sign * sums[i]
+            into[i] -= sums[i]
 
 
 class Ledger:
