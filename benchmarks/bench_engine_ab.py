@@ -1,4 +1,4 @@
-"""One count's wall time with this checkout's flopcount, for A/B runs against another
+"""One count's wall time with the flopcount on PYTHONPATH, for A/B runs against another
 checkout (best of 7 after two warm-up counts, one torch thread):
 
     PYTHONPATH=/path/to/old .venv/bin/python benchmarks/bench_engine_ab.py old resnet
@@ -6,22 +6,47 @@ checkout (best of 7 after two warm-up counts, one torch thread):
 
 Run old and new alternately (the machine is shared and noisy) and compare the pairs.
 """
-import sys, time, warnings
-warnings.simplefilter("ignore")
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import Any, Tuple
+
 import torch
-torch.set_num_threads(1)
-from flopcount import count_flops
-from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
-from flopcount.examples.resnet import resnet50
-which = sys.argv[2]
-if which == "bert":
-    m = BertModel(BertConfig()).eval(); x = torch.randint(0, 1000, (1, 128))
-elif which == "gpt2":
-    m = GPT2Model(GPT2Config()).eval(); x = torch.randint(0, 1000, (1, 256))
-else:
-    m = resnet50().eval(); x = torch.randn(1, 3, 224, 224)
-count_flops(m, x); count_flops(m, x)
-b = 9
-for _ in range(7):
-    t = time.perf_counter(); count_flops(m, x); b = min(b, time.perf_counter() - t)
-print(sys.argv[1], which, round(b * 1e3, 1), "ms")
+
+
+def _model(which: str) -> Tuple[Any, Any]:
+    if which == "bert":
+        from transformers import BertConfig, BertModel
+
+        return BertModel(BertConfig()).eval(), torch.randint(0, 1000, (1, 128))
+    if which == "gpt2":
+        from transformers import GPT2Config, GPT2Model
+
+        return GPT2Model(GPT2Config()).eval(), torch.randint(0, 1000, (1, 256))
+    from flopcount.examples.resnet import resnet50
+
+    return resnet50().eval(), torch.randn(1, 3, 224, 224)
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    from flopcount import count_flops
+
+    label, which = sys.argv[1], sys.argv[2]
+    model, x = _model(which)
+    for _ in range(2):
+        count_flops(model, x)
+    best = float("inf")
+    for _ in range(7):
+        start = time.perf_counter()
+        count_flops(model, x)
+        best = min(best, time.perf_counter() - start)
+    print(label, which, round(best * 1e3, 1), "ms")
+
+
+if __name__ == "__main__":
+    main()
