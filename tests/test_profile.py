@@ -208,3 +208,21 @@ def test_llm_decode_step_with_a_kv_cache():
     assert cache.get_seq_length() == length == 12
     sdpa = result.by_operator()["aten::scaled_dot_product_attention"]
     assert sdpa.calls == 2  # one per layer per step
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_lazy_modules_are_profiled_on_a_copy(train):
+    # regression: the join step's trace put back the lazy hooks of a module it had just
+    # materialised, and the next step raised "'Linear' object has no attribute 'initialize_parameters'"
+    model = nn.Sequential(nn.Linear(6, 8), nn.LazyLinear(5), nn.ReLU(), nn.LazyLinear(3)).train(train)
+    x = torch.randn(4, 6)
+    result = flopcount.profile(model, x, roofs=ROOFS, warmup=0, steps=1)
+    linear = 2 * 4 * (6 * 8 + 8 * 5 + 5 * 3)  # 2 · rows · in · out per Linear, biases not counted
+    assert result.by_operator()["aten::linear"].flops == linear
+    counted = flopcount.count_flops(model, x, tracer="dispatch")
+    assert _flops_by_operator(result) == {op: f for op, f in counted.by_operator().items() if op in result.by_operator()}
+    assert sum(_flops_by_operator(result).values()) == counted.flops
+    assert result.unmatched == ()
+    assert [type(m).__name__ for m in model] == ["Linear", "LazyLinear", "ReLU", "LazyLinear"]  # still lazy
+    assert nn.parameter.is_lazy(model[1].weight) and nn.parameter.is_lazy(model[3].weight)
+    assert [m.training for m in model.modules()] == [train] * 5

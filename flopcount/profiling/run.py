@@ -23,7 +23,7 @@ from ..inputs import as_call_args, flatten_tensors, output_tensors
 from ..registry import HandlerRegistry
 from ..roofline import Roofs
 from ..state import preserved_inputs, preserved_rng
-from ..tracers import dispatch
+from ..tracers import dispatch, has_lazy_parameters, shared_tensor_copy
 from . import _book, _tree
 from .result import ProfileResult
 
@@ -66,6 +66,11 @@ def profile(
     if inputs is None:
         inputs = ()
     model = uncompiled(model)
+    lazy = has_lazy_parameters(model)
+    if lazy:
+        # as count_flops: the run materialises a copy's lazy modules, not the caller's; a
+        # first plain step materialises them (the join step's trace would restore their hooks)
+        model = shared_tensor_copy(model)
     refuse_data_less(model, inputs, kwargs, "profile")
     dev = resolve_device(model, inputs, kwargs, device)
     roof = roofs_for(dev, roofs)
@@ -77,7 +82,7 @@ def profile(
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
         step = _Step(on_device, run_inputs, run_kwargs, backward, loss_fn, dev)
-        for _ in range(warmup):
+        for _ in range(max(warmup, int(lazy))):
             step.fresh()
             step()
         join_args, join_kwargs = step.fresh()
