@@ -1,6 +1,7 @@
 """The profile join on the CPU zoo (issue #21): for every torch.nn and transformers model of
 the coverage zoo (benchmarks/zoo_nn.py, benchmarks/zoo_hf.py), built with its inputs as
-benchmarks/zoo.py builds them, in eval mode, run ``flopcount.profile(..., warmup=0,
+benchmarks/zoo.py builds them, in eval mode (``--train``: the zoo's train rows in train
+mode, forward only), run ``flopcount.profile(..., warmup=0,
 steps=1)`` and ``count_flops(..., tracer="dispatch")`` and check that the join adds no
 error: each operator's FLOPs in ``ProfileResult.by_operator()`` equal
 ``FlopResult.by_operator()`` exactly, and list ``ProfileResult.unmatched``.
@@ -44,13 +45,13 @@ def _alarm(signum: int, frame: Any) -> None:
     raise TimeLimit()
 
 
-def cases(only: Optional[str]) -> List[Case]:
+def cases(only: Optional[str], train: bool) -> List[Case]:
     out: List[Case] = []
     if only in (None, "nn"):
         import zoo_nn
 
-        # eval only: a "(eval)" row repeats its train row here
-        out += [c for c in zoo_nn.cases() if "(eval)" not in c.name]
+        # in eval, a "(eval)" row repeats its train row
+        out += [c for c in zoo_nn.cases() if train or "(eval)" not in c.name]
     if only in (None, "transformers"):
         import zoo_hf
 
@@ -64,12 +65,12 @@ def compare(profiled: Dict[str, float], counted: Dict[str, float]) -> List[Dict[
             for op in sorted(set(profiled) | set(counted)) if profiled.get(op, 0) != counted.get(op, 0)]
 
 
-def run_case(case: Case, timeout: float) -> Dict[str, Any]:
-    row: Dict[str, Any] = {"family": case.family, "name": case.name, "status": "ok", "diffs": [],
-                           "unmatched": []}
+def run_case(case: Case, timeout: float, train: bool) -> Dict[str, Any]:
+    row: Dict[str, Any] = {"family": case.family, "name": case.name + (" (train)" if train and case.train else ""),
+                           "status": "ok", "diffs": [], "unmatched": []}
     start = time.perf_counter()
     try:
-        model = _build(case).eval()
+        model = _build(case).train(train and case.train)
         args, kwargs = _inputs_for(case)
         with quiet():
             counted = count_flops(model, args, kwargs=kwargs or None, tracer="dispatch")
@@ -142,6 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--limit", type=int)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds a profile may take")
+    parser.add_argument("--train", action="store_true", help="the zoo's train rows in train mode (forward only)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--from-json", type=Path, nargs="+", help="report rows written by --json")
     args = parser.parse_args(argv)
@@ -150,10 +152,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         for path in args.from_json:
             rows += json.loads(path.read_text())
     else:
-        todo = cases(args.only)[args.start:]
+        todo = cases(args.only, args.train)[args.start:]
         todo = todo[:args.limit] if args.limit is not None else todo
         for case in todo:
-            row = run_case(case, args.timeout)
+            row = run_case(case, args.timeout, args.train)
             took = row.get("count_s", 0) + row.get("profile_s", 0)
             print(f"{case.family}/{case.name}: {row['status']} {took:.1f}s {len(row['diffs'])} diffs "
                   f"{len(row['unmatched'])} unmatched {row.get('error', '')}", file=sys.stderr, flush=True)

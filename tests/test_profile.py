@@ -226,3 +226,18 @@ def test_lazy_modules_are_profiled_on_a_copy(train):
     assert [type(m).__name__ for m in model] == ["Linear", "LazyLinear", "ReLU", "LazyLinear"]  # still lazy
     assert nn.parameter.is_lazy(model[1].weight) and nn.parameter.is_lazy(model[3].weight)
     assert [m.training for m in model.modules()] == [train] * 5
+
+
+def test_lazy_batch_norm_in_train_mode():
+    # regression: the running statistics a train step changes were saved with .detach(),
+    # which an uninitialised buffer refuses ("Attempted to use an uninitialized parameter")
+    model = nn.Sequential(nn.Linear(6, 4), nn.LazyBatchNorm1d()).train()
+    x = torch.randn(5, 6)
+    result = flopcount.profile(model, x, roofs=ROOFS, warmup=0, steps=1)
+    counted = flopcount.count_flops(model, x, tracer="dispatch")
+    assert result.by_operator()["aten::linear"].flops == 2 * 5 * 6 * 4  # 2 · rows · in · out
+    assert _flops_by_operator(result) == {op: f for op, f in counted.by_operator().items() if op in result.by_operator()}
+    assert sum(_flops_by_operator(result).values()) == counted.flops
+    assert result.unmatched == ()
+    assert type(model[1]).__name__ == "LazyBatchNorm1d" and nn.parameter.is_lazy(model[1].running_mean)
+    assert model[1].num_batches_tracked.item() == 0  # shared with the profiled copy, put back

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..inputs import as_call_args, flatten_tensors, is_dataless
+from ..inputs import as_call_args, flatten_tensors, is_dataless, is_uninitialized
 
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -76,7 +76,9 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
     if not needs_move:
         saved = []
         if any(m.training for m in model.modules()):
-            saved = [(m, k, b.detach().clone()) for m in model.modules() for k, b in m._buffers.items() if b is not None]
+            # a lazy module's uninitialised buffer has no values to save (its module is a copy's)
+            saved = [(m, k, b.detach().clone()) for m in model.modules() for k, b in m._buffers.items()
+                     if b is not None and not is_uninitialized(b)]
         try:
             yield model
         finally:
