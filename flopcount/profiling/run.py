@@ -52,7 +52,7 @@ def profile(
 
     One extra *join step* runs under the profiler with flopcount's dispatch recorder, which
     marks each recorded op; the timed steps run without it. The model, its flags, the
-    inputs and the RNG are left as found.
+    inputs and the RNG are left as found (a model with lazy modules runs as a copy).
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"profile expects a torch.nn.Module, got {type(model).__name__}")
