@@ -1,7 +1,7 @@
 """The profile join on the CPU zoo (issue #21): for every torch.nn and transformers model of
 the coverage zoo (benchmarks/zoo_nn.py, benchmarks/zoo_hf.py), built with its inputs as
 benchmarks/zoo.py builds them, in eval mode (``--train``: the zoo's train rows in train
-mode, forward only), run ``flopcount.profile(..., warmup=0,
+mode, forward only; ``--backward``: forward and backward), run ``flopcount.profile(..., warmup=0,
 steps=1)`` and ``count_flops(..., tracer="dispatch")`` and check that the join adds no
 error: each operator's FLOPs in ``ProfileResult.by_operator()`` equal
 ``FlopResult.by_operator()`` exactly, and list ``ProfileResult.unmatched``.
@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from zoo import _build, _inputs_for, first_line, quiet  # noqa: E402
+from zoo import _build, _inputs_for, _map, first_line, quiet  # noqa: E402
 from zoo_nn import Case  # noqa: E402
 
 import flopcount  # noqa: E402
@@ -43,6 +43,11 @@ class TimeLimit(Exception):
 
 def _alarm(signum: int, frame: Any) -> None:
     raise TimeLimit()
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a leaf that requires grad when it is floating (strides kept), else ``t``."""
+    return t.detach().requires_grad_() if t.is_floating_point() else t
 
 
 def cases(only: Optional[str], train: bool) -> List[Case]:
@@ -65,22 +70,24 @@ def compare(profiled: Dict[str, float], counted: Dict[str, float]) -> List[Dict[
             for op in sorted(set(profiled) | set(counted)) if profiled.get(op, 0) != counted.get(op, 0)]
 
 
-def run_case(case: Case, timeout: float, train: bool) -> Dict[str, Any]:
+def run_case(case: Case, timeout: float, train: bool, backward: bool = False) -> Dict[str, Any]:
     row: Dict[str, Any] = {"family": case.family, "name": case.name + (" (train)" if train and case.train else ""),
                            "status": "ok", "diffs": [], "unmatched": []}
     start = time.perf_counter()
     try:
         model = _build(case).train(train and case.train)
         args, kwargs = _inputs_for(case)
+        if backward and args:  # the first input requires grad: a layer without parameters has a backward too
+            args = (_map(args[0], _leaf),) + tuple(args[1:])  # (not a loss's target)
         with quiet():
-            counted = count_flops(model, args, kwargs=kwargs or None, tracer="dispatch")
+            counted = count_flops(model, args, kwargs=kwargs or None, tracer="dispatch", backward=backward)
         row["count_s"] = time.perf_counter() - start
         begin = time.perf_counter()
         previous = signal.signal(signal.SIGALRM, _alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             with quiet():
-                prof = flopcount.profile(model, args, kwargs or None, warmup=0, steps=1)
+                prof = flopcount.profile(model, args, kwargs or None, backward=backward, warmup=0, steps=1)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
@@ -144,6 +151,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds a profile may take")
     parser.add_argument("--train", action="store_true", help="the zoo's train rows in train mode (forward only)")
+    parser.add_argument("--backward", action="store_true", help="a training step: forward and backward")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--from-json", type=Path, nargs="+", help="report rows written by --json")
     args = parser.parse_args(argv)
@@ -155,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         todo = cases(args.only, args.train)[args.start:]
         todo = todo[:args.limit] if args.limit is not None else todo
         for case in todo:
-            row = run_case(case, args.timeout, args.train)
+            row = run_case(case, args.timeout, args.train, args.backward)
             took = row.get("count_s", 0) + row.get("profile_s", 0)
             print(f"{case.family}/{case.name}: {row['status']} {took:.1f}s {len(row['diffs'])} diffs "
                   f"{len(row['unmatched'])} unmatched {row.get('error', '')}", file=sys.stderr, flush=True)
