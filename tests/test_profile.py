@@ -229,8 +229,8 @@ def test_lazy_modules_are_profiled_on_a_copy(train):
 
 
 def test_lazy_batch_norm_in_train_mode():
-    # regression: the running statistics a train step changes were saved with .detach(),
-    # which an uninitialised buffer refuses ("Attempted to use an uninitialized parameter")
+    # regression: a train step's state guard met uninitialised running statistics
+    # ("Attempted to use an uninitialized parameter"); the copy's are materialised first
     model = nn.Sequential(nn.Linear(6, 4), nn.LazyBatchNorm1d()).train()
     x = torch.randn(5, 6)
     result = flopcount.profile(model, x, roofs=ROOFS, warmup=0, steps=1)

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..inputs import as_call_args, flatten_tensors, is_dataless, is_uninitialized
+from ..inputs import as_call_args, flatten_tensors, is_dataless
+from ..tracers._state import preserved_model_state
 
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -67,26 +68,17 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module]:
     """Yields ``model`` on ``device``; afterwards the model is exactly as found.
 
-    A model already on ``device`` is used in place; buffers a training-mode forward
-    may update (BatchNorm running statistics) are copied before and restored after.
+    A model already on ``device`` is used in place under the tracers' state guard
+    (``tracers/_state.preserved_model_state``: buffers such as BatchNorm's running
+    statistics bit for bit, flags, grads, hooks, the RNG).
     A model elsewhere is moved for the run and then given back its original tensors
     (the same parameter storages, gradients and buffer objects, not copies)."""
     tensors = list(_chain(model.parameters(), model.buffers()))
     needs_move = any(not _same_device(t.device, device) for t in tensors)
     if not needs_move:
-        saved = []
-        if any(m.training for m in model.modules()):
-            # a lazy module's uninitialised buffer has no values to save (its module is a copy's)
-            saved = [(m, k, b.detach().clone()) for m in model.modules() for k, b in m._buffers.items()
-                     if b is not None and not is_uninitialized(b)]
-        try:
+        # the tracers' one state guard: buffers bit for bit, flags, grads, hooks, the RNG
+        with preserved_model_state(model, restore_attributes=False):
             yield model
-        finally:
-            with torch.no_grad():
-                for module, key, copy in saved:
-                    current = module._buffers.get(key)
-                    if current is not None and not torch.equal(current, copy):
-                        current.copy_(copy)
         return
     params = [(p, p.data, None if p.grad is None else p.grad.data) for p in model.parameters()]
     slots = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]

@@ -340,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rows per operator (default), per module (children included) or per op in its module and phase")
     shape.add_argument("--top", type=_int_at_least(1, "--top"), default=25, metavar="N", help="rows in the table (default 25)")
     shape.add_argument("--trace", metavar="PATH.json", help="also write the Chrome trace with each op's flops, bytes and efficiency")
+    shape.add_argument("--tensorboard", metavar="DIR", default=None,
+                       help="also write the step time, FLOP/s and the top operators' time and efficiency as TensorBoard "
+                       "scalars, the table as text, and the trace where the PyTorch Profiler plugin finds it; "
+                       "needs flopcount[tensorboard]")
     shape.add_argument("--roofs", metavar="FLOPS,BW", default=None,
                        help="roofs as peak FLOP/s and bandwidth in bytes/s, e.g. 2T,100G (default: measured here, cached)")
     prof.set_defaults(command_name="profile")

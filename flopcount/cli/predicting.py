@@ -75,11 +75,15 @@ def run_profile(
     if args.depth is not None and args.by != "module":
         raise UsageError("--depth applies to --by module")
     roofs = _roofs(args.roofs)
+    if args.tensorboard:
+        from ..integrations.tensorboard import summary_writer
+
+        summary_writer()  # a missing package is said before the model is built
     run = prepare()
     progress(args, f"profiling {label} on {run.device}: {args.warmup} warm-up, a join step, then {args.steps} profiled steps"
                    + (" (forward + backward)" if args.backward else "") + " ...")
     result = profile(run.model, run.inputs, run.kwargs, backward=args.backward, warmup=args.warmup, steps=args.steps,
-                     device=run.device, roofs=roofs, keep_trace=args.trace is not None)
+                     device=run.device, roofs=roofs, keep_trace=args.trace is not None or bool(args.tensorboard))
     if args.format == "json":
         text = json.dumps({"entry": label, **result.to_dict()}, indent=2)
     elif args.format == "csv":
@@ -96,4 +100,13 @@ def run_profile(
     if args.plot:
         result.plot_roofline(args.plot)
         progress(args, f"wrote {args.plot}")
+    if args.tensorboard:
+        from ..integrations.tensorboard import write_profile_tensorboard
+
+        table = profile_table(result, by="operator", limit=args.top, fmt="github")
+        try:
+            write_profile_tensorboard(result, args.tensorboard, label=label, top=args.top, table=table)
+        except OSError as exc:
+            raise UsageError(f"--tensorboard {args.tensorboard}: {exc.strerror or exc}") from exc
+        progress(args, f"wrote the profile to TensorBoard logs in {args.tensorboard}")
     return EXIT_OK

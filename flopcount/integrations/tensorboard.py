@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..errors import UsageError
 
-__all__ = ["count_scalars", "write_tensorboard"]
+__all__ = ["count_scalars", "profile_scalars", "write_profile_tensorboard", "write_tensorboard"]
 
 
 def count_scalars(result: Any, max_depth: Optional[int] = 1, prefix: str = "flopcount") -> Dict[str, float]:
@@ -44,6 +45,46 @@ def write_tensorboard(
         writer.add_text(f"{prefix}/operators", _operator_markdown(result), global_step=step)
     finally:
         writer.close()
+    return scalars
+
+
+def profile_scalars(result: Any, top: int = 10, prefix: str = "flopcount/profile") -> Dict[str, float]:
+    """``{tag: value}`` of a :class:`~flopcount.profiling.ProfileResult`: the step time (ms),
+    its FLOPs, the achieved TFLOP/s, and for the ``top`` operators by time their time (ms) and
+    efficiency against the roofs (attainable time / measured time)."""
+    step_s = float(result.total_time_s)
+    flops = float(sum(r.flops for r in result.rows))
+    scalars = {f"{prefix}/step_ms": step_s * 1e3, f"{prefix}/flops": flops}
+    if step_s > 0:
+        scalars[f"{prefix}/tflops_per_s"] = flops / step_s / 1e12
+    operators = sorted(result.by_operator().items(), key=lambda kv: -kv[1].time_s)[:top]
+    for name, row in operators:
+        scalars[f"{prefix}/op_ms/{name}"] = float(row.time_s) * 1e3
+        if row.efficiency is not None:
+            scalars[f"{prefix}/op_efficiency/{name}"] = float(row.efficiency)
+    return scalars
+
+
+def write_profile_tensorboard(result: Any, log_dir: str, *, label: str = "", top: int = 10, table: str = "") -> Dict[str, float]:
+    """Write a profile into ``log_dir`` where TensorBoard looks: :func:`profile_scalars` as
+    scalars, ``table`` (the profile table, markdown) as text, and, when the result kept its
+    trace, the Chrome trace with each op's FLOPs and efficiency under ``log_dir/profile/``
+    (``*.pt.trace.json``), which the PyTorch Profiler plugin (torch-tb-profiler) lists as a run."""
+    writer_type = summary_writer()
+    scalars = profile_scalars(result, top=top)
+    writer = writer_type(log_dir=log_dir)
+    try:
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, global_step=0)
+        if table:
+            title = f"**{label}**\n\n" if label else ""
+            writer.add_text("flopcount/profile/operators", title + table, global_step=0)
+    finally:
+        writer.close()
+    if getattr(result, "trace", None) is not None:
+        run_dir = Path(log_dir) / "profile"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        result.export_chrome_trace(str(run_dir / "flopcount.pt.trace.json"))
     return scalars
 
 

@@ -42,11 +42,13 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def preserved_model_state(model: nn.Module) -> Iterator[StateWatch]:
+def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) -> Iterator[StateWatch]:
     """Leave ``model`` as found whatever the forward does: training flags, buffers
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
     dictionaries, attributes the forward set or replaced on a module, grad mode and
-    the RNG state (dropout draws from it)."""
+    the RNG state (dropout draws from it). ``restore_attributes=False`` keeps what the
+    forward set on its modules (a benchmark runs the user's own forward as the user
+    would: a call counter the model keeps is the model's business)."""
     modules = list(model.modules())
     # A shallow copy of each module's attributes, and of its buffer dict (buffers can be
     # reassigned through it): the forward's own ``self.x = ...`` are undone on exit.
@@ -74,7 +76,7 @@ def preserved_model_state(model: nn.Module) -> Iterator[StateWatch]:
     try:
         yield StateWatch(modules, attributes)
     finally:
-        for m, before in zip(modules, attributes):
+        for m, before in zip(modules, attributes if restore_attributes else ()):
             now = vars(m)
             for key in [k for k in now if k not in before]:
                 del now[key]

@@ -202,6 +202,29 @@ def test_model_left_as_found_when_forward_raises():
     assert_same_state(model, before)
 
 
+class _Hooking(nn.Module):
+    """A forward that leaves a hook behind and flips requires_grad: what the tracers' state
+    guard undoes, and (#19: one state guard) the benchmark now undoes too."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        self.lin.register_forward_hook(lambda *a: None)
+        self.lin.bias.requires_grad_(False)
+        return self.lin(x)
+
+
+def test_benchmark_undoes_hooks_and_flags_but_keeps_the_models_own_counters():
+    model = _Hooking()
+    benchmark(model, torch.randn(2, 4), warmup=2, iters=3)
+    assert len(model.lin._forward_hooks) == 0 and model.lin.bias.requires_grad
+    assert model.calls == 5  # the model's own bookkeeping is its business
+
+
 def test_explicit_cpu_device_keeps_the_model():
     model = nn.Linear(4, 4)
     params = [id(p) for p in model.parameters()]

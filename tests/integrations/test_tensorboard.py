@@ -56,3 +56,26 @@ def test_missing_tensorboard_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "pip install flopcount[tensorboard]" in err
     assert not (tmp_path / "tb").exists()
+
+
+def test_profile_writes_scalars_table_and_the_plugins_trace(tmp_path, monkeypatch, capsys):
+    """`flopcount profile --tensorboard DIR` (#23): the step's FLOPs (hand formula), its time and
+    the top operators' time read back with TensorBoard's own reader; the Chrome trace lands where
+    the PyTorch Profiler plugin looks (``*.pt.trace.json``), each Linear call with its FLOPs."""
+    (tmp_path / "models.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    code = main(["profile", "models.py:model", "--input", f"{B}x16", "--format", "json", "--quiet",
+                 "--steps", "2", "--warmup", "1", "--roofs", "1T,10G", "--tensorboard", "tb"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    scalars, texts = _read(tmp_path / "tb")
+    relu = B * 32  # one FLOP per element
+    assert scalars["flopcount/profile/flops"] == 2 * MACS + relu
+    assert scalars["flopcount/profile/step_ms"] == pytest.approx(report["total_time_s"] * 1e3, rel=1e-6)
+    linear_ms = sum(row["time_s"] for row in report["by_operator"] if row["name"] == "aten::linear") * 1e3
+    assert scalars["flopcount/profile/op_ms/aten::linear"] == pytest.approx(linear_ms, rel=1e-6)
+    assert "aten::linear" in texts["flopcount/profile/operators/text_summary"]
+    (trace,) = (tmp_path / "tb" / "profile").glob("*.pt.trace.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    linear_flops = sorted(e["args"]["flops"] for e in events if e.get("name") == "aten::linear" and "flops" in e.get("args", {}))
+    assert linear_flops == sorted([2 * B * 16 * 32, 2 * B * 32 * 8] * 2)  # two steps, two layers each
