@@ -40,7 +40,7 @@ _ONE = (
     # angle: a sign select for real input, atan2(imag, real) for complex
     "angle",
     # backward selects: grad where the forward passed, else 0
-    "threshold_backward", "hardtanh_backward",
+    "threshold_backward", "hardtanh_backward", "hardshrink_backward", "softshrink_backward",
 )
 
 PER_ELEMENT: Dict[str, int] = {f"aten::{name}": 1 for name in _ONE}
@@ -74,6 +74,9 @@ PER_ELEMENT.update(
         "aten::polar": 4,  # abs * cos(angle), abs * sin(angle)
         # backward: derivative x grad, counted from the same primitives
         "aten::leaky_relu_backward": 2,  # select, multiply by slope
+        # grad_input = x > 0 ? g : w*g (select, multiply); the per-element grad_weight
+        # x > 0 ? 0 : x*g (select, multiply) that autograd then sums (its own op)
+        "aten::_prelu_kernel_backward": 4,
         "aten::sigmoid_backward": 3,  # g * y * (1 - y)
         "aten::tanh_backward": 3,  # g * (1 - y^2)
         "aten::silu_backward": 9,  # sigmoid (4) + g * s * (1 + x*(1 - s)) (5)
