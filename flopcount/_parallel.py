@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from ._tp_conv1d import gpt2_tp_plan, is_gpt2_block
 from .errors import FlopcountError, UsageError
 
 #: name -> (module, attribute) of each private torch symbol plan() relies on
@@ -124,7 +125,7 @@ def _is_linear(module: Optional[nn.Module]) -> bool:
     return isinstance(module, nn.Linear)
 
 
-def builtin_tp_plan(model: nn.Module) -> Dict[str, Any]:
+def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     """A Megatron-style ``parallelize_module`` plan for the model's repeated blocks.
 
     LLaMA-family blocks (``self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``: LLaMA,
@@ -133,7 +134,10 @@ def builtin_tp_plan(model: nn.Module) -> Dict[str, Any]:
     gate and up are column-parallel, o and down row-parallel. ``nn.TransformerEncoderLayer``:
     the MLP only (``linear1`` column-, ``linear2`` row-parallel); its attention keeps
     q/k/v in one packed parameter that ``parallelize_module`` cannot shard, so it stays
-    replicated. Embeddings and the output head are not tensor-parallel (FSDP shards them).
+    replicated. GPT-2-style blocks (``attn.c_attn``/``c_proj``, ``mlp.c_fc``/``c_proj``, all
+    transformers ``Conv1D``): rewritten in place as Linears by :func:`gpt2_tp_plan` (the same
+    computation), then the same Megatron split. Embeddings and the output head are not
+    tensor-parallel (FSDP shards them).
     """
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
@@ -168,12 +172,14 @@ def builtin_tp_plan(model: nn.Module) -> Dict[str, Any]:
             f"{where}.mlp.up_proj": ColwiseParallel(),
             f"{where}.mlp.down_proj": RowwiseParallel(),
         }
+    if is_gpt2_block(block):
+        return gpt2_tp_plan(where, blocks, tp)
     if isinstance(block, nn.TransformerEncoderLayer):
         return {f"{where}.linear1": ColwiseParallel(), f"{where}.linear2": RowwiseParallel()}
     raise UsageError(
         f"no built-in tensor-parallel plan for blocks of type {type(block).__name__} in '{prefix}' "
-        "(built in: LLaMA-family q/k/v/o_proj + gate/up/down_proj blocks, nn.TransformerEncoderLayer; "
-        "GPT-2's Conv1D projections are not nn.Linear, which parallelize_module needs); "
+        "(built in: LLaMA-family q/k/v/o_proj + gate/up/down_proj blocks, GPT-2-style Conv1D "
+        "attn.c_attn/c_proj + mlp.c_fc/c_proj blocks, nn.TransformerEncoderLayer); "
         "pass tp_plan={module path: ParallelStyle}"
     )
 
@@ -195,7 +201,7 @@ def parallelize(
 
     prefix, blocks = transformer_blocks(model)
     if tp > 1:
-        plan = dict(tp_plan) if tp_plan is not None else builtin_tp_plan(model)
+        plan = dict(tp_plan) if tp_plan is not None else builtin_tp_plan(model, tp)
         parallelize_module(model, mesh["tp"], plan)
     elif tp_plan is not None:
         raise UsageError("tp_plan is only used with tp > 1")
