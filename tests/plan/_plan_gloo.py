@@ -34,12 +34,22 @@ def tiny_encoder() -> nn.Module:
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
 
 
-BUILDERS = {"llama": tiny_llama, "encoder": tiny_encoder}
+def tiny_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=0, eos_token_id=0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False,
+    )
+    return GPT2LMHeadModel(config)
+
+
+BUILDERS = {"llama": tiny_llama, "encoder": tiny_encoder, "gpt2": tiny_gpt2}
 
 
 def example_input(name: str) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
-    if name == "llama":
+    if name in ("llama", "gpt2"):
         return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
     return torch.randn(BATCH, SEQ, 64, generator=generator)
 
@@ -88,6 +98,9 @@ def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int
         torch.manual_seed(0)
         model = BUILDERS[model_name]().train()
         parallelize(model, mesh, fsdp, tp)
+        with torch.no_grad():  # the sharded model's output before any step, for numerical checks
+            first = model(example_input(model_name))
+            first_output = float(getattr(first, "logits", first).double().square().sum())
         optimizer = make_optimizer("adamw", model)
         start = time.perf_counter()
         with CollectiveBytes() as nbytes:
@@ -114,6 +127,7 @@ def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int
                 for e in record.events if not _skipped(e.call.op)
             ],
             "seconds": seconds,
+            "first_output": first_output,
         }
         if rank == 0:
             with open(os.path.join(out_dir, "rank0.json"), "w") as f:

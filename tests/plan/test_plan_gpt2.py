@@ -82,3 +82,28 @@ def test_heads_not_divisible_by_tp_is_a_usage_error() -> None:
     ids = torch.randint(0, V, (B, S))
     with pytest.raises(UsageError, match="num_heads divisible by tp=2"):
         flopcount.plan(lambda: tiny_gpt2(heads=1), (ids,), tp=2, device=None)
+
+
+def test_a_real_two_process_tp_run_agrees(tmp_path: Any) -> None:
+    """The same GPT-2 run for real by 2 gloo processes (tests/plan/_plan_gloo.py): the same
+    output as one process, and CommDebugMode's collectives, the real shards and a real
+    dispatch count equal to the plan's."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    import _plan_gloo as gloo
+
+    real = gloo.run_real("gpt2", 1, 2, str(tmp_path), timeout=100)
+    planned = flopcount.plan(gloo.tiny_gpt2, (gloo.example_input("gpt2"),), tp=2, device=None)
+    torch.manual_seed(0)
+    whole = gloo.tiny_gpt2().train()
+    with torch.no_grad():
+        expected = float(whole(gloo.example_input("gpt2")).logits.double().square().sum())
+    assert real["first_output"] == pytest.approx(expected, rel=1e-5)
+    assert dict(planned.state_bytes) == real["state_bytes"]
+    real_kinds = {op.rsplit(".", 1)[-1]: n for op, n in real["comm_counts"].items()}  # c10d_functional.all_reduce
+    assert {r.kind: r.calls for r in planned.comm} == real_kinds
+    assert planned.comm_totals("all_reduce", "tp").tensor_bytes == sum(size for _, size in real["collective_bytes"])
+    assert real["unsupported"] == {}
+    assert (dict(planned.flops), dict(planned.macs)) == (real["flops"], real["macs"])
