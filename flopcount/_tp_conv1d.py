@@ -21,9 +21,9 @@ from .errors import UsageError
 
 
 def _is_conv1d(module: Optional[nn.Module]) -> bool:
+    weight = getattr(module, "weight", None)
     return (
-        module is not None and type(module).__name__ == "Conv1D"
-        and isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 2
+        type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2
         and isinstance(getattr(module, "nf", None), int) and isinstance(getattr(module, "nx", None), int)
     )
 
@@ -39,7 +39,7 @@ class FusedQKV(nn.Module):
         return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
 
 
-def linear_of(conv: nn.Module, start: int = 0, stop: Optional[int] = None) -> nn.Linear:
+def linear_of(conv: Any, start: int = 0, stop: Optional[int] = None) -> nn.Linear:
     """The ``nn.Linear`` computing output columns ``start:stop`` of the ``Conv1D`` ``conv``."""
     weight, bias = conv.weight, conv.bias
     stop = weight.shape[1] if stop is None else stop
@@ -65,7 +65,7 @@ def is_gpt2_block(block: nn.Module) -> bool:
     )
 
 
-def gpt2_tp_plan(where: str, blocks: List[nn.Module], tp: int) -> Dict[str, Any]:
+def gpt2_tp_plan(where: str, blocks: List[Any], tp: int) -> Dict[str, Any]:
     """Rewrite ``blocks`` (GPT-2-style, see :func:`is_gpt2_block`) in place for ``tp`` ranks
     and return their Megatron plan: q/k/v and ``mlp.c_fc`` column-parallel, ``attn.c_proj``
     and ``mlp.c_proj`` row-parallel, the attention and MLP inputs replicated once."""
@@ -73,7 +73,7 @@ def gpt2_tp_plan(where: str, blocks: List[nn.Module], tp: int) -> Dict[str, Any]
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
     for index, block in enumerate(blocks):
-        attn, mlp = block.attn, block.mlp
+        attn = block.attn
         if hasattr(attn, "q_attn") or hasattr(block, "crossattention"):
             raise UsageError(
                 f"no built-in tensor-parallel plan for GPT-2 blocks with cross-attention ({where} item {index}); "
