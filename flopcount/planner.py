@@ -171,7 +171,10 @@ def _fake_step(
 
     tensors, rebuild = flatten_tensors((args, dict(kw)))
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model.to_empty(device="cpu")
+        ties = _tied_parameters(model)
+        model.to_empty(device="cpu")  # gives each module a tensor of its own: tied weights are tied again
+        for module, name, owner, owner_name in ties:
+            module._parameters[name] = owner._parameters[owner_name]
         fakes = [
             torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").requires_grad_(t.requires_grad)
             for t in tensors
@@ -187,6 +190,22 @@ def _fake_step(
     floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
     dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
     return record, dtype
+
+
+def _tied_parameters(model: nn.Module) -> List[Tuple[nn.Module, str, nn.Module, str]]:
+    """(module, name, owner, owner's name) for each parameter slot holding a parameter first
+    met in another slot (tied weights: GPT-2's ``lm_head.weight`` is ``wte.weight``)."""
+    owners: Dict[int, Tuple[nn.Module, str]] = {}
+    ties = []
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is None:
+                continue
+            if id(param) in owners:
+                ties.append((module, name, *owners[id(param)]))
+            else:
+                owners[id(param)] = (module, name)
+    return ties
 
 
 def _book(costed: List[Tuple[OpEvent, Optional[Cost]]]) -> Tuple[Dict[str, int], Dict[str, int], Dict[str, int], Dict[str, int]]:

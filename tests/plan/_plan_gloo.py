@@ -34,22 +34,22 @@ def tiny_encoder() -> nn.Module:
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
 
 
-def tiny_gpt2() -> nn.Module:
+def tiny_gpt2(tied: bool = False) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
         n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=0, eos_token_id=0,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied,
     )
     return GPT2LMHeadModel(config)
 
 
-BUILDERS = {"llama": tiny_llama, "encoder": tiny_encoder, "gpt2": tiny_gpt2}
+BUILDERS = {"llama": tiny_llama, "encoder": tiny_encoder, "gpt2": tiny_gpt2, "gpt2_tied": lambda: tiny_gpt2(tied=True)}
 
 
 def example_input(name: str) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
-    if name in ("llama", "gpt2"):
+    if name in ("llama", "gpt2", "gpt2_tied"):
         return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
     return torch.randn(BATCH, SEQ, 64, generator=generator)
 

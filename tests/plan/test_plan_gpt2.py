@@ -18,6 +18,13 @@ from flopcount.errors import UsageError
 
 H, HEADS, L, V, B, S = 64, 4, 2, 128, 3, 16
 INNER = 4 * H  # GPT-2's n_inner default
+#: CommDebugMode's op names -> plan()'s collective kinds
+KIND = {
+    "c10d._allgather_base_": "all_gather",
+    "c10d._reduce_scatter_base_": "reduce_scatter",
+    "c10d_functional.all_reduce": "all_reduce",
+    "_c10d_functional.all_reduce": "all_reduce",
+}
 
 
 def tiny_gpt2(tied: bool = False, heads: int = HEADS) -> nn.Module:
@@ -84,26 +91,42 @@ def test_heads_not_divisible_by_tp_is_a_usage_error() -> None:
         flopcount.plan(lambda: tiny_gpt2(heads=1), (ids,), tp=2, device=None)
 
 
-def test_a_real_two_process_tp_run_agrees(tmp_path: Any) -> None:
-    """The same GPT-2 run for real by 2 gloo processes (tests/plan/_plan_gloo.py): the same
-    output as one process, and CommDebugMode's collectives, the real shards and a real
-    dispatch count equal to the plan's."""
+def test_tied_embedding_and_head_are_one_parameter() -> None:
+    """Regression: the fake step's ``to_empty`` untied ``lm_head.weight`` from ``wte.weight``,
+    counting it twice (parameters, gradients, optimizer state). Oracle: the live model's
+    parameters (deduplicated by ``nn.Module.parameters``)."""
+    ids = torch.randint(0, V, (B, S))
+    params = 4 * sum(p.numel() for p in tiny_gpt2(tied=True).parameters())
+    assert params == 4 * (V * H + 64 * H + 2 * H + L * (12 * H * H + 13 * H))  # wte, wpe, ln_f, the blocks
+    planned = flopcount.plan(lambda: tiny_gpt2(tied=True), (ids,), device=None)
+    assert planned.state_bytes["parameters"] == planned.state_bytes["gradients"] == params
+
+
+@pytest.mark.parametrize(("name", "fsdp", "tp"), [("gpt2", 1, 2), ("gpt2_tied", 1, 2), ("gpt2_tied", 2, 1)])
+def test_a_real_two_process_run_agrees(name: str, fsdp: int, tp: int, tmp_path: Any) -> None:
+    """The same GPT-2 run for real by 2 gloo processes (tests/plan/_plan_gloo.py): under TP
+    the same output as one process; CommDebugMode's collectives, the real shards, the real
+    peak and a real dispatch count equal to the plan's (tied weights too)."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
     import _plan_gloo as gloo
 
-    real = gloo.run_real("gpt2", 1, 2, str(tmp_path), timeout=100)
-    planned = flopcount.plan(gloo.tiny_gpt2, (gloo.example_input("gpt2"),), tp=2, device=None)
-    torch.manual_seed(0)
-    whole = gloo.tiny_gpt2().train()
-    with torch.no_grad():
-        expected = float(whole(gloo.example_input("gpt2")).logits.double().square().sum())
-    assert real["first_output"] == pytest.approx(expected, rel=1e-5)
+    real = gloo.run_real(name, fsdp, tp, str(tmp_path), timeout=100)
+    planned = flopcount.plan(gloo.BUILDERS[name], (gloo.example_input(name),), fsdp=fsdp, tp=tp, device=None)
+    if tp > 1:
+        torch.manual_seed(0)
+        whole = gloo.BUILDERS[name]().train()
+        with torch.no_grad():
+            expected = float(whole(gloo.example_input(name)).logits.double().square().sum())
+        assert real["first_output"] == pytest.approx(expected, rel=1e-5)
     assert dict(planned.state_bytes) == real["state_bytes"]
-    real_kinds = {op.rsplit(".", 1)[-1]: n for op, n in real["comm_counts"].items()}  # c10d_functional.all_reduce
-    assert {r.kind: r.calls for r in planned.comm} == real_kinds
-    assert planned.comm_totals("all_reduce", "tp").tensor_bytes == sum(size for _, size in real["collective_bytes"])
+    assert planned.peak_bytes == real["peak"]
+    assert {r.kind: r.calls for r in planned.comm} == {KIND[op]: n for op, n in real["comm_counts"].items()}
+    real_bytes: Dict[str, int] = {}
+    for op, size in real["collective_bytes"]:
+        real_bytes[KIND[op]] = real_bytes.get(KIND[op], 0) + size
+    assert {r.kind: r.tensor_bytes for r in planned.comm} == real_bytes
     assert real["unsupported"] == {}
     assert (dict(planned.flops), dict(planned.macs)) == (real["flops"], real["macs"])
