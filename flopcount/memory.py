@@ -1,8 +1,8 @@
 """Peak memory of one inference or training step, estimated on fake tensors ("will it fit?").
 
-A fake twin of the model (the same module tree; parameters, buffers and inputs as
-FakeTensors with the original shapes, strides, storages and dtypes, meta mapped to
-cpu) runs the step under ``FakeTensorMode`` inside torch's
+A fake twin of the model, made by the tracers' ``fake_copies`` (the same module tree;
+parameters, buffers and inputs as FakeTensors with the original shapes, strides,
+storages and dtypes, meta mapped to cpu) runs the step under ``FakeTensorMode`` inside torch's
 ``torch.distributed._tools.mem_tracker.MemTracker``. Nothing is computed or
 allocated, and the user's model, inputs and optimizer are never touched.
 
@@ -14,11 +14,10 @@ counted: see docs/memory.md.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -27,12 +26,9 @@ from ._autocast import ambient_autocast_note, amp_device
 from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from .inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
 from .optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
-from .tied import restore_ties
+from .tracers._fake import FakeRunError, fake_copies
 from .tracers._modules import ModuleStack, module_names
 from .types import Phase
-
-if TYPE_CHECKING:
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
 Mode = Literal["inference", "forward+backward", "training step"]
 
@@ -173,52 +169,6 @@ def _peak_tracker() -> Any:
     return PeakTracker()
 
 
-class _Faker:
-    """Fake twins of real, meta or fake tensors: one fake storage per original storage
-    (tied weights and views stay shared, a view keeps its base's size), meta mapped to
-    cpu, floating dtypes cast to ``dtype`` when given."""
-
-    def __init__(self, mode: FakeTensorMode, dtype: Optional[torch.dtype]):
-        self.mode = mode
-        self.dtype = dtype
-        self._bases: Dict[Tuple[int, torch.dtype], Tuple[Any, torch.Tensor]] = {}
-
-    def __call__(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
-        if tensor.layout != torch.strided or tensor.is_quantized:
-            raise UsageError(f"estimate_memory: {what} is a {tensor.layout} tensor; only dense tensors are supported")
-        dtype = self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
-        device = torch.device("cpu") if tensor.device.type == "meta" else tensor.device
-        storage = tensor.untyped_storage()
-        key = (id(storage), dtype)
-        if key not in self._bases:
-            extent = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
-            numel = max(storage.nbytes() // tensor.element_size(), extent if tensor.numel() else 0)
-            with self.mode:  # the original storage is kept alive so that ids stay unique
-                self._bases[key] = (storage, torch.empty(numel, dtype=dtype, device=device))
-        with self.mode:
-            twin = self._bases[key][1].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
-            if isinstance(tensor, nn.Parameter):
-                return nn.Parameter(twin, requires_grad=tensor.requires_grad)
-            return twin.requires_grad_(tensor.requires_grad) if tensor.requires_grad else twin
-
-
-def _fake_model(model: nn.Module, faker: _Faker) -> Tuple[nn.Module, Dict[int, torch.Tensor]]:
-    """A copy of the module tree whose tensors are fake; ``{id(original): fake}``."""
-    twins: Dict[int, Any] = {}
-    for mod_name, module in model.named_modules(remove_duplicate=False):
-        owned = [(f"parameter {n}", t) for n, t in module._parameters.items()]
-        owned += [(f"buffer {n}", t) for n, t in module._buffers.items()]
-        owned += [(f"tensor attribute {n}", t) for n, t in vars(module).items() if isinstance(t, torch.Tensor)]
-        for label, tensor in owned:
-            if tensor is not None and id(tensor) not in twins:
-                twins[id(tensor)] = faker(tensor, f"{label} of module '{mod_name}'")
-    try:
-        twin = copy.deepcopy(model, memo=dict(twins))
-    except Exception as exc:
-        raise UsageError(f"estimate_memory could not copy the model's modules: {type(exc).__name__}: {exc}") from exc
-    return twin, twins
-
-
 def _loss_of(output: Any) -> torch.Tensor:
     """What backward starts from: ``output.loss`` when the model computed one (Hugging
     Face with labels), else the sum of every output that requires grad."""
@@ -263,8 +213,6 @@ def estimate_memory(
     ``torch.autocast`` and the backward and step outside it, as the AMP recipe does.
     A tie the model declares but no longer has (``model.to("meta")`` unties) is restored on
     the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     if not isinstance(model, nn.Module):
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:
@@ -276,16 +224,19 @@ def estimate_memory(
     args, kw = as_call_args(inputs, kwargs)
     description = describe_inputs(inputs, kwargs)
     tracker = _peak_tracker()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    faker = _Faker(mode, cast)
-    twin, twins = _fake_model(model, faker)
-    notes = restore_ties(twin) + ambient_autocast_note(amp)
     flat, rebuild = flatten_tensors((args, kw))
-    fake_args, fake_kw = rebuild([faker(t, f"input tensor {i}") for i, t in enumerate(flat)])
+    try:
+        copied = fake_copies(model, flat, rebuild, dtype=cast, storages=True, retie=True)
+    except UsageError as exc:
+        raise UsageError(f"estimate_memory: {exc}") from exc
+    except FakeRunError as exc:
+        raise UsageError(f"estimate_memory: {exc.reason}") from exc
+    twin, mode, (fake_args, fake_kw) = copied.model, copied.mode, copied.call
+    notes = copied.notes + ambient_autocast_note(amp)
     opt, opt_name = (None, None)
     if optimizer is not None:
         trainable = [p for p in twin.parameters() if p.requires_grad]
-        opt, opt_name = build_optimizer(optimizer, twins, trainable, "estimate_memory")
+        opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
     names = module_names(twin)
     rng = torch.get_rng_state()
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide

@@ -168,8 +168,18 @@ def _weight_norm(call: OpCall) -> Cost:
     return Cost.from_flops(3 * n + 2 * groups)
 
 
+def _weight_norm_backward(call: OpCall) -> Cost:
+    """Both gradients of ``w = v * (g / ||v||)`` per group (N = v's elements, G = g's):
+    ``s = sum(grad_w * v)`` 2N; ``grad_g = s / ||v||`` G; ``c = s / ||v||^2`` 2G;
+    ``k = g / ||v||`` G; ``grad_v = k * (grad_w - c * v)`` 3N: **5N + 4G** (torch's CPU
+    kernel ``weight_norm_backward`` reuses the saved norms)."""
+    n, groups = call.tensor("saved_v").numel, call.tensor("saved_g").numel
+    return Cost.from_flops(5 * n + 4 * groups)
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::_weight_norm", "aten::_weight_norm_interface"], _weight_norm)
+    registry.register("aten::_weight_norm_interface_backward", _weight_norm_backward)
     registry.register(["aten::layer_norm", "aten::native_layer_norm"], _layer_norm)
     registry.register(
         [

@@ -10,6 +10,11 @@ renormalise embeddings, update BatchNorm statistics: all of it happens to the co
 A forward that needs a real value (``.item()``, ``.tolist()``, ``bool(t)`` on data,
 ``nonzero``, a custom op without a fake kernel) cannot run on fakes: the run raises
 :class:`FakeRunError` with a one-sentence reason and the caller counts on a real run.
+
+The memory estimate uses the same copies with ``storages=True`` (one fake storage per
+real storage, of its full size, so tied weights and views share bytes as they do in the
+model; meta mapped to cpu; dense tensors only), ``dtype`` (floating tensors cast) and
+``retie=True`` (ties the model declares but lost restored on the copy, see ``tied.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
-from ..errors import TraceError
+from ..errors import TraceError, UsageError
 from ..inputs import is_uninitialized
+from ..tied import restore_ties
 
 __all__ = [
     "FakeCopy",
@@ -49,15 +55,26 @@ class FakeRunError(TraceError):
 
 class FakeCopy:
     """A fake copy of a model and of the tensors it is called with, sharing one mode;
-    ``call`` is the copied call arguments (positional, keyword)."""
+    ``call`` is the copied call arguments (positional, keyword); ``twins`` maps
+    ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored)."""
 
-    __slots__ = ("mode", "model", "tensors", "call")
+    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes")
 
-    def __init__(self, mode: Any, model: nn.Module, tensors: List[torch.Tensor], call: Any):
+    def __init__(
+        self,
+        mode: Any,
+        model: nn.Module,
+        tensors: List[torch.Tensor],
+        call: Any,
+        twins: Optional[Dict[int, torch.Tensor]] = None,
+        notes: Optional[List[str]] = None,
+    ):
         self.mode = mode
         self.model = model
         self.tensors = tensors
         self.call = call
+        self.twins: Dict[int, torch.Tensor] = {} if twins is None else twins
+        self.notes: List[str] = [] if notes is None else notes
 
 
 @cache
@@ -70,6 +87,21 @@ def _fake_types() -> Tuple[Any, Any]:
 def has_lazy_parameters(model: nn.Module) -> bool:
     """True when a lazy module (``nn.LazyLinear``...) has not been materialised yet."""
     return any(is_uninitialized(t) for t in _own_tensors(model))
+
+
+def _named_tensors(model: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every tensor the modules own (parameters, buffers, tensor attributes), with a label for errors."""
+    for mod_name, module in model.named_modules():
+        where = f"of module '{mod_name}'"
+        for name, tensor in module._parameters.items():
+            if tensor is not None:
+                yield f"parameter {name} {where}", tensor
+        for name, tensor in module._buffers.items():
+            if tensor is not None:
+                yield f"buffer {name} {where}", tensor
+        for name, value in vars(module).items():
+            if isinstance(value, torch.Tensor):
+                yield f"tensor attribute {name} {where}", value
 
 
 def _own_tensors(model: nn.Module) -> List[torch.Tensor]:
@@ -89,9 +121,11 @@ def _attribute_tensors(model: nn.Module) -> List[torch.Tensor]:
 
 
 class _Faker:
-    """Makes one fake per real tensor (the same fake for the same tensor: ties survive)."""
+    """Makes one fake per real tensor (the same fake for the same tensor: ties survive).
+    ``storages``: one fake storage per real storage (see the module docstring); ``dtype``:
+    floating tensors are cast to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: Optional[torch.dtype] = None, storages: bool = False) -> None:
         fake_tensor, fake_mode = _fake_types()
         self._fake_tensor = self.fake_type = fake_tensor
         # Real tensors the forward reaches some other way (a global, a closure) are
@@ -99,12 +133,16 @@ class _Faker:
         self.mode = fake_mode(allow_non_fake_inputs=True)
         self.memo: Dict[int, Any] = {}
         self._meta_device = torch.device("meta")
+        self.dtype = dtype
+        self.storages = storages
+        # (id(real storage), dtype) -> (the real storage, kept alive so ids stay unique; its fake base)
+        self._bases: Dict[Tuple[int, torch.dtype], Tuple[Any, torch.Tensor]] = {}
 
-    def fake(self, tensor: torch.Tensor) -> torch.Tensor:
+    def fake(self, tensor: torch.Tensor, what: str = "a tensor") -> torch.Tensor:
         found = self.memo.get(id(tensor))
         if found is not None:
             return found
-        made = self._make(tensor)
+        made = self._on_storage(tensor, what) if self.storages else self._make(tensor)
         if isinstance(tensor, nn.Parameter):
             made._is_param = True  # makes isinstance(made, nn.Parameter) true
         if tensor.requires_grad and (made.is_floating_point() or made.is_complex()):
@@ -122,27 +160,56 @@ class _Faker:
                 pass  # a private constructor that changed: the public route below
         return self.mode.from_tensor(tensor, static_shapes=True)
 
+    def _on_storage(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """A view of the one fake storage made for ``tensor``'s storage (of the storage's full
+        size, or the view's extent if that is larger), meta mapped to cpu, cast to ``dtype``."""
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            raise UsageError(f"{what} is a {tensor.layout} tensor; only dense tensors are supported")
+        dtype = self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
+        storage = tensor.untyped_storage()
+        key = (id(storage), dtype)
+        if key not in self._bases:
+            extent = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
+            numel = max(storage.nbytes() // tensor.element_size(), extent if tensor.numel() else 0)
+            device = torch.device("cpu") if tensor.device.type == "meta" else tensor.device
+            with self.mode:
+                self._bases[key] = (storage, torch.empty(numel, dtype=dtype, device=device))
+        with self.mode:
+            # detached: not a view for autograd, as a real parameter is not (autocast caches
+            # its low-precision copies of leaves that are not views)
+            return self._bases[key][1].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset()).detach()
+
 
 def fake_copies(
-    model: nn.Module, inputs: Sequence[torch.Tensor], rebuild: Optional[Callable[[Sequence[torch.Tensor]], Any]] = None
+    model: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    rebuild: Optional[Callable[[Sequence[torch.Tensor]], Any]] = None,
+    *,
+    dtype: Optional[torch.dtype] = None,
+    storages: bool = False,
+    retie: bool = False,
 ) -> FakeCopy:
     """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
     fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
     object in them copied too (a list or KV cache the forward appends to stays the
-    caller's own). Raises :class:`FakeRunError` if it cannot."""
-    faker = _Faker()
+    caller's own). ``dtype``, ``storages``, ``retie``: see the module docstring. Raises
+    :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
+    faker = _Faker(dtype, storages)
     memo: Dict[int, Any] = {}
     try:
-        for tensor in _own_tensors(model) + _attribute_tensors(model):
+        for label, tensor in _named_tensors(model):
             if not is_uninitialized(tensor):
-                memo[id(tensor)] = faker.fake(tensor)
-        fake_inputs = [faker.fake(t) for t in inputs]
+                memo[id(tensor)] = faker.fake(tensor, label)
+        fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]
         copier = _TreeCopier(memo, faker)
         model_copy = copier.module(model)
         call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
+        notes = restore_ties(model_copy) if retie else []
+    except UsageError:
+        raise
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
-    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy)
+    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes)
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)

@@ -1,5 +1,5 @@
 """Backward ops the profile zoo found without a handler (#21's zoo run): hardshrink,
-softshrink and PReLU, counted by the per-element formulas of docs/conventions.md."""
+softshrink, PReLU and weight norm, counted by the formulas of docs/conventions.md."""
 
 from __future__ import annotations
 
@@ -26,3 +26,13 @@ def test_prelu_backward_is_four_per_element(tracer):
     r = count_flops(nn.PReLU(3), x, tracer=tracer, backward=True)
     assert r.unsupported_ops() == {}
     assert r.by_operator()["aten::_prelu_kernel_backward"] == 4 * x.numel()
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+def test_weight_norm_backward_is_5n_plus_4g(tracer):
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3), dim=0)
+    x = torch.randn(2, 4, 10)
+    r = count_flops(conv, x, tracer=tracer, backward=True)
+    n, g = 6 * 4 * 3, 6  # v's elements, g's (one norm per output channel)
+    assert r.unsupported_ops() == {}
+    assert r.by_operator()["aten::_weight_norm_interface_backward"] == 5 * n + 4 * g
