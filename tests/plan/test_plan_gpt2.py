@@ -113,8 +113,8 @@ def test_a_real_two_process_run_agrees(name: str, fsdp: int, tp: int, tmp_path: 
         pytest.skip("needs torch.distributed with gloo")
     import _plan_gloo as gloo
 
-    real = gloo.run_real(name, fsdp, tp, str(tmp_path), timeout=100)
     planned = flopcount.plan(gloo.BUILDERS[name], (gloo.example_input(name),), fsdp=fsdp, tp=tp, device=None)
+    real = gloo.run_real_settled(name, fsdp, tp, str(tmp_path), planned.peak_bytes, tolerance=0.0, timeout=100)
     if tp > 1:
         torch.manual_seed(0)
         whole = gloo.BUILDERS[name]().train()
