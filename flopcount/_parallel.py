@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ._tp_conv1d import gpt2_tp_plan, is_gpt2_block
+from ._tp_mha import encoder_tp_plan
 from .errors import FlopcountError, UsageError
 
 #: name -> (module, attribute) of each private torch symbol plan() relies on
@@ -132,9 +133,9 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     Mistral, Qwen2...): the attention and MLP inputs are made replicated DTensors once
     (so backward all-reduces their gradient once, as Megatron's fused QKV does), q/k/v,
     gate and up are column-parallel, o and down row-parallel. ``nn.TransformerEncoderLayer``:
-    the MLP only (``linear1`` column-, ``linear2`` row-parallel); its attention keeps
-    q/k/v in one packed parameter that ``parallelize_module`` cannot shard, so it stays
-    replicated. GPT-2-style blocks (``attn.c_attn``/``c_proj``, ``mlp.c_fc``/``c_proj``, all
+    its packed ``nn.MultiheadAttention`` is swapped in place for separate q/k/v/out Linears by
+    :func:`encoder_tp_plan` (the same computation), then q/k/v and ``linear1`` column-,
+    ``out_proj`` and ``linear2`` row-parallel. GPT-2-style blocks (``attn.c_attn``/``c_proj``, ``mlp.c_fc``/``c_proj``, all
     transformers ``Conv1D``): rewritten in place as Linears by :func:`gpt2_tp_plan` (the same
     computation), then the same Megatron split. Embeddings and the output head are not
     tensor-parallel (FSDP shards them).
@@ -175,7 +176,7 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     if is_gpt2_block(block):
         return gpt2_tp_plan(where, blocks, tp)
     if isinstance(block, nn.TransformerEncoderLayer):
-        return {f"{where}.linear1": ColwiseParallel(), f"{where}.linear2": RowwiseParallel()}
+        return encoder_tp_plan(where, blocks, tp)
     raise UsageError(
         f"no built-in tensor-parallel plan for blocks of type {type(block).__name__} in '{prefix}' "
         "(built in: LLaMA-family q/k/v/o_proj + gate/up/down_proj blocks, GPT-2-style Conv1D "

@@ -131,13 +131,12 @@ def test_user_tp_plan_and_encoder() -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     x = gloo.example_input("encoder")
-    builtin = flopcount.plan(gloo.tiny_encoder, (x,), tp=2, device=None)
     given = flopcount.plan(
         gloo.tiny_encoder, (x,), tp=2, device=None, tp_plan={"layers.*.linear1": ColwiseParallel(), "layers.*.linear2": RowwiseParallel()}
     )
-    assert given.flops == builtin.flops
-    row = builtin.comm_totals("all_reduce", "tp")
+    row = given.comm_totals("all_reduce", "tp")
     assert row.calls == 2 * L and row.tensor_bytes == 2 * L * B * S * 64 * 4  # MLP only: 1 forward + 1 backward
+    # the built-in encoder plan (attention too) is tests/plan/test_plan_encoder.py
     with pytest.raises(UsageError, match="built-in tensor-parallel plan"):
         flopcount.plan(lambda: nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),), tp=2, device=None)
 
