@@ -357,14 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  flopcount plan hf:llama --config num_hidden_layers=4 --fsdp 64 --tp 8 --link dp=infiniband-ndr,tp=nvlink4",
         formatter_class=formatter,
     )
-    planner.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE or example:NAME")
-    inputs = planner.add_argument_group("one rank's micro-batch")
-    inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
-                        help="a positional input tensor, e.g. 1x4096:int64 (repeat for several)")
-    inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
-                        help="a keyword input tensor (repeatable)")
-    inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
-                        help="hf: config override, or keyword argument of a factory (repeatable)")
+    _add_model_args(planner, "one rank's micro-batch", example="1x4096:int64")
     setup = planner.add_argument_group("the cluster")
     _add_ranks(setup)
     setup.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer step counted (default adamw)")
@@ -383,20 +376,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see_below: bool = False) -> Any:
+    """ENTRY, then ``--input``/``--kwarg``/``--config`` in a group named ``title`` (returned,
+    so a command can add more inputs to it): the one spelling every command reads a model with."""
+    p.add_argument("entry", metavar="ENTRY",
+                   help="the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME" + (" (see below)" if see_below else ""))
+    inputs = p.add_argument_group(title)
+    inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
+                        help=f"a positional input tensor, e.g. {example} (repeat for several)")
+    inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
+                        help="a keyword input tensor, e.g. attention_mask=1x128:int64 (repeatable)")
+    inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
+                        help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
+    return inputs
+
+
 def _add_ranks(group: Any) -> None:
     group.add_argument("--fsdp", type=_int_at_least(1, "--fsdp"), default=None, metavar="N", help="FSDP2 ranks (default 1)")
     group.add_argument("--tp", type=_int_at_least(1, "--tp"), default=None, metavar="N", help="tensor-parallel ranks (default 1)")
 
 
 def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS) -> None:
-    p.add_argument("entry", metavar="ENTRY", help="the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME (see below)")
-    inputs = p.add_argument_group("inputs")
-    inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
-                        help="a positional input tensor, e.g. 1x3x224x224 or 1x128:int64 (repeat for several)")
-    inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
-                        help="a keyword input tensor, e.g. attention_mask=1x128:int64 (repeatable)")
-    inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
-                        help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
+    inputs = _add_model_args(p, "inputs", example="1x3x224x224 or 1x128:int64", see_below=True)
     inputs.add_argument("--device", default="cpu", metavar="D",
                         help="cpu (default), cuda, cuda:N, or meta (shapes only: no memory, dispatch tracer)")
     inputs.add_argument("--seed", type=_int_at_least(0, "--seed"), default=0, metavar="N", help="seed of the random example inputs (default 0)")

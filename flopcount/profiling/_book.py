@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..roofline import Roofs, compute_time, memory_time
 from ..types import Cost, OpEvent
-from ._bytes import call_dtype, event_bytes
+from ._bytes import call_dtype
 from ._tree import Alignment, Node, TopOp
 from .result import Overview, ProfileRow, Unmatched
 
@@ -37,7 +37,7 @@ def event_facts(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> List[EventF
     for event, cost in costed:
         fact = EventFacts(event, cost)
         if cost is not None:
-            fact.bytes = event_bytes(cost)
+            fact.bytes = cost.bytes
             fact.dtype = call_dtype(event.call)
             parts = cost.parts or ((event.call.op, cost),)
             total = sum(p.flops for _, p in parts)

@@ -14,11 +14,6 @@ from ..traffic import call_traffic
 from ..types import Cost, OpCall, TensorMeta
 
 
-def event_bytes(cost: Cost) -> int:
-    """Bytes read + written by the call, as the cost vector has them."""
-    return int(cost.bytes_read + cost.bytes_written)
-
-
 def _floating(dtype: Optional[str]) -> bool:
     return dtype is not None and ("float" in dtype or "complex" in dtype)
 
@@ -34,7 +29,7 @@ def _recast(value: Any, dtype: str) -> Any:
 def bytes_as(call: OpCall, cost: Cost, dtype: Optional[str]) -> int:
     """The call's bytes with its real floating tensors priced at ``dtype`` (as given when None)."""
     if dtype is None:
-        return event_bytes(cost)
+        return cost.bytes
     recast = OpCall(call.op, {k: _recast(v, dtype) for k, v in call.args.items()}, tuple(_recast(o, dtype) for o in call.outputs))
     read, written = call_traffic(recast, view=is_view_op(call.op))
     return read + written
