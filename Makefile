@@ -32,8 +32,15 @@ lint: $(STAMP)
 
 # The full suite on the pinned torch (also the oldest supported: pyproject's floor), then the
 # tests not marked slow on the newest torch this machine can install (the zoo's venv).
+# Each suite runs in two parts (docs/internals.md, "The test suite"): everything not marked
+# `serial` on PYTEST_JOBS processes (pytest-xdist, whole files per process), then the `serial`
+# tests (real gloo ranks, real wall-clock timings) alone on the machine.
+PYTEST_JOBS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_JOBS) --dist loadfile
+
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not serial"
+	$(PY) -m pytest -q -m serial
 	$(MAKE) compat
 
 bench: $(STAMP)
@@ -57,7 +64,8 @@ $(COMPAT_STAMP): $(ZOO_STAMP) requirements-dev.txt
 
 compat: $(COMPAT_STAMP)
 	$(ZOO_VENV)/bin/python -c "import torch; print('compat: torch', torch.__version__)"
-	$(ZOO_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
+	$(ZOO_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not serial"
+	$(ZOO_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "serial and not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

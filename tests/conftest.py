@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -13,6 +14,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Under pytest-xdist (`make test`'s parallel part) each worker gets its share of the cores:
+# torch's default of one intra-op thread per core in every worker oversubscribes them, and
+# OpenMP's spinning threads then made 2 workers slower than 1 process (docs/internals.md).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, _CORES // _WORKERS))
 
 
 class Fn(torch.nn.Module):

@@ -62,6 +62,7 @@ def test_iters_and_duration_together_are_refused_before_any_work(workdir, capsys
     assert err.count("\n") == 1 and "--iters 5 and --duration 2 exclude each other" in err
 
 
+@pytest.mark.serial  # real sleeps timed by the real clock
 def test_plan_estimate_and_warmup_progress_are_on_stderr(workdir, capsys):
     code, out, err = cli(capsys, "bench", "bench_models.py:Sleepy", "-i", "2x4", "--warmup", "4", "--iters", "2")
     assert code == 0, err
@@ -75,6 +76,7 @@ def test_plan_estimate_and_warmup_progress_are_on_stderr(workdir, capsys):
     assert "warm-up 1/4" not in out  # progress never reaches stdout
 
 
+@pytest.mark.serial  # real sleeps timed by the real clock
 def test_duration_plan_names_the_floor(workdir, capsys):
     code, _, err = cli(capsys, "bench", "bench_models.py:Dozy", "-i", "2x4", "--warmup", "1", "--duration", "0.1")
     assert code == 0, err

@@ -124,6 +124,7 @@ def test_unsupported_attention_is_a_usage_error() -> None:
             flopcount.plan(lambda: encoder(**attention), (x,), tp=2, device=None)
 
 
+@pytest.mark.serial  # real gloo ranks (pyproject: markers)
 def test_a_real_two_process_run_agrees(tmp_path: Any) -> None:
     """The encoder tp=2 run for real by 2 gloo processes (tests/plan/_plan_gloo.py): the same
     output as one process with the original nn.MultiheadAttention; CommDebugMode's collectives,

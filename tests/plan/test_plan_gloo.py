@@ -19,6 +19,8 @@ import _plan_gloo as gloo
 
 import flopcount
 
+pytestmark = pytest.mark.serial  # real gloo ranks: their peak moves when other tests share the cores
+
 #: CommDebugMode's op names -> plan()'s collective kinds
 KIND = {
     "c10d._allgather_base_": "all_gather",

@@ -102,6 +102,7 @@ def test_tied_embedding_and_head_are_one_parameter() -> None:
     assert planned.state_bytes["parameters"] == planned.state_bytes["gradients"] == params
 
 
+@pytest.mark.serial  # real gloo ranks (pyproject: markers)
 @pytest.mark.parametrize(("name", "fsdp", "tp"), [("gpt2", 1, 2), ("gpt2_tied", 1, 2), ("gpt2_tied", 2, 1)])
 def test_a_real_two_process_run_agrees(name: str, fsdp: int, tp: int, tmp_path: Any) -> None:
     """The same GPT-2 run for real by 2 gloo processes (tests/plan/_plan_gloo.py): under TP
