@@ -35,12 +35,19 @@ lint: $(STAMP)
 # Each suite runs in two parts (docs/internals.md, "The test suite"): everything not marked
 # `serial` on PYTEST_JOBS processes (pytest-xdist, whole files per process), then the `serial`
 # tests (real gloo ranks, real wall-clock timings) alone on the machine.
+# The serial run collects only the files that hold such tests (found by the literal
+# `mark.serial`: write the marker out, no alias), which saves it collecting the whole tree.
 PYTEST_JOBS ?= 2
+# Python's default, bytecode caching: with PYTHONDONTWRITEBYTECODE set (some shells and agents
+# set it) every process of the suite compiled flopcount and rewrote the tests' asserts anew
+# (2 s of its 5 s collection here).
+unexport PYTHONDONTWRITEBYTECODE
 PYTEST_PARALLEL := -n $(PYTEST_JOBS) --dist loadfile
+SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='*.py' | sort)
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not serial"
-	$(PY) -m pytest -q -m serial
+	$(PY) -m pytest -q -m serial $(SERIAL_FILES)
 	$(MAKE) compat
 
 bench: $(STAMP)
@@ -65,7 +72,7 @@ $(COMPAT_STAMP): $(ZOO_STAMP) requirements-dev.txt
 compat: $(COMPAT_STAMP)
 	$(ZOO_VENV)/bin/python -c "import torch; print('compat: torch', torch.__version__)"
 	$(ZOO_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not serial"
-	$(ZOO_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "serial and not slow"
+	$(ZOO_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "serial and not slow" $(SERIAL_FILES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

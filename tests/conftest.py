@@ -129,3 +129,14 @@ def _private_cache_dir(_roofs_cache: Any, monkeypatch: Any) -> None:
     """Roofs measured by a test (flopcount.profile without roofs=) are cached in a session
     folder, never in the user's ~/.cache; tests that need their own folder set it again."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(_roofs_cache))
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config: Any, items: Any) -> None:
+    """The serial tests in tests/plan run real gloo ranks, forked from a server that imports
+    torch and transformers once (tests/plan/_plan_gloo.py, ~3 s): when any is selected, start it
+    now, in the background, so that those imports overlap the tests before the first run."""
+    if any(item.path.parent.name == "plan" and item.get_closest_marker("serial") for item in items):
+        import _plan_gloo
+
+        _plan_gloo.start_fork_server()

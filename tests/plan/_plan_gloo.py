@@ -159,6 +159,15 @@ def _context() -> Any:
     return context
 
 
+def start_fork_server() -> None:
+    """Start the fork server now, in the background (its imports take ~3 s), so that the
+    first :func:`run_real` does not wait for them."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
+
+
 def run_real(model_name: str, fsdp: int, tp: int, out_dir: str, timeout: float = 90.0) -> Dict[str, Any]:
     """Start ``fsdp * tp`` gloo processes; rank 0's record, or an error after ``timeout`` s."""
     context = _context()
