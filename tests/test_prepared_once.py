@@ -77,7 +77,8 @@ def test_memory_prepares_its_call_once(flattens):
 
 
 def test_generation_reads_the_model_facts_once_for_all_steps(monkeypatch):
-    from flopcount import generation, model_facts as facts_module
+    from flopcount import generation
+    from flopcount import model_facts as facts_module
 
     calls = []
     original = facts_module.model_facts
