@@ -109,13 +109,14 @@ def benchmark(
     clock: Clock = timer if timer is not None else time.perf_counter_ns
     batch, batch_source = batch_and_source(call, None, batch_size)
     notes: List[str] = []
-    if batch_size is None and batch_source.startswith("dim 0") and _sequence_first(model):
+    modules = list(model.modules())
+    if batch_size is None and batch_source.startswith("dim 0") and _sequence_first(modules):
         notes.append(
             f"throughput takes batch {batch} from {batch_source}, but the model has a sequence-first layer "
             "(batch_first=False), whose batch is dim 1: pass batch_size (--batch-size) if dim 0 is the sequence"
         )
-    training = any(m.training for m in model.modules())
-    if any(m.training and isinstance(m, _TRAIN_SENSITIVE) for m in model.modules()):
+    training = any(m.training for m in modules)
+    if any(m.training and isinstance(m, _TRAIN_SENSITIVE) for m in modules):
         notes.append("model is in training mode: dropout/batch-norm run as in training (call model.eval() to time inference)")
 
     run_call = move_inputs(call, dev)
@@ -201,9 +202,9 @@ def batch_and_source(inputs: Any, kwargs: Optional[Mapping[str, Any]], batch_siz
     return leading_batch(call), f"dim 0 of Tensor[{', '.join(str(d) for d in first.shape)}]"
 
 
-def _sequence_first(model: nn.Module) -> bool:
+def _sequence_first(modules: List[nn.Module]) -> bool:
     seq_first = (nn.RNNBase, nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
-    return any(isinstance(m, seq_first) and not getattr(m, "batch_first", True) for m in model.modules())
+    return any(isinstance(m, seq_first) and not getattr(m, "batch_first", True) for m in modules)
 
 
 def _flops_value(flops: Any) -> Optional[float]:
