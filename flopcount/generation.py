@@ -29,6 +29,7 @@ from .errors import TraceError, UsageError
 from .handlers import default_registry
 from .inputs import prepare_call
 from .model_facts import model_facts
+from .rendering import render
 from .results import FlopResult, aggregate
 from .tracers import trace
 from .types import Trace
@@ -101,14 +102,10 @@ class GenerationResult:
 
     def table(self) -> str:
         """Prefill, decode and total rows (MACs, FLOPs, per token), with the convention."""
-        from .report.generation import generation_table
-
-        return generation_table(self)
+        return render(self, "table")
 
     def to_dict(self) -> Dict[str, Any]:
-        from .report.generation import generation_to_dict
-
-        return generation_to_dict(self)
+        return render(self, "dict")
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)

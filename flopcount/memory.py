@@ -27,6 +27,7 @@ from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from .inputs import output_tensors, prepare_call
 from .model_facts import model_facts
 from .optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
+from .rendering import render
 from .tracers._fake import FakeRunError, fake_copies
 from .tracers._modules import ModuleStack
 from .types import Phase
@@ -106,14 +107,10 @@ class MemoryEstimate:
         return {m.name: m.activation_bytes for m in self.modules if m.calls}
 
     def table(self, max_depth: Optional[int] = 1, fmt: str = "simple") -> str:
-        from .report.memory import memory_table
-
-        return memory_table(self, max_depth=max_depth, fmt=fmt)
+        return render(self, "table", max_depth=max_depth, fmt=fmt)
 
     def to_dict(self) -> Dict[str, Any]:
-        from .report.memory import memory_to_dict
-
-        return memory_to_dict(self)
+        return render(self, "dict")
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
