@@ -8,7 +8,7 @@ fp16 cells keep float32 copies that stand for float16 storage) and the biases.""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -76,11 +76,13 @@ def held_tensors(module: nn.Module, obj: Any) -> List[Tuple[torch.Tensor, torch.
     return [(weight, packed_dtype(module, weight))] + ([] if bias is None else [(bias, bias.dtype)])
 
 
-def packed_objects(model: nn.Module) -> Iterator[Tuple[str, nn.Module, Any]]:
+def packed_objects(
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]] = None
+) -> Iterator[Tuple[str, nn.Module, Any]]:
     """(qualified module name, module, packed ScriptObject) for every packed-params
     object (linear/conv params, RNN cells) held directly by a module of ``model``, each once."""
     seen = set()
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if modules is None else modules:
         for value in vars(module).values():
             if isinstance(value, torch.ScriptObject) and id(value) not in seen and held_tensors(module, value):
                 seen.add(id(value))

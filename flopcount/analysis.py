@@ -11,11 +11,11 @@ from torch import nn
 
 from .errors import HandlerError
 from .handlers import default_registry
-from .inputs import describe_inputs, is_uninitialized
+from .inputs import prepare_call
+from .model_facts import model_facts
 from .optimizers import OptimizerSpec
-from .params import summarize_parameters
 from .registry import KNOWN_ZERO, HandlerRegistry
-from .results import FlopResult, ModuleInfo, aggregate
+from .results import FlopResult, aggregate
 from .tracers import trace
 from .traffic import call_traffic
 from .types import ZERO_COST, Cost, Handler, OpEvent
@@ -42,16 +42,18 @@ def analyze(
     table = registry if registry is not None else default_registry()
     if handlers:
         table = table.with_overrides(handlers)
-    run = trace(model, inputs, kwargs, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+    call = prepare_call(inputs, kwargs)
+    facts = model_facts(model)
+    run = trace(model, call, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
     return aggregate(
         cost_events(run.events, table),
         tracer=run.tracer,
-        modules=module_infos(model, run.module_calls),
-        parameters=summarize_parameters(model),
-        input_description=describe_inputs(inputs, kwargs),
+        modules=facts.module_infos(run.module_calls),
+        parameters=facts.summary,
+        input_description=call.description,
         warnings=run.warnings,
         gaps=run.gaps,
-        aliases=module_aliases(model),
+        aliases=facts.aliases,
     )
 
 
@@ -119,14 +121,6 @@ def is_view_op(op: str) -> bool:
     return False
 
 
-def module_aliases(model: nn.Module) -> Dict[str, Tuple[str, ...]]:
-    """``{canonical name: all names}`` for each module reachable under several names."""
-    names: Dict[int, List[str]] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        names.setdefault(id(module), []).append(name)
-    return {found[0]: tuple(found) for found in names.values() if len(found) > 1}
-
-
 def _checked(cost: Any, op: str, module: str) -> Optional[Cost]:
     """A handler's answer: a Cost of non-negative integers, or ``None`` (this call is
     unsupported: reported, never zero). Anything else is a HandlerError naming the op
@@ -159,24 +153,3 @@ def _handler_failure(event: OpEvent, exc: BaseException) -> str:
     where = f"module '{event.module}'" if event.module else "the root module"
     on = f" (tensor arguments {listed})" if listed else ""
     return f"the handler for {call.op} in {where} failed: {type(exc).__name__}: {detail}{on}"
-
-
-def module_infos(model: nn.Module, calls: Mapping[str, int]) -> List[ModuleInfo]:
-    """Each module with its parameter count (its own and its submodules', each tensor
-    once), in one pass over the parameters rather than one per module."""
-    owned: Dict[str, int] = {}
-    counted = set()
-    for qualified, param in model.named_parameters(remove_duplicate=False):
-        if is_uninitialized(param):
-            continue  # a lazy module not materialised yet (counting leaves it lazy)
-        parts = qualified.split(".")[:-1]
-        for end in range(len(parts) + 1):
-            prefix = ".".join(parts[:end])
-            if (prefix, id(param)) not in counted:  # a tied tensor counts once per module
-                counted.add((prefix, id(param)))
-                owned[prefix] = owned.get(prefix, 0) + param.numel()
-    infos = []
-    for name, module in model.named_modules():
-        depth = 0 if not name else name.count(".") + 1
-        infos.append(ModuleInfo(name, type(module).__name__, depth, calls.get(name, 0), owned.get(name, 0)))
-    return infos

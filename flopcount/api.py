@@ -13,6 +13,7 @@ from torch import nn
 from .analysis import analyze
 from .bench.latency import benchmark
 from .errors import UnsupportedOpError, UnsupportedOpsWarning, UsageError
+from .inputs import prepare_call
 from .optimizers import OptimizerSpec, check_spec
 from .registry import HandlerRegistry
 from .results import FlopResult
@@ -70,12 +71,10 @@ def count_flops(
     if registry is not None and not isinstance(registry, HandlerRegistry):
         raise UsageError(f"registry must be a flopcount HandlerRegistry, got {type(registry).__name__}")
     options = _measure_options(measure)
-    if inputs is None:  # "no positional inputs", as with kwargs-only models
-        inputs = ()
+    call = prepare_call(inputs, kwargs)  # walked once; counting and timing share it
     result = analyze(
         model,
-        inputs,
-        kwargs,
+        call,
         tracer=tracer,
         handlers=handlers,
         registry=registry,
@@ -84,7 +83,7 @@ def count_flops(
         optimizer=optimizer,
     )
     if options is not None:
-        timing = benchmark(model, inputs, kwargs, flops=result.by_phase().get("forward", result.flops), **options)
+        timing = benchmark(model, call, flops=result.by_phase().get("forward", result.flops), **options)
         result = dataclasses.replace(result, benchmark=timing)
     unsupported = result.unsupported_details()
     if unsupported:

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import UsageError
-from .report.budget import budget_table, show_value
+from .rendering import render
 from .types import Status
+from .units import show_value
 
 # decimal multipliers, like the units the reports print (1 G = 10^9)
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -255,7 +256,7 @@ class BudgetReport:
 
     def table(self, fmt: str = "simple") -> str:
         """Budget, limit, actual, PASS/FAIL/INCOMPLETE per line (human units)."""
-        return budget_table(self, fmt)
+        return render(self, "table", fmt=fmt)
 
     def to_csv(self) -> str:
         """Raw numbers: ``budget,limit,actual,unit,status``, then an ``overall`` row with the verdict."""

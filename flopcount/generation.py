@@ -24,11 +24,12 @@ from torch import nn
 
 from ._decode import Affine, Costed, cache_limits, plan_runs
 from ._steps import Decoding, LastOutput, Setup
-from .analysis import cost_events, module_aliases, module_infos, uncompiled
+from .analysis import cost_events, uncompiled
 from .errors import TraceError, UsageError
 from .handlers import default_registry
-from .inputs import describe_inputs
-from .params import summarize_parameters
+from .inputs import prepare_call
+from .model_facts import model_facts
+from .rendering import render
 from .results import FlopResult, aggregate
 from .tracers import trace
 from .types import Trace
@@ -101,14 +102,10 @@ class GenerationResult:
 
     def table(self) -> str:
         """Prefill, decode and total rows (MACs, FLOPs, per token), with the convention."""
-        from .report.generation import generation_table
-
-        return generation_table(self)
+        return render(self, "table")
 
     def to_dict(self) -> Dict[str, Any]:
-        from .report.generation import generation_to_dict
-
-        return generation_to_dict(self)
+        return render(self, "dict")
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -304,34 +301,35 @@ def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Cou
 
 class _Counter:
     """Traces one forward with the dispatch tracer and turns it into a FlopResult, as
-    :func:`flopcount.analysis.analyze` does (module aliases included); the parameter summary
-    and aliases are computed once for all steps."""
+    :func:`flopcount.analysis.analyze` does (module aliases included); the model facts
+    (names, aliases, parameter summary) are read once for all steps."""
 
     def __init__(self, model: nn.Module):
         self.model = model
         self.registry = default_registry()
-        self.parameters = summarize_parameters(model)
-        self.aliases = module_aliases(model)
+        self.facts = model_facts(model)
 
     def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
-        run = trace(self.model, (), call, tracer="dispatch")
+        run = trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
         return run, cost_events(run.events, self.registry)
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
         """Run a forward that is not counted (dispatch, for its meta-kernel stand-ins)."""
-        trace(self.model, (), call, tracer="dispatch")
+        trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
 
     def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
-        run, costed = self.trace(call)
+        prepared = prepare_call((), call)
+        run = trace(self.model, prepared, tracer="dispatch", facts=self.facts)
+        costed = cost_events(run.events, self.registry)
         return run, costed, aggregate(
             costed,
             tracer="dispatch",
-            modules=module_infos(self.model, run.module_calls),
-            parameters=self.parameters,
-            input_description=describe_inputs((), call),
+            modules=self.facts.module_infos(run.module_calls),
+            parameters=self.facts.summary,
+            input_description=prepared.description,
             warnings=run.warnings,
             gaps=run.gaps,
-            aliases=self.aliases,
+            aliases=self.facts.aliases,
         )
 
 

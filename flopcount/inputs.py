@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # missing from the stubs
@@ -21,6 +21,44 @@ def as_call_args(inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> Tuple[Tupl
         raise UsageError(f"kwargs must be a mapping of keyword arguments, got {type(kwargs).__name__}")
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     return args, dict(kwargs or {})
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """One call's example inputs, prepared once and handed down (tracing, costing, the
+    result's description, benchmarking, memory): the positional and keyword arguments by
+    flopcount's convention (:func:`as_call_args`), every tensor inside them in order,
+    and their description. ``with_tensors`` gives the same call with other tensors in
+    their places (fake twins, copies on another device)."""
+
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    tensors: Tuple[torch.Tensor, ...]
+    rebuild: Callable[[Sequence[torch.Tensor]], Any] = dataclasses.field(repr=False, compare=False)
+    description: str = ""
+
+    def rebuilt(self, tensors: Sequence[torch.Tensor]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        """``(args, kwargs)`` with ``tensors`` in the places of :attr:`tensors`."""
+        args, kwargs = self.rebuild(tensors)
+        return tuple(args), dict(kwargs)
+
+    def with_tensors(self, tensors: Sequence[torch.Tensor]) -> PreparedCall:
+        args, kwargs = self.rebuilt(tensors)
+        return dataclasses.replace(self, args=args, kwargs=kwargs, tensors=tuple(tensors))
+
+
+def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping[str, Any]] = None) -> PreparedCall:
+    """The :class:`PreparedCall` of ``inputs`` and ``kwargs`` (walked once); a call
+    already prepared is returned as it is."""
+    if isinstance(inputs, PreparedCall):
+        if kwargs:
+            raise UsageError("kwargs go into the PreparedCall, not beside it")
+        return inputs
+    if inputs is None:  # "no positional inputs", as with kwargs-only models
+        inputs = ()
+    args, kw = as_call_args(inputs, kwargs)
+    tensors, rebuild = flatten_tensors((args, kw))
+    return PreparedCall(args, kw, tuple(tensors), rebuild, describe_inputs(inputs, kwargs))
 
 
 def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:

@@ -24,10 +24,12 @@ from torch import nn
 
 from ._autocast import ambient_autocast_note, amp_device
 from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
-from .inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
+from .inputs import output_tensors, prepare_call
+from .model_facts import model_facts
 from .optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
+from .rendering import render
 from .tracers._fake import FakeRunError, fake_copies
-from .tracers._modules import ModuleStack, module_names
+from .tracers._modules import ModuleStack
 from .types import Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
@@ -105,14 +107,10 @@ class MemoryEstimate:
         return {m.name: m.activation_bytes for m in self.modules if m.calls}
 
     def table(self, max_depth: Optional[int] = 1, fmt: str = "simple") -> str:
-        from .report.memory import memory_table
-
-        return memory_table(self, max_depth=max_depth, fmt=fmt)
+        return render(self, "table", max_depth=max_depth, fmt=fmt)
 
     def to_dict(self) -> Dict[str, Any]:
-        from .report.memory import memory_to_dict
-
-        return memory_to_dict(self)
+        return render(self, "dict")
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -221,12 +219,12 @@ def estimate_memory(
         check_spec(optimizer, "estimate_memory")
     cast = _dtype(dtype, "dtype")
     amp = _dtype(autocast, "autocast")
-    args, kw = as_call_args(inputs, kwargs)
-    description = describe_inputs(inputs, kwargs)
+    call = prepare_call(inputs, kwargs)
+    description = call.description
     tracker = _peak_tracker()
-    flat, rebuild = flatten_tensors((args, kw))
+    facts = model_facts(model)
     try:
-        copied = fake_copies(model, flat, rebuild, dtype=cast, storages=True, retie=True)
+        copied = fake_copies(model, list(call.tensors), call.rebuild, dtype=cast, storages=True, retie=True, modules=facts.modules)
     except UsageError as exc:
         raise UsageError(f"estimate_memory: {exc}") from exc
     except FakeRunError as exc:
@@ -237,7 +235,7 @@ def estimate_memory(
     if optimizer is not None:
         trainable = [p for p in twin.parameters() if p.requires_grad]
         opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
-    names = module_names(twin)
+    names = facts.names_on(copied.copies)
     rng = torch.get_rng_state()
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -22,9 +22,16 @@ def _dtype_name(tensor) -> str:  # type: ignore[no-untyped-def]
 def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] = None) -> ParamSummary:
     """Count each parameter tensor once, even when shared by several modules; with routed
     experts, also the parameters one token touches (see :func:`active_parameters`)."""
+    return summary_of(model, list(model.named_modules()), experts_per_token=experts_per_token)
+
+
+def summary_of(
+    model: nn.Module, modules: Sequence[Tuple[str, nn.Module]], *, experts_per_token: Optional[int] = None
+) -> ParamSummary:
+    """:func:`summarize_parameters` from ``model.named_modules()`` read already."""
     total = trainable = 0
     by_dtype: Dict[str, int] = {}
-    for param in model.parameters():  # parameters() already yields a shared tensor once
+    for param in _unique(t for _, m in modules for t in m._parameters.values()):  # a shared tensor once
         if is_uninitialized(param):
             continue  # a lazy module not materialised yet: its size is not known
         n = param.numel()
@@ -34,7 +41,7 @@ def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] =
         key = _dtype_name(param)
         by_dtype[key] = by_dtype.get(key, 0) + n * param.element_size()
     # quantized modules: packed weights/biases are not nn.Parameters (frozen, stored dtype)
-    for _, module, obj in packed_objects(model):
+    for _, module, obj in packed_objects(model, modules):
         for tensor, stored in held_tensors(module, obj):
             n = tensor.numel()
             total += n
@@ -42,12 +49,12 @@ def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] =
             key = str(stored).replace("torch.", "")
             by_dtype[key] = by_dtype.get(key, 0) + n * size
     buffers: Dict[str, int] = {}
-    for buf in model.buffers():
+    for buf in _unique(t for _, m in modules for t in m._buffers.values()):
         if is_uninitialized(buf):
             continue
         key = _dtype_name(buf)
         buffers[key] = buffers.get(key, 0) + buf.numel() * buf.element_size()
-    active = active_parameters(model, experts_per_token=experts_per_token)
+    active = _active(model, modules, experts_per_token)
     return ParamSummary(total, trainable, total - trainable, by_dtype, buffers, active=active)
 
 
@@ -71,14 +78,16 @@ def _config_value(model: nn.Module, keys: Tuple[str, ...]) -> Optional[int]:
     return None
 
 
-def routed_experts(model: nn.Module) -> Iterator[Tuple[str, int, List[nn.Parameter]]]:
+def routed_experts(
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]] = None
+) -> Iterator[Tuple[str, int, List[nn.Parameter]]]:
     """(module name, E, parameters) of every block of E routed experts.
 
     Two layouts are recognised: a module with an int ``num_experts`` (or ``num_local_experts``)
     attribute E > 1 whose own weights are stacked 3-D tensors with a leading dimension E
     (transformers 5's experts modules; their (E, out) biases count too), and an ``nn.ModuleList`` named ``experts`` (or ``...experts``) of E
     identical modules. Shared experts live outside these blocks and count as always active."""
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if modules is None else modules:
         count = getattr(module, "num_experts", None) or getattr(module, "num_local_experts", None)
         if isinstance(count, int) and count > 1:
             stacked = [p for p in module.parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == count]
@@ -93,7 +102,13 @@ def active_parameters(model: nn.Module, *, experts_per_token: Optional[int] = No
     """Parameters one token touches: every parameter, less (E - k) / E of each block of E
     routed experts, k = ``experts_per_token`` or the config's ``num_experts_per_tok``.
     None when the model has no routed experts (or k is unknown)."""
-    blocks = list(routed_experts(model))
+    return _active(model, None, experts_per_token)
+
+
+def _active(
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]], experts_per_token: Optional[int]
+) -> Optional[int]:
+    blocks = list(routed_experts(model, modules))
     if not blocks:
         return None
     k = experts_per_token or _config_value(model, TOP_K_KEYS)
@@ -110,3 +125,12 @@ def active_parameters(model: nn.Module, *, experts_per_token: Optional[int] = No
         inactive += size * max(count - k, 0) // count
     total = sum(p.numel() for p in model.parameters())
     return total - inactive
+
+
+def _unique(tensors: Iterable[Optional[torch.Tensor]]) -> Iterator[torch.Tensor]:
+    """Each tensor once, in order (``model.parameters()``'s rule for shared tensors)."""
+    seen = set()
+    for tensor in tensors:
+        if tensor is not None and id(tensor) not in seen:
+            seen.add(id(tensor))
+            yield tensor

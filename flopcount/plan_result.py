@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .errors import UsageError
+from .rendering import render
 
 #: link name -> bandwidth in bytes/s per GPU, one direction (datasheet figures)
 LINKS: Mapping[str, float] = {
@@ -175,14 +176,10 @@ class PlanResult:
         return data
 
     def table(self) -> str:
-        from .report.plan import plan_table
-
-        return plan_table(self)
+        return render(self, "table")
 
     def to_markdown(self) -> str:
-        from .report.plan import plan_markdown
-
-        return plan_markdown(self)
+        return render(self, "markdown")
 
     def __str__(self) -> str:
         return self.table()

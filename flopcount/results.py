@@ -8,9 +8,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optio
 
 from .errors import UsageError
 from .ledger import Ledger
-from .report.export import result_to_csv, result_to_dict
-from .report.table import module_table, operator_table
-from .report.tree import module_tree
+from .rendering import render
 from .types import CONVENTION, Cost, Diagnostic, OpEvent, ParamSummary
 
 Metric = Literal["flops", "macs", "count", "bytes", "bytes_read", "bytes_written"]
@@ -201,28 +199,28 @@ class FlopResult:
     # -- reports ------------------------------------------------------------------
     def table(self, max_depth: Optional[int] = None, *, show_zero: bool = True) -> str:
         """Per-module table (params, MACs, FLOPs, share) with the convention stated below it."""
-        return module_table(self, max_depth=max_depth, show_zero=show_zero)
+        return render(self, "table", max_depth=max_depth, show_zero=show_zero)
 
     def operator_table(self) -> str:
         """Per-operator table: calls, MACs, FLOPs and share."""
-        return operator_table(self)
+        return render(self, "operator_table")
 
     def tree(self, max_depth: Optional[int] = None) -> str:
         """The module tree like a model printout, annotated with params, MACs, FLOPs and share."""
-        return module_tree(self, max_depth=max_depth)
+        return render(self, "tree", max_depth=max_depth)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict; keys are documented in docs/api.md."""
-        return result_to_dict(self)
+        return render(self, "dict")
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     def to_csv(self, max_depth: Optional[int] = None) -> str:
-        return result_to_csv(self, max_depth=max_depth)
+        return render(self, "csv", max_depth=max_depth)
 
     def to_markdown(self, max_depth: Optional[int] = None) -> str:
-        return module_table(self, max_depth=max_depth, fmt="github")
+        return render(self, "table", max_depth=max_depth, fmt="github")
 
     def __str__(self) -> str:
         return self.table()

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..inputs import as_call_args, flatten_tensors, is_dataless
+from ..inputs import PreparedCall, is_dataless
 from ..tracers._state import preserved_model_state
 
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def resolve_device(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], device: Any) -> torch.device:
+def resolve_device(model: nn.Module, call: PreparedCall, device: Any) -> torch.device:
     """The device to run on: ``device`` when given (CUDA must exist), otherwise the
     device of the model's first parameter/buffer, else of the first input tensor, else CPU."""
     if device is not None:
@@ -35,11 +35,10 @@ def resolve_device(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, 
         return dev
     for tensor in _chain(model.parameters(), model.buffers()):
         return tensor.device
-    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
-    return tensors[0].device if tensors else torch.device("cpu")
+    return call.tensors[0].device if call.tensors else torch.device("cpu")
 
 
-def refuse_data_less(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], who: str) -> None:
+def refuse_data_less(model: nn.Module, call: PreparedCall, who: str) -> None:
     """A model or input on the meta device (or a fake tensor) has no data: timing it would
     report a latency that was never measured, so it is a UsageError."""
     for name, tensor in _chain(model.named_parameters(), model.named_buffers()):
@@ -49,8 +48,7 @@ def refuse_data_less(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str
                 f"{who}: the model is {kind} ({name} has no data), so there is nothing to time; "
                 "build it on cpu or cuda (count_flops counts such models without timing)"
             )
-    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
-    for tensor in tensors:
+    for tensor in call.tensors:
         if is_dataless(tensor):
             raise UsageError(f"{who}: an input tensor {tuple(tensor.shape)} is on the meta device or fake (no data); pass real tensors")
 
@@ -98,20 +96,18 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
                 p.grad.data = grad
 
 
-def move_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]], device: torch.device) -> Tuple[Any, Optional[Dict[str, Any]]]:
-    """Copies of ``inputs``/``kwargs`` with every tensor on ``device`` (untouched when
-    already there; the caller's objects are never modified)."""
-    tensors, rebuild = flatten_tensors((inputs, dict(kwargs or {})))
-    if all(_same_device(t.device, device) for t in tensors):
-        return inputs, (dict(kwargs) if kwargs is not None else None)
-    moved_inputs, moved_kwargs = rebuild([t.to(device) for t in tensors])
-    return moved_inputs, (moved_kwargs if kwargs is not None else None)
+def move_inputs(call: PreparedCall, device: torch.device) -> PreparedCall:
+    """``call`` with every tensor on ``device`` (the same call when all are there
+    already; the caller's objects are never modified)."""
+    if all(_same_device(t.device, device) for t in call.tensors):
+        return call
+    return call.with_tensors([t.to(device) for t in call.tensors])
 
 
-def bind_call(fn: Callable[..., Any], inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> Callable[[], Any]:
-    """A zero-argument callable for ``fn`` with flopcount's input convention, built
-    once so the timed loop does no argument packing."""
-    args, kw = as_call_args(inputs, kwargs)
+def bind_call(fn: Callable[..., Any], call: PreparedCall) -> Callable[[], Any]:
+    """A zero-argument callable for ``fn`` with the call's arguments, built once so the
+    timed loop does no argument packing."""
+    args, kw = call.args, call.kwargs
     if kw:
         return lambda: fn(*args, **kw)
     if len(args) == 1:
@@ -120,11 +116,10 @@ def bind_call(fn: Callable[..., Any], inputs: Any, kwargs: Optional[Mapping[str,
     return lambda: fn(*args)
 
 
-def leading_batch(inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> int:
-    """The leading dimension of the first tensor in ``inputs`` then ``kwargs``
-    (1 when there is none or it is a scalar)."""
-    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
-    for t in tensors:
+def leading_batch(call: PreparedCall) -> int:
+    """The leading dimension of the call's first tensor, positional arguments before
+    keyword ones (1 when there is none or it is a scalar)."""
+    for t in call.tensors:
         return int(t.shape[0]) if t.dim() > 0 else 1
     return 1
 

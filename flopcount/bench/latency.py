@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import FlopcountWarning, UsageError
-from ..inputs import flatten_tensors
+from ..inputs import prepare_call
 from ..state import preserved_inputs, preserved_rng
 from . import peaks
 from .device import (
@@ -102,51 +102,50 @@ def benchmark(
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise UsageError(f"batch_size must be a positive int, got {batch_size!r}")
     flop_count = _flops_value(flops)
-    if inputs is None:
-        inputs = ()
-    refuse_data_less(model, inputs, kwargs, "benchmark")
-    dev = resolve_device(model, inputs, kwargs, device)
+    call = prepare_call(inputs, kwargs)  # the inputs walked once, here
+    refuse_data_less(model, call, "benchmark")
+    dev = resolve_device(model, call, device)
     amp = autocast_context(dev, dtype)  # validates dtype before any work
     clock: Clock = timer if timer is not None else time.perf_counter_ns
-    batch, batch_source = batch_and_source(inputs, kwargs, batch_size)
+    batch, batch_source = batch_and_source(call, None, batch_size)
     notes: List[str] = []
-    if batch_size is None and batch_source.startswith("dim 0") and _sequence_first(model):
+    modules = list(model.modules())
+    if batch_size is None and batch_source.startswith("dim 0") and _sequence_first(modules):
         notes.append(
             f"throughput takes batch {batch} from {batch_source}, but the model has a sequence-first layer "
             "(batch_first=False), whose batch is dim 1: pass batch_size (--batch-size) if dim 0 is the sequence"
         )
-    training = any(m.training for m in model.modules())
-    if any(m.training and isinstance(m, _TRAIN_SENSITIVE) for m in model.modules()):
+    training = any(m.training for m in modules)
+    if any(m.training and isinstance(m, _TRAIN_SENSITIVE) for m in modules):
         notes.append("model is in training mode: dropout/batch-norm run as in training (call model.eval() to time inference)")
 
-    run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
+    run_call = move_inputs(call, dev)
     compile_ms: Optional[float] = None
     peak_mem: Optional[int] = None
-    caller_tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
-    with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
+    with preserved_rng(), preserved_inputs(list(call.tensors)), borrowed_model(model, dev) as on_device:
         fn: Callable[..., Any] = on_device
         if compile:
             options = dict(compile) if isinstance(compile, Mapping) else {}
             fn = torch.compile(on_device, **options)
-        call = bind_call(fn, run_inputs, run_kwargs)
+        timed = bind_call(fn, run_call)
         rss_before = rss_bytes() if dev.type == "cpu" else None
         with torch.inference_mode(), amp:
             if compile:
                 t0 = clock()
-                call()
+                timed()
                 synchronize(dev)
                 compile_ms = (clock() - t0) * 1e-6
             for done in range(1, warmup + 1):
-                call()
+                timed()
                 if warmup_progress is not None:
                     synchronize(dev)  # so the report follows the work, not the launches
                     warmup_progress(done, warmup)
             synchronize(dev)
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
-                runner = cuda_block_runner(call, dev)
+                runner = cuda_block_runner(timed, dev)
             else:
-                runner = cpu_block_runner(call, clock)
+                runner = cpu_block_runner(timed, clock)
             samples, wall_ns = run_iterations(runner, plan, clock, progress)
             if dev.type == "cuda":
                 peak_mem = int(torch.cuda.max_memory_allocated(dev))
@@ -190,21 +189,22 @@ def benchmark(
 def batch_and_source(inputs: Any, kwargs: Optional[Mapping[str, Any]], batch_size: Optional[int]) -> Tuple[int, str]:
     """Samples per call for throughput, and where that number came from: ``batch_size``
     when given, else dim 0 of the first input tensor (wrong for a sequence-first input
-    such as an LSTM's (T, B, F): pass ``batch_size`` there)."""
+    such as an LSTM's (T, B, F): pass ``batch_size`` there). ``inputs`` may be a PreparedCall."""
     if batch_size is not None:
         return batch_size, "as given"
-    tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    call = prepare_call(inputs, kwargs)
+    tensors = call.tensors
     if not tensors:
         return 1, "no input tensor"
     first = tensors[0]
     if first.dim() == 0:
         return 1, "the first input is a scalar"
-    return leading_batch(inputs, kwargs), f"dim 0 of Tensor[{', '.join(str(d) for d in first.shape)}]"
+    return leading_batch(call), f"dim 0 of Tensor[{', '.join(str(d) for d in first.shape)}]"
 
 
-def _sequence_first(model: nn.Module) -> bool:
+def _sequence_first(modules: List[nn.Module]) -> bool:
     seq_first = (nn.RNNBase, nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
-    return any(isinstance(m, seq_first) and not getattr(m, "batch_first", True) for m in model.modules())
+    return any(isinstance(m, seq_first) and not getattr(m, "batch_first", True) for m in modules)
 
 
 def _flops_value(flops: Any) -> Optional[float]:

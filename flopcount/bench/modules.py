@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..inputs import flatten_tensors
+from ..inputs import prepare_call
 from ..state import preserved_inputs, preserved_rng
 from .device import (
     autocast_context,
@@ -166,13 +166,14 @@ def module_latency(
     if not isinstance(warmup, int) or warmup < 0:
         raise UsageError(f"warmup must be a non-negative int, got {warmup!r}")
     flop_map = _flop_map(flops)
-    refuse_data_less(model, inputs, kwargs, "module_latency")
-    dev = resolve_device(model, inputs, kwargs, device)
+    prepared = prepare_call(inputs, kwargs)
+    refuse_data_less(model, prepared, "module_latency")
+    dev = resolve_device(model, prepared, device)
     amp = autocast_context(dev, dtype)
     clock: Clock = timer if timer is not None else time.perf_counter_ns
     use_events = dev.type == "cuda"
     named = list(model.named_modules())
-    run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
+    run_call = move_inputs(prepared, dev)
 
     # per-iteration accumulators, reset before each forward
     totals: Dict[str, float] = {}
@@ -209,9 +210,8 @@ def module_latency(
 
     samples: Dict[str, List[float]] = {name: [] for name, _ in named}
     calls_seen: Dict[str, int] = {}
-    caller_tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
-    with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
-        call = bind_call(on_device, run_inputs, run_kwargs)
+    with preserved_rng(), preserved_inputs(list(prepared.tensors)), borrowed_model(model, dev) as on_device:
+        call = bind_call(on_device, run_call)
         with torch.inference_mode(), amp:
             for _ in range(warmup):
                 call()

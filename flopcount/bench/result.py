@@ -1,5 +1,6 @@
 """What a benchmark returns: latency statistics plus what they were measured on, and the
-rates derived from them. Plain data; text rendering lives in flopcount.report.bench."""
+rates derived from them. Plain data; its text is rendered by flopcount.report.bench, reached
+through flopcount.rendering."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ..report.bench import benchmark_text
+from ..rendering import render
 from .stats import NOISE_SPREAD, LatencyStats
 
 
@@ -146,4 +147,4 @@ class BenchmarkResult:
         return out
 
     def __str__(self) -> str:
-        return benchmark_text(self)
+        return render(self, "text")

@@ -241,7 +241,7 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
 
             plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title)
         else:
-            plot_result(result, args.plot, top=args.plot_top, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
+            plot_result(result, args.plot, top=args.plot_top or 15, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
     except OSError as exc:
         raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
     progress(args, f"wrote {args.plot}")

@@ -411,7 +411,8 @@ def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS) -> None:
     run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
     run.add_argument("--plot-kind", choices=("bars", "sunburst"), default="bars",
                      help="bars (default: the top modules) or sunburst (rings by depth, --depth rings, default 3)")
-    run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=15, metavar="N", help="modules in the plot (default 15)")
+    run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=None, metavar="N",
+                     help="modules in the plot (default 15); profile: operators labelled on the roofline (default 6)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr (INCOMPLETE reasons are still printed)")
     run.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
 

@@ -98,7 +98,7 @@ def run_profile(
         result.export_chrome_trace(args.trace)
         progress(args, f"wrote {args.trace}")
     if args.plot:
-        result.plot_roofline(args.plot)
+        result.plot_roofline(args.plot, label_top=6 if args.plot_top is None else args.plot_top)
         progress(args, f"wrote {args.plot}")
     if args.tensorboard:
         from ..integrations.tensorboard import write_profile_tensorboard

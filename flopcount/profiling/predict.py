@@ -16,6 +16,7 @@ from ..analysis import cost_events, uncompiled
 from ..errors import UsageError
 from ..handlers import default_registry
 from ..registry import HandlerRegistry
+from ..rendering import render
 from ..roofline import Bound, Roofs, bound, compute_time, intensity, memory_time
 from ..tracers import trace
 from ._bytes import bytes_as, call_dtype
@@ -103,9 +104,7 @@ class PredictResult:
         }
 
     def table(self, limit: Optional[int] = 25) -> str:
-        from ..report.profile import predict_table
-
-        return predict_table(self, limit=limit)
+        return render(self, "table", limit=limit)
 
     def __str__(self) -> str:
         return self.table()

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
+from ..rendering import render
 from ..roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
 
 Category = Literal["flops", "data movement", "other"]
@@ -200,38 +201,28 @@ class ProfileResult:
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    # Renderers live in flopcount.report.profile; imported on use so this module stays data.
+    # Renderers live in flopcount.report (profile, chrome_trace, roofline_plot), reached
+    # through flopcount.rendering so this module stays data.
     def table(self, by: str = "operator", limit: Optional[int] = 25) -> str:
-        from ..report.profile import profile_table
-
-        return profile_table(self, by=by, limit=limit)
+        return render(self, "table", by=by, limit=limit)
 
     def to_markdown(self, by: str = "operator", limit: Optional[int] = None) -> str:
-        from ..report.profile import profile_table
-
-        return profile_table(self, by=by, limit=limit, fmt="github")
+        return render(self, "table", by=by, limit=limit, fmt="github")
 
     def to_csv(self, by: str = "op") -> str:
-        from ..report.profile import profile_csv
-
-        return profile_csv(self, by=by)
+        return render(self, "csv", by=by)
 
     def export_chrome_trace(self, path: str) -> None:
         """Write the profiler's Chrome trace, each joined op event's ``args`` extended by
         its flops, macs, bytes, intensity, attainable time and efficiency."""
-        from ..report.chrome_trace import enriched_trace
-
-        if self.trace is None:
-            raise ValueError("this profile kept no trace (profile(..., keep_trace=False))")
+        trace = render(self, "chrome_trace")  # raises before the file is opened: no trace kept
         with open(path, "w") as fh:
-            json.dump(enriched_trace(self.trace, self.trace_args), fh)
+            json.dump(trace, fh)
 
     def plot_roofline(self, path: str, *, by: str = "operator", label_top: int = 6) -> None:
         """A log-log roofline (PNG or SVG by the file name): the roofs, one point per
         operator (or per op row: ``by="op"``), area by time, the top ops labelled."""
-        from ..report.roofline_plot import plot_roofline
-
-        plot_roofline(self, path, by=by, label_top=label_top)
+        render(self, "roofline_plot", path=path, by=by, label_top=label_top)
 
     def __str__(self) -> str:
         return self.table()

@@ -19,11 +19,12 @@ from ..bench.device import borrowed_model, move_inputs, refuse_data_less, resolv
 from ..bench.roofs import roofs_for
 from ..errors import UsageError
 from ..handlers import default_registry
-from ..inputs import as_call_args, flatten_tensors, output_tensors
+from ..inputs import PreparedCall, output_tensors, prepare_call
 from ..registry import HandlerRegistry
 from ..roofline import Roofs
 from ..state import preserved_inputs, preserved_rng
-from ..tracers import dispatch, has_lazy_parameters, shared_tensor_copy
+from ..tracers import dispatch, shared_tensor_copy
+from ..tracers._fake import has_lazy_parameters
 from . import _book, _tree
 from .result import ProfileResult
 
@@ -71,17 +72,17 @@ def profile(
         # as count_flops: the run materialises a copy's lazy modules, not the caller's; a
         # first plain step materialises them (the join step's trace would restore their hooks)
         model = shared_tensor_copy(model)
-    refuse_data_less(model, inputs, kwargs, "profile")
-    dev = resolve_device(model, inputs, kwargs, device)
+    call = prepare_call(inputs, kwargs)
+    refuse_data_less(model, call, "profile")
+    dev = resolve_device(model, call, device)
     roof = roofs_for(dev, roofs)
     table = registry if registry is not None else default_registry()
-    run_inputs, run_kwargs = move_inputs(inputs, kwargs, dev)
-    caller_tensors, _ = flatten_tensors((inputs, dict(kwargs or {})))
+    run_call = move_inputs(call, dev)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with preserved_rng(), preserved_inputs(caller_tensors), borrowed_model(model, dev) as on_device:
-        step = _Step(on_device, run_inputs, run_kwargs, backward, loss_fn, dev)
+    with preserved_rng(), preserved_inputs(list(call.tensors)), borrowed_model(model, dev) as on_device:
+        step = _Step(on_device, run_call, backward, loss_fn, dev)
         for _ in range(max(warmup, int(lazy))):
             step.fresh()
             step()
@@ -167,11 +168,11 @@ class _Step:
     each step (:meth:`fresh`, outside the timed ranges), so every step runs the same call
     and the caller's objects stay as found."""
 
-    def __init__(self, model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], backward: bool,
+    def __init__(self, model: nn.Module, call: PreparedCall, backward: bool,
                  loss_fn: Optional[Callable[[Any], Any]], dev: torch.device):
         self.model, self.backward, self.loss_fn, self.dev = model, backward, loss_fn, dev
-        self.args, self.kwargs = as_call_args(inputs, kwargs)
-        self.flat, _ = flatten_tensors((self.args, self.kwargs))
+        self.args, self.kwargs = call.args, call.kwargs
+        self.flat = list(call.tensors)
         self.stateful = _has_objects((self.args, self.kwargs))
         self.call = (self.args, self.kwargs)
         self.seeds: Optional[List[torch.Tensor]] = None

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Tuple
 
-from .units import format_bytes, format_count, format_ms, with_unit
+from ..rendering import renders
+from ..units import format_bytes, format_count, format_ms, with_unit
 
 if TYPE_CHECKING:
     from ..bench.result import BenchmarkResult
 
 
+@renders("BenchmarkResult", "text")
 def benchmark_text(result: BenchmarkResult) -> str:
     """A few lines: device and mode, the statistics, throughput, achieved FLOP/s, memory, warnings."""
     s = result.stats

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from .units import escape_markdown, format_bytes, format_count, format_ms, with_unit
+from ..rendering import renders
+from ..units import escape_markdown, show_value
 
 if TYPE_CHECKING:
     from ..budget import BudgetReport
 
 
-def show_value(value: Union[int, float], unit: str) -> str:
-    """A budget's limit or actual value in its unit (``ms``, ``MB`` or a count)."""
-    if unit == "ms":
-        return format_ms(float(value))
-    if unit == "MB":
-        return format_bytes(float(value) * 10**6)
-    if unit == "bytes":
-        return format_bytes(int(value))
-    return with_unit(value, unit) if unit else format_count(value)
-
-
 _BOUND_MARK = {"exact": "", "lower": ">= ", "estimate": "~ "}
 
 
+@renders("BudgetReport", "table")
 def budget_table(report: BudgetReport, fmt: str = "simple") -> str:
     """Budget, limit, actual, status per line; an actual that is a lower bound of an
     incomplete count reads ``>= x``, one that may be off either way ``~ x``."""

@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Mapping
+from typing import TYPE_CHECKING, Any, Dict, Mapping
+
+from ..rendering import renders
+
+if TYPE_CHECKING:
+    from ..profiling.result import ProfileResult
 
 
 def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[str, Any]]) -> Dict[str, Any]:
@@ -21,3 +26,11 @@ def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[st
         if extra is not None:
             args.update({key: value for key, value in extra.items() if value is not None})
     return data
+
+
+@renders("ProfileResult", "chrome_trace")
+def profile_chrome_trace(result: ProfileResult) -> Dict[str, Any]:
+    """The profile's kept Chrome trace with each joined op's figures (``ProfileResult.trace_args``)."""
+    if result.trace is None:
+        raise ValueError("this profile kept no trace (profile(..., keep_trace=False))")
+    return enriched_trace(result.trace, result.trace_args)

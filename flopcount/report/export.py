@@ -6,6 +6,7 @@ import csv
 import io
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
+from ..rendering import renders
 from ..types import CONVENTION
 
 if TYPE_CHECKING:
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 
 
+@renders("FlopResult", "dict")
 def result_to_dict(result: FlopResult) -> Dict[str, Any]:
     """Stable keys (documented in docs/api.md); every value is a str, int, float, list or dict."""
     params = result.parameters
@@ -65,6 +67,7 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
     return data
 
 
+@renders("FlopResult", "csv")
 def result_to_csv(result: FlopResult, max_depth: Optional[int] = None) -> str:
     """One row per module: name, type, depth, calls, params, macs, flops (raw integers)."""
     out = io.StringIO()

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 from tabulate import tabulate
 
+from ..rendering import renders
 from ..types import CONVENTION
-from .units import format_bytes, format_count, with_unit
+from ..units import format_bytes, format_count, with_unit
 
 if TYPE_CHECKING:
     from ..generation import GenerationResult
@@ -34,6 +35,7 @@ def _rows(result: GenerationResult) -> List[List[str]]:
     return rows
 
 
+@renders("GenerationResult", "table")
 def generation_table(result: GenerationResult, fmt: str = "simple") -> str:
     """Prefill, decode and total rows, then the KV cache, parameters and the convention."""
     table = tabulate(_rows(result), headers=["phase", "work", "MACs", "FLOPs", "per token"], tablefmt=fmt,
@@ -55,6 +57,7 @@ def generation_table(result: GenerationResult, fmt: str = "simple") -> str:
     return "\n".join(lines)
 
 
+@renders("GenerationResult", "dict")
 def generation_to_dict(result: GenerationResult) -> Dict[str, Any]:
     """JSON-safe: totals, per-token figures, the KV cache, and each step's MACs and FLOPs."""
     return {

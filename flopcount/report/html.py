@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from ..types import CONVENTION
+from ..units import format_count, with_unit
 from .table import operator_table
-from .units import format_count, with_unit
 
 if TYPE_CHECKING:
     from ..budget import BudgetReport

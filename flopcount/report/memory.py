@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from tabulate import tabulate
 
-from .units import format_bytes, format_count, format_share
+from ..rendering import renders
+from ..units import format_bytes, format_count, format_share
 
 if TYPE_CHECKING:
     from ..memory import MemoryEstimate
@@ -63,6 +64,7 @@ def peak_summary(estimate: MemoryEstimate) -> str:
 _STEP = {"inference": "an inference step", "forward+backward": "a forward + backward step", "training step": "a training step"}
 
 
+@renders("MemoryEstimate", "table")
 def memory_table(estimate: MemoryEstimate, max_depth: Optional[int] = 1, fmt: str = "simple") -> str:
     """The breakdown at the peak, then one row per module that ran (down to ``max_depth``)
     with its retained activations and its own peak, then a footer naming the step."""
@@ -103,6 +105,7 @@ def _footer(estimate: MemoryEstimate) -> List[str]:
     return lines
 
 
+@renders("MemoryEstimate", "dict")
 def memory_to_dict(estimate: MemoryEstimate) -> Dict[str, Any]:
     """Stable keys; every value is a str, int, list, dict or None."""
     return {

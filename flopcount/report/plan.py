@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from tabulate import tabulate
 
-from .units import format_bytes, format_count
+from ..rendering import renders
+from ..units import format_bytes, format_count
 
 if TYPE_CHECKING:
     from ..plan_result import PlanResult
@@ -62,6 +63,7 @@ def _header(result: PlanResult) -> str:
     return f"plan: fsdp={result.fsdp} x tp={result.tp} = {result.world_size} ranks, rank 0, one training step{blocks}"
 
 
+@renders("PlanResult", "table")
 def plan_table(result: PlanResult) -> str:
     parts = [_header(result)]
     for title, headers, rows in _sections(result):
@@ -71,6 +73,7 @@ def plan_table(result: PlanResult) -> str:
     return "\n".join(parts)
 
 
+@renders("PlanResult", "markdown")
 def plan_markdown(result: PlanResult) -> str:
     parts = [f"**{_header(result)}**"]
     for title, headers, rows in _sections(result):

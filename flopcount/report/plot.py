@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 from ..errors import UsageError
-from .units import format_count, format_ms, format_share, with_unit
+from ..units import format_count, format_ms, format_share, show_value, with_unit
 
 if TYPE_CHECKING:
     from ..budget import BudgetReport
@@ -193,8 +193,6 @@ _STATUS_COLOURS = {"PASS": "#4c9a5a", "FAIL": "#c0392b", "INCOMPLETE": "#d68910"
 
 def _budget_panel(ax: Any, budget: BudgetReport, complete: bool) -> None:
     """Each budget as a bar of actual / limit, the limit as a line at 100 %."""
-    from .budget import show_value
-
     lines = list(budget.lines)[::-1]
     ratios = [line.actual / line.limit if line.limit else float("inf") for line in lines]
     finite = [r for r in ratios if r != float("inf")]

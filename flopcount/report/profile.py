@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from tabulate import tabulate
 
+from ..rendering import renders
 from ..roofline import PROFILE_CONVENTION
-from .units import escape_markdown, format_bytes, format_count
+from ..units import escape_markdown, format_bytes, format_count
 
 if TYPE_CHECKING:
     from ..profiling.predict import PredictResult
@@ -98,6 +99,7 @@ def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
     return cells
 
 
+@renders("ProfileResult", "table")
 def profile_table(
     result: ProfileResult, *, by: str = "operator", limit: Optional[int] = 25, fmt: str = "simple", depth: Optional[int] = None
 ) -> str:
@@ -152,6 +154,7 @@ _CSV_FIELDS = (
 )
 
 
+@renders("ProfileResult", "csv")
 def profile_csv(result: ProfileResult, *, by: str = "op") -> str:
     """One CSV line per row (per op by default), every figure unformatted."""
     buffer = io.StringIO()
@@ -163,6 +166,7 @@ def profile_csv(result: ProfileResult, *, by: str = "op") -> str:
     return buffer.getvalue()
 
 
+@renders("PredictResult", "table")
 def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str = "simple") -> str:
     """The per-operator lower bounds, largest first, and the total."""
     rows: Sequence[Any] = list(result.by_operator().values())

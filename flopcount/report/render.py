@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from tabulate import tabulate
 
+from ..units import escape_markdown
 from .bench import bench_rows
 from .html import html_report
 from .memory import peak_summary
 from .notes import note_lines
 from .table import operator_table
-from .units import escape_markdown
 
 if TYPE_CHECKING:
     from ..bench.result import BenchmarkResult

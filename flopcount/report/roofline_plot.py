@@ -8,8 +8,9 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Union
 
+from ..rendering import renders
+from ..units import format_count
 from .plot import require_matplotlib
-from .units import format_count
 
 if TYPE_CHECKING:
     from ..profiling.result import ProfileResult, ProfileRow
@@ -71,6 +72,7 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
     return figure
 
 
+@renders("ProfileResult", "roofline_plot")
 def plot_roofline(result: ProfileResult, path: Union[str, Path], *, by: str = "operator", label_top: int = 6) -> None:
     """Save the roofline to ``path`` (PNG, SVG, PDF... by its suffix)."""
     draw_roofline(result, by=by, label_top=label_top).savefig(str(path))

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 from tabulate import tabulate
 
+from ..rendering import renders
 from ..types import CONVENTION
+from ..units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 from .notes import note_lines
-from .units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
     from ..results import FlopResult
@@ -74,6 +75,7 @@ def phase_table(result: FlopResult, fmt: str = "simple") -> str:
     return tabulate(rows, headers=["Phase", "MACs", "FLOPs", "FLOPs %"], tablefmt=fmt, colalign=("left", "right", "right", "right"))
 
 
+@renders("FlopResult", "table")
 def module_table(
     result: FlopResult, max_depth: Optional[int] = None, *, show_zero: bool = True, fmt: str = "simple"
 ) -> str:
@@ -110,6 +112,7 @@ def module_table(
     return _finish(body, result, fmt)
 
 
+@renders("FlopResult", "operator_table")
 def operator_table(result: FlopResult, fmt: str = "simple", *, footer: bool = True) -> str:
     """One row per aten operator with calls, MACs, FLOPs and share; unsupported ops last;
     ``footer=False`` leaves out the totals lines and notes (when a module table above shows them)."""

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional
 
+from ..rendering import renders
 from ..types import CONVENTION
+from ..units import format_count, format_share, with_unit
 from .notes import note_lines
-from .units import format_count, format_share, with_unit
 
 if TYPE_CHECKING:
     from ..results import FlopResult
 
 
+@renders("FlopResult", "tree")
 def module_tree(result: FlopResult, max_depth: Optional[int] = None) -> str:
     """``Model(...)``-like tree: each line names a module and its params, MACs, FLOPs, share;
     then what the totals cover (the phases), the convention and every note."""

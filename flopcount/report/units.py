@@ -1,55 +1,17 @@
-"""The one place numbers become human-readable text."""
+"""The number formatters, kept importable here (``flopcount.report.units.format_count``);
+they live in :mod:`flopcount.units`, which readings may import too."""
 
 from __future__ import annotations
 
-from typing import Optional
+from ..units import (
+    SIZE_UNITS,
+    escape_markdown,
+    format_bytes,
+    format_count,
+    format_ms,
+    format_share,
+    show_value,
+    with_unit,
+)
 
-_PREFIXES = ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
-
-
-def format_count(value: Optional[float], digits: int = 3) -> str:
-    """``4_089_184_256 -> '4.089 G'``; small values stay exact (``'512'``)."""
-    if value is None:
-        return "-"
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for scale, prefix in _PREFIXES:
-        if value >= scale:
-            return f"{sign}{value / scale:.{digits}f} {prefix}"
-    return f"{sign}{value:g}" if isinstance(value, float) else f"{sign}{value}"
-
-
-def with_unit(value: Optional[float], unit: str) -> str:
-    """``(4.089e9, "MACs") -> '4.089 GMACs'``; ``(12, "FLOPs") -> '12 FLOPs'``."""
-    text = format_count(value)
-    return f"{text}{unit}" if text[-1:].isalpha() else f"{text} {unit}"
-
-
-#: the one definition of a byte size flopcount prints: decimal units, like the K/M/G of
-#: counts and the ``--max-size-mb`` budget (1 kB = 10^3 bytes, 1 MB = 10^6, 1 GB = 10^9)
-SIZE_UNITS = "1 MB = 10^6 bytes"
-
-
-def format_bytes(value: float) -> str:
-    """Decimal units: ``102_440_000 -> '102.44 MB'`` (1 MB = 10^6 bytes)."""
-    size = float(value)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(size) < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
-
-
-def escape_markdown(cell: object) -> str:
-    """A table cell safe inside a GitHub markdown table (``|`` would end the cell)."""
-    return str(cell).replace("\\", "\\\\").replace("|", "\\|")
-
-
-def format_share(part: int, whole: int) -> str:
-    if whole <= 0:
-        return "-"
-    return f"{100.0 * part / whole:.1f}%"
-
-
-def format_ms(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.3f} ms"
+__all__ = ["SIZE_UNITS", "escape_markdown", "format_bytes", "format_count", "format_ms", "format_share", "show_value", "with_unit"]

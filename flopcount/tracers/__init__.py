@@ -14,13 +14,13 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
-from .._packed import packed_objects
 from ..errors import UsageError
-from ..inputs import as_call_args, flatten_tensors, is_dataless
+from ..inputs import is_dataless, prepare_call
+from ..model_facts import ModelFacts, model_facts
 from ..optimizers import OptimizerSpec
 from ..state import preserved_inputs
 from ..types import TRACERS, Trace
-from ._fake import FakeRunError, has_lazy_parameters, shared_tensor_copy
+from ._fake import FakeRunError, shared_tensor_copy
 
 __all__ = ["TRACERS", "LossFn", "Tracer", "trace"]
 
@@ -42,6 +42,7 @@ def trace(
     backward: bool = False,
     loss_fn: Optional[LossFn] = None,
     optimizer: Optional[OptimizerSpec] = None,
+    facts: Optional[ModelFacts] = None,
 ) -> Trace:
     """Run ``model`` once with the chosen tracer and return its op events.
 
@@ -52,6 +53,8 @@ def trace(
     the real model. Every path gives the caller's model and input tensors back as found.
     ``optimizer`` (with ``backward``, dispatch or auto) adds one optimizer step on fake
     twins of the parameters, recorded with phase "optimizer".
+    ``inputs`` may be a :class:`~flopcount.inputs.PreparedCall` and ``facts`` the model's
+    :class:`~flopcount.model_facts.ModelFacts`, read once by the caller.
     """
     from . import dispatch, jit
 
@@ -63,32 +66,33 @@ def trace(
         )
     if tracer == "jit" and backward:
         raise UsageError("backward=True needs tracer='dispatch' (or 'auto'); torch.jit cannot see backward")
-    tensors, _ = flatten_tensors(as_call_args(inputs, kwargs))
+    call = prepare_call(inputs, kwargs)
+    facts = model_facts(model) if facts is None else facts
     note = ""
     if tracer == "auto":
-        dataless = _dataless(model, tensors)
+        dataless = _dataless(call.tensors, facts)
         if dataless is not None:
-            run = dispatch.trace(model, inputs, kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+            run = dispatch.trace(model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
             return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
-        if has_lazy_parameters(model):
+        if facts.lazy:
             note = "tracer auto: counted one real run (dispatch) because lazy modules are not materialised yet"
-        elif next(packed_objects(model), None) is not None:
+        elif facts.packed is not None:
             # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
             note = "tracer auto: counted one real run (dispatch) because the model has quantized packed parameters"
         else:
             try:
                 return dispatch.trace(
-                    model, inputs, kwargs, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer
+                    model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
                 )
             except FakeRunError as exc:
                 note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
     # A real run: on a copy of the module tree when lazy modules would otherwise be
     # materialised in the caller's model (the copy shares every initialised tensor).
-    run_model = shared_tensor_copy(model) if has_lazy_parameters(model) else model
-    with preserved_inputs(tensors):
+    run_model, run_facts = (shared_tensor_copy(model), None) if facts.lazy else (model, facts)
+    with preserved_inputs(list(call.tensors)):
         if tracer == "jit":
-            return jit.trace(run_model, inputs, kwargs)
-        run = dispatch.trace(run_model, inputs, kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+            return jit.trace(run_model, call, facts=run_facts)
+        run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)
     return _with_warning(run, note) if note else run
 
 
@@ -96,8 +100,8 @@ def _with_warning(run: Trace, text: str) -> Trace:
     return dataclasses.replace(run, warnings=(text,) + run.warnings)
 
 
-def _dataless(model: nn.Module, tensors: Sequence[Any]) -> Optional[str]:
-    for tensor in itertools.chain(tensors, model.parameters(), model.buffers()):
+def _dataless(tensors: Sequence[Any], facts: ModelFacts) -> Optional[str]:
+    for tensor in itertools.chain(tensors, facts.parameters, facts.buffers):
         if is_dataless(tensor):
             kind = "on the meta device" if tensor.device.type == "meta" else "FakeTensors"
             return f"inputs or weights are {kind}"

@@ -56,9 +56,10 @@ class FakeRunError(TraceError):
 class FakeCopy:
     """A fake copy of a model and of the tensors it is called with, sharing one mode;
     ``call`` is the copied call arguments (positional, keyword); ``twins`` maps
-    ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored)."""
+    ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored);
+    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included)."""
 
-    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes")
+    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies")
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class FakeCopy:
         call: Any,
         twins: Optional[Dict[int, torch.Tensor]] = None,
         notes: Optional[List[str]] = None,
+        copies: Optional[Dict[int, Any]] = None,
     ):
         self.mode = mode
         self.model = model
@@ -75,6 +77,7 @@ class FakeCopy:
         self.call = call
         self.twins: Dict[int, torch.Tensor] = {} if twins is None else twins
         self.notes: List[str] = [] if notes is None else notes
+        self.copies: Dict[int, Any] = {} if copies is None else copies
 
 
 @cache
@@ -89,9 +92,11 @@ def has_lazy_parameters(model: nn.Module) -> bool:
     return any(is_uninitialized(t) for t in _own_tensors(model))
 
 
-def _named_tensors(model: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
+def _named_tensors(
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]] = None
+) -> Iterator[Tuple[str, torch.Tensor]]:
     """Every tensor the modules own (parameters, buffers, tensor attributes), with a label for errors."""
-    for mod_name, module in model.named_modules():
+    for mod_name, module in model.named_modules() if modules is None else modules:
         where = f"of module '{mod_name}'"
         for name, tensor in module._parameters.items():
             if tensor is not None:
@@ -188,16 +193,18 @@ def fake_copies(
     dtype: Optional[torch.dtype] = None,
     storages: bool = False,
     retie: bool = False,
+    modules: Optional[Sequence[Tuple[str, nn.Module]]] = None,
 ) -> FakeCopy:
     """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
     fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
     object in them copied too (a list or KV cache the forward appends to stays the
-    caller's own). ``dtype``, ``storages``, ``retie``: see the module docstring. Raises
+    caller's own). ``dtype``, ``storages``, ``retie``: see the module docstring; ``modules``:
+    ``model.named_modules()`` when the caller has them already. Raises
     :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
     faker = _Faker(dtype, storages)
     memo: Dict[int, Any] = {}
     try:
-        for label, tensor in _named_tensors(model):
+        for label, tensor in _named_tensors(model, modules):
             if not is_uninitialized(tensor):
                 memo[id(tensor)] = faker.fake(tensor, label)
         fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]
@@ -209,7 +216,7 @@ def fake_copies(
         raise
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
-    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes)
+    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo)
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)

@@ -26,13 +26,14 @@ import torch
 from torch import nn
 
 from ..errors import TraceError, UsageError
-from ..inputs import as_call_args, describe_inputs, fake_tensor_type, flatten_tensors
+from ..inputs import PreparedCall, fake_tensor_type, prepare_call
+from ..model_facts import ModelFacts, model_facts
 from ..optimizers import OptimizerSpec
 from ..state import preserved_rng
 from ..types import Trace
 from ._backward import BackwardAttribution, run_backward
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
-from ._modules import ModuleStack, forward_error, module_names
+from ._modules import ModuleStack, forward_error
 from ._optimizer import FakeOptimizerStep
 from ._shape_cache import ShapeCache
 from ._state import preserved_model_state
@@ -53,6 +54,7 @@ def trace(
     fake_copy: bool = False,
     optimizer: Optional[OptimizerSpec] = None,
     marker: Optional[Callable[[int], Any]] = None,
+    facts: Optional[ModelFacts] = None,
 ) -> Trace:
     """See :func:`_trace`. A forward that calls ``torch.cond`` is traced again with the
     recorder torch keeps out of dynamo (torch compiles an eager ``cond``; the fast recorder's
@@ -60,12 +62,14 @@ def trace(
     options: Dict[str, Any] = dict(
         backward=backward, loss_fn=loss_fn, fake_copy=fake_copy, optimizer=optimizer, marker=marker
     )
+    call = prepare_call(inputs, kwargs)
+    facts = model_facts(model) if facts is None else facts
     try:
-        return _trace(model, inputs, kwargs, Recorder, **options)
+        return _trace(model, call, facts, Recorder, **options)
     except (TraceError, FakeRunError) as exc:
         if not _refused_by_dynamo(exc):
             raise
-    return _trace(model, inputs, kwargs, HopRecorder, **options)
+    return _trace(model, call, facts, HopRecorder, **options)
 
 
 def _refused_by_dynamo(exc: BaseException) -> bool:
@@ -83,8 +87,8 @@ def _refused_by_dynamo(exc: BaseException) -> bool:
 
 def _trace(
     model: nn.Module,
-    inputs: Any,
-    kwargs: Optional[Mapping[str, Any]],
+    call: PreparedCall,
+    facts: ModelFacts,
     recorder_type: Any,
     *,
     backward: bool = False,
@@ -115,22 +119,23 @@ def _trace(
         raise UsageError("loss_fn is only used with backward=True")
     if optimizer is not None and not backward:
         raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
-    args, kw = as_call_args(inputs, kwargs)
-    flat_inputs, rebuild = flatten_tensors((args, kw))
-    inputs_text = describe_inputs(inputs, kwargs)
+    args, kw = call.args, call.kwargs
+    flat_inputs = list(call.tensors)
+    inputs_text = call.description
     preserve: Any
     if fake_copy:
-        copied = fake_copies(model, flat_inputs, rebuild)
+        copied = fake_copies(model, flat_inputs, call.rebuild, modules=facts.modules)
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
+        names = facts.names_on(copied.copies)
         args, kw = copied.call
         preserve = contextlib.ExitStack()  # the copy needs no restoring; the process's RNG does
         preserve.enter_context(preserved_rng())
         preserve.enter_context(quiet_fake_logs())
     else:
         run_model = model
-        fake_mode = _fake_mode(itertools.chain(flat_inputs, model.parameters(), model.buffers()))
+        fake_mode = _fake_mode(itertools.chain(flat_inputs, facts.parameters, facts.buffers))
         preserve = preserved_model_state(model)
-    names = module_names(run_model)
+        names = dict(facts.names)
     modules = ModuleStack(names)
     recorder = recorder_type(modules, answer_reads=not fake_copy)
     recorder.marker = marker

@@ -15,14 +15,14 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, 
 import torch
 from torch import nn
 
-from .._packed import packed_objects
 from ..errors import TraceError
-from ..inputs import as_call_args, describe_inputs, flatten_tensors, output_tensors
+from ..inputs import output_tensors, prepare_call
+from ..model_facts import ModelFacts, model_facts
 from ..types import OpCall, OpEvent, TensorMeta, Trace
 from ._jit_functions import function_failure
 from ._jit_graph import PLUMBING, PYTHON_OP, function_body, inline_script_calls, keep_unread_results, tensor_meta
 from ._jit_sizes import static_unpool_sizes, unpool_failure
-from ._modules import ModuleStack, forward_error, module_names
+from ._modules import ModuleStack, forward_error
 from ._state import preserved_model_state
 from ._vocabulary import canonical
 
@@ -231,6 +231,8 @@ def trace(
     model: nn.Module,
     inputs: Any = (),
     kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    facts: Optional[ModelFacts] = None,
 ) -> Trace:
     """Trace one forward of ``model`` with torch.jit and return its op events.
 
@@ -239,23 +241,19 @@ def trace(
     with the real value, so the trace holds the branch this input took."""
     if not is_available():
         raise TraceError("torch.jit tracing is not available in this torch build")
-    packed = next(packed_objects(model), None)
-    if packed is not None:
-        where = f"module '{packed[0]}'" if packed[0] else "the root module"
+    call = prepare_call(inputs, kwargs)
+    facts = model_facts(model) if facts is None else facts
+    if facts.packed is not None:
+        where = f"module '{facts.packed}'" if facts.packed else "the root module"
         raise TraceError(
             f"the jit tracer cannot trace quantized packed parameters (in {where}); use tracer='dispatch' or 'auto'",
-            module_path=packed[0],
-            input_shapes=describe_inputs(inputs, kwargs),
+            module_path=facts.packed,
+            input_shapes=call.description,
         )
-    args, kw = as_call_args(inputs, kwargs)
-    flat, rebuild = flatten_tensors((args, kw))
+    flat = list(call.tensors)
+    rebuild = call.rebuild
     n_inputs = len(flat)
-    state: List[torch.Tensor] = []
-    seen = set()
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            state.append(tensor)
+    state: List[torch.Tensor] = list({id(t): t for t in facts.parameters + facts.buffers}.values())
 
     def run(*traced: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         call_args, call_kwargs = rebuild(traced[:n_inputs])
@@ -263,7 +261,7 @@ def trace(
         keep_unread_results(torch._C._get_tracing_state().graph())
         return outputs
 
-    names = module_names(model)
+    names = facts.names
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
     with _JIT_LOCK, preserved_model_state(model), ModuleStack(names) as modules:
@@ -276,8 +274,8 @@ def trace(
         except Exception as exc:
             refusal = unpool_failure(exc, modules.current) or function_failure(exc, modules.current)
             if refusal is not None:
-                raise TraceError(refusal, module_path=modules.current, input_shapes=describe_inputs(inputs, kwargs)) from exc
-            raise forward_error(exc, modules.current, describe_inputs(inputs, kwargs), "jit") from exc
+                raise TraceError(refusal, module_path=modules.current, input_shapes=call.description) from exc
+            raise forward_error(exc, modules.current, call.description, "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map
     # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
@@ -290,17 +288,19 @@ def trace(
     )
     graph, inlined_scopes = inline_script_calls(graph, flat + state)
     events = _graph_events(graph, inlined_scopes)
-    gaps = _silent_modules(model, events, modules.calls)
+    gaps = _silent_modules(facts.modules, events, modules.calls)
     return Trace(tuple(events), "jit", dict(modules.calls), notes + gaps, gaps=gaps)
 
 
-def _silent_modules(model: nn.Module, events: Sequence[OpEvent], calls: Mapping[str, int]) -> Tuple[str, ...]:
+def _silent_modules(
+    modules: Sequence[Tuple[str, nn.Module]], events: Sequence[OpEvent], calls: Mapping[str, int]
+) -> Tuple[str, ...]:
     """A module with parameters that ran but recorded no op: its work was invisible to jit
     (done outside torch's traced ops), so the count may miss it."""
     seen = {name for event in events for name in event.module_stack}
     silent = [
         name
-        for name, module in model.named_modules()
+        for name, module in modules
         if name
         and calls.get(name, 0)
         and name not in seen

@@ -104,3 +104,26 @@ def test_profile_html_and_json(workdir, capsys):
     data = json.loads(out)
     assert code == 0 and data["roofs"]["source"] == "given"
     assert sum(r["flops"] for r in data["rows"]) == FLOPS
+
+
+@pytest.mark.parametrize("flag, labels", [((), 2), (("--plot-top", "1"), 1)])
+def test_profile_plot_top_sets_the_roofline_labels(workdir, capsys, monkeypatch, flag, labels):
+    # --plot-top was accepted and ignored by profile; it now picks how many of the slowest
+    # operators are labelled (default 6). The mlp's points are its 2 operators (aten::addmm
+    # for both Linears, aten::relu), so the default labels both.
+    pytest.importorskip("matplotlib")
+    from flopcount.report import roofline_plot
+
+    drawn = []
+    original = roofline_plot.draw_roofline
+
+    def recording(result, **options):
+        figure = original(result, **options)
+        drawn.append(sum(len(ax.texts) for ax in figure.axes))
+        return figure
+
+    monkeypatch.setattr(roofline_plot, "draw_roofline", recording)
+    code, _, err = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--steps", "1", "--roofs", "100G,10G",
+                       "--plot", "roof.png", "-q", *flag)
+    assert code == 0, err
+    assert drawn == [labels] and (workdir / "roof.png").stat().st_size > 0
