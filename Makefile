@@ -33,7 +33,7 @@ lint: $(STAMP)
 # The full suite on the pinned torch (also the oldest supported: pyproject's floor), then the
 # tests not marked slow on the newest torch this machine can install (the zoo's venv).
 # Each suite runs in two parts (docs/internals.md, "The test suite"): everything not marked
-# `serial` on PYTEST_JOBS processes (pytest-xdist, whole files per process), then the `serial`
+# `serial` on PYTEST_JOBS processes (pytest-xdist, work-stealing), then the `serial`
 # tests (real gloo ranks, real wall-clock timings) alone on the machine.
 # The serial run collects only the files that hold such tests (found by the literal
 # `mark.serial`: write the marker out, no alias), which saves it collecting the whole tree.
@@ -42,7 +42,7 @@ PYTEST_JOBS ?= 2
 # set it) every process of the suite compiled flopcount and rewrote the tests' asserts anew
 # (2 s of its 5 s collection here).
 unexport PYTHONDONTWRITEBYTECODE
-PYTEST_PARALLEL := -n $(PYTEST_JOBS) --dist loadfile
+PYTEST_PARALLEL := -n $(PYTEST_JOBS) --dist worksteal
 SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='*.py' | sort)
 
 test: lint
