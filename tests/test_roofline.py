@@ -149,3 +149,37 @@ def test_a_latency_lower_bound_fails_or_stays_undecided():
     # a certain FAIL elsewhere still wins over an undecided latency
     both = check_budget(Budget(max_latency_ms=10, max_params=5), latency_ms=4.0, params=6, latency_bound="lower")
     assert both.status == "FAIL"
+
+
+def test_gemm_roof_keeps_to_its_budget(monkeypatch):
+    # A model machine where an n^3 product takes 1 ms at n = 256 (8x per doubling). With a
+    # 1 s budget the size stops at 1024 (64 ms; 2048 would take 512 ms > budget/4), and the
+    # timed calls of every size, warm-ups included, stay within the budget: 2 * (1 + 8 + 64) ms
+    # while growing, then 64 ms products until half the budget is spent (7 in all) = 530 ms.
+    # The old loop grew to 2048 and ran 5 of them: 3.2 s for a "1 s" budget.
+    class Product:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    monkeypatch.setattr(roofs_mod, "_gemm", lambda n, dev, dtype: Product(n))
+    timed = []
+
+    def timer(product: Product) -> float:
+        took = 1e-3 * (product.n / 256) ** 3
+        timed.append(took)
+        return took
+
+    rate, n = roofs_mod._gemm_rate(torch.device("cpu"), torch.float32, 1.0, timer)
+    assert n == 1024
+    assert rate == pytest.approx(2 * 1024**3 / 0.064)
+    assert sum(timed) == pytest.approx(0.530)
+    assert len(timed) == 2 * 3 + 6
+
+
+def test_stream_roof_keeps_to_its_budget():
+    # each call "takes" 0.05 s; per variant a warm-up, then at least 3 timed calls, then more
+    # while under budget/6 and the next fits in budget/3: 4 calls = 0.2 s > 1/6 s, so 4 each
+    clock = _StepClock(0.05)
+    rate, _ = roofs_mod._stream_rate(torch.device("cpu"), 1.0, roofs_mod._timer(torch.device("cpu"), clock), 2**20)
+    assert rate == pytest.approx(3 * 2**20 / 0.05)
+    assert clock.t == pytest.approx(3 * 4 * 2 * 0.05)  # 3 variants x 4 calls x 2 readings

@@ -151,8 +151,8 @@ def measure_roofs(
     stream_bytes: int = _STREAM_BYTES,
 ) -> Roofs:
     """Measure peak FLOP/s (GEMM per dtype) and bandwidth (streaming add/copy over buffers
-    of ``stream_bytes``) on ``device``, each within about ``budget_s`` seconds; ``clock``
-    (seconds) replaces ``time.perf_counter`` (tests)."""
+    of ``stream_bytes``) on ``device``, each within about ``budget_s`` seconds of timed
+    calls (the buffers' allocation aside); ``clock`` (seconds) replaces ``time.perf_counter`` (tests)."""
     dev = torch.device(device or "cpu")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -201,18 +201,22 @@ def _timer(dev: torch.device, clock: Optional[Clock]) -> Callable[[Callable[[], 
 
 
 def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Callable[[Callable[[], Any]], float]) -> Tuple[float, int]:
-    """Best FLOP/s of ``n x n @ n x n``, n doubled (256..8192) until one product takes
-    a tenth of the budget; then the best of as many repeats as the budget holds."""
-    n, limit = 256, 8192
+    """Best FLOP/s of ``n x n @ n x n``: n doubled (256..8192) while the next size (8x the
+    work) would still take at most a quarter of the budget; then the best of at least 3
+    products, more while the budget holds. Every timed call, warm-ups and the smaller sizes
+    included, counts against ``budget_s``, and no product starts that would overrun it
+    (only the first three are always run)."""
+    n, limit, spent = 256, 8192, 0.0
     while True:
         product = _gemm(n, dev, dtype)
-        timer(product)  # warm the kernel
+        spent += timer(product)  # warm the kernel
         once = timer(product)
-        if once >= budget_s / 10 or n >= limit:
+        spent += once
+        if n >= limit or 8 * once > budget_s / 4:
             break
         n *= 2
-    best, spent, repeats = once, 2 * once, 1
-    while spent < budget_s / 2 or repeats < 5:  # the best of several: other load only slows
+    best, repeats = once, 1
+    while repeats < 3 or (spent < budget_s / 2 and spent + best <= budget_s):  # other load only slows
         took = timer(product)
         repeats += 1
         best = min(best, took)
@@ -242,9 +246,9 @@ def _stream_rate(
         ("add_", 3 * numel * 4, lambda: out.add_(b)),
         ("copy", 2 * numel * 4, lambda: out.copy_(a)),
     ):
-        timer(fn)
-        best, spent, repeats = float("inf"), 0.0, 0
-        while spent < budget_s / 4 or repeats < 5:
+        spent = timer(fn)  # warm: first touch of the output pages
+        best, repeats = float("inf"), 0
+        while repeats < 3 or (spent < budget_s / 6 and spent + best <= budget_s / 3):
             took = timer(fn)
             best, spent, repeats = min(best, took), spent + took, repeats + 1
         rates[name] = moved / max(best, 1e-12)
