@@ -22,6 +22,7 @@ from .errors import FlopcountWarning, TraceError, UsageError
 from .handlers import default_registry
 from .inputs import as_call_args, flatten_tensors
 from .ledger import TOTAL_FIELDS, Ledger
+from .optimizers import warm_up
 from .plan_result import MEMORY_BANDWIDTH, CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
 from .registry import HandlerRegistry
 from .state import preserved_rng
@@ -181,6 +182,11 @@ def _fake_step(
         ]
         call_args, call_kw = rebuild(fakes)
         opt = make_optimizer(optimizer, model)
+        if opt is not None:
+            # the steady state: every step after the first starts with the optimizer state
+            # allocated, so it is there through the forward and backward (the first step's
+            # peak is lower by up to the state's size; a plan sizes every step)
+            warm_up(opt, "plan")
         try:
             record = run_step(model, opt, call_args, call_kw, loss_fn, groups)
         except UsageError:

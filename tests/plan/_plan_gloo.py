@@ -105,6 +105,11 @@ def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int
                 first = model(example_input(model_name))
                 first_output = float(getattr(first, "logits", first).double().square().sum())
         optimizer = make_optimizer("adamw", model)
+        # a first real step, not recorded: the recorded one is the steady state (the optimizer
+        # state allocated before its forward), as every step of a training run after the first
+        default_loss(model(example_input(model_name))).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
         with CollectiveBytes() as nbytes:
             record = run_step(model, optimizer, (example_input(model_name),), {}, None, mesh_groups(mesh), peak_only=False)
