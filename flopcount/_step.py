@@ -258,7 +258,8 @@ def run_step(
     track_memory: bool = True,
     peak_only: bool = True,
 ) -> StepRecord:
-    """Run forward, backward and ``optimizer.step()`` once, recording everything.
+    """Run forward, backward and ``optimizer.step()`` once, recording everything (the model's
+    outputs are released once the loss is made, before the backward).
     ``peak_only=False`` keeps torch's tracker exactly as it is (per-module stats too)."""
     flat = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
     modules = ModuleStack(module_names(model))
@@ -268,9 +269,12 @@ def run_step(
     with tracker, modules, recorder:
         outputs = model(*args, **kwargs)
         loss = (loss_fn or default_loss)(outputs)
+        # released before backward, as in ``loss = loss_fn(model(x)); loss.backward()`` and as
+        # estimate_memory does: kept, they would hold the outputs' bytes through the backward
+        del outputs
         recorder.phase = "backward"
         loss.backward()
-        del loss, outputs
+        del loss
         if optimizer is not None:
             recorder.phase = "optimizer"
             optimizer.step()
