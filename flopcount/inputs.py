@@ -62,59 +62,89 @@ def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping
 
 
 def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
-    """Every tensor inside ``obj`` (tuples, lists, dicts, dataclasses, nested) and a
-    function that rebuilds ``obj`` with replacement tensors in the same order."""
+    """Every tensor inside ``obj`` (tuples, namedtuples, lists, mappings, dataclass
+    instances, nested) and a function that rebuilds ``obj`` with replacement tensors in the
+    same order. An object met again inside itself (a cycle) is kept as it is."""
+    return _walk(obj)
+
+
+def _walk(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """The one container walker, for call arguments (:func:`flatten_tensors`) and outputs
+    (:func:`output_tensors`). Plain recursion over module-level functions: no closure refers
+    to itself, so no reference cycle keeps the walked tensors alive after the call."""
     tensors: List[torch.Tensor] = []
-
-    def walk(node: Any) -> Callable[[Sequence[torch.Tensor]], Any]:
-        if isinstance(node, torch.Tensor):
-            index = len(tensors)
-            tensors.append(node)
-            return lambda values: values[index]
-        if isinstance(node, tuple) and hasattr(node, "_fields"):  # namedtuple
-            parts = [walk(v) for v in node]
-            return lambda values: type(node)(*(p(values) for p in parts))
-        if isinstance(node, (tuple, list)):
-            parts = [walk(v) for v in node]
-            seq_kind = type(node)
-            return lambda values: seq_kind(p(values) for p in parts) if seq_kind in (tuple, list) else seq_kind([p(values) for p in parts])
-        if isinstance(node, Mapping):
-            items = [(k, walk(v)) for k, v in node.items()]
-            kind: Any = type(node)
-
-            def rebuild_mapping(values: Sequence[torch.Tensor]) -> Any:
-                rebuilt = {k: p(values) for k, p in items}
-                if kind is dict:
-                    return rebuilt
-                try:
-                    return kind(rebuilt)
-                except Exception:
-                    return OrderedDict(rebuilt) if isinstance(node, OrderedDict) else rebuilt
-
-            return rebuild_mapping
-        return lambda values: node
-
-    rebuild = walk(obj)
+    rebuild = _node(obj, tensors, set())
     return tensors, rebuild
+
+
+Rebuild = Callable[[Sequence[torch.Tensor]], Any]
+
+
+def _node(node: Any, tensors: List[torch.Tensor], open_nodes: set) -> Rebuild:
+    if isinstance(node, torch.Tensor):
+        index = len(tensors)
+        tensors.append(node)
+        return lambda values: values[index]
+    if not isinstance(node, (tuple, list, Mapping)) and not _is_dataclass_instance(node):
+        return lambda values: node
+    if id(node) in open_nodes:  # a cycle: keep the object
+        return lambda values: node
+    open_nodes.add(id(node))
+    try:
+        return _container(node, tensors, open_nodes)
+    finally:
+        open_nodes.discard(id(node))
+
+
+def _container(node: Any, tensors: List[torch.Tensor], open_nodes: set) -> Rebuild:
+    if isinstance(node, tuple) and hasattr(node, "_fields"):  # namedtuple
+        parts = [_node(v, tensors, open_nodes) for v in node]
+        return lambda values: type(node)(*(p(values) for p in parts))
+    if isinstance(node, (tuple, list)):
+        parts = [_node(v, tensors, open_nodes) for v in node]
+        seq_kind = type(node)
+        return lambda values: seq_kind(p(values) for p in parts) if seq_kind in (tuple, list) else seq_kind([p(values) for p in parts])
+    if isinstance(node, Mapping):
+        return _mapping(node, [(k, _node(v, tensors, open_nodes)) for k, v in node.items()])
+    fields = [
+        (f.name, f.init, _node(getattr(node, f.name), tensors, open_nodes))
+        for f in dataclasses.fields(node)
+        if hasattr(node, f.name)
+    ]
+
+    def rebuild_dataclass(values: Sequence[torch.Tensor]) -> Any:
+        made = dataclasses.replace(node, **{name: p(values) for name, init, p in fields if init})
+        for name, init, p in fields:
+            if not init:  # not an __init__ argument: set on the copy
+                object.__setattr__(made, name, p(values))
+        return made
+
+    return rebuild_dataclass
+
+
+def _mapping(node: Mapping, items: List[Tuple[Any, Rebuild]]) -> Rebuild:
+    kind: Any = type(node)
+    ordered = isinstance(node, OrderedDict)
+
+    def rebuild_mapping(values: Sequence[torch.Tensor]) -> Any:
+        rebuilt = {k: p(values) for k, p in items}
+        if kind is dict:
+            return rebuilt
+        try:
+            return kind(rebuilt)
+        except Exception:
+            return OrderedDict(rebuilt) if ordered else rebuilt
+
+    return rebuild_mapping
+
+
+def _is_dataclass_instance(node: Any) -> bool:
+    return dataclasses.is_dataclass(node) and not isinstance(node, type)
 
 
 def output_tensors(obj: Any) -> List[torch.Tensor]:
     """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput)."""
-    found: List[torch.Tensor] = []
-    stack = [obj]
-    seen = set()
-    while stack:
-        node = stack.pop()
-        if isinstance(node, torch.Tensor):
-            found.append(node)
-        elif isinstance(node, Mapping):
-            stack.extend(reversed(list(node.values())))
-        elif isinstance(node, (tuple, list)):
-            stack.extend(reversed(node))
-        elif dataclasses.is_dataclass(node) and not isinstance(node, type) and id(node) not in seen:
-            seen.add(id(node))
-            stack.extend(reversed([getattr(node, f.name) for f in dataclasses.fields(node)]))
-    return found
+    return _walk(obj)[0]
 
 
 def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> str:
@@ -131,6 +161,9 @@ def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> 
             return "(" + ", ".join(one(v) for v in node) + ("," if len(node) == 1 else "") + ")"
         if isinstance(node, list):
             return "[" + ", ".join(one(v) for v in node) + "]"
+        if _is_dataclass_instance(node):
+            shown = [f"{f.name}={one(getattr(node, f.name))}" for f in dataclasses.fields(node) if f.repr and hasattr(node, f.name)]
+            return f"{type(node).__name__}({', '.join(shown)})"
         text = repr(node)
         return text if len(text) <= 40 else text[:37] + "..."
 

@@ -208,6 +208,8 @@ def fake_copies(
             if not is_uninitialized(tensor):
                 memo[id(tensor)] = faker.fake(tensor, label)
         fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]
+        for fake in fake_inputs:  # inside an object the copier deep-copies (a dataclass input): kept as is
+            memo[id(fake)] = fake
         copier = _TreeCopier(memo, faker)
         model_copy = copier.module(model)
         call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
