@@ -37,14 +37,10 @@ class PreparedCall:
     rebuild: Callable[[Sequence[torch.Tensor]], Any] = dataclasses.field(repr=False, compare=False)
     description: str = ""
 
-    def rebuilt(self, tensors: Sequence[torch.Tensor]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-        """``(args, kwargs)`` with ``tensors`` in the places of :attr:`tensors`."""
-        args, kwargs = self.rebuild(tensors)
-        return tuple(args), dict(kwargs)
-
     def with_tensors(self, tensors: Sequence[torch.Tensor]) -> PreparedCall:
-        args, kwargs = self.rebuilt(tensors)
-        return dataclasses.replace(self, args=args, kwargs=kwargs, tensors=tuple(tensors))
+        """The same call with ``tensors`` in the places of :attr:`tensors`."""
+        args, kwargs = self.rebuild(tensors)
+        return dataclasses.replace(self, args=tuple(args), kwargs=dict(kwargs), tensors=tuple(tensors))
 
 
 def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping[str, Any]] = None) -> PreparedCall:

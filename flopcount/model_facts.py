@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ._packed import held_tensors
+from ._packed import packed_objects
 from .inputs import is_uninitialized
 from .params import summary_of
 from .results import ModuleInfo
@@ -31,7 +31,7 @@ class ModelFacts:
     """The facts of one model, as :func:`model_facts` reads them.
 
     ``modules``: ``(name, module)`` in ``named_modules()`` order, each module once under
-    its canonical (first) name. ``names``: module -> canonical name. ``aliases``:
+    its canonical (first) name; ``names`` maps each module back to it. ``aliases``:
     canonical name -> every name of a module reachable under several. ``owned``: name ->
     parameters of the module and its children, each tensor once. ``parameters`` and
     ``buffers``: each tensor once, in ``model.parameters()`` / ``buffers()`` order.
@@ -40,13 +40,17 @@ class ModelFacts:
 
     model: nn.Module
     modules: Tuple[Tuple[str, nn.Module], ...]
-    names: Mapping[nn.Module, str]
     aliases: Mapping[str, Tuple[str, ...]]
     owned: Mapping[str, int]
     parameters: Tuple[torch.Tensor, ...]
     buffers: Tuple[torch.Tensor, ...]
     lazy: bool
     packed: Optional[str]
+
+    @cached_property
+    def names(self) -> Mapping[nn.Module, str]:
+        """Each module's canonical name (module trackers look modules up by object)."""
+        return {module: name for name, module in self.modules}
 
     @cached_property
     def summary(self) -> ParamSummary:
@@ -76,13 +80,11 @@ def model_facts(model: nn.Module) -> ModelFacts:
     """Read :class:`ModelFacts` from ``model`` in one walk of its module tree."""
     every: Dict[int, List[str]] = {}
     modules: List[Tuple[str, nn.Module]] = []
-    names: Dict[nn.Module, str] = {}
     parameters: Dict[int, torch.Tensor] = {}
     buffers: Dict[int, torch.Tensor] = {}
     owned: Dict[str, int] = {}
     counted: set = set()
     lazy = False
-    packed: Optional[str] = None
     for name, module in model.named_modules(remove_duplicate=False):
         _count_owned(name, module, owned, counted)  # under every name: each parent counts its children
         known = every.get(id(module))
@@ -91,7 +93,6 @@ def model_facts(model: nn.Module) -> ModelFacts:
             continue
         every[id(module)] = [name]
         modules.append((name, module))
-        names.setdefault(module, name)
         for tensor in module._parameters.values():
             if tensor is not None:
                 parameters.setdefault(id(tensor), tensor)
@@ -100,11 +101,17 @@ def model_facts(model: nn.Module) -> ModelFacts:
             if tensor is not None:
                 buffers.setdefault(id(tensor), tensor)
                 lazy = lazy or is_uninitialized(tensor)
-        if packed is None and _holds_packed(module):
-            packed = name
+    first_packed = next(packed_objects(model, modules), None)
     aliases = {found[0]: tuple(found) for found in every.values() if len(found) > 1}
     return ModelFacts(
-        model, tuple(modules), names, aliases, owned, tuple(parameters.values()), tuple(buffers.values()), lazy, packed
+        model,
+        tuple(modules),
+        aliases,
+        owned,
+        tuple(parameters.values()),
+        tuple(buffers.values()),
+        lazy,
+        None if first_packed is None else first_packed[0],
     )
 
 
@@ -121,6 +128,3 @@ def _count_owned(name: str, module: nn.Module, owned: Dict[str, int], counted: s
                 counted.add(key)
                 owned[key[0]] = owned.get(key[0], 0) + tensor.numel()
 
-
-def _holds_packed(module: nn.Module) -> bool:
-    return any(isinstance(v, torch.ScriptObject) and held_tensors(module, v) for v in vars(module).values())

@@ -123,6 +123,7 @@ def _trace(
     flat_inputs = list(call.tensors)
     inputs_text = call.description
     preserve: Any
+    names: Mapping[nn.Module, str]
     if fake_copy:
         copied = fake_copies(model, flat_inputs, call.rebuild, modules=facts.modules)
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
@@ -135,7 +136,7 @@ def _trace(
         run_model = model
         fake_mode = _fake_mode(itertools.chain(flat_inputs, facts.parameters, facts.buffers))
         preserve = preserved_model_state(model)
-        names = dict(facts.names)
+        names = facts.names
     modules = ModuleStack(names)
     recorder = recorder_type(modules, answer_reads=not fake_copy)
     recorder.marker = marker
