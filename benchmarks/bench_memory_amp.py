@@ -18,6 +18,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the truth: tests/_live_oracles.py
+
+from _live_oracles import amp_step_peak
 
 from examples.resnet import resnet18
 from flopcount.memory import estimate_memory
@@ -53,37 +56,6 @@ CASES: List[Case] = [
 ]
 
 
-def real_peak(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], adam: bool, inside: bool) -> int:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    model = copy.deepcopy(model)
-    opt = None
-    if adam:
-        opt = torch.optim.Adam(model.parameters())
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(model, opt, *[t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)])
-    with tracker:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(*args, **kwargs)
-            loss = out.loss if getattr(out, "loss", None) is not None else out.sum()
-            del out
-            if inside:
-                loss.backward()
-                if opt is not None:
-                    opt.step()
-        if not inside:
-            loss.backward()
-            if opt is not None:
-                opt.step()
-        del loss
-    (peak,) = tracker.get_tracker_snapshot("peak").values()
-    return int(peak["Total"])
-
-
 def pct(a: int, b: int) -> str:
     return f"{(a - b) / b * 100:+.2f}%"
 
@@ -104,7 +76,10 @@ def main() -> int:
                 warnings.simplefilter("ignore")
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     inside = estimate_memory(model, args, kwargs, backward=True, optimizer=opt).peak_bytes
-            truth, truth_inside = real_peak(model, args, kwargs, adam, False), real_peak(model, args, kwargs, adam, True)
+            truth, truth_inside = (
+                amp_step_peak(model, args, kwargs, backward=True, adam=adam, amp=torch.bfloat16, everything_under_autocast=inside)
+                for inside in (False, True)
+            )
             step = "fwd+bwd+Adam" if adam else "fwd+bwd"
             print(f"| {name} | {step} | {recipe:,} | {truth:,} | {pct(recipe, truth)} | {inside:,} | {truth_inside:,} | "
                   f"{pct(inside, recipe)} |")

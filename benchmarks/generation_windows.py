@@ -14,15 +14,15 @@ min(context, 4096) keys), the KV cache against 32 layers x keys and values x 8 K
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the truth: tests/_live_oracles.py, as the tests take it
 
 SMALL: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "Mistral, window 16": ("mistral", {"sliding_window": 16}),
@@ -45,36 +45,9 @@ def _small(kind: str, extra: Dict[str, Any]) -> Any:
     return model
 
 
-def _truth(model: Any, ids: Any, new_tokens: int) -> Tuple[List[int], int]:
-    """FlopCounterMode FLOPs of each forward of a real generate(), and its cache's held bytes."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    flops: List[int] = []
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        with FlopCounterMode(display=False) as counter:
-            out = forward(*args, **kwargs)
-        flops.append(counter.get_total_flops())
-        return out
-
-    model.forward = counted
-    try:
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             return_dict_in_generate=True)
-    finally:
-        del model.forward
-    storages = {}
-    for layer in out.past_key_values.layers:
-        for tensor in vars(layer).values():
-            if hasattr(tensor, "untyped_storage"):
-                storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-    return flops, sum(storages.values())
-
-
 def small(prompt: int = 12, new_tokens: int = 24) -> None:
     import torch
+    from _live_oracles import generate_truth, held_bytes
 
     from flopcount.generation import count_generation
 
@@ -84,7 +57,8 @@ def small(prompt: int = 12, new_tokens: int = 24) -> None:
         model = _small(kind, extra)
         ids = torch.randint(0, 50, (2, prompt))
         result = count_generation(model, ids, new_tokens=new_tokens)
-        flops, held = _truth(model, ids, new_tokens)
+        flops, cache = generate_truth(model, ids, new_tokens)
+        held = held_bytes(cache)
         shortcut = next((w.split(" were costed")[0].replace("decode steps ", "all but ") for w in result.warnings
                          if "affine continuation" in w), "all")
         print(f"| {label} | {result.decode_macs:,} | {sum(flops[1:]) // 2:,} | {result.kv_cache_bytes:,} B | {held:,} B | "

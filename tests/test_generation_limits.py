@@ -8,14 +8,13 @@ its FLOPs are 2 x flopcount's MACs), the bytes of the storages the real cache re
 
 from __future__ import annotations
 
-import functools
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict
 
 import pytest
 import torch
+from _live_oracles import generate_truth, held_bytes
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from flopcount._decode import Limits, cache_limits, plan_runs
 from flopcount.generation import count_generation
@@ -51,47 +50,6 @@ def _model(config: Any, device: str = "cpu") -> nn.Module:
     return model.eval()
 
 
-def _real_generate(model: nn.Module, ids: torch.Tensor, new_tokens: int) -> Tuple[List[int], Any]:
-    """FlopCounterMode's FLOPs of each forward a real greedy generate() runs, and its cache."""
-    flops: List[int] = []
-    forward = model.forward
-
-    @functools.wraps(forward)  # generate reads the forward's signature (logits_to_keep)
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        with FlopCounterMode(display=False) as counter:
-            out = forward(*args, **kwargs)
-        flops.append(counter.get_total_flops())
-        return out
-
-    model.forward = counted
-    try:
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             return_dict_in_generate=True)
-    finally:
-        del model.forward
-    assert out.sequences.shape == (ids.shape[0], ids.shape[1] + new_tokens)
-    return flops, out.past_key_values
-
-
-def _held_bytes(obj: Any) -> int:
-    """Bytes of every storage reachable from a real cache, once per data pointer."""
-    storages: Dict[int, int] = {}
-    stack, seen = [obj], set()
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            storages[item.untyped_storage().data_ptr()] = item.untyped_storage().nbytes()
-        elif id(item) not in seen and item is not None and not isinstance(item, (int, float, str, bool)):
-            seen.add(id(item))
-            if isinstance(item, dict):
-                stack.extend(item.values())
-            elif isinstance(item, (list, tuple)):
-                stack.extend(item)
-            elif hasattr(item, "__dict__"):
-                stack.extend(vars(item).values())
-    return sum(storages.values())
-
-
 # (model, window settings, P, N): windows full before the first step, filling within the
 # first traced steps, inside what would be a predicted stretch, after the last step; Gemma's
 # alternating local/global layers; Llama4's chunked attention; a state-space model and a hybrid.
@@ -116,10 +74,10 @@ def test_each_step_and_the_cache_match_a_real_generate(case: str) -> None:
     model = _model(config)
     ids = torch.randint(0, VOCAB, (B, prompt))
     result = count_generation(model, ids, new_tokens=new_tokens)
-    flops, cache = _real_generate(model, ids, new_tokens)
+    flops, cache = generate_truth(model, ids, new_tokens)
     assert 2 * result.prefill.macs == flops[0]
     assert [2 * step.macs for step in result.steps] == flops[1:]
-    assert result.kv_cache_bytes == _held_bytes(cache)
+    assert result.kv_cache_bytes == held_bytes(cache)
     assert result.complete, result.incomplete_reasons()
     # on meta (no weights, no data): the same figures
     meta = count_generation(_model(config, "meta"), ids.to("meta"), new_tokens=new_tokens)

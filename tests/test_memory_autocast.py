@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import pytest
 import torch
+from _live_oracles import amp_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
 
 from flopcount.memory import estimate_memory
 
-MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
+pytest.importorskip("torch.distributed._tools.mem_tracker")  # the oracle (_live_oracles.amp_step_peak) needs it
 transformers = pytest.importorskip("transformers")
 
 
@@ -46,40 +47,6 @@ def cnn_case() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
     return cnn(), (torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)),), {}
 
 
-def real_peak(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, backward: bool,
-              adam: bool, amp: Optional[torch.dtype], everything_under_autocast: bool = False) -> int:
-    """MemTracker's peak of the real step on a copy: forward + loss under autocast(amp), then
-    backward and the Adam step outside it (or inside, with ``everything_under_autocast``)."""
-    model = copy.deepcopy(model)
-    opt = None
-    if adam:
-        opt = torch.optim.Adam(model.parameters())
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(model, opt, *[t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)])
-
-    def rest(loss: torch.Tensor) -> None:
-        loss.backward()
-        if opt is not None:
-            opt.step()
-
-    with tracker, torch.set_grad_enabled(backward):
-        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
-            out = model(*args, **kwargs)
-            loss = out.loss if getattr(out, "loss", None) is not None else out.sum()
-            del out
-            if everything_under_autocast and backward:
-                rest(loss)
-        if backward and not everything_under_autocast:
-            rest(loss)
-        del loss
-    (peak,) = tracker.get_tracker_snapshot("peak").values()
-    return peak["Total"]
-
-
 CASES = {"gpt2": gpt2_case, "cnn": cnn_case}
 # the CNN's BatchNorm: torch's fake kernel returns bfloat16 batch statistics under autocast where the
 # CPU kernel keeps float32 (docs/memory.md): 64 bytes short of 641,604 here
@@ -93,7 +60,7 @@ def test_autocast_matches_memtracker_on_the_amp_recipe(case: str, adam: bool) ->
     before = snapshot(model)
     result = estimate_memory(model, args, kwargs, backward=True, optimizer="adam" if adam else None, autocast=torch.bfloat16)
     assert_same_state(model, before)
-    truth = real_peak(model, args, kwargs, backward=True, adam=adam, amp=torch.bfloat16)
+    truth = amp_step_peak(model, args, kwargs, backward=True, adam=adam, amp=torch.bfloat16)
     assert abs(result.peak_bytes - truth) <= SLACK[case], (result.peak_bytes, truth)
     assert not result.warnings
     # mixed precision keeps fp32 weights: the peak is lower than fp32 only by the activations' halving
@@ -104,7 +71,7 @@ def test_autocast_matches_memtracker_on_the_amp_recipe(case: str, adam: bool) ->
 def test_autocast_inference_matches_memtracker() -> None:
     model, args, kwargs = gpt2_case()
     result = estimate_memory(model, args, kwargs, autocast="bfloat16")
-    assert result.peak_bytes == real_peak(model, args, kwargs, backward=False, adam=False, amp=torch.bfloat16)
+    assert result.peak_bytes == amp_step_peak(model, args, kwargs, backward=False, adam=False, amp=torch.bfloat16)
 
 
 def test_an_estimate_inside_autocast_runs_the_whole_step_there_and_says_so() -> None:
@@ -114,17 +81,17 @@ def test_an_estimate_inside_autocast_runs_the_whole_step_there_and_says_so() -> 
         with torch.autocast("cpu", dtype=torch.bfloat16):
             inside = estimate_memory(model, args, kwargs, backward=True, optimizer="adam")
             recipe = estimate_memory(model, args, kwargs, backward=True, optimizer="adam", autocast=torch.bfloat16)
-    everything = real_peak(model, args, kwargs, backward=True, adam=True, amp=torch.bfloat16, everything_under_autocast=True)
+    everything = amp_step_peak(model, args, kwargs, backward=True, adam=True, amp=torch.bfloat16, everything_under_autocast=True)
     assert abs(inside.peak_bytes - everything) <= SLACK["cnn"]
     assert any("pass autocast=dtype" in w for w in inside.warnings)
     # autocast= leaves autocast for backward and step even when the caller is inside it
-    assert abs(recipe.peak_bytes - real_peak(model, args, kwargs, backward=True, adam=True, amp=torch.bfloat16)) <= SLACK["cnn"]
+    assert abs(recipe.peak_bytes - amp_step_peak(model, args, kwargs, backward=True, adam=True, amp=torch.bfloat16)) <= SLACK["cnn"]
     assert not recipe.warnings
 
 
 def test_ties_broken_by_to_meta_are_restored_with_a_warning() -> None:
     model, args, kwargs = gpt2_case()
-    truth = real_peak(model, args, kwargs, backward=True, adam=True, amp=None)  # the tied model on cpu
+    truth = amp_step_peak(model, args, kwargs, backward=True, adam=True, amp=None)  # the tied model on cpu
     on_meta = copy.deepcopy(model).to("meta")
     assert on_meta.lm_head.weight is not on_meta.transformer.wte.weight  # what .to("meta") does
     ids = args[0].to("meta")  # input ids and labels: one tensor, as on cpu
@@ -145,4 +112,4 @@ def test_a_model_configured_untied_is_not_retied() -> None:
     ids = torch.randint(0, 500, (4, 32), generator=torch.Generator().manual_seed(0))
     result = estimate_memory(model, (ids,), {"labels": ids, "use_cache": False}, backward=True)
     assert not result.warnings
-    assert result.peak_bytes == real_peak(model, (ids,), {"labels": ids, "use_cache": False}, backward=True, adam=False, amp=None)
+    assert result.peak_bytes == amp_step_peak(model, (ids,), {"labels": ids, "use_cache": False}, backward=True, adam=False, amp=None)

@@ -1,0 +1,91 @@
+"""Live peer runs that tests and benchmarks both take as the truth: a real greedy
+``generate()`` under ``torch.utils.flop_counter.FlopCounterMode`` (FLOPs of each forward, and
+the cache it returns), the bytes a real cache holds, and torch's ``MemTracker`` on a real AMP
+training step. Imported by tests/ and by benchmarks/ (which put tests/ on ``sys.path``)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int) -> Tuple[List[int], Any]:
+    """FlopCounterMode's FLOPs of each forward a real greedy generate() runs, and its cache."""
+    flops: List[int] = []
+    forward = model.forward
+
+    @functools.wraps(forward)  # generate reads the forward's signature (logits_to_keep)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with FlopCounterMode(display=False) as counter:
+            out = forward(*args, **kwargs)
+        flops.append(counter.get_total_flops())
+        return out
+
+    model.forward = counted
+    try:
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             return_dict_in_generate=True)
+    finally:
+        del model.forward
+    assert out.sequences.shape == (ids.shape[0], ids.shape[1] + new_tokens)
+    return flops, out.past_key_values
+
+
+def held_bytes(obj: Any) -> int:
+    """Bytes of every storage reachable from a real cache, once per data pointer."""
+    storages: Dict[int, int] = {}
+    stack, seen = [obj], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storages[item.untyped_storage().data_ptr()] = item.untyped_storage().nbytes()
+        elif id(item) not in seen and item is not None and not isinstance(item, (int, float, str, bool)):
+            seen.add(id(item))
+            if isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+            elif hasattr(item, "__dict__"):
+                stack.extend(vars(item).values())
+    return sum(storages.values())
+
+
+def amp_step_peak(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, backward: bool,
+              adam: bool, amp: Optional[torch.dtype], everything_under_autocast: bool = False) -> int:
+    """MemTracker's peak of the real step on a copy: forward + loss under autocast(amp), then
+    backward and the Adam step outside it (or inside, with ``everything_under_autocast``)."""
+    model = copy.deepcopy(model)
+    opt = None
+    if adam:
+        opt = torch.optim.Adam(model.parameters())
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, opt, *[t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)])
+
+    def rest(loss: torch.Tensor) -> None:
+        loss.backward()
+        if opt is not None:
+            opt.step()
+
+    with tracker, torch.set_grad_enabled(backward):
+        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+            out = model(*args, **kwargs)
+            loss = out.loss if getattr(out, "loss", None) is not None else out.sum()
+            del out
+            if everything_under_autocast and backward:
+                rest(loss)
+        if backward and not everything_under_autocast:
+            rest(loss)
+        del loss
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return int(peak["Total"])
