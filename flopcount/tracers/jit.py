@@ -28,16 +28,20 @@ from ._vocabulary import canonical
 
 # Under tracing a size read (x.size(0)) is a 0-dim tensor (prim::NumToTensor), so the
 # forward's Python arithmetic on sizes is recorded as tensor ops, which eager (and the
-# dispatch tracer) runs as Python ints. Only Python's number operators count as such;
-# an explicit conversion (torch.tensor(n), .to) makes a real tensor whose ops eager runs too.
+# dispatch tracer) runs as Python numbers: ``d ** -0.5``, ``n // 2``, and timm's TF "SAME"
+# padding, which under tracing takes its tensor branch (``(x / s).ceil()``, ``torch.clamp``)
+# where eager runs ``math.ceil``/``max`` on ints. The rule (see _shape_arithmetic): an aten
+# op whose every input is a size read, a constant or such an op's result, with only 0-d
+# results, is shape arithmetic, whatever the op. An explicit conversion (torch.tensor(n),
+# .to, .float()) makes a real tensor whose ops eager runs too: it is never shape arithmetic,
+# and neither is what is computed from it.
 _SIZE_SOURCES = frozenset({"aten::size", "prim::NumToTensor"})
-_NUMBER_OPERATORS = frozenset(
-    f"aten::{name}{suffix}"
-    for name in (
-        "add", "sub", "rsub", "mul", "div", "floor_divide", "remainder", "pow", "neg", "abs",
-        "gt", "lt", "ge", "le", "eq", "ne", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__",
-    )
-    for suffix in ("", "_")
+_CONVERSIONS = frozenset(
+    {
+        "aten::tensor", "aten::as_tensor", "aten::scalar_tensor", "aten::to", "aten::_to_copy", "aten::type_as",
+        "aten::clone", "aten::detach", "aten::full", "aten::full_like", "aten::zeros_like", "aten::ones_like",
+        "aten::empty_like", "aten::rand_like", "aten::randn_like", "aten::lift_fresh", "aten::copy_",
+    }
 )  # fmt: skip
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -162,11 +166,11 @@ class _LazyOutputs(Sequence[Any]):
 
 def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[Any]) -> bool:
     """Whether ``node`` is Python-number arithmetic on sizes (``x.size(-1) ** 0.5``,
-    ``min(h, 7)``, ``n // 2``) that jit records as 0-dim tensor ops (see _NUMBER_OPERATORS):
-    a number operator whose inputs are size-derived values or constants, at least one
-    size-derived, giving 0-dim results. Those are added to ``sizes``, so the arithmetic
-    built on them is skipped too."""
-    if kind not in _NUMBER_OPERATORS or not any(value in sizes for value in inputs):
+    ``min(h, 7)``, ``n // 2``, ``(h / s).ceil()``) that jit records as 0-dim tensor ops: an
+    aten op other than an explicit conversion (_CONVERSIONS) whose inputs are size-derived
+    values or constants, at least one size-derived, giving 0-dim results (or numbers).
+    Those are added to ``sizes``, so the arithmetic built on them is skipped too."""
+    if not kind.startswith("aten::") or kind in _CONVERSIONS or not any(value in sizes for value in inputs):
         return False
     if not all(value in sizes or value.node().kind() == "prim::Constant" for value in inputs):
         return False
@@ -177,6 +181,8 @@ def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[An
             meta = tensor_meta(jit_type)
             if meta is None or meta.shape != ():
                 return False
+        elif not isinstance(jit_type, (torch._C.IntType, torch._C.FloatType, torch._C.BoolType, torch._C.NumberType)):
+            return False
     sizes.update(outputs)
     return True
 

@@ -10,10 +10,15 @@ docs/conventions.md's per-op costs. Batch > 1, 3-D and non-contiguous inputs, tr
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_same_state, snapshot
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from flopcount import TraceError, count_flops
 
@@ -165,6 +170,50 @@ def test_size_arithmetic_is_not_counted_explicit_tensors_are(tracer: str) -> Non
     out = n // (D // 2)
     # mul by scale n; sum over the last dim n; the explicit sqrt(tensor(d) * 3): mul 1 + sqrt 1; divide out
     assert r.flops == n + n + 2 + out
+
+
+def _same_padding(x: Any, k: int, s: int, d: int) -> Any:
+    """timm's ``get_same_padding`` (TF "SAME"), rewritten: under jit tracing a size is a 0-d
+    tensor and takes the tensor branch; in eager it is an int and takes ``math.ceil``."""
+    if isinstance(x, torch.Tensor):
+        return torch.clamp(((x / s).ceil() - 1) * s + (k - 1) * d + 1 - x, min=0)
+    return max((math.ceil(x / s) - 1) * s + (k - 1) * d + 1 - x, 0)
+
+
+class SamePadConv(nn.Module):
+    """timm's ``Conv2dSame``: pad the input as TF "SAME" would, then a stride-2 convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ih, iw = x.size()[-2:]
+        ph, pw = _same_padding(ih, 3, 2, 1), _same_padding(iw, 3, 2, 1)
+        x = F.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
+        return self.conv(x)
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_tf_same_padding_arithmetic_is_not_counted(tracer: str, train: bool) -> None:
+    """Issue #29 item 5: jit counted the padding's 0-d ceil/clamp/mul/sub/floor_divide
+    (+20 FLOPs here) that eager runs as Python ints. Oracle: FlopCounterMode run live on the
+    real forward (the convolution), plus BatchNorm by hand; the padding adds nothing."""
+    model = SamePadConv().train(train)
+    x = torch.randn(2, 3, 17, 17)
+    # 17 -> ceil(17 / 2) = 9 outputs per side; padding (9 - 1) * 2 + 3 - 17 = 2 -> 19 x 19 in;
+    # conv FLOPs = 2 x (N x C_out x 9 x 9) x (C_in x 3 x 3)
+    with FlopCounterMode(display=False) as counter:
+        out = model(x)
+    assert out.shape == (2, 8, 9, 9)
+    conv_flops = counter.get_total_flops()
+    assert conv_flops == 2 * (2 * 8 * 9 * 9) * (3 * 3 * 3)
+    before = snapshot(model)
+    r = count_flops(model, x, tracer=tracer)
+    assert_same_state(model, before)
+    assert r.flops == conv_flops and r.macs == conv_flops // 2
+    assert {op for op, flops in r.by_operator().items() if flops} == {"aten::convolution"}
 
 
 # --------------------------------------------------------------------------- losses (zoo rows)
