@@ -29,13 +29,13 @@ hot path.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import torch
 
 from ..inputs import is_dataless
 
-__all__ = ["CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "fallback"]
+__all__ = ["CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "check_like_cpu", "fallback"]
 
 _aten = torch.ops.aten
 
@@ -154,3 +154,129 @@ def fallback(
             f"do not have, so {hint}"
         ) from exc
     raise exc
+
+
+# -- the real kernels' dtype checks, on fake CPU tensors -----------------------------------
+
+#: op -> the arguments its CPU kernel requires to share one dtype, where torch's meta kernel
+#: (what a FakeTensor runs) does not check it: on fake tensors a Linear with int64 inputs
+#: or half weights and float inputs would be counted although the real call raises.
+_SAME_DTYPE_ARGS: Dict[str, Tuple[str, ...]] = {
+    "mm": ("self", "mat2"),
+    "addmm": ("self", "mat1", "mat2"),
+    "bmm": ("self", "mat2"),
+    "baddbmm": ("self", "batch1", "batch2"),
+    "addbmm": ("self", "batch1", "batch2"),
+    "mv": ("self", "vec"),
+    "addmv": ("self", "mat", "vec"),
+    "dot": ("self", "tensor"),
+    "vdot": ("self", "other"),
+    "convolution": ("input", "weight", "bias"),
+    "_convolution": ("input", "weight", "bias"),
+    "conv_tbc": ("self", "weight", "bias"),
+    "native_layer_norm": ("input", "weight", "bias"),
+    "native_group_norm": ("input", "weight", "bias"),
+    "native_batch_norm": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_native_batch_norm_legit": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_native_batch_norm_legit_no_training": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_native_batch_norm_legit_functional": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_batch_norm_with_update": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_scaled_dot_product_flash_attention_for_cpu": ("query", "key", "value"),
+    "_prelu_kernel": ("self", "weight"),
+    "rnn_tanh_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "rnn_relu_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "gru_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "lstm_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "lstm": ("input", "hx", "params"),
+    "gru": ("input", "hx", "params"),
+}
+
+
+def _checked_overloads() -> Dict[Any, Tuple[int, ...]]:
+    """overload -> positions of its same-dtype arguments (ops this torch lacks are left out)."""
+    found: Dict[Any, Tuple[int, ...]] = {}
+    for name, wanted in _SAME_DTYPE_ARGS.items():
+        packet = getattr(_aten, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            names = [a.name for a in op._schema.arguments]
+            positions = tuple(names.index(arg) for arg in wanted if arg in names)
+            if positions:
+                found[op] = positions
+    return found
+
+
+CHECKED = _checked_overloads()
+#: (op, operand dtypes and ranks) -> None when the real CPU kernel accepted them; the real
+#: kernel's dtype checks depend on the dtypes, not on the sizes, so one probe per key.
+_ACCEPTED: Dict[Tuple[Any, ...], None] = {}
+_PROBE_ELEMENTS = 1 << 12  # larger operands are probed as stride-0 views of one element
+
+
+def _operand_dtypes(value: Any, dtypes: List[torch.dtype]) -> None:
+    if isinstance(value, torch.Tensor):
+        dtypes.append(value.dtype)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _operand_dtypes(item, dtypes)
+
+
+def _probe(value: Any) -> Any:
+    """A real CPU tensor of ``value``'s shape and dtype (zeros; a stride-0 view when large)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() <= _PROBE_ELEMENTS:
+            return torch.zeros(value.shape, dtype=value.dtype)
+        return torch.zeros((), dtype=value.dtype).expand(value.shape)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_probe(item) for item in value)
+    return value
+
+
+def _on_fake_cpu(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return is_dataless(value) and getattr(value, "fake_device", value.device).type == "cpu"
+    if isinstance(value, (list, tuple)):
+        return all(_on_fake_cpu(item) for item in value)
+    return True
+
+
+def check_like_cpu(func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]]) -> None:
+    """Raise what the real CPU kernel of ``func`` raises for these operands' dtypes, where its
+    meta kernel would accept them (``_SAME_DTYPE_ARGS``); a no-op for every other op, for
+    operands of one dtype, and off the CPU (another device's kernel has other rules).
+
+    Only when the dtypes differ, the real kernel runs once per (op, dtypes, ranks) on zero
+    tensors of the operands' shapes (stride-0 views of one element when large), with every
+    dispatch mode off: if it raises, so would the real call, with this message."""
+    positions = CHECKED.get(func)
+    if positions is None:
+        return
+    dtypes: List[torch.dtype] = []
+    for index in positions:
+        if index < len(args):
+            _operand_dtypes(args[index], dtypes)
+    if len(set(dtypes)) < 2:
+        return
+    key = (func, tuple(dtypes), tuple(a.dim() if isinstance(a, torch.Tensor) else type(a) for a in args))
+    if key in _ACCEPTED or not all(_on_fake_cpu(a) for a in args) or (kwargs and not all(_on_fake_cpu(v) for v in kwargs.values())):
+        return
+    with torch._C._DisableTorchDispatch():
+        real_args = [_probe(a) for a in args]
+        real_kwargs = {name: _probe(v) for name, v in (kwargs or {}).items()}
+        try:
+            with torch.no_grad():
+                func(*real_args, **real_kwargs)
+        except Exception as exc:
+            raise RealKernelError(exc) from exc
+    _ACCEPTED[key] = None
+
+
+class RealKernelError(RuntimeError):
+    """The real kernel refused operands its meta kernel accepted; ``error`` is its exception
+    (its type and message are the real call's)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error

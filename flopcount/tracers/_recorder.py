@@ -33,6 +33,7 @@ _METADATA = frozenset({"prim::device", "prim::layout"})
 # A boolean made by these reads as True when answered by a placeholder ("all valid").
 _ALL_OPS = frozenset({"aten::all"})
 _READS = frozenset({_LOCAL_SCALAR, _EQUAL, _IS_NONZERO})
+_CHECKED = _meta_kernels.CHECKED
 
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
@@ -212,6 +213,8 @@ class Recorder(DataReads):
         self.attribution: Optional[BackwardAttribution] = None
         self.assumptions: Set[str] = set()  # what a stand-in kernel assumed (exact totals: warnings only)
         self.answer_reads = answer_reads
+        #: on fake CPU copies: apply the real kernels' dtype checks their meta kernels skip
+        self.real_checks = False
         self._signatures: Dict[Any, _Signature] = {}
         self.run_op: Optional[Callable[[Any, Tuple[Any, ...], Optional[Dict[str, Any]]], Any]] = None
         #: ``marker(index)``: a context manager around the run of the op recorded as event
@@ -234,6 +237,8 @@ class Recorder(DataReads):
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
                 return answer
+        if self.real_checks and func in _CHECKED:
+            _meta_kernels.check_like_cpu(func, args, kwargs)
         try:
             if self.marker is not None and not self.muted and not _signature(func).skip:
                 with self.marker(len(self.events)):

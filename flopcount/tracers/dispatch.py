@@ -33,6 +33,7 @@ from ..state import preserved_rng
 from ..types import Trace
 from ._backward import BackwardAttribution, run_backward
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
+from ._meta_kernels import RealKernelError
 from ._modules import ModuleStack, forward_error
 from ._optimizer import FakeOptimizerStep
 from ._shape_cache import ShapeCache
@@ -70,6 +71,19 @@ def trace(
         if not _refused_by_dynamo(exc):
             raise
     return _trace(model, call, facts, HopRecorder, **options)
+
+
+def _refused_by_real_kernel(exc: BaseException) -> Optional[BaseException]:
+    """The real kernel's own exception when a fake run failed on its dtype checks
+    (``_meta_kernels.check_like_cpu``), somewhere in the exception's chain."""
+    seen: Set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, RealKernelError):
+            return current.error
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _refused_by_dynamo(exc: BaseException) -> bool:
@@ -140,6 +154,7 @@ def _trace(
     modules = ModuleStack(names)
     recorder = recorder_type(modules, answer_reads=not fake_copy)
     recorder.marker = marker
+    recorder.real_checks = fake_copy
     shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
     if shape_cache is not None:
         recorder.run_op = shape_cache.run
@@ -160,6 +175,9 @@ def _trace(
                 try:
                     outputs = run_model(*args, **kw)
                 except Exception as exc:
+                    refused = _refused_by_real_kernel(exc)
+                    if refused is not None:  # the real call fails here too: no real run to find out
+                        raise forward_error(refused, modules.current, inputs_text, "auto") from refused
                     if fake_copy:
                         raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
