@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["function_failure"]
+__all__ = ["function_failure", "transform_failure"]
 
 _APPLY_FILE = os.path.join("autograd", "function.py")
 _APPLY_CALL = re.compile(r"([A-Za-z_][\w.]*)\.apply\(")
@@ -71,3 +71,29 @@ def function_failure(exc: BaseException, where: str) -> Optional[str]:
             "as it does when a Function's forward calls a module"
         )
     return f"the jit tracer cannot trace this model: {cause}; use tracer='dispatch' (or 'auto'), which sees inside the Function"
+
+
+_FUNCTORCH_DIR = os.path.join("torch", "_functorch") + os.sep
+
+
+def transform_failure(exc: BaseException, where: str) -> Optional[str]:
+    """One sentence when torch.jit failed inside a ``torch.func`` transform (nested ``vmap``,
+    ``grad``, ``jacrev``, ``vmap`` of ``grad``...): torch's tracer records one level of
+    ``vmap`` but not the others, failing with messages such as "Unsupported value kind:
+    Tensor". None if no frame of the failure is in ``torch/_functorch``."""
+    tb = exc.__traceback__
+    inside = False
+    while tb is not None:
+        if _FUNCTORCH_DIR in tb.tb_frame.f_code.co_filename:
+            inside = True
+            break
+        tb = tb.tb_next
+    if not inside:
+        return None
+    place = f"module '{where}'" if where else "the root module"
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"the jit tracer cannot trace this model: torch.jit fails inside a torch.func transform in {place} ({detail}); "
+        "it records a single torch.vmap, not nested transforms or grad/jacrev/jacfwd; use tracer='dispatch' "
+        "(or 'auto'), which counts them at their physical shapes"
+    )

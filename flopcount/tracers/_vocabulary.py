@@ -26,6 +26,7 @@ operations it performs, see ``handlers/attention.py``).
 from __future__ import annotations
 
 import inspect
+import itertools
 from functools import cache
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -388,6 +389,44 @@ def _fresh_composites() -> frozenset:
     return frozenset(found)
 
 
+def _is_batched() -> Callable[[Any], bool]:
+    """A test for a tensor batched by ``torch.vmap`` at any level, also under another
+    transform's wrapper (``vmap(grad(f))``: a grad wrapper around a batched tensor), from
+    functorch's private predicates; if this torch lacks them, nothing is batched."""
+    functorch = getattr(torch._C, "_functorch", None)
+    batched = getattr(functorch, "is_batchedtensor", None)
+    wrapped = getattr(functorch, "is_functorch_wrapped_tensor", None)
+    unwrap = getattr(functorch, "get_unwrapped", None)
+    if batched is None or wrapped is None or unwrap is None:
+        return lambda tensor: False
+
+    def test(tensor: Any) -> bool:
+        while wrapped(tensor):
+            if batched(tensor):
+                return True
+            tensor = unwrap(tensor)
+        return False
+
+    return test
+
+
+_IS_BATCHED = _is_batched()
+
+
+def _any_batched(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a tensor argument is batched by ``torch.vmap`` (at any level): a composite
+    sees its per-sample (logical) shape there, so it is left to its aten ops, which the
+    dispatch tracer sees at their physical, batched shapes (docs/conventions.md, vmap)."""
+    for value in itertools.chain(args, kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if _IS_BATCHED(value):
+                return True
+        elif isinstance(value, (list, tuple)):
+            if any(isinstance(v, torch.Tensor) and _IS_BATCHED(v) for v in value):
+                return True
+    return False
+
+
 class CompositeInterceptor(TorchFunctionMode):
     """Records each composite call of the forward as one event and mutes the aten ops it
     runs; every other call passes straight through.
@@ -418,6 +457,8 @@ class CompositeInterceptor(TorchFunctionMode):
         binder = self._table.get(func)
         recorder = self._recorder
         if binder is None or recorder.muted:
+            return func(*args, **kwargs)
+        if _any_batched(args, kwargs):
             return func(*args, **kwargs)
         bound = binder(args, kwargs)
         if bound is None:

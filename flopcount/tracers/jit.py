@@ -19,7 +19,7 @@ from ..errors import TraceError
 from ..inputs import output_tensors, prepare_call
 from ..model_facts import ModelFacts, model_facts
 from ..types import OpCall, OpEvent, TensorMeta, Trace
-from ._jit_functions import function_failure
+from ._jit_functions import function_failure, transform_failure
 from ._jit_graph import PLUMBING, PYTHON_OP, function_body, inline_script_calls, keep_unread_results, tensor_meta
 from ._jit_sizes import static_unpool_sizes, unpool_failure
 from ._modules import ModuleStack, forward_error
@@ -278,7 +278,11 @@ def trace(
                 warnings.simplefilter("always")
                 graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
-            refusal = unpool_failure(exc, modules.current) or function_failure(exc, modules.current)
+            refusal = (
+                unpool_failure(exc, modules.current)
+                or function_failure(exc, modules.current)
+                or transform_failure(exc, modules.current)
+            )
             if refusal is not None:
                 raise TraceError(refusal, module_path=modules.current, input_shapes=call.description) from exc
             raise forward_error(exc, modules.current, call.description, "jit") from exc
