@@ -24,6 +24,14 @@ def preserved_rng() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
+def _layout(tensor: torch.Tensor) -> Tuple[Any, ...]:
+    """Shape, strides and offset of a strided tensor; the shape of a sparse one (COO, CSR,
+    CSC, BSR, BSC tensors have no strides)."""
+    if tensor.layout != torch.strided:
+        return (tensor.shape, tensor.layout)
+    return (tensor.shape, tensor.stride(), tensor.storage_offset())
+
+
 @contextlib.contextmanager
 def preserved_inputs(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
     """Give the caller's input tensors back exactly as found, even when the forward
@@ -36,14 +44,14 @@ def preserved_inputs(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
         if id(tensor) in seen or is_dataless(tensor):
             continue
         seen.add(id(tensor))
-        layout = (tensor.shape, tensor.stride(), tensor.storage_offset())
+        layout = _layout(tensor)
         saved.append((tensor, tensor._version, layout, tensor.detach().clone(), tensor.requires_grad, tensor.grad))
     try:
         yield
     finally:
         with torch.no_grad():
             for tensor, version, layout, copy, requires_grad, grad in saved:
-                if (tensor.shape, tensor.stride(), tensor.storage_offset()) != layout:
+                if _layout(tensor) != layout and tensor.layout == torch.strided:
                     shape, stride, offset = layout
                     tensor.as_strided_(shape, stride, offset)
                 if tensor._version != version:

@@ -72,10 +72,21 @@ CONVENTION = (
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """Shape and dtype of one tensor seen by a tracer (never its data)."""
+    """Shape and dtype of one tensor seen by a tracer (never its data).
+
+    A sparse tensor also has its ``layout`` ("sparse_coo", "sparse_csr", "sparse_csc",
+    "sparse_bsr", "sparse_bsc") and ``nnz``, its stored values (the element count of its
+    values: non-zeros for COO/CSR/CSC, blocks x block area for BSR/BSC); ``nnz`` is None
+    when unknown (a fake or meta sparse tensor keeps no values)."""
 
     shape: Tuple[int, ...]
     dtype: Optional[str] = None
+    layout: str = "strided"
+    nnz: Optional[int] = None
+
+    @property
+    def sparse(self) -> bool:
+        return self.layout != "strided"
 
     @property
     def numel(self) -> int:

@@ -112,7 +112,7 @@ def complex_contraction(handler: Handler) -> Handler:
 
     def wrapped(call: OpCall) -> Cost:
         cost = handler(call)
-        if not any_complex(call):
+        if cost is None or not any_complex(call):  # None: unsupported (a sparse product it cannot cost)
             return cost
         macs = COMPLEX_MAC * cost.macs
         other = cost.flops - 2 * cost.macs

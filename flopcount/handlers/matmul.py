@@ -11,10 +11,10 @@ from math import prod
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..registry import HandlerRegistry
-from ..types import Cost, OpCall
+from ..types import Cost, Handler, OpCall, TensorMeta
 from ._common import Shape, broadcast, complex_contraction, matmul_macs, maybe_tensor
 
-__all__ = ["register", "einsum_cost", "linear_macs"]
+__all__ = ["register", "einsum_cost", "linear_macs", "sparse_product"]
 
 
 def linear_macs(input_shape: Shape, weight_shape: Shape) -> int:
@@ -213,17 +213,73 @@ def _addr(call: OpCall) -> Cost:
     return Cost.from_macs(call.tensor("vec1").numel * call.tensor("vec2").numel)
 
 
+def sparse_product(a: TensorMeta, b: TensorMeta) -> Optional[int]:
+    """MACs of ``a @ b`` (2-D, or a matrix times a vector) with one sparse operand: one
+    multiply-add per stored value of the sparse operand and column (row) of the dense one:
+    sparse (M x K, S stored) @ dense (K x N) = S x N; dense (M x K) @ sparse (K x N) = M x S.
+    S counts stored values, so an explicit zero stored in the tensor counts, and a BSR/BSC
+    tensor's S is its blocks x block area. None (unsupported) when both are sparse (the
+    work depends on how the non-zeros meet), when S is unknown (fake/meta sparse tensors),
+    or for batched sparse operands."""
+    if a.sparse and b.sparse:
+        return None
+    sparse, dense = (a, b) if a.sparse else (b, a)
+    if sparse.nnz is None or sparse.ndim != 2 or dense.ndim not in (1, 2):
+        return None
+    if sparse is a:  # (M x K) @ (K x N) or (K,): each stored a[i, k] meets row k of b
+        return sparse.nnz * (dense.shape[1] if dense.ndim == 2 else 1)
+    if dense.ndim == 1:  # (K,) @ (K x N): each stored b[k, j] meets a[k]
+        return sparse.nnz
+    return dense.shape[0] * sparse.nnz
+
+
+def _sparse_aware(handler: Handler, left: str, right: str) -> Handler:
+    """``handler`` for dense operands; :func:`sparse_product` when ``left`` or ``right`` is sparse."""
+
+    def wrapped(call: OpCall) -> Optional[Cost]:
+        a, b = maybe_tensor(call, left), maybe_tensor(call, right)
+        if (a is None) != (b is None) and call.arg(left if a is None else right) is None:
+            # one operand without shape or values (jit types a sparse tensor made inside the
+            # forward so): what it costs is unknown
+            return None
+        if (a is not None and a.sparse) or (b is not None and b.sparse):
+            if a is None or b is None:
+                return None
+            macs = sparse_product(a, b)
+            return None if macs is None else Cost.from_macs(macs)
+        return handler(call)
+
+    wrapped.__doc__ = handler.__doc__
+    wrapped.__name__ = getattr(handler, "__name__", "handler")
+    return wrapped  # type: ignore[return-value]  # None = unsupported, as the registry allows
+
+
+def _sparse_only(left: str, right: str) -> Handler:
+    """A kernel that only runs with a sparse operand (``torch.sparse.mm``'s ``_sparse_addmm``...)."""
+
+    def handler(call: OpCall) -> Cost:
+        raise KeyError(f"{call.op}: operands {left!r} and {right!r} are not sparse")
+
+    return _sparse_aware(handler, left, right)
+
+
 def register(registry: HandlerRegistry) -> None:
-    def add(ops, handler) -> None:  # type: ignore[no-untyped-def]
+    def add(ops, handler, operands=None) -> None:  # type: ignore[no-untyped-def]
+        if operands is not None:
+            handler = _sparse_aware(handler, *operands)
         registry.register(ops, complex_contraction(handler))
 
     add("aten::linear", _linear)
-    add(["aten::mm", "aten::bmm"], _mm)
-    add("aten::addmm", _addmm)
+    add(["aten::mm", "aten::bmm"], _mm, ("self", "mat2"))
+    add("aten::addmm", _addmm, ("mat1", "mat2"))
     add(["aten::baddbmm", "aten::addbmm"], _baddbmm)
-    add("aten::matmul", _matmul)
-    add("aten::mv", _mv)
-    add("aten::addmv", _addmv)
+    add("aten::matmul", _matmul, ("self", "other"))
+    add("aten::mv", _mv, ("self", "vec"))
+    add("aten::addmv", _addmv, ("mat", "vec"))
+    # torch.sparse.mm / torch.sspaddmm / torch.hspmm and the kernels sparse @ dense reaches
+    add("aten::_sparse_mm", _sparse_only("sparse", "dense"))
+    add(["aten::_sparse_addmm", "aten::sspaddmm", "aten::hspmm"], _sparse_only("mat1", "mat2"))
+    add("aten::smm", _sparse_only("self", "mat2"))
     add(["aten::dot", "aten::vdot"], _dot)
     add("aten::inner", _inner)
     add(["aten::outer", "aten::ger"], _outer)

@@ -42,6 +42,15 @@ _COPIES = (
     "_pack_padded_sequence", "_pad_packed_sequence", "_nested_tensor_from_mask", "_nested_from_padded",
     "_nested_tensor_from_tensor_list", "to_padded_tensor", "nested_to_padded_tensor", "complex",
     "max_unpool2d", "max_unpool3d",
+    # sparse layouts: conversions and the parts of a sparse tensor move data, compute nothing
+    # (the products are in matmul.py, docs/conventions.md "Sparse layouts")
+    "to_sparse", "_to_sparse", "to_sparse_csr", "_to_sparse_csr", "to_sparse_csc", "_to_sparse_csc",
+    "to_sparse_bsr", "_to_sparse_bsr", "to_sparse_bsc", "_to_sparse_bsc", "to_dense", "_to_dense",
+    "sparse_coo_tensor", "_sparse_coo_tensor_unsafe", "_sparse_coo_tensor_with_dims_and_tensors",
+    "sparse_csr_tensor", "sparse_csc_tensor", "sparse_bsr_tensor", "sparse_bsc_tensor",
+    "_sparse_compressed_tensor_unsafe", "sparse_compressed_tensor", "coalesce", "_coalesce", "_coalesced",
+    "values", "_values", "indices", "_indices", "crow_indices", "col_indices", "ccol_indices", "row_indices",
+    "_nnz", "sparse_dim", "dense_dim", "sparse_resize_", "sparse_resize_and_clear_",
 )
 _CREATION = (
     "zeros", "ones", "empty", "empty_strided", "empty_permuted", "full", "arange", "linspace", "logspace", "eye",

@@ -19,8 +19,9 @@ from ..inputs import is_dataless, prepare_call
 from ..model_facts import ModelFacts, model_facts
 from ..optimizers import OptimizerSpec
 from ..state import preserved_inputs
-from ..types import TRACERS, Trace
+from ..types import TRACERS, TensorMeta, Trace
 from ._fake import FakeRunError, shared_tensor_copy
+from ._sparse import has_sparse
 
 __all__ = ["TRACERS", "LossFn", "Tracer", "trace"]
 
@@ -76,16 +77,29 @@ def trace(
             return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
         if facts.lazy:
             note = "tracer auto: counted one real run (dispatch) because lazy modules are not materialised yet"
+        elif has_sparse(call.tensors, facts.parameters, facts.buffers):
+            # a fake copy of a sparse tensor keeps its layout but not its stored values
+            note = (
+                "tracer auto: counted one real run (dispatch) because the inputs or weights hold sparse tensors, "
+                "whose non-zeros fake tensors do not keep"
+            )
         elif facts.packed is not None:
             # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
             note = "tracer auto: counted one real run (dispatch) because the model has quantized packed parameters"
         else:
             try:
-                return dispatch.trace(
+                run = dispatch.trace(
                     model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
                 )
             except FakeRunError as exc:
                 note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
+            else:
+                if not _made_sparse(run):
+                    return run
+                note = (
+                    "tracer auto: counted one real run (dispatch) because the forward makes sparse tensors, "
+                    "whose non-zeros fake tensors do not have"
+                )
     # A real run: on a copy of the module tree when lazy modules would otherwise be
     # materialised in the caller's model (the copy shares every initialised tensor).
     run_model, run_facts = (shared_tensor_copy(model), None) if facts.lazy else (model, facts)
@@ -94,6 +108,15 @@ def trace(
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)
     return _with_warning(run, note) if note else run
+
+
+def _made_sparse(run: Trace) -> bool:
+    """Whether an op of a fake run made a sparse tensor (whose stored values are unknown)."""
+    for event in run.events:
+        for out in event.call.outputs:
+            if isinstance(out, TensorMeta) and out.sparse and out.nnz is None:
+                return True
+    return False
 
 
 def _with_warning(run: Trace, text: str) -> Trace:

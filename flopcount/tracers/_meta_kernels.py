@@ -236,7 +236,8 @@ def _probe(value: Any) -> Any:
 
 def _on_fake_cpu(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
-        return is_dataless(value) and getattr(value, "fake_device", value.device).type == "cpu"
+        fake_cpu = getattr(value, "fake_device", value.device).type == "cpu"
+        return is_dataless(value) and fake_cpu and value.layout == torch.strided
     if isinstance(value, (list, tuple)):
         return all(_on_fake_cpu(item) for item in value)
     return True

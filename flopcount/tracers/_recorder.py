@@ -20,6 +20,7 @@ from ..types import OpCall, OpEvent, Phase, TensorMeta
 from . import _meta_kernels
 from ._backward import BackwardAttribution
 from ._modules import ModuleStack
+from ._sparse import sparse_meta
 from ._vocabulary import canonical
 
 _aten = torch.ops.aten
@@ -37,6 +38,7 @@ _CHECKED = _meta_kernels.CHECKED
 
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
+_STRIDED = torch.strided
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -48,7 +50,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _meta(tensor: torch.Tensor) -> TensorMeta:
     # torch.Size is a tuple of ints already (shapes are static here)
-    return TensorMeta(tuple(tensor.shape), _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype))
+    dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
+    if tensor.layout is not _STRIDED:
+        return sparse_meta(tensor, dtype)
+    return TensorMeta(tuple(tensor.shape), dtype)
 
 
 def value_of(value: Any) -> Any:

@@ -59,6 +59,7 @@ def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) 
         for name, buf in m._buffers.items():
             if buf is not None:
                 buffers.append((m, name, buf, None if is_dataless(buf) or is_uninitialized(buf) else buf.detach().clone()))
+    versions = {id(buf): buf._version for _, _, buf, _ in buffers}
     params = [p for p in model.parameters() if not is_uninitialized(p)]
     param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
     # The one in-place parameter write torch's own layers do in forward: Embedding(max_norm=)
@@ -92,7 +93,10 @@ def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) 
         with torch.no_grad():
             for m, name, buf, saved in buffers:
                 m._buffers[name] = buf
-                if saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
+                if saved is not None and buf.layout != torch.strided:  # sparse: no torch.equal
+                    if buf._version != versions[id(buf)]:
+                        buf.copy_(saved)
+                elif saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
                     buf.copy_(saved) if buf.shape == saved.shape else buf.set_(saved)  # type: ignore[call-overload]  # set_(Tensor) exists; the stubs omit it
         restored = set()
         with torch.no_grad():

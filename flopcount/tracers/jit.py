@@ -23,6 +23,7 @@ from ._jit_functions import function_failure, transform_failure
 from ._jit_graph import PLUMBING, PYTHON_OP, function_body, inline_script_calls, keep_unread_results, tensor_meta
 from ._jit_sizes import static_unpool_sizes, unpool_failure
 from ._modules import ModuleStack, forward_error
+from ._sparse import sparse_meta
 from ._state import preserved_model_state
 from ._vocabulary import canonical
 
@@ -75,7 +76,10 @@ def _argument_names(schema: str) -> Optional[Tuple[str, ...]]:
 
 def _from_ivalue(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return TensorMeta(tuple(value.shape), str(value.dtype).replace("torch.", ""))
+        dtype = str(value.dtype).replace("torch.", "")
+        if value.layout != torch.strided:
+            return sparse_meta(value, dtype)
+        return TensorMeta(tuple(value.shape), dtype)
     if isinstance(value, list):
         return tuple(_from_ivalue(v) for v in value)
     return value
@@ -84,9 +88,11 @@ def _from_ivalue(value: Any) -> Any:
 class _ValueReader:
     """Turns graph values into handler arguments (TensorMeta, tuples, scalars), memoised."""
 
-    def __init__(self, graph: Any) -> None:
+    def __init__(self, graph: Any, sparse_inputs: Optional[Mapping[Any, torch.Tensor]] = None) -> None:
         self._graph = graph  # graph values are only valid while their graph lives
         self._cache: Dict[Any, Any] = {}
+        # graph inputs that are sparse tensors: jit types them without sizes or values
+        self._sparse = sparse_inputs or {}
 
     def read(self, value: Any) -> Any:
         try:
@@ -98,7 +104,9 @@ class _ValueReader:
         kind = producer.kind()
         if isinstance(jit_type, torch._C.TensorType):
             result: Any = tensor_meta(jit_type)
-            if result is None and kind == "prim::Constant":
+            if result is None and value in self._sparse:
+                result = _from_ivalue(self._sparse[value])
+            elif result is None and kind == "prim::Constant":
                 result = _from_ivalue(value.toIValue())
             elif result is None and kind in _NESTED_FROM_PADDED:
                 result = self.read(next(iter(producer.inputs())))
@@ -188,9 +196,18 @@ def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[An
 
 
 def _graph_events(
-    graph: Any, scope_of: Optional[Mapping[int, str]] = None, scope_all: Optional[str] = None
+    graph: Any,
+    scope_of: Optional[Mapping[int, str]] = None,
+    scope_all: Optional[str] = None,
+    inputs: Sequence[torch.Tensor] = (),
 ) -> List[OpEvent]:
-    reader = _ValueReader(graph)
+    graph_inputs = list(graph.inputs())
+    sparse = {
+        value: tensor
+        for value, tensor in zip(graph_inputs, inputs)
+        if len(graph_inputs) == len(inputs) and tensor.layout != torch.strided
+    }
+    reader = _ValueReader(graph, sparse)
     scopes: Dict[str, Tuple[str, ...]] = {}
     events: List[OpEvent] = []
     sizes: Set[Any] = set()  # values computed from size reads only (see _shape_arithmetic)
@@ -297,7 +314,7 @@ def trace(
         )
     )
     graph, inlined_scopes = inline_script_calls(graph, flat + state)
-    events = _graph_events(graph, inlined_scopes)
+    events = _graph_events(graph, inlined_scopes, inputs=flat + state)
     gaps = _silent_modules(facts.modules, events, modules.calls)
     return Trace(tuple(events), "jit", dict(modules.calls), notes + gaps, gaps=gaps)
 
