@@ -150,6 +150,8 @@ def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> 
         if isinstance(node, torch.Tensor):
             dtype = str(node.dtype).replace("torch.", "")
             where = "" if node.device.type == "cpu" else f" {node.device.type}"
+            if node.layout != torch.strided:  # sparse_coo, sparse_csr...
+                where += " " + str(node.layout).replace("torch.", "")
             return f"Tensor[{', '.join(str(s) for s in node.shape)}] {dtype}{where}"
         if isinstance(node, Mapping):
             return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in node.items()) + "}"

@@ -138,6 +138,7 @@ def test_sparse_input(tracer: str, layout: str) -> None:
     a = LAYOUTS[layout](_matrix())
     r = _count(SparseInput(), a, tracer)
     assert r.macs == _stored(a) * N
+    assert f"Tensor[{M}, {K}] float32 sparse_{layout}" in r.input_description
     assert torch.equal(a.to_dense(), _matrix())
 
 
