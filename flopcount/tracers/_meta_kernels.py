@@ -223,15 +223,20 @@ def _operand_dtypes(value: Any, dtypes: List[torch.dtype]) -> None:
             _operand_dtypes(item, dtypes)
 
 
-def _probe(value: Any) -> Any:
-    """A real CPU tensor of ``value``'s shape and dtype (zeros; a stride-0 view when large)."""
+def _probe(value: Any, written: bool = False) -> Any:
+    """A real CPU tensor of ``value``'s shape and dtype: zeros, as a stride-0 view of one
+    element when large, unless the kernel writes to it (BatchNorm's running statistics)."""
     if isinstance(value, torch.Tensor):
-        if value.numel() <= _PROBE_ELEMENTS:
+        if written or value.numel() <= _PROBE_ELEMENTS:
             return torch.zeros(value.shape, dtype=value.dtype)
         return torch.zeros((), dtype=value.dtype).expand(value.shape)
     if isinstance(value, (list, tuple)):
-        return type(value)(_probe(item) for item in value)
+        return type(value)(_probe(item, written) for item in value)
     return value
+
+
+def _written(func: Any) -> Set[str]:
+    return {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
 
 
 def _on_fake_cpu(value: Any) -> bool:
@@ -264,8 +269,10 @@ def check_like_cpu(func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[st
     if key in _ACCEPTED or not all(_on_fake_cpu(a) for a in args) or (kwargs and not all(_on_fake_cpu(v) for v in kwargs.values())):
         return
     with torch._C._DisableTorchDispatch():
-        real_args = [_probe(a) for a in args]
-        real_kwargs = {name: _probe(v) for name, v in (kwargs or {}).items()}
+        written = _written(func)
+        names = [a.name for a in func._schema.arguments]
+        real_args = [_probe(a, i < len(names) and names[i] in written) for i, a in enumerate(args)]
+        real_kwargs = {name: _probe(v, name in written) for name, v in (kwargs or {}).items()}
         try:
             with torch.no_grad():
                 func(*real_args, **real_kwargs)

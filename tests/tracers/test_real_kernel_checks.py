@@ -126,3 +126,19 @@ def test_check_does_not_pass_a_model_whose_forward_fails(capsys: pytest.CaptureF
     assert str(real.value).splitlines()[0] in err
     assert "Traceback" not in err
     assert "PASS" not in out
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_wide_mixed_precision_batch_norm_is_counted(tracer: str) -> None:
+    """bfloat16 activations through a float32 BatchNorm in training, 5,000 channels: the CPU
+    kernel accepts it (the real call runs), so the count must too; the probe writes real
+    running statistics (a stride-0 view of them would refuse the write)."""
+    x = torch.randn(4, 5000, dtype=torch.bfloat16)
+    nn.BatchNorm1d(5000).train()(x)  # the oracle: the real call runs
+    model = nn.BatchNorm1d(5000).train()
+    before = snapshot(model)
+    r = count_flops(model, x, tracer=tracer)
+    n, c = x.numel(), 5000
+    # docs/conventions.md, Normalisation (training): statistics 4N + 2C, normalise 2N + 2C, affine 2N
+    assert r.flops == 8 * n + 4 * c
+    assert_same_state(model, before)
