@@ -94,6 +94,7 @@ def transform_failure(exc: BaseException, where: str) -> Optional[str]:
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
         f"the jit tracer cannot trace this model: torch.jit fails inside a torch.func transform in {place} ({detail}); "
-        "it records a single torch.vmap, not nested transforms or grad/jacrev/jacfwd; use tracer='dispatch' "
+        "torch.jit records at most one torch.vmap (not nested transforms, grad/jacrev/jacfwd or functional_call); "
+        "use tracer='dispatch' "
         "(or 'auto'), which counts them at their physical shapes"
     )

@@ -176,3 +176,39 @@ def test_vmap_forward_and_backward(tracer: str) -> None:
     r = count_flops(model, x, tracer=tracer, backward=True)
     assert r.macs == counter.get_total_flops() // 2
     assert_same_state(model, before)
+
+
+class Ensemble(nn.Module):
+    """Model ensembling (the torch.func tutorial): five Linear(16, 8) stacked with
+    ``stack_module_state`` and run by ``vmap`` over ``functional_call``: the weights are
+    the batched operands, the input is shared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.members = nn.ModuleList([nn.Linear(16, 8) for _ in range(5)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.func import functional_call, stack_module_state
+
+        params, buffers = stack_module_state(list(self.members))
+        base = nn.Linear(16, 8, device="meta")
+
+        def one(p: Any, b: Any, v: torch.Tensor) -> torch.Tensor:
+            return functional_call(base, (p, b), (v,))
+
+        return vmap(one, in_dims=(0, 0, None))(params, buffers, x)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_vmapped_ensemble(tracer: str) -> None:
+    model, x = Ensemble(), torch.randn(4, 16)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    # by hand: 5 members x 4 rows x 16 x 8 = 2,560 MACs (counted as 512, one member, before)
+    assert counter.get_total_flops() // 2 == 5 * 4 * 16 * 8
+    if tracer == "jit":
+        with pytest.raises(TraceError, match="torch.func transform"):
+            count_flops(model, x, tracer=tracer)
+        return
+    assert count_flops(model, x, tracer=tracer).macs == 5 * 4 * 16 * 8
