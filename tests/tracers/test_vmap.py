@@ -154,7 +154,9 @@ def test_vmapped_contractions(tracer: str, name: str) -> None:
     xs: Tuple[torch.Tensor, ...] = tuple(torch.randn(*s) for s in shapes)
     with FlopCounterMode(display=False) as counter:
         Vmapped(fn)(*xs)
-    assert counter.get_total_flops() // 2 == by_hand  # the live oracle agrees with the hand count
+    # the live oracle agrees with the hand count; FlopCounterMode has no formula for SDPA's
+    # fused CPU kernel (REFERENCES.md: 0), which torch >= 2.14 runs under vmap
+    assert counter.get_total_flops() // 2 == by_hand or (name == "sdpa" and counter.get_total_flops() == 0)
     r = count_flops(Vmapped(fn), xs, tracer=tracer)
     assert r.macs == by_hand
     assert r.complete
