@@ -116,12 +116,12 @@ class FlopResult:
         ``count --format json`` writes them; empty for a fresh count."""
         return dict(self._sections)
 
-    def with_sections(self, **sections: Any) -> "FlopResult":
+    def with_sections(self, **sections: Any) -> FlopResult:
         """This result with more top-level JSON sections (``memory=estimate.to_dict()``)."""
         return replace(self, _sections={**self._sections, **sections})
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "report") -> "FlopResult":
+    def from_dict(cls, data: Mapping[str, Any], source: str = "report") -> FlopResult:
         """The result a JSON report describes (``to_dict()``, or ``count --format json``):
         ``FlopResult.from_dict(d).to_dict() == d``, key order included. Version
         :data:`~flopcount.types.REPORT_SCHEMA_VERSION` is read; a newer or missing version is

@@ -216,7 +216,7 @@ class GrowthReport:
             parts = []
             for line in self.exceeded:
                 grew = self.grew_most().get(line.metric, ())
-                where = f" (most in {', '.join(f'{row.name} +{_plain(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
+                where = f" (most in {', '.join(f'{row.name} ({row.type_name}) +{_plain(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
                 parts.append(f"{line.metric} {_signed_percent(line.relative)} > {line.allowance}{where}")
             return f"FAIL: {len(parts)} of {n} metric(s) grew past the allowance: " + "; ".join(parts)
         return f"PASS: all {n} metric(s) within the allowed growth"
