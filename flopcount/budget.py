@@ -374,7 +374,8 @@ def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budge
     """The budget in ``[tool.flopcount]`` of a pyproject.toml; an empty budget when the
     file (unless ``required``) or the table is missing. Malformed TOML or values raise
     :class:`UsageError` naming the file and the key. The baseline gate's keys
-    (``max-growth``, ``baseline``: :mod:`flopcount.diffs.gate`) are read there, not here."""
+    (``max-growth``, ``baseline``: :mod:`flopcount.diffs.gate`) and what ``check`` counts
+    without an ENTRY argument (``entry``, ``input``: the CLI) are read there, not here."""
     path = Path(path)
     if not path.is_file():
         if required:
@@ -386,8 +387,9 @@ def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budge
     return budget_from_mapping({k: v for k, v in table.items() if str(k).replace("_", "-") not in GATE_KEYS}, f"{path} [tool.flopcount]")
 
 
-#: keys of [tool.flopcount] that belong to the baseline gate (flopcount.diffs.gate)
-GATE_KEYS = ("max-growth", "baseline")
+#: keys of [tool.flopcount] that are not budgets: the baseline gate's (flopcount.diffs.gate) and
+#: the model check counts when no ENTRY is given (entry = "model.py:build", input = ["8x16"])
+GATE_KEYS = ("max-growth", "baseline", "entry", "input")
 
 
 def flopcount_table(path: Path) -> Optional[Dict[str, Any]]:

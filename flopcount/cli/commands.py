@@ -347,6 +347,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     )
     config_file = args.config_file or "pyproject.toml"
     budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
+    if args.entry is None:
+        _entry_from_config(args, config_file)
     gate = _gate_settings(args, config_file)
     if not budget and gate is None:
         raise UsageError(
@@ -404,6 +406,31 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 say(r.verdict())
         return EXIT_INCOMPLETE
     return EXIT_INCOMPLETE if strict else EXIT_OK
+
+
+def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
+    """``check`` without ENTRY: ``entry`` (and ``input``, unless --input is given) of
+    [tool.flopcount], so a pre-commit hook or CI step needs no arguments."""
+    from ..budget import flopcount_table
+    from .specs import parse_spec
+
+    table = {str(k).replace("_", "-"): v for k, v in (flopcount_table(Path(config_file)) or {}).items()}
+    entry = table.get("entry")
+    if entry is None:
+        raise UsageError(f"check: no ENTRY: give one (e.g. flopcount check model.py:build) or entry = \"model.py:build\" "
+                         f"in [tool.flopcount] of {config_file}")
+    if not isinstance(entry, str) or not entry.strip():
+        raise UsageError(f"{config_file} [tool.flopcount]: entry must be an ENTRY string like \"model.py:build\"")
+    args.entry = entry
+    specs = table.get("input")
+    if specs is not None and not args.inputs:
+        specs = [specs] if isinstance(specs, str) else specs
+        if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+            raise UsageError(f"{config_file} [tool.flopcount]: input must be a SPEC or a list of them, like [\"8x16\"]")
+        try:
+            args.inputs = [parse_spec(text) for text in specs]
+        except UsageError as exc:
+            raise UsageError(f"{config_file} [tool.flopcount]: input: {exc}") from None
 
 
 def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple[str, Dict[str, Any], Any]]:

@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_CHECK_EPILOG,
         formatter_class=formatter,
     )
-    _add_common(check)
+    _add_common(check, optional_entry=True)
     limits = check.add_argument_group("budgets (K/M/G/T suffixes and 1e9 notation accepted)")
     limits.add_argument("--max-params", type=_quantity("--max-params"), metavar="N", help="most parameters, e.g. 25M")
     limits.add_argument("--max-flops", type=_quantity("--max-flops"), metavar="N", help="most FLOPs of one forward, e.g. 5G")
@@ -455,11 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see_below: bool = False) -> Any:
+def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see_below: bool = False, optional_entry: bool = False) -> Any:
     """ENTRY, then ``--input``/``--kwarg``/``--config`` in a group named ``title`` (returned,
     so a command can add more inputs to it): the one spelling every command reads a model with."""
-    p.add_argument("entry", metavar="ENTRY",
-                   help="the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME" + (" (see below)" if see_below else ""))
+    help_text = "the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME" + (" (see below)" if see_below else "")
+    if optional_entry:
+        p.add_argument("entry", metavar="ENTRY", nargs="?", default=None,
+                       help=help_text + "; default: entry = \"...\" in [tool.flopcount] (with its input = [SPEC, ...])")
+    else:
+        p.add_argument("entry", metavar="ENTRY", help=help_text)
     inputs = p.add_argument_group(title)
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
                         help=f"a positional input tensor, e.g. {example} (repeat for several)")
@@ -475,8 +479,8 @@ def _add_ranks(group: Any) -> None:
     group.add_argument("--tp", type=_int_at_least(1, "--tp"), default=None, metavar="N", help="tensor-parallel ranks (default 1)")
 
 
-def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS) -> None:
-    inputs = _add_model_args(p, "inputs", example="1x3x224x224 or 1x128:int64", see_below=True)
+def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS, optional_entry: bool = False) -> None:
+    inputs = _add_model_args(p, "inputs", example="1x3x224x224 or 1x128:int64", see_below=True, optional_entry=optional_entry)
     inputs.add_argument("--device", default="cpu", metavar="D",
                         help="cpu (default), cuda, cuda:N, or meta (shapes only: no memory, dispatch tracer)")
     inputs.add_argument("--seed", type=_int_at_least(0, "--seed"), default=0, metavar="N", help="seed of the random example inputs (default 0)")
