@@ -66,7 +66,8 @@ def _env(tmp_path: Path, extra: Dict[str, str]) -> Dict[str, str]:
 
 def _flopcount_steps(workflow: Dict[str, Any]) -> List[Dict[str, Any]]:
     (job,) = workflow["jobs"].values()
-    return [step for step in job["steps"] if "flopcount " in str(step.get("run", ""))]
+    command = re.compile(r"(^|\s)flopcount (count|diff|check|bench) ", re.M)
+    return [step for step in job["steps"] if command.search(str(step.get("run", "")))]
 
 
 def test_the_workflow_is_a_pull_request_job_with_the_four_steps():
@@ -170,7 +171,7 @@ def test_pre_commit_try_repo_runs_the_hook_on_a_scratch_project(tmp_path, hidden
     assert proc.returncode == expected, out
     if expected:
         assert "- exit code: 1" in out and "grew past the allowance" in out
-        # params: the first layer's (IN + 1) x (hidden - 32) and the second's (hidden - 32) x OUT
-        assert f"params +{(IN + 1) * 8 + 8 * OUT}" in out
+        # params grew most in the first layer, (IN + 1) x (hidden - 32), then the second, (hidden - 32) x OUT
+        assert f"0 (Linear) +{(IN + 1) * (hidden - 32)}, 2 (Linear) +{(hidden - 32) * OUT})" in out
     else:
         assert "Passed" in out
