@@ -124,7 +124,7 @@ def test_the_workflow_gates_a_pull_request_that_grows_the_model(tmp_path):
     lines = summary.splitlines()
     assert lines[2].startswith("**FLOPs +")
     macs = N * (h2 - h1) * (IN + OUT)  # both Linear layers widen by h2 - h1
-    assert f"| MACs " in summary and f"+{macs / 1000:.3f} K" in summary
+    assert "| MACs " in summary and f"+{macs / 1000:.3f} K" in summary
     assert "<details>" in summary and "</details>" in summary
 
 
