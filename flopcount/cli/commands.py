@@ -495,7 +495,20 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _cmd_diff(args: argparse.Namespace) -> int:
     from .diffing import run_diff
 
-    return run_diff(args)
+    _check_output(args.output, "--output")
+    return run_diff(args, _count_side, _emit)
+
+
+def _count_side(args: argparse.Namespace, name: str) -> Any:
+    """One ENTRY side of ``diff``, counted as ``count`` would (``--memory``: with its peak),
+    with its ``entry`` label as a report section."""
+    progress(args, f"counting {name} = {_label(args)} ...")
+    run = _prepare(args)
+    result = _count(run, args, backward=args.backward)
+    sections: Dict[str, Any] = {"entry": _label(args)}
+    if args.memory:
+        sections["memory"] = _estimate_memory(run, args).to_dict()
+    return result.with_sections(**sections)
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {

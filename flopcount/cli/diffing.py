@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import UsageError
-from .output import progress
 from .parser import EXIT_OK
 
 #: the options that shape an ENTRY side's count (meaningless for a saved report)
@@ -50,7 +49,12 @@ def _side_options(args: argparse.Namespace, side: str) -> List[str]:
     return [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
 
 
-def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
+#: counts one ENTRY side (the command's options for it) into a FlopResult carrying its
+#: ``entry`` (and ``memory``) sections: cli.commands' count, handed in (no import cycle)
+CountEntry = Callable[[argparse.Namespace, str], Any]
+
+
+def count_side(args: argparse.Namespace, side: str, text: str, count_entry: CountEntry) -> Any:
     """One side of a diff as a FlopResult: a saved report read back, or an ENTRY counted
     (with its peak memory under ``--memory``), labelled as ``count`` labels it."""
     from ..results import load_report
@@ -61,34 +65,23 @@ def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
         if own:
             raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
         return load_report(text)
-    from .commands import _count, _estimate_memory, _label, _prepare
-
-    ns = side_args(args, side, text)
-    progress(args, f"counting {name} = {_label(ns)} ...")
-    run = _prepare(ns)
-    result = _count(run, ns, backward=args.backward)
-    sections: Dict[str, Any] = {"entry": _label(ns)}
-    if args.memory:
-        sections["memory"] = _estimate_memory(run, ns).to_dict()
-    return result.with_sections(**sections)
+    return count_entry(side_args(args, side, text), name)
 
 
-def run_diff(args: argparse.Namespace) -> int:
+def run_diff(args: argparse.Namespace, count_entry: CountEntry, emit: Callable[[str, argparse.Namespace], None]) -> int:
     from ..diffs import diff
-    from .commands import _check_output, _emit
 
-    _check_output(args.output, "--output")
     reports = [is_report(text) for text in (args.a, args.b)]
     if all(reports):
         used = [flag for attr, flag in _SHARED if getattr(args, attr)]
         used += [flag for flag, on in (("--backward", args.backward), ("--memory", args.memory)) if on]
         if used:
             raise UsageError(f"{', '.join(used)}: A and B are both saved reports; these options shape a count of an ENTRY")
-    result_a = count_side(args, "a", args.a)
-    result_b = count_side(args, "b", args.b)
+    result_a = count_side(args, "a", args.a, count_entry)
+    result_b = count_side(args, "b", args.b, count_entry)
     label_a, label_b = _labels(args, result_a, result_b)
     change = diff(result_a, result_b, a_label=label_a, b_label=label_b)
-    _emit(render_diff(change, args.format, depth=args.depth, top=args.top), args)
+    emit(render_diff(change, args.format, depth=args.depth, top=args.top), args)
     return EXIT_OK
 
 
