@@ -1,4 +1,4 @@
-"""The ``flopcount`` argument parser: three subcommands, their options and help texts.
+"""The ``flopcount`` argument parser: the subcommands, their options and help texts.
 Imports no torch, so ``--help``, ``--version`` and argument errors answer at once."""
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ examples:
   flopcount count hf:gpt2 --config n_layer=2 --format json --output gpt2.json
   flopcount bench example:resnet18 --input 8x3x224x224 --iters 20
   flopcount check example:resnet50 --max-flops 10G --max-params 30M
+  flopcount diff base.json my_model.py:build --format markdown
+  flopcount check my_model.py:build --baseline base.json --max-growth flops=2%,params=0
 
 'flopcount COMMAND --help' describes each command.
 """
@@ -96,6 +98,9 @@ examples:
   flopcount check example:resnet50 --max-size-mb 100 --max-latency-ms 200
   flopcount check example:resnet50 --input 64x3x224x224 --max-memory 16GB --optimizer adam
   flopcount check example:resnet50          # budgets from pyproject.toml
+  flopcount count my_model.py:build --format json --output base.json     # the baseline, committed
+  flopcount check my_model.py:build --baseline base.json --max-growth flops=2%,params=0,memory=5%
+  flopcount check                           # ENTRY, input, baseline and budgets from pyproject.toml
 
 Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
 --config-file); a flag wins over the file:
@@ -114,6 +119,15 @@ INCOMPLETE and the verdict. FAIL (exit 1) only when certain: an exact value, or 
 count that can only be short and is already over. A FLOPs/MACs budget on an
 incomplete count is INCOMPLETE (exit 3) unless --allow-incomplete; a certain FAIL
 wins over INCOMPLETE. Params, size and latency never depend on the count.
+
+--baseline REPORT.json compares with a saved report (count --format json; with
+--memory for a memory allowance): exit 1 when a metric grew past --max-growth
+(N% of the baseline or an absolute amount, for params, flops, macs, bytes,
+memory; default params=0,flops=0,macs=0), naming the modules that grew most;
+exit 3 when either count is INCOMPLETE and nothing certainly failed. In
+[tool.flopcount]: baseline = "base.json", max-growth = "flops=2%,params=0" (or a
+table), entry = "my_model.py:build" and input = ["8x16"] for a bare
+'flopcount check' (a pre-commit hook: docs/ci.md).
 
 """ + _ENTRY_TEXT
 
@@ -259,7 +273,7 @@ def _wrap(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``flopcount`` argument parser (three subcommands)."""
+    """The ``flopcount`` argument parser (count, bench, check, diff, profile, plan)."""
     from .. import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter

@@ -225,3 +225,29 @@ def test_diff_of_two_hf_configs_on_meta_is_one_layer(capsys):
     assert data["totals"]["macs"]["delta"] == t * (4 * h * h + 3 * h * inter) + 2 * t * t * h
     added = [m for m in data["modules"] if m["status"] == "added"]
     assert added[0]["name"] == "model.layers.1" and added[0]["type"] == "LlamaDecoderLayer"
+
+
+def test_peak_memory_and_latency_rows_come_from_the_reports_that_hold_them(workdir, capsys):
+    for name, width in (("a", 32), ("b", 64)):
+        _baseline(capsys, f"{name}_mem.json", "--memory", "--config", f"d_hidden={width}")
+        code, _, err = cli(capsys, "bench", "models.py:mlp", "--input", f"{N}x{IN}", "--config", f"d_hidden={width}", "--iters", "3",
+                           "--warmup", "0", "--format", "json", "--output", f"{name}_bench.json", "-q")
+        assert code == 0, err
+    peaks = [json.loads((workdir / f"{n}_mem.json").read_text())["memory"]["peak_bytes"] for n in "ab"]
+    medians = [json.loads((workdir / f"{n}_bench.json").read_text())["benchmark"]["median_ms"] for n in "ab"]
+    code, out, err = cli(capsys, "diff", "a_mem.json", "b_mem.json", "--format", "json")
+    data = json.loads(out)
+    assert data["metrics"] == ["params", "macs", "flops", "bytes", "peak_memory"]  # no latency in count reports
+    assert data["totals"]["peak_memory"]["delta"] == peaks[1] - peaks[0]
+    code, out, err = cli(capsys, "diff", "a_bench.json", "b_bench.json", "--format", "json")
+    data = json.loads(out)
+    assert data["metrics"][-1] == "latency"
+    assert data["totals"]["latency"]["delta"] == pytest.approx((medians[1] - medians[0]) / 1e3)  # seconds
+    code, out, err = cli(capsys, "diff", "a_mem.json", "b_bench.json", "--format", "json")
+    assert json.loads(out)["metrics"] == ["params", "macs", "flops", "bytes"]  # only what both sides hold
+    # an ENTRY diff with --memory estimates both peaks: the same figures as count --memory
+    code, out, err = cli(capsys, "diff", "models.py:mlp", "models.py:mlp", "--input", f"{N}x{IN}", "--a-config", "d_hidden=32",
+                         "--b-config", "d_hidden=64", "--memory", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["totals"]["peak_memory"] == {"a": peaks[0], "b": peaks[1], "delta": peaks[1] - peaks[0],
+                                                        "relative": (peaks[1] - peaks[0]) / peaks[0]}
