@@ -216,7 +216,7 @@ class GrowthReport:
             parts = []
             for line in self.exceeded:
                 grew = self.grew_most().get(line.metric, ())
-                where = f" (most in {', '.join(f'{row.name} ({row.type_name}) +{_plain(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
+                where = f" (most in {', '.join(f'{row.name} ({row.type_name}{_times(row.repeats)}) +{_plain(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
                 parts.append(f"{line.metric} {_signed_percent(line.relative)} > {line.allowance}{where}")
             return f"FAIL: {len(parts)} of {n} metric(s) grew past the allowance: " + "; ".join(parts)
         return f"PASS: all {n} metric(s) within the allowed growth"
@@ -235,7 +235,8 @@ class GrowthReport:
                 for line in self.lines
             ],
             "grew_most": {
-                metric: [{"module": row.name, "type": row.type_name, "delta": row.delta(GROWTH_METRICS[metric])} for row in rows]
+                metric: [{"module": row.name, "type": row.type_name, "repeats": row.repeats, "delta": row.delta(GROWTH_METRICS[metric])}
+                         for row in rows]
                 for metric, rows in self.grew_most().items()
             },
         }
@@ -243,6 +244,10 @@ class GrowthReport:
     def table(self, fmt: str = "simple") -> str:
         """Metric, baseline, current, change, allowance, status per line."""
         return str(render(self, "table", fmt=fmt))
+
+
+def _times(repeats: int) -> str:
+    return f" x{repeats}" if repeats > 1 else ""
 
 
 def _plain(value: Optional[Number]) -> str:

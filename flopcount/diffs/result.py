@@ -33,6 +33,9 @@ class Change:
     status: Status
     a: Optional[Mapping[str, Number]]
     b: Optional[Mapping[str, Number]]
+    #: how many modules this row sums: > 1 for repeated layers shown as one row, their
+    #: numbered path parts written ``*`` (``layers.*.mlp``); see :meth:`DiffResult.top_changes`
+    repeats: int = 1
 
     def before(self, metric: str) -> Optional[Number]:
         """The A side's value (0 for a row that A does not have; None for a metric A lacks)."""
@@ -63,6 +66,39 @@ class Change:
     @property
     def changed(self) -> bool:
         return self.status != "unchanged"
+
+
+def _pattern(name: str) -> str:
+    """``model.layers.12.mlp`` -> ``model.layers.*.mlp``: the path of a repeated layer."""
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def _summed(sides: List[Optional[Mapping[str, Number]]]) -> Optional[Dict[str, Number]]:
+    present = [side for side in sides if side is not None]
+    if not present:
+        return None
+    return {key: sum(side.get(key, 0) for side in present) for key in present[0]}
+
+
+def _grouped(rows: List[Change]) -> List[Change]:
+    """Rows of repeated layers summed into one row with ``repeats`` > 1: the same path but
+    for layer numbers, the same type and status, and the same change each (80 identical
+    ``layers.N.mlp``); the numbers that differ are written ``*`` (``layers.*.mlp``)."""
+    groups: Dict[Tuple[Any, ...], List[Change]] = {}
+    for row in rows:
+        key = (_pattern(row.name), row.type_name, row.status, tuple(row.delta(k) for k in MODULE_METRICS))
+        groups.setdefault(key, []).append(row)
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        parts = [m.name.split(".") for m in members]
+        name = ".".join(p if all(q[i] == p for q in parts) else "*" for i, p in enumerate(parts[0]))
+        first = members[0]
+        out.append(Change("module", name, first.type_name, first.depth, first.status,
+                          _summed([m.a for m in members]), _summed([m.b for m in members]), repeats=len(members)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -108,23 +144,37 @@ class DiffResult:
 
     def top_changes(self, n: Optional[int] = 10, max_depth: Optional[int] = None) -> Tuple[Change, ...]:
         """The module rows that changed most, largest |ΔFLOPs| first (then |Δparams|, |ΔMACs|,
-        |Δbytes|), without the whole model (the totals say it) and without a container whose
-        change is exactly one child's (the child says it more precisely)."""
+        |Δbytes|), without the whole model (the totals say it), without a container whose change
+        is exactly one child's or one group of repeated children's (they say it more precisely),
+        and with repeated layers summed into one row: ``layers.*.mlp`` with ``repeats`` = 80
+        and the 80 layers' changes added up."""
         rows = [m for m in self.changed_modules(max_depth) if m.name and not self._passes_through(m)]
+        rows = _grouped(rows)
         rows.sort(key=lambda r: (*(-abs(r.delta(k) or 0) for k in ("flops", "params", "macs", "bytes")), r.name))
         return tuple(rows if n is None else rows[:n])
 
     def grew_most(self, metric: str, n: int = 3) -> Tuple[Change, ...]:
         """The modules whose ``metric`` grew most (largest B - A first), containers that only
-        pass one child's growth through left out."""
+        pass their children's growth through left out, repeated layers summed into one row."""
         rows = [m for m in self.modules if m.name and (m.delta(metric) or 0) > 0 and not self._passes_through(m, (metric,))]
+        rows = _grouped(rows)
         rows.sort(key=lambda r: (-(r.delta(metric) or 0), -r.depth, r.name))
         return tuple(rows[:n])
 
     def _passes_through(self, row: Change, metrics: Tuple[str, ...] = MODULE_METRICS) -> bool:
+        """The row's change is exactly one child's, or the sum of one group of repeated
+        children's (``layers`` = the sum of ``layers.0`` ... ``layers.79``)."""
         children = self._children().get(row.name, ())
-        mine = tuple(row.delta(k) for k in metrics)
-        return any(tuple(c.delta(k) for k in metrics) == mine for c in children)
+        mine = tuple(row.delta(k) or 0 for k in metrics)
+        sums: Dict[Tuple[str, str], List[Number]] = {}
+        for child in children:
+            deltas = tuple(child.delta(k) or 0 for k in metrics)
+            if deltas == mine:
+                return True
+            total = sums.setdefault((_pattern(child.name), child.type_name), [0] * len(metrics))
+            for i, d in enumerate(deltas):
+                total[i] += d
+        return any(tuple(total) == mine for total in sums.values())
 
     def _children(self) -> Dict[str, List[Change]]:
         """``{module path: its child rows}`` (both sides' children: added, removed, changed)."""

@@ -66,7 +66,7 @@ def percent(row: Change, metric: str) -> str:
 def _module_rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
     out = []
     for row in rows:
-        name = row.name or "(model)"
+        name = (row.name or "(model)") + (f" (x{row.repeats})" if row.repeats > 1 else "")
         cells = [
             name, row.type_name, row.status, signed("params", row.delta("params")), signed("macs", row.delta("macs")),
             show("flops", row.before("flops") if row.a is not None else None), show("flops", row.after("flops") if row.b is not None else None),

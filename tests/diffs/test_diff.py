@@ -249,3 +249,28 @@ def test_renderings_agree_with_the_rows():
     data = json.loads(d.to_json())
     assert data["totals"]["macs"]["delta"] == N * OUT * OUT and data["summary"] == d.counts()
     assert "proj" in d.table() and "added" in d.table()
+
+
+class Stack(nn.Module):
+    """Three identical blocks, each Linear(IN, hidden) -> Linear(hidden, IN)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(IN, hidden), nn.Linear(hidden, IN)) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_repeated_layers_are_one_row_summed():
+    d = flopcount.diff(count(Stack(H1)), count(Stack(H2)))
+    top = d.top_changes()
+    # blocks.i only passes its two Linears' change through; blocks sums the three blocks
+    assert [(row.name, row.repeats) for row in top] == [("blocks.*.0", 3), ("blocks.*.1", 3)]
+    dh = H2 - H1
+    assert top[0].delta("macs") == 3 * N * IN * dh and top[0].delta("params") == 3 * (IN + 1) * dh
+    assert top[1].delta("params") == 3 * dh * IN  # the second Linear's bias (IN) does not change
+    assert "blocks.*.0 (x3)" in d.to_markdown()
+    assert [row.name for row in d.grew_most("params", 1)] == ["blocks.*.0"]
