@@ -19,6 +19,10 @@ _EXPORTS: Dict[str, str] = {
     "count_generation": "generation",
     "GenerationResult": "generation",
     "FlopResult": "results",
+    "load_report": "results",
+    "diff": "diffs",
+    "DiffResult": "diffs",
+    "GrowthReport": "diffs",
     "OpTotals": "results",
     "UnsupportedOp": "results",
     "Cost": "types",
@@ -73,10 +77,12 @@ __all__ = [
     "BudgetReport",
     "Cost",
     "Diagnostic",
+    "DiffResult",
     "FlopResult",
     "FlopcountError",
     "FlopcountWarning",
     "GenerationResult",
+    "GrowthReport",
     "HandlerError",
     "HandlerRegistry",
     "LatencyStats",
@@ -107,8 +113,10 @@ __all__ = [
     "count_flops",
     "count_generation",
     "default_registry",
+    "diff",
     "estimate_memory",
     "load_budget_file",
+    "load_report",
     "module_latency",
     "parse_bytes",
     "parse_quantity",
@@ -136,6 +144,7 @@ if TYPE_CHECKING:
         peaks,
     )
     from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
+    from .diffs import DiffResult, GrowthReport, diff
     from .errors import (
         FlopcountError,
         FlopcountWarning,
@@ -153,7 +162,7 @@ if TYPE_CHECKING:
     from .planner import plan
     from .profiling import PredictResult, ProfileResult, predict, profile
     from .registry import HandlerRegistry
-    from .results import FlopResult, OpTotals, UnsupportedOp
+    from .results import FlopResult, OpTotals, UnsupportedOp, load_report
     from .roofline import Roofs
     from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 

@@ -359,7 +359,7 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
         key = str(raw_key).replace("_", "-")
         if key not in FILE_KEYS:
             known = ", ".join(FILE_KEYS)
-            raise UsageError(f"{source}: unknown key {raw_key!r} (known: {known})")
+            raise UsageError(f"{source}: unknown key {raw_key!r} (known: {known}, {', '.join(GATE_KEYS)})")
         if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
             raise UsageError(f"{source}: {raw_key} must be a number or a string like \"25M\", got {type(raw).__name__}")
         try:
@@ -373,12 +373,30 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
 def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budget:
     """The budget in ``[tool.flopcount]`` of a pyproject.toml; an empty budget when the
     file (unless ``required``) or the table is missing. Malformed TOML or values raise
-    :class:`UsageError` naming the file and the key."""
+    :class:`UsageError` naming the file and the key. The baseline gate's keys
+    (``max-growth``, ``baseline``: :mod:`flopcount.diffs.gate`) and what ``check`` counts
+    without an ENTRY argument (``entry``, ``input``: the CLI) are read there, not here."""
     path = Path(path)
     if not path.is_file():
         if required:
             raise UsageError(f"config file not found: {path}")
         return Budget()
+    table = flopcount_table(path)
+    if table is None:
+        return Budget()
+    return budget_from_mapping({k: v for k, v in table.items() if str(k).replace("_", "-") not in GATE_KEYS}, f"{path} [tool.flopcount]")
+
+
+#: keys of [tool.flopcount] that are not budgets: the baseline gate's (flopcount.diffs.gate) and
+#: the model check counts when no ENTRY is given (entry = "model.py:build", input = ["8x16"])
+GATE_KEYS = ("max-growth", "baseline", "entry", "input")
+
+
+def flopcount_table(path: Path) -> Optional[Dict[str, Any]]:
+    """``[tool.flopcount]`` of the TOML file ``path`` (keys as written), or None when the file
+    or the table is missing; malformed TOML raises :class:`UsageError` naming the file."""
+    if not path.is_file():
+        return None
     toml = _toml_module()
     try:
         with open(path, "rb") as fh:
@@ -394,10 +412,10 @@ def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budge
         raise UsageError(f"{path}: [tool] must be a table")
     table = tool.get("flopcount")
     if table is None:
-        return Budget()
+        return None
     if not isinstance(table, Mapping):
         raise UsageError(f"{path}: [tool.flopcount] must be a table, got {type(table).__name__}")
-    return budget_from_mapping(table, f"{path} [tool.flopcount]")
+    return dict(table)
 
 
 def _toml_module() -> Any:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
 from .errors import UsageError
 from .ledger import Ledger
 from .rendering import render
-from .types import CONVENTION, Cost, Diagnostic, OpEvent, ParamSummary
+from .types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
 
 Metric = Literal["flops", "macs", "count", "bytes", "bytes_read", "bytes_written"]
 METRICS: Tuple[str, ...] = ("flops", "macs", "count", "bytes", "bytes_read", "bytes_written")
@@ -21,7 +21,7 @@ def _metric(metric: str, where: str) -> str:
         raise UsageError(f"{where}: metric must be one of {', '.join(map(repr, METRICS))}, got {metric!r}{hint}")
     return metric
 
-__all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "OpTotals", "UnsupportedOp", "aggregate"]
+__all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "OpTotals", "UnsupportedOp", "aggregate", "load_report"]
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,36 @@ class FlopResult:
     #: Tensor bytes the ops read and wrote (docs/conventions.md, "Bytes").
     bytes_read: int = 0
     bytes_written: int = 0
+    #: Top-level sections of a report besides the count (``entry``, ``memory``, ``benchmark``...):
+    #: read back by :meth:`from_dict`, or attached with :meth:`with_sections`; ``to_dict`` writes them.
+    _sections: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: The key order of the document :meth:`from_dict` read (``to_dict`` writes it back in that order).
+    _key_order: Tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def bytes(self) -> int:
         """Bytes read plus bytes written by every counted op (the roofline's memory traffic)."""
         return self.bytes_read + self.bytes_written
+
+    @property
+    def sections(self) -> Dict[str, Any]:
+        """The report's sections besides the count (``{"entry": ..., "memory": {...}}``), as
+        ``count --format json`` writes them; empty for a fresh count."""
+        return dict(self._sections)
+
+    def with_sections(self, **sections: Any) -> FlopResult:
+        """This result with more top-level JSON sections (``memory=estimate.to_dict()``)."""
+        return replace(self, _sections={**self._sections, **sections})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "report") -> FlopResult:
+        """The result a JSON report describes (``to_dict()``, or ``count --format json``):
+        ``FlopResult.from_dict(d).to_dict() == d``, key order included. Version
+        :data:`~flopcount.types.REPORT_SCHEMA_VERSION` is read; a newer or missing version is
+        refused with a :class:`~flopcount.errors.UsageError` naming ``source``. What the JSON
+        does not hold is not restored: ``by_module_and_operator()`` is empty and the
+        estimate notes are plain warnings."""
+        return _result_from_dict(cls, data, source)
 
     @property
     def active_params(self) -> int:
@@ -308,3 +333,138 @@ def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -
         if old != new:
             ledger.rebook(event, old, new)
     return _from_ledger(ledger, result)
+
+
+# --------------------------------------------------------------------------- saved reports
+
+#: the keys ``to_dict`` writes from the count itself; every other key of a document is a section
+_COUNT_KEYS = frozenset({
+    "schema_version", "convention", "tracer", "inputs", "flops", "macs", "params", "active_params",
+    "trainable_params", "frozen_params", "param_bytes_by_dtype", "buffer_bytes_by_dtype", "size_bytes",
+    "bytes_read", "bytes_written", "by_phase", "by_operator", "by_module", "unsupported_ops", "complete",
+    "incomplete_reasons", "warnings",
+})
+_TOTAL_KEYS = ("macs", "flops", "bytes_read", "bytes_written")
+
+
+class _Reader:
+    """Typed access to a saved report's values; every error names the source and the key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, what: str) -> UsageError:
+        return UsageError(f"{self.source}: {where}: {what} (not a flopcount report as count --format json writes it?)")
+
+    def get(self, data: Mapping[str, Any], key: str, where: str = "") -> Any:
+        if not isinstance(data, Mapping):
+            raise self.fail(where or "the document", f"expected an object, got {type(data).__name__}")
+        if key not in data:
+            raise self.fail(f"{where}{'.' if where else ''}{key}", "missing")
+        return data[key]
+
+    def int(self, data: Mapping[str, Any], key: str, where: str = "") -> int:
+        value = data.get(key) if type(data) is dict else None
+        if type(value) is int:  # the common case, checked fast: a 70B report holds ~15,000 of them
+            return value
+        value = self.get(data, key, where)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.fail(f"{where}{'.' if where else ''}{key}", f"expected an integer, got {value!r}")
+        return value
+
+    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = self.get(data, key)
+        if not isinstance(value, Mapping):
+            raise self.fail(key, f"expected an object, got {type(value).__name__}")
+        return value
+
+    def strings(self, data: Mapping[str, Any], key: str) -> Tuple[str, ...]:
+        value = self.get(data, key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, "expected a list of strings")
+        return tuple(value)
+
+    def totals(self, row: Mapping[str, Any], where: str, count: bool) -> OpTotals:
+        sums = [self.int(row, key, where) for key in _TOTAL_KEYS]
+        return OpTotals(self.int(row, "count", where) if count else 0, *sums)
+
+
+def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: str) -> FlopResult:
+    read = _Reader(source)
+    if not isinstance(data, Mapping):
+        raise read.fail("the document", f"expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version is None:
+        raise read.fail("schema_version", "missing")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise UsageError(f"{source}: schema_version {version!r} is not one flopcount wrote (this flopcount reads version {REPORT_SCHEMA_VERSION})")
+    if version > REPORT_SCHEMA_VERSION:
+        raise UsageError(
+            f"{source}: schema_version {version} is newer than this flopcount reads ({REPORT_SCHEMA_VERSION}); "
+            "upgrade flopcount, or write the report again with this version"
+        )
+    params = read.int(data, "params")
+    active = read.int(data, "active_params")
+    dtypes = {key: read.table(data, key) for key in ("param_bytes_by_dtype", "buffer_bytes_by_dtype")}
+    for key, table in dtypes.items():
+        for dtype in table:
+            read.int(table, dtype, key)
+    summary = ParamSummary(
+        total=params, trainable=read.int(data, "trainable_params"), frozen=read.int(data, "frozen_params"),
+        bytes_by_dtype=dict(dtypes["param_bytes_by_dtype"]), buffer_bytes_by_dtype=dict(dtypes["buffer_bytes_by_dtype"]),
+        active=None if active == params else active,
+    )
+    modules: List[ModuleInfo] = []
+    module_totals: Dict[str, OpTotals] = {}
+    for name, row in read.table(data, "by_module").items():
+        where = f"by_module[{name!r}]"
+        type_name = read.get(row, "type", where)
+        if not isinstance(type_name, str):
+            raise read.fail(f"{where}.type", f"expected a string, got {type_name!r}")
+        modules.append(ModuleInfo(name, type_name, read.int(row, "depth", where), read.int(row, "calls", where), read.int(row, "params", where)))
+        module_totals[name] = read.totals(row, where, count=False)
+    operators = {op: read.totals(row, f"by_operator[{op!r}]", count=True) for op, row in read.table(data, "by_operator").items()}
+    phases = {phase: read.totals(row, f"by_phase[{phase!r}]", count=False)
+              for phase, row in read.table(data, "by_phase").items()}
+    unsupported: List[UnsupportedOp] = []
+    for op, row in read.table(data, "unsupported_ops").items():
+        where = f"unsupported_ops[{op!r}]"
+        mods = read.get(row, "modules", where)
+        if not isinstance(mods, list):
+            raise read.fail(f"{where}.modules", "expected a list")
+        unsupported.append(UnsupportedOp(op, read.int(row, "count", where), tuple(str(m) for m in mods)))
+    reasons = read.strings(data, "incomplete_reasons")
+    gaps = reasons[len(unsupported):]
+    tracer = read.get(data, "tracer")
+    inputs = read.get(data, "inputs")
+    result = cls(
+        flops=read.int(data, "flops"), macs=read.int(data, "macs"), params=params, tracer=str(tracer),
+        modules=tuple(modules), parameters=summary, input_description=str(inputs),
+        _operators=operators, _modules=module_totals, _module_ops={}, _phases=phases, _unsupported=tuple(unsupported),
+        warnings=read.strings(data, "warnings"), gaps=gaps,
+        bytes_read=read.int(data, "bytes_read"), bytes_written=read.int(data, "bytes_written"),
+        _sections={key: value for key, value in data.items() if key not in _COUNT_KEYS},
+        _key_order=tuple(data),
+    )
+    return result
+
+
+def load_report(path: Any) -> FlopResult:
+    """The :class:`FlopResult` of a JSON report file (``count --format json --output PATH``,
+    or ``result.to_json()``); :meth:`FlopResult.from_dict` says what is restored. A file
+    that is missing, not JSON or not a flopcount report raises
+    :class:`~flopcount.errors.UsageError` naming it."""
+    from pathlib import Path
+
+    target = Path(path)
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"report {target}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"report {target}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"report {target}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    return FlopResult.from_dict(data, source=f"report {target}")

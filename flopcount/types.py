@@ -64,6 +64,10 @@ TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
 OPTIMIZERS: Tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw")
 
 #: The counting convention, printed under every report.
+#: Version of the JSON report ``FlopResult.to_dict()`` and ``count --format json`` write;
+#: ``FlopResult.from_dict`` reads this version and refuses a newer one (docs/api.md).
+REPORT_SCHEMA_VERSION = 1
+
 CONVENTION = (
     "MACs count multiply-accumulates of contraction ops (matmul, linear, conv, attention); "
     "FLOPs count every floating-point operation, with 1 MAC = 2 FLOPs."

@@ -78,9 +78,32 @@ def test_no_import_cycles():
 
 def test_results_and_reports_import_no_torch():
     for path in [PACKAGE / "results.py", PACKAGE / "types.py", PACKAGE / "rendering.py", PACKAGE / "units.py",
-                 *sorted((PACKAGE / "report").glob("*.py"))]:
+                 *sorted((PACKAGE / "report").glob("*.py")), *sorted((PACKAGE / "diffs").glob("*.py"))]:
         imported = _imports(path, top_level_only=True)
         assert not any(m == "torch" or m.startswith("torch.") for m in imported), path.name
+
+
+def test_a_diff_of_saved_reports_loads_no_torch(tmp_path):
+    """``flopcount.diff`` of two JSON reports reads JSON only: no torch in the process."""
+    report = {
+        "schema_version": 1, "convention": "", "tracer": "dispatch", "inputs": "", "flops": 2, "macs": 1, "params": 3,
+        "active_params": 3, "trainable_params": 3, "frozen_params": 0, "param_bytes_by_dtype": {"float32": 12},
+        "buffer_bytes_by_dtype": {}, "size_bytes": 12, "bytes_read": 4, "bytes_written": 4, "by_phase": {},
+        "by_operator": {}, "by_module": {"": {"type": "Net", "depth": 0, "calls": 1, "params": 3, "macs": 1, "flops": 2,
+                                             "bytes_read": 4, "bytes_written": 4}},
+        "unsupported_ops": {}, "complete": True, "incomplete_reasons": [], "warnings": [],
+    }
+    import json
+
+    (tmp_path / "a.json").write_text(json.dumps(report))
+    (tmp_path / "b.json").write_text(json.dumps({**report, "flops": 4}))
+    code = (
+        "import sys, flopcount; d = flopcount.diff(sys.argv[1], sys.argv[2]); d.to_markdown(); d.to_csv(); "
+        "print(d.totals.delta('flops'), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a.json"), str(tmp_path / "b.json")],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2", "False"]
 
 
 def test_cli_parser_imports_no_torch():

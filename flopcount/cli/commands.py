@@ -347,10 +347,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     )
     config_file = args.config_file or "pyproject.toml"
     budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
-    if not budget:
+    if args.entry is None:
+        _entry_from_config(args, config_file)
+    gate = _gate_settings(args, config_file)
+    if not budget and gate is None:
         raise UsageError(
-            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms or "
-            f"--max-memory, or a [tool.flopcount] table in {config_file}"
+            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms, "
+            f"--max-memory or --baseline REPORT.json, or a [tool.flopcount] table in {config_file}"
         )
     if args.on is not None and not budget.needs_latency:
         raise UsageError("--on DEVICE checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
@@ -370,7 +373,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
     sharded = args.fsdp is not None or args.tp is not None
-    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory and not sharded else None
+    gate_memory = gate is not None and "memory" in gate[1]
+    if gate_memory and sharded:
+        raise UsageError("--max-growth memory compares one process's peak; drop --fsdp/--tp or the memory allowance")
+    wants_estimate = (budget.needs_memory and not sharded) or gate_memory
+    estimate = _estimate_memory(run, args, dtype=args.dtype) if wants_estimate else None
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
     report = check_result(
         result,
@@ -379,21 +386,85 @@ def _cmd_check(args: argparse.Namespace) -> int:
         memory_bytes=planned if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",
-    )
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate)
+    ) if budget else None
+    growth = _growth(result, estimate, gate, args) if gate is not None else None
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate, growth=growth)
     _emit(text, args)
     timed = latency is not None and result.benchmark is not None
     _plot(result, args, latencies=result.benchmark.stats.samples_ms if timed else None, budget=report)
     strict = _strict_failure(result, args)
-    status = report.status
-    if status == "FAIL":  # certain (or allowed): more work can only make it worse
-        say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
+    statuses = [r.status for r in (report, growth) if r is not None]
+    if "FAIL" in statuses:  # certain (or allowed): more work can only make it worse
+        if report is not None and report.status == "FAIL":
+            say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
+        if growth is not None and growth.status == "FAIL":
+            say(growth.verdict())
         return EXIT_BUDGET
-    if status in ("INCOMPLETE", "UNDECIDED"):  # UNDECIDED: a latency lower bound within its budget
-        say(report.verdict())
+    if "INCOMPLETE" in statuses or "UNDECIDED" in statuses:  # UNDECIDED: a latency lower bound within its budget
+        for r in (report, growth):
+            if r is not None and r.status in ("INCOMPLETE", "UNDECIDED"):
+                say(r.verdict())
         return EXIT_INCOMPLETE
     return EXIT_INCOMPLETE if strict else EXIT_OK
 
+
+def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
+    """``check`` without ENTRY: ``entry`` (and ``input``, unless --input is given) of
+    [tool.flopcount], so a pre-commit hook or CI step needs no arguments."""
+    from ..budget import flopcount_table
+    from .specs import parse_spec
+
+    table = {str(k).replace("_", "-"): v for k, v in (flopcount_table(Path(config_file)) or {}).items()}
+    entry = table.get("entry")
+    if entry is None:
+        raise UsageError(f"check: no ENTRY: give one (e.g. flopcount check model.py:build) or entry = \"model.py:build\" "
+                         f"in [tool.flopcount] of {config_file}")
+    if not isinstance(entry, str) or not entry.strip():
+        raise UsageError(f"{config_file} [tool.flopcount]: entry must be an ENTRY string like \"model.py:build\"")
+    args.entry = entry
+    specs = table.get("input")
+    if specs is not None and not args.inputs:
+        specs = [specs] if isinstance(specs, str) else specs
+        if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+            raise UsageError(f"{config_file} [tool.flopcount]: input must be a SPEC or a list of them, like [\"8x16\"]")
+        try:
+            args.inputs = [parse_spec(text) for text in specs]
+        except UsageError as exc:
+            raise UsageError(f"{config_file} [tool.flopcount]: input: {exc}") from None
+
+
+def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple[str, Dict[str, Any], Any]]:
+    """The baseline report's path, the growth allowances (flag, else [tool.flopcount], else
+    no growth of params, FLOPs and MACs) and the report read back; None without a baseline."""
+    from ..diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
+    from .diffing import baseline_report
+
+    settings = load_growth_file(config_file)
+    baseline = args.baseline or (str(settings.baseline) if settings.baseline is not None else None)
+    if baseline is None:
+        if args.max_growth is not None:
+            raise UsageError("--max-growth needs --baseline REPORT.json (or baseline = \"...\" in [tool.flopcount])")
+        return None
+    allowances = args.max_growth or settings.allowances or parse_growth(DEFAULT_GROWTH, "default max-growth")
+    report = baseline_report(baseline)
+    if "memory" in allowances and not isinstance(report.sections.get("memory"), dict):
+        raise UsageError(f"--baseline {baseline} has no peak memory for the memory allowance: write it with count --memory --format json")
+    return baseline, dict(allowances), report
+
+
+def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], args: argparse.Namespace) -> Any:
+    """The current count against the baseline report, within the allowances."""
+    from ..diffs import check_growth, diff
+
+    path, allowances, baseline = gate
+    if baseline.by_phase() and list(baseline.by_phase()) != list(result.by_phase()):
+        raise UsageError(
+            f"--baseline {path} counts {' + '.join(baseline.by_phase())}, check counts {' + '.join(result.by_phase()) or 'forward'}: "
+            "write the baseline with count as check runs it (no --backward / --optimizer)"
+        )
+    current = result.with_sections(memory=estimate.to_dict()) if estimate is not None else result
+    change = diff(baseline, current, a_label=path, b_label=_label(args))
+    return check_growth(change, allowances, allow_incomplete=args.allow_incomplete)
 
 
 def _planned_peak(args: argparse.Namespace) -> int:
@@ -421,6 +492,26 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return run_profile(args, lambda: _prepare(args), _emit, _label(args))
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from .diffing import run_diff
+
+    _check_output(args.output, "--output")
+    return run_diff(args, _count_side, _emit)
+
+
+def _count_side(args: argparse.Namespace, name: str) -> Any:
+    """One ENTRY side of ``diff``, counted as ``count`` would (``--memory``: with its peak),
+    with its ``entry`` label as a report section."""
+    progress(args, f"counting {name} = {_label(args)} ...")
+    run = _prepare(args)
+    result = _count(run, args, backward=args.backward)
+    sections: Dict[str, Any] = {"entry": _label(args)}
+    if args.memory:
+        sections["memory"] = _estimate_memory(run, args).to_dict()
+    return result.with_sections(**sections)
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
+    "diff": _cmd_diff,
 }

@@ -1,4 +1,4 @@
-"""The ``flopcount`` argument parser: three subcommands, their options and help texts.
+"""The ``flopcount`` argument parser: the subcommands, their options and help texts.
 Imports no torch, so ``--help``, ``--version`` and argument errors answer at once."""
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ examples:
   flopcount count hf:gpt2 --config n_layer=2 --format json --output gpt2.json
   flopcount bench example:resnet18 --input 8x3x224x224 --iters 20
   flopcount check example:resnet50 --max-flops 10G --max-params 30M
+  flopcount diff base.json my_model.py:build --format markdown
+  flopcount check my_model.py:build --baseline base.json --max-growth flops=2%,params=0
 
 'flopcount COMMAND --help' describes each command.
 """
@@ -96,6 +98,9 @@ examples:
   flopcount check example:resnet50 --max-size-mb 100 --max-latency-ms 200
   flopcount check example:resnet50 --input 64x3x224x224 --max-memory 16GB --optimizer adam
   flopcount check example:resnet50          # budgets from pyproject.toml
+  flopcount count my_model.py:build --format json --output base.json     # the baseline, committed
+  flopcount check my_model.py:build --baseline base.json --max-growth flops=2%,params=0,memory=5%
+  flopcount check                           # ENTRY, input, baseline and budgets from pyproject.toml
 
 Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
 --config-file); a flag wins over the file:
@@ -114,6 +119,15 @@ INCOMPLETE and the verdict. FAIL (exit 1) only when certain: an exact value, or 
 count that can only be short and is already over. A FLOPs/MACs budget on an
 incomplete count is INCOMPLETE (exit 3) unless --allow-incomplete; a certain FAIL
 wins over INCOMPLETE. Params, size and latency never depend on the count.
+
+--baseline REPORT.json compares with a saved report (count --format json; with
+--memory for a memory allowance): exit 1 when a metric grew past --max-growth
+(N% of the baseline or an absolute amount, for params, flops, macs, bytes,
+memory; default params=0,flops=0,macs=0), naming the modules that grew most;
+exit 3 when either count is INCOMPLETE and nothing certainly failed. In
+[tool.flopcount]: baseline = "base.json", max-growth = "flops=2%,params=0" (or a
+table), entry = "my_model.py:build" and input = ["8x16"] for a bare
+'flopcount check' (a pre-commit hook: docs/ci.md).
 
 """ + _ENTRY_TEXT
 
@@ -135,6 +149,26 @@ with flops/bytes/efficiency in each op's args (Perfetto, TensorBoard).
 """ + _ENTRY_TEXT
 
 PROFILE_FORMATS = ("table", "json", "csv", "markdown", "html")
+DIFF_FORMATS = ("table", "markdown", "json", "csv")
+
+_DIFF_EPILOG = """\
+examples:
+  flopcount diff base.json head.json --format markdown >> "$GITHUB_STEP_SUMMARY"
+  flopcount diff old_model.py:build new_model.py:build --input 8x3x224x224 --depth 2
+  flopcount diff hf:llama hf:llama --device meta --input 1x4096:int64 \\
+      --a-config num_hidden_layers=32 --b-config num_hidden_layers=40
+  flopcount diff base.json my_model.py:build --top 5     # a saved report against the code
+
+A and B: an ENTRY (every form count accepts, see below) or a saved report: a file
+ending in .json that count --format json wrote (bench --format json adds the
+latency, count --memory the peak memory). --input, --kwarg, --config, --device,
+--seed, --tracer, --backward and --memory apply to each ENTRY side; --a-config,
+--a-input, --a-kwarg (and --b-...) to one side only, over the shared ones. Rows:
+B - A and (B - A) / A; 'new' marks a cost A did not have. Modules are matched by
+path and type, so a renamed or retyped module is one removed and one added row.
+The exit code is 0 whatever changed (use check --baseline to gate).
+
+""" + _ENTRY_TEXT
 
 
 class _Parser(argparse.ArgumentParser):
@@ -165,6 +199,16 @@ def _lazy_spec(name: str) -> Any:
 
     parse.__name__ = name
     return _type(parse)
+
+
+#: check --baseline's allowances when none is given (flopcount.diffs.gate.DEFAULT_GROWTH)
+DEFAULT_GROWTH_TEXT = "params=0,flops=0,macs=0"
+
+
+def _growth(text: str) -> Any:
+    from ..diffs.gate import parse_growth
+
+    return parse_growth(text, "--max-growth")
 
 
 def _quantity(what: str) -> Any:
@@ -229,7 +273,7 @@ def _wrap(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``flopcount`` argument parser (three subcommands)."""
+    """The ``flopcount`` argument parser (count, bench, check, diff, profile, plan)."""
     from .. import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
@@ -295,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_CHECK_EPILOG,
         formatter_class=formatter,
     )
-    _add_common(check)
+    _add_common(check, optional_entry=True)
     limits = check.add_argument_group("budgets (K/M/G/T suffixes and 1e9 notation accepted)")
     limits.add_argument("--max-params", type=_quantity("--max-params"), metavar="N", help="most parameters, e.g. 25M")
     limits.add_argument("--max-flops", type=_quantity("--max-flops"), metavar="N", help="most FLOPs of one forward, e.g. 5G")
@@ -314,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                         help="for --max-memory: add this optimizer's step and state (implies --backward)")
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
+    gate = check.add_argument_group("baseline gate (a saved report: count --format json --output base.json)")
+    gate.add_argument("--baseline", metavar="REPORT.json", default=None,
+                      help="compare with this saved report: exit 1 when a metric grew past its --max-growth allowance")
+    gate.add_argument("--max-growth", metavar="SPEC", default=None, type=_type(_growth),
+                      help="allowed growth over the baseline, e.g. flops=2%%,params=0,memory=5%% (metrics: params, flops, macs, "
+                      f"bytes, memory; N%% or an absolute amount; default {DEFAULT_GROWTH_TEXT}, or max-growth in [tool.flopcount])")
     verdict = check.add_argument_group("incomplete counts")
     verdict.add_argument("--allow-incomplete", action="store_true",
                          help="let an incomplete count decide FLOPs/MACs budgets (PASS/FAIL) instead of exiting 3")
@@ -322,6 +372,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ranks(sharded)
     _add_timing(check)
     check.set_defaults(command_name="check")
+
+    differ = commands.add_parser(
+        "diff",
+        help="compare two models or saved reports: params, MACs, FLOPs, bytes per module and operator",
+        description=_wrap("Compare A with B: two ENTRYs, two saved reports (count --format json), or one of each. "
+        "Modules are matched by path and type (added, removed, changed), operators by name; each row gives B - A "
+        "and (B - A) / A of params, MACs, FLOPs and bytes, the totals also peak memory and latency when both reports "
+        "hold them. --format markdown is a pull-request comment."),
+        epilog=_DIFF_EPILOG,
+        formatter_class=formatter,
+    )
+    differ.add_argument("a", metavar="A", help="the before side: an ENTRY (as count takes) or a saved report REPORT.json")
+    differ.add_argument("b", metavar="B", help="the after side: an ENTRY or a saved report")
+    both = differ.add_argument_group("inputs of both sides (ENTRY sides only)")
+    both.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
+                      help="a positional input tensor of both models, e.g. 1x128:int64 (repeat for several)")
+    both.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
+                      help="a keyword input tensor of both models (repeatable)")
+    both.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
+                      help="hf: config override or factory keyword for both sides (repeatable)")
+    both.add_argument("--device", default="cpu", metavar="D", help="cpu (default), cuda, cuda:N, or meta (shapes only)")
+    both.add_argument("--seed", type=_int_at_least(0, "--seed"), default=0, metavar="N", help="seed of the random example inputs (default 0)")
+    both.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default), jit or dispatch")
+    both.add_argument("--backward", action="store_true", help="count forward + backward on both sides")
+    both.add_argument("--memory", action="store_true", help="also estimate each side's peak memory and diff it")
+    for side, name in (("a", "A"), ("b", "B")):
+        own = differ.add_argument_group(f"{name} only (wins over the options of both sides)")
+        own.add_argument(f"--{side}-input", dest=f"{side}_inputs", action="append", default=[], type=_lazy_spec("parse_spec"),
+                         metavar="SPEC", help=f"{name}'s positional inputs instead of --input")
+        own.add_argument(f"--{side}-kwarg", dest=f"{side}_kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"),
+                         metavar="NAME=SPEC", help=f"a keyword input of {name} (over --kwarg of the same name)")
+        own.add_argument(f"--{side}-config", dest=f"{side}_config", action="append", default=[], type=_lazy_spec("parse_config_value"),
+                         metavar="KEY=VALUE", help=f"a config override of {name} (over --config of the same key)")
+    shown = differ.add_argument_group("output")
+    shown.add_argument("--depth", type=_int_at_least(0, "--depth"), default=None, metavar="N",
+                       help="module rows down to depth N (0 = whole model; default: all)")
+    shown.add_argument("--top", type=_int_at_least(1, "--top"), default=None, metavar="N",
+                       help="only the N largest module changes (table; markdown shows 10 unless given, the rest folded)")
+    shown.add_argument("-f", "--format", choices=DIFF_FORMATS, default="table", help="table (default), markdown, json or csv")
+    shown.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    shown.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    shown.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    differ.set_defaults(command_name="diff")
 
     prof = commands.add_parser(
         "profile",
@@ -376,11 +469,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see_below: bool = False) -> Any:
+def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see_below: bool = False, optional_entry: bool = False) -> Any:
     """ENTRY, then ``--input``/``--kwarg``/``--config`` in a group named ``title`` (returned,
     so a command can add more inputs to it): the one spelling every command reads a model with."""
-    p.add_argument("entry", metavar="ENTRY",
-                   help="the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME" + (" (see below)" if see_below else ""))
+    help_text = "the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME" + (" (see below)" if see_below else "")
+    if optional_entry:
+        p.add_argument("entry", metavar="ENTRY", nargs="?", default=None,
+                       help=help_text + "; default: entry = \"...\" in [tool.flopcount] (with its input = [SPEC, ...])")
+    else:
+        p.add_argument("entry", metavar="ENTRY", help=help_text)
     inputs = p.add_argument_group(title)
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
                         help=f"a positional input tensor, e.g. {example} (repeat for several)")
@@ -396,8 +493,8 @@ def _add_ranks(group: Any) -> None:
     group.add_argument("--tp", type=_int_at_least(1, "--tp"), default=None, metavar="N", help="tensor-parallel ranks (default 1)")
 
 
-def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS) -> None:
-    inputs = _add_model_args(p, "inputs", example="1x3x224x224 or 1x128:int64", see_below=True)
+def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS, optional_entry: bool = False) -> None:
+    inputs = _add_model_args(p, "inputs", example="1x3x224x224 or 1x128:int64", see_below=True, optional_entry=optional_entry)
     inputs.add_argument("--device", default="cpu", metavar="D",
                         help="cpu (default), cuda, cuda:N, or meta (shapes only: no memory, dispatch tracer)")
     inputs.add_argument("--seed", type=_int_at_least(0, "--seed"), default=0, metavar="N", help="seed of the random example inputs (default 0)")

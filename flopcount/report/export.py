@@ -7,12 +7,12 @@ import io
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ..rendering import renders
-from ..types import CONVENTION
+from ..types import CONVENTION, REPORT_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from ..results import FlopResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 
 
 @renders("FlopResult", "dict")
@@ -64,6 +64,11 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
     }
     if result.benchmark is not None and hasattr(result.benchmark, "to_dict"):
         data["benchmark"] = result.benchmark.to_dict()
+    # sections a saved report carried besides the count (entry, memory, benchmark...), in its order
+    data.update(result.sections)
+    order = result._key_order
+    if order:
+        data = {**{key: data[key] for key in order if key in data}, **data}
     return data
 
 

@@ -17,6 +17,7 @@ from .table import operator_table
 if TYPE_CHECKING:
     from ..bench.result import BenchmarkResult
     from ..budget import BudgetReport
+    from ..diffs.gate import GrowthReport
     from ..generation import GenerationResult
     from ..memory import MemoryEstimate
     from ..results import FlopResult
@@ -85,47 +86,70 @@ def _csv_key(label: str) -> str:
     return label.split(" (")[0].lower().replace(" ", "_")
 
 
+def _overall(report: Optional[BudgetReport], growth: Optional[GrowthReport]) -> str:
+    """The check's one status: FAIL before INCOMPLETE before UNDECIDED before PASS."""
+    statuses = [str(r.status) for r in (report, growth) if r is not None]
+    for status in ("FAIL", "INCOMPLETE", "UNDECIDED"):
+        if status in statuses:
+            return status
+    return "PASS"
+
+
 def render_check(
     result: FlopResult,
-    report: BudgetReport,
+    report: Optional[BudgetReport],
     fmt: str,
     *,
     entry: str,
     depth: Optional[int] = None,
     memory: Optional[MemoryEstimate] = None,
     extra: Optional[Dict[str, Any]] = None,
+    growth: Optional[GrowthReport] = None,
 ) -> str:
     """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
-    the verdict, what a memory budget's peak includes (``memory``), and why the count may
-    be short. The markdown suits a GitHub step summary."""
+    the verdict, growth over the baseline (``growth``, from ``--baseline``), what a memory
+    budget's peak includes (``memory``), and why the count may be short. The markdown suits
+    a GitHub step summary."""
+    status = _overall(report, growth)
     if fmt == "json":
         data = result_dict(result, entry)
-        data["status"] = str(report.status)
-        data["budget"] = report.to_dict()
+        data["status"] = status
+        if report is not None:
+            data["budget"] = report.to_dict()
+        if growth is not None:
+            data["baseline"] = growth.to_dict()
         if memory is not None:
             data["memory"] = memory.to_dict()
         data.update(extra or {})
         return _json(data)
     if fmt == "csv":
-        return report.to_csv()
+        rows = report.to_csv() if report is not None else ""
+        if growth is not None:
+            lines = ["growth,baseline,current,allowed,status"]
+            lines += [f"{line.metric},{line.baseline},{line.current},{line.allowance},{line.status}" for line in growth.lines]
+            lines.append(f"overall,,,,{growth.status}")
+            rows += ("\n" if rows else "") + "\n".join(lines) + "\n"
+        return rows
     heading = f"{entry} | inputs {result.input_description or '()'}"
     notes = note_lines(result, markdown=fmt == "markdown")
     peak = [] if memory is None else [peak_summary(memory)]
+    budget_parts = [] if report is None else [report.table(), report.verdict()]
+    growth_title = "" if growth is None else f"against the baseline {growth.diff.a_label}"
+    growth_parts = [] if growth is None else [growth_title, growth.table(), growth.verdict()]
     if fmt == "html":
-        budgets = "\n".join([report.table(), report.verdict(), *peak])
+        budgets = "\n".join([*budget_parts, *growth_parts, *peak])
         return html_report(result, entry=entry, depth=depth, sections=[("Budgets", budgets)], budget=report)
     if fmt == "markdown":
-        parts = [
-            f"### flopcount check: {report.status}",
-            f"**{escape_markdown(heading)}**",
-            report.table(fmt="github"),
-            f"**{escape_markdown(report.verdict())}**",
-            *[escape_markdown(line) for line in peak],
-        ]
+        parts = [f"### flopcount check: {status}", f"**{escape_markdown(heading)}**"]
+        if report is not None:
+            parts += [report.table(fmt="github"), f"**{escape_markdown(report.verdict())}**"]
+        if growth is not None:
+            parts += [f"#### Growth {escape_markdown(growth_title)}", growth.table(fmt="github"), f"**{escape_markdown(growth.verdict())}**"]
+        parts += [escape_markdown(line) for line in peak]
         if notes:
             parts.append("\n".join(notes))
         return "\n\n".join(parts)
-    parts = [heading, report.table(), report.verdict(), *peak]
+    parts = [heading, *budget_parts, *growth_parts, *peak]
     if fmt == "tree":  # the tree ends with the notes
         return "\n".join([*parts, "", result.tree(max_depth=depth)])
     return "\n".join(parts + notes)

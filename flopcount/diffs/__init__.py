@@ -1,0 +1,13 @@
+"""Cost diffs: what changes from one count (or saved JSON report) to another, per module,
+per operator and in total, and the baseline gate of ``flopcount check --baseline``.
+
+Imports no torch: a diff of two saved reports reads JSON only."""
+
+from .compute import diff
+from .gate import Allowance, GrowthLine, GrowthReport, check_growth, load_growth_file, parse_growth
+from .result import METRICS, Change, DiffResult
+
+__all__ = [
+    "METRICS", "Allowance", "Change", "DiffResult", "GrowthLine", "GrowthReport", "check_growth", "diff",
+    "load_growth_file", "parse_growth",
+]

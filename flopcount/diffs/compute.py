@@ -1,0 +1,126 @@
+"""Matching two counts row by row: modules by path and type, operators by name."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+from ..errors import UsageError
+from ..results import FlopResult, load_report
+from .result import METRICS, Change, DiffResult, Number, Status
+
+#: what :func:`diff` accepts for each side
+Side = Union[FlopResult, str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+def as_result(side: Side, name: str) -> Tuple[FlopResult, str]:
+    """A side of a diff as a :class:`FlopResult` and the label it came with: a result, a
+    JSON report's path, or a report's dict (``to_dict()`` / ``count --format json``)."""
+    if isinstance(side, FlopResult):
+        return side, str(side.sections.get("entry") or name)
+    if isinstance(side, (str, os.PathLike)):
+        result = load_report(side)
+        return result, str(os.fspath(side))
+    if isinstance(side, Mapping):
+        result = FlopResult.from_dict(side, source=f"report {name}")
+        return result, str(result.sections.get("entry") or name)
+    raise UsageError(f"diff: {name} must be a FlopResult, a JSON report's path or its dict, got {type(side).__name__}")
+
+
+def totals_of(result: FlopResult) -> Dict[str, Number]:
+    """The whole model's metrics; peak memory (bytes) and latency (seconds, the median) when
+    the report holds them (``count --memory``, ``bench``)."""
+    values: Dict[str, Number] = {"params": result.params, "macs": result.macs, "flops": result.flops, "bytes": result.bytes}
+    memory = result.sections.get("memory")
+    if isinstance(memory, Mapping) and isinstance(memory.get("peak_bytes"), int):
+        values["peak_memory"] = memory["peak_bytes"]
+    timing = result.benchmark
+    median_ms = getattr(timing, "median_ms", None) if timing is not None else None
+    saved = result.sections.get("benchmark")
+    if median_ms is None and isinstance(saved, Mapping):
+        median_ms = saved.get("median_ms")
+    if isinstance(median_ms, (int, float)) and not isinstance(median_ms, bool):
+        values["latency"] = median_ms / 1e3
+    return values
+
+
+def _modules(result: FlopResult) -> Dict[Tuple[str, str], Tuple[int, Dict[str, Number]]]:
+    rows: Dict[Tuple[str, str], Tuple[int, Dict[str, Number]]] = {}
+    for info in result.modules:
+        t = result.module_totals(info.name)
+        rows[(info.name, info.type_name)] = (info.depth, {"params": info.params, "macs": t.macs, "flops": t.flops, "bytes": t.bytes})
+    return rows
+
+
+def _status(a: Optional[Mapping[str, Number]], b: Optional[Mapping[str, Number]]) -> Status:
+    if a is None:
+        return "added"
+    if b is None:
+        return "removed"
+    return "unchanged" if all(a.get(k) == b.get(k) for k in set(a) | set(b)) else "changed"
+
+
+def _merged_order(a_keys: Iterable[Tuple[str, str]], b_keys: Iterable[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """B's module order, each of A's modules that B lacks placed before the first module
+    that follows it in A and B has: so a removed layer stays beside its old neighbours."""
+    b_list = list(b_keys)
+    in_b = set(b_list)
+    pending: Dict[Tuple[str, str], List[Tuple[str, str]]] = {}
+    waiting: List[Tuple[str, str]] = []
+    for key in a_keys:
+        if key in in_b:
+            if waiting:
+                pending[key] = waiting
+                waiting = []
+        else:
+            waiting.append(key)
+    order: List[Tuple[str, str]] = []
+    for key in b_list:
+        order.extend(pending.pop(key, ()))
+        order.append(key)
+    for rest in pending.values():
+        order.extend(rest)
+    return order + waiting
+
+
+def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[str] = None) -> DiffResult:
+    """What changes from A to B, per module (matched by path and type: added, removed,
+    changed), per operator (by name) and in total: params, MACs, FLOPs, bytes moved, and
+    peak memory and latency when both reports hold them. ``a`` and ``b``: a
+    :class:`~flopcount.results.FlopResult`, a JSON report's path (``count --format json
+    --output``) or its dict. Delta = B - A; relative = (B - A) / A."""
+    result_a, label_a = as_result(a, "A")
+    result_b, label_b = as_result(b, "B")
+    totals_a, totals_b = totals_of(result_a), totals_of(result_b)
+    both = [m for m in METRICS if m in totals_a and m in totals_b]
+    totals = Change("total", "", "", 0, _status(totals_a, totals_b),
+                    {m: totals_a[m] for m in both}, {m: totals_b[m] for m in both})
+
+    mods_a, mods_b = _modules(result_a), _modules(result_b)
+    modules: List[Change] = []
+    for key in _merged_order(mods_a, mods_b):
+        side_a, side_b = mods_a.get(key), mods_b.get(key)
+        depth = (side_b or side_a or (0, {}))[0]
+        values_a = side_a[1] if side_a else None
+        values_b = side_b[1] if side_b else None
+        modules.append(Change("module", key[0], key[1], depth, _status(values_a, values_b), values_a, values_b))
+
+    ops_a = {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes": t.bytes} for op, t in result_a.operator_totals().items()}
+    ops_b = {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes": t.bytes} for op, t in result_b.operator_totals().items()}
+    names = sorted(set(ops_a) | set(ops_b), key=lambda op: (-max(ops_a.get(op, {}).get("flops", 0), ops_b.get(op, {}).get("flops", 0)), op))
+    operators = tuple(
+        Change("operator", op, "", 0, _status(ops_a.get(op), ops_b.get(op)), ops_a.get(op), ops_b.get(op)) for op in names
+    )
+    return DiffResult(
+        a_label=a_label or label_a,
+        b_label=b_label or label_b,
+        totals=totals,
+        modules=tuple(modules),
+        operators=operators,
+        a_incomplete=result_a.incomplete_reasons(),
+        b_incomplete=result_b.incomplete_reasons(),
+        a_phases=" + ".join(result_a.by_phase()) or "forward",
+        b_phases=" + ".join(result_b.by_phase()) or "forward",
+        a_inputs=result_a.input_description,
+        b_inputs=result_b.input_description,
+    )

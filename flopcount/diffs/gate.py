@@ -1,0 +1,278 @@
+"""The baseline gate: how much each metric may grow from a saved report, and the verdict.
+
+An allowance is relative (``flops=2%``: B <= A x 1.02) or absolute (``params=0``: no growth;
+``params=1M``: at most 10^6 more; ``memory=512MiB``). Checked on a :class:`DiffResult` whose A is
+the baseline: PASS within every allowance, FAIL when a metric certainly grew past its
+allowance, INCOMPLETE when a counted metric (FLOPs, MACs, bytes) rests on an incomplete count
+on either side (unless ``allow_incomplete``). Params and peak memory never depend on the count,
+so their FAIL is certain and wins over INCOMPLETE, as with budgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from ..errors import UsageError
+from ..rendering import render
+from ..types import Status
+from .result import Change, DiffResult, Number
+
+#: allowance name -> the diff metric it limits
+GROWTH_METRICS: Dict[str, str] = {"params": "params", "flops": "flops", "macs": "macs", "bytes": "bytes", "memory": "peak_memory"}
+#: metrics that come from the count, so an incomplete count cannot decide them
+COUNTED = ("flops", "macs", "bytes")
+#: what ``check --baseline`` allows when no allowance is given: no growth of the count
+DEFAULT_GROWTH = "params=0,flops=0,macs=0"
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """How much one metric may grow: ``percent`` of the baseline, or ``absolute`` units."""
+
+    metric: str
+    percent: Optional[Fraction] = None
+    absolute: Optional[int] = None
+
+    def limit(self, baseline: Number) -> Fraction:
+        """The highest value allowed: baseline x (1 + percent/100), or baseline + absolute."""
+        if self.percent is not None:
+            return Fraction(baseline) * (1 + self.percent / 100)
+        return Fraction(baseline) + (self.absolute or 0)
+
+    def __str__(self) -> str:
+        if self.percent is not None:
+            return f"+{_number(self.percent)}%"
+        return f"+{self.absolute:,}"
+
+
+def _number(value: Fraction) -> str:
+    return str(int(value)) if value.denominator == 1 else f"{float(value):g}"
+
+
+def parse_allowance(metric: str, text: Union[str, int, float], source: str) -> Allowance:
+    """``("flops", "2%")``, ``("params", 0)``, ``("params", "1M")``, ``("memory", "512MiB")``."""
+    from ..budget import parse_bytes, parse_quantity
+
+    name = metric.strip().lower()
+    if name not in GROWTH_METRICS:
+        raise UsageError(f"{source}: unknown metric {metric!r} (known: {', '.join(GROWTH_METRICS)})")
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise UsageError(f"{source}: {name} must be a number or a string like \"2%\", got {type(text).__name__}")
+    raw = str(text).strip()
+    if raw.endswith("%"):
+        try:
+            percent = Fraction(raw[:-1].strip())
+        except (ValueError, ZeroDivisionError):
+            raise UsageError(f"{source}: {name}={raw!r} is not a percentage (e.g. 2%)") from None
+        if percent < 0:
+            raise UsageError(f"{source}: {name}={raw!r}: an allowance cannot be negative")
+        return Allowance(name, percent=percent)
+    value = parse_bytes(raw, f"{source}: {name}") if name == "memory" else parse_quantity(raw, f"{source}: {name}")
+    if value < 0:
+        raise UsageError(f"{source}: {name}={raw!r}: an allowance cannot be negative")
+    return Allowance(name, absolute=int(value))
+
+
+def parse_growth(text: str, source: str = "--max-growth") -> Dict[str, Allowance]:
+    """``"flops=2%,params=0,memory=5%"`` -> one :class:`Allowance` per metric."""
+    found: Dict[str, Allowance] = {}
+    for part in str(text).split(","):
+        if not part.strip():
+            continue
+        metric, sep, value = part.partition("=")
+        if not sep:
+            raise UsageError(f"{source}: {part.strip()!r} is not METRIC=ALLOWANCE (e.g. flops=2%,params=0)")
+        allowance = parse_allowance(metric, value, source)
+        if allowance.metric in found:
+            raise UsageError(f"{source}: {allowance.metric} is given twice")
+        found[allowance.metric] = allowance
+    if not found:
+        raise UsageError(f"{source}: no allowance given (e.g. flops=2%,params=0)")
+    return found
+
+
+def growth_from_mapping(value: Any, source: str) -> Dict[str, Allowance]:
+    """``max-growth`` of ``[tool.flopcount]``: a string like the flag's, or a table
+    ``{flops = "2%", params = 0}``."""
+    if isinstance(value, str):
+        return parse_growth(value, source)
+    if isinstance(value, Mapping):
+        found = {}
+        for metric, allowed in value.items():
+            allowance = parse_allowance(str(metric), allowed, source)
+            found[allowance.metric] = allowance
+        if not found:
+            raise UsageError(f"{source}: an empty table allows nothing; give e.g. flops = \"2%\"")
+        return found
+    raise UsageError(f"{source}: must be a string like \"flops=2%,params=0\" or a table, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class GrowthSettings:
+    """What ``[tool.flopcount]`` says about the gate: the allowances and the baseline file
+    (relative paths are taken from the pyproject.toml's folder)."""
+
+    allowances: Optional[Dict[str, Allowance]] = None
+    baseline: Optional[Path] = None
+
+
+def load_growth_file(path: Union[str, Path]) -> GrowthSettings:
+    """``max-growth`` and ``baseline`` of ``[tool.flopcount]`` in ``path`` (nothing when the
+    file or the keys are missing)."""
+    from ..budget import flopcount_table
+
+    path = Path(path)
+    found = flopcount_table(path)
+    if found is None:
+        return GrowthSettings()
+    table = {str(key).replace("_", "-"): value for key, value in found.items()}
+    source = f"{path} [tool.flopcount]"
+    allowances = growth_from_mapping(table["max-growth"], f"{source}: max-growth") if "max-growth" in table else None
+    baseline = table.get("baseline")
+    if baseline is not None and not isinstance(baseline, str):
+        raise UsageError(f"{source}: baseline must be a path string, got {type(baseline).__name__}")
+    return GrowthSettings(allowances, (path.parent / baseline) if baseline else None)
+
+
+@dataclass(frozen=True)
+class GrowthLine:
+    """One metric: baseline, current, the allowance, and whether it held."""
+
+    metric: str
+    baseline: Number
+    current: Number
+    allowance: Allowance
+    #: exact, or ``estimate`` when the metric rests on an incomplete count on either side
+    bound: str = "exact"
+
+    @property
+    def limit(self) -> Fraction:
+        return self.allowance.limit(self.baseline)
+
+    @property
+    def passed(self) -> bool:
+        return self.current <= self.limit
+
+    @property
+    def delta(self) -> Number:
+        return self.current - self.baseline
+
+    @property
+    def relative(self) -> Optional[float]:
+        return None if self.baseline == 0 else self.delta / self.baseline
+
+    @property
+    def status(self) -> Status:
+        if self.bound != "exact":
+            return Status.INCOMPLETE
+        return Status.PASS if self.passed else Status.FAIL
+
+
+@dataclass(frozen=True)
+class GrowthReport:
+    """Every allowance checked against the baseline, the verdict, and for each metric that
+    grew past its allowance the modules that grew most."""
+
+    lines: Tuple[GrowthLine, ...]
+    diff: DiffResult
+    allow_incomplete: bool = False
+
+    @property
+    def status(self) -> Status:
+        """FAIL when a metric certainly grew past its allowance; else INCOMPLETE when a
+        counted metric rests on an incomplete count (unless ``allow_incomplete``); else
+        FAIL when one grew past it as counted; else PASS."""
+        if any(line.status == Status.FAIL for line in self.lines):
+            return Status.FAIL
+        if not self.allow_incomplete and any(line.status == Status.INCOMPLETE for line in self.lines):
+            return Status.INCOMPLETE
+        return Status.PASS if all(line.passed for line in self.lines) else Status.FAIL
+
+    @property
+    def exceeded(self) -> Tuple[GrowthLine, ...]:
+        return tuple(line for line in self.lines if not line.passed)
+
+    def grew_most(self, n: int = 3) -> Dict[str, Tuple[Change, ...]]:
+        """``{metric: the modules whose growth of it was largest}`` for each exceeded metric
+        that modules carry (params, MACs, FLOPs, bytes)."""
+        return {
+            line.metric: self.diff.grew_most(GROWTH_METRICS[line.metric], n)
+            for line in self.exceeded
+            if GROWTH_METRICS[line.metric] in ("params", "macs", "flops", "bytes")
+        }
+
+    def verdict(self) -> str:
+        """One sentence: PASS / FAIL (naming the metrics and the modules that grew most) / INCOMPLETE."""
+        status = self.status
+        n = len(self.lines)
+        if status == Status.INCOMPLETE:
+            names = ", ".join(line.metric for line in self.lines if line.status == Status.INCOMPLETE)
+            return (f"INCOMPLETE: a count may be short (baseline or current), so growth of {names} cannot be decided "
+                    "(--allow-incomplete lets the counts decide)")
+        if status == Status.FAIL:
+            parts = []
+            for line in self.exceeded:
+                grew = self.grew_most().get(line.metric, ())
+                where = f" (most in {', '.join(f'{row.name} ({row.type_name}{_times(row.repeats)}) +{_plain(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
+                parts.append(f"{line.metric} {_signed_percent(line.relative)} > {line.allowance}{where}")
+            return f"FAIL: {len(parts)} of {n} metric(s) grew past the allowance: " + "; ".join(parts)
+        return f"PASS: all {n} metric(s) within the allowed growth"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "status": str(self.status),
+            "baseline": self.diff.a_label,
+            "allow_incomplete": self.allow_incomplete,
+            "lines": [
+                {
+                    "metric": line.metric, "baseline": line.baseline, "current": line.current, "delta": line.delta,
+                    "relative": line.relative, "allowance": str(line.allowance), "limit": float(line.limit),
+                    "bound": line.bound, "status": str(line.status),
+                }
+                for line in self.lines
+            ],
+            "grew_most": {
+                metric: [{"module": row.name, "type": row.type_name, "repeats": row.repeats, "delta": row.delta(GROWTH_METRICS[metric])}
+                         for row in rows]
+                for metric, rows in self.grew_most().items()
+            },
+        }
+
+    def table(self, fmt: str = "simple") -> str:
+        """Metric, baseline, current, change, allowance, status per line."""
+        return str(render(self, "table", fmt=fmt))
+
+
+def _times(repeats: int) -> str:
+    return f" x{repeats}" if repeats > 1 else ""
+
+
+def _plain(value: Optional[Number]) -> str:
+    from ..units import format_count
+
+    return format_count(value)
+
+
+def _signed_percent(value: Optional[float]) -> str:
+    return "new" if value is None else f"{100 * value:+.2f}%"
+
+
+def check_growth(diff: DiffResult, allowances: Mapping[str, Allowance], *, allow_incomplete: bool = False) -> GrowthReport:
+    """Each allowance checked on ``diff`` (A = the baseline, B = the current count). A metric
+    one side lacks (peak memory without ``count --memory``) raises a :class:`UsageError`
+    saying how to write it."""
+    lines = []
+    incomplete = not diff.complete
+    for name, allowance in allowances.items():
+        metric = GROWTH_METRICS[name]
+        baseline, current = diff.totals.before(metric), diff.totals.after(metric)
+        if baseline is None or current is None:
+            side = "the baseline" if baseline is None else "the current count"
+            hint = " (write the baseline with count --memory --format json)" if name == "memory" else ""
+            raise UsageError(f"max-growth {name}: {side} has no {metric.replace('_', ' ')}{hint}")
+        bound = "estimate" if incomplete and name in COUNTED else "exact"
+        lines.append(GrowthLine(name, baseline, current, allowance, bound))
+    return GrowthReport(tuple(lines), diff, allow_incomplete)

@@ -1,0 +1,211 @@
+"""The cost difference of two counts: plain data, no torch, no renderer imports."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
+
+from ..rendering import render
+
+Number = Union[int, float]
+
+#: every metric a diff can carry, in display order: counts first, then what only some
+#: reports hold (the estimated peak memory of ``count --memory``, the median latency of
+#: ``bench``), in bytes and seconds
+METRICS: Tuple[str, ...] = ("params", "macs", "flops", "bytes", "peak_memory", "latency")
+#: the metrics of a module row (params owned, children included) and of an operator row
+MODULE_METRICS: Tuple[str, ...] = ("params", "macs", "flops", "bytes")
+OPERATOR_METRICS: Tuple[str, ...] = ("count", "macs", "flops", "bytes")
+
+Status = Literal["added", "removed", "changed", "unchanged"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row of a diff: a module (matched by path and type), an operator (by name) or the
+    totals, with its values on each side (``None`` where that side has no such row/metric)."""
+
+    kind: Literal["total", "module", "operator"]
+    name: str
+    type_name: str
+    depth: int
+    status: Status
+    a: Optional[Mapping[str, Number]]
+    b: Optional[Mapping[str, Number]]
+    #: how many modules this row sums: > 1 for repeated layers shown as one row, their
+    #: numbered path parts written ``*`` (``layers.*.mlp``); see :meth:`DiffResult.top_changes`
+    repeats: int = 1
+
+    def before(self, metric: str) -> Optional[Number]:
+        """The A side's value (0 for a row that A does not have; None for a metric A lacks)."""
+        return 0 if self.a is None else self.a.get(metric)
+
+    def after(self, metric: str) -> Optional[Number]:
+        return 0 if self.b is None else self.b.get(metric)
+
+    def delta(self, metric: str) -> Optional[Number]:
+        """B - A; None when either side lacks the metric."""
+        a, b = self.before(metric), self.after(metric)
+        return None if a is None or b is None else b - a
+
+    def relative(self, metric: str) -> Optional[float]:
+        """(B - A) / A; None when A is 0 (a new cost) or either side lacks the metric."""
+        a, d = self.before(metric), self.delta(metric)
+        if a is None or d is None or a == 0:
+            return None
+        return d / a
+
+    def metrics(self) -> Tuple[str, ...]:
+        """The metrics both sides of this row have (an added or removed row: its side's)."""
+        sides = [side for side in (self.a, self.b) if side is not None]
+        names = set(sides[0]).intersection(*sides[1:]) if sides else set()
+        order = METRICS + tuple(OPERATOR_METRICS)
+        return tuple(dict.fromkeys(m for m in order if m in names))
+
+    @property
+    def changed(self) -> bool:
+        return self.status != "unchanged"
+
+
+def _pattern(name: str) -> str:
+    """``model.layers.12.mlp`` -> ``model.layers.*.mlp``: the path of a repeated layer."""
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def _summed(sides: List[Optional[Mapping[str, Number]]]) -> Optional[Dict[str, Number]]:
+    present = [side for side in sides if side is not None]
+    if not present:
+        return None
+    return {key: sum(side.get(key, 0) for side in present) for key in present[0]}
+
+
+def _grouped(rows: List[Change]) -> List[Change]:
+    """Rows of repeated layers summed into one row with ``repeats`` > 1: the same path but
+    for layer numbers, the same type and status, and the same change each (80 identical
+    ``layers.N.mlp``); the numbers that differ are written ``*`` (``layers.*.mlp``)."""
+    groups: Dict[Tuple[Any, ...], List[Change]] = {}
+    for row in rows:
+        key = (_pattern(row.name), row.type_name, row.status, tuple(row.delta(k) for k in MODULE_METRICS))
+        groups.setdefault(key, []).append(row)
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        parts = [m.name.split(".") for m in members]
+        name = ".".join(p if all(q[i] == p for q in parts) else "*" for i, p in enumerate(parts[0]))
+        first = members[0]
+        out.append(Change("module", name, first.type_name, first.depth, first.status,
+                          _summed([m.a for m in members]), _summed([m.b for m in members]), repeats=len(members)))
+    return out
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """What changes from report A to report B: totals, modules and operators.
+
+    Modules are matched by path and type (a path whose type changed is one removed and one
+    added row); operators by name. ``delta`` is B - A, ``relative`` is (B - A) / A. Params
+    of a module include its children's, like its MACs, FLOPs and bytes."""
+
+    a_label: str
+    b_label: str
+    totals: Change
+    modules: Tuple[Change, ...]
+    operators: Tuple[Change, ...]
+    #: why each side's count may be short (empty when complete)
+    a_incomplete: Tuple[str, ...] = ()
+    b_incomplete: Tuple[str, ...] = ()
+    #: what each side covers: forward, forward + backward...; and its inputs
+    a_phases: str = "forward"
+    b_phases: str = "forward"
+    a_inputs: str = ""
+    b_inputs: str = ""
+
+    @property
+    def metrics(self) -> Tuple[str, ...]:
+        """The total metrics both sides have (peak memory and latency only when both do)."""
+        return self.totals.metrics()
+
+    @property
+    def complete(self) -> bool:
+        return not self.a_incomplete and not self.b_incomplete
+
+    def changed_modules(self, max_depth: Optional[int] = None) -> Tuple[Change, ...]:
+        return tuple(m for m in self.modules if m.changed and (max_depth is None or m.depth <= max_depth))
+
+    def counts(self) -> Dict[str, int]:
+        """``{"added": n, "removed": n, "changed": n, "unchanged": n}`` of the module rows."""
+        found = {"added": 0, "removed": 0, "changed": 0, "unchanged": 0}
+        for row in self.modules:
+            found[row.status] += 1
+        return found
+
+    def top_changes(self, n: Optional[int] = 10, max_depth: Optional[int] = None) -> Tuple[Change, ...]:
+        """The module rows that changed most, largest |ΔFLOPs| first (then |Δparams|, |ΔMACs|,
+        |Δbytes|), without the whole model (the totals say it), without a container whose change
+        is exactly one child's or one group of repeated children's (they say it more precisely),
+        and with repeated layers summed into one row: ``layers.*.mlp`` with ``repeats`` = 80
+        and the 80 layers' changes added up."""
+        rows = [m for m in self.changed_modules(max_depth) if m.name and not self._passes_through(m)]
+        rows = _grouped(rows)
+        rows.sort(key=lambda r: (*(-abs(r.delta(k) or 0) for k in ("flops", "params", "macs", "bytes")), r.name))
+        return tuple(rows if n is None else rows[:n])
+
+    def grew_most(self, metric: str, n: int = 3) -> Tuple[Change, ...]:
+        """The modules whose ``metric`` grew most (largest B - A first), containers that only
+        pass their children's growth through left out, repeated layers summed into one row."""
+        rows = [m for m in self.modules if m.name and (m.delta(metric) or 0) > 0 and not self._passes_through(m, (metric,))]
+        rows = _grouped(rows)
+        rows.sort(key=lambda r: (-(r.delta(metric) or 0), -r.depth, r.name))
+        return tuple(rows[:n])
+
+    def _passes_through(self, row: Change, metrics: Tuple[str, ...] = MODULE_METRICS) -> bool:
+        """The row's change is exactly one child's, or the sum of one group of repeated
+        children's (``layers`` = the sum of ``layers.0`` ... ``layers.79``)."""
+        children = self._children().get(row.name, ())
+        mine = tuple(row.delta(k) or 0 for k in metrics)
+        sums: Dict[Tuple[str, str], List[Number]] = {}
+        for child in children:
+            deltas = tuple(child.delta(k) or 0 for k in metrics)
+            if deltas == mine:
+                return True
+            total = sums.setdefault((_pattern(child.name), child.type_name), [0] * len(metrics))
+            for i, d in enumerate(deltas):
+                total[i] += d
+        return any(tuple(total) == mine for total in sums.values())
+
+    def _children(self) -> Dict[str, List[Change]]:
+        """``{module path: its child rows}`` (both sides' children: added, removed, changed)."""
+        cached: Optional[Dict[str, List[Change]]] = self.__dict__.get("_children_cache")
+        if cached is None:
+            cached = {}
+            for row in self.modules:
+                if row.name:
+                    cached.setdefault(row.name.rpartition(".")[0], []).append(row)
+            object.__setattr__(self, "_children_cache", cached)
+        return cached
+
+    # -- reports ------------------------------------------------------------------
+    def table(self, max_depth: Optional[int] = None, top: Optional[int] = None, *, operators: bool = True) -> str:
+        """Totals, then the module rows (``top``: only the N largest changes), then the operators."""
+        return str(render(self, "table", max_depth=max_depth, top=top, operators=operators))
+
+    def to_markdown(self, max_depth: Optional[int] = None, top: int = 10) -> str:
+        """A pull-request comment: a summary line, the top changes, the full tables folded."""
+        return str(render(self, "markdown", max_depth=max_depth, top=top))
+
+    def to_dict(self, max_depth: Optional[int] = None) -> Dict[str, Any]:
+        """A JSON-safe dict (keys in docs/api.md, "Diffs")."""
+        data: Dict[str, Any] = render(self, "dict", max_depth=max_depth)
+        return data
+
+    def to_json(self, indent: Optional[int] = 2, max_depth: Optional[int] = None) -> str:
+        return json.dumps(self.to_dict(max_depth=max_depth), indent=indent)
+
+    def to_csv(self, max_depth: Optional[int] = None) -> str:
+        return str(render(self, "csv", max_depth=max_depth))
+
+    def __str__(self) -> str:
+        return self.table()

@@ -1,0 +1,275 @@
+"""Diff renderers: a text table, a pull-request comment (markdown), JSON and CSV; and the
+baseline gate's table."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+from tabulate import tabulate
+
+from ..rendering import renders
+from ..types import CONVENTION, REPORT_SCHEMA_VERSION
+from ..units import escape_markdown, format_bytes, format_count
+
+if TYPE_CHECKING:
+    from ..diffs.gate import GrowthReport
+    from ..diffs.result import Change, DiffResult
+
+_NAMES = {"params": "Params", "count": "Calls", "macs": "MACs", "flops": "FLOPs", "bytes": "Bytes", "peak_memory": "Peak memory",
+          "latency": "Latency"}
+_CSV_METRICS = ("params", "count", "macs", "flops", "bytes", "peak_memory", "latency")
+
+
+def _table(rows: Any, *, headers: Sequence[str], colalign: Sequence[str], tablefmt: str = "simple") -> str:
+    """A table of cells that are already text: GitHub markdown written directly (tabulate's
+    type sniffing took 0.2 s on a 70B diff's rows), the text form through tabulate."""
+    if tablefmt != "github":
+        return tabulate(rows, headers=headers, colalign=colalign, disable_numparse=True)
+    rule = {"left": ":---", "right": "---:"}
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(rule.get(a, "---") for a in colalign) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def show(metric: str, value: Optional[float]) -> str:
+    """A value in its unit: counts with K/M/G, bytes in decimal units, latency in ms."""
+    if value is None:
+        return "-"
+    if metric in ("bytes", "peak_memory"):
+        return format_bytes(value)
+    if metric == "latency":
+        return f"{value * 1e3:.3f} ms"
+    return format_count(value)
+
+
+def signed(metric: str, value: Optional[float]) -> str:
+    """A change with its sign: ``+1.200 G``, ``-512``, ``0``."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    text = show(metric, abs(value))
+    return ("+" if value > 0 else "-") + text
+
+
+def percent(row: Change, metric: str) -> str:
+    """``+14.0%``; ``new`` for a cost from nothing; ``-`` when unknown or both 0."""
+    rel = row.relative(metric)
+    if rel is not None:
+        return f"{100 * rel:+.1f}%" if rel else "0.0%"
+    delta = row.delta(metric)
+    return "new" if delta else "-"
+
+
+def _module_rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
+    out = []
+    for row in rows:
+        name = (row.name or "(model)") + (f" (x{row.repeats})" if row.repeats > 1 else "")
+        cells = [
+            name, row.type_name, row.status, signed("params", row.delta("params")), signed("macs", row.delta("macs")),
+            show("flops", row.before("flops") if row.a is not None else None), show("flops", row.after("flops") if row.b is not None else None),
+            signed("flops", row.delta("flops")), percent(row, "flops"), signed("bytes", row.delta("bytes")),
+        ]
+        out.append([escape_markdown(c) for c in cells] if markdown else cells)
+    return out
+
+
+_MODULE_HEADERS = ["Module", "Type", "Status", "Δ Params", "Δ MACs", "FLOPs A", "FLOPs B", "Δ FLOPs", "Δ FLOPs %", "Δ Bytes"]
+_MODULE_ALIGN = ("left", "left", "left", "right", "right", "right", "right", "right", "right", "right")
+
+
+def _operator_rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
+    out = []
+    for row in rows:
+        cells = [
+            row.name, row.status, signed("count", row.delta("count")), signed("macs", row.delta("macs")),
+            show("flops", row.before("flops") if row.a is not None else None), show("flops", row.after("flops") if row.b is not None else None),
+            signed("flops", row.delta("flops")), percent(row, "flops"), signed("bytes", row.delta("bytes")),
+        ]
+        out.append([escape_markdown(c) for c in cells] if markdown else cells)
+    return out
+
+
+_OPERATOR_HEADERS = ["Operator", "Status", "Δ Calls", "Δ MACs", "FLOPs A", "FLOPs B", "Δ FLOPs", "Δ FLOPs %", "Δ Bytes"]
+_OPERATOR_ALIGN = ("left", "left", "right", "right", "right", "right", "right", "right", "right")
+
+
+def _totals_rows(diff: DiffResult, markdown: bool) -> List[List[str]]:
+    rows = []
+    for metric in diff.metrics:
+        t = diff.totals
+        cells = [_NAMES[metric], show(metric, t.before(metric)), show(metric, t.after(metric)), signed(metric, t.delta(metric)), percent(t, metric)]
+        rows.append([escape_markdown(c) for c in cells] if markdown else cells)
+    return rows
+
+
+_TOTAL_HEADERS = ["Metric", "A", "B", "Δ", "Δ %"]
+_TOTAL_ALIGN = ("left", "right", "right", "right", "right")
+
+
+def summary_line(diff: DiffResult) -> str:
+    """``FLOPs +14.0% (1.200 G -> 1.368 G) · params +2.100 M (+3.5%) · modules: 3 changed, 1 added, 0 removed``."""
+    t = diff.totals
+    counts = diff.counts()
+    modules = f"modules: {counts['changed']} changed, {counts['added']} added, {counts['removed']} removed"
+    if not t.changed and not (counts["added"] or counts["removed"] or counts["changed"]):
+        return f"no cost change ({modules})"
+    parts = []
+    for metric in sorted(diff.metrics, key=lambda m: m != "flops"):
+        delta = t.delta(metric)
+        if metric == "flops":
+            parts.append(f"FLOPs {percent(t, metric)} ({show(metric, t.before(metric))} -> {show(metric, t.after(metric))})")
+        elif delta:
+            parts.append(f"{_NAMES[metric]} {signed(metric, delta)} ({percent(t, metric)})")
+    return " · ".join(parts + [modules])
+
+
+def _notes(diff: DiffResult) -> List[str]:
+    notes = []
+    if diff.a_phases != diff.b_phases:
+        notes.append(f"A counts {diff.a_phases}, B counts {diff.b_phases}: the totals differ in what they cover")
+    if diff.a_inputs != diff.b_inputs:
+        notes.append(f"inputs differ: A {diff.a_inputs or '()'}, B {diff.b_inputs or '()'}")
+    for side, reasons in (("A", diff.a_incomplete), ("B", diff.b_incomplete)):
+        if reasons:
+            notes.append(f"INCOMPLETE: {side}'s count may be short: " + "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""))
+    return notes
+
+
+def _heading(diff: DiffResult) -> str:
+    return f"flopcount diff: A = {diff.a_label} -> B = {diff.b_label}"
+
+
+@renders("DiffResult", "table")
+def diff_table(diff: DiffResult, max_depth: Optional[int] = None, top: Optional[int] = None, operators: bool = True) -> str:
+    """Totals, the changed modules (all, in module order; or the ``top`` largest changes),
+    the changed operators, then the notes and the convention."""
+    parts = [_heading(diff), summary_line(diff), "",
+             _table(_totals_rows(diff, False), headers=_TOTAL_HEADERS, colalign=_TOTAL_ALIGN)]
+    rows = diff.top_changes(top, max_depth) if top is not None else diff.changed_modules(max_depth)
+    if rows:
+        title = f"Top {len(rows)} module changes" if top is not None else f"Changed modules ({len(rows)})"
+        unchanged = diff.counts()["unchanged"]
+        parts += ["", title + (f"; {unchanged} unchanged not shown" if unchanged and top is None else ""),
+                  _table(_module_rows(rows, False), headers=_MODULE_HEADERS, colalign=_MODULE_ALIGN)]
+    ops = [row for row in diff.operators if row.changed]
+    if operators and ops:
+        parts += ["", f"Changed operators ({len(ops)})", _table(_operator_rows(ops, False), headers=_OPERATOR_HEADERS, colalign=_OPERATOR_ALIGN)]
+    parts += [""] + _notes(diff) + ["Δ = B - A; " + CONVENTION]
+    return "\n".join(parts)
+
+
+@renders("DiffResult", "markdown")
+def diff_markdown(diff: DiffResult, max_depth: Optional[int] = None, top: int = 10) -> str:
+    """A pull-request comment: heading, summary line, totals, the top changes, then every
+    changed module and operator folded in ``<details>``."""
+    parts = [
+        f"### flopcount diff: `{escape_markdown(diff.a_label)}` → `{escape_markdown(diff.b_label)}`",
+        f"**{escape_markdown(summary_line(diff))}**",
+        _table(_totals_rows(diff, True), headers=_TOTAL_HEADERS, tablefmt="github", colalign=_TOTAL_ALIGN),
+    ]
+    best = diff.top_changes(top, max_depth)
+    if best:
+        parts += [f"#### Top {len(best)} module changes",
+                  _table(_module_rows(best, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
+    every = diff.changed_modules(max_depth)
+    if every:
+        parts.append(f"<details><summary>All changed modules ({len(every)})</summary>\n\n"
+                     + _table(_module_rows(every, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)
+                     + "\n\n</details>")
+    ops = [row for row in diff.operators if row.changed]
+    if ops:
+        parts.append(f"<details><summary>Changed operators ({len(ops)})</summary>\n\n"
+                     + _table(_operator_rows(ops, True), headers=_OPERATOR_HEADERS, tablefmt="github", colalign=_OPERATOR_ALIGN)
+                     + "\n\n</details>")
+    notes = [f"- {escape_markdown(n)}" for n in _notes(diff)]
+    if notes:
+        parts.append("\n".join(notes))
+    parts.append(f"_Δ = B - A; {CONVENTION}_")
+    return "\n\n".join(parts) + "\n"
+
+
+def _values(row: Change, metrics: Sequence[str]) -> Dict[str, Any]:
+    return {
+        "a": None if row.a is None else {m: row.a[m] for m in metrics if m in row.a},
+        "b": None if row.b is None else {m: row.b[m] for m in metrics if m in row.b},
+        "delta": {m: row.delta(m) for m in metrics},
+        "relative": {m: row.relative(m) for m in metrics},
+    }
+
+
+@renders("DiffResult", "dict")
+def diff_to_dict(diff: DiffResult, max_depth: Optional[int] = None) -> Dict[str, Any]:
+    """Every row with both sides' values, B - A and (B - A) / A (keys in docs/api.md)."""
+    metrics = diff.metrics
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "kind": "diff",
+        "convention": CONVENTION,
+        "a": diff.a_label,
+        "b": diff.b_label,
+        "a_inputs": diff.a_inputs,
+        "b_inputs": diff.b_inputs,
+        "a_phases": diff.a_phases,
+        "b_phases": diff.b_phases,
+        "metrics": list(metrics),
+        "totals": {m: {"a": diff.totals.before(m), "b": diff.totals.after(m), "delta": diff.totals.delta(m),
+                       "relative": diff.totals.relative(m)} for m in metrics},
+        "summary": diff.counts(),
+        "complete": diff.complete,
+        "a_incomplete": list(diff.a_incomplete),
+        "b_incomplete": list(diff.b_incomplete),
+        "modules": [
+            {"name": row.name, "type": row.type_name, "depth": row.depth, "status": row.status, **_values(row, ("params", "macs", "flops", "bytes"))}
+            for row in diff.modules if max_depth is None or row.depth <= max_depth
+        ],
+        "operators": [{"name": row.name, "status": row.status, **_values(row, ("count", "macs", "flops", "bytes"))} for row in diff.operators],
+    }
+
+
+@renders("DiffResult", "csv")
+def diff_to_csv(diff: DiffResult, max_depth: Optional[int] = None) -> str:
+    """One row for the totals, one per module, one per operator: raw values of A, B and B - A."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["kind", "name", "type", "depth", "status"] + [f"{m}_{s}" for m in _CSV_METRICS for s in ("a", "b", "delta")])
+    rows = [diff.totals] + [m for m in diff.modules if max_depth is None or m.depth <= max_depth] + list(diff.operators)
+    for row in rows:
+        present = diff.metrics if row.kind == "total" else _row_metrics(row)
+        cells: List[Any] = [row.kind, row.name, row.type_name, row.depth if row.kind == "module" else "", row.status]
+        for m in _CSV_METRICS:
+            if m in present:
+                a = row.a.get(m) if row.a is not None else None
+                b = row.b.get(m) if row.b is not None else None
+                d = row.delta(m)
+                cells += ["" if a is None else a, "" if b is None else b, "" if d is None else d]
+            else:
+                cells += ["", "", ""]
+        writer.writerow(cells)
+    return out.getvalue()
+
+
+def _row_metrics(row: Change) -> Sequence[str]:
+    if row.kind == "module":
+        return ("params", "macs", "flops", "bytes")
+    if row.kind == "operator":
+        return ("count", "macs", "flops", "bytes")
+    return ()
+
+
+@renders("GrowthReport", "table")
+def growth_table(report: GrowthReport, fmt: str = "simple") -> str:
+    """Metric, baseline, current, change, allowance and status per line."""
+    rows = []
+    for line in report.lines:
+        metric = "peak_memory" if line.metric == "memory" else line.metric
+        rel = line.relative
+        change = signed(metric, line.delta) + ("" if rel is None else f" ({100 * rel:+.2f}%)")
+        rows.append([line.metric, show(metric, line.baseline), ("~ " if line.bound != "exact" else "") + show(metric, line.current),
+                     change, str(line.allowance), str(line.status)])
+    if fmt == "github":
+        rows = [[escape_markdown(c) for c in row] for row in rows]
+    return _table(rows, headers=["Growth", "Baseline", "Current", "Change", "Allowed", "Status"], tablefmt=fmt,
+                    colalign=("left", "right", "right", "right", "right", "left"))
