@@ -136,6 +136,7 @@ if TYPE_CHECKING:
         peaks,
     )
     from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
+    from .devices.roofline import Roofs
     from .errors import (
         FlopcountError,
         FlopcountWarning,
@@ -154,7 +155,6 @@ if TYPE_CHECKING:
     from .profiling import PredictResult, ProfileResult, predict, profile
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp
-    from .roofline import Roofs
     from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 

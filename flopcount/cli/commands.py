@@ -354,6 +354,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         )
     if args.on is not None and not budget.needs_latency:
         raise UsageError("--on DEVICE checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
+    if getattr(args, "bound", None) is not None and args.on is None:
+        raise UsageError("--bound picks the lower bound of --on DEVICE: add --on (e.g. --on h100)")
     if budget.needs_latency and args.on is None:
         check_timing_args(args)
     if budget.needs_latency and args.on is None and args.device == "meta":
@@ -361,10 +363,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     run = _prepare(args)
     result = _count(run, args)
     latency = None
+    basis = ""
     if budget.needs_latency and args.on is not None:
         from .predicting import predicted_latency_ms
 
-        latency = predicted_latency_ms(run, args)
+        latency, basis = predicted_latency_ms(run, args)
     elif budget.needs_latency:
         timing = benchmark_entry(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
@@ -379,6 +382,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         memory_bytes=planned if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",
+        latency_basis=basis,
     )
     text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate)
     _emit(text, args)

@@ -305,8 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
                         help="highest latency, e.g. 10ms: measured (median), or with --on DEVICE its roofline lower bound")
     limits.add_argument("--on", metavar="DEVICE", default=None,
-                        help="check the latency budget against the lower bound on DEVICE (h100, t4, ...; no hardware "
-                        "needed): above the budget is a certain FAIL, below it is not decided without measuring (exit 3)")
+                        help="check the latency budget against the lower bound on DEVICE (h100, 'H100 NVL', t4, "
+                        "'this machine', ...; no hardware needed): above the budget is a certain FAIL, below it is not "
+                        "decided without measuring (exit 3)")
+    limits.add_argument("--bound", choices=("eager", "any"), default=None,
+                        help="with --on: which lower bound decides: 'eager' (the per-op sum: this eager program) or "
+                        "'any' (max of total FLOPs / peak and unavoidable bytes / bandwidth: any engine, fused or "
+                        "not). Default: any on a datasheet part, eager on 'this machine'")
     limits.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="BYTES",
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",

@@ -16,12 +16,12 @@ from torch import nn
 
 from ..analysis import cost_events, uncompiled
 from ..bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
-from ..bench.roofs import roofs_for
+from ..devices import roofs_for
+from ..devices.roofline import Roofs
 from ..errors import UsageError
 from ..handlers import default_registry
 from ..inputs import PreparedCall, output_tensors, prepare_call
 from ..registry import HandlerRegistry
-from ..roofline import Roofs
 from ..state import preserved_inputs, preserved_rng
 from ..tracers import dispatch, shared_tensor_copy
 from ..tracers._fake import has_lazy_parameters

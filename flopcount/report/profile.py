@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from tabulate import tabulate
 
+from ..devices.roofline import PROFILE_CONVENTION
 from ..rendering import renders
-from ..roofline import PROFILE_CONVENTION
 from ..units import escape_markdown, format_bytes, format_count
 
 if TYPE_CHECKING:
