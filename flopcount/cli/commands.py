@@ -425,6 +425,28 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return run_profile(args, lambda: _prepare(args), _emit, _label(args))
 
 
+def _cmd_roofs(args: argparse.Namespace) -> int:
+    from ..devices import is_this_machine, named_roofs
+    from ..devices.measured import machine_roofs
+    from ..rendering import render
+
+    _check_output(args.output, "--output")
+    if is_this_machine(args.part):
+        if args.matmul_tf32 or args.no_conv_tf32:
+            raise UsageError("--matmul-tf32/--no-conv-tf32 model a datasheet part's math modes; this machine's are its own")
+        progress(args, "measuring this machine's roofs (seconds) ..." if args.remeasure else "reading this machine's roofs ...")
+        roofs = machine_roofs("cpu", refresh=args.remeasure)
+        for problem in roofs.details.get("not_cached", ()):
+            say(f"roofs not cached: {problem}", "warning")
+    else:
+        if args.remeasure:
+            raise UsageError(f"--remeasure measures this machine; {args.part!r} is a datasheet part")
+        roofs = named_roofs(args.part, conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
+    _emit(render(roofs, args.format), args)
+    return EXIT_OK
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
+    "roofs": _cmd_roofs,
 }

@@ -56,6 +56,8 @@ examples:
   flopcount count hf:gpt2 --config n_layer=2 --format json --output gpt2.json
   flopcount bench example:resnet18 --input 8x3x224x224 --iters 20
   flopcount check example:resnet50 --max-flops 10G --max-params 30M
+  flopcount check example:resnet50 --max-latency 2ms --on h100 --bound any
+  flopcount roofs --remeasure
 
 'flopcount COMMAND --help' describes each command.
 """
@@ -378,6 +380,30 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
     out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
     planner.set_defaults(command_name="plan")
+
+    roofs = commands.add_parser(
+        "roofs",
+        help="the roofs a bound uses: this machine's (measured, cached) or a datasheet part's",
+        description=_wrap("Show the roofs predict, profile, plan and check --on use: this machine's compute roof per "
+        "dtype (the best of a GEMM, a oneDNN convolution and a linear) under its ISA peak, and bandwidth per memory "
+        "level (streams sized to each cache), with when and how they were measured; or a datasheet part's dense "
+        "peaks, memory levels and math modes. Roofs measured while the load average exceeds the cores, or that fail "
+        "the sanity checks, are shown but never cached. Set FLOPCOUNT_NO_ROOFS_CACHE=1 to neither read nor write "
+        "the cache (~/.cache/flopcount/roofs.json). See docs/devices.md."),
+        epilog="examples:\n  flopcount roofs\n  flopcount roofs --remeasure\n  flopcount roofs 'H100 NVL' --format json",
+        formatter_class=formatter,
+    )
+    roofs.add_argument("part", nargs="?", default="this machine", metavar="DEVICE",
+                       help="'this machine' (default) or a part: h100, 'H100 NVL', 'A100 40GB PCIe', t4, ...")
+    roofs.add_argument("--remeasure", action="store_true",
+                       help="measure this machine's roofs again now (the cache keeps the best sane figures)")
+    roofs.add_argument("--matmul-tf32", action="store_true", help="a part's float32 matmuls in TF32 (torch's default: off)")
+    roofs.add_argument("--no-conv-tf32", action="store_true", help="a part's float32 convolutions in FP32 (torch's default: TF32)")
+    roofs.add_argument("-f", "--format", choices=("table", "json"), default="table", help="table (default) or json")
+    roofs.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    roofs.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    roofs.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    roofs.set_defaults(command_name="roofs")
     return parser
 
 

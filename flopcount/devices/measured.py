@@ -129,7 +129,7 @@ def machine_roofs(
         after = load()[0]
         roofs = best_of(first, second) if roofs is None else best_of(roofs, first, second)
         problems = sanity(first, second, max(before, after), ncores if dev.type == "cpu" else None)
-        if not problems or all(p.startswith("load average") for p in problems):
+        if not problems or any(p.startswith("load average") for p in problems):
             break  # sane, or the machine is busy: measuring again now would not help
     assert roofs is not None
     stamp = (now or (lambda: datetime.now(timezone.utc)))().strftime("%Y-%m-%dT%H:%M:%SZ")
