@@ -136,6 +136,25 @@ class Roofs:
                 return level
         raise AssertionError("the last level is unbounded")  # pragma: no cover
 
+    def faster_capacity(self, level: MemoryLevel) -> float:
+        """Bytes the levels faster than ``level`` hold together: at most that much of a working
+        set can be served from them, the rest has to come from ``level``."""
+        total = 0.0
+        for other in self.all_levels():
+            if other is level or other == level:
+                return total
+            total += other.capacity or 0.0
+        return total
+
+    def level_time(self, bytes_moved: float, working_set: float) -> Tuple[float, MemoryLevel]:
+        """Seconds the memory system allows for ``bytes_moved`` of a ``working_set``: the bytes
+        the faster levels cannot hold, over the bandwidth of the fastest level holding the
+        working set (0 when that bandwidth is not published)."""
+        level = self.level_for(working_set)
+        if not bytes_moved or not level.bandwidth:
+            return 0.0, level
+        return max(0.0, bytes_moved - self.faster_capacity(level)) / level.bandwidth, level
+
     def describe(self) -> str:
         peaks = ", ".join(f"{k} {v / 1e9:.4g} GFLOP/s" for k, v in self.peak_flops.items())
         caches = "".join(
@@ -203,12 +222,11 @@ def op_time(
 ) -> OpTime:
     """The fastest one op can run on ``roofs``: ``max(flops / peak, bytes / bandwidth)``,
     the bandwidth of the fastest level that holds ``working_set`` (default: the bytes it
-    moves). A level without a published bandwidth sets no memory term (the bound claims
-    nothing it cannot source)."""
+    moves), for the bytes the faster levels cannot hold. A level without a published
+    bandwidth sets no memory term (the bound claims nothing it cannot source)."""
     column = roofs.column(dtype, op)
     compute = flops / roofs.peak(dtype, op) if flops else 0.0
-    level = roofs.level_for(bytes_moved if working_set is None else working_set)
-    memory = bytes_moved / level.bandwidth if bytes_moved and level.bandwidth else 0.0
+    memory, level = roofs.level_time(bytes_moved, bytes_moved if working_set is None else working_set)
     return OpTime(compute, memory, column, level.name)
 
 
@@ -236,8 +254,7 @@ def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], 
     """``max(sum of flops / peak(dtype, op), unavoidable bytes / bandwidth)`` over ``work``
     (flops, dtype, op) items: no engine, fused or not, runs the program faster."""
     compute = sum(flops / roofs.peak(dtype, op) for flops, dtype, op in work if flops)
-    level = roofs.level_for(unavoidable_bytes)
-    memory = unavoidable_bytes / level.bandwidth if unavoidable_bytes and level.bandwidth else 0.0
+    memory, level = roofs.level_time(unavoidable_bytes, unavoidable_bytes)
     return AnyBound(compute, memory, float(unavoidable_bytes), level.name)
 
 

@@ -83,15 +83,14 @@ class PredictResult:
     @property
     def any_s(self) -> float:
         """The any-implementation bound: ``max(total FLOPs / peak, unavoidable bytes /
-        bandwidth)``, never above the eager sum (the eager program is one implementation)."""
-        if self.any_bound is None:
-            return self.latency_s
-        return min(self.any_bound.seconds, self.latency_s)
+        bandwidth)`` (0 on results built without it)."""
+        return 0.0 if self.any_bound is None else self.any_bound.seconds
 
     def bound_s(self, kind: BoundKind) -> float:
-        """``latency_s`` for "eager", ``any_s`` for "any"."""
+        """"any": :attr:`any_s`; "eager": the larger of the per-op sum :attr:`latency_s` and
+        :attr:`any_s` (the eager program is one implementation, so both bound it)."""
         if kind == "eager":
-            return self.latency_s
+            return max(self.latency_s, self.any_s)
         if kind == "any":
             return self.any_s
         raise UsageError(f"bound must be 'eager' or 'any', got {kind!r}")
