@@ -104,3 +104,20 @@ def test_old_import_paths_still_work():
     assert OldRoofs is flopcount.devices.Roofs
     assert peaks.match_gpu("NVIDIA H100 NVL") == "H100 NVL"
     assert peaks.bandwidth("V100S") == pytest.approx(1.134e12)
+
+
+def test_plan_step_time_does_not_follow_the_hosts_tf32_flag():
+    # the issue: plan's step time moved 7x with torch.backends.cuda.matmul.allow_tf32 on the
+    # host. A conv + linear model planned on an A100 gives the same compute time either way.
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    times = []
+    try:
+        for host in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = host
+            times.append(flopcount.plan(build, (torch.randn(4, 16, 8, 8),), fsdp=1, device="a100").step_time.compute_s)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert times[0] == times[1]

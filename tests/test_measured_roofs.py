@@ -180,3 +180,15 @@ def test_measured_levels_are_ordered_and_shown_at_their_working_set():
     assert all(a >= b for a, b in zip(rates, rates[1:]))
     caps = [lv.capacity for lv in levels[:-1]]
     assert caps == sorted(caps)
+
+
+def test_an_entry_cached_under_the_old_key_is_not_read(cache_dir):
+    # the poisoned cache: fp32 0.89 GFLOP/s stored by an earlier flopcount under a key
+    # without math flags or a version; it is never read back as this machine's roofs
+    import platform
+
+    old_key = f"{platform.node()} | cpu | {m._cpu_model()} x{torch.get_num_threads()} threads | torch {torch.__version__}"
+    cache_dir.parent.mkdir(parents=True)
+    cache_dir.write_text(json.dumps({old_key: Roofs({"float32": 0.89e9}, 1e9, "cpu", "measured").to_dict()}))
+    roofs = m.machine_roofs("cpu", measure=Passes(_fake()), loadavg=lambda: IDLE, cores=2)
+    assert roofs.peak_flops["float32"] == 5e10
