@@ -192,3 +192,23 @@ def test_an_entry_cached_under_the_old_key_is_not_read(cache_dir):
     cache_dir.write_text(json.dumps({old_key: Roofs({"float32": 0.89e9}, 1e9, "cpu", "measured").to_dict()}))
     roofs = m.machine_roofs("cpu", measure=Passes(_fake()), loadavg=lambda: IDLE, cores=2)
     assert roofs.peak_flops["float32"] == 5e10
+
+
+def test_profile_raises_a_measured_roof_below_what_an_op_reached(cache_dir):
+    # a cached float32 roof of 0.1 GFLOP/s (no sane machine is that slow: the poisoned
+    # cache); a 64x512 @ 512x512 linear (2*64*512*512 = 33.6 MFLOPs) runs far faster. The
+    # profile's roof must end at least at the fastest compute op's own measured rate (its
+    # FLOPs / its profiled time), so no compute-bound row reads above 1.
+    import flopcount
+    from torch import nn
+
+    m.remember_roofs(Roofs({"float32": 1e8}, 1e12, "slow cpu", "measured"), "cpu")
+    model, x = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)), torch.randn(64, 512)
+    result = flopcount.profile(model, x, steps=2)
+    rates = [r.flops / r.time_s for r in result.rows if r.flops >= 1e6 and r.time_s * 1e6 / 2 >= 20]
+    assert rates, "the linears were timed"
+    assert result.roofs.peak_flops["float32"] >= max(rates) * (1 - 1e-9)
+    assert "raised_to_achieved" in result.roofs.details
+    # given roofs are the user's and stay as given
+    given = Roofs({"float32": 1e8}, 1e12, "given", "given")
+    assert flopcount.profile(model, x, steps=2, roofs=given).roofs.peak_flops["float32"] == 1e8
