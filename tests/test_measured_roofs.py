@@ -10,7 +10,9 @@ from datetime import datetime, timezone
 
 import pytest
 import torch
+from torch import nn
 
+import flopcount
 from flopcount.devices import Roofs
 from flopcount.devices import measured as m
 from flopcount.devices.cpu import cpu_facts, read_caches
@@ -199,9 +201,6 @@ def test_profile_raises_a_measured_roof_below_what_an_op_reached(cache_dir):
     # cache); a 64x512 @ 512x512 linear (2*64*512*512 = 33.6 MFLOPs) runs far faster. The
     # profile's roof must end at least at the fastest compute op's own measured rate (its
     # FLOPs / its profiled time), so no compute-bound row reads above 1.
-    import flopcount
-    from torch import nn
-
     m.remember_roofs(Roofs({"float32": 1e8}, 1e12, "slow cpu", "measured"), "cpu")
     model, x = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)), torch.randn(64, 512)
     result = flopcount.profile(model, x, steps=2)
