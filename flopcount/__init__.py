@@ -144,6 +144,7 @@ if TYPE_CHECKING:
         peaks,
     )
     from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
+    from .devices.roofline import Roofs
     from .diffs import DiffResult, GrowthReport, diff
     from .errors import (
         FlopcountError,
@@ -163,7 +164,6 @@ if TYPE_CHECKING:
     from .profiling import PredictResult, ProfileResult, predict, profile
     from .registry import HandlerRegistry
     from .results import FlopResult, OpTotals, UnsupportedOp, load_report
-    from .roofline import Roofs
     from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 

@@ -144,6 +144,8 @@ class BudgetLine:
     actual: Number
     unit: str
     bound: Bound = "exact"
+    #: what a bound is for, e.g. "any-implementation lower bound on H100 SXM" ("" for a measured value)
+    basis: str = ""
 
     @property
     def passed(self) -> bool:
@@ -165,7 +167,8 @@ class BudgetLine:
         """``'flops 8.216 G > 5.000 G'`` (``'flops >= 8.216 G > ...'`` for a lower bound)."""
         relation = "<=" if self.passed else ">"
         at_least = {"exact": "", "lower": ">= ", "estimate": "~"}[self.bound]
-        return f"{self.name} {at_least}{show_value(self.actual, self.unit)} {relation} {show_value(self.limit, self.unit)}"
+        basis = f" ({self.basis})" if self.basis else ""
+        return f"{self.name} {at_least}{show_value(self.actual, self.unit)} {relation} {show_value(self.limit, self.unit)}{basis}"
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,7 @@ class BudgetReport:
                     "actual": line.actual,
                     "unit": line.unit,
                     "bound": line.bound,
+                    "basis": line.basis,
                     "passed": line.passed,
                     "status": str(line.status),
                 }
@@ -282,6 +286,7 @@ def check_budget(
     lower_bound: bool = False,
     allow_incomplete: bool = False,
     latency_bound: Bound = "exact",
+    latency_basis: str = "",
 ) -> BudgetReport:
     """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
     A limit whose actual value was not given is a usage error, never a pass.
@@ -292,7 +297,8 @@ def check_budget(
     when a FLOPs or MACs limit is set: params, size, latency and memory do not rest on the
     count's completeness (a memory verdict rests on the memory estimate alone). ``latency_bound="lower"``:
     ``latency_ms`` is a lower bound (``flopcount.predict``): over the limit is a certain
-    FAIL, within it is not decided without measuring (UNDECIDED)."""
+    FAIL, within it is not decided without measuring (UNDECIDED); ``latency_basis`` says which
+    bound it is (eager or any implementation, on which device), shown on the line."""
     if isinstance(incomplete_reasons, str):
         raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
     reasons = tuple(incomplete_reasons) if budget.needs_count else ()
@@ -311,7 +317,7 @@ def check_budget(
         if actual is None:
             raise UsageError(f"budget {name} is set but no {name} value was measured")
         bound: Bound = counted_bound if name in COUNTED else (latency_bound if name == "latency_ms" else "exact")
-        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound))
+        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound, latency_basis if name == "latency_ms" else ""))
     return BudgetReport(tuple(lines), reasons, bool(allow_incomplete))
 
 
@@ -323,6 +329,7 @@ def check_result(
     *,
     allow_incomplete: bool = False,
     latency_bound: Bound = "exact",
+    latency_basis: str = "",
 ) -> BudgetReport:
     """:func:`check_budget` with the numbers of a :class:`~flopcount.results.FlopResult`,
     its completeness included: an incomplete count never PASSes a FLOPs or MACs budget
@@ -342,6 +349,7 @@ def check_result(
         lower_bound=bool(reasons) and not result.gaps,
         allow_incomplete=allow_incomplete,
         latency_bound=latency_bound,
+        latency_basis=latency_basis,
     )
 
 

@@ -14,36 +14,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from .devices.parts import LINKS as _LINKS
+from .devices.parts import PARTS
 from .errors import UsageError
 from .rendering import render
 
-#: link name -> bandwidth in bytes/s per GPU, one direction (datasheet figures)
-LINKS: Mapping[str, float] = {
-    "nvlink5": 900e9,  # B200: 1.8 TB/s bidirectional
-    "nvlink4": 450e9,  # H100 SXM: 900 GB/s bidirectional
-    "nvlink3": 300e9,  # A100 SXM: 600 GB/s bidirectional
-    "pcie5": 64e9,  # x16, per direction
-    "pcie4": 32e9,  # x16, per direction
-    "infiniband-xdr": 100e9,  # 800 Gb/s per GPU NIC
-    "infiniband-ndr": 50e9,  # 400 Gb/s per GPU NIC
-    "infiniband-hdr": 25e9,  # 200 Gb/s per GPU NIC
-    "ethernet-400g": 50e9,
-    "ethernet-100g": 12.5e9,
-}
+#: link name -> bandwidth in bytes/s per GPU, one direction (datasheet figures; the one
+#: table lives in flopcount.devices.parts)
+LINKS: Mapping[str, float] = _LINKS
 
-#: GPU table key (flopcount.bench.peaks) -> memory bandwidth in bytes/s (datasheet)
-MEMORY_BANDWIDTH: Mapping[str, float] = {
-    "H100 SXM": 3.35e12,
-    "H100 PCIe": 2.0e12,
-    "H200": 4.8e12,
-    "A100": 2.039e12,
-    "L4": 0.3e12,
-    "A10": 0.6e12,
-    "V100 SXM2": 0.9e12,
-    "V100 PCIe": 0.9e12,
-    "T4": 0.32e12,
-    "RTX 4090": 1.008e12,
-}
+#: part name -> memory bandwidth in bytes/s (datasheet; flopcount.devices.parts)
+MEMORY_BANDWIDTH: Mapping[str, float] = {name: part.bandwidth for name, part in PARTS.items()}
 
 LinkSpec = Union[None, str, float, Mapping[str, Union[str, float]]]
 

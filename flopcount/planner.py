@@ -17,13 +17,13 @@ from torch import nn
 from ._parallel import fake_world, mesh_groups, parallelize
 from ._step import COLLECTIVE_KINDS, Collective, StepRecord, make_optimizer, run_step
 from .analysis import cost_events
-from .bench.peaks import dtype_key, match_gpu, peak_flops
+from .devices import column_of, find_part, known_names, op_time, part_roofs
 from .errors import FlopcountWarning, TraceError, UsageError
 from .handlers import default_registry
 from .inputs import as_call_args, flatten_tensors
 from .ledger import TOTAL_FIELDS, Ledger
 from .optimizers import warm_up
-from .plan_result import MEMORY_BANDWIDTH, CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
+from .plan_result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
 from .registry import HandlerRegistry
 from .state import preserved_rng
 from .tracers._fake import quiet_fake_logs
@@ -127,15 +127,14 @@ def _ranks(value: Any, name: str) -> int:
 
 
 def gpu_key(device: Optional[str]) -> Optional[str]:
-    """The peaks-table key of a GPU name (None for None); UsageError when unknown."""
+    """The part a GPU name names (flopcount.devices, exactly or by a documented alias; None
+    for None); UsageError listing the parts when unknown."""
     if device is None:
         return None
-    key = match_gpu(str(device))
-    if key is None:
-        from .bench.peaks import PEAK_TFLOPS
-
-        raise UsageError(f"device: unknown GPU {device!r} (known: {', '.join(PEAK_TFLOPS)}; or None for no step times)")
-    return key
+    part = find_part(str(device))
+    if part is None:
+        raise UsageError(f"device: unknown GPU {device!r} (known parts: {known_names()}; or None for no step times)")
+    return part.name
 
 
 def _dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
@@ -262,14 +261,19 @@ def _bounds(
     """The roofline of the rank's ops, the communication time, and the step times they bound."""
     if gpu is None:
         return None
-    peak = peak_flops(gpu, dtype_key(dtype)) or peak_flops(gpu, "float32")
-    if not peak:
+    part = find_part(gpu)
+    if part is None:
         return None
-    bandwidth = MEMORY_BANDWIDTH.get(gpu)
+    # the modeled part's own math modes (torch's defaults: fp32 convolutions in TF32, matmuls
+    # not), never the host's flags
+    roofs = part_roofs(part)
+    column = column_of(dtype)
+    peak = roofs.peak(column, "matmul")
+    bandwidth = roofs.bandwidth
     compute = 0.0
-    for _, cost in costed:  # bytes: flopcount.traffic's convention (views and allocations move none)
+    for event, cost in costed:  # bytes: flopcount.traffic's convention (views and allocations move none)
         if cost is not None:
-            compute += max(cost.flops / peak, cost.bytes / bandwidth if bandwidth else 0.0)
+            compute += op_time(roofs, cost.flops, cost.bytes, column, event.call.op).seconds
     comm_s = sum(r.seconds or 0.0 for r in comm) if have_links else None
     model_flops = flops.get("forward", 0) + flops.get("backward", 0)
     no_overlap = overlap = None

@@ -357,6 +357,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         )
     if args.on is not None and not budget.needs_latency:
         raise UsageError("--on DEVICE checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
+    if getattr(args, "bound", None) is not None and args.on is None:
+        raise UsageError("--bound picks the lower bound of --on DEVICE: add --on (e.g. --on h100)")
     if budget.needs_latency and args.on is None:
         check_timing_args(args)
     if budget.needs_latency and args.on is None and args.device == "meta":
@@ -364,10 +366,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     run = _prepare(args)
     result = _count(run, args)
     latency = None
+    basis = ""
     if budget.needs_latency and args.on is not None:
         from .predicting import predicted_latency_ms
 
-        latency = predicted_latency_ms(run, args)
+        latency, basis = predicted_latency_ms(run, args)
     elif budget.needs_latency:
         timing = benchmark_entry(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
@@ -386,6 +389,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         memory_bytes=planned if estimate is None else estimate.peak_bytes,
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",
+        latency_basis=basis,
     ) if budget else None
     growth = _growth(result, estimate, gate, args) if gate is not None else None
     text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate, growth=growth)
@@ -511,7 +515,28 @@ def _count_side(args: argparse.Namespace, name: str) -> Any:
     return result.with_sections(**sections)
 
 
+def _cmd_roofs(args: argparse.Namespace) -> int:
+    from ..devices import is_this_machine, named_roofs
+    from ..devices.measured import machine_roofs
+    from ..rendering import render
+
+    _check_output(args.output, "--output")
+    if is_this_machine(args.part):
+        if args.matmul_tf32 or args.no_conv_tf32:
+            raise UsageError("--matmul-tf32/--no-conv-tf32 model a datasheet part's math modes; this machine's are its own")
+        progress(args, "measuring this machine's roofs (seconds) ..." if args.remeasure else "reading this machine's roofs ...")
+        roofs = machine_roofs("cpu", refresh=args.remeasure)
+        for problem in roofs.details.get("not_cached", ()):
+            say(f"roofs not cached: {problem}", "warning")
+    else:
+        if args.remeasure:
+            raise UsageError(f"--remeasure measures this machine; {args.part!r} is a datasheet part")
+        roofs = named_roofs(args.part, conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
+    _emit(render(roofs, args.format), args)
+    return EXIT_OK
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
-    "diff": _cmd_diff,
+    "diff": _cmd_diff, "roofs": _cmd_roofs,
 }

@@ -58,6 +58,8 @@ examples:
   flopcount check example:resnet50 --max-flops 10G --max-params 30M
   flopcount diff base.json my_model.py:build --format markdown
   flopcount check my_model.py:build --baseline base.json --max-growth flops=2%,params=0
+  flopcount check example:resnet50 --max-latency 2ms --on h100 --bound any
+  flopcount roofs --remeasure
 
 'flopcount COMMAND --help' describes each command.
 """
@@ -349,8 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
                         help="highest latency, e.g. 10ms: measured (median), or with --on DEVICE its roofline lower bound")
     limits.add_argument("--on", metavar="DEVICE", default=None,
-                        help="check the latency budget against the lower bound on DEVICE (h100, t4, ...; no hardware "
-                        "needed): above the budget is a certain FAIL, below it is not decided without measuring (exit 3)")
+                        help="check the latency budget against the lower bound on DEVICE (h100, 'H100 NVL', t4, "
+                        "'this machine', ...; no hardware needed): above the budget is a certain FAIL, below it is not "
+                        "decided without measuring (exit 3)")
+    limits.add_argument("--bound", choices=("eager", "any"), default=None,
+                        help="with --on: which lower bound decides: 'eager' (the per-op sum: this eager program) or "
+                        "'any' (max of total FLOPs / peak and unavoidable bytes / bandwidth: any engine, fused or "
+                        "not). Default: any on a datasheet part, eager on 'this machine'")
     limits.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="BYTES",
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",
@@ -466,6 +473,30 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
     out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
     planner.set_defaults(command_name="plan")
+
+    roofs = commands.add_parser(
+        "roofs",
+        help="the roofs a bound uses: this machine's (measured, cached) or a datasheet part's",
+        description=_wrap("Show the roofs predict, profile, plan and check --on use: this machine's compute roof per "
+        "dtype (the best of a GEMM, a oneDNN convolution and a linear) under its ISA peak, and bandwidth per memory "
+        "level (streams sized to each cache), with when and how they were measured; or a datasheet part's dense "
+        "peaks, memory levels and math modes. Roofs measured while the load average exceeds the cores, or that fail "
+        "the sanity checks, are shown but never cached. Set FLOPCOUNT_NO_ROOFS_CACHE=1 to neither read nor write "
+        "the cache (~/.cache/flopcount/roofs.json). See docs/devices.md."),
+        epilog="examples:\n  flopcount roofs\n  flopcount roofs --remeasure\n  flopcount roofs 'H100 NVL' --format json",
+        formatter_class=formatter,
+    )
+    roofs.add_argument("part", nargs="?", default="this machine", metavar="DEVICE",
+                       help="'this machine' (default) or a part: h100, 'H100 NVL', 'A100 40GB PCIe', t4, ...")
+    roofs.add_argument("--remeasure", action="store_true",
+                       help="measure this machine's roofs again now (the cache keeps the best sane figures)")
+    roofs.add_argument("--matmul-tf32", action="store_true", help="a part's float32 matmuls in TF32 (torch's default: off)")
+    roofs.add_argument("--no-conv-tf32", action="store_true", help="a part's float32 convolutions in FP32 (torch's default: TF32)")
+    roofs.add_argument("-f", "--format", choices=("table", "json"), default="table", help="table (default) or json")
+    roofs.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    roofs.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    roofs.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    roofs.set_defaults(command_name="roofs")
     return parser
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Tuple
 
 from ..errors import UsageError
 from .output import progress
@@ -20,14 +20,23 @@ def _predict(run: Any, args: argparse.Namespace, device: str) -> Any:
     return predict(run.model, run.inputs, run.kwargs, device=device, dtype=dtype, backward=bool(getattr(args, "backward", False)))
 
 
-def predicted_latency_ms(run: Any, args: argparse.Namespace) -> float:
-    """The roofline lower bound on ``--on DEVICE`` in ms (said on stderr)."""
+BOUND_NAMES = {"eager": "eager per-op", "any": "any-implementation"}
+
+
+def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str]:
+    """The roofline lower bound on ``--on DEVICE`` in ms, and which bound it is (said on
+    stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
+    an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
+    from ..devices import default_bound
     from ..report.profile import format_seconds
 
     result = _predict(run, args, args.on)
-    progress(args, f"latency lower bound on {result.roofs.device}: {format_seconds(result.latency_s)} "
-                   f"({result.roofs.source}); a bound, not a forecast")
-    return float(result.latency_s * 1e3)
+    kind = getattr(args, "bound", None) or default_bound(result.roofs)
+    seconds = result.bound_s(kind)
+    basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}"
+    progress(args, f"latency {basis}: {format_seconds(seconds)} (eager {format_seconds(result.latency_s)}, "
+                   f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
+    return float(seconds * 1e3), basis
 
 
 def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
@@ -49,7 +58,7 @@ def _roofs(text: Any) -> Any:
     if text is None:
         return None
     from ..budget import parse_quantity
-    from ..roofline import Roofs
+    from ..devices.roofline import Roofs
 
     parts = [p.strip() for p in str(text).split(",")]
     if len(parts) != 2:

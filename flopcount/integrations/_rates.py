@@ -8,7 +8,6 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from ..bench import peaks
 from ..errors import UsageError
 
 PREFIX = "flopcount/"
@@ -56,23 +55,27 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
 
 def resolve_peak(device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float]) -> Tuple[Optional[float], str]:
     """The FLOP/s an MFU is measured against, and a sentence when there is none: ``given``
-    if set, else the GPU's dense datasheet peak (``bench/peaks.py``) at ``dtype``, else on
-    CPU this machine's measured GEMM roof (``bench/roofs.py``: measured once in seconds,
-    then cached per machine)."""
+    if set, else the GPU's dense datasheet peak (:mod:`flopcount.devices`, torch's default
+    math modes: float32 matmuls at the FP32 peak) at ``dtype``, else on CPU this machine's
+    measured compute roof (:mod:`flopcount.devices.measured`: measured in seconds, cached
+    per machine when sane)."""
     if given is not None:
         if not given > 0:
             raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {given!r}")
         return float(given), ""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        found = peaks.peak_flops(name, dtype)
+        from ..devices import peak_for_name
+
+        found = peak_for_name(name, dtype)
         if found is None:
             return None, f"no peak for {name} at {dtype} in flopcount's table: pass peak_flops= for an MFU"
         return found, ""
     if device.type == "cpu":
-        from ..bench.roofs import machine_roofs
+        from ..devices import column_of
+        from ..devices.measured import machine_roofs
 
-        dtype_name = str(dtype).replace("torch.", "") if dtype is not None else None
+        dtype_name = column_of(dtype) if dtype is not None else None
         return machine_roofs(device).peak(dtype_name), ""
     return None, f"no peak FLOP/s is known for device {device.type!r}: pass peak_flops= (FLOP/s) for an MFU"
 

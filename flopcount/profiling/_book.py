@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..roofline import Roofs, compute_time, memory_time
+from ..devices import Roofs, op_time
 from ..types import Cost, OpEvent
 from ._bytes import call_dtype
 from ._tree import Alignment, Node, TopOp
@@ -68,10 +68,10 @@ class Measured:
 
 
 def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, float]:
-    """(compute s, memory s, attainable s) of one call."""
-    c = compute_time(fact.flops, roofs, fact.dtype)
-    m = memory_time(fact.bytes, roofs)
-    return c, m, max(c, m)
+    """(compute s, memory s, attainable s) of one call: the one roofline function
+    (:func:`flopcount.devices.op_time`, memory at the fastest level holding its bytes)."""
+    timed = op_time(roofs, fact.flops, fact.bytes, fact.dtype, fact.event.call.op)
+    return timed.compute_s, timed.memory_s, timed.seconds
 
 
 def category(fact: EventFacts) -> str:

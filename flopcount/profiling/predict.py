@@ -1,10 +1,18 @@
 """``flopcount.predict``: a roofline lower bound of a model's latency on a device you may
 not have, counted on fake tensors (nothing runs).
 
-Each op takes at least ``max(flops / peak, bytes / bandwidth)`` on the device; the
-model takes at least the sum. A bound, not a forecast: launch and framework overhead,
-caches and imperfect kernels only add time (and fusion a compiler might do is not
-assumed, so a fused real run can beat the memory term of the ops it fuses).
+Two bounds, each for a stated program (:mod:`flopcount.devices.roofline` computes both):
+
+* **eager** (``latency_s``): each op takes at least ``max(flops / peak, bytes / bandwidth of
+  the fastest memory level holding its working set)`` and the ops run one after another, as
+  traced: it bounds *this eager program*. A fusing engine (TensorRT, torch.compile) can
+  beat it, since fused elementwise work moves fewer bytes.
+* **any implementation** (``any_s``): ``max(total FLOPs / peak, unavoidable bytes /
+  bandwidth)``, the unavoidable bytes being the parameters and buffers read once, the
+  inputs read (caches passed in included) and, with ``backward``, the gradients written;
+  no engine can run the program faster.
+
+A bound, not a forecast: launch and framework overhead and imperfect kernels only add time.
 """
 
 from __future__ import annotations
@@ -13,11 +21,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..analysis import cost_events, uncompiled
+from ..devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
+from ..devices.roofline import Bound, bound, intensity
 from ..errors import UsageError
 from ..handlers import default_registry
 from ..registry import HandlerRegistry
 from ..rendering import render
-from ..roofline import Bound, Roofs, bound, compute_time, intensity, memory_time
 from ..tracers import trace
 from ._bytes import bytes_as, call_dtype
 
@@ -61,11 +70,30 @@ class PredictResult:
     dtype: Optional[str]
     unsupported: Tuple[str, ...] = ()
     warnings: Tuple[str, ...] = ()
+    #: the any-implementation bound (None on results built without it)
+    any_bound: Optional[AnyBound] = None
+    #: dtypes with FLOPs that the device has no peak for (priced at its highest peak)
+    unpriced: Tuple[str, ...] = ()
 
     @property
     def latency_s(self) -> float:
-        """The model's latency lower bound: the sum of each op's bound."""
+        """The eager program's latency lower bound: the sum of each op's bound."""
         return sum(r.latency_s for r in self.rows)
+
+    @property
+    def any_s(self) -> float:
+        """The any-implementation bound: ``max(total FLOPs / peak, unavoidable bytes /
+        bandwidth)`` (0 on results built without it)."""
+        return 0.0 if self.any_bound is None else self.any_bound.seconds
+
+    def bound_s(self, kind: BoundKind) -> float:
+        """"any": :attr:`any_s`; "eager": the larger of the per-op sum :attr:`latency_s` and
+        :attr:`any_s` (the eager program is one implementation, so both bound it)."""
+        if kind == "eager":
+            return max(self.latency_s, self.any_s)
+        if kind == "any":
+            return self.any_s
+        raise UsageError(f"bound must be 'eager' or 'any', got {kind!r}")
 
     @property
     def compute_s(self) -> float:
@@ -94,13 +122,18 @@ class PredictResult:
             "roofs": self.roofs.to_dict(),
             "dtype": self.dtype,
             "latency_s": self.latency_s,
+            "any_s": self.any_s,
+            "any_bound": None if self.any_bound is None else self.any_bound.to_dict(),
+            "unpriced_dtypes": list(self.unpriced),
             "compute_s": self.compute_s,
             "memory_s": self.memory_s,
             "complete": self.complete,
             "unsupported": list(self.unsupported),
             "rows": [r.to_dict() for r in self.rows],
             "warnings": list(self.warnings),
-            "note": "a lower bound, not a forecast: sum over ops of max(FLOPs / peak, bytes / bandwidth)",
+            "note": ("lower bounds, not forecasts: latency_s (eager) = sum over ops of max(FLOPs / peak, bytes / bandwidth of "
+                     "the fastest level holding the op's working set); any_s (any implementation) = max(FLOPs / peak, "
+                     "unavoidable bytes / bandwidth)"),
         }
 
     def table(self, limit: Optional[int] = 25) -> str:
@@ -132,8 +165,11 @@ def predict(
     registry: Optional[HandlerRegistry] = None,
 ) -> PredictResult:
     """The roofline lower bound of one forward (``backward=True``: forward + backward) of
-    ``model`` on ``device``: a datasheet GPU ("h100", "h200", "a100", "l4", "t4"...),
-    "this machine" (roofs measured here, cached), or a :class:`~flopcount.roofline.Roofs`.
+    ``model`` on ``device``: a datasheet part ("h100", "H100 NVL", "A100 40GB PCIe", "t4"...;
+    :mod:`flopcount.devices.parts`, under torch's default math modes: float32 convolutions in
+    TF32, matmuls in FP32; pass ``named_roofs(name, matmul_tf32=True)`` for other modes),
+    "this machine" (roofs measured here, cached), or a :class:`~flopcount.devices.Roofs`.
+    ``latency_s`` is the eager bound, ``any_s`` the any-implementation bound.
     ``dtype`` ("bfloat16", torch.float16...) prices floating tensors and FLOPs as if the
     model ran in it (default: the dtypes the trace saw). Counted on fake tensors."""
     from torch import nn
@@ -141,18 +177,26 @@ def predict(
     if not isinstance(model, nn.Module):
         raise UsageError(f"predict expects a torch.nn.Module, got {type(model).__name__}")
     roofs = device if isinstance(device, Roofs) else _named(device)
-    as_dtype = None if dtype is None else str(dtype).replace("torch.", "")
+    as_dtype = None if dtype is None else column_of(dtype)
     table = registry if registry is not None else default_registry()
     run = trace(uncompiled(model), () if inputs is None else inputs, kwargs, backward=backward, loss_fn=loss_fn)
     groups: Dict[Tuple[str, str, str], List[Any]] = {}
     unsupported: Dict[str, None] = {}
+    unpriced: Dict[str, None] = {}
+    work: Dict[Tuple[str, str], float] = {}
     for event, cost in cost_events(run.events, table):
         if cost is None:
             unsupported[event.call.op] = None
             continue
         op_dtype = as_dtype if as_dtype is not None and _floating(call_dtype(event.call)) else call_dtype(event.call)
         moved = bytes_as(event.call, cost, as_dtype)
-        c, m = compute_time(cost.flops, roofs, op_dtype), memory_time(moved, roofs)
+        timed = op_time(roofs, cost.flops, moved, op_dtype, event.call.op)
+        if cost.flops and timed.column is None:
+            unpriced[op_dtype] = None
+        if cost.flops:
+            key2 = (op_dtype, event.call.op)
+            work[key2] = work.get(key2, 0.0) + cost.flops
+        c, m = timed.compute_s, timed.memory_s
         key = (event.call.op, event.module, event.phase)
         sums = groups.setdefault(key, [0, 0, 0, 0, 0.0, 0.0, 0.0, op_dtype])
         for slot, value in enumerate((1, cost.flops, cost.macs, moved, c, m, max(c, m))):
@@ -161,10 +205,48 @@ def predict(
             sums[7] = "mixed"
     rows = [PredictRow(name, module, phase, *sums) for (name, module, phase), sums in groups.items()]
     rows.sort(key=lambda r: (-r.latency_s, r.name, r.module))
+    any_bound = any_implementation(roofs, ((f, d, op) for (d, op), f in work.items()),
+                                   _unavoidable_bytes(model, inputs, kwargs, as_dtype, backward))
     warnings = tuple(run.warnings)
     if unsupported:
         warnings += (f"ops without a handler are left out of the bound: {', '.join(unsupported)}",)
-    return PredictResult(tuple(rows), roofs, as_dtype, tuple(unsupported), warnings)
+    if unpriced:
+        stand_ins = ", ".join(f"{d} at {roofs.stand_in(d)}" for d in unpriced)
+        warnings += (f"{roofs.device or 'the device'} has no peak for {', '.join(unpriced)}: priced at the highest of "
+                     f"its kind ({stand_ins}), so the bound stays a lower bound",)
+    return PredictResult(tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced))
+
+
+def _unavoidable_bytes(model: Any, inputs: Any, kwargs: Optional[Mapping[str, Any]], as_dtype: Optional[str], backward: bool) -> int:
+    """Bytes any implementation moves at least once: parameters and buffers read, input
+    tensors read (caches passed in included), and with ``backward`` the gradients written.
+    The outputs are left out (a smaller figure keeps the bound a lower bound)."""
+    import torch
+
+    from ..inputs import prepare_call
+
+    def size(t: torch.Tensor) -> int:
+        if as_dtype is not None and t.is_floating_point():
+            item = getattr(torch, as_dtype, None)
+            if isinstance(item, torch.dtype):
+                return t.numel() * item.itemsize
+        return t.numel() * t.element_size()
+
+    seen: Dict[int, None] = {}
+    total = 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) in seen:
+            continue
+        seen[id(tensor)] = None
+        total += size(tensor)
+        if backward and tensor.requires_grad:
+            total += size(tensor)
+    call = prepare_call(() if inputs is None else inputs, kwargs)
+    for tensor in call.tensors:
+        if id(tensor) not in seen:
+            seen[id(tensor)] = None
+            total += size(tensor)
+    return total
 
 
 def _floating(dtype: str) -> bool:
@@ -172,8 +254,4 @@ def _floating(dtype: str) -> bool:
 
 
 def _named(name: Any) -> Roofs:
-    from ..bench.roofs import named_roofs
-
-    if not isinstance(name, str):
-        raise UsageError(f"device must be a device name ('h100', 't4', 'this machine'...) or a Roofs, got {name!r}")
     return named_roofs(name)

@@ -7,8 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
+from ..devices.roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
 from ..rendering import render
-from ..roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
 
 Category = Literal["flops", "data movement", "other"]
 

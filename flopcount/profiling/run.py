@@ -16,12 +16,13 @@ from torch import nn
 
 from ..analysis import cost_events, uncompiled
 from ..bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
-from ..bench.roofs import roofs_for
+from ..devices import roofs_for
+from ..devices.measured import raise_to_achieved
+from ..devices.roofline import Roofs
 from ..errors import UsageError
 from ..handlers import default_registry
 from ..inputs import PreparedCall, output_tensors, prepare_call
 from ..registry import HandlerRegistry
-from ..roofline import Roofs
 from ..state import preserved_inputs, preserved_rng
 from ..tracers import dispatch, shared_tensor_copy
 from ..tracers._fake import has_lazy_parameters
@@ -115,6 +116,8 @@ def profile(
     facts = _book.event_facts(cost_events(trace.events, table))
     measure = _tree.device_total if dev.type == "cuda" else _tree.cpu_total
     measured, args, count = _join(join_prof.events(), captured.get("events") or (), facts, measure, roof)
+    if roofs is None:  # measured roofs are no ceiling if an op here ran faster than them
+        roof = raise_to_achieved(roof, _achieved(facts, measured, count, roof), "an op of this profile")
     return ProfileResult(
         rows=_book.rows(facts, measured, roof, count),
         unmatched=_book.unmatched(facts, measured, count),
@@ -129,6 +132,29 @@ def profile(
         trace=captured.get("trace"),
         trace_args=args,
     )
+
+
+#: an op's rate counts toward the compute roof only when it is long enough to time well
+_MIN_RATE_FLOPS, _MIN_RATE_US = 1e6, 20.0
+
+
+def _achieved(facts: Sequence[_book.EventFacts], measured: _book.Measured, steps: int, roof: Roofs) -> Dict[str, float]:
+    """The highest FLOP/s a counted op reached per dtype column (ops of at least a MFLOP and
+    20 us per call; never above the ISA peak, which a mis-joined time could otherwise claim)."""
+    ceiling = roof.details.get("isa_peak_flops") or {}
+    best: Dict[str, float] = {}
+    for index, fact in enumerate(facts):
+        time_us = measured.time.get(index, 0.0) / max(1, steps)
+        if fact.flops < _MIN_RATE_FLOPS or time_us < _MIN_RATE_US:
+            continue
+        column = roof.column(fact.dtype, fact.event.call.op)
+        if column is None:
+            continue
+        rate = fact.flops / (time_us * 1e-6)
+        if column in ceiling:
+            rate = min(rate, float(ceiling[column]))
+        best[column] = max(best.get(column, 0.0), rate)
+    return best
 
 
 def _join(

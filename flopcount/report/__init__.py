@@ -3,6 +3,23 @@
 Importing this package registers every renderer with :mod:`flopcount.rendering`, which is how
 a reading's ``table()`` / ``to_dict()`` / ``__str__`` reach them without importing them."""
 
-from . import bench, budget, chrome_trace, diff, export, generation, memory, plan, profile, roofline_plot, table, tree
+from . import (
+    bench,
+    budget,
+    chrome_trace,
+    devices,
+    diff,
+    export,
+    generation,
+    memory,
+    plan,
+    profile,
+    roofline_plot,
+    table,
+    tree,
+)
 
-__all__ = ["bench", "budget", "chrome_trace", "diff", "export", "generation", "memory", "plan", "profile", "roofline_plot", "table", "tree"]
+__all__ = [
+    "bench", "budget", "chrome_trace", "devices", "diff", "export", "generation", "memory", "plan", "profile",
+    "roofline_plot", "table", "tree",
+]

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from tabulate import tabulate
 
+from ..devices.roofline import PROFILE_CONVENTION
 from ..rendering import renders
-from ..roofline import PROFILE_CONVENTION
 from ..units import escape_markdown, format_bytes, format_count
 
 if TYPE_CHECKING:
@@ -185,12 +185,21 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     )
     lines = [
         body,
-        f"Latency lower bound on {result.roofs.device}: {format_seconds(result.latency_s)} "
+        f"Eager lower bound (per-op sum) on {result.roofs.device}: {format_seconds(result.latency_s)} "
         f"(compute {format_seconds(result.compute_s)}, memory {format_seconds(result.memory_s)} if each ran alone)",
-        f"Roofs: {result.roofs.describe()}",
-        "A bound, not a forecast: the sum over ops of max(FLOPs / peak, bytes / bandwidth); real runs add "
-        "launch and framework overhead, caches, imperfect kernels, and fuse nothing the trace did not.",
     ]
+    if result.any_bound is not None:
+        lines.append(
+            f"Any implementation (fused or not): {format_seconds(result.any_s)} = max(all FLOPs / peak "
+            f"{format_seconds(result.any_bound.compute_s)}, unavoidable {format_bytes(result.any_bound.unavoidable_bytes)} "
+            f"/ {result.any_bound.level} bandwidth {format_seconds(result.any_bound.memory_s)})")
+    lines += [
+        f"Roofs: {result.roofs.describe()}",
+        "Bounds, not forecasts: the first is the sum over ops of max(FLOPs / peak, bytes / bandwidth of the fastest "
+        "memory level holding them), for this eager program; real runs add launch and framework overhead and "
+        "imperfect kernels, and an engine that fuses ops can beat it but not the any-implementation bound.",
+    ]
+    lines += [f"Note: {w}" for w in result.warnings if "has no peak for" in w]
     return ("\n\n" if fmt == "github" else "\n").join(lines)
 
 

@@ -270,9 +270,9 @@ def test_not_a_module():
     [
         ("NVIDIA H100 80GB HBM3", "H100 SXM"),
         ("NVIDIA H100 PCIe", "H100 PCIe"),
-        ("NVIDIA H200", "H200"),
-        ("NVIDIA A100-SXM4-80GB", "A100"),
-        ("NVIDIA A100-PCIE-40GB", "A100"),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+        ("NVIDIA A100-PCIE-40GB", "A100 40GB PCIe"),
         ("NVIDIA L4", "L4"),
         ("NVIDIA L40S", None),
         ("NVIDIA A10", "A10"),
@@ -294,7 +294,8 @@ def test_peak_lookup_and_table_invariants():
     assert peaks.peak_flops("Tesla T4", torch.bfloat16) is None  # no bf16 on Turing
     assert peaks.peak_flops("Some GPU", torch.float16) is None
     with pytest.raises(UsageError):
-        peaks.dtype_key(torch.int8)
+        peaks.dtype_key(torch.int16)
+    assert peaks.peak_flops("Tesla T4", torch.int8) == pytest.approx(130e12)  # T4 datasheet: INT8 130 TOPS
     for gpu, row in peaks.PEAK_TFLOPS.items():
         assert row["float32"] > 0
         for key in ("float16", "bfloat16", "tfloat32"):
@@ -303,7 +304,7 @@ def test_peak_lookup_and_table_invariants():
         if "float16" in row and "bfloat16" in row:
             assert row["float16"] == row["bfloat16"], gpu
     with pytest.raises(TypeError):
-        peaks.PEAK_TFLOPS["A100"]["float32"] = 1.0  # type: ignore[index]
+        peaks.PEAK_TFLOPS["A100 80GB SXM"]["float32"] = 1.0  # type: ignore[index]
 
 
 # --------------------------------------------------------------------------- GPU only

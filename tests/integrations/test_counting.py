@@ -86,7 +86,8 @@ def test_peak_on_cpu_is_this_machines_measured_roof(tmp_path, monkeypatch):
     from flopcount.roofline import Roofs
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    seeded = machine_roofs("cpu", measure=lambda dev: Roofs({"float32": 3e11, "bfloat16": 1e11}, 2e10, source="measured"))
+    seeded = machine_roofs("cpu", measure=lambda dev: Roofs({"float32": 3e11, "bfloat16": 1e11}, 2e10, source="measured"),
+                           loadavg=lambda: (0.0, 0.0, 0.0))  # an idle machine: the measurement is cached
     assert resolve_peak(torch.device("cpu"), torch.float32, None) == (seeded.peak("float32"), "") == (3e11, "")
     assert resolve_peak(torch.device("cpu"), torch.bfloat16, None) == (1e11, "")
     assert resolve_peak(torch.device("cpu"), torch.float32, 5e11) == (5e11, "")

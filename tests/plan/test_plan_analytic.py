@@ -90,8 +90,10 @@ def test_step_time_bounds_are_sum_and_max() -> None:
     assert bounds.overlap_s == pytest.approx(max(bounds.compute_s, comm))
     model_flops = result.flops["forward"] + result.flops["backward"]
     assert bounds.mfu_overlap == pytest.approx(model_flops / (bounds.overlap_s * 67e12))
-    # a compute bound is at least the FLOPs at peak
-    assert bounds.compute_s >= result.total_flops / 67e12
+    # a compute bound is at least the FLOPs at peak (equal here, up to rounding: the tiny
+    # model's working sets fit the H100's 50 MB L2, whose bandwidth is unpublished, so no
+    # memory term is claimed)
+    assert bounds.compute_s >= result.total_flops / 67e12 * (1 - 1e-12)
 
 
 def test_ring_factors_and_links() -> None:

@@ -1,0 +1,468 @@
+"""Is flopcount's latency lower bound a bound? Held against real runs on this machine and
+against published GPU results.
+
+Part 1 (this machine): for each (model, batch, dtype, layout, threads) case, the eager bound
+(``predict(...).bound_s("eager")``: the per-op roofline sum, or the any-implementation bound
+where that is larger) on roofs measured here for that thread count, against the fastest of
+``--runs`` (>= 5) timed runs of the same program. ``bound / fastest`` must not exceed 1.0
+beyond 2 % timer noise; the script prints each ratio, the median ratio and Spearman's rank
+correlation between bound and fastest. The roofs are measured for this run and not cached
+(the load check would refuse to cache them while other jobs run; the load is printed).
+
+Part 2 (datasheet parts): the any-implementation bound of the published workload on the
+named part, against the published throughput or latency; no published result may be faster
+than the bound. Sources:
+
+* NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md,
+  "Training performance results" (pytorch-21.03 NGC container), 1 GPU, batch 256:
+  DGX A100 80GB: TF32 938 img/s, mixed precision 2470 img/s; DGX-1 V100 16GB: FP32 367 img/s,
+  mixed precision 1200 img/s. "Inference performance: NVIDIA T4": FP32 batch 64 428 img/s,
+  mixed precision batch 256 1198 img/s.
+* NVIDIA NeMo Framework user guide, Performance, Llama-2 "Inference Performance",
+  configuration 1 (chatbot: 128 input tokens, 20 output tokens), Llama-2-7B, batch 1, TP 1,
+  1 GPU: average latency 234.0 ms on A100 80GB SXM4 and 153.8 ms on H100 80GB HBM3.
+
+Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+import flopcount
+from flopcount.devices import Roofs, named_roofs
+from flopcount.devices.measured import best_of, measure_roofs
+
+NOISE = 1.02  # a ratio up to 2 % above 1.0 is timer noise
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[], Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]]
+    threads: int = 0  # 0: torch's default
+    train: bool = False
+    fresh: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None  # new kwargs per run (a cache)
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as fh:
+            return " ".join(fh.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    saved = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _cast(model: nn.Module, x: torch.Tensor, dtype: torch.dtype, channels_last: bool = False) -> Tuple[nn.Module, torch.Tensor]:
+    model = model.to(dtype).eval()
+    x = x.to(dtype) if x.is_floating_point() else x
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return model, x
+
+
+def cnn(name: str, batch: int, dtype: torch.dtype = torch.float32, channels_last: bool = False, size: int = 224):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        from flopcount.examples import mobilenet, resnet
+
+        factory = {"resnet18": resnet.resnet18, "resnet50": resnet.resnet50, "mobilenet_v2": mobilenet.mobilenet_v2}[name]
+        model, x = _cast(factory(), torch.randn(batch, 3, size, size), dtype, channels_last)
+        return model, (x,), {}
+
+    return build
+
+
+def conv_stack(depthwise: bool, batch: int, dtype: torch.dtype = torch.float32, channels_last: bool = False):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        ch = 128 if depthwise else 64
+        layers: List[nn.Module] = []
+        for _ in range(8 if depthwise else 4):
+            layers += [nn.Conv2d(ch, ch, 3, padding=1, groups=ch if depthwise else 1), nn.ReLU()]
+        model, x = _cast(nn.Sequential(*layers), torch.randn(batch, ch, 56, 56), dtype, channels_last)
+        return model, (x,), {}
+
+    return build
+
+
+class Elementwise(nn.Module):
+    """60 elementwise ops on one activation (cache-resident when small)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(20):
+            x = torch.relu(x * 1.0001 + 0.001 * i)
+        return x
+
+
+def elementwise(shape: Tuple[int, ...], dtype: torch.dtype = torch.float32):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return Elementwise().eval(), (torch.randn(*shape, dtype=dtype),), {}
+
+    return build
+
+
+def mlp(batch: int, dtype: torch.dtype = torch.float32, width: int = 2048):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        model, x = _cast(nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)),
+                         torch.randn(batch, width), dtype)
+        return model, (x,), {}
+
+    return build
+
+
+def lstm(batch: int, seq: int = 32):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return nn.LSTM(256, 512, num_layers=2, batch_first=True).eval(), (torch.randn(batch, seq, 256),), {}
+
+    return build
+
+
+def embedding(rows: int, dim: int, ids: int, batch: int = 1):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return nn.Embedding(rows, dim).eval(), (torch.randint(0, rows, (batch, ids)),), {}
+
+    return build
+
+
+class RecSys(nn.Module):
+    """Embedding-heavy: a big table, a sum over 20 ids per sample, then an MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(200_000, 64)
+        self.head = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(ids).sum(1))
+
+
+def recsys(batch: int):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return RecSys().eval(), (torch.randint(0, 200_000, (batch, 20)),), {}
+
+    return build
+
+
+class CacheUpdate(nn.Module):
+    """A 64 MiB static KV cache updated in place at one position (index_copy_)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(16, 2048, 512))  # 16 x 2048 x 512 x 4 B = 64 MiB
+
+    def forward(self, pos: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return self.cache.index_copy_(1, pos, new)
+
+
+def cache_update():
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return CacheUpdate().eval(), (torch.tensor([7]), torch.randn(16, 1, 512)), {}
+
+    return build
+
+
+def bert(batch: int, seq: int = 128, dtype: torch.dtype = torch.float32):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+                         vocab_size=8000)
+        model = BertModel(cfg).to(dtype).eval()
+        return model, (torch.randint(0, 8000, (batch, seq)),), {}
+
+    return build
+
+
+def _gpt2(dtype: torch.dtype = torch.float32) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8000, n_positions=512, eos_token_id=0, bos_token_id=0)
+    return GPT2LMHeadModel(cfg).to(dtype).eval()
+
+
+def gpt2_prefill(batch: int, seq: int = 128, dtype: torch.dtype = torch.float32):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return _gpt2(dtype), (torch.randint(0, 8000, (batch, seq)),), {"use_cache": False}
+
+    return build
+
+
+def gpt2_decode(static: bool, past: int = 128):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        from transformers import StaticCache
+
+        model = _gpt2()
+        ids = torch.randint(0, 8000, (1, past))
+        with torch.no_grad():
+            if static:
+                cache = StaticCache(config=model.config, max_cache_len=2 * past)
+                model(ids, past_key_values=cache, cache_position=torch.arange(past), use_cache=True)
+                kwargs = {"past_key_values": cache, "cache_position": torch.tensor([past]), "use_cache": True}
+            else:
+                cache = model(ids, use_cache=True).past_key_values
+                kwargs = {"past_key_values": cache, "use_cache": True}
+        return model, (ids[:, -1:],), kwargs
+
+    return build
+
+
+def _fresh_cache(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """A dynamic cache grows by one token per call: each run (and the trace) gets a copy."""
+    return {**kwargs, "past_key_values": copy.deepcopy(kwargs["past_key_values"])}
+
+
+def cases(quick: bool) -> List[Case]:
+    bf16 = torch.bfloat16
+    every = [
+        Case("resnet18 b1 fp32", cnn("resnet18", 1)),
+        Case("resnet18 b1 fp32 1 thread", cnn("resnet18", 1), threads=1),
+        Case("resnet18 b4 fp32", cnn("resnet18", 4)),
+        Case("resnet18 b1 fp32 channels_last", cnn("resnet18", 1, channels_last=True)),
+        Case("resnet18 b1 bf16", cnn("resnet18", 1, bf16)),
+        Case("resnet18 b2 fp32 train step", cnn("resnet18", 2, size=128), train=True),
+        Case("resnet50 b1 fp32", cnn("resnet50", 1)),
+        Case("resnet50 b1 fp32 1 thread", cnn("resnet50", 1), threads=1),
+        Case("mobilenet_v2 b1 fp32", cnn("mobilenet_v2", 1)),
+        Case("mobilenet_v2 b8 fp32 channels_last", cnn("mobilenet_v2", 8, channels_last=True)),
+        Case("depthwise 8x3x3 b1 fp32", conv_stack(True, 1)),
+        Case("depthwise 8x3x3 b1 fp32 1 thread", conv_stack(True, 1), threads=1),
+        Case("conv 4x3x3 b1 fp32", conv_stack(False, 1)),
+        Case("conv 4x3x3 b1 fp32 1 thread", conv_stack(False, 1), threads=1),
+        Case("conv 4x3x3 b1 bf16 channels_last", conv_stack(False, 1, bf16, channels_last=True)),
+        Case("bert-small b1 s128 fp32", bert(1)),
+        Case("bert-small b4 s128 fp32", bert(4)),
+        Case("bert-small b1 s128 bf16", bert(1, dtype=bf16)),
+        Case("gpt2-small prefill b1 s128 fp32", gpt2_prefill(1)),
+        Case("gpt2-small prefill b1 s128 bf16", gpt2_prefill(1, dtype=bf16)),
+        Case("gpt2-small decode dynamic cache", gpt2_decode(False), fresh=_fresh_cache),
+        Case("gpt2-small decode static cache", gpt2_decode(True)),
+        Case("embedding 1M x 64, 16 ids", embedding(1_000_000, 64, 16)),
+        Case("recsys table 200k x 64, b128", recsys(128)),
+        Case("static cache index_copy_ 64 MiB", cache_update()),
+        Case("elementwise x60 1x64x56x56", elementwise((1, 64, 56, 56))),
+        Case("elementwise x60 1x64x56x56 1 thread", elementwise((1, 64, 56, 56)), threads=1),
+        Case("elementwise x60 8x64x112x112", elementwise((8, 64, 112, 112))),
+        Case("mlp 2x2048 b1 fp32", mlp(1)),
+        Case("mlp 2x2048 b1 fp32 1 thread", mlp(1), threads=1),
+        Case("mlp 2x2048 b128 fp32", mlp(128)),
+        Case("mlp 2x2048 b128 bf16", mlp(128, bf16)),
+        Case("mlp 2x2048 b128 fp32 train step", mlp(128), train=True),
+        Case("lstm 2x512 b1 s32", lstm(1)),
+        Case("lstm 2x512 b16 s32", lstm(16)),
+    ]
+    return every[:8] if quick else every
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _loss(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out.float().sum()
+    if isinstance(out, (tuple, list)):
+        return _loss(out[0])
+    return _loss(out[0] if not hasattr(out, "logits") else out.logits)
+
+
+def fastest(case: Case, model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], runs: int) -> float:
+    """The fastest of ``runs`` timed calls (after two warm-ups)."""
+    best = math.inf
+    for i in range(runs + 2):
+        kw = case.fresh(kwargs) if case.fresh else kwargs
+        if case.train:
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            _loss(model(*args, **kw)).backward()
+            took = time.perf_counter() - t0
+        else:
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                model(*args, **kw)
+                took = time.perf_counter() - t0
+        if i >= 2:
+            best = min(best, took)
+    return best
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(values: Sequence[float]) -> List[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+
+
+def roofs_here(n_threads: int, budget_s: float) -> Roofs:
+    with threads(n_threads):
+        return best_of(measure_roofs("cpu", budget_s=budget_s), measure_roofs("cpu", budget_s=budget_s))
+
+
+def this_machine(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    results = []
+    roofs_by_threads: Dict[int, Roofs] = {}
+    for case in cases(args.quick):
+        with threads(case.threads):
+            n = torch.get_num_threads()
+            if n not in roofs_by_threads:
+                print(f"measuring roofs at {n} thread(s) (load {loadavg()}) ...", file=sys.stderr)
+                roofs_by_threads[n] = roofs_here(n, args.roofs_budget)
+                print("  " + roofs_by_threads[n].describe(), file=sys.stderr)
+            roofs = roofs_by_threads[n]
+            model, inputs, kwargs = case.build()
+            kw = case.fresh(kwargs) if case.fresh else kwargs
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                predicted = flopcount.predict(model, inputs, kw, device=roofs, backward=case.train,
+                                              loss_fn=_loss if case.train else None)
+                before = loadavg()
+                best = fastest(case, model, inputs, kwargs, args.runs)
+            bound = predicted.bound_s("eager")
+            row = {
+                "case": case.name, "threads": n, "bound_s": bound, "per_op_s": predicted.latency_s,
+                "any_s": predicted.any_s, "fastest_s": best, "ratio": bound / best, "load": before,
+                "complete": predicted.complete,
+            }
+            results.append(row)
+            flag = "  ABOVE" if row["ratio"] > NOISE else ""
+            print(f"{case.name:40s} bound {bound * 1e3:9.3f} ms  fastest {best * 1e3:9.3f} ms  "
+                  f"ratio {row['ratio']:.3f}{flag}  (load {before})", flush=True)
+    return results
+
+
+# --------------------------------------------------------------------------- published
+
+
+def _resnet50_meta(batch: int, dtype: torch.dtype) -> Tuple[nn.Module, torch.Tensor]:
+    from flopcount.examples import resnet
+
+    with torch.device("meta"):
+        model = resnet.resnet50().to(dtype)
+        x = torch.empty(batch, 3, 224, 224, dtype=dtype)
+    return model, x
+
+
+def _llama7b_meta() -> nn.Module:
+    from transformers import LlamaForCausalLM
+
+    from flopcount.examples.hf import llama2_7b_config
+
+    with torch.device("meta"):
+        return LlamaForCausalLM(llama2_7b_config()).to(torch.float16).eval()
+
+
+def published() -> List[Dict[str, Any]]:
+    rows = []
+    warnings.simplefilter("ignore")
+    # ResNet-50 v1.5 training, batch 256 on one GPU (DeepLearningExamples README).
+    # TF32 / FP32: the model in float32 (cuDNN convolutions in TF32 on Ampere, the part's
+    # default math mode); mixed precision: every floating tensor priced in float16 (a lower
+    # bound: AMP keeps some work in float32).
+    for part, precision, dtype, published_ips in (
+        ("A100 80GB SXM", "TF32", None, 938.0),
+        ("A100 80GB SXM", "AMP", "float16", 2470.0),
+        ("V100 SXM2", "FP32", None, 367.0),
+        ("V100 SXM2", "AMP", "float16", 1200.0),
+    ):
+        model, x = _resnet50_meta(256, torch.float32)
+        result = flopcount.predict(model, x, device=part, dtype=dtype, backward=True)
+        bound = result.any_s
+        rows.append({"what": f"ResNet-50 training b256 {precision}", "part": named_roofs(part).device,
+                     "bound_s": bound, "published_s": 256 / published_ips,
+                     "published": f"{published_ips:g} img/s", "bound": f"{256 / bound:,.0f} img/s"})
+    # ResNet-50 v1.5 inference on a T4 (same README): FP32 b64 428 img/s, AMP b256 1198 img/s
+    for precision, dtype, batch, published_ips in (("FP32", None, 64, 428.0), ("AMP", "float16", 256, 1198.0)):
+        model, x = _resnet50_meta(batch, torch.float32)
+        result = flopcount.predict(model, x, device="t4", dtype=dtype)
+        rows.append({"what": f"ResNet-50 inference b{batch} {precision}", "part": "T4", "bound_s": result.any_s,
+                     "published_s": batch / published_ips, "published": f"{published_ips:g} img/s",
+                     "bound": f"{batch / result.any_s:,.0f} img/s"})
+    # Llama-2-7B fp16, 128 input tokens then 20 output tokens, batch 1 (NeMo docs): the prefill
+    # (which yields the first token) and 19 decode steps. A decode step is bounded by a 1-token
+    # forward without the cache (the real step also reads the cache: more time, not less).
+    model = _llama7b_meta()
+    for part, published_ms in (("A100 80GB SXM", 234.0), ("H100 SXM", 153.8)):
+        prefill = flopcount.predict(model, torch.zeros(1, 128, dtype=torch.long, device="meta"), device=part).any_s
+        step = flopcount.predict(model, torch.zeros(1, 1, dtype=torch.long, device="meta"), device=part).any_s
+        bound = prefill + 19 * step
+        rows.append({"what": "Llama-2-7B fp16 128 in / 20 out b1", "part": part, "bound_s": bound,
+                     "published_s": published_ms / 1e3, "published": f"{published_ms:g} ms",
+                     "bound": f"{bound * 1e3:.1f} ms"})
+    for row in rows:
+        row["ratio"] = row["bound_s"] / row["published_s"]
+        flag = "  FASTER THAN THE BOUND" if row["ratio"] > 1.0 else ""
+        print(f"{row['what']:38s} {row['part']:14s} bound {row['bound']:>12s}  published {row['published']:>10s}  "
+              f"bound/published time {row['ratio']:.3f}{flag}", flush=True)
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5, help="timed runs per case (>= 5; the fastest counts)")
+    parser.add_argument("--roofs-budget", type=float, default=1.0, help="seconds per roof measurement (two are taken)")
+    parser.add_argument("--quick", action="store_true", help="the first 8 cases only")
+    parser.add_argument("--skip-published", action="store_true")
+    parser.add_argument("--json", default=None, help="write every figure to this file")
+    args = parser.parse_args(argv)
+    if args.runs < 5:
+        parser.error("--runs must be >= 5")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, default threads {torch.get_num_threads()}, "
+          f"load {loadavg()}", flush=True)
+    here = this_machine(args)
+    ratios = [r["ratio"] for r in here]
+    above = [r for r in here if r["ratio"] > NOISE]
+    rho = spearman([r["bound_s"] for r in here], [r["fastest_s"] for r in here])
+    print(f"\n{len(here)} cases: median bound/fastest {statistics.median(ratios):.3f}, "
+          f"max {max(ratios):.3f}, Spearman rho {rho:.3f}; above 1.02: {len(above)} "
+          f"({', '.join(r['case'] for r in above) or 'none'}); load at the end {loadavg()}", flush=True)
+    sheet = [] if args.skip_published else published()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"this_machine": here, "published": sheet, "spearman": rho,
+                       "median_ratio": statistics.median(ratios)}, fh, indent=1)
+    return 1 if above or any(r["ratio"] > 1.0 for r in sheet) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""ONE device model: named datasheet parts (:mod:`.parts`), this machine's measured roofs
+(:mod:`.measured`, with the CPU's ISA peak and caches from :mod:`.cpu`) and the one
+roofline function (:mod:`.roofline`). Every reading that bounds time (predict, profile,
+plan, ``check --on``, the trainer integrations' peak) asks here; nothing else divides
+FLOPs by a peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from ..errors import UsageError
+from .datasheet import datasheet_roofs, part_roofs
+from .parts import LINKS, PARTS, MathModes, Part, column_of, find_part, known_names, resolve_part
+from .roofline import (
+    BOUND_KINDS,
+    AnyBound,
+    Bound,
+    BoundKind,
+    MemoryLevel,
+    OpTime,
+    Roofs,
+    any_implementation,
+    op_time,
+)
+
+#: names that mean the roofs measured on this machine
+THIS_MACHINE = ("this machine", "this-machine", "local", "cpu", "here")
+
+__all__ = [
+    "BOUND_KINDS", "LINKS", "PARTS", "THIS_MACHINE", "AnyBound", "Bound", "BoundKind", "MathModes", "MemoryLevel",
+    "OpTime", "Part", "Roofs", "any_implementation", "column_of", "datasheet_roofs", "default_bound", "find_part",
+    "is_this_machine", "known_names", "named_roofs", "op_time", "part_roofs", "peak_for_name", "resolve_part",
+    "roofs_for",
+]
+
+
+def is_this_machine(name: str) -> bool:
+    return name.strip().lower() in THIS_MACHINE
+
+
+def named_roofs(name: str, *, conv_tf32: bool = MathModes.conv_tf32, matmul_tf32: bool = MathModes.matmul_tf32) -> Roofs:
+    """Roofs for a device name: a datasheet part ("h100", "H100 NVL", "A100 40GB PCIe",
+    "NVIDIA A100-SXM4-80GB"...; the result's ``device`` echoes the part) under the given math
+    modes, or "this machine" (measured here, cached)."""
+    if not isinstance(name, str):
+        raise UsageError(f"device must be a part name ('h100', 't4', 'this machine'...) or a Roofs, got {name!r}")
+    if is_this_machine(name):
+        from .measured import machine_roofs
+
+        return machine_roofs("cpu")
+    return datasheet_roofs(name, conv_tf32=conv_tf32, matmul_tf32=matmul_tf32)
+
+
+def default_bound(roofs: Roofs) -> BoundKind:
+    """Which bound ``check --on`` holds a budget to unless told: the eager per-op sum on this
+    machine (the program flopcount would run here), the any-implementation bound on a
+    datasheet part (the user may run any engine there)."""
+    return "any" if roofs.source.startswith("datasheet") else "eager"
+
+
+def peak_for_name(name: str, dtype: Any = None, op: str = "matmul") -> Optional[float]:
+    """The dense datasheet peak (FLOP/s) of the part ``name`` for ``dtype`` work of ``op``
+    under torch's default math modes; None when the part is unknown or has no such peak."""
+    part = find_part(name)
+    if part is None:
+        return None
+    roofs = part_roofs(part)
+    column = roofs.column(None if dtype is None else column_of(dtype), op)
+    return None if column is None else float(roofs.peak_flops[column])
+
+
+def roofs_for(device: Any, given: Optional[Roofs] = None) -> Roofs:
+    """The roofs a profile on ``device`` uses: ``given``, else measured on this machine
+    (cached). On CUDA the datasheet figures are kept in ``details`` as the second source."""
+    import torch
+
+    from .measured import machine_roofs
+
+    if given is not None:
+        return given
+    dev: Union[torch.device, Any] = torch.device(device)
+    measured = machine_roofs(dev)
+    if dev.type != "cuda":
+        return measured
+    part = find_part(torch.cuda.get_device_name(dev))
+    if part is None:
+        return measured
+    details = dict(measured.details)
+    details["datasheet"] = part_roofs(part).to_dict()
+    return Roofs(measured.peak_flops, measured.bandwidth, measured.device, measured.source, details, measured.levels)

@@ -1,0 +1,438 @@
+"""This machine's roofs, measured here: compute per dtype and bandwidth per memory level,
+sanity-checked, cached per machine.
+
+Compute roof per dtype: the highest rate among the libraries torch dispatches to, a square
+GEMM (BLAS), a 3x3 convolution in channels_last (oneDNN) and a batched ``linear``; each the
+best of several timed calls within its share of ``budget_s``. Bandwidth per level (the
+Cache-Aware Roofline Model): the best of ``out += b``, ``out = a + b`` and ``out.copy_(a)``
+(bytes read + written, the profile's convention) over working sets sized to each data cache
+(half of what ``threads`` threads hold in it, from /sys) and to main memory; each level's
+recorded capacity is the working set it was shown at.
+
+Sanity (:func:`sanity`): a compute roof below a tenth of the ISA peak (:mod:`.cpu`), a
+measurement above the ISA peak (the peak is then raised, and said), bf16 below half of
+float32 on a CPU with bf16 instructions, two passes more than 25 % apart, or a load average
+above the cores: the roofs are measured again (``tries``), and if still not sane they are
+used for this call but never cached, and the result says why.
+
+Cache: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache`` without it); set
+``FLOPCOUNT_NO_ROOFS_CACHE=1`` to neither read nor write it. The key names the host, the
+processor or GPU, the thread count, torch's version and the math-mode flags (TF32 matmul
+and cuDNN, float32 matmul precision, oneDNN on). A cached entry says when and how it was
+measured; ``refresh=True`` (``flopcount roofs --remeasure``) measures again and keeps the
+best of both (load only ever slows a measurement down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..errors import UsageError
+from .cpu import CpuFacts, cpu_facts
+from .roofline import MemoryLevel, Roofs
+
+Clock = Callable[[], float]
+LoadAvg = Callable[[], Tuple[float, float, float]]
+
+CPU_DTYPES: Tuple[str, ...] = ("float32", "bfloat16")
+CUDA_DTYPES: Tuple[str, ...] = ("float32", "float16", "bfloat16")
+# per buffer (3 buffers): beyond any private cache. A smaller stream that a large shared cache
+# partly holds reads faster than main memory: a higher roof, so the bound stays a lower bound
+_STREAM_BYTES = 64 * 2**20
+_LLC_STREAM_CAP = 64 * 2**20  # a shared last-level cache is streamed at no more than this per level
+NO_CACHE_ENV = "FLOPCOUNT_NO_ROOFS_CACHE"
+CACHE_VERSION = 2
+#: the lowest plausible compute roof, as a fraction of the ISA peak
+PLAUSIBLE_FRACTION = 0.1
+#: two passes further apart than this are inconsistent
+REPEAT_SPREAD = 0.25
+#: each of machine_roofs' two passes keeps to this budget per kernel family (about the old single pass)
+PASS_BUDGET_S = 0.5
+
+
+def cache_path() -> Path:
+    """``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache/flopcount/roofs.json`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flopcount" / "roofs.json"
+
+
+def cache_enabled() -> bool:
+    """False when ``FLOPCOUNT_NO_ROOFS_CACHE`` is set to anything but "" or "0"."""
+    return os.environ.get(NO_CACHE_ENV, "") in ("", "0")
+
+
+def math_flags() -> str:
+    """The host's math-mode flags a measurement depends on."""
+    cuda_tf32 = torch.backends.cuda.matmul.allow_tf32
+    return (f"matmul_tf32={int(cuda_tf32)} cudnn_tf32={int(torch.backends.cudnn.allow_tf32)} "
+            f"fp32_precision={torch.get_float32_matmul_precision()} mkldnn={int(torch.backends.mkldnn.is_available())}")
+
+
+def machine_key(device: torch.device) -> str:
+    """What the cached roofs depend on: host, processor or GPU, threads, math flags, torch version."""
+    if device.type == "cuda":
+        what = torch.cuda.get_device_name(device)
+    else:
+        what = f"{_cpu_model()} x{torch.get_num_threads()} threads"
+    return f"v{CACHE_VERSION} | {platform.node()} | {device.type} | {what} | {math_flags()} | torch {torch.__version__}"
+
+
+def _cpu_model() -> str:
+    return cpu_facts().model or platform.processor() or platform.machine()
+
+
+def machine_roofs(
+    device: Union[None, str, torch.device] = None,
+    *,
+    refresh: bool = False,
+    cache: bool = True,
+    measure: Optional[Callable[[torch.device], Roofs]] = None,
+    loadavg: Optional[LoadAvg] = None,
+    cores: Optional[int] = None,
+    tries: int = 2,
+    now: Optional[Callable[[], datetime]] = None,
+) -> Roofs:
+    """This machine's measured roofs for ``device`` (default CPU), from the cache when it
+    has sane ones for this key; otherwise measured (seconds), checked by :func:`sanity`
+    (twice per try: the two passes must agree) and cached only when sane. ``refresh``
+    measures again (the cache keeps the best of both); ``cache=False`` (or the environment
+    variable ``FLOPCOUNT_NO_ROOFS_CACHE=1``) neither reads nor writes the cache.
+    ``loadavg``, ``cores`` and ``now`` replace ``os.getloadavg``, the usable CPUs and the
+    clock (tests)."""
+    dev = torch.device(device or "cpu")
+    cache = cache and cache_enabled()
+    key = machine_key(dev)
+    path = cache_path()
+    stored = _read_cache(path) if cache else {}
+    if not refresh and key in stored:
+        try:
+            found = Roofs.from_dict(stored[key])
+            when = found.details.get("measured_at", "?")
+            return Roofs(found.peak_flops, found.bandwidth, found.device,
+                         f"measured (cached; measured {when}, {found.details.get('how', 'micro-benchmarks')})",
+                         found.details, found.levels, found.math)
+        except (KeyError, TypeError, ValueError, UsageError):
+            pass  # a damaged entry: measure again
+    take = measure or (lambda d: measure_roofs(d, budget_s=PASS_BUDGET_S))
+    load = loadavg or os.getloadavg
+    ncores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    problems: List[str] = []
+    roofs: Optional[Roofs] = None
+    for _ in range(max(1, tries)):
+        before = load()[0]
+        first, second = take(dev), take(dev)
+        after = load()[0]
+        roofs = best_of(first, second) if roofs is None else best_of(roofs, first, second)
+        problems = sanity(first, second, max(before, after), ncores if dev.type == "cpu" else None)
+        if not problems or any(p.startswith("load average") for p in problems):
+            break  # sane, or the machine is busy: measuring again now would not help
+    assert roofs is not None
+    stamp = (now or (lambda: datetime.now(timezone.utc)))().strftime("%Y-%m-%dT%H:%M:%SZ")
+    details = dict(roofs.details)
+    details["measured_at"] = stamp
+    details["load"] = round(float(load()[0]), 2)
+    details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
+    if problems:
+        details["not_cached"] = problems
+        return Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, "measured (not cached: " + "; ".join(problems) + ")",
+                     details, roofs.levels, roofs.math)
+    roofs = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+    if cache:
+        if key in stored:
+            with contextlib.suppress(KeyError, TypeError, ValueError, UsageError):
+                roofs = best_of(roofs, Roofs.from_dict(stored[key]))
+                roofs = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source,
+                              {**roofs.details, "measured_at": stamp}, roofs.levels, roofs.math)
+        stored[key] = roofs.to_dict()
+        _write_cache(path, stored)
+    return roofs
+
+
+def remember_roofs(roofs: Roofs, device: Union[None, str, torch.device] = None) -> Roofs:
+    """Store ``roofs`` as this machine's for ``device`` under the current key, unchecked: for
+    figures the caller vouches for (a benchmark of its own, a test's seed). Returns them."""
+    dev = torch.device(device or "cpu")
+    if not cache_enabled():
+        return roofs
+    path = cache_path()
+    stored = _read_cache(path)
+    details = {**roofs.details}
+    details.setdefault("measured_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    details.setdefault("how", "given (remember_roofs)")
+    stored[machine_key(dev)] = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details,
+                                     roofs.levels, roofs.math).to_dict()
+    _write_cache(path, stored)
+    return roofs
+
+
+def sanity(first: Roofs, second: Roofs, load: float, cores: Optional[int]) -> List[str]:
+    """Why two passes of a measurement may not stand as this machine's roofs (empty: they may)."""
+    problems = []
+    if cores is not None and load > cores:
+        problems.append(f"load average {load:.2f} above the {cores} cores")
+    isa = {**first.details.get("isa_peak_flops", {})}
+    for dtype, value in first.peak_flops.items():
+        other = second.peak_flops.get(dtype)
+        if other is not None and abs(value - other) > REPEAT_SPREAD * max(value, other):
+            problems.append(f"{dtype} roof {value / 1e9:.4g} vs {other / 1e9:.4g} GFLOP/s in two passes")
+        ceiling = isa.get(dtype)
+        if ceiling and max(value, other or 0.0) < PLAUSIBLE_FRACTION * ceiling:
+            problems.append(f"{dtype} roof {max(value, other or 0.0) / 1e9:.4g} GFLOP/s below "
+                            f"{PLAUSIBLE_FRACTION:.0%} of the ISA peak {ceiling / 1e9:.4g}")
+    for a, b in zip(first.all_levels(), second.all_levels()):
+        if a.bandwidth and b.bandwidth and abs(a.bandwidth - b.bandwidth) > REPEAT_SPREAD * max(a.bandwidth, b.bandwidth):
+            problems.append(f"{a.name} bandwidth {a.bandwidth / 1e9:.4g} vs {b.bandwidth / 1e9:.4g} GB/s in two passes")
+    flags = first.details.get("bf16_instructions")
+    fp32, bf16 = first.peak_flops.get("float32"), first.peak_flops.get("bfloat16")
+    if flags and fp32 and bf16 and bf16 < 0.5 * fp32:
+        problems.append(f"bfloat16 roof {bf16 / 1e9:.4g} below half of float32's {fp32 / 1e9:.4g} GFLOP/s on a CPU with {flags}")
+    return problems
+
+
+def best_of(*measured: Roofs) -> Roofs:
+    """The highest of each roof over several measurements of one machine: other load only
+    slows a measurement, so every rate seen was attainable and the best is the roof."""
+    peaks: Dict[str, float] = {}
+    for roofs in measured:
+        for dtype, value in roofs.peak_flops.items():
+            peaks[dtype] = max(peaks.get(dtype, 0.0), value)
+    first = measured[0]
+    levels = []
+    for i, level in enumerate(first.levels):
+        rates = [r.levels[i].bandwidth for r in measured if len(r.levels) > i and r.levels[i].name == level.name]
+        known = [x for x in rates if x]
+        levels.append(MemoryLevel(level.name, level.capacity, max(known) if known else None))
+    details = dict(first.details)
+    details["measurements"] = sum(int(r.details.get("measurements", 1)) for r in measured)
+    return Roofs(peaks, max(r.bandwidth for r in measured), first.device, first.source, details, tuple(levels), first.math)
+
+
+def raise_to_achieved(roofs: Roofs, achieved: Mapping[str, float], where: str = "a profiled op") -> Roofs:
+    """``roofs`` with each dtype's compute roof raised to a rate ``achieved`` on this machine
+    (a roof below what ran is no ceiling); the raise is recorded in ``details``."""
+    peaks = dict(roofs.peak_flops)
+    raised = {}
+    for dtype, rate in achieved.items():
+        if dtype in peaks and rate > peaks[dtype]:
+            raised[dtype] = f"{peaks[dtype] / 1e9:.4g} -> {rate / 1e9:.4g} GFLOP/s ({where})"
+            peaks[dtype] = rate
+    if not raised:
+        return roofs
+    details = {**roofs.details, "raised_to_achieved": raised}
+    return Roofs(peaks, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+
+
+def _read_cache(path: Path) -> Dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: Dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(scratch, path)
+    except OSError:
+        pass  # a read-only home: the roofs are measured again next time
+
+
+def measure_roofs(
+    device: Union[None, str, torch.device] = None,
+    dtypes: Optional[Sequence[str]] = None,
+    *,
+    budget_s: float = 1.0,
+    clock: Optional[Clock] = None,
+    stream_bytes: int = _STREAM_BYTES,
+    levels: bool = True,
+    facts: Optional[CpuFacts] = None,
+) -> Roofs:
+    """Measure compute roofs (GEMM, conv, linear per dtype; the best is the roof) and
+    bandwidth (streams over ``stream_bytes`` per buffer for main memory, and per cache level
+    when ``levels``) on ``device``, each within about ``budget_s`` seconds of timed calls;
+    ``clock`` (seconds) replaces ``time.perf_counter`` (tests)."""
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    wanted = tuple(dtypes or (CUDA_DTYPES if dev.type == "cuda" else CPU_DTYPES))
+    timer = _timer(dev, clock)
+    threads = torch.get_num_threads()
+    details: Dict[str, Any] = {"threads": threads} if dev.type == "cpu" else {}
+    cpu = (facts or cpu_facts()) if dev.type == "cpu" else None
+    if cpu is not None:
+        details["isa_peak_flops"] = cpu.isa_peak(threads)
+        details["isa_clock"] = cpu.clock_source
+        bf16 = sorted(f for f in cpu.flags if f in ("avx512_bf16", "amx_bf16"))
+        if bf16:
+            details["bf16_instructions"] = ", ".join(bf16)
+    flops: Dict[str, float] = {}
+    with torch.inference_mode():
+        for name in wanted:
+            dtype = getattr(torch, name, None)
+            if not isinstance(dtype, torch.dtype):
+                raise UsageError(f"measure_roofs: not a torch dtype: {name!r}")
+            rates: Dict[str, float] = {}
+            try:
+                rate, n = _gemm_rate(dev, dtype, budget_s / 2, timer)
+                rates[f"{n}x{n}x{n} mm"] = rate
+            except RuntimeError:  # no GEMM kernel for this dtype here
+                pass
+            for label, kernel in _library_kernels(dev, dtype):
+                with contextlib.suppress(RuntimeError):
+                    rates[label] = _best_rate(kernel, budget_s / 4, timer)
+            if not rates:
+                continue
+            best = max(rates, key=lambda k: rates[k])
+            flops[name] = rates[best]
+            details[f"compute_{name}"] = f"{best} ({', '.join(f'{k} {v / 1e9:.4g}' for k, v in rates.items())} GFLOP/s)"
+            details[f"gemm_{name}"] = next((k for k in rates if k.endswith(" mm")), best)
+        bandwidth, how = _stream_rate(dev, budget_s, timer, stream_bytes)
+        cache_levels: List[MemoryLevel] = []
+        if levels and cpu is not None:
+            for cache in cpu.caches:
+                held = cache.capacity(threads)
+                size = min(held // 2, _LLC_STREAM_CAP)
+                if size < 3 * 4096:
+                    continue
+                rate, level_how = _stream_rate(dev, budget_s / 2, timer, size // 3)
+                cache_levels.append(MemoryLevel(f"L{cache.level}", float(3 * (size // 3 // 4) * 4), max(rate, bandwidth)))
+                details[f"bandwidth_L{cache.level}"] = level_how
+    details["bandwidth"] = how
+    for i in range(len(cache_levels) - 2, -1, -1):  # a faster level is never slower than the one below it
+        lower = cache_levels[i + 1].bandwidth or 0.0
+        if (cache_levels[i].bandwidth or 0.0) < lower:
+            cache_levels[i] = MemoryLevel(cache_levels[i].name, cache_levels[i].capacity, lower)
+    if cpu is not None:
+        for dtype, ceiling in details["isa_peak_flops"].items():
+            if flops.get(dtype, 0.0) > ceiling:
+                details.setdefault("isa_below_measured", []).append(dtype)
+    label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{cpu.model if cpu else _cpu_model()} ({threads} threads)"
+    return Roofs(flops, bandwidth, label, "measured", details, tuple(cache_levels))
+
+
+def _timer(dev: torch.device, clock: Optional[Clock]) -> Callable[[Callable[[], Any]], float]:
+    """Seconds one call of ``fn`` takes: CUDA events on a GPU, else ``clock`` (perf_counter)."""
+    if dev.type == "cuda" and clock is None:
+
+        def cuda_time(fn: Callable[[], Any]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3
+
+        return cuda_time
+    now = clock or time.perf_counter
+
+    def cpu_time(fn: Callable[[], Any]) -> float:
+        t0 = now()
+        fn()
+        return now() - t0
+
+    return cpu_time
+
+
+def _best_rate(kernel: Tuple[Callable[[], Any], float], budget_s: float, timer: Callable[[Callable[[], Any]], float]) -> float:
+    """FLOP/s of the fastest of at least 3 timed calls (more while ``budget_s`` holds)."""
+    fn, work = kernel
+    spent = timer(fn)  # warm
+    best, repeats = float("inf"), 0
+    while repeats < 3 or (spent < budget_s / 2 and spent + best <= budget_s):
+        took = timer(fn)
+        best, spent, repeats = min(best, took), spent + took, repeats + 1
+    return work / max(best, 1e-12)
+
+
+def _library_kernels(dev: torch.device, dtype: torch.dtype) -> List[Tuple[str, Tuple[Callable[[], Any], float]]]:
+    """A 3x3 convolution in channels_last (oneDNN on CPU, cuDNN on CUDA) and a batched linear
+    with bias, with their FLOPs (2 per multiply-add)."""
+    n, c, hw, k = 8, 128, 28, 3
+    x = torch.randn(n, c, hw, hw, device=dev).to(dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(c, c, k, k, device=dev).to(dtype).contiguous(memory_format=torch.channels_last)
+    conv_flops = 2.0 * n * c * hw * hw * c * k * k  # padding 1: every output sees the full 3x3 window's MACs
+    rows, width = 512, 1024
+    a = torch.randn(rows, width, device=dev).to(dtype)
+    lw = torch.randn(width, width, device=dev).to(dtype)
+    lb = torch.randn(width, device=dev).to(dtype)
+    linear_flops = 2.0 * rows * width * width
+    return [
+        (f"conv2d {n}x{c}x{hw}x{hw} 3x3 channels_last", (lambda: torch.nn.functional.conv2d(x, w, padding=1), conv_flops)),
+        (f"linear {rows}x{width}x{width}", (lambda: torch.nn.functional.linear(a, lw, lb), linear_flops)),
+    ]
+
+
+def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Callable[[Callable[[], Any]], float]) -> Tuple[float, int]:
+    """Best FLOP/s of ``n x n @ n x n``: n doubled (256..8192) while the next size (8x the
+    work) would still take at most a quarter of the budget; then the best of at least 3
+    products, more while the budget holds. Every timed call, warm-ups and the smaller sizes
+    included, counts against ``budget_s``, and no product starts that would overrun it
+    (only the first three are always run)."""
+    n, limit, spent = 256, 8192, 0.0
+    while True:
+        product = _gemm(n, dev, dtype)
+        spent += timer(product)  # warm the kernel
+        once = timer(product)
+        spent += once
+        if n >= limit or 8 * once > budget_s / 4:
+            break
+        n *= 2
+    best, repeats = once, 1
+    while repeats < 3 or (spent < budget_s / 2 and spent + best <= budget_s):  # other load only slows
+        took = timer(product)
+        repeats += 1
+        best = min(best, took)
+        spent += took
+    return 2.0 * n**3 / max(best, 1e-12), n
+
+
+def _gemm(n: int, dev: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    out = torch.empty(n, n, device=dev, dtype=dtype)
+    return lambda: torch.mm(a, b, out=out)
+
+
+def _stream_rate(
+    dev: torch.device, budget_s: float, timer: Callable[[Callable[[], Any]], float], size: int
+) -> Tuple[float, str]:
+    """Best bytes/s of ``out = a + b``, ``out += b`` (3 buffers moved) and ``out.copy_(a)`` (2),
+    buffers of ``size`` bytes; a small buffer is timed over a loop of calls (one call would
+    be mostly the timer)."""
+    numel = max(1, size // 4)
+    a = torch.full((numel,), 0.5, device=dev)  # filled, not random: the values do not matter, the pages do
+    b = torch.full((numel,), 0.25, device=dev)
+    out = torch.empty_like(a)
+    loop = max(1, min(1000, (4 * 2**20) // max(1, numel * 4)))
+    rates = {}
+    for name, moved, op in (
+        ("add", 3 * numel * 4, lambda: torch.add(a, b, out=out)),
+        # writes lines it has just read: no write-allocate traffic beyond the 3 buffers counted
+        ("add_", 3 * numel * 4, lambda: out.add_(b)),
+        ("copy", 2 * numel * 4, lambda: out.copy_(a)),
+    ):
+        def fn(op: Callable[[], Any] = op) -> None:
+            for _ in range(loop):
+                op()
+
+        spent = timer(fn)  # warm: first touch of the output pages
+        best, repeats = float("inf"), 0
+        while repeats < 3 or (spent < budget_s / 6 and spent + best <= budget_s / 3):
+            took = timer(fn)
+            best, spent, repeats = min(best, took), spent + took, repeats + 1
+        rates[name] = moved * loop / max(best, 1e-12)
+    name = max(rates, key=lambda k: rates[k])
+    shown = ", ".join(f"{rates[k] / 1e9:.4g} GB/s {k}" for k in rates)
+    return rates[name], f"best of {name} over {numel} float32 x{loop} ({shown})"

@@ -1,0 +1,289 @@
+"""The roofline model as plain data and arithmetic (no torch): the one place that divides
+work by a peak.
+
+A :class:`Roofs` holds a device's peak FLOP/s per dtype column, its memory levels (the
+fastest first, each with its capacity and bandwidth; the last is main memory) and says
+where the figures came from. :func:`op_time` is the roofline of one op::
+
+    attainable = max(flops / peak(dtype, op family), bytes / bandwidth(level))
+
+where the level is the fastest one whose capacity holds the op's working set (the
+Cache-Aware Roofline Model, Ilic, Pratas and Sousa, IEEE CAL 2014). :func:`any_implementation`
+is the bound for a program whatever engine runs it: ``max(sum of flops / peak, unavoidable
+bytes / bandwidth)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
+
+from ..errors import UsageError
+
+Bound = Literal["compute", "memory"]
+#: Which program a latency bound is for: the eager per-op sum, or any implementation.
+BoundKind = Literal["eager", "any"]
+BOUND_KINDS: Tuple[str, ...] = ("eager", "any")
+
+#: How a profile's figures are made, printed under every profile report.
+PROFILE_CONVENTION = (
+    "time: self time of the op's whole call tree per step (device time on CUDA, CPU time on CPU); "
+    "bytes: input tensors read + output tensors written (views 0); "
+    "attainable = max(FLOPs / peak, bytes / bandwidth of the fastest memory level holding them); "
+    "efficiency = attainable / time."
+)
+
+#: dtype used when an op has no dtype of its own (no tensor)
+DEFAULT_DTYPE = "float32"
+
+#: op families whose float32 work a device's math mode may price at another column
+CONV, MATMUL = "conv", "matmul"
+
+
+def op_family(op: str) -> str:
+    """"conv" for a convolution (forward or backward), else "matmul" (every other op: its
+    float32 work runs under the matmul math mode, as torch's flags split it)."""
+    return CONV if "conv" in op.lower() else MATMUL
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    """One level of the memory hierarchy: ``capacity`` bytes (None: unbounded, main memory)
+    and ``bandwidth`` bytes/s (None: not published, so the level sets no memory term)."""
+
+    name: str
+    capacity: Optional[float]
+    bandwidth: Optional[float]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "capacity": self.capacity, "bandwidth": self.bandwidth}
+
+
+@dataclass(frozen=True)
+class Roofs:
+    """Peak FLOP/s per dtype column ("float32", "tfloat32", "bfloat16", "float8_e4m3fn"...)
+    and main-memory bandwidth in bytes/s.
+
+    ``source`` says where the figures come from ("measured", "datasheet", "given");
+    ``device`` names the machine or part; ``details`` keeps how each figure was made.
+    ``levels``: faster memory levels (caches) with their capacity and bandwidth, fastest
+    first; main memory (``bandwidth``) is always the last level. ``math``: op family ->
+    the column its float32 work is priced at (``{"conv": "tfloat32"}`` for cuDNN's
+    default TF32 convolutions), the modeled device's math modes, never the host's flags.
+    """
+
+    peak_flops: Mapping[str, float]
+    bandwidth: float
+    device: str = ""
+    source: str = "given"
+    details: Mapping[str, Any] = field(default_factory=dict)
+    levels: Tuple[MemoryLevel, ...] = ()
+    math: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops:
+            raise UsageError("Roofs need at least one peak FLOP/s (peak_flops={'float32': ...})")
+        for dtype, value in self.peak_flops.items():
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise UsageError(f"Roofs: peak_flops[{dtype!r}] must be > 0 FLOP/s, got {value!r}")
+        if not (isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0):
+            raise UsageError(f"Roofs: bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+        for level in self.levels:
+            if level.capacity is not None and not level.capacity > 0:
+                raise UsageError(f"Roofs: level {level.name!r} capacity must be > 0 bytes, got {level.capacity!r}")
+            if level.bandwidth is not None and not level.bandwidth > 0:
+                raise UsageError(f"Roofs: level {level.name!r} bandwidth must be > 0 bytes/s, got {level.bandwidth!r}")
+        for family, column in self.math.items():
+            if column not in self.peak_flops:
+                raise UsageError(f"Roofs: math[{family!r}] = {column!r} has no peak (known: {', '.join(self.peak_flops)})")
+
+    def column(self, dtype: Optional[str], op: str = "") -> Optional[str]:
+        """The peak column ``dtype`` work of ``op`` is priced at (None: this device has no
+        peak for it)."""
+        name = dtype or DEFAULT_DTYPE
+        if name == "float32":
+            name = self.math.get(op_family(op), name)
+        return name if name in self.peak_flops else None
+
+    def peak(self, dtype: Optional[str], op: str = "") -> float:
+        """Peak FLOP/s for ``dtype`` work of ``op``: its column's figure, else the highest
+        peak of the device's columns of its kind (floating or integer), else the highest of
+        all (so a bound stays a lower bound; :func:`op_time` reports the missing column)."""
+        column = self.column(dtype, op)
+        if column is not None:
+            return float(self.peak_flops[column])
+        return float(self.peak_flops[self.stand_in(dtype)])
+
+    def stand_in(self, dtype: Optional[str]) -> str:
+        """The column a dtype without a peak is priced at: the highest of its kind."""
+        floating = "float" in (dtype or DEFAULT_DTYPE)
+        same = [k for k in self.peak_flops if ("float" in k) == floating]
+        return max(same or list(self.peak_flops), key=lambda k: self.peak_flops[k])
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte where float32 compute and main-memory roofs meet."""
+        return self.peak(DEFAULT_DTYPE) / self.bandwidth
+
+    def all_levels(self) -> Tuple[MemoryLevel, ...]:
+        """The cache levels, then main memory (unbounded, ``bandwidth``)."""
+        return self.levels + (MemoryLevel("DRAM", None, self.bandwidth),)
+
+    def level_for(self, working_set: float) -> MemoryLevel:
+        """The fastest level whose capacity holds ``working_set`` bytes."""
+        for level in self.all_levels():
+            if level.capacity is None or working_set <= level.capacity:
+                return level
+        raise AssertionError("the last level is unbounded")  # pragma: no cover
+
+    def faster_capacity(self, level: MemoryLevel) -> float:
+        """Bytes the levels faster than ``level`` hold together: at most that much of a working
+        set can be served from them, the rest has to come from ``level``."""
+        total = 0.0
+        for other in self.all_levels():
+            if other is level or other == level:
+                return total
+            total += other.capacity or 0.0
+        return total
+
+    def level_time(self, bytes_moved: float, working_set: float) -> Tuple[float, MemoryLevel]:
+        """Seconds the memory system allows for ``bytes_moved`` of a ``working_set``: the bytes
+        the faster levels cannot hold, over the bandwidth of the fastest level holding the
+        working set (0 when that bandwidth is not published)."""
+        level = self.level_for(working_set)
+        if not bytes_moved or not level.bandwidth:
+            return 0.0, level
+        return max(0.0, bytes_moved - self.faster_capacity(level)) / level.bandwidth, level
+
+    def describe(self) -> str:
+        peaks = ", ".join(f"{k} {v / 1e9:.4g} GFLOP/s" for k, v in self.peak_flops.items())
+        caches = "".join(
+            f"; {lv.name} {lv.bandwidth / 1e9:.4g} GB/s" if lv.bandwidth else f"; {lv.name} bandwidth unpublished"
+            for lv in self.levels
+        )
+        modes = "".join(f"; float32 {fam} as {col}" for fam, col in self.math.items())
+        return f"{self.device or 'device'}: {peaks}; bandwidth {self.bandwidth / 1e9:.4g} GB/s{caches}{modes} ({self.source})"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "device": self.device,
+            "source": self.source,
+            "peak_flops": dict(self.peak_flops),
+            "bandwidth": self.bandwidth,
+            "levels": [lv.to_dict() for lv in self.levels],
+            "math": dict(self.math),
+            "details": dict(self.details),
+        }
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Roofs:
+        return Roofs(
+            {str(k): float(v) for k, v in data["peak_flops"].items()},
+            float(data["bandwidth"]),
+            str(data.get("device", "")),
+            str(data.get("source", "given")),
+            dict(data.get("details", {})),
+            tuple(
+                MemoryLevel(
+                    str(lv["name"]),
+                    None if lv.get("capacity") is None else float(lv["capacity"]),
+                    None if lv.get("bandwidth") is None else float(lv["bandwidth"]),
+                )
+                for lv in data.get("levels", ())
+            ),
+            {str(k): str(v) for k, v in data.get("math", {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """The roofline of one op call: ``seconds = max(compute_s, memory_s)``.
+
+    ``column``: the peak it was priced at (None: its dtype has no peak on the device and
+    the highest was used); ``level``: the memory level its working set fits."""
+
+    compute_s: float
+    memory_s: float
+    column: Optional[str]
+    level: str
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> Bound:
+        return bound(self.compute_s, self.memory_s)
+
+
+def op_time(
+    roofs: Roofs, flops: float, bytes_moved: float, dtype: Optional[str] = None, op: str = "",
+    working_set: Optional[float] = None,
+) -> OpTime:
+    """The fastest one op can run on ``roofs``: ``max(flops / peak, bytes / bandwidth)``,
+    the bandwidth of the fastest level that holds ``working_set`` (default: the bytes it
+    moves), for the bytes the faster levels cannot hold. A level without a published
+    bandwidth sets no memory term (the bound claims nothing it cannot source)."""
+    column = roofs.column(dtype, op)
+    compute = flops / roofs.peak(dtype, op) if flops else 0.0
+    memory, level = roofs.level_time(bytes_moved, bytes_moved if working_set is None else working_set)
+    return OpTime(compute, memory, column, level.name)
+
+
+@dataclass(frozen=True)
+class AnyBound:
+    """The any-implementation bound of a program: ``seconds = max(compute_s, memory_s)``,
+    ``compute_s`` = its FLOPs over the peaks, ``memory_s`` = the unavoidable bytes
+    (weights, caches, inputs, outputs) over the bandwidth of the level that holds them."""
+
+    compute_s: float
+    memory_s: float
+    unavoidable_bytes: float
+    level: str
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"seconds": self.seconds, "compute_s": self.compute_s, "memory_s": self.memory_s,
+                "unavoidable_bytes": self.unavoidable_bytes, "level": self.level}
+
+
+def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], str]], unavoidable_bytes: float) -> AnyBound:
+    """``max(sum of flops / peak(dtype, op), unavoidable bytes / bandwidth)`` over ``work``
+    (flops, dtype, op) items: no engine, fused or not, runs the program faster."""
+    compute = sum(flops / roofs.peak(dtype, op) for flops, dtype, op in work if flops)
+    memory, level = roofs.level_time(unavoidable_bytes, unavoidable_bytes)
+    return AnyBound(compute, memory, float(unavoidable_bytes), level.name)
+
+
+def compute_time(flops: float, roofs: Roofs, dtype: Optional[str], op: str = "") -> float:
+    """Seconds the compute roof allows: ``flops / peak(dtype)`` (:func:`op_time`'s first term)."""
+    return op_time(roofs, flops, 0.0, dtype, op).compute_s
+
+
+def memory_time(bytes_moved: float, roofs: Roofs) -> float:
+    """Seconds main memory allows: ``bytes / bandwidth`` (no cache level)."""
+    return bytes_moved / roofs.bandwidth
+
+
+def attainable(flops: float, bytes_moved: float, roofs: Roofs, dtype: Optional[str], op: str = "") -> float:
+    """:func:`op_time`'s seconds: the fastest this work can run on ``roofs``."""
+    return op_time(roofs, flops, bytes_moved, dtype, op).seconds
+
+
+def bound(compute_s: float, memory_s: float) -> Bound:
+    """"compute" when the compute roof is the binding one (ties: compute), else "memory"."""
+    return "compute" if compute_s >= memory_s else "memory"
+
+
+def intensity(flops: float, bytes_moved: float) -> Optional[float]:
+    """Arithmetic intensity in FLOPs per byte (None when no bytes move)."""
+    return flops / bytes_moved if bytes_moved else None
+
+
+def efficiency(attainable_s: float, measured_s: float) -> Optional[float]:
+    """``attainable_s / measured_s`` (None without a measured time, or for work the roofs
+    do not see: no FLOPs and no bytes)."""
+    return attainable_s / measured_s if measured_s > 0 and attainable_s > 0 else None

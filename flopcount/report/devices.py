@@ -1,0 +1,51 @@
+"""Renderers of a device's roofs (:class:`flopcount.devices.Roofs`): a table of compute
+roofs per dtype and bandwidth per memory level, with where the figures came from."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, List
+
+from tabulate import tabulate
+
+from ..rendering import renders
+from ..units import format_bytes
+
+
+def _rate(value: float, unit: str) -> str:
+    """``989.5 TFLOP/s`` / ``23.04 GFLOP/s``: tera above 10^12, giga below."""
+    return f"{value / 1e12:,.4g} T{unit}" if value >= 1e12 else f"{value / 1e9:,.4g} G{unit}"
+
+
+@renders("Roofs", "table")
+def roofs_table(roofs: Any, fmt: str = "simple") -> str:
+    compute = [[dtype, _rate(value, "FLOP/s")] for dtype, value in roofs.peak_flops.items()]
+    isa = roofs.details.get("isa_peak_flops") or {}
+    if isa:
+        for row in compute:
+            ceiling = isa.get(row[0])
+            row.append(_rate(ceiling, "FLOP/s") if ceiling else "")
+    memory = [
+        [level.name, "unbounded" if level.capacity is None else format_bytes(level.capacity),
+         "not published" if level.bandwidth is None else _rate(level.bandwidth, "B/s")]
+        for level in roofs.all_levels()
+    ]
+    lines: List[str] = [f"{roofs.device or 'device'} ({roofs.source})", ""]
+    heads = ["dtype", "compute roof"] + (["ISA peak (ceiling)"] if isa else [])
+    lines.append(tabulate(compute, headers=heads, tablefmt=fmt))
+    lines.append("")
+    lines.append(tabulate(memory, headers=["memory level", "working set", "bandwidth"], tablefmt=fmt))
+    for family, column in roofs.math.items():
+        lines.append(f"float32 {family} work priced at the {column} peak")
+    for key in ("isa_formula", "measured_at", "load", "threads", "how", "not_cached", "raised_to_achieved"):
+        if key in roofs.details:
+            lines.append(f"{key}: {roofs.details[key]}")
+    for key, value in roofs.details.items():
+        if key.startswith(("compute_", "bandwidth")):
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines) + "\n"
+
+
+@renders("Roofs", "json")
+def roofs_json(roofs: Any) -> str:
+    return json.dumps(roofs.to_dict(), indent=2, default=str)

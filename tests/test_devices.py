@@ -1,0 +1,123 @@
+"""The one device model (flopcount.devices): datasheet parts, names and aliases, math
+modes, dtypes without a peak; the one roofline function by hand. Oracles: the figures of
+each part's datasheet (cited in flopcount/devices/parts.py) and hand arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flopcount
+from flopcount.bench.roofs import named_roofs
+from flopcount.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    "name, part, bandwidth",
+    [
+        # each a name the old matcher mapped to another part, silently (issue #28)
+        ("GH200", "GH200 144GB", 4.9e12),  # GH200 datasheet: HBM3e 4.9 TB/s (was H200's 4.8)
+        ("H100 NVL", "H100 NVL", 3.9e12),  # H100 datasheet, NVL: 3.9 TB/s (was H100 SXM's 3.35)
+        ("V100S", "V100S PCIe", 1.134e12),  # V100 datasheet, V100S: 1,134 GB/s (was V100 PCIe's 900)
+        ("A100 40GB PCIe", "A100 40GB PCIe", 1.555e12),  # A100 datasheet: 1,555 GB/s (was 2,039)
+        ("NVIDIA A100-PCIE-40GB", "A100 40GB PCIe", 1.555e12),  # torch.cuda.get_device_name() form
+        ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", 1.935e12),
+        # documented aliases, echoed
+        ("h100", "H100 SXM", 3.35e12),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 3.35e12),
+        ("a100", "A100 80GB SXM", 2.039e12),
+        ("h200", "H200 SXM", 4.8e12),
+        ("Tesla T4", "T4", 320e9),
+    ],
+)
+def test_names_resolve_exactly_or_by_alias_and_echo_the_part(name, part, bandwidth):
+    roofs = named_roofs(name)
+    assert roofs.device == part
+    assert roofs.bandwidth == pytest.approx(bandwidth)
+
+
+@pytest.mark.parametrize("name", ["tpu v9", "H100X", "A10G", "RTX 3090"])
+def test_an_unknown_name_is_an_error_listing_the_parts(name):
+    with pytest.raises(UsageError) as info:
+        named_roofs(name)
+    text = str(info.value)
+    assert repr(name) in text and "H100 SXM" in text and "GH200 144GB" in text and "this machine" in text
+
+
+def test_fp8_and_int8_have_their_own_peaks():
+    # H100 SXM dense FP8 = 3958 / 2 = 1979 TFLOP/s (datasheet, with sparsity halved); the old
+    # table fell back to the FP32 67 TFLOP/s. A 512x4096 @ 4096x4096 product's 2*512*4096^2
+    # FLOPs over the bound must come out at 1979e12 (its ~17 MB fit the 50 MB L2, whose
+    # bandwidth is not published: the bound is the compute term).
+    result = flopcount.predict(nn.Linear(4096, 4096, bias=False), torch.randn(512, 4096), device="h100",
+                               dtype="float8_e4m3fn")
+    assert 2 * 512 * 4096 * 4096 / result.latency_s == pytest.approx(1979e12)
+    assert result.unpriced == ()
+    assert named_roofs("t4").peak_flops["int8"] == pytest.approx(130e12)  # T4 datasheet: INT8 130 TOPS
+
+
+def test_a_dtype_without_a_peak_is_stated_not_silently_priced():
+    # a T4 has no bf16 (Turing): priced at its highest floating peak (FP16 65 TFLOP/s), and said
+    result = flopcount.predict(nn.Linear(256, 256, bias=False), torch.randn(64, 256), device="t4", dtype="bfloat16")
+    assert result.unpriced == ("bfloat16",)
+    assert any("T4 has no peak for bfloat16" in w and "float16" in w for w in result.warnings)
+    assert result.latency_s == pytest.approx(2 * 64 * 256 * 256 / 65e12)
+
+
+def test_math_modes_are_the_modeled_devices_not_the_hosts():
+    # torch's defaults on the modeled A100: fp32 convolutions in TF32 (156 TFLOP/s), matmuls in
+    # FP32 (19.5); a host flag changes neither, an argument does
+    conv = nn.Conv2d(64, 64, 3, padding=1, bias=False)
+    x = torch.randn(32, 64, 56, 56)
+    conv_flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for host in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = host
+            a100 = named_roofs("A100 80GB SXM")
+            assert a100.peak("float32", "aten::convolution") == 156e12
+            assert a100.peak("float32", "aten::mm") == 19.5e12
+            result = flopcount.predict(conv, x, device="A100 80GB SXM")
+            compute = sum(r.compute_s for r in result.rows)
+            assert compute == pytest.approx(conv_flops / 156e12)
+            plan_peak = flopcount.plan(lambda: nn.Sequential(nn.Linear(64, 64)), (torch.randn(4, 64),), fsdp=1,
+                                       device="a100").step_time.peak_flops
+            assert plan_peak == 19.5e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert named_roofs("a100", matmul_tf32=True).peak("float32", "aten::mm") == 156e12
+    assert named_roofs("a100", conv_tf32=False).peak("float32", "aten::convolution") == 19.5e12
+
+
+def test_plan_and_predict_accept_the_same_names():
+    for name in ("H100 NVL", "GH200", "A100 40GB PCIe", "V100S"):
+        planned = flopcount.plan(lambda: nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),), fsdp=1, device=name)
+        assert planned.device == named_roofs(name).device
+        assert planned.step_time.memory_bandwidth == named_roofs(name).bandwidth
+
+
+def test_old_import_paths_still_work():
+    from flopcount.bench import peaks
+    from flopcount.roofline import Roofs as OldRoofs
+
+    assert OldRoofs is flopcount.devices.Roofs
+    assert peaks.match_gpu("NVIDIA H100 NVL") == "H100 NVL"
+    assert peaks.bandwidth("V100S") == pytest.approx(1.134e12)
+
+
+def test_plan_step_time_does_not_follow_the_hosts_tf32_flag():
+    # the issue: plan's step time moved 7x with torch.backends.cuda.matmul.allow_tf32 on the
+    # host. A conv + linear model planned on an A100 gives the same compute time either way.
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    times = []
+    try:
+        for host in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = host
+            times.append(flopcount.plan(build, (torch.randn(4, 16, 8, 8),), fsdp=1, device="a100").step_time.compute_s)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert times[0] == times[1]

@@ -1,0 +1,70 @@
+"""The one roofline function (flopcount.devices.roofline) by hand: per-op time at the memory
+level that holds the working set, the any-implementation bound, and predict's two bounds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flopcount
+from flopcount.devices import MemoryLevel, Roofs, any_implementation, op_time
+
+ROOFS = Roofs(
+    {"float32": 1e11, "bfloat16": 4e11},
+    1e10,  # main memory 10 GB/s
+    "toy",
+    levels=(MemoryLevel("L1", 32e3, 1e12), MemoryLevel("L2", 1e6, 1e11), MemoryLevel("L3", 1e8, None)),
+)
+
+
+def test_op_time_picks_the_fastest_level_holding_the_working_set():
+    # 16 kB fit L1 (32 kB): 16e3 / 1e12 = 16 ns; 2e3 FLOPs / 1e11 = 20 ns -> compute-bound
+    t = op_time(ROOFS, 2e3, 16e3, "float32")
+    assert (t.level, t.memory_s, t.compute_s, t.bound) == ("L1", pytest.approx(16e-9), pytest.approx(20e-9), "compute")
+    # 500 kB: L2 (1 MB) at 100 GB/s; L1 may serve 32 kB of it: (5e5 - 3.2e4) / 1e11 = 4.68 us
+    assert op_time(ROOFS, 0, 5e5).memory_s == pytest.approx(4.68e-6)
+    # 50 MB: L3, no published bandwidth -> no memory term claimed
+    t = op_time(ROOFS, 1e6, 5e7)
+    assert (t.level, t.memory_s, t.seconds) == ("L3", 0.0, pytest.approx(1e-5))
+    # 1 GB: main memory for all but what L1, L2 and L3 hold (32 kB + 1 MB + 100 MB):
+    # (1e9 - 1.01032e8) / 1e10 = 89.8968 ms
+    assert op_time(ROOFS, 0, 1e9).level == "DRAM" and op_time(ROOFS, 0, 1e9).seconds == pytest.approx(0.0898968)
+    # a working set given apart from the bytes moved: 1 kB moved out of a 2 MB working set -> L3
+    assert op_time(ROOFS, 0, 1e3, working_set=2e6).level == "L3"
+    # bf16 has its own peak: 4e5 / 4e11 = 1 us; int8 has none: the highest of its kind is
+    # looked for (no integer column), so the highest of all (bf16, 4e11)
+    assert op_time(ROOFS, 4e5, 0, "bfloat16").compute_s == pytest.approx(1e-6)
+    unpriced = op_time(ROOFS, 4e5, 0, "int8")
+    assert unpriced.column is None and unpriced.compute_s == pytest.approx(1e-6)
+
+
+def test_any_implementation_bound_by_hand():
+    # 2e9 fp32 FLOPs / 1e11 = 20 ms and 4e9 bf16 / 4e11 = 10 ms -> 30 ms of compute;
+    # 2e8 unavoidable bytes do not fit L3 (1e8): main memory for what the caches cannot hold,
+    # (2e8 - 1.01032e8) / 1e10 = 9.8968 ms
+    bound = any_implementation(ROOFS, [(2e9, "float32", "aten::mm"), (4e9, "bfloat16", "aten::mm")], 2e8)
+    assert (bound.compute_s, bound.memory_s, bound.level) == (pytest.approx(0.03), pytest.approx(0.0098968), "DRAM")
+    assert bound.seconds == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize("tracer_backward", [False, True])
+def test_predict_gives_both_bounds(tracer_backward):
+    # Linear(1024 -> 1024) on a batch of 64, DRAM-only roofs (1e11 FLOP/s, 1e10 B/s).
+    model, x = nn.Linear(1024, 1024), torch.randn(64, 1024)
+    roofs = Roofs({"float32": 1e11}, 1e10, "toy")
+    result = flopcount.predict(model, x, device=roofs, backward=tracer_backward)
+    counted = flopcount.count_flops(model, x, backward=tracer_backward)
+    # any implementation: max(all FLOPs / peak, (weights + bias + input [+ their grads]) / bw)
+    weights = (1024 * 1024 + 1024) * 4
+    unavoidable = weights * (2 if tracer_backward else 1) + 64 * 1024 * 4
+    expected_any = max(counted.flops / 1e11, unavoidable / 1e10)
+    assert result.any_bound is not None
+    assert result.any_bound.unavoidable_bytes == unavoidable
+    assert result.any_s == pytest.approx(expected_any)
+    # eager: each op max(FLOPs / peak, bytes / bw), summed; both bound the eager program
+    assert result.latency_s == pytest.approx(sum(max(r.compute_s, r.memory_s) for r in result.rows))
+    assert result.any_s <= result.latency_s  # no cache level: the per-op sum moves at least the unavoidable bytes
+    assert result.bound_s("eager") == max(result.latency_s, result.any_s) and result.bound_s("any") == result.any_s
+    data = result.to_dict()
+    assert data["any_s"] == pytest.approx(result.any_s) and data["any_bound"]["unavoidable_bytes"] == unavoidable
