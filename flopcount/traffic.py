@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from .types import OpCall, TensorMeta
 
-__all__ = ["ITEMSIZE", "RULES", "call_traffic", "element_size"]
+__all__ = ["ITEMSIZE", "RULES", "call_traffic", "element_size", "general_traffic"]
 
 #: Bytes per element, by the dtype names tracers give (``str(torch.float32)`` less ``torch.``).
 ITEMSIZE: Dict[str, int] = {
@@ -99,6 +99,13 @@ def call_traffic(call: OpCall, *, view: bool) -> Traffic:
         answer = rule(call)
         if answer is not None:
             return answer
+    return general_traffic(call, view=view)
+
+
+def general_traffic(call: OpCall, *, view: bool) -> Traffic:
+    """The general rule alone (every tensor argument read, every output written; views and
+    bare allocations 0), without the family rules: what :func:`call_traffic` gives an op
+    that has no rule of its own."""
     if view or call.op in ALLOCATIONS:
         return 0, 0
     read = _tensor_bytes(call.args.values())
