@@ -27,8 +27,9 @@ def _op(result, op):
 
 @pytest.mark.parametrize("tracer", TRACERS)
 @pytest.mark.parametrize("batch", [1, 4])
-def test_embedding_reads_ids_and_rows_not_the_table(tracer, batch):
-    emb = nn.Embedding(50_000, 64).eval()
+@pytest.mark.parametrize("train", [False, True])
+def test_embedding_reads_ids_and_rows_not_the_table(tracer, batch, train):
+    emb = nn.Embedding(50_000, 64).train(train)
     ids = torch.randint(0, 50_000, (batch, 16))
     n = batch * 16
     r = count_flops(emb, ids, tracer=tracer)
