@@ -13,13 +13,13 @@ import json
 
 import pytest
 import torch
-from matplotlib.colors import to_rgb
 from torch import nn
 
 import flopcount
+from flopcount.profiling.result import ProfileRow, merge
 from flopcount.roofline import Roofs
 
-pytest.importorskip("matplotlib")
+to_rgb = pytest.importorskip("matplotlib.colors").to_rgb
 
 #: 1 MFLOP/s: any real matmul beats it, so a compute-bound row's efficiency is far above 1
 LOW_COMPUTE = Roofs({"float32": 1e6}, 1e15, "roofs far below this machine", "given")
@@ -185,3 +185,16 @@ def test_roof_lines_are_grey_and_points_are_coloured():
     assert not line_rgb & {tuple(round(v, 3) for v in p) for p in points}
     bounds = {r.bound for r in result.by_operator().values() if r.flops > 0}
     assert len({tuple(round(v, 3) for v in p) for p in points}) >= len(bounds)
+
+
+def test_a_sum_of_measured_and_apportioned_rows_is_mixed_with_no_efficiency():
+    # two hand-made rows of one op: 1 ms measured at attainable 0.5 ms, 1 ms apportioned
+    measured = ProfileRow("aten::linear", "a", "forward", 1, 10, 5, 4, 1e-3, 1e-3, 5e-4, 1e-4, 5e-4)
+    shared = ProfileRow("aten::linear", "b", "forward", 1, 10, 5, 4, 1e-3, 1e-3, 5e-4, 1e-4, 5e-4,
+                        time_source="apportioned")
+    assert measured.efficiency == pytest.approx(0.5)
+    assert shared.efficiency is None and shared.flag is None
+    both = merge([measured, shared], "aten::linear", "", "forward")
+    assert both.time_source == "mixed" and both.efficiency is None
+    assert both.time_s == pytest.approx(2e-3)
+    assert merge([measured, measured], "aten::linear", "", "forward").efficiency == pytest.approx(0.5)
