@@ -33,7 +33,12 @@ Op families whose traffic is not their arguments' size have their own rule
 
 The out-of-place forms (``index_put``, ``scatter_add``...) copy their ``self`` into a
 new tensor first, so the general rule (whole ``self`` read, whole output written) holds
-for them; autograd's backward of a gather runs them on fresh zeros.
+for them. Autograd's backward of a gather is the exception: its formulas fill fresh zeros
+with ``index_add_``, ``scatter_add_``, ``put_``, ``_index_put_impl_`` **in place**, and take
+the out-of-place spelling only when a dispatch mode or a tensor subclass is active, which
+is how flopcount traces. In the backward phase those ops are priced as the in-place ops the
+program runs without flopcount (:data:`BACKWARD_IN_PLACE`); the zeros are booked by their
+own ``new_zeros``/``zeros_like`` event.
 
 Element sizes come from the dtype name; a tensor whose dtype a tracer could not see is
 taken as float32 (4 bytes). No torch here: whether an op is a view is told by the caller.
@@ -46,7 +51,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from .types import OpCall, TensorMeta
 
-__all__ = ["ITEMSIZE", "RULES", "call_traffic", "element_size", "general_traffic"]
+__all__ = ["BACKWARD_IN_PLACE", "ITEMSIZE", "RULES", "call_traffic", "element_size", "general_traffic"]
 
 #: Bytes per element, by the dtype names tracers give (``str(torch.float32)`` less ``torch.``).
 ITEMSIZE: Dict[str, int] = {
@@ -91,10 +96,13 @@ def _tensor_bytes(values: Iterable[Any]) -> int:
     return total
 
 
-def call_traffic(call: OpCall, *, view: bool) -> Traffic:
+def call_traffic(call: OpCall, *, view: bool, phase: str = "forward") -> Traffic:
     """``(bytes_read, bytes_written)`` of ``call`` by the convention above; ``view`` says
-    the op's result aliases an input (told by the op's schema)."""
-    rule = RULES.get(call.op)
+    the op's result aliases an input (told by the op's schema); ``phase`` is the pass it
+    ran in (autograd's scatters into fresh zeros are priced in place: :data:`BACKWARD_IN_PLACE`)."""
+    rule = BACKWARD_IN_PLACE.get(call.op) if phase == "backward" else None
+    if rule is None:
+        rule = RULES.get(call.op)
     if rule is not None:
         answer = rule(call)
         if answer is not None:
@@ -364,4 +372,15 @@ RULES: Dict[str, ByteRule] = {
     **{f"aten::{name}": _dropout for name in _DROPOUTS},
     **{f"aten::{name}": _nothing for name in _QUERIES},
     **{f"aten::{name}": _written_only for name in _LIKE_FACTORIES},
+}
+
+#: Backward-phase ops that autograd's gather formulas run in place on fresh zeros (torch's
+#: ``index_select_backward``, ``gather_backward``, ``take``'s and ``index``'s formulas): the
+#: traced out-of-place spelling is an artefact of tracing under a dispatch mode.
+BACKWARD_IN_PLACE: Dict[str, ByteRule] = {
+    "aten::index_add": _index_add,
+    "aten::scatter_add": _scatter_add,
+    "aten::put": _put,
+    "aten::index_put": _index_put,
+    "aten::_index_put_impl": _index_put,
 }

@@ -104,6 +104,36 @@ def test_gather_backward_ops_and_the_dense_embedding_grad():
     assert _op(r, "aten::embedding_dense_backward") == (3 * 5 * 16 * 4 + 3 * 5 * 8, 1000 * 16 * 4)
 
 
+class _GatherGrads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(300, 32))
+
+    def forward(self, ids, cols):
+        return (torch.index_select(self.w, 0, ids.flatten()).sum() + torch.gather(self.w, 1, cols).sum()
+                + self.w[ids].sum() + torch.take(self.w, ids).sum())
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+@pytest.mark.parametrize("batch", [2, 3])
+def test_gather_backwards_move_the_rows_they_add_not_the_table(tracer, batch):
+    # autograd's formulas run new_zeros(table).index_add_(...) (scatter_add_, _index_put_impl_,
+    # put_) in place when no dispatch mode is active; the zeros are their own event, and the
+    # accumulation reads the index, the incoming gradient and the rows it adds to, and writes
+    # those rows. The table is 300*32*4 = 38,400 bytes: not booked by the accumulation.
+    ids = torch.randint(0, 300, (batch, 8))
+    cols = torch.randint(0, 32, (300, 2))
+    r = count_flops(_GatherGrads(), (ids, cols), tracer=tracer, backward=True)
+    n = batch * 8
+    rows = n * 32 * 4
+    assert _op(r, "aten::index_add") == (n * 8 + rows + rows, rows)          # index_select's
+    assert _op(r, "aten::index_put") == (n * 8 + rows + rows, rows)          # w[ids]'s
+    assert _op(r, "aten::scatter_add") == (600 * 8 + 600 * 4 * 2, 600 * 4)  # gather's: 300x2 elements
+    assert _op(r, "aten::put") == (n * 8 + n * 4 * 2, n * 4)                 # take's
+    # each fills fresh zeros the size of the table: written once, read never
+    assert r.operator_totals()["aten::new_zeros"].bytes_read == 0
+
+
 def test_take_backward_is_supported():
     # autograd's backward of take is put(zeros, index, grad, accumulate=True): one add per index
     class Take(nn.Module):
