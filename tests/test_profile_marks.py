@@ -54,6 +54,10 @@ def test_ops_with_no_flops_form_the_data_movement_group(train, backward, tmp_pat
     table = result.table()
     section = table[table.index("data movement (no FLOPs)"):]
     assert "aten::embedding" in section
+    from flopcount.report.profile import profile_html
+
+    page = profile_html(result)
+    assert "aten::embedding" in page[page.index("data movement (no FLOPs)"):]
     # the plot: a second panel places each such op at (bytes moved, bytes / time)
     from flopcount.report.roofline_plot import draw_roofline
 

@@ -282,5 +282,6 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
         "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child{text-align:left}</style>"
         f"</head><body><h1>flopcount profile: {html.escape(entry)}</h1>"
         + "".join(f"<p>{html.escape(line)}</p>" for line in notes)
-        + figure + body + "</body></html>"
+        + figure + body + (data_movement_table(result, limit=None, fmt="html") if by != "module" else "")
+        + "</body></html>"
     )
