@@ -90,7 +90,7 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
                 raise HandlerError(_handler_failure(event, exc)) from exc
             cost = _checked(cost, call.op, event.module)
         if cost is not None and not (cost.bytes_read or cost.bytes_written):
-            read, written = call_traffic(call, view=view)
+            read, written = call_traffic(call, view=view, phase=event.phase)
             if read or written:
                 cost = cost.with_traffic(read, written)
         costed.append((event, cost))

@@ -144,6 +144,10 @@ Runs --steps real steps under torch.profiler (after --warmup untimed ones) and
 joins every profiled op call with flopcount's cost of that same call: per op,
 module and phase, FLOPs, bytes, time per step, achieved FLOP/s, intensity, the
 roofline bound, the attainable time and the efficiency (attainable / time).
+Ops with no FLOPs (gathers, copies, embedding) are listed as "data movement"
+with their bandwidth, and drawn in their own panel of --plot. Marks: "!" roof
+below achieved (a compute-bound op faster than its compute roof: the roof is
+too low for it); "~" time apportioned from a fused kernel (no efficiency).
 Roofs: measured once on this machine (cached in $XDG_CACHE_HOME/flopcount) or
 --roofs PEAK_FLOPS,BANDWIDTH (e.g. 2T,100G). --trace writes the Chrome trace
 with flops/bytes/efficiency in each op's args (Perfetto, TensorBoard).

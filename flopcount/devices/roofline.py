@@ -28,7 +28,7 @@ BOUND_KINDS: Tuple[str, ...] = ("eager", "any")
 #: How a profile's figures are made, printed under every profile report.
 PROFILE_CONVENTION = (
     "time: self time of the op's whole call tree per step (device time on CUDA, CPU time on CPU); "
-    "bytes: input tensors read + output tensors written (views 0); "
+    "bytes: the bytes each op moves, per op family (docs/conventions.md, \"Bytes\"; views 0); "
     "attainable = max(FLOPs / peak, bytes / bandwidth of the fastest memory level holding them); "
     "efficiency = attainable / time."
 )

@@ -64,6 +64,11 @@ def _index_put(call: OpCall) -> Cost:
     return Cost.from_flops(call.tensor("values").numel) if call.arg("accumulate") else Cost()
 
 
+def _put(call: OpCall) -> Cost:
+    # put(..., accumulate=True) (autograd's backward of take) adds one element per index
+    return Cost.from_flops(call.tensor("index").numel) if call.arg("accumulate") else Cost()
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"], _embedding_bag)
     registry.register(["aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward"], _embedding_bag_backward)
@@ -73,3 +78,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::scatter", _scatter)
     registry.register("aten::scatter_reduce", _scatter_reduce)
     registry.register(["aten::index_put", "aten::_index_put_impl"], _index_put)
+    registry.register("aten::put", _put)

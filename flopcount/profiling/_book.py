@@ -4,13 +4,13 @@ rows, the unmatched list, the step overview and the per-trace-event args."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..devices import Roofs, op_time
+from ..devices.roofline import Roofs, bound, efficiency, intensity, op_time
 from ..types import Cost, OpEvent
 from ._bytes import call_dtype
 from ._tree import Alignment, Node, TopOp
-from .result import Overview, ProfileRow, Unmatched
+from .result import ROOF_BELOW_ACHIEVED, ROOF_FLAG, Overview, ProfileRow, TimeSource, Unmatched
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Measured:
     loose: Dict[Tuple[str, str], List[float]] = field(default_factory=dict)  # (name, reason) -> [calls, time]
     swaps: Dict[str, int] = field(default_factory=dict)  # what the timed run ran instead -> times seen
     category: Dict[str, float] = field(default_factory=lambda: {"flops": 0.0, "data movement": 0.0, "other": 0.0})
+    apportioned: Set[int] = field(default_factory=set)  # events whose time a model shared out of a fused op
     step_us: float = 0.0
     covered_us: float = 0.0
 
@@ -81,35 +82,47 @@ def category(fact: EventFacts) -> str:
 
 
 def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
-    """The ``args`` a trace event gains: the cost of the counted calls it ran."""
+    """The ``args`` a trace event gains: the cost of the counted calls it ran. A node with
+    nothing on the roofs (a view) has efficiency and intensity null, not 0; a compute-bound
+    node above the roof gets ``flag``."""
     chosen = [facts[i] for i in events if facts[i].cost is not None]
     flops = sum(f.flops for f in chosen)
     moved = sum(f.bytes for f in chosen)
-    attain = sum(attainable_parts(f, roofs)[2] for f in chosen)
-    return {
+    parts = [attainable_parts(f, roofs) for f in chosen]
+    attain = sum(p[2] for p in parts)
+    eff = efficiency(attain, measured_us * 1e-6)
+    args: Dict[str, Any] = {
         "flopcount op": ", ".join(sorted({f.event.call.op for f in chosen})),
         "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or "<root>",
         "flops": flops,
         "macs": sum(f.macs for f in chosen),
         "bytes": moved,
-        "intensity": (flops / moved) if moved else None,
+        "intensity": intensity(flops, moved),
         "attainable_us": attain * 1e6,
-        "efficiency": (attain * 1e6 / measured_us) if measured_us > 0 else None,
+        "efficiency": eff,
     }
+    if eff is not None and eff > ROOF_BELOW_ACHIEVED and flops > 0 and bound(sum(p[0] for p in parts), sum(p[1] for p in parts)) == "compute":
+        args["flag"] = ROOF_FLAG
+    return args
 
 
 def rows(facts: Sequence[EventFacts], measured: Measured, roofs: Roofs, steps: int) -> Tuple[ProfileRow, ...]:
     """One row per (op, module, phase), per step; fused costs booked under their parts."""
     groups: Dict[Tuple[str, str, str], List[float]] = {}
     dtypes: Dict[Tuple[str, str, str], str] = {}
+    sources: Dict[Tuple[str, str, str], Set[TimeSource]] = {}
     for index, fact in enumerate(facts):
         if fact.cost is None:
             continue
         time_us = measured.time.get(index, 0.0) / steps
         host_us = measured.host.get(index, 0.0) / steps
         c, m, a = attainable_parts(fact, roofs)
+        # a split cost's parts share their event's time by FLOPs: a model, like a fused op's split
+        source: TimeSource = "apportioned" if index in measured.apportioned or len(fact.parts) > 1 else "measured"
         for op, share, macs, flops in fact.parts:
             key = (op, fact.event.module, fact.event.phase)
+            if time_us > 0:
+                sources.setdefault(key, set()).add(source)
             sums = groups.setdefault(key, [0.0] * 9)
             part_bytes = fact.bytes * share
             for slot, value in enumerate(
@@ -118,11 +131,20 @@ def rows(facts: Sequence[EventFacts], measured: Measured, roofs: Roofs, steps: i
                 sums[slot] += value
             dtypes[key] = fact.dtype if dtypes.get(key, fact.dtype) == fact.dtype else "mixed"
     made = [
-        ProfileRow(name, module, phase, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dtypes[(name, module, phase)])
+        ProfileRow(
+            name, module, phase, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dtypes[(name, module, phase)],
+            _source(sources.get((name, module, phase), set())),
+        )
         for (name, module, phase), s in groups.items()
     ]
     made.sort(key=lambda r: (-r.time_s, -r.flops, r.name, r.module))
     return tuple(made)
+
+
+def _source(seen: Set[TimeSource]) -> TimeSource:
+    if len(seen) > 1:
+        return "mixed"
+    return seen.pop() if seen else "measured"
 
 
 def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tuple[Unmatched, ...]:
@@ -196,7 +218,7 @@ def book_step(
 ) -> None:
     """Give each timed top-level op's time to the events its join-step twin carries; a
     timed op in a stretch where the runs differ goes to the counted events of that stretch."""
-    from ._tree import attribute, cpu_total
+    from ._tree import attribute, cpu_total, shared_without_measure
 
     pairs = alignment.pairs
     swapped = _swapped(alignment.swaps, join)
@@ -209,6 +231,7 @@ def book_step(
         if stand_in is not None:
             shares = _by_roofline(node, stand_in, facts, roofs, time_us)
             host_shares = _by_roofline(node, stand_in, facts, roofs, host_us)
+            measured.apportioned.update(shares)
             counted = ", ".join(sorted({facts[i].event.call.op for i in shares if facts[i].flops or facts[i].bytes}))
             note = f"{node.name} ran where the counted run had {counted or 'ops without cost'}"
             measured.swaps[note] = measured.swaps.get(note, 0) + 1
@@ -229,6 +252,8 @@ def book_step(
             continue
         shares = attribute(node, carried, measure)
         host_shares = attribute(node, carried, cpu_total)
+        if shared_without_measure(node, carried, measure):
+            measured.apportioned.update(shares)
         _credit(shares, host_shares, facts, measured, step_seen)
         args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
     for index in step_seen:

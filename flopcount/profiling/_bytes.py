@@ -26,12 +26,13 @@ def _recast(value: Any, dtype: str) -> Any:
     return value
 
 
-def bytes_as(call: OpCall, cost: Cost, dtype: Optional[str]) -> int:
-    """The call's bytes with its real floating tensors priced at ``dtype`` (as given when None)."""
+def bytes_as(call: OpCall, cost: Cost, dtype: Optional[str], phase: str = "forward") -> int:
+    """The call's bytes with its real floating tensors priced at ``dtype`` (as given when
+    None); ``phase`` as the event's (the byte model prices some backward ops in place)."""
     if dtype is None:
         return cost.bytes
     recast = OpCall(call.op, {k: _recast(v, dtype) for k, v in call.args.items()}, tuple(_recast(o, dtype) for o in call.outputs))
-    read, written = call_traffic(recast, view=is_view_op(call.op))
+    read, written = call_traffic(recast, view=is_view_op(call.op), phase=phase)
     return read + written
 
 

@@ -189,7 +189,7 @@ def predict(
             unsupported[event.call.op] = None
             continue
         op_dtype = as_dtype if as_dtype is not None and _floating(call_dtype(event.call)) else call_dtype(event.call)
-        moved = bytes_as(event.call, cost, as_dtype)
+        moved = bytes_as(event.call, cost, as_dtype, phase=event.phase)
         timed = op_time(roofs, cost.flops, moved, op_dtype, event.call.op)
         if cost.flops and timed.column is None:
             unpriced[op_dtype] = None

@@ -12,6 +12,16 @@ from ..rendering import render
 
 Category = Literal["flops", "data movement", "other"]
 
+#: Where a row's time comes from: the profiler's own measurement of its calls, or a fused
+#: kernel's (or a split composite's) time apportioned among the ops it stands for by a model
+#: (their attainable time, their FLOPs), or both across its calls.
+TimeSource = Literal["measured", "apportioned", "mixed"]
+
+#: A compute-bound row whose efficiency passes this ran faster than its compute roof allows:
+#: the roof is below what was achieved (a library beating the roof's micro-benchmark), 5 %
+#: above 1.0 left for timer noise.
+ROOF_BELOW_ACHIEVED = 1.05
+ROOF_FLAG = "roof below achieved"
 
 
 @dataclass(frozen=True)
@@ -36,10 +46,16 @@ class ProfileRow:
     memory_s: float
     attainable_s: float
     dtype: str = "float32"
+    time_source: TimeSource = "measured"
 
     @property
     def achieved_flops_per_s(self) -> Optional[float]:
         return self.flops / self.time_s if self.time_s > 0 else None
+
+    @property
+    def achieved_bytes_per_s(self) -> Optional[float]:
+        """Bytes moved per second of the row's time (the axis of ops with no FLOPs)."""
+        return self.bytes / self.time_s if self.time_s > 0 else None
 
     @property
     def intensity(self) -> Optional[float]:
@@ -52,8 +68,20 @@ class ProfileRow:
 
     @property
     def efficiency(self) -> Optional[float]:
-        """attainable_s / time_s: 1.0 runs at the roof."""
+        """attainable_s / time_s: 1.0 runs at the roof. None when the time was apportioned
+        from a fused kernel (a model's share, not this op's measurement) or nothing is roofed."""
+        if self.time_source != "measured":
+            return None
         return efficiency(self.attainable_s, self.time_s)
+
+    @property
+    def flag(self) -> Optional[str]:
+        """"roof below achieved" for a compute-bound row above :data:`ROOF_BELOW_ACHIEVED`:
+        the compute roof is lower than what this op reached, so the roof is wrong for it."""
+        eff = self.efficiency
+        if eff is not None and eff > ROOF_BELOW_ACHIEVED and self.flops > 0 and self.bound == "compute":
+            return ROOF_FLAG
+        return None
 
     @property
     def category(self) -> Category:
@@ -66,9 +94,12 @@ class ProfileRow:
         data = asdict(self)
         data.update(
             achieved_flops_per_s=self.achieved_flops_per_s,
+            achieved_bytes_per_s=self.achieved_bytes_per_s,
             intensity=self.intensity,
             bound=self.bound,
             efficiency=self.efficiency,
+            category=self.category,
+            flag=self.flag,
         )
         return data
 
@@ -77,12 +108,14 @@ def merge(rows: Iterable[ProfileRow], name: str, module: str, phase: str) -> Pro
     """One row summing ``rows`` under the given labels."""
     rows = list(rows)
     dtypes = {r.dtype for r in rows}
+    sources = {r.time_source for r in rows}
     return ProfileRow(
         name, module, phase,
         sum(r.calls for r in rows), sum(r.flops for r in rows), sum(r.macs for r in rows),
         sum(r.bytes for r in rows), sum(r.time_s for r in rows), sum(r.host_time_s for r in rows),
         sum(r.compute_s for r in rows), sum(r.memory_s for r in rows), sum(r.attainable_s for r in rows),
         dtypes.pop() if len(dtypes) == 1 else "mixed",
+        sources.pop() if len(sources) == 1 else "mixed",
     )
 
 
@@ -174,6 +207,12 @@ class ProfileResult:
         phase = phases.pop() if len(phases) == 1 else "all"
         return {name: merge(groups[name], name, name, phase) for name in sorted(groups)}
 
+    def data_movement(self) -> Dict[str, ProfileRow]:
+        """``{op: row}`` of the ops that move bytes but do no arithmetic (gathers, copies,
+        ``cat``, embedding...), largest time first: a roofline of FLOPs has no place for
+        them, so they are grouped here with their achieved bandwidth."""
+        return {name: row for name, row in self.by_operator().items() if row.category == "data movement"}
+
     def by_phase(self) -> Dict[str, ProfileRow]:
         groups: Dict[str, list] = {}
         for row in self.rows:
@@ -193,6 +232,7 @@ class ProfileResult:
             "overview": self.overview.to_dict(),
             "rows": [r.to_dict() for r in self.rows],
             "by_operator": [r.to_dict() for r in self.by_operator().values()],
+            "data_movement": [r.to_dict() for r in self.data_movement().values()],
             "unmatched": [asdict(u) for u in self.unmatched],
             "warnings": list(self.warnings),
             "convention": PROFILE_CONVENTION,

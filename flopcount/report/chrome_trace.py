@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[str, Any]]) -> Dict[str, Any]:
     """A copy of ``trace`` whose CPU op events (matched by the profiler's ``External id``,
-    the ``FunctionEvent.id`` of the joined top-level op) carry the given extra ``args``."""
+    the ``FunctionEvent.id`` of the joined top-level op) carry the given extra ``args``;
+    a figure that does not apply (a view's efficiency and intensity) is null."""
     data = copy.deepcopy(dict(trace))
     for event in data.get("traceEvents", ()):
         if not isinstance(event, dict) or event.get("cat") != "cpu_op":
@@ -24,7 +25,8 @@ def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[st
             continue
         extra = args_by_id.get(args.get("External id", -1))
         if extra is not None:
-            args.update({key: value for key, value in extra.items() if value is not None})
+            # None stays (JSON null): a view's efficiency is "none", not 0.0
+            args.update(extra)
     return data
 
 

@@ -37,6 +37,16 @@ def _ratio(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+#: Marks beside a row's figures, explained under the table.
+FLAGGED, APPORTIONED = "!", "~"
+
+
+def _efficiency_cell(row: ProfileRow) -> str:
+    if row.time_source != "measured":
+        return APPORTIONED
+    return _ratio(row.efficiency) + (FLAGGED if row.flag else "")
+
+
 def _rows_for(result: ProfileResult, by: str) -> List[ProfileRow]:
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
@@ -88,15 +98,61 @@ def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
         f"{row.calls:g}",
         format_count(row.flops),
         format_bytes(row.bytes),
-        format_seconds(row.time_s),
+        format_seconds(row.time_s) + (APPORTIONED if row.time_source != "measured" else ""),
         f"{100 * row.time_s / total:.1f}%" if total > 0 else "-",
         format_count(row.achieved_flops_per_s),
         _ratio(row.intensity),
         row.bound if row.attainable_s > 0 else "-",
         format_seconds(row.attainable_s),
-        _ratio(row.efficiency),
+        _efficiency_cell(row),
     ]
     return cells
+
+
+def marks_lines(rows: Sequence[ProfileRow], limit: int = 6) -> List[str]:
+    """What the table's marks mean, naming the rows that carry them."""
+    lines = []
+    flagged = [r for r in rows if r.flag]
+    if flagged:
+        named = ", ".join(f"{r.name} {r.efficiency:.2f}" for r in flagged[:limit]) + (" ..." if len(flagged) > limit else "")
+        lines.append(
+            f"{FLAGGED} roof below achieved: {named}: compute-bound, faster than the compute roof allows; "
+            "the roof is too low for this op (a library faster than the roof's benchmark), not an op above 100%"
+        )
+    shared = [r for r in rows if r.time_source != "measured"]
+    if shared:
+        named = ", ".join(r.name for r in shared[:limit]) + (" ..." if len(shared) > limit else "")
+        lines.append(
+            f"{APPORTIONED} time apportioned: {named}: a fused kernel's time shared among the ops it stands for "
+            "by a model (attainable time or FLOPs), so no per-op efficiency"
+        )
+    return lines
+
+
+def data_movement_table(result: ProfileResult, *, limit: Optional[int] = 10, fmt: str = "simple") -> str:
+    """The ops that move bytes and do no arithmetic, largest time first, with their bandwidth."""
+    rows = list(result.data_movement().values())
+    if not rows:
+        return ""
+    shown = rows if limit is None else rows[:limit]
+    text = escape_markdown if fmt == "github" else str
+    total = result.total_time_s
+    body = tabulate(
+        [
+            [text(r.name), f"{r.calls:g}", format_bytes(r.bytes),
+             format_seconds(r.time_s) + (APPORTIONED if r.time_source != "measured" else ""),
+             f"{100 * r.time_s / total:.1f}%" if total > 0 else "-",
+             format_count(r.achieved_bytes_per_s) + "B/s" if r.achieved_bytes_per_s else "-",
+             format_seconds(r.attainable_s), _efficiency_cell(r)]
+            for r in shown
+        ],
+        headers=["data movement (no FLOPs)", "calls", "bytes", f"time ({result.timing})", "share", "achieved bandwidth",
+                 "attainable", "efficiency"],
+        tablefmt=fmt,
+        disable_numparse=True,
+    )
+    more = f"\n... {len(rows) - limit} more data-movement ops" if limit is not None and len(rows) > limit else ""
+    return body + more
 
 
 @renders("ProfileResult", "table")
@@ -121,6 +177,11 @@ def profile_table(
     lines = [body]
     if limit is not None and len(rows) > limit:
         lines.append(f"... {len(rows) - limit} more rows (limit={limit})")
+    lines += marks_lines(shown)
+    if by != "module":
+        movement = data_movement_table(result, fmt=fmt)
+        if movement:
+            lines.append(movement)
     lines += [
         overview_line(result),
         f"{result.steps} steps after {result.warmup} warm-up on {result.device}"
@@ -151,6 +212,7 @@ def unmatched_lines(result: ProfileResult, limit: int = 8) -> List[str]:
 _CSV_FIELDS = (
     "name", "module", "phase", "calls", "flops", "macs", "bytes", "time_s", "host_time_s",
     "achieved_flops_per_s", "intensity", "bound", "compute_s", "memory_s", "attainable_s", "efficiency", "dtype",
+    "time_source", "category", "achieved_bytes_per_s", "flag",
 )
 
 
@@ -214,7 +276,8 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
         tablefmt="html",
         disable_numparse=True,
     )
-    notes = [overview_line(result), f"Roofs: {result.roofs.describe()}", *unmatched_lines(result)]
+    notes = [*marks_lines(_rows_for(result, by)), overview_line(result), f"Roofs: {result.roofs.describe()}",
+             *unmatched_lines(result)]
     figure = ""
     try:
         from .roofline_plot import roofline_svg
@@ -228,5 +291,6 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
         "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child{text-align:left}</style>"
         f"</head><body><h1>flopcount profile: {html.escape(entry)}</h1>"
         + "".join(f"<p>{html.escape(line)}</p>" for line in notes)
-        + figure + body + "</body></html>"
+        + figure + body + (data_movement_table(result, limit=None, fmt="html") if by != "module" else "")
+        + "</body></html>"
     )
