@@ -142,6 +142,7 @@ class PlanResult:
     unsupported: Mapping[str, int] = field(default_factory=dict)
     by_operator: Mapping[str, int] = field(default_factory=dict)
     notes: Tuple[str, ...] = ()
+    backend: str = "nccl"
 
     @property
     def world_size(self) -> int:

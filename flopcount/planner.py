@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ._parallel import fake_world, mesh_groups, parallelize
-from ._step import COLLECTIVE_KINDS, Collective, StepRecord, make_optimizer, run_step
+from ._step import BACKENDS, COLLECTIVE_KINDS, Collective, StepRecord, make_optimizer, run_step
 from .analysis import cost_events
 from .bench.peaks import dtype_key, match_gpu, peak_flops
 from .errors import FlopcountWarning, TraceError, UsageError
@@ -70,6 +70,7 @@ def plan(
     tp_plan: Optional[Mapping[str, Any]] = None,
     mixed_precision: Union[None, str, torch.dtype] = None,
     registry: Optional[HandlerRegistry] = None,
+    backend: str = "nccl",
 ) -> PlanResult:
     """Per-rank cost of one training step (forward, backward, ``optimizer.step()``) of the
     model ``build()`` returns, sharded over ``fsdp x tp`` ranks.
@@ -82,6 +83,8 @@ def plan(
     name (see ``flopcount.plan_result.LINKS``), bytes/s, or ``{"dp": ..., "tp": ...}``.
     ``mixed_precision`` (e.g. "bfloat16"): FSDP2 computes in that dtype and reduces
     gradients in float32 while parameters and optimizer state keep the model's dtype.
+    ``backend``: the process-group backend whose collective buffers the peak includes:
+    "nccl" (in place, the default) or "gloo" (its reduce-scatter holds a copy of its input).
     A default process group already initialised is left alone: plan() raises instead.
     """
     fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
@@ -89,6 +92,8 @@ def plan(
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
     gpu = gpu_key(device)
     compute = _dtype(mixed_precision)
+    if backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
     with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh:
         groups = mesh_groups(mesh)
@@ -96,7 +101,7 @@ def plan(
         links = links_by_dim(link, dims)
         model = _built(build)
         prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups)
+        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend)
     if compute is not None:
         dtype = str(compute).replace("torch.", "")
     costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
@@ -113,7 +118,7 @@ def plan(
             name = _MEMORY_KEYS.get(key, key)
             memory[name] = memory.get(name, 0) + value
     return PlanResult(
-        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, flops=flops, macs=macs,
+        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, backend=backend, flops=flops, macs=macs,
         peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
         state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
         tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes,
@@ -165,7 +170,8 @@ def _built(build: Callable[[], nn.Module]) -> nn.Module:
 
 
 def _fake_step(
-    model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any, groups: Mapping[str, Any]
+    model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
+    groups: Mapping[str, Any], backend: str = "nccl",
 ) -> Tuple[StepRecord, str]:
     """Materialise the sharded model as fake tensors on cpu, then run and record one step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -188,7 +194,7 @@ def _fake_step(
             # peak is lower by up to the state's size; a plan sizes every step)
             warm_up(opt, "plan")
         try:
-            record = run_step(model, opt, call_args, call_kw, loss_fn, groups)
+            record = run_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend)
         except UsageError:
             raise
         except Exception as exc:

@@ -60,7 +60,8 @@ def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]
 
 def _header(result: PlanResult) -> str:
     blocks = f"; FSDP2 on {result.wrapped_blocks} blocks of '{result.blocks}' + root" if result.wrapped_blocks else ""
-    return f"plan: fsdp={result.fsdp} x tp={result.tp} = {result.world_size} ranks, rank 0, one training step{blocks}"
+    return (f"plan: fsdp={result.fsdp} x tp={result.tp} = {result.world_size} ranks, rank 0, one training step{blocks}; "
+            f"{result.backend} collectives")
 
 
 @renders("PlanResult", "table")
