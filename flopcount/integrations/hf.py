@@ -137,8 +137,8 @@ class FlopcountCallback(TrainerCallback):
             hf = [self._hf_estimate.get(sig) for sig, _, _ in calls]
             if all(h is not None for h in hf):  # HF adds its own estimate for these micro-batches
                 state.total_flos += flops - sum(h for h in hf if h is not None)
-            model = sum(model_flops(c.forward) for c in costs if c is not None)
-            self._window.add(flops, seconds, _sum_tokens(calls), _sum_samples(calls), model_flops=model)
+            step_model_flops = sum(model_flops(c.forward) for c in costs if c is not None)
+            self._window.add(flops, seconds, _sum_tokens(calls), _sum_samples(calls), model_flops=step_model_flops)
         if self.log_every is not None and state.global_step % self.log_every == 0:
             control.should_log = True
         return control
