@@ -112,7 +112,7 @@ def plan(
     tokens = _tokens(args, kw)
     # one rank communicates nothing: its step time is known without a link
     bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links) or not dims)
-    notes = _notes(unsupported, links, gpu) if dims else _notes(unsupported, {"": None}, gpu)
+    notes = _notes(unsupported, bool(links) or not dims, gpu)
     with preserved_rng():
         model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, _registry(registry))
     if why:
@@ -350,11 +350,11 @@ class _WithLoss(nn.Module):
             return self.loss_fn(self.model(*args, **kwargs))
 
 
-def _notes(unsupported: Mapping[str, int], links: Mapping[str, Any], gpu: Optional[str]) -> Tuple[str, ...]:
+def _notes(unsupported: Mapping[str, int], times_known: bool, gpu: Optional[str]) -> Tuple[str, ...]:
     notes = []
     if unsupported:
         listing = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
         notes.append(f"ops without a handler were not counted: {listing}")
-    if gpu is not None and not links:
-        notes.append("no link given: communication time and MFU not estimated (pass link=)")
+    if gpu is not None and not times_known:
+        notes.append("no link given: communication time, MFU and HFU not estimated (pass link=)")
     return tuple(notes)

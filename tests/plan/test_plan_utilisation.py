@@ -73,6 +73,7 @@ def test_activation_checkpointing_adds_its_recompute_to_hfu_only(checkpointed: s
     assert result.total_flops == forward + backward + recompute
     bounds = result.step_time
     assert bounds is not None and bounds.comm_s == 0  # one rank: nothing to communicate, times known
+    assert not any("no link" in note for note in result.notes)
     assert bounds.mfu_overlap == pytest.approx(3 * forward / (bounds.overlap_s * bounds.peak_flops))
     assert bounds.hfu_overlap == pytest.approx((forward + backward + recompute) / (bounds.overlap_s * bounds.peak_flops))
 
@@ -133,3 +134,13 @@ def test_model_flops_under_tp_are_the_unsharded_model_shared() -> None:
     two = flopcount.plan(tiny_llama, (x,), tp=2, optimizer=None, device=None)
     assert two.model_flops == one.model_flops // 2
     assert 2 * two.flops["forward"] > one.flops["forward"]
+
+
+def test_without_a_link_sharded_plans_have_no_utilisation_and_say_so() -> None:
+    from _plan_gloo import tiny_encoder
+
+    result = flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, device="h100")
+    assert result.step_time is not None and result.step_time.comm_s is None
+    assert result.step_time.mfu_overlap is None and result.step_time.hfu_overlap is None
+    assert result.model_flops == 3 * result.flops["forward"]  # the numerator needs no link
+    assert any("MFU and HFU not estimated (pass link=)" in note for note in result.notes)
