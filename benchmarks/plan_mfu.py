@@ -11,7 +11,8 @@ MFU" against H100 SXM's 989 TFLOP/s bf16 dense; its MFU numerator is
 This plans the same step (no activation checkpointing: the plan does what the model does) and
 prints, per token: torchtitan's formula, flopcount's model FLOPs (3 x the forward it counts)
 and hardware FLOPs (every FLOP the rank ran); then the MFU and HFU each implies at torchtitan's
-measured step time, and the plan's own step-time bounds (8 ranks on one host: NVLink 4).
+measured step time, and the plan's own step-time bounds (dp over InfiniBand NDR; torchtitan's 8 ranks
+shared one NVLink host, so pass link="nvlink4" for that bound).
 
     PYTHONPATH=. python benchmarks/plan_mfu.py [--tokens 8192] [--batch 2] [--layers 32]"""
 
@@ -48,7 +49,7 @@ def main() -> None:
     tokens = args.batch * args.tokens
     ids = torch.empty(args.batch, args.tokens, dtype=torch.int64, device="meta")
     start = time.perf_counter()
-    r = flopcount.plan(lambda: llama31_8b(args.layers), (ids,), fsdp=8, device="h100", link="nvlink4",
+    r = flopcount.plan(lambda: llama31_8b(args.layers), (ids,), fsdp=8, device="h100", link="infiniband-ndr",
                        mixed_precision="bfloat16")
     seconds = time.perf_counter() - start
     with torch.device("meta"):
