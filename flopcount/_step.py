@@ -25,6 +25,14 @@ from .types import OpEvent
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 
+#: process-group backends a plan models. Their collectives differ in the tensors they hold in
+#: torch's allocator: NCCL reduces in place on the caller's buffers (its own staging buffers are
+#: outside torch's allocator); gloo's ``_reduce_scatter_base_`` copies its whole input into a new
+#: buffer, reduces that and copies this rank's chunk out, so for the collective's duration the
+#: input is held twice (seen live: tests/plan/test_plan_mixed_precision.py). gloo's all-gather
+#: and all-reduce work in place.
+BACKENDS = ("nccl", "gloo")
+
 #: collective kind of each c10d / functional-collective op (canonical op name)
 COLLECTIVE_KINDS: Dict[str, str] = {
     "c10d::_allgather_base_": "all_gather",
@@ -110,8 +118,9 @@ class _StepRecorder(Recorder):
     ops are seen with this rank's shard shapes), skips DTensor's sharding-propagation ops
     (run under a fake mode of its own) and notes each collective with its group."""
 
-    def __init__(self, modules: ModuleStack, groups: Mapping[str, Any]):
+    def __init__(self, modules: ModuleStack, groups: Mapping[str, Any], backend: str = "nccl"):
         super().__init__(modules, answer_reads=False)
+        self._backend = backend
         from torch.distributed.tensor import DTensor
 
         self._dtensor = DTensor
@@ -150,7 +159,19 @@ class _StepRecorder(Recorder):
             values = list(args) + list((kwargs or {}).values())
             size = max([_tensor_bytes(v) for v in values] + [_tensor_bytes(out)])
             self.collectives.append(Collective(kind, name, self._group_of(values), self.phase, size))
+            if kind == "reduce_scatter" and self._backend == "gloo" and self.tracker is not None:
+                self._gloo_scratch(values)
         return out
+
+    def _gloo_scratch(self, values: Sequence[Any]) -> None:
+        """gloo's copy of a reduce-scatter's input, allocated and freed under the memory
+        tracker (which sits below this mode) at the moment the collective runs."""
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        tensors += [t for v in values if isinstance(v, (list, tuple)) for t in v if isinstance(t, torch.Tensor)]
+        if tensors:
+            largest = max(tensors, key=lambda t: t.numel() * t.element_size())
+            scratch = torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
+            del scratch
 
     def _unwatched(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Run a shape-propagation op past our memory tracker too: on a real rank DTensor runs
@@ -257,13 +278,17 @@ def run_step(
     groups: Optional[Mapping[str, Any]] = None,
     track_memory: bool = True,
     peak_only: bool = True,
+    backend: str = "nccl",
 ) -> StepRecord:
     """Run forward, backward and ``optimizer.step()`` once, recording everything (the model's
     outputs are released once the loss is made, before the backward).
-    ``peak_only=False`` keeps torch's tracker exactly as it is (per-module stats too)."""
+    ``peak_only=False`` keeps torch's tracker exactly as it is (per-module stats too).
+    ``backend="gloo"`` in a fake world: each reduce-scatter also holds gloo's copy of its
+    input while it runs (see :data:`BACKENDS`); on a real rank leave it "nccl" (the real
+    backend's buffers are seen as they are)."""
     flat = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
     modules = ModuleStack(module_names(model))
-    recorder = _StepRecorder(modules, groups or {})
+    recorder = _StepRecorder(modules, groups or {}, backend)
     tracker = _memory_tracker(model, optimizer, flat, peak_only) if track_memory else contextlib.nullcontext()
     recorder.tracker = tracker if track_memory else None
     with tracker, modules, recorder:

@@ -84,8 +84,12 @@ class CommRow:
 class StepTimeBounds:
     """Step time of one rank: compute (roofline of its ops: each op takes
     max(FLOPs / peak, bytes / memory bandwidth)), communication (wire bytes / link),
-    their sum (no overlap) and max (perfect overlap), and the MFU each implies
-    (forward + backward FLOPs of this rank / (time x peak FLOP/s))."""
+    their sum (no overlap) and max (perfect overlap), and the utilisation each implies:
+    MFU = the rank's model FLOPs (``PlanResult.model_flops``: 3 x the forward of the
+    unsharded model as written / tp) / (time x peak FLOP/s); HFU = every FLOP the rank ran
+    (``PlanResult.total_flops``: forward, backward with any recomputation and the fused
+    attention backward's extra work, work replicated on TP ranks, the optimizer step) /
+    (time x peak FLOP/s). None where the time (no link given) or the model FLOPs are unknown."""
 
     peak_flops: float
     memory_bandwidth: Optional[float]
@@ -93,8 +97,10 @@ class StepTimeBounds:
     comm_s: Optional[float]
     no_overlap_s: Optional[float]
     overlap_s: Optional[float]
-    mfu_no_overlap: Optional[float]
-    mfu_overlap: Optional[float]
+    mfu_no_overlap: Optional[float] = None
+    mfu_overlap: Optional[float] = None
+    hfu_no_overlap: Optional[float] = None
+    hfu_overlap: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,10 @@ class PlanResult:
     ``flops``/``macs``: by phase (forward, backward, optimizer). ``peak_bytes``: torch's
     MemTracker peak on rank 0; ``memory``: its categories at that peak. ``state_bytes``:
     parameter, gradient and optimizer-state shards this rank holds after the step.
-    ``comm``: one row per collective kind and mesh dim."""
+    ``comm``: one row per collective kind and mesh dim. ``model_flops``: the MFU's
+    numerator, 3 x the forward FLOPs of the unsharded model as written on this rank's
+    micro-batch / tp (PaLM's convention; None if it could not be traced); ``total_flops``
+    is the HFU's, every FLOP the rank ran."""
 
     fsdp: int
     tp: int
@@ -123,6 +132,8 @@ class PlanResult:
     unsupported: Mapping[str, int] = field(default_factory=dict)
     by_operator: Mapping[str, int] = field(default_factory=dict)
     notes: Tuple[str, ...] = ()
+    backend: str = "nccl"
+    model_flops: Optional[int] = None
 
     @property
     def world_size(self) -> int:

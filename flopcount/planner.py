@@ -8,6 +8,7 @@ torch's MemTracker watch rank 0. See docs/parallel.md.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from ._parallel import fake_world, mesh_groups, parallelize
-from ._step import COLLECTIVE_KINDS, Collective, StepRecord, make_optimizer, run_step
+from ._step import BACKENDS, COLLECTIVE_KINDS, Collective, StepRecord, default_loss, make_optimizer, run_step
 from .analysis import cost_events
 from .devices import column_of, find_part, known_names, op_time, part_roofs
 from .errors import FlopcountWarning, TraceError, UsageError
@@ -26,6 +27,7 @@ from .optimizers import warm_up
 from .plan_result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
 from .registry import HandlerRegistry
 from .state import preserved_rng
+from .tracers import trace
 from .tracers._fake import quiet_fake_logs
 from .types import Cost, OpEvent
 
@@ -70,6 +72,7 @@ def plan(
     tp_plan: Optional[Mapping[str, Any]] = None,
     mixed_precision: Union[None, str, torch.dtype] = None,
     registry: Optional[HandlerRegistry] = None,
+    backend: str = "nccl",
 ) -> PlanResult:
     """Per-rank cost of one training step (forward, backward, ``optimizer.step()``) of the
     model ``build()`` returns, sharded over ``fsdp x tp`` ranks.
@@ -82,6 +85,8 @@ def plan(
     name (see ``flopcount.plan_result.LINKS``), bytes/s, or ``{"dp": ..., "tp": ...}``.
     ``mixed_precision`` (e.g. "bfloat16"): FSDP2 computes in that dtype and reduces
     gradients in float32 while parameters and optimizer state keep the model's dtype.
+    ``backend``: the process-group backend whose collective buffers the peak includes:
+    "nccl" (in place, the default) or "gloo" (its reduce-scatter holds a copy of its input).
     A default process group already initialised is left alone: plan() raises instead.
     """
     fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
@@ -89,6 +94,8 @@ def plan(
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
     gpu = gpu_key(device)
     compute = _dtype(mixed_precision)
+    if backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
     with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh:
         groups = mesh_groups(mesh)
@@ -96,15 +103,21 @@ def plan(
         links = links_by_dim(link, dims)
         model = _built(build)
         prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups)
+        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend)
     if compute is not None:
         dtype = str(compute).replace("torch.", "")
     costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
     flops, macs, by_operator, unsupported = _book(costed)
     comm = _comm_rows(record.collectives, groups, links)
     tokens = _tokens(args, kw)
-    bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links))
-    notes = _notes(unsupported, links, gpu)
+    # one rank communicates nothing: its step time is known without a link
+    bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links) or not dims)
+    notes = _notes(unsupported, bool(links) or not dims, gpu)
+    with preserved_rng():
+        model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, _registry(registry))
+    if why:
+        notes += (why,)
+    bounds = _utilisation(bounds, model_flops, sum(flops.values()))
     if unsupported:
         warnings.warn(f"plan: {notes[0]}; see PlanResult.unsupported or register a handler", FlopcountWarning, stacklevel=2)
     memory: Dict[str, int] = {}
@@ -113,10 +126,10 @@ def plan(
             name = _MEMORY_KEYS.get(key, key)
             memory[name] = memory.get(name, 0) + value
     return PlanResult(
-        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, flops=flops, macs=macs,
+        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, backend=backend, flops=flops, macs=macs,
         peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
         state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
-        tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes,
+        tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes, model_flops=model_flops,
     )
 
 
@@ -164,7 +177,8 @@ def _built(build: Callable[[], nn.Module]) -> nn.Module:
 
 
 def _fake_step(
-    model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any, groups: Mapping[str, Any]
+    model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
+    groups: Mapping[str, Any], backend: str = "nccl",
 ) -> Tuple[StepRecord, str]:
     """Materialise the sharded model as fake tensors on cpu, then run and record one step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -187,7 +201,7 @@ def _fake_step(
             # peak is lower by up to the state's size; a plan sizes every step)
             warm_up(opt, "plan")
         try:
-            record = run_step(model, opt, call_args, call_kw, loss_fn, groups)
+            record = run_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend)
         except UsageError:
             raise
         except Exception as exc:
@@ -275,21 +289,76 @@ def _bounds(
         if cost is not None:
             compute += op_time(roofs, cost.flops, cost.bytes, column, event.call.op).seconds
     comm_s = sum(r.seconds or 0.0 for r in comm) if have_links else None
-    model_flops = flops.get("forward", 0) + flops.get("backward", 0)
     no_overlap = overlap = None
-    mfu_no = mfu_ov = None
     if comm_s is not None:
         no_overlap, overlap = compute + comm_s, max(compute, comm_s)
-        mfu_no = model_flops / (no_overlap * peak) if no_overlap else None
-        mfu_ov = model_flops / (overlap * peak) if overlap else None
-    return StepTimeBounds(peak, bandwidth, compute, comm_s, no_overlap, overlap, mfu_no, mfu_ov)
+    return StepTimeBounds(peak, bandwidth, compute, comm_s, no_overlap, overlap)
 
 
-def _notes(unsupported: Mapping[str, int], links: Mapping[str, Any], gpu: Optional[str]) -> Tuple[str, ...]:
+def _utilisation(bounds: Optional[StepTimeBounds], model_flops: Optional[int], hardware_flops: int) -> Optional[StepTimeBounds]:
+    """MFU and HFU at each step time: model FLOPs (:func:`_model_flops`) and hardware FLOPs
+    (every FLOP the rank ran: forward, backward with any recomputation, optimizer step) over
+    (step time x peak FLOP/s)."""
+    if bounds is None:
+        return None
+
+    def rate(flops: Optional[int], seconds: Optional[float]) -> Optional[float]:
+        return flops / (seconds * bounds.peak_flops) if flops is not None and seconds else None
+
+    return dataclasses.replace(
+        bounds,
+        mfu_no_overlap=rate(model_flops, bounds.no_overlap_s), mfu_overlap=rate(model_flops, bounds.overlap_s),
+        hfu_no_overlap=rate(hardware_flops, bounds.no_overlap_s), hfu_overlap=rate(hardware_flops, bounds.overlap_s),
+    )
+
+
+def _model_flops(
+    build: Callable[[], nn.Module], args: Tuple[Any, ...], kw: Mapping[str, Any], tp: int,
+    flops: Mapping[str, int], loss_fn: Optional[Callable[[Any], Any]], registry: HandlerRegistry,
+) -> Tuple[Optional[int], str]:
+    """One rank's model FLOPs: 3 x the forward FLOPs (loss included) of the model as written,
+    unsharded, on the rank's micro-batch, divided by ``tp`` (the ranks sharing that micro-batch).
+
+    3 x forward is PaLM's convention (6N + 12·L·H·Q·T per token: a matmul's backward is twice
+    its forward; attention's QK^T and AV at the full Lq x Lk product, no causal halving): no
+    activation recomputation, no fused-attention backward's extra QK^T (2.5x, not 2x, its
+    forward), no work replicated on TP ranks. Without TP the rank's own forward is that
+    forward (FSDP changes no op's FLOPs); with TP the unsharded model is traced again, on
+    the meta device. ``(None, why)`` when that trace fails."""
+    if tp == 1:
+        return 3 * flops.get("forward", 0), ""
+    tensors, rebuild = flatten_tensors((args, dict(kw)))
+    metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
+    meta_args, meta_kw = rebuild(metas)
+    try:
+        model = _built(build)
+        run = trace(_WithLoss(model, loss_fn or default_loss), tuple(meta_args), meta_kw, tracer="dispatch")
+    except Exception as exc:  # the plan stands without an MFU
+        return None, f"MFU not computed: the unsharded forward failed on the meta device ({type(exc).__name__}: {exc})"
+    forward = sum(cost.flops for event, cost in cost_events(run.events, registry) if cost is not None and not _skipped(event.call.op))
+    return 3 * forward // tp, ""
+
+
+class _WithLoss(nn.Module):
+    """The model and its loss as one forward (the planned step's forward phase), with grad
+    enabled as in a training step: the loss needs outputs that require grad, and a model
+    may branch on grad mode."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[Any], Any]):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.enable_grad():
+            return self.loss_fn(self.model(*args, **kwargs))
+
+
+def _notes(unsupported: Mapping[str, int], times_known: bool, gpu: Optional[str]) -> Tuple[str, ...]:
     notes = []
     if unsupported:
         listing = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
         notes.append(f"ops without a handler were not counted: {listing}")
-    if gpu is not None and not links:
-        notes.append("no link given: communication time and MFU not estimated (pass link=)")
+    if gpu is not None and not times_known:
+        notes.append("no link given: communication time, MFU and HFU not estimated (pass link=)")
     return tuple(notes)

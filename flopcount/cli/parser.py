@@ -468,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="cast the model to this dtype (default: as built)")
     setup.add_argument("--mixed-precision", choices=("bfloat16", "float16"), default=None,
                        help="FSDP2 computes in this dtype, reduces grads in float32; params and optimizer state keep theirs")
+    setup.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                       help="process-group backend whose collective buffers the peak holds: nccl (in place; default) "
+                       "or gloo (its reduce-scatter holds a copy of its input)")
     setup.add_argument("--device", dest="gpu", default="h100", metavar="GPU", help="GPU for the step-time roofline (default h100)")
     setup.add_argument("--link", default=None, metavar="LINK",
                        help="nvlink4, nvlink3, pcie5, pcie4, infiniband-ndr, infiniband-hdr..., bytes/s, or dp=LINK,tp=LINK")

@@ -64,7 +64,7 @@ def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, opti
     return plan(
         _builder(args, dtype), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
         optimizer=optimizer or "adamw", device=device, link=link,
-        mixed_precision=getattr(args, "mixed_precision", None),
+        mixed_precision=getattr(args, "mixed_precision", None), backend=getattr(args, "backend", "nccl"),
     )
 
 

@@ -1,5 +1,11 @@
-"""Rates from counted FLOPs and measured step times: TFLOP/s, MFU, tokens/s (pure functions),
-and the peak an MFU is measured against."""
+"""Rates from counted FLOPs and measured step times: TFLOP/s, MFU, HFU, tokens/s (pure
+functions), and the peak they are measured against.
+
+MFU (model FLOPs utilisation) counts :func:`model_flops`: 3 x the forward FLOPs of the model as
+written (PaLM's 6N + 12·L·H·Q·T per token is 3 x its forward; no recomputation, no fused
+attention backward's extra work). HFU (hardware FLOPs utilisation) counts every FLOP the step
+ran as flopcount counted it: forward, backward (recomputation under activation checkpointing
+and the fused attention backward's 2.5x included) and the optimizer step."""
 
 from __future__ import annotations
 
@@ -13,9 +19,16 @@ from ..errors import UsageError
 PREFIX = "flopcount/"
 
 
+def model_flops(forward_flops: int) -> int:
+    """Model FLOPs of a training micro-batch: 3 x its forward FLOPs (the backward of a
+    matmul is twice its forward), PaLM's convention, which torchtitan's MFU uses."""
+    return 3 * forward_flops
+
+
 @dataclass
 class Window:
-    """Steps since the last log: their FLOPs, measured seconds, tokens and samples."""
+    """Steps since the last log: their FLOPs (as run, and the model FLOPs), measured
+    seconds, tokens and samples."""
 
     steps: int = 0
     flops: int = 0
@@ -23,8 +36,10 @@ class Window:
     tokens: int = 0
     samples: int = 0
     has_tokens: bool = True
+    model_flops: int = 0
+    has_model_flops: bool = True
 
-    def add(self, flops: int, seconds: float, tokens: Optional[int], samples: int) -> None:
+    def add(self, flops: int, seconds: float, tokens: Optional[int], samples: int, model_flops: Optional[int] = None) -> None:
         self.steps += 1
         self.flops += flops
         self.seconds += seconds
@@ -33,12 +48,17 @@ class Window:
             self.has_tokens = False
         else:
             self.tokens += tokens
+        if model_flops is None:
+            self.has_model_flops = False
+        else:
+            self.model_flops += model_flops
 
 
 def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
     """``flops_per_step`` = mean FLOPs of the window's steps (exact per step when each log
-    covers one step); ``tflops_per_s`` = window FLOPs / window seconds / 1e12; ``mfu`` =
-    FLOP/s / ``peak``; ``tokens_per_s`` and ``samples_per_s`` over the same seconds."""
+    covers one step); ``tflops_per_s`` = window FLOPs / window seconds / 1e12; ``hfu`` =
+    FLOP/s / ``peak``; ``mfu`` = model FLOPs / window seconds / ``peak`` (when every step
+    has them); ``tokens_per_s`` and ``samples_per_s`` over the same seconds."""
     if window.steps == 0:
         return {}
     metrics = {PREFIX + "flops_per_step": window.flops / window.steps}
@@ -46,7 +66,9 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
         rate = window.flops / window.seconds
         metrics[PREFIX + "tflops_per_s"] = rate / 1e12
         if peak:
-            metrics[PREFIX + "mfu"] = rate / peak
+            metrics[PREFIX + "hfu"] = rate / peak
+            if window.has_model_flops:
+                metrics[PREFIX + "mfu"] = window.model_flops / window.seconds / peak
         if window.has_tokens:
             metrics[PREFIX + "tokens_per_s"] = window.tokens / window.seconds
         metrics[PREFIX + "samples_per_s"] = window.samples / window.seconds

@@ -33,7 +33,7 @@ from transformers import TrainerCallback
 from ..analysis import uncompiled
 from ..errors import FlopcountWarning
 from ._counting import PassCost, Signature, StepCounter, batch_signature
-from ._rates import PREFIX, Window, model_device, model_dtype, resolve_peak, window_metrics
+from ._rates import PREFIX, Window, model_device, model_dtype, model_flops, resolve_peak, window_metrics
 
 __all__ = ["FlopcountCallback", "hf_loss"]
 
@@ -51,7 +51,7 @@ def hf_loss(outputs: Any) -> Any:
 
 
 class FlopcountCallback(TrainerCallback):
-    """Logs ``flopcount/flops_per_step``, ``flopcount/tflops_per_s``, ``flopcount/mfu``,
+    """Logs ``flopcount/flops_per_step``, ``flopcount/tflops_per_s``, ``flopcount/mfu``, ``flopcount/hfu``,
     ``flopcount/tokens_per_s`` (and ``samples_per_s``, ``total_flops``, ``eval_flops``) through
     the trainer's own logs, and makes ``state.total_flos`` exact.
 
@@ -137,7 +137,8 @@ class FlopcountCallback(TrainerCallback):
             hf = [self._hf_estimate.get(sig) for sig, _, _ in calls]
             if all(h is not None for h in hf):  # HF adds its own estimate for these micro-batches
                 state.total_flos += flops - sum(h for h in hf if h is not None)
-            self._window.add(flops, seconds, _sum_tokens(calls), _sum_samples(calls))
+            step_model_flops = sum(model_flops(c.forward) for c in costs if c is not None)
+            self._window.add(flops, seconds, _sum_tokens(calls), _sum_samples(calls), model_flops=step_model_flops)
         if self.log_every is not None and state.global_step % self.log_every == 0:
             control.should_log = True
         return control

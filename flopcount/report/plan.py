@@ -31,7 +31,9 @@ def _rate(tokens: int, seconds: Optional[float]) -> str:
 
 def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]]:
     phases = [[p, format_count(result.flops[p]), format_count(result.macs.get(p, 0))] for p in result.flops]
-    phases.append(["total", format_count(result.total_flops), format_count(sum(result.macs.values()))])
+    phases.append(["total (HFU's FLOPs)", format_count(result.total_flops), format_count(sum(result.macs.values()))])
+    if result.model_flops is not None:
+        phases.append(["model FLOPs (MFU's: 3 x forward of the model as written / tp)", format_count(result.model_flops), ""])
     memory = [[name, format_bytes(value)] for name, value in result.memory.items() if value]
     memory.append(["peak (MemTracker)", format_bytes(result.peak_bytes)])
     state = [[name, format_bytes(value)] for name, value in result.state_bytes.items()]
@@ -48,19 +50,22 @@ def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]
     bounds = result.step_time
     if bounds is not None:
         rows = [
-            ["compute (roofline)", _seconds(bounds.compute_s), "", ""],
-            ["communication", _seconds(bounds.comm_s), "", ""],
-            ["no overlap", _seconds(bounds.no_overlap_s), _percent(bounds.mfu_no_overlap), _rate(result.tokens, bounds.no_overlap_s)],
-            ["perfect overlap", _seconds(bounds.overlap_s), _percent(bounds.mfu_overlap), _rate(result.tokens, bounds.overlap_s)],
+            ["compute (roofline)", _seconds(bounds.compute_s), "", "", ""],
+            ["communication", _seconds(bounds.comm_s), "", "", ""],
+            ["no overlap", _seconds(bounds.no_overlap_s), _percent(bounds.mfu_no_overlap), _percent(bounds.hfu_no_overlap),
+             _rate(result.tokens, bounds.no_overlap_s)],
+            ["perfect overlap", _seconds(bounds.overlap_s), _percent(bounds.mfu_overlap), _percent(bounds.hfu_overlap),
+             _rate(result.tokens, bounds.overlap_s)],
         ]
-        headers = ["bound", "time", "MFU", "tokens/s per rank"]
+        headers = ["bound", "time", "MFU", "HFU", "tokens/s per rank"]
         sections.append((f"step time on {result.device} ({result.dtype})", headers, rows))
     return sections
 
 
 def _header(result: PlanResult) -> str:
     blocks = f"; FSDP2 on {result.wrapped_blocks} blocks of '{result.blocks}' + root" if result.wrapped_blocks else ""
-    return f"plan: fsdp={result.fsdp} x tp={result.tp} = {result.world_size} ranks, rank 0, one training step{blocks}"
+    return (f"plan: fsdp={result.fsdp} x tp={result.tp} = {result.world_size} ranks, rank 0, one training step{blocks}; "
+            f"{result.backend} collectives")
 
 
 @renders("PlanResult", "table")

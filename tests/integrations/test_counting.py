@@ -11,7 +11,7 @@ from torch import nn
 
 from flopcount.errors import FlopcountWarning
 from flopcount.integrations._counting import StepCounter, batch_signature
-from flopcount.integrations._rates import Window, resolve_peak, window_metrics
+from flopcount.integrations._rates import Window, model_flops, resolve_peak, window_metrics
 
 
 class Counted(nn.Module):
@@ -70,15 +70,18 @@ def test_a_failed_count_warns_once_and_returns_none():
 
 def test_window_metrics_by_hand():
     window = Window()
-    window.add(3 * 10**12, 2.0, 1000, 4)
-    window.add(10**12, 2.0, 3000, 4)
+    # 4e12 FLOPs run in 4 s; model FLOPs 3e12 (a checkpointed model recomputes part of its forward)
+    window.add(3 * 10**12, 2.0, 1000, 4, model_flops=2 * 10**12)
+    window.add(10**12, 2.0, 3000, 4, model_flops=10**12)
     metrics = window_metrics(window, peak=2e12)
     assert metrics == pytest.approx({
-        "flopcount/flops_per_step": 2e12, "flopcount/tflops_per_s": 1.0, "flopcount/mfu": 0.5,
-        "flopcount/tokens_per_s": 1000.0, "flopcount/samples_per_s": 2.0,
+        "flopcount/flops_per_step": 2e12, "flopcount/tflops_per_s": 1.0, "flopcount/hfu": 0.5,
+        "flopcount/mfu": 3e12 / 4.0 / 2e12, "flopcount/tokens_per_s": 1000.0, "flopcount/samples_per_s": 2.0,
     })
-    window.add(1, 1.0, None, 1)  # a step without token ids: no tokens_per_s
-    assert "flopcount/tokens_per_s" not in window_metrics(window, None) and "flopcount/mfu" not in window_metrics(window, None)
+    window.add(1, 1.0, None, 1)  # a step without token ids or model FLOPs: no tokens_per_s, no mfu
+    assert "flopcount/tokens_per_s" not in window_metrics(window, None) and "flopcount/hfu" not in window_metrics(window, None)
+    assert "flopcount/mfu" not in window_metrics(window, 2e12) and "flopcount/hfu" in window_metrics(window, 2e12)
+    assert model_flops(7) == 21
 
 
 def test_peak_on_cpu_is_this_machines_measured_roof(tmp_path, monkeypatch):

@@ -121,7 +121,10 @@ def test_gpt2_trainer_logs_the_exact_step_flops(tmp_path):
     for log, micro in zip(train_logs, steps):
         tokens = sum(kw["input_ids"].numel() for kw in micro)
         seconds = log["flopcount/flops_per_step"] / (log["flopcount/tflops_per_s"] * 1e12)
-        assert log["flopcount/mfu"] == pytest.approx(log["flopcount/tflops_per_s"] * 1e12 / PEAK)
+        assert log["flopcount/hfu"] == pytest.approx(log["flopcount/tflops_per_s"] * 1e12 / PEAK)
+        # MFU: 3 x the micro-batches' forward FLOPs (PaLM's convention) over the same seconds
+        forward = sum(count_flops(model, (), kwargs=kw, backward=True, loss_fn=hf_loss).by_phase()["forward"] for kw in micro)
+        assert log["flopcount/mfu"] == pytest.approx(3 * forward / seconds / PEAK)
         assert log["flopcount/tokens_per_s"] == pytest.approx(tokens / seconds)
 
     for micro in steps:  # the forward the callback counted, against torch's counter run live

@@ -108,7 +108,12 @@ def test_lightning_trainer_logs_the_exact_step_flops():
     assert logged == expected
     assert monitor.total_flops == sum(expected)
     rows = [row for row in logger.rows if "flopcount/flops_per_step" in row]
-    assert all(row["flopcount/mfu"] == pytest.approx(row["flopcount/tflops_per_s"] * 1e12 / PEAK) for row in rows)
+    assert all(row["flopcount/hfu"] == pytest.approx(row["flopcount/tflops_per_s"] * 1e12 / PEAK) for row in rows)
+    # MFU: 3 x the step's batches' forward FLOPs over the same seconds (PaLM's convention)
+    forward = [count_flops(oracle, b, backward=True).by_phase()["forward"] for b in batches]
+    for row, model in zip(rows, [3 * (forward[0] + forward[1]), 3 * (forward[2] + forward[3])]):
+        seconds = row["flopcount/flops_per_step"] / (row["flopcount/tflops_per_s"] * 1e12)
+        assert row["flopcount/mfu"] == pytest.approx(model / seconds / PEAK)
 
     # ThroughputMonitor read the batch's FLOPs (optimizer on the batch that steps it) and logged a rate
     assert seen.values == [per_batch[0], per_batch[1] + optimizer_flops, per_batch[2], per_batch[3] + optimizer_flops]

@@ -10,7 +10,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -44,14 +44,42 @@ def tiny_gpt2(tied: bool = False) -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
-BUILDERS = {"llama": tiny_llama, "encoder": tiny_encoder, "gpt2": tiny_gpt2, "gpt2_tied": lambda: tiny_gpt2(tied=True)}
+def tiny_qwen2() -> nn.Module:
+    """Qwen2-style: biased q/k/v projections, grouped-query attention, untied head."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=160, vocab_size=VOCAB, max_position_embeddings=256, use_sliding_window=False,
+    )
+    return Qwen2ForCausalLM(config)
 
 
-def example_input(name: str) -> torch.Tensor:
+def tiny_mistral() -> nn.Module:
+    """Mistral-style: no biases, grouped-query attention (one kv head per 4), a sliding window."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=192, vocab_size=VOCAB, max_position_embeddings=256, sliding_window=64,
+    )
+    return MistralForCausalLM(config)
+
+
+BUILDERS = {
+    "llama": tiny_llama, "encoder": tiny_encoder, "gpt2": tiny_gpt2, "gpt2_tied": lambda: tiny_gpt2(tied=True),
+    "qwen2": tiny_qwen2, "mistral": tiny_mistral,
+}
+
+#: builders whose input is token ids (the others take a float [batch, seq, 64] tensor)
+DECODERS = ("llama", "gpt2", "gpt2_tied", "qwen2", "mistral")
+
+
+def example_input(name: str, seq: int = SEQ) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
-    if name in ("llama", "gpt2", "gpt2_tied"):
-        return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-    return torch.randn(BATCH, SEQ, 64, generator=generator)
+    if name in DECODERS:
+        return torch.randint(0, VOCAB, (BATCH, seq), generator=generator)
+    return torch.randn(BATCH, seq, 64, generator=generator)
 
 
 class CollectiveBytes(TorchDispatchMode):
@@ -81,7 +109,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int, out_dir: str) -> None:
+def worker(
+    rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int, out_dir: str,
+    mixed_precision: Optional[str] = None, seq: int = SEQ,
+) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -97,34 +128,36 @@ def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int
         mesh = device_mesh(fsdp, tp)
         torch.manual_seed(0)
         model = BUILDERS[model_name]().train()
-        parallelize(model, mesh, fsdp, tp)
+        parallelize(model, mesh, fsdp, tp, mixed_precision=getattr(torch, mixed_precision) if mixed_precision else None)
+        example = example_input(model_name, seq)
         first_output = None
         if fsdp == 1:  # the TP-sharded model's output before any step, for numerical checks (an
             # extra FSDP2 forward would leave the root unsharded and change what the step records)
             with torch.no_grad():
-                first = model(example_input(model_name))
+                first = model(example)
                 first_output = float(getattr(first, "logits", first).double().square().sum())
         optimizer = make_optimizer("adamw", model)
         # a first real step, not recorded: the recorded one is the steady state (the optimizer
         # state allocated before its forward), as every step of a training run after the first
-        default_loss(model(example_input(model_name))).backward()
+        default_loss(model(example)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
         with CollectiveBytes() as nbytes:
-            record = run_step(model, optimizer, (example_input(model_name),), {}, None, mesh_groups(mesh), peak_only=False)
+            record = run_step(model, optimizer, (example,), {}, None, mesh_groups(mesh), peak_only=False)
         seconds = time.perf_counter() - start
         # CommDebugMode counts a second step of its own: its module tracker's hooks hand
         # nn.MultiheadAttention three distinct query/key/value tensors, which turns the packed
         # in-projection into three (other FLOPs); the collectives are the same every step
         with CommDebugMode() as comm:
-            default_loss(model(example_input(model_name))).backward()
+            default_loss(model(example)).backward()
             optimizer.step()
         costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), default_registry())
         flops, macs, _, unsupported = _book(costed)
         result: Dict[str, Any] = {
             "state_bytes": dict(record.state_bytes),
             "peak": record.memory_peak.get("Total", 0),
+            "peak_categories": dict(record.memory_peak),
             "comm_counts": {str(op): n for op, n in comm.get_comm_counts().items()},
             "collective_bytes": nbytes.seen,
             "flops": flops,
@@ -148,6 +181,7 @@ def worker(rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int
 PRELOAD = [
     "_plan_gloo", "torch.distributed.tensor", "torch.distributed.tensor.debug", "torch.distributed.fsdp",
     "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
+    "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
     "flopcount._parallel", "flopcount._step", "flopcount.analysis", "flopcount.handlers", "flopcount.planner",
 ]
 
@@ -173,11 +207,19 @@ def start_fork_server() -> None:
     forkserver.ensure_running()
 
 
-def run_real(model_name: str, fsdp: int, tp: int, out_dir: str, timeout: float = 90.0) -> Dict[str, Any]:
-    """Start ``fsdp * tp`` gloo processes; rank 0's record, or an error after ``timeout`` s."""
+def run_real(
+    model_name: str, fsdp: int, tp: int, out_dir: str, timeout: float = 90.0,
+    mixed_precision: Optional[str] = None, seq: int = SEQ,
+) -> Dict[str, Any]:
+    """Start ``fsdp * tp`` gloo processes; rank 0's record, or an error after ``timeout`` s.
+    ``mixed_precision`` (a dtype name): FSDP2's MixedPrecisionPolicy(param_dtype=it,
+    reduce_dtype=float32), as plan(mixed_precision=) applies it; ``seq``: tokens per sequence."""
     context = _context()
     world, port = fsdp * tp, free_port()
-    procs = [context.Process(target=worker, args=(r, world, port, model_name, fsdp, tp, out_dir)) for r in range(world)]
+    procs = [
+        context.Process(target=worker, args=(r, world, port, model_name, fsdp, tp, out_dir, mixed_precision, seq))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -197,7 +239,8 @@ def run_real(model_name: str, fsdp: int, tp: int, out_dir: str, timeout: float =
 
 
 def run_real_settled(
-    model_name: str, fsdp: int, tp: int, out_dir: str, expected_peak: int, tolerance: float, timeout: float = 90.0, tries: int = 3
+    model_name: str, fsdp: int, tp: int, out_dir: str, expected_peak: int, tolerance: float, timeout: float = 90.0, tries: int = 3,
+    mixed_precision: Optional[str] = None, seq: int = SEQ,
 ) -> Dict[str, Any]:
     """:func:`run_real`, with rank 0's peak taken as the least of up to ``tries`` runs when it is
     off ``expected_peak`` by more than ``tolerance`` (a fraction). gloo's collectives finish on a
@@ -207,7 +250,7 @@ def run_real_settled(
     def one(attempt: int) -> Dict[str, Any]:
         folder = os.path.join(out_dir, f"run{attempt}")
         os.makedirs(folder, exist_ok=True)
-        return run_real(model_name, fsdp, tp, folder, timeout=timeout)
+        return run_real(model_name, fsdp, tp, folder, timeout=timeout, mixed_precision=mixed_precision, seq=seq)
 
     first = one(0)
     peak = first["peak"]

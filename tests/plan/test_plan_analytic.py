@@ -88,8 +88,10 @@ def test_step_time_bounds_are_sum_and_max() -> None:
     assert bounds.comm_s == pytest.approx(comm)
     assert bounds.no_overlap_s == pytest.approx(bounds.compute_s + comm)
     assert bounds.overlap_s == pytest.approx(max(bounds.compute_s, comm))
-    model_flops = result.flops["forward"] + result.flops["backward"]
-    assert bounds.mfu_overlap == pytest.approx(model_flops / (bounds.overlap_s * 67e12))
+    # MFU: model FLOPs (test_plan_utilisation.py derives them); HFU: every FLOP the rank ran
+    assert bounds.mfu_overlap == pytest.approx(result.model_flops / (bounds.overlap_s * 67e12))
+    assert bounds.hfu_overlap == pytest.approx(result.total_flops / (bounds.overlap_s * 67e12))
+    assert bounds.hfu_no_overlap == pytest.approx(result.total_flops / (bounds.no_overlap_s * 67e12))
     # a compute bound is at least the FLOPs at peak (equal here, up to rounding: the tiny
     # model's working sets fit the H100's 50 MB L2, whose bandwidth is unpublished, so no
     # memory term is claimed)

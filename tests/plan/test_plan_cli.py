@@ -62,3 +62,23 @@ def test_bad_input_is_one_line_exit_2(workdir: Any, capsys: Any, bad: Any) -> No
     code, out, err = cli(capsys, "plan", "plan_models.py:encoder", "--input", "2x16x64", "--fsdp", "2", *bad)
     assert code == 2 and out == ""
     assert len([line for line in err.splitlines() if line.strip()]) == 1
+
+
+def test_backend_gloo_is_planned_and_echoed(workdir: Any, capsys: Any) -> None:
+    # the value itself is checked against real gloo ranks in test_plan_mixed_precision.py (serial)
+    from _plan_gloo import tiny_encoder
+
+    code, out, _ = cli(capsys, "plan", "plan_models.py:encoder", "--input", "2x16x64", "--fsdp", "2", "-f", "json",
+                       "--backend", "gloo", "--mixed-precision", "bfloat16")
+    assert code == 0
+    data = json.loads(out)
+    planned = flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, mixed_precision="bfloat16", backend="gloo")
+    assert data["backend"] == "gloo" and data["peak_bytes"] == planned.peak_bytes
+    assert "gloo collectives" in flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, backend="gloo").table()
+
+
+def test_unknown_backend_is_a_usage_error() -> None:
+    from _plan_gloo import tiny_encoder
+
+    with pytest.raises(flopcount.UsageError, match="backend must be one of nccl, gloo, got 'mpi'"):
+        flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, backend="mpi")
