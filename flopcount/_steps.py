@@ -140,6 +140,14 @@ def _static_cache(model: nn.Module, length: int) -> Any:
     return StaticCache(config=text, max_cache_len=length)
 
 
+def _dynamic_cache(model: nn.Module) -> Any:
+    from transformers import DynamicCache
+
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return DynamicCache(config=text)
+
+
 def cache_of(output: Any, setup: Setup) -> Any:
     """The cache a forward returned (``cache`` in transformers >= 5.24, else ``past_key_values``)."""
     cache = _field(output, setup.cache_key)
@@ -229,8 +237,13 @@ class Setup:
         first.update(kwargs or {})
         # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` deprecated)
         self.cache_key = "cache" if "cache" in self.parameters else "past_key_values"
-        if options.static_len is not None and not any(k in first for k in ("cache", "past_key_values")):
-            first[self.cache_key] = _static_cache(model, options.static_len)
+        if not any(k in first for k in ("cache", "past_key_values")):
+            if options.static_len is not None:
+                first[self.cache_key] = _static_cache(model, options.static_len)
+            elif self.cache_key == "cache" and not self.encoder_decoder and _supports_cache_objects(model):
+                # generate() makes the dynamic cache and hands it in: models that keep recurrent state in
+                # their modules (RecurrentGemma) update it in place and return none
+                first[self.cache_key] = _dynamic_cache(model)
         self.first = first
         self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
@@ -265,6 +278,14 @@ class Decoding:
 
     def advance(self, output: Any) -> None:
         self.cache = cache_of(output, self.setup)
+        if self.cache is None and self.setup.first.get(self.setup.cache_key) is not None:
+            # a model that updates the cache it was handed in place may return none (RecurrentGemma,
+            # whose recurrent state lives in its modules, set and read by its own forwards)
+            self.cache = self.setup.first[self.setup.cache_key]
+            note = ("the model returned no cache: it updates the one generate() hands it in place and keeps other "
+                    "state in its modules (kv_cache_bytes counts the cache object only)")
+            if note not in self.notes:
+                self.notes.append(note)
         self.tokens = _next_tokens(_field(output, "logits"))
 
     def call(self, step: int, width: int = 1) -> Dict[str, Any]:

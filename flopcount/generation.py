@@ -324,7 +324,8 @@ def _prefill(counter: _Counter, setup: Setup, last: LastOutput) -> Tuple[FlopRes
     output: Any = None
     for index, call in enumerate(setup.prefill_calls):
         if index:
-            call = {**call, setup.cache_key: cache_of(output, setup)}
+            cache = cache_of(output, setup)
+            call = {**call, setup.cache_key: cache if cache is not None else setup.first.get(setup.cache_key)}
         runs.append(counter.trace(call))
         output = last.take()
     description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"

@@ -169,3 +169,36 @@ def test_encoder_decoder_static_cache_is_refused() -> None:
     model = transformers.T5ForConditionalGeneration(config).eval()
     with pytest.raises(UsageError, match="encoder-decoder is not honoured"):
         count_generation(model, torch.randint(0, VOCAB, (B, P)), new_tokens=N, cache_implementation="static")
+
+
+def _recurrent_gemma(device: str = "cpu") -> nn.Module:
+    config = transformers.RecurrentGemmaConfig(
+        num_hidden_layers=3, vocab_size=VOCAB, hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS,
+        num_key_value_heads=1, head_dim=HD, lru_width=H, attention_window_size=8, conv1d_width=4,
+        block_types=["recurrent", "recurrent", "attention"],
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def test_recurrent_gemma_counts_what_generate_runs() -> None:
+    """Issue #29 item 6: RecurrentGemma returns no cache (it updates the one generate() hands
+    it, and keeps its recurrent state in its modules); each forward equals generate()'s."""
+    options: Dict[str, Any] = {}
+    model = _recurrent_gemma()
+    ids = torch.randint(0, VOCAB, (B, P))
+    expected, cache, _ = _truth(model, ids, options)
+    model = _recurrent_gemma()  # generate() leaves its recurrent state on the modules: a fresh one
+    before = snapshot(model)
+    result = count_generation(model, ids, new_tokens=N, **options)
+    assert _per_forward(result) == expected
+    assert result.kv_cache_bytes == held_bytes(cache)
+    assert any("returned no cache" in w for w in result.warnings)
+    assert_same_state(model, before)
+    assert all(getattr(m, "conv1d_state", None) is None for m in model.modules())  # no state left behind
+    meta = count_generation(_recurrent_gemma("meta"), ids.to("meta"), new_tokens=N, **options)
+    assert _per_forward(meta) == expected
