@@ -20,6 +20,7 @@ from ..types import OpCall, OpEvent, Phase, TensorMeta
 from . import _meta_kernels
 from ._backward import BackwardAttribution
 from ._modules import ModuleStack
+from ._values import KnownValues
 from ._vocabulary import canonical
 
 _aten = torch.ops.aten
@@ -152,6 +153,8 @@ class DataReads(TorchDispatchMode):
         self.placeholders: Dict[Tuple[str, str], int] = {}
         self._modules = modules
         self._made_by_all = WeakIdKeyDictionary()
+        #: values the shapes decide (position ids on meta...): their reads need no placeholder
+        self.known = KnownValues()
 
     def module_stack(self) -> Tuple[str, ...]:
         return self._modules.path
@@ -171,6 +174,9 @@ class DataReads(TorchDispatchMode):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if not tensors or not any(is_dataless(t) for t in tensors):
             return _NO_PLACEHOLDER
+        values = [self.known.value(t) for t in tensors]
+        if all(v is not None for v in values):  # a value the shapes decide: the true answer
+            return func(*values)
         first = tensors[0]
         if func is _EQUAL:
             answer: Any = True
@@ -244,6 +250,8 @@ class Recorder(DataReads):
                 out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
+        if (type(out) is torch.Tensor and out.is_meta) or (self.known and func._schema.is_mutable):
+            self.known.note(func, args, kwargs, out)
         if self.muted:
             return out
         sig = self._signatures.get(func)
