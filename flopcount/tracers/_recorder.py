@@ -20,7 +20,7 @@ from ..types import OpCall, OpEvent, Phase, TensorMeta
 from . import _meta_kernels
 from ._backward import BackwardAttribution
 from ._modules import ModuleStack
-from ._values import KnownValues
+from ._values import INTEGRAL, KnownValues
 from ._vocabulary import canonical
 
 _aten = torch.ops.aten
@@ -250,7 +250,11 @@ class Recorder(DataReads):
                 out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
-        if (type(out) is torch.Tensor and out.is_meta) or (self.known and func._schema.is_mutable):
+        if type(out) is torch.Tensor:
+            # a float output cannot have written into the (integral) tensors whose values are known
+            if out.is_meta and out.dtype in INTEGRAL:
+                self.known.note(func, args, kwargs, out)
+        elif self.known and func._schema.is_mutable:
             self.known.note(func, args, kwargs, out)
         if self.muted:
             return out

@@ -22,12 +22,12 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["LIMIT", "KnownValues"]
+__all__ = ["INTEGRAL", "LIMIT", "KnownValues"]
 
 #: the largest tensor (elements) whose value is followed: position ids and masks of a few
 #: thousand tokens, not a (T x T) mask of a long context
 LIMIT = 1 << 16
-_INTEGRAL = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+INTEGRAL = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 _CPU = torch.device("cpu")
 
 
@@ -53,7 +53,7 @@ class KnownValues:
         if not isinstance(out, torch.Tensor) or out.device.type != "meta":
             self._forget(func, args)
             return
-        if out.dtype not in _INTEGRAL or out.numel() > LIMIT or torch.Tag.nondeterministic_seeded in func.tags:
+        if out.dtype not in INTEGRAL or out.numel() > LIMIT or torch.Tag.nondeterministic_seeded in func.tags:
             self._forget(func, args)
             return
         try:
