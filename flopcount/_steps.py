@@ -1,11 +1,16 @@
 """The forwards ``generate()`` runs, as :func:`flopcount.count_generation` feeds them: the
-prefill call (prompt, all-ones mask, decoder start token, ``logits_to_keep=1``) and each
-decode step's inputs (the greedy token, the cache, the growing mask; or what the model's own
-``prepare_inputs_for_generation`` makes of them), and the hook that keeps each output."""
+generation options that change them (:func:`generation_options`: the cache implementation,
+its length, chunked prefill, resolved from the model's ``generation_config`` and the
+arguments as transformers 5 resolves them), the prefill call or calls (prompt, all-ones
+mask, decoder start token, ``logits_to_keep=1``; one call per chunk with
+``prefill_chunk_size``) and each decode step's inputs (the greedy token, the cache, the
+growing mask; or what the model's own ``prepare_inputs_for_generation`` makes of them), and
+the hook that keeps each output."""
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -14,7 +19,139 @@ from torch import nn
 from .errors import UsageError
 from .inputs import is_dataless
 
-__all__ = ["Decoding", "LastOutput", "Setup"]
+__all__ = ["Decoding", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options"]
+
+# transformers 5's cache implementations (``generation/configuration_utils.py``): the ones
+# whose cache is a StaticCache of ``max_cache_len`` positions, and the dynamic ones.
+_STATIC = ("static", "offloaded_static", "sliding_window", "hybrid", "hybrid_chunked", "offloaded_hybrid",
+           "offloaded_hybrid_chunked")
+_DYNAMIC = ("dynamic", "offloaded")
+_REFUSED = {
+    "quantized": "its quantize/dequantize work (optimum-quanto or HQQ kernels) is not modelled; count the dynamic "
+                 "cache (cache_implementation='dynamic') for the attention and projections",
+    "paged": "generate() switches to continuous batching, whose scheduling flopcount does not model",
+}
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The options of ``generate()`` that change its forwards, resolved: ``static_len`` is
+    the StaticCache's length (None: the model's own dynamic cache), ``prefill_chunk`` the
+    prefill's chunk size (None: one prefill forward); ``notes`` say what was read and why."""
+
+    cache_implementation: Optional[str] = None
+    static_len: Optional[int] = None
+    prefill_chunk: Optional[int] = None
+    notes: Tuple[str, ...] = ()
+
+
+def generation_options(
+    model: nn.Module, batch: int, prompt: int, new_tokens: int, given: Mapping[str, Any]
+) -> GenerationOptions:
+    """The options ``model.generate(ids, max_new_tokens=new_tokens, **given)`` would run
+    with: ``given`` (arguments not None) over the model's ``generation_config``, then as
+    transformers 5 does: ``"hybrid"`` is the dynamic cache; a static cache holds
+    ``max(prompt + new_tokens - 1, max_cache_len, the model's previous static length)``
+    positions; a model that builds its own cache (Mamba...) ignores ``cache_implementation``.
+    Options whose work flopcount does not model are refused with a UsageError."""
+    config = getattr(model, "generation_config", None)
+
+    def option(name: str) -> Any:
+        return given[name] if given.get(name) is not None else getattr(config, name, None)
+
+    where = {name: "argument" if given.get(name) is not None else "generation_config"
+             for name in ("cache_implementation", "max_cache_len", "prefill_chunk_size")}
+    impl, length, chunk = option("cache_implementation"), option("max_cache_len"), option("prefill_chunk_size")
+    notes: List[str] = []
+    for name, value in (("max_cache_len", length), ("prefill_chunk_size", chunk)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"count_generation: {name} ({where[name]}) must be an int >= 1, got {value!r}")
+    if impl is not None and not isinstance(impl, str):
+        raise UsageError(f"count_generation: cache_implementation ({where['cache_implementation']}) must be a string, got {impl!r}")
+    beams = max(int(option("num_beams") or 1), int(option("num_return_sequences") or 1))
+    if beams > 1:
+        notes.append(
+            f"generation_config asks for {beams} beams/sequences per prompt: counted greedy search (one sequence per "
+            f"prompt); generate() would run a batch {beams}x as large"
+        )
+    if impl in _REFUSED:
+        raise UsageError(f"count_generation: cache_implementation={impl!r} ({where['cache_implementation']}) is not honoured: {_REFUSED[impl]}")
+    if impl is not None and impl not in _STATIC + _DYNAMIC:
+        raise UsageError(
+            f"count_generation: unknown cache_implementation {impl!r} ({where['cache_implementation']}); "
+            f"transformers offers {', '.join(_DYNAMIC + _STATIC + tuple(_REFUSED))}"
+        )
+    if impl == "hybrid":  # transformers 5 unsets it in generate(): the dynamic (sliding) cache runs
+        notes.append("cache_implementation='hybrid' runs the dynamic cache in transformers 5's generate(), as counted")
+        impl = None
+    encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    builds_own = not _supports_cache_objects(model)
+    if impl is not None and builds_own:
+        notes.append(f"cache_implementation={impl!r} is ignored for {type(model).__name__}, as generate() ignores it "
+                     "(the model builds its own cache)")
+        impl = None
+    if encoder_decoder and ((impl is not None and impl in _STATIC) or chunk is not None):
+        raise UsageError(
+            "count_generation: a static cache or prefill_chunk_size on an encoder-decoder is not honoured yet "
+            "(its cross-attention cache is sized by the encoder's output); count the dynamic cache without chunking"
+        )
+    if chunk is not None and builds_own:
+        raise UsageError(f"count_generation: prefill_chunk_size needs a cache object, which {type(model).__name__} "
+                         "does not take (generate() refuses it too)")
+    static_len = None
+    if impl in _STATIC:
+        previous = getattr(model, "_previous_max_cache_length", -1)
+        static_len = max(prompt + new_tokens - 1, length or 0, previous if isinstance(previous, int) else -1)
+        notes.append(
+            f"cache_implementation={impl!r}: a StaticCache of {static_len} positions, attended over at every step, the "
+            f"prefill included (max of prompt + new tokens - 1 = {prompt + new_tokens - 1}"
+            + (f", max_cache_len={length}" if length else "")
+            + (f", this model's previous static length {previous}" if isinstance(previous, int) and previous > 0 else "")
+            + ")"
+        )
+        if "offloaded" in impl:
+            notes.append(f"cache_implementation={impl!r}: counted without offloading (moving the cache between devices "
+                         "is data movement, no FLOPs)")
+    elif impl == "offloaded":
+        notes.append("cache_implementation='offloaded': the dynamic cache's work (offloading moves data, no FLOPs)")
+    if chunk is not None and chunk < prompt:
+        notes.append(f"prefill_chunk_size={chunk}: the prompt of {prompt} positions is prefilled in "
+                     f"{-(-prompt // chunk)} forwards, each through the cache")
+    return GenerationOptions(impl, static_len, chunk if chunk is not None and chunk < prompt else None, tuple(notes))
+
+
+def _supports_cache_objects(model: nn.Module) -> bool:
+    """Whether generate() hands this model a Cache object (transformers' own test; models
+    without it, Mamba-like ones, build their cache in ``prepare_inputs_for_generation``)."""
+    check = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if not callable(check):
+        return True
+    try:
+        return bool(check())
+    except Exception:
+        return True
+
+
+def _static_cache(model: nn.Module, length: int) -> Any:
+    from transformers import StaticCache
+
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return StaticCache(config=text, max_cache_len=length)
+
+
+def _dynamic_cache(model: nn.Module) -> Any:
+    from transformers import DynamicCache
+
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return DynamicCache(config=text)
+
+
+def cache_of(output: Any, setup: Setup) -> Any:
+    """The cache a forward returned (``cache`` in transformers >= 5.24, else ``past_key_values``)."""
+    cache = _field(output, setup.cache_key)
+    return _field(output, "past_key_values") if cache is None else cache
 
 
 class LastOutput:
@@ -62,9 +199,17 @@ def _next_tokens(logits: Any) -> torch.Tensor:
 
 
 class Setup:
-    """The prefill call (prompt, mask, decoder start, ``logits_to_keep``) and what decoding needs."""
+    """The prefill call (prompt, mask, decoder start, ``logits_to_keep``) and what decoding needs;
+    ``prefill_calls``: the prefill's forwards (one per chunk with chunked prefill; each chunk
+    after the first is fed the cache the one before returned)."""
 
-    def __init__(self, model: nn.Module, input_ids: torch.Tensor, kwargs: Optional[Mapping[str, Any]]):
+    def __init__(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        kwargs: Optional[Mapping[str, Any]],
+        options: GenerationOptions = GenerationOptions(),
+    ):
         config = getattr(model, "config", None)
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         self.parameters = _forward_parameters(model)
@@ -90,11 +235,34 @@ class Setup:
         if "logits_to_keep" in self.parameters:
             first["logits_to_keep"] = 1
         first.update(kwargs or {})
-        self.first = first
         # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` deprecated)
         self.cache_key = "cache" if "cache" in self.parameters else "past_key_values"
+        if not any(k in first for k in ("cache", "past_key_values")):
+            if options.static_len is not None:
+                first[self.cache_key] = _static_cache(model, options.static_len)
+            elif self.cache_key == "cache" and not self.encoder_decoder and _supports_cache_objects(model):
+                # generate() makes the dynamic cache and hands it in: models that keep recurrent state in
+                # their modules (RecurrentGemma) update it in place and return none
+                first[self.cache_key] = _dynamic_cache(model)
+        self.first = first
+        self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
         self.base = 1 if self.encoder_decoder else self.prompt
+
+
+def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]:
+    """The prefill as generate() chunks it: the prompt split into ``size`` positions, each
+    chunk with the mask up to its end (the cache is added between calls)."""
+    calls = []
+    prompt = first[main]
+    mask = first.get("attention_mask")
+    for start in range(0, int(prompt.shape[-1]), size):
+        call = dict(first)
+        call[main] = prompt[..., start : start + size]
+        if isinstance(mask, torch.Tensor):
+            call["attention_mask"] = mask[..., : start + int(call[main].shape[-1])]
+        calls.append(call)
+    return calls
 
 
 class Decoding:
@@ -109,9 +277,15 @@ class Decoding:
         self.advance(output)
 
     def advance(self, output: Any) -> None:
-        self.cache = _field(output, self.setup.cache_key)
-        if self.cache is None:
-            self.cache = _field(output, "past_key_values")
+        self.cache = cache_of(output, self.setup)
+        if self.cache is None and self.setup.first.get(self.setup.cache_key) is not None:
+            # a model that updates the cache it was handed in place may return none (RecurrentGemma,
+            # whose recurrent state lives in its modules, set and read by its own forwards)
+            self.cache = self.setup.first[self.setup.cache_key]
+            note = ("the model returned no cache: it updates the one generate() hands it in place and keeps other "
+                    "state in its modules (kv_cache_bytes counts the cache object only)")
+            if note not in self.notes:
+                self.notes.append(note)
         self.tokens = _next_tokens(_field(output, "logits"))
 
     def call(self, step: int, width: int = 1) -> Dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ._decode import Affine, Costed, cache_limits, plan_runs
-from ._steps import Decoding, LastOutput, Setup
+from ._steps import Decoding, LastOutput, Setup, cache_of, generation_options
 from .analysis import cost_events, uncompiled
 from .errors import TraceError, UsageError
 from .handlers import default_registry
@@ -176,6 +176,9 @@ def count_generation(
     kwargs: Optional[Mapping[str, Any]] = None,
     *,
     trace_every_step: bool = False,
+    cache_implementation: Optional[str] = None,
+    max_cache_len: Optional[int] = None,
+    prefill_chunk_size: Optional[int] = None,
 ) -> GenerationResult:
     """Count what ``model.generate(input_ids, max_new_tokens=new_tokens)`` (greedy, no early
     stop) runs: one prefill forward and ``new_tokens - 1`` one-token decode steps through the
@@ -190,7 +193,16 @@ def count_generation(
     the steps between them are costed as the affine continuation of the first two, checked
     to reproduce the third and the last exactly (the skipped positions reach the model in
     one uncounted forward, so the last step runs on the real cache). When a check fails, or
-    ``trace_every_step=True``, every step is traced."""
+    ``trace_every_step=True``, every step is traced.
+
+    Generation options that change the work are honoured as ``generate()`` honours them,
+    read from ``model.generation_config`` unless given here (as ``generate(**options)``
+    would): ``cache_implementation`` ("dynamic", "offloaded"; "static" and its sliding/hybrid
+    spellings: a StaticCache attended over in full at every step, the prefill included),
+    ``max_cache_len`` (the static cache's length when longer than prompt + new tokens - 1),
+    ``prefill_chunk_size`` (the prompt prefilled in chunks through the cache). Options whose
+    work is not modelled ("quantized", "paged") are refused with a
+    UsageError; what was honoured is said in ``warnings`` (docs/llm.md lists them)."""
     started = time.perf_counter()
     if not isinstance(model, nn.Module):
         raise UsageError(f"count_generation expects a torch.nn.Module, got {type(model).__name__}")
@@ -199,8 +211,12 @@ def count_generation(
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise UsageError(f"count_generation: new_tokens must be an int >= 1, got {new_tokens!r}")
     model = uncompiled(model)
-    setup = Setup(model, input_ids, kwargs)
-    notes = list(setup.notes)
+    options = generation_options(
+        model, int(input_ids.shape[0]), int(input_ids.shape[-1]), new_tokens,
+        {"cache_implementation": cache_implementation, "max_cache_len": max_cache_len, "prefill_chunk_size": prefill_chunk_size},
+    )
+    setup = Setup(model, input_ids, kwargs, options)
+    notes = list(options.notes) + list(setup.notes)
     try:
         counted = _count(model, setup, new_tokens - 1, trace_every_step)
     except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
@@ -247,8 +263,8 @@ def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Cou
     step, traced, contradicts the continuation predicted for it."""
     counter = _Counter(model)
     with LastOutput(model) as last:
-        prefill = counter.count(setup.first)[2]
-        state = Decoding(model, last.take(), setup)
+        prefill, output = _prefill(counter, setup, last)
+        state = Decoding(model, output, setup)
         if total > 0 and state.cache is None:
             raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
         limits = cache_limits(state.cache, getattr(model, "config", None))
@@ -299,6 +315,23 @@ def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Cou
     return _Counted(prefill, steps, state.cache, notes)
 
 
+def _prefill(counter: _Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any]:
+    """The prefill's count and its output: one forward, or one per chunk (each chunk fed the
+    cache the one before returned), booked as one prefill."""
+    if len(setup.prefill_calls) == 1:
+        return counter.count(setup.first)[2], last.take()
+    runs: List[Tuple[Trace, Costed]] = []
+    output: Any = None
+    for index, call in enumerate(setup.prefill_calls):
+        if index:
+            cache = cache_of(output, setup)
+            call = {**call, setup.cache_key: cache if cache is not None else setup.first.get(setup.cache_key)}
+        runs.append(counter.trace(call))
+        output = last.take()
+    description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
+    return counter.combined(runs, description), output
+
+
 class _Counter:
     """Traces one forward with the dispatch tracer and turns it into a FlopResult, as
     :func:`flopcount.analysis.analyze` does (module aliases included); the model facts
@@ -312,6 +345,23 @@ class _Counter:
     def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
         run = trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
         return run, cost_events(run.events, self.registry)
+
+    def combined(self, runs: List[Tuple[Trace, Costed]], description: str) -> FlopResult:
+        """Several traced forwards booked as one result (a chunked prefill)."""
+        calls: Dict[str, int] = {}
+        for run, _ in runs:
+            for name, count in run.module_calls.items():
+                calls[name] = calls.get(name, 0) + count
+        return aggregate(
+            [pair for _, costed in runs for pair in costed],
+            tracer="dispatch",
+            modules=self.facts.module_infos(calls),
+            parameters=self.facts.summary,
+            input_description=description,
+            warnings=tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
+            gaps=tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
+            aliases=self.facts.aliases,
+        )
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
         """Run a forward that is not counted (dispatch, for its meta-kernel stand-ins)."""

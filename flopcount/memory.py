@@ -4,7 +4,9 @@ A fake twin of the model, made by the tracers' ``fake_copies`` (the same module 
 parameters, buffers and inputs as FakeTensors with the original shapes, strides,
 storages and dtypes, meta mapped to cpu) runs the step under ``FakeTensorMode`` inside torch's
 ``torch.distributed._tools.mem_tracker.MemTracker``. Nothing is computed or
-allocated, and the user's model, inputs and optimizer are never touched.
+allocated, and the user's model, inputs and optimizer are never touched. A step that reads
+tensor values (``nonzero``, ``.item()``) cannot run on fake tensors: one real step is then
+measured by the same tracker on a deep copy of the model and inputs, and said in warnings.
 
 Bytes are tensor storage bytes, as MemTracker counts them (rounded up to 512 bytes
 on CUDA). Allocator caching, the CUDA context, workspaces and fragmentation are not
@@ -14,6 +16,7 @@ counted: see docs/memory.md.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import warnings
 from dataclasses import asdict, dataclass
@@ -24,7 +27,7 @@ from torch import nn
 
 from ._autocast import ambient_autocast_note, amp_device
 from .errors import FlopcountError, FlopcountWarning, TraceError, UsageError
-from .inputs import output_tensors, prepare_call
+from .inputs import is_dataless, output_tensors, prepare_call
 from .model_facts import model_facts
 from .optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
 from .rendering import render
@@ -210,7 +213,9 @@ def estimate_memory(
     inputs. ``autocast`` (e.g. ``torch.bfloat16``) runs the forward and the loss under
     ``torch.autocast`` and the backward and step outside it, as the AMP recipe does.
     A tie the model declares but no longer has (``model.to("meta")`` unties) is restored on
-    the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu)."""
+    the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu).
+    A step that reads tensor values is measured once for real on a copy (said in warnings;
+    refused on meta)."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:
@@ -236,26 +241,127 @@ def estimate_memory(
         trainable = [p for p in twin.parameters() if p.requires_grad]
         opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
     names = facts.names_on(copied.copies)
+    try:
+        _tracked_step(tracker, twin, opt, fake_args, fake_kw, backward, amp, names, description, mode)
+    except _NeedsData as needs:
+        real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs)
+        tracker, twin, names = real.tracker, real.model, real.names
+        notes = copied.notes + ambient_autocast_note(amp) + [real.note]
+    return _collect(tracker, twin, names, backward, opt_name, cast, description, notes)
+
+
+class _NeedsData(Exception):
+    """The fake step read tensor values (``nonzero``, ``.item()``): only a real step can run it."""
+
+    def __init__(self, error: TraceError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _tracked_step(
+    tracker: Any,
+    twin: nn.Module,
+    opt: Any,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    backward: bool,
+    amp: Optional[torch.dtype],
+    names: Mapping[nn.Module, str],
+    description: str,
+    mode: Any,
+) -> None:
+    """One step of ``twin`` inside ``tracker`` (under ``mode``: the fake mode, or nothing for a
+    real step); a failure names the module it happened in; RNG and warnings' formatter kept."""
     rng = torch.get_rng_state()
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:
         with mode:
             if opt is not None:
                 warm_up(opt, "estimate_memory")
-            tracker.track_external(twin, opt, output_tensors((fake_args, fake_kw)))
+            tracker.track_external(twin, opt, output_tensors((args, kwargs)))
             _skip_grad_hooks(tracker, twin)
             with tracker, ModuleStack(names) as stack:
                 tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
                 try:
-                    _run_step(twin, fake_args, fake_kw, backward, opt, amp_device(twin, fake_args, fake_kw), amp)
+                    _run_step(twin, args, kwargs, backward, opt, amp_device(twin, args, kwargs), amp)
                 except FlopcountError:
                     raise
                 except Exception as exc:
-                    raise _step_error(exc, stack.current, description) from exc
+                    error = _step_error(exc, stack.current, description)
+                    if _reads_data(exc):
+                        raise _NeedsData(error) from exc
+                    raise error from exc
     finally:
         warnings.formatwarning = formatwarning
         torch.set_rng_state(rng)
-    return _collect(tracker, twin, names, backward, opt_name, cast, description, notes)
+
+
+def _reads_data(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is fake tensors' "this needs a value" error."""
+    seen: set = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if "DataDependent" in name or "DynamicOutputShape" in name:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@dataclass
+class _RealStep:
+    tracker: Any
+    model: nn.Module
+    names: Dict[nn.Module, str]
+    note: str
+
+
+def _real_step_fallback(
+    model: nn.Module,
+    call: Any,
+    facts: Any,
+    optimizer: Optional[OptimizerSpec],
+    backward: bool,
+    cast: Optional[torch.dtype],
+    amp: Optional[torch.dtype],
+    description: str,
+    needs: _NeedsData,
+) -> _RealStep:
+    """The step that read tensor values run for real, as count_flops falls back to one real
+    run: on a deep copy of the model and inputs (the caller's are never touched), measured
+    by the same MemTracker. Refused on meta or fake weights and inputs (no values to read)."""
+    dataless = [t for t in (*call.tensors, *facts.parameters, *facts.buffers) if isinstance(t, torch.Tensor) and is_dataless(t)]
+    if dataless:
+        raise TraceError(
+            f"{needs.error}; on meta/fake tensors there are no values to run it with, so no real step can stand in: "
+            "estimate with real weights and inputs (the step is then measured once for real)",
+            module_path=needs.error.module_path,
+            input_shapes=needs.error.input_shapes,
+        ) from needs.error.__cause__
+    memo: Dict[int, Any] = {}
+    copy_model, copy_tensors = copy.deepcopy((model, list(call.tensors)), memo)
+    twins = {id(p): memo[id(p)] for p in model.parameters() if id(p) in memo}
+    if cast is not None:
+        copy_model.to(cast)
+        copy_tensors = [t.to(cast) if t.is_floating_point() else t for t in copy_tensors]
+    args, kwargs = call.rebuild(copy_tensors)
+    opt = None
+    if optimizer is not None:
+        trainable = [p for p in copy_model.parameters() if p.requires_grad]
+        opt, _ = build_optimizer(optimizer, twins, trainable, "estimate_memory")
+    names = facts.names_on(memo)
+    tracker = _peak_tracker()
+    _tracked_step(tracker, copy_model, opt, args, kwargs, backward, amp, names, description, contextlib.nullcontext())
+    first = (str(needs.error).splitlines() or [""])[0]
+    return _RealStep(
+        tracker,
+        copy_model,
+        names,
+        f"estimate_memory measured one real step (MemTracker, on a copy of the model and inputs) because the step "
+        f"reads tensor values that fake tensors do not have ({first.split(': ', 1)[-1]}); the peak is for these "
+        f"input values: a data-dependent size (nonzero, masks) can differ on other data",
+    )
 
 
 class _NoHook:

@@ -6,10 +6,15 @@ call, and the value of every flag-like argument (bool, str, None). Numbers are t
 data (``num_items_in_batch`` changes every step and changes no FLOPs). A training
 signature is counted with ``count_flops(..., backward=True)`` on fake copies; the
 optimizer step is counted once per optimizer (its cost does not depend on the batch).
+
+The count runs on a *twin* of the model (:func:`hookless_twin`): the same module tree
+sharing the same parameters and buffers, without the user's forward and backward hooks, so
+counting never calls them (neither on fake copies nor in a real fallback run).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
@@ -17,15 +22,48 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
+from ..analysis import uncompiled
 from ..api import count_flops
 from ..errors import FlopcountWarning
 
 Signature = Tuple[Hashable, ...]
 LossFn = Callable[[Any], Any]
 
-__all__ = ["PassCost", "Signature", "StepCounter", "batch_signature"]
+__all__ = ["PassCost", "Signature", "StepCounter", "batch_signature", "hookless_twin"]
 
 _FLAGS = (bool, str, type(None))
+
+# The per-module hook dictionaries a forward or backward calls (nn.Module's own attributes).
+_CALL_HOOKS = (
+    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
+)
+
+
+def hookless_twin(model: nn.Module) -> nn.Module:
+    """A shallow copy of ``model``'s module tree without per-module forward/backward hooks:
+    each module copied once (a module reached under two names stays one module), sharing
+    the original's parameters, buffers and every other attribute; the original is not
+    touched. Process-wide hooks (``register_module_forward_hook``) and hooks on parameters
+    still apply: they are not the model's."""
+    twins: Dict[int, nn.Module] = {}
+
+    def twin(module: nn.Module) -> nn.Module:
+        found = twins.get(id(module))
+        if found is not None:
+            return found
+        clone = copy.copy(module)  # nn.Module.__setstate__: a new object over a copy of __dict__
+        twins[id(module)] = clone
+        state = vars(clone)
+        state["_parameters"] = dict(module._parameters)
+        state["_buffers"] = dict(module._buffers)
+        for name in _CALL_HOOKS:
+            if name in state:
+                state[name] = type(state[name])()
+        state["_modules"] = {name: None if child is None else twin(child) for name, child in module._modules.items()}
+        return clone
+
+    return twin(model)
 
 
 def batch_signature(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Signature:
@@ -76,8 +114,9 @@ class StepCounter:
     ``loss_fn`` picks the loss out of the model's outputs for the backward. A count that
     fails is remembered as ``None`` (never retried for that signature) and reported once
     with a :class:`FlopcountWarning`; the training run itself is never interrupted.
-    ``busy`` is True while a count runs, so input recorders can ignore the fake run (the
-    fake copy of a model carries copies of its hooks).
+    Counts run on :func:`hookless_twin` of the model, so the user's hooks (and the
+    callbacks' own recorders) are not replayed; ``busy`` is True while a count runs, for
+    process-wide recorders.
     """
 
     def __init__(self, loss_fn: LossFn):
@@ -127,7 +166,7 @@ class StepCounter:
     def _count(self, model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any], options: Dict[str, Any], what: str) -> Any:
         self.busy = True
         try:
-            return count_flops(model, tuple(args), kwargs=dict(kwargs), **options)
+            return count_flops(hookless_twin(uncompiled(model)), tuple(args), kwargs=dict(kwargs), **options)
         except Exception as exc:  # a failed count must never stop training
             reason = f"flopcount could not count this {what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             self.failures.append(reason)

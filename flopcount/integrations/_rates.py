@@ -78,9 +78,8 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
 def resolve_peak(device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float]) -> Tuple[Optional[float], str]:
     """The FLOP/s an MFU is measured against, and a sentence when there is none: ``given``
     if set, else the GPU's dense datasheet peak (:mod:`flopcount.devices`, torch's default
-    math modes: float32 matmuls at the FP32 peak) at ``dtype``, else on CPU this machine's
-    measured compute roof (:mod:`flopcount.devices.measured`: measured in seconds, cached
-    per machine when sane)."""
+    math modes: float32 matmuls at the FP32 peak) at ``dtype``; none on CPU (a measured GEMM
+    rate is a micro-benchmark's figure, not a peak: pass one to get an MFU)."""
     if given is not None:
         if not given > 0:
             raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {given!r}")
@@ -94,11 +93,10 @@ def resolve_peak(device: torch.device, dtype: Union[None, str, torch.dtype], giv
             return None, f"no peak for {name} at {dtype} in flopcount's table: pass peak_flops= for an MFU"
         return found, ""
     if device.type == "cpu":
-        from ..devices import column_of
-        from ..devices.measured import machine_roofs
-
-        dtype_name = column_of(dtype) if dtype is not None else None
-        return machine_roofs(device).peak(dtype_name), ""
+        return None, (
+            "no MFU on CPU unless peak_flops= is given (FLOP/s): a CPU has no datasheet peak flopcount knows, and a "
+            "measured GEMM rate is not a peak (flopcount.devices.measured.machine_roofs().peak() is one figure you may pass)"
+        )
     return None, f"no peak FLOP/s is known for device {device.type!r}: pass peak_flops= (FLOP/s) for an MFU"
 
 

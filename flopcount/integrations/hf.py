@@ -4,12 +4,17 @@
 
 How it sees the batch: HF callbacks receive no inputs, so the callback registers a
 forward pre-hook on the trainer's model at ``on_train_begin`` (removed at
-``on_train_end``, or by :meth:`FlopcountCallback.remove`). The hook records each call's
+``on_train_end``, or by :meth:`FlopcountCallback.remove`; when ``train()`` raises, HF calls
+no callback: the hook then removes itself at the model's first forward outside that
+``train()``, recording nothing, or at the next ``on_train_begin``). The hook records each call's
 signature (shapes, dtypes, flags); only a call with a new signature keeps a reference to
 its inputs, until the step ends. At ``on_step_end`` each new signature is counted on fake
 copies (forward + backward of the loss the model returns), the optimizer once; every
 other step is a dictionary lookup. Forward calls outside a training step (evaluation,
-prediction) are counted as forwards and logged separately.
+prediction) are counted as forwards and logged separately. Counts run on a hookless twin
+of the model (same parameters, none of its hooks): the user's hooks are never replayed.
+Each ``train()`` starts afresh (its counts, ``total_flops``), so a callback reused by a
+second Trainer or a second ``train()`` logs and corrects ``total_flos`` again.
 
 ``state.total_flos``: HF adds ``6 x tokens x non-embedding parameters`` per micro-batch;
 at each step end the callback adds the difference between the exact count of that step
@@ -21,9 +26,11 @@ logs and ``trainer_state.json``) becomes the exact FLOPs of every counted step
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import types
 import warnings
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -57,7 +64,7 @@ class FlopcountCallback(TrainerCallback):
 
     ``device``: where the peak is looked up (default: the model's device). ``peak_flops``:
     FLOP/s for the MFU (default: the GPU's dense datasheet peak at the training dtype; on
-    CPU no MFU is logged unless given). ``log_every``: also ask the trainer to log every N
+    CPU no MFU is logged unless given: a measured CPU rate is not a peak). ``log_every``: also ask the trainer to log every N
     optimizer steps (default: at the trainer's own ``logging_steps``). Step time is the wall
     time from ``on_step_begin`` to ``on_step_end`` (forward, backward, optimizer; the
     batch fetch and logging excluded), with a CUDA synchronisation at the end on GPU.
@@ -76,6 +83,7 @@ class FlopcountCallback(TrainerCallback):
     def _reset_run(self) -> None:
         self._model: Optional[nn.Module] = None
         self._handle: Any = None
+        self._run: Optional[_Run] = None
         self._peak: Optional[float] = None
         self._cuda = False
         self._in_step = False
@@ -88,9 +96,15 @@ class FlopcountCallback(TrainerCallback):
 
     # -- attach / detach ------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Optional[nn.Module] = None, **kwargs: Any) -> None:
-        if model is None or self._handle is not None:
+        self.remove()  # a hook left by a train() that raised (HF called no on_train_end)
+        if model is None:
             return
+        # every run counts afresh: another Trainer may bring another model or optimizer under
+        # the same shapes, and each run's total_flos starts from HF's figures again
+        self.counter = StepCounter(hf_loss)
+        self.total_flops = 0
         self._model = model
+        self._run = _running_loop(self)
         hook = _recorder(self)
         if getattr(args, "torch_compile", False):
             hook = torch.compiler.disable(hook)  # run eagerly in front of the compiled forward
@@ -107,8 +121,9 @@ class FlopcountCallback(TrainerCallback):
         self.remove()
 
     def remove(self) -> None:
-        """Removes the forward pre-hook from the model (also done at the end of training; HF
-        calls no callback when ``train()`` raises, so call this yourself then)."""
+        """Removes the forward pre-hook from the model and drops the inputs it kept (done at
+        the end of training; when ``train()`` raises, at the model's next forward outside it
+        or the next ``train()``; call this to release them at once)."""
         if self._handle is not None:
             self._handle.remove()
         self._reset_run()
@@ -191,7 +206,10 @@ def _recorder(callback: FlopcountCallback) -> Any:
 
     def record(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if counter.busy:
-            return  # the fake copy's forward, during a count
+            return  # a process-wide recorder's view of a count
+        if not _inside(callback._run):  # train() raised and is gone: record nothing, go away
+            callback.remove()
+            return
         sig = batch_signature(args, kwargs)
         if callback._in_step:
             cache: Mapping[Signature, Any] = counter.train
@@ -202,6 +220,44 @@ def _recorder(callback: FlopcountCallback) -> Any:
         calls.append((sig, (args, dict(kwargs)) if new else None, _sizes(module, args, kwargs)))
 
     return record
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The training loop that called ``on_train_begin``: its thread, frame id and code."""
+
+    thread: int
+    frame: int
+    code: Any
+
+
+def _running_loop(callback: FlopcountCallback) -> Optional[_Run]:
+    """The frame that called the CallbackHandler's ``on_train_begin`` (the Trainer's loop),
+    found on the call stack; None when the callback was called some other way."""
+    from transformers.trainer_callback import CallbackHandler
+
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, CallbackHandler) and any(c is callback for c in owner.callbacks):
+            while frame is not None and frame.f_locals.get("self") is owner:
+                frame = frame.f_back
+            return None if frame is None else _Run(threading.get_ident(), id(frame), frame.f_code)
+        frame = frame.f_back
+    return None
+
+
+def _inside(run: Optional[_Run]) -> bool:
+    """Whether this call happens inside the training loop ``run`` (always True in another
+    thread, e.g. DataParallel's replicas, and when the loop is unknown)."""
+    if run is None or threading.get_ident() != run.thread:
+        return True
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if id(frame) == run.frame and frame.f_code is run.code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _main_input(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:

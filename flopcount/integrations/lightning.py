@@ -18,19 +18,18 @@ training ends, and never set when the module defines its own.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import time
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from ..errors import FlopcountWarning
-from ._counting import StepCounter, batch_signature
+from ._counting import StepCounter, batch_signature, hookless_twin
 from ._rates import PREFIX, Window, model_dtype, model_flops, resolve_peak, window_metrics
 
 __all__ = ["FlopcountMonitor", "lightning_loss"]
@@ -63,7 +62,10 @@ class FlopcountMonitor(Callback):
     ``total_flops``, ``val_flops``) via ``pl_module.log``.
 
     ``peak_flops``: FLOP/s for the MFU (default: the GPU's dense datasheet peak at the
-    trainer's precision; on CPU no MFU unless given). Step time: the wall time of the
+    trainer's precision; on CPU no MFU unless given: a measured CPU rate is not a peak).
+    Counts run on a hookless twin of the module (same parameters, none of its hooks, no
+    trainer reference): its hooks are never replayed and the module is not touched. Each
+    ``fit`` counts afresh. Step time: the wall time of the
     optimizer step's batches, ``on_train_batch_start`` to ``on_train_batch_end`` (data
     loading excluded), with a CUDA synchronisation at each batch end on GPU.
     """
@@ -87,6 +89,9 @@ class FlopcountMonitor(Callback):
 
     # -- setup / teardown -----------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        # every fit counts afresh: another Trainer may bring another module or optimizer under the same shapes
+        self.counter = StepCounter(lightning_loss)
+        self.total_flops = 0
         precision = str(getattr(trainer, "precision", "32"))
         dtype = next((d for key, d in _PRECISION_DTYPES.items() if precision.startswith(key)), model_dtype(pl_module))
         self._peak, note = resolve_peak(trainer.strategy.root_device, dtype, self.peak_flops)
@@ -113,8 +118,7 @@ class FlopcountMonitor(Callback):
         sig = batch_signature(args, {})
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         if sig not in self.counter.train or id(optimizer) not in self.counter.optimizer:
-            with _detached(pl_module):
-                self.counter.count_train(sig, _Step(pl_module, "training_step"), args, {}, optimizer)
+            self.counter.count_train(sig, _Step(_detached_twin(pl_module), "training_step"), args, {}, optimizer)
         cost = self.counter.train.get(sig)
         opt = self.counter.optimizer_flops(optimizer)
         self._batch_flops = None if cost is None else cost.flops
@@ -155,8 +159,8 @@ class FlopcountMonitor(Callback):
         args = _step_args(pl_module.validation_step, batch, batch_idx)
         sig = batch_signature(args, {})
         if sig not in self.counter.eval:
-            with _detached(pl_module), torch.no_grad():
-                self.counter.count_eval(sig, _Step(pl_module, "validation_step"), args, {})
+            with torch.no_grad():
+                self.counter.count_eval(sig, _Step(_detached_twin(pl_module), "validation_step"), args, {})
         flops = self.counter.eval.get(sig)
         if flops is not None:
             self._val_flops += flops
@@ -203,20 +207,12 @@ def _batch_size(batch: Any) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _detached(pl_module: nn.Module) -> Iterator[None]:
-    """The module tree without its trainer references while it is copied and counted (the
-    fake copy would otherwise deep-copy the Trainer, and ``self.log`` would log fakes);
-    restored on exit."""
-    saved: Dict[int, Any] = {}
-    modules = [m for m in pl_module.modules() if "_trainer" in vars(m)]
-    try:
-        for module in modules:
-            saved[id(module)] = vars(module)["_trainer"]
+def _detached_twin(pl_module: nn.Module) -> nn.Module:
+    """The module tree as a hookless twin (shared parameters, no user hooks) whose modules
+    hold no trainer reference (the fake copy would otherwise deep-copy the Trainer, and
+    ``self.log`` would log fakes); ``pl_module`` itself is not touched."""
+    twin = hookless_twin(pl_module)
+    for module in twin.modules():
+        if "_trainer" in vars(module):
             vars(module)["_trainer"] = None
-        yield
-    finally:
-        for module in modules:
-            if id(module) in saved:
-                vars(module)["_trainer"] = saved[id(module)]
-
+    return twin

@@ -21,6 +21,7 @@ from . import _meta_kernels
 from ._backward import BackwardAttribution
 from ._modules import ModuleStack
 from ._sparse import sparse_meta
+from ._values import INTEGRAL, KnownValues
 from ._vocabulary import canonical
 
 _aten = torch.ops.aten
@@ -158,6 +159,8 @@ class DataReads(TorchDispatchMode):
         self.placeholders: Dict[Tuple[str, str], int] = {}
         self._modules = modules
         self._made_by_all = WeakIdKeyDictionary()
+        #: values the shapes decide (position ids on meta...): their reads need no placeholder
+        self.known = KnownValues()
 
     def module_stack(self) -> Tuple[str, ...]:
         return self._modules.path
@@ -177,6 +180,9 @@ class DataReads(TorchDispatchMode):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if not tensors or not any(is_dataless(t) for t in tensors):
             return _NO_PLACEHOLDER
+        values = [self.known.value(t) for t in tensors]
+        if all(v is not None for v in values):  # a value the shapes decide: the true answer
+            return func(*values)
         first = tensors[0]
         if func is _EQUAL:
             answer: Any = True
@@ -254,6 +260,12 @@ class Recorder(DataReads):
                 out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
+        if type(out) is torch.Tensor:
+            # a float output cannot have written into the (integral) tensors whose values are known
+            if out.is_meta and out.dtype in INTEGRAL:
+                self.known.note(func, args, kwargs, out)
+        elif self.known and func._schema.is_mutable:
+            self.known.note(func, args, kwargs, out)
         if self.muted:
             return out
         sig = self._signatures.get(func)

@@ -84,14 +84,17 @@ def test_window_metrics_by_hand():
     assert model_flops(7) == 21
 
 
-def test_peak_on_cpu_is_this_machines_measured_roof(tmp_path, monkeypatch):
+def test_no_peak_on_cpu_unless_given(tmp_path, monkeypatch):
+    """Issue #29 item 11: a measured CPU GEMM rate is not a peak; no MFU on CPU unless a peak is passed
+    (and no roof is measured for it: the seeded cache below would be read if it were)."""
     from flopcount.bench.roofs import machine_roofs
     from flopcount.roofline import Roofs
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    seeded = machine_roofs("cpu", measure=lambda dev: Roofs({"float32": 3e11, "bfloat16": 1e11}, 2e10, source="measured"),
-                           loadavg=lambda: (0.0, 0.0, 0.0))  # an idle machine: the measurement is cached
-    assert resolve_peak(torch.device("cpu"), torch.float32, None) == (seeded.peak("float32"), "") == (3e11, "")
-    assert resolve_peak(torch.device("cpu"), torch.bfloat16, None) == (1e11, "")
+    machine_roofs("cpu", measure=lambda dev: Roofs({"float32": 3e11, "bfloat16": 1e11}, 2e10, source="measured"),
+                  loadavg=lambda: (0.0, 0.0, 0.0))  # an idle machine: the measurement is cached
+    peak, note = resolve_peak(torch.device("cpu"), torch.float32, None)
+    assert peak is None and "no MFU on CPU unless peak_flops=" in note
+    assert resolve_peak(torch.device("cpu"), torch.bfloat16, None)[0] is None
     assert resolve_peak(torch.device("cpu"), torch.float32, 5e11) == (5e11, "")
     assert resolve_peak(torch.device("meta"), torch.float32, None)[0] is None

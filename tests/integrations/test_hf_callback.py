@@ -263,3 +263,100 @@ def test_remove_after_a_failed_train_leaves_the_model_as_found(tmp_path):
     assert not model._forward_pre_hooks and not model._forward_pre_hooks_with_kwargs
     assert set(vars(model)) - {"_is_accelerate_prepared"} == attributes  # (that one is accelerate's mark)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # lr 0: nothing learnt either
+
+
+def _logged(reporter: Reporter) -> List[float]:
+    return [log["flopcount/flops_per_step"] for log in reporter.logs if "flopcount/flops_per_step" in log]
+
+
+def test_a_callback_reused_by_a_second_trainer_and_a_second_train_logs_again(tmp_path):
+    """Issue #29 item 8: the same callback, two Trainers and a second train(), the same batch
+    shapes each time. Oracle: each run's micro-batches counted with count_flops against that
+    run's own optimizer; total_flos must be that sum in every run (HF's 6N figure replaced)."""
+    torch.manual_seed(0)
+    data = [{"input_ids": torch.randint(0, 50, (4,)), "labels": i % 3} for i in range(4)]
+    callback = FlopcountCallback(peak_flops=PEAK)
+    runs = []
+    first, second = TinyClassifier(), TinyClassifier()
+    for index, model in enumerate([first, second, second]):
+        if index < 2:
+            reporter = Reporter()
+            trainer = transformers.Trainer(model, _args(tmp_path / str(index), max_steps=2, gradient_accumulation_steps=1),
+                                           train_dataset=data, data_collator=_stack, callbacks=[reporter, callback])
+        reporter.logs.clear()
+        calls, handle = _recording(model)
+        trainer.train()
+        handle.remove()
+        expected = [_expected_step(model, micro, trainer.optimizer.optimizer) for micro in _train_calls(calls, 2, ga=1)]
+        runs.append((_logged(reporter), expected, trainer.state.total_flos))
+    for logged, expected, total in runs:
+        assert logged == expected
+        assert total == sum(expected)
+
+
+def test_a_failed_train_leaves_no_recording_hook_behind(tmp_path):
+    """Issue #29 item 9: train() raises mid-run (HF calls no callback); the user's later
+    forwards must neither be recorded nor keep inputs, and the hook must go."""
+    torch.manual_seed(0)
+    model = FailsOnSecondCall()
+    callback = FlopcountCallback(peak_flops=PEAK)
+    data = [{"input_ids": torch.randint(0, 50, (4,)), "labels": 0} for _ in range(4)]
+    trainer = transformers.Trainer(model, _args(tmp_path, max_steps=3, gradient_accumulation_steps=1),
+                                   train_dataset=data, data_collator=_stack, callbacks=[callback])
+    with pytest.raises(RuntimeError, match="data error"):
+        trainer.train()
+    model.eval()
+    with torch.no_grad():
+        for n in range(5, 9):  # the user's own inference afterwards, a new shape each time
+            model(torch.randint(0, 50, (2, n)), torch.zeros(2, dtype=torch.long))
+    assert callback._calls == [] and callback._eval_calls == []  # nothing recorded, no inputs kept
+    assert not model._forward_pre_hooks and not model._forward_pre_hooks_with_kwargs
+
+
+class Observed(TinyClassifier):
+    """A user's model carrying its own forward hooks, which count what they see."""
+
+    def __init__(self, real_run: bool = False) -> None:
+        super().__init__()
+        self.real_run = real_run
+        self.seen: List[str] = []
+        self.head.register_forward_hook(lambda m, a, o: self.seen.append("fake" if is_dataless(o) else "real"))
+        self.register_forward_pre_hook(lambda m, a: self.seen.append("pre"))
+
+    def forward(self, input_ids, labels=None):
+        if self.real_run and is_dataless(input_ids):
+            raise RuntimeError("needs data")  # stands for a data-dependent forward: auto falls back to one real run
+        return super().forward(input_ids, labels)
+
+
+@pytest.mark.parametrize("real_run", [False, True], ids=["fake", "real-fallback"])
+def test_counting_does_not_replay_the_users_hooks(tmp_path, real_run):
+    """Issue #29 item 10. Oracle: the trainer's own forwards, two steps of one micro-batch
+    each: the user's head hook sees exactly 2 real outputs, the pre-hook 2 calls."""
+    torch.manual_seed(0)
+    model = Observed(real_run)
+    data = [{"input_ids": torch.randint(0, 50, (4,)), "labels": 0} for _ in range(4)]
+    reporter, callback = Reporter(), FlopcountCallback(peak_flops=PEAK)
+    trainer = transformers.Trainer(model, _args(tmp_path, max_steps=2, gradient_accumulation_steps=1),
+                                   train_dataset=data, data_collator=_stack, callbacks=[reporter, callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert model.seen == ["pre", "real"] * 2
+    assert len(_logged(reporter)) == 2  # and the steps were counted
+
+
+def test_no_mfu_on_cpu_unless_a_peak_is_given(tmp_path):
+    """Issue #29 item 11: the docstring's promise (no MFU on CPU without peak_flops=) kept."""
+    from flopcount.errors import FlopcountWarning
+
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    data = [{"input_ids": torch.randint(0, 50, (4,)), "labels": 0} for _ in range(2)]
+    reporter, callback = Reporter(), FlopcountCallback()
+    trainer = transformers.Trainer(model, _args(tmp_path, max_steps=1, gradient_accumulation_steps=1),
+                                   train_dataset=data, data_collator=_stack, callbacks=[reporter, callback])
+    with pytest.warns(FlopcountWarning, match="no MFU on CPU unless peak_flops="):
+        trainer.train()
+    logs = [log for log in reporter.logs if "flopcount/flops_per_step" in log]
+    assert logs and all("flopcount/mfu" not in log and "flopcount/tflops_per_s" in log for log in logs)

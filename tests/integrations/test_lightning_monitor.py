@@ -132,3 +132,32 @@ def test_lightning_trainer_logs_the_exact_step_flops():
 
     assert "flops_per_batch" not in vars(module)  # the attribute set for ThroughputMonitor is gone
     assert module._trainer is trainer
+
+
+def test_monitor_replays_no_hook_and_a_second_fit_counts_afresh():
+    """Issue #29 items 8 and 10 for Lightning. Oracles: the user's own hook on ``net`` sees
+    exactly the trainer's real forwards (4 batches), never a count's; a second fit of another
+    module (wider net, same batch shapes) logs that module's FLOPs, counted by count_flops."""
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.randint(0, 4, (8,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=2)
+    monitor = FlopcountMonitor(peak_flops=PEAK)
+    first, second = Tiny(), Tiny()
+    second.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    seen: List[str] = []
+    first.net.register_forward_hook(lambda m, a, o: seen.append(type(o).__name__))
+    logged = []
+    for module in (first, second):
+        logger = Capture()
+        trainer = L.Trainer(max_epochs=1, logger=logger, callbacks=[monitor], log_every_n_steps=1, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0, accelerator="cpu")
+        trainer.fit(module, loader)
+        if module is first:
+            assert seen == ["Tensor"] * 4  # the trainer's 4 real batches; no fake copy ran the user's hook
+        oracle = Loss(module.net)
+        batch = next(iter(loader))
+        step = count_flops(oracle, tuple(batch), backward=True, optimizer=trainer.optimizers[0]).flops
+        logged.append(([row["flopcount/flops_per_step"] for row in logger.rows if "flopcount/flops_per_step" in row], step))
+    for values, step in logged:
+        assert values == [step] * 4

@@ -1,0 +1,94 @@
+"""Values of small integer and boolean meta tensors that the shapes alone decide.
+
+On the meta device ``torch.arange(T)``, ``torch.ones(B, T)`` and what is computed from them
+(position ids, their differences, a cumulative sum, a comparison, ``all()``) have values a
+real run would have whatever the weights and inputs hold; only the meta tensor cannot show
+them. transformers' mask code reads such values into Python (``find_packed_sequence_indices``
+asks whether the default position ids are one sequence), which a meta trace would otherwise
+answer with a placeholder. :class:`KnownValues` computes each such tensor's value on CPU
+beside the meta run: an op whose inputs are all known (or plain scalars, or real CPU
+tensors) and whose output is an integral meta tensor of at most ``LIMIT`` elements gets its
+value by running the same op on the CPU values. A read of a known tensor is then answered
+with its true value. Anything derived from the model's inputs or weights (no value on meta),
+from a random op, or larger than ``LIMIT`` stays unknown; an in-place op that cannot be
+followed (a write into a meta tensor from an unknown value) forgets every value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["INTEGRAL", "LIMIT", "KnownValues"]
+
+#: the largest tensor (elements) whose value is followed: position ids and masks of a few
+#: thousand tokens, not a (T x T) mask of a long context
+LIMIT = 1 << 16
+INTEGRAL = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+_CPU = torch.device("cpu")
+
+
+class _Unknown(Exception):
+    pass
+
+
+class KnownValues:
+    """Meta tensor -> its CPU value, for the tensors whose value the shapes decide."""
+
+    def __init__(self) -> None:
+        self._values = WeakIdKeyDictionary()
+
+    def value(self, tensor: Any) -> Optional[torch.Tensor]:
+        """The CPU value of ``tensor`` when known, else None."""
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+            return None
+        found = self._values.get(tensor)
+        return found if isinstance(found, torch.Tensor) else None
+
+    def note(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], out: Any) -> None:
+        """Follow ``func(*args, **kwargs) -> out`` when its output's value is decided."""
+        if not isinstance(out, torch.Tensor) or out.device.type != "meta":
+            self._forget(func, args)
+            return
+        if out.dtype not in INTEGRAL or out.numel() > LIMIT or torch.Tag.nondeterministic_seeded in func.tags:
+            self._forget(func, args)
+            return
+        try:
+            cpu_args = tree_map(self._on_cpu, args)
+            cpu_kwargs = tree_map(self._on_cpu, kwargs or {})
+            value = func(*cpu_args, **cpu_kwargs)
+        except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
+            self._forget(func, args)
+            return
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(out.shape) and value.dtype == out.dtype:
+            self._values[out] = value
+        else:
+            self._forget(func, args)
+
+    def _on_cpu(self, item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            if item.device.type == "meta":
+                known = self._values.get(item)
+                if known is None:
+                    raise _Unknown
+                return known
+            if item.device.type != "cpu" or item.numel() > LIMIT:
+                raise _Unknown
+            return item
+        if isinstance(item, torch.device) and item.type == "meta":
+            return _CPU
+        return item
+
+    def __bool__(self) -> bool:
+        return len(self._values) > 0
+
+    def _forget(self, func: Any, args: Tuple[Any, ...]) -> None:
+        """An op that writes into a meta tensor and could not be followed: every value is
+        forgotten (the tensor written may be a view of a known one, or have known views)."""
+        if len(self._values) and func._schema.is_mutable and any(
+            isinstance(item, torch.Tensor) and item.device.type == "meta" for item in tree_leaves((args,))
+        ):
+            self._values = WeakIdKeyDictionary()

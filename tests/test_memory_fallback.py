@@ -1,0 +1,109 @@
+"""estimate_memory on a step that reads tensor values (issue #29 item 7): ``nonzero`` as
+torch-geometric's self-loop helpers call it, or a value read in Python. Fake tensors cannot
+run it, so one real step is measured on a copy, as count_flops falls back to one real run.
+
+Oracle: torch's MemTracker on the same real step, run here on a deep copy of the model
+(``truth_peak`` of tests/test_memory.py: optimizer warmed up, forward, sum of the outputs,
+backward, step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_same_state, snapshot
+from test_memory import MODE_IDS, MODES, truth_peak
+from torch import nn
+
+from flopcount.errors import FlopcountWarning, TraceError
+from flopcount.memory import estimate_memory
+
+pytest.importorskip("torch.distributed._tools.mem_tracker")
+
+
+class KeepPositive(nn.Module):
+    """Rows whose first feature is positive, then a Linear: the output size depends on data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 32)
+        self.norm = nn.BatchNorm1d(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.nonzero(x[:, 0] > 0).squeeze(1)
+        return self.norm(self.lin(x.index_select(0, keep)))
+
+
+class AddSelfLoops(nn.Module):
+    """A graph layer in torch-geometric's style: drop existing self loops (a boolean mask
+    index, which is nonzero underneath), append one per node, scatter-add the messages."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.lin = nn.Linear(channels, channels)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        keep = edge_index[0] != edge_index[1]
+        loops = torch.arange(x.shape[0]).repeat(2, 1)
+        edges = torch.cat([edge_index[:, keep], loops], dim=1)
+        h = self.lin(x)
+        return torch.zeros_like(h).index_add(0, edges[1], h.index_select(0, edges[0]))
+
+
+@pytest.mark.parametrize("backward, optimizer", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_a_step_that_reads_values_is_measured_for_real(backward, optimizer, train):
+    torch.manual_seed(0)
+    model = KeepPositive().train(train)
+    x = torch.randn(64, 16)  # batch 64, about half the rows kept
+    before = snapshot(model)
+    saved_x, rng = x.clone(), torch.get_rng_state()
+    with pytest.warns(FlopcountWarning, match="measured one real step"):
+        result = estimate_memory(model, x, backward=backward, optimizer=optimizer)
+    assert result.peak_bytes == truth_peak(model, x, backward, optimizer)
+    assert result.mode == ("training step" if optimizer else "forward+backward" if backward else "inference")
+    assert any("nonzero" in w for w in result.warnings)
+    assert_same_state(model, before)  # BatchNorm stats, grads, flags: the copy ran, not the model
+    assert torch.equal(x, saved_x) and torch.equal(torch.get_rng_state(), rng)
+    assert result.module("lin").calls == 1
+
+
+def test_self_loop_layer_forward_and_backward():
+    torch.manual_seed(0)
+    model = AddSelfLoops()
+    x = torch.randn(20, 8)
+    edge_index = torch.randint(0, 20, (2, 60))
+    edge_index[:, :5] = torch.arange(5).repeat(2, 1)  # five self loops to drop
+    with pytest.warns(FlopcountWarning, match="measured one real step"):
+        result = estimate_memory(model, (x, edge_index), backward=True, optimizer="adam")
+    assert result.peak_bytes == truth_peak(model, (x, edge_index), True, "adam")
+
+
+def test_meta_weights_have_no_values_to_fall_back_on():
+    model = KeepPositive().to("meta")
+    with pytest.raises(TraceError, match="no real step can stand in"):
+        estimate_memory(model, torch.randn(8, 16, device="meta"))
+
+
+def test_torch_geometric_gcn_conv():
+    pyg = pytest.importorskip("torch_geometric")
+    torch.manual_seed(0)
+    conv = pyg.nn.GCNConv(8, 16)  # adds self loops (nonzero on the edge mask)
+    x = torch.randn(30, 8)
+    edge_index = torch.randint(0, 30, (2, 90))
+    with pytest.warns(FlopcountWarning, match="measured one real step"):
+        result = estimate_memory(conv, (x, edge_index), backward=True)
+    assert result.peak_bytes == truth_peak(conv, (x, edge_index), True, None)
+
+
+def test_dtype_cast_applies_to_the_real_step():
+    """dtype= casts the copy's weights and inputs as it casts the fake ones. Oracle: MemTracker
+    on the real step of a bfloat16 copy with bfloat16 inputs."""
+    import copy
+
+    torch.manual_seed(0)
+    model = KeepPositive()
+    x = torch.randn(32, 16)
+    with pytest.warns(FlopcountWarning, match="measured one real step"):
+        result = estimate_memory(model, x, backward=True, dtype=torch.bfloat16)
+    assert result.peak_bytes == truth_peak(copy.deepcopy(model).to(torch.bfloat16), x.to(torch.bfloat16), True, None)
+    assert result.dtype == "bfloat16" and model.lin.weight.dtype == torch.float32
