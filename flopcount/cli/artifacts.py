@@ -158,8 +158,9 @@ class Artifact:
     no_jit: Optional[str] = None
 
 
-def load_artifact(entry: str, device: str) -> Artifact:
-    """Read the model file ENTRY names (see the module docstring); UsageError when it is not one."""
+def load_artifact(entry: str, device: str, graph_device: Optional[str] = None) -> Artifact:
+    """Read the model file ENTRY names (see the module docstring); UsageError when it is not one.
+    ``graph_device``: see :func:`artifact_from_program`."""
     path = Path(entry.strip()).expanduser()
     data = _read(entry, path)
     if not data.startswith(_ZIP_MAGIC):
@@ -180,7 +181,7 @@ def load_artifact(entry: str, device: str) -> Artifact:
     with torch.device("cpu"):
         if kind == "export":
             _check_pickles(entry, members)
-            return _load_export(entry, data, device)
+            return _load_export(entry, data, device, graph_device)
         if kind == "torchscript":
             return _load_torchscript(entry, data, device)
     if kind == "pickle":
@@ -248,7 +249,7 @@ _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
 _KNOWN_PACKAGES = ("transformers.",)
 
 
-def _load_export(entry: str, data: bytes, device: str) -> Artifact:
+def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[str]) -> Artifact:
     imported: List[str] = []
     while True:
         log = _ExportLog()
@@ -273,7 +274,7 @@ def _load_export(entry: str, data: bytes, device: str) -> Artifact:
             raise UsageError(f"bad ENTRY: torch.export.load could not read {entry}: {causes[0][:300]}") from exc
         finally:
             logger.removeFilter(log)
-    return artifact_from_program(entry, program, device)
+    return artifact_from_program(entry, program, device, graph_device)
 
 
 def _import_owner(type_name: str) -> bool:
@@ -302,18 +303,24 @@ class _Slot:
     sizes: Tuple[Optional[int], ...]
 
 
-def artifact_from_program(entry: str, program: Any, device: str) -> Artifact:
-    """A module to count for ``program`` (a ``torch.export.ExportedProgram``) and its inputs."""
+def artifact_from_program(entry: str, program: Any, device: str, graph_device: Optional[str] = None) -> Artifact:
+    """A module to count for ``program`` (a ``torch.export.ExportedProgram``) and its inputs.
+
+    ``graph_device``: where the program's graph is moved (default ``device``); ``plan``
+    builds on meta but runs its step on fake CPU tensors, so it keeps the graph on the CPU."""
     import torch.utils._pytree as pytree
     from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
-    if device != "cpu":
+    target = graph_device or device
+    if target != "cpu":
         # the graph names the devices it was exported on (a rotary cache's .to(device)):
         # torch's own pass moves them, with the weights, where moving the module could not
         from torch.export.passes import move_to_device_pass
 
-        program = move_to_device_pass(program, device)
+        program = move_to_device_pass(program, target)
     model = _as_module(program)
+    if device == "meta" and target != "meta":
+        model = model.to("meta")
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
     recorded = _recorded_inputs(program)
     leaves: List[Any] = []

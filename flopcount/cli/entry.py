@@ -70,11 +70,14 @@ class LoadedEntry:
     no_jit: Optional[str] = None
 
 
-def load_entry(entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None) -> LoadedEntry:
+def load_entry(
+    entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None, graph_device: Optional[str] = None
+) -> LoadedEntry:
     """Import or build the model ENTRY names, in eval mode, on ``device``.
 
     ``device="meta"`` builds factories under ``torch.device("meta")`` (no memory, no
-    data: shapes only); ``"cuda"`` builds on the CPU and moves the model."""
+    data: shapes only); ``"cuda"`` builds on the CPU and moves the model. ``graph_device``:
+    where an exported program's graph runs, when not ``device`` (``plan``: cpu)."""
     text = entry.strip()
     overrides = dict(config or {})
     if not text:
@@ -98,7 +101,7 @@ def load_entry(entry: str, *, device: str = "cpu", config: Optional[Mapping[str,
                 from .artifacts import looks_like_artifact
 
                 if looks_like_artifact(text):
-                    loaded = _load_artifact(entry, text, overrides, device)
+                    loaded = _load_artifact(entry, text, overrides, device, graph_device)
                 else:
                     target = _import_target(text)
                     loaded = _from_object(entry, target, overrides, device)
@@ -271,12 +274,12 @@ def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tu
 # --------------------------------------------------------------------------- saved artifacts
 
 
-def _load_artifact(entry: str, text: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
+def _load_artifact(entry: str, text: str, overrides: Dict[str, Any], device: str, graph_device: Optional[str]) -> LoadedEntry:
     from .artifacts import load_artifact
 
     if overrides:
         raise UsageError(f"--config needs a factory or an hf: config, but {entry} is a saved model file")
-    artifact = load_artifact(text, device)
+    artifact = load_artifact(text, device, graph_device)
     return LoadedEntry(
         entry, artifact.model, inputs=artifact.inputs, kwargs=artifact.kwargs,
         default_specs=artifact.specs, default_kwargs=dict(artifact.kw_specs or {}),

@@ -28,7 +28,8 @@ def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any
     cast = parse_dtype(dtype, "--dtype") if dtype else None
 
     def build() -> Any:
-        model = load_entry(args.entry, device="meta", config=config).model
+        # an exported program's graph stays on the CPU, where plan's fake step runs
+        model = load_entry(args.entry, device="meta", config=config, graph_device="cpu").model
         return model.to(cast) if cast is not None else model
 
     return build
@@ -36,10 +37,9 @@ def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any
 
 def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]]]:
     """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads)."""
+    from .artifacts import looks_like_artifact
     from .entry import load_entry
     from .specs import make_tensor
-
-    from .artifacts import looks_like_artifact
 
     kw_specs = dict(args.kwargs)
     if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
