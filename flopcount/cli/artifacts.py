@@ -12,9 +12,10 @@
 
 Nothing untrusted is unpickled. ``torch.export.load`` unpickles some archive members with
 ``weights_only=False`` (tensors saved with pickle, tensor constants, the example inputs as a
-fallback) and ``pickle.loads`` opaque objects, so every pickled member of a ``.pt2`` is
-first loaded with ``torch.load(weights_only=True)`` from the same bytes the program is then
-read from; a member that it refuses makes the whole file refused. A ``.pt``/``.pth`` that is a
+fallback), ``pickle.loads`` opaque objects and loads an AOTInductor package's shared library,
+so a ``.pt2`` with native code is refused and every pickled member is first loaded with
+``torch.load(weights_only=True)`` from the same bytes the program is then read from; a member
+that it refuses makes the whole file refused. A ``.pt``/``.pth`` that is a
 ``torch.save`` pickle (a whole ``nn.Module``, or a ``state_dict``) is refused with what to do
 instead: unpickling a module needs ``weights_only=False``, which runs code from the file.
 """
@@ -120,8 +121,18 @@ def _weights_only_load(blob: bytes) -> Any:
     return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
 
 
+_NATIVE_SUFFIXES = (".so", ".dll", ".dylib", ".pyd")
+
+
 def _check_pickles(entry: str, members: Dict[str, bytes]) -> None:
-    """Refuse a ``.pt2`` holding a pickled member that ``weights_only`` loading refuses."""
+    """Refuse a ``.pt2`` holding native code (``torch.export.load`` loads an AOTInductor
+    package's shared library) or a pickled member that ``weights_only`` loading refuses."""
+    for name in members:
+        if "aotinductor/" in name or name.lower().endswith(_NATIVE_SUFFIXES):
+            raise UsageError(
+                f"bad ENTRY: {entry} holds compiled AOTInductor code ({name}); flopcount loads no native code "
+                "from a file (torch.export.load would): count the program saved before compiling (torch.export.save)"
+            )
     for name, blob in members.items():
         if name.endswith(".json") or not _is_pickled(blob):
             continue

@@ -407,6 +407,20 @@ def test_pt2_with_a_code_running_pickle_is_refused_before_anything_runs(tmp_path
     assert (data["macs"], data["params"]) == (3 * 4 * 2, 10)
 
 
+def test_pt2_with_compiled_code_is_refused(tmp_path, capsys):
+    program = torch.export.export(nn.Linear(4, 2), (torch.randn(3, 4),))
+    good = tmp_path / "good.pt2"
+    torch.export.save(program, good)
+    with zipfile.ZipFile(good) as old, zipfile.ZipFile(tmp_path / "aoti.pt2", "w") as new:
+        prefix = old.namelist()[0].split("/")[0]
+        for info in old.infolist():
+            new.writestr(info, old.read(info))
+        new.writestr(f"{prefix}/data/aotinductor/model/model.so", b"\x7fELF not really")
+    code, out, err = cli(capsys, "count", str(tmp_path / "aoti.pt2"))
+    assert code == 2 and out == ""
+    assert "holds compiled AOTInductor code" in err and "loads no native code" in err
+
+
 def test_pickled_module_and_state_dict_are_refused(tmp_path, capsys):
     sentinel = tmp_path / "code-ran"
     torch.save(_Touch(sentinel), tmp_path / "model.pt")
