@@ -196,18 +196,18 @@ def load_artifact(entry: str, device: str, graph_device: Optional[str] = None) -
         if kind == "torchscript":
             return _load_torchscript(entry, data, device)
     if kind == "pickle":
-        raise UsageError(_pickle_refusal(entry, members))
+        raise UsageError(_pickle_refusal(entry, data))
     raise UsageError(
         f"bad ENTRY: {entry} is a zip archive but neither a torch.export program (.pt2) nor a TorchScript file "
         f"(members: {', '.join(sorted(members)[:4])}{', ...' if len(members) > 4 else ''})"
     )
 
 
-def _pickle_refusal(entry: str, members: Dict[str, bytes]) -> str:
+def _pickle_refusal(entry: str, data: bytes) -> str:
     """Why a torch.save archive is refused: a state_dict has no architecture; a pickled
     module needs weights_only=False (code from the file) to be read at all."""
     try:
-        content = _weights_only_load(_repack(members))
+        content = _weights_only_load(data)
     except Exception:
         return (
             f"bad ENTRY: {entry} is a torch.save pickle of Python objects (an nn.Module?); flopcount refuses it: "
@@ -215,14 +215,6 @@ def _pickle_refusal(entry: str, members: Dict[str, bytes]) -> str:
         )
     what = "a state_dict (weights without the architecture)" if isinstance(content, dict) else f"a {type(content).__name__}"
     return f"bad ENTRY: {entry} is a torch.save file holding {what}, not a model; {_SAVE_INSTEAD}"
-
-
-def _repack(members: Dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, blob in members.items():
-            archive.writestr(name, blob)
-    return buffer.getvalue()
 
 
 def _load_torchscript(entry: str, data: bytes, device: str) -> Artifact:
