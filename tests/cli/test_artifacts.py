@@ -257,6 +257,18 @@ def test_other_commands_take_a_pt2(files, capsys):
     assert json.loads(out)["entry"] == path
 
 
+def test_pt2_training_step_counts_by_hand(tmp_path, capsys):
+    """Forward + backward of an exported MLP 16 -> 32 -> 8 on a batch of 4. Forward: 4*16*32 + 4*32*8
+    MACs. Backward of sum(outputs): each weight's gradient (the same MACs as its forward) and the
+    input gradient of fc2 only (the input needs no gradient): 4*16*32 + 4*32*8 + 4*8*32."""
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    torch.export.save(torch.export.export(mlp, (torch.randn(4, 16),)), tmp_path / "mlp.pt2")
+    data = count_json(capsys, str(tmp_path / "mlp.pt2"), "--backward")
+    assert data["by_phase"]["forward"]["macs"] == 4 * 16 * 32 + 4 * 32 * 8
+    assert data["by_phase"]["backward"]["macs"] == 4 * 16 * 32 + 4 * 32 * 8 + 4 * 8 * 32
+    assert data["params"] == 16 * 32 + 32 + 32 * 8 + 8
+
+
 def test_output_never_overwrites_the_artifact(files, capsys):
     path = files["dir"] / "llama.pt2"
     before = path.read_bytes()
