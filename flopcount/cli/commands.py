@@ -66,7 +66,13 @@ def _check_output(path: Optional[str], flag: str) -> None:
 
 def _entry_file(entry: str) -> Optional[Path]:
     """The source file of a ``path.py:attr`` or ``package.module:attr`` ENTRY, when it
-    has one (after loading, so the module is already imported)."""
+    has one (after loading, so the module is already imported), or the file a saved
+    artifact ENTRY reads (``model.pt2``, ``hf:./folder``'s config.json)."""
+    from .artifacts import artifact_file
+
+    saved = artifact_file(entry)
+    if saved is not None:
+        return saved
     module_part, sep, _ = entry.strip().rpartition(":")
     if not sep or entry.strip().lower().startswith(("hf:", "transformers:", "tv:", "torchvision:")):
         return None
@@ -119,15 +125,22 @@ def _prepare(args: argparse.Namespace) -> _Run:
     _check_not_entry(args.output, "--output", args.entry)
     _check_not_entry(args.plot, "--plot", args.entry)
     model = loaded.model
+    if loaded.no_jit is not None and tracer == "jit":
+        raise UsageError(loaded.no_jit)
     if args.inputs or kw_specs:
-        if args.inputs and not getattr(args, "generate", None):  # defaults the prompt does not replace
+        specs = list(args.inputs)
+        if loaded.fit_specs is not None:  # an exported program: checked against its shapes, placed by position
+            specs, kw_specs = loaded.fit_specs(specs, kw_specs)
+        elif args.inputs and not getattr(args, "generate", None):  # defaults the prompt does not replace
             kw_specs = {**{k: v for k, v in loaded.default_kwargs.items() if k not in kw_specs}, **kw_specs}
-        inputs, kwargs = _make_inputs(model, args.inputs, kw_specs, device, args.seed)
+        inputs, kwargs = _make_inputs(model, specs, kw_specs, device, args.seed)
     elif loaded.inputs is not None or loaded.kwargs is not None:
         inputs = loaded.inputs if loaded.inputs is not None else ()
         kwargs = loaded.kwargs
-    elif loaded.default_specs:
+    elif loaded.default_specs or loaded.default_kwargs:
         inputs, kwargs = _make_inputs(model, list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed)
+    elif loaded.needs_inputs is not None:
+        raise UsageError(loaded.needs_inputs)
     else:
         inputs, kwargs = (), None
     _check_arity(args.entry, model, inputs, kwargs)

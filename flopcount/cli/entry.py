@@ -11,6 +11,9 @@ ENTRY forms:
 * ``tv:NAME`` (or ``torchvision:NAME``) — ``torchvision.models.get_model(NAME, weights=None)``.
 * ``example:NAME`` — an architecture shipped in :mod:`flopcount.examples` (``resnet50``,
   ``mobilenet_v2``, ``vit_b_16``, ...), with its usual input when none is given.
+* a saved artifact (:mod:`flopcount.cli.artifacts`): ``model.pt2`` (``torch.export``, on its
+  own example input shapes), a TorchScript file (needs ``--input``), ``hf:./folder`` or
+  ``hf:path/config.json`` (a local Hugging Face config, random weights).
 
 Every failure is a :class:`~flopcount.errors.UsageError` naming the ENTRY and what is
 wrong, chained to the cause.
@@ -27,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -35,7 +38,10 @@ from torch import nn
 from ..errors import UsageError
 from .specs import InputSpec
 
-ENTRY_HELP = "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME"
+ENTRY_HELP = (
+    "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE, hf:./folder, tv:NAME, example:NAME, "
+    "model.pt2 (torch.export) or a TorchScript file"
+)
 HF_PREFIXES = ("hf:", "transformers:")
 TV_PREFIXES = ("tv:", "torchvision:")
 EXAMPLE_PREFIXES = ("example:",)
@@ -47,7 +53,11 @@ class LoadedEntry:
 
     ``inputs``/``kwargs``: example inputs returned by a factory (None when it gave
     none); ``default_specs``: inputs to make when neither the factory nor the command
-    line gave any (token ids for transformers models, an image for torchvision)."""
+    line gave any (token ids for transformers models, an image for torchvision, an
+    exported program's own input shapes). ``fit_specs``: checks the command line's SPECs
+    against what the ENTRY takes and places them (an exported program's inputs);
+    ``needs_inputs``: the error when no inputs are given at all (TorchScript);
+    ``no_jit``: why ``--tracer jit`` cannot run this model."""
 
     entry: str
     model: nn.Module
@@ -55,13 +65,19 @@ class LoadedEntry:
     kwargs: Optional[Dict[str, Any]] = None
     default_specs: Tuple[InputSpec, ...] = ()
     default_kwargs: Dict[str, InputSpec] = field(default_factory=dict)
+    fit_specs: Optional[Callable[[Sequence[InputSpec], Dict[str, InputSpec]], Tuple[List[InputSpec], Dict[str, InputSpec]]]] = None
+    needs_inputs: Optional[str] = None
+    no_jit: Optional[str] = None
 
 
-def load_entry(entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None) -> LoadedEntry:
+def load_entry(
+    entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None, graph_device: Optional[str] = None
+) -> LoadedEntry:
     """Import or build the model ENTRY names, in eval mode, on ``device``.
 
     ``device="meta"`` builds factories under ``torch.device("meta")`` (no memory, no
-    data: shapes only); ``"cuda"`` builds on the CPU and moves the model."""
+    data: shapes only); ``"cuda"`` builds on the CPU and moves the model. ``graph_device``:
+    where an exported program's graph runs, when not ``device`` (``plan``: cpu)."""
     text = entry.strip()
     overrides = dict(config or {})
     if not text:
@@ -82,8 +98,13 @@ def load_entry(entry: str, *, device: str = "cpu", config: Optional[Mapping[str,
                     loaded = _load_example(entry, text[len(prefix):].strip(), overrides, device)
                     break
             else:
-                target = _import_target(text)
-                loaded = _from_object(entry, target, overrides, device)
+                from .artifacts import looks_like_artifact
+
+                if looks_like_artifact(text):
+                    loaded = _load_artifact(entry, text, overrides, device, graph_device)
+                else:
+                    target = _import_target(text)
+                    loaded = _from_object(entry, target, overrides, device)
     if device != "meta" and device != "cpu":
         loaded.model = loaded.model.to(device)
     loaded.inputs, loaded.kwargs = _inputs_to(loaded.inputs, loaded.kwargs, device)
@@ -250,6 +271,22 @@ def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tu
     return new_inputs, new_kwargs
 
 
+# --------------------------------------------------------------------------- saved artifacts
+
+
+def _load_artifact(entry: str, text: str, overrides: Dict[str, Any], device: str, graph_device: Optional[str]) -> LoadedEntry:
+    from .artifacts import load_artifact
+
+    if overrides:
+        raise UsageError(f"--config needs a factory or an hf: config, but {entry} is a saved model file")
+    artifact = load_artifact(text, device, graph_device)
+    return LoadedEntry(
+        entry, artifact.model, inputs=artifact.inputs, kwargs=artifact.kwargs,
+        default_specs=artifact.specs, default_kwargs=dict(artifact.kw_specs or {}),
+        fit_specs=artifact.fit, needs_inputs=artifact.needs_inputs, no_jit=artifact.no_jit,
+    )
+
+
 # --------------------------------------------------------------------------- model zoos
 
 
@@ -258,25 +295,21 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         import transformers  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"{entry} needs the transformers package: pip install transformers") from exc
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSpeechSeq2Seq,
-    )
+    from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
-    )
 
+    from .artifacts import is_local_hf, local_hf_config
+
+    if is_local_hf(model_type):
+        config, architecture = local_hf_config(entry, model_type, overrides)
+        return _hf_model(entry, config, str(config.model_type), overrides, device, architecture)
     if model_type not in CONFIG_MAPPING_NAMES:
         close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise UsageError(f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint}")
+        raise UsageError(
+            f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint} "
+            f"(a local folder or config.json is hf:./PATH)"
+        )
     try:
         config = AutoConfig.for_model(model_type)
     except Exception as exc:
@@ -294,23 +327,48 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         except Exception as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
             raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {_describe_short(exc)}") from exc
+    return _hf_model(entry, config, model_type, overrides, device, None)
+
+
+def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any], device: str, architecture: Optional[str]) -> LoadedEntry:
+    """The model for ``config`` with random weights: the class its ``architectures`` names
+    (a local checkpoint's config says what shipped), else one chosen by model type."""
+    import transformers
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSpeechSeq2Seq,
+    )
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+    )
+
     if "use_cache" not in overrides and hasattr(config, "use_cache"):
         config.use_cache = False  # one forward; a KV cache is only extra outputs
     # encoder-decoders are built whole (their causal-LM class is the decoder alone); decoders
     # get their LM head; encoders (also listed as masked LMs) the bare model
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    if seq2seq and model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
-        auto: Any = AutoModelForSpeechSeq2Seq
-    elif seq2seq and model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-        auto = AutoModelForSeq2SeqLM
-    elif seq2seq:
-        auto = AutoModel
+    named = getattr(transformers, architecture, None) if architecture else None
+    if isinstance(named, type) and issubclass(named, nn.Module):
+        build: Callable[[Any], Any] = named
     else:
-        auto = AutoModelForCausalLM if causal else AutoModel
+        if seq2seq and model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+            auto: Any = AutoModelForSpeechSeq2Seq
+        elif seq2seq and model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+            auto = AutoModelForSeq2SeqLM
+        elif seq2seq:
+            auto = AutoModel
+        else:
+            auto = AutoModelForCausalLM if causal else AutoModel
+        build = auto.from_config
     with _build_device(device):
         try:
-            model = auto.from_config(config)
+            model = build(config)
         except Exception as exc:
             raise UsageError(f"model construction failed: {entry}: {_describe(exc)}") from exc
     default_kwargs: Dict[str, InputSpec] = {}

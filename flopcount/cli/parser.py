@@ -31,13 +31,21 @@ ENTRY
   example:NAME            an architecture shipped with flopcount, built from code:
                           resnet18, resnet50, mobilenet_v2, vit_b_16, vit_tiny
                           (and gpt2, bert, llama with transformers installed)
+  model.pt2               a torch.export program (torch.export.save), counted on
+                          its own example input shapes; --input overrides them
+  model.pt                a TorchScript file (torch.jit.save); needs --input
+  hf:./folder             a local Hugging Face config (a folder or config.json):
+  hf:path/config.json     the class its "architectures" names, random weights
+  A torch.save pickle (.pt/.pth of a module or state_dict) is refused: reading it
+  could run code from the file.
 
 SPEC
   dims joined by 'x', optional ':dtype' (default float32): 1x3x224x224, 1x128:int64.
   Integer inputs are token ids within the model's smallest nn.Embedding (0 or 1
   without one); integer or bool --kwarg inputs whose name contains 'mask' are ones.
   Without --input: the factory's example inputs; 1x128:int64 for hf:, 1x3x224x224
-  for tv:, the model's usual input for example: (1x3x224x224 for resnet50).
+  for tv:, the model's usual input for example: (1x3x224x224 for resnet50), the
+  program's own input shapes for a .pt2.
 
 Numbers accept K/M/G/T suffixes (10^3..10^12) and scientific notation: 25M, 5G,
 1.5T, 3e9.
@@ -510,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see_below: bool = False, optional_entry: bool = False) -> Any:
     """ENTRY, then ``--input``/``--kwarg``/``--config`` in a group named ``title`` (returned,
     so a command can add more inputs to it): the one spelling every command reads a model with."""
-    help_text = "the model: module:attr, file.py:attr, hf:MODEL_TYPE, tv:NAME or example:NAME" + (" (see below)" if see_below else "")
+    help_text = ("the model: module:attr, file.py:attr, hf:MODEL_TYPE, hf:./folder, tv:NAME, example:NAME, "
+                 "model.pt2 or a TorchScript file" + (" (see below)" if see_below else ""))
     if optional_entry:
         p.add_argument("entry", metavar="ENTRY", nargs="?", default=None,
                        help=help_text + "; default: entry = \"...\" in [tool.flopcount] (with its input = [SPEC, ...])")

@@ -28,7 +28,8 @@ def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any
     cast = parse_dtype(dtype, "--dtype") if dtype else None
 
     def build() -> Any:
-        model = load_entry(args.entry, device="meta", config=config).model
+        # an exported program's graph stays on the CPU, where plan's fake step runs
+        model = load_entry(args.entry, device="meta", config=config, graph_device="cpu").model
         return model.to(cast) if cast is not None else model
 
     return build
@@ -36,16 +37,23 @@ def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any
 
 def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]]]:
     """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads)."""
+    from .artifacts import looks_like_artifact
     from .entry import load_entry
     from .specs import make_tensor
 
     kw_specs = dict(args.kwargs)
-    if args.inputs or kw_specs:
+    if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
         specs, kwargs = list(args.inputs), kw_specs
+    elif args.inputs or kw_specs:
+        fit = load_entry(args.entry, device="meta", config=_config(args)).fit_specs
+        # an exported program's inputs are checked against its shapes (TorchScript's are not known)
+        specs, kwargs = fit(list(args.inputs), kw_specs) if fit is not None else (list(args.inputs), kw_specs)
     else:
         loaded = load_entry(args.entry, device="meta", config=_config(args))
         if loaded.inputs is not None or loaded.kwargs is not None:
             return (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
+        if loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
+            raise UsageError(loaded.needs_inputs)
         specs, kwargs = list(loaded.default_specs), dict(loaded.default_kwargs)
     inputs = tuple(make_tensor(spec, device="meta") for spec in specs)
     made = {name: make_tensor(spec, device="meta") for name, spec in kwargs.items()}

@@ -293,13 +293,15 @@ class _TreeCopier:
 @cache
 def _shared_types() -> Tuple[type, ...]:
     """Objects shared with the copy rather than deep-copied: a ``torch.export``ed (or
-    fx) module's graph, which its generated forward never reads, and pytree specs (its
+    fx) module's graph, which its generated forward never reads, its nodes (an unflattened
+    program keeps its input placeholders, read only to check input shapes; their recorded
+    values may have symbolic sizes, which cannot be deep-copied), and pytree specs (its
     ``_in_spec``/``_out_spec``, immutable). Copying them is slow and trips a deprecation
     warning inside torch."""
     import torch.fx
 
     spec = getattr(getattr(torch.utils, "_pytree", None), "TreeSpec", None)
-    return (torch.fx.Graph,) + ((spec,) if isinstance(spec, type) else ())
+    return (torch.fx.Graph, torch.fx.Node) + ((spec,) if isinstance(spec, type) else ())
 
 
 def shared_tensor_copy(model: nn.Module) -> nn.Module:
