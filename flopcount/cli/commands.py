@@ -259,6 +259,16 @@ def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] =
     return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
 
 
+def _training_mode(run: _Run, args: argparse.Namespace) -> None:
+    """A training step (--backward, --optimizer) runs in ``train()`` mode: BatchNorm on batch
+    statistics, dropout on; ``--eval`` keeps the model in ``eval()``. The model is the CLI's
+    own (built by ENTRY in eval mode), so switching it changes nothing of the user's."""
+    if getattr(args, "eval_mode", False):
+        return
+    run.model.train()
+    progress(args, "the training step runs in train() mode (--eval for eval() mode)")
+
+
 def _cast(run: _Run, dtype: Optional[str]) -> _Run:
     """``count --dtype``: the model (the CLI's own copy) and its floating inputs in ``dtype``."""
     if dtype is None:
@@ -286,6 +296,10 @@ def _cmd_count(args: argparse.Namespace) -> int:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
         return count_generation_command(run, args, _emit, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
+    if args.backward or args.optimizer is not None:
+        _training_mode(run, args)
+    elif args.eval_mode:
+        raise UsageError("--eval applies to a training step: add --backward or --optimizer, or drop --eval")
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
     estimate = _estimate_memory(run, args) if args.memory else None
     extra = {"memory": estimate.to_dict()} if estimate is not None else None
@@ -370,7 +384,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_ms
     sharded = args.fsdp is not None or args.tp is not None
-    estimate = _estimate_memory(run, args, dtype=args.dtype) if budget.needs_memory and not sharded else None
+    estimate = None
+    if budget.needs_memory and not sharded:
+        if args.backward or args.optimizer is not None:
+            _training_mode(run, args)  # after the count: FLOPs budgets are of one inference forward
+        estimate = _estimate_memory(run, args, dtype=args.dtype)
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
     report = check_result(
         result,
@@ -418,7 +436,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from .predicting import run_profile
 
     _check_output(args.trace, "--trace")
-    return run_profile(args, lambda: _prepare(args), _emit, _label(args))
+    if args.eval_mode and not args.backward:
+        raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
+
+    def prepare() -> _Run:
+        run = _prepare(args)
+        if args.backward:
+            _training_mode(run, args)
+        return run
+
+    return run_profile(args, prepare, _emit, _label(args))
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {

@@ -252,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(count)
     count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
+    _add_eval(count)
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
     count.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran (the report is still printed)")
     count.add_argument("--predict", metavar="DEVICE", default=None,
@@ -313,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the memory budget covers a training step (forward + backward), not inference")
     limits.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                         help="for --max-memory: add this optimizer's step and state (implies --backward)")
+    _add_eval(limits)
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
     verdict = check.add_argument_group("incomplete counts")
     verdict.add_argument("--allow-incomplete", action="store_true",
@@ -334,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(prof, formats=PROFILE_FORMATS)
     shape = prof.add_argument_group("profiling")
     shape.add_argument("--backward", action="store_true", help="profile a training step: forward + backward of sum(outputs)")
+    _add_eval(shape)
     shape.add_argument("--steps", type=_int_at_least(1, "--steps"), default=5, metavar="N", help="profiled steps (default 5)")
     shape.add_argument("--warmup", type=_int_at_least(0, "--warmup"), default=2, metavar="N", help="untimed steps first (default 2)")
     shape.add_argument("--by", choices=("operator", "module", "op"), default="operator",
@@ -389,6 +392,12 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
                         help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
     return inputs
+
+
+def _add_eval(group: Any) -> None:
+    group.add_argument("--eval", action="store_true", dest="eval_mode",
+                       help="run the training step (--backward, --optimizer) with the model in eval() mode (BatchNorm "
+                       "on running statistics, dropout off); default: train() mode, as a training step runs")
 
 
 def _add_ranks(group: Any) -> None:
