@@ -159,6 +159,7 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
         and all(_is_linear(getattr(attn, n, None)) for n in attn_names)
         and all(_is_linear(getattr(mlp, n, None)) for n in mlp_names)
     ):
+        _check_llama_heads(prefix, blocks, tp)
         replicate = Replicate()
         return {
             f"{where}.self_attn": PrepareModuleInput(
@@ -183,6 +184,24 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
         "attn.c_attn/c_proj + mlp.c_fc/c_proj blocks, nn.TransformerEncoderLayer); "
         "pass tp_plan={module path: ParallelStyle}"
     )
+
+
+def _check_llama_heads(prefix: str, blocks: List[nn.Module], tp: int) -> None:
+    """Column-parallel q/k/v give each rank ``heads / tp`` query and ``kv_heads / tp`` key/value
+    heads of ``head_dim`` columns: both must divide by ``tp``, or the block's reshape fails."""
+    for index, block in enumerate(blocks):
+        attn = block.self_attn
+        q, k = attn.q_proj.out_features, attn.k_proj.out_features
+        head_dim = getattr(attn, "head_dim", None)
+        if not isinstance(head_dim, int) or head_dim <= 0 or q % head_dim or k % head_dim:
+            continue  # not the transformers layout: torch's own error stays the one said
+        heads, kv_heads = q // head_dim, k // head_dim
+        if heads % tp or kv_heads % tp:
+            raise UsageError(
+                f"the built-in LLaMA-family tensor-parallel plan needs the attention heads and the key/value heads "
+                f"divisible by tp={tp} ({prefix} item {index}: {heads} heads, {kv_heads} key/value heads of "
+                f"head_dim {head_dim}); choose a tp that divides both, or pass tp_plan={{module path: ParallelStyle}}"
+            )
 
 
 def parallelize(

@@ -142,6 +142,8 @@ class PlanResult:
     unsupported: Mapping[str, int] = field(default_factory=dict)
     by_operator: Mapping[str, int] = field(default_factory=dict)
     notes: Tuple[str, ...] = ()
+    #: one rank's micro-batch, as planned (e.g. ``(Tensor[1, 128] int64)``)
+    inputs: str = ""
 
     @property
     def world_size(self) -> int:

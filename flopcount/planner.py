@@ -20,7 +20,7 @@ from .analysis import cost_events
 from .bench.peaks import dtype_key, match_gpu, peak_flops
 from .errors import FlopcountWarning, TraceError, UsageError
 from .handlers import default_registry
-from .inputs import as_call_args, flatten_tensors
+from .inputs import as_call_args, describe_inputs, flatten_tensors
 from .ledger import TOTAL_FIELDS, Ledger
 from .optimizers import warm_up
 from .plan_result import MEMORY_BANDWIDTH, CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
@@ -117,6 +117,7 @@ def plan(
         peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
         state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
         tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes,
+        inputs=describe_inputs(args, kw),
     )
 
 

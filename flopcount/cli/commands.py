@@ -390,6 +390,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
             _training_mode(run, args)  # after the count: FLOPs budgets are of one inference forward
         estimate = _estimate_memory(run, args, dtype=args.dtype)
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
+    memory_note = None
+    if planned is not None:
+        from ..units import format_bytes
+
+        memory_note = (
+            f"memory: peak {format_bytes(planned)} of rank 0 in a training step (forward + backward + {args.optimizer or 'adamw'}) "
+            f"sharded over fsdp={args.fsdp} x tp={args.tp} ranks (flopcount plan), not of inference"
+        )
     report = check_result(
         result,
         budget,
@@ -398,7 +406,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",
     )
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate)
+    extra = {"memory": {"peak_bytes": planned, "of": memory_note}} if planned is not None else None
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate,
+                        extra=extra, memory_note=memory_note)
     _emit(text, args)
     timed = latency is not None and result.benchmark is not None
     _plot(result, args, latencies=result.benchmark.stats.samples_ms if timed else None, budget=report)

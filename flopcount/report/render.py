@@ -94,9 +94,11 @@ def render_check(
     depth: Optional[int] = None,
     memory: Optional[MemoryEstimate] = None,
     extra: Optional[Dict[str, Any]] = None,
+    memory_note: Optional[str] = None,
 ) -> str:
     """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
-    the verdict, what a memory budget's peak includes (``memory``), and why the count may
+    the verdict, what a memory budget's peak includes (``memory``, or the one line
+    ``memory_note`` for a peak that is not a MemoryEstimate: a plan's), and why the count may
     be short. The markdown suits a GitHub step summary."""
     if fmt == "json":
         data = result_dict(result, entry)
@@ -110,7 +112,7 @@ def render_check(
         return report.to_csv()
     heading = f"{entry} | inputs {result.input_description or '()'}"
     notes = note_lines(result, markdown=fmt == "markdown")
-    peak = [] if memory is None else [peak_summary(memory)]
+    peak = [peak_summary(memory)] if memory is not None else [memory_note] if memory_note else []
     if fmt == "html":
         budgets = "\n".join([report.table(), report.verdict(), *peak])
         return html_report(result, entry=entry, depth=depth, sections=[("Budgets", budgets)], budget=report)

@@ -98,3 +98,68 @@ def test_training_step_counts_in_train_mode(workdir, capsys, batch, flags):
 def test_eval_without_training_step_is_refused(workdir, capsys):
     code, _, err = cli(capsys, "count", "models.py:bn", "-i", "4x16", "--eval")
     assert code == 2 and "--eval applies to a training step" in err
+
+
+# --------------------------------------------------------------------------- 13: plan's messages
+
+ENCODER = textwrap.dedent(
+    """
+    from torch import nn
+
+    def encoder():
+        layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
+        return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    """
+)
+
+LLAMA = ("--config", "num_hidden_layers=1", "--config", "hidden_size=64", "--config", "intermediate_size=64",
+         "--config", "vocab_size=128", "--config", "max_position_embeddings=128")
+
+
+@pytest.mark.parametrize("heads, kv_heads, tp", [(4, 4, 3), (4, 2, 4), (8, 8, 3)])
+def test_plan_llama_heads_not_divisible_by_tp(workdir, capsys, heads, kv_heads, tp):
+    pytest.importorskip("transformers")
+    code, out, err = cli(capsys, "plan", "hf:llama", *LLAMA, "--config", f"num_attention_heads={heads}",
+                         "--config", f"num_key_value_heads={kv_heads}", "--tp", str(tp), "-i", "2x8:int64")
+    assert code == 2 and out == ""
+    last = err.strip().splitlines()[-1]
+    assert f"divisible by tp={tp}" in last and f"{heads} heads, {kv_heads} key/value heads" in last
+
+
+def test_plan_llama_divisible_heads_still_plan(workdir, capsys):
+    pytest.importorskip("transformers")
+    code, out, err = cli(capsys, "plan", "hf:llama", *LLAMA, "--config", "num_attention_heads=4",
+                         "--config", "num_key_value_heads=2", "--tp", "2", "-i", "2x8:int64")
+    assert code == 0, err
+    assert "micro-batch per rank: (Tensor[2, 8] int64" in out
+
+
+def test_plan_names_its_micro_batch_and_the_default_input(workdir, capsys):
+    (workdir / "enc.py").write_text(ENCODER)
+    code, out, err = cli(capsys, "plan", "enc.py:encoder", "-i", "3x16x64", "--fsdp", "2")
+    assert code == 0, err
+    assert "micro-batch per rank: (Tensor[3, 16, 64] float32" in out
+    assert "no --input" not in out + err
+    pytest.importorskip("transformers")
+    # hf: entries default to one 1x128 token prompt (docs/cli.md, SPEC); without -i the plan says so
+    code, out, err = cli(capsys, "plan", "hf:llama", *LLAMA, "--config", "num_attention_heads=4",
+                         "--config", "num_key_value_heads=4")
+    assert code == 0, err
+    assert "micro-batch per rank: (Tensor[1, 128] int64" in out
+    assert "note: no --input was given: the micro-batch is the default input of hf:llama (1x128:int64)" in out
+    assert "no --input: planning the default input of hf:llama (1x128:int64)" in err
+
+
+def test_check_memory_says_which_peak_it_checked(workdir, capsys):
+    (workdir / "enc.py").write_text(ENCODER)
+    base = ("check", "enc.py:encoder", "-i", "2x16x64", "--max-memory", "1GB")
+    code, out, err = cli(capsys, *base)
+    assert code == 0, err
+    assert "of an inference step" in out
+    code, out, err = cli(capsys, *base, "--fsdp", "2")
+    assert code == 0, err
+    assert "of rank 0 in a training step (forward + backward + adamw) sharded over fsdp=2 x tp=1 ranks" in out
+    code, out, err = cli(capsys, *base, "--fsdp", "2", "-f", "json")
+    data = json.loads(out)
+    assert data["memory"]["peak_bytes"] == data["budget"]["lines"][0]["actual"]
+    assert "training step" in data["memory"]["of"]
