@@ -190,8 +190,8 @@ def _check_llama_heads(prefix: str, blocks: List[nn.Module], tp: int) -> None:
     """Column-parallel q/k/v give each rank ``heads / tp`` query and ``kv_heads / tp`` key/value
     heads of ``head_dim`` columns: both must divide by ``tp``, or the block's reshape fails."""
     for index, block in enumerate(blocks):
-        attn = block.self_attn
-        q, k = attn.q_proj.out_features, attn.k_proj.out_features
+        attn: Any = block.self_attn
+        q, k = int(attn.q_proj.out_features), int(attn.k_proj.out_features)
         head_dim = getattr(attn, "head_dim", None)
         if not isinstance(head_dim, int) or head_dim <= 0 or q % head_dim or k % head_dim:
             continue  # not the transformers layout: torch's own error stays the one said

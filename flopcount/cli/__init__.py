@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence
 
 from ..errors import FlopcountError
 from .output import describe_error, is_internal, one_line, report_warnings, say
-from .parser import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
+from .parser import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, join_negative_values
 
 __all__ = ["main"]
 
@@ -31,7 +31,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(join_negative_values(parser, list(sys.argv[1:] if argv is None else argv)))
     except SystemExit as exc:  # --help, --version, or an argparse error (already printed)
         return exc.code if isinstance(exc.code, int) else (EXIT_USAGE if exc.code else EXIT_OK)
     if args.command is None:

@@ -137,12 +137,14 @@ def _prepare(args: argparse.Namespace) -> _Run:
 def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
     import torch
 
-    from .specs import make_tensor, token_range
+    from .specs import ScalarArg, make_tensor, token_range
 
     generator = torch.Generator().manual_seed(seed)
     high = token_range(model)
 
     def make(spec: Any, label: str, ones: bool = False) -> Any:
+        if isinstance(spec, ScalarArg):
+            return spec.value
         try:
             return make_tensor(spec, device=device, high=high, generator=generator, ones=ones)
         except (RuntimeError, MemoryError) as exc:
@@ -155,10 +157,15 @@ def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], dev
 
     inputs = tuple(make(spec, f"--input {spec}") for spec in specs)
     kwargs = {
-        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and not (spec.dtype.is_floating_point or spec.dtype.is_complex))
+        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and _integral(spec))
         for name, spec in kw_specs.items()
     }
     return inputs, (kwargs or None)
+
+
+def _integral(spec: Any) -> bool:
+    dtype = getattr(spec, "dtype", None)
+    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
 
 
 def _clip(text: str, limit: int) -> str:

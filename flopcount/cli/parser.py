@@ -4,7 +4,8 @@ Imports no torch, so ``--help``, ``--version`` and argument errors answer at onc
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
+import re
+from typing import Any, List, NoReturn, Set
 
 from ..budget import parse_bytes, parse_quantity
 from ..errors import UsageError
@@ -36,6 +37,8 @@ SPEC
   dims joined by 'x', optional ':dtype' (default float32): 1x3x224x224, 1x128:int64.
   Integer inputs are token ids within the model's smallest nn.Embedding (0 or 1
   without one); integer or bool --kwarg inputs whose name contains 'mask' are ones.
+  --kwarg NAME=VALUE passes a Python value instead of a tensor: int:3, float:0.5,
+  bool:true, str:TEXT, none (0.5, 1e-3, true, false also bare; a bare 4 is a SPEC).
   Without --input: the factory's example inputs; 1x128:int64 for hf:, 1x3x224x224
   for tv:, the model's usual input for example: (1x3x224x224 for resnet50).
 
@@ -205,14 +208,21 @@ _DURATION_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "µs": 1e-3, "ns": 1e-6}
 
 
 def parse_duration_ms(text: str) -> float:
-    """``"10ms" -> 10.0``, ``"2s" -> 2000.0``, ``"500us" -> 0.5`` (a bare number is ms)."""
+    """``"10ms" -> 10.0``, ``"2s" -> 2000.0``, ``"500us" -> 0.5``. The unit is required: a
+    bare number is refused (``--max-latency-ms`` takes a bare number of milliseconds)."""
     raw = str(text).strip().lower()
     for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
         if raw.endswith(unit):
             number, scale = raw[: -len(unit)], _DURATION_UNITS[unit]
             break
     else:
-        number, scale = raw, 1.0
+        try:
+            float(raw)
+        except ValueError:
+            raise UsageError(f"{text!r} is not a duration (examples: 10ms, 2.5s, 800us)") from None
+        raise UsageError(
+            f"{text!r} has no unit: write it with one (s, ms, us, ns), e.g. {raw}ms, or give milliseconds to --max-latency-ms"
+        )
     try:
         value = float(number) * scale
     except ValueError:
@@ -220,6 +230,36 @@ def parse_duration_ms(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise UsageError(f"{text!r}: a latency budget must be > 0")
     return value
+
+
+def join_negative_values(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """``--max-latency -5ms`` -> ``--max-latency=-5ms``: argparse reads a value that starts
+    with ``-`` (and is not a plain negative number) as an option and answers "expected one
+    argument"; joined, the value reaches its own check and is refused by name."""
+    takes_value: Set[str] = set()
+    actions: List[argparse.Action] = list(parser._actions)
+    while actions:
+        action = actions.pop()
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions.extend(sub._actions)
+        elif action.option_strings and action.nargs is None:
+            takes_value.update(action.option_strings)
+    joined: List[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if token in takes_value and following is not None and re.match(r"-[\d.]", following):
+            joined.append(f"{token}={following}")
+            index += 2
+            continue
+        if token == "--":
+            joined.extend(argv[index:])
+            break
+        joined.append(token)
+        index += 1
+    return joined
 
 
 def _wrap(text: str) -> str:
@@ -304,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
     limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
-                        help="highest latency, e.g. 10ms: measured (median), or with --on DEVICE its roofline lower bound")
+                        help="highest latency with its unit (s, ms, us, ns), e.g. 10ms or 2.5s; a bare number is refused: measured "
+                        "(median), or with --on DEVICE its roofline lower bound")
     limits.add_argument("--on", metavar="DEVICE", default=None,
                         help="check the latency budget against the lower bound on DEVICE (h100, t4, ...; no hardware "
                         "needed): above the budget is a certain FAIL, below it is not decided without measuring (exit 3)")
@@ -388,7 +429,8 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
                         help=f"a positional input tensor, e.g. {example} (repeat for several)")
     inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
-                        help="a keyword input tensor, e.g. attention_mask=1x128:int64 (repeatable)")
+                        help="a keyword input: a tensor SPEC, e.g. attention_mask=1x128:int64, or a Python value: int:3, float:0.5, "
+                        "bool:true, str:TEXT, none (bare 0.5, true, false also; a bare integer is a 1-D SPEC) (repeatable)")
     inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
                         help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
     return inputs

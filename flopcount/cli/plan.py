@@ -39,7 +39,7 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
     """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads), and
     where it came from when no --input/--kwarg gave it ("" when they did)."""
     from .entry import load_entry
-    from .specs import make_tensor
+    from .specs import ScalarArg, make_tensor
 
     kw_specs = dict(args.kwargs)
     if args.inputs or kw_specs:
@@ -53,7 +53,7 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
         shown = ", ".join([str(s) for s in specs] + [f"{k}={v}" for k, v in kwargs.items()]) or "no inputs"
         origin = f"the default input of {args.entry} ({shown})"
     inputs = tuple(make_tensor(spec, device="meta") for spec in specs)
-    made = {name: make_tensor(spec, device="meta") for name, spec in kwargs.items()}
+    made = {name: spec.value if isinstance(spec, ScalarArg) else make_tensor(spec, device="meta") for name, spec in kwargs.items()}
     return inputs, (made or None), origin
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 from tabulate import tabulate
 
 from ..units import escape_markdown
-from .bench import bench_rows
+from .bench import bench_rows, bench_unit
 from .html import html_report
 from .memory import peak_summary
 from .notes import note_lines
@@ -63,7 +63,7 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
         latency = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"], colalign=("left", "right"))
         return html_report(result, entry=entry, depth=depth, sections=[("Latency", latency)], latencies_ms=timing.stats.samples_ms)
     if fmt == "csv":
-        lines = ["metric,value"] + [f"{_csv_key(label)},{raw}" for label, _, raw in rows]
+        lines = ["metric,value,unit"] + [f"{_csv_key(label)},{raw},{bench_unit(label)}" for label, _, raw in rows]
         return "\n".join(lines)
     mode = "eager" if not getattr(timing, "compiled", False) else "torch.compile"
     heading = (

@@ -163,3 +163,73 @@ def test_check_memory_says_which_peak_it_checked(workdir, capsys):
     data = json.loads(out)
     assert data["memory"]["peak_bytes"] == data["budget"]["lines"][0]["actual"]
     assert "training step" in data["memory"]["of"]
+
+
+# --------------------------------------------------------------------------- 14: budgets, kwargs, CSV units
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--max-latency", "-5ms", "a latency budget must be > 0"),
+    ("--max-latency", "10", "'10' has no unit"),
+    ("--max-latency-ms", "-5", "must be a finite number >= 0"),
+    ("--max-params", "-3M", "must be a finite number >= 0"),
+])
+def test_negative_and_unitless_budgets_are_named(workdir, capsys, flag, value, says):
+    code, out, err = cli(capsys, "check", "models.py:bn", "-i", "4x16", flag, value)
+    assert code == 2 and out == ""
+    line = err.strip()
+    assert len(line.splitlines()) == 1 and flag in line and says in line and "expected one argument" not in line
+
+
+def test_latency_with_a_unit_still_parses():
+    from flopcount.cli.parser import parse_duration_ms
+
+    assert parse_duration_ms("10ms") == 10.0 and parse_duration_ms("2.5s") == 2500.0 and parse_duration_ms("800us") == 0.8
+
+
+# Scaled: y = fc(x) (Linear(4, 4) on B x 4: 16*B MACs, 32*B FLOPs, the bias fused into addmm), then `times`
+# multiplies by `scale` (4*B FLOPs each), then fc again when `double` (32*B more FLOPs, 16*B MACs).
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch", "jit"])
+@pytest.mark.parametrize("batch", [2, 3])
+def test_scalar_kwargs_from_the_command_line(workdir, capsys, tracer, batch):
+    base = ("count", "models.py:Scaled", "-i", f"{batch}x4", "--tracer", tracer, "-f", "json")
+    code, out, err = cli(capsys, *base, "--kwarg", "times=int:3", "--kwarg", "scale=0.5", "--kwarg", "double=true",
+                         "--kwarg", "name=str:b c")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["macs"] == 2 * 16 * batch
+    assert data["flops"] == 2 * 32 * batch + 3 * 4 * batch
+    code, out, err = cli(capsys, *base, "--kwarg", "times=int:0", "--kwarg", "double=bool:false", "--kwarg", "scale=float:2")
+    assert code == 0, err
+    assert json.loads(out)["flops"] == 32 * batch
+
+
+@pytest.mark.parametrize("text, says", [("times=int:x", "'x' is not an int"), ("double=bool:maybe", "is not a bool"),
+                                        ("times=abc", "dimension 'abc' is not an integer")])
+def test_bad_scalar_kwargs_are_named(workdir, capsys, text, says):
+    code, out, err = cli(capsys, "count", "models.py:Scaled", "-i", "2x4", "--kwarg", text)
+    assert code == 2 and out == "" and says in err and "--kwarg" in err
+
+
+def test_kwarg_spec_is_still_a_tensor():
+    from flopcount.cli.specs import InputSpec, ScalarArg, parse_kwarg
+
+    assert parse_kwarg("n=4") == ("n", InputSpec((4,)))
+    assert parse_kwarg("n=int:4") == ("n", ScalarArg(4))
+    assert parse_kwarg("p=1e-3") == ("p", ScalarArg(1e-3))
+    assert parse_kwarg("p=none") == ("p", ScalarArg(None))
+
+
+def test_bench_csv_header_has_units(workdir, capsys):
+    code, out, err = cli(capsys, "bench", "models.py:bn", "-i", "4x16", "--iters", "3", "--warmup", "0", "-f", "csv")
+    assert code == 0, err
+    rows = [line.split(",") for line in out.strip().splitlines()]
+    assert rows[0] == ["metric", "value", "unit"]
+    units = {row[0]: row[2] for row in rows[1:]}
+    assert units["median"] == "ms" and units["p99"] == "ms" and units["throughput"] == "samples/s"
+    assert units["flops"] == "FLOPs" and units["params"] == "parameters" and units["iterations"] == "calls"
+    # FLOPs by hand: Linear(16, 8) on 4 x 16 plus eval BatchNorm1d(8) (normalise 2N + 2G, affine 2N; N = 32, G = 8)
+    values = {row[0]: float(row[1]) for row in rows[1:]}
+    assert values["flops"] == 2 * 4 * 16 * 8 + 4 * 32 + 2 * 8
