@@ -162,6 +162,11 @@ def _built(build: Callable[[], nn.Module]) -> nn.Module:
         raise TraceError(f"build() failed on the meta device: {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise UsageError(f"build() must return a torch.nn.Module, got {type(model).__name__}")
+    if next(model.parameters(), None) is None:
+        raise UsageError(
+            f"plan: {type(model).__name__} has no parameters, so a training step has nothing to shard or update; "
+            "plan a model with parameters (estimate_memory and count_flops take any model)"
+        )
     return model.train()
 
 

@@ -232,8 +232,26 @@ def _emit(text: str, args: argparse.Namespace) -> None:
         progress(args, f"wrote {args.output}")
     else:
         stream = getattr(args, "stdout", None) or sys.stdout
-        stream.write(text)
-        stream.flush()
+        try:
+            stream.write(text)
+            stream.flush()
+        except OSError as exc:  # a full disk (ENOSPC), a closed pipe (EPIPE): the user's I/O, not a bug
+            _silence(stream)
+            raise UsageError(f"writing the report to stdout failed: {exc.strerror or exc}; --output FILE writes it to a file") from exc
+
+
+def _silence(stream: Any) -> None:
+    """Point the failed stream's file at /dev/null, so that the interpreter's own flush at exit
+    does not fail a second time with a traceback of its own."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None, budget: Any = None) -> None:

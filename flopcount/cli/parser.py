@@ -178,14 +178,24 @@ def _bytes(what: str) -> Any:
     return _type(lambda text: parse_bytes(text, what))
 
 
+#: torch reads counts and seeds as int64
+_INT64_MAX = 2**63 - 1
+
+
 def _int_at_least(low: int, what: str) -> Any:
     def parse(text: str) -> int:
-        try:
-            value = parse_quantity(text, what)
-        except UsageError:
-            value = None
+        value: Any
+        if re.fullmatch(r"\s*\+?\d+\s*", text):
+            value = int(text)  # exact: parse_quantity goes through a float (2**63 - 1 would round up)
+        else:
+            try:
+                value = parse_quantity(text, what)
+            except UsageError:
+                value = None
         if not isinstance(value, int) or value < low:
             raise UsageError(f"must be an integer >= {low}, got {text!r}")
+        if value > _INT64_MAX:
+            raise UsageError(f"must be at most {_INT64_MAX} (int64), got {text!r}")
         return value
 
     return _type(parse)

@@ -26,6 +26,9 @@ DTYPES: Dict[str, torch.dtype] = {
     "complex64": torch.complex64,
 }
 
+#: torch sizes, strides, seeds and byte counts are int64
+INT64_MAX = 2**63 - 1
+
 SPEC_HELP = "SPEC is dims joined by 'x' with an optional ':dtype', e.g. 1x3x224x224 or 1x128:int64"
 
 
@@ -75,7 +78,14 @@ def parse_spec(text: str) -> InputSpec:
         dim = int(part)
         if dim <= 0:
             raise UsageError(f"bad input SPEC {raw!r}: dimension {dim} must be >= 1; {SPEC_HELP}")
+        if dim > INT64_MAX:
+            raise UsageError(f"bad input SPEC {raw!r}: dimension {dim} is beyond int64 (at most {INT64_MAX}); {SPEC_HELP}")
         shape.append(dim)
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if numel * torch.empty((), dtype=dtype).element_size() > INT64_MAX:
+        raise UsageError(f"bad input SPEC {raw!r}: {numel} elements of {dtype_name(dtype)} are beyond int64 bytes; {SPEC_HELP}")
     return InputSpec(tuple(shape), dtype)
 
 

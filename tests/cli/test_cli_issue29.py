@@ -233,3 +233,71 @@ def test_bench_csv_header_has_units(workdir, capsys):
     # FLOPs by hand: Linear(16, 8) on 4 x 16 plus eval BatchNorm1d(8) (normalise 2N + 2G, affine 2N; N = 32, G = 8)
     values = {row[0]: float(row[1]) for row in rows[1:]}
     assert values["flops"] == 2 * 4 * 16 * 8 + 4 * 32 + 2 * 8
+
+
+# --------------------------------------------------------------------------- 21: the user's errors are exit 2
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--seed", "99999999999999999999"), "--seed: must be at most 9223372036854775807"),
+    (("--seed", "9223372036854775808"), "--seed: must be at most 9223372036854775807"),
+    (("-i", "99999999999999999999x16"), "is beyond int64"),
+    (("-i", "4611686018427387904x4"), "are beyond int64 bytes"),  # 2**62 x 4 float32: 2**66 bytes
+])
+def test_values_beyond_int64_are_usage_errors(workdir, capsys, args, says):
+    full = ("count", "models.py:bn", *(args if args[0] == "-i" else ("-i", "4x16", *args)))
+    code, out, err = cli(capsys, *full)
+    assert code == 2 and out == ""
+    assert says in err and "internal error" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_largest_int64_seed_runs(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:bn", "-i", "4x16", "--seed", str(2**63 - 1), "-f", "json")
+    assert code == 0, err
+
+
+def test_plan_without_parameters_is_a_usage_error(workdir, capsys):
+    code, out, err = cli(capsys, "plan", "models.py:NoParams", "-i", "2x4")
+    assert code == 2 and out == ""
+    assert "NoParams has no parameters" in err and "internal error" not in err
+
+
+class _FailingStream:
+    def __init__(self, errno_: int) -> None:
+        self.errno = errno_
+
+    def write(self, text: str) -> int:
+        import os
+
+        raise OSError(self.errno, os.strerror(self.errno))
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSPC", "EPIPE"])
+def test_stdout_write_failure_is_a_usage_error(workdir, capsys, monkeypatch, errno_name):
+    import errno
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", _FailingStream(getattr(errno, errno_name)))
+    code = main(["count", "models.py:bn", "-i", "4x16"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "writing the report to stdout failed" in err and "internal error" not in err
+
+
+def test_stdout_on_a_full_device_exits_2_with_one_line(workdir):
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "flopcount", "count", "models.py:bn", "-i", "4x16", "-q"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == ["flopcount: error: writing the report to stdout failed: No space left on "
+                                                "device; --output FILE writes it to a file"]
