@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from ..report.render import render_bench, render_check, render_count
+from .deadline import stage
 from .generating import count_generation_command
 from .output import progress, report_notes, say
 from .parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
@@ -114,7 +115,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
 
     from .entry import load_entry
 
+    stage(args, f"the import and construction of the model ({args.entry}: its module, factory or config)")
     loaded = load_entry(args.entry, device=device, config=config)
+    stage(args, f"making the example inputs of {args.entry}")
     # a package.module ENTRY has a file now that it is imported
     _check_not_entry(args.output, "--output", args.entry)
     _check_not_entry(args.plot, "--plot", args.entry)
@@ -200,6 +203,8 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
     from ..api import count_flops
     from ..errors import UnsupportedOpsWarning
 
+    step = "forward + backward" + (f" + {optimizer} step" if optimizer else "") if backward or optimizer else "forward"
+    stage(args, f"the {step} of {run.entry} (counting, tracer {run.tracer})")
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
         warnings.simplefilter("ignore", UnsupportedOpsWarning)
@@ -222,6 +227,7 @@ def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
 
 #: at least this many timed calls under --duration (flopcount.bench.loop.LoopPlan.min_iters)
 def _emit(text: str, args: argparse.Namespace) -> None:
+    stage(args, "writing the report")
     if not text.endswith("\n"):
         text += "\n"
     if args.output:
@@ -281,6 +287,7 @@ def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] =
     backward = bool(args.backward or args.optimizer is not None)
     what = "a training step" + (f" with {args.optimizer}" if args.optimizer else "") if backward else "inference"
     progress(args, f"estimating the peak memory of {what} on fake tensors ...")
+    stage(args, f"the memory estimate of {run.entry} ({what} on fake tensors)")
     return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
 
 

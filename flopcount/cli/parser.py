@@ -426,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
     out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    _add_timeout(out)
     planner.set_defaults(command_name="plan")
     return parser
 
@@ -444,6 +445,12 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
                         help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
     return inputs
+
+
+def _add_timeout(group: Any) -> None:
+    group.add_argument("--timeout", type=_positive_float("--timeout"), default=None, metavar="SECONDS",
+                       help="stop after SECONDS (exit 2), naming what was still running: the ENTRY's import or factory, "
+                       "the forward, the benchmark... (POSIX, SIGALRM in the main thread; default: no limit)")
 
 
 def _add_eval(group: Any) -> None:
@@ -476,6 +483,7 @@ def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS) -> None:
                      help="modules in the plot (default 15); profile: operators labelled on the roofline (default 6)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr (INCOMPLETE reasons are still printed)")
     run.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    _add_timeout(run)
 
 
 def _add_timing(p: argparse.ArgumentParser) -> None:

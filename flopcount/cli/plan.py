@@ -9,6 +9,7 @@ import json
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..errors import UsageError
+from .deadline import stage
 from .output import progress
 
 
@@ -64,10 +65,12 @@ def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, opti
     gpu_key(device)  # bad --device or --link: one line before any work
     for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):
         link_bandwidth(value, "--link")
+    stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
     inputs, kwargs, origin = _meta_inputs(args)
     if origin:
         progress(args, f"no --input: planning {origin}; --input SPEC sets one rank's micro-batch")
     progress(args, f"planning {args.entry} on a fake world of {args.fsdp} x {args.tp} ranks")
+    stage(args, f"the plan of {args.entry} (its factory on the meta device, sharding, one fake training step)")
     result = plan(
         _builder(args, dtype), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
         optimizer=optimizer or "adamw", device=device, link=link,

@@ -301,3 +301,65 @@ def test_stdout_on_a_full_device_exits_2_with_one_line(workdir):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == ["flopcount: error: writing the report to stdout failed: No space left on "
                                                 "device; --output FILE writes it to a file"]
+
+
+# --------------------------------------------------------------------------- 22: --timeout
+
+
+def _process_state():
+    import signal
+
+    import torch
+    from conftest import _global_hooks
+
+    # (the RNG is not compared: the factories draw their initial weights from it)
+    return (_global_hooks(), signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL),
+            torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+
+@pytest.mark.parametrize("command, entry, what", [
+    ("count", "models.py:slow_factory", "the import and construction of the model (models.py:slow_factory"),
+    ("count", "models.py:Sleeper", "the forward of models.py:Sleeper (counting, tracer auto)"),
+    ("bench", "models.py:slow_factory", "the import and construction of the model"),
+    ("check", "models.py:Sleeper", "the forward of models.py:Sleeper"),
+    ("profile", "models.py:slow_factory", "the import and construction of the model"),
+    ("plan", "models.py:slow_factory", "the plan of models.py:slow_factory (its factory on the meta device"),
+])
+def test_timeout_names_what_was_running(workdir, capsys, command, entry, what):
+    import importlib
+    import time
+
+    # A timeout that lands inside a first import leaves that package half-imported in this
+    # process (harmless for the CLI, whose process ends; not for the tests after this one):
+    # import what the commands load lazily first, so the alarm lands in the model's sleep.
+    for name in ("sympy", "torch._subclasses.fake_tensor", "torch.profiler", "torch.distributed.fsdp",
+                 "torch.distributed.tensor.parallel", "flopcount.planner", "flopcount.memory", "flopcount.api",
+                 "flopcount.profiling.run", "flopcount.bench.latency", "flopcount.report"):
+        importlib.import_module(name)
+    assert cli(capsys, "count", "models.py:bn", "-i", "4x16")[0] == 0
+    before = _process_state()
+    extra = ("--max-params", "1G") if command == "check" else ()
+    started = time.monotonic()
+    code, out, err = cli(capsys, command, entry, "-i", "2x4", "--timeout", "0.5", *extra)
+    elapsed = time.monotonic() - started
+    assert code == 2 and out == ""
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"flopcount: error: --timeout 0.5: flopcount {command} stopped after 0.5 s while ")
+    assert what in line and line.endswith("was still running")
+    assert elapsed < 30  # the sleeps are 60 s
+    assert _process_state() == before
+
+
+def test_timeout_that_does_not_expire_changes_nothing(workdir, capsys):
+    before = _process_state()
+    code, out, err = cli(capsys, "count", "models.py:bn", "-i", "4x16", "--timeout", "120", "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["flops"] == 2 * 4 * 16 * 8 + 4 * 32 + 2 * 8  # as test_bench_csv_header_has_units
+    after = _process_state()
+    assert after[:2] == before[:2] and after[2] == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_bad_timeout_is_refused(workdir, capsys, value):
+    code, out, err = cli(capsys, "count", "models.py:bn", "-i", "4x16", "--timeout", value)
+    assert code == 2 and "--timeout" in err
