@@ -4,7 +4,10 @@ are derived by hand in the comments."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 import textwrap
 
 import pytest
@@ -363,3 +366,36 @@ def test_timeout_that_does_not_expire_changes_nothing(workdir, capsys):
 def test_bad_timeout_is_refused(workdir, capsys, value):
     code, out, err = cli(capsys, "count", "models.py:bn", "-i", "4x16", "--timeout", value)
     assert code == 2 and "--timeout" in err
+
+
+# --------------------------------------------------------------------------- 15: cli.md's examples
+
+
+def test_cli_md_csv_example_is_a_real_run(capsys):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    block = re.search(r"```console\n\$ flopcount (count example:vit_tiny [^\n]*--format csv[^\n]*)\n(.*?)```", doc, re.S)
+    assert block is not None
+    command, shown = block.group(1).split(), block.group(2)
+    code, out, err = cli(capsys, *command)
+    assert code == 0, err
+    assert out == shown  # the documented rows are the real output
+    rows = list(csv.DictReader(io.StringIO(out)))
+    root = next(r for r in rows if r["module"] == "")
+    children = [r for r in rows if r["depth"] == "1"]
+    assert sum(int(r["flops"]) for r in children) <= int(root["flops"])
+    assert sum(int(r["macs"]) for r in children) <= int(root["macs"])
+
+
+def test_cli_md_counts_its_commands():
+    from pathlib import Path
+
+    from flopcount.cli.parser import build_parser
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+    assert f"has {words[len(commands)]} commands" in doc
+    for name in commands:
+        assert f"| `flopcount {name} ENTRY` |" in doc
