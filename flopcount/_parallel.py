@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
@@ -71,14 +72,21 @@ def fake_world(fsdp: int, tp: int) -> Iterator[Any]:
             "call it before init_process_group, after destroy_process_group, or in another process"
         )
     store = private("FakeStore")()
+    # init_process_group wraps sys.excepthook (a "[rank0]: " prefix on every traceback line) and
+    # destroy_process_group leaves the wrapper: put the process's own hook back each time
+    excepthook = sys.excepthook
     try:
         dist.init_process_group("fake", store=store, rank=0, world_size=fsdp * tp)
     except (ValueError, RuntimeError) as exc:
+        sys.excepthook = excepthook
         raise PlanError(f"torch {torch.__version__} has no usable 'fake' process-group backend: {exc}") from exc
     try:
         yield device_mesh(fsdp, tp)
     finally:
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        finally:
+            sys.excepthook = excepthook
 
 
 def device_mesh(fsdp: int, tp: int, device_type: str = "cpu") -> Any:
