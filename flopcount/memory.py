@@ -236,7 +236,8 @@ def estimate_memory(
         trainable = [p for p in twin.parameters() if p.requires_grad]
         opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
     names = facts.names_on(copied.copies)
-    rng = torch.get_rng_state()
+    # fake tensors draw no random number: the process's RNG is left alone (setting it back
+    # would rewind another thread's draws, issue #29 item 18)
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:
         with mode:
@@ -254,7 +255,6 @@ def estimate_memory(
                     raise _step_error(exc, stack.current, description) from exc
     finally:
         warnings.formatwarning = formatwarning
-        torch.set_rng_state(rng)
     return _collect(tracker, twin, names, backward, opt_name, cast, description, notes)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import torch
 from torch import nn
@@ -20,6 +20,11 @@ class StateWatch:
     def __init__(self, modules: List[nn.Module], attributes: List[Dict[str, Any]]):
         self._modules = modules
         self._attributes = attributes
+        #: set by the tracer from its trace (``flopcount.state.draws_random``): False when the
+        #: run drew no random number, so the process-wide RNG is not set back (setting it
+        #: would rewind another thread's draws); None (unknown, e.g. the forward raised) or
+        #: True: it is restored
+        self.drew_random: Optional[bool] = None
 
     def assigned(self, names: Mapping[nn.Module, str]) -> List[str]:
         found = []
@@ -46,7 +51,8 @@ def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) 
     """Leave ``model`` as found whatever the forward does: training flags, buffers
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
     dictionaries, attributes the forward set or replaced on a module, grad mode and
-    the RNG state (dropout draws from it). ``restore_attributes=False`` keeps what the
+    the RNG state (dropout draws from it; not set back when the tracer found that the run
+    drew nothing: :attr:`StateWatch.drew_random`). ``restore_attributes=False`` keeps what the
     forward set on its modules (a benchmark runs the user's own forward as the user
     would: a call counter the model keeps is the model's business)."""
     modules = list(model.modules())
@@ -73,8 +79,9 @@ def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) 
     grad_enabled = torch.is_grad_enabled()
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    watch = StateWatch(modules, attributes)
     try:
-        yield StateWatch(modules, attributes)
+        yield watch
     finally:
         for m, before in zip(modules, attributes if restore_attributes else ()):
             now = vars(m)
@@ -84,9 +91,10 @@ def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) 
                 if key != "_buffers" and now.get(key, _MISSING) is not value:
                     now[key] = value
         torch.set_grad_enabled(grad_enabled)
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        if watch.drew_random is not False:
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
         for m, mode in flags:
             m.training = mode
         with torch.no_grad():
