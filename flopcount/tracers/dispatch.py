@@ -136,7 +136,7 @@ def _trace(
     else:
         run_model = model
         fake_mode = _fake_mode(itertools.chain(flat_inputs, facts.parameters, facts.buffers))
-        preserve = preserved_model_state(model)
+        preserve = preserved_model_state(model, own_buffers=True)
         names = facts.names
     modules = ModuleStack(names)
     recorder = recorder_type(modules, answer_reads=not fake_copy)
@@ -154,6 +154,8 @@ def _trace(
             if not fake_copy:
                 outer.enter_context(DataReads(modules))
         with preserve as watch, modules, torch.set_grad_enabled(backward):
+            if isinstance(watch, StateWatch):
+                watch.concurrent = lambda: modules.foreign_calls > 0
             interceptor = CompositeInterceptor(
                 recorder, value_of, outputs_of, shape_cache.run_composite if shape_cache is not None else None
             )

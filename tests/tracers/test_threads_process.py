@@ -149,3 +149,38 @@ def test_a_real_run_that_draws_still_leaves_the_rng_as_found(tracer):
     after = torch.get_rng_state()
     torch.set_rng_state(state)
     assert torch.equal(after, state)
+
+
+# --------------------------------------------------------------------------- 20: a model another thread trains
+
+
+def _bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+# Linear(8, 16) -> BatchNorm1d(16) (train mode: statistics 4N + 2G, normalise 2N + 2G, affine 2N;
+# N = B * 16, G = 16) -> ReLU (N) -> Linear(16, 4), on a B x 8 input.
+TRAIN_FLOPS = 2 * B * (8 * 16 + 16 * 4) + (8 * B * 16 + 4 * 16) + B * 16
+
+
+@pytest.mark.parametrize("tracer", ["dispatch", "jit", "auto"])
+def test_counting_a_model_another_thread_trains(tracer):
+    model = _bn_net().train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(B, 8)
+
+    def train_step() -> float:
+        loss = model(torch.randn(6, 8)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss)
+
+    with Neighbour(train_step) as trainer:
+        for _ in range(10):
+            result = count_flops(model, x, tracer=tracer)
+            assert result.flops == TRAIN_FLOPS and result.macs == B * (8 * 16 + 16 * 4)
+    assert not trainer.errors, trainer.errors[:1]
+    assert len(trainer.results) >= 1 and all(loss == loss for loss in trainer.results)  # no NaN
+    assert set(trainer.modes) == {0}
