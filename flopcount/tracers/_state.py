@@ -160,7 +160,10 @@ def preserved_model_state(
             for p, requires_grad, grad, version in param_state:
                 if p.requires_grad != requires_grad:
                     p.requires_grad_(requires_grad)
-                if p.grad is not grad:
+                # a tracer's run never writes .grad (forward under no_grad, backward by
+                # autograd.grad; the reentrant-checkpoint backward puts its own back): a
+                # .grad that moved is another thread's backward, not ours to undo
+                if p.grad is not grad and not own_buffers:
                     p.grad = grad
                 if p._version != version and id(p) not in restored:
                     changed.append(p)
