@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
@@ -71,14 +72,21 @@ def fake_world(fsdp: int, tp: int) -> Iterator[Any]:
             "call it before init_process_group, after destroy_process_group, or in another process"
         )
     store = private("FakeStore")()
+    # init_process_group wraps sys.excepthook (a "[rank0]: " prefix on every traceback line) and
+    # destroy_process_group leaves the wrapper: put the process's own hook back each time
+    excepthook = sys.excepthook
     try:
         dist.init_process_group("fake", store=store, rank=0, world_size=fsdp * tp)
     except (ValueError, RuntimeError) as exc:
+        sys.excepthook = excepthook
         raise PlanError(f"torch {torch.__version__} has no usable 'fake' process-group backend: {exc}") from exc
     try:
         yield device_mesh(fsdp, tp)
     finally:
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        finally:
+            sys.excepthook = excepthook
 
 
 def device_mesh(fsdp: int, tp: int, device_type: str = "cpu") -> Any:
@@ -159,6 +167,7 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
         and all(_is_linear(getattr(attn, n, None)) for n in attn_names)
         and all(_is_linear(getattr(mlp, n, None)) for n in mlp_names)
     ):
+        _check_llama_heads(prefix, blocks, tp)
         replicate = Replicate()
         return {
             f"{where}.self_attn": PrepareModuleInput(
@@ -183,6 +192,24 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
         "attn.c_attn/c_proj + mlp.c_fc/c_proj blocks, nn.TransformerEncoderLayer); "
         "pass tp_plan={module path: ParallelStyle}"
     )
+
+
+def _check_llama_heads(prefix: str, blocks: List[nn.Module], tp: int) -> None:
+    """Column-parallel q/k/v give each rank ``heads / tp`` query and ``kv_heads / tp`` key/value
+    heads of ``head_dim`` columns: both must divide by ``tp``, or the block's reshape fails."""
+    for index, block in enumerate(blocks):
+        attn: Any = block.self_attn
+        q, k = int(attn.q_proj.out_features), int(attn.k_proj.out_features)
+        head_dim = getattr(attn, "head_dim", None)
+        if not isinstance(head_dim, int) or head_dim <= 0 or q % head_dim or k % head_dim:
+            continue  # not the transformers layout: torch's own error stays the one said
+        heads, kv_heads = q // head_dim, k // head_dim
+        if heads % tp or kv_heads % tp:
+            raise UsageError(
+                f"the built-in LLaMA-family tensor-parallel plan needs the attention heads and the key/value heads "
+                f"divisible by tp={tp} ({prefix} item {index}: {heads} heads, {kv_heads} key/value heads of "
+                f"head_dim {head_dim}); choose a tp that divides both, or pass tp_plan={{module path: ParallelStyle}}"
+            )
 
 
 def parallelize(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import threading
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
@@ -147,6 +148,8 @@ def _peak_tracker() -> Any:
             for attr in ("_curr_mem_snap", "_mod_tracker", "_in_opt"):
                 if not hasattr(self, attr):
                     raise UsageError(f"estimate_memory: torch {torch.__version__}'s MemTracker has no {attr}")
+            self._owner = threading.get_ident()
+            _own_thread_module_hooks(self._mod_tracker, self._owner)
             self.peak_total = -1
             self.peak_snapshot: Dict[Any, Dict[Any, int]] = {}
             self.peak_where: FrozenSet[str] = frozenset()
@@ -167,7 +170,50 @@ def _peak_tracker() -> Any:
                 self.peak_where = frozenset(parents)
                 self.peak_phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
 
+        def _register_global_optimizer_hook(self) -> None:
+            """MemTracker's process-wide optimizer-step hooks, answering only the estimating
+            thread (another thread's ``optimizer.step()`` is not this step's)."""
+            from torch.distributed._tools.mem_tracker import _MemRefType
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+            owner, tracker = self._owner, self
+
+            def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+                if threading.get_ident() == owner:
+                    tracker._in_opt = True
+
+            def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+                if threading.get_ident() == owner:
+                    tracker._track_optimizer_states(_MemRefType.OPT, optimizer)
+                    tracker._in_opt = False
+
+            self._optimizer_hook_handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
+
     return PeakTracker()
+
+
+def _own_thread_module_hooks(mod_tracker: Any, owner: int) -> None:
+    """ModTracker registers its forward hooks process-wide (``register_module_forward_*_hook``
+    of its ``_fw_pre_hook``/``_fw_post_hook``, looked up when it is entered): wrapped here so
+    that another thread's modules neither enter this estimate's bookkeeping nor run its code
+    (which raised inside that thread: issue #29 item 17)."""
+    for name in ("_fw_pre_hook", "_fw_post_hook"):
+        hook = getattr(mod_tracker, name, None)
+        if hook is None:
+            raise UsageError(f"estimate_memory: torch {torch.__version__}'s ModTracker has no {name}")
+
+        def only_owner(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
+            if threading.get_ident() != owner:
+                return None
+            return _hook(*args, **kwargs)
+
+        setattr(mod_tracker, name, only_owner)
+
+
+#: MemTracker also patches ``torch.UntypedStorage.resize_`` process-wide and puts back what it
+#: found when it was built: two estimates at once would put back each other's patch. Estimates
+#: therefore run one at a time (another thread's estimate waits); counts do not wait for them.
+_ESTIMATE_LOCK = threading.Lock()
 
 
 def _loss_of(output: Any) -> torch.Tensor:
@@ -226,6 +272,14 @@ def estimate_memory(
     amp = _dtype(autocast, "autocast")
     call = prepare_call(inputs, kwargs)
     description = call.description
+    with _ESTIMATE_LOCK:
+        return _estimate(model, call, description, backward, optimizer, cast, amp)
+
+
+def _estimate(
+    model: nn.Module, call: Any, description: str, backward: bool, optimizer: Optional[OptimizerSpec],
+    cast: Optional[torch.dtype], amp: Optional[torch.dtype],
+) -> MemoryEstimate:
     tracker = _peak_tracker()
     facts = model_facts(model)
     try:
@@ -271,8 +325,12 @@ def _tracked_step(
     mode: Any,
 ) -> None:
     """One step of ``twin`` inside ``tracker`` (under ``mode``: the fake mode, or nothing for a
-    real step); a failure names the module it happened in; RNG and warnings' formatter kept."""
-    rng = torch.get_rng_state()
+    real step); a failure names the module it happened in; warnings' formatter kept. Fake
+    tensors draw no random number, so a fake step leaves the process's RNG alone (setting it
+    back would rewind another thread's draws, issue #29 item 18); a real step (the fallback)
+    draws from it, and it is put back."""
+    real = isinstance(mode, contextlib.nullcontext)
+    rng = torch.get_rng_state() if real else None
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:
         with mode:
@@ -293,7 +351,8 @@ def _tracked_step(
                     raise error from exc
     finally:
         warnings.formatwarning = formatwarning
-        torch.set_rng_state(rng)
+        if rng is not None:
+            torch.set_rng_state(rng)
 
 
 def _reads_data(exc: BaseException) -> bool:

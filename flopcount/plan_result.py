@@ -134,6 +134,8 @@ class PlanResult:
     notes: Tuple[str, ...] = ()
     backend: str = "nccl"
     model_flops: Optional[int] = None
+    #: one rank's micro-batch, as planned (e.g. ``(Tensor[1, 128] int64)``)
+    inputs: str = ""
 
     @property
     def world_size(self) -> int:

@@ -21,7 +21,7 @@ from .analysis import cost_events
 from .devices import column_of, find_part, known_names, op_time, part_roofs
 from .errors import FlopcountWarning, TraceError, UsageError
 from .handlers import default_registry
-from .inputs import as_call_args, flatten_tensors
+from .inputs import as_call_args, describe_inputs, flatten_tensors
 from .ledger import TOTAL_FIELDS, Ledger
 from .optimizers import warm_up
 from .plan_result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
@@ -130,6 +130,7 @@ def plan(
         peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
         state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
         tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes, model_flops=model_flops,
+        inputs=describe_inputs(args, kw),
     )
 
 
@@ -173,6 +174,11 @@ def _built(build: Callable[[], nn.Module]) -> nn.Module:
         raise TraceError(f"build() failed on the meta device: {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise UsageError(f"build() must return a torch.nn.Module, got {type(model).__name__}")
+    if next(model.parameters(), None) is None:
+        raise UsageError(
+            f"plan: {type(model).__name__} has no parameters, so a training step has nothing to shard or update; "
+            "plan a model with parameters (estimate_memory and count_flops take any model)"
+        )
     return model.train()
 
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, List, Sequence, Tuple
+import functools
+from typing import Any, Iterable, Iterator, List, Sequence, Tuple
 
 import torch
 
@@ -13,7 +14,13 @@ from .inputs import is_dataless
 
 @contextlib.contextmanager
 def preserved_rng() -> Iterator[None]:
-    """Restore the CPU (and initialised CUDA) RNG state on exit."""
+    """Restore the CPU (and initialised CUDA) RNG state on exit.
+
+    The generators are process-wide: restoring them also rewinds every draw another thread
+    made meanwhile (issue #29 item 18). So only work that draws random numbers on real
+    tensors uses this (a benchmark's or a profile's real steps); a count on fake tensors
+    draws nothing and touches no generator, and a tracer's real run restores them only when
+    its trace shows a random op (:func:`draws_random`)."""
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
@@ -30,6 +37,39 @@ def _layout(tensor: torch.Tensor) -> Tuple[Any, ...]:
     if tensor.layout != torch.strided:
         return (tensor.shape, tensor.layout)
     return (tensor.shape, tensor.stride(), tensor.storage_offset())
+#: random ops whose ``train`` argument turns the draw off (eval-mode dropout draws nothing)
+_TRAIN_GATED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "native_dropout", "rrelu")
+
+
+@functools.cache
+def _seeded(op: str) -> bool:
+    """``aten::name`` (any overload) carries torch's ``nondeterministic_seeded`` tag: it draws
+    from a generator. An op torch does not know (a custom op) counts as drawing."""
+    namespace, _, name = op.partition("::")
+    packet = getattr(getattr(torch.ops, namespace, None), name.split(".")[0], None) if name else None
+    if packet is None:
+        return namespace not in ("aten", "prim")
+    tag = getattr(torch.Tag, "nondeterministic_seeded", None)
+    try:
+        overloads = [getattr(packet, overload) for overload in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return True
+    return tag is None or any(tag in getattr(overload, "tags", ()) for overload in overloads)
+
+
+def draws_random(events: Iterable[Any]) -> bool:
+    """True when one of the trace's events drew random numbers from a generator (dropout in
+    train mode, ``randn``, ``bernoulli_``...): the real run advanced the process's RNG."""
+    for event in events:
+        call = event.call
+        op = call.op
+        if not _seeded(op):
+            continue
+        if op.partition("::")[2].split(".")[0].rstrip("_") in _TRAIN_GATED:
+            if call.arg("train") is False or call.arg("training") is False or call.arg("p") == 0:
+                continue
+        return True
+    return False
 
 
 @contextlib.contextmanager

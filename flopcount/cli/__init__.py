@@ -2,8 +2,8 @@
 the model, call the library, print. :func:`main` is the one place that prints and exits.
 
 Exit codes: 0 ok; 1 a budget certainly exceeded (check); 2 usage error, bad ENTRY or
-SPEC, model construction failure, or a forward that fails (one line on stderr;
-``--debug`` adds the traceback); 3 incomplete (check could not decide a budget on an
+SPEC, model construction failure, a forward that fails, or ``--timeout`` running out (one
+line on stderr naming what was still running; ``--debug`` adds the traceback); 3 incomplete (check could not decide a budget on an
 incomplete count, or ``--strict`` and an op without a handler ran); 4 an internal error: a
 bug in flopcount itself (an exception raised by flopcount's own code, not by the user's model
 or input), reported as such; 130 interrupted.
@@ -21,8 +21,9 @@ import warnings
 from typing import List, Optional, Sequence
 
 from ..errors import FlopcountError
+from .deadline import CommandTimeout, deadline
 from .output import describe_error, is_internal, one_line, report_warnings, say
-from .parser import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
+from .parser import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, join_negative_values
 
 __all__ = ["main"]
 
@@ -31,7 +32,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(join_negative_values(parser, list(sys.argv[1:] if argv is None else argv)))
     except SystemExit as exc:  # --help, --version, or an argparse error (already printed)
         return exc.code if isinstance(exc.code, int) else (EXIT_USAGE if exc.code else EXIT_OK)
     if args.command is None:
@@ -44,8 +45,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from .commands import COMMANDS
 
             args.stdout = sys.stdout  # the report's stream; the model's own prints go to stderr
-            with contextlib.redirect_stdout(sys.stderr):
+            with contextlib.redirect_stdout(sys.stderr), deadline(args, args.timeout):
                 return COMMANDS[args.command_name](args)
+    except CommandTimeout as exc:
+        if args.debug:
+            traceback.print_exc()
+        say(one_line(f"--timeout {exc.seconds:g}: flopcount {args.command_name} stopped after {exc.seconds:g} s "
+                     f"while {exc.what} was still running"), "error")
+        return EXIT_USAGE
     except KeyboardInterrupt:
         say("interrupted", "error")
         return EXIT_INTERRUPTED

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from ..report.render import render_bench, render_check, render_count
+from .deadline import stage
 from .generating import count_generation_command
 from .output import progress, report_notes, say
 from .parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
@@ -120,7 +121,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
 
     from .entry import load_entry
 
+    stage(args, f"the import and construction of the model ({args.entry}: its module, factory or config)")
     loaded = load_entry(args.entry, device=device, config=config)
+    stage(args, f"making the example inputs of {args.entry}")
     # a package.module ENTRY has a file now that it is imported
     _check_not_entry(args.output, "--output", args.entry)
     _check_not_entry(args.plot, "--plot", args.entry)
@@ -150,12 +153,14 @@ def _prepare(args: argparse.Namespace) -> _Run:
 def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
     import torch
 
-    from .specs import make_tensor, token_range
+    from .specs import ScalarArg, make_tensor, token_range
 
     generator = torch.Generator().manual_seed(seed)
     high = token_range(model)
 
     def make(spec: Any, label: str, ones: bool = False) -> Any:
+        if isinstance(spec, ScalarArg):
+            return spec.value
         try:
             return make_tensor(spec, device=device, high=high, generator=generator, ones=ones)
         except (RuntimeError, MemoryError) as exc:
@@ -168,10 +173,15 @@ def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], dev
 
     inputs = tuple(make(spec, f"--input {spec}") for spec in specs)
     kwargs = {
-        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and not (spec.dtype.is_floating_point or spec.dtype.is_complex))
+        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and _integral(spec))
         for name, spec in kw_specs.items()
     }
     return inputs, (kwargs or None)
+
+
+def _integral(spec: Any) -> bool:
+    dtype = getattr(spec, "dtype", None)
+    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
 
 
 def _clip(text: str, limit: int) -> str:
@@ -206,6 +216,8 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
     from ..api import count_flops
     from ..errors import UnsupportedOpsWarning
 
+    step = "forward + backward" + (f" + {optimizer} step" if optimizer else "") if backward or optimizer else "forward"
+    stage(args, f"the {step} of {run.entry} (counting, tracer {run.tracer})")
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
         warnings.simplefilter("ignore", UnsupportedOpsWarning)
@@ -228,6 +240,7 @@ def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
 
 #: at least this many timed calls under --duration (flopcount.bench.loop.LoopPlan.min_iters)
 def _emit(text: str, args: argparse.Namespace) -> None:
+    stage(args, "writing the report")
     if not text.endswith("\n"):
         text += "\n"
     if args.output:
@@ -238,8 +251,26 @@ def _emit(text: str, args: argparse.Namespace) -> None:
         progress(args, f"wrote {args.output}")
     else:
         stream = getattr(args, "stdout", None) or sys.stdout
-        stream.write(text)
-        stream.flush()
+        try:
+            stream.write(text)
+            stream.flush()
+        except OSError as exc:  # a full disk (ENOSPC), a closed pipe (EPIPE): the user's I/O, not a bug
+            _silence(stream)
+            raise UsageError(f"writing the report to stdout failed: {exc.strerror or exc}; --output FILE writes it to a file") from exc
+
+
+def _silence(stream: Any) -> None:
+    """Point the failed stream's file at /dev/null, so that the interpreter's own flush at exit
+    does not fail a second time with a traceback of its own."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None, budget: Any = None) -> None:
@@ -269,7 +300,18 @@ def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] =
     backward = bool(args.backward or args.optimizer is not None)
     what = "a training step" + (f" with {args.optimizer}" if args.optimizer else "") if backward else "inference"
     progress(args, f"estimating the peak memory of {what} on fake tensors ...")
+    stage(args, f"the memory estimate of {run.entry} ({what} on fake tensors)")
     return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
+
+
+def _training_mode(run: _Run, args: argparse.Namespace) -> None:
+    """A training step (--backward, --optimizer) runs in ``train()`` mode: BatchNorm on batch
+    statistics, dropout on; ``--eval`` keeps the model in ``eval()``. The model is the CLI's
+    own (built by ENTRY in eval mode), so switching it changes nothing of the user's."""
+    if getattr(args, "eval_mode", False):
+        return
+    run.model.train()
+    progress(args, "the training step runs in train() mode (--eval for eval() mode)")
 
 
 def _cast(run: _Run, dtype: Optional[str]) -> _Run:
@@ -299,6 +341,10 @@ def _cmd_count(args: argparse.Namespace) -> int:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
         return count_generation_command(run, args, _emit, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
+    if args.backward or args.optimizer is not None:
+        _training_mode(run, args)
+    elif args.eval_mode:
+        raise UsageError("--eval applies to a training step: add --backward or --optimizer, or drop --eval")
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
     estimate = _estimate_memory(run, args) if args.memory else None
     extra = {"memory": estimate.to_dict()} if estimate is not None else None
@@ -393,8 +439,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if gate_memory and sharded:
         raise UsageError("--max-growth memory compares one process's peak; drop --fsdp/--tp or the memory allowance")
     wants_estimate = (budget.needs_memory and not sharded) or gate_memory
-    estimate = _estimate_memory(run, args, dtype=args.dtype) if wants_estimate else None
+    estimate = None
+    if wants_estimate:
+        if args.backward or args.optimizer is not None:
+            _training_mode(run, args)  # after the count: FLOPs budgets are of one inference forward
+        estimate = _estimate_memory(run, args, dtype=args.dtype)
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
+    memory_note = None
+    if planned is not None:
+        from ..units import format_bytes
+
+        memory_note = (
+            f"memory: peak {format_bytes(planned)} of rank 0 in a training step (forward + backward + {args.optimizer or 'adamw'}) "
+            f"sharded over fsdp={args.fsdp} x tp={args.tp} ranks (flopcount plan), not of inference"
+        )
     report = check_result(
         result,
         budget,
@@ -405,7 +463,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         latency_basis=basis,
     ) if budget else None
     growth = _growth(result, estimate, gate, args) if gate is not None else None
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate, growth=growth)
+    extra = {"memory": {"peak_bytes": planned, "of": memory_note}} if planned is not None else None
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate,
+                        extra=extra, memory_note=memory_note, growth=growth)
     _emit(text, args)
     timed = latency is not None and result.benchmark is not None
     _plot(result, args, latencies=result.benchmark.stats.samples_ms if timed else None, budget=report)
@@ -506,7 +566,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from .predicting import run_profile
 
     _check_output(args.trace, "--trace")
-    return run_profile(args, lambda: _prepare(args), _emit, _label(args))
+    if args.eval_mode and not args.backward:
+        raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
+
+    def prepare() -> _Run:
+        run = _prepare(args)
+        if args.backward:
+            _training_mode(run, args)
+        return run
+
+    return run_profile(args, prepare, _emit, _label(args))
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
@@ -521,6 +590,8 @@ def _count_side(args: argparse.Namespace, name: str) -> Any:
     with its ``entry`` label as a report section."""
     progress(args, f"counting {name} = {_label(args)} ...")
     run = _prepare(args)
+    if args.backward:
+        _training_mode(run, args)  # as count --backward: a training step runs in train() mode
     result = _count(run, args, backward=args.backward)
     sections: Dict[str, Any] = {"entry": _label(args)}
     if args.memory:

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .deadline import CommandTimeout
 from .specs import InputSpec
 
 ENTRY_HELP = (
@@ -159,7 +160,7 @@ def _import_file(path_text: str) -> Any:
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(name, None)
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
                 raise
             raise UsageError(f"bad ENTRY: importing {path_text} failed: {_describe(exc)}") from exc
     return module
@@ -176,7 +177,7 @@ def _import_module(name: str) -> Any:
                 raise UsageError(f"bad ENTRY: no module named {missing!r} (looked on sys.path and in {os.getcwd()})") from exc
             raise UsageError(f"bad ENTRY: importing {name!r} failed: {_describe(exc)}") from exc
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
                 raise
             raise UsageError(f"bad ENTRY: importing {name!r} failed: {_describe(exc)}") from exc
 
@@ -207,7 +208,7 @@ def _from_object(entry: str, obj: Any, overrides: Dict[str, Any], device: str) -
         try:
             made = obj(**overrides)
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
                 raise
             raise UsageError(f"model construction failed: {entry} raised {_describe(exc)}") from exc
     return _unpack(entry, made)

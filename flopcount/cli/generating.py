@@ -8,6 +8,7 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 from ..errors import UsageError
+from .deadline import stage
 from .output import progress
 from .parser import EXIT_OK
 
@@ -27,6 +28,7 @@ def count_generation_command(run: Any, args: argparse.Namespace, emit: Callable[
     if not isinstance(prompt, torch.Tensor):
         raise UsageError("--generate needs one prompt tensor: --input BATCHxLENGTH:int64 (token ids)")
     progress(args, f"counting generate() of {args.generate} new tokens after a {tuple(prompt.shape)} prompt ...")
+    stage(args, f"the generation count of {label} ({args.generate} new tokens)")
     with _without_cache_rename_notice():
         result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
     emit(render_generation(result, args.format, entry=label), args)

@@ -4,7 +4,8 @@ Imports no torch, so ``--help``, ``--version`` and argument errors answer at onc
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
+import re
+from typing import Any, List, NoReturn, Set
 
 from ..budget import parse_bytes, parse_quantity
 from ..errors import UsageError
@@ -43,6 +44,8 @@ SPEC
   dims joined by 'x', optional ':dtype' (default float32): 1x3x224x224, 1x128:int64.
   Integer inputs are token ids within the model's smallest nn.Embedding (0 or 1
   without one); integer or bool --kwarg inputs whose name contains 'mask' are ones.
+  --kwarg NAME=VALUE passes a Python value instead of a tensor: int:3, float:0.5,
+  bool:true, str:TEXT, none (0.5, 1e-3, true, false also bare; a bare 4 is a SPEC).
   Without --input: the factory's example inputs; 1x128:int64 for hf:, 1x3x224x224
   for tv:, the model's usual input for example: (1x3x224x224 for resnet50), the
   program's own input shapes for a .pt2.
@@ -233,14 +236,24 @@ def _bytes(what: str) -> Any:
     return _type(lambda text: parse_bytes(text, what))
 
 
+#: torch reads counts and seeds as int64
+_INT64_MAX = 2**63 - 1
+
+
 def _int_at_least(low: int, what: str) -> Any:
     def parse(text: str) -> int:
-        try:
-            value = parse_quantity(text, what)
-        except UsageError:
-            value = None
+        value: Any
+        if re.fullmatch(r"\s*\+?\d+\s*", text):
+            value = int(text)  # exact: parse_quantity goes through a float (2**63 - 1 would round up)
+        else:
+            try:
+                value = parse_quantity(text, what)
+            except UsageError:
+                value = None
         if not isinstance(value, int) or value < low:
             raise UsageError(f"must be an integer >= {low}, got {text!r}")
+        if value > _INT64_MAX:
+            raise UsageError(f"must be at most {_INT64_MAX} (int64), got {text!r}")
         return value
 
     return _type(parse)
@@ -263,14 +276,21 @@ _DURATION_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "µs": 1e-3, "ns": 1e-6}
 
 
 def parse_duration_ms(text: str) -> float:
-    """``"10ms" -> 10.0``, ``"2s" -> 2000.0``, ``"500us" -> 0.5`` (a bare number is ms)."""
+    """``"10ms" -> 10.0``, ``"2s" -> 2000.0``, ``"500us" -> 0.5``. The unit is required: a
+    bare number is refused (``--max-latency-ms`` takes a bare number of milliseconds)."""
     raw = str(text).strip().lower()
     for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
         if raw.endswith(unit):
             number, scale = raw[: -len(unit)], _DURATION_UNITS[unit]
             break
     else:
-        number, scale = raw, 1.0
+        try:
+            float(raw)
+        except ValueError:
+            raise UsageError(f"{text!r} is not a duration (examples: 10ms, 2.5s, 800us)") from None
+        raise UsageError(
+            f"{text!r} has no unit: write it with one (s, ms, us, ns), e.g. {raw}ms, or give milliseconds to --max-latency-ms"
+        )
     try:
         value = float(number) * scale
     except ValueError:
@@ -278,6 +298,36 @@ def parse_duration_ms(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise UsageError(f"{text!r}: a latency budget must be > 0")
     return value
+
+
+def join_negative_values(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """``--max-latency -5ms`` -> ``--max-latency=-5ms``: argparse reads a value that starts
+    with ``-`` (and is not a plain negative number) as an option and answers "expected one
+    argument"; joined, the value reaches its own check and is refused by name."""
+    takes_value: Set[str] = set()
+    actions: List[argparse.Action] = list(parser._actions)
+    while actions:
+        action = actions.pop()
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions.extend(sub._actions)
+        elif action.option_strings and action.nargs is None:
+            takes_value.update(action.option_strings)
+    joined: List[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if token in takes_value and following is not None and re.match(r"-[\d.]", following):
+            joined.append(f"{token}={following}")
+            index += 2
+            continue
+        if token == "--":
+            joined.extend(argv[index:])
+            break
+        joined.append(token)
+        index += 1
+    return joined
 
 
 def _wrap(text: str) -> str:
@@ -310,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(count)
     count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
+    _add_eval(count)
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
     count.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran (the report is still printed)")
     count.add_argument("--predict", metavar="DEVICE", default=None,
@@ -361,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
     limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
-                        help="highest latency, e.g. 10ms: measured (median), or with --on DEVICE its roofline lower bound")
+                        help="highest latency with its unit (s, ms, us, ns), e.g. 10ms or 2.5s; a bare number is refused: measured "
+                        "(median), or with --on DEVICE its roofline lower bound")
     limits.add_argument("--on", metavar="DEVICE", default=None,
                         help="check the latency budget against the lower bound on DEVICE (h100, 'H100 NVL', t4, "
                         "'this machine', ...; no hardware needed): above the budget is a certain FAIL, below it is not "
@@ -376,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the memory budget covers a training step (forward + backward), not inference")
     limits.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                         help="for --max-memory: add this optimizer's step and state (implies --backward)")
+    _add_eval(limits)
     limits.add_argument("--config-file", metavar="PATH", help="read [tool.flopcount] from this TOML file instead of ./pyproject.toml")
     gate = check.add_argument_group("baseline gate (a saved report: count --format json --output base.json)")
     gate.add_argument("--baseline", metavar="REPORT.json", default=None,
@@ -446,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(prof, formats=PROFILE_FORMATS)
     shape = prof.add_argument_group("profiling")
     shape.add_argument("--backward", action="store_true", help="profile a training step: forward + backward of sum(outputs)")
+    _add_eval(shape)
     shape.add_argument("--steps", type=_int_at_least(1, "--steps"), default=5, metavar="N", help="profiled steps (default 5)")
     shape.add_argument("--warmup", type=_int_at_least(0, "--warmup"), default=2, metavar="N", help="untimed steps first (default 2)")
     shape.add_argument("--by", choices=("operator", "module", "op"), default="operator",
@@ -487,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
     out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    _add_timeout(out)
     planner.set_defaults(command_name="plan")
 
     roofs = commands.add_parser(
@@ -529,10 +584,23 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
                         help=f"a positional input tensor, e.g. {example} (repeat for several)")
     inputs.add_argument("--kwarg", dest="kwargs", action="append", default=[], type=_lazy_spec("parse_kwarg"), metavar="NAME=SPEC",
-                        help="a keyword input tensor, e.g. attention_mask=1x128:int64 (repeatable)")
+                        help="a keyword input: a tensor SPEC, e.g. attention_mask=1x128:int64, or a Python value: int:3, float:0.5, "
+                        "bool:true, str:TEXT, none (bare 0.5, true, false also; a bare integer is a 1-D SPEC) (repeatable)")
     inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
                         help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
     return inputs
+
+
+def _add_timeout(group: Any) -> None:
+    group.add_argument("--timeout", type=_positive_float("--timeout"), default=None, metavar="SECONDS",
+                       help="stop after SECONDS (exit 2), naming what was still running: the ENTRY's import or factory, "
+                       "the forward, the benchmark... (POSIX, SIGALRM in the main thread; default: no limit)")
+
+
+def _add_eval(group: Any) -> None:
+    group.add_argument("--eval", action="store_true", dest="eval_mode",
+                       help="run the training step (--backward, --optimizer) with the model in eval() mode (BatchNorm "
+                       "on running statistics, dropout off); default: train() mode, as a training step runs")
 
 
 def _add_ranks(group: Any) -> None:
@@ -559,6 +627,7 @@ def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS, optional_ent
                      help="modules in the plot (default 15); profile: operators labelled on the roofline (default 6)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr (INCOMPLETE reasons are still printed)")
     run.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    _add_timeout(run)
 
 
 def _add_timing(p: argparse.ArgumentParser) -> None:

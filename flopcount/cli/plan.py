@@ -4,10 +4,12 @@ on the meta device, make one rank's inputs from SPECs, call :func:`flopcount.pla
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..errors import UsageError
+from .deadline import stage
 from .output import progress
 
 
@@ -35,29 +37,34 @@ def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any
     return build
 
 
-def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]]]:
-    """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads)."""
+def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]], str]:
+    """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads), and
+    where it came from when no --input/--kwarg gave it ("" when they did)."""
     from .artifacts import looks_like_artifact
     from .entry import load_entry
-    from .specs import make_tensor
+    from .specs import ScalarArg, make_tensor
 
     kw_specs = dict(args.kwargs)
     if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
-        specs, kwargs = list(args.inputs), kw_specs
+        specs, kwargs, origin = list(args.inputs), kw_specs, ""
     elif args.inputs or kw_specs:
         fit = load_entry(args.entry, device="meta", config=_config(args)).fit_specs
         # an exported program's inputs are checked against its shapes (TorchScript's are not known)
         specs, kwargs = fit(list(args.inputs), kw_specs) if fit is not None else (list(args.inputs), kw_specs)
+        origin = ""
     else:
         loaded = load_entry(args.entry, device="meta", config=_config(args))
         if loaded.inputs is not None or loaded.kwargs is not None:
-            return (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
+            given = (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
+            return given[0], given[1], f"the example inputs {args.entry} returned"
         if loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
             raise UsageError(loaded.needs_inputs)
         specs, kwargs = list(loaded.default_specs), dict(loaded.default_kwargs)
+        shown = ", ".join([str(s) for s in specs] + [f"{k}={v}" for k, v in kwargs.items()]) or "no inputs"
+        origin = f"the default input of {args.entry} ({shown})"
     inputs = tuple(make_tensor(spec, device="meta") for spec in specs)
-    made = {name: make_tensor(spec, device="meta") for name, spec in kwargs.items()}
-    return inputs, (made or None)
+    made = {name: spec.value if isinstance(spec, ScalarArg) else make_tensor(spec, device="meta") for name, spec in kwargs.items()}
+    return inputs, (made or None), origin
 
 
 def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
@@ -67,13 +74,21 @@ def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, opti
     gpu_key(device)  # bad --device or --link: one line before any work
     for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):
         link_bandwidth(value, "--link")
-    inputs, kwargs = _meta_inputs(args)
+    stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
+    inputs, kwargs, origin = _meta_inputs(args)
+    if origin:
+        progress(args, f"no --input: planning {origin}; --input SPEC sets one rank's micro-batch")
     progress(args, f"planning {args.entry} on a fake world of {args.fsdp} x {args.tp} ranks")
-    return plan(
+    stage(args, f"the plan of {args.entry} (its factory on the meta device, sharding, one fake training step)")
+    result = plan(
         _builder(args, dtype), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
         optimizer=optimizer or "adamw", device=device, link=link,
         mixed_precision=getattr(args, "mixed_precision", None), backend=getattr(args, "backend", "nccl"),
     )
+    if origin:
+        note = f"no --input was given: the micro-batch is {origin}"
+        result = dataclasses.replace(result, notes=(*result.notes, note))
+    return result
 
 
 def parse_link(text: Optional[str]) -> Any:

@@ -8,6 +8,7 @@ import json
 from typing import Any, Callable, Tuple
 
 from ..errors import UsageError
+from .deadline import stage
 from .output import progress
 from .parser import EXIT_OK
 
@@ -17,6 +18,7 @@ def _predict(run: Any, args: argparse.Namespace, device: str) -> Any:
 
     dtype = getattr(args, "dtype", None)
     progress(args, f"bounding the latency of {run.entry} on {device} (roofline, fake tensors) ...")
+    stage(args, f"the latency bound of {run.entry} on {device}")
     return predict(run.model, run.inputs, run.kwargs, device=device, dtype=dtype, backward=bool(getattr(args, "backward", False)))
 
 
@@ -91,6 +93,7 @@ def run_profile(
     run = prepare()
     progress(args, f"profiling {label} on {run.device}: {args.warmup} warm-up, a join step, then {args.steps} profiled steps"
                    + (" (forward + backward)" if args.backward else "") + " ...")
+    stage(args, f"profiling {label} (warm-up, join and profiled steps)")
     result = profile(run.model, run.inputs, run.kwargs, backward=args.backward, warmup=args.warmup, steps=args.steps,
                      device=run.device, roofs=roofs, keep_trace=args.trace is not None or bool(args.tensorboard))
     if args.format == "json":

@@ -26,6 +26,9 @@ DTYPES: Dict[str, torch.dtype] = {
     "complex64": torch.complex64,
 }
 
+#: torch sizes, strides, seeds and byte counts are int64
+INT64_MAX = 2**63 - 1
+
 SPEC_HELP = "SPEC is dims joined by 'x' with an optional ':dtype', e.g. 1x3x224x224 or 1x128:int64"
 
 
@@ -75,17 +78,77 @@ def parse_spec(text: str) -> InputSpec:
         dim = int(part)
         if dim <= 0:
             raise UsageError(f"bad input SPEC {raw!r}: dimension {dim} must be >= 1; {SPEC_HELP}")
+        if dim > INT64_MAX:
+            raise UsageError(f"bad input SPEC {raw!r}: dimension {dim} is beyond int64 (at most {INT64_MAX}); {SPEC_HELP}")
         shape.append(dim)
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if numel * torch.empty((), dtype=dtype).element_size() > INT64_MAX:
+        raise UsageError(f"bad input SPEC {raw!r}: {numel} elements of {dtype_name(dtype)} are beyond int64 bytes; {SPEC_HELP}")
     return InputSpec(tuple(shape), dtype)
 
 
-def parse_kwarg(text: str) -> Tuple[str, InputSpec]:
-    """``"attention_mask=1x128:int64" -> ("attention_mask", InputSpec(...))``."""
+@dataclass(frozen=True)
+class ScalarArg:
+    """A keyword argument that is a plain Python value (``--kwarg scale=float:0.5``)."""
+
+    value: Union[bool, int, float, str, None]
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return "none"
+        kind = type(self.value).__name__
+        return f"{kind}:{str(self.value).lower() if isinstance(self.value, bool) else self.value}"
+
+
+_SCALAR_KINDS = ("int", "float", "bool", "str")
+KWARG_HELP = (
+    "expected NAME=SPEC (a tensor, e.g. attention_mask=1x128:int64) or NAME=VALUE (a Python value: int:3, "
+    "float:0.5, bool:true, str:TEXT, none; 0.5, true, false written bare)"
+)
+
+
+def _scalar(text: str, raw: str) -> Optional[ScalarArg]:
+    """The Python value ``text`` spells, or None when it is not a scalar (then it is a SPEC).
+    Typed ``int:3``, ``float:0.5``, ``bool:true``, ``str:TEXT``; bare ``true``/``false``/``none``
+    and numbers with a point or an exponent. A bare integer stays a SPEC (``4`` is a 1-D shape)."""
+    value = text.strip()
+    kind, sep, rest = value.partition(":")
+    if sep and kind.strip().lower() in _SCALAR_KINDS:
+        kind, rest = kind.strip().lower(), rest if kind.strip().lower() == "str" else rest.strip()
+        try:
+            if kind == "int":
+                return ScalarArg(int(rest))
+            if kind == "float":
+                return ScalarArg(float(rest))
+            if kind == "bool":
+                if rest.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(rest)
+                return ScalarArg(rest.lower() in ("true", "1"))
+        except ValueError:
+            article = "an" if kind == "int" else "a"
+            raise UsageError(f"bad --kwarg {raw!r}: {rest!r} is not {article} {kind}; {KWARG_HELP}") from None
+        return ScalarArg(rest)
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return ScalarArg(lowered == "true")
+    if lowered in ("none", "null"):
+        return ScalarArg(None)
+    if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)", value):
+        return ScalarArg(float(value))
+    return None
+
+
+def parse_kwarg(text: str) -> Tuple[str, Union[InputSpec, ScalarArg]]:
+    """``"attention_mask=1x128:int64" -> ("attention_mask", InputSpec(...))``; scalars:
+    ``"scale=float:0.5" -> ("scale", ScalarArg(0.5))`` (see :data:`KWARG_HELP`)."""
     name, sep, spec = text.partition("=")
     name = name.strip()
     if not sep or not name.isidentifier():
-        raise UsageError(f"bad --kwarg {text!r}: expected NAME=SPEC, e.g. attention_mask=1x128:int64")
-    return name, parse_spec(spec)
+        raise UsageError(f"bad --kwarg {text!r}: {KWARG_HELP}")
+    scalar = _scalar(spec, text)
+    return name, scalar if scalar is not None else parse_spec(spec)
 
 
 def parse_config_value(text: str) -> Tuple[str, Any]:

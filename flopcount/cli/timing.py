@@ -7,6 +7,7 @@ import time
 from typing import Any, Optional
 
 from ..errors import FlopcountError, UsageError
+from .deadline import stage
 from .output import format_seconds, iteration_progress, progress
 
 __all__ = ["benchmark_entry", "check_timing_args"]
@@ -42,6 +43,7 @@ def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
     duration = _DEFAULT_DURATION if args.duration is None else args.duration
     progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} untimed warm-up calls, "
                    f"then {_timing_plan_text(args, duration)} ...")
+    stage(args, f"the benchmark of {run.entry} (warm-up and timed calls of its forward)")
     started = time.monotonic()
     warm_report = iteration_progress("warm-up")
 

@@ -65,6 +65,19 @@ def tail_caveat(n: int) -> str:
             f" (about {1000 if need == 'p99' else 100} samples make it stable: raise --duration or --iters)")
 
 
+#: the unit of each bench row's raw value (``--format csv``'s ``unit`` column)
+BENCH_UNITS = {
+    "median": "ms", "mean": "ms", "p90": "ms", "p99": "ms", "min": "ms", "max": "ms", "std": "ms",
+    "iterations": "calls", "throughput": "samples/s", "FLOPs": "FLOPs", "MACs": "MACs", "params": "parameters",
+    "achieved": "FLOP/s", "MFU": "fraction of peak",
+}
+
+
+def bench_unit(label: str) -> str:
+    """The unit of a :func:`bench_rows` row's raw value (``memory (...)`` rows are bytes)."""
+    return "bytes" if label.startswith("memory") else BENCH_UNITS.get(label, "")
+
+
 def bench_rows(result: Any, timing: BenchmarkResult) -> List[Tuple[str, str, Any]]:
     """(label, human text, raw value) for each line of the CLI's bench summary."""
     rows: List[Tuple[str, str, Any]] = [

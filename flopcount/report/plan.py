@@ -68,9 +68,13 @@ def _header(result: PlanResult) -> str:
             f"{result.backend} collectives")
 
 
+def _batch(result: PlanResult) -> List[str]:
+    return [f"micro-batch per rank: {result.inputs}"] if result.inputs else []
+
+
 @renders("PlanResult", "table")
 def plan_table(result: PlanResult) -> str:
-    parts = [_header(result)]
+    parts = [_header(result), *_batch(result)]
     for title, headers, rows in _sections(result):
         if rows:
             parts.append(f"\n{title}\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
@@ -80,7 +84,7 @@ def plan_table(result: PlanResult) -> str:
 
 @renders("PlanResult", "markdown")
 def plan_markdown(result: PlanResult) -> str:
-    parts = [f"**{_header(result)}**"]
+    parts = [f"**{_header(result)}**", *(f"\n{line}" for line in _batch(result))]
     for title, headers, rows in _sections(result):
         if rows:
             parts.append(f"\n*{title}*\n\n" + tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))

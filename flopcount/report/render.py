@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 from tabulate import tabulate
 
 from ..units import escape_markdown
-from .bench import bench_rows
+from .bench import bench_rows, bench_unit
 from .html import html_report
 from .memory import peak_summary
 from .notes import note_lines
@@ -64,7 +64,7 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
         latency = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"], colalign=("left", "right"))
         return html_report(result, entry=entry, depth=depth, sections=[("Latency", latency)], latencies_ms=timing.stats.samples_ms)
     if fmt == "csv":
-        lines = ["metric,value"] + [f"{_csv_key(label)},{raw}" for label, _, raw in rows]
+        lines = ["metric,value,unit"] + [f"{_csv_key(label)},{raw},{bench_unit(label)}" for label, _, raw in rows]
         return "\n".join(lines)
     mode = "eager" if not getattr(timing, "compiled", False) else "torch.compile"
     heading = (
@@ -105,11 +105,13 @@ def render_check(
     memory: Optional[MemoryEstimate] = None,
     extra: Optional[Dict[str, Any]] = None,
     growth: Optional[GrowthReport] = None,
+    memory_note: Optional[str] = None,
 ) -> str:
     """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
     the verdict, growth over the baseline (``growth``, from ``--baseline``), what a memory
-    budget's peak includes (``memory``), and why the count may be short. The markdown suits
-    a GitHub step summary."""
+    budget's peak includes (``memory``, or the one line ``memory_note`` for a peak that is
+    not a MemoryEstimate: a plan's), and why the count may be short. The markdown suits a
+    GitHub step summary."""
     status = _overall(report, growth)
     if fmt == "json":
         data = result_dict(result, entry)
@@ -132,7 +134,7 @@ def render_check(
         return rows
     heading = f"{entry} | inputs {result.input_description or '()'}"
     notes = note_lines(result, markdown=fmt == "markdown")
-    peak = [] if memory is None else [peak_summary(memory)]
+    peak = [peak_summary(memory)] if memory is not None else [memory_note] if memory_note else []
     budget_parts = [] if report is None else [report.table(), report.verdict()]
     growth_title = "" if growth is None else f"against the baseline {growth.diff.a_label}"
     growth_parts = [] if growth is None else [growth_title, growth.table(), growth.verdict()]

@@ -48,6 +48,7 @@ class BackwardAttribution:
         self._stacks: List[Tuple[str, ...]] = []
         self._by_seq: Dict[int, Tuple[str, ...]] = {}
         self._handles: List[Any] = []
+        self._owner = threading.get_ident()
 
     @property
     def available(self) -> bool:
@@ -58,7 +59,13 @@ class BackwardAttribution:
             return self
         from torch.nn.modules import module as module_impl
 
+        # the hooks are process-wide: only the counting thread's modules are marked (sequence
+        # numbers are per thread; another thread's forward is none of this count's business)
+        owner = self._owner = threading.get_ident()
+
         def mark(*_: Any) -> None:
+            if threading.get_ident() != owner:
+                return
             self._seqs.append(self._peek())  # type: ignore[misc]  # `available` checked it
             self._stacks.append(self._modules.path)
 
@@ -93,7 +100,7 @@ class BackwardAttribution:
         from torch.nn.modules import module as module_impl
 
         modules, seqs, stacks, peek = self._modules, self._seqs, self._stacks, self._peek
-        thread = threading.get_ident()
+        thread = self._owner
         entered: List[nn.Module] = []  # the outermost recomputed module, while it runs
 
         def mark() -> None:
@@ -104,13 +111,22 @@ class BackwardAttribution:
                 seqs.append(seq)
                 stacks.append(modules.path)
 
+        # Only the counting thread: these hooks are process-wide, and entering the interceptor
+        # (a TorchFunctionMode) from another thread's module would push it onto that thread's
+        # own mode stack, where nothing pops it (issue #29 item 16). A reentrant checkpoint
+        # that CUDA's autograd runs on its device thread is recomputed without the composite
+        # names there (its aten ops are still counted).
         def enter(module: nn.Module, args: Any) -> None:
+            if threading.get_ident() != thread:
+                return
             if not entered:
                 entered.append(module)
                 interceptor.__enter__()
             mark()
 
         def exit_always(module: nn.Module, args: Any, output: Any) -> None:
+            if threading.get_ident() != thread:
+                return
             name = names.get(module)
             if name:
                 modules.pop(name)

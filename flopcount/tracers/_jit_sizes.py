@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -107,15 +108,16 @@ def static_unpool_sizes(model: nn.Module) -> Iterator[None]:
     from torch.nn.modules import module as module_impl
 
     entered: List[StaticUnpoolSizes] = []
+    owner = threading.get_ident()  # process-wide hooks: never push the mode on another thread's stack
 
     def pre(module: nn.Module, args: Any) -> None:
-        if isinstance(module, _UNPOOL_MODULES):
+        if isinstance(module, _UNPOOL_MODULES) and threading.get_ident() == owner:
             mode = StaticUnpoolSizes()
             mode.__enter__()
             entered.append(mode)
 
     def post(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(module, _UNPOOL_MODULES) and entered:
+        if isinstance(module, _UNPOOL_MODULES) and entered and threading.get_ident() == owner:
             entered.pop().__exit__(None, None, None)
 
     handles = [module_impl.register_module_forward_pre_hook(pre)]

@@ -34,6 +34,9 @@ class ModuleStack:
         self.stack: List[str] = []
         self.path: Tuple[str, ...] = ()
         self.calls: Dict[str, int] = {}
+        #: calls of the traced model's modules made by other threads while this stack was
+        #: entered: the model was in use elsewhere (a real run then leaves its state alone)
+        self.foreign_calls = 0
         self._handles: List[Any] = []
 
     def __enter__(self) -> ModuleStack:
@@ -46,6 +49,8 @@ class ModuleStack:
 
         def pre(module: nn.Module, args: Any) -> None:
             if threading.get_ident() != owner:
+                if module in names:
+                    self.foreign_calls += 1
                 return
             name = names.get(module)
             if name is not None:

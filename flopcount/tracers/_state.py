@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import torch
 from torch import nn
@@ -20,6 +20,21 @@ class StateWatch:
     def __init__(self, modules: List[nn.Module], attributes: List[Dict[str, Any]]):
         self._modules = modules
         self._attributes = attributes
+        #: set by the tracer from its trace (``flopcount.state.draws_random``): False when the
+        #: run drew no random number, so the process-wide RNG is not set back (setting it
+        #: would rewind another thread's draws); None (unknown, e.g. the forward raised) or
+        #: True: it is restored
+        self.drew_random: Optional[bool] = None
+        #: set by the tracer: True when another thread ran the model during the run (issue
+        #: #29 item 20). Then nothing is written back: the state now is that thread's too
+        #: (its BatchNorm statistics, gradients, flags), and writing under its autograd graph
+        #: would corrupt or crash it; a warning says so.
+        self.concurrent: Callable[[], bool] = lambda: False
+        self.twins: Dict[int, torch.Tensor] = {}
+
+    def twin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor the run uses for ``tensor`` (a buffer's copy under ``own_buffers``)."""
+        return self.twins.get(id(tensor), tensor)
 
     def assigned(self, names: Mapping[nn.Module, str]) -> List[str]:
         found = []
@@ -42,14 +57,37 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) -> Iterator[StateWatch]:
+def preserved_model_state(
+    model: nn.Module, *, restore_attributes: bool = True, own_buffers: bool = False
+) -> Iterator[StateWatch]:
     """Leave ``model`` as found whatever the forward does: training flags, buffers
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
     dictionaries, attributes the forward set or replaced on a module, grad mode and
-    the RNG state (dropout draws from it). ``restore_attributes=False`` keeps what the
+    the RNG state (dropout draws from it; not set back when the tracer found that the run
+    drew nothing: :attr:`StateWatch.drew_random`). ``restore_attributes=False`` keeps what the
     forward set on its modules (a benchmark runs the user's own forward as the user
-    would: a call counter the model keeps is the model's business)."""
+    would: a call counter the model keeps is the model's business).
+
+    ``own_buffers=True`` (the tracers' real runs): the forward runs on copies of the buffers,
+    put in the modules' buffer dicts for the run, and the model gets its own buffer tensors
+    back afterwards, never written: a train-mode BatchNorm's running-statistics update
+    lands on the copy, so no tensor another thread's autograd graph saved (BatchNorm saves
+    its running statistics) is modified in place, and nothing needs copying back
+    (:meth:`StateWatch.twin` maps a buffer to the copy in use)."""
     modules = list(model.modules())
+    originals: List[Any] = []  # (module, name, the model's own buffer) put back on exit
+    twins: Dict[int, torch.Tensor] = {}
+    if own_buffers:
+        for m in modules:
+            for name, buf in list(m._buffers.items()):
+                if buf is None or is_dataless(buf) or is_uninitialized(buf):
+                    continue
+                twin = twins.get(id(buf))
+                if twin is None:
+                    twin = twins[id(buf)] = buf.detach().clone().requires_grad_(buf.requires_grad)
+                originals.append((m, name, buf))
+                m._buffers[name] = twin
+    swapped = {id(twin) for twin in twins.values()}  # put back by `originals`, never written
     # A shallow copy of each module's attributes, and of its buffer dict (buffers can be
     # reassigned through it): the forward's own ``self.x = ...`` are undone on exit.
     attributes = [dict(vars(m), _buffers=dict(m._buffers)) for m in modules]
@@ -57,7 +95,7 @@ def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) 
     buffers = []
     for m in modules:
         for name, buf in m._buffers.items():
-            if buf is not None:
+            if buf is not None and id(buf) not in swapped:
                 buffers.append((m, name, buf, None if is_dataless(buf) or is_uninitialized(buf) else buf.detach().clone()))
     versions = {id(buf): buf._version for _, _, buf, _ in buffers}
     params = [p for p in model.parameters() if not is_uninitialized(p)]
@@ -74,50 +112,73 @@ def preserved_model_state(model: nn.Module, *, restore_attributes: bool = True) 
     grad_enabled = torch.is_grad_enabled()
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    watch = StateWatch(modules, attributes)
+    watch.twins = twins
     try:
-        yield StateWatch(modules, attributes)
+        yield watch
     finally:
-        for m, before in zip(modules, attributes if restore_attributes else ()):
-            now = vars(m)
-            for key in [k for k in now if k not in before]:
-                del now[key]
-            for key, value in before.items():
-                if key != "_buffers" and now.get(key, _MISSING) is not value:
-                    now[key] = value
-        torch.set_grad_enabled(grad_enabled)
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-        for m, mode in flags:
-            m.training = mode
-        with torch.no_grad():
-            for m, name, buf, saved in buffers:
-                m._buffers[name] = buf
-                if saved is not None and buf.layout != torch.strided:  # sparse: no torch.equal
-                    if buf._version != versions[id(buf)]:
-                        buf.copy_(saved)
-                elif saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
-                    buf.copy_(saved) if buf.shape == saved.shape else buf.set_(saved)  # type: ignore[call-overload]  # set_(Tensor) exists; the stubs omit it
-        restored = set()
-        with torch.no_grad():
-            for weight, saved_weight in renormed:
-                if not torch.equal(weight, saved_weight):
-                    weight.copy_(saved_weight)
-                restored.add(id(weight))
-        changed = []
-        for p, requires_grad, grad, version in param_state:
-            p.requires_grad_(requires_grad)
-            p.grad = grad
-            if p._version != version and id(p) not in restored:
-                changed.append(p)
-        for m, attr, saved_hooks in hooks:
-            current = getattr(m, attr)
-            if current.keys() != saved_hooks.keys():
-                current.clear()
-                current.update(saved_hooks)
-        if changed:
+        for m, name, buf in originals:  # dict entries only: no tensor is written
+            m._buffers[name] = buf
+        if watch.concurrent():
+            torch.set_grad_enabled(grad_enabled)  # this thread's own
             warnings.warn(
-                f"the model's forward changed {len(changed)} parameter(s) in place; flopcount cannot undo that",
+                "the model ran in another thread while flopcount ran it for real: its state (buffers such as "
+                "BatchNorm statistics, gradients, flags, attributes, the RNG) was left as that thread has it, not "
+                "restored; to count a model another thread is using, count a copy (copy.deepcopy) or use "
+                "tracer='auto', whose fake copies never touch it",
                 FlopcountWarning,
                 stacklevel=3,
             )
+        else:
+            for m, before in zip(modules, attributes if restore_attributes else ()):
+                now = vars(m)
+                for key in [k for k in now if k not in before]:
+                    del now[key]
+                for key, value in before.items():
+                    if key != "_buffers" and now.get(key, _MISSING) is not value:
+                        now[key] = value
+            torch.set_grad_enabled(grad_enabled)
+            if watch.drew_random is not False:
+                torch.set_rng_state(rng)
+                if cuda_rng is not None:
+                    torch.cuda.set_rng_state_all(cuda_rng)
+            for m, mode in flags:
+                if m.training != mode:
+                    m.training = mode
+            with torch.no_grad():
+                for m, name, buf, saved in buffers:
+                    if m._buffers.get(name) is not buf:
+                        m._buffers[name] = buf
+                    if saved is not None and buf.layout != torch.strided:  # sparse: no torch.equal
+                        if buf._version != versions[id(buf)]:
+                            buf.copy_(saved)
+                    elif saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
+                        buf.copy_(saved) if buf.shape == saved.shape else buf.set_(saved)  # type: ignore[call-overload]  # set_(Tensor) exists; the stubs omit it
+            restored = set()
+            with torch.no_grad():
+                for weight, saved_weight in renormed:
+                    if not torch.equal(weight, saved_weight):
+                        weight.copy_(saved_weight)
+                    restored.add(id(weight))
+            changed = []
+            for p, requires_grad, grad, version in param_state:
+                if p.requires_grad != requires_grad:
+                    p.requires_grad_(requires_grad)
+                # a tracer's run never writes .grad (forward under no_grad, backward by
+                # autograd.grad; the reentrant-checkpoint backward puts its own back): a
+                # .grad that moved is another thread's backward, not ours to undo
+                if p.grad is not grad and not own_buffers:
+                    p.grad = grad
+                if p._version != version and id(p) not in restored:
+                    changed.append(p)
+            for m, attr, saved_hooks in hooks:
+                current = getattr(m, attr)
+                if current.keys() != saved_hooks.keys():
+                    current.clear()
+                    current.update(saved_hooks)
+            if changed:
+                warnings.warn(
+                    f"the model's forward changed {len(changed)} parameter(s) in place; flopcount cannot undo that",
+                    FlopcountWarning,
+                    stacklevel=3,
+                )

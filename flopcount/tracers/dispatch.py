@@ -29,7 +29,7 @@ from ..errors import TraceError, UsageError
 from ..inputs import PreparedCall, fake_tensor_type, prepare_call
 from ..model_facts import ModelFacts, model_facts
 from ..optimizers import OptimizerSpec
-from ..state import preserved_rng
+from ..state import draws_random
 from ..types import Trace
 from ._backward import BackwardAttribution, run_backward
 from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
@@ -37,7 +37,7 @@ from ._meta_kernels import RealKernelError
 from ._modules import ModuleStack, forward_error
 from ._optimizer import FakeOptimizerStep
 from ._shape_cache import ShapeCache
-from ._state import preserved_model_state
+from ._state import StateWatch, preserved_model_state
 from ._vocabulary import CompositeInterceptor
 
 __all__ = ["trace"]
@@ -143,13 +143,14 @@ def _trace(
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
         names = facts.names_on(copied.copies)
         args, kw = copied.call
-        preserve = contextlib.ExitStack()  # the copy needs no restoring; the process's RNG does
-        preserve.enter_context(preserved_rng())
+        # the copy needs no restoring, and fake tensors draw no random number: the process's
+        # RNG is left alone (setting it back would rewind other threads' draws)
+        preserve = contextlib.ExitStack()
         preserve.enter_context(quiet_fake_logs())
     else:
         run_model = model
         fake_mode = _fake_mode(itertools.chain(flat_inputs, facts.parameters, facts.buffers))
-        preserve = preserved_model_state(model)
+        preserve = preserved_model_state(model, own_buffers=True)
         names = facts.names
     modules = ModuleStack(names)
     recorder = recorder_type(modules, answer_reads=not fake_copy)
@@ -167,7 +168,9 @@ def _trace(
             outer.enter_context(fake_mode)
             if not fake_copy:
                 outer.enter_context(DataReads(modules))
-        with preserve, modules, torch.set_grad_enabled(backward):
+        with preserve as watch, modules, torch.set_grad_enabled(backward):
+            if isinstance(watch, StateWatch):
+                watch.concurrent = lambda: modules.foreign_calls > 0
             interceptor = CompositeInterceptor(
                 recorder, value_of, outputs_of, shape_cache.run_composite if shape_cache is not None else None
             )
@@ -199,6 +202,8 @@ def _trace(
                             raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
                         raise _backward_error(exc, recorder, inputs_text) from exc
                 del outputs
+                if isinstance(watch, StateWatch):
+                    watch.drew_random = draws_random(recorder.events)
     if optimizer is not None:
         _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
     notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)

@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import TraceError
 from ..inputs import output_tensors, prepare_call
 from ..model_facts import ModelFacts, model_facts
+from ..state import draws_random
 from ..types import OpCall, OpEvent, TensorMeta, Trace
 from ._jit_functions import function_failure, transform_failure
 from ._jit_graph import PLUMBING, PYTHON_OP, function_body, inline_script_calls, keep_unread_results, tensor_meta
@@ -287,7 +288,9 @@ def trace(
     names = facts.names
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
-    with _JIT_LOCK, preserved_model_state(model), ModuleStack(names) as modules:
+    with _JIT_LOCK, preserved_model_state(model, own_buffers=True) as watch, ModuleStack(names) as modules:
+        watch.concurrent = lambda: modules.foreign_calls > 0  # another thread ran the model meanwhile
+        state = [watch.twin(t) for t in state]  # the buffers the run uses are copies
         previous_map = torch.jit._trace._trace_module_map
         torch.jit._trace._trace_module_map = scope_map
         try:
@@ -305,6 +308,9 @@ def trace(
             raise forward_error(exc, modules.current, call.description, "jit") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map
+        graph, inlined_scopes = inline_script_calls(graph, flat + state)
+        events = _graph_events(graph, inlined_scopes, inputs=flat + state)
+        watch.drew_random = draws_random(events)  # the process's RNG is set back only if the run drew
     # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
     notes = tuple(
         dict.fromkeys(
@@ -313,8 +319,6 @@ def trace(
             if issubclass(w.category, torch.jit.TracerWarning) and not str(w.filename).startswith(_TORCH_DIR)
         )
     )
-    graph, inlined_scopes = inline_script_calls(graph, flat + state)
-    events = _graph_events(graph, inlined_scopes, inputs=flat + state)
     gaps = _silent_modules(facts.modules, events, modules.calls)
     return Trace(tuple(events), "jit", dict(modules.calls), notes + gaps, gaps=gaps)
 
