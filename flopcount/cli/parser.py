@@ -469,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     both.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default), jit or dispatch")
     both.add_argument("--backward", action="store_true", help="count forward + backward on both sides")
     both.add_argument("--memory", action="store_true", help="also estimate each side's peak memory and diff it")
+    _add_eval(both)
     for side, name in (("a", "A"), ("b", "B")):
         own = differ.add_argument_group(f"{name} only (wins over the options of both sides)")
         own.add_argument(f"--{side}-input", dest=f"{side}_inputs", action="append", default=[], type=_lazy_spec("parse_spec"),
@@ -486,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     shown.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
     shown.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    _add_timeout(shown)
     differ.set_defaults(command_name="diff")
 
     prof = commands.add_parser(
@@ -566,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     roofs.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     roofs.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
     roofs.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    _add_timeout(roofs)
     roofs.set_defaults(command_name="roofs")
     return parser
 
