@@ -68,3 +68,36 @@ def test_predict_gives_both_bounds(tracer_backward):
     assert result.bound_s("eager") == max(result.latency_s, result.any_s) and result.bound_s("any") == result.any_s
     data = result.to_dict()
     assert data["any_s"] == pytest.approx(result.any_s) and data["any_bound"]["unavoidable_bytes"] == unavoidable
+
+
+class _TiedLookup(nn.Module):
+    """An embedding whose table is also the output head's weight (GPT-2's tied LM head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(5000, 16)
+        self.head = nn.Linear(16, 5000, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.wte(ids))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_any_implementation_reads_the_rows_a_lookup_gathers_not_the_table(batch):
+    # Issue #28: nn.Embedding(1_000_000, 64) on 16 ids was bounded by reading the whole
+    # 256 MB table. Any implementation reads the ids (batch x 16 x 8 bytes) and the
+    # batch x 16 rows of 64 fp32 values it gathers; an unused table row is never read.
+    model, ids = nn.Embedding(1_000_000, 64), torch.randint(0, 1_000_000, (batch, 16))
+    roofs = Roofs({"float32": 1e11}, 1e10, "toy")
+    result = flopcount.predict(model, ids, device=roofs)
+    unavoidable = batch * 16 * 8 + batch * 16 * 64 * 4
+    assert result.any_bound is not None and result.any_bound.unavoidable_bytes == unavoidable
+    assert result.any_s == pytest.approx(unavoidable / 1e10)
+
+
+def test_a_tied_table_is_read_whole_by_the_head():
+    # The head's matmul reads the whole 5000 x 16 table; the lookup's rows add nothing new.
+    model, ids = _TiedLookup(), torch.randint(0, 5000, (2, 7))
+    result = flopcount.predict(model, ids, device=Roofs({"float32": 1e11}, 1e10, "toy"))
+    assert result.any_bound is not None and result.any_bound.unavoidable_bytes == 5000 * 16 * 4 + 2 * 7 * 8

@@ -8,9 +8,9 @@ Two bounds, each for a stated program (:mod:`flopcount.devices.roofline` compute
   traced: it bounds *this eager program*. A fusing engine (TensorRT, torch.compile) can
   beat it, since fused elementwise work moves fewer bytes.
 * **any implementation** (``any_s``): ``max(total FLOPs / peak, unavoidable bytes /
-  bandwidth)``, the unavoidable bytes being the parameters and buffers read once, the
-  inputs read (caches passed in included) and, with ``backward``, the gradients written;
-  no engine can run the program faster.
+  bandwidth)``, the unavoidable bytes being the parameters and buffers read once (a lookup
+  table: the rows gathered), the inputs read (caches passed in included) and, with
+  ``backward``, the gradients written; no engine can run the program faster.
 
 A bound, not a forecast: launch and framework overhead and imperfect kernels only add time.
 """
@@ -18,7 +18,7 @@ A bound, not a forecast: launch and framework overhead and imperfect kernels onl
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 from ..analysis import cost_events, uncompiled
 from ..devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
@@ -184,10 +184,15 @@ def predict(
     unsupported: Dict[str, None] = {}
     unpriced: Dict[str, None] = {}
     work: Dict[Tuple[str, str], float] = {}
+    tables = _lookup_tables(model)
+    lookup_modules = _lookup_modules(model, tables)
+    looked_up = 0  # rows the forward's lookups in those tables gathered (bytes written = rows read)
     for event, cost in cost_events(run.events, table):
         if cost is None:
             unsupported[event.call.op] = None
             continue
+        if event.phase == "forward" and event.call.op in _LOOKUPS and event.module in lookup_modules:
+            looked_up += _written_as(event.call, as_dtype)
         op_dtype = as_dtype if as_dtype is not None and _floating(call_dtype(event.call)) else call_dtype(event.call)
         moved = bytes_as(event.call, cost, as_dtype, phase=event.phase)
         timed = op_time(roofs, cost.flops, moved, op_dtype, event.call.op)
@@ -206,7 +211,7 @@ def predict(
     rows = [PredictRow(name, module, phase, *sums) for (name, module, phase), sums in groups.items()]
     rows.sort(key=lambda r: (-r.latency_s, r.name, r.module))
     any_bound = any_implementation(roofs, ((f, d, op) for (d, op), f in work.items()),
-                                   _unavoidable_bytes(model, inputs, kwargs, as_dtype, backward))
+                                   _unavoidable_bytes(model, inputs, kwargs, as_dtype, backward, tables, looked_up))
     warnings = tuple(run.warnings)
     if unsupported:
         warnings += (f"ops without a handler are left out of the bound: {', '.join(unsupported)}",)
@@ -217,10 +222,56 @@ def predict(
     return PredictResult(tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced))
 
 
-def _unavoidable_bytes(model: Any, inputs: Any, kwargs: Optional[Mapping[str, Any]], as_dtype: Optional[str], backward: bool) -> int:
+#: table lookups: an implementation reads the rows they gather, not the table
+_LOOKUPS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"})
+
+
+def _written_as(call: Any, as_dtype: Optional[str]) -> int:
+    """Bytes of a lookup's first output (the gathered rows; an embedding bag's reduced rows,
+    fewer than it read), priced at ``as_dtype`` for a floating output."""
+    from ..traffic import element_size
+    from ..types import TensorMeta
+
+    first = call.outputs[0] if call.outputs else None
+    if not isinstance(first, TensorMeta):
+        return 0
+    dtype = as_dtype if as_dtype is not None and first.dtype is not None and _floating(first.dtype) else first.dtype
+    return first.numel * element_size(dtype)
+
+
+def _lookup_tables(model: Any) -> Dict[int, None]:
+    """Parameters held only by ``nn.Embedding``/``nn.EmbeddingBag`` modules: a table that is
+    also another module's weight (a tied LM head) is read whole by that module."""
+    from torch import nn
+
+    tables: Dict[int, bool] = {}
+    for module in model.modules():
+        lookup = isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+        for tensor in module.parameters(recurse=False):
+            tables[id(tensor)] = tables.get(id(tensor), True) and lookup
+    return {key: None for key, only in tables.items() if only}
+
+
+def _lookup_modules(model: Any, tables: Mapping[int, None]) -> FrozenSet[str]:
+    """Every name (aliases included) of an embedding module whose weight is a lookup table."""
+    from torch import nn
+
+    return frozenset(
+        name for name, module in model.named_modules(remove_duplicate=False)
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and all(id(p) in tables for p in module.parameters(recurse=False))
+    )
+
+
+def _unavoidable_bytes(
+    model: Any, inputs: Any, kwargs: Optional[Mapping[str, Any]], as_dtype: Optional[str], backward: bool,
+    tables: Mapping[int, None], looked_up: int,
+) -> int:
     """Bytes any implementation moves at least once: parameters and buffers read, input
     tensors read (caches passed in included), and with ``backward`` the gradients written.
-    The outputs are left out (a smaller figure keeps the bound a lower bound)."""
+    A lookup table (an embedding's weight, no other module's) counts as the rows the forward
+    gathered (``looked_up``), not the table, and no gradient for it (a sparse gradient writes
+    only those rows). The outputs are left out (a smaller figure keeps the bound a lower
+    bound)."""
     import torch
 
     from ..inputs import prepare_call
@@ -232,8 +283,8 @@ def _unavoidable_bytes(model: Any, inputs: Any, kwargs: Optional[Mapping[str, An
                 return t.numel() * item.itemsize
         return t.numel() * t.element_size()
 
-    seen: Dict[int, None] = {}
-    total = 0
+    seen: Dict[int, None] = dict(tables)
+    total = looked_up
     for tensor in list(model.parameters()) + list(model.buffers()):
         if id(tensor) in seen:
             continue
