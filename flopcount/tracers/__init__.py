@@ -73,6 +73,18 @@ def trace(
     if tracer == "auto":
         dataless = _dataless(call.tensors, facts)
         if dataless is not None:
+            # Meta or fake weights get the fake path too (fake copies, shape cache): the same
+            # events as real weights; what fakes cannot run is counted as given, as before.
+            if not (facts.lazy or facts.packed is not None or has_sparse(call.tensors, facts.parameters, facts.buffers)):
+                try:
+                    run = dispatch.trace(
+                        model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
+                    )
+                except FakeRunError:
+                    pass
+                else:
+                    if not _made_sparse(run):
+                        return run
             run = dispatch.trace(model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
             return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
         if facts.lazy:
