@@ -35,7 +35,7 @@ needed for the events, and none is made). ``FLOPCOUNT_REUSE=0`` turns it off.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -65,6 +65,11 @@ _GLOBAL_HOOKS = (
     "_global_parameter_registration_hooks",
     "_global_buffer_registration_hooks",
 )
+
+
+# torch's own per-module dictionaries and sets (hooks, state-dict hooks, the registries)
+_STRUCTURE = frozenset({"training", "_parameters", "_buffers", "_modules", "_is_full_backward_hook"})
+_OWN = (frozenset(vars(nn.Module())) - _STRUCTURE) | {"forward"}
 
 
 class _Unkeyable(Exception):
@@ -124,6 +129,7 @@ class Reuse:
         self.traced = 0
         self._model = model
         self._structures: Dict[int, Tuple[List[Any], Tuple[Any, ...]]] = {}
+        self._last_fingerprint: List[Any] = []
         self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
 
     def install(self) -> int:
@@ -134,6 +140,8 @@ class Reuse:
         for module in self._model.modules():
             if module is self._model or "forward" in vars(module) or module not in self._names:
                 continue
+            if not module._modules:
+                continue  # a leaf runs a few ops the shape cache answers already: keying it costs more
             module.forward = self._wrap(module, type(module).forward.__get__(module))
             wrapped += 1
         return wrapped
@@ -176,6 +184,8 @@ class Reuse:
         before = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
         start = len(recorder.events)
         calls_before = dict(stack.calls)
+        fingerprint = self._last_fingerprint  # the one the key was made from, just before
+        containers = self._containers(order)
         out = forward(*args, **kwargs)
         entry = _Entry()
         self._entries[key] = entry
@@ -183,8 +193,9 @@ class Reuse:
         if after != before:
             return out
         try:
-            again: List[nn.Module] = []
-            if self._subtree(module, again) != key[0]:
+            again: List[Any] = []
+            _fingerprint(module, [], again, set())
+            if again != fingerprint or self._containers(order) != containers:
                 return out  # the call changed its own subtree's state (a counter, a new attribute)
             entry.outputs = self._describe(out, tensors)
         except _Unkeyable:
@@ -244,6 +255,7 @@ class Reuse:
         rebound (a fingerprint of the objects each module's attributes hold)."""
         fingerprint: List[Any] = []
         _fingerprint(module, order, fingerprint, set())
+        self._last_fingerprint = fingerprint
         found = self._structures.get(id(module))
         if found is not None and found[0] == fingerprint:
             return found[1]
@@ -251,11 +263,13 @@ class Reuse:
         self._structures[id(module)] = (fingerprint, key)
         return key
 
-    def _subtree(self, module: nn.Module, order: List[nn.Module]) -> Tuple[Any, ...]:
+    def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
         """The structural key of ``module`` and its descendants; ``order`` gets them in visit order."""
-        seen = {id(m): i for i, m in enumerate(order)}
+        if seen is None:
+            seen = {id(m): i for i, m in enumerate(order)}
         if id(module) in seen:
             return ("same", seen[id(module)])
+        seen[id(module)] = len(order)
         order.append(module)
         state = vars(module)
         forward = state.get("forward")
@@ -266,10 +280,11 @@ class Reuse:
                 raise _Unkeyable("a hook")
         parts: List[Any] = [type(module)]
         for name, value in state.items():
-            if name == "forward" or name in _HOOK_DICTS:
-                continue
+            if name in _OWN:
+                if not value or name in _HOOK_DICTS or name == "forward":
+                    continue  # empty hook and state-dict dictionaries; hooks refused above
             if name == "_modules":
-                parts.append(tuple((k, None if m is None else self._subtree(m, order)) for k, m in value.items()))
+                parts.append(tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in value.items()))
             elif name in ("_parameters", "_buffers"):
                 parts.append((name, tuple((k, None if t is None else self._tensor(t)) for k, t in value.items())))
             else:
@@ -317,6 +332,16 @@ class Reuse:
         if kind is dict:
             return (kind, tuple((k, self._value(v, tensors)) for k, v in value.items()))
         raise _Unkeyable(f"an argument of type {kind.__name__}")
+
+    def _containers(self, order: List[nn.Module]) -> List[Any]:
+        """The contents of the subtree's mutable attribute containers (lists, dicts, sets
+        other than torch's own), which a call may change without rebinding them."""
+        found: List[Any] = []
+        for module in order:
+            for name, value in vars(module).items():
+                if name not in _OWN and name not in _STRUCTURE and isinstance(value, (list, dict, set)):
+                    found.append((name, self._attribute(value)))
+        return found
 
     def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
         # a module's tensors are the fake copy's own: their metadata is read once (the shape
