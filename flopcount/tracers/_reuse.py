@@ -29,7 +29,7 @@ is not visible here: a forward whose work depends on such state that changes bet
 calls of equal key would be counted from the first call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
-needed for the events, and none is made). ``FLOPCOUNT_REUSE=0`` turns it off.
+needed for the events, and none is made). Opt-in for now: ``FLOPCOUNT_REUSE=1`` turns it on.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ class _Unkeyable(Exception):
 
 
 def reuse_enabled() -> bool:
-    """Whether structural reuse is on (``FLOPCOUNT_REUSE=0`` turns it off)."""
-    return os.environ.get("FLOPCOUNT_REUSE", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether structural reuse is on: opt-in with ``FLOPCOUNT_REUSE=1`` while it is not yet
+    faster than tracing every call on the models measured (docs/performance.md)."""
+    return os.environ.get("FLOPCOUNT_REUSE", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def global_hooks_present() -> bool:

@@ -1,6 +1,6 @@
 """Structural reuse (issue #32.2-4): a submodule call that matches an earlier one exactly is
 booked from that call's events; anything that does not match is traced. Oracles: the same
-count with reuse off (``FLOPCOUNT_REUSE=0``, every call traced, as before #32), hand-derived
+count with reuse off (``FLOPCOUNT_REUSE=0``, the default: every call traced, as before #32), hand-derived
 MACs, and ``FlopCounterMode`` run live on the real model."""
 
 from __future__ import annotations
@@ -84,6 +84,12 @@ def _rows(result):
         **{metric: (result.by_operator(metric), result.by_module(metric), result.by_module_and_operator(metric),
                     result.by_phase(metric)) for metric in ("macs", "flops")},
     }
+
+
+@pytest.fixture(autouse=True)
+def _reuse_on(monkeypatch):
+    # opt-in while it is not faster (docs/performance.md); these tests are its contract
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
 
 
 def _reused(model, inputs) -> int:
