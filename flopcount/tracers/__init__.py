@@ -50,7 +50,8 @@ def trace(
     "auto" runs the dispatch tracer on fake copies of the model and inputs (no arithmetic,
     nothing of the caller's touched). If the forward needs a real value, or cannot run on
     fakes, it counts one real run instead and says why in the warnings. Inputs or weights
-    already on the meta device (or fake) are counted as given. "jit" and "dispatch" run
+    already on the meta device (or fake) take the same path (a meta tensor standing for a CPU
+    one), and are counted as given only when the forward needs a value. "jit" and "dispatch" run
     the real model. Every path gives the caller's model and input tensors back as found.
     ``optimizer`` (with ``backward``, dispatch or auto) adds one optimizer step on fake
     twins of the parameters, recorded with phase "optimizer".
@@ -73,6 +74,18 @@ def trace(
     if tracer == "auto":
         dataless = _dataless(call.tensors, facts)
         if dataless is not None:
+            # Meta or fake weights get the fake path too (fake copies, shape cache): the same
+            # events as real weights; what fakes cannot run is counted as given, as before.
+            if not (facts.lazy or facts.packed is not None or has_sparse(call.tensors, facts.parameters, facts.buffers)):
+                try:
+                    run = dispatch.trace(
+                        model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
+                    )
+                except FakeRunError:
+                    pass
+                else:
+                    if not _made_sparse(run):
+                        return run
             run = dispatch.trace(model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
             return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
         if facts.lazy:

@@ -125,6 +125,9 @@ def _attribute_tensors(model: nn.Module) -> List[torch.Tensor]:
     return found
 
 
+_CPU = torch.device("cpu")
+
+
 class _Faker:
     """Makes one fake per real tensor (the same fake for the same tensor: ties survive).
     ``storages``: one fake storage per real storage (see the module docstring); ``dtype``:
@@ -156,11 +159,16 @@ class _Faker:
         return made
 
     def _make(self, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.layout == torch.strided and not tensor.is_quantized and type(tensor) in (torch.Tensor, nn.Parameter):
+        kind = type(tensor)
+        if tensor.layout == torch.strided and not tensor.is_quantized and kind in (torch.Tensor, nn.Parameter, self._fake_tensor):
             try:
                 # The fast way (a meta tensor wrapped as fake): ~20x cheaper than from_tensor.
                 meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=self._meta_device)
-                return self._fake_tensor(self.mode, meta, tensor.device)
+                # A meta tensor stands for a CPU one (as with storages=True): kernels then pick
+                # the layouts they pick for real weights (CPU SDPA's output strides, for one),
+                # so a meta copy of a model counts exactly what the model counts.
+                device = _CPU if tensor.device.type == "meta" else tensor.device
+                return self._fake_tensor(self.mode, meta, device)
             except Exception:
                 pass  # a private constructor that changed: the public route below
         return self.mode.from_tensor(tensor, static_shapes=True)

@@ -36,6 +36,7 @@ from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
 from ._meta_kernels import RealKernelError
 from ._modules import ModuleStack, forward_error
 from ._optimizer import FakeOptimizerStep
+from ._reuse import Reuse, reuse_enabled
 from ._shape_cache import ShapeCache
 from ._state import StateWatch, preserved_model_state
 from ._vocabulary import CompositeInterceptor
@@ -159,6 +160,11 @@ def _trace(
     shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
     if shape_cache is not None:
         recorder.run_op = shape_cache.run
+    reuse = None
+    if fake_copy and not backward and recorder_type is Recorder and reuse_enabled():
+        # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
+        reuse = Reuse(run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type())
+        reuse.install()
     attribution = BackwardAttribution(modules) if backward else None
     recorder.attribution = attribution
     with contextlib.ExitStack() as outer:
@@ -209,8 +215,17 @@ def _trace(
     notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)
     return Trace(
         tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes,
-        shape_cache=shape_cache.stats() if shape_cache is not None else {},
+        shape_cache=_cache_stats(shape_cache, reuse),
     )
+
+
+def _cache_stats(shape_cache: Optional[ShapeCache], reuse: Optional[Reuse]) -> Dict[str, Any]:
+    """The shape cache's stats, with the calls structural reuse booked from an earlier one."""
+    if shape_cache is None:
+        return {}
+    stats = shape_cache.stats()
+    stats["reused_calls"] = reuse.reused if reuse is not None else 0
+    return stats
 
 
 def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[bool], recorder: Recorder) -> None:

@@ -68,10 +68,13 @@ def test_dtype_casts_floating_tensors_and_meta_maps_to_cpu() -> None:
     assert {t.device.type for t in [*twin.parameters(), *twin.buffers(), *copied.tensors]} == {"cpu"}
 
 
-def test_counting_copies_keep_meta_and_dtype() -> None:
+def test_counting_copies_of_meta_stand_for_cpu_and_keep_dtype() -> None:
+    # since #32.1 a meta weight's fake stands for a CPU one (as storages=True always did), so
+    # kernels pick the layouts they pick for real weights and a meta model counts like the real one
     model = Shared().to("meta")
     twin = fake_copies(model, []).model
-    assert twin.a.weight.device.type == "meta" and twin.a.weight.dtype == torch.float32
+    assert twin.a.weight.device.type == "cpu" and twin.a.weight.dtype == torch.float32
+    assert model.a.weight.device.type == "meta"  # the caller's model is untouched
 
 
 def test_retie_restores_a_declared_tie_on_the_copy_only() -> None:

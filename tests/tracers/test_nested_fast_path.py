@@ -81,4 +81,5 @@ def test_padding_mask_on_meta_equals_cpu() -> None:
     meta = _count(model, *_inputs("meta"), "auto")
     assert (meta.macs, meta.flops) == (cpu.macs, cpu.flops) == (_macs(), cpu.flops)
     assert meta.complete
-    assert any("_nested_tensor_from_mask_left_aligned" in w for w in meta.warnings)
+    # since #32.1 the meta model runs on fake CPU copies (the default path), not as given
+    assert not any("as given" in w for w in meta.warnings)

@@ -1,0 +1,153 @@
+"""Counting cost against the model's distinct structure (issue #32): the default count with
+real weights, the default count of a meta copy (the same fast path since #32.1), and
+``FlopCounterMode`` on a meta copy (no arithmetic either), interleaved in one process, one
+thread, median of the rounds; then LLaMA-2-70B's config on meta at 4,096 tokens.
+
+Each tool runs once per round, in turn (``_interleave.rounds``), after one warm-up call.
+"reuse on" counts with ``FLOPCOUNT_REUSE=1`` (structural reuse, opt-in); the others with it off.
+
+    .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from _interleave import median, ratio, rounds  # noqa: E402
+from torch import nn  # noqa: E402
+
+from flopcount import count_flops  # noqa: E402
+
+warnings.simplefilter("ignore")
+
+
+def resnet50_case() -> Tuple[nn.Module, Tuple[Any, ...]]:
+    from flopcount.examples.resnet import resnet50
+
+    return resnet50().eval(), (torch.randn(1, 3, 224, 224),)
+
+
+def bert_case() -> Tuple[nn.Module, Tuple[Any, ...]]:
+    from flopcount.examples.hf import bert, token_ids
+
+    return bert().eval(), (token_ids(1, 128, 30522),)
+
+
+def gpt2_case() -> Tuple[nn.Module, Tuple[Any, ...]]:
+    from flopcount.examples.hf import gpt2_small_example
+
+    model, inputs = gpt2_small_example(256)
+    return model.eval(), inputs
+
+
+CASES = {"ResNet-50 1x3x224x224": resnet50_case, "BERT-base 1x128": bert_case, "GPT-2 small 1x256": gpt2_case}
+
+
+def _count(model: nn.Module, inputs: Tuple[Any, ...], reuse: bool = False) -> Callable[[], Any]:
+    def run() -> Any:
+        old = os.environ.get("FLOPCOUNT_REUSE")
+        os.environ["FLOPCOUNT_REUSE"] = "1" if reuse else "0"
+        try:
+            return count_flops(model, inputs)
+        finally:
+            if old is None:
+                del os.environ["FLOPCOUNT_REUSE"]
+            else:
+                os.environ["FLOPCOUNT_REUSE"] = old
+
+    return run
+
+
+def _flop_counter_mode(model: nn.Module, inputs: Tuple[Any, ...]) -> Callable[[], Any]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def run() -> Any:
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(*inputs)
+        return counter.get_total_flops()
+
+    return run
+
+
+def _meta(model: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[nn.Module, Tuple[Any, ...]]:
+    return copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs)
+
+
+def models(repeats: int) -> None:
+    print("| model | default, real weights | default, meta copy | meta copy, reuse on | FlopCounterMode, meta copy |")
+    print("|---|---|---|---|---|")
+    for label, build in CASES.items():
+        torch.manual_seed(0)
+        model, inputs = build()
+        meta_model, meta_inputs = _meta(model, inputs)
+        fns: Dict[str, Callable[[], Any]] = {
+            "real": _count(model, inputs),
+            "meta": _count(meta_model, meta_inputs),
+            "meta_reuse": _count(meta_model, meta_inputs, reuse=True),
+            "fcm": _flop_counter_mode(meta_model, meta_inputs),
+        }
+        times, failures = rounds(fns, repeats)
+        cells = []
+        for name in fns:
+            if name in failures:
+                cells.append(f"failed: {failures[name]}")
+                continue
+            t, r = median(times[name]), ratio(times, name, "fcm")
+            cells.append(f"{t * 1e3:.1f} ms ({r:.2f}x)" if t is not None and r is not None else "-")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+        same = fns["real"]().by_module("flops") == fns["meta"]().by_module("flops") == fns["meta_reuse"]().by_module("flops")
+        print(f"|  per-module rows equal (real, meta, meta reuse on): {same} | | | | |")
+
+
+def llama70b(repeats: int, tokens: int = 4096) -> None:
+    from transformers import LlamaForCausalLM
+
+    from flopcount.examples.hf import llama2_70b_config
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama2_70b_config()).eval()
+    ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+    fns = {"default (reuse off)": _count(model, (ids,)), "reuse on": _count(model, (ids,), reuse=True)}
+    times, failures = rounds(fns, repeats)
+    for name in fns:
+        if name in failures:
+            print(f"LLaMA-2-70B meta 1x{tokens}, {name}: failed: {failures[name]}")
+        else:
+            result = fns[name]()
+            print(
+                f"LLaMA-2-70B meta 1x{tokens}, {name}: {median(times[name]):.3f} s median of {repeats} "
+                f"({result.macs / 1e12:.3f} TMACs)"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--skip-70b", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), median of {args.repeats}, "
+          f"load average {' '.join(load)} at start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    models(args.repeats)
+    if not args.skip_70b:
+        llama70b(args.repeats)
+
+
+if __name__ == "__main__":
+    main()

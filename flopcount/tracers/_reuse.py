@@ -1,0 +1,421 @@
+"""Structural reuse on the default (fake) path: a submodule call that matches an earlier
+call exactly is booked again from that call's events instead of being run (issue #32).
+
+A count needs shapes only, and most models repeat one block (12 layers of BERT, 16
+bottlenecks of four kinds in ResNet-50). On the fake copy of the model (never the
+caller's), each submodule's ``forward`` is wrapped. A call's key is everything its events
+can depend on that we can see:
+
+* the whole subtree, structurally: each module's class and ``forward`` code, its plain
+  attributes (``training``, ``stride``, ``eps``, ``layer_idx``...; objects by identity),
+  its parameters', buffers' and tensor attributes' metadata (shape, stride, offset, dtype,
+  device, layout, requires_grad), which modules of the subtree are the same object;
+* every argument: tensors by that metadata and by which arguments are the same tensor,
+  Python scalars, dtypes, devices and None by value, tuples/lists/dicts of those;
+* the process settings ops read: default dtype, grad mode, autocast state.
+
+A call whose key was seen before, and whose earlier call was *clean*, is a hit: its events
+are appended again with module names mapped onto the new subtree (by relative path), the
+module call counts likewise, and fresh fake outputs of the recorded metadata are returned
+(or the argument itself when the earlier call returned its argument). Not reused, always
+traced: a call with any other argument (an object such as a KV cache, a real tensor, a
+fake of another mode), a subtree with a hook or an instance-level ``forward`` (or any
+process-wide module hook), a call inside an intercepted composite, and any key whose first
+call was not clean: it changed an attribute of its subtree (a counter), needed a stand-in
+kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
+outside its subtree's modules, or returned something other than tensors, scalars, None,
+tuples and lists. Reading state outside the subtree (a global, another module's attribute)
+is not visible here: a forward whose work depends on such state that changes between two
+calls of equal key would be counted from the first call.
+
+Forward only: the caller installs this for forward-only fake runs (no autograd graph is
+needed for the events, and none is made). Opt-in for now: ``FLOPCOUNT_REUSE=1`` turns it on.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..types import OpEvent
+
+__all__ = ["Reuse", "reuse_enabled"]
+
+_SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format})
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+# process-wide module hooks (torch.nn.modules.module): any other than the tracer's own
+# module-stack hooks (installed after this check) turns reuse off for the run
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_module_registration_hooks",
+    "_global_parameter_registration_hooks",
+    "_global_buffer_registration_hooks",
+)
+
+
+# torch's own per-module dictionaries and sets (hooks, state-dict hooks, the registries)
+_STRUCTURE = frozenset({"training", "_parameters", "_buffers", "_modules", "_is_full_backward_hook"})
+_OWN = (frozenset(vars(nn.Module())) - _STRUCTURE) | {"forward"}
+
+
+class _Unkeyable(Exception):
+    """A value the key cannot describe exactly: the call is traced."""
+
+
+def reuse_enabled() -> bool:
+    """Whether structural reuse is on: opt-in with ``FLOPCOUNT_REUSE=1`` while it is not yet
+    faster than tracing every call on the models measured (docs/performance.md)."""
+    return os.environ.get("FLOPCOUNT_REUSE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def global_hooks_present() -> bool:
+    """True when a process-wide module hook is registered (torch's private lists)."""
+    from torch.nn.modules import module as module_impl
+
+    return any(getattr(module_impl, name, None) for name in _GLOBAL_HOOKS)
+
+
+class _Entry:
+    """What the first call of a key left: its events, the module calls under it, its
+    outputs' description, the subtree's module list (relative order) and whether it is clean."""
+
+    __slots__ = ("events", "depth", "calls", "outputs", "index", "clean")
+
+    def __init__(self) -> None:
+        self.events: List[OpEvent] = []
+        self.depth = 0
+        self.calls: List[Tuple[int, int]] = []  # (module index in the subtree order, calls)
+        self.outputs: Any = None
+        self.index: Dict[str, int] = {}  # module name -> its position in the subtree order
+        self.clean = False
+
+
+class Reuse:
+    """Wraps the forward of each eligible submodule of ``model`` (a fake copy) so that
+    matching calls are booked from the first one; ``reused`` counts the calls booked so."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        names: Mapping[nn.Module, str],
+        modules: Any,
+        recorder: Any,
+        shape_cache: Any,
+        fake_mode: Any,
+        fake_type: type,
+    ):
+        self._names = names
+        self._modules = modules
+        self._recorder = recorder
+        self._cache = shape_cache
+        self._mode = fake_mode
+        self._fake_type: Any = fake_type
+        self._entries: Dict[Tuple[Any, ...], _Entry] = {}
+        self._meta = torch.device("meta")
+        self.reused = 0
+        self.traced = 0
+        self._model = model
+        self._structures: Dict[int, Tuple[List[Any], Tuple[Any, ...]]] = {}
+        self._last_fingerprint: List[Any] = []
+        self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
+
+    def install(self) -> int:
+        """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
+        if global_hooks_present():
+            return 0
+        wrapped = 0
+        for module in self._model.modules():
+            if module is self._model or "forward" in vars(module) or module not in self._names:
+                continue
+            if not module._modules:
+                continue  # a leaf runs a few ops the shape cache answers already: keying it costs more
+            module.forward = self._wrap(module, type(module).forward.__get__(module))
+            wrapped += 1
+        return wrapped
+
+    # ------------------------------------------------------------------ the call
+
+    def _wrap(self, module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            recorder = self._recorder
+            if recorder.muted or recorder.phase != "forward":
+                return forward(*args, **kwargs)
+            try:
+                order: List[nn.Module] = []
+                tensors: List[Any] = []
+                key = (self._structure(module, order), self._value(args, tensors), self._value(kwargs, tensors), _settings())
+            except _Unkeyable:
+                return forward(*args, **kwargs)
+            entry = self._entries.get(key)
+            if entry is not None and entry.clean:
+                return self._replay(entry, order, tensors)
+            if entry is not None:  # seen and not clean: traced, as every such call is
+                return forward(*args, **kwargs)
+            return self._first(key, module, order, tensors, forward, args, kwargs)
+
+        call.__flopcount_reuse__ = True  # type: ignore[attr-defined]
+        return call
+
+    def _first(
+        self,
+        key: Tuple[Any, ...],
+        module: nn.Module,
+        order: List[nn.Module],
+        tensors: List[Any],
+        forward: Callable[..., Any],
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+    ) -> Any:
+        recorder, stack, cache = self._recorder, self._modules, self._cache
+        self.traced += 1
+        before = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
+        start = len(recorder.events)
+        calls_before = dict(stack.calls)
+        fingerprint = self._last_fingerprint  # the one the key was made from, just before
+        containers = self._containers(order)
+        out = forward(*args, **kwargs)
+        entry = _Entry()
+        self._entries[key] = entry
+        after = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
+        if after != before:
+            return out
+        try:
+            again: List[Any] = []
+            _fingerprint(module, [], again, set())
+            if again != fingerprint or self._containers(order) != containers:
+                return out  # the call changed its own subtree's state (a counter, a new attribute)
+            entry.outputs = self._describe(out, tensors)
+        except _Unkeyable:
+            return out
+        names = self._names
+        by_name: Dict[str, int] = {}
+        for i, m in enumerate(order):
+            by_name.setdefault(names.get(m, "\0"), i)
+        own = names.get(module)
+        depth = len(stack.path)
+        events = recorder.events[start:]
+        for event in events:
+            inner = event.module_stack[depth:]
+            if event.phase != "forward" or event.module_stack[:depth] != stack.path:
+                return out
+            if any(name not in by_name for name in inner):
+                return out  # an op booked to a module outside the subtree
+        calls: List[Tuple[int, int]] = []
+        for name, n in stack.calls.items():
+            extra = n - calls_before.get(name, 0)
+            if extra and name != own:
+                if name not in by_name:
+                    return out
+                calls.append((by_name[name], extra))
+        entry.events = list(events)
+        entry.depth = depth
+        entry.calls = calls
+        entry.index = by_name
+        entry.clean = True
+        return out
+
+    def _replay(self, entry: _Entry, order: List[nn.Module], tensors: List[Any]) -> Any:
+        recorder, stack, names = self._recorder, self._modules, self._names
+        self.reused += 1
+        old_names = entry.index
+        new_names = [names.get(m, "") for m in order]
+        prefix = stack.path
+        depth = entry.depth
+        mapped: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+        append = recorder.events.append
+        for event in entry.events:
+            inner = event.module_stack[depth:]
+            path = mapped.get(inner)
+            if path is None:
+                path = mapped[inner] = prefix + tuple(new_names[old_names[name]] for name in inner)
+            append(OpEvent(event.call, path, event.phase))
+        calls = stack.calls
+        for i, n in entry.calls:
+            name = new_names[i]
+            calls[name] = calls.get(name, 0) + n
+        return self._make(entry.outputs, tensors)
+
+    # ------------------------------------------------------------------ keys
+
+    def _structure(self, module: nn.Module, order: List[nn.Module]) -> Tuple[Any, ...]:
+        """:meth:`_subtree`, remembered per module while no attribute of its subtree is
+        rebound (a fingerprint of the objects each module's attributes hold)."""
+        fingerprint: List[Any] = []
+        _fingerprint(module, order, fingerprint, set())
+        self._last_fingerprint = fingerprint
+        found = self._structures.get(id(module))
+        if found is not None and found[0] == fingerprint:
+            return found[1]
+        key = self._subtree(module, [])
+        self._structures[id(module)] = (fingerprint, key)
+        return key
+
+    def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
+        """The structural key of ``module`` and its descendants; ``order`` gets them in visit order."""
+        if seen is None:
+            seen = {id(m): i for i, m in enumerate(order)}
+        if id(module) in seen:
+            return ("same", seen[id(module)])
+        seen[id(module)] = len(order)
+        order.append(module)
+        state = vars(module)
+        forward = state.get("forward")
+        if forward is not None and not getattr(forward, "__flopcount_reuse__", False):
+            raise _Unkeyable("an instance-level forward")
+        for name in _HOOK_DICTS:
+            if state.get(name):
+                raise _Unkeyable("a hook")
+        parts: List[Any] = [type(module)]
+        for name, value in state.items():
+            if name in _OWN:
+                if not value or name in _HOOK_DICTS or name == "forward":
+                    continue  # empty hook and state-dict dictionaries; hooks refused above
+            if name == "_modules":
+                parts.append(tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in value.items()))
+            elif name in ("_parameters", "_buffers"):
+                parts.append((name, tuple((k, None if t is None else self._tensor(t)) for k, t in value.items())))
+            else:
+                parts.append((name, self._attribute(value)))
+        return tuple(parts)
+
+    def _attribute(self, value: Any) -> Any:
+        kind = type(value)
+        if kind in _SCALARS:
+            return value if kind is not float or value == value else ("nan",)
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value)
+        if kind is tuple or kind is list:
+            return (kind, tuple(self._attribute(v) for v in value))
+        if isinstance(value, (dict, set, frozenset)):
+            if len(value) > 64:
+                return ("id", id(value))
+            if isinstance(value, dict):
+                return (kind, tuple((k, self._attribute(v)) for k, v in value.items()))
+            if all(type(v) in _SCALARS for v in value):
+                return (kind, frozenset(value))
+            return ("id", id(value))
+        if isinstance(value, nn.Module):
+            return ("module", id(value))  # not a child: the same object, or not equal
+        # functions, classes, configs and other objects: the same object only
+        return ("id", id(value))
+
+    def _value(self, value: Any, tensors: List[Any]) -> Any:
+        kind = type(value)
+        if kind in _SCALARS:
+            return (kind, value)
+        if kind is self._fake_type:
+            if value.fake_mode is not self._mode or value.constant is not None or value.layout != torch.strided:
+                raise _Unkeyable("a tensor of another kind")
+            for i, seen in enumerate(tensors):
+                if seen is value:
+                    return ("same", i)
+            tensors.append(value)
+            return (
+                tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.fake_device,
+                value.requires_grad, value._base is not None,
+            )
+        if kind is tuple or kind is list:
+            return (kind, tuple(self._value(v, tensors) for v in value))
+        if kind is dict:
+            return (kind, tuple((k, self._value(v, tensors)) for k, v in value.items()))
+        raise _Unkeyable(f"an argument of type {kind.__name__}")
+
+    def _containers(self, order: List[nn.Module]) -> List[Any]:
+        """The contents of the subtree's mutable attribute containers (lists, dicts, sets
+        other than torch's own), which a call may change without rebinding them."""
+        found: List[Any] = []
+        for module in order:
+            for name, value in vars(module).items():
+                if name not in _OWN and name not in _STRUCTURE and isinstance(value, (list, dict, set)):
+                    found.append((name, self._attribute(value)))
+        return found
+
+    def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
+        # a module's tensors are the fake copy's own: their metadata is read once (the shape
+        # cache refuses ops that change metadata in place, and a rebinding changes the object)
+        found = self._tensors.get(id(t))
+        if found is not None and found[0] is t:
+            return found[1]
+        if t.layout != torch.strided:
+            raise _Unkeyable("a sparse tensor")
+        meta = (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad, type(t))
+        self._tensors[id(t)] = (t, meta)
+        return meta
+
+    # ------------------------------------------------------------------ outputs
+
+    def _describe(self, out: Any, tensors: List[Any]) -> Any:
+        kind = type(out)
+        if kind in _SCALARS:
+            return ("value", out)
+        if kind is self._fake_type:
+            for i, seen in enumerate(tensors):
+                if seen is out:
+                    return ("arg", i)
+            if out.fake_mode is not self._mode or out.constant is not None or out.layout != torch.strided:
+                raise _Unkeyable("an output of another kind")
+            if out.storage_offset() or out.requires_grad:
+                raise _Unkeyable("an output with an offset or a gradient")
+            return ("new", tuple(out.shape), out.stride(), out.dtype, out.fake_device)
+        if kind is tuple or kind is list:
+            return ("seq", kind, tuple(self._describe(o, tensors) for o in out))
+        raise _Unkeyable(f"an output of type {kind.__name__}")
+
+    def _make(self, described: Any, tensors: List[Any]) -> Any:
+        tag = described[0]
+        if tag == "value":
+            return described[1]
+        if tag == "arg":
+            return tensors[described[1]]
+        if tag == "new":
+            _, shape, stride, dtype, device = described
+            with torch._C._DisableTorchDispatch():
+                meta = torch.empty_strided(shape, stride, dtype=dtype, device=self._meta)
+                return self._fake_type(self._mode, meta, device)
+        _, kind, items = described
+        return kind(self._make(item, tensors) for item in items)
+
+
+def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any) -> None:
+    """The subtree's modules in visit order, and the identity of every object their
+    attributes (and parameter, buffer and child dictionaries) hold."""
+    if id(module) in seen:
+        into.append(("same", id(module)))
+        return
+    seen.add(id(module))
+    order.append(module)
+    state = vars(module)
+    into.append(module)
+    into.append(tuple(map(id, state.values())))
+    into.append(tuple(map(id, state["_parameters"].values())))
+    into.append(tuple(map(id, state["_buffers"].values())))
+    into.append(sum(len(state.get(name) or ()) for name in _HOOK_DICTS))
+    for child in state["_modules"].values():
+        if child is not None:
+            _fingerprint(child, order, into, seen)
+
+
+def _settings() -> Tuple[Any, ...]:
+    return (
+        torch.get_default_dtype(),
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+    )

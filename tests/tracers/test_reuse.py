@@ -1,0 +1,232 @@
+"""Structural reuse (issue #32.2-4): a submodule call that matches an earlier one exactly is
+booked from that call's events; anything that does not match is traced. Oracles: the same
+count with reuse off (``FLOPCOUNT_REUSE=0``, the default: every call traced, as before #32), hand-derived
+MACs, and ``FlopCounterMode`` run live on the real model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import torch_contraction_flops
+from torch import nn
+
+from flopcount import count_flops
+from flopcount.examples.resnet import resnet50
+from flopcount.inputs import prepare_call
+from flopcount.tracers import trace
+
+hf = pytest.importorskip("examples.hf")
+pytest.importorskip("transformers")
+
+VOCAB = 300
+B, D, H = 3, 8, 16  # batch, model width, inner width of the toy blocks
+
+
+class Block(nn.Module):
+    """Linear(D, h) -> ReLU -> Linear(h, D): 2 * D * h MACs per row."""
+
+    def __init__(self, hidden: int = H) -> None:
+        super().__init__()
+        self.up = nn.Linear(D, hidden)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(hidden, D)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x))) + x
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Shared(nn.Module):
+    """One block called under two names, then a twin block of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Block()
+        self.again = self.first  # an alias: the same module object
+        self.other = Block()
+
+    def forward(self, x):
+        return self.other(self.again(self.first(x)))
+
+
+def _zoo(name: str):
+    torch.manual_seed(0)
+    if name == "resnet50":
+        return resnet50(), (torch.randn(2, 3, 64, 64),)
+    if name == "shared":
+        return Shared(), (torch.randn(B, D),)
+    if name == "bert":
+        model = hf.bert(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB)
+    elif name == "gpt2":
+        model = hf.gpt2(n_layer=3, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64)
+    else:  # LLaMA-like with grouped-query attention (8 heads, 2 KV heads)
+        model = hf.llama(num_hidden_layers=3, hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+                         intermediate_size=96, vocab_size=VOCAB)
+    return model, (hf.token_ids(2, 12, VOCAB),)
+
+
+def _rows(result):
+    # every row the result renders: totals, per-operator, per-module (calls, aliases), bytes
+    return {
+        "dict": result.to_dict(),
+        **{metric: (result.by_operator(metric), result.by_module(metric), result.by_module_and_operator(metric),
+                    result.by_phase(metric)) for metric in ("macs", "flops")},
+    }
+
+
+@pytest.fixture(autouse=True)
+def _reuse_on(monkeypatch):
+    # opt-in while it is not faster (docs/performance.md); these tests are its contract
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+
+
+def _reused(model, inputs) -> int:
+    return int(trace(model, prepare_call(inputs)).shape_cache["reused_calls"])
+
+
+def _both(monkeypatch, model, inputs):
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, inputs)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    on = count_flops(model, inputs)
+    return off, on
+
+
+@pytest.mark.parametrize("meta", [False, True], ids=["real", "meta"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", ["resnet50", "bert", "gpt2", "llama", "shared"])
+def test_reuse_on_and_off_give_identical_rows(monkeypatch, name, train, meta):
+    model, inputs = _zoo(name)
+    model.train(train)
+    if meta:
+        model, inputs = copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert [(m.name, m.calls) for m in on.modules] == [(m.name, m.calls) for m in off.modules]
+
+
+def test_resnet50_repeated_bottlenecks_are_reused_and_match_the_published_macs(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = resnet50().eval(), (torch.randn(2, 3, 224, 224),)
+    # 2 x ResNet-50's conv + linear MACs, 4,089,184,256 per image (REFERENCES.md)
+    result = count_flops(model, inputs)
+    contraction = sum(v for op, v in result.by_operator("macs").items() if op in ("aten::convolution", "aten::linear"))
+    assert contraction == 2 * 4_089_184_256
+    # stages of 3, 4, 6, 3 bottlenecks: the first of a stage has a downsample (its own key),
+    # the second is the first of the stage's repeated key, the rest are booked from it:
+    # 1 + 2 + 4 + 1 calls (leaf modules are never keyed)
+    assert _reused(model, inputs) == 8
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    assert _reused(model, inputs) == 0
+
+
+def _stack_macs(hiddens, rows=B):
+    # each block: up D x h and down h x D MACs per row
+    return sum(rows * 2 * D * h for h in hiddens)
+
+
+def test_a_block_of_another_width_is_traced_not_reused(monkeypatch):
+    torch.manual_seed(0)
+    hiddens = [H, H, 2 * H, H]
+    model, inputs = Stack([Block(h) for h in hiddens]), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == _stack_macs(hiddens) + 0  # hand count (the adds and ReLU are not MACs)
+    assert result.by_module("macs")["blocks.2"] == B * 2 * D * 2 * H
+    assert 2 * result.by_operator("macs")["aten::linear"] == torch_contraction_flops(copy.deepcopy(model), inputs)
+    # blocks 1 and 3 match block 0 (blocks.3's input has block 0's shape again); block 2 does not
+    assert _reused(model, inputs) == 2
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+def test_a_block_with_a_forward_hook_is_traced_and_its_hook_runs():
+    torch.manual_seed(0)
+    model, inputs = Stack([Block() for _ in range(4)]), (torch.randn(B, D),)
+    seen = []
+    handle = model.blocks[2].register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    try:
+        result = count_flops(model, inputs)
+        reused = _reused(model, inputs)
+    finally:
+        handle.remove()
+    assert result.macs == _stack_macs([H] * 4)
+    assert seen == [(B, D), (B, D)]  # once per count: the hooked block ran (on the fake copy)
+    # blocks 1 and 3 are booked from block 0; block 2 has a hook and is traced
+    assert reused == 2
+
+
+class Counting(nn.Module):
+    """A block whose work depends on a counter it shares with its twins: every other call
+    runs its Linear twice. Reusing a call would skip the counter and miss work."""
+
+    def __init__(self, shared) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.shared = shared
+
+    def forward(self, x):
+        self.shared["calls"] += 1
+        if self.shared["calls"] % 2 == 0:
+            x = self.fc(x)
+        return self.fc(x)
+
+
+def test_a_stateful_counter_is_traced_not_reused():
+    torch.manual_seed(0)
+    shared = {"calls": 0}
+    model, inputs = Stack([Counting(shared) for _ in range(4)]), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    # calls 1..4: one Linear, two, one, two: 6 Linears of B x D x D MACs (hand count)
+    assert result.macs == 6 * B * D * D
+    shared["calls"] = 0
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    # no Counting block is reused: the first call changed the state it reads (leaf modules
+    # such as the Linear are never keyed: the shape cache answers their op already)
+    assert shared == {"calls": 0}  # the caller's counter: the count ran on a copy
+    assert _reused(model, inputs) == 0
+
+
+class Branching(nn.Module):
+    """A data-dependent branch: runs its Linear twice when its bias sums above zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        if self.fc.bias.sum() > 0:
+            x = self.fc(x)
+        return self.fc(x)
+
+
+def test_a_data_dependent_branch_is_traced_on_real_values():
+    torch.manual_seed(0)
+    blocks = [Branching() for _ in range(4)]
+    with torch.no_grad():
+        for i, block in enumerate(blocks):  # alternate the branch taken
+            block.fc.bias.fill_(1.0 if i % 2 else -1.0)
+    model, inputs = Stack(blocks), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == 6 * B * D * D  # blocks 1 and 3 run two Linears, 0 and 2 one
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+
+
+def test_the_callers_model_is_left_as_found():
+    torch.manual_seed(0)
+    model, inputs = Stack([Block() for _ in range(3)]), (torch.randn(B, D),)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    count_flops(model, inputs)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
