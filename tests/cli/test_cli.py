@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from flopcount.cli import main
+from _cli_run import cli
 
 # Linear(16, 32) -> ReLU -> Linear(32, 8) on a 4x16 input
 B, D_IN, D_HID, D_OUT = 4, 16, 32, 8
@@ -91,10 +90,6 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def cli(capsys, *args: str):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # --------------------------------------------------------------------------- end to end

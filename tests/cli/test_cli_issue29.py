@@ -11,6 +11,7 @@ import re
 import textwrap
 
 import pytest
+from _cli_run import cli
 
 from flopcount.cli import main
 
@@ -64,10 +65,6 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def cli(capsys, *args: str):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # --------------------------------------------------------------------------- 12: train mode

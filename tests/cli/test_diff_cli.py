@@ -9,8 +9,7 @@ import json
 import textwrap
 
 import pytest
-
-from flopcount.cli import main
+from _cli_run import cli
 
 N, IN, OUT = 4, 16, 8
 
@@ -44,10 +43,6 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def cli(capsys, *args: str):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _baseline(capsys, path: str = "base.json", *extra: str) -> None:
