@@ -149,6 +149,9 @@ def test_pre_commit_try_repo_runs_the_hook_on_a_scratch_project(tmp_path, hidden
     project = tmp_path / "project"
     project.mkdir()
     _git(project, "init", "-q")
+    # a project ignores bytecode: the hook's import rewrites my_model's .pyc (make test writes bytecode),
+    # which pre-commit would report as a file the hook modified
+    (project / ".gitignore").write_text("__pycache__/\n")
     (project / "my_model.py").write_text(_model(MODEL, 32))
     (project / "pyproject.toml").write_text(textwrap.dedent(
         f"""
