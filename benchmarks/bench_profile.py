@@ -28,6 +28,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _ranks import spearman
+
 import flopcount
 from flopcount.bench.roofs import best_of, machine_roofs, measure_roofs
 
@@ -45,31 +47,6 @@ class Add(nn.Module):
 class AddInPlace(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a.add_(b)
-
-
-def _rank(values: Sequence[float]) -> List[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Pearson correlation of the ranks (ties share their mean rank)."""
-    rx, ry = _rank(xs), _rank(ys)
-    n = len(rx)
-    mx, my = sum(rx) / n, sum(ry) / n
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    vx = sum((a - mx) ** 2 for a in rx) ** 0.5
-    vy = sum((b - my) ** 2 for b in ry) ** 0.5
-    return cov / (vx * vy) if vx and vy else float("nan")
 
 
 def _median(values: Sequence[float]) -> float:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from _ranks import spearman
 from torch import nn
 
 import flopcount
@@ -310,28 +311,6 @@ def fastest(case: Case, model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[st
         if i >= 2:
             best = min(best, took)
     return best
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-
-    def ranks(values: Sequence[float]) -> List[float]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        out = [0.0] * len(values)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2 + 1
-            i = j + 1
-        return out
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
 
 
 def roofs_here(n_threads: int, budget_s: float) -> Roofs:
