@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from _interleave import median, ratio, rounds  # noqa: E402
+from bench_fastpath import CASES  # noqa: E402  (the same three models and inputs)
 from torch import nn  # noqa: E402
 
 from flopcount import count_flops  # noqa: E402
@@ -33,26 +34,6 @@ from flopcount import count_flops  # noqa: E402
 warnings.simplefilter("ignore")
 
 
-def resnet50_case() -> Tuple[nn.Module, Tuple[Any, ...]]:
-    from flopcount.examples.resnet import resnet50
-
-    return resnet50().eval(), (torch.randn(1, 3, 224, 224),)
-
-
-def bert_case() -> Tuple[nn.Module, Tuple[Any, ...]]:
-    from flopcount.examples.hf import bert, token_ids
-
-    return bert().eval(), (token_ids(1, 128, 30522),)
-
-
-def gpt2_case() -> Tuple[nn.Module, Tuple[Any, ...]]:
-    from flopcount.examples.hf import gpt2_small_example
-
-    model, inputs = gpt2_small_example(256)
-    return model.eval(), inputs
-
-
-CASES = {"ResNet-50 1x3x224x224": resnet50_case, "BERT-base 1x128": bert_case, "GPT-2 small 1x256": gpt2_case}
 
 
 def _count(model: nn.Module, inputs: Tuple[Any, ...], reuse: bool = False) -> Callable[[], Any]:
