@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Callable, FrozenSet
 
-from flopcount.registry import HandlerRegistry
+from flopcount.core.registry import HandlerRegistry
 from flopcount.types import Cost, OpCall
 
 KINDS = ("plus1", "double")

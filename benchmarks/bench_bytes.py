@@ -32,9 +32,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flopcount
-from flopcount.analysis import is_view_op
+from flopcount.core.analysis import is_view_op
+from flopcount.core.traffic import general_traffic
 from flopcount.tracers import trace
-from flopcount.traffic import general_traffic
 
 
 class Lookup(nn.Module):

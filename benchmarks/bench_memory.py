@@ -24,7 +24,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples.resnet import resnet18, resnet50
-from flopcount.memory import MemoryEstimate, estimate_memory
+from flopcount.memory.estimate import MemoryEstimate, estimate_memory
 
 GIB = 2**30
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tr
 from _live_oracles import amp_step_peak
 
 from examples.resnet import resnet18
-from flopcount.memory import estimate_memory
+from flopcount.memory.estimate import estimate_memory
 
 Case = Tuple[str, Callable[[], nn.Module], Callable[[], Tuple[Tuple[Any, ...], Dict[str, Any]]]]
 

@@ -29,7 +29,7 @@ def main() -> None:
     import _plan_gloo as gloo
 
     import flopcount
-    from flopcount.planner import _MEMORY_KEYS
+    from flopcount.planning.plan import _MEMORY_KEYS
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="llama:2x2,encoder:2x1,encoder:1x2")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _ranks import spearman
 
 import flopcount
-from flopcount.bench.roofs import best_of, machine_roofs, measure_roofs
+from flopcount.devices.measured import best_of, machine_roofs, measure_roofs
 
 
 class MatMul(nn.Module):

@@ -49,7 +49,7 @@ def small(prompt: int = 12, new_tokens: int = 24) -> None:
     import torch
     from _live_oracles import generate_truth, held_bytes
 
-    from flopcount.generation import count_generation
+    from flopcount.generation.count import count_generation
 
     print(f"| model (B=2, P={prompt}, N={new_tokens}) | decode MACs | truth (FlopCounterMode / 2) | KV held | truth (real cache) | KV positions | traced steps |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -69,7 +69,7 @@ def mistral_7b(prompt: int = 3584, new_tokens: int = 1024) -> None:
     import torch
     import transformers
 
-    from flopcount.generation import count_generation
+    from flopcount.generation.count import count_generation
 
     config = transformers.AutoConfig.for_model("mistral")
     with torch.device("meta"):

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 import flopcount
-from flopcount.tracers import _values
+from flopcount.tracers.fake import values as _values
 
 
 def main() -> None:

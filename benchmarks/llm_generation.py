@@ -33,7 +33,7 @@ def one(label: str, prompt: int, new_tokens: int) -> dict:
     import torch
     import transformers
 
-    from flopcount.generation import count_generation
+    from flopcount.generation.count import count_generation
 
     warnings.simplefilter("ignore")
     model_type, overrides = CONFIGS[label]

@@ -95,7 +95,7 @@ def measure(label: str, prompt: int) -> Dict[str, Any]:
     import transformers
 
     import flopcount
-    from flopcount.generation import count_generation
+    from flopcount.generation.count import count_generation
 
     warnings.simplefilter("ignore")
     model_type, overrides = MODELS[label]

@@ -15,22 +15,22 @@ __version__ = "0.2.0"
 
 # public name -> the module that defines it
 _EXPORTS: Dict[str, str] = {
-    "count_flops": "api",
+    "count_flops": "counting",
     "count_generation": "generation",
     "GenerationResult": "generation",
-    "FlopResult": "results",
-    "load_report": "results",
+    "FlopResult": "core.results",
+    "load_report": "core.results",
     "diff": "diffs",
     "DiffResult": "diffs",
     "GrowthReport": "diffs",
-    "OpTotals": "results",
-    "UnsupportedOp": "results",
+    "OpTotals": "core.results",
+    "UnsupportedOp": "core.results",
     "Cost": "types",
     "OpCall": "types",
     "TensorMeta": "types",
     "ParamSummary": "types",
-    "summarize_parameters": "params",
-    "HandlerRegistry": "registry",
+    "summarize_parameters": "core.params",
+    "HandlerRegistry": "core.registry",
     "default_registry": "handlers",
     "register_handler": "handlers",
     "FlopcountError": "errors",
@@ -52,7 +52,7 @@ _EXPORTS: Dict[str, str] = {
     "StepTimer": "bench",
     "StepRecord": "bench",
     "StepSummary": "bench",
-    "peaks": "bench",
+    "peaks": "devices.peaks",
     "Budget": "budget",
     "BudgetReport": "budget",
     "check_budget": "budget",
@@ -66,9 +66,9 @@ _EXPORTS: Dict[str, str] = {
     "ProfileResult": "profiling",
     "predict": "profiling",
     "PredictResult": "profiling",
-    "Roofs": "roofline",
-    "plan": "planner",
-    "PlanResult": "plan_result",
+    "Roofs": "devices.roofline",
+    "plan": "planning",
+    "PlanResult": "planning",
 }
 
 __all__ = [
@@ -129,7 +129,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .api import count_flops
     from .bench import (
         BenchmarkResult,
         LatencyStats,
@@ -144,6 +143,10 @@ if TYPE_CHECKING:
         peaks,
     )
     from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
+    from .core.params import summarize_parameters
+    from .core.registry import HandlerRegistry
+    from .core.results import FlopResult, OpTotals, UnsupportedOp, load_report
+    from .counting import count_flops
     from .devices.roofline import Roofs
     from .diffs import DiffResult, GrowthReport, diff
     from .errors import (
@@ -158,12 +161,8 @@ if TYPE_CHECKING:
     from .generation import GenerationResult, count_generation
     from .handlers import default_registry, register_handler
     from .memory import MemoryEstimate, estimate_memory
-    from .params import summarize_parameters
-    from .plan_result import PlanResult
-    from .planner import plan
+    from .planning import PlanResult, plan
     from .profiling import PredictResult, ProfileResult, predict, profile
-    from .registry import HandlerRegistry
-    from .results import FlopResult, OpTotals, UnsupportedOp, load_report
     from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 
@@ -171,7 +170,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flopcount' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    loaded = importlib.import_module(f".{module}", __name__)
+    value = loaded if module.endswith("." + name) else getattr(loaded, name)
     globals()[name] = value
     return value
 

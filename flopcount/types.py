@@ -151,7 +151,7 @@ class Cost:
     """Cost of one op call, a small named vector. ``macs`` counts multiply-accumulates of
     contractions only; ``flops`` counts every floating-point operation (1 MAC = 2 FLOPs);
     ``bytes_read`` / ``bytes_written`` are the tensor bytes the op reads and writes (the
-    roofline's memory traffic, convention in :mod:`flopcount.traffic`). Handlers give
+    roofline's memory traffic, convention in :mod:`flopcount.core.traffic`). Handlers give
     ``macs`` and ``flops``; the costing stage fills the bytes from the call's tensors
     unless a handler set them.
 

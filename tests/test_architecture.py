@@ -77,7 +77,7 @@ def test_no_import_cycles():
 
 
 def test_results_and_reports_import_no_torch():
-    for path in [PACKAGE / "results.py", PACKAGE / "types.py", PACKAGE / "rendering.py", PACKAGE / "units.py",
+    for path in [PACKAGE / "core" / "results.py", PACKAGE / "types.py", PACKAGE / "core" / "rendering.py", PACKAGE / "units.py",
                  *sorted((PACKAGE / "report").glob("*.py")), *sorted((PACKAGE / "diffs").glob("*.py"))]:
         imported = _imports(path, top_level_only=True)
         assert not any(m == "torch" or m.startswith("torch.") for m in imported), path.name
@@ -126,3 +126,40 @@ def test_import_flopcount_imports_no_trainer_framework():
     assert out.stdout.strip() == "[]"
     init = _imports(PACKAGE / "__init__.py")
     assert not any(m.startswith("flopcount.integrations") for m in init)
+
+
+#: one package per reading; a reading imports the spine (core, handlers, tracers, decoding),
+#: the step runner (step), the device model (devices) and timing (bench), never another reading
+READINGS = ("counting", "generation", "memory", "profiling", "planning", "serving", "diffs")
+#: the package's face: the only modules the top level holds besides packages
+FACE = {"__init__.py", "__main__.py", "errors.py", "types.py", "units.py"}
+
+
+def test_the_top_level_holds_only_the_face_and_packages():
+    assert {p.name for p in PACKAGE.glob("*.py")} == FACE
+
+
+def test_no_reading_imports_another():
+    graph = _graph()
+    arrows = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if name.split(".")[1:2] != target.split(".")[1:2]
+        and name.split(".")[1:2] and name.split(".")[1] in READINGS
+        and target.split(".")[1:2] and target.split(".")[1] in READINGS
+    )
+    assert arrows == []
+
+
+def test_the_spine_imports_no_reading():
+    graph = _graph()
+    spine = ("core", "handlers", "tracers", "decoding", "step", "devices", "bench")
+    arrows = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if len(name.split(".")) > 2 and name.split(".")[1] in spine
+        and len(target.split(".")) > 1 and target.split(".")[1] in READINGS
+    )
+    assert arrows == []

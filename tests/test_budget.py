@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flopcount.budget import Budget, budget_from_mapping, check_budget, load_budget_file
+from flopcount.budget.check import Budget, budget_from_mapping, check_budget, load_budget_file
 from flopcount.errors import UsageError
 
 
@@ -131,7 +131,7 @@ def test_check_result_reads_the_completeness_of_a_real_count():
     from torch import nn
 
     from flopcount import count_flops
-    from flopcount.budget import check_result
+    from flopcount.budget.check import check_result
 
     if not hasattr(torch.ops.flopcount_budget_test, "mystery"):
         torch.library.define("flopcount_budget_test::mystery", "(Tensor x) -> Tensor")

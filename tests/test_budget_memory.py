@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from flopcount.budget import Budget, budget_from_mapping, check_budget, load_budget_file, parse_bytes
+from flopcount.budget.check import Budget, budget_from_mapping, check_budget, load_budget_file, parse_bytes
 from flopcount.errors import UsageError
-from flopcount.memory import estimate_memory
+from flopcount.memory.estimate import estimate_memory
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount.bench.roofs import named_roofs
+from flopcount.devices import named_roofs
 from flopcount.errors import UsageError
 
 
@@ -97,11 +97,10 @@ def test_plan_and_predict_accept_the_same_names():
         assert planned.step_time.memory_bandwidth == named_roofs(name).bandwidth
 
 
-def test_old_import_paths_still_work():
-    from flopcount.bench import peaks
-    from flopcount.roofline import Roofs as OldRoofs
+def test_the_public_peaks_name_still_works():
+    peaks = flopcount.peaks
 
-    assert OldRoofs is flopcount.devices.Roofs
+    assert flopcount.Roofs is flopcount.devices.Roofs
     assert peaks.match_gpu("NVIDIA H100 NVL") == "H100 NVL"
     assert peaks.bandwidth("V100S") == pytest.approx(1.134e12)
 

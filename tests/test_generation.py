@@ -12,7 +12,7 @@ from conftest import assert_same_state, snapshot, torch_contraction_flops
 from torch import nn
 
 import flopcount
-from flopcount.generation import cache_bytes, count_generation
+from flopcount.generation.count import cache_bytes, count_generation
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,8 +16,8 @@ import torch
 from _live_oracles import generate_truth, held_bytes
 from torch import nn
 
-from flopcount._decode import Limits, cache_limits, plan_runs
-from flopcount.generation import count_generation
+from flopcount.decoding.runs import Limits, cache_limits, plan_runs
+from flopcount.generation.count import count_generation
 
 transformers = pytest.importorskip("transformers")
 

@@ -19,7 +19,7 @@ from conftest import assert_same_state, snapshot
 from torch import nn
 
 from flopcount.errors import UsageError
-from flopcount.generation import count_generation
+from flopcount.generation.count import count_generation
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from flopcount import count_flops
-from flopcount.budget import Budget, check_result
+from flopcount.budget.check import Budget, check_result
 from flopcount.cli import main
 from flopcount.report.html import html_report
 

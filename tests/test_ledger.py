@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flopcount.ledger import Ledger
-from flopcount.results import aggregate, reprice
+from flopcount.core.ledger import Ledger
+from flopcount.core.results import aggregate, reprice
 from flopcount.types import Cost, OpCall, OpEvent, ParamSummary
 
 PARAMS = ParamSummary(total=0, trainable=0, frozen=0)

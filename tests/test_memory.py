@@ -14,7 +14,7 @@ from conftest import assert_same_state, cuda, snapshot
 from torch import nn
 
 from flopcount.errors import FlopcountWarning, TraceError, UsageError
-from flopcount.memory import MemoryEstimate, estimate_memory
+from flopcount.memory.estimate import MemoryEstimate, estimate_memory
 
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
 
@@ -236,7 +236,7 @@ def test_optimizer_instance_is_rebuilt_on_fakes_and_left_alone() -> None:
     ids=["AdamW instance", "Adam class", "Adam factory"],
 )
 def test_every_optimizer_form_count_flops_accepts_is_estimated(spec: Callable[[nn.Module], Any]) -> None:
-    # The forms are parsed in one place (flopcount.optimizers) for count_flops and estimate_memory;
+    # The forms are parsed in one place (flopcount.step.optimizers) for count_flops and estimate_memory;
     # an AdamW instance used to fail to rebuild. Oracle: MemTracker on the real step with warmed Adam
     # (AdamW's extra weight-decay multiply is in place: the same memory).
     model, x = mlp(), torch.randn(8, 1024)

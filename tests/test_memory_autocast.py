@@ -16,7 +16,7 @@ from _live_oracles import amp_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
 
-from flopcount.memory import estimate_memory
+from flopcount.memory.estimate import estimate_memory
 
 pytest.importorskip("torch.distributed._tools.mem_tracker")  # the oracle (_live_oracles.amp_step_peak) needs it
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ from test_memory import MODE_IDS, MODES, truth_peak
 from torch import nn
 
 from flopcount.errors import FlopcountWarning, TraceError
-from flopcount.memory import estimate_memory
+from flopcount.memory.estimate import estimate_memory
 
 pytest.importorskip("torch.distributed._tools.mem_tracker")
 

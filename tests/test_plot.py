@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from flopcount import count_flops
-from flopcount.budget import Budget, check_result
+from flopcount.budget.check import Budget, check_result
 from flopcount.report.plot import budget_status, choose_depth, draw_sunburst, plot_result, top_modules
 
 pytest.importorskip("matplotlib")

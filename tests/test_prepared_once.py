@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 import flopcount
-import flopcount.inputs as inputs_module
-from flopcount.inputs import PreparedCall, prepare_call
-from flopcount.model_facts import model_facts
+import flopcount.core.inputs as inputs_module
+from flopcount.core.inputs import PreparedCall, prepare_call
+from flopcount.core.model_facts import model_facts
 
 
 class Counting(nn.Sequential):
@@ -78,9 +78,8 @@ def test_memory_prepares_its_call_once(flattens):
 
 
 def test_generation_reads_the_model_facts_once_for_all_steps(monkeypatch):
-    from flopcount import generation
-    from flopcount import model_facts as facts_module
-
+    from flopcount.core import model_facts as facts_module
+    from flopcount.generation import count as generation
     calls = []
     original = facts_module.model_facts
 

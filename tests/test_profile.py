@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import flopcount
-from flopcount.roofline import Roofs
+from flopcount.devices.roofline import Roofs
 
 ROOFS = Roofs({"float32": 1e11}, 1e10, "test roofs", "given")
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import flopcount
+from flopcount.devices.roofline import Roofs
 from flopcount.profiling.result import ProfileRow, merge
-from flopcount.roofline import Roofs
 
 to_rgb = pytest.importorskip("matplotlib.colors").to_rgb
 

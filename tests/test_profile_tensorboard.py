@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount.roofline import Roofs
+from flopcount.devices.roofline import Roofs
 
 tb_io = pytest.importorskip("torch_tb_profiler.io")
 loader = pytest.importorskip("torch_tb_profiler.profiler.loader")

@@ -11,9 +11,10 @@ from conftest import cuda
 from torch import nn
 
 import flopcount
-from flopcount.bench import roofs as roofs_mod
+from flopcount import devices
 from flopcount.devices import measured as measured_mod
-from flopcount.roofline import Roofs, attainable, bound, efficiency, intensity
+from flopcount.devices import measured as roofs_mod
+from flopcount.devices.roofline import Roofs, attainable, bound, efficiency, intensity
 
 
 def test_roofline_math_by_hand():
@@ -85,14 +86,14 @@ def test_machine_roofs_cached_per_machine(tmp_path, monkeypatch):
 
 
 def test_datasheet_roofs_and_names():
-    h100 = roofs_mod.named_roofs("h100")
+    h100 = devices.named_roofs("h100")
     assert h100.bandwidth == 3350e9 and h100.peak_flops["bfloat16"] == 989.5e12
-    assert roofs_mod.named_roofs("T4").peak_flops["float32"] == 8.1e12
-    assert roofs_mod.named_roofs("NVIDIA A100-SXM4-80GB").device == "A100 80GB SXM"
+    assert devices.named_roofs("T4").peak_flops["float32"] == 8.1e12
+    assert devices.named_roofs("NVIDIA A100-SXM4-80GB").device == "A100 80GB SXM"
     for name in ("h200", "l4"):
-        assert roofs_mod.named_roofs(name).source.startswith("datasheet")
+        assert devices.named_roofs(name).source.startswith("datasheet")
     with pytest.raises(flopcount.UsageError, match="unknown device 'tpu v9'; known parts: H100 SXM"):
-        roofs_mod.named_roofs("tpu v9")
+        devices.named_roofs("tpu v9")
 
 
 def test_predict_linear_by_hand():
@@ -135,7 +136,7 @@ def _calls(result):
 @cuda
 def test_cuda_roofs_measured_and_datasheet(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    roofs = roofs_mod.roofs_for(torch.device("cuda"))
+    roofs = devices.roofs_for(torch.device("cuda"))
     assert roofs.source == "measured"
     sheet = roofs.details.get("datasheet")
     if sheet is not None:  # a GPU in the table: measured below the datasheet peak, within reason
@@ -154,7 +155,7 @@ def test_a_new_measurement_keeps_the_best_roofs(tmp_path, monkeypatch):
 
 
 def test_a_latency_lower_bound_fails_or_stays_undecided():
-    from flopcount.budget import Budget, check_budget
+    from flopcount.budget.check import Budget, check_budget
 
     over = check_budget(Budget(max_latency_ms=10), latency_ms=12.5, latency_bound="lower")
     within = check_budget(Budget(max_latency_ms=10), latency_ms=4.0, latency_bound="lower")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from flopcount import count_flops
-from flopcount.traffic import call_traffic, element_size
+from flopcount.core.traffic import call_traffic, element_size
 from flopcount.types import OpCall, TensorMeta
 
 TRACERS = ["auto", "dispatch", "jit"]

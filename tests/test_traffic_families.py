@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flopcount import count_flops, predict
-from flopcount.traffic import call_traffic
+from flopcount.core.traffic import call_traffic
 from flopcount.types import OpCall, TensorMeta
 
 TRACERS = ["auto", "dispatch", "jit"]

@@ -3,7 +3,8 @@ times), ``StepTimer`` (training steps), the statistics behind them and the GPU p
 
 from __future__ import annotations
 
-from . import peaks
+from flopcount.devices import peaks
+
 from .latency import benchmark
 from .loop import LoopPlan, run_iterations
 from .modules import ModuleLatency, ModuleLatencyResult, module_latency

@@ -10,9 +10,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from ..errors import UsageError
-from ..inputs import PreparedCall, is_dataless
-from ..tracers._state import preserved_model_state
+from flopcount.core.inputs import PreparedCall, is_dataless
+from flopcount.errors import UsageError
+from flopcount.tracers._state import preserved_model_state
 
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -26,11 +26,7 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import FlopcountWarning, UsageError
-from ..inputs import prepare_call
-from ..state import preserved_inputs, preserved_rng
-from . import peaks
-from .device import (
+from flopcount.bench.device import (
     autocast_context,
     bind_call,
     borrowed_model,
@@ -41,9 +37,13 @@ from .device import (
     rss_bytes,
     synchronize,
 )
-from .loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
-from .result import BenchmarkResult
-from .stats import NOISE_SPREAD, compute_stats
+from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
+from flopcount.bench.result import BenchmarkResult
+from flopcount.bench.stats import NOISE_SPREAD, compute_stats
+from flopcount.core.inputs import prepare_call
+from flopcount.core.state import preserved_inputs, preserved_rng
+from flopcount.devices import peaks
+from flopcount.errors import FlopcountWarning, UsageError
 
 # modules whose forward differs between train and eval mode
 _TRAIN_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)

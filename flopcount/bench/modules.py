@@ -20,10 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import UsageError
-from ..inputs import prepare_call
-from ..state import preserved_inputs, preserved_rng
-from .device import (
+from flopcount.bench.device import (
     autocast_context,
     bind_call,
     borrowed_model,
@@ -32,8 +29,11 @@ from .device import (
     resolve_device,
     synchronize,
 )
-from .loop import Clock
-from .stats import compute_stats
+from flopcount.bench.loop import Clock
+from flopcount.bench.stats import compute_stats
+from flopcount.core.inputs import prepare_call
+from flopcount.core.state import preserved_inputs, preserved_rng
+from flopcount.errors import UsageError
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "

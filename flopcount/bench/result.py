@@ -1,6 +1,6 @@
 """What a benchmark returns: latency statistics plus what they were measured on, and the
 rates derived from them. Plain data; its text is rendered by flopcount.report.bench, reached
-through flopcount.rendering."""
+through flopcount.core.rendering."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ..rendering import render
-from .stats import NOISE_SPREAD, LatencyStats
+from flopcount.bench.stats import NOISE_SPREAD, LatencyStats
+from flopcount.core.rendering import render
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
-from ..errors import UsageError
+from flopcount.errors import UsageError
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -180,9 +180,10 @@ class StepTimer:
         self.flops_per_step: Optional[int] = None
         self.peak_flops = peak_flops
         if model is not None:
-            from ..api import count_flops
+            from flopcount.core.analysis import analyze, report_unsupported
 
-            result = count_flops(model, example_batch, backward=True, loss_fn=loss_fn, optimizer=optimizer)
+            result = analyze(model, example_batch, backward=True, loss_fn=loss_fn, optimizer=optimizer)
+            report_unsupported(result)
             self.flops_per_step = result.flops
             if peak_flops is None:
                 self.peak_flops = _gpu_peak(model)
@@ -264,7 +265,7 @@ def _gpu_peak(model: Any) -> Optional[float]:
     """The datasheet peak of the GPU the model's first parameter lives on, at its dtype."""
     import torch
 
-    from .peaks import peak_flops
+    from flopcount.devices.peaks import peak_flops
 
     for param in model.parameters():
         if param.device.type == "cuda":

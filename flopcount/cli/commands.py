@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from ..errors import UsageError
-from ..report.render import render_bench, render_check, render_count
-from .deadline import stage
-from .generating import count_generation_command
-from .output import progress, report_notes, say
-from .parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
-from .timing import benchmark_entry, check_timing_args
+from flopcount.cli.deadline import stage
+from flopcount.cli.generating import count_generation_command
+from flopcount.cli.output import progress, report_notes, say
+from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
+from flopcount.cli.timing import benchmark_entry, check_timing_args
+from flopcount.errors import UsageError
+from flopcount.report.render import render_bench, render_check, render_count
 
 
 @dataclass
@@ -69,7 +69,7 @@ def _entry_file(entry: str) -> Optional[Path]:
     """The source file of a ``path.py:attr`` or ``package.module:attr`` ENTRY, when it
     has one (after loading, so the module is already imported), or the file a saved
     artifact ENTRY reads (``model.pt2``, ``hf:./folder``'s config.json)."""
-    from .artifacts import artifact_file
+    from flopcount.cli.artifacts import artifact_file
 
     saved = artifact_file(entry)
     if saved is not None:
@@ -99,7 +99,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     _check_not_entry(args.output, "--output", args.entry)
     if args.plot:
         _check_not_entry(args.plot, "--plot", args.entry)
-        from ..report.plot import check_plot_path
+        from flopcount.report.plot import check_plot_path
 
         _check_output(args.plot, "--plot")
         check_plot_path(args.plot)
@@ -119,7 +119,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
             raise UsageError(f"--config {key} is given twice")
         config[key] = value
 
-    from .entry import load_entry
+    from flopcount.cli.entry import load_entry
 
     stage(args, f"the import and construction of the model ({args.entry}: its module, factory or config)")
     loaded = load_entry(args.entry, device=device, config=config)
@@ -153,7 +153,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
 def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
     import torch
 
-    from .specs import ScalarArg, make_tensor, token_range
+    from flopcount.cli.specs import ScalarArg, make_tensor, token_range
 
     generator = torch.Generator().manual_seed(seed)
     high = token_range(model)
@@ -190,7 +190,7 @@ def _clip(text: str, limit: int) -> str:
 
 def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str, Any]]) -> None:
     """Name a wrong number of inputs before tracing, with the forward's parameters."""
-    from ..inputs import as_call_args
+    from flopcount.core.inputs import as_call_args
 
     args, kw = as_call_args(inputs, kwargs)
     try:
@@ -213,8 +213,8 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
     """The count, with its INCOMPLETE reasons and warnings said on stderr."""
     import warnings
 
-    from ..api import count_flops
-    from ..errors import UnsupportedOpsWarning
+    from flopcount.counting.count import count_flops
+    from flopcount.errors import UnsupportedOpsWarning
 
     step = "forward + backward" + (f" + {optimizer} step" if optimizer else "") if backward or optimizer else "forward"
     stage(args, f"the {step} of {run.entry} (counting, tracer {run.tracer})")
@@ -276,12 +276,12 @@ def _silence(stream: Any) -> None:
 def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None, budget: Any = None) -> None:
     if not args.plot:
         return
-    from ..report.plot import plot_result
+    from flopcount.report.plot import plot_result
 
     title = f"{_label(args)}  inputs: {result.input_description}" if result.input_description else _label(args)
     try:
         if args.plot_kind == "sunburst":
-            from ..report.plot import plot_sunburst
+            from flopcount.report.plot import plot_sunburst
 
             plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title)
         else:
@@ -295,7 +295,7 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
 
 def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] = None) -> Any:
     """Peak memory of one step: inference, or a training step with --backward / --optimizer."""
-    from ..memory import estimate_memory
+    from flopcount.memory.estimate import estimate_memory
 
     backward = bool(args.backward or args.optimizer is not None)
     what = "a training step" + (f" with {args.optimizer}" if args.optimizer else "") if backward else "inference"
@@ -320,7 +320,7 @@ def _cast(run: _Run, dtype: Optional[str]) -> _Run:
         return run
     import torch
 
-    from ..inputs import flatten_tensors
+    from flopcount.core.inputs import flatten_tensors
 
     target = getattr(torch, dtype)
     run.model.to(target)
@@ -332,7 +332,7 @@ def _cast(run: _Run, dtype: Optional[str]) -> _Run:
 
 def _cmd_count(args: argparse.Namespace) -> int:
     if getattr(args, "tensorboard", None):
-        from ..integrations.tensorboard import summary_writer
+        from flopcount.integrations.tensorboard import summary_writer
 
         summary_writer()  # a missing package is said before counting
     run = _cast(_prepare(args), args.dtype)
@@ -355,7 +355,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
         else:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
     if args.predict:
-        from .predicting import with_prediction
+        from flopcount.cli.predicting import with_prediction
 
         text = with_prediction(text, run, args)
     _emit(text, args)
@@ -367,7 +367,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
 def _tensorboard(result: Any, args: argparse.Namespace) -> None:
     if not getattr(args, "tensorboard", None):
         return
-    from ..integrations.tensorboard import write_tensorboard
+    from flopcount.integrations.tensorboard import write_tensorboard
 
     depth = 1 if args.depth is None else args.depth
     try:
@@ -395,7 +395,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ..budget import Budget, check_result, load_budget_file
+    from flopcount.budget.check import Budget, check_result, load_budget_file
 
     if args.max_latency is not None and args.max_latency_ms is not None:
         raise UsageError("--max-latency and --max-latency-ms both set the latency budget: give one")
@@ -427,7 +427,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     latency = None
     basis = ""
     if budget.needs_latency and args.on is not None:
-        from .predicting import predicted_latency_ms
+        from flopcount.cli.predicting import predicted_latency_ms
 
         latency, basis = predicted_latency_ms(run, args)
     elif budget.needs_latency:
@@ -447,7 +447,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
     memory_note = None
     if planned is not None:
-        from ..units import format_bytes
+        from flopcount.units import format_bytes
 
         memory_note = (
             f"memory: peak {format_bytes(planned)} of rank 0 in a training step (forward + backward + {args.optimizer or 'adamw'}) "
@@ -488,8 +488,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
     """``check`` without ENTRY: ``entry`` (and ``input``, unless --input is given) of
     [tool.flopcount], so a pre-commit hook or CI step needs no arguments."""
-    from ..budget import flopcount_table
-    from .specs import parse_spec
+    from flopcount.budget.check import flopcount_table
+    from flopcount.cli.specs import parse_spec
 
     table = {str(k).replace("_", "-"): v for k, v in (flopcount_table(Path(config_file)) or {}).items()}
     entry = table.get("entry")
@@ -513,8 +513,8 @@ def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
 def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple[str, Dict[str, Any], Any]]:
     """The baseline report's path, the growth allowances (flag, else [tool.flopcount], else
     no growth of params, FLOPs and MACs) and the report read back; None without a baseline."""
-    from ..diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
-    from .diffing import baseline_report
+    from flopcount.cli.diffing import baseline_report
+    from flopcount.diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
 
     settings = load_growth_file(config_file)
     baseline = args.baseline or (str(settings.baseline) if settings.baseline is not None else None)
@@ -531,7 +531,7 @@ def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple
 
 def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], args: argparse.Namespace) -> Any:
     """The current count against the baseline report, within the allowances."""
-    from ..diffs import check_growth, diff
+    from flopcount.diffs import check_growth, diff
 
     path, allowances, baseline = gate
     if baseline.by_phase() and list(baseline.by_phase()) != list(result.by_phase()):
@@ -546,14 +546,14 @@ def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], a
 
 def _planned_peak(args: argparse.Namespace) -> int:
     """Rank 0's peak of a training step sharded over --fsdp x --tp (flopcount plan)."""
-    from .plan import run_plan
+    from flopcount.cli.plan import run_plan
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
     return int(run_plan(args, device=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import parse_link, render, run_plan
+    from flopcount.cli.plan import parse_link, render, run_plan
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
     _check_output(args.output, "--output")
@@ -563,7 +563,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from .predicting import run_profile
+    from flopcount.cli.predicting import run_profile
 
     _check_output(args.trace, "--trace")
     if args.eval_mode and not args.backward:
@@ -579,7 +579,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from .diffing import run_diff
+    from flopcount.cli.diffing import run_diff
 
     _check_output(args.output, "--output")
     return run_diff(args, _count_side, _emit)
@@ -600,9 +600,9 @@ def _count_side(args: argparse.Namespace, name: str) -> Any:
 
 
 def _cmd_roofs(args: argparse.Namespace) -> int:
-    from ..devices import is_this_machine, named_roofs
-    from ..devices.measured import machine_roofs
-    from ..rendering import render
+    from flopcount.core.rendering import render
+    from flopcount.devices import is_this_machine, named_roofs
+    from flopcount.devices.measured import machine_roofs
 
     _check_output(args.output, "--output")
     if is_this_machine(args.part):

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..errors import UsageError
-from .parser import EXIT_OK
+from flopcount.cli.parser import EXIT_OK
+from flopcount.errors import UsageError
 
 #: the options that shape an ENTRY side's count (meaningless for a saved report)
 _SHARED = (("inputs", "--input"), ("kwargs", "--kwarg"), ("config", "--config"))
@@ -57,7 +57,7 @@ CountEntry = Callable[[argparse.Namespace, str], Any]
 def count_side(args: argparse.Namespace, side: str, text: str, count_entry: CountEntry) -> Any:
     """One side of a diff as a FlopResult: a saved report read back, or an ENTRY counted
     (with its peak memory under ``--memory``), labelled as ``count`` labels it."""
-    from ..results import load_report
+    from flopcount.core.results import load_report
 
     name = side.upper()
     if is_report(text):
@@ -69,7 +69,7 @@ def count_side(args: argparse.Namespace, side: str, text: str, count_entry: Coun
 
 
 def run_diff(args: argparse.Namespace, count_entry: CountEntry, emit: Callable[[str, argparse.Namespace], None]) -> int:
-    from ..diffs import diff
+    from flopcount.diffs import diff
 
     reports = [is_report(text) for text in (args.a, args.b)]
     if all(reports):
@@ -110,7 +110,7 @@ def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[in
 
 def baseline_report(path: str) -> Any:
     """The saved report ``check --baseline`` compares with."""
-    from ..results import load_report
+    from flopcount.core.results import load_report
 
     if not Path(path).is_file():
         raise UsageError(f"--baseline {path}: no such file (write it with: flopcount count ENTRY --format json --output {path})")

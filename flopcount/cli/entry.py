@@ -35,9 +35,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
-from ..errors import UsageError
-from .deadline import CommandTimeout
-from .specs import InputSpec
+from flopcount.cli.deadline import CommandTimeout
+from flopcount.cli.specs import InputSpec
+from flopcount.errors import UsageError
 
 ENTRY_HELP = (
     "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE, hf:./folder, tv:NAME, example:NAME, "
@@ -99,7 +99,7 @@ def load_entry(
                     loaded = _load_example(entry, text[len(prefix):].strip(), overrides, device)
                     break
             else:
-                from .artifacts import looks_like_artifact
+                from flopcount.cli.artifacts import looks_like_artifact
 
                 if looks_like_artifact(text):
                     loaded = _load_artifact(entry, text, overrides, device, graph_device)
@@ -262,7 +262,7 @@ def _describe_short(exc: BaseException) -> str:
 def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
     if inputs is None and kwargs is None:
         return inputs, kwargs
-    from ..inputs import flatten_tensors
+    from flopcount.core.inputs import flatten_tensors
 
     tensors, rebuild = flatten_tensors((inputs, kwargs))
     if all(t.device.type == torch.device(device).type for t in tensors):
@@ -276,7 +276,7 @@ def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tu
 
 
 def _load_artifact(entry: str, text: str, overrides: Dict[str, Any], device: str, graph_device: Optional[str]) -> LoadedEntry:
-    from .artifacts import load_artifact
+    from flopcount.cli.artifacts import load_artifact
 
     if overrides:
         raise UsageError(f"--config needs a factory or an hf: config, but {entry} is a saved model file")
@@ -299,7 +299,7 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    from .artifacts import is_local_hf, local_hf_config
+    from flopcount.cli.artifacts import is_local_hf, local_hf_config
 
     if is_local_hf(model_type):
         config, architecture = local_hf_config(entry, model_type, overrides)
@@ -423,8 +423,8 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
 
 
 def _load_example(entry: str, name: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
-    from ..examples import CATALOG
-    from .specs import parse_spec
+    from flopcount.cli.specs import parse_spec
+    from flopcount.examples import CATALOG
 
     if name not in CATALOG:
         with _on_sys_path(os.getcwd()):

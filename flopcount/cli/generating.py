@@ -7,10 +7,10 @@ import argparse
 import contextlib
 from typing import Any, Callable, Iterator
 
-from ..errors import UsageError
-from .deadline import stage
-from .output import progress
-from .parser import EXIT_OK
+from flopcount.cli.deadline import stage
+from flopcount.cli.output import progress
+from flopcount.cli.parser import EXIT_OK
+from flopcount.errors import UsageError
 
 __all__ = ["count_generation_command"]
 
@@ -19,8 +19,8 @@ def count_generation_command(run: Any, args: argparse.Namespace, emit: Callable[
     """``count --generate N``: prefill plus N-1 decode steps, rendered once."""
     import torch
 
-    from ..generation import count_generation
-    from ..report.render import render_generation
+    from flopcount.generation.count import count_generation
+    from flopcount.report.render import render_generation
 
     if args.backward or args.plot or args.optimizer:
         raise UsageError("--generate counts inference only: drop --backward, --optimizer and --plot")

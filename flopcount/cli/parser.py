@@ -7,9 +7,9 @@ import argparse
 import re
 from typing import Any, List, NoReturn, Set
 
-from ..budget import parse_bytes, parse_quantity
-from ..errors import UsageError
-from ..types import OPTIMIZERS, TRACERS
+from flopcount.budget.check import parse_bytes, parse_quantity
+from flopcount.errors import UsageError
+from flopcount.types import OPTIMIZERS, TRACERS
 
 FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -210,7 +210,7 @@ def _lazy_spec(name: str) -> Any:
     """A SPEC parser from flopcount.cli.specs, imported (with torch) only when a value is parsed."""
 
     def parse(text: str) -> Any:
-        from . import specs
+        from flopcount.cli import specs
 
         return getattr(specs, name)(text)
 
@@ -223,7 +223,7 @@ DEFAULT_GROWTH_TEXT = "params=0,flops=0,macs=0"
 
 
 def _growth(text: str) -> Any:
-    from ..diffs.gate import parse_growth
+    from flopcount.diffs.gate import parse_growth
 
     return parse_growth(text, "--max-growth")
 
@@ -338,7 +338,7 @@ def _wrap(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flopcount`` argument parser (count, bench, check, diff, profile, plan)."""
-    from .. import __version__
+    from flopcount import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = _Parser(

@@ -8,9 +8,9 @@ import dataclasses
 import json
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from ..errors import UsageError
-from .deadline import stage
-from .output import progress
+from flopcount.cli.deadline import stage
+from flopcount.cli.output import progress
+from flopcount.errors import UsageError
 
 
 def _config(args: argparse.Namespace) -> Dict[str, Any]:
@@ -23,8 +23,8 @@ def _config(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any]:
-    from .entry import load_entry
-    from .specs import parse_dtype
+    from flopcount.cli.entry import load_entry
+    from flopcount.cli.specs import parse_dtype
 
     config = _config(args)
     cast = parse_dtype(dtype, "--dtype") if dtype else None
@@ -40,9 +40,9 @@ def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any
 def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]], str]:
     """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads), and
     where it came from when no --input/--kwarg gave it ("" when they did)."""
-    from .artifacts import looks_like_artifact
-    from .entry import load_entry
-    from .specs import ScalarArg, make_tensor
+    from flopcount.cli.artifacts import looks_like_artifact
+    from flopcount.cli.entry import load_entry
+    from flopcount.cli.specs import ScalarArg, make_tensor
 
     kw_specs = dict(args.kwargs)
     if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
@@ -68,8 +68,8 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
 
 
 def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
-    from ..plan_result import link_bandwidth
-    from ..planner import gpu_key, plan
+    from flopcount.planning.plan import gpu_key, plan
+    from flopcount.planning.result import link_bandwidth
 
     gpu_key(device)  # bad --device or --link: one line before any work
     for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):

@@ -7,14 +7,14 @@ import argparse
 import json
 from typing import Any, Callable, Tuple
 
-from ..errors import UsageError
-from .deadline import stage
-from .output import progress
-from .parser import EXIT_OK
+from flopcount.cli.deadline import stage
+from flopcount.cli.output import progress
+from flopcount.cli.parser import EXIT_OK
+from flopcount.errors import UsageError
 
 
 def _predict(run: Any, args: argparse.Namespace, device: str) -> Any:
-    from ..profiling.predict import predict
+    from flopcount.profiling.predict import predict
 
     dtype = getattr(args, "dtype", None)
     progress(args, f"bounding the latency of {run.entry} on {device} (roofline, fake tensors) ...")
@@ -29,8 +29,8 @@ def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str
     """The roofline lower bound on ``--on DEVICE`` in ms, and which bound it is (said on
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
     an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
-    from ..devices import default_bound
-    from ..report.profile import format_seconds
+    from flopcount.devices import default_bound
+    from flopcount.report.profile import format_seconds
 
     result = _predict(run, args, args.on)
     kind = getattr(args, "bound", None) or default_bound(result.roofs)
@@ -43,7 +43,7 @@ def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str
 
 def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
     """The count's report with the lower bound on ``--predict DEVICE`` added."""
-    from ..report.profile import predict_table
+    from flopcount.report.profile import predict_table
 
     result = _predict(run, args, args.predict)
     if args.format == "json":
@@ -59,8 +59,8 @@ def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
 def _roofs(text: Any) -> Any:
     if text is None:
         return None
-    from ..budget import parse_quantity
-    from ..devices.roofline import Roofs
+    from flopcount.budget.check import parse_quantity
+    from flopcount.devices.roofline import Roofs
 
     parts = [p.strip() for p in str(text).split(",")]
     if len(parts) != 2:
@@ -74,8 +74,8 @@ def run_profile(
 ) -> int:
     """``flopcount profile``: check the flags, load the model (``prepare``), profile,
     render once, write the trace and the plot."""
-    from ..profiling.run import profile
-    from ..report.profile import profile_csv, profile_html, profile_table
+    from flopcount.profiling.run import profile
+    from flopcount.report.profile import profile_csv, profile_html, profile_table
 
     if args.device == "meta":
         raise UsageError("profile runs the model for real: use --device cpu or cuda, not meta")
@@ -87,7 +87,7 @@ def run_profile(
         raise UsageError("--depth applies to --by module")
     roofs = _roofs(args.roofs)
     if args.tensorboard:
-        from ..integrations.tensorboard import summary_writer
+        from flopcount.integrations.tensorboard import summary_writer
 
         summary_writer()  # a missing package is said before the model is built
     run = prepare()
@@ -113,7 +113,7 @@ def run_profile(
         result.plot_roofline(args.plot, label_top=6 if args.plot_top is None else args.plot_top)
         progress(args, f"wrote {args.plot}")
     if args.tensorboard:
-        from ..integrations.tensorboard import write_profile_tensorboard
+        from flopcount.integrations.tensorboard import write_profile_tensorboard
 
         table = profile_table(result, by="operator", limit=args.top, fmt="github")
         try:

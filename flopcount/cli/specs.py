@@ -1,6 +1,6 @@
 """Text the CLI accepts, parsed into plain data: input SPECs (``1x3x224x224:float16``)
 and ``key=value`` options; plus making example tensors from SPECs (token ids within the
-embedding's range). Quantities (``25M``) are parsed by :func:`flopcount.budget.parse_quantity`."""
+embedding's range). Quantities (``25M``) are parsed by :func:`flopcount.budget.check.parse_quantity`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import UsageError
+from flopcount.errors import UsageError
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "f32": torch.float32,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-from ..errors import UsageError
-from ..results import FlopResult, load_report
-from .result import METRICS, Change, DiffResult, Number, Status
+from flopcount.core.results import FlopResult, load_report
+from flopcount.diffs.result import METRICS, Change, DiffResult, Number, Status
+from flopcount.errors import UsageError
 
 #: what :func:`diff` accepts for each side
 Side = Union[FlopResult, str, "os.PathLike[str]", Mapping[str, Any]]
@@ -87,7 +87,7 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
     """What changes from A to B, per module (matched by path and type: added, removed,
     changed), per operator (by name) and in total: params, MACs, FLOPs, bytes moved, and
     peak memory and latency when both reports hold them. ``a`` and ``b``: a
-    :class:`~flopcount.results.FlopResult`, a JSON report's path (``count --format json
+    :class:`~flopcount.core.results.FlopResult`, a JSON report's path (``count --format json
     --output``) or its dict. Delta = B - A; relative = (B - A) / A."""
     result_a, label_a = as_result(a, "A")
     result_b, label_b = as_result(b, "B")

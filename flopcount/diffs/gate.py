@@ -15,10 +15,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ..errors import UsageError
-from ..rendering import render
-from ..types import Status
-from .result import Change, DiffResult, Number
+from flopcount.core.rendering import render
+from flopcount.diffs.result import Change, DiffResult, Number
+from flopcount.errors import UsageError
+from flopcount.types import Status
 
 #: allowance name -> the diff metric it limits
 GROWTH_METRICS: Dict[str, str] = {"params": "params", "flops": "flops", "macs": "macs", "bytes": "bytes", "memory": "peak_memory"}
@@ -54,7 +54,7 @@ def _number(value: Fraction) -> str:
 
 def parse_allowance(metric: str, text: Union[str, int, float], source: str) -> Allowance:
     """``("flops", "2%")``, ``("params", 0)``, ``("params", "1M")``, ``("memory", "512MiB")``."""
-    from ..budget import parse_bytes, parse_quantity
+    from flopcount.budget.check import parse_bytes, parse_quantity
 
     name = metric.strip().lower()
     if name not in GROWTH_METRICS:
@@ -122,7 +122,7 @@ class GrowthSettings:
 def load_growth_file(path: Union[str, Path]) -> GrowthSettings:
     """``max-growth`` and ``baseline`` of ``[tool.flopcount]`` in ``path`` (nothing when the
     file or the keys are missing)."""
-    from ..budget import flopcount_table
+    from flopcount.budget.check import flopcount_table
 
     path = Path(path)
     found = flopcount_table(path)
@@ -251,7 +251,7 @@ def _times(repeats: int) -> str:
 
 
 def _plain(value: Optional[Number]) -> str:
-    from ..units import format_count
+    from flopcount.units import format_count
 
     return format_count(value)
 

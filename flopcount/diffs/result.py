@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
-from ..rendering import render
+from flopcount.core.rendering import render
 
 Number = Union[int, float]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional, Union
 
-from ..registry import HandlerRegistry
+from flopcount.core.registry import HandlerRegistry
+
 from ..types import Handler
 from . import (
     attention,

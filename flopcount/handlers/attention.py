@@ -15,13 +15,13 @@ from __future__ import annotations
 from math import prod
 from typing import Callable, List, Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from ._common import broadcast, maybe_tensor
-from .matmul import linear_macs
-from .norm import normalize_flops
-from .pointwise import DROPOUT, GELU, elementwise_flops
-from .reduce import mean_flops, softmax_flops
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import broadcast, maybe_tensor
+from flopcount.handlers.matmul import linear_macs
+from flopcount.handlers.norm import normalize_flops
+from flopcount.handlers.pointwise import DROPOUT, GELU, elementwise_flops
+from flopcount.handlers.reduce import mean_flops, softmax_flops
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = ["MHA_OP", "register", "sdpa_macs", "sdpa_backward_macs", "mha_parts"]
 

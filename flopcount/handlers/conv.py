@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from math import prod
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall
-from ._common import Shape, first_output, grads_present, ints, maybe_tensor
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import Shape, first_output, grads_present, ints, maybe_tensor
+from flopcount.types import Cost, OpCall
 
 __all__ = ["register", "conv_macs"]
 

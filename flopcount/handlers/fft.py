@@ -15,9 +15,9 @@ import math
 from math import prod
 from typing import Any, Optional, Sequence, Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from ._common import first_output, is_complex
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import first_output, is_complex
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = ["C2C", "REAL", "fft_flops", "register"]
 

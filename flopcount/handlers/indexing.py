@@ -4,9 +4,9 @@ gathers and scatters without a reduction are copies (see zero_cost.py)."""
 
 from __future__ import annotations
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall
-from ._common import first_output, maybe_tensor
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import first_output, maybe_tensor
+from flopcount.types import Cost, OpCall
 
 __all__ = ["register"]
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from math import prod
 from typing import Callable, Optional, Sequence, Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from ._common import broadcast, first_output, is_complex, maybe_tensor
-from .reduce import _norm
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import broadcast, first_output, is_complex, maybe_tensor
+from flopcount.handlers.reduce import _norm
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = ["cholesky_flops", "lu_flops", "pairwise_distance_cost", "qr_flops", "register", "solve_flops", "svd_flops"]
 

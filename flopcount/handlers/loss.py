@@ -11,11 +11,11 @@ from __future__ import annotations
 from math import prod
 from typing import Any
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from ._common import broadcast, maybe_tensor
-from .linalg import pairwise_distance_cost
-from .reduce import log_softmax_flops, mean_flops, reduce_flops
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import broadcast, maybe_tensor
+from flopcount.handlers.linalg import pairwise_distance_cost
+from flopcount.handlers.reduce import log_softmax_flops, mean_flops, reduce_flops
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = ["register", "nll_flops"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from math import prod
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, Handler, OpCall, TensorMeta
-from ._common import Shape, broadcast, complex_contraction, matmul_macs, maybe_tensor
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import Shape, broadcast, complex_contraction, matmul_macs, maybe_tensor
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "einsum_cost", "linear_macs", "sparse_product"]
 

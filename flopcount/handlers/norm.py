@@ -18,11 +18,11 @@ from __future__ import annotations
 from math import prod
 from typing import Optional, Sequence
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from ._common import grads_present, maybe_tensor
-from .pointwise import elementwise_flops
-from .reduce import mean_flops, var_flops
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import grads_present, maybe_tensor
+from flopcount.handlers.pointwise import elementwise_flops
+from flopcount.handlers.reduce import mean_flops, var_flops
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = ["register", "normalize_flops", "rms_norm_flops"]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, Handler, OpCall, TensorMeta
-from .pointwise import PER_ELEMENT, complex_flops
-from .reduce import norm_flops
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers.pointwise import PER_ELEMENT, complex_flops
+from flopcount.handlers.reduce import norm_flops
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "ADAM", "SGD_UPDATE", "ADAGRAD"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from math import prod
 from typing import Dict, Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, Handler, OpCall, TensorMeta
-from ._common import any_complex, output_numel
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import any_complex, output_numel
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
 

@@ -15,9 +15,9 @@ import re
 from math import prod
 from typing import Sequence
 
-from ..registry import HandlerRegistry
-from ..types import Cost, Handler, OpCall, TensorMeta
-from ._common import first_output, ints, maybe_tensor, output_numel
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import first_output, ints, maybe_tensor, output_numel
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "adaptive_window_total", "INTERPOLATION"]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from math import prod
 from typing import Optional
 
-from ..registry import HandlerRegistry
-from ..types import Cost, Handler, OpCall, TensorMeta
-from ._common import first_output
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import first_output
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["DEQUANTIZE", "QUANTIZE", "register"]
 

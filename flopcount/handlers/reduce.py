@@ -12,10 +12,10 @@ import math
 from math import prod
 from typing import Any, Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from ._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor
-from .pointwise import per_element
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor
+from flopcount.handlers.pointwise import per_element
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = [
     "register",

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from .pointwise import DROPOUT, elementwise_flops
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers.pointwise import DROPOUT, elementwise_flops
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = ["register", "GATE_FLOPS"]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from math import prod
 from typing import Optional, Sequence
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall, TensorMeta
-from ._common import first_output, grads_present, maybe_tensor
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers._common import first_output, grads_present, maybe_tensor
+from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = ["GRID_SAMPLER", "aa_window_total", "register"]
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from math import ceil, log2
 from typing import Tuple
 
-from ..registry import HandlerRegistry
-from ..types import Cost, OpCall
-from .pool import adaptive_window_total
+from flopcount.core.registry import HandlerRegistry
+from flopcount.handlers.pool import adaptive_window_total
+from flopcount.types import Cost, OpCall
 
 __all__ = ["register"]
 

@@ -8,7 +8,7 @@ so an unknown op is reported rather than silently counted as zero.
 
 from __future__ import annotations
 
-from ..registry import HandlerRegistry
+from flopcount.core.registry import HandlerRegistry
 
 __all__ = ["register", "ZERO_OPS"]
 

@@ -22,9 +22,9 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
-from ..analysis import uncompiled
-from ..api import count_flops
-from ..errors import FlopcountWarning
+from flopcount.core.analysis import uncompiled
+from flopcount.counting.count import count_flops
+from flopcount.errors import FlopcountWarning
 
 Signature = Tuple[Hashable, ...]
 LossFn = Callable[[Any], Any]

@@ -37,10 +37,18 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from ..analysis import uncompiled
-from ..errors import FlopcountWarning
-from ._counting import PassCost, Signature, StepCounter, batch_signature
-from ._rates import PREFIX, Window, model_device, model_dtype, model_flops, resolve_peak, window_metrics
+from flopcount.core.analysis import uncompiled
+from flopcount.errors import FlopcountWarning
+from flopcount.integrations._counting import PassCost, Signature, StepCounter, batch_signature
+from flopcount.integrations._rates import (
+    PREFIX,
+    Window,
+    model_device,
+    model_dtype,
+    model_flops,
+    resolve_peak,
+    window_metrics,
+)
 
 __all__ = ["FlopcountCallback", "hf_loss"]
 

@@ -1,7 +1,7 @@
 """Bytes and dtype of an op call, for the memory and compute roofs.
 
 Bytes come from the cost vector (``Cost.bytes_read + Cost.bytes_written``,
-:mod:`flopcount.traffic`: inputs read + outputs written, views 0); :func:`bytes_as`
+:mod:`flopcount.core.traffic`: inputs read + outputs written, views 0); :func:`bytes_as`
 prices the same call as if its floating tensors had another dtype (``predict(dtype=)``).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..analysis import is_view_op
-from ..traffic import call_traffic
-from ..types import Cost, OpCall, TensorMeta
+from flopcount.core.analysis import is_view_op
+from flopcount.core.traffic import call_traffic
+from flopcount.types import Cost, OpCall, TensorMeta
 
 
 def _floating(dtype: Optional[str]) -> bool:

@@ -20,15 +20,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
-from ..analysis import cost_events, uncompiled
-from ..devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
-from ..devices.roofline import Bound, bound, intensity
-from ..errors import UsageError
-from ..handlers import default_registry
-from ..registry import HandlerRegistry
-from ..rendering import render
-from ..tracers import trace
-from ._bytes import bytes_as, call_dtype
+from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.registry import HandlerRegistry
+from flopcount.core.rendering import render
+from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
+from flopcount.devices.roofline import Bound, bound, intensity
+from flopcount.errors import UsageError
+from flopcount.handlers import default_registry
+from flopcount.profiling._bytes import bytes_as, call_dtype
+from flopcount.tracers import trace
 
 
 @dataclass(frozen=True)
@@ -229,8 +229,8 @@ _LOOKUPS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embeddin
 def _written_as(call: Any, as_dtype: Optional[str]) -> int:
     """Bytes of a lookup's first output (the gathered rows; an embedding bag's reduced rows,
     fewer than it read), priced at ``as_dtype`` for a floating output."""
-    from ..traffic import element_size
-    from ..types import TensorMeta
+    from flopcount.core.traffic import element_size
+    from flopcount.types import TensorMeta
 
     first = call.outputs[0] if call.outputs else None
     if not isinstance(first, TensorMeta):
@@ -274,7 +274,7 @@ def _unavoidable_bytes(
     bound)."""
     import torch
 
-    from ..inputs import prepare_call
+    from flopcount.core.inputs import prepare_call
 
     def size(t: torch.Tensor) -> int:
         if as_dtype is not None and t.is_floating_point():

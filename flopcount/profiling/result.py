@@ -7,8 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
-from ..devices.roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
-from ..rendering import render
+from flopcount.core.rendering import render
+from flopcount.devices.roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
 
 Category = Literal["flops", "data movement", "other"]
 
@@ -242,7 +242,7 @@ class ProfileResult:
         return json.dumps(self.to_dict(), indent=indent)
 
     # Renderers live in flopcount.report (profile, chrome_trace, roofline_plot), reached
-    # through flopcount.rendering so this module stays data.
+    # through flopcount.core.rendering so this module stays data.
     def table(self, by: str = "operator", limit: Optional[int] = 25) -> str:
         return render(self, "table", by=by, limit=limit)
 

@@ -14,20 +14,20 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
-from ..analysis import cost_events, uncompiled
-from ..bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
-from ..devices import roofs_for
-from ..devices.measured import raise_to_achieved
-from ..devices.roofline import Roofs
-from ..errors import UsageError
-from ..handlers import default_registry
-from ..inputs import PreparedCall, output_tensors, prepare_call
-from ..registry import HandlerRegistry
-from ..state import preserved_inputs, preserved_rng
-from ..tracers import dispatch, shared_tensor_copy
-from ..tracers._fake import has_lazy_parameters
-from . import _book, _tree
-from .result import ProfileResult
+from flopcount.bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
+from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.inputs import PreparedCall, output_tensors, prepare_call
+from flopcount.core.registry import HandlerRegistry
+from flopcount.core.state import preserved_inputs, preserved_rng
+from flopcount.devices import roofs_for
+from flopcount.devices.measured import raise_to_achieved
+from flopcount.devices.roofline import Roofs
+from flopcount.errors import UsageError
+from flopcount.handlers import default_registry
+from flopcount.profiling import _book, _tree
+from flopcount.profiling.result import ProfileResult
+from flopcount.tracers import dispatch, shared_tensor_copy
+from flopcount.tracers.fake.copies import has_lazy_parameters
 
 __all__ = ["profile"]
 

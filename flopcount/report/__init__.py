@@ -1,6 +1,6 @@
 """Reports: strings made from results. Nothing here traces, counts or prints.
 
-Importing this package registers every renderer with :mod:`flopcount.rendering`, which is how
+Importing this package registers every renderer with :mod:`flopcount.core.rendering`, which is how
 a reading's ``table()`` / ``to_dict()`` / ``__str__`` reach them without importing them."""
 
 from . import (

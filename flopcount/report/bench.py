@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Tuple
 
-from ..rendering import renders
-from ..units import format_bytes, format_count, format_ms, with_unit
+from flopcount.core.rendering import renders
+from flopcount.units import format_bytes, format_count, format_ms, with_unit
 
 if TYPE_CHECKING:
-    from ..bench.result import BenchmarkResult
+    from flopcount.bench.result import BenchmarkResult
 
 
 @renders("BenchmarkResult", "text")

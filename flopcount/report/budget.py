@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from ..rendering import renders
-from ..units import escape_markdown, show_value
+from flopcount.core.rendering import renders
+from flopcount.units import escape_markdown, show_value
 
 if TYPE_CHECKING:
-    from ..budget import BudgetReport
+    from flopcount.budget.check import BudgetReport
 
 
 _BOUND_MARK = {"exact": "", "lower": ">= ", "estimate": "~ "}

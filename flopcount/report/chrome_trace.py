@@ -6,10 +6,10 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any, Dict, Mapping
 
-from ..rendering import renders
+from flopcount.core.rendering import renders
 
 if TYPE_CHECKING:
-    from ..profiling.result import ProfileResult
+    from flopcount.profiling.result import ProfileResult
 
 
 def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[str, Any]]) -> Dict[str, Any]:

@@ -8,8 +8,8 @@ from typing import Any, List
 
 from tabulate import tabulate
 
-from ..rendering import renders
-from ..units import format_bytes
+from flopcount.core.rendering import renders
+from flopcount.units import format_bytes
 
 
 def _rate(value: float, unit: str) -> str:

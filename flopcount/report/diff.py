@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from tabulate import tabulate
 
-from ..rendering import renders
-from ..types import CONVENTION, REPORT_SCHEMA_VERSION
-from ..units import escape_markdown, format_bytes, format_count
+from flopcount.core.rendering import renders
+from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
+from flopcount.units import escape_markdown, format_bytes, format_count
 
 if TYPE_CHECKING:
-    from ..diffs.gate import GrowthReport
-    from ..diffs.result import Change, DiffResult
+    from flopcount.diffs.gate import GrowthReport
+    from flopcount.diffs.result import Change, DiffResult
 
 _NAMES = {"params": "Params", "count": "Calls", "macs": "MACs", "flops": "FLOPs", "bytes": "Bytes", "peak_memory": "Peak memory",
           "latency": "Latency"}

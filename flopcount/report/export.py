@@ -6,11 +6,11 @@ import csv
 import io
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from ..rendering import renders
-from ..types import CONVENTION, REPORT_SCHEMA_VERSION
+from flopcount.core.rendering import renders
+from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
 
 if TYPE_CHECKING:
-    from ..results import FlopResult
+    from flopcount.core.results import FlopResult
 
 SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 from tabulate import tabulate
 
-from ..rendering import renders
-from ..types import CONVENTION
-from ..units import format_bytes, format_count, with_unit
+from flopcount.core.rendering import renders
+from flopcount.types import CONVENTION
+from flopcount.units import format_bytes, format_count, with_unit
 
 if TYPE_CHECKING:
-    from ..generation import GenerationResult
+    from flopcount.generation.count import GenerationResult
 
 
 def _rows(result: GenerationResult) -> List[List[str]]:

@@ -10,14 +10,14 @@ import base64
 import html
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from ..errors import UsageError
-from ..types import CONVENTION
-from ..units import format_count, with_unit
-from .table import operator_table
+from flopcount.errors import UsageError
+from flopcount.report.table import operator_table
+from flopcount.types import CONVENTION
+from flopcount.units import format_count, with_unit
 
 if TYPE_CHECKING:
-    from ..budget import BudgetReport
-    from ..results import FlopResult
+    from flopcount.budget.check import BudgetReport
+    from flopcount.core.results import FlopResult
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -76,7 +76,7 @@ def html_report(
 
 def _plot(result: FlopResult, entry: str, depth: Optional[int], top: int,
           budget: Optional[BudgetReport], latencies_ms: Optional[Sequence[float]]) -> str:
-    from .plot import png_bytes
+    from flopcount.report.plot import png_bytes
 
     try:
         data = png_bytes(result, top=top, depth=depth, title=entry, latencies_ms=latencies_ms, budget=budget)

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from tabulate import tabulate
 
-from ..rendering import renders
-from ..units import format_bytes, format_count, format_share
+from flopcount.core.rendering import renders
+from flopcount.units import format_bytes, format_count, format_share
 
 if TYPE_CHECKING:
-    from ..memory import MemoryEstimate
+    from flopcount.memory.estimate import MemoryEstimate
 
 SCHEMA_VERSION = 1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, Tuple
 
 if TYPE_CHECKING:
-    from ..results import FlopResult
+    from flopcount.core.results import FlopResult
 
 
 def incomplete_lines(result: FlopResult) -> Tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Text and markdown for a :class:`flopcount.plan_result.PlanResult` (pure functions)."""
+"""Text and markdown for a :class:`flopcount.planning.result.PlanResult` (pure functions)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from tabulate import tabulate
 
-from ..rendering import renders
-from ..units import format_bytes, format_count
+from flopcount.core.rendering import renders
+from flopcount.units import format_bytes, format_count
 
 if TYPE_CHECKING:
-    from ..plan_result import PlanResult
+    from flopcount.planning.result import PlanResult
 
 
 def _seconds(value: Optional[float]) -> str:

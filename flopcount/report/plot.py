@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
-from ..errors import UsageError
-from ..units import format_count, format_ms, format_share, show_value, with_unit
+from flopcount.errors import UsageError
+from flopcount.units import format_count, format_ms, format_share, show_value, with_unit
 
 if TYPE_CHECKING:
-    from ..budget import BudgetReport
-    from ..results import FlopResult
+    from flopcount.budget.check import BudgetReport
+    from flopcount.core.results import FlopResult
 
 #: budgets whose actual value is a count that an incomplete trace can make too small
 _COUNTED = ("flops", "macs")

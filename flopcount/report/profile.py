@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from tabulate import tabulate
 
-from ..devices.roofline import PROFILE_CONVENTION
-from ..rendering import renders
-from ..units import escape_markdown, format_bytes, format_count
+from flopcount.core.rendering import renders
+from flopcount.devices.roofline import PROFILE_CONVENTION
+from flopcount.units import escape_markdown, format_bytes, format_count
 
 if TYPE_CHECKING:
-    from ..profiling.predict import PredictResult
-    from ..profiling.result import ProfileResult, ProfileRow
+    from flopcount.profiling.predict import PredictResult
+    from flopcount.profiling.result import ProfileResult, ProfileRow
 
 BY = ("operator", "module", "op")
 
@@ -280,7 +280,7 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
              *unmatched_lines(result)]
     figure = ""
     try:
-        from .roofline_plot import roofline_svg
+        from flopcount.report.roofline_plot import roofline_svg
 
         figure = roofline_svg(result)
     except ImportError:

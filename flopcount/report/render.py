@@ -7,20 +7,20 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from tabulate import tabulate
 
-from ..units import escape_markdown
-from .bench import bench_rows, bench_unit
-from .html import html_report
-from .memory import peak_summary
-from .notes import note_lines
-from .table import operator_table
+from flopcount.report.bench import bench_rows, bench_unit
+from flopcount.report.html import html_report
+from flopcount.report.memory import peak_summary
+from flopcount.report.notes import note_lines
+from flopcount.report.table import operator_table
+from flopcount.units import escape_markdown
 
 if TYPE_CHECKING:
-    from ..bench.result import BenchmarkResult
-    from ..budget import BudgetReport
-    from ..diffs.gate import GrowthReport
-    from ..generation import GenerationResult
-    from ..memory import MemoryEstimate
-    from ..results import FlopResult
+    from flopcount.bench.result import BenchmarkResult
+    from flopcount.budget.check import BudgetReport
+    from flopcount.core.results import FlopResult
+    from flopcount.diffs.gate import GrowthReport
+    from flopcount.generation.count import GenerationResult
+    from flopcount.memory.estimate import MemoryEstimate
 
 
 def _json(data: Dict[str, Any]) -> str:
@@ -159,7 +159,7 @@ def render_check(
 
 def render_generation(result: GenerationResult, fmt: str, *, entry: str) -> str:
     """What ``flopcount count --generate N`` prints: prefill, decode and totals."""
-    from .generation import generation_table
+    from flopcount.report.generation import generation_table
 
     if fmt == "json":
         data: Dict[str, Any] = {"entry": entry}

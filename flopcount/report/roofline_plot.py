@@ -10,12 +10,12 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Union
 
-from ..rendering import renders
-from ..units import format_count
-from .plot import require_matplotlib
+from flopcount.core.rendering import renders
+from flopcount.report.plot import require_matplotlib
+from flopcount.units import format_count
 
 if TYPE_CHECKING:
-    from ..profiling.result import ProfileResult, ProfileRow
+    from flopcount.profiling.result import ProfileResult, ProfileRow
 
 #: Roof lines are drawn in greys (one line style per dtype), points in colours no roof uses,
 #: so a point is never read as a roof or the other way round.

@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 from tabulate import tabulate
 
-from ..rendering import renders
-from ..types import CONVENTION
-from ..units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
-from .notes import note_lines
+from flopcount.core.rendering import renders
+from flopcount.report.notes import note_lines
+from flopcount.types import CONVENTION
+from flopcount.units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
-    from ..results import FlopResult
+    from flopcount.core.results import FlopResult
 
 
 def phases_label(result: FlopResult) -> str:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional
 
-from ..rendering import renders
-from ..types import CONVENTION
-from ..units import format_count, format_share, with_unit
-from .notes import note_lines
+from flopcount.core.rendering import renders
+from flopcount.report.notes import note_lines
+from flopcount.types import CONVENTION
+from flopcount.units import format_count, format_share, with_unit
 
 if TYPE_CHECKING:
-    from ..results import FlopResult
+    from flopcount.core.results import FlopResult
 
 
 @renders("FlopResult", "tree")

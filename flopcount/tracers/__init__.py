@@ -14,14 +14,14 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
-from ..errors import UsageError
-from ..inputs import is_dataless, prepare_call
-from ..model_facts import ModelFacts, model_facts
-from ..optimizers import OptimizerSpec
-from ..state import preserved_inputs
-from ..types import TRACERS, TensorMeta, Trace
-from ._fake import FakeRunError, shared_tensor_copy
-from ._sparse import has_sparse
+from flopcount.core.inputs import is_dataless, prepare_call
+from flopcount.core.model_facts import ModelFacts, model_facts
+from flopcount.core.state import preserved_inputs
+from flopcount.errors import UsageError
+from flopcount.step.optimizers import OptimizerSpec
+from flopcount.tracers._sparse import has_sparse
+from flopcount.tracers.fake.copies import FakeRunError, shared_tensor_copy
+from flopcount.types import TRACERS, TensorMeta, Trace
 
 __all__ = ["TRACERS", "LossFn", "Tracer", "trace"]
 
@@ -55,10 +55,10 @@ def trace(
     the real model. Every path gives the caller's model and input tensors back as found.
     ``optimizer`` (with ``backward``, dispatch or auto) adds one optimizer step on fake
     twins of the parameters, recorded with phase "optimizer".
-    ``inputs`` may be a :class:`~flopcount.inputs.PreparedCall` and ``facts`` the model's
-    :class:`~flopcount.model_facts.ModelFacts`, read once by the caller.
+    ``inputs`` may be a :class:`~flopcount.core.inputs.PreparedCall` and ``facts`` the model's
+    :class:`~flopcount.core.model_facts.ModelFacts`, read once by the caller.
     """
-    from . import dispatch, jit
+    from flopcount.tracers import dispatch, jit
 
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")

@@ -23,9 +23,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
-from ..errors import UsageError
-from ..inputs import output_tensors
-from ._modules import ModuleStack
+from flopcount.core.inputs import output_tensors
+from flopcount.errors import UsageError
+from flopcount.tracers._modules import ModuleStack
 
 __all__ = ["BackwardAttribution", "run_backward"]
 

@@ -16,8 +16,8 @@ from typing import Any, Dict, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..optimizers import OptimizerSpec, build_optimizer, warm_up
-from ._fake import quiet_fake_logs
+from flopcount.step.optimizers import OptimizerSpec, build_optimizer, warm_up
+from flopcount.tracers.fake.copies import quiet_fake_logs
 
 __all__ = ["FakeOptimizerStep"]
 

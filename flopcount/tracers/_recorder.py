@@ -14,15 +14,15 @@ from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._packed import cell_tensors, unpack
-from ..inputs import is_dataless
-from ..types import OpCall, OpEvent, Phase, TensorMeta
-from . import _meta_kernels
-from ._backward import BackwardAttribution
-from ._modules import ModuleStack
-from ._sparse import sparse_meta
-from ._values import INTEGRAL, KnownValues
-from ._vocabulary import canonical
+from flopcount.core.inputs import is_dataless
+from flopcount.core.packed import cell_tensors, unpack
+from flopcount.tracers._backward import BackwardAttribution
+from flopcount.tracers._modules import ModuleStack
+from flopcount.tracers._sparse import sparse_meta
+from flopcount.tracers._vocabulary import canonical
+from flopcount.tracers.fake import meta_kernels as _meta_kernels
+from flopcount.tracers.fake.values import INTEGRAL, KnownValues
+from flopcount.types import OpCall, OpEvent, Phase, TensorMeta
 
 _aten = torch.ops.aten
 # Ops that read tensor data into Python; on meta/fake tensors they cannot run.

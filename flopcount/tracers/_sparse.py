@@ -7,8 +7,8 @@ from typing import Optional
 
 import torch
 
-from ..inputs import is_dataless
-from ..types import TensorMeta
+from flopcount.core.inputs import is_dataless
+from flopcount.types import TensorMeta
 
 __all__ = ["has_sparse", "sparse_meta"]
 

@@ -9,8 +9,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 import torch
 from torch import nn
 
-from ..errors import FlopcountWarning
-from ..inputs import is_dataless, is_uninitialized
+from flopcount.core.inputs import is_dataless, is_uninitialized
+from flopcount.errors import FlopcountWarning
 
 
 class StateWatch:
@@ -20,7 +20,7 @@ class StateWatch:
     def __init__(self, modules: List[nn.Module], attributes: List[Dict[str, Any]]):
         self._modules = modules
         self._attributes = attributes
-        #: set by the tracer from its trace (``flopcount.state.draws_random``): False when the
+        #: set by the tracer from its trace (``flopcount.core.state.draws_random``): False when the
         #: run drew no random number, so the process-wide RNG is not set back (setting it
         #: would rewind another thread's draws); None (unknown, e.g. the forward raised) or
         #: True: it is restored

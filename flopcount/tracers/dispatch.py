@@ -25,25 +25,25 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 import torch
 from torch import nn
 
-from ..errors import TraceError, UsageError
-from ..inputs import PreparedCall, fake_tensor_type, prepare_call
-from ..model_facts import ModelFacts, model_facts
-from ..optimizers import OptimizerSpec
-from ..state import draws_random
-from ..types import Trace
-from ._backward import BackwardAttribution, run_backward
-from ._fake import FakeRunError, fake_copies, quiet_fake_logs, reason_for
-from ._meta_kernels import RealKernelError
-from ._modules import ModuleStack, forward_error
-from ._optimizer import FakeOptimizerStep
-from ._reuse import Reuse, reuse_enabled
-from ._shape_cache import ShapeCache
-from ._state import StateWatch, preserved_model_state
-from ._vocabulary import CompositeInterceptor
+from flopcount.core.inputs import PreparedCall, fake_tensor_type, prepare_call
+from flopcount.core.model_facts import ModelFacts, model_facts
+from flopcount.core.state import draws_random
+from flopcount.errors import TraceError, UsageError
+from flopcount.step.optimizers import OptimizerSpec
+from flopcount.tracers._backward import BackwardAttribution, run_backward
+from flopcount.tracers._modules import ModuleStack, forward_error
+from flopcount.tracers._optimizer import FakeOptimizerStep
+from flopcount.tracers._reuse import Reuse, reuse_enabled
+from flopcount.tracers._state import StateWatch, preserved_model_state
+from flopcount.tracers._vocabulary import CompositeInterceptor
+from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs, reason_for
+from flopcount.tracers.fake.meta_kernels import RealKernelError
+from flopcount.tracers.fake.shape_cache import ShapeCache
+from flopcount.types import Trace
 
 __all__ = ["trace"]
 
-from ._recorder import DataReads, HopRecorder, Recorder, outputs_of, value_of
+from flopcount.tracers._recorder import DataReads, HopRecorder, Recorder, outputs_of, value_of
 
 
 def trace(

@@ -333,7 +333,7 @@ def test_timeout_names_what_was_running(workdir, capsys, command, entry, what):
     # process (harmless for the CLI, whose process ends; not for the tests after this one):
     # import what the commands load lazily first, so the alarm lands in the model's sleep.
     for name in ("sympy", "torch._subclasses.fake_tensor", "torch.profiler", "torch.distributed.fsdp",
-                 "torch.distributed.tensor.parallel", "flopcount.planner", "flopcount.memory", "flopcount.api",
+                 "torch.distributed.tensor.parallel", "flopcount.planning.plan", "flopcount.memory.estimate", "flopcount.counting.count",
                  "flopcount.profiling.run", "flopcount.bench.latency", "flopcount.report"):
         importlib.import_module(name)
     assert cli(capsys, "count", "models.py:bn", "-i", "4x16")[0] == 0

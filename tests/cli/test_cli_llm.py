@@ -151,7 +151,7 @@ def test_count_generate_prints_every_warning_of_its_counts(capsys):
     """#20.3: the MoE-on-meta note of the prefill's count reached neither the table nor the JSON."""
     import torch
 
-    from flopcount.generation import count_generation
+    from flopcount.generation.count import count_generation
 
     config = transformers.AutoConfig.for_model("mixtral", **{a.split("=")[0]: int(a.split("=")[1]) for a in MIXTRAL[1::2]})
     with torch.device("meta"):

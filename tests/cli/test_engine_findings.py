@@ -20,7 +20,7 @@ def test_html_check_shows_the_verdict_the_exit_code_gives(workdir, capsys, tmp_p
 
 def test_a_bug_of_ours_exits_4_and_says_so(workdir, capsys, monkeypatch):  # noqa: F811
     # a broken ledger: the AttributeError is raised by flopcount's own code (results.py)
-    monkeypatch.setattr("flopcount.results.Ledger", dict)
+    monkeypatch.setattr("flopcount.core.results.Ledger", dict)
     code, out, err = run_cli(capsys, "count", "trust_models.py:Custom", "-i", "4x16")
     assert code == 4, err
     said = [line for line in err.splitlines() if line.startswith("flopcount:")]  # the model file prints too
@@ -38,7 +38,7 @@ def test_the_users_own_error_is_still_exit_2(workdir, capsys):  # noqa: F811
 
 def test_is_internal_reads_the_innermost_frame_that_is_not_a_library():
     from flopcount.cli.output import is_internal
-    from flopcount.inputs import as_call_args
+    from flopcount.core.inputs import as_call_args
 
     def users_forward():
         raise ValueError("the user's")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from flopcount.budget import parse_quantity
+from flopcount.budget.check import parse_quantity
 from flopcount.cli.specs import (
     InputSpec,
     make_tensor,

@@ -8,8 +8,8 @@ from math import ceil, floor, prod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flopcount.core.registry import KNOWN_ZERO
 from flopcount.handlers import build_default_registry
-from flopcount.registry import KNOWN_ZERO
 from flopcount.types import Cost, OpCall, TensorMeta
 
 REG = build_default_registry()

@@ -17,8 +17,8 @@ from conftest import Fn, assert_same_state, snapshot
 from torch import nn
 
 from flopcount import count_flops
+from flopcount.core.registry import KNOWN_ZERO
 from flopcount.handlers import build_default_registry
-from flopcount.registry import KNOWN_ZERO
 
 REG = build_default_registry()
 TRACERS = ("jit", "dispatch", "auto")

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flopcount.core.registry import KNOWN_ZERO, HandlerRegistry
 from flopcount.errors import DuplicateHandlerError
 from flopcount.handlers import FAMILIES, build_default_registry
-from flopcount.registry import KNOWN_ZERO, HandlerRegistry
 from flopcount.types import Cost, OpCall, TensorMeta
 
 REG = build_default_registry()

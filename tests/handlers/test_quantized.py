@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from flopcount import count_flops
+from flopcount.core.params import summarize_parameters
 from flopcount.errors import TraceError
 from flopcount.handlers import build_default_registry
-from flopcount.params import summarize_parameters
 from flopcount.types import OpCall, TensorMeta
 
 Q = pytest.importorskip("torch.ao.quantization")

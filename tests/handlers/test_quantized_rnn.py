@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from flopcount import TraceError, count_flops
+from flopcount.core.params import summarize_parameters
 from flopcount.handlers.rnn import GATE_FLOPS
-from flopcount.params import summarize_parameters
 
 Q = pytest.importorskip("torch.ao.quantization")
 

@@ -87,8 +87,8 @@ def test_window_metrics_by_hand():
 def test_no_peak_on_cpu_unless_given(tmp_path, monkeypatch):
     """Issue #29 item 11: a measured CPU GEMM rate is not a peak; no MFU on CPU unless a peak is passed
     (and no roof is measured for it: the seeded cache below would be read if it were)."""
-    from flopcount.bench.roofs import machine_roofs
-    from flopcount.roofline import Roofs
+    from flopcount.devices.measured import machine_roofs
+    from flopcount.devices.roofline import Roofs
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     machine_roofs("cpu", measure=lambda dev: Roofs({"float32": 3e11, "bfloat16": 1e11}, 2e10, source="measured"),

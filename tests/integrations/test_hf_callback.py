@@ -20,7 +20,7 @@ pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 
 from flopcount import count_flops  # noqa: E402
-from flopcount.inputs import is_dataless  # noqa: E402
+from flopcount.core.inputs import is_dataless  # noqa: E402
 from flopcount.integrations._counting import batch_signature  # noqa: E402
 from flopcount.integrations.hf import FlopcountCallback, hf_loss  # noqa: E402
 

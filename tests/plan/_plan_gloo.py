@@ -116,11 +116,11 @@ def worker(
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from flopcount._parallel import device_mesh, mesh_groups, parallelize
-    from flopcount._step import default_loss, make_optimizer, run_step
-    from flopcount.analysis import cost_events
+    from flopcount.core.analysis import cost_events
     from flopcount.handlers import default_registry
-    from flopcount.planner import _book, _skipped
+    from flopcount.planning.plan import _book, _skipped
+    from flopcount.planning.step import default_loss, make_optimizer, run_step
+    from flopcount.planning.world import device_mesh, mesh_groups, parallelize
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -182,7 +182,7 @@ PRELOAD = [
     "_plan_gloo", "torch.distributed.tensor", "torch.distributed.tensor.debug", "torch.distributed.fsdp",
     "transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2",
     "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
-    "flopcount._parallel", "flopcount._step", "flopcount.analysis", "flopcount.handlers", "flopcount.planner",
+    "flopcount.planning.world", "flopcount.planning.step", "flopcount.core.analysis", "flopcount.handlers", "flopcount.planning.plan",
 ]
 
 

@@ -16,9 +16,9 @@ pytest.importorskip("transformers")
 import _plan_gloo as gloo
 
 import flopcount
-from flopcount._parallel import PRIVATE, PlanError, private
 from flopcount.errors import UsageError
-from flopcount.plan_result import LINKS, ring_factor
+from flopcount.planning.result import LINKS, ring_factor
+from flopcount.planning.world import PRIVATE, PlanError, private
 
 H, I, HEADS, KV, V, L = 64, 128, 4, 2, gloo.VOCAB, 2
 B, S = gloo.BATCH, gloo.SEQ
@@ -185,7 +185,7 @@ def test_renderings_agree_with_the_numbers(plans: Dict[str, Any]) -> None:
 
 
 def test_an_op_without_a_handler_is_reported_never_zero() -> None:
-    from flopcount.registry import HandlerRegistry
+    from flopcount.core.registry import HandlerRegistry
 
     empty = HandlerRegistry()
     with pytest.warns(flopcount.FlopcountWarning, match="without a handler"):

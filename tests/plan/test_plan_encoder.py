@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount._tp_mha import SplitSelfAttention
 from flopcount.errors import UsageError
+from flopcount.planning.tp_mha import SplitSelfAttention
 
 D, HEADS, FF, L, B, S = 32, 4, 64, 2, 3, 8
 HEAD_DIM = D // HEADS

@@ -13,8 +13,8 @@ from torch import nn
 pytest.importorskip("transformers")
 
 import flopcount
-from flopcount._tp_conv1d import FusedQKV, linear_of
 from flopcount.errors import UsageError
+from flopcount.planning.tp_conv1d import FusedQKV, linear_of
 
 H, HEADS, L, V, B, S = 64, 4, 2, 128, 3, 16
 INNER = 4 * H  # GPT-2's n_inner default

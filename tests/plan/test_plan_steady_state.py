@@ -15,7 +15,7 @@ import torch
 from _plan_gloo import tiny_encoder
 
 import flopcount
-from flopcount._step import default_loss, make_optimizer
+from flopcount.planning.step import default_loss, make_optimizer
 
 
 def _real_peaks(x: torch.Tensor, steps: int = 3) -> list:

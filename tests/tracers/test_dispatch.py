@@ -17,7 +17,7 @@ from examples.mobilenet import mobilenet_v2
 from examples.resnet import resnet18
 from examples.vit import vit_tiny
 from flopcount import TraceError, count_flops
-from flopcount.inputs import flatten_tensors
+from flopcount.core.inputs import flatten_tensors
 from flopcount.tracers import dispatch
 
 hf = pytest.importorskip("examples.hf")

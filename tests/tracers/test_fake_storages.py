@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from flopcount.core.inputs import flatten_tensors
 from flopcount.errors import UsageError
-from flopcount.inputs import flatten_tensors
-from flopcount.tracers._fake import fake_copies
+from flopcount.tracers.fake.copies import fake_copies
 
 
 class Shared(nn.Module):

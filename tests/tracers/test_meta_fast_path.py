@@ -12,8 +12,8 @@ import torch
 from conftest import torch_contraction_flops
 
 from flopcount import count_flops
+from flopcount.core.inputs import prepare_call
 from flopcount.examples.resnet import resnet50
-from flopcount.inputs import prepare_call
 from flopcount.tracers import trace
 
 hf = pytest.importorskip("examples.hf")

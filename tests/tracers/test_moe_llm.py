@@ -12,7 +12,7 @@ from conftest import assert_same_state, snapshot
 from torch import nn
 
 import flopcount
-from flopcount.tracers._meta_kernels import ROUTING_NOTE
+from flopcount.tracers.fake.meta_kernels import ROUTING_NOTE
 
 transformers = pytest.importorskip("transformers")
 
@@ -165,7 +165,7 @@ def test_module_list_experts_use_k_from_the_argument() -> None:
             self.router = torch.nn.Linear(8, 4)
             self.experts = torch.nn.ModuleList(torch.nn.Linear(8, 8, bias=False) for _ in range(4))
 
-    from flopcount.params import summarize_parameters
+    from flopcount.core.params import summarize_parameters
 
     block = Block()
     assert summarize_parameters(block).active is None  # k unknown: no claim

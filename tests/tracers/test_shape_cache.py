@@ -13,9 +13,9 @@ from examples.mobilenet import mobilenet_v2
 from examples.resnet import resnet18
 from examples.vit import vit_tiny
 from flopcount import count_flops
-from flopcount.tracers import _shape_cache
 from flopcount.tracers import trace as run_trace
-from flopcount.tracers._shape_cache import ShapeCache
+from flopcount.tracers.fake import shape_cache as _shape_cache
+from flopcount.tracers.fake.shape_cache import ShapeCache
 
 aten = torch.ops.aten
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from flopcount.tracers import dispatch
-from flopcount.tracers._shape_cache import ShapeCache
+from flopcount.tracers.fake.shape_cache import ShapeCache
 
 
 def _trace(model, x):

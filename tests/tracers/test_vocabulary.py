@@ -9,9 +9,9 @@ from torch import nn
 from torch.overrides import _get_current_function_mode_stack
 
 from flopcount import Cost, count_flops
+from flopcount.core.registry import KNOWN_ZERO
 from flopcount.errors import TraceError
 from flopcount.handlers import attention, default_registry
-from flopcount.registry import KNOWN_ZERO
 from flopcount.tracers import _vocabulary
 
 # renamed for agreement before their handler exists (issue #9.8 adds it): reported as

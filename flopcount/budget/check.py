@@ -1,0 +1,441 @@
+"""Budgets (limits on params, FLOPs, MACs, weight size, latency, peak memory) and checking
+a result against them: plain data in, a pass/fail list out. The CLI's ``check`` prints it.
+
+A budget passes when ``actual <= limit``. Size is the serialised bytes of parameters
+and buffers by their dtypes, in MB of 10^6 bytes. Memory is the estimated peak of
+:func:`flopcount.memory.estimate.estimate_memory` in bytes, written with byte units
+(``16GB`` = 16 * 10^9, ``16GiB`` = 16 * 2^30). Budgets come from flags or from
+``[tool.flopcount]`` in pyproject.toml (``max-params = "25M"``, ``max-memory = "16GiB"``...).
+
+The verdict is one of PASS, FAIL and INCOMPLETE. FLOPs and MACs come from the count, which
+may be short (:attr:`FlopResult.complete`); params, size and latency never depend on it.
+A budget line is FAIL only when the failure is certain: its value is exact, or it is a
+lower bound (ops without a handler ran, nothing else) already over the limit. A FLOPs or
+MACs line of an incomplete count is INCOMPLETE otherwise, and so is the verdict, unless
+``allow_incomplete``: then the numbers as counted decide. A certain FAIL wins over
+INCOMPLETE (exit 1 before 3 in the CLI): more work can only make an exceeded budget worse.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+
+from flopcount.core.rendering import render
+from flopcount.errors import UsageError
+from flopcount.types import Status
+from flopcount.units import show_value
+
+# decimal multipliers, like the units the reports print (1 G = 10^9)
+_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_QUANTITY = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*$")
+
+
+Number = Union[int, float]
+BYTES_PER_MB = 10**6
+
+#: how far a budget line's value can be trusted: ``exact``; ``lower`` (the true value is
+#: at least this: ops without a handler were not counted); ``estimate`` (could be either
+#: way: a placeholder decided a value, or a tracer could not see some work)
+Bound = Literal["exact", "lower", "estimate"]
+
+#: budgets whose actual value comes from the count (and so may be incomplete)
+COUNTED = ("flops", "macs")
+
+# budget name -> (the limit's field on Budget, unit printed after numbers)
+_NAMES = {
+    "params": ("max_params", ""),
+    "flops": ("max_flops", "FLOPs"),
+    "macs": ("max_macs", "MACs"),
+    "size_mb": ("max_size_mb", "MB"),
+    "latency_ms": ("max_latency_ms", "ms"),
+    "memory": ("max_memory", "bytes"),
+}
+
+_BYTES = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
+_BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGT", 1)})
+
+
+def parse_bytes(text: Union[str, int, float], what: str = "memory") -> int:
+    """``"16GB" -> 16 * 10**9``, ``"16GiB" -> 16 * 2**30``, ``"512MiB"``, ``2e9`` (bytes)."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what}: expected a size in bytes, got a bool")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _BYTES.match(str(text))
+        if not match:
+            raise UsageError(f"{what}: {text!r} is not a size (examples: 16GB, 16GiB, 512MiB, 2e9)")
+        number, unit = match.groups()
+        value = float(number.replace("_", "")) * _BYTE_UNITS[(unit or "B").upper()]
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what}: {text!r} must be a finite size >= 0")
+    return int(value)
+
+
+def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
+    """``"25M" -> 25_000_000``, ``"1.5T" -> 1.5e12``, ``"5e9" -> 5_000_000_000``.
+
+    Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
+    finite and >= 0. Integral values come back as ``int``."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what}: expected a number, got a bool")
+    if isinstance(text, (int, float)):
+        value: float = text
+    else:
+        match = _QUANTITY.match(str(text))
+        if not match:
+            raise UsageError(f"{what}: {text!r} is not a number (examples: 25M, 5G, 1.5T, 3e9, 120)")
+        number, suffix = match.groups()
+        value = float(number.replace("_", "")) * _SUFFIXES[suffix.upper()]
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what}: {text!r} must be a finite number >= 0")
+    return int(value) if float(value).is_integer() else float(value)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Upper limits; ``None`` means not checked."""
+
+    max_params: Optional[Number] = None
+    max_flops: Optional[Number] = None
+    max_macs: Optional[Number] = None
+    max_size_mb: Optional[Number] = None
+    max_latency_ms: Optional[Number] = None
+    max_memory: Optional[Number] = None
+
+    def merged(self, override: Budget) -> Budget:
+        """This budget with every limit ``override`` sets replaced (flags win over the file)."""
+        return replace(self, **{f.name: getattr(override, f.name) for f in fields(self) if getattr(override, f.name) is not None})
+
+    def limits(self) -> Dict[str, Number]:
+        """``{budget name: limit}`` of the limits that are set, in a fixed order."""
+        return {name: getattr(self, key) for name, (key, _) in _NAMES.items() if getattr(self, key) is not None}
+
+    @property
+    def needs_latency(self) -> bool:
+        return self.max_latency_ms is not None
+
+    @property
+    def needs_memory(self) -> bool:
+        return self.max_memory is not None
+
+    @property
+    def needs_count(self) -> bool:
+        """A FLOPs or MACs limit is set: the only budgets the count's completeness decides."""
+        return any(name in COUNTED for name in self.limits())
+
+    def __bool__(self) -> bool:
+        return bool(self.limits())
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One limit and the measured value."""
+
+    name: str
+    limit: Number
+    actual: Number
+    unit: str
+    bound: Bound = "exact"
+    #: what a bound is for, e.g. "any-implementation lower bound on H100 SXM" ("" for a measured value)
+    basis: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """The value as measured is within the limit (see :attr:`status` for the verdict)."""
+        return self.actual <= self.limit
+
+    @property
+    def status(self) -> Status:
+        """PASS (exact and within), FAIL (certainly over: exact or a lower bound over the
+        limit) or INCOMPLETE (an incomplete count that does not decide)."""
+        if self.passed:
+            if self.bound == "exact":
+                return Status.PASS
+            # a latency lower bound (flopcount.predict) within the limit: only measuring decides
+            return Status.UNDECIDED if self.name == "latency_ms" and self.bound == "lower" else Status.INCOMPLETE
+        return Status.FAIL if self.bound in ("exact", "lower") else Status.INCOMPLETE
+
+    def describe(self) -> str:
+        """``'flops 8.216 G > 5.000 G'`` (``'flops >= 8.216 G > ...'`` for a lower bound)."""
+        relation = "<=" if self.passed else ">"
+        at_least = {"exact": "", "lower": ">= ", "estimate": "~"}[self.bound]
+        basis = f" ({self.basis})" if self.basis else ""
+        return f"{self.name} {at_least}{show_value(self.actual, self.unit)} {relation} {show_value(self.limit, self.unit)}{basis}"
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    """Every checked budget with its status, and the verdict.
+
+    ``incomplete_reasons``: why the count may be short (empty when complete);
+    ``allow_incomplete``: let the numbers as counted decide instead of INCOMPLETE."""
+
+    lines: Tuple[BudgetLine, ...]
+    incomplete_reasons: Tuple[str, ...] = ()
+    allow_incomplete: bool = False
+
+    @property
+    def status(self) -> Status:
+        """FAIL when a budget is certainly exceeded; else INCOMPLETE when a counted budget
+        (FLOPs, MACs) rests on an incomplete count (unless ``allow_incomplete``); else
+        FAIL when a budget is exceeded as counted; else PASS."""
+        if any(line.status == Status.FAIL for line in self.lines):
+            return Status.FAIL
+        if not self.allow_incomplete and any(line.status == Status.INCOMPLETE for line in self.lines):
+            return Status.INCOMPLETE
+        if any(line.status == Status.UNDECIDED for line in self.lines):
+            return Status.UNDECIDED
+        return Status.PASS if all(line.passed for line in self.lines) else Status.FAIL
+
+    @property
+    def passed(self) -> bool:
+        """True only for the PASS verdict: never for an incomplete count (unless allowed)."""
+        return self.status == "PASS"
+
+    @property
+    def complete(self) -> bool:
+        return not self.incomplete_reasons
+
+    @property
+    def exceeded(self) -> Tuple[BudgetLine, ...]:
+        """Lines over their limit as counted (certain or not: see each line's status)."""
+        return tuple(line for line in self.lines if not line.passed)
+
+    @property
+    def undecided(self) -> Tuple[BudgetLine, ...]:
+        """Lines an incomplete count cannot decide."""
+        return tuple(line for line in self.lines if line.status == "INCOMPLETE")
+
+    def verdict(self) -> str:
+        """One sentence: ``'PASS: all 2 budget(s) met'``, ``'FAIL: ...'`` or ``'INCOMPLETE: ...'``."""
+        status = self.status
+        n = len(self.lines)
+        if status == Status.UNDECIDED:
+            return "UNDECIDED: latency_ms is not decided without measuring (its roofline lower bound is within the budget)"
+        if status == "INCOMPLETE":
+            names = ", ".join(line.name for line in self.undecided)
+            return (
+                f"INCOMPLETE: the count may be short, so {names} cannot be checked "
+                f"({len(self.incomplete_reasons)} reason(s); --allow-incomplete lets the count decide)"
+            )
+        if status == "FAIL":
+            failed = [line.name for line in self.exceeded]
+            text = f"FAIL: {len(failed)} of {n} budget(s) exceeded: {', '.join(failed)}"
+        else:
+            text = f"PASS: all {n} budget(s) met"
+        if self.incomplete_reasons:
+            text += " (on an incomplete count" + (", allowed)" if self.allow_incomplete else ")")
+        return text
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "status": str(self.status),
+            "passed": self.passed,
+            "complete": self.complete,
+            "allow_incomplete": self.allow_incomplete,
+            "incomplete_reasons": list(self.incomplete_reasons),
+            "exceeded": [line.name for line in self.exceeded],
+            "lines": [
+                {
+                    "name": line.name,
+                    "limit": line.limit,
+                    "actual": line.actual,
+                    "unit": line.unit,
+                    "bound": line.bound,
+                    "basis": line.basis,
+                    "passed": line.passed,
+                    "status": str(line.status),
+                }
+                for line in self.lines
+            ],
+        }
+
+    def table(self, fmt: str = "simple") -> str:
+        """Budget, limit, actual, PASS/FAIL/INCOMPLETE per line (human units)."""
+        return render(self, "table", fmt=fmt)
+
+    def to_csv(self) -> str:
+        """Raw numbers: ``budget,limit,actual,unit,status``, then an ``overall`` row with the verdict."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["budget", "limit", "actual", "unit", "status"])
+        for line in self.lines:
+            writer.writerow([line.name, line.limit, line.actual, line.unit, line.status])
+        writer.writerow(["overall", "", "", "", self.status])
+        return out.getvalue()
+
+
+def check_budget(
+    budget: Budget,
+    *,
+    params: Optional[Number] = None,
+    flops: Optional[Number] = None,
+    macs: Optional[Number] = None,
+    size_bytes: Optional[Number] = None,
+    latency_ms: Optional[Number] = None,
+    memory_bytes: Optional[Number] = None,
+    incomplete_reasons: Sequence[str] = (),
+    lower_bound: bool = False,
+    allow_incomplete: bool = False,
+    latency_bound: Bound = "exact",
+    latency_basis: str = "",
+) -> BudgetReport:
+    """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
+    A limit whose actual value was not given is a usage error, never a pass.
+
+    ``incomplete_reasons``: why the counted values (FLOPs, MACs) may be short;
+    ``lower_bound=True`` says they can only be short (ops without a handler, nothing
+    else), so a counted value over its limit is a certain FAIL. The reasons are kept only
+    when a FLOPs or MACs limit is set: params, size, latency and memory do not rest on the
+    count's completeness (a memory verdict rests on the memory estimate alone). ``latency_bound="lower"``:
+    ``latency_ms`` is a lower bound (``flopcount.predict``): over the limit is a certain
+    FAIL, within it is not decided without measuring (UNDECIDED); ``latency_basis`` says which
+    bound it is (eager or any implementation, on which device), shown on the line."""
+    if isinstance(incomplete_reasons, str):
+        raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
+    reasons = tuple(incomplete_reasons) if budget.needs_count else ()
+    counted_bound: Bound = "exact" if not reasons else ("lower" if lower_bound else "estimate")
+    actuals = {
+        "params": params,
+        "flops": flops,
+        "macs": macs,
+        "size_mb": None if size_bytes is None else size_bytes / BYTES_PER_MB,
+        "latency_ms": latency_ms,
+        "memory": memory_bytes,
+    }
+    lines: List[BudgetLine] = []
+    for name, limit in budget.limits().items():
+        actual = actuals[name]
+        if actual is None:
+            raise UsageError(f"budget {name} is set but no {name} value was measured")
+        bound: Bound = counted_bound if name in COUNTED else (latency_bound if name == "latency_ms" else "exact")
+        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound, latency_basis if name == "latency_ms" else ""))
+    return BudgetReport(tuple(lines), reasons, bool(allow_incomplete))
+
+
+def check_result(
+    result: Any,
+    budget: Budget,
+    latency_ms: Optional[Number] = None,
+    memory_bytes: Optional[Number] = None,
+    *,
+    allow_incomplete: bool = False,
+    latency_bound: Bound = "exact",
+    latency_basis: str = "",
+) -> BudgetReport:
+    """:func:`check_budget` with the numbers of a :class:`~flopcount.core.results.FlopResult`,
+    its completeness included: an incomplete count never PASSes a FLOPs or MACs budget
+    (status INCOMPLETE) unless ``allow_incomplete``. Its FLOPs and MACs are a lower bound
+    when the only reason is ops without a handler. ``memory_bytes``:
+    ``estimate_memory(...).peak_bytes`` when a memory budget is set."""
+    reasons = tuple(result.incomplete_reasons())
+    return check_budget(
+        budget,
+        params=result.params,
+        flops=result.flops,
+        macs=result.macs,
+        size_bytes=result.parameters.size_bytes,
+        latency_ms=latency_ms,
+        memory_bytes=memory_bytes,
+        incomplete_reasons=reasons,
+        lower_bound=bool(reasons) and not result.gaps,
+        allow_incomplete=allow_incomplete,
+        latency_bound=latency_bound,
+        latency_basis=latency_basis,
+    )
+
+
+# --------------------------------------------------------------------------- pyproject.toml
+
+#: accepted keys of [tool.flopcount] (dashes or underscores) -> Budget field
+FILE_KEYS = {key.replace("_", "-"): key for key, _ in _NAMES.values()}
+
+
+def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
+    """A :class:`Budget` from ``{"max-flops": "5G", ...}``; ``source`` names where the
+    table came from in error messages. Unknown keys and non-numbers are errors."""
+    values: Dict[str, Number] = {}
+    for raw_key, raw in table.items():
+        key = str(raw_key).replace("_", "-")
+        if key not in FILE_KEYS:
+            known = ", ".join(FILE_KEYS)
+            raise UsageError(f"{source}: unknown key {raw_key!r} (known: {known}, {', '.join(GATE_KEYS)})")
+        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+            raise UsageError(f"{source}: {raw_key} must be a number or a string like \"25M\", got {type(raw).__name__}")
+        try:
+            parse = parse_bytes if key == "max-memory" else parse_quantity
+            values[FILE_KEYS[key]] = parse(raw, f"{source}: {raw_key}")
+        except UsageError as exc:
+            raise UsageError(str(exc)) from None
+    return Budget(**values)
+
+
+def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budget:
+    """The budget in ``[tool.flopcount]`` of a pyproject.toml; an empty budget when the
+    file (unless ``required``) or the table is missing. Malformed TOML or values raise
+    :class:`UsageError` naming the file and the key. The baseline gate's keys
+    (``max-growth``, ``baseline``: :mod:`flopcount.diffs.gate`) and what ``check`` counts
+    without an ENTRY argument (``entry``, ``input``: the CLI) are read there, not here."""
+    path = Path(path)
+    if not path.is_file():
+        if required:
+            raise UsageError(f"config file not found: {path}")
+        return Budget()
+    table = flopcount_table(path)
+    if table is None:
+        return Budget()
+    return budget_from_mapping({k: v for k, v in table.items() if str(k).replace("_", "-") not in GATE_KEYS}, f"{path} [tool.flopcount]")
+
+
+#: keys of [tool.flopcount] that are not budgets: the baseline gate's (flopcount.diffs.gate) and
+#: the model check counts when no ENTRY is given (entry = "model.py:build", input = ["8x16"])
+GATE_KEYS = ("max-growth", "baseline", "entry", "input")
+
+
+def flopcount_table(path: Path) -> Optional[Dict[str, Any]]:
+    """``[tool.flopcount]`` of the TOML file ``path`` (keys as written), or None when the file
+    or the table is missing; malformed TOML raises :class:`UsageError` naming the file."""
+    if not path.is_file():
+        return None
+    toml = _toml_module()
+    try:
+        with open(path, "rb") as fh:
+            document = toml.load(fh)
+    except toml.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not valid UTF-8 (byte {exc.start}): TOML files must be UTF-8") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    tool = document.get("tool", {})
+    if not isinstance(tool, Mapping):
+        raise UsageError(f"{path}: [tool] must be a table")
+    table = tool.get("flopcount")
+    if table is None:
+        return None
+    if not isinstance(table, Mapping):
+        raise UsageError(f"{path}: [tool.flopcount] must be a table, got {type(table).__name__}")
+    return dict(table)
+
+
+def _toml_module() -> Any:
+    try:
+        import tomllib  # Python >= 3.11
+
+        return tomllib
+    except ImportError:
+        pass
+    try:
+        import tomli
+
+        return tomli
+    except ImportError as exc:
+        raise UsageError("reading pyproject.toml needs Python >= 3.11 or the tomli package (pip install tomli)") from exc

@@ -1,0 +1,173 @@
+"""The counting pipeline: trace the model, cost each op with the registry, aggregate."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from functools import cache
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core.inputs import prepare_call
+from flopcount.core.model_facts import model_facts
+from flopcount.core.registry import KNOWN_ZERO, HandlerRegistry
+from flopcount.core.results import FlopResult, aggregate
+from flopcount.core.traffic import call_traffic
+from flopcount.errors import HandlerError, UnsupportedOpError, UnsupportedOpsWarning
+from flopcount.handlers import default_registry
+from flopcount.step.optimizers import OptimizerSpec
+from flopcount.tracers import trace
+from flopcount.types import ZERO_COST, Cost, Handler, OpEvent
+
+
+def analyze(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    tracer: str = "auto",
+    handlers: Optional[Mapping[str, Optional[Handler]]] = None,
+    registry: Optional[HandlerRegistry] = None,
+    backward: bool = False,
+    loss_fn: Optional[Callable[[Any], Any]] = None,
+    optimizer: Optional[OptimizerSpec] = None,
+) -> FlopResult:
+    """trace -> cost -> aggregate: the :class:`FlopResult` of one run of ``model`` (and,
+    with ``optimizer``, of one optimizer step after its backward: phase "optimizer").
+
+    A ``torch.compile``d module is counted through the module it wraps: the same ops,
+    module names without the ``_orig_mod.`` prefix, and no compilation."""
+    model = uncompiled(model)
+    table = registry if registry is not None else default_registry()
+    if handlers:
+        table = table.with_overrides(handlers)
+    call = prepare_call(inputs, kwargs)
+    facts = model_facts(model)
+    run = trace(model, call, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
+    return aggregate(
+        cost_events(run.events, table),
+        tracer=run.tracer,
+        modules=facts.module_infos(run.module_calls),
+        parameters=facts.summary,
+        input_description=call.description,
+        warnings=run.warnings,
+        gaps=run.gaps,
+        aliases=facts.aliases,
+    )
+
+
+def report_unsupported(result: FlopResult, *, strict: bool = False, stacklevel: int = 2) -> None:
+    """Raise (``strict``) or warn once when ops without a handler ran: the one wording of
+    "unsupported ops" for every reading that counts."""
+    unsupported = result.unsupported_details()
+    if not unsupported:
+        return
+    listing = ", ".join(f"{u.op} x{u.count}" for u in unsupported)
+    if strict:
+        raise UnsupportedOpError(f"ops without a handler ran (strict=True): {listing}")
+    warnings.warn(
+        f"{len(unsupported)} op type(s) without a handler were not counted: {listing}; "
+        "see FlopResult.unsupported_ops() or register a handler",
+        UnsupportedOpsWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``model``."""
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
+        return inner
+    return model
+
+
+def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[Tuple[OpEvent, Optional[Cost]]]:
+    """Pair each event with its cost (``None`` when no handler knows the op): the
+    handler's MACs and FLOPs, and the bytes the call moves (:mod:`flopcount.core.traffic`)
+    unless the handler gave them."""
+    resolved: Dict[str, Tuple[Any, bool]] = {}
+    costed: List[Tuple[OpEvent, Optional[Cost]]] = []
+    for event in events:
+        call = event.call
+        entry = resolved.get(call.op)
+        if entry is None:
+            entry = resolved[call.op] = (registry.resolve(call.op), is_view_op(call.op))
+        handler: Any = entry[0]
+        view = entry[1]
+        if handler is None:
+            costed.append((event, None))
+            continue
+        if handler is KNOWN_ZERO:
+            cost: Optional[Cost] = ZERO_COST
+        else:
+            try:
+                cost = handler(call)
+            except Exception as exc:
+                raise HandlerError(_handler_failure(event, exc)) from exc
+            cost = _checked(cost, call.op, event.module)
+        if cost is not None and not (cost.bytes_read or cost.bytes_written):
+            read, written = call_traffic(call, view=view, phase=event.phase)
+            if read or written:
+                cost = cost.with_traffic(read, written)
+        costed.append((event, cost))
+    return costed
+
+
+#: Ops that return a view whose schema does not say so (the result shares the input's storage).
+_UNTAGGED_VIEWS = frozenset({"aten::_unsafe_view"})
+
+
+@cache
+def is_view_op(op: str) -> bool:
+    """True when ``op``'s schema returns an alias of an input that it does not write (a
+    view: ``aten::view``, ``aten::t``...). Ops torch does not know (composite names of
+    flopcount's vocabulary, custom ops) are not views."""
+    if op in _UNTAGGED_VIEWS:
+        return True
+    namespace, _, name = op.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return False
+    for overload in overloads:
+        returns = overload._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return True
+    return False
+
+
+def _checked(cost: Any, op: str, module: str) -> Optional[Cost]:
+    """A handler's answer: a Cost of non-negative integers, or ``None`` (this call is
+    unsupported: reported, never zero). Anything else is a HandlerError naming the op
+    and the module."""
+    if cost is None:
+        return None
+    if isinstance(cost, Cost):
+        macs, flops = cost.macs, cost.flops
+        if _count_ok(macs) and _count_ok(flops):
+            return cost
+        problem = f"returned Cost(macs={macs!r}, flops={flops!r}); both must be integers >= 0"
+    else:
+        problem = f"returned {type(cost).__name__} {cost!r:.60}; a handler must return a flopcount.Cost(macs=, flops=)"
+    raise HandlerError(f"handler for {op} in module '{module or '<root>'}' {problem}")
+
+
+def _count_ok(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
+
+
+def _handler_failure(event: OpEvent, exc: BaseException) -> str:
+    """One readable sentence: the op, the module, what went wrong, the tensor shapes."""
+    call = event.call
+    text = str(exc).strip().strip('"').splitlines()
+    detail = text[0] if text else type(exc).__name__
+    if len(detail) > 120:
+        detail = detail[:117] + "..."
+    shapes = [f"{name}={list(value.shape)}" for name, value in call.args.items() if hasattr(value, "shape")]
+    listed = ", ".join(shapes[:4]) + (f" and {len(shapes) - 4} more" if len(shapes) > 4 else "")
+    where = f"module '{event.module}'" if event.module else "the root module"
+    on = f" (tensor arguments {listed})" if listed else ""
+    return f"the handler for {call.op} in {where} failed: {type(exc).__name__}: {detail}{on}"

@@ -1,0 +1,191 @@
+"""flopcount's input convention: a tuple is positional arguments, anything else is one
+argument; flattening the tensors inside inputs and outputs; describing inputs in text."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # missing from the stubs
+
+from flopcount.errors import UsageError
+
+
+def as_call_args(inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """flopcount's input convention: a tuple is unpacked into positional arguments;
+    anything else (a Tensor, list, dict, nested container) is ONE positional argument."""
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise UsageError(f"kwargs must be a mapping of keyword arguments, got {type(kwargs).__name__}")
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    return args, dict(kwargs or {})
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """One call's example inputs, prepared once and handed down (tracing, costing, the
+    result's description, benchmarking, memory): the positional and keyword arguments by
+    flopcount's convention (:func:`as_call_args`), every tensor inside them in order,
+    and their description. ``with_tensors`` gives the same call with other tensors in
+    their places (fake twins, copies on another device)."""
+
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    tensors: Tuple[torch.Tensor, ...]
+    rebuild: Callable[[Sequence[torch.Tensor]], Any] = dataclasses.field(repr=False, compare=False)
+    description: str = ""
+
+    def with_tensors(self, tensors: Sequence[torch.Tensor]) -> PreparedCall:
+        """The same call with ``tensors`` in the places of :attr:`tensors`."""
+        args, kwargs = self.rebuild(tensors)
+        return dataclasses.replace(self, args=tuple(args), kwargs=dict(kwargs), tensors=tuple(tensors))
+
+
+def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping[str, Any]] = None) -> PreparedCall:
+    """The :class:`PreparedCall` of ``inputs`` and ``kwargs`` (walked once); a call
+    already prepared is returned as it is."""
+    if isinstance(inputs, PreparedCall):
+        if kwargs:
+            raise UsageError("kwargs go into the PreparedCall, not beside it")
+        return inputs
+    if inputs is None:  # "no positional inputs", as with kwargs-only models
+        inputs = ()
+    args, kw = as_call_args(inputs, kwargs)
+    tensors, rebuild = flatten_tensors((args, kw))
+    return PreparedCall(args, kw, tuple(tensors), rebuild, describe_inputs(inputs, kwargs))
+
+
+def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """Every tensor inside ``obj`` (tuples, namedtuples, lists, mappings, dataclass
+    instances, nested) and a function that rebuilds ``obj`` with replacement tensors in the
+    same order. An object met again inside itself (a cycle) is kept as it is."""
+    return _walk(obj)
+
+
+def _walk(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """The one container walker, for call arguments (:func:`flatten_tensors`) and outputs
+    (:func:`output_tensors`). Plain recursion over module-level functions: no closure refers
+    to itself, so no reference cycle keeps the walked tensors alive after the call."""
+    tensors: List[torch.Tensor] = []
+    rebuild = _node(obj, tensors, set())
+    return tensors, rebuild
+
+
+Rebuild = Callable[[Sequence[torch.Tensor]], Any]
+
+
+def _node(node: Any, tensors: List[torch.Tensor], open_nodes: set) -> Rebuild:
+    if isinstance(node, torch.Tensor):
+        index = len(tensors)
+        tensors.append(node)
+        return lambda values: values[index]
+    if not isinstance(node, (tuple, list, Mapping)) and not _is_dataclass_instance(node):
+        return lambda values: node
+    if id(node) in open_nodes:  # a cycle: keep the object
+        return lambda values: node
+    open_nodes.add(id(node))
+    try:
+        return _container(node, tensors, open_nodes)
+    finally:
+        open_nodes.discard(id(node))
+
+
+def _container(node: Any, tensors: List[torch.Tensor], open_nodes: set) -> Rebuild:
+    if isinstance(node, tuple) and hasattr(node, "_fields"):  # namedtuple
+        parts = [_node(v, tensors, open_nodes) for v in node]
+        return lambda values: type(node)(*(p(values) for p in parts))
+    if isinstance(node, (tuple, list)):
+        parts = [_node(v, tensors, open_nodes) for v in node]
+        seq_kind = type(node)
+        return lambda values: seq_kind(p(values) for p in parts) if seq_kind in (tuple, list) else seq_kind([p(values) for p in parts])
+    if isinstance(node, Mapping):
+        return _mapping(node, [(k, _node(v, tensors, open_nodes)) for k, v in node.items()])
+    fields = [
+        (f.name, f.init, _node(getattr(node, f.name), tensors, open_nodes))
+        for f in dataclasses.fields(node)
+        if hasattr(node, f.name)
+    ]
+
+    def rebuild_dataclass(values: Sequence[torch.Tensor]) -> Any:
+        made = dataclasses.replace(node, **{name: p(values) for name, init, p in fields if init})
+        for name, init, p in fields:
+            if not init:  # not an __init__ argument: set on the copy
+                object.__setattr__(made, name, p(values))
+        return made
+
+    return rebuild_dataclass
+
+
+def _mapping(node: Mapping, items: List[Tuple[Any, Rebuild]]) -> Rebuild:
+    kind: Any = type(node)
+    ordered = isinstance(node, OrderedDict)
+
+    def rebuild_mapping(values: Sequence[torch.Tensor]) -> Any:
+        rebuilt = {k: p(values) for k, p in items}
+        if kind is dict:
+            return rebuilt
+        try:
+            return kind(rebuilt)
+        except Exception:
+            return OrderedDict(rebuilt) if ordered else rebuilt
+
+    return rebuild_mapping
+
+
+def _is_dataclass_instance(node: Any) -> bool:
+    return dataclasses.is_dataclass(node) and not isinstance(node, type)
+
+
+def output_tensors(obj: Any) -> List[torch.Tensor]:
+    """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput)."""
+    return _walk(obj)[0]
+
+
+def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> str:
+    """A short human description of example inputs, e.g. ``(Tensor[1, 3, 224, 224] float32)``."""
+
+    def one(node: Any) -> str:
+        if isinstance(node, torch.Tensor):
+            dtype = str(node.dtype).replace("torch.", "")
+            where = "" if node.device.type == "cpu" else f" {node.device.type}"
+            if node.layout != torch.strided:  # sparse_coo, sparse_csr...
+                where += " " + str(node.layout).replace("torch.", "")
+            return f"Tensor[{', '.join(str(s) for s in node.shape)}] {dtype}{where}"
+        if isinstance(node, Mapping):
+            return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in node.items()) + "}"
+        if isinstance(node, tuple):
+            return "(" + ", ".join(one(v) for v in node) + ("," if len(node) == 1 else "") + ")"
+        if isinstance(node, list):
+            return "[" + ", ".join(one(v) for v in node) + "]"
+        if _is_dataclass_instance(node):
+            shown = [f"{f.name}={one(getattr(node, f.name))}" for f in dataclasses.fields(node) if f.repr and hasattr(node, f.name)]
+            return f"{type(node).__name__}({', '.join(shown)})"
+        text = repr(node)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    text = one(inputs)
+    if kwargs:
+        text += " with kwargs {" + ", ".join(f"{k}={one(v)}" for k, v in kwargs.items()) + "}"
+    return text
+
+
+@functools.cache
+def fake_tensor_type() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor  # imported on first use: it is slow to load
+
+    return FakeTensor
+
+
+def is_dataless(tensor: torch.Tensor) -> bool:
+    """True for tensors without data (meta device, FakeTensors): shapes only."""
+    if tensor.device.type == "meta":
+        return True
+    return isinstance(tensor, fake_tensor_type())
+
+
+def is_uninitialized(tensor: torch.Tensor) -> bool:
+    """True for the parameters and buffers of a lazy module not materialised yet
+    (``nn.LazyLinear`` before its first forward): their shape is not known."""
+    return isinstance(tensor, UninitializedTensorMixin)

@@ -1,0 +1,161 @@
+"""The one booking engine: each (event, cost) is booked into totals by operator, by module
+and by phase. A fused op's cost is booked under the operations it performs (``Cost.parts``,
+one call each); a module is credited with every op run while it was on the call stack and
+with its uncalled owners by name (a ModuleList), each module once under its canonical name.
+
+The same code books a count (:func:`flopcount.core.results.aggregate`), re-prices a decode step
+(:func:`flopcount.core.results.reprice`: the old cost out, the new one in) and anything after.
+No torch here; the ledger knows costs and names only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from flopcount.types import COST_METRICS, Cost, OpEvent
+
+__all__ = ["Ledger", "TOTAL_FIELDS", "owners_of"]
+
+#: What a booked total holds, in order: calls, then each cost metric.
+TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
+_WIDTH = len(TOTAL_FIELDS)
+assert _WIDTH == 5, "_add below is unrolled for five fields: extend it with COST_METRICS"
+
+Sums = List[int]
+Key = Tuple[Tuple[str, ...], str, str]
+
+
+def _vector(cost: Cost, calls: int) -> Sums:
+    return [calls, cost.macs, cost.flops, cost.bytes_read, cost.bytes_written]
+
+
+def owners_of(
+    stack: Tuple[str, ...], aliases: Mapping[str, Sequence[str]], canonical: Mapping[str, str]
+) -> Tuple[str, ...]:
+    """The root, each module on the call stack, and the modules between two stack entries
+    that own the inner one by name but were never called themselves (``"h"`` for
+    ``("", "h.0")``, a ModuleList), each once. A name-prefix owner that is not on the call
+    path is not credited: a module shared as ``a.m`` and ``b.m`` runs inside ``b`` when
+    ``b`` calls it (its canonical name being ``a.m``), so it counts for ``b``, not ``a``.
+    ``aliases`` maps a canonical name to every name of that module, so the path through
+    ``b`` is found; ``canonical`` (alias -> canonical name) names the prefixes credited."""
+    names: Dict[str, None] = {"": None}
+    outer = ""
+    for qualified in stack:
+        path = qualified
+        for alias in aliases.get(qualified, (qualified,)):
+            if not outer or alias.startswith(outer + "."):
+                path = alias
+                break
+        if not outer or path.startswith(outer + "."):
+            parts = path.split(".")
+            start = outer.count(".") + 2 if outer else 1
+            for end in range(start, len(parts)):
+                prefix = ".".join(parts[:end])
+                names[canonical.get(prefix, prefix)] = None
+        names[qualified] = None
+        outer = path
+    return tuple(names)
+
+
+def _add(table: Dict[str, Sums], key: str, sums: Sums, sign: int = 1) -> None:
+    into = table.get(key)
+    if into is None:
+        table[key] = list(sums) if sign == 1 else [-v for v in sums]
+    elif sign == 1:  # unrolled: this runs once per (call stack, op, phase) and owner
+        into[0] += sums[0]
+        into[1] += sums[1]
+        into[2] += sums[2]
+        into[3] += sums[3]
+        into[4] += sums[4]
+    else:
+        for i in range(_WIDTH):
+            into[i] -= sums[i]
+
+
+class Ledger:
+    """Totals by operator, module, module x operator and phase, plus what could not be
+    costed (ops without a handler) and the notes of estimated costs. ``aliases``:
+    ``{canonical module name: every name}`` of modules reachable under several names."""
+
+    def __init__(self, aliases: Optional[Mapping[str, Sequence[str]]] = None):
+        self.aliases: Dict[str, Tuple[str, ...]] = {name: tuple(names) for name, names in (aliases or {}).items()}
+        self._canonical = {alias: name for name, names in self.aliases.items() for alias in names}
+        self._owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+        self.operators: Dict[str, Sums] = {}
+        self.phases: Dict[str, Sums] = {}
+        self.modules: Dict[str, Sums] = {}
+        self.module_ops: Dict[str, Dict[str, Sums]] = {}
+        #: op -> [calls, {module: None}] of ops that ran without a handler
+        self.unsupported: Dict[str, List[Any]] = {}
+        #: (op, note) -> calls of costs that are estimates
+        self.notes: Dict[Tuple[str, str], int] = {}
+
+    @classmethod
+    def from_totals(
+        cls,
+        operators: Mapping[str, Sums],
+        phases: Mapping[str, Sums],
+        modules: Mapping[str, Sums],
+        module_ops: Mapping[str, Mapping[str, Sums]],
+        aliases: Optional[Mapping[str, Sequence[str]]] = None,
+    ) -> Ledger:
+        """A ledger holding totals booked before (copied, so booking more changes nothing else)."""
+        ledger = cls(aliases)
+        ledger.operators = {k: list(v) for k, v in operators.items()}
+        ledger.phases = {k: list(v) for k, v in phases.items()}
+        ledger.modules = {k: list(v) for k, v in modules.items()}
+        ledger.module_ops = {name: {k: list(v) for k, v in ops.items()} for name, ops in module_ops.items()}
+        return ledger
+
+    def owners(self, stack: Tuple[str, ...]) -> Tuple[str, ...]:
+        names = self._owners.get(stack)
+        if names is None:
+            names = self._owners[stack] = owners_of(stack, self.aliases, self._canonical)
+        return names
+
+    def book_all(self, costed: Iterable[Tuple[OpEvent, Optional[Cost]]]) -> Ledger:
+        """Book every event (``None``: no handler, listed as unsupported, never zero). Events
+        that share (call stack, op, phase) are summed first: far fewer than events."""
+        groups: Dict[Key, Sums] = {}
+        for event, cost in costed:
+            op = event.call.op
+            if cost is None:
+                entry = self.unsupported.setdefault(op, [0, {}])
+                entry[0] += 1
+                entry[1][event.module] = None
+                continue
+            if cost.note:
+                self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
+            for name, part in cost.parts or ((op, cost),):
+                key = (event.module_stack, name, event.phase)
+                sums = groups.get(key)
+                if sums is None:
+                    groups[key] = _vector(part, 1)
+                else:
+                    sums[0] += 1
+                    sums[1] += part.macs
+                    sums[2] += part.flops
+                    sums[3] += part.bytes_read
+                    sums[4] += part.bytes_written
+        for (stack, op, phase), sums in groups.items():
+            self._book(stack, op, phase, sums, 1)
+        return self
+
+    def rebook(self, event: OpEvent, old: Cost, new: Cost) -> None:
+        """The same event ran at another cost (a decode step's longer keys): ``old`` out,
+        ``new`` in, part by part; call counts are unchanged."""
+        op = event.call.op
+        for sign, cost in ((-1, old), (1, new)):
+            for name, part in cost.parts or ((op, cost),):
+                self._book(event.module_stack, name, event.phase, _vector(part, 0), sign)
+
+    def _book(self, stack: Tuple[str, ...], op: str, phase: str, sums: Sums, sign: int) -> None:
+        _add(self.operators, op, sums, sign)
+        _add(self.phases, phase, sums, sign)
+        for name in self.owners(stack):
+            _add(self.modules, name, sums, sign)
+            _add(self.module_ops.setdefault(name, {}), op, sums, sign)
+
+    def total(self) -> Sums:
+        return list(self.modules.get("", [0] * _WIDTH))

@@ -1,0 +1,136 @@
+"""Parameter counts and sizes, read statically from the model (no forward needed)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core.inputs import is_uninitialized
+from flopcount.core.packed import held_tensors, packed_objects
+from flopcount.types import ParamSummary
+
+#: Config keys that name how many experts each token is routed to.
+TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_topk", "num_selected_experts", "top_k")
+
+
+def _dtype_name(tensor) -> str:  # type: ignore[no-untyped-def]
+    return str(tensor.dtype).replace("torch.", "")
+
+
+def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] = None) -> ParamSummary:
+    """Count each parameter tensor once, even when shared by several modules; with routed
+    experts, also the parameters one token touches (see :func:`active_parameters`)."""
+    return summary_of(model, list(model.named_modules()), experts_per_token=experts_per_token)
+
+
+def summary_of(
+    model: nn.Module, modules: Sequence[Tuple[str, nn.Module]], *, experts_per_token: Optional[int] = None
+) -> ParamSummary:
+    """:func:`summarize_parameters` from ``model.named_modules()`` read already."""
+    total = trainable = 0
+    by_dtype: Dict[str, int] = {}
+    for param in _unique(t for _, m in modules for t in m._parameters.values()):  # a shared tensor once
+        if is_uninitialized(param):
+            continue  # a lazy module not materialised yet: its size is not known
+        n = param.numel()
+        total += n
+        if param.requires_grad:
+            trainable += n
+        key = _dtype_name(param)
+        by_dtype[key] = by_dtype.get(key, 0) + n * param.element_size()
+    # quantized modules: packed weights/biases are not nn.Parameters (frozen, stored dtype)
+    for _, module, obj in packed_objects(model, modules):
+        for tensor, stored in held_tensors(module, obj):
+            n = tensor.numel()
+            total += n
+            size = torch.finfo(stored).bits // 8 if stored != tensor.dtype else tensor.element_size()
+            key = str(stored).replace("torch.", "")
+            by_dtype[key] = by_dtype.get(key, 0) + n * size
+    buffers: Dict[str, int] = {}
+    for buf in _unique(t for _, m in modules for t in m._buffers.values()):
+        if is_uninitialized(buf):
+            continue
+        key = _dtype_name(buf)
+        buffers[key] = buffers.get(key, 0) + buf.numel() * buf.element_size()
+    active = _active(model, modules, experts_per_token)
+    return ParamSummary(total, trainable, total - trainable, by_dtype, buffers, active=active)
+
+
+def _config_value(model: nn.Module, keys: Tuple[str, ...]) -> Optional[int]:
+    """The first positive int among ``keys`` of the model's (text) config, if it has one."""
+    config: Any = getattr(model, "config", None)
+    if config is None:
+        return None
+    configs = [config]
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):
+        try:
+            configs.insert(0, get_text())
+        except Exception:  # a config without a text part
+            pass
+    for cfg in configs:
+        for key in keys:
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def routed_experts(
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]] = None
+) -> Iterator[Tuple[str, int, List[nn.Parameter]]]:
+    """(module name, E, parameters) of every block of E routed experts.
+
+    Two layouts are recognised: a module with an int ``num_experts`` (or ``num_local_experts``)
+    attribute E > 1 whose own weights are stacked 3-D tensors with a leading dimension E
+    (transformers 5's experts modules; their (E, out) biases count too), and an ``nn.ModuleList`` named ``experts`` (or ``...experts``) of E
+    identical modules. Shared experts live outside these blocks and count as always active."""
+    for name, module in model.named_modules() if modules is None else modules:
+        count = getattr(module, "num_experts", None) or getattr(module, "num_local_experts", None)
+        if isinstance(count, int) and count > 1:
+            stacked = [p for p in module.parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == count]
+            if any(p.dim() >= 3 for p in stacked):  # a router's (E, hidden) weight alone is not experts
+                yield name, count, stacked
+                continue
+        if isinstance(module, nn.ModuleList) and name.split(".")[-1].endswith("experts") and len(module) > 1:
+            yield name, len(module), list(module.parameters())
+
+
+def active_parameters(model: nn.Module, *, experts_per_token: Optional[int] = None) -> Optional[int]:
+    """Parameters one token touches: every parameter, less (E - k) / E of each block of E
+    routed experts, k = ``experts_per_token`` or the config's ``num_experts_per_tok``.
+    None when the model has no routed experts (or k is unknown)."""
+    return _active(model, None, experts_per_token)
+
+
+def _active(
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]], experts_per_token: Optional[int]
+) -> Optional[int]:
+    blocks = list(routed_experts(model, modules))
+    if not blocks:
+        return None
+    k = experts_per_token or _config_value(model, TOP_K_KEYS)
+    if k is None:
+        return None
+    seen = set()
+    inactive = 0
+    for _, count, params in blocks:
+        size = 0
+        for param in params:
+            if id(param) not in seen:
+                seen.add(id(param))
+                size += param.numel()
+        inactive += size * max(count - k, 0) // count
+    total = sum(p.numel() for p in model.parameters())
+    return total - inactive
+
+
+def _unique(tensors: Iterable[Optional[torch.Tensor]]) -> Iterator[torch.Tensor]:
+    """Each tensor once, in order (``model.parameters()``'s rule for shared tensors)."""
+    seen = set()
+    for tensor in tensors:
+        if tensor is not None and id(tensor) not in seen:
+            seen.add(id(tensor))
+            yield tensor

@@ -1,0 +1,470 @@
+"""The immutable result of a count, and how op costs aggregate into it (no torch here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
+
+from flopcount.core.ledger import Ledger
+from flopcount.core.rendering import render
+from flopcount.errors import UsageError
+from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
+
+Metric = Literal["flops", "macs", "count", "bytes", "bytes_read", "bytes_written"]
+METRICS: Tuple[str, ...] = ("flops", "macs", "count", "bytes", "bytes_read", "bytes_written")
+
+
+def _metric(metric: str, where: str) -> str:
+    if metric not in METRICS:
+        hint = " (parameters per module: FlopResult.modules[i].params)" if metric == "params" else ""
+        raise UsageError(f"{where}: metric must be one of {', '.join(map(repr, METRICS))}, got {metric!r}{hint}")
+    return metric
+
+__all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "OpTotals", "UnsupportedOp", "aggregate", "load_report"]
+
+
+@dataclass(frozen=True)
+class OpTotals:
+    """Calls, MACs, FLOPs and bytes moved of one operator (or of everything in one module)."""
+
+    count: int = 0
+    macs: int = 0
+    flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes read plus bytes written (the roofline's memory traffic)."""
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def intensity(self) -> Optional[float]:
+        """Arithmetic intensity, FLOPs per byte moved; None when nothing was moved."""
+        moved = self.bytes
+        return self.flops / moved if moved else None
+
+    def get(self, metric: Metric) -> int:
+        return int(getattr(self, metric))
+
+
+@dataclass(frozen=True)
+class UnsupportedOp:
+    """An op that ran without a handler: how often, and in which modules."""
+
+    op: str
+    count: int
+    modules: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One module of the model as ``named_modules()`` lists it."""
+
+    name: str
+    type_name: str
+    depth: int
+    calls: int
+    params: int
+
+
+@dataclass(frozen=True)
+class FlopResult:
+    """FLOPs, MACs and parameters of one traced run, by operator, by module and by both.
+
+    Convention: 1 MAC = 2 FLOPs; ``macs`` counts contraction ops only; ``flops`` counts
+    every floating-point operation that has a handler. Module names are those of
+    ``named_modules()``, ``""`` being the whole model; a parent includes its children.
+    """
+
+    flops: int
+    macs: int
+    params: int
+    tracer: str
+    modules: Tuple[ModuleInfo, ...]
+    parameters: ParamSummary
+    input_description: str = ""
+    _operators: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
+    _modules: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
+    _module_ops: Mapping[str, Mapping[str, OpTotals]] = field(default_factory=dict, repr=False)
+    _phases: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
+    _unsupported: Tuple[UnsupportedOp, ...] = field(default_factory=tuple, repr=False)
+    _aliases: Mapping[str, Tuple[str, ...]] = field(default_factory=dict, repr=False)
+    warnings: Tuple[str, ...] = ()
+    benchmark: Optional[Any] = field(default=None, repr=False)
+    gaps: Tuple[str, ...] = ()
+    #: ``(op, note, calls)`` of the costs that are estimates (their sentences are in ``warnings``).
+    _estimates: Tuple[Tuple[str, str, int], ...] = field(default_factory=tuple, repr=False)
+    #: Tensor bytes the ops read and wrote (docs/conventions.md, "Bytes").
+    bytes_read: int = 0
+    bytes_written: int = 0
+    #: Top-level sections of a report besides the count (``entry``, ``memory``, ``benchmark``...):
+    #: read back by :meth:`from_dict`, or attached with :meth:`with_sections`; ``to_dict`` writes them.
+    _sections: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: The key order of the document :meth:`from_dict` read (``to_dict`` writes it back in that order).
+    _key_order: Tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes read plus bytes written by every counted op (the roofline's memory traffic)."""
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def sections(self) -> Dict[str, Any]:
+        """The report's sections besides the count (``{"entry": ..., "memory": {...}}``), as
+        ``count --format json`` writes them; empty for a fresh count."""
+        return dict(self._sections)
+
+    def with_sections(self, **sections: Any) -> FlopResult:
+        """This result with more top-level JSON sections (``memory=estimate.to_dict()``)."""
+        return replace(self, _sections={**self._sections, **sections})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "report") -> FlopResult:
+        """The result a JSON report describes (``to_dict()``, or ``count --format json``):
+        ``FlopResult.from_dict(d).to_dict() == d``, key order included. Version
+        :data:`~flopcount.types.REPORT_SCHEMA_VERSION` is read; a newer or missing version is
+        refused with a :class:`~flopcount.errors.UsageError` naming ``source``. What the JSON
+        does not hold is not restored: ``by_module_and_operator()`` is empty and the
+        estimate notes are plain warnings."""
+        return _result_from_dict(cls, data, source)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token touches: ``params`` less the routed experts a token does not
+        use (k of E per mixture-of-experts layer); equal to ``params`` for a dense model."""
+        active = self.parameters.active
+        return self.params if active is None else active
+
+    # -- completeness -------------------------------------------------------------
+    @property
+    def complete(self) -> bool:
+        """False when the count may be short: an op without a handler ran, a placeholder
+        decided a value on meta/fake tensors, or a tracer could not see some work."""
+        return not self._unsupported and not self.gaps
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Every diagnostic of the count as a typed record, each once: ops without a handler
+        (with their modules and calls), gaps, estimated costs (op and calls), then the other
+        warnings. ``incomplete_reasons()`` and ``warnings`` are their texts."""
+        found: List[Diagnostic] = [
+            Diagnostic("unsupported", f"{u.op} ran {u.count}x without a handler", u.op, u.modules, u.count)
+            for u in self._unsupported
+        ]
+        found += [Diagnostic("gap", text) for text in self.gaps]
+        estimates = {_estimate_text(op, note, n): (op, n) for op, note, n in self._estimates}
+        seen = set(self.gaps)
+        for text in self.warnings:
+            if text in seen:
+                continue
+            seen.add(text)
+            if text in estimates:
+                op, n = estimates[text]
+                found.append(Diagnostic("estimate", text, op, (), n))
+            else:
+                found.append(Diagnostic("warning", text))
+        return tuple(found)
+
+    def incomplete_reasons(self) -> Tuple[str, ...]:
+        """One sentence per reason the count is not complete (empty when complete)."""
+        reasons = tuple(f"{u.op} ran {u.count}x without a handler" for u in self._unsupported)
+        return reasons + tuple(self.gaps)
+
+    # -- breakdowns ---------------------------------------------------------------
+    def by_operator(self, metric: Metric = "flops") -> Dict[str, int]:
+        """``{op: FLOPs}`` (or MACs, call counts, bytes), largest first."""
+        _metric(metric, "by_operator")
+        return _sorted({op: t.get(metric) for op, t in self._operators.items()})
+
+    def by_module(self, metric: Metric = "flops") -> Dict[str, int]:
+        """``{module name: FLOPs}`` including children, in ``named_modules()`` order;
+        modules that never ran appear with 0."""
+        _metric(metric, "by_module")
+        return {m.name: self._modules.get(m.name, OpTotals()).get(metric) for m in self.modules}
+
+    def by_module_and_operator(self, metric: Metric = "flops") -> Dict[str, Dict[str, int]]:
+        """``{module name: {op: FLOPs}}`` including children's ops."""
+        _metric(metric, "by_module_and_operator")
+        return {name: _sorted({op: t.get(metric) for op, t in ops.items()}) for name, ops in self._module_ops.items()}
+
+    def by_phase(self, metric: Metric = "flops") -> Dict[str, int]:
+        """``{"forward": ..., "backward": ...}`` (backward only when it was traced)."""
+        _metric(metric, "by_phase")
+        return {phase: t.get(metric) for phase, t in self._phases.items()}
+
+    def operator_totals(self) -> Dict[str, OpTotals]:
+        """Calls, MACs and FLOPs per operator, largest FLOPs first."""
+        return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].flops, -kv[1].count, kv[0])))
+
+    def module_totals(self, name: str) -> OpTotals:
+        """Calls, MACs and FLOPs of module ``name`` (children included; zeros for a module
+        that never ran). An unknown name raises ``KeyError``, as fvcore does."""
+        totals = self._modules.get(name)
+        if totals is not None:
+            return totals
+        if name not in self._module_names():
+            raise KeyError(f"no module named {name!r} in this result (names are those of named_modules(); '' is the model)")
+        return OpTotals()
+
+    def _module_names(self) -> FrozenSet[str]:
+        names: Optional[FrozenSet[str]] = self.__dict__.get("_names_cache")
+        if names is None:
+            names = frozenset(m.name for m in self.modules)
+            object.__setattr__(self, "_names_cache", names)
+        return names
+
+    def unsupported_ops(self) -> Dict[str, int]:
+        """``{op: calls}`` of ops that ran without a handler (not counted in the totals)."""
+        return {u.op: u.count for u in self._unsupported}
+
+    def unsupported_details(self) -> Tuple[UnsupportedOp, ...]:
+        return self._unsupported
+
+    # -- reports ------------------------------------------------------------------
+    def table(self, max_depth: Optional[int] = None, *, show_zero: bool = True) -> str:
+        """Per-module table (params, MACs, FLOPs, share) with the convention stated below it."""
+        return render(self, "table", max_depth=max_depth, show_zero=show_zero)
+
+    def operator_table(self) -> str:
+        """Per-operator table: calls, MACs, FLOPs and share."""
+        return render(self, "operator_table")
+
+    def tree(self, max_depth: Optional[int] = None) -> str:
+        """The module tree like a model printout, annotated with params, MACs, FLOPs and share."""
+        return render(self, "tree", max_depth=max_depth)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-safe dict; keys are documented in docs/api.md."""
+        return render(self, "dict")
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_csv(self, max_depth: Optional[int] = None) -> str:
+        return render(self, "csv", max_depth=max_depth)
+
+    def to_markdown(self, max_depth: Optional[int] = None) -> str:
+        return render(self, "table", max_depth=max_depth, fmt="github")
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _sorted(values: Dict[str, int]) -> Dict[str, int]:
+    return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
+    return {key: OpTotals(*sums) for key, sums in table.items()}
+
+
+def _thawed(table: Mapping[str, OpTotals]) -> Dict[str, List[int]]:
+    return {key: [t.count, t.macs, t.flops, t.bytes_read, t.bytes_written] for key, t in table.items()}
+
+
+def _from_ledger(ledger: Ledger, base: FlopResult) -> FlopResult:
+    total = OpTotals(*ledger.total())
+    return replace(
+        base,
+        flops=total.flops,
+        macs=total.macs,
+        bytes_read=total.bytes_read,
+        bytes_written=total.bytes_written,
+        _operators=_frozen(ledger.operators),
+        _modules=_frozen(ledger.modules),
+        _module_ops={name: _frozen(ops) for name, ops in ledger.module_ops.items()},
+        _phases=_frozen(ledger.phases),
+    )
+
+
+def aggregate(
+    costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
+    *,
+    tracer: str,
+    modules: Sequence[ModuleInfo],
+    parameters: ParamSummary,
+    input_description: str = "",
+    warnings: Sequence[str] = (),
+    gaps: Sequence[str] = (),
+    aliases: Optional[Mapping[str, Sequence[str]]] = None,
+) -> FlopResult:
+    """Sum op costs by operator, by module (a module includes every op run while it was
+    on the call stack, and every op of its submodules: containers that are never called,
+    like ModuleList, still include their children) and by phase, with the one
+    :class:`~flopcount.core.ledger.Ledger`. ``None`` marks an op without a handler: it is listed
+    as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
+    the ops it names, one call each. ``aliases``: ``{canonical name: every name}`` of
+    modules reachable under several names."""
+    ledger = Ledger(aliases).book_all(costed)
+    base = FlopResult(
+        flops=0,
+        macs=0,
+        params=parameters.total,
+        tracer=tracer,
+        modules=tuple(modules),
+        parameters=parameters,
+        input_description=input_description,
+        _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(ledger.unsupported.items())),
+        _aliases=ledger.aliases,
+        warnings=tuple(warnings) + tuple(_estimate_text(op, note, n) for (op, note), n in ledger.notes.items()),
+        _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()),
+        gaps=tuple(gaps),
+    )
+    return _from_ledger(ledger, base)
+
+
+def _estimate_text(op: str, note: str, count: int) -> str:
+    """The sentence for a cost that is an estimate: the count is complete (every op has a
+    handler) but this op's figure depends on data the handlers cannot see."""
+    return f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}"
+
+
+def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -> FlopResult:
+    """``result`` with some of its events' costs replaced (event, old cost, new cost): the same
+    events ran, only their shapes differ (the decode steps of
+    :func:`flopcount.count_generation`). Booked by the same ledger as :func:`aggregate`, split
+    costs included; call counts are unchanged."""
+    ledger = Ledger.from_totals(
+        _thawed(result._operators), _thawed(result._phases), _thawed(result._modules),
+        {name: _thawed(ops) for name, ops in result._module_ops.items()}, result._aliases,
+    )
+    for event, old, new in changes:
+        if old != new:
+            ledger.rebook(event, old, new)
+    return _from_ledger(ledger, result)
+
+
+# --------------------------------------------------------------------------- saved reports
+
+#: the keys ``to_dict`` writes from the count itself; every other key of a document is a section
+_COUNT_KEYS = frozenset({
+    "schema_version", "convention", "tracer", "inputs", "flops", "macs", "params", "active_params",
+    "trainable_params", "frozen_params", "param_bytes_by_dtype", "buffer_bytes_by_dtype", "size_bytes",
+    "bytes_read", "bytes_written", "by_phase", "by_operator", "by_module", "unsupported_ops", "complete",
+    "incomplete_reasons", "warnings",
+})
+_TOTAL_KEYS = ("macs", "flops", "bytes_read", "bytes_written")
+
+
+class _Reader:
+    """Typed access to a saved report's values; every error names the source and the key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, what: str) -> UsageError:
+        return UsageError(f"{self.source}: {where}: {what} (not a flopcount report as count --format json writes it?)")
+
+    def get(self, data: Mapping[str, Any], key: str, where: str = "") -> Any:
+        if not isinstance(data, Mapping):
+            raise self.fail(where or "the document", f"expected an object, got {type(data).__name__}")
+        if key not in data:
+            raise self.fail(f"{where}{'.' if where else ''}{key}", "missing")
+        return data[key]
+
+    def int(self, data: Mapping[str, Any], key: str, where: str = "") -> int:
+        value = data.get(key) if type(data) is dict else None
+        if type(value) is int:  # the common case, checked fast: a 70B report holds ~15,000 of them
+            return value
+        value = self.get(data, key, where)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.fail(f"{where}{'.' if where else ''}{key}", f"expected an integer, got {value!r}")
+        return value
+
+    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = self.get(data, key)
+        if not isinstance(value, Mapping):
+            raise self.fail(key, f"expected an object, got {type(value).__name__}")
+        return value
+
+    def strings(self, data: Mapping[str, Any], key: str) -> Tuple[str, ...]:
+        value = self.get(data, key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, "expected a list of strings")
+        return tuple(value)
+
+    def totals(self, row: Mapping[str, Any], where: str, count: bool) -> OpTotals:
+        sums = [self.int(row, key, where) for key in _TOTAL_KEYS]
+        return OpTotals(self.int(row, "count", where) if count else 0, *sums)
+
+
+def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: str) -> FlopResult:
+    read = _Reader(source)
+    if not isinstance(data, Mapping):
+        raise read.fail("the document", f"expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version is None:
+        raise read.fail("schema_version", "missing")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise UsageError(f"{source}: schema_version {version!r} is not one flopcount wrote (this flopcount reads version {REPORT_SCHEMA_VERSION})")
+    if version > REPORT_SCHEMA_VERSION:
+        raise UsageError(
+            f"{source}: schema_version {version} is newer than this flopcount reads ({REPORT_SCHEMA_VERSION}); "
+            "upgrade flopcount, or write the report again with this version"
+        )
+    params = read.int(data, "params")
+    active = read.int(data, "active_params")
+    dtypes = {key: read.table(data, key) for key in ("param_bytes_by_dtype", "buffer_bytes_by_dtype")}
+    for key, table in dtypes.items():
+        for dtype in table:
+            read.int(table, dtype, key)
+    summary = ParamSummary(
+        total=params, trainable=read.int(data, "trainable_params"), frozen=read.int(data, "frozen_params"),
+        bytes_by_dtype=dict(dtypes["param_bytes_by_dtype"]), buffer_bytes_by_dtype=dict(dtypes["buffer_bytes_by_dtype"]),
+        active=None if active == params else active,
+    )
+    modules: List[ModuleInfo] = []
+    module_totals: Dict[str, OpTotals] = {}
+    for name, row in read.table(data, "by_module").items():
+        where = f"by_module[{name!r}]"
+        type_name = read.get(row, "type", where)
+        if not isinstance(type_name, str):
+            raise read.fail(f"{where}.type", f"expected a string, got {type_name!r}")
+        modules.append(ModuleInfo(name, type_name, read.int(row, "depth", where), read.int(row, "calls", where), read.int(row, "params", where)))
+        module_totals[name] = read.totals(row, where, count=False)
+    operators = {op: read.totals(row, f"by_operator[{op!r}]", count=True) for op, row in read.table(data, "by_operator").items()}
+    phases = {phase: read.totals(row, f"by_phase[{phase!r}]", count=False)
+              for phase, row in read.table(data, "by_phase").items()}
+    unsupported: List[UnsupportedOp] = []
+    for op, row in read.table(data, "unsupported_ops").items():
+        where = f"unsupported_ops[{op!r}]"
+        mods = read.get(row, "modules", where)
+        if not isinstance(mods, list):
+            raise read.fail(f"{where}.modules", "expected a list")
+        unsupported.append(UnsupportedOp(op, read.int(row, "count", where), tuple(str(m) for m in mods)))
+    reasons = read.strings(data, "incomplete_reasons")
+    gaps = reasons[len(unsupported):]
+    tracer = read.get(data, "tracer")
+    inputs = read.get(data, "inputs")
+    result = cls(
+        flops=read.int(data, "flops"), macs=read.int(data, "macs"), params=params, tracer=str(tracer),
+        modules=tuple(modules), parameters=summary, input_description=str(inputs),
+        _operators=operators, _modules=module_totals, _module_ops={}, _phases=phases, _unsupported=tuple(unsupported),
+        warnings=read.strings(data, "warnings"), gaps=gaps,
+        bytes_read=read.int(data, "bytes_read"), bytes_written=read.int(data, "bytes_written"),
+        _sections={key: value for key, value in data.items() if key not in _COUNT_KEYS},
+        _key_order=tuple(data),
+    )
+    return result
+
+
+def load_report(path: Any) -> FlopResult:
+    """The :class:`FlopResult` of a JSON report file (``count --format json --output PATH``,
+    or ``result.to_json()``); :meth:`FlopResult.from_dict` says what is restored. A file
+    that is missing, not JSON or not a flopcount report raises
+    :class:`~flopcount.errors.UsageError` naming it."""
+    from pathlib import Path
+
+    target = Path(path)
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"report {target}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"report {target}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"report {target}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    return FlopResult.from_dict(data, source=f"report {target}")

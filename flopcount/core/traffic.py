@@ -1,0 +1,386 @@
+"""Memory traffic of one op call: the bytes it reads and writes (the roofline's memory side).
+
+The general rule (docs/conventions.md, "Bytes"): an op reads every tensor argument it
+is given (lists flattened, each argument once as passed, ``numel x element size``) and
+writes every tensor it returns. So:
+
+* a **view** (its result aliases an input: ``view``, ``t``, ``expand``, ``select``...)
+  moves nothing: 0 read, 0 written;
+* an **in-place** op (``add_``) reads its arguments, ``self`` included, and writes
+  ``self``; an op whose outputs the tracer cannot see as tensors (a list, ``None``)
+  is taken to write as many bytes as its ``self`` argument (``_foreach_*``);
+* an **allocation** that fills nothing (``empty``, ``empty_like``...) moves nothing;
+* a **fused composite** (``aten::linear``, ``scaled_dot_product_attention`` and its
+  flash/efficient/cuDNN kernels, a fused encoder layer) moves its own inputs and outputs
+  only: the ideal kernel keeps intermediates on chip. A split cost books the composite's
+  bytes under its first part.
+
+Op families whose traffic is not their arguments' size have their own rule
+(:data:`RULES`, one small function each; the formulas are in docs/conventions.md):
+
+* **gathers** (``embedding``, ``embedding_bag``, ``index_select``, ``gather``, ``take``,
+  ``index``): the indices and the elements gathered are read, not the whole table;
+* **in-place indexed writes** (``index_copy_``, ``index_put_``, ``index_add_``,
+  ``index_fill_``, ``scatter_``/``scatter_add_``/``scatter_reduce_``, ``put_``,
+  ``masked_fill_``, ``masked_scatter_``, ``copy_`` into a slice, ``fill_``/``zero_``):
+  the indices (or mask) and the source are read, the updated elements written, and read
+  too only when the op accumulates into them. How many elements a mask selects is data
+  no tracer sees: the bytes take the least it can be (none), the mask itself is read;
+* **identities** (eval-mode dropout, a ``to``/``type_as`` to the dtype the tensor
+  already has, shape and size queries) move nothing; a ``clone`` does move its bytes;
+* **factories that only read options** (``zeros_like``, ``new_zeros``, ``full_like``,
+  ``rand_like``...) read nothing and write their output.
+
+The out-of-place forms (``index_put``, ``scatter_add``...) copy their ``self`` into a
+new tensor first, so the general rule (whole ``self`` read, whole output written) holds
+for them. Autograd's backward of a gather is the exception: its formulas fill fresh zeros
+with ``index_add_``, ``scatter_add_``, ``put_``, ``_index_put_impl_`` **in place**, and take
+the out-of-place spelling only when a dispatch mode or a tensor subclass is active, which
+is how flopcount traces. In the backward phase those ops are priced as the in-place ops the
+program runs without flopcount (:data:`BACKWARD_IN_PLACE`); the zeros are booked by their
+own ``new_zeros``/``zeros_like`` event.
+
+Element sizes come from the dtype name; a tensor whose dtype a tracer could not see is
+taken as float32 (4 bytes). No torch here: whether an op is a view is told by the caller.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+
+from flopcount.types import OpCall, TensorMeta
+
+__all__ = ["BACKWARD_IN_PLACE", "ITEMSIZE", "RULES", "call_traffic", "element_size", "general_traffic"]
+
+#: Bytes per element, by the dtype names tracers give (``str(torch.float32)`` less ``torch.``).
+ITEMSIZE: Dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+}
+_DEFAULT_ITEMSIZE = 4
+
+#: Factories that allocate without writing a value.
+ALLOCATIONS = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
+    "aten::empty_permuted",
+})
+
+Traffic = Tuple[int, int]
+#: A byte rule: ``(bytes_read, bytes_written)`` of a call, or None to use the general rule.
+ByteRule = Callable[[OpCall], Optional[Traffic]]
+
+
+def element_size(dtype: Any) -> int:
+    """Bytes per element of a dtype name; float32's 4 when unknown."""
+    return ITEMSIZE.get(dtype, _DEFAULT_ITEMSIZE) if dtype is not None else _DEFAULT_ITEMSIZE
+
+
+def _nbytes(meta: TensorMeta) -> int:
+    size = element_size(meta.dtype)
+    for dim in meta.shape:
+        size *= dim
+    return size
+
+
+def _tensor_bytes(values: Iterable[Any]) -> int:
+    total = 0
+    for value in values:
+        if isinstance(value, TensorMeta):
+            total += _nbytes(value)
+        elif isinstance(value, tuple):
+            total += _tensor_bytes(value)
+    return total
+
+
+def call_traffic(call: OpCall, *, view: bool, phase: str = "forward") -> Traffic:
+    """``(bytes_read, bytes_written)`` of ``call`` by the convention above; ``view`` says
+    the op's result aliases an input (told by the op's schema); ``phase`` is the pass it
+    ran in (autograd's scatters into fresh zeros are priced in place: :data:`BACKWARD_IN_PLACE`)."""
+    rule = BACKWARD_IN_PLACE.get(call.op) if phase == "backward" else None
+    if rule is None:
+        rule = RULES.get(call.op)
+    if rule is not None:
+        answer = rule(call)
+        if answer is not None:
+            return answer
+    return general_traffic(call, view=view)
+
+
+def general_traffic(call: OpCall, *, view: bool) -> Traffic:
+    """The general rule alone (every tensor argument read, every output written; views and
+    bare allocations 0), without the family rules: what :func:`call_traffic` gives an op
+    that has no rule of its own."""
+    if view or call.op in ALLOCATIONS:
+        return 0, 0
+    read = _tensor_bytes(call.args.values())
+    written = _tensor_bytes(call.outputs)
+    if not written and not any(isinstance(o, TensorMeta) for o in call.outputs):
+        written = _tensor_bytes((call.args.get("self"),))
+    return read, written
+
+
+# -- helpers of the rules ----------------------------------------------------------------
+
+def _tensor(call: OpCall, name: str) -> Optional[TensorMeta]:
+    value = call.args.get(name)
+    return value if isinstance(value, TensorMeta) else None
+
+
+def _out(call: OpCall) -> Optional[TensorMeta]:
+    first = call.outputs[0] if call.outputs else None
+    return first if isinstance(first, TensorMeta) else None
+
+
+def _arg_bytes(call: OpCall, *names: str) -> int:
+    """Bytes of the named tensor (or tensor-list) arguments that are present."""
+    return _tensor_bytes(call.args.get(name) for name in names)
+
+
+def _elements(count: int, like: Optional[TensorMeta]) -> int:
+    """``count`` elements of ``like``'s dtype, in bytes."""
+    return count * element_size(like.dtype if like is not None else None)
+
+
+def _gathered(source: str, *indices: str) -> ByteRule:
+    """A gather from ``source``: reads the index tensors and one source element per output
+    element; writes its outputs."""
+
+    def rule(call: OpCall) -> Optional[Traffic]:
+        out, table = _out(call), _tensor(call, source)
+        if out is None or table is None:
+            return None
+        return _arg_bytes(call, *indices) + _elements(out.numel, table), _tensor_bytes(call.outputs)
+
+    rule.__doc__ = f"read {', '.join(indices)} + numel(out) elements of {source}; write the output"
+    return rule
+
+
+def _embedding_bag(call: OpCall) -> Optional[Traffic]:
+    """read indices, offsets, per_sample_weights + numel(indices) rows of weight; write
+    the outputs (the bags and the bookkeeping tensors the kernel returns)."""
+    weight, indices = _tensor(call, "weight"), _tensor(call, "indices")
+    if weight is None or indices is None or not weight.shape:
+        return None
+    rows = indices.numel * weight.shape[-1]
+    read = _arg_bytes(call, "indices", "offsets", "per_sample_weights") + _elements(rows, weight)
+    return read, _tensor_bytes(call.outputs)
+
+
+def _embedding_renorm(call: OpCall) -> Optional[Traffic]:
+    """read indices + the rows they name; write those rows back (at most)."""
+    weight, indices = _tensor(call, "self"), _tensor(call, "indices")
+    if weight is None or indices is None or not weight.shape:
+        return None
+    rows = _elements(indices.numel * weight.shape[-1], weight)
+    return _nbytes(indices) + rows, rows
+
+
+def _updated(count: int, call: OpCall, index_names: Sequence[str], source: Optional[str], accumulate: bool) -> Traffic:
+    """``count`` elements of ``self`` updated: the indices read, ``count`` source elements
+    read, the updated elements written (and read first when accumulating into them)."""
+    self_meta = _tensor(call, "self")
+    read = _arg_bytes(call, *index_names)
+    src = _tensor(call, source) if source is not None else None
+    if src is not None:
+        read += _elements(min(count, src.numel), src)
+    updated = _elements(count, self_meta)
+    return read + (updated if accumulate else 0), updated
+
+
+def _index_copy(call: OpCall) -> Optional[Traffic]:
+    """read index + source; write numel(source) elements of self."""
+    source = _tensor(call, "source")
+    if source is None:
+        return None
+    return _updated(source.numel, call, ("index",), "source", accumulate=False)
+
+
+def _index_add(call: OpCall) -> Optional[Traffic]:
+    """read index + source + the numel(source) elements of self it adds to; write those."""
+    source = _tensor(call, "source")
+    if source is None:
+        return None
+    return _updated(source.numel, call, ("index",), "source", accumulate=True)
+
+
+def _index_fill(call: OpCall) -> Optional[Traffic]:
+    """read index (and a tensor value); write numel(self) / size(dim) x numel(index) elements."""
+    self_meta, index = _tensor(call, "self"), _tensor(call, "index")
+    if self_meta is None or index is None:
+        return None
+    dim = call.args.get("dim")
+    size = self_meta.shape[dim] if isinstance(dim, int) and self_meta.shape else 1
+    slab = self_meta.numel // size if size else 0
+    read, written = _updated(slab * index.numel, call, ("index",), None, accumulate=False)
+    return read + _arg_bytes(call, "value"), written
+
+
+def _scatter(call: OpCall) -> Optional[Traffic]:
+    """read index + numel(index) elements of src; write numel(index) elements of self
+    (read them too with ``reduce=``)."""
+    index = _tensor(call, "index")
+    if index is None:
+        return None
+    read, written = _updated(index.numel, call, ("index",), "src", accumulate=bool(call.args.get("reduce")))
+    return read + _arg_bytes(call, "value"), written
+
+
+def _scatter_add(call: OpCall) -> Optional[Traffic]:
+    """read index + numel(index) elements of src and of self; write numel(index) elements."""
+    index = _tensor(call, "index")
+    if index is None:
+        return None
+    return _updated(index.numel, call, ("index",), "src", accumulate=True)
+
+
+def _scatter_reduce(call: OpCall) -> Optional[Traffic]:
+    """as scatter_add_; ``reduce="mean"`` then divides all of self (the general rule)."""
+    if call.args.get("reduce") == "mean":
+        return None
+    return _scatter_add(call)
+
+
+def _put(call: OpCall) -> Optional[Traffic]:
+    """read index + numel(index) elements of source (and of self when accumulating);
+    write numel(index) elements."""
+    index = _tensor(call, "index")
+    if index is None:
+        return None
+    return _updated(index.numel, call, ("index",), "source", accumulate=bool(call.args.get("accumulate")))
+
+
+def _broadcast_numel(shapes: Sequence[Tuple[int, ...]]) -> int:
+    ndim = max((len(s) for s in shapes), default=0)
+    numel = 1
+    for axis in range(-ndim, 0):
+        numel *= max((s[axis] for s in shapes if len(s) >= -axis), default=1)
+    return numel
+
+
+def _index_put(call: OpCall) -> Optional[Traffic]:
+    """read the index tensors + values (+ the selected elements of self when
+    ``accumulate``); write the selected elements: broadcast(indices) x the dims no index
+    covers. A boolean index selects as many as its data says: at least numel(values)."""
+    self_meta = _tensor(call, "self")
+    indices = call.args.get("indices")
+    values = _tensor(call, "values")
+    if self_meta is None or values is None or not isinstance(indices, tuple):
+        return None
+    tensors = [i for i in indices if isinstance(i, TensorMeta)]
+    if any(t.dtype in ("bool", "uint8") for t in tensors):
+        count = values.numel
+    else:
+        free = [size for d, size in enumerate(self_meta.shape) if d >= len(indices) or not isinstance(indices[d], TensorMeta)]
+        count = _broadcast_numel([t.shape for t in tensors]) * prod(free)
+    read = _tensor_bytes(indices) + _nbytes(values)
+    updated = _elements(count, self_meta)
+    return read + (updated if call.args.get("accumulate") else 0), updated
+
+
+def _masked(call: OpCall) -> Optional[Traffic]:
+    """read the mask (and a tensor value); the elements it selects are data: none at the least."""
+    if _tensor(call, "mask") is None:
+        return None
+    return _arg_bytes(call, "mask", "value"), 0
+
+
+def _copy_into(call: OpCall) -> Optional[Traffic]:
+    """``copy_(self, src)``: read src, write self (a slice's own size); self is not read."""
+    self_meta = _tensor(call, "self")
+    if self_meta is None:
+        return None
+    return _arg_bytes(call, "src"), _nbytes(self_meta)
+
+
+def _fill(call: OpCall) -> Optional[Traffic]:
+    """``fill_``/``zero_``: read a tensor value; write self."""
+    self_meta = _tensor(call, "self")
+    if self_meta is None:
+        return None
+    return _arg_bytes(call, "value"), _nbytes(self_meta)
+
+
+def _dropout(call: OpCall) -> Optional[Traffic]:
+    """eval-mode dropout returns its input: 0. In training the general rule."""
+    return (0, 0) if call.args.get("train") is False else None
+
+
+def _same_dtype_identity(call: OpCall) -> Traffic:
+    """``to``/``type_as``: returns ``self`` when the dtype is unchanged (0); else a copy
+    (self read, output written). A device move is not seen (one device per trace)."""
+    self_meta, out = _tensor(call, "self"), _out(call)
+    if self_meta is None or out is None:
+        return 0, 0
+    if out.dtype == self_meta.dtype and out.shape == self_meta.shape and not call.args.get("copy"):
+        return 0, 0
+    return _nbytes(self_meta), _nbytes(out)
+
+
+def _nothing(call: OpCall) -> Traffic:
+    """a size or shape query: no tensor data moves."""
+    return 0, 0
+
+
+def _written_only(call: OpCall) -> Optional[Traffic]:
+    """a factory that reads only its argument's options: write the output."""
+    return 0, _tensor_bytes(call.outputs)
+
+
+_QUERIES = (
+    "size", "sym_size", "numel", "sym_numel", "stride", "sym_stride", "sym_storage_offset", "dim", "len",
+    "is_contiguous", "is_floating_point", "is_complex", "is_same_size", "is_nonzero", "_shape_as_tensor",
+    "_assert_tensor_metadata", "_has_compatible_shallow_copy_type", "record_stream", "_version", "output_nr",
+    "requires_grad_", "retain_grad",
+)
+_LIKE_FACTORIES = (
+    "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "new_zeros", "new_ones",
+    "new_full",
+)
+_DROPOUTS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+
+#: op -> its byte rule, for the families whose traffic is not "arguments + outputs".
+RULES: Dict[str, ByteRule] = {
+    "aten::embedding": _gathered("weight", "indices"),
+    "aten::index_select": _gathered("self", "index"),
+    "aten::gather": _gathered("self", "index"),
+    "aten::take": _gathered("self", "index"),
+    "aten::take_along_dim": _gathered("self", "indices"),
+    "aten::index": _gathered("self", "indices"),
+    "aten::_unsafe_index": _gathered("self", "indices"),
+    "aten::embedding_bag": _embedding_bag,
+    "aten::embedding_renorm_": _embedding_renorm,
+    "aten::index_copy_": _index_copy,
+    "aten::index_add_": _index_add,
+    "aten::index_fill_": _index_fill,
+    "aten::scatter_": _scatter,
+    "aten::scatter_add_": _scatter_add,
+    "aten::scatter_reduce_": _scatter_reduce,
+    "aten::put_": _put,
+    "aten::index_put_": _index_put,
+    "aten::_index_put_impl_": _index_put,
+    "aten::masked_fill_": _masked,
+    "aten::masked_scatter_": _masked,
+    "aten::copy_": _copy_into,
+    "aten::fill_": _fill,
+    "aten::zero_": _fill,
+    "aten::to": _same_dtype_identity,
+    "aten::type_as": _same_dtype_identity,
+    **{f"aten::{name}": _dropout for name in _DROPOUTS},
+    **{f"aten::{name}": _nothing for name in _QUERIES},
+    **{f"aten::{name}": _written_only for name in _LIKE_FACTORIES},
+}
+
+#: Backward-phase ops that autograd's gather formulas run in place on fresh zeros (torch's
+#: ``index_select_backward``, ``gather_backward``, ``take``'s and ``index``'s formulas): the
+#: traced out-of-place spelling is an artefact of tracing under a dispatch mode.
+BACKWARD_IN_PLACE: Dict[str, ByteRule] = {
+    "aten::index_add": _index_add,
+    "aten::scatter_add": _scatter_add,
+    "aten::put": _put,
+    "aten::index_put": _index_put,
+    "aten::_index_put_impl": _index_put,
+}

@@ -1,0 +1,361 @@
+"""The forwards ``generate()`` runs, as :func:`flopcount.count_generation` feeds them: the
+generation options that change them (:func:`generation_options`: the cache implementation,
+its length, chunked prefill, resolved from the model's ``generation_config`` and the
+arguments as transformers 5 resolves them), the prefill call or calls (prompt, all-ones
+mask, decoder start token, ``logits_to_keep=1``; one call per chunk with
+``prefill_chunk_size``) and each decode step's inputs (the greedy token, the cache, the
+growing mask; or what the model's own ``prepare_inputs_for_generation`` makes of them), and
+the hook that keeps each output."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core.inputs import is_dataless
+from flopcount.errors import UsageError
+
+__all__ = ["Decoding", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options"]
+
+# transformers 5's cache implementations (``generation/configuration_utils.py``): the ones
+# whose cache is a StaticCache of ``max_cache_len`` positions, and the dynamic ones.
+_STATIC = ("static", "offloaded_static", "sliding_window", "hybrid", "hybrid_chunked", "offloaded_hybrid",
+           "offloaded_hybrid_chunked")
+_DYNAMIC = ("dynamic", "offloaded")
+_REFUSED = {
+    "quantized": "its quantize/dequantize work (optimum-quanto or HQQ kernels) is not modelled; count the dynamic "
+                 "cache (cache_implementation='dynamic') for the attention and projections",
+    "paged": "generate() switches to continuous batching, whose scheduling flopcount does not model",
+}
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The options of ``generate()`` that change its forwards, resolved: ``static_len`` is
+    the StaticCache's length (None: the model's own dynamic cache), ``prefill_chunk`` the
+    prefill's chunk size (None: one prefill forward); ``notes`` say what was read and why."""
+
+    cache_implementation: Optional[str] = None
+    static_len: Optional[int] = None
+    prefill_chunk: Optional[int] = None
+    notes: Tuple[str, ...] = ()
+
+
+def generation_options(
+    model: nn.Module, batch: int, prompt: int, new_tokens: int, given: Mapping[str, Any]
+) -> GenerationOptions:
+    """The options ``model.generate(ids, max_new_tokens=new_tokens, **given)`` would run
+    with: ``given`` (arguments not None) over the model's ``generation_config``, then as
+    transformers 5 does: ``"hybrid"`` is the dynamic cache; a static cache holds
+    ``max(prompt + new_tokens - 1, max_cache_len, the model's previous static length)``
+    positions; a model that builds its own cache (Mamba...) ignores ``cache_implementation``.
+    Options whose work flopcount does not model are refused with a UsageError."""
+    config = getattr(model, "generation_config", None)
+
+    def option(name: str) -> Any:
+        return given[name] if given.get(name) is not None else getattr(config, name, None)
+
+    where = {name: "argument" if given.get(name) is not None else "generation_config"
+             for name in ("cache_implementation", "max_cache_len", "prefill_chunk_size")}
+    impl, length, chunk = option("cache_implementation"), option("max_cache_len"), option("prefill_chunk_size")
+    notes: List[str] = []
+    for name, value in (("max_cache_len", length), ("prefill_chunk_size", chunk)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"count_generation: {name} ({where[name]}) must be an int >= 1, got {value!r}")
+    if impl is not None and not isinstance(impl, str):
+        raise UsageError(f"count_generation: cache_implementation ({where['cache_implementation']}) must be a string, got {impl!r}")
+    beams = max(int(option("num_beams") or 1), int(option("num_return_sequences") or 1))
+    if beams > 1:
+        notes.append(
+            f"generation_config asks for {beams} beams/sequences per prompt: counted greedy search (one sequence per "
+            f"prompt); generate() would run a batch {beams}x as large"
+        )
+    if impl in _REFUSED:
+        raise UsageError(f"count_generation: cache_implementation={impl!r} ({where['cache_implementation']}) is not honoured: {_REFUSED[impl]}")
+    if impl is not None and impl not in _STATIC + _DYNAMIC:
+        raise UsageError(
+            f"count_generation: unknown cache_implementation {impl!r} ({where['cache_implementation']}); "
+            f"transformers offers {', '.join(_DYNAMIC + _STATIC + tuple(_REFUSED))}"
+        )
+    if impl == "hybrid":  # transformers 5 unsets it in generate(): the dynamic (sliding) cache runs
+        notes.append("cache_implementation='hybrid' runs the dynamic cache in transformers 5's generate(), as counted")
+        impl = None
+    encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    builds_own = not _supports_cache_objects(model)
+    if impl is not None and builds_own:
+        notes.append(f"cache_implementation={impl!r} is ignored for {type(model).__name__}, as generate() ignores it "
+                     "(the model builds its own cache)")
+        impl = None
+    if encoder_decoder and ((impl is not None and impl in _STATIC) or chunk is not None):
+        raise UsageError(
+            "count_generation: a static cache or prefill_chunk_size on an encoder-decoder is not honoured yet "
+            "(its cross-attention cache is sized by the encoder's output); count the dynamic cache without chunking"
+        )
+    if chunk is not None and builds_own:
+        raise UsageError(f"count_generation: prefill_chunk_size needs a cache object, which {type(model).__name__} "
+                         "does not take (generate() refuses it too)")
+    static_len = None
+    if impl in _STATIC:
+        previous = getattr(model, "_previous_max_cache_length", -1)
+        static_len = max(prompt + new_tokens - 1, length or 0, previous if isinstance(previous, int) else -1)
+        notes.append(
+            f"cache_implementation={impl!r}: a StaticCache of {static_len} positions, attended over at every step, the "
+            f"prefill included (max of prompt + new tokens - 1 = {prompt + new_tokens - 1}"
+            + (f", max_cache_len={length}" if length else "")
+            + (f", this model's previous static length {previous}" if isinstance(previous, int) and previous > 0 else "")
+            + ")"
+        )
+        if "offloaded" in impl:
+            notes.append(f"cache_implementation={impl!r}: counted without offloading (moving the cache between devices "
+                         "is data movement, no FLOPs)")
+    elif impl == "offloaded":
+        notes.append("cache_implementation='offloaded': the dynamic cache's work (offloading moves data, no FLOPs)")
+    if chunk is not None and chunk < prompt:
+        notes.append(f"prefill_chunk_size={chunk}: the prompt of {prompt} positions is prefilled in "
+                     f"{-(-prompt // chunk)} forwards, each through the cache")
+    return GenerationOptions(impl, static_len, chunk if chunk is not None and chunk < prompt else None, tuple(notes))
+
+
+def _supports_cache_objects(model: nn.Module) -> bool:
+    """Whether generate() hands this model a Cache object (transformers' own test; models
+    without it, Mamba-like ones, build their cache in ``prepare_inputs_for_generation``)."""
+    check = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if not callable(check):
+        return True
+    try:
+        return bool(check())
+    except Exception:
+        return True
+
+
+def _static_cache(model: nn.Module, length: int) -> Any:
+    from transformers import StaticCache
+
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return StaticCache(config=text, max_cache_len=length)
+
+
+def _dynamic_cache(model: nn.Module) -> Any:
+    from transformers import DynamicCache
+
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return DynamicCache(config=text)
+
+
+def cache_of(output: Any, setup: Setup) -> Any:
+    """The cache a forward returned (``cache`` in transformers >= 5.24, else ``past_key_values``)."""
+    cache = _field(output, setup.cache_key)
+    return _field(output, "past_key_values") if cache is None else cache
+
+
+class LastOutput:
+    """Keeps the output of the model's own forward (a process-wide hook, removed on exit)."""
+
+    def __init__(self, model: nn.Module):
+        self._model = model
+        self.value: Any = None
+        self._handle: Any = None
+
+    def __enter__(self) -> LastOutput:
+        from torch.nn.modules import module as module_impl
+
+        def keep(module: nn.Module, args: Any, output: Any) -> None:
+            if module is self._model:
+                self.value = output
+
+        self._handle = module_impl.register_module_forward_hook(keep)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+
+    def take(self) -> Any:
+        value, self.value = self.value, None
+        if value is None:
+            raise UsageError("count_generation: the model's forward returned nothing to continue from")
+        return value
+
+
+def _field(output: Any, name: str) -> Any:
+    if isinstance(output, Mapping) or hasattr(output, "keys"):
+        try:
+            return output[name]
+        except (KeyError, TypeError):
+            return None
+    return getattr(output, name, None)
+
+
+def _next_tokens(logits: Any) -> torch.Tensor:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        raise UsageError("count_generation: the model returned no (batch, positions, vocab) logits")
+    with torch.no_grad():
+        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
+
+
+class Setup:
+    """The prefill call (prompt, mask, decoder start, ``logits_to_keep``) and what decoding needs;
+    ``prefill_calls``: the prefill's forwards (one per chunk with chunked prefill; each chunk
+    after the first is fed the cache the one before returned)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        kwargs: Optional[Mapping[str, Any]],
+        options: GenerationOptions = GenerationOptions(),
+    ):
+        config = getattr(model, "config", None)
+        self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+        self.parameters = _forward_parameters(model)
+        # (batch, P), or (batch, features, P) for speech
+        self.batch, self.prompt = int(input_ids.shape[0]), int(input_ids.shape[-1])
+        self.device = input_ids.device
+        self.notes: List[str] = []
+        if is_dataless(input_ids):
+            self.notes.append(
+                "count_generation on meta/fake tensors: the generated token ids have no value (a dense model costs the "
+                "same whatever the ids); no early stop at an end-of-sequence token"
+            )
+        main = getattr(model, "main_input_name", "input_ids") if self.encoder_decoder else "input_ids"
+        first: Dict[str, Any] = {main: input_ids, "use_cache": True}
+        if "attention_mask" in self.parameters and not (kwargs and "attention_mask" in kwargs) and input_ids.dtype in _INT:
+            if is_dataless(input_ids):
+                # generate's all-ones mask would only be checked with .all(), which meta cannot answer
+                self.notes.append("no attention mask was passed on meta (all positions valid, as generate's all-ones mask)")
+            else:
+                first["attention_mask"] = torch.ones(self.batch, self.prompt, dtype=torch.int64, device=self.device)
+        if self.encoder_decoder:
+            first["decoder_input_ids"] = torch.full((self.batch, 1), _decoder_start(model), dtype=torch.int64, device=self.device)
+        if "logits_to_keep" in self.parameters:
+            first["logits_to_keep"] = 1
+        first.update(kwargs or {})
+        # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` deprecated)
+        self.cache_key = "cache" if "cache" in self.parameters else "past_key_values"
+        if not any(k in first for k in ("cache", "past_key_values")):
+            if options.static_len is not None:
+                first[self.cache_key] = _static_cache(model, options.static_len)
+            elif self.cache_key == "cache" and not self.encoder_decoder and _supports_cache_objects(model):
+                # generate() makes the dynamic cache and hands it in: models that keep recurrent state in
+                # their modules (RecurrentGemma) update it in place and return none
+                first[self.cache_key] = _dynamic_cache(model)
+        self.first = first
+        self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
+        # positions the cache holds after the prefill: the prompt, or the decoder's first token
+        self.base = 1 if self.encoder_decoder else self.prompt
+
+
+def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]:
+    """The prefill as generate() chunks it: the prompt split into ``size`` positions, each
+    chunk with the mask up to its end (the cache is added between calls)."""
+    calls = []
+    prompt = first[main]
+    mask = first.get("attention_mask")
+    for start in range(0, int(prompt.shape[-1]), size):
+        call = dict(first)
+        call[main] = prompt[..., start : start + size]
+        if isinstance(mask, torch.Tensor):
+            call["attention_mask"] = mask[..., : start + int(call[main].shape[-1])]
+        calls.append(call)
+    return calls
+
+
+class Decoding:
+    """What the next decode step is fed: the greedy token, the cache, the growing mask."""
+
+    def __init__(self, model: nn.Module, output: Any, setup: Setup):
+        self.setup = setup
+        self.prepare = _step_preparer(model, setup)
+        self.encoder_out = _field(output, "encoder_last_hidden_state") if setup.encoder_decoder else None
+        self.mask = setup.first.get("attention_mask")
+        self.notes: List[str] = []
+        self.advance(output)
+
+    def advance(self, output: Any) -> None:
+        self.cache = cache_of(output, self.setup)
+        if self.cache is None and self.setup.first.get(self.setup.cache_key) is not None:
+            # a model that updates the cache it was handed in place may return none (RecurrentGemma,
+            # whose recurrent state lives in its modules, set and read by its own forwards)
+            self.cache = self.setup.first[self.setup.cache_key]
+            note = ("the model returned no cache: it updates the one generate() hands it in place and keeps other "
+                    "state in its modules (kv_cache_bytes counts the cache object only)")
+            if note not in self.notes:
+                self.notes.append(note)
+        self.tokens = _next_tokens(_field(output, "logits"))
+
+    def call(self, step: int, width: int = 1) -> Dict[str, Any]:
+        """The forward of decode step ``step``, or of ``width`` positions from it at once: as
+        the model's ``prepare_inputs_for_generation`` makes it when it has one (Mamba drops
+        the attention mask after the prefill), else the tokens, the cache and the mask."""
+        call = self._call(step, width)
+        if self.prepare is None:
+            return call
+        setup = self.setup
+        ids = call.pop("decoder_input_ids" if setup.encoder_decoder else "input_ids")
+        history = ids[:, :1].expand(-1, (1 if setup.encoder_decoder else setup.prompt) + step + width)
+        try:
+            return dict(self.prepare(history, next_sequence_length=width, is_first_iteration=False, **call))
+        except Exception as exc:  # transformers' own helper: fall back to the plain inputs, and say so
+            self.prepare = None
+            self.notes.append(
+                f"{type(exc).__name__} in the model's prepare_inputs_for_generation ({str(exc)[:120]}): decode steps "
+                "were fed the greedy token, the cache and the all-ones mask instead"
+            )
+            return self._call(step, width)
+
+    def _call(self, step: int, width: int) -> Dict[str, Any]:
+        setup = self.setup
+        tokens = self.tokens if width == 1 else self.tokens.expand(-1, width)
+        call: Dict[str, Any] = {setup.cache_key: self.cache, "use_cache": True}
+        if setup.encoder_decoder:
+            from transformers.modeling_outputs import BaseModelOutput
+
+            call["decoder_input_ids"] = tokens
+            call["encoder_outputs"] = BaseModelOutput(last_hidden_state=self.encoder_out)
+            if self.mask is not None:
+                call["attention_mask"] = self.mask
+        else:
+            call["input_ids"] = tokens
+            if self.mask is not None:
+                call["attention_mask"] = torch.ones(setup.batch, setup.prompt + step + width, dtype=torch.int64, device=setup.device)
+        if "logits_to_keep" in setup.parameters:
+            call["logits_to_keep"] = 1
+        return call
+
+
+def _step_preparer(model: nn.Module, setup: Setup) -> Any:
+    """The model's ``prepare_inputs_for_generation`` when it takes the arguments generate()
+    gives it in transformers 5 (``cache``, ``next_sequence_length``), else None."""
+    prepare = getattr(model, "prepare_inputs_for_generation", None)
+    if not callable(prepare) or setup.cache_key != "cache":
+        return None
+    try:
+        names = inspect.signature(prepare).parameters
+    except (TypeError, ValueError):
+        return None
+    takes_length = "next_sequence_length" in names or any(p.kind is p.VAR_KEYWORD for p in names.values())
+    return prepare if takes_length and "cache" in names else None
+
+
+_INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _forward_parameters(model: nn.Module) -> Tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def _decoder_start(model: nn.Module) -> int:
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        for key in ("decoder_start_token_id", "bos_token_id", "pad_token_id"):
+            value = getattr(source, key, None)
+            if isinstance(value, int):
+                return value
+    return 0

@@ -1,0 +1,234 @@
+"""Which decode steps :func:`flopcount.count_generation` traces, and how it costs the others.
+
+Decode step s attends to a context of ``base + s + 1`` positions. Between two **limits** of
+the model's cache (the context lengths at which a layer changes how it grows: a sliding
+window filling, a chunk boundary of chunked attention, a fixed-size state's kernel, a
+rotary scaling switch) every shape and integer argument of a step is affine in s. So the
+steps are cut into runs at the limits (the steps next to a limit are traced one by one);
+in each run the first three steps and the last are traced, and the steps between them are
+costed as the affine continuation of the first two, provided it reproduces the third and
+the last exactly. Otherwise every step is traced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
+
+import torch
+
+from flopcount.core.analysis import cost_events
+from flopcount.core.registry import HandlerRegistry
+from flopcount.core.results import FlopResult, reprice
+from flopcount.types import Cost, OpCall, OpEvent, TensorMeta, Trace
+
+__all__ = ["Affine", "Limits", "cache_limits", "plan_runs"]
+
+# Attribute and config keys whose integer value is a context length at which a cache layer
+# or the position encoding may change behaviour.
+_LIMIT_KEYS = frozenset({
+    "sliding_window", "sliding_window_size", "attention_window", "local_window_size", "window_size",
+    "max_cache_len", "attention_chunk_size", "conv_kernel", "conv_kernel_size", "d_conv", "mamba_d_conv",
+    "conv_L_cache", "max_position_embeddings", "original_max_position_embeddings",
+})
+# Keys whose value is a period: every multiple of it is a limit (chunked attention's chunks).
+_PERIOD_KEYS = frozenset({"attention_chunk_size"})
+_MARGIN = 1  # steps either side of a limit traced one by one (off-by-one conventions differ)
+_MIN_RUN = 5  # a shorter run has nothing to predict: steps a, a+1, a+2 and b are traced anyway
+_MAX_PERIODS = 256  # a chunk this small makes most steps traced anyway: trace them all
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Context lengths at which the cache may stop growing or change shape (``windows``), and
+    chunk sizes whose every multiple is such a length (``periods``)."""
+
+    windows: FrozenSet[int] = frozenset()
+    periods: FrozenSet[int] = frozenset()
+
+    def within(self, low: int, high: int) -> List[int]:
+        """The limits in the context range ``low..high``, each once, in order."""
+        found: Set[int] = {w for w in self.windows if low <= w <= high}
+        for period in self.periods:
+            first = max(1, -(-low // period))
+            found.update(period * k for k in range(first, high // period + 1))
+        return sorted(found)
+
+
+def cache_limits(cache: Any, config: Any) -> Limits:
+    """The limits read from the cache object (each layer's window, ``max_cache_len``, conv
+    kernel) and from the model's config (``sliding_window``, ``attention_chunk_size`` with
+    ``layer_types``, rotary scaling lengths, in sub-configs too)."""
+    windows: Set[int] = set()
+    periods: Set[int] = set()
+    sources: List[Any] = [cache]
+    if config is not None:
+        to_dict = getattr(config, "to_dict", None)
+        sources.append(to_dict() if callable(to_dict) else config)
+    for source in sources:
+        for key, value in _keyed_ints(source, set()):
+            if key in _PERIOD_KEYS:
+                periods.add(value)
+            windows.add(value)
+    return Limits(frozenset(w for w in windows if w > 0), frozenset(p for p in periods if p > 0))
+
+
+def _keyed_ints(obj: Any, visited: Set[int]) -> Iterator[Tuple[str, int]]:
+    """``(key, int)`` for every limit key found in ``obj``'s attributes, mappings and lists."""
+    if id(obj) in visited or obj is None or isinstance(obj, (int, float, str, bool, bytes)):
+        return
+    visited.add(id(obj))
+    if isinstance(obj, Mapping):
+        items: Any = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = (("", child) for child in obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, torch.nn.Module)):
+        items = vars(obj).items()
+    else:
+        return
+    for key, value in items:
+        if isinstance(key, str) and key in _LIMIT_KEYS:
+            yield from ((key, v) for v in _ints(value))
+        elif not isinstance(value, (int, float, str, bool)):
+            yield from _keyed_ints(value, visited)
+
+
+def _ints(value: Any) -> Iterator[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _ints(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _ints(v)
+
+
+def plan_runs(total: int, base: int, limits: Limits, every_step: bool) -> List[Tuple[int, int, bool]]:
+    """Steps ``0..total-1`` as consecutive runs ``(first, last, predictable)``: a predictable
+    run crosses no limit and is long enough to predict; the others are traced step by step.
+    ``base``: the positions cached after the prefill (step s has context ``base + s + 1``)."""
+    if total <= 0:
+        return []
+    if every_step:
+        return [(0, total - 1, False)]
+    kinks = limits.within(base + 1, base + total)
+    if len(kinks) > _MAX_PERIODS:
+        return [(0, total - 1, False)]
+    near: Set[int] = set()
+    for context in kinks:
+        step = context - base - 1
+        near.update(range(max(0, step - _MARGIN), min(total - 1, step + _MARGIN) + 1))
+    runs: List[Tuple[int, int, bool]] = []
+    start = 0
+    for step in range(total + 1):
+        if step == total or step in near:
+            if step > start:
+                runs.append((start, step - 1, step - start >= _MIN_RUN))
+            if step < total:
+                runs.append((step, step, False))
+            start = step + 1
+    return _merged(runs)
+
+
+def _merged(runs: List[Tuple[int, int, bool]]) -> List[Tuple[int, int, bool]]:
+    """Adjacent traced-only runs as one."""
+    merged: List[Tuple[int, int, bool]] = []
+    for run in runs:
+        if merged and not run[2] and not merged[-1][2]:
+            merged[-1] = (merged[-1][0], run[1], False)
+        else:
+            merged.append(run)
+    return merged
+
+
+class NotAffine(Exception):
+    """Two steps that no affine continuation joins (different ops, dtypes or ranks)."""
+
+
+Costed = List[Tuple[OpEvent, Optional[Cost]]]
+
+
+class Affine:
+    """Step ``first + s`` of a run as the affine continuation of its first two steps: every
+    tensor dimension and integer argument is ``v0 + (v1 - v0) * s``; the rest is unchanged."""
+
+    def __init__(self, first: Costed, second: Costed, registry: HandlerRegistry):
+        if len(first) != len(second):
+            raise NotAffine
+        self.registry = registry
+        self.first = first
+        self.varying: List[Tuple[int, OpEvent, OpEvent]] = []
+        for index, ((a, _), (b, _)) in enumerate(zip(first, second)):
+            if a.call.op != b.call.op or a.module_stack != b.module_stack or a.phase != b.phase:
+                raise NotAffine
+            if a.call.args != b.call.args or tuple(a.call.outputs) != tuple(b.call.outputs):
+                self.varying.append((index, a, b))
+
+    @staticmethod
+    def check(traced: List[Tuple[Trace, Costed]], registry: HandlerRegistry) -> Optional[Affine]:
+        """The continuation of the first two traced steps if it reproduces the third exactly."""
+        (run0, costed0), (run1, costed1), (run2, costed2) = traced[:3]
+        if run0.gaps or run1.gaps or run2.gaps:
+            return None
+        try:
+            affine = Affine(costed0, costed1, registry)
+        except NotAffine:
+            return None
+        return affine if affine.matches(2, run2, costed2) else None
+
+    def matches(self, step: int, run: Trace, costed: Costed) -> bool:
+        """Whether the traced ``costed`` events are exactly the continuation at ``step``."""
+        if run.gaps:
+            return False
+        try:
+            predicted = self.events(step)
+        except NotAffine:
+            return False
+        if len(predicted) != len(costed):
+            return False
+        for event, (actual, _) in zip(predicted, costed):
+            if event.call.op != actual.call.op or event.module_stack != actual.module_stack or event.phase != actual.phase:
+                return False
+            if event.call.args != actual.call.args or tuple(event.call.outputs) != tuple(actual.call.outputs):
+                return False
+        return True
+
+    def events(self, step: int) -> List[OpEvent]:
+        events = [event for event, _ in self.first]
+        for index, a, b in self.varying:
+            events[index] = _moved(a, b, step)
+        return events
+
+    def result_at(self, step: int, first: FlopResult) -> FlopResult:
+        """The run's step ``step``: its first step's result with the events that change re-costed."""
+        moved = tuple(_moved(a, b, step) for _, a, b in self.varying)
+        changes = []
+        for (index, _, _), (event, cost) in zip(self.varying, cost_events(moved, self.registry)):
+            old = self.first[index][1]
+            if cost is None or old is None:  # unsupported either way: nothing to re-cost
+                continue
+            changes.append((event, old, cost))
+        return reprice(first, changes)
+
+
+def _moved(a: OpEvent, b: OpEvent, step: int) -> OpEvent:
+    call = OpCall(a.call.op, _continue(a.call.args, b.call.args, step), _continue(tuple(a.call.outputs), tuple(b.call.outputs), step))
+    return OpEvent(call, a.module_stack, a.phase)
+
+
+def _continue(a: Any, b: Any, step: int) -> Any:
+    """``a`` at step 0 and ``b`` at step 1, continued to ``step``."""
+    if a == b:
+        return a
+    if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
+        if a.dtype != b.dtype or len(a.shape) != len(b.shape):
+            raise NotAffine
+        return TensorMeta(tuple(x + (y - x) * step for x, y in zip(a.shape, b.shape)), a.dtype)
+    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
+        return a + (b - a) * step
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return tuple(_continue(x, y, step) for x, y in zip(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
+        return {key: _continue(a[key], b[key], step) for key in a}
+    raise NotAffine

@@ -1,0 +1,378 @@
+"""``flopcount.plan``: one rank's FLOPs, memory and communication for one training step
+under FSDP2 and tensor parallelism, planned on torch's own distributed engine in one
+process: a ``"fake"`` world of ``fsdp x tp`` ranks, ``fully_shard`` and
+``parallelize_module`` applied to a model built on the meta device, and the step run on
+fake tensors (nothing allocated, nothing sent) while flopcount's dispatch recorder and
+torch's MemTracker watch rank 0. See docs/parallel.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from flopcount.core.analysis import cost_events
+from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
+from flopcount.core.ledger import TOTAL_FIELDS, Ledger
+from flopcount.core.registry import HandlerRegistry
+from flopcount.core.state import preserved_rng
+from flopcount.devices import column_of, find_part, known_names, op_time, part_roofs
+from flopcount.errors import FlopcountWarning, TraceError, UsageError
+from flopcount.handlers import default_registry
+from flopcount.planning.result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
+from flopcount.planning.step import (
+    BACKENDS,
+    COLLECTIVE_KINDS,
+    Collective,
+    StepRecord,
+    default_loss,
+    make_optimizer,
+    run_step,
+)
+from flopcount.planning.world import fake_world, mesh_groups, parallelize
+from flopcount.step.optimizers import warm_up
+from flopcount.tracers import trace
+from flopcount.tracers.fake.copies import quiet_fake_logs
+from flopcount.types import Cost, OpEvent
+
+__all__ = ["plan", "PlanResult"]
+
+#: MemTracker / FSDPMemTracker category -> PlanResult.memory key
+_MEMORY_KEYS = {
+    "Sharded Param": "sharded_params",
+    "Unsharded Param": "unsharded_params",
+    "Parameter": "sharded_params",
+    "Sharded Grad": "gradients",
+    "Unsharded Grad": "unsharded_gradients",
+    "Gradient": "gradients",
+    "OptState": "optimizer_state",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "All Gather": "all_gather_buffers",
+    "Reduce Scatter": "reduce_scatter_buffers",
+    "Buffer": "buffers",
+    "Inputs": "inputs",
+    "Other": "inputs",
+}
+
+
+def _skipped(op: str) -> bool:
+    """Ops booked as communication or bookkeeping rather than FLOPs."""
+    return op in COLLECTIVE_KINDS or op.startswith(("c10d::", "_c10d_functional::", "fsdp::", "profiler::"))
+
+
+def plan(
+    build: Callable[[], nn.Module],
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    fsdp: int = 1,
+    tp: int = 1,
+    optimizer: Union[str, Callable[[Any], Any], None] = "adamw",
+    loss_fn: Optional[Callable[[Any], Any]] = None,
+    device: Optional[str] = "h100",
+    link: LinkSpec = None,
+    tp_plan: Optional[Mapping[str, Any]] = None,
+    mixed_precision: Union[None, str, torch.dtype] = None,
+    registry: Optional[HandlerRegistry] = None,
+    backend: str = "nccl",
+) -> PlanResult:
+    """Per-rank cost of one training step (forward, backward, ``optimizer.step()``) of the
+    model ``build()`` returns, sharded over ``fsdp x tp`` ranks.
+
+    ``build`` is called on the meta device inside a fake world (so a 70B model allocates
+    nothing); ``inputs``/``kwargs`` are one rank's micro-batch (only shapes and dtypes are
+    used). FSDP2 wraps each repeated block and the root; ``tp > 1`` applies ``tp_plan``
+    (``{module path: ParallelStyle}``, wildcards allowed) or the built-in Megatron plan.
+    ``device``: a GPU name for the step-time roofline (None: no times); ``link``: a link
+    name (see ``flopcount.planning.result.LINKS``), bytes/s, or ``{"dp": ..., "tp": ...}``.
+    ``mixed_precision`` (e.g. "bfloat16"): FSDP2 computes in that dtype and reduces
+    gradients in float32 while parameters and optimizer state keep the model's dtype.
+    ``backend``: the process-group backend whose collective buffers the peak includes:
+    "nccl" (in place, the default) or "gloo" (its reduce-scatter holds a copy of its input).
+    A default process group already initialised is left alone: plan() raises instead.
+    """
+    fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
+    if not callable(build) or isinstance(build, nn.Module):
+        raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
+    gpu = gpu_key(device)
+    compute = _dtype(mixed_precision)
+    if backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    args, kw = as_call_args(() if inputs is None else inputs, kwargs)
+    with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh:
+        groups = mesh_groups(mesh)
+        dims = tuple(name for name, _ in groups.values())
+        links = links_by_dim(link, dims)
+        model = _built(build)
+        prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
+        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend)
+    if compute is not None:
+        dtype = str(compute).replace("torch.", "")
+    costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
+    flops, macs, by_operator, unsupported = _book(costed)
+    comm = _comm_rows(record.collectives, groups, links)
+    tokens = _tokens(args, kw)
+    # one rank communicates nothing: its step time is known without a link
+    bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links) or not dims)
+    notes = _notes(unsupported, bool(links) or not dims, gpu)
+    with preserved_rng():
+        model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, _registry(registry))
+    if why:
+        notes += (why,)
+    bounds = _utilisation(bounds, model_flops, sum(flops.values()))
+    if unsupported:
+        warnings.warn(f"plan: {notes[0]}; see PlanResult.unsupported or register a handler", FlopcountWarning, stacklevel=2)
+    memory: Dict[str, int] = {}
+    for key, value in record.memory_peak.items():
+        if key != "Total":
+            name = _MEMORY_KEYS.get(key, key)
+            memory[name] = memory.get(name, 0) + value
+    return PlanResult(
+        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, backend=backend, flops=flops, macs=macs,
+        peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
+        state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
+        tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes, model_flops=model_flops,
+        inputs=describe_inputs(args, kw),
+    )
+
+
+def _ranks(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def gpu_key(device: Optional[str]) -> Optional[str]:
+    """The part a GPU name names (flopcount.devices, exactly or by a documented alias; None
+    for None); UsageError listing the parts when unknown."""
+    if device is None:
+        return None
+    part = find_part(str(device))
+    if part is None:
+        raise UsageError(f"device: unknown GPU {device!r} (known parts: {known_names()}; or None for no step times)")
+    return part.name
+
+
+def _dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = getattr(torch, str(value).replace("torch.", "").strip(), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise UsageError(f"mixed_precision must be a floating dtype such as 'bfloat16', got {value!r}")
+    return found
+
+
+def _registry(registry: Optional[HandlerRegistry]) -> HandlerRegistry:
+    if registry is not None and not isinstance(registry, HandlerRegistry):
+        raise UsageError(f"registry must be a flopcount HandlerRegistry, got {type(registry).__name__}")
+    return registry if registry is not None else default_registry()
+
+
+def _built(build: Callable[[], nn.Module]) -> nn.Module:
+    try:
+        with torch.device("meta"):
+            model = build()
+    except Exception as exc:
+        raise TraceError(f"build() failed on the meta device: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"build() must return a torch.nn.Module, got {type(model).__name__}")
+    if next(model.parameters(), None) is None:
+        raise UsageError(
+            f"plan: {type(model).__name__} has no parameters, so a training step has nothing to shard or update; "
+            "plan a model with parameters (estimate_memory and count_flops take any model)"
+        )
+    return model.train()
+
+
+def _fake_step(
+    model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
+    groups: Mapping[str, Any], backend: str = "nccl",
+) -> Tuple[StepRecord, str]:
+    """Materialise the sharded model as fake tensors on cpu, then run and record one step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tensors, rebuild = flatten_tensors((args, dict(kw)))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        ties = _tied_parameters(model)
+        model.to_empty(device="cpu")  # gives each module a tensor of its own: tied weights are tied again
+        for module, name, owner, owner_name in ties:
+            module._parameters[name] = owner._parameters[owner_name]
+        fakes = [
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").requires_grad_(t.requires_grad)
+            for t in tensors
+        ]
+        call_args, call_kw = rebuild(fakes)
+        opt = make_optimizer(optimizer, model)
+        if opt is not None:
+            # the steady state: every step after the first starts with the optimizer state
+            # allocated, so it is there through the forward and backward (the first step's
+            # peak is lower by up to the state's size; a plan sizes every step)
+            warm_up(opt, "plan")
+        try:
+            record = run_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend)
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise TraceError(f"the planned training step failed on rank 0: {type(exc).__name__}: {exc}") from exc
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
+    return record, dtype
+
+
+def _tied_parameters(model: nn.Module) -> List[Tuple[nn.Module, str, nn.Module, str]]:
+    """(module, name, owner, owner's name) for each parameter slot holding a parameter first
+    met in another slot (tied weights: GPT-2's ``lm_head.weight`` is ``wte.weight``)."""
+    owners: Dict[int, Tuple[nn.Module, str]] = {}
+    ties = []
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is None:
+                continue
+            if id(param) in owners:
+                ties.append((module, name, *owners[id(param)]))
+            else:
+                owners[id(param)] = (module, name)
+    return ties
+
+
+def _book(costed: List[Tuple[OpEvent, Optional[Cost]]]) -> Tuple[Dict[str, int], Dict[str, int], Dict[str, int], Dict[str, int]]:
+    """FLOPs and MACs by phase, FLOPs by operator, and calls of ops without a handler,
+    booked by flopcount's one ledger."""
+    ledger = Ledger().book_all(costed)
+    macs_at, flops_at = TOTAL_FIELDS.index("macs"), TOTAL_FIELDS.index("flops")
+    phases = ("forward", "backward", "optimizer")
+    flops = {phase: ledger.phases.get(phase, [0] * len(TOTAL_FIELDS))[flops_at] for phase in phases}
+    macs = {phase: ledger.phases.get(phase, [0] * len(TOTAL_FIELDS))[macs_at] for phase in phases}
+    by_operator = {op: sums[flops_at] for op, sums in ledger.operators.items() if sums[flops_at]}
+    ordered = dict(sorted(by_operator.items(), key=lambda kv: -kv[1]))
+    return flops, macs, ordered, {op: int(entry[0]) for op, entry in ledger.unsupported.items()}
+
+
+def _comm_rows(
+    collectives: Tuple[Collective, ...], groups: Mapping[str, Tuple[str, int]], links: Mapping[str, Tuple[str, float]]
+) -> Tuple[CommRow, ...]:
+    rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for c in collectives:
+        dim, size = groups.get(c.group, ("?", 1))
+        row = rows.setdefault((c.kind, dim), {"size": size, "calls": 0, "bytes": 0, "wire": 0.0, "phases": {}})
+        row["calls"] += 1
+        row["bytes"] += c.tensor_bytes
+        row["wire"] += c.tensor_bytes * ring_factor(c.kind, size)
+        row["phases"][c.phase] = row["phases"].get(c.phase, 0) + 1
+    out = []
+    for (kind, dim), row in sorted(rows.items()):
+        wire = int(round(row["wire"]))
+        seconds = wire / links[dim][1] if dim in links else None
+        out.append(CommRow(kind, dim, row["size"], row["calls"], row["bytes"], wire, seconds, row["phases"]))
+    return tuple(out)
+
+
+def _tokens(args: Tuple[Any, ...], kw: Mapping[str, Any]) -> int:
+    """Tokens in the micro-batch: the elements of the first integer input (token ids)."""
+    tensors, _ = flatten_tensors((args, dict(kw)))
+    for tensor in tensors:
+        if not tensor.is_floating_point() and tensor.dtype != torch.bool:
+            return tensor.numel()
+    return 0
+
+
+def _bounds(
+    costed: List[Tuple[OpEvent, Optional[Cost]]], comm: Tuple[CommRow, ...], flops: Mapping[str, int],
+    gpu: Optional[str], dtype: str, have_links: bool,
+) -> Optional[StepTimeBounds]:
+    """The roofline of the rank's ops, the communication time, and the step times they bound."""
+    if gpu is None:
+        return None
+    part = find_part(gpu)
+    if part is None:
+        return None
+    # the modeled part's own math modes (torch's defaults: fp32 convolutions in TF32, matmuls
+    # not), never the host's flags
+    roofs = part_roofs(part)
+    column = column_of(dtype)
+    peak = roofs.peak(column, "matmul")
+    bandwidth = roofs.bandwidth
+    compute = 0.0
+    for event, cost in costed:  # bytes: flopcount.core.traffic's convention (views and allocations move none)
+        if cost is not None:
+            compute += op_time(roofs, cost.flops, cost.bytes, column, event.call.op).seconds
+    comm_s = sum(r.seconds or 0.0 for r in comm) if have_links else None
+    no_overlap = overlap = None
+    if comm_s is not None:
+        no_overlap, overlap = compute + comm_s, max(compute, comm_s)
+    return StepTimeBounds(peak, bandwidth, compute, comm_s, no_overlap, overlap)
+
+
+def _utilisation(bounds: Optional[StepTimeBounds], model_flops: Optional[int], hardware_flops: int) -> Optional[StepTimeBounds]:
+    """MFU and HFU at each step time: model FLOPs (:func:`_model_flops`) and hardware FLOPs
+    (every FLOP the rank ran: forward, backward with any recomputation, optimizer step) over
+    (step time x peak FLOP/s)."""
+    if bounds is None:
+        return None
+
+    def rate(flops: Optional[int], seconds: Optional[float]) -> Optional[float]:
+        return flops / (seconds * bounds.peak_flops) if flops is not None and seconds else None
+
+    return dataclasses.replace(
+        bounds,
+        mfu_no_overlap=rate(model_flops, bounds.no_overlap_s), mfu_overlap=rate(model_flops, bounds.overlap_s),
+        hfu_no_overlap=rate(hardware_flops, bounds.no_overlap_s), hfu_overlap=rate(hardware_flops, bounds.overlap_s),
+    )
+
+
+def _model_flops(
+    build: Callable[[], nn.Module], args: Tuple[Any, ...], kw: Mapping[str, Any], tp: int,
+    flops: Mapping[str, int], loss_fn: Optional[Callable[[Any], Any]], registry: HandlerRegistry,
+) -> Tuple[Optional[int], str]:
+    """One rank's model FLOPs: 3 x the forward FLOPs (loss included) of the model as written,
+    unsharded, on the rank's micro-batch, divided by ``tp`` (the ranks sharing that micro-batch).
+
+    3 x forward is PaLM's convention (6N + 12·L·H·Q·T per token: a matmul's backward is twice
+    its forward; attention's QK^T and AV at the full Lq x Lk product, no causal halving): no
+    activation recomputation, no fused-attention backward's extra QK^T (2.5x, not 2x, its
+    forward), no work replicated on TP ranks. Without TP the rank's own forward is that
+    forward (FSDP changes no op's FLOPs); with TP the unsharded model is traced again, on
+    the meta device. ``(None, why)`` when that trace fails."""
+    if tp == 1:
+        return 3 * flops.get("forward", 0), ""
+    tensors, rebuild = flatten_tensors((args, dict(kw)))
+    metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
+    meta_args, meta_kw = rebuild(metas)
+    try:
+        model = _built(build)
+        run = trace(_WithLoss(model, loss_fn or default_loss), tuple(meta_args), meta_kw, tracer="dispatch")
+    except Exception as exc:  # the plan stands without an MFU
+        return None, f"MFU not computed: the unsharded forward failed on the meta device ({type(exc).__name__}: {exc})"
+    forward = sum(cost.flops for event, cost in cost_events(run.events, registry) if cost is not None and not _skipped(event.call.op))
+    return 3 * forward // tp, ""
+
+
+class _WithLoss(nn.Module):
+    """The model and its loss as one forward (the planned step's forward phase), with grad
+    enabled as in a training step: the loss needs outputs that require grad, and a model
+    may branch on grad mode."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[Any], Any]):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.enable_grad():
+            return self.loss_fn(self.model(*args, **kwargs))
+
+
+def _notes(unsupported: Mapping[str, int], times_known: bool, gpu: Optional[str]) -> Tuple[str, ...]:
+    notes = []
+    if unsupported:
+        listing = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
+        notes.append(f"ops without a handler were not counted: {listing}")
+    if gpu is not None and not times_known:
+        notes.append("no link given: communication time, MFU and HFU not estimated (pass link=)")
+    return tuple(notes)

@@ -1,0 +1,106 @@
+"""GPT-2-style blocks made tensor-parallel: their ``Conv1D`` projections become ``nn.Linear``.
+
+transformers' ``Conv1D`` computes ``x @ W + b`` with ``W`` of shape ``[in, out]``; torch's
+``ColwiseParallel``/``RowwiseParallel`` only shard ``nn.Linear`` (``W`` of shape ``[out, in]``).
+:func:`gpt2_tp_plan` swaps each block's ``Conv1D`` for the ``nn.Linear`` of the transposed
+weight (the same computation, weights copied when they have values), splits the fused
+``c_attn`` into q, k, v Linears whose outputs are concatenated again (so each rank's
+``split`` sees ``[q_local, k_local, v_local]``), and sets the attention's ``split_size`` and
+``num_heads`` to one rank's share, as Megatron does. transformers is never imported: a
+``Conv1D`` is recognised by its class name and its ``nf``/``nx`` attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from flopcount.errors import UsageError
+
+
+def _is_conv1d(module: Optional[nn.Module]) -> bool:
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2
+        and isinstance(getattr(module, "nf", None), int) and isinstance(getattr(module, "nx", None), int)
+    )
+
+
+class FusedQKV(nn.Module):
+    """GPT-2's fused ``c_attn`` as three Linears: ``cat([q(x), k(x), v(x)], -1)``."""
+
+    def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear) -> None:
+        super().__init__()
+        self.q, self.k, self.v = q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
+
+
+def linear_of(conv: Any, start: int = 0, stop: Optional[int] = None) -> nn.Linear:
+    """The ``nn.Linear`` computing output columns ``start:stop`` of the ``Conv1D`` ``conv``."""
+    weight, bias = conv.weight, conv.bias
+    stop = weight.shape[1] if stop is None else stop
+    linear = nn.Linear(weight.shape[0], stop - start, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        if weight.device.type != "meta":
+            linear.weight.copy_(weight[:, start:stop].t())
+            if bias is not None:
+                linear.bias.copy_(bias[start:stop])
+    linear.weight.requires_grad_(weight.requires_grad)
+    if bias is not None:
+        linear.bias.requires_grad_(bias.requires_grad)
+    return linear
+
+
+def is_gpt2_block(block: nn.Module) -> bool:
+    """A GPT-2-style block: ``attn.{c_attn,c_proj}`` and ``mlp.{c_fc,c_proj}`` all Conv1D."""
+    attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
+    return (
+        attn is not None and mlp is not None
+        and all(_is_conv1d(getattr(attn, n, None)) for n in ("c_attn", "c_proj"))
+        and all(_is_conv1d(getattr(mlp, n, None)) for n in ("c_fc", "c_proj"))
+    )
+
+
+def gpt2_tp_plan(where: str, blocks: List[Any], tp: int) -> Dict[str, Any]:
+    """Rewrite ``blocks`` (GPT-2-style, see :func:`is_gpt2_block`) in place for ``tp`` ranks
+    and return their Megatron plan: q/k/v and ``mlp.c_fc`` column-parallel, ``attn.c_proj``
+    and ``mlp.c_proj`` row-parallel, the attention and MLP inputs replicated once."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    for index, block in enumerate(blocks):
+        attn = block.attn
+        if hasattr(attn, "q_attn") or hasattr(block, "crossattention"):
+            raise UsageError(
+                f"no built-in tensor-parallel plan for GPT-2 blocks with cross-attention ({where} item {index}); "
+                "pass tp_plan={module path: ParallelStyle}"
+            )
+        heads, width = getattr(attn, "num_heads", None), attn.c_attn.nx
+        if not isinstance(heads, int) or heads % tp or attn.c_attn.nf != 3 * width or getattr(attn, "split_size", None) != width:
+            raise UsageError(
+                f"the built-in GPT-2 tensor-parallel plan needs num_heads divisible by tp={tp} and c_attn of "
+                f"width 3 x {width} ({where} item {index}: num_heads={heads}, c_attn nf={attn.c_attn.nf}); "
+                "pass tp_plan={module path: ParallelStyle}"
+            )
+    for block in blocks:  # all checked before any is rewritten
+        attn, mlp = block.attn, block.mlp
+        fused, width, heads = attn.c_attn, attn.c_attn.nx, attn.num_heads
+        attn.c_attn = FusedQKV(*(linear_of(fused, i * width, (i + 1) * width) for i in range(3)))
+        attn.c_proj = linear_of(attn.c_proj)
+        mlp.c_fc, mlp.c_proj = linear_of(mlp.c_fc), linear_of(mlp.c_proj)
+        attn.split_size, attn.num_heads = width // tp, heads // tp
+    replicate = Replicate()
+    return {
+        f"{where}.attn": PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,)),
+        f"{where}.attn.c_attn.q": ColwiseParallel(),
+        f"{where}.attn.c_attn.k": ColwiseParallel(),
+        f"{where}.attn.c_attn.v": ColwiseParallel(),
+        f"{where}.attn.c_proj": RowwiseParallel(),
+        f"{where}.mlp": PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,)),
+        f"{where}.mlp.c_fc": ColwiseParallel(),
+        f"{where}.mlp.c_proj": RowwiseParallel(),
+    }

@@ -1,0 +1,247 @@
+"""torch's distributed engine, as :func:`flopcount.plan` uses it: a fake world of N ranks in
+one process, its DeviceMesh, and FSDP2 / tensor parallelism applied to a model.
+
+Nothing here models FSDP or TP: ``fully_shard`` and ``parallelize_module`` shard the
+model exactly as on a cluster; the ``"fake"`` process group answers every collective
+without sending anything. Private torch symbols are looked up by :func:`private`, so a
+torch that lost one fails with an error naming it (the rest of flopcount keeps working).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.errors import FlopcountError, UsageError
+from flopcount.planning.tp_conv1d import gpt2_tp_plan, is_gpt2_block
+from flopcount.planning.tp_mha import encoder_tp_plan
+
+#: name -> (module, attribute) of each private torch symbol plan() relies on
+PRIVATE: Dict[str, Tuple[str, str]] = {
+    "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore"),
+    "FSDPMemTracker": ("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"),
+    "MemTracker": ("torch.distributed._tools.mem_tracker", "MemTracker"),
+    "active_fake_mode": ("torch._guards", "active_fake_mode"),
+    "ShardingPropagator": ("torch.distributed.tensor._sharding_prop", "ShardingPropagator"),
+    "_get_current_dispatch_mode": ("torch.utils._python_dispatch", "_get_current_dispatch_mode"),
+    "_pop_mode_temporarily": ("torch.utils._python_dispatch", "_pop_mode_temporarily"),
+}
+
+
+class PlanError(FlopcountError, RuntimeError):
+    """plan() cannot run on this torch: a private piece of torch it builds on is missing."""
+
+
+def private(name: str) -> Any:
+    """The private torch symbol ``name`` (a key of :data:`PRIVATE`), or a PlanError naming it."""
+    module_name, attribute = PRIVATE[name]
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise PlanError(
+            f"flopcount.plan needs torch's private {module_name}.{attribute}, which torch "
+            f"{torch.__version__} does not have ({type(exc).__name__}: {exc}); count_flops and "
+            "estimate_memory are unaffected"
+        ) from exc
+
+
+def _distributed() -> Any:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise PlanError(f"flopcount.plan needs torch.distributed, which this torch {torch.__version__} build lacks")
+    return dist
+
+
+@contextlib.contextmanager
+def fake_world(fsdp: int, tp: int) -> Iterator[Any]:
+    """A ``"fake"`` default process group of ``fsdp * tp`` ranks (this process is rank 0)
+    and its DeviceMesh: dims ("dp", "tp") when both are > 1, else the one that is, else
+    None. The group is destroyed on exit. An existing default group is left alone: this
+    raises a UsageError instead of replacing it."""
+    dist = _distributed()
+    if dist.is_initialized():
+        raise UsageError(
+            f"a default process group is already initialised (backend {dist.get_backend()}, world size "
+            f"{dist.get_world_size()}); plan() makes a fake world of its own and will not replace yours: "
+            "call it before init_process_group, after destroy_process_group, or in another process"
+        )
+    store = private("FakeStore")()
+    # init_process_group wraps sys.excepthook (a "[rank0]: " prefix on every traceback line) and
+    # destroy_process_group leaves the wrapper: put the process's own hook back each time
+    excepthook = sys.excepthook
+    try:
+        dist.init_process_group("fake", store=store, rank=0, world_size=fsdp * tp)
+    except (ValueError, RuntimeError) as exc:
+        sys.excepthook = excepthook
+        raise PlanError(f"torch {torch.__version__} has no usable 'fake' process-group backend: {exc}") from exc
+    try:
+        yield device_mesh(fsdp, tp)
+    finally:
+        try:
+            dist.destroy_process_group()
+        finally:
+            sys.excepthook = excepthook
+
+
+def device_mesh(fsdp: int, tp: int, device_type: str = "cpu") -> Any:
+    """The DeviceMesh of a world already initialised: 2-D ("dp", "tp"), 1-D, or None (1 rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dims = [(name, size) for name, size in (("dp", fsdp), ("tp", tp)) if size > 1]
+    if not dims:
+        return None
+    return init_device_mesh(device_type, tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
+
+
+def mesh_groups(mesh: Any) -> Dict[str, Tuple[str, int]]:
+    """``{process group name: (mesh dim name, group size)}`` for each dim of ``mesh``."""
+    if mesh is None:
+        return {}
+    found = {}
+    for name in mesh.mesh_dim_names:
+        group = mesh.get_group(name)
+        found[group.group_name] = (name, group.size())
+    return found
+
+
+# ----------------------------------------------------------------------- the model
+
+
+def transformer_blocks(model: nn.Module) -> Tuple[str, List[nn.Module]]:
+    """The repeated blocks FSDP2 wraps one by one: the items of the ModuleList holding the
+    most parameters whose items all share one class (``model.layers``, ``transformer.h``,
+    ``encoder.layers``). ``("", [])`` when the model has none."""
+    best: Tuple[int, str, List[nn.Module]] = (0, "", [])
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        items = list(module)
+        if len({type(item) for item in items}) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > best[0]:
+            best = (size, name, items)
+    return best[1], best[2]
+
+
+def _is_linear(module: Optional[nn.Module]) -> bool:
+    return isinstance(module, nn.Linear)
+
+
+def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
+    """A Megatron-style ``parallelize_module`` plan for the model's repeated blocks.
+
+    LLaMA-family blocks (``self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``: LLaMA,
+    Mistral, Qwen2...): the attention and MLP inputs are made replicated DTensors once
+    (so backward all-reduces their gradient once, as Megatron's fused QKV does), q/k/v,
+    gate and up are column-parallel, o and down row-parallel. ``nn.TransformerEncoderLayer``:
+    its packed ``nn.MultiheadAttention`` is swapped in place for separate q/k/v/out Linears by
+    :func:`encoder_tp_plan` (the same computation), then q/k/v and ``linear1`` column-,
+    ``out_proj`` and ``linear2`` row-parallel. GPT-2-style blocks (``attn.c_attn``/``c_proj``, ``mlp.c_fc``/``c_proj``, all
+    transformers ``Conv1D``): rewritten in place as Linears by :func:`gpt2_tp_plan` (the same
+    computation), then the same Megatron split. Embeddings and the output head are not
+    tensor-parallel (FSDP shards them).
+    """
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    prefix, blocks = transformer_blocks(model)
+    if not blocks:
+        raise UsageError(
+            f"no built-in tensor-parallel plan for {type(model).__name__}: no ModuleList of repeated blocks "
+            "found; pass tp_plan={module path: ParallelStyle} (torch.distributed.tensor.parallel)"
+        )
+    block = blocks[0]
+    where = f"{prefix}.*" if prefix else "*"
+    attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
+    attn_names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    mlp_names = ("gate_proj", "up_proj", "down_proj")
+    if (
+        attn is not None and mlp is not None
+        and all(_is_linear(getattr(attn, n, None)) for n in attn_names)
+        and all(_is_linear(getattr(mlp, n, None)) for n in mlp_names)
+    ):
+        _check_llama_heads(prefix, blocks, tp)
+        replicate = Replicate()
+        return {
+            f"{where}.self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": replicate}, desired_input_kwarg_layouts={"hidden_states": replicate}
+            ),
+            f"{where}.self_attn.q_proj": ColwiseParallel(),
+            f"{where}.self_attn.k_proj": ColwiseParallel(),
+            f"{where}.self_attn.v_proj": ColwiseParallel(),
+            f"{where}.self_attn.o_proj": RowwiseParallel(),
+            f"{where}.mlp": PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,)),
+            f"{where}.mlp.gate_proj": ColwiseParallel(),
+            f"{where}.mlp.up_proj": ColwiseParallel(),
+            f"{where}.mlp.down_proj": RowwiseParallel(),
+        }
+    if is_gpt2_block(block):
+        return gpt2_tp_plan(where, blocks, tp)
+    if isinstance(block, nn.TransformerEncoderLayer):
+        return encoder_tp_plan(where, blocks, tp)
+    raise UsageError(
+        f"no built-in tensor-parallel plan for blocks of type {type(block).__name__} in '{prefix}' "
+        "(built in: LLaMA-family q/k/v/o_proj + gate/up/down_proj blocks, GPT-2-style Conv1D "
+        "attn.c_attn/c_proj + mlp.c_fc/c_proj blocks, nn.TransformerEncoderLayer); "
+        "pass tp_plan={module path: ParallelStyle}"
+    )
+
+
+def _check_llama_heads(prefix: str, blocks: List[nn.Module], tp: int) -> None:
+    """Column-parallel q/k/v give each rank ``heads / tp`` query and ``kv_heads / tp`` key/value
+    heads of ``head_dim`` columns: both must divide by ``tp``, or the block's reshape fails."""
+    for index, block in enumerate(blocks):
+        attn: Any = block.self_attn
+        q, k = int(attn.q_proj.out_features), int(attn.k_proj.out_features)
+        head_dim = getattr(attn, "head_dim", None)
+        if not isinstance(head_dim, int) or head_dim <= 0 or q % head_dim or k % head_dim:
+            continue  # not the transformers layout: torch's own error stays the one said
+        heads, kv_heads = q // head_dim, k // head_dim
+        if heads % tp or kv_heads % tp:
+            raise UsageError(
+                f"the built-in LLaMA-family tensor-parallel plan needs the attention heads and the key/value heads "
+                f"divisible by tp={tp} ({prefix} item {index}: {heads} heads, {kv_heads} key/value heads of "
+                f"head_dim {head_dim}); choose a tp that divides both, or pass tp_plan={{module path: ParallelStyle}}"
+            )
+
+
+def parallelize(
+    model: nn.Module,
+    mesh: Any,
+    fsdp: int,
+    tp: int,
+    tp_plan: Optional[Mapping[str, Any]] = None,
+    mixed_precision: Optional[torch.dtype] = None,
+) -> Tuple[str, int]:
+    """Apply TP (``tp > 1``: ``tp_plan`` or :func:`builtin_tp_plan`) and then FSDP2
+    (``fsdp > 1``: ``fully_shard`` on each repeated block, then on the root), in place.
+    ``mixed_precision``: FSDP2's ``MixedPrecisionPolicy(param_dtype=that, reduce_dtype=float32)``.
+    Returns the blocks' ModuleList path and how many blocks were wrapped."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    prefix, blocks = transformer_blocks(model)
+    if tp > 1:
+        plan = dict(tp_plan) if tp_plan is not None else builtin_tp_plan(model, tp)
+        parallelize_module(model, mesh["tp"], plan)
+    elif tp_plan is not None:
+        raise UsageError("tp_plan is only used with tp > 1")
+    if fsdp > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dp = mesh["dp"]
+        policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32 if mixed_precision else None)
+        for block in blocks:
+            fully_shard(block, mesh=dp, mp_policy=policy)
+        fully_shard(model, mesh=dp, mp_policy=policy)
+        return prefix, len(blocks)
+    if mixed_precision is not None:
+        raise UsageError("mixed_precision is FSDP2's MixedPrecisionPolicy: it needs fsdp > 1 (or cast the model in build)")
+    return prefix, 0

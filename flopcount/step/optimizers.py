@@ -1,0 +1,132 @@
+"""The ``optimizer=`` argument of ``count_flops`` and ``estimate_memory``, parsed in one place.
+
+An optimizer is given as a name (``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``), a
+``torch.optim.Optimizer`` instance (its type, param groups and defaults are reused), an
+Optimizer subclass (built with its defaults: ``torch.optim.AdamW``) or a factory called
+with the list of trainable parameters (``lambda ps: torch.optim.SGD(ps, lr=0.1)``). It is
+always rebuilt on fake twins of the parameters: the user's optimizer and parameters are
+never stepped.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+
+import torch
+
+from flopcount.errors import UsageError
+from flopcount.types import OPTIMIZERS
+
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "warm_up"]
+
+OptimizerSpec = Union[str, torch.optim.Optimizer, Type[torch.optim.Optimizer], Callable[[List[torch.Tensor]], Any]]
+
+
+def check_spec(spec: Any, caller: str) -> None:
+    """Raise a UsageError now (before any tracing) if ``spec`` cannot name an optimizer."""
+    if isinstance(spec, str):
+        if spec.strip().lower() not in OPTIMIZERS:
+            raise UsageError(f"{caller}: unknown optimizer {spec!r} (known: {', '.join(OPTIMIZERS)})")
+        return
+    if isinstance(spec, torch.optim.Optimizer) or callable(spec):
+        return
+    raise UsageError(
+        f"{caller}: optimizer must be a name ({', '.join(OPTIMIZERS)}), an Optimizer, an Optimizer class "
+        f"or a factory taking the parameter list; got {type(spec).__name__}"
+    )
+
+
+def build_optimizer(
+    spec: OptimizerSpec, twins: Mapping[int, torch.Tensor], trainable: Sequence[torch.Tensor], caller: str
+) -> Tuple[torch.optim.Optimizer, str]:
+    """``spec`` built on fake parameters, and the name to report it by.
+
+    ``twins`` maps ``id(real parameter)`` to its fake twin (to rebuild an instance's param
+    groups); ``trainable`` are the fake parameters a name, class or factory is given.
+    Where ``foreach`` is left to torch, it is set as torch would set it for the real
+    tensors (multi-tensor kernels on cuda), since torch never picks them for fakes."""
+    check_spec(spec, caller)
+    params = list(trainable)
+    if not params and not isinstance(spec, torch.optim.Optimizer):
+        raise UsageError(f"{caller}: the model has no trainable parameter (requires_grad=True) for the optimizer to step")
+    if isinstance(spec, str):
+        key = spec.strip().lower()
+        foreach = foreach_default(params)
+        if key == "sgd":
+            return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
+        if key == "sgd-momentum":
+            return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
+        return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
+    if isinstance(spec, torch.optim.Optimizer):
+        return _rebuilt(spec, twins, caller), type(spec).__name__
+    label = getattr(spec, "__name__", type(spec).__name__)
+    try:
+        made = spec(params)  # type: ignore[call-arg]  # a class or a factory: both take the parameter list
+    except Exception as exc:
+        raise UsageError(f"{caller}: optimizer {label}(params) failed on fake parameters: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(made, torch.optim.Optimizer):
+        raise UsageError(f"{caller}: optimizer factory {label} returned {type(made).__name__}, not a torch.optim.Optimizer")
+    if isinstance(spec, type):
+        _set_foreach_defaults(made)
+    return made, type(made).__name__
+
+
+def _rebuilt(optimizer: torch.optim.Optimizer, twins: Mapping[int, torch.Tensor], caller: str) -> torch.optim.Optimizer:
+    groups = []
+    for index, group in enumerate(optimizer.param_groups):
+        missing = [p for p in group["params"] if id(p) not in twins]
+        if missing:
+            raise UsageError(
+                f"{caller}: param group {index} of the optimizer holds {len(missing)} tensor(s) that are not "
+                f"parameters of the model (first shape {tuple(missing[0].shape)})"
+            )
+        fakes = [twins[id(p)] for p in group["params"]]
+        rebuilt = {**group, "params": fakes}
+        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+            rebuilt["foreach"] = foreach_default(fakes)
+        groups.append(rebuilt)
+    try:
+        return type(optimizer)(groups, **_constructor_defaults(optimizer))
+    except Exception as exc:
+        raise UsageError(
+            f"{caller} could not rebuild {type(optimizer).__name__} on fake parameters as "
+            f"type(opt)(param_groups, **opt.defaults): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _constructor_defaults(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+    """``optimizer.defaults`` less the keys its constructor does not take (AdamW keeps
+    ``decoupled_weight_decay`` there but fixes it itself); each group carries them anyway."""
+    try:
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+    except (TypeError, ValueError):
+        return dict(optimizer.defaults)
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in accepted}
+
+
+def _set_foreach_defaults(optimizer: torch.optim.Optimizer) -> None:
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+            group["foreach"] = foreach_default(group["params"])
+
+
+def foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
+    """True where torch would pick its multi-tensor kernels for the real tensors (cuda, xpu)."""
+    return True if params and all(p.device.type in ("cuda", "xpu") for p in params) else None
+
+
+def warm_up(opt: torch.optim.Optimizer, caller: str) -> None:
+    """One step on zero gradients, so the optimizer state exists as in every step after the
+    first (the steady state); gradients are then set to None."""
+    for group in opt.param_groups:
+        for param in group["params"]:
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+    try:
+        opt.step()
+    except Exception as exc:
+        raise UsageError(f"{caller}: {type(opt).__name__}.step() failed on fake tensors: {type(exc).__name__}: {exc}") from exc
+    opt.zero_grad(set_to_none=True)

@@ -1,0 +1,369 @@
+"""Fake copies of a model and its inputs, for counting without computing.
+
+``tracer="auto"`` runs the forward on a copy of the module tree whose parameters,
+buffers and tensor attributes are FakeTensors (shape, dtype, device; no storage), with
+fake copies of the inputs, under a ``FakeTensorMode``. No arithmetic runs and no
+activation memory is allocated; the caller's modules and tensors are never handed to the
+forward, so they cannot change (the forward may set attributes, materialise lazy modules,
+renormalise embeddings, update BatchNorm statistics: all of it happens to the copy).
+
+A forward that needs a real value (``.item()``, ``.tolist()``, ``bool(t)`` on data,
+``nonzero``, a custom op without a fake kernel) cannot run on fakes: the run raises
+:class:`FakeRunError` with a one-sentence reason and the caller counts on a real run.
+
+The memory estimate uses the same copies with ``storages=True`` (one fake storage per
+real storage, of its full size, so tied weights and views share bytes as they do in the
+model; meta mapped to cpu; dense tensors only), ``dtype`` (floating tensors cast) and
+``retie=True`` (ties the model declares but lost restored on the copy, see ``tied.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import types
+from collections import OrderedDict
+from functools import cache
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core.inputs import is_uninitialized
+from flopcount.core.tied import restore_ties
+from flopcount.errors import TraceError, UsageError
+
+__all__ = [
+    "FakeCopy",
+    "FakeRunError",
+    "fake_copies",
+    "has_lazy_parameters",
+    "quiet_fake_logs",
+    "reason_for",
+    "shared_tensor_copy",
+]
+
+
+class FakeRunError(TraceError):
+    """The forward could not run on fake copies; ``reason`` says why in one sentence."""
+
+    def __init__(self, reason: str, module_path: str = ""):
+        super().__init__(reason, module_path=module_path)
+        self.reason = reason
+
+
+class FakeCopy:
+    """A fake copy of a model and of the tensors it is called with, sharing one mode;
+    ``call`` is the copied call arguments (positional, keyword); ``twins`` maps
+    ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored);
+    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included)."""
+
+    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies")
+
+    def __init__(
+        self,
+        mode: Any,
+        model: nn.Module,
+        tensors: List[torch.Tensor],
+        call: Any,
+        twins: Optional[Dict[int, torch.Tensor]] = None,
+        notes: Optional[List[str]] = None,
+        copies: Optional[Dict[int, Any]] = None,
+    ):
+        self.mode = mode
+        self.model = model
+        self.tensors = tensors
+        self.call = call
+        self.twins: Dict[int, torch.Tensor] = {} if twins is None else twins
+        self.notes: List[str] = [] if notes is None else notes
+        self.copies: Dict[int, Any] = {} if copies is None else copies
+
+
+@cache
+def _fake_types() -> Tuple[Any, Any]:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # slow to import: on first use
+
+    return FakeTensor, FakeTensorMode
+
+
+def has_lazy_parameters(model: nn.Module) -> bool:
+    """True when a lazy module (``nn.LazyLinear``...) has not been materialised yet."""
+    return any(is_uninitialized(t) for t in _own_tensors(model))
+
+
+def _named_tensors(
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]] = None
+) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every tensor the modules own (parameters, buffers, tensor attributes), with a label for errors."""
+    for mod_name, module in model.named_modules() if modules is None else modules:
+        where = f"of module '{mod_name}'"
+        for name, tensor in module._parameters.items():
+            if tensor is not None:
+                yield f"parameter {name} {where}", tensor
+        for name, tensor in module._buffers.items():
+            if tensor is not None:
+                yield f"buffer {name} {where}", tensor
+        for name, value in vars(module).items():
+            if isinstance(value, torch.Tensor):
+                yield f"tensor attribute {name} {where}", value
+
+
+def _own_tensors(model: nn.Module) -> List[torch.Tensor]:
+    tensors: List[torch.Tensor] = []
+    for module in model.modules():
+        tensors.extend(t for t in module._parameters.values() if t is not None)
+        tensors.extend(t for t in module._buffers.values() if t is not None)
+    return tensors
+
+
+def _attribute_tensors(model: nn.Module) -> List[torch.Tensor]:
+    """Tensors a module keeps as plain attributes (rotary caches, masks, constants)."""
+    found: List[torch.Tensor] = []
+    for module in model.modules():
+        found.extend(v for v in vars(module).values() if isinstance(v, torch.Tensor))
+    return found
+
+
+_CPU = torch.device("cpu")
+
+
+class _Faker:
+    """Makes one fake per real tensor (the same fake for the same tensor: ties survive).
+    ``storages``: one fake storage per real storage (see the module docstring); ``dtype``:
+    floating tensors are cast to it."""
+
+    def __init__(self, dtype: Optional[torch.dtype] = None, storages: bool = False) -> None:
+        fake_tensor, fake_mode = _fake_types()
+        self._fake_tensor = self.fake_type = fake_tensor
+        # Real tensors the forward reaches some other way (a global, a closure) are
+        # converted on use; they are never written to.
+        self.mode = fake_mode(allow_non_fake_inputs=True)
+        self.memo: Dict[int, Any] = {}
+        self._meta_device = torch.device("meta")
+        self.dtype = dtype
+        self.storages = storages
+        # (id(real storage), dtype) -> (the real storage, kept alive so ids stay unique; its fake base)
+        self._bases: Dict[Tuple[int, torch.dtype], Tuple[Any, torch.Tensor]] = {}
+
+    def fake(self, tensor: torch.Tensor, what: str = "a tensor") -> torch.Tensor:
+        found = self.memo.get(id(tensor))
+        if found is not None:
+            return found
+        made = self._on_storage(tensor, what) if self.storages else self._make(tensor)
+        if isinstance(tensor, nn.Parameter):
+            made._is_param = True  # makes isinstance(made, nn.Parameter) true
+        if tensor.requires_grad and (made.is_floating_point() or made.is_complex()):
+            made.requires_grad_(True)
+        self.memo[id(tensor)] = made
+        return made
+
+    def _make(self, tensor: torch.Tensor) -> torch.Tensor:
+        kind = type(tensor)
+        if tensor.layout == torch.strided and not tensor.is_quantized and kind in (torch.Tensor, nn.Parameter, self._fake_tensor):
+            try:
+                # The fast way (a meta tensor wrapped as fake): ~20x cheaper than from_tensor.
+                meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=self._meta_device)
+                # A meta tensor stands for a CPU one (as with storages=True): kernels then pick
+                # the layouts they pick for real weights (CPU SDPA's output strides, for one),
+                # so a meta copy of a model counts exactly what the model counts.
+                device = _CPU if tensor.device.type == "meta" else tensor.device
+                return self._fake_tensor(self.mode, meta, device)
+            except Exception:
+                pass  # a private constructor that changed: the public route below
+        return self.mode.from_tensor(tensor, static_shapes=True)
+
+    def _on_storage(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """A view of the one fake storage made for ``tensor``'s storage (of the storage's full
+        size, or the view's extent if that is larger), meta mapped to cpu, cast to ``dtype``."""
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            raise UsageError(f"{what} is a {tensor.layout} tensor; only dense tensors are supported")
+        dtype = self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
+        storage = tensor.untyped_storage()
+        key = (id(storage), dtype)
+        if key not in self._bases:
+            extent = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
+            numel = max(storage.nbytes() // tensor.element_size(), extent if tensor.numel() else 0)
+            device = torch.device("cpu") if tensor.device.type == "meta" else tensor.device
+            with self.mode:
+                self._bases[key] = (storage, torch.empty(numel, dtype=dtype, device=device))
+        with self.mode:
+            # detached: not a view for autograd, as a real parameter is not (autocast caches
+            # its low-precision copies of leaves that are not views)
+            return self._bases[key][1].as_strided(tensor.shape, tensor.stride(), tensor.storage_offset()).detach()
+
+
+def fake_copies(
+    model: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    rebuild: Optional[Callable[[Sequence[torch.Tensor]], Any]] = None,
+    *,
+    dtype: Optional[torch.dtype] = None,
+    storages: bool = False,
+    retie: bool = False,
+    modules: Optional[Sequence[Tuple[str, nn.Module]]] = None,
+) -> FakeCopy:
+    """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
+    fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
+    object in them copied too (a list or KV cache the forward appends to stays the
+    caller's own). ``dtype``, ``storages``, ``retie``: see the module docstring; ``modules``:
+    ``model.named_modules()`` when the caller has them already. Raises
+    :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
+    faker = _Faker(dtype, storages)
+    memo: Dict[int, Any] = {}
+    try:
+        for label, tensor in _named_tensors(model, modules):
+            if not is_uninitialized(tensor):
+                memo[id(tensor)] = faker.fake(tensor, label)
+        fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]
+        for fake in fake_inputs:  # inside an object the copier deep-copies (a dataclass input): kept as is
+            memo[id(fake)] = fake
+        copier = _TreeCopier(memo, faker)
+        model_copy = copier.module(model)
+        call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
+        notes = restore_ties(model_copy) if retie else []
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
+    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo)
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
+_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
+
+
+class _TreeCopier:
+    """A deep copy of a module tree, made for the fake run: modules, their attribute and
+    hook dictionaries, lists and tuples are copied here; tensors come from ``memo`` (their
+    fakes); immutable values and plain functions are shared; anything else goes through
+    ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy`` of
+    the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
+
+    def __init__(self, memo: Dict[int, Any], faker: _Faker):
+        self.memo = memo
+        self.faker = faker
+
+    def module(self, module: nn.Module) -> nn.Module:
+        found = self.memo.get(id(module))
+        if found is not None:
+            return found
+        # object.__new__ keeps the exact class: a GraphModule's __new__ would make a new
+        # per-instance class without the generated forward (torch.export's .module())
+        try:
+            new = object.__new__(module.__class__)
+        except TypeError:  # a module that also subclasses a builtin container
+            new = module.__class__.__new__(module.__class__)
+        self.memo[id(module)] = new
+        new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
+        return new
+
+    def value(self, value: Any) -> Any:
+        kind = type(value)
+        if kind in _IMMUTABLE_TYPES:
+            return value
+        if (kind is dict or kind is OrderedDict) and not value:
+            return kind()  # the hook and buffer dictionaries of most modules: empty
+        if isinstance(value, _IMMUTABLE) or isinstance(value, _FUNCTIONS):
+            return value
+        found = self.memo.get(id(value))
+        if found is not None:
+            return found
+        if isinstance(value, nn.Module):
+            return self.module(value)
+        if isinstance(value, self.faker.fake_type):
+            return value  # already one of ours
+        if isinstance(value, _shared_types()):
+            return value
+        if isinstance(value, torch.Tensor):  # held in a container attribute: faked too
+            made = self.memo[id(value)] = self.faker.fake(value)
+            return made
+        if kind is dict or kind is OrderedDict:
+            new: Any = kind()
+            self.memo[id(value)] = new
+            for key, item in value.items():
+                new[key] = self.value(item)
+            return new
+        if kind is list:
+            new = []
+            self.memo[id(value)] = new
+            new.extend(self.value(item) for item in value)
+            return new
+        if kind is tuple:
+            return tuple(self.value(item) for item in value)
+        if kind is set and all(type(item) in _IMMUTABLE_TYPES for item in value):
+            new = self.memo[id(value)] = set(value)
+            return new
+        return copy.deepcopy(value, self.memo)
+
+
+@cache
+def _shared_types() -> Tuple[type, ...]:
+    """Objects shared with the copy rather than deep-copied: a ``torch.export``ed (or
+    fx) module's graph, which its generated forward never reads, its nodes (an unflattened
+    program keeps its input placeholders, read only to check input shapes; their recorded
+    values may have symbolic sizes, which cannot be deep-copied), and pytree specs (its
+    ``_in_spec``/``_out_spec``, immutable). Copying them is slow and trips a deprecation
+    warning inside torch."""
+    import torch.fx
+
+    spec = getattr(getattr(torch.utils, "_pytree", None), "TreeSpec", None)
+    return (torch.fx.Graph, torch.fx.Node) + ((spec,) if isinstance(spec, type) else ())
+
+
+def shared_tensor_copy(model: nn.Module) -> nn.Module:
+    """A copy of the module tree that shares every initialised tensor with ``model``: a
+    real run on it materialises the copy's lazy modules, not the caller's."""
+    memo: Dict[int, Any] = {}
+    for tensor in _own_tensors(model) + _attribute_tensors(model):
+        # an uninitialised buffer cannot be deep-copied: the copy gets a fresh one of its kind
+        memo[id(tensor)] = _fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
+    return copy.deepcopy(model, memo)
+
+
+def _fresh_uninitialized(tensor: Any) -> Any:
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    kind: Any = UninitializedBuffer if isinstance(tensor, UninitializedBuffer) else UninitializedParameter
+    return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
+
+
+class _Quiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def quiet_fake_logs() -> Iterator[None]:
+    """FakeTensorMode logs an error line when an op's meta kernel raises; that failure is
+    ours to handle (a real run follows), and the library never prints: mute it meanwhile."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    quiet = _Quiet()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if len(first) > 160:
+        first = first[:157] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def reason_for(exc: BaseException, where: str) -> str:
+    """One sentence saying why the forward could not run on fake tensors."""
+    from torch._subclasses import fake_tensor as ft
+
+    place = f"module '{where}'" if where else "the root module"
+    needs_value = (ft.DataDependentOutputException, ft.DynamicOutputShapeException)
+    if isinstance(exc, needs_value):
+        op = str(exc).strip().splitlines()[0] if str(exc).strip() else "an op"
+        return f"the forward needs a tensor's value in {place} ({op})"
+    if isinstance(exc, ft.UnsupportedOperatorException):
+        return f"{str(exc).strip() or 'an op'} in {place} has no fake-tensor kernel"
+    return f"the forward failed on fake tensors in {place} ({_one_line(exc)})"

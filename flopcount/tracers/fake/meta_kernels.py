@@ -1,0 +1,290 @@
+"""Stand-in kernels for ops whose meta kernel refuses shapes-only tensors that matter for
+counting: mixture-of-experts grouped matmuls, the CTC loss, and TransformerEncoder's
+padding-mask check.
+
+torch's meta kernel for ``aten::_grouped_mm`` accepts bfloat16 only (``_scaled_grouped_mm``
+fp8 only), so a float32 mixture-of-experts model (transformers 5 runs its experts through
+``_grouped_mm`` by default) cannot run on meta or fake tensors. When the real kernel refuses
+and an operand has no data, :func:`fallback` returns an empty output of the shape torch's own
+meta kernel computes. The number of rows is the model's, not ours: transformers sends
+tokens x k rows (each token to exactly k experts), so the MACs are exact whatever the
+routing; only the split between experts (``offs``) is unknown.
+
+``aten::_ctc_loss`` has no meta kernel. Its outputs are the loss per sequence ``(B,)`` and
+the alpha lattice ``(B, T, 2 S + 1)`` kept for backward; its cost (and its backward's) is a
+function of the input shapes and int-list lengths only (handlers/loss.py), so empty outputs
+of those shapes give the CPU count exactly. S is the longest target: known for int-list
+lengths, else the padded target length (2-D targets) or all targets (1-D), an upper bound
+that only sizes the lattice tensor.
+
+``aten::_nested_tensor_from_mask_left_aligned`` (no meta kernel) answers whether a padding
+mask is left-aligned, which only decides whether ``nn.TransformerEncoder`` in eval may take
+its nested-tensor fast path. The dispatch tracer never takes that path (its
+TorchFunctionMode makes torch choose the padded one), so the answer cannot change the count:
+the stand-in answers True and says so in the warnings.
+
+Called by the dispatch tracer only after the real kernel raised, so it costs nothing on the
+hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+
+import torch
+
+from flopcount.core.inputs import is_dataless
+
+__all__ = ["CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "check_like_cpu", "fallback"]
+
+_aten = torch.ops.aten
+
+
+def _overloads(**dtypes: Optional[torch.dtype]) -> Dict[Any, Optional[torch.dtype]]:
+    """op overload -> its output dtype when out_dtype is not given (None: the input's); ops
+    this torch lacks (private ones may go) are left out."""
+    found: Dict[Any, Optional[torch.dtype]] = {}
+    for name, dtype in dtypes.items():
+        packet = getattr(_aten, name, None)
+        if packet is not None and hasattr(packet, "default"):
+            found[packet.default] = dtype
+    return found
+
+
+_GROUPED = _overloads(_grouped_mm=None, _scaled_grouped_mm=torch.bfloat16)
+_NONZERO = {_aten.nonzero.default}
+_LEFT_ALIGNED = _overloads(_nested_tensor_from_mask_left_aligned=None)
+
+
+def _all_overloads(name: str) -> Set[Any]:
+    packet = getattr(_aten, name, None)
+    return {getattr(packet, o) for o in ("default", "Tensor") if packet is not None and hasattr(packet, o)}
+
+
+_CTC = _all_overloads("_ctc_loss")
+_CTC_BACKWARD = _all_overloads("_ctc_loss_backward")
+
+ROUTING_NOTE = (
+    "mixture of experts on meta/fake tensors: routing is unknown, so aten::_grouped_mm ran as a shapes-only "
+    "stand-in; its rows are the model's tokens x k (each token goes to exactly k experts), so the MACs are exact "
+    "whatever the balance between experts"
+)
+
+LEFT_ALIGNED_NOTE = (
+    "padding mask on meta/fake tensors: aten::_nested_tensor_from_mask_left_aligned has no meta kernel and was "
+    "answered True (left-aligned); it only decides whether nn.TransformerEncoder may take its nested-tensor fast "
+    "path, which this tracer does not take (the padded path is counted), so the count does not depend on it"
+)
+
+CTC_NOTE = (
+    "CTC loss on meta/fake tensors: aten::_ctc_loss has no meta kernel, so a shapes-only stand-in made its outputs; "
+    "its cost depends on the input shapes and lengths only, as on real tensors"
+)
+
+
+def _bound(func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict:
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: Any) -> Tuple[int, ...]:
+    """The output shape torch's meta kernel gives (torch/_meta_registrations.py)."""
+    if a.dim() == 2 and b.dim() == 2:
+        groups = offs.size(0) if isinstance(offs, torch.Tensor) else 1
+        return (groups, a.size(0), b.size(1))
+    if a.dim() == 2:
+        return (a.size(0), b.size(-1))
+    if b.dim() == 2:
+        return (a.size(1), b.size(1))
+    return (a.size(0), a.size(1), b.size(-1))
+
+
+def _ctc_outputs(bound: Mapping[str, Any], notes: Set[str], exc: BaseException) -> Tuple[torch.Tensor, torch.Tensor]:
+    log_probs, targets, lengths = bound["log_probs"], bound["targets"], bound.get("target_lengths")
+    if not isinstance(log_probs, torch.Tensor) or not isinstance(targets, torch.Tensor) or log_probs.dim() not in (2, 3):
+        raise exc
+    batch = log_probs.size(1) if log_probs.dim() == 3 else 1
+    if isinstance(lengths, (list, tuple)) and lengths:
+        longest = max(int(n) for n in lengths)
+    else:
+        longest = targets.size(-1) if targets.dim() == 2 else targets.numel()
+    notes.add(CTC_NOTE)
+    dtype, device = log_probs.dtype, log_probs.device
+    lattice = (batch, log_probs.size(0), 2 * longest + 1)
+    return torch.empty((batch,), dtype=dtype, device=device), torch.empty(lattice, dtype=dtype, device=device)
+
+
+def fallback(
+    func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException, notes: Set[str], where: str = ""
+) -> Any:
+    """The output ``func`` would have produced on data-less operands, when torch's kernel
+    refused them; re-raises ``exc`` for every other op or when the operands have data.
+    ``where`` is the module running the op (it picks the hint of an error)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or not any(is_dataless(t) for t in tensors):
+        raise exc
+    if func in _GROUPED:
+        bound = _bound(func, args, kwargs)
+        a, b = bound["self"], bound["mat2"]
+        if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.size(-1) != b.size(-2):
+            raise exc
+        dtype = bound.get("out_dtype") or _GROUPED[func] or a.dtype
+        notes.add(ROUTING_NOTE)
+        return torch.empty(_grouped_mm_shape(a, b, bound.get("offs")), dtype=dtype, device=a.device)
+    if func in _CTC:
+        return _ctc_outputs(_bound(func, args, kwargs), notes, exc)
+    if func in _CTC_BACKWARD:  # the gradient of log_probs
+        log_probs = _bound(func, args, kwargs)["log_probs"]
+        notes.add(CTC_NOTE)
+        return torch.empty(log_probs.shape, dtype=log_probs.dtype, device=log_probs.device)
+    if func in _LEFT_ALIGNED:
+        notes.add(LEFT_ALIGNED_NOTE)
+        return True
+    if func in _NONZERO:
+        hint = "count with real weights and inputs (e.g. on the CPU)"
+        if "expert" in where.lower():
+            hint += (
+                "; a transformers mixture-of-experts model can instead be built with "
+                "experts_implementation='grouped_mm' (the default) or 'batched_mm', whose costs do not depend on the routing"
+            )
+        raise NotImplementedError(
+            f"nonzero() on a meta/fake tensor: its output size depends on the tensor's values, which meta tensors "
+            f"do not have, so {hint}"
+        ) from exc
+    raise exc
+
+
+# -- the real kernels' dtype checks, on fake CPU tensors -----------------------------------
+
+#: op -> the arguments its CPU kernel requires to share one dtype, where torch's meta kernel
+#: (what a FakeTensor runs) does not check it: on fake tensors a Linear with int64 inputs
+#: or half weights and float inputs would be counted although the real call raises.
+_SAME_DTYPE_ARGS: Dict[str, Tuple[str, ...]] = {
+    "mm": ("self", "mat2"),
+    "addmm": ("self", "mat1", "mat2"),
+    "bmm": ("self", "mat2"),
+    "baddbmm": ("self", "batch1", "batch2"),
+    "addbmm": ("self", "batch1", "batch2"),
+    "mv": ("self", "vec"),
+    "addmv": ("self", "mat", "vec"),
+    "dot": ("self", "tensor"),
+    "vdot": ("self", "other"),
+    "convolution": ("input", "weight", "bias"),
+    "_convolution": ("input", "weight", "bias"),
+    "conv_tbc": ("self", "weight", "bias"),
+    "native_layer_norm": ("input", "weight", "bias"),
+    "native_group_norm": ("input", "weight", "bias"),
+    "native_batch_norm": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_native_batch_norm_legit": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_native_batch_norm_legit_no_training": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_native_batch_norm_legit_functional": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_batch_norm_with_update": ("input", "weight", "bias", "running_mean", "running_var"),
+    "_scaled_dot_product_flash_attention_for_cpu": ("query", "key", "value"),
+    "_prelu_kernel": ("self", "weight"),
+    "rnn_tanh_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "rnn_relu_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "gru_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "lstm_cell": ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"),
+    "lstm": ("input", "hx", "params"),
+    "gru": ("input", "hx", "params"),
+}
+
+
+def _checked_overloads() -> Dict[Any, Tuple[int, ...]]:
+    """overload -> positions of its same-dtype arguments (ops this torch lacks are left out)."""
+    found: Dict[Any, Tuple[int, ...]] = {}
+    for name, wanted in _SAME_DTYPE_ARGS.items():
+        packet = getattr(_aten, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            names = [a.name for a in op._schema.arguments]
+            positions = tuple(names.index(arg) for arg in wanted if arg in names)
+            if positions:
+                found[op] = positions
+    return found
+
+
+CHECKED = _checked_overloads()
+#: (op, operand dtypes and ranks) -> None when the real CPU kernel accepted them; the real
+#: kernel's dtype checks depend on the dtypes, not on the sizes, so one probe per key.
+_ACCEPTED: Dict[Tuple[Any, ...], None] = {}
+_PROBE_ELEMENTS = 1 << 12  # larger operands are probed as stride-0 views of one element
+
+
+def _operand_dtypes(value: Any, dtypes: List[torch.dtype]) -> None:
+    if isinstance(value, torch.Tensor):
+        dtypes.append(value.dtype)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _operand_dtypes(item, dtypes)
+
+
+def _probe(value: Any, written: bool = False) -> Any:
+    """A real CPU tensor of ``value``'s shape and dtype: zeros, as a stride-0 view of one
+    element when large, unless the kernel writes to it (BatchNorm's running statistics)."""
+    if isinstance(value, torch.Tensor):
+        if written or value.numel() <= _PROBE_ELEMENTS:
+            return torch.zeros(value.shape, dtype=value.dtype)
+        return torch.zeros((), dtype=value.dtype).expand(value.shape)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_probe(item, written) for item in value)
+    return value
+
+
+def _written(func: Any) -> Set[str]:
+    return {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+
+
+def _on_fake_cpu(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        fake_cpu = getattr(value, "fake_device", value.device).type == "cpu"
+        return is_dataless(value) and fake_cpu and value.layout == torch.strided
+    if isinstance(value, (list, tuple)):
+        return all(_on_fake_cpu(item) for item in value)
+    return True
+
+
+def check_like_cpu(func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]]) -> None:
+    """Raise what the real CPU kernel of ``func`` raises for these operands' dtypes, where its
+    meta kernel would accept them (``_SAME_DTYPE_ARGS``); a no-op for every other op, for
+    operands of one dtype, and off the CPU (another device's kernel has other rules).
+
+    Only when the dtypes differ, the real kernel runs once per (op, dtypes, ranks) on zero
+    tensors of the operands' shapes (stride-0 views of one element when large), with every
+    dispatch mode off: if it raises, so would the real call, with this message."""
+    positions = CHECKED.get(func)
+    if positions is None:
+        return
+    dtypes: List[torch.dtype] = []
+    for index in positions:
+        if index < len(args):
+            _operand_dtypes(args[index], dtypes)
+    if len(set(dtypes)) < 2:
+        return
+    key = (func, tuple(dtypes), tuple(a.dim() if isinstance(a, torch.Tensor) else type(a) for a in args))
+    if key in _ACCEPTED or not all(_on_fake_cpu(a) for a in args) or (kwargs and not all(_on_fake_cpu(v) for v in kwargs.values())):
+        return
+    with torch._C._DisableTorchDispatch():
+        written = _written(func)
+        names = [a.name for a in func._schema.arguments]
+        real_args = [_probe(a, i < len(names) and names[i] in written) for i, a in enumerate(args)]
+        real_kwargs = {name: _probe(v, name in written) for name, v in (kwargs or {}).items()}
+        try:
+            with torch.no_grad():
+                func(*real_args, **real_kwargs)
+        except Exception as exc:
+            raise RealKernelError(exc) from exc
+    _ACCEPTED[key] = None
+
+
+class RealKernelError(RuntimeError):
+    """The real kernel refused operands its meta kernel accepted; ``error`` is its exception
+    (its type and message are the real call's)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error

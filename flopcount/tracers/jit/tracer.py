@@ -1,0 +1,353 @@
+"""The torch.jit tracer: records the model's aten ops with shapes and module scopes.
+
+Isolated here because torch.jit.trace is deprecated upstream: dropping this file
+leaves the dispatch tracer and everything downstream untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from functools import cache
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core.inputs import output_tensors, prepare_call
+from flopcount.core.model_facts import ModelFacts, model_facts
+from flopcount.core.state import draws_random
+from flopcount.errors import TraceError
+from flopcount.tracers._modules import ModuleStack, forward_error
+from flopcount.tracers._sparse import sparse_meta
+from flopcount.tracers._state import preserved_model_state
+from flopcount.tracers._vocabulary import canonical
+from flopcount.tracers.jit.functions import function_failure, transform_failure
+from flopcount.tracers.jit.graph import (
+    PLUMBING,
+    PYTHON_OP,
+    function_body,
+    inline_script_calls,
+    keep_unread_results,
+    tensor_meta,
+)
+from flopcount.tracers.jit.sizes import static_unpool_sizes, unpool_failure
+from flopcount.types import OpCall, OpEvent, TensorMeta, Trace
+
+# Under tracing a size read (x.size(0)) is a 0-dim tensor (prim::NumToTensor), so the
+# forward's Python arithmetic on sizes is recorded as tensor ops, which eager (and the
+# dispatch tracer) runs as Python numbers: ``d ** -0.5``, ``n // 2``, and timm's TF "SAME"
+# padding, which under tracing takes its tensor branch (``(x / s).ceil()``, ``torch.clamp``)
+# where eager runs ``math.ceil``/``max`` on ints. The rule (see _shape_arithmetic): an aten
+# op whose every input is a size read, a constant or such an op's result, with only 0-d
+# results, is shape arithmetic, whatever the op. An explicit conversion (torch.tensor(n),
+# .to, .float()) makes a real tensor whose ops eager runs too: it is never shape arithmetic,
+# and neither is what is computed from it.
+_SIZE_SOURCES = frozenset({"aten::size", "prim::NumToTensor"})
+_CONVERSIONS = frozenset(
+    {
+        "aten::tensor", "aten::as_tensor", "aten::scalar_tensor", "aten::to", "aten::_to_copy", "aten::type_as",
+        "aten::clone", "aten::detach", "aten::full", "aten::full_like", "aten::zeros_like", "aten::ones_like",
+        "aten::empty_like", "aten::rand_like", "aten::randn_like", "aten::lift_fresh", "aten::copy_",
+    }
+)  # fmt: skip
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+# jit types a nested tensor without sizes. TransformerEncoder's fast path (eval with a
+# padding mask) makes one from the padded input and passes it through its layers; read
+# it as the padded shape, which is what the dispatch tracer runs (docs/conventions.md).
+_NESTED_FROM_PADDED = frozenset({"aten::_nested_tensor_from_mask", "aten::_transformer_encoder_layer_fwd"})
+
+
+def is_available() -> bool:
+    """The private hooks this tracer needs exist (else ``auto`` uses the dispatch tracer)."""
+    trace_module = getattr(getattr(torch, "jit", None), "_trace", None)
+    return (
+        hasattr(torch._C, "_create_graph_by_tracing")
+        and hasattr(torch._C, "_get_tracing_state")
+        and hasattr(trace_module, "_trace_module_map")
+    )
+
+
+@cache
+def _argument_names(schema: str) -> Optional[Tuple[str, ...]]:
+    if not schema or schema == "(no schema)":
+        return None
+    try:
+        parsed = torch._C.parse_schema(schema)
+    except RuntimeError:
+        return None
+    return tuple(arg.name for arg in parsed.arguments)
+
+
+def _from_ivalue(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).replace("torch.", "")
+        if value.layout != torch.strided:
+            return sparse_meta(value, dtype)
+        return TensorMeta(tuple(value.shape), dtype)
+    if isinstance(value, list):
+        return tuple(_from_ivalue(v) for v in value)
+    return value
+
+
+class _ValueReader:
+    """Turns graph values into handler arguments (TensorMeta, tuples, scalars), memoised."""
+
+    def __init__(self, graph: Any, sparse_inputs: Optional[Mapping[Any, torch.Tensor]] = None) -> None:
+        self._graph = graph  # graph values are only valid while their graph lives
+        self._cache: Dict[Any, Any] = {}
+        # graph inputs that are sparse tensors: jit types them without sizes or values
+        self._sparse = sparse_inputs or {}
+
+    def read(self, value: Any) -> Any:
+        try:
+            return self._cache[value]
+        except KeyError:
+            pass
+        jit_type = value.type()
+        producer = value.node()
+        kind = producer.kind()
+        if isinstance(jit_type, torch._C.TensorType):
+            result: Any = tensor_meta(jit_type)
+            if result is None and value in self._sparse:
+                result = _from_ivalue(self._sparse[value])
+            elif result is None and kind == "prim::Constant":
+                result = _from_ivalue(value.toIValue())
+            elif result is None and kind in _NESTED_FROM_PADDED:
+                result = self.read(next(iter(producer.inputs())))
+        elif kind == "prim::Constant":
+            result = _from_ivalue(value.toIValue())
+        elif kind == "prim::ListConstruct":
+            result = tuple(self.read(v) for v in producer.inputs())
+        else:
+            result = None  # an int or float computed while tracing: only its shape-free use is known
+        self._cache[value] = result
+        return result
+
+
+class _LazyArgs(Mapping[str, Any]):
+    """An op's arguments by schema name, each read from the graph only when a handler
+    asks for it: most handlers need two or three of a dozen arguments, and reading a
+    graph value costs several calls into torch."""
+
+    __slots__ = ("_names", "_values", "_reader", "_read")
+
+    def __init__(self, names: Tuple[str, ...], values: List[Any], reader: _ValueReader):
+        self._names = names
+        self._values = dict(zip(names, values))
+        self._reader = reader
+        self._read: Dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._read:
+            return self._read[name]
+        value = self._read[name] = self._reader.read(self._values[name])  # KeyError if no such argument
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+class _LazyOutputs(Sequence[Any]):
+    """An op's outputs (TensorMeta or None), read from the graph on first access."""
+
+    __slots__ = ("_values", "_reader")
+
+    def __init__(self, values: List[Any], reader: _ValueReader):
+        self._values = values
+        self._reader = reader
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self._reader.read(v) for v in self._values[index])
+        return self._reader.read(self._values[index])
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+
+
+def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[Any]) -> bool:
+    """Whether ``node`` is Python-number arithmetic on sizes (``x.size(-1) ** 0.5``,
+    ``min(h, 7)``, ``n // 2``, ``(h / s).ceil()``) that jit records as 0-dim tensor ops: an
+    aten op other than an explicit conversion (_CONVERSIONS) whose inputs are size-derived
+    values or constants, at least one size-derived, giving 0-dim results (or numbers).
+    Those are added to ``sizes``, so the arithmetic built on them is skipped too."""
+    if not kind.startswith("aten::") or kind in _CONVERSIONS or not any(value in sizes for value in inputs):
+        return False
+    if not all(value in sizes or value.node().kind() == "prim::Constant" for value in inputs):
+        return False
+    outputs = list(node.outputs())
+    for out in outputs:
+        jit_type = out.type()
+        if isinstance(jit_type, torch._C.TensorType):
+            meta = tensor_meta(jit_type)
+            if meta is None or meta.shape != ():
+                return False
+        elif not isinstance(jit_type, (torch._C.IntType, torch._C.FloatType, torch._C.BoolType, torch._C.NumberType)):
+            return False
+    sizes.update(outputs)
+    return True
+
+
+def _graph_events(
+    graph: Any,
+    scope_of: Optional[Mapping[int, str]] = None,
+    scope_all: Optional[str] = None,
+    inputs: Sequence[torch.Tensor] = (),
+) -> List[OpEvent]:
+    graph_inputs = list(graph.inputs())
+    sparse = {
+        value: tensor
+        for value, tensor in zip(graph_inputs, inputs)
+        if len(graph_inputs) == len(inputs) and tensor.layout != torch.strided
+    }
+    reader = _ValueReader(graph, sparse)
+    scopes: Dict[str, Tuple[str, ...]] = {}
+    events: List[OpEvent] = []
+    sizes: Set[Any] = set()  # values computed from size reads only (see _shape_arithmetic)
+    for index, node in enumerate(graph.nodes()):
+        kind = node.kind()
+        if kind in PLUMBING:
+            if kind in _SIZE_SOURCES:
+                sizes.update(node.outputs())
+            continue
+        if scope_all is not None:
+            scope = scope_all
+        else:
+            scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
+        if kind == PYTHON_OP:
+            body = function_body(node)
+            if body is not None:  # counted as the ops inside it, in the Function's module
+                events.extend(_graph_events(body, scope_all=scope))
+                continue
+        inputs = list(node.inputs())
+        if sizes and _shape_arithmetic(kind, node, inputs, sizes):
+            continue
+        # aten, quantized and custom-library ops carry a schema; prim nodes do not
+        names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
+        if names is None or len(names) < len(inputs):
+            names = tuple(f"arg{i}" for i in range(len(inputs)))
+        args: Mapping[str, Any] = _LazyArgs(names, inputs, reader)
+        kind, extra = canonical(kind)  # the one operator vocabulary (tracers/_vocabulary.py)
+        if extra:
+            args = {**args, **extra}
+        outputs = _LazyOutputs(list(node.outputs()), reader)
+        stack = scopes.get(scope)
+        if stack is None:
+            stack = scopes[scope] = tuple(part for part in scope.split("/") if part)
+        events.append(OpEvent(OpCall(kind, args, outputs), stack))
+    return events
+
+
+#: torch.jit's tracing state and the module map swapped in below are process-wide: two
+#: threads tracing with jit at once take turns (the dispatch tracer needs no lock).
+_JIT_LOCK = threading.Lock()
+
+
+def trace(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    facts: Optional[ModelFacts] = None,
+) -> Trace:
+    """Trace one forward of ``model`` with torch.jit and return its op events.
+
+    Every op the forward ran is counted, also those whose result is not returned (see
+    :func:`keep_unread_results`). A value read into Python (``if t.any():``) is answered
+    with the real value, so the trace holds the branch this input took."""
+    if not is_available():
+        raise TraceError("torch.jit tracing is not available in this torch build")
+    call = prepare_call(inputs, kwargs)
+    facts = model_facts(model) if facts is None else facts
+    if facts.packed is not None:
+        where = f"module '{facts.packed}'" if facts.packed else "the root module"
+        raise TraceError(
+            f"the jit tracer cannot trace quantized packed parameters (in {where}); use tracer='dispatch' or 'auto'",
+            module_path=facts.packed,
+            input_shapes=call.description,
+        )
+    flat = list(call.tensors)
+    rebuild = call.rebuild
+    n_inputs = len(flat)
+    state: List[torch.Tensor] = list({id(t): t for t in facts.parameters + facts.buffers}.values())
+
+    def run(*traced: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        call_args, call_kwargs = rebuild(traced[:n_inputs])
+        outputs = tuple(output_tensors(model(*call_args, **call_kwargs)))
+        keep_unread_results(torch._C._get_tracing_state().graph())
+        return outputs
+
+    names = facts.names
+    scope_map = {module: name for module, name in names.items() if name}
+    caught: List[warnings.WarningMessage] = []
+    with _JIT_LOCK, preserved_model_state(model, own_buffers=True) as watch, ModuleStack(names) as modules:
+        watch.concurrent = lambda: modules.foreign_calls > 0  # another thread ran the model meanwhile
+        state = [watch.twin(t) for t in state]  # the buffers the run uses are copies
+        previous_map = torch.jit._trace._trace_module_map
+        torch.jit._trace._trace_module_map = scope_map
+        try:
+            with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
+                warnings.simplefilter("always")
+                graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
+        except Exception as exc:
+            refusal = (
+                unpool_failure(exc, modules.current)
+                or function_failure(exc, modules.current)
+                or transform_failure(exc, modules.current)
+            )
+            if refusal is not None:
+                raise TraceError(refusal, module_path=modules.current, input_shapes=call.description) from exc
+            raise forward_error(exc, modules.current, call.description, "jit") from exc
+        finally:
+            torch.jit._trace._trace_module_map = previous_map
+        graph, inlined_scopes = inline_script_calls(graph, flat + state)
+        events = _graph_events(graph, inlined_scopes, inputs=flat + state)
+        watch.drew_random = draws_random(events)  # the process's RNG is set back only if the run drew
+    # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
+    notes = tuple(
+        dict.fromkeys(
+            f"{w.category.__name__}: {str(w.message).splitlines()[0]}"
+            for w in caught
+            if issubclass(w.category, torch.jit.TracerWarning) and not str(w.filename).startswith(_TORCH_DIR)
+        )
+    )
+    gaps = _silent_modules(facts.modules, events, modules.calls)
+    return Trace(tuple(events), "jit", dict(modules.calls), notes + gaps, gaps=gaps)
+
+
+def _silent_modules(
+    modules: Sequence[Tuple[str, nn.Module]], events: Sequence[OpEvent], calls: Mapping[str, int]
+) -> Tuple[str, ...]:
+    """A module with parameters that ran but recorded no op: its work was invisible to jit
+    (done outside torch's traced ops), so the count may miss it."""
+    seen = {name for event in events for name in event.module_stack}
+    silent = [
+        name
+        for name, module in modules
+        if name
+        and calls.get(name, 0)
+        and name not in seen
+        and any(p is not None for p in module._parameters.values())
+    ]
+    if not silent:
+        return ()
+    listing = ", ".join(repr(name) for name in silent[:5]) + (", ..." if len(silent) > 5 else "")
+    return (
+        f"jit: module(s) {listing} ran but recorded no op, so jit did not count their work "
+        "(use tracer='auto' or 'dispatch' to count it)",
+    )
