@@ -21,7 +21,7 @@ import json
 import threading
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -31,7 +31,9 @@ from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device
+from flopcount.step.loss import LossFn
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
+from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
 from flopcount.types import Phase
@@ -137,98 +139,14 @@ def _memtracker_class() -> type:
 
 
 def _peak_tracker() -> Any:
-    """A MemTracker that also records where the step peaks and each module's own peak.
-
-    It replaces MemTracker's per-op peak update, which walks every module seen so far
-    (quadratic in depth on a 70B model), by a walk over the modules running now."""
-
-    class PeakTracker(_memtracker_class()):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            for attr in ("_curr_mem_snap", "_mod_tracker", "_in_opt"):
-                if not hasattr(self, attr):
-                    raise UsageError(f"estimate_memory: torch {torch.__version__}'s MemTracker has no {attr}")
-            self._owner = threading.get_ident()
-            _own_thread_module_hooks(self._mod_tracker, self._owner)
-            self.peak_total = -1
-            self.peak_snapshot: Dict[Any, Dict[Any, int]] = {}
-            self.peak_where: FrozenSet[str] = frozenset()
-            self.peak_phase: Phase = "forward"
-            self.module_peaks: Dict[str, int] = {}
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            snap = self._curr_mem_snap
-            total = sum(dev.get("Total", 0) for dev in snap.values())
-            parents = self._mod_tracker.parents
-            peaks = self.module_peaks
-            for name in parents:
-                if peaks.get(name, -1) < total:
-                    peaks[name] = total
-            if total > self.peak_total:
-                self.peak_total = total
-                self.peak_snapshot = {dev: dict(values) for dev, values in snap.items()}
-                self.peak_where = frozenset(parents)
-                self.peak_phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
-
-        def _register_global_optimizer_hook(self) -> None:
-            """MemTracker's process-wide optimizer-step hooks, answering only the estimating
-            thread (another thread's ``optimizer.step()`` is not this step's)."""
-            from torch.distributed._tools.mem_tracker import _MemRefType
-            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-            owner, tracker = self._owner, self
-
-            def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-                if threading.get_ident() == owner:
-                    tracker._in_opt = True
-
-            def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-                if threading.get_ident() == owner:
-                    tracker._track_optimizer_states(_MemRefType.OPT, optimizer)
-                    tracker._in_opt = False
-
-            self._optimizer_hook_handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
-
-    return PeakTracker()
-
-
-def _own_thread_module_hooks(mod_tracker: Any, owner: int) -> None:
-    """ModTracker registers its forward hooks process-wide (``register_module_forward_*_hook``
-    of its ``_fw_pre_hook``/``_fw_post_hook``, looked up when it is entered): wrapped here so
-    that another thread's modules neither enter this estimate's bookkeeping nor run its code
-    (which raised inside that thread: issue #29 item 17)."""
-    for name in ("_fw_pre_hook", "_fw_post_hook"):
-        hook = getattr(mod_tracker, name, None)
-        if hook is None:
-            raise UsageError(f"estimate_memory: torch {torch.__version__}'s ModTracker has no {name}")
-
-        def only_owner(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
-            if threading.get_ident() != owner:
-                return None
-            return _hook(*args, **kwargs)
-
-        setattr(mod_tracker, name, only_owner)
+    """The step's one MemTracker subclass (flopcount.step.runner.peak_tracker), made now."""
+    return peak_tracker(_memtracker_class())()
 
 
 #: MemTracker also patches ``torch.UntypedStorage.resize_`` process-wide and puts back what it
 #: found when it was built: two estimates at once would put back each other's patch. Estimates
 #: therefore run one at a time (another thread's estimate waits); counts do not wait for them.
 _ESTIMATE_LOCK = threading.Lock()
-
-
-def _loss_of(output: Any) -> torch.Tensor:
-    """What backward starts from: ``output.loss`` when the model computed one (Hugging
-    Face with labels), else the sum of every output that requires grad."""
-    loss = None if isinstance(output, torch.Tensor) else getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss.sum() if loss.numel() != 1 else loss
-    tensors = [t for t in output_tensors(output) if t.requires_grad]
-    if not tensors:
-        raise UsageError("estimate_memory(backward=True): none of the model's outputs requires grad")
-    total = tensors[0].sum()
-    for tensor in tensors[1:]:
-        total = total + tensor.sum()
-    return total
 
 
 def _bytes_of(snapshot: Mapping[Any, Mapping[Any, int]], category: str) -> int:
@@ -245,19 +163,23 @@ def estimate_memory(
     *,
     backward: bool = False,
     optimizer: Optional[OptimizerSpec] = None,
+    loss_fn: Optional[LossFn] = None,
     dtype: Union[None, str, torch.dtype] = None,
     autocast: Union[None, str, torch.dtype] = None,
 ) -> MemoryEstimate:
     """Peak tensor memory of one step of ``model(*inputs, **kwargs)`` on fake tensors.
 
     ``backward=False``: inference under ``torch.no_grad()``. ``backward=True``: forward
-    then backward from ``output.loss`` (if the model returns one) or the sum of its
-    outputs, the other outputs released first. ``optimizer`` ("sgd", "sgd-momentum",
+    then backward of ``loss_fn(outputs)`` or the default loss (the loss the model returns,
+    else the sum of its floating outputs: docs/conventions.md), the outputs released first:
+    the step ``plan`` and the trainer callbacks run (flopcount.step.runner). ``optimizer`` ("sgd", "sgd-momentum",
     "adam", "adamw" or an instance, needs ``backward``) adds its step, in the steady
     state: its state exists from the start (allocated by an earlier step), gradients do
     not (``zero_grad(set_to_none=True)``). ``dtype`` casts floating parameters, buffers and
     inputs. ``autocast`` (e.g. ``torch.bfloat16``) runs the forward and the loss under
-    ``torch.autocast`` and the backward and step outside it, as the AMP recipe does.
+    ``torch.autocast`` and the backward and step outside it, as the AMP recipe does; inside
+    the caller's own ``torch.autocast`` its weight-cast cache is left alone (the forward then
+    runs with the cache off).
     A tie the model declares but no longer has (``model.to("meta")`` unties) is restored on
     the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu).
     A step that reads tensor values is measured once for real on a copy (said in warnings;
@@ -266,6 +188,8 @@ def estimate_memory(
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:
         raise UsageError("estimate_memory: an optimizer step needs backward=True")
+    if loss_fn is not None and not backward:
+        raise UsageError("estimate_memory: loss_fn is only used with backward=True")
     if optimizer is not None:
         check_spec(optimizer, "estimate_memory")
     cast = _dtype(dtype, "dtype")
@@ -273,12 +197,12 @@ def estimate_memory(
     call = prepare_call(inputs, kwargs)
     description = call.description
     with _ESTIMATE_LOCK:
-        return _estimate(model, call, description, backward, optimizer, cast, amp)
+        return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn)
 
 
 def _estimate(
     model: nn.Module, call: Any, description: str, backward: bool, optimizer: Optional[OptimizerSpec],
-    cast: Optional[torch.dtype], amp: Optional[torch.dtype],
+    cast: Optional[torch.dtype], amp: Optional[torch.dtype], loss_fn: Optional[LossFn] = None,
 ) -> MemoryEstimate:
     tracker = _peak_tracker()
     facts = model_facts(model)
@@ -296,9 +220,9 @@ def _estimate(
         opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
     names = facts.names_on(copied.copies)
     try:
-        _tracked_step(tracker, twin, opt, fake_args, fake_kw, backward, amp, names, description, mode)
+        _tracked_step(tracker, twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
     except _NeedsData as needs:
-        real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs)
+        real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn)
         tracker, twin, names = real.tracker, real.model, real.names
         notes = copied.notes + ambient_autocast_note(amp) + [real.note]
     return _collect(tracker, twin, names, backward, opt_name, cast, description, notes)
@@ -323,6 +247,7 @@ def _tracked_step(
     names: Mapping[nn.Module, str],
     description: str,
     mode: Any,
+    loss_fn: Optional[LossFn] = None,
 ) -> None:
     """One step of ``twin`` inside ``tracker`` (under ``mode``: the fake mode, or nothing for a
     real step); a failure names the module it happened in; warnings' formatter kept. Fake
@@ -336,12 +261,13 @@ def _tracked_step(
         with mode:
             if opt is not None:
                 warm_up(opt, "estimate_memory")
-            tracker.track_external(twin, opt, output_tensors((args, kwargs)))
-            _skip_grad_hooks(tracker, twin)
+            tracker.watch(twin, opt, output_tensors((args, kwargs)))
             with tracker, ModuleStack(names) as stack:
-                tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
                 try:
-                    _run_step(twin, args, kwargs, backward, opt, amp_device(twin, args, kwargs), amp)
+                    run_step(
+                        twin, args, kwargs, backward=backward, optimizer=opt, loss_fn=loss_fn, amp=amp,
+                        device_type=amp_device(twin, args, kwargs), tracker=tracker,
+                    )
                 except FlopcountError:
                     raise
                 except Exception as exc:
@@ -386,6 +312,7 @@ def _real_step_fallback(
     amp: Optional[torch.dtype],
     description: str,
     needs: _NeedsData,
+    loss_fn: Optional[LossFn] = None,
 ) -> _RealStep:
     """The step that read tensor values run for real, as count_flops falls back to one real
     run: on a deep copy of the model and inputs (the caller's are never touched), measured
@@ -411,7 +338,7 @@ def _real_step_fallback(
         opt, _ = build_optimizer(optimizer, twins, trainable, "estimate_memory")
     names = facts.names_on(memo)
     tracker = _peak_tracker()
-    _tracked_step(tracker, copy_model, opt, args, kwargs, backward, amp, names, description, contextlib.nullcontext())
+    _tracked_step(tracker, copy_model, opt, args, kwargs, backward, amp, names, description, contextlib.nullcontext(), loss_fn)
     first = (str(needs.error).splitlines() or [""])[0]
     return _RealStep(
         tracker,
@@ -423,19 +350,6 @@ def _real_step_fallback(
     )
 
 
-class _NoHook:
-    def remove(self) -> None:
-        pass
-
-
-def _skip_grad_hooks(tracker: Any, model: nn.Module) -> None:
-    """MemTracker registers a gradient hook on every parameter of a module it enters, which
-    raises on frozen ones; mark those as already hooked so it leaves them alone."""
-    for param in model.parameters():
-        if not param.requires_grad:
-            tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
-
-
 def _dtype(dtype: Union[None, str, torch.dtype], what: str) -> Optional[torch.dtype]:
     if dtype is None:
         return None
@@ -443,36 +357,6 @@ def _dtype(dtype: Union[None, str, torch.dtype], what: str) -> Optional[torch.dt
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
         raise UsageError(f"estimate_memory: {what} must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
     return value
-
-
-def _run_step(
-    model: nn.Module,
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-    backward: bool,
-    opt: Any,
-    device_type: str,
-    amp: Optional[torch.dtype],
-) -> None:
-    """Forward (and loss), backward, step; with ``amp`` the forward and loss under autocast and
-    the rest with autocast off, whatever the caller's (the AMP recipe)."""
-    inside = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
-    outside = torch.autocast(device_type, enabled=False) if amp is not None else contextlib.nullcontext()
-    with torch.set_grad_enabled(backward):
-        with inside:
-            output = model(*args, **kwargs)
-            if not backward:
-                return
-            loss = _loss_of(output)
-            del output
-        if amp is not None:  # the low-precision weight copies die with the forward's autocast, as in the
-            torch.clear_autocast_cache()  # recipe, even when the caller's own autocast is still open
-        with outside:
-            loss.backward()
-        del loss
-    if opt is not None:
-        with outside:
-            opt.step()
 
 
 def _step_error(exc: Exception, where: str, description: str) -> TraceError:

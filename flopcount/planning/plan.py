@@ -29,11 +29,11 @@ from flopcount.planning.step import (
     COLLECTIVE_KINDS,
     Collective,
     StepRecord,
-    default_loss,
     make_optimizer,
-    run_step,
+    record_step,
 )
 from flopcount.planning.world import fake_world, mesh_groups, parallelize
+from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
 from flopcount.tracers import trace
 from flopcount.tracers.fake.copies import quiet_fake_logs
@@ -215,7 +215,7 @@ def _fake_step(
             # peak is lower by up to the state's size; a plan sizes every step)
             warm_up(opt, "plan")
         try:
-            record = run_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend)
+            record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend)
         except UsageError:
             raise
         except Exception as exc:

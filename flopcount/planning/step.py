@@ -1,6 +1,7 @@
 """One training step of a (possibly sharded) model, recorded: every local aten op with its
-phase, every collective with its process group and tensor bytes, torch's MemTracker
-peak, and the bytes of parameters, gradients and optimizer state this rank holds.
+phase, every collective with its process group and tensor bytes, the step's MemTracker
+peak, and the bytes of parameters, gradients and optimizer state this rank holds. The step
+itself is flopcount.step.runner's, the one estimate_memory runs.
 
 The same function runs in plan()'s fake world (fake tensors, "fake" process group) and
 on a real rank (gloo or nccl), which is how the plan is checked against reality.
@@ -9,21 +10,19 @@ on a real rank (gloo or nccl), which is how the plan is checked against reality.
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from flopcount.core.inputs import output_tensors
-from flopcount.errors import UsageError
 from flopcount.planning.world import PlanError, private
+from flopcount.step.autocast import amp_device
+from flopcount.step.optimizers import OptimizerSpec, build_optimizer
+from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack, module_names
 from flopcount.tracers._recorder import Recorder, _signature
 from flopcount.types import OpEvent
-
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 
 #: process-group backends a plan models. Their collectives differ in the tensors they hold in
 #: torch's allocator: NCCL reduces in place on the caller's buffers (its own staging buffers are
@@ -82,27 +81,14 @@ class StepRecord:
     module_calls: Mapping[str, int]
 
 
-def make_optimizer(optimizer: Union[str, Callable[[Any], Any], None], model: nn.Module) -> Optional[torch.optim.Optimizer]:
-    """An optimizer over ``model``'s trainable parameters: a name (single-tensor kernels,
-    ``foreach=False``, the same on every device) or ``callable(params) -> Optimizer``."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if callable(optimizer):
-        made = optimizer(params)
-        if not isinstance(made, torch.optim.Optimizer):
-            raise UsageError(f"optimizer callable returned {type(made).__name__}, not a torch.optim.Optimizer")
-        return made
-    key = "none" if optimizer is None else str(optimizer).strip().lower()
-    if key == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=False)
-    if key == "adam":
-        return torch.optim.Adam(params, lr=1e-4, foreach=False)
-    if key == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, foreach=False)
-    if key == "sgd-momentum":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False)
-    if key == "none":
+def make_optimizer(optimizer: Union[OptimizerSpec, None], model: nn.Module) -> Optional[torch.optim.Optimizer]:
+    """The step's optimizer over ``model``'s trainable parameters, from the one factory
+    (:func:`flopcount.step.optimizers.build_optimizer`: a name, a class or ``callable(params)``);
+    None for ``None`` or ``"none"``."""
+    if optimizer is None or (isinstance(optimizer, str) and optimizer.strip().lower() == "none"):
         return None
-    raise UsageError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)}, or a callable params -> Optimizer)")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return build_optimizer(optimizer, {id(p): p for p in model.parameters()}, trainable, "plan")[0]
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -121,36 +107,20 @@ class _StepRecorder(Recorder):
     def __init__(self, modules: ModuleStack, groups: Mapping[str, Any], backend: str = "nccl"):
         super().__init__(modules, answer_reads=False)
         self._backend = backend
+        self.tracking = False
         from torch.distributed.tensor import DTensor
 
         self._dtensor = DTensor
-        self._active_fake_mode = private("active_fake_mode")
-        self._entry_mode: Any = None
         self._groups = groups
         self.collectives: List[Collective] = []
-        self.tracker: Any = None
-        self._current_mode = private("_get_current_dispatch_mode")
-        self._pop_mode = private("_pop_mode_temporarily")
-        # DTensor derives output shapes by running the op on global-shape fakes under the
-        # ambient fake mode (ours, in plan()'s fake world): those runs are not this rank's work
-        propagator = private("ShardingPropagator")
-        method = getattr(propagator, "_propagate_tensor_meta_non_cached", None)
-        if method is None:
-            raise PlanError("flopcount.plan needs torch's private ShardingPropagator._propagate_tensor_meta_non_cached")
-        self._propagation_code = method.__code__
-
-    def __enter__(self) -> Any:
-        self._entry_mode = self._active_fake_mode()
-        return super().__enter__()
+        self.shape_runs: Callable[[], bool] = lambda: False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         dtensor = self._dtensor
         for kind in types:
             if issubclass(kind, dtensor):
                 return NotImplemented
-        if self._propagating():
-            return self._unwatched(func, args, kwargs or {})
-        if self._active_fake_mode() is not self._entry_mode:  # DTensor's own fake shape runs
+        if self.shape_runs():  # DTensor's shape propagation: not this rank's work
             return func(*args, **(kwargs or {}))
         out = super().__torch_dispatch__(func, types, args, kwargs)
         name = _signature(func).name
@@ -159,7 +129,7 @@ class _StepRecorder(Recorder):
             values = list(args) + list((kwargs or {}).values())
             size = max([_tensor_bytes(v) for v in values] + [_tensor_bytes(out)])
             self.collectives.append(Collective(kind, name, self._group_of(values), self.phase, size))
-            if kind == "reduce_scatter" and self._backend == "gloo" and self.tracker is not None:
+            if kind == "reduce_scatter" and self._backend == "gloo" and self.tracking:
                 self._gloo_scratch(values)
         return out
 
@@ -173,25 +143,6 @@ class _StepRecorder(Recorder):
             scratch = torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
             del scratch
 
-    def _unwatched(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        """Run a shape-propagation op past our memory tracker too: on a real rank DTensor runs
-        it in a fake mode of its own, which MemTracker ignores; in the fake world it shares ours."""
-        if self.tracker is not None and self._current_mode() is self.tracker:
-            with self._pop_mode():
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
-
-    def _propagating(self) -> bool:
-        frame = sys._getframe(2)
-        code = self._propagation_code
-        for _ in range(8):
-            if frame is None:
-                return False
-            if frame.f_code is code:
-                return True
-            frame = frame.f_back  # type: ignore[assignment]
-        return False
-
     def _group_of(self, values: Sequence[Any]) -> str:
         import torch.distributed as dist
 
@@ -204,17 +155,6 @@ class _StepRecorder(Recorder):
                 except Exception:  # not a process group
                     continue
         return ""
-
-
-def default_loss(outputs: Any) -> torch.Tensor:
-    """The sum of every floating output that requires grad (HF ModelOutput: its logits)."""
-    roots = [t for t in output_tensors(outputs) if t.requires_grad and t.is_floating_point()]
-    if not roots:
-        raise UsageError("no floating output requires grad: nothing to differentiate (pass loss_fn=)")
-    loss = roots[0].sum()
-    for extra in roots[1:]:
-        loss = loss + extra.sum()
-    return loss
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -236,40 +176,42 @@ def state_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) ->
     }
 
 
-def _peak_only(base: Any) -> Any:
-    """torch's tracker class without its per-module peak bookkeeping, which walks every
-    module ever seen on every op (ops x modules: minutes for an 80-layer model); the
-    global peak, all plan() reads, is kept exactly as torch keeps it."""
-    if not callable(getattr(base, "_update_peak_stats", None)):
-        raise PlanError(f"flopcount.plan needs torch's private {base.__name__}._update_peak_stats")
+class ShapeRuns:
+    """Whether the op now dispatched is DTensor's sharding propagation rather than this rank's
+    work. DTensor learns an op's global output shape by running it on global-shape fakes
+    inside ``with detect_fake_mode() or FakeTensorMode():``. On a real rank that is a fake
+    mode of its own, told apart as torch's MemTracker does: the active fake mode is not the
+    one there was when the step began. In plan's fake world it is the step's own mode,
+    entered once more: its ``enter_stack`` is deeper than when the step began (an O(1) look
+    per op; no frame is walked, and no method name of DTensor's is relied on)."""
 
-    class PeakOnly(base):
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            for device, snapshot in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snapshot["Total"]:
-                    self._peak_mem[device] = snapshot["Total"]
-                    self._peak_mem_snap[device] = dict(snapshot)
+    def __init__(self) -> None:
+        self._active = private("active_fake_mode")
+        self._entry = self._active()
+        if self._entry is not None and not isinstance(getattr(self._entry, "enter_stack", None), list):
+            raise PlanError("flopcount.plan needs torch's private FakeTensorMode.enter_stack (a list)")
+        self._depth = _depth(self._entry)
 
-    return PeakOnly
+    def __call__(self) -> bool:
+        mode = self._active()
+        return mode is not self._entry or (mode is not None and _depth(mode) > self._depth)
 
 
-def _memory_tracker(
-    model: nn.Module, optimizer: Optional[torch.optim.Optimizer], inputs: Sequence[torch.Tensor], peak_only: bool
-) -> Any:
+def _depth(mode: Any) -> int:
+    return 0 if mode is None else len(mode.enter_stack)
+
+
+def _memory_tracker(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Any:
+    """The step's one MemTracker subclass (flopcount.step.runner) over torch's
+    FSDPMemTracker for an FSDP2 model, else over MemTracker."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
-        base = private("FSDPMemTracker")
-        tracker = (_peak_only(base) if peak_only else base)(model, optimizer)
-        tracker.track_inputs(tuple(inputs))
-        return tracker
-    base = private("MemTracker")
-    tracker = (_peak_only(base) if peak_only else base)()
-    tracker.track_external(model, *([optimizer] if optimizer is not None else []), *inputs)
-    return tracker
+        return peak_tracker(private("FSDPMemTracker"))(model, optimizer)
+    return peak_tracker(private("MemTracker"))()
 
 
-def run_step(
+def record_step(
     model: nn.Module,
     optimizer: Optional[torch.optim.Optimizer],
     args: Tuple[Any, ...],
@@ -277,35 +219,36 @@ def run_step(
     loss_fn: Optional[Callable[[Any], Any]] = None,
     groups: Optional[Mapping[str, Any]] = None,
     track_memory: bool = True,
-    peak_only: bool = True,
     backend: str = "nccl",
+    amp: Optional[torch.dtype] = None,
 ) -> StepRecord:
-    """Run forward, backward and ``optimizer.step()`` once, recording everything (the model's
-    outputs are released once the loss is made, before the backward).
-    ``peak_only=False`` keeps torch's tracker exactly as it is (per-module stats too).
+    """Run one training step (:func:`flopcount.step.runner.run_step`: forward, the loss,
+    the outputs released, backward, ``optimizer.step()``), recording everything.
     ``backend="gloo"`` in a fake world: each reduce-scatter also holds gloo's copy of its
     input while it runs (see :data:`BACKENDS`); on a real rank leave it "nccl" (the real
-    backend's buffers are seen as they are)."""
+    backend's buffers are seen as they are). ``amp``: the forward under ``torch.autocast``."""
     flat = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
     modules = ModuleStack(module_names(model))
     recorder = _StepRecorder(modules, groups or {}, backend)
-    tracker = _memory_tracker(model, optimizer, flat, peak_only) if track_memory else contextlib.nullcontext()
-    recorder.tracker = tracker if track_memory else None
-    with tracker, modules, recorder:
-        outputs = model(*args, **kwargs)
-        loss = (loss_fn or default_loss)(outputs)
-        # released before backward, as in ``loss = loss_fn(model(x)); loss.backward()`` and as
-        # estimate_memory does: kept, they would hold the outputs' bytes through the backward
-        del outputs
-        recorder.phase = "backward"
-        loss.backward()
-        del loss
-        if optimizer is not None:
-            recorder.phase = "optimizer"
-            optimizer.step()
+    tracker = _memory_tracker(model, optimizer) if track_memory else None
+    recorder.tracking = tracker is not None
+    shape_runs = ShapeRuns()
+    recorder.shape_runs = shape_runs
+    if tracker is not None:
+        tracker.skip = shape_runs
+        tracker.watch(model, optimizer, flat)
+
+    def on_phase(phase: Any) -> None:
+        recorder.phase = phase
+
+    with tracker if tracker is not None else contextlib.nullcontext(), modules, recorder:
+        run_step(
+            model, args, kwargs, optimizer=optimizer, loss_fn=loss_fn, amp=amp,
+            device_type=amp_device(model, args, kwargs), tracker=tracker, on_phase=on_phase,
+        )
     peak: Dict[str, int] = {}
-    if track_memory:
-        for snapshot in tracker.get_tracker_snapshot("peak").values():  # type: ignore[union-attr]
+    if tracker is not None:
+        for snapshot in tracker.peak_snapshot.values():
             for key, value in snapshot.items():
                 name = str(getattr(key, "value", key))  # a _RefType enum member, or "Total"
                 peak[name] = peak.get(name, 0) + int(value)

@@ -16,7 +16,7 @@ from torch import nn
 
 from flopcount.bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import PreparedCall, output_tensors, prepare_call
+from flopcount.core.inputs import PreparedCall, prepare_call
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.devices import roofs_for
@@ -26,6 +26,7 @@ from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
+from flopcount.step.loss import backward_roots
 from flopcount.tracers import dispatch, shared_tensor_copy
 from flopcount.tracers.fake.copies import has_lazy_parameters
 
@@ -219,7 +220,7 @@ class _Step:
             return
         with torch.enable_grad():
             outputs = self.model(*args, **kwargs)
-            roots = _differentiable(output_tensors(self.loss_fn(outputs) if self.loss_fn is not None else outputs))
+            roots = backward_roots(outputs, self.loss_fn)  # the loss the dispatch tracer differentiates
             leaves = _differentiable(_unique(list(self.model.parameters()) + list(self.flat)))
             if not roots or not leaves:
                 raise UsageError("backward=True but nothing requires grad (no parameter or input with requires_grad=True)")

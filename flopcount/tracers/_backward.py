@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
-from flopcount.core.inputs import output_tensors
 from flopcount.errors import UsageError
+from flopcount.step.loss import backward_roots, differentiable
 from flopcount.tracers._modules import ModuleStack
 
 __all__ = ["BackwardAttribution", "run_backward"]
@@ -252,15 +252,12 @@ def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     return unique
 
 
-def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    return [t for t in tensors if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-
-
 def run_backward(
     model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: Any
 ) -> Set[int]:
-    """Differentiate the loss (``loss_fn(outputs)``, or every floating output with a
-    ones gradient: the gradient of their sum without recording a sum) with respect to
+    """Differentiate the loss (``loss_fn(outputs)``, else the step's default loss,
+    :mod:`flopcount.step.loss`: the loss the model returned, else every floating output;
+    with ones gradients, the gradient of their sum without recording a sum) with respect to
     every parameter and input that requires grad. ``autograd.grad`` is used so no
     ``.grad`` is written and no gradient accumulation op runs; a graph holding a reentrant
     checkpoint (which refuses ``autograd.grad``) gets a plain backward instead, with every
@@ -268,14 +265,8 @@ def run_backward(
     gradient (the parameters an optimizer step then updates).
 
     ``recorder`` has ``muted`` (a counter: ops made while > 0 are not recorded) and ``phase``."""
-    if loss_fn is not None:
-        roots = output_tensors(loss_fn(outputs))
-        if not roots:
-            raise UsageError("loss_fn must return a tensor (or tensors) to differentiate")
-    else:
-        roots = output_tensors(outputs)
-    roots = _differentiable(roots)
-    leaves = _differentiable(_unique(list(model.parameters()) + list(inputs)))
+    roots = backward_roots(outputs, loss_fn)
+    leaves = differentiable(_unique(list(model.parameters()) + list(inputs)))
     if not roots or not leaves:
         raise UsageError(
             "backward=True but nothing requires grad: no parameter or input has requires_grad=True, "

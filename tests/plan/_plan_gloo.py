@@ -119,7 +119,8 @@ def worker(
     from flopcount.core.analysis import cost_events
     from flopcount.handlers import default_registry
     from flopcount.planning.plan import _book, _skipped
-    from flopcount.planning.step import default_loss, make_optimizer, run_step
+    from flopcount.planning.step import make_optimizer, record_step
+    from flopcount.step.loss import default_loss
     from flopcount.planning.world import device_mesh, mesh_groups, parallelize
 
     torch.set_num_threads(1)
@@ -144,7 +145,7 @@ def worker(
         optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
         with CollectiveBytes() as nbytes:
-            record = run_step(model, optimizer, (example,), {}, None, mesh_groups(mesh), peak_only=False)
+            record = record_step(model, optimizer, (example,), {}, None, mesh_groups(mesh))
         seconds = time.perf_counter() - start
         # CommDebugMode counts a second step of its own: its module tracker's hooks hand
         # nn.MultiheadAttention three distinct query/key/value tensors, which turns the packed

@@ -15,7 +15,8 @@ import torch
 from _plan_gloo import tiny_encoder
 
 import flopcount
-from flopcount.planning.step import default_loss, make_optimizer
+from flopcount.planning.step import make_optimizer
+from flopcount.step.loss import default_loss
 
 
 def _real_peaks(x: torch.Tensor, steps: int = 3) -> list:

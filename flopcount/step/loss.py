@@ -1,0 +1,62 @@
+"""The one default loss of a training step, shared by every reading that runs a backward.
+
+Rule: when the model returns a loss (an output with a ``loss`` attribute or key holding a
+tensor that requires grad: a Hugging Face ``ModelOutput`` of a model called with ``labels``,
+a ``{"loss": ...}`` dict), the backward differentiates that loss only; otherwise it
+differentiates the sum of every floating (or complex) output that requires grad. A
+``loss_fn`` given by the caller replaces the rule. ``count_flops(backward=True)``,
+``estimate_memory``, ``plan``, ``profile`` and the trainer callbacks all use it
+(docs/conventions.md, "The default loss").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Mapping, Optional
+
+import torch
+
+from flopcount.core.inputs import output_tensors
+from flopcount.errors import UsageError
+
+__all__ = ["backward_roots", "default_loss", "differentiable", "returned_loss"]
+
+LossFn = Callable[[Any], Any]
+
+
+def differentiable(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The tensors a backward can start from or reach: floating or complex, requiring grad."""
+    return [t for t in tensors if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+
+
+def returned_loss(outputs: Any) -> Optional[torch.Tensor]:
+    """The loss the model returned (``outputs.loss`` or ``outputs["loss"]``), if it requires grad."""
+    if isinstance(outputs, torch.Tensor):
+        return None
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    return None
+
+
+def backward_roots(outputs: Any, loss_fn: Optional[LossFn] = None) -> List[torch.Tensor]:
+    """The tensors whose sum the step differentiates: ``loss_fn(outputs)``'s, else the
+    returned loss, else every differentiable output (possibly none: the caller says why)."""
+    if loss_fn is not None:
+        roots = output_tensors(loss_fn(outputs))
+        if not roots:
+            raise UsageError("loss_fn must return a tensor (or tensors) to differentiate")
+        return differentiable(roots)
+    loss = returned_loss(outputs)
+    return [loss] if loss is not None else differentiable(output_tensors(outputs))
+
+
+def default_loss(outputs: Any) -> torch.Tensor:
+    """The default loss as one tensor to call ``backward()`` on: the returned loss (summed if
+    it is not a scalar), else the sum of every differentiable output."""
+    roots = backward_roots(outputs)
+    if not roots:
+        raise UsageError("none of the model's outputs requires grad: nothing to differentiate (pass loss_fn=)")
+    total = roots[0] if roots[0].numel() == 1 and len(roots) == 1 else roots[0].sum()
+    for extra in roots[1:]:
+        total = total + extra.sum()
+    return total

@@ -1,0 +1,189 @@
+"""One training step, run the same way by every reading that runs one (``estimate_memory``,
+``plan``): the forward (under ``torch.autocast`` when asked), the default loss
+(:mod:`flopcount.step.loss`), the model's outputs released, the backward (autocast off),
+the optimizer step; watched by the one MemTracker subclass (:func:`peak_tracker`).
+
+``count_flops(backward=True)`` runs its backward inside the dispatch tracer
+(``autograd.grad``, so the caller's ``.grad`` is never written) from the same loss rule;
+its optimizer comes from the same factory (:mod:`flopcount.step.optimizers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from flopcount.errors import UsageError
+from flopcount.step.loss import LossFn, default_loss
+from flopcount.types import Phase
+
+__all__ = ["peak_tracker", "run_step", "autocast_nested"]
+
+_TRACKERS: Dict[type, type] = {}
+
+
+def peak_tracker(base: type) -> type:
+    """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
+    replaced by one that records the step's peak (``peak_total``, ``peak_snapshot``: the
+    categories per device at that moment, ``peak_where``: the modules running, ``peak_phase``)
+    and each running module's own peak (``module_peaks``), walking only the modules running
+    now (torch's walks every module seen so far: minutes on an 80-layer model). Its module
+    and optimizer hooks answer only the thread that made it. ``skip``: a predicate; ops made
+    while it holds are not this step's work (DTensor's shape propagation in plan's fake
+    world) and are run past the tracker."""
+    made = _TRACKERS.get(base)
+    if made is not None:
+        return made
+
+    class PeakTracker(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for attr in ("_curr_mem_snap", "_mod_tracker", "_in_opt", "_param_to_grad_hook_handles"):
+                if not hasattr(self, attr):
+                    raise UsageError(f"torch {torch.__version__}'s {base.__name__} has no {attr}, which flopcount's step needs")
+            self._owner = threading.get_ident()
+            _own_thread_module_hooks(self._mod_tracker, self._owner)
+            self.peak_total = -1
+            self.peak_snapshot: Dict[Any, Dict[Any, int]] = {}
+            self.peak_where: FrozenSet[str] = frozenset()
+            self.peak_phase: Phase = "forward"
+            self.module_peaks: Dict[str, int] = {}
+            self.skip: Optional[Callable[[], bool]] = None
+
+        def watch(self, model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor]) -> None:
+            """Count ``model``'s parameters and buffers, ``optimizer``'s state and ``inputs``
+            from the start (FSDPMemTracker was given the model and optimizer when made)."""
+            if callable(getattr(self, "track_inputs", None)) and hasattr(self, "_root_mod"):
+                self.track_inputs(tuple(inputs))
+                return
+            self.track_external(model, *([optimizer] if optimizer is not None else []), *inputs)
+            # MemTracker hooks every parameter of a module it enters, which raises on frozen ones
+            for param in model.parameters():
+                if not param.requires_grad:
+                    self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            snap = self._curr_mem_snap
+            total = sum(dev.get("Total", 0) for dev in snap.values())
+            parents = self._mod_tracker.parents
+            peaks = self.module_peaks
+            for name in parents:
+                if peaks.get(name, -1) < total:
+                    peaks[name] = total
+            if total > self.peak_total:
+                self.peak_total = total
+                self.peak_snapshot = {dev: dict(values) for dev, values in snap.items()}
+                self.peak_where = frozenset(parents)
+                self.peak_phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if self.skip is not None and self.skip():
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _register_global_optimizer_hook(self) -> None:
+            """MemTracker's process-wide optimizer-step hooks, answering only the owning
+            thread (another thread's ``optimizer.step()`` is not this step's)."""
+            from torch.distributed._tools.mem_tracker import _MemRefType
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+            owner, tracker = self._owner, self
+
+            def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+                if threading.get_ident() == owner:
+                    tracker._in_opt = True
+
+            def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+                if threading.get_ident() == owner:
+                    tracker._track_optimizer_states(_MemRefType.OPT, optimizer)
+                    tracker._in_opt = False
+
+            self._optimizer_hook_handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
+
+    PeakTracker.__name__ = PeakTracker.__qualname__ = f"Peak{base.__name__}"
+    _TRACKERS[base] = PeakTracker
+    return PeakTracker
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _own_thread_module_hooks(mod_tracker: Any, owner: int) -> None:
+    """ModTracker registers its forward hooks process-wide (``register_module_forward_*_hook``
+    of its ``_fw_pre_hook``/``_fw_post_hook``, looked up when it is entered): wrapped here so
+    that another thread's modules neither enter this step's bookkeeping nor run its code
+    (which raised inside that thread: issue #29 item 17)."""
+    for name in ("_fw_pre_hook", "_fw_post_hook"):
+        hook = getattr(mod_tracker, name, None)
+        if hook is None:
+            raise UsageError(f"torch {torch.__version__}'s ModTracker has no {name}, which flopcount's step needs")
+
+        def only_owner(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
+            if threading.get_ident() != owner:
+                return None
+            return _hook(*args, **kwargs)
+
+        setattr(mod_tracker, name, only_owner)
+
+
+def autocast_nested() -> bool:
+    """Whether this thread is already inside a ``torch.autocast`` (the caller's): the
+    autocast weight-cast cache is then the caller's too (one per thread), and exiting an
+    inner autocast neither clears it nor may we (issue #27 item 5)."""
+    depth = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return depth > 1
+
+
+def run_step(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    backward: bool = True,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    loss_fn: Optional[LossFn] = None,
+    amp: Optional[torch.dtype] = None,
+    device_type: str = "cpu",
+    tracker: Any = None,
+    on_phase: Optional[Callable[[Phase], None]] = None,
+) -> None:
+    """One step of ``model(*args, **kwargs)``: forward (``backward=False``: under
+    ``torch.no_grad()``, and nothing else), ``loss_fn(outputs)`` or the default loss, the
+    outputs released (as ``loss = loss_fn(model(x))`` does), ``loss.backward()``,
+    ``optimizer.step()``. With ``amp`` the forward and loss run under
+    ``torch.autocast(device_type, amp)`` and the backward and step with autocast off,
+    whatever the caller's (the AMP recipe); the forward's cached weight casts die with it,
+    and the caller's own autocast cache is left alone (inside the caller's autocast the
+    forward runs with the cache off). ``tracker``: an entered :func:`peak_tracker`, whose
+    peak starts with what is alive now; ``on_phase`` is told "backward" and "optimizer"."""
+    if tracker is not None:
+        tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
+    inside: Any = contextlib.nullcontext()
+    outside: Any = contextlib.nullcontext()
+    if amp is not None:
+        inside = torch.autocast(device_type, dtype=amp, cache_enabled=not autocast_nested())
+        outside = torch.autocast(device_type, enabled=False)
+    with torch.set_grad_enabled(backward):
+        with inside:
+            outputs = model(*args, **kwargs)
+            if not backward:
+                return
+            loss = (loss_fn or default_loss)(outputs)
+            del outputs
+        if on_phase is not None:
+            on_phase("backward")
+        with outside:
+            loss.backward()
+        del loss
+    if optimizer is not None:
+        if on_phase is not None:
+            on_phase("optimizer")
+        with outside:
+            optimizer.step()
