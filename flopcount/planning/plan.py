@@ -81,6 +81,7 @@ def plan(
     mixed_precision: Union[None, str, torch.dtype] = None,
     registry: Optional[HandlerRegistry] = None,
     backend: str = "nccl",
+    autocast: Union[None, str, torch.dtype] = None,
 ) -> PlanResult:
     """Per-rank cost of one training step (forward, backward, ``optimizer.step()``) of the
     model ``build()`` returns, sharded over ``fsdp x tp`` ranks.
@@ -95,6 +96,10 @@ def plan(
     gradients in float32 while parameters and optimizer state keep the model's dtype.
     ``backend``: the process-group backend whose collective buffers the peak includes:
     "nccl" (in place, the default) or "gloo" (its reduce-scatter holds a copy of its input).
+    ``autocast`` (e.g. "bfloat16"): the forward and loss run under ``torch.autocast`` and the
+    backward and optimizer step outside it (the AMP recipe, as ``estimate_memory(autocast=)``;
+    torch's CPU autocast op list, the one the fake world runs). The step (loss rule, outputs
+    released, steady-state optimizer) is ``estimate_memory``'s: a one-rank plan's peak is its peak.
     A default process group already initialised is left alone: plan() raises instead.
     """
     fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
@@ -102,6 +107,7 @@ def plan(
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
     gpu = gpu_key(device)
     compute = _dtype(mixed_precision)
+    amp = _dtype(autocast, "autocast")
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
@@ -111,9 +117,9 @@ def plan(
         links = links_by_dim(link, dims)
         model = _built(build)
         prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend)
-    if compute is not None:
-        dtype = str(compute).replace("torch.", "")
+        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp)
+    if compute is not None or amp is not None:
+        dtype = str(compute or amp).replace("torch.", "")
     costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
     flops, macs, by_operator, unsupported = _book(costed)
     comm = _comm_rows(record.collectives, groups, links)
@@ -159,12 +165,12 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
     return part.name
 
 
-def _dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+def _dtype(value: Union[None, str, torch.dtype], name: str = "mixed_precision") -> Optional[torch.dtype]:
     if value is None or isinstance(value, torch.dtype):
         return value
     found = getattr(torch, str(value).replace("torch.", "").strip(), None)
     if not isinstance(found, torch.dtype) or not found.is_floating_point:
-        raise UsageError(f"mixed_precision must be a floating dtype such as 'bfloat16', got {value!r}")
+        raise UsageError(f"{name} must be a floating dtype such as 'bfloat16', got {value!r}")
     return found
 
 
@@ -192,7 +198,7 @@ def _built(build: Callable[[], nn.Module]) -> nn.Module:
 
 def _fake_step(
     model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
-    groups: Mapping[str, Any], backend: str = "nccl",
+    groups: Mapping[str, Any], backend: str = "nccl", amp: Optional[torch.dtype] = None,
 ) -> Tuple[StepRecord, str]:
     """Materialise the sharded model as fake tensors on cpu, then run and record one step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -203,10 +209,11 @@ def _fake_step(
         model.to_empty(device="cpu")  # gives each module a tensor of its own: tied weights are tied again
         for module, name, owner, owner_name in ties:
             module._parameters[name] = owner._parameters[owner_name]
-        fakes = [
-            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").requires_grad_(t.requires_grad)
-            for t in tensors
-        ]
+        made: Dict[int, torch.Tensor] = {}  # one tensor passed twice (ids as labels) is one fake, as in estimate_memory
+        for t in tensors:
+            if id(t) not in made:
+                made[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").requires_grad_(t.requires_grad)
+        fakes = [made[id(t)] for t in tensors]
         call_args, call_kw = rebuild(fakes)
         opt = make_optimizer(optimizer, model)
         if opt is not None:
@@ -215,7 +222,7 @@ def _fake_step(
             # peak is lower by up to the state's size; a plan sizes every step)
             warm_up(opt, "plan")
         try:
-            record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend)
+            record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp)
         except UsageError:
             raise
         except Exception as exc:

@@ -120,8 +120,8 @@ def worker(
     from flopcount.handlers import default_registry
     from flopcount.planning.plan import _book, _skipped
     from flopcount.planning.step import make_optimizer, record_step
-    from flopcount.step.loss import default_loss
     from flopcount.planning.world import device_mesh, mesh_groups, parallelize
+    from flopcount.step.loss import default_loss
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
