@@ -27,9 +27,6 @@ PRIVATE: Dict[str, Tuple[str, str]] = {
     "FSDPMemTracker": ("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"),
     "MemTracker": ("torch.distributed._tools.mem_tracker", "MemTracker"),
     "active_fake_mode": ("torch._guards", "active_fake_mode"),
-    "ShardingPropagator": ("torch.distributed.tensor._sharding_prop", "ShardingPropagator"),
-    "_get_current_dispatch_mode": ("torch.utils._python_dispatch", "_get_current_dispatch_mode"),
-    "_pop_mode_temporarily": ("torch.utils._python_dispatch", "_pop_mode_temporarily"),
 }
 
 

@@ -39,7 +39,9 @@ def peak_tracker(base: type) -> type:
     if made is not None:
         return made
 
-    class PeakTracker(base):  # type: ignore[valid-type,misc]
+    fsdp = callable(getattr(base, "track_inputs", None))  # FSDPMemTracker: made with the model and optimizer
+
+    class PeakTracker(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             for attr in ("_curr_mem_snap", "_mod_tracker", "_in_opt", "_param_to_grad_hook_handles"):
@@ -57,7 +59,7 @@ def peak_tracker(base: type) -> type:
         def watch(self, model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor]) -> None:
             """Count ``model``'s parameters and buffers, ``optimizer``'s state and ``inputs``
             from the start (FSDPMemTracker was given the model and optimizer when made)."""
-            if callable(getattr(self, "track_inputs", None)) and hasattr(self, "_root_mod"):
+            if fsdp:
                 self.track_inputs(tuple(inputs))
                 return
             self.track_external(model, *([optimizer] if optimizer is not None else []), *inputs)
