@@ -111,7 +111,9 @@ class PassCost:
 class StepCounter:
     """Caches of counts by signature: training passes, evaluation forwards, optimizer steps.
 
-    ``loss_fn`` picks the loss out of the model's outputs for the backward. A count that
+    ``loss_fn`` picks the loss out of the model's outputs for the backward (None: the
+    step's default loss, :mod:`flopcount.step.loss`, the one ``count_flops``, ``plan`` and
+    ``estimate_memory`` use: the loss the model returns, else the sum of its outputs). A count that
     fails is remembered as ``None`` (never retried for that signature) and reported once
     with a :class:`FlopcountWarning`; the training run itself is never interrupted.
     Counts run on :func:`hookless_twin` of the model, so the user's hooks (and the
@@ -119,7 +121,7 @@ class StepCounter:
     process-wide recorders.
     """
 
-    def __init__(self, loss_fn: LossFn):
+    def __init__(self, loss_fn: Optional[LossFn] = None):
         self.loss_fn = loss_fn
         self.train: Dict[Signature, Optional[PassCost]] = {}
         self.eval: Dict[Signature, Optional[int]] = {}
