@@ -23,9 +23,6 @@ from flopcount.types import Phase
 
 __all__ = ["peak_tracker", "run_step", "autocast_nested"]
 
-_TRACKERS: Dict[type, type] = {}
-
-
 def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
     replaced by one that records the step's peak (``peak_total``, ``peak_snapshot``: the
@@ -35,10 +32,6 @@ def peak_tracker(base: type) -> type:
     and optimizer hooks answer only the thread that made it. ``skip``: a predicate; ops made
     while it holds are not this step's work (DTensor's shape propagation in plan's fake
     world) and are run past the tracker."""
-    made = _TRACKERS.get(base)
-    if made is not None:
-        return made
-
     fsdp = callable(getattr(base, "track_inputs", None))  # FSDPMemTracker: made with the model and optimizer
 
     class PeakTracker(base):
@@ -107,7 +100,6 @@ def peak_tracker(base: type) -> type:
             self._optimizer_hook_handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
 
     PeakTracker.__name__ = PeakTracker.__qualname__ = f"Peak{base.__name__}"
-    _TRACKERS[base] = PeakTracker
     return PeakTracker
 
 
