@@ -48,8 +48,9 @@ def _hf_loss(outputs: Any) -> Any:  # what the HF callback hands StepCounter (in
     return hf_loss(outputs)
 
 
-@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
-def test_every_entry_point_differentiates_the_loss_the_model_returns(tracer: str) -> None:
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])  # jit sees no backward (a UsageError)
+def test_every_entry_point_differentiates_the_loss_the_model_returns(tracer: str, mode: str) -> None:
     # Hand derivation, batch B, x (B, D) not requiring grad, W (C, D), labels (B, C):
     #   logits = x @ W^T; loss = sum(logits * labels)
     #   d loss / d logits = labels (expanded seed x labels): one aten::mul of B*C elements -> B*C FLOPs
@@ -60,7 +61,7 @@ def test_every_entry_point_differentiates_the_loss_the_model_returns(tracer: str
     expected = B * C + 2 * B * C * D
     torch.manual_seed(0)
     x, labels = torch.randn(B, D), torch.randn(B, C)
-    model = Scored()
+    model = Scored().train(mode == "train")
     counted = flopcount.count_flops(model, (x,), kwargs={"labels": labels}, backward=True, tracer=tracer)
     assert counted.by_phase()["backward"] == expected
     with warnings.catch_warnings():
