@@ -178,3 +178,14 @@ def test_the_row_type_keeps_the_old_names():
     bound_only = CostRow("aten::mm", "", "forward", 1, 8, 4, attainable_s=2.0)
     assert bound_only.efficiency is None and "time_s" not in bound_only.to_dict()
     assert bound_only.to_dict()["latency_s"] == 2.0
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_the_trace_args_name_the_operations_a_fused_cost_performs(train):
+    # the Chrome trace's "flopcount op" uses the rows' vocabulary: the attention's bmm and
+    # softmax, not the composite flopcount::multi_head_attention_forward it was counted as
+    model, x = _model("attention", train)
+    profiled = flopcount.profile(model, (x,), steps=1, warmup=0, roofs=T4)
+    named = {op for args in profiled.trace_args.values() for op in str(args["flopcount op"]).split(", ")}
+    assert {"aten::bmm", "aten::softmax", "aten::linear"} <= named
+    assert not any(op.startswith("flopcount::") for op in named)

@@ -79,6 +79,13 @@ def category(fact: EventFacts) -> str:
     return "data movement" if fact.bytes > 0 else "other"
 
 
+def _ops(fact: EventFacts) -> Tuple[str, ...]:
+    cost = fact.cost
+    if cost is None or not cost.parts:
+        return (fact.event.call.op,)
+    return tuple(name for name, _ in cost.parts)
+
+
 def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
     """The ``args`` a trace event gains: the cost of the counted calls it ran. A node with
     nothing on the roofs (a view) has efficiency and intensity null, not 0; a compute-bound
@@ -90,7 +97,8 @@ def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], r
     attain = sum(p[2] for p in parts)
     eff = efficiency(attain, measured_us * 1e-6)
     args: Dict[str, Any] = {
-        "flopcount op": ", ".join(sorted({f.event.call.op for f in chosen})),
+        # the ledger's vocabulary: a fused cost under the operations it performs
+        "flopcount op": ", ".join(sorted({op for f in chosen for op in _ops(f)})),
         "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or "<root>",
         "flops": flops,
         "macs": sum(f.macs for f in chosen),
