@@ -10,6 +10,7 @@ for real (``steps=1``) on a datasheet part's roofs, so nothing is measured but t
 
 from __future__ import annotations
 
+import json
 from typing import Callable, Dict, Tuple
 
 import pytest
@@ -189,3 +190,18 @@ def test_the_trace_args_name_the_operations_a_fused_cost_performs(train):
     named = {op for args in profiled.trace_args.values() for op in str(args["flopcount op"]).split(", ")}
     assert {"aten::bmm", "aten::softmax", "aten::linear"} <= named
     assert not any(op.startswith("flopcount::") for op in named)
+
+
+def test_the_trace_args_hold_seconds_and_the_trace_shows_microseconds(tmp_path):
+    # seconds in the result's data; the Chrome trace (whose unit is the microsecond) gets
+    # attainable_us = 1e6 x attainable_s, as before
+    model, x = _model("attention", False)
+    profiled = flopcount.profile(model, (x,), steps=1, warmup=0, roofs=T4)
+    seconds = {ident: args["attainable_s"] for ident, args in profiled.trace_args.items()}
+    assert seconds and all("attainable_us" not in args for args in profiled.trace_args.values())
+    path = tmp_path / "trace.json"
+    profiled.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    shown = {e["args"]["External id"]: e["args"] for e in events if e.get("cat") == "cpu_op" and "flops" in e.get("args", {})}
+    assert shown and all(args["attainable_us"] == pytest.approx(1e6 * seconds[ident]) for ident, args in shown.items())
+    assert all("attainable_s" not in args for args in shown.values())

@@ -104,7 +104,7 @@ def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], r
         "macs": sum(f.macs for f in chosen),
         "bytes": moved,
         "intensity": intensity(flops, moved),
-        "attainable_us": attain * 1e6,
+        "attainable_s": attain,
         "efficiency": eff,
     }
     if eff is not None and eff > ROOF_BELOW_ACHIEVED and flops > 0 and bound(sum(p[0] for p in parts), sum(p[1] for p in parts)) == "compute":
