@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 import flopcount
+from flopcount.core.ledger import Ledger
 from flopcount.devices.roofline import Roofs
-from flopcount.profiling.result import ProfileRow, merge
+from flopcount.types import Cost, OpCall, OpEvent
 
 to_rgb = pytest.importorskip("matplotlib.colors").to_rgb
 
@@ -192,13 +193,21 @@ def test_roof_lines_are_grey_and_points_are_coloured():
 
 
 def test_a_sum_of_measured_and_apportioned_rows_is_mixed_with_no_efficiency():
-    # two hand-made rows of one op: 1 ms measured at attainable 0.5 ms, 1 ms apportioned
-    measured = ProfileRow("aten::linear", "a", "forward", 1, 10, 5, 4, 1e-3, 1e-3, 5e-4, 1e-4, 5e-4)
-    shared = ProfileRow("aten::linear", "b", "forward", 1, 10, 5, 4, 1e-3, 1e-3, 5e-4, 1e-4, 5e-4,
-                        time_source="apportioned")
+    # two hand-made calls of one op, booked by the ledger as profile books them: 1 ms measured
+    # at attainable 0.5 ms (module a), 1 ms apportioned from a fused kernel (module b)
+    columns = ("time_s", "host_time_s", "compute_s", "memory_s", "attainable_s")
+    seconds = (1e-3, 1e-3, 5e-4, 1e-4, 5e-4)
+    cost = Cost(macs=5, flops=10, bytes_read=4)
+    events = [(OpEvent(OpCall("aten::linear", {}), (name,)), cost) for name in ("a", "b")]
+    ledger = Ledger(columns=columns, labels=("time_source",)).book_all(
+        events, [seconds, seconds], [("measured",), ("apportioned",)]
+    )
+    rows = ledger.cost_rows("rows")
+    measured, shared = rows[("aten::linear", "a", "forward")], rows[("aten::linear", "b", "forward")]
     assert measured.efficiency == pytest.approx(0.5)
     assert shared.efficiency is None and shared.flag is None
-    both = merge([measured, shared], "aten::linear", "", "forward")
+    both = ledger.cost_rows("operators")["aten::linear"]
     assert both.time_source == "mixed" and both.efficiency is None
-    assert both.time_s == pytest.approx(2e-3)
-    assert merge([measured, measured], "aten::linear", "", "forward").efficiency == pytest.approx(0.5)
+    assert both.time_s == pytest.approx(2e-3) and both.calls == 2 and both.flops == 20
+    once = Ledger(columns=columns, labels=("time_source",)).book_all(events[:1] * 2, [seconds] * 2, [("measured",)] * 2)
+    assert once.cost_rows("operators")["aten::linear"].efficiency == pytest.approx(0.5)

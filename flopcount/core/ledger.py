@@ -5,6 +5,12 @@ with its uncalled owners by name (a ModuleList), each module once under its cano
 
 The same code books a count (:func:`flopcount.core.results.aggregate`), re-prices a decode step
 (:func:`flopcount.core.results.reprice`: the old cost out, the new one in) and anything after.
+Readings that time their ops (``predict``'s roofline seconds, ``profile``'s measured seconds)
+book those seconds as *columns* beside the cost, under the same keys and owners, and
+per (op, module, phase) *rows*; :meth:`Ledger.cost_rows` reads any table as
+:class:`~flopcount.core.rows.CostRow` s. A fused op's columns are shared among its parts by
+their FLOPs (equally when it has none), so every column sums to what was booked.
+
 No torch here; the ledger knows costs and names only.
 """
 
@@ -12,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from flopcount.core.rows import CostRow
 from flopcount.types import COST_METRICS, Cost, OpEvent
 
-__all__ = ["Ledger", "TOTAL_FIELDS", "owners_of"]
+__all__ = ["MIXED", "TABLES", "Ledger", "TOTAL_FIELDS", "owners_of"]
 
 #: What a booked total holds, in order: calls, then each cost metric.
 TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
@@ -23,6 +30,40 @@ assert _WIDTH == 5, "_add below is unrolled for five fields: extend it with COST
 
 Sums = List[int]
 Key = Tuple[Tuple[str, ...], str, str]
+#: the tables a ledger books: by operator, by phase, by module, and (when asked) by row
+TABLES: Tuple[str, ...] = ("operators", "phases", "modules", "rows")
+#: a label (dtype, time source) its booked calls disagree on
+MIXED = "mixed"
+Labels = Sequence[Optional[str]]
+
+
+def _shares(cost: Cost) -> Tuple[float, ...]:
+    """How a fused op's time columns are shared among its parts: by FLOPs (equally when it
+    has none); one share for an op that is one operation."""
+    if not cost.parts:
+        return (1.0,)
+    if cost.flops:
+        return tuple(part.flops / cost.flops for _, part in cost.parts)
+    return (1.0 / len(cost.parts),) * len(cost.parts)
+
+
+def _add_columns(table: Dict[Any, List[float]], key: Any, values: Sequence[float], sign: int) -> None:
+    into = table.get(key)
+    if into is None:
+        table[key] = [sign * v for v in values]
+    else:
+        for i, value in enumerate(values):
+            into[i] += sign * value
+
+
+def _merge_labels(table: Dict[Any, List[Optional[str]]], key: Any, labels: Labels) -> None:
+    into = table.get(key)
+    if into is None:
+        table[key] = list(labels)
+        return
+    for i, label in enumerate(labels):
+        if label is not None and into[i] != label:
+            into[i] = label if into[i] is None else MIXED
 
 
 def _vector(cost: Cost, calls: int) -> Sums:
@@ -58,7 +99,7 @@ def owners_of(
     return tuple(names)
 
 
-def _add(table: Dict[str, Sums], key: str, sums: Sums, sign: int = 1) -> None:
+def _add(table: Dict[Any, Sums], key: Any, sums: Sums, sign: int = 1) -> None:
     into = table.get(key)
     if into is None:
         table[key] = list(sums) if sign == 1 else [-v for v in sums]
@@ -76,9 +117,21 @@ def _add(table: Dict[str, Sums], key: str, sums: Sums, sign: int = 1) -> None:
 class Ledger:
     """Totals by operator, module, module x operator and phase, plus what could not be
     costed (ops without a handler) and the notes of estimated costs. ``aliases``:
-    ``{canonical module name: every name}`` of modules reachable under several names."""
+    ``{canonical module name: every name}`` of modules reachable under several names.
 
-    def __init__(self, aliases: Optional[Mapping[str, Sequence[str]]] = None):
+    ``columns``: names of time columns (:class:`CostRow` fields: "compute_s", "memory_s",
+    "attainable_s", "time_s", "host_time_s") booked beside the cost; ``labels``: names of
+    per-call labels ("dtype", "time_source") kept per key, :data:`MIXED` where calls differ;
+    ``rows``: also book per (op, innermost module, phase) (always with columns)."""
+
+    def __init__(
+        self,
+        aliases: Optional[Mapping[str, Sequence[str]]] = None,
+        *,
+        columns: Sequence[str] = (),
+        labels: Sequence[str] = (),
+        rows: bool = False,
+    ):
         self.aliases: Dict[str, Tuple[str, ...]] = {name: tuple(names) for name, names in (aliases or {}).items()}
         self._canonical = {alias: name for name, names in self.aliases.items() for alias in names}
         self._owners: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
@@ -90,6 +143,15 @@ class Ledger:
         self.unsupported: Dict[str, List[Any]] = {}
         #: (op, note) -> calls of costs that are estimates
         self.notes: Dict[Tuple[str, str], int] = {}
+        self.columns: Tuple[str, ...] = tuple(columns)
+        self.labels: Tuple[str, ...] = tuple(labels)
+        self.keeps_rows = rows or bool(self.columns) or bool(self.labels)
+        #: (op, module, phase) -> sums, ``module`` the innermost on the call stack
+        self.rows: Dict[Tuple[str, str, str], Sums] = {}
+        #: table name (:data:`TABLES`) -> key -> the time columns booked beside its sums
+        self.times: Dict[str, Dict[Any, List[float]]] = {name: {} for name in TABLES}
+        #: table name -> key -> the labels of the calls booked there
+        self.marks: Dict[str, Dict[Any, List[Optional[str]]]] = {name: {} for name in TABLES}
 
     @classmethod
     def from_totals(
@@ -114,11 +176,20 @@ class Ledger:
             names = self._owners[stack] = owners_of(stack, self.aliases, self._canonical)
         return names
 
-    def book_all(self, costed: Iterable[Tuple[OpEvent, Optional[Cost]]]) -> Ledger:
+    def book_all(
+        self,
+        costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
+        columns: Optional[Sequence[Optional[Sequence[float]]]] = None,
+        labels: Optional[Sequence[Optional[Labels]]] = None,
+    ) -> Ledger:
         """Book every event (``None``: no handler, listed as unsupported, never zero). Events
-        that share (call stack, op, phase) are summed first: far fewer than events."""
+        that share (call stack, op, phase) are summed first: far fewer than events.
+        ``columns`` / ``labels``: per event (in ``costed``'s order) its values of the ledger's
+        columns and labels (None: none for that event)."""
         groups: Dict[Key, Sums] = {}
-        for event, cost in costed:
+        times: Dict[Key, List[float]] = {}
+        marks: Dict[Key, List[Optional[str]]] = {}
+        for index, (event, cost) in enumerate(costed):
             op = event.call.op
             if cost is None:
                 entry = self.unsupported.setdefault(op, [0, {}])
@@ -127,7 +198,10 @@ class Ledger:
                 continue
             if cost.note:
                 self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
-            for name, part in cost.parts or ((op, cost),):
+            values = columns[index] if columns is not None else None
+            tags = labels[index] if labels is not None else None
+            shares = _shares(cost) if values else ()
+            for position, (name, part) in enumerate(cost.parts or ((op, cost),)):
                 key = (event.module_stack, name, event.phase)
                 sums = groups.get(key)
                 if sums is None:
@@ -138,8 +212,14 @@ class Ledger:
                     sums[2] += part.flops
                     sums[3] += part.bytes_read
                     sums[4] += part.bytes_written
-        for (stack, op, phase), sums in groups.items():
-            self._book(stack, op, phase, sums, 1)
+                if values:
+                    share = shares[position]
+                    _add_columns(times, key, [v * share for v in values], 1)
+                if tags:
+                    _merge_labels(marks, key, tags)
+        for (stack, name, phase), sums in groups.items():
+            group = (stack, name, phase)
+            self._book(stack, name, phase, sums, 1, times.get(group), marks.get(group))
         return self
 
     def rebook(self, event: OpEvent, old: Cost, new: Cost) -> None:
@@ -150,12 +230,51 @@ class Ledger:
             for name, part in cost.parts or ((op, cost),):
                 self._book(event.module_stack, name, event.phase, _vector(part, 0), sign)
 
-    def _book(self, stack: Tuple[str, ...], op: str, phase: str, sums: Sums, sign: int) -> None:
+    def _book(
+        self, stack: Tuple[str, ...], op: str, phase: str, sums: Sums, sign: int,
+        times: Optional[Sequence[float]] = None, labels: Optional[Labels] = None,
+    ) -> None:
+        owners = self.owners(stack)
         _add(self.operators, op, sums, sign)
         _add(self.phases, phase, sums, sign)
-        for name in self.owners(stack):
+        for name in owners:
             _add(self.modules, name, sums, sign)
             _add(self.module_ops.setdefault(name, {}), op, sums, sign)
+        if not self.keeps_rows:
+            return
+        row = (op, stack[-1] if stack else "", phase)
+        _add(self.rows, row, sums, sign)
+        keyed: Tuple[Tuple[str, Tuple[Any, ...]], ...] = (
+            ("operators", (op,)), ("phases", (phase,)), ("modules", owners), ("rows", (row,)),
+        )
+        for table, keys in keyed:
+            for key in keys:
+                if times is not None:
+                    _add_columns(self.times[table], key, times, sign)
+                if labels is not None:
+                    _merge_labels(self.marks[table], key, labels)
+
+    def cost_rows(self, table: str, phase: Optional[str] = None) -> Dict[Any, CostRow]:
+        """``{key: CostRow}`` of one table (:data:`TABLES`), its booked columns and labels
+        filled in. ``phase``: the row's phase for the tables that sum over phases (default:
+        the one phase booked, else "all")."""
+        if table not in TABLES:
+            raise ValueError(f"table must be one of {', '.join(TABLES)}, got {table!r}")
+        source: Mapping[Any, Sums] = getattr(self, table)
+        if phase is None:
+            phase = next(iter(self.phases)) if len(self.phases) == 1 else "all"
+        times, marks = self.times[table], self.marks[table]
+        made: Dict[Any, CostRow] = {}
+        for key, sums in source.items():
+            if table == "rows":
+                name, module, row_phase = key
+            else:
+                name, module = key, key if table == "modules" else ""
+                row_phase = key if table == "phases" else phase
+            extra: Dict[str, Any] = dict(zip(self.columns, times.get(key, [0.0] * len(self.columns))))
+            extra.update((label, value) for label, value in zip(self.labels, marks.get(key, ())) if value is not None)
+            made[key] = CostRow(name, module, row_phase, sums[0], sums[2], sums[1], sums[3], sums[4], **extra)
+        return made
 
     def total(self) -> Sums:
         return list(self.modules.get("", [0] * _WIDTH))

@@ -1,16 +1,20 @@
-"""Booking a joined run: counted events with their costs and measured times -> profile
-rows, the unmatched list, the step overview and the per-trace-event args."""
+"""Booking a joined run: counted events with their costs and measured times -> the ledger
+(rows, operators, modules, phases: :class:`flopcount.core.ledger.Ledger`, the measured and
+attainable seconds booked as columns beside the cost), the unmatched list, the step overview
+and the per-trace-event args."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..devices.roofline import Roofs, bound, efficiency, intensity, op_time
-from ..types import Cost, OpEvent
-from ._bytes import call_dtype
-from ._tree import Alignment, Node, TopOp
-from .result import ROOF_BELOW_ACHIEVED, ROOF_FLAG, Overview, ProfileRow, TimeSource, Unmatched
+from flopcount.core.ledger import Ledger
+from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, CostRow, TimeSource
+from flopcount.devices.roofline import Roofs, bound, efficiency, intensity, op_time
+from flopcount.profiling._bytes import call_dtype
+from flopcount.profiling._tree import Alignment, Node, TopOp
+from flopcount.profiling.result import Overview, Unmatched
+from flopcount.types import Cost, OpEvent
 
 
 @dataclass
@@ -21,7 +25,6 @@ class EventFacts:
     cost: Optional[Cost]
     bytes: int = 0
     dtype: str = "float32"
-    parts: Tuple[Tuple[str, float, float, float], ...] = ()  # (op, share of the event, macs, flops)
 
     @property
     def flops(self) -> int:
@@ -39,11 +42,6 @@ def event_facts(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> List[EventF
         if cost is not None:
             fact.bytes = cost.bytes
             fact.dtype = call_dtype(event.call)
-            parts = cost.parts or ((event.call.op, cost),)
-            total = sum(p.flops for _, p in parts)
-            fact.parts = tuple(
-                (op, (p.flops / total) if total else 1.0 / len(parts), p.macs, p.flops) for op, p in parts
-            )
         facts.append(fact)
     return facts
 
@@ -81,6 +79,13 @@ def category(fact: EventFacts) -> str:
     return "data movement" if fact.bytes > 0 else "other"
 
 
+def _ops(fact: EventFacts) -> Tuple[str, ...]:
+    cost = fact.cost
+    if cost is None or not cost.parts:
+        return (fact.event.call.op,)
+    return tuple(name for name, _ in cost.parts)
+
+
 def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
     """The ``args`` a trace event gains: the cost of the counted calls it ran. A node with
     nothing on the roofs (a view) has efficiency and intensity null, not 0; a compute-bound
@@ -92,13 +97,14 @@ def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], r
     attain = sum(p[2] for p in parts)
     eff = efficiency(attain, measured_us * 1e-6)
     args: Dict[str, Any] = {
-        "flopcount op": ", ".join(sorted({f.event.call.op for f in chosen})),
+        # the ledger's vocabulary: a fused cost under the operations it performs
+        "flopcount op": ", ".join(sorted({op for f in chosen for op in _ops(f)})),
         "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or "<root>",
         "flops": flops,
         "macs": sum(f.macs for f in chosen),
         "bytes": moved,
         "intensity": intensity(flops, moved),
-        "attainable_us": attain * 1e6,
+        "attainable_s": attain,
         "efficiency": eff,
     }
     if eff is not None and eff > ROOF_BELOW_ACHIEVED and flops > 0 and bound(sum(p[0] for p in parts), sum(p[1] for p in parts)) == "compute":
@@ -106,45 +112,40 @@ def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], r
     return args
 
 
-def rows(facts: Sequence[EventFacts], measured: Measured, roofs: Roofs, steps: int) -> Tuple[ProfileRow, ...]:
-    """One row per (op, module, phase), per step; fused costs booked under their parts."""
-    groups: Dict[Tuple[str, str, str], List[float]] = {}
-    dtypes: Dict[Tuple[str, str, str], str] = {}
-    sources: Dict[Tuple[str, str, str], Set[TimeSource]] = {}
+#: the seconds booked beside each call's cost, per step
+COLUMNS = ("time_s", "host_time_s", "compute_s", "memory_s", "attainable_s")
+
+
+def book(
+    facts: Sequence[EventFacts], measured: Measured, roofs: Roofs, steps: int, aliases: Mapping[str, Sequence[str]]
+) -> Ledger:
+    """The ledger of one step: each counted call's cost with its measured time (per step) and
+    its roofline seconds; a fused cost's time shared among its parts by their FLOPs, a
+    model like a fused kernel's split (its rows' time source says "apportioned")."""
+    columns: List[Optional[Tuple[float, ...]]] = []
+    labels: List[Optional[Tuple[Optional[str], ...]]] = []
     for index, fact in enumerate(facts):
         if fact.cost is None:
+            columns.append(None)
+            labels.append(None)
             continue
         time_us = measured.time.get(index, 0.0) / steps
         host_us = measured.host.get(index, 0.0) / steps
         c, m, a = attainable_parts(fact, roofs)
-        # a split cost's parts share their event's time by FLOPs: a model, like a fused op's split
-        source: TimeSource = "apportioned" if index in measured.apportioned or len(fact.parts) > 1 else "measured"
-        for op, share, macs, flops in fact.parts:
-            key = (op, fact.event.module, fact.event.phase)
-            if time_us > 0:
-                sources.setdefault(key, set()).add(source)
-            sums = groups.setdefault(key, [0.0] * 9)
-            part_bytes = fact.bytes * share
-            for slot, value in enumerate(
-                (1, flops, macs, part_bytes, time_us * share * 1e-6, host_us * share * 1e-6, c * share, m * share, a * share)
-            ):
-                sums[slot] += value
-            dtypes[key] = fact.dtype if dtypes.get(key, fact.dtype) == fact.dtype else "mixed"
-    made = [
-        ProfileRow(
-            name, module, phase, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dtypes[(name, module, phase)],
-            _source(sources.get((name, module, phase), set())),
-        )
-        for (name, module, phase), s in groups.items()
-    ]
-    made.sort(key=lambda r: (-r.time_s, -r.flops, r.name, r.module))
+        columns.append((time_us * 1e-6, host_us * 1e-6, c, m, a))
+        source: Optional[TimeSource] = None
+        if time_us > 0:
+            source = "apportioned" if index in measured.apportioned or len(fact.cost.parts) > 1 else "measured"
+        labels.append((fact.dtype, source))
+    ledger = Ledger(aliases, columns=COLUMNS, labels=("dtype", "time_source"))
+    return ledger.book_all([(f.event, f.cost) for f in facts], columns, labels)
+
+
+def rows(ledger: Ledger) -> Tuple[CostRow, ...]:
+    """One row per (op, module, phase), per step, largest time first."""
+    made = list(ledger.cost_rows("rows").values())
+    made.sort(key=lambda r: (-r.measured_s, -r.flops, r.name, r.module))
     return tuple(made)
-
-
-def _source(seen: Set[TimeSource]) -> TimeSource:
-    if len(seen) > 1:
-        return "mixed"
-    return seen.pop() if seen else "measured"
 
 
 def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tuple[Unmatched, ...]:

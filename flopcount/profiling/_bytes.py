@@ -1,13 +1,13 @@
 """Bytes and dtype of an op call, for the memory and compute roofs.
 
 Bytes come from the cost vector (``Cost.bytes_read + Cost.bytes_written``,
-:mod:`flopcount.core.traffic`: inputs read + outputs written, views 0); :func:`bytes_as`
+:mod:`flopcount.core.traffic`: inputs read + outputs written, views 0); :func:`traffic_as`
 prices the same call as if its floating tensors had another dtype (``predict(dtype=)``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from flopcount.core.analysis import is_view_op
 from flopcount.core.traffic import call_traffic
@@ -26,14 +26,14 @@ def _recast(value: Any, dtype: str) -> Any:
     return value
 
 
-def bytes_as(call: OpCall, cost: Cost, dtype: Optional[str], phase: str = "forward") -> int:
-    """The call's bytes with its real floating tensors priced at ``dtype`` (as given when
-    None); ``phase`` as the event's (the byte model prices some backward ops in place)."""
+def traffic_as(call: OpCall, cost: Cost, dtype: Optional[str], phase: str = "forward") -> Tuple[int, int]:
+    """The call's (bytes read, bytes written) with its real floating tensors priced at
+    ``dtype`` (as the cost has them when None); ``phase`` as the event's (the byte model
+    prices some backward ops in place)."""
     if dtype is None:
-        return cost.bytes
+        return cost.bytes_read, cost.bytes_written
     recast = OpCall(call.op, {k: _recast(v, dtype) for k, v in call.args.items()}, tuple(_recast(o, dtype) for o in call.outputs))
-    read, written = call_traffic(recast, view=is_view_op(call.op), phase=phase)
-    return read + written
+    return call_traffic(recast, view=is_view_op(call.op), phase=phase)
 
 
 def call_dtype(call: OpCall) -> str:

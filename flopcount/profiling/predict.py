@@ -17,55 +17,33 @@ A bound, not a forecast: launch and framework overhead and imperfect kernels onl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.ledger import Ledger
+from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.rendering import render
+from flopcount.core.rows import CostRow
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
-from flopcount.devices.roofline import Bound, bound, intensity
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
-from flopcount.profiling._bytes import bytes_as, call_dtype
+from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
+from flopcount.types import Cost, OpEvent
 
-
-@dataclass(frozen=True)
-class PredictRow:
-    """One operator in one module and phase: its cost and its lower bound on the roofs."""
-
-    name: str
-    module: str
-    phase: str
-    calls: int
-    flops: int
-    macs: int
-    bytes: int
-    compute_s: float
-    memory_s: float
-    latency_s: float  # sum over calls of max(compute, memory)
-    dtype: str
-
-    @property
-    def intensity(self) -> Optional[float]:
-        return intensity(self.flops, self.bytes)
-
-    @property
-    def bound(self) -> Bound:
-        return bound(self.compute_s, self.memory_s)
-
-    def to_dict(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data.update(intensity=self.intensity, bound=self.bound)
-        return data
+#: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
+PredictRow = CostRow
 
 
 @dataclass(frozen=True)
 class PredictResult:
-    """Lower bounds per op row and in total (``latency_s``) on ``roofs``."""
+    """Lower bounds per op row (op, module, phase) and in total (``latency_s``) on ``roofs``,
+    as the ledger booked them: a fused op under the operations it performs, modules credited
+    by call stack with their aliases, as :func:`flopcount.count_flops` books them."""
 
-    rows: Tuple[PredictRow, ...]
+    rows: Tuple[CostRow, ...]
     roofs: Roofs
     dtype: Optional[str]
     unsupported: Tuple[str, ...] = ()
@@ -74,11 +52,14 @@ class PredictResult:
     any_bound: Optional[AnyBound] = None
     #: dtypes with FLOPs that the device has no peak for (priced at its highest peak)
     unpriced: Tuple[str, ...] = ()
+    _operators: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
+    _modules: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
+    _phases: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
 
     @property
     def latency_s(self) -> float:
         """The eager program's latency lower bound: the sum of each op's bound."""
-        return sum(r.latency_s for r in self.rows)
+        return sum(r.attainable_s for r in self.rows)
 
     @property
     def any_s(self) -> float:
@@ -108,13 +89,17 @@ class PredictResult:
         """False when an op without a handler ran: the bound leaves its cost out."""
         return not self.unsupported
 
-    def by_operator(self) -> Dict[str, PredictRow]:
+    def by_operator(self) -> Dict[str, CostRow]:
         """``{op: row}`` summed over modules and phases, largest bound first."""
-        groups: Dict[str, List[PredictRow]] = {}
-        for row in self.rows:
-            groups.setdefault(row.name, []).append(row)
-        merged = {name: _merge(rows, name) for name, rows in groups.items()}
-        return dict(sorted(merged.items(), key=lambda kv: (-kv[1].latency_s, kv[0])))
+        return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].attainable_s, kv[0])))
+
+    def by_module(self) -> Dict[str, CostRow]:
+        """``{module: row}``: each module with every op run while it was on the call stack
+        (a shared module's work also under each caller), in name order."""
+        return dict(sorted(self._modules.items()))
+
+    def by_phase(self) -> Dict[str, CostRow]:
+        return dict(self._phases)
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -143,16 +128,6 @@ class PredictResult:
         return self.table()
 
 
-def _merge(rows: List[PredictRow], name: str) -> PredictRow:
-    dtypes = {r.dtype for r in rows}
-    return PredictRow(
-        name, "", "all" if len({r.phase for r in rows}) > 1 else rows[0].phase,
-        sum(r.calls for r in rows), sum(r.flops for r in rows), sum(r.macs for r in rows), sum(r.bytes for r in rows),
-        sum(r.compute_s for r in rows), sum(r.memory_s for r in rows), sum(r.latency_s for r in rows),
-        dtypes.pop() if len(dtypes) == 1 else "mixed",
-    )
-
-
 def predict(
     model: Any,
     inputs: Any = (),
@@ -179,37 +154,42 @@ def predict(
     roofs = device if isinstance(device, Roofs) else _named(device)
     as_dtype = None if dtype is None else column_of(dtype)
     table = registry if registry is not None else default_registry()
-    run = trace(uncompiled(model), () if inputs is None else inputs, kwargs, backward=backward, loss_fn=loss_fn)
-    groups: Dict[Tuple[str, str, str], List[Any]] = {}
+    model = uncompiled(model)
+    facts = model_facts(model)
+    run = trace(model, () if inputs is None else inputs, kwargs, backward=backward, loss_fn=loss_fn, facts=facts)
+    costed = cost_events(run.events, table)
     unsupported: Dict[str, None] = {}
     unpriced: Dict[str, None] = {}
     work: Dict[Tuple[str, str], float] = {}
     tables = _lookup_tables(model)
     lookup_modules = _lookup_modules(model, tables)
     looked_up = 0  # rows the forward's lookups in those tables gathered (bytes written = rows read)
-    for event, cost in cost_events(run.events, table):
+    priced: List[Tuple[OpEvent, Optional[Cost]]] = []
+    seconds: List[Optional[Tuple[float, float, float]]] = []
+    dtypes: List[Optional[Tuple[str]]] = []
+    for event, cost in costed:  # each call priced on the roofs; the ledger books it
         if cost is None:
             unsupported[event.call.op] = None
+            priced.append((event, None))
+            seconds.append(None)
+            dtypes.append(None)
             continue
         if event.phase == "forward" and event.call.op in _LOOKUPS and event.module in lookup_modules:
             looked_up += _written_as(event.call, as_dtype)
         op_dtype = as_dtype if as_dtype is not None and _floating(call_dtype(event.call)) else call_dtype(event.call)
-        moved = bytes_as(event.call, cost, as_dtype, phase=event.phase)
-        timed = op_time(roofs, cost.flops, moved, op_dtype, event.call.op)
+        if as_dtype is not None:
+            cost = cost.with_traffic(*traffic_as(event.call, cost, as_dtype, phase=event.phase))
+        timed = op_time(roofs, cost.flops, cost.bytes, op_dtype, event.call.op)
         if cost.flops and timed.column is None:
             unpriced[op_dtype] = None
         if cost.flops:
-            key2 = (op_dtype, event.call.op)
-            work[key2] = work.get(key2, 0.0) + cost.flops
-        c, m = timed.compute_s, timed.memory_s
-        key = (event.call.op, event.module, event.phase)
-        sums = groups.setdefault(key, [0, 0, 0, 0, 0.0, 0.0, 0.0, op_dtype])
-        for slot, value in enumerate((1, cost.flops, cost.macs, moved, c, m, max(c, m))):
-            sums[slot] += value
-        if sums[7] != op_dtype:
-            sums[7] = "mixed"
-    rows = [PredictRow(name, module, phase, *sums) for (name, module, phase), sums in groups.items()]
-    rows.sort(key=lambda r: (-r.latency_s, r.name, r.module))
+            key = (op_dtype, event.call.op)
+            work[key] = work.get(key, 0.0) + cost.flops
+        priced.append((event, cost))
+        seconds.append((timed.compute_s, timed.memory_s, timed.seconds))
+        dtypes.append((op_dtype,))
+    ledger = Ledger(facts.aliases, columns=_COLUMNS, labels=("dtype",)).book_all(priced, seconds, dtypes)
+    rows = sorted(ledger.cost_rows("rows").values(), key=lambda r: (-r.attainable_s, r.name, r.module))
     any_bound = any_implementation(roofs, ((f, d, op) for (d, op), f in work.items()),
                                    _unavoidable_bytes(model, inputs, kwargs, as_dtype, backward, tables, looked_up))
     warnings = tuple(run.warnings)
@@ -219,7 +199,14 @@ def predict(
         stand_ins = ", ".join(f"{d} at {roofs.stand_in(d)}" for d in unpriced)
         warnings += (f"{roofs.device or 'the device'} has no peak for {', '.join(unpriced)}: priced at the highest of "
                      f"its kind ({stand_ins}), so the bound stays a lower bound",)
-    return PredictResult(tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced))
+    return PredictResult(
+        tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced),
+        ledger.cost_rows("operators"), ledger.cost_rows("modules"), ledger.cost_rows("phases"),
+    )
+
+
+#: the roofline seconds booked beside each call's cost
+_COLUMNS = ("compute_s", "memory_s", "attainable_s")
 
 
 #: table lookups: an implementation reads the rows they gather, not the table

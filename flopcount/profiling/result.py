@@ -5,118 +5,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
 from flopcount.core.rendering import render
-from flopcount.devices.roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
+from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, Category, CostRow, TimeSource
+from flopcount.devices.roofline import PROFILE_CONVENTION, Roofs
 
-Category = Literal["flops", "data movement", "other"]
+__all__ = [
+    "ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "Category", "Overview", "ProfileResult", "ProfileRow", "TimeSource", "Unmatched",
+]
 
-#: Where a row's time comes from: the profiler's own measurement of its calls, or a fused
-#: kernel's (or a split composite's) time apportioned among the ops it stands for by a model
-#: (their attainable time, their FLOPs), or both across its calls.
-TimeSource = Literal["measured", "apportioned", "mixed"]
-
-#: A compute-bound row whose efficiency passes this ran faster than its compute roof allows:
-#: the roof is below what was achieved (a library beating the roof's micro-benchmark), 5 %
-#: above 1.0 left for timer noise.
-ROOF_BELOW_ACHIEVED = 1.05
-ROOF_FLAG = "roof below achieved"
-
-
-@dataclass(frozen=True)
-class ProfileRow:
-    """One operator in one module and phase, per step: what it costs and how long it took.
-
-    ``calls``, ``flops``, ``macs``, ``bytes``, ``time_s``, ``host_time_s`` are per step;
-    ``compute_s`` = FLOPs / peak and ``memory_s`` = bytes / bandwidth (summed per call),
-    ``attainable_s`` = the sum over calls of max(compute, memory).
-    """
-
-    name: str
-    module: str
-    phase: str
-    calls: float
-    flops: float
-    macs: float
-    bytes: float
-    time_s: float
-    host_time_s: float
-    compute_s: float
-    memory_s: float
-    attainable_s: float
-    dtype: str = "float32"
-    time_source: TimeSource = "measured"
-
-    @property
-    def achieved_flops_per_s(self) -> Optional[float]:
-        return self.flops / self.time_s if self.time_s > 0 else None
-
-    @property
-    def achieved_bytes_per_s(self) -> Optional[float]:
-        """Bytes moved per second of the row's time (the axis of ops with no FLOPs)."""
-        return self.bytes / self.time_s if self.time_s > 0 else None
-
-    @property
-    def intensity(self) -> Optional[float]:
-        """FLOPs per byte moved."""
-        return intensity(self.flops, self.bytes)
-
-    @property
-    def bound(self) -> Bound:
-        return bound(self.compute_s, self.memory_s)
-
-    @property
-    def efficiency(self) -> Optional[float]:
-        """attainable_s / time_s: 1.0 runs at the roof. None when the time was apportioned
-        from a fused kernel (a model's share, not this op's measurement) or nothing is roofed."""
-        if self.time_source != "measured":
-            return None
-        return efficiency(self.attainable_s, self.time_s)
-
-    @property
-    def flag(self) -> Optional[str]:
-        """"roof below achieved" for a compute-bound row above :data:`ROOF_BELOW_ACHIEVED`:
-        the compute roof is lower than what this op reached, so the roof is wrong for it."""
-        eff = self.efficiency
-        if eff is not None and eff > ROOF_BELOW_ACHIEVED and self.flops > 0 and self.bound == "compute":
-            return ROOF_FLAG
-        return None
-
-    @property
-    def category(self) -> Category:
-        """"flops" (does arithmetic), "data movement" (moves bytes only), or "other"."""
-        if self.flops > 0:
-            return "flops"
-        return "data movement" if self.bytes > 0 else "other"
-
-    def to_dict(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data.update(
-            achieved_flops_per_s=self.achieved_flops_per_s,
-            achieved_bytes_per_s=self.achieved_bytes_per_s,
-            intensity=self.intensity,
-            bound=self.bound,
-            efficiency=self.efficiency,
-            category=self.category,
-            flag=self.flag,
-        )
-        return data
-
-
-def merge(rows: Iterable[ProfileRow], name: str, module: str, phase: str) -> ProfileRow:
-    """One row summing ``rows`` under the given labels."""
-    rows = list(rows)
-    dtypes = {r.dtype for r in rows}
-    sources = {r.time_source for r in rows}
-    return ProfileRow(
-        name, module, phase,
-        sum(r.calls for r in rows), sum(r.flops for r in rows), sum(r.macs for r in rows),
-        sum(r.bytes for r in rows), sum(r.time_s for r in rows), sum(r.host_time_s for r in rows),
-        sum(r.compute_s for r in rows), sum(r.memory_s for r in rows), sum(r.attainable_s for r in rows),
-        dtypes.pop() if len(dtypes) == 1 else "mixed",
-        sources.pop() if len(sources) == 1 else "mixed",
-    )
+#: profile's rows are the ledger's rows (0.2 name kept)
+ProfileRow = CostRow
 
 
 @dataclass(frozen=True)
@@ -148,11 +48,6 @@ class Overview:
         return asdict(self)
 
 
-def _module_prefixes(module: str) -> Tuple[str, ...]:
-    parts = module.split(".") if module else []
-    return ("",) + tuple(".".join(parts[:end]) for end in range(1, len(parts) + 1))
-
-
 @dataclass(frozen=True)
 class ProfileResult:
     """Per-op rows (name, module, phase) of a profiled run, largest time first.
@@ -161,7 +56,7 @@ class ProfileResult:
     (``roofs.source`` says where from); ``unmatched`` what could not be joined.
     """
 
-    rows: Tuple[ProfileRow, ...]
+    rows: Tuple[CostRow, ...]
     unmatched: Tuple[Unmatched, ...]
     roofs: Roofs
     overview: Overview
@@ -173,6 +68,9 @@ class ProfileResult:
     warnings: Tuple[str, ...] = ()
     trace: Optional[Mapping[str, Any]] = field(default=None, repr=False)
     trace_args: Mapping[int, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+    _operators: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
+    _modules: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
+    _phases: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
 
     @property
     def total_time_s(self) -> float:
@@ -181,43 +79,30 @@ class ProfileResult:
     @property
     def op_time_s(self) -> float:
         """Sum of the joined rows' times per step."""
-        return sum(r.time_s for r in self.rows)
+        return sum(r.measured_s for r in self.rows)
 
     @property
     def flops(self) -> float:
         return sum(r.flops for r in self.rows)
 
-    def by_operator(self) -> Dict[str, ProfileRow]:
+    def by_operator(self) -> Dict[str, CostRow]:
         """``{op: row}`` over every module and phase, largest time first."""
-        groups: Dict[str, list] = {}
-        for row in self.rows:
-            groups.setdefault(row.name, []).append(row)
-        phases = {r.phase for r in self.rows}
-        phase = phases.pop() if len(phases) == 1 else "all"
-        merged = {name: merge(rows, name, "", phase) for name, rows in groups.items()}
-        return dict(sorted(merged.items(), key=lambda kv: (-kv[1].time_s, kv[0])))
+        return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].measured_s, kv[0])))
 
-    def by_module(self) -> Dict[str, ProfileRow]:
-        """``{module: row}``: each module with every op of its submodules, in name order."""
-        groups: Dict[str, list] = {}
-        for row in self.rows:
-            for prefix in _module_prefixes(row.module):
-                groups.setdefault(prefix, []).append(row)
-        phases = {r.phase for r in self.rows}
-        phase = phases.pop() if len(phases) == 1 else "all"
-        return {name: merge(groups[name], name, name, phase) for name in sorted(groups)}
+    def by_module(self) -> Dict[str, CostRow]:
+        """``{module: row}``, in name order: each module with every op run while it was on the
+        call stack, a module shared under several names credited to each caller that ran it
+        (as :meth:`flopcount.FlopResult.by_module` books it)."""
+        return dict(sorted(self._modules.items()))
 
-    def data_movement(self) -> Dict[str, ProfileRow]:
+    def data_movement(self) -> Dict[str, CostRow]:
         """``{op: row}`` of the ops that move bytes but do no arithmetic (gathers, copies,
         ``cat``, embedding...), largest time first: a roofline of FLOPs has no place for
         them, so they are grouped here with their achieved bandwidth."""
         return {name: row for name, row in self.by_operator().items() if row.category == "data movement"}
 
-    def by_phase(self) -> Dict[str, ProfileRow]:
-        groups: Dict[str, list] = {}
-        for row in self.rows:
-            groups.setdefault(row.phase, []).append(row)
-        return {phase: merge(rows, phase, "", phase) for phase, rows in groups.items()}
+    def by_phase(self) -> Dict[str, CostRow]:
+        return dict(self._phases)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict: settings, roofs, overview, rows, per-operator rows, unmatched."""

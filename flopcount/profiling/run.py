@@ -17,6 +17,7 @@ from torch import nn
 from flopcount.bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
 from flopcount.core.inputs import PreparedCall, prepare_call
+from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.devices import roofs_for
@@ -89,8 +90,11 @@ def profile(
             step.fresh()
             step()
         join_args, join_kwargs = step.fresh()
+        names = model_facts(on_device)  # module names and aliases, read on the model as it runs
         with _profiling(activities) as join_prof:
-            trace = dispatch.trace(on_device, join_args, join_kwargs, backward=backward, loss_fn=loss_fn, marker=_marker)
+            trace = dispatch.trace(
+                on_device, join_args, join_kwargs, backward=backward, loss_fn=loss_fn, marker=_marker, facts=names
+            )
             synchronize(dev)
         # the profiler's schedule discards a warm-up step: its own first-step cost stays out;
         # the events and the trace are taken when the cycle is complete
@@ -119,8 +123,9 @@ def profile(
     measured, args, count = _join(join_prof.events(), captured.get("events") or (), facts, measure, roof)
     if roofs is None:  # measured roofs are no ceiling if an op here ran faster than them
         roof = raise_to_achieved(roof, _achieved(facts, measured, count, roof), "an op of this profile")
+    ledger = _book.book(facts, measured, roof, count, names.aliases)
     return ProfileResult(
-        rows=_book.rows(facts, measured, roof, count),
+        rows=_book.rows(ledger),
         unmatched=_book.unmatched(facts, measured, count),
         roofs=roof,
         overview=_book.overview(measured, count),
@@ -132,6 +137,9 @@ def profile(
         warnings=tuple(trace.warnings) + _swap_notes(measured.swaps, count),
         trace=captured.get("trace"),
         trace_args=args,
+        _operators=ledger.cost_rows("operators"),
+        _modules=ledger.cost_rows("modules"),
+        _phases=ledger.cost_rows("phases"),
     )
 
 

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[str, Any]]) -> Dict[str, Any]:
     """A copy of ``trace`` whose CPU op events (matched by the profiler's ``External id``,
     the ``FunctionEvent.id`` of the joined top-level op) carry the given extra ``args``;
-    a figure that does not apply (a view's efficiency and intensity) is null."""
+    a figure that does not apply (a view's efficiency and intensity) is null. Seconds
+    (``attainable_s``) are written in the trace's unit, microseconds (``attainable_us``)."""
     data = copy.deepcopy(dict(trace))
     for event in data.get("traceEvents", ()):
         if not isinstance(event, dict) or event.get("cat") != "cpu_op":
@@ -26,8 +27,12 @@ def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[st
         extra = args_by_id.get(args.get("External id", -1))
         if extra is not None:
             # None stays (JSON null): a view's efficiency is "none", not 0.0
-            args.update(extra)
+            args.update((_US.get(key, key), value * 1e6 if key in _US else value) for key, value in extra.items())
     return data
+
+
+#: figures in seconds in the data -> their name in the trace's microseconds
+_US = {"attainable_s": "attainable_us"}
 
 
 @renders("ProfileResult", "chrome_trace")

@@ -98,8 +98,8 @@ def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
         f"{row.calls:g}",
         format_count(row.flops),
         format_bytes(row.bytes),
-        format_seconds(row.time_s) + (APPORTIONED if row.time_source != "measured" else ""),
-        f"{100 * row.time_s / total:.1f}%" if total > 0 else "-",
+        format_seconds(row.measured_s) + (APPORTIONED if row.time_source != "measured" else ""),
+        f"{100 * row.measured_s / total:.1f}%" if total > 0 else "-",
         format_count(row.achieved_flops_per_s),
         _ratio(row.intensity),
         row.bound if row.attainable_s > 0 else "-",
@@ -140,8 +140,8 @@ def data_movement_table(result: ProfileResult, *, limit: Optional[int] = 10, fmt
     body = tabulate(
         [
             [text(r.name), f"{r.calls:g}", format_bytes(r.bytes),
-             format_seconds(r.time_s) + (APPORTIONED if r.time_source != "measured" else ""),
-             f"{100 * r.time_s / total:.1f}%" if total > 0 else "-",
+             format_seconds(r.measured_s) + (APPORTIONED if r.time_source != "measured" else ""),
+             f"{100 * r.measured_s / total:.1f}%" if total > 0 else "-",
              format_count(r.achieved_bytes_per_s) + "B/s" if r.achieved_bytes_per_s else "-",
              format_seconds(r.attainable_s), _efficiency_cell(r)]
             for r in shown
@@ -165,7 +165,7 @@ def profile_table(
     if by == "module" and depth is not None:
         rows = [r for r in rows if (r.module.count(".") + 1 if r.module else 0) <= depth]
     if by != "module":
-        rows.sort(key=lambda r: -r.time_s)
+        rows.sort(key=lambda r: -r.measured_s)
     total = result.total_time_s
     shown = rows if limit is None else rows[:limit]
     body = tabulate(

@@ -29,20 +29,20 @@ FLAG_EDGE = "#d4006a"
 def _points(result: ProfileResult, by: str) -> List[ProfileRow]:
     rows = list(result.by_operator().values()) if by == "operator" else list(result.rows)
     # a point needs a position on both axes: work, bytes and time
-    return [r for r in rows if r.flops > 0 and r.bytes > 0 and r.time_s > 0]
+    return [r for r in rows if r.flops > 0 and r.bytes > 0 and r.measured_s > 0]
 
 
 def _moving(result: ProfileResult, by: str) -> List[ProfileRow]:
     """Rows with bytes and time but no FLOPs: placed by bytes moved and bandwidth reached."""
     rows = list(result.by_operator().values()) if by == "operator" else list(result.rows)
-    return [r for r in rows if r.category == "data movement" and r.time_s > 0]
+    return [r for r in rows if r.category == "data movement" and r.measured_s > 0]
 
 
 def _label(row: ProfileRow, by: str, total_s: float) -> str:
     name = row.name.replace("aten::", "")
     if by != "operator" and row.module:
         name = f"{name} ({row.module})"
-    share = f"{100 * row.time_s / total_s:.0f}% time" if total_s > 0 else ""
+    share = f"{100 * row.measured_s / total_s:.0f}% time" if total_s > 0 else ""
     eff = row.efficiency
     if row.time_source != "measured":
         tail = "time apportioned"
@@ -54,7 +54,7 @@ def _label(row: ProfileRow, by: str, total_s: float) -> str:
 
 
 def _annotate(ax: Any, rows: List[ProfileRow], xs: List[float], ys: List[float], by: str, total_s: float, top: int) -> None:
-    ranked = sorted(range(len(rows)), key=lambda i: -rows[i].time_s)[:top]
+    ranked = sorted(range(len(rows)), key=lambda i: -rows[i].measured_s)[:top]
     flagged = [i for i in range(len(rows)) if rows[i].flag and i not in ranked]
     offsets = ((10, 10), (10, -22), (-70, 14), (-70, -24))
     for n, i in enumerate(ranked + flagged):
@@ -73,7 +73,7 @@ def _scatter(ax: Any, rows: List[ProfileRow], xs: List[float], ys: List[float], 
         chosen = [i for i, r in enumerate(rows) if keep(r)]
         if not chosen:
             continue
-        sizes = [20 + 2000 * rows[i].time_s / total for i in chosen]
+        sizes = [20 + 2000 * rows[i].measured_s / total for i in chosen]
         colours = [colour_of(rows[i]) for i in chosen]
         hollow = label.startswith("time apportioned")
         ax.scatter([xs[i] for i in chosen], [ys[i] for i in chosen], s=sizes,
@@ -115,7 +115,7 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
                 ls=ROOF_STYLES[n % len(ROOF_STYLES)], label=f"roof {dtype}: {format_count(peak)}FLOP/s")
     ax.plot(grid, [x * roofs.bandwidth for x in grid], ls=":", color=ROOF_COLORS[-1], lw=0.8,
             label=f"bandwidth {format_count(roofs.bandwidth)}B/s")
-    total = sum(r.time_s for r in points + moving) or 1.0
+    total = sum(r.measured_s for r in points + moving) or 1.0
     _scatter(ax, points, xs, ys, lambda r: POINT_COLORS[r.bound], total)
     _annotate(ax, points, xs, ys, by, result.total_time_s, label_top)
     ax.set_xscale("log")
