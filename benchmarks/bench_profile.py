@@ -115,7 +115,7 @@ def models_section(roofs: flopcount.Roofs, rounds: int, steps: int) -> None:
             ops.append(result.op_time_s)
             rows = [r for r in result.rows if r.time_s > 0 and r.attainable_s > 0]
             rhos.append(spearman([r.attainable_s for r in rows], [r.time_s for r in rows]))
-        bound = flopcount.predict(model, x, device=roofs).latency_s
+        bound = flopcount.predict(model, x, on=roofs).latency_s
         mean = _median(means)
         print(
             f"| {name} | {mean * 1e3:.1f} ms | {_median(steps_s) * 1e3:.1f} ms | "

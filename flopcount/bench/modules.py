@@ -31,9 +31,11 @@ from flopcount.bench.device import (
 )
 from flopcount.bench.loop import Clock
 from flopcount.bench.stats import compute_stats
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.inputs import prepare_call
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
+from flopcount.types import Diagnostic
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "
@@ -87,6 +89,10 @@ class ModuleLatencyResult:
     timing: str
     unhooked_median_ms: float
     warnings: Tuple[str, ...] = (PERTURBATION_NOTE,)
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The warnings (the hooks' perturbation first) as typed records, each once."""
+        return from_texts((), self.warnings)
 
     def by_module(self) -> Dict[str, Optional[float]]:
         """``{module name: median ms}``."""

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from flopcount.bench.stats import NOISE_SPREAD, LatencyStats
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.rendering import render
+from flopcount.types import Diagnostic
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class BenchmarkResult:
     training: bool = False
     noise_threshold: float = NOISE_SPREAD
     warnings: Tuple[str, ...] = ()
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The benchmark's warnings (noise, a training-mode model, ...) as typed records, each once."""
+        return from_texts((), self.warnings)
 
     # -- statistics, delegated -------------------------------------------------
     @property

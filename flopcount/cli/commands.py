@@ -354,7 +354,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
             text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
         else:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
-    if args.predict:
+    if args.on:
         from flopcount.cli.predicting import with_prediction
 
         text = with_prediction(text, run, args)
@@ -549,7 +549,7 @@ def _planned_peak(args: argparse.Namespace) -> int:
     from flopcount.cli.plan import run_plan
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
-    return int(run_plan(args, device=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+    return int(run_plan(args, on=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -557,7 +557,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
     _check_output(args.output, "--output")
-    result = run_plan(args, device=args.gpu, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
+    result = run_plan(args, on=args.on, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
     _emit(render(result, args.format, args.entry), args)
     return EXIT_OK
 

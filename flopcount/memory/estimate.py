@@ -26,6 +26,7 @@ from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.inputs import is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
@@ -34,7 +35,7 @@ from flopcount.step.autocast import ambient_autocast_note, amp_device
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
-from flopcount.types import Phase
+from flopcount.types import Diagnostic, Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
 
@@ -99,6 +100,10 @@ class MemoryEstimate:
     input_description: str
     modules: Tuple[ModuleMemory, ...] = ()
     warnings: Tuple[str, ...] = ()
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The estimate's warnings as typed records ("warning"), each once."""
+        return from_texts((), self.warnings)
 
     def module(self, name: str) -> ModuleMemory:
         for info in self.modules:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from flopcount.core.diagnostics import from_texts, unsupported_ops
 from flopcount.core.rendering import render
+from flopcount.types import Diagnostic
 from flopcount.devices.parts import LINKS as _LINKS
 from flopcount.devices.parts import PARTS
 from flopcount.errors import UsageError
@@ -136,6 +138,10 @@ class PlanResult:
     model_flops: Optional[int] = None
     #: one rank's micro-batch, as planned (e.g. ``(Tensor[1, 128] int64)``)
     inputs: str = ""
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Ops without a handler (op and calls, "unsupported"), then the notes ("warning"), each once."""
+        return from_texts(unsupported_ops(self.unsupported), self.notes)
 
     @property
     def world_size(self) -> int:

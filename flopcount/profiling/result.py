@@ -7,8 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.rendering import render
 from flopcount.devices.roofline import PROFILE_CONVENTION, Bound, Roofs, bound, efficiency, intensity
+from flopcount.types import Diagnostic
 
 Category = Literal["flops", "data movement", "other"]
 
@@ -173,6 +175,10 @@ class ProfileResult:
     warnings: Tuple[str, ...] = ()
     trace: Optional[Mapping[str, Any]] = field(default=None, repr=False)
     trace_args: Mapping[int, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The profile's warnings as typed records ("warning"), each once."""
+        return from_texts((), self.warnings)
 
     @property
     def total_time_s(self) -> float:
