@@ -16,10 +16,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from flopcount.core.diagnostics import from_texts, unsupported_ops
 from flopcount.core.rendering import render
-from flopcount.types import Diagnostic
 from flopcount.devices.parts import LINKS as _LINKS
 from flopcount.devices.parts import PARTS
 from flopcount.errors import UsageError
+from flopcount.types import Diagnostic
 
 #: link name -> bandwidth in bytes/s per GPU, one direction (datasheet figures; the one
 #: table lives in flopcount.devices.parts)
