@@ -18,14 +18,14 @@ def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
                   DeprecationWarning, stacklevel=stacklevel)
 
 
-def modeled_part(on: Any, device: Any, where: str, default: Any = None) -> Any:
-    """The modeled hardware of ``where``: ``on=``, or the 0.2 spelling ``device=`` (warns);
-    both given is a usage error; neither: ``default``."""
+def modeled_part(on: Any, device: Any, where: str, default: Any = None, old: str = "device") -> Any:
+    """The modeled hardware of ``where``: ``on=``, or its 0.2 spelling ``old=`` (``device=``;
+    warns); both given is a usage error; neither: ``default``."""
     if device is None:
         return default if on is None else on
     if on is not None:
-        raise UsageError(f"{where}: give the modeled hardware once, as on= (device= is its deprecated 0.2 name)")
-    warn_renamed(f"{where}(device=...)", f"{where}(on=...): device= means where the model runs", stacklevel=4)
+        raise UsageError(f"{where}: give the modeled hardware once, as on= ({old}= is its deprecated 0.2 name)")
+    warn_renamed(f"{where}({old}=...)", f"{where}(on=...): device= means where the model runs", stacklevel=4)
     return device
 
 

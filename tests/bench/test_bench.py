@@ -83,7 +83,7 @@ def test_achieved_flops_and_mfu_math():
     class Counted:
         flops = 3.12e9
 
-    r = benchmark(model, torch.zeros(1, 4), warmup=0, iters=3, flops=Counted(), gpu_name="NVIDIA A100-SXM4-80GB", dtype=torch.bfloat16, timer=clock)
+    r = benchmark(model, torch.zeros(1, 4), warmup=0, iters=3, flops=Counted(), on="NVIDIA A100-SXM4-80GB", dtype=torch.bfloat16, timer=clock)
     assert r.peak_flops == pytest.approx(312e12)
     assert r.mfu == pytest.approx(3.12e12 / 312e12)
     assert "A100" in r.peak_source and "dense" in r.peak_source
