@@ -109,7 +109,7 @@ def models_section(roofs: flopcount.Roofs, rounds: int, steps: int) -> None:
     for name, model, x in _models():
         means, steps_s, ops, rhos = [], [], [], []
         for _ in range(rounds):
-            means.append(flopcount.benchmark(model, x, warmup=1, iters=steps).stats.mean_ms * 1e-3)
+            means.append(flopcount.benchmark(model, x, warmup=1, iters=steps).stats.mean_s)
             result = flopcount.profile(model, x, roofs=roofs, warmup=1, steps=steps)
             steps_s.append(result.total_time_s)
             ops.append(result.op_time_s)

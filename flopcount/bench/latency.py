@@ -82,7 +82,7 @@ def benchmark(
     on that device (the model is moved for the run and moved back); ``dtype``
     (float16/bfloat16) runs under ``torch.autocast``. ``compile=True`` (or a dict of
     ``torch.compile`` options) times ``torch.compile(model)``; its compiling first call
-    is reported as ``compile_ms``. ``flops`` (a number or a ``FlopResult``) gives
+    is reported as ``compile_s`` (seconds). ``flops`` (a number or a ``FlopResult``) gives
     achieved FLOP/s = flops / median; ``mfu`` uses ``peak_flops`` (FLOP/s) or the
     dense peak of the modeled part ``on`` (default: the CUDA device's name; ``gpu_name=`` is
     its deprecated 0.2 name) from :mod:`flopcount.peaks`. ``timer``: a nanosecond clock replacing
@@ -123,7 +123,7 @@ def benchmark(
         notes.append("model is in training mode: dropout/batch-norm run as in training (call model.eval() to time inference)")
 
     run_call = move_inputs(call, dev)
-    compile_ms: Optional[float] = None
+    compile_s: Optional[float] = None
     peak_mem: Optional[int] = None
     with preserved_rng(), preserved_inputs(list(call.tensors)), borrowed_model(model, dev) as on_device:
         fn: Callable[..., Any] = on_device
@@ -137,7 +137,7 @@ def benchmark(
                 t0 = clock()
                 timed()
                 synchronize(dev)
-                compile_ms = (clock() - t0) * 1e-6
+                compile_s = (clock() - t0) * 1e-9
             for done in range(1, warmup + 1):
                 timed()
                 if warmup_progress is not None:
@@ -157,7 +157,7 @@ def benchmark(
             if rss_before is not None and rss_after is not None:
                 peak_mem = max(0, rss_after - rss_before)
 
-    stats = compute_stats(samples)
+    stats = compute_stats(samples_s=samples)
     if stats.is_noisy(noise_threshold):
         notes.append(
             f"noisy measurement: IQR/median {100 * stats.rel_iqr:.1f}% > {100 * noise_threshold:.0f}% "
@@ -175,7 +175,7 @@ def benchmark(
         batch_source=batch_source,
         dtype=None if dtype is None else str(dtype).replace("torch.", ""),
         compiled=bool(compile),
-        compile_ms=compile_ms,
+        compile_s=compile_s,
         wall_s=wall_ns * 1e-9,
         flops=flop_count,
         peak_flops=peak,
