@@ -302,3 +302,65 @@ def test_warnings_of_the_timed_readings_are_records() -> None:
     estimate = flopcount.estimate_memory(nn.Linear(4, 4), torch.zeros(2, 4))
     noted_estimate = dataclasses.replace(estimate, warnings=("z",))
     assert noted_estimate.diagnostics() == (Diagnostic("warning", "z"),)
+
+
+# --------------------------------------------------------------------------- seconds in the data
+
+
+def test_benchmark_data_is_in_seconds_and_the_ms_names_warn() -> None:
+    clock = FakeClock()
+    model = _Ticking(clock)  # 1 ms per call on the fake clock
+    r = flopcount.benchmark(model, torch.zeros(2, 4), warmup=0, iters=3, timer=clock)
+    assert r.median_s == pytest.approx(1e-3) and r.stats.samples_s == pytest.approx((1e-3,) * 3)
+    assert r.iters_per_s == pytest.approx(1e3) and r.throughput == pytest.approx(2e3)  # batch 2 / 1 ms
+    for old, new in (("median_ms", "median_s"), ("mean_ms", "mean_s"), ("p90_ms", "p90_s"), ("p99_ms", "p99_s"),
+                     ("min_ms", "min_s"), ("max_ms", "max_s"), ("std_ms", "std_s")):
+        with pytest.warns(DeprecationWarning, match=f"BenchmarkResult.{old}.*{new}"):
+            assert getattr(r, old) == pytest.approx(getattr(r, new) * 1e3)
+        with pytest.warns(DeprecationWarning, match=f"LatencyStats.{old}"):
+            assert getattr(r.stats, old) == pytest.approx(getattr(r.stats, new) * 1e3)
+    with pytest.warns(DeprecationWarning, match="samples_ms"):
+        assert r.stats.samples_ms == pytest.approx((1.0,) * 3)
+    with pytest.warns(DeprecationWarning, match="compile_ms"):
+        assert r.compile_ms is None  # not compiled
+    data = r.to_dict(samples=True)
+    assert data["median_s"] == pytest.approx(1e-3) and data["median_ms"] == pytest.approx(1.0)  # both, one release
+    assert data["samples_s"] == pytest.approx([1e-3] * 3) and data["samples_ms"] == pytest.approx([1.0] * 3)
+    assert "1 ms" in str(r) or "median 1 ms" in str(r)  # milliseconds when rendered
+
+
+def test_compute_stats_takes_seconds_and_its_ms_form_warns() -> None:
+    new = flopcount.compute_stats(samples_s=[0.001, 0.002, 0.004])
+    assert new.median_s == pytest.approx(0.002) and new.mean_s == pytest.approx(0.007 / 3)
+    with pytest.warns(DeprecationWarning, match=r"compute_stats\(samples_ms\)"):
+        old = flopcount.compute_stats([1.0, 2.0, 4.0])  # 0.2: milliseconds, positional
+    assert old.median_s == pytest.approx(new.median_s) and old.std_s == pytest.approx(new.std_s)
+
+
+def test_module_latency_data_is_in_seconds_and_the_ms_names_warn() -> None:
+    clock = FakeClock()
+    r = flopcount.module_latency(nn.Sequential(_Ticking(clock)), torch.zeros(2, 4), warmup=0, iters=2, timer=clock)
+    assert r.root.median_s == pytest.approx(1e-3) and r["0"].median_s == pytest.approx(1e-3)
+    assert r.unhooked_median_s == pytest.approx(1e-3)
+    with pytest.warns(DeprecationWarning, match="ModuleLatency.median_ms"):
+        assert r.root.median_ms == pytest.approx(1.0)
+    with pytest.warns(DeprecationWarning, match="unhooked_median_ms"):
+        assert r.unhooked_median_ms == pytest.approx(1.0)
+    with pytest.warns(DeprecationWarning, match="seconds=True"):
+        old = r.by_module()  # 0.2: milliseconds
+    new = r.by_module(seconds=True)
+    assert (old[""], old["0"], old["0.lin"]) == (pytest.approx(1.0), pytest.approx(1.0), 0.0)  # the clock moves outside lin
+    assert (new[""], new["0"], new["0.lin"]) == (pytest.approx(1e-3), pytest.approx(1e-3), 0.0)
+    data = r.to_dict()
+    assert data["unhooked_median_s"] == pytest.approx(1e-3) and data["unhooked_median_ms"] == pytest.approx(1.0)
+    assert data["modules"][0]["median_s"] == pytest.approx(1e-3) and data["modules"][0]["median_ms"] == pytest.approx(1.0)
+
+
+def test_profile_diagnostics_are_its_warnings() -> None:
+    from flopcount.devices.roofline import Roofs
+
+    roofs = Roofs({"float32": 1e12}, 1e11, "given", "given")
+    result = flopcount.profile(nn.Linear(8, 8), torch.randn(4, 8), warmup=0, steps=1, roofs=roofs, keep_trace=False)
+    noted = dataclasses.replace(result, warnings=("w", "w"))
+    assert noted.diagnostics() == (Diagnostic("warning", "w"),)
+    assert [d.text for d in result.diagnostics()] == list(dict.fromkeys(result.warnings))
