@@ -83,7 +83,9 @@ def test_plan_on_names_the_modeled_gpu_and_device_is_its_deprecated_name() -> No
     assert new.flops["forward"] == 2 * (2 * 8 * 64 * 64) + 8 * 64 + 8 * 64
     with pytest.warns(DeprecationWarning, match=r"plan\(device=\.\.\.\).*on="):
         old = flopcount.plan(_tiny, (x,), device="a100", optimizer="sgd")
-    assert new.device == old.device == "A100 80GB SXM"
+    assert new.on == old.on == "A100 80GB SXM"
+    with pytest.warns(DeprecationWarning, match=r"PlanResult\.device.*PlanResult\.on"):
+        assert new.device == "A100 80GB SXM"  # 0.2's name of the field
     assert new.step_time is not None and old.step_time == new.step_time
     # 0.2's device=None meant "no step times"; it still does
     with pytest.warns(DeprecationWarning):
@@ -190,7 +192,7 @@ def test_cli_plan_on_and_the_deprecated_device_flag(workdir: Any, capsys: Any) -
     code, out, err = cli(capsys, *args, "--on", "a100")
     assert code == 0 and "deprecated" not in err
     new = json.loads(out)
-    assert new["device"] == "A100 80GB SXM" and new["step_time"] is not None
+    assert new["on"] == new["device"] == "A100 80GB SXM" and new["step_time"] is not None  # 0.2's key kept
     code, out, err = cli(capsys, *args, "--device", "a100")
     assert code == 0 and json.loads(out) == new
     assert "--device is deprecated" in err and "use --on" in err

@@ -147,7 +147,7 @@ def plan(
             name = _MEMORY_KEYS.get(key, key)
             memory[name] = memory.get(name, 0) + value
     return PlanResult(
-        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, backend=backend, flops=flops, macs=macs,
+        fsdp=fsdp, tp=tp, on=gpu or "", dtype=dtype, backend=backend, flops=flops, macs=macs,
         peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
         state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
         tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes, model_flops=model_flops,

@@ -26,7 +26,7 @@ D = H // HEADS
 
 
 def _plan(**options: Any) -> Any:
-    options.setdefault("device", None)
+    options.setdefault("on", None)
     return flopcount.plan(gloo.tiny_llama, (gloo.example_input("llama"),), **options)
 
 
@@ -151,7 +151,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(UsageError, match="build must be a callable"):
         flopcount.plan(nn.Linear(2, 2), (torch.randn(1, 2),))
     with pytest.raises(UsageError, match="unknown GPU"):
-        _plan(device="abacus")
+        _plan(on="abacus")
 
 
 def test_a_failing_build_or_step_leaves_no_group_and_the_rng_as_found(caplog: Any) -> None:
