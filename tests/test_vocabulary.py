@@ -144,6 +144,55 @@ def test_lightning_monitor_takes_on() -> None:
         FlopcountMonitor(peak_flops=1e12, on="h100")
 
 
+def test_lightning_monitor_on_sets_the_mfu_peak_in_a_real_fit() -> None:
+    L = pytest.importorskip("lightning")
+    import logging
+
+    import torch.nn.functional as F
+    from lightning.pytorch.loggers import Logger
+
+    from flopcount.integrations.lightning import FlopcountMonitor
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(8, 4)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Capture(Logger):
+        name, version = "capture", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list = []
+
+        def log_metrics(self, metrics: Any, step: Any = None) -> None:
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.randint(0, 4, (8,)))
+    logger = Capture()
+    trainer = L.Trainer(max_steps=2, logger=logger, callbacks=[FlopcountMonitor(on="h100")], log_every_n_steps=1,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        accelerator="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's own notes (few workers, ...)
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+    rows = [row for row in logger.rows if "flopcount/hfu" in row]
+    # the H100 SXM's dense float32 peak (67 TFLOP/s, datasheet) is the denominator, on a CPU run
+    assert rows and all(row["flopcount/hfu"] == pytest.approx(row["flopcount/tflops_per_s"] * 1e12 / 67e12) for row in rows)
+
+
 def test_hf_callback_takes_on() -> None:
     pytest.importorskip("transformers")
     from flopcount.integrations.hf import FlopcountCallback
