@@ -93,7 +93,7 @@ def test_math_modes_are_the_modeled_devices_not_the_hosts():
 def test_plan_and_predict_accept_the_same_names():
     for name in ("H100 NVL", "GH200", "A100 40GB PCIe", "V100S"):
         planned = flopcount.plan(lambda: nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),), fsdp=1, on=name)
-        assert planned.device == named_roofs(name).device
+        assert planned.on == named_roofs(name).device
         assert planned.step_time.memory_bandwidth == named_roofs(name).bandwidth
 
 
