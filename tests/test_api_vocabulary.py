@@ -57,8 +57,9 @@ def test_predict_on_names_the_modeled_part_and_device_is_its_deprecated_name() -
     x = torch.randn(32, 256)
     new = flopcount.predict(_linear(), x, on="t4")
     assert new.latency_s == pytest.approx(T4_LINEAR_S)
-    with pytest.warns(DeprecationWarning, match=r"predict\(device=\.\.\.\).*on="):
+    with pytest.warns(DeprecationWarning, match=r"predict\(device=\.\.\.\).*on=") as caught:
         old = flopcount.predict(_linear(), x, device="t4")
+    assert caught[0].filename == __file__  # the warning points at the caller's line
     assert old.latency_s == pytest.approx(T4_LINEAR_S) and old.roofs.device == new.roofs.device == "T4"
     with pytest.raises(UsageError, match="on="):
         flopcount.predict(_linear(), x, on="t4", device="t4")
@@ -81,8 +82,9 @@ def test_plan_on_names_the_modeled_gpu_and_device_is_its_deprecated_name() -> No
     # two Linear(64 -> 64) forwards on 8 rows, by hand; the ReLU and the loss's sum over the
     # 8 x 64 outputs add one FLOP per element each
     assert new.flops["forward"] == 2 * (2 * 8 * 64 * 64) + 8 * 64 + 8 * 64
-    with pytest.warns(DeprecationWarning, match=r"plan\(device=\.\.\.\).*on="):
-        old = flopcount.plan(_tiny, (x,), device="a100", optimizer="sgd")
+    with pytest.warns(DeprecationWarning, match=r"plan\(device=\.\.\.\).*on=") as caught:
+        old = flopcount.plan(_tiny, (x,), device="a100", optimizer="sgd", loss_fn=_summed)
+    assert caught[0].filename == __file__
     assert new.on == old.on == "A100 80GB SXM"
     with pytest.warns(DeprecationWarning, match=r"PlanResult\.device.*PlanResult\.on"):
         assert new.device == "A100 80GB SXM"  # 0.2's name of the field
@@ -370,8 +372,9 @@ def test_benchmark_data_is_in_seconds_and_the_ms_names_warn() -> None:
             assert getattr(r, old) == pytest.approx(getattr(r, new) * 1e3)
         with pytest.warns(DeprecationWarning, match=f"LatencyStats.{old}"):
             assert getattr(r.stats, old) == pytest.approx(getattr(r.stats, new) * 1e3)
-    with pytest.warns(DeprecationWarning, match="samples_ms"):
+    with pytest.warns(DeprecationWarning, match="samples_ms") as caught:
         assert r.stats.samples_ms == pytest.approx((1.0,) * 3)
+    assert caught[0].filename == __file__
     with pytest.warns(DeprecationWarning, match="compile_ms"):
         assert r.compile_ms is None  # not compiled
     data = r.to_dict(samples=True)
