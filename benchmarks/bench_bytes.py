@@ -5,7 +5,7 @@ place, eval-mode dropout, gathers and scatters on large buffers), prints (Markdo
 
 * the bytes flopcount books now (``count_flops(...).bytes``) and by the general rule alone
   (every tensor argument read, every output written: what was booked before the family rules),
-* the roofline bound ``predict(..., device="this machine")`` gives now, and the bound the
+* the roofline bound ``predict(..., on="this machine")`` gives now, and the bound the
   general rule's bytes would give on the same roofs (bytes / bandwidth: these ops do no or
   almost no arithmetic),
 * the fastest of ``--repeats`` timed runs of the eager model (each the mean of an adaptive number
@@ -149,7 +149,7 @@ def main() -> int:
         model, inputs = make()
         now = flopcount.count_flops(model, inputs).bytes
         before = general_bytes(model, inputs)
-        bound = flopcount.predict(model, inputs, device="this machine")
+        bound = flopcount.predict(model, inputs, on="this machine")
         roofs = bound.roofs
         before_s = max(before / roofs.bandwidth, bound.compute_s)
         best = fastest(model, inputs, args.repeats)

@@ -67,7 +67,7 @@ def compare(name: str, model: nn.Module, x: torch.Tensor, budget: float, rounds:
     with torch.inference_mode():
         for _ in range(rounds):
             r = benchmark(model, x, warmup=warmup, budget_s=budget)
-            ours.append(r.median_ms)
+            ours.append(r.median_s * 1e3)
             iters.append(r.iters)
             cvs.append(r.cv)
             theirs.append(timer_median_ms(model, x, budget, warmup))
@@ -103,11 +103,11 @@ def explain(budget: float, rounds: int) -> None:
             m_grad = _timer(model, x, budget)
             k = max(1, int(m_inf.number_per_run))
             ks.append(k)
-            samples = r.stats.samples_ms
-            blocks = [statistics.fmean(samples[i:i + k]) for i in range(0, len(samples) - k + 1, k)] or [r.mean_ms]
+            samples = [v * 1e3 for v in r.stats.samples_s]
+            blocks = [statistics.fmean(samples[i:i + k]) for i in range(0, len(samples) - k + 1, k)] or [r.mean_s * 1e3]
             rebuilt = statistics.median(blocks)
-            same_run.append(rebuilt / r.median_ms)
-            for name, value in zip(names, [r.median_ms, r.mean_ms, rebuilt, m_inf.median * 1e3, m_ng.median * 1e3, m_grad.median * 1e3]):
+            same_run.append(rebuilt / (r.median_s * 1e3))
+            for name, value in zip(names, [(r.median_s * 1e3), (r.mean_s * 1e3), rebuilt, m_inf.median * 1e3, m_ng.median * 1e3, m_grad.median * 1e3]):
                 rows[name].append(value)
         ref = statistics.median(rows["flopcount median (single calls)"])
         print(f"\n{label}: Timer's calls per block (number_per_run) {sorted(set(ks))}; "
@@ -137,7 +137,7 @@ def overhead(budget: float) -> Dict[str, float]:
     per_iter_us = r.wall_s / r.iters * 1e6
     return {
         "iters": r.iters,
-        "flopcount_median_us": r.median_ms * 1e3,
+        "flopcount_median_us": r.median_s * 1e6,
         "timer_per_call_us": call_ms * 1e3,
         "wall_per_iter_us": per_iter_us,
         "overhead_us": per_iter_us - call_ms * 1e3,
@@ -170,8 +170,8 @@ def cuda_section(models: List[Tuple[str, Callable[[], Tuple[nn.Module, torch.Ten
                 model(x)
             torch.cuda.synchronize()
             synced_ms = (time.time() - start) / n * 1e3
-        print(f"{name:<12} {r.median_ms:>13.4f} {t.median * 1e3:>10.4f} {r.median_ms / (t.median * 1e3):>7.3f} "
-              f"{naive_ms:>10.4f} {naive_ms / r.median_ms:>13.3f} {synced_ms:>15.4f}")
+        print(f"{name:<12} {(r.median_s * 1e3):>13.4f} {t.median * 1e3:>10.4f} {(r.median_s * 1e3) / (t.median * 1e3):>7.3f} "
+              f"{naive_ms:>10.4f} {naive_ms / (r.median_s * 1e3):>13.3f} {synced_ms:>15.4f}")
 
 
 def main(argv: Any = None) -> int:

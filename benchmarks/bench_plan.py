@@ -40,7 +40,7 @@ def main() -> None:
     start = time.perf_counter()
     result = flopcount.plan(
         lambda: build_70b(args.layers), (ids,), fsdp=args.fsdp, tp=args.tp,
-        device="h100", link={"dp": "infiniband-ndr", "tp": "nvlink4"} if args.fsdp > 1 and args.tp > 1 else "nvlink4",
+        on="h100", link={"dp": "infiniband-ndr", "tp": "nvlink4"} if args.fsdp > 1 and args.tp > 1 else "nvlink4",
     )
     seconds = time.perf_counter() - start
     cpu = time.process_time() - cpu_start

@@ -44,10 +44,10 @@ def main() -> None:
         real = gloo.run_real(name, fsdp, tp, tempfile.mkdtemp(), timeout=300, mixed_precision=mp, seq=seq)
         real_s = time.perf_counter() - start
         start = time.perf_counter()
-        plan = flopcount.plan(gloo.BUILDERS[name], (example,), fsdp=fsdp, tp=tp, device=None, mixed_precision=mp,
+        plan = flopcount.plan(gloo.BUILDERS[name], (example,), fsdp=fsdp, tp=tp, on=None, mixed_precision=mp,
                               backend="gloo")
         plan_s = time.perf_counter() - start
-        nccl = flopcount.plan(gloo.BUILDERS[name], (example,), fsdp=fsdp, tp=tp, device=None, mixed_precision=mp)
+        nccl = flopcount.plan(gloo.BUILDERS[name], (example,), fsdp=fsdp, tp=tp, on=None, mixed_precision=mp)
         counts = {KIND[op]: n for op, n in real["comm_counts"].items()}
         sizes: dict = {}
         for op, size in real["collective_bytes"]:

@@ -109,13 +109,13 @@ def models_section(roofs: flopcount.Roofs, rounds: int, steps: int) -> None:
     for name, model, x in _models():
         means, steps_s, ops, rhos = [], [], [], []
         for _ in range(rounds):
-            means.append(flopcount.benchmark(model, x, warmup=1, iters=steps).stats.mean_ms * 1e-3)
+            means.append(flopcount.benchmark(model, x, warmup=1, iters=steps).stats.mean_s)
             result = flopcount.profile(model, x, roofs=roofs, warmup=1, steps=steps)
             steps_s.append(result.total_time_s)
             ops.append(result.op_time_s)
             rows = [r for r in result.rows if r.time_s > 0 and r.attainable_s > 0]
             rhos.append(spearman([r.attainable_s for r in rows], [r.time_s for r in rows]))
-        bound = flopcount.predict(model, x, device=roofs).latency_s
+        bound = flopcount.predict(model, x, on=roofs).latency_s
         mean = _median(means)
         print(
             f"| {name} | {mean * 1e3:.1f} ms | {_median(steps_s) * 1e3:.1f} ms | "

@@ -333,7 +333,7 @@ def this_machine(args: argparse.Namespace) -> List[Dict[str, Any]]:
             kw = case.fresh(kwargs) if case.fresh else kwargs
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                predicted = flopcount.predict(model, inputs, kw, device=roofs, backward=case.train,
+                predicted = flopcount.predict(model, inputs, kw, on=roofs, backward=case.train,
                                               loss_fn=_loss if case.train else None)
                 before = loadavg()
                 best = fastest(case, model, inputs, kwargs, args.runs)
@@ -385,7 +385,7 @@ def published() -> List[Dict[str, Any]]:
         ("V100 SXM2", "AMP", "float16", 1200.0),
     ):
         model, x = _resnet50_meta(256, torch.float32)
-        result = flopcount.predict(model, x, device=part, dtype=dtype, backward=True)
+        result = flopcount.predict(model, x, on=part, dtype=dtype, backward=True)
         bound = result.any_s
         rows.append({"what": f"ResNet-50 training b256 {precision}", "part": named_roofs(part).device,
                      "bound_s": bound, "published_s": 256 / published_ips,
@@ -393,7 +393,7 @@ def published() -> List[Dict[str, Any]]:
     # ResNet-50 v1.5 inference on a T4 (same README): FP32 b64 428 img/s, AMP b256 1198 img/s
     for precision, dtype, batch, published_ips in (("FP32", None, 64, 428.0), ("AMP", "float16", 256, 1198.0)):
         model, x = _resnet50_meta(batch, torch.float32)
-        result = flopcount.predict(model, x, device="t4", dtype=dtype)
+        result = flopcount.predict(model, x, on="t4", dtype=dtype)
         rows.append({"what": f"ResNet-50 inference b{batch} {precision}", "part": "T4", "bound_s": result.any_s,
                      "published_s": batch / published_ips, "published": f"{published_ips:g} img/s",
                      "bound": f"{batch / result.any_s:,.0f} img/s"})
@@ -402,8 +402,8 @@ def published() -> List[Dict[str, Any]]:
     # forward without the cache (the real step also reads the cache: more time, not less).
     model = _llama7b_meta()
     for part, published_ms in (("A100 80GB SXM", 234.0), ("H100 SXM", 153.8)):
-        prefill = flopcount.predict(model, torch.zeros(1, 128, dtype=torch.long, device="meta"), device=part).any_s
-        step = flopcount.predict(model, torch.zeros(1, 1, dtype=torch.long, device="meta"), device=part).any_s
+        prefill = flopcount.predict(model, torch.zeros(1, 128, dtype=torch.long, device="meta"), on=part).any_s
+        step = flopcount.predict(model, torch.zeros(1, 1, dtype=torch.long, device="meta"), on=part).any_s
         bound = prefill + 19 * step
         rows.append({"what": "Llama-2-7B fp16 128 in / 20 out b1", "part": part, "bound_s": bound,
                      "published_s": published_ms / 1e3, "published": f"{published_ms:g} ms",

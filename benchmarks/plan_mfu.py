@@ -49,7 +49,7 @@ def main() -> None:
     tokens = args.batch * args.tokens
     ids = torch.empty(args.batch, args.tokens, dtype=torch.int64, device="meta")
     start = time.perf_counter()
-    r = flopcount.plan(lambda: llama31_8b(args.layers), (ids,), fsdp=8, device="h100", link="infiniband-ndr",
+    r = flopcount.plan(lambda: llama31_8b(args.layers), (ids,), fsdp=8, on="h100", link="infiniband-ndr",
                        mixed_precision="bfloat16")
     seconds = time.perf_counter() - start
     with torch.device("meta"):

@@ -42,7 +42,7 @@ def main() -> None:
             for tp in (1, 2, 8):
                 link = {"dp": "infiniband-ndr", "tp": "nvlink4"} if tp > 1 else {"dp": "infiniband-ndr"}
                 start = time.perf_counter()
-                r = flopcount.plan(lambda: build(name), (ids,), fsdp=fsdp, tp=tp, device="h100", link=link,
+                r = flopcount.plan(lambda: build(name), (ids,), fsdp=fsdp, tp=tp, on="h100", link=link,
                                    mixed_precision="bfloat16")
                 seconds = time.perf_counter() - start
                 state = sum(r.state_bytes.values()) / 1e9

@@ -9,7 +9,7 @@ import torch until something needs it.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Tuple
 
 __version__ = "0.2.0"
 
@@ -50,7 +50,7 @@ _EXPORTS: Dict[str, str] = {
     "ModuleLatency": "bench",
     "ModuleLatencyResult": "bench",
     "StepTimer": "bench",
-    "StepRecord": "bench",
+    "StepTiming": "bench",
     "StepSummary": "bench",
     "peaks": "devices.peaks",
     "Budget": "budget",
@@ -96,10 +96,10 @@ __all__ = [
     "PredictResult",
     "ProfileResult",
     "Roofs",
-    "StepRecord",
     "StepSummary",
     "Status",
     "StepTimer",
+    "StepTiming",
     "TensorMeta",
     "TraceError",
     "UnsupportedOp",
@@ -134,9 +134,9 @@ if TYPE_CHECKING:
         LatencyStats,
         ModuleLatency,
         ModuleLatencyResult,
-        StepRecord,
         StepSummary,
         StepTimer,
+        StepTiming,
         benchmark,
         compute_stats,
         module_latency,
@@ -166,8 +166,22 @@ if TYPE_CHECKING:
     from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 
+#: 0.2 names kept for one release: name -> (its new spelling, the module that defines it, the
+#: name there). Each access warns (DeprecationWarning) and is never cached; docs/migration.md.
+_DEPRECATED: Dict[str, Tuple[str, str, str]] = {
+    "StepRecord": ("flopcount.StepTiming", "bench.steps", "StepTiming"),
+}
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
+    if module is None and name in _DEPRECATED:
+        import warnings
+
+        new, where, attr = _DEPRECATED[name]
+        warnings.warn(f"flopcount.{name} is deprecated and will be removed in flopcount 0.4; use {new}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(f".{where}", __name__), attr)
     if module is None:
         raise AttributeError(f"module 'flopcount' has no attribute {name!r}")
     loaded = importlib.import_module(f".{module}", __name__)

@@ -50,7 +50,7 @@ def test_fp8_and_int8_have_their_own_peaks():
     # table fell back to the FP32 67 TFLOP/s. A 512x4096 @ 4096x4096 product's 2*512*4096^2
     # FLOPs over the bound must come out at 1979e12 (its ~17 MB fit the 50 MB L2, whose
     # bandwidth is not published: the bound is the compute term).
-    result = flopcount.predict(nn.Linear(4096, 4096, bias=False), torch.randn(512, 4096), device="h100",
+    result = flopcount.predict(nn.Linear(4096, 4096, bias=False), torch.randn(512, 4096), on="h100",
                                dtype="float8_e4m3fn")
     assert 2 * 512 * 4096 * 4096 / result.latency_s == pytest.approx(1979e12)
     assert result.unpriced == ()
@@ -59,7 +59,7 @@ def test_fp8_and_int8_have_their_own_peaks():
 
 def test_a_dtype_without_a_peak_is_stated_not_silently_priced():
     # a T4 has no bf16 (Turing): priced at its highest floating peak (FP16 65 TFLOP/s), and said
-    result = flopcount.predict(nn.Linear(256, 256, bias=False), torch.randn(64, 256), device="t4", dtype="bfloat16")
+    result = flopcount.predict(nn.Linear(256, 256, bias=False), torch.randn(64, 256), on="t4", dtype="bfloat16")
     assert result.unpriced == ("bfloat16",)
     assert any("T4 has no peak for bfloat16" in w and "float16" in w for w in result.warnings)
     assert result.latency_s == pytest.approx(2 * 64 * 256 * 256 / 65e12)
@@ -78,11 +78,11 @@ def test_math_modes_are_the_modeled_devices_not_the_hosts():
             a100 = named_roofs("A100 80GB SXM")
             assert a100.peak("float32", "aten::convolution") == 156e12
             assert a100.peak("float32", "aten::mm") == 19.5e12
-            result = flopcount.predict(conv, x, device="A100 80GB SXM")
+            result = flopcount.predict(conv, x, on="A100 80GB SXM")
             compute = sum(r.compute_s for r in result.rows)
             assert compute == pytest.approx(conv_flops / 156e12)
             plan_peak = flopcount.plan(lambda: nn.Sequential(nn.Linear(64, 64)), (torch.randn(4, 64),), fsdp=1,
-                                       device="a100").step_time.peak_flops
+                                       on="a100").step_time.peak_flops
             assert plan_peak == 19.5e12
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
@@ -92,8 +92,8 @@ def test_math_modes_are_the_modeled_devices_not_the_hosts():
 
 def test_plan_and_predict_accept_the_same_names():
     for name in ("H100 NVL", "GH200", "A100 40GB PCIe", "V100S"):
-        planned = flopcount.plan(lambda: nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),), fsdp=1, device=name)
-        assert planned.device == named_roofs(name).device
+        planned = flopcount.plan(lambda: nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),), fsdp=1, on=name)
+        assert planned.on == named_roofs(name).device
         assert planned.step_time.memory_bandwidth == named_roofs(name).bandwidth
 
 
@@ -116,7 +116,7 @@ def test_plan_step_time_does_not_follow_the_hosts_tf32_flag():
     try:
         for host in (False, True):
             torch.backends.cuda.matmul.allow_tf32 = host
-            times.append(flopcount.plan(build, (torch.randn(4, 16, 8, 8),), fsdp=1, device="a100").step_time.compute_s)
+            times.append(flopcount.plan(build, (torch.randn(4, 16, 8, 8),), fsdp=1, on="a100").step_time.compute_s)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
     assert times[0] == times[1]

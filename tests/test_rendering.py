@@ -172,7 +172,7 @@ def readings() -> Dict[str, Any]:
         "memory": flopcount.estimate_memory(net, X, backward=True, optimizer="adam"),
         "plan": flopcount.plan(_Net, (X,), fsdp=2, loss_fn=lambda out: out.sum()),
         "profile": flopcount.profile(net, X, roofs=ROOFS, warmup=0, steps=1),
-        "predict": flopcount.predict(net, X, device=ROOFS),
+        "predict": flopcount.predict(net, X, on=ROOFS),
         "bench": flopcount.benchmark(_Ticking(clock), torch.zeros(2, 4), warmup=1, iters=5, timer=clock),
         "budget": flopcount.check_result(count, flopcount.Budget(max_flops=1e3, max_params=1e6, max_latency_ms=5),
                                          latency_ms=1.5),

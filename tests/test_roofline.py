@@ -98,7 +98,7 @@ def test_datasheet_roofs_and_names():
 
 def test_predict_linear_by_hand():
     model, x = nn.Linear(64, 32), torch.randn(8, 64)
-    result = flopcount.predict(model, x, device="t4")
+    result = flopcount.predict(model, x, on="t4")
     (row,) = result.rows
     flops = 2 * 8 * 64 * 32
     moved = (8 * 64 + 32 * 64 + 32 + 8 * 32) * 4
@@ -109,17 +109,17 @@ def test_predict_linear_by_hand():
     assert row.latency_s == pytest.approx(expected) and result.latency_s == pytest.approx(expected)
     assert row.bound == "compute"
     # on main memory (a Roofs with no cache level) the memory term binds: moved / 320 GB/s
-    dram = flopcount.predict(model, x, device=Roofs({"float32": 8.1e12}, 320e9, "T4 DRAM only"))
+    dram = flopcount.predict(model, x, on=Roofs({"float32": 8.1e12}, 320e9, "T4 DRAM only"))
     assert dram.latency_s == pytest.approx(max(flops / 8.1e12, moved / 320e9)) and dram.rows[0].bound == "memory"
     # priced in bfloat16 on an H100: floating tensors at 2 bytes, the bf16 tensor-core peak
-    bf16 = flopcount.predict(model, x, device="h100", dtype=torch.bfloat16)
+    bf16 = flopcount.predict(model, x, on="h100", dtype=torch.bfloat16)
     assert bf16.latency_s == pytest.approx(flops / 989.5e12)
 
 
 def test_predict_backward_covers_both_phases_and_given_roofs():
     model, x = nn.Sequential(nn.Linear(16, 16), nn.ReLU()), torch.randn(4, 16)
     roofs = Roofs({"float32": 1e9}, 1e9, "toy")
-    result = flopcount.predict(model, x, device=roofs, backward=True)
+    result = flopcount.predict(model, x, on=roofs, backward=True)
     counted = flopcount.count_flops(model, x, backward=True)
     assert sum(r.flops for r in result.rows) == counted.flops
     assert {r.phase for r in result.rows} == {"forward", "backward"}

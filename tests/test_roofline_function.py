@@ -53,7 +53,7 @@ def test_predict_gives_both_bounds(tracer_backward):
     # Linear(1024 -> 1024) on a batch of 64, DRAM-only roofs (1e11 FLOP/s, 1e10 B/s).
     model, x = nn.Linear(1024, 1024), torch.randn(64, 1024)
     roofs = Roofs({"float32": 1e11}, 1e10, "toy")
-    result = flopcount.predict(model, x, device=roofs, backward=tracer_backward)
+    result = flopcount.predict(model, x, on=roofs, backward=tracer_backward)
     counted = flopcount.count_flops(model, x, backward=tracer_backward)
     # any implementation: max(all FLOPs / peak, (weights + bias + input [+ their grads]) / bw)
     weights = (1024 * 1024 + 1024) * 4
@@ -90,7 +90,7 @@ def test_any_implementation_reads_the_rows_a_lookup_gathers_not_the_table(batch)
     # batch x 16 rows of 64 fp32 values it gathers; an unused table row is never read.
     model, ids = nn.Embedding(1_000_000, 64), torch.randint(0, 1_000_000, (batch, 16))
     roofs = Roofs({"float32": 1e11}, 1e10, "toy")
-    result = flopcount.predict(model, ids, device=roofs)
+    result = flopcount.predict(model, ids, on=roofs)
     unavoidable = batch * 16 * 8 + batch * 16 * 64 * 4
     assert result.any_bound is not None and result.any_bound.unavoidable_bytes == unavoidable
     assert result.any_s == pytest.approx(unavoidable / 1e10)
@@ -99,5 +99,5 @@ def test_any_implementation_reads_the_rows_a_lookup_gathers_not_the_table(batch)
 def test_a_tied_table_is_read_whole_by_the_head():
     # The head's matmul reads the whole 5000 x 16 table; the lookup's rows add nothing new.
     model, ids = _TiedLookup(), torch.randint(0, 5000, (2, 7))
-    result = flopcount.predict(model, ids, device=Roofs({"float32": 1e11}, 1e10, "toy"))
+    result = flopcount.predict(model, ids, on=Roofs({"float32": 1e11}, 1e10, "toy"))
     assert result.any_bound is not None and result.any_bound.unavoidable_bytes == 5000 * 16 * 4 + 2 * 7 * 8

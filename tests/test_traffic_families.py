@@ -49,7 +49,7 @@ def test_embedding_on_a_million_rows_issue_figure():
 def test_predict_books_the_embedding_rows_not_the_table(dtype, size):
     emb = nn.Embedding(1_000_000, 64, device="meta")
     ids = torch.zeros(1, 16, dtype=torch.long, device="meta")
-    result = predict(emb, ids, device="h100", dtype=dtype)
+    result = predict(emb, ids, on="h100", dtype=dtype)
     # ids 16*8 stay int64; the 16 rows read and written at the priced dtype's size
     assert sum(row.bytes for row in result.rows) == 16 * 8 + 2 * 16 * 64 * size
     assert sum(row["bytes"] for row in result.to_dict()["rows"]) == 16 * 8 + 2 * 16 * 64 * size

@@ -3,6 +3,7 @@ times), ``StepTimer`` (training steps), the statistics behind them and the GPU p
 
 from __future__ import annotations
 
+from flopcount.core.deprecation import module_getattr
 from flopcount.devices import peaks
 
 from .latency import benchmark
@@ -10,7 +11,7 @@ from .loop import LoopPlan, run_iterations
 from .modules import ModuleLatency, ModuleLatencyResult, module_latency
 from .result import BenchmarkResult
 from .stats import LatencyStats, compute_stats, percentile
-from .steps import StepRecord, StepSummary, StepTimer
+from .steps import StepSummary, StepTimer, StepTiming
 
 __all__ = [
     "BenchmarkResult",
@@ -18,9 +19,9 @@ __all__ = [
     "LoopPlan",
     "ModuleLatency",
     "ModuleLatencyResult",
-    "StepRecord",
     "StepSummary",
     "StepTimer",
+    "StepTiming",
     "benchmark",
     "compute_stats",
     "module_latency",
@@ -28,3 +29,7 @@ __all__ = [
     "percentile",
     "run_iterations",
 ]
+
+
+# 0.2's name of StepTiming (two public-facing classes were called StepRecord)
+__getattr__ = module_getattr(__name__, {"StepRecord": ("flopcount.bench.StepTiming", lambda: StepTiming)})

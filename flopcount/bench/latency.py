@@ -40,6 +40,7 @@ from flopcount.bench.device import (
 from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
+from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import prepare_call
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.devices import peaks
@@ -65,11 +66,12 @@ def benchmark(
     batch_size: Optional[int] = None,
     flops: Any = None,
     peak_flops: Optional[float] = None,
-    gpu_name: Optional[str] = None,
+    on: Optional[str] = None,
     noise_threshold: float = NOISE_SPREAD,
     timer: Optional[Clock] = None,
     progress: Optional[Progress] = None,
     warmup_progress: Optional[Progress] = None,
+    gpu_name: Optional[str] = None,
 ) -> BenchmarkResult:
     """Median (and spread) latency of ``model(inputs, **kwargs)`` under
     ``torch.inference_mode()``, after ``warmup`` untimed calls.
@@ -80,10 +82,10 @@ def benchmark(
     on that device (the model is moved for the run and moved back); ``dtype``
     (float16/bfloat16) runs under ``torch.autocast``. ``compile=True`` (or a dict of
     ``torch.compile`` options) times ``torch.compile(model)``; its compiling first call
-    is reported as ``compile_ms``. ``flops`` (a number or a ``FlopResult``) gives
+    is reported as ``compile_s`` (seconds). ``flops`` (a number or a ``FlopResult``) gives
     achieved FLOP/s = flops / median; ``mfu`` uses ``peak_flops`` (FLOP/s) or the
-    dense peak of ``gpu_name`` (default: the CUDA device's name) from
-    :mod:`flopcount.peaks`. ``timer``: a nanosecond clock replacing
+    dense peak of the modeled part ``on`` (default: the CUDA device's name; ``gpu_name=`` is
+    its deprecated 0.2 name) from :mod:`flopcount.peaks`. ``timer``: a nanosecond clock replacing
     ``time.perf_counter_ns`` (tests). ``batch_size`` (samples per call, for
     ``throughput``) defaults to the leading dimension of the first input tensor; the
     result's ``batch_source`` says which was taken. ``progress(done, total)`` is called
@@ -93,6 +95,7 @@ def benchmark(
     train-mode forward does not advance them). A model or input without data (meta
     device, fake tensors) is refused with a :class:`UsageError`: there is nothing to time.
     """
+    on = modeled_part(on, gpu_name, "benchmark", old="gpu_name")
     if not isinstance(model, nn.Module):
         raise UsageError(f"benchmark expects a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(warmup, int) or warmup < 0:
@@ -120,7 +123,7 @@ def benchmark(
         notes.append("model is in training mode: dropout/batch-norm run as in training (call model.eval() to time inference)")
 
     run_call = move_inputs(call, dev)
-    compile_ms: Optional[float] = None
+    compile_s: Optional[float] = None
     peak_mem: Optional[int] = None
     with preserved_rng(), preserved_inputs(list(call.tensors)), borrowed_model(model, dev) as on_device:
         fn: Callable[..., Any] = on_device
@@ -134,7 +137,7 @@ def benchmark(
                 t0 = clock()
                 timed()
                 synchronize(dev)
-                compile_ms = (clock() - t0) * 1e-6
+                compile_s = (clock() - t0) * 1e-9
             for done in range(1, warmup + 1):
                 timed()
                 if warmup_progress is not None:
@@ -154,13 +157,13 @@ def benchmark(
             if rss_before is not None and rss_after is not None:
                 peak_mem = max(0, rss_after - rss_before)
 
-    stats = compute_stats(samples)
+    stats = compute_stats(samples_s=samples)
     if stats.is_noisy(noise_threshold):
         notes.append(
             f"noisy measurement: IQR/median {100 * stats.rel_iqr:.1f}% > {100 * noise_threshold:.0f}% "
             f"(CV {100 * stats.cv:.1f}%): other load, frequency scaling or too short a budget"
         )
-    peak, source = _peak(dev, dtype, peak_flops, gpu_name)
+    peak, source = _peak(dev, dtype, peak_flops, on)
     for note in notes:
         warnings.warn(note, FlopcountWarning, stacklevel=2)
     return BenchmarkResult(
@@ -172,7 +175,7 @@ def benchmark(
         batch_source=batch_source,
         dtype=None if dtype is None else str(dtype).replace("torch.", ""),
         compiled=bool(compile),
-        compile_ms=compile_ms,
+        compile_s=compile_s,
         wall_s=wall_ns * 1e-9,
         flops=flop_count,
         peak_flops=peak,

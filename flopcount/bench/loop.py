@@ -51,7 +51,7 @@ def run_iterations(
 ) -> Tuple[List[float], int]:
     """Iteration control: call ``run_block`` until ``plan`` is satisfied.
 
-    Returns ``(samples_ms, wall_ns)`` where ``wall_ns`` is the clock time the whole
+    Returns ``(samples_s, wall_ns)`` (seconds per call) where ``wall_ns`` is the clock time the whole
     timed region took (samples plus loop overhead). The first adaptive block is one
     iteration; each later block is sized from the previous block's wall time so
     each takes about ``block_fraction * budget_s``, which keeps the budget check out
@@ -105,14 +105,14 @@ def cpu_block_runner(call: Callable[[], Any], clock: Clock) -> BlockRunner:
             call()
             t1 = clock()
             append(t1 - t0)
-        return [s * 1e-6 for s in samples]
+        return [s * 1e-9 for s in samples]
 
     return run_block
 
 
 def cuda_block_runner(call: Callable[[], Any], device: torch.device) -> BlockRunner:
     """Records a start and an end CUDA event around each call on the current stream,
-    synchronises once per block, then reads ``elapsed_time`` (GPU time, ms). Events
+    synchronises once per block, then reads ``elapsed_time`` (GPU time, ms; returned in s). Events
     are reused across blocks."""
     stream = torch.cuda.current_stream(device)
     pool: List[Tuple[Any, Any]] = []
@@ -126,7 +126,7 @@ def cuda_block_runner(call: Callable[[], Any], device: torch.device) -> BlockRun
             call()
             end.record(stream)
         pairs[-1][1].synchronize()
-        return [start.elapsed_time(end) for start, end in pairs]
+        return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
 
     return run_block
 

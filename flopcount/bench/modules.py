@@ -7,13 +7,14 @@ On CPU the hooks read ``time.perf_counter_ns()``; on CUDA they record events and
 whole forward is synchronised once per iteration (never once per module). Hooks cost
 microseconds each, so the figures of small modules (and of parents of many small
 modules) are inflated: use :func:`flopcount.bench.benchmark` for the model's latency
-and these figures to see where the time goes. ``unhooked_median_ms`` on the result
+and these figures to see where the time goes. ``unhooked_median_s`` on the result
 is the root's latency without hooks, for comparison.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -31,13 +32,16 @@ from flopcount.bench.device import (
 )
 from flopcount.bench.loop import Clock
 from flopcount.bench.stats import compute_stats
+from flopcount.core.deprecation import ms_property
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.inputs import prepare_call
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
+from flopcount.types import Diagnostic
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "
-    "inflates small modules and their parents; compare the root with unhooked_median_ms"
+    "inflates small modules and their parents; compare the root with unhooked_median_s"
 )
 
 
@@ -45,22 +49,28 @@ PERTURBATION_NOTE = (
 class ModuleLatency:
     """One module: hook-measured latency per forward of the model (all its calls summed).
 
-    ``achieved_flops_per_s`` = ``flops`` / ``median_ms`` when FLOPs were given."""
+    Times in seconds; ``achieved_flops_per_s`` = ``flops`` / ``median_s`` when FLOPs were
+    given. The 0.2 millisecond names (``median_ms``, ``mean_ms``, ``min_ms``) are deprecated
+    properties."""
 
     name: str
     type_name: str
     depth: int
     calls: int  # calls per forward of the model
-    median_ms: Optional[float]
-    mean_ms: Optional[float]
-    min_ms: Optional[float]
+    median_s: Optional[float]
+    mean_s: Optional[float]
+    min_s: Optional[float]
     flops: Optional[float] = None
+
+    median_ms = ms_property("median_s", "median_ms")
+    mean_ms = ms_property("mean_s", "mean_ms")
+    min_ms = ms_property("min_s", "min_ms")
 
     @property
     def achieved_flops_per_s(self) -> Optional[float]:
-        if self.flops is None or not self.median_ms:
+        if self.flops is None or not self.median_s:
             return None
-        return self.flops / (self.median_ms * 1e-3)
+        return self.flops / self.median_s
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -68,9 +78,13 @@ class ModuleLatency:
             "type": self.type_name,
             "depth": self.depth,
             "calls": self.calls,
-            "median_ms": self.median_ms,
-            "mean_ms": self.mean_ms,
-            "min_ms": self.min_ms,
+            "median_s": self.median_s,
+            "mean_s": self.mean_s,
+            "min_s": self.min_s,
+            # 0.2's keys (milliseconds), kept one release
+            "median_ms": _ms(self.median_s),
+            "mean_ms": _ms(self.mean_s),
+            "min_ms": _ms(self.min_s),
             "flops": self.flops,
             "achieved_flops_per_s": self.achieved_flops_per_s,
         }
@@ -78,19 +92,33 @@ class ModuleLatency:
 
 @dataclass(frozen=True)
 class ModuleLatencyResult:
-    """Per-module latencies in ``named_modules()`` order; parents include children."""
+    """Per-module latencies in ``named_modules()`` order; parents include children. Times
+    in seconds (``unhooked_median_s``: the root timed without hooks)."""
 
     modules: Tuple[ModuleLatency, ...]
     iters: int
     warmup: int
     device: str
     timing: str
-    unhooked_median_ms: float
+    unhooked_median_s: float
     warnings: Tuple[str, ...] = (PERTURBATION_NOTE,)
 
-    def by_module(self) -> Dict[str, Optional[float]]:
-        """``{module name: median ms}``."""
-        return {m.name: m.median_ms for m in self.modules}
+    unhooked_median_ms = ms_property("unhooked_median_s", "unhooked_median_ms")
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The warnings (the hooks' perturbation first) as typed records, each once."""
+        return from_texts((), self.warnings)
+
+    def by_module(self, seconds: Optional[bool] = None) -> Dict[str, Optional[float]]:
+        """``{module name: median}``: in seconds with ``seconds=True``; in milliseconds
+        otherwise, as in 0.2 (without ``seconds=`` that warns: the default becomes seconds
+        in 0.4; ``seconds=False`` keeps milliseconds without a warning)."""
+        if seconds is None:
+            warnings.warn("ModuleLatencyResult.by_module() returns milliseconds as in flopcount 0.2; from 0.4 it "
+                          "returns seconds: pass seconds=True (or seconds=False to keep milliseconds)",
+                          DeprecationWarning, stacklevel=2)
+        scale = 1.0 if seconds else 1e3
+        return {m.name: None if m.median_s is None else m.median_s * scale for m in self.modules}
 
     def __getitem__(self, name: str) -> ModuleLatency:
         for m in self.modules:
@@ -108,22 +136,23 @@ class ModuleLatencyResult:
             "warmup": self.warmup,
             "device": self.device,
             "timing": self.timing,
-            "unhooked_median_ms": self.unhooked_median_ms,
+            "unhooked_median_s": self.unhooked_median_s,
+            "unhooked_median_ms": self.unhooked_median_s * 1e3,  # 0.2's key, kept one release
             "modules": [m.to_dict() for m in self.modules],
             "warnings": list(self.warnings),
         }
 
     def __str__(self) -> str:
-        root_ms = self.root.median_ms or 0.0
+        root_s = self.root.median_s or 0.0
         rows = [("module", "type", "calls", "median ms", "% root", "FLOPs", "FLOP/s")]
         for m in self.modules:
-            share = f"{100 * m.median_ms / root_ms:.1f}" if m.median_ms is not None and root_ms > 0 else "-"
+            share = f"{100 * m.median_s / root_s:.1f}" if m.median_s is not None and root_s > 0 else "-"
             rows.append(
                 (
                     "  " * m.depth + (m.name.rsplit(".", 1)[-1] if m.name else "(root)"),
                     m.type_name,
                     str(m.calls),
-                    "-" if m.median_ms is None else f"{m.median_ms:.4g}",
+                    "-" if m.median_s is None else f"{m.median_s * 1e3:.4g}",
                     share,
                     "-" if m.flops is None else f"{m.flops:.4g}",
                     "-" if m.achieved_flops_per_s is None else f"{m.achieved_flops_per_s:.4g}",
@@ -134,7 +163,7 @@ class ModuleLatencyResult:
         lines.insert(1, "  ".join("-" * w for w in widths))
         lines.append(
             f"{self.iters} iterations after {self.warmup} warm-up on {self.device} ({self.timing}); "
-            f"root without hooks: {self.unhooked_median_ms:.4g} ms"
+            f"root without hooks: {self.unhooked_median_s * 1e3:.4g} ms"
         )
         lines.extend(f"note: {w}" for w in self.warnings)
         return "\n".join(lines)
@@ -203,7 +232,7 @@ def module_latency(
 
             def post(module: nn.Module, args: Any, output: Any) -> None:
                 now = clock()
-                totals[name] = totals.get(name, 0.0) + (now - stack.pop()) * 1e-6
+                totals[name] = totals.get(name, 0.0) + (now - stack.pop()) * 1e-9
                 counts[name] = counts.get(name, 0) + 1
 
         return pre, post
@@ -221,7 +250,7 @@ def module_latency(
                 t0 = clock()
                 call()
                 synchronize(dev)
-                unhooked.append((clock() - t0) * 1e-6)
+                unhooked.append((clock() - t0) * 1e-9)
             handles = []
             try:
                 for name, module in named:
@@ -238,7 +267,7 @@ def module_latency(
                     if use_events:
                         synchronize(dev)
                         for name, start, end in event_pairs:
-                            totals[name] = totals.get(name, 0.0) + start.elapsed_time(end)
+                            totals[name] = totals.get(name, 0.0) + start.elapsed_time(end) * 1e-3  # ms -> s
                     for name, value in totals.items():
                         samples[name].append(value)
                     calls_seen = dict(counts)
@@ -249,16 +278,16 @@ def module_latency(
     rows = []
     for name, module in named:
         values = samples[name]
-        stats = compute_stats(values) if values else None
+        stats = compute_stats(samples_s=values) if values else None
         rows.append(
             ModuleLatency(
                 name=name,
                 type_name=type(module).__name__,
                 depth=0 if name == "" else name.count(".") + 1,
                 calls=calls_seen.get(name, 0),
-                median_ms=None if stats is None else stats.median_ms,
-                mean_ms=None if stats is None else stats.mean_ms,
-                min_ms=None if stats is None else stats.min_ms,
+                median_s=None if stats is None else stats.median_s,
+                mean_s=None if stats is None else stats.mean_s,
+                min_s=None if stats is None else stats.min_s,
                 flops=None if flop_map is None or name not in flop_map else float(flop_map[name]),
             )
         )
@@ -268,7 +297,7 @@ def module_latency(
         warmup=warmup,
         device=str(dev),
         timing="cuda_event" if use_events else "perf_counter",
-        unhooked_median_ms=compute_stats(unhooked).median_ms,
+        unhooked_median_s=compute_stats(samples_s=unhooked).median_s,
     )
 
 
@@ -280,3 +309,7 @@ def _flop_map(flops: Any) -> Optional[Mapping[str, float]]:
     if hasattr(flops, "by_module"):
         return flops.by_module()
     raise UsageError(f"flops must be a {{module name: FLOPs}} mapping or a FlopResult, got {type(flops).__name__}")
+
+
+def _ms(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else seconds * 1e3

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from flopcount.bench.stats import NOISE_SPREAD, LatencyStats
+from flopcount.core.deprecation import ms_property
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.rendering import render
+from flopcount.types import Diagnostic
 
 
 @dataclass(frozen=True)
@@ -21,8 +24,10 @@ class BenchmarkResult:
     ``mfu`` = achieved / ``peak_flops`` (dense peak, FLOP/s). ``peak_memory_bytes`` is
     CUDA ``max_memory_allocated`` over the timed region (absolute, model included) or,
     on CPU, the growth of the process RSS from before warm-up to after timing
-    (``memory_kind`` says which). ``compile_ms`` is the first (compiling) call of a
-    ``compile=True`` run, excluded from the statistics.
+    (``memory_kind`` says which). ``compile_s`` is the first (compiling) call of a
+    ``compile=True`` run, excluded from the statistics. Times are in seconds (``median_s``,
+    ...); the 0.2 millisecond names (``median_ms``, ..., ``compile_ms``) are deprecated
+    properties, and ``to_dict()`` keeps their keys beside the ``_s`` ones for one release.
     """
 
     stats: LatencyStats
@@ -33,7 +38,7 @@ class BenchmarkResult:
     batch_source: Optional[str] = None  # "as given", "dim 0 of Tensor[8, 3, 224, 224]", ...
     dtype: Optional[str] = None
     compiled: bool = False
-    compile_ms: Optional[float] = None
+    compile_s: Optional[float] = None
     wall_s: float = 0.0
     flops: Optional[float] = None
     peak_flops: Optional[float] = None
@@ -45,34 +50,48 @@ class BenchmarkResult:
     noise_threshold: float = NOISE_SPREAD
     warnings: Tuple[str, ...] = ()
 
-    # -- statistics, delegated -------------------------------------------------
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The benchmark's warnings (noise, a training-mode model, ...) as typed records, each once."""
+        return from_texts((), self.warnings)
+
+    # -- statistics, delegated (seconds) ----------------------------------------------
     @property
-    def median_ms(self) -> float:
-        return self.stats.median_ms
+    def median_s(self) -> float:
+        return self.stats.median_s
 
     @property
-    def mean_ms(self) -> float:
-        return self.stats.mean_ms
+    def mean_s(self) -> float:
+        return self.stats.mean_s
 
     @property
-    def p90_ms(self) -> float:
-        return self.stats.p90_ms
+    def p90_s(self) -> float:
+        return self.stats.p90_s
 
     @property
-    def p99_ms(self) -> float:
-        return self.stats.p99_ms
+    def p99_s(self) -> float:
+        return self.stats.p99_s
 
     @property
-    def min_ms(self) -> float:
-        return self.stats.min_ms
+    def min_s(self) -> float:
+        return self.stats.min_s
 
     @property
-    def max_ms(self) -> float:
-        return self.stats.max_ms
+    def max_s(self) -> float:
+        return self.stats.max_s
 
     @property
-    def std_ms(self) -> float:
-        return self.stats.std_ms
+    def std_s(self) -> float:
+        return self.stats.std_s
+
+    # the 0.2 names, in milliseconds: deprecated (DeprecationWarning), removed in 0.4
+    median_ms = ms_property("median_s", "median_ms")
+    mean_ms = ms_property("mean_s", "mean_ms")
+    p90_ms = ms_property("p90_s", "p90_ms")
+    p99_ms = ms_property("p99_s", "p99_ms")
+    min_ms = ms_property("min_s", "min_ms")
+    max_ms = ms_property("max_s", "max_ms")
+    std_ms = ms_property("std_s", "std_ms")
+    compile_ms = ms_property("compile_s", "compile_ms")
 
     @property
     def cv(self) -> float:
@@ -89,7 +108,7 @@ class BenchmarkResult:
     # -- derived rates ------------------------------------------------------------
     @property
     def iters_per_s(self) -> float:
-        return 1e3 / self.median_ms if self.median_ms > 0 else math.inf
+        return 1.0 / self.median_s if self.median_s > 0 else math.inf
 
     @property
     def throughput(self) -> float:
@@ -100,13 +119,13 @@ class BenchmarkResult:
     def overhead_per_iter_us(self) -> float:
         """Wall time of the timed region per iteration minus the mean sample (µs): what
         the loop itself costs beyond the timed calls."""
-        return (self.wall_s * 1e3 / self.iters - self.mean_ms) * 1e3 if self.iters else 0.0
+        return (self.wall_s / self.iters - self.mean_s) * 1e6 if self.iters else 0.0
 
     @property
     def achieved_flops_per_s(self) -> Optional[float]:
-        if self.flops is None or self.median_ms <= 0:
+        if self.flops is None or self.median_s <= 0:
             return None
-        return self.flops / (self.median_ms * 1e-3)
+        return self.flops / self.median_s
 
     @property
     def mfu(self) -> Optional[float]:
@@ -128,7 +147,8 @@ class BenchmarkResult:
             batch_source=self.batch_source,
             dtype=self.dtype,
             compiled=self.compiled,
-            compile_ms=self.compile_ms,
+            compile_s=self.compile_s,
+            compile_ms=None if self.compile_s is None else self.compile_s * 1e3,  # 0.2's key, one release
             wall_s=self.wall_s,
             throughput=self.throughput,
             iters_per_s=self.iters_per_s,

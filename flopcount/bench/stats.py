@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import UsageError
+from flopcount.core.deprecation import ms_property, warn_renamed
+from flopcount.errors import UsageError
 
 #: Relative spread (IQR / median) above which a measurement is called noisy.
 NOISE_SPREAD = 0.10
@@ -16,27 +17,38 @@ NOISE_SPREAD = 0.10
 
 @dataclass(frozen=True)
 class LatencyStats:
-    """Summary of per-iteration latencies, in milliseconds.
+    """Summary of per-iteration latencies, in seconds (milliseconds only when rendered).
 
     Percentiles use linear interpolation between closest ranks (numpy's default
-    ``method="linear"``: rank ``p/100 * (n-1)`` in the sorted samples); ``std_ms`` is the
+    ``method="linear"``: rank ``p/100 * (n-1)`` in the sorted samples); ``std_s`` is the
     sample standard deviation (``ddof=1``, 0 for one sample); ``cv = std / mean``;
-    ``iqr_ms = p75 - p25``; ``rel_iqr = iqr / median``, the robust spread used to
+    ``iqr_s = p75 - p25``; ``rel_iqr = iqr / median``, the robust spread used to
     call a run noisy (the CV is reported too, but one interrupt or GC pause inflates it).
+    The 0.2 millisecond names (``median_ms``, ..., ``samples_ms``) are deprecated properties.
     """
 
     iters: int
-    median_ms: float
-    mean_ms: float
-    p90_ms: float
-    p99_ms: float
-    min_ms: float
-    max_ms: float
-    std_ms: float
+    median_s: float
+    mean_s: float
+    p90_s: float
+    p99_s: float
+    min_s: float
+    max_s: float
+    std_s: float
     cv: float
-    iqr_ms: float
+    iqr_s: float
     rel_iqr: float
-    samples_ms: Tuple[float, ...] = field(default=(), repr=False)
+    samples_s: Tuple[float, ...] = field(default=(), repr=False)
+
+    median_ms = ms_property("median_s", "median_ms")
+    mean_ms = ms_property("mean_s", "mean_ms")
+    p90_ms = ms_property("p90_s", "p90_ms")
+    p99_ms = ms_property("p99_s", "p99_ms")
+    min_ms = ms_property("min_s", "min_ms")
+    max_ms = ms_property("max_s", "max_ms")
+    std_ms = ms_property("std_s", "std_ms")
+    iqr_ms = ms_property("iqr_s", "iqr_ms")
+    samples_ms = ms_property("samples_s", "samples_ms")
 
     def is_noisy(self, threshold: float = NOISE_SPREAD) -> bool:
         """True when the robust relative spread (IQR / median) exceeds ``threshold``,
@@ -44,22 +56,22 @@ class LatencyStats:
         return self.rel_iqr > threshold
 
     def to_dict(self, samples: bool = False) -> Dict[str, Any]:
-        out: Dict[str, Any] = {
-            "iters": self.iters,
-            "median_ms": self.median_ms,
-            "mean_ms": self.mean_ms,
-            "p90_ms": self.p90_ms,
-            "p99_ms": self.p99_ms,
-            "min_ms": self.min_ms,
-            "max_ms": self.max_ms,
-            "std_ms": self.std_ms,
-            "cv": self.cv,
-            "iqr_ms": self.iqr_ms,
-            "rel_iqr": self.rel_iqr,
-        }
+        """Seconds under ``*_s`` keys; the 0.2 ``*_ms`` keys (milliseconds) are kept beside
+        them for one release (docs/migration.md)."""
+        out: Dict[str, Any] = {"iters": self.iters}
+        for name in _TIMES:
+            out[f"{name}_s"] = getattr(self, f"{name}_s")
+        out.update(cv=self.cv, rel_iqr=self.rel_iqr)
+        for name in _TIMES:
+            out[f"{name}_ms"] = getattr(self, f"{name}_s") * 1e3
         if samples:
-            out["samples_ms"] = list(self.samples_ms)
+            out["samples_s"] = list(self.samples_s)
+            out["samples_ms"] = [v * 1e3 for v in self.samples_s]
         return out
+
+
+#: the time fields of LatencyStats, by their stem
+_TIMES = ("median", "mean", "p90", "p99", "min", "max", "std", "iqr")
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:
@@ -72,10 +84,16 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     return float(np.percentile(np.asarray(sorted_values, dtype=np.float64), p))
 
 
-def compute_stats(samples_ms: Sequence[float]) -> LatencyStats:
-    """Statistics of per-iteration latencies (ms); see :class:`LatencyStats` for the
-    conventions. Pure: no torch, no clock."""
-    values = np.asarray(samples_ms, dtype=np.float64)
+def compute_stats(samples_ms: Optional[Sequence[float]] = None, *, samples_s: Optional[Sequence[float]] = None) -> LatencyStats:
+    """Statistics of per-iteration latencies in seconds (``samples_s=``); see
+    :class:`LatencyStats` for the conventions. Pure: no torch, no clock. The 0.2 form,
+    milliseconds as the first argument, is deprecated (it warns and is converted)."""
+    if samples_ms is not None:
+        if samples_s is not None:
+            raise UsageError("compute_stats: give the samples once, as samples_s= (seconds)")
+        warn_renamed("compute_stats(samples_ms)", "compute_stats(samples_s=...) in seconds")
+        samples_s = [float(v) * 1e-3 for v in samples_ms]
+    values = np.asarray(() if samples_s is None else samples_s, dtype=np.float64)
     n = int(values.size)
     if n == 0:
         raise UsageError("no latency samples to summarise")
@@ -85,15 +103,15 @@ def compute_stats(samples_ms: Sequence[float]) -> LatencyStats:
     iqr = p75 - p25
     return LatencyStats(
         iters=n,
-        median_ms=median,
-        mean_ms=mean,
-        p90_ms=p90,
-        p99_ms=p99,
-        min_ms=float(values.min()),
-        max_ms=float(values.max()),
-        std_ms=std,
+        median_s=median,
+        mean_s=mean,
+        p90_s=p90,
+        p99_s=p99,
+        min_s=float(values.min()),
+        max_s=float(values.max()),
+        std_s=std,
         cv=std / mean if mean > 0 else 0.0,
-        iqr_ms=iqr,
+        iqr_s=iqr,
         rel_iqr=iqr / median if median > 0 else 0.0,
-        samples_ms=tuple(float(v) for v in values),
+        samples_s=tuple(float(v) for v in values),
     )

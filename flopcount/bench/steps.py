@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
+from flopcount.core.deprecation import module_getattr
 from flopcount.errors import UsageError
 
 T = TypeVar("T")
@@ -33,8 +34,9 @@ Clock = Callable[[], int]
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    """One step: seconds spent reading, seconds for the whole step, samples processed."""
+class StepTiming:
+    """One step of a :class:`StepTimer`: seconds spent reading, seconds for the whole step,
+    samples processed. (Called ``StepRecord`` in 0.2; that name is a deprecated alias.)"""
 
     reader_cost: float
     batch_cost: float
@@ -103,7 +105,7 @@ class StepSummary:
 
 
 def summarize_steps(
-    records: Sequence[StepRecord], flops_per_step: Optional[int] = None, peak_flops: Optional[float] = None
+    records: Sequence[StepTiming], flops_per_step: Optional[int] = None, peak_flops: Optional[float] = None
 ) -> StepSummary:
     """Pure aggregation of step records; see :class:`StepSummary` for the formulas.
     ``flops_per_step`` adds TFLOP/s per step; ``peak_flops`` (FLOP/s) with it the MFU."""
@@ -190,7 +192,7 @@ class StepTimer:
         self._clock: Clock = clock if clock is not None else time.perf_counter_ns
         self._synchronize = synchronize
         self.skip_first = skip_first
-        self._records: List[StepRecord] = []
+        self._records: List[StepTiming] = []
         self._reader_ns = 0
         self._last_ns: Optional[int] = None
 
@@ -226,7 +228,7 @@ class StepTimer:
             self._reader_ns += clock() - t0
             yield item
 
-    def step(self, num_samples: Optional[int] = None) -> StepRecord:
+    def step(self, num_samples: Optional[int] = None) -> StepTiming:
         """Ends the current step and records it; returns its record."""
         if num_samples is not None and num_samples < 0:
             raise UsageError(f"num_samples must be >= 0, got {num_samples}")
@@ -236,14 +238,14 @@ class StepTimer:
         if self._last_ns is None:  # step() without wrap() or start(): nothing to measure from
             self._last_ns = now
             raise UsageError("step() before the loop started: call start() or iterate timer.wrap(loader) first")
-        record = StepRecord(reader_cost=self._reader_ns * 1e-9, batch_cost=(now - self._last_ns) * 1e-9, num_samples=num_samples)
+        record = StepTiming(reader_cost=self._reader_ns * 1e-9, batch_cost=(now - self._last_ns) * 1e-9, num_samples=num_samples)
         self._records.append(record)
         self._reader_ns = 0
         self._last_ns = now
         return record
 
     @property
-    def records(self) -> Tuple[StepRecord, ...]:
+    def records(self) -> Tuple[StepTiming, ...]:
         """Every recorded step, including the skipped ones."""
         return tuple(self._records)
 
@@ -272,3 +274,7 @@ def _gpu_peak(model: Any) -> Optional[float]:
             return peak_flops(torch.cuda.get_device_name(param.device), param.dtype)
         return None
     return None
+
+
+# 0.2's name (two classes were called StepRecord; plan's step recorder keeps it)
+__getattr__ = module_getattr(__name__, {"StepRecord": ("flopcount.bench.StepTiming", lambda: StepTiming)})

@@ -354,7 +354,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
             text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
         else:
             raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
-    if args.predict:
+    if args.on:
         from flopcount.cli.predicting import with_prediction
 
         text = with_prediction(text, run, args)
@@ -390,7 +390,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     timing = benchmark_entry(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
     _emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
-    _plot(result, args, latencies=timing.stats.samples_ms)
+    _plot(result, args, latencies=[v * 1e3 for v in timing.stats.samples_s])
     return EXIT_OK
 
 
@@ -433,7 +433,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     elif budget.needs_latency:
         timing = benchmark_entry(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
-        latency = timing.median_ms
+        latency = timing.median_s * 1e3  # the budget's unit
     sharded = args.fsdp is not None or args.tp is not None
     gate_memory = gate is not None and "memory" in gate[1]
     if gate_memory and sharded:
@@ -468,7 +468,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                         extra=extra, memory_note=memory_note, growth=growth)
     _emit(text, args)
     timed = latency is not None and result.benchmark is not None
-    _plot(result, args, latencies=result.benchmark.stats.samples_ms if timed else None, budget=report)
+    _plot(result, args, latencies=[v * 1e3 for v in result.benchmark.stats.samples_s] if timed else None, budget=report)
     strict = _strict_failure(result, args)
     statuses = [r.status for r in (report, growth) if r is not None]
     if "FAIL" in statuses:  # certain (or allowed): more work can only make it worse
@@ -549,7 +549,7 @@ def _planned_peak(args: argparse.Namespace) -> int:
     from flopcount.cli.plan import run_plan
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
-    return int(run_plan(args, device=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+    return int(run_plan(args, on=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -557,7 +557,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
     _check_output(args.output, "--output")
-    result = run_plan(args, device=args.gpu, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
+    result = run_plan(args, on=args.on, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
     _emit(render(result, args.format, args.entry), args)
     return EXIT_OK
 

@@ -195,6 +195,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _DeprecatedFlag(argparse.Action):
+    """A 0.2 flag kept for one release, hidden from ``--help``: stores into the new flag's
+    ``dest`` and says the new spelling on stderr (docs/migration.md)."""
+
+    def __init__(self, option_strings: Any, dest: str, new: str = "", **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        import sys
+
+        print(f"flopcount: warning: {option_string} is deprecated and will be removed in flopcount 0.4; use {self.new}",
+              file=sys.stderr, flush=True)
+        setattr(namespace, self.dest, values)
+
+
 def _type(parse: Any) -> Any:
     def convert(text: str) -> Any:
         try:
@@ -363,8 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(count)
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
     count.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran (the report is still printed)")
-    count.add_argument("--predict", metavar="DEVICE", default=None,
-                       help="also give the roofline latency lower bound on DEVICE (h100, h200, a100, l4, t4, 'this machine')")
+    count.add_argument("--on", metavar="DEVICE", default=None,
+                       help="also give the roofline latency lower bound on the modeled DEVICE (h100, h200, a100, l4, t4, "
+                       "'this machine'; no hardware needed)")
+    count.add_argument("--predict", dest="on", action=_DeprecatedFlag, new="--on", metavar="DEVICE")
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
@@ -521,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=_wrap("Plan one training step sharded over --fsdp x --tp ranks on torch's own FSDP2 and "
         "tensor parallelism, in a fake world of that many ranks in this process (nothing allocated, nothing sent): "
         "rank 0's FLOPs by phase, peak memory, collectives and step-time bounds. See docs/parallel.md."),
-        epilog="examples:\n  flopcount plan hf:llama --fsdp 8 --tp 2 --input 1x4096:int64 --device h100 --link nvlink4\n"
+        epilog="examples:\n  flopcount plan hf:llama --fsdp 8 --tp 2 --input 1x4096:int64 --on h100 --link nvlink4\n"
         "  flopcount plan hf:llama --config num_hidden_layers=4 --fsdp 64 --tp 8 --link dp=infiniband-ndr,tp=nvlink4",
         formatter_class=formatter,
     )
@@ -535,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                        help="process-group backend whose collective buffers the peak holds: nccl (in place; default) "
                        "or gloo (its reduce-scatter holds a copy of its input)")
-    setup.add_argument("--device", dest="gpu", default="h100", metavar="GPU", help="GPU for the step-time roofline (default h100)")
+    setup.add_argument("--on", default="h100", metavar="GPU", help="the modeled GPU of the step-time roofline (default h100)")
+    setup.add_argument("--device", dest="on", action=_DeprecatedFlag, new="--on", metavar="GPU")
     setup.add_argument("--link", default=None, metavar="LINK",
                        help="nvlink4, nvlink3, pcie5, pcie4, infiniband-ndr, infiniband-hdr..., bytes/s, or dp=LINK,tp=LINK")
     out = planner.add_argument_group("output")

@@ -67,11 +67,11 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
     return inputs, (made or None), origin
 
 
-def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
+def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
     from flopcount.planning.plan import gpu_key, plan
     from flopcount.planning.result import link_bandwidth
 
-    gpu_key(device)  # bad --device or --link: one line before any work
+    gpu_key(on)  # bad --on or --link: one line before any work
     for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):
         link_bandwidth(value, "--link")
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
@@ -82,7 +82,7 @@ def run_plan(args: argparse.Namespace, *, device: Optional[str], link: Any, opti
     stage(args, f"the plan of {args.entry} (its factory on the meta device, sharding, one fake training step)")
     result = plan(
         _builder(args, dtype), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
-        optimizer=optimizer or "adamw", device=device, link=link,
+        optimizer=optimizer or "adamw", on=on, link=link,
         mixed_precision=getattr(args, "mixed_precision", None), backend=getattr(args, "backend", "nccl"),
     )
     if origin:

@@ -1,5 +1,5 @@
 """The CLI's roofline wiring: ``profile`` (measured time joined with cost), ``count
---predict DEVICE`` and ``check --max-latency T --on DEVICE`` (lower bounds)."""
+--on DEVICE`` and ``check --max-latency T --on DEVICE`` (lower bounds)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from flopcount.cli.parser import EXIT_OK
 from flopcount.errors import UsageError
 
 
-def _predict(run: Any, args: argparse.Namespace, device: str) -> Any:
+def _predict(run: Any, args: argparse.Namespace, on: str) -> Any:
     from flopcount.profiling.predict import predict
 
     dtype = getattr(args, "dtype", None)
-    progress(args, f"bounding the latency of {run.entry} on {device} (roofline, fake tensors) ...")
-    stage(args, f"the latency bound of {run.entry} on {device}")
-    return predict(run.model, run.inputs, run.kwargs, device=device, dtype=dtype, backward=bool(getattr(args, "backward", False)))
+    progress(args, f"bounding the latency of {run.entry} on {on} (roofline, fake tensors) ...")
+    stage(args, f"the latency bound of {run.entry} on {on}")
+    return predict(run.model, run.inputs, run.kwargs, on=on, dtype=dtype, backward=bool(getattr(args, "backward", False)))
 
 
 BOUND_NAMES = {"eager": "eager per-op", "any": "any-implementation"}
@@ -42,10 +42,10 @@ def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str
 
 
 def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
-    """The count's report with the lower bound on ``--predict DEVICE`` added."""
+    """The count's report with the lower bound on ``--on DEVICE`` added."""
     from flopcount.report.profile import predict_table
 
-    result = _predict(run, args, args.predict)
+    result = _predict(run, args, args.on)
     if args.format == "json":
         data = json.loads(text)
         data["predict"] = result.to_dict()
@@ -53,7 +53,7 @@ def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
     if args.format in ("table", "tree", "markdown"):
         fmt = "github" if args.format == "markdown" else "simple"
         return text.rstrip("\n") + "\n\n" + predict_table(result, fmt=fmt)
-    raise UsageError(f"--predict has no {args.format} form; use --format table, tree, markdown or json")
+    raise UsageError(f"--on has no {args.format} form; use --format table, tree, markdown or json")
 
 
 def _roofs(text: Any) -> Any:

@@ -70,6 +70,6 @@ def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
         raise
     except Exception as exc:
         raise UsageError(f"the forward of {run.entry} failed during the benchmark: {type(exc).__name__}: {exc}") from exc
-    progress(args, f"timed {result.iters} calls in {result.wall_s:.2f} s (median {result.median_ms:.3f} ms; "
+    progress(args, f"timed {result.iters} calls in {result.wall_s:.2f} s (median {result.median_s * 1e3:.3f} ms; "
                    f"throughput uses batch {result.batch_size}: {result.batch_source})")
     return result

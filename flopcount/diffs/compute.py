@@ -35,12 +35,14 @@ def totals_of(result: FlopResult) -> Dict[str, Number]:
     if isinstance(memory, Mapping) and isinstance(memory.get("peak_bytes"), int):
         values["peak_memory"] = memory["peak_bytes"]
     timing = result.benchmark
-    median_ms = getattr(timing, "median_ms", None) if timing is not None else None
+    median: Any = getattr(timing, "median_s", None) if timing is not None else None
     saved = result.sections.get("benchmark")
-    if median_ms is None and isinstance(saved, Mapping):
-        median_ms = saved.get("median_ms")
-    if isinstance(median_ms, (int, float)) and not isinstance(median_ms, bool):
-        values["latency"] = median_ms / 1e3
+    if median is None and isinstance(saved, Mapping):
+        median = saved.get("median_s")
+        if median is None and isinstance(saved.get("median_ms"), (int, float)):  # a report written by 0.2
+            median = saved["median_ms"] / 1e3
+    if isinstance(median, (int, float)) and not isinstance(median, bool):
+        values["latency"] = median
     return values
 
 

@@ -6,7 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
+from flopcount.core.diagnostics import unique
 from flopcount.core.rendering import render
+from flopcount.types import Diagnostic
 
 Number = Union[int, float]
 
@@ -122,6 +124,12 @@ class DiffResult:
     b_phases: str = "forward"
     a_inputs: str = ""
     b_inputs: str = ""
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Why each side's count may be short, as "gap" records (each text prefixed with its
+        side's label), each once."""
+        return unique(Diagnostic("gap", f"{label}: {reason}") for label, reasons in
+                      ((self.a_label, self.a_incomplete), (self.b_label, self.b_incomplete)) for reason in reasons)
 
     @property
     def metrics(self) -> Tuple[str, ...]:

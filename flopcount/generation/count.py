@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
 
 from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.diagnostics import from_texts, unique
 from flopcount.core.inputs import prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
@@ -32,7 +33,7 @@ from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
 from flopcount.errors import TraceError, UsageError
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace
-from flopcount.types import Trace
+from flopcount.types import Diagnostic, Trace
 
 __all__ = ["GenerationResult", "count_generation", "cache_bytes", "cache_position_bytes"]
 
@@ -99,6 +100,15 @@ class GenerationResult:
             for reason in result.incomplete_reasons():
                 reasons.setdefault(f"{where}: {reason}" if where == "prefill" else f"decode: {reason}", None)
         return tuple(reasons)
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Every diagnostic of the prefill and decode counts as a typed record, each once:
+        what makes a count incomplete first, worded as :meth:`incomplete_reasons` ("prefill: ..."
+        or "decode: ..."), then the other records of the counts and generation's own notes."""
+        parts = [("prefill", self.prefill)] + [("decode", step) for step in self.steps]
+        short = [replace(d, text=f"{where}: {d.text}") for where, result in parts for d in result.diagnostics() if d.makes_incomplete]
+        other = [d for _, result in parts for d in result.diagnostics() if not d.makes_incomplete]
+        return from_texts(unique(short) + unique(other), self.warnings)
 
     def table(self) -> str:
         """Prefill, decode and total rows (MACs, FLOPs, per token), with the convention."""

@@ -75,15 +75,29 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
     return metrics
 
 
-def resolve_peak(device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float]) -> Tuple[Optional[float], str]:
+def resolve_peak(
+    device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float], on: Optional[str] = None
+) -> Tuple[Optional[float], str]:
     """The FLOP/s an MFU is measured against, and a sentence when there is none: ``given``
-    if set, else the GPU's dense datasheet peak (:mod:`flopcount.devices`, torch's default
-    math modes: float32 matmuls at the FP32 peak) at ``dtype``; none on CPU (a measured GEMM
+    if set; else the dense datasheet peak of the modeled part ``on`` ("h100", "a100 40gb
+    pcie"...) at ``dtype``; else the GPU's own (``device``: where the model runs; torch's
+    default math modes: float32 matmuls at the FP32 peak); none on CPU (a measured GEMM
     rate is a micro-benchmark's figure, not a peak: pass one to get an MFU)."""
     if given is not None:
+        if on is not None:
+            raise UsageError(f"give the MFU's peak once: peak_flops={given!r} or on={on!r}, not both")
         if not given > 0:
             raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {given!r}")
         return float(given), ""
+    if on is not None:
+        from ..devices import peak_for_name
+        from ..devices.parts import resolve_part
+
+        part = resolve_part(str(on))  # an unknown name: UsageError listing the parts
+        found = peak_for_name(part.name, dtype)
+        if found is None:
+            return None, f"{part.name} has no dense peak at {dtype} in flopcount's table: pass peak_flops= for an MFU"
+        return found, ""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         from ..devices import peak_for_name

@@ -38,7 +38,8 @@ from torch import nn
 from transformers import TrainerCallback
 
 from flopcount.core.analysis import uncompiled
-from flopcount.errors import FlopcountWarning
+from flopcount.devices.parts import resolve_part
+from flopcount.errors import FlopcountWarning, UsageError
 from flopcount.integrations._counting import PassCost, Signature, StepCounter, batch_signature
 from flopcount.integrations._rates import (
     PREFIX,
@@ -70,15 +71,18 @@ class FlopcountCallback(TrainerCallback):
     ``flopcount/tokens_per_s`` (and ``samples_per_s``, ``total_flops``, ``eval_flops``) through
     the trainer's own logs, and makes ``state.total_flos`` exact.
 
-    ``device``: where the peak is looked up (default: the model's device). ``peak_flops``:
-    FLOP/s for the MFU (default: the GPU's dense datasheet peak at the training dtype; on
-    CPU no MFU is logged unless given: a measured CPU rate is not a peak). ``log_every``: also ask the trainer to log every N
+    ``device``: where the model runs, whose peak is looked up (default: the model's device).
+    ``peak_flops``: FLOP/s for the MFU (default: the GPU's dense datasheet peak at the training
+    dtype; on CPU no MFU is logged unless given: a measured CPU rate is not a peak). ``on``:
+    the modeled part whose dense datasheet peak the MFU uses instead ("h100", ...). ``log_every``: also ask the trainer to log every N
     optimizer steps (default: at the trainer's own ``logging_steps``). Step time is the wall
     time from ``on_step_begin`` to ``on_step_end`` (forward, backward, optimizer; the
     batch fetch and logging excluded), with a CUDA synchronisation at the end on GPU.
     """
 
-    def __init__(self, device: Optional[Any] = None, peak_flops: Optional[float] = None, log_every: Optional[int] = None):
+    def __init__(self, device: Optional[Any] = None, peak_flops: Optional[float] = None, log_every: Optional[int] = None,
+                 *, on: Optional[str] = None):
+        self.on = _modeled_part(on, peak_flops)
         if log_every is not None and log_every < 1:
             raise ValueError(f"log_every must be >= 1 (optimizer steps), got {log_every}")
         self.device = torch.device(device) if device is not None else None
@@ -120,7 +124,7 @@ class FlopcountCallback(TrainerCallback):
         device = self.device or model_device(model)
         self._cuda = model_device(model).type == "cuda"
         dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) else model_dtype(model)
-        self._peak, note = resolve_peak(device, dtype, self.peak_flops)
+        self._peak, note = resolve_peak(device, dtype, self.peak_flops, self.on)
         if note:
             warnings.warn(f"FlopcountCallback: {note}", FlopcountWarning, stacklevel=2)
         _move_ahead_of_reporters(self)
@@ -333,3 +337,12 @@ def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
     callbacks.remove(callback)
     first = next((i for i, c in enumerate(callbacks) if not isinstance(c, DefaultFlowCallback)), len(callbacks))
     callbacks.insert(first, callback)
+
+
+def _modeled_part(on: Optional[str], peak_flops: Optional[float]) -> Optional[str]:
+    """``on=`` checked when the callback is made: a known part, and not beside ``peak_flops``."""
+    if on is None:
+        return None
+    if peak_flops is not None:
+        raise UsageError(f"FlopcountCallback: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
+    return resolve_part(str(on)).name

@@ -28,7 +28,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from ..errors import FlopcountWarning
+from ..devices.parts import resolve_part
+from ..errors import FlopcountWarning, UsageError
 from ._counting import StepCounter, batch_signature, hookless_twin
 from ._rates import PREFIX, Window, model_dtype, model_flops, resolve_peak, window_metrics
 
@@ -63,6 +64,9 @@ class FlopcountMonitor(Callback):
 
     ``peak_flops``: FLOP/s for the MFU (default: the GPU's dense datasheet peak at the
     trainer's precision; on CPU no MFU unless given: a measured CPU rate is not a peak).
+    ``on``: the modeled part whose dense datasheet peak the MFU uses instead ("h100",
+    "a100 40gb pcie", ...; :mod:`flopcount.devices.parts`), e.g. a GPU the table does not
+    recognise by its reported name.
     Counts run on a hookless twin of the module (same parameters, none of its hooks, no
     trainer reference): its hooks are never replayed and the module is not touched. Each
     ``fit`` counts afresh. Step time: the wall time of the
@@ -70,8 +74,13 @@ class FlopcountMonitor(Callback):
     loading excluded), with a CUDA synchronisation at each batch end on GPU.
     """
 
-    def __init__(self, peak_flops: Optional[float] = None):
+    def __init__(self, peak_flops: Optional[float] = None, *, on: Optional[str] = None):
+        if on is not None and peak_flops is not None:
+            raise UsageError(f"FlopcountMonitor: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
+        if on is not None:
+            resolve_part(str(on))  # an unknown part is said here, not at fit start
         self.peak_flops = peak_flops
+        self.on = on
         self.counter = StepCounter(lightning_loss)
         self.total_flops = 0
         self._peak: Optional[float] = None
@@ -94,7 +103,7 @@ class FlopcountMonitor(Callback):
         self.total_flops = 0
         precision = str(getattr(trainer, "precision", "32"))
         dtype = next((d for key, d in _PRECISION_DTYPES.items() if precision.startswith(key)), model_dtype(pl_module))
-        self._peak, note = resolve_peak(trainer.strategy.root_device, dtype, self.peak_flops)
+        self._peak, note = resolve_peak(trainer.strategy.root_device, dtype, self.peak_flops, self.on)
         if note:
             warnings.warn(f"FlopcountMonitor: {note}", FlopcountWarning, stacklevel=2)
         if not hasattr(pl_module, "flops_per_batch"):

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.inputs import is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
@@ -36,7 +37,7 @@ from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
-from flopcount.types import Phase
+from flopcount.types import Diagnostic, Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
 
@@ -101,6 +102,10 @@ class MemoryEstimate:
     input_description: str
     modules: Tuple[ModuleMemory, ...] = ()
     warnings: Tuple[str, ...] = ()
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The estimate's warnings as typed records ("warning"), each once."""
+        return from_texts((), self.warnings)
 
     def module(self, name: str) -> ModuleMemory:
         for info in self.modules:

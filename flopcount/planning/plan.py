@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import cost_events
+from flopcount.core.deprecation import warn_renamed
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
@@ -61,6 +62,11 @@ _MEMORY_KEYS = {
 }
 
 
+#: the modeled part of ``plan(on=)`` when none is named
+_DEFAULT_PART = "h100"
+_UNSET: Any = object()
+
+
 def _skipped(op: str) -> bool:
     """Ops booked as communication or bookkeeping rather than FLOPs."""
     return op in COLLECTIVE_KINDS or op.startswith(("c10d::", "_c10d_functional::", "fsdp::", "profiler::"))
@@ -75,13 +81,14 @@ def plan(
     tp: int = 1,
     optimizer: Union[str, Callable[[Any], Any], None] = "adamw",
     loss_fn: Optional[Callable[[Any], Any]] = None,
-    device: Optional[str] = "h100",
+    on: Optional[str] = _DEFAULT_PART,
     link: LinkSpec = None,
     tp_plan: Optional[Mapping[str, Any]] = None,
     mixed_precision: Union[None, str, torch.dtype] = None,
     registry: Optional[HandlerRegistry] = None,
     backend: str = "nccl",
     autocast: Union[None, str, torch.dtype] = None,
+    device: Any = _UNSET,
 ) -> PlanResult:
     """Per-rank cost of one training step (forward, backward, ``optimizer.step()``) of the
     model ``build()`` returns, sharded over ``fsdp x tp`` ranks.
@@ -90,7 +97,8 @@ def plan(
     nothing); ``inputs``/``kwargs`` are one rank's micro-batch (only shapes and dtypes are
     used). FSDP2 wraps each repeated block and the root; ``tp > 1`` applies ``tp_plan``
     (``{module path: ParallelStyle}``, wildcards allowed) or the built-in Megatron plan.
-    ``device``: a GPU name for the step-time roofline (None: no times); ``link``: a link
+    ``on``: the modeled GPU of the step-time roofline (None: no times; ``device=`` is its
+    deprecated 0.2 name: a plan always runs on the meta device); ``link``: a link
     name (see ``flopcount.planning.result.LINKS``), bytes/s, or ``{"dp": ..., "tp": ...}``.
     ``mixed_precision`` (e.g. "bfloat16"): FSDP2 computes in that dtype and reduces
     gradients in float32 while parameters and optimizer state keep the model's dtype.
@@ -102,10 +110,15 @@ def plan(
     released, steady-state optimizer) is ``estimate_memory``'s: a one-rank plan's peak is its peak.
     A default process group already initialised is left alone: plan() raises instead.
     """
+    if device is not _UNSET:  # 0.2's name; None meant "no step times" there too
+        if on != _DEFAULT_PART:
+            raise UsageError("plan: give the modeled GPU once, as on= (device= is its deprecated 0.2 name)")
+        warn_renamed("plan(device=...)", "plan(on=...): device= means where the model runs", stacklevel=3)
+        on = device
     fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
     if not callable(build) or isinstance(build, nn.Module):
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
-    gpu = gpu_key(device)
+    gpu = gpu_key(on)
     compute = _dtype(mixed_precision)
     amp = _dtype(autocast, "autocast")
     if backend not in BACKENDS:
@@ -140,7 +153,7 @@ def plan(
             name = _MEMORY_KEYS.get(key, key)
             memory[name] = memory.get(name, 0) + value
     return PlanResult(
-        fsdp=fsdp, tp=tp, device=gpu or "", dtype=dtype, backend=backend, flops=flops, macs=macs,
+        fsdp=fsdp, tp=tp, on=gpu or "", dtype=dtype, backend=backend, flops=flops, macs=macs,
         peak_bytes=record.memory_peak.get("Total", sum(memory.values())), memory=memory,
         state_bytes=dict(record.state_bytes), comm=comm, step_time=bounds, blocks=prefix, wrapped_blocks=wrapped,
         tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes, model_flops=model_flops,
@@ -161,7 +174,7 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
         return None
     part = find_part(str(device))
     if part is None:
-        raise UsageError(f"device: unknown GPU {device!r} (known parts: {known_names()}; or None for no step times)")
+        raise UsageError(f"on: unknown GPU {device!r} (known parts: {known_names()}; or None for no step times)")
     return part.name
 
 

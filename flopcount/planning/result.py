@@ -14,10 +14,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from flopcount.core.deprecation import warn_renamed
+from flopcount.core.diagnostics import from_texts, unsupported_ops
 from flopcount.core.rendering import render
 from flopcount.devices.parts import LINKS as _LINKS
 from flopcount.devices.parts import PARTS
 from flopcount.errors import UsageError
+from flopcount.types import Diagnostic
 
 #: link name -> bandwidth in bytes/s per GPU, one direction (datasheet figures; the one
 #: table lives in flopcount.devices.parts)
@@ -117,7 +120,8 @@ class PlanResult:
 
     fsdp: int
     tp: int
-    device: str
+    #: the modeled GPU of the step times ("" without); 0.2 called it ``device``
+    on: str
     dtype: str
     flops: Mapping[str, int]
     macs: Mapping[str, int]
@@ -136,6 +140,16 @@ class PlanResult:
     model_flops: Optional[int] = None
     #: one rank's micro-batch, as planned (e.g. ``(Tensor[1, 128] int64)``)
     inputs: str = ""
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Ops without a handler (op and calls, "unsupported"), then the notes ("warning"), each once."""
+        return from_texts(unsupported_ops(self.unsupported), self.notes)
+
+    @property
+    def device(self) -> str:
+        """Deprecated (0.2): :attr:`on`, the modeled GPU (a plan runs on the meta device)."""
+        warn_renamed("PlanResult.device", "PlanResult.on (the modeled GPU)")
+        return self.on
 
     @property
     def world_size(self) -> int:
@@ -167,6 +181,7 @@ class PlanResult:
         for key in ("flops", "macs", "memory", "state_bytes", "unsupported", "by_operator"):
             data[key] = dict(getattr(self, key))
         data["notes"] = list(self.notes)
+        data["device"] = self.on  # 0.2's key for the modeled GPU, kept one release
         return data
 
     def table(self) -> str:

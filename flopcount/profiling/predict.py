@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.deprecation import modeled_part
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
@@ -31,7 +33,7 @@ from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
-from flopcount.types import Cost, OpEvent
+from flopcount.types import Cost, Diagnostic, OpEvent
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
 PredictRow = CostRow
@@ -55,6 +57,11 @@ class PredictResult:
     _operators: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _modules: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _phases: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """Ops without a handler, left out of the bound ("unsupported"), then the warnings ("warning")."""
+        return from_texts((Diagnostic("unsupported", f"{op} has no handler: left out of the bound", op) for op in self.unsupported),
+                          self.warnings)
 
     @property
     def latency_s(self) -> float:
@@ -133,14 +140,16 @@ def predict(
     inputs: Any = (),
     kwargs: Optional[Mapping[str, Any]] = None,
     *,
-    device: Union[str, Roofs] = "h100",
+    on: Union[str, Roofs, None] = None,
     dtype: Any = None,
     backward: bool = False,
     loss_fn: Optional[Callable[[Any], Any]] = None,
     registry: Optional[HandlerRegistry] = None,
+    device: Union[str, Roofs, None] = None,
 ) -> PredictResult:
     """The roofline lower bound of one forward (``backward=True``: forward + backward) of
-    ``model`` on ``device``: a datasheet part ("h100", "H100 NVL", "A100 40GB PCIe", "t4"...;
+    ``model`` on the modeled hardware ``on`` (default "h100"; ``device=`` is its deprecated
+    0.2 name): a datasheet part ("h100", "H100 NVL", "A100 40GB PCIe", "t4"...;
     :mod:`flopcount.devices.parts`, under torch's default math modes: float32 convolutions in
     TF32, matmuls in FP32; pass ``named_roofs(name, matmul_tf32=True)`` for other modes),
     "this machine" (roofs measured here, cached), or a :class:`~flopcount.devices.Roofs`.
@@ -149,9 +158,10 @@ def predict(
     model ran in it (default: the dtypes the trace saw). Counted on fake tensors."""
     from torch import nn
 
+    on = modeled_part(on, device, "predict", default="h100")
     if not isinstance(model, nn.Module):
         raise UsageError(f"predict expects a torch.nn.Module, got {type(model).__name__}")
-    roofs = device if isinstance(device, Roofs) else _named(device)
+    roofs = on if isinstance(on, Roofs) else _named(on)
     as_dtype = None if dtype is None else column_of(dtype)
     table = registry if registry is not None else default_registry()
     model = uncompiled(model)

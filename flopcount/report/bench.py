@@ -16,19 +16,20 @@ if TYPE_CHECKING:
 def benchmark_text(result: BenchmarkResult) -> str:
     """A few lines: device and mode, the statistics, throughput, achieved FLOP/s, memory, warnings."""
     s = result.stats
+    ms = {name: 1e3 * getattr(s, f"{name}_s") for name in ("median", "mean", "p90", "p99", "min", "max", "std")}
     mode = "torch.compile" if result.compiled else "eager"
     lines = [
         f"latency on {result.device} ({result.timing}, {mode}, dtype {result.dtype or 'as model'}, "
         f"{s.iters} iterations after {result.warmup} warm-up)",
-        f"  median {s.median_ms:.4g} ms | mean {s.mean_ms:.4g} | p90 {s.p90_ms:.4g} | p99 {s.p99_ms:.4g} | "
-        f"min {s.min_ms:.4g} | max {s.max_ms:.4g} | std {s.std_ms:.3g} (CV {100 * s.cv:.1f}%, IQR/median {100 * s.rel_iqr:.1f}%)",
+        f"  median {ms['median']:.4g} ms | mean {ms['mean']:.4g} | p90 {ms['p90']:.4g} | p99 {ms['p99']:.4g} | "
+        f"min {ms['min']:.4g} | max {ms['max']:.4g} | std {ms['std']:.3g} (CV {100 * s.cv:.1f}%, IQR/median {100 * s.rel_iqr:.1f}%)",
         f"  throughput {with_unit(result.throughput, 'samples/s')} ({batch_text(result)}), {with_unit(result.iters_per_s, 'it/s')}",
     ]
     caveat = tail_caveat(s.iters)
     if caveat:
         lines.insert(2, f"  {caveat}")
-    if result.compile_ms is not None:
-        lines.append(f"  compile warm-up (first call) {result.compile_ms:.4g} ms, not in the statistics")
+    if result.compile_s is not None:
+        lines.append(f"  compile warm-up (first call) {result.compile_s * 1e3:.4g} ms, not in the statistics")
     if result.achieved_flops_per_s is not None:
         line = f"  achieved {with_unit(result.achieved_flops_per_s, 'FLOP/s')}"
         if result.mfu is not None:
@@ -79,15 +80,17 @@ def bench_unit(label: str) -> str:
 
 
 def bench_rows(result: Any, timing: BenchmarkResult) -> List[Tuple[str, str, Any]]:
-    """(label, human text, raw value) for each line of the CLI's bench summary."""
+    """(label, human text, raw value) for each line of the CLI's bench summary (times in ms:
+    the data holds seconds, a rendering shows milliseconds)."""
+    ms = {name: 1e3 * getattr(timing, f"{name}_s") for name in ("median", "mean", "p90", "p99", "min", "max", "std")}
     rows: List[Tuple[str, str, Any]] = [
-        ("median", format_ms(timing.median_ms), timing.median_ms),
-        ("mean", format_ms(timing.mean_ms), timing.mean_ms),
-        ("p90", format_ms(timing.p90_ms) + tail_note(timing.iters, 90), timing.p90_ms),
-        ("p99", format_ms(timing.p99_ms) + tail_note(timing.iters, 99), timing.p99_ms),
-        ("min", format_ms(timing.min_ms), timing.min_ms),
-        ("max", format_ms(timing.max_ms), timing.max_ms),
-        ("std", format_ms(timing.std_ms), timing.std_ms),
+        ("median", format_ms(ms["median"]), ms["median"]),
+        ("mean", format_ms(ms["mean"]), ms["mean"]),
+        ("p90", format_ms(ms["p90"]) + tail_note(timing.iters, 90), ms["p90"]),
+        ("p99", format_ms(ms["p99"]) + tail_note(timing.iters, 99), ms["p99"]),
+        ("min", format_ms(ms["min"]), ms["min"]),
+        ("max", format_ms(ms["max"]), ms["max"]),
+        ("std", format_ms(ms["std"]), ms["std"]),
         ("iterations", str(timing.iters), timing.iters),
         ("throughput", f"{timing.throughput:.1f} samples/s ({batch_text(timing)})", timing.throughput),
         ("FLOPs", with_unit(result.flops, "FLOPs"), result.flops),

@@ -58,7 +58,7 @@ def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]
              _rate(result.tokens, bounds.overlap_s)],
         ]
         headers = ["bound", "time", "MFU", "HFU", "tokens/s per rank"]
-        sections.append((f"step time on {result.device} ({result.dtype})", headers, rows))
+        sections.append((f"step time on {result.on} ({result.dtype})", headers, rows))
     return sections
 
 

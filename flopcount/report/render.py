@@ -62,7 +62,7 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     rows = bench_rows(result, timing)
     if fmt == "html":
         latency = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"], colalign=("left", "right"))
-        return html_report(result, entry=entry, depth=depth, sections=[("Latency", latency)], latencies_ms=timing.stats.samples_ms)
+        return html_report(result, entry=entry, depth=depth, sections=[("Latency", latency)], latencies_ms=[v * 1e3 for v in timing.stats.samples_s])
     if fmt == "csv":
         lines = ["metric,value,unit"] + [f"{_csv_key(label)},{raw},{bench_unit(label)}" for label, _, raw in rows]
         return "\n".join(lines)

@@ -43,7 +43,7 @@ def _footer(result: FlopResult) -> List[str]:
     if timing is not None:
         achieved = timing.achieved_flops_per_s
         lines.append(
-            f"Measured: median {timing.median_ms:.3f} ms (p90 {timing.p90_ms:.3f} ms, CV {100 * timing.cv:.1f}%, "
+            f"Measured: median {timing.median_s * 1e3:.3f} ms (p90 {timing.p90_s * 1e3:.3f} ms, CV {100 * timing.cv:.1f}%, "
             f"{timing.iters} iters), {timing.throughput:.1f} samples/s"
             + (f", {with_unit(achieved, 'FLOP/s')} achieved" if achieved else "")
         )

@@ -39,10 +39,10 @@ def test_fake_clock_gives_exact_statistics_and_counts_warmup():
     r = benchmark(model, torch.zeros(6, 4), warmup=2, iters=5, timer=clock)
     assert model.calls == 7
     assert r.iters == 5
-    assert r.median_ms == pytest.approx(3.0)
-    assert r.mean_ms == pytest.approx(3.0)
-    assert r.min_ms == pytest.approx(1.0) and r.max_ms == pytest.approx(5.0)
-    assert r.p90_ms == pytest.approx(4.6)  # rank 3.6 between 4 and 5
+    assert r.median_s == pytest.approx(3e-3)
+    assert r.mean_s == pytest.approx(3e-3)
+    assert r.min_s == pytest.approx(1e-3) and r.max_s == pytest.approx(5e-3)
+    assert r.p90_s == pytest.approx(4.6e-3)  # rank 3.6 between 4 and 5 ms
     assert r.wall_s == pytest.approx(15e-3)
     assert r.overhead_per_iter_us == pytest.approx(0.0)
     # throughput from the leading dim of the first tensor: 6 samples / 3 ms
@@ -83,7 +83,7 @@ def test_achieved_flops_and_mfu_math():
     class Counted:
         flops = 3.12e9
 
-    r = benchmark(model, torch.zeros(1, 4), warmup=0, iters=3, flops=Counted(), gpu_name="NVIDIA A100-SXM4-80GB", dtype=torch.bfloat16, timer=clock)
+    r = benchmark(model, torch.zeros(1, 4), warmup=0, iters=3, flops=Counted(), on="NVIDIA A100-SXM4-80GB", dtype=torch.bfloat16, timer=clock)
     assert r.peak_flops == pytest.approx(312e12)
     assert r.mfu == pytest.approx(3.12e12 / 312e12)
     assert "A100" in r.peak_source and "dense" in r.peak_source
@@ -97,9 +97,11 @@ def test_rendering_is_json_and_text():
     model = Ticking(clock, [1_000_000, 3_000_000])
     r = benchmark(model, torch.zeros(2, 4), warmup=0, iters=4, flops=1e6, peak_flops=1e9, timer=clock)
     data = json.loads(json.dumps(r.to_dict()))
-    for key in ("median_ms", "mean_ms", "p90_ms", "p99_ms", "min_ms", "max_ms", "std_ms", "iters", "throughput", "iters_per_s", "cv", "mfu"):
+    for key in ("median_s", "mean_s", "p90_s", "p99_s", "min_s", "max_s", "std_s", "iters", "throughput", "iters_per_s", "cv", "mfu"):
         assert key in data
-    assert "samples_ms" not in data and len(r.to_dict(samples=True)["samples_ms"]) == 4
+    # 1, 3, 1, 3 ms: the median is 2 ms; the 0.2 keys (ms) are kept beside the seconds for one release
+    assert data["median_s"] == pytest.approx(2e-3) and data["median_ms"] == pytest.approx(2.0)
+    assert "samples_s" not in data and r.to_dict(samples=True)["samples_s"] == pytest.approx([1e-3, 3e-3, 1e-3, 3e-3])
     text = str(r)
     assert "median" in text and "CV" in text and "MFU" in text
 
@@ -117,7 +119,7 @@ def test_cpu_end_to_end_real_clock():
     r = benchmark(model, torch.randn(8, 16), warmup=2, min_iters=5, budget_s=0.05)
     assert isinstance(r, BenchmarkResult)
     assert r.iters >= 5
-    assert 0 < r.min_ms <= r.median_ms <= r.p90_ms <= r.p99_ms <= r.max_ms
+    assert 0 < r.min_s <= r.median_s <= r.p90_s <= r.p99_s <= r.max_s
     assert r.throughput > 0 and r.batch_size == 8
     assert r.memory_kind in (None, "cpu RSS growth")
     assert r.threads == torch.get_num_threads()
@@ -159,7 +161,7 @@ def test_bfloat16_autocast_on_cpu():
 def test_compile_reports_first_call_separately():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
     r = benchmark(model, torch.randn(2, 8), warmup=1, iters=3, compile={"backend": "eager"})
-    assert r.compiled and r.compile_ms is not None and r.compile_ms > 0
+    assert r.compiled and r.compile_s is not None and r.compile_s > 0
     assert r.iters == 3
 
 
@@ -317,7 +319,7 @@ def test_cuda_events_memory_and_model_restored():
     before = snapshot(model)
     r = benchmark(model, torch.randn(4, 3, 16, 16), device="cuda", warmup=3, iters=10, flops=1e6)
     assert r.timing == "cuda_event" and r.device.startswith("cuda")
-    assert r.median_ms > 0 and r.iters == 10
+    assert r.median_s > 0 and r.iters == 10
     assert r.peak_memory_bytes and r.peak_memory_bytes > 0 and r.memory_kind == "cuda max_memory_allocated"
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert all(b.device.type == "cpu" for b in model.buffers())
@@ -347,7 +349,7 @@ def test_cuda_events_see_gpu_work_that_a_naive_clock_misses():
             return a
 
     r = benchmark(MatPow(), x, warmup=2, iters=5)
-    assert r.median_ms > 0.05  # 10 x 17 GFLOP matmuls cannot finish in launch time
+    assert r.median_s > 0.05e-3  # 10 x 17 GFLOP matmuls cannot finish in launch time
 
 
 class _nothing:

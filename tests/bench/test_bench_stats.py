@@ -16,32 +16,32 @@ from flopcount.errors import UsageError
 
 
 def test_stats_hand_computed():
-    s = compute_stats([4.0, 1.0, 10.0, 3.0, 2.0])  # sorted: 1 2 3 4 10
+    s = compute_stats(samples_s=[4.0, 1.0, 10.0, 3.0, 2.0])  # sorted: 1 2 3 4 10
     assert s.iters == 5
-    assert s.median_ms == 3.0
-    assert s.mean_ms == 4.0
-    assert s.min_ms == 1.0 and s.max_ms == 10.0
+    assert s.median_s == 3.0
+    assert s.mean_s == 4.0
+    assert s.min_s == 1.0 and s.max_s == 10.0
     # p90: rank 0.9*4 = 3.6 -> 4 + 0.6*(10-4) = 7.6 ; p99: rank 3.96 -> 4 + 0.96*6 = 9.76
-    assert s.p90_ms == pytest.approx(7.6)
-    assert s.p99_ms == pytest.approx(9.76)
+    assert s.p90_s == pytest.approx(7.6)
+    assert s.p99_s == pytest.approx(9.76)
     # squared deviations 9+4+1+0+36 = 50, ddof=1 -> 50/4
-    assert s.std_ms == pytest.approx(math.sqrt(12.5))
+    assert s.std_s == pytest.approx(math.sqrt(12.5))
     assert s.cv == pytest.approx(math.sqrt(12.5) / 4.0)
     # p25 = 2 (rank 1), p75 = 4 (rank 3)
-    assert s.iqr_ms == pytest.approx(2.0)
+    assert s.iqr_s == pytest.approx(2.0)
     assert s.rel_iqr == pytest.approx(2.0 / 3.0)
-    assert s.samples_ms == (4.0, 1.0, 10.0, 3.0, 2.0)  # original order kept
+    assert s.samples_s == (4.0, 1.0, 10.0, 3.0, 2.0)  # original order kept
 
 
 def test_stats_even_count_median_and_single_sample():
-    assert compute_stats([1.0, 2.0, 3.0, 4.0]).median_ms == 2.5
-    one = compute_stats([7.0])
-    assert (one.median_ms, one.p99_ms, one.std_ms, one.cv, one.iqr_ms) == (7.0, 7.0, 0.0, 0.0, 0.0)
+    assert compute_stats(samples_s=[1.0, 2.0, 3.0, 4.0]).median_s == 2.5
+    one = compute_stats(samples_s=[7.0])
+    assert (one.median_s, one.p99_s, one.std_s, one.cv, one.iqr_s) == (7.0, 7.0, 0.0, 0.0, 0.0)
 
 
 def test_stats_rejects_empty():
     with pytest.raises(UsageError):
-        compute_stats([])
+        compute_stats(samples_s=[])
     with pytest.raises(UsageError):
         percentile([1.0], 101)
 
@@ -49,18 +49,18 @@ def test_stats_rejects_empty():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(min_value=1e-6, max_value=1e4, allow_nan=False), min_size=2, max_size=200))
 def test_stats_match_numpy(values: List[float]):
-    s = compute_stats(values)
+    s = compute_stats(samples_s=values)
     a = np.asarray(values)
-    for p, got in ((50, s.median_ms), (90, s.p90_ms), (99, s.p99_ms)):
+    for p, got in ((50, s.median_s), (90, s.p90_s), (99, s.p99_s)):
         assert got == pytest.approx(float(np.percentile(a, p)), rel=1e-9, abs=1e-12)
-    assert s.std_ms == pytest.approx(float(np.std(a, ddof=1)), rel=1e-7, abs=1e-9)
-    assert s.min_ms <= s.median_ms <= s.p90_ms <= s.p99_ms <= s.max_ms
+    assert s.std_s == pytest.approx(float(np.std(a, ddof=1)), rel=1e-7, abs=1e-9)
+    assert s.min_s <= s.median_s <= s.p90_s <= s.p99_s <= s.max_s
 
 
 def test_noise_flag_uses_relative_iqr():
-    steady = compute_stats([1.0] * 99 + [50.0])  # one outlier: large CV, zero IQR
+    steady = compute_stats(samples_s=[1.0] * 99 + [50.0])  # one outlier: large CV, zero IQR
     assert steady.cv > 1.0 and not steady.is_noisy()
-    spread = compute_stats([1.0, 1.5, 2.0, 2.5, 3.0])
+    spread = compute_stats(samples_s=[1.0, 1.5, 2.0, 2.5, 3.0])
     assert spread.is_noisy(0.10) and not spread.is_noisy(0.6)
 
 
@@ -83,7 +83,7 @@ def fake_runner(clock: FakeClock, per_call_ns: int, blocks: List[int]):
         out = []
         for _ in range(n):
             clock.now += per_call_ns
-            out.append(per_call_ns * 1e-6)
+            out.append(per_call_ns * 1e-9)
         return out
 
     return run_block
@@ -92,7 +92,7 @@ def fake_runner(clock: FakeClock, per_call_ns: int, blocks: List[int]):
 def test_fixed_iters_is_one_block():
     clock, blocks = FakeClock(), []
     samples, wall = run_iterations(fake_runner(clock, 2_000_000, blocks), LoopPlan(iters=7), clock)
-    assert blocks == [7] and samples == [2.0] * 7 and wall == 14_000_000
+    assert blocks == [7] and samples == pytest.approx([2e-3] * 7) and wall == 14_000_000
 
 
 def test_adaptive_stops_when_budget_spent():

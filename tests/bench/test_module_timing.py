@@ -43,13 +43,14 @@ def test_fake_clock_per_module_figures():
     clock = FakeClock()
     net = Net(clock)
     r = module_latency(net, torch.zeros(2), warmup=1, iters=4, timer=clock)
-    ms = r.by_module()
-    assert ms["a"] == pytest.approx(1.0)
-    assert ms["block.0"] == pytest.approx(2.0) and ms["block.1"] == pytest.approx(3.0)
-    assert ms["block"] == pytest.approx(5.0)  # parent = sum of children (no own work)
-    assert ms["shared"] == pytest.approx(1.0) and r["shared"].calls == 2
-    assert ms[""] == pytest.approx(7.0) and r.root.calls == 1
-    assert r.unhooked_median_ms == pytest.approx(7.0)
+    s = r.by_module(seconds=True)
+    assert s["a"] == pytest.approx(1e-3)
+    assert s["block.0"] == pytest.approx(2e-3) and s["block.1"] == pytest.approx(3e-3)
+    assert s["block"] == pytest.approx(5e-3)  # parent = sum of children (no own work)
+    assert s["shared"] == pytest.approx(1e-3) and r["shared"].calls == 2
+    assert s[""] == pytest.approx(7e-3) and r.root.calls == 1
+    assert r.unhooked_median_s == pytest.approx(7e-3)
+    assert r.by_module(seconds=False)[""] == pytest.approx(7.0)  # milliseconds, asked for
     assert [m.name for m in r.modules] == [n for n, _ in net.named_modules()]
     assert r["block.0"].depth == 2 and r.root.depth == 0
 
@@ -80,8 +81,8 @@ def test_real_clock_on_a_small_model_leaves_it_as_found():
     before = snapshot(model)
     r = module_latency(model, torch.randn(2, 3, 8, 8), warmup=1, iters=3)
     assert_same_state(model, before)
-    assert all(m.median_ms is not None and m.median_ms >= 0 for m in r.modules)
-    assert r.root.median_ms >= max(m.median_ms for m in r.modules if m.name)
+    assert all(m.median_s is not None and m.median_s >= 0 for m in r.modules)
+    assert r.root.median_s >= max(m.median_s for m in r.modules if m.name)
 
 
 def test_hooks_removed_when_forward_raises():
@@ -117,4 +118,4 @@ def test_module_latency_cuda_events():
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
     r = module_latency(model, torch.randn(16, 64, device="cuda"), warmup=2, iters=5)
     assert r.timing == "cuda_event"
-    assert all(m.median_ms is not None and m.median_ms > 0 for m in r.modules)
+    assert all(m.median_s is not None and m.median_s > 0 for m in r.modules)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flopcount.bench.steps import StepRecord, StepTimer, summarize_steps
+from flopcount.bench.steps import StepTimer, StepTiming, summarize_steps
 from flopcount.errors import UsageError
 
 S = 1_000_000_000  # one second in ns
@@ -74,7 +74,7 @@ def test_start_and_manual_steps_and_synchronize():
     timer.start()
     clock.now += 2 * S
     rec = timer.step(num_samples=4)
-    assert rec == StepRecord(reader_cost=0.0, batch_cost=2.0, num_samples=4)
+    assert rec == StepTiming(reader_cost=0.0, batch_cost=2.0, num_samples=4)
     assert synced == [2 * S]
 
 

@@ -145,7 +145,7 @@ def test_bench_json_has_figures_and_progress_stays_on_stderr(workdir, capsys):
     assert data["macs"] == MACS_FC1 + MACS_FC2
     bench = data["benchmark"]
     assert bench["iters"] == 7 and bench["warmup"] == 2
-    assert bench["min_ms"] <= bench["median_ms"] <= bench["max_ms"]
+    assert bench["min_s"] <= bench["median_s"] <= bench["max_s"]
     assert "benchmarking" in err
 
 

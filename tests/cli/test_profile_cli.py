@@ -1,4 +1,4 @@
-"""The CLI's roofline wiring: ``profile``, ``count --predict`` and ``check --max-latency
+"""The CLI's roofline wiring: ``profile``, ``count --on`` and ``check --max-latency
 --on``. Oracles: bounds computed by hand from the T4 datasheet figures (8.1 TFLOP/s
 float32, 320 GB/s) for a Linear, and count_flops for the profile's FLOPs."""
 
@@ -43,7 +43,7 @@ def workdir(tmp_path, monkeypatch):
 
 
 def test_count_predict_json(workdir, capsys):
-    code, out, _ = cli(capsys, "count", "prof_models.py:mlp", "-i", "32x256", "--predict", "t4", "--format", "json", "-q")
+    code, out, _ = cli(capsys, "count", "prof_models.py:mlp", "-i", "32x256", "--on", "t4", "--format", "json", "-q")
     assert code == 0
     data = json.loads(out)
     assert data["predict"]["latency_s"] == pytest.approx(T4_BOUND_S)
@@ -84,7 +84,7 @@ def test_check_on_needs_a_latency_budget(workdir, capsys):
 def test_bad_duration_and_device(workdir, capsys):
     code, _, err = cli(capsys, "check", "prof_models.py:mlp", "--max-latency", "fast", "--on", "t4")
     assert code == 2 and "not a duration" in err
-    code, _, err = cli(capsys, "count", "prof_models.py:mlp", "-i", "32x256", "--predict", "tpu9", "-q")
+    code, _, err = cli(capsys, "count", "prof_models.py:mlp", "-i", "32x256", "--on", "tpu9", "-q")
     assert code == 2 and "unknown device 'tpu9'; known parts: H100 SXM" in err
 
 

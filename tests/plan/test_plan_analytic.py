@@ -26,7 +26,7 @@ D = H // HEADS
 
 
 def _plan(**options: Any) -> Any:
-    options.setdefault("device", None)
+    options.setdefault("on", None)
     return flopcount.plan(gloo.tiny_llama, (gloo.example_input("llama"),), **options)
 
 
@@ -81,7 +81,7 @@ def test_state_bytes_are_the_shards(plans: Dict[str, Any]) -> None:
 
 def test_step_time_bounds_are_sum_and_max() -> None:
     result = flopcount.plan(
-        gloo.tiny_llama, (gloo.example_input("llama"),), fsdp=2, tp=2, device="h100", link=1e9
+        gloo.tiny_llama, (gloo.example_input("llama"),), fsdp=2, tp=2, on="h100", link=1e9
     )
     bounds = result.step_time
     comm = sum(r.wire_bytes for r in result.comm) / 1e9
@@ -136,13 +136,13 @@ def test_user_tp_plan_and_encoder() -> None:
 
     x = gloo.example_input("encoder")
     given = flopcount.plan(
-        gloo.tiny_encoder, (x,), tp=2, device=None, tp_plan={"layers.*.linear1": ColwiseParallel(), "layers.*.linear2": RowwiseParallel()}
+        gloo.tiny_encoder, (x,), tp=2, on=None, tp_plan={"layers.*.linear1": ColwiseParallel(), "layers.*.linear2": RowwiseParallel()}
     )
     row = given.comm_totals("all_reduce", "tp")
     assert row.calls == 2 * L and row.tensor_bytes == 2 * L * B * S * 64 * 4  # MLP only: 1 forward + 1 backward
     # the built-in encoder plan (attention too) is tests/plan/test_plan_encoder.py
     with pytest.raises(UsageError, match="built-in tensor-parallel plan"):
-        flopcount.plan(lambda: nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),), tp=2, device=None)
+        flopcount.plan(lambda: nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),), tp=2, on=None)
 
 
 def test_bad_arguments() -> None:
@@ -151,7 +151,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(UsageError, match="build must be a callable"):
         flopcount.plan(nn.Linear(2, 2), (torch.randn(1, 2),))
     with pytest.raises(UsageError, match="unknown GPU"):
-        _plan(device="abacus")
+        _plan(on="abacus")
 
 
 def test_a_failing_build_or_step_leaves_no_group_and_the_rng_as_found(caplog: Any) -> None:
@@ -162,10 +162,10 @@ def test_a_failing_build_or_step_leaves_no_group_and_the_rng_as_found(caplog: An
         raise RuntimeError("no weights today")
 
     with pytest.raises(flopcount.TraceError, match="no weights today"):
-        flopcount.plan(broken, (x4,), fsdp=2, device=None)
+        flopcount.plan(broken, (x4,), fsdp=2, on=None)
     assert not dist.is_initialized()
     with pytest.raises(flopcount.TraceError, match="training step failed"):
-        flopcount.plan(lambda: nn.Sequential(nn.Linear(4, 4)), (x5,), fsdp=2, device=None)
+        flopcount.plan(lambda: nn.Sequential(nn.Linear(4, 4)), (x5,), fsdp=2, on=None)
     assert not dist.is_initialized()
     assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]  # the library never prints
     _plan(fsdp=2)
@@ -189,5 +189,5 @@ def test_an_op_without_a_handler_is_reported_never_zero() -> None:
 
     empty = HandlerRegistry()
     with pytest.warns(flopcount.FlopcountWarning, match="without a handler"):
-        result = flopcount.plan(gloo.tiny_encoder, (gloo.example_input("encoder"),), fsdp=2, device=None, registry=empty)
+        result = flopcount.plan(gloo.tiny_encoder, (gloo.example_input("encoder"),), fsdp=2, on=None, registry=empty)
     assert result.unsupported.get("aten::mm", 0) > 0 and result.total_flops == 0

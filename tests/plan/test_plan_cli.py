@@ -48,7 +48,7 @@ def test_plan_json(workdir: Any, capsys: Any) -> None:
 def test_check_memory_is_per_rank_with_fsdp(workdir: Any, capsys: Any) -> None:
     from _plan_gloo import tiny_encoder  # the same model as plan_models.py:encoder
 
-    sharded = flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, device=None).peak_bytes
+    sharded = flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, on=None).peak_bytes
     whole = flopcount.estimate_memory(tiny_encoder(), torch.randn(2, 16, 64), backward=True, optimizer="adamw").peak_bytes
     assert sharded < whole
     budget = str((sharded + whole) // 2)
@@ -57,7 +57,7 @@ def test_check_memory_is_per_rank_with_fsdp(workdir: Any, capsys: Any) -> None:
     assert cli(capsys, *args)[0] == 1
 
 
-@pytest.mark.parametrize("bad", [("--fsdp", "0"), ("--link", "carrier-pigeon"), ("--device", "abacus")])
+@pytest.mark.parametrize("bad", [("--fsdp", "0"), ("--link", "carrier-pigeon"), ("--on", "abacus")])
 def test_bad_input_is_one_line_exit_2(workdir: Any, capsys: Any, bad: Any) -> None:
     code, out, err = cli(capsys, "plan", "plan_models.py:encoder", "--input", "2x16x64", "--fsdp", "2", *bad)
     assert code == 2 and out == ""

@@ -29,7 +29,7 @@ def encoder(heads: int = HEADS, batch_first: bool = True, **attention: Any) -> n
 @pytest.fixture(scope="module")
 def plans() -> Dict[int, Any]:
     x = torch.randn(B, S, D, generator=torch.Generator().manual_seed(0))
-    return {tp: flopcount.plan(encoder, (x,), tp=tp, device=None) for tp in (1, 2)}
+    return {tp: flopcount.plan(encoder, (x,), tp=tp, on=None) for tp in (1, 2)}
 
 
 def test_per_rank_macs_are_one_over_tp(plans: Dict[int, Any]) -> None:
@@ -49,7 +49,7 @@ def test_per_rank_macs_are_one_over_tp(plans: Dict[int, Any]) -> None:
 def test_sequence_first_layers_split_the_same(plans: Dict[int, Any]) -> None:
     """batch_first=False: [s, b, d] inputs, the same MACs (oracle: the hand formula above, via tp=1)."""
     x = torch.randn(S, B, D)
-    planned = flopcount.plan(lambda: encoder(batch_first=False), (x,), tp=2, device=None)
+    planned = flopcount.plan(lambda: encoder(batch_first=False), (x,), tp=2, on=None)
     assert dict(planned.macs) == {phase: n // 2 for phase, n in plans[1].macs.items()}
     assert planned.comm_totals("all_reduce", "tp").calls == 4 * L - 1
 
@@ -71,7 +71,7 @@ def test_all_reduces_with_an_input_gradient() -> None:
     def build() -> nn.Module:
         return nn.Sequential(nn.Linear(D, D), encoder())
 
-    planned = flopcount.plan(build, (torch.randn(B, S, D),), tp=2, device=None)
+    planned = flopcount.plan(build, (torch.randn(B, S, D),), tp=2, on=None)
     row = planned.comm_totals("all_reduce", "tp")
     assert row.calls == 4 * L and row.tensor_bytes == 4 * L * B * S * D * 4
 
@@ -118,10 +118,10 @@ def test_the_swapped_attention_computes_what_multihead_attention_does(batch_firs
 def test_unsupported_attention_is_a_usage_error() -> None:
     x = torch.randn(B, S, D)
     with pytest.raises(UsageError, match=r"num_heads divisible by tp=2 \(layers\.\* item 0: num_heads=1\)"):
-        flopcount.plan(lambda: encoder(heads=1), (x,), tp=2, device=None)
+        flopcount.plan(lambda: encoder(heads=1), (x,), tp=2, on=None)
     for attention in ({"add_bias_kv": True}, {"add_zero_attn": True}, {"kdim": 16, "vdim": 16}):
         with pytest.raises(UsageError, match=r"add_bias_kv or add_zero_attn \(layers\.\* item 0\)"):
-            flopcount.plan(lambda: encoder(**attention), (x,), tp=2, device=None)
+            flopcount.plan(lambda: encoder(**attention), (x,), tp=2, on=None)
 
 
 @pytest.mark.serial  # real gloo ranks (pyproject: markers)
@@ -138,7 +138,7 @@ def test_a_real_two_process_run_agrees(tmp_path: Any) -> None:
 
     kind = {"c10d_functional.all_reduce": "all_reduce", "_c10d_functional.all_reduce": "all_reduce"}
     real = gloo.run_real("encoder", 1, 2, str(tmp_path), timeout=100)
-    planned = flopcount.plan(gloo.tiny_encoder, (gloo.example_input("encoder"),), tp=2, device=None)
+    planned = flopcount.plan(gloo.tiny_encoder, (gloo.example_input("encoder"),), tp=2, on=None)
     torch.manual_seed(0)
     whole = gloo.tiny_encoder().train()
     with torch.no_grad():

@@ -33,7 +33,7 @@ KIND = {
 @pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["fsdp2", "tp2"])
 def pair(request: Any, tmp_path_factory: Any) -> Dict[str, Any]:
     fsdp, tp = request.param
-    planned = flopcount.plan(gloo.tiny_llama, (gloo.example_input("llama"),), fsdp=fsdp, tp=tp, device=None)
+    planned = flopcount.plan(gloo.tiny_llama, (gloo.example_input("llama"),), fsdp=fsdp, tp=tp, on=None)
     real = gloo.run_real_settled(
         "llama", fsdp, tp, str(tmp_path_factory.mktemp("gloo")), planned.peak_bytes, tolerance=0.05, timeout=100
     )

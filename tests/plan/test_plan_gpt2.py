@@ -40,7 +40,7 @@ def tiny_gpt2(tied: bool = False, heads: int = HEADS) -> nn.Module:
 @pytest.fixture(scope="module")
 def plans() -> Dict[int, Any]:
     ids = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(0))
-    return {tp: flopcount.plan(tiny_gpt2, (ids,), tp=tp, device=None) for tp in (1, 2)}
+    return {tp: flopcount.plan(tiny_gpt2, (ids,), tp=tp, on=None) for tp in (1, 2)}
 
 
 def test_per_rank_block_macs_are_one_over_tp(plans: Dict[int, Any]) -> None:
@@ -88,7 +88,7 @@ def test_the_linear_rewrite_computes_what_conv1d_does() -> None:
 def test_heads_not_divisible_by_tp_is_a_usage_error() -> None:
     ids = torch.randint(0, V, (B, S))
     with pytest.raises(UsageError, match="num_heads divisible by tp=2"):
-        flopcount.plan(lambda: tiny_gpt2(heads=1), (ids,), tp=2, device=None)
+        flopcount.plan(lambda: tiny_gpt2(heads=1), (ids,), tp=2, on=None)
 
 
 def test_tied_embedding_and_head_are_one_parameter() -> None:
@@ -98,7 +98,7 @@ def test_tied_embedding_and_head_are_one_parameter() -> None:
     ids = torch.randint(0, V, (B, S))
     params = 4 * sum(p.numel() for p in tiny_gpt2(tied=True).parameters())
     assert params == 4 * (V * H + 64 * H + 2 * H + L * (12 * H * H + 13 * H))  # wte, wpe, ln_f, the blocks
-    planned = flopcount.plan(lambda: tiny_gpt2(tied=True), (ids,), device=None)
+    planned = flopcount.plan(lambda: tiny_gpt2(tied=True), (ids,), on=None)
     assert planned.state_bytes["parameters"] == planned.state_bytes["gradients"] == params
 
 
@@ -114,7 +114,7 @@ def test_a_real_two_process_run_agrees(name: str, fsdp: int, tp: int, tmp_path: 
         pytest.skip("needs torch.distributed with gloo")
     import _plan_gloo as gloo
 
-    planned = flopcount.plan(gloo.BUILDERS[name], (gloo.example_input(name),), fsdp=fsdp, tp=tp, device=None)
+    planned = flopcount.plan(gloo.BUILDERS[name], (gloo.example_input(name),), fsdp=fsdp, tp=tp, on=None)
     real = gloo.run_real_settled(name, fsdp, tp, str(tmp_path), planned.peak_bytes, tolerance=0.0, timeout=100)
     if tp > 1:
         torch.manual_seed(0)

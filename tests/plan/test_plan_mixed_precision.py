@@ -44,7 +44,7 @@ def pair(request: Any, tmp_path_factory: Any) -> Dict[str, Any]:
     name, fsdp, tp, seq = request.param
     example = gloo.example_input(name, seq)
     planned = flopcount.plan(
-        gloo.BUILDERS[name], (example,), fsdp=fsdp, tp=tp, device=None, mixed_precision="bfloat16", backend="gloo"
+        gloo.BUILDERS[name], (example,), fsdp=fsdp, tp=tp, on=None, mixed_precision="bfloat16", backend="gloo"
     )
     real = gloo.run_real_settled(
         name, fsdp, tp, str(tmp_path_factory.mktemp("gloo")), planned.peak_bytes, tolerance=0.005, timeout=200,

@@ -28,8 +28,8 @@ def test_excepthook_is_the_original_after_plans(monkeypatch):
     monkeypatch.setattr(sys, "excepthook", own_hook)
     thread_hook = threading.excepthook
     for _ in range(3):
-        flopcount.plan(_build, (torch.randn(2, 8),), fsdp=2, device=None)
+        flopcount.plan(_build, (torch.randn(2, 8),), fsdp=2, on=None)
         assert sys.excepthook is own_hook
     with pytest.raises(flopcount.FlopcountError):
-        flopcount.plan(_broken, (torch.randn(2, 8),), device=None)
+        flopcount.plan(_broken, (torch.randn(2, 8),), on=None)
     assert sys.excepthook is own_hook and threading.excepthook is thread_hook

@@ -43,7 +43,7 @@ def test_a_one_rank_plan_is_the_real_steady_state_step(batch: int) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         first, second, third = _real_peaks(x)
-        planned = flopcount.plan(tiny_encoder, (x,), device=None).peak_bytes
+        planned = flopcount.plan(tiny_encoder, (x,), on=None).peak_bytes
         estimated = flopcount.estimate_memory(tiny_encoder(), x, backward=True, optimizer="adamw").peak_bytes
     assert second == third  # the steady state
     assert planned == second == estimated

@@ -48,7 +48,7 @@ class Net(nn.Module):
 
 def _plan(checkpointed: str) -> flopcount.PlanResult:
     x = torch.randn(B, S, D)
-    return flopcount.plan(lambda: Net(checkpointed), (x,), optimizer=None, device="h100")
+    return flopcount.plan(lambda: Net(checkpointed), (x,), optimizer=None, on="h100")
 
 
 #: FLOPs each checkpointed block runs again in the backward. Without early stop: its whole
@@ -89,7 +89,7 @@ def test_tp_replicated_head_counts_in_hfu_once_per_rank_and_in_mfu_once() -> Non
 
     x = torch.randn(B, S, D)
     tp_plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}  # the head is not sharded
-    result = flopcount.plan(lambda: Net(head=True), (x,), tp=2, tp_plan=tp_plan, optimizer=None, device="h100",
+    result = flopcount.plan(lambda: Net(head=True), (x,), tp=2, tp_plan=tp_plan, optimizer=None, on="h100",
                             link="nvlink4")
     head = 2 * N * D * V
     # each of the 2 ranks: half of every block, the whole head, the loss's sum over N·V logits
@@ -113,7 +113,7 @@ def test_mfu_numerator_matches_palm_formula_on_a_llama() -> None:
     from _plan_gloo import tiny_llama
 
     x = torch.randint(0, 128, (2, 16))
-    result = flopcount.plan(tiny_llama, (x,), optimizer=None, device="h100")
+    result = flopcount.plan(tiny_llama, (x,), optimizer=None, on="h100")
     model = tiny_llama()
     layers, heads, head_dim, seq, tokens = 2, 4, 16, 16, 32
     matmul_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
@@ -130,8 +130,8 @@ def test_model_flops_under_tp_are_the_unsharded_model_shared() -> None:
     from _plan_gloo import tiny_llama
 
     x = torch.randint(0, 128, (2, 16))
-    one = flopcount.plan(tiny_llama, (x,), optimizer=None, device=None)
-    two = flopcount.plan(tiny_llama, (x,), tp=2, optimizer=None, device=None)
+    one = flopcount.plan(tiny_llama, (x,), optimizer=None, on=None)
+    two = flopcount.plan(tiny_llama, (x,), tp=2, optimizer=None, on=None)
     assert two.model_flops == one.model_flops // 2
     assert 2 * two.flops["forward"] > one.flops["forward"]
 
@@ -139,7 +139,7 @@ def test_model_flops_under_tp_are_the_unsharded_model_shared() -> None:
 def test_without_a_link_sharded_plans_have_no_utilisation_and_say_so() -> None:
     from _plan_gloo import tiny_encoder
 
-    result = flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, device="h100")
+    result = flopcount.plan(tiny_encoder, (torch.randn(2, 16, 64),), fsdp=2, on="h100")
     assert result.step_time is not None and result.step_time.comm_s is None
     assert result.step_time.mfu_overlap is None and result.step_time.hfu_overlap is None
     assert result.model_flops == 3 * result.flops["forward"]  # the numerator needs no link
