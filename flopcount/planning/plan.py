@@ -33,7 +33,7 @@ from flopcount.planning.step import (
     make_optimizer,
     run_step,
 )
-from flopcount.planning.world import fake_world, mesh_groups, parallelize
+from flopcount.planning.world import PlanError, fake_world, mesh_groups, parallelize
 from flopcount.step.optimizers import warm_up
 from flopcount.tracers import trace
 from flopcount.tracers.fake.copies import quiet_fake_logs
@@ -216,7 +216,7 @@ def _fake_step(
             warm_up(opt, "plan")
         try:
             record = run_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend)
-        except UsageError:
+        except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is
             raise
         except Exception as exc:
             raise TraceError(f"the planned training step failed on rank 0: {type(exc).__name__}: {exc}") from exc
