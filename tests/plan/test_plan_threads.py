@@ -17,8 +17,9 @@ import flopcount
 from flopcount.errors import UsageError
 
 # Forward FLOPs of one rank, by hand: each rank runs the given (2, 8) batch through
-# Linear(8, 8) -> ReLU -> Linear(8, 4). A Linear is addmm: 2*B*in*out (multiply-adds) + B*out
-# (the bias add): 2*2*8*8 + 2*8 = 272 and 2*2*8*4 + 2*4 = 136; ReLU has no FLOPs. 272 + 136 = 408.
+# Linear(8, 8) -> ReLU -> Linear(8, 4), then plan's default loss (the sum of the output).
+# Linear is addmm: 2*B*in*out = 2*2*8*8 + 2*2*8*4 = 256 + 128 = 384; ReLU one FLOP per element:
+# 2*8 = 16; the sum one per input element: 2*4 = 8 (docs/conventions.md). 384 + 16 + 8 = 408.
 FORWARD_FLOPS = 408
 
 
