@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, List
+from typing import List
 
 import pytest
 import torch
