@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import re
 import sys
@@ -37,6 +38,9 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_PATH = re.compile(r"^torch(\.\w+)+$")
+PRIVATE_NAME = re.compile(r"^_[A-Za-z]\w*$")
+#: private names of Python itself that torch's sources also spell (namedtuple's API, argparse)
+NOT_TORCH = frozenset({"_fields", "_asdict", "_replace", "_make", "_field_defaults", "_actions"})
 
 
 def _private(part: str) -> bool:
@@ -92,6 +96,25 @@ def _torch_identifiers() -> Set[str]:
             except OSError:
                 continue
     return {n for n in names if not n.endswith("__")}
+
+
+@functools.lru_cache(maxsize=None)
+def _probes() -> Tuple[object, ...]:
+    import torch
+    from torch import nn
+
+    return (nn.Linear(1, 1), torch.zeros(1), nn.Parameter(torch.zeros(1)), nn.modules.module, nn.functional)
+
+
+def _probe_attribute(name: str) -> bool:
+    """A private name in a string literal counts when torch's modules, tensors or
+    ``torch.nn.modules.module`` have that attribute (the per-module hook dicts, the global hook
+    dicts...); operator names (``"_to_copy"`` in a handler table) and our own strings do not."""
+    import torch
+
+    if hasattr(torch.ops.aten, name):
+        return False  # an operator's name: a key of the dispatcher, not a Python symbol
+    return any(hasattr(probe, name) for probe in _probes())
 
 
 class _Defined(ast.NodeVisitor):
@@ -241,14 +264,15 @@ def scan(package: Path) -> Use:
                 cls = enclosing_class(where)
                 if cls is not None:
                     torch_base, defined = classes[cls]
-                    if name in defined or not torch_base:
-                        return
-                    use.attrs["." + name].add(rel)
+                    if name in defined:
+                        return  # the class's own (an override of a torch name is found by its def)
+                    if torch_base or (name not in ours.names and name in torch_names):
+                        use.attrs["." + name].add(rel)  # inherited from torch (a base given at run time too)
                     return
             if isinstance(base, ast.Name) and base.id not in aliases and _imported_module(tree, base.id):
                 use.foreign[f"{base.id}.{name}"].add(rel)
                 return
-            if name in ours.names:
+            if name in ours.names or name in NOT_TORCH:
                 return
             (use.attrs if name in torch_names else use.foreign)["." + name].add(rel)
 
@@ -280,10 +304,23 @@ def scan(package: Path) -> Use:
                         if node.func.id == "setattr" and not _chain(node.args[0], aliases):
                             continue  # setting a name on our own objects
                         attribute(node.args[0], name.value, node)
+            elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+            ):
+                # ("torch.module", "attribute"): a symbol looked up by name
+                module, attr = (e.value for e in node.elts)  # type: ignore[attr-defined]
+                if TORCH_PATH.match(module) or module == "torch":
+                    torch_path(f"{module}.{attr}")
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 text = node.value.strip()
                 if TORCH_PATH.match(text) and any(_private(p) for p in text.split(".")):
                     torch_path(text)
+                elif (
+                    PRIVATE_NAME.match(text) and text not in ours.names and text not in NOT_TORCH
+                    and not isinstance(parent.get(node), ast.Call) and _probe_attribute(text)
+                ):
+                    use.attrs["." + text].add(rel)  # a private attribute name read by getattr(obj, name)
+    _fold_modules(use.torch)
     return use
 
 
@@ -302,6 +339,16 @@ def symbols(package: Path) -> Dict[str, Set[str]]:
     found: Dict[str, Set[str]] = dict(use.torch)
     found.update(use.attrs)
     return found
+
+
+def _fold_modules(table: Dict[str, Set[str]]) -> None:
+    """A private module named only as the way to its members (``torch._C`` of
+    ``torch._C._jit_pass_inline``, ``ft`` of ``ft.FakeTensor``) is not a symbol of its own."""
+    for name in list(table):
+        if any(other.startswith(name + ".") for other in table):
+            objs, ok = _resolve(name)
+            if ok and objs and isinstance(objs[-1], types.ModuleType):
+                del table[name]
 
 
 def main(argv: Iterable[str] = ()) -> int:
