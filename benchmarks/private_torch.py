@@ -98,7 +98,7 @@ def _torch_identifiers() -> Set[str]:
     return {n for n in names if not n.endswith("__")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probes() -> Tuple[object, ...]:
     import torch
     from torch import nn
