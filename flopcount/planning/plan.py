@@ -96,6 +96,9 @@ def plan(
     ``backend``: the process-group backend whose collective buffers the peak includes:
     "nccl" (in place, the default) or "gloo" (its reduce-scatter holds a copy of its input).
     A default process group already initialised is left alone: plan() raises instead.
+    Threads: the fake world is the process's default process group while it lasts, so plans
+    run one at a time (a second thread's plan waits); a plan inside a plan is a UsageError.
+    Measures nothing and writes no file.
     """
     fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
     if not callable(build) or isinstance(build, nn.Module):
