@@ -22,7 +22,7 @@ from conftest import ROOT
 from torch import nn
 
 import flopcount
-from flopcount.devices import measured
+from flopcount.devices import measured, named_roofs, roofs_for
 from flopcount.devices.roofline import Roofs
 from flopcount.errors import UsageError
 
@@ -126,8 +126,8 @@ def test_threads_writing_the_roofs_cache_lose_no_entry(tmp_path: Any, monkeypatc
 
 @pytest.mark.parametrize(
     "function",
-    [flopcount.profile, measured.machine_roofs, measured.remember_roofs],
-    ids=["profile", "machine_roofs", "remember_roofs"],
+    [flopcount.profile, flopcount.predict, measured.machine_roofs, measured.remember_roofs, named_roofs, roofs_for],
+    ids=["profile", "predict", "machine_roofs", "remember_roofs", "named_roofs", "roofs_for"],
 )
 def test_library_calls_say_what_they_measure_and_write(function: Any) -> None:
     doc = " ".join((function.__doc__ or "").split())

@@ -93,6 +93,8 @@ class StandIns(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.autograd.grad or func is torch.autograd.backward:
+            return func(*args, **kwargs)  # run_backward names the tensors to differentiate itself
         if getattr(func, "__name__", "") == "__get__":
             # reading an attribute (``p.grad``, ``p.shape``) reads the caller's own tensor, unless
             # the attribute is a differentiable view (``p.T``): that one is taken of the stand-in
@@ -365,8 +367,14 @@ def run_backward(
     finally:
         recorder.muted -= 1
     reentrant, graph_leaves = _reentrant_checkpoint(roots)
+    # a caller's tensor the graph reached without a torch function seeing it (a custom
+    # autograd.Function's apply takes its arguments as they are) is differentiated as itself
+    own = {id(leaf) for leaf in leaves}
+    wanted = {id(t) for t in list(model.parameters()) + list(inputs)}
+    leaves += [leaf for leaf in _unique(graph_leaves) if id(leaf) not in own and id(leaf) in wanted]
     recorder.phase = "backward"
     if reentrant is None:
+        # autograd.grad writes no .grad and runs no post-accumulate-grad hook: real leaves are safe here
         grads = torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
         return {id(stand_ins.real(leaf)) for leaf, grad in zip(leaves, grads) if grad is not None}
     # its backward refuses autograd.grad: a plain backward. It accumulates into the stand-ins
