@@ -15,8 +15,10 @@ checkpoint's recompute) sees *stand-ins* of the caller's leaf tensors that requi
 torch function by :class:`StandIns` (a ``TorchFunctionMode``). The autograd graph then
 accumulates into the stand-ins, which are flopcount's own: the caller's ``.grad`` and hooks are
 never emptied, written or called, also while the count runs (another thread sees them as they
-are). Leaves the forward reached some other way (a tensor captured outside every torch function
-call) are still set aside and put back around a plain backward, as the last resort.
+are). A caller's tensor the graph reached without a torch function seeing it (the arguments of a
+custom ``autograd.Function``'s ``apply``) is differentiated as itself by ``autograd.grad``, which
+writes nothing; only under a reentrant checkpoint's plain backward is such a tensor's ``.grad``
+(and its hooks) set aside and put back, the last resort.
 """
 
 from __future__ import annotations
