@@ -47,7 +47,13 @@ from flopcount.devices import peaks
 from flopcount.errors import FlopcountWarning, UsageError
 
 # modules whose forward differs between train and eval mode
-_TRAIN_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
+_TRAIN_SENSITIVE = (
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+    nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+    nn.LazyInstanceNorm1d, nn.LazyInstanceNorm2d, nn.LazyInstanceNorm3d,
+)  # public classes: every torch subclass of the private _DropoutNd and _NormBase
 
 
 def benchmark(

@@ -42,7 +42,9 @@ def is_this_machine(name: str) -> bool:
 def named_roofs(name: str, *, conv_tf32: bool = MathModes.conv_tf32, matmul_tf32: bool = MathModes.matmul_tf32) -> Roofs:
     """Roofs for a device name: a datasheet part ("h100", "H100 NVL", "A100 40GB PCIe",
     "NVIDIA A100-SXM4-80GB"...; the result's ``device`` echoes the part) under the given math
-    modes, or "this machine" (measured here, cached)."""
+    modes, or "this machine" (measured here, seconds, unless ``$XDG_CACHE_HOME/flopcount/roofs.json``
+    holds sane roofs for this machine; written there after measuring unless
+    ``FLOPCOUNT_NO_ROOFS_CACHE=1``). A datasheet part measures and writes nothing."""
     if not isinstance(name, str):
         raise UsageError(f"device must be a part name ('h100', 't4', 'this machine'...) or a Roofs, got {name!r}")
     if is_this_machine(name):
@@ -71,8 +73,10 @@ def peak_for_name(name: str, dtype: Any = None, op: str = "matmul") -> Optional[
 
 
 def roofs_for(device: Any, given: Optional[Roofs] = None) -> Roofs:
-    """The roofs a profile on ``device`` uses: ``given``, else measured on this machine
-    (cached). On CUDA the datasheet figures are kept in ``details`` as the second source."""
+    """The roofs a profile on ``device`` uses: ``given`` (nothing measured or written), else
+    this machine's from ``$XDG_CACHE_HOME/flopcount/roofs.json``, measured and written there when
+    missing (not with ``FLOPCOUNT_NO_ROOFS_CACHE=1``). On CUDA the datasheet figures are kept in
+    ``details`` as the second source."""
     import torch
 
     from .measured import machine_roofs

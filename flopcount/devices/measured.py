@@ -15,12 +15,19 @@ float32 on a CPU with bf16 instructions, two passes more than 25 % apart, or a l
 above the cores: the roofs are measured again (``tries``), and if still not sane they are
 used for this call but never cached, and the result says why.
 
-Cache: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache`` without it); set
-``FLOPCOUNT_NO_ROOFS_CACHE=1`` to neither read nor write it. The key names the host, the
+Cache: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache`` without it), the only file
+flopcount writes on its own: roofs measured here are written there when sane, so the next call
+reads them instead of measuring again; set ``FLOPCOUNT_NO_ROOFS_CACHE=1`` to neither read nor
+write it (every call that needs this machine's roofs then measures them). The key names the host, the
 processor or GPU, the thread count, torch's version and the math-mode flags (TF32 matmul
 and cuDNN, float32 matmul precision, oneDNN on). A cached entry says when and how it was
 measured; ``refresh=True`` (``flopcount roofs --remeasure``) measures again and keeps the
 best of both (load only ever slows a measurement down).
+
+Threads: measuring and the cache's read-modify-write hold one lock in this process, so two
+threads asking at once do not measure against each other, and neither loses the other's entry
+(the second reads what the first wrote). Two processes may still both measure; the file is
+replaced atomically (a scratch file per process and thread, then ``os.replace``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import contextlib
 import json
 import os
 import platform
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -90,6 +98,10 @@ def _cpu_model() -> str:
     return cpu_facts().model or platform.processor() or platform.machine()
 
 
+#: measuring and the cache's read-modify-write, one thread at a time (see the module docstring)
+_CACHE_LOCK = threading.RLock()
+
+
 def machine_roofs(
     device: Union[None, str, torch.device] = None,
     *,
@@ -107,7 +119,22 @@ def machine_roofs(
     measures again (the cache keeps the best of both); ``cache=False`` (or the environment
     variable ``FLOPCOUNT_NO_ROOFS_CACHE=1``) neither reads nor writes the cache.
     ``loadavg``, ``cores`` and ``now`` replace ``os.getloadavg``, the usable CPUs and the
-    clock (tests)."""
+    clock (tests). Writes: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (:func:`cache_path`),
+    only after measuring. Thread-safe: one thread measures at a time."""
+    with _CACHE_LOCK:
+        return _machine_roofs(device, refresh, cache, measure, loadavg, cores, tries, now)
+
+
+def _machine_roofs(
+    device: Union[None, str, torch.device],
+    refresh: bool,
+    cache: bool,
+    measure: Optional[Callable[[torch.device], Roofs]],
+    loadavg: Optional[LoadAvg],
+    cores: Optional[int],
+    tries: int,
+    now: Optional[Callable[[], datetime]],
+) -> Roofs:
     dev = torch.device(device or "cpu")
     cache = cache and cache_enabled()
     key = machine_key(dev)
@@ -159,18 +186,20 @@ def machine_roofs(
 
 def remember_roofs(roofs: Roofs, device: Union[None, str, torch.device] = None) -> Roofs:
     """Store ``roofs`` as this machine's for ``device`` under the current key, unchecked: for
-    figures the caller vouches for (a benchmark of its own, a test's seed). Returns them."""
+    figures the caller vouches for (a benchmark of its own, a test's seed). Returns them.
+    Writes ``$XDG_CACHE_HOME/flopcount/roofs.json`` unless ``FLOPCOUNT_NO_ROOFS_CACHE`` is set."""
     dev = torch.device(device or "cpu")
     if not cache_enabled():
         return roofs
-    path = cache_path()
-    stored = _read_cache(path)
     details = {**roofs.details}
     details.setdefault("measured_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     details.setdefault("how", "given (remember_roofs)")
-    stored[machine_key(dev)] = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details,
-                                     roofs.levels, roofs.math).to_dict()
-    _write_cache(path, stored)
+    entry = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+    with _CACHE_LOCK:
+        path = cache_path()
+        stored = _read_cache(path)
+        stored[machine_key(dev)] = entry.to_dict()
+        _write_cache(path, stored)
     return roofs
 
 
@@ -242,7 +271,7 @@ def _read_cache(path: Path) -> Dict[str, Any]:
 def _write_cache(path: Path, data: Dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         scratch.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(scratch, path)
     except OSError:

@@ -33,7 +33,7 @@ from flopcount.planning.step import (
     make_optimizer,
     record_step,
 )
-from flopcount.planning.world import fake_world, mesh_groups, parallelize
+from flopcount.planning.world import PlanError, fake_world, mesh_groups, parallelize
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
 from flopcount.tracers import trace
@@ -109,6 +109,9 @@ def plan(
     torch's CPU autocast op list, the one the fake world runs). The step (loss rule, outputs
     released, steady-state optimizer) is ``estimate_memory``'s: a one-rank plan's peak is its peak.
     A default process group already initialised is left alone: plan() raises instead.
+    Threads: the fake world is the process's default process group while it lasts, so plans
+    run one at a time (a second thread's plan waits); a plan inside a plan is a UsageError.
+    Measures nothing and writes no file.
     """
     if device is not _UNSET:  # 0.2's name; None meant "no step times" there too
         if on != _DEFAULT_PART:
@@ -236,7 +239,7 @@ def _fake_step(
             warm_up(opt, "plan")
         try:
             record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp)
-        except UsageError:
+        except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is
             raise
         except Exception as exc:
             raise TraceError(f"the planned training step failed on rank 0: {type(exc).__name__}: {exc}") from exc

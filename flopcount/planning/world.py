@@ -3,8 +3,13 @@ one process, its DeviceMesh, and FSDP2 / tensor parallelism applied to a model.
 
 Nothing here models FSDP or TP: ``fully_shard`` and ``parallelize_module`` shard the
 model exactly as on a cluster; the ``"fake"`` process group answers every collective
-without sending anything. Private torch symbols are looked up by :func:`private`, so a
-torch that lost one fails with an error naming it (the rest of flopcount keeps working).
+without sending anything. It is made through public torch only: ``init_process_group`` with
+``Backend.FAKE`` and no store (torch then registers the backend and makes its own no-op store).
+Private torch symbols are looked up by :func:`private`, so a torch that lost one fails with an
+error naming it (the rest of flopcount keeps working).
+
+Threads: the fake world is the process's default process group while it lasts, so plans run one
+at a time (a lock): a second thread's ``plan`` waits for the first, then runs as it would alone.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+import threading
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
@@ -23,7 +29,6 @@ from flopcount.planning.tp_mha import encoder_tp_plan
 
 #: name -> (module, attribute) of each private torch symbol plan() relies on
 PRIVATE: Dict[str, Tuple[str, str]] = {
-    "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore"),
     "FSDPMemTracker": ("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"),
     "MemTracker": ("torch.distributed._tools.mem_tracker", "MemTracker"),
     "active_fake_mode": ("torch._guards", "active_fake_mode"),
@@ -55,26 +60,45 @@ def _distributed() -> Any:
     return dist
 
 
+#: one fake world at a time in this process: it is the default process group while it lasts
+_WORLD_LOCK = threading.Lock()
+_world_owner: List[int] = []  # the thread holding the fake world (empty when none)
+
+
 @contextlib.contextmanager
 def fake_world(fsdp: int, tp: int) -> Iterator[Any]:
     """A ``"fake"`` default process group of ``fsdp * tp`` ranks (this process is rank 0)
     and its DeviceMesh: dims ("dp", "tp") when both are > 1, else the one that is, else
     None. The group is destroyed on exit. An existing default group is left alone: this
-    raises a UsageError instead of replacing it."""
+    raises a UsageError instead of replacing it. Another thread's fake world is waited for
+    (one at a time); a plan inside a plan on the same thread is a UsageError."""
     dist = _distributed()
+    if _world_owner and _world_owner[0] == threading.get_ident():
+        raise UsageError("plan() was called while this thread is already inside plan() (from the model's build or forward)")
+    with _WORLD_LOCK:
+        _world_owner.append(threading.get_ident())
+        try:
+            with _one_world(dist, fsdp, tp) as mesh:
+                yield mesh
+        finally:
+            _world_owner.clear()
+
+
+@contextlib.contextmanager
+def _one_world(dist: Any, fsdp: int, tp: int) -> Iterator[Any]:
     if dist.is_initialized():
         raise UsageError(
             f"a default process group is already initialised (backend {dist.get_backend()}, world size "
             f"{dist.get_world_size()}); plan() makes a fake world of its own and will not replace yours: "
             "call it before init_process_group, after destroy_process_group, or in another process"
         )
-    store = private("FakeStore")()
     # init_process_group wraps sys.excepthook (a "[rank0]: " prefix on every traceback line) and
     # destroy_process_group leaves the wrapper: put the process's own hook back each time
     excepthook = sys.excepthook
     try:
-        dist.init_process_group("fake", store=store, rank=0, world_size=fsdp * tp)
-    except (ValueError, RuntimeError) as exc:
+        # public: with no store, torch imports its fake backend and makes a no-op store itself
+        dist.init_process_group(dist.Backend.FAKE, rank=0, world_size=fsdp * tp)
+    except (ValueError, RuntimeError, AttributeError, ImportError, AssertionError) as exc:
         sys.excepthook = excepthook
         raise PlanError(f"torch {torch.__version__} has no usable 'fake' process-group backend: {exc}") from exc
     try:

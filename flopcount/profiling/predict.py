@@ -152,7 +152,9 @@ def predict(
     0.2 name): a datasheet part ("h100", "H100 NVL", "A100 40GB PCIe", "t4"...;
     :mod:`flopcount.devices.parts`, under torch's default math modes: float32 convolutions in
     TF32, matmuls in FP32; pass ``named_roofs(name, matmul_tf32=True)`` for other modes),
-    "this machine" (roofs measured here, cached), or a :class:`~flopcount.devices.Roofs`.
+    "this machine" (roofs measured here and written to ``$XDG_CACHE_HOME/flopcount/roofs.json``
+    unless ``FLOPCOUNT_NO_ROOFS_CACHE=1``: see :func:`flopcount.devices.named_roofs`), or a
+    :class:`~flopcount.devices.Roofs`; a part or Roofs measures and writes nothing.
     ``latency_s`` is the eager bound, ``any_s`` the any-implementation bound.
     ``dtype`` ("bfloat16", torch.float16...) prices floating tensors and FLOPs as if the
     model ran in it (default: the dtypes the trace saw). Counted on fake tensors."""

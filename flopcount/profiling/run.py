@@ -27,6 +27,7 @@ from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
+from flopcount.profiling.threads import one_at_a_time
 from flopcount.step.loss import backward_roots
 from flopcount.tracers import dispatch, shared_tensor_copy
 from flopcount.tracers.fake.copies import has_lazy_parameters
@@ -34,6 +35,7 @@ from flopcount.tracers.fake.copies import has_lazy_parameters
 __all__ = ["profile"]
 
 
+@one_at_a_time
 def profile(
     model: nn.Module,
     inputs: Any = (),
@@ -52,11 +54,22 @@ def profile(
     backward of ``loss_fn(outputs)``, default every floating output with a ones gradient,
     as :func:`flopcount.count_flops` counts it) and join each profiled aten call with its
     counted cost: per op, module and phase, FLOPs, MACs, bytes, measured time per step, and
-    the roofline figures under ``roofs`` (default: this machine's measured roofs, cached).
+    the roofline figures under ``roofs``.
 
     One extra *join step* runs under the profiler with flopcount's dispatch recorder, which
     marks each recorded op; the timed steps run without it. The model, its flags, the
     inputs and the RNG are left as found (a model with lazy modules runs as a copy).
+
+    What it measures and writes: with ``roofs=None`` (the default) this machine's roofs
+    are read from ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache/flopcount/roofs.json``);
+    when that file has none for this machine they are measured first (micro-benchmarks,
+    seconds) and written there when sane. ``FLOPCOUNT_NO_ROOFS_CACHE=1`` neither reads nor
+    writes the file (roofs are then measured on every call); ``roofs=`` given measures and
+    writes nothing. Nothing else is written.
+
+    Threads: torch's profiler is process-wide, so profiles run one at a time (a second
+    thread's ``profile`` waits for the first); a ``profile`` inside a profile on the same
+    thread is a :class:`~flopcount.errors.UsageError`.
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"profile expects a torch.nn.Module, got {type(model).__name__}")

@@ -5,12 +5,20 @@ The backward differentiates the loss with ``torch.autograd.grad``. A reentrant
 activation checkpoint (``torch.utils.checkpoint(..., use_reentrant=True)``, and the
 checkpoint Functions of libraries built the same way) recomputes its region inside the
 backward of one custom ``autograd.Function`` and refuses ``autograd.grad``: it only runs
-under a plain ``.backward()``. When the autograd graph holds one, the backward is a plain
-``torch.autograd.backward`` of the same roots and seeds, which differentiates the same
-leaves (every tensor that requires grad). That writes ``.grad``, so every ``.grad`` it can
-reach is set aside first and put back afterwards, and post-accumulate-grad hooks (an
-optimizer stepping in backward) are held back meanwhile: the caller's tensors end as
-found, as with ``autograd.grad``.
+under a plain ``.backward()``, which writes ``.grad`` and runs post-accumulate-grad hooks
+(an optimizer stepping in backward).
+
+So that neither ever reaches the caller's tensors, a real run's forward (and a reentrant
+checkpoint's recompute) sees *stand-ins* of the caller's leaf tensors that require grad
+(its parameters and inputs): one ``detach()`` each (same storage, no copy, a
+``nn.Parameter`` for a parameter), swapped in for the real tensor in the arguments of every
+torch function by :class:`StandIns` (a ``TorchFunctionMode``). The autograd graph then
+accumulates into the stand-ins, which are flopcount's own: the caller's ``.grad`` and hooks are
+never emptied, written or called, also while the count runs (another thread sees them as they
+are). A caller's tensor the graph reached without a torch function seeing it (the arguments of a
+custom ``autograd.Function``'s ``apply``) is differentiated as itself by ``autograd.grad``, which
+writes nothing; only under a reentrant checkpoint's plain backward is such a tensor's ``.grad``
+(and its hooks) set aside and put back, the last resort.
 """
 
 from __future__ import annotations
@@ -22,12 +30,80 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from flopcount.errors import UsageError
 from flopcount.step.loss import backward_roots, differentiable
 from flopcount.tracers._modules import ModuleStack
 
-__all__ = ["BackwardAttribution", "run_backward"]
+__all__ = ["BackwardAttribution", "StandIns", "run_backward"]
+
+
+def _can_stand_in(tensor: Any) -> bool:
+    """A plain leaf tensor or parameter that requires grad (subclasses such as fake tensors or
+    DTensors keep their own identity: they are never the caller's real storage's only view)."""
+    return type(tensor) in (torch.Tensor, nn.Parameter) and tensor.requires_grad and tensor.is_leaf
+
+
+class StandIns(TorchFunctionMode):
+    """Swaps the caller's leaf tensors for stand-ins in every torch function's arguments.
+
+    Each stand-in is ``tensor.detach()`` (same storage and version counter, no copy) that
+    requires grad, a ``nn.Parameter`` for a parameter: the autograd graph accumulates into it,
+    never into the caller's tensor. ``of(t)`` is t's stand-in (t itself when it has none),
+    ``real(t)`` the caller's tensor of a stand-in."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self._by_real: Dict[int, torch.Tensor] = {}
+        self._by_stand_in: Dict[int, torch.Tensor] = {}
+        for tensor in tensors:
+            if id(tensor) in self._by_real or not _can_stand_in(tensor):
+                continue
+            with torch.no_grad():
+                detached = tensor.detach()
+            stand_in: torch.Tensor = (
+                nn.Parameter(detached, requires_grad=True) if isinstance(tensor, nn.Parameter) else detached.requires_grad_()
+            )
+            self._by_real[id(tensor)] = stand_in
+            self._by_stand_in[id(stand_in)] = tensor
+
+    def __bool__(self) -> bool:
+        return bool(self._by_real)
+
+    def of(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._by_real.get(id(tensor), tensor)
+
+    def real(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._by_stand_in.get(id(tensor), tensor)
+
+    def swap(self, value: Any) -> Any:
+        """``value`` with every real tensor in it (in lists, tuples, dicts) replaced by its stand-in."""
+        if isinstance(value, torch.Tensor):
+            return self._by_real.get(id(value), value)
+        if isinstance(value, (list, tuple)):
+            swapped = [self.swap(item) for item in value]
+            if all(a is b for a, b in zip(swapped, value)):
+                return value
+            if isinstance(value, list):
+                return swapped
+            return type(value)(*swapped) if hasattr(value, "_fields") else type(value)(swapped)
+        if isinstance(value, dict):
+            changed = {key: self.swap(item) for key, item in value.items()}
+            return value if all(changed[k] is value[k] for k in value) else type(value)(changed)
+        return value
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.autograd.grad or func is torch.autograd.backward:
+            return func(*args, **kwargs)  # run_backward names the tensors to differentiate itself
+        if getattr(func, "__name__", "") == "__get__":
+            # reading an attribute (``p.grad``, ``p.shape``) reads the caller's own tensor, unless
+            # the attribute is a differentiable view (``p.T``): that one is taken of the stand-in
+            found = func(*args, **kwargs)
+            if not (isinstance(found, torch.Tensor) and found.grad_fn is not None):
+                return found
+        return func(*self.swap(args), **self.swap(kwargs))
 
 
 class BackwardAttribution:
@@ -39,7 +115,10 @@ class BackwardAttribution:
     torch bindings; without them backward ops are attributed to the root.
     """
 
-    def __init__(self, modules: ModuleStack):
+    def __init__(self, modules: ModuleStack, real: Sequence[torch.Tensor] = ()):
+        #: the caller's leaf tensors (a real run's parameters and inputs) get stand-ins: the
+        #: forward, the backward and a reentrant checkpoint's recompute never reach them
+        self.stand_ins = StandIns(real)
         self._modules = modules
         self._stack = modules.stack
         self._peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
@@ -55,6 +134,8 @@ class BackwardAttribution:
         return self._peek is not None and self._current_node is not None
 
     def __enter__(self) -> BackwardAttribution:
+        if self.stand_ins:
+            self.stand_ins.__enter__()
         if not self.available:
             return self
         from torch.nn.modules import module as module_impl
@@ -101,6 +182,7 @@ class BackwardAttribution:
 
         modules, seqs, stacks, peek = self._modules, self._seqs, self._stacks, self._peek
         thread = self._owner
+        stand_ins = self.stand_ins if self.stand_ins else None
         entered: List[nn.Module] = []  # the outermost recomputed module, while it runs
 
         def mark() -> None:
@@ -121,6 +203,10 @@ class BackwardAttribution:
                 return
             if not entered:
                 entered.append(module)
+                # the recompute runs inside the backward, where torch has left every function
+                # mode: the stand-ins first (below the interceptor), as in forward
+                if stand_ins is not None:
+                    stand_ins.__enter__()
                 interceptor.__enter__()
             mark()
 
@@ -133,6 +219,8 @@ class BackwardAttribution:
             if entered and entered[0] is module:
                 entered.clear()
                 interceptor.__exit__(None, None, None)
+                if stand_ins is not None:
+                    stand_ins.__exit__(None, None, None)
             mark()
 
         try:
@@ -145,6 +233,8 @@ class BackwardAttribution:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop_marking()
+        if self.stand_ins:
+            self.stand_ins.__exit__(*exc)
 
     def current(self) -> Tuple[str, ...]:
         """The forward module stack of the autograd node now running (root if none)."""
@@ -231,17 +321,6 @@ def _grads_set_aside(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
                 hooks.update(held)
 
 
-def _backward_keeping_grads(
-    roots: Sequence[torch.Tensor], seeds: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]
-) -> Set[int]:
-    """``torch.autograd.backward(roots, seeds)`` with every ``.grad`` of ``leaves`` put back
-    afterwards (what a reentrant checkpoint needs instead of ``autograd.grad``); returns the
-    ids of the leaves that received a gradient."""
-    with _grads_set_aside(leaves):
-        torch.autograd.backward(list(roots), grad_tensors=list(seeds))
-        return {id(leaf) for leaf in leaves if leaf.grad is not None}
-
-
 def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     seen = set()
     unique = []
@@ -266,7 +345,10 @@ def run_backward(
 
     ``recorder`` has ``muted`` (a counter: ops made while > 0 are not recorded) and ``phase``."""
     roots = backward_roots(outputs, loss_fn)
-    leaves = differentiable(_unique(list(model.parameters()) + list(inputs)))
+    attribution: Optional[BackwardAttribution] = getattr(recorder, "attribution", None)
+    stand_ins = attribution.stand_ins if attribution is not None else StandIns()
+    # the stand-ins the graph accumulates into, in place of the caller's parameters and inputs
+    leaves = differentiable(_unique([stand_ins.of(t) for t in list(model.parameters()) + list(inputs)]))
     if not roots or not leaves:
         raise UsageError(
             "backward=True but nothing requires grad: no parameter or input has requires_grad=True, "
@@ -278,9 +360,24 @@ def run_backward(
     finally:
         recorder.muted -= 1
     reentrant, graph_leaves = _reentrant_checkpoint(roots)
+    # a caller's tensor the graph reached without a torch function seeing it (a custom
+    # autograd.Function's apply takes its arguments as they are) is differentiated as itself
+    own = {id(leaf) for leaf in leaves}
+    wanted = {id(t) for t in list(model.parameters()) + list(inputs)}
+    leaves += [leaf for leaf in _unique(graph_leaves) if id(leaf) not in own and id(leaf) in wanted]
     recorder.phase = "backward"
     if reentrant is None:
+        # autograd.grad writes no .grad and runs no post-accumulate-grad hook: real leaves are safe here
         grads = torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
-        return {id(leaf) for leaf, grad in zip(leaves, grads) if grad is not None}
-    # its backward refuses autograd.grad: a plain backward, every .grad put back
-    return _backward_keeping_grads(roots, seeds, leaves + graph_leaves + list(model.parameters()))
+        return {id(stand_ins.real(leaf)) for leaf, grad in zip(leaves, grads) if grad is not None}
+    # its backward refuses autograd.grad: a plain backward. It accumulates into the stand-ins
+    # (ours, emptied afterwards); a leaf without one (a fake copy's, a tensor subclass, or one the
+    # forward reached outside every torch function) is set aside and put back, the last resort
+    stood = [leaf for leaf in leaves if stand_ins.real(leaf) is not leaf]
+    others = [leaf for leaf in leaves + graph_leaves if stand_ins.real(leaf) is leaf]
+    with _grads_set_aside(others):
+        torch.autograd.backward(list(roots), grad_tensors=list(seeds))
+        got = {id(leaf) for leaf in leaves if leaf.grad is not None}
+    for leaf in stood:
+        leaf.grad = None  # nobody reads a stand-in's gradient: free it now
+    return {id(stand_ins.real(leaf)) for leaf in leaves if id(leaf) in got}

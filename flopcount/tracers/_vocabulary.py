@@ -285,13 +285,13 @@ def _entries() -> List[Callable[[], Tuple[Any, Binder]]]:
         lambda: (F.linear, _schema_binder(aten.linear.default)),
         lambda: (torch.bilinear, _schema_binder(aten.bilinear.default)),
         lambda: (torch.matmul, _schema_binder(aten.matmul.default)),
-        lambda: (torch._C.TensorBase.matmul, _schema_binder(aten.matmul.default)),  # also `@`
+        lambda: (torch.Tensor.matmul, _schema_binder(aten.matmul.default)),  # also `@`
         lambda: (torch.outer, _schema_binder(aten.outer.default)),
         lambda: (torch.ger, _schema_binder(aten.ger.default)),
-        lambda: (torch._C.TensorBase.outer, _schema_binder(aten.outer.default)),
-        lambda: (torch._C.TensorBase.ger, _schema_binder(aten.ger.default)),
+        lambda: (torch.Tensor.outer, _schema_binder(aten.outer.default)),
+        lambda: (torch.Tensor.ger, _schema_binder(aten.ger.default)),
         lambda: (torch.inner, _schema_binder(aten.inner.default)),
-        lambda: (torch._C.TensorBase.inner, _schema_binder(aten.inner.default)),
+        lambda: (torch.Tensor.inner, _schema_binder(aten.inner.default)),
         lambda: (torch.einsum, _einsum_binder),
         lambda: (torch.tensordot, _tensordot_binder),
         lambda: (F.scaled_dot_product_attention, _schema_binder(aten.scaled_dot_product_attention.default)),
@@ -371,10 +371,29 @@ def _composites() -> Dict[Any, Binder]:
 def _autocast_on() -> bool:
     """True inside any ``torch.autocast``: a composite's result dtype then depends on more
     than its arguments (autocast casts them below the torch-function level)."""
-    any_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
-    if any_enabled is not None:
-        return bool(any_enabled())
-    return bool(torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled())  # torch < 2.4
+    enabled = torch.is_autocast_enabled
+    for device in _AUTOCAST_DEVICES or _autocast_devices():
+        if enabled(device):
+            return True
+    return False
+
+
+_AUTOCAST_DEVICES: Tuple[str, ...] = ()
+
+
+def _autocast_devices() -> Tuple[str, ...]:
+    """The device types autocast can be entered for in this torch (public API, torch >= 2.4)."""
+    global _AUTOCAST_DEVICES
+    found = []
+    for device in ("cpu", "cuda", "xpu", "mps", "hpu"):
+        try:
+            if torch.amp.is_autocast_available(device):
+                torch.is_autocast_enabled(device)
+                found.append(device)
+        except (RuntimeError, ValueError, TypeError):
+            continue
+    _AUTOCAST_DEVICES = tuple(found)
+    return _AUTOCAST_DEVICES
 
 
 @cache
@@ -385,7 +404,7 @@ def _fresh_composites() -> frozenset:
     for name in ("linear", "scaled_dot_product_attention", "rms_norm"):
         if hasattr(F, name):
             found.append(getattr(F, name))
-    found += [torch.matmul, torch._C.TensorBase.matmul, torch.bilinear]
+    found += [torch.matmul, torch.Tensor.matmul, torch.bilinear]
     return frozenset(found)
 
 

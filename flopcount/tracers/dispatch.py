@@ -165,7 +165,7 @@ def _trace(
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
         reuse = Reuse(run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type())
         reuse.install()
-    attribution = BackwardAttribution(modules) if backward else None
+    attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None
     recorder.attribution = attribution
     with contextlib.ExitStack() as outer:
         if fake_mode is not None:

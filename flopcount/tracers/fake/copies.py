@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import threading
 import types
 from collections import OrderedDict
 from functools import cache
@@ -329,17 +330,25 @@ def _fresh_uninitialized(tensor: Any) -> Any:
     return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
 
 
-class _Quiet(logging.Filter):
+class _QuietThread(logging.Filter):
+    """Drops the records of one thread (the one that made it); every other thread's pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return False
+        return record.thread != self.thread
 
 
 @contextlib.contextmanager
 def quiet_fake_logs() -> Iterator[None]:
     """FakeTensorMode logs an error line when an op's meta kernel raises; that failure is
-    ours to handle (a real run follows), and the library never prints: mute it meanwhile."""
+    ours to handle (a real run follows), and the library never prints: mute it meanwhile,
+    for this thread only (another thread's records of that logger still pass), and take
+    the filter off on exit."""
     logger = logging.getLogger("torch._subclasses.fake_tensor")
-    quiet = _Quiet()
+    quiet = _QuietThread()
     logger.addFilter(quiet)
     try:
         yield

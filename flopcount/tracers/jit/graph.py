@@ -111,7 +111,7 @@ def inline_script_calls(graph: Any, inputs: Sequence[torch.Tensor]) -> Tuple[Any
     if any(next(iter(node.blocks()), None) is not None for node in nodes):
         return graph, {}
     for value, tensor in zip(inlined.inputs(), inputs):
-        value.setType(torch._C.TensorType.create_from_tensor(tensor))
+        value.setType(torch.TensorType.create_from_tensor(tensor))
     try:
         torch._C._jit_pass_propagate_shapes_on_graph(inlined)
     except RuntimeError:
@@ -123,7 +123,7 @@ def inline_script_calls(graph: Any, inputs: Sequence[torch.Tensor]) -> Tuple[Any
             scope = follow.get(id(node), "")
             continue
         for out in node.outputs():
-            if isinstance(out.type(), torch._C.TensorType) and tensor_meta(out.type()) is None:
+            if isinstance(out.type(), torch.TensorType) and tensor_meta(out.type()) is None:
                 return graph, {}
         scopes[index] = scope
     return inlined, scopes

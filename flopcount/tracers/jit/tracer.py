@@ -76,7 +76,7 @@ def _argument_names(schema: str) -> Optional[Tuple[str, ...]]:
     if not schema or schema == "(no schema)":
         return None
     try:
-        parsed = torch._C.parse_schema(schema)
+        parsed = torch.parse_schema(schema)
     except RuntimeError:
         return None
     return tuple(arg.name for arg in parsed.arguments)
@@ -110,7 +110,7 @@ class _ValueReader:
         jit_type = value.type()
         producer = value.node()
         kind = producer.kind()
-        if isinstance(jit_type, torch._C.TensorType):
+        if isinstance(jit_type, torch.TensorType):
             result: Any = tensor_meta(jit_type)
             if result is None and value in self._sparse:
                 result = _from_ivalue(self._sparse[value])
@@ -193,11 +193,11 @@ def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[An
     outputs = list(node.outputs())
     for out in outputs:
         jit_type = out.type()
-        if isinstance(jit_type, torch._C.TensorType):
+        if isinstance(jit_type, torch.TensorType):
             meta = tensor_meta(jit_type)
             if meta is None or meta.shape != ():
                 return False
-        elif not isinstance(jit_type, (torch._C.IntType, torch._C.FloatType, torch._C.BoolType, torch._C.NumberType)):
+        elif not isinstance(jit_type, (torch.IntType, torch.FloatType, torch.BoolType, torch.NumberType)):
             return False
     sizes.update(outputs)
     return True

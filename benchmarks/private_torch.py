@@ -1,0 +1,372 @@
+"""Issue #27 item 4: how many private torch symbols flopcount uses, counted from its source by AST.
+
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/private_torch.py [PACKAGE_DIR] [--list]``
+(PACKAGE_DIR defaults to this checkout's ``flopcount/``; point it at another checkout's package to
+count that one). Prints the number of distinct private symbols, and with ``--list`` each symbol with
+the files that use it.
+
+What counts as one private symbol:
+
+* a dotted torch path with a component that starts with ``_`` (dunders excepted), reached through
+  an import, an attribute chain (``torch._C._jit_pass_inline``), ``getattr``/``hasattr`` with a
+  literal name, or a string literal naming a torch module (``"torch._dynamo"``, a logger name).
+  The path is cut after its last private component, or, when that component is a module, after the
+  first non-module below it: ``torch._C.TensorType.create_from_tensor`` is ``torch._C.TensorType``,
+  ``torch._subclasses.fake_tensor.FakeTensor`` is itself, ``torch.utils._pytree.tree_map`` is
+  itself;
+* a private attribute name read off an object that is not a torch path (``dtensor._local_tensor``,
+  ``module._forward_hooks``, ``tracker._peak_mem``), when flopcount does not define that name
+  itself and torch's own sources do (or, on ``self`` in a class derived from a torch class, when
+  that class does not define it). Private names of other libraries (``sys._getframe``,
+  transformers) are listed apart and not counted.
+
+The same rules decide tests/test_private_torch.py::test_every_private_symbol_is_in_the_canary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import importlib
+import re
+import sys
+import types
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_PATH = re.compile(r"^torch(\.\w+)+$")
+PRIVATE_NAME = re.compile(r"^_[A-Za-z]\w*$")
+#: private names of Python itself that torch's sources also spell (namedtuple's API, argparse)
+NOT_TORCH = frozenset({"_fields", "_asdict", "_replace", "_make", "_field_defaults", "_actions"})
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def _resolve(path: str) -> Tuple[List[object], bool]:
+    """The objects along ``path`` (importing submodules as needed); False when a part is missing."""
+    parts = path.split(".")
+    try:
+        obj: object = importlib.import_module(parts[0])
+    except ImportError:
+        return [], False
+    objs = [obj]
+    for i, part in enumerate(parts[1:], start=1):
+        if not hasattr(obj, part) and isinstance(obj, types.ModuleType):
+            try:
+                importlib.import_module(".".join(parts[: i + 1]))
+            except Exception:
+                pass
+        try:
+            obj = getattr(obj, part)
+        except Exception:
+            return objs, False
+        objs.append(obj)
+    return objs, True
+
+
+def symbol_of(path: str) -> Optional[str]:
+    """The private symbol a torch path uses (None when every part is public)."""
+    parts = path.split(".")
+    private = [i for i, p in enumerate(parts) if _private(p)]
+    if not private:
+        return None
+    last = private[-1]
+    objs, _ = _resolve(path)
+    end = last
+    while end < len(objs) and isinstance(objs[end], types.ModuleType) and end + 1 < len(parts):
+        end += 1
+    return ".".join(parts[: end + 1])
+
+
+def _torch_identifiers() -> Set[str]:
+    """Every private identifier spelled in torch's Python sources and stubs."""
+    import torch
+
+    names: Set[str] = set()
+    pattern = re.compile(r"\b(_[A-Za-z]\w*)")
+    for suffix in ("*.py", "*.pyi"):
+        for file in Path(torch.__file__).parent.rglob(suffix):
+            try:
+                names.update(pattern.findall(file.read_text(errors="ignore")))
+            except OSError:
+                continue
+    return {n for n in names if not n.endswith("__")}
+
+
+@functools.cache
+def _probes() -> Tuple[object, ...]:
+    import torch
+    from torch import nn
+
+    return (nn.Linear(1, 1), torch.zeros(1), nn.Parameter(torch.zeros(1)), nn.modules.module, nn.functional)
+
+
+def _probe_attribute(name: str) -> bool:
+    """A private name in a string literal counts when torch's modules, tensors or
+    ``torch.nn.modules.module`` have that attribute (the per-module hook dicts, the global hook
+    dicts...); operator names (``"_to_copy"`` in a handler table) and our own strings do not."""
+    import torch
+
+    if hasattr(torch.ops.aten, name):
+        return False  # an operator's name: a key of the dispatcher, not a Python symbol
+    return any(hasattr(probe, name) for probe in _probes())
+
+
+class _Defined(ast.NodeVisitor):
+    """Private names flopcount defines: functions, classes, attributes it assigns, fields, args."""
+
+    def __init__(self) -> None:
+        self.names: Set[str] = set()
+
+    def _add(self, name: Optional[str]) -> None:
+        if name and _private(name):
+            self.names.add(name)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._add(node.name)
+        for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+            self._add(arg.arg)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._add(node.name)
+        self.generic_visit(node)
+
+    def _target(self, target: ast.AST) -> None:
+        if isinstance(target, ast.Name):
+            self._add(target.id)
+        elif isinstance(target, ast.Attribute):
+            self._add(target.attr)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for elt in target.elts:
+                self._target(elt)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._target(target)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._target(node.target)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._target(node.target)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        # setattr(obj, "_name", ...) and object.__setattr__(obj, "_name", ...) define a name too
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name in ("setattr", "__setattr__"):
+            for arg in node.args[:2]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    self._add(arg.value)
+        self.generic_visit(node)
+
+
+def _files(package: Path) -> List[Path]:
+    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _aliases(tree: ast.AST) -> Dict[str, str]:
+    """Local name -> dotted path, for every torch import anywhere in the file."""
+    names: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "torch" or alias.name.startswith("torch."):
+                    if alias.asname:
+                        names[alias.asname] = alias.name
+                    else:
+                        names["torch"] = "torch"
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "torch" or node.module.startswith("torch."):
+                for alias in node.names:
+                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _chain(node: ast.AST, aliases: Dict[str, str]) -> Optional[str]:
+    parts: List[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in aliases:
+        return ".".join([aliases[node.id]] + parts[::-1])
+    return None
+
+
+class Use:
+    def __init__(self) -> None:
+        self.torch: Dict[str, Set[str]] = defaultdict(set)  # symbol -> files
+        self.attrs: Dict[str, Set[str]] = defaultdict(set)  # ".name" -> files
+        self.foreign: Dict[str, Set[str]] = defaultdict(set)
+
+
+def _class_facts(tree: ast.AST, aliases: Dict[str, str]) -> Dict[ast.ClassDef, Tuple[bool, Set[str]]]:
+    """Per class: whether a base is a torch path, and the private names its body defines."""
+    facts = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            torch_base = any(_chain(b, aliases) or (isinstance(b, ast.Name) and b.id in aliases) for b in node.bases)
+            defined = _Defined()
+            defined.visit(node)
+            facts[node] = (torch_base, defined.names)
+    return facts
+
+
+def scan(package: Path) -> Use:
+    trees = {}
+    for file in _files(package):
+        trees[file] = ast.parse(file.read_text(), str(file))
+    ours = _Defined()
+    for tree in trees.values():
+        ours.visit(tree)
+    torch_names = _torch_identifiers()
+    use = Use()
+    for file, tree in trees.items():
+        rel = str(file.relative_to(package.parent))
+        aliases = _aliases(tree)
+        classes = _class_facts(tree, aliases)
+        parent: Dict[ast.AST, ast.AST] = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                parent[child] = node
+
+        def enclosing_class(node: ast.AST) -> Optional[ast.ClassDef]:
+            while node in parent:
+                node = parent[node]
+                if isinstance(node, ast.ClassDef):
+                    return node
+            return None
+
+        def torch_path(path: str) -> None:
+            symbol = symbol_of(path)
+            if symbol:
+                use.torch[symbol].add(rel)
+
+        def attribute(base: ast.AST, name: str, where: ast.AST) -> None:
+            if not _private(name):
+                return
+            path = _chain(base, aliases) if isinstance(base, (ast.Name, ast.Attribute)) else None
+            if path is not None:
+                torch_path(f"{path}.{name}")
+                return
+            if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                cls = enclosing_class(where)
+                if cls is not None:
+                    torch_base, defined = classes[cls]
+                    if name in defined:
+                        return  # the class's own (an override of a torch name is found by its def)
+                    if torch_base or (name not in ours.names and name in torch_names):
+                        use.attrs["." + name].add(rel)  # inherited from torch (a base given at run time too)
+                    return
+            if isinstance(base, ast.Name) and base.id not in aliases and _imported_module(tree, base.id):
+                use.foreign[f"{base.id}.{name}"].add(rel)
+                return
+            if name in ours.names or name in NOT_TORCH:
+                return
+            (use.attrs if name in torch_names else use.foreign)["." + name].add(rel)
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "torch" or node.module.startswith("torch."):
+                    for alias in node.names:
+                        torch_path(f"{node.module}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("torch."):
+                        torch_path(alias.name)
+            elif isinstance(node, ast.Attribute):
+                if isinstance(parent.get(node), ast.Attribute):
+                    continue  # only the longest chain
+                chain = _chain(node, aliases)
+                if chain is not None:
+                    torch_path(chain)
+                else:
+                    inner: ast.AST = node
+                    # a chain on a non-torch base: each private link (``x._a.b._c``)
+                    while isinstance(inner, ast.Attribute):
+                        attribute(inner.value, inner.attr, inner)
+                        inner = inner.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
+                    name = node.args[1]
+                    if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                        if node.func.id == "setattr" and not _chain(node.args[0], aliases):
+                            continue  # setting a name on our own objects
+                        attribute(node.args[0], name.value, node)
+            elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+            ):
+                # ("torch.module", "attribute"): a symbol looked up by name
+                module, attr = (e.value for e in node.elts)  # type: ignore[attr-defined]
+                if TORCH_PATH.match(module) or module == "torch":
+                    torch_path(f"{module}.{attr}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.strip()
+                if TORCH_PATH.match(text) and any(_private(p) for p in text.split(".")):
+                    torch_path(text)
+                elif (
+                    PRIVATE_NAME.match(text) and text not in ours.names and text not in NOT_TORCH
+                    and not isinstance(parent.get(node), ast.Call) and _probe_attribute(text)
+                ):
+                    use.attrs["." + text].add(rel)  # a private attribute name read by getattr(obj, name)
+    _fold_modules(use.torch)
+    return use
+
+
+def _imported_module(tree: ast.AST, name: str) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if (alias.asname or alias.name.split(".")[0]) == name:
+                    return True
+    return False
+
+
+def symbols(package: Path) -> Dict[str, Set[str]]:
+    """Every private torch symbol of ``package`` -> the files using it (the figure is its length)."""
+    use = scan(package)
+    found: Dict[str, Set[str]] = dict(use.torch)
+    found.update(use.attrs)
+    return found
+
+
+def _fold_modules(table: Dict[str, Set[str]]) -> None:
+    """A private module named only as the way to its members (``torch._C`` of
+    ``torch._C._jit_pass_inline``, ``ft`` of ``ft.FakeTensor``) is not a symbol of its own."""
+    for name in list(table):
+        if any(other.startswith(name + ".") for other in table):
+            objs, ok = _resolve(name)
+            if ok and objs and isinstance(objs[-1], types.ModuleType):
+                del table[name]
+
+
+def main(argv: Iterable[str] = ()) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("package", nargs="?", default=str(ROOT / "flopcount"))
+    parser.add_argument("--list", action="store_true", help="each symbol with the files using it")
+    args = parser.parse_args(list(argv))
+    package = Path(args.package).resolve()
+    use = scan(package)
+    if args.list:
+        for title, table in (("torch paths", use.torch), ("attribute names", use.attrs), ("not torch (not counted)", use.foreign)):
+            print(f"## {title}: {len(table)}")
+            for name in sorted(table):
+                print(f"  {name:70s} {', '.join(sorted(table[name]))}")
+    print(f"{package}: {len(use.torch) + len(use.attrs)} distinct private torch symbols "
+          f"({len(use.torch)} torch paths, {len(use.attrs)} attribute names)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
