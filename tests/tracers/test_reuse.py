@@ -230,3 +230,78 @@ def test_the_callers_model_is_left_as_found():
     count_flops(model, inputs)
     assert all("forward" not in vars(m) for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class Indexed(nn.Module):
+    """Block() plus a per-layer index its forward never reads (as HF layers keep
+    ``layer_idx`` to index a KV cache they are not given in a plain forward)."""
+
+    def __init__(self, index: int, hidden: int = H) -> None:
+        super().__init__()
+        self.layer_idx = index
+        self.up = nn.Linear(D, hidden)
+        self.down = nn.Linear(hidden, D)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x))) + x
+
+
+class Repeating(nn.Module):
+    """A block whose plain attribute ``times`` (read by its forward) decides how many
+    times its Linear runs: blocks that differ in it must not share a booking."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.times = times
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        for _ in range(self.times):
+            x = self.fc(x)
+        return x
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_blocks_differing_only_in_an_unread_attribute_are_reused(monkeypatch, train):
+    torch.manual_seed(0)
+    model, inputs = Stack([Indexed(i) for i in range(4)]).train(train), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == _stack_macs([H] * 4)  # hand count: up and down of every block
+    assert 2 * result.by_operator("macs")["aten::linear"] == torch_contraction_flops(copy.deepcopy(model), inputs)
+    # blocks 1..3 are booked from block 0: layer_idx is not read by the forward
+    assert _reused(model, inputs) == 3
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+def test_blocks_differing_in_a_read_attribute_are_traced(monkeypatch):
+    torch.manual_seed(0)
+    times = [1, 2, 1, 3]
+    model, inputs = Stack([Repeating(n) for n in times]), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == sum(times) * B * D * D  # hand count: one B x D x D Linear per repetition
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    assert [result.by_module("macs")[f"blocks.{i}"] for i in range(4)] == [n * B * D * D for n in times]
+    # only block 2 (times=1 again, as block 0) is booked from an earlier call
+    assert _reused(model, inputs) == 1
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+def test_bert_layers_with_their_own_layer_idx_are_reused(monkeypatch):
+    model, inputs = _zoo("bert")
+    model.eval()
+    # 3 BertLayers differing only in layer_idx (read only with a KV cache): layers 1 and 2
+    # are booked from layer 0, whole (their attention, intermediate and output inside)
+    assert _reused(model, inputs) == 2
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+def test_the_copy_modules_classes_are_given_back():
+    # the tracking subclass is swapped in on the fake copy only, and back after the run
+    torch.manual_seed(0)
+    model, inputs = Stack([Indexed(i) for i in range(3)]), (torch.randn(B, D),)
+    count_flops(model, inputs)
+    assert {type(m).__name__ for m in model.modules()} == {"Stack", "ModuleList", "Indexed", "Linear"}
+    assert all(type(m).__getattribute__ is object.__getattribute__ for m in model.modules())
