@@ -153,6 +153,8 @@ class Reuse:
         self._classes: Dict[type, Optional[type]] = {}
         self._tracked: Dict[int, type] = {}  # id(module) -> its own class, for modules whose reads are logged
         self._swapped: List[Tuple[nn.Module, type]] = []
+        self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
+        self._owns: Dict[int, Tuple[Tuple[Any, ...], Tuple[Any, ...]]] = {}
 
     def install(self) -> int:
         """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
@@ -205,10 +207,11 @@ class Reuse:
         reuse = self
         getframe = sys._getframe
         module_code = _MODULE_CODE
+        skip = _SKIP
 
         def __getattribute__(obj: Any, name: str) -> Any:
             log = reuse._log
-            if log is not None and (name != "__dict__" or getframe(1).f_code not in module_code):
+            if log is not None and name not in skip and (name != "__dict__" or getframe(1).f_code not in module_code):
                 log.append((obj, name))
             return reads(obj, name)
 
@@ -425,21 +428,37 @@ class Reuse:
         for name in _HOOK_DICTS:
             if state.get(name):
                 raise _Unkeyable("a hook")
+        children = state["_modules"]
+        return (
+            self._own_part(module, state),
+            tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in children.items()),
+        )
+
+    def _own_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
+        """The key of ``module`` without its children: its class, its parameters' and
+        buffers' metadata, and (untracked modules) its plain attributes; remembered per
+        module while the objects its attributes and dictionaries hold are the same."""
+        params, buffers = state["_parameters"], state["_buffers"]
+        stamp = (tuple(state), tuple(map(id, state.values())), tuple(params), tuple(map(id, params.values())),
+                 tuple(buffers), tuple(map(id, buffers.values())))
+        found = self._owns.get(id(module))
+        if found is not None and found[0] == stamp:
+            return found[1]
         own = self._tracked.get(id(module))
         parts: List[Any] = [own or type(module)]
         for name, value in state.items():
-            if own is not None and name not in _STRUCTURE:
-                continue  # a plain attribute of a tracked module: keyed when read (_Entry.reads)
+            if name == "_modules" or (own is not None and name not in _STRUCTURE):
+                continue  # children: keyed by the caller; a tracked module's plain attribute: keyed when read
             if name in _OWN:
                 if not value or name in _HOOK_DICTS or name == "forward":
                     continue  # empty hook and state-dict dictionaries; hooks refused above
-            if name == "_modules":
-                parts.append(tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in value.items()))
-            elif name in ("_parameters", "_buffers"):
+            if name in ("_parameters", "_buffers"):
                 parts.append((name, tuple((k, None if t is None else self._tensor(t)) for k, t in value.items())))
             else:
                 parts.append((name, self._attribute(value)))
-        return tuple(parts)
+        part = tuple(parts)
+        self._owns[id(module)] = (stamp, part)
+        return part
 
     def _attribute(self, value: Any) -> Any:
         kind = type(value)
@@ -487,9 +506,18 @@ class Reuse:
         """The contents of the subtree's mutable attribute containers (lists, dicts, sets
         other than torch's own), which a call may change without rebinding them."""
         found: List[Any] = []
+        held = self._held
         for module in order:
-            for name, value in vars(module).items():
-                if name not in _OWN and name not in _STRUCTURE and isinstance(value, (list, dict, set)):
+            state = vars(module)
+            known = held.get(id(module))
+            if known is None or known[0] != len(state):
+                # which attributes hold a container, per module while its attribute count
+                # stays (a rebinding to a container changes the fingerprint, which is compared too)
+                names = tuple(k for k, v in state.items() if k not in _SKIP and isinstance(v, (list, dict, set)))
+                known = held[id(module)] = (len(state), names)
+            for name in known[1]:
+                value = state.get(name)
+                if isinstance(value, (list, dict, set)):
                     found.append((name, self._attribute(value)))
         return found
 
