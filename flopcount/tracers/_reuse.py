@@ -580,7 +580,12 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     into.append(tuple(map(id, state.values())))
     into.append(tuple(map(id, state["_parameters"].values())))
     into.append(tuple(map(id, state["_buffers"].values())))
-    into.append(sum(len(state.get(name) or ()) for name in _HOOK_DICTS))
+    get = state.get
+    into.append(  # hooks live in dictionaries changed in place: their sizes
+        (len(get("_forward_hooks") or ()), len(get("_forward_pre_hooks") or ()), len(get("_backward_hooks") or ()),
+         len(get("_backward_pre_hooks") or ()), len(get("_forward_hooks_with_kwargs") or ()),
+         len(get("_forward_pre_hooks_with_kwargs") or ()), len(get("_forward_hooks_always_called") or ()))
+    )
     for child in state["_modules"].values():
         if child is not None:
             _fingerprint(child, order, into, seen)
