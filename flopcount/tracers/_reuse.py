@@ -6,10 +6,16 @@ bottlenecks of four kinds in ResNet-50). On the fake copy of the model (never th
 caller's), each submodule's ``forward`` is wrapped. A call's key is everything its events
 can depend on that we can see:
 
-* the whole subtree, structurally: each module's class and ``forward`` code, its plain
-  attributes (``training``, ``stride``, ``eps``, ``layer_idx``...; objects by identity),
-  its parameters', buffers' and tensor attributes' metadata (shape, stride, offset, dtype,
-  device, layout, requires_grad), which modules of the subtree are the same object;
+* the whole subtree, structurally: each module's class and ``forward`` code, its
+  parameters' and buffers' metadata (shape, stride, offset, dtype, device, layout,
+  requires_grad), which modules of the subtree are the same object;
+* the plain attributes the first call *read* (``training``, ``stride``, ``eps``...; tensors by
+  metadata, objects by identity), compared with the new subtree's before a call is booked:
+  each module of the copy runs as a subclass of its class whose ``__getattribute__`` logs
+  reads while a first call runs, so an attribute no forward reads (transformers'
+  ``layer_idx`` without a KV cache) does not split the key; a module whose class cannot be
+  subclassed safely (its own metaclass or ``__init_subclass__``) has all its plain
+  attributes keyed;
 * every argument: tensors by that metadata and by which arguments are the same tensor,
   Python scalars, dtypes, devices and None by value, tuples/lists/dicts of those;
 * the process settings ops read: default dtype, grad mode, autocast state.
@@ -161,12 +167,21 @@ class Reuse:
         if global_hooks_present():
             return 0
         wrapped = 0
-        for module in self._model.modules():
-            if module is self._model or "forward" in vars(module) or module not in self._names:
-                continue
-            if not module._modules:
-                continue  # a leaf runs a few ops the shape cache answers already: keying it costs more
-            module.forward = self._wrap(module, type(module).forward.__get__(module))
+        eligible = [
+            module
+            for module in self._model.modules()
+            # a leaf runs a few ops the shape cache answers already: keying it costs more
+            if module is not self._model and "forward" not in vars(module) and module in self._names and module._modules
+        ]
+        # a module with no twin (same class and parameter shapes) can only match its own
+        # earlier call: its first call runs unkeyed (keying a call that cannot match costs
+        # more than it saves), from its second on it is keyed as every other
+        twins: Dict[Any, int] = {}
+        signatures = [_signature(module) for module in eligible]
+        for signature in signatures:
+            twins[signature] = twins.get(signature, 0) + 1
+        for module, signature in zip(eligible, signatures):
+            module.forward = self._wrap(module, type(module).forward.__get__(module), twins[signature] > 1)
             wrapped += 1
         if wrapped:
             for module in self._model.modules():
@@ -228,10 +243,15 @@ class Reuse:
 
     # ------------------------------------------------------------------ the call
 
-    def _wrap(self, module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap(self, module: nn.Module, forward: Callable[..., Any], twinned: bool) -> Callable[..., Any]:
+        unkeyed = [not twinned]  # the next call runs without a key (a module without a twin, once)
+
         def call(*args: Any, **kwargs: Any) -> Any:
             recorder = self._recorder
             if recorder.muted or recorder.phase != "forward":
+                return forward(*args, **kwargs)
+            if unkeyed[0]:
+                unkeyed[0] = False
                 return forward(*args, **kwargs)
             log = self._log
             self._log = None  # the reads made here to key the call are not the call's
@@ -565,6 +585,19 @@ class Reuse:
                 return self._fake_type(self._mode, meta, device)
         _, kind, items = described
         return kind(self._make(item, tensors) for item in items)
+
+
+def _signature(module: nn.Module) -> Tuple[Any, ...]:
+    """What two modules whose calls can share a key have in common: class, number of
+    modules, parameter shapes and dtypes (coarser than the key: equal keys, equal signatures)."""
+    try:
+        return (
+            type(module),
+            sum(1 for _ in module.modules()),
+            tuple((tuple(p.shape), p.dtype) for p in module.parameters()),
+        )
+    except Exception:  # a lazy parameter has no shape yet: a signature of its own
+        return ("unique", id(module))
 
 
 def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any) -> None:

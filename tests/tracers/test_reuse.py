@@ -305,3 +305,31 @@ def test_the_copy_modules_classes_are_given_back():
     count_flops(model, inputs)
     assert {type(m).__name__ for m in model.modules()} == {"Stack", "ModuleList", "Indexed", "Linear"}
     assert all(type(m).__getattribute__ is object.__getattribute__ for m in model.modules())
+
+
+class Looped(nn.Module):
+    """One block object called ``n`` times (weights shared across depth, as ALBERT's layer)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.block = Block()
+
+    def forward(self, x):
+        for _ in range(self.n):
+            x = self.block(x)
+        return x
+
+
+def test_one_block_called_again_and_again_is_reused(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = Looped(5), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == _stack_macs([H] * 5)  # hand count: 5 calls of up and down
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    assert [m.calls for m in result.modules if m.name == "block"] == [5]
+    # the block has no twin: its first call runs unkeyed, the second is keyed and traced,
+    # the last three are booked from it
+    assert _reused(model, inputs) == 3
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
