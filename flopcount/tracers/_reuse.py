@@ -146,7 +146,7 @@ class Reuse:
         self._cache = shape_cache
         self._mode = fake_mode
         self._fake_type: Any = fake_type
-        self._entries: Dict[Tuple[Any, ...], _Entry] = {}
+        self._entries: Dict[Tuple[Any, ...], List[_Entry]] = {}
         self._meta = torch.device("meta")
         self.reused = 0
         self.traced = 0
@@ -202,13 +202,14 @@ class Reuse:
         it only to index a cache they were not given): its class is swapped, on the copy,
         for a subclass of it whose ``__getattribute__`` logs the name first."""
         cls = type(module)
-        made = self._classes.get(cls, False)
-        if made is False:
+        if cls in self._classes:
+            made = self._classes[cls]
+        else:
             made = self._classes[cls] = self._tracking_class(cls)
         if made is None:
             return  # its attributes are all in the key
         try:
-            module.__class__ = made
+            module.__class__ = made  # a subclass of the module's own class
         except TypeError:
             return
         self._swapped.append((module, cls))
@@ -218,7 +219,7 @@ class Reuse:
         # a metaclass or __init_subclass__ of the user's could act on a new subclass: not made
         if type(cls) not in (type, ABCMeta) or any("__init_subclass__" in vars(k) for k in cls.__mro__[:-1]):
             return None
-        reads = cls.__getattribute__
+        reads: Callable[[Any, str], Any] = cls.__getattribute__  # type: ignore[assignment]  # unbound: (obj, name)
         reuse = self
         getframe = sys._getframe
         module_code = _MODULE_CODE
