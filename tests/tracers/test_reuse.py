@@ -333,3 +333,33 @@ def test_one_block_called_again_and_again_is_reused(monkeypatch):
     assert _reused(model, inputs) == 3
     off, on = _both(monkeypatch, model, inputs)
     assert _rows(on) == _rows(off)
+
+
+class Failing(nn.Module):
+    """Block() that raises on its ``fail_at``-th call (counted on the module it is given)."""
+
+    def __init__(self, calls: dict, fail_at: int) -> None:
+        super().__init__()
+        self.calls = calls
+        self.fail_at = fail_at
+        self.fc = nn.Linear(D, D)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        self.calls["n"] += 1
+        if self.calls["n"] == self.fail_at:
+            raise ValueError("block failed on purpose")
+        return self.act(self.fc(x))
+
+
+def test_a_forward_that_raises_leaves_the_model_as_found():
+    torch.manual_seed(0)
+    calls = {"n": 0}
+    model, inputs = Stack([Failing(calls, 3) for _ in range(4)]), (torch.randn(B, D),)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(Exception, match="block failed on purpose") as info:
+        count_flops(model, inputs)
+    assert "blocks.2" in str(info.value)  # the failing module is named
+    assert {type(m) for m in model.modules()} == {Stack, nn.ModuleList, Failing, nn.Linear, nn.ReLU}
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
