@@ -167,9 +167,10 @@ class Reuse:
         if global_hooks_present():
             return 0
         wrapped = 0
+        # the facts' names list the copy's modules: no walk of the tree (issue #19: one per count)
         eligible = [
             module
-            for module in self._model.modules()
+            for module in self._names
             # a leaf runs a few ops the shape cache answers already: keying it costs more
             if module is not self._model and "forward" not in vars(module) and module in self._names and module._modules
         ]
@@ -177,14 +178,15 @@ class Reuse:
         # earlier call: its first call runs unkeyed (keying a call that cannot match costs
         # more than it saves), from its second on it is keyed as every other
         twins: Dict[Any, int] = {}
-        signatures = [_signature(module) for module in eligible]
+        memo: Dict[int, Any] = {}
+        signatures = [_signature(module, memo) for module in eligible]
         for signature in signatures:
             twins[signature] = twins.get(signature, 0) + 1
         for module, signature in zip(eligible, signatures):
             module.forward = self._wrap(module, type(module).forward.__get__(module), twins[signature] > 1)
             wrapped += 1
         if wrapped:
-            for module in self._model.modules():
+            for module in self._names:
                 if module is not self._model:
                     self._track(module)
         return wrapped
@@ -588,17 +590,21 @@ class Reuse:
         return kind(self._make(item, tensors) for item in items)
 
 
-def _signature(module: nn.Module) -> Tuple[Any, ...]:
-    """What two modules whose calls can share a key have in common: class, number of
-    modules, parameter shapes and dtypes (coarser than the key: equal keys, equal signatures)."""
+def _signature(module: nn.Module, memo: Dict[int, Any]) -> Any:
+    """What two modules whose calls can share a key have in common: class, own parameter
+    shapes and dtypes, children's signatures (coarser than the key: equal keys, equal
+    signatures). Built bottom-up through ``_modules``, once per module (``memo``)."""
+    found = memo.get(id(module))
+    if found is not None:
+        return found
+    memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
     try:
-        return (
-            type(module),
-            sum(1 for _ in module.modules()),
-            tuple((tuple(p.shape), p.dtype) for p in module.parameters()),
-        )
+        params: Tuple[Any, ...] = tuple((tuple(p.shape), p.dtype) for p in module._parameters.values() if p is not None)
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
-        return ("unique", id(module))
+        params = (("unique", id(module)),)
+    children = tuple(None if m is None else _signature(m, memo) for m in module._modules.values())
+    made = memo[id(module)] = (type(module), params, children)
+    return made
 
 
 def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any) -> None:
