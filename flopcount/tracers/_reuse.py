@@ -35,7 +35,8 @@ is not visible here: a forward whose work depends on such state that changes bet
 calls of equal key would be counted from the first call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
-needed for the events, and none is made). Opt-in for now: ``FLOPCOUNT_REUSE=1`` turns it on.
+needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` turns it off
+(every call traced, as before #32).
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ class _Unkeyable(Exception):
 
 
 def reuse_enabled() -> bool:
-    """Whether structural reuse is on: opt-in with ``FLOPCOUNT_REUSE=1`` while it is not yet
-    faster than tracing every call on the models measured (docs/performance.md)."""
-    return os.environ.get("FLOPCOUNT_REUSE", "0").strip().lower() in ("1", "true", "yes", "on")
+    """Whether structural reuse is on: by default; ``FLOPCOUNT_REUSE=0`` (or false, no, off)
+    turns it off, for a count that traces every call (docs/internals.md)."""
+    return os.environ.get("FLOPCOUNT_REUSE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def global_hooks_present() -> bool:

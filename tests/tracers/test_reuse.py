@@ -1,6 +1,6 @@
 """Structural reuse (issue #32.2-4): a submodule call that matches an earlier one exactly is
 booked from that call's events; anything that does not match is traced. Oracles: the same
-count with reuse off (``FLOPCOUNT_REUSE=0``, the default: every call traced, as before #32), hand-derived
+count with reuse off (``FLOPCOUNT_REUSE=0``: every call traced, as before #32), hand-derived
 MACs, and ``FlopCounterMode`` run live on the real model."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _rows(result):
 
 @pytest.fixture(autouse=True)
 def _reuse_on(monkeypatch):
-    # opt-in while it is not faster (docs/performance.md); these tests are its contract
+    # the default (FLOPCOUNT_REUSE unset) is on; set here so a run with it off still tests reuse
     monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
 
 
@@ -363,3 +363,13 @@ def test_a_forward_that_raises_leaves_the_model_as_found():
     assert {type(m) for m in model.modules()} == {Stack, nn.ModuleList, Failing, nn.Linear, nn.ReLU}
     assert all("forward" not in vars(m) for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_reuse_is_on_by_default_and_off_with_the_variable(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = Stack([Block() for _ in range(3)]), (torch.randn(B, D),)
+    monkeypatch.delenv("FLOPCOUNT_REUSE")
+    assert _reused(model, inputs) == 2  # blocks 1 and 2 booked from block 0
+    for off in ("0", "false", "off"):
+        monkeypatch.setenv("FLOPCOUNT_REUSE", off)
+        assert _reused(model, inputs) == 0
