@@ -4,7 +4,8 @@ real weights, the default count of a meta copy (the same fast path since #32.1),
 thread, median of the rounds; then LLaMA-2-70B's config on meta at 4,096 tokens.
 
 Each tool runs once per round, in turn (``_interleave.rounds``), after one warm-up call.
-"reuse on" counts with ``FLOPCOUNT_REUSE=1`` (structural reuse, opt-in); the others with it off.
+"reuse on" counts with ``FLOPCOUNT_REUSE=1`` (structural reuse), "reuse off" with ``=0``
+(every call traced); each column sets it explicitly, whatever the default is.
 
     .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b]
 """
@@ -51,6 +52,21 @@ def _count(model: nn.Module, inputs: Tuple[Any, ...], reuse: bool = False) -> Ca
     return run
 
 
+def _reused(model: nn.Module, inputs: Tuple[Any, ...]) -> int:
+    from flopcount.core.inputs import prepare_call
+    from flopcount.tracers import trace
+
+    old = os.environ.get("FLOPCOUNT_REUSE")
+    os.environ["FLOPCOUNT_REUSE"] = "1"
+    try:
+        return int(trace(model, prepare_call(inputs)).shape_cache.get("reused_calls", 0))
+    finally:
+        if old is None:
+            del os.environ["FLOPCOUNT_REUSE"]
+        else:
+            os.environ["FLOPCOUNT_REUSE"] = old
+
+
 def _flop_counter_mode(model: nn.Module, inputs: Tuple[Any, ...]) -> Callable[[], Any]:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -68,14 +84,14 @@ def _meta(model: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[nn.Module, Tuple[A
 
 
 def models(repeats: int) -> None:
-    print("| model | default, real weights | default, meta copy | meta copy, reuse on | FlopCounterMode, meta copy |")
+    print("| model | real weights, reuse on | meta copy, reuse off | meta copy, reuse on | FlopCounterMode, meta copy |")
     print("|---|---|---|---|---|")
     for label, build in CASES.items():
         torch.manual_seed(0)
         model, inputs = build()
         meta_model, meta_inputs = _meta(model, inputs)
         fns: Dict[str, Callable[[], Any]] = {
-            "real": _count(model, inputs),
+            "real": _count(model, inputs, reuse=True),
             "meta": _count(meta_model, meta_inputs),
             "meta_reuse": _count(meta_model, meta_inputs, reuse=True),
             "fcm": _flop_counter_mode(meta_model, meta_inputs),
@@ -90,7 +106,7 @@ def models(repeats: int) -> None:
             cells.append(f"{t * 1e3:.1f} ms ({r:.2f}x)" if t is not None and r is not None else "-")
         print(f"| {label} | " + " | ".join(cells) + " |")
         same = fns["real"]().by_module("flops") == fns["meta"]().by_module("flops") == fns["meta_reuse"]().by_module("flops")
-        print(f"|  per-module rows equal (real, meta, meta reuse on): {same} | | | | |")
+        print(f"|  per-module rows equal (real, meta, meta reuse on): {same}; calls reused: {_reused(meta_model, meta_inputs)} | | | | |")
 
 
 def llama70b(repeats: int, tokens: int = 4096) -> None:
@@ -101,7 +117,7 @@ def llama70b(repeats: int, tokens: int = 4096) -> None:
     with torch.device("meta"):
         model = LlamaForCausalLM(llama2_70b_config()).eval()
     ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
-    fns = {"default (reuse off)": _count(model, (ids,)), "reuse on": _count(model, (ids,), reuse=True)}
+    fns = {"reuse off": _count(model, (ids,)), "reuse on": _count(model, (ids,), reuse=True)}
     times, failures = rounds(fns, repeats)
     for name in fns:
         if name in failures:

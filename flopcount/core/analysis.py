@@ -89,8 +89,15 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
     unless the handler gave them."""
     resolved: Dict[str, Tuple[Any, bool]] = {}
     costed: List[Tuple[OpEvent, Optional[Cost]]] = []
+    # an event booked again by structural reuse shares its call with the first: one pricing
+    # (a handler is a pure function of the call; traffic of the call and the phase)
+    priced: Dict[Tuple[int, str], Optional[Cost]] = {}
     for event in events:
         call = event.call
+        known = priced.get((id(call), event.phase), _UNPRICED)
+        if known is not _UNPRICED:
+            costed.append((event, known))
+            continue
         entry = resolved.get(call.op)
         if entry is None:
             entry = resolved[call.op] = (registry.resolve(call.op), is_view_op(call.op))
@@ -111,8 +118,12 @@ def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[
             read, written = call_traffic(call, view=view, phase=event.phase)
             if read or written:
                 cost = cost.with_traffic(read, written)
+        priced[(id(call), event.phase)] = cost
         costed.append((event, cost))
     return costed
+
+
+_UNPRICED: Any = object()
 
 
 #: Ops that return a view whose schema does not say so (the result shares the input's storage).

@@ -6,10 +6,16 @@ bottlenecks of four kinds in ResNet-50). On the fake copy of the model (never th
 caller's), each submodule's ``forward`` is wrapped. A call's key is everything its events
 can depend on that we can see:
 
-* the whole subtree, structurally: each module's class and ``forward`` code, its plain
-  attributes (``training``, ``stride``, ``eps``, ``layer_idx``...; objects by identity),
-  its parameters', buffers' and tensor attributes' metadata (shape, stride, offset, dtype,
-  device, layout, requires_grad), which modules of the subtree are the same object;
+* the whole subtree, structurally: each module's class and ``forward`` code, its
+  parameters' and buffers' metadata (shape, stride, offset, dtype, device, layout,
+  requires_grad), which modules of the subtree are the same object;
+* the plain attributes the first call *read* (``training``, ``stride``, ``eps``...; tensors by
+  metadata, objects by identity), compared with the new subtree's before a call is booked:
+  each module of the copy runs as a subclass of its class whose ``__getattribute__`` logs
+  reads while a first call runs, so an attribute no forward reads (transformers'
+  ``layer_idx`` without a KV cache) does not split the key; a module whose class cannot be
+  subclassed safely (its own metaclass or ``__init_subclass__``) has all its plain
+  attributes keyed;
 * every argument: tensors by that metadata and by which arguments are the same tensor,
   Python scalars, dtypes, devices and None by value, tuples/lists/dicts of those;
 * the process settings ops read: default dtype, grad mode, autocast state.
@@ -29,12 +35,15 @@ is not visible here: a forward whose work depends on such state that changes bet
 calls of equal key would be counted from the first call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
-needed for the events, and none is made). Opt-in for now: ``FLOPCOUNT_REUSE=1`` turns it on.
+needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` turns it off
+(every call traced, as before #32).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from abc import ABCMeta
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -70,6 +79,16 @@ _GLOBAL_HOOKS = (
 # torch's own per-module dictionaries and sets (hooks, state-dict hooks, the registries)
 _STRUCTURE = frozenset({"training", "_parameters", "_buffers", "_modules", "_is_full_backward_hook"})
 _OWN = (frozenset(vars(nn.Module())) - _STRUCTURE) | {"forward"}
+# names a read of which says nothing the key does not hold already
+_SKIP = _OWN | (_STRUCTURE - {"training"})
+_MISSING = ("missing",)
+# nn.Module's own methods that read ``__dict__`` for torch's registries (a parameter lookup,
+# an attribute assignment): not a read of every attribute, as user code's ``vars(self)`` is
+_MODULE_CODE = frozenset(
+    getattr(nn.Module, name).__code__
+    for name in ("__getattr__", "__setattr__", "__delattr__", "_call_impl", "_wrapped_call_impl")
+    if hasattr(getattr(nn.Module, name), "__code__")
+)
 
 
 class _Unkeyable(Exception):
@@ -77,9 +96,9 @@ class _Unkeyable(Exception):
 
 
 def reuse_enabled() -> bool:
-    """Whether structural reuse is on: opt-in with ``FLOPCOUNT_REUSE=1`` while it is not yet
-    faster than tracing every call on the models measured (docs/performance.md)."""
-    return os.environ.get("FLOPCOUNT_REUSE", "0").strip().lower() in ("1", "true", "yes", "on")
+    """Whether structural reuse is on: by default; ``FLOPCOUNT_REUSE=0`` (or false, no, off)
+    turns it off, for a count that traces every call (docs/internals.md)."""
+    return os.environ.get("FLOPCOUNT_REUSE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def global_hooks_present() -> bool:
@@ -93,9 +112,13 @@ class _Entry:
     """What the first call of a key left: its events, the module calls under it, its
     outputs' description, the subtree's module list (relative order) and whether it is clean."""
 
-    __slots__ = ("events", "depth", "calls", "outputs", "index", "clean")
+    __slots__ = ("events", "depth", "calls", "outputs", "index", "clean", "reads", "values")
 
     def __init__(self) -> None:
+        #: the plain attributes the call read, as (module index in the subtree order, name),
+        #: and their values then; None: not known (an entry that is not clean matches any)
+        self.reads: Optional[Tuple[Tuple[int, str], ...]] = None
+        self.values: Tuple[Any, ...] = ()
         self.events: List[OpEvent] = []
         self.depth = 0
         self.calls: List[Tuple[int, int]] = []  # (module index in the subtree order, calls)
@@ -124,7 +147,7 @@ class Reuse:
         self._cache = shape_cache
         self._mode = fake_mode
         self._fake_type: Any = fake_type
-        self._entries: Dict[Tuple[Any, ...], _Entry] = {}
+        self._entries: Dict[Tuple[Any, ...], List[_Entry]] = {}
         self._meta = torch.device("meta")
         self.reused = 0
         self.traced = 0
@@ -132,43 +155,147 @@ class Reuse:
         self._structures: Dict[int, Tuple[List[Any], Tuple[Any, ...]]] = {}
         self._last_fingerprint: List[Any] = []
         self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
+        # attribute reads of the copy's modules while a first call runs: (module, name)
+        self._log: Optional[List[Tuple[Any, str]]] = None
+        self._classes: Dict[type, Optional[type]] = {}
+        self._tracked: Dict[int, type] = {}  # id(module) -> its own class, for modules whose reads are logged
+        self._swapped: List[Tuple[nn.Module, type]] = []
+        self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
+        self._owns: Dict[int, Tuple[Tuple[Any, ...], Tuple[Any, ...]]] = {}
 
     def install(self) -> int:
         """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
         if global_hooks_present():
             return 0
         wrapped = 0
-        for module in self._model.modules():
-            if module is self._model or "forward" in vars(module) or module not in self._names:
-                continue
-            if not module._modules:
-                continue  # a leaf runs a few ops the shape cache answers already: keying it costs more
-            module.forward = self._wrap(module, type(module).forward.__get__(module))
+        # the facts' names list the copy's modules: no walk of the tree (issue #19: one per count)
+        eligible = [
+            module
+            for module in self._names
+            # a leaf runs a few ops the shape cache answers already: keying it costs more
+            if module is not self._model and "forward" not in vars(module) and module in self._names and module._modules
+        ]
+        # a module with no twin (same class and parameter shapes) can only match its own
+        # earlier call: its first call runs unkeyed (keying a call that cannot match costs
+        # more than it saves), from its second on it is keyed as every other
+        twins: Dict[Any, int] = {}
+        memo: Dict[int, Any] = {}
+        signatures = [_signature(module, memo) for module in eligible]
+        for signature in signatures:
+            twins[signature] = twins.get(signature, 0) + 1
+        for module, signature in zip(eligible, signatures):
+            module.forward = self._wrap(module, type(module).forward.__get__(module), twins[signature] > 1)
             wrapped += 1
+        if wrapped:
+            for module in self._names:
+                if module is not self._model:
+                    self._track(module)
         return wrapped
+
+    def uninstall(self) -> None:
+        """Give the copy's modules their own classes back."""
+        for module, cls in reversed(self._swapped):
+            module.__class__ = cls
+        self._swapped = []
+        self._tracked = {}
+
+    def _track(self, module: nn.Module) -> None:
+        """Log ``module``'s attribute reads while a first call runs, so that its plain
+        attributes are keyed only when read (``layer_idx`` differs between layers that use
+        it only to index a cache they were not given): its class is swapped, on the copy,
+        for a subclass of it whose ``__getattribute__`` logs the name first."""
+        cls = type(module)
+        if cls in self._classes:
+            made = self._classes[cls]
+        else:
+            made = self._classes[cls] = self._tracking_class(cls)
+        if made is None:
+            return  # its attributes are all in the key
+        try:
+            module.__class__ = made  # a subclass of the module's own class
+        except TypeError:
+            return
+        self._swapped.append((module, cls))
+        self._tracked[id(module)] = cls
+
+    def _tracking_class(self, cls: type) -> Optional[type]:
+        # a metaclass or __init_subclass__ of the user's could act on a new subclass: not made
+        if type(cls) not in (type, ABCMeta) or any("__init_subclass__" in vars(k) for k in cls.__mro__[:-1]):
+            return None
+        reads: Callable[[Any, str], Any] = cls.__getattribute__  # type: ignore[assignment]  # unbound: (obj, name)
+        reuse = self
+        getframe = sys._getframe
+        module_code = _MODULE_CODE
+        skip = _SKIP
+
+        def __getattribute__(obj: Any, name: str) -> Any:
+            log = reuse._log
+            if log is not None and name not in skip and (name != "__dict__" or getframe(1).f_code not in module_code):
+                log.append((obj, name))
+            return reads(obj, name)
+
+        namespace = {
+            "__getattribute__": __getattribute__,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+        }
+        try:
+            return type(cls.__name__, (cls,), namespace)
+        except Exception:
+            return None
 
     # ------------------------------------------------------------------ the call
 
-    def _wrap(self, module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap(self, module: nn.Module, forward: Callable[..., Any], twinned: bool) -> Callable[..., Any]:
+        unkeyed = [not twinned]  # the next call runs without a key (a module without a twin, once)
+
         def call(*args: Any, **kwargs: Any) -> Any:
             recorder = self._recorder
             if recorder.muted or recorder.phase != "forward":
                 return forward(*args, **kwargs)
+            if unkeyed[0]:
+                unkeyed[0] = False
+                return forward(*args, **kwargs)
+            log = self._log
+            self._log = None  # the reads made here to key the call are not the call's
             try:
                 order: List[nn.Module] = []
                 tensors: List[Any] = []
                 key = (self._structure(module, order), self._value(args, tensors), self._value(kwargs, tensors), _settings())
+                found = self._entries.get(key)
+                entry = self._match(found, order) if found is not None else None
+                if entry is not None and entry.clean:
+                    return self._replay(entry, order, tensors, log)
             except _Unkeyable:
-                return forward(*args, **kwargs)
-            entry = self._entries.get(key)
-            if entry is not None and entry.clean:
-                return self._replay(entry, order, tensors)
-            if entry is not None:  # seen and not clean: traced, as every such call is
+                found = entry = None
+                key = None
+            finally:
+                self._log = log
+            if key is None or entry is not None:  # unkeyable, or seen and not clean: traced
                 return forward(*args, **kwargs)
             return self._first(key, module, order, tensors, forward, args, kwargs)
 
         call.__flopcount_reuse__ = True  # type: ignore[attr-defined]
         return call
+
+    def _match(self, entries: List[_Entry], order: List[nn.Module]) -> Optional[_Entry]:
+        """The entry whose first call read the same attribute values as this subtree holds
+        now (an entry with reads unknown matches any: such a call is traced)."""
+        for entry in entries:
+            if entry.reads is None or self._read_values(order, entry.reads) == entry.values:
+                return entry
+        return None
+
+    def _read_values(self, order: List[nn.Module], reads: Tuple[Tuple[int, str], ...]) -> Tuple[Any, ...]:
+        values: List[Any] = []
+        for i, name in reads:
+            state = vars(order[i])
+            if name == "*":
+                values.append(tuple((k, self._attribute(v)) for k, v in state.items() if k not in _SKIP))
+            else:
+                values.append(self._attribute(state[name]) if name in state else _MISSING)
+        return tuple(values)
 
     def _first(
         self,
@@ -182,25 +309,57 @@ class Reuse:
     ) -> Any:
         recorder, stack, cache = self._recorder, self._modules, self._cache
         self.traced += 1
-        before = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
-        start = len(recorder.events)
-        calls_before = dict(stack.calls)
-        fingerprint = self._last_fingerprint  # the one the key was made from, just before
-        containers = self._containers(order)
-        out = forward(*args, **kwargs)
-        entry = _Entry()
-        self._entries[key] = entry
+        outer = self._log
+        log: List[Tuple[Any, str]] = outer if outer is not None else []
+        self._log = None
+        try:
+            before = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
+            start = len(recorder.events)
+            calls_before = dict(stack.calls)
+            fingerprint = self._last_fingerprint  # the one the key was made from, just before
+            containers = self._containers(order)
+            entry = _Entry()
+            self._entries.setdefault(key, []).append(entry)
+            read_from = len(log)
+            self._log = log
+            out = forward(*args, **kwargs)
+            self._log = None
+            self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
+                         log, read_from)
+            return out
+        finally:
+            self._log = outer
+
+    def _finish(
+        self,
+        entry: _Entry,
+        module: nn.Module,
+        order: List[nn.Module],
+        tensors: List[Any],
+        out: Any,
+        before: Tuple[Any, ...],
+        start: int,
+        calls_before: Dict[str, int],
+        fingerprint: List[Any],
+        containers: List[Any],
+        log: List[Tuple[Any, str]],
+        read_from: int,
+    ) -> None:
+        """Makes ``entry`` clean when the first call can be booked again exactly."""
+        recorder, stack, cache = self._recorder, self._modules, self._cache
         after = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
         if after != before:
-            return out
+            return
         try:
             again: List[Any] = []
             _fingerprint(module, [], again, set())
             if again != fingerprint or self._containers(order) != containers:
-                return out  # the call changed its own subtree's state (a counter, a new attribute)
+                return  # the call changed its own subtree's state (a counter, a new attribute)
             entry.outputs = self._describe(out, tensors)
+            reads = self._reads(order, log, read_from)
+            values = self._read_values(order, reads)
         except _Unkeyable:
-            return out
+            return
         names = self._names
         by_name: Dict[str, int] = {}
         for i, m in enumerate(order):
@@ -211,26 +370,40 @@ class Reuse:
         for event in events:
             inner = event.module_stack[depth:]
             if event.phase != "forward" or event.module_stack[:depth] != stack.path:
-                return out
+                return
             if any(name not in by_name for name in inner):
-                return out  # an op booked to a module outside the subtree
+                return  # an op booked to a module outside the subtree
         calls: List[Tuple[int, int]] = []
         for name, n in stack.calls.items():
             extra = n - calls_before.get(name, 0)
             if extra and name != own:
                 if name not in by_name:
-                    return out
+                    return
                 calls.append((by_name[name], extra))
         entry.events = list(events)
         entry.depth = depth
         entry.calls = calls
         entry.index = by_name
+        entry.reads, entry.values = reads, values
         entry.clean = True
-        return out
 
-    def _replay(self, entry: _Entry, order: List[nn.Module], tensors: List[Any]) -> Any:
+    def _reads(self, order: List[nn.Module], log: List[Tuple[Any, str]], start: int) -> Tuple[Tuple[int, str], ...]:
+        """The plain attributes of tracked subtree modules the call read (from ``log[start:]``);
+        an untracked module's attributes are all in the key already."""
+        position = {id(m): i for i, m in enumerate(order) if id(m) in self._tracked}
+        reads = set()
+        for obj, name in log[start:]:
+            i = position.get(id(obj))
+            if i is None or name in _SKIP or (name.startswith("__") and name != "__dict__"):
+                continue
+            reads.add((i, "*" if name == "__dict__" else name))
+        return tuple(sorted(reads))
+
+    def _replay(self, entry: _Entry, order: List[nn.Module], tensors: List[Any], log: Optional[List[Tuple[Any, str]]]) -> Any:
         recorder, stack, names = self._recorder, self._modules, self._names
         self.reused += 1
+        if log is not None and entry.reads:  # an enclosing first call read these too
+            log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
         old_names = entry.index
         new_names = [names.get(m, "") for m in order]
         prefix = stack.path
@@ -279,18 +452,37 @@ class Reuse:
         for name in _HOOK_DICTS:
             if state.get(name):
                 raise _Unkeyable("a hook")
-        parts: List[Any] = [type(module)]
+        children = state["_modules"]
+        return (
+            self._own_part(module, state),
+            tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in children.items()),
+        )
+
+    def _own_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
+        """The key of ``module`` without its children: its class, its parameters' and
+        buffers' metadata, and (untracked modules) its plain attributes; remembered per
+        module while the objects its attributes and dictionaries hold are the same."""
+        params, buffers = state["_parameters"], state["_buffers"]
+        stamp = (tuple(state), tuple(map(id, state.values())), tuple(params), tuple(map(id, params.values())),
+                 tuple(buffers), tuple(map(id, buffers.values())))
+        found = self._owns.get(id(module))
+        if found is not None and found[0] == stamp:
+            return found[1]
+        own = self._tracked.get(id(module))
+        parts: List[Any] = [own or type(module)]
         for name, value in state.items():
+            if name == "_modules" or (own is not None and name not in _STRUCTURE):
+                continue  # children: keyed by the caller; a tracked module's plain attribute: keyed when read
             if name in _OWN:
                 if not value or name in _HOOK_DICTS or name == "forward":
                     continue  # empty hook and state-dict dictionaries; hooks refused above
-            if name == "_modules":
-                parts.append(tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in value.items()))
-            elif name in ("_parameters", "_buffers"):
+            if name in ("_parameters", "_buffers"):
                 parts.append((name, tuple((k, None if t is None else self._tensor(t)) for k, t in value.items())))
             else:
                 parts.append((name, self._attribute(value)))
-        return tuple(parts)
+        part = tuple(parts)
+        self._owns[id(module)] = (stamp, part)
+        return part
 
     def _attribute(self, value: Any) -> Any:
         kind = type(value)
@@ -338,9 +530,18 @@ class Reuse:
         """The contents of the subtree's mutable attribute containers (lists, dicts, sets
         other than torch's own), which a call may change without rebinding them."""
         found: List[Any] = []
+        held = self._held
         for module in order:
-            for name, value in vars(module).items():
-                if name not in _OWN and name not in _STRUCTURE and isinstance(value, (list, dict, set)):
+            state = vars(module)
+            known = held.get(id(module))
+            if known is None or known[0] != len(state):
+                # which attributes hold a container, per module while its attribute count
+                # stays (a rebinding to a container changes the fingerprint, which is compared too)
+                names = tuple(k for k, v in state.items() if k not in _SKIP and isinstance(v, (list, dict, set)))
+                known = held[id(module)] = (len(state), names)
+            for name in known[1]:
+                value = state.get(name)
+                if isinstance(value, (list, dict, set)):
                     found.append((name, self._attribute(value)))
         return found
 
@@ -390,6 +591,23 @@ class Reuse:
         return kind(self._make(item, tensors) for item in items)
 
 
+def _signature(module: nn.Module, memo: Dict[int, Any]) -> Any:
+    """What two modules whose calls can share a key have in common: class, own parameter
+    shapes and dtypes, children's signatures (coarser than the key: equal keys, equal
+    signatures). Built bottom-up through ``_modules``, once per module (``memo``)."""
+    found = memo.get(id(module))
+    if found is not None:
+        return found
+    memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
+    try:
+        params: Tuple[Any, ...] = tuple((tuple(p.shape), p.dtype) for p in module._parameters.values() if p is not None)
+    except Exception:  # a lazy parameter has no shape yet: a signature of its own
+        params = (("unique", id(module)),)
+    children = tuple(None if m is None else _signature(m, memo) for m in module._modules.values())
+    made = memo[id(module)] = (type(module), params, children)
+    return made
+
+
 def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any) -> None:
     """The subtree's modules in visit order, and the identity of every object their
     attributes (and parameter, buffer and child dictionaries) hold."""
@@ -403,7 +621,12 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     into.append(tuple(map(id, state.values())))
     into.append(tuple(map(id, state["_parameters"].values())))
     into.append(tuple(map(id, state["_buffers"].values())))
-    into.append(sum(len(state.get(name) or ()) for name in _HOOK_DICTS))
+    get = state.get
+    into.append(  # hooks live in dictionaries changed in place: their sizes
+        (len(get("_forward_hooks") or ()), len(get("_forward_pre_hooks") or ()), len(get("_backward_hooks") or ()),
+         len(get("_backward_pre_hooks") or ()), len(get("_forward_hooks_with_kwargs") or ()),
+         len(get("_forward_pre_hooks_with_kwargs") or ()), len(get("_forward_hooks_always_called") or ()))
+    )
     for child in state["_modules"].values():
         if child is not None:
             _fingerprint(child, order, into, seen)

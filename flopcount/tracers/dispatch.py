@@ -168,6 +168,8 @@ def _trace(
     attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None
     recorder.attribution = attribution
     with contextlib.ExitStack() as outer:
+        if reuse is not None:
+            outer.callback(reuse.uninstall)  # the copy's modules get their own classes back
         if fake_mode is not None:
             # Fake tensors only work inside their mode (tensors made in forward must be
             # fake too); the extra reader answers data reads while the state is restored.

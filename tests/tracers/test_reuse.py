@@ -1,6 +1,6 @@
 """Structural reuse (issue #32.2-4): a submodule call that matches an earlier one exactly is
 booked from that call's events; anything that does not match is traced. Oracles: the same
-count with reuse off (``FLOPCOUNT_REUSE=0``, the default: every call traced, as before #32), hand-derived
+count with reuse off (``FLOPCOUNT_REUSE=0``: every call traced, as before #32), hand-derived
 MACs, and ``FlopCounterMode`` run live on the real model."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _rows(result):
 
 @pytest.fixture(autouse=True)
 def _reuse_on(monkeypatch):
-    # opt-in while it is not faster (docs/performance.md); these tests are its contract
+    # the default (FLOPCOUNT_REUSE unset) is on; set here so a run with it off still tests reuse
     monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
 
 
@@ -230,3 +230,146 @@ def test_the_callers_model_is_left_as_found():
     count_flops(model, inputs)
     assert all("forward" not in vars(m) for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class Indexed(nn.Module):
+    """Block() plus a per-layer index its forward never reads (as HF layers keep
+    ``layer_idx`` to index a KV cache they are not given in a plain forward)."""
+
+    def __init__(self, index: int, hidden: int = H) -> None:
+        super().__init__()
+        self.layer_idx = index
+        self.up = nn.Linear(D, hidden)
+        self.down = nn.Linear(hidden, D)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x))) + x
+
+
+class Repeating(nn.Module):
+    """A block whose plain attribute ``times`` (read by its forward) decides how many
+    times its Linear runs: blocks that differ in it must not share a booking."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.times = times
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        for _ in range(self.times):
+            x = self.fc(x)
+        return x
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_blocks_differing_only_in_an_unread_attribute_are_reused(monkeypatch, train):
+    torch.manual_seed(0)
+    model, inputs = Stack([Indexed(i) for i in range(4)]).train(train), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == _stack_macs([H] * 4)  # hand count: up and down of every block
+    assert 2 * result.by_operator("macs")["aten::linear"] == torch_contraction_flops(copy.deepcopy(model), inputs)
+    # blocks 1..3 are booked from block 0: layer_idx is not read by the forward
+    assert _reused(model, inputs) == 3
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+def test_blocks_differing_in_a_read_attribute_are_traced(monkeypatch):
+    torch.manual_seed(0)
+    times = [1, 2, 1, 3]
+    model, inputs = Stack([Repeating(n) for n in times]), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == sum(times) * B * D * D  # hand count: one B x D x D Linear per repetition
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    assert [result.by_module("macs")[f"blocks.{i}"] for i in range(4)] == [n * B * D * D for n in times]
+    # only block 2 (times=1 again, as block 0) is booked from an earlier call
+    assert _reused(model, inputs) == 1
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+def test_bert_layers_with_their_own_layer_idx_are_reused(monkeypatch):
+    model, inputs = _zoo("bert")
+    model.eval()
+    # 3 BertLayers differing only in layer_idx (read only with a KV cache): layers 1 and 2
+    # are booked from layer 0, whole (their attention, intermediate and output inside)
+    assert _reused(model, inputs) == 2
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+def test_the_copy_modules_classes_are_given_back():
+    # the tracking subclass is swapped in on the fake copy only, and back after the run
+    torch.manual_seed(0)
+    model, inputs = Stack([Indexed(i) for i in range(3)]), (torch.randn(B, D),)
+    count_flops(model, inputs)
+    assert {type(m).__name__ for m in model.modules()} == {"Stack", "ModuleList", "Indexed", "Linear"}
+    assert all(type(m).__getattribute__ is object.__getattribute__ for m in model.modules())
+
+
+class Looped(nn.Module):
+    """One block object called ``n`` times (weights shared across depth, as ALBERT's layer)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.block = Block()
+
+    def forward(self, x):
+        for _ in range(self.n):
+            x = self.block(x)
+        return x
+
+
+def test_one_block_called_again_and_again_is_reused(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = Looped(5), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    assert result.macs == _stack_macs([H] * 5)  # hand count: 5 calls of up and down
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    assert [m.calls for m in result.modules if m.name == "block"] == [5]
+    # the block has no twin: its first call runs unkeyed, the second is keyed and traced,
+    # the last three are booked from it
+    assert _reused(model, inputs) == 3
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+
+
+class Failing(nn.Module):
+    """Block() that raises on its ``fail_at``-th call (counted on the module it is given)."""
+
+    def __init__(self, calls: dict, fail_at: int) -> None:
+        super().__init__()
+        self.calls = calls
+        self.fail_at = fail_at
+        self.fc = nn.Linear(D, D)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        self.calls["n"] += 1
+        if self.calls["n"] == self.fail_at:
+            raise ValueError("block failed on purpose")
+        return self.act(self.fc(x))
+
+
+def test_a_forward_that_raises_leaves_the_model_as_found():
+    torch.manual_seed(0)
+    calls = {"n": 0}
+    model, inputs = Stack([Failing(calls, 3) for _ in range(4)]), (torch.randn(B, D),)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(Exception, match="block failed on purpose") as info:
+        count_flops(model, inputs)
+    assert "blocks.2" in str(info.value)  # the failing module is named
+    assert {type(m) for m in model.modules()} == {Stack, nn.ModuleList, Failing, nn.Linear, nn.ReLU}
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_reuse_is_on_by_default_and_off_with_the_variable(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = Stack([Block() for _ in range(3)]), (torch.randn(B, D),)
+    monkeypatch.delenv("FLOPCOUNT_REUSE")
+    assert _reused(model, inputs) == 2  # blocks 1 and 2 booked from block 0
+    for off in ("0", "false", "off"):
+        monkeypatch.setenv("FLOPCOUNT_REUSE", off)
+        assert _reused(model, inputs) == 0
