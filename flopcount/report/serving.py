@@ -68,6 +68,11 @@ def serve_table(result: ServeResult, fmt: str = "simple") -> str:
     return "\n".join(lines)
 
 
+@renders("ServeResult", "markdown")
+def serve_markdown(result: ServeResult) -> str:
+    return serve_table(result, "github")
+
+
 @renders("ServeResult", "dict")
 def serve_dict(result: ServeResult) -> Dict[str, Any]:
     facts = result.facts
