@@ -107,7 +107,6 @@ def main() -> None:
     import torch
 
     import flopcount
-
     from flopcount.devices import named_roofs
 
     warnings.filterwarnings("ignore")

@@ -93,7 +93,8 @@ def serve_dict(result: ServeResult) -> Dict[str, Any]:
 
 def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[int] = ()) -> None:
     """Decode tokens/s ceiling against batch for each result's part, the memory wall (the
-    largest batch that fits) drawn as a vertical line in the part's colour."""
+    largest batch that fits) drawn as a vertical line in the part's colour; batches past the
+    wall dotted and faint (they do not fit)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,7 +107,14 @@ def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[in
         colour = f"C{index}"
         xs = [b for b in grid if b <= top]
         ys = [result.at(b).tokens_per_s or 0.0 for b in xs]
-        ax.plot(xs, ys, marker="o", color=colour, label=f"{result.part} ({result.weight_dtype}, tp={result.tp})")
+        wall = result.max_batch if result.max_batch is not None else top
+        fits = [(x, y) for x, y in zip(xs, ys) if x <= wall]
+        label = f"{result.part} ({result.weight_dtype}, tp={result.tp})"
+        if fits:
+            ax.plot(*zip(*fits), marker="o", color=colour, label=label)
+        beyond = [(x, y) for x, y in zip(xs, ys) if x >= (fits[-1][0] if fits else 0)]
+        if len(beyond) > 1:  # past the memory wall: does not fit, drawn faint
+            ax.plot(*zip(*beyond), linestyle=":", color=colour, alpha=0.4)
         if result.max_batch:
             ax.axvline(result.max_batch, color=colour, linestyle="--", linewidth=1)
             ax.annotate(f"memory wall {result.max_batch}", (result.max_batch, max(ys) * 0.05), color=colour,
