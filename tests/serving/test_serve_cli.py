@@ -72,3 +72,12 @@ def test_serve_plot_draws_the_memory_wall(capsys, tmp_path):
                          "--batch", "1,8,64", "--plot", str(path), "-q")
     assert code == 0, err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_serve_help_lists_its_flags_and_what_the_bound_leaves_out(capsys):
+    code, out, _ = cli(capsys, "serve", "--help")
+    assert code == 0 and "examples:" in out
+    for flag in ("--on", "--prompt", "--new", "--batch", "--dtype", "--weight-dtype", "--tp", "--reserve", "--format",
+                 "--output", "--plot", "--config", "--timeout"):
+        assert flag in out
+    assert "speculative decoding" in out
