@@ -69,6 +69,8 @@ _EXPORTS: Dict[str, str] = {
     "Roofs": "devices.roofline",
     "plan": "planning",
     "PlanResult": "planning",
+    "serve": "serving",
+    "ServeResult": "serving",
 }
 
 __all__ = [
@@ -96,6 +98,7 @@ __all__ = [
     "PredictResult",
     "ProfileResult",
     "Roofs",
+    "ServeResult",
     "StepSummary",
     "Status",
     "StepTimer",
@@ -125,6 +128,7 @@ __all__ = [
     "profile",
     "plan",
     "register_handler",
+    "serve",
     "summarize_parameters",
 ]
 
@@ -163,6 +167,7 @@ if TYPE_CHECKING:
     from .memory import MemoryEstimate, estimate_memory
     from .planning import PlanResult, plan
     from .profiling import PredictResult, ProfileResult, predict, profile
+    from .serving import ServeResult, serve
     from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
 
 

@@ -79,7 +79,7 @@ def test_memory_prepares_its_call_once(flattens):
 
 def test_generation_reads_the_model_facts_once_for_all_steps(monkeypatch):
     from flopcount.core import model_facts as facts_module
-    from flopcount.generation import count as generation
+    from flopcount.decoding import counted as generation
     calls = []
     original = facts_module.model_facts
 

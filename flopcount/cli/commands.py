@@ -620,7 +620,15 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from flopcount.cli.serving import run_serve
+
+    _check_output(args.output, "--output")
+    _check_output(args.plot, "--plot")
+    return run_serve(args, _emit)
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
-    "diff": _cmd_diff, "roofs": _cmd_roofs,
+    "diff": _cmd_diff, "roofs": _cmd_roofs, "serve": _cmd_serve,
 }

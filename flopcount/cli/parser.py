@@ -71,6 +71,7 @@ examples:
   flopcount check my_model.py:build --baseline base.json --max-growth flops=2%,params=0
   flopcount check example:resnet50 --max-latency 2ms --on h100 --bound any
   flopcount roofs --remeasure
+  flopcount serve hf:llama --on h100,l4 --prompt 2048 --new 256 --batch 1,8,64
 
 'flopcount COMMAND --help' describes each command.
 """
@@ -353,7 +354,7 @@ def _wrap(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``flopcount`` argument parser (count, bench, check, diff, profile, plan)."""
+    """The ``flopcount`` argument parser (count, bench, check, diff, profile, plan, serve, roofs)."""
     from flopcount import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
@@ -564,6 +565,50 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
     _add_timeout(out)
     planner.set_defaults(command_name="plan")
+
+    server = commands.add_parser(
+        "serve",
+        help="LLM serving bounds on a part: time to first token, tokens/s ceilings, KV capacity",
+        description=_wrap("Count what generate() runs for a --prompt-token prompt and --new tokens (the model's own "
+        "forwards and cache, on the meta device: nothing allocated) and price it on each --on part at each --batch size: "
+        "the time-to-first-token and inter-token latency lower bounds, decode tokens/s ceilings per sequence and in "
+        "total, the batch at which decode turns compute-bound, weights, KV cache per sequence and the largest batch "
+        "that fits the part's memory less --reserve. Bounds hold for any implementation; they leave out scheduling, "
+        "paging, the batching policy, kernel launch and host overheads and speculative decoding. See docs/llm.md."),
+        epilog="examples:\n  flopcount serve hf:llama --on h100 --prompt 2048 --new 256 --batch 1,8,64\n"
+        "  flopcount serve hf:mixtral --dtype bfloat16 --on h100,l4 --weight-dtype int8 --tp 2 --plot serve.png",
+        formatter_class=formatter,
+    )
+    server.add_argument("entry", metavar="ENTRY", help="the model: hf:MODEL_TYPE, hf:./folder, module:attr, file.py:attr "
+                        "(a causal LM or encoder-decoder transformers model; built on the meta device)")
+    server.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"),
+                        metavar="KEY=VALUE", help="hf: config override, or keyword argument of a factory (repeatable)")
+    shape_of = server.add_argument_group("the workload and the part")
+    shape_of.add_argument("--on", default="h100", metavar="PARTS",
+                          help="part(s), comma-separated: h100, h200, 'a100 40gb', l4, t4, 'this machine'... (default h100)")
+    shape_of.add_argument("--prompt", type=_int_at_least(1, "--prompt"), default=2048, metavar="P",
+                          help="prompt tokens per sequence (default 2048)")
+    shape_of.add_argument("--new", type=_int_at_least(1, "--new"), default=256, metavar="N",
+                          help="new tokens per sequence (default 256)")
+    shape_of.add_argument("--batch", default="1", metavar="B[,B...]", help="batch sizes to price, e.g. 1,8,64 (default 1)")
+    shape_of.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                          help="cast the model to this compute dtype first (default: as built)")
+    shape_of.add_argument("--weight-dtype", default=None, metavar="DTYPE",
+                          help="weights stored as int8, int4 or fp8 weight-only quantization stores them (scales "
+                          "included), or a float dtype (default: the compute dtype)")
+    shape_of.add_argument("--tp", type=_int_at_least(1, "--tp"), default=1, metavar="N",
+                          help="tensor-parallel ranks: per-rank work plus two all-reduces per layer over the part's link")
+    shape_of.add_argument("--reserve", type=float, default=0.10, metavar="FRACTION",
+                          help="share of the part's memory kept back (default 0.10, vLLM's gpu_memory_utilization=0.9)")
+    out = server.add_argument_group("output")
+    out.add_argument("-f", "--format", choices=("table", "json", "markdown"), default="table", help="table (default), json or markdown")
+    out.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    out.add_argument("--plot", metavar="FILE.png", help="draw the tokens/s ceiling against batch with each part's memory "
+                     "wall; needs flopcount[plot]")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
+    out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
+    _add_timeout(out)
+    server.set_defaults(command_name="serve")
 
     roofs = commands.add_parser(
         "roofs",

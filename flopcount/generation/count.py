@@ -15,25 +15,18 @@ a mixture-of-experts model is counted with each token routed to exactly k expert
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
 
-from flopcount.core.analysis import cost_events, uncompiled
 from flopcount.core.diagnostics import from_texts, unique
-from flopcount.core.inputs import prepare_call
-from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
-from flopcount.core.results import FlopResult, aggregate
-from flopcount.decoding.forwards import Decoding, LastOutput, Setup, cache_of, generation_options
-from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
-from flopcount.errors import TraceError, UsageError
-from flopcount.handlers import default_registry
-from flopcount.tracers import trace
-from flopcount.types import Diagnostic, Trace
+from flopcount.core.results import FlopResult
+from flopcount.decoding.caches import cache_bytes, cache_dtype, cache_position_bytes
+from flopcount.decoding.counted import count_decoding
+from flopcount.types import Diagnostic
 
 __all__ = ["GenerationResult", "count_generation", "cache_bytes", "cache_position_bytes"]
 
@@ -124,61 +117,6 @@ class GenerationResult:
         return self.table()
 
 
-def cache_bytes(cache: Any) -> int:
-    """Bytes a KV cache object holds: every storage its tensors keep alive, each once and
-    whole (a sliding-window layer's keys are a view of a larger tensor), found by walking
-    its attributes, lists, tuples and dicts; real dtypes, meta/fake tensors included."""
-    storages: Dict[int, Any] = {}  # id -> storage (kept alive while the walk lasts)
-    loose = 0
-    for tensor in _unique_tensors(cache):
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # sparse or opaque tensors: their own elements
-            loose += tensor.numel() * tensor.element_size()
-            continue
-        storages.setdefault(id(storage), storage)
-    return loose + sum(storage.nbytes() for storage in storages.values())
-
-
-def cache_position_bytes(cache: Any) -> int:
-    """Bytes of the positions a KV cache keeps: each of its tensors' own elements
-    (``nbytes`` of the views), the figure positions x bytes per position gives."""
-    return sum(tensor.numel() * tensor.element_size() for tensor in _unique_tensors(cache))
-
-
-def _unique_tensors(cache: Any) -> Iterator[torch.Tensor]:
-    seen: set = set()
-    for tensor in _tensors_in(cache, set()):
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            yield tensor
-
-
-def cache_dtype(cache: Any) -> str:
-    """The dtype of a KV cache's floating tensors ("bfloat16"; several joined by "+"; "" if none)."""
-    names = {str(t.dtype).replace("torch.", "") for t in _tensors_in(cache, set()) if t.is_floating_point()}
-    return "+".join(sorted(names))
-
-
-def _tensors_in(obj: Any, visited: set) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-        return
-    if id(obj) in visited or obj is None or isinstance(obj, (int, float, str, bool, torch.dtype, torch.device)):
-        return
-    visited.add(id(obj))
-    if isinstance(obj, Mapping):
-        children: Any = obj.values()
-    elif isinstance(obj, (list, tuple)):
-        children = obj
-    elif hasattr(obj, "__dict__"):
-        children = vars(obj).values()
-    else:
-        return
-    for child in children:
-        yield from _tensors_in(child, visited)
-
-
 def count_generation(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -213,38 +151,23 @@ def count_generation(
     ``prefill_chunk_size`` (the prompt prefilled in chunks through the cache). Options whose
     work is not modelled ("quantized", "paged") are refused with a
     UsageError; what was honoured is said in ``warnings`` (docs/llm.md lists them)."""
-    started = time.perf_counter()
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"count_generation expects a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
-        raise UsageError("count_generation: input_ids must be a (batch, prompt length) tensor")
-    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
-        raise UsageError(f"count_generation: new_tokens must be an int >= 1, got {new_tokens!r}")
-    model = uncompiled(model)
-    options = generation_options(
-        model, int(input_ids.shape[0]), int(input_ids.shape[-1]), new_tokens,
-        {"cache_implementation": cache_implementation, "max_cache_len": max_cache_len, "prefill_chunk_size": prefill_chunk_size},
+    decoded = count_decoding(
+        model, input_ids, new_tokens, kwargs, trace_every_step=trace_every_step,
+        options={"cache_implementation": cache_implementation, "max_cache_len": max_cache_len,
+                 "prefill_chunk_size": prefill_chunk_size},
     )
-    setup = Setup(model, input_ids, kwargs, options)
-    notes = list(options.notes) + list(setup.notes)
-    try:
-        counted = _count(model, setup, new_tokens - 1, trace_every_step)
-    except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
-        counted = _count(model, setup, new_tokens - 1, True)
-        notes.append(f"{why}: every decode step was traced")
-    notes += counted.notes
     return GenerationResult(
-        prefill=counted.prefill,
-        steps=tuple(counted.steps),
-        batch=setup.batch,
-        prompt_tokens=setup.prompt,
+        prefill=decoded.prefill,
+        steps=tuple(decoded.steps),
+        batch=decoded.setup.batch,
+        prompt_tokens=decoded.setup.prompt,
         new_tokens=new_tokens,
-        kv_cache_bytes=cache_bytes(counted.cache),
-        kv_cache_dtype=cache_dtype(counted.cache),
-        encoder_decoder=setup.encoder_decoder,
-        warnings=_diagnostics(notes, [counted.prefill, *counted.steps]),
-        kv_cache_position_bytes=cache_position_bytes(counted.cache),
-        wall_s=time.perf_counter() - started,
+        kv_cache_bytes=cache_bytes(decoded.cache),
+        kv_cache_dtype=cache_dtype(decoded.cache),
+        encoder_decoder=decoded.setup.encoder_decoder,
+        warnings=_diagnostics(decoded.notes, [decoded.prefill, *decoded.steps]),
+        kv_cache_position_bytes=cache_position_bytes(decoded.cache),
+        wall_s=decoded.wall_s,
     )
 
 
@@ -254,142 +177,3 @@ def _diagnostics(notes: List[str], results: List[FlopResult]) -> Tuple[str, ...]
     for result in results:
         found.update(dict.fromkeys(result.warnings))
     return tuple(found)
-
-
-@dataclass
-class _Counted:
-    prefill: FlopResult
-    steps: List[FlopResult]
-    cache: Any
-    notes: List[str]
-
-
-class _Mismatch(Exception):
-    """A traced step is not the continuation predicted for the steps before it."""
-
-
-def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> _Counted:
-    """The prefill and ``total`` decode steps; raises :class:`_Mismatch` when a run's last
-    step, traced, contradicts the continuation predicted for it."""
-    counter = _Counter(model)
-    with LastOutput(model) as last:
-        prefill, output = _prefill(counter, setup, last)
-        state = Decoding(model, output, setup)
-        if total > 0 and state.cache is None:
-            raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
-        limits = cache_limits(state.cache, getattr(model, "config", None))
-        steps: List[FlopResult] = []
-        predicted: List[Tuple[int, int]] = []
-        shortcut = not every_step
-
-        def step(index: int) -> Tuple[Trace, Costed]:
-            run, costed, result = counter.count(state.call(index))
-            state.advance(last.take())
-            steps.append(result)
-            return run, costed
-
-        for first, final, predictable in plan_runs(total, setup.base, limits, every_step):
-            traced: List[Tuple[Trace, Costed]] = []
-            index = first
-            while index <= final:
-                traced.append(step(index))
-                index += 1
-                if not (shortcut and predictable and len(traced) == 3 and final - index >= 1):
-                    continue
-                affine = Affine.check(traced, counter.registry)
-                if affine is None:
-                    shortcut = False  # any mismatch: every later step is traced
-                    continue
-                base_result = steps[first]
-                steps += [affine.result_at(s - first, base_result) for s in range(index, final)]
-                predicted.append((index, final - 1))
-                try:
-                    counter.catch_up(state.call(index, width=final - index))
-                except TraceError as exc:
-                    first_line = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
-                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({first_line})") from exc
-                state.advance(last.take())
-                if not affine.matches(final - first, *step(final)):
-                    raise _Mismatch(f"decode step {final} did not match the affine continuation predicted for it")
-                break
-    notes = list(state.notes)
-    if predicted:
-        ranges = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in predicted)
-        crossed = limits.within(setup.base + 1, setup.base + total)
-        split = f"; runs split where the context reaches the cache's limits ({', '.join(map(str, crossed))})" if crossed else ""
-        notes.append(
-            f"decode steps {ranges} were costed as the exact affine continuation, in the context length, of the two "
-            f"steps before them, not traced: the third step and the last step of each run were traced and matched it "
-            f"(the skipped positions were fed in one uncounted forward){split}; trace_every_step=True traces each"
-        )
-    return _Counted(prefill, steps, state.cache, notes)
-
-
-def _prefill(counter: _Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any]:
-    """The prefill's count and its output: one forward, or one per chunk (each chunk fed the
-    cache the one before returned), booked as one prefill."""
-    if len(setup.prefill_calls) == 1:
-        return counter.count(setup.first)[2], last.take()
-    runs: List[Tuple[Trace, Costed]] = []
-    output: Any = None
-    for index, call in enumerate(setup.prefill_calls):
-        if index:
-            cache = cache_of(output, setup)
-            call = {**call, setup.cache_key: cache if cache is not None else setup.first.get(setup.cache_key)}
-        runs.append(counter.trace(call))
-        output = last.take()
-    description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
-    return counter.combined(runs, description), output
-
-
-class _Counter:
-    """Traces one forward with the dispatch tracer and turns it into a FlopResult, as
-    :func:`flopcount.core.analysis.analyze` does (module aliases included); the model facts
-    (names, aliases, parameter summary) are read once for all steps."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.registry = default_registry()
-        self.facts = model_facts(model)
-
-    def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
-        run = trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
-        return run, cost_events(run.events, self.registry)
-
-    def combined(self, runs: List[Tuple[Trace, Costed]], description: str) -> FlopResult:
-        """Several traced forwards booked as one result (a chunked prefill)."""
-        calls: Dict[str, int] = {}
-        for run, _ in runs:
-            for name, count in run.module_calls.items():
-                calls[name] = calls.get(name, 0) + count
-        return aggregate(
-            [pair for _, costed in runs for pair in costed],
-            tracer="dispatch",
-            modules=self.facts.module_infos(calls),
-            parameters=self.facts.summary,
-            input_description=description,
-            warnings=tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
-            gaps=tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
-            aliases=self.facts.aliases,
-        )
-
-    def catch_up(self, call: Mapping[str, Any]) -> None:
-        """Run a forward that is not counted (dispatch, for its meta-kernel stand-ins)."""
-        trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
-
-    def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
-        prepared = prepare_call((), call)
-        run = trace(self.model, prepared, tracer="dispatch", facts=self.facts)
-        costed = cost_events(run.events, self.registry)
-        return run, costed, aggregate(
-            costed,
-            tracer="dispatch",
-            modules=self.facts.module_infos(run.module_calls),
-            parameters=self.facts.summary,
-            input_description=prepared.description,
-            warnings=run.warnings,
-            gaps=run.gaps,
-            aliases=self.facts.aliases,
-        )
-
-

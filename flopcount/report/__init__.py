@@ -15,11 +15,12 @@ from . import (
     plan,
     profile,
     roofline_plot,
+    serving,
     table,
     tree,
 )
 
 __all__ = [
     "bench", "budget", "chrome_trace", "devices", "diff", "export", "generation", "memory", "plan", "profile",
-    "roofline_plot", "table", "tree",
+    "roofline_plot", "serving", "table", "tree",
 ]

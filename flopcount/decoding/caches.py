@@ -1,0 +1,66 @@
+"""What a generation cache holds, measured by walking the cache object: the storages its
+tensors keep alive (:func:`cache_bytes`), the positions it keeps (:func:`cache_position_bytes`)
+and its floating dtype(s) (:func:`cache_dtype`). Shared by count_generation and serve."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Mapping
+
+import torch
+
+__all__ = ["cache_bytes", "cache_dtype", "cache_position_bytes"]
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes a KV cache object holds: every storage its tensors keep alive, each once and
+    whole (a sliding-window layer's keys are a view of a larger tensor), found by walking
+    its attributes, lists, tuples and dicts; real dtypes, meta/fake tensors included."""
+    storages: Dict[int, Any] = {}  # id -> storage (kept alive while the walk lasts)
+    loose = 0
+    for tensor in _unique_tensors(cache):
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse or opaque tensors: their own elements
+            loose += tensor.numel() * tensor.element_size()
+            continue
+        storages.setdefault(id(storage), storage)
+    return loose + sum(storage.nbytes() for storage in storages.values())
+
+
+def cache_position_bytes(cache: Any) -> int:
+    """Bytes of the positions a KV cache keeps: each of its tensors' own elements
+    (``nbytes`` of the views), the figure positions x bytes per position gives."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in _unique_tensors(cache))
+
+
+def _unique_tensors(cache: Any) -> Iterator[torch.Tensor]:
+    seen: set = set()
+    for tensor in _tensors_in(cache, set()):
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            yield tensor
+
+
+def cache_dtype(cache: Any) -> str:
+    """The dtype of a KV cache's floating tensors ("bfloat16"; several joined by "+"; "" if none)."""
+    names = {str(t.dtype).replace("torch.", "") for t in _tensors_in(cache, set()) if t.is_floating_point()}
+    return "+".join(sorted(names))
+
+
+def _tensors_in(obj: Any, visited: set) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    if id(obj) in visited or obj is None or isinstance(obj, (int, float, str, bool, torch.dtype, torch.device)):
+        return
+    visited.add(id(obj))
+    if isinstance(obj, Mapping):
+        children: Any = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    elif hasattr(obj, "__dict__"):
+        children = vars(obj).values()
+    else:
+        return
+    for child in children:
+        yield from _tensors_in(child, visited)

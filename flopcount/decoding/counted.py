@@ -1,0 +1,222 @@
+"""The forwards of a greedy ``generate()`` counted one by one: the prefill (one forward, or
+one per chunk) and each decode step, traced by the dispatch tracer or costed as the exact
+affine continuation of the steps before it (:mod:`flopcount.decoding.runs`). Shared by the
+readings over generation: ``count_generation`` books them as a GenerationResult, ``serve``
+prices them on a part. Besides each forward's FlopResult, :func:`count_decoding` keeps what
+the cache held after the prefill and after each traced step (the positions' bytes), so a
+reading can say what each decode step reads from the cache."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.inputs import prepare_call
+from flopcount.core.model_facts import model_facts
+from flopcount.core.results import FlopResult, aggregate
+from flopcount.decoding.caches import cache_position_bytes
+from flopcount.decoding.forwards import Decoding, LastOutput, Setup, cache_of, generation_options
+from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
+from flopcount.errors import TraceError, UsageError
+from flopcount.handlers import default_registry
+from flopcount.tracers import trace
+from flopcount.types import Trace
+
+__all__ = ["Decoded", "count_decoding"]
+
+
+@dataclass
+class Decoded:
+    """The counted forwards of one greedy ``generate()`` run and the cache it ends with.
+
+    ``held``: step index -> the bytes of the positions the cache keeps after that step
+    (``cache_position_bytes``), for the traced steps; index -1 is after the prefill.
+    ``largest_write``: the most bytes one op of the prefill or of a traced step writes."""
+
+    prefill: FlopResult
+    steps: List[FlopResult]
+    cache: Any
+    notes: List[str]
+    setup: Setup
+    held: Dict[int, int] = field(default_factory=dict)
+    largest_write: int = 0
+    wall_s: float = 0.0
+
+
+def count_decoding(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    new_tokens: int,
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    trace_every_step: bool = False,
+    options: Optional[Mapping[str, Any]] = None,
+    who: str = "count_generation",
+) -> Decoded:
+    """Count the prefill and the ``new_tokens - 1`` decode steps of greedy
+    ``model.generate(input_ids, max_new_tokens=new_tokens, **options)``; ``who`` names the
+    caller in errors. See :func:`flopcount.count_generation` for the conventions."""
+    started = time.perf_counter()
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{who} expects a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
+        raise UsageError(f"{who}: input_ids must be a (batch, prompt length) tensor")
+    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
+        raise UsageError(f"{who}: new_tokens must be an int >= 1, got {new_tokens!r}")
+    model = uncompiled(model)
+    resolved = generation_options(model, int(input_ids.shape[0]), int(input_ids.shape[-1]), new_tokens, dict(options or {}))
+    setup = Setup(model, input_ids, kwargs, resolved)
+    notes = list(resolved.notes) + list(setup.notes)
+    try:
+        counted = _count(model, setup, new_tokens - 1, trace_every_step)
+    except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
+        counted = _count(model, setup, new_tokens - 1, True)
+        notes.append(f"{why}: every decode step was traced")
+    counted.notes = notes + counted.notes
+    counted.wall_s = time.perf_counter() - started
+    return counted
+
+
+class _Mismatch(Exception):
+    """A traced step is not the continuation predicted for the steps before it."""
+
+
+def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> Decoded:
+    """The prefill and ``total`` decode steps; raises :class:`_Mismatch` when a run's last
+    step, traced, contradicts the continuation predicted for it."""
+    counter = _Counter(model)
+    held: Dict[int, int] = {}
+    with LastOutput(model) as last:
+        prefill, output = _prefill(counter, setup, last)
+        state = Decoding(model, output, setup)
+        if total > 0 and state.cache is None:
+            raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
+        held[-1] = cache_position_bytes(state.cache)
+        limits = cache_limits(state.cache, getattr(model, "config", None))
+        steps: List[FlopResult] = []
+        predicted: List[Tuple[int, int]] = []
+        shortcut = not every_step
+
+        def step(index: int) -> Tuple[Trace, Costed]:
+            run, costed, result = counter.count(state.call(index))
+            state.advance(last.take())
+            held[index] = cache_position_bytes(state.cache)
+            steps.append(result)
+            return run, costed
+
+        for first, final, predictable in plan_runs(total, setup.base, limits, every_step):
+            traced: List[Tuple[Trace, Costed]] = []
+            index = first
+            while index <= final:
+                traced.append(step(index))
+                index += 1
+                if not (shortcut and predictable and len(traced) == 3 and final - index >= 1):
+                    continue
+                affine = Affine.check(traced, counter.registry)
+                if affine is None:
+                    shortcut = False  # any mismatch: every later step is traced
+                    continue
+                base_result = steps[first]
+                steps += [affine.result_at(s - first, base_result) for s in range(index, final)]
+                predicted.append((index, final - 1))
+                try:
+                    counter.catch_up(state.call(index, width=final - index))
+                except TraceError as exc:
+                    first_line = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({first_line})") from exc
+                state.advance(last.take())
+                if not affine.matches(final - first, *step(final)):
+                    raise _Mismatch(f"decode step {final} did not match the affine continuation predicted for it")
+                break
+    notes = list(state.notes)
+    if predicted:
+        ranges = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in predicted)
+        crossed = limits.within(setup.base + 1, setup.base + total)
+        split = f"; runs split where the context reaches the cache's limits ({', '.join(map(str, crossed))})" if crossed else ""
+        notes.append(
+            f"decode steps {ranges} were costed as the exact affine continuation, in the context length, of the two "
+            f"steps before them, not traced: the third step and the last step of each run were traced and matched it "
+            f"(the skipped positions were fed in one uncounted forward){split}; trace_every_step=True traces each"
+        )
+    return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write)
+
+
+def _prefill(counter: _Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any]:
+    """The prefill's count and its output: one forward, or one per chunk (each chunk fed the
+    cache the one before returned), booked as one prefill."""
+    if len(setup.prefill_calls) == 1:
+        return counter.count(setup.first)[2], last.take()
+    runs: List[Tuple[Trace, Costed]] = []
+    output: Any = None
+    for index, call in enumerate(setup.prefill_calls):
+        if index:
+            cache = cache_of(output, setup)
+            call = {**call, setup.cache_key: cache if cache is not None else setup.first.get(setup.cache_key)}
+        runs.append(counter.trace(call))
+        output = last.take()
+    description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
+    return counter.combined(runs, description), output
+
+
+class _Counter:
+    """Traces one forward with the dispatch tracer and turns it into a FlopResult, as
+    :func:`flopcount.core.analysis.analyze` does (module aliases included); the model facts
+    (names, aliases, parameter summary) are read once for all steps."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.registry = default_registry()
+        self.facts = model_facts(model)
+        self.largest_write = 0
+
+    def _costed(self, run: Trace) -> Costed:
+        costed = cost_events(run.events, self.registry)
+        for _, cost in costed:
+            if cost is not None and cost.bytes_written > self.largest_write:
+                self.largest_write = cost.bytes_written
+        return costed
+
+    def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
+        run = trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
+        return run, self._costed(run)
+
+    def combined(self, runs: List[Tuple[Trace, Costed]], description: str) -> FlopResult:
+        """Several traced forwards booked as one result (a chunked prefill)."""
+        calls: Dict[str, int] = {}
+        for run, _ in runs:
+            for name, count in run.module_calls.items():
+                calls[name] = calls.get(name, 0) + count
+        return aggregate(
+            [pair for _, costed in runs for pair in costed],
+            tracer="dispatch",
+            modules=self.facts.module_infos(calls),
+            parameters=self.facts.summary,
+            input_description=description,
+            warnings=tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
+            gaps=tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
+            aliases=self.facts.aliases,
+        )
+
+    def catch_up(self, call: Mapping[str, Any]) -> None:
+        """Run a forward that is not counted (dispatch, for its meta-kernel stand-ins)."""
+        trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
+
+    def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
+        prepared = prepare_call((), call)
+        run = trace(self.model, prepared, tracer="dispatch", facts=self.facts)
+        costed = self._costed(run)
+        return run, costed, aggregate(
+            costed,
+            tracer="dispatch",
+            modules=self.facts.module_infos(run.module_calls),
+            parameters=self.facts.summary,
+            input_description=prepared.description,
+            warnings=run.warnings,
+            gaps=run.gaps,
+            aliases=self.facts.aliases,
+        )

@@ -1,0 +1,131 @@
+"""Tables, JSON and the tokens/s-against-batch plot of a serving reading."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+from tabulate import tabulate
+
+from flopcount.core.rendering import renders
+from flopcount.units import format_bytes, format_count
+
+if TYPE_CHECKING:
+    from flopcount.serving.result import Phase, ServeResult
+
+
+def _ms(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3f} us"
+
+
+def _rate(value: Optional[float]) -> str:
+    return "-" if value is None else (f"{value:,.1f}" if value < 1e6 else format_count(value))
+
+
+def _phase(phase: Optional[Phase]) -> str:
+    return "-" if phase is None else f"{_ms(phase.seconds)} ({phase.bound})"
+
+
+@renders("ServeResult", "table")
+def serve_table(result: ServeResult, fmt: str = "simple") -> str:
+    """One row per batch size, then memory, capacity and what the bounds leave out."""
+    facts = result.facts
+    rows: List[List[str]] = []
+    for row in result.batches:
+        rows.append([
+            str(row.batch), _phase(row.prefill), _phase(row.first_step), _phase(row.last_step),
+            _rate(row.tokens_per_s_per_sequence), _rate(row.tokens_per_s), format_bytes(row.memory_bytes),
+            "-" if row.fits is None else ("yes" if row.fits else "NO"),
+        ])
+    table = tabulate(rows, headers=["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=",
+                                    "memory", "fits"], tablefmt=fmt)
+    steps = len(facts.step_flops)
+    context = (f"prompt {facts.prompt_tokens}, {facts.new_tokens} new tokens (decode context "
+               f"{facts.prompt_tokens + 1}..{facts.prompt_tokens + steps})" if steps else
+               f"prompt {facts.prompt_tokens}, 1 new token (prefill only)")
+    rank = f", per rank of tp={result.tp} over {result.link}" if result.tp > 1 else ""
+    lines = [
+        f"{result.part}: compute {result.dtype}, {result.weight_note}{rank}; {context}",
+        table,
+        f"weights {format_bytes(result.weight_bytes)}; KV cache {format_bytes(result.kv_bytes_per_token)} per token, "
+        f"{format_bytes(result.kv_bytes_per_sequence)} per sequence at the final context"
+        f"{f' ({facts.cache_dtype})' if facts.cache_dtype else ''}; activations >= "
+        f"{format_bytes(facts.activation_bytes / result.tp)} per sequence (the largest tensor one op writes)",
+        f"prefill {format_count(facts.prefill_flops)}FLOPs per sequence; decode "
+        f"{format_count(sum(facts.step_flops) / max(1, steps))}FLOPs per token per sequence (mean)",
+    ]
+    if result.capacity_bytes is not None:
+        fits = "none" if result.max_batch == 0 else str(result.max_batch)
+        lines.append(
+            f"capacity: {format_bytes(result.capacity_bytes)} less a {result.reserve:.0%} reserve = "
+            f"{format_bytes(result.usable_bytes or 0)} usable: at most {fits} sequences of this length fit"
+        )
+    lines.append("decode turns compute-bound at batch " + (str(result.compute_bound_batch) if result.compute_bound_batch
+                                                            else "- (never: the cache's bytes grow with the FLOPs)"))
+    lines.append(result.leaves_out)
+    lines += [f"note: {w}" for w in result.warnings]
+    return "\n".join(lines)
+
+
+@renders("ServeResult", "markdown")
+def serve_markdown(result: ServeResult) -> str:
+    return serve_table(result, "github")
+
+
+@renders("ServeResult", "dict")
+def serve_dict(result: ServeResult) -> Dict[str, Any]:
+    facts = result.facts
+    return {
+        "part": result.part, "dtype": result.dtype, "weight_dtype": result.weight_dtype, "tp": result.tp,
+        "link": result.link, "roofs": result.roofs.to_dict(), "prompt_tokens": facts.prompt_tokens,
+        "new_tokens": facts.new_tokens, "batches": [row.to_dict() for row in result.batches],
+        "weight_bytes": result.weight_bytes, "weight_note": result.weight_note,
+        "kv_bytes_per_token": result.kv_bytes_per_token, "kv_bytes_per_sequence": result.kv_bytes_per_sequence,
+        "kv_cache_dtype": facts.cache_dtype, "activation_bytes_per_sequence": facts.activation_bytes / result.tp,
+        "capacity_bytes": result.capacity_bytes, "reserve": result.reserve, "usable_bytes": result.usable_bytes,
+        "max_batch": result.max_batch, "compute_bound_batch": result.compute_bound_batch,
+        "prefill_flops_per_sequence": facts.prefill_flops,
+        "decode_flops_per_token": sum(facts.step_flops) / max(1, len(facts.step_flops)),
+        "complete": result.complete, "leaves_out": result.leaves_out, "warnings": list(result.warnings),
+    }
+
+
+def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[int] = ()) -> None:
+    """Decode tokens/s ceiling against batch for each result's part, the memory wall (the
+    largest batch that fits) drawn as a vertical line in the part's colour; batches past the
+    wall dotted and faint (they do not fit)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    top = max([64, *batches, *[(r.max_batch or 0) * 2 for r in results]])
+    grid = sorted({*batches, *[2**i for i in range(0, max(1, top).bit_length() + 1)]})
+    for index, result in enumerate(results):
+        colour = f"C{index}"
+        xs = [b for b in grid if b <= top]
+        ys = [result.at(b).tokens_per_s or 0.0 for b in xs]
+        wall = result.max_batch if result.max_batch is not None else top
+        fits = [(x, y) for x, y in zip(xs, ys) if x <= wall]
+        label = f"{result.part} ({result.weight_dtype}, tp={result.tp})"
+        if fits:
+            ax.plot(*zip(*fits), marker="o", color=colour, label=label)
+        beyond = [(x, y) for x, y in zip(xs, ys) if x >= (fits[-1][0] if fits else 0)]
+        if len(beyond) > 1:  # past the memory wall: does not fit, drawn faint
+            ax.plot(*zip(*beyond), linestyle=":", color=colour, alpha=0.4)
+        if result.max_batch:
+            ax.axvline(result.max_batch, color=colour, linestyle="--", linewidth=1)
+            ax.annotate(f"memory wall {result.max_batch}", (result.max_batch, max(ys) * 0.05), color=colour,
+                        rotation=90, fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (sequences)")
+    ax.set_ylabel("decode tokens/s ceiling (all sequences)")
+    first = results[0].facts
+    ax.set_title(f"prompt {first.prompt_tokens}, {first.new_tokens} new tokens: ceilings (any implementation)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

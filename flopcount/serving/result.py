@@ -1,0 +1,95 @@
+"""ServeResult: serving bounds of one model on one part (plain data, no torch)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+from flopcount.core.rendering import render
+from flopcount.devices import Roofs
+from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
+from flopcount.serving.pricing import price_batch
+
+__all__ = ["LEAVES_OUT", "Phase", "ServeBatch", "ServeFacts", "ServeResult", "WeightTensor"]
+
+#: What the bounds leave out, in the docs and under every report.
+LEAVES_OUT = (
+    "These are any-implementation lower bounds (ceilings on speed): they leave out scheduling, paging, the batching "
+    "policy, kernel launch and host overheads, imperfect kernels and speculative decoding; greedy search, beam width 1."
+)
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """Serving bounds of one model on one part: prefill (TTFT), decode (inter-token latency,
+    tokens/s ceilings), memory (weights, KV cache per sequence, activations, the largest
+    batch that fits) and the batch at which decode turns compute-bound.
+
+    Every time is an any-implementation lower bound (``max(FLOPs / peak, unavoidable bytes /
+    bandwidth)``, :func:`flopcount.devices.any_implementation`), per tensor-parallel rank,
+    with the all-reduces over the part's link; see :data:`LEAVES_OUT`."""
+
+    part: str
+    roofs: Roofs
+    dtype: str
+    weight_dtype: str
+    tp: int
+    facts: ServeFacts
+    batches: Tuple[ServeBatch, ...]
+    weight_bytes: float
+    weight_note: str
+    kv_bytes_per_sequence: float
+    capacity_bytes: Optional[float]
+    reserve: float
+    max_batch: Optional[int]
+    compute_bound_batch: Optional[int]
+    link: str = ""
+    warnings: Tuple[str, ...] = ()
+    leaves_out: str = LEAVES_OUT
+    wall_s: float = field(default=0.0, compare=False)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.facts.prompt_tokens
+
+    @property
+    def new_tokens(self) -> int:
+        return self.facts.new_tokens
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Bytes one more position adds to one sequence's cache (per rank), at the first decode step."""
+        return self.facts.kv_bytes_per_token / self.kv_split
+
+    @property
+    def kv_split(self) -> int:
+        """How many ranks the cache is split over (tp, at most the KV heads)."""
+        return max(1, min(self.tp, self.facts.kv_heads or self.tp))
+
+    @property
+    def usable_bytes(self) -> Optional[float]:
+        return None if self.capacity_bytes is None else self.capacity_bytes * (1.0 - self.reserve)
+
+    @property
+    def complete(self) -> bool:
+        return self.facts.complete
+
+    def at(self, batch: int) -> ServeBatch:
+        """The bounds at ``batch`` (one of :attr:`batches`, else priced now)."""
+        for row in self.batches:
+            if row.batch == batch:
+                return row
+        return price_batch(self, batch)
+
+    def table(self) -> str:
+        return render(self, "table")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return render(self, "dict")
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        return self.table()

@@ -1,0 +1,283 @@
+"""``flopcount.serve``: serving bounds of a generative model on a part you may not have.
+
+One count of what ``generate()`` runs (:func:`flopcount.decoding.counted.count_decoding`:
+the prefill and every decode step, from the model's own code, with its own cache) gives per
+sequence the FLOPs of each forward and the cache bytes each decode step reads and writes;
+:mod:`flopcount.serving.pricing` prices them on the part with the one roofline function."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from flopcount.decoding.caches import cache_bytes, cache_dtype
+from flopcount.decoding.counted import Decoded, count_decoding
+from flopcount.devices import Roofs, column_of, find_part, is_this_machine, named_roofs
+from flopcount.errors import UsageError
+from flopcount.serving.figures import ServeFacts, WeightTensor
+from flopcount.serving.pricing import (
+    Pricing,
+    batches_of,
+    compute_bound_batch,
+    max_batch,
+    price_batch_with,
+    weight_format,
+    weight_note,
+    weights_held,
+)
+from flopcount.serving.result import ServeResult
+
+__all__ = ["serve", "serve_facts", "serve_on"]
+
+#: the share of the part's memory kept back (vLLM's default gpu_memory_utilization is 0.9)
+DEFAULT_RESERVE = 0.10
+
+
+def serve(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    new_tokens: int,
+    *,
+    on: Union[str, Roofs] = "h100",
+    batch: Union[None, int, Sequence[int]] = None,
+    dtype: Any = None,
+    weight_dtype: Any = None,
+    tp: int = 1,
+    reserve: float = DEFAULT_RESERVE,
+    kwargs: Optional[Mapping[str, Any]] = None,
+) -> ServeResult:
+    """Serving bounds of ``model.generate(input_ids, max_new_tokens=new_tokens)`` (greedy)
+    on the part ``on`` ("h100", "l4", "a100 40gb"..., "this machine", or a Roofs).
+
+    ``input_ids``: the (B, P) prompt counted (meta tensors are fine); ``batch``: the batch
+    size(s) to price (default B; every sequence costs the same, so one count serves all);
+    ``dtype``: the compute dtype (default the model's); ``weight_dtype``: weights stored as
+    "int8", "int4", "fp8" weight-only quantization would store them (scales included) or a
+    float dtype; ``tp``: tensor-parallel ranks (per-rank work, and two all-reduces per layer
+    over the part's first link); ``reserve``: the share of the part's memory kept back.
+    Times are any-implementation lower bounds (see ``ServeResult.leaves_out``). The model
+    and ``input_ids`` are left as found."""
+    started = time.perf_counter()
+    roofs, part_name, capacity, link = _part(on, tp)
+    if not isinstance(reserve, (int, float)) or not 0 <= reserve < 1:
+        raise UsageError(f"serve: reserve must be a fraction in [0, 1), got {reserve!r}")
+    facts = serve_facts(model, input_ids, new_tokens, kwargs=kwargs)
+    result = serve_on(facts, roofs, part_name, capacity, link, batch=batch, dtype=dtype, weight_dtype=weight_dtype,
+                      tp=tp, reserve=reserve)
+    return ServeResult(**{**result.__dict__, "wall_s": time.perf_counter() - started})
+
+
+def _part(on: Union[str, Roofs], tp: int) -> Tuple[Roofs, str, Optional[float], str]:
+    """Roofs, a name, the memory capacity in bytes (None: unknown) and the tp link."""
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise UsageError(f"serve: tp must be an int >= 1, got {tp!r}")
+    if isinstance(on, Roofs):
+        if tp > 1:
+            raise UsageError("serve: tp > 1 needs a named part (its link); a Roofs has no link")
+        return on, on.device or "given roofs", None, ""
+    if not isinstance(on, str):
+        raise UsageError(f"serve: on= must be a part name ('h100', 'l4', 'this machine'...) or a Roofs, got {on!r}")
+    if is_this_machine(on):
+        with torch.random.fork_rng(devices=[]):  # measuring the machine draws random operands
+            roofs = named_roofs(on)
+        if tp > 1:
+            raise UsageError("serve: tp > 1 on this machine is not modelled (no link between ranks)")
+        return roofs, "this machine", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), ""
+    roofs = named_roofs(on)
+    part = find_part(on)
+    assert part is not None  # named_roofs resolved it
+    link = part.links[0] if part.links else ""
+    if tp > 1 and not link:
+        raise UsageError(f"serve: {part.name} lists no link for tp={tp}")
+    return roofs, part.name, float(part.memory_bytes), link
+
+
+def serve_on(
+    facts: ServeFacts, roofs: Roofs, part: str, capacity: Optional[float], link: str, *,
+    batch: Union[None, int, Sequence[int]] = None, dtype: Any = None, weight_dtype: Any = None, tp: int = 1,
+    reserve: float = DEFAULT_RESERVE,
+) -> ServeResult:
+    """Price counted :class:`ServeFacts` on a part (no torch runs: comparing parts and batch
+    sizes costs one count)."""
+    compute = column_of(dtype) if dtype is not None else facts.model_dtype
+    weights_as = weight_format(None if weight_dtype is None else column_of(weight_dtype), compute)
+    pricing = Pricing(facts, roofs, compute, weights_as, tp, link)
+    usable = None if capacity is None else capacity * (1.0 - reserve)
+    rows = tuple(price_batch_with(pricing, b, usable) for b in batches_of(batch, facts.counted_batch))
+    warnings = list(facts.warnings)
+    if tp > 1 and facts.kv_heads and facts.kv_heads < tp:
+        warnings.append(f"{facts.kv_heads} KV heads over tp={tp}: each rank holds the cache of "
+                        f"{facts.kv_heads}/{pricing.kv_split} of them (replicated)")
+    if facts.cache_dtype and facts.cache_dtype != facts.model_dtype and compute != facts.model_dtype:
+        warnings.append(f"the cache is kept in {facts.cache_dtype}, not the model's {facts.model_dtype}: priced as kept")
+    if facts.top_k:
+        warnings.append("mixture of experts: a forward over T tokens reads E x (1 - (1 - k/E)^T) of each layer's E "
+                        "experts (uniform, independent routing, in expectation)")
+    return ServeResult(
+        part=part, roofs=roofs, dtype=compute, weight_dtype=weights_as, tp=tp, facts=facts, batches=rows,
+        weight_bytes=weights_held(facts, weights_as, compute) / tp, weight_note=weight_note(weights_as, compute),
+        kv_bytes_per_sequence=facts.cache_held * pricing.scale / pricing.kv_split, capacity_bytes=capacity,
+        reserve=reserve, max_batch=max_batch(pricing, usable), compute_bound_batch=compute_bound_batch(pricing),
+        link=link, warnings=tuple(dict.fromkeys(warnings)),
+    )
+
+
+def serve_facts(
+    model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, kwargs: Optional[Mapping[str, Any]] = None,
+) -> ServeFacts:
+    """Count ``generate()``'s forwards at the prompt's batch B and at B + 1 (the first row
+    repeated), and keep each figure as its per-sequence slope and the part no sequence adds:
+    every shape of a forward is affine in the batch, so two counts price every batch exactly."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
+        raise UsageError("serve: input_ids must be a (batch, prompt length) tensor")
+    one = count_decoding(model, input_ids, new_tokens, kwargs, who="serve")
+    batch = one.setup.batch
+    wider = torch.cat([input_ids, input_ids[:1]])
+    more = None if kwargs is None else {
+        k: torch.cat([v, v[:1]]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
+        for k, v in kwargs.items()
+    }
+    two = count_decoding(model, wider, new_tokens, more, who="serve")
+    return _facts(model, one, two, new_tokens)
+
+
+def _facts(model: nn.Module, one: Decoded, two: Decoded, new_tokens: int) -> ServeFacts:
+    b = one.setup.batch
+    n = len(one.steps)
+    figures: Dict[str, Tuple[Any, Any]] = {}
+    for name, decoded in (("one", one), ("two", two)):
+        held = _held_per_step(decoded.held, n)
+        figures[name] = ({
+            "prefill_flops": float(decoded.prefill.flops), "prefill_macs": float(decoded.prefill.macs),
+            "prefill_cache_written": held[-1], "cache_held": float(cache_bytes(decoded.cache)),
+            "kv_bytes_per_token": held[0] - held[-1] if n else 0.0, "activation_bytes": float(decoded.largest_write),
+        }, {
+            "step_flops": [float(s.flops) for s in decoded.steps], "step_macs": [float(s.macs) for s in decoded.steps],
+            "step_cache_read": [held[s - 1] for s in range(n)],  # the positions cached before the step
+            "step_cache_written": [max(0.0, held[s] - held[s - 1]) for s in range(n)],
+        })
+    slopes: Dict[str, Any] = {}
+    fixed: Dict[str, Any] = {}
+    for key, first in figures["one"][0].items():
+        slopes[key] = figures["two"][0][key] - first
+        fixed[key] = first - b * slopes[key]
+    for key, firsts in figures["one"][1].items():
+        slopes[key] = tuple(y - x for x, y in zip(firsts, figures["two"][1][key]))
+        fixed[key] = tuple(x - b * d for x, d in zip(firsts, slopes[key]))
+    fixed["activation_bytes"] = max(0.0, fixed["activation_bytes"])
+    config = _text_config(model)
+    experts, k = _moe(config)
+    results = [one.prefill, *one.steps, two.prefill, *two.steps]
+    notes = list(dict.fromkeys([*one.notes, *(w for r in results for w in r.warnings)]))
+    reasons = [r for res in results for r in res.incomplete_reasons()]
+    if reasons:
+        notes.append("the count is incomplete, the bounds leave that work out: " + "; ".join(dict.fromkeys(reasons)))
+    return ServeFacts(
+        prompt_tokens=one.setup.prompt, new_tokens=new_tokens, counted_batch=b,
+        cache_dtype=cache_dtype(one.cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(model),
+        fixed=fixed, top_k=k if experts > 1 else 0,
+        layers=int(_get(config, "num_hidden_layers", "n_layer", "num_layers") or 0),
+        hidden=int(_get(config, "hidden_size", "n_embd", "d_model") or 0),
+        kv_heads=int(_get(config, "num_key_value_heads", "num_attention_heads", "n_head", "num_heads") or 0),
+        encoder_decoder=one.setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
+    )
+
+
+def _held_per_step(known: Mapping[int, int], steps: int) -> Dict[int, float]:
+    """The cache's position bytes after each step: measured after the traced ones, and
+    linear between two measured steps (the steps between them are an affine run)."""
+    points = sorted(known)
+    out: Dict[int, float] = {p: float(known[p]) for p in points}
+    for left, right in zip(points, points[1:]):
+        for s in range(left + 1, right):
+            out[s] = known[left] + (known[right] - known[left]) * (s - left) / (right - left)
+    for s in range(-1, steps):
+        out.setdefault(s, float(known[points[-1]]))
+    return out
+
+
+def _text_config(model: nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def _get(config: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _moe(config: Any) -> Tuple[int, int]:
+    """(experts per MoE layer, experts per token) from the config; (0, 0) for a dense model."""
+    experts = _get(config, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+    k = _get(config, "num_experts_per_tok", "top_k", "moe_top_k", "num_selected_experts")
+    return (experts, k) if experts and k else (0, 0)
+
+
+def _model_dtype(model: nn.Module) -> str:
+    """The floating dtype holding most of the parameters' bytes (float32 when none)."""
+    sizes: Dict[str, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            name = str(p.dtype).replace("torch.", "")
+            sizes[name] = sizes.get(name, 0) + p.numel() * p.element_size()
+    return max(sizes, key=lambda k: sizes[k]) if sizes else "float32"
+
+
+def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
+    """Each parameter once, with the kind serving prices it as (see :class:`WeightTensor`)."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
+    lookup: Dict[int, bool] = {}
+    for module in model.modules():
+        is_table = isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+        for p in module.parameters(recurse=False):
+            lookup[id(p)] = lookup.get(id(p), True) and is_table and id(p) not in head_ids
+    expert_ids = _expert_parameters(model, experts)
+    out: List[WeightTensor] = []
+    seen: set = set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        dtype = str(p.dtype).replace("torch.", "")
+        rows = p.numel() // p.shape[-1] if p.dim() >= 1 and p.shape[-1] else 1
+        if id(p) in head_ids:
+            kind = "head"
+        elif lookup.get(id(p)):
+            kind, rows = "table", p.shape[0] if p.dim() else 1
+        elif id(p) in expert_ids:
+            kind = "expert"
+        elif p.dim() >= 2 and p.is_floating_point():
+            kind = "matrix"
+        else:
+            kind = "other"
+        out.append(WeightTensor(p.numel(), int(rows), dtype, kind, expert_ids.get(id(p), 1)))
+    return out
+
+
+def _expert_parameters(model: nn.Module, experts: int) -> Dict[int, int]:
+    """id -> experts for the routed experts' weights: stacked (E, ...) tensors of a module
+    named ``experts`` (transformers 5), or the parameters of an ``experts`` ModuleList of E."""
+    found: Dict[int, int] = {}
+    if experts <= 1:
+        return found
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] != "experts":
+            continue
+        if isinstance(module, nn.ModuleList) and len(module) == experts:
+            found.update({id(p): experts for p in module.parameters()})
+            continue
+        for p in module.parameters(recurse=False):
+            if p.dim() >= 3 and p.shape[0] == experts:
+                found[id(p)] = experts
+    return found
+
+
