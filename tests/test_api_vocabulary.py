@@ -294,7 +294,7 @@ def test_no_two_classes_share_a_name() -> None:
 
 #: every public reading's result class; a new one is added here (the test below finds it)
 READINGS = ("FlopResult", "GenerationResult", "MemoryEstimate", "PlanResult", "PredictResult", "ProfileResult",
-            "BenchmarkResult", "DiffResult", "ModuleLatencyResult")
+            "BenchmarkResult", "DiffResult", "ModuleLatencyResult", "ServeResult")
 
 
 def test_every_public_result_class_has_diagnostics() -> None:

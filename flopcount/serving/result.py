@@ -6,10 +6,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
+from flopcount.core.diagnostics import from_texts
 from flopcount.core.rendering import render
 from flopcount.devices import Roofs
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 from flopcount.serving.pricing import price_batch
+from flopcount.types import Diagnostic
 
 __all__ = ["LEAVES_OUT", "Phase", "ServeBatch", "ServeFacts", "ServeResult", "WeightTensor"]
 
@@ -74,6 +76,10 @@ class ServeResult:
     @property
     def complete(self) -> bool:
         return self.facts.complete
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The reading's warnings as typed records, each once (an incomplete count among them)."""
+        return from_texts((), self.warnings)
 
     def at(self, batch: int) -> ServeBatch:
         """The bounds at ``batch`` (one of :attr:`batches`, else priced now)."""
