@@ -10,6 +10,7 @@ the hook that keeps each output."""
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -155,18 +156,23 @@ def cache_of(output: Any, setup: Setup) -> Any:
 
 
 class LastOutput:
-    """Keeps the output of the model's own forward (a process-wide hook, removed on exit)."""
+    """Keeps the output of the model's own forward run by the thread that entered it (a
+    process-wide hook, removed on exit: another thread running the same model meanwhile is
+    not heard, issue #29)."""
 
     def __init__(self, model: nn.Module):
         self._model = model
         self.value: Any = None
         self._handle: Any = None
+        self._thread = threading.get_ident()
 
     def __enter__(self) -> LastOutput:
         from torch.nn.modules import module as module_impl
 
+        self._thread = threading.get_ident()
+
         def keep(module: nn.Module, args: Any, output: Any) -> None:
-            if module is self._model:
+            if module is self._model and threading.get_ident() == self._thread:
                 self.value = output
 
         self._handle = module_impl.register_module_forward_hook(keep)

@@ -190,3 +190,31 @@ def test_counting_a_model_another_thread_trains(tracer):
     assert not trainer.errors, trainer.errors[:1]
     assert len(trainer.results) >= 1 and all(loss == loss for loss in trainer.results)  # no NaN
     assert set(trainer.modes) == {0}
+
+
+# --------------------------------------------------------------------------- count_generation's last output
+
+
+def test_count_generation_hears_only_its_own_thread():
+    """decoding/forwards.py's LastOutput keeps the model's output through a process-wide hook:
+    a neighbour running the same model (another batch and length) must not hand its output to
+    the count. Oracle: the hand formulas of tests/test_generation.py (prefill, each step, KV bytes)."""
+    pytest.importorskip("transformers")
+    from test_generation import VOCAB, B, N, P, _llama, kv_bytes, prefill_macs, step_macs
+
+    from flopcount.generation.count import count_generation
+
+    model = _llama("cpu")
+    ids = torch.randint(0, VOCAB, (B, P))
+
+    def infer() -> None:
+        with torch.no_grad():
+            model(torch.randint(0, VOCAB, (1, 3)))
+
+    with Neighbour(infer) as neighbour:
+        for _ in range(3):
+            result = count_generation(model, ids, new_tokens=N)
+            assert result.prefill.macs == prefill_macs()
+            assert [s.macs for s in result.steps] == [step_macs(s) for s in range(N - 1)]
+            assert result.kv_cache_bytes == kv_bytes(P + N - 1)
+    assert len(neighbour.results) >= 1 and not neighbour.errors
