@@ -156,30 +156,42 @@ def cache_of(output: Any, setup: Setup) -> Any:
 
 
 class LastOutput:
-    """Keeps the output of the model's own forward run by the thread that entered it (a
-    process-wide hook, removed on exit: another thread running the same model meanwhile is
-    not heard, issue #29)."""
+    """Keeps the output of the model's forward run by the thread that entered it: the output of
+    that thread's outermost module call (the model, or the private twin a real-run tracer runs
+    in its place). Process-wide hooks, removed on exit; another thread running the same model
+    meanwhile is not heard (issue #29)."""
 
     def __init__(self, model: nn.Module):
         self._model = model
         self.value: Any = None
-        self._handle: Any = None
+        self._handles: List[Any] = []
         self._thread = threading.get_ident()
 
     def __enter__(self) -> LastOutput:
         from torch.nn.modules import module as module_impl
 
-        self._thread = threading.get_ident()
+        thread = self._thread = threading.get_ident()
+        depth = [0]
+
+        def enter(module: nn.Module, args: Any) -> None:
+            if threading.get_ident() == thread:
+                depth[0] += 1
 
         def keep(module: nn.Module, args: Any, output: Any) -> None:
-            if module is self._model and threading.get_ident() == self._thread:
-                self.value = output
+            if threading.get_ident() == thread:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    self.value = output
 
-        self._handle = module_impl.register_module_forward_hook(keep)
+        self._handles = [
+            module_impl.register_module_forward_pre_hook(enter),
+            module_impl.register_module_forward_hook(keep, always_call=True),  # a forward that raised closes too
+        ]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
 
     def take(self) -> Any:
         value, self.value = self.value, None

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from flopcount.core.inputs import is_dataless, is_uninitialized
+from flopcount.core.state import PrivateRandom
 from flopcount.errors import FlopcountWarning
 
 
@@ -20,10 +21,12 @@ class StateWatch:
     def __init__(self, modules: List[nn.Module], attributes: List[Dict[str, Any]]):
         self._modules = modules
         self._attributes = attributes
-        #: set by the tracer from its trace (``flopcount.core.state.draws_random``): False when the
-        #: run drew no random number, so the process-wide RNG is not set back (setting it
-        #: would rewind another thread's draws); None (unknown, e.g. the forward raised) or
-        #: True: it is restored
+        #: set by the tracer from its trace (``flopcount.core.state.draws_random``). Used only
+        #: without ``own_buffers`` (a benchmark's run): False when the run drew no random
+        #: number, so the process-wide RNG is not set back; None (unknown) or True: it is
+        #: restored. A tracer's real run (``own_buffers``) draws on private generators
+        #: (:class:`flopcount.core.state.PrivateRandom`) and sets the RNG back only when an op
+        #: it could not redirect drew.
         self.drew_random: Optional[bool] = None
         #: set by the tracer: True when another thread ran the model during the run (issue
         #: #29 item 20). Then nothing is written back: the state now is that thread's too
@@ -64,7 +67,8 @@ def preserved_model_state(
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
     dictionaries, attributes the forward set or replaced on a module, grad mode and
     the RNG state (dropout draws from it; not set back when the tracer found that the run
-    drew nothing: :attr:`StateWatch.drew_random`). ``restore_attributes=False`` keeps what the
+    drew nothing: :attr:`StateWatch.drew_random`; under ``own_buffers`` the run draws on private
+    generators instead and the process's are left alone, issue #29 item 18). ``restore_attributes=False`` keeps what the
     forward set on its modules (a benchmark runs the user's own forward as the user
     would: a call counter the model keeps is the model's business).
 
@@ -114,8 +118,17 @@ def preserved_model_state(
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     watch = StateWatch(modules, attributes)
     watch.twins = twins
+    # a tracer's real run draws on generators of its own: the process's are never set back
+    # (that would rewind other threads' draws) unless an op it cannot redirect drew
+    random = PrivateRandom() if own_buffers else None
     try:
-        yield watch
+        if random is not None:
+            random.__enter__()
+        try:
+            yield watch
+        finally:
+            if random is not None:
+                random.__exit__(None, None, None)
     finally:
         for m, name, buf in originals:  # dict entries only: no tensor is written
             m._buffers[name] = buf
@@ -138,7 +151,7 @@ def preserved_model_state(
                     if key != "_buffers" and now.get(key, _MISSING) is not value:
                         now[key] = value
             torch.set_grad_enabled(grad_enabled)
-            if watch.drew_random is not False:
+            if random.fell_back if random is not None else watch.drew_random is not False:
                 torch.set_rng_state(rng)
                 if cuda_rng is not None:
                     torch.cuda.set_rng_state_all(cuda_rng)
