@@ -56,6 +56,12 @@ class PrivateRandom:
         owner = self
 
         class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # no dynamo-disabling shim around each op: a per-op cost, and a toggle of the
+                # interpreter's frame evaluation on every op while other threads run
+                return False
+
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 return owner._dispatch(func, args, kwargs or {})
 

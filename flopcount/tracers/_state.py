@@ -103,7 +103,11 @@ def preserved_model_state(
                 buffers.append((m, name, buf, None if is_dataless(buf) or is_uninitialized(buf) else buf.detach().clone()))
     versions = {id(buf): buf._version for _, _, buf, _ in buffers}
     params = [p for p in model.parameters() if not is_uninitialized(p)]
-    param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
+    # A tracer's real run (own_buffers) never reads .grad: the parameters are the caller's
+    # objects, and another thread's backward may be replacing their gradients without the GIL;
+    # a Python reference held to one (or a wrapper made for it by reading it) has crashed that
+    # thread at its next zero_grad (SIGABRT, issue #29 item 20)
+    param_state = [(p, p.requires_grad, None if own_buffers else p.grad, p._version) for p in params]
     # The one in-place parameter write torch's own layers do in forward: Embedding(max_norm=)
     # renormalises the rows it looks up. Those weights are saved so they can be put back.
     renormed = [
@@ -180,7 +184,7 @@ def preserved_model_state(
                 # a tracer's run never writes .grad (forward under no_grad, backward by
                 # autograd.grad; the reentrant-checkpoint backward puts its own back): a
                 # .grad that moved is another thread's backward, not ours to undo
-                if p.grad is not grad and not own_buffers:
+                if not own_buffers and p.grad is not grad:
                     p.grad = grad
                 if p._version != version and id(p) not in restored:
                     changed.append(p)

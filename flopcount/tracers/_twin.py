@@ -21,8 +21,9 @@ real run still writes through them (the rows ``Embedding(max_norm=...)`` renorma
 forward that writes its own weights) is the caller's, as in the caller's own forward.
 
 A model whose modules the twin cannot stand for is run as it is (:func:`private_twin` returns
-None): TorchScript modules (their C++ object is shared state) and ``torch.distributed``
-wrappers (DDP, FSDP: their reducer or flat parameters are tied to the original modules)."""
+None): TorchScript modules (their C++ object is shared state), ``torch.distributed``
+wrappers (DDP, FSDP: their reducer or flat parameters are tied to the original modules) and
+a ``torch.compile``d submodule (its forward is a closure over the original module)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ from flopcount.core.inputs import is_uninitialized
 
 __all__ = ["private_twin"]
 
+#: modules whose state is bound to the original objects: DDP/FSDP (reducer, flat parameters) and
+#: torch.compile's OptimizedModule (its forward is a closure over the original module's call)
+_AS_IS = ("torch.distributed", "torch._dynamo")
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
 
 
@@ -46,7 +50,7 @@ def _twinnable(model: nn.Module) -> bool:
     for module in model.modules():
         if isinstance(module, torch.jit.ScriptModule):
             return False
-        if any(getattr(kind, "__module__", "").startswith("torch.distributed") for kind in type(module).__mro__):
+        if any(getattr(kind, "__module__", "").startswith(_AS_IS) for kind in type(module).__mro__):
             return False
     return True
 

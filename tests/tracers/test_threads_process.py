@@ -7,6 +7,7 @@ neighbour's own observations (its torch-function mode stack, its exceptions, its
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable, List
 
@@ -340,3 +341,45 @@ def test_a_real_count_leaves_the_training_thread_its_model(tracer):
     for (name, mine), (_, theirs) in zip(model.state_dict().items(), reference.state_dict().items()):
         assert torch.equal(mine, theirs), name
     assert all(m.training for m in model.modules())
+
+
+def _linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    module.seen = getattr(module, "seen", 0) + 1  # written on the module the call is bound to
+    return nn.functional.linear(x, module.weight, module.bias)
+
+
+class _Rewired(nn.Module):
+    """What the private twin must rebind: a forward replaced by a partial over its module
+    (accelerate's hooks do this), a hook that is a bound method, submodules listed in a plain
+    attribute, a tied weight, a counter the forward bumps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.b.weight = self.a.weight
+        self.order = [self.a, self.b]
+        self.a.forward = functools.partial(_linear_forward, self.a)
+        self.b.register_forward_pre_hook(self.note)
+        self.calls = 0
+        self.noted = 0
+
+    def note(self, module: nn.Module, args: Any) -> None:
+        self.noted += 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        for module in self.order:
+            x = module(x)
+        return x
+
+
+@pytest.mark.parametrize("tracer", ["dispatch", "jit"])
+def test_the_real_run_twin_rebinds_what_points_at_the_model(tracer):
+    # hand count: two Linear(8, 8) on B rows, B * 64 MACs each, each booked to its own module
+    model = _Rewired()
+    result = count_flops(model, torch.randn(B, 8), tracer=tracer)
+    assert result.by_module("macs") == {"": 2 * B * 64, "a": B * 64, "b": B * 64}
+    assert (model.calls, model.noted) == (0, 0) and not hasattr(model.a, "seen")
+    assert model.b.weight is model.a.weight and model.order == [model.a, model.b]
+    model(torch.randn(B, 8))  # the model's own call still goes through its own objects
+    assert (model.calls, model.noted, model.a.seen) == (1, 1, 1)
