@@ -21,8 +21,8 @@ def preserved_rng() -> Iterator[None]:
     made meanwhile (issue #29 item 18). So only work that draws random numbers on real
     tensors and is timed uses this (a benchmark's or a profile's real steps, where a
     dispatch mode would distort the time); a count on fake tensors draws nothing and touches
-    no generator, and a tracer's real run draws on generators of its own
-    (:class:`PrivateRandom`)."""
+    no generator, and the dispatch tracer's real run draws on generators of its own
+    (:class:`PrivateRandom`; the jit tracer's sets the RNG back when its trace drew)."""
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
@@ -48,7 +48,8 @@ class PrivateRandom:
     covers (the CPU flash-attention kernel with ``dropout_p > 0``, cuDNN's RNN with dropout, a
     device other than CPU and CUDA) draws from the process's generator: :attr:`fell_back` is
     then True and the caller sets that generator back as before. Dataless tensors (meta, fake)
-    draw nothing and pass through. The mode stack is per thread: other threads are not seen."""
+    draw nothing and pass through. The mode stack is per thread: other threads are not seen.
+    Not usable under torch.jit tracing: any dispatch mode changes what jit records."""
 
     def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode

@@ -61,14 +61,15 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def preserved_model_state(
-    model: nn.Module, *, restore_attributes: bool = True, own_buffers: bool = False
+    model: nn.Module, *, restore_attributes: bool = True, own_buffers: bool = False, private_random: Optional[bool] = None
 ) -> Iterator[StateWatch]:
     """Leave ``model`` as found whatever the forward does: training flags, buffers
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
     dictionaries, attributes the forward set or replaced on a module, grad mode and
     the RNG state (dropout draws from it; not set back when the tracer found that the run
     drew nothing: :attr:`StateWatch.drew_random`; under ``own_buffers`` the run draws on private
-    generators instead and the process's are left alone, issue #29 item 18). ``restore_attributes=False`` keeps what the
+    generators instead and the process's are left alone, issue #29 item 18; not with
+    ``private_random=False``). ``restore_attributes=False`` keeps what the
     forward set on its modules (a benchmark runs the user's own forward as the user
     would: a call counter the model keeps is the model's business).
 
@@ -124,7 +125,9 @@ def preserved_model_state(
     watch.twins = twins
     # a tracer's real run draws on generators of its own: the process's are never set back
     # (that would rewind other threads' draws) unless an op it cannot redirect drew
-    random = PrivateRandom() if own_buffers else None
+    # (``private_random=False``: the jit tracer, for which any dispatch mode changes what torch.jit
+    # records, e.g. convolutions vanish from its graph; it sets the RNG back when its trace drew)
+    random = PrivateRandom() if (own_buffers if private_random is None else private_random) else None
     try:
         if random is not None:
             random.__enter__()
