@@ -1,7 +1,7 @@
 """What the real-run tracers' isolation costs (issue #29 items 18 and 20), on GPT-2 small (config
 only, random weights, CPU, eval) at 1 x 128 tokens:
 
-1. ``private_twin(model)``: the private twin a real run (dispatch, jit, auto's fallback) runs on;
+1. ``private_twin(model, facts)``: the private twin (facts read beforehand, as a count has them) a real run (dispatch, jit, auto's fallback) runs on;
 2. one plain forward under ``torch.no_grad()``, bare and inside ``PrivateRandom`` (the dispatch
    mode that moves random ops to private generators): the mode's per-op cost;
 3. for scale, ``count_flops(model, ids, tracer="dispatch")`` as a whole.
@@ -33,6 +33,7 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from flopcount import count_flops
+    from flopcount.core.model_facts import model_facts
     from flopcount.core.state import PrivateRandom
     from flopcount.tracers._twin import private_twin
 
@@ -40,6 +41,7 @@ def main() -> None:
     model = GPT2LMHeadModel(GPT2Config()).eval()
     ids = torch.randint(0, 50257, (1, options.tokens))
     modules = sum(1 for _ in model.modules())
+    facts = model_facts(model)
 
     def plain() -> None:
         with torch.no_grad():
@@ -50,7 +52,7 @@ def main() -> None:
             model(ids)
 
     fns = {
-        "private_twin": lambda: private_twin(model),
+        "private_twin": lambda: private_twin(model, facts),
         "forward": plain,
         "forward+PrivateRandom": under_private_random,
         "count_flops dispatch": lambda: count_flops(model, ids, tracer="dispatch"),

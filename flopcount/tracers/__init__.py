@@ -118,9 +118,9 @@ def trace(
     # tensor shared), so that nothing the run writes lands on the caller's modules, which
     # another thread may be training meanwhile (issue #29 item 20), and lazy modules are
     # materialised in the twin, not in the caller's model.
-    twin = private_twin(model)
+    twin = private_twin(model, facts)
     if twin is not None:
-        run_model, run_facts = twin, None
+        run_model, run_facts = twin
     else:
         run_model, run_facts = (shared_tensor_copy(model), None) if facts.lazy else (model, facts)
     with preserved_inputs(list(call.tensors)):

@@ -27,16 +27,18 @@ a ``torch.compile``d submodule (its forward is a closure over the original modul
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from collections import OrderedDict
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from flopcount.core.inputs import is_uninitialized
+from flopcount.core.model_facts import ModelFacts
 
 __all__ = ["private_twin"]
 
@@ -46,8 +48,8 @@ _AS_IS = ("torch.distributed", "torch._dynamo")
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
 
 
-def _twinnable(model: nn.Module) -> bool:
-    for module in model.modules():
+def _twinnable(modules: List[nn.Module]) -> bool:
+    for module in modules:
         if isinstance(module, torch.jit.ScriptModule):
             return False
         if any(getattr(kind, "__module__", "").startswith(_AS_IS) for kind in type(module).__mro__):
@@ -55,19 +57,31 @@ def _twinnable(model: nn.Module) -> bool:
     return True
 
 
-def private_twin(model: nn.Module) -> Optional[nn.Module]:
-    """The twin of ``model`` described above, or None when the model is run as it is."""
-    if not _twinnable(model):
+def private_twin(model: nn.Module, facts: Optional[ModelFacts] = None) -> Optional[Tuple[nn.Module, Optional[ModelFacts]]]:
+    """The twin of ``model`` described above and, given ``model``'s facts, the same facts
+    read on the twin (no second walk of the tree); None when the model is run as it is."""
+    modules = [module for _, module in facts.modules] if facts is not None else list(model.modules())
+    if not _twinnable(modules):
         return None
     memo: Dict[int, Any] = {}
-    for module in model.modules():
+    for module in modules:
         for tensor in list(module._parameters.values()) + list(module._buffers.values()):
             if tensor is not None and id(tensor) not in memo:
                 memo[id(tensor)] = _fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
     try:
-        return _Copier(memo).module(model)
+        twin = _Copier(memo).module(model)
     except Exception:  # an attribute the copier cannot rebuild: the model is run as it is
         return None
+    if facts is None:
+        return twin, None
+    twin_facts = dataclasses.replace(
+        facts,
+        model=twin,
+        modules=tuple((name, memo.get(id(module), module)) for name, module in facts.modules),
+        parameters=tuple(memo.get(id(t), t) for t in facts.parameters),
+        buffers=tuple(memo.get(id(t), t) for t in facts.buffers),
+    )
+    return twin, twin_facts
 
 
 def _fresh_uninitialized(tensor: Any) -> Any:
