@@ -10,6 +10,7 @@ the hook that keeps each output."""
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -155,25 +156,42 @@ def cache_of(output: Any, setup: Setup) -> Any:
 
 
 class LastOutput:
-    """Keeps the output of the model's own forward (a process-wide hook, removed on exit)."""
+    """Keeps the output of the model's forward run by the thread that entered it: the output of
+    that thread's outermost module call (the model, or the private twin a real-run tracer runs
+    in its place). Process-wide hooks, removed on exit; another thread running the same model
+    meanwhile is not heard (issue #29)."""
 
     def __init__(self, model: nn.Module):
         self._model = model
         self.value: Any = None
-        self._handle: Any = None
+        self._handles: List[Any] = []
+        self._thread = threading.get_ident()
 
     def __enter__(self) -> LastOutput:
         from torch.nn.modules import module as module_impl
 
-        def keep(module: nn.Module, args: Any, output: Any) -> None:
-            if module is self._model:
-                self.value = output
+        thread = self._thread = threading.get_ident()
+        depth = [0]
 
-        self._handle = module_impl.register_module_forward_hook(keep)
+        def enter(module: nn.Module, args: Any) -> None:
+            if threading.get_ident() == thread:
+                depth[0] += 1
+
+        def keep(module: nn.Module, args: Any, output: Any) -> None:
+            if threading.get_ident() == thread:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    self.value = output
+
+        self._handles = [
+            module_impl.register_module_forward_pre_hook(enter),
+            module_impl.register_module_forward_hook(keep, always_call=True),  # a forward that raised closes too
+        ]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
 
     def take(self) -> Any:
         value, self.value = self.value, None

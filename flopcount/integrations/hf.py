@@ -5,8 +5,9 @@
 How it sees the batch: HF callbacks receive no inputs, so the callback registers a
 forward pre-hook on the trainer's model at ``on_train_begin`` (removed at
 ``on_train_end``, or by :meth:`FlopcountCallback.remove`; when ``train()`` raises, HF calls
-no callback: the hook then removes itself at the model's first forward outside that
-``train()``, recording nothing, or at the next ``on_train_begin``). The hook records each call's
+no callback: a forward that raised removes the hooks at once (an ``always_call`` forward
+hook sees it); after a failure elsewhere the hook removes itself at the model's first
+forward outside that ``train()``, recording nothing, or at the next ``on_train_begin``). The hook records each call's
 signature (shapes, dtypes, flags); only a call with a new signature keeps a reference to
 its inputs, until the step ends. At ``on_step_end`` each new signature is counted on fake
 copies (forward + backward of the loss the model returns), the optimizer once; every
@@ -105,6 +106,7 @@ class FlopcountCallback(TrainerCallback):
         self._t0 = 0.0
         self._window = Window()
         self._hf_estimate: Dict[Signature, Optional[float]] = {}
+        self._open = 0  # forwards the recorder saw that have not returned yet
 
     # -- attach / detach ------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Optional[nn.Module] = None, **kwargs: Any) -> None:
@@ -120,7 +122,13 @@ class FlopcountCallback(TrainerCallback):
         hook = _recorder(self)
         if getattr(args, "torch_compile", False):
             hook = torch.compiler.disable(hook)  # run eagerly in front of the compiled forward
-        self._handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+        self._handle = _Handles(
+            model.register_forward_pre_hook(hook, with_kwargs=True),
+            model.register_forward_hook(_finished(self)),
+            # always_call: also runs when the forward raises, which ends train() (HF calls no
+            # callback then): the hooks go at once instead of staying on the model
+            model.register_forward_hook(_failed(self), always_call=True),
+        )
         device = self.device or model_device(model)
         self._cuda = model_device(model).type == "cuda"
         dtype = torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) else model_dtype(model)
@@ -222,6 +230,7 @@ def _recorder(callback: FlopcountCallback) -> Any:
         if not _inside(callback._run):  # train() raised and is gone: record nothing, go away
             callback.remove()
             return
+        callback._open += 1  # closed by _finished; still open in _failed: the forward raised
         sig = batch_signature(args, kwargs)
         if callback._in_step:
             cache: Mapping[Signature, Any] = counter.train
@@ -232,6 +241,40 @@ def _recorder(callback: FlopcountCallback) -> Any:
         calls.append((sig, (args, dict(kwargs)) if new else None, _sizes(module, args, kwargs)))
 
     return record
+
+
+class _Handles:
+    """The callback's hooks on the model, removed together."""
+
+    def __init__(self, *handles: Any) -> None:
+        self._handles = handles
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _finished(callback: FlopcountCallback) -> Any:
+    """A forward hook (not always called): the forward the recorder saw returned."""
+
+    def finished(module: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+        if callback._open > 0:
+            callback._open -= 1
+
+    return finished
+
+
+def _failed(callback: FlopcountCallback) -> Any:
+    """A forward hook called even when the forward raises (registered after :func:`_finished`,
+    so on success it runs second and finds the call closed). A call still open here raised:
+    the exception ends ``train()`` (or the evaluation inside it) and HF calls no callback on
+    that path, so the hooks and the inputs they kept go now."""
+
+    def failed(module: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+        if callback._open > 0:
+            callback.remove()
+
+    return failed
 
 
 @dataclass(frozen=True)
@@ -313,9 +356,8 @@ def _hf_estimate(model: nn.Module, inputs: Mapping[str, Any]) -> Optional[float]
 def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
     """Put the callback before the reporting callbacks (TensorBoard, W&B...) so that the
     keys it adds in ``on_log`` reach them: the Trainer places user callbacks after its
-    reporters. The CallbackHandler calling ``on_train_begin`` is found on the call stack;
-    moving an element to an earlier place is safe while the handler iterates (everything it
-    skips over was already called)."""
+    reporters. The CallbackHandler calling ``on_train_begin`` is found on the call stack; it
+    gets a reordered copy of its list, so the list it is iterating is never mutated."""
     from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
     frame = sys._getframe(1)
@@ -333,10 +375,11 @@ def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
             stacklevel=3,
         )
         return
-    callbacks = handler.callbacks
-    callbacks.remove(callback)
-    first = next((i for i, c in enumerate(callbacks) if not isinstance(c, DefaultFlowCallback)), len(callbacks))
-    callbacks.insert(first, callback)
+    others = [c for c in handler.callbacks if c is not callback]
+    first = next((i for i, c in enumerate(others) if not isinstance(c, DefaultFlowCallback)), len(others))
+    # a new list, bound in place of the old one: the handler is iterating the old list right
+    # now (this is its on_train_begin) and finishes it unchanged; the next event uses the new order
+    handler.callbacks = others[:first] + [callback] + others[first:]
 
 
 def _modeled_part(on: Optional[str], peak_flops: Optional[float]) -> Optional[str]:

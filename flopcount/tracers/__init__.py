@@ -20,6 +20,7 @@ from flopcount.core.state import preserved_inputs
 from flopcount.errors import UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._sparse import has_sparse
+from flopcount.tracers._twin import private_twin
 from flopcount.tracers.fake.copies import FakeRunError, shared_tensor_copy
 from flopcount.types import TRACERS, TensorMeta, Trace
 
@@ -113,9 +114,15 @@ def trace(
                     "tracer auto: counted one real run (dispatch) because the forward makes sparse tensors, "
                     "whose non-zeros fake tensors do not have"
                 )
-    # A real run: on a copy of the module tree when lazy modules would otherwise be
-    # materialised in the caller's model (the copy shares every initialised tensor).
-    run_model, run_facts = (shared_tensor_copy(model), None) if facts.lazy else (model, facts)
+    # A real run: on a private twin of the module tree (_twin.py: new module objects, every
+    # tensor shared), so that nothing the run writes lands on the caller's modules, which
+    # another thread may be training meanwhile (issue #29 item 20), and lazy modules are
+    # materialised in the twin, not in the caller's model.
+    twin = private_twin(model, facts)
+    if twin is not None:
+        run_model, run_facts = twin
+    else:
+        run_model, run_facts = (shared_tensor_copy(model), None) if facts.lazy else (model, facts)
     with preserved_inputs(list(call.tensors)):
         if tracer == "jit":
             return jit.trace(run_model, call, facts=run_facts)

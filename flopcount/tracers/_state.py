@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from flopcount.core.inputs import is_dataless, is_uninitialized
+from flopcount.core.state import PrivateRandom
 from flopcount.errors import FlopcountWarning
 
 
@@ -20,10 +21,12 @@ class StateWatch:
     def __init__(self, modules: List[nn.Module], attributes: List[Dict[str, Any]]):
         self._modules = modules
         self._attributes = attributes
-        #: set by the tracer from its trace (``flopcount.core.state.draws_random``): False when the
-        #: run drew no random number, so the process-wide RNG is not set back (setting it
-        #: would rewind another thread's draws); None (unknown, e.g. the forward raised) or
-        #: True: it is restored
+        #: set by the tracer from its trace (``flopcount.core.state.draws_random``). Used only
+        #: without ``own_buffers`` (a benchmark's run): False when the run drew no random
+        #: number, so the process-wide RNG is not set back; None (unknown) or True: it is
+        #: restored. A tracer's real run (``own_buffers``) draws on private generators
+        #: (:class:`flopcount.core.state.PrivateRandom`) and sets the RNG back only when an op
+        #: it could not redirect drew.
         self.drew_random: Optional[bool] = None
         #: set by the tracer: True when another thread ran the model during the run (issue
         #: #29 item 20). Then nothing is written back: the state now is that thread's too
@@ -58,13 +61,15 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def preserved_model_state(
-    model: nn.Module, *, restore_attributes: bool = True, own_buffers: bool = False
+    model: nn.Module, *, restore_attributes: bool = True, own_buffers: bool = False, private_random: Optional[bool] = None
 ) -> Iterator[StateWatch]:
     """Leave ``model`` as found whatever the forward does: training flags, buffers
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
     dictionaries, attributes the forward set or replaced on a module, grad mode and
     the RNG state (dropout draws from it; not set back when the tracer found that the run
-    drew nothing: :attr:`StateWatch.drew_random`). ``restore_attributes=False`` keeps what the
+    drew nothing: :attr:`StateWatch.drew_random`; under ``own_buffers`` the run draws on private
+    generators instead and the process's are left alone, issue #29 item 18; not with
+    ``private_random=False``). ``restore_attributes=False`` keeps what the
     forward set on its modules (a benchmark runs the user's own forward as the user
     would: a call counter the model keeps is the model's business).
 
@@ -99,7 +104,11 @@ def preserved_model_state(
                 buffers.append((m, name, buf, None if is_dataless(buf) or is_uninitialized(buf) else buf.detach().clone()))
     versions = {id(buf): buf._version for _, _, buf, _ in buffers}
     params = [p for p in model.parameters() if not is_uninitialized(p)]
-    param_state = [(p, p.requires_grad, p.grad, p._version) for p in params]
+    # A tracer's real run (own_buffers) never reads .grad: the parameters are the caller's
+    # objects, and another thread's backward may be replacing their gradients without the GIL;
+    # a Python reference held to one (or a wrapper made for it by reading it) has crashed that
+    # thread at its next zero_grad (SIGABRT, issue #29 item 20)
+    param_state = [(p, p.requires_grad, None if own_buffers else p.grad, p._version) for p in params]
     # The one in-place parameter write torch's own layers do in forward: Embedding(max_norm=)
     # renormalises the rows it looks up. Those weights are saved so they can be put back.
     renormed = [
@@ -114,8 +123,19 @@ def preserved_model_state(
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     watch = StateWatch(modules, attributes)
     watch.twins = twins
+    # a tracer's real run draws on generators of its own: the process's are never set back
+    # (that would rewind other threads' draws) unless an op it cannot redirect drew
+    # (``private_random=False``: the jit tracer, for which any dispatch mode changes what torch.jit
+    # records, e.g. convolutions vanish from its graph; it sets the RNG back when its trace drew)
+    random = PrivateRandom() if (own_buffers if private_random is None else private_random) else None
     try:
-        yield watch
+        if random is not None:
+            random.__enter__()
+        try:
+            yield watch
+        finally:
+            if random is not None:
+                random.__exit__(None, None, None)
     finally:
         for m, name, buf in originals:  # dict entries only: no tensor is written
             m._buffers[name] = buf
@@ -138,7 +158,7 @@ def preserved_model_state(
                     if key != "_buffers" and now.get(key, _MISSING) is not value:
                         now[key] = value
             torch.set_grad_enabled(grad_enabled)
-            if watch.drew_random is not False:
+            if random.fell_back if random is not None else watch.drew_random is not False:
                 torch.set_rng_state(rng)
                 if cuda_rng is not None:
                     torch.cuda.set_rng_state_all(cuda_rng)
@@ -167,7 +187,7 @@ def preserved_model_state(
                 # a tracer's run never writes .grad (forward under no_grad, backward by
                 # autograd.grad; the reentrant-checkpoint backward puts its own back): a
                 # .grad that moved is another thread's backward, not ours to undo
-                if p.grad is not grad and not own_buffers:
+                if not own_buffers and p.grad is not grad:
                     p.grad = grad
                 if p._version != version and id(p) not in restored:
                     changed.append(p)

@@ -258,9 +258,11 @@ def test_remove_after_a_failed_train_leaves_the_model_as_found(tmp_path):
                                    train_dataset=data, data_collator=_stack, callbacks=[callback])
     with pytest.raises(RuntimeError, match="data error"):
         trainer.train()
-    assert model._forward_pre_hooks  # HF calls no callback on an exception: the hook is still there
-    callback.remove()
+    # issue #29 item 9: the forward raised, so the hooks went with the exception (HF calls no callback)
     assert not model._forward_pre_hooks and not model._forward_pre_hooks_with_kwargs
+    assert not model._forward_hooks and not model._forward_hooks_always_called
+    assert callback._calls == [] and callback._eval_calls == []  # no inputs kept
+    callback.remove()  # still fine to call
     assert set(vars(model)) - {"_is_accelerate_prepared"} == attributes  # (that one is accelerate's mark)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # lr 0: nothing learnt either
 
@@ -360,3 +362,86 @@ def test_no_mfu_on_cpu_unless_a_peak_is_given(tmp_path):
         trainer.train()
     logs = [log for log in reporter.logs if "flopcount/flops_per_step" in log]
     assert logs and all("flopcount/mfu" not in log and "flopcount/tflops_per_s" in log for log in logs)
+
+
+def test_a_second_train_after_a_failed_one_logs_the_exact_flops(tmp_path):
+    """Issue #29 item 9: right after train() raised in a step's forward the model carries no
+    flopcount hook; the same callback in a second train() then logs each step exactly.
+    Oracle: the second run's micro-batches counted with count_flops (as in the tests above)."""
+    torch.manual_seed(0)
+    model = FailsOnSecondCall()
+    callback = FlopcountCallback(peak_flops=PEAK)
+    reporter = Reporter()
+    data = [{"input_ids": torch.randint(0, 50, (4,)), "labels": i % 3} for i in range(4)]
+    trainer = transformers.Trainer(model, _args(tmp_path, max_steps=2, gradient_accumulation_steps=1),
+                                   train_dataset=data, data_collator=_stack, callbacks=[reporter, callback])
+    with pytest.raises(RuntimeError, match="data error"):
+        trainer.train()
+    assert not model._forward_pre_hooks_with_kwargs and not model._forward_hooks
+    reporter.logs.clear()
+    calls, handle = _recording(model)
+    trainer.train()  # real_calls is past 2 now: no more failures
+    handle.remove()
+    expected = [_expected_step(model, micro, trainer.optimizer.optimizer) for micro in _train_calls(calls, 2, ga=1)]
+    assert _logged(reporter) == expected
+    assert not model._forward_pre_hooks_with_kwargs and not model._forward_hooks
+
+
+class _NoMutationWhileIterating(list):
+    """A callback list that fails the test when it is changed while being iterated."""
+
+    iterating = 0
+
+    def __iter__(self):
+        self.iterating += 1
+        try:
+            yield from super().__iter__()
+        finally:
+            self.iterating -= 1
+
+    def _guard(self, name):
+        if self.iterating:
+            raise AssertionError(f"the callback list was mutated ({name}) while the handler iterated it")
+
+    def remove(self, item):
+        self._guard("remove")
+        super().remove(item)
+
+    def insert(self, index, item):
+        self._guard("insert")
+        super().insert(index, item)
+
+    def append(self, item):
+        self._guard("append")
+        super().append(item)
+
+
+class _Counts(transformers.TrainerCallback):
+    def __init__(self) -> None:
+        self.begins = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.begins += 1
+
+
+def test_the_callback_list_is_not_mutated_while_the_trainer_iterates_it(tmp_path):
+    """Issue #27 item 5: moving ahead of the reporters must not change the list the
+    CallbackHandler is iterating (on_train_begin); the reporter listed before the callback
+    still receives the keys, and every callback gets on_train_begin exactly once."""
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    reporter, before, after = Reporter(), _Counts(), _Counts()
+    data = [{"input_ids": torch.randint(0, 50, (4,)), "labels": i % 3} for i in range(4)]
+    callback = FlopcountCallback(peak_flops=PEAK)
+    trainer = transformers.Trainer(model, _args(tmp_path, max_steps=2, gradient_accumulation_steps=1),
+                                   train_dataset=data, data_collator=_stack, callbacks=[reporter, before, callback, after])
+    handler = trainer.callback_handler
+    handler.callbacks = _NoMutationWhileIterating(handler.callbacks)
+    calls, handle = _recording(model)
+    trainer.train()
+    handle.remove()
+    assert before.begins == 1 and after.begins == 1
+    order = handler.callbacks
+    assert order.index(callback) < order.index(reporter)  # ahead of the reporter from the second event on
+    expected = [_expected_step(model, micro, trainer.optimizer.optimizer) for micro in _train_calls(calls, 2, ga=1)]
+    assert _logged(reporter) == expected

@@ -295,7 +295,7 @@ def trace(
     names = facts.names
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
-    with _JIT_LOCK, preserved_model_state(model, own_buffers=True) as watch, ModuleStack(names) as modules:
+    with _JIT_LOCK, preserved_model_state(model, own_buffers=True, private_random=False) as watch, ModuleStack(names) as modules:
         watch.concurrent = lambda: modules.foreign_calls > 0  # another thread ran the model meanwhile
         state = [watch.twin(t) for t in state]  # the buffers the run uses are copies
         previous_map = torch.jit._trace._trace_module_map

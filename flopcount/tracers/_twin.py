@@ -1,0 +1,159 @@
+"""A private twin of the caller's model for the real-run tracers (dispatch and jit on real
+tensors), issue #29 item 20.
+
+A real run writes to the module objects it runs: the forward's ``self.x = ...``, train-mode
+BatchNorm statistics, flags, hook dictionaries; the tracers then set all of it back. When
+another thread is training the same model at that moment, those writes (and the restore)
+land under that thread's autograd graph and crash it or corrupt its step. So the real run
+uses a twin: every module is a new object of the same class, with its own attribute, hook,
+parameter, buffer and submodule dictionaries (lists, tuples and dicts in attributes copied
+too; bound methods and ``functools.partial`` objects whose target is one of the model's
+modules rebound to its twin, as accelerate's hooks are; a hook handle a module keeps points
+at the twin's hook dictionary), while every tensor is shared (no
+memory is copied; the tracers run on copies of the buffers, ``preserved_model_state(...,
+own_buffers=True)``, so the caller's buffer tensors are never written). Lazy modules get fresh
+uninitialised parameters: the caller's stay lazy. Other objects (configs, tokenizers, locks)
+are shared, not copied.
+
+Parameters are shared objects (not new ones): an optimizer the caller passes for the step's
+count names them, and a forward-only run never writes them (``torch.no_grad()``); what the
+real run still writes through them (the rows ``Embedding(max_norm=...)`` renormalises, a
+forward that writes its own weights) is the caller's, as in the caller's own forward.
+
+A model whose modules the twin cannot stand for is run as it is (:func:`private_twin` returns
+None): TorchScript modules (their C++ object is shared state), ``torch.distributed``
+wrappers (DDP, FSDP: their reducer or flat parameters are tied to the original modules) and
+a ``torch.compile``d submodule (its forward is a closure over the original module)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from flopcount.core.inputs import is_uninitialized
+from flopcount.core.model_facts import ModelFacts
+
+__all__ = ["private_twin"]
+
+#: modules whose state is bound to the original objects: DDP/FSDP (reducer, flat parameters) and
+#: torch.compile's OptimizedModule (its forward is a closure over the original module's call)
+_AS_IS = ("torch.distributed", "torch._dynamo")
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
+
+
+def _twinnable(modules: List[nn.Module]) -> bool:
+    for module in modules:
+        if isinstance(module, torch.jit.ScriptModule):
+            return False
+        if any(getattr(kind, "__module__", "").startswith(_AS_IS) for kind in type(module).__mro__):
+            return False
+    return True
+
+
+def private_twin(model: nn.Module, facts: Optional[ModelFacts] = None) -> Optional[Tuple[nn.Module, Optional[ModelFacts]]]:
+    """The twin of ``model`` described above and, given ``model``'s facts, the same facts
+    read on the twin (no second walk of the tree); None when the model is run as it is."""
+    modules = [module for _, module in facts.modules] if facts is not None else list(model.modules())
+    if not _twinnable(modules):
+        return None
+    memo: Dict[int, Any] = {}
+    for module in modules:
+        for tensor in list(module._parameters.values()) + list(module._buffers.values()):
+            if tensor is not None and id(tensor) not in memo:
+                memo[id(tensor)] = _fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
+    try:
+        twin = _Copier(memo).module(model)
+    except Exception:  # an attribute the copier cannot rebuild: the model is run as it is
+        return None
+    if facts is None:
+        return twin, None
+    twin_facts = dataclasses.replace(
+        facts,
+        model=twin,
+        modules=tuple((name, memo.get(id(module), module)) for name, module in facts.modules),
+        parameters=tuple(memo.get(id(t), t) for t in facts.parameters),
+        buffers=tuple(memo.get(id(t), t) for t in facts.buffers),
+    )
+    return twin, twin_facts
+
+
+def _fresh_uninitialized(tensor: Any) -> Any:
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    kind: Any = UninitializedBuffer if isinstance(tensor, UninitializedBuffer) else UninitializedParameter
+    return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
+
+
+class _Copier:
+    def __init__(self, memo: Dict[int, Any]):
+        self.memo = memo
+
+    def module(self, module: nn.Module) -> nn.Module:
+        found = self.memo.get(id(module))
+        if found is not None:
+            return found
+        kind = type(module)
+        try:
+            new = object.__new__(kind)
+        except TypeError:  # a module that also subclasses a builtin container
+            new = kind.__new__(kind)
+        self.memo[id(module)] = new
+        new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
+        return new
+
+    def value(self, value: Any) -> Any:
+        kind = type(value)
+        if kind in _IMMUTABLE or isinstance(value, _IMMUTABLE):
+            return value
+        found = self.memo.get(id(value))
+        if found is not None:
+            return found
+        if isinstance(value, nn.Module):
+            return self.module(value)
+        if isinstance(value, torch.Tensor):
+            return value  # a tensor attribute: shared, as before (the run's own writes to it are the forward's)
+        if kind is dict or kind is OrderedDict:
+            new: Any = kind()
+            self.memo[id(value)] = new
+            for key, item in value.items():
+                new[key] = self.value(item)
+            return new
+        if kind is list:
+            new = []
+            self.memo[id(value)] = new
+            new.extend(self.value(item) for item in value)
+            return new
+        if kind is tuple:
+            return tuple(self.value(item) for item in value)
+        if kind is set:
+            return set(value)
+        if kind is RemovableHandle:
+            # a module keeps the handle of a hook it will remove itself (a lazy module's
+            # initialising hook): the twin's handle must remove the twin's hook, not the caller's
+            state = value.__getstate__()
+            mapped: Any = tuple(
+                self.value(item) if isinstance(item, dict) else tuple(self.value(d) for d in item) if isinstance(item, tuple) else item
+                for item in state
+            )
+            handle = object.__new__(RemovableHandle)
+            handle.__setstate__(mapped)
+            self.memo[id(value)] = handle
+            return handle
+        if isinstance(value, types.MethodType) and isinstance(value.__self__, nn.Module):
+            return types.MethodType(value.__func__, self.value(value.__self__))
+        if kind is functools.partial:
+            made = functools.partial(
+                self.value(value.func),
+                *(self.value(arg) for arg in value.args),
+                **{key: self.value(arg) for key, arg in value.keywords.items()},
+            )
+            made.__dict__.update({key: self.value(item) for key, item in vars(value).items()})  # functools.wraps' names
+            return made
+        return value
