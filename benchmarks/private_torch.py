@@ -309,7 +309,8 @@ def scan(package: Path) -> Use:
             ):
                 # ("torch.module", "attribute"): a symbol looked up by name
                 module, attr = (e.value for e in node.elts)  # type: ignore[attr-defined]
-                if TORCH_PATH.match(module) or module == "torch":
+                # (two module paths, e.g. a tuple of prefixes, are two constants, seen below)
+                if (TORCH_PATH.match(module) or module == "torch") and "." not in attr:
                     torch_path(f"{module}.{attr}")
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 text = node.value.strip()
