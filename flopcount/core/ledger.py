@@ -153,23 +153,6 @@ class Ledger:
         #: table name -> key -> the labels of the calls booked there
         self.marks: Dict[str, Dict[Any, List[Optional[str]]]] = {name: {} for name in TABLES}
 
-    @classmethod
-    def from_totals(
-        cls,
-        operators: Mapping[str, Sums],
-        phases: Mapping[str, Sums],
-        modules: Mapping[str, Sums],
-        module_ops: Mapping[str, Mapping[str, Sums]],
-        aliases: Optional[Mapping[str, Sequence[str]]] = None,
-    ) -> Ledger:
-        """A ledger holding totals booked before (copied, so booking more changes nothing else)."""
-        ledger = cls(aliases)
-        ledger.operators = {k: list(v) for k, v in operators.items()}
-        ledger.phases = {k: list(v) for k, v in phases.items()}
-        ledger.modules = {k: list(v) for k, v in modules.items()}
-        ledger.module_ops = {name: {k: list(v) for k, v in ops.items()} for name, ops in module_ops.items()}
-        return ledger
-
     def owners(self, stack: Tuple[str, ...]) -> Tuple[str, ...]:
         names = self._owners.get(stack)
         if names is None:

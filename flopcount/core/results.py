@@ -259,10 +259,6 @@ def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
     return {key: OpTotals(*sums) for key, sums in table.items()}
 
 
-def _thawed(table: Mapping[str, OpTotals]) -> Dict[str, List[int]]:
-    return {key: [t.count, t.macs, t.flops, t.bytes_read, t.bytes_written] for key, t in table.items()}
-
-
 def _from_ledger(ledger: Ledger, base: FlopResult) -> FlopResult:
     total = OpTotals(*ledger.total())
     return replace(
@@ -324,15 +320,46 @@ def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -
     """``result`` with some of its events' costs replaced (event, old cost, new cost): the same
     events ran, only their shapes differ (the decode steps of
     :func:`flopcount.count_generation`). Booked by the same ledger as :func:`aggregate`, split
-    costs included; call counts are unchanged."""
-    ledger = Ledger.from_totals(
-        _thawed(result._operators), _thawed(result._phases), _thawed(result._modules),
-        {name: _thawed(ops) for name, ops in result._module_ops.items()}, result._aliases,
-    )
+    costs included; call counts are unchanged.
+
+    The ledger books only the differences (old out, new in); the result shares every row the
+    changes do not touch with ``result`` (copy on write), so re-pricing a step costs what its
+    changed events touch, not the size of the model's tables."""
+    delta = Ledger(result._aliases)
     for event, old, new in changes:
         if old != new:
-            ledger.rebook(event, old, new)
-    return _from_ledger(ledger, result)
+            delta.rebook(event, old, new)
+    if not delta.operators:
+        return result
+    modules = _plus(result._modules, delta.modules)
+    module_ops = dict(result._module_ops)
+    for name, ops in delta.module_ops.items():
+        module_ops[name] = _plus(result._module_ops.get(name, {}), ops)
+    total = modules.get("", OpTotals())
+    return replace(
+        result,
+        flops=total.flops,
+        macs=total.macs,
+        bytes_read=total.bytes_read,
+        bytes_written=total.bytes_written,
+        _operators=_plus(result._operators, delta.operators),
+        _modules=modules,
+        _module_ops=module_ops,
+        _phases=_plus(result._phases, delta.phases),
+    )
+
+
+def _plus(table: Mapping[str, OpTotals], delta: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
+    """``table`` with ``delta`` added to its rows (new keys appended in the delta's order)."""
+    out = dict(table)
+    for key, sums in delta.items():
+        base = out.get(key)
+        if base is None:
+            out[key] = OpTotals(*sums)
+        else:
+            out[key] = OpTotals(base.count + sums[0], base.macs + sums[1], base.flops + sums[2],
+                                base.bytes_read + sums[3], base.bytes_written + sums[4])
+    return out
 
 
 # --------------------------------------------------------------------------- saved reports
