@@ -15,9 +15,10 @@ handler registry, the table changes only by registration at import time.
 from __future__ import annotations
 
 import importlib
+import json
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
-__all__ = ["RendererError", "render", "renderer", "renders"]
+__all__ = ["Rendered", "RendererError", "render", "renderer", "renders"]
 
 #: the package whose import registers every renderer
 REPORT_PACKAGE = "flopcount.report"
@@ -83,3 +84,20 @@ def _lookup(cls: type, form: str) -> Optional[Callable[..., Any]]:
 
 def _name(function: Callable[..., Any]) -> str:
     return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)!s}"
+
+
+class Rendered:
+    """The forms every reading offers, through :func:`render`: ``table()`` (also ``str()``),
+    ``to_dict()`` and ``to_json()``. A reading whose table takes options defines its own."""
+
+    def table(self) -> str:
+        return str(render(self, "table"))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(render(self, "dict"))
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        return self.table()

@@ -14,7 +14,6 @@ a mixture-of-experts model is counted with each token routed to exactly k expert
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 from flopcount.core.diagnostics import from_texts, unique
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered
 from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_dtype, cache_position_bytes
 from flopcount.decoding.counted import count_decoding
@@ -32,7 +31,7 @@ __all__ = ["GenerationResult", "count_generation", "cache_bytes", "cache_positio
 
 
 @dataclass(frozen=True)
-class GenerationResult:
+class GenerationResult(Rendered):
     """FLOPs and MACs of a greedy ``generate`` run: the prefill, each decode step, totals.
 
     ``kv_cache_bytes`` is the memory the model's cache holds after the last step: each
@@ -103,18 +102,6 @@ class GenerationResult:
         other = [d for _, result in parts for d in result.diagnostics() if not d.makes_incomplete]
         return from_texts(unique(short) + unique(other), self.warnings)
 
-    def table(self) -> str:
-        """Prefill, decode and total rows (MACs, FLOPs, per token), with the convention."""
-        return render(self, "table")
-
-    def to_dict(self) -> Dict[str, Any]:
-        return render(self, "dict")
-
-    def to_json(self, indent: Optional[int] = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def __str__(self) -> str:
-        return self.table()
 
 
 def count_generation(

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 from flopcount.core.diagnostics import from_texts
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered
 from flopcount.devices import Roofs
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 from flopcount.serving.pricing import price_batch
@@ -23,7 +22,7 @@ LEAVES_OUT = (
 
 
 @dataclass(frozen=True)
-class ServeResult:
+class ServeResult(Rendered):
     """Serving bounds of one model on one part: prefill (TTFT), decode (inter-token latency,
     tokens/s ceilings), memory (weights, KV cache per sequence, activations, the largest
     batch that fits) and the batch at which decode turns compute-bound.
@@ -88,14 +87,3 @@ class ServeResult:
                 return row
         return price_batch(self, batch)
 
-    def table(self) -> str:
-        return render(self, "table")
-
-    def to_dict(self) -> Dict[str, Any]:
-        return render(self, "dict")
-
-    def to_json(self, indent: Optional[int] = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def __str__(self) -> str:
-        return self.table()

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
-from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -39,6 +38,7 @@ from torch.utils.hooks import RemovableHandle
 
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.model_facts import ModelFacts
+from flopcount.tracers._containers import NOT_A_CONTAINER, rebuilt
 
 __all__ = ["private_twin"]
 
@@ -119,19 +119,9 @@ class _Copier:
             return self.module(value)
         if isinstance(value, torch.Tensor):
             return value  # a tensor attribute: shared, as before (the run's own writes to it are the forward's)
-        if kind is dict or kind is OrderedDict:
-            new: Any = kind()
-            self.memo[id(value)] = new
-            for key, item in value.items():
-                new[key] = self.value(item)
-            return new
-        if kind is list:
-            new = []
-            self.memo[id(value)] = new
-            new.extend(self.value(item) for item in value)
-            return new
-        if kind is tuple:
-            return tuple(self.value(item) for item in value)
+        container = rebuilt(value, self.memo, self.value)
+        if container is not NOT_A_CONTAINER:
+            return container
         if kind is set:
             return set(value)
         if kind is RemovableHandle:

@@ -34,6 +34,7 @@ from torch import nn
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
 from flopcount.errors import TraceError, UsageError
+from flopcount.tracers._containers import NOT_A_CONTAINER, rebuilt
 
 __all__ = [
     "FakeCopy",
@@ -280,19 +281,9 @@ class _TreeCopier:
         if isinstance(value, torch.Tensor):  # held in a container attribute: faked too
             made = self.memo[id(value)] = self.faker.fake(value)
             return made
-        if kind is dict or kind is OrderedDict:
-            new: Any = kind()
-            self.memo[id(value)] = new
-            for key, item in value.items():
-                new[key] = self.value(item)
-            return new
-        if kind is list:
-            new = []
-            self.memo[id(value)] = new
-            new.extend(self.value(item) for item in value)
-            return new
-        if kind is tuple:
-            return tuple(self.value(item) for item in value)
+        container = rebuilt(value, self.memo, self.value)
+        if container is not NOT_A_CONTAINER:
+            return container
         if kind is set and all(type(item) in _IMMUTABLE_TYPES for item in value):
             new = self.memo[id(value)] = set(value)
             return new
