@@ -260,17 +260,31 @@ def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
 
 
 def _from_ledger(ledger: Ledger, base: FlopResult) -> FlopResult:
-    total = OpTotals(*ledger.total())
+    return _with_tables(
+        base, _frozen(ledger.operators), _frozen(ledger.modules),
+        {name: _frozen(ops) for name, ops in ledger.module_ops.items()}, _frozen(ledger.phases),
+    )
+
+
+def _with_tables(
+    base: FlopResult,
+    operators: Mapping[str, OpTotals],
+    modules: Mapping[str, OpTotals],
+    module_ops: Mapping[str, Mapping[str, OpTotals]],
+    phases: Mapping[str, OpTotals],
+) -> FlopResult:
+    """``base`` holding these tables, its totals those of the whole model (module "")."""
+    total = modules.get("", OpTotals())
     return replace(
         base,
         flops=total.flops,
         macs=total.macs,
         bytes_read=total.bytes_read,
         bytes_written=total.bytes_written,
-        _operators=_frozen(ledger.operators),
-        _modules=_frozen(ledger.modules),
-        _module_ops={name: _frozen(ops) for name, ops in ledger.module_ops.items()},
-        _phases=_frozen(ledger.phases),
+        _operators=operators,
+        _modules=modules,
+        _module_ops=module_ops,
+        _phases=phases,
     )
 
 
@@ -331,21 +345,12 @@ def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -
             delta.rebook(event, old, new)
     if not delta.operators:
         return result
-    modules = _plus(result._modules, delta.modules)
     module_ops = dict(result._module_ops)
     for name, ops in delta.module_ops.items():
         module_ops[name] = _plus(result._module_ops.get(name, {}), ops)
-    total = modules.get("", OpTotals())
-    return replace(
-        result,
-        flops=total.flops,
-        macs=total.macs,
-        bytes_read=total.bytes_read,
-        bytes_written=total.bytes_written,
-        _operators=_plus(result._operators, delta.operators),
-        _modules=modules,
-        _module_ops=module_ops,
-        _phases=_plus(result._phases, delta.phases),
+    return _with_tables(
+        result, _plus(result._operators, delta.operators), _plus(result._modules, delta.modules),
+        module_ops, _plus(result._phases, delta.phases),
     )
 
 

@@ -28,7 +28,7 @@ from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
 from flopcount.profiling.threads import one_at_a_time
-from flopcount.step.loss import backward_roots
+from flopcount.step.loss import backward_roots, differentiable, unique_tensors
 from flopcount.tracers import dispatch, shared_tensor_copy
 from flopcount.tracers.fake.copies import has_lazy_parameters
 
@@ -242,7 +242,7 @@ class _Step:
         with torch.enable_grad():
             outputs = self.model(*args, **kwargs)
             roots = backward_roots(outputs, self.loss_fn)  # the loss the dispatch tracer differentiates
-            leaves = _differentiable(_unique(list(self.model.parameters()) + list(self.flat)))
+            leaves = differentiable(unique_tensors(list(self.model.parameters()) + list(self.flat)))
             if not roots or not leaves:
                 raise UsageError("backward=True but nothing requires grad (no parameter or input with requires_grad=True)")
             if self.seeds is None:
@@ -263,19 +263,6 @@ def _has_objects(value: Any) -> bool:
     if type(value) is dict:
         return any(_has_objects(v) for v in value.values())
     return True
-
-
-def _differentiable(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    return [t for t in tensors if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-
-
-def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    seen, out = set(), []
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            out.append(tensor)
-    return out
 
 
 def _range(name: str) -> Any:

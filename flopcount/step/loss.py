@@ -11,14 +11,14 @@ differentiates the sum of every floating (or complex) output that requires grad.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Set
 
 import torch
 
 from flopcount.core.inputs import output_tensors
 from flopcount.errors import UsageError
 
-__all__ = ["backward_roots", "default_loss", "differentiable", "returned_loss"]
+__all__ = ["backward_roots", "default_loss", "differentiable", "returned_loss", "unique_tensors"]
 
 LossFn = Callable[[Any], Any]
 
@@ -26,6 +26,17 @@ LossFn = Callable[[Any], Any]
 def differentiable(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
     """The tensors a backward can start from or reach: floating or complex, requiring grad."""
     return [t for t in tensors if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+
+
+def unique_tensors(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """``tensors`` in order, each object once (a parameter also passed as an input, a tied weight)."""
+    seen: Set[int] = set()
+    out: List[torch.Tensor] = []
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out.append(tensor)
+    return out
 
 
 def returned_loss(outputs: Any) -> Optional[torch.Tensor]:

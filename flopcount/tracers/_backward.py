@@ -33,7 +33,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from flopcount.errors import UsageError
-from flopcount.step.loss import backward_roots, differentiable
+from flopcount.step.loss import backward_roots, differentiable, unique_tensors
 from flopcount.tracers._modules import ModuleStack
 
 __all__ = ["BackwardAttribution", "StandIns", "run_backward"]
@@ -321,16 +321,6 @@ def _grads_set_aside(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
                 hooks.update(held)
 
 
-def _unique(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    seen = set()
-    unique = []
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            unique.append(tensor)
-    return unique
-
-
 def run_backward(
     model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: Any
 ) -> Set[int]:
@@ -348,7 +338,7 @@ def run_backward(
     attribution: Optional[BackwardAttribution] = getattr(recorder, "attribution", None)
     stand_ins = attribution.stand_ins if attribution is not None else StandIns()
     # the stand-ins the graph accumulates into, in place of the caller's parameters and inputs
-    leaves = differentiable(_unique([stand_ins.of(t) for t in list(model.parameters()) + list(inputs)]))
+    leaves = differentiable(unique_tensors([stand_ins.of(t) for t in list(model.parameters()) + list(inputs)]))
     if not roots or not leaves:
         raise UsageError(
             "backward=True but nothing requires grad: no parameter or input has requires_grad=True, "
@@ -364,7 +354,7 @@ def run_backward(
     # autograd.Function's apply takes its arguments as they are) is differentiated as itself
     own = {id(leaf) for leaf in leaves}
     wanted = {id(t) for t in list(model.parameters()) + list(inputs)}
-    leaves += [leaf for leaf in _unique(graph_leaves) if id(leaf) not in own and id(leaf) in wanted]
+    leaves += [leaf for leaf in unique_tensors(graph_leaves) if id(leaf) not in own and id(leaf) in wanted]
     recorder.phase = "backward"
     if reentrant is None:
         # autograd.grad writes no .grad and runs no post-accumulate-grad hook: real leaves are safe here
