@@ -22,7 +22,14 @@ than the bound. Sources:
   configuration 1 (chatbot: 128 input tokens, 20 output tokens), Llama-2-7B, batch 1, TP 1,
   1 GPU: average latency 234.0 ms on A100 80GB SXM4 and 153.8 ms on H100 80GB HBM3.
 
-Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--json FILE]``.
+Part 1 on a GPU (``--device cuda``): the same cases built on the GPU (the thread-count cases
+are left out), each run timed with CUDA events around the call (GPU time between the
+markers, which is never more than the wall time: the stricter comparison), against two
+bounds: on the GPU's roofs measured here (best of two measurements) and on the datasheet
+part ``torch.cuda.get_device_name()`` names (``predict(on=...)``, what a user without the GPU
+gets).
+
+Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--device cuda] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -282,6 +289,20 @@ def cases(quick: bool) -> List[Case]:
     return every[:8] if quick else every
 
 
+def gpu_cases() -> List[Case]:
+    """Work large enough that a GPU is not launch-bound: how close the bound comes to a real run."""
+    bf16 = torch.bfloat16
+    return [
+        Case("mlp 2x8192 b8192 bf16", mlp(8192, bf16, width=8192)),
+        Case("mlp 2x8192 b8192 fp32", mlp(8192, width=8192)),
+        Case("resnet50 b128 bf16 channels_last", cnn("resnet50", 128, bf16, channels_last=True)),
+        Case("resnet50 b64 fp32 train step", cnn("resnet50", 64), train=True),
+        Case("bert-small b64 s512 bf16", bert(64, 512, bf16)),
+        Case("gpt2-small prefill b16 s512 bf16", gpt2_prefill(16, 512, bf16)),
+        Case("elementwise x60 64x64x224x224", elementwise((64, 64, 224, 224))),
+    ]
+
+
 # --------------------------------------------------------------------------- timing
 
 
@@ -293,21 +314,47 @@ def _loss(out: Any) -> torch.Tensor:
     return _loss(out[0] if not hasattr(out, "logits") else out.logits)
 
 
-def fastest(case: Case, model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], runs: int) -> float:
+class _Clock:
+    """perf_counter on the CPU; CUDA events around the call on a GPU (synchronised after)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def start(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds_since(self, start: Any) -> float:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1e3
+        return time.perf_counter() - start
+
+
+def fastest(case: Case, model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], runs: int,
+            device: str = "cpu") -> float:
     """The fastest of ``runs`` timed calls (after two warm-ups)."""
     best = math.inf
+    clock = _Clock(device)
     for i in range(runs + 2):
         kw = case.fresh(kwargs) if case.fresh else kwargs
+        if clock.cuda:
+            torch.cuda.synchronize()
         if case.train:
             model.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
+            t0 = clock.start()
             _loss(model(*args, **kw)).backward()
-            took = time.perf_counter() - t0
+            took = clock.seconds_since(t0)
         else:
             with torch.no_grad():
-                t0 = time.perf_counter()
+                t0 = clock.start()
                 model(*args, **kw)
-                took = time.perf_counter() - t0
+                took = clock.seconds_since(t0)
         if i >= 2:
             best = min(best, took)
     return best
@@ -347,6 +394,41 @@ def this_machine(args: argparse.Namespace) -> List[Dict[str, Any]]:
             flag = "  ABOVE" if row["ratio"] > NOISE else ""
             print(f"{case.name:40s} bound {bound * 1e3:9.3f} ms  fastest {best * 1e3:9.3f} ms  "
                   f"ratio {row['ratio']:.3f}{flag}  (load {before})", flush=True)
+    return results
+
+
+def on_gpu(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """Part 1 on a GPU: each case built on it, CUDA-event timed, against the bound on the
+    GPU's measured roofs and on its datasheet part."""
+    name = torch.cuda.get_device_name()
+    measured = best_of(measure_roofs("cuda", budget_s=args.roofs_budget), measure_roofs("cuda", budget_s=args.roofs_budget))
+    sheet = named_roofs(name)
+    print(f"{name}\n  measured: {measured.describe()}\n  datasheet: {sheet.describe()}", flush=True)
+    results = []
+    for case in cases(args.quick) + gpu_cases():
+        if case.threads:
+            continue
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model, inputs, kwargs = case.build()
+        kw = case.fresh(kwargs) if case.fresh else kwargs
+        row: Dict[str, Any] = {"case": case.name}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for label, roofs in (("measured", measured), ("datasheet", sheet)):
+                predicted = flopcount.predict(model, inputs, kw, on=roofs, backward=case.train,
+                                              loss_fn=_loss if case.train else None)
+                row[f"bound_{label}_s"] = predicted.bound_s("eager")
+                row["complete"] = predicted.complete
+            row["fastest_s"] = best = fastest(case, model, inputs, kwargs, args.runs, "cuda")
+        row["ratio"] = row["bound_measured_s"] / best
+        row["ratio_datasheet"] = row["bound_datasheet_s"] / best
+        results.append(row)
+        flag = "  ABOVE" if max(row["ratio"], row["ratio_datasheet"]) > NOISE else ""
+        print(f"{case.name:40s} bound {row['bound_measured_s'] * 1e3:9.4f} ms (datasheet {row['bound_datasheet_s'] * 1e3:9.4f})"
+              f"  fastest {best * 1e3:9.4f} ms  ratio {row['ratio']:.3f} / {row['ratio_datasheet']:.3f}{flag}", flush=True)
+        del model, inputs, kwargs, kw
+        torch.cuda.empty_cache()
     return results
 
 
@@ -423,12 +505,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the first 8 cases only")
     parser.add_argument("--skip-published", action="store_true")
     parser.add_argument("--json", default=None, help="write every figure to this file")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="part 1 on this machine's CPU or GPU")
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error("--runs must be >= 5")
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, default threads {torch.get_num_threads()}, "
           f"load {loadavg()}", flush=True)
-    here = this_machine(args)
+    here = on_gpu(args) if args.device == "cuda" else this_machine(args)
+    if args.device == "cuda":
+        for r in here:
+            r["bound_s"] = max(r["bound_measured_s"], r["bound_datasheet_s"])
+            r["ratio"] = max(r["ratio"], r["ratio_datasheet"])
     ratios = [r["ratio"] for r in here]
     above = [r for r in here if r["ratio"] > NOISE]
     rho = spearman([r["bound_s"] for r in here], [r["fastest_s"] for r in here])

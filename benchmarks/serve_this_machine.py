@@ -10,6 +10,12 @@ compared with serve's any-implementation bounds priced on this machine's measure
 ratio = bound / measured, which a true bound keeps at or below 1.0.
 
     .venv/bin/python benchmarks/serve_this_machine.py [--runs 5] [--new 8]
+
+On a GPU (``--device cuda``): the same five models plus a 1.1B LLaMA-style decoder in bfloat16
+(where the GPU is not launch-bound), built on the GPU; each forward is timed with CUDA events
+(GPU time between markers: never more than the wall time, the stricter comparison); the bounds
+are priced twice, on the GPU's roofs measured here and on its datasheet part
+(``torch.cuda.get_device_name()``), and the larger ratio is reported.
 """
 
 from __future__ import annotations
@@ -46,34 +52,79 @@ def _models() -> Dict[str, Any]:
     }
 
 
-def _build(config: Any) -> Any:
+def _gpu_models() -> Dict[str, Any]:
+    import transformers
+
+    big = transformers.AutoConfig.for_model(
+        "llama", hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096, torch_dtype="bfloat16")
+    return {**_models(), "LLaMA 1.1B bf16 (GQA 32/4)": big}
+
+
+def _build(config: Any, device: str = "cpu") -> Any:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    if config.is_encoder_decoder:
-        model = transformers.AutoModelForSeq2SeqLM.from_config(config)
-    else:
-        model = transformers.AutoModelForCausalLM.from_config(config)
+    dtype = torch.bfloat16 if str(getattr(config, "torch_dtype", "")).endswith("bfloat16") else torch.float32
+    with torch.device(device):
+        if config.is_encoder_decoder:
+            model = transformers.AutoModelForSeq2SeqLM.from_config(config)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(config)
+    model = model.to(dtype)
     model.generation_config.eos_token_id = None
     if config.is_encoder_decoder:
         model.generation_config.decoder_start_token_id = config.pad_token_id  # T5 starts from its pad token
     return model.eval()
 
 
+class _Clock:
+    """perf_counter on the CPU; a pair of CUDA events per call on a GPU, read after the run."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def start(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, start: Any) -> Any:
+        if not self.cuda:
+            return time.perf_counter() - start
+        import torch
+
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return (start, end)
+
+    @staticmethod
+    def seconds(span: Any) -> float:
+        if isinstance(span, tuple):
+            span[1].synchronize()
+            return float(span[0].elapsed_time(span[1])) / 1e3
+        return float(span)
+
+
 def _timed_generate(model: Any, ids: Any, new: int) -> List[float]:
     """Seconds of each forward generate() runs (T5: the encoder's time added to the first)."""
     import torch
 
-    times: List[float] = []
-    encoder_s = [0.0]
+    clock = _Clock(ids.is_cuda)
+    spans: List[Any] = []
+    encoder_spans: List[Any] = []
     forward = model.forward
 
     @functools.wraps(forward)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = clock.start()
         out = forward(*args, **kwargs)
-        times.append(time.perf_counter() - start)
+        spans.append(clock.stop(start))
         return out
 
     encoder = model.get_encoder() if model.config.is_encoder_decoder else None
@@ -81,9 +132,9 @@ def _timed_generate(model: Any, ids: Any, new: int) -> List[float]:
     if encoder is not None:
         @functools.wraps(enc_forward)
         def timed_encoder(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = clock.start()
             out = enc_forward(*args, **kwargs)
-            encoder_s[0] += time.perf_counter() - start
+            encoder_spans.append(clock.stop(start))
             return out
 
         encoder.forward = timed_encoder
@@ -95,7 +146,8 @@ def _timed_generate(model: Any, ids: Any, new: int) -> List[float]:
         del model.forward
         if encoder is not None:
             del encoder.forward
-    times[0] += encoder_s[0]
+    times = [_Clock.seconds(span) for span in spans]
+    times[0] += sum(_Clock.seconds(span) for span in encoder_spans)
     return times
 
 
@@ -103,35 +155,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--new", type=int, default=8)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     import torch
 
     import flopcount
-    from flopcount.devices import named_roofs
+    from flopcount.devices import Roofs, named_roofs
+    from flopcount.devices.measured import best_of, measure_roofs
 
     warnings.filterwarnings("ignore")
-    # this machine's roofs, measured once (or read from the cache) under the same load as the runs
-    roofs = named_roofs("this machine")
-    print(roofs.describe(), flush=True)
+    pricing: Dict[str, Roofs] = {}
+    if args.device == "cuda":
+        part = torch.cuda.get_device_name()
+        pricing["measured"] = best_of(measure_roofs("cuda"), measure_roofs("cuda"))
+        pricing["datasheet"] = named_roofs(part)
+        models = _gpu_models()
+        print(part, flush=True)
+    else:
+        # this machine's roofs, measured once (or read from the cache) under the same load as the runs
+        pricing["measured"] = named_roofs("this machine")
+        models = _models()
+    for label, roofs in pricing.items():
+        print(f"{label}: {roofs.describe()}", flush=True)
     rows: List[Tuple[str, int, str, float, float]] = []
-    for name, config in _models().items():
-        model = _build(config)
+    for name, config in models.items():
+        model = _build(config, args.device)
         for batch in (1, 8):
-            ids = torch.randint(0, 8000, (batch, P))
+            ids = torch.randint(0, 8000, (batch, P), device=args.device)
             runs = [_timed_generate(model, ids, args.new) for _ in range(args.runs)]
             fastest = [min(r[i] for r in runs) for i in range(len(runs[0]))]
-            result = flopcount.serve(model, ids, args.new, on=roofs)
-            row = result.at(batch)
-            assert row.first_step is not None and row.last_step is not None
-            for what, bound, measured in (("prefill", row.prefill.seconds, fastest[0]),
-                                          ("first step", row.first_step.seconds, fastest[1]),
-                                          ("last step", row.last_step.seconds, fastest[-1])):
-                rows.append((name, batch, what, bound, measured))
-                print(f"{name:22s} B={batch}  {what:10s}  bound {bound * 1e3:9.4f} ms  measured {measured * 1e3:9.3f} ms"
-                      f"  ratio {bound / measured:.3f}", flush=True)
+            for label, roofs in pricing.items():
+                result = flopcount.serve(model, ids, args.new, on=roofs)
+                row = result.at(batch)
+                assert row.first_step is not None and row.last_step is not None
+                for what, bound, measured in (("prefill", row.prefill.seconds, fastest[0]),
+                                              ("first step", row.first_step.seconds, fastest[1]),
+                                              ("last step", row.last_step.seconds, fastest[-1])):
+                    rows.append((name, batch, f"{what} ({label})", bound, measured))
+                    print(f"{name:26s} B={batch}  {what:10s} {label:9s}  bound {bound * 1e3:9.4f} ms  "
+                          f"measured {measured * 1e3:9.4f} ms  ratio {bound / measured:.3f}", flush=True)
+        del model
     above = [r for r in rows if r[3] > r[4]]
-    print(f"\n{len(rows)} comparisons, {len(above)} above 1.0; largest ratio "
-          f"{max(r[3] / r[4] for r in rows):.3f}; roofs: {result.roofs.describe()}")
+    print(f"\n{len(rows)} comparisons, {len(above)} above 1.0 ({', '.join(f'{r[0]} B={r[1]} {r[2]}' for r in above) or 'none'}); "
+          f"largest ratio {max(r[3] / r[4] for r in rows):.3f}")
 
 
 if __name__ == "__main__":

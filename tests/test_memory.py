@@ -343,19 +343,35 @@ def test_missing_memtracker_is_a_clear_usage_error(monkeypatch: pytest.MonkeyPat
 @pytest.mark.cuda
 @pytest.mark.parametrize("backward, optimizer", MODES, ids=MODE_IDS)
 def test_cuda_peak_close_to_max_memory_allocated(backward: bool, optimizer: Optional[str]) -> None:
-    """On a GPU: the estimate vs ``torch.cuda.max_memory_allocated`` of the real step (the
-    allocator rounds to 512-byte blocks and adds kernel workspaces; docs/memory.md)."""
+    """On a GPU: the estimate vs what the caching allocator handed out during the real step,
+    above what was allocated before the model and its input were built. With cuDNN disabled the
+    two agree (tensors only; 512-byte rounding); with cuDNN, its convolution workspaces (not
+    tensors, not counted: docs/memory.md) come on top, so the estimate is below the peak.
+    Measured on an H200 (benchmarks/gpu_memory.py): 18,379,776 B estimated and allocated in
+    inference without cuDNN, 36.2-53.0 MB with it."""
+
+    def real_peak() -> int:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.manual_seed(0)
+        work, x = cnn().cuda(), torch.randn(32, 3, 64, 64, device="cuda")
+        opt = _warmed_adam(work) if optimizer else None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        _real_step(work, (x,), backward, opt)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
     torch.manual_seed(0)
     model, x = cnn().cuda(), torch.randn(32, 3, 64, 64, device="cuda")
     result = estimate_memory(model, x, backward=backward, optimizer=optimizer)
-    work = copy.deepcopy(model)
-    opt = _warmed_adam(work) if optimizer else None
-    del model
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    _real_step(work, (x,), backward, opt)
-    torch.cuda.synchronize()
-    assert result.peak_bytes == pytest.approx(torch.cuda.max_memory_allocated(), rel=0.10)
+    del model, x
+    with torch.backends.cudnn.flags(enabled=False):
+        tensors_only = real_peak()
+    with_cudnn = real_peak()
+    assert result.peak_bytes == pytest.approx(tensors_only, rel=0.03)
+    assert result.peak_bytes <= with_cudnn
+    assert any("cuDNN's convolution workspaces are not tensors" in w for w in result.warnings)
 
 
 class Block(nn.Module):

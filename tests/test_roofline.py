@@ -143,6 +143,20 @@ def test_cuda_roofs_measured_and_datasheet(tmp_path, monkeypatch):
         assert 0.3 * sheet["bandwidth"] < roofs.bandwidth < 1.1 * sheet["bandwidth"]
 
 
+@pytest.mark.cuda
+@cuda
+def test_cuda_measured_roofs_claim_nothing_for_data_in_l2():
+    """On an H200, 60 elementwise ops on a 25.7 MB tensor (in + out = 51 MB, inside the 60 MB L2)
+    ran faster than the bound charging every byte at the measured DRAM rate (ratio 1.011):
+    measured GPU roofs carry the L2 (capacity from the device's properties), which, as on the
+    datasheet, sets no memory term."""
+    from flopcount.devices.measured import measure_roofs
+
+    roofs = measure_roofs("cuda", budget_s=0.2)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert [(lv.name, lv.capacity, lv.bandwidth) for lv in roofs.levels] == [("L2", float(l2), None)]
+
+
 def test_a_new_measurement_keeps_the_best_roofs(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     slow = Roofs({"float32": 4e10, "bfloat16": 9e10}, 3e9, "cpu", "measured")

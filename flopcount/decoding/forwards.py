@@ -149,6 +149,9 @@ def _dynamic_cache(model: nn.Module) -> Any:
     return DynamicCache(config=text)
 
 
+_CACHE_KEYS = ("cache", "past_key_values", "cache_params")
+
+
 def cache_of(output: Any, setup: Setup) -> Any:
     """The cache a forward returned (``cache`` in transformers >= 5.24, else ``past_key_values``)."""
     cache = _field(output, setup.cache_key)
@@ -253,9 +256,10 @@ class Setup:
         if "logits_to_keep" in self.parameters:
             first["logits_to_keep"] = 1
         first.update(kwargs or {})
-        # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` deprecated)
-        self.cache_key = "cache" if "cache" in self.parameters else "past_key_values"
-        if not any(k in first for k in ("cache", "past_key_values")):
+        # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` deprecated);
+        # before, state-space models (Mamba, FalconMamba) named theirs ``cache_params``
+        self.cache_key = next((k for k in _CACHE_KEYS if k in self.parameters), "past_key_values")
+        if not any(k in first for k in _CACHE_KEYS):
             if options.static_len is not None:
                 first[self.cache_key] = _static_cache(model, options.static_len)
             elif self.cache_key == "cache" and not self.encoder_decoder and _supports_cache_objects(model):
@@ -339,7 +343,9 @@ class Decoding:
                 call["attention_mask"] = self.mask
         else:
             call["input_ids"] = tokens
-            if self.mask is not None:
+            # state-space models of transformers < 5.24 (``cache_params``) decode without a mask:
+            # their prepare_inputs_for_generation drops it, and the mixer would broadcast it
+            if self.mask is not None and setup.cache_key != "cache_params":
                 call["attention_mask"] = torch.ones(setup.batch, setup.prompt + step + width, dtype=torch.int64, device=setup.device)
         if "logits_to_keep" in setup.parameters:
             call["logits_to_keep"] = 1

@@ -343,6 +343,15 @@ def measure_roofs(
         lower = cache_levels[i + 1].bandwidth or 0.0
         if (cache_levels[i].bandwidth or 0.0) < lower:
             cache_levels[i] = MemoryLevel(cache_levels[i].name, cache_levels[i].capacity, lower)
+    if levels and dev.type == "cuda":
+        # A GPU's L2 serves a working set that fits it faster than DRAM: a bound that charged such
+        # data at the measured DRAM rate was beaten on an H200 (docs/performance.md, "On a GPU").
+        # Its bandwidth is not measured (any stream we time can be beaten by a better kernel), so,
+        # as on the datasheet, the level claims nothing for data that fits it.
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+        if l2:
+            cache_levels.append(MemoryLevel("L2", float(l2), None))
+            details["bandwidth_L2"] = f"not measured: data within the {l2 / 2**20:.0f} MiB L2 sets no memory term"
     if cpu is not None:
         for dtype, ceiling in details["isa_peak_flops"].items():
             if flops.get(dtype, 0.0) > ceiling:

@@ -378,6 +378,9 @@ def _step_error(exc: Exception, where: str, description: str) -> TraceError:
     )
 
 
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
 def _collect(
     tracker: Any,
     twin: nn.Module,
@@ -413,6 +416,11 @@ def _collect(
     devices = sorted({str(device) for device in snapshot})
     if len(devices) > 1:
         notes.append(f"the step used several devices ({', '.join(devices)}); peak_bytes is their sum")
+    if any(d.startswith("cuda") for d in devices) and torch.backends.cudnn.enabled and any(isinstance(m, _CONVS) for m in twin.modules()):
+        notes.append(
+            "cuDNN's convolution workspaces are not tensors and are not counted: on an H200 they took a small CNN's "
+            "peak to 2.2-2.9x its tensors and ResNet-18's 5-7 % above (docs/memory.md, 'On a GPU'); leave headroom"
+        )
     for note in notes:
         warnings.warn(note, FlopcountWarning, stacklevel=3)
     return MemoryEstimate(
