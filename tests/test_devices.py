@@ -120,3 +120,29 @@ def test_plan_step_time_does_not_follow_the_hosts_tf32_flag():
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
     assert times[0] == times[1]
+
+
+# --------------------------------------------------------------------------- "this gpu" (found on an H200)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+@pytest.mark.parametrize("name", ["this gpu", "cuda", "GPU"])
+def test_this_gpu_without_cuda_is_a_clear_usage_error(name):
+    """On a GPU machine, "this machine" means its CPU: a user serving a CUDA model with
+    on="this machine" got CPU roofs. "this gpu" names the GPU; without one it says so."""
+    from flopcount.devices import named_roofs
+    from flopcount.errors import UsageError
+
+    with pytest.raises(UsageError, match="CUDA GPU, and torch sees none here"):
+        named_roofs(name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_this_gpu_is_the_gpu_measured(tmp_path, monkeypatch):
+    from flopcount.devices import named_roofs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    roofs = named_roofs("this gpu")
+    assert roofs.source == "measured" and roofs.device == torch.cuda.get_device_name()
+    assert named_roofs("this machine").device != roofs.device

@@ -24,12 +24,14 @@ from .roofline import (
     op_time,
 )
 
-#: names that mean the roofs measured on this machine
+#: names that mean the roofs measured on this machine (its CPU)
 THIS_MACHINE = ("this machine", "this-machine", "local", "cpu", "here")
+#: names that mean the roofs measured on this machine's current CUDA GPU
+THIS_GPU = ("this gpu", "this-gpu", "gpu", "cuda")
 
 __all__ = [
     "BOUND_KINDS", "LINKS", "PARTS", "THIS_MACHINE", "AnyBound", "Bound", "BoundKind", "MathModes", "MemoryLevel",
-    "OpTime", "Part", "Roofs", "any_implementation", "column_of", "datasheet_roofs", "default_bound", "find_part",
+    "OpTime", "Part", "Roofs", "THIS_GPU", "any_implementation", "column_of", "datasheet_roofs", "default_bound", "find_part",
     "is_this_machine", "known_names", "named_roofs", "op_time", "part_roofs", "peak_for_name", "resolve_part",
     "roofs_for",
 ]
@@ -44,13 +46,23 @@ def named_roofs(name: str, *, conv_tf32: bool = MathModes.conv_tf32, matmul_tf32
     "NVIDIA A100-SXM4-80GB"...; the result's ``device`` echoes the part) under the given math
     modes, or "this machine" (measured here, seconds, unless ``$XDG_CACHE_HOME/flopcount/roofs.json``
     holds sane roofs for this machine; written there after measuring unless
-    ``FLOPCOUNT_NO_ROOFS_CACHE=1``). A datasheet part measures and writes nothing."""
+    ``FLOPCOUNT_NO_ROOFS_CACHE=1``), or "this gpu" (the same, measured on the current CUDA
+    GPU; "this machine" is the CPU). A datasheet part measures and writes nothing."""
     if not isinstance(name, str):
         raise UsageError(f"device must be a part name ('h100', 't4', 'this machine'...) or a Roofs, got {name!r}")
     if is_this_machine(name):
         from .measured import machine_roofs
 
         return machine_roofs("cpu")
+    if name.strip().lower() in THIS_GPU:
+        import torch
+
+        from .measured import machine_roofs
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"{name!r} means this machine's CUDA GPU, and torch sees none here; name a part "
+                             "('h100', 'l4'...) to model one, or 'this machine' for this CPU")
+        return machine_roofs(torch.device("cuda", torch.cuda.current_device()))
     return datasheet_roofs(name, conv_tf32=conv_tf32, matmul_tf32=matmul_tf32)
 
 
