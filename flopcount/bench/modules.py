@@ -33,11 +33,10 @@ from flopcount.bench.device import (
 from flopcount.bench.loop import Clock
 from flopcount.bench.stats import compute_stats
 from flopcount.core.deprecation import ms_aliases, ms_keys
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.inputs import prepare_call
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
-from flopcount.types import Diagnostic
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "
@@ -86,7 +85,7 @@ class ModuleLatency:
 
 @ms_aliases("unhooked_median")
 @dataclass(frozen=True)
-class ModuleLatencyResult:
+class ModuleLatencyResult(FromWarnings):
     """Per-module latencies in ``named_modules()`` order; parents include children. Times
     in seconds (``unhooked_median_s``: the root timed without hooks)."""
 
@@ -97,10 +96,6 @@ class ModuleLatencyResult:
     timing: str
     unhooked_median_s: float
     warnings: Tuple[str, ...] = (PERTURBATION_NOTE,)
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The warnings (the hooks' perturbation first) as typed records, each once."""
-        return from_texts((), self.warnings)
 
     def by_module(self, seconds: Optional[bool] = None) -> Dict[str, Optional[float]]:
         """``{module name: median}``: in seconds with ``seconds=True``; in milliseconds

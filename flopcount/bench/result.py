@@ -10,9 +10,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from flopcount.bench.stats import NOISE_SPREAD, LatencyStats
 from flopcount.core.deprecation import ms_aliases, ms_keys
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import render
-from flopcount.types import Diagnostic
 
 
 class _FromStats:
@@ -27,7 +26,7 @@ class _FromStats:
 
 @ms_aliases("median", "mean", "p90", "p99", "min", "max", "std", "compile")
 @dataclass(frozen=True)
-class BenchmarkResult:
+class BenchmarkResult(FromWarnings):
     """One benchmark: latency statistics plus what they were measured on.
 
     ``throughput`` = ``batch_size`` / median latency (samples/s); ``iters_per_s`` =
@@ -60,10 +59,6 @@ class BenchmarkResult:
     training: bool = False
     noise_threshold: float = NOISE_SPREAD
     warnings: Tuple[str, ...] = ()
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The benchmark's warnings (noise, a training-mode model, ...) as typed records, each once."""
-        return from_texts((), self.warnings)
 
     # -- statistics, delegated (seconds) ----------------------------------------------
     median_s = _FromStats()

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.inputs import is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
@@ -37,7 +37,7 @@ from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
-from flopcount.types import Diagnostic, Phase
+from flopcount.types import Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
 
@@ -87,7 +87,7 @@ class ModuleMemory:
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(FromWarnings):
     """Estimated peak memory of one step; ``at_peak`` sums to ``peak_bytes``."""
 
     peak_bytes: int
@@ -102,10 +102,6 @@ class MemoryEstimate:
     input_description: str
     modules: Tuple[ModuleMemory, ...] = ()
     warnings: Tuple[str, ...] = ()
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The estimate's warnings as typed records ("warning"), each once."""
-        return from_texts((), self.warnings)
 
     def module(self, name: str) -> ModuleMemory:
         for info in self.modules:

@@ -7,11 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import render
 from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, Category, CostRow, TimeSource
 from flopcount.devices.roofline import PROFILE_CONVENTION, Roofs
-from flopcount.types import Diagnostic
 
 __all__ = [
     "ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "Category", "Overview", "ProfileResult", "ProfileRow", "TimeSource", "Unmatched",
@@ -51,7 +50,7 @@ class Overview:
 
 
 @dataclass(frozen=True)
-class ProfileResult:
+class ProfileResult(FromWarnings):
     """Per-op rows (name, module, phase) of a profiled run, largest time first.
 
     ``total_time_s`` is the mean wall time of a profiled step; ``roofs`` the roofs used
@@ -73,10 +72,6 @@ class ProfileResult:
     _operators: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _modules: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _phases: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The profile's warnings as typed records ("warning"), each once."""
-        return from_texts((), self.warnings)
 
     @property
     def total_time_s(self) -> float:
