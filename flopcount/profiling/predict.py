@@ -28,6 +28,7 @@ from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.rendering import render
 from flopcount.core.rows import BookedRows, CostRow
+from flopcount.core.traffic import is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
@@ -180,7 +181,7 @@ def predict(
             continue
         if event.phase == "forward" and event.call.op in _LOOKUPS and event.module in lookup_modules:
             looked_up += _written_as(event.call, as_dtype)
-        op_dtype = as_dtype if as_dtype is not None and _floating(call_dtype(event.call)) else call_dtype(event.call)
+        op_dtype = as_dtype if as_dtype is not None and is_floating(call_dtype(event.call)) else call_dtype(event.call)
         if as_dtype is not None:
             cost = cost.with_traffic(*traffic_as(event.call, cost, as_dtype, phase=event.phase))
         timed = op_time(roofs, cost.flops, cost.bytes, op_dtype, event.call.op)
@@ -226,7 +227,7 @@ def _written_as(call: Any, as_dtype: Optional[str]) -> int:
     first = call.outputs[0] if call.outputs else None
     if not isinstance(first, TensorMeta):
         return 0
-    dtype = as_dtype if as_dtype is not None and first.dtype is not None and _floating(first.dtype) else first.dtype
+    dtype = as_dtype if as_dtype is not None and is_floating(first.dtype) else first.dtype
     return first.numel * element_size(dtype)
 
 
@@ -289,10 +290,6 @@ def _unavoidable_bytes(
             seen[id(tensor)] = None
             total += size(tensor)
     return total
-
-
-def _floating(dtype: str) -> bool:
-    return "float" in dtype or "half" in dtype or "double" in dtype
 
 
 def _named(name: Any) -> Roofs:
