@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from flopcount.errors import UsageError
+from flopcount.planning.tp_mha import linear_from
 
 
 def _is_conv1d(module: Optional[nn.Module]) -> bool:
@@ -40,19 +41,11 @@ class FusedQKV(nn.Module):
 
 
 def linear_of(conv: Any, start: int = 0, stop: Optional[int] = None) -> nn.Linear:
-    """The ``nn.Linear`` computing output columns ``start:stop`` of the ``Conv1D`` ``conv``."""
+    """The ``nn.Linear`` computing output columns ``start:stop`` of the ``Conv1D`` ``conv``
+    (its weight's columns, transposed)."""
     weight, bias = conv.weight, conv.bias
     stop = weight.shape[1] if stop is None else stop
-    linear = nn.Linear(weight.shape[0], stop - start, bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        if weight.device.type != "meta":
-            linear.weight.copy_(weight[:, start:stop].t())
-            if bias is not None:
-                linear.bias.copy_(bias[start:stop])
-    linear.weight.requires_grad_(weight.requires_grad)
-    if bias is not None:
-        linear.bias.requires_grad_(bias.requires_grad)
-    return linear
+    return linear_from(weight[:, start:stop].t(), None if bias is None else bias[start:stop])
 
 
 def is_gpt2_block(block: nn.Module) -> bool:

@@ -54,10 +54,10 @@ class SplitSelfAttention(nn.Module):
         self.in_proj_bias: Optional[torch.Tensor] = None
         weight, bias = mha.in_proj_weight, mha.in_proj_bias
         self.q_proj, self.k_proj, self.v_proj = (
-            _linear(weight[i * width:(i + 1) * width], None if bias is None else bias[i * width:(i + 1) * width])
+            linear_from(weight[i * width:(i + 1) * width], None if bias is None else bias[i * width:(i + 1) * width])
             for i in range(3)
         )
-        self.out_proj = _linear(mha.out_proj.weight, mha.out_proj.bias)
+        self.out_proj = linear_from(mha.out_proj.weight, mha.out_proj.bias)
         self.register_forward_pre_hook(_one_input)
 
     def forward(
@@ -101,7 +101,7 @@ class SplitSelfAttention(nn.Module):
         return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
 
-def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
+def linear_from(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
     """The ``nn.Linear`` of ``weight`` (``[out, in]``) and ``bias``; values copied unless on meta."""
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
