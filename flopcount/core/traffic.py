@@ -47,7 +47,6 @@ whether an op is a view is told by the caller.
 
 from __future__ import annotations
 
-from functools import cache
 from math import prod
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
@@ -95,7 +94,6 @@ def is_complex(dtype: Optional[str]) -> bool:
     return found is not None and bool(found.is_complex)
 
 
-@cache
 def _torch_dtype(name: Optional[str]) -> Any:
     import torch
 
