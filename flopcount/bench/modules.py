@@ -32,12 +32,11 @@ from flopcount.bench.device import (
 )
 from flopcount.bench.loop import Clock
 from flopcount.bench.stats import compute_stats
-from flopcount.core.deprecation import ms_property
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.deprecation import ms_aliases, ms_keys
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.inputs import prepare_call
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
-from flopcount.types import Diagnostic
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "
@@ -45,6 +44,7 @@ PERTURBATION_NOTE = (
 )
 
 
+@ms_aliases("median", "mean", "min")
 @dataclass(frozen=True)
 class ModuleLatency:
     """One module: hook-measured latency per forward of the model (all its calls summed).
@@ -62,10 +62,6 @@ class ModuleLatency:
     min_s: Optional[float]
     flops: Optional[float] = None
 
-    median_ms = ms_property("median_s", "median_ms")
-    mean_ms = ms_property("mean_s", "mean_ms")
-    min_ms = ms_property("min_s", "min_ms")
-
     @property
     def achieved_flops_per_s(self) -> Optional[float]:
         if self.flops is None or not self.median_s:
@@ -81,17 +77,15 @@ class ModuleLatency:
             "median_s": self.median_s,
             "mean_s": self.mean_s,
             "min_s": self.min_s,
-            # 0.2's keys (milliseconds), kept one release
-            "median_ms": _ms(self.median_s),
-            "mean_ms": _ms(self.mean_s),
-            "min_ms": _ms(self.min_s),
+            **ms_keys(self),  # 0.2's keys (milliseconds), kept one release
             "flops": self.flops,
             "achieved_flops_per_s": self.achieved_flops_per_s,
         }
 
 
+@ms_aliases("unhooked_median")
 @dataclass(frozen=True)
-class ModuleLatencyResult:
+class ModuleLatencyResult(FromWarnings):
     """Per-module latencies in ``named_modules()`` order; parents include children. Times
     in seconds (``unhooked_median_s``: the root timed without hooks)."""
 
@@ -102,12 +96,6 @@ class ModuleLatencyResult:
     timing: str
     unhooked_median_s: float
     warnings: Tuple[str, ...] = (PERTURBATION_NOTE,)
-
-    unhooked_median_ms = ms_property("unhooked_median_s", "unhooked_median_ms")
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The warnings (the hooks' perturbation first) as typed records, each once."""
-        return from_texts((), self.warnings)
 
     def by_module(self, seconds: Optional[bool] = None) -> Dict[str, Optional[float]]:
         """``{module name: median}``: in seconds with ``seconds=True``; in milliseconds
@@ -137,7 +125,7 @@ class ModuleLatencyResult:
             "device": self.device,
             "timing": self.timing,
             "unhooked_median_s": self.unhooked_median_s,
-            "unhooked_median_ms": self.unhooked_median_s * 1e3,  # 0.2's key, kept one release
+            **ms_keys(self),  # 0.2's key, kept one release
             "modules": [m.to_dict() for m in self.modules],
             "warnings": list(self.warnings),
         }
@@ -309,7 +297,3 @@ def _flop_map(flops: Any) -> Optional[Mapping[str, float]]:
     if hasattr(flops, "by_module"):
         return flops.by_module()
     raise UsageError(f"flops must be a {{module name: FLOPs}} mapping or a FlopResult, got {type(flops).__name__}")
-
-
-def _ms(seconds: Optional[float]) -> Optional[float]:
-    return None if seconds is None else seconds * 1e3

@@ -9,14 +9,24 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from flopcount.bench.stats import NOISE_SPREAD, LatencyStats
-from flopcount.core.deprecation import ms_property
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.deprecation import ms_aliases, ms_keys
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import render
-from flopcount.types import Diagnostic
 
 
+class _FromStats:
+    """A read-only attribute answered by the result's ``stats`` under the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, result: Any, owner: Optional[type] = None) -> Any:
+        return self if result is None else getattr(result.stats, self.name)
+
+
+@ms_aliases("median", "mean", "p90", "p99", "min", "max", "std", "compile")
 @dataclass(frozen=True)
-class BenchmarkResult:
+class BenchmarkResult(FromWarnings):
     """One benchmark: latency statistics plus what they were measured on.
 
     ``throughput`` = ``batch_size`` / median latency (samples/s); ``iters_per_s`` =
@@ -50,56 +60,16 @@ class BenchmarkResult:
     noise_threshold: float = NOISE_SPREAD
     warnings: Tuple[str, ...] = ()
 
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The benchmark's warnings (noise, a training-mode model, ...) as typed records, each once."""
-        return from_texts((), self.warnings)
-
     # -- statistics, delegated (seconds) ----------------------------------------------
-    @property
-    def median_s(self) -> float:
-        return self.stats.median_s
-
-    @property
-    def mean_s(self) -> float:
-        return self.stats.mean_s
-
-    @property
-    def p90_s(self) -> float:
-        return self.stats.p90_s
-
-    @property
-    def p99_s(self) -> float:
-        return self.stats.p99_s
-
-    @property
-    def min_s(self) -> float:
-        return self.stats.min_s
-
-    @property
-    def max_s(self) -> float:
-        return self.stats.max_s
-
-    @property
-    def std_s(self) -> float:
-        return self.stats.std_s
-
-    # the 0.2 names, in milliseconds: deprecated (DeprecationWarning), removed in 0.4
-    median_ms = ms_property("median_s", "median_ms")
-    mean_ms = ms_property("mean_s", "mean_ms")
-    p90_ms = ms_property("p90_s", "p90_ms")
-    p99_ms = ms_property("p99_s", "p99_ms")
-    min_ms = ms_property("min_s", "min_ms")
-    max_ms = ms_property("max_s", "max_ms")
-    std_ms = ms_property("std_s", "std_ms")
-    compile_ms = ms_property("compile_s", "compile_ms")
-
-    @property
-    def cv(self) -> float:
-        return self.stats.cv
-
-    @property
-    def iters(self) -> int:
-        return self.stats.iters
+    median_s = _FromStats()
+    mean_s = _FromStats()
+    p90_s = _FromStats()
+    p99_s = _FromStats()
+    min_s = _FromStats()
+    max_s = _FromStats()
+    std_s = _FromStats()
+    cv = _FromStats()
+    iters = _FromStats()
 
     @property
     def noisy(self) -> bool:
@@ -148,7 +118,7 @@ class BenchmarkResult:
             dtype=self.dtype,
             compiled=self.compiled,
             compile_s=self.compile_s,
-            compile_ms=None if self.compile_s is None else self.compile_s * 1e3,  # 0.2's key, one release
+            **ms_keys(self, ("compile",)),  # 0.2's key, one release
             wall_s=self.wall_s,
             throughput=self.throughput,
             iters_per_s=self.iters_per_s,

@@ -8,13 +8,14 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from flopcount.core.deprecation import ms_property, warn_renamed
+from flopcount.core.deprecation import ms_aliases, ms_keys, warn_renamed
 from flopcount.errors import UsageError
 
 #: Relative spread (IQR / median) above which a measurement is called noisy.
 NOISE_SPREAD = 0.10
 
 
+@ms_aliases("median", "mean", "p90", "p99", "min", "max", "std", "iqr", "samples")
 @dataclass(frozen=True)
 class LatencyStats:
     """Summary of per-iteration latencies, in seconds (milliseconds only when rendered).
@@ -40,16 +41,6 @@ class LatencyStats:
     rel_iqr: float
     samples_s: Tuple[float, ...] = field(default=(), repr=False)
 
-    median_ms = ms_property("median_s", "median_ms")
-    mean_ms = ms_property("mean_s", "mean_ms")
-    p90_ms = ms_property("p90_s", "p90_ms")
-    p99_ms = ms_property("p99_s", "p99_ms")
-    min_ms = ms_property("min_s", "min_ms")
-    max_ms = ms_property("max_s", "max_ms")
-    std_ms = ms_property("std_s", "std_ms")
-    iqr_ms = ms_property("iqr_s", "iqr_ms")
-    samples_ms = ms_property("samples_s", "samples_ms")
-
     def is_noisy(self, threshold: float = NOISE_SPREAD) -> bool:
         """True when the robust relative spread (IQR / median) exceeds ``threshold``,
         the criterion ``torch.utils.benchmark`` warns on."""
@@ -61,12 +52,10 @@ class LatencyStats:
         out: Dict[str, Any] = {"iters": self.iters}
         for name in _TIMES:
             out[f"{name}_s"] = getattr(self, f"{name}_s")
-        out.update(cv=self.cv, rel_iqr=self.rel_iqr)
-        for name in _TIMES:
-            out[f"{name}_ms"] = getattr(self, f"{name}_s") * 1e3
+        out.update(cv=self.cv, rel_iqr=self.rel_iqr, **ms_keys(self, _TIMES))
         if samples:
             out["samples_s"] = list(self.samples_s)
-            out["samples_ms"] = [v * 1e3 for v in self.samples_s]
+            out.update(ms_keys(self, ("samples",)))
         return out
 
 

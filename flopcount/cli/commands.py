@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from flopcount.cli.deadline import stage
 from flopcount.cli.generating import count_generation_command
 from flopcount.cli.output import progress, report_notes, say
-from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK
+from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.timing import benchmark_entry, check_timing_args
 from flopcount.errors import UsageError
 from flopcount.report.render import render_bench, render_check, render_count
@@ -108,16 +108,8 @@ def _prepare(args: argparse.Namespace) -> _Run:
         if tracer == "jit":
             raise UsageError("--device meta needs the dispatch tracer (torch.jit cannot trace data-less tensors); drop --tracer jit")
         tracer = "dispatch"
-    kw_specs: Dict[str, Any] = {}
-    for name, spec in args.kwargs:
-        if name in kw_specs:
-            raise UsageError(f"--kwarg {name} is given twice")
-        kw_specs[name] = spec
-    config: Dict[str, Any] = {}
-    for key, value in args.config:
-        if key in config:
-            raise UsageError(f"--config {key} is given twice")
-        config[key] = value
+    kw_specs = pairs_once(args.kwargs, "--kwarg")
+    config = pairs_once(args.config, "--config")
 
     from flopcount.cli.entry import load_entry
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
-from flopcount.cli.parser import EXIT_OK
+from flopcount.cli.parser import EXIT_OK, pairs_once
 from flopcount.errors import UsageError
 
 #: the options that shape an ENTRY side's count (meaningless for a saved report)
@@ -23,15 +23,7 @@ def is_report(text: str) -> bool:
 
 def _merged(shared: List[Tuple[str, Any]], own: List[Tuple[str, Any]], flag: str) -> List[Tuple[str, Any]]:
     """``--config``/``--kwarg`` pairs of both sides, then one side's, the side's winning per key."""
-    found: Dict[str, Any] = {}
-    for pairs, where in ((shared, flag), (own, flag)):
-        seen = set()
-        for key, value in pairs:
-            if key in seen:
-                raise UsageError(f"{where} {key} is given twice")
-            seen.add(key)
-            found[key] = value
-    return list(found.items())
+    return list({**pairs_once(shared, flag), **pairs_once(own, flag)}.items())
 
 
 def side_args(args: argparse.Namespace, side: str, entry: str) -> argparse.Namespace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any, List, NoReturn, Set
+from typing import Any, Dict, Iterable, List, NoReturn, Set, Tuple
 
 from flopcount.budget.check import parse_bytes, parse_quantity
 from flopcount.errors import UsageError
@@ -292,6 +292,17 @@ def _positive_float(what: str) -> Any:
 _DURATION_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "µs": 1e-3, "ns": 1e-6}
 
 
+def pairs_once(pairs: Iterable[Tuple[str, Any]], flag: str) -> Dict[str, Any]:
+    """``{key: value}`` of repeatable ``KEY=VALUE`` options (``--config``, ``--kwarg``): a key
+    given twice is a usage error naming ``flag``."""
+    found: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise UsageError(f"{flag} {key} is given twice")
+        found[key] = value
+    return found
+
+
 def parse_duration_ms(text: str) -> float:
     """``"10ms" -> 10.0``, ``"2s" -> 2000.0``, ``"500us" -> 0.5``. The unit is required: a
     bare number is refused (``--max-latency-ms`` takes a bare number of milliseconds)."""
@@ -502,11 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="module rows down to depth N (0 = whole model; default: all)")
     shown.add_argument("--top", type=_int_at_least(1, "--top"), default=None, metavar="N",
                        help="only the N largest module changes (table; markdown shows 10 unless given, the rest folded)")
-    shown.add_argument("-f", "--format", choices=DIFF_FORMATS, default="table", help="table (default), markdown, json or csv")
-    shown.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    shown.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
-    shown.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
-    _add_timeout(shown)
+    _add_format(shown, DIFF_FORMATS, "table (default), markdown, json or csv")
+    _add_quiet(shown)
     differ.set_defaults(command_name="diff")
 
     prof = commands.add_parser(
@@ -559,11 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--link", default=None, metavar="LINK",
                        help="nvlink4, nvlink3, pcie5, pcie4, infiniband-ndr, infiniband-hdr..., bytes/s, or dp=LINK,tp=LINK")
     out = planner.add_argument_group("output")
-    out.add_argument("-f", "--format", choices=("table", "json", "markdown"), default="table", help="table (default), json or markdown")
-    out.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
-    out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
-    _add_timeout(out)
+    _add_format(out, ("table", "json", "markdown"), "table (default), json or markdown")
+    _add_quiet(out)
     planner.set_defaults(command_name="plan")
 
     server = commands.add_parser(
@@ -601,13 +606,10 @@ def build_parser() -> argparse.ArgumentParser:
     shape_of.add_argument("--reserve", type=float, default=0.10, metavar="FRACTION",
                           help="share of the part's memory kept back (default 0.10, vLLM's gpu_memory_utilization=0.9)")
     out = server.add_argument_group("output")
-    out.add_argument("-f", "--format", choices=("table", "json", "markdown"), default="table", help="table (default), json or markdown")
-    out.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    _add_format(out, ("table", "json", "markdown"), "table (default), json or markdown")
     out.add_argument("--plot", metavar="FILE.png", help="draw the tokens/s ceiling against batch with each part's memory "
                      "wall; needs flopcount[plot]")
-    out.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
-    out.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
-    _add_timeout(out)
+    _add_quiet(out)
     server.set_defaults(command_name="serve")
 
     roofs = commands.add_parser(
@@ -628,11 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="measure this machine's roofs again now (the cache keeps the best sane figures)")
     roofs.add_argument("--matmul-tf32", action="store_true", help="a part's float32 matmuls in TF32 (torch's default: off)")
     roofs.add_argument("--no-conv-tf32", action="store_true", help="a part's float32 convolutions in FP32 (torch's default: TF32)")
-    roofs.add_argument("-f", "--format", choices=("table", "json"), default="table", help="table (default) or json")
-    roofs.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    roofs.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr")
-    roofs.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
-    _add_timeout(roofs)
+    _add_format(roofs, ("table", "json"), "table (default) or json")
+    _add_quiet(roofs)
     roofs.set_defaults(command_name="roofs")
     return parser
 
@@ -658,7 +657,15 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     return inputs
 
 
-def _add_timeout(group: Any) -> None:
+def _add_format(group: Any, formats: Any, help_text: str) -> None:
+    group.add_argument("-f", "--format", choices=formats, default="table", help=help_text)
+    group.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+
+
+def _add_quiet(group: Any, help_text: str = "no progress or warnings on stderr") -> None:
+    """``-q``, ``--debug`` and ``--timeout``: every command's last three options."""
+    group.add_argument("-q", "--quiet", action="store_true", help=help_text)
+    group.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
     group.add_argument("--timeout", type=_positive_float("--timeout"), default=None, metavar="SECONDS",
                        help="stop after SECONDS (exit 2), naming what was still running: the ENTRY's import or factory, "
                        "the forward, the benchmark... (POSIX, SIGALRM in the main thread; default: no limit)")
@@ -685,16 +692,13 @@ def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS, optional_ent
     run.add_argument("--tracer", choices=TRACERS, default="auto", help="auto (default: dispatch on fake copies, one real run if a value is needed), jit or dispatch")
     run.add_argument("--depth", type=_int_at_least(0, "--depth"), default=None, metavar="N",
                      help="module rows down to depth N (0 = whole model; default: all)")
-    run.add_argument("-f", "--format", choices=formats, default="table", help="table (default), tree, json, csv, markdown or html (one self-contained page: tables, tree, plot)")
-    run.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    _add_format(run, formats, "table (default), tree, json, csv, markdown or html (one self-contained page: tables, tree, plot)")
     run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
     run.add_argument("--plot-kind", choices=("bars", "sunburst"), default="bars",
                      help="bars (default: the top modules) or sunburst (rings by depth, --depth rings, default 3)")
     run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=None, metavar="N",
                      help="modules in the plot (default 15); profile: operators labelled on the roofline (default 6)")
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress or warnings on stderr (INCOMPLETE reasons are still printed)")
-    run.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
-    _add_timeout(run)
+    _add_quiet(run, "no progress or warnings on stderr (INCOMPLETE reasons are still printed)")
 
 
 def _add_timing(p: argparse.ArgumentParser) -> None:

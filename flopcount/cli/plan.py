@@ -10,23 +10,15 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from flopcount.cli.deadline import stage
 from flopcount.cli.output import progress
+from flopcount.cli.parser import pairs_once
 from flopcount.errors import UsageError
-
-
-def _config(args: argparse.Namespace) -> Dict[str, Any]:
-    config: Dict[str, Any] = {}
-    for key, value in args.config:
-        if key in config:
-            raise UsageError(f"--config {key} is given twice")
-        config[key] = value
-    return config
 
 
 def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any]:
     from flopcount.cli.entry import load_entry
     from flopcount.cli.specs import parse_dtype
 
-    config = _config(args)
+    config = pairs_once(args.config, "--config")
     cast = parse_dtype(dtype, "--dtype") if dtype else None
 
     def build() -> Any:
@@ -44,16 +36,16 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
     from flopcount.cli.entry import load_entry
     from flopcount.cli.specs import ScalarArg, make_tensor
 
-    kw_specs = dict(args.kwargs)
+    kw_specs = pairs_once(args.kwargs, "--kwarg")
     if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
         specs, kwargs, origin = list(args.inputs), kw_specs, ""
     elif args.inputs or kw_specs:
-        fit = load_entry(args.entry, device="meta", config=_config(args)).fit_specs
+        fit = load_entry(args.entry, device="meta", config=pairs_once(args.config, "--config")).fit_specs
         # an exported program's inputs are checked against its shapes (TorchScript's are not known)
         specs, kwargs = fit(list(args.inputs), kw_specs) if fit is not None else (list(args.inputs), kw_specs)
         origin = ""
     else:
-        loaded = load_entry(args.entry, device="meta", config=_config(args))
+        loaded = load_entry(args.entry, device="meta", config=pairs_once(args.config, "--config"))
         if loaded.inputs is not None or loaded.kwargs is not None:
             given = (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
             return given[0], given[1], f"the example inputs {args.entry} returned"

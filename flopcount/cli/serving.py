@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable, Dict, List
+from typing import Callable, List
 
 from flopcount.cli.deadline import stage
 from flopcount.cli.output import progress
-from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK
+from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.errors import UsageError
 
 __all__ = ["run_serve"]
@@ -46,11 +46,7 @@ def run_serve(args: argparse.Namespace, emit: Callable[[str, argparse.Namespace]
         raise UsageError(f"--reserve must be a fraction in [0, 1), got {args.reserve}")
     targets = [(name, _part(name, args.tp)) for name in parts]  # bad --on / --tp: one line before any work
     cast = parse_dtype(args.dtype, "--dtype") if args.dtype else None
-    config: Dict[str, Any] = {}
-    for key, value in args.config:
-        if key in config:
-            raise UsageError(f"--config {key} is given twice")
-        config[key] = value
+    config = pairs_once(args.config, "--config")
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
     model = load_entry(args.entry, device="meta", config=config).model
     if cast is not None:

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Mapping, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from flopcount.errors import UsageError
 
 #: the release that removes the 0.2 names
 REMOVED_IN = "0.4"
+
+_C = TypeVar("_C", bound=type)
 
 
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
@@ -44,19 +46,43 @@ def module_getattr(module: str, aliases: Mapping[str, Tuple[str, Callable[[], An
     return __getattr__
 
 
-def ms_property(seconds_field: str, old: str) -> property:
-    """A read-only property ``old`` (milliseconds, the 0.2 name) over the field
-    ``seconds_field`` (seconds): warns, returns the value x 1e3 (None stays None)."""
+def _in_ms(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)):
+        return [v * 1e3 for v in value]
+    return value * 1e3
+
+
+def ms_aliases(*stems: str) -> Callable[[_C], _C]:
+    """Class decorator, the one way a result keeps its 0.2 millisecond names: for each
+    ``stem``, a read-only property ``{stem}_ms`` over the field or property ``{stem}_s``
+    (seconds) that warns and returns the value x 1e3 (None stays None); the stems are kept
+    on the class (``MS_ALIASES``) for :func:`ms_keys`."""
+
+    def decorate(cls: _C) -> _C:
+        for stem in stems:
+            setattr(cls, f"{stem}_ms", _ms_property(stem))
+        cls.MS_ALIASES = getattr(cls, "MS_ALIASES", ()) + stems  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def ms_keys(result: Any, stems: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """The 0.2 ``{stem}_ms`` keys (milliseconds) of ``result``'s :func:`ms_aliases` (or of
+    ``stems``), that ``to_dict`` writes beside the ``_s`` keys for one release."""
+    return {f"{stem}_ms": _in_ms(getattr(result, f"{stem}_s")) for stem in (result.MS_ALIASES if stems is None else stems)}
+
+
+def _ms_property(stem: str) -> property:
+    old, new = f"{stem}_ms", f"{stem}_s"
 
     def get(self: Any) -> Any:
-        warn_renamed(f"{type(self).__name__}.{old}", f"{type(self).__name__}.{seconds_field} (seconds)")
-        value = getattr(self, seconds_field)
-        if value is None:
-            return None
-        if isinstance(value, tuple):
-            return tuple(v * 1e3 for v in value)
-        return value * 1e3
+        warn_renamed(f"{type(self).__name__}.{old}", f"{type(self).__name__}.{new} (seconds)")
+        value = _in_ms(getattr(self, new))
+        return tuple(value) if isinstance(value, list) else value
 
     get.__name__ = old
-    get.__doc__ = f"Deprecated (0.2): ``{seconds_field}`` in milliseconds."
+    get.__doc__ = f"Deprecated (0.2): ``{new}`` in milliseconds."
     return property(get)

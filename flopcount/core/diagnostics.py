@@ -26,3 +26,13 @@ def unique(records: Iterable[Diagnostic]) -> Tuple[Diagnostic, ...]:
 def from_texts(records: Iterable[Diagnostic], texts: Iterable[str]) -> Tuple[Diagnostic, ...]:
     """``records``, then each of ``texts`` no record already says as a "warning" record."""
     return unique([*records, *(Diagnostic("warning", text) for text in texts)])
+
+
+class FromWarnings:
+    """A reading whose only diagnostics are its ``warnings`` (a mixin of its dataclass)."""
+
+    warnings: Tuple[str, ...]
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """The reading's warnings as typed "warning" records, each once."""
+        return from_texts((), self.warnings)

@@ -21,7 +21,8 @@ def _dtype_name(tensor) -> str:  # type: ignore[no-untyped-def]
 
 def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] = None) -> ParamSummary:
     """Count each parameter tensor once, even when shared by several modules; with routed
-    experts, also the parameters one token touches (see :func:`active_parameters`)."""
+    experts, also the parameters one token touches (every parameter less (E - k) / E of each
+    block of E routed experts, k = ``experts_per_token`` or the config's ``num_experts_per_tok``)."""
     return summary_of(model, list(model.named_modules()), experts_per_token=experts_per_token)
 
 
@@ -96,13 +97,6 @@ def routed_experts(
                 continue
         if isinstance(module, nn.ModuleList) and name.split(".")[-1].endswith("experts") and len(module) > 1:
             yield name, len(module), list(module.parameters())
-
-
-def active_parameters(model: nn.Module, *, experts_per_token: Optional[int] = None) -> Optional[int]:
-    """Parameters one token touches: every parameter, less (E - k) / E of each block of E
-    routed experts, k = ``experts_per_token`` or the config's ``num_experts_per_tok``.
-    None when the model has no routed experts (or k is unknown)."""
-    return _active(model, None, experts_per_token)
 
 
 def _active(

@@ -6,11 +6,11 @@ rendered. No torch here."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
 from flopcount.devices.roofline import Bound, bound, efficiency, intensity
 
-__all__ = ["ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "Category", "CostRow", "TimeSource"]
+__all__ = ["ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "BookedRows", "Category", "CostRow", "TimeSource"]
 
 Category = Literal["flops", "data movement", "other"]
 
@@ -136,3 +136,26 @@ class CostRow:
                 flag=self.flag,
             )
         return data
+
+
+class BookedRows:
+    """A reading's rows as the ledger booked them, one per (op, module, phase), and its
+    tables by operator, module and phase (a mixin of the reading's dataclass: ``predict``,
+    ``profile``)."""
+
+    rows: Tuple[CostRow, ...]
+    _modules: Mapping[str, CostRow]
+    _phases: Mapping[str, CostRow]
+
+    def column_sum(self, column: str) -> float:
+        """``column`` of every row (a field or property of :class:`CostRow`), summed in row order."""
+        return sum(getattr(row, column) for row in self.rows)
+
+    def by_module(self) -> Dict[str, CostRow]:
+        """``{module: row}``, in name order: each module with every op run while it was on the
+        call stack, a module shared under several names credited to each caller that ran it
+        (as :meth:`flopcount.FlopResult.by_module` books it)."""
+        return dict(sorted(self._modules.items()))
+
+    def by_phase(self) -> Dict[str, CostRow]:
+        return dict(self._phases)

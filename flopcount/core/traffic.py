@@ -41,7 +41,8 @@ program runs without flopcount (:data:`BACKWARD_IN_PLACE`); the zeros are booked
 own ``new_zeros``/``zeros_like`` event.
 
 Element sizes come from the dtype name; a tensor whose dtype a tracer could not see is
-taken as float32 (4 bytes). No torch here: whether an op is a view is told by the caller.
+taken as float32 (4 bytes). No torch here (:func:`is_floating` asks torch on first use):
+whether an op is a view is told by the caller.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from flopcount.types import OpCall, TensorMeta
 
-__all__ = ["BACKWARD_IN_PLACE", "ITEMSIZE", "RULES", "call_traffic", "element_size", "general_traffic"]
+__all__ = ["BACKWARD_IN_PLACE", "ITEMSIZE", "RULES", "call_traffic", "element_size", "general_traffic", "is_complex", "is_floating"]
 
 #: Bytes per element, by the dtype names tracers give (``str(torch.float32)`` less ``torch.``).
 ITEMSIZE: Dict[str, int] = {
@@ -77,6 +78,27 @@ ByteRule = Callable[[OpCall], Optional[Traffic]]
 def element_size(dtype: Any) -> int:
     """Bytes per element of a dtype name; float32's 4 when unknown."""
     return ITEMSIZE.get(dtype, _DEFAULT_ITEMSIZE) if dtype is not None else _DEFAULT_ITEMSIZE
+
+
+def is_floating(dtype: Optional[str]) -> bool:
+    """Whether a dtype name is a real floating dtype: torch's ``dtype.is_floating_point``
+    ("float32", "bfloat16", "float8_e4m3fn"...; complex, integer, bool, quantized and
+    unknown names are not)."""
+    found = _torch_dtype(dtype)
+    return found is not None and bool(found.is_floating_point)
+
+
+def is_complex(dtype: Optional[str]) -> bool:
+    """Whether a dtype name is a complex dtype: torch's ``dtype.is_complex``."""
+    found = _torch_dtype(dtype)
+    return found is not None and bool(found.is_complex)
+
+
+def _torch_dtype(name: Optional[str]) -> Any:
+    import torch
+
+    found = getattr(torch, name, None) if name else None
+    return found if isinstance(found, torch.dtype) else None
 
 
 def _nbytes(meta: TensorMeta) -> int:

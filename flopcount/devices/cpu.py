@@ -19,7 +19,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 FMA_UNITS = 2
 
@@ -163,12 +163,3 @@ def cpu_facts(cpuinfo: Optional[str] = None, cpufreq: Optional[str] = None, cach
             hz, source = 0.0, "unknown"
     caches = read_caches(cache_root or "/sys/devices/system/cpu/cpu0/cache")
     return CpuFacts(model or "cpu", flags, cores, hz or None, source, caches, tuple(notes))
-
-
-def describe_isa(facts: CpuFacts, threads: int) -> Mapping[str, object]:
-    peaks = facts.isa_peak(threads)
-    return {
-        "isa_peak_flops": peaks,
-        "isa_formula": (f"{min(facts.cores, threads)} cores x {FMA_UNITS} FMA units x {facts.lanes()} float32 lanes x 2 x "
-                        f"{(facts.max_hz or 0) / 1e9:.3g} GHz ({facts.clock_source})"),
-    }

@@ -258,16 +258,6 @@ def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], 
     return AnyBound(compute, memory, float(unavoidable_bytes), level.name)
 
 
-def compute_time(flops: float, roofs: Roofs, dtype: Optional[str], op: str = "") -> float:
-    """Seconds the compute roof allows: ``flops / peak(dtype)`` (:func:`op_time`'s first term)."""
-    return op_time(roofs, flops, 0.0, dtype, op).compute_s
-
-
-def memory_time(bytes_moved: float, roofs: Roofs) -> float:
-    """Seconds main memory allows: ``bytes / bandwidth`` (no cache level)."""
-    return bytes_moved / roofs.bandwidth
-
-
 def attainable(flops: float, bytes_moved: float, roofs: Roofs, dtype: Optional[str], op: str = "") -> float:
     """:func:`op_time`'s seconds: the fastest this work can run on ``roofs``."""
     return op_time(roofs, flops, bytes_moved, dtype, op).seconds

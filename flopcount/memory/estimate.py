@@ -26,18 +26,18 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.inputs import is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
-from flopcount.step.autocast import ambient_autocast_note, amp_device
+from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
-from flopcount.types import Diagnostic, Phase
+from flopcount.types import Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
 
@@ -87,7 +87,7 @@ class ModuleMemory:
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(FromWarnings):
     """Estimated peak memory of one step; ``at_peak`` sums to ``peak_bytes``."""
 
     peak_bytes: int
@@ -102,10 +102,6 @@ class MemoryEstimate:
     input_description: str
     modules: Tuple[ModuleMemory, ...] = ()
     warnings: Tuple[str, ...] = ()
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The estimate's warnings as typed records ("warning"), each once."""
-        return from_texts((), self.warnings)
 
     def module(self, name: str) -> ModuleMemory:
         for info in self.modules:
@@ -197,8 +193,8 @@ def estimate_memory(
         raise UsageError("estimate_memory: loss_fn is only used with backward=True")
     if optimizer is not None:
         check_spec(optimizer, "estimate_memory")
-    cast = _dtype(dtype, "dtype")
-    amp = _dtype(autocast, "autocast")
+    cast = floating_dtype(dtype, "estimate_memory: dtype")
+    amp = floating_dtype(autocast, "estimate_memory: autocast")
     call = prepare_call(inputs, kwargs)
     description = call.description
     with _ESTIMATE_LOCK:
@@ -353,15 +349,6 @@ def _real_step_fallback(
         f"reads tensor values that fake tensors do not have ({first.split(': ', 1)[-1]}); the peak is for these "
         f"input values: a data-dependent size (nonzero, masks) can differ on other data",
     )
-
-
-def _dtype(dtype: Union[None, str, torch.dtype], what: str) -> Optional[torch.dtype]:
-    if dtype is None:
-        return None
-    value = getattr(torch, dtype.strip().replace("torch.", ""), None) if isinstance(dtype, str) else dtype
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise UsageError(f"estimate_memory: {what} must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
-    return value
 
 
 def _step_error(exc: Exception, where: str, description: str) -> TraceError:

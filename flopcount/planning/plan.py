@@ -34,6 +34,7 @@ from flopcount.planning.step import (
     record_step,
 )
 from flopcount.planning.world import PlanError, fake_world, mesh_groups, parallelize
+from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
 from flopcount.tracers import trace
@@ -122,8 +123,8 @@ def plan(
     if not callable(build) or isinstance(build, nn.Module):
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
     gpu = gpu_key(on)
-    compute = _dtype(mixed_precision)
-    amp = _dtype(autocast, "autocast")
+    compute = floating_dtype(mixed_precision, "plan: mixed_precision")
+    amp = floating_dtype(autocast, "plan: autocast")
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
@@ -179,15 +180,6 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
     if part is None:
         raise UsageError(f"on: unknown GPU {device!r} (known parts: {known_names()}; or None for no step times)")
     return part.name
-
-
-def _dtype(value: Union[None, str, torch.dtype], name: str = "mixed_precision") -> Optional[torch.dtype]:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    found = getattr(torch, str(value).replace("torch.", "").strip(), None)
-    if not isinstance(found, torch.dtype) or not found.is_floating_point:
-        raise UsageError(f"{name} must be a floating dtype such as 'bfloat16', got {value!r}")
-    return found
 
 
 def _registry(registry: Optional[HandlerRegistry]) -> HandlerRegistry:

@@ -18,16 +18,12 @@ from flopcount.core.deprecation import warn_renamed
 from flopcount.core.diagnostics import from_texts, unsupported_ops
 from flopcount.core.rendering import render
 from flopcount.devices.parts import LINKS as _LINKS
-from flopcount.devices.parts import PARTS
 from flopcount.errors import UsageError
 from flopcount.types import Diagnostic
 
 #: link name -> bandwidth in bytes/s per GPU, one direction (datasheet figures; the one
 #: table lives in flopcount.devices.parts)
 LINKS: Mapping[str, float] = _LINKS
-
-#: part name -> memory bandwidth in bytes/s (datasheet; flopcount.devices.parts)
-MEMORY_BANDWIDTH: Mapping[str, float] = {name: part.bandwidth for name, part in PARTS.items()}
 
 LinkSpec = Union[None, str, float, Mapping[str, Union[str, float]]]
 

@@ -12,12 +12,13 @@ weight (the same computation, weights copied when they have values), splits the 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from flopcount.errors import UsageError
+from flopcount.planning.tp_mha import linear_from
 
 
 def _is_conv1d(module: Optional[nn.Module]) -> bool:
@@ -40,19 +41,11 @@ class FusedQKV(nn.Module):
 
 
 def linear_of(conv: Any, start: int = 0, stop: Optional[int] = None) -> nn.Linear:
-    """The ``nn.Linear`` computing output columns ``start:stop`` of the ``Conv1D`` ``conv``."""
+    """The ``nn.Linear`` computing output columns ``start:stop`` of the ``Conv1D`` ``conv``
+    (its weight's columns, transposed)."""
     weight, bias = conv.weight, conv.bias
     stop = weight.shape[1] if stop is None else stop
-    linear = nn.Linear(weight.shape[0], stop - start, bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        if weight.device.type != "meta":
-            linear.weight.copy_(weight[:, start:stop].t())
-            if bias is not None:
-                linear.bias.copy_(bias[start:stop])
-    linear.weight.requires_grad_(weight.requires_grad)
-    if bias is not None:
-        linear.bias.requires_grad_(bias.requires_grad)
-    return linear
+    return linear_from(weight[:, start:stop].t(), None if bias is None else bias[start:stop])
 
 
 def is_gpt2_block(block: nn.Module) -> bool:
@@ -65,13 +58,18 @@ def is_gpt2_block(block: nn.Module) -> bool:
     )
 
 
-def gpt2_tp_plan(where: str, blocks: List[Any], tp: int) -> Dict[str, Any]:
-    """Rewrite ``blocks`` (GPT-2-style, see :func:`is_gpt2_block`) in place for ``tp`` ranks
-    and return their Megatron plan: q/k/v and ``mlp.c_fc`` column-parallel, ``attn.c_proj``
-    and ``mlp.c_proj`` row-parallel, the attention and MLP inputs replicated once."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+#: the Megatron split of a rewritten GPT-2 block, as ``(path, style)`` (``planning.world.tp_styles``):
+#: q/k/v and ``mlp.c_fc`` column-parallel, ``attn.c_proj`` and ``mlp.c_proj`` row-parallel, the
+#: attention and MLP inputs replicated once
+GPT2_SPLIT: Tuple[Tuple[str, str], ...] = (
+    ("attn", "replicate"), ("attn.c_attn.q", "colwise"), ("attn.c_attn.k", "colwise"), ("attn.c_attn.v", "colwise"),
+    ("attn.c_proj", "rowwise"), ("mlp", "replicate"), ("mlp.c_fc", "colwise"), ("mlp.c_proj", "rowwise"),
+)
 
+
+def gpt2_tp_plan(where: str, blocks: List[Any], tp: int) -> Tuple[Tuple[str, str], ...]:
+    """Rewrite ``blocks`` (GPT-2-style, see :func:`is_gpt2_block`) in place for ``tp`` ranks
+    and return their split, :data:`GPT2_SPLIT`."""
     for index, block in enumerate(blocks):
         attn = block.attn
         if hasattr(attn, "q_attn") or hasattr(block, "crossattention"):
@@ -93,14 +91,4 @@ def gpt2_tp_plan(where: str, blocks: List[Any], tp: int) -> Dict[str, Any]:
         attn.c_proj = linear_of(attn.c_proj)
         mlp.c_fc, mlp.c_proj = linear_of(mlp.c_fc), linear_of(mlp.c_proj)
         attn.split_size, attn.num_heads = width // tp, heads // tp
-    replicate = Replicate()
-    return {
-        f"{where}.attn": PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,)),
-        f"{where}.attn.c_attn.q": ColwiseParallel(),
-        f"{where}.attn.c_attn.k": ColwiseParallel(),
-        f"{where}.attn.c_attn.v": ColwiseParallel(),
-        f"{where}.attn.c_proj": RowwiseParallel(),
-        f"{where}.mlp": PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,)),
-        f"{where}.mlp.c_fc": ColwiseParallel(),
-        f"{where}.mlp.c_proj": RowwiseParallel(),
-    }
+    return GPT2_SPLIT

@@ -14,7 +14,7 @@ in training, so the MACs are the same and split by ``tp``.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -54,10 +54,10 @@ class SplitSelfAttention(nn.Module):
         self.in_proj_bias: Optional[torch.Tensor] = None
         weight, bias = mha.in_proj_weight, mha.in_proj_bias
         self.q_proj, self.k_proj, self.v_proj = (
-            _linear(weight[i * width:(i + 1) * width], None if bias is None else bias[i * width:(i + 1) * width])
+            linear_from(weight[i * width:(i + 1) * width], None if bias is None else bias[i * width:(i + 1) * width])
             for i in range(3)
         )
-        self.out_proj = _linear(mha.out_proj.weight, mha.out_proj.bias)
+        self.out_proj = linear_from(mha.out_proj.weight, mha.out_proj.bias)
         self.register_forward_pre_hook(_one_input)
 
     def forward(
@@ -101,7 +101,7 @@ class SplitSelfAttention(nn.Module):
         return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
 
-def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
+def linear_from(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
     """The ``nn.Linear`` of ``weight`` (``[out, in]``) and ``bias``; values copied unless on meta."""
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
@@ -115,13 +115,18 @@ def _linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
     return linear
 
 
-def encoder_tp_plan(where: str, layers: List[Any], tp: int) -> Dict[str, Any]:
+#: the Megatron split of an encoder layer whose attention is a :class:`SplitSelfAttention`, as
+#: ``(path, style)`` (``planning.world.tp_styles``)
+ENCODER_SPLIT: Tuple[Tuple[str, str], ...] = (
+    ("self_attn", "replicate"), ("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"),
+    ("self_attn.v_proj", "colwise"), ("self_attn.out_proj", "rowwise"), ("linear1", "colwise"), ("linear2", "rowwise"),
+)
+
+
+def encoder_tp_plan(where: str, layers: List[Any], tp: int) -> Tuple[Tuple[str, str], ...]:
     """Swap ``layers``' (``nn.TransformerEncoderLayer``) ``self_attn`` for
     :class:`SplitSelfAttention` with ``num_heads / tp`` heads, in place, and return their
-    Megatron plan."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
-
+    split, :data:`ENCODER_SPLIT`."""
     for index, layer in enumerate(layers):
         mha = layer.self_attn
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
@@ -136,13 +141,4 @@ def encoder_tp_plan(where: str, layers: List[Any], tp: int) -> Dict[str, Any]:
             )
     for layer in layers:  # all checked before any is rewritten
         layer.self_attn = SplitSelfAttention(layer.self_attn, layer.self_attn.num_heads // tp)
-    replicate = Replicate()
-    return {
-        f"{where}.self_attn": PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,)),
-        f"{where}.self_attn.q_proj": ColwiseParallel(),
-        f"{where}.self_attn.k_proj": ColwiseParallel(),
-        f"{where}.self_attn.v_proj": ColwiseParallel(),
-        f"{where}.self_attn.out_proj": RowwiseParallel(),
-        f"{where}.linear1": ColwiseParallel(),
-        f"{where}.linear2": RowwiseParallel(),
-    }
+    return ENCODER_SPLIT

@@ -18,7 +18,7 @@ import contextlib
 import importlib
 import sys
 import threading
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -155,6 +155,38 @@ def _is_linear(module: Optional[nn.Module]) -> bool:
     return isinstance(module, nn.Linear)
 
 
+#: the Megatron split of a LLaMA-family block, as ``(path, style)`` (:func:`tp_styles`); its
+#: attention takes the hidden states by keyword
+LLAMA_SPLIT: Tuple[Tuple[str, str], ...] = (
+    ("self_attn", "replicate hidden_states"), ("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"),
+    ("self_attn.v_proj", "colwise"), ("self_attn.o_proj", "rowwise"), ("mlp", "replicate"), ("mlp.gate_proj", "colwise"),
+    ("mlp.up_proj", "colwise"), ("mlp.down_proj", "rowwise"),
+)
+
+
+def tp_styles(where: str, split: Sequence[Tuple[str, str]]) -> Dict[str, Any]:
+    """``parallelize_module``'s plan of a split: ``{f"{where}.{path}": ParallelStyle}``, a style
+    "colwise" (``ColwiseParallel``), "rowwise" (``RowwiseParallel``), "replicate" (the module's
+    first input made a replicated DTensor once: ``PrepareModuleInput``) or "replicate NAME"
+    (its keyword input NAME)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    replicate = Replicate()
+
+    def style(kind: str) -> Any:
+        if kind == "colwise":
+            return ColwiseParallel()
+        if kind == "rowwise":
+            return RowwiseParallel()
+        if kind == "replicate":
+            return PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,))
+        name = kind.split()[1]
+        return PrepareModuleInput(input_kwarg_layouts={name: replicate}, desired_input_kwarg_layouts={name: replicate})
+
+    return {f"{where}.{path}": style(kind) for path, kind in split}
+
+
 def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     """A Megatron-style ``parallelize_module`` plan for the model's repeated blocks.
 
@@ -169,9 +201,6 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     computation), then the same Megatron split. Embeddings and the output head are not
     tensor-parallel (FSDP shards them).
     """
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
-
     prefix, blocks = transformer_blocks(model)
     if not blocks:
         raise UsageError(
@@ -189,24 +218,11 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
         and all(_is_linear(getattr(mlp, n, None)) for n in mlp_names)
     ):
         _check_llama_heads(prefix, blocks, tp)
-        replicate = Replicate()
-        return {
-            f"{where}.self_attn": PrepareModuleInput(
-                input_kwarg_layouts={"hidden_states": replicate}, desired_input_kwarg_layouts={"hidden_states": replicate}
-            ),
-            f"{where}.self_attn.q_proj": ColwiseParallel(),
-            f"{where}.self_attn.k_proj": ColwiseParallel(),
-            f"{where}.self_attn.v_proj": ColwiseParallel(),
-            f"{where}.self_attn.o_proj": RowwiseParallel(),
-            f"{where}.mlp": PrepareModuleInput(input_layouts=(replicate,), desired_input_layouts=(replicate,)),
-            f"{where}.mlp.gate_proj": ColwiseParallel(),
-            f"{where}.mlp.up_proj": ColwiseParallel(),
-            f"{where}.mlp.down_proj": RowwiseParallel(),
-        }
+        return tp_styles(where, LLAMA_SPLIT)
     if is_gpt2_block(block):
-        return gpt2_tp_plan(where, blocks, tp)
+        return tp_styles(where, gpt2_tp_plan(where, blocks, tp))
     if isinstance(block, nn.TransformerEncoderLayer):
-        return encoder_tp_plan(where, blocks, tp)
+        return tp_styles(where, encoder_tp_plan(where, blocks, tp))
     raise UsageError(
         f"no built-in tensor-parallel plan for blocks of type {type(block).__name__} in '{prefix}' "
         "(built in: LLaMA-family q/k/v/o_proj + gate/up/down_proj blocks, GPT-2-style Conv1D "

@@ -10,17 +10,13 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from flopcount.core.analysis import is_view_op
-from flopcount.core.traffic import call_traffic
+from flopcount.core.traffic import call_traffic, is_complex, is_floating
 from flopcount.types import Cost, OpCall, TensorMeta
-
-
-def _floating(dtype: Optional[str]) -> bool:
-    return dtype is not None and ("float" in dtype or "complex" in dtype)
 
 
 def _recast(value: Any, dtype: str) -> Any:
     if isinstance(value, TensorMeta):
-        return TensorMeta(value.shape, dtype) if _floating(value.dtype) and "complex" not in str(value.dtype) else value
+        return TensorMeta(value.shape, dtype) if is_floating(value.dtype) else value
     if isinstance(value, tuple):
         return tuple(_recast(v, dtype) for v in value)
     return value
@@ -37,11 +33,11 @@ def traffic_as(call: OpCall, cost: Cost, dtype: Optional[str], phase: str = "for
 
 
 def call_dtype(call: OpCall) -> str:
-    """The dtype the op computes in: its first floating tensor's (else its first tensor's)."""
+    """The dtype the op computes in: its first floating or complex tensor's (else its first tensor's)."""
     first = None
     for meta in list(call.tensors()) + [o for o in call.outputs if isinstance(o, TensorMeta)]:
         if first is None:
             first = meta.dtype
-        if _floating(meta.dtype):
+        if is_floating(meta.dtype) or is_complex(meta.dtype):
             return str(meta.dtype)
     return first or "float32"

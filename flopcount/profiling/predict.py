@@ -27,7 +27,8 @@ from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.rendering import render
-from flopcount.core.rows import CostRow
+from flopcount.core.rows import BookedRows, CostRow
+from flopcount.core.traffic import is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
@@ -40,7 +41,7 @@ PredictRow = CostRow
 
 
 @dataclass(frozen=True)
-class PredictResult:
+class PredictResult(BookedRows):
     """Lower bounds per op row (op, module, phase) and in total (``latency_s``) on ``roofs``,
     as the ledger booked them: a fused op under the operations it performs, modules credited
     by call stack with their aliases, as :func:`flopcount.count_flops` books them."""
@@ -66,7 +67,7 @@ class PredictResult:
     @property
     def latency_s(self) -> float:
         """The eager program's latency lower bound: the sum of each op's bound."""
-        return sum(r.attainable_s for r in self.rows)
+        return self.column_sum("attainable_s")
 
     @property
     def any_s(self) -> float:
@@ -85,11 +86,11 @@ class PredictResult:
 
     @property
     def compute_s(self) -> float:
-        return sum(r.compute_s for r in self.rows)
+        return self.column_sum("compute_s")
 
     @property
     def memory_s(self) -> float:
-        return sum(r.memory_s for r in self.rows)
+        return self.column_sum("memory_s")
 
     @property
     def complete(self) -> bool:
@@ -99,14 +100,6 @@ class PredictResult:
     def by_operator(self) -> Dict[str, CostRow]:
         """``{op: row}`` summed over modules and phases, largest bound first."""
         return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].attainable_s, kv[0])))
-
-    def by_module(self) -> Dict[str, CostRow]:
-        """``{module: row}``: each module with every op run while it was on the call stack
-        (a shared module's work also under each caller), in name order."""
-        return dict(sorted(self._modules.items()))
-
-    def by_phase(self) -> Dict[str, CostRow]:
-        return dict(self._phases)
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -188,7 +181,7 @@ def predict(
             continue
         if event.phase == "forward" and event.call.op in _LOOKUPS and event.module in lookup_modules:
             looked_up += _written_as(event.call, as_dtype)
-        op_dtype = as_dtype if as_dtype is not None and _floating(call_dtype(event.call)) else call_dtype(event.call)
+        op_dtype = as_dtype if as_dtype is not None and is_floating(call_dtype(event.call)) else call_dtype(event.call)
         if as_dtype is not None:
             cost = cost.with_traffic(*traffic_as(event.call, cost, as_dtype, phase=event.phase))
         timed = op_time(roofs, cost.flops, cost.bytes, op_dtype, event.call.op)
@@ -234,7 +227,7 @@ def _written_as(call: Any, as_dtype: Optional[str]) -> int:
     first = call.outputs[0] if call.outputs else None
     if not isinstance(first, TensorMeta):
         return 0
-    dtype = as_dtype if as_dtype is not None and first.dtype is not None and _floating(first.dtype) else first.dtype
+    dtype = as_dtype if as_dtype is not None and is_floating(first.dtype) else first.dtype
     return first.numel * element_size(dtype)
 
 
@@ -297,10 +290,6 @@ def _unavoidable_bytes(
             seen[id(tensor)] = None
             total += size(tensor)
     return total
-
-
-def _floating(dtype: str) -> bool:
-    return "float" in dtype or "half" in dtype or "double" in dtype
 
 
 def _named(name: Any) -> Roofs:

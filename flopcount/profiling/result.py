@@ -7,11 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import render
-from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, Category, CostRow, TimeSource
+from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, BookedRows, Category, CostRow, TimeSource
 from flopcount.devices.roofline import PROFILE_CONVENTION, Roofs
-from flopcount.types import Diagnostic
 
 __all__ = [
     "ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "Category", "Overview", "ProfileResult", "ProfileRow", "TimeSource", "Unmatched",
@@ -51,7 +50,7 @@ class Overview:
 
 
 @dataclass(frozen=True)
-class ProfileResult:
+class ProfileResult(FromWarnings, BookedRows):
     """Per-op rows (name, module, phase) of a profiled run, largest time first.
 
     ``total_time_s`` is the mean wall time of a profiled step; ``roofs`` the roofs used
@@ -74,10 +73,6 @@ class ProfileResult:
     _modules: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _phases: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
 
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The profile's warnings as typed records ("warning"), each once."""
-        return from_texts((), self.warnings)
-
     @property
     def total_time_s(self) -> float:
         return self.overview.step_s
@@ -85,30 +80,21 @@ class ProfileResult:
     @property
     def op_time_s(self) -> float:
         """Sum of the joined rows' times per step."""
-        return sum(r.measured_s for r in self.rows)
+        return self.column_sum("measured_s")
 
     @property
     def flops(self) -> float:
-        return sum(r.flops for r in self.rows)
+        return self.column_sum("flops")
 
     def by_operator(self) -> Dict[str, CostRow]:
         """``{op: row}`` over every module and phase, largest time first."""
         return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].measured_s, kv[0])))
-
-    def by_module(self) -> Dict[str, CostRow]:
-        """``{module: row}``, in name order: each module with every op run while it was on the
-        call stack, a module shared under several names credited to each caller that ran it
-        (as :meth:`flopcount.FlopResult.by_module` books it)."""
-        return dict(sorted(self._modules.items()))
 
     def data_movement(self) -> Dict[str, CostRow]:
         """``{op: row}`` of the ops that move bytes but do no arithmetic (gathers, copies,
         ``cat``, embedding...), largest time first: a roofline of FLOPs has no place for
         them, so they are grouped here with their achieved bandwidth."""
         return {name: row for name, row in self.by_operator().items() if row.category == "data movement"}
-
-    def by_phase(self) -> Dict[str, CostRow]:
-        return dict(self._phases)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict: settings, roofs, overview, rows, per-operator rows, unmatched."""

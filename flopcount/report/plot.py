@@ -109,27 +109,14 @@ def budget_status(name: str, passed: bool, complete: bool) -> str:
     return "INCOMPLETE" if name in _COUNTED and not complete else "PASS"
 
 
-def plot_result(
-    result: FlopResult,
-    path: Union[str, Path],
-    *,
-    top: int = 15,
-    depth: Optional[int] = None,
-    title: str = "",
-    latencies_ms: Optional[Sequence[float]] = None,
-    budget: Optional[BudgetReport] = None,
-) -> None:
-    """Write a PNG (or any type matplotlib knows from the suffix) of FLOPs by module;
-    with ``latencies_ms``, a panel shows their distribution with the median, p90 and p99
-    marked; with ``budget``, a panel shows each budget's actual value against its limit
-    (a line at 100 %) with PASS, FAIL or INCOMPLETE. ``depth=None`` lets the plot choose
-    the depth (:func:`choose_depth`)."""
-    figure = draw_figure(result, top=top, depth=depth, title=title, latencies_ms=latencies_ms, budget=budget)
-    figure.savefig(str(path))
+def plot_result(result: FlopResult, path: Union[str, Path], **options: Any) -> None:
+    """Write :func:`draw_figure`'s picture (``options`` are its keywords) to ``path``: a PNG,
+    or any type matplotlib knows from the suffix."""
+    draw_figure(result, **options).savefig(str(path))
 
 
 def png_bytes(result: FlopResult, **options: Any) -> bytes:
-    """The picture :func:`plot_result` draws, as PNG bytes (for the HTML report)."""
+    """:func:`draw_figure`'s picture as PNG bytes (for the HTML report)."""
     import io
 
     buffer = io.BytesIO()
@@ -146,7 +133,11 @@ def draw_figure(
     latencies_ms: Optional[Sequence[float]] = None,
     budget: Optional[BudgetReport] = None,
 ) -> Any:
-    """The matplotlib ``Figure`` of :func:`plot_result` (Agg canvas; no pyplot state)."""
+    """A matplotlib ``Figure`` (Agg canvas; no pyplot state) of FLOPs by module, the ``top``
+    largest; with ``latencies_ms``, a panel shows their distribution with the median, p90 and
+    p99 marked; with ``budget``, a panel shows each budget's actual value against its limit (a
+    line at 100 %) with PASS, FAIL or INCOMPLETE. ``depth=None`` lets the plot choose the
+    depth (:func:`choose_depth`)."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

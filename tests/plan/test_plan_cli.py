@@ -64,6 +64,15 @@ def test_bad_input_is_one_line_exit_2(workdir: Any, capsys: Any, bad: Any) -> No
     assert len([line for line in err.splitlines() if line.strip()]) == 1
 
 
+@pytest.mark.parametrize("flag", ["--kwarg", "--config"])
+def test_a_key_given_twice_is_one_line_exit_2(workdir: Any, capsys: Any, flag: str) -> None:
+    # as count and serve say it; plan took the last --kwarg silently before
+    pair = "src_key_padding_mask=2x16:bool" if flag == "--kwarg" else "num_layers=int:2"
+    code, out, err = cli(capsys, "plan", "plan_models.py:encoder", "--input", "2x16x64", "--fsdp", "2", "-q", flag, pair, flag, pair)
+    assert code == 2 and out == ""
+    assert [line for line in err.splitlines() if line.strip()] == [f"flopcount: error: {flag} {pair.split('=')[0]} is given twice"]
+
+
 def test_backend_gloo_is_planned_and_echoed(workdir: Any, capsys: Any) -> None:
     # the value itself is checked against real gloo ranks in test_plan_mixed_precision.py (serial)
     from _plan_gloo import tiny_encoder
