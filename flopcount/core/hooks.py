@@ -19,6 +19,7 @@ dictionaries this module hands them.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any, Dict, FrozenSet, Mapping, Tuple
 
 from torch import nn
@@ -55,11 +56,19 @@ def call_hook_dicts(module: nn.Module) -> Dict[str, Dict[Any, Any]]:
     return {name: value for name, value in hook_dicts(module).items() if _is_call_hook(name)}
 
 
-@functools.cache
+def _bare_call_hook_names() -> Tuple[str, ...]:
+    return tuple(name for name, value in vars(nn.Module()).items() if _is_hook_dict(name, value) and _is_call_hook(name))
+
+
+#: found once, on a bare module of the running torch (an immutable tuple)
+_CALL_HOOK_NAMES = _bare_call_hook_names()
+_GET_CALL_HOOKS = operator.itemgetter(*_CALL_HOOK_NAMES)
+
+
 def call_hook_names() -> Tuple[str, ...]:
     """The names of the call-hook dictionaries every ``nn.Module`` has in this torch (found by
     the convention on a bare ``nn.Module()``): the fast path for checks made per call."""
-    return tuple(name for name in call_hook_dicts(nn.Module()))
+    return _CALL_HOOK_NAMES
 
 
 @functools.cache
@@ -73,16 +82,22 @@ def hook_flag_names() -> FrozenSet[str]:
 def has_call_hooks(module: nn.Module) -> bool:
     """Whether a forward or backward of ``module`` runs a hook of its own (process-wide hooks:
     :func:`process_hooks_present`). Looks up the dictionaries :func:`call_hook_names` found on
-    a bare module (as fast as naming them: it runs per call in structural reuse)."""
-    get = vars(module).get
-    return any(get(name) for name in call_hook_names())
+    a bare module (about as fast as naming them: it runs per call in structural reuse)."""
+    get = module.__dict__.get
+    for name in _CALL_HOOK_NAMES:
+        if get(name):
+            return True
+    return False
 
 
 def call_hook_sizes(state: Mapping[str, Any]) -> Tuple[int, ...]:
     """How many hooks each call-hook dictionary of a module's ``vars()`` holds (hooks live in
     dictionaries changed in place, so a fingerprint of the module records their sizes)."""
-    get = state.get
-    return tuple(len(get(name) or ()) for name in call_hook_names())
+    try:
+        return tuple(map(len, _GET_CALL_HOOKS(state)))
+    except (KeyError, TypeError):  # a module missing one (made without nn.Module.__init__)
+        get = state.get
+        return tuple([len(get(name) or ()) for name in _CALL_HOOK_NAMES])
 
 
 def process_hooks_present() -> bool:
