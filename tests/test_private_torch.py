@@ -447,3 +447,27 @@ def test_the_reentrant_checkpoint_is_named_from_the_nodes_public_name() -> None:
     assert _reentrant_checkpoint([LibraryCheckpointFunction.apply(x) * 2])[0] == "LibraryCheckpointFunction"
     assert _reentrant_checkpoint([Identity.apply(x) * 2])[0] is None
     assert _reentrant_checkpoint([checkpoint(lambda t: t * 2, x, use_reentrant=False)])[0] is None
+
+
+def test_a_users_public_dict_named_like_hooks_is_not_a_hook() -> None:
+    """The convention reads torch's private attributes only: a module's own public
+    ``forward_hooks`` dictionary is its data, kept by the integrations' twin (whose forward
+    reads it) and never emptied or put back as a hook dictionary."""
+    from flopcount.core import hooks
+    from flopcount.integrations._counting import hookless_twin
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+            self.forward_hooks = {"a": 1, "b": 2}  # the user's data, not torch's hooks
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * len(self.forward_hooks)
+
+    model = Scaled()
+    assert "forward_hooks" not in hooks.hook_dicts(model) and not hooks.has_call_hooks(model)
+    twin = hookless_twin(model)
+    assert twin.forward_hooks == {"a": 1, "b": 2}
+    x = torch.randn(B, D)
+    assert torch.equal(twin(x), model(x))

@@ -6,7 +6,7 @@ adds to one, its handle removes from it) and the process-wide module hooks
 functions) in dictionaries of ``torch.nn.modules.module``. Their names are private and have grown
 with torch (``with_kwargs``, ``always_called``, backward pre-hooks, registration hooks). Instead of
 naming each one, this module finds them by one convention: **a hook container is a dictionary
-whose attribute name contains "hook"**; a module's *call* hooks (those a forward or backward of the
+held in a private attribute whose name contains "hook"**; a module's *call* hooks (those a forward or backward of the
 module runs) are the ones whose name also says "forward" or "backward". A hook kind torch adds
 later under the same convention is found without a change here; ``tests/test_private_torch.py``
 registers every kind through torch's public API and checks each is seen (docs/internals.md).
@@ -36,7 +36,8 @@ __all__ = [
 
 
 def _is_hook_dict(name: str, value: Any) -> bool:
-    return "hook" in name and isinstance(value, dict)  # OrderedDict is a dict
+    # torch's are private attributes; a user's public ``self.forward_hooks = {...}`` is not one
+    return name.startswith("_") and "hook" in name and isinstance(value, dict)  # OrderedDict is a dict
 
 
 def _is_call_hook(name: str) -> bool:
