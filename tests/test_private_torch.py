@@ -471,3 +471,22 @@ def test_a_users_public_dict_named_like_hooks_is_not_a_hook() -> None:
     assert twin.forward_hooks == {"a": 1, "b": 2}
     x = torch.randn(B, D)
     assert torch.equal(twin(x), model(x))
+
+
+def test_the_deprecated_non_full_process_wide_backward_hook_is_found() -> None:
+    """``register_module_backward_hook`` (non-full) sets a process-wide flag for good, so it is
+    registered in a process of its own."""
+    import subprocess
+    import sys
+
+    code = (
+        "from torch.nn.modules import module as mi\n"
+        "from flopcount.core import hooks\n"
+        "before = hooks.process_hooks_present()\n"
+        "handle = mi.register_module_backward_hook(lambda *a: None)\n"
+        "during = hooks.process_hooks_present()\n"
+        "handle.remove()\n"
+        "print(before, during, hooks.process_hooks_present())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["False", "True", "False"]
