@@ -490,3 +490,48 @@ def test_the_deprecated_non_full_process_wide_backward_hook_is_found() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "True", "False"]
+
+
+#: hooks a forward may register on its own submodule each call (each fires on every later call)
+SELF_REGISTERED = {
+    "forward_with_kwargs": lambda m, fire: m.register_forward_hook(lambda mod, a, kw, out: fire(), with_kwargs=True),
+    "forward_always_call": lambda m, fire: m.register_forward_hook(lambda mod, a, out: fire(), always_call=True),
+    "forward_pre_with_kwargs": lambda m, fire: m.register_forward_pre_hook(lambda mod, a, kw: fire(), with_kwargs=True),
+    "forward": lambda m, fire: m.register_forward_hook(lambda mod, a, out: fire()),
+}
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["returns", "raises"])
+@pytest.mark.parametrize("tracer", ["auto", "dispatch", "jit"])
+@pytest.mark.parametrize("kind", sorted(SELF_REGISTERED))
+def test_hooks_a_forward_registers_do_not_outlive_the_count(kind: str, tracer: str, raises: bool) -> None:
+    """A forward that registers a hook on its submodule every call: after a count (which may run
+    the caller's model for real, tracers/_state.py putting back every hook dictionary core.hooks
+    finds), one call of the model fires exactly the one hook that call registered."""
+    fired: List[int] = []
+
+    class SelfHooking(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+            self.fail = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            SELF_REGISTERED[kind](self.lin, lambda: fired.append(1))
+            out = self.lin(x)
+            if self.fail:
+                raise ValueError("the user's forward failed")
+            return out
+
+    from flopcount import count_flops
+
+    model, x = SelfHooking(), torch.randn(B, D)
+    model.fail = raises
+    try:
+        count_flops(model, (x,), tracer=tracer)
+    except Exception:
+        assert raises
+    model.fail = False
+    fired.clear()
+    model(x)
+    assert fired == [1]  # the hook this call registered; none left by the count's runs
