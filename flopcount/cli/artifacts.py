@@ -311,7 +311,6 @@ def artifact_from_program(entry: str, program: Any, device: str, graph_device: O
 
     ``graph_device``: where the program's graph is moved (default ``device``); ``plan``
     builds on meta but runs its step on fake CPU tensors, so it keeps the graph on the CPU."""
-    import torch.utils._pytree as pytree
     from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
     target = graph_device or device
@@ -342,7 +341,8 @@ def artifact_from_program(entry: str, program: Any, device: str, graph_device: O
                 f"bad ENTRY: {entry}: the program's input {getattr(arg, 'name', position)!r} is a {type(arg).__name__} "
                 "(not a tensor); flopcount makes only tensor inputs for an exported program"
             )
-    args, kwargs = pytree.tree_unflatten(leaves, program.call_spec.in_spec)
+    in_spec = program.call_spec.in_spec  # a TreeSpec: (args, kwargs) from their leaves, by its public unflatten
+    args, kwargs = in_spec.unflatten(leaves)
     slots = [leaf for leaf in leaves if isinstance(leaf, _Slot)]
     ranges = {str(symbol): (_bound(r.lower), _bound(r.upper)) for symbol, r in program.range_constraints.items()}
     flat = isinstance(args, tuple) and all(isinstance(a, _Slot) for a in args) and isinstance(kwargs, dict) and all(
@@ -357,8 +357,8 @@ def artifact_from_program(entry: str, program: Any, device: str, graph_device: O
             return Artifact(model, fit=fit, needs_inputs=str(exc))
         return Artifact(model, specs=specs, kw_specs=kw_specs, fit=fit)
     generator = torch.Generator().manual_seed(0)
-    made_args, made_kwargs = pytree.tree_map(
-        lambda leaf: _make(_spec(entry, leaf), device, generator) if isinstance(leaf, _Slot) else leaf, (args, kwargs)
+    made_args, made_kwargs = in_spec.unflatten(  # the leaves in order, each slot made: tree_map's result
+        [_make(_spec(entry, leaf), device, generator) if isinstance(leaf, _Slot) else leaf for leaf in leaves]
     )
     # nested inputs: --input cannot say where each tensor goes, so none is taken
     return Artifact(model, inputs=made_args, kwargs=dict(made_kwargs) or None, fit=fit)

@@ -76,11 +76,12 @@ def report_unsupported(result: FlopResult, *, strict: bool = False, stacklevel: 
 
 
 def uncompiled(model: nn.Module) -> nn.Module:
-    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``model``."""
-    inner = getattr(model, "_orig_mod", None)
-    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
-        return inner
-    return model
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``model``: the
+    wrapper's one child module (it registers the module it compiles as its only submodule)."""
+    if type(model).__name__ != "OptimizedModule":
+        return model
+    children = list(model.children())
+    return children[0] if len(children) == 1 else model
 
 
 def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[Tuple[OpEvent, Optional[Cost]]]:

@@ -21,8 +21,7 @@ def unpack(obj: Any) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     if not isinstance(obj, torch.ScriptObject):
         return None
     try:
-        if not obj._has_method("unpack"):  # type: ignore[attr-defined]
-            return None
+        # a ScriptObject without the method raises AttributeError (a TorchScript custom class's own)
         unpacked = obj.unpack()  # type: ignore[attr-defined]
     except (RuntimeError, TypeError, AttributeError):  # an unknown custom class: not packed weights
         return None
@@ -34,8 +33,8 @@ def unpack(obj: Any) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
 
 def _state(obj: Any) -> Optional[Tuple[Any, ...]]:
     try:
-        if not obj._has_method("__getstate__"):
-            return None
+        # ScriptObject.__getstate__ runs the custom class's own, and raises RuntimeError ("does not
+        # have a __getstate__ method defined") for a class without one
         state = obj.__getstate__()
     except (RuntimeError, TypeError, AttributeError):
         return None

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import uncompiled
+from flopcount.core.hooks import call_hook_dicts
 from flopcount.counting.count import count_flops
 from flopcount.errors import FlopcountWarning
 
@@ -32,12 +33,6 @@ LossFn = Callable[[Any], Any]
 __all__ = ["PassCost", "Signature", "StepCounter", "batch_signature", "hookless_twin"]
 
 _FLAGS = (bool, str, type(None))
-
-# The per-module hook dictionaries a forward or backward calls (nn.Module's own attributes).
-_CALL_HOOKS = (
-    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
-)
 
 
 def hookless_twin(model: nn.Module) -> nn.Module:
@@ -57,9 +52,8 @@ def hookless_twin(model: nn.Module) -> nn.Module:
         state = vars(clone)
         state["_parameters"] = dict(module._parameters)
         state["_buffers"] = dict(module._buffers)
-        for name in _CALL_HOOKS:
-            if name in state:
-                state[name] = type(state[name])()
+        for name, hooks in call_hook_dicts(clone).items():  # the dictionaries a forward or backward calls
+            state[name] = type(hooks)()
         state["_modules"] = {name: None if child is None else twin(child) for name, child in module._modules.items()}
         return clone
 

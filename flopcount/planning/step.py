@@ -158,7 +158,13 @@ class _StepRecorder(Recorder):
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return getattr(tensor, "_local_tensor", tensor)
+    """A DTensor's local shard (``to_local()`` under no_grad: no autograd op), else ``tensor``."""
+    to_local = getattr(tensor, "to_local", None)  # DTensor's public method; plain tensors have none
+    if to_local is None:
+        return tensor
+    with torch.no_grad():
+        local: torch.Tensor = to_local()
+    return local
 
 
 def state_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Dict[str, int]:

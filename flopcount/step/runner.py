@@ -83,7 +83,7 @@ def peak_tracker(base: type) -> type:
         def _register_global_optimizer_hook(self) -> None:
             """MemTracker's process-wide optimizer-step hooks, answering only the owning
             thread (another thread's ``optimizer.step()`` is not this step's)."""
-            from torch.distributed._tools.mem_tracker import _MemRefType
+            from torch.distributed._tools.mem_tracker import MemTracker
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
             owner, tracker = self._owner, self
@@ -94,7 +94,9 @@ def peak_tracker(base: type) -> type:
 
             def post(optimizer: Any, args: Any, kwargs: Any) -> None:
                 if threading.get_ident() == owner:
-                    tracker._track_optimizer_states(_MemRefType.OPT, optimizer)
+                    # its state, in the optimizer category: MemTracker's public track_external (what
+                    # torch's own hook does privately; FSDPMemTracker's override is a no-op)
+                    MemTracker.track_external(tracker, optimizer)
                     tracker._in_opt = False
 
             self._optimizer_hook_handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))

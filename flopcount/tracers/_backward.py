@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import torch
 from torch import nn
+from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 
 from flopcount.errors import UsageError
@@ -254,23 +255,17 @@ class BackwardAttribution:
         return found
 
 
-def _checkpoint_function() -> Optional[type]:
-    try:
-        from torch.utils.checkpoint import CheckpointFunction
-    except ImportError:  # a torch without it: only the name test below applies
+def _reentrant_checkpoint_name(node: Any) -> Optional[str]:
+    """The Function's name when ``node`` is the backward node of a custom autograd Function
+    named like a reentrant checkpoint (torch's own ``CheckpointFunction``, fairscale's,
+    DeepSpeed's), whose backward refuses ``autograd.grad``; else None. Read from the node's
+    public ``name()`` ("<Function>Backward"), not from its private ``_forward_cls``."""
+    if not isinstance(node, BackwardCFunction):
         return None
-    return CheckpointFunction
-
-
-def _is_reentrant_checkpoint(function: Any) -> bool:
-    """torch's own ``CheckpointFunction``, or a library's Function of that name pattern
-    (fairscale, DeepSpeed), whose backward refuses ``autograd.grad`` the same way."""
-    if not isinstance(function, type):
-        return False
-    torch_own = _checkpoint_function()
-    if torch_own is not None and issubclass(function, torch_own):
-        return True
-    return "checkpoint" in function.__name__.lower()
+    named: Any = node
+    name: str = named.name()  # torch.autograd.graph.Node.name (the stubs type the node class without it)
+    function = name[: -len("Backward")] if name.endswith("Backward") else name
+    return function if "checkpoint" in function.lower() else None
 
 
 def _reentrant_checkpoint(roots: Sequence[torch.Tensor]) -> Tuple[Optional[str], List[torch.Tensor]]:
@@ -289,9 +284,8 @@ def _reentrant_checkpoint(roots: Sequence[torch.Tensor]) -> Tuple[Optional[str],
         variable = getattr(node, "variable", None)  # an AccumulateGrad node: its leaf
         if isinstance(variable, torch.Tensor):
             leaves.append(variable)
-        function: Any = getattr(node, "_forward_cls", None)  # a custom Function's node: its class
-        if found is None and _is_reentrant_checkpoint(function):
-            found = function.__name__
+        if found is None:
+            found = _reentrant_checkpoint_name(node)
         pending.extend(child for child, _ in node.next_functions if child is not None)
     return found, leaves
 

@@ -49,35 +49,20 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from flopcount.core import hooks
+
 from ..types import OpEvent
 
 __all__ = ["Reuse", "reuse_enabled"]
 
 _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format})
-_HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-)
-# process-wide module hooks (torch.nn.modules.module): any other than the tracer's own
-# module-stack hooks (installed after this check) turns reuse off for the run
-_GLOBAL_HOOKS = (
-    "_global_forward_hooks",
-    "_global_forward_pre_hooks",
-    "_global_backward_hooks",
-    "_global_backward_pre_hooks",
-    "_global_module_registration_hooks",
-    "_global_parameter_registration_hooks",
-    "_global_buffer_registration_hooks",
-)
+# hooks: which a module and the process have is flopcount.core.hooks's (found by pattern, not by name);
+# any process-wide module hook other than the tracer's own module-stack hooks (installed after
+# this check) turns reuse off for the run
 
 
 # torch's own per-module dictionaries and sets (hooks, state-dict hooks, the registries)
-_STRUCTURE = frozenset({"training", "_parameters", "_buffers", "_modules", "_is_full_backward_hook"})
+_STRUCTURE = frozenset({"training", "_parameters", "_buffers", "_modules"}) | hooks.hook_flag_names()
 _OWN = (frozenset(vars(nn.Module())) - _STRUCTURE) | {"forward"}
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
@@ -102,10 +87,8 @@ def reuse_enabled() -> bool:
 
 
 def global_hooks_present() -> bool:
-    """True when a process-wide module hook is registered (torch's private lists)."""
-    from torch.nn.modules import module as module_impl
-
-    return any(getattr(module_impl, name, None) for name in _GLOBAL_HOOKS)
+    """True when a process-wide module hook is registered."""
+    return hooks.process_hooks_present()
 
 
 class _Entry:
@@ -449,9 +432,8 @@ class Reuse:
         forward = state.get("forward")
         if forward is not None and not getattr(forward, "__flopcount_reuse__", False):
             raise _Unkeyable("an instance-level forward")
-        for name in _HOOK_DICTS:
-            if state.get(name):
-                raise _Unkeyable("a hook")
+        if hooks.has_call_hooks(module):
+            raise _Unkeyable("a hook")
         children = state["_modules"]
         return (
             self._own_part(module, state),
@@ -474,7 +456,7 @@ class Reuse:
             if name == "_modules" or (own is not None and name not in _STRUCTURE):
                 continue  # children: keyed by the caller; a tracked module's plain attribute: keyed when read
             if name in _OWN:
-                if not value or name in _HOOK_DICTS or name == "forward":
+                if not value or name in hooks.call_hook_names() or name == "forward":
                     continue  # empty hook and state-dict dictionaries; hooks refused above
             if name in ("_parameters", "_buffers"):
                 parts.append((name, tuple((k, None if t is None else self._tensor(t)) for k, t in value.items())))
@@ -621,12 +603,7 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     into.append(tuple(map(id, state.values())))
     into.append(tuple(map(id, state["_parameters"].values())))
     into.append(tuple(map(id, state["_buffers"].values())))
-    get = state.get
-    into.append(  # hooks live in dictionaries changed in place: their sizes
-        (len(get("_forward_hooks") or ()), len(get("_forward_pre_hooks") or ()), len(get("_backward_hooks") or ()),
-         len(get("_backward_pre_hooks") or ()), len(get("_forward_hooks_with_kwargs") or ()),
-         len(get("_forward_pre_hooks_with_kwargs") or ()), len(get("_forward_hooks_always_called") or ()))
-    )
+    into.append(hooks.call_hook_sizes(state))  # hooks live in dictionaries changed in place: their sizes
     for child in state["_modules"].values():
         if child is not None:
             _fingerprint(child, order, into, seen)

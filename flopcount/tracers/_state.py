@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 import torch
 from torch import nn
 
+from flopcount.core.hooks import hook_dicts
 from flopcount.core.inputs import is_dataless, is_uninitialized
 from flopcount.core.state import PrivateRandom
 from flopcount.errors import FlopcountWarning
@@ -116,8 +117,9 @@ def preserved_model_state(
         for m in modules
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None and not is_dataless(m.weight)
     ]
-    hook_attrs = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
-    hooks = [(m, attr, dict(getattr(m, attr))) for m in modules for attr in hook_attrs if hasattr(m, attr)]
+    # every hook dictionary of every module (flopcount.core.hooks finds them): one the forward
+    # registered into or removed from is put back as found
+    hooks = [(m, attr, dict(found)) for m in modules for attr, found in hook_dicts(m).items()]
     grad_enabled = torch.is_grad_enabled()
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -192,7 +194,9 @@ def preserved_model_state(
                 if p._version != version and id(p) not in restored:
                     changed.append(p)
             for m, attr, saved_hooks in hooks:
-                current = getattr(m, attr)
+                current = vars(m).get(attr)
+                if not isinstance(current, dict):  # the forward deleted the dictionary itself: none to refill
+                    continue
                 if current.keys() != saved_hooks.keys():
                     current.clear()
                     current.update(saved_hooks)

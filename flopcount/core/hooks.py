@@ -1,0 +1,111 @@
+"""Which hooks a module, or the process, has: the one place that answers it.
+
+torch keeps a module's hooks in dictionaries in the module's ``__dict__`` (``register_forward_hook``
+adds to one, its handle removes from it) and the process-wide module hooks
+(``torch.nn.modules.module.register_module_forward_hook`` and the other ``register_module_*``
+functions) in dictionaries of ``torch.nn.modules.module``. Their names are private and have grown
+with torch (``with_kwargs``, ``always_called``, backward pre-hooks, registration hooks). Instead of
+naming each one, this module finds them by one convention: **a hook container is a dictionary
+held in a private attribute whose name contains "hook"**; a module's *call* hooks (those a forward or backward of the
+module runs) are the ones whose name also says "forward" or "backward". A hook kind torch adds
+later under the same convention is found without a change here; ``tests/test_private_torch.py``
+registers every kind through torch's public API and checks each is seen (docs/internals.md).
+
+No torch dictionary is named here, and nothing is changed: callers that put hooks back
+(tracers/_state.py) or leave them out of a copy (integrations/_counting.py) do so on the
+dictionaries this module hands them.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any, Dict, FrozenSet, Mapping, Tuple
+
+from torch import nn
+
+__all__ = [
+    "call_hook_dicts",
+    "call_hook_names",
+    "call_hook_sizes",
+    "has_call_hooks",
+    "hook_dicts",
+    "hook_flag_names",
+    "process_hooks_present",
+]
+
+
+def _is_hook_dict(name: str, value: Any) -> bool:
+    # torch's are private attributes; a user's public ``self.forward_hooks = {...}`` is not one
+    return name.startswith("_") and "hook" in name and isinstance(value, dict)  # OrderedDict is a dict
+
+
+def _is_call_hook(name: str) -> bool:
+    return "forward" in name or "backward" in name
+
+
+def hook_dicts(module: nn.Module) -> Dict[str, Dict[Any, Any]]:
+    """Every hook dictionary in ``module``'s ``__dict__`` (call hooks, state-dict and
+    load-state-dict hooks, their flags' dictionaries), by attribute name; the dictionaries
+    themselves, not copies."""
+    return {name: value for name, value in vars(module).items() if _is_hook_dict(name, value)}
+
+
+def call_hook_dicts(module: nn.Module) -> Dict[str, Dict[Any, Any]]:
+    """The hook dictionaries a call of ``module`` reads: forward, forward pre-, backward and
+    backward pre-hooks and their keyword / always-call flags."""
+    return {name: value for name, value in hook_dicts(module).items() if _is_call_hook(name)}
+
+
+def _bare_call_hook_names() -> Tuple[str, ...]:
+    return tuple(name for name, value in vars(nn.Module()).items() if _is_hook_dict(name, value) and _is_call_hook(name))
+
+
+#: found once, on a bare module of the running torch (an immutable tuple)
+_CALL_HOOK_NAMES = _bare_call_hook_names()
+_GET_CALL_HOOKS = operator.itemgetter(*_CALL_HOOK_NAMES)
+
+
+def call_hook_names() -> Tuple[str, ...]:
+    """The names of the call-hook dictionaries every ``nn.Module`` has in this torch (found by
+    the convention on a bare ``nn.Module()``): the fast path for checks made per call."""
+    return _CALL_HOOK_NAMES
+
+
+@functools.cache
+def hook_flag_names() -> FrozenSet[str]:
+    """Per-module hook state that is not a dictionary (whether the backward hooks are "full"):
+    attributes of a bare ``nn.Module()`` whose name contains "hook" and whose value is not a
+    dictionary."""
+    return frozenset(name for name, value in vars(nn.Module()).items() if "hook" in name and not isinstance(value, dict))
+
+
+def has_call_hooks(module: nn.Module) -> bool:
+    """Whether a forward or backward of ``module`` runs a hook of its own (process-wide hooks:
+    :func:`process_hooks_present`). Looks up the dictionaries :func:`call_hook_names` found on
+    a bare module (about as fast as naming them: it runs per call in structural reuse)."""
+    get = module.__dict__.get
+    for name in _CALL_HOOK_NAMES:
+        if get(name):
+            return True
+    return False
+
+
+def call_hook_sizes(state: Mapping[str, Any]) -> Tuple[int, ...]:
+    """How many hooks each call-hook dictionary of a module's ``vars()`` holds (hooks live in
+    dictionaries changed in place, so a fingerprint of the module records their sizes)."""
+    try:
+        return tuple(map(len, _GET_CALL_HOOKS(state)))
+    except (KeyError, TypeError):  # a module missing one (made without nn.Module.__init__)
+        get = state.get
+        return tuple([len(get(name) or ()) for name in _CALL_HOOK_NAMES])
+
+
+def process_hooks_present() -> bool:
+    """Whether a process-wide module hook is registered (``register_module_forward_hook``,
+    ``..._forward_pre_hook``, ``..._backward_hook``, ``..._full_backward_pre_hook``,
+    ``..._buffer/module/parameter_registration_hook``): any non-empty hook dictionary of
+    ``torch.nn.modules.module``."""
+    from torch.nn.modules import module as module_impl
+
+    return any(value for name, value in vars(module_impl).items() if _is_hook_dict(name, value))
