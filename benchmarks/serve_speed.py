@@ -2,7 +2,10 @@
 tokens, three batch sizes (1, 8, 64) on H100 and L4, in a fresh process: wall time, CPU time and
 peak RSS of the whole call (model built before the clock starts).
 
-    .venv/bin/python benchmarks/serve_speed.py [--layers 80] [--prompt 2048] [--new 256]
+    .venv/bin/python benchmarks/serve_speed.py [--layers 80] [--prompt 2048] [--new 256] [--full]
+
+``--full`` counts both batch sizes in full (``serve_facts(..., derived=False)``, the path
+before the derivation of issue #31's speed target), for a before/after in one process kind.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=80)
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--full", action="store_true", help="count both batch sizes in full (no derivation)")
     args = parser.parse_args()
     import torch
     import transformers
@@ -41,13 +45,14 @@ def main() -> None:
     built = time.perf_counter() - started
     ids = torch.zeros(1, args.prompt, dtype=torch.int64, device="meta")
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    facts = serve_facts(model, ids, args.new)
+    facts = serve_facts(model, ids, args.new, derived=not args.full)
     counted = time.perf_counter() - wall0
     results = [serve_on(facts, named_roofs(part), part, capacity, link, batch=[1, 8, 64])
                for part, capacity, link in (("H100 SXM", 80e9, "nvlink4"), ("L4", 24e9, "pcie4"))]
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(f"LLaMA-2-70B ({args.layers} layers), prompt {args.prompt}, {args.new} new, batches 1, 8, 64 on H100 and L4:")
+    how = "both batch sizes counted in full" if args.full else "derived"
+    print(f"LLaMA-2-70B ({args.layers} layers), prompt {args.prompt}, {args.new} new, batches 1, 8, 64 on H100 and L4 ({how}):")
     print(f"  serve: {wall:.1f} s wall ({counted:.1f} s counting, the rest pricing), {cpu:.1f} s CPU, "
           f"peak RSS {peak / 1e9:.2f} GB; model built on meta in {built:.1f} s (not included)")
     for result in results:
