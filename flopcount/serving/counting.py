@@ -106,6 +106,8 @@ def derive(
     try:
         with LastOutput(model) as last:
             setup, options_notes = _setup(model, input_ids, new_tokens, kwargs)
+            if not _one_run(total, setup.base, None, model):  # the config's limits: refuse before any forward
+                return None
             one, cache, affine, second, state_notes = _count_b(counter, setup, last, total)
             wider, _ = _setup(model, wider_ids, new_tokens, wider_kwargs)
             two = _count_wider(counter, wider, last, total, one, affine, second)
@@ -129,6 +131,13 @@ def _setup(model: nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: Optiona
     if len(setup.prefill_calls) != 1:
         raise _Refused
     return setup, list(options.notes)
+
+
+def _one_run(total: int, base: int, cache: Any, model: nn.Module) -> bool:
+    """Whether the decode is one predictable run: no limit of the cache (or, with ``cache``
+    None, of the config) inside it (:func:`flopcount.decoding.runs.plan_runs`)."""
+    limits = cache_limits(cache, getattr(model, "config", None))
+    return plan_runs(total, base, limits, False) == [(0, total - 1, True)]
 
 
 class _Counter:
@@ -167,8 +176,7 @@ def _count_b(
     state = Decoding(counter.model, last.take(), setup)
     if state.cache is None:
         raise _Refused
-    limits = cache_limits(state.cache, getattr(counter.model, "config", None))
-    if plan_runs(total, setup.base, limits, False) != [(0, total - 1, True)]:
+    if not _one_run(total, setup.base, state.cache, counter.model):
         raise _Refused  # the cache changes how it grows inside the decode: traced run by run
     held: Dict[int, float] = {-1: float(cache_position_bytes(state.cache))}
     stored: Dict[int, float] = {-1: float(cache_bytes(state.cache))}

@@ -8,6 +8,7 @@ count runs."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, Tuple
@@ -150,3 +151,45 @@ def test_the_derived_count_leaves_the_model_as_found(train: bool) -> None:
     assert _figures(facts) == _figures(serve_facts(model, ids, 8, derived=False))
     assert_same_state(model, before)
     assert torch.equal(ids, ids_before) and torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_step_that_batch_b_plus_1_runs_differently_is_counted_in_full() -> None:
+    base = transformers.LlamaForCausalLM
+
+    class OddBatches(base):  # type: ignore[misc, valid-type]
+        """Its decode steps run one more op when the batch is odd: B + 1 = 3 differs from B = 2."""
+
+        @functools.wraps(base.forward)
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().forward(*args, **kwargs)
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None and ids.shape[0] % 2 == 1 and ids.shape[1] == 1:
+                out.logits = out.logits + 0
+            return out
+
+    cfg = transformers.AutoConfig.for_model("llama", **ATTN)
+    with torch.device("meta"):
+        model = OddBatches(cfg).eval()
+    ids = torch.zeros(2, 7, dtype=torch.int64, device="meta")
+    with _forwards() as seen:
+        facts = serve_facts(model, ids, 9)
+    assert not _was_derived(facts)
+    # tried: batch 2 (6 forwards), batch 3's prefill and steps 0, 1, 2 (4); then both in full (12)
+    assert seen["forwards"] == 22
+    full = serve_facts(model, ids, 9, derived=False)
+    assert _figures(facts) == _figures(full)
+    # the per-sequence slope is batch 3's step minus batch 2's: batch 3's extra add over its 3 x 50
+    # logits is all of it, in every step (as the full count has it)
+    plain = serve_facts(_meta("llama", **ATTN), ids, 9)
+    assert len(facts.step_flops) == 8
+    assert all(f - g == 3 * 50 for f, g in zip(facts.step_flops, plain.step_flops))
+
+
+def test_a_window_the_config_says_fills_costs_no_forward_before_counting_in_full() -> None:
+    model = _meta("mistral", sliding_window=8, **ATTN)  # prompt 6 + 7 steps pass the window of 8
+    ids = torch.zeros(1, 6, dtype=torch.int64, device="meta")
+    with _forwards() as full:
+        serve_facts(model, ids, 8, derived=False)
+    with _forwards() as default:
+        facts = serve_facts(model, ids, 8)
+    assert not _was_derived(facts) and default["forwards"] == full["forwards"]
