@@ -35,15 +35,14 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import prepare_call
-from flopcount.core.model_facts import model_facts
-from flopcount.core.results import FlopResult, aggregate
+from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
+
+# generate()'s forwards are traced, costed and booked by the one counter count_generation uses
+from flopcount.decoding.counted import _Counter
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
 from flopcount.errors import TraceError, UsageError
-from flopcount.handlers import default_registry
-from flopcount.tracers import trace
 from flopcount.types import OpCall, TensorMeta, Trace
 
 __all__ = ["Counted", "Derived", "derive", "held_per_step"]
@@ -140,29 +139,6 @@ def _one_run(total: int, base: int, cache: Any, model: nn.Module) -> bool:
     return plan_runs(total, base, limits, False) == [(0, total - 1, True)]
 
 
-class _Counter:
-    """One forward traced by the dispatch tracer, costed, and booked as a FlopResult (as
-    ``count_decoding`` books a traced step), keeping the largest write."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.registry = default_registry()
-        self.facts = model_facts(model)
-
-    def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
-        prepared = prepare_call((), call)
-        run = trace(self.model, prepared, tracer="dispatch", facts=self.facts)
-        costed = cost_events(run.events, self.registry)
-        return run, costed, aggregate(
-            costed, tracer="dispatch", modules=self.facts.module_infos(run.module_calls), parameters=self.facts.summary,
-            input_description=prepared.description, warnings=run.warnings, gaps=run.gaps, aliases=self.facts.aliases,
-        )
-
-    def run(self, call: Mapping[str, Any]) -> None:
-        """A forward that is not counted (the positions between two traced steps)."""
-        trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
-
-
 def _largest(costed: Costed) -> int:
     return max((cost.bytes_written for _, cost in costed if cost is not None), default=0)
 
@@ -196,7 +172,7 @@ def _count_b(
     affine = Affine.check([(run, costed) for run, costed, _ in traced], counter.registry)
     if affine is None:
         raise _Refused
-    counter.run(state.call(3, width=total - 4))
+    counter.catch_up(state.call(3, width=total - 4))
     state.advance(last.take())
     final = step(total - 1)
     if not affine.matches(total - 1, final[0], final[1]):
