@@ -92,10 +92,9 @@ def derive(
     kwargs: Optional[Mapping[str, Any]], wider_kwargs: Optional[Mapping[str, Any]],
 ) -> Optional[Derived]:
     """Serve's figures at the prompt's batch B (``input_ids``) and at B + 1 (``wider_ids``)
-    from nine forwards (ten where a step's change depends on the batch) instead of twelve,
-    and no per-step table (see the module's text), or
-    None where a check fails and both batch sizes must be counted in full. Bad input is
-    left to the full count, which says what is wrong."""
+    from nine forwards (ten where a step's change depends on the batch) instead of twelve and
+    no per-step table (see the module's text); None where a check fails and both batch sizes
+    must be counted in full. Bad input is left to the full count, which says what is wrong."""
     total = new_tokens - 1 if isinstance(new_tokens, int) and not isinstance(new_tokens, bool) else 0
     if not isinstance(model, nn.Module) or not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2 \
             or total < MIN_STEPS:
