@@ -19,6 +19,7 @@ from conftest import assert_same_state, snapshot
 from torch import nn
 
 import flopcount
+from flopcount.errors import TraceError
 from flopcount.serving import ServeFacts, serve_facts
 
 transformers = pytest.importorskip("transformers")
@@ -193,3 +194,27 @@ def test_a_window_the_config_says_fills_costs_no_forward_before_counting_in_full
     with _forwards() as default:
         facts = serve_facts(model, ids, 8)
     assert not _was_derived(facts) and default["forwards"] == full["forwards"]
+
+
+def test_a_forward_that_raises_mid_decode_leaves_the_model_as_found() -> None:
+    base = transformers.LlamaForCausalLM
+
+    class Refuses(base):  # type: ignore[misc, valid-type]
+        """Raises at decode step 2 (the cache holds the prompt's 5 positions and 2 generated)."""
+
+        @functools.wraps(base.forward)
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            cache = kwargs.get("past_key_values", kwargs.get("cache"))
+            if cache is not None and cache.get_seq_length() >= 7:
+                raise RuntimeError("step 2 refuses")
+            return super().forward(*args, **kwargs)
+
+    cfg = transformers.AutoConfig.for_model("llama", **ATTN)
+    torch.manual_seed(0)
+    model = Refuses(cfg).train()
+    ids = torch.randint(0, 50, (2, 5))
+    before, ids_before, rng = snapshot(model), ids.clone(), torch.get_rng_state()
+    with pytest.raises(TraceError, match="step 2 refuses"):
+        flopcount.serve(model, ids, 8, on="h100")
+    assert_same_state(model, before)
+    assert torch.equal(ids, ids_before) and torch.equal(torch.get_rng_state(), rng)
