@@ -22,6 +22,10 @@ each re-booking every continued step's tables), :func:`derive` runs:
   each distinct varying call (the same call in each of 80 layers) priced once per step by
   the handlers, not per layer.
 
+What this checks less than the full count: B + 1's last step is not traced, so code that
+branches on batch x context between B + 1's step 1 and its last (a threshold B never crosses)
+would go unseen, where the full count would see it if it held at the last step.
+
 Any check that fails, a cache with limits inside the decode (sliding windows filling,
 attention chunks, static caches), chunked prefill or fewer than five decode steps: ``derive``
 returns None and serve counts both batch sizes in full (every figure is then today's)."""
