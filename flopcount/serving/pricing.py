@@ -6,7 +6,7 @@ the one roofline function), tensor parallelism's all-reduces, memory and capacit
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from flopcount.devices import LINKS, any_implementation
 from flopcount.errors import UsageError
@@ -103,6 +103,15 @@ class Pricing:
         self.link_bw = LINKS[link] if link else 0.0
         self.kv_split = max(1, min(tp, facts.kv_heads or tp))
         self.scale = itemsize(dtype) / itemsize(facts.model_dtype) if facts.cache_dtype == facts.model_dtype else 1.0
+        self._read: Dict[float, float] = {}  # tokens -> weight bytes a forward over them reads
+
+    def weights_read(self, tokens: float) -> float:
+        """:func:`weights_read` at this pricing's formats, once per token count (every decode
+        step of a batch reads the same weights: one walk of the parameters, not one per step)."""
+        found = self._read.get(tokens)
+        if found is None:
+            found = self._read[tokens] = weights_read(self.facts, tokens, self.weight_dtype, self.dtype)
+        return found
 
     def phase(self, flops: float, macs: float, weight_bytes: float, other_bytes: float, tokens: float) -> Phase:
         """One forward's bound per rank: FLOPs / tp at the compute dtype's peak, weights / tp
@@ -119,13 +128,13 @@ class Pricing:
     def prefill(self, batch: int) -> Phase:
         f = self.facts
         tokens = batch * f.prompt_tokens
-        weights = weights_read(f, tokens, self.weight_dtype, self.dtype)
+        weights = self.weights_read(tokens)
         other = f.at("prefill_cache_written", batch) * self.scale
         return self.phase(f.at("prefill_flops", batch), f.at("prefill_macs", batch), weights, other, tokens)
 
     def step(self, batch: int, index: int) -> Phase:
         f = self.facts
-        weights = weights_read(f, batch, self.weight_dtype, self.dtype)
+        weights = self.weights_read(batch)
         other = (f.at("step_cache_read", batch, index) + f.at("step_cache_written", batch, index)) * self.scale
         return self.phase(f.at("step_flops", batch, index), f.at("step_macs", batch, index), weights, other, batch)
 
@@ -143,7 +152,7 @@ def price_batch_with(pricing: Pricing, batch: int, usable: Optional[float]) -> S
         raise UsageError(f"serve: batch sizes must be ints >= 1, got {batch!r}")
     steps = [pricing.step(batch, i) for i in range(len(facts.step_flops))]
     memory = pricing.memory(batch)
-    weights = weights_read(facts, batch, pricing.weight_dtype, pricing.dtype) / pricing.tp if steps else 0.0
+    weights = pricing.weights_read(batch) / pricing.tp if steps else 0.0
     return ServeBatch(
         batch, pricing.prefill(batch), steps[0] if steps else None, steps[-1] if steps else None,
         sum(s.seconds for s in steps), weights, memory, None if usable is None else memory <= usable, len(steps),
@@ -178,7 +187,7 @@ def compute_bound_batch(pricing: Pricing, limit: int = 1 << 24) -> Optional[int]
     def compute_wins(batch: int) -> bool:
         flops = sum(facts.at("step_flops", batch, i) for i in range(n)) / n
         cache = sum(facts.at("step_cache_read", batch, i) + facts.at("step_cache_written", batch, i) for i in range(n)) / n
-        weights = weights_read(facts, batch, pricing.weight_dtype, pricing.dtype)
+        weights = pricing.weights_read(batch)
         phase = pricing.phase(flops, 0.0, weights, cache * pricing.scale, batch)
         return phase.compute_s >= phase.memory_s
 

@@ -16,8 +16,10 @@ from torch import nn
 
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
+from flopcount.decoding.forwards import Setup
 from flopcount.devices import Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError
+from flopcount.serving.counting import Counted, derive, held_per_step
 from flopcount.serving.figures import ServeFacts, WeightTensor
 from flopcount.serving.pricing import (
     Pricing,
@@ -128,35 +130,54 @@ def serve_on(
 
 def serve_facts(
     model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, kwargs: Optional[Mapping[str, Any]] = None,
+    derived: bool = True,
 ) -> ServeFacts:
     """Count ``generate()``'s forwards at the prompt's batch B and at B + 1 (the first row
     repeated), and keep each figure as its per-sequence slope and the part no sequence adds:
-    every shape of a forward is affine in the batch, so two counts price every batch exactly."""
+    every shape of a forward is affine in the batch, so two counts price every batch exactly.
+
+    ``derived`` (default): B + 1 is counted through its prefill and first two decode steps
+    only, and every continued step's FLOPs from the calls that change, priced once per
+    distinct call (:mod:`flopcount.serving.counting`: the same figures, checked as it goes);
+    where a check fails, or with ``derived=False``, both batch sizes are counted in full."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
         raise UsageError("serve: input_ids must be a (batch, prompt length) tensor")
-    one = count_decoding(model, input_ids, new_tokens, kwargs, who="serve")
-    batch = one.setup.batch
+    batch = int(input_ids.shape[0])
     wider = torch.cat([input_ids, input_ids[:1]])
     more = None if kwargs is None else {
         k: torch.cat([v, v[:1]]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
         for k, v in kwargs.items()
     }
+    fast = derive(model, input_ids, wider, new_tokens, kwargs, more) if derived else None
+    if fast is not None:
+        return _facts(model, fast.one, fast.two, fast.cache, fast.setup, fast.notes, new_tokens)
+    one = count_decoding(model, input_ids, new_tokens, kwargs, who="serve")
     two = count_decoding(model, wider, new_tokens, more, who="serve")
-    return _facts(model, one, two, new_tokens)
+    return _facts(model, _counted(one), _counted(two), one.cache, one.setup, one.notes, new_tokens)
 
 
-def _facts(model: nn.Module, one: Decoded, two: Decoded, new_tokens: int) -> ServeFacts:
-    b = one.setup.batch
-    n = len(one.steps)
+def _counted(decoded: Decoded) -> Counted:
+    return Counted(
+        decoded.setup.batch, decoded.prefill.flops, decoded.prefill.macs, [s.flops for s in decoded.steps],
+        [s.macs for s in decoded.steps], {k: float(v) for k, v in decoded.held.items()}, float(cache_bytes(decoded.cache)),
+        decoded.largest_write, [decoded.prefill, *decoded.steps],
+    )
+
+
+def _facts(
+    model: nn.Module, one: Counted, two: Counted, cache: Any, setup: Setup, notes_of_one: List[str], new_tokens: int,
+) -> ServeFacts:
+    b = one.batch
+    n = len(one.step_flops)
     figures: Dict[str, Tuple[Any, Any]] = {}
-    for name, decoded in (("one", one), ("two", two)):
-        held = _held_per_step(decoded.held, n)
+    for name, counted in (("one", one), ("two", two)):
+        held = held_per_step(counted.held, n)
         figures[name] = ({
-            "prefill_flops": float(decoded.prefill.flops), "prefill_macs": float(decoded.prefill.macs),
-            "prefill_cache_written": held[-1], "cache_held": float(cache_bytes(decoded.cache)),
-            "kv_bytes_per_token": held[0] - held[-1] if n else 0.0, "activation_bytes": float(decoded.largest_write),
+            "prefill_flops": float(counted.prefill_flops), "prefill_macs": float(counted.prefill_macs),
+            "prefill_cache_written": held[-1], "cache_held": counted.stored,
+            "kv_bytes_per_token": held[0] - held[-1] if n else 0.0, "activation_bytes": float(counted.largest_write),
         }, {
-            "step_flops": [float(s.flops) for s in decoded.steps], "step_macs": [float(s.macs) for s in decoded.steps],
+            "step_flops": [float(f) for f in counted.step_flops], "step_macs": [float(m) for m in counted.step_macs],
             "step_cache_read": [held[s - 1] for s in range(n)],  # the positions cached before the step
             "step_cache_written": [max(0.0, held[s] - held[s - 1]) for s in range(n)],
         })
@@ -171,33 +192,20 @@ def _facts(model: nn.Module, one: Decoded, two: Decoded, new_tokens: int) -> Ser
     fixed["activation_bytes"] = max(0.0, fixed["activation_bytes"])
     config = _text_config(model)
     experts, k = _moe(config)
-    results = [one.prefill, *one.steps, two.prefill, *two.steps]
-    notes = list(dict.fromkeys([*one.notes, *(w for r in results for w in r.warnings)]))
+    results = [*one.results, *two.results]
+    notes = list(dict.fromkeys([*notes_of_one, *(w for r in results for w in r.warnings)]))
     reasons = [r for res in results for r in res.incomplete_reasons()]
     if reasons:
         notes.append("the count is incomplete, the bounds leave that work out: " + "; ".join(dict.fromkeys(reasons)))
     return ServeFacts(
-        prompt_tokens=one.setup.prompt, new_tokens=new_tokens, counted_batch=b,
-        cache_dtype=cache_dtype(one.cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(model),
+        prompt_tokens=setup.prompt, new_tokens=new_tokens, counted_batch=b,
+        cache_dtype=cache_dtype(cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(model),
         fixed=fixed, top_k=k if experts > 1 else 0,
         layers=int(_get(config, "num_hidden_layers", "n_layer", "num_layers") or 0),
         hidden=int(_get(config, "hidden_size", "n_embd", "d_model") or 0),
         kv_heads=int(_get(config, "num_key_value_heads", "num_attention_heads", "n_head", "num_heads") or 0),
-        encoder_decoder=one.setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
+        encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
     )
-
-
-def _held_per_step(known: Mapping[int, int], steps: int) -> Dict[int, float]:
-    """The cache's position bytes after each step: measured after the traced ones, and
-    linear between two measured steps (the steps between them are an affine run)."""
-    points = sorted(known)
-    out: Dict[int, float] = {p: float(known[p]) for p in points}
-    for left, right in zip(points, points[1:]):
-        for s in range(left + 1, right):
-            out[s] = known[left] + (known[right] - known[left]) * (s - left) / (right - left)
-    for s in range(-1, steps):
-        out.setdefault(s, float(known[points[-1]]))
-    return out
 
 
 def _text_config(model: nn.Module) -> Any:

@@ -1,0 +1,378 @@
+"""serve's count: ``generate()``'s forwards traced once at the prompt's batch B, the rest
+derived exactly (issue #31's speed target).
+
+Serve needs, at two batch sizes (B and B + 1: every figure is affine in the batch), the
+FLOPs and MACs of the prefill and of every decode step, the cache's bytes after each step
+and the largest tensor one op writes; it needs no per-module table of any step. So instead
+of two full counts (:func:`flopcount.decoding.counted.count_decoding` at B and at B + 1,
+each re-booking every continued step's tables), :func:`derive` runs:
+
+* at B, what ``count_decoding`` traces: the prefill, decode steps 0, 1 and 2, one uncounted
+  forward over the positions between, and the last step; the steps between are the affine
+  continuation in the context length of steps 0 and 1 (:class:`flopcount.decoding.runs.Affine`),
+  which must reproduce steps 2 and the last exactly;
+* at B + 1 only the prefill and decode steps 0 and 1: every event's change from step 0 to
+  step 1 must equal its change at B (op by op, the same ops, modules and phases), so the
+  steps of B + 1 continue in the context length exactly as B's, which B's steps 2 and last
+  proved. Where a change depends on the batch (an integer b x c, such as a real mask's sum,
+  grows by b per step) step 2 is traced too: B + 1's own continuation must reproduce it, each
+  event varying in the same dimensions as at B. The cache's bytes at B + 1 differ from B's by
+  an amount affine in the step, checked after the prefill and steps 0 and 1;
+* each continued step's FLOPs and MACs as step 0's plus the change of the events that vary,
+  each distinct varying call (the same call in each of 80 layers) priced once per step by
+  the handlers, not per layer.
+
+What this checks less than the full count: B + 1's last step is not traced, so code that
+branches on batch x context between B + 1's step 1 and its last (a threshold B never crosses)
+would go unseen, where the full count would see it if it held at the last step.
+
+Any check that fails, a cache with limits inside the decode (sliding windows filling,
+attention chunks, static caches), chunked prefill or fewer than five decode steps: ``derive``
+returns None and serve counts both batch sizes in full (every figure is then today's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.results import FlopResult
+from flopcount.decoding.caches import cache_bytes, cache_position_bytes
+
+# generate()'s forwards are traced, costed and booked by the one counter count_generation uses
+from flopcount.decoding.counted import _Counter
+from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
+from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
+from flopcount.errors import TraceError, UsageError
+from flopcount.types import OpCall, TensorMeta, Trace
+
+__all__ = ["Counted", "Derived", "derive", "held_per_step"]
+
+#: decode steps below which both batch sizes are counted in full (steps 0, 1, 2 and the last
+#: are traced anyway, with at least one step between them to continue)
+MIN_STEPS = 5
+
+
+@dataclass
+class Counted:
+    """One batch size's figures. ``held``: step -> the bytes of the positions the cache keeps
+    after it (-1: after the prefill), at the steps measured (or derived) only; ``stored``: the
+    storages the cache holds at the end (:func:`cache_bytes`); ``results``: every traced
+    forward's result (their warnings and what makes them incomplete)."""
+
+    batch: int
+    prefill_flops: int
+    prefill_macs: int
+    step_flops: List[int]
+    step_macs: List[int]
+    held: Dict[int, float]
+    stored: float
+    largest_write: int
+    results: List[FlopResult] = field(default_factory=list)
+    #: the cache's storage bytes after the prefill (-1) and steps 0 and 1
+    stored_early: Dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Derived:
+    """Both batch sizes' figures, the cache B's generation ends with, the setup and the notes."""
+
+    one: Counted
+    two: Counted
+    cache: Any
+    setup: Setup
+    notes: List[str]
+
+
+class _Refused(Exception):
+    """A check of the derivation failed: count both batch sizes in full instead."""
+
+
+def derive(
+    model: nn.Module, input_ids: torch.Tensor, wider_ids: torch.Tensor, new_tokens: int,
+    kwargs: Optional[Mapping[str, Any]], wider_kwargs: Optional[Mapping[str, Any]],
+) -> Optional[Derived]:
+    """Serve's figures at the prompt's batch B (``input_ids``) and at B + 1 (``wider_ids``)
+    from nine forwards (ten where a step's change depends on the batch) instead of twelve and
+    no per-step table (see the module's text); None where a check fails and both batch sizes
+    must be counted in full. Bad input is left to the full count, which says what is wrong."""
+    total = new_tokens - 1 if isinstance(new_tokens, int) and not isinstance(new_tokens, bool) else 0
+    if not isinstance(model, nn.Module) or not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2 \
+            or total < MIN_STEPS:
+        return None
+    model = uncompiled(model)
+    counter = _Counter(model)
+    try:
+        with LastOutput(model) as last:
+            setup, options_notes = _setup(model, input_ids, new_tokens, kwargs)
+            if not _one_run(total, setup.base, None, model):  # the config's limits: refuse before any forward
+                return None
+            one, cache, affine, second, state_notes = _count_b(counter, setup, last, total)
+            wider, _ = _setup(model, wider_ids, new_tokens, wider_kwargs)
+            two = _count_wider(counter, wider, last, total, one, affine, second)
+    except (_Refused, UsageError, TraceError):
+        return None
+    notes = options_notes + setup.notes + state_notes + [
+        f"decode steps 3..{total - 2} were costed as the exact affine continuation, in the context length, of the two "
+        f"steps before them, not traced: the third step and the last step were traced and matched it (the skipped "
+        f"positions were fed in one uncounted forward); batch {setup.batch + 1} was counted through its prefill and "
+        f"first two decode steps (three where a change depends on the batch), which change from step to step as "
+        f"batch {setup.batch}'s do, op by op"
+    ]
+    return Derived(one, two, cache, setup, notes)
+
+
+def _setup(model: nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: Optional[Mapping[str, Any]]) -> Tuple[Setup, List[str]]:
+    options = generation_options(model, int(ids.shape[0]), int(ids.shape[-1]), new_tokens, {})
+    if options.static_len is not None or options.prefill_chunk is not None:
+        raise _Refused  # a static cache is attended over in full; chunks: several prefill forwards
+    setup = Setup(model, ids, kwargs, options)
+    if len(setup.prefill_calls) != 1:
+        raise _Refused
+    return setup, list(options.notes)
+
+
+def _one_run(total: int, base: int, cache: Any, model: nn.Module) -> bool:
+    """Whether the decode is one predictable run: no limit of the cache (or, with ``cache``
+    None, of the config) inside it (:func:`flopcount.decoding.runs.plan_runs`)."""
+    limits = cache_limits(cache, getattr(model, "config", None))
+    return plan_runs(total, base, limits, False) == [(0, total - 1, True)]
+
+
+def _largest(costed: Costed) -> int:
+    return max((cost.bytes_written for _, cost in costed if cost is not None), default=0)
+
+
+def _count_b(
+    counter: _Counter, setup: Setup, last: LastOutput, total: int,
+) -> Tuple[Counted, Any, Affine, Costed, List[str]]:
+    """Batch B as ``count_decoding`` counts it, the continued steps priced by :func:`_continued`;
+    also the continuation and step 1's events."""
+    _, costed, prefill = counter.count(setup.first)
+    state = Decoding(counter.model, last.take(), setup)
+    if state.cache is None:
+        raise _Refused
+    if not _one_run(total, setup.base, state.cache, counter.model):
+        raise _Refused  # the cache changes how it grows inside the decode: traced run by run
+    held: Dict[int, float] = {-1: float(cache_position_bytes(state.cache))}
+    stored: Dict[int, float] = {-1: float(cache_bytes(state.cache))}
+    largest = _largest(costed)
+    traced: List[Tuple[Trace, Costed, FlopResult]] = []
+
+    def step(index: int) -> Tuple[Trace, Costed, FlopResult]:
+        counted = counter.count(state.call(index))
+        state.advance(last.take())
+        held[index] = float(cache_position_bytes(state.cache))
+        if index < 2:
+            stored[index] = float(cache_bytes(state.cache))
+        return counted
+
+    for index in range(3):
+        traced.append(step(index))
+    affine = Affine.check([(run, costed) for run, costed, _ in traced], counter.registry)
+    if affine is None:
+        raise _Refused
+    counter.catch_up(state.call(3, width=total - 4))
+    state.advance(last.take())
+    final = step(total - 1)
+    if not affine.matches(total - 1, final[0], final[1]):
+        raise _Refused
+    for _, costed, _ in [*traced, final]:
+        largest = max(largest, _largest(costed))
+    flops, macs, _ = _continued(affine, traced[0][2], total, counter)
+    results = [prefill, *(r for _, _, r in traced), final[2]]
+    for index, result in ((0, traced[0][2]), (1, traced[1][2]), (2, traced[2][2]), (total - 1, final[2])):
+        flops[index], macs[index] = result.flops, result.macs
+    counted = Counted(setup.batch, prefill.flops, prefill.macs, flops, macs, held, float(cache_bytes(state.cache)),
+                      largest, results, stored)
+    return counted, state.cache, affine, traced[1][1], list(state.notes)
+
+
+def _count_wider(
+    counter: _Counter, setup: Setup, last: LastOutput, total: int, one: Counted, affine: Affine, second: Costed,
+) -> Counted:
+    """Batch B + 1 from its prefill and decode steps 0 and 1, where each event changes from
+    step 0 to step 1 exactly as at B (``affine``, checked through B's last step, continues
+    both); else also step 2, which B + 1's own continuation must reproduce, each event
+    varying in the same dimensions as at B (an integer b x c, a mask's sum, changes by b per
+    step). The cache's bytes must differ from B's by an amount affine in the step (after the
+    prefill, steps 0 and 1; and 2 where traced)."""
+    _, costed, prefill = counter.count(setup.first)
+    state = Decoding(counter.model, last.take(), setup)
+    if state.cache is None:
+        raise _Refused
+    held = {-1: float(cache_position_bytes(state.cache))}
+    stored = {-1: float(cache_bytes(state.cache))}
+    largest = _largest(costed)
+    traced: List[Tuple[Trace, Costed, FlopResult]] = []
+
+    def step(index: int) -> None:
+        traced.append(counter.count(state.call(index)))
+        state.advance(last.take())
+        held[index] = float(cache_position_bytes(state.cache))
+        stored[index] = float(cache_bytes(state.cache))
+
+    step(0)
+    step(1)
+    (run0, costed0, first), (run1, costed1, _) = traced
+    if run0.gaps or run1.gaps:
+        raise _Refused
+    if not _same_steps(affine.first, second, costed0, costed1, exact=True):
+        step(2)
+        if not _same_steps(affine.first, second, costed0, costed1, exact=False) \
+                or Affine.check([(run, costed) for run, costed, _ in traced], counter.registry) is None:
+            raise _Refused
+    largest = max(largest, *(_largest(costed) for _, costed, _ in traced))
+    wider = Affine(costed0, costed1, counter.registry)
+    flops, macs, written = _continued(wider, first, total, counter)
+    for index, (_, _, result) in enumerate(traced):
+        flops[index], macs[index] = result.flops, result.macs
+    # the largest write of the steps a full count traces (2 and the last), predicted
+    largest = max(largest, written.get(2, 0), written.get(total - 1, 0))
+    # the cache's bytes: B's plus a difference affine in the step (proved at -1, 0, 1)
+    held_b = held_per_step(one.held, total)
+    derived_held = {s: held[s] for s in (-1, 0, 1)}
+    for index in (2, total - 1):
+        derived_held[index] = held_b[index] + _extended(held, held_b, index)
+    if 2 in held and held[2] != derived_held[2]:
+        raise _Refused
+    final_stored = one.stored + _extended(stored, one.stored_early, total - 1)
+    return Counted(setup.batch, prefill.flops, prefill.macs, flops, macs, derived_held, final_stored, largest,
+                   [prefill, *(r for _, _, r in traced)])
+
+
+def _extended(wider: Mapping[int, float], base: Mapping[int, float], index: int) -> float:
+    """``wider - base`` at ``index``, continued from its values at -1, 0 and 1 (which must lie
+    on a line)."""
+    d = [wider[s] - base[s] for s in (-1, 0, 1)]
+    if d[1] - d[0] != d[2] - d[1]:
+        raise _Refused
+    return d[2] + (index - 1) * (d[2] - d[1])
+
+
+def held_per_step(known: Mapping[int, float], total: int) -> Dict[int, float]:
+    """The cache's position bytes after each step: measured, and linear between two measured
+    steps (the steps between are an affine run)."""
+    points = sorted(known)
+    out = {p: float(known[p]) for p in points}
+    for left, right in zip(points, points[1:]):
+        for s in range(left + 1, right):
+            out[s] = known[left] + (known[right] - known[left]) * (s - left) / (right - left)
+    for s in range(-1, total):
+        out.setdefault(s, float(known[points[-1]]))
+    return out
+
+
+def _continued(affine: Affine, first: FlopResult, total: int, counter: _Counter) -> Tuple[List[int], List[int], Dict[int, int]]:
+    """Every step's FLOPs and MACs as ``affine`` continues step 0 (``first``): step 0's plus,
+    for each event that varies, its cost at the step minus its cost at step 0, as
+    ``reprice`` books it. Events with the same calls at steps 0 and 1 (one per layer) are
+    priced once per step. Also the most bytes one varying op writes, per step."""
+    groups: Dict[Hashable, List[int]] = {}  # key -> [index into affine.varying, events]
+    for position, (index, a, b) in enumerate(affine.varying):
+        key = _key(a.call, b.call)
+        if key is None:
+            key = ("single", index)
+        entry = groups.setdefault(key, [position, 0])
+        entry[1] += 1
+    chosen = [(affine.varying[position], events) for position, events in groups.values()]
+    reps = Affine([affine.first[index] for (index, _, _), _ in chosen], [(b, None) for (_, _, b), _ in chosen], counter.registry)
+    flops = [first.flops] * total
+    macs = [first.macs] * total
+    written: Dict[int, int] = {}
+    for s in range(1, total):
+        delta_flops = delta_macs = 0
+        most = 0
+        for ((index, _, _), events), (_, new) in zip(chosen, cost_events(tuple(reps.events(s)), counter.registry)):
+            old = affine.first[index][1]
+            if new is None or old is None:  # unsupported either way: nothing to re-cost
+                continue
+            delta_flops += events * (new.flops - old.flops)
+            delta_macs += events * (new.macs - old.macs)
+            most = max(most, new.bytes_written)
+        flops[s] += delta_flops
+        macs[s] += delta_macs
+        written[s] = most
+    return flops, macs, written
+
+
+def _key(a: OpCall, b: OpCall) -> Optional[Hashable]:
+    """A hashable key of a pair of calls (None when an argument cannot be keyed)."""
+    try:
+        key = (_frozen(a), _frozen(b))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _frozen(call: OpCall) -> Hashable:
+    return (call.op, tuple((name, _value(v)) for name, v in call.args.items()), tuple(_value(v) for v in call.outputs))
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_value(v) for v in value))
+    if isinstance(value, Mapping):
+        return ("mapping", tuple((k, _value(v)) for k, v in value.items()))
+    if isinstance(value, float) and value != value:
+        raise TypeError("NaN cannot key a call")  # NaN != NaN: keep such calls apart
+    return (type(value).__name__, value)
+
+
+def _same_steps(first: Costed, second: Costed, wider0: Costed, wider1: Costed, *, exact: bool) -> bool:
+    """Whether batch B + 1's steps 0 and 1 run the ops of batch B's (op, modules, phase), each
+    changing from step 0 to step 1 exactly as it does at B (``exact``), or in the same
+    dimensions and arguments (not ``exact``)."""
+    if not (len(first) == len(second) == len(wider0) == len(wider1)):
+        return False
+    for (a, _), (b, _), (c, _), (d, _) in zip(first, second, wider0, wider1):
+        for x in (b, c, d):
+            if x.call.op != a.call.op or x.module_stack != a.module_stack or x.phase != a.phase:
+                return False
+        try:
+            at_b, at_wider = _change(a.call, b.call), _change(c.call, d.call)
+        except _Refused:
+            return False
+        if (at_b != at_wider) if exact else (_pattern(at_b) != _pattern(at_wider)):
+            return False
+    return True
+
+
+def _pattern(change: Any) -> Any:
+    """Which parts of a :func:`_delta` change (not by how much)."""
+    if change == "=":
+        return change
+    kind, value = change
+    if kind == "tensor":
+        return kind, tuple(d != 0 for d in value)
+    if kind == "int":
+        return kind
+    if kind == "tuple":
+        return kind, tuple(_pattern(v) for v in value)
+    return kind, tuple((key, _pattern(v)) for key, v in value)
+
+
+def _change(a: OpCall, b: OpCall) -> Any:
+    return "tuple", (_delta(dict(a.args), dict(b.args)), _delta(tuple(a.outputs), tuple(b.outputs)))
+
+
+def _delta(a: Any, b: Any) -> Any:
+    """How ``b`` differs from ``a`` in the terms :class:`Affine` continues: "=" where equal,
+    the difference of each dimension or integer; raises _Refused where it cannot continue."""
+    if a == b:
+        return "="
+    if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
+        if a.dtype != b.dtype or len(a.shape) != len(b.shape):
+            raise _Refused
+        return ("tensor", tuple(y - x for x, y in zip(a.shape, b.shape)))
+    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
+        return ("int", b - a)
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return ("tuple", tuple(_delta(x, y) for x, y in zip(a, b)))
+    if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
+        return ("mapping", tuple((key, _delta(a[key], b[key])) for key in a))
+    raise _Refused
