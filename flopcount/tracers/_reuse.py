@@ -41,6 +41,7 @@ needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` t
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from abc import ABCMeta
@@ -760,6 +761,8 @@ class Reuse:
             return ("id", id(value))
         if isinstance(value, nn.Module):
             return ("module", id(value))  # not a child: the same object, or not equal
+        if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
+            return (kind, id(value.func), self._attribute(value.args), self._attribute(value.keywords))
         # functions, classes, configs and other objects: the same object only
         return ("id", id(value))
 

@@ -260,3 +260,25 @@ def test_a_layer_index_used_beyond_the_cache_is_traced(monkeypatch, use):
     assert on.by_operator("macs")["aten::linear"] == (4 * 2 + extra) * 15 * 64
     # layers 1..3 booked from layer 0 only when the index is used for nothing but the cache
     assert _reused(model, (x,)) == (3 if use == "" else 0)
+
+
+SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=VOCAB, head_dim=8, max_position_embeddings=64)
+# model type -> decoder-layer calls booked from another (by reading why each is or is not reused):
+# OPT's first layer gets its input as a view, the others not; Qwen3-MoE and gpt-oss's experts
+# need a stand-in kernel on fake tensors (their first calls are not clean: traced again)
+TYPES = {"gemma2": LAYERS - 1, "starcoder2": LAYERS - 1, "gpt_neox": LAYERS - 1, "bloom": LAYERS - 1,
+         "cohere2": LAYERS - 1, "phi": LAYERS - 1, "opt": LAYERS - 2, "qwen3_moe": None, "gpt_oss": None}
+
+
+@pytest.mark.parametrize("model_type", sorted(TYPES))
+def test_transformers_model_types_give_identical_rows_on_and_off(monkeypatch, model_type):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **SMALL)).eval()
+    inputs = (torch.randint(0, VOCAB, (2, 9)),)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    if TYPES[model_type] is not None:
+        assert _reused(model, inputs) == TYPES[model_type]
