@@ -188,7 +188,8 @@ class Reuse:
         self._tracked: Dict[int, type] = {}  # id(module) -> its own class, for modules whose reads are logged
         self._swapped: List[Tuple[nn.Module, type]] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
-        self._owns: Dict[int, Tuple[Tuple[Any, ...], Tuple[Any, ...]]] = {}
+        self._interned: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
+        self._keyed_once: set[int] = set()  # modules keyed once: their structure is remembered from the second
         # KV caches (_reuse_cache.py): stand-ins for layer indices in first calls given a cache
         self._index_proxies = index_proxies
         self._states = States(fake_type, fake_mode)
@@ -691,7 +692,10 @@ class Reuse:
         if found is not None and found[0] == fingerprint:
             return found[1]
         key = self._subtree(module, [])
-        self._structures[id(module)] = (fingerprint, key)
+        if id(module) in self._keyed_once:  # called again (a block reused in a loop): remembered
+            self._structures[id(module)] = (fingerprint, key)
+        else:  # most modules run once per count: their fingerprints are not kept (memory per layer)
+            self._keyed_once.add(id(module))
         return key
 
     def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
@@ -710,21 +714,16 @@ class Reuse:
             if state.get(name):
                 raise _Unkeyable("a hook")
         children = state["_modules"]
-        return (
+        made = (
             self._own_part(module, state),
             tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in children.items()),
         )
+        return self._interned.setdefault(made, made)
 
     def _own_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
         """The key of ``module`` without its children: its class, its parameters' and
-        buffers' metadata, and (untracked modules) its plain attributes; remembered per
-        module while the objects its attributes and dictionaries hold are the same."""
-        params, buffers = state["_parameters"], state["_buffers"]
-        stamp = (tuple(state), tuple(map(id, state.values())), tuple(params), tuple(map(id, params.values())),
-                 tuple(buffers), tuple(map(id, buffers.values())))
-        found = self._owns.get(id(module))
-        if found is not None and found[0] == stamp:
-            return found[1]
+        buffers' metadata, and (untracked modules) its plain attributes; one object for equal
+        parts (the 80 layers of a model share theirs: keys compare by identity first)."""
         own = self._tracked.get(id(module))
         parts: List[Any] = [own or type(module)]
         for name, value in state.items():
@@ -738,8 +737,7 @@ class Reuse:
             else:
                 parts.append((name, self._attribute(value)))
         part = tuple(parts)
-        self._owns[id(module)] = (stamp, part)
-        return part
+        return self._interned.setdefault(part, part)
 
     def _attribute(self, value: Any) -> Any:
         kind = type(value)

@@ -282,3 +282,36 @@ def test_transformers_model_types_give_identical_rows_on_and_off(monkeypatch, mo
     assert _rows(on) == _rows(off)
     if TYPES[model_type] is not None:
         assert _reused(model, inputs) == TYPES[model_type]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static", "sliding"])
+def test_count_generation_is_identical_on_and_off(monkeypatch, cache):
+    # count_generation's forwards are traced with tracer="dispatch" on the model as given, where
+    # reuse is not taken (docs/internals.md): a guard that keeps it exact when it is
+    from flopcount import count_generation
+
+    model = _model("mistral" if cache == "sliding" else "llama")
+    ids = torch.randint(0, VOCAB, (2, 6))
+    options = {"cache_implementation": "static"} if cache == "static" else {}
+    results = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("FLOPCOUNT_REUSE", flag)
+        results.append(count_generation(model, ids, new_tokens=4, **options))
+    off, on = results
+    assert on.macs == off.macs and on.flops == off.flops
+    for a, b in zip([on.prefill, *on.steps], [off.prefill, *off.steps]):
+        assert _rows(a) == _rows(b)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2-hybrid"])
+def test_predict_is_identical_on_and_off(monkeypatch, kind):
+    from flopcount import predict
+
+    model = _model(kind)
+    inputs = (torch.randint(0, VOCAB, (2, 9)),)
+    results = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("FLOPCOUNT_REUSE", flag)
+        results.append(predict(model, inputs, on="t4"))
+    off, on = results
+    assert on.to_dict() == off.to_dict()
