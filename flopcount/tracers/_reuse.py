@@ -180,7 +180,7 @@ class Reuse:
         self.traced = 0
         self._model = model
         self._structures: Dict[int, Tuple[List[Any], Tuple[Any, ...]]] = {}
-        self._last_fingerprint: List[Any] = []
+        self._last_fingerprint: Optional[List[Any]] = []
         self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
         # attribute reads of the copy's modules while a first call runs: (module, name)
         self._log: Optional[List[Tuple[Any, str]]] = None
@@ -392,6 +392,9 @@ class Reuse:
             start = len(recorder.events)
             calls_before = dict(stack.calls)
             fingerprint = self._last_fingerprint  # the one the key was made from, just before
+            if fingerprint is None:  # the subtree as it is now, unchanged since it was keyed
+                fingerprint = []
+                _fingerprint(module, [], fingerprint, set())
             containers = self._containers(order)
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
@@ -685,6 +688,12 @@ class Reuse:
     def _structure(self, module: nn.Module, order: List[nn.Module]) -> Tuple[Any, ...]:
         """:meth:`_subtree`, remembered per module while no attribute of its subtree is
         rebound (a fingerprint of the objects each module's attributes hold)."""
+        if id(module) not in self._keyed_once:
+            # its first key (most modules run once per count): no fingerprint to remember it by;
+            # a first call makes its own (``_first``)
+            self._keyed_once.add(id(module))
+            self._last_fingerprint = None
+            return self._subtree(module, order)
         fingerprint: List[Any] = []
         _fingerprint(module, order, fingerprint, set())
         self._last_fingerprint = fingerprint
@@ -692,10 +701,7 @@ class Reuse:
         if found is not None and found[0] == fingerprint:
             return found[1]
         key = self._subtree(module, [])
-        if id(module) in self._keyed_once:  # called again (a block reused in a loop): remembered
-            self._structures[id(module)] = (fingerprint, key)
-        else:  # most modules run once per count: their fingerprints are not kept (memory per layer)
-            self._keyed_once.add(id(module))
+        self._structures[id(module)] = (fingerprint, key)  # called again (a block in a loop): remembered
         return key
 
     def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
