@@ -194,6 +194,8 @@ class Reuse:
         self._index_proxies = index_proxies
         self._states = States(fake_type, fake_mode)
         self._cache_active = False  # a first call given a cache is running: inner ones given it are traced
+        #: a first call failed after using a layer-index stand-in: the count is not to be trusted
+        self.refused = False
         self._cache_events = 0  # first calls and replays that changed a cache
 
     def install(self) -> int:
@@ -406,6 +408,9 @@ class Reuse:
                 out = forward(*args, **kwargs)
             except BaseException as exc:
                 if watch is not None and any(p.seen for _, p in watch.proxies):
+                    # the forward may catch this and go on another way than a real int would
+                    # take it: the tracer runs the count again without stand-ins (``refused``)
+                    self.refused = True
                     raise IndexRefused(f"a layer index stand-in was refused in {type(module).__name__}") from exc
                 raise
             finally:

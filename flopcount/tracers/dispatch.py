@@ -69,6 +69,8 @@ def trace(
     try:
         try:
             return _trace(model, call, facts, Recorder, **options)
+        except IndexRefused:
+            pass  # refused, and the forward went on (it caught the failure)
         except (TraceError, FakeRunError) as exc:
             if not _in_chain(exc, lambda e: isinstance(e, IndexRefused)):
                 raise
@@ -224,6 +226,8 @@ def _trace(
                 del outputs
                 if isinstance(watch, StateWatch):
                     watch.drew_random = draws_random(recorder.events)
+    if reuse is not None and reuse.refused:
+        raise IndexRefused("a layer index stand-in was refused and the forward went on")
     if optimizer is not None:
         _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
     notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)

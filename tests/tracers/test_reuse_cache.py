@@ -232,7 +232,7 @@ class _Layer(nn.Module):
             for _ in range(self.widths[self.layer_idx]):
                 x = self.extra(x)
         if self.use == "tensor":  # a C function that wants a true int: the stand-in is refused
-            x = x + torch.tensor(self.layer_idx, dtype=x.dtype)
+            x = x + torch.full((1,), self.layer_idx, dtype=x.dtype)
         return x + (keys * values).sum(2)
 
 
@@ -315,3 +315,34 @@ def test_predict_is_identical_on_and_off(monkeypatch, kind):
         results.append(predict(model, inputs, on="t4"))
     off, on = results
     assert on.to_dict() == off.to_dict()
+
+
+class _Catching(nn.Module):
+    """A forward that catches its layers' failures and goes on another way: a stand-in refused
+    there must not change what is counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Layer(i, "tensor") for i in range(4)])
+        self.fallback = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cache = DynamicCache(ddp_cache_data=[(None, None)] * 4)
+        for layer in self.layers:
+            try:
+                x = layer(x, cache)
+            except Exception:
+                x = self.fallback(x)
+        return x
+
+
+def test_a_refused_layer_index_caught_by_the_forward_is_counted_as_a_real_run(monkeypatch):
+    torch.manual_seed(0)
+    model = _Catching().eval()
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        model(x)  # the real run takes no fallback
+    off, on = _both(monkeypatch, model, (x,))
+    assert _rows(on) == _rows(off)
+    assert "fallback" not in on.by_module("macs") or on.by_module("macs")["fallback"] == 0
+    assert on.by_operator("macs")["aten::linear"] == 4 * 2 * 15 * 64  # k and v of four layers
