@@ -104,7 +104,7 @@ class IndexRefused(Exception):
 class _Watch:
     """A first call given caches: the stand-ins put in place for it and what the caches held."""
 
-    __slots__ = ("caches", "proxies", "lists", "slots", "owns", "dirty", "events")
+    __slots__ = ("caches", "proxies", "lists", "slots", "owns", "dirty")
 
     def __init__(self, caches: List[Any]):
         self.caches = caches
@@ -115,7 +115,6 @@ class _Watch:
         self.slots: List[List[Tuple[Any, Optional[Dict[str, Any]], Any]]] = []
         self.owns: List[Tuple[Dict[str, Any], Any]] = []
         self.dirty = False
-        self.events = 0
 
 
 def reuse_enabled() -> bool:
@@ -401,10 +400,10 @@ class Reuse:
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
-            if watch is not None:
-                self._watch(watch, order)
-            self._log = log
             try:
+                if watch is not None:
+                    self._watch(watch, order)
+                self._log = log
                 out = forward(*args, **kwargs)
             except BaseException as exc:
                 if watch is not None and any(p.seen for _, p in watch.proxies):
