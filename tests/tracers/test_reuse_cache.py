@@ -367,3 +367,26 @@ def test_encoder_decoders_with_a_cross_attention_cache_give_identical_rows(monke
         results.append(count_flops(model, (ids,), {"decoder_input_ids": decoder_ids}))
     off, on = results
     assert _rows(on) == _rows(off)
+
+
+def test_sliding_layers_among_full_ones_are_traced_once_each_kind(monkeypatch):
+    # Qwen2 with layers 0, 2 full and 1, 3 sliding (their cache slots are of two classes):
+    # layer 1 is traced (its slot is not what layer 0's was), layers 2 and 3 are booked from 0 and 1
+    from transformers.models.qwen2 import modeling_qwen2
+
+    model = _model("qwen2-hybrid")
+    inputs = (torch.randint(0, VOCAB, (2, 9)),)
+    runs = [0]
+    original = modeling_qwen2.Qwen2Attention.forward
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        runs[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_qwen2.Qwen2Attention, "forward", spy)
+    count_flops(model, inputs)
+    assert runs[0] == 2
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    runs[0] = 0
+    count_flops(model, inputs)
+    assert runs[0] == LAYERS
