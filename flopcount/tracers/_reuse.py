@@ -23,9 +23,10 @@ can depend on that we can see:
 A call whose key was seen before, and whose earlier call was *clean*, is a hit: its events
 are appended again with module names mapped onto the new subtree (by relative path), the
 module call counts likewise, and fresh fake outputs of the recorded metadata are returned
-(or the argument itself when the earlier call returned its argument). Not reused, always
-traced: a call with any other argument (an object such as a KV cache, a real tensor, a
-fake of another mode), a subtree with a hook or an instance-level ``forward`` (or any
+(or the argument itself when the earlier call returned its argument). A transformers KV
+cache argument is keyed by what the call can observe of it and its writes to the cache are
+replayed (``_reuse_cache.py``). Not reused, always traced: a call with any other argument
+(another object, a real tensor, a fake of another mode), a subtree with a hook or an instance-level ``forward`` (or any
 process-wide module hook), a call inside an intercepted composite, and any key whose first
 call was not clean: it changed an attribute of its subtree (a counter), needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
