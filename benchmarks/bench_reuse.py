@@ -7,7 +7,11 @@ Each tool runs once per round, in turn (``_interleave.rounds``), after one warm-
 "reuse on" counts with ``FLOPCOUNT_REUSE=1`` (structural reuse), "reuse off" with ``=0``
 (every call traced); each column sets it explicitly, whatever the default is.
 
-    .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b]
+Then the memory of the count itself (``tracemalloc`` peak of one ``count_flops``, Python
+allocations: events, rows, the fake copy's objects) for LLaMA-2-70B's config on meta cut to
+20, 40 and 80 layers, reuse on and off.
+
+    .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b] [--skip-memory]
 """
 
 from __future__ import annotations
@@ -130,11 +134,49 @@ def llama70b(repeats: int, tokens: int = 4096) -> None:
             )
 
 
+def memory(tokens: int = 4096) -> None:
+    import gc
+    import tracemalloc
+
+    from transformers import LlamaForCausalLM
+
+    from flopcount.examples.hf import llama2_70b_config
+
+    print("| layers | reuse on: peak, per layer | reuse off: peak, per layer | events booked |")
+    print("|---|---|---|---|")
+    for layers in (20, 40, 80):
+        config = llama2_70b_config()
+        config.num_hidden_layers = layers
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config).eval()
+        ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+        cells = []
+        for reuse in (True, False):
+            run = _count(model, (ids,), reuse=reuse)
+            run()
+            gc.collect()
+            tracemalloc.start()
+            result = run()
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            cells.append(f"{peak / 2**20:.1f} MiB, {peak / layers / 2**10:.0f} KiB")
+            del result
+        print(f"| {layers} | {cells[0]} | {cells[1]} | {_events(model, ids)} |")
+
+
+def _events(model: nn.Module, ids: torch.Tensor) -> int:
+    from flopcount.core.inputs import prepare_call
+    from flopcount.tracers import trace
+
+    return len(trace(model, prepare_call((ids,))).events)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-70b", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with open("/proc/loadavg") as f:
@@ -144,6 +186,8 @@ def main() -> None:
     models(args.repeats)
     if not args.skip_70b:
         llama70b(args.repeats)
+    if not args.skip_memory:
+        memory()
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ can depend on that we can see:
 A call whose key was seen before, and whose earlier call was *clean*, is a hit: its events
 are appended again with module names mapped onto the new subtree (by relative path), the
 module call counts likewise, and fresh fake outputs of the recorded metadata are returned
-(or the argument itself when the earlier call returned its argument). Not reused, always
-traced: a call with any other argument (an object such as a KV cache, a real tensor, a
-fake of another mode), a subtree with a hook or an instance-level ``forward`` (or any
+(or the argument itself when the earlier call returned its argument). A transformers KV
+cache argument is keyed by what the call can observe of it and its writes to the cache are
+replayed (``_reuse_cache.py``). Not reused, always traced: a call with any other argument
+(another object, a real tensor, a fake of another mode), a subtree with a hook or an instance-level ``forward`` (or any
 process-wide module hook), a call inside an intercepted composite, and any key whose first
 call was not clean: it changed an attribute of its subtree (a counter), needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
@@ -41,6 +42,7 @@ needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` t
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from abc import ABCMeta
@@ -50,10 +52,10 @@ import torch
 from torch import nn
 
 from flopcount.core import hooks
+from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
+from flopcount.types import OpEvent
 
-from ..types import OpEvent
-
-__all__ = ["Reuse", "reuse_enabled"]
+__all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
 
 _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format})
 # hooks: which a module and the process have is flopcount.core.hooks's (found by pattern, not by name);
@@ -76,8 +78,28 @@ _MODULE_CODE = frozenset(
 )
 
 
-class _Unkeyable(Exception):
-    """A value the key cannot describe exactly: the call is traced."""
+_Unkeyable = Unkeyable
+
+
+class IndexRefused(Exception):
+    """A first call given a KV cache failed after using a :class:`LayerIndex` stand-in (a C
+    function that wants a true int): the count is run again without stand-ins."""
+
+
+class _Watch:
+    """A first call given caches: the stand-ins put in place for it and what the caches held."""
+
+    __slots__ = ("caches", "proxies", "lists", "slots", "owns", "dirty")
+
+    def __init__(self, caches: List[Any]):
+        self.caches = caches
+        self.proxies: List[Tuple[int, LayerIndex]] = []  # (module index in the subtree order, stand-in)
+        self.lists: List[Tuple[List[Any], SlotList]] = []  # per cache: its own list, the recording one
+        # per cache, per slot: (slot object, its attributes then (tensors' descriptions under "\0" + name),
+        # its description or None)
+        self.slots: List[List[Tuple[Any, Optional[Dict[str, Any]], Any]]] = []
+        self.owns: List[Tuple[Dict[str, Any], Any]] = []
+        self.dirty = False
 
 
 def reuse_enabled() -> bool:
@@ -95,7 +117,7 @@ class _Entry:
     """What the first call of a key left: its events, the module calls under it, its
     outputs' description, the subtree's module list (relative order) and whether it is clean."""
 
-    __slots__ = ("events", "depth", "calls", "outputs", "index", "clean", "reads", "values")
+    __slots__ = ("events", "depth", "calls", "outputs", "index", "clean", "reads", "values", "slots")
 
     def __init__(self) -> None:
         #: the plain attributes the call read, as (module index in the subtree order, name),
@@ -108,6 +130,9 @@ class _Entry:
         self.outputs: Any = None
         self.index: Dict[str, int] = {}  # module name -> its position in the subtree order
         self.clean = False
+        #: a call given caches: (slot accesses, their equality pattern, the slots' states before,
+        #: after); accesses are ("rel", cache, module index) or ("abs", cache, slot)
+        self.slots: Optional[Tuple[Tuple[Any, ...], Tuple[int, ...], Tuple[Any, ...], Tuple[Any, ...]]] = None
 
 
 class Reuse:
@@ -123,6 +148,7 @@ class Reuse:
         shape_cache: Any,
         fake_mode: Any,
         fake_type: type,
+        index_proxies: bool = True,
     ):
         self._names = names
         self._modules = modules
@@ -136,7 +162,7 @@ class Reuse:
         self.traced = 0
         self._model = model
         self._structures: Dict[int, Tuple[List[Any], Tuple[Any, ...]]] = {}
-        self._last_fingerprint: List[Any] = []
+        self._last_fingerprint: Optional[List[Any]] = []
         self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
         # attribute reads of the copy's modules while a first call runs: (module, name)
         self._log: Optional[List[Tuple[Any, str]]] = None
@@ -144,7 +170,15 @@ class Reuse:
         self._tracked: Dict[int, type] = {}  # id(module) -> its own class, for modules whose reads are logged
         self._swapped: List[Tuple[nn.Module, type]] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
-        self._owns: Dict[int, Tuple[Tuple[Any, ...], Tuple[Any, ...]]] = {}
+        self._interned: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
+        self._keyed_once: set[int] = set()  # modules keyed once: their structure is remembered from the second
+        # KV caches (_reuse_cache.py): stand-ins for layer indices in first calls given a cache
+        self._index_proxies = index_proxies
+        self._states = States(fake_type, fake_mode)
+        self._cache_active = False  # a first call given a cache is running: inner ones given it are traced
+        #: a first call failed after using a layer-index stand-in: the count is not to be trusted
+        self.refused = False
+        self._cache_events = 0  # first calls and replays that changed a cache
 
     def install(self) -> int:
         """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
@@ -245,11 +279,13 @@ class Reuse:
             try:
                 order: List[nn.Module] = []
                 tensors: List[Any] = []
-                key = (self._structure(module, order), self._value(args, tensors), self._value(kwargs, tensors), _settings())
+                caches: List[Any] = []
+                key = (self._structure(module, order), self._value(args, tensors, caches),
+                       self._value(kwargs, tensors, caches), _settings())
                 found = self._entries.get(key)
-                entry = self._match(found, order) if found is not None else None
+                entry, slots = self._match(found, order, caches) if found is not None else (None, None)
                 if entry is not None and entry.clean:
-                    return self._replay(entry, order, tensors, log)
+                    return self._replay(entry, order, tensors, log, caches, slots)
             except _Unkeyable:
                 found = entry = None
                 key = None
@@ -257,18 +293,55 @@ class Reuse:
                 self._log = log
             if key is None or entry is not None:  # unkeyable, or seen and not clean: traced
                 return forward(*args, **kwargs)
-            return self._first(key, module, order, tensors, forward, args, kwargs)
+            return self._first(key, module, order, tensors, caches, forward, args, kwargs)
 
         call.__flopcount_reuse__ = True  # type: ignore[attr-defined]
         return call
 
-    def _match(self, entries: List[_Entry], order: List[nn.Module]) -> Optional[_Entry]:
+    def _match(
+        self, entries: List[_Entry], order: List[nn.Module], caches: List[Any]
+    ) -> Tuple[Optional[_Entry], Optional[List[Tuple[int, int]]]]:
         """The entry whose first call read the same attribute values as this subtree holds
-        now (an entry with reads unknown matches any: such a call is traced)."""
+        now, and found the cache slots this call would index in the states they are in now
+        (an entry with reads unknown matches any: such a call is traced); with the slots."""
         for entry in entries:
-            if entry.reads is None or self._read_values(order, entry.reads) == entry.values:
-                return entry
-        return None
+            if entry.reads is None:
+                return entry, None
+            if self._read_values(order, entry.reads) != entry.values:
+                continue
+            if entry.slots is None:
+                return entry, None
+            slots = self._slots_now(entry.slots, order, caches)
+            if slots is not None:
+                return entry, slots
+        return None, None
+
+    def _slots_now(self, recorded: Any, order: List[nn.Module], caches: List[Any]) -> Optional[List[Tuple[int, int]]]:
+        """The (cache, slot) pairs a call of this subtree would index, when they repeat as in
+        the first call and hold what it found there; None otherwise."""
+        accesses, pattern, befores, _ = recorded
+        where: List[Tuple[int, int]] = []
+        for access in accesses:
+            if access[0] == "rel":
+                index = vars(order[access[2]]).get(INDEX_ATTRIBUTE)
+                if type(index) is not int:
+                    return None
+                where.append((access[1], index))
+            else:
+                where.append((access[1], access[2]))
+        if _pattern(where) != pattern:
+            return None
+        distinct = list(dict.fromkeys(where))
+        for (ci, s), before in zip(distinct, befores):
+            layers = vars(caches[ci])["layers"]
+            if not 0 <= s < len(layers):
+                return None
+            try:
+                if self._states.slot(layers[s]) != before:
+                    return None
+            except Unkeyable:
+                return None
+        return distinct
 
     def _read_values(self, order: List[nn.Module], reads: Tuple[Tuple[int, str], ...]) -> Tuple[Any, ...]:
         values: List[Any] = []
@@ -286,12 +359,15 @@ class Reuse:
         module: nn.Module,
         order: List[nn.Module],
         tensors: List[Any],
+        caches: List[Any],
         forward: Callable[..., Any],
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
     ) -> Any:
         recorder, stack, cache = self._recorder, self._modules, self._cache
         self.traced += 1
+        watch = _Watch(caches) if caches else None
+        events = self._cache_events
         outer = self._log
         log: List[Tuple[Any, str]] = outer if outer is not None else []
         self._log = None
@@ -300,15 +376,33 @@ class Reuse:
             start = len(recorder.events)
             calls_before = dict(stack.calls)
             fingerprint = self._last_fingerprint  # the one the key was made from, just before
+            if fingerprint is None:  # the subtree as it is now, unchanged since it was keyed
+                fingerprint = []
+                _fingerprint(module, [], fingerprint, set())
             containers = self._containers(order)
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
-            self._log = log
-            out = forward(*args, **kwargs)
-            self._log = None
+            try:
+                if watch is not None:
+                    self._watch(watch, order)
+                self._log = log
+                out = forward(*args, **kwargs)
+            except BaseException as exc:
+                if watch is not None and any(p.seen for _, p in watch.proxies):
+                    # the forward may catch this and go on another way than a real int would
+                    # take it: the tracer runs the count again without stand-ins (``refused``)
+                    self.refused = True
+                    raise IndexRefused(f"a layer index stand-in was refused in {type(module).__name__}") from exc
+                raise
+            finally:
+                self._log = None
+                if watch is not None:
+                    self._unwatch(watch, order)
+            if watch is None and self._cache_events != events:
+                return out  # a cache changed inside it (replayed there, or a first call): not booked again
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
-                         log, read_from)
+                         log, read_from, watch)
             return out
         finally:
             self._log = outer
@@ -327,6 +421,7 @@ class Reuse:
         containers: List[Any],
         log: List[Tuple[Any, str]],
         read_from: int,
+        watch: Optional[_Watch] = None,
     ) -> None:
         """Makes ``entry`` clean when the first call can be booked again exactly."""
         recorder, stack, cache = self._recorder, self._modules, self._cache
@@ -338,8 +433,12 @@ class Reuse:
             _fingerprint(module, [], again, set())
             if again != fingerprint or self._containers(order) != containers:
                 return  # the call changed its own subtree's state (a counter, a new attribute)
-            entry.outputs = self._describe(out, tensors)
+            slots, made = self._effects(watch, tensors) if watch is not None else (None, [])
+            entry.outputs = self._describe(out, tensors, {id(t) for t in made})
             reads = self._reads(order, log, read_from)
+            if watch is not None:  # a stand-in's index was not used but to index the cache: not keyed
+                proxied = {i for i, _ in watch.proxies}
+                reads = tuple(r for r in reads if r[0] not in proxied or r[1] != INDEX_ATTRIBUTE)
             values = self._read_values(order, reads)
         except _Unkeyable:
             return
@@ -368,7 +467,162 @@ class Reuse:
         entry.calls = calls
         entry.index = by_name
         entry.reads, entry.values = reads, values
+        entry.slots = slots
         entry.clean = True
+
+    # ------------------------------------------------------------------ KV caches
+
+    def _watch(self, watch: _Watch, order: List[nn.Module]) -> None:
+        """Before a first call given caches: stand-ins for the subtree's layer indices, a
+        recording list for each cache's slots, and what every slot holds."""
+        states = self._states
+        self._cache_active = True
+        self._cache_events += 1
+        if self._index_proxies:
+            tracked = self._tracked
+            for i, m in enumerate(order):
+                if id(m) in tracked:
+                    state = vars(m)
+                    index = state.get(INDEX_ATTRIBUTE)
+                    if type(index) is int:
+                        proxy = LayerIndex(index)
+                        state[INDEX_ATTRIBUTE] = proxy
+                        watch.proxies.append((i, proxy))
+        for cache in watch.caches:
+            state = vars(cache)
+            layers = state["layers"]
+            slots: List[Tuple[Any, Optional[Dict[str, Any]], Any]] = []
+            for layer in layers:
+                try:
+                    held = dict(vars(layer))
+                except TypeError:
+                    slots.append((layer, None, None))
+                    continue
+                try:
+                    for name, value in list(held.items()):
+                        if type(value) is states.fake_type:
+                            held["\0" + name] = states.tensor(value)
+                    described: Any = states.slot(layer)
+                except Unkeyable:
+                    described = None
+                slots.append((layer, held, described))
+            watch.slots.append(slots)
+            watch.owns.append((dict(state), states.own(cache)))
+            recording = SlotList(layers)
+            state["layers"] = recording
+            watch.lists.append((layers, recording))
+
+    def _unwatch(self, watch: _Watch, order: List[nn.Module]) -> None:
+        """After it: the layer indices and the caches' own lists back (with what the call did
+        to the recording list, which makes the call not reusable)."""
+        self._cache_active = False
+        for i, proxy in watch.proxies:
+            state = vars(order[i])
+            if state.get(INDEX_ATTRIBUTE) is proxy:
+                state[INDEX_ATTRIBUTE] = proxy.value
+            else:
+                watch.dirty = True
+        for cache, (layers, recording) in zip(watch.caches, watch.lists):
+            state = vars(cache)
+            if state.get("layers") is recording:
+                state["layers"] = layers
+            else:
+                watch.dirty = True
+            now = list.__getitem__(recording, slice(None))
+            if len(now) != len(layers) or any(a is not b for a, b in zip(now, layers)):
+                layers[:] = now
+                watch.dirty = True
+
+    def _effects(self, watch: _Watch, tensors: List[Any]) -> Tuple[Any, List[Any]]:
+        """What a first call given caches indexed and left there (raises :class:`Unkeyable`
+        when it cannot be booked again): see ``_Entry.slots``; and the tensors it made."""
+        if watch.dirty or any(p.seen for _, p in watch.proxies):
+            raise Unkeyable("a layer index used, or a cache's list changed")
+        owner = {id(p): i for i, p in watch.proxies}
+        accesses: List[Tuple[Any, ...]] = []
+        where: List[Tuple[int, int]] = []
+        for ci, (_, recording) in enumerate(watch.lists):
+            for access in recording.accesses:
+                if access[0] == "rel":
+                    m = owner.get(id(access[1]))
+                    if m is None:
+                        raise Unkeyable("an index of another call")
+                    accesses.append(("rel", ci, m))
+                    where.append((ci, access[1].value))
+                elif access[0] == "abs":
+                    accesses.append(("abs", ci, access[1]))
+                    where.append((ci, access[1]))
+                else:
+                    raise Unkeyable("the cache's slots read as a whole")
+        unique: Dict[Tuple[Any, ...], Tuple[int, int]] = {}
+        for access, w in zip(accesses, where):  # an access repeated (update, then a read) once
+            unique.setdefault(access, w)
+        accesses, where = list(unique), list(unique.values())
+        distinct = list(dict.fromkeys(where))
+        states = self._states
+        befores: List[Any] = []
+        afters: List[Any] = []
+        made: List[Any] = []
+        for ci, cache in enumerate(watch.caches):
+            held_then, own_then = watch.owns[ci]
+            state = vars(cache)
+            if len(state) != len(held_then) or any(held_then.get(k, _MISSING) is not v for k, v in state.items()):
+                raise Unkeyable("the cache's own attributes changed")
+            if states.own(cache) != own_then:
+                raise Unkeyable("the cache's own attributes changed")
+            for s, (layer, held, _described) in enumerate(watch.slots[ci]):
+                if (ci, s) in distinct:
+                    continue
+                if held is None:
+                    continue  # not described, not indexed: still the same object (checked above)
+                now = vars(layer)
+                if sum(1 for k in held if not k.startswith("\0")) != len(now) or any(
+                    held.get(k, _MISSING) is not v for k, v in now.items()
+                ):
+                    raise Unkeyable("a slot not indexed changed")
+        for ci, s in distinct:
+            layer, held, described = watch.slots[ci][s]
+            if described is None or held is None:
+                raise Unkeyable("a slot the key cannot describe")
+            befores.append(described)
+            afters.append(states.after(held, layer, tensors, made))
+        return (tuple(accesses), _pattern(where), tuple(befores), tuple(afters)), made
+
+    def _apply(self, slots: List[Tuple[int, int]], afters: Tuple[Any, ...], caches: List[Any], tensors: List[Any]) -> None:
+        """Writes a first call's effect on its slots into the slots a reused call indexes."""
+        made: List[Any] = []
+        for (ci, s), after in zip(slots, afters):
+            layer = vars(caches[ci])["layers"][s]
+            state = vars(layer)
+            new: Dict[str, Any] = {}
+            for name, described in after[1]:
+                tag = described[0]
+                if tag == "kept":
+                    new[name] = state[name]
+                elif tag == "value":
+                    new[name] = described[1]
+                elif tag == "arg":
+                    new[name] = tensors[described[1]]
+                elif tag == "made":
+                    new[name] = made[described[1]]
+                else:
+                    made.append(self._make_state(described))
+                    new[name] = made[-1]
+            state.clear()
+            state.update(new)
+
+    def _make_state(self, described: Tuple[Any, ...]) -> Any:
+        if described[0] == "new":
+            return self._make(described, [])
+        _, numel, shape, stride, offset, dtype, device = described
+        with torch._C._DisableTorchDispatch():
+            base = self._fake_type(self._mode, torch.empty(numel, dtype=dtype, device=self._meta), device)
+        recorder = self._recorder
+        recorder.muted += 1  # a view as the first call's was (its base's size, strides, offset): not an op of the model
+        try:
+            return base.as_strided(shape, stride, offset)
+        finally:
+            recorder.muted -= 1
 
     def _reads(self, order: List[nn.Module], log: List[Tuple[Any, str]], start: int) -> Tuple[Tuple[int, str], ...]:
         """The plain attributes of tracked subtree modules the call read (from ``log[start:]``);
@@ -382,9 +636,20 @@ class Reuse:
             reads.add((i, "*" if name == "__dict__" else name))
         return tuple(sorted(reads))
 
-    def _replay(self, entry: _Entry, order: List[nn.Module], tensors: List[Any], log: Optional[List[Tuple[Any, str]]]) -> Any:
+    def _replay(
+        self,
+        entry: _Entry,
+        order: List[nn.Module],
+        tensors: List[Any],
+        log: Optional[List[Tuple[Any, str]]],
+        caches: List[Any],
+        slots: Optional[List[Tuple[int, int]]],
+    ) -> Any:
         recorder, stack, names = self._recorder, self._modules, self._names
         self.reused += 1
+        if entry.slots is not None and slots is not None:
+            self._cache_events += 1
+            self._apply(slots, entry.slots[3], caches, tensors)
         if log is not None and entry.reads:  # an enclosing first call read these too
             log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
         old_names = entry.index
@@ -410,6 +675,12 @@ class Reuse:
     def _structure(self, module: nn.Module, order: List[nn.Module]) -> Tuple[Any, ...]:
         """:meth:`_subtree`, remembered per module while no attribute of its subtree is
         rebound (a fingerprint of the objects each module's attributes hold)."""
+        if id(module) not in self._keyed_once:
+            # its first key (most modules run once per count): no fingerprint to remember it by;
+            # a first call makes its own (``_first``)
+            self._keyed_once.add(id(module))
+            self._last_fingerprint = None
+            return self._subtree(module, order)
         fingerprint: List[Any] = []
         _fingerprint(module, order, fingerprint, set())
         self._last_fingerprint = fingerprint
@@ -417,7 +688,7 @@ class Reuse:
         if found is not None and found[0] == fingerprint:
             return found[1]
         key = self._subtree(module, [])
-        self._structures[id(module)] = (fingerprint, key)
+        self._structures[id(module)] = (fingerprint, key)  # called again (a block in a loop): remembered
         return key
 
     def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
@@ -435,21 +706,16 @@ class Reuse:
         if hooks.has_call_hooks(module):
             raise _Unkeyable("a hook")
         children = state["_modules"]
-        return (
+        made = (
             self._own_part(module, state),
             tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in children.items()),
         )
+        return self._interned.setdefault(made, made)
 
     def _own_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
         """The key of ``module`` without its children: its class, its parameters' and
-        buffers' metadata, and (untracked modules) its plain attributes; remembered per
-        module while the objects its attributes and dictionaries hold are the same."""
-        params, buffers = state["_parameters"], state["_buffers"]
-        stamp = (tuple(state), tuple(map(id, state.values())), tuple(params), tuple(map(id, params.values())),
-                 tuple(buffers), tuple(map(id, buffers.values())))
-        found = self._owns.get(id(module))
-        if found is not None and found[0] == stamp:
-            return found[1]
+        buffers' metadata, and (untracked modules) its plain attributes; one object for equal
+        parts (the 80 layers of a model share theirs: keys compare by identity first)."""
         own = self._tracked.get(id(module))
         parts: List[Any] = [own or type(module)]
         for name, value in state.items():
@@ -463,13 +729,14 @@ class Reuse:
             else:
                 parts.append((name, self._attribute(value)))
         part = tuple(parts)
-        self._owns[id(module)] = (stamp, part)
-        return part
+        return self._interned.setdefault(part, part)
 
     def _attribute(self, value: Any) -> Any:
         kind = type(value)
         if kind in _SCALARS:
             return value if kind is not float or value == value else ("nan",)
+        if kind is LayerIndex:  # read while a stand-in is in place: the index it stands for
+            return value.value
         if isinstance(value, torch.Tensor):
             return self._tensor(value)
         if kind is tuple or kind is list:
@@ -484,10 +751,12 @@ class Reuse:
             return ("id", id(value))
         if isinstance(value, nn.Module):
             return ("module", id(value))  # not a child: the same object, or not equal
+        if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
+            return (kind, id(value.func), self._attribute(value.args), self._attribute(value.keywords))
         # functions, classes, configs and other objects: the same object only
         return ("id", id(value))
 
-    def _value(self, value: Any, tensors: List[Any]) -> Any:
+    def _value(self, value: Any, tensors: List[Any], caches: List[Any]) -> Any:
         kind = type(value)
         if kind in _SCALARS:
             return (kind, value)
@@ -503,10 +772,27 @@ class Reuse:
                 value.requires_grad, value._base is not None,
             )
         if kind is tuple or kind is list:
-            return (kind, tuple(self._value(v, tensors) for v in value))
+            return (kind, tuple(self._value(v, tensors, caches) for v in value))
         if kind is dict:
-            return (kind, tuple((k, self._value(v, tensors)) for k, v in value.items()))
+            return (kind, tuple((k, self._value(v, tensors, caches)) for k, v in value.items()))
+        known = cache_type()
+        if known is not None and isinstance(value, known):
+            return self._cache_key(value, caches)
         raise _Unkeyable(f"an argument of type {kind.__name__}")
+
+    def _cache_key(self, cache: Any, caches: List[Any]) -> Any:
+        """A KV cache argument: its class, own attributes and number of slots (the slots a
+        call indexes are compared when an entry is matched, ``_slots_now``)."""
+        if self._cache_active:
+            raise _Unkeyable("a cache given inside a first call that watches it")
+        for i, seen in enumerate(caches):
+            if seen is cache:
+                return ("same cache", i)
+        layers = vars(cache).get("layers")
+        if type(layers) is not list:
+            raise _Unkeyable("a cache without a list of slots")
+        caches.append(cache)
+        return ("cache", self._states.own(cache), len(layers))
 
     def _containers(self, order: List[nn.Module]) -> List[Any]:
         """The contents of the subtree's mutable attribute containers (lists, dicts, sets
@@ -519,11 +805,12 @@ class Reuse:
             if known is None or known[0] != len(state):
                 # which attributes hold a container, per module while its attribute count
                 # stays (a rebinding to a container changes the fingerprint, which is compared too)
-                names = tuple(k for k, v in state.items() if k not in _SKIP and isinstance(v, (list, dict, set)))
+                names = tuple(k for k, v in state.items()
+                              if k not in _SKIP and type(v) is not LayerIndex and isinstance(v, (list, dict, set)))
                 known = held[id(module)] = (len(state), names)
             for name in known[1]:
                 value = state.get(name)
-                if isinstance(value, (list, dict, set)):
+                if type(value) is not LayerIndex and isinstance(value, (list, dict, set)):
                     found.append((name, self._attribute(value)))
         return found
 
@@ -541,7 +828,7 @@ class Reuse:
 
     # ------------------------------------------------------------------ outputs
 
-    def _describe(self, out: Any, tensors: List[Any]) -> Any:
+    def _describe(self, out: Any, tensors: List[Any], made: Any = frozenset()) -> Any:
         kind = type(out)
         if kind in _SCALARS:
             return ("value", out)
@@ -553,9 +840,11 @@ class Reuse:
                 raise _Unkeyable("an output of another kind")
             if out.storage_offset() or out.requires_grad:
                 raise _Unkeyable("an output with an offset or a gradient")
+            if id(out) in made:
+                raise _Unkeyable("an output held by a cache")
             return ("new", tuple(out.shape), out.stride(), out.dtype, out.fake_device)
         if kind is tuple or kind is list:
-            return ("seq", kind, tuple(self._describe(o, tensors) for o in out))
+            return ("seq", kind, tuple(self._describe(o, tensors, made) for o in out))
         raise _Unkeyable(f"an output of type {kind.__name__}")
 
     def _make(self, described: Any, tensors: List[Any]) -> Any:
@@ -607,6 +896,12 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     for child in state["_modules"].values():
         if child is not None:
             _fingerprint(child, order, into, seen)
+
+
+def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
+    """Which of ``where`` are the same slot: each item's first position."""
+    first: Dict[Tuple[int, int], int] = {}
+    return tuple(first.setdefault(w, len(first)) for w in where)
 
 
 def _settings() -> Tuple[Any, ...]:

@@ -33,7 +33,7 @@ from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._backward import BackwardAttribution, run_backward
 from flopcount.tracers._modules import ModuleStack, forward_error
 from flopcount.tracers._optimizer import FakeOptimizerStep
-from flopcount.tracers._reuse import Reuse, reuse_enabled
+from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
 from flopcount.tracers._state import StateWatch, preserved_model_state
 from flopcount.tracers._vocabulary import CompositeInterceptor
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs, reason_for
@@ -67,7 +67,15 @@ def trace(
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
     try:
-        return _trace(model, call, facts, Recorder, **options)
+        try:
+            return _trace(model, call, facts, Recorder, **options)
+        except IndexRefused:
+            pass  # refused, and the forward went on (it caught the failure)
+        except (TraceError, FakeRunError) as exc:
+            if not _in_chain(exc, lambda e: isinstance(e, IndexRefused)):
+                raise
+        # a layer-index stand-in of structural reuse was refused by the forward: once more without
+        return _trace(model, call, facts, Recorder, index_proxies=False, **options)
     except (TraceError, FakeRunError) as exc:
         if not _refused_by_dynamo(exc):
             raise
@@ -90,11 +98,16 @@ def _refused_by_real_kernel(exc: BaseException) -> Optional[BaseException]:
 def _refused_by_dynamo(exc: BaseException) -> bool:
     """True when the failure came from torch's compiler (an eager higher-order op compiling
     the fast recorder's own code), somewhere in the exception's chain."""
+    return _in_chain(exc, lambda e: type(e).__module__.startswith("torch._dynamo"))
+
+
+def _in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
+    """True when ``test`` holds for an exception in ``exc``'s chain (causes and contexts)."""
     seen: Set[int] = set()
     current: Optional[BaseException] = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if type(current).__module__.startswith("torch._dynamo"):
+        if test(current):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -111,6 +124,7 @@ def _trace(
     fake_copy: bool = False,
     optimizer: Optional[OptimizerSpec] = None,
     marker: Optional[Callable[[int], Any]] = None,
+    index_proxies: bool = True,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -163,7 +177,7 @@ def _trace(
     reuse = None
     if fake_copy and not backward and recorder_type is Recorder and reuse_enabled():
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
-        reuse = Reuse(run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type())
+        reuse = Reuse(run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies)
         reuse.install()
     attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None
     recorder.attribution = attribution
@@ -212,6 +226,8 @@ def _trace(
                 del outputs
                 if isinstance(watch, StateWatch):
                     watch.drew_random = draws_random(recorder.events)
+    if reuse is not None and reuse.refused:
+        raise IndexRefused("a layer index stand-in was refused and the forward went on")
     if optimizer is not None:
         _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
     notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)

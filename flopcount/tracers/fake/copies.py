@@ -258,7 +258,17 @@ class _TreeCopier:
         except TypeError:  # a module that also subclasses a builtin container
             new = module.__class__.__new__(module.__class__)
         self.memo[id(module)] = new
-        new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
+        state: Dict[str, Any] = {}
+        convert = self.value
+        for key, value in vars(module).items():
+            kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
+            if kind in _IMMUTABLE_TYPES:
+                state[key] = value
+            elif (kind is OrderedDict or kind is dict) and not value:
+                state[key] = kind()
+            else:
+                state[key] = convert(value)
+        new.__dict__.update(state)
         return new
 
     def value(self, value: Any) -> Any:
