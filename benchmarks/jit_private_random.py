@@ -1,0 +1,85 @@
+"""The jit tracer's private generators change nothing jit records (issue #29 item 18).
+
+jit's real run now passes every torch call through a TorchFunctionMode that draws random
+numbers on private generators (flopcount/core/state.py ``PrivateRandomCalls``,
+flopcount/tracers/jit/random.py). A TorchFunctionMode can change what torch runs (it turns off
+``nn.MultiheadAttention``'s fused path, for one), so this script traces every model of the
+coverage zoo (benchmarks/zoo.py: torch.nn layers, transformers, torchvision where installed)
+with jit twice, in eval and in train mode: once as before (no mode; the process's generator,
+set back afterwards) and once with the private generators, and compares the recorded op
+sequence and the FLOPs / MACs by operator. Prints one line per difference and a summary.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/jit_private_random.py --only nn
+    PYTHONPATH=. .venv-zoo/bin/python benchmarks/jit_private_random.py --only torchvision
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+from unittest import mock
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import zoo  # noqa: E402
+
+from flopcount import count_flops  # noqa: E402
+from flopcount.core.state import PrivateRandomCalls  # noqa: E402
+from flopcount.tracers import trace  # noqa: E402
+
+
+def _jit(case: Any, train: bool, private: bool) -> Tuple[List[str], Dict[str, int], Dict[str, int]]:
+    model = zoo._build(case).train(train)
+    args, kwargs = zoo._inputs_for(case)
+    patch = mock.patch.object(PrivateRandomCalls, "available", staticmethod(lambda: private))
+    with patch, zoo.quiet():
+        torch.manual_seed(2)
+        ops = [event.call.op for event in trace(model, args, kwargs or None, tracer="jit").events]
+        torch.manual_seed(2)
+        result = count_flops(model, args, kwargs=kwargs or None, tracer="jit")
+    return ops, result.by_operator("flops"), result.by_operator("macs")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=zoo.PARTS, default=None)
+    options = parser.parse_args(argv)
+    cases, _ = zoo.collect(options.only)
+    compared = differ = failed = 0
+    started = time.perf_counter()
+    for case in cases:
+        for train in (False, True):
+            label = f"{case.family}/{case.name} ({'train' if train else 'eval'})"
+            try:
+                before = _jit(case, train, private=False)
+            except Exception as exc:  # jit cannot trace it at all: nothing to compare
+                print(f"skip  {label}: {zoo.first_line(exc)}", file=sys.stderr)
+                failed += 1
+                continue
+            try:
+                after = _jit(case, train, private=True)
+            except Exception as exc:
+                print(f"DIFF  {label}: traced before, fails with private generators: {zoo.first_line(exc)}")
+                differ += 1
+                continue
+            compared += 1
+            if before != after:
+                differ += 1
+                what = [name for name, a, b in zip(("op sequence", "flops by op", "macs by op"), before, after) if a != b]
+                print(f"DIFF  {label}: {', '.join(what)}")
+    print(
+        f"{compared} model x mode pairs compared, {differ} differ, {failed} not traceable by jit at all; "
+        f"{time.perf_counter() - started:.0f} s; torch {torch.__version__}"
+    )
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
