@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import threading
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -13,24 +14,34 @@ import torch
 from flopcount.core.inputs import is_dataless
 
 
+def _alone() -> bool:
+    """This is the process's only Python thread: nobody else can be drawing random numbers."""
+    return threading.active_count() == 1
+
+
 @contextlib.contextmanager
 def preserved_rng() -> Iterator[None]:
-    """Restore the CPU (and initialised CUDA) RNG state on exit.
+    """Set the CPU (and initialised CUDA) generators back on exit when this thread was the
+    process's only Python thread throughout; else leave them where the work left them.
 
-    The generators are process-wide: restoring them also rewinds every draw another thread
-    made meanwhile (issue #29 item 18). So only work that draws random numbers on real
-    tensors and is timed uses this (a benchmark's or a profile's real steps, where a
-    dispatch mode would distort the time); a count on fake tensors draws nothing and touches
-    no generator, and the dispatch tracer's real run draws on generators of its own
-    (:class:`PrivateRandom`; the jit tracer's sets the RNG back when its trace drew)."""
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    The generators are process-wide: setting them back also rewinds every draw another thread
+    made meanwhile, which then repeats its numbers (issue #29 item 18). So with another thread
+    alive nothing is set back: a user's model that draws (train-mode dropout) in a benchmark's,
+    a profile's or a plan's real run draws from the process's generator exactly as the same
+    calls in the user's own code would, and the caller's next draw follows on from them. What
+    flopcount draws itself uses generators of its own (measured roofs' operands); a count on
+    fake tensors draws nothing; the tracers' real runs draw on private generators
+    (:class:`PrivateRandom`, :class:`PrivateRandomCalls`)."""
+    alone = _alone()
+    rng = torch.get_rng_state() if alone else None
+    cuda_rng = torch.cuda.get_rng_state_all() if alone and torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
         yield
     finally:
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        if rng is not None and _alone():
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
 
 
 class PrivateRandom:
