@@ -11,6 +11,11 @@ sequence and the FLOPs / MACs by operator. Prints one line per difference and a 
 
     PYTHONPATH=. .venv/bin/python benchmarks/jit_private_random.py --only nn
     PYTHONPATH=. .venv-zoo/bin/python benchmarks/jit_private_random.py --only torchvision
+    PYTHONPATH=. .venv/bin/python benchmarks/jit_private_random.py --timing   # what the mode costs
+
+``--timing``: count_flops(tracer="jit") wall time with and without the private generators on
+ResNet-50 (1x3x224x224, eval) and GPT-2 small (1x256 tokens, train mode: dropout draws), median
+of 5 alternating runs each.
 """
 
 from __future__ import annotations
@@ -47,10 +52,37 @@ def _jit(case: Any, train: bool, private: bool) -> Tuple[List[str], Dict[str, in
     return ops, result.by_operator("flops"), result.by_operator("macs")
 
 
+def _timing() -> None:
+    import statistics
+
+    from flopcount.examples.hf import gpt2_small_example
+    from flopcount.examples.resnet import resnet50
+
+    torch.manual_seed(0)
+    gpt2, (ids,) = gpt2_small_example(256)
+    cases = [("ResNet-50 1x3x224x224 eval", resnet50().eval(), torch.randn(1, 3, 224, 224)), ("GPT-2 small 1x256 train", gpt2.train(), ids)]
+    for label, model, x in cases:
+        times: Dict[bool, List[float]] = {False: [], True: []}
+        with zoo.quiet():
+            count_flops(model, x, tracer="jit")  # warm
+            for _ in range(5):
+                for private in (False, True):
+                    with mock.patch.object(PrivateRandomCalls, "available", staticmethod(lambda: private)):
+                        t0 = time.perf_counter()
+                        count_flops(model, x, tracer="jit")
+                        times[private].append(time.perf_counter() - t0)
+        before, after = statistics.median(times[False]), statistics.median(times[True])
+        print(f"{label}: jit count {before:.3f} s before, {after:.3f} s with private generators ({after / before - 1:+.1%})")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=zoo.PARTS, default=None)
+    parser.add_argument("--timing", action="store_true", help="time the jit count with and without, then stop")
     options = parser.parse_args(argv)
+    if options.timing:
+        _timing()
+        return 0
     cases, _ = zoo.collect(options.only)
     compared = differ = failed = 0
     started = time.perf_counter()
