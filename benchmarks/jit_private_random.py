@@ -79,11 +79,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=zoo.PARTS, default=None)
     parser.add_argument("--timing", action="store_true", help="time the jit count with and without, then stop")
+    parser.add_argument("--start", type=int, default=0, help="skip the first N models")
+    parser.add_argument("--limit", type=int, default=None, help="compare at most N models")
     options = parser.parse_args(argv)
     if options.timing:
         _timing()
         return 0
     cases, _ = zoo.collect(options.only)
+    cases = cases[options.start :][: options.limit]
     compared = differ = failed = 0
     started = time.perf_counter()
     for case in cases:
@@ -106,6 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 differ += 1
                 what = [name for name, a, b in zip(("op sequence", "flops by op", "macs by op"), before, after) if a != b]
                 print(f"DIFF  {label}: {', '.join(what)}")
+            print(f"done  {label}", file=sys.stderr, flush=True)
     print(
         f"{compared} model x mode pairs compared, {differ} differ, {failed} not traceable by jit at all; "
         f"{time.perf_counter() - started:.0f} s; torch {torch.__version__}"

@@ -148,3 +148,32 @@ def test_the_private_generators_keep_jits_fused_attention_paths(which: str) -> N
     ops = _jit_ops(model, x, private=True)
     assert set(fused) <= set(ops)
     assert ops == _jit_ops(model, x, private=False)
+
+
+class _Branches(nn.Module):
+    """A forward that reads a tensor into Python itself (``user``: jit warns at that line, the
+    user's), or only through ``torch._assert`` (torch's own code reads it: no note)."""
+
+    def __init__(self, user: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.user = user
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.user:
+            if h.sum() > -1e9:  # a Python bool of a tensor: a TracerWarning at this line
+                h = h.relu()
+        else:
+            torch._assert(h.sum() > -1e9, "inside torch")
+        return h
+
+
+@pytest.mark.parametrize("user", [True, False], ids=["users-code", "torchs-code"])
+def test_jits_notes_still_name_the_users_code_not_the_pass_through_mode(user: bool) -> None:
+    # the mode is a Python frame between the forward and torch: a TracerWarning must still be
+    # attributed to the forward's line (reported) or to torch's own code (left out), as before
+    result = count_flops(_Branches(user), torch.randn(B, 8), tracer="jit")
+    booleans = [w for w in result.warnings if "Python boolean" in w]
+    assert len(booleans) == (1 if user else 0), result.warnings
+    assert result.macs == B * 8 * 8

@@ -32,7 +32,7 @@ from flopcount.tracers.jit.graph import (
     keep_unread_results,
     tensor_meta,
 )
-from flopcount.tracers.jit.random import private_random_calls
+from flopcount.tracers.jit.random import private_random_calls, recording_warnings
 from flopcount.tracers.jit.sizes import static_unpool_sizes, unpool_failure
 from flopcount.types import OpCall, OpEvent, TensorMeta, Trace
 
@@ -302,8 +302,9 @@ def trace(
         previous_map = torch.jit._trace._trace_module_map
         torch.jit._trace._trace_module_map = scope_map
         try:
-            with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
+            with warnings.catch_warnings(), torch.no_grad(), static_unpool_sizes(model):
                 warnings.simplefilter("always")
+                warnings.showwarning = recording_warnings(caught)
                 with private_random_calls() as random:
                     graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
