@@ -21,6 +21,7 @@ of 5 alternating runs each.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -81,11 +82,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--timing", action="store_true", help="time the jit count with and without, then stop")
     parser.add_argument("--start", type=int, default=0, help="skip the first N models")
     parser.add_argument("--limit", type=int, default=None, help="compare at most N models")
+    parser.add_argument("--match", default=None, help="only models whose name matches this regular expression (fullmatch)")
     options = parser.parse_args(argv)
     if options.timing:
         _timing()
         return 0
     cases, _ = zoo.collect(options.only)
+    if options.match:
+        cases = [case for case in cases if re.fullmatch(options.match, case.name)]
     cases = cases[options.start :][: options.limit]
     compared = differ = failed = 0
     started = time.perf_counter()
