@@ -257,9 +257,12 @@ def drawing_events(events: Iterable[Any]) -> int:
         op = call.op
         if not _seeded(op):
             continue
-        if op.partition("::")[2].split(".")[0].rstrip("_") in _TRAIN_GATED:
-            if call.arg("train") is False or call.arg("training") is False or call.arg("p") == 0:
-                continue
+        if call.arg("train") is False or call.arg("training") is False:
+            continue  # eval-mode dropout, an RNN's inter-layer dropout in eval: nothing drawn
+        if call.arg("dropout") == 0 or call.arg("dropout_p") == 0:
+            continue  # an RNN or attention kernel without dropout
+        if op.partition("::")[2].split(".")[0].rstrip("_") in _TRAIN_GATED and call.arg("p") == 0:
+            continue
         found += 1
     return found
 

@@ -63,6 +63,21 @@ def test_every_spelling_of_a_draw_leaves_a_drawing_neighbour_alone(tracer: str) 
     assert set(neighbour.modes) == {0} and _function_modes() == 0
 
 
+def test_an_eval_mode_rnn_with_dropout_leaves_a_drawing_neighbour_alone() -> None:
+    # jit records aten::lstm, an op torch tags as drawing; in eval (train=False) it draws nothing,
+    # so nothing is set back. Before: the generator was set back after every such count.
+    torch.manual_seed(0)
+    model = nn.LSTM(8, 8, num_layers=2, dropout=0.5, batch_first=True).eval()
+    x = torch.randn(B, T, 8)
+    with Neighbour(_draw) as neighbour:
+        for _ in range(6):
+            # 2 layers x T steps x B rows x 4 gates x 8 x (in + 8), in = 8 for both layers
+            assert count_flops(model, x, tracer="jit").macs == 2 * T * B * 4 * 8 * (8 + 8)
+    draws = neighbour.results
+    assert len(draws) > 1 and not neighbour.errors
+    assert len(set(draws)) == len(draws), f"{len(draws) - len(set(draws))} repeated draws: the generator was rewound"
+
+
 @pytest.mark.parametrize("tracer", ["jit", "dispatch"])
 def test_the_counted_run_draws_what_the_callers_call_draws(tracer: str) -> None:
     torch.manual_seed(0)
