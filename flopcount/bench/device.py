@@ -68,14 +68,18 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
 
     A model already on ``device`` is used in place under the tracers' state guard
     (``tracers/_state.preserved_model_state``: buffers such as BatchNorm's running
-    statistics bit for bit, flags, grads, hooks, the RNG).
+    statistics bit for bit, flags, grads, hooks; the RNG is left to the caller's
+    ``core.state.preserved_rng``).
     A model elsewhere is moved for the run and then given back its original tensors
     (the same parameter storages, gradients and buffer objects, not copies)."""
     tensors = list(_chain(model.parameters(), model.buffers()))
     needs_move = any(not _same_device(t.device, device) for t in tensors)
     if not needs_move:
-        # the tracers' one state guard: buffers bit for bit, flags, grads, hooks, the RNG
-        with preserved_model_state(model, restore_attributes=False):
+        # the tracers' one state guard: buffers bit for bit, flags, grads, hooks
+        with preserved_model_state(model, restore_attributes=False) as watch:
+            # the RNG is the caller's preserved_rng's (core/state.py): set back only when no other
+            # thread could be rewound by it (issue #29 item 18)
+            watch.drew_random = False
             yield model
         return
     params = [(p, p.data, None if p.grad is None else p.grad.data) for p in model.parameters()]

@@ -97,8 +97,9 @@ def benchmark(
     result's ``batch_source`` says which was taken. ``progress(done, total)`` is called
     during the timed calls, ``warmup_progress(done, warmup)`` after each warm-up call.
     The model's flags, parameters, buffers and
-    gradients are left as found, and so are torch's random generators (a dropout in a
-    train-mode forward does not advance them). A model or input without data (meta
+    gradients are left as found. A train-mode dropout draws from torch's generator as your
+    own calls would; the generator is set back afterwards only when this is the process's
+    only Python thread (setting it back would rewind another thread's draws). A model or input without data (meta
     device, fake tensors) is refused with a :class:`UsageError`: there is nothing to time.
     """
     on = modeled_part(on, gpu_name, "benchmark", old="gpu_name")

@@ -173,8 +173,10 @@ def module_latency(
 
     ``flops``: ``{module name: FLOPs}`` or a ``FlopResult`` (its ``by_module()``) to
     report achieved FLOP/s per module. Inputs follow flopcount's convention (a tuple
-    is unpacked). Hooks are removed and the model and torch's random generators left
-    as found on every path; a meta or fake model is refused (:class:`UsageError`).
+    is unpacked). Hooks are removed and the model left as found on every path; torch's
+    random generators too when this is the process's only Python thread (else a train-mode
+    dropout advances them as your own calls would: setting them back would rewind another
+    thread's draws); a meta or fake model is refused (:class:`UsageError`).
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"module_latency expects a torch.nn.Module, got {type(model).__name__}")

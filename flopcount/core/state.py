@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import threading
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -13,24 +14,34 @@ import torch
 from flopcount.core.inputs import is_dataless
 
 
+def _alone() -> bool:
+    """This is the process's only Python thread: nobody else can be drawing random numbers."""
+    return threading.active_count() == 1
+
+
 @contextlib.contextmanager
 def preserved_rng() -> Iterator[None]:
-    """Restore the CPU (and initialised CUDA) RNG state on exit.
+    """Set the CPU (and initialised CUDA) generators back on exit when this thread was the
+    process's only Python thread throughout; else leave them where the work left them.
 
-    The generators are process-wide: restoring them also rewinds every draw another thread
-    made meanwhile (issue #29 item 18). So only work that draws random numbers on real
-    tensors and is timed uses this (a benchmark's or a profile's real steps, where a
-    dispatch mode would distort the time); a count on fake tensors draws nothing and touches
-    no generator, and the dispatch tracer's real run draws on generators of its own
-    (:class:`PrivateRandom`; the jit tracer's sets the RNG back when its trace drew)."""
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    The generators are process-wide: setting them back also rewinds every draw another thread
+    made meanwhile, which then repeats its numbers (issue #29 item 18). So with another thread
+    alive nothing is set back: a user's model that draws (train-mode dropout) in a benchmark's,
+    a profile's or a plan's real run draws from the process's generator exactly as the same
+    calls in the user's own code would, and the caller's next draw follows on from them. What
+    flopcount draws itself uses generators of its own (measured roofs' operands); a count on
+    fake tensors draws nothing; the tracers' real runs draw on private generators
+    (:class:`PrivateRandom`, :class:`PrivateRandomCalls`)."""
+    alone = _alone()
+    rng = torch.get_rng_state() if alone else None
+    cuda_rng = torch.cuda.get_rng_state_all() if alone and torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
         yield
     finally:
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        if rng is not None and _alone():
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
 
 
 class PrivateRandom:
@@ -70,6 +81,8 @@ class PrivateRandom:
         self._generators: Dict[Any, torch.Generator] = {}
         #: a random op drew from the process's generator (see the class docstring)
         self.fell_back = False
+        #: how many ops on tensors with data drew on a private generator
+        self.redirected = 0
 
     def __enter__(self) -> PrivateRandom:
         self._mode.__enter__()
@@ -103,6 +116,7 @@ class PrivateRandom:
             args = tuple(args[:index]) + (private,) + tuple(args[index + 1 :])
         else:
             kwargs = dict(kwargs, generator=private)
+        self.redirected += 1
         return func(*args, **kwargs)
 
     def _private(self, given: Optional[torch.Generator], device: torch.device) -> Optional[torch.Generator]:
@@ -137,6 +151,7 @@ class PrivateRandom:
             self.fell_back = True
             return func(*args, **kwargs)
         mask = torch.empty_like(tensor, dtype=torch.bool).bernoulli_(1.0 - p, generator=private)
+        self.redirected += 1
         scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
         return tensor * mask * scale, mask
 
@@ -215,33 +230,148 @@ _TRAIN_GATED = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dr
 
 @functools.cache
 def _seeded(op: str) -> bool:
-    """``aten::name`` (any overload) carries torch's ``nondeterministic_seeded`` tag: it draws
-    from a generator. An op torch does not know (a custom op) counts as drawing."""
+    """``aten::name`` (any overload) draws from a generator (:func:`_seeded_overload`). An op
+    torch does not know (a custom op) counts as drawing, and so does a call into TorchScript
+    that jit left opaque (its body is not in the trace)."""
+    if op in ("prim::CallFunction", "prim::CallMethod"):
+        return True
     namespace, _, name = op.partition("::")
     packet = getattr(getattr(torch.ops, namespace, None), name.split(".")[0], None) if name else None
     if packet is None:
         return namespace not in ("aten", "prim")
-    tag = getattr(torch.Tag, "nondeterministic_seeded", None)
+    if getattr(torch.Tag, "nondeterministic_seeded", None) is None:
+        return True
     try:
         overloads = [getattr(packet, overload) for overload in packet.overloads()]
     except (AttributeError, RuntimeError):
         return True
-    return tag is None or any(tag in getattr(overload, "tags", ()) for overload in overloads)
+    return any(_seeded_overload(overload) for overload in overloads)
 
 
-def draws_random(events: Iterable[Any]) -> bool:
-    """True when one of the trace's events drew random numbers from a generator (dropout in
-    train mode, ``randn``, ``bernoulli_``...): the real run advanced the process's RNG."""
+def drawing_events(events: Iterable[Any]) -> int:
+    """How many of the trace's events drew random numbers from a generator (dropout in train
+    mode, ``randn``, ``bernoulli_``...)."""
+    found = 0
     for event in events:
         call = event.call
         op = call.op
         if not _seeded(op):
             continue
-        if op.partition("::")[2].split(".")[0].rstrip("_") in _TRAIN_GATED:
-            if call.arg("train") is False or call.arg("training") is False or call.arg("p") == 0:
-                continue
+        if call.arg("train") is False or call.arg("training") is False:
+            continue  # eval-mode dropout, an RNN's inter-layer dropout in eval: nothing drawn
+        if call.arg("dropout") == 0 or call.arg("dropout_p") == 0:
+            continue  # an RNN or attention kernel without dropout
+        if op.partition("::")[2].split(".")[0].rstrip("_") in _TRAIN_GATED and call.arg("p") == 0:
+            continue
+        found += 1
+    return found
+
+
+def draws_random(events: Iterable[Any]) -> bool:
+    """True when one of the trace's events drew random numbers from a generator: the real run
+    advanced the generator it drew from."""
+    return drawing_events(events) > 0
+
+
+#: torch functions that draw although no aten op of their name does (they call one that does)
+_PYTHON_DRAWS = frozenset(
+    {
+        "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+        "feature_dropout", "rrelu", "rrelu_", "gumbel_softmax", "scaled_dot_product_attention",
+    }
+)  # fmt: skip
+
+
+@functools.cache
+def _may_draw(name: str) -> bool:
+    """A torch function of this name may draw: a dropout-family function, or the name of an
+    aten op that draws (``randn``, ``Tensor.uniform_``, ``multinomial``, ``lstm``...)."""
+    if name in _PYTHON_DRAWS:
         return True
-    return False
+    if not name or name.startswith("__"):
+        return False
+    try:
+        packet = getattr(torch.ops.aten, name, None)
+        return packet is not None and any(_seeded_overload(getattr(packet, o)) for o in packet.overloads())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class PrivateRandomCalls:
+    """:class:`PrivateRandom` for torch.jit's traces (issue #29 item 18). A dispatch mode
+    active while torch.jit traces changes what it records (a convolution is recorded as its
+    decomposition), so this TorchFunctionMode of the entering thread passes every torch call
+    through as it is, and enters :class:`PrivateRandom`'s dispatch mode only for the duration
+    of a call that may draw (:func:`_may_draw`: ``F.dropout``, ``torch.randn``,
+    ``Tensor.uniform_``...). jit records such a call at its tracer kernel, above the dispatch
+    mode, so the graph is the one recorded without it; the kernels underneath draw on the
+    private generators. :attr:`redirected_calls` counts the calls that drew there; a draw made
+    outside such a call (a TorchScript function calling ``randn``, a C++ extension) goes to
+    the process's generator: compare with :func:`drawing_events` of the trace, and set the
+    generator back when they disagree or :attr:`fell_back`.
+
+    An active TorchFunctionMode makes torch's ``has_torch_function`` true, which turns off the
+    fused eval paths of ``nn.MultiheadAttention`` and the Transformer layers: :meth:`pause` and
+    :meth:`resume` take the mode off the stack around such a module (in eval mode, where those
+    layers draw nothing)."""
+
+    @staticmethod
+    def available() -> bool:
+        """The private torch name :meth:`pause` needs exists (without it the jit tracer sets the
+        process's generator back instead, as before)."""
+        return hasattr(torch.overrides, "_get_current_function_mode")
+
+    def __init__(self) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        owner = self
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                if not _may_draw(getattr(func, "__name__", "")):
+                    return func(*args, **kwargs)
+                return owner._call(func, args, kwargs)
+
+        self.random = PrivateRandom()
+        self._mode = _Mode()
+        self._entered = False
+        #: calls that drew on a private generator
+        self.redirected_calls = 0
+
+    @property
+    def fell_back(self) -> bool:
+        """A random op drew from the process's generator (see :class:`PrivateRandom`)."""
+        return self.random.fell_back
+
+    def __enter__(self) -> PrivateRandomCalls:
+        self._mode.__enter__()
+        self._entered = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._entered:
+            self._entered = False
+            self._mode.__exit__(*exc)
+
+    def pause(self) -> bool:
+        """Take the mode off this thread's stack if it is on top; True when it was."""
+        current = getattr(torch.overrides, "_get_current_function_mode", None)
+        if not self._entered or current is None or current() is not self._mode:
+            return False  # a mode of the forward's own is above it: the fast path is off anyway
+        self.__exit__(None, None, None)
+        return True
+
+    def resume(self) -> None:
+        self.__enter__()
+
+    def _call(self, func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
+        before = self.random.redirected
+        with self.random:
+            result = func(*args, **kwargs)
+        if self.random.redirected > before:
+            self.redirected_calls += 1
+        return result
 
 
 @contextlib.contextmanager

@@ -398,13 +398,13 @@ def _library_kernels(dev: torch.device, dtype: torch.dtype) -> List[Tuple[str, T
     """A 3x3 convolution in channels_last (oneDNN on CPU, cuDNN on CUDA) and a batched linear
     with bias, with their FLOPs (2 per multiply-add)."""
     n, c, hw, k = 8, 128, 28, 3
-    x = torch.randn(n, c, hw, hw, device=dev).to(dtype).contiguous(memory_format=torch.channels_last)
-    w = torch.randn(c, c, k, k, device=dev).to(dtype).contiguous(memory_format=torch.channels_last)
+    x = _operand(dev, dtype, n, c, hw, hw).contiguous(memory_format=torch.channels_last)
+    w = _operand(dev, dtype, c, c, k, k).contiguous(memory_format=torch.channels_last)
     conv_flops = 2.0 * n * c * hw * hw * c * k * k  # padding 1: every output sees the full 3x3 window's MACs
     rows, width = 512, 1024
-    a = torch.randn(rows, width, device=dev).to(dtype)
-    lw = torch.randn(width, width, device=dev).to(dtype)
-    lb = torch.randn(width, device=dev).to(dtype)
+    a = _operand(dev, dtype, rows, width)
+    lw = _operand(dev, dtype, width, width)
+    lb = _operand(dev, dtype, width)
     linear_flops = 2.0 * rows * width * width
     return [
         (f"conv2d {n}x{c}x{hw}x{hw} 3x3 channels_last", (lambda: torch.nn.functional.conv2d(x, w, padding=1), conv_flops)),
@@ -436,9 +436,17 @@ def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Ca
     return 2.0 * n**3 / max(best, 1e-12), n
 
 
+def _operand(dev: torch.device, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+    """Random operands drawn on a generator of the measurement's own, seeded: the process's
+    generators are neither advanced nor set back (issue #29 item 18: another thread drawing
+    meanwhile is left alone)."""
+    generator = torch.Generator(device=dev).manual_seed(0)
+    return torch.randn(*shape, device=dev, generator=generator).to(dtype)
+
+
 def _gemm(n: int, dev: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
-    a = torch.randn(n, n, device=dev).to(dtype)
-    b = torch.randn(n, n, device=dev).to(dtype)
+    a = _operand(dev, dtype, n, n)
+    b = _operand(dev, dtype, n, n)
     out = torch.empty(n, n, device=dev, dtype=dtype)
     return lambda: torch.mm(a, b, out=out)
 

@@ -183,24 +183,30 @@ def _feature_mask(shape: Tuple[int, ...]) -> int:
     return prod(shape[:2])
 
 
+def _dropped(call: OpCall) -> TensorMeta:
+    """The tensor a dropout masks: ``input``, or ``self`` in the in-place ops' schema
+    (``dropout_(Tensor(a!) self, float p, bool train)``, which jit records)."""
+    return call.tensor("self") if "input" not in call.args and "self" in call.args else call.tensor("input")
+
+
 def _dropout(call: OpCall) -> Cost:
     if not _training(call):
         return Cost()
-    return Cost.from_flops(DROPOUT * call.tensor("input").numel)
+    return Cost.from_flops(DROPOUT * _dropped(call).numel)
 
 
 def _feature_dropout(call: OpCall) -> Cost:
     """Divide the (N, C, 1, ...) mask by 1-p, multiply the input by it: N*C + numel."""
     if not _training(call):
         return Cost()
-    x = call.tensor("input")
+    x = _dropped(call)
     return Cost.from_flops(_feature_mask(x.shape) + x.numel)
 
 
 def _alpha_dropout(call: OpCall) -> Cost:
     if not _training(call):
         return Cost()
-    x = call.tensor("input")
+    x = _dropped(call)
     mask = _feature_mask(x.shape) if call.op.startswith("aten::feature_") else x.numel
     return Cost.from_flops(ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel)
 

@@ -4,10 +4,17 @@
 
 How it sees the batch: HF callbacks receive no inputs, so the callback registers a
 forward pre-hook on the trainer's model at ``on_train_begin`` (removed at
-``on_train_end``, or by :meth:`FlopcountCallback.remove`; when ``train()`` raises, HF calls
-no callback: a forward that raised removes the hooks at once (an ``always_call`` forward
-hook sees it); after a failure elsewhere the hook removes itself at the model's first
-forward outside that ``train()``, recording nothing, or at the next ``on_train_begin``). The hook records each call's
+``on_train_end``, or by :meth:`FlopcountCallback.remove`). When ``train()`` raises, HF calls
+no callback, so at ``on_init_end`` the callback puts a thin wrapper around that Trainer's
+``train`` (an instance attribute; the class is not touched) whose ``finally`` removes the
+hooks on every exit path: a failure in the forward, the loss, the backward, the optimizer
+step, the data, an evaluation or a reporter. The wrapper goes when the Trainer no longer
+holds a FlopcountCallback. A callback added with ``trainer.add_callback`` after the Trainer
+was made is first seen at ``on_train_begin``, inside ``train()``: it wraps ``train`` for the
+later calls, and in that first call a forward that raised still removes the hooks at once
+(an ``always_call`` forward hook sees it), while after a failure elsewhere the hook removes
+itself at the model's first forward outside that ``train()``, recording nothing, or at the
+next ``on_train_begin``. The hook records each call's
 signature (shapes, dtypes, flags); only a call with a new signature keeps a reference to
 its inputs, until the step ends. At ``on_step_end`` each new signature is counted on fake
 copies (forward + backward of the loss the model returns), the optimizer once; every
@@ -26,11 +33,13 @@ logs and ``trainer_state.json``) becomes the exact FLOPs of every counted step
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
 import types
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -95,6 +104,7 @@ class FlopcountCallback(TrainerCallback):
 
     def _reset_run(self) -> None:
         self._model: Optional[nn.Module] = None
+        self._trainer: Optional[weakref.ref[Any]] = None  # the Trainer whose train() this run is
         self._handle: Any = None
         self._run: Optional[_Run] = None
         self._peak: Optional[float] = None
@@ -109,10 +119,19 @@ class FlopcountCallback(TrainerCallback):
         self._open = 0  # forwards the recorder saw that have not returned yet
 
     # -- attach / detach ------------------------------------------------------------
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = _calling_trainer(self)
+        if trainer is not None:
+            _guard_train(trainer, self)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Optional[nn.Module] = None, **kwargs: Any) -> None:
         self.remove()  # a hook left by a train() that raised (HF called no on_train_end)
         if model is None:
             return
+        trainer = _calling_trainer(self)
+        if trainer is not None:
+            _guard_train(trainer, self)  # added after the Trainer was made: guards the later train() calls
+        self._trainer = weakref.ref(trainer) if trainer is not None else None
         # every run counts afresh: another Trainer may bring another model or optimizer under
         # the same shapes, and each run's total_flos starts from HF's figures again
         self.counter = StepCounter(hf_loss)
@@ -142,11 +161,16 @@ class FlopcountCallback(TrainerCallback):
 
     def remove(self) -> None:
         """Removes the forward pre-hook from the model and drops the inputs it kept (done at
-        the end of training; when ``train()`` raises, at the model's next forward outside it
-        or the next ``train()``; call this to release them at once)."""
+        the end of training, also when ``train()`` raises; call this to release them at once)."""
         if self._handle is not None:
             self._handle.remove()
         self._reset_run()
+
+    def _train_returned(self, trainer: Any) -> None:
+        """``trainer.train()`` returned or raised: a run of that Trainer still hooked ended
+        without ``on_train_end`` (HF calls no callback when ``train()`` raises)."""
+        if self._handle is not None and self._trainer is not None and self._trainer() is trainer:
+            self.remove()
 
     # -- training steps -------------------------------------------------------------
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -313,6 +337,65 @@ def _inside(run: Optional[_Run]) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _calling_trainer(callback: FlopcountCallback) -> Any:
+    """The Trainer whose CallbackHandler is calling ``callback`` now (its ``__init__`` or its
+    training loop, found on the call stack), or None."""
+    from transformers import Trainer
+    from transformers.trainer_callback import CallbackHandler
+
+    frame: Any = sys._getframe(1)
+    handler = None
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if handler is None and isinstance(owner, CallbackHandler) and any(c is callback for c in owner.callbacks):
+            handler = owner
+        elif handler is not None and isinstance(owner, Trainer) and getattr(owner, "callback_handler", None) is handler:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+#: the attribute of a guarding wrapper that holds the callbacks it guards
+_GUARDED = "_flopcount_callbacks"
+
+
+def _guard_train(trainer: Any, callback: FlopcountCallback) -> None:
+    """Wrap ``trainer.train`` (an instance attribute over the class's method) so that every
+    exit from it, a raise included, tells the guarded callbacks, which remove their hooks if
+    that run is still hooked. One wrapper per Trainer; it holds the Trainer weakly (no
+    reference cycle keeps a Trainer and its model alive) and takes itself off when no
+    FlopcountCallback is left in the Trainer's callbacks."""
+    state = vars(trainer)
+    current = state.get("train")
+    guarded = getattr(current, _GUARDED, None)
+    if guarded is not None:
+        guarded.add(callback)
+        return
+    inner = current  # an instance-level train() someone set before: called, and put back when the guard goes
+    method = type(trainer).train
+    owner_ref = weakref.ref(trainer)
+    callbacks: weakref.WeakSet[FlopcountCallback] = weakref.WeakSet([callback])
+
+    def train(*args: Any, **kwargs: Any) -> Any:
+        owner = owner_ref()
+        try:
+            return inner(*args, **kwargs) if inner is not None else method(owner, *args, **kwargs)
+        finally:
+            for guarded_callback in list(callbacks):
+                guarded_callback._train_returned(owner)
+            handler = getattr(owner, "callback_handler", None)
+            if owner is not None and not any(isinstance(c, FlopcountCallback) for c in getattr(handler, "callbacks", ())):
+                if vars(owner).get("train") is train:  # put back what was there
+                    if inner is None:
+                        del vars(owner)["train"]
+                    else:
+                        vars(owner)["train"] = inner
+
+    functools.update_wrapper(train, method, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    setattr(train, _GUARDED, callbacks)
+    state["train"] = train
 
 
 def _main_input(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:

@@ -57,8 +57,10 @@ def profile(
     the roofline figures under ``roofs``.
 
     One extra *join step* runs under the profiler with flopcount's dispatch recorder, which
-    marks each recorded op; the timed steps run without it. The model, its flags, the
-    inputs and the RNG are left as found (a model with lazy modules runs as a copy).
+    marks each recorded op; the timed steps run without it. The model, its flags and the
+    inputs are left as found (a model with lazy modules runs as a copy); the RNG too when
+    this is the process's only Python thread (else the timed steps' draws advance it as your
+    own steps would: setting it back would rewind another thread's draws).
 
     What it measures and writes: with ``roofs=None`` (the default) this machine's roofs
     are read from ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache/flopcount/roofs.json``);

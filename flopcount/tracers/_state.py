@@ -127,8 +127,8 @@ def preserved_model_state(
     watch.twins = twins
     # a tracer's real run draws on generators of its own: the process's are never set back
     # (that would rewind other threads' draws) unless an op it cannot redirect drew
-    # (``private_random=False``: the jit tracer, for which any dispatch mode changes what torch.jit
-    # records, e.g. convolutions vanish from its graph; it sets the RNG back when its trace drew)
+    # (``private_random=False``: the jit tracer, for which a dispatch mode active for the whole run
+    # changes what torch.jit records; it enters one only around calls that draw, tracers/jit/random.py)
     random = PrivateRandom() if (own_buffers if private_random is None else private_random) else None
     try:
         if random is not None:

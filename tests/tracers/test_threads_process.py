@@ -145,15 +145,7 @@ class _Noisy(nn.Module):
 NOISY_MACS = B * (8 * 8 + 8 * 2)
 
 
-_JIT_RNG = pytest.mark.xfail(
-    strict=True,
-    reason="known limitation (docs/api.md, threads): jit's real run draws from the process's generator and "
-    "sets it back, because any dispatch mode (the private generators' PrivateRandom) changes what torch.jit "
-    "records (convolutions vanish from its graph)",
-)
-
-
-@pytest.mark.parametrize("tracer", ["dispatch", pytest.param("jit", marks=_JIT_RNG)])
+@pytest.mark.parametrize("tracer", ["dispatch", "jit"])
 def test_a_real_run_that_draws_leaves_a_drawing_neighbour_alone(tracer):
     """Issue #29 item 18: a real run (dispatch, jit) of a model that draws (train-mode dropout,
     randn in forward) used to set the process-wide generator back afterwards, rewinding the

@@ -17,7 +17,7 @@ from torch import nn
 
 from flopcount.core.inputs import output_tensors, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
-from flopcount.core.state import draws_random
+from flopcount.core.state import drawing_events, draws_random
 from flopcount.errors import TraceError
 from flopcount.tracers._modules import ModuleStack, forward_error
 from flopcount.tracers._sparse import sparse_meta
@@ -32,6 +32,7 @@ from flopcount.tracers.jit.graph import (
     keep_unread_results,
     tensor_meta,
 )
+from flopcount.tracers.jit.random import private_random_calls, recording_warnings
 from flopcount.tracers.jit.sizes import static_unpool_sizes, unpool_failure
 from flopcount.types import OpCall, OpEvent, TensorMeta, Trace
 
@@ -301,9 +302,11 @@ def trace(
         previous_map = torch.jit._trace._trace_module_map
         torch.jit._trace._trace_module_map = scope_map
         try:
-            with warnings.catch_warnings(record=True) as caught, torch.no_grad(), static_unpool_sizes(model):
+            with warnings.catch_warnings(), torch.no_grad(), static_unpool_sizes(model):
                 warnings.simplefilter("always")
-                graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
+                warnings.showwarning = recording_warnings(caught)
+                with private_random_calls() as random:
+                    graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
             refusal = (
                 unpool_failure(exc, modules.current)
@@ -317,7 +320,13 @@ def trace(
             torch.jit._trace._trace_module_map = previous_map
         graph, inlined_scopes = inline_script_calls(graph, flat + state)
         events = _graph_events(graph, inlined_scopes, inputs=flat + state)
-        watch.drew_random = draws_random(events)  # the process's RNG is set back only if the run drew
+        # the run's draws went to private generators (tracers/jit/random.py); the process's RNG is
+        # set back only if one went elsewhere: a draw jit recorded outside the calls redirected
+        # (a TorchScript function's randn), or an op the private generators cannot serve
+        if random is None:
+            watch.drew_random = draws_random(events)
+        else:
+            watch.drew_random = random.fell_back or drawing_events(events) > random.redirected_calls
     # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
     notes = tuple(
         dict.fromkeys(
