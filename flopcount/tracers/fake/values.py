@@ -16,10 +16,9 @@ followed (a write into a meta tensor from an unknown value) forgets every value.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["INTEGRAL", "LIMIT", "KnownValues"]
@@ -57,8 +56,8 @@ class KnownValues:
             self._forget(func, args)
             return
         try:
-            cpu_args = tree_map(self._on_cpu, args)
-            cpu_kwargs = tree_map(self._on_cpu, kwargs or {})
+            cpu_args = _mapped(self._on_cpu, args)
+            cpu_kwargs = _mapped(self._on_cpu, kwargs or {})
             value = func(*cpu_args, **cpu_kwargs)
         except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
             self._forget(func, args)
@@ -89,6 +88,27 @@ class KnownValues:
         """An op that writes into a meta tensor and could not be followed: every value is
         forgotten (the tensor written may be a view of a known one, or have known views)."""
         if len(self._values) and func._schema.is_mutable and any(
-            isinstance(item, torch.Tensor) and item.device.type == "meta" for item in tree_leaves((args,))
+            isinstance(item, torch.Tensor) and item.device.type == "meta" for item in _leaves(args)
         ):
             self._values = WeakIdKeyDictionary()
+
+
+def _mapped(fn: Any, item: Any) -> Any:
+    """``fn`` applied to each leaf of an aten op's arguments (tuples, lists and dicts of them;
+    an op's schema allows no other container), the containers rebuilt."""
+    if isinstance(item, (tuple, list)):
+        return type(item)(_mapped(fn, x) for x in item)
+    if isinstance(item, dict):
+        return {k: _mapped(fn, v) for k, v in item.items()}
+    return fn(item)
+
+
+def _leaves(item: Any) -> Iterator[Any]:
+    if isinstance(item, (tuple, list)):
+        for x in item:
+            yield from _leaves(x)
+    elif isinstance(item, dict):
+        for x in item.values():
+            yield from _leaves(x)
+    else:
+        yield item
