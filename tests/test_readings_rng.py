@@ -106,3 +106,36 @@ def test_measuring_this_machine_leaves_a_drawing_neighbour_alone() -> None:
             measure()
             _draws_on(neighbour)
     _no_repeats(neighbour)
+
+
+def test_a_notebooks_own_threads_do_not_stop_the_generator_being_set_back():
+    """In a Jupyter kernel (heartbeat, IOPub, control and history threads of its own) nobody
+    else draws: a benchmark there must still leave the caller's next draw as it would have been
+    (issue #9's rule). Before, any second thread turned the set-back off."""
+    import threading
+
+    from flopcount.bench import benchmark
+
+    stop = threading.Event()
+
+    class Heartbeat(threading.Thread):  # as ipykernel.heartbeat.Heartbeat
+        def run(self) -> None:
+            stop.wait()
+
+    Heartbeat.__module__ = "ipykernel.heartbeat"
+    beat = Heartbeat(daemon=True)
+    iopub = threading.Thread(target=stop.wait, name="IOPub", daemon=True)  # ipykernel's IOPub
+    beat.start()
+    iopub.start()
+    try:
+        model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).train()
+        x = torch.randn(4, 8)
+        torch.manual_seed(3)
+        expected = torch.rand(5)
+        torch.manual_seed(3)
+        benchmark(model, x, iters=3, warmup=1)
+        assert torch.equal(torch.rand(5), expected)
+    finally:
+        stop.set()
+        beat.join()
+        iopub.join()

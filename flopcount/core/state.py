@@ -13,10 +13,29 @@ import torch
 
 from flopcount.core.inputs import is_dataless
 
+#: the roots of modules whose threads never draw torch random numbers: a notebook kernel's and
+#: IPython's own threads (heartbeat, IOPub, control, history), a debugger's, an event loop's
+_QUIET_THREAD_MODULES = frozenset({"ipykernel", "IPython", "zmq", "jupyter_client", "tornado", "debugpy", "pydevd",
+                                   "_pydevd_bundle", "_pydev_bundle", "prompt_toolkit"})
+#: ipykernel's IOPub thread is a plain Thread; it is known by its name
+_QUIET_THREAD_NAMES = frozenset({"IOPub"})
+
+
+def _quiet(thread: threading.Thread) -> bool:
+    """A thread that cannot be drawing random numbers: one of a notebook's or a debugger's own,
+    or a thread started outside Python (torch's autograd device threads appear as
+    ``_DummyThread`` once they run a Python hook) that runs Python only in callbacks."""
+    kind = type(thread)
+    return (kind.__module__.split(".")[0] in _QUIET_THREAD_MODULES or thread.name in _QUIET_THREAD_NAMES
+            or kind.__name__ == "_DummyThread")
+
 
 def _alone() -> bool:
-    """This is the process's only Python thread: nobody else can be drawing random numbers."""
-    return threading.active_count() == 1
+    """No other Python thread can be drawing random numbers: this is the process's only thread
+    but for a notebook's, a debugger's and torch's own (:func:`_quiet`). In a Jupyter kernel (five
+    or more threads of its own) the generators are still set back as found."""
+    me = threading.current_thread()
+    return all(t is me or _quiet(t) for t in threading.enumerate())
 
 
 @contextlib.contextmanager
