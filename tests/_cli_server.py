@@ -7,7 +7,8 @@ on PATH hands each invocation (argv, working directory, environment and its stdi
 stderr themselves, passed as file descriptors) to a child forked from the server, which runs the
 console script's function (``flopcount.cli:main``) and sends back its exit code, which the shim
 exits with. Bash, git and pre-commit stay real, and so do the files, streams and exit codes they
-see; what the shim skips is the interpreter's start and torch's import.
+see; what the shim skips is the interpreter's start and torch's import (so what torch reads from the
+environment when imported is the server's: the tests here set none of it).
 ``tests/cli/test_cli.py`` and ``tests/test_install.py`` run the real console script.
 
 The server only imports: it runs no torch op before forking, so no child inherits a thread pool
