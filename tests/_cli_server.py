@@ -132,10 +132,18 @@ def serve(socket_path: str) -> None:
     # children are waited for (not left to the kernel), so that their CPU time counts in this
     # process's children's and in the suite's (/usr/bin/time)
     signal.signal(signal.SIGTERM, _stop)
+    parent = os.getppid()
+    listener.settimeout(5.0)
     print("ready", flush=True)
     while True:
         _reap(os.WNOHANG)
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            if os.getppid() != parent:  # the test process is gone (killed): do not outlive it
+                _stop(signal.SIGTERM, None)
+            continue
+        conn.settimeout(None)
         header, fds, _, _ = socket.recv_fds(conn, 8, 3)
         header += _read(conn, 8 - len(header))
         (size,) = struct.unpack("!Q", header)
