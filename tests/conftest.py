@@ -131,14 +131,16 @@ def _private_cache_dir(_roofs_cache: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(_roofs_cache))
 
 
-#: the test files that take longest (seconds summed over their tests by --durations, in the
-#: parallel run on the loaded 2-core machine; docs/performance.md, "The main suite's time"): under
-#: pytest-xdist each worker starts with its share of them, see _heavy_files_first
+#: the test files that take longest: CPU seconds summed over their tests, one process, one torch
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-26; docs/
+#: performance.md, "The main suite's time"): under pytest-xdist each worker starts with its share of
+#: them, see _heavy_files_first
 HEAVY_FILES = {
-    "cli/test_artifacts.py": 49, "test_generation_options.py": 46, "serving/test_serve.py": 45,
-    "test_doc_snippets.py": 40, "test_generation_limits.py": 28, "test_install.py": 21, "test_ci_recipes.py": 15,
-    "test_memory.py": 15, "cli/test_cli_issue29.py": 14, "test_profile_process.py": 12, "test_profile_marks.py": 10,
-    "test_memory_autocast.py": 10,
+    "cli/test_artifacts.py": 16.7, "serving/test_serve.py": 13.6, "test_generation_options.py": 12.9,
+    "test_doc_snippets.py": 10.5, "test_generation_limits.py": 9.7, "integrations/test_hf_callback.py": 7.8,
+    "test_install.py": 6.0, "tracers/test_dispatch.py": 5.6, "tracers/test_shape_cache.py": 4.7,
+    "cli/test_cli_issue29.py": 4.7, "tracers/test_agreement.py": 4.2, "test_ci_recipes.py": 4.1,
+    "test_memory.py": 3.7, "serving/test_serve_cli.py": 3.6, "test_profile_marks.py": 3.4,
 }
 
 
@@ -156,7 +158,7 @@ def _heavy_files_first(items: List[Any], workers: int) -> List[Any]:
     if not heavy:
         return items
     shares: List[List[Any]] = [[] for _ in range(workers)]
-    loads = [0] * workers
+    loads = [0.0] * workers
     for name in heavy:
         k = loads.index(min(loads))
         shares[k].extend(by_file[name])
