@@ -6,7 +6,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -131,11 +131,57 @@ def _private_cache_dir(_roofs_cache: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(_roofs_cache))
 
 
+#: the test files that take longest: CPU seconds summed over their tests, one process, one torch
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-26; docs/
+#: performance.md, "The main suite's time"): under pytest-xdist each worker starts with its share of
+#: them, see _heavy_files_first
+HEAVY_FILES = {
+    "cli/test_artifacts.py": 16.7, "serving/test_serve.py": 13.6, "test_generation_options.py": 12.9,
+    "test_doc_snippets.py": 10.5, "test_generation_limits.py": 9.7, "integrations/test_hf_callback.py": 7.8,
+    "test_install.py": 6.0, "tracers/test_dispatch.py": 5.6, "tracers/test_shape_cache.py": 4.7,
+    "cli/test_cli_issue29.py": 4.7, "tracers/test_agreement.py": 4.2, "test_ci_recipes.py": 4.1,
+    "test_memory.py": 3.7, "serving/test_serve_cli.py": 3.6, "test_profile_marks.py": 3.4,
+}
+
+
+def _heavy_files_first(items: List[Any], workers: int) -> List[Any]:
+    """The items reordered, whole files at a time, so that each of the ``workers`` starts with a
+    share of HEAVY_FILES (largest first, each to the least loaded worker). pytest-xdist's
+    work-stealing hands worker k the k-th contiguous slice of the items and, when a worker runs out,
+    moves tests from the end of another's queue: without this, the long files sat where the
+    alphabet put them, and a long test that started last kept one worker busy while the other idled.
+    Files keep their own order; every worker collects the same order, as xdist requires."""
+    by_file: Dict[str, List[Any]] = {}
+    for item in items:
+        by_file.setdefault(os.path.relpath(item.path, Path(__file__).parent).replace(os.sep, "/"), []).append(item)
+    heavy = sorted((name for name in by_file if name in HEAVY_FILES), key=lambda name: -HEAVY_FILES[name])
+    if not heavy:
+        return items
+    shares: List[List[Any]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for name in heavy:
+        k = loads.index(min(loads))
+        shares[k].extend(by_file[name])
+        loads[k] += HEAVY_FILES[name]
+    light = [item for name, group in by_file.items() if name not in HEAVY_FILES for item in group]
+    ordered: List[Any] = []
+    for k in range(workers):
+        # worker k's slice: its heavy files, then light items up to an equal share of the count
+        size = (len(items) - len(ordered)) // (workers - k)
+        fill = max(0, size - len(shares[k])) if k < workers - 1 else len(light)
+        ordered += shares[k] + light[:fill]
+        del light[:fill]
+    return ordered
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config: Any, items: Any) -> None:
-    """The serial tests in tests/plan run real gloo ranks, forked from a server that imports
+    """Under pytest-xdist, each worker starts with its share of the long files (_heavy_files_first).
+    The serial tests in tests/plan run real gloo ranks, forked from a server that imports
     torch and transformers once (tests/plan/_plan_gloo.py, ~3 s): when any is selected, start it
     now, in the background, so that those imports overlap the tests before the first run."""
+    if _WORKERS > 1:
+        items[:] = _heavy_files_first(list(items), _WORKERS)
     if any(item.path.parent.name == "plan" and item.get_closest_marker("serial") for item in items):
         import _plan_gloo
 

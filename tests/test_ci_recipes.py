@@ -1,6 +1,11 @@
 """The CI recipes of docs/ci.md, run as written: the GitHub Actions workflow's flopcount steps on
 two revisions of a small model (base branch as origin/main), and the pre-commit hook through
-`pre-commit try-repo` on this repository. Expected figures are derived by hand below."""
+`pre-commit try-repo` on this repository. Expected figures are derived by hand below.
+
+The shell steps, git and pre-commit run for real; the ``flopcount`` they find first on PATH is the
+shim of tests/_cli_server.py, which runs the command in a child forked from a process that has
+imported torch once (the dozen commands here each spent ~2.5 s of CPU importing it).
+tests/cli/test_cli.py and tests/test_install.py run the real console script."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from _cli_server import CliServer
 
 ROOT = Path(__file__).resolve().parents[1]
 N, IN, OUT = 8, 16, 4
@@ -56,10 +62,22 @@ def _git(cwd: Path, *args: str) -> None:
                    capture_output=True, text=True)
 
 
-def _env(tmp_path: Path, extra: Dict[str, str]) -> Dict[str, str]:
+def _base_env() -> Dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def cli_server(tmp_path_factory: Any) -> Any:
+    server = CliServer(tmp_path_factory.mktemp("cli-server"), _base_env())
+    yield server
+    server.close()
+
+
+def _env(server: CliServer, extra: Dict[str, str]) -> Dict[str, str]:
+    env = _base_env()
+    env["PATH"] = os.pathsep.join([str(server.bin), str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(extra)
     return env
 
@@ -82,7 +100,7 @@ def test_the_workflow_is_a_pull_request_job_with_the_four_steps():
     assert "flopcount check" in runs[3] and "--baseline" in runs[3]
 
 
-def _run_workflow(tmp_path: Path, base_model: str, pr_model: str) -> tuple:
+def _run_workflow(tmp_path: Path, server: CliServer, base_model: str, pr_model: str) -> tuple:
     workflow = _workflow()
     upstream = tmp_path / "upstream"
     upstream.mkdir()
@@ -101,7 +119,7 @@ def _run_workflow(tmp_path: Path, base_model: str, pr_model: str) -> tuple:
     env_vars = {key: str(value) for key, value in workflow.get("env", {}).items()}
     env_vars.update(FLOPCOUNT_INPUT=f"{N}x{IN}", RUNNER_TEMP=str(runner), GITHUB_STEP_SUMMARY=str(summary))
     assert env_vars["FLOPCOUNT_ENTRY"] == "my_model.py:build"
-    env = _env(tmp_path, env_vars)
+    env = _env(server, env_vars)
     codes = []
     for step in _flopcount_steps(workflow):
         script = step["run"].replace("${{ github.base_ref }}", "main")
@@ -113,9 +131,9 @@ def _run_workflow(tmp_path: Path, base_model: str, pr_model: str) -> tuple:
     return codes, summary.read_text() if summary.exists() else ""
 
 
-def test_the_workflow_gates_a_pull_request_that_grows_the_model(tmp_path):
+def test_the_workflow_gates_a_pull_request_that_grows_the_model(tmp_path, cli_server):
     h1, h2 = 32, 48
-    codes, summary = _run_workflow(tmp_path, _model(MODEL, h1), _model(MODEL, h2))
+    codes, summary = _run_workflow(tmp_path, cli_server, _model(MODEL, h1), _model(MODEL, h2))
     gate_code, gate_out, gate_err = codes[-1]
     assert gate_code == 1, gate_err
     # the first layer grew most: N x IN x (h2 - h1) MACs = 2 x that in FLOPs
@@ -128,8 +146,8 @@ def test_the_workflow_gates_a_pull_request_that_grows_the_model(tmp_path):
     assert "<details>" in summary and "</details>" in summary
 
 
-def test_the_workflow_passes_a_refactor_that_costs_the_same(tmp_path):
-    codes, summary = _run_workflow(tmp_path, _model(MODEL, 32), _model(MODEL_REFACTORED, 32))
+def test_the_workflow_passes_a_refactor_that_costs_the_same(tmp_path, cli_server):
+    codes, summary = _run_workflow(tmp_path, cli_server, _model(MODEL, 32), _model(MODEL_REFACTORED, 32))
     assert codes[-1][0] == 0, codes[-1][2]
     assert "no cost change" in summary and "PASS" in codes[-1][1]
 
@@ -144,7 +162,7 @@ def _pre_commit() -> str:
 
 
 @pytest.mark.parametrize("hidden, expected", [(32, 0), (40, 1)])
-def test_pre_commit_try_repo_runs_the_hook_on_a_scratch_project(tmp_path, hidden, expected):
+def test_pre_commit_try_repo_runs_the_hook_on_a_scratch_project(tmp_path, cli_server, hidden, expected):
     pre_commit = _pre_commit()
     project = tmp_path / "project"
     project.mkdir()
@@ -162,10 +180,13 @@ def test_pre_commit_try_repo_runs_the_hook_on_a_scratch_project(tmp_path, hidden
         max-growth = {{ flops = "2%", params = 0 }}
         """
     ))
-    env = _env(tmp_path, {"PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")})
-    count = subprocess.run([sys.executable, "-m", "flopcount", "count", "my_model.py:build", "--input", f"{N}x{IN}", "--format", "json",
+    env = _env(cli_server, {"PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")})
+    count = subprocess.run(["flopcount", "count", "my_model.py:build", "--input", f"{N}x{IN}", "--format", "json",
                             "--output", "flopcount-baseline.json", "-q"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert count.returncode == 0, count.stderr
+    # the count cached my_model's bytecode, which Python trusts while the source keeps its size and
+    # its mtime's second: the edit below keeps the size (32 -> 40) and can land in the same second
+    shutil.rmtree(project / "__pycache__", ignore_errors=True)
     (project / "my_model.py").write_text(_model(MODEL, hidden))
     _git(project, "add", "-A")
     proc = subprocess.run([pre_commit, "try-repo", str(ROOT), "flopcount-check", "--all-files"], cwd=project, env=env,

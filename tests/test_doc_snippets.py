@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,15 +25,24 @@ def test_docs_have_examples():
     assert sum(len(python_blocks(p)) for p in DOCS) >= 5
 
 
-@pytest.fixture
-def _roofs_measured(_private_cache_dir: None) -> None:
-    """This machine's roofs, measured for real into the session's roofs cache (conftest) with a
-    short budget, before an example (``flopcount.profile`` without ``roofs=``) reads them: the
+@pytest.fixture(scope="session")
+def _roofs_of_this_machine() -> Any:
+    """This machine's roofs, measured for real with a short budget, once per process: the
     default budget measures the same figures here in ~9 s instead of ~1 s."""
-    from flopcount.devices.measured import measure_roofs, remember_roofs
+    from flopcount.devices.measured import measure_roofs
+
+    return measure_roofs("cpu", budget_s=0.05)
+
+
+@pytest.fixture
+def _roofs_measured(_private_cache_dir: None, _roofs_of_this_machine: Any) -> None:
+    """The measured roofs, stored in the session's roofs cache (conftest) before an example
+    (``flopcount.profile`` without ``roofs=``) reads them; stored again for each file, as
+    other tests may have stored other roofs there since."""
+    from flopcount.devices.measured import remember_roofs
 
     # stored unchecked: under the other jobs' load the sanity checks would refuse to cache it
-    remember_roofs(measure_roofs("cpu", budget_s=0.05), "cpu")
+    remember_roofs(_roofs_of_this_machine, "cpu")
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
