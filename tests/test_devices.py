@@ -144,5 +144,50 @@ def test_this_gpu_is_the_gpu_measured(tmp_path, monkeypatch):
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     roofs = named_roofs("this gpu")
-    assert roofs.source == "measured" and roofs.device == torch.cuda.get_device_name()
+    assert roofs.source.startswith("measured") and roofs.device == torch.cuda.get_device_name()
     assert named_roofs("this machine").device != roofs.device
+
+
+# --------------------------------------------------------------------------- "this gpu" as a bound (H200 run)
+
+#: the H200's roofs as measure_roofs("cuda") found them in the run of 2026-11-26 (docs/performance.md,
+#: "On a GPU"), and two real runs there, the fastest of 7 CUDA-event-timed calls, that beat the
+#: bound priced on those raw measurements: tuned kernels beat a measured GPU rate
+H200_MEASURED = dict(peak_flops={"float32": 7.411e13, "float16": 7.696e14, "bfloat16": 8.004e14}, bandwidth=3.881e12)
+H200_MLP_BF16_S = 2.7381439e-3  # Linear(8192, 8192) -> ReLU -> Linear(8192, 8192), batch 8192, bfloat16
+H200_ELEMENTWISE_S = 23.428032e-3  # 20 x relu(x * 1.0001 + 0.001 i) on a 64x64x224x224 float32 tensor
+
+
+class _Elementwise(nn.Module):
+    def forward(self, x):
+        for i in range(20):
+            x = torch.relu(x * 1.0001 + 0.001 * i)
+        return x
+
+
+def _h200_cases():
+    with torch.device("meta"):
+        mlp = nn.Sequential(nn.Linear(8192, 8192), nn.ReLU(), nn.Linear(8192, 8192)).to(torch.bfloat16)
+        x = torch.empty(8192, 8192, dtype=torch.bfloat16)
+        y = torch.empty(64, 64, 224, 224)
+    return [(mlp, x, H200_MLP_BF16_S), (_Elementwise(), y, H200_ELEMENTWISE_S)]
+
+
+def test_this_gpu_bounds_real_runs_that_beat_the_raw_measurement():
+    """On the H200 the eager bound on the raw measured roofs was 2.80 ms for a GEMM-bound MLP that
+    ran in 2.738 ms, and 24.44 ms for a DRAM-bound elementwise chain that ran in 23.43 ms. The
+    roofs "this gpu" gives (gpu_ceiling: each rate the higher of measured and datasheet, the
+    datasheet's math modes) bound both."""
+    from flopcount.devices import MemoryLevel, Roofs, gpu_ceiling
+
+    sheet = named_roofs("h200")
+    raw = Roofs(H200_MEASURED["peak_flops"], H200_MEASURED["bandwidth"], "NVIDIA H200", "measured",
+                levels=(MemoryLevel("L2", 60 * 2**20, None),))
+    ceiling = gpu_ceiling(raw, sheet)
+    assert ceiling.peak_flops["bfloat16"] == sheet.peak_flops["bfloat16"]  # 989.5 > 800.4 TFLOP/s measured
+    assert ceiling.peak_flops["float32"] == H200_MEASURED["peak_flops"]["float32"]  # 74.1 measured > 67
+    assert ceiling.bandwidth == sheet.bandwidth and dict(ceiling.math) == dict(sheet.math)
+    assert flopcount.devices.default_bound(ceiling) == "eager"
+    for model, x, real_s in _h200_cases():
+        assert flopcount.predict(model, x, on=raw).bound_s("eager") > real_s  # the raw measurement: no bound
+        assert flopcount.predict(model, x, on=ceiling).bound_s("eager") <= real_s
