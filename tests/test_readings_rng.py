@@ -139,3 +139,40 @@ def test_a_notebooks_own_threads_do_not_stop_the_generator_being_set_back():
         stop.set()
         beat.join()
         iopub.join()
+
+
+class _KeepPositiveDropout(nn.Module):
+    """Reads data (``nonzero``): estimate_memory measures one real step, which draws (dropout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 32)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.nonzero(x[:, 0] > 0).squeeze(1)
+        return self.drop(self.lin(x.index_select(0, keep)))
+
+
+def test_estimate_memorys_real_step_never_rewinds_a_neighbour():
+    """Before: the fallback's real step saved the process's generator and set it back whatever
+    other threads drew meanwhile (their draws repeated)."""
+    model, x = _KeepPositiveDropout().train(), torch.randn(4096, 16)
+    with Neighbour(_draw) as neighbour:
+        for _ in range(3):
+            result = flopcount.estimate_memory(model, x, backward=True)
+        _draws_on(neighbour)
+    assert any("nonzero" in w for w in result.warnings)  # the real step ran
+    _no_repeats(neighbour)
+
+
+def test_serve_refuses_tp_on_this_machine_before_measuring_it(monkeypatch):
+    """Before: serve(on="this machine", tp=2) measured the machine (seconds) and then refused."""
+    from flopcount.devices import measured
+
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("measured the machine")
+
+    monkeypatch.setattr(measured, "machine_roofs", measure)
+    with pytest.raises(flopcount.UsageError, match="tp > 1 on this machine"):
+        flopcount.serve(nn.Linear(4, 4), torch.zeros(1, 3, dtype=torch.long), 2, on="this machine", tp=2)

@@ -30,6 +30,7 @@ from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.inputs import is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
+from flopcount.core.state import preserved_rng
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
@@ -254,12 +255,12 @@ def _tracked_step(
     real step); a failure names the module it happened in; warnings' formatter kept. Fake
     tensors draw no random number, so a fake step leaves the process's RNG alone (setting it
     back would rewind another thread's draws, issue #29 item 18); a real step (the fallback)
-    draws from it, and it is put back."""
+    draws from it, and it is put back when no other thread could have drawn meanwhile
+    (:func:`~flopcount.core.state.preserved_rng`)."""
     real = isinstance(mode, contextlib.nullcontext)
-    rng = torch.get_rng_state() if real else None
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:
-        with mode:
+        with mode, preserved_rng() if real else contextlib.nullcontext():
             if opt is not None:
                 warm_up(opt, "estimate_memory")
             tracker.watch(twin, opt, output_tensors((args, kwargs)))
@@ -278,8 +279,6 @@ def _tracked_step(
                     raise error from exc
     finally:
         warnings.formatwarning = formatwarning
-        if rng is not None:
-            torch.set_rng_state(rng)
 
 
 def _reads_data(exc: BaseException) -> bool:

@@ -84,10 +84,9 @@ def _part(on: Union[str, Roofs], tp: int) -> Tuple[Roofs, str, Optional[float], 
     if not isinstance(on, str):
         raise UsageError(f"serve: on= must be a part name ('h100', 'l4', 'this machine'...) or a Roofs, got {on!r}")
     if is_this_machine(on):
-        with torch.random.fork_rng(devices=[]):  # measuring the machine draws random operands
-            roofs = named_roofs(on)
-        if tp > 1:
+        if tp > 1:  # said before measuring the machine (seconds)
             raise UsageError("serve: tp > 1 on this machine is not modelled (no link between ranks)")
+        roofs = named_roofs(on)  # its operands are drawn on a generator of its own
         return roofs, "this machine", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), ""
     roofs = named_roofs(on)
     part = find_part(on)
