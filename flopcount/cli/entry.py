@@ -157,7 +157,11 @@ def _import_file(path_text: str) -> Any:
     # the file's own folder first, so it can import its siblings
     with _on_sys_path(str(path.parent)):
         try:
-            spec.loader.exec_module(module)
+            # compiled from the source itself, not through the import system's bytecode cache: a file
+            # edited within the same second at the same size read the stale __pycache__ entry (and
+            # the user's folder gets no __pycache__ of ours)
+            code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+            exec(code, module.__dict__)
         except BaseException as exc:
             sys.modules.pop(name, None)
             if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
