@@ -15,9 +15,13 @@ from flopcount.core.inputs import is_dataless
 
 #: the roots of modules whose threads never draw torch random numbers: a notebook kernel's and
 #: IPython's own threads (heartbeat, IOPub, control, history), a debugger's, an event loop's
+#: IPython's own threads (heartbeat, IOPub, control, history), a debugger's, an event loop's, tqdm's
+#: monitor (HF's Trainer and Lightning start it), TensorBoard's event writers
 _QUIET_THREAD_MODULES = frozenset({"ipykernel", "IPython", "zmq", "jupyter_client", "tornado", "debugpy", "pydevd",
-                                   "_pydevd_bundle", "_pydev_bundle", "prompt_toolkit"})
-#: ipykernel's IOPub thread is a plain Thread; it is known by its name
+                                   "_pydevd_bundle", "_pydev_bundle", "prompt_toolkit", "tqdm", "tensorboard",
+                                   "tensorboardX"})
+#: ipykernel's IOPub thread is a plain Thread; it is known by its name, as are a DataLoader's
+#: pin-memory thread and TensorBoard's event writer in torch ("Thread-N (target)" since Python 3.10)
 _QUIET_THREAD_NAMES = frozenset({"IOPub"})
 
 
@@ -27,7 +31,8 @@ def _quiet(thread: threading.Thread) -> bool:
     ``_DummyThread`` once they run a Python hook) that runs Python only in callbacks."""
     kind = type(thread)
     return (kind.__module__.split(".")[0] in _QUIET_THREAD_MODULES or thread.name in _QUIET_THREAD_NAMES
-            or kind.__name__ == "_DummyThread")
+            or thread.name.endswith("(_pin_memory_loop)") or kind.__name__ == "_DummyThread"
+            or kind.__module__.startswith("torch.utils.tensorboard"))
 
 
 def _alone() -> bool:

@@ -5,6 +5,7 @@ model left as found, usage errors; GPU-only tests skip without CUDA."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -378,7 +379,8 @@ def test_benchmark_leaves_the_random_stream_as_found():
     ):
         torch.manual_seed(123)
         run()
-        assert torch.equal(torch.rand(5), expected)
+        others = [(type(t).__module__, type(t).__name__, t.name) for t in threading.enumerate() if t is not threading.current_thread()]
+        assert torch.equal(torch.rand(5), expected), f"not set back; other threads alive: {others}"
 
 
 @cuda
