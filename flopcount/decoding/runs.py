@@ -13,7 +13,7 @@ the last exactly. Otherwise every step is traced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
 import torch
 
@@ -201,10 +201,20 @@ class Affine:
         return events
 
     def result_at(self, step: int, first: FlopResult) -> FlopResult:
-        """The run's step ``step``: its first step's result with the events that change re-costed."""
-        moved = tuple(_moved(a, b, step) for _, a, b in self.varying)
+        """The run's step ``step``: its first step's result with the events that change re-costed.
+        A pair of calls met again (the same call in each of 80 layers: structural reuse books
+        one call object per layer) is continued once and priced once (``cost_events`` prices
+        a call object once)."""
+        calls: Dict[Tuple[int, int], OpCall] = {}
+        moved: List[OpEvent] = []
+        for _, a, b in self.varying:
+            key = (id(a.call), id(b.call))
+            call = calls.get(key)
+            if call is None:
+                call = calls[key] = _moved_call(a, b, step)
+            moved.append(OpEvent(call, a.module_stack, a.phase))
         changes = []
-        for (index, _, _), (event, cost) in zip(self.varying, cost_events(moved, self.registry)):
+        for (index, _, _), (event, cost) in zip(self.varying, cost_events(tuple(moved), self.registry)):
             old = self.first[index][1]
             if cost is None or old is None:  # unsupported either way: nothing to re-cost
                 continue
@@ -213,8 +223,11 @@ class Affine:
 
 
 def _moved(a: OpEvent, b: OpEvent, step: int) -> OpEvent:
-    call = OpCall(a.call.op, _continue(a.call.args, b.call.args, step), _continue(tuple(a.call.outputs), tuple(b.call.outputs), step))
-    return OpEvent(call, a.module_stack, a.phase)
+    return OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
+
+
+def _moved_call(a: OpEvent, b: OpEvent, step: int) -> OpCall:
+    return OpCall(a.call.op, _continue(a.call.args, b.call.args, step), _continue(tuple(a.call.outputs), tuple(b.call.outputs), step))
 
 
 def _continue(a: Any, b: Any, step: int) -> Any:
