@@ -166,3 +166,33 @@ def test_a_continued_step_prices_each_distinct_varying_call_once(monkeypatch: An
     # by hand: attention over c = 6 + s + 1 positions, 4 heads x (QK^T + AV) 2 x 8 x c MACs per layer and sequence
     dense = layers * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64) + 32 * 50
     assert [s.macs for s in result.steps] == [2 * (dense + layers * 4 * 2 * 8 * (6 + s + 1)) for s in range(11)]
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral-window"])
+def test_the_fake_path_agrees_with_the_dispatch_path_on_meta(kind: str, monkeypatch: Any) -> None:
+    """An invariant between two tracers: FLOPs and MACs per module of every forward, the cache's
+    bytes and the notes are the same on fake copies and on meta as given (the prefill's bytes
+    are not: meta's own layouts make copies a CPU run does not, docs/llm.md)."""
+    from flopcount.decoding import counted
+    from flopcount.generation.count import count_generation
+
+    extra = {"sliding_window": 9} if kind == "mistral-window" else {}
+    cfg = transformers.AutoConfig.for_model(
+        "mistral" if extra else "llama", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=50, max_position_embeddings=128, **extra,
+    )
+    results = []
+    for fast in (True, False):
+        monkeypatch.setattr(counted, "on_fakes", lambda model, fast=fast: fast)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        results.append(count_generation(model, torch.zeros(3, 6, dtype=torch.int64, device="meta"), new_tokens=10))
+    on_fakes, as_given = results
+    for a, b in zip((on_fakes.prefill, *on_fakes.steps), (as_given.prefill, *as_given.steps)):
+        assert (a.flops, a.macs) == (b.flops, b.macs)
+        assert a.by_module("flops") == b.by_module("flops") and a.by_module("macs") == b.by_module("macs")
+        assert a.warnings == b.warnings
+    # a one-token step makes no layout copy on meta: its bytes agree too
+    assert [(s.bytes_read, s.bytes_written) for s in on_fakes.steps] == [(s.bytes_read, s.bytes_written) for s in as_given.steps]
+    assert (on_fakes.kv_cache_bytes, on_fakes.kv_cache_position_bytes) == (as_given.kv_cache_bytes, as_given.kv_cache_position_bytes)
+    assert on_fakes.warnings == as_given.warnings
