@@ -15,6 +15,7 @@ target. Three findings, each a regression test:
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -196,3 +197,43 @@ def test_the_fake_path_agrees_with_the_dispatch_path_on_meta(kind: str, monkeypa
     assert [(s.bytes_read, s.bytes_written) for s in on_fakes.steps] == [(s.bytes_read, s.bytes_written) for s in as_given.steps]
     assert (on_fakes.kv_cache_bytes, on_fakes.kv_cache_position_bytes) == (as_given.kv_cache_bytes, as_given.kv_cache_position_bytes)
     assert on_fakes.warnings == as_given.warnings
+
+
+def test_a_forward_fakes_cannot_run_is_counted_as_given(monkeypatch: Any) -> None:
+    """A meta model whose forward reads a value (here the prompt's first id) cannot run on fakes:
+    the whole loop is counted again by the dispatch tracer on the model as given, which answers
+    the read with a placeholder and says so, as before the fake path."""
+    from flopcount.decoding import counted
+    from flopcount.generation.count import count_generation
+
+    base = transformers.LlamaForCausalLM
+
+    class Reads(base):  # type: ignore[misc, valid-type]
+        @functools.wraps(base.forward)  # its signature: the decoding loop reads the cache argument's name
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None:
+                int(ids[0, 0])  # a data-dependent read
+            return super().forward(*args, **kwargs)
+
+    layers = 2
+    cfg = transformers.AutoConfig.for_model(
+        "llama", hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, max_position_embeddings=128,
+    )
+    with torch.device("meta"):
+        model = Reads(cfg).eval()
+    tried: List[bool] = []
+    run = counted.Counter._run
+
+    def watching(self: Any, prepared: Any) -> Any:
+        tried.append(self.fast)
+        return run(self, prepared)
+
+    monkeypatch.setattr(counted.Counter, "_run", watching)
+    result = count_generation(model, torch.zeros(2, 6, dtype=torch.int64, device="meta"), new_tokens=4)
+    # the prefill was tried on fakes and refused; then the prefill and the 3 steps as given
+    assert tried == [True, False, False, False, False]
+    assert any("placeholders" in w for w in result.warnings)
+    dense = layers * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64) + 32 * 50
+    assert [s.macs for s in result.steps] == [2 * (dense + layers * 4 * 2 * 8 * (6 + s + 1)) for s in range(3)]
