@@ -164,6 +164,12 @@ class Affine:
                 raise NotAffine
             if a.call.args != b.call.args or tuple(a.call.outputs) != tuple(b.call.outputs):
                 self.varying.append((index, a, b))
+        # the distinct (step 0, step 1) call pairs among the varying events (the same attention in
+        # each of 80 layers): each is continued and priced once per step
+        groups: Dict[Any, int] = {}
+        self.group: List[int] = []
+        for _, a, b in self.varying:
+            self.group.append(groups.setdefault(_pair_key(a.call, b.call), len(groups)))
 
     @staticmethod
     def check(traced: List[Tuple[Trace, Costed]], registry: HandlerRegistry) -> Optional[Affine]:
@@ -202,16 +208,14 @@ class Affine:
 
     def result_at(self, step: int, first: FlopResult) -> FlopResult:
         """The run's step ``step``: its first step's result with the events that change re-costed.
-        A pair of calls met again (the same call in each of 80 layers: structural reuse books
-        one call object per layer) is continued once and priced once (``cost_events`` prices
-        a call object once)."""
-        calls: Dict[Tuple[int, int], OpCall] = {}
+        A pair of calls met again (the same call in each of 80 layers) is continued once, into
+        one call object, which ``cost_events`` prices once."""
+        calls: Dict[int, OpCall] = {}
         moved: List[OpEvent] = []
-        for _, a, b in self.varying:
-            key = (id(a.call), id(b.call))
-            call = calls.get(key)
+        for (_, a, b), group in zip(self.varying, self.group):
+            call = calls.get(group)
             if call is None:
-                call = calls[key] = _moved_call(a, b, step)
+                call = calls[group] = _moved_call(a, b, step)
             moved.append(OpEvent(call, a.module_stack, a.phase))
         changes = []
         for (index, _, _), (event, cost) in zip(self.varying, cost_events(tuple(moved), self.registry)):
@@ -220,6 +224,18 @@ class Affine:
                 continue
             changes.append((event, old, cost))
         return reprice(first, changes)
+
+
+def _pair_key(a: OpCall, b: OpCall) -> Any:
+    """Two equal keys continue into equal calls (the continuation is a function of the pair).
+    By value where the arguments hash; else by the calls' identity (structural reuse books one
+    call object for a call booked again)."""
+    key = (a.op, tuple(a.args.items()), tuple(a.outputs), tuple(b.args.items()), tuple(b.outputs))
+    try:
+        hash(key)
+    except TypeError:
+        return (id(a), id(b))
+    return key
 
 
 def _moved(a: OpEvent, b: OpEvent, step: int) -> OpEvent:
