@@ -1,6 +1,9 @@
 """The forwards of a greedy ``generate()`` counted one by one: the prefill (one forward, or
-one per chunk) and each decode step, traced by the dispatch tracer or costed as the exact
-affine continuation of the steps before it (:mod:`flopcount.decoding.runs`). Shared by the
+one per chunk) and each decode step, traced or costed as the exact affine continuation of the
+steps before it (:mod:`flopcount.decoding.runs`). A model whose weights are all on the meta
+device (or fake) is traced on fake copies, as ``count_flops`` traces it (shape cache,
+structural reuse of repeated layers given the KV cache); one with real weights, or one whose
+forward fakes cannot run, by the dispatch tracer on the model as given (:class:`Counter`). Shared by the
 readings over generation: ``count_generation`` books them as a GenerationResult, ``serve``
 prices them on a part. Besides each forward's FlopResult, :func:`count_decoding` keeps what
 the cache held after the prefill and after each traced step (the positions' bytes), so a
@@ -16,18 +19,18 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import prepare_call
+from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.decoding.caches import cache_position_bytes
-from flopcount.decoding.forwards import Decoding, LastOutput, Setup, cache_of, generation_options
+from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
 from flopcount.errors import TraceError, UsageError
 from flopcount.handlers import default_registry
-from flopcount.tracers import trace
+from flopcount.tracers import trace, trace_on_fakes
 from flopcount.types import Trace
 
-__all__ = ["Decoded", "count_decoding"]
+__all__ = ["Counter", "Decoded", "count_decoding", "on_fakes"]
 
 
 @dataclass
@@ -72,11 +75,20 @@ def count_decoding(
     resolved = generation_options(model, int(input_ids.shape[0]), int(input_ids.shape[-1]), new_tokens, dict(options or {}))
     setup = Setup(model, input_ids, kwargs, resolved)
     notes = list(resolved.notes) + list(setup.notes)
-    try:
-        counted = _count(model, setup, new_tokens - 1, trace_every_step)
-    except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
-        counted = _count(model, setup, new_tokens - 1, True)
-        notes.append(f"{why}: every decode step was traced")
+    fast = on_fakes(model)
+    while True:
+        try:
+            try:
+                counted = _count(Counter(model, fast), setup, new_tokens - 1, trace_every_step)
+            except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
+                counted = _count(Counter(model, fast), setup, new_tokens - 1, True)
+                notes.append(f"{why}: every decode step was traced")
+        except FakeRefused:
+            if not fast:
+                raise
+            fast = False  # a forward fakes cannot run: every forward by the dispatch tracer, as given
+            continue
+        break
     counted.notes = notes + counted.notes
     counted.wall_s = time.perf_counter() - started
     return counted
@@ -86,12 +98,13 @@ class _Mismatch(Exception):
     """A traced step is not the continuation predicted for the steps before it."""
 
 
-def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> Decoded:
+def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Decoded:
     """The prefill and ``total`` decode steps; raises :class:`_Mismatch` when a run's last
-    step, traced, contradicts the continuation predicted for it."""
-    counter = _Counter(model)
+    step, traced, contradicts the continuation predicted for it, :class:`FakeRefused` when a
+    forward of a fake run could not be."""
+    model = counter.model
     held: Dict[int, int] = {}
-    with LastOutput(model) as last:
+    with counter.outputs() as last:
         prefill, output = _prefill(counter, setup, last)
         state = Decoding(model, output, setup)
         if total > 0 and state.cache is None:
@@ -126,6 +139,8 @@ def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> Deco
                 predicted.append((index, final - 1))
                 try:
                     counter.catch_up(state.call(index, width=final - index))
+                except FakeRefused:
+                    raise
                 except TraceError as exc:
                     first_line = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
                     raise _Mismatch(f"the model refused {final - index} positions in one forward ({first_line})") from exc
@@ -146,7 +161,7 @@ def _count(model: nn.Module, setup: Setup, total: int, every_step: bool) -> Deco
     return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write)
 
 
-def _prefill(counter: _Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any]:
+def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any]:
     """The prefill's count and its output: one forward, or one per chunk (each chunk fed the
     cache the one before returned), booked as one prefill."""
     if len(setup.prefill_calls) == 1:
@@ -163,16 +178,57 @@ def _prefill(counter: _Counter, setup: Setup, last: LastOutput) -> Tuple[FlopRes
     return counter.combined(runs, description), output
 
 
-class _Counter:
-    """Traces one forward with the dispatch tracer and turns it into a FlopResult, as
-    :func:`flopcount.core.analysis.analyze` does (module aliases included); the model facts
-    (names, aliases, parameter summary) are read once for all steps."""
+def on_fakes(model: nn.Module) -> bool:
+    """Whether the decoding loop traces ``model`` on fake copies: every parameter and buffer
+    (at least one) on the meta device or fake. Real weights are traced as given: the greedy
+    tokens, a router's choices, a mask's values are real there, and fakes have none."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return bool(tensors) and all(is_dataless(t) for t in tensors)
 
-    def __init__(self, model: nn.Module):
+
+class Counter:
+    """Traces one forward and turns it into a FlopResult, as
+    :func:`flopcount.core.analysis.analyze` does (module aliases included); the model facts
+    (names, aliases, parameter summary) are read once for all steps. ``fast``: each forward
+    runs on fake copies of the model and its arguments (the KV cache included), with the
+    shape cache and structural reuse (:func:`flopcount.tracers.trace_on_fakes`), else with the
+    dispatch tracer on the model as given. Enter :meth:`outputs` around the loop to get each
+    forward's output; a forward fakes cannot run raises :class:`FakeRefused`."""
+
+    def __init__(self, model: nn.Module, fast: bool = False):
         self.model = model
         self.registry = default_registry()
         self.facts = model_facts(model)
         self.largest_write = 0
+        self.fast = fast
+        self._last: Optional[LastOutput] = None
+        # meta weights: what a fake run feeds back stands for meta tensors
+        self._on_meta = fast and any(p.device.type == "meta" for p in self.facts.parameters)
+
+    def outputs(self) -> LastOutput:
+        """What keeps each forward's output (process-wide hooks on the dispatch path only)."""
+        self._last = LastOutput(self.model, hooks=not self.fast)
+        return self._last
+
+    def _run(self, prepared: PreparedCall) -> Trace:
+        if not self.fast:
+            return trace(self.model, prepared, tracer="dispatch", facts=self.facts)
+        keep = self._last.keep if self._last is not None else None
+        run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep)
+        if run is None:
+            raise FakeRefused(f"a forward of {type(self.model).__name__} could not run on fake copies")
+        return run
+
+    def _described(self, prepared: PreparedCall) -> str:
+        """The call's description; on a fake run, a fake tensor the loop feeds back (a legacy
+        cache's tensors) is described as the meta tensor it stands for, as on the dispatch path."""
+        fake = fake_tensor_type()
+        if not self._on_meta or not any(isinstance(t, fake) for t in prepared.tensors):
+            return prepared.description
+        twins = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if isinstance(t, fake) else t
+                 for t in prepared.tensors]
+        args, kwargs = prepared.rebuild(twins)
+        return prepare_call(args, kwargs).description
 
     def _costed(self, run: Trace) -> Costed:
         costed = cost_events(run.events, self.registry)
@@ -182,7 +238,7 @@ class _Counter:
         return costed
 
     def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
-        run = trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
+        run = self._run(prepare_call((), call))
         return run, self._costed(run)
 
     def combined(self, runs: List[Tuple[Trace, Costed]], description: str) -> FlopResult:
@@ -203,19 +259,19 @@ class _Counter:
         )
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
-        """Run a forward that is not counted (dispatch, for its meta-kernel stand-ins)."""
-        trace(self.model, prepare_call((), call), tracer="dispatch", facts=self.facts)
+        """Run a forward that is not counted (for its output: the cache it fills)."""
+        self._run(prepare_call((), call))
 
     def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
         prepared = prepare_call((), call)
-        run = trace(self.model, prepared, tracer="dispatch", facts=self.facts)
+        run = self._run(prepared)
         costed = self._costed(run)
         return run, costed, aggregate(
             costed,
             tracer="dispatch",
             modules=self.facts.module_infos(run.module_calls),
             parameters=self.facts.summary,
-            input_description=prepared.description,
+            input_description=self._described(prepared),
             warnings=run.warnings,
             gaps=run.gaps,
             aliases=self.facts.aliases,

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from flopcount.core.inputs import is_dataless
-from flopcount.errors import UsageError
+from flopcount.errors import TraceError, UsageError
 
-__all__ = ["Decoding", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options"]
+__all__ = ["Decoding", "FakeRefused", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options"]
 
 # transformers 5's cache implementations (``generation/configuration_utils.py``): the ones
 # whose cache is a StaticCache of ``max_cache_len`` positions, and the dynamic ones.
@@ -162,16 +162,30 @@ class LastOutput:
     """Keeps the output of the model's forward run by the thread that entered it: the output of
     that thread's outermost module call (the model, or the private twin a real-run tracer runs
     in its place). Process-wide hooks, removed on exit; another thread running the same model
-    meanwhile is not heard (issue #29)."""
+    meanwhile is not heard (issue #29). With ``hooks=False`` it installs none: the tracer hands
+    each output to :meth:`keep` (a fake run's copy; a process-wide hook would turn structural
+    reuse off)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, hooks: bool = True):
         self._model = model
         self.value: Any = None
         self._handles: List[Any] = []
         self._thread = threading.get_ident()
+        self._hooks = hooks
+        self.no_cache = False
+
+    def keep(self, output: Any) -> None:
+        self.value = output
+        if not any(_field(output, key) is not None for key in _CACHE_KEYS):
+            # the model updates the cache it was handed in place (RecurrentGemma): on a fake run
+            # that is the copy's, which the next forward would not see
+            self.no_cache = True
 
     def __enter__(self) -> LastOutput:
         from torch.nn.modules import module as module_impl
+
+        if not self._hooks:
+            return self
 
         thread = self._thread = threading.get_ident()
         depth = [0]
@@ -195,12 +209,20 @@ class LastOutput:
     def __exit__(self, *exc: Any) -> None:
         for handle in self._handles:
             handle.remove()
+        self._handles = []
 
     def take(self) -> Any:
+        if self.no_cache:
+            raise FakeRefused("a fake run returned no cache to continue from")
         value, self.value = self.value, None
         if value is None:
             raise UsageError("count_generation: the model's forward returned nothing to continue from")
         return value
+
+
+class FakeRefused(TraceError):
+    """A forward of the decoding loop could not run on fake copies (or returned no cache to
+    continue from): the loop is counted again with the dispatch tracer on the model as given."""
 
 
 def _field(output: Any, name: str) -> Any:
@@ -308,7 +330,11 @@ class Decoding:
                     "state in its modules (kv_cache_bytes counts the cache object only)")
             if note not in self.notes:
                 self.notes.append(note)
-        self.tokens = _next_tokens(_field(output, "logits"))
+        tokens = _next_tokens(_field(output, "logits"))
+        if self.setup.device.type == "meta" and tokens.device.type != "meta":
+            # a fake run's greedy tokens (valueless either way): fed as the meta prompt was
+            tokens = torch.empty_strided(tokens.shape, tokens.stride(), dtype=tokens.dtype, device="meta")
+        self.tokens = tokens
 
     def call(self, step: int, width: int = 1) -> Dict[str, Any]:
         """The forward of decode step ``step``, or of ``width`` positions from it at once: as

@@ -13,7 +13,7 @@ the last exactly. Otherwise every step is traced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
 import torch
 
@@ -164,6 +164,12 @@ class Affine:
                 raise NotAffine
             if a.call.args != b.call.args or tuple(a.call.outputs) != tuple(b.call.outputs):
                 self.varying.append((index, a, b))
+        # the distinct (step 0, step 1) call pairs among the varying events (the same attention in
+        # each of 80 layers): each is continued and priced once per step
+        groups: Dict[Any, int] = {}
+        self.group: List[int] = []
+        for _, a, b in self.varying:
+            self.group.append(groups.setdefault(_pair_key(a.call, b.call), len(groups)))
 
     @staticmethod
     def check(traced: List[Tuple[Trace, Costed]], registry: HandlerRegistry) -> Optional[Affine]:
@@ -201,10 +207,18 @@ class Affine:
         return events
 
     def result_at(self, step: int, first: FlopResult) -> FlopResult:
-        """The run's step ``step``: its first step's result with the events that change re-costed."""
-        moved = tuple(_moved(a, b, step) for _, a, b in self.varying)
+        """The run's step ``step``: its first step's result with the events that change re-costed.
+        A pair of calls met again (the same call in each of 80 layers) is continued once, into
+        one call object, which ``cost_events`` prices once."""
+        calls: Dict[int, OpCall] = {}
+        moved: List[OpEvent] = []
+        for (_, a, b), group in zip(self.varying, self.group):
+            call = calls.get(group)
+            if call is None:
+                call = calls[group] = _moved_call(a, b, step)
+            moved.append(OpEvent(call, a.module_stack, a.phase))
         changes = []
-        for (index, _, _), (event, cost) in zip(self.varying, cost_events(moved, self.registry)):
+        for (index, _, _), (event, cost) in zip(self.varying, cost_events(tuple(moved), self.registry)):
             old = self.first[index][1]
             if cost is None or old is None:  # unsupported either way: nothing to re-cost
                 continue
@@ -212,9 +226,24 @@ class Affine:
         return reprice(first, changes)
 
 
+def _pair_key(a: OpCall, b: OpCall) -> Any:
+    """Two equal keys continue into equal calls (the continuation is a function of the pair).
+    By value where the arguments hash; else by the calls' identity (structural reuse books one
+    call object for a call booked again)."""
+    key = (a.op, tuple(a.args.items()), tuple(a.outputs), tuple(b.args.items()), tuple(b.outputs))
+    try:
+        hash(key)
+    except TypeError:
+        return (id(a), id(b))
+    return key
+
+
 def _moved(a: OpEvent, b: OpEvent, step: int) -> OpEvent:
-    call = OpCall(a.call.op, _continue(a.call.args, b.call.args, step), _continue(tuple(a.call.outputs), tuple(b.call.outputs), step))
-    return OpEvent(call, a.module_stack, a.phase)
+    return OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
+
+
+def _moved_call(a: OpEvent, b: OpEvent, step: int) -> OpCall:
+    return OpCall(a.call.op, _continue(a.call.args, b.call.args, step), _continue(tuple(a.call.outputs), tuple(b.call.outputs), step))
 
 
 def _continue(a: Any, b: Any, step: int) -> Any:

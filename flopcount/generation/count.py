@@ -5,9 +5,10 @@ last position only: ``logits_to_keep=1``), then N - 1 **decode** steps of one to
 through the model's own KV cache; decode step s (0-based) attends to P + s + 1 positions.
 An encoder-decoder runs its encoder once, in the prefill, beside the decoder's first
 (one-token) step; the decode steps reuse the encoder output. :func:`count_generation` runs
-exactly these forwards, each counted by the dispatch tracer, and feeds each step the greedy
-token (the argmax of the last logits; the argmax itself, like generate's logits
-processors, is not counted). On meta/fake tensors the tokens have no value: the ids fed
+exactly these forwards (on fake copies for a model on meta, with structural reuse of its
+repeated layers; by the dispatch tracer on the model as given for real weights: see
+:mod:`flopcount.decoding.counted`), and feeds each step the greedy token (the argmax of the
+last logits; the argmax itself, like generate's logits processors, is not counted). On meta/fake tensors the tokens have no value: the ids fed
 back are data-less, which does not change a dense model's cost (every token costs the same);
 a mixture-of-experts model is counted with each token routed to exactly k experts.
 """

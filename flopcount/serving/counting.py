@@ -43,7 +43,7 @@ from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
-from flopcount.decoding.counted import _Counter
+from flopcount.decoding.counted import Counter, on_fakes
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
 from flopcount.errors import TraceError, UsageError
@@ -104,9 +104,9 @@ def derive(
             or total < MIN_STEPS:
         return None
     model = uncompiled(model)
-    counter = _Counter(model)
+    counter = Counter(model, on_fakes(model))  # on fake copies for meta weights, as count_generation
     try:
-        with LastOutput(model) as last:
+        with counter.outputs() as last:
             setup, options_notes = _setup(model, input_ids, new_tokens, kwargs)
             if not _one_run(total, setup.base, None, model):  # the config's limits: refuse before any forward
                 return None
@@ -147,7 +147,7 @@ def _largest(costed: Costed) -> int:
 
 
 def _count_b(
-    counter: _Counter, setup: Setup, last: LastOutput, total: int,
+    counter: Counter, setup: Setup, last: LastOutput, total: int,
 ) -> Tuple[Counted, Any, Affine, Costed, List[str]]:
     """Batch B as ``count_decoding`` counts it, the continued steps priced by :func:`_continued`;
     also the continuation and step 1's events."""
@@ -192,7 +192,7 @@ def _count_b(
 
 
 def _count_wider(
-    counter: _Counter, setup: Setup, last: LastOutput, total: int, one: Counted, affine: Affine, second: Costed,
+    counter: Counter, setup: Setup, last: LastOutput, total: int, one: Counted, affine: Affine, second: Costed,
 ) -> Counted:
     """Batch B + 1 from its prefill and decode steps 0 and 1, where each event changes from
     step 0 to step 1 exactly as at B (``affine``, checked through B's last step, continues
@@ -266,7 +266,7 @@ def held_per_step(known: Mapping[int, float], total: int) -> Dict[int, float]:
     return out
 
 
-def _continued(affine: Affine, first: FlopResult, total: int, counter: _Counter) -> Tuple[List[int], List[int], Dict[int, int]]:
+def _continued(affine: Affine, first: FlopResult, total: int, counter: Counter) -> Tuple[List[int], List[int], Dict[int, int]]:
     """Every step's FLOPs and MACs as ``affine`` continues step 0 (``first``): step 0's plus,
     for each event that varies, its cost at the step minus its cost at step 0, as
     ``reprice`` books it. Events with the same calls at steps 0 and 1 (one per layer) are

@@ -24,7 +24,7 @@ from flopcount.tracers._twin import private_twin
 from flopcount.tracers.fake.copies import FakeRunError, shared_tensor_copy
 from flopcount.types import TRACERS, TensorMeta, Trace
 
-__all__ = ["TRACERS", "LossFn", "Tracer", "trace"]
+__all__ = ["TRACERS", "LossFn", "Tracer", "trace", "trace_on_fakes"]
 
 LossFn = Callable[[Any], Any]
 
@@ -128,6 +128,31 @@ def trace(
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)
     return _with_warning(run, note) if note else run
+
+
+def trace_on_fakes(
+    model: nn.Module,
+    inputs: Any = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    facts: Optional[ModelFacts] = None,
+    on_output: Optional[Callable[[Any], None]] = None,
+) -> Optional[Trace]:
+    """The forward traced on fake copies, as ``tracer="auto"`` traces it first (shape cache,
+    structural reuse), with no real run behind it: None where "auto" would count a real run
+    (lazy modules, packed or sparse tensors, a forward fakes cannot run, sparse outputs).
+    ``on_output`` is given the copy's outputs (the decoding loop continues from its cache)."""
+    from flopcount.tracers import dispatch
+
+    call = prepare_call(inputs, kwargs)
+    facts = model_facts(model) if facts is None else facts
+    if facts.lazy or facts.packed is not None or has_sparse(call.tensors, facts.parameters, facts.buffers):
+        return None
+    try:
+        run = dispatch.trace(model, call, fake_copy=True, facts=facts, on_output=on_output)
+    except FakeRunError:
+        return None
+    return None if _made_sparse(run) else run
 
 
 def _made_sparse(run: Trace) -> bool:

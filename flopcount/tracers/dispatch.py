@@ -57,12 +57,14 @@ def trace(
     optimizer: Optional[OptimizerSpec] = None,
     marker: Optional[Callable[[int], Any]] = None,
     facts: Optional[ModelFacts] = None,
+    on_output: Optional[Callable[[Any], None]] = None,
 ) -> Trace:
     """See :func:`_trace`. A forward that calls ``torch.cond`` is traced again with the
     recorder torch keeps out of dynamo (torch compiles an eager ``cond``; the fast recorder's
     own code must not be traced, and keeping every op out of dynamo costs ~10 us per op)."""
     options: Dict[str, Any] = dict(
-        backward=backward, loss_fn=loss_fn, fake_copy=fake_copy, optimizer=optimizer, marker=marker
+        backward=backward, loss_fn=loss_fn, fake_copy=fake_copy, optimizer=optimizer, marker=marker,
+        on_output=on_output,
     )
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
@@ -125,6 +127,7 @@ def _trace(
     optimizer: Optional[OptimizerSpec] = None,
     marker: Optional[Callable[[int], Any]] = None,
     index_proxies: bool = True,
+    on_output: Optional[Callable[[Any], None]] = None,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -143,6 +146,9 @@ def _trace(
 
     ``marker(index)`` (real runs only) is a context manager entered around the run of
     each recorded op and composite, ``index`` being its event's position in the trace.
+
+    ``on_output(outputs)`` is given what the forward returned (on a fake run, the copy's
+    outputs: the KV cache a decode step continues from), after backward if any.
     """
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
@@ -223,6 +229,8 @@ def _trace(
                             where = recorder.module_stack()
                             raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
                         raise _backward_error(exc, recorder, inputs_text) from exc
+                if on_output is not None:
+                    on_output(outputs)
                 del outputs
                 if isinstance(watch, StateWatch):
                     watch.drew_random = draws_random(recorder.events)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
@@ -284,7 +285,7 @@ class _TreeCopier:
             return found
         if isinstance(value, nn.Module):
             return self.module(value)
-        if isinstance(value, self.faker.fake_type):
+        if isinstance(value, self.faker.fake_type) and value.fake_mode is self.faker.mode:
             return value  # already one of ours
         if isinstance(value, _shared_types()):
             return value
@@ -297,7 +298,31 @@ class _TreeCopier:
         if kind is set and all(type(item) in _IMMUTABLE_TYPES for item in value):
             new = self.memo[id(value)] = set(value)
             return new
-        return copy.deepcopy(value, self.memo)
+        # Any other object (a KV cache) is deep-copied, each tensor it holds faked into this
+        # copy's mode: a fake tensor's own deep copy would deep-copy its FakeTensorMode too (a
+        # second mode sharing the first one's internals, which crashes the interpreter when
+        # both are collected), and a real one would copy its data.
+        with _FakedOnCopy(self.memo, self.faker):
+            return copy.deepcopy(value, self.memo)
+
+
+class _FakedOnCopy(TorchFunctionMode):
+    """While active, ``copy.deepcopy`` of a tensor gives its fake (one per tensor, kept in
+    ``memo``); every other torch function runs as it would."""
+
+    def __init__(self, memo: Dict[int, Any], faker: _Faker):
+        super().__init__()
+        self.memo = memo
+        self.faker = faker
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.__deepcopy__ and len(args) == 2 and isinstance(args[0], torch.Tensor):
+            tensor, memo = args
+            found = memo.get(id(tensor))
+            if found is None:
+                found = memo[id(tensor)] = self.faker.fake(tensor)
+            return found
+        return func(*args, **(kwargs or {}))
 
 
 @cache
