@@ -213,6 +213,40 @@ class Ledger:
             for name, part in cost.parts or ((op, cost),):
                 self._book(event.module_stack, name, event.phase, _vector(part, 0), sign)
 
+    def rebook_group(self, events: Sequence[OpEvent], old: Cost, new: Cost) -> None:
+        """Every event of ``events`` ran at ``new`` instead of ``old`` (the same attention call in
+        each of 80 layers, one decode step later): the same as :meth:`rebook` per event, booked
+        once per key with the change times the number of events booked under it. Exact: the
+        figures are integers (else each event is rebooked as before)."""
+        change: Dict[str, Sums] = {}
+        for sign, cost in ((-1, old), (1, new)):
+            for name, part in cost.parts or ((events[0].call.op if events else "", cost),):
+                vector = _vector(part, 0)
+                into = change.setdefault(name, [0] * _WIDTH)
+                for i in range(_WIDTH):
+                    into[i] += sign * vector[i]
+        changed = {name: d for name, d in change.items() if any(d)}
+        if not changed:
+            return
+        if self.keeps_rows or not all(type(v) is int for d in changed.values() for v in d):
+            for event in events:
+                self.rebook(event, old, new)
+            return
+        phases: Dict[str, int] = {}
+        owners: Dict[str, int] = {}
+        for event in events:
+            phases[event.phase] = phases.get(event.phase, 0) + 1
+            for owner in self.owners(event.module_stack):
+                owners[owner] = owners.get(owner, 0) + 1
+        for name, d in changed.items():
+            _add(self.operators, name, [len(events) * v for v in d])
+            for phase, times in phases.items():
+                _add(self.phases, phase, [times * v for v in d])
+            for owner, times in owners.items():
+                scaled = [times * v for v in d]
+                _add(self.modules, owner, scaled)
+                _add(self.module_ops.setdefault(owner, {}), name, scaled)
+
     def _book(
         self, stack: Tuple[str, ...], op: str, phase: str, sums: Sums, sign: int,
         times: Optional[Sequence[float]] = None, labels: Optional[Labels] = None,

@@ -343,6 +343,22 @@ def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -
     for event, old, new in changes:
         if old != new:
             delta.rebook(event, old, new)
+    return _apply(result, delta)
+
+
+def reprice_groups(result: FlopResult, groups: Iterable[Tuple[Sequence[OpEvent], Cost, Cost]]) -> FlopResult:
+    """:func:`reprice` where the changes come in groups of events that each changed from the same
+    old cost to the same new one (:meth:`Ledger.rebook_group`: booked once per key, not per
+    event); the same result."""
+    delta = Ledger(result._aliases)
+    for events, old, new in groups:
+        if old != new and events:
+            delta.rebook_group(events, old, new)
+    return _apply(result, delta)
+
+
+def _apply(result: FlopResult, delta: Ledger) -> FlopResult:
+    """``result`` with a delta ledger's differences added (rows it does not touch shared)."""
     if not delta.operators:
         return result
     module_ops = dict(result._module_ops)

@@ -19,7 +19,7 @@ import torch
 
 from flopcount.core.analysis import cost_events
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.results import FlopResult, reprice
+from flopcount.core.results import FlopResult, reprice, reprice_groups
 from flopcount.types import Cost, OpCall, OpEvent, TensorMeta, Trace
 
 __all__ = ["Affine", "Limits", "cache_limits", "plan_runs"]
@@ -217,6 +217,9 @@ class Affine:
             if call is None:
                 call = calls[group] = _moved_call(a, b, step)
             moved.append(OpEvent(call, a.module_stack, a.phase))
+        grouped = self._grouped(moved)
+        if grouped is not None:
+            return reprice_groups(first, grouped)
         changes = []
         for (index, _, _), (event, cost) in zip(self.varying, cost_events(tuple(moved), self.registry)):
             old = self.first[index][1]
@@ -224,6 +227,28 @@ class Affine:
                 continue
             changes.append((event, old, cost))
         return reprice(first, changes)
+
+
+    def _grouped(self, moved: List[OpEvent]) -> Optional[List[Tuple[List[OpEvent], Cost, Cost]]]:
+        """The step's changes as groups of events sharing a moved call, a phase and the first step's
+        cost (each priced once: a handler is a pure function of the call and the phase), for
+        :func:`reprice_groups`; None where a group's first-step costs differ (then per event)."""
+        members: Dict[Tuple[int, str], List[int]] = {}
+        for position, (group, event) in enumerate(zip(self.group, moved)):
+            members.setdefault((group, event.phase), []).append(position)
+        heads = tuple(moved[positions[0]] for positions in members.values())
+        grouped: List[Tuple[List[OpEvent], Cost, Cost]] = []
+        for positions, (_, cost) in zip(members.values(), cost_events(heads, self.registry)):
+            olds = [self.first[self.varying[p][0]][1] for p in positions]
+            old = olds[0]
+            if cost is None or old is None:
+                if any(o is not None for o in olds):
+                    return None
+                continue  # unsupported either way: nothing to re-cost
+            if any(o != old for o in olds):
+                return None
+            grouped.append(([moved[p] for p in positions], old, cost))
+        return grouped
 
 
 def _pair_key(a: OpCall, b: OpCall) -> Any:
