@@ -16,10 +16,12 @@ followed (a write into a meta tensor from an unknown value) forgets every value.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+from flopcount.core.inputs import flatten_tensors, output_tensors
 
 __all__ = ["INTEGRAL", "LIMIT", "KnownValues"]
 
@@ -56,8 +58,11 @@ class KnownValues:
             self._forget(func, args)
             return
         try:
-            cpu_args = _mapped(self._on_cpu, args)
-            cpu_kwargs = _mapped(self._on_cpu, kwargs or {})
+            tensors, rebuild = flatten_tensors((args, kwargs or {}))
+            cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
+            # an aten schema takes a device only as an argument of its own, never inside a list
+            cpu_args = tuple(_CPU if _meta_device(a) else a for a in cpu_args)
+            cpu_kwargs = {k: _CPU if _meta_device(v) else v for k, v in cpu_kwargs.items()}
             value = func(*cpu_args, **cpu_kwargs)
         except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
             self._forget(func, args)
@@ -67,19 +72,15 @@ class KnownValues:
         else:
             self._forget(func, args)
 
-    def _on_cpu(self, item: Any) -> Any:
-        if isinstance(item, torch.Tensor):
-            if item.device.type == "meta":
-                known = self._values.get(item)
-                if known is None:
-                    raise _Unknown
-                return known
-            if item.device.type != "cpu" or item.numel() > LIMIT:
+    def _on_cpu(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == "meta":
+            known = self._values.get(tensor)
+            if known is None:
                 raise _Unknown
-            return item
-        if isinstance(item, torch.device) and item.type == "meta":
-            return _CPU
-        return item
+            return known
+        if tensor.device.type != "cpu" or tensor.numel() > LIMIT:
+            raise _Unknown
+        return tensor
 
     def __bool__(self) -> bool:
         return len(self._values) > 0
@@ -87,28 +88,9 @@ class KnownValues:
     def _forget(self, func: Any, args: Tuple[Any, ...]) -> None:
         """An op that writes into a meta tensor and could not be followed: every value is
         forgotten (the tensor written may be a view of a known one, or have known views)."""
-        if len(self._values) and func._schema.is_mutable and any(
-            isinstance(item, torch.Tensor) and item.device.type == "meta" for item in _leaves(args)
-        ):
+        if len(self._values) and func._schema.is_mutable and any(t.device.type == "meta" for t in output_tensors(args)):
             self._values = WeakIdKeyDictionary()
 
 
-def _mapped(fn: Any, item: Any) -> Any:
-    """``fn`` applied to each leaf of an aten op's arguments (tuples, lists and dicts of them;
-    an op's schema allows no other container), the containers rebuilt."""
-    if isinstance(item, (tuple, list)):
-        return type(item)(_mapped(fn, x) for x in item)
-    if isinstance(item, dict):
-        return {k: _mapped(fn, v) for k, v in item.items()}
-    return fn(item)
-
-
-def _leaves(item: Any) -> Iterator[Any]:
-    if isinstance(item, (tuple, list)):
-        for x in item:
-            yield from _leaves(x)
-    elif isinstance(item, dict):
-        for x in item.values():
-            yield from _leaves(x)
-    else:
-        yield item
+def _meta_device(value: Any) -> bool:
+    return isinstance(value, torch.device) and value.type == "meta"
