@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tracers.test_threads_process import Neighbour, _draw, _function_modes
+from tracers.test_threads_process import Neighbour, _draw, _function_modes, assert_counted_run_draws_as_the_caller
 
 from flopcount import count_flops
 from flopcount.tracers import trace
@@ -81,19 +81,7 @@ def test_an_eval_mode_rnn_with_dropout_leaves_a_drawing_neighbour_alone() -> Non
 @pytest.mark.parametrize("tracer", ["jit", "dispatch"])
 def test_the_counted_run_draws_what_the_callers_call_draws(tracer: str) -> None:
     torch.manual_seed(0)
-    model = _Drawing().train()
-    x = torch.randn(B, T, 8)
-    state = torch.get_rng_state()
-    expected = model(x).detach()
-    torch.set_rng_state(state)
-    seen: List[torch.Tensor] = []
-    handle = model.register_forward_hook(lambda m, a, out: seen.append(out.detach().clone()))
-    try:
-        count_flops(model, x, tracer=tracer)
-    finally:
-        handle.remove()
-    assert torch.equal(torch.get_rng_state(), state), "the caller's generator moved"
-    assert len(seen) == 1 and torch.equal(seen[0], expected)
+    assert_counted_run_draws_as_the_caller(_Drawing().train(), torch.randn(B, T, 8), tracer)
 
 
 @torch.jit.script

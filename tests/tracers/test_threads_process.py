@@ -166,8 +166,12 @@ def test_a_real_run_draws_what_the_real_call_draws(tracer):
     """The private generators start from the caller's state: the counted run computes what the
     caller's own call would (same dropout mask, same noise), and the caller's generator is left
     where it was. Oracle: the model run by the test itself from the same generator state."""
-    model = _Noisy().train()
-    x = torch.randn(B, 8)
+    assert_counted_run_draws_as_the_caller(_Noisy().train(), torch.randn(B, 8), tracer)
+
+
+def assert_counted_run_draws_as_the_caller(model: nn.Module, x: torch.Tensor, tracer: str) -> None:
+    """The counted run's output (seen by a forward hook) equals the caller's own call from the
+    same generator state, and the caller's generator is where it was."""
     state = torch.get_rng_state()
     expected = model(x).detach()
     torch.set_rng_state(state)
@@ -179,7 +183,7 @@ def test_a_real_run_draws_what_the_real_call_draws(tracer):
         handle.remove()
     after = torch.get_rng_state()
     torch.set_rng_state(state)
-    assert torch.equal(after, state)
+    assert torch.equal(after, state), "the caller's generator moved"
     assert len(seen) == 1 and torch.equal(seen[0], expected)
 
 
