@@ -42,12 +42,12 @@ import math
 import os
 import statistics
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from _clock import Clock
 from _ranks import spearman
 from torch import nn
 
@@ -314,33 +314,11 @@ def _loss(out: Any) -> torch.Tensor:
     return _loss(out[0] if not hasattr(out, "logits") else out.logits)
 
 
-class _Clock:
-    """perf_counter on the CPU; CUDA events around the call on a GPU (synchronised after)."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = device.startswith("cuda")
-
-    def start(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def seconds_since(self, start: Any) -> float:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1e3
-        return time.perf_counter() - start
-
-
 def fastest(case: Case, model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], runs: int,
             device: str = "cpu") -> float:
     """The fastest of ``runs`` timed calls (after two warm-ups)."""
     best = math.inf
-    clock = _Clock(device)
+    clock = Clock(device.startswith("cuda"))
     for i in range(runs + 2):
         kw = case.fresh(kwargs) if case.fresh else kwargs
         if clock.cuda:
@@ -349,12 +327,12 @@ def fastest(case: Case, model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[st
             model.zero_grad(set_to_none=True)
             t0 = clock.start()
             _loss(model(*args, **kw)).backward()
-            took = clock.seconds_since(t0)
+            took = clock.seconds(clock.stop(t0))
         else:
             with torch.no_grad():
                 t0 = clock.start()
                 model(*args, **kw)
-                took = clock.seconds_since(t0)
+                took = clock.seconds(clock.stop(t0))
         if i >= 2:
             best = min(best, took)
     return best

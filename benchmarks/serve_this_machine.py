@@ -23,13 +23,15 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _clock import Clock  # noqa: E402
 
 P = 128  # prompt tokens
 
@@ -79,43 +81,11 @@ def _build(config: Any, device: str = "cpu") -> Any:
     return model.eval()
 
 
-class _Clock:
-    """perf_counter on the CPU; a pair of CUDA events per call on a GPU, read after the run."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-
-    def start(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def stop(self, start: Any) -> Any:
-        if not self.cuda:
-            return time.perf_counter() - start
-        import torch
-
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        return (start, end)
-
-    @staticmethod
-    def seconds(span: Any) -> float:
-        if isinstance(span, tuple):
-            span[1].synchronize()
-            return float(span[0].elapsed_time(span[1])) / 1e3
-        return float(span)
-
-
 def _timed_generate(model: Any, ids: Any, new: int) -> List[float]:
     """Seconds of each forward generate() runs (T5: the encoder's time added to the first)."""
     import torch
 
-    clock = _Clock(ids.is_cuda)
+    clock = Clock(ids.is_cuda)
     spans: List[Any] = []
     encoder_spans: List[Any] = []
     forward = model.forward
@@ -146,8 +116,8 @@ def _timed_generate(model: Any, ids: Any, new: int) -> List[float]:
         del model.forward
         if encoder is not None:
             del encoder.forward
-    times = [_Clock.seconds(span) for span in spans]
-    times[0] += sum(_Clock.seconds(span) for span in encoder_spans)
+    times = [Clock.seconds(span) for span in spans]
+    times[0] += sum(Clock.seconds(span) for span in encoder_spans)
     return times
 
 
