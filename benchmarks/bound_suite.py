@@ -24,10 +24,13 @@ than the bound. Sources:
 
 Part 1 on a GPU (``--device cuda``): the same cases built on the GPU (the thread-count cases
 are left out), each run timed with CUDA events around the call (GPU time between the
-markers, which is never more than the wall time: the stricter comparison), against two
-bounds: on the GPU's roofs measured here (best of two measurements) and on the datasheet
-part ``torch.cuda.get_device_name()`` names (``predict(on=...)``, what a user without the GPU
-gets).
+markers, which is never more than the wall time: the stricter comparison), against three
+bounds: ``predict(on="this gpu")``'s (the roofs measured here, best of two measurements, each
+rate raised to the datasheet's: ``devices.gpu_ceiling``), the one on the raw measurement (shown,
+not judged: tuned kernels beat our short measurements by a few per cent, which is why the ceiling
+exists) and the one on the datasheet part ``torch.cuda.get_device_name()`` names
+(``predict(on=...)``, what a user without the GPU gets). A case is ABOVE when the "this gpu" or
+the datasheet bound exceeds its fastest run by more than 2 %.
 
 Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--device cuda] [--json FILE]``.
 """
@@ -52,7 +55,7 @@ from _ranks import spearman
 from torch import nn
 
 import flopcount
-from flopcount.devices import Roofs, named_roofs
+from flopcount.devices import Roofs, gpu_ceiling, named_roofs
 from flopcount.devices.measured import best_of, measure_roofs
 
 NOISE = 1.02  # a ratio up to 2 % above 1.0 is timer noise
@@ -377,7 +380,8 @@ def this_machine(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
 def on_gpu(args: argparse.Namespace) -> List[Dict[str, Any]]:
     """Part 1 on a GPU: each case built on it, CUDA-event timed, against the bound on the
-    GPU's measured roofs and on its datasheet part."""
+    GPU's measured roofs under the datasheet ceiling (``on="this gpu"``), on the raw
+    measurement (not judged) and on its datasheet part."""
     name = torch.cuda.get_device_name()
     measured = best_of(measure_roofs("cuda", budget_s=args.roofs_budget), measure_roofs("cuda", budget_s=args.roofs_budget))
     sheet = named_roofs(name)
@@ -393,18 +397,20 @@ def on_gpu(args: argparse.Namespace) -> List[Dict[str, Any]]:
         row: Dict[str, Any] = {"case": case.name}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for label, roofs in (("measured", measured), ("datasheet", sheet)):
+            for label, roofs in (("measured", measured), ("datasheet", sheet), ("gpu", gpu_ceiling(measured, sheet))):
                 predicted = flopcount.predict(model, inputs, kw, on=roofs, backward=case.train,
                                               loss_fn=_loss if case.train else None)
                 row[f"bound_{label}_s"] = predicted.bound_s("eager")
                 row["complete"] = predicted.complete
             row["fastest_s"] = best = fastest(case, model, inputs, kwargs, args.runs, "cuda")
-        row["ratio"] = row["bound_measured_s"] / best
+        row["ratio_measured"] = row["bound_measured_s"] / best
         row["ratio_datasheet"] = row["bound_datasheet_s"] / best
+        row["ratio_gpu"] = row["bound_gpu_s"] / best
         results.append(row)
-        flag = "  ABOVE" if max(row["ratio"], row["ratio_datasheet"]) > NOISE else ""
-        print(f"{case.name:40s} bound {row['bound_measured_s'] * 1e3:9.4f} ms (datasheet {row['bound_datasheet_s'] * 1e3:9.4f})"
-              f"  fastest {best * 1e3:9.4f} ms  ratio {row['ratio']:.3f} / {row['ratio_datasheet']:.3f}{flag}", flush=True)
+        flag = "  ABOVE" if max(row["ratio_gpu"], row["ratio_datasheet"]) > NOISE else ""
+        print(f"{case.name:36s} bound {row['bound_gpu_s'] * 1e3:9.4f} ms (raw measured {row['bound_measured_s'] * 1e3:9.4f},"
+              f" datasheet {row['bound_datasheet_s'] * 1e3:9.4f})  fastest {best * 1e3:9.4f} ms  ratio "
+              f"{row['ratio_gpu']:.3f} (raw {row['ratio_measured']:.3f}, datasheet {row['ratio_datasheet']:.3f}){flag}", flush=True)
         del model, inputs, kwargs, kw
         torch.cuda.empty_cache()
     return results
@@ -492,8 +498,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     here = on_gpu(args) if args.device == "cuda" else this_machine(args)
     if args.device == "cuda":
         for r in here:
-            r["bound_s"] = max(r["bound_measured_s"], r["bound_datasheet_s"])
-            r["ratio"] = max(r["ratio"], r["ratio_datasheet"])
+            r["bound_s"] = max(r["bound_gpu_s"], r["bound_datasheet_s"])
+            r["ratio"] = max(r["ratio_gpu"], r["ratio_datasheet"])
+        raw = max(here, key=lambda r: r["ratio_measured"])
+        print(f"\nraw measured roofs (not judged): max ratio {raw['ratio_measured']:.3f} ({raw['case']}), "
+              f"{sum(r['ratio_measured'] > NOISE for r in here)} above 1.02", flush=True)
     ratios = [r["ratio"] for r in here]
     above = [r for r in here if r["ratio"] > NOISE]
     rho = spearman([r["bound_s"] for r in here], [r["fastest_s"] for r in here])

@@ -22,7 +22,7 @@ wants() { [[ $parts == *" $1 "* ]]; }
   $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'SMs', torch.cuda.get_device_properties(0).multi_processor_count)"
 } > "$out/env.txt" 2>&1
 if wants tests; then
-  timeout 240 $py -m pytest -q -p no:cacheprovider -o addopts="" -k cuda \
+  timeout 240 $py -m pytest -q -rs -p no:cacheprovider -o addopts="" -k cuda \
     tests/test_memory.py tests/test_profile.py tests/test_roofline.py tests/test_devices.py \
     tests/test_measured_roofs.py tests/bench tests/tracers/test_fake.py tests/cli/test_cli.py tests/test_cuda_paths.py > "$out/tests.txt" 2>&1
   echo "tests rc $?" >> "$out/tests.txt"
