@@ -211,3 +211,51 @@ def test_profile_raises_a_measured_roof_below_what_an_op_reached(cache_dir):
     # given roofs are the user's and stay as given
     given = Roofs({"float32": 1e8}, 1e12, "given", "given")
     assert flopcount.profile(model, x, steps=2, roofs=given).roofs.peak_flops["float32"] == 1e8
+
+
+# What measure_roofs' float32 candidates reached on an NVIDIA H100 SXM (torch 2.11+cu130, default
+# flags; docs/performance.md, "On a GPU"): the 8192^3 mm 51.98 TFLOP/s (cuBLAS's FFMA kernel, relative
+# error 1.6e-6 against float64: true float32), the channels-last 3x3 conv 72.71 TFLOP/s (cuDNN runs
+# float32 convolutions on TF32 tensor cores by default), the linear 21.02 TFLOP/s. The part's
+# float32 datasheet peak is 67 TFLOP/s.
+H100_FLOAT32 = {"8192x8192x8192 mm": 51.98e12, "conv2d 8x128x28x28 3x3 channels_last": 72.71e12,
+                "linear 512x1024x1024": 21.02e12}
+
+
+def test_float32_work_run_as_tf32_is_priced_in_its_own_column(monkeypatch):
+    """Before, the float32 roof was the best candidate, the TF32 conv's 72.71 TFLOP/s: float32
+    matmuls were priced 1.4x faster than the fastest float32 GEMM ran, above the datasheet."""
+    kernels = {label: (lambda: None, 1.0) for label in H100_FLOAT32 if not label.endswith(" mm")}
+    rate_of = {id(kernel): H100_FLOAT32[label] for label, kernel in kernels.items()}
+    monkeypatch.setattr(m, "_gemm_rate", lambda dev, dtype, budget, timer: (H100_FLOAT32["8192x8192x8192 mm"], 8192))
+    monkeypatch.setattr(m, "_library_kernels", lambda dev, dtype: list(kernels.items()))
+    monkeypatch.setattr(m, "_best_rate", lambda kernel, budget, timer: rate_of[id(kernel)])
+    monkeypatch.setattr(m, "_stream_rate", lambda dev, budget, timer, size: (3.0e12, "fake stream"))
+    monkeypatch.setattr(m, "reduced_precision_families", lambda dev: ("conv",))  # cuDNN's default
+    roofs = m.measure_roofs("cpu", ["float32"], levels=False, facts=cpu_facts())
+    assert dict(roofs.peak_flops) == {"float32": 51.98e12, "tfloat32": 72.71e12}
+    assert dict(roofs.math) == {"conv": "tfloat32"}
+    assert roofs.peak("float32", "aten::mm") == 51.98e12
+    assert roofs.peak("float32", "aten::convolution") == 72.71e12
+    # with no family on TF32 (a CPU; or cuDNN's TF32 turned off) the best candidate is the roof
+    monkeypatch.setattr(m, "reduced_precision_families", lambda dev: ())
+    roofs = m.measure_roofs("cpu", ["float32"], levels=False, facts=cpu_facts())
+    assert dict(roofs.peak_flops) == {"float32": 72.71e12} and not roofs.math
+
+
+def test_which_float32_work_runs_as_tf32_follows_torch_flags():
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    gpu = torch.device("cuda", 0)  # a device object only: nothing runs
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+        torch.set_float32_matmul_precision("highest")
+        assert m.reduced_precision_families(gpu) == ("conv",)  # torch's defaults
+        assert m.reduced_precision_families(torch.device("cpu")) == ()
+        torch.set_float32_matmul_precision("high")
+        assert m.reduced_precision_families(gpu) == ("matmul", "conv")
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+        assert m.reduced_precision_families(gpu) == ()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])

@@ -46,7 +46,7 @@ import torch
 
 from ..errors import UsageError
 from .cpu import CpuFacts, cpu_facts
-from .roofline import MemoryLevel, Roofs
+from .roofline import CONV, MATMUL, MemoryLevel, Roofs, op_family
 
 Clock = Callable[[], float]
 LoadAvg = Callable[[], Tuple[float, float, float]]
@@ -58,7 +58,7 @@ CUDA_DTYPES: Tuple[str, ...] = ("float32", "float16", "bfloat16")
 _STREAM_BYTES = 64 * 2**20
 _LLC_STREAM_CAP = 64 * 2**20  # a shared last-level cache is streamed at no more than this per level
 NO_CACHE_ENV = "FLOPCOUNT_NO_ROOFS_CACHE"
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: float32 work run as TF32 (cuDNN convs) priced in its own column
 #: the lowest plausible compute roof, as a fraction of the ISA peak
 PLAUSIBLE_FRACTION = 0.1
 #: two passes further apart than this are inconsistent
@@ -83,6 +83,36 @@ def math_flags() -> str:
     cuda_tf32 = torch.backends.cuda.matmul.allow_tf32
     return (f"matmul_tf32={int(cuda_tf32)} cudnn_tf32={int(torch.backends.cudnn.allow_tf32)} "
             f"fp32_precision={torch.get_float32_matmul_precision()} mkldnn={int(torch.backends.mkldnn.is_available())}")
+
+
+def reduced_precision_families(device: torch.device) -> Tuple[str, ...]:
+    """The op families whose float32 work runs on TF32 tensor cores on ``device`` under this
+    process's flags: cuDNN convolutions by default (``torch.backends.cudnn.allow_tf32``), matmuls
+    when ``torch.backends.cuda.matmul.allow_tf32`` or a float32 matmul precision below "highest"
+    allows it. None on a CPU."""
+    if device.type != "cuda":
+        return ()
+    families = []
+    if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
+        families.append(MATMUL)
+    if torch.backends.cudnn.allow_tf32:
+        families.append(CONV)
+    return tuple(families)
+
+
+def float32_columns(rates: Mapping[str, float], tf32: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, str]]:
+    """Split float32 candidates' rates (kernel label -> FLOP/s) by the math their family ran in:
+    a family in ``tf32`` ran on TF32 tensor cores, so its rate is a "tfloat32" roof and that
+    family's float32 work is priced there (``Roofs.math``); the others make the "float32" roof.
+    On an H100 a cuDNN convolution in float32 (TF32 by default) ran at 72-77 TFLOP/s while a
+    true float32 GEMM reached 52 (the datasheet's float32 peak is 67): booked as one float32
+    roof, the conv's rate priced float32 matmuls 1.4x too fast (docs/performance.md, "On a GPU")."""
+    columns: Dict[str, float] = {}
+    for label, rate in rates.items():
+        column = "tfloat32" if op_family(label) in tf32 else "float32"
+        columns[column] = max(columns.get(column, 0.0), rate)
+    math = {family: "tfloat32" for family in tf32} if "tfloat32" in columns else {}
+    return columns, math
 
 
 def machine_key(device: torch.device) -> str:
@@ -307,6 +337,7 @@ def measure_roofs(
         if bf16:
             details["bf16_instructions"] = ", ".join(bf16)
     flops: Dict[str, float] = {}
+    math: Dict[str, str] = {}
     with torch.inference_mode():
         for name in wanted:
             dtype = getattr(torch, name, None)
@@ -324,9 +355,15 @@ def measure_roofs(
             if not rates:
                 continue
             best = max(rates, key=lambda k: rates[k])
-            flops[name] = rates[best]
             details[f"compute_{name}"] = f"{best} ({', '.join(f'{k} {v / 1e9:.4g}' for k, v in rates.items())} GFLOP/s)"
             details[f"gemm_{name}"] = next((k for k in rates if k.endswith(" mm")), best)
+            tf32 = reduced_precision_families(dev) if name == "float32" else ()
+            if not tf32:
+                flops[name] = rates[best]
+                continue
+            columns, math = float32_columns(rates, tf32)
+            flops.update(columns)
+            details["math"] = f"float32 {' and '.join(tf32)} ran as TF32 under this process's flags ({math_flags()})"
         bandwidth, how = _stream_rate(dev, budget_s, timer, stream_bytes)
         cache_levels: List[MemoryLevel] = []
         if levels and cpu is not None:
@@ -357,7 +394,7 @@ def measure_roofs(
             if flops.get(dtype, 0.0) > ceiling:
                 details.setdefault("isa_below_measured", []).append(dtype)
     label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{cpu.model if cpu else _cpu_model()} ({threads} threads)"
-    return Roofs(flops, bandwidth, label, "measured", details, tuple(cache_levels))
+    return Roofs(flops, bandwidth, label, "measured", details, tuple(cache_levels), math)
 
 
 def _timer(dev: torch.device, clock: Optional[Clock]) -> Callable[[Callable[[], Any]], float]:
