@@ -86,14 +86,18 @@ def test_private_symbol_exists(expression):
 
 
 def test_fake_tensor_constructor_and_fake_parameters():
-    """The fast fake copy (tracers/_fake.py, _shape_cache.py): ``FakeTensor(mode, meta, device)``
-    makes a fake of the meta tensor's metadata on ``device``; ``_is_param`` makes it an nn.Parameter."""
+    """The fast fake copy (tracers/fake/copies.py, fake/shape_cache.py, _reuse_cache.py):
+    ``FakeTensor(mode, meta, device)`` makes a fake of the meta tensor's metadata on ``device``;
+    ``_is_param`` makes it an nn.Parameter. The shape cache and reuse keys read three public
+    attributes of this private class: ``fake_mode``, ``fake_device`` and ``constant`` (None unless
+    the fake stands for a known constant)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     meta = torch.empty_strided((2, 3), (1, 2), dtype=torch.float16, device="meta")
     fake = FakeTensor(mode, meta, torch.device("cpu"))
     assert isinstance(fake, FakeTensor) and fake.fake_mode is mode
+    assert fake.fake_device == torch.device("cpu") and fake.constant is None
     assert (fake.shape, fake.stride(), fake.dtype, fake.device) == ((2, 3), (1, 2), torch.float16, torch.device("cpu"))
     assert not isinstance(fake, nn.Parameter)
     fake._is_param = True
