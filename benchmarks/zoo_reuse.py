@@ -1,0 +1,145 @@
+"""Structural reuse is exact on the whole zoo (issue #32, "Exactness is the contract").
+
+For every model of ``benchmarks/zoo.py`` (torchvision, the transformers architectures, the
+torch.nn layers), count it twice with ``tracer="auto"``: with reuse off (``FLOPCOUNT_REUSE=0``,
+every call traced) and on (the default). Do it on the model with real weights and on a copy
+built on the meta device, which is how large models are counted and where most calls are
+reused. Compare everything a user can read:
+
+* ``to_dict()`` (totals, bytes, operators, modules with their aliases, phases, warnings);
+* ``by_operator``, ``by_module``, ``by_module_and_operator`` and ``by_phase`` for flops, macs,
+  count, bytes_read and bytes_written;
+* each module's call count.
+
+Also ``predict``'s ``to_dict()`` (its per-operator and per-module rows) and its bounds, on a fixed datasheet part
+(T4: nothing measured). Prints one line per model that differs or fails, the number of calls
+reused on the meta copy, and a summary. The exit status is 1 when any model differs.
+
+    .venv-zoo/bin/python benchmarks/zoo_reuse.py --only torchvision
+    .venv/bin/python benchmarks/zoo_reuse.py --only transformers
+    .venv/bin/python benchmarks/zoo_reuse.py --only nn
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import zoo  # noqa: E402
+
+import flopcount  # noqa: E402
+from flopcount.core.inputs import prepare_call  # noqa: E402
+from flopcount.tracers import trace  # noqa: E402
+
+METRICS = ("flops", "macs", "count", "bytes_read", "bytes_written")
+
+
+def _rows(result: Any) -> Dict[str, Any]:
+    rows: Dict[str, Any] = {"dict": result.to_dict(), "calls": [(m.name, m.calls) for m in result.modules]}
+    for metric in METRICS:
+        rows[metric] = (result.by_operator(metric), result.by_module(metric), result.by_module_and_operator(metric),
+                        result.by_phase(metric))
+    return rows
+
+
+def _predicted(result: Any) -> Dict[str, Any]:
+    return {"dict": result.to_dict(), "eager": result.bound_s("eager"), "any": result.bound_s("any")}
+
+
+def _with_reuse(on: bool, fn: Any) -> Any:
+    saved = os.environ.get("FLOPCOUNT_REUSE")
+    os.environ["FLOPCOUNT_REUSE"] = "1" if on else "0"
+    try:
+        with zoo.quiet():
+            return fn()
+    finally:
+        if saved is None:
+            del os.environ["FLOPCOUNT_REUSE"]
+        else:
+            os.environ["FLOPCOUNT_REUSE"] = saved
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> str:
+    if type(a) is not type(b):
+        return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if key not in a or key not in b:
+                return f"{where}.{key}: only {'off' if key in a else 'on'}"
+            if a[key] != b[key]:
+                return _first_difference(a[key], b[key], f"{where}.{key}")
+        return f"{where}: key order"
+    if isinstance(a, (list, tuple)) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{where}[{i}]")
+    return f"{where}: {str(a)[:80]} vs {str(b)[:80]}"
+
+
+def compare(case: Any, device: Optional[str], predict: bool) -> Tuple[Optional[str], int]:
+    """The first difference between reuse off and on (None: identical) and the calls reused."""
+    model = zoo._build(case, device)
+    args, kwargs = zoo._inputs_for(case, device=device)
+    off = _rows(_with_reuse(False, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None)))
+    try:  # counted with reuse off: an error with it on is a difference
+        on = _rows(_with_reuse(True, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None)))
+    except Exception as exc:
+        return f"count raised with reuse on only: {zoo.first_line(exc)[:150]}", 0
+    if off != on:
+        return "count " + _first_difference(off, on), 0
+    if predict:
+        bounds = [_with_reuse(flag, lambda: flopcount.predict(model, args, kwargs or None, on="T4")) for flag in (False, True)]
+        p_off, p_on = _predicted(bounds[0]), _predicted(bounds[1])
+        if p_off != p_on:
+            return "predict " + _first_difference(p_off, p_on), 0
+    reused = _with_reuse(True, lambda: trace(model, prepare_call(args, kwargs or None)).shape_cache.get("reused_calls", 0))
+    return None, int(reused)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=zoo.PARTS)
+    parser.add_argument("--match", default=None, help="only models whose name contains this text")
+    parser.add_argument("--no-predict", action="store_true", help="compare count_flops only")
+    args = parser.parse_args(argv)
+    cases, _ = zoo.collect(args.only)
+    if args.match:
+        cases = [c for c in cases if args.match in c.name]
+    torch.set_num_threads(1)
+    same = differ = failed = reused_models = reused_calls = 0
+    start = time.perf_counter()
+    for case in cases:
+        for device in (None, "meta"):
+            where = f"{case.family}/{case.name}{' (meta)' if device else ''}"
+            try:
+                difference, reused = compare(case, device, not args.no_predict)
+            except Exception as exc:  # a model that cannot be counted is the zoo's business, not reuse's
+                failed += 1
+                print(f"SKIP   {where}: {zoo.first_line(exc)[:150]}", flush=True)
+                continue
+            if difference is None:
+                same += 1
+                if device == "meta" and reused:
+                    reused_models += 1
+                    reused_calls += reused
+            else:
+                differ += 1
+                print(f"DIFFER {where}: {difference}", flush=True)
+    print(f"\n{len(cases)} models, {same + differ} counts compared (real weights and meta copy): {same} identical, "
+          f"{differ} differ, {failed} could not be counted either way; reuse taken on {reused_models} meta copies "
+          f"({reused_calls} calls); torch {torch.__version__}; {time.perf_counter() - start:.0f} s", flush=True)
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
