@@ -87,9 +87,10 @@ def trace(
                 else:
                     if not _made_sparse(run):
                         return run
-            run = dispatch.trace(model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
-            return _with_warning(run, f"tracer auto: used dispatch as given because {dataless}")
-        if facts.lazy:
+            # counted as given, on the private twin below: a lazy module is materialised there,
+            # not in the caller's model (on meta it used to turn the caller's LazyLinear into a Linear)
+            note = f"tracer auto: used dispatch as given because {dataless}"
+        elif facts.lazy:
             note = "tracer auto: counted one real run (dispatch) because lazy modules are not materialised yet"
         elif has_sparse(call.tensors, facts.parameters, facts.buffers):
             # a fake copy of a sparse tensor keeps its layout but not its stored values

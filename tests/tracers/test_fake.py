@@ -251,6 +251,29 @@ def test_lazy_modules_stay_lazy():
         assert model(torch.randn(3, 10)).shape == (3, 4)  # still materialises for the user afterwards
 
 
+@pytest.mark.parametrize("tracer", ["auto", "jit", "dispatch"])
+def test_lazy_modules_on_meta_stay_lazy_and_count_again(tracer):
+    """On the meta device, auto counted a lazy model "as given" on the caller's modules: the
+    caller's LazyLinear became a Linear with a meta weight and its lazy hook still registered,
+    and a second count failed ('Linear' object has no attribute 'initialize_parameters'),
+    found by benchmarks/zoo_reuse.py on all 19 lazy rows of the torch.nn zoo."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(4))
+    x = torch.randn(2, 10, 7, device="meta")
+
+    def state() -> list:  # conftest's snapshot reads values, which an uninitialised parameter refuses
+        return [(n, type(m), len(m._forward_pre_hooks), m.training) for n, m in model.named_modules()] + [
+            (n, type(p), p.device, p.requires_grad) for n, p in model.named_parameters()]
+
+    before = state()
+    expected = 2 * 10 * (7 * 16 + 16 * 4)  # 20 rows: 7 -> 16 -> 4 features
+    for _ in range(2):
+        assert count_flops(model, (x,), tracer=tracer).macs == expected
+        assert isinstance(model[0], nn.LazyLinear) and isinstance(model[2], nn.LazyLinear)
+        assert isinstance(model[0].weight, nn.parameter.UninitializedParameter)
+        assert state() == before
+
+
 def test_embedding_max_norm_weights_unchanged():
     for tracer in ("auto", "jit", "dispatch"):
         torch.manual_seed(0)
