@@ -101,3 +101,23 @@ def test_a_tied_table_is_read_whole_by_the_head():
     model, ids = _TiedLookup(), torch.randint(0, 5000, (2, 7))
     result = flopcount.predict(model, ids, on=Roofs({"float32": 1e11}, 1e10, "toy"))
     assert result.any_bound is not None and result.any_bound.unavoidable_bytes == 5000 * 16 * 4 + 2 * 7 * 8
+
+
+@pytest.mark.parametrize("meta", [False, True], ids=["cpu", "meta"])
+def test_predict_a_lazy_model_leaves_its_unknown_parameters_out_of_the_unavoidable_bytes(meta):
+    # predict on a model with a lazy module raised torch's "Attempted to use an uninitialized
+    # parameter" (found by benchmarks/zoo_reuse.py on the 19 lazy torch.nn rows): the unavoidable
+    # bytes read every parameter's size, which a lazy one does not have before its first forward.
+    # Left out, the bound stays a lower bound: here the input (2 x 4 x 6 float32) and the second
+    # Linear's 5 x 5 weight are what it counts (the lazy weight and bias are read too, unknown).
+    device = "meta" if meta else "cpu"
+    with torch.device(device):
+        model = nn.Sequential(nn.LazyLinear(5), nn.Linear(5, 5, bias=False))
+    x = torch.randn(2, 4, 6, device=device)
+    roofs = Roofs({"float32": 1e11}, 1e10, "toy")
+    result = flopcount.predict(model, x, on=roofs)
+    unavoidable = 2 * 4 * 6 * 4 + 5 * 5 * 4  # the input and the second Linear's weight
+    assert result.any_bound is not None and result.any_bound.unavoidable_bytes == unavoidable
+    flops = sum(row.flops for row in result.by_operator().values())
+    assert flops == 2 * 4 * (2 * 6 * 5 + 2 * 5 * 5)  # 8 rows, 6 -> 5 -> 5 (a bias add is not counted: conventions)
+    assert isinstance(model[0], nn.LazyLinear)  # left as found

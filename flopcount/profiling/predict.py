@@ -263,8 +263,10 @@ def _unavoidable_bytes(
     A lookup table (an embedding's weight, no other module's) counts as the rows the forward
     gathered (``looked_up``), not the table, and no gradient for it (a sparse gradient writes
     only those rows). The outputs are left out (a smaller figure keeps the bound a lower
-    bound)."""
+    bound), and so are a lazy module's parameters not yet materialised (their size is not
+    known before its first forward)."""
     import torch
+    from torch.nn.parameter import is_lazy
 
     from flopcount.core.inputs import prepare_call
 
@@ -278,7 +280,7 @@ def _unavoidable_bytes(
     seen: Dict[int, None] = dict(tables)
     total = looked_up
     for tensor in list(model.parameters()) + list(model.buffers()):
-        if id(tensor) in seen:
+        if id(tensor) in seen or is_lazy(tensor):
             continue
         seen[id(tensor)] = None
         total += size(tensor)
