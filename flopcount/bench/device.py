@@ -10,9 +10,10 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from flopcount.core.inputs import PreparedCall, is_dataless
+from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized
 from flopcount.errors import UsageError
 from flopcount.tracers._state import preserved_model_state
+from flopcount.tracers.fake.copies import shared_tensor_copy
 
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -71,8 +72,13 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
     statistics bit for bit, flags, grads, hooks; the RNG is left to the caller's
     ``core.state.preserved_rng``).
     A model elsewhere is moved for the run and then given back its original tensors
-    (the same parameter storages, gradients and buffer objects, not copies)."""
+    (the same parameter storages, gradients and buffer objects, not copies). A model with a
+    lazy module not yet materialised runs as a copy sharing every initialised tensor: the
+    first call materialises the copy's module, not the caller's."""
     tensors = list(_chain(model.parameters(), model.buffers()))
+    if any(is_uninitialized(t) for t in tensors):
+        model = shared_tensor_copy(model)
+        tensors = list(_chain(model.parameters(), model.buffers()))
     needs_move = any(not _same_device(t.device, device) for t in tensors)
     if not needs_move:
         # the tracers' one state guard: buffers bit for bit, flags, grads, hooks

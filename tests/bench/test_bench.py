@@ -419,3 +419,21 @@ def test_a_fake_model_is_refused():
         x = torch.randn(2, 4)
     with pytest.raises(UsageError, match="fake"):
         benchmark(model, x, iters=2, warmup=0)
+
+
+def test_a_lazy_model_is_timed_and_left_lazy():
+    """benchmark (and module_latency, profile: the same borrowed_model) ran the caller's lazy
+    model, whose first call turned its LazyLinear into a Linear with materialised parameters
+    ("the model's parameters are left as found" said the docstring)."""
+    from flopcount import module_latency
+
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 5)
+    second = model[2].weight
+    result = benchmark(model, x, warmup=1, iters=3)
+    assert result.stats.iters == 3
+    module_latency(model, x, warmup=1, iters=3)
+    assert isinstance(model[0], nn.LazyLinear) and model[0].has_uninitialized_params()
+    assert isinstance(model[0].weight, nn.parameter.UninitializedParameter)
+    assert model[2].weight is second and not model[0]._forward_pre_hooks == {}
+    assert model(x).shape == (3, 2)  # still materialises for the user afterwards
