@@ -4,10 +4,14 @@ results and reports without torch, and a CLI parser that answers --help without 
 from __future__ import annotations
 
 import ast
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Set
+from typing import Dict, List, Set
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flopcount"
 
@@ -163,3 +167,28 @@ def test_the_spine_imports_no_reading():
         and len(target.split(".")) > 1 and target.split(".")[1] in READINGS
     )
     assert arrows == []
+
+
+def _cross_reading_pairs(package: Path) -> List[str]:
+    """The pairs of places the ``duplicates`` tool finds (6+ identical or same-shape lines)
+    whose two sides lie in two different readings."""
+    tool = shutil.which("duplicates")
+    if tool is None:
+        pytest.skip("the duplicates tool is not installed")
+    out = subprocess.run([tool, "--repo", str(package), "--most", "200", "--seconds", "120"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "incomplete:" not in out, out
+    pairs = []
+    for line in out.splitlines():
+        found = re.match(r"D\d+ (\S+):\d+-\d+ ~ (\S+):\d+-\d+", line)
+        if found:
+            a, b = (side.split("/")[0] for side in found.groups())
+            if a != b and a in READINGS and b in READINGS:
+                pairs.append(line)
+    return pairs
+
+
+def test_no_code_is_written_twice_across_two_readings():
+    """Issue #27: two readings share no run of code, not even one alike only in shape
+    (profiling's ProfileResult and serving's ServeFacts field lists were the last pair)."""
+    assert _cross_reading_pairs(PACKAGE) == []
