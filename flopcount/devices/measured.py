@@ -38,6 +38,7 @@ import os
 import platform
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -144,9 +145,7 @@ def _machine_roofs(
         try:
             found = Roofs.from_dict(stored[key])
             when = found.details.get("measured_at", "?")
-            return Roofs(found.peak_flops, found.bandwidth, found.device,
-                         f"measured (cached; measured {when}, {found.details.get('how', 'micro-benchmarks')})",
-                         found.details, found.levels, found.math)
+            return replace(found, source=f"measured (cached; measured {when}, {found.details.get('how', 'micro-benchmarks')})")
         except (KeyError, TypeError, ValueError, UsageError):
             pass  # a damaged entry: measure again
     take = measure or (lambda d: measure_roofs(d, budget_s=PASS_BUDGET_S))
@@ -170,15 +169,13 @@ def _machine_roofs(
     details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
     if problems:
         details["not_cached"] = problems
-        return Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, "measured (not cached: " + "; ".join(problems) + ")",
-                     details, roofs.levels, roofs.math)
-    roofs = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+        return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details)
+    roofs = replace(roofs, details=details)
     if cache:
         if key in stored:
             with contextlib.suppress(KeyError, TypeError, ValueError, UsageError):
                 roofs = best_of(roofs, Roofs.from_dict(stored[key]))
-                roofs = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source,
-                              {**roofs.details, "measured_at": stamp}, roofs.levels, roofs.math)
+                roofs = replace(roofs, details={**roofs.details, "measured_at": stamp})
         stored[key] = roofs.to_dict()
         _write_cache(path, stored)
     return roofs
@@ -194,7 +191,7 @@ def remember_roofs(roofs: Roofs, device: Union[None, str, torch.device] = None) 
     details = {**roofs.details}
     details.setdefault("measured_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     details.setdefault("how", "given (remember_roofs)")
-    entry = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+    entry = replace(roofs, details=details)
     with _CACHE_LOCK:
         path = cache_path()
         stored = _read_cache(path)
@@ -256,8 +253,7 @@ def raise_to_achieved(roofs: Roofs, achieved: Mapping[str, float], where: str = 
             peaks[dtype] = rate
     if not raised:
         return roofs
-    details = {**roofs.details, "raised_to_achieved": raised}
-    return Roofs(peaks, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+    return replace(roofs, peak_flops=peaks, details={**roofs.details, "raised_to_achieved": raised})
 
 
 def _read_cache(path: Path) -> Dict[str, Any]:
