@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from ..bench.loop import cuda_block_runner
 from ..errors import UsageError
 from .cpu import CpuFacts, cpu_facts
 from .roofline import MemoryLevel, Roofs
@@ -357,18 +358,10 @@ def measure_roofs(
 
 
 def _timer(dev: torch.device, clock: Optional[Clock]) -> Callable[[Callable[[], Any]], float]:
-    """Seconds one call of ``fn`` takes: CUDA events on a GPU, else ``clock`` (perf_counter)."""
+    """Seconds one call of ``fn`` takes: CUDA events on a GPU (the benchmark's runner), else
+    ``clock`` (perf_counter)."""
     if dev.type == "cuda" and clock is None:
-
-        def cuda_time(fn: Callable[[], Any]) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e-3
-
-        return cuda_time
+        return lambda fn: cuda_block_runner(fn, dev)(1)[0]
     now = clock or time.perf_counter
 
     def cpu_time(fn: Callable[[], Any]) -> float:
