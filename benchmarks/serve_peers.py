@@ -103,7 +103,7 @@ def _ours(kind: str, overrides: Dict[str, Any], dtype: str, prompt: int) -> Dict
     row = result.at(1)
     assert row.first_step is not None
     held_per_token = facts.at("cache_held", 1) / (prompt + 1)
-    return {"flops": facts.at("step_flops", 1, 0), "bytes": row.first_step.bytes,
+    return {"flops": facts.step_at(1, 0).flops, "bytes": row.first_step.bytes,
             "kv_per_token": result.kv_bytes_per_token, "kv_held_per_position": held_per_token,
             "weights": result.weight_bytes, "seconds": time.perf_counter() - started}
 

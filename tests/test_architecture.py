@@ -4,10 +4,15 @@ results and reports without torch, and a CLI parser that answers --help without 
 from __future__ import annotations
 
 import ast
+import functools
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Set
+from typing import Dict, FrozenSet, List, Set, Tuple
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flopcount"
 
@@ -19,16 +24,35 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, top_level_only: bool = False) -> Set[str]:
-    """Modules imported anywhere in the file (function-local imports too: a cycle held
-    apart by a local import is still a cycle), or at module level only; never those
-    under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text())
+@functools.cache
+def _face_exports() -> Dict[str, str]:
+    """``flopcount``'s lazy public names -> the module each loads (``_EXPORTS`` in __init__)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_EXPORTS":
+            assert node.value is not None
+            return {k: f"flopcount.{v}" for k, v in ast.literal_eval(node.value).items()}
+    raise AssertionError("flopcount/__init__.py has no _EXPORTS table")
+
+
+@functools.cache
+def _imports(path: Path, top_level_only: bool = False, every_form: bool = False) -> FrozenSet[str]:
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return frozenset(_imports_of(path.read_text(), package, top_level_only, every_form))
+
+
+def _imports_of(text: str, package: str, top_level_only: bool = False, every_form: bool = False) -> Set[str]:
+    """Modules imported anywhere in the file (function-local imports too: a cycle held
+    apart by a local import is still a cycle), or at module level only; never those
+    under ``if TYPE_CHECKING:``. ``every_form``: also those, and a module reached through
+    the face (``from flopcount import count_flops``, ``flopcount.serve``) or by name
+    (``importlib.import_module("flopcount.memory")``)."""
+    tree = ast.parse(text)
+    face = _face_exports() if every_form else {}
     found: Set[str] = set()
     for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test) and not every_form:
             continue
         if top_level_only and not isinstance(node, (ast.Import, ast.ImportFrom, ast.Try)):
             continue
@@ -44,12 +68,21 @@ def _imports(path: Path, top_level_only: bool = False) -> Set[str]:
                     module = sub.module or ""
                 found.add(module)
                 found.update(f"{module}.{a.name}" for a in sub.names)
+                if module == "flopcount":
+                    found.update(face[a.name] for a in sub.names if a.name in face)
+            elif every_form and isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
+                    and sub.value.id == "flopcount" and sub.attr in face:
+                found.add(face[sub.attr])
+            elif every_form and isinstance(sub, ast.Constant) and isinstance(sub.value, str) \
+                    and re.fullmatch(r"flopcount(\.\w+)+", sub.value):
+                found.add(sub.value)
     return found
 
 
-def _graph() -> Dict[str, Set[str]]:
+def _graph(every_form: bool = False) -> Dict[str, Set[str]]:
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+    return {name: {m for m in _imports(path, every_form=every_form) if m in modules and m != name}
+            for name, path in modules.items()}
 
 
 def test_no_import_cycles():
@@ -139,27 +172,107 @@ def test_the_top_level_holds_only_the_face_and_packages():
     assert {p.name for p in PACKAGE.glob("*.py")} == FACE
 
 
-def test_no_reading_imports_another():
-    graph = _graph()
-    arrows = sorted(
+#: the counting spine, the step runner, the device model and timing: shared by the readings
+SPINE = ("core", "handlers", "tracers", "decoding", "step", "devices", "bench")
+
+
+def _package_of(module: str) -> str:
+    """``flopcount.serving.pricing`` -> ``serving`` (``""`` for the face)."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def _arrows(graph: Dict[str, Set[str]], sources: Tuple[str, ...]) -> List[str]:
+    """Imports from a module of a ``sources`` package into another reading's package."""
+    return sorted(
         f"{name} -> {target}"
         for name, targets in graph.items()
         for target in targets
-        if name.split(".")[1:2] != target.split(".")[1:2]
-        and name.split(".")[1:2] and name.split(".")[1] in READINGS
-        and target.split(".")[1:2] and target.split(".")[1] in READINGS
+        if _package_of(name) in sources and _package_of(target) in READINGS and _package_of(target) != _package_of(name)
     )
-    assert arrows == []
+
+
+def test_no_reading_imports_another():
+    """Every form counts: module level, inside a function, under TYPE_CHECKING, through the
+    face (``from flopcount import serve``) or by name (``importlib.import_module``)."""
+    assert _arrows(_graph(every_form=True), READINGS) == []
 
 
 def test_the_spine_imports_no_reading():
-    graph = _graph()
-    spine = ("core", "handlers", "tracers", "decoding", "step", "devices", "bench")
-    arrows = sorted(
-        f"{name} -> {target}"
-        for name, targets in graph.items()
-        for target in targets
-        if len(name.split(".")) > 2 and name.split(".")[1] in spine
-        and len(target.split(".")) > 1 and target.split(".")[1] in READINGS
-    )
-    assert arrows == []
+    assert _arrows(_graph(every_form=True), SPINE) == []
+
+
+@pytest.mark.parametrize("source", [
+    "from flopcount.counting.count import count_flops",
+    "def f():\n    from flopcount.counting import count_flops",
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flopcount.counting import count_flops",
+    "def f():\n    from flopcount import count_flops",
+    "import flopcount\ndef f(model):\n    return flopcount.count_flops(model)",
+    "import importlib\ndef f():\n    return importlib.import_module('flopcount.counting')",
+    "from .. import counting",
+])
+def test_an_arrow_between_readings_is_found_in_every_form(source: str):
+    """The checks above see each way one reading could reach another: a planted module of
+    ``serving`` importing ``counting``. The graph they used before missed the forms under
+    TYPE_CHECKING, through the face and by name."""
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    found = {m for m in _imports_of(source, "flopcount.serving", every_form=True) if m in modules}
+    arrows = _arrows({"flopcount.serving._planted": found}, READINGS)
+    assert any(a.split(" -> ")[1] in ("flopcount.counting", "flopcount.counting.count") for a in arrows), arrows
+
+
+def _cross_reading_pairs(package: Path) -> List[str]:
+    """The pairs of places the ``duplicates`` tool finds (6+ identical or same-shape lines)
+    whose two sides lie in two different readings."""
+    tool = shutil.which("duplicates")
+    if tool is None:
+        pytest.skip("the duplicates tool is not installed")
+    out = subprocess.run([tool, "--repo", str(package), "--most", "200", "--seconds", "120"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "incomplete:" not in out, out
+    pairs = []
+    for line in out.splitlines():
+        found = re.match(r"D\d+ (\S+):\d+-\d+ ~ (\S+):\d+-\d+", line)
+        if found:
+            a, b = (side.split("/")[0] for side in found.groups())
+            if a != b and a in READINGS and b in READINGS:
+                pairs.append(line)
+    return pairs
+
+
+def test_no_code_is_written_twice_across_two_readings():
+    """Issue #27: two readings share no run of code, not even one alike only in shape
+    (profiling's ProfileResult and serving's ServeFacts field lists were the last pair)."""
+    assert _cross_reading_pairs(PACKAGE) == []
+
+
+def _picture() -> Dict[str, Set[str]]:
+    """docs/internals.md's first picture: folder (``""`` for the top level, ``tracers/fake``
+    for a nested one) -> the ``*.py`` names written in its part of the picture."""
+    text = (PACKAGE.parent / "docs" / "internals.md").read_text()
+    block = text.split("```\n", 2)[1]
+    assert block.startswith("flopcount/\n"), "the picture is the first code block of docs/internals.md"
+    found: Dict[str, Set[str]] = {"": set()}
+    folder = ""
+    for line in block.splitlines()[1:]:
+        top = re.match(r"  (\w+)/", line)
+        nested = re.match(r"    (\w+)/", line)
+        if top and (PACKAGE / top.group(1)).is_dir():
+            folder = top.group(1)
+        elif nested and (PACKAGE / folder.split("/")[0] / nested.group(1)).is_dir():
+            folder = f"{folder.split('/')[0]}/{nested.group(1)}"
+        found.setdefault(folder, set()).update(re.findall(r"\b(\w+\.py)\b", line))
+    return found
+
+
+def test_the_picture_lists_every_module_where_it_lives():
+    """Issue #27: docs/internals.md's picture matches the folders: each module of flopcount
+    (a package's __init__.py aside) is named in its folder's part, and each name there exists."""
+    picture = _picture()
+    folders = {"", *(str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)}
+    missing, stale = [], []
+    for folder in sorted(folders):
+        path = PACKAGE / folder
+        files = {p.name for p in path.glob("*.py") if p.name != "__init__.py" or folder == ""}
+        missing += [f"{folder}/{name}".lstrip("/") for name in sorted(files - picture.get(folder, set()))]
+        stale += [f"{folder}/{name}".lstrip("/") for name in sorted(picture.get(folder, set()) - files)]
+    assert (missing, stale) == ([], [])

@@ -58,25 +58,32 @@ _NAMES = {
 }
 
 _BYTES = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_BYTE_UNITS = {"B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
+_BYTE_UNITS = {"": 1, "B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
 _BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGT", 1)})
+
+
+def _parse(text: Union[str, int, float], what: str, pattern: Any, units: Mapping[str, int], noun: str, expected: str,
+           examples: str) -> float:
+    """``text`` (a number, or digits with an optional unit of ``units`` as ``pattern`` reads
+    them) as a finite value >= 0; a UsageError naming ``what`` otherwise."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what}: expected {expected}, got a bool")
+    if isinstance(text, (int, float)):
+        value: float = text
+    else:
+        match = pattern.match(str(text))
+        if not match:
+            raise UsageError(f"{what}: {text!r} is not a {noun} (examples: {examples})")
+        number, unit = match.groups()
+        value = float(number.replace("_", "")) * units[(unit or "").upper()]
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what}: {text!r} must be a finite {noun} >= 0")
+    return value
 
 
 def parse_bytes(text: Union[str, int, float], what: str = "memory") -> int:
     """``"16GB" -> 16 * 10**9``, ``"16GiB" -> 16 * 2**30``, ``"512MiB"``, ``2e9`` (bytes)."""
-    if isinstance(text, bool):
-        raise UsageError(f"{what}: expected a size in bytes, got a bool")
-    if isinstance(text, (int, float)):
-        value = float(text)
-    else:
-        match = _BYTES.match(str(text))
-        if not match:
-            raise UsageError(f"{what}: {text!r} is not a size (examples: 16GB, 16GiB, 512MiB, 2e9)")
-        number, unit = match.groups()
-        value = float(number.replace("_", "")) * _BYTE_UNITS[(unit or "B").upper()]
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{what}: {text!r} must be a finite size >= 0")
-    return int(value)
+    return int(float(_parse(text, what, _BYTES, _BYTE_UNITS, "size", "a size in bytes", "16GB, 16GiB, 512MiB, 2e9")))
 
 
 def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
@@ -84,18 +91,7 @@ def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[
 
     Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
     finite and >= 0. Integral values come back as ``int``."""
-    if isinstance(text, bool):
-        raise UsageError(f"{what}: expected a number, got a bool")
-    if isinstance(text, (int, float)):
-        value: float = text
-    else:
-        match = _QUANTITY.match(str(text))
-        if not match:
-            raise UsageError(f"{what}: {text!r} is not a number (examples: 25M, 5G, 1.5T, 3e9, 120)")
-        number, suffix = match.groups()
-        value = float(number.replace("_", "")) * _SUFFIXES[suffix.upper()]
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{what}: {text!r} must be a finite number >= 0")
+    value = _parse(text, what, _QUANTITY, _SUFFIXES, "number", "a number", "25M, 5G, 1.5T, 3e9, 120")
     return int(value) if float(value).is_integer() else float(value)
 
 

@@ -230,7 +230,6 @@ def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
     return False
 
 
-#: at least this many timed calls under --duration (flopcount.bench.loop.LoopPlan.min_iters)
 def _emit(text: str, args: argparse.Namespace) -> None:
     stage(args, "writing the report")
     if not text.endswith("\n"):
@@ -281,8 +280,6 @@ def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[fl
     except OSError as exc:
         raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
     progress(args, f"wrote {args.plot}")
-
-
 
 
 def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] = None) -> Any:

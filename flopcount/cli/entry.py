@@ -30,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -130,9 +130,7 @@ def _import_target(text: str) -> Any:
     for part in attr.split("."):
         if not hasattr(obj, part):
             where = f"{module_part}:{'.'.join(walked)}" if walked else module_part
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = _did_you_mean(part, [n for n in dir(obj) if not n.startswith("_")])
             raise UsageError(f"bad ENTRY {text!r}: {where} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
         walked.append(part)
@@ -155,18 +153,12 @@ def _import_file(path_text: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     # the file's own folder first, so it can import its siblings
-    with _on_sys_path(str(path.parent)):
-        try:
-            # compiled from the source itself, not through the import system's bytecode cache: a file
-            # edited within the same second at the same size read the stale __pycache__ entry (and
-            # the user's folder gets no __pycache__ of ours)
-            code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
-            exec(code, module.__dict__)
-        except BaseException as exc:
-            sys.modules.pop(name, None)
-            if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
-                raise
-            raise UsageError(f"bad ENTRY: importing {path_text} failed: {_describe(exc)}") from exc
+    with _on_sys_path(str(path.parent)), _as_usage_error(f"bad ENTRY: importing {path_text} failed", lambda: sys.modules.pop(name, None)):
+        # compiled from the source itself, not through the import system's bytecode cache: a file
+        # edited within the same second at the same size read the stale __pycache__ entry (and
+        # the user's folder gets no __pycache__ of ours)
+        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)
     return module
 
 
@@ -184,6 +176,19 @@ def _import_module(name: str) -> Any:
             if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
                 raise
             raise UsageError(f"bad ENTRY: importing {name!r} failed: {_describe(exc)}") from exc
+
+
+@contextlib.contextmanager
+def _as_usage_error(what: str, undo: Callable[[], Any] = lambda: None) -> Iterator[None]:
+    """Any failure inside (an import, a factory: the user's code) as ``UsageError("what: ...")``
+    after ``undo()``; an interrupt or ``--timeout`` passes through."""
+    try:
+        yield
+    except BaseException as exc:
+        undo()
+        if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
+            raise
+        raise UsageError(f"{what}: {_describe(exc)}") from exc
 
 
 @contextlib.contextmanager
@@ -208,13 +213,8 @@ def _from_object(entry: str, obj: Any, overrides: Dict[str, Any], device: str) -
             f"bad ENTRY {entry!r}: it is an object of type {type(obj).__name__}, not an nn.Module or a callable returning one"
         )
     _check_callable(entry, obj, overrides)
-    with _build_device(device):
-        try:
-            made = obj(**overrides)
-        except BaseException as exc:
-            if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
-                raise
-            raise UsageError(f"model construction failed: {entry} raised {_describe(exc)}") from exc
+    with _build_device(device), _as_usage_error(f"model construction failed: {entry} raised"):
+        made = obj(**overrides)
     return _unpack(entry, made)
 
 
@@ -251,6 +251,12 @@ def _build_device(device: str) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def _did_you_mean(word: str, names: Iterable[str]) -> str:
+    """``"; did you mean a, b?"`` with up to three names close to ``word`` (``""`` when none is)."""
+    close = difflib.get_close_matches(word, list(names), n=3)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def _describe(exc: BaseException) -> str:
@@ -309,8 +315,7 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         config, architecture = local_hf_config(entry, model_type, overrides)
         return _hf_model(entry, config, str(config.model_type), overrides, device, architecture)
     if model_type not in CONFIG_MAPPING_NAMES:
-        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint = _did_you_mean(model_type, CONFIG_MAPPING_NAMES)
         raise UsageError(
             f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint} "
             f"(a local folder or config.json is hf:./PATH)"
@@ -321,8 +326,7 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         raise UsageError(f"model construction failed: the default config of {entry}: {_describe(exc)}") from exc
     for key, value in overrides.items():
         if not hasattr(config, key):
-            close = difflib.get_close_matches(key, [k for k in config.to_dict() if not k.startswith("_")], n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = _did_you_mean(key, [k for k in config.to_dict() if not k.startswith("_")])
             raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
     if overrides:
         # built with the overrides, so values derived from them (head_dim from hidden_size) follow;
@@ -415,8 +419,7 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
         raise UsageError(f"{entry} needs the torchvision package: pip install torchvision") from exc
     known = tvm.list_models()
     if name not in known:
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint = _did_you_mean(name, known)
         raise UsageError(f"bad ENTRY {entry!r}: torchvision has no model {name!r}{hint}")
     with _build_device(device):
         try:

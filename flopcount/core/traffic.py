@@ -213,20 +213,21 @@ def _updated(count: int, call: OpCall, index_names: Sequence[str], source: Optio
     return read + (updated if accumulate else 0), updated
 
 
-def _index_copy(call: OpCall) -> Optional[Traffic]:
-    """read index + source; write numel(source) elements of self."""
-    source = _tensor(call, "source")
-    if source is None:
-        return None
-    return _updated(source.numel, call, ("index",), "source", accumulate=False)
+def _updating(counted: str, source: str, accumulate: bool) -> ByteRule:
+    """numel(``counted``) elements of self updated from ``source`` (:func:`_updated`)."""
+
+    def rule(call: OpCall) -> Optional[Traffic]:
+        tensor = _tensor(call, counted)
+        return None if tensor is None else _updated(tensor.numel, call, ("index",), source, accumulate)
+
+    rule.__doc__ = (f"read index + numel({counted}) elements of {source}" + (" and of self" if accumulate else "")
+                    + f"; write numel({counted}) elements of self")
+    return rule
 
 
-def _index_add(call: OpCall) -> Optional[Traffic]:
-    """read index + source + the numel(source) elements of self it adds to; write those."""
-    source = _tensor(call, "source")
-    if source is None:
-        return None
-    return _updated(source.numel, call, ("index",), "source", accumulate=True)
+_index_copy = _updating("source", "source", accumulate=False)
+_index_add = _updating("source", "source", accumulate=True)
+_scatter_add = _updating("index", "src", accumulate=True)
 
 
 def _index_fill(call: OpCall) -> Optional[Traffic]:
@@ -249,14 +250,6 @@ def _scatter(call: OpCall) -> Optional[Traffic]:
         return None
     read, written = _updated(index.numel, call, ("index",), "src", accumulate=bool(call.args.get("reduce")))
     return read + _arg_bytes(call, "value"), written
-
-
-def _scatter_add(call: OpCall) -> Optional[Traffic]:
-    """read index + numel(index) elements of src and of self; write numel(index) elements."""
-    index = _tensor(call, "index")
-    if index is None:
-        return None
-    return _updated(index.numel, call, ("index",), "src", accumulate=True)
 
 
 def _scatter_reduce(call: OpCall) -> Optional[Traffic]:

@@ -7,6 +7,7 @@ FLOPs by a peak.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional, Union
 
 from ..errors import UsageError
@@ -123,6 +124,4 @@ def roofs_for(device: Any, given: Optional[Roofs] = None) -> Roofs:
     part = find_part(torch.cuda.get_device_name(dev))
     if part is None:
         return measured
-    details = dict(measured.details)
-    details["datasheet"] = part_roofs(part).to_dict()
-    return Roofs(measured.peak_flops, measured.bandwidth, measured.device, measured.source, details, measured.levels)
+    return dataclasses.replace(measured, details={**measured.details, "datasheet": part_roofs(part).to_dict()})

@@ -38,12 +38,14 @@ import os
 import platform
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..bench.loop import cuda_block_runner
 from ..errors import UsageError
 from .cpu import CpuFacts, cpu_facts
 from .roofline import CONV, MATMUL, MemoryLevel, Roofs, op_family
@@ -174,9 +176,7 @@ def _machine_roofs(
         try:
             found = Roofs.from_dict(stored[key])
             when = found.details.get("measured_at", "?")
-            return Roofs(found.peak_flops, found.bandwidth, found.device,
-                         f"measured (cached; measured {when}, {found.details.get('how', 'micro-benchmarks')})",
-                         found.details, found.levels, found.math)
+            return replace(found, source=f"measured (cached; measured {when}, {found.details.get('how', 'micro-benchmarks')})")
         except (KeyError, TypeError, ValueError, UsageError):
             pass  # a damaged entry: measure again
     take = measure or (lambda d: measure_roofs(d, budget_s=PASS_BUDGET_S))
@@ -200,15 +200,13 @@ def _machine_roofs(
     details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
     if problems:
         details["not_cached"] = problems
-        return Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, "measured (not cached: " + "; ".join(problems) + ")",
-                     details, roofs.levels, roofs.math)
-    roofs = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+        return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details)
+    roofs = replace(roofs, details=details)
     if cache:
         if key in stored:
             with contextlib.suppress(KeyError, TypeError, ValueError, UsageError):
                 roofs = best_of(roofs, Roofs.from_dict(stored[key]))
-                roofs = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source,
-                              {**roofs.details, "measured_at": stamp}, roofs.levels, roofs.math)
+                roofs = replace(roofs, details={**roofs.details, "measured_at": stamp})
         stored[key] = roofs.to_dict()
         _write_cache(path, stored)
     return roofs
@@ -224,7 +222,7 @@ def remember_roofs(roofs: Roofs, device: Union[None, str, torch.device] = None) 
     details = {**roofs.details}
     details.setdefault("measured_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     details.setdefault("how", "given (remember_roofs)")
-    entry = Roofs(roofs.peak_flops, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+    entry = replace(roofs, details=details)
     with _CACHE_LOCK:
         path = cache_path()
         stored = _read_cache(path)
@@ -286,8 +284,7 @@ def raise_to_achieved(roofs: Roofs, achieved: Mapping[str, float], where: str = 
             peaks[dtype] = rate
     if not raised:
         return roofs
-    details = {**roofs.details, "raised_to_achieved": raised}
-    return Roofs(peaks, roofs.bandwidth, roofs.device, roofs.source, details, roofs.levels, roofs.math)
+    return replace(roofs, peak_flops=peaks, details={**roofs.details, "raised_to_achieved": raised})
 
 
 def _read_cache(path: Path) -> Dict[str, Any]:
@@ -398,18 +395,10 @@ def measure_roofs(
 
 
 def _timer(dev: torch.device, clock: Optional[Clock]) -> Callable[[Callable[[], Any]], float]:
-    """Seconds one call of ``fn`` takes: CUDA events on a GPU, else ``clock`` (perf_counter)."""
+    """Seconds one call of ``fn`` takes: CUDA events on a GPU (the benchmark's runner), else
+    ``clock`` (perf_counter)."""
     if dev.type == "cuda" and clock is None:
-
-        def cuda_time(fn: Callable[[], Any]) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e-3
-
-        return cuda_time
+        return lambda fn: cuda_block_runner(fn, dev)(1)[0]
     now = clock or time.perf_counter
 
     def cpu_time(fn: Callable[[], Any]) -> float:

@@ -113,30 +113,28 @@ def _lu(call: OpCall) -> Cost:
     return _scale(call, lu_flops(a.shape[-2], a.shape[-1]), _batch(a.shape))
 
 
-def _det(call: OpCall) -> Cost:
+def det_flops(n: int) -> float:
     """LU + the product of the diagonal (n)."""
-    a = _mat(call, "A", "self", "input")
-    n = a.shape[-1]
-    return _scale(call, lu_flops(n, n) + n, _batch(a.shape))
+    return lu_flops(n, n) + n
 
 
-def _slogdet(call: OpCall) -> Cost:
+def slogdet_flops(n: int) -> float:
     """LU + |u_ii|, log, sum over the diagonal (3n)."""
-    a = _mat(call, "A", "self", "input")
-    n = a.shape[-1]
-    return _scale(call, lu_flops(n, n) + 3 * n, _batch(a.shape))
+    return lu_flops(n, n) + 3 * n
+
+
+def inv_flops(n: int) -> float:
+    """getrf + getri: 2 n^3 / 3 + 4 n^3 / 3 = 2 n^3."""
+    return 2 * n**3
+
+
+_slogdet = _square(slogdet_flops)
 
 
 def _logdet(call: OpCall) -> Cost:
     """slogdet + a sign test and a select per matrix (log of a negative determinant is nan)."""
     a = _mat(call, "self")
     return _slogdet(call) + Cost.from_flops(2 * _batch(a.shape))
-
-
-def _inv(call: OpCall) -> Cost:
-    """getrf + getri: 2 n^3 / 3 + 4 n^3 / 3 = 2 n^3."""
-    a = _mat(call, "A", "self", "input")
-    return _scale(call, 2 * a.shape[-1] ** 3, _batch(a.shape))
 
 
 def _rhs(a: TensorMeta, b: TensorMeta, left: bool) -> Tuple[int, int]:
@@ -153,25 +151,21 @@ def _solve_batch(a: TensorMeta, b: TensorMeta) -> int:
     return prod(broadcast(a.shape[:-2], b.shape[:-1]))
 
 
-def _solve(call: OpCall) -> Cost:
-    """linalg_solve / _linalg_solve_ex: LU of A, two triangular solves per right-hand side."""
-    a, b = call.tensor("A"), call.tensor("B")
-    n, k = _rhs(a, b, call.arg("left", True) is not False)
-    return _scale(call, solve_flops(n, k), _solve_batch(a, b))
+def _solver(matrix: str, flops: Callable[[int, int], float]) -> Callable[[OpCall], Cost]:
+    """A solve with the n x n ``matrix`` and right-hand sides ``B``: ``flops(n, nrhs)`` per matrix."""
+
+    def handler(call: OpCall) -> Cost:
+        a, b = call.tensor(matrix), call.tensor("B")
+        n, k = _rhs(a, b, call.arg("left", True) is not False)
+        return _scale(call, flops(n, k), _solve_batch(a, b))
+
+    handler.__doc__ = flops.__doc__
+    return handler
 
 
-def _lu_solve(call: OpCall) -> Cost:
-    """linalg_lu_solve: two triangular solves, 2 n^2 nrhs."""
-    lu, b = call.tensor("LU"), call.tensor("B")
-    n, k = _rhs(lu, b, call.arg("left", True) is not False)
-    return _scale(call, 2 * triangular_solve_flops(n, k), _solve_batch(lu, b))
-
-
-def _triangular(call: OpCall) -> Cost:
-    """linalg_solve_triangular(A, B): n^2 nrhs."""
-    a, b = call.tensor("self"), call.tensor("B")
-    n, k = _rhs(a, b, call.arg("left", True) is not False)
-    return _scale(call, triangular_solve_flops(n, k), _solve_batch(a, b))
+def lu_solve_flops(n: int, nrhs: int) -> float:
+    """getrs: two triangular solves, 2 n^2 nrhs."""
+    return 2 * triangular_solve_flops(n, nrhs)
 
 
 def _triangular_legacy(call: OpCall) -> Cost:
@@ -415,13 +409,13 @@ def _cross(call: OpCall) -> Cost:
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::cholesky"], _square(cholesky_flops))
     registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _lu)
-    registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _det)
+    registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _square(det_flops))
     registry.register(["aten::linalg_slogdet", "aten::_linalg_slogdet", "aten::slogdet"], _slogdet)
     registry.register("aten::logdet", _logdet)
-    registry.register(["aten::linalg_inv", "aten::linalg_inv_ex", "aten::inverse"], _inv)
-    registry.register(["aten::linalg_solve", "aten::_linalg_solve_ex", "aten::linalg_solve_ex"], _solve)
-    registry.register("aten::linalg_lu_solve", _lu_solve)
-    registry.register("aten::linalg_solve_triangular", _triangular)
+    registry.register(["aten::linalg_inv", "aten::linalg_inv_ex", "aten::inverse"], _square(inv_flops))
+    registry.register(["aten::linalg_solve", "aten::_linalg_solve_ex", "aten::linalg_solve_ex"], _solver("A", solve_flops))
+    registry.register("aten::linalg_lu_solve", _solver("LU", lu_solve_flops))
+    registry.register("aten::linalg_solve_triangular", _solver("self", triangular_solve_flops))
     registry.register("aten::triangular_solve", _triangular_legacy)
     registry.register("aten::cholesky_solve", _cholesky_solve)
     registry.register("aten::cholesky_inverse", _cholesky_inverse)

@@ -28,32 +28,15 @@ def _linear(call: OpCall) -> Cost:
     return Cost.from_macs(linear_macs(call.tensor("input").shape, call.tensor("weight").shape))
 
 
-def _mm(call: OpCall) -> Cost:
-    # self (n, m) @ mat2 (m, p) -> n*m*p
-    return Cost.from_macs(matmul_macs(call.tensor("self").shape, call.tensor("mat2").shape))
+def _product(left: str, right: str) -> Handler:
+    """``left @ right`` by schema name: (n, m) @ (m, p) -> n*m*p, batched (b, n, m) @ (b, m, p)
+    -> b*n*m*p (addbmm also sums over b inside the MACs), (n, m) @ (m,) -> n*m; the added
+    ``self`` and the alpha/beta scales of addmm-style ops are not counted."""
 
+    def handler(call: OpCall) -> Cost:
+        return Cost.from_macs(matmul_macs(call.tensor(left).shape, call.tensor(right).shape))
 
-def _addmm(call: OpCall) -> Cost:
-    # beta*self + alpha*(mat1 (n, m) @ mat2 (m, p)); only the product is counted.
-    return Cost.from_macs(matmul_macs(call.tensor("mat1").shape, call.tensor("mat2").shape))
-
-
-def _baddbmm(call: OpCall) -> Cost:
-    # batch1 (b, n, m) @ batch2 (b, m, p): b*n*m*p; addbmm also sums over b inside the MACs.
-    return Cost.from_macs(matmul_macs(call.tensor("batch1").shape, call.tensor("batch2").shape))
-
-
-def _matmul(call: OpCall) -> Cost:
-    return Cost.from_macs(matmul_macs(call.tensor("self").shape, call.tensor("other").shape))
-
-
-def _mv(call: OpCall) -> Cost:
-    # self (n, m) @ vec (m,) -> n*m
-    return Cost.from_macs(matmul_macs(call.tensor("self").shape, call.tensor("vec").shape))
-
-
-def _addmv(call: OpCall) -> Cost:
-    return Cost.from_macs(matmul_macs(call.tensor("mat").shape, call.tensor("vec").shape))
+    return handler
 
 
 def _dot(call: OpCall) -> Cost:
@@ -270,12 +253,10 @@ def register(registry: HandlerRegistry) -> None:
         registry.register(ops, complex_contraction(handler))
 
     add("aten::linear", _linear)
-    add(["aten::mm", "aten::bmm"], _mm, ("self", "mat2"))
-    add("aten::addmm", _addmm, ("mat1", "mat2"))
-    add(["aten::baddbmm", "aten::addbmm"], _baddbmm)
-    add("aten::matmul", _matmul, ("self", "other"))
-    add("aten::mv", _mv, ("self", "vec"))
-    add("aten::addmv", _addmv, ("mat", "vec"))
+    for ops, operands in ((["aten::mm", "aten::bmm"], ("self", "mat2")), ("aten::addmm", ("mat1", "mat2")),
+                          ("aten::matmul", ("self", "other")), ("aten::mv", ("self", "vec")), ("aten::addmv", ("mat", "vec"))):
+        add(ops, _product(*operands), operands)
+    add(["aten::baddbmm", "aten::addbmm"], _product("batch1", "batch2"))
     # torch.sparse.mm / torch.sspaddmm / torch.hspmm and the kernels sparse @ dense reaches
     add("aten::_sparse_mm", _sparse_only("sparse", "dense"))
     add(["aten::_sparse_addmm", "aten::sspaddmm", "aten::hspmm"], _sparse_only("mat1", "mat2"))
@@ -288,7 +269,7 @@ def register(registry: HandlerRegistry) -> None:
     add("aten::bilinear", _bilinear)
     add("aten::_trilinear", _trilinear)
     add("aten::einsum", _einsum)
-    add("aten::_scaled_mm", _mm)  # (M, K) @ (K, N) with scales folded in, as torch's flop counter
+    add("aten::_scaled_mm", _product("self", "mat2"))  # (M, K) @ (K, N) with scales folded in, as torch's flop counter
     add(["aten::_grouped_mm", "aten::_scaled_grouped_mm"], _grouped_mm)
     add("transformers::grouped_mm_fallback", _grouped_mm_fallback)
     add("transformers::grouped_mm_fallback_backward", _grouped_mm_fallback_backward)

@@ -40,7 +40,7 @@ def serve_table(result: ServeResult, fmt: str = "simple") -> str:
         ])
     table = tabulate(rows, headers=["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=",
                                     "memory", "fits"], tablefmt=fmt)
-    steps = len(facts.step_flops)
+    steps = len(facts.steps)
     context = (f"prompt {facts.prompt_tokens}, {facts.new_tokens} new tokens (decode context "
                f"{facts.prompt_tokens + 1}..{facts.prompt_tokens + steps})" if steps else
                f"prompt {facts.prompt_tokens}, 1 new token (prefill only)")
@@ -52,8 +52,8 @@ def serve_table(result: ServeResult, fmt: str = "simple") -> str:
         f"{format_bytes(result.kv_bytes_per_sequence)} per sequence at the final context"
         f"{f' ({facts.cache_dtype})' if facts.cache_dtype else ''}; activations >= "
         f"{format_bytes(facts.activation_bytes / result.tp)} per sequence (the largest tensor one op writes)",
-        f"prefill {format_count(facts.prefill_flops)}FLOPs per sequence; decode "
-        f"{format_count(sum(facts.step_flops) / max(1, steps))}FLOPs per token per sequence (mean)",
+        f"prefill {format_count(facts.prefill.flops)}FLOPs per sequence; decode "
+        f"{format_count(sum(s.flops for s in facts.steps) / max(1, steps))}FLOPs per token per sequence (mean)",
     ]
     if result.capacity_bytes is not None:
         fits = "none" if result.max_batch == 0 else str(result.max_batch)
@@ -85,8 +85,8 @@ def serve_dict(result: ServeResult) -> Dict[str, Any]:
         "kv_cache_dtype": facts.cache_dtype, "activation_bytes_per_sequence": facts.activation_bytes / result.tp,
         "capacity_bytes": result.capacity_bytes, "reserve": result.reserve, "usable_bytes": result.usable_bytes,
         "max_batch": result.max_batch, "compute_bound_batch": result.compute_bound_batch,
-        "prefill_flops_per_sequence": facts.prefill_flops,
-        "decode_flops_per_token": sum(facts.step_flops) / max(1, len(facts.step_flops)),
+        "prefill_flops_per_sequence": facts.prefill.flops,
+        "decode_flops_per_token": sum(s.flops for s in facts.steps) / max(1, len(facts.steps)),
         "complete": result.complete, "leaves_out": result.leaves_out, "warnings": list(result.warnings),
     }
 

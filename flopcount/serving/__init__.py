@@ -2,9 +2,9 @@
 token, inter-token latency, tokens/s ceilings, KV capacity), priced from one count of the
 model's own forwards (flopcount.decoding) with the one roofline function (flopcount.devices)."""
 
-from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
+from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor, Work
 from flopcount.serving.result import LEAVES_OUT, ServeResult
 from flopcount.serving.serve import DEFAULT_RESERVE, serve, serve_facts, serve_on
 
 __all__ = ["DEFAULT_RESERVE", "LEAVES_OUT", "Phase", "ServeBatch", "ServeFacts", "ServeResult", "WeightTensor",
-           "serve", "serve_facts", "serve_on"]
+           "Work", "serve", "serve_facts", "serve_on"]

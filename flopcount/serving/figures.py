@@ -94,24 +94,37 @@ class ServeBatch:
 
 
 @dataclass(frozen=True)
+class Work:
+    """One forward's counted work: FLOPs, MACs and the cache bytes it reads and writes (per
+    sequence in :attr:`ServeFacts.prefill` / :attr:`ServeFacts.steps`, the part no sequence
+    adds in ``ServeFacts.fixed``)."""
+
+    flops: float
+    macs: float
+    cache_read: float = 0.0
+    cache_written: float = 0.0
+
+    def times(self, batch: int, fixed: Optional[Work]) -> Work:
+        """``batch x self + fixed``: this work at ``batch`` sequences."""
+        f = fixed or Work(0.0, 0.0)
+        return Work(batch * self.flops + f.flops, batch * self.macs + f.macs, batch * self.cache_read + f.cache_read,
+                    batch * self.cache_written + f.cache_written)
+
+
+@dataclass(frozen=True)
 class ServeFacts:
     """What serving is priced from, counted on the model's own code at two batch sizes: each
-    figure is affine in the batch B, ``B x figure + figure_fixed`` (per sequence, and the part
+    figure is affine in the batch B, ``B x figure + fixed[name]`` (per sequence, and the part
     no sequence adds: a rotary table computed once per position, a cache's int64 counters).
-    FLOPs/MACs of the prefill and of each decode step, the cache bytes each step reads and
-    writes, the cache held at the final context, the activations (the largest tensor one op
-    writes), the parameters by kind, and the model's shape for tensor parallelism."""
+    The work of the prefill and of each decode step (:class:`Work`: FLOPs, MACs, the cache bytes
+    it reads and writes), the cache held at the final context, the activations (the largest
+    tensor one op writes), the parameters by kind, and the model's shape for tensor parallelism."""
 
     prompt_tokens: int
     new_tokens: int
     counted_batch: int
-    prefill_flops: float
-    prefill_macs: float
-    prefill_cache_written: float
-    step_flops: Tuple[float, ...]
-    step_macs: Tuple[float, ...]
-    step_cache_read: Tuple[float, ...]
-    step_cache_written: Tuple[float, ...]
+    prefill: Work
+    steps: Tuple[Work, ...]
     cache_held: float
     cache_dtype: str
     kv_bytes_per_token: float
@@ -127,9 +140,15 @@ class ServeFacts:
     complete: bool = True
     warnings: Tuple[str, ...] = ()
 
-    def at(self, name: str, batch: int, step: Optional[int] = None) -> float:
-        """``batch x name + its fixed part`` (``step``: an index into a per-step figure)."""
-        slope, fixed = getattr(self, name), self.fixed.get(name, 0.0)
-        if step is not None:
-            slope, fixed = slope[step], (fixed[step] if fixed else 0.0)
-        return float(batch * slope + fixed)
+    def at(self, name: str, batch: int) -> float:
+        """``batch x name + its fixed part`` for a scalar figure (``cache_held``, ``activation_bytes``...)."""
+        return float(batch * getattr(self, name) + self.fixed.get(name, 0.0))
+
+    def prefill_at(self, batch: int) -> Work:
+        """The prefill's work over ``batch`` sequences."""
+        return self.prefill.times(batch, self.fixed.get("prefill"))
+
+    def step_at(self, batch: int, index: int) -> Work:
+        """Decode step ``index``'s work over ``batch`` sequences."""
+        fixed = self.fixed.get("steps")
+        return self.steps[index].times(batch, fixed[index] if fixed else None)

@@ -126,17 +126,14 @@ class Pricing:
         return Phase(flops / self.tp, macs / self.tp, moved, bound.compute_s, bound.memory_s, comm)
 
     def prefill(self, batch: int) -> Phase:
-        f = self.facts
-        tokens = batch * f.prompt_tokens
-        weights = self.weights_read(tokens)
-        other = f.at("prefill_cache_written", batch) * self.scale
-        return self.phase(f.at("prefill_flops", batch), f.at("prefill_macs", batch), weights, other, tokens)
+        tokens = batch * self.facts.prompt_tokens
+        work = self.facts.prefill_at(batch)
+        return self.phase(work.flops, work.macs, self.weights_read(tokens), work.cache_written * self.scale, tokens)
 
     def step(self, batch: int, index: int) -> Phase:
-        f = self.facts
-        weights = self.weights_read(batch)
-        other = (f.at("step_cache_read", batch, index) + f.at("step_cache_written", batch, index)) * self.scale
-        return self.phase(f.at("step_flops", batch, index), f.at("step_macs", batch, index), weights, other, batch)
+        work = self.facts.step_at(batch, index)
+        other = (work.cache_read + work.cache_written) * self.scale
+        return self.phase(work.flops, work.macs, self.weights_read(batch), other, batch)
 
     def memory(self, batch: int) -> float:
         """Per rank: weights held, the cache of ``batch`` sequences at the final context, and
@@ -150,7 +147,7 @@ def price_batch_with(pricing: Pricing, batch: int, usable: Optional[float]) -> S
     facts = pricing.facts
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise UsageError(f"serve: batch sizes must be ints >= 1, got {batch!r}")
-    steps = [pricing.step(batch, i) for i in range(len(facts.step_flops))]
+    steps = [pricing.step(batch, i) for i in range(len(facts.steps))]
     memory = pricing.memory(batch)
     weights = pricing.weights_read(batch) / pricing.tp if steps else 0.0
     return ServeBatch(
@@ -180,13 +177,14 @@ def compute_bound_batch(pricing: Pricing, limit: int = 1 << 24) -> Optional[int]
     """The smallest batch at which the mean decode step's compute term reaches its memory
     term (None: never below ``limit``, e.g. when the cache's bytes grow as fast as the FLOPs)."""
     facts = pricing.facts
-    n = len(facts.step_flops)
+    n = len(facts.steps)
     if not n:
         return None
 
     def compute_wins(batch: int) -> bool:
-        flops = sum(facts.at("step_flops", batch, i) for i in range(n)) / n
-        cache = sum(facts.at("step_cache_read", batch, i) + facts.at("step_cache_written", batch, i) for i in range(n)) / n
+        works = [facts.step_at(batch, i) for i in range(n)]
+        flops = sum(w.flops for w in works) / n
+        cache = sum(w.cache_read + w.cache_written for w in works) / n
         weights = pricing.weights_read(batch)
         phase = pricing.phase(flops, 0.0, weights, cache * pricing.scale, batch)
         return phase.compute_s >= phase.memory_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import astuple
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -20,7 +21,7 @@ from flopcount.decoding.forwards import Setup
 from flopcount.devices import Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError
 from flopcount.serving.counting import Counted, derive, held_per_step
-from flopcount.serving.figures import ServeFacts, WeightTensor
+from flopcount.serving.figures import ServeFacts, WeightTensor, Work
 from flopcount.serving.pricing import (
     Pricing,
     batches_of,
@@ -166,28 +167,23 @@ def _counted(decoded: Decoded) -> Counted:
 def _facts(
     model: nn.Module, one: Counted, two: Counted, cache: Any, setup: Setup, notes_of_one: List[str], new_tokens: int,
 ) -> ServeFacts:
-    b = one.batch
-    n = len(one.step_flops)
-    figures: Dict[str, Tuple[Any, Any]] = {}
-    for name, counted in (("one", one), ("two", two)):
+    b, n = one.batch, len(one.step_flops)
+    scalars: List[Dict[str, float]] = []
+    works: List[List[Work]] = []
+    for counted in (one, two):
         held = held_per_step(counted.held, n)
-        figures[name] = ({
-            "prefill_flops": float(counted.prefill_flops), "prefill_macs": float(counted.prefill_macs),
-            "prefill_cache_written": held[-1], "cache_held": counted.stored,
-            "kv_bytes_per_token": held[0] - held[-1] if n else 0.0, "activation_bytes": float(counted.largest_write),
-        }, {
-            "step_flops": [float(f) for f in counted.step_flops], "step_macs": [float(m) for m in counted.step_macs],
-            "step_cache_read": [held[s - 1] for s in range(n)],  # the positions cached before the step
-            "step_cache_written": [max(0.0, held[s] - held[s - 1]) for s in range(n)],
-        })
-    slopes: Dict[str, Any] = {}
-    fixed: Dict[str, Any] = {}
-    for key, first in figures["one"][0].items():
-        slopes[key] = figures["two"][0][key] - first
-        fixed[key] = first - b * slopes[key]
-    for key, firsts in figures["one"][1].items():
-        slopes[key] = tuple(y - x for x, y in zip(firsts, figures["two"][1][key]))
-        fixed[key] = tuple(x - b * d for x, d in zip(firsts, slopes[key]))
+        scalars.append({"cache_held": counted.stored, "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
+                        "activation_bytes": float(counted.largest_write)})
+        works.append([
+            Work(float(counted.prefill_flops), float(counted.prefill_macs), 0.0, held[-1]),
+            # a decode step reads the positions cached before it and writes the new one
+            *(Work(float(counted.step_flops[s]), float(counted.step_macs[s]), held[s - 1], max(0.0, held[s] - held[s - 1]))
+              for s in range(n)),
+        ])
+    slopes: Dict[str, Any] = {key: scalars[1][key] - first for key, first in scalars[0].items()}
+    fixed: Dict[str, Any] = {key: first - b * slopes[key] for key, first in scalars[0].items()}
+    (slopes["prefill"], fixed["prefill"]), *steps = [_affine(x, y, b) for x, y in zip(*works)]
+    slopes["steps"], fixed["steps"] = tuple(s for s, _ in steps), tuple(f for _, f in steps)
     fixed["activation_bytes"] = max(0.0, fixed["activation_bytes"])
     config = _text_config(model)
     experts, k = _moe(config)
@@ -205,6 +201,12 @@ def _facts(
         kv_heads=int(_get(config, "num_key_value_heads", "num_attention_heads", "n_head", "num_heads") or 0),
         encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
     )
+
+
+def _affine(one: Work, two: Work, b: int) -> Tuple[Work, Work]:
+    """(per sequence, fixed) of a forward's work counted at batches ``b`` (``one``) and b + 1."""
+    slope = Work(*(y - x for x, y in zip(astuple(one), astuple(two))))
+    return slope, Work(*(x - b * d for x, d in zip(astuple(one), astuple(slope))))
 
 
 def _text_config(model: nn.Module) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
@@ -16,12 +16,11 @@ from flopcount.errors import FlopcountWarning
 
 
 class StateWatch:
-    """What the forward (re)assigned on the model's modules so far: buffers and plain
-    attributes (``self.aux_loss = ...``, ``self.ema = ...``), by qualified name."""
+    """What the tracer and :func:`preserved_model_state` tell each other about one run: whether
+    it drew random numbers, whether another thread ran the model meanwhile, and the copies of
+    the buffers the run uses."""
 
-    def __init__(self, modules: List[nn.Module], attributes: List[Dict[str, Any]]):
-        self._modules = modules
-        self._attributes = attributes
+    def __init__(self) -> None:
         #: set by the tracer from its trace (``flopcount.core.state.draws_random``). Used only
         #: without ``own_buffers`` (a benchmark's run): False when the run drew no random
         #: number, so the process-wide RNG is not set back; None (unknown) or True: it is
@@ -39,22 +38,6 @@ class StateWatch:
     def twin(self, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor the run uses for ``tensor`` (a buffer's copy under ``own_buffers``)."""
         return self.twins.get(id(tensor), tensor)
-
-    def assigned(self, names: Mapping[nn.Module, str]) -> List[str]:
-        found = []
-        for module, before in zip(self._modules, self._attributes):
-            prefix = names.get(module, "")
-            now = vars(module)
-            for key, value in now.items():
-                old = before.get(key, _MISSING)
-                # a new tensor attribute, or a tensor attribute replaced (not a size that
-                # jit's tracing hands over as a tensor, as lazy modules' in_features)
-                if old is not value and isinstance(value, torch.Tensor) and (old is _MISSING or isinstance(old, torch.Tensor)):
-                    found.append(f"{prefix}.{key}" if prefix else key)
-            for key, buf in module._buffers.items():
-                if buf is not None and before["_buffers"].get(key) is not buf:
-                    found.append(f"{prefix}.{key}" if prefix else key)
-        return found
 
 
 _MISSING = object()
@@ -123,7 +106,7 @@ def preserved_model_state(
     grad_enabled = torch.is_grad_enabled()
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    watch = StateWatch(modules, attributes)
+    watch = StateWatch()
     watch.twins = twins
     # a tracer's real run draws on generators of its own: the process's are never set back
     # (that would rewind other threads' draws) unless an op it cannot redirect drew

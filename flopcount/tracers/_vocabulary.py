@@ -202,28 +202,25 @@ def _loss_binder(func: Callable[..., Any], op: str, refuse: Tuple[str, ...] = ()
     """A loss taking ``reduction="none"|"mean"|"sum"``, passed to aten as 0/1/2; the legacy
     ``size_average``/``reduce`` (and other ``refuse``d arguments) leave it to the leaf ops."""
     python = _python_binder(func, op, {"input": "self"}, refuse=("size_average", "reduce") + refuse)
-
-    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
-        found = python(args, kwargs)
-        if found is None or found[1].get("reduction") not in _REDUCTIONS:
-            return None
-        found[1]["reduction"] = _REDUCTIONS[found[1]["reduction"]]
-        return found
-
-    return bind
+    return _translated(python, "reduction", _REDUCTIONS)
 
 
 _CDIST_MODES = {"use_mm_for_euclid_dist_if_necessary": None, "use_mm_for_euclid_dist": 1, "donot_use_mm_for_euclid_dist": 2}
 
 
 def _cdist_binder() -> Binder:
-    python = _python_binder(torch.cdist, "aten::cdist")
+    return _translated(_python_binder(torch.cdist, "aten::cdist"), "compute_mode", _CDIST_MODES)
+
+
+def _translated(python: Binder, name: str, values: Mapping[str, Optional[int]]) -> Binder:
+    """``python``'s binding with the string argument ``name`` passed to aten as ``values`` says
+    (a value not listed: left to the leaf ops)."""
 
     def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
         found = python(args, kwargs)
-        if found is None or found[1].get("compute_mode") not in _CDIST_MODES:
+        if found is None or found[1].get(name) not in values:
             return None
-        found[1]["compute_mode"] = _CDIST_MODES[found[1]["compute_mode"]]
+        found[1][name] = values[found[1][name]]
         return found
 
     return bind

@@ -99,7 +99,7 @@ def test_optimizer_implies_backward_and_adds_its_state(workdir, capsys):
 def test_check_says_what_the_peak_includes(workdir, capsys):
     # issue #20.4: the check table names what its memory peak holds: weights, gradients, optimizer
     # state, activations. Oracle: fp32 bytes of the MLP's weights and gradients (4 per parameter).
-    from flopcount.report.units import format_bytes
+    from flopcount.units import format_bytes
 
     code, out, err = cli(capsys, "check", "mem_models.py:mlp", "-i", "64x1024", "--optimizer", "adam",
                          "--max-memory", "1GB")

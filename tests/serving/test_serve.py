@@ -69,8 +69,8 @@ def test_the_cache_is_read_once_per_step_not_twice(llama7b):
     per_position = 524_288
     facts = result.facts
     # decode step s reads the P + s positions cached before it and writes one
-    assert facts.step_cache_read == tuple(float((P7 + s) * per_position) for s in range(N7 - 1))
-    assert facts.step_cache_written == (float(per_position),) * (N7 - 1)
+    assert [s.cache_read for s in facts.steps] == [float((P7 + s) * per_position) for s in range(N7 - 1)]
+    assert [s.cache_written for s in facts.steps] == [float(per_position)] * (N7 - 1)
     row = result.at(8)
     weights = (LLAMA2_7B_PARAMS - 32000 * 4096) * 2 + 8 * 4096 * 2
     assert row.first_step is not None and row.last_step is not None
@@ -86,9 +86,9 @@ def test_the_lm_head_runs_on_the_positions_generate_computes(llama7b):
     dense = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     # prefill: P positions through every layer, attention QK^T and AV (2 x P^2 x 4096 per layer),
     # and the LM head once (logits_to_keep=1), not P times
-    assert result.facts.prefill_macs == P7 * dense + 32 * 2 * P7 * P7 * 4096 + 4096 * 32000
+    assert result.facts.prefill.macs == P7 * dense + 32 * 2 * P7 * P7 * 4096 + 4096 * 32000
     # decode step s: one position, attention over P + s + 1 keys, the head once
-    assert result.facts.step_macs[0] == dense + 32 * 2 * (P7 + 1) * 4096 + 4096 * 32000
+    assert result.facts.steps[0].macs == dense + 32 * 2 * (P7 + 1) * 4096 + 4096 * 32000
 
 
 def test_capacity_is_the_parts_bytes_with_the_reserve_stated(llama7b):
@@ -178,8 +178,8 @@ def test_sliding_window_layers_hold_and_read_only_their_window(device):
     # the window is full before the first step: each step reads the W - 1 positions the
     # sliding layer keeps (not P + s), in each of the 2 layers; per sequence (the layers'
     # int64 counters, 8 bytes each, are the batch's fixed part)
-    assert result.facts.step_cache_read == (2 * (W - 1) * per_position,) * (N - 1)
-    assert result.facts.fixed["step_cache_read"] == (2 * 8,) * (N - 1)
+    assert [s.cache_read for s in result.facts.steps] == [2 * (W - 1) * per_position] * (N - 1)
+    assert [s.cache_read for s in result.facts.fixed["steps"]] == [2 * 8] * (N - 1)
     # what the real generate()'s cache holds: the W-position tensors the layers keep views of
     assert B * result.kv_bytes_per_sequence + result.facts.fixed["cache_held"] == truth
 
@@ -237,7 +237,7 @@ def test_batches_price_one_count_as_counting_that_batch_does():
     row = one.at(4)
     assert row.prefill.flops == four.prefill.flops
     assert row.first_step is not None and row.first_step.flops == four.steps[0].flops
-    assert sum(one.facts.at("step_flops", 4, i) for i in range(4)) == four.decode_flops
+    assert sum(one.facts.step_at(4, i).flops for i in range(4)) == four.decode_flops
 
 
 def test_tensor_parallel_divides_the_work_and_adds_the_all_reduces():
@@ -267,11 +267,11 @@ def test_compute_bound_batch_meets_the_roofline(llama7b):
     b = result.compute_bound_batch
     assert b is not None and b > 1
     facts = result.facts
-    n = len(facts.step_flops)
+    n = len(facts.steps)
 
     def terms(batch: int) -> Any:
-        flops = sum(facts.at("step_flops", batch, i) for i in range(n)) / n
-        cache = sum(facts.at("step_cache_read", batch, i) + facts.at("step_cache_written", batch, i) for i in range(n)) / n
+        flops = sum(facts.step_at(batch, i).flops for i in range(n)) / n
+        cache = sum(facts.step_at(batch, i).cache_read + facts.step_at(batch, i).cache_written for i in range(n)) / n
         # H100 SXM: 989.5 TFLOP/s dense fp16, 3.35 TB/s HBM3 (less the 50 MB its L2 may serve)
         return flops / 989.5e12, (result.at(batch).weights_read_per_step + cache - 50e6) / 3.35e12
 

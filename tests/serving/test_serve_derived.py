@@ -73,8 +73,7 @@ def test_derived_figures_equal_counting_both_batches_in_full(family: str, batch:
     full = serve_facts(model, ids, new, derived=False)
     assert _was_derived(fast) is derived and not _was_derived(full)
     assert _figures(fast) == _figures(full)
-    for field in ("step_flops", "step_macs", "step_cache_read", "step_cache_written"):
-        assert len(getattr(fast, field)) == new - 1
+    assert len(fast.steps) == len(fast.fixed["steps"]) == new - 1
 
 
 @contextmanager
@@ -130,10 +129,10 @@ def test_every_batch_prices_the_hand_derived_macs() -> None:
     assert _was_derived(facts)
     for b in (1, 3, 8):
         prefill = b * (L * (P * 9216 + 64 * P * P) + H * V)
-        assert facts.at("prefill_macs", b) == prefill
+        assert facts.prefill_at(b).macs == prefill
         for s in range(N - 1):
             c = P + s + 1  # decode step s attends to the prompt and s + 1 generated positions
-            assert facts.at("step_macs", b, s) == b * (L * (9216 + 64 * c) + H * V)
+            assert facts.step_at(b, s).macs == b * (L * (9216 + 64 * c) + H * V)
 
 
 @pytest.mark.parametrize("train", [False, True])
@@ -182,8 +181,8 @@ def test_a_step_that_batch_b_plus_1_runs_differently_is_counted_in_full() -> Non
     # the per-sequence slope is batch 3's step minus batch 2's: batch 3's extra add over its 3 x 50
     # logits is all of it, in every step (as the full count has it)
     plain = serve_facts(_meta("llama", **ATTN), ids, 9)
-    assert len(facts.step_flops) == 8
-    assert all(f - g == 3 * 50 for f, g in zip(facts.step_flops, plain.step_flops))
+    assert len(facts.steps) == 8
+    assert all(f.flops - g.flops == 3 * 50 for f, g in zip(facts.steps, plain.steps))
 
 
 def test_a_window_the_config_says_fills_costs_no_forward_before_counting_in_full() -> None:
