@@ -262,7 +262,7 @@ def _tracked_step(
     try:
         with mode, preserved_rng() if real else contextlib.nullcontext():
             if opt is not None:
-                warm_up(opt, "estimate_memory")
+                warm_up(opt, "estimate_memory", reuse=not real)  # one step per kind of parameter on fakes
             tracker.watch(twin, opt, output_tensors((args, kwargs)))
             with tracker, ModuleStack(names) as stack:
                 try:

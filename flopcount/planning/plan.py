@@ -228,7 +228,7 @@ def _fake_step(
             # the steady state: every step after the first starts with the optimizer state
             # allocated, so it is there through the forward and backward (the first step's
             # peak is lower by up to the state's size; a plan sizes every step)
-            warm_up(opt, "plan")
+            warm_up(opt, "plan", reuse=True)  # fake tensors: one step per kind of parameter
         try:
             record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp)
         except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is

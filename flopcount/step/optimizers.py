@@ -10,6 +10,7 @@ never stepped.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
@@ -118,15 +119,104 @@ def foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
     return True if params and all(p.device.type in ("cuda", "xpu") for p in params) else None
 
 
-def warm_up(opt: torch.optim.Optimizer, caller: str) -> None:
+#: torch.optim classes (exact types) whose step keeps one state entry per parameter, made and
+#: updated from that parameter's metadata, its gradient and its group's options alone (no state
+#: shared between parameters, none that depends on a parameter's place in the list): the
+#: warm-up of one parameter then stands for every parameter of its kind (:func:`warm_up`)
+_PER_PARAMETER = frozenset(
+    getattr(torch.optim, name)
+    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta")
+    if hasattr(torch.optim, name)
+)
+
+
+def warm_up(opt: torch.optim.Optimizer, caller: str, *, reuse: bool = False) -> None:
     """One step on zero gradients, so the optimizer state exists as in every step after the
-    first (the steady state); gradients are then set to None."""
+    first (the steady state); gradients are then set to None.
+
+    ``reuse`` (fake tensors only: their values are never read, except scalar constants,
+    which are cloned with their values): for a per-parameter torch optimizer
+    (:data:`_PER_PARAMETER`), only the first parameter of each kind (its group, class, shape,
+    stride, dtype, device, DTensor placements and mesh) is stepped, and every other parameter
+    of that kind gets a clone of its state (same keys, tensors of the same metadata, one
+    storage each, aliases kept), in the order a full step would have made them. The state is
+    then the one a full warm-up makes, tensor for tensor; other optimizers (LBFGS, a
+    subclass, a user's class) are stepped in full."""
+    from flopcount.tracers._reuse import reuse_enabled  # the one on/off switch of #32's reuse
+
+    if reuse and type(opt) in _PER_PARAMETER and reuse_enabled():
+        _warm_up_by_kind(opt, caller)
+        return
     for group in opt.param_groups:
         for param in group["params"]:
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
+    _step(opt, caller)
+    opt.zero_grad(set_to_none=True)
+
+
+def _step(opt: torch.optim.Optimizer, caller: str) -> None:
     try:
         opt.step()
     except Exception as exc:
         raise UsageError(f"{caller}: {type(opt).__name__}.step() failed on fake tensors: {type(exc).__name__}: {exc}") from exc
+
+
+def _kind(index: int, param: torch.Tensor) -> Tuple[Any, ...]:
+    """What a per-parameter optimizer's state of ``param`` (in group ``index``) can depend on."""
+    placements = getattr(param, "placements", None)  # a DTensor's (FSDP2, TP): its local shard follows
+    mesh = getattr(param, "device_mesh", None)
+    return (
+        index, type(param), tuple(param.shape), param.stride(), param.dtype, param.device, param.requires_grad,
+        None if placements is None else tuple(placements), id(mesh),
+    )
+
+
+def _warm_up_by_kind(opt: torch.optim.Optimizer, caller: str) -> None:
+    kinds: Dict[Tuple[Any, ...], torch.Tensor] = {}
+    order: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, the one stepped for it), in step order
+    before = list(opt.state)  # made by the constructor (Adagrad): kept in place, as a full step keeps them
+    groups = opt.param_groups
+    saved = [group["params"] for group in groups]
+    try:
+        for index, group in enumerate(groups):
+            firsts = []
+            for param in group["params"]:
+                if not param.requires_grad:
+                    continue
+                first = kinds.setdefault(_kind(index, param), param)
+                if first is param:
+                    firsts.append(param)
+                    param.grad = torch.zeros_like(param)
+                order.append((param, first))
+            group["params"] = firsts
+        _step(opt, caller)
+    finally:
+        for group, params in zip(groups, saved):
+            group["params"] = params
     opt.zero_grad(set_to_none=True)
+    states: Dict[torch.Tensor, Any] = {}
+    for param, first in order:
+        if first in opt.state and param not in states:
+            states[param] = opt.state[first] if param is first else _cloned(opt.state[first])
+    made = {param: states.get(param, opt.state[param]) for param in before}
+    made.update((param, state) for param, state in states.items() if param not in made)
+    opt.state.clear()
+    opt.state.update(made)
+
+
+def _cloned(state: Mapping[str, Any]) -> Dict[str, Any]:
+    """A copy of one parameter's state: each tensor cloned (same metadata, a storage of its
+    own, a fake scalar's constant kept; two keys holding one tensor still hold one), the rest
+    deep-copied."""
+    clones: Dict[int, torch.Tensor] = {}
+    out: Dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            if id(value) not in clones:
+                with torch.no_grad():
+                    clones[id(value)] = value.clone()
+            out[key] = clones[id(value)]
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
