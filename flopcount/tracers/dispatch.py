@@ -183,7 +183,9 @@ def _trace(
     reuse = None
     if fake_copy and not backward and recorder_type is Recorder and reuse_enabled():
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
-        reuse = Reuse(run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies)
+        reuse = Reuse(
+            run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies, copied.metas
+        )
         reuse.install()
     attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None
     recorder.attribution = attribution

@@ -60,9 +60,12 @@ class FakeCopy:
     """A fake copy of a model and of the tensors it is called with, sharing one mode;
     ``call`` is the copied call arguments (positional, keyword); ``twins`` maps
     ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored);
-    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included)."""
+    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included);
+    ``metas`` maps ``id(fake)`` to ``(fake, (shape, stride, offset, dtype, device, requires_grad,
+    type))`` for the fakes made the fast way, read from the real tensor as it was faked (structural
+    reuse keys parameters by that tuple: one read of a fake's metadata costs microseconds)."""
 
-    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies")
+    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies", "metas")
 
     def __init__(
         self,
@@ -73,6 +76,7 @@ class FakeCopy:
         twins: Optional[Dict[int, torch.Tensor]] = None,
         notes: Optional[List[str]] = None,
         copies: Optional[Dict[int, Any]] = None,
+        metas: Optional[Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]]] = None,
     ):
         self.mode = mode
         self.model = model
@@ -81,6 +85,7 @@ class FakeCopy:
         self.twins: Dict[int, torch.Tensor] = {} if twins is None else twins
         self.notes: List[str] = [] if notes is None else notes
         self.copies: Dict[int, Any] = {} if copies is None else copies
+        self.metas: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {} if metas is None else metas
 
 
 @cache
@@ -146,6 +151,9 @@ class _Faker:
         self._meta_device = torch.device("meta")
         self.dtype = dtype
         self.storages = storages
+        #: id(fake) -> (fake, its metadata) for fakes made the fast way (FakeCopy.metas)
+        self.metas: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
+        self._made_on: Dict[int, torch.device] = {}
         # (id(real storage), dtype) -> (the real storage, kept alive so ids stay unique; its fake base)
         self._bases: Dict[Tuple[int, torch.dtype], Tuple[Any, torch.Tensor]] = {}
 
@@ -156,9 +164,13 @@ class _Faker:
         made = self._on_storage(tensor, what) if self.storages else self._make(tensor)
         if isinstance(tensor, nn.Parameter):
             made._is_param = True  # makes isinstance(made, nn.Parameter) true
-        if tensor.requires_grad and (made.is_floating_point() or made.is_complex()):
+        grad = tensor.requires_grad and (made.is_floating_point() or made.is_complex())
+        if grad:
             made.requires_grad_(True)
         self.memo[id(tensor)] = made
+        device = self._made_on.pop(id(made), None)
+        if device is not None:  # made the fast way: its metadata is the real tensor's, at offset 0
+            self.metas[id(made)] = (made, (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, device, grad, type(made)))
         return made
 
     def _make(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -171,7 +183,9 @@ class _Faker:
                 # the layouts they pick for real weights (CPU SDPA's output strides, for one),
                 # so a meta copy of a model counts exactly what the model counts.
                 device = _CPU if tensor.device.type == "meta" else tensor.device
-                return self._fake_tensor(self.mode, meta, device)
+                made = self._fake_tensor(self.mode, meta, device)
+                self._made_on[id(made)] = device
+                return made
             except Exception:
                 pass  # a private constructor that changed: the public route below
         return self.mode.from_tensor(tensor, static_shapes=True)
@@ -229,7 +243,7 @@ def fake_copies(
         raise
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
-    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo)
+    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas)
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
