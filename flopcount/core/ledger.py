@@ -276,7 +276,7 @@ class Ledger:
         # every prefix of a booked stack is a node of the tree; each node's table becomes the
         # sums of its whole subtree, deepest nodes first
         order = list(stacks)
-        subtree: Dict[Tuple[str, ...], Dict[str, List[int]]] = {s: {k: list(v) for k, v in t.items()} for s, t in stacks.items()}
+        subtree = stacks  # each stack's own table becomes its subtree's (the tables are this call's own)
         for stack in order:
             for end in range(len(stack) - 1, -1, -1):
                 prefix = stack[:end]
@@ -296,7 +296,10 @@ class Ledger:
                         found[i] += sums[i]
                     if sums[_WIDTH] < found[_WIDTH]:
                         found[_WIDTH] = sums[_WIDTH]
+        # each owner's table: the subtree table of the one node that adds it (shared, not copied),
+        # or a sum of its own when several nodes add it (a module called from two places)
         module_ops: Dict[str, Dict[str, List[int]]] = {}
+        summed: set[str] = set()
         for stack, table in subtree.items():
             owners = self.owners(stack)
             above = set(self.owners(stack[:-1])) if stack else set()
@@ -305,8 +308,11 @@ class Ledger:
                     continue
                 held = module_ops.get(owner)
                 if held is None:
-                    module_ops[owner] = {name: list(sums) for name, sums in table.items()}
+                    module_ops[owner] = table
                     continue
+                if owner not in summed:
+                    summed.add(owner)
+                    held = module_ops[owner] = {name: list(sums) for name, sums in held.items()}
                 for name, sums in table.items():
                     found = held.get(name)
                     if found is None:

@@ -83,3 +83,39 @@ def test_a_gpt2_count_leaves_no_cycles(monkeypatch, collector_off):
     blocks, events = _alive(kind), _alive(OpEvent)
     count_flops(model, (ids,))
     assert (_alive(kind), _alive(OpEvent)) == (blocks, events)
+
+
+class HooksItsChild(nn.Module):
+    """Registers a forward hook on its first child during its own forward (on the copy
+    flopcount runs, a new copy each count): the hook doubles that child's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x):
+        handle = self.a.register_forward_hook(lambda module, args, out: out * 2)
+        try:
+            return self.b(self.a(x))
+        finally:
+            handle.remove()
+
+
+@pytest.mark.parametrize("meta", [False, True], ids=["real", "meta"])
+@pytest.mark.parametrize("reuse", ["1", "0"])
+def test_a_hook_registered_during_the_forward_runs_on_its_module_only(monkeypatch, reuse, meta):
+    """The fake copy's modules share their empty hook dictionaries (fewer objects per count);
+    a forward that registers a hook on one of them is run again on a copy whose modules have
+    their own, so the hook runs on ``a`` only: one multiplication, not one per module."""
+    monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
+    device = "meta" if meta else "cpu"
+    model = HooksItsChild().to(device)
+    x = torch.randn(3, 8, device=device)
+    result = count_flops(model, (x,))
+    assert result.by_operator("count").get("aten::mul") == 1
+    # module hooks run after the module has left the call stack: the mul is the caller's
+    counts = result.by_module("count")
+    assert (counts["a"], counts["b"], counts[""]) == (1, 1, 3)
+    assert result.macs == 3 * (8 * 16 + 16 * 4)  # by hand: two linears on 3 rows
+    assert not model.a._forward_hooks and not model._forward_hooks

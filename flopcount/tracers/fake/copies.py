@@ -40,6 +40,7 @@ from flopcount.tracers._containers import NOT_A_CONTAINER, rebuilt
 __all__ = [
     "FakeCopy",
     "FakeRunError",
+    "SharedHooks",
     "fake_copies",
     "has_lazy_parameters",
     "quiet_fake_logs",
@@ -219,12 +220,15 @@ def fake_copies(
     storages: bool = False,
     retie: bool = False,
     modules: Optional[Sequence[Tuple[str, nn.Module]]] = None,
+    shared_hooks: Optional[SharedHooks] = None,
 ) -> FakeCopy:
     """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
     fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
     object in them copied too (a list or KV cache the forward appends to stays the
     caller's own). ``dtype``, ``storages``, ``retie``: see the module docstring; ``modules``:
-    ``model.named_modules()`` when the caller has them already. Raises
+    ``model.named_modules()`` when the caller has them already; ``shared_hooks``: the modules'
+    empty hook dictionaries are that object's shared ones (the caller checks ``touched`` after
+    the run). Raises
     :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
     faker = _Faker(dtype, storages)
     memo: Dict[int, Any] = {}
@@ -235,7 +239,7 @@ def fake_copies(
         fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]
         for fake in fake_inputs:  # inside an object the copier deep-copies (a dataclass input): kept as is
             memo[id(fake)] = fake
-        copier = _TreeCopier(memo, faker)
+        copier = _TreeCopier(memo, faker, shared_hooks)
         model_copy = copier.module(model)
         call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
         notes = restore_ties(model_copy) if retie else []
@@ -251,6 +255,76 @@ _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
 _IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
+def _is_hook_name(name: str) -> bool:
+    # torch's hook dictionaries, by flopcount.core.hooks's convention (private, "hook" in the name)
+    return name.startswith("_") and "hook" in name
+
+
+class _EmptyHooks(OrderedDict):  # keys and values as in torch's own hook dictionaries
+    """An empty hook dictionary shared by every module of a fake copy (one per attribute
+    name): any change to it marks the copy's :class:`SharedHooks` touched, and the run is
+    made again with a dictionary of its own per module."""
+
+    sharing: SharedHooks
+
+    def _touch(self) -> None:
+        self.sharing.touched = True
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._touch()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._touch()
+        super().__delitem__(key)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._touch()
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._touch()
+        return super().setdefault(key, default)
+
+    def pop(self, *args: Any) -> Any:
+        self._touch()
+        return super().pop(*args)
+
+    def popitem(self, last: bool = True) -> Any:
+        self._touch()
+        return super().popitem(last)
+
+    def clear(self) -> None:
+        self._touch()
+        super().clear()
+
+    def move_to_end(self, key: Any, last: bool = True) -> None:
+        self._touch()
+        super().move_to_end(key, last)
+
+    def __ior__(self, other: Any) -> Any:  # type: ignore[misc]  # OrderedDict's own is typed against its __or__
+        self._touch()
+        return super().__ior__(other)
+
+
+class SharedHooks:
+    """The empty hook dictionaries a fake copy's modules share (a count's copy of a 70B model
+    holds 1,047 modules with eleven each: 11,500 objects the garbage collector walks while the
+    count runs). ``touched``: something changed one (a forward that registers a hook on a module
+    of the copy): the copy is then not to be trusted, as that hook would be every module's."""
+
+    def __init__(self) -> None:
+        self.touched = False
+        self._dicts: Dict[str, _EmptyHooks] = {}
+
+    def empty(self, name: str) -> _EmptyHooks:
+        found = self._dicts.get(name)
+        if found is None:
+            found = self._dicts[name] = _EmptyHooks()
+            found.sharing = self
+        return found
+
+
 class _TreeCopier:
     """A deep copy of a module tree, made for the fake run: modules, their attribute and
     hook dictionaries, lists and tuples are copied here; tensors come from ``memo`` (their
@@ -258,9 +332,10 @@ class _TreeCopier:
     ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy`` of
     the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
 
-    def __init__(self, memo: Dict[int, Any], faker: _Faker):
+    def __init__(self, memo: Dict[int, Any], faker: _Faker, shared: Optional[SharedHooks] = None):
         self.memo = memo
         self.faker = faker
+        self.shared = shared
 
     def module(self, module: nn.Module) -> nn.Module:
         found = self.memo.get(id(module))
@@ -275,12 +350,13 @@ class _TreeCopier:
         self.memo[id(module)] = new
         state: Dict[str, Any] = {}
         convert = self.value
+        shared = self.shared
         for key, value in vars(module).items():
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
             if kind in _IMMUTABLE_TYPES:
                 state[key] = value
             elif (kind is OrderedDict or kind is dict) and not value:
-                state[key] = kind()
+                state[key] = shared.empty(key) if shared is not None and kind is OrderedDict and _is_hook_name(key) else kind()
             else:
                 state[key] = convert(value)
         new.__dict__.update(state)
