@@ -255,6 +255,9 @@ _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
 _IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
+_UNSEEN: Any = object()
+
+
 def _is_hook_name(name: str) -> bool:
     # torch's hook dictionaries, by flopcount.core.hooks's convention (private, "hook" in the name)
     return name.startswith("_") and "hook" in name
@@ -336,6 +339,8 @@ class _TreeCopier:
         self.memo = memo
         self.faker = faker
         self.shared = shared
+        # attribute name -> the shared empty hook dictionary for it (None: not a hook dictionary)
+        self._empties: Dict[str, Any] = {}
 
     def module(self, module: nn.Module) -> nn.Module:
         found = self.memo.get(id(module))
@@ -350,15 +355,22 @@ class _TreeCopier:
         self.memo[id(module)] = new
         state: Dict[str, Any] = {}
         convert = self.value
-        shared = self.shared
+        empties = self._empties
+        memo = self.memo
         for key, value in vars(module).items():
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
             if kind in _IMMUTABLE_TYPES:
                 state[key] = value
             elif (kind is OrderedDict or kind is dict) and not value:
-                state[key] = shared.empty(key) if shared is not None and kind is OrderedDict and _is_hook_name(key) else kind()
+                shared = empties.get(key, _UNSEEN) if kind is OrderedDict else None
+                if shared is _UNSEEN:
+                    shared = empties[key] = self.shared.empty(key) if self.shared is not None and _is_hook_name(key) else None
+                state[key] = kind() if shared is None else shared
             else:
-                state[key] = convert(value)
+                # an object met before (the config every layer holds): its copy, before any
+                # isinstance test (a transformers config answers each through Python code)
+                found = memo.get(id(value))
+                state[key] = found if found is not None else convert(value)
         new.__dict__.update(state)
         return new
 
