@@ -127,15 +127,17 @@ class _Entry:
     """What the first call of a key left: its events, the module calls under it, its
     outputs' description, the subtree's module list (relative order) and whether it is clean."""
 
-    __slots__ = ("events", "depth", "calls", "outputs", "index", "clean", "reads", "values", "slots")
+    __slots__ = ("inners", "compact", "calls", "outputs", "index", "clean", "reads", "values", "slots")
 
     def __init__(self) -> None:
         #: the plain attributes the call read, as (module index in the subtree order, name),
         #: and their values then; None: not known (an entry that is not clean matches any)
         self.reads: Optional[Tuple[Tuple[int, str], ...]] = None
         self.values: Tuple[Any, ...] = ()
-        self.events: List[OpEvent] = []
-        self.depth = 0
+        #: the call's distinct module stacks below the called module, as positions in the
+        #: subtree order, and its events as (call, which of those stacks, phase)
+        self.inners: List[Tuple[int, ...]] = []
+        self.compact: List[Tuple[Any, int, Any]] = []
         self.calls: List[Tuple[int, int]] = []  # (module index in the subtree order, calls)
         self.outputs: Any = None
         self.index: Dict[str, int] = {}  # module name -> its position in the subtree order
@@ -500,8 +502,16 @@ class Reuse:
                 if name not in by_name:
                     return
                 calls.append((by_name[name], extra))
-        entry.events = list(events)
-        entry.depth = depth
+        inners: Dict[Tuple[str, ...], int] = {}
+        compact: List[Tuple[Any, int, Any]] = []
+        for event in events:
+            inner = event.module_stack[depth:]
+            k = inners.get(inner)
+            if k is None:
+                k = inners[inner] = len(inners)
+            compact.append((event.call, k, event.phase))
+        entry.inners = [tuple(by_name[name] for name in inner) for inner in inners]
+        entry.compact = compact
         entry.calls = calls
         entry.index = by_name
         entry.reads, entry.values = reads, values
@@ -690,18 +700,11 @@ class Reuse:
             self._apply(slots, entry.slots[3], caches, tensors)
         if log is not None and entry.reads:  # an enclosing first call read these too
             log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
-        old_names = entry.index
         new_names = [names.get(m, "") for m in order]
         prefix = stack.path
-        depth = entry.depth
-        mapped: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
-        append = recorder.events.append
-        for event in entry.events:
-            inner = event.module_stack[depth:]
-            path = mapped.get(inner)
-            if path is None:
-                path = mapped[inner] = prefix + tuple(new_names[old_names[name]] for name in inner)
-            append(OpEvent(event.call, path, event.phase))
+        # each distinct inner stack once (13 in a LLaMA layer's 54 events), then the events
+        paths = [prefix + tuple([new_names[i] for i in inner]) for inner in entry.inners]
+        recorder.events.extend([OpEvent(call, paths[k], phase) for call, k, phase in entry.compact])
         calls = stack.calls
         for i, n in entry.calls:
             name = new_names[i]
