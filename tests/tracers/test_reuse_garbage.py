@@ -119,3 +119,16 @@ def test_a_hook_registered_during_the_forward_runs_on_its_module_only(monkeypatc
     assert (counts["a"], counts["b"], counts[""]) == (1, 1, 3)
     assert result.macs == 3 * (8 * 16 + 16 * 4)  # by hand: two linears on 3 rows
     assert not model.a._forward_hooks and not model._forward_hooks
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_hook_registered_during_the_forward_with_backward_matches_a_real_run(train):
+    """backward=True runs on a fake copy too: the hook's multiplication and its gradient are
+    counted once each, as the real run (dispatch, on the model's private twin) counts them."""
+    model = HooksItsChild().train(train)
+    x = torch.randn(3, 8)
+    fake = count_flops(model, (x,), backward=True)
+    real = count_flops(model, (x,), backward=True, tracer="dispatch")
+    assert fake.by_operator("count") == real.by_operator("count")
+    assert fake.by_module("flops") == real.by_module("flops")
+    assert fake.by_operator("count")["aten::mul"] == 2  # the hook's, and its gradient's
