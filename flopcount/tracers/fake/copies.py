@@ -366,6 +366,8 @@ class _TreeCopier:
                 if shared is _UNSEEN:
                     shared = empties[key] = self.shared.empty(key) if self.shared is not None and _is_hook_name(key) else None
                 state[key] = kind() if shared is None else shared
+            elif kind is set and not value:  # torch's per-module set of non-persistent buffers
+                state[key] = memo[id(value)] = set()
             else:
                 # an object met before (the config every layer holds): its copy, before any
                 # isinstance test (a transformers config answers each through Python code)
