@@ -127,7 +127,7 @@ class _Entry:
     """What the first call of a key left: its events, the module calls under it, its
     outputs' description, the subtree's module list (relative order) and whether it is clean."""
 
-    __slots__ = ("inners", "compact", "calls", "outputs", "index", "clean", "reads", "values", "slots")
+    __slots__ = ("inners", "compact", "calls", "outputs", "clean", "reads", "values", "slots")
 
     def __init__(self) -> None:
         #: the plain attributes the call read, as (module index in the subtree order, name),
@@ -140,7 +140,6 @@ class _Entry:
         self.compact: List[Tuple[Any, int, Any]] = []
         self.calls: List[Tuple[int, int]] = []  # (module index in the subtree order, calls)
         self.outputs: Any = None
-        self.index: Dict[str, int] = {}  # module name -> its position in the subtree order
         self.clean = False
         #: a call given caches: (slot accesses, their equality pattern, the slots' states before,
         #: after); accesses are ("rel", cache, module index) or ("abs", cache, slot)
@@ -513,7 +512,6 @@ class Reuse:
         entry.inners = [tuple(by_name[name] for name in inner) for inner in inners]
         entry.compact = compact
         entry.calls = calls
-        entry.index = by_name
         entry.reads, entry.values = reads, values
         entry.slots = slots
         entry.clean = True
