@@ -122,16 +122,61 @@ def llama70b(repeats: int, tokens: int = 4096) -> None:
         model = LlamaForCausalLM(llama2_70b_config()).eval()
     ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
     fns = {"reuse off": _count(model, (ids,)), "reuse on": _count(model, (ids,), reuse=True)}
-    times, failures = rounds(fns, repeats)
+    collections = _FullPasses()
+    cpu: Dict[str, list] = {name: [] for name in fns}
+    passes: Dict[str, int] = {name: 0 for name in fns}
+
+    def measured(name: str) -> Callable[[], Any]:
+        fn = fns[name]
+
+        def run() -> Any:
+            before, start = collections.count, time.process_time()
+            try:
+                return fn()
+            finally:
+                cpu[name].append(time.process_time() - start)
+                passes[name] += collections.count - before
+
+        return run
+
+    with collections:
+        times, failures = rounds({name: measured(name) for name in fns}, repeats)
     for name in fns:
         if name in failures:
             print(f"LLaMA-2-70B meta 1x{tokens}, {name}: failed: {failures[name]}")
         else:
             result = fns[name]()
+            spent = cpu[name][1:]  # the warm-up call left out
             print(
                 f"LLaMA-2-70B meta 1x{tokens}, {name}: {median(times[name]):.3f} s median of {repeats} "
-                f"({result.macs / 1e12:.3f} TMACs)"
+                f"(CPU {median(spent):.3f} s median, {sum(spent) / len(spent):.3f} s mean; "
+                f"{passes[name]} full garbage-collector passes in {len(cpu[name])} counts; "
+                f"{result.macs / 1e12:.3f} TMACs)"
             )
+
+
+class _FullPasses:
+    """Counts the garbage collector's full (generation 2) passes while entered: each walks the
+    whole heap (every object of torch, transformers and the model), and when one falls inside a
+    count it is part of that count's time."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _seen(self, phase: str, info: Dict[str, Any]) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            self.count += 1
+
+    def __enter__(self) -> _FullPasses:
+        import gc
+
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import gc
+
+        gc.callbacks.remove(self._seen)
 
 
 def memory(tokens: int = 4096) -> None:

@@ -99,6 +99,10 @@ def owners_of(
     return tuple(names)
 
 
+def _by_first(item: Tuple[Any, List[int]]) -> int:
+    return item[1][_WIDTH]
+
+
 def _add(table: Dict[Any, Sums], key: Any, sums: Sums, sign: int = 1) -> None:
     into = table.get(key)
     if into is None:
@@ -169,6 +173,8 @@ class Ledger:
         that share (call stack, op, phase) are summed first: far fewer than events.
         ``columns`` / ``labels``: per event (in ``costed``'s order) its values of the ledger's
         columns and labels (None: none for that event)."""
+        if columns is None and labels is None and not self.keeps_rows and not (self.operators or self.modules):
+            return self._book_tree(costed)
         groups: Dict[Key, Sums] = {}
         times: Dict[Key, List[float]] = {}
         marks: Dict[Key, List[Optional[str]]] = {}
@@ -203,6 +209,134 @@ class Ledger:
         for (stack, name, phase), sums in groups.items():
             group = (stack, name, phase)
             self._book(stack, name, phase, sums, 1, times.get(group), marks.get(group))
+        return self
+
+    def _book_tree(self, costed: Iterable[Tuple[OpEvent, Optional[Cost]]]) -> Ledger:
+        """:meth:`book_all` of a fresh ledger without columns, labels or rows, with the module
+        tables rolled up the call-stack tree instead of credited per (stack, op, phase) and
+        owner (issue #32: 80 layers of ~30 stacks each, six owners per stack).
+
+        Exact, and in the same key order as the per-group booking: the owners of a stack are
+        those of the stack one shorter plus the names its innermost entry adds (``owners_of``
+        walks the stack in order), so an owner first added at stack ``s`` is credited once
+        with the sums of every event whose stack starts with ``s``. Each table keeps the order
+        in which the per-group booking would have inserted its keys (by first event: ``first``)."""
+        # stack -> op -> [calls, macs, flops, bytes_read, bytes_written, first]; (op, phase) -> the same
+        stacks: Dict[Tuple[str, ...], Dict[str, List[int]]] = {}
+        by_phase: Dict[Tuple[str, str], List[int]] = {}
+        first = 0
+        for event, cost in costed:
+            op = event.call.op
+            if cost is None:
+                entry = self.unsupported.setdefault(op, [0, {}])
+                entry[0] += 1
+                entry[1][event.module] = None
+                continue
+            if cost.note:
+                self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
+            stack = event.module_stack
+            table = stacks.get(stack)
+            if table is None:
+                table = stacks[stack] = {}
+            phase = event.phase
+            for name, part in cost.parts or ((op, cost),):
+                sums = table.get(name)
+                if sums is None:
+                    table[name] = [1, part.macs, part.flops, part.bytes_read, part.bytes_written, first]
+                else:
+                    sums[0] += 1
+                    sums[1] += part.macs
+                    sums[2] += part.flops
+                    sums[3] += part.bytes_read
+                    sums[4] += part.bytes_written
+                sums = by_phase.get((name, phase))
+                if sums is None:
+                    by_phase[(name, phase)] = [1, part.macs, part.flops, part.bytes_read, part.bytes_written, first]
+                else:
+                    sums[0] += 1
+                    sums[1] += part.macs
+                    sums[2] += part.flops
+                    sums[3] += part.bytes_read
+                    sums[4] += part.bytes_written
+                first += 1
+        # operators and phases, in first-event order
+        operators: Dict[str, List[int]] = {}
+        phases: Dict[str, List[int]] = {}
+        for (name, phase_name), sums in by_phase.items():
+            for into, key in ((operators, name), (phases, phase_name)):
+                found = into.get(key)
+                if found is None:
+                    into[key] = list(sums)
+                else:
+                    for i in range(_WIDTH):
+                        found[i] += sums[i]
+                    found[_WIDTH] = min(found[_WIDTH], sums[_WIDTH])
+        self.operators = {k: v[:_WIDTH] for k, v in sorted(operators.items(), key=_by_first)}
+        self.phases = {k: v[:_WIDTH] for k, v in sorted(phases.items(), key=_by_first)}
+        # every prefix of a booked stack is a node of the tree; each node's table becomes the
+        # sums of its whole subtree, deepest nodes first
+        order = list(stacks)
+        subtree = stacks  # each stack's own table becomes its subtree's (the tables are this call's own)
+        for stack in order:
+            for end in range(len(stack) - 1, -1, -1):
+                prefix = stack[:end]
+                if prefix in subtree:
+                    break
+                subtree[prefix] = {}
+        for stack in sorted(subtree, key=len, reverse=True):
+            if not stack:
+                continue
+            parent = subtree[stack[:-1]]
+            for name, sums in subtree[stack].items():
+                found = parent.get(name)
+                if found is None:
+                    parent[name] = list(sums)
+                else:
+                    for i in range(_WIDTH):
+                        found[i] += sums[i]
+                    if sums[_WIDTH] < found[_WIDTH]:
+                        found[_WIDTH] = sums[_WIDTH]
+        # each owner's table: the subtree table of the one node that adds it (shared, not copied),
+        # or a sum of its own when several nodes add it (a module called from two places)
+        module_ops: Dict[str, Dict[str, List[int]]] = {}
+        summed: set[str] = set()
+        for stack, table in subtree.items():
+            owners = self.owners(stack)
+            above = set(self.owners(stack[:-1])) if stack else set()
+            for owner in owners:
+                if owner in above:
+                    continue
+                held = module_ops.get(owner)
+                if held is None:
+                    module_ops[owner] = table
+                    continue
+                if owner not in summed:
+                    summed.add(owner)
+                    held = module_ops[owner] = {name: list(sums) for name, sums in held.items()}
+                for name, sums in table.items():
+                    found = held.get(name)
+                    if found is None:
+                        held[name] = list(sums)
+                    else:
+                        for i in range(_WIDTH):
+                            found[i] += sums[i]
+                        if sums[_WIDTH] < found[_WIDTH]:
+                            found[_WIDTH] = sums[_WIDTH]
+        # the modules in the order the per-group booking meets them: each stack's owners, by
+        # the stack's first event
+        seen: Dict[str, None] = {}
+        for stack in order:
+            for owner in self.owners(stack):
+                seen[owner] = None
+        for owner in seen:
+            table = module_ops.get(owner, {})
+            ops = {name: sums[:_WIDTH] for name, sums in sorted(table.items(), key=_by_first)}
+            total = [0] * _WIDTH
+            for sums in ops.values():
+                for i in range(_WIDTH):
+                    total[i] += sums[i]
+            self.modules[owner] = total
+            self.module_ops[owner] = ops
         return self
 
     def rebook(self, event: OpEvent, old: Cost, new: Cost) -> None:

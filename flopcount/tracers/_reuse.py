@@ -113,22 +113,33 @@ def global_hooks_present() -> bool:
     return hooks.process_hooks_present()
 
 
+class _LogBox:
+    """Where the tracking classes' ``__getattribute__`` logs reads: ``log`` is the list of
+    (module, name) of the first call running, None when none is."""
+
+    __slots__ = ("log",)
+
+    def __init__(self) -> None:
+        self.log: Optional[List[Tuple[Any, str]]] = None
+
+
 class _Entry:
     """What the first call of a key left: its events, the module calls under it, its
     outputs' description, the subtree's module list (relative order) and whether it is clean."""
 
-    __slots__ = ("events", "depth", "calls", "outputs", "index", "clean", "reads", "values", "slots")
+    __slots__ = ("inners", "compact", "calls", "outputs", "clean", "reads", "values", "slots")
 
     def __init__(self) -> None:
         #: the plain attributes the call read, as (module index in the subtree order, name),
         #: and their values then; None: not known (an entry that is not clean matches any)
         self.reads: Optional[Tuple[Tuple[int, str], ...]] = None
         self.values: Tuple[Any, ...] = ()
-        self.events: List[OpEvent] = []
-        self.depth = 0
+        #: the call's distinct module stacks below the called module, as positions in the
+        #: subtree order, and its events as (call, which of those stacks, phase)
+        self.inners: List[Tuple[int, ...]] = []
+        self.compact: List[Tuple[Any, int, Any]] = []
         self.calls: List[Tuple[int, int]] = []  # (module index in the subtree order, calls)
         self.outputs: Any = None
-        self.index: Dict[str, int] = {}  # module name -> its position in the subtree order
         self.clean = False
         #: a call given caches: (slot accesses, their equality pattern, the slots' states before,
         #: after); accesses are ("rel", cache, module index) or ("abs", cache, slot)
@@ -149,6 +160,7 @@ class Reuse:
         fake_mode: Any,
         fake_type: type,
         index_proxies: bool = True,
+        metas: Optional[Mapping[int, Tuple[torch.Tensor, Tuple[Any, ...]]]] = None,
     ):
         self._names = names
         self._modules = modules
@@ -163,12 +175,15 @@ class Reuse:
         self._model = model
         self._structures: Dict[int, Tuple[List[Any], Tuple[Any, ...]]] = {}
         self._last_fingerprint: Optional[List[Any]] = []
-        self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
+        # id(tensor) -> (tensor, its key): the copy's parameters and buffers come read by the
+        # faker (``FakeCopy.metas``), others are read on first use
+        self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = dict(metas or {})
         # attribute reads of the copy's modules while a first call runs: (module, name)
-        self._log: Optional[List[Tuple[Any, str]]] = None
+        self._box = _LogBox()
         self._classes: Dict[type, Optional[type]] = {}
         self._tracked: Dict[int, type] = {}  # id(module) -> its own class, for modules whose reads are logged
         self._swapped: List[Tuple[nn.Module, type]] = []
+        self._wrapped: List[nn.Module] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
         self._interned: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
         self._keyed_once: set[int] = set()  # modules keyed once: their structure is remembered from the second
@@ -179,6 +194,14 @@ class Reuse:
         #: a first call failed after using a layer-index stand-in: the count is not to be trusted
         self.refused = False
         self._cache_events = 0  # first calls and replays that changed a cache
+
+    @property
+    def _log(self) -> Optional[List[Tuple[Any, str]]]:
+        return self._box.log
+
+    @_log.setter
+    def _log(self, log: Optional[List[Tuple[Any, str]]]) -> None:
+        self._box.log = log
 
     def install(self) -> int:
         """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
@@ -201,7 +224,10 @@ class Reuse:
         for signature in signatures:
             twins[signature] = twins.get(signature, 0) + 1
         for module, signature in zip(eligible, signatures):
-            module.forward = self._wrap(module, type(module).forward.__get__(module), twins[signature] > 1)
+            # straight into the instance's dictionary: nn.Module.__setattr__'s registry checks
+            # find nothing for a function (a thousand modules on a 70B model)
+            vars(module)["forward"] = self._wrap(module, type(module).forward.__get__(module), twins[signature] > 1)
+            self._wrapped.append(module)
             wrapped += 1
         if wrapped:
             for module in self._names:
@@ -210,11 +236,22 @@ class Reuse:
         return wrapped
 
     def uninstall(self) -> None:
-        """Give the copy's modules their own classes back."""
+        """Give the copy's modules their own classes back, and take the wrapped forwards off
+        them: a wrapper holds its module and this object (hence the recorder and its events),
+        a cycle that would keep the whole copy and trace alive until the garbage collector's
+        next full pass (tens of thousands of objects per count on a 70B model, each pass
+        over the whole heap some 100 ms)."""
         for module, cls in reversed(self._swapped):
-            module.__class__ = cls
+            object.__setattr__(module, "__class__", cls)
+        for module in self._wrapped:
+            state = vars(module)
+            if getattr(state.get("forward"), "__flopcount_reuse__", False):
+                del state["forward"]
+        self._wrapped = []
         self._swapped = []
         self._tracked = {}
+        self._entries = {}
+        self._classes = {}
 
     def _track(self, module: nn.Module) -> None:
         """Log ``module``'s attribute reads while a first call runs, so that its plain
@@ -229,7 +266,7 @@ class Reuse:
         if made is None:
             return  # its attributes are all in the key
         try:
-            module.__class__ = made  # a subclass of the module's own class
+            object.__setattr__(module, "__class__", made)  # a subclass of the module's own class
         except TypeError:
             return
         self._swapped.append((module, cls))
@@ -240,13 +277,15 @@ class Reuse:
         if type(cls) not in (type, ABCMeta) or any("__init_subclass__" in vars(k) for k in cls.__mro__[:-1]):
             return None
         reads: Callable[[Any, str], Any] = cls.__getattribute__  # type: ignore[assignment]  # unbound: (obj, name)
-        reuse = self
+        # the class is cyclic garbage when the count ends (a class refers to itself): it holds
+        # only this small box, not the Reuse (whose recorder holds every event of the count)
+        box = self._box
         getframe = sys._getframe
         module_code = _MODULE_CODE
         skip = _SKIP
 
         def __getattribute__(obj: Any, name: str) -> Any:
-            log = reuse._log
+            log = box.log
             if log is not None and name not in skip and (name != "__dict__" or getframe(1).f_code not in module_code):
                 log.append((obj, name))
             return reads(obj, name)
@@ -462,10 +501,17 @@ class Reuse:
                 if name not in by_name:
                     return
                 calls.append((by_name[name], extra))
-        entry.events = list(events)
-        entry.depth = depth
+        inners: Dict[Tuple[str, ...], int] = {}
+        compact: List[Tuple[Any, int, Any]] = []
+        for event in events:
+            inner = event.module_stack[depth:]
+            k = inners.get(inner)
+            if k is None:
+                k = inners[inner] = len(inners)
+            compact.append((event.call, k, event.phase))
+        entry.inners = [tuple(by_name[name] for name in inner) for inner in inners]
+        entry.compact = compact
         entry.calls = calls
-        entry.index = by_name
         entry.reads, entry.values = reads, values
         entry.slots = slots
         entry.clean = True
@@ -652,18 +698,11 @@ class Reuse:
             self._apply(slots, entry.slots[3], caches, tensors)
         if log is not None and entry.reads:  # an enclosing first call read these too
             log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
-        old_names = entry.index
         new_names = [names.get(m, "") for m in order]
         prefix = stack.path
-        depth = entry.depth
-        mapped: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
-        append = recorder.events.append
-        for event in entry.events:
-            inner = event.module_stack[depth:]
-            path = mapped.get(inner)
-            if path is None:
-                path = mapped[inner] = prefix + tuple(new_names[old_names[name]] for name in inner)
-            append(OpEvent(event.call, path, event.phase))
+        # each distinct inner stack once (13 in a LLaMA layer's 54 events), then the events
+        paths = [prefix + tuple([new_names[i] for i in inner]) for inner in entry.inners]
+        recorder.events.extend([OpEvent(call, paths[k], phase) for call, k, phase in entry.compact])
         calls = stack.calls
         for i, n in entry.calls:
             name = new_names[i]

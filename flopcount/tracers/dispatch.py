@@ -36,7 +36,7 @@ from flopcount.tracers._optimizer import FakeOptimizerStep
 from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
 from flopcount.tracers._state import StateWatch, preserved_model_state
 from flopcount.tracers._vocabulary import CompositeInterceptor
-from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs, reason_for
+from flopcount.tracers.fake.copies import FakeRunError, SharedHooks, fake_copies, quiet_fake_logs, reason_for
 from flopcount.tracers.fake.meta_kernels import RealKernelError
 from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.types import Trace
@@ -70,18 +70,39 @@ def trace(
     facts = model_facts(model) if facts is None else facts
     try:
         try:
-            return _trace(model, call, facts, Recorder, **options)
+            return _shared_or_own(model, call, facts, Recorder, options)
         except IndexRefused:
             pass  # refused, and the forward went on (it caught the failure)
         except (TraceError, FakeRunError) as exc:
             if not _in_chain(exc, lambda e: isinstance(e, IndexRefused)):
                 raise
         # a layer-index stand-in of structural reuse was refused by the forward: once more without
-        return _trace(model, call, facts, Recorder, index_proxies=False, **options)
+        return _shared_or_own(model, call, facts, Recorder, dict(options, index_proxies=False))
     except (TraceError, FakeRunError) as exc:
         if not _refused_by_dynamo(exc):
             raise
-    return _trace(model, call, facts, HopRecorder, **options)
+    return _shared_or_own(model, call, facts, HopRecorder, options)
+
+
+def _shared_or_own(model: nn.Module, call: PreparedCall, facts: ModelFacts, recorder_type: Any, options: Dict[str, Any]) -> Trace:
+    """:func:`_trace`; a fake copy's modules share their empty hook dictionaries
+    (``fake.copies.SharedHooks``: fewer objects for the garbage collector to walk while the count
+    runs), unless the forward changed one (registered a hook on a module of the copy), in which
+    case the run, or its failure, is not trusted and the forward runs again on a copy whose
+    modules have dictionaries of their own. Not for a run handing its outputs on (``on_output``):
+    that would hand them twice."""
+    if not options.get("fake_copy") or options.get("on_output") is not None:
+        return _trace(model, call, facts, recorder_type, **options)
+    shared = SharedHooks()
+    try:
+        run = _trace(model, call, facts, recorder_type, shared_hooks=shared, **options)
+    except Exception:
+        if not shared.touched:
+            raise
+        return _trace(model, call, facts, recorder_type, **options)
+    if shared.touched:
+        return _trace(model, call, facts, recorder_type, **options)
+    return run
 
 
 def _refused_by_real_kernel(exc: BaseException) -> Optional[BaseException]:
@@ -128,6 +149,7 @@ def _trace(
     marker: Optional[Callable[[int], Any]] = None,
     index_proxies: bool = True,
     on_output: Optional[Callable[[Any], None]] = None,
+    shared_hooks: Optional[SharedHooks] = None,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -160,7 +182,7 @@ def _trace(
     preserve: Any
     names: Mapping[nn.Module, str]
     if fake_copy:
-        copied = fake_copies(model, flat_inputs, call.rebuild, modules=facts.modules)
+        copied = fake_copies(model, flat_inputs, call.rebuild, modules=facts.modules, shared_hooks=shared_hooks)
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
         names = facts.names_on(copied.copies)
         args, kw = copied.call
@@ -183,7 +205,9 @@ def _trace(
     reuse = None
     if fake_copy and not backward and recorder_type is Recorder and reuse_enabled():
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
-        reuse = Reuse(run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies)
+        reuse = Reuse(
+            run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies, copied.metas
+        )
         reuse.install()
     attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None
     recorder.attribution = attribution

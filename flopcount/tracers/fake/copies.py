@@ -40,6 +40,7 @@ from flopcount.tracers._containers import NOT_A_CONTAINER, rebuilt
 __all__ = [
     "FakeCopy",
     "FakeRunError",
+    "SharedHooks",
     "fake_copies",
     "has_lazy_parameters",
     "quiet_fake_logs",
@@ -60,9 +61,12 @@ class FakeCopy:
     """A fake copy of a model and of the tensors it is called with, sharing one mode;
     ``call`` is the copied call arguments (positional, keyword); ``twins`` maps
     ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored);
-    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included)."""
+    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included);
+    ``metas`` maps ``id(fake)`` to ``(fake, (shape, stride, offset, dtype, device, requires_grad,
+    type))`` for the fakes made the fast way, read from the real tensor as it was faked (structural
+    reuse keys parameters by that tuple: one read of a fake's metadata costs microseconds)."""
 
-    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies")
+    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies", "metas")
 
     def __init__(
         self,
@@ -73,6 +77,7 @@ class FakeCopy:
         twins: Optional[Dict[int, torch.Tensor]] = None,
         notes: Optional[List[str]] = None,
         copies: Optional[Dict[int, Any]] = None,
+        metas: Optional[Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]]] = None,
     ):
         self.mode = mode
         self.model = model
@@ -81,6 +86,7 @@ class FakeCopy:
         self.twins: Dict[int, torch.Tensor] = {} if twins is None else twins
         self.notes: List[str] = [] if notes is None else notes
         self.copies: Dict[int, Any] = {} if copies is None else copies
+        self.metas: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {} if metas is None else metas
 
 
 @cache
@@ -146,6 +152,9 @@ class _Faker:
         self._meta_device = torch.device("meta")
         self.dtype = dtype
         self.storages = storages
+        #: id(fake) -> (fake, its metadata) for fakes made the fast way (FakeCopy.metas)
+        self.metas: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
+        self._made_on: Dict[int, torch.device] = {}
         # (id(real storage), dtype) -> (the real storage, kept alive so ids stay unique; its fake base)
         self._bases: Dict[Tuple[int, torch.dtype], Tuple[Any, torch.Tensor]] = {}
 
@@ -156,9 +165,13 @@ class _Faker:
         made = self._on_storage(tensor, what) if self.storages else self._make(tensor)
         if isinstance(tensor, nn.Parameter):
             made._is_param = True  # makes isinstance(made, nn.Parameter) true
-        if tensor.requires_grad and (made.is_floating_point() or made.is_complex()):
+        grad = tensor.requires_grad and (made.is_floating_point() or made.is_complex())
+        if grad:
             made.requires_grad_(True)
         self.memo[id(tensor)] = made
+        device = self._made_on.pop(id(made), None)
+        if device is not None:  # made the fast way: its metadata is the real tensor's, at offset 0
+            self.metas[id(made)] = (made, (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, device, grad, type(made)))
         return made
 
     def _make(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -171,7 +184,9 @@ class _Faker:
                 # the layouts they pick for real weights (CPU SDPA's output strides, for one),
                 # so a meta copy of a model counts exactly what the model counts.
                 device = _CPU if tensor.device.type == "meta" else tensor.device
-                return self._fake_tensor(self.mode, meta, device)
+                made = self._fake_tensor(self.mode, meta, device)
+                self._made_on[id(made)] = device
+                return made
             except Exception:
                 pass  # a private constructor that changed: the public route below
         return self.mode.from_tensor(tensor, static_shapes=True)
@@ -205,12 +220,15 @@ def fake_copies(
     storages: bool = False,
     retie: bool = False,
     modules: Optional[Sequence[Tuple[str, nn.Module]]] = None,
+    shared_hooks: Optional[SharedHooks] = None,
 ) -> FakeCopy:
     """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
     fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
     object in them copied too (a list or KV cache the forward appends to stays the
     caller's own). ``dtype``, ``storages``, ``retie``: see the module docstring; ``modules``:
-    ``model.named_modules()`` when the caller has them already. Raises
+    ``model.named_modules()`` when the caller has them already; ``shared_hooks``: the modules'
+    empty hook dictionaries are that object's shared ones (the caller checks ``touched`` after
+    the run). Raises
     :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
     faker = _Faker(dtype, storages)
     memo: Dict[int, Any] = {}
@@ -221,7 +239,7 @@ def fake_copies(
         fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]
         for fake in fake_inputs:  # inside an object the copier deep-copies (a dataclass input): kept as is
             memo[id(fake)] = fake
-        copier = _TreeCopier(memo, faker)
+        copier = _TreeCopier(memo, faker, shared_hooks)
         model_copy = copier.module(model)
         call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
         notes = restore_ties(model_copy) if retie else []
@@ -229,12 +247,85 @@ def fake_copies(
         raise
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
-    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo)
+    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas)
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
 _IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
+
+
+_UNSEEN: Any = object()
+
+
+def _is_hook_name(name: str) -> bool:
+    # torch's hook dictionaries, by flopcount.core.hooks's convention (private, "hook" in the name)
+    return name.startswith("_") and "hook" in name
+
+
+class _EmptyHooks(OrderedDict):  # keys and values as in torch's own hook dictionaries
+    """An empty hook dictionary shared by every module of a fake copy (one per attribute
+    name): any change to it marks the copy's :class:`SharedHooks` touched, and the run is
+    made again with a dictionary of its own per module."""
+
+    sharing: SharedHooks
+
+    def _touch(self) -> None:
+        self.sharing.touched = True
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._touch()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._touch()
+        super().__delitem__(key)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._touch()
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._touch()
+        return super().setdefault(key, default)
+
+    def pop(self, *args: Any) -> Any:
+        self._touch()
+        return super().pop(*args)
+
+    def popitem(self, last: bool = True) -> Any:
+        self._touch()
+        return super().popitem(last)
+
+    def clear(self) -> None:
+        self._touch()
+        super().clear()
+
+    def move_to_end(self, key: Any, last: bool = True) -> None:
+        self._touch()
+        super().move_to_end(key, last)
+
+    def __ior__(self, other: Any) -> Any:  # type: ignore[misc]  # OrderedDict's own is typed against its __or__
+        self._touch()
+        return super().__ior__(other)
+
+
+class SharedHooks:
+    """The empty hook dictionaries a fake copy's modules share (a count's copy of a 70B model
+    holds 1,047 modules with eleven each: 11,500 objects the garbage collector walks while the
+    count runs). ``touched``: something changed one (a forward that registers a hook on a module
+    of the copy): the copy is then not to be trusted, as that hook would be every module's."""
+
+    def __init__(self) -> None:
+        self.touched = False
+        self._dicts: Dict[str, _EmptyHooks] = {}
+
+    def empty(self, name: str) -> _EmptyHooks:
+        found = self._dicts.get(name)
+        if found is None:
+            found = self._dicts[name] = _EmptyHooks()
+            found.sharing = self
+        return found
 
 
 class _TreeCopier:
@@ -244,9 +335,12 @@ class _TreeCopier:
     ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy`` of
     the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
 
-    def __init__(self, memo: Dict[int, Any], faker: _Faker):
+    def __init__(self, memo: Dict[int, Any], faker: _Faker, shared: Optional[SharedHooks] = None):
         self.memo = memo
         self.faker = faker
+        self.shared = shared
+        # attribute name -> the shared empty hook dictionary for it (None: not a hook dictionary)
+        self._empties: Dict[str, Any] = {}
 
     def module(self, module: nn.Module) -> nn.Module:
         found = self.memo.get(id(module))
@@ -261,14 +355,24 @@ class _TreeCopier:
         self.memo[id(module)] = new
         state: Dict[str, Any] = {}
         convert = self.value
+        empties = self._empties
+        memo = self.memo
         for key, value in vars(module).items():
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
             if kind in _IMMUTABLE_TYPES:
                 state[key] = value
             elif (kind is OrderedDict or kind is dict) and not value:
-                state[key] = kind()
+                shared = empties.get(key, _UNSEEN) if kind is OrderedDict else None
+                if shared is _UNSEEN:
+                    shared = empties[key] = self.shared.empty(key) if self.shared is not None and _is_hook_name(key) else None
+                state[key] = kind() if shared is None else shared
+            elif kind is set and not value:  # torch's per-module set of non-persistent buffers
+                state[key] = memo[id(value)] = set()
             else:
-                state[key] = convert(value)
+                # an object met before (the config every layer holds): its copy, before any
+                # isinstance test (a transformers config answers each through Python code)
+                found = memo.get(id(value))
+                state[key] = found if found is not None else convert(value)
         new.__dict__.update(state)
         return new
 
