@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
-from flopcount.core.ledger import Ledger
+from flopcount.core.ledger import TOTAL_FIELDS, Ledger, cost_change
 from flopcount.core.rendering import render
 from flopcount.errors import UsageError
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
@@ -355,6 +356,111 @@ def reprice_groups(result: FlopResult, groups: Iterable[Tuple[Sequence[OpEvent],
         if old != new and events:
             delta.rebook_group(events, old, new)
     return _apply(result, delta)
+
+
+def reprice_deferred(result: FlopResult, groups: Sequence[Tuple[Sequence[OpEvent], Cost, Cost]]) -> FlopResult:
+    """:func:`reprice_groups`, its tables booked on first use: the totals (FLOPs, MACs, bytes)
+    are ``result``'s plus each group's change times its events (every event is booked under the
+    model, module ``""``, once), the per-operator, per-module and per-phase tables are those
+    :func:`reprice_groups` books, made when one is first read. A decode step continued from its
+    run's first step thus costs the groups it changes, not the model's depth; the same result,
+    figure for figure. Non-integer figures are booked at once."""
+    sums = [0] * len(TOTAL_FIELDS)
+    changed = False
+    for events, old, new in groups:
+        if old == new or not events:
+            continue
+        for d in cost_change(events[0].call.op, old, new).values():
+            if not all(type(v) is int for v in d):
+                return reprice_groups(result, groups)
+            changed = True
+            for i, v in enumerate(d):
+                sums[i] += len(events) * v
+    if not changed:
+        return result
+    tables = _Deferred(lambda: reprice_groups(result, groups))
+    named = dict(zip(TOTAL_FIELDS, sums))
+    return replace(
+        result,
+        flops=result.flops + named["flops"],
+        macs=result.macs + named["macs"],
+        bytes_read=result.bytes_read + named["bytes_read"],
+        bytes_written=result.bytes_written + named["bytes_written"],
+        _operators=_LazyTable(tables, 0),
+        _modules=_LazyTable(tables, 1),
+        _module_ops=_LazyTable(tables, 2),
+        _phases=_LazyTable(tables, 3),
+    )
+
+
+class _Deferred:
+    """A result's four tables, made by ``make`` on first use (by whichever thread asks first;
+    making them twice gives equal tables)."""
+
+    __slots__ = ("_make", "_tables")
+
+    def __init__(self, make: Callable[[], FlopResult]):
+        self._make: Optional[Callable[[], FlopResult]] = make
+        self._tables: Optional[Tuple[Mapping[str, Any], ...]] = None
+
+    def tables(self) -> Tuple[Mapping[str, Any], ...]:
+        tables = self._tables
+        if tables is None:
+            make = self._make
+            assert make is not None
+            made = make()
+            tables = self._tables = (made._operators, made._modules, made._module_ops, made._phases)
+            self._make = None  # what made them (the step's groups, its base) is no longer held
+        return tables
+
+
+class _LazyTable(Mapping[str, Any]):
+    """One table of a :class:`_Deferred` (operators, modules, module x operator, phases), read
+    as the plain dict it stands for; pickled and copied as that dict."""
+
+    __slots__ = ("_deferred", "_which")
+
+    def __init__(self, deferred: _Deferred, which: int):
+        self._deferred = deferred
+        self._which = which
+
+    def _table(self) -> Mapping[str, Any]:
+        return self._deferred.tables()[self._which]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._table()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._table().get(key, default)
+
+    def items(self) -> ItemsView[str, Any]:
+        return self._table().items()
+
+    def keys(self) -> KeysView[str]:
+        return self._table().keys()
+
+    def values(self) -> ValuesView[Any]:
+        return self._table().values()
+
+    def __eq__(self, other: object) -> bool:
+        return self._table() == (other._table() if isinstance(other, _LazyTable) else other)
+
+    __hash__ = None  # type: ignore[assignment]  # a mapping, unhashable as a dict is
+
+    def __repr__(self) -> str:
+        return repr(self._table())
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (dict, (dict(self._table()),))
 
 
 def _apply(result: FlopResult, delta: Ledger) -> FlopResult:
