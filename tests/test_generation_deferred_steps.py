@@ -200,3 +200,40 @@ def test_a_deferred_step_pickles_copies_and_reads_from_threads_as_its_tables() -
     assert seen == [_tables(eager)] * 4
     # the base is not changed by reading a step continued from it
     assert base.by_module()["model.layers.3.self_attn"] == 200
+
+
+def _mixed_events() -> List[Tuple[OpEvent, Any]]:
+    """Plain, split and estimated costs, ops without a handler in two modules, two phases and a
+    module reached under two names (an alias)."""
+    mm = OpCall("aten::mm", {}, ())
+    attention = OpCall("aten::_native_multi_head_attention", {}, ())
+    unknown = OpCall("custom::op", {}, ())
+    estimated = Cost(macs=0, flops=9, note="depends on the data")
+    split = Cost.split(("aten::bmm", Cost(macs=50, flops=100, bytes_read=8)), ("aten::_softmax", Cost(flops=30, bytes_written=4)))
+    return [
+        (OpEvent(mm, ("model", "model.a")), Cost(macs=7, flops=14, bytes_read=3, bytes_written=2)),
+        (OpEvent(attention, ("model", "model.b")), split),
+        (OpEvent(unknown, ("model", "model.a")), None),
+        (OpEvent(unknown, ("model", "model.shared")), None),
+        (OpEvent(OpCall("aten::nonzero", {}, ()), ("model",)), estimated),
+        (OpEvent(mm, ("model", "model.shared"), "backward"), Cost(macs=5, flops=10)),
+    ]
+
+
+@pytest.mark.parametrize("floats", [False, True])
+def test_a_deferred_aggregate_equals_the_booked_one(floats: bool) -> None:
+    """count_generation books each traced forward's tables when first read: the same result
+    as booking them at once (every field, the unsupported ops, notes and aliases included)."""
+    costed = _mixed_events()
+    if floats:  # booked at once: summed in another order, floats could differ
+        costed.append((OpEvent(OpCall("aten::mm", {}, ()), ("model",)), Cost(macs=1, flops=2.5)))  # type: ignore[arg-type]
+    names = ["", "model", "model.a", "model.b", "model.shared"]
+    modules = [ModuleInfo(name, "Module", name.count(".") + bool(name), 1, 0) for name in names]
+    options: Dict[str, Any] = dict(tracer="dispatch", modules=modules, parameters=ParamSummary(total=0, trainable=0, frozen=0),
+                                   input_description="x", warnings=("w",), gaps=("g",), aliases={"model.shared": ["model.shared", "model.b.shared"]})
+    deferred = aggregate(iter(costed), deferred=True, **options)
+    booked = aggregate(costed, **options)
+    assert deferred == booked and _tables(deferred) == _tables(booked)
+    assert deferred.unsupported_ops() == {"custom::op": 2} and deferred.warnings == booked.warnings
+    # by hand: MACs 7 + 50 + 5 (+ 1), FLOPs 14 + 100 + 30 + 9 + 10 (+ 2.5)
+    assert (deferred.macs, deferred.flops) == ((63, 165.5) if floats else (62, 163))

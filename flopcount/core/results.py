@@ -299,6 +299,7 @@ def aggregate(
     warnings: Sequence[str] = (),
     gaps: Sequence[str] = (),
     aliases: Optional[Mapping[str, Sequence[str]]] = None,
+    deferred: bool = False,
 ) -> FlopResult:
     """Sum op costs by operator, by module (a module includes every op run while it was
     on the call stack, and every op of its submodules: containers that are never called,
@@ -306,9 +307,36 @@ def aggregate(
     :class:`~flopcount.core.ledger.Ledger`. ``None`` marks an op without a handler: it is listed
     as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
     the ops it names, one call each. ``aliases``: ``{canonical name: every name}`` of
-    modules reachable under several names."""
+    modules reachable under several names.
+
+    ``deferred``: the totals (every event's parts summed: what the ledger books under the
+    model, module ``""``), the unsupported ops and the estimate notes are made at once, the
+    tables when one is first read (the same result; :func:`count_generation` reads the totals
+    of most forwards only). Non-integer figures are booked at once."""
+    if deferred:
+        events = list(costed)
+        totals = _summed(events)
+        if totals is not None:
+            # unsupported ops and estimate notes: booked by the ledger, from the events that have them
+            ledger = Ledger(aliases).book_all([(e, c) for e, c in events if c is None or c.note])
+            base = _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps)
+
+            def booked() -> FlopResult:
+                return aggregate(events, tracer=tracer, modules=modules, parameters=parameters,
+                                 input_description=input_description, warnings=warnings, gaps=gaps, aliases=aliases)
+
+            return _deferred(base, totals, _Deferred(booked))
+        costed = events
     ledger = Ledger(aliases).book_all(costed)
-    base = FlopResult(
+    return _from_ledger(ledger, _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps))
+
+
+def _unbooked(
+    ledger: Ledger, tracer: str, modules: Sequence[ModuleInfo], parameters: ParamSummary, input_description: str,
+    warnings: Sequence[str], gaps: Sequence[str],
+) -> FlopResult:
+    """The result of a count before its tables: what it is, its unsupported ops and notes."""
+    return FlopResult(
         flops=0,
         macs=0,
         params=parameters.total,
@@ -322,7 +350,39 @@ def aggregate(
         _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()),
         gaps=tuple(gaps),
     )
-    return _from_ledger(ledger, base)
+
+
+def _summed(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> Optional[List[int]]:
+    """MACs, FLOPs, bytes read and written of every costed event, part by part (None when a
+    figure is not an integer: summed in another order, floats could differ in the last bit)."""
+    macs = flops = read = written = 0
+    for event, cost in costed:
+        if cost is None:
+            continue
+        for _, part in cost.parts or ((event.call.op, cost),):
+            m, f, r, w = part.macs, part.flops, part.bytes_read, part.bytes_written
+            if type(m) is not int or type(f) is not int or type(r) is not int or type(w) is not int:
+                return None
+            macs += m
+            flops += f
+            read += r
+            written += w
+    return [macs, flops, read, written]
+
+
+def _deferred(base: FlopResult, totals: Sequence[int], tables: _Deferred) -> FlopResult:
+    """``base`` with these totals (MACs, FLOPs, bytes read, bytes written) and tables made on first use."""
+    return replace(
+        base,
+        macs=totals[0],
+        flops=totals[1],
+        bytes_read=totals[2],
+        bytes_written=totals[3],
+        _operators=_LazyTable(tables, 0),
+        _modules=_LazyTable(tables, 1),
+        _module_ops=_LazyTable(tables, 2),
+        _phases=_LazyTable(tables, 3),
+    )
 
 
 def _estimate_text(op: str, note: str, count: int) -> str:
@@ -378,19 +438,10 @@ def reprice_deferred(result: FlopResult, groups: Sequence[Tuple[Sequence[OpEvent
                 sums[i] += len(events) * v
     if not changed:
         return result
-    tables = _Deferred(lambda: reprice_groups(result, groups))
     named = dict(zip(TOTAL_FIELDS, sums))
-    return replace(
-        result,
-        flops=result.flops + named["flops"],
-        macs=result.macs + named["macs"],
-        bytes_read=result.bytes_read + named["bytes_read"],
-        bytes_written=result.bytes_written + named["bytes_written"],
-        _operators=_LazyTable(tables, 0),
-        _modules=_LazyTable(tables, 1),
-        _module_ops=_LazyTable(tables, 2),
-        _phases=_LazyTable(tables, 3),
-    )
+    totals = (result.macs + named["macs"], result.flops + named["flops"], result.bytes_read + named["bytes_read"],
+              result.bytes_written + named["bytes_written"])
+    return _deferred(result, totals, _Deferred(lambda: reprice_groups(result, groups)))
 
 
 class _Deferred:

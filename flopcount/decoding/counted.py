@@ -256,6 +256,7 @@ class Counter:
             warnings=tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
             gaps=tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
             aliases=self.facts.aliases,
+            deferred=True,
         )
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
@@ -275,4 +276,5 @@ class Counter:
             warnings=run.warnings,
             gaps=run.gaps,
             aliases=self.facts.aliases,
+            deferred=True,
         )
