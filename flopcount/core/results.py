@@ -354,20 +354,25 @@ def _unbooked(
 
 def _summed(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> Optional[List[int]]:
     """MACs, FLOPs, bytes read and written of every costed event, part by part (None when a
-    figure is not an integer: summed in another order, floats could differ in the last bit)."""
+    figure is not an integer: summed in another order, floats could differ in the last bit;
+    a sum stays an ``int`` only while every figure added is one)."""
     macs = flops = read = written = 0
-    for event, cost in costed:
+    for _, cost in costed:
         if cost is None:
             continue
-        for _, part in cost.parts or ((event.call.op, cost),):
-            m, f, r, w = part.macs, part.flops, part.bytes_read, part.bytes_written
-            if type(m) is not int or type(f) is not int or type(r) is not int or type(w) is not int:
-                return None
-            macs += m
-            flops += f
-            read += r
-            written += w
-    return [macs, flops, read, written]
+        if cost.parts:
+            for _, part in cost.parts:
+                macs += part.macs
+                flops += part.flops
+                read += part.bytes_read
+                written += part.bytes_written
+        else:
+            macs += cost.macs
+            flops += cost.flops
+            read += cost.bytes_read
+            written += cost.bytes_written
+    totals = [macs, flops, read, written]
+    return totals if all(type(v) is int for v in totals) else None
 
 
 def _deferred(base: FlopResult, totals: Sequence[int], tables: _Deferred) -> FlopResult:
