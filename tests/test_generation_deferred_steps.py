@@ -104,11 +104,63 @@ def test_deferred_steps_equal_every_step_traced(case: str, device: str) -> None:
 
     assert [s.macs for s in fast.steps] == [step_macs(s) for s in range(new_tokens - 1)]
     assert len(fast.steps) == len(every.steps) == new_tokens - 1
+    _same_steps(fast, every, case)
+
+
+def _same_steps(fast: GenerationResult, every: GenerationResult, case: str) -> None:
+    assert len(fast.steps) == len(every.steps)
+    assert _tables(fast.prefill) == _tables(every.prefill)
     for index, (a, b) in enumerate(zip(fast.steps, every.steps)):
         assert _tables(a) == _tables(b), (case, index)
         assert a.flops == a.by_module()[""] == sum(a.by_operator().values())
     assert (fast.flops, fast.macs, fast.decode_flops) == (every.flops, every.macs, every.decode_flops)
     assert fast.to_dict()["steps"] == every.to_dict()["steps"]
+    assert fast.kv_cache_bytes == every.kv_cache_bytes
+
+
+def _other(kind: str) -> nn.Module:
+    """The other families count_generation's tests run, on meta."""
+    common: Dict[str, Any] = dict(vocab_size=VOCAB)
+    if kind == "gpt2":
+        config = transformers.AutoConfig.for_model("gpt2", n_embd=H, n_layer=LAYERS, n_head=HEADS, n_positions=256, **common)
+    elif kind == "mamba":
+        config = transformers.AutoConfig.for_model("mamba", hidden_size=H, state_size=4, num_hidden_layers=LAYERS, expand=2,
+                                                   conv_kernel=4, **common)
+    elif kind == "t5":
+        config = transformers.AutoConfig.for_model("t5", d_model=H, d_ff=INTER, d_kv=HD, num_heads=HEADS, num_layers=2,
+                                                   num_decoder_layers=2, decoder_start_token_id=0, pad_token_id=0, **common)
+    else:
+        config = transformers.AutoConfig.for_model(
+            "mixtral", hidden_size=H, intermediate_size=48, num_hidden_layers=2, num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256, **common)
+    auto = transformers.AutoModelForSeq2SeqLM if kind == "t5" else transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+# (family, generate() options): GPT-2, a state-space model (cache_params), an encoder-decoder, a
+# mixture of experts (k of E per token on meta), a static cache (attended in full), chunked prefill.
+OTHERS = {
+    "gpt2": ("gpt2", {}), "mamba": ("mamba", {}), "t5": ("t5", {}), "mixtral": ("mixtral", {}),
+    "llama-static": ("llama", {"cache_implementation": "static"}),
+    "llama-chunked-prefill": ("llama", {"prefill_chunk_size": 4}),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHERS))
+def test_deferred_steps_equal_every_step_traced_for_each_family(case: str) -> None:
+    kind, options = OTHERS[case]
+    model = _model("llama", "meta") if kind == "llama" else _other(kind)
+    ids = torch.zeros(B, 10, dtype=torch.int64, device="meta")
+    fast = count_generation(model, ids, new_tokens=16, **options)
+    every = count_generation(model, ids, new_tokens=16, trace_every_step=True, **options)
+    # one run: steps 0, 1, 2 and 14 traced. The static cache's length, 10 + 16 - 1 = 25 positions, is
+    # a limit: step s attends 10 + s + 1 positions, 25 at step 14, so steps 13 and 14 are traced one
+    # by one and the run 0..12 continues 3..11
+    assert _continued(fast) == list(range(3, 12 if case == "llama-static" else 14))
+    _same_steps(fast, every, case)
 
 
 def test_a_continued_step_books_nothing_until_its_tables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
