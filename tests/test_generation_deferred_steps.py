@@ -235,6 +235,33 @@ def test_deferred_repricing_equals_the_eager_one(kind: str) -> None:
     assert reprice_deferred(base, [(events, old, old)]) is base
 
 
+def test_threads_reading_a_deferred_step_book_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import flopcount.core.results as results
+
+    events = _layer_events(80)
+    old, new = Cost(macs=100, flops=200), Cost(macs=110, flops=220)
+    base = _base(events, old)
+    step = reprice_deferred(base, [(events, old, new)])
+    calls: List[int] = []
+    booking = results.reprice_groups
+
+    def slow(*args: Any) -> FlopResult:
+        calls.append(1)
+        time.sleep(0.05)  # every reader arrives while the first books
+        return booking(*args)
+
+    monkeypatch.setattr(results, "reprice_groups", slow)
+    seen: List[int] = []
+    threads = [threading.Thread(target=lambda: seen.append(step.by_module()["model.layers.5"])) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == [1] and seen == [220] * 8  # layer 5: its attention at the new cost
+
+
 def test_a_deferred_step_pickles_copies_and_reads_from_threads_as_its_tables() -> None:
     events = _layer_events(80)
     old, new = Cost(macs=100, flops=200), Cost(macs=110, flops=220)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
@@ -450,23 +451,26 @@ def reprice_deferred(result: FlopResult, groups: Sequence[Tuple[Sequence[OpEvent
 
 
 class _Deferred:
-    """A result's four tables, made by ``make`` on first use (by whichever thread asks first;
-    making them twice gives equal tables)."""
+    """A result's four tables, made by ``make`` on first use, once (threads take turns on a lock)."""
 
-    __slots__ = ("_make", "_tables")
+    __slots__ = ("_make", "_tables", "_lock")
 
     def __init__(self, make: Callable[[], FlopResult]):
         self._make: Optional[Callable[[], FlopResult]] = make
         self._tables: Optional[Tuple[Mapping[str, Any], ...]] = None
+        self._lock = threading.Lock()
 
     def tables(self) -> Tuple[Mapping[str, Any], ...]:
         tables = self._tables
         if tables is None:
-            make = self._make
-            assert make is not None
-            made = make()
-            tables = self._tables = (made._operators, made._modules, made._module_ops, made._phases)
-            self._make = None  # what made them (the step's groups, its base) is no longer held
+            with self._lock:
+                tables = self._tables
+                if tables is None:
+                    make = self._make
+                    assert make is not None
+                    made = make()
+                    tables = self._tables = (made._operators, made._modules, made._module_ops, made._phases)
+                    self._make = None  # what made them (the step's groups, its base, the events) is let go
         return tables
 
 
