@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
@@ -40,26 +40,50 @@ def _llama(device: str) -> nn.Module:
     return model.eval()
 
 
-@pytest.fixture
-def collections() -> Iterator[List[int]]:
-    """The generation of every collection that starts while the test runs."""
-    seen: List[int] = []
+class Collections:
+    """Every collection that starts while a test runs: its generation, whether automatic
+    collection was on (off: one the loop ran itself) and whether a forward was being traced."""
 
-    def spy(phase: str, info: Dict[str, Any]) -> None:
+    def __init__(self) -> None:
+        self.seen: List[Tuple[int, bool, bool]] = []
+        self.inside = False
+
+    def __call__(self, phase: str, info: Dict[str, Any]) -> None:
         if phase == "start":
-            seen.append(info["generation"])
+            self.seen.append((info["generation"], gc.isenabled(), self.inside))
 
+    def during_forwards(self) -> List[int]:
+        return [generation for generation, _, inside in self.seen if inside]
+
+    def by_the_loop(self) -> List[int]:
+        return [generation for generation, enabled, _ in self.seen if not enabled]
+
+
+@pytest.fixture
+def collections(monkeypatch: pytest.MonkeyPatch) -> Iterator[Collections]:
+    spy = Collections()
+    run = counted.Counter._run
+
+    def traced(self: counted.Counter, prepared: Any) -> Any:
+        spy.inside = True
+        try:
+            return run(self, prepared)
+        finally:
+            spy.inside = False
+
+    monkeypatch.setattr(counted.Counter, "_run", traced)
     gc.callbacks.append(spy)
     try:
-        yield seen
+        yield spy
     finally:
         gc.callbacks.remove(spy)
 
 
-def test_a_fake_loop_walks_no_old_generation(collections: List[int]) -> None:
+def test_a_fake_loop_walks_no_old_generation(collections: Collections) -> None:
     """Every object made before the count frozen out of the collector's reach, and thresholds
     (700, 1, 1): any object promoted past a young collection would start a full collection at
-    the next one. Before: the loop's forwards started full (generation 2) collections; now none."""
+    the next one. Before: full (generation 2) collections started inside the loop's forwards;
+    now none does."""
     model = _llama("meta")
     ids = torch.zeros(B, P, dtype=torch.int64, device="meta")
     thresholds = gc.get_threshold()
@@ -68,40 +92,40 @@ def test_a_fake_loop_walks_no_old_generation(collections: List[int]) -> None:
     try:
         gc.collect()  # the old generation is empty now: its size, the bar for a full collection, is 0
         gc.set_threshold(700, 1, 1)
-        collections.clear()
+        collections.seen.clear()
         result = count_generation(model, ids, new_tokens=12)
-        seen = list(collections)
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
-    assert 2 not in seen, seen
-    assert seen.count(1) >= 1  # the loop's young garbage, collected before the call returns
+    assert 2 not in collections.during_forwards(), collections.seen
+    assert collections.by_the_loop() == [1]  # the loop's young garbage, collected once before the call returns
     assert gc.isenabled()
     assert len(result.steps) == 11
 
 
-def test_young_generations_are_collected_between_forwards(monkeypatch: pytest.MonkeyPatch, collections: List[int]) -> None:
+def test_young_generations_are_collected_between_forwards(monkeypatch: pytest.MonkeyPatch, collections: Collections) -> None:
     """With a limit of 0 the loop collects its young generations after every forward: with
     trace_every_step, the prefill and N - 1 steps (N forwards), then once on exit; no automatic
-    collection runs meanwhile."""
+    collection runs while the loop has it off."""
     monkeypatch.setattr(collection, "YOUNG_LIMIT", 0)
     model = _llama("meta")
     new_tokens = 6
-    collections.clear()
+    collections.seen.clear()
     count_generation(model, torch.zeros(B, P, dtype=torch.int64, device="meta"), new_tokens=new_tokens, trace_every_step=True)
-    assert collections == [1] * (new_tokens + 1)
+    assert collections.by_the_loop() == [1] * (new_tokens + 1)
+    assert [g for g, enabled, inside in collections.seen if enabled and inside] == []  # none automatic in a forward
     assert gc.isenabled()
 
 
-def test_the_switch_is_left_as_found(collections: List[int]) -> None:
+def test_the_switch_is_left_as_found(collections: Collections) -> None:
     model = _llama("meta")
     ids = torch.zeros(B, P, dtype=torch.int64, device="meta")
     gc.disable()
     try:
-        collections.clear()
+        collections.seen.clear()
         count_generation(model, ids, new_tokens=8)
         assert not gc.isenabled()
-        assert collections == []  # the caller turned collection off: none runs here either
+        assert collections.seen == []  # the caller turned collection off: none runs here either
     finally:
         gc.enable()
     count_generation(model, ids, new_tokens=8)
