@@ -3,9 +3,9 @@ count_generation target: LLaMA-2-70B, 128 new tokens, under 1 s).
 
 Finding: each forward traced on fake copies holds a copy of the model while it runs, so the
 collector's young collections promote it to the oldest generation, and on the 70B count that
-made two full collections of the whole process (~430,000 objects) per count: 0.4 s of 1.0 s
-CPU. The loop now pauses automatic collection and collects the young generations itself, and
-leaves the collector's switch as found. Oracles: gc.callbacks (which generation each
+made 2 to 4 full collections of the whole process (~430,000 objects) per count: 0.4-0.7 s CPU
+of 1.0-1.4 s. The loop now pauses automatic collection and collects the young generations
+itself, and leaves the collector's switch as found. Oracles: gc.callbacks (which generation each
 collection walked), gc.isenabled() before and after, and the forward count derived by hand."""
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Each forward traced on fake copies builds a copy of the model (module objects, their
 dictionaries, FakeTensors: ~37,000 objects for LLaMA-2-70B), alive while the forward runs,
 so the collector's young collections during the forward promote it to the oldest generation;
-on a 70B count that made two full collections of the whole process (every object torch and
-transformers hold, ~430,000) per ``count_generation``, 0.4 s of its 1.0 s. While the loop
-runs, :class:`PausedCollections` turns automatic collection off and collects the young
+on a 70B count that started a full collection of the whole process (every object torch and
+transformers hold, ~430,000) 2 to 4 times per ``count_generation``: 0.4-0.7 s CPU of it. While
+the loop runs, :class:`PausedCollections` turns automatic collection off and collects the young
 generations itself, when they hold more than :data:`YOUNG_LIMIT` objects and once on exit:
 the loop's garbage is freed inside the call, the old generation is not walked. Only fake
 runs pause: their tensors hold no data, so nothing large waits for a collection.
