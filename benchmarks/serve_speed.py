@@ -10,13 +10,16 @@ for ``count_generation`` (issue #32's target: 128 new tokens after a 128-token p
 before the derivation of issue #31's speed target), for a before/after in one process kind.
 ``--profile`` runs the call under cProfile and prints where the time goes: the forwards traced
 (each one: the dispatch tracer over all layers), their costing and booking, the continued
-steps, the pricing (cProfile's own overhead inflates every figure, about 2.5x).
+steps, the pricing (cProfile's own overhead inflates every figure, about 2.5x). Every run also
+prints the CPU time Python's garbage collector took (``gc.callbacks``) and how many full
+collections ran: cProfile books a collection to whichever call was allocating when it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import resource
 import sys
@@ -35,7 +38,7 @@ WHERE: List[Tuple[str, str, str]] = [
     ("costing events (handlers, bytes)", "flopcount/core/analysis.py", "cost_events"),
     ("booking a traced forward (aggregate)", "flopcount/core/results.py", "aggregate"),
     ("continued steps, count_generation (Affine.result_at)", "flopcount/decoding/runs.py", "result_at"),
-    ("  of which re-booking the ledger (reprice)", "flopcount/core/results.py", "reprice"),
+    ("  of which their totals (reprice_deferred; tables on first read)", "flopcount/core/results.py", "reprice_deferred"),
     ("continued steps, serve derived (_continued)", "flopcount/serving/counting.py", "_continued"),
     ("pricing on the parts (serve_on)", "flopcount/serving/serve.py", "serve_on"),
 ]
@@ -96,12 +99,23 @@ def main() -> None:
     def run_generation() -> Any:
         return count_generation(model, ids, new)
 
+    collector = [0.0, 0, 0.0]  # CPU seconds, full collections, start of the current one
+
+    def collected(phase: str, info: Dict[str, Any]) -> None:
+        if phase == "start":
+            collector[2] = time.process_time()
+        else:
+            collector[0] += time.process_time() - collector[2]
+            collector[1] += info["generation"] == 2
+
+    gc.callbacks.append(collected)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     if args.profile:
         results, lines = _profiled(run_generation if args.generation else run_serve)
     else:
         results, lines = (run_generation if args.generation else run_serve)(), []
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    gc.callbacks.remove(collected)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     profiled = " (under cProfile)" if args.profile else ""
     if args.generation:
@@ -119,6 +133,7 @@ def main() -> None:
                 print(f"  {result.part:9s} B={row.batch:3d}  TTFT >= {row.ttft_s * 1e3:8.1f} ms  ITL >= "
                       f"{row.first_step.seconds * 1e3 if row.first_step else 0:7.2f} ms  tok/s <= "
                       f"{row.tokens_per_s or 0:9.1f}  fits: {row.fits}")
+    print(f"  garbage collection: {collector[0]:.2f} s CPU, {collector[1]} full collection(s)")
     if lines:
         print("  where the time goes (cumulative, under cProfile):")
         print("\n".join(lines))

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from flopcount.core.rows import CostRow
 from flopcount.types import COST_METRICS, Cost, OpEvent
 
-__all__ = ["MIXED", "TABLES", "Ledger", "TOTAL_FIELDS", "owners_of"]
+__all__ = ["MIXED", "TABLES", "Ledger", "TOTAL_FIELDS", "cost_change", "owners_of"]
 
 #: What a booked total holds, in order: calls, then each cost metric.
 TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
@@ -101,6 +101,20 @@ def owners_of(
 
 def _by_first(item: Tuple[Any, List[int]]) -> int:
     return item[1][_WIDTH]
+
+
+def cost_change(op: str, old: Cost, new: Cost) -> Dict[str, Sums]:
+    """``{booked name: new - old}`` of one event that ran at ``new`` instead of ``old``: the
+    change of each part (of ``op`` itself when the cost is not split), calls unchanged; names
+    whose figures do not change are left out."""
+    change: Dict[str, Sums] = {}
+    for sign, cost in ((-1, old), (1, new)):
+        for name, part in cost.parts or ((op, cost),):
+            vector = _vector(part, 0)
+            into = change.setdefault(name, [0] * _WIDTH)
+            for i in range(_WIDTH):
+                into[i] += sign * vector[i]
+    return {name: d for name, d in change.items() if any(d)}
 
 
 def _add(table: Dict[Any, Sums], key: Any, sums: Sums, sign: int = 1) -> None:
@@ -352,14 +366,7 @@ class Ledger:
         each of 80 layers, one decode step later): the same as :meth:`rebook` per event, booked
         once per key with the change times the number of events booked under it. Exact: the
         figures are integers (else each event is rebooked as before)."""
-        change: Dict[str, Sums] = {}
-        for sign, cost in ((-1, old), (1, new)):
-            for name, part in cost.parts or ((events[0].call.op if events else "", cost),):
-                vector = _vector(part, 0)
-                into = change.setdefault(name, [0] * _WIDTH)
-                for i in range(_WIDTH):
-                    into[i] += sign * vector[i]
-        changed = {name: d for name, d in change.items() if any(d)}
+        changed = cost_change(events[0].call.op if events else "", old, new)
         if not changed:
             return
         if self.keeps_rows or not all(type(v) is int for d in changed.values() for v in d):

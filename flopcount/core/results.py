@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
-from flopcount.core.ledger import Ledger
+from flopcount.core.ledger import TOTAL_FIELDS, Ledger, cost_change
 from flopcount.core.rendering import render
 from flopcount.errors import UsageError
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
@@ -298,6 +300,7 @@ def aggregate(
     warnings: Sequence[str] = (),
     gaps: Sequence[str] = (),
     aliases: Optional[Mapping[str, Sequence[str]]] = None,
+    deferred: bool = False,
 ) -> FlopResult:
     """Sum op costs by operator, by module (a module includes every op run while it was
     on the call stack, and every op of its submodules: containers that are never called,
@@ -305,9 +308,36 @@ def aggregate(
     :class:`~flopcount.core.ledger.Ledger`. ``None`` marks an op without a handler: it is listed
     as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
     the ops it names, one call each. ``aliases``: ``{canonical name: every name}`` of
-    modules reachable under several names."""
+    modules reachable under several names.
+
+    ``deferred``: the totals (every event's parts summed: what the ledger books under the
+    model, module ``""``), the unsupported ops and the estimate notes are made at once, the
+    tables when one is first read (the same result; :func:`count_generation` reads the totals
+    of most forwards only). Non-integer figures are booked at once."""
+    if deferred:
+        events = list(costed)
+        totals = _summed(events)
+        if totals is not None:
+            # unsupported ops and estimate notes: booked by the ledger, from the events that have them
+            ledger = Ledger(aliases).book_all([(e, c) for e, c in events if c is None or c.note])
+            base = _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps)
+
+            def booked() -> FlopResult:
+                return aggregate(events, tracer=tracer, modules=modules, parameters=parameters,
+                                 input_description=input_description, warnings=warnings, gaps=gaps, aliases=aliases)
+
+            return _deferred(base, totals, _Deferred(booked))
+        costed = events
     ledger = Ledger(aliases).book_all(costed)
-    base = FlopResult(
+    return _from_ledger(ledger, _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps))
+
+
+def _unbooked(
+    ledger: Ledger, tracer: str, modules: Sequence[ModuleInfo], parameters: ParamSummary, input_description: str,
+    warnings: Sequence[str], gaps: Sequence[str],
+) -> FlopResult:
+    """The result of a count before its tables: what it is, its unsupported ops and notes."""
+    return FlopResult(
         flops=0,
         macs=0,
         params=parameters.total,
@@ -321,7 +351,44 @@ def aggregate(
         _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()),
         gaps=tuple(gaps),
     )
-    return _from_ledger(ledger, base)
+
+
+def _summed(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> Optional[List[int]]:
+    """MACs, FLOPs, bytes read and written of every costed event, part by part (None when a
+    figure is not an integer: summed in another order, floats could differ in the last bit;
+    a sum stays an ``int`` only while every figure added is one)."""
+    macs = flops = read = written = 0
+    for _, cost in costed:
+        if cost is None:
+            continue
+        if cost.parts:
+            for _, part in cost.parts:
+                macs += part.macs
+                flops += part.flops
+                read += part.bytes_read
+                written += part.bytes_written
+        else:
+            macs += cost.macs
+            flops += cost.flops
+            read += cost.bytes_read
+            written += cost.bytes_written
+    totals = [macs, flops, read, written]
+    return totals if all(type(v) is int for v in totals) else None
+
+
+def _deferred(base: FlopResult, totals: Sequence[int], tables: _Deferred) -> FlopResult:
+    """``base`` with these totals (MACs, FLOPs, bytes read, bytes written) and tables made on first use."""
+    return replace(
+        base,
+        macs=totals[0],
+        flops=totals[1],
+        bytes_read=totals[2],
+        bytes_written=totals[3],
+        _operators=_LazyTable(tables, 0),
+        _modules=_LazyTable(tables, 1),
+        _module_ops=_LazyTable(tables, 2),
+        _phases=_LazyTable(tables, 3),
+    )
 
 
 def _estimate_text(op: str, note: str, count: int) -> str:
@@ -355,6 +422,105 @@ def reprice_groups(result: FlopResult, groups: Iterable[Tuple[Sequence[OpEvent],
         if old != new and events:
             delta.rebook_group(events, old, new)
     return _apply(result, delta)
+
+
+def reprice_deferred(result: FlopResult, groups: Sequence[Tuple[Sequence[OpEvent], Cost, Cost]]) -> FlopResult:
+    """:func:`reprice_groups`, its tables booked on first use: the totals (FLOPs, MACs, bytes)
+    are ``result``'s plus each group's change times its events (every event is booked under the
+    model, module ``""``, once), the per-operator, per-module and per-phase tables are those
+    :func:`reprice_groups` books, made when one is first read. A decode step continued from its
+    run's first step thus costs the groups it changes, not the model's depth; the same result,
+    figure for figure. Non-integer figures are booked at once."""
+    sums = [0] * len(TOTAL_FIELDS)
+    changed = False
+    for events, old, new in groups:
+        if old == new or not events:
+            continue
+        for d in cost_change(events[0].call.op, old, new).values():
+            if not all(type(v) is int for v in d):
+                return reprice_groups(result, groups)
+            changed = True
+            for i, v in enumerate(d):
+                sums[i] += len(events) * v
+    if not changed:
+        return result
+    named = dict(zip(TOTAL_FIELDS, sums))
+    totals = (result.macs + named["macs"], result.flops + named["flops"], result.bytes_read + named["bytes_read"],
+              result.bytes_written + named["bytes_written"])
+    return _deferred(result, totals, _Deferred(lambda: reprice_groups(result, groups)))
+
+
+class _Deferred:
+    """A result's four tables, made by ``make`` on first use, once (threads take turns on a lock)."""
+
+    __slots__ = ("_make", "_tables", "_lock")
+
+    def __init__(self, make: Callable[[], FlopResult]):
+        self._make: Optional[Callable[[], FlopResult]] = make
+        self._tables: Optional[Tuple[Mapping[str, Any], ...]] = None
+        self._lock = threading.Lock()
+
+    def tables(self) -> Tuple[Mapping[str, Any], ...]:
+        tables = self._tables
+        if tables is None:
+            with self._lock:
+                tables = self._tables
+                if tables is None:
+                    make = self._make
+                    assert make is not None
+                    made = make()
+                    tables = self._tables = (made._operators, made._modules, made._module_ops, made._phases)
+                    self._make = None  # what made them (the step's groups, its base, the events) is let go
+        return tables
+
+
+class _LazyTable(Mapping[str, Any]):
+    """One table of a :class:`_Deferred` (operators, modules, module x operator, phases), read
+    as the plain dict it stands for; pickled and copied as that dict."""
+
+    __slots__ = ("_deferred", "_which")
+
+    def __init__(self, deferred: _Deferred, which: int):
+        self._deferred = deferred
+        self._which = which
+
+    def _table(self) -> Mapping[str, Any]:
+        return self._deferred.tables()[self._which]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._table()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._table().get(key, default)
+
+    def items(self) -> ItemsView[str, Any]:
+        return self._table().items()
+
+    def keys(self) -> KeysView[str]:
+        return self._table().keys()
+
+    def values(self) -> ValuesView[Any]:
+        return self._table().values()
+
+    def __eq__(self, other: object) -> bool:
+        return self._table() == (other._table() if isinstance(other, _LazyTable) else other)
+
+    __hash__ = None  # type: ignore[assignment]  # a mapping, unhashable as a dict is
+
+    def __repr__(self) -> str:
+        return repr(self._table())
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (dict, (dict(self._table()),))
 
 
 def _apply(result: FlopResult, delta: Ledger) -> FlopResult:

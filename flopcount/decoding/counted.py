@@ -11,9 +11,10 @@ reading can say what each decode step reads from the cache."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, p
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.decoding.caches import cache_position_bytes
+from flopcount.decoding.collection import PausedCollections
 from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
 from flopcount.errors import TraceError, UsageError
@@ -202,19 +204,31 @@ class Counter:
         self.largest_write = 0
         self.fast = fast
         self._last: Optional[LastOutput] = None
+        self._collections: Optional[PausedCollections] = None
         # meta weights: what a fake run feeds back stands for meta tensors
         self._on_meta = fast and any(p.device.type == "meta" for p in self.facts.parameters)
 
-    def outputs(self) -> LastOutput:
-        """What keeps each forward's output (process-wide hooks on the dispatch path only)."""
+    @contextlib.contextmanager
+    def outputs(self) -> Iterator[LastOutput]:
+        """The decoding loop's context: what keeps each forward's output (process-wide hooks on
+        the dispatch path only); on fake copies, the collector's automatic collections paused
+        (:class:`~flopcount.decoding.collection.PausedCollections`: young garbage collected
+        between forwards and on exit, no full collection of the process)."""
         self._last = LastOutput(self.model, hooks=not self.fast)
-        return self._last
+        with self._last, PausedCollections(active=self.fast) as collections:
+            self._collections = collections
+            try:
+                yield self._last
+            finally:
+                self._collections = None
 
     def _run(self, prepared: PreparedCall) -> Trace:
         if not self.fast:
             return trace(self.model, prepared, tracer="dispatch", facts=self.facts)
         keep = self._last.keep if self._last is not None else None
         run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep)
+        if self._collections is not None:
+            self._collections.tidy()
         if run is None:
             raise FakeRefused(f"a forward of {type(self.model).__name__} could not run on fake copies")
         return run
@@ -256,6 +270,7 @@ class Counter:
             warnings=tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
             gaps=tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
             aliases=self.facts.aliases,
+            deferred=True,
         )
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
@@ -275,4 +290,5 @@ class Counter:
             warnings=run.warnings,
             gaps=run.gaps,
             aliases=self.facts.aliases,
+            deferred=True,
         )

@@ -13,14 +13,14 @@ the last exactly. Otherwise every step is traced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
 from flopcount.core.analysis import cost_events
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.results import FlopResult, reprice, reprice_groups
-from flopcount.types import Cost, OpCall, OpEvent, TensorMeta, Trace
+from flopcount.core.results import FlopResult, reprice, reprice_deferred
+from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
 __all__ = ["Affine", "Limits", "cache_limits", "plan_runs"]
 
@@ -168,8 +168,13 @@ class Affine:
         # each of 80 layers): each is continued and priced once per step
         groups: Dict[Any, int] = {}
         self.group: List[int] = []
-        for _, a, b in self.varying:
-            self.group.append(groups.setdefault(_pair_key(a.call, b.call), len(groups)))
+        #: each group's first varying event: the pair its call is continued from
+        self._firsts: Dict[int, Tuple[int, OpEvent, OpEvent]] = {}
+        for varying in self.varying:
+            group = groups.setdefault(_pair_key(varying[1].call, varying[2].call), len(groups))
+            self.group.append(group)
+            self._firsts.setdefault(group, varying)
+        self._members_made: Optional[Members] = _UNMADE
 
     @staticmethod
     def check(traced: List[Tuple[Trace, Costed]], registry: HandlerRegistry) -> Optional[Affine]:
@@ -209,17 +214,25 @@ class Affine:
     def result_at(self, step: int, first: FlopResult) -> FlopResult:
         """The run's step ``step``: its first step's result with the events that change re-costed.
         A pair of calls met again (the same call in each of 80 layers) is continued once, into
-        one call object, which ``cost_events`` prices once."""
+        one call object, priced once per phase: the step's work is the number of distinct
+        changing calls, not the model's depth. Its totals are exact at once, its tables are
+        booked when first read (:func:`reprice_deferred`)."""
+        members = self._members()
         calls: Dict[int, OpCall] = {}
-        moved: List[OpEvent] = []
-        for (_, a, b), group in zip(self.varying, self.group):
-            call = calls.get(group)
-            if call is None:
-                call = calls[group] = _moved_call(a, b, step)
-            moved.append(OpEvent(call, a.module_stack, a.phase))
-        grouped = self._grouped(moved)
-        if grouped is not None:
-            return reprice_groups(first, grouped)
+        for group, (_, a, b) in self._firsts.items():
+            calls[group] = _moved_call(a, b, step)
+        if members is not None:
+            heads = tuple(OpEvent(calls[group], events[0].module_stack, phase) for (group, phase), (events, _) in members.items())
+            grouped: List[Tuple[Sequence[OpEvent], Cost, Cost]] = []
+            for (events, old), (_, cost) in zip(members.values(), cost_events(heads, self.registry)):
+                if cost is None or old is None:
+                    if old is not None:
+                        break  # priced at step 0, not now: each event on its own, as below
+                    continue  # unsupported either way: nothing to re-cost
+                grouped.append((events, old, cost))
+            else:
+                return reprice_deferred(first, grouped)
+        moved = [OpEvent(calls[group], a.module_stack, a.phase) for (_, a, _), group in zip(self.varying, self.group)]
         changes = []
         for (index, _, _), (event, cost) in zip(self.varying, cost_events(tuple(moved), self.registry)):
             old = self.first[index][1]
@@ -228,27 +241,29 @@ class Affine:
             changes.append((event, old, cost))
         return reprice(first, changes)
 
-
-    def _grouped(self, moved: List[OpEvent]) -> Optional[List[Tuple[List[OpEvent], Cost, Cost]]]:
-        """The step's changes as groups of events sharing a moved call, a phase and the first step's
-        cost (each priced once: a handler is a pure function of the call and the phase), for
-        :func:`reprice_groups`; None where a group's first-step costs differ (then per event)."""
-        members: Dict[Tuple[int, str], List[int]] = {}
-        for position, (group, event) in enumerate(zip(self.group, moved)):
-            members.setdefault((group, event.phase), []).append(position)
-        heads = tuple(moved[positions[0]] for positions in members.values())
-        grouped: List[Tuple[List[OpEvent], Cost, Cost]] = []
-        for positions, (_, cost) in zip(members.values(), cost_events(heads, self.registry)):
-            olds = [self.first[self.varying[p][0]][1] for p in positions]
-            old = olds[0]
-            if cost is None or old is None:
-                if any(o is not None for o in olds):
+    def _members(self) -> Optional[Members]:
+        """The varying events by (group, phase), with the cost they share at the run's first step
+        (the same for every step: made once); None where a group's events cost differently
+        there (then each step re-prices event by event)."""
+        if self._members_made is _UNMADE:
+            members: Members = {}
+            for (index, a, _), group in zip(self.varying, self.group):
+                old = self.first[index][1]
+                entry = members.get((group, a.phase))
+                if entry is None:
+                    members[(group, a.phase)] = ([a], old)
+                elif entry[1] != old:
+                    self._members_made = None
                     return None
-                continue  # unsupported either way: nothing to re-cost
-            if any(o != old for o in olds):
-                return None
-            grouped.append(([moved[p] for p in positions], old, cost))
-        return grouped
+                else:
+                    entry[0].append(a)
+            self._members_made = members
+        return self._members_made
+
+
+#: the varying events of a run by (group, phase), with the cost they share at its first step
+Members = Dict[Tuple[int, Phase], Tuple[List[OpEvent], Optional[Cost]]]
+_UNMADE: Any = object()
 
 
 def _pair_key(a: OpCall, b: OpCall) -> Any:
