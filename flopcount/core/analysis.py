@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import warnings
 from functools import cache
@@ -46,7 +47,7 @@ def analyze(
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model)
     run = trace(model, call, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
-    return aggregate(
+    result = aggregate(
         cost_events(run.events, table),
         tracer=run.tracer,
         modules=facts.module_infos(run.module_calls),
@@ -56,6 +57,8 @@ def analyze(
         gaps=run.gaps,
         aliases=facts.aliases,
     )
+    reused = int(run.shape_cache.get("reused_calls", 0))
+    return dataclasses.replace(result, reused_calls=reused) if reused else result
 
 
 def report_unsupported(result: FlopResult, *, strict: bool = False, stacklevel: int = 2) -> None:

@@ -373,3 +373,18 @@ def test_reuse_is_on_by_default_and_off_with_the_variable(monkeypatch):
     for off in ("0", "false", "off"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", off)
         assert _reused(model, inputs) == 0
+
+
+@pytest.mark.parametrize("blocks", [2, 5])
+def test_the_result_says_how_many_calls_were_reused(monkeypatch, blocks):
+    """Issue #32: "the result says how many calls were reused" (it was only in the trace's
+    internal statistics). Blocks 1..n-1 are booked from block 0: n - 1 calls; with reuse off,
+    none, and the same document either way."""
+    torch.manual_seed(0)
+    model, inputs = Stack([Block() for _ in range(blocks)]), (torch.randn(B, D),)
+    on = count_flops(model, inputs)
+    assert on.reused_calls == blocks - 1
+    assert on.macs == blocks * B * 2 * D * H  # each block: two Linears of D x H per row
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, inputs)
+    assert off.reused_calls == 0 and off.to_dict() == on.to_dict()
