@@ -120,6 +120,18 @@ def torch_contraction_flops(model: torch.nn.Module, inputs: Any) -> int:
 
 
 @pytest.fixture(scope="session")
+def fresh_python(tmp_path_factory: Any) -> Any:
+    """Runs ``[sys.executable, "-c" or "-m", ...]`` as subprocess.run does, in a child forked from
+    a server that has imported torch once (tests/_cli_server.py, PythonServer): for tests that need
+    a process of their own but not torch's import again (~2.5 s of CPU each). Started on first use."""
+    from _cli_server import PythonServer
+
+    server = PythonServer(tmp_path_factory.mktemp("python-server"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
 def _roofs_cache(tmp_path_factory: Any) -> Any:
     return tmp_path_factory.mktemp("xdg-cache")
 

@@ -115,14 +115,15 @@ def test_cli_parser_imports_no_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_import_flopcount_imports_no_trainer_framework():
+def test_import_flopcount_imports_no_trainer_framework(fresh_python):
     """The integrations' frameworks stay optional: importing flopcount and using its main
-    names loads none of them (flopcount.integrations.* import them when imported)."""
+    names loads none of them (flopcount.integrations.* import them when imported). In a process
+    forked from one that imported torch only (none of them)."""
     code = (
         "import sys, flopcount; flopcount.count_flops; flopcount.StepTimer; flopcount.estimate_memory; "
         "print([m for m in ('transformers', 'lightning', 'pytorch_lightning', 'tensorboard', 'accelerate') if m in sys.modules])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = fresh_python.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     init = _imports(PACKAGE / "__init__.py")
     assert not any(m.startswith("flopcount.integrations") for m in init)
