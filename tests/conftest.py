@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import warnings
@@ -14,6 +15,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Python's cyclic garbage collector, run less often: its default (a young collection every 700
+# net allocations) makes collections of a test process whose heap holds torch, transformers and
+# their modules (~1.5 M objects) cost ~12 % of the suite's CPU; at 50,000 about 5 % (docs/
+# performance.md, "The main suite's time"). A test that needs garbage gone calls gc.collect().
+gc.set_threshold(50_000, 20, 10)
 
 # Under pytest-xdist (`make test`'s parallel part) each worker gets its share of the cores:
 # torch's default of one intra-op thread per core in every worker oversubscribes them, and
