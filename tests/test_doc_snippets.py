@@ -1,11 +1,15 @@
 """Every ```python block in README.md and docs/*.md runs, so the docs cannot rot.
 
 Blocks of one file run in order in one namespace, from the repository root. A block whose
-first line is ``# doctest: skip`` is not run (kept for CUDA-only snippets)."""
+first line is ``# doctest: skip`` is not run (kept for CUDA-only snippets). An example's
+``subprocess.run([sys.executable, "-m" or "-c", ...])`` runs in a process forked from one that has
+imported torch (conftest's ``fresh_python``), not in a new interpreter."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -25,7 +29,15 @@ def test_docs_have_examples():
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
-def test_python_examples_run(path: Path, monkeypatch, stored_machine_roofs):
+def test_python_examples_run(path: Path, monkeypatch, stored_machine_roofs, fresh_python):
+    real_run = subprocess.run
+
+    def run(args, *rest, **kwargs):
+        if not rest and isinstance(args, list) and args[:1] == [sys.executable] and args[1:2] in (["-c"], ["-m"]):
+            return fresh_python.run(args, **kwargs)
+        return real_run(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(str(ROOT))
     namespace = {"__name__": f"doc_{path.stem}"}
