@@ -18,8 +18,9 @@ if str(ROOT) not in sys.path:
 
 # Python's cyclic garbage collector, run less often: its default (a young collection every 700
 # net allocations) makes collections of a test process whose heap holds torch, transformers and
-# their modules (~1.5 M objects) cost ~12 % of the suite's CPU; at 50,000 about 5 % (docs/
-# performance.md, "The main suite's time"). A test that needs garbage gone calls gc.collect().
+# their modules cost ~12 % of the suite's CPU; at 50,000 about 5 % (docs/performance.md, "The main
+# suite's time"). A test that needs garbage gone calls gc.collect(); see also
+# pytest_collection_finish, which moves what collection loaded out of every later collection.
 gc.set_threshold(50_000, 20, 10)
 
 # Under pytest-xdist (`make test`'s parallel part) each worker gets its share of the cores:
@@ -212,6 +213,16 @@ def _heavy_files_first(items: List[Any], workers: int) -> List[Any]:
         ordered += shares[k] + light[:fill]
         del light[:fill]
     return ordered
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Everything alive once the tests are collected (torch, transformers, lightning and the test
+    modules: ~370,000 objects that live as long as the process) is moved out of the garbage
+    collector's sight (gc.freeze, after a collection, so no garbage is kept). A full collection
+    then walks only what the tests made: ~0.05 s instead of ~0.2 s, and libraries call it often
+    (accelerate's free_memory on each Trainer.train: the Trainer tests' CPU fell by a third)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
