@@ -265,6 +265,10 @@ class PythonServer:
             for index, given in enumerate((stdin, stdout, stderr)):
                 if given == subprocess.PIPE:
                     given = stack.enter_context(tempfile.TemporaryFile())
+                elif given == subprocess.DEVNULL:
+                    given = stack.enter_context(open(os.devnull, "rb" if index == 0 else "wb"))
+                elif given == subprocess.STDOUT and index == 2:
+                    given = streams[1]
                 elif given is None:
                     # no stdin to read; stdout and stderr this process's own (pytest captures them)
                     given = stack.enter_context(open(os.devnull, "rb")) if index == 0 else index
