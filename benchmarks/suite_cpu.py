@@ -7,11 +7,16 @@ while other jobs load the machine. Extra arguments go to pytest.
 
     OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"          # the main suite
     OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py tests/cli -m "not serial" --top 10
+    OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial" --json cpu.json   # every test's figures
+
+A session-scoped server a test starts (tests/_cli_server.py's fork servers) is waited for at the
+session's end: its CPU, and its children's, counts in the total but in no test's row.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import sys
@@ -44,6 +49,7 @@ class Recorder:
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25, help="how many files and tests to print (default 25)")
+    parser.add_argument("--json", metavar="PATH", help="also write every test's (own, children's) CPU seconds to PATH")
     ours, pytest_args = parser.parse_known_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -55,6 +61,9 @@ def main(argv: List[str]) -> int:
     wall = time.perf_counter() - start_wall
     own, children = (a - b for a, b in zip(_cpu(), (start_own, start_children)))
     rows = recorder.rows
+    if ours.json:
+        with open(ours.json, "w") as out:
+            json.dump({"wall_s": wall, "cpu_s": own + children, "tests": rows}, out, indent=0)
     per_file: Counter = Counter()
     for node, (mine, theirs) in rows.items():
         per_file[node.split("::")[0]] += mine + theirs

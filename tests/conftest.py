@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import warnings
@@ -14,6 +15,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Python's cyclic garbage collector, run less often: its default (a young collection every 700
+# net allocations) makes collections of a test process whose heap holds torch, transformers and
+# their modules cost ~12 % of the suite's CPU; at 50,000 about 5 % (docs/performance.md, "The main
+# suite's time"). A test that needs garbage gone calls gc.collect(); see also
+# pytest_collection_finish, which moves what collection loaded out of every later collection.
+gc.set_threshold(50_000, 20, 10)
 
 # Under pytest-xdist (`make test`'s parallel part) each worker gets its share of the cores:
 # torch's default of one intra-op thread per core in every worker oversubscribes them, and
@@ -120,6 +128,18 @@ def torch_contraction_flops(model: torch.nn.Module, inputs: Any) -> int:
 
 
 @pytest.fixture(scope="session")
+def fresh_python(tmp_path_factory: Any) -> Any:
+    """Runs ``[sys.executable, "-c" or "-m", ...]`` as subprocess.run does, in a child forked from
+    a server that has imported torch once (tests/_cli_server.py, PythonServer): for tests that need
+    a process of their own but not torch's import again (~2.5 s of CPU each). Started on first use."""
+    from _cli_server import PythonServer
+
+    server = PythonServer(tmp_path_factory.mktemp("python-server"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
 def _roofs_cache(tmp_path_factory: Any) -> Any:
     return tmp_path_factory.mktemp("xdg-cache")
 
@@ -131,16 +151,39 @@ def _private_cache_dir(_roofs_cache: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(_roofs_cache))
 
 
+@pytest.fixture(scope="session")
+def _roofs_of_this_machine() -> Any:
+    """This machine's roofs, measured for real with a short budget, once per process: the
+    default budget measures the same figures here in ~9 s instead of ~1 s."""
+    from flopcount.devices.measured import measure_roofs
+
+    return measure_roofs("cpu", budget_s=0.05)
+
+
+@pytest.fixture
+def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) -> Any:
+    """This machine's roofs (measured once per process), stored in the session's roofs cache
+    before a test whose ``on="this machine"`` (or ``flopcount.profile`` without ``roofs=``) reads
+    them, where measuring them is not what the test checks; stored again for each test, as other
+    tests may have stored other roofs there since."""
+    from flopcount.devices.measured import remember_roofs
+
+    # stored unchecked: under the other jobs' load the sanity checks would refuse to cache it
+    return remember_roofs(_roofs_of_this_machine, "cpu")
+
+
 #: the test files that take longest: CPU seconds summed over their tests, one process, one torch
-#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-26; docs/
-#: performance.md, "The main suite's time"): under pytest-xdist each worker starts with its share of
-#: them, see _heavy_files_first
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-26 21:49, this
+#: branch before gc.freeze, which took the HF Trainer files down by about a third; docs/performance.md,
+#: "The main suite's time"): under pytest-xdist each worker starts with its share of them, see
+#: _heavy_files_first
 HEAVY_FILES = {
-    "cli/test_artifacts.py": 16.7, "serving/test_serve.py": 13.6, "test_generation_options.py": 12.9,
-    "test_doc_snippets.py": 10.5, "test_generation_limits.py": 9.7, "integrations/test_hf_callback.py": 7.8,
-    "test_install.py": 6.0, "tracers/test_dispatch.py": 5.6, "tracers/test_shape_cache.py": 4.7,
-    "cli/test_cli_issue29.py": 4.7, "tracers/test_agreement.py": 4.2, "test_ci_recipes.py": 4.1,
-    "test_memory.py": 3.7, "serving/test_serve_cli.py": 3.6, "test_profile_marks.py": 3.4,
+    "cli/test_artifacts.py": 13.9, "serving/test_serve_derived.py": 13.1, "test_generation_options.py": 10.8,
+    "test_generation_limits.py": 9.9, "test_generation_fake_path.py": 8.6, "test_doc_snippets.py": 7.4,
+    "integrations/test_hf_callback.py": 6.5, "test_install.py": 6.2, "serving/test_serve.py": 5.6,
+    "tracers/test_reuse_cache.py": 5.5, "test_ci_recipes.py": 4.5, "tracers/test_shape_cache.py": 4.2,
+    "test_memory.py": 4.0, "plan/test_plan_analytic.py": 4.0, "tracers/test_agreement.py": 3.7,
+    "cli/test_cli.py": 3.7,
 }
 
 
@@ -172,6 +215,16 @@ def _heavy_files_first(items: List[Any], workers: int) -> List[Any]:
         ordered += shares[k] + light[:fill]
         del light[:fill]
     return ordered
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Everything alive once the tests are collected (torch, transformers, lightning and the test
+    modules: ~370,000 objects that live as long as the process) is moved out of the garbage
+    collector's sight (gc.freeze, after a collection, so no garbage is kept). A full collection
+    then walks only what the tests made: ~0.05 s instead of ~0.2 s, and libraries call it often
+    (accelerate's free_memory on each Trainer.train: the Trainer tests' CPU fell by a third)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected

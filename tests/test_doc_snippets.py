@@ -1,14 +1,17 @@
 """Every ```python block in README.md and docs/*.md runs, so the docs cannot rot.
 
 Blocks of one file run in order in one namespace, from the repository root. A block whose
-first line is ``# doctest: skip`` is not run (kept for CUDA-only snippets)."""
+first line is ``# doctest: skip`` is not run (kept for CUDA-only snippets). An example's
+``subprocess.run([sys.executable, "-m" or "-c", ...])`` runs in a process forked from one that has
+imported torch (conftest's ``fresh_python``), not in a new interpreter."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,28 +28,16 @@ def test_docs_have_examples():
     assert sum(len(python_blocks(p)) for p in DOCS) >= 5
 
 
-@pytest.fixture(scope="session")
-def _roofs_of_this_machine() -> Any:
-    """This machine's roofs, measured for real with a short budget, once per process: the
-    default budget measures the same figures here in ~9 s instead of ~1 s."""
-    from flopcount.devices.measured import measure_roofs
-
-    return measure_roofs("cpu", budget_s=0.05)
-
-
-@pytest.fixture
-def _roofs_measured(_private_cache_dir: None, _roofs_of_this_machine: Any) -> None:
-    """The measured roofs, stored in the session's roofs cache (conftest) before an example
-    (``flopcount.profile`` without ``roofs=``) reads them; stored again for each file, as
-    other tests may have stored other roofs there since."""
-    from flopcount.devices.measured import remember_roofs
-
-    # stored unchecked: under the other jobs' load the sanity checks would refuse to cache it
-    remember_roofs(_roofs_of_this_machine, "cpu")
-
-
 @pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
-def test_python_examples_run(path: Path, monkeypatch, _roofs_measured):
+def test_python_examples_run(path: Path, monkeypatch, stored_machine_roofs, fresh_python):
+    real_run = subprocess.run
+
+    def run(args, *rest, **kwargs):
+        if not rest and isinstance(args, list) and args[:1] == [sys.executable] and args[1:2] in (["-c"], ["-m"]):
+            return fresh_python.run(args, **kwargs)
+        return real_run(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(str(ROOT))
     namespace = {"__name__": f"doc_{path.stem}"}

@@ -477,10 +477,9 @@ def test_a_users_public_dict_named_like_hooks_is_not_a_hook() -> None:
     assert torch.equal(twin(x), model(x))
 
 
-def test_the_deprecated_non_full_process_wide_backward_hook_is_found() -> None:
+def test_the_deprecated_non_full_process_wide_backward_hook_is_found(fresh_python: Any) -> None:
     """``register_module_backward_hook`` (non-full) sets a process-wide flag for good, so it is
-    registered in a process of its own."""
-    import subprocess
+    registered in a process of its own (forked from one that imported torch only)."""
     import sys
 
     code = (
@@ -492,7 +491,7 @@ def test_the_deprecated_non_full_process_wide_backward_hook_is_found() -> None:
         "handle.remove()\n"
         "print(before, during, hooks.process_hooks_present())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = fresh_python.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "True", "False"]
 
 

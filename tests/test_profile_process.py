@@ -10,7 +10,6 @@ threads doing each at once (issue #27 item 5).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 import threading
@@ -64,9 +63,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_two_threads_profile_at_once_and_both_get_their_numbers() -> None:
-    # a child process: before the lock, this crashed it with a segmentation fault
-    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, cwd=ROOT,
+def test_two_threads_profile_at_once_and_both_get_their_numbers(fresh_python: Any) -> None:
+    # a child process (forked from one that imported torch only): before the lock, this crashed
+    # it with a segmentation fault, which it reports as exit -11
+    run = fresh_python.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**__import__("os").environ, "FLOPCOUNT_NO_ROOFS_CACHE": "1"})
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
     found = json.loads(run.stdout.strip().splitlines()[-1])

@@ -86,13 +86,13 @@ def tiny_llama(**overrides: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: Any) -> Dict[str, Any]:
-    from flopcount.examples.resnet import resnet50
+    from flopcount.examples.resnet import resnet18
 
     folder = tmp_path_factory.mktemp("artifacts")
     torch.manual_seed(0)
-    resnet = resnet50().eval()
+    resnet = resnet18().eval()
     image = torch.randn(2, 3, 32, 32)
-    torch.export.save(torch.export.export(resnet, (image,)), folder / "resnet50.pt2")
+    torch.export.save(torch.export.export(resnet, (image,)), folder / "resnet18.pt2")
     _, llama = tiny_llama()
     ids = torch.randint(0, VOCAB, (2, 16))
     torch.export.save(torch.export.export(llama, (ids,)), folder / "llama.pt2")
@@ -107,15 +107,15 @@ def files(tmp_path_factory: Any) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def resnet_program(files: Dict[str, Any]) -> Any:
-    """The .pt2 read once through the CLI's entry loader (reading ResNet-50's program takes seconds)."""
+    """The .pt2 read once through the CLI's entry loader (reading a ResNet's program takes a second)."""
     from flopcount.cli.entry import load_entry
 
-    return load_entry(str(files["dir"] / "resnet50.pt2"))
+    return load_entry(str(files["dir"] / "resnet18.pt2"))
 
 
-def test_resnet50_pt2_counts_like_the_eager_model_without_input(files, capsys):
+def test_resnet18_pt2_counts_like_the_eager_model_without_input(files, capsys):
     resnet, image = files["resnet"], files["image"]
-    data = count_json(capsys, str(files["dir"] / "resnet50.pt2"))
+    data = count_json(capsys, str(files["dir"] / "resnet18.pt2"))
     assert data["inputs"].startswith("(Tensor[2, 3, 32, 32] float32")  # the program's own example shape, batch 2
     assert data["macs"] == torch_macs(resnet, image)  # torch's FlopCounterMode on the eager model, live
     assert data["params"] == sum(p.numel() for p in resnet.parameters())
@@ -127,7 +127,7 @@ def test_resnet50_pt2_counts_like_the_eager_model_without_input(files, capsys):
 
 
 @pytest.mark.parametrize("tracer", ["dispatch", "jit"])
-def test_resnet50_pt2_equals_the_eager_count_for_the_other_tracers(files, resnet_program, tracer):
+def test_resnet18_pt2_equals_the_eager_count_for_the_other_tracers(files, resnet_program, tracer):
     from flopcount import count_flops
 
     resnet, image = files["resnet"], files["image"]
