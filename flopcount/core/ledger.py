@@ -117,6 +117,33 @@ def cost_change(op: str, old: Cost, new: Cost) -> Dict[str, Sums]:
     return {name: d for name, d in change.items() if any(d)}
 
 
+def _add_call(table: Dict[Any, List[int]], key: Any, part: Cost, first: Optional[int]) -> None:
+    """Count one call of ``part`` into ``table[key]`` (calls, MACs, FLOPs, bytes read, bytes
+    written; then ``first``, the index of the first event, for a new key when given)."""
+    sums = table.get(key)
+    if sums is None:
+        table[key] = [1, part.macs, part.flops, part.bytes_read, part.bytes_written] + ([] if first is None else [first])
+        return
+    sums[0] += 1
+    sums[1] += part.macs
+    sums[2] += part.flops
+    sums[3] += part.bytes_read
+    sums[4] += part.bytes_written
+
+
+def _add_first(table: Dict[str, List[int]], key: str, sums: List[int]) -> None:
+    """Add ``sums`` (the five figures, then the index of the first event) into ``table[key]``:
+    the figures summed, the earliest first event kept."""
+    found = table.get(key)
+    if found is None:
+        table[key] = list(sums)
+        return
+    for i in range(_WIDTH):
+        found[i] += sums[i]
+    if sums[_WIDTH] < found[_WIDTH]:
+        found[_WIDTH] = sums[_WIDTH]
+
+
 def _add(table: Dict[Any, Sums], key: Any, sums: Sums, sign: int = 1) -> None:
     into = table.get(key)
     if into is None:
@@ -194,27 +221,15 @@ class Ledger:
         marks: Dict[Key, List[Optional[str]]] = {}
         for index, (event, cost) in enumerate(costed):
             op = event.call.op
+            cost = self._tally(op, event.module, cost)
             if cost is None:
-                entry = self.unsupported.setdefault(op, [0, {}])
-                entry[0] += 1
-                entry[1][event.module] = None
                 continue
-            if cost.note:
-                self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
             values = columns[index] if columns is not None else None
             tags = labels[index] if labels is not None else None
             shares = _shares(cost) if values else ()
             for position, (name, part) in enumerate(cost.parts or ((op, cost),)):
                 key = (event.module_stack, name, event.phase)
-                sums = groups.get(key)
-                if sums is None:
-                    groups[key] = _vector(part, 1)
-                else:
-                    sums[0] += 1
-                    sums[1] += part.macs
-                    sums[2] += part.flops
-                    sums[3] += part.bytes_read
-                    sums[4] += part.bytes_written
+                _add_call(groups, key, part, None)
                 if values:
                     share = shares[position]
                     _add_columns(times, key, [v * share for v in values], 1)
@@ -224,6 +239,19 @@ class Ledger:
             group = (stack, name, phase)
             self._book(stack, name, phase, sums, 1, times.get(group), marks.get(group))
         return self
+
+    def _tally(self, op: str, module: str, cost: Optional[Cost]) -> Optional[Cost]:
+        """Book what an event says besides its figures: an op without a handler (listed as
+        unsupported, never zero) or the note of an estimated cost. Gives back ``cost`` (None:
+        no figures to book)."""
+        if cost is None:
+            entry = self.unsupported.setdefault(op, [0, {}])
+            entry[0] += 1
+            entry[1][module] = None
+            return None
+        if cost.note:
+            self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
+        return cost
 
     def _book_tree(self, costed: Iterable[Tuple[OpEvent, Optional[Cost]]]) -> Ledger:
         """:meth:`book_all` of a fresh ledger without columns, labels or rows, with the module
@@ -241,50 +269,24 @@ class Ledger:
         first = 0
         for event, cost in costed:
             op = event.call.op
+            cost = self._tally(op, event.module, cost)
             if cost is None:
-                entry = self.unsupported.setdefault(op, [0, {}])
-                entry[0] += 1
-                entry[1][event.module] = None
                 continue
-            if cost.note:
-                self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
             stack = event.module_stack
             table = stacks.get(stack)
             if table is None:
                 table = stacks[stack] = {}
             phase = event.phase
             for name, part in cost.parts or ((op, cost),):
-                sums = table.get(name)
-                if sums is None:
-                    table[name] = [1, part.macs, part.flops, part.bytes_read, part.bytes_written, first]
-                else:
-                    sums[0] += 1
-                    sums[1] += part.macs
-                    sums[2] += part.flops
-                    sums[3] += part.bytes_read
-                    sums[4] += part.bytes_written
-                sums = by_phase.get((name, phase))
-                if sums is None:
-                    by_phase[(name, phase)] = [1, part.macs, part.flops, part.bytes_read, part.bytes_written, first]
-                else:
-                    sums[0] += 1
-                    sums[1] += part.macs
-                    sums[2] += part.flops
-                    sums[3] += part.bytes_read
-                    sums[4] += part.bytes_written
+                _add_call(table, name, part, first)
+                _add_call(by_phase, (name, phase), part, first)
                 first += 1
         # operators and phases, in first-event order
         operators: Dict[str, List[int]] = {}
         phases: Dict[str, List[int]] = {}
         for (name, phase_name), sums in by_phase.items():
-            for into, key in ((operators, name), (phases, phase_name)):
-                found = into.get(key)
-                if found is None:
-                    into[key] = list(sums)
-                else:
-                    for i in range(_WIDTH):
-                        found[i] += sums[i]
-                    found[_WIDTH] = min(found[_WIDTH], sums[_WIDTH])
+            _add_first(operators, name, sums)
+            _add_first(phases, phase_name, sums)
         self.operators = {k: v[:_WIDTH] for k, v in sorted(operators.items(), key=_by_first)}
         self.phases = {k: v[:_WIDTH] for k, v in sorted(phases.items(), key=_by_first)}
         # every prefix of a booked stack is a node of the tree; each node's table becomes the
@@ -302,14 +304,7 @@ class Ledger:
                 continue
             parent = subtree[stack[:-1]]
             for name, sums in subtree[stack].items():
-                found = parent.get(name)
-                if found is None:
-                    parent[name] = list(sums)
-                else:
-                    for i in range(_WIDTH):
-                        found[i] += sums[i]
-                    if sums[_WIDTH] < found[_WIDTH]:
-                        found[_WIDTH] = sums[_WIDTH]
+                _add_first(parent, name, sums)
         # each owner's table: the subtree table of the one node that adds it (shared, not copied),
         # or a sum of its own when several nodes add it (a module called from two places)
         module_ops: Dict[str, Dict[str, List[int]]] = {}
@@ -328,14 +323,7 @@ class Ledger:
                     summed.add(owner)
                     held = module_ops[owner] = {name: list(sums) for name, sums in held.items()}
                 for name, sums in table.items():
-                    found = held.get(name)
-                    if found is None:
-                        held[name] = list(sums)
-                    else:
-                        for i in range(_WIDTH):
-                            found[i] += sums[i]
-                        if sums[_WIDTH] < found[_WIDTH]:
-                            found[_WIDTH] = sums[_WIDTH]
+                    _add_first(held, name, sums)
         # the modules in the order the per-group booking meets them: each stack's owners, by
         # the stack's first event
         seen: Dict[str, None] = {}
