@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-import flopcount.decoding.collection as collection
+import flopcount.core.collection as collection
 import flopcount.decoding.counted as counted
 from flopcount.errors import TraceError
 from flopcount.generation.count import count_generation

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.decoding.caches import cache_position_bytes
-from flopcount.decoding.collection import PausedCollections
 from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
 from flopcount.errors import TraceError, UsageError
@@ -212,7 +212,7 @@ class Counter:
     def outputs(self) -> Iterator[LastOutput]:
         """The decoding loop's context: what keeps each forward's output (process-wide hooks on
         the dispatch path only); on fake copies, the collector's automatic collections paused
-        (:class:`~flopcount.decoding.collection.PausedCollections`: young garbage collected
+        (:class:`~flopcount.core.collection.PausedCollections`: young garbage collected
         between forwards and on exit, no full collection of the process)."""
         self._last = LastOutput(self.model, hooks=not self.fast)
         with self._last, PausedCollections(active=self.fast) as collections:

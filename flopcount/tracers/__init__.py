@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
+from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import preserved_inputs
@@ -79,9 +80,10 @@ def trace(
             # events as real weights; what fakes cannot run is counted as given, as before.
             if not (facts.lazy or facts.packed is not None or has_sparse(call.tensors, facts.parameters, facts.buffers)):
                 try:
-                    run = dispatch.trace(
-                        model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
-                    )
+                    with PausedCollections():
+                        run = dispatch.trace(
+                            model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
+                        )
                 except FakeRunError:
                     pass
                 else:
@@ -103,9 +105,12 @@ def trace(
             note = "tracer auto: counted one real run (dispatch) because the model has quantized packed parameters"
         else:
             try:
-                run = dispatch.trace(
-                    model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
-                )
+                # a fake run's garbage holds no data: its young generations are collected when it
+                # ends, and its short-lived copy of the model starts no full collection of the process
+                with PausedCollections():
+                    run = dispatch.trace(
+                        model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
+                    )
             except FakeRunError as exc:
                 note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
             else:
