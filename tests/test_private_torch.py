@@ -432,16 +432,7 @@ def test_a_compiled_module_is_counted_through_the_module_it_wraps() -> None:
 def test_the_reentrant_checkpoint_is_named_from_the_nodes_public_name() -> None:
     from flopcount.tracers._backward import _reentrant_checkpoint
 
-    class Identity(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-            return t.clone()
-
-        @staticmethod
-        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-            return grad
-
-    class LibraryCheckpointFunction(Identity):  # fairscale / DeepSpeed name their Functions so
+    class LibraryCheckpointFunction(_Identity):  # fairscale / DeepSpeed name their Functions so
         pass
 
     from torch.utils.checkpoint import checkpoint
@@ -449,7 +440,7 @@ def test_the_reentrant_checkpoint_is_named_from_the_nodes_public_name() -> None:
     x = torch.randn(3, requires_grad=True)
     assert _reentrant_checkpoint([checkpoint(lambda t: t * 2, x, use_reentrant=True)])[0] == "CheckpointFunction"
     assert _reentrant_checkpoint([LibraryCheckpointFunction.apply(x) * 2])[0] == "LibraryCheckpointFunction"
-    assert _reentrant_checkpoint([Identity.apply(x) * 2])[0] is None
+    assert _reentrant_checkpoint([_Identity.apply(x) * 2])[0] is None
     assert _reentrant_checkpoint([checkpoint(lambda t: t * 2, x, use_reentrant=False)])[0] is None
 
 
