@@ -18,24 +18,12 @@ from torch import nn
 pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 
+from _training_failures import Boom, StepFails, module_hooks, raise_in_backward  # noqa: E402
+
 from flopcount.core.inputs import is_dataless  # noqa: E402
 from flopcount.integrations.hf import FlopcountCallback  # noqa: E402
 
 PEAK = 1e11
-_HOOKS = (
-    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
-)  # fmt: skip
-
-
-def _hooks(model: nn.Module) -> Dict[str, Any]:
-    return {f"{name}.{attr}": list(getattr(m, attr)) for name, m in model.named_modules() for attr in _HOOKS}
-
-
-class Boom(RuntimeError):
-    pass
-
-
 class Tiny(nn.Module):
     """Embedding(50, 16) -> mean -> Linear(16, 3), loss in the output dict (as HF models). With
     ``fail="backward"`` the loss's backward raises at the second real step."""
@@ -54,12 +42,10 @@ class Tiny(nn.Module):
         if not is_dataless(input_ids):
             self.real_calls += 1
             if self.fail == "backward" and self.real_calls == 2:
-                loss.register_hook(_raise_in_backward)
+                loss.register_hook(raise_in_backward)
         return {"loss": loss, "logits": logits}
 
 
-def _raise_in_backward(grad: torch.Tensor) -> torch.Tensor:
-    raise Boom("backward failed")
 
 
 class LossFails(transformers.Trainer):
@@ -71,19 +57,6 @@ class LossFails(transformers.Trainer):
         if LossFails.calls == 2:
             raise Boom("loss failed")
         return loss
-
-
-class StepFails(torch.optim.SGD):
-    """SGD whose second real step raises (steps on fake copies, flopcount's count, pass)."""
-
-    real_steps = 0
-
-    def step(self, closure: Any = None) -> Any:
-        if not any(is_dataless(p) for group in self.param_groups for p in group["params"]):
-            StepFails.real_steps += 1
-            if StepFails.real_steps == 2:
-                raise Boom("optimizer step failed")
-        return super().step(closure)
 
 
 def _stack(items: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
@@ -126,35 +99,35 @@ def _trainer(where: str, model: nn.Module, callback: FlopcountCallback, tmp_path
 def test_a_train_that_raises_leaves_the_model_its_own_hooks(tmp_path: Any, where: str) -> None:
     torch.manual_seed(0)
     model = Tiny("backward" if where == "backward" else "")
-    before = _hooks(model)
+    before = module_hooks(model)
     callback = FlopcountCallback(peak_flops=PEAK)
     trainer = _trainer(where, model, callback, tmp_path, attach="init")
     with pytest.raises(Boom):
         trainer.train()
-    assert _hooks(model) == before  # at once: no forward needed to find out
+    assert module_hooks(model) == before  # at once: no forward needed to find out
     assert callback._calls == [] and callback._eval_calls == []  # no inputs kept
     model.eval()
     with torch.no_grad():
         for n in (5, 6, 7):  # the user's own forwards afterwards, a new shape each time
             model(torch.randint(0, 50, (2, n)), torch.zeros(2, dtype=torch.long))
     assert callback._calls == [] and callback._eval_calls == []  # recorded nothing
-    assert _hooks(model) == before
+    assert module_hooks(model) == before
 
 
 def test_a_callback_added_after_the_trainer_was_made_guards_the_later_runs(tmp_path: Any) -> None:
     # add_callback: the callback first hears of the Trainer inside train(), and guards the runs after it
     torch.manual_seed(0)
     model = Tiny()
-    before = _hooks(model)
+    before = module_hooks(model)
     callback = FlopcountCallback(peak_flops=PEAK)
     trainer = _trainer("optimizer", model, callback, tmp_path, attach="add_callback")
     StepFails.real_steps = -10  # the first run's steps all pass
     trainer.train()
-    assert _hooks(model) == before
+    assert module_hooks(model) == before
     StepFails.real_steps = 0
     with pytest.raises(Boom):
         trainer.train()
-    assert _hooks(model) == before and callback._calls == []
+    assert module_hooks(model) == before and callback._calls == []
 
 
 def test_the_guard_goes_when_the_trainer_has_no_flopcount_callback_left(tmp_path: Any) -> None:

@@ -8,7 +8,7 @@ later forward of a new shape must add nothing)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
@@ -17,34 +17,10 @@ from torch import nn
 
 L = pytest.importorskip("lightning")
 
+from _training_failures import Boom, StepFails, module_hooks, raise_in_backward  # noqa: E402
+
 from flopcount.core.inputs import is_dataless  # noqa: E402
 from flopcount.integrations.lightning import FlopcountMonitor  # noqa: E402
-
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
-          "_backward_hooks", "_backward_pre_hooks", "_forward_hooks_always_called")  # fmt: skip
-
-
-def _hooks(module: nn.Module) -> Dict[str, Any]:
-    return {f"{name}.{attr}": list(getattr(m, attr)) for name, m in module.named_modules() for attr in _HOOKS}
-
-
-class Boom(RuntimeError):
-    pass
-
-
-class StepFails(torch.optim.SGD):
-    real_steps = 0
-
-    def step(self, closure: Any = None) -> Any:
-        if not any(is_dataless(p) for group in self.param_groups for p in group["params"]):
-            StepFails.real_steps += 1
-            if StepFails.real_steps == 2:
-                raise Boom("optimizer step failed")
-        return super().step(closure)
-
-
-def _raise_in_backward(grad: torch.Tensor) -> torch.Tensor:
-    raise Boom("backward failed")
 
 
 class Failing(L.LightningModule):
@@ -67,7 +43,7 @@ class Failing(L.LightningModule):
             if self.real_steps == 2 and self.where == "loss":
                 raise Boom("loss failed")
             if self.real_steps == 2 and self.where == "backward":
-                loss.register_hook(_raise_in_backward)
+                loss.register_hook(raise_in_backward)
         return loss
 
     def configure_optimizers(self) -> Any:
@@ -79,7 +55,7 @@ def test_a_fit_that_raises_leaves_the_module_as_found(where: str) -> None:
     torch.manual_seed(0)
     StepFails.real_steps = 0
     module = Failing(where)
-    before = _hooks(module)
+    before = module_hooks(module)
     data = torch.utils.data.TensorDataset(torch.randn(12, 8), torch.randint(0, 4, (12,)))
     monitor = FlopcountMonitor(peak_flops=1e10)
     trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, callbacks=[monitor], logger=False,
@@ -88,11 +64,11 @@ def test_a_fit_that_raises_leaves_the_module_as_found(where: str) -> None:
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=3))
     assert module.real_steps >= 1, "the failure came before any step: the test would prove nothing"
     assert monitor.counter.train, "the monitor counted no step: the test would prove nothing"
-    assert _hooks(module) == before
+    assert module_hooks(module) == before
     assert "flops_per_batch" not in vars(module)
     counted = (dict(monitor.counter.train), dict(monitor.counter.eval), monitor.total_flops)
     with torch.no_grad():
         for n in (5, 7):  # the user's own forwards afterwards, new shapes
             module(torch.randn(n, 8))
     assert (dict(monitor.counter.train), dict(monitor.counter.eval), monitor.total_flops) == counted
-    assert _hooks(module) == before
+    assert module_hooks(module) == before
