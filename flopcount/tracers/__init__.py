@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Tuple
 
 from torch import nn
 
 from flopcount.core.collection import PausedCollections
-from flopcount.core.inputs import is_dataless, prepare_call
+from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import preserved_inputs
 from flopcount.errors import UsageError
@@ -74,52 +74,18 @@ def trace(
     facts = model_facts(model) if facts is None else facts
     note = ""
     if tracer == "auto":
+        # Meta or fake weights get the fake path too (fake copies, shape cache): the same events
+        # as real weights; what fakes cannot run is counted as given, as before.
+        run, why = _fake_run(model, call, facts, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        if run is not None:
+            return run
         dataless = _dataless(call.tensors, facts)
+        # counted on the private twin below (a lazy module is materialised there, not in the
+        # caller's model: on meta it used to turn the caller's LazyLinear into a Linear)
         if dataless is not None:
-            # Meta or fake weights get the fake path too (fake copies, shape cache): the same
-            # events as real weights; what fakes cannot run is counted as given, as before.
-            if not (facts.lazy or facts.packed is not None or has_sparse(call.tensors, facts.parameters, facts.buffers)):
-                try:
-                    with PausedCollections():
-                        run = dispatch.trace(
-                            model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
-                        )
-                except FakeRunError:
-                    pass
-                else:
-                    if not _made_sparse(run):
-                        return run
-            # counted as given, on the private twin below: a lazy module is materialised there,
-            # not in the caller's model (on meta it used to turn the caller's LazyLinear into a Linear)
             note = f"tracer auto: used dispatch as given because {dataless}"
-        elif facts.lazy:
-            note = "tracer auto: counted one real run (dispatch) because lazy modules are not materialised yet"
-        elif has_sparse(call.tensors, facts.parameters, facts.buffers):
-            # a fake copy of a sparse tensor keeps its layout but not its stored values
-            note = (
-                "tracer auto: counted one real run (dispatch) because the inputs or weights hold sparse tensors, "
-                "whose non-zeros fake tensors do not keep"
-            )
-        elif facts.packed is not None:
-            # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
-            note = "tracer auto: counted one real run (dispatch) because the model has quantized packed parameters"
         else:
-            try:
-                # a fake run's garbage holds no data: its young generations are collected when it
-                # ends, and its short-lived copy of the model starts no full collection of the process
-                with PausedCollections():
-                    run = dispatch.trace(
-                        model, call, backward=backward, loss_fn=loss_fn, fake_copy=True, optimizer=optimizer, facts=facts
-                    )
-            except FakeRunError as exc:
-                note = f"tracer auto: counted one real run (dispatch) because {exc.reason}"
-            else:
-                if not _made_sparse(run):
-                    return run
-                note = (
-                    "tracer auto: counted one real run (dispatch) because the forward makes sparse tensors, "
-                    "whose non-zeros fake tensors do not have"
-                )
+            note = f"tracer auto: counted one real run (dispatch) because {why}"
     # A real run: on a private twin of the module tree (_twin.py: new module objects, every
     # tensor shared), so that nothing the run writes lands on the caller's modules, which
     # another thread may be training meanwhile (issue #29 item 20), and lazy modules are
@@ -148,17 +114,33 @@ def trace_on_fakes(
     structural reuse), with no real run behind it: None where "auto" would count a real run
     (lazy modules, packed or sparse tensors, a forward fakes cannot run, sparse outputs).
     ``on_output`` is given the copy's outputs (the decoding loop continues from its cache)."""
+    call = prepare_call(inputs, kwargs)
+    return _fake_run(model, call, model_facts(model) if facts is None else facts, on_output=on_output)[0]
+
+
+def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options: Any) -> Tuple[Optional[Trace], str]:
+    """The forward on fake copies and "", or None and why it was not run there (what fakes
+    cannot copy or keep) or could not run. A fake run's garbage holds no data: automatic
+    collection is paused and its young generations collected when it ends, so its short-lived
+    copy of the model starts no full collection of the process."""
     from flopcount.tracers import dispatch
 
-    call = prepare_call(inputs, kwargs)
-    facts = model_facts(model) if facts is None else facts
-    if facts.lazy or facts.packed is not None or has_sparse(call.tensors, facts.parameters, facts.buffers):
-        return None
+    if facts.lazy:
+        return None, "lazy modules are not materialised yet"
+    if has_sparse(call.tensors, facts.parameters, facts.buffers):
+        # a fake copy of a sparse tensor keeps its layout but not its stored values
+        return None, "the inputs or weights hold sparse tensors, whose non-zeros fake tensors do not keep"
+    if facts.packed is not None:
+        # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
+        return None, "the model has quantized packed parameters"
     try:
-        run = dispatch.trace(model, call, fake_copy=True, facts=facts, on_output=on_output)
-    except FakeRunError:
-        return None
-    return None if _made_sparse(run) else run
+        with PausedCollections():
+            run = dispatch.trace(model, call, fake_copy=True, facts=facts, **options)
+    except FakeRunError as exc:
+        return None, exc.reason
+    if _made_sparse(run):
+        return None, "the forward makes sparse tensors, whose non-zeros fake tensors do not have"
+    return run, ""
 
 
 def _made_sparse(run: Trace) -> bool:
