@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import Rendered
 from flopcount.devices import Roofs
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 from flopcount.serving.pricing import price_batch
-from flopcount.types import Diagnostic
 
 __all__ = ["LEAVES_OUT", "Phase", "ServeBatch", "ServeFacts", "ServeResult", "WeightTensor"]
 
@@ -22,7 +21,7 @@ LEAVES_OUT = (
 
 
 @dataclass(frozen=True)
-class ServeResult(Rendered):
+class ServeResult(FromWarnings, Rendered):
     """Serving bounds of one model on one part: prefill (TTFT), decode (inter-token latency,
     tokens/s ceilings), memory (weights, KV cache per sequence, activations, the largest
     batch that fits) and the batch at which decode turns compute-bound.
@@ -75,10 +74,6 @@ class ServeResult(Rendered):
     @property
     def complete(self) -> bool:
         return self.facts.complete
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """The reading's warnings as typed records, each once (an incomplete count among them)."""
-        return from_texts((), self.warnings)
 
     def at(self, batch: int) -> ServeBatch:
         """The bounds at ``batch`` (one of :attr:`batches`, else priced now)."""
