@@ -21,7 +21,7 @@ from torch import nn
 
 from flopcount.core.analysis import cost_events, uncompiled
 from flopcount.core.collection import PausedCollections
-from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, prepare_call
+from flopcount.core.inputs import PreparedCall, describe_inputs, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.decoding.caches import cache_position_bytes
@@ -242,7 +242,7 @@ class Counter:
         twins = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if isinstance(t, fake) else t
                  for t in prepared.tensors]
         args, kwargs = prepared.rebuild(twins)
-        return prepare_call(args, kwargs).description
+        return describe_inputs(args, kwargs)
 
     def _costed(self, run: Trace) -> Costed:
         costed = cost_events(run.events, self.registry)
