@@ -31,13 +31,19 @@ __all__ = [
     "has_call_hooks",
     "hook_dicts",
     "hook_flag_names",
+    "is_hook_name",
     "process_hooks_present",
 ]
 
 
+def is_hook_name(name: str) -> bool:
+    """Whether a module attribute of this name holds hooks by the convention, if it is a dict:
+    torch's are private attributes; a user's public ``self.forward_hooks = {...}`` is not one."""
+    return name.startswith("_") and "hook" in name
+
+
 def _is_hook_dict(name: str, value: Any) -> bool:
-    # torch's are private attributes; a user's public ``self.forward_hooks = {...}`` is not one
-    return name.startswith("_") and "hook" in name and isinstance(value, dict)  # OrderedDict is a dict
+    return is_hook_name(name) and isinstance(value, dict)  # OrderedDict is a dict
 
 
 def _is_call_hook(name: str) -> bool:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from flopcount.core.hooks import is_hook_name
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
 from flopcount.errors import TraceError, UsageError
@@ -258,11 +259,6 @@ _IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 _UNSEEN: Any = object()
 
 
-def _is_hook_name(name: str) -> bool:
-    # torch's hook dictionaries, by flopcount.core.hooks's convention (private, "hook" in the name)
-    return name.startswith("_") and "hook" in name
-
-
 class _EmptyHooks(OrderedDict):  # keys and values as in torch's own hook dictionaries
     """An empty hook dictionary shared by every module of a fake copy (one per attribute
     name): any change to it marks the copy's :class:`SharedHooks` touched, and the run is
@@ -364,7 +360,7 @@ class _TreeCopier:
             elif (kind is OrderedDict or kind is dict) and not value:
                 shared = empties.get(key, _UNSEEN) if kind is OrderedDict else None
                 if shared is _UNSEEN:
-                    shared = empties[key] = self.shared.empty(key) if self.shared is not None and _is_hook_name(key) else None
+                    shared = empties[key] = self.shared.empty(key) if self.shared is not None and is_hook_name(key) else None
                 state[key] = kind() if shared is None else shared
             elif kind is set and not value:  # torch's per-module set of non-persistent buffers
                 state[key] = memo[id(value)] = set()
