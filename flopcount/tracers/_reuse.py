@@ -78,9 +78,6 @@ _MODULE_CODE = frozenset(
 )
 
 
-_Unkeyable = Unkeyable
-
-
 class IndexRefused(Exception):
     """A first call given a KV cache failed after using a :class:`LayerIndex` stand-in (a C
     function that wants a true int): the count is run again without stand-ins."""
@@ -106,11 +103,6 @@ def reuse_enabled() -> bool:
     """Whether structural reuse is on: by default; ``FLOPCOUNT_REUSE=0`` (or false, no, off)
     turns it off, for a count that traces every call (docs/internals.md)."""
     return os.environ.get("FLOPCOUNT_REUSE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def global_hooks_present() -> bool:
-    """True when a process-wide module hook is registered."""
-    return hooks.process_hooks_present()
 
 
 class _LogBox:
@@ -205,7 +197,7 @@ class Reuse:
 
     def install(self) -> int:
         """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
-        if global_hooks_present():
+        if hooks.process_hooks_present():  # a process-wide module hook could see a skipped call
             return 0
         wrapped = 0
         # the facts' names list the copy's modules: no walk of the tree (issue #19: one per count)
@@ -325,7 +317,7 @@ class Reuse:
                 entry, slots = self._match(found, order, caches) if found is not None else (None, None)
                 if entry is not None and entry.clean:
                     return self._replay(entry, order, tensors, log, caches, slots)
-            except _Unkeyable:
+            except Unkeyable:
                 found = entry = None
                 key = None
             finally:
@@ -479,7 +471,7 @@ class Reuse:
                 proxied = {i for i, _ in watch.proxies}
                 reads = tuple(r for r in reads if r[0] not in proxied or r[1] != INDEX_ATTRIBUTE)
             values = self._read_values(order, reads)
-        except _Unkeyable:
+        except Unkeyable:
             return
         names = self._names
         by_name: Dict[str, int] = {}
@@ -741,9 +733,9 @@ class Reuse:
         state = vars(module)
         forward = state.get("forward")
         if forward is not None and not getattr(forward, "__flopcount_reuse__", False):
-            raise _Unkeyable("an instance-level forward")
+            raise Unkeyable("an instance-level forward")
         if hooks.has_call_hooks(module):
-            raise _Unkeyable("a hook")
+            raise Unkeyable("a hook")
         children = state["_modules"]
         made = (
             self._own_part(module, state),
@@ -801,7 +793,7 @@ class Reuse:
             return (kind, value)
         if kind is self._fake_type:
             if value.fake_mode is not self._mode or value.constant is not None or value.layout != torch.strided:
-                raise _Unkeyable("a tensor of another kind")
+                raise Unkeyable("a tensor of another kind")
             for i, seen in enumerate(tensors):
                 if seen is value:
                     return ("same", i)
@@ -817,19 +809,19 @@ class Reuse:
         known = cache_type()
         if known is not None and isinstance(value, known):
             return self._cache_key(value, caches)
-        raise _Unkeyable(f"an argument of type {kind.__name__}")
+        raise Unkeyable(f"an argument of type {kind.__name__}")
 
     def _cache_key(self, cache: Any, caches: List[Any]) -> Any:
         """A KV cache argument: its class, own attributes and number of slots (the slots a
         call indexes are compared when an entry is matched, ``_slots_now``)."""
         if self._cache_active:
-            raise _Unkeyable("a cache given inside a first call that watches it")
+            raise Unkeyable("a cache given inside a first call that watches it")
         for i, seen in enumerate(caches):
             if seen is cache:
                 return ("same cache", i)
         layers = vars(cache).get("layers")
         if type(layers) is not list:
-            raise _Unkeyable("a cache without a list of slots")
+            raise Unkeyable("a cache without a list of slots")
         caches.append(cache)
         return ("cache", self._states.own(cache), len(layers))
 
@@ -860,7 +852,7 @@ class Reuse:
         if found is not None and found[0] is t:
             return found[1]
         if t.layout != torch.strided:
-            raise _Unkeyable("a sparse tensor")
+            raise Unkeyable("a sparse tensor")
         meta = (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad, type(t))
         self._tensors[id(t)] = (t, meta)
         return meta
@@ -876,15 +868,15 @@ class Reuse:
                 if seen is out:
                     return ("arg", i)
             if out.fake_mode is not self._mode or out.constant is not None or out.layout != torch.strided:
-                raise _Unkeyable("an output of another kind")
+                raise Unkeyable("an output of another kind")
             if out.storage_offset() or out.requires_grad:
-                raise _Unkeyable("an output with an offset or a gradient")
+                raise Unkeyable("an output with an offset or a gradient")
             if id(out) in made:
-                raise _Unkeyable("an output held by a cache")
+                raise Unkeyable("an output held by a cache")
             return ("new", tuple(out.shape), out.stride(), out.dtype, out.fake_device)
         if kind is tuple or kind is list:
             return ("seq", kind, tuple(self._describe(o, tensors, made) for o in out))
-        raise _Unkeyable(f"an output of type {kind.__name__}")
+        raise Unkeyable(f"an output of type {kind.__name__}")
 
     def _make(self, described: Any, tensors: List[Any]) -> Any:
         tag = described[0]
