@@ -14,7 +14,6 @@ import torch
 from flopcount.core.inputs import is_dataless
 
 #: the roots of modules whose threads never draw torch random numbers: a notebook kernel's and
-#: IPython's own threads (heartbeat, IOPub, control, history), a debugger's, an event loop's
 #: IPython's own threads (heartbeat, IOPub, control, history), a debugger's, an event loop's, tqdm's
 #: monitor (HF's Trainer and Lightning start it), TensorBoard's event writers
 _QUIET_THREAD_MODULES = frozenset({"ipykernel", "IPython", "zmq", "jupyter_client", "tornado", "debugpy", "pydevd",
