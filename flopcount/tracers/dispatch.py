@@ -71,9 +71,7 @@ def trace(
     try:
         try:
             return _shared_or_own(model, call, facts, Recorder, options)
-        except IndexRefused:
-            pass  # refused, and the forward went on (it caught the failure)
-        except (TraceError, FakeRunError) as exc:
+        except (IndexRefused, TraceError, FakeRunError) as exc:  # IndexRefused itself: the forward went on
             if not _in_chain(exc, lambda e: isinstance(e, IndexRefused)):
                 raise
         # a layer-index stand-in of structural reuse was refused by the forward: once more without
