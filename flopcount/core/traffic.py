@@ -47,6 +47,7 @@ whether an op is a view is told by the caller.
 
 from __future__ import annotations
 
+import functools
 from math import prod
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
@@ -94,6 +95,7 @@ def is_complex(dtype: Optional[str]) -> bool:
     return found is not None and bool(found.is_complex)
 
 
+@functools.cache  # a handful of names, looked up per tensor on predict's per-op path
 def _torch_dtype(name: Optional[str]) -> Any:
     import torch
 
