@@ -82,10 +82,9 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
     needs_move = any(not _same_device(t.device, device) for t in tensors)
     if not needs_move:
         # the tracers' one state guard: buffers bit for bit, flags, grads, hooks
-        with preserved_model_state(model, restore_attributes=False) as watch:
-            # the RNG is the caller's preserved_rng's (core/state.py): set back only when no other
-            # thread could be rewound by it (issue #29 item 18)
-            watch.drew_random = False
+        # the RNG is the caller's preserved_rng's (core/state.py): set back only when no other
+        # thread could be rewound by it (issue #29 item 18)
+        with preserved_model_state(model, restore_attributes=False, restore_rng=False):
             yield model
         return
     params = [(p, p.data, None if p.grad is None else p.grad.data) for p in model.parameters()]

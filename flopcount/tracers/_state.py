@@ -45,7 +45,8 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def preserved_model_state(
-    model: nn.Module, *, restore_attributes: bool = True, own_buffers: bool = False, private_random: Optional[bool] = None
+    model: nn.Module, *, restore_attributes: bool = True, own_buffers: bool = False, private_random: Optional[bool] = None,
+    restore_rng: bool = True,
 ) -> Iterator[StateWatch]:
     """Leave ``model`` as found whatever the forward does: training flags, buffers
     (BatchNorm running stats) bit for bit, ``requires_grad``, ``.grad``, the hook
@@ -55,7 +56,9 @@ def preserved_model_state(
     generators instead and the process's are left alone, issue #29 item 18; not with
     ``private_random=False``). ``restore_attributes=False`` keeps what the
     forward set on its modules (a benchmark runs the user's own forward as the user
-    would: a call counter the model keeps is the model's business).
+    would: a call counter the model keeps is the model's business). ``restore_rng=False`` leaves
+    the RNG to the caller (a benchmark's ``core.state.preserved_rng``): it is neither saved nor
+    set back here.
 
     ``own_buffers=True`` (the tracers' real runs): the forward runs on copies of the buffers,
     put in the modules' buffer dicts for the run, and the model gets its own buffer tensors
@@ -104,8 +107,8 @@ def preserved_model_state(
     # registered into or removed from is put back as found
     hooks = [(m, attr, dict(found)) for m in modules for attr, found in hook_dicts(m).items()]
     grad_enabled = torch.is_grad_enabled()
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    rng = torch.get_rng_state() if restore_rng else None
+    cuda_rng = torch.cuda.get_rng_state_all() if restore_rng and torch.cuda.is_available() and torch.cuda.is_initialized() else None
     watch = StateWatch()
     watch.twins = twins
     # a tracer's real run draws on generators of its own: the process's are never set back
@@ -143,7 +146,7 @@ def preserved_model_state(
                     if key != "_buffers" and now.get(key, _MISSING) is not value:
                         now[key] = value
             torch.set_grad_enabled(grad_enabled)
-            if random.fell_back if random is not None else watch.drew_random is not False:
+            if rng is not None and (random.fell_back if random is not None else watch.drew_random is not False):
                 torch.set_rng_state(rng)
                 if cuda_rng is not None:
                     torch.cuda.set_rng_state_all(cuda_rng)
