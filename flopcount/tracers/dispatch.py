@@ -27,7 +27,6 @@ from torch import nn
 
 from flopcount.core.inputs import PreparedCall, fake_tensor_type, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
-from flopcount.core.state import draws_random
 from flopcount.errors import TraceError, UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._backward import BackwardAttribution, run_backward
@@ -254,8 +253,6 @@ def _trace(
                 if on_output is not None:
                     on_output(outputs)
                 del outputs
-                if isinstance(watch, StateWatch):
-                    watch.drew_random = draws_random(recorder.events)
     if reuse is not None and reuse.refused:
         raise IndexRefused("a layer index stand-in was refused and the forward went on")
     if optimizer is not None:
