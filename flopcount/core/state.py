@@ -265,10 +265,16 @@ def _seeded(op: str) -> bool:
     if getattr(torch.Tag, "nondeterministic_seeded", None) is None:
         return True
     try:
-        overloads = [getattr(packet, overload) for overload in packet.overloads()]
+        return _packet_draws(packet)
     except (AttributeError, RuntimeError):
         return True
-    return any(_seeded_overload(overload) for overload in overloads)
+
+
+def _packet_draws(packet: Any) -> bool:
+    """An overload of ``packet`` draws from a generator (:func:`_seeded_overload`); raises
+    AttributeError / RuntimeError where the packet cannot list its overloads (each caller
+    answers those its own way)."""
+    return any(_seeded_overload(getattr(packet, overload)) for overload in packet.overloads())
 
 
 def drawing_events(events: Iterable[Any]) -> int:
@@ -315,7 +321,7 @@ def _may_draw(name: str) -> bool:
         return False
     try:
         packet = getattr(torch.ops.aten, name, None)
-        return packet is not None and any(_seeded_overload(getattr(packet, o)) for o in packet.overloads())
+        return packet is not None and _packet_draws(packet)
     except (AttributeError, RuntimeError):
         return False
 
