@@ -52,6 +52,22 @@ def format_share(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%"
 
 
+def format_seconds(value: Optional[float]) -> str:
+    """The one spelling of a time: ``0.00123 -> '1.230 ms'``, ``2.5 -> '2.500 s'``; microseconds
+    below a millisecond, nanoseconds below a microsecond, minutes from two (``'3 min 20 s'``)."""
+    if value is None:
+        return "-"
+    if value >= 120:
+        return f"{int(value // 60)} min {int(value % 60)} s"
+    if value >= 1.0:
+        return f"{value:.3f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3f} ms"
+    if value >= 1e-6 or value == 0:
+        return f"{value * 1e6:.1f} us"
+    return f"{value * 1e9:.1f} ns"
+
+
 def format_ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f} ms"
 

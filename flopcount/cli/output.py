@@ -123,11 +123,3 @@ def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[in
 
     return report
 
-
-def format_seconds(seconds: float) -> str:
-    """``0.35 s``, ``42 s``, ``3 min 20 s``: for estimates in progress lines."""
-    if seconds < 10:
-        return f"{seconds:.2g} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{int(seconds // 60)} min {int(seconds % 60)} s"

@@ -30,7 +30,7 @@ def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
     an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
     from flopcount.devices import default_bound
-    from flopcount.report.profile import format_seconds
+    from flopcount.units import format_seconds
 
     result = _predict(run, args, args.on)
     kind = getattr(args, "bound", None) or default_bound(result.roofs)

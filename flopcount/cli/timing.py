@@ -7,8 +7,9 @@ import time
 from typing import Any, Optional
 
 from ..errors import FlopcountError, UsageError
+from ..units import format_seconds
 from .deadline import stage
-from .output import format_seconds, iteration_progress, progress
+from .output import iteration_progress, progress
 
 __all__ = ["benchmark_entry", "check_timing_args"]
 

@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from flopcount.core.rendering import renders
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
-from flopcount.units import escape_markdown, format_bytes, format_count
+from flopcount.units import escape_markdown, format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.diffs.gate import GrowthReport
@@ -34,13 +34,13 @@ def _table(rows: Any, *, headers: Sequence[str], colalign: Sequence[str], tablef
 
 
 def show(metric: str, value: Optional[float]) -> str:
-    """A value in its unit: counts with K/M/G, bytes in decimal units, latency in ms."""
+    """A value in its unit: counts with K/M/G, bytes in decimal units, latency as a time (s, ms, us)."""
     if value is None:
         return "-"
     if metric in ("bytes", "peak_memory"):
         return format_bytes(value)
     if metric == "latency":
-        return f"{value * 1e3:.3f} ms"
+        return format_seconds(value)
     return format_count(value)
 
 

@@ -7,18 +7,10 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 from tabulate import tabulate
 
 from flopcount.core.rendering import renders
-from flopcount.units import format_bytes, format_count
+from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.planning.result import PlanResult
-
-
-def _seconds(value: Optional[float]) -> str:
-    if value is None:
-        return "-"
-    if value < 1e-3:
-        return f"{value * 1e6:.1f} us"
-    return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
 
 
 def _percent(value: Optional[float]) -> str:
@@ -38,7 +30,7 @@ def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]
     memory.append(["peak (MemTracker)", format_bytes(result.peak_bytes)])
     state = [[name, format_bytes(value)] for name, value in result.state_bytes.items()]
     comm = [
-        [r.kind, r.dim, str(r.group_size), str(r.calls), format_bytes(r.tensor_bytes), format_bytes(r.wire_bytes), _seconds(r.seconds)]
+        [r.kind, r.dim, str(r.group_size), str(r.calls), format_bytes(r.tensor_bytes), format_bytes(r.wire_bytes), format_seconds(r.seconds)]
         for r in result.comm
     ]
     sections = [
@@ -50,11 +42,11 @@ def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]
     bounds = result.step_time
     if bounds is not None:
         rows = [
-            ["compute (roofline)", _seconds(bounds.compute_s), "", "", ""],
-            ["communication", _seconds(bounds.comm_s), "", "", ""],
-            ["no overlap", _seconds(bounds.no_overlap_s), _percent(bounds.mfu_no_overlap), _percent(bounds.hfu_no_overlap),
+            ["compute (roofline)", format_seconds(bounds.compute_s), "", "", ""],
+            ["communication", format_seconds(bounds.comm_s), "", "", ""],
+            ["no overlap", format_seconds(bounds.no_overlap_s), _percent(bounds.mfu_no_overlap), _percent(bounds.hfu_no_overlap),
              _rate(result.tokens, bounds.no_overlap_s)],
-            ["perfect overlap", _seconds(bounds.overlap_s), _percent(bounds.mfu_overlap), _percent(bounds.hfu_overlap),
+            ["perfect overlap", format_seconds(bounds.overlap_s), _percent(bounds.mfu_overlap), _percent(bounds.hfu_overlap),
              _rate(result.tokens, bounds.overlap_s)],
         ]
         headers = ["bound", "time", "MFU", "HFU", "tokens/s per rank"]

@@ -11,26 +11,13 @@ from tabulate import tabulate
 
 from flopcount.core.rendering import renders
 from flopcount.devices.roofline import PROFILE_CONVENTION
-from flopcount.units import escape_markdown, format_bytes, format_count
+from flopcount.units import escape_markdown, format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.profiling.predict import PredictResult
     from flopcount.profiling.result import ProfileResult, ProfileRow
 
 BY = ("operator", "module", "op")
-
-
-def format_seconds(value: Optional[float]) -> str:
-    """``0.00123 -> '1.230 ms'``; microseconds below a millisecond."""
-    if value is None:
-        return "-"
-    if value >= 1.0:
-        return f"{value:.3f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.3f} ms"
-    if value >= 1e-6 or value == 0:
-        return f"{value * 1e6:.1f} us"
-    return f"{value * 1e9:.1f} ns"
 
 
 def _ratio(value: Optional[float]) -> str:

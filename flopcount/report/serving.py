@@ -7,16 +7,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from tabulate import tabulate
 
 from flopcount.core.rendering import renders
-from flopcount.units import format_bytes, format_count
+from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.serving.result import Phase, ServeResult
-
-
-def _ms(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3f} us"
 
 
 def _rate(value: Optional[float]) -> str:
@@ -24,7 +18,7 @@ def _rate(value: Optional[float]) -> str:
 
 
 def _phase(phase: Optional[Phase]) -> str:
-    return "-" if phase is None else f"{_ms(phase.seconds)} ({phase.bound})"
+    return "-" if phase is None else f"{format_seconds(phase.seconds)} ({phase.bound})"
 
 
 @renders("ServeResult", "table")

@@ -69,9 +69,9 @@ def test_plan_estimate_and_warmup_progress_are_on_stderr(workdir, capsys):
     assert "4 untimed warm-up calls, then exactly 2 timed calls" in err
     assert "warm-up 1/4" in err and "warm-up 4/4" in err
     # the first timed-run call sleeps 0.4 s, so the estimate for 4 + 2 calls is at least 2.4 s
-    expect = re.search(r"the first call took ([\d.]+) s: expect about ([\d.]+) s in all \(4 warm-up \+ 2 timed calls\)", err)
+    expect = re.search(r"the first call took ([\d.]+) (m?s): expect about ([\d.]+) s in all \(4 warm-up \+ 2 timed calls\)", err)
     assert expect, err
-    first, total = float(expect.group(1)), float(expect.group(2))
+    first, total = float(expect.group(1)) * (1e-3 if expect.group(2) == "ms" else 1), float(expect.group(3))
     assert first >= 0.4 and total == pytest.approx(6 * first, rel=0.1)
     assert "warm-up 1/4" not in out  # progress never reaches stdout
 
