@@ -33,8 +33,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..errors import UsageError
-from .specs import InputSpec, dtype_name
+from flopcount.cli.entry import LoadedEntry, config_with, describe
+from flopcount.cli.specs import InputSpec, dtype_name
+from flopcount.errors import UsageError
 
 # suffixes that make an ENTRY without ':attr' a file to read (any other existing file too)
 ARTIFACT_SUFFIXES = (".pt2", ".pt", ".pth", ".ptl", ".ts", ".jit", ".ep", ".zip")
@@ -92,7 +93,7 @@ def _members(entry: str, data: bytes) -> Dict[str, bytes]:
             return {info.filename: archive.read(info) for info in archive.infolist() if not info.is_dir()}
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError) as exc:
         raise UsageError(
-            f"bad ENTRY: {entry} is a truncated or corrupt zip archive ({_one_line(exc)}); "
+            f"bad ENTRY: {entry} is a truncated or corrupt zip archive ({describe(exc)}); "
             "torch.export.save and torch.jit.save write zip archives: save the model again"
         ) from exc
 
@@ -141,7 +142,7 @@ def _check_pickles(entry: str, members: Dict[str, bytes]) -> None:
         except Exception as exc:
             raise UsageError(
                 f"bad ENTRY: {entry} holds a pickled object ({name}) that torch.load(weights_only=True) refuses "
-                f"({_one_line(exc)[:200]}); flopcount does not unpickle it, because loading it would run code "
+                f"({describe(exc)[:200]}); flopcount does not unpickle it, because loading it would run code "
                 "from the file. Export the model again without custom objects (tensors only), or count its code as module:attr"
             ) from exc
 
@@ -149,29 +150,9 @@ def _check_pickles(entry: str, members: Dict[str, bytes]) -> None:
 # --------------------------------------------------------------------------- the loaders
 
 
-@dataclass
-class Artifact:
-    """A model read from a file, and how to make its inputs.
-
-    ``specs``/``kw_specs``: the inputs to make when the command line gives none;
-    ``inputs``/``kwargs``: ready inputs instead (a program whose inputs are nested or hold
-    constants); ``fit``: checks (and completes) the command line's SPECs; ``needs_inputs``:
-    the sentence to say when there are no inputs at all; ``no_jit``: why ``--tracer jit``
-    cannot run it."""
-
-    model: nn.Module
-    specs: Tuple[InputSpec, ...] = ()
-    kw_specs: Optional[Dict[str, InputSpec]] = None
-    inputs: Any = None
-    kwargs: Optional[Dict[str, Any]] = None
-    fit: Optional[Callable[[Sequence[InputSpec], Dict[str, InputSpec]], Tuple[List[InputSpec], Dict[str, InputSpec]]]] = None
-    needs_inputs: Optional[str] = None
-    no_jit: Optional[str] = None
-
-
-def load_artifact(entry: str, device: str, graph_device: Optional[str] = None) -> Artifact:
-    """Read the model file ENTRY names (see the module docstring); UsageError when it is not one.
-    ``graph_device``: see :func:`artifact_from_program`."""
+def load_artifact(entry: str, device: str, graph_device: Optional[str] = None) -> LoadedEntry:
+    """Read the model file ENTRY names (see the module docstring) into a model and how to make
+    its inputs; UsageError when it is not one. ``graph_device``: see :func:`artifact_from_program`."""
     path = Path(entry.strip()).expanduser()
     data = _read(entry, path)
     if not data.startswith(_ZIP_MAGIC):
@@ -217,12 +198,13 @@ def _pickle_refusal(entry: str, data: bytes) -> str:
     return f"bad ENTRY: {entry} is a torch.save file holding {what}, not a model; {_SAVE_INSTEAD}"
 
 
-def _load_torchscript(entry: str, data: bytes, device: str) -> Artifact:
+def _load_torchscript(entry: str, data: bytes, device: str) -> LoadedEntry:
     try:
         model = torch.jit.load(io.BytesIO(data), map_location="meta" if device == "meta" else "cpu")
     except Exception as exc:
-        raise UsageError(f"bad ENTRY: torch.jit.load could not read {entry}: {_one_line(exc)[:300]}") from exc
-    return Artifact(
+        raise UsageError(f"bad ENTRY: torch.jit.load could not read {entry}: {describe(exc)[:300]}") from exc
+    return LoadedEntry(
+        entry,
         model,
         needs_inputs=(
             f"{entry} is a TorchScript file, which records no input shapes: give them with --input SPEC "
@@ -252,7 +234,7 @@ _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
 _KNOWN_PACKAGES = ("transformers.",)
 
 
-def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[str]) -> Artifact:
+def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[str]) -> LoadedEntry:
     imported: List[str] = []
     while True:
         log = _ExportLog()
@@ -262,7 +244,7 @@ def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[st
             program = torch.export.load(io.BytesIO(data))
             break
         except Exception as exc:
-            causes = [_one_line(e) for e in log.errors] + [_one_line(exc)]
+            causes = [describe(e) for e in log.errors] + [describe(exc)]
             missing = next((m.group(1) for c in causes for m in [_UNREGISTERED.search(c)] if m), None)
             if missing is not None and missing not in imported and missing.startswith(_KNOWN_PACKAGES):
                 imported.append(missing)
@@ -306,7 +288,7 @@ class _Slot:
     sizes: Tuple[Optional[int], ...]
 
 
-def artifact_from_program(entry: str, program: Any, device: str, graph_device: Optional[str] = None) -> Artifact:
+def artifact_from_program(entry: str, program: Any, device: str, graph_device: Optional[str] = None) -> LoadedEntry:
     """A module to count for ``program`` (a ``torch.export.ExportedProgram``) and its inputs.
 
     ``graph_device``: where the program's graph is moved (default ``device``); ``plan``
@@ -354,14 +336,14 @@ def artifact_from_program(entry: str, program: Any, device: str, graph_device: O
             specs = tuple(_spec(entry, s) for s in args)
             kw_specs = {k: _spec(entry, s) for k, s in kwargs.items()}
         except UsageError as exc:  # a dynamic size nobody recorded: --input must give it
-            return Artifact(model, fit=fit, needs_inputs=str(exc))
-        return Artifact(model, specs=specs, kw_specs=kw_specs, fit=fit)
+            return LoadedEntry(entry, model, fit_specs=fit, needs_inputs=str(exc))
+        return LoadedEntry(entry, model, default_specs=specs, default_kwargs=kw_specs, fit_specs=fit)
     generator = torch.Generator().manual_seed(0)
     made_args, made_kwargs = in_spec.unflatten(  # the leaves in order, each slot made: tree_map's result
         [_make(_spec(entry, leaf), device, generator) if isinstance(leaf, _Slot) else leaf for leaf in leaves]
     )
     # nested inputs: --input cannot say where each tensor goes, so none is taken
-    return Artifact(model, inputs=made_args, kwargs=dict(made_kwargs) or None, fit=fit)
+    return LoadedEntry(entry, model, inputs=made_args, kwargs=dict(made_kwargs) or None, fit_specs=fit)
 
 
 def _as_module(program: Any) -> nn.Module:
@@ -537,7 +519,7 @@ def local_hf_config(entry: str, text: str, overrides: Dict[str, Any]) -> Tuple[A
     try:
         raw = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"bad ENTRY {entry!r}: {file} is not a JSON config: {_one_line(exc)}") from exc
+        raise UsageError(f"bad ENTRY {entry!r}: {file} is not a JSON config: {describe(exc)}") from exc
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise UsageError(f"bad ENTRY {entry!r}: {file} has no \"model_type\"; is it a Hugging Face config.json?")
     if raw.get("auto_map"):
@@ -550,22 +532,9 @@ def local_hf_config(entry: str, text: str, overrides: Dict[str, Any]) -> Tuple[A
     try:
         config = AutoConfig.from_pretrained(str(file), local_files_only=True)
     except Exception as exc:
-        raise UsageError(f"bad ENTRY {entry!r}: transformers cannot read {file}: {_one_line(exc)[:300]}") from exc
-    for key, value in overrides.items():
-        if not hasattr(config, key):
-            raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}")
-    if overrides:
-        # read again with the overrides, so values derived from them follow
-        try:
-            config = AutoConfig.from_pretrained(str(file), local_files_only=True, **overrides)
-        except Exception as exc:
-            shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
-            raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {_one_line(exc)[:300]}") from exc
+        raise UsageError(f"bad ENTRY {entry!r}: transformers cannot read {file}: {describe(exc)[:300]}") from exc
+    config = config_with(config, overrides, lambda **values: AutoConfig.from_pretrained(str(file), local_files_only=True, **values))
     architectures = raw.get("architectures")
     name = architectures[0] if isinstance(architectures, list) and architectures and isinstance(architectures[0], str) else None
     return config, name
 
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

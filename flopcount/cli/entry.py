@@ -83,29 +83,18 @@ def load_entry(
     overrides = dict(config or {})
     if not text:
         raise UsageError(f"empty ENTRY; {ENTRY_HELP}")
-    lowered = text.lower()
-    for prefix in HF_PREFIXES:
-        if lowered.startswith(prefix):
-            loaded = _load_hf(entry, text[len(prefix):].strip(), overrides, device)
-            break
-    else:
-        for prefix in TV_PREFIXES:
-            if lowered.startswith(prefix):
-                loaded = _load_torchvision(entry, text[len(prefix):].strip(), overrides, device)
-                break
-        else:
-            for prefix in EXAMPLE_PREFIXES:
-                if lowered.startswith(prefix):
-                    loaded = _load_example(entry, text[len(prefix):].strip(), overrides, device)
-                    break
-            else:
-                from flopcount.cli.artifacts import looks_like_artifact
+    zoos = ((HF_PREFIXES, _load_hf), (TV_PREFIXES, _load_torchvision), (EXAMPLE_PREFIXES, _load_example))
+    zoo = next(((prefix, load) for prefixes, load in zoos for prefix in prefixes if text.lower().startswith(prefix)), None)
+    from flopcount.cli.artifacts import load_artifact, looks_like_artifact
 
-                if looks_like_artifact(text):
-                    loaded = _load_artifact(entry, text, overrides, device, graph_device)
-                else:
-                    target = _import_target(text)
-                    loaded = _from_object(entry, target, overrides, device)
+    if zoo is not None:
+        loaded = zoo[1](entry, text[len(zoo[0]):].strip(), overrides, device)
+    elif looks_like_artifact(text):
+        if overrides:
+            raise UsageError(f"--config needs a factory or an hf: config, but {entry} is a saved model file")
+        loaded = load_artifact(text, device, graph_device)
+    else:
+        loaded = _from_object(entry, _import_target(text), overrides, device)
     if device != "meta" and device != "cpu":
         loaded.model = loaded.model.to(device)
     loaded.inputs, loaded.kwargs = _inputs_to(loaded.inputs, loaded.kwargs, device)
@@ -171,11 +160,11 @@ def _import_module(name: str) -> Any:
             missing = exc.name or ""
             if missing and (name == missing or name.startswith(missing + ".")):
                 raise UsageError(f"bad ENTRY: no module named {missing!r} (looked on sys.path and in {os.getcwd()})") from exc
-            raise UsageError(f"bad ENTRY: importing {name!r} failed: {_describe(exc)}") from exc
+            raise UsageError(f"bad ENTRY: importing {name!r} failed: {describe(exc)}") from exc
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
                 raise
-            raise UsageError(f"bad ENTRY: importing {name!r} failed: {_describe(exc)}") from exc
+            raise UsageError(f"bad ENTRY: importing {name!r} failed: {describe(exc)}") from exc
 
 
 @contextlib.contextmanager
@@ -188,7 +177,7 @@ def _as_usage_error(what: str, undo: Callable[[], Any] = lambda: None) -> Iterat
         undo()
         if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
             raise
-        raise UsageError(f"{what}: {_describe(exc)}") from exc
+        raise UsageError(f"{what}: {describe(exc)}") from exc
 
 
 @contextlib.contextmanager
@@ -259,7 +248,8 @@ def _did_you_mean(word: str, names: Iterable[str]) -> str:
     return f"; did you mean {', '.join(close)}?" if close else ""
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """``TypeName: the message`` on one line (the artifacts' and the user's code's failures)."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -280,22 +270,6 @@ def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tu
     moved = [torch.empty_like(t, device="meta") if device == "meta" else t.to(device) for t in tensors]
     new_inputs, new_kwargs = rebuild(moved)
     return new_inputs, new_kwargs
-
-
-# --------------------------------------------------------------------------- saved artifacts
-
-
-def _load_artifact(entry: str, text: str, overrides: Dict[str, Any], device: str, graph_device: Optional[str]) -> LoadedEntry:
-    from flopcount.cli.artifacts import load_artifact
-
-    if overrides:
-        raise UsageError(f"--config needs a factory or an hf: config, but {entry} is a saved model file")
-    artifact = load_artifact(text, device, graph_device)
-    return LoadedEntry(
-        entry, artifact.model, inputs=artifact.inputs, kwargs=artifact.kwargs,
-        default_specs=artifact.specs, default_kwargs=dict(artifact.kw_specs or {}),
-        fit_specs=artifact.fit, needs_inputs=artifact.needs_inputs, no_jit=artifact.no_jit,
-    )
 
 
 # --------------------------------------------------------------------------- model zoos
@@ -323,20 +297,26 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
     try:
         config = AutoConfig.for_model(model_type)
     except Exception as exc:
-        raise UsageError(f"model construction failed: the default config of {entry}: {_describe(exc)}") from exc
+        raise UsageError(f"model construction failed: the default config of {entry}: {describe(exc)}") from exc
+    config = config_with(config, overrides, lambda **values: AutoConfig.for_model(model_type, **values))
+    return _hf_model(entry, config, model_type, overrides, device, None)
+
+
+def config_with(config: Any, overrides: Dict[str, Any], rebuild: Callable[..., Any]) -> Any:
+    """A Hugging Face ``config`` with the ``--config`` overrides: built again by ``rebuild(**overrides)``,
+    so values derived from them (head_dim from hidden_size) follow. A key the config lacks, or a value
+    it rejects (transformers 5 validates field types: StrictDataclassFieldValidationError), is a UsageError."""
     for key, value in overrides.items():
         if not hasattr(config, key):
             hint = _did_you_mean(key, [k for k in config.to_dict() if not k.startswith("_")])
             raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
-    if overrides:
-        # built with the overrides, so values derived from them (head_dim from hidden_size) follow;
-        # transformers 5 validates field types (StrictDataclassFieldValidationError)
-        try:
-            config = AutoConfig.for_model(model_type, **overrides)
-        except Exception as exc:
-            shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
-            raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {_describe_short(exc)}") from exc
-    return _hf_model(entry, config, model_type, overrides, device, None)
+    if not overrides:
+        return config
+    try:
+        return rebuild(**overrides)
+    except Exception as exc:
+        shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+        raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {_describe_short(exc)}") from exc
 
 
 def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any], device: str, architecture: Optional[str]) -> LoadedEntry:
@@ -379,7 +359,7 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
         try:
             model = build(config)
         except Exception as exc:
-            raise UsageError(f"model construction failed: {entry}: {_describe(exc)}") from exc
+            raise UsageError(f"model construction failed: {entry}: {describe(exc)}") from exc
     default_kwargs: Dict[str, InputSpec] = {}
     if seq2seq:
         # the decoder's tokens; generate() would start from one, a forward counts a whole target
@@ -425,7 +405,7 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
         try:
             model = tvm.get_model(name, weights=None, **overrides)
         except Exception as exc:
-            raise UsageError(f"model construction failed: {entry}: {_describe(exc)}") from exc
+            raise UsageError(f"model construction failed: {entry}: {describe(exc)}") from exc
     return LoadedEntry(entry, model, default_specs=(InputSpec((1, 3, 224, 224)),))
 
 

@@ -233,13 +233,13 @@ def test_dynamic_dimension_without_a_recorded_size_names_the_input(files, monkey
     program.example_inputs = None
     monkeypatch.setattr(artifacts, "_symbol_hint", lambda dim: None)
     made = artifacts.artifact_from_program("llama_dynamic.pt2", program, "cpu")
-    assert made.specs == () and made.kw_specs is None
+    assert made.default_specs == () and made.default_kwargs == {}
     assert made.needs_inputs is not None
     assert re.fullmatch(r"llama_dynamic.pt2: dimension 0 of the program's input 'input_ids' is dynamic \(s\w+\) and the program "
                         r"records no size for it; give the input's shape with --input \(e\.g\. --input NxN:int64\)", made.needs_inputs)
     # with --input it counts
-    assert made.fit is not None
-    specs, kwargs = made.fit([], {"input_ids": artifacts.InputSpec((2, 8), torch.int64)})
+    assert made.fit_specs is not None
+    specs, kwargs = made.fit_specs([], {"input_ids": artifacts.InputSpec((2, 8), torch.int64)})
     assert specs == [] and kwargs["input_ids"].shape == (2, 8)
 
 
