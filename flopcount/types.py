@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from math import prod
-from typing import Any, Callable, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
 #: The pass an op ran in: the forward, autograd's backward, or one optimizer step after it.
 Phase = Literal["forward", "backward", "optimizer"]
@@ -32,6 +32,22 @@ class Status(str, Enum):
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+    @staticmethod
+    def of(lines: Iterable[Any], allow_incomplete: bool = False) -> Status:
+        """The verdict of lines that each have a ``status`` and ``passed`` (a budget's, the
+        baseline gate's): FAIL when one certainly failed; else INCOMPLETE when one rests on an
+        incomplete count (unless ``allow_incomplete``); else UNDECIDED when one cannot be
+        decided without measuring; else FAIL when one failed as counted; else PASS."""
+        lines = list(lines)
+        statuses = {line.status for line in lines}
+        if Status.FAIL in statuses:
+            return Status.FAIL
+        if not allow_incomplete and Status.INCOMPLETE in statuses:
+            return Status.INCOMPLETE
+        if Status.UNDECIDED in statuses:
+            return Status.UNDECIDED
+        return Status.PASS if all(line.passed for line in lines) else Status.FAIL
 
 
 #: What a diagnostic says about a count: an op without a handler ran (``unsupported``), the

@@ -22,7 +22,7 @@ import csv
 import io
 import math
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
@@ -182,14 +182,9 @@ class BudgetReport:
     def status(self) -> Status:
         """FAIL when a budget is certainly exceeded; else INCOMPLETE when a counted budget
         (FLOPs, MACs) rests on an incomplete count (unless ``allow_incomplete``); else
-        FAIL when a budget is exceeded as counted; else PASS."""
-        if any(line.status == Status.FAIL for line in self.lines):
-            return Status.FAIL
-        if not self.allow_incomplete and any(line.status == Status.INCOMPLETE for line in self.lines):
-            return Status.INCOMPLETE
-        if any(line.status == Status.UNDECIDED for line in self.lines):
-            return Status.UNDECIDED
-        return Status.PASS if all(line.passed for line in self.lines) else Status.FAIL
+        FAIL when a budget is exceeded as counted; else PASS (UNDECIDED: a latency lower bound
+        within its limit)."""
+        return Status.of(self.lines, self.allow_incomplete)
 
     @property
     def passed(self) -> bool:
@@ -239,19 +234,7 @@ class BudgetReport:
             "allow_incomplete": self.allow_incomplete,
             "incomplete_reasons": list(self.incomplete_reasons),
             "exceeded": [line.name for line in self.exceeded],
-            "lines": [
-                {
-                    "name": line.name,
-                    "limit": line.limit,
-                    "actual": line.actual,
-                    "unit": line.unit,
-                    "bound": line.bound,
-                    "basis": line.basis,
-                    "passed": line.passed,
-                    "status": str(line.status),
-                }
-                for line in self.lines
-            ],
+            "lines": [{**asdict(line), "passed": line.passed, "status": str(line.status)} for line in self.lines],
         }
 
     def table(self, fmt: str = "simple") -> str:

@@ -33,8 +33,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from flopcount.cli.entry import LoadedEntry, config_with, describe
-from flopcount.cli.specs import InputSpec, dtype_name
+from flopcount.cli.output import describe
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, dtype_name
 from flopcount.errors import UsageError
 
 # suffixes that make an ENTRY without ':attr' a file to read (any other existing file too)

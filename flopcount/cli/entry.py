@@ -28,15 +28,15 @@ import importlib.util
 import inspect
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
 
 from flopcount.cli.deadline import CommandTimeout
-from flopcount.cli.specs import InputSpec
+from flopcount.cli.output import describe
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, did_you_mean
 from flopcount.errors import UsageError
 
 ENTRY_HELP = (
@@ -46,29 +46,6 @@ ENTRY_HELP = (
 HF_PREFIXES = ("hf:", "transformers:")
 TV_PREFIXES = ("tv:", "torchvision:")
 EXAMPLE_PREFIXES = ("example:",)
-
-
-@dataclass
-class LoadedEntry:
-    """A model ready to run, plus what the ENTRY said about its inputs.
-
-    ``inputs``/``kwargs``: example inputs returned by a factory (None when it gave
-    none); ``default_specs``: inputs to make when neither the factory nor the command
-    line gave any (token ids for transformers models, an image for torchvision, an
-    exported program's own input shapes). ``fit_specs``: checks the command line's SPECs
-    against what the ENTRY takes and places them (an exported program's inputs);
-    ``needs_inputs``: the error when no inputs are given at all (TorchScript);
-    ``no_jit``: why ``--tracer jit`` cannot run this model."""
-
-    entry: str
-    model: nn.Module
-    inputs: Any = None
-    kwargs: Optional[Dict[str, Any]] = None
-    default_specs: Tuple[InputSpec, ...] = ()
-    default_kwargs: Dict[str, InputSpec] = field(default_factory=dict)
-    fit_specs: Optional[Callable[[Sequence[InputSpec], Dict[str, InputSpec]], Tuple[List[InputSpec], Dict[str, InputSpec]]]] = None
-    needs_inputs: Optional[str] = None
-    no_jit: Optional[str] = None
 
 
 def load_entry(
@@ -119,7 +96,7 @@ def _import_target(text: str) -> Any:
     for part in attr.split("."):
         if not hasattr(obj, part):
             where = f"{module_part}:{'.'.join(walked)}" if walked else module_part
-            hint = _did_you_mean(part, [n for n in dir(obj) if not n.startswith("_")])
+            hint = did_you_mean(part, [n for n in dir(obj) if not n.startswith("_")])
             raise UsageError(f"bad ENTRY {text!r}: {where} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
         walked.append(part)
@@ -242,23 +219,6 @@ def _build_device(device: str) -> Iterator[None]:
         yield
 
 
-def _did_you_mean(word: str, names: Iterable[str]) -> str:
-    """``"; did you mean a, b?"`` with up to three names close to ``word`` (``""`` when none is)."""
-    close = difflib.get_close_matches(word, list(names), n=3)
-    return f"; did you mean {', '.join(close)}?" if close else ""
-
-
-def describe(exc: BaseException) -> str:
-    """``TypeName: the message`` on one line (the artifacts' and the user's code's failures)."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _describe_short(exc: BaseException) -> str:
-    """The exception's own message, one line (a validator's class name adds nothing)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
     if inputs is None and kwargs is None:
         return inputs, kwargs
@@ -289,7 +249,7 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         config, architecture = local_hf_config(entry, model_type, overrides)
         return _hf_model(entry, config, str(config.model_type), overrides, device, architecture)
     if model_type not in CONFIG_MAPPING_NAMES:
-        hint = _did_you_mean(model_type, CONFIG_MAPPING_NAMES)
+        hint = did_you_mean(model_type, CONFIG_MAPPING_NAMES)
         raise UsageError(
             f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint} "
             f"(a local folder or config.json is hf:./PATH)"
@@ -300,23 +260,6 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         raise UsageError(f"model construction failed: the default config of {entry}: {describe(exc)}") from exc
     config = config_with(config, overrides, lambda **values: AutoConfig.for_model(model_type, **values))
     return _hf_model(entry, config, model_type, overrides, device, None)
-
-
-def config_with(config: Any, overrides: Dict[str, Any], rebuild: Callable[..., Any]) -> Any:
-    """A Hugging Face ``config`` with the ``--config`` overrides: built again by ``rebuild(**overrides)``,
-    so values derived from them (head_dim from hidden_size) follow. A key the config lacks, or a value
-    it rejects (transformers 5 validates field types: StrictDataclassFieldValidationError), is a UsageError."""
-    for key, value in overrides.items():
-        if not hasattr(config, key):
-            hint = _did_you_mean(key, [k for k in config.to_dict() if not k.startswith("_")])
-            raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
-    if not overrides:
-        return config
-    try:
-        return rebuild(**overrides)
-    except Exception as exc:
-        shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
-        raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {_describe_short(exc)}") from exc
 
 
 def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any], device: str, architecture: Optional[str]) -> LoadedEntry:
@@ -399,7 +342,7 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
         raise UsageError(f"{entry} needs the torchvision package: pip install torchvision") from exc
     known = tvm.list_models()
     if name not in known:
-        hint = _did_you_mean(name, known)
+        hint = did_you_mean(name, known)
         raise UsageError(f"bad ENTRY {entry!r}: torchvision has no model {name!r}{hint}")
     with _build_device(device):
         try:

@@ -1,16 +1,19 @@
 """Text the CLI accepts, parsed into plain data: input SPECs (``1x3x224x224:float16``)
-and ``key=value`` options; plus making example tensors from SPECs (token ids within the
-embedding's range). Quantities (``25M``) are parsed by :func:`flopcount.budget.check.parse_quantity`."""
+and ``key=value`` options (``--config`` applied to a Hugging Face config: :func:`config_with`);
+what a loaded ENTRY says about its inputs (:class:`LoadedEntry`); plus making example tensors
+from SPECs (token ids within the embedding's range). Quantities (``25M``) are parsed by :func:`flopcount.budget.check.parse_quantity`."""
 
 from __future__ import annotations
 
+import difflib
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
+from flopcount.cli.output import describe_short
 from flopcount.errors import UsageError
 
 DTYPES: Dict[str, torch.dtype] = {
@@ -175,6 +178,52 @@ def _typed(value: str) -> Any:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
     return value
+
+
+@dataclass
+class LoadedEntry:
+    """A model ready to run, plus what the ENTRY said about its inputs.
+
+    ``inputs``/``kwargs``: example inputs returned by a factory (None when it gave
+    none); ``default_specs``: inputs to make when neither the factory nor the command
+    line gave any (token ids for transformers models, an image for torchvision, an
+    exported program's own input shapes). ``fit_specs``: checks the command line's SPECs
+    against what the ENTRY takes and places them (an exported program's inputs);
+    ``needs_inputs``: the error when no inputs are given at all (TorchScript);
+    ``no_jit``: why ``--tracer jit`` cannot run this model."""
+
+    entry: str
+    model: nn.Module
+    inputs: Any = None
+    kwargs: Optional[Dict[str, Any]] = None
+    default_specs: Tuple[InputSpec, ...] = ()
+    default_kwargs: Dict[str, InputSpec] = field(default_factory=dict)
+    fit_specs: Optional[Callable[[Sequence[InputSpec], Dict[str, InputSpec]], Tuple[List[InputSpec], Dict[str, InputSpec]]]] = None
+    needs_inputs: Optional[str] = None
+    no_jit: Optional[str] = None
+
+
+def config_with(config: Any, overrides: Dict[str, Any], rebuild: Callable[..., Any]) -> Any:
+    """A Hugging Face ``config`` with the ``--config`` overrides: built again by ``rebuild(**overrides)``,
+    so values derived from them (head_dim from hidden_size) follow. A key the config lacks, or a value
+    it rejects (transformers 5 validates field types: StrictDataclassFieldValidationError), is a UsageError."""
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            hint = did_you_mean(key, [k for k in config.to_dict() if not k.startswith("_")])
+            raise UsageError(f"--config {key}={value}: {type(config).__name__} has no key {key!r}{hint}")
+    if not overrides:
+        return config
+    try:
+        return rebuild(**overrides)
+    except Exception as exc:
+        shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+        raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {describe_short(exc)}") from exc
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """``"; did you mean a, b?"`` with up to three names close to ``word`` (``""`` when none is)."""
+    close = difflib.get_close_matches(word, list(names), n=3)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 # --------------------------------------------------------------------------- tensors

@@ -185,11 +185,7 @@ class GrowthReport:
         """FAIL when a metric certainly grew past its allowance; else INCOMPLETE when a
         counted metric rests on an incomplete count (unless ``allow_incomplete``); else
         FAIL when one grew past it as counted; else PASS."""
-        if any(line.status == Status.FAIL for line in self.lines):
-            return Status.FAIL
-        if not self.allow_incomplete and any(line.status == Status.INCOMPLETE for line in self.lines):
-            return Status.INCOMPLETE
-        return Status.PASS if all(line.passed for line in self.lines) else Status.FAIL
+        return Status.of(self.lines, self.allow_incomplete)
 
     @property
     def exceeded(self) -> Tuple[GrowthLine, ...]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from tabulate import tabulate
 
 from flopcount.core.rendering import renders
+from flopcount.diffs.result import MODULE_METRICS, OPERATOR_METRICS
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
 from flopcount.units import escape_markdown, format_bytes, format_count, format_seconds
 
@@ -63,12 +64,18 @@ def percent(row: Change, metric: str) -> str:
     return "new" if delta else "-"
 
 
-def _module_rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
+def _rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
+    """A module row (name, type, status, Δ params) or an operator row (name, status, Δ calls),
+    then Δ MACs, FLOPs of A and of B, Δ FLOPs, Δ FLOPs % and Δ bytes."""
     out = []
     for row in rows:
-        name = (row.name or "(model)") + (f" (x{row.repeats})" if row.repeats > 1 else "")
-        cells = [
-            name, row.type_name, row.status, signed("params", row.delta("params")), signed("macs", row.delta("macs")),
+        if row.kind == "module":
+            name = (row.name or "(model)") + (f" (x{row.repeats})" if row.repeats > 1 else "")
+            cells = [name, row.type_name, row.status, signed("params", row.delta("params"))]
+        else:
+            cells = [row.name, row.status, signed("count", row.delta("count"))]
+        cells += [
+            signed("macs", row.delta("macs")),
             show("flops", row.before("flops") if row.a is not None else None), show("flops", row.after("flops") if row.b is not None else None),
             signed("flops", row.delta("flops")), percent(row, "flops"), signed("bytes", row.delta("bytes")),
         ]
@@ -78,18 +85,6 @@ def _module_rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
 
 _MODULE_HEADERS = ["Module", "Type", "Status", "Δ Params", "Δ MACs", "FLOPs A", "FLOPs B", "Δ FLOPs", "Δ FLOPs %", "Δ Bytes"]
 _MODULE_ALIGN = ("left", "left", "left", "right", "right", "right", "right", "right", "right", "right")
-
-
-def _operator_rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
-    out = []
-    for row in rows:
-        cells = [
-            row.name, row.status, signed("count", row.delta("count")), signed("macs", row.delta("macs")),
-            show("flops", row.before("flops") if row.a is not None else None), show("flops", row.after("flops") if row.b is not None else None),
-            signed("flops", row.delta("flops")), percent(row, "flops"), signed("bytes", row.delta("bytes")),
-        ]
-        out.append([escape_markdown(c) for c in cells] if markdown else cells)
-    return out
 
 
 _OPERATOR_HEADERS = ["Operator", "Status", "Δ Calls", "Δ MACs", "FLOPs A", "FLOPs B", "Δ FLOPs", "Δ FLOPs %", "Δ Bytes"]
@@ -153,10 +148,10 @@ def diff_table(diff: DiffResult, max_depth: Optional[int] = None, top: Optional[
         title = f"Top {len(rows)} module changes" if top is not None else f"Changed modules ({len(rows)})"
         unchanged = diff.counts()["unchanged"]
         parts += ["", title + (f"; {unchanged} unchanged not shown" if unchanged and top is None else ""),
-                  _table(_module_rows(rows, False), headers=_MODULE_HEADERS, colalign=_MODULE_ALIGN)]
+                  _table(_rows(rows, False), headers=_MODULE_HEADERS, colalign=_MODULE_ALIGN)]
     ops = [row for row in diff.operators if row.changed]
     if operators and ops:
-        parts += ["", f"Changed operators ({len(ops)})", _table(_operator_rows(ops, False), headers=_OPERATOR_HEADERS, colalign=_OPERATOR_ALIGN)]
+        parts += ["", f"Changed operators ({len(ops)})", _table(_rows(ops, False), headers=_OPERATOR_HEADERS, colalign=_OPERATOR_ALIGN)]
     parts += [""] + _notes(diff) + ["Δ = B - A; " + CONVENTION]
     return "\n".join(parts)
 
@@ -173,16 +168,16 @@ def diff_markdown(diff: DiffResult, max_depth: Optional[int] = None, top: int = 
     best = diff.top_changes(top, max_depth)
     if best:
         parts += [f"#### Top {len(best)} module changes",
-                  _table(_module_rows(best, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
+                  _table(_rows(best, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
     every = diff.changed_modules(max_depth)
     if every:
         parts.append(f"<details><summary>All changed modules ({len(every)})</summary>\n\n"
-                     + _table(_module_rows(every, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)
+                     + _table(_rows(every, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)
                      + "\n\n</details>")
     ops = [row for row in diff.operators if row.changed]
     if ops:
         parts.append(f"<details><summary>Changed operators ({len(ops)})</summary>\n\n"
-                     + _table(_operator_rows(ops, True), headers=_OPERATOR_HEADERS, tablefmt="github", colalign=_OPERATOR_ALIGN)
+                     + _table(_rows(ops, True), headers=_OPERATOR_HEADERS, tablefmt="github", colalign=_OPERATOR_ALIGN)
                      + "\n\n</details>")
     notes = [f"- {escape_markdown(n)}" for n in _notes(diff)]
     if notes:
@@ -222,10 +217,10 @@ def diff_to_dict(diff: DiffResult, max_depth: Optional[int] = None) -> Dict[str,
         "a_incomplete": list(diff.a_incomplete),
         "b_incomplete": list(diff.b_incomplete),
         "modules": [
-            {"name": row.name, "type": row.type_name, "depth": row.depth, "status": row.status, **_values(row, ("params", "macs", "flops", "bytes"))}
+            {"name": row.name, "type": row.type_name, "depth": row.depth, "status": row.status, **_values(row, MODULE_METRICS)}
             for row in diff.modules if max_depth is None or row.depth <= max_depth
         ],
-        "operators": [{"name": row.name, "status": row.status, **_values(row, ("count", "macs", "flops", "bytes"))} for row in diff.operators],
+        "operators": [{"name": row.name, "status": row.status, **_values(row, OPERATOR_METRICS)} for row in diff.operators],
     }
 
 
@@ -237,7 +232,7 @@ def diff_to_csv(diff: DiffResult, max_depth: Optional[int] = None) -> str:
     writer.writerow(["kind", "name", "type", "depth", "status"] + [f"{m}_{s}" for m in _CSV_METRICS for s in ("a", "b", "delta")])
     rows = [diff.totals] + [m for m in diff.modules if max_depth is None or m.depth <= max_depth] + list(diff.operators)
     for row in rows:
-        present = diff.metrics if row.kind == "total" else _row_metrics(row)
+        present = {"total": diff.metrics, "module": MODULE_METRICS, "operator": OPERATOR_METRICS}[row.kind]
         cells: List[Any] = [row.kind, row.name, row.type_name, row.depth if row.kind == "module" else "", row.status]
         for m in _CSV_METRICS:
             if m in present:
@@ -249,14 +244,6 @@ def diff_to_csv(diff: DiffResult, max_depth: Optional[int] = None) -> str:
                 cells += ["", "", ""]
         writer.writerow(cells)
     return out.getvalue()
-
-
-def _row_metrics(row: Change) -> Sequence[str]:
-    if row.kind == "module":
-        return ("params", "macs", "flops", "bytes")
-    if row.kind == "operator":
-        return ("count", "macs", "flops", "bytes")
-    return ()
 
 
 @renders("GrowthReport", "table")
