@@ -384,11 +384,12 @@ def flopcount_table(path: Path) -> Optional[Dict[str, Any]]:
     or the table is missing; malformed TOML raises :class:`UsageError` naming the file."""
     if not path.is_file():
         return None
-    toml = _toml_module()
+    import tomllib  # the standard library's from Python 3.11, the oldest flopcount supports
+
     try:
         with open(path, "rb") as fh:
-            document = toml.load(fh)
-    except toml.TOMLDecodeError as exc:
+            document = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not valid UTF-8 (byte {exc.start}): TOML files must be UTF-8") from exc
@@ -403,18 +404,3 @@ def flopcount_table(path: Path) -> Optional[Dict[str, Any]]:
     if not isinstance(table, Mapping):
         raise UsageError(f"{path}: [tool.flopcount] must be a table, got {type(table).__name__}")
     return dict(table)
-
-
-def _toml_module() -> Any:
-    try:
-        import tomllib  # Python >= 3.11
-
-        return tomllib
-    except ImportError:
-        pass
-    try:
-        import tomli
-
-        return tomli
-    except ImportError as exc:
-        raise UsageError("reading pyproject.toml needs Python >= 3.11 or the tomli package (pip install tomli)") from exc

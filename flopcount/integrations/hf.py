@@ -310,20 +310,28 @@ class _Run:
     code: Any
 
 
-def _running_loop(callback: FlopcountCallback) -> Optional[_Run]:
-    """The frame that called the CallbackHandler's ``on_train_begin`` (the Trainer's loop),
-    found on the call stack; None when the callback was called some other way."""
+def _handler_frame(callback: FlopcountCallback) -> Any:
+    """The frame on the call stack in which a CallbackHandler holding ``callback`` is calling
+    it (``frame.f_locals["self"]`` is that handler), or None."""
     from transformers.trainer_callback import CallbackHandler
 
     frame: Any = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, CallbackHandler) and any(c is callback for c in owner.callbacks):
-            while frame is not None and frame.f_locals.get("self") is owner:
-                frame = frame.f_back
-            return None if frame is None else _Run(threading.get_ident(), id(frame), frame.f_code)
+            return frame
         frame = frame.f_back
     return None
+
+
+def _running_loop(callback: FlopcountCallback) -> Optional[_Run]:
+    """The frame that called the CallbackHandler's ``on_train_begin`` (the Trainer's loop),
+    found on the call stack; None when the callback was called some other way."""
+    frame = _handler_frame(callback)
+    owner = None if frame is None else frame.f_locals["self"]
+    while frame is not None and frame.f_locals.get("self") is owner:
+        frame = frame.f_back
+    return None if frame is None else _Run(threading.get_ident(), id(frame), frame.f_code)
 
 
 def _inside(run: Optional[_Run]) -> bool:
@@ -343,15 +351,12 @@ def _calling_trainer(callback: FlopcountCallback) -> Any:
     """The Trainer whose CallbackHandler is calling ``callback`` now (its ``__init__`` or its
     training loop, found on the call stack), or None."""
     from transformers import Trainer
-    from transformers.trainer_callback import CallbackHandler
 
-    frame: Any = sys._getframe(1)
-    handler = None
+    frame = _handler_frame(callback)
+    handler = None if frame is None else frame.f_locals["self"]
     while frame is not None:
         owner = frame.f_locals.get("self")
-        if handler is None and isinstance(owner, CallbackHandler) and any(c is callback for c in owner.callbacks):
-            handler = owner
-        elif handler is not None and isinstance(owner, Trainer) and getattr(owner, "callback_handler", None) is handler:
+        if isinstance(owner, Trainer) and getattr(owner, "callback_handler", None) is handler:
             return owner
         frame = frame.f_back
     return None
@@ -441,16 +446,10 @@ def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
     keys it adds in ``on_log`` reach them: the Trainer places user callbacks after its
     reporters. The CallbackHandler calling ``on_train_begin`` is found on the call stack; it
     gets a reordered copy of its list, so the list it is iterating is never mutated."""
-    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+    from transformers.trainer_callback import DefaultFlowCallback
 
-    frame = sys._getframe(1)
-    handler = None
-    while frame is not None and handler is None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, CallbackHandler) and any(c is callback for c in candidate.callbacks):
-            handler = candidate
-        frame = frame.f_back  # type: ignore[assignment]
-    if handler is None:
+    frame = _handler_frame(callback)
+    if frame is None:
         warnings.warn(
             "FlopcountCallback: could not find the Trainer's CallbackHandler; reporters listed before this "
             "callback will not receive flopcount/* (state.log_history still does)",
@@ -458,6 +457,7 @@ def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
             stacklevel=3,
         )
         return
+    handler = frame.f_locals["self"]
     others = [c for c in handler.callbacks if c is not callback]
     first = next((i for i, c in enumerate(others) if not isinstance(c, DefaultFlowCallback)), len(others))
     # a new list, bound in place of the old one: the handler is iterating the old list right
