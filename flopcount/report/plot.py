@@ -31,14 +31,21 @@ def require_matplotlib() -> Any:
     return matplotlib
 
 
-def check_plot_path(path: Union[str, Path]) -> None:
-    """Fail early on a file type matplotlib cannot write."""
+def new_figure(**options: Any) -> Any:
+    """A matplotlib ``Figure(**options)`` on its own Agg canvas: no pyplot, no global state."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    figure = Figure(**options)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def check_plot_path(path: Union[str, Path]) -> None:
+    """Fail early on a file type matplotlib cannot write."""
     suffix = Path(path).suffix.lower().lstrip(".")
-    supported = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    supported = new_figure().canvas.get_supported_filetypes()
     if suffix not in supported:
         raise UsageError(f"--plot {path}: unsupported image type {suffix or '(none)'!r}; use one of {', '.join(sorted(supported))}")
 
@@ -138,10 +145,6 @@ def draw_figure(
     p99 marked; with ``budget``, a panel shows each budget's actual value against its limit (a
     line at 100 %) with PASS, FAIL or INCOMPLETE. ``depth=None`` lets the plot choose the
     depth (:func:`choose_depth`)."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     chosen = depth if depth is not None else choose_depth(result, top)
     bars = top_modules(result, top, chosen)
     height = max(3.0, 0.32 * len(bars) + 1.4)
@@ -150,8 +153,7 @@ def draw_figure(
         heights.append(0.45 * len(budget.lines) + 1.3)
     if latencies_ms:
         heights.append(3.4)
-    figure = Figure(figsize=(10, sum(heights)), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(figsize=(10, sum(heights)), dpi=100, layout="constrained")
     grid = figure.add_gridspec(len(heights), 1, height_ratios=heights)
 
     ax = figure.add_subplot(grid[0])
@@ -228,14 +230,10 @@ def draw_sunburst(result: FlopResult, *, max_depth: int = 3, title: str = "") ->
     """FLOPs by module as rings: the model in the middle, depth ``d`` on ring ``d``; a
     wedge's angle is the module's share of the total, under its parent's wedge. The part
     of a parent no child accounts for (its own ops) stays blank."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    figure = new_figure(figsize=(9, 9), dpi=100, layout="constrained")
     from matplotlib.patches import Wedge
 
     total = result.flops
-    figure = Figure(figsize=(9, 9), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
     ax = figure.add_subplot()
     ax.set_aspect("equal")
     ax.axis("off")

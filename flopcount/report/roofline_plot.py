@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Union
 
 from flopcount.core.rendering import renders
-from flopcount.report.plot import require_matplotlib
+from flopcount.report.plot import new_figure
 from flopcount.units import format_count
 
 if TYPE_CHECKING:
@@ -95,13 +95,8 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
     """The matplotlib Figure (not saved): the roofline of the ops with FLOPs and, beside it
     when there are any, a panel for the ops with none (gathers, copies, embedding), placed by
     bytes moved and bandwidth reached under the bandwidth roof."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     moving = _moving(result, by)
-    figure = Figure(figsize=(14, 6) if moving else (8.5, 6), dpi=110)
-    FigureCanvasAgg(figure)
+    figure = new_figure(figsize=(14, 6) if moving else (8.5, 6), dpi=110)
     ax = figure.add_subplot(1, 2 if moving else 1, 1)
     roofs = result.roofs
     points = _points(result, by)

@@ -89,12 +89,10 @@ def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[in
     """Decode tokens/s ceiling against batch for each result's part, the memory wall (the
     largest batch that fits) drawn as a vertical line in the part's colour; batches past the
     wall dotted and faint (they do not fit)."""
-    import matplotlib
+    from flopcount.report.plot import new_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = new_figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
     top = max([64, *batches, *[(r.max_batch or 0) * 2 for r in results]])
     grid = sorted({*batches, *[2**i for i in range(0, max(1, top).bit_length() + 1)]})
     for index, result in enumerate(results):
@@ -122,4 +120,3 @@ def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[in
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)

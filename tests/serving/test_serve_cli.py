@@ -74,6 +74,21 @@ def test_serve_plot_draws_the_memory_wall(capsys, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_serve_plot_leaves_matplotlib_as_found(capsys, tmp_path):
+    # the serve plot switched the process's backend to Agg (matplotlib.use) and drew through pyplot;
+    # it now draws on its own Agg canvas like every other plot: the backend stays the caller's
+    matplotlib = pytest.importorskip("matplotlib")
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        code, _, err = cli(capsys, "serve", *LLAMA, "--on", "h100", "--prompt", "8", "--new", "3",
+                           "--batch", "1,8", "--plot", str(tmp_path / "serve.png"), "-q")
+        assert code == 0, err
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+
+
 def test_serve_help_lists_its_flags_and_what_the_bound_leaves_out(capsys):
     code, out, _ = cli(capsys, "serve", "--help")
     assert code == 0 and "examples:" in out
