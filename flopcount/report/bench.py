@@ -3,7 +3,7 @@ rows the CLI's ``bench`` command prints."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from flopcount.core.rendering import renders
 from flopcount.units import format_bytes, format_count, format_ms, with_unit
@@ -12,11 +12,20 @@ if TYPE_CHECKING:
     from flopcount.bench.result import BenchmarkResult
 
 
+#: the latency statistics a benchmark reports, in the order they are shown
+_STATS = ("median", "mean", "p90", "p99", "min", "max", "std")
+
+
+def _in_ms(stats: Any) -> Dict[str, float]:
+    """Each of :data:`_STATS` in milliseconds (the data holds seconds; a rendering shows ms)."""
+    return {name: 1e3 * getattr(stats, f"{name}_s") for name in _STATS}
+
+
 @renders("BenchmarkResult", "text")
 def benchmark_text(result: BenchmarkResult) -> str:
     """A few lines: device and mode, the statistics, throughput, achieved FLOP/s, memory, warnings."""
     s = result.stats
-    ms = {name: 1e3 * getattr(s, f"{name}_s") for name in ("median", "mean", "p90", "p99", "min", "max", "std")}
+    ms = _in_ms(s)
     mode = "torch.compile" if result.compiled else "eager"
     lines = [
         f"latency on {result.device} ({result.timing}, {mode}, dtype {result.dtype or 'as model'}, "
@@ -68,8 +77,7 @@ def tail_caveat(n: int) -> str:
 
 #: the unit of each bench row's raw value (``--format csv``'s ``unit`` column)
 BENCH_UNITS = {
-    "median": "ms", "mean": "ms", "p90": "ms", "p99": "ms", "min": "ms", "max": "ms", "std": "ms",
-    "iterations": "calls", "throughput": "samples/s", "FLOPs": "FLOPs", "MACs": "MACs", "params": "parameters",
+    **dict.fromkeys(_STATS, "ms"), "iterations": "calls", "throughput": "samples/s", "FLOPs": "FLOPs", "MACs": "MACs", "params": "parameters",
     "achieved": "FLOP/s", "MFU": "fraction of peak",
 }
 
@@ -82,15 +90,10 @@ def bench_unit(label: str) -> str:
 def bench_rows(result: Any, timing: BenchmarkResult) -> List[Tuple[str, str, Any]]:
     """(label, human text, raw value) for each line of the CLI's bench summary (times in ms:
     the data holds seconds, a rendering shows milliseconds)."""
-    ms = {name: 1e3 * getattr(timing, f"{name}_s") for name in ("median", "mean", "p90", "p99", "min", "max", "std")}
-    rows: List[Tuple[str, str, Any]] = [
-        ("median", format_ms(ms["median"]), ms["median"]),
-        ("mean", format_ms(ms["mean"]), ms["mean"]),
-        ("p90", format_ms(ms["p90"]) + tail_note(timing.iters, 90), ms["p90"]),
-        ("p99", format_ms(ms["p99"]) + tail_note(timing.iters, 99), ms["p99"]),
-        ("min", format_ms(ms["min"]), ms["min"]),
-        ("max", format_ms(ms["max"]), ms["max"]),
-        ("std", format_ms(ms["std"]), ms["std"]),
+    ms = _in_ms(timing)
+    tails = {"p90": tail_note(timing.iters, 90), "p99": tail_note(timing.iters, 99)}
+    rows: List[Tuple[str, str, Any]] = [(name, format_ms(ms[name]) + tails.get(name, ""), ms[name]) for name in _STATS]
+    rows += [
         ("iterations", str(timing.iters), timing.iters),
         ("throughput", f"{timing.throughput:.1f} samples/s ({batch_text(timing)})", timing.throughput),
         ("FLOPs", with_unit(result.flops, "FLOPs"), result.flops),

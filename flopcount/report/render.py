@@ -27,11 +27,9 @@ def _json(data: Dict[str, Any]) -> str:
     return json.dumps(data, indent=2)
 
 
-def result_dict(result: FlopResult, entry: str) -> Dict[str, Any]:
-    """The result's JSON data with the ENTRY it was counted from first."""
-    data: Dict[str, Any] = {"entry": entry}
-    data.update(result.to_dict())
-    return data
+def result_dict(result: Any, entry: str) -> Dict[str, Any]:
+    """A reading's JSON data (``to_dict()``) with the ENTRY it was counted from first."""
+    return {"entry": entry, **result.to_dict()}
 
 
 def render_count(
@@ -162,9 +160,7 @@ def render_generation(result: GenerationResult, fmt: str, *, entry: str) -> str:
     from flopcount.report.generation import generation_table
 
     if fmt == "json":
-        data: Dict[str, Any] = {"entry": entry}
-        data.update(result.to_dict())
-        return _json(data)
+        return _json(result_dict(result, entry))
     if fmt == "csv":
         rows = [f"prefill,,{result.prefill.macs},{result.prefill.flops}"]
         rows += [f"decode,{i},{s.macs},{s.flops}" for i, s in enumerate(result.steps)]
