@@ -34,18 +34,10 @@ def write_tensorboard(
     """Write ``result`` (a FlopResult) as TensorBoard scalars (:func:`count_scalars`) and
     text (the module table and the operator table, as markdown) into ``log_dir``; returns
     the scalars written. Needs the ``tensorboard`` package (``pip install flopcount[tensorboard]``)."""
-    writer_type = summary_writer()
     scalars = count_scalars(result, max_depth=max_depth, prefix=prefix)
-    writer = writer_type(log_dir=log_dir)
-    try:
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, global_step=step)
-        title = f"**{label}**\n\n" if label else ""
-        writer.add_text(f"{prefix}/modules", title + result.to_markdown(max_depth=max_depth), global_step=step)
-        writer.add_text(f"{prefix}/operators", _operator_markdown(result), global_step=step)
-    finally:
-        writer.close()
-    return scalars
+    title = f"**{label}**\n\n" if label else ""
+    texts = {f"{prefix}/modules": title + result.to_markdown(max_depth=max_depth), f"{prefix}/operators": _operator_markdown(result)}
+    return _write(log_dir, scalars, texts, step)
 
 
 def profile_scalars(result: Any, top: int = 10, prefix: str = "flopcount/profile") -> Dict[str, float]:
@@ -70,21 +62,25 @@ def write_profile_tensorboard(result: Any, log_dir: str, *, label: str = "", top
     scalars, ``table`` (the profile table, markdown) as text, and, when the result kept its
     trace, the Chrome trace with each op's FLOPs and efficiency under ``log_dir/profile/``
     (``*.pt.trace.json``), which the PyTorch Profiler plugin (torch-tb-profiler) lists as a run."""
-    writer_type = summary_writer()
-    scalars = profile_scalars(result, top=top)
-    writer = writer_type(log_dir=log_dir)
-    try:
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, global_step=0)
-        if table:
-            title = f"**{label}**\n\n" if label else ""
-            writer.add_text("flopcount/profile/operators", title + table, global_step=0)
-    finally:
-        writer.close()
+    title = f"**{label}**\n\n" if label else ""
+    scalars = _write(log_dir, profile_scalars(result, top=top), {"flopcount/profile/operators": title + table} if table else {})
     if getattr(result, "trace", None) is not None:
         run_dir = Path(log_dir) / "profile"
         run_dir.mkdir(parents=True, exist_ok=True)
         result.export_chrome_trace(str(run_dir / "flopcount.pt.trace.json"))
+    return scalars
+
+
+def _write(log_dir: str, scalars: Dict[str, float], texts: Dict[str, str], step: int = 0) -> Dict[str, float]:
+    """``scalars`` and ``texts`` (tag -> markdown) written at ``step`` into ``log_dir``; returns ``scalars``."""
+    writer = summary_writer()(log_dir=log_dir)
+    try:
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, global_step=step)
+        for tag, text in texts.items():
+            writer.add_text(tag, text, global_step=step)
+    finally:
+        writer.close()
     return scalars
 
 
