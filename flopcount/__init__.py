@@ -73,102 +73,67 @@ _EXPORTS: Dict[str, str] = {
     "ServeResult": "serving",
 }
 
-__all__ = [
-    "BenchmarkResult",
-    "Budget",
-    "BudgetReport",
-    "Cost",
-    "Diagnostic",
-    "DiffResult",
-    "FlopResult",
-    "FlopcountError",
-    "FlopcountWarning",
-    "GenerationResult",
-    "GrowthReport",
-    "HandlerError",
-    "HandlerRegistry",
-    "LatencyStats",
-    "MemoryEstimate",
-    "ModuleLatency",
-    "ModuleLatencyResult",
-    "OpCall",
-    "OpTotals",
-    "PlanResult",
-    "ParamSummary",
-    "PredictResult",
-    "ProfileResult",
-    "Roofs",
-    "ServeResult",
-    "StepSummary",
-    "Status",
-    "StepTimer",
-    "StepTiming",
-    "TensorMeta",
-    "TraceError",
-    "UnsupportedOp",
-    "UnsupportedOpError",
-    "UnsupportedOpsWarning",
-    "UsageError",
-    "benchmark",
-    "check_budget",
-    "check_result",
-    "compute_stats",
-    "count_flops",
-    "count_generation",
-    "default_registry",
-    "diff",
-    "estimate_memory",
-    "load_budget_file",
-    "load_report",
-    "module_latency",
-    "parse_bytes",
-    "parse_quantity",
-    "peaks",
-    "predict",
-    "profile",
-    "plan",
-    "register_handler",
-    "serve",
-    "summarize_parameters",
-]
+#: the public names: one list, read by ``from flopcount import *``, ``dir()`` and the docs; the
+#: imports below make each a typed re-export (``import X as X``) for mypy and pyright
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .bench import (
-        BenchmarkResult,
-        LatencyStats,
-        ModuleLatency,
-        ModuleLatencyResult,
-        StepSummary,
-        StepTimer,
-        StepTiming,
-        benchmark,
-        compute_stats,
-        module_latency,
-        peaks,
-    )
-    from .budget import Budget, BudgetReport, check_budget, check_result, load_budget_file, parse_bytes, parse_quantity
-    from .core.params import summarize_parameters
-    from .core.registry import HandlerRegistry
-    from .core.results import FlopResult, OpTotals, UnsupportedOp, load_report
-    from .counting import count_flops
-    from .devices.roofline import Roofs
-    from .diffs import DiffResult, GrowthReport, diff
-    from .errors import (
-        FlopcountError,
-        FlopcountWarning,
-        HandlerError,
-        TraceError,
-        UnsupportedOpError,
-        UnsupportedOpsWarning,
-        UsageError,
-    )
-    from .generation import GenerationResult, count_generation
-    from .handlers import default_registry, register_handler
-    from .memory import MemoryEstimate, estimate_memory
-    from .planning import PlanResult, plan
-    from .profiling import PredictResult, ProfileResult, predict, profile
-    from .serving import ServeResult, serve
-    from .types import Cost, Diagnostic, OpCall, ParamSummary, Status, TensorMeta
+    from .bench import BenchmarkResult as BenchmarkResult
+    from .bench import LatencyStats as LatencyStats
+    from .bench import ModuleLatency as ModuleLatency
+    from .bench import ModuleLatencyResult as ModuleLatencyResult
+    from .bench import StepSummary as StepSummary
+    from .bench import StepTimer as StepTimer
+    from .bench import StepTiming as StepTiming
+    from .bench import benchmark as benchmark
+    from .bench import compute_stats as compute_stats
+    from .bench import module_latency as module_latency
+    from .bench import peaks as peaks
+    from .budget import Budget as Budget
+    from .budget import BudgetReport as BudgetReport
+    from .budget import check_budget as check_budget
+    from .budget import check_result as check_result
+    from .budget import load_budget_file as load_budget_file
+    from .budget import parse_bytes as parse_bytes
+    from .budget import parse_quantity as parse_quantity
+    from .core.params import summarize_parameters as summarize_parameters
+    from .core.registry import HandlerRegistry as HandlerRegistry
+    from .core.results import FlopResult as FlopResult
+    from .core.results import OpTotals as OpTotals
+    from .core.results import UnsupportedOp as UnsupportedOp
+    from .core.results import load_report as load_report
+    from .counting import count_flops as count_flops
+    from .devices.roofline import Roofs as Roofs
+    from .diffs import DiffResult as DiffResult
+    from .diffs import GrowthReport as GrowthReport
+    from .diffs import diff as diff
+    from .errors import FlopcountError as FlopcountError
+    from .errors import FlopcountWarning as FlopcountWarning
+    from .errors import HandlerError as HandlerError
+    from .errors import TraceError as TraceError
+    from .errors import UnsupportedOpError as UnsupportedOpError
+    from .errors import UnsupportedOpsWarning as UnsupportedOpsWarning
+    from .errors import UsageError as UsageError
+    from .generation import GenerationResult as GenerationResult
+    from .generation import count_generation as count_generation
+    from .handlers import default_registry as default_registry
+    from .handlers import register_handler as register_handler
+    from .memory import MemoryEstimate as MemoryEstimate
+    from .memory import estimate_memory as estimate_memory
+    from .planning import PlanResult as PlanResult
+    from .planning import plan as plan
+    from .profiling import PredictResult as PredictResult
+    from .profiling import ProfileResult as ProfileResult
+    from .profiling import predict as predict
+    from .profiling import profile as profile
+    from .serving import ServeResult as ServeResult
+    from .serving import serve as serve
+    from .types import Cost as Cost
+    from .types import Diagnostic as Diagnostic
+    from .types import OpCall as OpCall
+    from .types import ParamSummary as ParamSummary
+    from .types import Status as Status
+    from .types import TensorMeta as TensorMeta
 
 
 #: 0.2 names kept for one release: name -> (its new spelling, the module that defines it, the

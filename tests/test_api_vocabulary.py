@@ -418,3 +418,24 @@ def test_profile_diagnostics_are_its_warnings() -> None:
     noted = dataclasses.replace(result, warnings=("w", "w"))
     assert noted.diagnostics() == (Diagnostic("warning", "w"),)
     assert [d.text for d in result.diagnostics()] == list(dict.fromkeys(result.warnings))
+
+
+def test_every_public_name_is_one_typed_re_export() -> None:
+    """Issue #27: ``flopcount/__init__.py`` listed the public names three times (``_EXPORTS``, a
+    literal ``__all__``, the typing imports). ``__all__`` is now ``_EXPORTS``'s names, and each
+    name's typing import is the explicit re-export form (``from .m import X as X``), which mypy
+    --strict and pyright read without a literal ``__all__``: the two lists must name the same set."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(flopcount.__file__)).read_text())
+    typed = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom), ast.dump(imp)
+                for alias in imp.names:
+                    assert alias.asname == alias.name, f"{alias.name} is not re-exported as itself"
+                    typed[alias.name] = imp.module
+    assert set(typed) == set(flopcount._EXPORTS) == set(flopcount.__all__)
+    assert flopcount.__all__ == sorted(flopcount.__all__)
