@@ -46,11 +46,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             args.stdout = sys.stdout  # the report's stream; the model's own prints go to stderr
             with contextlib.redirect_stdout(sys.stderr), deadline(args, args.timeout):
-                return COMMANDS[args.command_name](args)
+                return COMMANDS[args.command](args)
     except CommandTimeout as exc:
         if args.debug:
             traceback.print_exc()
-        say(one_line(f"--timeout {exc.seconds:g}: flopcount {args.command_name} stopped after {exc.seconds:g} s "
+        say(one_line(f"--timeout {exc.seconds:g}: flopcount {args.command} stopped after {exc.seconds:g} s "
                      f"while {exc.what} was still running"), "error")
         return EXIT_USAGE
     except KeyboardInterrupt:

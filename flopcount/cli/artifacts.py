@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from flopcount.cli.output import describe
-from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, dtype_name
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, dtype_name, make_tensor
 from flopcount.errors import UsageError
 
 # suffixes that make an ENTRY without ':attr' a file to read (any other existing file too)
@@ -340,7 +340,7 @@ def artifact_from_program(entry: str, program: Any, device: str, graph_device: O
         return LoadedEntry(entry, model, default_specs=specs, default_kwargs=kw_specs, fit_specs=fit)
     generator = torch.Generator().manual_seed(0)
     made_args, made_kwargs = in_spec.unflatten(  # the leaves in order, each slot made: tree_map's result
-        [_make(_spec(entry, leaf), device, generator) if isinstance(leaf, _Slot) else leaf for leaf in leaves]
+        [make_tensor(_spec(entry, leaf), device=device, generator=generator) if isinstance(leaf, _Slot) else leaf for leaf in leaves]
     )
     # nested inputs: --input cannot say where each tensor goes, so none is taken
     return LoadedEntry(entry, model, inputs=made_args, kwargs=dict(made_kwargs) or None, fit_specs=fit)
@@ -358,13 +358,10 @@ def _as_module(program: Any) -> nn.Module:
 
 def _recorded_inputs(program: Any) -> Optional[List[Any]]:
     """The example inputs saved with the program, flattened (None when none were)."""
-    import torch.utils._pytree as pytree
+    from torch.utils._pytree import tree_leaves
 
     example = getattr(program, "example_inputs", None)
-    if example is None:
-        return None
-    leaves: List[Any] = pytree.tree_leaves(example)
-    return leaves
+    return None if example is None else list(tree_leaves(example))
 
 
 def _symbol_hint(dim: Any) -> Optional[int]:
@@ -407,12 +404,6 @@ def _spec(entry: str, slot: _Slot) -> InputSpec:
             f"{'x'.join(str(d) if isinstance(d, int) else 'N' for d in slot.dims)}:{dtype_name(slot.dtype)})"
         )
     return InputSpec(tuple(int(s) for s in slot.sizes if s is not None), slot.dtype)
-
-
-def _make(spec: InputSpec, device: str, generator: torch.Generator) -> torch.Tensor:
-    from .specs import make_tensor
-
-    return make_tensor(spec, device=device, generator=generator)
 
 
 def _fitter(

@@ -52,7 +52,7 @@ def deadline(args: argparse.Namespace, seconds: Optional[float]) -> Iterator[Non
 
     def expired(signum: int, frame: Any) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        raise CommandTimeout(seconds, getattr(args, "stage", None) or f"flopcount {args.command_name}")
+        raise CommandTimeout(seconds, getattr(args, "stage", None) or f"flopcount {args.command}")
 
     previous = signal.signal(signal.SIGALRM, expired)
     old_timer = signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -190,7 +190,12 @@ The exit code is 0 whatever changed (use check --baseline to gate).
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) instead of usage + message."""
+    """argparse with one-line errors (exit 2) instead of usage + message, and help texts
+    (descriptions, epilogs) printed as written."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -368,12 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``flopcount`` argument parser (count, bench, check, diff, profile, plan, serve, roofs)."""
     from flopcount import __version__
 
-    formatter = argparse.RawDescriptionHelpFormatter
     parser = _Parser(
         prog="flopcount",
         description="FLOPs, MACs, parameters and latency of PyTorch models, per operator and per module.",
         epilog=_MAIN_EPILOG,
-        formatter_class=formatter,
     )
     parser.add_argument("--version", action="version", version=f"flopcount {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -384,7 +387,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=_wrap("Count FLOPs, MACs and parameters of one forward (and optionally backward) pass, per module "
         "and per operator. Convention: 1 MAC = 2 FLOPs; MACs count contraction ops only."),
         epilog=_COUNT_EPILOG,
-        formatter_class=formatter,
     )
     _add_common(count)
     count.add_argument("--backward", action="store_true", help="also count the backward pass of sum(outputs) (dispatch tracer)")
@@ -411,7 +413,6 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--memory", action="store_true",
                         help="also estimate the peak memory of the step (inference, or forward + backward with --backward, "
                         "plus the optimizer step with --optimizer)")
-    count.set_defaults(command_name="count")
 
     bench = commands.add_parser(
         "bench",
@@ -419,11 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=_wrap("Measure the latency of the model's forward: median, mean, p90, p99, min, max, std and "
         "throughput, with FLOPs and achieved FLOP/s."),
         epilog=_BENCH_EPILOG,
-        formatter_class=formatter,
     )
     _add_common(bench)
     _add_timing(bench)
-    bench.set_defaults(command_name="bench")
 
     check = commands.add_parser(
         "check",
@@ -432,7 +431,6 @@ def build_parser() -> argparse.ArgumentParser:
         "budget vs actual with PASS/FAIL/INCOMPLETE; exit 1 when a budget is exceeded, 3 when an incomplete count cannot "
         "decide. Made for CI gates."),
         epilog=_CHECK_EPILOG,
-        formatter_class=formatter,
     )
     _add_common(check, optional_entry=True)
     limits = check.add_argument_group("budgets (K/M/G/T suffixes and 1e9 notation accepted)")
@@ -473,7 +471,6 @@ def build_parser() -> argparse.ArgumentParser:
     sharded = check.add_argument_group("sharded training (with --max-memory: the per-rank peak, as flopcount plan)")
     _add_ranks(sharded)
     _add_timing(check)
-    check.set_defaults(command_name="check")
 
     differ = commands.add_parser(
         "diff",
@@ -483,7 +480,6 @@ def build_parser() -> argparse.ArgumentParser:
         "and (B - A) / A of params, MACs, FLOPs and bytes, the totals also peak memory and latency when both reports "
         "hold them. --format markdown is a pull-request comment."),
         epilog=_DIFF_EPILOG,
-        formatter_class=formatter,
     )
     differ.add_argument("a", metavar="A", help="the before side: an ENTRY (as count takes) or a saved report REPORT.json")
     differ.add_argument("b", metavar="B", help="the after side: an ENTRY or a saved report")
@@ -515,7 +511,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only the N largest module changes (table; markdown shows 10 unless given, the rest folded)")
     _add_format(shown, DIFF_FORMATS, "table (default), markdown, json or csv")
     _add_quiet(shown)
-    differ.set_defaults(command_name="diff")
 
     prof = commands.add_parser(
         "profile",
@@ -523,7 +518,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=_wrap("Profile real steps under torch.profiler and join every op call with its counted FLOPs "
         "and bytes: time, achieved FLOP/s, intensity, roofline bound and efficiency per op, operator or module."),
         epilog=_PROFILE_EPILOG,
-        formatter_class=formatter,
     )
     _add_common(prof, formats=PROFILE_FORMATS)
     shape = prof.add_argument_group("profiling")
@@ -541,7 +535,6 @@ def build_parser() -> argparse.ArgumentParser:
                        "needs flopcount[tensorboard]")
     shape.add_argument("--roofs", metavar="FLOPS,BW", default=None,
                        help="roofs as peak FLOP/s and bandwidth in bytes/s, e.g. 2T,100G (default: measured here, cached)")
-    prof.set_defaults(command_name="profile")
     planner = commands.add_parser(
         "plan",
         help="per-rank FLOPs, memory and communication of FSDP / tensor-parallel training",
@@ -550,7 +543,6 @@ def build_parser() -> argparse.ArgumentParser:
         "rank 0's FLOPs by phase, peak memory, collectives and step-time bounds. See docs/parallel.md."),
         epilog="examples:\n  flopcount plan hf:llama --fsdp 8 --tp 2 --input 1x4096:int64 --on h100 --link nvlink4\n"
         "  flopcount plan hf:llama --config num_hidden_layers=4 --fsdp 64 --tp 8 --link dp=infiniband-ndr,tp=nvlink4",
-        formatter_class=formatter,
     )
     _add_model_args(planner, "one rank's micro-batch", example="1x4096:int64")
     setup = planner.add_argument_group("the cluster")
@@ -569,7 +561,6 @@ def build_parser() -> argparse.ArgumentParser:
     out = planner.add_argument_group("output")
     _add_format(out, ("table", "json", "markdown"), "table (default), json or markdown")
     _add_quiet(out)
-    planner.set_defaults(command_name="plan")
 
     server = commands.add_parser(
         "serve",
@@ -582,7 +573,6 @@ def build_parser() -> argparse.ArgumentParser:
         "paging, the batching policy, kernel launch and host overheads and speculative decoding. See docs/llm.md."),
         epilog="examples:\n  flopcount serve hf:llama --on h100 --prompt 2048 --new 256 --batch 1,8,64\n"
         "  flopcount serve hf:mixtral --dtype bfloat16 --on h100,l4 --weight-dtype int8 --tp 2 --plot serve.png",
-        formatter_class=formatter,
     )
     server.add_argument("entry", metavar="ENTRY", help="the model: hf:MODEL_TYPE, hf:./folder, module:attr, file.py:attr "
                         "(a causal LM or encoder-decoder transformers model; built on the meta device)")
@@ -610,7 +600,6 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--plot", metavar="FILE.png", help="draw the tokens/s ceiling against batch with each part's memory "
                      "wall; needs flopcount[plot]")
     _add_quiet(out)
-    server.set_defaults(command_name="serve")
 
     roofs = commands.add_parser(
         "roofs",
@@ -622,7 +611,6 @@ def build_parser() -> argparse.ArgumentParser:
         "the sanity checks, are shown but never cached. Set FLOPCOUNT_NO_ROOFS_CACHE=1 to neither read nor write "
         "the cache (~/.cache/flopcount/roofs.json). See docs/devices.md."),
         epilog="examples:\n  flopcount roofs\n  flopcount roofs --remeasure\n  flopcount roofs 'H100 NVL' --format json",
-        formatter_class=formatter,
     )
     roofs.add_argument("part", nargs="?", default="this machine", metavar="DEVICE",
                        help="'this machine' (default) or a part: h100, 'H100 NVL', 'A100 40GB PCIe', t4, ...")
@@ -632,7 +620,6 @@ def build_parser() -> argparse.ArgumentParser:
     roofs.add_argument("--no-conv-tf32", action="store_true", help="a part's float32 convolutions in FP32 (torch's default: TF32)")
     _add_format(roofs, ("table", "json"), "table (default) or json")
     _add_quiet(roofs)
-    roofs.set_defaults(command_name="roofs")
     return parser
 
 
