@@ -293,14 +293,16 @@ def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] =
     return estimate_memory(run.model, run.inputs, run.kwargs, backward=backward, optimizer=args.optimizer, dtype=dtype)
 
 
-def _training_mode(run: _Run, args: argparse.Namespace) -> None:
+def _training_mode(run: _Run, args: argparse.Namespace) -> _Run:
     """A training step (--backward, --optimizer) runs in ``train()`` mode: BatchNorm on batch
-    statistics, dropout on; ``--eval`` keeps the model in ``eval()``. The model is the CLI's
-    own (built by ENTRY in eval mode), so switching it changes nothing of the user's."""
-    if getattr(args, "eval_mode", False):
-        return
+    statistics, dropout on; ``--eval`` keeps the model in ``eval()``, and so does inference.
+    The model is the CLI's own (built by ENTRY in eval mode), so switching it changes nothing
+    of the user's. Returns ``run``."""
+    if getattr(args, "eval_mode", False) or not (getattr(args, "backward", False) or getattr(args, "optimizer", None)):
+        return run
     run.model.train()
     progress(args, "the training step runs in train() mode (--eval for eval() mode)")
+    return run
 
 
 def _cast(run: _Run, dtype: Optional[str]) -> _Run:
@@ -330,10 +332,9 @@ def _cmd_count(args: argparse.Namespace) -> int:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
         return count_generation_command(run, args, _emit, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
-    if args.backward or args.optimizer is not None:
-        _training_mode(run, args)
-    elif args.eval_mode:
+    if args.eval_mode and not (args.backward or args.optimizer is not None):
         raise UsageError("--eval applies to a training step: add --backward or --optimizer, or drop --eval")
+    _training_mode(run, args)
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
     estimate = _estimate_memory(run, args) if args.memory else None
     extra = {"memory": estimate.to_dict()} if estimate is not None else None
@@ -430,8 +431,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     wants_estimate = (budget.needs_memory and not sharded) or gate_memory
     estimate = None
     if wants_estimate:
-        if args.backward or args.optimizer is not None:
-            _training_mode(run, args)  # after the count: FLOPs budgets are of one inference forward
+        _training_mode(run, args)  # after the count: FLOPs budgets are of one inference forward
         estimate = _estimate_memory(run, args, dtype=args.dtype)
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
     memory_note = None
@@ -557,14 +557,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     _check_output(args.trace, "--trace")
     if args.eval_mode and not args.backward:
         raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
-
-    def prepare() -> _Run:
-        run = _prepare(args)
-        if args.backward:
-            _training_mode(run, args)
-        return run
-
-    return run_profile(args, prepare, _emit, _label(args))
+    return run_profile(args, lambda: _training_mode(_prepare(args), args), _emit, _label(args))
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
@@ -578,9 +571,7 @@ def _count_side(args: argparse.Namespace, name: str) -> Any:
     """One ENTRY side of ``diff``, counted as ``count`` would (``--memory``: with its peak),
     with its ``entry`` label as a report section."""
     progress(args, f"counting {name} = {_label(args)} ...")
-    run = _prepare(args)
-    if args.backward:
-        _training_mode(run, args)  # as count --backward: a training step runs in train() mode
+    run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode
     result = _count(run, args, backward=args.backward)
     sections: Dict[str, Any] = {"entry": _label(args)}
     if args.memory:

@@ -58,22 +58,22 @@ def llama(
     return LlamaForCausalLM(config).eval()
 
 
-def llama2_7b_config() -> Any:
+def _llama2_config(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int) -> Any:
+    """A published LLaMA-2 size (Touvron et al., 2023): 32000-token vocabulary, 4096 positions."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
-        intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096,
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        intermediate_size=intermediate, vocab_size=32000, max_position_embeddings=4096,
     )
+
+
+def llama2_7b_config() -> Any:
+    return _llama2_config(32, 4096, 32, 32, 11008)
 
 
 def llama2_70b_config() -> Any:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
-        intermediate_size=28672, vocab_size=32000, max_position_embeddings=4096,
-    )
+    return _llama2_config(80, 8192, 64, 8, 28672)
 
 
 def token_ids(batch: int, seq: int, vocab: int, device: str = "cpu") -> torch.Tensor:
