@@ -47,24 +47,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.stdout = sys.stdout  # the report's stream; the model's own prints go to stderr
             with contextlib.redirect_stdout(sys.stderr), deadline(args, args.timeout):
                 return COMMANDS[args.command](args)
-    except CommandTimeout as exc:
-        if args.debug:
-            traceback.print_exc()
-        say(one_line(f"--timeout {exc.seconds:g}: flopcount {args.command} stopped after {exc.seconds:g} s "
-                     f"while {exc.what} was still running"), "error")
-        return EXIT_USAGE
     except KeyboardInterrupt:
         say("interrupted", "error")
         return EXIT_INTERRUPTED
-    except FlopcountError as exc:
+    except (CommandTimeout, Exception) as exc:  # Exception: also the model's own code failing outside a tracer
         if args.debug:
             traceback.print_exc()
-        say(one_line(describe_error(exc)), "error")
-        return EXIT_USAGE
-    except Exception as exc:  # the model's own code failing outside a tracer, or a bug of ours
-        if args.debug:
-            traceback.print_exc()
-        if is_internal(exc):
+        if isinstance(exc, CommandTimeout):
+            say(one_line(f"--timeout {exc.seconds:g}: flopcount {args.command} stopped after {exc.seconds:g} s "
+                         f"while {exc.what} was still running"), "error")
+            return EXIT_USAGE
+        if isinstance(exc, FlopcountError):
+            say(one_line(describe_error(exc)), "error")
+            return EXIT_USAGE
+        if is_internal(exc):  # a bug of ours
             say(one_line(f"internal error in flopcount (a bug, not your input; please report it with the "
                          f"traceback --debug prints): {type(exc).__name__}: {exc}"), "error")
             return EXIT_INTERNAL

@@ -6,6 +6,7 @@ from SPECs (token ids within the embedding's range). Quantities (``25M``) are pa
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -84,9 +85,7 @@ def parse_spec(text: str) -> InputSpec:
         if dim > INT64_MAX:
             raise UsageError(f"bad input SPEC {raw!r}: dimension {dim} is beyond int64 (at most {INT64_MAX}); {SPEC_HELP}")
         shape.append(dim)
-    numel = 1
-    for dim in shape:
-        numel *= dim
+    numel = math.prod(shape)
     if numel * torch.empty((), dtype=dtype).element_size() > INT64_MAX:
         raise UsageError(f"bad input SPEC {raw!r}: {numel} elements of {dtype_name(dtype)} are beyond int64 bytes; {SPEC_HELP}")
     return InputSpec(tuple(shape), dtype)

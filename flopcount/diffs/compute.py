@@ -54,6 +54,10 @@ def _modules(result: FlopResult) -> Dict[Tuple[str, str], Tuple[int, Dict[str, N
     return rows
 
 
+def _operators(result: FlopResult) -> Dict[str, Dict[str, Number]]:
+    return {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes": t.bytes} for op, t in result.operator_totals().items()}
+
+
 def _status(a: Optional[Mapping[str, Number]], b: Optional[Mapping[str, Number]]) -> Status:
     if a is None:
         return "added"
@@ -107,8 +111,7 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
         values_b = side_b[1] if side_b else None
         modules.append(Change("module", key[0], key[1], depth, _status(values_a, values_b), values_a, values_b))
 
-    ops_a = {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes": t.bytes} for op, t in result_a.operator_totals().items()}
-    ops_b = {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes": t.bytes} for op, t in result_b.operator_totals().items()}
+    ops_a, ops_b = _operators(result_a), _operators(result_b)
     names = sorted(set(ops_a) | set(ops_b), key=lambda op: (-max(ops_a.get(op, {}).get("flops", 0), ops_b.get(op, {}).get("flops", 0)), op))
     operators = tuple(
         Change("operator", op, "", 0, _status(ops_a.get(op), ops_b.get(op)), ops_a.get(op), ops_b.get(op)) for op in names

@@ -105,7 +105,7 @@ class FlopcountCallback(TrainerCallback):
     def _reset_run(self) -> None:
         self._model: Optional[nn.Module] = None
         self._trainer: Optional[weakref.ref[Any]] = None  # the Trainer whose train() this run is
-        self._handle: Any = None
+        self._handles: Tuple[Any, ...] = ()
         self._run: Optional[_Run] = None
         self._peak: Optional[float] = None
         self._cuda = False
@@ -141,7 +141,7 @@ class FlopcountCallback(TrainerCallback):
         hook = _recorder(self)
         if getattr(args, "torch_compile", False):
             hook = torch.compiler.disable(hook)  # run eagerly in front of the compiled forward
-        self._handle = _Handles(
+        self._handles = (
             model.register_forward_pre_hook(hook, with_kwargs=True),
             model.register_forward_hook(_finished(self)),
             # always_call: also runs when the forward raises, which ends train() (HF calls no
@@ -162,14 +162,14 @@ class FlopcountCallback(TrainerCallback):
     def remove(self) -> None:
         """Removes the forward pre-hook from the model and drops the inputs it kept (done at
         the end of training, also when ``train()`` raises; call this to release them at once)."""
-        if self._handle is not None:
-            self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
         self._reset_run()
 
     def _train_returned(self, trainer: Any) -> None:
         """``trainer.train()`` returned or raised: a run of that Trainer still hooked ended
         without ``on_train_end`` (HF calls no callback when ``train()`` raises)."""
-        if self._handle is not None and self._trainer is not None and self._trainer() is trainer:
+        if self._handles and self._trainer is not None and self._trainer() is trainer:
             self.remove()
 
     # -- training steps -------------------------------------------------------------
@@ -265,17 +265,6 @@ def _recorder(callback: FlopcountCallback) -> Any:
         calls.append((sig, (args, dict(kwargs)) if new else None, _sizes(module, args, kwargs)))
 
     return record
-
-
-class _Handles:
-    """The callback's hooks on the model, removed together."""
-
-    def __init__(self, *handles: Any) -> None:
-        self._handles = handles
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 def _finished(callback: FlopcountCallback) -> Any:
