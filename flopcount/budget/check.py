@@ -349,11 +349,8 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
             raise UsageError(f"{source}: unknown key {raw_key!r} (known: {known}, {', '.join(GATE_KEYS)})")
         if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
             raise UsageError(f"{source}: {raw_key} must be a number or a string like \"25M\", got {type(raw).__name__}")
-        try:
-            parse = parse_bytes if key == "max-memory" else parse_quantity
-            values[FILE_KEYS[key]] = parse(raw, f"{source}: {raw_key}")
-        except UsageError as exc:
-            raise UsageError(str(exc)) from None
+        parse = parse_bytes if key == "max-memory" else parse_quantity
+        values[FILE_KEYS[key]] = parse(raw, f"{source}: {raw_key}")
     return Budget(**values)
 
 

@@ -70,9 +70,8 @@ def parse_allowance(metric: str, text: Union[str, int, float], source: str) -> A
         if percent < 0:
             raise UsageError(f"{source}: {name}={raw!r}: an allowance cannot be negative")
         return Allowance(name, percent=percent)
+    # both parsers refuse a negative amount ("must be a finite ... >= 0")
     value = parse_bytes(raw, f"{source}: {name}") if name == "memory" else parse_quantity(raw, f"{source}: {name}")
-    if value < 0:
-        raise UsageError(f"{source}: {name}={raw!r}: an allowance cannot be negative")
     return Allowance(name, absolute=int(value))
 
 
