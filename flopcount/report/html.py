@@ -26,8 +26,16 @@ h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.1em; margin-top
 .summary { color: #444; } .note { color: #8a5a00; }
 pre { background: #f6f8fa; padding: 0.8em; overflow-x: auto; font-size: 0.85em; line-height: 1.35; }
 img { max-width: 100%; border: 1px solid #ddd; }
+table { border-collapse: collapse; } td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; }
+td:first-child { text-align: left; }
 .PASS { color: #2e7d32; font-weight: bold; } .FAIL { color: #c0392b; font-weight: bold; } .INCOMPLETE, .UNDECIDED { color: #b7791f; font-weight: bold; }
 """
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    """A self-contained page: ``title`` as its title and heading, then the ``body`` HTML parts."""
+    head = f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>'
+    return "\n".join(["<!DOCTYPE html>", head, f"<h1>{html.escape(title)}</h1>", *body, "</body></html>"])
 
 
 def _pre(text: str) -> str:
@@ -51,10 +59,6 @@ def html_report(
     summary = (f"{with_unit(result.flops, 'FLOPs')}, {with_unit(result.macs, 'MACs')}, "
                f"{format_count(result.params)} params; inputs {result.input_description or '()'}; tracer {result.tracer}")
     parts: List[str] = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
         f'<p class="summary">{html.escape(summary)}</p>',
         f'<p class="summary">{html.escape(CONVENTION)}</p>',
     ]
@@ -70,8 +74,7 @@ def html_report(
     parts += ["<h2>FLOPs by module</h2>", _pre(result.table(max_depth=depth))]
     parts += ["<h2>By operator</h2>", _pre(operator_table(result, fmt="simple", footer=False))]
     parts += ["<h2>Module tree</h2>", _pre(result.tree(max_depth=depth))]
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return page(title, parts)
 
 
 def _plot(result: FlopResult, entry: str, depth: Optional[int], top: int,

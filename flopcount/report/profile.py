@@ -256,6 +256,8 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
     """One self-contained page: the table, the overview and, with matplotlib, the roofline."""
     import html
 
+    from flopcount.report.html import page
+
     body = tabulate(
         [_cells(r, by, result.total_time_s, False) for r in _rows_for(result, by)
          if by != "module" or depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth],
@@ -272,12 +274,5 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
         figure = roofline_svg(result)
     except ImportError:
         figure = "<p>(install matplotlib for the roofline plot)</p>"
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>flopcount profile</title>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child{text-align:left}</style>"
-        f"</head><body><h1>flopcount profile: {html.escape(entry)}</h1>"
-        + "".join(f"<p>{html.escape(line)}</p>" for line in notes)
-        + figure + body + (data_movement_table(result, limit=None, fmt="html") if by != "module" else "")
-        + "</body></html>"
-    )
+    movement = data_movement_table(result, limit=None, fmt="html") if by != "module" else ""
+    return page(f"flopcount profile: {entry}", [*(f"<p>{html.escape(line)}</p>" for line in notes), figure, body, movement])
