@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from flopcount import count_flops
-from flopcount.budget.check import Budget, check_result
-from flopcount.report.plot import budget_status, choose_depth, draw_sunburst, plot_result, top_modules
+from flopcount.budget.check import Budget, check_budget, check_result
+from flopcount.report.plot import choose_depth, draw_figure, draw_sunburst, plot_result, top_modules
 
 pytest.importorskip("matplotlib")
 
@@ -48,12 +48,18 @@ def test_resnet50_plot_has_no_dominant_other_bar():
     assert auto == 2 and auto_other < 0.2  # 16 bottlenecks + stem/head: the top 15 explain > 80 %
 
 
-def test_budget_status():
-    assert budget_status("flops", passed=False, complete=True) == "FAIL"
-    assert budget_status("flops", passed=True, complete=True) == "PASS"
-    assert budget_status("flops", passed=True, complete=False) == "INCOMPLETE"
-    assert budget_status("macs", passed=True, complete=False) == "INCOMPLETE"
-    assert budget_status("params", passed=True, complete=False) == "PASS"  # counted statically, never short
+def test_budget_panel_shows_the_tables_status():
+    # the panel had its own rule (plot.budget_status): a FLOPs budget over its limit on an incomplete
+    # count was FAIL there and INCOMPLETE in the table, a latency lower bound within its limit PASS
+    # there and UNDECIDED in the table; the panel now shows each line's own status
+    report = check_budget(Budget(max_params=1000, max_flops=100, max_latency_ms=5), params=256, flops=500, latency_ms=1,
+                          incomplete_reasons=("aten::foo ran without a handler",), latency_bound="lower")
+    assert [str(line.status) for line in report.lines] == ["PASS", "INCOMPLETE", "UNDECIDED"]
+    result = count_flops(_blocks(2, 2), torch.randn(4, 8))
+    panel = draw_figure(result, budget=report).axes[1]
+    shown = {tick.get_text(): text.get_text().split()[0] for tick, text in zip(panel.get_yticklabels(), panel.texts[1:])}
+    assert shown == {"params": "PASS", "flops": "INCOMPLETE", "latency_ms": "UNDECIDED"}
+    assert panel.get_title(loc="left").startswith("Budgets: INCOMPLETE")
 
 
 def test_check_plot_draws_a_budget_panel(tmp_path):

@@ -15,9 +15,6 @@ if TYPE_CHECKING:
     from flopcount.budget.check import BudgetReport
     from flopcount.core.results import FlopResult
 
-#: budgets whose actual value is a count that an incomplete trace can make too small
-_COUNTED = ("flops", "macs")
-
 INSTALL_HINT = "plotting needs matplotlib: install flopcount[plot] (pip install 'flopcount[plot]')"
 
 
@@ -109,13 +106,6 @@ def top_modules(result: FlopResult, top: int = 15, depth: Optional[int] = None) 
     return shown
 
 
-def budget_status(name: str, passed: bool, complete: bool) -> str:
-    """PASS, FAIL, or INCOMPLETE: a FLOP or MAC budget that passed on a count that may be short."""
-    if not passed:
-        return "FAIL"
-    return "INCOMPLETE" if name in _COUNTED and not complete else "PASS"
-
-
 def plot_result(result: FlopResult, path: Union[str, Path], **options: Any) -> None:
     """Write :func:`draw_figure`'s picture (``options`` are its keywords) to ``path``: a PNG,
     or any type matplotlib knows from the suffix."""
@@ -181,16 +171,17 @@ def draw_figure(
     return figure
 
 
-_STATUS_COLOURS = {"PASS": "#4c9a5a", "FAIL": "#c0392b", "INCOMPLETE": "#d68910"}
+_STATUS_COLOURS = {"PASS": "#4c9a5a", "FAIL": "#c0392b", "INCOMPLETE": "#d68910", "UNDECIDED": "#d68910"}
 
 
 def _budget_panel(ax: Any, budget: BudgetReport, complete: bool) -> None:
-    """Each budget as a bar of actual / limit, the limit as a line at 100 %."""
+    """Each budget as a bar of actual / limit, the limit as a line at 100 %, with the line's
+    status as the budget table gives it (:attr:`BudgetLine.status`)."""
     lines = list(budget.lines)[::-1]
     ratios = [line.actual / line.limit if line.limit else float("inf") for line in lines]
     finite = [r for r in ratios if r != float("inf")]
     right = max(1.25, max(finite, default=1.0) * 1.35)
-    statuses = [budget_status(line.name, line.passed, complete) for line in lines]
+    statuses = [str(line.status) for line in lines]
     shown = [min(r, right) for r in ratios]
     ax.barh(range(len(lines)), shown, color=[_STATUS_COLOURS[s] for s in statuses], height=0.6)
     ax.axvline(1.0, color="#222222", linewidth=1.4)
@@ -205,7 +196,7 @@ def _budget_panel(ax: Any, budget: BudgetReport, complete: bool) -> None:
     ax.set_xlabel("actual / limit")
     ax.spines[["top", "right"]].set_visible(False)
     passed = sum(status == "PASS" for status in statuses)
-    verdict = "PASS" if budget.passed else "FAIL"
+    verdict = budget.status
     note = "" if complete else "; INCOMPLETE: the FLOP count may be short (see the report)"
     ax.set_title(f"Budgets: {verdict} ({passed} of {len(lines)} met without caveat{note})", fontsize=10, loc="left")
 
