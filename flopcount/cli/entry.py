@@ -29,7 +29,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -210,13 +210,9 @@ def _unpack(entry: str, made: Any) -> LoadedEntry:
     )
 
 
-@contextlib.contextmanager
-def _build_device(device: str) -> Iterator[None]:
-    if device == "meta":
-        with torch.device("meta"):
-            yield
-    else:
-        yield
+def _build_device(device: str) -> ContextManager[Any]:
+    """Where a factory builds the model: under ``torch.device("meta")`` for ``--device meta``."""
+    return torch.device("meta") if device == "meta" else contextlib.nullcontext()
 
 
 def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:

@@ -34,13 +34,15 @@ def _efficiency_cell(row: ProfileRow) -> str:
     return _ratio(row.efficiency) + (FLAGGED if row.flag else "")
 
 
-def _rows_for(result: ProfileResult, by: str) -> List[ProfileRow]:
+def _rows_for(result: ProfileResult, by: str, depth: Optional[int] = None) -> List[ProfileRow]:
+    """The rows per ``by``; module rows down to ``depth`` (the whole model is depth 0)."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
     if by == "operator":
         return list(result.by_operator().values())
     if by == "module":
-        return list(result.by_module().values())
+        rows = result.by_module().values()
+        return [r for r in rows if depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth]
     return list(result.rows)
 
 
@@ -66,13 +68,8 @@ def overview_line(result: ProfileResult) -> str:
 
 
 def _header(by: str, timing: str) -> List[str]:
-    first = {"operator": "operator", "module": "module", "op": "op"}[by]
-    cols = [first]
-    if by == "op":
-        cols += ["module", "phase"]
-    return cols + [
-        "calls", "FLOPs", "bytes", f"time ({timing})", "share", "achieved FLOP/s", "FLOP/B", "bound", "attainable", "efficiency",
-    ]
+    return [by, *(["module", "phase"] if by == "op" else []), "calls", "FLOPs", "bytes", f"time ({timing})", "share",
+            "achieved FLOP/s", "FLOP/B", "bound", "attainable", "efficiency"]
 
 
 def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
@@ -148,9 +145,7 @@ def profile_table(
 ) -> str:
     """The rows (per operator, module or op), largest time first, then the overview,
     the roofs, what was not joined and the convention. ``depth``: module rows down to it."""
-    rows = _rows_for(result, by)
-    if by == "module" and depth is not None:
-        rows = [r for r in rows if (r.module.count(".") + 1 if r.module else 0) <= depth]
+    rows = _rows_for(result, by, depth)
     if by != "module":
         rows.sort(key=lambda r: -r.measured_s)
     total = result.total_time_s
@@ -259,8 +254,7 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
     from flopcount.report.html import page
 
     body = tabulate(
-        [_cells(r, by, result.total_time_s, False) for r in _rows_for(result, by)
-         if by != "module" or depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth],
+        [_cells(r, by, result.total_time_s, False) for r in _rows_for(result, by, depth)],
         headers=_header(by, result.timing),
         tablefmt="html",
         disable_numparse=True,
