@@ -89,23 +89,18 @@ def resolve_peak(
         if not given > 0:
             raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {given!r}")
         return float(given), ""
-    if on is not None:
+    if on is not None or device.type == "cuda":
         from ..devices import peak_for_name
         from ..devices.parts import resolve_part
 
-        part = resolve_part(str(on))  # an unknown name: UsageError listing the parts
-        found = peak_for_name(part.name, dtype)
-        if found is None:
-            return None, f"{part.name} has no dense peak at {dtype} in flopcount's table: pass peak_flops= for an MFU"
-        return found, ""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        from ..devices import peak_for_name
-
+        if on is not None:
+            name = resolve_part(str(on)).name  # an unknown name: UsageError listing the parts
+            missing = f"{name} has no dense peak at {dtype}"
+        else:
+            name = torch.cuda.get_device_name(device)
+            missing = f"no peak for {name} at {dtype}"
         found = peak_for_name(name, dtype)
-        if found is None:
-            return None, f"no peak for {name} at {dtype} in flopcount's table: pass peak_flops= for an MFU"
-        return found, ""
+        return (found, "") if found is not None else (None, f"{missing} in flopcount's table: pass peak_flops= for an MFU")
     if device.type == "cpu":
         return None, (
             "no MFU on CPU unless peak_flops= is given (FLOP/s): a CPU has no datasheet peak flopcount knows, and a "
