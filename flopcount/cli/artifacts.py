@@ -430,9 +430,7 @@ def _fitter(
                 f"{entry}: {len(specs)} --input given, but the program takes {len(order)} tensor input(s) "
                 f"({', '.join(s.name for s in order)})"
             )
-        given: Dict[str, InputSpec] = {}
-        for slot, spec in zip(order, specs):
-            given[slot.name] = spec
+        given: Dict[str, InputSpec] = {slot.name: spec for slot, spec in zip(order, specs)}
         by_name = {s.name: s for s in order}
         by_name.update(kwargs)
         for name, spec in kw_specs.items():
@@ -447,9 +445,7 @@ def _fitter(
             if slot.name in given:
                 _check_fit(entry, slot, given[slot.name], ranges, symbols)
         placed = [given.get(s.name) or _follow(entry, s, symbols) for s in order]
-        positional = placed[: len(args)]
-        keywords = dict(zip(kwargs, placed[len(args):]))
-        return positional, keywords
+        return placed[: len(args)], dict(zip(kwargs, placed[len(args):]))
 
     return fit
 

@@ -132,12 +132,10 @@ def _prepare(args: argparse.Namespace) -> _Run:
     elif loaded.inputs is not None or loaded.kwargs is not None:
         inputs = loaded.inputs if loaded.inputs is not None else ()
         kwargs = loaded.kwargs
-    elif loaded.default_specs or loaded.default_kwargs:
-        inputs, kwargs = _make_inputs(model, list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed)
-    elif loaded.needs_inputs is not None:
+    elif loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
         raise UsageError(loaded.needs_inputs)
-    else:
-        inputs, kwargs = (), None
+    else:  # the ENTRY's default inputs (none: no inputs at all)
+        inputs, kwargs = _make_inputs(model, list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed)
     _check_arity(args.entry, model, inputs, kwargs)
     return _Run(args.entry, model, inputs, kwargs, device, tracer)
 
