@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Tuple
 
 from flopcount.core.rendering import renders
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
@@ -15,10 +15,22 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 
 
+#: a phase's and a module's figures, in the order the report writes them
+_METRICS: Tuple[Literal["macs", "flops", "bytes_read", "bytes_written"], ...] = ("macs", "flops", "bytes_read", "bytes_written")
+
+
+def _module(result: FlopResult, info: Any) -> Dict[str, Any]:
+    """A module's row: its type, depth, calls, params and the cost of its calls (children included)."""
+    totals = result.module_totals(info.name)
+    return {"type": info.type_name, "depth": info.depth, "calls": info.calls, "params": info.params,
+            **{metric: getattr(totals, metric) for metric in _METRICS}}
+
+
 @renders("FlopResult", "dict")
 def result_to_dict(result: FlopResult) -> Dict[str, Any]:
     """Stable keys (documented in docs/api.md); every value is a str, int, float, list or dict."""
     params = result.parameters
+    phases = {metric: result.by_phase(metric) for metric in _METRICS}
     data: Dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "convention": CONVENTION,
@@ -35,28 +47,12 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
         "size_bytes": params.size_bytes,
         "bytes_read": result.bytes_read,
         "bytes_written": result.bytes_written,
-        "by_phase": {
-            phase: {"macs": result.by_phase("macs")[phase], "flops": flops, "bytes_read": result.by_phase("bytes_read")[phase],
-                    "bytes_written": result.by_phase("bytes_written")[phase]}
-            for phase, flops in result.by_phase().items()
-        },
+        "by_phase": {phase: {metric: phases[metric][phase] for metric in _METRICS} for phase in phases["flops"]},
         "by_operator": {
             op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes_read": t.bytes_read, "bytes_written": t.bytes_written}
             for op, t in result.operator_totals().items()
         },
-        "by_module": {
-            m.name: {
-                "type": m.type_name,
-                "depth": m.depth,
-                "calls": m.calls,
-                "params": m.params,
-                "macs": result.module_totals(m.name).macs,
-                "flops": result.module_totals(m.name).flops,
-                "bytes_read": result.module_totals(m.name).bytes_read,
-                "bytes_written": result.module_totals(m.name).bytes_written,
-            }
-            for m in result.modules
-        },
+        "by_module": {m.name: _module(result, m) for m in result.modules},
         "unsupported_ops": {u.op: {"count": u.count, "modules": list(u.modules)} for u in result.unsupported_details()},
         "complete": result.complete,
         "incomplete_reasons": list(result.incomplete_reasons()),
