@@ -75,6 +75,18 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
     return metrics
 
 
+def modeled_part(owner: str, on: Optional[str], peak_flops: Optional[float]) -> Optional[str]:
+    """``on=`` checked when a callback is made: the name of a known part (an unknown one is a
+    UsageError listing the parts), never beside ``peak_flops``; None without ``on``."""
+    if on is None:
+        return None
+    if peak_flops is not None:
+        raise UsageError(f"{owner}: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
+    from ..devices.parts import resolve_part
+
+    return resolve_part(str(on)).name
+
+
 def resolve_peak(
     device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float], on: Optional[str] = None
 ) -> Tuple[Optional[float], str]:

@@ -48,8 +48,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from flopcount.core.analysis import uncompiled
-from flopcount.devices.parts import resolve_part
-from flopcount.errors import FlopcountWarning, UsageError
+from flopcount.errors import FlopcountWarning
 from flopcount.integrations._counting import PassCost, Signature, StepCounter, batch_signature
 from flopcount.integrations._rates import (
     PREFIX,
@@ -57,6 +56,7 @@ from flopcount.integrations._rates import (
     model_device,
     model_dtype,
     model_flops,
+    modeled_part,
     resolve_peak,
     window_metrics,
 )
@@ -92,7 +92,7 @@ class FlopcountCallback(TrainerCallback):
 
     def __init__(self, device: Optional[Any] = None, peak_flops: Optional[float] = None, log_every: Optional[int] = None,
                  *, on: Optional[str] = None):
-        self.on = _modeled_part(on, peak_flops)
+        self.on = modeled_part("FlopcountCallback", on, peak_flops)
         if log_every is not None and log_every < 1:
             raise ValueError(f"log_every must be >= 1 (optimizer steps), got {log_every}")
         self.device = torch.device(device) if device is not None else None
@@ -453,11 +453,3 @@ def _move_ahead_of_reporters(callback: FlopcountCallback) -> None:
     # now (this is its on_train_begin) and finishes it unchanged; the next event uses the new order
     handler.callbacks = others[:first] + [callback] + others[first:]
 
-
-def _modeled_part(on: Optional[str], peak_flops: Optional[float]) -> Optional[str]:
-    """``on=`` checked when the callback is made: a known part, and not beside ``peak_flops``."""
-    if on is None:
-        return None
-    if peak_flops is not None:
-        raise UsageError(f"FlopcountCallback: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
-    return resolve_part(str(on)).name

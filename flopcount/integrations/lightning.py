@@ -28,10 +28,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from ..devices.parts import resolve_part
-from ..errors import FlopcountWarning, UsageError
+from ..errors import FlopcountWarning
 from ._counting import StepCounter, batch_signature, hookless_twin
-from ._rates import PREFIX, Window, model_dtype, model_flops, resolve_peak, window_metrics
+from ._rates import PREFIX, Window, model_dtype, model_flops, modeled_part, resolve_peak, window_metrics
 
 __all__ = ["FlopcountMonitor", "lightning_loss"]
 
@@ -75,10 +74,7 @@ class FlopcountMonitor(Callback):
     """
 
     def __init__(self, peak_flops: Optional[float] = None, *, on: Optional[str] = None):
-        if on is not None and peak_flops is not None:
-            raise UsageError(f"FlopcountMonitor: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
-        if on is not None:
-            resolve_part(str(on))  # an unknown part is said here, not at fit start
+        modeled_part("FlopcountMonitor", on, peak_flops)  # an unknown part is said here, not at fit start
         self.peak_flops = peak_flops
         self.on = on
         self.counter = StepCounter(lightning_loss)
