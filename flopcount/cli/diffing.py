@@ -71,23 +71,18 @@ def run_diff(args: argparse.Namespace, count_entry: CountEntry, emit: Callable[[
             raise UsageError(f"{', '.join(used)}: A and B are both saved reports; these options shape a count of an ENTRY")
     result_a = count_side(args, "a", args.a, count_entry)
     result_b = count_side(args, "b", args.b, count_entry)
-    label_a, label_b = _labels(args, result_a, result_b)
-    change = diff(result_a, result_b, a_label=label_a, b_label=label_b)
+    change = diff(result_a, result_b, a_label=_label(args.a, result_a), b_label=_label(args.b, result_b))
     emit(render_diff(change, args.format, depth=args.depth, top=args.top), args)
     return EXIT_OK
 
 
-def _labels(args: argparse.Namespace, result_a: Any, result_b: Any) -> Tuple[str, str]:
-    """What each side is called: a report's path (with the ENTRY it was counted from), or
-    the ENTRY with its --config overrides."""
-    labels = []
-    for text, result in ((args.a, result_a), (args.b, result_b)):
-        entry = result.sections.get("entry")
-        if is_report(text):
-            labels.append(f"{text} ({entry})" if entry else text)
-        else:
-            labels.append(str(entry or text))
-    return labels[0], labels[1]
+def _label(text: str, result: Any) -> str:
+    """What a side is called: a report's path (with the ENTRY it was counted from), or the
+    ENTRY with its --config overrides."""
+    entry = result.sections.get("entry")
+    if is_report(text):
+        return f"{text} ({entry})" if entry else text
+    return str(entry or text)
 
 
 def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[int]) -> str:

@@ -58,9 +58,10 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     if fmt == "json":
         return _json(result_dict(result, entry))
     rows = bench_rows(result, timing)
+    table = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"],
+                     tablefmt="github" if fmt == "markdown" else "simple", colalign=("left", "right"))
     if fmt == "html":
-        latency = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"], colalign=("left", "right"))
-        return html_report(result, entry=entry, depth=depth, sections=[("Latency", latency)], latencies_ms=[v * 1e3 for v in timing.stats.samples_s])
+        return html_report(result, entry=entry, depth=depth, sections=[("Latency", table)], latencies_ms=[v * 1e3 for v in timing.stats.samples_s])
     if fmt == "csv":
         lines = ["metric,value,unit"] + [f"{_csv_key(label)},{raw},{bench_unit(label)}" for label, _, raw in rows]
         return "\n".join(lines)
@@ -69,8 +70,6 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
         f"{entry} | inputs {result.input_description or '()'} | {timing.device} ({timing.timing}, {mode}, "
         f"dtype {timing.dtype or 'as model'}) | {timing.warmup} warm-up calls"
     )
-    table = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"],
-                     tablefmt="github" if fmt == "markdown" else "simple", colalign=("left", "right"))
     parts = [f"**{escape_markdown(heading)}**\n" if fmt == "markdown" else heading, table]
     if fmt == "tree":  # the tree ends with the notes
         parts.append(result.tree(max_depth=depth))
