@@ -60,10 +60,10 @@ def load_entry(
     overrides = dict(config or {})
     if not text:
         raise UsageError(f"empty ENTRY; {ENTRY_HELP}")
-    zoos = ((HF_PREFIXES, _load_hf), (TV_PREFIXES, _load_torchvision), (EXAMPLE_PREFIXES, _load_example))
-    zoo = next(((prefix, load) for prefixes, load in zoos for prefix in prefixes if text.lower().startswith(prefix)), None)
     from flopcount.cli.artifacts import load_artifact, looks_like_artifact
 
+    zoos = ((HF_PREFIXES, _load_hf), (TV_PREFIXES, _load_torchvision), (EXAMPLE_PREFIXES, _load_example))
+    zoo = next(((prefix, load) for prefixes, load in zoos for prefix in prefixes if text.lower().startswith(prefix)), None)
     if zoo is not None:
         loaded = zoo[1](entry, text[len(zoo[0]):].strip(), overrides, device)
     elif looks_like_artifact(text):
