@@ -250,8 +250,8 @@ def _growth(text: str) -> Any:
     return parse_growth(text, "--max-growth")
 
 
-def _quantity(what: str) -> Any:
-    return _type(lambda text: parse_quantity(text, "budget"))
+#: a budget's number (argparse names the flag before the message)
+_QUANTITY = _type(lambda text: parse_quantity(text, "budget"))
 
 
 def _bytes(what: str) -> Any:
@@ -312,22 +312,15 @@ def parse_duration_ms(text: str) -> float:
     """``"10ms" -> 10.0``, ``"2s" -> 2000.0``, ``"500us" -> 0.5``. The unit is required: a
     bare number is refused (``--max-latency-ms`` takes a bare number of milliseconds)."""
     raw = str(text).strip().lower()
-    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
-        if raw.endswith(unit):
-            number, scale = raw[: -len(unit)], _DURATION_UNITS[unit]
-            break
-    else:
-        try:
-            float(raw)
-        except ValueError:
-            raise UsageError(f"{text!r} is not a duration (examples: 10ms, 2.5s, 800us)") from None
+    unit = next((u for u in sorted(_DURATION_UNITS, key=len, reverse=True) if raw.endswith(u)), None)
+    try:
+        value = float(raw[: -len(unit)] if unit else raw) * (_DURATION_UNITS[unit] if unit else 1.0)
+    except ValueError:
+        raise UsageError(f"{text!r} is not a duration (examples: 10ms, 2.5s, 800us)") from None
+    if unit is None:
         raise UsageError(
             f"{text!r} has no unit: write it with one (s, ms, us, ns), e.g. {raw}ms, or give milliseconds to --max-latency-ms"
         )
-    try:
-        value = float(number) * scale
-    except ValueError:
-        raise UsageError(f"{text!r} is not a duration (examples: 10ms, 2.5s, 800us)") from None
     if not value > 0 or value == float("inf"):
         raise UsageError(f"{text!r}: a latency budget must be > 0")
     return value
@@ -349,15 +342,11 @@ def join_negative_values(parser: argparse.ArgumentParser, argv: List[str]) -> Li
     joined: List[str] = []
     index = 0
     while index < len(argv):
-        token = argv[index]
-        following = argv[index + 1] if index + 1 < len(argv) else None
-        if token in takes_value and following is not None and re.match(r"-[\d.]", following):
-            joined.append(f"{token}={following}")
-            index += 2
-            continue
+        token, following = argv[index], argv[index + 1: index + 2]
         if token == "--":
-            joined.extend(argv[index:])
-            break
+            return joined + argv[index:]
+        if token in takes_value and following and re.match(r"-[\d.]", following[0]):
+            token, index = f"{token}={following[0]}", index + 1
         joined.append(token)
         index += 1
     return joined
@@ -434,11 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(check, optional_entry=True)
     limits = check.add_argument_group("budgets (K/M/G/T suffixes and 1e9 notation accepted)")
-    limits.add_argument("--max-params", type=_quantity("--max-params"), metavar="N", help="most parameters, e.g. 25M")
-    limits.add_argument("--max-flops", type=_quantity("--max-flops"), metavar="N", help="most FLOPs of one forward, e.g. 5G")
-    limits.add_argument("--max-macs", type=_quantity("--max-macs"), metavar="N", help="most MACs of one forward, e.g. 2.5G")
-    limits.add_argument("--max-size-mb", type=_quantity("--max-size-mb"), metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
-    limits.add_argument("--max-latency-ms", type=_quantity("--max-latency-ms"), metavar="X", help="highest median latency in ms (runs the benchmark)")
+    limits.add_argument("--max-params", type=_QUANTITY, metavar="N", help="most parameters, e.g. 25M")
+    limits.add_argument("--max-flops", type=_QUANTITY, metavar="N", help="most FLOPs of one forward, e.g. 5G")
+    limits.add_argument("--max-macs", type=_QUANTITY, metavar="N", help="most MACs of one forward, e.g. 2.5G")
+    limits.add_argument("--max-size-mb", type=_QUANTITY, metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
+    limits.add_argument("--max-latency-ms", type=_QUANTITY, metavar="X", help="highest median latency in ms (runs the benchmark)")
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
                         help="highest latency with its unit (s, ms, us, ns), e.g. 10ms or 2.5s; a bare number is refused: measured "
                         "(median), or with --on DEVICE its roofline lower bound")
