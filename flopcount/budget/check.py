@@ -361,11 +361,9 @@ def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budge
     (``max-growth``, ``baseline``: :mod:`flopcount.diffs.gate`) and what ``check`` counts
     without an ENTRY argument (``entry``, ``input``: the CLI) are read there, not here."""
     path = Path(path)
-    if not path.is_file():
-        if required:
-            raise UsageError(f"config file not found: {path}")
-        return Budget()
-    table = flopcount_table(path)
+    if required and not path.is_file():
+        raise UsageError(f"config file not found: {path}")
+    table = flopcount_table(path)  # None without the file or the table
     if table is None:
         return Budget()
     return budget_from_mapping({k: v for k, v in table.items() if str(k).replace("_", "-") not in GATE_KEYS}, f"{path} [tool.flopcount]")

@@ -371,19 +371,10 @@ def _symbol_hint(dim: Any) -> Optional[int]:
 
 
 def _slot(name: str, value: torch.Tensor, example: Any) -> _Slot:
-    dims: List[Any] = []
-    sizes: List[Optional[int]] = []
-    for i, dim in enumerate(value.shape):
-        if isinstance(dim, int):
-            dims.append(dim)
-            sizes.append(dim)
-            continue
-        dims.append(str(dim))
-        size = None
-        if isinstance(example, torch.Tensor) and example.dim() == value.dim():
-            size = int(example.shape[i])
-        sizes.append(size if size is not None else _symbol_hint(dim))
-    return _Slot(name, value.dtype, tuple(dims), tuple(sizes))
+    """A dynamic dimension's size: the recorded example input's, else the symbol's hint."""
+    recorded = isinstance(example, torch.Tensor) and example.dim() == value.dim()
+    sizes = [dim if isinstance(dim, int) else int(example.shape[i]) if recorded else _symbol_hint(dim) for i, dim in enumerate(value.shape)]
+    return _Slot(name, value.dtype, tuple(dim if isinstance(dim, int) else str(dim) for dim in value.shape), tuple(sizes))
 
 
 def _bound(value: Any) -> Optional[int]:
