@@ -134,18 +134,13 @@ class StepCounter:
         options: Dict[str, Any] = {"backward": True, "loss_fn": self.loss_fn}
         if with_optimizer:
             options["optimizer"] = optimizer
-        result = self._count(model, args, kwargs, options, "training step")
-        if result is None:
-            self.train[sig] = None
-            if with_optimizer:
-                self.optimizer[id(optimizer)] = None
-            return None
-        phases = result.by_phase()
-        macs = result.by_phase("macs")
-        cost = PassCost(phases.get("forward", 0), phases.get("backward", 0), macs.get("forward", 0))
+        result = self._count(model, args, kwargs, options, "training step")  # None: it failed
+        phases = {} if result is None else result.by_phase()
+        cost = None if result is None else PassCost(phases.get("forward", 0), phases.get("backward", 0),
+                                                    result.by_phase("macs").get("forward", 0))
         self.train[sig] = cost
         if with_optimizer:
-            self.optimizer[id(optimizer)] = phases.get("optimizer", 0)
+            self.optimizer[id(optimizer)] = None if result is None else phases.get("optimizer", 0)
         return cost
 
     def count_eval(self, sig: Signature, model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Optional[int]:
