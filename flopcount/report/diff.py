@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 _NAMES = {"params": "Params", "count": "Calls", "macs": "MACs", "flops": "FLOPs", "bytes": "Bytes", "peak_memory": "Peak memory",
           "latency": "Latency"}
-_CSV_METRICS = ("params", "count", "macs", "flops", "bytes", "peak_memory", "latency")
 
 
 def _table(rows: Any, *, headers: Sequence[str], colalign: Sequence[str], tablefmt: str = "simple") -> str:
@@ -229,19 +228,14 @@ def diff_to_csv(diff: DiffResult, max_depth: Optional[int] = None) -> str:
     """One row for the totals, one per module, one per operator: raw values of A, B and B - A."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["kind", "name", "type", "depth", "status"] + [f"{m}_{s}" for m in _CSV_METRICS for s in ("a", "b", "delta")])
+    writer.writerow(["kind", "name", "type", "depth", "status"] + [f"{m}_{s}" for m in _NAMES for s in ("a", "b", "delta")])
     rows = [diff.totals] + [m for m in diff.modules if max_depth is None or m.depth <= max_depth] + list(diff.operators)
     for row in rows:
         present = {"total": diff.metrics, "module": MODULE_METRICS, "operator": OPERATOR_METRICS}[row.kind]
         cells: List[Any] = [row.kind, row.name, row.type_name, row.depth if row.kind == "module" else "", row.status]
-        for m in _CSV_METRICS:
-            if m in present:
-                a = row.a.get(m) if row.a is not None else None
-                b = row.b.get(m) if row.b is not None else None
-                d = row.delta(m)
-                cells += ["" if a is None else a, "" if b is None else b, "" if d is None else d]
-            else:
-                cells += ["", "", ""]
+        for m in _NAMES:  # A, B and B - A of each metric the row has; blank cells for the others
+            values = (row.a.get(m) if row.a is not None else None, row.b.get(m) if row.b is not None else None, row.delta(m))
+            cells += ["" if v is None or m not in present else v for v in values]
         writer.writerow(cells)
     return out.getvalue()
 
