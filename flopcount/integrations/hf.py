@@ -197,7 +197,9 @@ class FlopcountCallback(TrainerCallback):
             if all(h is not None for h in hf):  # HF adds its own estimate for these micro-batches
                 state.total_flos += flops - sum(h for h in hf if h is not None)
             step_model_flops = sum(model_flops(c.forward) for c in costs if c is not None)
-            self._window.add(flops, seconds, _sum_tokens(calls), _sum_samples(calls), model_flops=step_model_flops)
+            tokens = [tokens for _, _, (_, tokens) in calls]  # None for a call without token ids
+            total_tokens = None if None in tokens else sum(t or 0 for t in tokens)
+            self._window.add(flops, seconds, total_tokens, sum(samples for _, _, (samples, _) in calls), model_flops=step_model_flops)
         if self.log_every is not None and state.global_step % self.log_every == 0:
             control.should_log = True
         return control
@@ -407,15 +409,6 @@ def _sizes(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -
         return (0, None)
     tokens = main.numel() if not main.is_floating_point() else None
     return (int(main.shape[0]), tokens)
-
-
-def _sum_tokens(calls: List[Any]) -> Optional[int]:
-    counts = [call[2][1] for call in calls]
-    return None if any(c is None for c in counts) else sum(counts)
-
-
-def _sum_samples(calls: List[Any]) -> int:
-    return sum(call[2][0] for call in calls)
 
 
 def _hf_estimate(model: nn.Module, inputs: Mapping[str, Any]) -> Optional[float]:

@@ -205,11 +205,7 @@ def _batch_size(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     values: List[Any] = list(batch.values()) if isinstance(batch, Mapping) else list(batch) if isinstance(batch, (list, tuple)) else []
-    for value in values:
-        size = _batch_size(value)
-        if size:
-            return size
-    return 0
+    return next((size for size in map(_batch_size, values) if size), 0)
 
 
 def _detached_twin(pl_module: nn.Module) -> nn.Module:
