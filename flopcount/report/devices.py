@@ -19,30 +19,21 @@ def _rate(value: float, unit: str) -> str:
 
 @renders("Roofs", "table")
 def roofs_table(roofs: Any, fmt: str = "simple") -> str:
-    compute = [[dtype, _rate(value, "FLOP/s")] for dtype, value in roofs.peak_flops.items()]
-    isa = roofs.details.get("isa_peak_flops") or {}
-    if isa:
-        for row in compute:
-            ceiling = isa.get(row[0])
-            row.append(_rate(ceiling, "FLOP/s") if ceiling else "")
+    isa = roofs.details.get("isa_peak_flops") or {}  # this machine's: a column of ceilings
+    compute = [[dtype, _rate(value, "FLOP/s"), *([_rate(isa[dtype], "FLOP/s") if isa.get(dtype) else ""] if isa else [])]
+               for dtype, value in roofs.peak_flops.items()]
     memory = [
         [level.name, "unbounded" if level.capacity is None else format_bytes(level.capacity),
          "not published" if level.bandwidth is None else _rate(level.bandwidth, "B/s")]
         for level in roofs.all_levels()
     ]
-    lines: List[str] = [f"{roofs.device or 'device'} ({roofs.source})", ""]
     heads = ["dtype", "compute roof"] + (["ISA peak (ceiling)"] if isa else [])
-    lines.append(tabulate(compute, headers=heads, tablefmt=fmt))
-    lines.append("")
-    lines.append(tabulate(memory, headers=["memory level", "working set", "bandwidth"], tablefmt=fmt))
-    for family, column in roofs.math.items():
-        lines.append(f"float32 {family} work priced at the {column} peak")
-    for key in ("isa_formula", "measured_at", "load", "threads", "how", "not_cached", "raised_to_achieved"):
-        if key in roofs.details:
-            lines.append(f"{key}: {roofs.details[key]}")
-    for key, value in roofs.details.items():
-        if key.startswith(("compute_", "bandwidth")):
-            lines.append(f"{key}: {value}")
+    lines: List[str] = [f"{roofs.device or 'device'} ({roofs.source})", "", tabulate(compute, headers=heads, tablefmt=fmt), "",
+                        tabulate(memory, headers=["memory level", "working set", "bandwidth"], tablefmt=fmt)]
+    lines += [f"float32 {family} work priced at the {column} peak" for family, column in roofs.math.items()]
+    keys = ("isa_formula", "measured_at", "load", "threads", "how", "not_cached", "raised_to_achieved")
+    lines += [f"{key}: {roofs.details[key]}" for key in keys if key in roofs.details]
+    lines += [f"{key}: {value}" for key, value in roofs.details.items() if key.startswith(("compute_", "bandwidth"))]
     return "\n".join(lines) + "\n"
 
 

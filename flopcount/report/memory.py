@@ -15,22 +15,15 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
-_LABELS = {
-    "parameters": "parameters",
-    "buffers": "buffers",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "activations": "activations (forward)",
-    "temporaries": "temporaries (backward)",
-    "inputs": "inputs",
-}
+#: a breakdown row's label where it is not the field's name
+_LABELS = {"optimizer_state": "optimizer state", "activations": "activations (forward)", "temporaries": "temporaries (backward)"}
 
 
 def breakdown_table(estimate: MemoryEstimate, fmt: str = "simple") -> str:
     """What is alive at the peak, by kind, with shares of the peak."""
     parts = asdict(estimate.at_peak)
     rows = [
-        [_LABELS[key], format_bytes(value), format_share(value, estimate.peak_bytes)] for key, value in parts.items()
+        [_LABELS.get(key, key), format_bytes(value), format_share(value, estimate.peak_bytes)] for key, value in parts.items()
     ]
     rows.append(["peak", format_bytes(estimate.peak_bytes), format_share(estimate.peak_bytes, estimate.peak_bytes)])
     return tabulate(rows, headers=["At peak", "Bytes", "Share"], tablefmt=fmt, colalign=("left", "right", "right"))

@@ -26,16 +26,18 @@ POINT_COLORS = {"compute": "#e66100", "memory": "#5d3a9b", "data movement": "#1b
 FLAG_EDGE = "#d4006a"
 
 
+def _rows(result: ProfileResult, by: str) -> List[ProfileRow]:
+    return list(result.by_operator().values()) if by == "operator" else list(result.rows)
+
+
 def _points(result: ProfileResult, by: str) -> List[ProfileRow]:
-    rows = list(result.by_operator().values()) if by == "operator" else list(result.rows)
     # a point needs a position on both axes: work, bytes and time
-    return [r for r in rows if r.flops > 0 and r.bytes > 0 and r.measured_s > 0]
+    return [r for r in _rows(result, by) if r.flops > 0 and r.bytes > 0 and r.measured_s > 0]
 
 
 def _moving(result: ProfileResult, by: str) -> List[ProfileRow]:
     """Rows with bytes and time but no FLOPs: placed by bytes moved and bandwidth reached."""
-    rows = list(result.by_operator().values()) if by == "operator" else list(result.rows)
-    return [r for r in rows if r.category == "data movement" and r.measured_s > 0]
+    return [r for r in _rows(result, by) if r.category == "data movement" and r.measured_s > 0]
 
 
 def _label(row: ProfileRow, by: str, total_s: float) -> str:
