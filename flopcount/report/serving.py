@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from tabulate import tabulate
 
@@ -25,13 +25,12 @@ def _phase(phase: Optional[Phase]) -> str:
 def serve_table(result: ServeResult, fmt: str = "simple") -> str:
     """One row per batch size, then memory, capacity and what the bounds leave out."""
     facts = result.facts
-    rows: List[List[str]] = []
-    for row in result.batches:
-        rows.append([
-            str(row.batch), _phase(row.prefill), _phase(row.first_step), _phase(row.last_step),
-            _rate(row.tokens_per_s_per_sequence), _rate(row.tokens_per_s), format_bytes(row.memory_bytes),
-            "-" if row.fits is None else ("yes" if row.fits else "NO"),
-        ])
+    rows = [
+        [str(row.batch), _phase(row.prefill), _phase(row.first_step), _phase(row.last_step),
+         _rate(row.tokens_per_s_per_sequence), _rate(row.tokens_per_s), format_bytes(row.memory_bytes),
+         "-" if row.fits is None else ("yes" if row.fits else "NO")]
+        for row in result.batches
+    ]
     table = tabulate(rows, headers=["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=",
                                     "memory", "fits"], tablefmt=fmt)
     steps = len(facts.steps)
