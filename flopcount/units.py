@@ -52,17 +52,18 @@ def format_share(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%"
 
 
-def format_seconds(value: Optional[float]) -> str:
+def format_seconds(value: Optional[float], decimals: int = 3) -> str:
     """The one spelling of a time: ``0.00123 -> '1.230 ms'``, ``2.5 -> '2.500 s'``; microseconds
-    below a millisecond, nanoseconds below a microsecond, minutes from two (``'3 min 20 s'``)."""
+    below a millisecond, nanoseconds below a microsecond, minutes from two (``'3 min 20 s'``).
+    ``decimals`` sets the digits of seconds and milliseconds (fewer for an estimate)."""
     if value is None:
         return "-"
     if value >= 120:
         return f"{int(value // 60)} min {int(value % 60)} s"
     if value >= 1.0:
-        return f"{value:.3f} s"
+        return f"{value:.{decimals}f} s"
     if value >= 1e-3:
-        return f"{value * 1e3:.3f} ms"
+        return f"{value * 1e3:.{decimals}f} ms"
     if value >= 1e-6 or value == 0:
         return f"{value * 1e6:.1f} us"
     return f"{value * 1e9:.1f} ns"

@@ -32,6 +32,12 @@ def test_format_seconds_picks_the_unit(seconds: float, text: str) -> None:
     assert format_seconds(seconds) == text
 
 
+def test_an_estimate_is_spelled_with_fewer_decimals() -> None:
+    # bench's "expect about" line: 0.30049 s -> 300.49 ms -> one decimal "300.5 ms"; 4.5 s -> "4.5 s"
+    assert format_seconds(0.30049, 1) == "300.5 ms"
+    assert format_seconds(4.5, 1) == "4.5 s"
+
+
 def test_no_other_seconds_formatter_in_the_face_and_consumers() -> None:
     defined = []
     for folder in ("report", "cli", "budget", "diffs", "integrations"):

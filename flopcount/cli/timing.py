@@ -55,7 +55,7 @@ def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
             expect = args.warmup * first + timed
             if expect >= 2.0:  # worth saying; a fast model is done before one could read it
                 timed_text = f"{args.iters}" if args.iters is not None else f"at least {max(_MIN_TIMED, int(duration / first))}"
-                progress(args, f"  the first call took {format_seconds(first)}: expect about {format_seconds(expect)} in all "
+                progress(args, f"  the first call took {format_seconds(first, 1)}: expect about {format_seconds(expect, 1)} in all "
                                f"({args.warmup} warm-up + {timed_text} timed calls)")
         warm_report(done, total)
 
