@@ -19,7 +19,7 @@ import torch
 from flopcount.errors import UsageError
 from flopcount.types import OPTIMIZERS
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "warm_up"]
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "per_parameter", "warm_up"]
 
 OptimizerSpec = Union[str, torch.optim.Optimizer, Type[torch.optim.Optimizer], Callable[[List[torch.Tensor]], Any]]
 
@@ -128,6 +128,11 @@ _PER_PARAMETER = frozenset(
     for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta")
     if hasattr(torch.optim, name)
 )
+
+
+def per_parameter(opt: Any) -> bool:
+    """Whether ``opt`` is one of torch's per-parameter optimizers (:data:`_PER_PARAMETER`)."""
+    return type(opt) in _PER_PARAMETER
 
 
 def warm_up(opt: torch.optim.Optimizer, caller: str, *, reuse: bool = False) -> None:
