@@ -205,12 +205,29 @@ def estimate_memory(
         raise UsageError("estimate_memory: loss_fn is only used with backward=True")
     if optimizer is not None:
         check_spec(optimizer, "estimate_memory")
+    _refuse_lazy(model)
     cast = floating_dtype(dtype, "estimate_memory: dtype")
     amp = floating_dtype(autocast, "estimate_memory: autocast")
     call = prepare_call(inputs, kwargs)
     description = call.description
     with _ESTIMATE_LOCK:
         return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn)
+
+
+def _refuse_lazy(model: nn.Module) -> None:
+    """A lazy module (``nn.LazyLinear``...) has no parameter shapes until its first forward,
+    which would also change the caller's model: refused, naming it."""
+    for name, module in model.named_modules():
+        lazy = [
+            k for k, t in (*module._parameters.items(), *module._buffers.items())
+            if t is not None and nn.parameter.is_lazy(t)
+        ]
+        if lazy:
+            raise UsageError(
+                f"estimate_memory: module '{name or type(model).__name__}' ({type(module).__name__}) has uninitialized "
+                f"lazy {', '.join(lazy)}, whose shapes its first forward decides: run the model once on an example "
+                "input (model(x)) before estimating its memory"
+            )
 
 
 def _estimate(
@@ -229,8 +246,8 @@ def _estimate(
     opt, opt_name = (None, None)
     if optimizer is not None:
         trainable = [p for p in twin.parameters() if p.requires_grad]
-        opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
-        with mode:
+        with mode:  # an optimizer that makes state in its constructor (Adagrad) makes fake state
+            opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
             warm_up(opt, "estimate_memory", reuse=True)  # one step per kind of parameter on fakes
     names = facts.names_on(copied.copies)
     step = (twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)

@@ -352,8 +352,8 @@ def _model_flops(
     its forward; attention's QK^T and AV at the full Lq x Lk product, no causal halving): no
     activation recomputation, no fused-attention backward's extra QK^T (2.5x, not 2x, its
     forward), no work replicated on TP ranks. Without TP the rank's own forward is that
-    forward (FSDP changes no op's FLOPs); with TP the unsharded model is traced again, on
-    the meta device. ``(None, why)`` when that trace fails."""
+    forward (FSDP changes no op's FLOPs); with TP the unsharded model is counted again, on
+    the meta device, by the default count (fake copies, repeated blocks reused). ``(None, why)`` when that trace fails."""
     if tp == 1:
         return 3 * flops.get("forward", 0), ""
     tensors, rebuild = flatten_tensors((args, dict(kw)))
@@ -361,7 +361,9 @@ def _model_flops(
     meta_args, meta_kw = rebuild(metas)
     try:
         model = _built(build)
-        run = trace(_WithLoss(model, loss_fn or default_loss), tuple(meta_args), meta_kw, tracer="dispatch")
+        # the default count: fake copies with repeated blocks reused (the dispatch tracer on
+        # meta ran every layer: ~8 % of a 70B plan), the same events
+        run = trace(_WithLoss(model, loss_fn or default_loss), tuple(meta_args), meta_kw)
     except Exception as exc:  # the plan stands without an MFU
         return None, f"MFU not computed: the unsharded forward failed on the meta device ({type(exc).__name__}: {exc})"
     forward = sum(cost.flops for event, cost in cost_events(run.events, registry) if cost is not None and not _skipped(event.call.op))

@@ -1,6 +1,7 @@
 """The ``optimizer=`` argument of ``count_flops`` and ``estimate_memory``, parsed in one place.
 
-An optimizer is given as a name (``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``), a
+An optimizer is given as a name (``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``,
+``"adagrad"``), a
 ``torch.optim.Optimizer`` instance (its type, param groups and defaults are reused), an
 Optimizer subclass (built with its defaults: ``torch.optim.AdamW``) or a factory called
 with the list of trainable parameters (``lambda ps: torch.optim.SGD(ps, lr=0.1)``). It is
@@ -58,6 +59,8 @@ def build_optimizer(
             return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
         if key == "sgd-momentum":
             return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
+        if key == "adagrad":
+            return torch.optim.Adagrad(params, foreach=foreach), key
         return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
     if isinstance(spec, torch.optim.Optimizer):
         return _rebuilt(spec, twins, caller), type(spec).__name__
