@@ -42,7 +42,6 @@ from flopcount.step.replay import (
     layer_names,
     layer_tensors,
     record_forward_calls,
-    same_timeline,
     truncated,
 )
 from flopcount.step.runner import peak_tracker, run_step
@@ -302,7 +301,7 @@ def _layered(
         return None
     prefix = list_name + "."
     template = Template.of(timeline, prefix)
-    if template is None or not same_timeline(template.materialize(Template.LAYERS + 1), runs[1][1]):
+    if template is None or not template.checked(runs[1][1]):
         return None
     figures = template.figures(len(stack))
     fqns = layer_names(stack, known, prefix)

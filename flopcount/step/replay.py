@@ -37,7 +37,7 @@ from torch import nn
 
 from flopcount.core import hooks
 
-__all__ = ["MIN_LAYERS", "Figures", "Stack", "Template", "find_stack", "normalized", "record_forward_calls", "truncated"]
+__all__ = ["MIN_LAYERS", "Figures", "Replay", "Stack", "Template", "find_stack", "normalized", "record_forward_calls", "truncated"]
 
 #: fewer layers than this are traced in full (the template and the check trace 7)
 MIN_LAYERS = 6
@@ -239,20 +239,39 @@ def truncated(stack: Stack, keep: int) -> Iterator[None]:
         modules.update(saved)
 
 
-def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, int]:
+def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[int, torch.Tensor]]:
     """``id(tensor) -> layer`` for the first ``keep`` layers' parameters, their gradients
     and their optimizer state: which layer an optimizer op works on."""
-    table: Dict[int, int] = {}
+    table: Dict[int, Tuple[int, torch.Tensor]] = {}  # the tensor kept too: its id is not reused
     state = getattr(optimizer, "state", {}) if optimizer is not None else {}
+
+    def note(tensor: Any, index: int) -> None:
+        if isinstance(tensor, torch.Tensor):
+            table[id(tensor)] = (index, tensor)
+            to_local = getattr(tensor, "to_local", None)  # a DTensor (plan): its ops run on its local shard
+            if to_local is not None:
+                with torch.no_grad():
+                    local = to_local()
+                table[id(local)] = (index, local)
+
     for index in range(keep):
         for param in stack.layer(index).parameters():
-            table[id(param)] = index
-            if param.grad is not None:
-                table[id(param.grad)] = index
+            note(param, index)
+            note(param.grad, index)
             for value in state.get(param, {}).values():
-                if isinstance(value, torch.Tensor):
-                    table[id(value)] = index
+                note(value, index)
     return table
+
+
+@dataclass
+class Replay:
+    """What a cut run of plan's step keeps for the replay: the tracker's timeline, which layer
+    an optimizer op touches, and (after the run) the recorder and tracker."""
+
+    timeline: List[Record]
+    layer_tensors: Callable[[], Dict[int, Tuple[int, torch.Tensor]]]
+    recorder: Any = None
+    tracker: Any = None
 
 
 @contextlib.contextmanager
@@ -343,6 +362,8 @@ class _Piece:
     delta: Dict[Tuple[Any, Any], int] = field(default_factory=dict)
     #: a middle piece's: layer 1's names still running when the next layer's stretch begins
     residue: FrozenSet[str] = frozenset()
+    #: a fixed piece's: the middle piece before it (its layer-1 names are that phase's last middle layer's)
+    after: Optional[_Piece] = None
 
 
 class Template:
@@ -357,6 +378,33 @@ class Template:
         self.prefix = prefix
         self.pieces = pieces
         self.labels = labels
+        #: bytes by (device, category) each layer holds from the step's start and the cut run's
+        #: tracker did not see (:meth:`checked`)
+        self.static: Dict[Tuple[Any, Any], int] = {}
+
+    def checked(self, check: Sequence[Record]) -> bool:
+        """Whether ``check``, the timeline of the same step cut to 4 layers, is this template
+        stretched to 4 layers, record for record (learning first what one more layer holds
+        from the start: the two first records' difference)."""
+        if not check or not self.records:
+            return False
+        self.static = _minus(check[0][1], self.records[0][1])
+        return same_timeline(self.materialize(self.LAYERS + 1), check)
+
+    def spread(self, layers: int, stamps: Sequence[int], items: Sequence[Any]) -> List[Any]:
+        """``items`` recorded beside the template's timeline (an op event, a collective; each
+        stamped with the timeline's length when it was recorded), placed as their pieces are in
+        the ``layers``-layer step: a middle piece's once per middle layer."""
+        by_piece: Dict[int, List[Any]] = {id(piece): [] for piece in self.pieces}
+        starts = [piece.start for piece in self.pieces]
+        for stamp, item in zip(stamps, items):
+            at = max(stamp - 1, 0)
+            index = max(i for i, start in enumerate(starts) if start <= at or i == 0)
+            by_piece[id(self.pieces[index])].append(item)
+        out: List[Any] = []
+        for piece, _, _ in self._placed(layers):
+            out.extend(by_piece[id(piece)])
+        return out
 
     @classmethod
     def of(cls, records: Sequence[Record], prefix: str) -> Optional[Template]:
@@ -393,20 +441,37 @@ class Template:
             if start < cursor:
                 return None
             pieces.append(_Piece(cursor, start, False, phase))
-            residue = frozenset(name for name in records[stop][2] if _index(name, prefix) == 1)
             delta = _minus(records[stop][1], records[start][1])
-            pieces.append(_Piece(start, stop, True, phase, delta, residue))
+            pieces.append(_Piece(start, stop, True, phase, delta))
             cursor = stop
         if not pieces:
             return None
         pieces.append(_Piece(cursor, len(records), False, "end"))
+        last_middle: Optional[_Piece] = None
+        for piece in pieces:
+            if piece.middle:
+                last_middle = piece
+                # what layer 1 leaves running after it (in a backward, modules whose inputs need
+                # no gradient): its names in every record of the next layer's stretch
+                following = 0 if piece.phase == "backward" else 2
+                later: List[FrozenSet[str]] = []
+                for record in records[piece.stop:]:
+                    if not any(_index(n, prefix) == following for n in record[2]):
+                        break
+                    later.append(record[2])
+                left = [frozenset(n for n in names if _index(n, prefix) == 1) for names in later]
+                piece.residue = frozenset.intersection(*left) if left else frozenset()
+            else:
+                piece.after = last_middle
         return cls(records, prefix, pieces, labels)
 
     def _placed(self, layers: int) -> Iterator[Tuple[_Piece, Dict[Tuple[Any, Any], int], int]]:
         """Each piece's places in the ``layers``-layer timeline: (piece, byte shift, the layer
-        a middle piece stands for there; -1 for a fixed piece)."""
-        offset: Dict[Tuple[Any, Any], int] = {}
+        a middle piece stands for there; -1 for a fixed piece). Every byte count is also shifted
+        by ``static`` per layer more: what each layer holds from the start (its parameters and
+        optimizer state, where the cut run's tracker did not see the other layers')."""
         extra = layers - self.LAYERS
+        offset: Dict[Tuple[Any, Any], int] = _plus({}, self.static, extra)
         for piece in self.pieces:
             if not piece.middle:
                 yield piece, offset, -1
@@ -421,21 +486,37 @@ class Template:
         return f"{self.prefix}{index}{dot}{tail}"
 
     def renamed(self, name: str, piece: _Piece, target: int, layers: int) -> List[str]:
-        """``name`` of the template in the ``layers``-layer timeline: layer 0 stays, layer 2
-        is the last, layer 1 is the middle layer the piece stands for or, in a fixed piece
-        (a name left running after its stretch), every middle layer."""
+        """``name`` of the template in the ``layers``-layer timeline. In a middle piece standing
+        for layer ``target``: layer 1 is ``target``, the layer before it in the phase's order
+        (2 in a backward, 0 otherwise) is the one before ``target``, the one after likewise. In
+        a fixed piece: layer 0 stays, layer 2 is the last, and layer 1 is the last middle layer
+        the phase met, whose leftovers (the piece's residue) every other middle layer left too."""
         index = _index(name, self.prefix)
-        if index is None or index == 0:
+        if index is None:
+            return [name]
+        if piece.middle:
+            back = piece.phase == "backward"
+            if index == 1:
+                return [self._moved(name, target)]
+            before = (index == 2) if back else (index == 0)
+            step = 1 if before == back else -1
+            return [self._moved(name, target + step)]
+        if index == 0:
             return [name]
         if index == 2:
             return [self._moved(name, layers - 1)]
-        if piece.middle:
-            return [self._moved(name, target)]
-        return [self._moved(name, k) for k in range(1, layers - 1)]
+        middle = piece.after
+        if middle is None:
+            return [name]
+        last = 1 if middle.phase == "backward" else layers - 2
+        out = [self._moved(name, last)]
+        if name in middle.residue:
+            out += [self._moved(name, k) for k in range(1, layers - 1) if k != last]
+        return out
 
     def left_running(self, piece: _Piece, target: int, layers: int) -> List[str]:
-        """The names the middle layers met before ``target`` in the piece's phase left running."""
-        earlier = range(target + 1, layers - 1) if piece.phase == "backward" else range(1, target)
+        """The names the layers met before the one before ``target`` in the piece's phase left running."""
+        earlier = range(target + 2, layers) if piece.phase == "backward" else range(0, target - 1)
         return [self._moved(name, k) for k in earlier for name in piece.residue]
 
     def _names(self, names: FrozenSet[str], piece: _Piece, target: int, layers: int) -> FrozenSet[str]:

@@ -50,10 +50,11 @@ def peak_tracker(base: type) -> type:
             self.skip: Optional[Callable[[], bool]] = None
             #: the step's timeline (flopcount.step.replay), when a list: one record per op
             self.timeline: Optional[List[Any]] = None
-            #: made at the optimizer step's start: id(tensor) -> the layer it belongs to
-            self.layer_tensors: Optional[Callable[[], Dict[int, int]]] = None
-            self._tensor_layers: Dict[int, int] = {}
+            #: called at the optimizer step's first op: id(tensor) -> the layer it belongs to
+            self.layer_tensors: Optional[Callable[[], Dict[int, Any]]] = None
+            self._tensor_layers: Dict[int, Any] = {}
             self._touched: Optional[int] = None
+            self._last_record: Any = None
 
         def watch(self, model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor]) -> None:
             """Count ``model``'s parameters and buffers, ``optimizer``'s state and ``inputs``
@@ -83,7 +84,12 @@ def peak_tracker(base: type) -> type:
             if self.timeline is not None:
                 phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
                 flat = {(dev, key): value for dev, values in snap.items() for key, value in values.items() if value}
-                self.timeline.append(("op", flat, frozenset(parents), phase, self._touched))
+                record = ("op", flat, frozenset(parents), phase, self._touched)
+                # the same bytes, modules, phase and layer as the last op's (a view: FSDP's lazy
+                # init makes some per layer before the forward) adds nothing to any figure
+                if record != self._last_record:
+                    self.timeline.append(record)
+                    self._last_record = record
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if self.skip is not None and self.skip():
@@ -91,13 +97,16 @@ def peak_tracker(base: type) -> type:
             if self.timeline is None:
                 return super().__torch_dispatch__(func, types, args, kwargs)
             if self._in_opt:
+                if not self._tensor_layers and self.layer_tensors is not None:  # the step's first op
+                    self._tensor_layers = self.layer_tensors()
                 self._touched = _layer_touched(self._tensor_layers, args, kwargs)
-            length = len(self.timeline)
+            length, last = len(self.timeline), self._last_record
             out = super().__torch_dispatch__(func, types, args, kwargs)
             if not _has_tensor(out):
                 # an op that made no tensor (``prim.device``: run or not by caches warmed by an
                 # earlier step) changed no byte: its record would only tell the step's first run apart
                 del self.timeline[length:]
+                self._last_record = last
             return out
 
         def _register_global_optimizer_hook(self) -> None:
@@ -111,8 +120,6 @@ def peak_tracker(base: type) -> type:
             def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
                 if threading.get_ident() == owner:
                     tracker._in_opt = True
-                    if tracker.layer_tensors is not None:
-                        tracker._tensor_layers = tracker.layer_tensors()
 
             def post(optimizer: Any, args: Any, kwargs: Any) -> None:
                 if threading.get_ident() == owner:
@@ -133,14 +140,15 @@ def _has_tensor(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
 
 
-def _layer_touched(layers: Mapping[int, int], args: Any, kwargs: Any) -> Optional[int]:
-    """The layer of the first tensor among an op's arguments (lists included) that belongs to one."""
+def _layer_touched(layers: Mapping[int, Any], args: Any, kwargs: Any) -> Optional[int]:
+    """The layer of the first tensor among an op's arguments (lists included) that belongs to
+    one (``layers``: ``id(tensor) -> (layer, tensor)``, the tensor held so its id stays its own)."""
     for value in (*args, *(kwargs or {}).values()):
         for item in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(item, torch.Tensor):
                 found = layers.get(id(item))
-                if found is not None:
-                    return found
+                if found is not None and found[1] is item:
+                    return int(found[0])
     return None
 
 
