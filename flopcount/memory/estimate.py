@@ -195,7 +195,9 @@ def estimate_memory(
     A tie the model declares but no longer has (``model.to("meta")`` unties) is restored on
     the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu).
     A step that reads tensor values is measured once for real on a copy (said in warnings;
-    refused on meta)."""
+    refused on meta). A lazy module is refused, naming it. A stack of identical layers is run
+    cut to 3 and 4 layers and the rest replayed, exactly, where the 4-layer run checks out
+    (flopcount.step.replay; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:

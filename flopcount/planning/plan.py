@@ -115,7 +115,9 @@ def plan(
     A default process group already initialised is left alone: plan() raises instead.
     Threads: the fake world is the process's default process group while it lasts, so plans
     run one at a time (a second thread's plan waits); a plan inside a plan is a UsageError.
-    Measures nothing and writes no file.
+    Measures nothing and writes no file. A stack of identical layers is planned cut to 3 and 4
+    layers and the rest replayed, exactly, where the 4-layer run checks out (flopcount.step.replay;
+    not with a ``tp_plan`` of yours; ``FLOPCOUNT_REUSE=0`` traces every layer).
     """
     if device is not _UNSET:  # 0.2's name; None meant "no step times" there too
         if on != _DEFAULT_PART:
