@@ -5,7 +5,7 @@ Oracles: the same estimate with the replay off (``FLOPCOUNT_REUSE=0``: every lay
 before), compared as whole ``MemoryEstimate`` values (peak, categories at the peak, peak module
 and phase, every module's calls, activation bytes and peak, warnings), on tiny LLaMA / GPT-2 /
 BERT / torch encoder stacks of 6-8 layers, batch 2, inference, forward+backward, SGD / Adam /
-AdamW, autocast; torch's MemTracker on a real cpu run of the same step; and models built to break
+AdamW / Adagrad, autocast; torch's MemTracker on a real cpu run of the same step; and models built to break
 a replay (a layer differing in one attribute the forward reads, a hooked layer), which must be
 traced in full.
 """
@@ -108,6 +108,7 @@ STEPS: Dict[str, Dict[str, Any]] = {
     "fwd+bwd": {"backward": True},
     "sgd": {"backward": True, "optimizer": "sgd-momentum"},
     "adam": {"backward": True, "optimizer": "adam"},
+    "adagrad": {"backward": True, "optimizer": "adagrad"},
     "adamw-autocast": {"backward": True, "optimizer": "adamw", "autocast": torch.bfloat16},
 }
 GRID = [
@@ -115,7 +116,7 @@ GRID = [
     ("gpt2", "adam"),
     ("bert", "fwd+bwd"), ("bert", "sgd"),
     ("encoder", "adam"),
-    ("blocks", "inference"), ("blocks", "sgd"),
+    ("blocks", "inference"), ("blocks", "sgd"), ("blocks", "adagrad"),
 ]
 
 

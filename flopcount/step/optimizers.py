@@ -128,7 +128,7 @@ def foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
 #: warm-up of one parameter then stands for every parameter of its kind (:func:`warm_up`)
 _PER_PARAMETER = frozenset(
     getattr(torch.optim, name)
-    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta")
+    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "Adagrad")
     if hasattr(torch.optim, name)
 )
 
