@@ -77,7 +77,7 @@ class Diagnostic:
 TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
 
 #: The optimizer names ``count_flops``/``estimate_memory(optimizer=)`` and the CLI accept.
-OPTIMIZERS: Tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw")
+OPTIMIZERS: Tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw", "adagrad")
 
 #: The counting convention, printed under every report.
 #: Version of the JSON report ``FlopResult.to_dict()`` and ``count --format json`` write;

@@ -38,7 +38,7 @@ def _fake_optimizer(model: nn.Module, spec: Any) -> Tuple[Any, torch.optim.Optim
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
         params = [torch.empty_strided(p.shape, p.stride(), dtype=p.dtype).requires_grad_(p.requires_grad) for p in model.parameters()]
-    opt, _ = build_optimizer(spec, {}, [p for p in params if p.requires_grad], "test")
+        opt, _ = build_optimizer(spec, {}, [p for p in params if p.requires_grad], "test")  # in the mode, as estimate_memory
     return mode, opt, params
 
 
@@ -79,7 +79,7 @@ def _state_meta(opt: torch.optim.Optimizer, params: List[torch.Tensor]) -> List[
 @pytest.mark.parametrize(
     "spec",
     ["adamw", "adam", "sgd-momentum", torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax,
-     torch.optim.Adadelta],
+     torch.optim.Adadelta, "adagrad"],
 )
 def test_warm_up_steps_one_parameter_per_kind_and_makes_the_full_state(spec: Any) -> None:
     # by hand: 6 Linear(32, 32) + Linear(32, 8) = 14 trainable parameters of 4 kinds

@@ -34,9 +34,19 @@ from flopcount.core.state import preserved_rng
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
-from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, warm_up
+from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, per_parameter, warm_up
+from flopcount.step.replay import (
+    Figures,
+    Template,
+    find_stack,
+    layer_names,
+    layer_tensors,
+    record_forward_calls,
+    truncated,
+)
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack
+from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
 from flopcount.types import Phase
 
@@ -185,7 +195,9 @@ def estimate_memory(
     A tie the model declares but no longer has (``model.to("meta")`` unties) is restored on
     the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu).
     A step that reads tensor values is measured once for real on a copy (said in warnings;
-    refused on meta)."""
+    refused on meta). A lazy module is refused, naming it. A stack of identical layers is run
+    cut to 3 and 4 layers and the rest replayed, exactly, where the 4-layer run checks out
+    (flopcount.step.replay; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:
@@ -194,6 +206,7 @@ def estimate_memory(
         raise UsageError("estimate_memory: loss_fn is only used with backward=True")
     if optimizer is not None:
         check_spec(optimizer, "estimate_memory")
+    _refuse_lazy(model)
     cast = floating_dtype(dtype, "estimate_memory: dtype")
     amp = floating_dtype(autocast, "estimate_memory: autocast")
     call = prepare_call(inputs, kwargs)
@@ -202,11 +215,26 @@ def estimate_memory(
         return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn)
 
 
+def _refuse_lazy(model: nn.Module) -> None:
+    """A lazy module (``nn.LazyLinear``...) has no parameter shapes until its first forward,
+    which would also change the caller's model: refused, naming it."""
+    for name, module in model.named_modules():
+        lazy = [
+            k for k, t in (*module._parameters.items(), *module._buffers.items())
+            if t is not None and nn.parameter.is_lazy(t)
+        ]
+        if lazy:
+            raise UsageError(
+                f"estimate_memory: module '{name or type(model).__name__}' ({type(module).__name__}) has uninitialized "
+                f"lazy {', '.join(lazy)}, whose shapes its first forward decides: run the model once on an example "
+                "input (model(x)) before estimating its memory"
+            )
+
+
 def _estimate(
     model: nn.Module, call: Any, description: str, backward: bool, optimizer: Optional[OptimizerSpec],
     cast: Optional[torch.dtype], amp: Optional[torch.dtype], loss_fn: Optional[LossFn] = None,
 ) -> MemoryEstimate:
-    tracker = _peak_tracker()
     facts = model_facts(model)
     try:
         copied = fake_copies(model, list(call.tensors), call.rebuild, dtype=cast, storages=True, retie=True, modules=facts.modules)
@@ -219,15 +247,89 @@ def _estimate(
     opt, opt_name = (None, None)
     if optimizer is not None:
         trainable = [p for p in twin.parameters() if p.requires_grad]
-        opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
+        with mode:  # an optimizer that makes state in its constructor (Adagrad) makes fake state
+            opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
+            warm_up(opt, "estimate_memory", reuse=True)  # one step per kind of parameter on fakes
     names = facts.names_on(copied.copies)
+    step = (twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
+    figures = _layered(*step)
+    if figures is not None:
+        return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
+    for param in twin.parameters():
+        param.grad = None  # a cut run that stopped may have left some
+    tracker = _peak_tracker()
     try:
-        _tracked_step(tracker, twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
+        _tracked_step(tracker, *step, warm=False)
     except _NeedsData as needs:
         real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn)
         tracker, twin, names = real.tracker, real.model, real.names
         notes = copied.notes + ambient_autocast_note(amp) + [real.note]
-    return _collect(tracker, twin, names, backward, opt_name, cast, description, notes)
+    return _collect(_figures(tracker, names), twin, names, backward, opt_name, cast, description, notes)
+
+
+def _layered(
+    twin: nn.Module, opt: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], backward: bool,
+    amp: Optional[torch.dtype], names: Mapping[nn.Module, str], description: str, mode: Any,
+    loss_fn: Optional[LossFn] = None,
+) -> Optional[Figures]:
+    """The step's figures with its repeated layers replayed (flopcount.step.replay): the step
+    run on the copy cut to 3 layers (the template) and to 4 (the check); None (trace it in
+    full) where that does not apply or the check differs in any record."""
+    if not reuse_enabled() or isinstance(mode, contextlib.nullcontext) or (opt is not None and not per_parameter(opt)):
+        return None
+    stack = find_stack(twin)
+    if stack is None:
+        return None
+    runs = []
+    for keep in (Template.LAYERS, Template.LAYERS + 1):
+        tracker = _peak_tracker()
+        timeline: List[Any] = []
+        for param in twin.parameters():
+            param.grad = None
+        try:
+            with mode:
+                tracker.watch(twin, opt, output_tensors((args, kwargs)))  # every layer's parameters and state
+            with truncated(stack, keep), record_forward_calls(twin, tracker, timeline):
+                tracker.timeline = timeline
+                tracker.layer_tensors = lambda keep=keep: layer_tensors(stack, keep, opt)
+                _tracked_step(tracker, twin, opt, args, kwargs, backward, amp, names, description, mode, loss_fn, warm=False)
+        except Exception:  # the cut copy cannot run as the whole: the whole is traced
+            return None
+        known = tracker._mod_tracker.get_known_fqn
+        runs.append((tracker, timeline, known))
+    tracker, timeline, known = runs[0]
+    list_name = known(stack.layers)
+    if list_name is None:
+        return None
+    prefix = list_name + "."
+    template = Template.of(timeline, prefix)
+    if template is None or not template.checked(runs[1][1]):
+        return None
+    figures = template.figures(len(stack))
+    fqns = layer_names(stack, known, prefix)
+    figures.names = {module: fqns.get(module) or known(module) for module in names}
+    return figures
+
+
+def _figures(tracker: Any, names: Mapping[nn.Module, str]) -> Figures:
+    """What the reading reads off a tracker that watched the whole step."""
+    calls: Dict[str, Tuple[List[int], List[int]]] = {}
+    fqns: Dict[nn.Module, Optional[str]] = {}
+    for module in names:
+        fqn = fqns[module] = tracker._mod_tracker.get_known_fqn(module)
+        stats = tracker.memory_tracking.get(module)
+        if stats is None or fqn is None:
+            continue
+        states = {getattr(k, "value", k): v for k, v in stats.snapshots.items()}
+        calls[fqn] = (
+            [_bytes_of(s, "Activation") for s in states.get("Pre-Forward", [])],
+            [_bytes_of(s, "Activation") for s in states.get("Post-Forward", [])],
+        )
+    figures = Figures(
+        tracker.peak_total, tracker.peak_snapshot, tracker.peak_where, tracker.peak_phase, dict(tracker.module_peaks), calls,
+    )
+    figures.names = fqns
+    return figures
 
 
 class _NeedsData(Exception):
@@ -250,6 +352,7 @@ def _tracked_step(
     description: str,
     mode: Any,
     loss_fn: Optional[LossFn] = None,
+    warm: bool = True,
 ) -> None:
     """One step of ``twin`` inside ``tracker`` (under ``mode``: the fake mode, or nothing for a
     real step); a failure names the module it happened in; warnings' formatter kept. Fake
@@ -261,9 +364,10 @@ def _tracked_step(
     formatwarning = warnings.formatwarning  # ModTracker may replace it process-wide
     try:
         with mode, preserved_rng() if real else contextlib.nullcontext():
-            if opt is not None:
+            if opt is not None and warm:
                 warm_up(opt, "estimate_memory", reuse=not real)  # one step per kind of parameter on fakes
-            tracker.watch(twin, opt, output_tensors((args, kwargs)))
+            if tracker.timeline is None:  # a cut run's tracker watched the whole copy before it was cut
+                tracker.watch(twin, opt, output_tensors((args, kwargs)))
             with tracker, ModuleStack(names) as stack:
                 try:
                     run_step(
@@ -368,7 +472,7 @@ _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2
 
 
 def _collect(
-    tracker: Any,
+    figures: Figures,
     twin: nn.Module,
     names: Mapping[nn.Module, str],
     backward: bool,
@@ -377,18 +481,17 @@ def _collect(
     description: str,
     notes: List[str],
 ) -> MemoryEstimate:
-    snapshot = tracker.peak_snapshot
+    snapshot = figures.peak_snapshot
     at_peak = MemoryBreakdown(**{field: _bytes_of(snapshot, category) for category, field in _CATEGORIES.items()})
-    known = {tracker._mod_tracker.get_known_fqn(module): name for module, name in names.items()}
-    running = [fqn for fqn in tracker.peak_where if fqn in known]
+    fqn_of = figures.names
+    known = {fqn_of.get(module): name for module, name in names.items()}
+    running = [fqn for fqn in figures.peak_where if fqn in known]
     peak_module = known[max(running, key=lambda fqn: (fqn.count("."), fqn))] if running else ""
     modules = []
     for module, name in names.items():
-        stats = tracker.memory_tracking.get(module)
-        states = {} if stats is None else {getattr(k, "value", k): v for k, v in stats.snapshots.items()}
-        before, after = states.get("Pre-Forward", []), states.get("Post-Forward", [])
-        retained = sum(max(0, _bytes_of(b, "Activation") - _bytes_of(a, "Activation")) for a, b in zip(before, after))
-        fqn = tracker._mod_tracker.get_known_fqn(module)
+        fqn = fqn_of.get(module)
+        before, after = figures.forward_calls.get(fqn, ([], [])) if fqn is not None else ([], [])
+        retained = sum(max(0, b - a) for a, b in zip(before, after))
         modules.append(
             ModuleMemory(
                 name,
@@ -396,7 +499,7 @@ def _collect(
                 name.count(".") + 1 if name else 0,
                 len(before),
                 retained,
-                tracker.module_peaks.get(fqn, 0) if fqn is not None else 0,
+                figures.module_peaks.get(fqn, 0) if fqn is not None else 0,
             )
         )
     devices = sorted({str(device) for device in snapshot})
@@ -413,7 +516,7 @@ def _collect(
         peak_bytes=at_peak.total,
         at_peak=at_peak,
         peak_module=peak_module,
-        peak_phase=tracker.peak_phase,
+        peak_phase=figures.peak_phase,  # type: ignore[arg-type]
         mode="training step" if opt_name else "forward+backward" if backward else "inference",
         optimizer=opt_name,
         params=sum(p.numel() for p in twin.parameters()),

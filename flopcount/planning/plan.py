@@ -9,6 +9,7 @@ torch's MemTracker watch rank 0. See docs/parallel.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -33,13 +34,15 @@ from flopcount.planning.step import (
     make_optimizer,
     record_step,
 )
-from flopcount.planning.world import PlanError, fake_world, mesh_groups, parallelize
+from flopcount.planning.world import PlanError, fake_world, mesh_groups, parallelize, transformer_blocks
 from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
+from flopcount.step.replay import Replay, Stack, Template, find_stack, layer_tensors, truncated
 from flopcount.tracers import trace
+from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import quiet_fake_logs
-from flopcount.types import Cost, OpEvent
+from flopcount.types import Cost, OpEvent, TensorMeta
 
 __all__ = ["plan", "PlanResult"]
 
@@ -112,7 +115,9 @@ def plan(
     A default process group already initialised is left alone: plan() raises instead.
     Threads: the fake world is the process's default process group while it lasts, so plans
     run one at a time (a second thread's plan waits); a plan inside a plan is a UsageError.
-    Measures nothing and writes no file.
+    Measures nothing and writes no file. A stack of identical layers is planned cut to 3 and 4
+    layers and the rest replayed, exactly, where the 4-layer run checks out (flopcount.step.replay;
+    not with a ``tp_plan`` of yours; ``FLOPCOUNT_REUSE=0`` traces every layer).
     """
     if device is not _UNSET:  # 0.2's name; None meant "no step times" there too
         if on != _DEFAULT_PART:
@@ -132,9 +137,15 @@ def plan(
         groups = mesh_groups(mesh)
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)
-        model = _built(build)
-        prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-        record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp)
+        layered = _layered_step(
+            build, mesh, fsdp, tp, tp_plan, compute, args, kw, optimizer, loss_fn, groups, backend, amp, _registry(registry),
+        )
+        if layered is not None:
+            prefix, wrapped, record, dtype = layered
+        else:
+            model = _built(build)
+            prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
+            record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp)
     if compute is not None or amp is not None:
         dtype = str(compute or amp).replace("torch.", "")
     costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
@@ -204,9 +215,103 @@ def _built(build: Callable[[], nn.Module]) -> nn.Module:
     return model.train()
 
 
+def _layered_step(
+    build: Callable[[], nn.Module], mesh: Any, fsdp: int, tp: int, tp_plan: Optional[Mapping[str, Any]],
+    compute: Optional[torch.dtype], args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
+    groups: Mapping[str, Any], backend: str, amp: Optional[torch.dtype], registry: HandlerRegistry,
+) -> Optional[Tuple[str, int, StepRecord, str]]:
+    """Rank 0's step with its repeated layers replayed (flopcount.step.replay, as
+    estimate_memory): the model built, cut to 3 layers (the template) and to 4 (the check),
+    each sharded and stepped; where the check's timeline, op events and collectives are the
+    template's stretched to 4 layers, the whole model's are the template's stretched to all of
+    them, and its state bytes and wrapped blocks the template's plus one layer's per layer
+    more. None (trace the whole model) where that does not apply (a ``tp_plan`` of the
+    caller's, which may name layers, included) or the check differs."""
+    if not reuse_enabled() or tp_plan is not None:
+        return None
+    runs = []
+    for keep in (Template.LAYERS, Template.LAYERS + 1):
+        model = _built(build)
+        stack = find_stack(model)
+        if stack is None:
+            return None
+        path = next(name for name, module in model.named_modules() if module is stack.layers)
+        if transformer_blocks(model)[0] != path:  # FSDP wraps another list's blocks: not this one's
+            return None
+        n = len(stack)
+        opt_of: List[Any] = [None]
+        replay = Replay([], functools.partial(_layer_tensors, stack, keep, opt_of))
+        try:
+            with truncated(stack, keep):
+                prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
+                record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, replay, opt_of)
+        except Exception:  # the cut model cannot run as the whole: the whole is traced
+            return None
+        list_name = replay.tracker._mod_tracker.get_known_fqn(stack.layers) if replay.tracker is not None else None
+        if list_name is None:
+            return None
+        runs.append((prefix, wrapped, record, dtype, replay, list_name))
+    (prefix, wrapped3, record3, dtype, replay3, name), (_, wrapped4, record4, _, replay4, _) = runs
+    template = Template.of(replay3.timeline, name + ".")
+    if template is None or not template.checked(replay4.timeline):
+        return None
+    rec3, rec4 = replay3.recorder, replay4.recorder
+    # the op events the reading books: those with a cost or without a handler (a view costs
+    # nothing, and FSDP's lazy init makes some per layer outside the layers' stretches)
+    stamps3, events3 = _booked(rec3.event_stamps, rec3.events, registry)
+    _, events4 = _booked(rec4.event_stamps, rec4.events, registry)
+    keys3 = [_event_key(e) for e in events3]
+    if template.spread(Template.LAYERS + 1, stamps3, keys3) != [_event_key(e) for e in events4]:
+        return None
+    if template.spread(Template.LAYERS + 1, rec3.collective_stamps, rec3.collectives) != rec4.collectives:
+        return None
+    extra = n - Template.LAYERS
+    figures = template.figures(n)
+    # MemTracker's snapshot holds every category of a device, zeros included
+    peak: Dict[str, int] = {str(getattr(key, "value", key)): 0 for key in record3.memory_peak}
+    for values in figures.peak_snapshot.values():
+        for key, value in values.items():
+            label = str(getattr(key, "value", key))
+            peak[label] = peak.get(label, 0) + int(value)
+    state = {k: v + extra * (record4.state_bytes[k] - v) for k, v in record3.state_bytes.items()}
+    record = StepRecord(
+        tuple(template.spread(n, stamps3, events3)),
+        tuple(template.spread(n, rec3.collective_stamps, rec3.collectives)),
+        peak, state, {},
+    )
+    return prefix, wrapped3 + extra * (wrapped4 - wrapped3), record, dtype
+
+
+def _layer_tensors(stack: Stack, keep: int, opt_of: List[Any]) -> Dict[int, Tuple[int, torch.Tensor]]:
+    return layer_tensors(stack, keep, opt_of[0])  # the optimizer is made after the model is sharded
+
+
+def _booked(stamps: List[int], events: List[OpEvent], registry: HandlerRegistry) -> Tuple[List[int], List[OpEvent]]:
+    """The events (and their stamps) whose cost is not zero or that no handler prices."""
+    kept = [(s, e) for s, e in zip(stamps, events) if not _skipped(e.call.op)]
+    costed = cost_events(tuple(e for _, e in kept), registry)
+    chosen = [(s, e) for (s, e), (_, cost) in zip(kept, costed) if cost is None or cost != Cost()]
+    return [s for s, _ in chosen], [e for _, e in chosen]
+
+
+def _event_key(event: OpEvent) -> Tuple[Any, ...]:
+    """What an op event's cost and booking read (its module aside): op, phase, arguments, outputs."""
+    return (event.call.op, event.phase, tuple((k, _plain(v)) for k, v in event.call.args.items()),
+            tuple(_plain(v) for v in event.call.outputs))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v) for v in value)
+    if value is None or isinstance(value, (TensorMeta, int, float, str, torch.dtype, torch.device, torch.layout)):
+        return value
+    return type(value).__name__  # a process group, a profiler record: no cost reads it
+
+
 def _fake_step(
     model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
     groups: Mapping[str, Any], backend: str = "nccl", amp: Optional[torch.dtype] = None,
+    replay: Optional[Replay] = None, opt_of: Optional[List[Any]] = None,
 ) -> Tuple[StepRecord, str]:
     """Materialise the sharded model as fake tensors on cpu, then run and record one step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -224,13 +329,15 @@ def _fake_step(
         fakes = [made[id(t)] for t in tensors]
         call_args, call_kw = rebuild(fakes)
         opt = make_optimizer(optimizer, model)
+        if opt_of is not None:
+            opt_of[0] = opt
         if opt is not None:
             # the steady state: every step after the first starts with the optimizer state
             # allocated, so it is there through the forward and backward (the first step's
             # peak is lower by up to the state's size; a plan sizes every step)
             warm_up(opt, "plan", reuse=True)  # fake tensors: one step per kind of parameter
         try:
-            record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp)
+            record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp, replay=replay)
         except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is
             raise
         except Exception as exc:
@@ -352,8 +459,8 @@ def _model_flops(
     its forward; attention's QK^T and AV at the full Lq x Lk product, no causal halving): no
     activation recomputation, no fused-attention backward's extra QK^T (2.5x, not 2x, its
     forward), no work replicated on TP ranks. Without TP the rank's own forward is that
-    forward (FSDP changes no op's FLOPs); with TP the unsharded model is traced again, on
-    the meta device. ``(None, why)`` when that trace fails."""
+    forward (FSDP changes no op's FLOPs); with TP the unsharded model is counted again, on
+    the meta device, by the default count (fake copies, repeated blocks reused). ``(None, why)`` when that trace fails."""
     if tp == 1:
         return 3 * flops.get("forward", 0), ""
     tensors, rebuild = flatten_tensors((args, dict(kw)))
@@ -361,7 +468,9 @@ def _model_flops(
     meta_args, meta_kw = rebuild(metas)
     try:
         model = _built(build)
-        run = trace(_WithLoss(model, loss_fn or default_loss), tuple(meta_args), meta_kw, tracer="dispatch")
+        # the default count: fake copies with repeated blocks reused (the dispatch tracer on
+        # meta ran every layer: ~8 % of a 70B plan), the same events
+        run = trace(_WithLoss(model, loss_fn or default_loss), tuple(meta_args), meta_kw)
     except Exception as exc:  # the plan stands without an MFU
         return None, f"MFU not computed: the unsharded forward failed on the meta device ({type(exc).__name__}: {exc})"
     forward = sum(cost.flops for event, cost in cost_events(run.events, registry) if cost is not None and not _skipped(event.call.op))

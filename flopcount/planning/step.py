@@ -114,6 +114,11 @@ class _StepRecorder(Recorder):
         self._groups = groups
         self.collectives: List[Collective] = []
         self.shape_runs: Callable[[], bool] = lambda: False
+        #: the memory tracker's timeline, when one is kept (flopcount.step.replay): each event
+        #: and collective is stamped with the timeline's length when it was recorded
+        self.timeline: Optional[List[Any]] = None
+        self.event_stamps: List[int] = []
+        self.collective_stamps: List[int] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         dtensor = self._dtensor
@@ -123,12 +128,16 @@ class _StepRecorder(Recorder):
         if self.shape_runs():  # DTensor's shape propagation: not this rank's work
             return func(*args, **(kwargs or {}))
         out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.timeline is not None:
+            self.event_stamps.extend([len(self.timeline)] * (len(self.events) - len(self.event_stamps)))
         name = _signature(func).name
         kind = COLLECTIVE_KINDS.get(name)
         if kind is not None and not self.muted:
             values = list(args) + list((kwargs or {}).values())
             size = max([_tensor_bytes(v) for v in values] + [_tensor_bytes(out)])
             self.collectives.append(Collective(kind, name, self._group_of(values), self.phase, size))
+            if self.timeline is not None:
+                self.collective_stamps.append(len(self.timeline))
             if kind == "reduce_scatter" and self._backend == "gloo" and self.tracking:
                 self._gloo_scratch(values)
         return out
@@ -227,6 +236,7 @@ def record_step(
     track_memory: bool = True,
     backend: str = "nccl",
     amp: Optional[torch.dtype] = None,
+    replay: Optional[Any] = None,
 ) -> StepRecord:
     """Run one training step (:func:`flopcount.step.runner.run_step`: forward, the loss,
     the outputs released, backward, ``optimizer.step()``), recording everything.
@@ -243,15 +253,24 @@ def record_step(
     if tracker is not None:
         tracker.skip = shape_runs
         tracker.watch(model, optimizer, flat)
+    hooks: Any = contextlib.nullcontext()
+    if replay is not None and tracker is not None:  # a cut model's run kept as a timeline (plan's reuse)
+        from flopcount.step.replay import record_forward_calls
+
+        tracker.timeline = recorder.timeline = replay.timeline
+        tracker.layer_tensors = replay.layer_tensors
+        hooks = record_forward_calls(model, tracker, replay.timeline)
 
     def on_phase(phase: Any) -> None:
         recorder.phase = phase
 
-    with tracker if tracker is not None else contextlib.nullcontext(), modules, recorder:
+    with hooks, tracker if tracker is not None else contextlib.nullcontext(), modules, recorder:
         run_step(
             model, args, kwargs, optimizer=optimizer, loss_fn=loss_fn, amp=amp,
             device_type=amp_device(model, args, kwargs), tracker=tracker, on_phase=on_phase,
         )
+    if replay is not None and tracker is not None:
+        replay.recorder, replay.tracker = recorder, tracker
     peak: Dict[str, int] = {}
     if tracker is not None:
         for snapshot in tracker.peak_snapshot.values():

@@ -1,6 +1,7 @@
 """The ``optimizer=`` argument of ``count_flops`` and ``estimate_memory``, parsed in one place.
 
-An optimizer is given as a name (``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``), a
+An optimizer is given as a name (``"sgd"``, ``"sgd-momentum"``, ``"adam"``, ``"adamw"``,
+``"adagrad"``), a
 ``torch.optim.Optimizer`` instance (its type, param groups and defaults are reused), an
 Optimizer subclass (built with its defaults: ``torch.optim.AdamW``) or a factory called
 with the list of trainable parameters (``lambda ps: torch.optim.SGD(ps, lr=0.1)``). It is
@@ -19,7 +20,7 @@ import torch
 from flopcount.errors import UsageError
 from flopcount.types import OPTIMIZERS
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "warm_up"]
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "per_parameter", "warm_up"]
 
 OptimizerSpec = Union[str, torch.optim.Optimizer, Type[torch.optim.Optimizer], Callable[[List[torch.Tensor]], Any]]
 
@@ -58,6 +59,8 @@ def build_optimizer(
             return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
         if key == "sgd-momentum":
             return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
+        if key == "adagrad":
+            return torch.optim.Adagrad(params, foreach=foreach), key
         return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
     if isinstance(spec, torch.optim.Optimizer):
         return _rebuilt(spec, twins, caller), type(spec).__name__
@@ -125,9 +128,14 @@ def foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
 #: warm-up of one parameter then stands for every parameter of its kind (:func:`warm_up`)
 _PER_PARAMETER = frozenset(
     getattr(torch.optim, name)
-    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta")
+    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "Adagrad")
     if hasattr(torch.optim, name)
 )
+
+
+def per_parameter(opt: Any) -> bool:
+    """Whether ``opt`` is one of torch's per-parameter optimizers (:data:`_PER_PARAMETER`)."""
+    return type(opt) in _PER_PARAMETER
 
 
 def warm_up(opt: torch.optim.Optimizer, caller: str, *, reuse: bool = False) -> None:

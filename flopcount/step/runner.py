@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -48,6 +48,13 @@ def peak_tracker(base: type) -> type:
             self.peak_phase: Phase = "forward"
             self.module_peaks: Dict[str, int] = {}
             self.skip: Optional[Callable[[], bool]] = None
+            #: the step's timeline (flopcount.step.replay), when a list: one record per op
+            self.timeline: Optional[List[Any]] = None
+            #: called at the optimizer step's first op: id(tensor) -> the layer it belongs to
+            self.layer_tensors: Optional[Callable[[], Dict[int, Any]]] = None
+            self._tensor_layers: Dict[int, Any] = {}
+            self._touched: Optional[int] = None
+            self._last_record: Any = None
 
         def watch(self, model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor]) -> None:
             """Count ``model``'s parameters and buffers, ``optimizer``'s state and ``inputs``
@@ -74,11 +81,33 @@ def peak_tracker(base: type) -> type:
                 self.peak_snapshot = {dev: dict(values) for dev, values in snap.items()}
                 self.peak_where = frozenset(parents)
                 self.peak_phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            if self.timeline is not None:
+                phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+                flat = {(dev, key): value for dev, values in snap.items() for key, value in values.items() if value}
+                record = ("op", flat, frozenset(parents), phase, self._touched)
+                # the same bytes, modules, phase and layer as the last op's (a view: FSDP's lazy
+                # init makes some per layer before the forward) adds nothing to any figure
+                if record != self._last_record:
+                    self.timeline.append(record)
+                    self._last_record = record
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if self.skip is not None and self.skip():
                 return func(*args, **(kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            if self.timeline is None:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            if self._in_opt:
+                if not self._tensor_layers and self.layer_tensors is not None:  # the step's first op
+                    self._tensor_layers = self.layer_tensors()
+                self._touched = _layer_touched(self._tensor_layers, args, kwargs)
+            length, last = len(self.timeline), self._last_record
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if not _has_tensor(out):
+                # an op that made no tensor (``prim.device``: run or not by caches warmed by an
+                # earlier step) changed no byte: its record would only tell the step's first run apart
+                del self.timeline[length:]
+                self._last_record = last
+            return out
 
         def _register_global_optimizer_hook(self) -> None:
             """MemTracker's process-wide optimizer-step hooks, answering only the owning
@@ -103,6 +132,24 @@ def peak_tracker(base: type) -> type:
 
     PeakTracker.__name__ = PeakTracker.__qualname__ = f"Peak{base.__name__}"
     return PeakTracker
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
+
+
+def _layer_touched(layers: Mapping[int, Any], args: Any, kwargs: Any) -> Optional[int]:
+    """The layer of the first tensor among an op's arguments (lists included) that belongs to
+    one (``layers``: ``id(tensor) -> (layer, tensor)``, the tensor held so its id stays its own)."""
+    for value in (*args, *(kwargs or {}).values()):
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.Tensor):
+                found = layers.get(id(item))
+                if found is not None and found[1] is item:
+                    return int(found[0])
+    return None
 
 
 class _NoHook:

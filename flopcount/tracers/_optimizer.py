@@ -38,7 +38,7 @@ class FakeOptimizerStep:
                     twins[id(param)] = _twin(param)
             trainable = [twins[id(p)] for p in params if p.requires_grad]
             self.optimizer, self.name = build_optimizer(spec, twins, trainable, caller)
-            warm_up(self.optimizer, caller)
+            warm_up(self.optimizer, caller, reuse=True)  # fakes: one step per kind of parameter
             for param, got_grad in zip(params, trained):
                 twin = twins[id(param)]
                 if got_grad and twin.grad is None:  # a tied parameter: one gradient

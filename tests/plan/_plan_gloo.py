@@ -66,13 +66,24 @@ def tiny_mistral() -> nn.Module:
     return MistralForCausalLM(config)
 
 
+def tiny_llama7() -> nn.Module:
+    """tiny_llama with 7 layers and no KV cache: plan replays its repeated layers (issue #32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=7, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
+    )
+    return LlamaForCausalLM(config)
+
+
 BUILDERS = {
     "llama": tiny_llama, "encoder": tiny_encoder, "gpt2": tiny_gpt2, "gpt2_tied": lambda: tiny_gpt2(tied=True),
-    "qwen2": tiny_qwen2, "mistral": tiny_mistral,
+    "qwen2": tiny_qwen2, "mistral": tiny_mistral, "llama7": tiny_llama7,
 }
 
 #: builders whose input is token ids (the others take a float [batch, seq, 64] tensor)
-DECODERS = ("llama", "gpt2", "gpt2_tied", "qwen2", "mistral")
+DECODERS = ("llama", "gpt2", "gpt2_tied", "qwen2", "mistral", "llama7")
 
 
 def example_input(name: str, seq: int = SEQ) -> torch.Tensor:

@@ -1,0 +1,621 @@
+"""A training step's repeated layers replayed exactly instead of traced (issue #32).
+
+A step's memory figures (the peak, the categories at the peak, the modules running then,
+each module's own peak and the activation bytes each forward call kept) are functions of
+the tracker's *timeline*: the live bytes by device and category after every op, with the
+modules running and the phase, plus the bytes at each module's forward entry and exit.
+When a model's layers are N copies of one block, the timeline of the N-layer step is the
+3-layer step's with the middle layer's stretch repeated: layer ``j``'s forward (backward,
+optimizer) stretch is layer 1's with every byte count shifted by what ``j - 1`` more
+middle layers left alive entering it, and the names moved from ``layers.1`` to
+``layers.j``. So the step runs twice on a copy of the model cut to its first layers: 3
+layers (the template: first, middle, last) and 4 layers (the check), the check's whole
+timeline (every record, every byte, every name) is compared with the template's
+stretched to 4 layers, and only when they are identical is the N-layer figure computed
+from the template, stretch by stretch (the highest total of a stretch is its template's
+plus the shift), without building the N-layer timeline.
+
+Used only where the repetition is proven as far as flopcount can see: one ``ModuleList``
+or ``Sequential`` of at least :data:`MIN_LAYERS` layers whose subtrees are the same
+(class and forward, parameters' and buffers' metadata, every plain attribute equal; an
+attribute that differs between layers, transformers' ``layer_idx``, is replaced on the
+cut copy by a stand-in that raises if the step reads it), no module hook anywhere, no
+layer module or parameter reachable twice, a per-parameter optimizer whose step touches
+one layer's tensors at a time (the labels of its ops come from the tensors they touch),
+and phases and layers met in the order a step meets them. Anything else is traced in
+full. ``FLOPCOUNT_REUSE=0`` turns this off (and the count's reuse with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from flopcount.core import hooks
+
+__all__ = ["MIN_LAYERS", "Figures", "Replay", "Stack", "Template", "find_stack", "normalized", "record_forward_calls", "truncated"]
+
+#: fewer layers than this are traced in full (the template and the check trace 7)
+MIN_LAYERS = 6
+
+#: a record of the timeline: (kind: "op" | "pre" | "post", live bytes by (device, category),
+#: module names (the running ones for an op, the hooked module's for "pre"/"post"), phase,
+#: the layer an optimizer op touched or None)
+Record = Tuple[str, Dict[Tuple[Any, Any], int], FrozenSet[str], str, Optional[int]]
+
+_SCALARS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device)
+
+
+@dataclass
+class Figures:
+    """What a step's memory reading reads off its tracker, by MemTracker's module names
+    (``fqn``): the peak's total, its bytes by device and category, the modules running and
+    the phase then, each module's own peak, and the Activation bytes at each forward
+    call's entry and exit (in call order)."""
+
+    peak_total: int
+    peak_snapshot: Dict[Any, Dict[Any, int]]
+    peak_where: FrozenSet[str]
+    peak_phase: str
+    module_peaks: Dict[str, int]
+    forward_calls: Dict[str, Tuple[List[int], List[int]]] = field(default_factory=dict)
+    #: MemTracker's name of each module of the model (None: never named, never ran)
+    names: Dict[nn.Module, Optional[str]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- the repeated layers
+
+
+class _IndexRead(Exception):
+    """The cut copy's step read an attribute that differs between layers."""
+
+
+class _Hidden:
+    """Stands for a layer attribute whose value differs between layers while the cut copy
+    runs: any use of it raises, so a step that reads it is traced in full instead."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise _IndexRead(f"the step read the per-layer attribute {self.name!r}")
+
+    __bool__ = __int__ = __index__ = __float__ = __hash__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __mod__ = __floordiv__ = __truediv__ = _refuse
+    __str__ = __repr__ = __format__ = __iter__ = __len__ = __getitem__ = __call__ = _refuse
+
+    def __getattr__(self, name: str) -> Any:
+        raise _IndexRead(f"the step read the per-layer attribute {self.name!r}")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The model's repeated layers: ``layers`` (a ModuleList or Sequential) and, per layer,
+    the (module, attribute) pairs whose values differ between layers."""
+
+    layers: nn.Module
+    differing: Tuple[Tuple[Tuple[nn.Module, str], ...], ...]
+
+    def __len__(self) -> int:
+        return len(self.layers._modules)
+
+    def layer(self, index: int) -> nn.Module:
+        found = list(self.layers._modules.values())[index]
+        assert found is not None
+        return found
+
+
+def find_stack(model: nn.Module) -> Optional[Stack]:
+    """The longest run of identical layers of ``model`` that can be replayed, or None."""
+    if hooks.process_hooks_present():
+        return None
+    module_seen: Dict[int, int] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        module_seen[id(module)] = module_seen.get(id(module), 0) + 1
+        if hooks.has_call_hooks(module):
+            return None
+    param_seen: Dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        param_seen[id(param)] = param_seen.get(id(param), 0) + 1
+    candidates = [
+        m for m in model.modules()
+        if type(m) in (nn.ModuleList, nn.Sequential) and len(m._modules) >= MIN_LAYERS
+        and all(c is not None for c in m._modules.values())
+    ]
+    for layers in sorted(candidates, key=lambda m: -len(m._modules)):
+        stack = _stack(layers, module_seen, param_seen)
+        if stack is not None:
+            return stack
+    return None
+
+
+def _stack(layers: nn.Module, module_seen: Mapping[int, int], param_seen: Mapping[int, int]) -> Optional[Stack]:
+    from flopcount.tracers._reuse import _signature  # the count's reuse keys: the same signature first
+
+    children = [m for m in layers._modules.values() if m is not None]
+    if list(layers._modules) != [str(i) for i in range(len(children))]:
+        return None
+    memo: Dict[int, Any] = {}
+    if len({_signature(layer, memo) for layer in children}) != 1:
+        return None
+    walks = [list(layer.modules()) for layer in children]
+    for walk in walks:
+        for module in walk:
+            if module_seen.get(id(module), 0) != 1:
+                return None
+            if any(param_seen.get(id(p), 0) != 1 for p in module._parameters.values() if p is not None):
+                return None
+    template = walks[1]
+    differing: List[set] = [set() for _ in template]
+    for walk in walks:
+        if len(walk) != len(template):
+            return None
+        for position, (a, b) in enumerate(zip(template, walk)):
+            names = _unequal(a, b)
+            if names is None:
+                return None
+            differing[position] |= names
+    per_layer = tuple(
+        tuple((module, name) for position, module in enumerate(walk) for name in sorted(differing[position]))
+        for walk in walks
+    )
+    return Stack(layers, per_layer)
+
+
+def _unequal(a: nn.Module, b: nn.Module) -> Optional[set]:
+    """The plain scalar attributes of ``a`` and ``b`` that differ, or None when the two
+    modules differ in anything else (class, tensors' metadata, other attributes)."""
+    if type(a) is not type(b):
+        return None
+    va, vb = vars(a), vars(b)
+    if va.keys() != vb.keys() or "forward" in va:
+        return None
+    out = set()
+    for name, x in va.items():
+        y = vb[name]
+        if name == "_modules":
+            if list(x) != list(y):
+                return None
+        elif name in ("_parameters", "_buffers"):
+            if list(x) != list(y) or any(not _same_tensor(x[k], y[k]) for k in x):
+                return None
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not _same_tensor(x, y):
+                return None
+        elif hooks.is_hook_name(name) and isinstance(x, dict):
+            if x or y:
+                return None
+        elif x is y:
+            continue
+        elif type(x) is type(y) and isinstance(x, _SCALARS):
+            if x != x and y != y:  # both nan
+                continue
+            if x != y:
+                out.add(name)
+        elif type(x) is type(y) and isinstance(x, (tuple, list, set, frozenset)) and all(isinstance(v, _SCALARS) for v in (*x, *y)):
+            if x != y:
+                return None
+        else:
+            return None
+    return out
+
+
+def _same_tensor(x: Any, y: Any) -> bool:
+    if x is None or y is None:
+        return x is y
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return False
+    return (
+        type(x) is type(y) and x.shape == y.shape and x.stride() == y.stride() and x.dtype == y.dtype
+        and x.device == y.device and x.requires_grad == y.requires_grad and x.layout == y.layout
+    )
+
+
+@contextlib.contextmanager
+def truncated(stack: Stack, keep: int) -> Iterator[None]:
+    """``stack``'s layers cut to the first ``keep`` while the block runs, their per-layer
+    attributes replaced by stand-ins that refuse to be read; everything put back after."""
+    modules = stack.layers._modules
+    saved = dict(modules)
+    swapped: List[Tuple[nn.Module, str, Any]] = []
+    try:
+        for index in range(keep, len(saved)):
+            del modules[str(index)]
+        for pairs in stack.differing[:keep]:
+            for module, name in pairs:
+                swapped.append((module, name, module.__dict__[name]))
+                module.__dict__[name] = _Hidden(name)
+        yield
+    finally:
+        for module, name, value in swapped:
+            module.__dict__[name] = value
+        modules.clear()
+        modules.update(saved)
+
+
+def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[int, torch.Tensor]]:
+    """``id(tensor) -> layer`` for the first ``keep`` layers' parameters, their gradients
+    and their optimizer state: which layer an optimizer op works on."""
+    table: Dict[int, Tuple[int, torch.Tensor]] = {}  # the tensor kept too: its id is not reused
+    state = getattr(optimizer, "state", {}) if optimizer is not None else {}
+
+    def note(tensor: Any, index: int) -> None:
+        if isinstance(tensor, torch.Tensor):
+            table[id(tensor)] = (index, tensor)
+            to_local = getattr(tensor, "to_local", None)  # a DTensor (plan): its ops run on its local shard
+            if to_local is not None:
+                with torch.no_grad():
+                    local = to_local()
+                table[id(local)] = (index, local)
+
+    for index in range(keep):
+        for param in stack.layer(index).parameters():
+            note(param, index)
+            note(param.grad, index)
+            for value in state.get(param, {}).values():
+                note(value, index)
+    return table
+
+
+@dataclass
+class Replay:
+    """What a cut run of plan's step keeps for the replay: the tracker's timeline, which layer
+    an optimizer op touches, and (after the run) the recorder and tracker."""
+
+    timeline: List[Record]
+    layer_tensors: Callable[[], Dict[int, Tuple[int, torch.Tensor]]]
+    recorder: Any = None
+    tracker: Any = None
+
+
+@contextlib.contextmanager
+def record_forward_calls(model: nn.Module, tracker: Any, timeline: List[Record]) -> Iterator[None]:
+    """Each forward call of ``model``'s modules recorded on ``timeline`` at entry and exit
+    (the live bytes then), as MemTracker snapshots them (its process-wide hooks run just
+    before these; calls made again in the backward, recomputation, are not recorded, as
+    MemTracker does not record them)."""
+    handles = []
+
+    def note(kind: str, module: nn.Module) -> None:
+        modtracker = tracker._mod_tracker
+        if modtracker.is_bw:
+            return
+        fqn = modtracker.get_known_fqn(module)
+        timeline.append((kind, snapshot(tracker), frozenset((fqn,)), "forward", None))
+
+    try:
+        for module in model.modules():
+            handles.append(module.register_forward_pre_hook(lambda m, args: note("pre", m)))
+            handles.append(module.register_forward_hook(lambda m, args, out: note("post", m)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def snapshot(tracker: Any) -> Dict[Tuple[Any, Any], int]:
+    """The tracker's live bytes now, flat: ``{(device, category): bytes}``, zeros left out."""
+    return {(dev, key): value for dev, values in tracker._curr_mem_snap.items() for key, value in values.items() if value}
+
+
+def normalized(snap: Mapping[Tuple[Any, Any], int]) -> Dict[Tuple[Any, Any], int]:
+    """``snap`` as MemTracker would hold it: zeros left out, and a device whose total is 0
+    not there at all (MemTracker drops a device when its total reaches 0)."""
+    empty = {dev for (dev, key), value in snap.items() if key == "Total" and value == 0}
+    present = {dev for (dev, key) in snap if key == "Total"}
+    return {(dev, key): v for (dev, key), v in snap.items() if v and dev in present and dev not in empty}
+
+
+def _shifted(snap: Mapping[Tuple[Any, Any], int], offset: Mapping[Tuple[Any, Any], int]) -> Dict[Tuple[Any, Any], int]:
+    if not offset:
+        return dict(snap)
+    out = dict(snap)
+    for key, value in offset.items():
+        out[key] = out.get(key, 0) + value
+    return normalized(out)
+
+
+def _plus(a: Mapping[Any, int], b: Mapping[Any, int], times: int = 1) -> Dict[Any, int]:
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = out.get(key, 0) + times * value
+    return {k: v for k, v in out.items() if v}
+
+
+def _minus(a: Mapping[Any, int], b: Mapping[Any, int]) -> Dict[Any, int]:
+    return _plus(a, b, -1)
+
+
+def _total(snap: Mapping[Tuple[Any, Any], int]) -> int:
+    return sum(v for (dev, key), v in snap.items() if key == "Total")
+
+
+def _category(key: Any) -> str:
+    return str(getattr(key, "value", key))
+
+
+def _activation(snap: Mapping[Tuple[Any, Any], int]) -> int:
+    return sum(v for (dev, key), v in snap.items() if _category(key) == "Activation")
+
+
+# --------------------------------------------------------------------------- the template
+
+
+_ORDER = ("forward", "backward", "optimizer")
+
+
+@dataclass
+class _Piece:
+    """A stretch ``[start, stop)`` of the template's timeline, and how it is placed in the
+    N-layer timeline: ``middle`` (the middle layer's stretch of ``phase``, repeated) or fixed."""
+
+    start: int
+    stop: int
+    middle: bool
+    phase: str
+    delta: Dict[Tuple[Any, Any], int] = field(default_factory=dict)
+    #: a middle piece's: layer 1's names still running when the next layer's stretch begins
+    residue: FrozenSet[str] = frozenset()
+    #: a fixed piece's: the middle piece before it (its layer-1 names are that phase's last middle layer's)
+    after: Optional[_Piece] = None
+
+
+class Template:
+    """The 3-layer step's timeline cut into pieces: before layer 1's forward stretch, that
+    stretch, until layer 1's backward stretch, that stretch, until its optimizer stretch,
+    that stretch, the rest (the phases the step has)."""
+
+    LAYERS = 3
+
+    def __init__(self, records: Sequence[Record], prefix: str, pieces: List[_Piece], labels: List[Optional[int]]):
+        self.records = records
+        self.prefix = prefix
+        self.pieces = pieces
+        self.labels = labels
+        #: bytes by (device, category) each layer holds from the step's start and the cut run's
+        #: tracker did not see (:meth:`checked`)
+        self.static: Dict[Tuple[Any, Any], int] = {}
+
+    def checked(self, check: Sequence[Record]) -> bool:
+        """Whether ``check``, the timeline of the same step cut to 4 layers, is this template
+        stretched to 4 layers, record for record (learning first what one more layer holds
+        from the start: the two first records' difference)."""
+        if not check or not self.records:
+            return False
+        self.static = _minus(check[0][1], self.records[0][1])
+        return same_timeline(self.materialize(self.LAYERS + 1), check)
+
+    def spread(self, layers: int, stamps: Sequence[int], items: Sequence[Any]) -> List[Any]:
+        """``items`` recorded beside the template's timeline (an op event, a collective; each
+        stamped with the timeline's length when it was recorded), placed as their pieces are in
+        the ``layers``-layer step: a middle piece's once per middle layer."""
+        by_piece: Dict[int, List[Any]] = {id(piece): [] for piece in self.pieces}
+        starts = [piece.start for piece in self.pieces]
+        for stamp, item in zip(stamps, items):
+            at = max(stamp - 1, 0)
+            index = max(i for i, start in enumerate(starts) if start <= at or i == 0)
+            by_piece[id(self.pieces[index])].append(item)
+        out: List[Any] = []
+        for piece, _, _ in self._placed(layers):
+            out.extend(by_piece[id(piece)])
+        return out
+
+    @classmethod
+    def of(cls, records: Sequence[Record], prefix: str) -> Optional[Template]:
+        """``records`` of a 3-layer step (``prefix``: MemTracker's name of the layer list
+        plus "."), cut into pieces; None when its layers are not met in a step's order."""
+        labels: List[Optional[int]] = []
+        for kind, _, names, phase, touched in records:
+            if kind == "op" and phase == "optimizer":
+                labels.append(touched)
+                continue
+            # the layer running: in a backward, modules whose inputs need no gradient stay among
+            # MemTracker's running modules after their backward (the newest is the lowest layer)
+            found = {index for index in map(lambda name: _index(name, prefix), names) if index is not None}
+            labels.append((min(found) if phase == "backward" else max(found)) if found else None)
+        first: Dict[Tuple[str, int], int] = {}
+        runs: Dict[str, List[int]] = {}
+        for i, (record, label) in enumerate(zip(records, labels)):
+            if label is None:
+                continue
+            first.setdefault((record[3], label), i)
+            run = runs.setdefault(record[3], [])
+            if not run or run[-1] != label:
+                run.append(label)
+        expected = {"forward": [0, 1, 2], "backward": [2, 1, 0], "optimizer": [0, 1, 2]}
+        pieces: List[_Piece] = []
+        cursor = 0
+        for phase in _ORDER:
+            if phase not in runs:
+                continue
+            if runs[phase] != expected[phase]:
+                return None
+            start = first[(phase, 1)]
+            stop = first[(phase, 0 if phase == "backward" else 2)]
+            if start < cursor:
+                return None
+            pieces.append(_Piece(cursor, start, False, phase))
+            delta = _minus(records[stop][1], records[start][1])
+            pieces.append(_Piece(start, stop, True, phase, delta))
+            cursor = stop
+        if not pieces:
+            return None
+        pieces.append(_Piece(cursor, len(records), False, "end"))
+        last_middle: Optional[_Piece] = None
+        for piece in pieces:
+            if piece.middle:
+                last_middle = piece
+                # what layer 1 leaves running after it (in a backward, modules whose inputs need
+                # no gradient): its names in every record of the next layer's stretch
+                following = 0 if piece.phase == "backward" else 2
+                later: List[FrozenSet[str]] = []
+                for record in records[piece.stop:]:
+                    if not any(_index(n, prefix) == following for n in record[2]):
+                        break
+                    later.append(record[2])
+                left = [frozenset(n for n in names if _index(n, prefix) == 1) for names in later]
+                piece.residue = frozenset.intersection(*left) if left else frozenset()
+            else:
+                piece.after = last_middle
+        return cls(records, prefix, pieces, labels)
+
+    def _placed(self, layers: int) -> Iterator[Tuple[_Piece, Dict[Tuple[Any, Any], int], int]]:
+        """Each piece's places in the ``layers``-layer timeline: (piece, byte shift, the layer
+        a middle piece stands for there; -1 for a fixed piece). Every byte count is also shifted
+        by ``static`` per layer more: what each layer holds from the start (its parameters and
+        optimizer state, where the cut run's tracker did not see the other layers')."""
+        extra = layers - self.LAYERS
+        offset: Dict[Tuple[Any, Any], int] = _plus({}, self.static, extra)
+        for piece in self.pieces:
+            if not piece.middle:
+                yield piece, offset, -1
+                continue
+            for i in range(layers - 2):
+                target = layers - 2 - i if piece.phase == "backward" else 1 + i
+                yield piece, _plus(offset, piece.delta, i), target
+            offset = _plus(offset, piece.delta, extra)
+
+    def _moved(self, name: str, index: int) -> str:
+        _, dot, tail = name[len(self.prefix):].partition(".")
+        return f"{self.prefix}{index}{dot}{tail}"
+
+    def renamed(self, name: str, piece: _Piece, target: int, layers: int) -> List[str]:
+        """``name`` of the template in the ``layers``-layer timeline. In a middle piece standing
+        for layer ``target``: layer 1 is ``target``, the layer before it in the phase's order
+        (2 in a backward, 0 otherwise) is the one before ``target``, the one after likewise. In
+        a fixed piece: layer 0 stays, layer 2 is the last, and layer 1 is the last middle layer
+        the phase met, whose leftovers (the piece's residue) every other middle layer left too."""
+        index = _index(name, self.prefix)
+        if index is None:
+            return [name]
+        if piece.middle:
+            back = piece.phase == "backward"
+            if index == 1:
+                return [self._moved(name, target)]
+            before = (index == 2) if back else (index == 0)
+            step = 1 if before == back else -1
+            return [self._moved(name, target + step)]
+        if index == 0:
+            return [name]
+        if index == 2:
+            return [self._moved(name, layers - 1)]
+        middle = piece.after
+        if middle is None:
+            return [name]
+        last = 1 if middle.phase == "backward" else layers - 2
+        out = [self._moved(name, last)]
+        if name in middle.residue:
+            out += [self._moved(name, k) for k in range(1, layers - 1) if k != last]
+        return out
+
+    def left_running(self, piece: _Piece, target: int, layers: int) -> List[str]:
+        """The names the layers met before the one before ``target`` in the piece's phase left running."""
+        earlier = range(target + 2, layers) if piece.phase == "backward" else range(0, target - 1)
+        return [self._moved(name, k) for k in earlier for name in piece.residue]
+
+    def _names(self, names: FrozenSet[str], piece: _Piece, target: int, layers: int) -> FrozenSet[str]:
+        out = [n for name in names for n in self.renamed(name, piece, target, layers)]
+        if piece.middle:
+            out += self.left_running(piece, target, layers)
+        return frozenset(out)
+
+    def materialize(self, layers: int) -> List[Record]:
+        """The whole timeline of the ``layers``-layer step, record by record (the check)."""
+        out: List[Record] = []
+        for piece, offset, target in self._placed(layers):
+            for kind, snap, names, phase, _ in self.records[piece.start:piece.stop]:
+                out.append((kind, _shifted(snap, offset), self._names(names, piece, target, layers), phase, None))
+        return out
+
+    def figures(self, layers: int) -> Figures:
+        """The ``layers``-layer step's figures, computed a stretch at a time."""
+        summaries = {id(piece): self._summary(piece) for piece in self.pieces}
+        peak_total = -1
+        peak: Optional[Tuple[Record, Dict[Tuple[Any, Any], int], _Piece, int]] = None
+        module_peaks: Dict[str, int] = {}
+        calls: Dict[str, Tuple[List[int], List[int]]] = {}
+
+        def raise_peak(name: str, value: int) -> None:
+            if module_peaks.get(name, -1) < value:
+                module_peaks[name] = value
+
+        for piece, offset, target in self._placed(layers):
+            best, best_at, maxima, hooked = summaries[id(piece)]
+            shift = _total(offset)
+            if best_at is not None and best + shift > peak_total:
+                peak_total = best + shift
+                peak = (self.records[best_at], offset, piece, target)
+            for name, value in maxima.items():
+                for renamed in self.renamed(name, piece, target, layers):
+                    raise_peak(renamed, value + shift)
+            if piece.middle and best_at is not None:
+                for name in self.left_running(piece, target, layers):
+                    raise_peak(name, best + shift)
+            if hooked:
+                act = _activation(offset)
+                for kind, name, value in hooked:
+                    for renamed in self.renamed(name, piece, target, layers):
+                        pre, post = calls.setdefault(renamed, ([], []))
+                        (pre if kind == "pre" else post).append(value + act)
+        if peak is None:
+            return Figures(-1, {}, frozenset(), "forward", module_peaks, calls)
+        record, offset, piece, target = peak
+        nested: Dict[Any, Dict[Any, int]] = {}
+        for (dev, key), value in _shifted(record[1], offset).items():
+            nested.setdefault(dev, {})[key] = value
+        return Figures(peak_total, nested, self._names(record[2], piece, target, layers), record[3], module_peaks, calls)
+
+    def _summary(self, piece: _Piece) -> Tuple[int, Optional[int], Dict[str, int], List[Tuple[str, str, int]]]:
+        best, best_at = -1, None
+        maxima: Dict[str, int] = {}
+        hooked: List[Tuple[str, str, int]] = []
+        for i in range(piece.start, piece.stop):
+            kind, snap, names, _, _ = self.records[i]
+            if kind != "op":
+                (name,) = names
+                hooked.append((kind, name, _activation(snap)))
+                continue
+            total = _total(snap)
+            if total > best:
+                best, best_at = total, i
+            for name in names:
+                if maxima.get(name, -1) < total:
+                    maxima[name] = total
+        return best, best_at, maxima, hooked
+
+
+def _index(name: str, prefix: str) -> Optional[int]:
+    if not name.startswith(prefix):
+        return None
+    head = name[len(prefix):].partition(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def same_timeline(a: Sequence[Record], b: Sequence[Record]) -> bool:
+    """Whether two timelines are the same record for record (optimizer labels aside)."""
+    if len(a) != len(b):
+        return False
+    return all(
+        x[0] == y[0] and x[3] == y[3] and x[2] == y[2] and normalized(x[1]) == normalized(y[1]) for x, y in zip(a, b)
+    )
+
+
+def layer_names(stack: Stack, known: Callable[[nn.Module], Optional[str]], prefix: str) -> Dict[nn.Module, str]:
+    """MemTracker's names of every module of the layers the cut copies never ran, made from
+    layer 1's (the layers are the same tree)."""
+    out: Dict[nn.Module, str] = {}
+    template = list(stack.layer(1).modules())
+    for index in range(len(stack)):
+        for mine, model in zip(stack.layer(index).modules(), template):
+            name = known(model)
+            if name is None:
+                continue
+            _, dot, tail = name[len(prefix):].partition(".")
+            out[mine] = f"{prefix}{index}{dot}{tail}"
+    return out

@@ -1,0 +1,123 @@
+"""Issue #32: plan replays the repeated layers of rank 0's step (flopcount.step.replay) from the
+model cut to 3 layers, checked against it cut to 4 (the memory timeline record for record, the
+booked op events and the collectives one for one), instead of tracing every layer.
+
+Oracle: the same plan with the replay off (``FLOPCOUNT_REUSE=0``: every layer traced, as
+before), compared as whole ``PlanResult`` values (peak and every memory category, state bytes,
+FLOPs and MACs by phase and operator, collectives by kind and dimension, step times, MFU/HFU),
+on 6-7-layer LLaMA / GPT-2 / torch encoder stacks, batch 2, FSDP and TP, mixed precision,
+autocast, the gloo backend, AdamW and SGD; and a model whose layers differ where the forward
+reads, which must be traced in full."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+import torch
+from torch import nn
+
+import flopcount
+
+VOCAB, BATCH, SEQ = 128, 2, 16
+
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=7, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=6, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, use_cache=False,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def _encoder() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+CASES: List[Tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor], Dict[str, Any]]] = [
+    ("llama-fsdp2-tp2", _llama, _ids, {"fsdp": 2, "tp": 2}),
+    ("llama-fsdp4-bf16-gloo", _llama, _ids, {"fsdp": 4, "mixed_precision": "bfloat16", "backend": "gloo"}),
+    ("llama-tp2-sgd-autocast", _llama, _ids, {"tp": 2, "optimizer": "sgd", "autocast": "bfloat16"}),
+    ("gpt2-fsdp2-tp2", _gpt2, _ids, {"fsdp": 2, "tp": 2}),
+    ("encoder-fsdp2", _encoder, lambda: torch.randn(BATCH, SEQ, 64, generator=torch.Generator().manual_seed(2)), {"fsdp": 2}),
+]
+
+
+def _plans(monkeypatch: pytest.MonkeyPatch, build: Callable[[], nn.Module], x: torch.Tensor, **options: Any) -> Tuple[Any, Any, List[bool]]:
+    plan_module = importlib.import_module("flopcount.planning.plan")  # the package re-exports plan()
+    used: List[bool] = []
+    layered = plan_module._layered_step
+
+    def spy(*a: Any, **k: Any) -> Any:
+        made = layered(*a, **k)
+        used.append(made is not None)
+        return made
+
+    monkeypatch.setattr(plan_module, "_layered_step", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+        on = flopcount.plan(build, (x,), on="h100", link="nvlink4", **options)
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+        off = flopcount.plan(build, (x,), on="h100", link="nvlink4", **options)
+    return on, off, used
+
+
+@pytest.mark.parametrize("name, build, inputs, options", CASES, ids=[c[0] for c in CASES])
+def test_replayed_layers_give_every_per_rank_figure_of_the_full_trace(
+    monkeypatch: pytest.MonkeyPatch, name: str, build: Callable[[], nn.Module], inputs: Callable[[], torch.Tensor],
+    options: Dict[str, Any],
+) -> None:
+    on, off, used = _plans(monkeypatch, build, inputs(), **options)
+    assert used == [True, False]  # replayed with the switch on; every layer traced with it off
+    assert on == off  # peak, memory categories, state bytes, FLOPs, collectives, times, MFU
+    if options.get("fsdp", 1) > 1:  # FSDP wraps every layer of the whole model, not the cut one's 3
+        assert on.wrapped_blocks == {"llama": 7, "gpt2": 6, "encoder": 6}[name.split("-")[0]]
+
+
+class Block(nn.Module):
+    def __init__(self, widen: int = 4):
+        super().__init__()
+        self.widen = widen
+        self.up = nn.Linear(32, 128)
+        self.down = nn.Linear(128, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        extra = torch.ones(x.shape[0], self.widen * 256)  # a tensor whose size the attribute sets
+        return x + self.down(torch.relu(self.up(x))) + extra.sum() * 0
+
+
+class Odd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(8))
+        self.layers[6].widen = 64  # the one layer that differs: a replay of layer 1 would miss its tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_layer_that_differs_where_the_forward_reads_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    on, off, used = _plans(monkeypatch, Odd, torch.randn(8, 32), fsdp=2)
+    assert used == [False, False] and on == off
