@@ -75,23 +75,25 @@ def count_decoding(
         raise UsageError(f"{who}: new_tokens must be an int >= 1, got {new_tokens!r}")
     model = uncompiled(model)
     resolved = generation_options(model, int(input_ids.shape[0]), int(input_ids.shape[-1]), new_tokens, dict(options or {}))
-    setup = Setup(model, input_ids, kwargs, resolved)
-    notes = list(resolved.notes) + list(setup.notes)
-    fast = on_fakes(model)
-    while True:
+
+    def attempt(fast: bool) -> Decoded:
+        # each attempt on a Setup of its own: a forward with real weights fills the cache the
+        # Setup hands the prefill in place, and a retry must not start from what a failed one filled
         try:
-            try:
-                counted = _count(Counter(model, fast), setup, new_tokens - 1, trace_every_step)
-            except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
-                counted = _count(Counter(model, fast), setup, new_tokens - 1, True)
-                notes.append(f"{why}: every decode step was traced")
-        except FakeRefused:
-            if not fast:
-                raise
-            fast = False  # a forward fakes cannot run: every forward by the dispatch tracer, as given
-            continue
-        break
-    counted.notes = notes + counted.notes
+            return _count(Counter(model, fast), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, trace_every_step)
+        except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
+            counted = _count(Counter(model, fast), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, True)
+            counted.notes.insert(0, f"{why}: every decode step was traced")
+            return counted
+
+    fast = on_fakes(model)
+    try:
+        counted = attempt(fast)
+    except FakeRefused:
+        if not fast:
+            raise
+        counted = attempt(False)  # a forward fakes cannot run: every forward by the dispatch tracer, as given
+    counted.notes = list(resolved.notes) + list(counted.setup.notes) + counted.notes
     counted.wall_s = time.perf_counter() - started
     return counted
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["StaticUnpoolSizes", "static_unpool_sizes", "unpool_failure"]
+__all__ = ["StaticUnpoolSizes", "meta_kernel_failure", "static_unpool_sizes", "unpool_failure"]
 
 _UNPOOL_MODULES = (nn.MaxUnpool1d, nn.MaxUnpool2d, nn.MaxUnpool3d)
 
@@ -134,20 +134,43 @@ def static_unpool_sizes(model: nn.Module) -> Iterator[None]:
             entered.pop().__exit__(None, None, None)
 
 
-def unpool_failure(exc: BaseException, where: str) -> Optional[str]:
-    """The one-sentence reason when ``exc`` is torch's unpool size check refusing jit's
-    traced sizes (a direct ``F.max_unpool*d`` call), else None."""
-    if not isinstance(exc, TypeError):
-        return None
+def _frames(exc: BaseException) -> List[Tuple[str, str]]:
+    """(file, function) of each frame the failure passed through, outermost first."""
     frames = []
     tb = exc.__traceback__
     while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_name)
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
         tb = tb.tb_next
-    if "_unpool_output_size" not in frames:
+    return frames
+
+
+def unpool_failure(exc: BaseException, where: str) -> Optional[str]:
+    """The one-sentence reason when ``exc`` is torch's unpool size check refusing jit's
+    traced sizes (a direct ``F.max_unpool*d`` call), else None."""
+    if not isinstance(exc, TypeError) or "_unpool_output_size" not in (name for _, name in _frames(exc)):
         return None
     place = f"module '{where}'" if where else "the root module"
     return (
         f"torch.jit cannot trace F.max_unpool*d without output_size in {place}: torch's own size check refuses "
         "the sizes jit traces (nn.MaxUnpool modules are handled); pass output_size, or use tracer='auto' or 'dispatch'"
+    )
+
+
+_META_KERNELS = "_meta_registrations.py"
+
+
+def meta_kernel_failure(exc: BaseException, where: str) -> Optional[str]:
+    """The one-sentence reason when ``exc`` is a meta kernel of torch refusing jit's traced sizes
+    (a convolution's shape check on meta tensors: ``torch._check`` is handed a 0-d tensor where it
+    wants a bool, "cond must be a bool"), else None. Real tensors run the real kernels, which do
+    not test sizes in Python."""
+    kernels = [name for file, name in _frames(exc) if file.endswith(_META_KERNELS)]
+    if not isinstance(exc, TypeError) or not kernels:
+        return None
+    place = f"module '{where}'" if where else "the root module"
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"the jit tracer cannot trace {place} on meta tensors: torch's meta kernel {kernels[0]} checks the sizes "
+        f"in Python, and jit traces sizes as tensors it cannot test ({detail}); use tracer='dispatch' or 'auto' "
+        "for a meta model, or real tensors"
     )

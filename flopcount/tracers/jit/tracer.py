@@ -33,7 +33,7 @@ from flopcount.tracers.jit.graph import (
     tensor_meta,
 )
 from flopcount.tracers.jit.random import private_random_calls, recording_warnings
-from flopcount.tracers.jit.sizes import static_unpool_sizes, unpool_failure
+from flopcount.tracers.jit.sizes import meta_kernel_failure, static_unpool_sizes, unpool_failure
 from flopcount.types import OpCall, OpEvent, TensorMeta, Trace
 
 # Under tracing a size read (x.size(0)) is a 0-dim tensor (prim::NumToTensor), so the
@@ -310,6 +310,7 @@ def trace(
         except Exception as exc:
             refusal = (
                 unpool_failure(exc, modules.current)
+                or meta_kernel_failure(exc, modules.current)
                 or function_failure(exc, modules.current)
                 or transform_failure(exc, modules.current)
             )
