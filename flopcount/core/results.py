@@ -363,19 +363,11 @@ def _summed(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> Optional[List[i
     a sum stays an ``int`` only while every figure added is one)."""
     macs = flops = read = written = 0
     for _, cost in costed:
-        if cost is None:
-            continue
-        if cost.parts:
-            for _, part in cost.parts:
-                macs += part.macs
-                flops += part.flops
-                read += part.bytes_read
-                written += part.bytes_written
-        else:
-            macs += cost.macs
-            flops += cost.flops
-            read += cost.bytes_read
-            written += cost.bytes_written
+        for part in ([] if cost is None else [p for _, p in cost.parts] or [cost]):
+            macs += part.macs
+            flops += part.flops
+            read += part.bytes_read
+            written += part.bytes_written
     totals = [macs, flops, read, written]
     return totals if all(type(v) is int for v in totals) else None
 
@@ -401,26 +393,14 @@ def _estimate_text(op: str, note: str, count: int) -> str:
     return f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}"
 
 
-def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -> FlopResult:
-    """``result`` with some of its events' costs replaced (event, old cost, new cost): the same
-    events ran, only their shapes differ (the decode steps of
-    :func:`flopcount.count_generation`). Booked by the same ledger as :func:`aggregate`, split
-    costs included; call counts are unchanged.
-
-    The ledger books only the differences (old out, new in); the result shares every row the
+def reprice_groups(result: FlopResult, groups: Iterable[Tuple[Sequence[OpEvent], Cost, Cost]]) -> FlopResult:
+    """``result`` with some of its events' costs replaced: the same events ran, only their shapes
+    differ (the decode steps of :func:`flopcount.count_generation`), in groups of events that
+    each changed from the same old cost to the same new one. Booked by the same ledger as
+    :func:`aggregate` (:meth:`Ledger.rebook_group`: the differences only, once per key, not per
+    event), split costs included; call counts are unchanged. The result shares every row the
     changes do not touch with ``result`` (copy on write), so re-pricing a step costs what its
     changed events touch, not the size of the model's tables."""
-    delta = Ledger(result._aliases)
-    for event, old, new in changes:
-        if old != new:
-            delta.rebook(event, old, new)
-    return _apply(result, delta)
-
-
-def reprice_groups(result: FlopResult, groups: Iterable[Tuple[Sequence[OpEvent], Cost, Cost]]) -> FlopResult:
-    """:func:`reprice` where the changes come in groups of events that each changed from the same
-    old cost to the same new one (:meth:`Ledger.rebook_group`: booked once per key, not per
-    event); the same result."""
     delta = Ledger(result._aliases)
     for events, old, new in groups:
         if old != new and events:
