@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from flopcount.core.hooks import around_modules
 
 __all__ = ["StaticUnpoolSizes", "meta_kernel_failure", "static_unpool_sizes", "unpool_failure"]
 
@@ -105,33 +106,14 @@ def static_unpool_sizes(model: nn.Module) -> Iterator[None]:
     if not any(isinstance(m, _UNPOOL_MODULES) for m in model.modules()):
         yield
         return
-    from torch.nn.modules import module as module_impl
 
-    entered: List[StaticUnpoolSizes] = []
-    owner = threading.get_ident()  # process-wide hooks: never push the mode on another thread's stack
+    def enter(module: nn.Module) -> Callable[[], None]:
+        mode = StaticUnpoolSizes()
+        mode.__enter__()
+        return lambda: mode.__exit__(None, None, None)
 
-    def pre(module: nn.Module, args: Any) -> None:
-        if isinstance(module, _UNPOOL_MODULES) and threading.get_ident() == owner:
-            mode = StaticUnpoolSizes()
-            mode.__enter__()
-            entered.append(mode)
-
-    def post(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(module, _UNPOOL_MODULES) and entered and threading.get_ident() == owner:
-            entered.pop().__exit__(None, None, None)
-
-    handles = [module_impl.register_module_forward_pre_hook(pre)]
-    try:
-        handles.append(module_impl.register_module_forward_hook(post, always_call=True))
-    except TypeError:  # torch < 2.1: no always_call; the finally below still leaves the mode
-        handles.append(module_impl.register_module_forward_hook(post))
-    try:
+    with around_modules(_UNPOOL_MODULES, enter):  # the entering thread's stack only
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        while entered:  # a forward that raised inside an unpool module
-            entered.pop().__exit__(None, None, None)
 
 
 def _frames(exc: BaseException) -> List[Tuple[str, str]]:
