@@ -305,20 +305,16 @@ def _masked(call: OpCall) -> Optional[Traffic]:
     return _arg_bytes(call, "mask", "value"), 0
 
 
-def _copy_into(call: OpCall) -> Optional[Traffic]:
-    """``copy_(self, src)``: read src, write self (a slice's own size); self is not read."""
-    self_meta = _tensor(call, "self")
-    if self_meta is None:
-        return None
-    return _arg_bytes(call, "src"), _nbytes(self_meta)
+def _overwriting(source: str) -> ByteRule:
+    """``self`` overwritten from ``source`` (``copy_(self, src)``; ``fill_``/``zero_`` from a
+    tensor value): read it, write self (a slice's own size); self is not read."""
 
+    def rule(call: OpCall) -> Optional[Traffic]:
+        self_meta = _tensor(call, "self")
+        return None if self_meta is None else (_arg_bytes(call, source), _nbytes(self_meta))
 
-def _fill(call: OpCall) -> Optional[Traffic]:
-    """``fill_``/``zero_``: read a tensor value; write self."""
-    self_meta = _tensor(call, "self")
-    if self_meta is None:
-        return None
-    return _arg_bytes(call, "value"), _nbytes(self_meta)
+    rule.__doc__ = f"read {source}; write self, not read"
+    return rule
 
 
 def _dropout(call: OpCall) -> Optional[Traffic]:
@@ -381,9 +377,9 @@ RULES: Dict[str, ByteRule] = {
     "aten::_index_put_impl_": _index_put,
     "aten::masked_fill_": _masked,
     "aten::masked_scatter_": _masked,
-    "aten::copy_": _copy_into,
-    "aten::fill_": _fill,
-    "aten::zero_": _fill,
+    "aten::copy_": _overwriting("src"),
+    "aten::fill_": _overwriting("value"),
+    "aten::zero_": _overwriting("value"),
     "aten::to": _same_dtype_identity,
     "aten::type_as": _same_dtype_identity,
     **{f"aten::{name}": _dropout for name in _DROPOUTS},

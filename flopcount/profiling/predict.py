@@ -25,6 +25,7 @@ from flopcount.core.deprecation import modeled_part
 from flopcount.core.diagnostics import from_texts
 from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
+from flopcount.core.params import lookup_tables
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.rendering import render
 from flopcount.core.rows import BookedRows, CostRow
@@ -166,7 +167,7 @@ def predict(
     unsupported: Dict[str, None] = {}
     unpriced: Dict[str, None] = {}
     work: Dict[Tuple[str, str], float] = {}
-    tables = _lookup_tables(model)
+    tables = lookup_tables(model)
     lookup_modules = _lookup_modules(model, tables)
     looked_up = 0  # rows the forward's lookups in those tables gathered (bytes written = rows read)
     priced: List[Tuple[OpEvent, Optional[Cost]]] = []
@@ -231,20 +232,7 @@ def _written_as(call: Any, as_dtype: Optional[str]) -> int:
     return first.numel * element_size(dtype)
 
 
-def _lookup_tables(model: Any) -> Dict[int, None]:
-    """Parameters held only by ``nn.Embedding``/``nn.EmbeddingBag`` modules: a table that is
-    also another module's weight (a tied LM head) is read whole by that module."""
-    from torch import nn
-
-    tables: Dict[int, bool] = {}
-    for module in model.modules():
-        lookup = isinstance(module, (nn.Embedding, nn.EmbeddingBag))
-        for tensor in module.parameters(recurse=False):
-            tables[id(tensor)] = tables.get(id(tensor), True) and lookup
-    return {key: None for key, only in tables.items() if only}
-
-
-def _lookup_modules(model: Any, tables: Mapping[int, None]) -> FrozenSet[str]:
+def _lookup_modules(model: Any, tables: FrozenSet[int]) -> FrozenSet[str]:
     """Every name (aliases included) of an embedding module whose weight is a lookup table."""
     from torch import nn
 
@@ -256,7 +244,7 @@ def _lookup_modules(model: Any, tables: Mapping[int, None]) -> FrozenSet[str]:
 
 def _unavoidable_bytes(
     model: Any, inputs: Any, kwargs: Optional[Mapping[str, Any]], as_dtype: Optional[str], backward: bool,
-    tables: Mapping[int, None], looked_up: int,
+    tables: FrozenSet[int], looked_up: int,
 ) -> int:
     """Bytes any implementation moves at least once: parameters and buffers read, input
     tensors read (caches passed in included), and with ``backward`` the gradients written.
@@ -277,7 +265,7 @@ def _unavoidable_bytes(
                 return t.numel() * item.itemsize
         return t.numel() * t.element_size()
 
-    seen: Dict[int, None] = dict(tables)
+    seen: Dict[int, None] = dict.fromkeys(tables)
     total = looked_up
     for tensor in list(model.parameters()) + list(model.buffers()):
         if id(tensor) in seen or is_lazy(tensor):
