@@ -211,7 +211,7 @@ class Affine:
     def events(self, step: int) -> List[OpEvent]:
         events = [event for event, _ in self.first]
         for index, a, b in self.varying:
-            events[index] = _moved(a, b, step)
+            events[index] = OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
         return events
 
     def changes(self, step: int) -> List[Tuple[List[OpEvent], Cost, Cost]]:
@@ -242,10 +242,6 @@ def _pair_key(a: OpCall, b: OpCall) -> Any:
     except TypeError:
         return (id(a), id(b))
     return key
-
-
-def _moved(a: OpEvent, b: OpEvent, step: int) -> OpEvent:
-    return OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
 
 
 def _moved_call(a: OpEvent, b: OpEvent, step: int) -> OpCall:

@@ -157,7 +157,7 @@ def predict(
     on = modeled_part(on, device, "predict", default="h100")
     if not isinstance(model, nn.Module):
         raise UsageError(f"predict expects a torch.nn.Module, got {type(model).__name__}")
-    roofs = on if isinstance(on, Roofs) else _named(on)
+    roofs = on if isinstance(on, Roofs) else named_roofs(on)
     as_dtype = None if dtype is None else column_of(dtype)
     table = registry if registry is not None else default_registry()
     model = uncompiled(model)
@@ -280,7 +280,3 @@ def _unavoidable_bytes(
             seen[id(tensor)] = None
             total += size(tensor)
     return total
-
-
-def _named(name: Any) -> Roofs:
-    return named_roofs(name)
