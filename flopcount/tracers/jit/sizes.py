@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from flopcount.core.hooks import around_modules
+from flopcount.tracers.jit.functions import frames
 
 __all__ = ["StaticUnpoolSizes", "meta_kernel_failure", "static_unpool_sizes", "unpool_failure"]
 
@@ -116,20 +117,10 @@ def static_unpool_sizes(model: nn.Module) -> Iterator[None]:
         yield
 
 
-def _frames(exc: BaseException) -> List[Tuple[str, str]]:
-    """(file, function) of each frame the failure passed through, outermost first."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    return frames
-
-
 def unpool_failure(exc: BaseException, where: str) -> Optional[str]:
     """The one-sentence reason when ``exc`` is torch's unpool size check refusing jit's
     traced sizes (a direct ``F.max_unpool*d`` call), else None."""
-    if not isinstance(exc, TypeError) or "_unpool_output_size" not in (name for _, name in _frames(exc)):
+    if not isinstance(exc, TypeError) or "_unpool_output_size" not in (name for _, name in frames(exc)):
         return None
     place = f"module '{where}'" if where else "the root module"
     return (
@@ -146,7 +137,7 @@ def meta_kernel_failure(exc: BaseException, where: str) -> Optional[str]:
     (a convolution's shape check on meta tensors: ``torch._check`` is handed a 0-d tensor where it
     wants a bool, "cond must be a bool"), else None. Real tensors run the real kernels, which do
     not test sizes in Python."""
-    kernels = [name for file, name in _frames(exc) if file.endswith(_META_KERNELS)]
+    kernels = [name for file, name in frames(exc) if file.endswith(_META_KERNELS)]
     if not isinstance(exc, TypeError) or not kernels:
         return None
     place = f"module '{where}'" if where else "the root module"
