@@ -286,45 +286,31 @@ def _same_steps(first: Costed, second: Costed, wider0: Costed, wider1: Costed, *
             if x.call.op != a.call.op or x.module_stack != a.module_stack or x.phase != a.phase:
                 return False
         try:
-            at_b, at_wider = _change(a.call, b.call), _change(c.call, d.call)
+            if _change(a.call, b.call, exact) != _change(c.call, d.call, exact):
+                return False
         except _Refused:
-            return False
-        if (at_b != at_wider) if exact else (_pattern(at_b) != _pattern(at_wider)):
             return False
     return True
 
 
-def _pattern(change: Any) -> Any:
-    """Which parts of a :func:`_delta` change (not by how much)."""
-    if change == "=":
-        return change
-    kind, value = change
-    if kind == "tensor":
-        return kind, tuple(d != 0 for d in value)
-    if kind == "int":
-        return kind
-    if kind == "tuple":
-        return kind, tuple(_pattern(v) for v in value)
-    return kind, tuple((key, _pattern(v)) for key, v in value)
+def _change(a: OpCall, b: OpCall, exact: bool) -> Any:
+    return _delta(dict(a.args), dict(b.args), exact), _delta(tuple(a.outputs), tuple(b.outputs), exact)
 
 
-def _change(a: OpCall, b: OpCall) -> Any:
-    return "tuple", (_delta(dict(a.args), dict(b.args)), _delta(tuple(a.outputs), tuple(b.outputs)))
-
-
-def _delta(a: Any, b: Any) -> Any:
+def _delta(a: Any, b: Any, exact: bool) -> Any:
     """How ``b`` differs from ``a`` in the terms :class:`Affine` continues: "=" where equal,
-    the difference of each dimension or integer; raises _Refused where it cannot continue."""
+    the difference of each dimension or integer (not ``exact``: only which of them change);
+    raises _Refused where it cannot continue."""
     if a == b:
         return "="
     if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
         if a.dtype != b.dtype or len(a.shape) != len(b.shape):
             raise _Refused
-        return ("tensor", tuple(y - x for x, y in zip(a.shape, b.shape)))
+        return ("tensor", tuple(y - x if exact else y != x for x, y in zip(a.shape, b.shape)))
     if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
-        return ("int", b - a)
+        return ("int", b - a if exact else None)
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return ("tuple", tuple(_delta(x, y) for x, y in zip(a, b)))
+        return ("tuple", tuple(_delta(x, y, exact) for x, y in zip(a, b)))
     if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
-        return ("mapping", tuple((key, _delta(a[key], b[key])) for key in a))
+        return ("mapping", tuple((key, _delta(a[key], b[key], exact)) for key in a))
     raise _Refused
