@@ -263,17 +263,16 @@ class Counter:
         for run, _ in runs:
             for name, count in run.module_calls.items():
                 calls[name] = calls.get(name, 0) + count
-        return aggregate(
-            [pair for _, costed in runs for pair in costed],
-            tracer="dispatch",
-            modules=self.facts.module_infos(calls),
-            parameters=self.facts.summary,
-            input_description=description,
-            warnings=tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
-            gaps=tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
-            aliases=self.facts.aliases,
-            deferred=True,
-        )
+        return self._result([pair for _, costed in runs for pair in costed], calls, description,
+                            tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
+                            tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)))
+
+    def _result(self, costed: Costed, calls: Mapping[str, int], description: str, warnings: Tuple[str, ...],
+                gaps: Tuple[str, ...]) -> FlopResult:
+        """The forward's result, as :func:`flopcount.core.analysis.analyze` books it (its tables on first read)."""
+        return aggregate(costed, tracer="dispatch", modules=self.facts.module_infos(calls), parameters=self.facts.summary,
+                         input_description=description, warnings=warnings, gaps=gaps, aliases=self.facts.aliases,
+                         deferred=True)
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
         """Run a forward that is not counted (for its output: the cache it fills)."""
@@ -283,14 +282,4 @@ class Counter:
         prepared = prepare_call((), call)
         run = self._run(prepared)
         costed = self._costed(run)
-        return run, costed, aggregate(
-            costed,
-            tracer="dispatch",
-            modules=self.facts.module_infos(run.module_calls),
-            parameters=self.facts.summary,
-            input_description=self._described(prepared),
-            warnings=run.warnings,
-            gaps=run.gaps,
-            aliases=self.facts.aliases,
-            deferred=True,
-        )
+        return run, costed, self._result(costed, run.module_calls, self._described(prepared), run.warnings, run.gaps)

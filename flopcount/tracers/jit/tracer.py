@@ -25,8 +25,8 @@ from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.jit.functions import function_failure, transform_failure
 from flopcount.tracers.jit.graph import (
+    FUNCTION_CALL,
     PLUMBING,
-    PYTHON_OP,
     function_body,
     inline_script_calls,
     keep_unread_results,
@@ -230,7 +230,7 @@ def _graph_events(
             scope = scope_all
         else:
             scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
-        if kind == PYTHON_OP:
+        if kind == FUNCTION_CALL:
             body = function_body(node)
             if body is not None:  # counted as the ops inside it, in the Function's module
                 events.extend(_graph_events(body, scope_all=scope))
