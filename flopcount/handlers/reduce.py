@@ -216,10 +216,8 @@ def _cumulative_trapezoid(call: OpCall) -> Cost:
 def _diff(call: OpCall) -> Cost:
     """n-th difference along ``dim`` (after prepend/append): one subtract per element of
     each successive difference, R x sum_{k=1..n} (L - k)."""
-    x = call.tensor("self")
+    x, length, rows = _along(call, "self")
     dim = int(call.arg("dim", -1)) % max(x.ndim, 1)
-    length = x.shape[dim] if x.ndim else 1
-    rows = x.numel // length if length else 0
     for extra in ("prepend", "append"):
         t = maybe_tensor(call, extra)
         if t is not None:
