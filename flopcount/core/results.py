@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import ItemsView, Iterator, KeysView, ValuesView
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
@@ -460,7 +460,8 @@ class _Deferred:
 
 class _LazyTable(Mapping[str, Any]):
     """One table of a :class:`_Deferred` (operators, modules, module x operator, phases), read
-    as the plain dict it stands for; pickled and copied as that dict."""
+    as the plain dict it stands for (Mapping's own ``get``, ``items``, ``==``... over it);
+    pickled and copied as that dict."""
 
     __slots__ = ("_deferred", "_which")
 
@@ -479,26 +480,6 @@ class _LazyTable(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._table())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._table()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._table().get(key, default)
-
-    def items(self) -> ItemsView[str, Any]:
-        return self._table().items()
-
-    def keys(self) -> KeysView[str]:
-        return self._table().keys()
-
-    def values(self) -> ValuesView[Any]:
-        return self._table().values()
-
-    def __eq__(self, other: object) -> bool:
-        return self._table() == (other._table() if isinstance(other, _LazyTable) else other)
-
-    __hash__ = None  # type: ignore[assignment]  # a mapping, unhashable as a dict is
 
     def __repr__(self) -> str:
         return repr(self._table())
