@@ -169,19 +169,12 @@ def test_the_last_step_check_catches_an_unknown_window(device: str) -> None:
     assert result.kv_cache_position_bytes == 2 * B * memory * H * 4
 
 
-class _WindowOverHandedCache(nn.Module):
-    """One attention layer that appends to the cache object generate() hands it (``cache``, a
-    DynamicCache, updated in place) and attends to its last ``memory`` positions only: a window
+class _WindowOverHandedCache(_HiddenWindow):
+    """_HiddenWindow's layer appending to the cache object generate() hands it (``cache``, a
+    DynamicCache, updated in place) and attending to its last ``memory`` positions only: a window
     no config names, so the last-step check fails and the count starts again."""
 
-    def __init__(self, memory: int):
-        super().__init__()
-        self.memory = memory
-        self.embed = nn.Embedding(VOCAB, H)
-        self.qkv = nn.Linear(H, 3 * H, bias=False)
-        self.head = nn.Linear(H, VOCAB, bias=False)
-
-    def forward(self, input_ids: torch.Tensor, cache: Any = None, use_cache: bool = True) -> Dict[str, Any]:
+    def forward(self, input_ids: torch.Tensor, cache: Any = None, use_cache: bool = True) -> Dict[str, Any]:  # type: ignore[override]
         q, k, v = (t.unsqueeze(1) for t in self.qkv(self.embed(input_ids)).chunk(3, dim=-1))
         k, v = cache.update(k, v, 0)
         k, v = k[:, :, -self.memory:], v[:, :, -self.memory:]
