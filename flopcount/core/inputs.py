@@ -60,10 +60,14 @@ def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping
 def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
     """Every tensor inside ``obj`` (tuples, namedtuples, lists, mappings, dataclass
     instances, nested) and a function that rebuilds ``obj`` with replacement tensors in the
-    same order. An object met again inside itself (a cycle) is kept as it is. The one
-    container walker, for call arguments and outputs (:func:`output_tensors`). Plain
-    recursion over module-level functions: no closure refers to itself, so no reference
-    cycle keeps the walked tensors alive after the call."""
+    same order. An object met again inside itself (a cycle) is kept as it is."""
+    return _walk(obj)
+
+
+def _walk(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """The one container walker, for call arguments (:func:`flatten_tensors`) and outputs
+    (:func:`output_tensors`). Plain recursion over module-level functions: no closure refers
+    to itself, so no reference cycle keeps the walked tensors alive after the call."""
     tensors: List[torch.Tensor] = []
     rebuild = _node(obj, tensors, set())
     return tensors, rebuild
@@ -136,7 +140,7 @@ def _is_dataclass_instance(node: Any) -> bool:
 
 def output_tensors(obj: Any) -> List[torch.Tensor]:
     """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput)."""
-    return flatten_tensors(obj)[0]
+    return _walk(obj)[0]
 
 
 def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> str:
