@@ -244,14 +244,24 @@ def _index_fill(call: OpCall) -> Optional[Traffic]:
     return read + _arg_bytes(call, "value"), written
 
 
-def _scatter(call: OpCall) -> Optional[Traffic]:
-    """read index + numel(index) elements of src; write numel(index) elements of self
-    (read them too with ``reduce=``)."""
-    index = _tensor(call, "index")
-    if index is None:
-        return None
-    read, written = _updated(index.numel, call, ("index",), "src", accumulate=bool(call.args.get("reduce")))
-    return read + _arg_bytes(call, "value"), written
+def _indexed(source: str, accumulating: str) -> ByteRule:
+    """numel(index) elements of self updated from ``source`` (:func:`_updated`), read too
+    when the ``accumulating`` argument is set; a tensor ``value`` read whole."""
+
+    def rule(call: OpCall) -> Optional[Traffic]:
+        index = _tensor(call, "index")
+        if index is None:
+            return None
+        read, written = _updated(index.numel, call, ("index",), source, accumulate=bool(call.args.get(accumulating)))
+        return read + _arg_bytes(call, "value"), written
+
+    rule.__doc__ = (f"read index + numel(index) elements of {source} (and of self with ``{accumulating}``); "
+                    "write numel(index) elements of self")
+    return rule
+
+
+_scatter = _indexed("src", "reduce")
+_put = _indexed("source", "accumulate")
 
 
 def _scatter_reduce(call: OpCall) -> Optional[Traffic]:
@@ -259,15 +269,6 @@ def _scatter_reduce(call: OpCall) -> Optional[Traffic]:
     if call.args.get("reduce") == "mean":
         return None
     return _scatter_add(call)
-
-
-def _put(call: OpCall) -> Optional[Traffic]:
-    """read index + numel(index) elements of source (and of self when accumulating);
-    write numel(index) elements."""
-    index = _tensor(call, "index")
-    if index is None:
-        return None
-    return _updated(index.numel, call, ("index",), "source", accumulate=bool(call.args.get("accumulate")))
 
 
 def _broadcast_numel(shapes: Sequence[Tuple[int, ...]]) -> int:
