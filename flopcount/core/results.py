@@ -265,13 +265,6 @@ def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
     return {key: OpTotals(*sums) for key, sums in table.items()}
 
 
-def _from_ledger(ledger: Ledger, base: FlopResult) -> FlopResult:
-    return _with_tables(
-        base, _frozen(ledger.operators), _frozen(ledger.modules),
-        {name: _frozen(ops) for name, ops in ledger.module_ops.items()}, _frozen(ledger.phases),
-    )
-
-
 def _with_tables(
     base: FlopResult,
     operators: Mapping[str, OpTotals],
@@ -333,7 +326,10 @@ def aggregate(
             return _deferred(base, totals, _Deferred(booked))
         costed = events
     ledger = Ledger(aliases).book_all(costed)
-    return _from_ledger(ledger, _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps))
+    return _with_tables(
+        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps), _frozen(ledger.operators),
+        _frozen(ledger.modules), {name: _frozen(ops) for name, ops in ledger.module_ops.items()}, _frozen(ledger.phases),
+    )
 
 
 def _unbooked(

@@ -29,13 +29,13 @@ from flopcount.core.params import lookup_tables
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.rendering import render
 from flopcount.core.rows import BookedRows, CostRow
-from flopcount.core.traffic import is_floating
+from flopcount.core.traffic import element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
-from flopcount.types import Cost, Diagnostic, OpEvent
+from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
 PredictRow = CostRow
@@ -222,9 +222,6 @@ _LOOKUPS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embeddin
 def _written_as(call: Any, as_dtype: Optional[str]) -> int:
     """Bytes of a lookup's first output (the gathered rows; an embedding bag's reduced rows,
     fewer than it read), priced at ``as_dtype`` for a floating output."""
-    from flopcount.core.traffic import element_size
-    from flopcount.types import TensorMeta
-
     first = call.outputs[0] if call.outputs else None
     if not isinstance(first, TensorMeta):
         return 0
