@@ -169,6 +169,34 @@ def test_the_last_step_check_catches_an_unknown_window(device: str) -> None:
     assert result.kv_cache_position_bytes == 2 * B * memory * H * 4
 
 
+class _WindowOverHandedCache(_HiddenWindow):
+    """_HiddenWindow's layer appending to the cache object generate() hands it (``cache``, a
+    DynamicCache, updated in place) and attending to its last ``memory`` positions only: a window
+    no config names, so the last-step check fails and the count starts again."""
+
+    def forward(self, input_ids: torch.Tensor, cache: Any = None, use_cache: bool = True) -> Dict[str, Any]:  # type: ignore[override]
+        q, k, v = (t.unsqueeze(1) for t in self.qkv(self.embed(input_ids)).chunk(3, dim=-1))
+        k, v = cache.update(k, v, 0)
+        k, v = k[:, :, -self.memory:], v[:, :, -self.memory:]
+        return {"logits": self.head(((q @ k.transpose(-1, -2)).softmax(-1) @ v).squeeze(1)), "cache": cache}
+
+
+def test_a_retry_after_a_mismatch_starts_from_an_empty_cache() -> None:
+    """The count traced again after the last step's check failed reused the cache object the
+    failed attempt had filled in place (real weights): its prefill attended to 24 stale positions."""
+    prompt, memory, new_tokens = 4, 12, 20
+    torch.manual_seed(0)
+    model = _WindowOverHandedCache(memory).eval()
+    result = count_generation(model, torch.zeros(B, prompt, dtype=torch.int64), new_tokens=new_tokens)
+
+    def macs(tokens: int, keys: int) -> int:  # qkv and head per token; QK^T and AV over the keys attended
+        return B * tokens * (3 * H * H + H * VOCAB) + 2 * B * tokens * H * keys
+
+    assert any("did not match" in w and "every decode step was traced" in w for w in result.warnings)
+    assert result.prefill.macs == macs(prompt, prompt)  # before: macs(prompt, memory), the stale cache's
+    assert [s.macs for s in result.steps] == [macs(1, min(prompt + s + 1, memory)) for s in range(new_tokens - 1)]
+
+
 class _MHADecoder(nn.Module):
     """nn.MultiheadAttention over a cache of the layer inputs (its K/V projections rerun over
     the whole context each step)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flopcount.core.ledger import Ledger
-from flopcount.core.results import aggregate, reprice
+from flopcount.core.results import aggregate, reprice_deferred
 from flopcount.types import Cost, OpCall, OpEvent, ParamSummary
 
 PARAMS = ParamSummary(total=0, trainable=0, frozen=0)
@@ -32,12 +32,13 @@ def _count(costed, aliases=None):
 
 def test_reprice_books_split_costs_like_aggregate():
     """The #19 bug: reprice ignored Cost.parts and raised KeyError on the fused op's name
-    (count_generation on any decoder built on nn.MultiheadAttention)."""
+    (count_generation on any decoder built on nn.MultiheadAttention). Each event its own
+    group of the re-pricing a continued decode step runs (reprice_deferred)."""
     mha = _event("flopcount::multi_head_attention_forward", ("layers", "layers.0", "layers.0.attn"))
     mm = _event("aten::mm", ("layers", "layers.0", "layers.0.mlp"))
     step0 = [(mha, _split(1)), (mm, Cost(macs=7, flops=14, bytes_read=8, bytes_written=4))]
     step1 = [(mha, _split(3)), (mm, Cost(macs=7, flops=14, bytes_read=8, bytes_written=4))]
-    repriced = reprice(_count(step0), [(e, old, new) for (e, old), (_, new) in zip(step0, step1)])
+    repriced = reprice_deferred(_count(step0), [([e], old, new) for (e, old), (_, new) in zip(step0, step1)])
     truth = _count(step1)
     for metric in ("flops", "macs", "count", "bytes", "bytes_read", "bytes_written"):
         assert repriced.by_operator(metric) == truth.by_operator(metric), metric
@@ -54,7 +55,7 @@ def test_reprice_credits_aliases_like_aggregate():
     aliases = {"a.m": ("a.m", "b.m")}
     event = _event("aten::mm", ("b", "a.m"))
     before, after = Cost(macs=2, flops=4, bytes_read=6), Cost(macs=5, flops=10, bytes_read=9)
-    repriced = reprice(_count([(event, before)], aliases), [(event, before, after)])
+    repriced = reprice_deferred(_count([(event, before)], aliases), [([event], before, after)])
     truth = _count([(event, after)], aliases)
     assert repriced._modules == truth._modules
     assert truth.module_totals("b").macs == 5 and truth.module_totals("a.m").bytes_read == 9

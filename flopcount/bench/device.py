@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from itertools import chain
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -34,7 +35,7 @@ def resolve_device(model: nn.Module, call: PreparedCall, device: Any) -> torch.d
         if dev.type not in ("cpu", "cuda"):
             raise UsageError(f"benchmark supports cpu and cuda devices, got {dev.type!r}")
         return dev
-    for tensor in _chain(model.parameters(), model.buffers()):
+    for tensor in chain(model.parameters(), model.buffers()):
         return tensor.device
     return call.tensors[0].device if call.tensors else torch.device("cpu")
 
@@ -42,7 +43,7 @@ def resolve_device(model: nn.Module, call: PreparedCall, device: Any) -> torch.d
 def refuse_data_less(model: nn.Module, call: PreparedCall, who: str) -> None:
     """A model or input on the meta device (or a fake tensor) has no data: timing it would
     report a latency that was never measured, so it is a UsageError."""
-    for name, tensor in _chain(model.named_parameters(), model.named_buffers()):
+    for name, tensor in chain(model.named_parameters(), model.named_buffers()):
         if is_dataless(tensor):
             kind = "on the meta device" if tensor.device.type == "meta" else "made of fake tensors"
             raise UsageError(
@@ -52,11 +53,6 @@ def refuse_data_less(model: nn.Module, call: PreparedCall, who: str) -> None:
     for tensor in call.tensors:
         if is_dataless(tensor):
             raise UsageError(f"{who}: an input tensor {tuple(tensor.shape)} is on the meta device or fake (no data); pass real tensors")
-
-
-def _chain(*iterables: Any) -> Iterator[Any]:
-    for it in iterables:
-        yield from it
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -75,10 +71,10 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
     (the same parameter storages, gradients and buffer objects, not copies). A model with a
     lazy module not yet materialised runs as a copy sharing every initialised tensor: the
     first call materialises the copy's module, not the caller's."""
-    tensors = list(_chain(model.parameters(), model.buffers()))
+    tensors = list(chain(model.parameters(), model.buffers()))
     if any(is_uninitialized(t) for t in tensors):
         model = shared_tensor_copy(model)
-        tensors = list(_chain(model.parameters(), model.buffers()))
+        tensors = list(chain(model.parameters(), model.buffers()))
     needs_move = any(not _same_device(t.device, device) for t in tensors)
     if not needs_move:
         # the tracers' one state guard: buffers bit for bit, flags, grads, hooks

@@ -13,18 +13,22 @@ registers every kind through torch's public API and checks each is seen (docs/in
 
 No torch dictionary is named here, and nothing is changed: callers that put hooks back
 (tracers/_state.py) or leave them out of a copy (integrations/_counting.py) do so on the
-dictionaries this module hands them.
+dictionaries this module hands them. :func:`around_modules` is the one pair of process-wide
+hooks the jit tracer adds around some modules' forwards (through torch's public functions).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
-from typing import Any, Dict, FrozenSet, Mapping, Tuple
+import threading
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple
 
 from torch import nn
 
 __all__ = [
+    "around_modules",
     "call_hook_dicts",
     "call_hook_names",
     "call_hook_sizes",
@@ -115,3 +119,33 @@ def process_hooks_present() -> bool:
     from torch.nn.modules import module as module_impl
 
     return any(value for name, value in vars(module_impl).items() if _is_hook_dict(name, value))
+
+
+@contextlib.contextmanager
+def around_modules(kinds: Tuple[type, ...], enter: Callable[[nn.Module], Optional[Callable[[], None]]]) -> Iterator[None]:
+    """While active, ``enter(module)`` runs before each forward of a module of ``kinds`` on the
+    entering thread, and what it returns (an undo, or None) after that forward, also one that
+    raised. Process-wide hooks (torch's ``register_module_forward_*``: nothing is added to a
+    model) that answer only the entering thread, removed on exit."""
+    from torch.nn.modules import module as module_impl
+
+    owner = threading.get_ident()
+    undos: List[Optional[Callable[[], None]]] = []  # one per such forward running
+
+    def pre(module: nn.Module, args: Any) -> None:
+        if isinstance(module, kinds) and threading.get_ident() == owner:
+            undos.append(enter(module))
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(module, kinds) and undos and threading.get_ident() == owner:
+            undo = undos.pop()
+            if undo is not None:
+                undo()
+
+    handles = [module_impl.register_module_forward_pre_hook(pre),
+               module_impl.register_module_forward_hook(post, always_call=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

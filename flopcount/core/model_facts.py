@@ -93,14 +93,11 @@ def model_facts(model: nn.Module) -> ModelFacts:
             continue
         every[id(module)] = [name]
         modules.append((name, module))
-        for tensor in module._parameters.values():
-            if tensor is not None:
-                parameters.setdefault(id(tensor), tensor)
-                lazy = lazy or is_uninitialized(tensor)
-        for tensor in module._buffers.values():
-            if tensor is not None:
-                buffers.setdefault(id(tensor), tensor)
-                lazy = lazy or is_uninitialized(tensor)
+        for table, found in ((module._parameters, parameters), (module._buffers, buffers)):
+            for tensor in table.values():
+                if tensor is not None:
+                    found.setdefault(id(tensor), tensor)
+                    lazy = lazy or is_uninitialized(tensor)
     first_packed = next(packed_objects(model, modules), None)
     aliases = {found[0]: tuple(found) for found in every.values() if len(found) > 1}
     return ModelFacts(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -119,6 +119,18 @@ def _active(
         inactive += size * max(count - k, 0) // count
     total = sum(p.numel() for p in model.parameters())
     return total - inactive
+
+
+def lookup_tables(model: nn.Module) -> FrozenSet[int]:
+    """The ids of the parameters held only by ``nn.Embedding``/``nn.EmbeddingBag`` modules: tables
+    a forward reads the rows it gathers from. A table that is also another module's weight (a
+    tied LM head) is read whole by that module, so it is not one."""
+    only: Dict[int, bool] = {}
+    for module in model.modules():
+        lookup = isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+        for tensor in module.parameters(recurse=False):
+            only[id(tensor)] = only.get(id(tensor), True) and lookup
+    return frozenset(key for key, yes in only.items() if yes)
 
 
 def _unique(tensors: Iterable[Optional[torch.Tensor]]) -> Iterator[torch.Tensor]:

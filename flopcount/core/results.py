@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import ItemsView, Iterator, KeysView, ValuesView
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
@@ -265,13 +265,6 @@ def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
     return {key: OpTotals(*sums) for key, sums in table.items()}
 
 
-def _from_ledger(ledger: Ledger, base: FlopResult) -> FlopResult:
-    return _with_tables(
-        base, _frozen(ledger.operators), _frozen(ledger.modules),
-        {name: _frozen(ops) for name, ops in ledger.module_ops.items()}, _frozen(ledger.phases),
-    )
-
-
 def _with_tables(
     base: FlopResult,
     operators: Mapping[str, OpTotals],
@@ -333,7 +326,10 @@ def aggregate(
             return _deferred(base, totals, _Deferred(booked))
         costed = events
     ledger = Ledger(aliases).book_all(costed)
-    return _from_ledger(ledger, _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps))
+    return _with_tables(
+        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps), _frozen(ledger.operators),
+        _frozen(ledger.modules), {name: _frozen(ops) for name, ops in ledger.module_ops.items()}, _frozen(ledger.phases),
+    )
 
 
 def _unbooked(
@@ -363,19 +359,11 @@ def _summed(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> Optional[List[i
     a sum stays an ``int`` only while every figure added is one)."""
     macs = flops = read = written = 0
     for _, cost in costed:
-        if cost is None:
-            continue
-        if cost.parts:
-            for _, part in cost.parts:
-                macs += part.macs
-                flops += part.flops
-                read += part.bytes_read
-                written += part.bytes_written
-        else:
-            macs += cost.macs
-            flops += cost.flops
-            read += cost.bytes_read
-            written += cost.bytes_written
+        for part in ([] if cost is None else [p for _, p in cost.parts] or [cost]):
+            macs += part.macs
+            flops += part.flops
+            read += part.bytes_read
+            written += part.bytes_written
     totals = [macs, flops, read, written]
     return totals if all(type(v) is int for v in totals) else None
 
@@ -401,26 +389,14 @@ def _estimate_text(op: str, note: str, count: int) -> str:
     return f"{op} ({count} call{'s' if count != 1 else ''}) is an estimate: {note}"
 
 
-def reprice(result: FlopResult, changes: Iterable[Tuple[OpEvent, Cost, Cost]]) -> FlopResult:
-    """``result`` with some of its events' costs replaced (event, old cost, new cost): the same
-    events ran, only their shapes differ (the decode steps of
-    :func:`flopcount.count_generation`). Booked by the same ledger as :func:`aggregate`, split
-    costs included; call counts are unchanged.
-
-    The ledger books only the differences (old out, new in); the result shares every row the
+def reprice_groups(result: FlopResult, groups: Iterable[Tuple[Sequence[OpEvent], Cost, Cost]]) -> FlopResult:
+    """``result`` with some of its events' costs replaced: the same events ran, only their shapes
+    differ (the decode steps of :func:`flopcount.count_generation`), in groups of events that
+    each changed from the same old cost to the same new one. Booked by the same ledger as
+    :func:`aggregate` (:meth:`Ledger.rebook_group`: the differences only, once per key, not per
+    event), split costs included; call counts are unchanged. The result shares every row the
     changes do not touch with ``result`` (copy on write), so re-pricing a step costs what its
     changed events touch, not the size of the model's tables."""
-    delta = Ledger(result._aliases)
-    for event, old, new in changes:
-        if old != new:
-            delta.rebook(event, old, new)
-    return _apply(result, delta)
-
-
-def reprice_groups(result: FlopResult, groups: Iterable[Tuple[Sequence[OpEvent], Cost, Cost]]) -> FlopResult:
-    """:func:`reprice` where the changes come in groups of events that each changed from the same
-    old cost to the same new one (:meth:`Ledger.rebook_group`: booked once per key, not per
-    event); the same result."""
     delta = Ledger(result._aliases)
     for events, old, new in groups:
         if old != new and events:
@@ -480,7 +456,8 @@ class _Deferred:
 
 class _LazyTable(Mapping[str, Any]):
     """One table of a :class:`_Deferred` (operators, modules, module x operator, phases), read
-    as the plain dict it stands for; pickled and copied as that dict."""
+    as the plain dict it stands for (Mapping's own ``get``, ``items``, ``==``... over it);
+    pickled and copied as that dict."""
 
     __slots__ = ("_deferred", "_which")
 
@@ -499,26 +476,6 @@ class _LazyTable(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._table())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._table()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._table().get(key, default)
-
-    def items(self) -> ItemsView[str, Any]:
-        return self._table().items()
-
-    def keys(self) -> KeysView[str]:
-        return self._table().keys()
-
-    def values(self) -> ValuesView[Any]:
-        return self._table().values()
-
-    def __eq__(self, other: object) -> bool:
-        return self._table() == (other._table() if isinstance(other, _LazyTable) else other)
-
-    __hash__ = None  # type: ignore[assignment]  # a mapping, unhashable as a dict is
 
     def __repr__(self) -> str:
         return repr(self._table())

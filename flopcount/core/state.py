@@ -181,8 +181,7 @@ class PrivateRandom:
 
 @functools.cache
 def _seeded_overload(func: Any) -> bool:
-    tag = getattr(torch.Tag, "nondeterministic_seeded", None)
-    return tag is not None and tag in getattr(func, "tags", ())
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
 
 @functools.cache
@@ -262,8 +261,6 @@ def _seeded(op: str) -> bool:
     packet = getattr(getattr(torch.ops, namespace, None), name.split(".")[0], None) if name else None
     if packet is None:
         return namespace not in ("aten", "prim")
-    if getattr(torch.Tag, "nondeterministic_seeded", None) is None:
-        return True
     try:
         return _packet_draws(packet)
     except (AttributeError, RuntimeError):

@@ -244,14 +244,24 @@ def _index_fill(call: OpCall) -> Optional[Traffic]:
     return read + _arg_bytes(call, "value"), written
 
 
-def _scatter(call: OpCall) -> Optional[Traffic]:
-    """read index + numel(index) elements of src; write numel(index) elements of self
-    (read them too with ``reduce=``)."""
-    index = _tensor(call, "index")
-    if index is None:
-        return None
-    read, written = _updated(index.numel, call, ("index",), "src", accumulate=bool(call.args.get("reduce")))
-    return read + _arg_bytes(call, "value"), written
+def _indexed(source: str, accumulating: str) -> ByteRule:
+    """numel(index) elements of self updated from ``source`` (:func:`_updated`), read too
+    when the ``accumulating`` argument is set; a tensor ``value`` read whole."""
+
+    def rule(call: OpCall) -> Optional[Traffic]:
+        index = _tensor(call, "index")
+        if index is None:
+            return None
+        read, written = _updated(index.numel, call, ("index",), source, accumulate=bool(call.args.get(accumulating)))
+        return read + _arg_bytes(call, "value"), written
+
+    rule.__doc__ = (f"read index + numel(index) elements of {source} (and of self with ``{accumulating}``); "
+                    "write numel(index) elements of self")
+    return rule
+
+
+_scatter = _indexed("src", "reduce")
+_put = _indexed("source", "accumulate")
 
 
 def _scatter_reduce(call: OpCall) -> Optional[Traffic]:
@@ -259,15 +269,6 @@ def _scatter_reduce(call: OpCall) -> Optional[Traffic]:
     if call.args.get("reduce") == "mean":
         return None
     return _scatter_add(call)
-
-
-def _put(call: OpCall) -> Optional[Traffic]:
-    """read index + numel(index) elements of source (and of self when accumulating);
-    write numel(index) elements."""
-    index = _tensor(call, "index")
-    if index is None:
-        return None
-    return _updated(index.numel, call, ("index",), "source", accumulate=bool(call.args.get("accumulate")))
 
 
 def _broadcast_numel(shapes: Sequence[Tuple[int, ...]]) -> int:
@@ -305,20 +306,16 @@ def _masked(call: OpCall) -> Optional[Traffic]:
     return _arg_bytes(call, "mask", "value"), 0
 
 
-def _copy_into(call: OpCall) -> Optional[Traffic]:
-    """``copy_(self, src)``: read src, write self (a slice's own size); self is not read."""
-    self_meta = _tensor(call, "self")
-    if self_meta is None:
-        return None
-    return _arg_bytes(call, "src"), _nbytes(self_meta)
+def _overwriting(source: str) -> ByteRule:
+    """``self`` overwritten from ``source`` (``copy_(self, src)``; ``fill_``/``zero_`` from a
+    tensor value): read it, write self (a slice's own size); self is not read."""
 
+    def rule(call: OpCall) -> Optional[Traffic]:
+        self_meta = _tensor(call, "self")
+        return None if self_meta is None else (_arg_bytes(call, source), _nbytes(self_meta))
 
-def _fill(call: OpCall) -> Optional[Traffic]:
-    """``fill_``/``zero_``: read a tensor value; write self."""
-    self_meta = _tensor(call, "self")
-    if self_meta is None:
-        return None
-    return _arg_bytes(call, "value"), _nbytes(self_meta)
+    rule.__doc__ = f"read {source}; write self, not read"
+    return rule
 
 
 def _dropout(call: OpCall) -> Optional[Traffic]:
@@ -381,9 +378,9 @@ RULES: Dict[str, ByteRule] = {
     "aten::_index_put_impl_": _index_put,
     "aten::masked_fill_": _masked,
     "aten::masked_scatter_": _masked,
-    "aten::copy_": _copy_into,
-    "aten::fill_": _fill,
-    "aten::zero_": _fill,
+    "aten::copy_": _overwriting("src"),
+    "aten::fill_": _overwriting("value"),
+    "aten::zero_": _overwriting("value"),
     "aten::to": _same_dtype_identity,
     "aten::type_as": _same_dtype_identity,
     **{f"aten::{name}": _dropout for name in _DROPOUTS},

@@ -75,23 +75,25 @@ def count_decoding(
         raise UsageError(f"{who}: new_tokens must be an int >= 1, got {new_tokens!r}")
     model = uncompiled(model)
     resolved = generation_options(model, int(input_ids.shape[0]), int(input_ids.shape[-1]), new_tokens, dict(options or {}))
-    setup = Setup(model, input_ids, kwargs, resolved)
-    notes = list(resolved.notes) + list(setup.notes)
-    fast = on_fakes(model)
-    while True:
+
+    def attempt(fast: bool) -> Decoded:
+        # each attempt on a Setup of its own: a forward with real weights fills the cache the
+        # Setup hands the prefill in place, and a retry must not start from what a failed one filled
         try:
-            try:
-                counted = _count(Counter(model, fast), setup, new_tokens - 1, trace_every_step)
-            except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
-                counted = _count(Counter(model, fast), setup, new_tokens - 1, True)
-                notes.append(f"{why}: every decode step was traced")
-        except FakeRefused:
-            if not fast:
-                raise
-            fast = False  # a forward fakes cannot run: every forward by the dispatch tracer, as given
-            continue
-        break
-    counted.notes = notes + counted.notes
+            return _count(Counter(model, fast), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, trace_every_step)
+        except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
+            counted = _count(Counter(model, fast), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, True)
+            counted.notes.insert(0, f"{why}: every decode step was traced")
+            return counted
+
+    fast = on_fakes(model)
+    try:
+        counted = attempt(fast)
+    except FakeRefused:
+        if not fast:
+            raise
+        counted = attempt(False)  # a forward fakes cannot run: every forward by the dispatch tracer, as given
+    counted.notes = list(resolved.notes) + list(counted.setup.notes) + counted.notes
     counted.wall_s = time.perf_counter() - started
     return counted
 
@@ -261,17 +263,16 @@ class Counter:
         for run, _ in runs:
             for name, count in run.module_calls.items():
                 calls[name] = calls.get(name, 0) + count
-        return aggregate(
-            [pair for _, costed in runs for pair in costed],
-            tracer="dispatch",
-            modules=self.facts.module_infos(calls),
-            parameters=self.facts.summary,
-            input_description=description,
-            warnings=tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
-            gaps=tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
-            aliases=self.facts.aliases,
-            deferred=True,
-        )
+        return self._result([pair for _, costed in runs for pair in costed], calls, description,
+                            tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
+                            tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)))
+
+    def _result(self, costed: Costed, calls: Mapping[str, int], description: str, warnings: Tuple[str, ...],
+                gaps: Tuple[str, ...]) -> FlopResult:
+        """The forward's result, as :func:`flopcount.core.analysis.analyze` books it (its tables on first read)."""
+        return aggregate(costed, tracer="dispatch", modules=self.facts.module_infos(calls), parameters=self.facts.summary,
+                         input_description=description, warnings=warnings, gaps=gaps, aliases=self.facts.aliases,
+                         deferred=True)
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
         """Run a forward that is not counted (for its output: the cache it fills)."""
@@ -281,14 +282,4 @@ class Counter:
         prepared = prepare_call((), call)
         run = self._run(prepared)
         costed = self._costed(run)
-        return run, costed, aggregate(
-            costed,
-            tracer="dispatch",
-            modules=self.facts.module_infos(run.module_calls),
-            parameters=self.facts.summary,
-            input_description=self._described(prepared),
-            warnings=run.warnings,
-            gaps=run.gaps,
-            aliases=self.facts.aliases,
-            deferred=True,
-        )
+        return run, costed, self._result(costed, run.module_calls, self._described(prepared), run.warnings, run.gaps)

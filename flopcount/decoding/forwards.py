@@ -133,20 +133,13 @@ def _supports_cache_objects(model: nn.Module) -> bool:
         return True
 
 
-def _static_cache(model: nn.Module, length: int) -> Any:
-    from transformers import StaticCache
+def _new_cache(model: nn.Module, static_len: Optional[int]) -> Any:
+    """The cache generate() makes: a StaticCache of ``static_len`` positions, or a DynamicCache."""
+    from transformers import DynamicCache, StaticCache
 
     config: Any = getattr(model, "config", None)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    return StaticCache(config=text, max_cache_len=length)
-
-
-def _dynamic_cache(model: nn.Module) -> Any:
-    from transformers import DynamicCache
-
-    config: Any = getattr(model, "config", None)
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    return DynamicCache(config=text)
+    return DynamicCache(config=text) if static_len is None else StaticCache(config=text, max_cache_len=static_len)
 
 
 _CACHE_KEYS = ("cache", "past_key_values", "cache_params")
@@ -170,7 +163,6 @@ class LastOutput:
         self._model = model
         self.value: Any = None
         self._handles: List[Any] = []
-        self._thread = threading.get_ident()
         self._hooks = hooks
         self.no_cache = False
 
@@ -187,7 +179,7 @@ class LastOutput:
         if not self._hooks:
             return self
 
-        thread = self._thread = threading.get_ident()
+        thread = threading.get_ident()
         depth = [0]
 
         def enter(module: nn.Module, args: Any) -> None:
@@ -283,11 +275,11 @@ class Setup:
         self.cache_key = next((k for k in _CACHE_KEYS if k in self.parameters), "past_key_values")
         if not any(k in first for k in _CACHE_KEYS):
             if options.static_len is not None:
-                first[self.cache_key] = _static_cache(model, options.static_len)
+                first[self.cache_key] = _new_cache(model, options.static_len)
             elif self.cache_key == "cache" and not self.encoder_decoder and _supports_cache_objects(model):
                 # generate() makes the dynamic cache and hands it in: models that keep recurrent state in
                 # their modules (RecurrentGemma) update it in place and return none
-                first[self.cache_key] = _dynamic_cache(model)
+                first[self.cache_key] = _new_cache(model, None)
         self.first = first
         self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token

@@ -13,13 +13,13 @@ the last exactly. Otherwise every step is traced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
 import torch
 
 from flopcount.core.analysis import cost_events
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.results import FlopResult, reprice, reprice_deferred
+from flopcount.core.results import FlopResult, reprice_deferred
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
 __all__ = ["Affine", "Limits", "cache_limits", "plan_runs"]
@@ -167,14 +167,17 @@ class Affine:
         # the distinct (step 0, step 1) call pairs among the varying events (the same attention in
         # each of 80 layers): each is continued and priced once per step
         groups: Dict[Any, int] = {}
-        self.group: List[int] = []
         #: each group's first varying event: the pair its call is continued from
         self._firsts: Dict[int, Tuple[int, OpEvent, OpEvent]] = {}
+        #: the varying events by (group, phase, their cost at the run's first step)
+        self._members: Dict[Tuple[int, Phase, Cost], List[OpEvent]] = {}
         for varying in self.varying:
-            group = groups.setdefault(_pair_key(varying[1].call, varying[2].call), len(groups))
-            self.group.append(group)
+            index, a, b = varying
+            group = groups.setdefault(_pair_key(a.call, b.call), len(groups))
             self._firsts.setdefault(group, varying)
-        self._members_made: Optional[Members] = _UNMADE
+            old = first[index][1]
+            if old is not None:  # unpriced at the first step: nothing to re-cost
+                self._members.setdefault((group, a.phase, old), []).append(a)
 
     @staticmethod
     def check(traced: List[Tuple[Trace, Costed]], registry: HandlerRegistry) -> Optional[Affine]:
@@ -208,62 +211,25 @@ class Affine:
     def events(self, step: int) -> List[OpEvent]:
         events = [event for event, _ in self.first]
         for index, a, b in self.varying:
-            events[index] = _moved(a, b, step)
+            events[index] = OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
         return events
 
+    def changes(self, step: int) -> List[Tuple[List[OpEvent], Cost, Cost]]:
+        """The varying events at ``step`` as (events, cost at the run's first step, cost now),
+        events grouped by the pair of calls they continue (the same call in each of 80 layers is
+        continued once, into one call object, priced once per phase); events unpriced at the
+        first step or now are left out (unsupported either way: nothing to re-cost)."""
+        calls = {group: _moved_call(a, b, step) for group, (_, a, b) in self._firsts.items()}
+        heads = tuple(OpEvent(calls[group], events[0].module_stack, phase) for (group, phase, _), events in self._members.items())
+        return [(events, old, new) for ((_, _, old), events), (_, new) in zip(self._members.items(), cost_events(heads, self.registry))
+                if new is not None]
+
     def result_at(self, step: int, first: FlopResult) -> FlopResult:
-        """The run's step ``step``: its first step's result with the events that change re-costed.
-        A pair of calls met again (the same call in each of 80 layers) is continued once, into
-        one call object, priced once per phase: the step's work is the number of distinct
-        changing calls, not the model's depth. Its totals are exact at once, its tables are
-        booked when first read (:func:`reprice_deferred`)."""
-        members = self._members()
-        calls: Dict[int, OpCall] = {}
-        for group, (_, a, b) in self._firsts.items():
-            calls[group] = _moved_call(a, b, step)
-        if members is not None:
-            heads = tuple(OpEvent(calls[group], events[0].module_stack, phase) for (group, phase), (events, _) in members.items())
-            grouped: List[Tuple[Sequence[OpEvent], Cost, Cost]] = []
-            for (events, old), (_, cost) in zip(members.values(), cost_events(heads, self.registry)):
-                if cost is None or old is None:
-                    if old is not None:
-                        break  # priced at step 0, not now: each event on its own, as below
-                    continue  # unsupported either way: nothing to re-cost
-                grouped.append((events, old, cost))
-            else:
-                return reprice_deferred(first, grouped)
-        moved = [OpEvent(calls[group], a.module_stack, a.phase) for (_, a, _), group in zip(self.varying, self.group)]
-        changes = []
-        for (index, _, _), (event, cost) in zip(self.varying, cost_events(tuple(moved), self.registry)):
-            old = self.first[index][1]
-            if cost is None or old is None:  # unsupported either way: nothing to re-cost
-                continue
-            changes.append((event, old, cost))
-        return reprice(first, changes)
-
-    def _members(self) -> Optional[Members]:
-        """The varying events by (group, phase), with the cost they share at the run's first step
-        (the same for every step: made once); None where a group's events cost differently
-        there (then each step re-prices event by event)."""
-        if self._members_made is _UNMADE:
-            members: Members = {}
-            for (index, a, _), group in zip(self.varying, self.group):
-                old = self.first[index][1]
-                entry = members.get((group, a.phase))
-                if entry is None:
-                    members[(group, a.phase)] = ([a], old)
-                elif entry[1] != old:
-                    self._members_made = None
-                    return None
-                else:
-                    entry[0].append(a)
-            self._members_made = members
-        return self._members_made
-
-
-#: the varying events of a run by (group, phase), with the cost they share at its first step
-Members = Dict[Tuple[int, Phase], Tuple[List[OpEvent], Optional[Cost]]]
-_UNMADE: Any = object()
+        """The run's step ``step``: its first step's result with the events that change re-costed
+        (:meth:`changes`): the step's work is the number of distinct changing calls, not the
+        model's depth. Its totals are exact at once, its tables are booked when first read
+        (:func:`reprice_deferred`)."""
+        return reprice_deferred(first, self.changes(step))
 
 
 def _pair_key(a: OpCall, b: OpCall) -> Any:
@@ -276,10 +242,6 @@ def _pair_key(a: OpCall, b: OpCall) -> Any:
     except TypeError:
         return (id(a), id(b))
     return key
-
-
-def _moved(a: OpEvent, b: OpEvent, step: int) -> OpEvent:
-    return OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
 
 
 def _moved_call(a: OpEvent, b: OpEvent, step: int) -> OpCall:

@@ -154,20 +154,11 @@ def machine_roofs(
     clock (tests). Writes: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (:func:`cache_path`),
     only after measuring. Thread-safe: one thread measures at a time."""
     with _CACHE_LOCK:
-        return _machine_roofs(device, refresh, cache, measure, loadavg, cores, tries, now)
+        return _machine_roofs(torch.device(device or "cpu"), refresh, cache, measure, loadavg, cores, tries, now)
 
 
-def _machine_roofs(
-    device: Union[None, str, torch.device],
-    refresh: bool,
-    cache: bool,
-    measure: Optional[Callable[[torch.device], Roofs]],
-    loadavg: Optional[LoadAvg],
-    cores: Optional[int],
-    tries: int,
-    now: Optional[Callable[[], datetime]],
-) -> Roofs:
-    dev = torch.device(device or "cpu")
+def _machine_roofs(dev: torch.device, refresh: bool, cache: bool, measure: Optional[Callable[[torch.device], Roofs]],
+                   loadavg: Optional[LoadAvg], cores: Optional[int], tries: int, now: Optional[Callable[[], datetime]]) -> Roofs:
     cache = cache and cache_enabled()
     key = machine_key(dev)
     path = cache_path()
@@ -412,12 +403,18 @@ def _timer(dev: torch.device, clock: Optional[Clock]) -> Callable[[Callable[[], 
 def _best_rate(kernel: Tuple[Callable[[], Any], float], budget_s: float, timer: Callable[[Callable[[], Any]], float]) -> float:
     """FLOP/s of the fastest of at least 3 timed calls (more while ``budget_s`` holds)."""
     fn, work = kernel
-    spent = timer(fn)  # warm
-    best, repeats = float("inf"), 0
+    return work / max(_fastest(fn, timer, budget_s, timer(fn)), 1e-12)  # the first call warms
+
+
+def _fastest(fn: Callable[[], Any], timer: Callable[[Callable[[], Any]], float], budget_s: float, spent: float,
+             best: float = float("inf"), repeats: int = 0) -> float:
+    """Seconds of the fastest of at least 3 timed calls of ``fn`` (``repeats`` already timed, the
+    fastest ``best``), more while ``budget_s`` holds: none starts once half of it is ``spent`` or
+    when it would overrun it. Other load only slows a call, so the fastest is the measurement."""
     while repeats < 3 or (spent < budget_s / 2 and spent + best <= budget_s):
         took = timer(fn)
         best, spent, repeats = min(best, took), spent + took, repeats + 1
-    return work / max(best, 1e-12)
+    return best
 
 
 def _library_kernels(dev: torch.device, dtype: torch.dtype) -> List[Tuple[str, Tuple[Callable[[], Any], float]]]:
@@ -453,13 +450,7 @@ def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Ca
         if n >= limit or 8 * once > budget_s / 4:
             break
         n *= 2
-    best, repeats = once, 1
-    while repeats < 3 or (spent < budget_s / 2 and spent + best <= budget_s):  # other load only slows
-        took = timer(product)
-        repeats += 1
-        best = min(best, took)
-        spent += took
-    return 2.0 * n**3 / max(best, 1e-12), n
+    return 2.0 * n**3 / max(_fastest(product, timer, budget_s, spent, once, 1), 1e-12), n
 
 
 def _operand(dev: torch.device, dtype: torch.dtype, *shape: int) -> torch.Tensor:
@@ -499,12 +490,8 @@ def _stream_rate(
             for _ in range(loop):
                 op()
 
-        spent = timer(fn)  # warm: first touch of the output pages
-        best, repeats = float("inf"), 0
-        while repeats < 3 or (spent < budget_s / 6 and spent + best <= budget_s / 3):
-            took = timer(fn)
-            best, spent, repeats = min(best, took), spent + took, repeats + 1
-        rates[name] = moved * loop / max(best, 1e-12)
+        # a third of the budget each; the first call warms: first touch of the output pages
+        rates[name] = moved * loop / max(_fastest(fn, timer, budget_s / 3, timer(fn)), 1e-12)
     name = max(rates, key=lambda k: rates[k])
     shown = ", ".join(f"{rates[k] / 1e9:.4g} GB/s {k}" for k in rates)
     return rates[name], f"best of {name} over {numel} float32 x{loop} ({shown})"

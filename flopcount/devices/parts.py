@@ -78,7 +78,6 @@ class Part:
         return self.memory_gbps * 1e9
 
 
-_GiB = 2**30
 _MB = 1e6
 _GB = 1e9
 _H100_SXM = {"float64": 67.0, "float32": 67.0, "tfloat32": 494.5, "float16": 989.5, "bfloat16": 989.5,

@@ -45,6 +45,16 @@ def output_numel(call: OpCall) -> int:
     return prod(broadcast(*(t.shape for t in tensors)))
 
 
+def per_grad_output(flops: int) -> Handler:
+    """A handler costing ``flops`` per element of a backward op's ``grad_output``."""
+
+    def handler(call: OpCall) -> Cost:
+        return Cost.from_flops(flops * call.tensor("grad_output").numel)
+
+    handler.__doc__ = f"{flops} FLOP(s) per grad_output element."
+    return handler
+
+
 def ints(value: Any, ndim: int, default: int) -> Tuple[int, ...]:
     """An int-list argument expanded to ``ndim`` entries (``[]``/None -> ``default``)."""
     if value is None:

@@ -74,16 +74,9 @@ def _conv_backward(call: OpCall) -> Cost:
     grad_out = call.tensor("grad_output").shape
     x, w = call.tensor("input").shape, call.tensor("weight").shape
     transposed = bool(call.arg("transposed", False))
-    forward = conv_macs(x, w, grad_out, transposed)
-    mask = grads_present(call)
-    cost = Cost()
-    if mask[0]:
-        cost += Cost.from_macs(forward)
-    if mask[1]:
-        cost += Cost.from_macs(forward)
-    if mask[2]:
-        cost += Cost.from_flops(prod(grad_out))
-    return cost
+    grad_input, grad_weight, grad_bias = grads_present(call)
+    forwards = int(grad_input) + int(grad_weight)
+    return Cost.from_macs(forwards * conv_macs(x, w, grad_out, transposed)) + Cost.from_flops(prod(grad_out) if grad_bias else 0)
 
 
 CONV_OPS = (

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import first_output, is_complex
-from flopcount.types import Cost, OpCall, TensorMeta
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["C2C", "REAL", "fft_flops", "register"]
 
@@ -72,20 +72,16 @@ def _kernel_cost(call: OpCall, kind: float, last_size: Optional[int] = None) -> 
     )
 
 
-def _r2c(call: OpCall) -> Cost:
-    """_fft_r2c(self real, dim, normalization, onesided): 2.5 N log2 N per transform."""
-    return _kernel_cost(call, REAL)
+def _kernel(kind: float, last_size: Optional[str] = None) -> Handler:
+    """_fft_r2c(self real, dim, normalization, onesided) and _fft_c2r(self complex, dim,
+    normalization, last_dim_size): 2.5 N log2 N per transform (c2r: N counted on the real
+    output, its last dim ``last_dim_size``); _fft_c2c(self complex, dim, normalization,
+    forward): 5 N log2 N per transform."""
 
+    def handler(call: OpCall) -> Cost:
+        return _kernel_cost(call, kind, None if last_size is None else int(call.arg(last_size)))
 
-def _c2r(call: OpCall) -> Cost:
-    """_fft_c2r(self complex, dim, normalization, last_dim_size): 2.5 N log2 N per
-    transform, N counted on the real output (last dim = ``last_dim_size``)."""
-    return _kernel_cost(call, REAL, int(call.arg("last_dim_size")))
-
-
-def _c2c(call: OpCall) -> Cost:
-    """_fft_c2c(self complex, dim, normalization, forward): 5 N log2 N per transform."""
-    return _kernel_cost(call, C2C)
+    return handler
 
 
 # -- torch.fft functions (jit) ---------------------------------------------------------------
@@ -224,9 +220,9 @@ def _window(call: OpCall) -> Cost:
 
 
 def register(registry: HandlerRegistry) -> None:
-    registry.register("aten::_fft_r2c", _r2c)
-    registry.register("aten::_fft_c2r", _c2r)
-    registry.register("aten::_fft_c2c", _c2c)
+    registry.register("aten::_fft_r2c", _kernel(REAL))
+    registry.register("aten::_fft_c2r", _kernel(REAL, "last_dim_size"))
+    registry.register("aten::_fft_c2c", _kernel(C2C))
     registry.register("aten::fft_fft", _one_dim("c2c", False))
     registry.register("aten::fft_ifft", _one_dim("c2c", True))
     registry.register("aten::fft_rfft", _one_dim("r2c", False))

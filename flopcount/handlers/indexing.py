@@ -5,7 +5,7 @@ gathers and scatters without a reduction are copies (see zero_cost.py)."""
 from __future__ import annotations
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import first_output, maybe_tensor
+from flopcount.handlers._common import first_output, maybe_tensor, per_grad_output
 from flopcount.types import Cost, OpCall
 
 __all__ = ["register"]
@@ -32,11 +32,6 @@ def _embedding_bag(call: OpCall) -> Cost:
 def _embedding_bag_backward(call: OpCall) -> Cost:
     rows = _bag_elements(call, call.tensor("grad").shape[-1])
     return Cost.from_flops(rows + rows * (maybe_tensor(call, "per_sample_weights") is not None))
-
-
-def _embedding_dense_backward(call: OpCall) -> Cost:
-    # index-add of every grad_output row into the weight gradient
-    return Cost.from_flops(call.tensor("grad_output").numel)
 
 
 def _index_add(call: OpCall) -> Cost:
@@ -72,7 +67,8 @@ def _put(call: OpCall) -> Cost:
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"], _embedding_bag)
     registry.register(["aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward"], _embedding_bag_backward)
-    registry.register("aten::embedding_dense_backward", _embedding_dense_backward)
+    # index-add of every grad_output row into the weight gradient
+    registry.register("aten::embedding_dense_backward", per_grad_output(1))
     registry.register("aten::index_add", _index_add)
     registry.register("aten::scatter_add", _scatter_add)
     registry.register("aten::scatter", _scatter)

@@ -108,9 +108,13 @@ def _square(fn: Callable[[int], float]) -> Callable[[OpCall], Cost]:
     return handler
 
 
-def _lu(call: OpCall) -> Cost:
-    a = _mat(call, "A", "self", "input")
-    return _scale(call, lu_flops(a.shape[-2], a.shape[-1]), _batch(a.shape))
+def _rectangular(fn: Callable[[int, int], float]) -> Callable[[OpCall], Cost]:
+    def handler(call: OpCall) -> Cost:
+        a = _mat(call, "A", "self", "input")
+        return _scale(call, fn(a.shape[-2], a.shape[-1]), _batch(a.shape))
+
+    handler.__doc__ = fn.__doc__
+    return handler
 
 
 def det_flops(n: int) -> float:
@@ -180,10 +184,9 @@ def _cholesky_solve(call: OpCall) -> Cost:
     return _scale(call, 2 * triangular_solve_flops(l_factor.shape[-1], b.shape[-1]), _solve_batch(l_factor, b))
 
 
-def _cholesky_inverse(call: OpCall) -> Cost:
+def cholesky_inverse_flops(n: int) -> float:
     """potri: 2 n^3 / 3."""
-    a = call.tensor("self")
-    return _scale(call, 2 * a.shape[-1] ** 3 / 3, _batch(a.shape))
+    return 2 * n**3 / 3
 
 
 def _qr(call: OpCall) -> Cost:
@@ -196,11 +199,6 @@ def _qr(call: OpCall) -> Cost:
     if mode != "r":
         flops += orgqr_flops(m, m if mode == "complete" else k, k)
     return _scale(call, flops, _batch(a.shape))
-
-
-def _geqrf(call: OpCall) -> Cost:
-    a = call.tensor("self")
-    return _scale(call, qr_flops(a.shape[-2], a.shape[-1]), _batch(a.shape))
 
 
 def _householder_product(call: OpCall) -> Cost:
@@ -408,7 +406,7 @@ def _cross(call: OpCall) -> Cost:
 
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::cholesky"], _square(cholesky_flops))
-    registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _lu)
+    registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _rectangular(lu_flops))
     registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _square(det_flops))
     registry.register(["aten::linalg_slogdet", "aten::_linalg_slogdet", "aten::slogdet"], _slogdet)
     registry.register("aten::logdet", _logdet)
@@ -418,9 +416,9 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::linalg_solve_triangular", _solver("self", triangular_solve_flops))
     registry.register("aten::triangular_solve", _triangular_legacy)
     registry.register("aten::cholesky_solve", _cholesky_solve)
-    registry.register("aten::cholesky_inverse", _cholesky_inverse)
+    registry.register("aten::cholesky_inverse", _square(cholesky_inverse_flops))
     registry.register("aten::linalg_qr", _qr)
-    registry.register("aten::geqrf", _geqrf)
+    registry.register("aten::geqrf", _rectangular(qr_flops))
     registry.register(["aten::linalg_householder_product", "aten::orgqr"], _householder_product)
     registry.register("aten::ormqr", _ormqr)
     registry.register(["aten::linalg_svd", "aten::_linalg_svd", "aten::linalg_svdvals", "aten::svd"], _svd)

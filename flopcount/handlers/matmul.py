@@ -52,9 +52,14 @@ def _inner(call: OpCall) -> Cost:
     return Cost.from_macs(a.numel * b.numel // a.shape[-1])
 
 
-def _outer(call: OpCall) -> Cost:
-    # (n,) x (m,) -> n*m products (contracted size 1)
-    return Cost.from_macs(call.tensor("self").numel * call.tensor("vec2").numel)
+def _outer(left: str, right: str) -> Handler:
+    """(n,) x (m,) -> n*m products (contracted size 1): outer, ger, addr (its added ``self``
+    and scales not counted)."""
+
+    def handler(call: OpCall) -> Cost:
+        return Cost.from_macs(call.tensor(left).numel * call.tensor(right).numel)
+
+    return handler
 
 
 def _tensordot(call: OpCall) -> Cost:
@@ -105,19 +110,13 @@ def grouped_mm_macs(a: Shape, b: Shape) -> int:
     raise ValueError(f"grouped mm takes 2-D or 3-D operands, got {a} and {b}")
 
 
-def _grouped_mm(call: OpCall) -> Cost:
-    # _grouped_mm / _scaled_grouped_mm (the scales are folded into the product, like alpha)
-    return Cost.from_macs(grouped_mm_macs(call.tensor("self").shape, call.tensor("mat2").shape))
+def _grouped(left: str, right: str, products: int = 1) -> Handler:
+    """``products`` grouped products of ``left`` and ``right`` (:func:`grouped_mm_macs`)."""
 
+    def handler(call: OpCall) -> Cost:
+        return Cost.from_macs(products * grouped_mm_macs(call.tensor(left).shape, call.tensor(right).shape))
 
-def _grouped_mm_fallback(call: OpCall) -> Cost:
-    # transformers::grouped_mm_fallback(input (S, K), weight (G, K, N), offs): S*K*N
-    return Cost.from_macs(grouped_mm_macs(call.tensor("input").shape, call.tensor("weight").shape))
-
-
-def _grouped_mm_fallback_backward(call: OpCall) -> Cost:
-    # grad_input (S, N) x (G, N, K) and grad_weight (K, S) x (S, N) split by offs: 2*S*K*N
-    return Cost.from_macs(2 * grouped_mm_macs(call.tensor("input").shape, call.tensor("weight").shape))
+    return handler
 
 
 # -- einsum -------------------------------------------------------------------------------
@@ -192,10 +191,6 @@ def _einsum(call: OpCall) -> Cost:
     return einsum_cost(call.arg("equation"), [t.shape for t in tensors], call.arg("path"))
 
 
-def _addr(call: OpCall) -> Cost:
-    return Cost.from_macs(call.tensor("vec1").numel * call.tensor("vec2").numel)
-
-
 def sparse_product(a: TensorMeta, b: TensorMeta) -> Optional[int]:
     """MACs of ``a @ b`` (2-D, or a matrix times a vector) with one sparse operand: one
     multiply-add per stored value of the sparse operand and column (row) of the dense one:
@@ -263,13 +258,16 @@ def register(registry: HandlerRegistry) -> None:
     add("aten::smm", _sparse_only("self", "mat2"))
     add(["aten::dot", "aten::vdot"], _dot)
     add("aten::inner", _inner)
-    add(["aten::outer", "aten::ger"], _outer)
-    add("aten::addr", _addr)
+    add(["aten::outer", "aten::ger"], _outer("self", "vec2"))
+    add("aten::addr", _outer("vec1", "vec2"))
     add("aten::tensordot", _tensordot)
     add("aten::bilinear", _bilinear)
     add("aten::_trilinear", _trilinear)
     add("aten::einsum", _einsum)
     add("aten::_scaled_mm", _product("self", "mat2"))  # (M, K) @ (K, N) with scales folded in, as torch's flop counter
-    add(["aten::_grouped_mm", "aten::_scaled_grouped_mm"], _grouped_mm)
-    add("transformers::grouped_mm_fallback", _grouped_mm_fallback)
-    add("transformers::grouped_mm_fallback_backward", _grouped_mm_fallback_backward)
+    # the scales of _scaled_grouped_mm are folded into the product, like alpha
+    add(["aten::_grouped_mm", "aten::_scaled_grouped_mm"], _grouped("self", "mat2"))
+    # transformers::grouped_mm_fallback(input (S, K), weight (G, K, N), offs): S*K*N; its backward
+    # grad_input (S, N) x (G, N, K) and grad_weight (K, S) x (S, N) split by offs: 2*S*K*N
+    add("transformers::grouped_mm_fallback", _grouped("input", "weight"))
+    add("transformers::grouped_mm_fallback_backward", _grouped("input", "weight", 2))

@@ -22,7 +22,7 @@ from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import grads_present, maybe_tensor
 from flopcount.handlers.pointwise import elementwise_flops
 from flopcount.handlers.reduce import mean_flops, var_flops
-from flopcount.types import Cost, OpCall, TensorMeta
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "normalize_flops", "rms_norm_flops"]
 
@@ -61,6 +61,16 @@ def _norm_cost(x: TensorMeta, groups: int, stats: bool, call: OpCall) -> Cost:
     return Cost.from_flops(normalize_flops(x.numel, groups, stats, weight, bias))
 
 
+def _backward_cost(x: TensorMeta, groups: int, stats: bool, call: OpCall) -> Cost:
+    weight = maybe_tensor(call, "weight") is not None
+    return Cost.from_flops(norm_backward_flops(x.numel, groups, stats, weight, grads_present(call)))
+
+
+def _rows(call: OpCall, x: TensorMeta) -> int:
+    """Groups of a layer or RMS norm: the rows of ``normalized_shape``."""
+    return x.numel // max(_normalized_numel(call, x), 1)
+
+
 def _normalized_numel(call: OpCall, x: TensorMeta) -> int:
     """prod(normalized_shape); entries jit computed while tracing (None) are read from
     the input's trailing dims."""
@@ -79,7 +89,7 @@ def _channels(x: TensorMeta) -> int:
 
 def _layer_norm(call: OpCall) -> Cost:
     x = call.tensor("input")
-    return _norm_cost(x, x.numel // max(_normalized_numel(call, x), 1), True, call)
+    return _norm_cost(x, _rows(call, x), True, call)
 
 
 def _batch_norm(call: OpCall) -> Cost:
@@ -90,14 +100,14 @@ def _batch_norm(call: OpCall) -> Cost:
     return _norm_cost(x, _channels(x), stats, call)
 
 
-def _batch_norm_eval(call: OpCall) -> Cost:
-    x = call.tensor("input")
-    return _norm_cost(x, _channels(x), False, call)
+def _batch_norm_stats(stats: bool) -> Handler:
+    """Batch norm with (``stats``) or without batch statistics, whatever its arguments say."""
 
+    def handler(call: OpCall) -> Cost:
+        x = call.tensor("input")
+        return _norm_cost(x, _channels(x), stats, call)
 
-def _batch_norm_with_update(call: OpCall) -> Cost:
-    x = call.tensor("input")
-    return _norm_cost(x, _channels(x), True, call)
+    return handler
 
 
 def _instance_norm(call: OpCall) -> Cost:
@@ -117,8 +127,7 @@ def _group_norm(call: OpCall) -> Cost:
 
 def _rms_norm(call: OpCall) -> Cost:
     x = call.tensor("input")
-    rows = x.numel // max(_normalized_numel(call, x), 1)
-    return Cost.from_flops(rms_norm_flops(x.numel, rows, maybe_tensor(call, "weight") is not None))
+    return Cost.from_flops(rms_norm_flops(x.numel, _rows(call, x), maybe_tensor(call, "weight") is not None))
 
 
 # -- backward -------------------------------------------------------------------------------
@@ -140,24 +149,19 @@ def norm_backward_flops(n: int, groups: int, stats: bool, weight: bool, present:
 
 def _layer_norm_backward(call: OpCall) -> Cost:
     x = call.tensor("input")
-    groups = x.numel // max(_normalized_numel(call, x), 1)
-    weight = maybe_tensor(call, "weight") is not None
-    return Cost.from_flops(norm_backward_flops(x.numel, groups, True, weight, grads_present(call)))
+    return _backward_cost(x, _rows(call, x), True, call)
 
 
 def _batch_norm_backward(call: OpCall) -> Cost:
     x = call.tensor("input")
     train: Optional[bool] = call.arg("train", call.arg("update"))
     stats = True if train is None else bool(train) or maybe_tensor(call, "running_mean") is None
-    weight = maybe_tensor(call, "weight") is not None
-    return Cost.from_flops(norm_backward_flops(x.numel, _channels(x), stats, weight, grads_present(call)))
+    return _backward_cost(x, _channels(x), stats, call)
 
 
 def _group_norm_backward(call: OpCall) -> Cost:
     x = call.tensor("input")
-    groups = (x.shape[0] if x.ndim >= 2 else 1) * int(call.arg("group"))
-    weight = maybe_tensor(call, "weight") is not None
-    return Cost.from_flops(norm_backward_flops(x.numel, groups, True, weight, grads_present(call)))
+    return _backward_cost(x, (x.shape[0] if x.ndim >= 2 else 1) * int(call.arg("group")), True, call)
 
 
 def _weight_norm(call: OpCall) -> Cost:
@@ -193,8 +197,8 @@ def register(registry: HandlerRegistry) -> None:
         ],
         _batch_norm,
     )
-    registry.register("aten::_native_batch_norm_legit_no_training", _batch_norm_eval)
-    registry.register("aten::_batch_norm_with_update", _batch_norm_with_update)
+    registry.register("aten::_native_batch_norm_legit_no_training", _batch_norm_stats(False))
+    registry.register("aten::_batch_norm_with_update", _batch_norm_stats(True))
     # no training flag: batch statistics exactly when no running statistics are given
     registry.register("aten::_batch_norm_no_update", _batch_norm)
     registry.register("aten::instance_norm", _instance_norm)

@@ -65,21 +65,15 @@ def foreach_of(single: str) -> Handler:
     return handler
 
 
-def _foreach_norm(call: OpCall) -> Cost:
-    """``norm`` of each tensor: its norm cost with one output element per tensor."""
-    order = call.arg("ord", 2)
-    return Cost.from_flops(sum(norm_flops(t.numel, 1, order) for t in _floating(_tensors(call.arg("self")))))
+def _foreach_norm(roots: int) -> Handler:
+    """``norm`` of each tensor: its norm cost with one output element (``roots`` 1) per
+    tensor; ``powsum``, sum(|x|^ord), is a norm without its root (0)."""
 
+    def handler(call: OpCall) -> Cost:
+        order = call.arg("ord", 2)
+        return Cost.from_flops(sum(norm_flops(t.numel, roots, order) for t in _floating(_tensors(call.arg("self")))))
 
-def _foreach_powsum(call: OpCall) -> Cost:
-    """sum(|x|^ord) of each tensor: a norm without its root."""
-    order = call.arg("ord", 2)
-    return Cost.from_flops(sum(norm_flops(t.numel, 0, order) for t in _floating(_tensors(call.arg("self")))))
-
-
-def _foreach_max(call: OpCall) -> Cost:
-    """The maximum of each tensor: one comparison per element."""
-    return Cost.from_flops(sum(t.numel for t in _floating(_tensors(call.arg("self")))))
+    return handler
 
 
 def _foreach_mm(call: OpCall) -> Cost:
@@ -122,9 +116,9 @@ def _adagrad_per_element(call: OpCall) -> int:
 def register(registry: HandlerRegistry) -> None:
     for name in sorted(_FOREACH_POINTWISE):
         registry.register(f"aten::_foreach_{name}", foreach_of(name))
-    registry.register("aten::_foreach_norm", _foreach_norm)
-    registry.register("aten::_foreach_powsum", _foreach_powsum)
-    registry.register("aten::_foreach_max", _foreach_max)
+    registry.register("aten::_foreach_norm", _foreach_norm(1))
+    registry.register("aten::_foreach_powsum", _foreach_norm(0))
+    registry.register("aten::_foreach_max", _fused(lambda call: 1))  # the maximum: one comparison per element
     registry.register("aten::_foreach_mm", _foreach_mm)
     registry.register_zero(["aten::_foreach_zero", "aten::_foreach_copy", "aten::_foreach_clone"])
     registry.register(["aten::_fused_adam", "aten::_fused_adamw"], _fused(_adam_per_element))

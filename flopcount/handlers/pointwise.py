@@ -13,7 +13,7 @@ from math import prod
 from typing import Dict, Tuple
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import any_complex, output_numel
+from flopcount.handlers._common import any_complex, output_numel, per_grad_output
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
@@ -211,14 +211,6 @@ def _alpha_dropout(call: OpCall) -> Cost:
     return Cost.from_flops(ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel)
 
 
-def _glu_backward(call: OpCall) -> Cost:
-    return Cost.from_flops(GLU_BACKWARD * call.tensor("grad_output").numel)
-
-
-def _dropout_backward(call: OpCall) -> Cost:
-    return Cost.from_flops(DROPOUT * call.tensor("grad_output").numel)
-
-
 def register(registry: HandlerRegistry) -> None:
     by_cost: Dict[int, list] = {}
     for op, flops in PER_ELEMENT.items():
@@ -231,5 +223,5 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::dropout", "aten::native_dropout"], _dropout)
     registry.register("aten::feature_dropout", _feature_dropout)
     registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _alpha_dropout)
-    registry.register("aten::native_dropout_backward", _dropout_backward)
-    registry.register("aten::glu_backward", _glu_backward)
+    registry.register("aten::native_dropout_backward", per_grad_output(DROPOUT))
+    registry.register("aten::glu_backward", per_grad_output(GLU_BACKWARD))

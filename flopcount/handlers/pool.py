@@ -16,7 +16,7 @@ from math import prod
 from typing import Sequence
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import first_output, ints, maybe_tensor, output_numel
+from flopcount.handlers._common import first_output, ints, maybe_tensor, output_numel, per_grad_output
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "adaptive_window_total", "INTERPOLATION"]
@@ -88,10 +88,6 @@ def _adaptive_avg_backward(call: OpCall) -> Cost:
     return Cost.from_flops(_adaptive_windows(x.shape, g.shape, nsp) + g.numel)
 
 
-def _grad_output_elements(call: OpCall) -> Cost:
-    return Cost.from_flops(call.tensor("grad_output").numel)
-
-
 def _interpolation(per_output: int) -> Handler:
     def handler(call: OpCall) -> Cost:
         return Cost.from_flops(per_output * output_numel(call))
@@ -139,7 +135,7 @@ def register(registry: HandlerRegistry) -> None:
             "aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward",
             "aten::adaptive_max_pool2d_backward", "aten::adaptive_max_pool3d_backward",
         ],
-        _grad_output_elements,
+        per_grad_output(1),
     )
     for mode, per in INTERPOLATION.items():
         registry.register(f"aten::upsample_{mode}", _interpolation(per))
@@ -163,5 +159,5 @@ def register(registry: HandlerRegistry) -> None:
             "aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward",
             "aten::replication_pad1d_backward", "aten::replication_pad2d_backward", "aten::replication_pad3d_backward",
         ],
-        _grad_output_elements,
+        per_grad_output(1),
     )

@@ -13,7 +13,7 @@ from math import prod
 from typing import Any, Tuple
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor
+from flopcount.handlers._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor, per_grad_output
 from flopcount.handlers.pointwise import per_element
 from flopcount.types import Cost, OpCall, TensorMeta
 
@@ -140,14 +140,6 @@ def _log_softmax(call: OpCall) -> Cost:
     return Cost.from_flops(log_softmax_flops(_input(call).numel))
 
 
-def _softmax_backward(call: OpCall) -> Cost:
-    return Cost.from_flops(SOFTMAX_BACKWARD * call.tensor("grad_output").numel)
-
-
-def _log_softmax_backward(call: OpCall) -> Cost:
-    return Cost.from_flops(LOG_SOFTMAX_BACKWARD * call.tensor("grad_output").numel)
-
-
 def _sort(call: OpCall) -> Cost:
     """N * ceil(log2(L)) comparisons, L the length of the sorted dimension."""
     x = _input(call)
@@ -224,10 +216,8 @@ def _cumulative_trapezoid(call: OpCall) -> Cost:
 def _diff(call: OpCall) -> Cost:
     """n-th difference along ``dim`` (after prepend/append): one subtract per element of
     each successive difference, R x sum_{k=1..n} (L - k)."""
-    x = call.tensor("self")
+    x, length, rows = _along(call, "self")
     dim = int(call.arg("dim", -1)) % max(x.ndim, 1)
-    length = x.shape[dim] if x.ndim else 1
-    rows = x.numel // length if length else 0
     for extra in ("prepend", "append"):
         t = maybe_tensor(call, extra)
         if t is not None:
@@ -267,8 +257,8 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::logcumsumexp", lambda call: Cost.from_flops(4 * _input(call).numel))
     registry.register(["aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::special_softmax"], _softmax)
     registry.register(["aten::log_softmax", "aten::_log_softmax", "aten::special_log_softmax"], _log_softmax)
-    registry.register("aten::_softmax_backward_data", _softmax_backward)
-    registry.register("aten::_log_softmax_backward_data", _log_softmax_backward)
+    registry.register("aten::_softmax_backward_data", per_grad_output(SOFTMAX_BACKWARD))
+    registry.register("aten::_log_softmax_backward_data", per_grad_output(LOG_SOFTMAX_BACKWARD))
     registry.register(["aten::sort", "aten::argsort", "aten::msort"], _sort)
     registry.register("aten::dist", _dist)
     registry.register(["aten::quantile", "aten::nanquantile"], _quantile)

@@ -12,7 +12,7 @@ change is skipped); each output of a pass sums its filter window, 2 FLOPs per ta
 from __future__ import annotations
 
 from math import prod
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import first_output, grads_present, maybe_tensor
@@ -35,27 +35,29 @@ GRID_SAMPLER = {
 def _grid_sampler(call: OpCall) -> Cost:
     """input (N, C, *in), grid (N, *out, d): locations L = N x prod(out); FLOPs =
     L x (d x 3 + per-location weights) + L x C x per-element taps."""
-    x, grid = maybe_tensor(call, "input") or call.tensor("self"), call.tensor("grid")
+    x = maybe_tensor(call, "input") or call.tensor("self")
+    _, per_element, locations, per_location = _grid(call)
+    return Cost.from_flops(locations * per_location + locations * x.shape[1] * per_element)
+
+
+def _grid(call: OpCall) -> Tuple[int, int, int, int]:
+    """The grid's coordinates d, the per-element taps t of its mode, the locations L and the
+    per-location coordinate and weight work (d x 3 + its weights)."""
+    grid = call.tensor("grid")
     dims = grid.shape[-1]
     mode = int(call.arg("interpolation_mode", BILINEAR))
     per_element, per_location = GRID_SAMPLER.get((dims, mode), GRID_SAMPLER[(dims, BILINEAR)])
-    locations = prod(grid.shape[:-1])
-    channels = x.shape[1]
-    return Cost.from_flops(locations * (dims * COORDINATE + per_location) + locations * channels * per_element)
+    return dims, per_element, prod(grid.shape[:-1]), dims * COORDINATE + per_location
 
 
 def _grid_sampler_backward(call: OpCall) -> Cost:
     """grad_input: each output gradient scattered through the forward taps (t per element);
     grad_grid: the weights' derivative along each of the d coordinates (d x t per element)
     plus the per-location coordinate and weight work, for the gradients requested."""
-    x, grid = call.tensor("input"), call.tensor("grid")
-    dims = grid.shape[-1]
-    mode = int(call.arg("interpolation_mode", BILINEAR))
-    per_element, per_location = GRID_SAMPLER.get((dims, mode), GRID_SAMPLER[(dims, BILINEAR)])
-    locations = prod(grid.shape[:-1])
-    elements = locations * x.shape[1]
+    dims, per_element, locations, per_location = _grid(call)
+    elements = locations * call.tensor("input").shape[1]
     want_input, want_grid = grads_present(call, 2)
-    flops = locations * (dims * COORDINATE + per_location)
+    flops = locations * per_location
     if want_input:
         flops += elements * per_element
     if want_grid:

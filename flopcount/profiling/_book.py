@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from flopcount.core.ledger import Ledger
-from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, CostRow, TimeSource
-from flopcount.devices.roofline import Roofs, bound, efficiency, intensity, op_time
+from flopcount.core.rows import CostRow, TimeSource
+from flopcount.devices.roofline import Roofs, op_time
 from flopcount.profiling._bytes import call_dtype
 from flopcount.profiling._tree import Alignment, Node, TopOp
 from flopcount.profiling.result import Overview, Unmatched
@@ -87,28 +87,28 @@ def _ops(fact: EventFacts) -> Tuple[str, ...]:
 
 
 def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
-    """The ``args`` a trace event gains: the cost of the counted calls it ran. A node with
-    nothing on the roofs (a view) has efficiency and intensity null, not 0; a compute-bound
-    node above the roof gets ``flag``."""
+    """The ``args`` a trace event gains: the cost of the counted calls it ran, read as one
+    :class:`CostRow` (its intensity, efficiency and flag). A node with nothing on the roofs
+    (a view) has efficiency and intensity null, not 0; a compute-bound node above the roof
+    gets ``flag``."""
     chosen = [facts[i] for i in events if facts[i].cost is not None]
-    flops = sum(f.flops for f in chosen)
-    moved = sum(f.bytes for f in chosen)
     parts = [attainable_parts(f, roofs) for f in chosen]
-    attain = sum(p[2] for p in parts)
-    eff = efficiency(attain, measured_us * 1e-6)
+    row = CostRow("", "", "", len(chosen), sum(f.flops for f in chosen), sum(f.macs for f in chosen),
+                  sum(f.bytes for f in chosen), compute_s=sum(p[0] for p in parts), memory_s=sum(p[1] for p in parts),
+                  attainable_s=sum(p[2] for p in parts), time_s=measured_us * 1e-6)
     args: Dict[str, Any] = {
         # the ledger's vocabulary: a fused cost under the operations it performs
         "flopcount op": ", ".join(sorted({op for f in chosen for op in _ops(f)})),
         "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or "<root>",
-        "flops": flops,
-        "macs": sum(f.macs for f in chosen),
-        "bytes": moved,
-        "intensity": intensity(flops, moved),
-        "attainable_s": attain,
-        "efficiency": eff,
+        "flops": row.flops,
+        "macs": row.macs,
+        "bytes": row.bytes,
+        "intensity": row.intensity,
+        "attainable_s": row.attainable_s,
+        "efficiency": row.efficiency,
     }
-    if eff is not None and eff > ROOF_BELOW_ACHIEVED and flops > 0 and bound(sum(p[0] for p in parts), sum(p[1] for p in parts)) == "compute":
-        args["flag"] = ROOF_FLAG
+    if row.flag is not None:
+        args["flag"] = row.flag
     return args
 
 

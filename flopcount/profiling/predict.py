@@ -25,16 +25,17 @@ from flopcount.core.deprecation import modeled_part
 from flopcount.core.diagnostics import from_texts
 from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
+from flopcount.core.params import lookup_tables
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.rendering import render
 from flopcount.core.rows import BookedRows, CostRow
-from flopcount.core.traffic import is_floating
+from flopcount.core.traffic import element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
-from flopcount.types import Cost, Diagnostic, OpEvent
+from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
 PredictRow = CostRow
@@ -156,7 +157,7 @@ def predict(
     on = modeled_part(on, device, "predict", default="h100")
     if not isinstance(model, nn.Module):
         raise UsageError(f"predict expects a torch.nn.Module, got {type(model).__name__}")
-    roofs = on if isinstance(on, Roofs) else _named(on)
+    roofs = on if isinstance(on, Roofs) else named_roofs(on)
     as_dtype = None if dtype is None else column_of(dtype)
     table = registry if registry is not None else default_registry()
     model = uncompiled(model)
@@ -166,7 +167,7 @@ def predict(
     unsupported: Dict[str, None] = {}
     unpriced: Dict[str, None] = {}
     work: Dict[Tuple[str, str], float] = {}
-    tables = _lookup_tables(model)
+    tables = lookup_tables(model)
     lookup_modules = _lookup_modules(model, tables)
     looked_up = 0  # rows the forward's lookups in those tables gathered (bytes written = rows read)
     priced: List[Tuple[OpEvent, Optional[Cost]]] = []
@@ -221,9 +222,6 @@ _LOOKUPS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embeddin
 def _written_as(call: Any, as_dtype: Optional[str]) -> int:
     """Bytes of a lookup's first output (the gathered rows; an embedding bag's reduced rows,
     fewer than it read), priced at ``as_dtype`` for a floating output."""
-    from flopcount.core.traffic import element_size
-    from flopcount.types import TensorMeta
-
     first = call.outputs[0] if call.outputs else None
     if not isinstance(first, TensorMeta):
         return 0
@@ -231,20 +229,7 @@ def _written_as(call: Any, as_dtype: Optional[str]) -> int:
     return first.numel * element_size(dtype)
 
 
-def _lookup_tables(model: Any) -> Dict[int, None]:
-    """Parameters held only by ``nn.Embedding``/``nn.EmbeddingBag`` modules: a table that is
-    also another module's weight (a tied LM head) is read whole by that module."""
-    from torch import nn
-
-    tables: Dict[int, bool] = {}
-    for module in model.modules():
-        lookup = isinstance(module, (nn.Embedding, nn.EmbeddingBag))
-        for tensor in module.parameters(recurse=False):
-            tables[id(tensor)] = tables.get(id(tensor), True) and lookup
-    return {key: None for key, only in tables.items() if only}
-
-
-def _lookup_modules(model: Any, tables: Mapping[int, None]) -> FrozenSet[str]:
+def _lookup_modules(model: Any, tables: FrozenSet[int]) -> FrozenSet[str]:
     """Every name (aliases included) of an embedding module whose weight is a lookup table."""
     from torch import nn
 
@@ -256,7 +241,7 @@ def _lookup_modules(model: Any, tables: Mapping[int, None]) -> FrozenSet[str]:
 
 def _unavoidable_bytes(
     model: Any, inputs: Any, kwargs: Optional[Mapping[str, Any]], as_dtype: Optional[str], backward: bool,
-    tables: Mapping[int, None], looked_up: int,
+    tables: FrozenSet[int], looked_up: int,
 ) -> int:
     """Bytes any implementation moves at least once: parameters and buffers read, input
     tensors read (caches passed in included), and with ``backward`` the gradients written.
@@ -277,7 +262,7 @@ def _unavoidable_bytes(
                 return t.numel() * item.itemsize
         return t.numel() * t.element_size()
 
-    seen: Dict[int, None] = dict(tables)
+    seen: Dict[int, None] = dict.fromkeys(tables)
     total = looked_up
     for tensor in list(model.parameters()) + list(model.buffers()):
         if id(tensor) in seen or is_lazy(tensor):
@@ -292,7 +277,3 @@ def _unavoidable_bytes(
             seen[id(tensor)] = None
             total += size(tensor)
     return total
-
-
-def _named(name: Any) -> Roofs:
-    return named_roofs(name)

@@ -33,12 +33,12 @@ returns None and serve counts both batch sizes in full (every figure is then tod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
 
-from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.analysis import uncompiled
 from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
@@ -142,16 +142,12 @@ def _one_run(total: int, base: int, cache: Any, model: nn.Module) -> bool:
     return plan_runs(total, base, limits, False) == [(0, total - 1, True)]
 
 
-def _largest(costed: Costed) -> int:
-    return max((cost.bytes_written for _, cost in costed if cost is not None), default=0)
-
-
 def _count_b(
     counter: Counter, setup: Setup, last: LastOutput, total: int,
 ) -> Tuple[Counted, Any, Affine, Costed, List[str]]:
     """Batch B as ``count_decoding`` counts it, the continued steps priced by :func:`_continued`;
     also the continuation and step 1's events."""
-    _, costed, prefill = counter.count(setup.first)
+    _, _, prefill = counter.count(setup.first)
     state = Decoding(counter.model, last.take(), setup)
     if state.cache is None:
         raise _Refused
@@ -159,7 +155,6 @@ def _count_b(
         raise _Refused  # the cache changes how it grows inside the decode: traced run by run
     held: Dict[int, float] = {-1: float(cache_position_bytes(state.cache))}
     stored: Dict[int, float] = {-1: float(cache_bytes(state.cache))}
-    largest = _largest(costed)
     traced: List[Tuple[Trace, Costed, FlopResult]] = []
 
     def step(index: int) -> Tuple[Trace, Costed, FlopResult]:
@@ -180,14 +175,12 @@ def _count_b(
     final = step(total - 1)
     if not affine.matches(total - 1, final[0], final[1]):
         raise _Refused
-    for _, costed, _ in [*traced, final]:
-        largest = max(largest, _largest(costed))
-    flops, macs, _ = _continued(affine, traced[0][2], total, counter)
+    flops, macs, _ = _continued(affine, traced[0][2], total)
     results = [prefill, *(r for _, _, r in traced), final[2]]
     for index, result in ((0, traced[0][2]), (1, traced[1][2]), (2, traced[2][2]), (total - 1, final[2])):
         flops[index], macs[index] = result.flops, result.macs
     counted = Counted(setup.batch, prefill.flops, prefill.macs, flops, macs, held, float(cache_bytes(state.cache)),
-                      largest, results, stored)
+                      counter.largest_write, results, stored)
     return counted, state.cache, affine, traced[1][1], list(state.notes)
 
 
@@ -200,13 +193,13 @@ def _count_wider(
     varying in the same dimensions as at B (an integer b x c, a mask's sum, changes by b per
     step). The cache's bytes must differ from B's by an amount affine in the step (after the
     prefill, steps 0 and 1; and 2 where traced)."""
-    _, costed, prefill = counter.count(setup.first)
+    counter.largest_write = 0  # B + 1's own (the counter counted B's forwards first)
+    _, _, prefill = counter.count(setup.first)
     state = Decoding(counter.model, last.take(), setup)
     if state.cache is None:
         raise _Refused
     held = {-1: float(cache_position_bytes(state.cache))}
     stored = {-1: float(cache_bytes(state.cache))}
-    largest = _largest(costed)
     traced: List[Tuple[Trace, Costed, FlopResult]] = []
 
     def step(index: int) -> None:
@@ -225,18 +218,17 @@ def _count_wider(
         if not _same_steps(affine.first, second, costed0, costed1, exact=False) \
                 or Affine.check([(run, costed) for run, costed, _ in traced], counter.registry) is None:
             raise _Refused
-    largest = max(largest, *(_largest(costed) for _, costed, _ in traced))
     wider = Affine(costed0, costed1, counter.registry)
-    flops, macs, written = _continued(wider, first, total, counter)
+    flops, macs, written = _continued(wider, first, total)
     for index, (_, _, result) in enumerate(traced):
         flops[index], macs[index] = result.flops, result.macs
     # the largest write of the steps a full count traces (2 and the last), predicted
-    largest = max(largest, written.get(2, 0), written.get(total - 1, 0))
-    # the cache's bytes: B's plus a difference affine in the step (proved at -1, 0, 1)
-    held_b = held_per_step(one.held, total)
+    largest = max(counter.largest_write, written.get(2, 0), written.get(total - 1, 0))
+    # the cache's bytes: B's (measured at -1, 0, 1, 2 and the last step) plus a difference affine
+    # in the step (proved at -1, 0, 1)
     derived_held = {s: held[s] for s in (-1, 0, 1)}
     for index in (2, total - 1):
-        derived_held[index] = held_b[index] + _extended(held, held_b, index)
+        derived_held[index] = one.held[index] + _extended(held, one.held, index)
     if 2 in held and held[2] != derived_held[2]:
         raise _Refused
     final_stored = one.stored + _extended(stored, one.stored_early, total - 1)
@@ -266,61 +258,21 @@ def held_per_step(known: Mapping[int, float], total: int) -> Dict[int, float]:
     return out
 
 
-def _continued(affine: Affine, first: FlopResult, total: int, counter: Counter) -> Tuple[List[int], List[int], Dict[int, int]]:
+def _continued(affine: Affine, first: FlopResult, total: int) -> Tuple[List[int], List[int], Dict[int, int]]:
     """Every step's FLOPs and MACs as ``affine`` continues step 0 (``first``): step 0's plus,
-    for each event that varies, its cost at the step minus its cost at step 0, as
-    ``reprice`` books it. Events with the same calls at steps 0 and 1 (one per layer) are
-    priced once per step. Also the most bytes one varying op writes, per step."""
-    groups: Dict[Hashable, List[int]] = {}  # key -> [index into affine.varying, events]
-    for position, (index, a, b) in enumerate(affine.varying):
-        key = _key(a.call, b.call)
-        if key is None:
-            key = ("single", index)
-        entry = groups.setdefault(key, [position, 0])
-        entry[1] += 1
-    chosen = [(affine.varying[position], events) for position, events in groups.values()]
-    reps = Affine([affine.first[index] for (index, _, _), _ in chosen], [(b, None) for (_, _, b), _ in chosen], counter.registry)
+    for each event that varies, its cost at the step minus its cost at step 0 (each distinct
+    varying call priced once per step: :meth:`Affine.changes`). Also the most bytes one varying
+    op writes, per step."""
     flops = [first.flops] * total
     macs = [first.macs] * total
     written: Dict[int, int] = {}
     for s in range(1, total):
-        delta_flops = delta_macs = 0
-        most = 0
-        for ((index, _, _), events), (_, new) in zip(chosen, cost_events(tuple(reps.events(s)), counter.registry)):
-            old = affine.first[index][1]
-            if new is None or old is None:  # unsupported either way: nothing to re-cost
-                continue
-            delta_flops += events * (new.flops - old.flops)
-            delta_macs += events * (new.macs - old.macs)
-            most = max(most, new.bytes_written)
-        flops[s] += delta_flops
-        macs[s] += delta_macs
-        written[s] = most
+        written[s] = 0
+        for events, old, new in affine.changes(s):
+            flops[s] += len(events) * (new.flops - old.flops)
+            macs[s] += len(events) * (new.macs - old.macs)
+            written[s] = max(written[s], new.bytes_written)
     return flops, macs, written
-
-
-def _key(a: OpCall, b: OpCall) -> Optional[Hashable]:
-    """A hashable key of a pair of calls (None when an argument cannot be keyed)."""
-    try:
-        key = (_frozen(a), _frozen(b))
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _frozen(call: OpCall) -> Hashable:
-    return (call.op, tuple((name, _value(v)) for name, v in call.args.items()), tuple(_value(v) for v in call.outputs))
-
-
-def _value(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_value(v) for v in value))
-    if isinstance(value, Mapping):
-        return ("mapping", tuple((k, _value(v)) for k, v in value.items()))
-    if isinstance(value, float) and value != value:
-        raise TypeError("NaN cannot key a call")  # NaN != NaN: keep such calls apart
-    return (type(value).__name__, value)
 
 
 def _same_steps(first: Costed, second: Costed, wider0: Costed, wider1: Costed, *, exact: bool) -> bool:
@@ -334,45 +286,31 @@ def _same_steps(first: Costed, second: Costed, wider0: Costed, wider1: Costed, *
             if x.call.op != a.call.op or x.module_stack != a.module_stack or x.phase != a.phase:
                 return False
         try:
-            at_b, at_wider = _change(a.call, b.call), _change(c.call, d.call)
+            if _change(a.call, b.call, exact) != _change(c.call, d.call, exact):
+                return False
         except _Refused:
-            return False
-        if (at_b != at_wider) if exact else (_pattern(at_b) != _pattern(at_wider)):
             return False
     return True
 
 
-def _pattern(change: Any) -> Any:
-    """Which parts of a :func:`_delta` change (not by how much)."""
-    if change == "=":
-        return change
-    kind, value = change
-    if kind == "tensor":
-        return kind, tuple(d != 0 for d in value)
-    if kind == "int":
-        return kind
-    if kind == "tuple":
-        return kind, tuple(_pattern(v) for v in value)
-    return kind, tuple((key, _pattern(v)) for key, v in value)
+def _change(a: OpCall, b: OpCall, exact: bool) -> Any:
+    return _delta(dict(a.args), dict(b.args), exact), _delta(tuple(a.outputs), tuple(b.outputs), exact)
 
 
-def _change(a: OpCall, b: OpCall) -> Any:
-    return "tuple", (_delta(dict(a.args), dict(b.args)), _delta(tuple(a.outputs), tuple(b.outputs)))
-
-
-def _delta(a: Any, b: Any) -> Any:
+def _delta(a: Any, b: Any, exact: bool) -> Any:
     """How ``b`` differs from ``a`` in the terms :class:`Affine` continues: "=" where equal,
-    the difference of each dimension or integer; raises _Refused where it cannot continue."""
+    the difference of each dimension or integer (not ``exact``: only which of them change);
+    raises _Refused where it cannot continue."""
     if a == b:
         return "="
     if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
         if a.dtype != b.dtype or len(a.shape) != len(b.shape):
             raise _Refused
-        return ("tensor", tuple(y - x for x, y in zip(a.shape, b.shape)))
+        return ("tensor", tuple(y - x if exact else y != x for x, y in zip(a.shape, b.shape)))
     if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
-        return ("int", b - a)
+        return ("int", b - a if exact else None)
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return ("tuple", tuple(_delta(x, y) for x, y in zip(a, b)))
+        return ("tuple", tuple(_delta(x, y, exact) for x, y in zip(a, b)))
     if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
-        return ("mapping", tuple((key, _delta(a[key], b[key])) for key in a))
+        return ("mapping", tuple((key, _delta(a[key], b[key], exact)) for key in a))
     raise _Refused

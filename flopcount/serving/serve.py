@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from flopcount.core.params import lookup_tables
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
 from flopcount.decoding.forwards import Setup
@@ -244,11 +245,7 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
     """Each parameter once, with the kind serving prices it as (see :class:`WeightTensor`)."""
     head = getattr(model, "get_output_embeddings", lambda: None)()
     head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
-    lookup: Dict[int, bool] = {}
-    for module in model.modules():
-        is_table = isinstance(module, (nn.Embedding, nn.EmbeddingBag))
-        for p in module.parameters(recurse=False):
-            lookup[id(p)] = lookup.get(id(p), True) and is_table and id(p) not in head_ids
+    tables = lookup_tables(model)
     expert_ids = _expert_parameters(model, experts)
     out: List[WeightTensor] = []
     seen: set = set()
@@ -260,7 +257,7 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
         rows = p.numel() // p.shape[-1] if p.dim() >= 1 and p.shape[-1] else 1
         if id(p) in head_ids:
             kind = "head"
-        elif lookup.get(id(p)):
+        elif id(p) in tables:
             kind, rows = "table", p.shape[0] if p.dim() else 1
         elif id(p) in expert_ids:
             kind = "expert"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -22,6 +22,16 @@ __all__ = ["function_failure", "transform_failure"]
 
 _APPLY_FILE = os.path.join("autograd", "function.py")
 _APPLY_CALL = re.compile(r"([A-Za-z_][\w.]*)\.apply\(")
+
+
+def frames(exc: BaseException) -> List[Tuple[str, str]]:
+    """(file, function) of each frame the failure passed through, outermost first."""
+    found = []
+    tb = exc.__traceback__
+    while tb is not None:
+        found.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return found
 
 
 def _failing_function(exc: BaseException) -> Optional[type]:
@@ -81,14 +91,7 @@ def transform_failure(exc: BaseException, where: str) -> Optional[str]:
     ``grad``, ``jacrev``, ``vmap`` of ``grad``...): torch's tracer records one level of
     ``vmap`` but not the others, failing with messages such as "Unsupported value kind:
     Tensor". None if no frame of the failure is in ``torch/_functorch``."""
-    tb = exc.__traceback__
-    inside = False
-    while tb is not None:
-        if _FUNCTORCH_DIR in tb.tb_frame.f_code.co_filename:
-            inside = True
-            break
-        tb = tb.tb_next
-    if not inside:
+    if not any(_FUNCTORCH_DIR in file for file, _ in frames(exc)):
         return None
     place = f"module '{where}'" if where else "the root module"
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

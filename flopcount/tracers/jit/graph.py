@@ -11,7 +11,7 @@ import torch
 from flopcount.types import TensorMeta
 
 __all__ = [
-    "FUNCTION_CALL", "MODULE_CALL", "PLUMBING", "PYTHON_OP", "function_body", "inline_script_calls", "keep_unread_results",
+    "FUNCTION_CALL", "MODULE_CALL", "PLUMBING", "function_body", "inline_script_calls", "keep_unread_results",
     "tensor_meta",
 ]
 
@@ -127,9 +127,6 @@ def inline_script_calls(graph: Any, inputs: Sequence[torch.Tensor]) -> Tuple[Any
                 return graph, {}
         scopes[index] = scope
     return inlined, scopes
-
-
-PYTHON_OP = "prim::PythonOp"
 
 
 def function_body(node: Any) -> Optional[Any]:

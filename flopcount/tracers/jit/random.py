@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 import warnings
 from typing import Any, Callable, Iterator, List, Optional
 
 from torch import nn
 
 from flopcount.core import state
+from flopcount.core.hooks import around_modules
 from flopcount.core.state import PrivateRandomCalls
 
 __all__ = ["private_random_calls", "recording_warnings"]
@@ -34,33 +34,17 @@ def private_random_calls() -> Iterator[Optional[PrivateRandomCalls]]:
     if not PrivateRandomCalls.available():
         yield None
         return
-    from torch.nn.modules import module as module_impl
-
     calls = PrivateRandomCalls()
-    owner = threading.get_ident()
-    paused: List[bool] = []  # one entry per fast-path module running: whether its pre-hook paused the mode
 
-    def pre(module: nn.Module, args: Any) -> None:
-        if isinstance(module, _FAST_PATH) and threading.get_ident() == owner:
-            paused.append(not module.training and calls.pause())
+    def pause(module: nn.Module) -> Optional[Callable[[], None]]:
+        return calls.resume if not module.training and calls.pause() else None
 
-    def post(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(module, _FAST_PATH) and paused and threading.get_ident() == owner:
-            if paused.pop():
-                calls.resume()
-
-    handles = [module_impl.register_module_forward_pre_hook(pre)]
-    try:
-        handles.append(module_impl.register_module_forward_hook(post, always_call=True))
-    except TypeError:  # torch < 2.1: no always_call; the exit below still leaves the mode
-        handles.append(module_impl.register_module_forward_hook(post))
-    calls.__enter__()
-    try:
-        yield calls
-    finally:
-        calls.__exit__(None, None, None)
-        for handle in handles:
-            handle.remove()
+    with around_modules(_FAST_PATH, pause):
+        calls.__enter__()
+        try:
+            yield calls
+        finally:
+            calls.__exit__(None, None, None)
 
 
 def recording_warnings(into: List[warnings.WarningMessage]) -> Callable[..., None]:

@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["StaticUnpoolSizes", "static_unpool_sizes", "unpool_failure"]
+from flopcount.core.hooks import around_modules
+from flopcount.tracers.jit.functions import frames
+
+__all__ = ["StaticUnpoolSizes", "meta_kernel_failure", "static_unpool_sizes", "unpool_failure"]
 
 _UNPOOL_MODULES = (nn.MaxUnpool1d, nn.MaxUnpool2d, nn.MaxUnpool3d)
 
@@ -105,49 +107,43 @@ def static_unpool_sizes(model: nn.Module) -> Iterator[None]:
     if not any(isinstance(m, _UNPOOL_MODULES) for m in model.modules()):
         yield
         return
-    from torch.nn.modules import module as module_impl
 
-    entered: List[StaticUnpoolSizes] = []
-    owner = threading.get_ident()  # process-wide hooks: never push the mode on another thread's stack
+    def enter(module: nn.Module) -> Callable[[], None]:
+        mode = StaticUnpoolSizes()
+        mode.__enter__()
+        return lambda: mode.__exit__(None, None, None)
 
-    def pre(module: nn.Module, args: Any) -> None:
-        if isinstance(module, _UNPOOL_MODULES) and threading.get_ident() == owner:
-            mode = StaticUnpoolSizes()
-            mode.__enter__()
-            entered.append(mode)
-
-    def post(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(module, _UNPOOL_MODULES) and entered and threading.get_ident() == owner:
-            entered.pop().__exit__(None, None, None)
-
-    handles = [module_impl.register_module_forward_pre_hook(pre)]
-    try:
-        handles.append(module_impl.register_module_forward_hook(post, always_call=True))
-    except TypeError:  # torch < 2.1: no always_call; the finally below still leaves the mode
-        handles.append(module_impl.register_module_forward_hook(post))
-    try:
+    with around_modules(_UNPOOL_MODULES, enter):  # the entering thread's stack only
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        while entered:  # a forward that raised inside an unpool module
-            entered.pop().__exit__(None, None, None)
 
 
 def unpool_failure(exc: BaseException, where: str) -> Optional[str]:
     """The one-sentence reason when ``exc`` is torch's unpool size check refusing jit's
     traced sizes (a direct ``F.max_unpool*d`` call), else None."""
-    if not isinstance(exc, TypeError):
-        return None
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_name)
-        tb = tb.tb_next
-    if "_unpool_output_size" not in frames:
+    if not isinstance(exc, TypeError) or "_unpool_output_size" not in (name for _, name in frames(exc)):
         return None
     place = f"module '{where}'" if where else "the root module"
     return (
         f"torch.jit cannot trace F.max_unpool*d without output_size in {place}: torch's own size check refuses "
         "the sizes jit traces (nn.MaxUnpool modules are handled); pass output_size, or use tracer='auto' or 'dispatch'"
+    )
+
+
+_META_KERNELS = "_meta_registrations.py"
+
+
+def meta_kernel_failure(exc: BaseException, where: str) -> Optional[str]:
+    """The one-sentence reason when ``exc`` is a meta kernel of torch refusing jit's traced sizes
+    (a convolution's shape check on meta tensors: ``torch._check`` is handed a 0-d tensor where it
+    wants a bool, "cond must be a bool"), else None. Real tensors run the real kernels, which do
+    not test sizes in Python."""
+    kernels = [name for file, name in frames(exc) if file.endswith(_META_KERNELS)]
+    if not isinstance(exc, TypeError) or not kernels:
+        return None
+    place = f"module '{where}'" if where else "the root module"
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"the jit tracer cannot trace {place} on meta tensors: torch's meta kernel {kernels[0]} checks the sizes "
+        f"in Python, and jit traces sizes as tensors it cannot test ({detail}); use tracer='dispatch' or 'auto' "
+        "for a meta model, or real tensors"
     )

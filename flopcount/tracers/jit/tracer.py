@@ -25,15 +25,15 @@ from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.jit.functions import function_failure, transform_failure
 from flopcount.tracers.jit.graph import (
+    FUNCTION_CALL,
     PLUMBING,
-    PYTHON_OP,
     function_body,
     inline_script_calls,
     keep_unread_results,
     tensor_meta,
 )
 from flopcount.tracers.jit.random import private_random_calls, recording_warnings
-from flopcount.tracers.jit.sizes import static_unpool_sizes, unpool_failure
+from flopcount.tracers.jit.sizes import meta_kernel_failure, static_unpool_sizes, unpool_failure
 from flopcount.types import OpCall, OpEvent, TensorMeta, Trace
 
 # Under tracing a size read (x.size(0)) is a 0-dim tensor (prim::NumToTensor), so the
@@ -230,7 +230,7 @@ def _graph_events(
             scope = scope_all
         else:
             scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
-        if kind == PYTHON_OP:
+        if kind == FUNCTION_CALL:
             body = function_body(node)
             if body is not None:  # counted as the ops inside it, in the Function's module
                 events.extend(_graph_events(body, scope_all=scope))
@@ -310,6 +310,7 @@ def trace(
         except Exception as exc:
             refusal = (
                 unpool_failure(exc, modules.current)
+                or meta_kernel_failure(exc, modules.current)
                 or function_failure(exc, modules.current)
                 or transform_failure(exc, modules.current)
             )
