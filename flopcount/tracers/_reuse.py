@@ -53,6 +53,7 @@ from torch import nn
 
 from flopcount.core import hooks
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
+from flopcount.tracers.fake.copies import Pending
 from flopcount.types import OpEvent
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
@@ -756,7 +757,9 @@ class Reuse:
                 if not value or name in hooks.call_hook_names() or name == "forward":
                     continue  # empty hook and state-dict dictionaries; hooks refused above
             if name in ("_parameters", "_buffers"):
-                parts.append((name, tuple((k, None if t is None else self._tensor(t)) for k, t in value.items())))
+                # raw values: a parameter not faked yet is keyed by its Pending's key, not faked here
+                parts.append((name, tuple((k, None if t is None else t.key if type(t) is Pending else self._tensor(t))
+                                          for k, t in dict.items(value))))
             else:
                 parts.append((name, self._attribute(value)))
         part = tuple(parts)
@@ -902,7 +905,10 @@ def _signature(module: nn.Module, memo: Dict[int, Any]) -> Any:
         return found
     memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
     try:
-        params: Tuple[Any, ...] = tuple((tuple(p.shape), p.dtype) for p in module._parameters.values() if p is not None)
+        params: Tuple[Any, ...] = tuple(
+            (p.key[0], p.key[3]) if type(p) is Pending else (tuple(p.shape), p.dtype)
+            for p in dict.values(module._parameters) if p is not None
+        )
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
         params = (("unique", id(module)),)
     children = tuple(None if m is None else _signature(m, memo) for m in module._modules.values())
@@ -921,8 +927,8 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     state = vars(module)
     into.append(module)
     into.append(tuple(map(id, state.values())))
-    into.append(tuple(map(id, state["_parameters"].values())))
-    into.append(tuple(map(id, state["_buffers"].values())))
+    into.append(tuple(map(id, dict.values(state["_parameters"]))))  # raw: a Pending is not faked by a look
+    into.append(tuple(map(id, dict.values(state["_buffers"]))))
     into.append(hooks.call_hook_sizes(state))  # hooks live in dictionaries changed in place: their sizes
     for child in state["_modules"].values():
         if child is not None:
