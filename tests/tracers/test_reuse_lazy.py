@@ -176,3 +176,22 @@ def test_backward_counts_as_before(monkeypatch, train):
     # x and W, two products of the forward's size each (the input needs none: 2x the forward)
     forward = _stack_macs(8) + B * D * H
     assert on.by_phase("macs") == {"forward": forward, "backward": 2 * forward - B * D * H}
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        nn.Parameter(torch.randn(3, 4)),
+        nn.Parameter(torch.randn(4), requires_grad=False),
+        torch.zeros(5, dtype=torch.long),  # a buffer: no gradient
+        torch.randn(2, 3, device="meta").t(),  # a meta view: stands for a CPU tensor, at offset 0
+        torch.randn(6)[2:],  # an offset view: the fast fake starts at offset 0
+    ],
+    ids=["param", "frozen", "long-buffer", "meta-transposed", "offset-view"],
+)
+def test_a_pending_tensors_key_is_its_fakes_key(tensor):
+    # the key structural reuse gives a parameter not faked yet (read from the real tensor) is
+    # the one it reads from the fake once made: a block keyed before and after agrees
+    faker = copies._Faker()
+    pending = copies.reuse_key(tensor, faker.fake_type)
+    assert copies.tensor_key(faker.fake(tensor)) == pending

@@ -50,6 +50,7 @@ __all__ = [
     "reason_for",
     "reuse_key",
     "shared_tensor_copy",
+    "tensor_key",
 ]
 
 
@@ -150,11 +151,19 @@ def _stood_for(tensor: torch.Tensor) -> torch.device:
     return _CPU if tensor.device.type == "meta" else tensor.device
 
 
-def reuse_key(tensor: torch.Tensor, fake_type: type) -> Tuple[Any, ...]:
+def tensor_key(tensor: torch.Tensor) -> Tuple[Any, ...]:
     """What structural reuse keys a module's tensor by (``tracers/_reuse.py``): shape, stride,
-    offset, dtype, device, requires_grad, type; here of the fake made the fast way for the real
-    ``tensor`` (offset 0, meta standing for cpu, a gradient only for floating and complex
-    dtypes), read from the real tensor: one read of a fake's metadata costs microseconds."""
+    offset, dtype, device, requires_grad, type."""
+    return (
+        tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype, tensor.device,
+        tensor.requires_grad, type(tensor),
+    )
+
+
+def reuse_key(tensor: torch.Tensor, fake_type: type) -> Tuple[Any, ...]:
+    """:func:`tensor_key` of the fake made the fast way for the real ``tensor`` (offset 0, meta
+    standing for cpu, a gradient only for floating and complex dtypes), read from the real
+    tensor: one read of a fake's metadata costs microseconds."""
     grad = tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex())
     return (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, _stood_for(tensor), grad, fake_type)
 

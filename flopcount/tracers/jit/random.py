@@ -49,6 +49,9 @@ def private_random_calls() -> Iterator[Optional[PrivateRandomCalls]]:
             if paused.pop():
                 calls.resume()
 
+    # structural reuse (tracers/_reuse.py) in another thread's count may skip calls: these hooks
+    # answer this thread only, which they say by this attribute, and reuse stays on there
+    pre.__flopcount_thread__ = post.__flopcount_thread__ = owner  # type: ignore[attr-defined]
     handles = [module_impl.register_module_forward_pre_hook(pre)]
     try:
         handles.append(module_impl.register_module_forward_hook(post, always_call=True))
