@@ -23,7 +23,6 @@ import contextlib
 import copy
 import logging
 import threading
-import types
 from collections import OrderedDict
 from functools import cache
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -36,7 +35,7 @@ from flopcount.core.hooks import is_hook_name
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
 from flopcount.errors import TraceError, UsageError
-from flopcount.tracers._containers import NOT_A_CONTAINER, rebuilt
+from flopcount.tracers._containers import IMMUTABLE_TYPES, TreeCopier, fresh_uninitialized
 
 __all__ = [
     "FakeCopy",
@@ -362,11 +361,6 @@ def fake_copies(
     return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas)
 
 
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
-_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
-
-
 _UNSEEN: Any = object()
 
 
@@ -435,15 +429,15 @@ class SharedHooks:
         return found
 
 
-class _TreeCopier:
+class _TreeCopier(TreeCopier):
     """A deep copy of a module tree, made for the fake run: modules, their attribute and
     hook dictionaries, lists and tuples are copied here; tensors come from ``memo`` (their
-    fakes); immutable values and plain functions are shared; anything else goes through
-    ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy`` of
-    the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
+    fakes) or are faked; immutable values and plain functions are shared; anything else goes
+    through ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy``
+    of the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
 
     def __init__(self, memo: Dict[int, Any], faker: _Faker, shared: Optional[SharedHooks] = None, lazy: bool = False):
-        self.memo = memo
+        super().__init__(memo)
         self.faker = faker
         self.shared = shared
         self.lazy = lazy
@@ -451,24 +445,14 @@ class _TreeCopier:
         # attribute name -> the shared empty hook dictionary for it (None: not a hook dictionary)
         self._empties: Dict[str, Any] = {}
 
-    def module(self, module: nn.Module) -> nn.Module:
-        found = self.memo.get(id(module))
-        if found is not None:
-            return found
-        # object.__new__ keeps the exact class: a GraphModule's __new__ would make a new
-        # per-instance class without the generated forward (torch.export's .module())
-        try:
-            new = object.__new__(module.__class__)
-        except TypeError:  # a module that also subclasses a builtin container
-            new = module.__class__.__new__(module.__class__)
-        self.memo[id(module)] = new
+    def attributes(self, module: nn.Module) -> Dict[str, Any]:
         state: Dict[str, Any] = {}
         convert = self.value
         empties = self._empties
         memo = self.memo
         for key, value in vars(module).items():
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
-            if kind in _IMMUTABLE_TYPES:
+            if kind in IMMUTABLE_TYPES:
                 state[key] = value
             elif (kind is OrderedDict or kind is dict) and not value:
                 shared = empties.get(key, _UNSEEN) if kind is OrderedDict else None
@@ -484,8 +468,7 @@ class _TreeCopier:
                 # isinstance test (a transformers config answers each through Python code)
                 found = memo.get(id(value))
                 state[key] = found if found is not None else convert(value)
-        new.__dict__.update(state)
-        return new
+        return state
 
     def _lazy(self, tensors: Dict[str, Any]) -> LazyTensors:
         """A module's parameter or buffer dictionary, its tensors faked on first read where
@@ -508,28 +491,20 @@ class _TreeCopier:
 
     def value(self, value: Any) -> Any:
         kind = type(value)
-        if kind in _IMMUTABLE_TYPES:
-            return value
         if (kind is dict or kind is OrderedDict) and not value:
             return kind()  # the hook and buffer dictionaries of most modules: empty
-        if isinstance(value, _IMMUTABLE) or isinstance(value, _FUNCTIONS):
-            return value
-        found = self.memo.get(id(value))
-        if found is not None:
-            return found
-        if isinstance(value, nn.Module):
-            return self.module(value)
+        return super().value(value)
+
+    def tensor(self, value: torch.Tensor) -> Any:
         if isinstance(value, self.faker.fake_type) and value.fake_mode is self.faker.mode:
             return value  # already one of ours
+        made = self.memo[id(value)] = self.faker.fake(value)  # held in a container attribute: faked too
+        return made
+
+    def other(self, value: Any) -> Any:
         if isinstance(value, _shared_types()):
             return value
-        if isinstance(value, torch.Tensor):  # held in a container attribute: faked too
-            made = self.memo[id(value)] = self.faker.fake(value)
-            return made
-        container = rebuilt(value, self.memo, self.value)
-        if container is not NOT_A_CONTAINER:
-            return container
-        if kind is set and all(type(item) in _IMMUTABLE_TYPES for item in value):
+        if type(value) is set and all(type(item) in IMMUTABLE_TYPES for item in value):
             new = self.memo[id(value)] = set(value)
             return new
         # Any other object (a KV cache) is deep-copied, each tensor it holds faked into this
@@ -579,15 +554,8 @@ def shared_tensor_copy(model: nn.Module) -> nn.Module:
     memo: Dict[int, Any] = {}
     for tensor in _own_tensors(model) + _attribute_tensors(model):
         # an uninitialised buffer cannot be deep-copied: the copy gets a fresh one of its kind
-        memo[id(tensor)] = _fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
+        memo[id(tensor)] = fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
     return copy.deepcopy(model, memo)
-
-
-def _fresh_uninitialized(tensor: Any) -> Any:
-    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
-
-    kind: Any = UninitializedBuffer if isinstance(tensor, UninitializedBuffer) else UninitializedParameter
-    return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
 
 
 class _QuietThread(logging.Filter):
