@@ -88,14 +88,20 @@ def _both(monkeypatch, model, inputs, **options):
 def faked(monkeypatch):
     """The real tensors the faker is asked for, in order (one call per fake made)."""
     made = []
-    original = copies._Faker.fake
+    original, pending = copies._Faker.fake, copies._Faker.fake_pending
 
     def fake(self, tensor, what="a tensor"):
         if id(tensor) not in self.memo:
             made.append(tensor)
         return original(self, tensor, what)
 
+    def fake_pending(self, waiting):  # a parameter faked on first use
+        if id(waiting.real) not in self.memo:
+            made.append(waiting.real)
+        return pending(self, waiting)
+
     monkeypatch.setattr(copies._Faker, "fake", fake)
+    monkeypatch.setattr(copies._Faker, "fake_pending", fake_pending)
     return made
 
 
@@ -193,5 +199,11 @@ def test_a_pending_tensors_key_is_its_fakes_key(tensor):
     # the key structural reuse gives a parameter not faked yet (read from the real tensor) is
     # the one it reads from the fake once made: a block keyed before and after agrees
     faker = copies._Faker()
-    pending = copies.reuse_key(tensor, faker.fake_type)
-    assert copies.tensor_key(faker.fake(tensor)) == pending
+    key = copies.reuse_key(tensor, faker.fake_type)
+    assert copies.tensor_key(faker.fake(tensor)) == key
+    # and the fake made on first use from that key is the fake made up front, metadata and kind
+    eager = faker.fake(tensor)
+    lazy = copies._Faker().fake_pending(copies.Pending(tensor, key))
+    assert copies.tensor_key(lazy) == key
+    assert (isinstance(lazy, nn.Parameter), lazy.is_leaf, lazy.fake_device) == (
+        isinstance(eager, nn.Parameter), eager.is_leaf, eager.fake_device)

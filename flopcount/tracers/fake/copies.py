@@ -194,13 +194,17 @@ class LazyTensors(dict):
     def _fake(self, value: Any) -> Any:
         if type(value) is not Pending:
             return value
-        found = self.faker.memo.get(id(value.real))
+        faker = self.faker
+        found = faker.memo.get(id(value.real))
         if found is not None:
             return found
-        # made inside the run: below the recorder's and the fake mode's dispatch (not an op of the model)
-        # and in the inference mode the copy was made in (an inference tensor or not, as the others)
-        with torch._C._DisableTorchDispatch(), torch.inference_mode(self.faker.inference):
-            return self.faker.fake(value.real)
+        # made inside the run: below the recorder's and the fake mode's dispatch (not an op of the
+        # model), in the inference mode the copy was made in (an inference tensor or not, as the others)
+        with torch._C._DisableTorchDispatch():
+            if torch.is_inference_mode_enabled() == faker.inference:
+                return faker.fake_pending(value)
+            with torch.inference_mode(faker.inference):
+                return faker.fake_pending(value)
 
     def __getitem__(self, key: Any) -> Any:
         return self._fake(dict.__getitem__(self, key))
@@ -273,6 +277,23 @@ class _Faker:
         self.memo[id(tensor)] = made
         if meta is not None:  # made the fast way: its metadata is the real tensor's, at offset 0
             self.metas[id(made)] = (made, meta)
+        return made
+
+    def fake_pending(self, pending: Pending) -> torch.Tensor:
+        """The fake of a :class:`Pending`'s tensor (the one already made, if any), made from the
+        metadata its key holds: inside the run every read of a tensor's metadata goes through the
+        run's torch-function mode, so the real tensor is not read again."""
+        real = pending.real
+        found = self.memo.get(id(real))
+        if found is not None:
+            return found
+        shape, stride, _, dtype, device, grad, _ = pending.key
+        try:
+            meta = torch.empty_strided(shape, stride, dtype=dtype, device=self._meta_device)
+            made = self._fake_tensor(self.mode, meta, device, requires_grad=grad, _is_param=type(real) is nn.Parameter)
+        except Exception:  # a private constructor that changed: the general route
+            return self.fake(real)
+        self.memo[id(real)] = made
         return made
 
     def deferrable(self, tensor: torch.Tensor) -> bool:
