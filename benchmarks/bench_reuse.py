@@ -9,7 +9,9 @@ Each tool runs once per round, in turn (``_interleave.rounds``), after one warm-
 
 Then the memory of the count itself (``tracemalloc`` peak of one ``count_flops``, Python
 allocations: events, rows, the fake copy's objects) for LLaMA-2-70B's config on meta cut to
-20, 40 and 80 layers, reuse on and off.
+20, 40 and 80 layers, reuse on and off; with reuse on, also what the result keeps when the count
+returns (its per-module rows) and the slope from 20 to 80 layers: the peak's growth per layer and
+the part of it that is not the result's rows (the count's own working set, issue #32 step 3).
 
     .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b] [--skip-memory]
 """
