@@ -9,7 +9,9 @@ Each tool runs once per round, in turn (``_interleave.rounds``), after one warm-
 
 Then the memory of the count itself (``tracemalloc`` peak of one ``count_flops``, Python
 allocations: events, rows, the fake copy's objects) for LLaMA-2-70B's config on meta cut to
-20, 40 and 80 layers, reuse on and off.
+20, 40 and 80 layers, reuse on and off; with reuse on, also what the result keeps when the count
+returns (its per-module rows) and the slope from 20 to 80 layers: the peak's growth per layer and
+the part of it that is not the result's rows (the count's own working set, issue #32 step 3).
 
     .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b] [--skip-memory]
 """
@@ -187,8 +189,10 @@ def memory(tokens: int = 4096) -> None:
 
     from flopcount.examples.hf import llama2_70b_config
 
-    print("| layers | reuse on: peak, per layer | reuse off: peak, per layer | events booked |")
-    print("|---|---|---|---|")
+    print("| layers | reuse on: peak, per layer | reuse off: peak, per layer | reuse on: kept by the result, per layer | events booked |")
+    print("|---|---|---|---|---|")
+    peaks: Dict[int, int] = {}
+    kept: Dict[int, int] = {}
     for layers in (20, 40, 80):
         config = llama2_70b_config()
         config.num_hidden_layers = layers
@@ -202,11 +206,18 @@ def memory(tokens: int = 4096) -> None:
             gc.collect()
             tracemalloc.start()
             result = run()
-            peak = tracemalloc.get_traced_memory()[1]
+            held, peak = tracemalloc.get_traced_memory()  # held: what the result keeps (rows, names, tables)
             tracemalloc.stop()
             cells.append(f"{peak / 2**20:.1f} MiB, {peak / layers / 2**10:.0f} KiB")
+            if reuse:
+                peaks[layers], kept[layers] = peak, held
             del result
-        print(f"| {layers} | {cells[0]} | {cells[1]} | {_events(model, ids)} |")
+        rows = f"{kept[layers] / 2**20:.1f} MiB, {kept[layers] / layers / 2**10:.0f} KiB"
+        print(f"| {layers} | {cells[0]} | {cells[1]} | {rows} | {_events(model, ids)} |")
+    # what one more layer costs (the slope from 20 to 80 layers), and the part of it the result keeps
+    slope, rows_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (peaks, kept))
+    print(f"reuse on, per layer from 20 to 80 layers: peak +{slope:.1f} KiB, of which the result keeps "
+          f"+{rows_slope:.1f} KiB (its per-module rows); the count's own working set +{slope - rows_slope:.1f} KiB")
 
 
 def _events(model: nn.Module, ids: torch.Tensor) -> int:

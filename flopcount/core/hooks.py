@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Opti
 from torch import nn
 
 __all__ = [
+    "THREAD_ATTRIBUTE",
     "around_modules",
     "call_hook_dicts",
     "call_hook_names",
@@ -121,6 +122,12 @@ def process_hooks_present() -> bool:
     return any(value for name, value in vars(module_impl).items() if _is_hook_dict(name, value))
 
 
+#: the attribute a process-wide module hook of flopcount's carries when it answers one thread
+#: only (:func:`around_modules`): that thread's ``threading.get_ident()``. Structural reuse
+#: (``tracers/_reuse.py``) ignores such a hook in any other thread's count.
+THREAD_ATTRIBUTE = "__flopcount_thread__"
+
+
 @contextlib.contextmanager
 def around_modules(kinds: Tuple[type, ...], enter: Callable[[nn.Module], Optional[Callable[[], None]]]) -> Iterator[None]:
     """While active, ``enter(module)`` runs before each forward of a module of ``kinds`` on the
@@ -142,6 +149,8 @@ def around_modules(kinds: Tuple[type, ...], enter: Callable[[nn.Module], Optiona
             if undo is not None:
                 undo()
 
+    setattr(pre, THREAD_ATTRIBUTE, owner)
+    setattr(post, THREAD_ATTRIBUTE, owner)
     handles = [module_impl.register_module_forward_pre_hook(pre),
                module_impl.register_module_forward_hook(post, always_call=True)]
     try:

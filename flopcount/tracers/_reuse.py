@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from abc import ABCMeta
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -53,6 +54,7 @@ from torch import nn
 
 from flopcount.core import hooks
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
+from flopcount.tracers.fake.copies import Pending, tensor_key
 from flopcount.types import OpEvent
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
@@ -66,6 +68,8 @@ _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, t
 # torch's own per-module dictionaries and sets (hooks, state-dict hooks, the registries)
 _STRUCTURE = frozenset({"training", "_parameters", "_buffers", "_modules"}) | hooks.hook_flag_names()
 _OWN = (frozenset(vars(nn.Module())) - _STRUCTURE) | {"forward"}
+# what a tracked module's own key part holds, in this order
+_TRACKED_PARTS = tuple(sorted(_STRUCTURE - {"_modules"}))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
@@ -186,6 +190,8 @@ class Reuse:
         #: a first call failed after using a layer-index stand-in: the count is not to be trusted
         self.refused = False
         self._cache_events = 0  # first calls and replays that changed a cache
+        #: id(cache) -> (cache, its own attributes' description) as the call being keyed read them
+        self._owns: Dict[int, Tuple[Any, Any]] = {}
 
     @property
     def _log(self) -> Optional[List[Tuple[Any, str]]]:
@@ -197,7 +203,7 @@ class Reuse:
 
     def install(self) -> int:
         """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
-        if hooks.process_hooks_present():  # a process-wide module hook could see a skipped call
+        if hooks.process_hooks_present() and _process_hooks_here():  # a process-wide module hook could see a skipped call
             return 0
         wrapped = 0
         # the facts' names list the copy's modules: no walk of the tree (issue #19: one per count)
@@ -244,6 +250,7 @@ class Reuse:
         self._tracked = {}
         self._entries = {}
         self._classes = {}
+        self._owns = {}
 
     def _track(self, module: nn.Module) -> None:
         """Log ``module``'s attribute reads while a first call runs, so that its plain
@@ -307,6 +314,7 @@ class Reuse:
                 return forward(*args, **kwargs)
             log = self._log
             self._log = None  # the reads made here to key the call are not the call's
+            self._owns.clear()
             try:
                 order: List[nn.Module] = []
                 tensors: List[Any] = []
@@ -537,15 +545,18 @@ class Reuse:
                     slots.append((layer, None, None))
                     continue
                 try:
-                    for name, value in list(held.items()):
-                        if type(value) is states.fake_type:
-                            held["\0" + name] = states.tensor(value)
                     described: Any = states.slot(layer)
                 except Unkeyable:
-                    described = None
+                    described = None  # never booked again if indexed (``_effects``): no tensor descriptions needed
+                else:
+                    # each tensor's description, read once: the slot's (``("tensor",) + States.tensor``)
+                    for name, part in described[1]:
+                        if part[0] == "tensor" and type(held[name]) is states.fake_type:
+                            held["\0" + name] = part[1:]
                 slots.append((layer, held, described))
             watch.slots.append(slots)
-            watch.owns.append((dict(state), states.own(cache)))
+            own = self._owns.get(id(cache))  # read when the call was keyed, just before (``_cache_key``)
+            watch.owns.append((dict(state), own[1] if own is not None and own[0] is cache else states.own(cache)))
             recording = SlotList(layers)
             state["layers"] = recording
             watch.lists.append((layers, recording))
@@ -749,14 +760,19 @@ class Reuse:
         parts (the 80 layers of a model share theirs: keys compare by identity first)."""
         own = self._tracked.get(id(module))
         parts: List[Any] = [own or type(module)]
-        for name, value in state.items():
-            if name == "_modules" or (own is not None and name not in _STRUCTURE):
-                continue  # children: keyed by the caller; a tracked module's plain attribute: keyed when read
+        # a tracked module: torch's structure only (its plain attributes are keyed when read), looked
+        # up by name rather than found among its thirty-odd attributes
+        items = state.items() if own is None else [(k, state[k]) for k in _TRACKED_PARTS if k in state]
+        for name, value in items:
+            if name == "_modules":
+                continue  # children: keyed by the caller
             if name in _OWN:
                 if not value or name in hooks.call_hook_names() or name == "forward":
                     continue  # empty hook and state-dict dictionaries; hooks refused above
             if name in ("_parameters", "_buffers"):
-                parts.append((name, tuple((k, None if t is None else self._tensor(t)) for k, t in value.items())))
+                # raw values: a parameter not faked yet is keyed by its Pending's key, not faked here
+                parts.append((name, tuple((k, None if t is None else t.key if type(t) is Pending else self._tensor(t))
+                                          for k, t in dict.items(value))))
             else:
                 parts.append((name, self._attribute(value)))
         part = tuple(parts)
@@ -823,7 +839,9 @@ class Reuse:
         if type(layers) is not list:
             raise Unkeyable("a cache without a list of slots")
         caches.append(cache)
-        return ("cache", self._states.own(cache), len(layers))
+        own = self._states.own(cache)
+        self._owns[id(cache)] = (cache, own)  # a first call's watch starts from it (``_watch``)
+        return ("cache", own, len(layers))
 
     def _containers(self, order: List[nn.Module]) -> List[Any]:
         """The contents of the subtree's mutable attribute containers (lists, dicts, sets
@@ -853,7 +871,7 @@ class Reuse:
             return found[1]
         if t.layout != torch.strided:
             raise Unkeyable("a sparse tensor")
-        meta = (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad, type(t))
+        meta = tensor_key(t)
         self._tensors[id(t)] = (t, meta)
         return meta
 
@@ -902,7 +920,10 @@ def _signature(module: nn.Module, memo: Dict[int, Any]) -> Any:
         return found
     memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
     try:
-        params: Tuple[Any, ...] = tuple((tuple(p.shape), p.dtype) for p in module._parameters.values() if p is not None)
+        params: Tuple[Any, ...] = tuple(
+            (p.key[0], p.key[3]) if type(p) is Pending else (tuple(p.shape), p.dtype)
+            for p in dict.values(module._parameters) if p is not None
+        )
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
         params = (("unique", id(module)),)
     children = tuple(None if m is None else _signature(m, memo) for m in module._modules.values())
@@ -921,12 +942,28 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     state = vars(module)
     into.append(module)
     into.append(tuple(map(id, state.values())))
-    into.append(tuple(map(id, state["_parameters"].values())))
-    into.append(tuple(map(id, state["_buffers"].values())))
+    into.append(tuple(map(id, dict.values(state["_parameters"]))))  # raw: a Pending is not faked by a look
+    into.append(tuple(map(id, dict.values(state["_buffers"]))))
     into.append(hooks.call_hook_sizes(state))  # hooks live in dictionaries changed in place: their sizes
     for child in state["_modules"].values():
         if child is not None:
             _fingerprint(child, order, into, seen)
+
+
+def _process_hooks_here() -> bool:
+    """Whether a process-wide module hook acts in this thread: any hook but flopcount's own that
+    answer another thread only (a jit trace's, in another thread, while this count runs: it
+    would turn reuse off here for nothing). The hook dictionaries' flag entries are not hooks."""
+    from torch.nn.modules import module as module_impl
+
+    me = threading.get_ident()
+    for name, value in vars(module_impl).items():
+        if not hooks.is_hook_name(name) or not isinstance(value, dict):
+            continue
+        for hook in list(value.values()):
+            if callable(hook) and getattr(hook, hooks.THREAD_ATTRIBUTE, me) == me:
+                return True
+    return False
 
 
 def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:

@@ -38,14 +38,13 @@ from torch.utils.hooks import RemovableHandle
 
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.model_facts import ModelFacts
-from flopcount.tracers._containers import NOT_A_CONTAINER, rebuilt
+from flopcount.tracers._containers import TreeCopier, fresh_uninitialized
 
 __all__ = ["private_twin"]
 
 #: modules whose state is bound to the original objects: DDP/FSDP (reducer, flat parameters) and
 #: torch.compile's OptimizedModule (its forward is a closure over the original module's call)
 _AS_IS = ("torch.distributed", "torch._dynamo")
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
 
 
 def _twinnable(modules: List[nn.Module]) -> bool:
@@ -67,7 +66,7 @@ def private_twin(model: nn.Module, facts: Optional[ModelFacts] = None) -> Option
     for module in modules:
         for tensor in list(module._parameters.values()) + list(module._buffers.values()):
             if tensor is not None and id(tensor) not in memo:
-                memo[id(tensor)] = _fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
+                memo[id(tensor)] = fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
     try:
         twin = _Copier(memo).module(model)
     except Exception:  # an attribute the copier cannot rebuild: the model is run as it is
@@ -84,44 +83,16 @@ def private_twin(model: nn.Module, facts: Optional[ModelFacts] = None) -> Option
     return twin, twin_facts
 
 
-def _fresh_uninitialized(tensor: Any) -> Any:
-    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+class _Copier(TreeCopier):
+    """The twin: tensors shared (they come in ``memo``, or are shared when met in a container);
+    other objects shared, but sets copied and what points at a module of the tree rebound to
+    its twin (bound methods, ``functools.partial`` objects, hook handles)."""
 
-    kind: Any = UninitializedBuffer if isinstance(tensor, UninitializedBuffer) else UninitializedParameter
-    return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
+    def tensor(self, value: torch.Tensor) -> Any:
+        return value  # a tensor attribute: shared, as before (the run's own writes to it are the forward's)
 
-
-class _Copier:
-    def __init__(self, memo: Dict[int, Any]):
-        self.memo = memo
-
-    def module(self, module: nn.Module) -> nn.Module:
-        found = self.memo.get(id(module))
-        if found is not None:
-            return found
-        kind = type(module)
-        try:
-            new = object.__new__(kind)
-        except TypeError:  # a module that also subclasses a builtin container
-            new = kind.__new__(kind)
-        self.memo[id(module)] = new
-        new.__dict__.update({key: self.value(value) for key, value in vars(module).items()})
-        return new
-
-    def value(self, value: Any) -> Any:
+    def other(self, value: Any) -> Any:
         kind = type(value)
-        if kind in _IMMUTABLE or isinstance(value, _IMMUTABLE):
-            return value
-        found = self.memo.get(id(value))
-        if found is not None:
-            return found
-        if isinstance(value, nn.Module):
-            return self.module(value)
-        if isinstance(value, torch.Tensor):
-            return value  # a tensor attribute: shared, as before (the run's own writes to it are the forward's)
-        container = rebuilt(value, self.memo, self.value)
-        if container is not NOT_A_CONTAINER:
-            return container
         if kind is set:
             return set(value)
         if kind is RemovableHandle:

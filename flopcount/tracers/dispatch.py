@@ -178,8 +178,12 @@ def _trace(
     inputs_text = call.description
     preserve: Any
     names: Mapping[nn.Module, str]
+    reusing = fake_copy and not backward and recorder_type is Recorder and reuse_enabled()
     if fake_copy:
-        copied = fake_copies(model, flat_inputs, call.rebuild, modules=facts.modules, shared_hooks=shared_hooks)
+        # a forward-only run reuses blocks (below): their parameters need no fakes unless read
+        copied = fake_copies(
+            model, flat_inputs, call.rebuild, modules=facts.modules, shared_hooks=shared_hooks, lazy=reusing
+        )
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
         names = facts.names_on(copied.copies)
         args, kw = copied.call
@@ -200,7 +204,7 @@ def _trace(
     if shape_cache is not None:
         recorder.run_op = shape_cache.run
     reuse = None
-    if fake_copy and not backward and recorder_type is Recorder and reuse_enabled():
+    if reusing:
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
         reuse = Reuse(
             run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies, copied.metas

@@ -23,7 +23,6 @@ import contextlib
 import copy
 import logging
 import threading
-import types
 from collections import OrderedDict
 from functools import cache
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -36,17 +35,21 @@ from flopcount.core.hooks import is_hook_name
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
 from flopcount.errors import TraceError, UsageError
-from flopcount.tracers._containers import NOT_A_CONTAINER, rebuilt
+from flopcount.tracers._containers import IMMUTABLE_TYPES, TreeCopier, fresh_uninitialized
 
 __all__ = [
     "FakeCopy",
     "FakeRunError",
+    "LazyTensors",
+    "Pending",
     "SharedHooks",
     "fake_copies",
     "has_lazy_parameters",
     "quiet_fake_logs",
     "reason_for",
+    "reuse_key",
     "shared_tensor_copy",
+    "tensor_key",
 ]
 
 
@@ -103,17 +106,19 @@ def has_lazy_parameters(model: nn.Module) -> bool:
 
 
 def _named_tensors(
-    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]] = None
+    model: nn.Module, modules: Optional[Sequence[Tuple[str, nn.Module]]] = None, attributes_only: bool = False
 ) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Every tensor the modules own (parameters, buffers, tensor attributes), with a label for errors."""
+    """Every tensor the modules own (parameters, buffers, tensor attributes; only the last
+    with ``attributes_only``), with a label for errors."""
     for mod_name, module in model.named_modules() if modules is None else modules:
         where = f"of module '{mod_name}'"
-        for name, tensor in module._parameters.items():
-            if tensor is not None:
-                yield f"parameter {name} {where}", tensor
-        for name, tensor in module._buffers.items():
-            if tensor is not None:
-                yield f"buffer {name} {where}", tensor
+        if not attributes_only:
+            for name, tensor in module._parameters.items():
+                if tensor is not None:
+                    yield f"parameter {name} {where}", tensor
+            for name, tensor in module._buffers.items():
+                if tensor is not None:
+                    yield f"buffer {name} {where}", tensor
         for name, value in vars(module).items():
             if isinstance(value, torch.Tensor):
                 yield f"tensor attribute {name} {where}", value
@@ -138,6 +143,102 @@ def _attribute_tensors(model: nn.Module) -> List[torch.Tensor]:
 _CPU = torch.device("cpu")
 
 
+def _stood_for(tensor: torch.Tensor) -> torch.device:
+    # A meta tensor stands for a CPU one (as with storages=True): kernels then pick the
+    # layouts they pick for real weights (CPU SDPA's output strides, for one), so a meta
+    # copy of a model counts exactly what the model counts.
+    return _CPU if tensor.device.type == "meta" else tensor.device
+
+
+def tensor_key(tensor: torch.Tensor) -> Tuple[Any, ...]:
+    """What structural reuse keys a module's tensor by (``tracers/_reuse.py``): shape, stride,
+    offset, dtype, device, requires_grad, type."""
+    return (
+        tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype, tensor.device,
+        tensor.requires_grad, type(tensor),
+    )
+
+
+def reuse_key(tensor: torch.Tensor, fake_type: type) -> Tuple[Any, ...]:
+    """:func:`tensor_key` of the fake made the fast way for the real ``tensor`` (offset 0, meta
+    standing for cpu, a gradient only for floating and complex dtypes), read from the real
+    tensor: one read of a fake's metadata costs microseconds."""
+    grad = tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex())
+    return (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, _stood_for(tensor), grad, fake_type)
+
+
+class Pending:
+    """A parameter or buffer of a fake copy's module whose fake is made on first use
+    (:class:`LazyTensors`); ``key`` is the fake's :func:`reuse_key`, read from ``real``."""
+
+    __slots__ = ("real", "key")
+
+    def __init__(self, real: torch.Tensor, key: Tuple[Any, ...]):
+        self.real = real
+        self.key = key
+
+
+class LazyTensors(dict):
+    """A fake copy's ``_parameters`` / ``_buffers`` dictionary whose tensors are faked on first
+    read (issue #32): structural reuse books most blocks of a deep model from an earlier one
+    without running them, and their parameters are then never faked. Every way of reading a
+    value (``[]``, ``get``, ``values``, ``items``, iteration-based copies, ``pop``) gives the
+    fake, one per real tensor (ties kept); the raw value (``dict.values(d)``) is a
+    :class:`Pending` until then, and stays one, so the identity of what a module holds does not
+    change when it is read. Only structural reuse reads raw values (keys, fingerprints)."""
+
+    __slots__ = ("faker",)
+
+    faker: _Faker
+
+    def _fake(self, value: Any) -> Any:
+        if type(value) is not Pending:
+            return value
+        faker = self.faker
+        found = faker.memo.get(id(value.real))
+        if found is not None:
+            return found
+        # made inside the run: below the recorder's and the fake mode's dispatch (not an op of the
+        # model), in the inference mode the copy was made in (an inference tensor or not, as the others)
+        with torch._C._DisableTorchDispatch():
+            if torch.is_inference_mode_enabled() == faker.inference:
+                return faker.fake_pending(value)
+            with torch.inference_mode(faker.inference):
+                return faker.fake_pending(value)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._fake(dict.__getitem__(self, key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._fake(dict.get(self, key, default))
+
+    def values(self) -> Any:
+        return [self._fake(v) for v in dict.values(self)]
+
+    def items(self) -> Any:
+        return [(k, self._fake(v)) for k, v in dict.items(self)]
+
+    def __iter__(self) -> Iterator[Any]:
+        # overridden so that dict(d), {**d} and update(d) read values through __getitem__
+        return dict.__iter__(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        return self._fake(dict.pop(self, key, *default))
+
+    def popitem(self) -> Any:
+        key, value = dict.popitem(self)
+        return key, self._fake(value)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        return self._fake(dict.setdefault(self, key, default))
+
+    def copy(self) -> Dict[Any, Any]:
+        return dict(self.items())
+
+    def __reduce__(self) -> Any:  # copy.copy / deepcopy / pickle: a plain dict of the fakes
+        return (dict, (self.items(),))
+
+
 class _Faker:
     """Makes one fake per real tensor (the same fake for the same tensor: ties survive).
     ``storages``: one fake storage per real storage (see the module docstring); ``dtype``:
@@ -153,9 +254,9 @@ class _Faker:
         self._meta_device = torch.device("meta")
         self.dtype = dtype
         self.storages = storages
+        self.inference = torch.is_inference_mode_enabled()
         #: id(fake) -> (fake, its metadata) for fakes made the fast way (FakeCopy.metas)
         self.metas: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {}
-        self._made_on: Dict[int, torch.device] = {}
         # (id(real storage), dtype) -> (the real storage, kept alive so ids stay unique; its fake base)
         self._bases: Dict[Tuple[int, torch.dtype], Tuple[Any, torch.Tensor]] = {}
 
@@ -163,34 +264,61 @@ class _Faker:
         found = self.memo.get(id(tensor))
         if found is not None:
             return found
-        made = self._on_storage(tensor, what) if self.storages else self._make(tensor)
+        meta = None
+        if self.storages:
+            made = self._on_storage(tensor, what)
+        else:
+            made, meta = self._make(tensor)
         if isinstance(tensor, nn.Parameter):
             made._is_param = True  # makes isinstance(made, nn.Parameter) true
         grad = tensor.requires_grad and (made.is_floating_point() or made.is_complex())
         if grad:
             made.requires_grad_(True)
         self.memo[id(tensor)] = made
-        device = self._made_on.pop(id(made), None)
-        if device is not None:  # made the fast way: its metadata is the real tensor's, at offset 0
-            self.metas[id(made)] = (made, (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, device, grad, type(made)))
+        if meta is not None:  # made the fast way: its metadata is the real tensor's, at offset 0
+            self.metas[id(made)] = (made, meta)
         return made
 
-    def _make(self, tensor: torch.Tensor) -> torch.Tensor:
+    def fake_pending(self, pending: Pending) -> torch.Tensor:
+        """The fake of a :class:`Pending`'s tensor (the one already made, if any), made from the
+        metadata its key holds: inside the run every read of a tensor's metadata goes through the
+        run's torch-function mode, so the real tensor is not read again."""
+        real = pending.real
+        found = self.memo.get(id(real))
+        if found is not None:
+            return found
+        shape, stride, _, dtype, device, grad, _ = pending.key
+        try:
+            meta = torch.empty_strided(shape, stride, dtype=dtype, device=self._meta_device)
+            made = self._fake_tensor(self.mode, meta, device, requires_grad=grad, _is_param=type(real) is nn.Parameter)
+        except Exception:  # a private constructor that changed: the general route
+            return self.fake(real)
+        self.memo[id(real)] = made
+        return made
+
+    def deferrable(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s fake is made the fast way (a meta tensor wrapped as fake), whose
+        metadata :func:`reuse_key` reads from the real tensor: such a fake can be made on first use."""
+        return (
+            not self.storages
+            and tensor.layout == torch.strided
+            and not tensor.is_quantized
+            and type(tensor) in (torch.Tensor, nn.Parameter)
+            and not is_uninitialized(tensor)
+        )
+
+    def _make(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Tuple[Any, ...]]]:
+        """The fake of ``tensor`` and, when made the fast way, its :func:`reuse_key`."""
         kind = type(tensor)
         if tensor.layout == torch.strided and not tensor.is_quantized and kind in (torch.Tensor, nn.Parameter, self._fake_tensor):
             try:
                 # The fast way (a meta tensor wrapped as fake): ~20x cheaper than from_tensor.
                 meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=self._meta_device)
-                # A meta tensor stands for a CPU one (as with storages=True): kernels then pick
-                # the layouts they pick for real weights (CPU SDPA's output strides, for one),
-                # so a meta copy of a model counts exactly what the model counts.
-                device = _CPU if tensor.device.type == "meta" else tensor.device
-                made = self._fake_tensor(self.mode, meta, device)
-                self._made_on[id(made)] = device
-                return made
+                made = self._fake_tensor(self.mode, meta, _stood_for(tensor))
+                return made, reuse_key(tensor, self._fake_tensor)
             except Exception:
                 pass  # a private constructor that changed: the public route below
-        return self.mode.from_tensor(tensor, static_shapes=True)
+        return self.mode.from_tensor(tensor, static_shapes=True), None
 
     def _on_storage(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """A view of the one fake storage made for ``tensor``'s storage (of the storage's full
@@ -222,6 +350,7 @@ def fake_copies(
     retie: bool = False,
     modules: Optional[Sequence[Tuple[str, nn.Module]]] = None,
     shared_hooks: Optional[SharedHooks] = None,
+    lazy: bool = False,
 ) -> FakeCopy:
     """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
     fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
@@ -229,18 +358,20 @@ def fake_copies(
     caller's own). ``dtype``, ``storages``, ``retie``: see the module docstring; ``modules``:
     ``model.named_modules()`` when the caller has them already; ``shared_hooks``: the modules'
     empty hook dictionaries are that object's shared ones (the caller checks ``touched`` after
-    the run). Raises
+    the run); ``lazy``: the modules' parameters and buffers that can be faked the fast way are
+    faked on first use (:class:`LazyTensors`; ``twins`` then lists only those made). Raises
     :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
     faker = _Faker(dtype, storages)
     memo: Dict[int, Any] = {}
+    lazy = lazy and not storages
     try:
-        for label, tensor in _named_tensors(model, modules):
+        for label, tensor in _named_tensors(model, modules, attributes_only=lazy):
             if not is_uninitialized(tensor):
                 memo[id(tensor)] = faker.fake(tensor, label)
         fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]
         for fake in fake_inputs:  # inside an object the copier deep-copies (a dataclass input): kept as is
             memo[id(fake)] = fake
-        copier = _TreeCopier(memo, faker, shared_hooks)
+        copier = _TreeCopier(memo, faker, shared_hooks, lazy)
         model_copy = copier.module(model)
         call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
         notes = restore_ties(model_copy) if retie else []
@@ -249,11 +380,6 @@ def fake_copies(
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
     return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas)
-
-
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.Size, range)
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
-_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
 _UNSEEN: Any = object()
@@ -324,38 +450,30 @@ class SharedHooks:
         return found
 
 
-class _TreeCopier:
+class _TreeCopier(TreeCopier):
     """A deep copy of a module tree, made for the fake run: modules, their attribute and
     hook dictionaries, lists and tuples are copied here; tensors come from ``memo`` (their
-    fakes); immutable values and plain functions are shared; anything else goes through
-    ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy`` of
-    the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
+    fakes) or are faked; immutable values and plain functions are shared; anything else goes
+    through ``copy.deepcopy`` with the same memo. Several times cheaper than ``copy.deepcopy``
+    of the whole tree, which spends its time on a dozen (mostly empty) dicts per module."""
 
-    def __init__(self, memo: Dict[int, Any], faker: _Faker, shared: Optional[SharedHooks] = None):
-        self.memo = memo
+    def __init__(self, memo: Dict[int, Any], faker: _Faker, shared: Optional[SharedHooks] = None, lazy: bool = False):
+        super().__init__(memo)
         self.faker = faker
         self.shared = shared
+        self.lazy = lazy
+        self._pending: Dict[int, Pending] = {}  # id(real tensor) -> its one Pending (ties kept)
         # attribute name -> the shared empty hook dictionary for it (None: not a hook dictionary)
         self._empties: Dict[str, Any] = {}
 
-    def module(self, module: nn.Module) -> nn.Module:
-        found = self.memo.get(id(module))
-        if found is not None:
-            return found
-        # object.__new__ keeps the exact class: a GraphModule's __new__ would make a new
-        # per-instance class without the generated forward (torch.export's .module())
-        try:
-            new = object.__new__(module.__class__)
-        except TypeError:  # a module that also subclasses a builtin container
-            new = module.__class__.__new__(module.__class__)
-        self.memo[id(module)] = new
+    def attributes(self, module: nn.Module) -> Dict[str, Any]:
         state: Dict[str, Any] = {}
         convert = self.value
         empties = self._empties
         memo = self.memo
         for key, value in vars(module).items():
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
-            if kind in _IMMUTABLE_TYPES:
+            if kind in IMMUTABLE_TYPES:
                 state[key] = value
             elif (kind is OrderedDict or kind is dict) and not value:
                 shared = empties.get(key, _UNSEEN) if kind is OrderedDict else None
@@ -364,38 +482,50 @@ class _TreeCopier:
                 state[key] = kind() if shared is None else shared
             elif kind is set and not value:  # torch's per-module set of non-persistent buffers
                 state[key] = memo[id(value)] = set()
+            elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
+                state[key] = self._lazy(value)
             else:
                 # an object met before (the config every layer holds): its copy, before any
                 # isinstance test (a transformers config answers each through Python code)
                 found = memo.get(id(value))
                 state[key] = found if found is not None else convert(value)
-        new.__dict__.update(state)
-        return new
+        return state
+
+    def _lazy(self, tensors: Dict[str, Any]) -> LazyTensors:
+        """A module's parameter or buffer dictionary, its tensors faked on first read where
+        they can be faked the fast way (a tensor faked already, or of another kind: its fake)."""
+        made = LazyTensors()
+        made.faker = self.faker
+        self.memo[id(tensors)] = made
+        memo, pending, faker = self.memo, self._pending, self.faker
+        for name, tensor in tensors.items():
+            found = memo.get(id(tensor)) if tensor is not None else None
+            if tensor is None or found is not None:
+                dict.__setitem__(made, name, found)
+            elif id(tensor) in pending:
+                dict.__setitem__(made, name, pending[id(tensor)])
+            elif isinstance(tensor, torch.Tensor) and faker.deferrable(tensor):
+                dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, reuse_key(tensor, faker.fake_type))))
+            else:
+                dict.__setitem__(made, name, self.value(tensor))
+        return made
 
     def value(self, value: Any) -> Any:
         kind = type(value)
-        if kind in _IMMUTABLE_TYPES:
-            return value
         if (kind is dict or kind is OrderedDict) and not value:
             return kind()  # the hook and buffer dictionaries of most modules: empty
-        if isinstance(value, _IMMUTABLE) or isinstance(value, _FUNCTIONS):
-            return value
-        found = self.memo.get(id(value))
-        if found is not None:
-            return found
-        if isinstance(value, nn.Module):
-            return self.module(value)
+        return super().value(value)
+
+    def tensor(self, value: torch.Tensor) -> Any:
         if isinstance(value, self.faker.fake_type) and value.fake_mode is self.faker.mode:
             return value  # already one of ours
+        made = self.memo[id(value)] = self.faker.fake(value)  # held in a container attribute: faked too
+        return made
+
+    def other(self, value: Any) -> Any:
         if isinstance(value, _shared_types()):
             return value
-        if isinstance(value, torch.Tensor):  # held in a container attribute: faked too
-            made = self.memo[id(value)] = self.faker.fake(value)
-            return made
-        container = rebuilt(value, self.memo, self.value)
-        if container is not NOT_A_CONTAINER:
-            return container
-        if kind is set and all(type(item) in _IMMUTABLE_TYPES for item in value):
+        if type(value) is set and all(type(item) in IMMUTABLE_TYPES for item in value):
             new = self.memo[id(value)] = set(value)
             return new
         # Any other object (a KV cache) is deep-copied, each tensor it holds faked into this
@@ -445,15 +575,8 @@ def shared_tensor_copy(model: nn.Module) -> nn.Module:
     memo: Dict[int, Any] = {}
     for tensor in _own_tensors(model) + _attribute_tensors(model):
         # an uninitialised buffer cannot be deep-copied: the copy gets a fresh one of its kind
-        memo[id(tensor)] = _fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
+        memo[id(tensor)] = fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
     return copy.deepcopy(model, memo)
-
-
-def _fresh_uninitialized(tensor: Any) -> Any:
-    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
-
-    kind: Any = UninitializedBuffer if isinstance(tensor, UninitializedBuffer) else UninitializedParameter
-    return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
 
 
 class _QuietThread(logging.Filter):

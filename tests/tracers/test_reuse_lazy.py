@@ -1,0 +1,209 @@
+"""Lazy fakes on the reuse path (issue #32, the count's ratio): a forward-only count fakes a
+module's parameters and buffers on first use, so the blocks booked from an earlier one never
+have theirs faked. Oracles: hand-derived MACs (the derivation beside each), ``FlopCounterMode``
+run live, the same count with reuse off (``FLOPCOUNT_REUSE=0``: every parameter faked up front,
+every call traced, as before #32), and the number of fakes the faker makes, counted by hand."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import torch_contraction_flops
+from torch import nn
+
+from flopcount import count_flops
+from flopcount.tracers.fake import copies
+
+B, D, H = 3, 8, 16  # batch (rows), model width, inner width
+
+
+class Block(nn.Module):
+    """Linear(D, h) -> ReLU -> Linear(h, D) + x: (D * h + h * D) MACs per row."""
+
+    def __init__(self, hidden: int = H) -> None:
+        super().__init__()
+        self.up = nn.Linear(D, hidden)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(hidden, D)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x))) + x
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int = 8, hidden: int = H) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(hidden) for _ in range(n))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class ReadsInside(Stack):
+    """The root reads a reused block's weight after the loop: x @ W^T of blocks.5.up (D -> H),
+    B x D x H MACs more."""
+
+    def forward(self, x):
+        return super().forward(x) @ self.blocks[5].up.weight.t()
+
+
+class TiedHead(Stack):
+    """A head whose weight is blocks.3.down's (the same Parameter): D x D MACs per row more."""
+
+    def __init__(self) -> None:
+        super().__init__(n=6, hidden=D)
+        self.head = nn.Linear(D, D, bias=False)
+        self.head.weight = self.blocks[3].down.weight
+
+    def forward(self, x):
+        return self.head(super().forward(x))
+
+
+def _stack_macs(n: int, hidden: int = H, rows: int = B) -> int:
+    return n * rows * 2 * D * hidden
+
+
+def _rows(result):
+    return (
+        result.to_dict(),
+        [(m.name, m.calls) for m in result.modules],
+        *((result.by_operator(m), result.by_module(m), result.by_module_and_operator(m), result.by_phase(m))
+          for m in ("macs", "flops")),
+    )
+
+
+def _both(monkeypatch, model, inputs, **options):
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, inputs, **options)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    on = count_flops(model, inputs, **options)
+    return off, on
+
+
+@pytest.fixture
+def faked(monkeypatch):
+    """The real tensors the faker is asked for, in order (one call per fake made)."""
+    made = []
+    original, pending = copies._Faker.fake, copies._Faker.fake_pending
+
+    def fake(self, tensor, what="a tensor"):
+        if id(tensor) not in self.memo:
+            made.append(tensor)
+        return original(self, tensor, what)
+
+    def fake_pending(self, waiting):  # a parameter faked on first use
+        if id(waiting.real) not in self.memo:
+            made.append(waiting.real)
+        return pending(self, waiting)
+
+    monkeypatch.setattr(copies._Faker, "fake", fake)
+    monkeypatch.setattr(copies._Faker, "fake_pending", fake_pending)
+    return made
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_blocks_booked_from_an_earlier_one_never_fake_their_parameters(monkeypatch, faked, train):
+    torch.manual_seed(0)
+    model, inputs = Stack().train(train), (torch.randn(B, D),)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    result = count_flops(model, inputs)
+    assert result.macs == _stack_macs(8)
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    # blocks.0 is traced (its 2 weights and 2 biases faked), blocks.1-7 are booked from it;
+    # and the input: 5 fakes (before #32's lazy fakes: all 32 parameters and the input)
+    block0 = {id(p) for p in model.blocks[0].parameters()}
+    assert len(faked) == 5
+    assert {id(t) for t in faked[1:]} | {id(faked[0])} >= block0
+    assert faked[0] is inputs[0]
+    faked.clear()
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    assert count_flops(model, inputs).macs == result.macs
+    assert len(faked) == 33  # every parameter, up front, and the input
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_reused_blocks_parameter_read_outside_its_call_is_faked_then(monkeypatch, train):
+    torch.manual_seed(0)
+    model, inputs = ReadsInside().train(train), (torch.randn(B, D),)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == _stack_macs(8) + B * D * H
+    assert 2 * on.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+
+
+def test_a_weight_tied_to_a_reused_block_is_one_fake(monkeypatch, faked):
+    torch.manual_seed(0)
+    model, inputs = TiedHead(), (torch.randn(B, D),)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == _stack_macs(6, hidden=D) + B * D * D
+    # the head's weight and blocks.3.down's are one tensor, faked once per count
+    tied = model.head.weight
+    assert sum(1 for t in faked if t is tied) == 2  # reuse off, reuse on: once each
+
+
+def test_a_count_in_inference_mode_fakes_as_before(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = ReadsInside(), (torch.randn(B, D),)
+    with torch.inference_mode():
+        off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == _stack_macs(8) + B * D * H
+
+
+def test_a_parameter_reshaped_in_place_between_two_counts(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = Stack(n=4), (torch.randn(B, D),)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    assert count_flops(model, inputs).macs == _stack_macs(4)
+    params = {id(p) for p in model.parameters()}
+    with torch.no_grad():  # the same Parameter objects, twice as wide inside
+        for block in model.blocks:
+            block.up.weight.data = torch.randn(2 * H, D)
+            block.up.bias.data = torch.randn(2 * H)
+            block.down.weight.data = torch.randn(D, 2 * H)
+    assert {id(p) for p in model.parameters()} == params
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == _stack_macs(4, hidden=2 * H)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_backward_counts_as_before(monkeypatch, train):
+    torch.manual_seed(0)
+    model, inputs = ReadsInside().train(train), (torch.randn(B, D),)
+    off, on = _both(monkeypatch, model, inputs, backward=True)
+    assert _rows(on) == _rows(off)
+    # forward: the hand count above; backward of each x @ W^T with W a leaf: the gradients of
+    # x and W, two products of the forward's size each (the input needs none: 2x the forward)
+    forward = _stack_macs(8) + B * D * H
+    assert on.by_phase("macs") == {"forward": forward, "backward": 2 * forward - B * D * H}
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        nn.Parameter(torch.randn(3, 4)),
+        nn.Parameter(torch.randn(4), requires_grad=False),
+        torch.zeros(5, dtype=torch.long),  # a buffer: no gradient
+        torch.randn(2, 3, device="meta").t(),  # a meta view: stands for a CPU tensor, at offset 0
+        torch.randn(6)[2:],  # an offset view: the fast fake starts at offset 0
+    ],
+    ids=["param", "frozen", "long-buffer", "meta-transposed", "offset-view"],
+)
+def test_a_pending_tensors_key_is_its_fakes_key(tensor):
+    # the key structural reuse gives a parameter not faked yet (read from the real tensor) is
+    # the one it reads from the fake once made: a block keyed before and after agrees
+    faker = copies._Faker()
+    key = copies.reuse_key(tensor, faker.fake_type)
+    assert copies.tensor_key(faker.fake(tensor)) == key
+    # and the fake made on first use from that key is the fake made up front, metadata and kind
+    eager = faker.fake(tensor)
+    lazy = copies._Faker().fake_pending(copies.Pending(tensor, key))
+    assert copies.tensor_key(lazy) == key
+    assert (isinstance(lazy, nn.Parameter), lazy.is_leaf, lazy.fake_device) == (
+        isinstance(eager, nn.Parameter), eager.is_leaf, eager.fake_device)
