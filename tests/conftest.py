@@ -7,10 +7,12 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 import pytest
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -23,28 +25,56 @@ if str(ROOT) not in sys.path:
 # pytest_collection_finish, which moves what collection loaded out of every later collection.
 gc.set_threshold(50_000, 20, 10)
 
+# torch is imported here only where tests run: pytest-xdist's controller process, which only
+# hands tests to its workers, loads this file too before it starts them, and importing torch
+# there (~1.2 s of CPU) delayed every worker's start by as much (docs/performance.md, "The main
+# suite, third pass"). Fn and cuda, which need torch, are made on first use (__getattr__ below).
+#
 # Under pytest-xdist (`make test`'s parallel part) each worker gets its share of the cores:
 # torch's default of one intra-op thread per core in every worker oversubscribes them, and
 # OpenMP's spinning threads then made 2 workers slower than 1 process (docs/internals.md).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
+    import torch
+
     _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, _CORES // _WORKERS))
 
 
-class Fn(torch.nn.Module):
-    """A module whose forward is a plain function (op-level cases run as a model)."""
+def _make_fn() -> Any:
+    import torch
 
-    def __init__(self, fn: Any) -> None:
-        super().__init__()
-        self.fn = fn
+    class Fn(torch.nn.Module):
+        """A module whose forward is a plain function (op-level cases run as a model)."""
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+        def __init__(self, fn: Any) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args: Any) -> Any:
+            return self.fn(*args)
+
+    Fn.__module__, Fn.__qualname__ = __name__, "Fn"
+    return Fn
 
 
-#: marks a test that needs a CUDA GPU; skipped where none is present
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def _make_cuda() -> Any:
+    import torch
+
+    return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+#: made on first use (``from conftest import Fn, cuda``), so that loading this file imports no torch:
+#: ``Fn``, a module whose forward is a plain function (op-level cases run as a model); ``cuda``,
+#: the mark of a test that needs a CUDA GPU (skipped where none is present)
+_LAZY = {"Fn": _make_fn, "cuda": _make_cuda}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = globals()[name] = _LAZY[name]()
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class FakeClock:
@@ -81,6 +111,8 @@ def _global_hooks() -> tuple:
 
 
 def assert_same_state(model: torch.nn.Module, before: Dict[str, Any]) -> None:
+    import torch
+
     after = snapshot(model)
     assert after["keys"] == before["keys"], "state_dict keys changed"
     for key, value in before["state"].items():
@@ -113,6 +145,7 @@ def torch_contraction_flops(model: torch.nn.Module, inputs: Any) -> int:
     """The live peer for MACs: ``FlopCounterMode``'s total over one no-grad forward (it counts
     contractions only, 2 FLOPs per MAC), with SDPA on its math path and the MHA fast path off so
     that torch counts attention as the ``bmm`` it runs. Runs the model: pass a copy you may change."""
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
