@@ -260,6 +260,23 @@ def pytest_collection_finish(session: Any) -> None:
     gc.freeze()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    """After the last test of a file (its module fixtures torn down), what it left alive is frozen
+    too (gc.collect() first, so no garbage is kept): the modules transformers imports for each
+    model type, torch's and flopcount's caches, alive for good, leave every later collection's
+    walk. Two test files call gc.unfreeze() (tests/tracers/test_count_collection.py,
+    tests/test_generation_collection.py), which put the whole heap back in view for the rest of
+    their worker's tests: each test of tests/tracers/test_reuse_garbage.py (a full collection,
+    then walks of the heap) took ~1.5 s after them instead of ~0.07 s. The check is on the file
+    only: gc.get_freeze_count() walks every frozen object (~50 ms late in a worker's run), too
+    slow to ask after each test (docs/performance.md, "The main suite, third pass")."""
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        gc.collect()
+        gc.freeze()
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config: Any, items: Any) -> None:
     """Under pytest-xdist, each worker starts with its share of the long files (_heavy_files_first).
