@@ -206,17 +206,17 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
 
 
 #: the test files that take longest: CPU seconds summed over their tests, one process, one torch
-#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-26 21:49, this
-#: branch before gc.freeze, which took the HF Trainer files down by about a third; docs/performance.md,
-#: "The main suite's time"): under pytest-xdist each worker starts with its share of them, see
-#: _heavy_files_first
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-27 00:24, this
+#: branch, load ~9 from the other jobs; docs/performance.md, "The main suite, third pass"; the
+#: fork server's children, booked to the session's last test, left out): under pytest-xdist each
+#: worker starts with its share of them, see _heavy_files_first
 HEAVY_FILES = {
-    "cli/test_artifacts.py": 13.9, "serving/test_serve_derived.py": 13.1, "test_generation_options.py": 10.8,
-    "test_generation_limits.py": 9.9, "test_generation_fake_path.py": 8.6, "test_doc_snippets.py": 7.4,
-    "integrations/test_hf_callback.py": 6.5, "test_install.py": 6.2, "serving/test_serve.py": 5.6,
-    "tracers/test_reuse_cache.py": 5.5, "test_ci_recipes.py": 4.5, "tracers/test_shape_cache.py": 4.2,
-    "test_memory.py": 4.0, "plan/test_plan_analytic.py": 4.0, "tracers/test_agreement.py": 3.7,
-    "cli/test_cli.py": 3.7,
+    "test_memory_reuse.py": 13.7, "test_generation_options.py": 12.2, "serving/test_serve_derived.py": 12.1,
+    "test_generation_deferred_steps.py": 11.2, "test_generation_limits.py": 10.1, "cli/test_artifacts.py": 8.8,
+    "test_doc_snippets.py": 7.4, "test_install.py": 7.1, "tracers/test_reuse_cache.py": 5.8,
+    "serving/test_serve.py": 4.9, "test_memory.py": 4.6, "tracers/test_shape_cache.py": 4.5,
+    "test_ci_recipes.py": 4.3, "tracers/test_agreement.py": 4.0, "plan/test_plan_analytic.py": 3.8,
+    "test_profile_marks.py": 3.4,
 }
 
 
