@@ -7,10 +7,12 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 import pytest
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -23,28 +25,56 @@ if str(ROOT) not in sys.path:
 # pytest_collection_finish, which moves what collection loaded out of every later collection.
 gc.set_threshold(50_000, 20, 10)
 
+# torch is imported here only where tests run: pytest-xdist's controller process, which only
+# hands tests to its workers, loads this file too before it starts them, and importing torch
+# there (~1.2 s of CPU) delayed every worker's start by as much (docs/performance.md, "The main
+# suite, third pass"). Fn and cuda, which need torch, are made on first use (__getattr__ below).
+#
 # Under pytest-xdist (`make test`'s parallel part) each worker gets its share of the cores:
 # torch's default of one intra-op thread per core in every worker oversubscribes them, and
 # OpenMP's spinning threads then made 2 workers slower than 1 process (docs/internals.md).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
+    import torch
+
     _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, _CORES // _WORKERS))
 
 
-class Fn(torch.nn.Module):
-    """A module whose forward is a plain function (op-level cases run as a model)."""
+def _make_fn() -> Any:
+    import torch
 
-    def __init__(self, fn: Any) -> None:
-        super().__init__()
-        self.fn = fn
+    class Fn(torch.nn.Module):
+        """A module whose forward is a plain function (op-level cases run as a model)."""
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+        def __init__(self, fn: Any) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args: Any) -> Any:
+            return self.fn(*args)
+
+    Fn.__module__, Fn.__qualname__ = __name__, "Fn"
+    return Fn
 
 
-#: marks a test that needs a CUDA GPU; skipped where none is present
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def _make_cuda() -> Any:
+    import torch
+
+    return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+#: made on first use (``from conftest import Fn, cuda``), so that loading this file imports no torch:
+#: ``Fn``, a module whose forward is a plain function (op-level cases run as a model); ``cuda``,
+#: the mark of a test that needs a CUDA GPU (skipped where none is present)
+_LAZY = {"Fn": _make_fn, "cuda": _make_cuda}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = globals()[name] = _LAZY[name]()
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class FakeClock:
@@ -81,6 +111,8 @@ def _global_hooks() -> tuple:
 
 
 def assert_same_state(model: torch.nn.Module, before: Dict[str, Any]) -> None:
+    import torch
+
     after = snapshot(model)
     assert after["keys"] == before["keys"], "state_dict keys changed"
     for key, value in before["state"].items():
@@ -113,6 +145,7 @@ def torch_contraction_flops(model: torch.nn.Module, inputs: Any) -> int:
     """The live peer for MACs: ``FlopCounterMode``'s total over one no-grad forward (it counts
     contractions only, 2 FLOPs per MAC), with SDPA on its math path and the MHA fast path off so
     that torch counts attention as the ``bmm`` it runs. Runs the model: pass a copy you may change."""
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -173,17 +206,17 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
 
 
 #: the test files that take longest: CPU seconds summed over their tests, one process, one torch
-#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-26 21:49, this
-#: branch before gc.freeze, which took the HF Trainer files down by about a third; docs/performance.md,
-#: "The main suite's time"): under pytest-xdist each worker starts with its share of them, see
-#: _heavy_files_first
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-27 00:24, this
+#: branch, load ~9 from the other jobs; docs/performance.md, "The main suite, third pass"; the
+#: fork server's children, booked to the session's last test, left out): under pytest-xdist each
+#: worker starts with its share of them, see _heavy_files_first
 HEAVY_FILES = {
-    "cli/test_artifacts.py": 13.9, "serving/test_serve_derived.py": 13.1, "test_generation_options.py": 10.8,
-    "test_generation_limits.py": 9.9, "test_generation_fake_path.py": 8.6, "test_doc_snippets.py": 7.4,
-    "integrations/test_hf_callback.py": 6.5, "test_install.py": 6.2, "serving/test_serve.py": 5.6,
-    "tracers/test_reuse_cache.py": 5.5, "test_ci_recipes.py": 4.5, "tracers/test_shape_cache.py": 4.2,
-    "test_memory.py": 4.0, "plan/test_plan_analytic.py": 4.0, "tracers/test_agreement.py": 3.7,
-    "cli/test_cli.py": 3.7,
+    "test_memory_reuse.py": 13.7, "test_generation_options.py": 12.2, "serving/test_serve_derived.py": 12.1,
+    "test_generation_deferred_steps.py": 11.2, "test_generation_limits.py": 10.1, "cli/test_artifacts.py": 8.8,
+    "test_doc_snippets.py": 7.4, "test_install.py": 7.1, "tracers/test_reuse_cache.py": 5.8,
+    "serving/test_serve.py": 4.9, "test_memory.py": 4.6, "tracers/test_shape_cache.py": 4.5,
+    "test_ci_recipes.py": 4.3, "tracers/test_agreement.py": 4.0, "plan/test_plan_analytic.py": 3.8,
+    "test_profile_marks.py": 3.4,
 }
 
 
@@ -225,6 +258,23 @@ def pytest_collection_finish(session: Any) -> None:
     (accelerate's free_memory on each Trainer.train: the Trainer tests' CPU fell by a third)."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    """After the last test of a file (its module fixtures torn down), what it left alive is frozen
+    too (gc.collect() first, so no garbage is kept): the modules transformers imports for each
+    model type, torch's and flopcount's caches, alive for good, leave every later collection's
+    walk. Two test files call gc.unfreeze() (tests/tracers/test_count_collection.py,
+    tests/test_generation_collection.py), which put the whole heap back in view for the rest of
+    their worker's tests: each test of tests/tracers/test_reuse_garbage.py (a full collection,
+    then walks of the heap) took ~1.5 s after them instead of ~0.07 s. The check is on the file
+    only: gc.get_freeze_count() walks every frozen object (~50 ms late in a worker's run), too
+    slow to ask after each test (docs/performance.md, "The main suite, third pass")."""
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
