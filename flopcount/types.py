@@ -117,7 +117,7 @@ class TensorMeta:
         return len(self.shape)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpCall:
     """One aten op as a handler sees it.
 
@@ -259,7 +259,7 @@ ZERO_COST = Cost()
 Handler = Callable[[OpCall], Cost]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpEvent:
     """One executed op: the call, the module call stack that ran it, and the phase.
 
