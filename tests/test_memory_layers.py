@@ -362,3 +362,39 @@ def test_the_parent_walk_leaves_the_process_as_found(monkeypatch: pytest.MonkeyP
     assert gc.isenabled() == enabled and torch.is_grad_enabled() == grad
     assert torch.equal(torch.get_rng_state(), rng)
     assert all("forward" not in vars(layer) for layer in model.layers)
+
+
+class Widening(Blocks):
+    """Blocks whose forward widens block AT for its one call (an attribute its forward reads) and
+    puts it back: every layer is the same before and after the forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if i == AT:
+                block.widen = 64
+            x = block(x)
+            if i == AT:
+                block.widen = 4
+        return self.head(x)
+
+
+def test_a_parent_that_changes_a_later_layer_for_its_call_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # replayed, block 6's 64 x 1024 floats per row were missed (block 1's 4 x 1024 stood in): a
+    # peak of 542,296 B where the step makes 2,403,628 B
+    torch.manual_seed(0)
+    model = Widening()
+    x = torch.randn(BATCH * 4, 32)
+    on, off, used = _estimates(monkeypatch, model, (x,), {}, backward=True)
+    assert used == [False, False] and on == off
+    loss_model = _Summed(model)  # MemTracker's step: the loss is the sum of the outputs, as the estimate's default
+    assert on.peak_bytes == _memtracker_peak(loss_model, x, True)
+    assert all(block.widen == 4 for block in model.blocks)
+
+
+class _Summed(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).sum()
