@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -53,6 +54,7 @@ from flopcount.core import hooks
 __all__ = ["forward_of", "model_state", "parent_proven"]
 
 _VALUES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_VALUE_TYPES = frozenset(_VALUES)
 
 
 class _Broken(Exception):
@@ -71,7 +73,7 @@ class _Ref:
 class _Walk(TorchDispatchMode):
     """Records the parent's ops (outside every stack layer), answers the stack's layer calls."""
 
-    def __init__(self, layers: List[nn.Module], hidden: Dict[int, frozenset]):
+    def __init__(self, layers: List[nn.Module], hidden: Dict[int, frozenset], outputs: Dict[Any, Any]):
         super().__init__()
         self.layers = layers
         self.position = {id(layer): i for i, layer in enumerate(layers)}
@@ -82,7 +84,7 @@ class _Walk(TorchDispatchMode):
         self.tokens: Dict[int, Tuple[int, int, int]] = {}  # id(tensor) -> token, while it lives
         self.refs: Dict[int, Tuple[Any, Tuple[int, int, int], int]] = {}
         self.objects: Dict[int, Tuple[int, Any]] = {}  # id -> (order, the object, kept: its id stays its own)
-        self.outputs: Dict[Any, Any] = {}  # a layer call's input metadata -> its output's
+        self.outputs = outputs  # a layer call's input metadata and state -> its output's (shared by both walks)
         self.depth = 0
         self.block = 0
         self.error: Optional[str] = None
@@ -151,7 +153,9 @@ class _Walk(TorchDispatchMode):
             self.created.append([])
             settings = (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), hooks.process_hooks_present())
             key = (self._describe(args, False), self._describe(kwargs, False), settings, self._state(layer))
-            record = ("call", self._describe(args, True), self._describe(kwargs, True), key[2:])
+            # the settings and the state as one number (equal ones, the same number in both walks)
+            setting = self.outputs.setdefault(("state", key[2:]), len(self.outputs))
+            record = ("call", self._describe(args, True), self._describe(kwargs, True), setting)
             self.depth += 1
             try:
                 if key not in self.outputs:
@@ -228,8 +232,13 @@ def _attribute(value: Any) -> Any:
     """A layer attribute as the state key holds it: tensors by metadata, Python values by value,
     containers by content (hook dictionaries by their hooks' identity), other objects by identity
     (find_stack proved them the same object in every layer)."""
-    if value is None or isinstance(value, torch.Tensor):
-        return None if value is None else _meta(value)
+    kind = type(value)
+    if kind in _VALUE_TYPES:
+        return (kind.__name__, value)
+    if (kind is dict or kind is set or kind is OrderedDict) and not value:
+        return (kind.__name__,)
+    if isinstance(value, torch.Tensor):
+        return _meta(value)
     if isinstance(value, _VALUES):
         return (type(value).__name__, value)
     if type(value) in (tuple, list):
@@ -277,8 +286,11 @@ def _tensors(value: Any) -> List[torch.Tensor]:
     return out
 
 
-def _walk(model: nn.Module, layers: List[nn.Module], hidden: Dict[int, frozenset], run: Callable[[nn.Module], Any]) -> List[Tuple[Any, ...]]:
-    walk = _Walk(layers, hidden)
+def _walk(
+    model: nn.Module, layers: List[nn.Module], hidden: Dict[int, frozenset], run: Callable[[nn.Module], Any],
+    outputs: Dict[Any, Any],
+) -> List[Tuple[Any, ...]]:
+    walk = _Walk(layers, hidden, outputs)
     originals = [layer.__dict__.get("forward") for layer in layers]
     for layer in layers:
         layer.__dict__["forward"] = walk.stand_in(layer, layer.forward)
@@ -342,9 +354,10 @@ def parent_proven(stack: Any, run: Callable[[nn.Module], Any], model: nn.Module,
         for module, name in pairs:
             hidden[id(module)] = hidden.get(id(module), frozenset()) | {name}
     try:
+        outputs: Dict[Any, Any] = {}
         with cut(3):
-            short = _walk(model, layers[:3], hidden, run)
-        whole = _walk(model, layers, hidden, run)
+            short = _walk(model, layers[:3], hidden, run, outputs)
+        whole = _walk(model, layers, hidden, run, outputs)
     except Exception:  # the forward cannot be walked (the traced step says why, where it fails too)
         return False
     n = len(layers)
