@@ -271,8 +271,28 @@ class Parent(nn.Module):
                 x = torch.cat([x, x], 0)
             if self.what == "keep" and i == AT:  # layer AT's output kept alive to the forward's end
                 kept.append(x)
-            x = torch.relu(x)
+            if self.what == "grad-hook" and i == AT:  # a tensor hook: it runs in the backward, for layer AT only
+                x.register_hook(lambda g: g + torch.zeros(8, *g.shape).sum(0))
+            if self.what == "function" and i == AT:  # the same aten op, but a custom backward for layer AT only
+                x = _WideRelu.apply(x)
+            else:
+                x = torch.relu(x)
         return x.sum()
+
+
+class _WideRelu(torch.autograd.Function):
+    """relu whose backward makes a temporary 8 times the gradient's size."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        return grad * (out > 0) + torch.zeros(8, *grad.shape).sum(0)
 
 
 def _memtracker_peak(model: nn.Module, x: torch.Tensor, backward: bool) -> int:
@@ -293,7 +313,10 @@ def _memtracker_peak(model: nn.Module, x: torch.Tensor, backward: bool) -> int:
     return int(peak["Total"])
 
 
-PARENT_CASES = [("cat", True), ("twice", True), ("skip", True), ("order", True), ("hook", True), ("input", True), ("keep", False)]
+PARENT_CASES = [
+    ("cat", True), ("twice", True), ("skip", True), ("order", True), ("hook", True), ("input", True), ("keep", False),
+    ("grad-hook", True), ("function", True),
+]
 
 
 @pytest.mark.parametrize("what, backward", PARENT_CASES, ids=[c[0] for c in PARENT_CASES])
@@ -301,7 +324,8 @@ def test_a_parent_that_treats_a_later_layer_otherwise_is_traced_in_full(monkeypa
     # before the parent walk each of these was replayed from layers 0-3 and got a wrong figure:
     # peaks (replayed / MemTracker's) cat 1,460,488 / 1,853,704 B, twice 1,460,488 / 1,591,560,
     # skip and input 1,460,488 / 1,329,416, hook 1,460,488 / 1,853,704, keep (inference)
-    # 526,336 / 657,408; order: the same peak, but layers 6 and 7's rows swapped
+    # 526,336 / 657,408, grad-hook 1,460,488 / 2,377,992, function 1,460,488 / 2,640,136; order:
+    # the same peak, but layers 6 and 7's rows swapped
     torch.manual_seed(0)
     model = Parent(what)
     x = torch.randn(512, 64)  # batch 512

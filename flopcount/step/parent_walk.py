@@ -19,6 +19,9 @@ layer, then each layer's call and the parent's ops after it until the next call.
   another), its arguments likewise, the grad mode and autocast state, the layer's whole state
   (every plain attribute, parameter and buffer metadata, hook dictionaries, ``training``: a
   parent that changes a layer mid-run is seen) and whether process-wide module hooks exist;
+* each tensor hook the parent registers (a public ``TorchFunctionMode`` sees the call) and, at
+  each block's end, the autograd node of each tensor the block made that is alive (a custom
+  ``autograd.Function``'s backward is code of its own);
 * when each tensor the parent handled died (a weak reference's callback; the garbage
   collector is off while the walk runs, so deaths are those of reference counts).
 
@@ -47,6 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core import hooks
@@ -148,6 +152,7 @@ class _Walk(TorchDispatchMode):
             position = self.position[id(layer)]
             if position != self.block:  # block b holds layer b - 1's call: the next expected is layer self.block
                 raise _Broken(f"layer {position} called where layer {self.block} was due")
+            self.seal()
             self.block += 1
             self.blocks.append([])
             self.created.append([])
@@ -167,6 +172,24 @@ class _Walk(TorchDispatchMode):
             return out
 
         return call
+
+    def seal(self) -> None:
+        """The block's last record: the autograd node of each tensor it made that is alive (a
+        custom Function's backward is its own code: one applied for one layer is seen)."""
+        made: List[Any] = []
+        for ref, token, _ in list(self.refs.values()):
+            tensor = ref() if token[0] == self.block else None
+            if tensor is not None:
+                made.append((token[1], token[2], type(tensor.grad_fn).__name__))
+        self.blocks[self.block].append(("seal", tuple(sorted(made))))
+
+    def hooked(self, name: str, tensor: Any) -> None:
+        """A tensor hook registered by the parent (it runs in the backward): a record."""
+        if self.depth == 0 and self.error is None:
+            try:
+                self._add(("hook", name, self._describe(tensor, True)), None)
+            except _Broken as exc:
+                self.error = str(exc)
 
     def _state(self, layer: nn.Module) -> Tuple[Any, ...]:
         parts: List[Any] = []
@@ -226,6 +249,23 @@ class _Walk(TorchDispatchMode):
                     deaths.append((token[1], token[2], _relative(b, death[0], layers), death[1]))
             out.append((tuple(_written(r, b, layers) for r in records), tuple(deaths)))
         return out
+
+
+class _TensorHooks(TorchFunctionMode):
+    """Tells the walk of each tensor hook registered while it runs (not an op: the dispatch
+    level does not see it)."""
+
+    NAMES = {"register_hook", "register_post_accumulate_grad_hook"}
+
+    def __init__(self, walk: _Walk):
+        super().__init__()
+        self.walk = walk
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES and args:
+            self.walk.hooked(name, args[0])
+        return func(*args, **(kwargs or {}))
 
 
 def _attribute(value: Any) -> Any:
@@ -297,8 +337,9 @@ def _walk(
     enabled = gc.isenabled()
     gc.disable()  # deaths by reference counts only: the same every run
     try:
-        with walk:
+        with _TensorHooks(walk), walk:
             out = run(model)
+            walk.seal()
             walk.block = len(layers) + 1  # the forward has returned: what dies now dies at its end
             walk.blocks.append([])
             walk.created.append([])
