@@ -257,6 +257,8 @@ class Parent(nn.Module):
             layer = self.layers[i]
             if self.what == "skip" and i == AT:
                 continue
+            if self.what == "raise" and i == AT:
+                raise ValueError(f"layer {AT} refuses")
             if self.what == "hook" and i == AT:  # a hook that exists only while layer AT runs
                 handle = layer.register_forward_hook(lambda m, args, out: torch.cat([out, out], 0))
                 x = layer(x)
@@ -422,3 +424,23 @@ class _Summed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x).sum()
+
+
+def test_a_forward_that_fails_at_a_later_layer_fails_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cut runs never reach layer 6: replayed, the estimate returned a figure for a step that
+    # cannot run; the walk of the whole forward fails there, the step is traced in full and fails
+    import gc
+
+    from flopcount.errors import FlopcountError
+
+    torch.manual_seed(0)
+    model = Parent("raise")
+    x = torch.randn(512, 64)
+    before = snapshot(model)
+    enabled = gc.isenabled()
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    with pytest.raises(FlopcountError, match="layer 6 refuses"):
+        estimate_memory(model, (x,), backward=True)
+    assert gc.isenabled() == enabled and torch.is_grad_enabled()
+    assert_same_state(model, before)
+    assert all("forward" not in vars(layer) for layer in model.layers)

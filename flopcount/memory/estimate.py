@@ -198,8 +198,9 @@ def estimate_memory(
     the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu).
     A step that reads tensor values is measured once for real on a copy (said in warnings;
     refused on meta). A lazy module is refused, naming it. A stack of identical layers is run
-    cut to 3 and 4 layers and the rest replayed, exactly, where the 4-layer run checks out
-    (flopcount.step.replay; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
+    cut to 3 and 4 layers and the rest replayed, exactly, where the 4-layer run checks out and
+    the forward around the layers is proven to treat every middle layer alike
+    (flopcount.step.replay, flopcount.step.parent_walk; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:

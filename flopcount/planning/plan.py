@@ -117,7 +117,8 @@ def plan(
     Threads: the fake world is the process's default process group while it lasts, so plans
     run one at a time (a second thread's plan waits); a plan inside a plan is a UsageError.
     Measures nothing and writes no file. A stack of identical layers is planned cut to 3 and 4
-    layers and the rest replayed, exactly, where the 4-layer run checks out (flopcount.step.replay;
+    layers and the rest replayed, exactly, where the 4-layer run checks out and the forward around
+    the layers is proven to treat every middle layer alike (flopcount.step.replay and parent_walk;
     not with a ``tp_plan`` of yours; ``FLOPCOUNT_REUSE=0`` traces every layer).
     """
     if device is not _UNSET:  # 0.2's name; None meant "no step times" there too

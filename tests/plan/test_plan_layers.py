@@ -136,6 +136,8 @@ class Parent(nn.Module):
         for i, layer in enumerate(self.layers):
             if self.what == "skip" and i == 6:
                 continue
+            if self.what == "raise" and i == 6:
+                raise ValueError("layer 6 refuses")
             x = layer(x)
             if self.what == "twice" and i == 6:
                 x = layer(x)
@@ -174,3 +176,12 @@ def test_a_parent_that_treats_a_later_layer_otherwise_is_planned_in_full(monkeyp
         Parent(what)(x)
     relu_rows, summed = PARENT_ROWS[what]
     assert on.flops["forward"] == counter.get_total_flops() + 64 * sum(relu_rows) + 64 * summed
+
+
+def test_a_forward_that_fails_at_a_later_layer_fails_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cut runs never reach layer 6: replayed, plan returned figures for a step that cannot run
+    from flopcount.errors import FlopcountError
+
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    with pytest.raises(FlopcountError, match="layer 6 refuses"):
+        flopcount.plan(lambda: Parent("raise"), (torch.randn(512, 64),), fsdp=2)
