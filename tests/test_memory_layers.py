@@ -228,3 +228,219 @@ def test_autocast_casts_freed_together_at_the_forwards_end_are_traced_in_full(mo
     model = _gpt2().train()
     on, off, used = _estimates(monkeypatch, model, (_ids(),), {}, **STEPS["adamw-autocast"])
     assert used == [False, False] and on == off
+
+
+# --------------------------------------------------------------------------- the parent's forward
+# The cut runs (3 and 4 layers) only ever run the parent's forward for 3 and 4 layers: a parent
+# that treats a later layer otherwise must be traced in full (flopcount.step.parent_walk proves
+# on the whole model that it does not). Each model below differs from a plain loop only at
+# layer AT = 6 of 8, where neither cut run reaches.
+
+AT = 6
+
+
+class Parent(nn.Module):
+    """8 Linear(64, 64) layers called in a loop; ``what`` is what the loop does at layer AT."""
+
+    def __init__(self, what: str = "plain", n: int = 8):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(n))
+        self.what = what
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = x
+        kept: List[torch.Tensor] = []
+        order = list(range(len(self.layers)))
+        if self.what == "order" and len(order) > AT + 1:
+            order[AT], order[AT + 1] = order[AT + 1], order[AT]
+        for i in order:
+            layer = self.layers[i]
+            if self.what == "skip" and i == AT:
+                continue
+            if self.what == "raise" and i == AT:
+                raise ValueError(f"layer {AT} refuses")
+            if self.what == "hook" and i == AT:  # a hook that exists only while layer AT runs
+                handle = layer.register_forward_hook(lambda m, args, out: torch.cat([out, out], 0))
+                x = layer(x)
+                handle.remove()
+            elif self.what == "input" and i == AT:  # layer AT fed the model's input, not layer AT-1's output
+                x = layer(first)
+            else:
+                x = layer(x)
+            if self.what == "twice" and i == AT:
+                x = layer(x)
+            if self.what == "cat" and i == AT:  # the issue's repro: a big extra activation after layer AT only
+                x = torch.cat([x, x], 0)
+            if self.what == "keep" and i == AT:  # layer AT's output kept alive to the forward's end
+                kept.append(x)
+            if self.what == "grad-hook" and i == AT:  # a tensor hook: it runs in the backward, for layer AT only
+                x.register_hook(lambda g: g + torch.zeros(8, *g.shape).sum(0))
+            if self.what == "function" and i == AT:  # the same aten op, but a custom backward for layer AT only
+                x = _WideRelu.apply(x)
+            else:
+                x = torch.relu(x)
+        return x.sum()
+
+
+class _WideRelu(torch.autograd.Function):
+    """relu whose backward makes a temporary 8 times the gradient's size."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        return grad * (out > 0) + torch.zeros(8, *grad.shape).sum(0)
+
+
+def _memtracker_peak(model: nn.Module, x: torch.Tensor, backward: bool) -> int:
+    """torch's MemTracker around the same step run for real on a copy (forward; with backward:
+    the loss the model returns, released, then backward): the peak's total bytes."""
+    real = copy.deepcopy(model)
+    tracker = MemTracker()
+    tracker.track_external(real, x)
+    with tracker:
+        if backward:
+            loss = real(x)
+            loss.backward()
+            del loss
+        else:
+            with torch.no_grad():
+                real(x)
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return int(peak["Total"])
+
+
+PARENT_CASES = [
+    ("cat", True), ("twice", True), ("skip", True), ("order", True), ("hook", True), ("input", True), ("keep", False),
+    ("grad-hook", True), ("function", True),
+]
+
+
+@pytest.mark.parametrize("what, backward", PARENT_CASES, ids=[c[0] for c in PARENT_CASES])
+def test_a_parent_that_treats_a_later_layer_otherwise_is_traced_in_full(monkeypatch: pytest.MonkeyPatch, what: str, backward: bool) -> None:
+    # before the parent walk each of these was replayed from layers 0-3 and got a wrong figure:
+    # peaks (replayed / MemTracker's) cat 1,460,488 / 1,853,704 B, twice 1,460,488 / 1,591,560,
+    # skip and input 1,460,488 / 1,329,416, hook 1,460,488 / 1,853,704, keep (inference)
+    # 526,336 / 657,408, grad-hook 1,460,488 / 2,377,992, function 1,460,488 / 2,640,136; order:
+    # the same peak, but layers 6 and 7's rows swapped
+    torch.manual_seed(0)
+    model = Parent(what)
+    x = torch.randn(512, 64)  # batch 512
+    before = snapshot(model)
+    on, off, used = _estimates(monkeypatch, model, (x,), {}, backward=backward)
+    assert used == [False, False] and on == off
+    assert on.peak_bytes == _memtracker_peak(model, x, backward)
+    assert_same_state(model, before)
+    assert not model.layers[AT]._forward_hooks
+
+
+class Repro(nn.Module):
+    """The issue's repro: ``torch.cat([x, x], 0)`` after layer 6 of 8 only."""
+
+    def __init__(self, n: int = 8):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = torch.relu(layer(x))
+            if i == 6:
+                x = torch.cat([x, x], 0)
+        return x.sum()
+
+
+def test_the_issues_repro_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # replayed it gave 1,460,488 B; the truth (MemTracker on the real step, and every layer
+    # traced) is 1,984,776 B
+    torch.manual_seed(0)
+    model = Repro()
+    x = torch.randn(512, 64)
+    on, off, used = _estimates(monkeypatch, model, (x,), {}, backward=True)
+    assert used == [False, False] and on == off
+    assert on.peak_bytes == _memtracker_peak(model, x, True) == 1_984_776
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["inference", "fwd+bwd"])
+def test_a_plain_parent_loop_is_still_replayed_and_exact(monkeypatch: pytest.MonkeyPatch, backward: bool) -> None:
+    torch.manual_seed(0)
+    model = Parent("plain")
+    x = torch.randn(512, 64)
+    on, off, used = _estimates(monkeypatch, model, (x,), {}, backward=backward)
+    assert used == [True, False] and on == off
+    assert on.peak_bytes == _memtracker_peak(model, x, backward)
+
+
+def test_the_parent_walk_leaves_the_process_as_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    torch.manual_seed(0)
+    model = Parent("plain")
+    x = torch.randn(512, 64)
+    enabled, grad = gc.isenabled(), torch.is_grad_enabled()
+    rng = torch.get_rng_state()
+    on, _, used = _estimates(monkeypatch, model, (x,), {}, backward=True)
+    assert used == [True, False]
+    assert gc.isenabled() == enabled and torch.is_grad_enabled() == grad
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all("forward" not in vars(layer) for layer in model.layers)
+
+
+class Widening(Blocks):
+    """Blocks whose forward widens block AT for its one call (an attribute its forward reads) and
+    puts it back: every layer is the same before and after the forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if i == AT:
+                block.widen = 64
+            x = block(x)
+            if i == AT:
+                block.widen = 4
+        return self.head(x)
+
+
+def test_a_parent_that_changes_a_later_layer_for_its_call_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # replayed, block 6's 64 x 1024 floats per row were missed (block 1's 4 x 1024 stood in): a
+    # peak of 542,296 B where the step makes 2,403,628 B
+    torch.manual_seed(0)
+    model = Widening()
+    x = torch.randn(BATCH * 4, 32)
+    on, off, used = _estimates(monkeypatch, model, (x,), {}, backward=True)
+    assert used == [False, False] and on == off
+    loss_model = _Summed(model)  # MemTracker's step: the loss is the sum of the outputs, as the estimate's default
+    assert on.peak_bytes == _memtracker_peak(loss_model, x, True)
+    assert all(block.widen == 4 for block in model.blocks)
+
+
+class _Summed(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).sum()
+
+
+def test_a_forward_that_fails_at_a_later_layer_fails_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cut runs never reach layer 6: replayed, the estimate returned a figure for a step that
+    # cannot run; the walk of the whole forward fails there, the step is traced in full and fails
+    import gc
+
+    from flopcount.errors import FlopcountError
+
+    torch.manual_seed(0)
+    model = Parent("raise")
+    x = torch.randn(512, 64)
+    before = snapshot(model)
+    enabled = gc.isenabled()
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    with pytest.raises(FlopcountError, match="layer 6 refuses"):
+        estimate_memory(model, (x,), backward=True)
+    assert gc.isenabled() == enabled and torch.is_grad_enabled()
+    assert_same_state(model, before)
+    assert all("forward" not in vars(layer) for layer in model.layers)

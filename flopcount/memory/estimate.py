@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import threading
 import warnings
@@ -35,6 +36,7 @@ from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, Usage
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, per_parameter, warm_up
+from flopcount.step.parent_walk import forward_of, parent_proven
 from flopcount.step.replay import (
     Figures,
     Template,
@@ -196,8 +198,9 @@ def estimate_memory(
     the fake copy, with a warning. Works on cpu, cuda and meta models (meta is estimated as cpu).
     A step that reads tensor values is measured once for real on a copy (said in warnings;
     refused on meta). A lazy module is refused, naming it. A stack of identical layers is run
-    cut to 3 and 4 layers and the rest replayed, exactly, where the 4-layer run checks out
-    (flopcount.step.replay; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
+    cut to 3 and 4 layers and the rest replayed, exactly, where the 4-layer run checks out and
+    the forward around the layers is proven to treat every middle layer alike
+    (flopcount.step.replay, flopcount.step.parent_walk; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not backward:
@@ -305,6 +308,11 @@ def _layered(
     template = Template.of(timeline, prefix)
     if template is None or not template.checked(runs[1][1]):
         return None
+    # the parent's forward proven to treat every middle layer alike (flopcount.step.parent_walk)
+    run = forward_of(args, kwargs, backward, amp, amp_device(twin, args, kwargs))
+    with mode:
+        if not parent_proven(stack, run, twin, functools.partial(truncated, stack)):
+            return None
     figures = template.figures(len(stack))
     fqns = layer_names(stack, known, prefix)
     figures.names = {module: fqns.get(module) or known(module) for module in names}

@@ -38,6 +38,7 @@ from flopcount.planning.world import PlanError, fake_world, mesh_groups, paralle
 from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
+from flopcount.step.parent_walk import forward_of, model_state, parent_proven
 from flopcount.step.replay import Replay, Stack, Template, find_stack, layer_tensors, truncated
 from flopcount.tracers import trace
 from flopcount.tracers._reuse import reuse_enabled
@@ -116,7 +117,8 @@ def plan(
     Threads: the fake world is the process's default process group while it lasts, so plans
     run one at a time (a second thread's plan waits); a plan inside a plan is a UsageError.
     Measures nothing and writes no file. A stack of identical layers is planned cut to 3 and 4
-    layers and the rest replayed, exactly, where the 4-layer run checks out (flopcount.step.replay;
+    layers and the rest replayed, exactly, where the 4-layer run checks out and the forward around
+    the layers is proven to treat every middle layer alike (flopcount.step.replay and parent_walk;
     not with a ``tp_plan`` of yours; ``FLOPCOUNT_REUSE=0`` traces every layer).
     """
     if device is not _UNSET:  # 0.2's name; None meant "no step times" there too
@@ -239,6 +241,8 @@ def _layered_step(
         if transformer_blocks(model)[0] != path:  # FSDP wraps another list's blocks: not this one's
             return None
         n = len(stack)
+        if keep == Template.LAYERS and not _parent_walked(model, stack, args, kw, amp):
+            return None  # the parent's forward may treat some middle layer otherwise: traced in full
         opt_of: List[Any] = [None]
         replay = Replay([], functools.partial(_layer_tensors, stack, keep, opt_of))
         try:
@@ -280,6 +284,26 @@ def _layered_step(
         peak, state, {},
     )
     return prefix, wrapped3 + extra * (wrapped4 - wrapped3), record, dtype
+
+
+def _parent_walked(model: nn.Module, stack: Stack, args: Tuple[Any, ...], kw: Mapping[str, Any], amp: Optional[torch.dtype]) -> bool:
+    """Whether the built model's forward treats every middle layer alike (flopcount.step.parent_walk),
+    walked on the meta device (the model as built, unsharded: the parent's code, not the shards,
+    is what the walk proves), and left the model's state as it found it (the cut runs follow)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tensors, rebuild = flatten_tensors((args, dict(kw)))
+    before = model_state(model)
+    # fake tensors on the meta device (the parameters made fake as ops meet them): what a
+    # forward may not read on fakes it skips on these too (transformers' mask checks)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        made: Dict[int, torch.Tensor] = {}
+        for t in tensors:
+            if id(t) not in made:
+                made[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
+        meta_args, meta_kw = rebuild([made[id(t)] for t in tensors])
+        proven = parent_proven(stack, forward_of(meta_args, meta_kw, True, amp, "cpu"), model, functools.partial(truncated, stack))
+    return proven and model_state(model) == before
 
 
 def _layer_tensors(stack: Stack, keep: int, opt_of: List[Any]) -> Dict[int, Tuple[int, torch.Tensor]]:

@@ -22,8 +22,12 @@ attribute that differs between layers, transformers' ``layer_idx``, is replaced 
 cut copy by a stand-in that raises if the step reads it), no module hook anywhere, no
 layer module or parameter reachable twice, a per-parameter optimizer whose step touches
 one layer's tensors at a time (the labels of its ops come from the tensors they touch),
-and phases and layers met in the order a step meets them. Anything else is traced in
-full. ``FLOPCOUNT_REUSE=0`` turns this off (and the count's reuse with it).
+and phases and layers met in the order a step meets them, and the parent's forward (the
+code around the layers, which the cut runs only ever run for 3 and 4 layers) proven on the
+whole model to treat every middle layer alike (:mod:`flopcount.step.parent_walk`: its walk
+over all the layers is its walk over 3 with the middle block repeated, ops, layer calls and
+tensor deaths). Anything else is traced in full. ``FLOPCOUNT_REUSE=0`` turns this off (and
+the count's reuse with it).
 """
 
 from __future__ import annotations

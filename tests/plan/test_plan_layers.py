@@ -121,3 +121,67 @@ class Odd(nn.Module):
 def test_a_layer_that_differs_where_the_forward_reads_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
     on, off, used = _plans(monkeypatch, Odd, torch.randn(8, 32), fsdp=2)
     assert used == [False, False] and on == off
+
+
+class Parent(nn.Module):
+    """8 Linear(64, 64) layers in a loop, each followed by a relu; ``what`` is what the loop does at
+    layer 6, which neither cut run (3 and 4 layers) reaches."""
+
+    def __init__(self, what: str = "plain") -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(8))
+        self.what = what
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            if self.what == "skip" and i == 6:
+                continue
+            if self.what == "raise" and i == 6:
+                raise ValueError("layer 6 refuses")
+            x = layer(x)
+            if self.what == "twice" and i == 6:
+                x = layer(x)
+            if self.what == "cat" and i == 6:  # the issue's repro: a big extra activation after layer 6 only
+                x = torch.cat([x, x], 0)
+            x = torch.relu(x)
+        return x.sum()
+
+
+# rows each relu sees and the rows summed at the end, by hand from the forward above (batch 512)
+PARENT_ROWS = {
+    "plain": ([512] * 8, 512),
+    "cat": ([512] * 6 + [1024] * 2, 1024),
+    "twice": ([512] * 8, 512),
+    "skip": ([512] * 7, 512),
+}
+
+
+@pytest.mark.parametrize("what", list(PARENT_ROWS))
+def test_a_parent_that_treats_a_later_layer_otherwise_is_planned_in_full(monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    # before the parent walk "cat" was replayed from layers 0-3: forward FLOPs 33,849,344
+    # (every layer at 512 rows) where the step makes 38,109,184, and peak 1,560,392 B where the
+    # full trace has 2,084,680 B; "twice" and "skip" likewise missed or added a layer
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    x = torch.randn(512, 64)
+    on, off, used = _plans(monkeypatch, lambda: Parent(what), x, fsdp=1 if what == "skip" else 2)  # FSDP2 fails on a layer never called
+    assert used == ([True, False] if what == "plain" else [False, False])
+    assert on == off
+    # forward FLOPs: the addmms as torch's FlopCounterMode counts them on the real forward
+    # (2 * rows * 64 * 64 each), plus 1 per element of each relu and of the final sum
+    # (docs/conventions.md: an elementwise op or a reduction costs 1 per element)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        Parent(what)(x)
+    relu_rows, summed = PARENT_ROWS[what]
+    assert on.flops["forward"] == counter.get_total_flops() + 64 * sum(relu_rows) + 64 * summed
+
+
+def test_a_forward_that_fails_at_a_later_layer_fails_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cut runs never reach layer 6: replayed, plan returned figures for a step that cannot run
+    from flopcount.errors import FlopcountError
+
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    with pytest.raises(FlopcountError, match="layer 6 refuses"):
+        flopcount.plan(lambda: Parent("raise"), (torch.randn(512, 64),), fsdp=2)

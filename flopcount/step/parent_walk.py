@@ -1,0 +1,406 @@
+"""The parent's forward proven to treat every middle layer alike before a replay (issue #32).
+
+:mod:`flopcount.step.replay` computes an N-layer step from the step run on the model cut to 3
+layers, checked by the 4-layer run. The layers are proven the same, but the code *around* them
+(the parent's forward: the loop over the stack, anything between two layers, anything after)
+only ever ran for 3 and 4 layers: a parent that does something at layer 6 of 8 (one more op,
+one tensor kept longer, a layer called twice or skipped) would be replayed wrong.
+
+So the parent's forward runs once more on the whole model and once on the model cut to 3
+layers, with every call of a stack layer answered by a stand-in (the layer's real forward runs
+once per distinct input, to learn what it returns; every call then returns fresh tensors of
+that metadata). What the parent does is recorded as a walk, cut into blocks: before the first
+layer, then each layer's call and the parent's ops after it until the next call. Each record:
+
+* an op the parent ran (outside every layer): its name, every argument and output by metadata
+  (shape, stride, offset, dtype, device, requires_grad), Python values by value, other objects
+  by identity, and for each tensor argument which earlier record made it;
+* a layer call: the layer's index (calls must come in order, each layer once, none inside
+  another), its arguments likewise, the grad mode and autocast state, the layer's whole state
+  (every plain attribute, parameter and buffer metadata, hook dictionaries, ``training``: a
+  parent that changes a layer mid-run is seen) and whether process-wide module hooks exist;
+* each tensor hook the parent registers (a public ``TorchFunctionMode`` sees the call) and, at
+  each block's end, the autograd node of each tensor the block made that is alive (a custom
+  ``autograd.Function``'s backward is code of its own);
+* when each tensor the parent handled died (a weak reference's callback; the garbage
+  collector is off while the walk runs, so deaths are those of reference counts).
+
+Positions are written relative: a record that reads, or a death in, another layer's block says
+how many layers back or on (the layer before, the layer after), a block that is neither says
+which (the part before the layers, the first, the last, or middle layer ``j``). The proof: the
+whole model's walk is the cut model's with its middle block repeated, block for block (the
+first, each middle layer against the cut model's layer 1, the last, the part before). Then
+the parent's Python sees every middle layer alike: the same ops with the same metadata, fed by
+the same relative producers, its tensors dying at the same relative places, the same layer
+called once with the same arguments in the same state.
+
+Not seen (said in docs/memory.md): state outside the model that the parent or a layer reads
+and that changes from layer to layer (a global counter, the RNG: LayerDrop's random skips make
+any one step's figure a draw), and an object argument (a cache) passed to every layer whose
+content a layer's forward reads and the parent changes per layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flopcount.core import hooks
+
+__all__ = ["forward_of", "model_state", "parent_proven"]
+
+_VALUES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_VALUE_TYPES = frozenset(_VALUES)
+
+
+class _Broken(Exception):
+    """The walk met something it cannot describe or a call out of order: no proof."""
+
+
+class _Ref:
+    """Which record made a tensor: block, index in the block, output position."""
+
+    __slots__ = ("block", "index", "k")
+
+    def __init__(self, block: int, index: int, k: int):
+        self.block, self.index, self.k = block, index, k
+
+
+class _Walk(TorchDispatchMode):
+    """Records the parent's ops (outside every stack layer), answers the stack's layer calls."""
+
+    def __init__(self, layers: List[nn.Module], hidden: Dict[int, frozenset], outputs: Dict[Any, Any]):
+        super().__init__()
+        self.layers = layers
+        self.position = {id(layer): i for i, layer in enumerate(layers)}
+        self.hidden = hidden  # per module id: the attribute names that differ between layers
+        self.blocks: List[List[Any]] = [[]]
+        self.created: List[List[Tuple[int, int, int]]] = [[]]
+        self.deaths: Dict[Tuple[int, int, int], Tuple[int, int]] = {}
+        self.tokens: Dict[int, Tuple[int, int, int]] = {}  # id(tensor) -> token, while it lives
+        self.refs: Dict[int, Tuple[Any, Tuple[int, int, int], int]] = {}
+        self.objects: Dict[int, Tuple[int, Any]] = {}  # id -> (order, the object, kept: its id stays its own)
+        self.outputs = outputs  # a layer call's input metadata and state -> its output's (shared by both walks)
+        self.depth = 0
+        self.block = 0
+        self.error: Optional[str] = None
+
+    # ------------------------------------------------------------------ recording
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.depth == 0 and self.error is None:
+            try:
+                record = ("op", str(func), self._describe(args, True), self._describe(kwargs or {}, True), self._describe(out, False))
+                self._add(record, out)
+            except _Broken as exc:
+                self.error = str(exc)
+        return out
+
+    def _add(self, record: Any, out: Any) -> None:
+        block = self.blocks[self.block]
+        index = len(block)
+        block.append(record)
+        for k, t in enumerate(_tensors(out)):
+            self._track(t, (self.block, index, k))
+
+    def _track(self, tensor: torch.Tensor, token: Tuple[int, int, int]) -> None:
+        if id(tensor) in self.tokens:
+            return  # an op returned a tensor it was given (an in-place op): made earlier
+        self.tokens[id(tensor)] = token
+        self.created[token[0]].append(token)
+        key = id(tensor)
+
+        def died(ref: Any, key: int = key, token: Tuple[int, int, int] = token) -> None:
+            self.deaths[token] = (self.block, len(self.blocks[self.block]) if self.block < len(self.blocks) else 0)
+            self.tokens.pop(key, None)
+            self.refs.pop(id(ref), None)
+
+        ref = weakref.ref(tensor, died)
+        self.refs[id(ref)] = (ref, token, key)
+
+    def _describe(self, value: Any, producers: bool) -> Any:
+        if isinstance(value, torch.Tensor):
+            meta = _meta(value)
+            if not producers:
+                return meta
+            token = self.tokens.get(id(value))
+            return (meta, _Ref(*token) if token is not None else None)
+        if isinstance(value, _VALUES):
+            return (type(value).__name__, value)
+        if isinstance(value, (tuple, list)):
+            return (type(value).__name__, tuple(self._describe(v, producers) for v in value))
+        if isinstance(value, dict):
+            return ("dict", tuple((k, self._describe(v, producers)) for k, v in value.items()))
+        seen = self.objects.setdefault(id(value), (len(self.objects), value))
+        return ("object", type(value).__name__, seen[0])
+
+    # ------------------------------------------------------------------ the stack's layers
+
+    def stand_in(self, layer: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.depth:
+                raise _Broken("a stack layer called inside another")
+            position = self.position[id(layer)]
+            if position != self.block:  # block b holds layer b - 1's call: the next expected is layer self.block
+                raise _Broken(f"layer {position} called where layer {self.block} was due")
+            self.seal()
+            self.block += 1
+            self.blocks.append([])
+            self.created.append([])
+            settings = (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), hooks.process_hooks_present())
+            key = (self._describe(args, False), self._describe(kwargs, False), settings, self._state(layer))
+            # the settings and the state as one number (equal ones, the same number in both walks)
+            setting = self.outputs.setdefault(("state", key[2:]), len(self.outputs))
+            record = ("call", self._describe(args, True), self._describe(kwargs, True), setting)
+            self.depth += 1
+            try:
+                if key not in self.outputs:
+                    self.outputs[key] = self._shape_of(forward(*args, **kwargs), args, kwargs)
+                out = self._made(self.outputs[key], args, kwargs)
+            finally:
+                self.depth -= 1
+            self._add(record, out)
+            return out
+
+        return call
+
+    def seal(self) -> None:
+        """The block's last record: the autograd node of each tensor it made that is alive (a
+        custom Function's backward is its own code: one applied for one layer is seen)."""
+        made: List[Any] = []
+        for ref, token, _ in list(self.refs.values()):
+            tensor = ref() if token[0] == self.block else None
+            if tensor is not None:
+                made.append((token[1], token[2], type(tensor.grad_fn).__name__))
+        self.blocks[self.block].append(("seal", tuple(sorted(made))))
+
+    def hooked(self, name: str, tensor: Any) -> None:
+        """A tensor hook registered by the parent (it runs in the backward): a record."""
+        if self.depth == 0 and self.error is None:
+            try:
+                self._add(("hook", name, self._describe(tensor, True)), None)
+            except _Broken as exc:
+                self.error = str(exc)
+
+    def _state(self, layer: nn.Module) -> Tuple[Any, ...]:
+        parts: List[Any] = []
+        for module in layer.modules():
+            hidden = self.hidden.get(id(module), frozenset())
+            for name, value in vars(module).items():
+                if name in hidden or name in ("_modules", "forward"):  # forward: the stand-in (find_stack refused any other)
+                    continue
+                parts.append((name, _attribute(value)))
+        return tuple(parts)
+
+    def _shape_of(self, out: Any, args: Any, kwargs: Any) -> Any:
+        given = {id(t): i for i, t in enumerate(_tensors((args, kwargs)))}
+        if isinstance(out, torch.Tensor):
+            if id(out) in given:
+                return ("given", given[id(out)])
+            return ("tensor", _meta(out))
+        if isinstance(out, (tuple, list)) and type(out) in (tuple, list):
+            return (type(out).__name__, tuple(self._shape_of(v, args, kwargs) for v in out))
+        if isinstance(out, _VALUES):
+            return ("value", out)
+        raise _Broken(f"a stack layer returned a {type(out).__name__}")
+
+    def _made(self, shape: Any, args: Any, kwargs: Any) -> Any:
+        kind, what = shape
+        if kind == "given":
+            return _tensors((args, kwargs))[what]
+        if kind == "value":
+            return what
+        if kind in ("tuple", "list"):
+            items = [self._made(s, args, kwargs) for s in what]
+            return tuple(items) if kind == "tuple" else items
+        shape_, stride, offset, dtype, device, requires_grad = what
+        made = torch.empty_strided(shape_, stride, dtype=dtype, device=device)
+        if requires_grad:
+            made = made.requires_grad_().clone()  # not a leaf: the parent may change it in place
+        if _meta(made) != what or offset:
+            raise _Broken("a stack layer's output cannot be stood in for")
+        return made
+
+    # ------------------------------------------------------------------ the walk, written relative
+
+    def written(self) -> List[Tuple[Any, ...]]:
+        """Each block (0: before the layers; ``b``: layer ``b - 1``'s call and the ops after it)
+        with its records and its tensors' deaths, every position written relative."""
+        layers = len(self.layers)
+        out = []
+        for b, records in enumerate(self.blocks):
+            deaths: List[Tuple[Any, ...]] = []
+            for token in self.created[b]:
+                death = self.deaths.get(token)
+                if death is None:
+                    deaths.append((token[1], token[2], "alive"))
+                elif death[0] > layers:
+                    deaths.append((token[1], token[2], "end"))
+                else:
+                    deaths.append((token[1], token[2], _relative(b, death[0], layers), death[1]))
+            out.append((tuple(_written(r, b, layers) for r in records), tuple(deaths)))
+        return out
+
+
+class _TensorHooks(TorchFunctionMode):
+    """Tells the walk of each tensor hook registered while it runs (not an op: the dispatch
+    level does not see it)."""
+
+    NAMES = {"register_hook", "register_post_accumulate_grad_hook"}
+
+    def __init__(self, walk: _Walk):
+        super().__init__()
+        self.walk = walk
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES and args:
+            self.walk.hooked(name, args[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _attribute(value: Any) -> Any:
+    """A layer attribute as the state key holds it: tensors by metadata, Python values by value,
+    containers by content (hook dictionaries by their hooks' identity), other objects by identity
+    (find_stack proved them the same object in every layer)."""
+    kind = type(value)
+    if kind in _VALUE_TYPES:
+        return (kind.__name__, value)
+    if (kind is dict or kind is set or kind is OrderedDict) and not value:
+        return (kind.__name__,)
+    if isinstance(value, torch.Tensor):
+        return _meta(value)
+    if isinstance(value, _VALUES):
+        return (type(value).__name__, value)
+    if type(value) in (tuple, list):
+        return (type(value).__name__, tuple(_attribute(v) for v in value))
+    if isinstance(value, (set, frozenset)):
+        return ("set", tuple(sorted(repr(_attribute(v)) for v in value)))
+    if isinstance(value, dict):
+        return ("dict", tuple((repr(k), _attribute(v)) for k, v in value.items()))
+    return ("object", id(value))
+
+
+def _relative(frm: int, to: int, layers: int) -> Any:
+    if 1 <= frm <= layers and 1 <= to <= layers:
+        return ("layer", to - frm)
+    if to == 0:
+        return ("before",)
+    return ("first",) if to == 1 else ("last",) if to == layers else ("middle", to - 1)
+
+
+def _written(value: Any, at: int, layers: int) -> Any:
+    if isinstance(value, _Ref):
+        return (_relative(at, value.block, layers), value.index, value.k)
+    if isinstance(value, tuple):
+        return tuple(_written(v, at, layers) for v in value)
+    return value
+
+
+def _meta(t: torch.Tensor) -> Tuple[Any, ...]:
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device, t.requires_grad)
+
+
+def _tensors(value: Any) -> List[torch.Tensor]:
+    """The tensors in ``value`` (nested tuples, lists, dicts), in order. Iterative: a recursive
+    closure would be a reference cycle, which keeps the tensors alive while the collector is off."""
+    out: List[torch.Tensor] = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            todo.extend(reversed(v))
+        elif isinstance(v, dict):
+            todo.extend(reversed(list(v.values())))
+    return out
+
+
+def _walk(
+    model: nn.Module, layers: List[nn.Module], hidden: Dict[int, frozenset], run: Callable[[nn.Module], Any],
+    outputs: Dict[Any, Any],
+) -> List[Tuple[Any, ...]]:
+    walk = _Walk(layers, hidden, outputs)
+    originals = [layer.__dict__.get("forward") for layer in layers]
+    for layer in layers:
+        layer.__dict__["forward"] = walk.stand_in(layer, layer.forward)
+    enabled = gc.isenabled()
+    gc.disable()  # deaths by reference counts only: the same every run
+    try:
+        with _TensorHooks(walk), walk:
+            out = run(model)
+            walk.seal()
+            walk.block = len(layers) + 1  # the forward has returned: what dies now dies at its end
+            walk.blocks.append([])
+            walk.created.append([])
+            del out
+    finally:
+        walk.depth = 1  # no more records (the stand-ins' tensors die as the walk is dropped)
+        for layer, original in zip(layers, originals):
+            if original is None:
+                layer.__dict__.pop("forward", None)
+            else:
+                layer.__dict__["forward"] = original
+        if enabled:
+            gc.enable()
+    if walk.error is not None:
+        raise _Broken(walk.error)
+    if walk.block != len(layers) + 1 or len(walk.blocks) != len(layers) + 2:
+        raise _Broken("not every layer was called")
+    written = walk.written()
+    walk.refs.clear()
+    return written
+
+
+def model_state(model: nn.Module) -> Tuple[Any, ...]:
+    """Every module's plain state (attributes, parameters' and buffers' metadata, hooks), to see
+    that a walk of the forward changed nothing."""
+    return tuple((name, _attribute(vars(module))) for name, module in model.named_modules(remove_duplicate=False))
+
+
+def forward_of(
+    args: Any, kwargs: Any, grad: bool, amp: Optional[torch.dtype], device_type: str,
+) -> Callable[[nn.Module], Any]:
+    """The step's forward as :func:`flopcount.step.runner.run_step` runs it (grad mode, autocast)."""
+    from flopcount.step.runner import autocast_nested
+
+    def run(model: nn.Module) -> Any:
+        inside: Any = contextlib.nullcontext()
+        if amp is not None:
+            inside = torch.autocast(device_type, dtype=amp, cache_enabled=not autocast_nested())
+        with torch.set_grad_enabled(grad), inside:
+            return model(*args, **kwargs)
+
+    return run
+
+
+def parent_proven(stack: Any, run: Callable[[nn.Module], Any], model: nn.Module, cut: Callable[[int], Any]) -> bool:
+    """Whether ``model``'s forward (``run(model)``, the step's forward as the step runs it:
+    grad mode, autocast, fake or meta tensors) treats every middle layer of ``stack`` alike:
+    its walk over all the layers is its walk over the first 3 (``cut(3)``: the context that
+    cuts the stack) with the middle block repeated. False when it differs or cannot be walked."""
+    layers = [stack.layer(i) for i in range(len(stack))]
+    hidden: Dict[int, frozenset] = {}
+    for pairs in stack.differing:
+        for module, name in pairs:
+            hidden[id(module)] = hidden.get(id(module), frozenset()) | {name}
+    try:
+        outputs: Dict[Any, Any] = {}
+        with cut(3):
+            short = _walk(model, layers[:3], hidden, run, outputs)
+        whole = _walk(model, layers, hidden, run, outputs)
+    except Exception:  # the forward cannot be walked (the traced step says why, where it fails too)
+        return False
+    n = len(layers)
+    expected = [short[0], short[1]] + [short[2]] * (n - 2) + [short[3], short[4]]
+    return whole == expected
