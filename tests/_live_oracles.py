@@ -55,6 +55,28 @@ def held_bytes(obj: Any) -> int:
     return sum(storages.values())
 
 
+def warmed_step_peak(model: nn.Module, x: torch.Tensor, optimizer: type) -> int:
+    """MemTracker's peak of a real training step on a copy (sum loss, backward, ``optimizer``'s
+    step), its state made first by one step on zero gradients: the steady-state step."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    real = copy.deepcopy(model)
+    opt = optimizer(real.parameters())
+    for p in real.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(real, opt, x)
+    with tracker:
+        loss = real(x).sum()
+        loss.backward()
+        del loss
+        opt.step()
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return int(peak["Total"])
+
+
 def amp_step_peak(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, backward: bool,
               adam: bool, amp: Optional[torch.dtype], everything_under_autocast: bool = False) -> int:
     """MemTracker's peak of the real step on a copy: forward + loss under autocast(amp), then

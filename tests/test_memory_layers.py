@@ -18,6 +18,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
+from _layer_stacks import BATCH, SEQ, VOCAB, llama
+from _layer_stacks import bert as _bert
+from _layer_stacks import encoder as _encoder
+from _layer_stacks import gpt2 as _gpt2
+from _layer_stacks import ids as _ids
+from _live_oracles import warmed_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
 
@@ -25,42 +31,10 @@ import flopcount.memory.estimate as estimate_module
 from flopcount.memory.estimate import estimate_memory
 
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
-BATCH, SEQ, VOCAB = 2, 16, 128
 
 
 def _llama() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        num_hidden_layers=7, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-        vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
-    )
-    return LlamaForCausalLM(config)
-
-
-def _gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(
-        n_layer=6, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, use_cache=False,
-    )
-    return GPT2LMHeadModel(config)
-
-
-def _bert() -> nn.Module:
-    from transformers import BertConfig, BertModel
-
-    config = BertConfig(
-        num_hidden_layers=6, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB,
-        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )
-    return BertModel(config, add_pooling_layer=False)
-
-
-def _encoder() -> nn.Module:
-    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
-    return nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+    return llama(intermediate_size=96)
 
 
 class Block(nn.Module):
@@ -90,10 +64,6 @@ class Blocks(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
-
-
-def _ids() -> torch.Tensor:
-    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
 
 
 CASES: Dict[str, Tuple[Callable[[], nn.Module], Callable[[], Tuple[Any, Dict[str, Any]]]]] = {
@@ -162,21 +132,7 @@ def test_the_replay_matches_torchs_memtracker_on_a_real_run(monkeypatch: pytest.
     x = torch.randn(BATCH * 4, 32)
     on, off, used = _estimates(monkeypatch, model, (x,), {}, backward=True, optimizer="adam")
     assert used == [True, False] and on == off
-    real = copy.deepcopy(model)
-    opt = torch.optim.Adam(real.parameters())
-    for p in real.parameters():
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(real, opt, x)
-    with tracker:
-        loss = real(x).sum()
-        loss.backward()
-        del loss
-        opt.step()
-    (peak,) = tracker.get_tracker_snapshot("peak").values()
-    assert on.peak_bytes == peak["Total"]
+    assert on.peak_bytes == warmed_step_peak(model, x, torch.optim.Adam)
 
 
 def test_a_layer_that_differs_where_the_forward_reads_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:

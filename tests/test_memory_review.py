@@ -6,12 +6,12 @@ warm-up (``FLOPCOUNT_REUSE=0``) for the count's optimizer step."""
 
 from __future__ import annotations
 
-import copy
 import warnings
 from typing import Any, List
 
 import pytest
 import torch
+from _live_oracles import warmed_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
 
@@ -57,21 +57,7 @@ def test_adagrad_is_estimated_on_fakes_as_memtracker_measures_it(spec: Any) -> N
     assert result.peak_phase == "optimizer"
     assert result.at_peak.optimizer_state == state + 4 * 256 * 64 + 4 * 256
     assert result.at_peak.gradients == result.at_peak.parameters == sum(4 * p.numel() for p in params)
-    real = copy.deepcopy(model)
-    opt = torch.optim.Adagrad(real.parameters())
-    for p in real.parameters():
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(real, opt, x)
-    with tracker:
-        loss = real(x).sum()
-        loss.backward()
-        del loss
-        opt.step()
-    (peak,) = tracker.get_tracker_snapshot("peak").values()
-    assert result.peak_bytes == peak["Total"]
+    assert result.peak_bytes == warmed_step_peak(model, x, torch.optim.Adagrad)
 
 
 def test_the_counts_optimizer_step_is_warmed_up_one_parameter_per_kind(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,41 +17,14 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
+from _layer_stacks import BATCH, SEQ
+from _layer_stacks import encoder as _encoder
+from _layer_stacks import gpt2 as _gpt2
+from _layer_stacks import ids as _ids
+from _layer_stacks import llama as _llama
 from torch import nn
 
 import flopcount
-
-VOCAB, BATCH, SEQ = 128, 2, 16
-
-
-def _llama() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        num_hidden_layers=7, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-        vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
-    )
-    return LlamaForCausalLM(config)
-
-
-def _gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(
-        n_layer=6, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, use_cache=False,
-    )
-    return GPT2LMHeadModel(config)
-
-
-def _encoder() -> nn.Module:
-    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
-    return nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
-
-
-def _ids() -> torch.Tensor:
-    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-
 
 CASES: List[Tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor], Dict[str, Any]]] = [
     ("llama-fsdp2-tp2", _llama, _ids, {"fsdp": 2, "tp": 2}),

@@ -1,0 +1,48 @@
+"""Tiny stacks of identical layers (transformers' LLaMA, GPT-2 and BERT, torch's encoder) built
+from code, for the tests of the repeated-layer replay in estimate_memory and plan."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+BATCH, SEQ, VOCAB = 2, 16, 128
+
+
+def llama(intermediate_size: int = 128, layers: int = 7) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=layers, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=intermediate_size, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=6, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, use_cache=False,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def bert() -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        num_hidden_layers=6, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    return BertModel(config, add_pooling_layer=False)
+
+
+def encoder() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
