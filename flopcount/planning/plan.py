@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -139,15 +139,21 @@ def plan(
         groups = mesh_groups(mesh)
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)
-        layered = _layered_step(
-            build, mesh, fsdp, tp, tp_plan, compute, args, kw, optimizer, loss_fn, groups, backend, amp, _registry(registry),
-        )
-        if layered is not None:
-            prefix, wrapped, record, dtype = layered
-        else:
+
+        def planned(stateless: FrozenSet[str]) -> Tuple[str, int, StepRecord, str]:
+            layered = _layered_step(
+                build, mesh, fsdp, tp, tp_plan, compute, args, kw, optimizer, loss_fn, groups, backend, amp,
+                _registry(registry), stateless,
+            )
+            if layered is not None:
+                return layered
             model = _built(build)
             prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-            record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp)
+            return (prefix, wrapped, *_fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, stateless=stateless))
+
+        prefix, wrapped, record, dtype = planned(frozenset())
+        if record.gradless:  # parameters the step gives no gradient: planned again without their optimizer state
+            prefix, wrapped, record, dtype = planned(record.gradless)
     if compute is not None or amp is not None:
         dtype = str(compute or amp).replace("torch.", "")
     costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
@@ -221,6 +227,7 @@ def _layered_step(
     build: Callable[[], nn.Module], mesh: Any, fsdp: int, tp: int, tp_plan: Optional[Mapping[str, Any]],
     compute: Optional[torch.dtype], args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
     groups: Mapping[str, Any], backend: str, amp: Optional[torch.dtype], registry: HandlerRegistry,
+    stateless: FrozenSet[str] = frozenset(),
 ) -> Optional[Tuple[str, int, StepRecord, str]]:
     """Rank 0's step with its repeated layers replayed (flopcount.step.replay, as
     estimate_memory): the model built, cut to 3 layers (the template) and to 4 (the check),
@@ -248,7 +255,9 @@ def _layered_step(
         try:
             with truncated(stack, keep):
                 prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-                record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, replay, opt_of)
+                record, dtype = _fake_step(
+                    model, args, kw, optimizer, loss_fn, groups, backend, amp, replay, opt_of, stateless
+                )
         except Exception:  # the cut model cannot run as the whole: the whole is traced
             return None
         list_name = replay.tracker._mod_tracker.get_known_fqn(stack.layers) if replay.tracker is not None else None
@@ -281,7 +290,7 @@ def _layered_step(
     record = StepRecord(
         tuple(template.spread(n, stamps3, events3)),
         tuple(template.spread(n, rec3.collective_stamps, rec3.collectives)),
-        peak, state, {},
+        peak, state, {}, record3.gradless | record4.gradless,
     )
     return prefix, wrapped3 + extra * (wrapped4 - wrapped3), record, dtype
 
@@ -335,9 +344,11 @@ def _plain(value: Any) -> Any:
 def _fake_step(
     model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
     groups: Mapping[str, Any], backend: str = "nccl", amp: Optional[torch.dtype] = None,
-    replay: Optional[Replay] = None, opt_of: Optional[List[Any]] = None,
+    replay: Optional[Replay] = None, opt_of: Optional[List[Any]] = None, stateless: FrozenSet[str] = frozenset(),
 ) -> Tuple[StepRecord, str]:
-    """Materialise the sharded model as fake tensors on cpu, then run and record one step."""
+    """Materialise the sharded model as fake tensors on cpu, then run and record one step.
+    ``stateless``: names of parameters the warm-up gives no optimizer state (the step gives
+    them no gradient: :attr:`StepRecord.gradless`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     tensors, rebuild = flatten_tensors((args, dict(kw)))
@@ -359,7 +370,16 @@ def _fake_step(
             # the steady state: every step after the first starts with the optimizer state
             # allocated, so it is there through the forward and backward (the first step's
             # peak is lower by up to the state's size; a plan sizes every step)
-            warm_up(opt, "plan", reuse=True)  # fake tensors: one step per kind of parameter
+            # (a parameter the step gives no gradient gets none in a real run: the optimizer
+            # skips it, so its state is never made; it sits out the warm-up)
+            held = [p for name, p in model.named_parameters() if name in stateless and p.requires_grad]
+            for p in held:
+                p.requires_grad_(False)
+            try:
+                warm_up(opt, "plan", reuse=True)  # fake tensors: one step per kind of parameter
+            finally:
+                for p in held:
+                    p.requires_grad_(True)
         try:
             record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp, replay=replay)
         except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is

@@ -10,8 +10,9 @@ on a real rank (gloo or nccl), which is how the plan is checked against reality.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -79,6 +80,9 @@ class StepRecord:
     memory_peak: Mapping[str, int]
     state_bytes: Mapping[str, int]
     module_calls: Mapping[str, int]
+    #: names of the trainable parameters the step gave no gradient (a layer the forward skips,
+    #: an unused head) that hold optimizer state: a real run's steady state holds none for them
+    gradless: FrozenSet[str] = frozenset()
 
 
 def make_optimizer(optimizer: Union[OptimizerSpec, None], model: nn.Module) -> Optional[torch.optim.Optimizer]:
@@ -222,8 +226,34 @@ def _memory_tracker(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
-        return peak_tracker(private("FSDPMemTracker"))(model, optimizer)
+        return _skipping_tolerated(peak_tracker(private("FSDPMemTracker")))(model, optimizer)
     return peak_tracker(private("MemTracker"))()
+
+
+def _skipping_tolerated(base: type) -> type:
+    """``base`` (over torch's FSDPMemTracker) that lets an FSDP2 module the forward never
+    called (a skipped layer, an unused head wrapped on its own) go through backward as FSDP2
+    does. torch's tracker wraps each parameter group's ``post_backward`` (FSDP2 calls it for
+    every group at the end of backward, run or not) and reads ``memory_tracking[module]`` and
+    each parameter's unsharded copy there; a module that never ran forward has neither (FSDP2
+    itself checks for the copy and skips the group: no gradient, no reduce-scatter), and
+    torch's wrapper raised ``AttributeError: 'FSDPParam' object has no attribute
+    '_unsharded_param'``. For such a module FSDP2's own ``post_backward`` is called, unwatched:
+    it allocates nothing, so there is nothing to watch."""
+
+    class SkipTolerant(base):  # type: ignore[misc, valid-type]
+        def _fsdp_param_group_post_backward(self, fsdp_mod: nn.Module, orig: Callable[..., Any]) -> Callable[..., Any]:
+            watched = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+            @functools.wraps(orig)
+            def post_backward(*args: Any, **kwargs: Any) -> Any:
+                if fsdp_mod not in self.memory_tracking:  # its forward never ran in this step
+                    return orig(*args, **kwargs)
+                return watched(*args, **kwargs)
+
+            return post_backward
+
+    return SkipTolerant
 
 
 def record_step(
@@ -278,5 +308,18 @@ def record_step(
                 name = str(getattr(key, "value", key))  # a _RefType enum member, or "Total"
                 peak[name] = peak.get(name, 0) + int(value)
     return StepRecord(
-        tuple(recorder.events), tuple(recorder.collectives), peak, state_bytes(model, optimizer), dict(modules.calls)
+        tuple(recorder.events), tuple(recorder.collectives), peak, state_bytes(model, optimizer), dict(modules.calls),
+        gradless(model, optimizer),
+    )
+
+
+def gradless(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> FrozenSet[str]:
+    """Names of ``model``'s trainable parameters that have no gradient after a step and yet
+    hold optimizer state. torch's optimizers skip a parameter without a gradient, so in a real
+    run they never make its state (the state an optimizer makes in its constructor, Adagrad's,
+    is there in the real run too); plan's warm-up must not make it either."""
+    if optimizer is None or not optimizer.state:
+        return frozenset()
+    return frozenset(
+        name for name, p in model.named_parameters() if p.requires_grad and p.grad is None and p in optimizer.state
     )

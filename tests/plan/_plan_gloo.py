@@ -77,7 +77,41 @@ def tiny_llama7() -> nn.Module:
     return LlamaForCausalLM(config)
 
 
+class SkippedLayer(nn.Module):
+    """8 Linear+ReLU blocks in a ModuleList; the forward skips block 6 (``continue``): FSDP2 wraps
+    it like the others, and it never runs (issue: plan failed on it)."""
+
+    def __init__(self, width: int = 64, depth: int = 8, skip: int = 6) -> None:
+        super().__init__()
+        self.skip = skip
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            if index == self.skip:
+                continue
+            x = layer(x)
+        return x
+
+
+class UnusedHead(nn.Module):
+    """4 Linear+ReLU blocks and a head, plus a second head (``pooler``) the forward never calls:
+    its parameters are the root's, sharded with the root's parameter group."""
+
+    def __init__(self, width: int = 64, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth))
+        self.head = nn.Linear(width, width)
+        self.pooler = nn.Linear(width, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
 BUILDERS = {
+    "skipped_layer": SkippedLayer, "unused_head": UnusedHead,
     "llama": tiny_llama, "encoder": tiny_encoder, "gpt2": tiny_gpt2, "gpt2_tied": lambda: tiny_gpt2(tied=True),
     "qwen2": tiny_qwen2, "mistral": tiny_mistral, "llama7": tiny_llama7,
 }
