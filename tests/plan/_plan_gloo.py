@@ -95,10 +95,11 @@ class SkippedLayer(nn.Module):
 
 
 class UnusedHead(nn.Module):
-    """4 Linear+ReLU blocks and a head, plus a second head (``pooler``) the forward never calls:
-    its parameters are the root's, sharded with the root's parameter group."""
+    """8 Linear+ReLU blocks and a head, plus a second head (``pooler``) the forward never calls:
+    its parameters are the root's, sharded with the root's parameter group. (8 blocks: plan
+    replays the stack, flopcount.step.replay.)"""
 
-    def __init__(self, width: int = 64, depth: int = 4) -> None:
+    def __init__(self, width: int = 64, depth: int = 8) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth))
         self.head = nn.Linear(width, width)
