@@ -241,7 +241,7 @@ def _skipping_tolerated(base: type) -> type:
     '_unsharded_param'``. For such a module FSDP2's own ``post_backward`` is called, unwatched:
     it allocates nothing, so there is nothing to watch."""
 
-    class SkipTolerant(base):  # type: ignore[misc, valid-type]
+    class SkipTolerant(base):
         def _fsdp_param_group_post_backward(self, fsdp_mod: nn.Module, orig: Callable[..., Any]) -> Callable[..., Any]:
             watched = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
 
