@@ -82,3 +82,29 @@ def test_the_counts_optimizer_step_is_warmed_up_one_parameter_per_kind(monkeypat
     off = flopcount.count_flops(model, (x,), backward=True, optimizer="adam")
     assert calls == [12]  # off: the full warm-up, torch's own step on every parameter
     assert on.to_dict() == off.to_dict()
+
+
+@pytest.mark.parametrize("reuse", ["1", "0"])
+def test_a_parameter_the_step_gives_no_gradient_holds_no_optimizer_state(reuse: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a model with a head its forward never calls (8 Linear(64, 64) blocks + head, pooler Linear(64, 32)):
+    # AdamW skips a parameter without a gradient, so a real loop never makes the pooler's state.
+    # Before, the warm-up gave it state: 665,296 B against the real loop's 648,648 B, the
+    # difference the pooler's 2 x (64 x 32 + 32) x 4 B = 16,640 B of moments + 2 x 4 B of steps.
+    # Oracle: torch's MemTracker on a real AdamW loop (the steady state's third step), and the
+    # one-rank plan of the same model, which must equal it by construction (issue #27 item 2).
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "plan"))
+    from _plan_gloo import UnusedHead, example_input
+    from test_plan_skipped_modules import _real_steady_peak
+
+    monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
+    x = example_input("unused_head")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = _real_steady_peak(x)
+        torch.manual_seed(0)
+        estimate = flopcount.estimate_memory(UnusedHead().train(), (x,), backward=True, optimizer="adamw")
+        planned = flopcount.plan(UnusedHead, (x,), on=None)
+    assert estimate.peak_bytes == real == planned.peak_bytes

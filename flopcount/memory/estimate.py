@@ -22,7 +22,7 @@ import json
 import threading
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ from flopcount.core.state import preserved_rng
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
-from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, per_parameter, warm_up
+from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, gradless, per_parameter, warm_up
 from flopcount.step.parent_walk import forward_of, parent_proven
 from flopcount.step.replay import (
     Figures,
@@ -237,7 +237,10 @@ def _refuse_lazy(model: nn.Module) -> None:
 def _estimate(
     model: nn.Module, call: Any, description: str, backward: bool, optimizer: Optional[OptimizerSpec],
     cast: Optional[torch.dtype], amp: Optional[torch.dtype], loss_fn: Optional[LossFn] = None,
+    stateless: FrozenSet[str] = frozenset(),
 ) -> MemoryEstimate:
+    """``stateless``: names of parameters the step gives no gradient (found by a first run):
+    the warm-up gives them no optimizer state, as a real run's optimizer never makes it."""
     facts = model_facts(model)
     try:
         copied = fake_copies(model, list(call.tensors), call.rebuild, dtype=cast, storages=True, retie=True, modules=facts.modules)
@@ -252,11 +255,16 @@ def _estimate(
         trainable = [p for p in twin.parameters() if p.requires_grad]
         with mode:  # an optimizer that makes state in its constructor (Adagrad) makes fake state
             opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
-            warm_up(opt, "estimate_memory", reuse=True)  # one step per kind of parameter on fakes
+            warm_up(opt, "estimate_memory", reuse=True, model=twin, stateless=stateless)  # one step per kind on fakes
     names = facts.names_on(copied.copies)
     step = (twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
     figures = _layered(*step)
     if figures is not None:
+        # the layers past the cut ran in no run (their gradients are None): the check proved them alike
+        stack = find_stack(twin)
+        found = gradless(twin, opt, skip=list(stack.layers.parameters()) if stack is not None else ())
+        if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
+            return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
         return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
     for param in twin.parameters():
         param.grad = None  # a cut run that stopped may have left some
@@ -267,6 +275,10 @@ def _estimate(
         real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn)
         tracker, twin, names = real.tracker, real.model, real.names
         notes = copied.notes + ambient_autocast_note(amp) + [real.note]
+    else:
+        found = gradless(twin, opt)
+        if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
+            return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
     return _collect(_figures(tracker, names), twin, names, backward, opt_name, cast, description, notes)
 
 

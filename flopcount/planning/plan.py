@@ -372,14 +372,7 @@ def _fake_step(
             # peak is lower by up to the state's size; a plan sizes every step)
             # (a parameter the step gives no gradient gets none in a real run: the optimizer
             # skips it, so its state is never made; it sits out the warm-up)
-            held = [p for name, p in model.named_parameters() if name in stateless and p.requires_grad]
-            for p in held:
-                p.requires_grad_(False)
-            try:
-                warm_up(opt, "plan", reuse=True)  # fake tensors: one step per kind of parameter
-            finally:
-                for p in held:
-                    p.requires_grad_(True)
+            warm_up(opt, "plan", reuse=True, model=model, stateless=stateless)  # fake tensors: one step per kind
         try:
             record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp, replay=replay)
         except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is

@@ -19,7 +19,7 @@ from torch import nn
 
 from flopcount.planning.world import PlanError, private
 from flopcount.step.autocast import amp_device
-from flopcount.step.optimizers import OptimizerSpec, build_optimizer
+from flopcount.step.optimizers import OptimizerSpec, build_optimizer, gradless
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack, module_names
 from flopcount.tracers._recorder import Recorder, _signature
@@ -312,14 +312,3 @@ def record_step(
         gradless(model, optimizer),
     )
 
-
-def gradless(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> FrozenSet[str]:
-    """Names of ``model``'s trainable parameters that have no gradient after a step and yet
-    hold optimizer state. torch's optimizers skip a parameter without a gradient, so in a real
-    run they never make its state (the state an optimizer makes in its constructor, Adagrad's,
-    is there in the real run too); plan's warm-up must not make it either."""
-    if optimizer is None or not optimizer.state:
-        return frozenset()
-    return frozenset(
-        name for name, p in model.named_parameters() if p.requires_grad and p.grad is None and p in optimizer.state
-    )

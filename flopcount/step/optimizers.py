@@ -11,16 +11,32 @@ never stepped.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import (
+    Any,
+    Callable,
+    Collection,
+    Dict,
+    FrozenSet,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 import torch
+from torch import nn
 
 from flopcount.errors import UsageError
 from flopcount.types import OPTIMIZERS
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "per_parameter", "warm_up"]
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "gradless", "per_parameter", "warm_up"]
 
 OptimizerSpec = Union[str, torch.optim.Optimizer, Type[torch.optim.Optimizer], Callable[[List[torch.Tensor]], Any]]
 
@@ -138,7 +154,39 @@ def per_parameter(opt: Any) -> bool:
     return type(opt) in _PER_PARAMETER
 
 
-def warm_up(opt: torch.optim.Optimizer, caller: str, *, reuse: bool = False) -> None:
+def gradless(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], skip: Collection[nn.Parameter] = ()) -> FrozenSet[str]:
+    """Names of ``model``'s trainable parameters that have no gradient after a step and yet
+    hold optimizer state (``skip``: parameters not to judge). torch's optimizers skip a
+    parameter without a gradient, so in a real run they never make its state (the state an
+    optimizer makes in its constructor, Adagrad's, is there in the real run too); a warm-up
+    must not make it either (``warm_up(..., stateless=)``)."""
+    if optimizer is None or not optimizer.state:
+        return frozenset()
+    skipped = {id(p) for p in skip}
+    return frozenset(
+        name for name, p in model.named_parameters()
+        if p.requires_grad and p.grad is None and p in optimizer.state and id(p) not in skipped
+    )
+
+
+@contextlib.contextmanager
+def _sitting_out(model: Optional[nn.Module], names: Collection[str]) -> Iterator[None]:
+    """``model``'s parameters named in ``names`` frozen while the block runs (a warm-up then
+    gives them no state), put back after."""
+    held = [p for name, p in model.named_parameters() if name in names and p.requires_grad] if model is not None and names else []
+    for p in held:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in held:
+            p.requires_grad_(True)
+
+
+def warm_up(
+    opt: torch.optim.Optimizer, caller: str, *, reuse: bool = False, model: Optional[nn.Module] = None,
+    stateless: Collection[str] = (),
+) -> None:
     """One step on zero gradients, so the optimizer state exists as in every step after the
     first (the steady state); gradients are then set to None.
 
@@ -149,18 +197,23 @@ def warm_up(opt: torch.optim.Optimizer, caller: str, *, reuse: bool = False) -> 
     of that kind gets a clone of its state (same keys, tensors of the same metadata, one
     storage each, aliases kept), in the order a full step would have made them. The state is
     then the one a full warm-up makes, tensor for tensor; other optimizers (LBFGS, a
-    subclass, a user's class) are stepped in full."""
+    subclass, a user's class) are stepped in full.
+
+    ``stateless``: names of ``model``'s parameters the step gives no gradient (:func:`gradless`
+    of an earlier run): they sit out the warm-up, as a real run's optimizer never makes their
+    state."""
     from flopcount.tracers._reuse import reuse_enabled  # the one on/off switch of #32's reuse
 
-    if reuse and type(opt) in _PER_PARAMETER and reuse_enabled():
-        _warm_up_by_kind(opt, caller)
-        return
-    for group in opt.param_groups:
-        for param in group["params"]:
-            if param.requires_grad:
-                param.grad = torch.zeros_like(param)
-    _step(opt, caller)
-    opt.zero_grad(set_to_none=True)
+    with _sitting_out(model, stateless):
+        if reuse and type(opt) in _PER_PARAMETER and reuse_enabled():
+            _warm_up_by_kind(opt, caller)
+            return
+        for group in opt.param_groups:
+            for param in group["params"]:
+                if param.requires_grad:
+                    param.grad = torch.zeros_like(param)
+        _step(opt, caller)
+        opt.zero_grad(set_to_none=True)
 
 
 def _step(opt: torch.optim.Optimizer, caller: str) -> None:
