@@ -22,7 +22,7 @@ from flopcount.step.optimizers import OptimizerSpec, build_optimizer
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack, module_names
 from flopcount.tracers._recorder import Recorder, _signature, outputs_of, value_of
-from flopcount.tracers._vocabulary import CompositeInterceptor
+from flopcount.tracers._vocabulary import CompositeInterceptor, _autocast_on
 from flopcount.types import OpEvent
 
 #: process-group backends a plan models. Their collectives differ in the tensors they hold in
@@ -178,7 +178,9 @@ class _StepInterceptor(CompositeInterceptor):
     issue #27): a composite call (``F.linear``, ``F.scaled_dot_product_attention``, ...) is one
     event priced by its handler, the aten ops it runs muted, as the dispatch tracer books it.
     A call on DTensors passes straight through (DTensor desugars it into this rank's local ops,
-    which the recorder books with the shard shapes), and so does DTensor's shape propagation."""
+    which the recorder books with the shard shapes), and so does DTensor's shape propagation.
+    Under ``autocast=`` too: autocast casts below the torch-function level, so only the aten ops
+    show the dtypes the kernels read (and the casts); count_flops has no autocast to agree with."""
 
     def __init__(self, recorder: _StepRecorder):
         super().__init__(recorder, value_of, outputs_of)
@@ -186,7 +188,9 @@ class _StepInterceptor(CompositeInterceptor):
 
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self._table.get(func) is None or self._step.shape_runs() or _holds_dtensor(args, kwargs, self._step._dtensor):
+        if self._table.get(func) is None or self._step.shape_runs() or _autocast_on():
+            return func(*args, **kwargs)
+        if _holds_dtensor(args, kwargs, self._step._dtensor):
             return func(*args, **kwargs)
         return super().__torch_function__(func, types, args, kwargs)
 

@@ -56,3 +56,35 @@ def test_plan_books_composites_as_count_flops_does(readings: Dict[str, Any], fsd
     # the attention composite by hand: QK^T and PV, B x heads x S x S x head_dim MACs each, 2 FLOPs a MAC
     heads, head_dim = 4, 64 // 4
     assert planned["aten::scaled_dot_product_attention"] == L * 2 * 2 * B * heads * S * S * head_dim
+
+
+def test_under_autocast_the_kernels_dtypes_are_booked() -> None:
+    """Under ``autocast=`` a composite is not booked as one call: autocast casts its inputs below
+    the torch-function level, so F.linear's arguments still say float32 while the matmul reads
+    bfloat16 copies. The aten ops are booked: the casts and the matmul on bfloat16."""
+    import sys
+
+    import torch
+    from torch import nn
+
+    from flopcount.core.analysis import cost_events
+    from flopcount.handlers import default_registry
+
+    batch, d_in, d_out = 4, 16, 8
+    events = []
+    plan_module = sys.modules["flopcount.planning.plan"]  # the package re-exports plan()
+    original = plan_module.cost_events
+
+    def spy(evs: Any, registry: Any) -> Any:
+        events.extend(evs)
+        return original(evs, registry)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan_module, "cost_events", spy)
+        result = flopcount.plan(lambda: nn.Linear(d_in, d_out, bias=False), (torch.randn(batch, d_in),),
+                                optimizer="sgd", autocast="bfloat16", on=None)
+    assert "aten::linear" not in result.by_operator
+    forward_mm = [e for e in events if e.phase == "forward" and e.call.op == "aten::mm"]
+    assert [tuple(m.dtype for m in e.call.args.values() if hasattr(m, "dtype")) for e in forward_mm] == [("bfloat16", "bfloat16")]
+    # x (B x d_in) @ W^T (d_in x d_out): B x d_in x d_out MACs, 2 FLOPs each
+    assert sum(c.flops for _, c in cost_events(tuple(forward_mm), default_registry()) if c) == 2 * batch * d_in * d_out
