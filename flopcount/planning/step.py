@@ -22,7 +22,8 @@ from flopcount.step.autocast import amp_device
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, gradless
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack, module_names
-from flopcount.tracers._recorder import Recorder, _signature
+from flopcount.tracers._recorder import Recorder, _signature, outputs_of, value_of
+from flopcount.tracers._vocabulary import CompositeInterceptor, _autocast_on
 from flopcount.types import OpEvent
 
 #: process-group backends a plan models. Their collectives differ in the tensors they hold in
@@ -146,6 +147,12 @@ class _StepRecorder(Recorder):
                 self._gloo_scratch(values)
         return out
 
+    def record(self, op: str, args: Dict[str, Any], outputs: Tuple[Any, ...]) -> None:
+        """A composite's one event (see :class:`_StepInterceptor`), stamped now."""
+        super().record(op, args, outputs)
+        if self.timeline is not None:
+            self.event_stamps.extend([len(self.timeline)] * (len(self.events) - len(self.event_stamps)))
+
     def _gloo_scratch(self, values: Sequence[Any]) -> None:
         """gloo's copy of a reduce-scatter's input, allocated and freed under the memory
         tracker (which sits below this mode) at the moment the collective runs."""
@@ -168,6 +175,37 @@ class _StepRecorder(Recorder):
                 except Exception:  # not a process group
                     continue
         return ""
+
+
+class _StepInterceptor(CompositeInterceptor):
+    """count_flops' composite vocabulary on the step (one vocabulary of cost across readings,
+    issue #27): a composite call (``F.linear``, ``F.scaled_dot_product_attention``, ...) is one
+    event priced by its handler, the aten ops it runs muted, as the dispatch tracer books it.
+    A call on DTensors passes straight through (DTensor desugars it into this rank's local ops,
+    which the recorder books with the shard shapes), and so does DTensor's shape propagation.
+    Under ``autocast=`` too: autocast casts below the torch-function level, so only the aten ops
+    show the dtypes the kernels read (and the casts); count_flops has no autocast to agree with."""
+
+    def __init__(self, recorder: _StepRecorder):
+        super().__init__(recorder, value_of, outputs_of)
+        self._step = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self._table.get(func) is None or self._step.shape_runs() or _autocast_on():
+            return func(*args, **kwargs)
+        if _holds_dtensor(args, kwargs, self._step._dtensor):
+            return func(*args, **kwargs)
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def _holds_dtensor(args: Tuple[Any, ...], kwargs: Mapping[str, Any], dtensor: type) -> bool:
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, dtensor):
+            return True
+        if isinstance(value, (list, tuple)) and any(isinstance(v, dtensor) for v in value):
+            return True
+    return False
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -294,7 +332,8 @@ def record_step(
     def on_phase(phase: Any) -> None:
         recorder.phase = phase
 
-    with hooks, tracker if tracker is not None else contextlib.nullcontext(), modules, recorder:
+    interceptor = _StepInterceptor(recorder)
+    with hooks, tracker if tracker is not None else contextlib.nullcontext(), modules, interceptor, recorder:
         run_step(
             model, args, kwargs, optimizer=optimizer, loss_fn=loss_fn, amp=amp,
             device_type=amp_device(model, args, kwargs), tracker=tracker, on_phase=on_phase,
