@@ -55,6 +55,28 @@ def held_bytes(obj: Any) -> int:
     return sum(storages.values())
 
 
+def loop_peaks(model: nn.Module, x: torch.Tensor, steps: int = 3) -> Tuple[List[int], torch.optim.Optimizer]:
+    """MemTracker's peak of each step of a real AdamW training loop of ``model`` (itself, not a
+    copy: ``loss = default_loss(model(x)); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)``),
+    and the optimizer: the second and later steps are the steady state a plan or an estimate sizes."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from flopcount.planning.step import make_optimizer
+    from flopcount.step.loss import default_loss
+
+    opt = make_optimizer("adamw", model)
+    peaks = []
+    for _ in range(steps):
+        tracker = MemTracker()
+        tracker.track_external(model, opt, x)
+        with tracker:
+            default_loss(model(x)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        peaks.append(sum(int(s["Total"]) for s in tracker.get_tracker_snapshot("peak").values()))
+    return peaks, opt
+
+
 def warmed_step_peak(model: nn.Module, x: torch.Tensor, optimizer: type) -> int:
     """MemTracker's peak of a real training step on a copy (sum loss, backward, ``optimizer``'s
     step), its state made first by one step on zero gradients: the steady-state step."""

@@ -11,7 +11,7 @@ from typing import Any, List
 
 import pytest
 import torch
-from _live_oracles import warmed_step_peak
+from _live_oracles import loop_peaks, warmed_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
 
@@ -84,27 +84,61 @@ def test_the_counts_optimizer_step_is_warmed_up_one_parameter_per_kind(monkeypat
     assert on.to_dict() == off.to_dict()
 
 
-@pytest.mark.parametrize("reuse", ["1", "0"])
-def test_a_parameter_the_step_gives_no_gradient_holds_no_optimizer_state(reuse: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a model with a head its forward never calls (8 Linear(64, 64) blocks + head, pooler Linear(64, 32)):
-    # AdamW skips a parameter without a gradient, so a real loop never makes the pooler's state.
-    # Before, the warm-up gave it state: 665,296 B against the real loop's 648,648 B, the
-    # difference the pooler's 2 x (64 x 32 + 32) x 4 B = 16,640 B of moments + 2 x 4 B of steps.
-    # Oracle: torch's MemTracker on a real AdamW loop (the steady state's third step), and the
-    # one-rank plan of the same model, which must equal it by construction (issue #27 item 2).
+class _SkippingBlock(nn.Module):
+    """Linear(64, 64) + ReLU, and a Linear(64, 16) its forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.unused = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class _UnusedInEveryLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_SkippingBlock() for _ in range(8))  # 8: the stack is replayed
+        self.head = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _unused_head() -> nn.Module:
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent / "plan"))
-    from _plan_gloo import UnusedHead, example_input
-    from test_plan_skipped_modules import _real_steady_peak
+    from _plan_gloo import UnusedHead
 
+    return UnusedHead()
+
+
+@pytest.mark.parametrize("reuse", ["1", "0"])
+@pytest.mark.parametrize("build", [_unused_head, _UnusedInEveryLayer], ids=["unused-head", "unused-in-every-layer"])
+def test_a_parameter_the_step_gives_no_gradient_holds_no_optimizer_state(
+    build: Any, reuse: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # AdamW skips a parameter without a gradient, so a real loop never makes its state; the
+    # warm-up gave it state. Unused head (8 Linear(64, 64) blocks + head, pooler Linear(64, 32)):
+    # the pooler's 2 x (64 x 32 + 32) x 4 B of moments + 2 x 4 B of steps too many (665,296 B
+    # against 648,648 B on tests/plan's 2 x 16 x 64 input). An unused Linear(64, 16) in each of
+    # 8 replayed layers: the replayed estimate did not judge the stack's parameters at all,
+    # 733,064 B against the real 666,440 B here, 8 layers x (2 x 1,040 x 4 B + 2 x 4 B) too many.
+    # Oracle: torch's MemTracker on a real AdamW loop (the steady state's third step), and the
+    # one-rank plan of the same model, which must equal it by construction (issue #27 item 2).
     monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
-    x = example_input("unused_head")
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        real = _real_steady_peak(x)
         torch.manual_seed(0)
-        estimate = flopcount.estimate_memory(UnusedHead().train(), (x,), backward=True, optimizer="adamw")
-        planned = flopcount.plan(UnusedHead, (x,), on=None)
-    assert estimate.peak_bytes == real == planned.peak_bytes
+        peaks, _ = loop_peaks(build().train(), x)
+        torch.manual_seed(0)
+        estimate = flopcount.estimate_memory(build().train(), (x,), backward=True, optimizer="adamw")
+        planned = flopcount.plan(build, (x,), on=None)
+    assert peaks[1] == peaks[2]  # the steady state
+    assert estimate.peak_bytes == peaks[2] == planned.peak_bytes

@@ -260,9 +260,9 @@ def _estimate(
     step = (twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
     figures = _layered(*step)
     if figures is not None:
-        # the layers past the cut ran in no run (their gradients are None): the check proved them alike
-        stack = find_stack(twin)
-        found = gradless(twin, opt, skip=list(stack.layers.parameters()) if stack is not None else ())
+        # the layers past the check's cut ran in no run (their gradients are None): the check
+        # proved them alike the ones it ran, so each of theirs is judged as its twin in those
+        found = _gradless_in_layers(twin, opt)
         if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
             return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
         return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
@@ -280,6 +280,24 @@ def _estimate(
         if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
             return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
     return _collect(_figures(tracker, names), twin, names, backward, opt_name, cast, description, notes)
+
+
+def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
+    """:func:`gradless` after the replay's last cut run, where the stack held its first
+    ``Template.LAYERS + 1`` layers: the whole model's layer ``k`` is judged as the cut run's
+    layer in the same role (the first, a middle one, the last), which the check proved alike."""
+    stack = find_stack(twin)
+    if stack is None:
+        return gradless(twin, opt)
+    path = next(name for name, module in twin.named_modules() if module is stack.layers)
+    found = gradless(twin, opt, skip=list(stack.layers.parameters()))  # outside the stack
+    ran, n = Template.LAYERS + 1, len(stack)
+    layers = list(stack.layers.children())
+    by_role = {cut: gradless(layers[cut], opt) for cut in (0, 1, ran - 1)}  # first, a middle one, last
+    role = {0: 0, n - 1: ran - 1}  # the whole model's layer -> the cut run's layer in its role
+    for index in range(n):
+        found |= {f"{path}.{index}.{name}" for name in by_role[role.get(index, 1)]}
+    return found
 
 
 def _layered(

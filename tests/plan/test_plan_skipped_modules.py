@@ -37,11 +37,10 @@ from typing import Any, Dict
 
 import pytest
 import torch
+from _live_oracles import loop_peaks
 from _plan_gloo import SkippedLayer, UnusedHead, example_input
 
 import flopcount
-from flopcount.planning.step import make_optimizer
-from flopcount.step.loss import default_loss
 
 BLOCK = 8320  # one Linear(64, 64) block's bytes on one of 2 ranks
 POOLER = 4160  # the pooler's bytes on one of 2 ranks
@@ -101,20 +100,9 @@ def test_fsdp2_with_tp_plan_of_a_model_with_a_module_never_called(name: str) -> 
 def _real_steady_peak(x: torch.Tensor) -> int:
     """torch's MemTracker on a real loop of UnusedHead (as tests/plan/test_plan_steady_state.py):
     the third step's peak, the steady state's."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     torch.manual_seed(0)
     model = UnusedHead().train()
-    opt = make_optimizer("adamw", model)
-    peaks = []
-    for _ in range(3):
-        tracker = MemTracker()
-        tracker.track_external(model, opt, x)
-        with tracker:
-            default_loss(model(x)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        peaks.append(sum(int(s["Total"]) for s in tracker.get_tracker_snapshot("peak").values()))
+    peaks, opt = loop_peaks(model, x)
     assert peaks[1] == peaks[2]
     assert not any(p in opt.state for p in model.pooler.parameters())  # AdamW never made the pooler's state
     return peaks[2]

@@ -12,29 +12,15 @@ import warnings
 
 import pytest
 import torch
+from _live_oracles import loop_peaks
 from _plan_gloo import tiny_encoder
 
 import flopcount
-from flopcount.planning.step import make_optimizer
-from flopcount.step.loss import default_loss
 
 
 def _real_peaks(x: torch.Tensor, steps: int = 3) -> list:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     torch.manual_seed(0)
-    model = tiny_encoder().train()
-    opt = make_optimizer("adamw", model)
-    peaks = []
-    for _ in range(steps):
-        tracker = MemTracker()
-        tracker.track_external(model, opt, x)
-        with tracker:
-            default_loss(model(x)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        peaks.append(sum(int(s["Total"]) for s in tracker.get_tracker_snapshot("peak").values()))
-    return peaks
+    return loop_peaks(tiny_encoder().train(), x, steps)[0]
 
 
 @pytest.mark.parametrize("batch", [2, 64])  # the optimizer step peaks; the backward peaks
