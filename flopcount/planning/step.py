@@ -133,8 +133,7 @@ class _StepRecorder(Recorder):
         if self.shape_runs():  # DTensor's shape propagation: not this rank's work
             return func(*args, **(kwargs or {}))
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.timeline is not None:
-            self.event_stamps.extend([len(self.timeline)] * (len(self.events) - len(self.event_stamps)))
+        self._stamp()
         name = _signature(func).name
         kind = COLLECTIVE_KINDS.get(name)
         if kind is not None and not self.muted:
@@ -150,6 +149,10 @@ class _StepRecorder(Recorder):
     def record(self, op: str, args: Dict[str, Any], outputs: Tuple[Any, ...]) -> None:
         """A composite's one event (see :class:`_StepInterceptor`), stamped now."""
         super().record(op, args, outputs)
+        self._stamp()
+
+    def _stamp(self) -> None:
+        """Each event recorded since the last stamp gets the timeline's length now (replay only)."""
         if self.timeline is not None:
             self.event_stamps.extend([len(self.timeline)] * (len(self.events) - len(self.event_stamps)))
 
