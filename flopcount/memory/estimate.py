@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import threading
@@ -50,6 +51,7 @@ from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
+from flopcount.tracers.fake.hf_tracing import real_branches, seed_running
 from flopcount.types import Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
@@ -214,8 +216,10 @@ def estimate_memory(
     amp = floating_dtype(autocast, "estimate_memory: autocast")
     call = prepare_call(inputs, kwargs)
     description = call.description
-    with _ESTIMATE_LOCK:
-        return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn)
+    # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
+    with _ESTIMATE_LOCK, real_branches(model.modules()) as branches:
+        estimate = _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn)
+    return dataclasses.replace(estimate, warnings=estimate.warnings + branches.notes) if branches.notes else estimate
 
 
 def _refuse_lazy(model: nn.Module) -> None:
@@ -248,6 +252,7 @@ def _estimate(
         raise UsageError(f"estimate_memory: {exc}") from exc
     except FakeRunError as exc:
         raise UsageError(f"estimate_memory: {exc.reason}") from exc
+    seed_running(copied.tensors, list(call.tensors))
     twin, mode, (fake_args, fake_kw) = copied.model, copied.mode, copied.call
     notes = copied.notes + ambient_autocast_note(amp)
     opt, opt_name = (None, None)

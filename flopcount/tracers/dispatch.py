@@ -36,6 +36,7 @@ from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
 from flopcount.tracers._state import StateWatch, preserved_model_state
 from flopcount.tracers._vocabulary import CompositeInterceptor
 from flopcount.tracers.fake.copies import FakeRunError, SharedHooks, fake_copies, quiet_fake_logs, reason_for
+from flopcount.tracers.fake.hf_tracing import real_branches
 from flopcount.tracers.fake.meta_kernels import RealKernelError
 from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.types import Trace
@@ -227,7 +228,9 @@ def _trace(
             interceptor = CompositeInterceptor(
                 recorder, value_of, outputs_of, shape_cache.run_composite if shape_cache is not None else None
             )
-            with attribution or contextlib.nullcontext(), interceptor, recorder:
+            # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
+            branches = real_branches(facts.modules if fake_copy else (), flat_inputs, call.tensors)
+            with attribution or contextlib.nullcontext(), interceptor, recorder, branches:
                 try:
                     outputs = run_model(*args, **kw)
                 except Exception as exc:
@@ -261,7 +264,7 @@ def _trace(
         raise IndexRefused("a layer index stand-in was refused and the forward went on")
     if optimizer is not None:
         _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
-    notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)
+    notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches) + branches.notes
     return Trace(
         tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes,
         shape_cache=_cache_stats(shape_cache, reuse),

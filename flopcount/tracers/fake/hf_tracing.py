@@ -1,0 +1,328 @@
+"""transformers' "is tracing" probe, answered on flopcount's fake run as a real run answers it.
+
+transformers (5.x) asks ``is_tracing(tensor)`` before code that reads a tensor's values, and
+counts every ``FakeTensor`` as tracing (``utils.import_utils.is_fake_tensor``). On a fake copy
+it then takes the branches meant for ``torch.compile`` / ``torch.export``: a decoder called
+with no mask (no cache) or an all-ones mask materialises a (batch, 1, q, kv) causal mask
+instead of passing ``is_causal`` to SDPA, and with a mask present the SDPA integration repeats
+K and V for grouped-query attention (``repeat_kv``) instead of ``enable_gqa``. A count or a
+memory estimate made that way describes another forward than the real one (more backward
+FLOPs, a mask and expanded K/V that the real step never allocates).
+
+:class:`RealBranches`, entered around a fake run of a model that holds transformers modules
+(and only when transformers is imported already: it is never imported here):
+
+* follows the values a real run would have, beside the fake run (:class:`FakeValues`): the
+  caller's small integral inputs (token ids, attention masks, position ids) and every small
+  integral tensor computed from them or from factories alone (``arange``, ``ones``) is also
+  computed on CPU;
+* answers transformers' probe, for a fake whose value it follows, as for a real tensor:
+  transformers takes the real branch, and the reads that branch makes (``padding_mask.all()``)
+  get the true value (the fake's ``constant`` is set for the read, so the modes below record
+  the read as a real run records it);
+* answers as before ("tracing") for a fake whose value it cannot know (computed from the
+  weights, a meta input, too large), and says so in :attr:`RealBranches.notes`, which the
+  reading puts in its warnings.
+
+Only the thread that runs the fake forward sees these answers: transformers' function is
+wrapped while at least one such run is active in the process (the wrapper asks the running
+thread's innermost run, else calls transformers' own function), and put back when the last
+one ends, also when the forward raises.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from flopcount.core.inputs import fake_tensor_type, flatten_tensors
+from flopcount.tracers.fake.values import INTEGRAL
+
+__all__ = ["PROBE_MODULE", "PROBE_NAME", "FakeValues", "RealBranches", "real_branches", "seed_running", "uses_transformers"]
+
+#: where transformers keeps the probe ``is_tracing`` calls for a tensor argument
+PROBE_MODULE = "transformers.utils.import_utils"
+PROBE_NAME = "is_fake_tensor"
+#: the largest tensor (elements) whose value is followed: token ids and masks of a batch of long
+#: sequences, not a (batch, 1, q, kv) mask of a long context
+LIMIT = 1 << 20
+
+_aten = torch.ops.aten
+_READS = frozenset({_aten._local_scalar_dense.default, _aten.equal.default, _aten.is_nonzero.default})
+_CPU = torch.device("cpu")
+
+
+class _Unknown(Exception):
+    pass
+
+
+class FakeValues(TorchDispatchMode):
+    """Fake tensor -> its CPU value, for the small integral tensors a real run's values decide
+    (the caller's inputs and what is computed from them and from factories alone). Entered on
+    top of the run's other modes, so that it sees every op (the shape cache answers some below
+    it without running them). A read of a fake it knows goes down with the value set as the
+    fake's ``constant`` (FakeTensorMode then answers it); an in-place op it cannot follow on an
+    integral fake forgets every value (it may write into one it knows, through a view)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as the recorder: no per-op shim for a mode that compiles nothing
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fake: Any = fake_tensor_type()
+        self._values = WeakIdKeyDictionary()
+
+    def seed(self, fakes: Sequence[Any], reals: Sequence[Any]) -> None:
+        """Each fake of ``fakes`` stands for the real tensor at the same place of ``reals``:
+        its value is a copy of the real one, where small, integral and real."""
+        with torch._C._DisableTorchDispatch():
+            for fake, real in zip(fakes, reals):
+                if (
+                    isinstance(fake, self._fake) and type(real) in (torch.Tensor, nn.Parameter)
+                    and real.dtype in INTEGRAL and real.numel() <= LIMIT and real.layout == torch.strided
+                    and real.device.type != "meta" and tuple(real.shape) == tuple(fake.shape)
+                ):
+                    self._values[fake] = real.detach().to(_CPU, copy=True)
+
+    def knows(self, tensor: Any) -> bool:
+        return tensor in self._values
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _READS:
+            return self._read(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if type(out) is self._fake and out.dtype in INTEGRAL and out.numel() <= LIMIT:
+            self._follow(func, args, kwargs, out)
+        elif len(self._values) and func._schema.is_mutable:
+            self._written(args, kwargs)
+        return out
+
+    def _follow(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> None:
+        if torch.Tag.nondeterministic_seeded in func.tags:  # a random draw: no value decided
+            self._forget_if_written(func, args, kwargs)
+            return
+        try:
+            tensors, rebuild = flatten_tensors((args, kwargs))
+            cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
+            cpu_args = tuple(_CPU if isinstance(a, torch.device) else a for a in cpu_args)
+            cpu_kwargs = {k: _CPU if isinstance(v, torch.device) else v for k, v in cpu_kwargs.items()}
+            with torch._C._DisableTorchDispatch():
+                value = func(*cpu_args, **cpu_kwargs)
+        except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
+            self._forget_if_written(func, args, kwargs)
+            return
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(out.shape) and value.dtype == out.dtype:
+            self._values[out] = value
+        else:
+            self._forget_if_written(func, args, kwargs)
+
+    def _on_cpu(self, tensor: torch.Tensor) -> torch.Tensor:
+        if isinstance(tensor, self._fake):
+            known = self._values.get(tensor)
+            if known is None:
+                raise _Unknown
+            return known
+        if tensor.device.type != "cpu" or tensor.numel() > LIMIT:
+            raise _Unknown
+        # a real tensor the forward reached some other way: a copy, so that no op followed
+        # here writes into it (an in-place op on a view of it)
+        with torch._C._DisableTorchDispatch():
+            return tensor.detach().clone()
+
+    def _forget_if_written(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        if func._schema.is_mutable:
+            self._written(args, kwargs)
+
+    def _written(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        """An in-place op not followed: if it may have written into an integral fake (one this
+        mode knows, or a view of one), every value is forgotten."""
+        tensors, _ = flatten_tensors((args, kwargs))
+        if any(isinstance(t, self._fake) and t.dtype in INTEGRAL for t in tensors):
+            self._values = WeakIdKeyDictionary()
+
+    def _read(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        fakes = [a for a in args if isinstance(a, self._fake)]
+        values = [self._values.get(a) for a in fakes]
+        if not fakes or any(v is None for v in values):
+            return func(*args, **kwargs)  # as before: FakeTensorMode refuses a value it does not have
+        before = [f.constant for f in fakes]
+        try:
+            for fake, value in zip(fakes, values):
+                fake.constant = value
+            return func(*args, **kwargs)
+        finally:
+            for fake, old in zip(fakes, before):
+                fake.constant = old
+
+
+class _Probe:
+    """transformers' probe, wrapped while some thread runs a fake forward (``count`` of them):
+    the running thread's innermost :class:`RealBranches` answers for its fakes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.module: Any = None
+        self.original: Optional[Callable[[Any], bool]] = None
+        self.wrapper: Optional[Callable[[Any], bool]] = None
+        self.local = threading.local()
+
+    def runs(self) -> List[RealBranches]:
+        runs: Optional[List[RealBranches]] = getattr(self.local, "runs", None)
+        if runs is None:
+            runs = self.local.runs = []
+        return runs
+
+    def install(self) -> bool:
+        module = sys.modules.get(PROBE_MODULE)
+        if module is None:
+            return False
+        with self.lock:
+            if self.count == 0:
+                original = getattr(module, PROBE_NAME, None)
+                if not callable(original):
+                    return False
+                self.module, self.original = module, original
+                self.wrapper = _wrapper(self, original)
+                setattr(module, PROBE_NAME, self.wrapper)
+            self.count += 1
+        return True
+
+    def uninstall(self) -> None:
+        with self.lock:
+            self.count -= 1
+            if self.count == 0:
+                # put transformers' own function back, unless someone replaced ours since (their
+                # function may call ours: it answers as transformers' own with no run active)
+                if getattr(self.module, PROBE_NAME, None) is self.wrapper:
+                    setattr(self.module, PROBE_NAME, self.original)
+                self.module = self.original = self.wrapper = None
+
+
+def _wrapper(probe: _Probe, original: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    def is_fake_tensor(x: Any) -> bool:
+        runs: Optional[List[RealBranches]] = getattr(probe.local, "runs", None)
+        if runs:
+            answer = runs[-1].answer(x)
+            if answer is not None:
+                return answer
+        return original(x)
+
+    is_fake_tensor.__wrapped__ = original  # type: ignore[attr-defined]
+    is_fake_tensor.__doc__ = original.__doc__
+    return is_fake_tensor
+
+
+#: the one wrapper of transformers' probe (process-wide by nature: it replaces a function of
+#: another package's module); who is answered is per thread (:class:`RealBranches` entered)
+_PROBE = _Probe()
+
+
+class RealBranches:
+    """Entered around a fake forward (see the module docstring); ``notes``: the places where
+    transformers was told "tracing" because the value it would have read is unknown here."""
+
+    def __init__(self, active: bool, fakes: Sequence[Any] = (), reals: Sequence[Any] = ()) -> None:
+        self.active = active
+        self.values = FakeValues() if active else None
+        self._seeds = (fakes, reals)
+        self._traced: Dict[str, None] = {}
+        self._installed = False
+        self._fake: Any = fake_tensor_type() if active else None
+
+    @property
+    def notes(self) -> Tuple[str, ...]:
+        if not self._traced:
+            return ()
+        return (
+            "transformers' tracing path counted in " + ", ".join(self._traced) + ": it asked whether a fake tensor is "
+            "traced before reading its values, which a fake run cannot know here (computed from the weights or from "
+            "an input without data); a real forward may take another branch (an attention mask materialised instead "
+            "of SDPA's is_causal, K and V repeated for grouped-query attention): count real tensors "
+            "(tracer='dispatch') for the real branch",
+        )
+
+    def seed(self, fakes: Sequence[Any], reals: Sequence[Any]) -> None:
+        if self.values is not None:
+            self.values.seed(fakes, reals)
+
+    def answer(self, tensor: Any) -> Optional[bool]:
+        """transformers' probe for ``tensor`` on this run: False (not a fake: the real branch)
+        for a fake whose value is followed, None (transformers' own answer) otherwise."""
+        if self.values is None or not isinstance(tensor, self._fake):
+            return None
+        if self.values.knows(tensor):
+            return False
+        self._traced[_caller()] = None
+        return None
+
+    def __enter__(self) -> RealBranches:
+        if not self.active:
+            return self
+        self._installed = _PROBE.install()
+        if not self._installed:
+            return self
+        assert self.values is not None
+        self.values.seed(*self._seeds)
+        self._seeds = ((), ())
+        self.values.__enter__()
+        _PROBE.runs().append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._installed:
+            return
+        self._installed = False
+        try:
+            runs = _PROBE.runs()
+            if runs and runs[-1] is self:
+                runs.pop()
+            assert self.values is not None
+            self.values.__exit__(*exc)
+        finally:
+            _PROBE.uninstall()
+
+
+def _caller() -> str:
+    """The transformers function that asked (two frames above the probe: is_tracing, its caller)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, PROBE_MODULE):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "transformers"
+    return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
+
+
+def uses_transformers(modules: Iterable[Any]) -> bool:
+    """Whether transformers is imported and a module of ``modules`` (modules or ``(name,
+    module)`` pairs) is one of its classes (or a subclass of one)."""
+    if PROBE_MODULE not in sys.modules:
+        return False
+    for item in modules:
+        module = item[1] if isinstance(item, tuple) else item
+        for cls in type(module).__mro__:
+            if cls.__module__.startswith("transformers."):
+                return True
+    return False
+
+
+def real_branches(modules: Iterable[Any], fakes: Sequence[Any] = (), reals: Sequence[Any] = ()) -> RealBranches:
+    """:class:`RealBranches` for a fake forward of a model with ``modules`` (inert where no
+    module is transformers'), ``fakes`` standing for the caller's ``reals`` (same order)."""
+    return RealBranches(uses_transformers(modules), fakes, reals)
+
+
+def seed_running(fakes: Sequence[Any], reals: Sequence[Any]) -> None:
+    """:meth:`RealBranches.seed` of the innermost run this thread has entered (none: nothing),
+    for a reading that makes its fake copies inside the run (estimate_memory)."""
+    runs: Optional[List[RealBranches]] = getattr(_PROBE.local, "runs", None)
+    if runs:
+        runs[-1].seed(fakes, reals)
