@@ -43,6 +43,7 @@ from flopcount.step.replay import Replay, Stack, Template, find_stack, layer_ten
 from flopcount.tracers import trace
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import quiet_fake_logs
+from flopcount.tracers.fake.hf_tracing import real_branches
 from flopcount.types import Cost, OpEvent, TensorMeta
 
 __all__ = ["plan", "PlanResult"]
@@ -162,7 +163,7 @@ def plan(
     tokens = _tokens(args, kw)
     # one rank communicates nothing: its step time is known without a link
     bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links) or not dims)
-    notes = _notes(unsupported, bool(links) or not dims, gpu)
+    notes = _notes(unsupported, bool(links) or not dims, gpu) + record.notes
     with preserved_rng():
         model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, _registry(registry))
     if why:
@@ -290,7 +291,7 @@ def _layered_step(
     record = StepRecord(
         tuple(template.spread(n, stamps3, events3)),
         tuple(template.spread(n, rec3.collective_stamps, rec3.collectives)),
-        peak, state, {}, record3.gradless | record4.gradless,
+        peak, state, {}, record3.gradless | record4.gradless, record3.notes,
     )
     return prefix, wrapped3 + extra * (wrapped4 - wrapped3), record, dtype
 
@@ -374,14 +375,16 @@ def _fake_step(
             # skips it, so its state is never made; it sits out the warm-up)
             warm_up(opt, "plan", reuse=True, model=model, stateless=stateless)  # fake tensors: one step per kind
         try:
-            record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp, replay=replay)
+            # transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
+            with real_branches(model.modules(), fakes, tensors) as branches:
+                record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp, replay=replay)
         except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is
             raise
         except Exception as exc:
             raise TraceError(f"the planned training step failed on rank 0: {type(exc).__name__}: {exc}") from exc
     floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
     dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
-    return record, dtype
+    return (dataclasses.replace(record, notes=branches.notes) if branches.notes else record), dtype
 
 
 def _tied_parameters(model: nn.Module) -> List[Tuple[nn.Module, str, nn.Module, str]]:

@@ -84,6 +84,8 @@ class StepRecord:
     #: names of the trainable parameters the step gave no gradient (a layer the forward skips,
     #: an unused head) that hold optimizer state: a real run's steady state holds none for them
     gradless: FrozenSet[str] = frozenset()
+    #: what the reading's warnings say about the step (transformers' tracing path taken on fakes)
+    notes: Tuple[str, ...] = ()
 
 
 def make_optimizer(optimizer: Union[OptimizerSpec, None], model: nn.Module) -> Optional[torch.optim.Optimizer]:
