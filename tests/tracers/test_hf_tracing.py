@@ -86,6 +86,10 @@ def test_count_rows_equal_the_real_run(family: str, mask: str, train: bool, back
     assert fake.by_module() == real.by_module()
 
 
+def _nonzero(rows: Dict[str, int]) -> Dict[str, int]:
+    return {op: value for op, value in rows.items() if value}
+
+
 class _SdpaCalls(TorchFunctionMode):
     """What each F.scaled_dot_product_attention call of a real forward is given."""
 
@@ -126,6 +130,39 @@ def test_sdpa_gets_what_the_real_forward_gives_it(family: str, mask: str) -> Non
     assert counted == seen.calls
     expected_key = (B, KV_HEADS if mask != "padded" else HEADS, T, HIDDEN // HEADS)
     assert [c[2] for c in seen.calls] == [expected_key] * LAYERS
+
+
+@pytest.mark.parametrize("mask", ["none", "ones", "padded"])
+def test_jit_traces_the_branch_of_the_real_forward(mask: str) -> None:
+    """The jit tracer runs the real model under torch.jit tracing, where transformers' is_tracing()
+    is true for every tensor (``is_jit_tracing``): it materialised the mask (and K/V repeated) for
+    "none" and "ones". Now the tracing thread is answered as a real forward: SDPA's arguments are
+    the real forward's, and for the masks the FLOPs and MACs per operator equal the real dispatch
+    run's (call counts and bytes differ between the two tracers on any model: jit records views
+    and scalar operands its own way). With no mask they differ only by ``aten::diff``, which jit
+    records as one op priced 32 FLOPs and the dispatch tracer as its decomposition: a vocabulary
+    difference of the tracers, not of the branch."""
+    model = _model("llama", False)
+    ids, kwargs = _call(mask)
+    seen = _SdpaCalls()
+    with seen, torch.no_grad():
+        model(ids, **copy.copy(kwargs))
+    run = trace(model, (ids,), kwargs, tracer="jit")
+    counted = [
+        (
+            None if e.call.args.get("attn_mask") is None else tuple(e.call.args["attn_mask"].shape),
+            bool(e.call.args.get("enable_gqa")), tuple(e.call.args["key"].shape), bool(e.call.args.get("is_causal")),
+        )
+        for e in run.events if e.call.op == "aten::scaled_dot_product_attention"
+    ]
+    assert counted == seen.calls
+    if mask != "none":
+        jit = flopcount.count_flops(model, (ids,), kwargs, tracer="jit")
+        real = flopcount.count_flops(model, (ids,), kwargs, tracer="dispatch")
+        for metric in ("flops", "macs"):  # zero rows aside: each tracer names its free ops its own way
+            assert _nonzero(jit.by_operator(metric)) == _nonzero(real.by_operator(metric))
+    assert _probe() is getattr(sys.modules[hf_tracing.PROBE_MODULE], hf_tracing.PROBE_NAME)
+    assert getattr(sys.modules[hf_tracing.PROBE_MODULE], hf_tracing.JIT_PROBE_NAME).__module__ == hf_tracing.PROBE_MODULE
 
 
 def _real_peak(model: torch.nn.Module, ids: torch.Tensor, kwargs: Dict[str, Any], backward: bool) -> int:
@@ -266,12 +303,16 @@ def test_canary_transformers_asks_is_fake_tensor_through_its_module() -> None:
     from transformers.utils import import_utils
 
     assert callable(getattr(import_utils, "is_fake_tensor", None))
+    assert callable(getattr(import_utils, "is_jit_tracing", None))
     assert masking_utils.is_tracing is import_utils.is_tracing
     fake = FakeTensorMode().from_tensor(torch.ones(2))
     assert import_utils.is_tracing(fake)  # transformers' own answer for a fake: tracing
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(import_utils, "is_fake_tensor", lambda x: False)
         assert not import_utils.is_tracing(fake)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(import_utils, "is_jit_tracing", lambda: True)
+        assert import_utils.is_tracing()
 
 
 def test_canary_a_fake_with_a_constant_reads_its_value() -> None:

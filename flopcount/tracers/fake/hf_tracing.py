@@ -1,4 +1,4 @@
-"""transformers' "is tracing" probe, answered on flopcount's fake run as a real run answers it.
+"""transformers' "is tracing" probe, answered on flopcount's fake run (and jit's) as a real run answers it.
 
 transformers (5.x) asks ``is_tracing(tensor)`` before code that reads a tensor's values, and
 counts every ``FakeTensor`` as tracing (``utils.import_utils.is_fake_tensor``). On a fake copy
@@ -24,7 +24,13 @@ FLOPs, a mask and expanded K/V that the real step never allocates).
   weights, a meta input, too large), and says so in :attr:`RealBranches.notes`, which the
   reading puts in its warnings.
 
-Only the thread that runs the fake forward sees these answers: transformers' function is
+The jit tracer runs the real model under ``torch.jit`` tracing, where transformers' ``is_tracing()``
+is true for every tensor (``is_jit_tracing``): :class:`JitBranches`, entered around that run,
+answers ``is_jit_tracing()`` with False in the tracing thread, so the mask code reads the real
+values (jit bakes the branch taken into the graph, as for any data-dependent branch). Models that
+call ``torch.jit.is_tracing()`` themselves keep their jit branch (flopcount does not patch torch).
+
+Only the thread that runs the forward sees these answers: transformers' function is
 wrapped while at least one such run is active in the process (the wrapper asks the running
 thread's innermost run, else calls transformers' own function), and put back when the last
 one ends, also when the forward raises.
@@ -44,11 +50,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 from flopcount.core.inputs import fake_tensor_type, flatten_tensors
 from flopcount.tracers.fake.values import INTEGRAL
 
-__all__ = ["PROBE_MODULE", "PROBE_NAME", "FakeValues", "RealBranches", "real_branches", "seed_running", "uses_transformers"]
+__all__ = [
+    "JIT_PROBE_NAME", "PROBE_MODULE", "PROBE_NAME", "FakeValues", "JitBranches", "RealBranches", "jit_branches",
+    "real_branches", "seed_running", "uses_transformers",
+]
 
 #: where transformers keeps the probe ``is_tracing`` calls for a tensor argument
 PROBE_MODULE = "transformers.utils.import_utils"
 PROBE_NAME = "is_fake_tensor"
+#: and the one ``is_tracing`` asks for torch.jit's tracing state
+JIT_PROBE_NAME = "is_jit_tracing"
 #: the largest tensor (elements) whose value is followed: token ids and masks of a batch of long
 #: sequences, not a (batch, 1, q, kv) mask of a long context
 LIMIT = 1 << 20
@@ -164,19 +175,20 @@ class FakeValues(TorchDispatchMode):
 
 
 class _Probe:
-    """transformers' probe, wrapped while some thread runs a fake forward (``count`` of them):
-    the running thread's innermost :class:`RealBranches` answers for its fakes."""
+    """One of transformers' probes, wrapped while some thread runs a forward that answers it
+    (``count`` of them): the running thread's innermost run answers, else transformers' own."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.lock = threading.Lock()
         self.count = 0
         self.module: Any = None
-        self.original: Optional[Callable[[Any], bool]] = None
-        self.wrapper: Optional[Callable[[Any], bool]] = None
+        self.original: Optional[Callable[..., bool]] = None
+        self.wrapper: Optional[Callable[..., bool]] = None
         self.local = threading.local()
 
-    def runs(self) -> List[RealBranches]:
-        runs: Optional[List[RealBranches]] = getattr(self.local, "runs", None)
+    def runs(self) -> List[Any]:
+        runs: Optional[List[Any]] = getattr(self.local, "runs", None)
         if runs is None:
             runs = self.local.runs = []
         return runs
@@ -187,12 +199,12 @@ class _Probe:
             return False
         with self.lock:
             if self.count == 0:
-                original = getattr(module, PROBE_NAME, None)
+                original = getattr(module, self.name, None)
                 if not callable(original):
                     return False
                 self.module, self.original = module, original
                 self.wrapper = _wrapper(self, original)
-                setattr(module, PROBE_NAME, self.wrapper)
+                setattr(module, self.name, self.wrapper)
             self.count += 1
         return True
 
@@ -202,28 +214,32 @@ class _Probe:
             if self.count == 0:
                 # put transformers' own function back, unless someone replaced ours since (their
                 # function may call ours: it answers as transformers' own with no run active)
-                if getattr(self.module, PROBE_NAME, None) is self.wrapper:
-                    setattr(self.module, PROBE_NAME, self.original)
+                if getattr(self.module, self.name, None) is self.wrapper:
+                    setattr(self.module, self.name, self.original)
                 self.module = self.original = self.wrapper = None
 
 
-def _wrapper(probe: _Probe, original: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    def is_fake_tensor(x: Any) -> bool:
-        runs: Optional[List[RealBranches]] = getattr(probe.local, "runs", None)
+def _wrapper(probe: _Probe, original: Callable[..., bool]) -> Callable[..., bool]:
+    def answered(*args: Any) -> bool:
+        runs: Optional[List[Any]] = getattr(probe.local, "runs", None)
         if runs:
-            answer = runs[-1].answer(x)
+            answer = runs[-1].answer(*args)
             if answer is not None:
-                return answer
-        return original(x)
+                return bool(answer)
+        return original(*args)
 
-    is_fake_tensor.__wrapped__ = original  # type: ignore[attr-defined]
-    is_fake_tensor.__doc__ = original.__doc__
-    return is_fake_tensor
+    answered.__name__ = answered.__qualname__ = probe.name
+    answered.__wrapped__ = original  # type: ignore[attr-defined]
+    answered.__doc__ = original.__doc__
+    return answered
 
 
-#: the one wrapper of transformers' probe (process-wide by nature: it replaces a function of
-#: another package's module); who is answered is per thread (:class:`RealBranches` entered)
-_PROBE = _Probe()
+# The wrappers of transformers' probes (process-wide by nature: each replaces a function of another
+# package's module); who is answered is per thread (a run entered in that thread).
+#: ``is_fake_tensor(x)``: answered by :class:`RealBranches` (fake runs)
+_PROBE = _Probe(PROBE_NAME)
+#: ``is_jit_tracing()``: answered by :class:`JitBranches` (the jit tracer's real run)
+_JIT_PROBE = _Probe(JIT_PROBE_NAME)
 
 
 class RealBranches:
@@ -326,3 +342,42 @@ def seed_running(fakes: Sequence[Any], reals: Sequence[Any]) -> None:
     runs: Optional[List[RealBranches]] = getattr(_PROBE.local, "runs", None)
     if runs:
         runs[-1].seed(fakes, reals)
+
+
+class JitBranches:
+    """Entered around the jit tracer's run of a model that holds transformers modules: in the
+    tracing thread, transformers' ``is_jit_tracing()`` answers False, so that ``is_tracing`` (and the
+    mask code that asks it before reading a value) takes the branch of a real forward; the tensors
+    are real, so their values are read as in that forward (torch.jit bakes each read into the
+    graph as a constant: the trace holds the branch this input took, as for any model)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self._installed = False
+
+    def answer(self, *args: Any) -> Optional[bool]:
+        return False
+
+    def __enter__(self) -> JitBranches:
+        if self.active:
+            self._installed = _JIT_PROBE.install()
+            if self._installed:
+                _JIT_PROBE.runs().append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._installed:
+            return
+        self._installed = False
+        try:
+            runs = _JIT_PROBE.runs()
+            if runs and runs[-1] is self:
+                runs.pop()
+        finally:
+            _JIT_PROBE.uninstall()
+
+
+def jit_branches(modules: Iterable[Any]) -> JitBranches:
+    """:class:`JitBranches` for the jit tracer's run of a model with ``modules`` (inert where no
+    module is transformers')."""
+    return JitBranches(uses_transformers(modules))

@@ -23,6 +23,7 @@ from flopcount.tracers._modules import ModuleStack, forward_error
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers._vocabulary import canonical
+from flopcount.tracers.fake.hf_tracing import jit_branches
 from flopcount.tracers.jit.functions import function_failure, transform_failure
 from flopcount.tracers.jit.graph import (
     FUNCTION_CALL,
@@ -302,7 +303,8 @@ def trace(
         previous_map = torch.jit._trace._trace_module_map
         torch.jit._trace._trace_module_map = scope_map
         try:
-            with warnings.catch_warnings(), torch.no_grad(), static_unpool_sizes(model):
+            # transformers' is_tracing() answered as in a real forward (tracers/fake/hf_tracing.py)
+            with warnings.catch_warnings(), torch.no_grad(), static_unpool_sizes(model), jit_branches(facts.modules):
                 warnings.simplefilter("always")
                 warnings.showwarning = recording_warnings(caught)
                 with private_random_calls() as random:
