@@ -165,6 +165,38 @@ def test_jit_traces_the_branch_of_the_real_forward(mask: str) -> None:
     assert getattr(sys.modules[hf_tracing.PROBE_MODULE], hf_tracing.JIT_PROBE_NAME).__module__ == hf_tracing.PROBE_MODULE
 
 
+def _encoder_model(name: str) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "bart":
+        return transformers.BartModel(transformers.BartConfig(
+            vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        )).eval()
+    return transformers.DebertaV2Model(transformers.DebertaV2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+    )).eval()
+
+
+@pytest.mark.parametrize("name", ["bart", "deberta-v2"])
+def test_other_families_count_the_real_branch_with_every_tracer(name: str) -> None:
+    """docs/coverage.md's transformers rows where jit and dispatch disagreed: BART's decoder makes
+    its own float all-ones mask and checks it (``_ignore_causal_mask_sdpa``'s ``fast_all``: 32
+    FLOPs of sum on 2 x 16), DeBERTa-v2 checks the token ids for padding
+    (``warn_if_padding_and_no_attention_mask``: an ``any`` of 4 FLOPs); both checks were skipped
+    on fakes and under jit ("tracing"). Now auto's rows equal the real dispatch run's and jit's
+    FLOPs per operator too."""
+    model = _encoder_model(name)
+    ids = torch.randint(3, VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
+    real = flopcount.count_flops(model, (ids,), tracer="dispatch")
+    auto = flopcount.count_flops(model, (ids,))
+    jit = flopcount.count_flops(model, (ids,), tracer="jit")
+    assert auto.tracer == "dispatch" and not any("tracing path" in w for w in auto.warnings)
+    assert _rows(auto) == _rows(real)
+    assert _nonzero(jit.by_operator()) == _nonzero(real.by_operator())
+
+
 def _real_peak(model: torch.nn.Module, ids: torch.Tensor, kwargs: Dict[str, Any], backward: bool) -> int:
     """MemTracker's peak of the step estimate_memory sizes, run for real on a copy: the forward
     (under no_grad without backward), then the default loss (the logits' sum) and backward."""

@@ -67,6 +67,10 @@ LIMIT = 1 << 20
 _aten = torch.ops.aten
 _READS = frozenset({_aten._local_scalar_dense.default, _aten.equal.default, _aten.is_nonzero.default})
 _CPU = torch.device("cpu")
+#: ops whose result has no value a real run decides (uninitialised memory)
+_UNDECIDED = frozenset({
+    _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided, _aten.empty_permuted,
+})
 
 
 class _Unknown(Exception):
@@ -74,12 +78,13 @@ class _Unknown(Exception):
 
 
 class FakeValues(TorchDispatchMode):
-    """Fake tensor -> its CPU value, for the small integral tensors a real run's values decide
-    (the caller's inputs and what is computed from them and from factories alone). Entered on
-    top of the run's other modes, so that it sees every op (the shape cache answers some below
-    it without running them). A read of a fake it knows goes down with the value set as the
-    fake's ``constant`` (FakeTensorMode then answers it); an in-place op it cannot follow on an
-    integral fake forgets every value (it may write into one it knows, through a view)."""
+    """Fake tensor -> its CPU value, for the small tensors a real run's values decide (the
+    caller's inputs, and what is computed from them and from factories alone: position ids,
+    masks, their checks). Entered on top of the run's other modes, so that it sees every op (the
+    shape cache answers some below it without running them). A read of a fake it knows goes down
+    with the value set as the fake's ``constant`` (FakeTensorMode then answers it). An in-place op
+    it cannot follow forgets every value if it writes into a fake it knows or a view of one; ops
+    whose result has no decided value (``empty``, random draws) give unknown results."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -92,13 +97,13 @@ class FakeValues(TorchDispatchMode):
 
     def seed(self, fakes: Sequence[Any], reals: Sequence[Any]) -> None:
         """Each fake of ``fakes`` stands for the real tensor at the same place of ``reals``:
-        its value is a copy of the real one, where small, integral and real."""
+        its value is a copy of the real one, where small, dense and real."""
         with torch._C._DisableTorchDispatch():
             for fake, real in zip(fakes, reals):
                 if (
                     isinstance(fake, self._fake) and type(real) in (torch.Tensor, nn.Parameter)
-                    and real.dtype in INTEGRAL and real.numel() <= LIMIT and real.layout == torch.strided
-                    and real.device.type != "meta" and tuple(real.shape) == tuple(fake.shape)
+                    and real.numel() <= LIMIT and real.layout == torch.strided and real.device.type != "meta"
+                    and tuple(real.shape) == tuple(fake.shape) and real.dtype == fake.dtype
                 ):
                     self._values[fake] = real.detach().to(_CPU, copy=True)
 
@@ -110,14 +115,26 @@ class FakeValues(TorchDispatchMode):
         if func in _READS:
             return self._read(func, args, kwargs)
         out = func(*args, **kwargs)
-        if type(out) is self._fake and out.dtype in INTEGRAL and out.numel() <= LIMIT:
+        if type(out) is self._fake and out.numel() <= LIMIT and (out.dtype in INTEGRAL or self._known_args(args, kwargs)):
             self._follow(func, args, kwargs, out)
         elif len(self._values) and func._schema.is_mutable:
-            self._written(args, kwargs)
+            self._written(func, args, kwargs)
         return out
 
+    def _known_args(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+        """No fake among the top-level arguments is unknown (a quick test before a float op is
+        followed: most have an activation or a weight among them)."""
+        values, fake = self._values, self._fake
+        for value in args:
+            if type(value) is fake and value not in values:
+                return False
+        for value in kwargs.values():
+            if type(value) is fake and value not in values:
+                return False
+        return True
+
     def _follow(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> None:
-        if torch.Tag.nondeterministic_seeded in func.tags:  # a random draw: no value decided
+        if torch.Tag.nondeterministic_seeded in func.tags or func.overloadpacket in _UNDECIDED:
             self._forget_if_written(func, args, kwargs)
             return
         try:
@@ -150,14 +167,23 @@ class FakeValues(TorchDispatchMode):
 
     def _forget_if_written(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if func._schema.is_mutable:
-            self._written(args, kwargs)
+            self._written(func, args, kwargs)
 
-    def _written(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        """An in-place op not followed: if it may have written into an integral fake (one this
-        mode knows, or a view of one), every value is forgotten."""
-        tensors, _ = flatten_tensors((args, kwargs))
-        if any(isinstance(t, self._fake) and t.dtype in INTEGRAL for t in tensors):
-            self._values = WeakIdKeyDictionary()
+    def _written(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        """An in-place op not followed: every value is forgotten if it wrote into a fake this
+        mode knows or a view of one (a known tensor's views are known or made too large to
+        follow; a view of an unknown tensor is unknown, so a write into an unknown tensor that
+        is no view of a known one changes no known value)."""
+        for index, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[index] if index < len(args) else kwargs.get(argument.name)
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(tensor, self._fake) and (
+                    tensor in self._values or (tensor._base is not None and tensor._base in self._values)
+                ):
+                    self._values = WeakIdKeyDictionary()
+                    return
 
     def _read(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         fakes = [a for a in args if isinstance(a, self._fake)]
