@@ -13,8 +13,8 @@ FLOPs, a mask and expanded K/V that the real step never allocates).
 (and only when transformers is imported already: it is never imported here):
 
 * follows the values a real run would have, beside the fake run (:class:`FakeValues`): the
-  caller's small integral inputs (token ids, attention masks, position ids) and every small
-  integral tensor computed from them or from factories alone (``arange``, ``ones``) is also
+  caller's small inputs (token ids, attention masks, position ids; up to ``LIMIT`` elements) and
+  every small tensor computed from them or from factories alone (``arange``, ``ones``) is also
   computed on CPU;
 * answers transformers' probe, for a fake whose value it follows, as for a real tensor:
   transformers takes the real branch, and the reads that branch makes (``padding_mask.all()``)
