@@ -264,9 +264,10 @@ def _trace(
         raise IndexRefused("a layer index stand-in was refused and the forward went on")
     if optimizer is not None:
         _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
-    notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches) + branches.notes
+    notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)
     return Trace(
-        tuple(recorder.events), "dispatch", dict(modules.calls), notes + tuple(sorted(recorder.assumptions)), gaps=notes,
+        tuple(recorder.events), "dispatch", dict(modules.calls),
+        notes + branches.notes + tuple(sorted(recorder.assumptions)), gaps=notes,
         shape_cache=_cache_stats(shape_cache, reuse),
     )
 
