@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _interleave import median, rounds  # noqa: E402
+from _interleave import median, rounds
 
 
 @contextlib.contextmanager
@@ -74,9 +74,9 @@ def small(repeats: int) -> None:
 
 
 def big() -> None:
-    import flopcount
     from transformers import LlamaForCausalLM
 
+    import flopcount
     from flopcount.examples.hf import llama2_70b_config
 
     config = llama2_70b_config()

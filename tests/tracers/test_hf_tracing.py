@@ -229,6 +229,21 @@ def test_memory_peak_equals_memtracker_on_the_real_step(family: str, mask: str, 
     assert estimate.peak_bytes == _real_peak(model, ids, kwargs, backward)
 
 
+def test_gpt2_with_activation_checkpointing_equals_memtracker() -> None:
+    """docs/memory.md's former residual: GPT-2 (2 layers, batch 4 x 128) with gradient checkpointing
+    on fakes built transformers' (batch, 1, L, L) bool mask that SDPA's is_causal makes unneeded on
+    real tensors: the estimate was 4 x 128 x 128 = 65,536 bytes above MemTracker's real peak."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=256)).train()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    ids = torch.randint(0, VOCAB, (4, 128), generator=torch.Generator().manual_seed(0))
+    estimate = flopcount.estimate_memory(model, (ids,), backward=True)
+    assert estimate.peak_bytes == _real_peak(model, ids, {}, True)
+
+
 def test_one_rank_plan_equals_the_real_loop() -> None:
     """The one-rank plan of a 7-layer GQA LLaMA without cache (tests/plan/_plan_gloo.tiny_llama7):
     FLOPs per phase equal the real forward + backward of the same default loss (dispatch on real

@@ -22,7 +22,7 @@ FLOPs, a mask and expanded K/V that the real step never allocates).
   the read as a real run records it);
 * answers as before ("tracing") for a fake whose value it cannot know (computed from the
   weights, a meta input, too large), and says so in :attr:`RealBranches.notes`, which the
-  reading puts in its warnings.
+  reading puts in its warnings (not for a check whose real branch only decides whether to log).
 
 The jit tracer runs the real model under ``torch.jit`` tracing, where transformers' ``is_tracing()``
 is true for every tensor (``is_jit_tracing``): :class:`JitBranches`, entered around that run,
@@ -67,6 +67,9 @@ LIMIT = 1 << 20
 _aten = torch.ops.aten
 _READS = frozenset({_aten._local_scalar_dense.default, _aten.equal.default, _aten.is_nonzero.default})
 _CPU = torch.device("cpu")
+#: callers whose real branch only checks for a warning to log (whether the token ids hold the pad
+#: token: an ``any`` over two columns): taking their tracing branch is not noted
+_QUIET = frozenset({"transformers.modeling_utils.warn_if_padding_and_no_attention_mask"})
 #: ops whose result has no value a real run decides (uninitialised memory)
 _UNDECIDED = frozenset({
     _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided, _aten.empty_permuted,
@@ -287,9 +290,9 @@ class RealBranches:
         return (
             "transformers' tracing path counted in " + ", ".join(self._traced) + ": it asked whether a fake tensor is "
             "traced before reading its values, which a fake run cannot know here (computed from the weights or from "
-            "an input without data); a real forward may take another branch (an attention mask materialised instead "
-            "of SDPA's is_causal, K and V repeated for grouped-query attention): count real tensors "
-            "(tracer='dispatch') for the real branch",
+            "an input without data); a real forward may run other code there (for the attention mask: a mask "
+            "materialised instead of SDPA's is_causal, K and V repeated for grouped-query attention): count real "
+            "tensors (tracer='dispatch') for the real branch",
         )
 
     def seed(self, fakes: Sequence[Any], reals: Sequence[Any]) -> None:
@@ -303,7 +306,9 @@ class RealBranches:
             return None
         if self.values.knows(tensor):
             return False
-        self._traced[_caller()] = None
+        caller = _caller()
+        if caller not in _QUIET:
+            self._traced[caller] = None
         return None
 
     def __enter__(self) -> RealBranches:
