@@ -378,3 +378,21 @@ def test_canary_a_fake_with_a_constant_reads_its_value() -> None:
             assert int(total) == 7
         finally:
             total.constant = None
+
+
+def test_a_read_of_a_known_fake_beside_a_real_tensor_gets_the_true_answer() -> None:
+    """``torch.equal(fake, real)``: FakeTensorMode folds a read only when every tensor is a fake with
+    a constant, so FakeValues reads such a call on the CPU values itself."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    real = torch.arange(6).reshape(2, 3)
+    fake = mode.from_tensor(real, static_shapes=True)
+    values = hf_tracing.FakeValues()
+    values.seed([fake], [real])
+    other = torch.arange(6).reshape(2, 3)
+    with mode, values:
+        same = torch.equal(fake + 0, other)
+        differs = torch.equal(fake * 2, other)
+        total = int((fake > 2).sum())
+    assert (same, differs, total) == (True, False, 3)  # 3 of 0..5 are above 2

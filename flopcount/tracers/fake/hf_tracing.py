@@ -198,6 +198,11 @@ class FakeValues(TorchDispatchMode):
             for fake, value in zip(fakes, values):
                 fake.constant = value
             return func(*args, **kwargs)
+        except Exception:  # FakeTensorMode would not fold it (a real tensor beside the fake): read here
+            tensors, rebuild = flatten_tensors((args, kwargs))
+            cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
+            with torch._C._DisableTorchDispatch():
+                return func(*cpu_args, **cpu_kwargs)
         finally:
             for fake, old in zip(fakes, before):
                 fake.constant = old
