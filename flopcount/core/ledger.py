@@ -16,12 +16,17 @@ No torch here; the ledger knows costs and names only.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from flopcount.core.rows import CostRow
-from flopcount.types import COST_METRICS, Cost, OpEvent
+from flopcount.types import COST_METRICS, Cost, OpEvent, Replay
 
-__all__ = ["MIXED", "TABLES", "Ledger", "TOTAL_FIELDS", "cost_change", "owners_of"]
+__all__ = ["MIXED", "TABLES", "Booked", "Ledger", "TOTAL_FIELDS", "cost_change", "expand_booked", "owners_of"]
+
+#: What the ledger books: an event and its cost (None: no handler), or a
+#: :class:`~flopcount.types.Replay` and the costs of its ops, in order
+#: (:func:`flopcount.core.analysis.cost_records`)
+Booked = Union[Tuple[OpEvent, Optional[Cost]], Tuple[Replay, Tuple[Optional[Cost], ...]]]
 
 #: What a booked total holds, in order: calls, then each cost metric.
 TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
@@ -159,6 +164,66 @@ def _add(table: Dict[Any, Sums], key: Any, sums: Sums, sign: int = 1) -> None:
             into[i] -= sums[i]
 
 
+def expand_booked(costed: Iterable[Booked]) -> Iterator[Tuple[OpEvent, Optional[Cost]]]:
+    """Every (event, cost) of ``costed``, each replay's ops as the events a traced call leaves."""
+    for item in costed:
+        record = item[0]
+        if type(record) is Replay:
+            stacks = record.stacks
+            for (call, k, phase), cost in zip(record.ops, item[1]):  # type: ignore[arg-type]
+                yield OpEvent(call, stacks[k], phase), cost
+        else:
+            yield item  # type: ignore[misc]
+
+
+class _Group:
+    """The tables of one replay's ops, booked once per distinct ops (a layer's 54 events, for
+    80 layers): per stack index, ``{op: sums + [first]}``, ``first`` counted from the group's
+    first part; per (op, phase) the same; the stack indices in the order their first costed
+    event comes; what the events say besides figures, in event order (ops without a handler
+    with their stack index, estimate notes); and how many parts the group books."""
+
+    __slots__ = ("ops", "tables", "order", "phases", "tallies", "width")
+
+    def __init__(self, ops: Tuple[Any, ...], costs: Tuple[Optional[Cost], ...]):
+        self.ops = ops  # held: the cache is keyed by its id
+        self.tables: Dict[int, Dict[str, List[int]]] = {}
+        self.phases: Dict[Tuple[str, str], List[int]] = {}
+        self.tallies: List[Tuple[str, int, str]] = []  # (op, stack index, note; "" for no handler)
+        first = 0
+        for (call, k, phase), cost in zip(ops, costs):
+            op = call.op
+            if cost is None:
+                self.tallies.append((op, k, ""))
+                continue
+            if cost.note:
+                self.tallies.append((op, k, cost.note))
+            table = self.tables.get(k)
+            if table is None:
+                table = self.tables[k] = {}
+            for name, part in cost.parts or ((op, cost),):
+                _add_call(table, name, part, first)
+                _add_call(self.phases, (name, phase), part, first)
+                first += 1
+        self.order = list(self.tables)
+        self.width = first
+
+
+def _add_at(table: Dict[Any, List[int]], key: Any, sums: List[int], offset: int) -> None:
+    """Add a group's ``sums`` (the five figures, then the group's first-part index) into
+    ``table[key]``, the group starting at part ``offset``: a key already there keeps its
+    (earlier) first part."""
+    found = table.get(key)
+    if found is None:
+        table[key] = [sums[0], sums[1], sums[2], sums[3], sums[4], sums[_WIDTH] + offset]
+        return
+    found[0] += sums[0]
+    found[1] += sums[1]
+    found[2] += sums[2]
+    found[3] += sums[3]
+    found[4] += sums[4]
+
+
 class Ledger:
     """Totals by operator, module, module x operator and phase, plus what could not be
     costed (ops without a handler) and the notes of estimated costs. ``aliases``:
@@ -206,20 +271,21 @@ class Ledger:
 
     def book_all(
         self,
-        costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
+        costed: Iterable[Booked],
         columns: Optional[Sequence[Optional[Sequence[float]]]] = None,
         labels: Optional[Sequence[Optional[Labels]]] = None,
     ) -> Ledger:
         """Book every event (``None``: no handler, listed as unsupported, never zero). Events
         that share (call stack, op, phase) are summed first: far fewer than events.
         ``columns`` / ``labels``: per event (in ``costed``'s order) its values of the ledger's
-        columns and labels (None: none for that event)."""
+        columns and labels (None: none for that event). A :class:`~flopcount.types.Replay` is
+        booked as the events it stands for (``columns``/``labels``: per event it expands to)."""
         if columns is None and labels is None and not self.keeps_rows and not (self.operators or self.modules):
             return self._book_tree(costed)
         groups: Dict[Key, Sums] = {}
         times: Dict[Key, List[float]] = {}
         marks: Dict[Key, List[Optional[str]]] = {}
-        for index, (event, cost) in enumerate(costed):
+        for index, (event, cost) in enumerate(expand_booked(costed)):
             op = event.call.op
             cost = self._tally(op, event.module, cost)
             if cost is None:
@@ -253,7 +319,7 @@ class Ledger:
             self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
         return cost
 
-    def _book_tree(self, costed: Iterable[Tuple[OpEvent, Optional[Cost]]]) -> Ledger:
+    def _book_tree(self, costed: Iterable[Booked]) -> Ledger:
         """:meth:`book_all` of a fresh ledger without columns, labels or rows, with the module
         tables rolled up the call-stack tree instead of credited per (stack, op, phase) and
         owner (issue #32: 80 layers of ~30 stacks each, six owners per stack).
@@ -262,14 +328,28 @@ class Ledger:
         those of the stack one shorter plus the names its innermost entry adds (``owners_of``
         walks the stack in order), so an owner first added at stack ``s`` is credited once
         with the sums of every event whose stack starts with ``s``. Each table keeps the order
-        in which the per-group booking would have inserted its keys (by first event: ``first``)."""
+        in which the per-group booking would have inserted its keys (by first event: ``first``).
+
+        A replay (:class:`~flopcount.types.Replay`) is booked from its ops' tables, made once per
+        distinct ops (:class:`_Group`): each stack's table added under the replay's stack, keys
+        ordered from the part the replay starts at; its ops without a handler and its notes
+        tallied in event order. The same sums, in the same order, as its events one by one."""
         # stack -> op -> [calls, macs, flops, bytes_read, bytes_written, first]; (op, phase) -> the same
         stacks: Dict[Tuple[str, ...], Dict[str, List[int]]] = {}
         by_phase: Dict[Tuple[str, str], List[int]] = {}
+        made: Dict[int, _Group] = {}
         first = 0
-        for event, cost in costed:
+        for item in costed:
+            event = item[0]
+            if isinstance(event, Replay):
+                group = made.get(id(event.ops))
+                if group is None:
+                    group = made[id(event.ops)] = _Group(event.ops, item[1])  # type: ignore[arg-type]
+                first = self._graft(event, group, stacks, by_phase, first)
+                continue
+            cost = item[1]
             op = event.call.op
-            cost = self._tally(op, event.module, cost)
+            cost = self._tally(op, event.module, cost)  # type: ignore[arg-type]
             if cost is None:
                 continue
             stack = event.module_stack
@@ -340,6 +420,30 @@ class Ledger:
             self.modules[owner] = total
             self.module_ops[owner] = ops
         return self
+
+    def _graft(
+        self, replay: Replay, group: _Group, stacks: Dict[Tuple[str, ...], Dict[str, List[int]]],
+        by_phase: Dict[Tuple[str, str], List[int]], first: int,
+    ) -> int:
+        """Book ``replay`` (its ops' tables ``group``) into :meth:`_book_tree`'s tables, its parts
+        numbered from ``first``; gives back the number after its last part."""
+        paths = replay.stacks
+        for op, k, note in group.tallies:
+            if note:
+                self.notes[(op, note)] = self.notes.get((op, note), 0) + 1
+            else:
+                stack = paths[k]
+                self._tally(op, stack[-1] if stack else "", None)
+        for k in group.order:
+            path = paths[k]
+            table = stacks.get(path)
+            if table is None:
+                table = stacks[path] = {}
+            for name, sums in group.tables[k].items():
+                _add_at(table, name, sums, first)
+        for key, sums in group.phases.items():
+            _add_at(by_phase, key, sums, first)
+        return first + group.width
 
     def rebook(self, event: OpEvent, old: Cost, new: Cost) -> None:
         """The same event ran at another cost (a decode step's longer keys): ``old`` out,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
-from flopcount.core.ledger import TOTAL_FIELDS, Ledger, cost_change
+from flopcount.core.ledger import TOTAL_FIELDS, Booked, Ledger, cost_change, expand_booked
 from flopcount.core.rendering import render
 from flopcount.errors import UsageError
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
@@ -288,7 +288,7 @@ def _with_tables(
 
 
 def aggregate(
-    costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
+    costed: Iterable[Booked],
     *,
     tracer: str,
     modules: Sequence[ModuleInfo],
@@ -304,7 +304,8 @@ def aggregate(
     like ModuleList, still include their children) and by phase, with the one
     :class:`~flopcount.core.ledger.Ledger`. ``None`` marks an op without a handler: it is listed
     as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
-    the ops it names, one call each. ``aliases``: ``{canonical name: every name}`` of
+    the ops it names, one call each; a :class:`~flopcount.types.Replay` as the events it
+    stands for (:func:`~flopcount.core.analysis.cost_records`). ``aliases``: ``{canonical name: every name}`` of
     modules reachable under several names.
 
     ``deferred``: the totals (every event's parts summed: what the ledger books under the
@@ -316,7 +317,7 @@ def aggregate(
         totals = _summed(events)
         if totals is not None:
             # unsupported ops and estimate notes: booked by the ledger, from the events that have them
-            ledger = Ledger(aliases).book_all([(e, c) for e, c in events if c is None or c.note])
+            ledger = Ledger(aliases).book_all([(e, c) for e, c in expand_booked(events) if c is None or c.note])
             base = _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps)
 
             def booked() -> FlopResult:
@@ -353,12 +354,12 @@ def _unbooked(
     )
 
 
-def _summed(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> Optional[List[int]]:
+def _summed(costed: Sequence[Booked]) -> Optional[List[int]]:
     """MACs, FLOPs, bytes read and written of every costed event, part by part (None when a
     figure is not an integer: summed in another order, floats could differ in the last bit;
     a sum stays an ``int`` only while every figure added is one)."""
     macs = flops = read = written = 0
-    for _, cost in costed:
+    for _, cost in expand_booked(costed):
         for part in ([] if cost is None else [p for _, p in cost.parts] or [cost]):
             macs += part.macs
             flops += part.flops
