@@ -261,8 +261,28 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
-    return {key: OpTotals(*sums) for key, sums in table.items()}
+def _frozen(table: Mapping[str, Sequence[int]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, OpTotals]:
+    """``table`` as OpTotals; equal sums share one (``rows``: sums -> OpTotals, per result)."""
+    made: Dict[str, OpTotals] = {}
+    for key, sums in table.items():
+        figures = tuple(sums)
+        row = rows.get(figures)
+        if row is None:
+            row = rows[figures] = OpTotals(*figures)
+        made[key] = row
+    return made
+
+
+def _frozen_tables(tables: Dict[str, Dict[str, List[int]]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, Mapping[str, OpTotals]]:
+    """Each module's ``{op: sums}`` as OpTotals, the ledger's lists let go as they are read;
+    equal tables share one (the 80 layers of a model whose layers do the same work: what the
+    result holds per layer is its name, not its table; issue #32)."""
+    made: Dict[str, Mapping[str, OpTotals]] = {}
+    shared: Dict[Tuple[Tuple[str, OpTotals], ...], Dict[str, OpTotals]] = {}
+    for name in list(tables):
+        table = _frozen(tables.pop(name), rows)
+        made[name] = shared.setdefault(tuple(table.items()), table)
+    return made
 
 
 def _with_tables(
@@ -327,9 +347,11 @@ def aggregate(
             return _deferred(base, totals, _Deferred(booked))
         costed = events
     ledger = Ledger(aliases).book_all(costed)
+    rows: Dict[Tuple[int, ...], OpTotals] = {}
     return _with_tables(
-        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps), _frozen(ledger.operators),
-        _frozen(ledger.modules), {name: _frozen(ops) for name, ops in ledger.module_ops.items()}, _frozen(ledger.phases),
+        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps),
+        _frozen(ledger.operators, rows), _frozen(ledger.modules, rows), _frozen_tables(ledger.module_ops, rows),
+        _frozen(ledger.phases, rows),
     )
 
 
