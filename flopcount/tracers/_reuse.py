@@ -20,9 +20,10 @@ can depend on that we can see:
   Python scalars, dtypes, devices and None by value, tuples/lists/dicts of those;
 * the process settings ops read: default dtype, grad mode, autocast state.
 
-A call whose key was seen before, and whose earlier call was *clean*, is a hit: its events
-are appended again with module names mapped onto the new subtree (by relative path), the
-module call counts likewise, and fresh fake outputs of the recorded metadata are returned
+A call whose key was seen before, and whose earlier call was *clean*, is a hit: it is
+recorded as one :class:`~flopcount.types.Replay` (the earlier call's ops, shared, under module
+stacks mapped onto the new subtree by relative path; the ledger books it as a group), the
+module call counts are added likewise, and fresh fake outputs of the recorded metadata are returned
 (or the argument itself when the earlier call returned its argument). A transformers KV
 cache argument is keyed by what the call can observe of it and its writes to the cache are
 replayed (``_reuse_cache.py``). Not reused, always traced: a call with any other argument
