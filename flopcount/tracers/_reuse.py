@@ -707,7 +707,7 @@ class Reuse:
         # each distinct inner stack once (13 in a LLaMA layer's 54 events); the events as one
         # record, the first call's ops under these stacks (the ledger books it as a group)
         paths = tuple([prefix + tuple([new_names[i] for i in inner]) for inner in entry.inners])
-        recorder.events.append(Replay(entry.compact, paths))
+        recorder.events.append(Replay(entry.compact, paths, prefix))
         calls = stack.calls
         for i, n in entry.calls:
             name = new_names[i]

@@ -29,7 +29,7 @@ from torch import nn
 import flopcount
 from flopcount.core.analysis import cost_events, cost_records
 from flopcount.core.inputs import prepare_call
-from flopcount.core.ledger import Ledger
+from flopcount.core.ledger import Ledger, _alone
 from flopcount.core.model_facts import model_facts
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace
@@ -66,6 +66,24 @@ class Outer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.inner:
             x = block(x)
+        return x
+
+
+class Looped(nn.Module):
+    """One block called three times and one ``Outer`` called three times, each under one name
+    (ALBERT's way): the replays of a call share its module stacks with each other and with the
+    traced call, so the ledger adds their tables up instead of grafting them alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Shared()
+        self.outer = Outer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = self.block(x)
+        for _ in range(3):
+            x = self.outer(x)
         return x
 
 
@@ -133,7 +151,7 @@ def test_the_expanded_events_are_those_of_a_count_without_reuse(monkeypatch: Any
     assert on.module_calls == off.module_calls
 
 
-@pytest.mark.parametrize("block", [Shared, Outer], ids=["aliased", "nested"])
+@pytest.mark.parametrize("block", [Shared, Outer, Looped], ids=["aliased", "nested", "looped"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("tracer", ["auto", "dispatch", "jit"])
 def test_a_count_with_reuse_equals_it_without(monkeypatch: Any, block: type, train: bool, tracer: str) -> None:
@@ -142,12 +160,12 @@ def test_a_count_with_reuse_equals_it_without(monkeypatch: Any, block: type, tra
     on = _count(monkeypatch, "1", model, (x,), tracer=tracer)
     off = _count(monkeypatch, "0", model, (x,), tracer=tracer)
     assert _tables(on) == _tables(off)
-    blocks = 6 * (2 if block is Outer else 1)
-    assert on.macs == blocks * _block_macs(B) + B * D * 4  # + the head
-    assert on.module_totals("blocks.3").macs == _block_macs(B) * (2 if block is Outer else 1)
-    # the shared Linear under its canonical name, called through both names: 2 * D * H per row
-    shared = "blocks.2.inner.1.up" if block is Outer else "blocks.2.up"
-    assert on.module_totals(shared).macs == B * 2 * D * H
+    per = {Shared: 1, Outer: 2, Looped: 3 + 3 * 2}[block]  # Shared calls per block
+    assert on.macs == 6 * per * _block_macs(B) + B * D * 4  # + the head
+    assert on.module_totals("blocks.3").macs == _block_macs(B) * per
+    # the shared Linear under its canonical name, called through both names (2 * D * H per row) per call of its block
+    shared = {Shared: "blocks.2.up", Outer: "blocks.2.inner.1.up", Looped: "blocks.2.block.up"}[block]
+    assert on.module_totals(shared).macs == B * 2 * D * H * (3 if block is Looped else 1)
     if tracer == "auto":
         assert on.reused_calls > 0 and off.reused_calls == 0
 
@@ -196,7 +214,7 @@ def _ledger_tables(ledger: Ledger) -> Tuple[Any, ...]:
     )
 
 
-@pytest.mark.parametrize("block", [Shared, Outer], ids=["aliased", "nested"])
+@pytest.mark.parametrize("block", [Shared, Outer, Looped], ids=["aliased", "nested", "looped"])
 def test_the_ledger_books_a_replay_as_its_events(monkeypatch: Any, block: type) -> None:
     """Oracle: the ledger's per-(stack, op, phase) booking of the expanded events (``rows=True``)
     and the tree booking of the same events one by one; a replay's tables are made once."""
@@ -211,7 +229,16 @@ def test_the_ledger_books_a_replay_as_its_events(monkeypatch: Any, block: type) 
     assert groups and all(c is groups[-1] for c in groups[-4:])  # one costs tuple per distinct ops
     events = cost_events(run.events, registry)
     one_by_one = _ledger_tables(Ledger(facts.aliases).book_all(events))
-    assert _ledger_tables(Ledger(facts.aliases).book_all(grouped)) == one_by_one
+    tree = Ledger(facts.aliases).book_all(grouped)
+    assert _ledger_tables(tree) == one_by_one
+    # the blocks called once are grafted: equal subtrees, one table
+    assert tree.module_ops["blocks.3"] is tree.module_ops["blocks.4"]
+    replays = [r for r, _ in grouped if isinstance(r, Replay)]
+    alone = _alone(grouped)
+    assert alone and (len(alone) < len(replays)) == (block is Looped)  # the looped calls' replays: added up
+    # a ledger whose owners share lists gives each its own before booking more: blocks.3 alone changes
+    tree.rebook_group([OpEvent(events[-1][0].call, ("blocks.3",))], Cost(0, 0), Cost(1, 2))
+    assert tree.modules["blocks.3"][1] == tree.modules["blocks.4"][1] + 1
     assert _ledger_tables(Ledger(facts.aliases, rows=True).book_all(events)) == one_by_one
     assert _ledger_tables(Ledger(facts.aliases, rows=True).book_all(grouped)) == one_by_one
 
