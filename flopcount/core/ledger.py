@@ -460,7 +460,7 @@ class Ledger:
         self.phases = {k: v[:_WIDTH] for k, v in sorted(phases.items(), key=_by_first)}
         # every prefix of a booked stack (and of a grafted replay's call) is a node of the tree;
         # each node's table becomes the sums of its whole subtree, deepest nodes first
-        grafted = {item[0].root: item for item in sequence if _is_graft(item)}
+        grafted = {item[0].root: item for item in sequence if _is_graft(item) and item[1].order}  # order: has costed ops
         subtree = stacks  # each stack's own table becomes its subtree's (the tables are this call's own)
         for stack in [*stacks, *grafted]:
             for end in range(len(stack) - 1, -1, -1):
@@ -515,6 +515,8 @@ class Ledger:
                     seen[owner] = None
                 continue
             replay, group, offset = item
+            if not group.order:
+                continue  # no costed op: no node (as its events, each without a handler)
             tables, parents, representatives = group.subtree(replay)
             owners: List[Tuple[str, ...]] = []
             for j, (k, length) in enumerate(representatives):

@@ -206,6 +206,30 @@ def test_an_unsupported_op_and_an_estimate_in_a_repeated_block(monkeypatch: Any)
     assert ("aten::relu", "made up for the test", 5) in on._estimates  # one relu per block, 5 blocks
 
 
+class Bare(nn.Module):
+    """A block whose one op (relu) has no handler in the test: a replay with no costed op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x)
+
+
+def test_a_repeated_block_with_no_costed_op(monkeypatch: Any) -> None:
+    torch.manual_seed(0)
+    model, x = Stack(4, Bare).eval(), torch.randn(B, D)
+    handlers = {"aten::relu": _unsupported_norm}
+    on = _count(monkeypatch, "1", model, (x,), handlers=handlers)
+    off = _count(monkeypatch, "0", model, (x,), handlers=handlers)
+    assert on.reused_calls == 3 and _tables(on) == _tables(off)
+    assert [(u.op, u.count, u.modules) for u in on.unsupported_details()] == [
+        ("aten::relu", 4, tuple(f"blocks.{i}.act" for i in range(4)))
+    ]
+    assert on.macs == B * D * 4 and on.module_totals("blocks.2").count == 0  # the head only
+
+
 def _ledger_tables(ledger: Ledger) -> Tuple[Any, ...]:
     return (
         list(ledger.operators.items()), list(ledger.phases.items()), list(ledger.modules.items()),
