@@ -218,7 +218,8 @@ def memory(tokens: int = 4096) -> None:
     # what one more layer costs (the slope from 20 to 80 layers), and the part of it the result keeps
     slope, rows_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (peaks, kept))
     print(f"reuse on, per layer from 20 to 80 layers: peak +{slope:.1f} KiB, of which the result keeps "
-          f"+{rows_slope:.1f} KiB (its per-module rows); the count's own working set +{slope - rows_slope:.1f} KiB")
+          f"+{rows_slope:.1f} KiB (its per-module rows); the count's own working set +{slope - rows_slope:.1f} KiB "
+          "(at the peak of the stage whose peak is highest: the table below)")
     _stages(tokens)
 
 
