@@ -277,7 +277,7 @@ class OpEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class Replay:
+class ReplayedCall:
     """A submodule call booked again from an earlier identical call (structural reuse): that
     call's ops, run again under this call's module names, as ONE record instead of one
     :class:`OpEvent` per op (issue #32: a count's memory flat in depth).
@@ -299,10 +299,10 @@ class Replay:
 
 
 def expand(records: Iterable[Any]) -> Iterator[OpEvent]:
-    """Every op event of a stream of records (:class:`OpEvent` and :class:`Replay`), groups
+    """Every op event of a stream of records (:class:`OpEvent` and :class:`ReplayedCall`), groups
     expanded in place: what a tracer without structural reuse would have recorded."""
     for record in records:
-        if type(record) is Replay:
+        if type(record) is ReplayedCall:
             yield from record.events()
         else:
             yield record
@@ -312,11 +312,11 @@ def expand(records: Iterable[Any]) -> Iterator[OpEvent]:
 class Trace:
     """What a tracer returns: the op records in execution order, plus facts about the run.
 
-    ``records`` may hold :class:`Replay` groups (a call booked from an earlier one);
+    ``records`` may hold :class:`ReplayedCall` groups (a call booked from an earlier one);
     ``events`` is every op event, groups expanded (made on each read: a plain count books
     ``records`` as they are, :func:`flopcount.core.analysis.cost_events`)."""
 
-    records: Tuple[Union[OpEvent, Replay], ...]
+    records: Tuple[Union[OpEvent, ReplayedCall], ...]
     tracer: str
     module_calls: Mapping[str, int] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
@@ -329,9 +329,9 @@ class Trace:
 
     @property
     def events(self) -> Tuple[OpEvent, ...]:
-        """Every op event in execution order (each :class:`Replay` expanded)."""
+        """Every op event in execution order (each :class:`ReplayedCall` expanded)."""
         records = self.records
-        if not any(type(r) is Replay for r in records):
+        if not any(type(r) is ReplayedCall for r in records):
             return records  # type: ignore[return-value]  # no group: the records are the events
         return tuple(expand(records))
 

@@ -21,7 +21,7 @@ from flopcount.errors import HandlerError, UnsupportedOpError, UnsupportedOpsWar
 from flopcount.handlers import default_registry
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers import trace
-from flopcount.types import ZERO_COST, Cost, Handler, OpCall, OpEvent, Phase, Replay
+from flopcount.types import ZERO_COST, Cost, Handler, OpCall, OpEvent, Phase, ReplayedCall
 
 
 def analyze(
@@ -92,12 +92,12 @@ def cost_events(events: Iterable[OpEvent], registry: HandlerRegistry) -> List[Tu
     """Pair each event with its cost (``None`` when no handler knows the op): the
     handler's MACs and FLOPs, and the bytes the call moves (:mod:`flopcount.core.traffic`)
     unless the handler gave them."""
-    return cost_records(events, registry)  # type: ignore[return-value]  # no Replay in, none out
+    return cost_records(events, registry)  # type: ignore[return-value]  # no ReplayedCall in, none out
 
 
-def cost_records(records: Iterable[Union[OpEvent, Replay]], registry: HandlerRegistry) -> List[Booked]:
+def cost_records(records: Iterable[Union[OpEvent, ReplayedCall]], registry: HandlerRegistry) -> List[Booked]:
     """:func:`cost_events` of a trace's records as they are: an event with its cost, a
-    :class:`~flopcount.types.Replay` with the costs of its ops, in order (one tuple for every
+    :class:`~flopcount.types.ReplayedCall` with the costs of its ops, in order (one tuple for every
     replay of the same ops: each distinct call is priced once)."""
     resolved: Dict[str, Tuple[Any, bool]] = {}
     costed: List[Booked] = []
@@ -130,7 +130,7 @@ def cost_records(records: Iterable[Union[OpEvent, Replay]], registry: HandlerReg
         return cost
 
     for event in records:
-        if isinstance(event, Replay):
+        if isinstance(event, ReplayedCall):
             found = groups.get(id(event.ops))
             if found is None:
                 costs = []

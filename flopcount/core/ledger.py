@@ -19,14 +19,14 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from flopcount.core.rows import CostRow
-from flopcount.types import COST_METRICS, Cost, OpEvent, Replay
+from flopcount.types import COST_METRICS, Cost, OpEvent, ReplayedCall
 
 __all__ = ["MIXED", "TABLES", "Booked", "Ledger", "TOTAL_FIELDS", "cost_change", "expand_booked", "owners_of"]
 
 #: What the ledger books: an event and its cost (None: no handler), or a
-#: :class:`~flopcount.types.Replay` and the costs of its ops, in order
+#: :class:`~flopcount.types.ReplayedCall` and the costs of its ops, in order
 #: (:func:`flopcount.core.analysis.cost_records`)
-Booked = Union[Tuple[OpEvent, Optional[Cost]], Tuple[Replay, Tuple[Optional[Cost], ...]]]
+Booked = Union[Tuple[OpEvent, Optional[Cost]], Tuple[ReplayedCall, Tuple[Optional[Cost], ...]]]
 
 #: What a booked total holds, in order: calls, then each cost metric.
 TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
@@ -169,7 +169,7 @@ def expand_booked(costed: Iterable[Booked]) -> Iterator[Tuple[OpEvent, Optional[
     """Every (event, cost) of ``costed``, each replay's ops as the events a traced call leaves."""
     for item in costed:
         record = item[0]
-        if type(record) is Replay:
+        if type(record) is ReplayedCall:
             stacks = record.stacks
             for (call, k, phase), cost in zip(record.ops, item[1]):  # type: ignore[arg-type]
                 yield OpEvent(call, stacks[k], phase), cost
@@ -179,7 +179,7 @@ def expand_booked(costed: Iterable[Booked]) -> Iterator[Tuple[OpEvent, Optional[
 
 def _is_graft(item: Any) -> bool:
     """Whether an entry of :meth:`Ledger._book_tree`'s sequence is a grafted replay (else a stack)."""
-    return len(item) == 3 and isinstance(item[0], Replay)
+    return len(item) == 3 and isinstance(item[0], ReplayedCall)
 
 
 def _alone(costed: Sequence[Booked]) -> set[int]:
@@ -187,10 +187,10 @@ def _alone(costed: Sequence[Booked]) -> set[int]:
     starts with the replay's root stack, no other replay's root is that stack, above or below it."""
     roots: Dict[Tuple[str, ...], int] = {}
     below: set[Tuple[str, ...]] = set()  # every stack of an event, and every prefix of one or of a root
-    replays: List[Replay] = []
+    replays: List[ReplayedCall] = []
     for item in costed:
         record = item[0]
-        if isinstance(record, Replay):
+        if isinstance(record, ReplayedCall):
             roots[record.root] = roots.get(record.root, 0) + 1
             replays.append(record)
             continue
@@ -243,7 +243,7 @@ class _Group:
         self.leaves: Dict[int, int] = {}  # stack index -> its node in ``subtree``
         self._tree: Optional[Tuple[List[Dict[str, List[int]]], List[int], List[Tuple[int, int]]]] = None
 
-    def subtree(self, replay: Replay) -> Tuple[List[Dict[str, List[int]]], List[int], List[Tuple[int, int]]]:
+    def subtree(self, replay: ReplayedCall) -> Tuple[List[Dict[str, List[int]]], List[int], List[Tuple[int, int]]]:
         """The nodes of the group's call tree below (and at) the replayed call, node 0 the call:
         each node's subtree table (first parts counted from the group's start), its parent node
         (-1 for the call) and a (stack index, length) whose stack prefix is the node in any replay
@@ -351,7 +351,7 @@ class Ledger:
         """Book every event (``None``: no handler, listed as unsupported, never zero). Events
         that share (call stack, op, phase) are summed first: far fewer than events.
         ``columns`` / ``labels``: per event (in ``costed``'s order) its values of the ledger's
-        columns and labels (None: none for that event). A :class:`~flopcount.types.Replay` is
+        columns and labels (None: none for that event). A :class:`~flopcount.types.ReplayedCall` is
         booked as the events it stands for (``columns``/``labels``: per event it expands to)."""
         if columns is None and labels is None and not self.keeps_rows and not (self.operators or self.modules):
             return self._book_tree(costed)
@@ -403,7 +403,7 @@ class Ledger:
         with the sums of every event whose stack starts with ``s``. Each table keeps the order
         in which the per-group booking would have inserted its keys (by first event: ``first``).
 
-        A replay (:class:`~flopcount.types.Replay`) is booked from its ops' tables, made once per
+        A replay (:class:`~flopcount.types.ReplayedCall`) is booked from its ops' tables, made once per
         distinct ops (:class:`_Group`); its ops without a handler and its notes are tallied in
         event order. A replay whose call's subtree holds no other record's ops (a layer called
         once) is *grafted*: each node of its subtree is credited with the group's subtree table of
@@ -422,7 +422,7 @@ class Ledger:
         first = 0
         for item in costed:
             event = item[0]
-            if isinstance(event, Replay):
+            if isinstance(event, ReplayedCall):
                 group = made.get(id(event.ops))
                 if group is None:
                     group = made[id(event.ops)] = _Group(event.ops, item[1])  # type: ignore[arg-type]
@@ -548,7 +548,7 @@ class Ledger:
         self._shared = len(finished) < len(seen)
         return self
 
-    def _tallies(self, replay: Replay, group: _Group) -> None:
+    def _tallies(self, replay: ReplayedCall, group: _Group) -> None:
         """What a replay's events say besides figures, in event order: ops without a handler
         (with the innermost module of each) and estimate notes."""
         paths = replay.stacks
@@ -560,7 +560,7 @@ class Ledger:
                 self._tally(op, stack[-1] if stack else "", None)
 
     def _graft(
-        self, replay: Replay, group: _Group, stacks: Dict[Tuple[str, ...], Dict[str, List[int]]],
+        self, replay: ReplayedCall, group: _Group, stacks: Dict[Tuple[str, ...], Dict[str, List[int]]],
         by_phase: Dict[Tuple[str, str], List[int]], first: int, sequence: List[Any],
     ) -> int:
         """Book ``replay`` (its ops' tables ``group``) into :meth:`_book_tree`'s stack tables,

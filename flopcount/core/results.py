@@ -324,7 +324,7 @@ def aggregate(
     like ModuleList, still include their children) and by phase, with the one
     :class:`~flopcount.core.ledger.Ledger`. ``None`` marks an op without a handler: it is listed
     as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
-    the ops it names, one call each; a :class:`~flopcount.types.Replay` as the events it
+    the ops it names, one call each; a :class:`~flopcount.types.ReplayedCall` as the events it
     stands for (:func:`~flopcount.core.analysis.cost_records`). ``aliases``: ``{canonical name: every name}`` of
     modules reachable under several names.
 

@@ -21,7 +21,7 @@ can depend on that we can see:
 * the process settings ops read: default dtype, grad mode, autocast state.
 
 A call whose key was seen before, and whose earlier call was *clean*, is a hit: it is
-recorded as one :class:`~flopcount.types.Replay` (the earlier call's ops, shared, under module
+recorded as one :class:`~flopcount.types.ReplayedCall` (the earlier call's ops, shared, under module
 stacks mapped onto the new subtree by relative path; the ledger books it as a group), the
 module call counts are added likewise, and fresh fake outputs of the recorded metadata are returned
 (or the argument itself when the earlier call returned its argument). A transformers KV
@@ -56,7 +56,7 @@ from torch import nn
 from flopcount.core import hooks
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import Pending, tensor_key
-from flopcount.types import Replay, expand
+from flopcount.types import ReplayedCall, expand
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
 
@@ -134,7 +134,7 @@ class _Entry:
         #: the call's distinct module stacks below the called module, as positions in the
         #: subtree order, and its events as (call, which of those stacks, phase)
         self.inners: List[Tuple[int, ...]] = []
-        self.compact: Tuple[Tuple[Any, int, Any], ...] = ()  # shared by every Replay booked from it
+        self.compact: Tuple[Tuple[Any, int, Any], ...] = ()  # shared by every ReplayedCall booked from it
         self.calls: List[Tuple[int, int]] = []  # (module index in the subtree order, calls)
         self.outputs: Any = None
         self.clean = False
@@ -707,7 +707,7 @@ class Reuse:
         # each distinct inner stack once (13 in a LLaMA layer's 54 events); the events as one
         # record, the first call's ops under these stacks (the ledger books it as a group)
         paths = tuple([prefix + tuple([new_names[i] for i in inner]) for inner in entry.inners])
-        recorder.events.append(Replay(entry.compact, paths, prefix))
+        recorder.events.append(ReplayedCall(entry.compact, paths, prefix))
         calls = stack.calls
         for i, n in entry.calls:
             name = new_names[i]

@@ -4,7 +4,7 @@ Findings, each a regression test that fails before the change:
 
 * structural reuse appended one ``OpEvent`` per op of the first call for every call booked
   from it (54 per LLaMA layer), each then paired with its cost: the trace grew by a block's
-  events per repeated block. Now the trace grows by one :class:`~flopcount.types.Replay` per
+  events per repeated block. Now the trace grows by one :class:`~flopcount.types.ReplayedCall` per
   repeated block (``test_the_trace_grows_by_one_record_per_repeated_block``);
 * the result held a copy of each repeated block's tables (per operator, per module x
   operator): now equal tables are one object (``test_equal_module_tables_are_one_object``).
@@ -33,7 +33,7 @@ from flopcount.core.ledger import Ledger, _alone
 from flopcount.core.model_facts import model_facts
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace
-from flopcount.types import Cost, OpEvent, Replay
+from flopcount.types import Cost, OpEvent, ReplayedCall
 
 B, D, H = 3, 8, 16
 
@@ -129,9 +129,9 @@ def test_the_trace_grows_by_one_record_per_repeated_block(monkeypatch: Any) -> N
     small, large = _records(Stack(4).eval(), (x,)), _records(Stack(8).eval(), (x,))
     # four more blocks, each booked from the first: four more records (before: four blocks' events)
     assert len(large) - len(small) == 4
-    replays = [r for r in large if isinstance(r, Replay)]
+    replays = [r for r in large if isinstance(r, ReplayedCall)]
     assert len(replays) == 7 and all(r.ops is replays[0].ops for r in replays)  # one ops tuple, shared
-    assert all(not isinstance(r, Replay) for r in _records(Stack(8).eval(), (x,))[: len(replays[0].ops)])
+    assert all(not isinstance(r, ReplayedCall) for r in _records(Stack(8).eval(), (x,))[: len(replays[0].ops)])
 
 
 def test_the_expanded_events_are_those_of_a_count_without_reuse(monkeypatch: Any) -> None:
@@ -142,10 +142,10 @@ def test_the_expanded_events_are_those_of_a_count_without_reuse(monkeypatch: Any
     on = trace(model, prepare_call((x,)), facts=facts)
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = trace(model, prepare_call((x,)), facts=facts)
-    assert not any(isinstance(r, Replay) for r in off.records) and off.events is off.records
+    assert not any(isinstance(r, ReplayedCall) for r in off.records) and off.events is off.records
     # a repeated block inside a repeated block: the inner block of the first Outer is a replay,
     # and the later Outers are booked from the first whole (its inner replay's ops flattened in)
-    assert sum(isinstance(r, Replay) for r in on.records) == 1 + 4
+    assert sum(isinstance(r, ReplayedCall) for r in on.records) == 1 + 4
     key = [(e.call.op, e.module_stack, e.phase) for e in on.events]
     assert key == [(e.call.op, e.module_stack, e.phase) for e in off.events]
     assert on.module_calls == off.module_calls
@@ -249,7 +249,7 @@ def test_the_ledger_books_a_replay_as_its_events(monkeypatch: Any, block: type) 
     run = trace(model, prepare_call((x,)), facts=facts)
     registry = default_registry().with_overrides(_HANDLERS)
     grouped = cost_records(run.records, registry)
-    groups = [c for r, c in grouped if isinstance(r, Replay)]
+    groups = [c for r, c in grouped if isinstance(r, ReplayedCall)]
     assert groups and all(c is groups[-1] for c in groups[-4:])  # one costs tuple per distinct ops
     events = cost_events(run.events, registry)
     one_by_one = _ledger_tables(Ledger(facts.aliases).book_all(events))
@@ -257,7 +257,7 @@ def test_the_ledger_books_a_replay_as_its_events(monkeypatch: Any, block: type) 
     assert _ledger_tables(tree) == one_by_one
     # the blocks called once are grafted: equal subtrees, one table
     assert tree.module_ops["blocks.3"] is tree.module_ops["blocks.4"]
-    replays = [r for r, _ in grouped if isinstance(r, Replay)]
+    replays = [r for r, _ in grouped if isinstance(r, ReplayedCall)]
     alone = _alone(grouped)
     assert alone and (len(alone) < len(replays)) == (block is Looped)  # the looped calls' replays: added up
     # a ledger whose owners share lists gives each its own before booking more: blocks.3 alone changes
@@ -312,5 +312,5 @@ def test_count_generation_equal_with_and_without_reuse(monkeypatch: Any) -> None
 
 def test_a_replay_s_events_name_its_own_modules() -> None:
     call = object()
-    replay = Replay(((call, 0, "forward"), (call, 1, "forward")), (("a",), ("a", "a.b")))  # type: ignore[arg-type]
+    replay = ReplayedCall(((call, 0, "forward"), (call, 1, "forward")), (("a",), ("a", "a.b")))  # type: ignore[arg-type]
     assert list(replay.events()) == [OpEvent(call, ("a",)), OpEvent(call, ("a", "a.b"))]  # type: ignore[arg-type]
