@@ -11,7 +11,8 @@ Then the memory of the count itself (``tracemalloc`` peak of one ``count_flops``
 allocations: events, rows, the fake copy's objects) for LLaMA-2-70B's config on meta cut to
 20, 40 and 80 layers, reuse on and off; with reuse on, also what the result keeps when the count
 returns (its per-module rows) and the slope from 20 to 80 layers: the peak's growth per layer and
-the part of it that is not the result's rows (the count's own working set, issue #32 step 3).
+the part of it that is not the result's rows (the count's own working set, issue #32 step 3); and the
+peak of each stage of the count (facts, trace, pricing, booking), which says where that working set is.
 
     .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b] [--skip-memory]
 """
@@ -217,7 +218,78 @@ def memory(tokens: int = 4096) -> None:
     # what one more layer costs (the slope from 20 to 80 layers), and the part of it the result keeps
     slope, rows_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (peaks, kept))
     print(f"reuse on, per layer from 20 to 80 layers: peak +{slope:.1f} KiB, of which the result keeps "
-          f"+{rows_slope:.1f} KiB (its per-module rows); the count's own working set +{slope - rows_slope:.1f} KiB")
+          f"+{rows_slope:.1f} KiB (its per-module rows); the count's own working set +{slope - rows_slope:.1f} KiB "
+          "(at the peak of the stage whose peak is highest: the table below)")
+    _stages(tokens)
+
+
+def _stages(tokens: int) -> None:
+    """Where the peak of a count is, reuse on: the count's stages run one by one as ``analyze``
+    runs them, with ``tracemalloc``'s peak reset between them (what each stage holds at its
+    start is in its peak): the model's facts, the trace (the fake copy of every module, the
+    records), the pricing, the booking (the ledger's tables, the result's rows)."""
+    import gc
+    import tracemalloc
+
+    from transformers import LlamaForCausalLM
+
+    from flopcount.core import analysis
+    from flopcount.core.inputs import prepare_call
+    from flopcount.core.model_facts import model_facts
+    from flopcount.core.results import aggregate
+    from flopcount.examples.hf import llama2_70b_config
+    from flopcount.handlers import default_registry
+    from flopcount.tracers import trace
+
+    stages = ("facts", "trace", "pricing", "booking")
+    peaks: Dict[int, Dict[str, int]] = {}
+    old = os.environ.get("FLOPCOUNT_REUSE")
+    os.environ["FLOPCOUNT_REUSE"] = "1"
+    try:
+        for layers in (20, 40, 80):
+            config = llama2_70b_config()
+            config.num_hidden_layers = layers
+            with torch.device("meta"):
+                model = LlamaForCausalLM(config).eval()
+            ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+            for measured in (False, True):
+                gc.collect()
+                if measured:
+                    tracemalloc.start()
+                seen: Dict[str, int] = {}
+
+                def mark(stage: str) -> None:
+                    if tracemalloc.is_tracing():
+                        seen[stage] = tracemalloc.get_traced_memory()[1]
+                        tracemalloc.reset_peak()
+
+                call = prepare_call((ids,))
+                facts = model_facts(model)
+                mark("facts")
+                run = trace(model, call, facts=facts)
+                mark("trace")
+                if hasattr(analysis, "cost_records"):
+                    costed = analysis.cost_records(run.records, default_registry())
+                else:  # a checkout before replays were one record (to measure "before" with this script)
+                    costed = analysis.cost_events(run.events, default_registry())
+                mark("pricing")
+                aggregate(costed, tracer=run.tracer, modules=facts.module_infos(run.module_calls), parameters=facts.summary,
+                          aliases=facts.aliases)
+                mark("booking")
+                if measured:
+                    tracemalloc.stop()
+                    peaks[layers] = seen
+                del run, costed
+    finally:
+        if old is None:
+            del os.environ["FLOPCOUNT_REUSE"]
+        else:
+            os.environ["FLOPCOUNT_REUSE"] = old
+    print("| reuse on, peak of each stage | " + " | ".join(stages) + " |")
+    print("|---|" + "---|" * len(stages))
+    for layers, seen in peaks.items():
+        print(f"| {layers} layers | " + " | ".join(f"{seen[s] / 2**20:.2f} MiB" for s in stages) + " |")
+    print("| per layer, 20 to 80 | " + " | ".join(f"+{(peaks[80][s] - peaks[20][s]) / 60 / 2**10:.1f} KiB" for s in stages) + " |")
 
 
 def _events(model: nn.Module, ids: torch.Tensor) -> int:

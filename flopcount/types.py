@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from math import prod
-from typing import Any, Callable, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 #: The pass an op ran in: the forward, autograd's backward, or one optimizer step after it.
 Phase = Literal["forward", "backward", "optimizer"]
@@ -276,11 +276,47 @@ class OpEvent:
         return self.module_stack[-1] if self.module_stack else ""
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayedCall:
+    """A submodule call booked again from an earlier identical call (structural reuse): that
+    call's ops, run again under this call's module names, as ONE record instead of one
+    :class:`OpEvent` per op (issue #32: a count's memory flat in depth).
+
+    ``ops`` holds ``(call, stack index, phase)`` per op of the earlier call, in order: the same
+    tuple (and the same :class:`OpCall` objects) for every call booked from it; ``stacks`` is
+    this call's module stack of each stack index, ``root`` the call's own. :meth:`events` gives the events a traced call
+    would have left."""
+
+    ops: Tuple[Tuple[OpCall, int, Phase], ...]
+    stacks: Tuple[Tuple[str, ...], ...]
+    #: the module stack of the call itself (every stack of ``stacks`` starts with it)
+    root: Tuple[str, ...] = ()
+
+    def events(self) -> Iterator[OpEvent]:
+        stacks = self.stacks
+        for call, k, phase in self.ops:
+            yield OpEvent(call, stacks[k], phase)
+
+
+def expand(records: Iterable[Any]) -> Iterator[OpEvent]:
+    """Every op event of a stream of records (:class:`OpEvent` and :class:`ReplayedCall`), groups
+    expanded in place: what a tracer without structural reuse would have recorded."""
+    for record in records:
+        if type(record) is ReplayedCall:
+            yield from record.events()
+        else:
+            yield record
+
+
 @dataclass(frozen=True)
 class Trace:
-    """What a tracer returns: the op events in execution order, plus facts about the run."""
+    """What a tracer returns: the op records in execution order, plus facts about the run.
 
-    events: Tuple[OpEvent, ...]
+    ``records`` may hold :class:`ReplayedCall` groups (a call booked from an earlier one);
+    ``events`` is every op event, groups expanded (made on each read: a plain count books
+    ``records`` as they are, :func:`flopcount.core.analysis.cost_events`)."""
+
+    records: Tuple[Union[OpEvent, ReplayedCall], ...]
     tracer: str
     module_calls: Mapping[str, int] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
@@ -290,6 +326,14 @@ class Trace:
     #: The fake path's shape cache: ``{"hits", "misses", "disabled": {op: why}}`` (empty
     #: when no cache ran).
     shape_cache: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def events(self) -> Tuple[OpEvent, ...]:
+        """Every op event in execution order (each :class:`ReplayedCall` expanded)."""
+        records = self.records
+        if not any(type(r) is ReplayedCall for r in records):
+            return records  # type: ignore[return-value]  # no group: the records are the events
+        return tuple(expand(records))
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ import dataclasses
 import numbers
 import warnings
 from functools import cache
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from flopcount.core.inputs import prepare_call
+from flopcount.core.ledger import Booked
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import KNOWN_ZERO, HandlerRegistry
 from flopcount.core.results import FlopResult, aggregate
@@ -20,7 +21,7 @@ from flopcount.errors import HandlerError, UnsupportedOpError, UnsupportedOpsWar
 from flopcount.handlers import default_registry
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers import trace
-from flopcount.types import ZERO_COST, Cost, Handler, OpEvent
+from flopcount.types import ZERO_COST, Cost, Handler, OpCall, OpEvent, Phase, ReplayedCall
 
 
 def analyze(
@@ -48,7 +49,7 @@ def analyze(
     facts = model_facts(model)
     run = trace(model, call, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
     result = aggregate(
-        cost_events(run.events, table),
+        cost_records(run.records, table),
         tracer=run.tracer,
         modules=facts.module_infos(run.module_calls),
         parameters=facts.summary,
@@ -87,43 +88,61 @@ def uncompiled(model: nn.Module) -> nn.Module:
     return children[0] if len(children) == 1 else model
 
 
-def cost_events(events: Tuple[OpEvent, ...], registry: HandlerRegistry) -> List[Tuple[OpEvent, Optional[Cost]]]:
+def cost_events(events: Iterable[OpEvent], registry: HandlerRegistry) -> List[Tuple[OpEvent, Optional[Cost]]]:
     """Pair each event with its cost (``None`` when no handler knows the op): the
     handler's MACs and FLOPs, and the bytes the call moves (:mod:`flopcount.core.traffic`)
     unless the handler gave them."""
+    return cost_records(events, registry)  # type: ignore[return-value]  # no ReplayedCall in, none out
+
+
+def cost_records(records: Iterable[Union[OpEvent, ReplayedCall]], registry: HandlerRegistry) -> List[Booked]:
+    """:func:`cost_events` of a trace's records as they are: an event with its cost, a
+    :class:`~flopcount.types.ReplayedCall` with the costs of its ops, in order (one tuple for every
+    replay of the same ops: each distinct call is priced once)."""
     resolved: Dict[str, Tuple[Any, bool]] = {}
-    costed: List[Tuple[OpEvent, Optional[Cost]]] = []
+    costed: List[Booked] = []
     # an event booked again by structural reuse shares its call with the first: one pricing
     # (a handler is a pure function of the call; traffic of the call and the phase)
     priced: Dict[Tuple[int, str], Optional[Cost]] = {}
-    for event in events:
-        call = event.call
-        known = priced.get((id(call), event.phase), _UNPRICED)
-        if known is not _UNPRICED:
-            costed.append((event, known))
-            continue
+    groups: Dict[int, Tuple[Any, Tuple[Optional[Cost], ...]]] = {}
+
+    def fresh(call: OpCall, phase: Phase, stack: Tuple[str, ...]) -> Optional[Cost]:
         entry = resolved.get(call.op)
         if entry is None:
             entry = resolved[call.op] = (registry.resolve(call.op), is_view_op(call.op))
         handler: Any = entry[0]
-        view = entry[1]
         if handler is None:
-            costed.append((event, None))
-            continue
-        if handler is KNOWN_ZERO:
-            cost: Optional[Cost] = ZERO_COST
+            cost: Optional[Cost] = None
         else:
-            try:
-                cost = handler(call)
-            except Exception as exc:
-                raise HandlerError(_handler_failure(event, exc)) from exc
-            cost = _checked(cost, call.op, event.module)
-        if cost is not None and not (cost.bytes_read or cost.bytes_written):
-            read, written = call_traffic(call, view=view, phase=event.phase)
-            if read or written:
-                cost = cost.with_traffic(read, written)
-        priced[(id(call), event.phase)] = cost
-        costed.append((event, cost))
+            if handler is KNOWN_ZERO:
+                cost = ZERO_COST
+            else:
+                try:
+                    cost = handler(call)
+                except Exception as exc:
+                    raise HandlerError(_handler_failure(OpEvent(call, stack, phase), exc)) from exc
+                cost = _checked(cost, call.op, stack[-1] if stack else "")
+            if cost is not None and not (cost.bytes_read or cost.bytes_written):
+                read, written = call_traffic(call, view=entry[1], phase=phase)
+                if read or written:
+                    cost = cost.with_traffic(read, written)
+        priced[(id(call), phase)] = cost
+        return cost
+
+    for event in records:
+        if isinstance(event, ReplayedCall):
+            found = groups.get(id(event.ops))
+            if found is None:
+                costs = []
+                for call, k, phase in event.ops:
+                    known = priced.get((id(call), phase), _UNPRICED)
+                    costs.append(fresh(call, phase, event.stacks[k]) if known is _UNPRICED else known)
+                found = groups[id(event.ops)] = (event.ops, tuple(costs))  # the ops held: their id stays theirs
+            costed.append((event, found[1]))
+            continue
+        call = event.call
+        known = priced.get((id(call), event.phase), _UNPRICED)
+        costed.append((event, fresh(call, event.phase, event.module_stack) if known is _UNPRICED else known))
     return costed
 
 

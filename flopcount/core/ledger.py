@@ -16,12 +16,17 @@ No torch here; the ledger knows costs and names only.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from flopcount.core.rows import CostRow
-from flopcount.types import COST_METRICS, Cost, OpEvent
+from flopcount.types import COST_METRICS, Cost, OpEvent, ReplayedCall
 
-__all__ = ["MIXED", "TABLES", "Ledger", "TOTAL_FIELDS", "cost_change", "owners_of"]
+__all__ = ["MIXED", "TABLES", "Booked", "Ledger", "TOTAL_FIELDS", "cost_change", "expand_booked", "owners_of"]
+
+#: What the ledger books: an event and its cost (None: no handler), or a
+#: :class:`~flopcount.types.ReplayedCall` and the costs of its ops, in order
+#: (:func:`flopcount.core.analysis.cost_records`)
+Booked = Union[Tuple[OpEvent, Optional[Cost]], Tuple[ReplayedCall, Tuple[Optional[Cost], ...]]]
 
 #: What a booked total holds, in order: calls, then each cost metric.
 TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
@@ -131,17 +136,18 @@ def _add_call(table: Dict[Any, List[int]], key: Any, part: Cost, first: Optional
     sums[4] += part.bytes_written
 
 
-def _add_first(table: Dict[str, List[int]], key: str, sums: List[int]) -> None:
-    """Add ``sums`` (the five figures, then the index of the first event) into ``table[key]``:
-    the figures summed, the earliest first event kept."""
+def _add_first(table: Dict[Any, List[int]], key: Any, sums: List[int], offset: int = 0) -> None:
+    """Add ``sums`` (the five figures, then the index of the first event, counted from
+    ``offset``) into ``table[key]``: the figures summed, the earliest first event kept."""
     found = table.get(key)
+    at = sums[_WIDTH] + offset
     if found is None:
-        table[key] = list(sums)
+        table[key] = [sums[0], sums[1], sums[2], sums[3], sums[4], at]
         return
     for i in range(_WIDTH):
         found[i] += sums[i]
-    if sums[_WIDTH] < found[_WIDTH]:
-        found[_WIDTH] = sums[_WIDTH]
+    if at < found[_WIDTH]:
+        found[_WIDTH] = at
 
 
 def _add(table: Dict[Any, Sums], key: Any, sums: Sums, sign: int = 1) -> None:
@@ -157,6 +163,136 @@ def _add(table: Dict[Any, Sums], key: Any, sums: Sums, sign: int = 1) -> None:
     else:
         for i in range(_WIDTH):
             into[i] -= sums[i]
+
+
+def expand_booked(costed: Iterable[Booked]) -> Iterator[Tuple[OpEvent, Optional[Cost]]]:
+    """Every (event, cost) of ``costed``, each replay's ops as the events a traced call leaves."""
+    for item in costed:
+        record = item[0]
+        if type(record) is ReplayedCall:
+            stacks = record.stacks
+            for (call, k, phase), cost in zip(record.ops, item[1]):  # type: ignore[arg-type]
+                yield OpEvent(call, stacks[k], phase), cost
+        else:
+            yield item  # type: ignore[misc]
+
+
+def _is_graft(item: Any) -> bool:
+    """Whether an entry of :meth:`Ledger._book_tree`'s sequence is a grafted replay (else a stack)."""
+    return len(item) == 3 and isinstance(item[0], ReplayedCall)
+
+
+def _alone(costed: Sequence[Booked]) -> set[int]:
+    """The ids of the replays whose call's subtree gets no other record's ops: no event's stack
+    starts with the replay's root stack, no other replay's root is that stack, above or below it."""
+    roots: Dict[Tuple[str, ...], int] = {}
+    below: set[Tuple[str, ...]] = set()  # every stack of an event, and every prefix of one or of a root
+    replays: List[ReplayedCall] = []
+    for item in costed:
+        record = item[0]
+        if isinstance(record, ReplayedCall):
+            roots[record.root] = roots.get(record.root, 0) + 1
+            replays.append(record)
+            continue
+        stack = record.module_stack
+        if stack not in below:
+            for end in range(len(stack) + 1):
+                below.add(stack[:end])
+    if not replays:
+        return set()
+    for root in roots:
+        for end in range(len(root)):
+            below.add(root[:end])
+    return {
+        id(r) for r in replays
+        if roots[r.root] == 1 and r.root and r.root not in below and not any(r.root[:end] in roots for end in range(len(r.root)))
+    }
+
+
+class _Group:
+    """The tables of one replay's ops, booked once per distinct ops (a layer's 54 events, for
+    80 layers): per stack index, ``{op: sums + [first]}``, ``first`` counted from the group's
+    first part; per (op, phase) the same; the stack indices in the order their first costed
+    event comes; what the events say besides figures, in event order (ops without a handler
+    with their stack index, estimate notes); and how many parts the group books."""
+
+    __slots__ = ("ops", "tables", "order", "phases", "tallies", "width", "leaves", "_tree")
+
+    def __init__(self, ops: Tuple[Any, ...], costs: Tuple[Optional[Cost], ...]):
+        self.ops = ops  # held: the cache is keyed by its id
+        self.tables: Dict[int, Dict[str, List[int]]] = {}
+        self.phases: Dict[Tuple[str, str], List[int]] = {}
+        self.tallies: List[Tuple[str, int, str]] = []  # (op, stack index, note; "" for no handler)
+        first = 0
+        for (call, k, phase), cost in zip(ops, costs):
+            op = call.op
+            if cost is None:
+                self.tallies.append((op, k, ""))
+                continue
+            if cost.note:
+                self.tallies.append((op, k, cost.note))
+            table = self.tables.get(k)
+            if table is None:
+                table = self.tables[k] = {}
+            for name, part in cost.parts or ((op, cost),):
+                _add_call(table, name, part, first)
+                _add_call(self.phases, (name, phase), part, first)
+                first += 1
+        self.order = list(self.tables)
+        self.width = first
+        self.leaves: Dict[int, int] = {}  # stack index -> its node in ``subtree``
+        self._tree: Optional[Tuple[List[Dict[str, List[int]]], List[int], List[Tuple[int, int]]]] = None
+
+    def subtree(self, replay: ReplayedCall) -> Tuple[List[Dict[str, List[int]]], List[int], List[Tuple[int, int]]]:
+        """The nodes of the group's call tree below (and at) the replayed call, node 0 the call:
+        each node's subtree table (first parts counted from the group's start), its parent node
+        (-1 for the call) and a (stack index, length) whose stack prefix is the node in any replay
+        of the group (the names of a replay's subtree are distinct modules' names: the same tree
+        in every replay). Made once, from the first replay asked for."""
+        if self._tree is None:
+            depth = len(replay.root)
+            index: Dict[Tuple[str, ...], int] = {}
+            tables: List[Dict[str, List[int]]] = []
+            parents: List[int] = []
+            nodes: List[Tuple[int, int]] = []
+            for k in self.order:
+                path = replay.stacks[k]
+                parent = -1
+                for length in range(depth, len(path) + 1):
+                    node = path[:length]
+                    j = index.get(node)
+                    if j is None:
+                        j = index[node] = len(nodes)
+                        nodes.append((k, length))
+                        parents.append(parent)
+                        tables.append({})
+                    parent = j
+                self.leaves[k] = parent
+            for k in self.order:
+                leaf = tables[self.leaves[k]]
+                for name, sums in self.tables[k].items():
+                    _add_first(leaf, name, sums)
+            for j in sorted(range(len(nodes)), key=lambda j: nodes[j][1], reverse=True):
+                if parents[j] >= 0:
+                    for name, sums in tables[j].items():
+                        _add_first(tables[parents[j]], name, sums)
+            self._tree = (tables, parents, nodes)
+        return self._tree
+
+
+def _add_at(table: Dict[Any, List[int]], key: Any, sums: List[int], offset: int) -> None:
+    """Add a group's ``sums`` (the five figures, then the group's first-part index) into
+    ``table[key]``, the group starting at part ``offset``: a key already there keeps its
+    (earlier) first part."""
+    found = table.get(key)
+    if found is None:
+        table[key] = [sums[0], sums[1], sums[2], sums[3], sums[4], sums[_WIDTH] + offset]
+        return
+    found[0] += sums[0]
+    found[1] += sums[1]
+    found[2] += sums[2]
+    found[3] += sums[3]
+    found[4] += sums[4]
 
 
 class Ledger:
@@ -197,6 +333,8 @@ class Ledger:
         self.times: Dict[str, Dict[Any, List[float]]] = {name: {} for name in TABLES}
         #: table name -> key -> the labels of the calls booked there
         self.marks: Dict[str, Dict[Any, List[Optional[str]]]] = {name: {} for name in TABLES}
+        #: a tree booking left owners of equal subtrees sharing their lists (:meth:`_unshare`)
+        self._shared = False
 
     def owners(self, stack: Tuple[str, ...]) -> Tuple[str, ...]:
         names = self._owners.get(stack)
@@ -206,20 +344,21 @@ class Ledger:
 
     def book_all(
         self,
-        costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
+        costed: Iterable[Booked],
         columns: Optional[Sequence[Optional[Sequence[float]]]] = None,
         labels: Optional[Sequence[Optional[Labels]]] = None,
     ) -> Ledger:
         """Book every event (``None``: no handler, listed as unsupported, never zero). Events
         that share (call stack, op, phase) are summed first: far fewer than events.
         ``columns`` / ``labels``: per event (in ``costed``'s order) its values of the ledger's
-        columns and labels (None: none for that event)."""
+        columns and labels (None: none for that event). A :class:`~flopcount.types.ReplayedCall` is
+        booked as the events it stands for (``columns``/``labels``: per event it expands to)."""
         if columns is None and labels is None and not self.keeps_rows and not (self.operators or self.modules):
             return self._book_tree(costed)
         groups: Dict[Key, Sums] = {}
         times: Dict[Key, List[float]] = {}
         marks: Dict[Key, List[Optional[str]]] = {}
-        for index, (event, cost) in enumerate(costed):
+        for index, (event, cost) in enumerate(expand_booked(costed)):
             op = event.call.op
             cost = self._tally(op, event.module, cost)
             if cost is None:
@@ -253,7 +392,7 @@ class Ledger:
             self.notes[(op, cost.note)] = self.notes.get((op, cost.note), 0) + 1
         return cost
 
-    def _book_tree(self, costed: Iterable[Tuple[OpEvent, Optional[Cost]]]) -> Ledger:
+    def _book_tree(self, costed: Iterable[Booked]) -> Ledger:
         """:meth:`book_all` of a fresh ledger without columns, labels or rows, with the module
         tables rolled up the call-stack tree instead of credited per (stack, op, phase) and
         owner (issue #32: 80 layers of ~30 stacks each, six owners per stack).
@@ -262,20 +401,50 @@ class Ledger:
         those of the stack one shorter plus the names its innermost entry adds (``owners_of``
         walks the stack in order), so an owner first added at stack ``s`` is credited once
         with the sums of every event whose stack starts with ``s``. Each table keeps the order
-        in which the per-group booking would have inserted its keys (by first event: ``first``)."""
+        in which the per-group booking would have inserted its keys (by first event: ``first``).
+
+        A replay (:class:`~flopcount.types.ReplayedCall`) is booked from its ops' tables, made once per
+        distinct ops (:class:`_Group`); its ops without a handler and its notes are tallied in
+        event order. A replay whose call's subtree holds no other record's ops (a layer called
+        once) is *grafted*: each node of its subtree is credited with the group's subtree table of
+        that node, one table for every such replay of the group, its keys ordered from the part the
+        replay starts at; the tables of equal subtrees are then one object in the ledger too. Any
+        other replay's stack tables are added under its stacks. The same sums, in the same order,
+        as its events one by one."""
+        costed = costed if isinstance(costed, list) else list(costed)
+        alone = _alone(costed)
         # stack -> op -> [calls, macs, flops, bytes_read, bytes_written, first]; (op, phase) -> the same
         stacks: Dict[Tuple[str, ...], Dict[str, List[int]]] = {}
         by_phase: Dict[Tuple[str, str], List[int]] = {}
+        made: Dict[int, _Group] = {}
+        # the stacks and grafted replays in the order of their first costed part
+        sequence: List[Any] = []
         first = 0
-        for event, cost in costed:
+        for item in costed:
+            event = item[0]
+            if isinstance(event, ReplayedCall):
+                group = made.get(id(event.ops))
+                if group is None:
+                    group = made[id(event.ops)] = _Group(event.ops, item[1])  # type: ignore[arg-type]
+                if id(event) in alone:
+                    self._tallies(event, group)
+                    for key, sums in group.phases.items():
+                        _add_at(by_phase, key, sums, first)
+                    sequence.append((event, group, first))
+                    first += group.width
+                else:
+                    first = self._graft(event, group, stacks, by_phase, first, sequence)
+                continue
+            cost = item[1]
             op = event.call.op
-            cost = self._tally(op, event.module, cost)
+            cost = self._tally(op, event.module, cost)  # type: ignore[arg-type]
             if cost is None:
                 continue
             stack = event.module_stack
             table = stacks.get(stack)
             if table is None:
                 table = stacks[stack] = {}
+                sequence.append(stack)
             phase = event.phase
             for name, part in cost.parts or ((op, cost),):
                 _add_call(table, name, part, first)
@@ -289,57 +458,134 @@ class Ledger:
             _add_first(phases, phase_name, sums)
         self.operators = {k: v[:_WIDTH] for k, v in sorted(operators.items(), key=_by_first)}
         self.phases = {k: v[:_WIDTH] for k, v in sorted(phases.items(), key=_by_first)}
-        # every prefix of a booked stack is a node of the tree; each node's table becomes the
-        # sums of its whole subtree, deepest nodes first
-        order = list(stacks)
+        # every prefix of a booked stack (and of a grafted replay's call) is a node of the tree;
+        # each node's table becomes the sums of its whole subtree, deepest nodes first
+        grafted = {item[0].root: item for item in sequence if _is_graft(item) and item[1].order}  # order: has costed ops
         subtree = stacks  # each stack's own table becomes its subtree's (the tables are this call's own)
-        for stack in order:
+        for stack in [*stacks, *grafted]:
             for end in range(len(stack) - 1, -1, -1):
                 prefix = stack[:end]
                 if prefix in subtree:
                     break
                 subtree[prefix] = {}
-        for stack in sorted(subtree, key=len, reverse=True):
+        for stack in sorted([*subtree, *grafted], key=len, reverse=True):
             if not stack:
                 continue
             parent = subtree[stack[:-1]]
-            for name, sums in subtree[stack].items():
-                _add_first(parent, name, sums)
+            graft = grafted.get(stack)
+            if graft is None:
+                for name, sums in subtree[stack].items():
+                    _add_first(parent, name, sums)
+            else:
+                replay, group, offset = graft
+                for name, sums in group.subtree(replay)[0][0].items():
+                    _add_first(parent, name, sums, offset)
         # each owner's table: the subtree table of the one node that adds it (shared, not copied),
-        # or a sum of its own when several nodes add it (a module called from two places)
+        # or a sum of its own when several nodes add it (a module called from two places); a
+        # grafted table's first parts are counted from its replay's start (``offsets``)
         module_ops: Dict[str, Dict[str, List[int]]] = {}
+        offsets: Dict[str, int] = {}
         summed: set[str] = set()
+
+        def credit(owner: str, table: Dict[str, List[int]], offset: int) -> None:
+            held = module_ops.get(owner)
+            if held is None:
+                module_ops[owner] = table
+                if offset:
+                    offsets[owner] = offset
+                return
+            if owner not in summed:
+                summed.add(owner)
+                moved = offsets.pop(owner, 0)
+                held = module_ops[owner] = {name: [*sums[:_WIDTH], sums[_WIDTH] + moved] for name, sums in held.items()}
+            for name, sums in table.items():
+                _add_first(held, name, sums, offset)
+
         for stack, table in subtree.items():
-            owners = self.owners(stack)
             above = set(self.owners(stack[:-1])) if stack else set()
-            for owner in owners:
-                if owner in above:
-                    continue
-                held = module_ops.get(owner)
-                if held is None:
-                    module_ops[owner] = table
-                    continue
-                if owner not in summed:
-                    summed.add(owner)
-                    held = module_ops[owner] = {name: list(sums) for name, sums in held.items()}
-                for name, sums in table.items():
-                    _add_first(held, name, sums)
-        # the modules in the order the per-group booking meets them: each stack's owners, by
-        # the stack's first event
-        seen: Dict[str, None] = {}
-        for stack in order:
             for owner in self.owners(stack):
-                seen[owner] = None
+                if owner not in above:
+                    credit(owner, table, 0)
+        # the modules in the order the per-group booking meets them: each stack's owners, by
+        # the stack's first event (a grafted replay's stacks: its owners, credited here too)
+        seen: Dict[str, None] = {}
+        for item in sequence:
+            if not _is_graft(item):
+                for owner in self.owners(item):
+                    seen[owner] = None
+                continue
+            replay, group, offset = item
+            if not group.order:
+                continue  # no costed op: no node (as its events, each without a handler)
+            tables, parents, representatives = group.subtree(replay)
+            owners: List[Tuple[str, ...]] = []
+            for j, (k, length) in enumerate(representatives):
+                path = replay.stacks[k]
+                node = path if length == len(path) else path[:length]
+                named = owners_of(node, self.aliases, self._canonical)
+                above = set(self.owners(node[:-1]) if j == 0 else owners[parents[j]])
+                owners.append(named)
+                for owner in named:
+                    if owner not in above:
+                        credit(owner, tables[j], offset)
+            for k in group.order:
+                for owner in owners[group.leaves[k]]:
+                    seen[owner] = None
+        # each owner's table once; owners of one table share what is made of it
+        finished: Dict[int, Tuple[Dict[str, List[int]], List[int]]] = {}
+        nothing: Dict[str, List[int]] = {}
         for owner in seen:
-            table = module_ops.get(owner, {})
-            ops = {name: sums[:_WIDTH] for name, sums in sorted(table.items(), key=_by_first)}
-            total = [0] * _WIDTH
-            for sums in ops.values():
-                for i in range(_WIDTH):
-                    total[i] += sums[i]
-            self.modules[owner] = total
-            self.module_ops[owner] = ops
+            table = module_ops.get(owner, nothing)
+            done = finished.get(id(table))
+            if done is None:
+                ops = {name: sums[:_WIDTH] for name, sums in sorted(table.items(), key=_by_first)}
+                total = [0] * _WIDTH
+                for sums in ops.values():
+                    for i in range(_WIDTH):
+                        total[i] += sums[i]
+                done = finished[id(table)] = (ops, total)
+            self.modules[owner], self.module_ops[owner] = done[1], done[0]
+        self._shared = len(finished) < len(seen)
         return self
+
+    def _tallies(self, replay: ReplayedCall, group: _Group) -> None:
+        """What a replay's events say besides figures, in event order: ops without a handler
+        (with the innermost module of each) and estimate notes."""
+        paths = replay.stacks
+        for op, k, note in group.tallies:
+            if note:
+                self.notes[(op, note)] = self.notes.get((op, note), 0) + 1
+            else:
+                stack = paths[k]
+                self._tally(op, stack[-1] if stack else "", None)
+
+    def _graft(
+        self, replay: ReplayedCall, group: _Group, stacks: Dict[Tuple[str, ...], Dict[str, List[int]]],
+        by_phase: Dict[Tuple[str, str], List[int]], first: int, sequence: List[Any],
+    ) -> int:
+        """Book ``replay`` (its ops' tables ``group``) into :meth:`_book_tree`'s stack tables,
+        its parts numbered from ``first``; gives back the number after its last part."""
+        self._tallies(replay, group)
+        paths = replay.stacks
+        for k in group.order:
+            path = paths[k]
+            table = stacks.get(path)
+            if table is None:
+                table = stacks[path] = {}
+                sequence.append(path)
+            for name, sums in group.tables[k].items():
+                _add_at(table, name, sums, first)
+        for key, sums in group.phases.items():
+            _add_at(by_phase, key, sums, first)
+        return first + group.width
+
+    def _unshare(self) -> None:
+        """Give each owner lists of its own before booking into a tree-booked ledger (whose
+        owners of equal subtrees share them)."""
+        if self._shared:
+            self.module_ops = {name: {op: list(sums) for op, sums in ops.items()} for name, ops in self.module_ops.items()}
+            self.modules = {name: list(sums) for name, sums in self.modules.items()}
+            self._shared = False
 
     def rebook(self, event: OpEvent, old: Cost, new: Cost) -> None:
         """The same event ran at another cost (a decode step's longer keys): ``old`` out,
@@ -357,6 +603,7 @@ class Ledger:
         changed = cost_change(events[0].call.op if events else "", old, new)
         if not changed:
             return
+        self._unshare()
         if self.keeps_rows or not all(type(v) is int for d in changed.values() for v in d):
             for event in events:
                 self.rebook(event, old, new)
@@ -380,6 +627,7 @@ class Ledger:
         self, stack: Tuple[str, ...], op: str, phase: str, sums: Sums, sign: int,
         times: Optional[Sequence[float]] = None, labels: Optional[Labels] = None,
     ) -> None:
+        self._unshare()
         owners = self.owners(stack)
         _add(self.operators, op, sums, sign)
         _add(self.phases, phase, sums, sign)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
-from flopcount.core.ledger import TOTAL_FIELDS, Ledger, cost_change
+from flopcount.core.ledger import TOTAL_FIELDS, Booked, Ledger, cost_change, expand_booked
 from flopcount.core.rendering import render
 from flopcount.errors import UsageError
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
@@ -261,8 +261,28 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _frozen(table: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
-    return {key: OpTotals(*sums) for key, sums in table.items()}
+def _frozen(table: Mapping[str, Sequence[int]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, OpTotals]:
+    """``table`` as OpTotals; equal sums share one (``rows``: sums -> OpTotals, per result)."""
+    made: Dict[str, OpTotals] = {}
+    for key, sums in table.items():
+        figures = tuple(sums)
+        row = rows.get(figures)
+        if row is None:
+            row = rows[figures] = OpTotals(*figures)
+        made[key] = row
+    return made
+
+
+def _frozen_tables(tables: Dict[str, Dict[str, List[int]]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, Mapping[str, OpTotals]]:
+    """Each module's ``{op: sums}`` as OpTotals, the ledger's lists let go as they are read;
+    equal tables share one (the 80 layers of a model whose layers do the same work: what the
+    result holds per layer is its name, not its table; issue #32)."""
+    made: Dict[str, Mapping[str, OpTotals]] = {}
+    shared: Dict[Tuple[Tuple[str, OpTotals], ...], Dict[str, OpTotals]] = {}
+    for name in list(tables):
+        table = _frozen(tables.pop(name), rows)
+        made[name] = shared.setdefault(tuple(table.items()), table)
+    return made
 
 
 def _with_tables(
@@ -288,7 +308,7 @@ def _with_tables(
 
 
 def aggregate(
-    costed: Iterable[Tuple[OpEvent, Optional[Cost]]],
+    costed: Iterable[Booked],
     *,
     tracer: str,
     modules: Sequence[ModuleInfo],
@@ -304,7 +324,8 @@ def aggregate(
     like ModuleList, still include their children) and by phase, with the one
     :class:`~flopcount.core.ledger.Ledger`. ``None`` marks an op without a handler: it is listed
     as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
-    the ops it names, one call each. ``aliases``: ``{canonical name: every name}`` of
+    the ops it names, one call each; a :class:`~flopcount.types.ReplayedCall` as the events it
+    stands for (:func:`~flopcount.core.analysis.cost_records`). ``aliases``: ``{canonical name: every name}`` of
     modules reachable under several names.
 
     ``deferred``: the totals (every event's parts summed: what the ledger books under the
@@ -316,7 +337,7 @@ def aggregate(
         totals = _summed(events)
         if totals is not None:
             # unsupported ops and estimate notes: booked by the ledger, from the events that have them
-            ledger = Ledger(aliases).book_all([(e, c) for e, c in events if c is None or c.note])
+            ledger = Ledger(aliases).book_all([(e, c) for e, c in expand_booked(events) if c is None or c.note])
             base = _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps)
 
             def booked() -> FlopResult:
@@ -326,9 +347,11 @@ def aggregate(
             return _deferred(base, totals, _Deferred(booked))
         costed = events
     ledger = Ledger(aliases).book_all(costed)
+    rows: Dict[Tuple[int, ...], OpTotals] = {}
     return _with_tables(
-        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps), _frozen(ledger.operators),
-        _frozen(ledger.modules), {name: _frozen(ops) for name, ops in ledger.module_ops.items()}, _frozen(ledger.phases),
+        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps),
+        _frozen(ledger.operators, rows), _frozen(ledger.modules, rows), _frozen_tables(ledger.module_ops, rows),
+        _frozen(ledger.phases, rows),
     )
 
 
@@ -353,12 +376,12 @@ def _unbooked(
     )
 
 
-def _summed(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> Optional[List[int]]:
+def _summed(costed: Sequence[Booked]) -> Optional[List[int]]:
     """MACs, FLOPs, bytes read and written of every costed event, part by part (None when a
     figure is not an integer: summed in another order, floats could differ in the last bit;
     a sum stays an ``int`` only while every figure added is one)."""
     macs = flops = read = written = 0
-    for _, cost in costed:
+    for _, cost in expand_booked(costed):
         for part in ([] if cost is None else [p for _, p in cost.parts] or [cost]):
             macs += part.macs
             flops += part.flops

@@ -23,7 +23,7 @@ from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._sparse import has_sparse
 from flopcount.tracers._twin import private_twin
 from flopcount.tracers.fake.copies import FakeRunError, shared_tensor_copy
-from flopcount.types import TRACERS, TensorMeta, Trace
+from flopcount.types import TRACERS, ReplayedCall, TensorMeta, Trace
 
 __all__ = ["TRACERS", "LossFn", "Tracer", "trace", "trace_on_fakes"]
 
@@ -145,7 +145,9 @@ def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options
 
 def _made_sparse(run: Trace) -> bool:
     """Whether an op of a fake run made a sparse tensor (whose stored values are unknown)."""
-    for event in run.events:
+    for event in run.records:
+        if isinstance(event, ReplayedCall):
+            continue  # its ops' calls are those of an earlier call, seen in the records already
         for out in event.call.outputs:
             if isinstance(out, TensorMeta) and out.sparse and out.nnz is None:
                 return True

@@ -20,9 +20,10 @@ can depend on that we can see:
   Python scalars, dtypes, devices and None by value, tuples/lists/dicts of those;
 * the process settings ops read: default dtype, grad mode, autocast state.
 
-A call whose key was seen before, and whose earlier call was *clean*, is a hit: its events
-are appended again with module names mapped onto the new subtree (by relative path), the
-module call counts likewise, and fresh fake outputs of the recorded metadata are returned
+A call whose key was seen before, and whose earlier call was *clean*, is a hit: it is
+recorded as one :class:`~flopcount.types.ReplayedCall` (the earlier call's ops, shared, under module
+stacks mapped onto the new subtree by relative path; the ledger books it as a group), the
+module call counts are added likewise, and fresh fake outputs of the recorded metadata are returned
 (or the argument itself when the earlier call returned its argument). A transformers KV
 cache argument is keyed by what the call can observe of it and its writes to the cache are
 replayed (``_reuse_cache.py``). Not reused, always traced: a call with any other argument
@@ -55,7 +56,7 @@ from torch import nn
 from flopcount.core import hooks
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import Pending, tensor_key
-from flopcount.types import OpEvent
+from flopcount.types import ReplayedCall, expand
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
 
@@ -133,7 +134,7 @@ class _Entry:
         #: the call's distinct module stacks below the called module, as positions in the
         #: subtree order, and its events as (call, which of those stacks, phase)
         self.inners: List[Tuple[int, ...]] = []
-        self.compact: List[Tuple[Any, int, Any]] = []
+        self.compact: Tuple[Tuple[Any, int, Any], ...] = ()  # shared by every ReplayedCall booked from it
         self.calls: List[Tuple[int, int]] = []  # (module index in the subtree order, calls)
         self.outputs: Any = None
         self.clean = False
@@ -487,7 +488,7 @@ class Reuse:
             by_name.setdefault(names.get(m, "\0"), i)
         own = names.get(module)
         depth = len(stack.path)
-        events = recorder.events[start:]
+        events = list(expand(recorder.events[start:]))  # calls booked from earlier ones inside it: their ops
         for event in events:
             inner = event.module_stack[depth:]
             if event.phase != "forward" or event.module_stack[:depth] != stack.path:
@@ -510,7 +511,7 @@ class Reuse:
                 k = inners[inner] = len(inners)
             compact.append((event.call, k, event.phase))
         entry.inners = [tuple(by_name[name] for name in inner) for inner in inners]
-        entry.compact = compact
+        entry.compact = tuple(compact)
         entry.calls = calls
         entry.reads, entry.values = reads, values
         entry.slots = slots
@@ -703,9 +704,10 @@ class Reuse:
             log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
         new_names = [names.get(m, "") for m in order]
         prefix = stack.path
-        # each distinct inner stack once (13 in a LLaMA layer's 54 events), then the events
-        paths = [prefix + tuple([new_names[i] for i in inner]) for inner in entry.inners]
-        recorder.events.extend([OpEvent(call, paths[k], phase) for call, k, phase in entry.compact])
+        # each distinct inner stack once (13 in a LLaMA layer's 54 events); the events as one
+        # record, the first call's ops under these stacks (the ledger books it as a group)
+        paths = tuple([prefix + tuple([new_names[i] for i in inner]) for inner in entry.inners])
+        recorder.events.append(ReplayedCall(entry.compact, paths, prefix))
         calls = stack.calls
         for i, n in entry.calls:
             name = new_names[i]
