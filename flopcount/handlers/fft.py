@@ -58,28 +58,20 @@ def _transform(shape: Sequence[int], dims: Sequence[int], sizes: Sequence[int]) 
 # -- dispatch kernels ------------------------------------------------------------------------
 
 
-def _kernel_cost(call: OpCall, kind: float, last_size: Optional[int] = None) -> Cost:
-    """One dispatch FFT kernel: the transform over ``dim`` (the last transformed dim's
-    length replaced by ``last_size`` when given) plus its normalisation."""
-    x = call.tensor("self")
-    dims = _dims(call.arg("dim"), x.ndim)
-    sizes = [x.shape[d] for d in dims]
-    if last_size is not None:
-        sizes[-1] = last_size
-    points, batch = _transform(x.shape, dims, sizes)
-    return Cost.from_flops(
-        fft_flops(points, batch, kind) + _norm_flops(first_output(call), bool(call.arg("normalization")))
-    )
-
-
 def _kernel(kind: float, last_size: Optional[str] = None) -> Handler:
     """_fft_r2c(self real, dim, normalization, onesided) and _fft_c2r(self complex, dim,
     normalization, last_dim_size): 2.5 N log2 N per transform (c2r: N counted on the real
     output, its last dim ``last_dim_size``); _fft_c2c(self complex, dim, normalization,
-    forward): 5 N log2 N per transform."""
+    forward): 5 N log2 N per transform; plus the normalisation."""
 
     def handler(call: OpCall) -> Cost:
-        return _kernel_cost(call, kind, None if last_size is None else int(call.arg(last_size)))
+        x = call.tensor("self")
+        dims = _dims(call.arg("dim"), x.ndim)
+        sizes = [x.shape[d] for d in dims]
+        if last_size is not None:
+            sizes[-1] = int(call.arg(last_size))
+        points, batch = _transform(x.shape, dims, sizes)
+        return Cost.from_flops(fft_flops(points, batch, kind) + _norm_flops(first_output(call), bool(call.arg("normalization"))))
 
     return handler
 
@@ -140,9 +132,7 @@ def _n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  
             sizes = [x.shape[d] for d in dims]
             if kind == "c2r":
                 sizes[-1] = 2 * (sizes[-1] - 1)
-        batch = prod(v for i, v in enumerate(x.shape) if i not in set(dims))
-        per = C2C if kind == "c2c" else REAL
-        flops = fft_flops(prod(sizes), batch, per)
+        flops = fft_flops(*_transform(x.shape, dims, sizes), C2C if kind == "c2c" else REAL)
         return Cost.from_flops(flops + _norm_flops(first_output(call), _scaled(call.arg("norm"), inverse)))
 
     handler.__doc__ = f"{kind} over several dims: per x N log2 N per transform, N = prod(sizes)."

@@ -159,13 +159,9 @@ def per_element(flops: int) -> Handler:
     return handler
 
 
-def _gelu(call: OpCall) -> Cost:
-    return Cost.from_flops(GELU.get(call.arg("approximate") or "none", GELU["none"]) * output_numel(call))
-
-
-def _gelu_backward(call: OpCall) -> Cost:
-    per = GELU_BACKWARD.get(call.arg("approximate") or "none", GELU_BACKWARD["none"])
-    return Cost.from_flops(per * output_numel(call))
+def _gelu(table: Dict[str, int]) -> Handler:
+    """``table[approximate]`` FLOPs per output element (unknown forms as the exact one)."""
+    return lambda call: Cost.from_flops(table.get(call.arg("approximate") or "none", table["none"]) * output_numel(call))
 
 
 def _elu(call: OpCall) -> Cost:
@@ -217,8 +213,8 @@ def register(registry: HandlerRegistry) -> None:
         by_cost.setdefault(flops, []).append(op)
     for flops, ops in by_cost.items():
         registry.register(ops, per_element(flops))
-    registry.register("aten::gelu", _gelu)
-    registry.register("aten::gelu_backward", _gelu_backward)
+    registry.register("aten::gelu", _gelu(GELU))
+    registry.register("aten::gelu_backward", _gelu(GELU_BACKWARD))
     registry.register("aten::elu", _elu)
     registry.register(["aten::dropout", "aten::native_dropout"], _dropout)
     registry.register("aten::feature_dropout", _feature_dropout)

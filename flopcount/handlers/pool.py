@@ -48,10 +48,6 @@ def _avg_pool(call: OpCall) -> Cost:
     return Cost.from_flops(output_numel(call) * (_kernel_volume(call) + 1))
 
 
-def _avg_pool_backward(call: OpCall) -> Cost:
-    return Cost.from_flops(call.tensor("grad_output").numel * (_kernel_volume(call) + 1))
-
-
 def adaptive_window_total(size_in: int, size_out: int) -> int:
     """Sum over outputs of torch's adaptive window lengths along one dimension."""
     return sum(-(-((i + 1) * size_in) // size_out) - (i * size_in) // size_out for i in range(size_out))
@@ -96,14 +92,6 @@ def _interpolation(per_output: int) -> Handler:
     return handler
 
 
-def _interpolation_backward(per_output: int) -> Handler:
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_flops(per_output * call.tensor("grad_output").numel)
-
-    handler.__doc__ = f"{per_output} FLOPs per grad_output element."
-    return handler
-
-
 def _col2im(call: OpCall) -> Cost:
     # fold sums overlapping patches: one add per input element
     x = maybe_tensor(call, "self") or call.tensor("input")
@@ -120,7 +108,9 @@ def register(registry: HandlerRegistry) -> None:
         _max_pool,
     )
     registry.register(["aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d"], _avg_pool)
-    registry.register(["aten::avg_pool2d_backward", "aten::avg_pool3d_backward"], _avg_pool_backward)
+    # one add per window element and a divide, per grad_output element
+    registry.register(["aten::avg_pool2d_backward", "aten::avg_pool3d_backward"],
+                      lambda call: Cost.from_flops(call.tensor("grad_output").numel * (_kernel_volume(call) + 1)))
     registry.register(
         [
             "aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d", "aten::adaptive_avg_pool3d",
@@ -139,14 +129,14 @@ def register(registry: HandlerRegistry) -> None:
     )
     for mode, per in INTERPOLATION.items():
         registry.register(f"aten::upsample_{mode}", _interpolation(per))
-        registry.register(f"aten::upsample_{mode}_backward", _interpolation_backward(per))
+        registry.register(f"aten::upsample_{mode}_backward", per_grad_output(per))
     registry.register(
         [
             f"aten::{prefix}{dims}_backward"
             for prefix in ("upsample_nearest", "_upsample_nearest_exact")
             for dims in ("1d", "2d", "3d")
         ],
-        _interpolation_backward(NEAREST_BACKWARD),
+        per_grad_output(NEAREST_BACKWARD),
     )
     registry.register("aten::col2im", _col2im)
     # fractional max pooling: one compare per window element, like max pooling

@@ -40,6 +40,7 @@ from flopcount.step.parent_walk import forward_of, parent_proven
 from flopcount.step.replay import (
     Figures,
     Template,
+    categories,
     find_stack,
     layer_names,
     layer_tensors,
@@ -163,10 +164,6 @@ def _peak_tracker() -> Any:
 _ESTIMATE_LOCK = threading.Lock()
 
 
-def _bytes_of(snapshot: Mapping[Any, Mapping[Any, int]], category: str) -> int:
-    return sum(v for values in snapshot.values() for k, v in values.items() if getattr(k, "value", k) == category)
-
-
 # --------------------------------------------------------------------------- the estimate
 
 
@@ -259,27 +256,24 @@ def _estimate(
     names = facts.names_on(copied.copies)
     step = (twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
     figures = _layered(*step)
-    if figures is not None:
-        # the layers past the check's cut ran in no run (their gradients are None): the check
-        # proved them alike the ones it ran, so each of theirs is judged as its twin in those
-        found = _gradless_in_layers(twin, opt)
-        if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
-            return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
-        return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
-    for param in twin.parameters():
-        param.grad = None  # a cut run that stopped may have left some
-    tracker = _peak_tracker()
-    try:
-        _tracked_step(tracker, *step, warm=False)
-    except _NeedsData as needs:
-        real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn)
-        tracker, twin, names = real.tracker, real.model, real.names
-        notes = copied.notes + ambient_autocast_note(amp) + [real.note]
-    else:
-        found = gradless(twin, opt)
-        if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
-            return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
-    return _collect(_figures(tracker, names), twin, names, backward, opt_name, cast, description, notes)
+    layered = figures is not None
+    if figures is None:
+        for param in twin.parameters():
+            param.grad = None  # a cut run that stopped may have left some
+        tracker = _peak_tracker()
+        try:
+            _tracked_step(tracker, *step, warm=False)
+        except _NeedsData as needs:
+            real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn)
+            notes.append(real.note)
+            return _collect(_figures(real.tracker, real.names), real.model, real.names, backward, opt_name, cast, description, notes)
+        figures = _figures(tracker, names)
+    # after a replay the layers past the check's cut ran in no run (their gradients are None):
+    # the check proved them alike the ones it ran, so each of theirs is judged as its twin in those
+    found = _gradless_in_layers(twin, opt) if layered else gradless(twin, opt)
+    if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
+        return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
+    return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
 
 
 def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
@@ -360,8 +354,8 @@ def _figures(tracker: Any, names: Mapping[nn.Module, str]) -> Figures:
             continue
         states = {getattr(k, "value", k): v for k, v in stats.snapshots.items()}
         calls[fqn] = (
-            [_bytes_of(s, "Activation") for s in states.get("Pre-Forward", [])],
-            [_bytes_of(s, "Activation") for s in states.get("Post-Forward", [])],
+            [categories(s).get("Activation", 0) for s in states.get("Pre-Forward", [])],
+            [categories(s).get("Activation", 0) for s in states.get("Post-Forward", [])],
         )
     figures = Figures(
         tracker.peak_total, tracker.peak_snapshot, tracker.peak_where, tracker.peak_phase, dict(tracker.module_peaks), calls,
@@ -520,7 +514,8 @@ def _collect(
     notes: List[str],
 ) -> MemoryEstimate:
     snapshot = figures.peak_snapshot
-    at_peak = MemoryBreakdown(**{field: _bytes_of(snapshot, category) for category, field in _CATEGORIES.items()})
+    held = categories(snapshot)
+    at_peak = MemoryBreakdown(**{field: held.get(category, 0) for category, field in _CATEGORIES.items()})
     fqn_of = figures.names
     known = {fqn_of.get(module): name for module, name in names.items()}
     running = [fqn for fqn in figures.peak_where if fqn in known]

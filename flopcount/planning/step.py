@@ -20,6 +20,7 @@ from torch import nn
 from flopcount.planning.world import PlanError, private
 from flopcount.step.autocast import amp_device
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, gradless
+from flopcount.step.replay import categories
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack, module_names
 from flopcount.tracers._recorder import Recorder, _signature, outputs_of, value_of
@@ -343,12 +344,7 @@ def record_step(
         )
     if replay is not None and tracker is not None:
         replay.recorder, replay.tracker = recorder, tracker
-    peak: Dict[str, int] = {}
-    if tracker is not None:
-        for snapshot in tracker.peak_snapshot.values():
-            for key, value in snapshot.items():
-                name = str(getattr(key, "value", key))  # a _RefType enum member, or "Total"
-                peak[name] = peak.get(name, 0) + int(value)
+    peak = categories(tracker.peak_snapshot) if tracker is not None else {}
     return StepRecord(
         tuple(recorder.events), tuple(recorder.collectives), peak, state_bytes(model, optimizer), dict(modules.calls),
         gradless(model, optimizer),

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.core.params import lookup_tables
+from flopcount.core.params import lookup_tables, routed_experts
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
 from flopcount.decoding.forwards import Setup
@@ -246,7 +246,9 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
     head = getattr(model, "get_output_embeddings", lambda: None)()
     head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
     tables = lookup_tables(model)
-    expert_ids = _expert_parameters(model, experts)
+    # the routed experts' weights (core.params.routed_experts), with E each; none for a dense model
+    blocks = routed_experts(model) if experts > 1 else ()
+    expert_ids = {id(p): count for _, count, params in blocks for p in params}
     out: List[WeightTensor] = []
     seen: set = set()
     for p in model.parameters():
@@ -267,23 +269,4 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
             kind = "other"
         out.append(WeightTensor(p.numel(), int(rows), dtype, kind, expert_ids.get(id(p), 1)))
     return out
-
-
-def _expert_parameters(model: nn.Module, experts: int) -> Dict[int, int]:
-    """id -> experts for the routed experts' weights: stacked (E, ...) tensors of a module
-    named ``experts`` (transformers 5), or the parameters of an ``experts`` ModuleList of E."""
-    found: Dict[int, int] = {}
-    if experts <= 1:
-        return found
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] != "experts":
-            continue
-        if isinstance(module, nn.ModuleList) and len(module) == experts:
-            found.update({id(p): experts for p in module.parameters()})
-            continue
-        for p in module.parameters(recurse=False):
-            if p.dim() >= 3 and p.shape[0] == experts:
-                found[id(p)] = experts
-    return found
-
 

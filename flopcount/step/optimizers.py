@@ -145,7 +145,6 @@ def foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
 _PER_PARAMETER = frozenset(
     getattr(torch.optim, name)
     for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "Adagrad")
-    if hasattr(torch.optim, name)
 )
 
 

@@ -76,13 +76,13 @@ def peak_tracker(base: type) -> type:
             for name in parents:
                 if peaks.get(name, -1) < total:
                     peaks[name] = total
+            phase: Phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
             if total > self.peak_total:
                 self.peak_total = total
                 self.peak_snapshot = {dev: dict(values) for dev, values in snap.items()}
                 self.peak_where = frozenset(parents)
-                self.peak_phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+                self.peak_phase = phase
             if self.timeline is not None:
-                phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
                 flat = {(dev, key): value for dev, values in snap.items() for key, value in values.items() if value}
                 record = ("op", flat, frozenset(parents), phase, self._touched)
                 # the same bytes, modules, phase and layer as the last op's (a view: FSDP's lazy
