@@ -16,7 +16,7 @@ from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import any_complex, output_numel, per_grad_output
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
-__all__ = ["register", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
+__all__ = ["register", "INTEGER_DTYPES", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
 
 _ONE = (
     # arithmetic; scalar factors folded into an op (add's alpha, addcmul's value) are not extra
@@ -135,14 +135,14 @@ def elementwise_flops(op: str, elements: int) -> int:
     return PER_ELEMENT[op] * elements
 
 
-_INTEGER_DTYPES = frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"})
+INTEGER_DTYPES = frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"})
 
 
 def integer_only(call: OpCall) -> bool:
     """True when every tensor in and out has a known integer/bool dtype: index and shape
     arithmetic (jit records ``size`` maths on 0-d int64 tensors), not floating point."""
     metas = call.tensors() + tuple(o for o in call.outputs if isinstance(o, TensorMeta))
-    return bool(metas) and all(m.dtype in _INTEGER_DTYPES for m in metas)
+    return bool(metas) and all(m.dtype in INTEGER_DTYPES for m in metas)
 
 
 def per_element(flops: int) -> Handler:

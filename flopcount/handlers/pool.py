@@ -40,12 +40,10 @@ def _kernel_volume(call: OpCall) -> int:
     return prod(ints(call.arg("kernel_size"), _spatial_dims(call.op), 1))
 
 
-def _max_pool(call: OpCall) -> Cost:
-    return Cost.from_flops(output_numel(call) * _kernel_volume(call))
-
-
-def _avg_pool(call: OpCall) -> Cost:
-    return Cost.from_flops(output_numel(call) * (_kernel_volume(call) + 1))
+def _pool(per_output: int) -> Handler:
+    """Output elements x (kernel volume + ``per_output``): max pooling's compares (0), average
+    pooling's adds and its divide (1)."""
+    return lambda call: Cost.from_flops(output_numel(call) * (_kernel_volume(call) + per_output))
 
 
 def adaptive_window_total(size_in: int, size_out: int) -> int:
@@ -105,9 +103,9 @@ def register(registry: HandlerRegistry) -> None:
             "aten::max_pool1d_with_indices", "aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices",
             "aten::mkldnn_max_pool2d", "aten::mkldnn_max_pool3d", "aten::quantized_max_pool2d",
         ],
-        _max_pool,
+        _pool(0),
     )
-    registry.register(["aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d"], _avg_pool)
+    registry.register(["aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d"], _pool(1))
     # one add per window element and a divide, per grad_output element
     registry.register(["aten::avg_pool2d_backward", "aten::avg_pool3d_backward"],
                       lambda call: Cost.from_flops(call.tensor("grad_output").numel * (_kernel_volume(call) + 1)))
@@ -140,7 +138,7 @@ def register(registry: HandlerRegistry) -> None:
     )
     registry.register("aten::col2im", _col2im)
     # fractional max pooling: one compare per window element, like max pooling
-    registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _max_pool)
+    registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _pool(0))
     registry.register(
         [
             "aten::fractional_max_pool2d_backward", "aten::fractional_max_pool3d_backward",

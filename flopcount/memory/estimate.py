@@ -264,9 +264,11 @@ def _estimate(
         try:
             _tracked_step(tracker, *step, warm=False)
         except _NeedsData as needs:
-            real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn)
-            notes.append(real.note)
-            return _collect(_figures(real.tracker, real.names), real.model, real.names, backward, opt_name, cast, description, notes)
+            tracker, copy_model, copy_names, note = _real_step_fallback(
+                model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn
+            )
+            notes.append(note)
+            return _collect(_figures(tracker, copy_names), copy_model, copy_names, backward, opt_name, cast, description, notes)
         figures = _figures(tracker, names)
     # after a replay the layers past the check's cut ran in no run (their gradients are None):
     # the check proved them alike the ones it ran, so each of theirs is judged as its twin in those
@@ -430,14 +432,6 @@ def _reads_data(exc: BaseException) -> bool:
     return False
 
 
-@dataclass
-class _RealStep:
-    tracker: Any
-    model: nn.Module
-    names: Dict[nn.Module, str]
-    note: str
-
-
 def _real_step_fallback(
     model: nn.Module,
     call: Any,
@@ -449,10 +443,11 @@ def _real_step_fallback(
     description: str,
     needs: _NeedsData,
     loss_fn: Optional[LossFn] = None,
-) -> _RealStep:
+) -> Tuple[Any, nn.Module, Dict[nn.Module, str], str]:
     """The step that read tensor values run for real, as count_flops falls back to one real
     run: on a deep copy of the model and inputs (the caller's are never touched), measured
-    by the same MemTracker. Refused on meta or fake weights and inputs (no values to read)."""
+    by the same MemTracker. Refused on meta or fake weights and inputs (no values to read).
+    Returns the tracker, the copy, its module names and the note that says so."""
     dataless = [t for t in (*call.tensors, *facts.parameters, *facts.buffers) if isinstance(t, torch.Tensor) and is_dataless(t)]
     if dataless:
         raise TraceError(
@@ -476,7 +471,7 @@ def _real_step_fallback(
     tracker = _peak_tracker()
     _tracked_step(tracker, copy_model, opt, args, kwargs, backward, amp, names, description, contextlib.nullcontext(), loss_fn)
     first = (str(needs.error).splitlines() or [""])[0]
-    return _RealStep(
+    return (
         tracker,
         copy_model,
         names,

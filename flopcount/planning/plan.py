@@ -443,26 +443,20 @@ def _bounds(
     gpu: Optional[str], dtype: str, have_links: bool,
 ) -> Optional[StepTimeBounds]:
     """The roofline of the rank's ops, the communication time, and the step times they bound."""
-    if gpu is None:
-        return None
-    part = find_part(gpu)
+    part = None if gpu is None else find_part(gpu)
     if part is None:
         return None
     # the modeled part's own math modes (torch's defaults: fp32 convolutions in TF32, matmuls
     # not), never the host's flags
     roofs = part_roofs(part)
     column = column_of(dtype)
-    peak = roofs.peak(column, "matmul")
-    bandwidth = roofs.bandwidth
-    compute = 0.0
-    for event, cost in costed:  # bytes: flopcount.core.traffic's convention (views and allocations move none)
-        if cost is not None:
-            compute += op_time(roofs, cost.flops, cost.bytes, column, event.call.op).seconds
+    # bytes: flopcount.core.traffic's convention (views and allocations move none)
+    compute = sum((op_time(roofs, cost.flops, cost.bytes, column, event.call.op).seconds for event, cost in costed if cost is not None), 0.0)
     comm_s = sum(r.seconds or 0.0 for r in comm) if have_links else None
     no_overlap = overlap = None
     if comm_s is not None:
         no_overlap, overlap = compute + comm_s, max(compute, comm_s)
-    return StepTimeBounds(peak, bandwidth, compute, comm_s, no_overlap, overlap)
+    return StepTimeBounds(roofs.peak(column, "matmul"), roofs.bandwidth, compute, comm_s, no_overlap, overlap)
 
 
 def _utilisation(bounds: Optional[StepTimeBounds], model_flops: Optional[int], hardware_flops: int) -> Optional[StepTimeBounds]:

@@ -250,11 +250,7 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
     blocks = routed_experts(model) if experts > 1 else ()
     expert_ids = {id(p): count for _, count, params in blocks for p in params}
     out: List[WeightTensor] = []
-    seen: set = set()
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
+    for p in model.parameters():  # each tensor once (parameters() skips a shared one)
         dtype = str(p.dtype).replace("torch.", "")
         rows = p.numel() // p.shape[-1] if p.dim() >= 1 and p.shape[-1] else 1
         if id(p) in head_ids:

@@ -238,6 +238,16 @@ def truncated(stack: Stack, keep: int) -> Iterator[None]:
         modules.update(saved)
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (``to_local()`` under no_grad: no autograd op), else ``tensor``."""
+    to_local = getattr(tensor, "to_local", None)  # DTensor's public method; plain tensors have none
+    if to_local is None:
+        return tensor
+    with torch.no_grad():
+        local: torch.Tensor = to_local()
+    return local
+
+
 def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[int, torch.Tensor]]:
     """``id(tensor) -> layer`` for the first ``keep`` layers' parameters, their gradients
     and their optimizer state: which layer an optimizer op works on."""
@@ -246,12 +256,8 @@ def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[in
 
     def note(tensor: Any, index: int) -> None:
         if isinstance(tensor, torch.Tensor):
-            table[id(tensor)] = (index, tensor)
-            to_local = getattr(tensor, "to_local", None)  # a DTensor (plan): its ops run on its local shard
-            if to_local is not None:
-                with torch.no_grad():
-                    local = to_local()
-                table[id(local)] = (index, local)
+            for each in (tensor, local_shard(tensor)):  # a DTensor (plan): its ops run on its local shard
+                table[id(each)] = (index, each)
 
     for index in range(keep):
         for param in stack.layer(index).parameters():
@@ -603,9 +609,7 @@ def _index(name: str, prefix: str) -> Optional[int]:
 
 def same_timeline(a: Sequence[Record], b: Sequence[Record]) -> bool:
     """Whether two timelines are the same record for record (optimizer labels aside)."""
-    if len(a) != len(b):
-        return False
-    return all(
+    return len(a) == len(b) and all(
         x[0] == y[0] and x[3] == y[3] and x[2] == y[2] and normalized(x[1]) == normalized(y[1]) for x, y in zip(a, b)
     )
 
