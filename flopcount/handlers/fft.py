@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from math import prod
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import first_output, is_complex
@@ -117,6 +117,17 @@ def _transform_dims(call: OpCall, ndim: int, s: Any, default_dims: Optional[Tupl
     return _dims(dims_arg, ndim)
 
 
+def _sizes(x: TensorMeta, s: Any, dims: Sequence[int], kind: str) -> List[int]:
+    """The logical sizes along ``dims``: ``s`` (-1: the input's), else the input's, the last
+    2 * (size - 1) for a real output (c2r)."""
+    if s is not None:
+        return [int(v) if v != -1 else x.shape[d] for v, d in zip(s, dims)]
+    sizes = [x.shape[d] for d in dims]
+    if kind == "c2r":
+        sizes[-1] = 2 * (sizes[-1] - 1)
+    return sizes
+
+
 def _n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  # type: ignore[no-untyped-def]
     """fft2/fftn/ifft2/ifftn (c2c; a real input is promoted to complex first), rfft2/rfftn
     (r2c), irfft2/irfftn (c2r): one transform over
@@ -126,12 +137,7 @@ def _n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  
         x = call.tensor("self")
         s = call.arg("s")
         dims = _transform_dims(call, x.ndim, s, default_dims)
-        if s is not None:
-            sizes = [int(v) if v != -1 else x.shape[d] for v, d in zip(s, dims)]
-        else:
-            sizes = [x.shape[d] for d in dims]
-            if kind == "c2r":
-                sizes[-1] = 2 * (sizes[-1] - 1)
+        sizes = _sizes(x, s, dims, kind)
         flops = fft_flops(*_transform(x.shape, dims, sizes), C2C if kind == "c2c" else REAL)
         return Cost.from_flops(flops + _norm_flops(first_output(call), _scaled(call.arg("norm"), inverse)))
 
@@ -168,11 +174,8 @@ def _hermitian_n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int,
         dims = _transform_dims(call, x.ndim, s, default_dims)
         last = dims[-1]
         shape = list(x.shape)
-        if s is not None:
-            for v, d in zip(s, dims):
-                shape[d] = int(v) if v != -1 else x.shape[d]
-        elif kind == "c2r":
-            shape[last] = 2 * (x.shape[last] - 1)
+        for d, size in zip(dims, _sizes(x, s, dims, kind)):
+            shape[d] = size
         lead = prod(shape[d] for d in dims[:-1])
         n_last = shape[last]
         half = list(shape)
