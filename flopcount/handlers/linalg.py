@@ -15,7 +15,7 @@ from math import prod
 from typing import Callable, Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import broadcast, first_output, is_complex, maybe_tensor
+from flopcount.handlers._common import broadcast, first_output, is_complex, maybe_tensor, output_numel
 from flopcount.handlers.reduce import _norm
 from flopcount.types import Cost, OpCall, TensorMeta
 
@@ -392,9 +392,7 @@ def _cov(call: OpCall) -> Cost:
 
 def _cross(call: OpCall) -> Cost:
     """Cross product of 3-vectors: 6 multiplies and 3 subtracts per vector, 3 per output element."""
-    out = first_output(call)
-    n = out.numel if out is not None else prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
-    return Cost.from_flops(3 * n)
+    return Cost.from_flops(3 * output_numel(call))
 
 
 def register(registry: HandlerRegistry) -> None:

@@ -10,7 +10,7 @@ them with the formula each is counted from.
 from __future__ import annotations
 
 from math import prod
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import any_complex, output_numel, per_grad_output
@@ -169,9 +169,16 @@ def _elu(call: OpCall) -> Cost:
     return Cost.from_flops(per * output_numel(call))
 
 
-def _training(call: OpCall) -> bool:
-    # dropout(input, p, train): identity (0) when not training or p == 0.
-    return call.arg("train") is not False and call.arg("p") != 0
+def _when_training(flops: Callable[[OpCall, TensorMeta], int]) -> Handler:
+    """A dropout: ``flops(call, the tensor it masks)`` in training; with ``train=False`` or
+    p == 0 the identity (0)."""
+
+    def handler(call: OpCall) -> Cost:
+        if call.arg("train") is False or call.arg("p") == 0:
+            return Cost()
+        return Cost.from_flops(flops(call, _dropped(call)))
+
+    return handler
 
 
 def _feature_mask(shape: Tuple[int, ...]) -> int:
@@ -185,26 +192,9 @@ def _dropped(call: OpCall) -> TensorMeta:
     return call.tensor("self") if "input" not in call.args and "self" in call.args else call.tensor("input")
 
 
-def _dropout(call: OpCall) -> Cost:
-    if not _training(call):
-        return Cost()
-    return Cost.from_flops(DROPOUT * _dropped(call).numel)
-
-
-def _feature_dropout(call: OpCall) -> Cost:
-    """Divide the (N, C, 1, ...) mask by 1-p, multiply the input by it: N*C + numel."""
-    if not _training(call):
-        return Cost()
-    x = _dropped(call)
-    return Cost.from_flops(_feature_mask(x.shape) + x.numel)
-
-
-def _alpha_dropout(call: OpCall) -> Cost:
-    if not _training(call):
-        return Cost()
-    x = _dropped(call)
+def _alpha_dropout(call: OpCall, x: TensorMeta) -> int:
     mask = _feature_mask(x.shape) if call.op.startswith("aten::feature_") else x.numel
-    return Cost.from_flops(ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel)
+    return ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel
 
 
 def register(registry: HandlerRegistry) -> None:
@@ -216,8 +206,9 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::gelu", _gelu(GELU))
     registry.register("aten::gelu_backward", _gelu(GELU_BACKWARD))
     registry.register("aten::elu", _elu)
-    registry.register(["aten::dropout", "aten::native_dropout"], _dropout)
-    registry.register("aten::feature_dropout", _feature_dropout)
-    registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _alpha_dropout)
+    registry.register(["aten::dropout", "aten::native_dropout"], _when_training(lambda call, x: DROPOUT * x.numel))
+    # divide the (N, C, 1, ...) mask by 1-p, multiply the input by it: N*C + numel
+    registry.register("aten::feature_dropout", _when_training(lambda call, x: _feature_mask(x.shape) + x.numel))
+    registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _when_training(_alpha_dropout))
     registry.register("aten::native_dropout_backward", per_grad_output(DROPOUT))
     registry.register("aten::glu_backward", per_grad_output(GLU_BACKWARD))
