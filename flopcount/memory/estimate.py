@@ -419,19 +419,6 @@ def _tracked_step(
         warnings.formatwarning = formatwarning
 
 
-def _reads_data(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is fake tensors' "this needs a value" error."""
-    seen: set = set()
-    current: Optional[BaseException] = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        name = type(current).__name__
-        if "DataDependent" in name or "DynamicOutputShape" in name:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
 def _real_step_fallback(
     model: nn.Module,
     call: Any,
@@ -493,6 +480,19 @@ def _step_error(exc: Exception, where: str, description: str) -> TraceError:
         module_path=where,
         input_shapes=description,
     )
+
+
+def _reads_data(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is fake tensors' "this needs a value" error."""
+    seen: set = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if "DataDependent" in name or "DynamicOutputShape" in name:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
