@@ -246,9 +246,11 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
     head = getattr(model, "get_output_embeddings", lambda: None)()
     head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
     tables = lookup_tables(model)
-    # the routed experts' weights (core.params.routed_experts), with E each; none for a dense model
+    # the routed experts' weights (core.params.routed_experts), with E each; none for a dense model. A
+    # stacked block's (E, out) biases are priced as biases (compute dtype, read whole)
     blocks = routed_experts(model) if experts > 1 else ()
-    expert_ids = {id(p): count for _, count, params in blocks for p in params}
+    expert_ids = {id(p): count for name, count, params in blocks for p in params
+                  if p.dim() >= 3 or isinstance(model.get_submodule(name), nn.ModuleList)}
     out: List[WeightTensor] = []
     for p in model.parameters():  # each tensor once (parameters() skips a shared one)
         dtype = str(p.dtype).replace("torch.", "")
