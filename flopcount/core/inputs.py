@@ -135,8 +135,11 @@ def _is_dataclass_instance(node: Any) -> bool:
 
 
 def output_tensors(obj: Any) -> List[torch.Tensor]:
-    """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput)."""
-    return flatten_tensors(obj)[0]
+    """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput), by the
+    walker of :func:`flatten_tensors` (not that function: a call's inputs are flattened once)."""
+    tensors: List[torch.Tensor] = []
+    _node(obj, tensors, set())
+    return tensors
 
 
 def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> str:
