@@ -165,16 +165,15 @@ def lu_solve_flops(n: int, nrhs: int) -> float:
     return 2 * triangular_solve_flops(n, nrhs)
 
 
-def _triangular_legacy(call: OpCall) -> Cost:
-    """triangular_solve(b, A): n^2 nrhs."""
-    b, a = call.tensor("self"), call.tensor("A")
-    return _scale(call, triangular_solve_flops(a.shape[-1], b.shape[-1]), _solve_batch(a, b))
+def _solver_of_self(matrix: str, flops: Callable[[int, int], float]) -> Callable[[OpCall], Cost]:
+    """The older spelling, ``op(B, matrix)`` with the right-hand sides ``self`` (n, nrhs):
+    triangular_solve(b, A) n^2 nrhs, cholesky_solve(B, L) two triangular solves, 2 n^2 nrhs."""
 
+    def handler(call: OpCall) -> Cost:
+        b, a = call.tensor("self"), call.tensor(matrix)
+        return _scale(call, flops(a.shape[-1], b.shape[-1]), _solve_batch(a, b))
 
-def _cholesky_solve(call: OpCall) -> Cost:
-    """cholesky_solve(B, L): two triangular solves, 2 n^2 nrhs."""
-    b, l_factor = call.tensor("self"), call.tensor("input2")
-    return _scale(call, 2 * triangular_solve_flops(l_factor.shape[-1], b.shape[-1]), _solve_batch(l_factor, b))
+    return handler
 
 
 def cholesky_inverse_flops(n: int) -> float:
@@ -405,8 +404,8 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::linalg_solve", "aten::_linalg_solve_ex", "aten::linalg_solve_ex"], _solver("A", solve_flops))
     registry.register("aten::linalg_lu_solve", _solver("LU", lu_solve_flops))
     registry.register("aten::linalg_solve_triangular", _solver("self", triangular_solve_flops))
-    registry.register("aten::triangular_solve", _triangular_legacy)
-    registry.register("aten::cholesky_solve", _cholesky_solve)
+    registry.register("aten::triangular_solve", _solver_of_self("A", triangular_solve_flops))
+    registry.register("aten::cholesky_solve", _solver_of_self("input2", lu_solve_flops))  # L L^H: 2 triangular solves
     registry.register("aten::cholesky_inverse", _dense(cholesky_inverse_flops))
     registry.register("aten::linalg_qr", _qr)
     registry.register("aten::geqrf", _dense(qr_flops, square=False))
