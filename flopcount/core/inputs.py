@@ -60,14 +60,11 @@ def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping
 def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
     """Every tensor inside ``obj`` (tuples, namedtuples, lists, mappings, dataclass
     instances, nested) and a function that rebuilds ``obj`` with replacement tensors in the
-    same order. An object met again inside itself (a cycle) is kept as it is."""
-    return _walk(obj)
+    same order. An object met again inside itself (a cycle) is kept as it is.
 
-
-def _walk(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
-    """The one container walker, for call arguments (:func:`flatten_tensors`) and outputs
-    (:func:`output_tensors`). Plain recursion over module-level functions: no closure refers
-    to itself, so no reference cycle keeps the walked tensors alive after the call."""
+    The one container walker, for call arguments and outputs (:func:`output_tensors`). Plain
+    recursion over module-level functions: no closure refers to itself, so no reference cycle
+    keeps the walked tensors alive after the call."""
     tensors: List[torch.Tensor] = []
     rebuild = _node(obj, tensors, set())
     return tensors, rebuild
@@ -93,12 +90,11 @@ def _node(node: Any, tensors: List[torch.Tensor], open_nodes: set) -> Rebuild:
 
 
 def _container(node: Any, tensors: List[torch.Tensor], open_nodes: set) -> Rebuild:
-    if isinstance(node, tuple) and hasattr(node, "_fields"):  # namedtuple
-        parts = [_node(v, tensors, open_nodes) for v in node]
-        return lambda values: type(node)(*(p(values) for p in parts))
     if isinstance(node, (tuple, list)):
         parts = [_node(v, tensors, open_nodes) for v in node]
         seq_kind = type(node)
+        if isinstance(node, tuple) and hasattr(node, "_fields"):  # namedtuple
+            return lambda values: seq_kind(*(p(values) for p in parts))
         return lambda values: seq_kind(p(values) for p in parts) if seq_kind in (tuple, list) else seq_kind([p(values) for p in parts])
     if isinstance(node, Mapping):
         return _mapping(node, [(k, _node(v, tensors, open_nodes)) for k, v in node.items()])
@@ -139,8 +135,11 @@ def _is_dataclass_instance(node: Any) -> bool:
 
 
 def output_tensors(obj: Any) -> List[torch.Tensor]:
-    """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput)."""
-    return _walk(obj)[0]
+    """Tensors inside a model's output (tensors, containers, dataclasses, HF ModelOutput), by the
+    walker of :func:`flatten_tensors` (not that function: a call's inputs are flattened once)."""
+    tensors: List[torch.Tensor] = []
+    _node(obj, tensors, set())
+    return tensors
 
 
 def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> str:
@@ -180,9 +179,7 @@ def fake_tensor_type() -> type:
 
 def is_dataless(tensor: torch.Tensor) -> bool:
     """True for tensors without data (meta device, FakeTensors): shapes only."""
-    if tensor.device.type == "meta":
-        return True
-    return isinstance(tensor, fake_tensor_type())
+    return tensor.device.type == "meta" or isinstance(tensor, fake_tensor_type())
 
 
 def is_uninitialized(tensor: torch.Tensor) -> bool:

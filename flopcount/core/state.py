@@ -208,8 +208,7 @@ def _with_generator(func: Any) -> Any:
 def _draws(func: Any, args: Any, kwargs: Dict[str, Any]) -> bool:
     """Whether a seeded op without a generator draws here: attention and RNN kernels draw
     only with a dropout probability above zero in training."""
-    bound = {a.name: v for a, v in zip(func._schema.arguments, args)}
-    bound.update(kwargs)
+    bound = {**{a.name: v for a, v in zip(func._schema.arguments, args)}, **kwargs}
     for key in ("dropout_p", "dropout"):
         if key in bound and not bound[key]:
             return False

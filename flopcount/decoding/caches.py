@@ -34,11 +34,7 @@ def cache_position_bytes(cache: Any) -> int:
 
 
 def _unique_tensors(cache: Any) -> Iterator[torch.Tensor]:
-    seen: set = set()
-    for tensor in _tensors_in(cache, set()):
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            yield tensor
+    return iter({id(tensor): tensor for tensor in _tensors_in(cache, set())}.values())  # each once, in order
 
 
 def cache_dtype(cache: Any) -> str:

@@ -16,7 +16,7 @@ a mixture-of-experts model is counted with each token routed to exactly k expert
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -153,15 +153,8 @@ def count_generation(
         kv_cache_bytes=cache_bytes(decoded.cache),
         kv_cache_dtype=cache_dtype(decoded.cache),
         encoder_decoder=decoded.setup.encoder_decoder,
-        warnings=_diagnostics(decoded.notes, [decoded.prefill, *decoded.steps]),
+        # count_generation's own notes, then every warning of the counts it is made of, each once
+        warnings=tuple(dict.fromkeys([*decoded.notes, *(w for r in [decoded.prefill, *decoded.steps] for w in r.warnings)])),
         kv_cache_position_bytes=cache_position_bytes(decoded.cache),
         wall_s=decoded.wall_s,
     )
-
-
-def _diagnostics(notes: List[str], results: List[FlopResult]) -> Tuple[str, ...]:
-    """count_generation's own notes, then every warning of the counts it is made of, each once."""
-    found: Dict[str, None] = dict.fromkeys(notes)
-    for result in results:
-        found.update(dict.fromkeys(result.warnings))
-    return tuple(found)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from ..types import Cost, Handler, OpCall, TensorMeta
 
@@ -84,10 +84,6 @@ def matmul_macs(a: Shape, b: Shape) -> int:
     else:
         out = broadcast(a[:-2], b[:-2]) + (a[-2], b[-1])
     return prod(out) * k
-
-
-def product(values: Iterable[int]) -> int:
-    return prod(values)
 
 
 def grads_present(call: OpCall, count: int = 3) -> Tuple[bool, ...]:

@@ -24,23 +24,19 @@ def _conv_output_shape(call: OpCall, x: Shape, w: Shape, transposed: bool) -> Sh
     dilation = ints(call.arg("dilation"), nsp, 1)
     padding_arg = call.arg("padding")
     spatial_in = x[-nsp:]
-    if isinstance(padding_arg, str):
-        if padding_arg == "same":
-            spatial = spatial_in
-        else:  # "valid"
-            spatial = tuple((i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(spatial_in, w[2:], stride, dilation))
+    padding = (0,) * nsp if isinstance(padding_arg, str) else ints(padding_arg, nsp, 0)  # "valid": no padding
+    if padding_arg == "same":
+        spatial = spatial_in
+    elif transposed:  # (string padding is for convolutions only)
+        out_pad = ints(call.arg("output_padding"), nsp, 0)
+        spatial = tuple(
+            (i - 1) * s - 2 * p + d * (k - 1) + op + 1
+            for i, k, s, p, d, op in zip(spatial_in, w[2:], stride, padding, dilation, out_pad)
+        )
     else:
-        padding = ints(padding_arg, nsp, 0)
-        if transposed:
-            out_pad = ints(call.arg("output_padding"), nsp, 0)
-            spatial = tuple(
-                (i - 1) * s - 2 * p + d * (k - 1) + op + 1
-                for i, k, s, p, d, op in zip(spatial_in, w[2:], stride, padding, dilation, out_pad)
-            )
-        else:
-            spatial = tuple(
-                (i + 2 * p - d * (k - 1) - 1) // s + 1 for i, k, s, p, d in zip(spatial_in, w[2:], stride, padding, dilation)
-            )
+        spatial = tuple(
+            (i + 2 * p - d * (k - 1) - 1) // s + 1 for i, k, s, p, d in zip(spatial_in, w[2:], stride, padding, dilation)
+        )
     groups = call.arg("groups") or 1
     c_out = w[1] * groups if transposed else w[0]
     return x[:-nsp - 1] + (c_out,) + spatial
@@ -52,17 +48,11 @@ def conv_macs(x: Shape, w: Shape, out: Shape, transposed: bool) -> int:
     return elements * w[1] * prod(w[2:])
 
 
-def _is_transposed(call: OpCall) -> bool:
-    if "transpose" in call.op:
-        return True
-    return bool(call.arg("transposed", False))
-
-
 def _conv(call: OpCall) -> Cost:
     # jit/composite ops name the input "input", backend kernels "self".
     x = (maybe_tensor(call, "input") or call.tensor("self")).shape
     w = call.tensor("weight").shape
-    transposed = _is_transposed(call)
+    transposed = "transpose" in call.op or bool(call.arg("transposed", False))
     out_meta = first_output(call)
     out = out_meta.shape if out_meta is not None else _conv_output_shape(call, x, w, transposed)
     return Cost.from_macs(conv_macs(x, w, out, transposed))

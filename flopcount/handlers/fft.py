@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from math import prod
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import first_output, is_complex
@@ -58,28 +58,20 @@ def _transform(shape: Sequence[int], dims: Sequence[int], sizes: Sequence[int]) 
 # -- dispatch kernels ------------------------------------------------------------------------
 
 
-def _kernel_cost(call: OpCall, kind: float, last_size: Optional[int] = None) -> Cost:
-    """One dispatch FFT kernel: the transform over ``dim`` (the last transformed dim's
-    length replaced by ``last_size`` when given) plus its normalisation."""
-    x = call.tensor("self")
-    dims = _dims(call.arg("dim"), x.ndim)
-    sizes = [x.shape[d] for d in dims]
-    if last_size is not None:
-        sizes[-1] = last_size
-    points, batch = _transform(x.shape, dims, sizes)
-    return Cost.from_flops(
-        fft_flops(points, batch, kind) + _norm_flops(first_output(call), bool(call.arg("normalization")))
-    )
-
-
 def _kernel(kind: float, last_size: Optional[str] = None) -> Handler:
     """_fft_r2c(self real, dim, normalization, onesided) and _fft_c2r(self complex, dim,
     normalization, last_dim_size): 2.5 N log2 N per transform (c2r: N counted on the real
     output, its last dim ``last_dim_size``); _fft_c2c(self complex, dim, normalization,
-    forward): 5 N log2 N per transform."""
+    forward): 5 N log2 N per transform; plus the normalisation."""
 
     def handler(call: OpCall) -> Cost:
-        return _kernel_cost(call, kind, None if last_size is None else int(call.arg(last_size)))
+        x = call.tensor("self")
+        dims = _dims(call.arg("dim"), x.ndim)
+        sizes = [x.shape[d] for d in dims]
+        if last_size is not None:
+            sizes[-1] = int(call.arg(last_size))
+        points, batch = _transform(x.shape, dims, sizes)
+        return Cost.from_flops(fft_flops(points, batch, kind) + _norm_flops(first_output(call), bool(call.arg("normalization"))))
 
     return handler
 
@@ -125,6 +117,17 @@ def _transform_dims(call: OpCall, ndim: int, s: Any, default_dims: Optional[Tupl
     return _dims(dims_arg, ndim)
 
 
+def _sizes(x: TensorMeta, s: Any, dims: Sequence[int], kind: str) -> List[int]:
+    """The logical sizes along ``dims``: ``s`` (-1: the input's), else the input's, the last
+    2 * (size - 1) for a real output (c2r)."""
+    if s is not None:
+        return [int(v) if v != -1 else x.shape[d] for v, d in zip(s, dims)]
+    sizes = [x.shape[d] for d in dims]
+    if kind == "c2r":
+        sizes[-1] = 2 * (sizes[-1] - 1)
+    return sizes
+
+
 def _n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  # type: ignore[no-untyped-def]
     """fft2/fftn/ifft2/ifftn (c2c; a real input is promoted to complex first), rfft2/rfftn
     (r2c), irfft2/irfftn (c2r): one transform over
@@ -134,15 +137,8 @@ def _n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  
         x = call.tensor("self")
         s = call.arg("s")
         dims = _transform_dims(call, x.ndim, s, default_dims)
-        if s is not None:
-            sizes = [int(v) if v != -1 else x.shape[d] for v, d in zip(s, dims)]
-        else:
-            sizes = [x.shape[d] for d in dims]
-            if kind == "c2r":
-                sizes[-1] = 2 * (sizes[-1] - 1)
-        batch = prod(v for i, v in enumerate(x.shape) if i not in set(dims))
-        per = C2C if kind == "c2c" else REAL
-        flops = fft_flops(prod(sizes), batch, per)
+        sizes = _sizes(x, s, dims, kind)
+        flops = fft_flops(*_transform(x.shape, dims, sizes), C2C if kind == "c2c" else REAL)
         return Cost.from_flops(flops + _norm_flops(first_output(call), _scaled(call.arg("norm"), inverse)))
 
     handler.__doc__ = f"{kind} over several dims: per x N log2 N per transform, N = prod(sizes)."
@@ -178,11 +174,8 @@ def _hermitian_n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int,
         dims = _transform_dims(call, x.ndim, s, default_dims)
         last = dims[-1]
         shape = list(x.shape)
-        if s is not None:
-            for v, d in zip(s, dims):
-                shape[d] = int(v) if v != -1 else x.shape[d]
-        elif kind == "c2r":
-            shape[last] = 2 * (x.shape[last] - 1)
+        for d, size in zip(dims, _sizes(x, s, dims, kind)):
+            shape[d] = size
         lead = prod(shape[d] for d in dims[:-1])
         n_last = shape[last]
         half = list(shape)

@@ -4,13 +4,15 @@ gathers and scatters without a reduction are copies (see zero_cost.py)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import first_output, maybe_tensor, per_grad_output
-from flopcount.types import Cost, OpCall
+from flopcount.types import Cost, Handler, OpCall
 
 __all__ = ["register"]
 
-SUM_MODE, MEAN_MODE, MAX_MODE = 0, 1, 2
+MEAN_MODE = 1  # embedding_bag's modes: 0 sum, 1 mean, 2 max
 
 
 def _bag_elements(call: OpCall, width: int) -> int:
@@ -34,18 +36,10 @@ def _embedding_bag_backward(call: OpCall) -> Cost:
     return Cost.from_flops(rows + rows * (maybe_tensor(call, "per_sample_weights") is not None))
 
 
-def _index_add(call: OpCall) -> Cost:
-    return Cost.from_flops(call.tensor("source").numel)
-
-
-def _scatter_add(call: OpCall) -> Cost:
-    # one add per index element (index may be smaller than src)
-    return Cost.from_flops(call.tensor("index").numel)
-
-
-def _scatter(call: OpCall) -> Cost:
-    # plain scatter is a copy; scatter(..., reduce="add"/"multiply") accumulates
-    return Cost.from_flops(call.tensor("index").numel) if call.arg("reduce") else Cost()
+def _per(name: str, flag: Optional[str] = None) -> Handler:
+    """One FLOP per element of the tensor argument ``name``; with ``flag``, only when that
+    argument is set (else a copy: 0)."""
+    return lambda call: Cost.from_flops(call.tensor(name).numel) if flag is None or call.arg(flag) else Cost()
 
 
 def _scatter_reduce(call: OpCall) -> Cost:
@@ -55,23 +49,16 @@ def _scatter_reduce(call: OpCall) -> Cost:
     return Cost.from_flops(flops)
 
 
-def _index_put(call: OpCall) -> Cost:
-    return Cost.from_flops(call.tensor("values").numel) if call.arg("accumulate") else Cost()
-
-
-def _put(call: OpCall) -> Cost:
-    # put(..., accumulate=True) (autograd's backward of take) adds one element per index
-    return Cost.from_flops(call.tensor("index").numel) if call.arg("accumulate") else Cost()
-
-
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"], _embedding_bag)
     registry.register(["aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward"], _embedding_bag_backward)
     # index-add of every grad_output row into the weight gradient
     registry.register("aten::embedding_dense_backward", per_grad_output(1))
-    registry.register("aten::index_add", _index_add)
-    registry.register("aten::scatter_add", _scatter_add)
-    registry.register("aten::scatter", _scatter)
+    registry.register("aten::index_add", _per("source"))
+    registry.register("aten::scatter_add", _per("index"))  # one add per index element (index may be smaller than src)
+    # plain scatter is a copy; scatter(..., reduce="add"/"multiply") accumulates
+    registry.register("aten::scatter", _per("index", "reduce"))
     registry.register("aten::scatter_reduce", _scatter_reduce)
-    registry.register(["aten::index_put", "aten::_index_put_impl"], _index_put)
-    registry.register("aten::put", _put)
+    registry.register(["aten::index_put", "aten::_index_put_impl"], _per("values", "accumulate"))
+    # put(..., accumulate=True) (autograd's backward of take) adds one element per index
+    registry.register("aten::put", _per("index", "accumulate"))

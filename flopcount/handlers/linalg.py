@@ -15,7 +15,7 @@ from math import prod
 from typing import Callable, Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import broadcast, first_output, is_complex, maybe_tensor
+from flopcount.handlers._common import broadcast, first_output, is_complex, maybe_tensor, output_numel
 from flopcount.handlers.reduce import _norm
 from flopcount.types import Cost, OpCall, TensorMeta
 
@@ -99,19 +99,12 @@ def eig_flops(n: int, vectors: bool) -> float:
     return 25 * n**3 if vectors else 10 * n**3
 
 
-def _square(fn: Callable[[int], float]) -> Callable[[OpCall], Cost]:
+def _dense(fn: Callable[..., float], square: bool = True) -> Callable[[OpCall], Cost]:
+    """``fn(n)`` of each n x n matrix (``square``), else ``fn(m, n)`` of each m x n one."""
+
     def handler(call: OpCall) -> Cost:
         a = _mat(call, "A", "self", "input")
-        return _scale(call, fn(a.shape[-1]), _batch(a.shape))
-
-    handler.__doc__ = fn.__doc__
-    return handler
-
-
-def _rectangular(fn: Callable[[int, int], float]) -> Callable[[OpCall], Cost]:
-    def handler(call: OpCall) -> Cost:
-        a = _mat(call, "A", "self", "input")
-        return _scale(call, fn(a.shape[-2], a.shape[-1]), _batch(a.shape))
+        return _scale(call, fn(*a.shape[-1 if square else -2:]), _batch(a.shape))
 
     handler.__doc__ = fn.__doc__
     return handler
@@ -132,7 +125,7 @@ def inv_flops(n: int) -> float:
     return 2 * n**3
 
 
-_slogdet = _square(slogdet_flops)
+_slogdet = _dense(slogdet_flops)
 
 
 def _logdet(call: OpCall) -> Cost:
@@ -172,16 +165,15 @@ def lu_solve_flops(n: int, nrhs: int) -> float:
     return 2 * triangular_solve_flops(n, nrhs)
 
 
-def _triangular_legacy(call: OpCall) -> Cost:
-    """triangular_solve(b, A): n^2 nrhs."""
-    b, a = call.tensor("self"), call.tensor("A")
-    return _scale(call, triangular_solve_flops(a.shape[-1], b.shape[-1]), _solve_batch(a, b))
+def _solver_of_self(matrix: str, flops: Callable[[int, int], float]) -> Callable[[OpCall], Cost]:
+    """The older spelling, ``op(B, matrix)`` with the right-hand sides ``self`` (n, nrhs):
+    triangular_solve(b, A) n^2 nrhs, cholesky_solve(B, L) two triangular solves, 2 n^2 nrhs."""
 
+    def handler(call: OpCall) -> Cost:
+        b, a = call.tensor("self"), call.tensor(matrix)
+        return _scale(call, flops(a.shape[-1], b.shape[-1]), _solve_batch(a, b))
 
-def _cholesky_solve(call: OpCall) -> Cost:
-    """cholesky_solve(B, L): two triangular solves, 2 n^2 nrhs."""
-    b, l_factor = call.tensor("self"), call.tensor("input2")
-    return _scale(call, 2 * triangular_solve_flops(l_factor.shape[-1], b.shape[-1]), _solve_batch(l_factor, b))
+    return handler
 
 
 def cholesky_inverse_flops(n: int) -> float:
@@ -288,9 +280,7 @@ def _cdist(call: OpCall) -> Cost:
     side (or compute_mode 1) torch uses a matmul: B r1 r2 (m + 2) MACs, the row norms
     (2 r1 m + 2 r2 m), the -2 x1 scale (r1 m), clamp and sqrt (2 r1 r2);
     otherwise B r1 r2 (per-coordinate m + per-pair) FLOPs."""
-    x1, x2 = call.tensor("x1"), call.tensor("x2")
-    r1, r2, m = x1.shape[-2], x2.shape[-2], x1.shape[-1]
-    batch = prod(broadcast(x1.shape[:-2], x2.shape[:-2]))
+    batch, r1, r2, m = _pairs(call)
     p = call.arg("p", 2.0)
     mode = call.arg("compute_mode")
     use_mm = (p is None or p == 2) and (mode == 1 or (mode in (None, 0) and (r1 > 25 or r2 > 25)))
@@ -302,10 +292,13 @@ def _cdist(call: OpCall) -> Cost:
 
 def _euclidean_dist(call: OpCall) -> Cost:
     """_euclidean_dist(x1, x2): the matmul form of cdist (see :func:`_cdist`)."""
+    return _euclidean_cost(*_pairs(call))
+
+
+def _pairs(call: OpCall) -> Tuple[int, int, int, int]:
+    """(batch, rows of x1, rows of x2, coordinates) of x1 (*, r1, m) and x2 (*, r2, m)."""
     x1, x2 = call.tensor("x1"), call.tensor("x2")
-    r1, r2, m = x1.shape[-2], x2.shape[-2], x1.shape[-1]
-    batch = prod(broadcast(x1.shape[:-2], x2.shape[:-2]))
-    return _euclidean_cost(batch, r1, r2, m)
+    return prod(broadcast(x1.shape[:-2], x2.shape[:-2])), x1.shape[-2], x2.shape[-2], x1.shape[-1]
 
 
 def _euclidean_cost(batch: int, r1: int, r2: int, m: int) -> Cost:
@@ -326,9 +319,8 @@ def _cdist_backward(call: OpCall) -> Cost:
     """_cdist_backward(grad, x1, x2, p, cdist): the gradient for x1 (torch calls it once per
     input): per pair g / d (1) and per coordinate subtract, multiply, accumulate (3):
     B r1 r2 (3m + 1)."""
-    x1, x2 = call.tensor("x1"), call.tensor("x2")
-    batch = prod(broadcast(x1.shape[:-2], x2.shape[:-2]))
-    return Cost.from_flops(batch * x1.shape[-2] * x2.shape[-2] * (3 * x1.shape[-1] + 1))
+    batch, r1, r2, m = _pairs(call)
+    return Cost.from_flops(batch * r1 * r2 * (3 * m + 1))
 
 
 def _pdist_backward(call: OpCall) -> Cost:
@@ -399,26 +391,24 @@ def _cov(call: OpCall) -> Cost:
 
 def _cross(call: OpCall) -> Cost:
     """Cross product of 3-vectors: 6 multiplies and 3 subtracts per vector, 3 per output element."""
-    out = first_output(call)
-    n = out.numel if out is not None else prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
-    return Cost.from_flops(3 * n)
+    return Cost.from_flops(3 * output_numel(call))
 
 
 def register(registry: HandlerRegistry) -> None:
-    registry.register(["aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::cholesky"], _square(cholesky_flops))
-    registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _rectangular(lu_flops))
-    registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _square(det_flops))
+    registry.register(["aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::cholesky"], _dense(cholesky_flops))
+    registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _dense(lu_flops, square=False))
+    registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _dense(det_flops))
     registry.register(["aten::linalg_slogdet", "aten::_linalg_slogdet", "aten::slogdet"], _slogdet)
     registry.register("aten::logdet", _logdet)
-    registry.register(["aten::linalg_inv", "aten::linalg_inv_ex", "aten::inverse"], _square(inv_flops))
+    registry.register(["aten::linalg_inv", "aten::linalg_inv_ex", "aten::inverse"], _dense(inv_flops))
     registry.register(["aten::linalg_solve", "aten::_linalg_solve_ex", "aten::linalg_solve_ex"], _solver("A", solve_flops))
     registry.register("aten::linalg_lu_solve", _solver("LU", lu_solve_flops))
     registry.register("aten::linalg_solve_triangular", _solver("self", triangular_solve_flops))
-    registry.register("aten::triangular_solve", _triangular_legacy)
-    registry.register("aten::cholesky_solve", _cholesky_solve)
-    registry.register("aten::cholesky_inverse", _square(cholesky_inverse_flops))
+    registry.register("aten::triangular_solve", _solver_of_self("A", triangular_solve_flops))
+    registry.register("aten::cholesky_solve", _solver_of_self("input2", lu_solve_flops))  # L L^H: 2 triangular solves
+    registry.register("aten::cholesky_inverse", _dense(cholesky_inverse_flops))
     registry.register("aten::linalg_qr", _qr)
-    registry.register("aten::geqrf", _rectangular(qr_flops))
+    registry.register("aten::geqrf", _dense(qr_flops, square=False))
     registry.register(["aten::linalg_householder_product", "aten::orgqr"], _householder_product)
     registry.register("aten::ormqr", _ormqr)
     registry.register(["aten::linalg_svd", "aten::_linalg_svd", "aten::linalg_svdvals", "aten::svd"], _svd)

@@ -9,7 +9,7 @@ the two ops it decomposes into.
 from __future__ import annotations
 
 from math import prod
-from typing import Any
+from typing import Any, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import broadcast, maybe_tensor
@@ -61,8 +61,8 @@ def nll_flops(targets: int, weighted: bool, reduction: Any) -> int:
 
 
 def _nll(call: OpCall) -> Cost:
-    targets = call.tensor("target").numel
-    return Cost.from_flops(nll_flops(targets, maybe_tensor(call, "weight") is not None, call.arg("reduction", MEAN)))
+    weighted = maybe_tensor(call, "weight") is not None
+    return Cost.from_flops(nll_flops(call.tensor("target").numel, weighted, call.arg("reduction", MEAN)))
 
 
 def _cross_entropy(call: OpCall) -> Cost:
@@ -83,11 +83,6 @@ def _cross_entropy(call: OpCall) -> Cost:
 def _loss_backward(call: OpCall) -> Cost:
     n = call.tensor("self").numel
     return Cost.from_flops(BACKWARD[call.op] * n + n * (maybe_tensor(call, "weight") is not None))
-
-
-def _nll_backward(call: OpCall) -> Cost:
-    # scatter -weight[t] * g (/ total) into grad_input: 1 per target
-    return Cost.from_flops(call.tensor("target").numel)
 
 
 #: FLOPs per CTC lattice cell (time step x extended-label position): a log-sum-exp of
@@ -118,15 +113,14 @@ def ctc_lattice(log_probs: TensorMeta, targets: TensorMeta, input_lengths: objec
     return max(times) * (2 * targets.numel + batch)
 
 
-def _ctc_core(call: OpCall) -> int:
-    return CTC_CELL * ctc_lattice(
-        call.tensor("log_probs"), call.tensor("targets"), call.arg("input_lengths"), call.arg("target_lengths")
-    )
+def _cells(call: OpCall) -> int:
+    """The call's CTC lattice cells (:func:`ctc_lattice`)."""
+    return ctc_lattice(call.tensor("log_probs"), call.tensor("targets"), call.arg("input_lengths"), call.arg("target_lengths"))
 
 
 def _ctc_loss(call: OpCall) -> Cost:
     """_ctc_loss (dispatch): the alpha recursion, 13 FLOPs per lattice cell."""
-    return Cost.from_flops(_ctc_core(call))
+    return Cost.from_flops(CTC_CELL * _cells(call))
 
 
 def _ctc_loss_composite(call: OpCall) -> Cost:
@@ -134,7 +128,7 @@ def _ctc_loss_composite(call: OpCall) -> Cost:
     zero_infinity: eq + where (2B); mean: divide by target length + mean (2B + 1); sum: B."""
     log_probs = call.tensor("log_probs")
     batch = log_probs.shape[1] if log_probs.ndim == 3 else 1
-    flops = _ctc_core(call)
+    flops = CTC_CELL * _cells(call)
     if call.arg("zero_infinity"):
         flops += 2 * batch
     reduction = call.arg("reduction", MEAN)
@@ -148,10 +142,7 @@ def _ctc_loss_composite(call: OpCall) -> Cost:
 def _ctc_loss_backward(call: OpCall) -> Cost:
     """The beta recursion (13 per cell) and the gradient (exp, multiply, accumulate: 3 per
     cell): 16 FLOPs per lattice cell."""
-    cells = ctc_lattice(
-        call.tensor("log_probs"), call.tensor("targets"), call.arg("input_lengths"), call.arg("target_lengths")
-    )
-    return Cost.from_flops((CTC_CELL + 3) * cells)
+    return Cost.from_flops((CTC_CELL + 3) * _cells(call))
 
 
 # -- composite losses jit records whole (each costs exactly its decomposition) ----------------
@@ -203,29 +194,31 @@ def _triplet_margin(call: OpCall) -> Cost:
     return Cost.from_flops(flops + 3 * rows + _reduction(rows, call.arg("reduction", MEAN)))
 
 
+def _classes(call: OpCall) -> Tuple[TensorMeta, int, int]:
+    """``self`` (B x C scores), its classes C (the last dim) and its samples B."""
+    x = call.tensor("self")
+    classes = x.shape[-1] if x.ndim else 1
+    return x, classes, x.numel // classes if classes else 0
+
+
 def _multilabel_margin(call: OpCall) -> Cost:
     """An upper bound: with k of C labels targets a sample has k (C - k) <= C^2 / 4
     (target, non-target) pairs, each 1 - (x_j - x_i), compare, accumulate (4 FLOPs): C^2
     per sample, + a divide by C per sample + reduction(B). The targets are data."""
-    x = call.tensor("self")
-    classes = x.shape[-1] if x.ndim else 1
-    batch = x.numel // classes if classes else 0
+    _, classes, batch = _classes(call)
     return Cost.from_flops(batch * classes * classes + batch + _reduction(batch, call.arg("reduction", MEAN)))
 
 
 def _multilabel_margin_backward(call: OpCall) -> Cost:
     """The same pair bound (C^2 per sample) and a scale per element."""
-    x = call.tensor("self")
-    classes = x.shape[-1] if x.ndim else 1
+    x, classes, _ = _classes(call)
     return Cost.from_flops(x.numel * classes + x.numel)
 
 
 def _multi_margin(call: OpCall) -> Cost:
     """Per element margin - x[y] + x[i] (2), clamp (1), square for p = 2 (1), class weight
     (1), sum over classes (1); a divide by C per sample; + reduction(B)."""
-    x = call.tensor("self")
-    classes = x.shape[-1] if x.ndim else 1
-    batch = x.numel // classes if classes else 0
+    x, _, batch = _classes(call)
     per = 4 + (call.arg("p", 1) == 2) + (maybe_tensor(call, "weight") is not None)
     return Cost.from_flops(per * x.numel + batch + _reduction(batch, call.arg("reduction", MEAN)))
 
@@ -254,7 +247,8 @@ def register(registry: HandlerRegistry) -> None:
     )
     registry.register("aten::cross_entropy_loss", _cross_entropy)
     registry.register(list(BACKWARD), _loss_backward)
-    registry.register(["aten::nll_loss_backward", "aten::nll_loss2d_backward"], _nll_backward)
+    # scatter -weight[t] * g (/ total) into grad_input: 1 per target
+    registry.register(["aten::nll_loss_backward", "aten::nll_loss2d_backward"], lambda call: Cost.from_flops(call.tensor("target").numel))
     registry.register("aten::_ctc_loss", _ctc_loss)
     registry.register("aten::ctc_loss", _ctc_loss_composite)
     registry.register("aten::_ctc_loss_backward", _ctc_loss_backward)

@@ -8,7 +8,7 @@ With a complex operand every MAC is 4 real MACs (:func:`complex_contraction`).
 from __future__ import annotations
 
 from math import prod
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import Shape, broadcast, complex_contraction, matmul_macs, maybe_tensor
@@ -28,15 +28,20 @@ def _linear(call: OpCall) -> Cost:
     return Cost.from_macs(linear_macs(call.tensor("input").shape, call.tensor("weight").shape))
 
 
-def _product(left: str, right: str) -> Handler:
-    """``left @ right`` by schema name: (n, m) @ (m, p) -> n*m*p, batched (b, n, m) @ (b, m, p)
-    -> b*n*m*p (addbmm also sums over b inside the MACs), (n, m) @ (m,) -> n*m; the added
-    ``self`` and the alpha/beta scales of addmm-style ops are not counted."""
+def _two(left: str, right: str, macs: Callable[[TensorMeta, TensorMeta], int]) -> Handler:
+    """``macs(left, right)`` of the operands named ``left`` and ``right`` in the schema."""
 
     def handler(call: OpCall) -> Cost:
-        return Cost.from_macs(matmul_macs(call.tensor(left).shape, call.tensor(right).shape))
+        return Cost.from_macs(macs(call.tensor(left), call.tensor(right)))
 
     return handler
+
+
+def _product(left: str, right: str) -> Handler:
+    """``left @ right``: (n, m) @ (m, p) -> n*m*p, batched (b, n, m) @ (b, m, p) -> b*n*m*p
+    (addbmm also sums over b inside the MACs), (n, m) @ (m,) -> n*m; the added ``self`` and
+    the alpha/beta scales of addmm-style ops are not counted."""
+    return _two(left, right, lambda a, b: matmul_macs(a.shape, b.shape))
 
 
 def _dot(call: OpCall) -> Cost:
@@ -50,16 +55,6 @@ def _inner(call: OpCall) -> Cost:
     if a.ndim == 0 or b.ndim == 0:
         return Cost.from_macs(max(a.numel, b.numel))
     return Cost.from_macs(a.numel * b.numel // a.shape[-1])
-
-
-def _outer(left: str, right: str) -> Handler:
-    """(n,) x (m,) -> n*m products (contracted size 1): outer, ger, addr (its added ``self``
-    and scales not counted)."""
-
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_macs(call.tensor(left).numel * call.tensor(right).numel)
-
-    return handler
 
 
 def _tensordot(call: OpCall) -> Cost:
@@ -112,11 +107,7 @@ def grouped_mm_macs(a: Shape, b: Shape) -> int:
 
 def _grouped(left: str, right: str, products: int = 1) -> Handler:
     """``products`` grouped products of ``left`` and ``right`` (:func:`grouped_mm_macs`)."""
-
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_macs(products * grouped_mm_macs(call.tensor(left).shape, call.tensor(right).shape))
-
-    return handler
+    return _two(left, right, lambda a, b: products * grouped_mm_macs(a.shape, b.shape))
 
 
 # -- einsum -------------------------------------------------------------------------------
@@ -258,8 +249,10 @@ def register(registry: HandlerRegistry) -> None:
     add("aten::smm", _sparse_only("self", "mat2"))
     add(["aten::dot", "aten::vdot"], _dot)
     add("aten::inner", _inner)
-    add(["aten::outer", "aten::ger"], _outer("self", "vec2"))
-    add("aten::addr", _outer("vec1", "vec2"))
+    # (n,) x (m,) -> n*m products (contracted size 1); addr's added ``self`` and scales not counted
+    outer = lambda a, b: a.numel * b.numel  # noqa: E731
+    add(["aten::outer", "aten::ger"], _two("self", "vec2", outer))
+    add("aten::addr", _two("vec1", "vec2", outer))
     add("aten::tensordot", _tensordot)
     add("aten::bilinear", _bilinear)
     add("aten::_trilinear", _trilinear)

@@ -16,7 +16,7 @@ decomposes into (pow, mean, add, rsqrt, mul, mul).
 from __future__ import annotations
 
 from math import prod
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import grads_present, maybe_tensor
@@ -55,15 +55,19 @@ def rms_norm_flops(n: int, rows: int, weight: bool) -> int:
     return flops + (elementwise_flops("aten::mul", n) if weight else 0)
 
 
-def _norm_cost(x: TensorMeta, groups: int, stats: bool, call: OpCall) -> Cost:
-    weight = maybe_tensor(call, "weight") is not None
-    bias = maybe_tensor(call, "bias") is not None
-    return Cost.from_flops(normalize_flops(x.numel, groups, stats, weight, bias))
+def _norm(groups: Callable[[OpCall, TensorMeta], int], stats: Callable[[OpCall], bool], backward: bool = False) -> Handler:
+    """A norm over ``input`` in ``groups(call, x)`` groups, from batch statistics where
+    ``stats(call)``: :func:`normalize_flops`, or :func:`norm_backward_flops` for its backward."""
 
+    def handler(call: OpCall) -> Cost:
+        x = call.tensor("input")
+        weight = maybe_tensor(call, "weight") is not None
+        if backward:
+            return Cost.from_flops(norm_backward_flops(x.numel, groups(call, x), stats(call), weight, grads_present(call)))
+        bias = maybe_tensor(call, "bias") is not None
+        return Cost.from_flops(normalize_flops(x.numel, groups(call, x), stats(call), weight, bias))
 
-def _backward_cost(x: TensorMeta, groups: int, stats: bool, call: OpCall) -> Cost:
-    weight = maybe_tensor(call, "weight") is not None
-    return Cost.from_flops(norm_backward_flops(x.numel, groups, stats, weight, grads_present(call)))
+    return handler
 
 
 def _rows(call: OpCall, x: TensorMeta) -> int:
@@ -83,46 +87,32 @@ def _normalized_numel(call: OpCall, x: TensorMeta) -> int:
     return prod(shape)
 
 
-def _channels(x: TensorMeta) -> int:
+def _channels(call: OpCall, x: TensorMeta) -> int:
     return x.shape[1] if x.ndim >= 2 else 1
 
 
-def _layer_norm(call: OpCall) -> Cost:
-    x = call.tensor("input")
-    return _norm_cost(x, _rows(call, x), True, call)
+def _instances(call: OpCall, x: TensorMeta) -> int:
+    """Instance norm is batch norm on (1, N*C, ...): one group per sample and channel."""
+    return x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
 
 
-def _batch_norm(call: OpCall) -> Cost:
+def _groups(call: OpCall, x: TensorMeta) -> int:
+    """Group norm: ``num_groups`` (``group`` in the native ops) per sample."""
+    return (x.shape[0] if x.ndim >= 2 else 1) * int(call.arg("num_groups", call.arg("group")))
+
+
+def _batch_stats(call: OpCall) -> bool:
     """``training`` picks batch statistics; without running stats they are always used."""
-    x = call.tensor("input")
-    training = call.arg("training")
-    stats = bool(training) or maybe_tensor(call, "running_mean") is None
-    return _norm_cost(x, _channels(x), stats, call)
+    return bool(call.arg("training")) or maybe_tensor(call, "running_mean") is None
 
 
-def _batch_norm_stats(stats: bool) -> Handler:
-    """Batch norm with (``stats``) or without batch statistics, whatever its arguments say."""
-
-    def handler(call: OpCall) -> Cost:
-        x = call.tensor("input")
-        return _norm_cost(x, _channels(x), stats, call)
-
-    return handler
+def _batch_stats_backward(call: OpCall) -> bool:
+    train: Optional[bool] = call.arg("train", call.arg("update"))
+    return True if train is None else bool(train) or maybe_tensor(call, "running_mean") is None
 
 
-def _instance_norm(call: OpCall) -> Cost:
-    # batch norm on (1, N*C, ...): one group per sample and channel
-    x = call.tensor("input")
-    groups = x.shape[0] * x.shape[1] if x.ndim >= 2 else 1
-    use_input_stats = call.arg("use_input_stats")
-    return _norm_cost(x, groups, use_input_stats is not False, call)
-
-
-def _group_norm(call: OpCall) -> Cost:
-    x = call.tensor("input")
-    groups = call.arg("num_groups", call.arg("group"))
-    batch = x.shape[0] if x.ndim >= 2 else 1
-    return _norm_cost(x, batch * int(groups), True, call)
+def _always(call: OpCall) -> bool:
+    return True
 
 
 def _rms_norm(call: OpCall) -> Cost:
@@ -147,23 +137,6 @@ def norm_backward_flops(n: int, groups: int, stats: bool, weight: bool, present:
     return flops
 
 
-def _layer_norm_backward(call: OpCall) -> Cost:
-    x = call.tensor("input")
-    return _backward_cost(x, _rows(call, x), True, call)
-
-
-def _batch_norm_backward(call: OpCall) -> Cost:
-    x = call.tensor("input")
-    train: Optional[bool] = call.arg("train", call.arg("update"))
-    stats = True if train is None else bool(train) or maybe_tensor(call, "running_mean") is None
-    return _backward_cost(x, _channels(x), stats, call)
-
-
-def _group_norm_backward(call: OpCall) -> Cost:
-    x = call.tensor("input")
-    return _backward_cost(x, (x.shape[0] if x.ndim >= 2 else 1) * int(call.arg("group")), True, call)
-
-
 def _weight_norm(call: OpCall) -> Cost:
     """``w = v * (g / ||v||)``, the norm over every dim but ``dim`` (G = g's elements, N = v's):
     squares and sum 2N, G square roots, G divides, N multiplies: **3N + 2G** (the order of
@@ -184,7 +157,7 @@ def _weight_norm_backward(call: OpCall) -> Cost:
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::_weight_norm", "aten::_weight_norm_interface"], _weight_norm)
     registry.register("aten::_weight_norm_interface_backward", _weight_norm_backward)
-    registry.register(["aten::layer_norm", "aten::native_layer_norm"], _layer_norm)
+    registry.register(["aten::layer_norm", "aten::native_layer_norm"], _norm(_rows, _always))
     registry.register(
         [
             "aten::batch_norm",
@@ -194,16 +167,19 @@ def register(registry: HandlerRegistry) -> None:
             "aten::_batch_norm_impl_index",
             "aten::cudnn_batch_norm",
             "aten::miopen_batch_norm",
+            # no training flag: batch statistics exactly when no running statistics are given
+            "aten::_batch_norm_no_update",
         ],
-        _batch_norm,
+        _norm(_channels, _batch_stats),
     )
-    registry.register("aten::_native_batch_norm_legit_no_training", _batch_norm_stats(False))
-    registry.register("aten::_batch_norm_with_update", _batch_norm_stats(True))
-    # no training flag: batch statistics exactly when no running statistics are given
-    registry.register("aten::_batch_norm_no_update", _batch_norm)
-    registry.register("aten::instance_norm", _instance_norm)
-    registry.register(["aten::group_norm", "aten::native_group_norm"], _group_norm)
+    registry.register("aten::_native_batch_norm_legit_no_training", _norm(_channels, lambda call: False))
+    registry.register("aten::_batch_norm_with_update", _norm(_channels, _always))
+    registry.register("aten::instance_norm", _norm(_instances, lambda call: call.arg("use_input_stats") is not False))
+    registry.register(["aten::group_norm", "aten::native_group_norm"], _norm(_groups, _always))
     registry.register(["aten::rms_norm", "aten::_fused_rms_norm"], _rms_norm)
-    registry.register("aten::native_layer_norm_backward", _layer_norm_backward)
-    registry.register(["aten::native_batch_norm_backward", "aten::batch_norm_backward", "aten::cudnn_batch_norm_backward"], _batch_norm_backward)
-    registry.register("aten::native_group_norm_backward", _group_norm_backward)
+    registry.register("aten::native_layer_norm_backward", _norm(_rows, _always, backward=True))
+    registry.register(
+        ["aten::native_batch_norm_backward", "aten::batch_norm_backward", "aten::cudnn_batch_norm_backward"],
+        _norm(_channels, _batch_stats_backward, backward=True),
+    )
+    registry.register("aten::native_group_norm_backward", _norm(_groups, _always, backward=True))

@@ -13,14 +13,13 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Tuple
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers.pointwise import PER_ELEMENT, complex_flops
+from flopcount.handlers._common import is_complex
+from flopcount.handlers.pointwise import INTEGER_DTYPES, PER_ELEMENT, complex_flops
 from flopcount.handlers.reduce import norm_flops
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "ADAM", "SGD_UPDATE", "ADAGRAD"]
 
-_INTEGER = frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"})
-_COMPLEX = frozenset({"complex32", "complex64", "complex128", "complex"})
 
 # Adam per element (torch/optim/adam.py, single-tensor loop): exp_avg.lerp_(grad, 1-b1) 3;
 # exp_avg_sq.mul_(b2).addcmul_(grad, grad, 1-b2) 1 + 2; denom = sqrt / bias_correction2_sqrt
@@ -48,7 +47,7 @@ def _tensors(value: Any) -> Tuple[TensorMeta, ...]:
 
 
 def _floating(tensors: Iterable[TensorMeta]) -> Iterable[TensorMeta]:
-    return (t for t in tensors if t.dtype not in _INTEGER)
+    return (t for t in tensors if t.dtype not in INTEGER_DTYPES)
 
 
 def foreach_of(single: str) -> Handler:
@@ -58,7 +57,7 @@ def foreach_of(single: str) -> Handler:
     def handler(call: OpCall) -> Cost:
         flops = 0
         for tensor in _floating(_tensors(call.arg("self"))):
-            flops += (complex_flops(f"aten::{single}", per) if tensor.dtype in _COMPLEX else per) * tensor.numel
+            flops += (complex_flops(f"aten::{single}", per) if is_complex(tensor) else per) * tensor.numel
         return Cost.from_flops(flops)
 
     handler.__doc__ = f"{per} FLOP(s) per element of each tensor in ``self`` (aten::{single} applied per tensor)."
@@ -85,20 +84,18 @@ def _foreach_mm(call: OpCall) -> Cost:
     return Cost.from_macs(macs)
 
 
-def _parameter_elements(call: OpCall) -> int:
-    return sum(t.numel for t in _floating(_tensors(call.arg("self"))))
-
-
 def _fused(per_element: Callable[[OpCall], int]) -> Handler:
+    """``per_element(call)`` FLOPs per element of the floating tensors of ``self``."""
+
     def handler(call: OpCall) -> Cost:
-        return Cost.from_flops(per_element(call) * _parameter_elements(call))
+        return Cost.from_flops(per_element(call) * sum(t.numel for t in _floating(_tensors(call.arg("self")))))
 
     return handler
 
 
-def _adam_per_element(call: OpCall) -> int:
-    extra = WEIGHT_DECAY if call.arg("weight_decay") else 0
-    return ADAM + extra + (AMSGRAD if call.arg("amsgrad") else 0)
+def _flagged(base: int, **extra: int) -> Callable[[OpCall], int]:
+    """``base`` FLOPs per element, plus each ``extra`` whose argument is set (``weight_decay=``...)."""
+    return lambda call: base + sum(flops for name, flops in extra.items() if call.arg(name))
 
 
 def _sgd_per_element(call: OpCall) -> int:
@@ -109,10 +106,6 @@ def _sgd_per_element(call: OpCall) -> int:
     return per
 
 
-def _adagrad_per_element(call: OpCall) -> int:
-    return ADAGRAD + (WEIGHT_DECAY if call.arg("weight_decay") else 0)
-
-
 def register(registry: HandlerRegistry) -> None:
     for name in sorted(_FOREACH_POINTWISE):
         registry.register(f"aten::_foreach_{name}", foreach_of(name))
@@ -121,9 +114,9 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_foreach_max", _fused(lambda call: 1))  # the maximum: one comparison per element
     registry.register("aten::_foreach_mm", _foreach_mm)
     registry.register_zero(["aten::_foreach_zero", "aten::_foreach_copy", "aten::_foreach_clone"])
-    registry.register(["aten::_fused_adam", "aten::_fused_adamw"], _fused(_adam_per_element))
+    registry.register(["aten::_fused_adam", "aten::_fused_adamw"], _fused(_flagged(ADAM, weight_decay=WEIGHT_DECAY, amsgrad=AMSGRAD)))
     registry.register("aten::_fused_sgd", _fused(_sgd_per_element))
-    registry.register("aten::_fused_adagrad", _fused(_adagrad_per_element))
+    registry.register("aten::_fused_adagrad", _fused(_flagged(ADAGRAD, weight_decay=WEIGHT_DECAY)))
 
 
 # The single ops that have a _foreach_ spelling in torch (torch._C._jit_get_all_schemas()).

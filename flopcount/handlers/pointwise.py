@@ -10,13 +10,13 @@ them with the formula each is counted from.
 from __future__ import annotations
 
 from math import prod
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import any_complex, output_numel, per_grad_output
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
-__all__ = ["register", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
+__all__ = ["register", "INTEGER_DTYPES", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
 
 _ONE = (
     # arithmetic; scalar factors folded into an op (add's alpha, addcmul's value) are not extra
@@ -135,14 +135,14 @@ def elementwise_flops(op: str, elements: int) -> int:
     return PER_ELEMENT[op] * elements
 
 
-_INTEGER_DTYPES = frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"})
+INTEGER_DTYPES = frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"})
 
 
 def integer_only(call: OpCall) -> bool:
     """True when every tensor in and out has a known integer/bool dtype: index and shape
     arithmetic (jit records ``size`` maths on 0-d int64 tensors), not floating point."""
     metas = call.tensors() + tuple(o for o in call.outputs if isinstance(o, TensorMeta))
-    return bool(metas) and all(m.dtype in _INTEGER_DTYPES for m in metas)
+    return bool(metas) and all(m.dtype in INTEGER_DTYPES for m in metas)
 
 
 def per_element(flops: int) -> Handler:
@@ -159,13 +159,9 @@ def per_element(flops: int) -> Handler:
     return handler
 
 
-def _gelu(call: OpCall) -> Cost:
-    return Cost.from_flops(GELU.get(call.arg("approximate") or "none", GELU["none"]) * output_numel(call))
-
-
-def _gelu_backward(call: OpCall) -> Cost:
-    per = GELU_BACKWARD.get(call.arg("approximate") or "none", GELU_BACKWARD["none"])
-    return Cost.from_flops(per * output_numel(call))
+def _gelu(table: Dict[str, int]) -> Handler:
+    """``table[approximate]`` FLOPs per output element (unknown forms as the exact one)."""
+    return lambda call: Cost.from_flops(table.get(call.arg("approximate") or "none", table["none"]) * output_numel(call))
 
 
 def _elu(call: OpCall) -> Cost:
@@ -173,9 +169,16 @@ def _elu(call: OpCall) -> Cost:
     return Cost.from_flops(per * output_numel(call))
 
 
-def _training(call: OpCall) -> bool:
-    # dropout(input, p, train): identity (0) when not training or p == 0.
-    return call.arg("train") is not False and call.arg("p") != 0
+def _when_training(flops: Callable[[OpCall, TensorMeta], int]) -> Handler:
+    """A dropout: ``flops(call, the tensor it masks)`` in training; with ``train=False`` or
+    p == 0 the identity (0)."""
+
+    def handler(call: OpCall) -> Cost:
+        if call.arg("train") is False or call.arg("p") == 0:
+            return Cost()
+        return Cost.from_flops(flops(call, _dropped(call)))
+
+    return handler
 
 
 def _feature_mask(shape: Tuple[int, ...]) -> int:
@@ -189,26 +192,9 @@ def _dropped(call: OpCall) -> TensorMeta:
     return call.tensor("self") if "input" not in call.args and "self" in call.args else call.tensor("input")
 
 
-def _dropout(call: OpCall) -> Cost:
-    if not _training(call):
-        return Cost()
-    return Cost.from_flops(DROPOUT * _dropped(call).numel)
-
-
-def _feature_dropout(call: OpCall) -> Cost:
-    """Divide the (N, C, 1, ...) mask by 1-p, multiply the input by it: N*C + numel."""
-    if not _training(call):
-        return Cost()
-    x = _dropped(call)
-    return Cost.from_flops(_feature_mask(x.shape) + x.numel)
-
-
-def _alpha_dropout(call: OpCall) -> Cost:
-    if not _training(call):
-        return Cost()
-    x = _dropped(call)
+def _alpha_dropout(call: OpCall, x: TensorMeta) -> int:
     mask = _feature_mask(x.shape) if call.op.startswith("aten::feature_") else x.numel
-    return Cost.from_flops(ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel)
+    return ALPHA_DROPOUT_MASK * mask + ALPHA_DROPOUT_INPUT * x.numel
 
 
 def register(registry: HandlerRegistry) -> None:
@@ -217,11 +203,12 @@ def register(registry: HandlerRegistry) -> None:
         by_cost.setdefault(flops, []).append(op)
     for flops, ops in by_cost.items():
         registry.register(ops, per_element(flops))
-    registry.register("aten::gelu", _gelu)
-    registry.register("aten::gelu_backward", _gelu_backward)
+    registry.register("aten::gelu", _gelu(GELU))
+    registry.register("aten::gelu_backward", _gelu(GELU_BACKWARD))
     registry.register("aten::elu", _elu)
-    registry.register(["aten::dropout", "aten::native_dropout"], _dropout)
-    registry.register("aten::feature_dropout", _feature_dropout)
-    registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _alpha_dropout)
+    registry.register(["aten::dropout", "aten::native_dropout"], _when_training(lambda call, x: DROPOUT * x.numel))
+    # divide the (N, C, 1, ...) mask by 1-p, multiply the input by it: N*C + numel
+    registry.register("aten::feature_dropout", _when_training(lambda call, x: _feature_mask(x.shape) + x.numel))
+    registry.register(["aten::alpha_dropout", "aten::feature_alpha_dropout"], _when_training(_alpha_dropout))
     registry.register("aten::native_dropout_backward", per_grad_output(DROPOUT))
     registry.register("aten::glu_backward", per_grad_output(GLU_BACKWARD))

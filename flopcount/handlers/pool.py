@@ -40,16 +40,10 @@ def _kernel_volume(call: OpCall) -> int:
     return prod(ints(call.arg("kernel_size"), _spatial_dims(call.op), 1))
 
 
-def _max_pool(call: OpCall) -> Cost:
-    return Cost.from_flops(output_numel(call) * _kernel_volume(call))
-
-
-def _avg_pool(call: OpCall) -> Cost:
-    return Cost.from_flops(output_numel(call) * (_kernel_volume(call) + 1))
-
-
-def _avg_pool_backward(call: OpCall) -> Cost:
-    return Cost.from_flops(call.tensor("grad_output").numel * (_kernel_volume(call) + 1))
+def _pool(per_output: int) -> Handler:
+    """Output elements x (kernel volume + ``per_output``): max pooling's compares (0), average
+    pooling's adds and its divide (1)."""
+    return lambda call: Cost.from_flops(output_numel(call) * (_kernel_volume(call) + per_output))
 
 
 def adaptive_window_total(size_in: int, size_out: int) -> int:
@@ -96,14 +90,6 @@ def _interpolation(per_output: int) -> Handler:
     return handler
 
 
-def _interpolation_backward(per_output: int) -> Handler:
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_flops(per_output * call.tensor("grad_output").numel)
-
-    handler.__doc__ = f"{per_output} FLOPs per grad_output element."
-    return handler
-
-
 def _col2im(call: OpCall) -> Cost:
     # fold sums overlapping patches: one add per input element
     x = maybe_tensor(call, "self") or call.tensor("input")
@@ -117,10 +103,12 @@ def register(registry: HandlerRegistry) -> None:
             "aten::max_pool1d_with_indices", "aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices",
             "aten::mkldnn_max_pool2d", "aten::mkldnn_max_pool3d", "aten::quantized_max_pool2d",
         ],
-        _max_pool,
+        _pool(0),
     )
-    registry.register(["aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d"], _avg_pool)
-    registry.register(["aten::avg_pool2d_backward", "aten::avg_pool3d_backward"], _avg_pool_backward)
+    registry.register(["aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d"], _pool(1))
+    # one add per window element and a divide, per grad_output element
+    registry.register(["aten::avg_pool2d_backward", "aten::avg_pool3d_backward"],
+                      lambda call: Cost.from_flops(call.tensor("grad_output").numel * (_kernel_volume(call) + 1)))
     registry.register(
         [
             "aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d", "aten::adaptive_avg_pool3d",
@@ -139,18 +127,18 @@ def register(registry: HandlerRegistry) -> None:
     )
     for mode, per in INTERPOLATION.items():
         registry.register(f"aten::upsample_{mode}", _interpolation(per))
-        registry.register(f"aten::upsample_{mode}_backward", _interpolation_backward(per))
+        registry.register(f"aten::upsample_{mode}_backward", per_grad_output(per))
     registry.register(
         [
             f"aten::{prefix}{dims}_backward"
             for prefix in ("upsample_nearest", "_upsample_nearest_exact")
             for dims in ("1d", "2d", "3d")
         ],
-        _interpolation_backward(NEAREST_BACKWARD),
+        per_grad_output(NEAREST_BACKWARD),
     )
     registry.register("aten::col2im", _col2im)
     # fractional max pooling: one compare per window element, like max pooling
-    registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _max_pool)
+    registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _pool(0))
     registry.register(
         [
             "aten::fractional_max_pool2d_backward", "aten::fractional_max_pool3d_backward",

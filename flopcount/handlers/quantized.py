@@ -80,11 +80,9 @@ def _conv(activation: int, transposed: bool):  # type: ignore[no-untyped-def]
     return handler
 
 
-def _per_element(flops: int, source: str = "out") -> Handler:
+def _per_element(flops: int) -> Handler:
     def handler(call: OpCall) -> Cost:
-        meta = first_output(call) if source == "out" else _input(call)
-        if meta is None:
-            meta = _input(call)
+        meta = first_output(call) or _input(call)  # the input's count when the output is not known
         return Cost.from_flops(flops * meta.numel)
 
     handler.__doc__ = f"{flops} FLOP(s) per element."

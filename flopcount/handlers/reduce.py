@@ -15,7 +15,7 @@ from typing import Any, Tuple
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor, per_grad_output
 from flopcount.handlers.pointwise import per_element
-from flopcount.types import Cost, OpCall, TensorMeta
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = [
     "register",
@@ -102,14 +102,14 @@ def _mean(call: OpCall) -> Cost:
     return Cost.from_flops(factor * mean_flops(x.numel, _out_elements(call)))
 
 
-def _var(call: OpCall) -> Cost:
-    return Cost.from_flops(var_flops(_input(call).numel, _out_elements(call)))
+def _var(roots: int) -> Handler:
+    """var_flops(N, M), and ``roots`` square roots per output element (std: 1)."""
 
+    def handler(call: OpCall) -> Cost:
+        m = _out_elements(call)
+        return Cost.from_flops(var_flops(_input(call).numel, m) + roots * m)
 
-def _std(call: OpCall) -> Cost:
-    # var + one sqrt per output element
-    m = _out_elements(call)
-    return Cost.from_flops(var_flops(_input(call).numel, m) + m)
+    return handler
 
 
 def norm_flops(n: int, m: int, p: Any) -> int:
@@ -124,20 +124,6 @@ def norm_flops(n: int, m: int, p: Any) -> int:
 
 def _norm(call: OpCall) -> Cost:
     return Cost.from_flops(norm_flops(_input(call).numel, _out_elements(call), call.arg("p", call.arg("ord"))))
-
-
-def _logsumexp(call: OpCall) -> Cost:
-    # max, subtract, exp, sum (4N) + log, add back the max (2M)
-    n, m = _input(call).numel, _out_elements(call)
-    return Cost.from_flops(4 * n + 2 * m)
-
-
-def _softmax(call: OpCall) -> Cost:
-    return Cost.from_flops(softmax_flops(_input(call).numel))
-
-
-def _log_softmax(call: OpCall) -> Cost:
-    return Cost.from_flops(log_softmax_flops(_input(call).numel))
 
 
 def _sort(call: OpCall) -> Cost:
@@ -233,10 +219,6 @@ def _dist(call: OpCall) -> Cost:
     return Cost.from_flops(n + (2 * n + 1 if p in (None, 2) else 3 * n + 1))
 
 
-def _trace(call: OpCall) -> Cost:
-    return Cost.from_flops(min(_input(call).shape))
-
-
 def register(registry: HandlerRegistry) -> None:
     registry.register(
         [
@@ -250,13 +232,16 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::max", "aten::min"], _max_min)
     registry.register("aten::aminmax", lambda call: Cost.from_flops(2 * _input(call).numel))
     registry.register(["aten::mean", "aten::nanmean"], _mean)
-    registry.register(["aten::var", "aten::var_mean"], _var)
-    registry.register(["aten::std", "aten::std_mean"], _std)
+    registry.register(["aten::var", "aten::var_mean"], _var(0))
+    registry.register(["aten::std", "aten::std_mean"], _var(1))
     registry.register(["aten::norm", "aten::linalg_vector_norm", "aten::frobenius_norm"], _norm)
-    registry.register("aten::logsumexp", _logsumexp)
+    # max, subtract, exp, sum (4N) + log, add back the max (2M)
+    registry.register("aten::logsumexp", lambda call: Cost.from_flops(4 * _input(call).numel + 2 * _out_elements(call)))
     registry.register("aten::logcumsumexp", lambda call: Cost.from_flops(4 * _input(call).numel))
-    registry.register(["aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::special_softmax"], _softmax)
-    registry.register(["aten::log_softmax", "aten::_log_softmax", "aten::special_log_softmax"], _log_softmax)
+    registry.register(["aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::special_softmax"],
+                      lambda call: Cost.from_flops(softmax_flops(_input(call).numel)))
+    registry.register(["aten::log_softmax", "aten::_log_softmax", "aten::special_log_softmax"],
+                      lambda call: Cost.from_flops(log_softmax_flops(_input(call).numel)))
     registry.register("aten::_softmax_backward_data", per_grad_output(SOFTMAX_BACKWARD))
     registry.register("aten::_log_softmax_backward_data", per_grad_output(LOG_SOFTMAX_BACKWARD))
     registry.register(["aten::sort", "aten::argsort", "aten::msort"], _sort)
@@ -265,4 +250,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::trapezoid", _trapezoid)
     registry.register("aten::cumulative_trapezoid", _cumulative_trapezoid)
     registry.register("aten::diff", _diff)
-    registry.register("aten::trace", _trace)
+    registry.register("aten::trace", lambda call: Cost.from_flops(min(_input(call).shape)))  # the diagonal's sum

@@ -13,11 +13,11 @@ RNN add + tanh/relu = 2. Dropout between layers (training) costs what dropout co
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers.pointwise import DROPOUT, elementwise_flops
-from flopcount.types import Cost, OpCall, TensorMeta
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "GATE_FLOPS"]
 
@@ -133,19 +133,18 @@ def _quantized_cell(call: OpCall) -> Cost:
     return _cell_cost(kind, call.tensor("input"), w_ih, w_hh, "quantized::linear_dynamic")
 
 
-def _mkldnn_layer(call: OpCall) -> Cost:
-    kind = _MKLDNN_MODES.get(call.arg("mode"), "lstm")
-    weights = (call.tensor("weight0"), call.tensor("weight1"))
-    return _layer_cost(kind, _positions(call.tensor("input"), False), weights, int(call.arg("hidden_size")))
+def _mkldnn_layer(weights: Tuple[str, str], times: int) -> Handler:
+    """The layer over its two projections ``weights``, ``times`` over (the backward, an estimate:
+    twice the forward, input and weight gradients of both projections and the gate derivatives
+    at about the forward's gate cost)."""
 
+    def handler(call: OpCall) -> Cost:
+        kind = _MKLDNN_MODES.get(call.arg("mode"), "lstm")
+        projections = [call.tensor(name) for name in weights]
+        forward = _layer_cost(kind, _positions(call.tensor("input"), False), projections, int(call.arg("hidden_size")))
+        return Cost(macs=times * forward.macs, flops=times * forward.flops)
 
-def _mkldnn_layer_backward(call: OpCall) -> Cost:
-    """Estimate: twice the forward (input and weight gradients of both projections,
-    and the gate derivatives at about the forward's gate cost)."""
-    kind = _MKLDNN_MODES.get(call.arg("mode"), "lstm")
-    weights = (call.tensor("weight1"), call.tensor("weight2"))
-    forward = _layer_cost(kind, _positions(call.tensor("input"), False), weights, int(call.arg("hidden_size")))
-    return forward + forward
+    return handler
 
 
 def register(registry: HandlerRegistry) -> None:
@@ -153,5 +152,5 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell", "aten::rnn_relu_cell"], _cell)
     registry.register(["aten::quantized_lstm", "aten::quantized_gru"], _quantized_rnn)
     registry.register([f"quantized::quantized_{kind}_cell_dynamic" for kind in _CELL_OPS], _quantized_cell)
-    registry.register("aten::mkldnn_rnn_layer", _mkldnn_layer)
-    registry.register("aten::mkldnn_rnn_layer_backward", _mkldnn_layer_backward)
+    registry.register("aten::mkldnn_rnn_layer", _mkldnn_layer(("weight0", "weight1"), 1))
+    registry.register("aten::mkldnn_rnn_layer_backward", _mkldnn_layer(("weight1", "weight2"), 2))

@@ -57,12 +57,7 @@ def _grid_sampler_backward(call: OpCall) -> Cost:
     dims, per_element, locations, per_location = _grid(call)
     elements = locations * call.tensor("input").shape[1]
     want_input, want_grid = grads_present(call, 2)
-    flops = locations * per_location
-    if want_input:
-        flops += elements * per_element
-    if want_grid:
-        flops += elements * dims * per_element
-    return Cost.from_flops(flops)
+    return Cost.from_flops(locations * per_location + elements * per_element * (want_input + dims * want_grid))
 
 
 def _aa_scale(size_in: int, size_out: int, align_corners: bool, scale: Optional[float]) -> float:

@@ -140,30 +140,27 @@ def _roi_pool_backward(call: OpCall) -> Cost:
     return Cost.from_flops(call.tensor("grad").numel)
 
 
-def _ps_channels(call: OpCall, pooled: Tuple[int, int]) -> Tuple[int, int]:
-    """(RoIs, output channels C / P) of a position-sensitive op, from its output or gradient."""
-    grad = call.arg("grad")
-    if grad is not None:
-        return call.tensor("grad").shape[0], call.tensor("grad").shape[1]
-    x = call.tensor("input")
-    return call.tensor("rois").shape[0], x.shape[1] // (pooled[0] * pooled[1])
+def _ps_channels(call: OpCall) -> Tuple[Tuple[int, int], int, int, int]:
+    """(pooled size, bins P, RoIs, output channels C / P) of a position-sensitive op, from its
+    output or gradient."""
+    pooled = _pooled(call)
+    p = pooled[0] * pooled[1]
+    if call.arg("grad") is not None:
+        return pooled, p, call.tensor("grad").shape[0], call.tensor("grad").shape[1]
+    return pooled, p, call.tensor("rois").shape[0], call.tensor("input").shape[1] // p
 
 
 def _ps_roi_pool(call: OpCall) -> Cost:
     """Average over each bin: 10 R + R C_out (8 P + window elements + P)."""
     x = call.tensor("input")
-    pooled = _pooled(call)
-    r, c_out = _ps_channels(call, pooled)
-    p = pooled[0] * pooled[1]
+    pooled, p, r, c_out = _ps_channels(call)
     cost = Cost.from_flops(POOL_SETUP * r + r * c_out * (POOL_BIN * p + _windows(pooled, (x.shape[2], x.shape[3])) + p))
     return cost.with_note(ESTIMATE_ROI) if r else cost
 
 
 def _ps_roi_pool_backward(call: OpCall) -> Cost:
     """10 R + 8 R P for the bin bounds + R C_out (P divides + window elements adds)."""
-    pooled = _pooled(call)
-    r, c_out = _ps_channels(call, pooled)
-    p = pooled[0] * pooled[1]
+    pooled, p, r, c_out = _ps_channels(call)
     size = (int(call.arg("height")), int(call.arg("width")))
     cost = Cost.from_flops(POOL_SETUP * r + POOL_BIN * r * p + r * c_out * (p + _windows(pooled, size)))
     return cost.with_note(ESTIMATE_ROI) if r else cost
@@ -174,12 +171,11 @@ def _ps_roi_align(call: OpCall) -> Cost:
     per sample the coordinate (4), the bilinear value (in-map test and weights 14, taps 7) and
     its accumulation (1)."""
     x = call.tensor("input")
-    pooled = _pooled(call)
-    r, c_out = _ps_channels(call, pooled)
+    pooled, p, r, c_out = _ps_channels(call)
     gh, gw, estimated = _grid(call, pooled, (x.shape[2], x.shape[3]))
     per = 2 * 2 + 1 + (ADAPTIVE_GRID if estimated else 0) + PS_COORD * gh
     per += (PS_COORD + SAMPLE_POINT + TAPS + 1) * gh * gw
-    cost = Cost.from_flops(ROI_SETUP * r + r * c_out * pooled[0] * pooled[1] * per)
+    cost = Cost.from_flops(ROI_SETUP * r + r * c_out * p * per)
     return cost.with_note(ESTIMATE_ROI) if estimated and r else cost
 
 

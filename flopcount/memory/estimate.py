@@ -41,6 +41,7 @@ from flopcount.step.parent_walk import forward_of, parent_proven
 from flopcount.step.replay import (
     Figures,
     Template,
+    categories,
     find_stack,
     layer_names,
     layer_tensors,
@@ -165,10 +166,6 @@ def _peak_tracker() -> Any:
 _ESTIMATE_LOCK = threading.Lock()
 
 
-def _bytes_of(snapshot: Mapping[Any, Mapping[Any, int]], category: str) -> int:
-    return sum(v for values in snapshot.values() for k, v in values.items() if getattr(k, "value", k) == category)
-
-
 # --------------------------------------------------------------------------- the estimate
 
 
@@ -264,27 +261,26 @@ def _estimate(
     names = facts.names_on(copied.copies)
     step = (twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
     figures = _layered(*step)
-    if figures is not None:
-        # the layers past the check's cut ran in no run (their gradients are None): the check
-        # proved them alike the ones it ran, so each of theirs is judged as its twin in those
-        found = _gradless_in_layers(twin, opt)
-        if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
-            return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
-        return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
-    for param in twin.parameters():
-        param.grad = None  # a cut run that stopped may have left some
-    tracker = _peak_tracker()
-    try:
-        _tracked_step(tracker, *step, warm=False)
-    except _NeedsData as needs:
-        real = _real_step_fallback(model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn)
-        tracker, twin, names = real.tracker, real.model, real.names
-        notes = copied.notes + ambient_autocast_note(amp) + [real.note]
-    else:
-        found = gradless(twin, opt)
-        if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
-            return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
-    return _collect(_figures(tracker, names), twin, names, backward, opt_name, cast, description, notes)
+    layered = figures is not None
+    if figures is None:
+        for param in twin.parameters():
+            param.grad = None  # a cut run that stopped may have left some
+        tracker = _peak_tracker()
+        try:
+            _tracked_step(tracker, *step, warm=False)
+        except _NeedsData as needs:
+            tracker, copy_model, copy_names, note = _real_step_fallback(
+                model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn
+            )
+            notes.append(note)
+            return _collect(_figures(tracker, copy_names), copy_model, copy_names, backward, opt_name, cast, description, notes)
+        figures = _figures(tracker, names)
+    # after a replay the layers past the check's cut ran in no run (their gradients are None):
+    # the check proved them alike the ones it ran, so each of theirs is judged as its twin in those
+    found = _gradless_in_layers(twin, opt) if layered else gradless(twin, opt)
+    if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
+        return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
+    return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
 
 
 def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
@@ -365,8 +361,8 @@ def _figures(tracker: Any, names: Mapping[nn.Module, str]) -> Figures:
             continue
         states = {getattr(k, "value", k): v for k, v in stats.snapshots.items()}
         calls[fqn] = (
-            [_bytes_of(s, "Activation") for s in states.get("Pre-Forward", [])],
-            [_bytes_of(s, "Activation") for s in states.get("Post-Forward", [])],
+            [categories(s).get("Activation", 0) for s in states.get("Pre-Forward", [])],
+            [categories(s).get("Activation", 0) for s in states.get("Post-Forward", [])],
         )
     figures = Figures(
         tracker.peak_total, tracker.peak_snapshot, tracker.peak_where, tracker.peak_phase, dict(tracker.module_peaks), calls,
@@ -428,27 +424,6 @@ def _tracked_step(
         warnings.formatwarning = formatwarning
 
 
-def _reads_data(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is fake tensors' "this needs a value" error."""
-    seen: set = set()
-    current: Optional[BaseException] = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        name = type(current).__name__
-        if "DataDependent" in name or "DynamicOutputShape" in name:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-@dataclass
-class _RealStep:
-    tracker: Any
-    model: nn.Module
-    names: Dict[nn.Module, str]
-    note: str
-
-
 def _real_step_fallback(
     model: nn.Module,
     call: Any,
@@ -460,10 +435,11 @@ def _real_step_fallback(
     description: str,
     needs: _NeedsData,
     loss_fn: Optional[LossFn] = None,
-) -> _RealStep:
+) -> Tuple[Any, nn.Module, Dict[nn.Module, str], str]:
     """The step that read tensor values run for real, as count_flops falls back to one real
     run: on a deep copy of the model and inputs (the caller's are never touched), measured
-    by the same MemTracker. Refused on meta or fake weights and inputs (no values to read)."""
+    by the same MemTracker. Refused on meta or fake weights and inputs (no values to read).
+    Returns the tracker, the copy, its module names and the note that says so."""
     dataless = [t for t in (*call.tensors, *facts.parameters, *facts.buffers) if isinstance(t, torch.Tensor) and is_dataless(t)]
     if dataless:
         raise TraceError(
@@ -487,7 +463,7 @@ def _real_step_fallback(
     tracker = _peak_tracker()
     _tracked_step(tracker, copy_model, opt, args, kwargs, backward, amp, names, description, contextlib.nullcontext(), loss_fn)
     first = (str(needs.error).splitlines() or [""])[0]
-    return _RealStep(
+    return (
         tracker,
         copy_model,
         names,
@@ -511,6 +487,19 @@ def _step_error(exc: Exception, where: str, description: str) -> TraceError:
     )
 
 
+def _reads_data(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is fake tensors' "this needs a value" error."""
+    seen: set = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if "DataDependent" in name or "DynamicOutputShape" in name:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
@@ -525,7 +514,8 @@ def _collect(
     notes: List[str],
 ) -> MemoryEstimate:
     snapshot = figures.peak_snapshot
-    at_peak = MemoryBreakdown(**{field: _bytes_of(snapshot, category) for category, field in _CATEGORIES.items()})
+    held = categories(snapshot)
+    at_peak = MemoryBreakdown(**{field: held.get(category, 0) for category, field in _CATEGORIES.items()})
     fqn_of = figures.names
     known = {fqn_of.get(module): name for module, name in names.items()}
     running = [fqn for fqn in figures.peak_where if fqn in known]

@@ -39,7 +39,7 @@ from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
 from flopcount.step.parent_walk import forward_of, model_state, parent_proven
-from flopcount.step.replay import Replay, Stack, Template, find_stack, layer_tensors, truncated
+from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, layer_tensors, truncated
 from flopcount.tracers import trace
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import quiet_fake_logs
@@ -282,11 +282,7 @@ def _layered_step(
     extra = n - Template.LAYERS
     figures = template.figures(n)
     # MemTracker's snapshot holds every category of a device, zeros included
-    peak: Dict[str, int] = {str(getattr(key, "value", key)): 0 for key in record3.memory_peak}
-    for values in figures.peak_snapshot.values():
-        for key, value in values.items():
-            label = str(getattr(key, "value", key))
-            peak[label] = peak.get(label, 0) + int(value)
+    peak = {**dict.fromkeys(record3.memory_peak, 0), **categories(figures.peak_snapshot)}
     state = {k: v + extra * (record4.state_bytes[k] - v) for k, v in record3.state_bytes.items()}
     record = StepRecord(
         tuple(template.spread(n, stamps3, events3)),
@@ -307,13 +303,19 @@ def _parent_walked(model: nn.Module, stack: Stack, args: Tuple[Any, ...], kw: Ma
     # fake tensors on the meta device (the parameters made fake as ops meet them): what a
     # forward may not read on fakes it skips on these too (transformers' mask checks)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        made: Dict[int, torch.Tensor] = {}
-        for t in tensors:
-            if id(t) not in made:
-                made[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
-        meta_args, meta_kw = rebuild([made[id(t)] for t in tensors])
+        meta_args, meta_kw = rebuild(_empty_like(tensors, "meta"))
         proven = parent_proven(stack, forward_of(meta_args, meta_kw, True, amp, "cpu"), model, functools.partial(truncated, stack))
     return proven and model_state(model) == before
+
+
+def _empty_like(tensors: List[torch.Tensor], device: str) -> List[torch.Tensor]:
+    """An empty tensor of each one's metadata on ``device`` (under a fake mode: a fake); one
+    tensor passed twice (ids as labels) is one, as in estimate_memory."""
+    made: Dict[int, torch.Tensor] = {}
+    for t in tensors:
+        if id(t) not in made:
+            made[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+    return [made[id(t)] for t in tensors]
 
 
 def _layer_tensors(stack: Stack, keep: int, opt_of: List[Any]) -> Dict[int, Tuple[int, torch.Tensor]]:
@@ -358,12 +360,7 @@ def _fake_step(
         model.to_empty(device="cpu")  # gives each module a tensor of its own: tied weights are tied again
         for module, name, owner, owner_name in ties:
             module._parameters[name] = owner._parameters[owner_name]
-        made: Dict[int, torch.Tensor] = {}  # one tensor passed twice (ids as labels) is one fake, as in estimate_memory
-        for t in tensors:
-            if id(t) not in made:
-                made[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").requires_grad_(t.requires_grad)
-        fakes = [made[id(t)] for t in tensors]
-        call_args, call_kw = rebuild(fakes)
+        call_args, call_kw = rebuild(_empty_like(tensors, "cpu"))
         opt = make_optimizer(optimizer, model)
         if opt_of is not None:
             opt_of[0] = opt
@@ -449,26 +446,20 @@ def _bounds(
     gpu: Optional[str], dtype: str, have_links: bool,
 ) -> Optional[StepTimeBounds]:
     """The roofline of the rank's ops, the communication time, and the step times they bound."""
-    if gpu is None:
-        return None
-    part = find_part(gpu)
+    part = None if gpu is None else find_part(gpu)
     if part is None:
         return None
     # the modeled part's own math modes (torch's defaults: fp32 convolutions in TF32, matmuls
     # not), never the host's flags
     roofs = part_roofs(part)
     column = column_of(dtype)
-    peak = roofs.peak(column, "matmul")
-    bandwidth = roofs.bandwidth
-    compute = 0.0
-    for event, cost in costed:  # bytes: flopcount.core.traffic's convention (views and allocations move none)
-        if cost is not None:
-            compute += op_time(roofs, cost.flops, cost.bytes, column, event.call.op).seconds
+    # bytes: flopcount.core.traffic's convention (views and allocations move none)
+    compute = sum((op_time(roofs, cost.flops, cost.bytes, column, event.call.op).seconds for event, cost in costed if cost is not None), 0.0)
     comm_s = sum(r.seconds or 0.0 for r in comm) if have_links else None
     no_overlap = overlap = None
     if comm_s is not None:
         no_overlap, overlap = compute + comm_s, max(compute, comm_s)
-    return StepTimeBounds(peak, bandwidth, compute, comm_s, no_overlap, overlap)
+    return StepTimeBounds(roofs.peak(column, "matmul"), roofs.bandwidth, compute, comm_s, no_overlap, overlap)
 
 
 def _utilisation(bounds: Optional[StepTimeBounds], model_flops: Optional[int], hardware_flops: int) -> Optional[StepTimeBounds]:

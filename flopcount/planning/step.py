@@ -20,7 +20,8 @@ from torch import nn
 from flopcount.planning.world import PlanError, private
 from flopcount.step.autocast import amp_device
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, gradless
-from flopcount.step.runner import peak_tracker, run_step
+from flopcount.step.replay import categories, local_shard
+from flopcount.step.runner import flat_values, peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack, module_names
 from flopcount.tracers._recorder import Recorder, _signature, outputs_of, value_of
 from flopcount.tracers._vocabulary import CompositeInterceptor, _autocast_on
@@ -161,8 +162,7 @@ class _StepRecorder(Recorder):
     def _gloo_scratch(self, values: Sequence[Any]) -> None:
         """gloo's copy of a reduce-scatter's input, allocated and freed under the memory
         tracker (which sits below this mode) at the moment the collective runs."""
-        tensors = [v for v in values if isinstance(v, torch.Tensor)]
-        tensors += [t for v in values if isinstance(v, (list, tuple)) for t in v if isinstance(t, torch.Tensor)]
+        tensors = [t for t in flat_values(values) if isinstance(t, torch.Tensor)]
         if tensors:
             largest = max(tensors, key=lambda t: t.numel() * t.element_size())
             scratch = torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
@@ -199,28 +199,9 @@ class _StepInterceptor(CompositeInterceptor):
         kwargs = kwargs or {}
         if self._table.get(func) is None or self._step.shape_runs() or _autocast_on():
             return func(*args, **kwargs)
-        if _holds_dtensor(args, kwargs, self._step._dtensor):
+        if any(isinstance(value, self._step._dtensor) for value in flat_values((*args, *kwargs.values()))):
             return func(*args, **kwargs)
         return super().__torch_function__(func, types, args, kwargs)
-
-
-def _holds_dtensor(args: Tuple[Any, ...], kwargs: Mapping[str, Any], dtensor: type) -> bool:
-    for value in list(args) + list(kwargs.values()):
-        if isinstance(value, dtensor):
-            return True
-        if isinstance(value, (list, tuple)) and any(isinstance(v, dtensor) for v in value):
-            return True
-    return False
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (``to_local()`` under no_grad: no autograd op), else ``tensor``."""
-    to_local = getattr(tensor, "to_local", None)  # DTensor's public method; plain tensors have none
-    if to_local is None:
-        return tensor
-    with torch.no_grad():
-        local: torch.Tensor = to_local()
-    return local
 
 
 def state_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Dict[str, int]:
@@ -232,9 +213,9 @@ def state_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) ->
         for state in optimizer.state.values():
             states.extend(v for v in state.values() if isinstance(v, torch.Tensor))
     return {
-        "parameters": sum(_tensor_bytes(_local(p)) for p in params),
-        "gradients": sum(_tensor_bytes(_local(g)) for g in grads),
-        "optimizer_state": sum(_tensor_bytes(_local(s)) for s in states),
+        "parameters": sum(_tensor_bytes(local_shard(p)) for p in params),
+        "gradients": sum(_tensor_bytes(local_shard(g)) for g in grads),
+        "optimizer_state": sum(_tensor_bytes(local_shard(s)) for s in states),
     }
 
 
@@ -345,12 +326,7 @@ def record_step(
         )
     if replay is not None and tracker is not None:
         replay.recorder, replay.tracker = recorder, tracker
-    peak: Dict[str, int] = {}
-    if tracker is not None:
-        for snapshot in tracker.peak_snapshot.values():
-            for key, value in snapshot.items():
-                name = str(getattr(key, "value", key))  # a _RefType enum member, or "Total"
-                peak[name] = peak.get(name, 0) + int(value)
+    peak = categories(tracker.peak_snapshot) if tracker is not None else {}
     return StepRecord(
         tuple(recorder.events), tuple(recorder.collectives), peak, state_bytes(model, optimizer), dict(modules.calls),
         gradless(model, optimizer),

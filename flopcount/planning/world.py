@@ -151,10 +151,6 @@ def transformer_blocks(model: nn.Module) -> Tuple[str, List[nn.Module]]:
     return best[1], best[2]
 
 
-def _is_linear(module: Optional[nn.Module]) -> bool:
-    return isinstance(module, nn.Linear)
-
-
 #: the Megatron split of a LLaMA-family block, as ``(path, style)`` (:func:`tp_styles`); its
 #: attention takes the hidden states by keyword
 LLAMA_SPLIT: Tuple[Tuple[str, str], ...] = (
@@ -214,8 +210,8 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     mlp_names = ("gate_proj", "up_proj", "down_proj")
     if (
         attn is not None and mlp is not None
-        and all(_is_linear(getattr(attn, n, None)) for n in attn_names)
-        and all(_is_linear(getattr(mlp, n, None)) for n in mlp_names)
+        and all(isinstance(getattr(attn, n, None), nn.Linear) for n in attn_names)
+        and all(isinstance(getattr(mlp, n, None), nn.Linear) for n in mlp_names)
     ):
         _check_llama_heads(prefix, blocks, tp)
         return tp_styles(where, LLAMA_SPLIT)

@@ -72,7 +72,7 @@ class Counted:
     stored: float
     largest_write: int
     results: List[FlopResult] = field(default_factory=list)
-    #: the cache's storage bytes after the prefill (-1) and steps 0 and 1
+    #: the cache's storage bytes after the prefill (-1) and the steps traced
     stored_early: Dict[int, float] = field(default_factory=dict)
 
 
@@ -147,41 +147,54 @@ def _count_b(
 ) -> Tuple[Counted, Any, Affine, Costed, List[str]]:
     """Batch B as ``count_decoding`` counts it, the continued steps priced by :func:`_continued`;
     also the continuation and step 1's events."""
-    _, _, prefill = counter.count(setup.first)
-    state = Decoding(counter.model, last.take(), setup)
-    if state.cache is None:
-        raise _Refused
-    if not _one_run(total, setup.base, state.cache, counter.model):
+    steps = _Steps(counter, setup, last)
+    if not _one_run(total, setup.base, steps.state.cache, counter.model):
         raise _Refused  # the cache changes how it grows inside the decode: traced run by run
-    held: Dict[int, float] = {-1: float(cache_position_bytes(state.cache))}
-    stored: Dict[int, float] = {-1: float(cache_bytes(state.cache))}
-    traced: List[Tuple[Trace, Costed, FlopResult]] = []
-
-    def step(index: int) -> Tuple[Trace, Costed, FlopResult]:
-        counted = counter.count(state.call(index))
-        state.advance(last.take())
-        held[index] = float(cache_position_bytes(state.cache))
-        if index < 2:
-            stored[index] = float(cache_bytes(state.cache))
-        return counted
-
-    for index in range(3):
-        traced.append(step(index))
+    traced = [steps.step(index) for index in range(3)]
     affine = Affine.check([(run, costed) for run, costed, _ in traced], counter.registry)
     if affine is None:
         raise _Refused
-    counter.catch_up(state.call(3, width=total - 4))
-    state.advance(last.take())
-    final = step(total - 1)
+    counter.catch_up(steps.state.call(3, width=total - 4))
+    steps.state.advance(last.take())
+    final = steps.step(total - 1)
     if not affine.matches(total - 1, final[0], final[1]):
         raise _Refused
     flops, macs, _ = _continued(affine, traced[0][2], total)
-    results = [prefill, *(r for _, _, r in traced), final[2]]
-    for index, result in ((0, traced[0][2]), (1, traced[1][2]), (2, traced[2][2]), (total - 1, final[2])):
+    for index, (_, _, result) in zip((0, 1, 2, total - 1), steps.traced):
         flops[index], macs[index] = result.flops, result.macs
-    counted = Counted(setup.batch, prefill.flops, prefill.macs, flops, macs, held, float(cache_bytes(state.cache)),
-                      counter.largest_write, results, stored)
-    return counted, state.cache, affine, traced[1][1], list(state.notes)
+    counted = Counted(setup.batch, steps.prefill.flops, steps.prefill.macs, flops, macs, steps.held,
+                      steps.stored[total - 1], counter.largest_write, steps.results(), steps.stored)
+    return counted, steps.state.cache, affine, traced[1][1], list(steps.state.notes)
+
+
+class _Steps:
+    """One batch size's forwards as counted: the prefill, then each decode step asked for, with
+    the cache's position bytes (``held``) and storage bytes (``stored``) after each (-1: after
+    the prefill)."""
+
+    def __init__(self, counter: Counter, setup: Setup, last: LastOutput):
+        self.counter, self.last = counter, last
+        _, _, self.prefill = counter.count(setup.first)
+        self.state = Decoding(counter.model, last.take(), setup)
+        if self.state.cache is None:
+            raise _Refused
+        self.held: Dict[int, float] = {}
+        self.stored: Dict[int, float] = {}
+        self.traced: List[Tuple[Trace, Costed, FlopResult]] = []
+        self._measure(-1)
+
+    def _measure(self, index: int) -> None:
+        self.held[index] = float(cache_position_bytes(self.state.cache))
+        self.stored[index] = float(cache_bytes(self.state.cache))
+
+    def step(self, index: int) -> Tuple[Trace, Costed, FlopResult]:
+        self.traced.append(self.counter.count(self.state.call(index)))
+        self.state.advance(self.last.take())
+        self._measure(index)
+        return self.traced[-1]
+
+    def results(self) -> List[FlopResult]:
+        return [self.prefill, *(result for _, _, result in self.traced)]
 
 
 def _count_wider(
@@ -194,46 +207,32 @@ def _count_wider(
     step). The cache's bytes must differ from B's by an amount affine in the step (after the
     prefill, steps 0 and 1; and 2 where traced)."""
     counter.largest_write = 0  # B + 1's own (the counter counted B's forwards first)
-    _, _, prefill = counter.count(setup.first)
-    state = Decoding(counter.model, last.take(), setup)
-    if state.cache is None:
-        raise _Refused
-    held = {-1: float(cache_position_bytes(state.cache))}
-    stored = {-1: float(cache_bytes(state.cache))}
-    traced: List[Tuple[Trace, Costed, FlopResult]] = []
-
-    def step(index: int) -> None:
-        traced.append(counter.count(state.call(index)))
-        state.advance(last.take())
-        held[index] = float(cache_position_bytes(state.cache))
-        stored[index] = float(cache_bytes(state.cache))
-
-    step(0)
-    step(1)
-    (run0, costed0, first), (run1, costed1, _) = traced
+    steps = _Steps(counter, setup, last)
+    (run0, costed0, first), (run1, costed1, _) = steps.step(0), steps.step(1)
     if run0.gaps or run1.gaps:
         raise _Refused
     if not _same_steps(affine.first, second, costed0, costed1, exact=True):
-        step(2)
+        steps.step(2)
         if not _same_steps(affine.first, second, costed0, costed1, exact=False) \
-                or Affine.check([(run, costed) for run, costed, _ in traced], counter.registry) is None:
+                or Affine.check([(run, costed) for run, costed, _ in steps.traced], counter.registry) is None:
             raise _Refused
     wider = Affine(costed0, costed1, counter.registry)
     flops, macs, written = _continued(wider, first, total)
-    for index, (_, _, result) in enumerate(traced):
+    for index, (_, _, result) in enumerate(steps.traced):
         flops[index], macs[index] = result.flops, result.macs
     # the largest write of the steps a full count traces (2 and the last), predicted
     largest = max(counter.largest_write, written.get(2, 0), written.get(total - 1, 0))
     # the cache's bytes: B's (measured at -1, 0, 1, 2 and the last step) plus a difference affine
     # in the step (proved at -1, 0, 1)
+    held = steps.held
     derived_held = {s: held[s] for s in (-1, 0, 1)}
     for index in (2, total - 1):
         derived_held[index] = one.held[index] + _extended(held, one.held, index)
     if 2 in held and held[2] != derived_held[2]:
         raise _Refused
-    final_stored = one.stored + _extended(stored, one.stored_early, total - 1)
-    return Counted(setup.batch, prefill.flops, prefill.macs, flops, macs, derived_held, final_stored, largest,
-                   [prefill, *(r for _, _, r in traced)])
+    final_stored = one.stored + _extended(steps.stored, one.stored_early, total - 1)
+    return Counted(setup.batch, steps.prefill.flops, steps.prefill.macs, flops, macs, derived_held, final_stored, largest,
+                   steps.results())
 
 
 def _extended(wider: Mapping[int, float], base: Mapping[int, float], index: int) -> float:

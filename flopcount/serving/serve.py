@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.core.params import lookup_tables
+from flopcount.core.params import lookup_tables, routed_experts
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
 from flopcount.decoding.forwards import Setup
@@ -246,13 +246,13 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
     head = getattr(model, "get_output_embeddings", lambda: None)()
     head_ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
     tables = lookup_tables(model)
-    expert_ids = _expert_parameters(model, experts)
+    # the routed experts' weights (core.params.routed_experts), with E each; none for a dense model. A
+    # stacked block's (E, out) biases are priced as biases (compute dtype, read whole)
+    blocks = routed_experts(model) if experts > 1 else ()
+    expert_ids = {id(p): count for name, count, params in blocks for p in params
+                  if p.dim() >= 3 or isinstance(model.get_submodule(name), nn.ModuleList)}
     out: List[WeightTensor] = []
-    seen: set = set()
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
+    for p in model.parameters():  # each tensor once (parameters() skips a shared one)
         dtype = str(p.dtype).replace("torch.", "")
         rows = p.numel() // p.shape[-1] if p.dim() >= 1 and p.shape[-1] else 1
         if id(p) in head_ids:
@@ -267,23 +267,4 @@ def _weights(model: nn.Module, experts: int) -> List[WeightTensor]:
             kind = "other"
         out.append(WeightTensor(p.numel(), int(rows), dtype, kind, expert_ids.get(id(p), 1)))
     return out
-
-
-def _expert_parameters(model: nn.Module, experts: int) -> Dict[int, int]:
-    """id -> experts for the routed experts' weights: stacked (E, ...) tensors of a module
-    named ``experts`` (transformers 5), or the parameters of an ``experts`` ModuleList of E."""
-    found: Dict[int, int] = {}
-    if experts <= 1:
-        return found
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] != "experts":
-            continue
-        if isinstance(module, nn.ModuleList) and len(module) == experts:
-            found.update({id(p): experts for p in module.parameters()})
-            continue
-        for p in module.parameters(recurse=False):
-            if p.dim() >= 3 and p.shape[0] == experts:
-                found[id(p)] = experts
-    return found
-
 

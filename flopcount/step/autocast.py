@@ -29,19 +29,12 @@ def floating_dtype(value: Union[None, str, torch.dtype], where: str) -> Optional
 def ambient_autocast_note(amp: Optional[torch.dtype]) -> List[str]:
     """An estimate called inside ``torch.autocast`` (without ``autocast=``) runs its backward
     and optimizer step inside it too: say so, and how to get the AMP recipe instead."""
-    if amp is not None or not any(_autocast_on(kind) for kind in ("cpu", "cuda")):
+    if amp is not None or not any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda")):
         return []
     return [
         "estimate_memory ran inside torch.autocast, so its backward and optimizer step did too (they keep "
         "low-precision weight copies alive); the AMP recipe leaves autocast before backward(): pass autocast=dtype instead"
     ]
-
-
-def _autocast_on(kind: str) -> bool:
-    try:
-        return bool(torch.is_autocast_enabled(kind))
-    except TypeError:  # torch < 2.4: no device argument
-        return bool(torch.is_autocast_enabled()) if kind == "cuda" else bool(torch.is_autocast_cpu_enabled())
 
 
 def amp_device(model: nn.Module, args: Any, kwargs: Any) -> str:

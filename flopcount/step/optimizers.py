@@ -101,18 +101,16 @@ def _rebuilt(optimizer: torch.optim.Optimizer, twins: Mapping[int, torch.Tensor]
                 f"{caller}: param group {index} of the optimizer holds {len(missing)} tensor(s) that are not "
                 f"parameters of the model (first shape {tuple(missing[0].shape)})"
             )
-        fakes = [twins[id(p)] for p in group["params"]]
-        rebuilt = {**group, "params": fakes}
-        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
-            rebuilt["foreach"] = foreach_default(fakes)
-        groups.append(rebuilt)
+        groups.append({**group, "params": [twins[id(p)] for p in group["params"]]})
     try:
-        return type(optimizer)(groups, **_constructor_defaults(optimizer))
+        made = type(optimizer)(groups, **_constructor_defaults(optimizer))
     except Exception as exc:
         raise UsageError(
             f"{caller} could not rebuild {type(optimizer).__name__} on fake parameters as "
             f"type(opt)(param_groups, **opt.defaults): {type(exc).__name__}: {exc}"
         ) from exc
+    _set_foreach_defaults(made)
+    return made
 
 
 def _constructor_defaults(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
@@ -128,6 +126,7 @@ def _constructor_defaults(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
 
 
 def _set_foreach_defaults(optimizer: torch.optim.Optimizer) -> None:
+    """``foreach`` left to torch (None, not fused) set as torch would set it for the real tensors."""
     for group in optimizer.param_groups:
         if "foreach" in group and group["foreach"] is None and not group.get("fused"):
             group["foreach"] = foreach_default(group["params"])
@@ -145,7 +144,6 @@ def foreach_default(params: Sequence[torch.Tensor]) -> Optional[bool]:
 _PER_PARAMETER = frozenset(
     getattr(torch.optim, name)
     for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "Adagrad")
-    if hasattr(torch.optim, name)
 )
 
 

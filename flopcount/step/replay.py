@@ -33,6 +33,7 @@ the count's reuse with it).
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -41,7 +42,7 @@ from torch import nn
 
 from flopcount.core import hooks
 
-__all__ = ["MIN_LAYERS", "Figures", "Replay", "Stack", "Template", "find_stack", "normalized", "record_forward_calls", "truncated"]
+__all__ = ["MIN_LAYERS", "Figures", "Replay", "Stack", "Template", "categories", "find_stack", "normalized", "record_forward_calls", "truncated"]
 
 #: fewer layers than this are traced in full (the template and the check trace 7)
 MIN_LAYERS = 6
@@ -117,16 +118,10 @@ class Stack:
 
 def find_stack(model: nn.Module) -> Optional[Stack]:
     """The longest run of identical layers of ``model`` that can be replayed, or None."""
-    if hooks.process_hooks_present():
+    if hooks.process_hooks_present() or any(hooks.has_call_hooks(m) for m in model.modules()):
         return None
-    module_seen: Dict[int, int] = {}
-    for _, module in model.named_modules(remove_duplicate=False):
-        module_seen[id(module)] = module_seen.get(id(module), 0) + 1
-        if hooks.has_call_hooks(module):
-            return None
-    param_seen: Dict[int, int] = {}
-    for _, param in model.named_parameters(remove_duplicate=False):
-        param_seen[id(param)] = param_seen.get(id(param), 0) + 1
+    module_seen = Counter(id(module) for _, module in model.named_modules(remove_duplicate=False))
+    param_seen = Counter(id(param) for _, param in model.named_parameters(remove_duplicate=False))
     candidates = [
         m for m in model.modules()
         if type(m) in (nn.ModuleList, nn.Sequential) and len(m._modules) >= MIN_LAYERS
@@ -243,6 +238,16 @@ def truncated(stack: Stack, keep: int) -> Iterator[None]:
         modules.update(saved)
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (``to_local()`` under no_grad: no autograd op), else ``tensor``."""
+    to_local = getattr(tensor, "to_local", None)  # DTensor's public method; plain tensors have none
+    if to_local is None:
+        return tensor
+    with torch.no_grad():
+        local: torch.Tensor = to_local()
+    return local
+
+
 def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[int, torch.Tensor]]:
     """``id(tensor) -> layer`` for the first ``keep`` layers' parameters, their gradients
     and their optimizer state: which layer an optimizer op works on."""
@@ -251,12 +256,8 @@ def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[in
 
     def note(tensor: Any, index: int) -> None:
         if isinstance(tensor, torch.Tensor):
-            table[id(tensor)] = (index, tensor)
-            to_local = getattr(tensor, "to_local", None)  # a DTensor (plan): its ops run on its local shard
-            if to_local is not None:
-                with torch.no_grad():
-                    local = to_local()
-                table[id(local)] = (index, local)
+            for each in (tensor, local_shard(tensor)):  # a DTensor (plan): its ops run on its local shard
+                table[id(each)] = (index, each)
 
     for index in range(keep):
         for param in stack.layer(index).parameters():
@@ -317,12 +318,7 @@ def normalized(snap: Mapping[Tuple[Any, Any], int]) -> Dict[Tuple[Any, Any], int
 
 
 def _shifted(snap: Mapping[Tuple[Any, Any], int], offset: Mapping[Tuple[Any, Any], int]) -> Dict[Tuple[Any, Any], int]:
-    if not offset:
-        return dict(snap)
-    out = dict(snap)
-    for key, value in offset.items():
-        out[key] = out.get(key, 0) + value
-    return normalized(out)
+    return normalized(_plus(snap, offset)) if offset else dict(snap)
 
 
 def _plus(a: Mapping[Any, int], b: Mapping[Any, int], times: int = 1) -> Dict[Any, int]:
@@ -341,7 +337,17 @@ def _total(snap: Mapping[Tuple[Any, Any], int]) -> int:
 
 
 def _category(key: Any) -> str:
-    return str(getattr(key, "value", key))
+    return str(getattr(key, "value", key))  # a _RefType enum member, or "Total"
+
+
+def categories(snapshot: Mapping[Any, Mapping[Any, int]]) -> Dict[str, int]:
+    """A MemTracker snapshot's bytes (``{device: {category: bytes}}``) by category name
+    (``"Total"`` included), summed over the devices."""
+    out: Dict[str, int] = {}
+    for values in snapshot.values():
+        for key, value in values.items():
+            out[_category(key)] = out.get(_category(key), 0) + int(value)
+    return out
 
 
 def _activation(snap: Mapping[Tuple[Any, Any], int]) -> int:
@@ -603,9 +609,7 @@ def _index(name: str, prefix: str) -> Optional[int]:
 
 def same_timeline(a: Sequence[Record], b: Sequence[Record]) -> bool:
     """Whether two timelines are the same record for record (optimizer labels aside)."""
-    if len(a) != len(b):
-        return False
-    return all(
+    return len(a) == len(b) and all(
         x[0] == y[0] and x[3] == y[3] and x[2] == y[2] and normalized(x[1]) == normalized(y[1]) for x, y in zip(a, b)
     )
 

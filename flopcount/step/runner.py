@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from flopcount.errors import UsageError
 from flopcount.step.loss import LossFn, default_loss
 from flopcount.types import Phase
 
-__all__ = ["peak_tracker", "run_step", "autocast_nested"]
+__all__ = ["autocast_nested", "flat_values", "peak_tracker", "run_step"]
 
 def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
@@ -76,13 +76,13 @@ def peak_tracker(base: type) -> type:
             for name in parents:
                 if peaks.get(name, -1) < total:
                     peaks[name] = total
+            phase: Phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
             if total > self.peak_total:
                 self.peak_total = total
                 self.peak_snapshot = {dev: dict(values) for dev, values in snap.items()}
                 self.peak_where = frozenset(parents)
-                self.peak_phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+                self.peak_phase = phase
             if self.timeline is not None:
-                phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
                 flat = {(dev, key): value for dev, values in snap.items() for key, value in values.items() if value}
                 record = ("op", flat, frozenset(parents), phase, self._touched)
                 # the same bytes, modules, phase and layer as the last op's (a view: FSDP's lazy
@@ -134,21 +134,24 @@ def peak_tracker(base: type) -> type:
     return PeakTracker
 
 
+def flat_values(values: Iterable[Any]) -> Iterator[Any]:
+    """Each value, with a list's or tuple's items in its place (one level: an op's arguments)."""
+    for value in values:
+        yield from value if isinstance(value, (list, tuple)) else (value,)
+
+
 def _has_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
+    return any(isinstance(v, torch.Tensor) for v in flat_values((value,)))
 
 
 def _layer_touched(layers: Mapping[int, Any], args: Any, kwargs: Any) -> Optional[int]:
     """The layer of the first tensor among an op's arguments (lists included) that belongs to
     one (``layers``: ``id(tensor) -> (layer, tensor)``, the tensor held so its id stays its own)."""
-    for value in (*args, *(kwargs or {}).values()):
-        for item in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(item, torch.Tensor):
-                found = layers.get(id(item))
-                if found is not None and found[1] is item:
-                    return int(found[0])
+    for item in flat_values((*args, *(kwargs or {}).values())):
+        if isinstance(item, torch.Tensor):
+            found = layers.get(id(item))
+            if found is not None and found[1] is item:
+                return int(found[0])
     return None
 
 

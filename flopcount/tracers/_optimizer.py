@@ -31,11 +31,8 @@ class FakeOptimizerStep:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.mode = FakeTensorMode(allow_non_fake_inputs=False)
-        twins: Dict[int, torch.Tensor] = {}
         with self.mode, quiet_fake_logs():
-            for param in params:
-                if id(param) not in twins:
-                    twins[id(param)] = _twin(param)
+            twins: Dict[int, torch.Tensor] = {id(param): _twin(param) for param in dict.fromkeys(params)}  # a tensor once
             trainable = [twins[id(p)] for p in params if p.requires_grad]
             self.optimizer, self.name = build_optimizer(spec, twins, trainable, caller)
             warm_up(self.optimizer, caller, reuse=True)  # fakes: one step per kind of parameter

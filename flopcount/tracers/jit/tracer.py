@@ -105,10 +105,8 @@ class _ValueReader:
         self._sparse = sparse_inputs or {}
 
     def read(self, value: Any) -> Any:
-        try:
+        if value in self._cache:
             return self._cache[value]
-        except KeyError:
-            pass
         jit_type = value.type()
         producer = value.node()
         kind = producer.kind()
@@ -144,10 +142,9 @@ class _LazyArgs(Mapping[str, Any]):
         self._read: Dict[str, Any] = {}
 
     def __getitem__(self, name: str) -> Any:
-        if name in self._read:
-            return self._read[name]
-        value = self._read[name] = self._reader.read(self._values[name])  # KeyError if no such argument
-        return value
+        if name not in self._read:
+            self._read[name] = self._reader.read(self._values[name])  # KeyError if no such argument
+        return self._read[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
