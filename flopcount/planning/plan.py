@@ -360,7 +360,8 @@ def _fake_step(
         model.to_empty(device="cpu")  # gives each module a tensor of its own: tied weights are tied again
         for module, name, owner, owner_name in ties:
             module._parameters[name] = owner._parameters[owner_name]
-        call_args, call_kw = rebuild(_empty_like(tensors, "cpu"))
+        fakes = _empty_like(tensors, "cpu")
+        call_args, call_kw = rebuild(fakes)
         opt = make_optimizer(optimizer, model)
         if opt_of is not None:
             opt_of[0] = opt
