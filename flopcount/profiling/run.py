@@ -14,12 +14,11 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
-from flopcount.bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
+from flopcount.bench.device import real_run, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import PreparedCall, prepare_call
+from flopcount.core.inputs import PreparedCall
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.devices import roofs_for
 from flopcount.devices.measured import raise_to_achieved
 from flopcount.devices.roofline import Roofs
@@ -90,17 +89,15 @@ def profile(
         # as count_flops: the run materialises a copy's lazy modules, not the caller's; a
         # first plain step materialises them (the join step's trace would restore their hooks)
         model = shared_tensor_copy(model)
-    call = prepare_call(inputs, kwargs)
-    refuse_data_less(model, call, "profile")
-    dev = resolve_device(model, call, device)
+    borrowed = real_run(model, inputs, kwargs, device, "profile")
+    dev = borrowed.device
     roof = roofs_for(dev, roofs)
     table = registry if registry is not None else default_registry()
-    run_call = move_inputs(call, dev)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with preserved_rng(), preserved_inputs(list(call.tensors)), borrowed_model(model, dev) as on_device:
-        step = _Step(on_device, run_call, backward, loss_fn, dev)
+    with borrowed.borrow(model) as on_device:
+        step = _Step(on_device, borrowed.run, backward, loss_fn, dev)
         for _ in range(max(warmup, int(lazy))):
             step.fresh()
             step()
