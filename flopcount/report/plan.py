@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
+from flopcount.report.table import grid
 from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
@@ -69,7 +68,7 @@ def plan_table(result: PlanResult) -> str:
     parts = [_header(result), *_batch(result)]
     for title, headers, rows in _sections(result):
         if rows:
-            parts.append(f"\n{title}\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+            parts.append(f"\n{title}\n" + grid(rows, headers, disable_numparse=True))
     parts.extend(f"note: {note}" for note in result.notes)
     return "\n".join(parts)
 
@@ -79,6 +78,6 @@ def plan_markdown(result: PlanResult) -> str:
     parts = [f"**{_header(result)}**", *(f"\n{line}" for line in _batch(result))]
     for title, headers, rows in _sections(result):
         if rows:
-            parts.append(f"\n*{title}*\n\n" + tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
+            parts.append(f"\n*{title}*\n\n" + grid(rows, headers, "github", disable_numparse=True))
     parts.extend(f"\n> note: {note}" for note in result.notes)
     return "\n".join(parts)

@@ -7,11 +7,10 @@ import csv
 import io
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
 from flopcount.devices.roofline import PROFILE_CONVENTION
-from flopcount.units import escape_markdown, format_bytes, format_count, format_seconds
+from flopcount.report.table import grid
+from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.profiling.predict import PredictResult
@@ -72,12 +71,10 @@ def _header(by: str, timing: str) -> List[str]:
             "achieved FLOP/s", "FLOP/B", "bound", "attainable", "efficiency"]
 
 
-def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
-    text = escape_markdown if markdown else str
-    first = row.module or "<model>" if by == "module" else row.name
-    cells = [text(first)]
+def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
+    cells = [row.module or "<model>" if by == "module" else row.name]
     if by == "op":
-        cells += [text(row.module or "<root>"), row.phase]
+        cells += [row.module or "<root>", row.phase]
     cells += [
         f"{row.calls:g}",
         format_count(row.flops),
@@ -119,20 +116,19 @@ def data_movement_table(result: ProfileResult, *, limit: Optional[int] = 10, fmt
     if not rows:
         return ""
     shown = rows if limit is None else rows[:limit]
-    text = escape_markdown if fmt == "github" else str
     total = result.total_time_s
-    body = tabulate(
+    body = grid(
         [
-            [text(r.name), f"{r.calls:g}", format_bytes(r.bytes),
+            [r.name, f"{r.calls:g}", format_bytes(r.bytes),
              format_seconds(r.measured_s) + (APPORTIONED if r.time_source != "measured" else ""),
              f"{100 * r.measured_s / total:.1f}%" if total > 0 else "-",
              format_count(r.achieved_bytes_per_s) + "B/s" if r.achieved_bytes_per_s else "-",
              format_seconds(r.attainable_s), _efficiency_cell(r)]
             for r in shown
         ],
-        headers=["data movement (no FLOPs)", "calls", "bytes", f"time ({result.timing})", "share", "achieved bandwidth",
-                 "attainable", "efficiency"],
-        tablefmt=fmt,
+        ["data movement (no FLOPs)", "calls", "bytes", f"time ({result.timing})", "share", "achieved bandwidth", "attainable",
+         "efficiency"],
+        fmt,
         disable_numparse=True,
     )
     more = f"\n... {len(rows) - limit} more data-movement ops" if limit is not None and len(rows) > limit else ""
@@ -150,12 +146,7 @@ def profile_table(
         rows.sort(key=lambda r: -r.measured_s)
     total = result.total_time_s
     shown = rows if limit is None else rows[:limit]
-    body = tabulate(
-        [_cells(r, by, total, fmt == "github") for r in shown],
-        headers=_header(by, result.timing),
-        tablefmt=fmt,
-        disable_numparse=True,
-    )
+    body = grid([_cells(r, by, total) for r in shown], _header(by, result.timing), fmt, disable_numparse=True)
     lines = [body]
     if limit is not None and len(rows) > limit:
         lines.append(f"... {len(rows) - limit} more rows (limit={limit})")
@@ -215,16 +206,15 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     """The per-operator lower bounds, largest first, and the total."""
     rows: Sequence[Any] = list(result.by_operator().values())
     shown = rows if limit is None else rows[:limit]
-    text = escape_markdown if fmt == "github" else str
-    body = tabulate(
+    body = grid(
         [
-            [text(r.name), f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
+            [r.name, f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
              r.bound if r.latency_s > 0 else "-",
              format_seconds(r.latency_s), f"{100 * r.latency_s / result.latency_s:.1f}%" if result.latency_s else "-"]
             for r in shown
         ],
-        headers=["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound", "share"],
-        tablefmt=fmt,
+        ["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound", "share"],
+        fmt,
         disable_numparse=True,
     )
     lines = [
@@ -253,12 +243,8 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
 
     from flopcount.report.html import page
 
-    body = tabulate(
-        [_cells(r, by, result.total_time_s, False) for r in _rows_for(result, by, depth)],
-        headers=_header(by, result.timing),
-        tablefmt="html",
-        disable_numparse=True,
-    )
+    rows = [_cells(r, by, result.total_time_s) for r in _rows_for(result, by, depth)]
+    body = grid(rows, _header(by, result.timing), "html", disable_numparse=True)
     notes = [*marks_lines(_rows_for(result, by)), overview_line(result), f"Roofs: {result.roofs.describe()}",
              *unmatched_lines(result)]
     figure = ""

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from tabulate import tabulate
-
 from flopcount.report.bench import bench_rows, bench_unit
 from flopcount.report.html import html_report
 from flopcount.report.memory import peak_summary
 from flopcount.report.notes import note_lines
-from flopcount.report.table import operator_table
+from flopcount.report.table import grid, operator_table
 from flopcount.units import escape_markdown
 
 if TYPE_CHECKING:
@@ -58,8 +56,8 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     if fmt == "json":
         return _json(result_dict(result, entry))
     rows = bench_rows(result, timing)
-    table = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"],
-                     tablefmt="github" if fmt == "markdown" else "simple", colalign=("left", "right"))
+    table = grid([[label, text] for label, text, _ in rows], ["Latency", "Value"], "github" if fmt == "markdown" else "simple",
+                 ("left", "right"))
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth, sections=[("Latency", table)], latencies_ms=[v * 1e3 for v in timing.stats.samples_s])
     if fmt == "csv":

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
+from flopcount.report.table import grid
 from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
@@ -31,8 +30,7 @@ def serve_table(result: ServeResult, fmt: str = "simple") -> str:
          "-" if row.fits is None else ("yes" if row.fits else "NO")]
         for row in result.batches
     ]
-    table = tabulate(rows, headers=["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=",
-                                    "memory", "fits"], tablefmt=fmt)
+    table = grid(rows, ["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=", "memory", "fits"], fmt)
     steps = len(facts.steps)
     context = (f"prompt {facts.prompt_tokens}, {facts.new_tokens} new tokens (decode context "
                f"{facts.prompt_tokens + 1}..{facts.prompt_tokens + steps})" if steps else
