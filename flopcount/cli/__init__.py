@@ -42,11 +42,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
-            from .commands import COMMANDS
+            from .commands import run_command
 
             args.stdout = sys.stdout  # the report's stream; the model's own prints go to stderr
             with contextlib.redirect_stdout(sys.stderr), deadline(args, args.timeout):
-                return COMMANDS[args.command](args)
+                return run_command(args)
     except KeyboardInterrupt:
         say("interrupted", "error")
         return EXIT_INTERRUPTED

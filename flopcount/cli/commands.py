@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from flopcount.cli.deadline import stage
+from flopcount.cli.diffing import run_diff
 from flopcount.cli.generating import count_generation_command
-from flopcount.cli.output import progress, report_notes, say
+from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
+from flopcount.cli.serving import run_serve
 from flopcount.cli.timing import benchmark_entry, check_timing_args
 from flopcount.errors import UsageError
 from flopcount.report.render import render_bench, render_check, render_count
@@ -95,13 +97,11 @@ def _check_not_entry(path: Optional[str], flag: str, entry: str) -> None:
 
 def _prepare(args: argparse.Namespace) -> _Run:
     device = _check_device(args.device)
-    _check_output(args.output, "--output")
     _check_not_entry(args.output, "--output", args.entry)
     if args.plot:
         _check_not_entry(args.plot, "--plot", args.entry)
         from flopcount.report.plot import check_plot_path
 
-        _check_output(args.plot, "--plot")
         check_plot_path(args.plot)
     tracer = args.tracer
     if device == "meta":
@@ -228,56 +228,19 @@ def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
     return False
 
 
-def _emit(text: str, args: argparse.Namespace) -> None:
-    stage(args, "writing the report")
-    if not text.endswith("\n"):
-        text += "\n"
-    if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from exc
-        progress(args, f"wrote {args.output}")
-    else:
-        stream = getattr(args, "stdout", None) or sys.stdout
-        try:
-            stream.write(text)
-            stream.flush()
-        except OSError as exc:  # a full disk (ENOSPC), a closed pipe (EPIPE): the user's I/O, not a bug
-            _silence(stream)
-            raise UsageError(f"writing the report to stdout failed: {exc.strerror or exc}; --output FILE writes it to a file") from exc
-
-
-def _silence(stream: Any) -> None:
-    """Point the failed stream's file at /dev/null, so that the interpreter's own flush at exit
-    does not fail a second time with a traceback of its own."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
-def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None, budget: Any = None) -> None:
+def _plot(result: Any, args: argparse.Namespace, budget: Any = None) -> None:
+    """``--plot``: FLOPs by module (or the sunburst), with the latencies of a benchmark the result holds."""
     if not args.plot:
         return
-    from flopcount.report.plot import plot_result
+    from flopcount.report.plot import plot_result, plot_sunburst
 
+    latencies = None if result.benchmark is None else [v * 1e3 for v in result.benchmark.stats.samples_s]
     title = f"{_label(args)}  inputs: {result.input_description}" if result.input_description else _label(args)
-    try:
-        if args.plot_kind == "sunburst":
-            from flopcount.report.plot import plot_sunburst
-
-            plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title)
-        else:
-            plot_result(result, args.plot, top=args.plot_top or 15, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
-    except OSError as exc:
-        raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
-    progress(args, f"wrote {args.plot}")
+    if args.plot_kind == "sunburst":
+        written(args, "--plot", args.plot, lambda: plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title))
+    else:
+        written(args, "--plot", args.plot, lambda: plot_result(result, args.plot, top=args.plot_top or 15, depth=args.depth,
+                                                               title=title, latencies_ms=latencies, budget=budget))
 
 
 def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] = None) -> Any:
@@ -328,25 +291,22 @@ def _cmd_count(args: argparse.Namespace) -> int:
     if getattr(args, "generate", None):
         if args.tensorboard:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
-        return count_generation_command(run, args, _emit, _label(args))
+        return count_generation_command(run, args, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
     if args.eval_mode and not (args.backward or args.optimizer is not None):
         raise UsageError("--eval applies to a training step: add --backward or --optimizer, or drop --eval")
     _training_mode(run, args)
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
-    estimate = _estimate_memory(run, args) if args.memory else None
-    extra = {"memory": estimate.to_dict()} if estimate is not None else None
-    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators, extra=extra)
-    if estimate is not None and args.format != "json":  # JSON: one document with its memory section
-        if args.format in ("table", "tree", "markdown"):
-            text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
-        else:
-            raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
+    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
+    if args.memory:
+        estimate = _estimate_memory(run, args)
+        text = with_section(text, args.format, "--memory", "memory", estimate.to_dict(),
+                            lambda fmt: estimate.table(max_depth=args.depth, fmt=fmt))
     if args.on:
         from flopcount.cli.predicting import with_prediction
 
         text = with_prediction(text, run, args)
-    _emit(text, args)
+    emit(text, args)
     _plot(result, args)
     _tensorboard(result, args)
     return EXIT_INCOMPLETE if _strict_failure(result, args) else EXIT_OK
@@ -358,11 +318,8 @@ def _tensorboard(result: Any, args: argparse.Namespace) -> None:
     from flopcount.integrations.tensorboard import write_tensorboard
 
     depth = 1 if args.depth is None else args.depth
-    try:
-        write_tensorboard(result, args.tensorboard, max_depth=depth, label=_label(args))
-    except OSError as exc:
-        raise UsageError(f"--tensorboard {args.tensorboard}: {exc.strerror or exc}") from exc
-    progress(args, f"wrote TensorBoard scalars and tables to {args.tensorboard}")
+    written(args, "--tensorboard", args.tensorboard, lambda: write_tensorboard(result, args.tensorboard, max_depth=depth,
+            label=_label(args)), f"wrote TensorBoard scalars and tables to {args.tensorboard}")
 
 
 def _label(args: argparse.Namespace) -> str:
@@ -377,8 +334,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     result = _count(run, args)
     timing = benchmark_entry(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
-    _emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
-    _plot(result, args, latencies=[v * 1e3 for v in timing.stats.samples_s])
+    emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
+    _plot(result, args)
     return EXIT_OK
 
 
@@ -408,8 +365,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--bound picks the lower bound of --on DEVICE: add --on (e.g. --on h100)")
     if budget.needs_latency and args.on is None:
         check_timing_args(args)
-    if budget.needs_latency and args.on is None and args.device == "meta":
-        raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
+        if args.device == "meta":
+            raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
     run = _prepare(args)
     result = _count(run, args)
     latency = None
@@ -453,9 +410,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     extra = {"memory": {"peak_bytes": planned, "of": memory_note}} if planned is not None else None
     text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate,
                         extra=extra, memory_note=memory_note, growth=growth)
-    _emit(text, args)
-    timed = latency is not None and result.benchmark is not None
-    _plot(result, args, latencies=[v * 1e3 for v in result.benchmark.stats.samples_s] if timed else None, budget=report)
+    emit(text, args)
+    _plot(result, args, budget=report)
     strict = _strict_failure(result, args)
     statuses = [r.status for r in (report, growth) if r is not None]
     if "FAIL" in statuses:  # certain (or allowed): more work can only make it worse
@@ -543,26 +499,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from flopcount.cli.plan import parse_link, render, run_plan
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
-    _check_output(args.output, "--output")
     result = run_plan(args, on=args.on, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
-    _emit(render(result, args.format, args.entry), args)
+    emit(render(result, args.format, args.entry), args)
     return EXIT_OK
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from flopcount.cli.predicting import run_profile
 
-    _check_output(args.trace, "--trace")
     if args.eval_mode and not args.backward:
         raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
-    return run_profile(args, lambda: _training_mode(_prepare(args), args), _emit, _label(args))
-
-
-def _cmd_diff(args: argparse.Namespace) -> int:
-    from flopcount.cli.diffing import run_diff
-
-    _check_output(args.output, "--output")
-    return run_diff(args, _count_side, _emit)
+    return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args))
 
 
 def _count_side(args: argparse.Namespace, name: str) -> Any:
@@ -582,7 +529,6 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
     from flopcount.devices import is_this_machine, named_roofs
     from flopcount.devices.measured import machine_roofs
 
-    _check_output(args.output, "--output")
     if is_this_machine(args.part):
         if args.matmul_tf32 or args.no_conv_tf32:
             raise UsageError("--matmul-tf32/--no-conv-tf32 model a datasheet part's math modes; this machine's are its own")
@@ -594,19 +540,19 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
         if args.remeasure:
             raise UsageError(f"--remeasure measures this machine; {args.part!r} is a datasheet part")
         roofs = named_roofs(args.part, conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
-    _emit(render(roofs, args.format), args)
+    emit(render(roofs, args.format), args)
     return EXIT_OK
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from flopcount.cli.serving import run_serve
-
-    _check_output(args.output, "--output")
-    _check_output(args.plot, "--plot")
-    return run_serve(args, _emit)
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
-    "diff": _cmd_diff, "roofs": _cmd_roofs, "serve": _cmd_serve,
+    "diff": lambda args: run_diff(args, _count_side), "roofs": _cmd_roofs, "serve": run_serve,
 }
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command ``args`` names, after refusing a report, plot or trace path that cannot be
+    written (before any long work starts)."""
+    for flag in ("output", "plot", "trace"):
+        _check_output(getattr(args, flag, None), f"--{flag}")
+    return COMMANDS[args.command](args)

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
+from flopcount.cli.output import emit
 from flopcount.cli.parser import EXIT_OK, pairs_once
 from flopcount.errors import UsageError
 
@@ -60,7 +61,7 @@ def count_side(args: argparse.Namespace, side: str, text: str, count_entry: Coun
     return count_entry(side_args(args, side, text), name)
 
 
-def run_diff(args: argparse.Namespace, count_entry: CountEntry, emit: Callable[[str, argparse.Namespace], None]) -> int:
+def run_diff(args: argparse.Namespace, count_entry: CountEntry) -> int:
     from flopcount.diffs import diff
 
     reports = [is_report(text) for text in (args.a, args.b)]

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.output import progress
+from flopcount.cli.output import emit, progress
 from flopcount.cli.parser import EXIT_OK
 from flopcount.errors import UsageError
 
 __all__ = ["count_generation_command"]
 
 
-def count_generation_command(run: Any, args: argparse.Namespace, emit: Callable[[str, argparse.Namespace], None], label: str) -> int:
+def count_generation_command(run: Any, args: argparse.Namespace, label: str) -> int:
     """``count --generate N``: prefill plus N-1 decode steps, rendered once."""
     import torch
 

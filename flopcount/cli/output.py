@@ -4,14 +4,17 @@ stderr (stdout carries only the report)."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import sysconfig
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
-from ..errors import FlopcountError, FlopcountWarning, TraceError
+from ..errors import FlopcountError, FlopcountWarning, TraceError, UsageError
+from .deadline import stage
 
 
 def say(message: str, kind: str = "") -> None:
@@ -119,6 +122,26 @@ def progress(args: argparse.Namespace, message: str) -> None:
         say(message)
 
 
+def with_section(text: str, fmt: str, flag: str, key: str, data: Dict[str, Any], table: Callable[[str], str]) -> str:
+    """A count's report with one more reading (``--memory``, ``--on``): the JSON document's
+    ``key``, or ``table(tabulate format)`` after the text; a format without a form for it: one line naming ``flag``."""
+    if fmt == "json":
+        return json.dumps({**json.loads(text), key: data}, indent=2)
+    if fmt not in ("table", "tree", "markdown"):
+        raise UsageError(f"{flag} has no {fmt} form; use --format table, tree, markdown or json")
+    return text.rstrip("\n") + "\n\n" + table("github" if fmt == "markdown" else "simple")
+
+
+def written(args: argparse.Namespace, flag: str, path: str, write: Callable[[], Any], said: str = "") -> None:
+    """Run ``write`` (it writes ``path``, the value of ``flag``), then say ``said`` (default ``wrote
+    PATH``) on stderr; an OSError there is the user's (a full disk, a folder gone): one line naming the flag."""
+    try:
+        write()
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from exc
+    progress(args, said or f"wrote {path}")
+
+
 def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[int]], None]:
     """Benchmark progress on stderr (``  warm-up 3/10 calls``, ``  12 timed calls``), at most
     about twice a second and always at the end of a counted phase; stdout stays clean."""
@@ -134,3 +157,33 @@ def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[in
 
     return report
 
+
+def emit(text: str, args: argparse.Namespace) -> None:
+    """Write the report (the one thing on stdout) to ``--output`` or stdout."""
+    stage(args, "writing the report")
+    if not text.endswith("\n"):
+        text += "\n"
+    if args.output:
+        written(args, "--output", args.output, lambda: Path(args.output).write_text(text, encoding="utf-8"))
+    else:
+        stream = getattr(args, "stdout", None) or sys.stdout
+        try:
+            stream.write(text)
+            stream.flush()
+        except OSError as exc:  # a full disk (ENOSPC), a closed pipe (EPIPE): the user's I/O, not a bug
+            _silence(stream)
+            raise UsageError(f"writing the report to stdout failed: {exc.strerror or exc}; --output FILE writes it to a file") from exc
+
+
+def _silence(stream: Any) -> None:
+    """Point the failed stream's file at /dev/null, so that the interpreter's own flush at exit
+    does not fail a second time with a traceback of its own."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

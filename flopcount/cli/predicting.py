@@ -8,7 +8,7 @@ import json
 from typing import Any, Callable, Tuple
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.output import progress
+from flopcount.cli.output import emit, progress, with_section, written
 from flopcount.cli.parser import EXIT_OK
 from flopcount.errors import UsageError
 
@@ -46,14 +46,7 @@ def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
     from flopcount.report.profile import predict_table
 
     result = _predict(run, args, args.on)
-    if args.format == "json":
-        data = json.loads(text)
-        data["predict"] = result.to_dict()
-        return json.dumps(data, indent=2)
-    if args.format in ("table", "tree", "markdown"):
-        fmt = "github" if args.format == "markdown" else "simple"
-        return text.rstrip("\n") + "\n\n" + predict_table(result, fmt=fmt)
-    raise UsageError(f"--on has no {args.format} form; use --format table, tree, markdown or json")
+    return with_section(text, args.format, "--on", "predict", result.to_dict(), lambda fmt: predict_table(result, fmt=fmt))
 
 
 def _roofs(text: Any) -> Any:
@@ -69,9 +62,7 @@ def _roofs(text: Any) -> Any:
     return Roofs({"float32": float(peak)}, float(bandwidth), "--roofs", "given")
 
 
-def run_profile(
-    args: argparse.Namespace, prepare: Callable[[], Any], emit: Callable[[str, argparse.Namespace], None], label: str
-) -> int:
+def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str) -> int:
     """``flopcount profile``: check the flags, load the model (``prepare``), profile,
     render once, write the trace and the plot."""
     from flopcount.profiling.run import profile
@@ -107,18 +98,13 @@ def run_profile(
         text = profile_table(result, by=args.by, limit=args.top, fmt=fmt, depth=args.depth)
     emit(text, args)
     if args.trace:
-        result.export_chrome_trace(args.trace)
-        progress(args, f"wrote {args.trace}")
+        written(args, "--trace", args.trace, lambda: result.export_chrome_trace(args.trace))
     if args.plot:
-        result.plot_roofline(args.plot, label_top=6 if args.plot_top is None else args.plot_top)
-        progress(args, f"wrote {args.plot}")
+        written(args, "--plot", args.plot, lambda: result.plot_roofline(args.plot, label_top=6 if args.plot_top is None else args.plot_top))
     if args.tensorboard:
         from flopcount.integrations.tensorboard import write_profile_tensorboard
 
         table = profile_table(result, by="operator", limit=args.top, fmt="github")
-        try:
-            write_profile_tensorboard(result, args.tensorboard, label=label, top=args.top, table=table)
-        except OSError as exc:
-            raise UsageError(f"--tensorboard {args.tensorboard}: {exc.strerror or exc}") from exc
-        progress(args, f"wrote the profile to TensorBoard logs in {args.tensorboard}")
+        written(args, "--tensorboard", args.tensorboard, lambda: write_profile_tensorboard(
+            result, args.tensorboard, label=label, top=args.top, table=table), f"wrote the profile to TensorBoard logs in {args.tensorboard}")
     return EXIT_OK

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Callable, List
+from typing import List
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.output import progress
+from flopcount.cli.output import emit, progress
 from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.errors import UsageError
 
@@ -28,7 +28,7 @@ def _ints(text: str, flag: str) -> List[int]:
     return values
 
 
-def run_serve(args: argparse.Namespace, emit: Callable[[str, argparse.Namespace], None]) -> int:
+def run_serve(args: argparse.Namespace) -> int:
     """Count once, price on every part, render once (and draw --plot)."""
     import torch
 

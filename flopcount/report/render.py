@@ -30,16 +30,12 @@ def result_dict(result: Any, entry: str) -> Dict[str, Any]:
     return {"entry": entry, **result.to_dict()}
 
 
-def render_count(
-    result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False,
-    extra: Optional[Dict[str, Any]] = None,
-) -> str:
-    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html).
-    ``extra``: more top-level sections of the JSON document (``{"memory": {...}}``)."""
+def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False) -> str:
+    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html)."""
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth)
     if fmt == "json":
-        return _json({**result_dict(result, entry), **(extra or {})})
+        return _json(result_dict(result, entry))
     if fmt == "csv":
         return result.to_csv(max_depth=depth)
     if fmt == "tree":
