@@ -132,11 +132,8 @@ def _scalar(text: str, raw: str) -> Optional[ScalarArg]:
             article = "an" if kind == "int" else "a"
             raise UsageError(f"bad --kwarg {raw!r}: {rest!r} is not {article} {kind}; {KWARG_HELP}") from None
         return ScalarArg(rest)
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return ScalarArg(lowered == "true")
-    if lowered in ("none", "null"):
-        return ScalarArg(None)
+    if value.lower() in ("true", "false", "none", "null"):
+        return ScalarArg(_typed(value))
     if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)", value):
         return ScalarArg(float(value))
     return None

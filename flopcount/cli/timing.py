@@ -35,7 +35,6 @@ def _timing_plan_text(args: argparse.Namespace, duration: float) -> str:
 def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
     if run.device == "meta":
         raise UsageError("cannot time a model on the meta device (it has no data); use --device cpu or cuda")
-    check_timing_args(args)
     import torch
 
     from ..bench.latency import benchmark

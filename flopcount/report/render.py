@@ -105,16 +105,9 @@ def render_check(
     GitHub step summary."""
     status = _overall(report, growth)
     if fmt == "json":
-        data = result_dict(result, entry)
-        data["status"] = status
-        if report is not None:
-            data["budget"] = report.to_dict()
-        if growth is not None:
-            data["baseline"] = growth.to_dict()
-        if memory is not None:
-            data["memory"] = memory.to_dict()
-        data.update(extra or {})
-        return _json(data)
+        sections = {"budget": report, "baseline": growth, "memory": memory}
+        data = {**result_dict(result, entry), "status": status, **{k: s.to_dict() for k, s in sections.items() if s is not None}}
+        return _json({**data, **(extra or {})})
     if fmt == "csv":
         rows = report.to_csv() if report is not None else ""
         if growth is not None:
