@@ -1,5 +1,6 @@
-"""The three commands: load the model from ENTRY, make inputs from SPECs, call the
-library, hand the result to a renderer, write it. Rendering lives in flopcount.report.render."""
+"""The commands: load the model from ENTRY, make inputs from SPECs, call the library, hand the
+result to a renderer, write it (rendering lives in flopcount.report.render); ``diff``'s sides
+and ``check --baseline``'s report, each an ENTRY counted as ``count`` counts it or a saved JSON report."""
 
 from __future__ import annotations
 
@@ -11,14 +12,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.diffing import run_diff
-from flopcount.cli.generating import count_generation_command
 from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
-from flopcount.cli.serving import run_serve
+from flopcount.cli.serving import count_generation_command, run_serve
 from flopcount.cli.timing import benchmark_entry, check_timing_args
 from flopcount.errors import UsageError
 from flopcount.report.render import render_bench, render_check, render_count
@@ -456,7 +455,6 @@ def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
 def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple[str, Dict[str, Any], Any]]:
     """The baseline report's path, the growth allowances (flag, else [tool.flopcount], else
     no growth of params, FLOPs and MACs) and the report read back; None without a baseline."""
-    from flopcount.cli.diffing import baseline_report
     from flopcount.diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
 
     settings = load_growth_file(config_file)
@@ -512,18 +510,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args))
 
 
-def _count_side(args: argparse.Namespace, name: str) -> Any:
-    """One ENTRY side of ``diff``, counted as ``count`` would (``--memory``: with its peak),
-    with its ``entry`` label as a report section."""
-    progress(args, f"counting {name} = {_label(args)} ...")
-    run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode
-    result = _count(run, args, backward=args.backward)
-    sections: Dict[str, Any] = {"entry": _label(args)}
-    if args.memory:
-        sections["memory"] = _estimate_memory(run, args).to_dict()
-    return result.with_sections(**sections)
-
-
 def _cmd_roofs(args: argparse.Namespace) -> int:
     from flopcount.core.rendering import render
     from flopcount.devices import is_this_machine, named_roofs
@@ -544,9 +530,107 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- diff A B, and check --baseline's report
+
+#: the options that shape an ENTRY side's count (meaningless for a saved report)
+_SHARED = (("inputs", "--input"), ("kwargs", "--kwarg"), ("config", "--config"))
+
+
+def is_report(text: str) -> bool:
+    """A side is a saved report when it names a ``.json`` file (``count --format json``).
+    A Hugging Face ``config.json`` is an ENTRY written ``hf:./path``."""
+    lowered = text.strip().lower()
+    return lowered.endswith(".json") and not lowered.startswith(("hf:", "transformers:"))
+
+
+def _merged(shared: List[Tuple[str, Any]], own: List[Tuple[str, Any]], flag: str) -> List[Tuple[str, Any]]:
+    """``--config``/``--kwarg`` pairs of both sides, then one side's, the side's winning per key."""
+    return list({**pairs_once(shared, flag), **pairs_once(own, flag)}.items())
+
+
+def side_args(args: argparse.Namespace, side: str, entry: str) -> argparse.Namespace:
+    """The options ``count`` would get for one side: the shared ones with the side's own over them."""
+    ns = argparse.Namespace(**vars(args))
+    ns.entry = entry
+    ns.inputs = list(getattr(args, f"{side}_inputs")) or list(args.inputs)
+    ns.kwargs = _merged(args.kwargs, getattr(args, f"{side}_kwargs"), f"--{side}-kwarg")
+    ns.config = _merged(args.config, getattr(args, f"{side}_config"), f"--{side}-config")
+    ns.output = ns.plot = ns.generate = ns.optimizer = None
+    return ns
+
+
+def _side_options(args: argparse.Namespace, side: str) -> List[str]:
+    return [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
+
+
+def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
+    """One side of a diff as a FlopResult: a saved report read back, or an ENTRY counted as
+    ``count`` would (``--memory``: with its peak), with its ``entry`` label as a report section."""
+    from flopcount.core.results import load_report
+
+    name = side.upper()
+    if is_report(text):
+        own = _side_options(args, side)
+        if own:
+            raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
+        return load_report(text)
+    args = side_args(args, side, text)
+    progress(args, f"counting {name} = {_label(args)} ...")
+    run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode
+    result = _count(run, args, backward=args.backward)
+    sections: Dict[str, Any] = {"entry": _label(args)}
+    if args.memory:
+        sections["memory"] = _estimate_memory(run, args).to_dict()
+    return result.with_sections(**sections)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from flopcount.diffs import diff
+
+    reports = [is_report(text) for text in (args.a, args.b)]
+    if all(reports):
+        used = [flag for attr, flag in _SHARED if getattr(args, attr)]
+        used += [flag for flag, on in (("--backward", args.backward), ("--memory", args.memory)) if on]
+        if used:
+            raise UsageError(f"{', '.join(used)}: A and B are both saved reports; these options shape a count of an ENTRY")
+    result_a = count_side(args, "a", args.a)
+    result_b = count_side(args, "b", args.b)
+    change = diff(result_a, result_b, a_label=_side_label(args.a, result_a), b_label=_side_label(args.b, result_b))
+    emit(render_diff(change, args.format, depth=args.depth, top=args.top), args)
+    return EXIT_OK
+
+
+def _side_label(text: str, result: Any) -> str:
+    """What a side is called: a report's path (with the ENTRY it was counted from), or the
+    ENTRY with its --config overrides."""
+    entry = result.sections.get("entry")
+    if is_report(text):
+        return f"{text} ({entry})" if entry else text
+    return str(entry or text)
+
+
+def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[int]) -> str:
+    if fmt == "markdown":
+        return str(change.to_markdown(max_depth=depth, top=top or 10))
+    if fmt == "json":
+        return str(change.to_json(max_depth=depth))
+    if fmt == "csv":
+        return str(change.to_csv(max_depth=depth))
+    return str(change.table(max_depth=depth, top=top))
+
+
+def baseline_report(path: str) -> Any:
+    """The saved report ``check --baseline`` compares with."""
+    from flopcount.core.results import load_report
+
+    if not Path(path).is_file():
+        raise UsageError(f"--baseline {path}: no such file (write it with: flopcount count ENTRY --format json --output {path})")
+    return load_report(path)
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
-    "diff": lambda args: run_diff(args, _count_side), "roofs": _cmd_roofs, "serve": run_serve,
+    "diff": _cmd_diff, "roofs": _cmd_roofs, "serve": run_serve,
 }
 
 
