@@ -48,6 +48,22 @@ TV_PREFIXES = ("tv:", "torchvision:")
 EXAMPLE_PREFIXES = ("example:",)
 
 
+def meta_builder(args: Any, dtype: Optional[str], graph_device: Optional[str] = None) -> Callable[[], nn.Module]:
+    """Builds the model ``args.entry`` names (with ``--config``) on the meta device, cast to ``dtype``
+    when given: ``plan`` (once per rank) and ``serve``. Bad ``--config`` or ``--dtype``: said at once."""
+    from flopcount.cli.parser import pairs_once
+    from flopcount.cli.specs import parse_dtype
+
+    config = pairs_once(args.config, "--config")
+    cast = parse_dtype(dtype, "--dtype") if dtype else None
+
+    def build() -> nn.Module:
+        model = load_entry(args.entry, device="meta", config=config, graph_device=graph_device).model
+        return model.to(cast) if cast is not None else model
+
+    return build
+
+
 def load_entry(
     entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None, graph_device: Optional[str] = None
 ) -> LoadedEntry:
@@ -250,10 +266,8 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
             f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint} "
             f"(a local folder or config.json is hf:./PATH)"
         )
-    try:
+    with _as_usage_error(f"model construction failed: the default config of {entry}"):
         config = AutoConfig.for_model(model_type)
-    except Exception as exc:
-        raise UsageError(f"model construction failed: the default config of {entry}: {describe(exc)}") from exc
     config = config_with(config, overrides, lambda **values: AutoConfig.for_model(model_type, **values))
     return _hf_model(entry, config, model_type, overrides, device, None)
 
@@ -294,11 +308,8 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
         else:
             auto = AutoModelForCausalLM if causal else AutoModel
         build = auto.from_config
-    with _build_device(device):
-        try:
-            model = build(config)
-        except Exception as exc:
-            raise UsageError(f"model construction failed: {entry}: {describe(exc)}") from exc
+    with _build_device(device), _as_usage_error(f"model construction failed: {entry}"):
+        model = build(config)
     default_kwargs: Dict[str, InputSpec] = {}
     if seq2seq:
         # the decoder's tokens; generate() would start from one, a forward counts a whole target
@@ -340,11 +351,8 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
     if name not in known:
         hint = did_you_mean(name, known)
         raise UsageError(f"bad ENTRY {entry!r}: torchvision has no model {name!r}{hint}")
-    with _build_device(device):
-        try:
-            model = tvm.get_model(name, weights=None, **overrides)
-        except Exception as exc:
-            raise UsageError(f"model construction failed: {entry}: {describe(exc)}") from exc
+    with _build_device(device), _as_usage_error(f"model construction failed: {entry}"):
+        model = tvm.get_model(name, weights=None, **overrides)
     return LoadedEntry(entry, model, default_specs=(InputSpec((1, 3, 224, 224)),))
 
 

@@ -6,27 +6,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from flopcount.cli.deadline import stage
 from flopcount.cli.output import progress
 from flopcount.cli.parser import pairs_once
 from flopcount.errors import UsageError
-
-
-def _builder(args: argparse.Namespace, dtype: Optional[str]) -> Callable[[], Any]:
-    from flopcount.cli.entry import load_entry
-    from flopcount.cli.specs import parse_dtype
-
-    config = pairs_once(args.config, "--config")
-    cast = parse_dtype(dtype, "--dtype") if dtype else None
-
-    def build() -> Any:
-        # an exported program's graph stays on the CPU, where plan's fake step runs
-        model = load_entry(args.entry, device="meta", config=config, graph_device="cpu").model
-        return model.to(cast) if cast is not None else model
-
-    return build
 
 
 def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]], str]:
@@ -72,8 +57,11 @@ def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimize
         progress(args, f"no --input: planning {origin}; --input SPEC sets one rank's micro-batch")
     progress(args, f"planning {args.entry} on a fake world of {args.fsdp} x {args.tp} ranks")
     stage(args, f"the plan of {args.entry} (its factory on the meta device, sharding, one fake training step)")
+    from flopcount.cli.entry import meta_builder
+
+    # an exported program's graph stays on the CPU, where plan's fake step runs
     result = plan(
-        _builder(args, dtype), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
+        meta_builder(args, dtype, graph_device="cpu"), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
         optimizer=optimizer or "adamw", on=on, link=link,
         mixed_precision=getattr(args, "mixed_precision", None), backend=getattr(args, "backend", "nccl"),
     )

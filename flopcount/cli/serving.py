@@ -12,7 +12,7 @@ from typing import Any, Iterator, List
 
 from flopcount.cli.deadline import stage
 from flopcount.cli.output import emit, progress
-from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK, pairs_once
+from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK
 from flopcount.errors import UsageError
 
 __all__ = ["count_generation_command", "run_serve"]
@@ -35,8 +35,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """Count once, price on every part, render once (and draw --plot)."""
     import torch
 
-    from flopcount.cli.entry import load_entry
-    from flopcount.cli.specs import parse_dtype
+    from flopcount.cli.entry import meta_builder
     from flopcount.core.rendering import render
     from flopcount.serving.serve import _part, serve_facts, serve_on
 
@@ -47,12 +46,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.reserve < 1:
         raise UsageError(f"--reserve must be a fraction in [0, 1), got {args.reserve}")
     targets = [(name, _part(name, args.tp)) for name in parts]  # bad --on / --tp: one line before any work
-    cast = parse_dtype(args.dtype, "--dtype") if args.dtype else None
-    config = pairs_once(args.config, "--config")
+    build = meta_builder(args, args.dtype)
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
-    model = load_entry(args.entry, device="meta", config=config).model
-    if cast is not None:
-        model = model.to(cast)
+    model = build()
     ids = torch.zeros(1, args.prompt, dtype=torch.int64, device="meta")
     progress(args, f"counting generate() of {args.new} new tokens after a {args.prompt}-token prompt (meta) ...")
     stage(args, f"the generation count of {args.entry}")
