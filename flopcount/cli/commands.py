@@ -388,27 +388,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _training_mode(run, args)  # after the count: FLOPs budgets are of one inference forward
         estimate = _estimate_memory(run, args, dtype=args.dtype)
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
-    memory_note = None
-    if planned is not None:
-        from flopcount.units import format_bytes
-
-        memory_note = (
-            f"memory: peak {format_bytes(planned)} of rank 0 in a training step (forward + backward + {args.optimizer or 'adamw'}) "
-            f"sharded over fsdp={args.fsdp} x tp={args.tp} ranks (flopcount plan), not of inference"
-        )
     report = check_result(
         result,
         budget,
         latency_ms=latency,
-        memory_bytes=planned if estimate is None else estimate.peak_bytes,
+        memory_bytes=estimate.peak_bytes if estimate is not None else (planned[0] if planned is not None else None),
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",
         latency_basis=basis,
     ) if budget else None
     growth = _growth(result, estimate, gate, args) if gate is not None else None
-    extra = {"memory": {"peak_bytes": planned, "of": memory_note}} if planned is not None else None
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate,
-                        extra=extra, memory_note=memory_note, growth=growth)
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate, planned=planned,
+                        growth=growth)
     emit(text, args)
     _plot(result, args, budget=report)
     strict = _strict_failure(result, args)
@@ -485,12 +476,15 @@ def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], a
     return check_growth(change, allowances, allow_incomplete=args.allow_incomplete)
 
 
-def _planned_peak(args: argparse.Namespace) -> int:
-    """Rank 0's peak of a training step sharded over --fsdp x --tp (flopcount plan)."""
+def _planned_peak(args: argparse.Namespace) -> Tuple[int, str]:
+    """Rank 0's peak of a training step sharded over --fsdp x --tp (flopcount plan), and what it is of."""
     from flopcount.cli.plan import run_plan
+    from flopcount.units import format_bytes
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
-    return int(run_plan(args, on=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+    peak = int(run_plan(args, on=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+    return peak, (f"memory: peak {format_bytes(peak)} of rank 0 in a training step (forward + backward + "
+                  f"{args.optimizer or 'adamw'}) sharded over fsdp={args.fsdp} x tp={args.tp} ranks (flopcount plan), not of inference")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from flopcount.report.bench import bench_rows, bench_unit
 from flopcount.report.html import html_report
@@ -94,20 +94,20 @@ def render_check(
     entry: str,
     depth: Optional[int] = None,
     memory: Optional[MemoryEstimate] = None,
-    extra: Optional[Dict[str, Any]] = None,
     growth: Optional[GrowthReport] = None,
-    memory_note: Optional[str] = None,
+    planned: Optional[Tuple[int, str]] = None,
 ) -> str:
     """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
     the verdict, growth over the baseline (``growth``, from ``--baseline``), what a memory
-    budget's peak includes (``memory``, or the one line ``memory_note`` for a peak that is
-    not a MemoryEstimate: a plan's), and why the count may be short. The markdown suits a
-    GitHub step summary."""
+    budget's peak includes (``memory``; or ``planned``, a plan's peak in bytes and the one line
+    saying what it is of), and why the count may be short. The markdown suits a GitHub step summary."""
     status = _overall(report, growth)
     if fmt == "json":
         sections = {"budget": report, "baseline": growth, "memory": memory}
         data = {**result_dict(result, entry), "status": status, **{k: s.to_dict() for k, s in sections.items() if s is not None}}
-        return _json({**data, **(extra or {})})
+        if planned is not None:
+            data["memory"] = {"peak_bytes": planned[0], "of": planned[1]}
+        return _json(data)
     if fmt == "csv":
         rows = report.to_csv() if report is not None else ""
         if growth is not None:
@@ -118,7 +118,7 @@ def render_check(
         return rows
     heading = f"{entry} | inputs {result.input_description or '()'}"
     notes = note_lines(result, markdown=fmt == "markdown")
-    peak = [peak_summary(memory)] if memory is not None else [memory_note] if memory_note else []
+    peak = [peak_summary(memory)] if memory is not None else [planned[1]] if planned else []
     budget_parts = [] if report is None else [report.table(), report.verdict()]
     growth_title = "" if growth is None else f"against the baseline {growth.diff.a_label}"
     growth_parts = [] if growth is None else [growth_title, growth.table(), growth.verdict()]
