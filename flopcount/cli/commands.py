@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from flopcount.cli.deadline import stage
+from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_ms, run_profile, with_prediction
 from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
-from flopcount.cli.timing import benchmark_entry, check_timing_args
 from flopcount.errors import UsageError
 from flopcount.report.render import render_bench, render_check, render_count
 
@@ -302,8 +302,6 @@ def _cmd_count(args: argparse.Namespace) -> int:
         text = with_section(text, args.format, "--memory", "memory", estimate.to_dict(),
                             lambda fmt: estimate.table(max_depth=args.depth, fmt=fmt))
     if args.on:
-        from flopcount.cli.predicting import with_prediction
-
         text = with_prediction(text, run, args)
     emit(text, args)
     _plot(result, args)
@@ -371,8 +369,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     latency = None
     basis = ""
     if budget.needs_latency and args.on is not None:
-        from flopcount.cli.predicting import predicted_latency_ms
-
         latency, basis = predicted_latency_ms(run, args)
     elif budget.needs_latency:
         timing = benchmark_entry(run, args, result.flops)
@@ -497,8 +493,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from flopcount.cli.predicting import run_profile
-
     if args.eval_mode and not args.backward:
         raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
     return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args))
