@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import math
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flopcount.cli.deadline import stage
 from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_ms, run_profile, with_prediction
@@ -111,6 +110,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     config = pairs_once(args.config, "--config")
 
     from flopcount.cli.entry import load_entry
+    from flopcount.cli.specs import make_inputs, token_range
 
     stage(args, f"the import and construction of the model ({args.entry}: its module, factory or config)")
     loaded = load_entry(args.entry, device=device, config=config)
@@ -127,54 +127,16 @@ def _prepare(args: argparse.Namespace) -> _Run:
             specs, kw_specs = loaded.fit_specs(specs, kw_specs)
         elif args.inputs and not getattr(args, "generate", None):  # defaults the prompt does not replace
             kw_specs = {**{k: v for k, v in loaded.default_kwargs.items() if k not in kw_specs}, **kw_specs}
-        inputs, kwargs = _make_inputs(model, specs, kw_specs, device, args.seed)
+        inputs, kwargs = make_inputs(specs, kw_specs, device, args.seed, token_range(model))
     elif loaded.inputs is not None or loaded.kwargs is not None:
         inputs = loaded.inputs if loaded.inputs is not None else ()
         kwargs = loaded.kwargs
     elif loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
         raise UsageError(loaded.needs_inputs)
     else:  # the ENTRY's default inputs (none: no inputs at all)
-        inputs, kwargs = _make_inputs(model, list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed)
+        inputs, kwargs = make_inputs(list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed, token_range(model))
     _check_arity(args.entry, model, inputs, kwargs)
     return _Run(args.entry, model, inputs, kwargs, device, tracer)
-
-
-def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
-    import torch
-
-    from flopcount.cli.specs import ScalarArg, make_tensor, token_range
-
-    generator = torch.Generator().manual_seed(seed)
-    high = token_range(model)
-
-    def make(spec: Any, label: str, ones: bool = False) -> Any:
-        if isinstance(spec, ScalarArg):
-            return spec.value
-        try:
-            return make_tensor(spec, device=device, high=high, generator=generator, ones=ones)
-        except (RuntimeError, MemoryError) as exc:
-            size = math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
-            hint = "; --device meta counts without allocating" if device != "meta" else ""
-            raise UsageError(
-                f"{label}: cannot allocate the input on {device} ({size / 1e9:.3g} GB): "
-                f"{type(exc).__name__}: {_clip(' '.join(str(exc).split()), 240)}{hint}"
-            ) from exc
-
-    inputs = tuple(make(spec, f"--input {spec}") for spec in specs)
-    kwargs = {
-        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and _integral(spec))
-        for name, spec in kw_specs.items()
-    }
-    return inputs, (kwargs or None)
-
-
-def _integral(spec: Any) -> bool:
-    dtype = getattr(spec, "dtype", None)
-    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str, Any]]) -> None:

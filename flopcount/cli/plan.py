@@ -19,7 +19,7 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
     where it came from when no --input/--kwarg gave it ("" when they did)."""
     from flopcount.cli.artifacts import looks_like_artifact
     from flopcount.cli.entry import load_entry
-    from flopcount.cli.specs import ScalarArg, make_tensor
+    from flopcount.cli.specs import make_inputs
 
     kw_specs = pairs_once(args.kwargs, "--kwarg")
     if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
@@ -39,9 +39,7 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
         specs, kwargs = list(loaded.default_specs), dict(loaded.default_kwargs)
         shown = ", ".join([str(s) for s in specs] + [f"{k}={v}" for k, v in kwargs.items()]) or "no inputs"
         origin = f"the default input of {args.entry} ({shown})"
-    inputs = tuple(make_tensor(spec, device="meta") for spec in specs)
-    made = {name: spec.value if isinstance(spec, ScalarArg) else make_tensor(spec, device="meta") for name, spec in kwargs.items()}
-    return inputs, (made or None), origin
+    return (*make_inputs(specs, kwargs, "meta"), origin)
 
 
 def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
