@@ -157,7 +157,7 @@ def benchmark(
             f"noisy measurement: IQR/median {100 * stats.rel_iqr:.1f}% > {100 * noise_threshold:.0f}% "
             f"(CV {100 * stats.cv:.1f}%): other load, frequency scaling or too short a budget"
         )
-    peak, source = _peak(dev, dtype, peak_flops, on)
+    peak, source = mfu_peak(dev, dtype, peak_flops, on)
     for note in notes:
         warnings.warn(note, FlopcountWarning, stacklevel=2)
     return BenchmarkResult(
@@ -220,8 +220,9 @@ def _flops_value(flops: Any) -> Optional[float]:
     return value
 
 
-def _peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], gpu_name: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
-    """The MFU denominator and where it came from."""
+def mfu_peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], gpu_name: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
+    """The MFU denominator and where it came from: ``peak_flops`` as given, else the dense datasheet
+    peak of ``gpu_name`` (default: the CUDA device's name) at ``dtype``; none on the CPU."""
     if peak_flops is not None:
         if not peak_flops > 0:
             raise UsageError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")
