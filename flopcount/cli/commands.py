@@ -19,7 +19,7 @@ from flopcount.cli.output import emit, progress, report_notes, say, with_section
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
 from flopcount.errors import UsageError
-from flopcount.report.render import render_bench, render_check, render_count
+from flopcount.report.render import overall_status, render_bench, render_check, render_count
 
 
 @dataclass
@@ -361,14 +361,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     emit(text, args)
     _plot(result, args, budget=report)
     strict = _strict_failure(result, args)
-    statuses = [r.status for r in (report, growth) if r is not None]
-    if "FAIL" in statuses:  # certain (or allowed): more work can only make it worse
+    status = overall_status(report, growth)
+    if status == "FAIL":  # certain (or allowed): more work can only make it worse
         if report is not None and report.status == "FAIL":
             say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
         if growth is not None and growth.status == "FAIL":
             say(growth.verdict())
         return EXIT_BUDGET
-    if "INCOMPLETE" in statuses or "UNDECIDED" in statuses:  # UNDECIDED: a latency lower bound within its budget
+    if status != "PASS":  # INCOMPLETE, or UNDECIDED: a latency lower bound within its budget
         for r in (report, growth):
             if r is not None and r.status in ("INCOMPLETE", "UNDECIDED"):
                 say(r.verdict())

@@ -77,13 +77,10 @@ def _csv_key(label: str) -> str:
     return label.split(" (")[0].lower().replace(" ", "_")
 
 
-def _overall(report: Optional[BudgetReport], growth: Optional[GrowthReport]) -> str:
+def overall_status(report: Optional[BudgetReport], growth: Optional[GrowthReport]) -> str:
     """The check's one status: FAIL before INCOMPLETE before UNDECIDED before PASS."""
     statuses = [str(r.status) for r in (report, growth) if r is not None]
-    for status in ("FAIL", "INCOMPLETE", "UNDECIDED"):
-        if status in statuses:
-            return status
-    return "PASS"
+    return next((status for status in ("FAIL", "INCOMPLETE", "UNDECIDED") if status in statuses), "PASS")
 
 
 def render_check(
@@ -101,7 +98,7 @@ def render_check(
     the verdict, growth over the baseline (``growth``, from ``--baseline``), what a memory
     budget's peak includes (``memory``; or ``planned``, a plan's peak in bytes and the one line
     saying what it is of), and why the count may be short. The markdown suits a GitHub step summary."""
-    status = _overall(report, growth)
+    status = overall_status(report, growth)
     if fmt == "json":
         sections = {"budget": report, "baseline": growth, "memory": memory}
         data = {**result_dict(result, entry), "status": status, **{k: s.to_dict() for k, s in sections.items() if s is not None}}
