@@ -49,21 +49,10 @@ def overview_line(result: ProfileResult) -> str:
     """One line per step: where the step's time went."""
     o = result.overview
     step = o.step_s or 1.0
-
-    def part(label: str, value: float) -> str:
-        return f"{label} {format_seconds(value)} ({100 * value / step:.1f}%)"
-
-    return (
-        f"Step {format_seconds(o.step_s)}: "
-        + ", ".join(
-            (
-                part("ops with FLOPs", o.flops_s),
-                part("data movement", o.data_movement_s),
-                part("other ops", o.other_s),
-                part("host time not covered by ops", o.host_uncovered_s),
-            )
-        )
-    )
+    parts = {"ops with FLOPs": o.flops_s, "data movement": o.data_movement_s, "other ops": o.other_s,
+             "host time not covered by ops": o.host_uncovered_s}
+    return f"Step {format_seconds(o.step_s)}: " + ", ".join(
+        f"{label} {format_seconds(value)} ({100 * value / step:.1f}%)" for label, value in parts.items())
 
 
 def _header(by: str, timing: str) -> List[str]:
