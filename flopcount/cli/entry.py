@@ -276,37 +276,24 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
     """The model for ``config`` with random weights: the class its ``architectures`` names
     (a local checkpoint's config says what shipped), else one chosen by model type."""
     import transformers
-    from transformers import (
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSpeechSeq2Seq,
-    )
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
-    )
+    from transformers.models.auto import modeling_auto as names
 
     if "use_cache" not in overrides and hasattr(config, "use_cache"):
         config.use_cache = False  # one forward; a KV cache is only extra outputs
     # encoder-decoders are built whole (their causal-LM class is the decoder alone); decoders
     # get their LM head; encoders (also listed as masked LMs) the bare model
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    causal = model_type in names.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in names.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     named = getattr(transformers, architecture, None) if architecture else None
     if isinstance(named, type) and issubclass(named, nn.Module):
         build: Callable[[Any], Any] = named
     else:
-        if seq2seq and model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
-            auto: Any = AutoModelForSpeechSeq2Seq
-        elif seq2seq and model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-            auto = AutoModelForSeq2SeqLM
-        elif seq2seq:
-            auto = AutoModel
+        if seq2seq and model_type in names.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+            auto: Any = transformers.AutoModelForSpeechSeq2Seq
+        elif seq2seq and model_type in names.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+            auto = transformers.AutoModelForSeq2SeqLM
         else:
-            auto = AutoModelForCausalLM if causal else AutoModel
+            auto = transformers.AutoModelForCausalLM if causal and not seq2seq else transformers.AutoModel
         build = auto.from_config
     with _build_device(device), _as_usage_error(f"model construction failed: {entry}"):
         model = build(config)
