@@ -149,9 +149,8 @@ def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[in
 
     def report(done: int, total: Optional[int]) -> None:
         now = time.monotonic()
-        if total is None or done < total:
-            if now - last[0] < 0.5:
-                return
+        if (total is None or done < total) and now - last[0] < 0.5:
+            return
         last[0] = now
         say(f"  {label} {done}/{total}" if total else f"  {label} {done}")
 
