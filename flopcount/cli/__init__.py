@@ -39,6 +39,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     caught: List[warnings.WarningMessage] = []
+    args.said = set()  # what stderr said once (cli.output), shared by diff's two sides
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")

@@ -72,21 +72,12 @@ def describe_error(exc: FlopcountError) -> str:
     return text
 
 
-def _said(args: argparse.Namespace) -> Set[str]:
-    """Texts already written to stderr in this run (so a warning is said once)."""
-    said: Optional[Set[str]] = getattr(args, "said", None)
-    if said is None:
-        said = set()
-        args.said = said
-    return said
-
-
 def report_notes(result: Any, args: argparse.Namespace) -> None:
     """Why the count may be short (always, even with --quiet: it qualifies every number),
     then the result's other warnings (unless --quiet), one line each on stderr."""
     from ..report.notes import incomplete_lines, other_warnings
 
-    said = _said(args)
+    said: Set[str] = args.said  # texts already written to stderr in this run (main's): each said once
     reasons = incomplete_lines(result)
     if reasons:
         say(f"the count may be short ({len(reasons)} reason(s)):", "INCOMPLETE")
@@ -105,7 +96,7 @@ def report_notes(result: Any, args: argparse.Namespace) -> None:
 def report_warnings(caught: Sequence[warnings.WarningMessage], args: argparse.Namespace) -> None:
     if args.quiet:
         return
-    seen = _said(args)
+    seen: Set[str] = args.said
     for w in caught:
         ours = issubclass(w.category, FlopcountWarning)
         if not ours and not args.debug:
