@@ -109,9 +109,7 @@ def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[in
             ax.annotate(f"memory wall {result.max_batch}", (result.max_batch, max(ys) * 0.05), color=colour,
                         rotation=90, fontsize=8)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch (sequences)")
-    ax.set_ylabel("decode tokens/s ceiling (all sequences)")
+    ax.set(yscale="log", xlabel="batch (sequences)", ylabel="decode tokens/s ceiling (all sequences)")
     first = results[0].facts
     ax.set_title(f"prompt {first.prompt_tokens}, {first.new_tokens} new tokens: ceilings (any implementation)")
     ax.legend(fontsize=8)
