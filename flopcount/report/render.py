@@ -40,11 +40,10 @@ def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[in
         return result.to_csv(max_depth=depth)
     if fmt == "tree":
         return result.tree(max_depth=depth)
-    if fmt == "markdown":
-        text = result.to_markdown(max_depth=depth)
-        return text + ("\n" + operator_table(result, fmt="github", footer=False) if operators else "")
-    text = result.table(max_depth=depth)
-    return text + ("\n\n" + operator_table(result, fmt="simple", footer=False) if operators else "")
+    markdown = fmt == "markdown"
+    text = result.to_markdown(max_depth=depth) if markdown else result.table(max_depth=depth)
+    return text + (("\n" if markdown else "\n\n") + operator_table(result, fmt="github" if markdown else "simple", footer=False)
+                   if operators else "")
 
 
 def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry: str, depth: Optional[int] = None) -> str:
