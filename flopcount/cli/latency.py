@@ -31,12 +31,6 @@ def check_timing_args(args: argparse.Namespace) -> None:
         )
 
 
-def _timing_plan_text(args: argparse.Namespace, duration: float) -> str:
-    if args.iters is not None:
-        return f"exactly {args.iters} timed calls"
-    return f"timed calls until {duration:g} s has passed and at least {_MIN_TIMED} ran"
-
-
 def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
     if run.device == "meta":
         raise UsageError("cannot time a model on the meta device (it has no data); use --device cpu or cuda")
@@ -46,8 +40,9 @@ def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
 
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
     duration = _DEFAULT_DURATION if args.duration is None else args.duration
-    progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} untimed warm-up calls, "
-                   f"then {_timing_plan_text(args, duration)} ...")
+    timed_calls = (f"exactly {args.iters} timed calls" if args.iters is not None
+                   else f"timed calls until {duration:g} s has passed and at least {_MIN_TIMED} ran")
+    progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} untimed warm-up calls, then {timed_calls} ...")
     stage(args, f"the benchmark of {run.entry} (warm-up and timed calls of its forward)")
     started = time.monotonic()
     warm_report = iteration_progress("warm-up")
