@@ -24,7 +24,7 @@ from flopcount.core.results import FlopResult
 from flopcount.devices.roofline import Roofs
 from flopcount.report import bench as report_bench
 from flopcount.report import budget as report_budget
-from flopcount.report import chrome_trace, export, generation, memory, plan, profile, roofline_plot, table, tree
+from flopcount.report import export, generation, memory, plan, profile, roofline_plot, table, tree
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flopcount"
 REPORT = "flopcount.report"
@@ -253,7 +253,7 @@ def test_budget_line_uses_the_shared_value_formatter(readings: Dict[str, Any]) -
 def test_chrome_trace_and_roofline_plot_go_through_the_report(readings: Dict[str, Any], tmp_path: Path) -> None:
     result = readings["profile"]
     result.export_chrome_trace(str(tmp_path / "trace.json"))
-    expected = json.loads(json.dumps(chrome_trace.enriched_trace(result.trace, result.trace_args)))
+    expected = json.loads(json.dumps(profile.enriched_trace(result.trace, result.trace_args)))
     assert json.loads((tmp_path / "trace.json").read_text()) == expected
     pytest.importorskip("matplotlib")
     result.plot_roofline(str(tmp_path / "a.svg"), label_top=2)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 from torch import nn
 
-from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized
+from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized, prepare_call
+from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
 from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers.fake.copies import shared_tensor_copy
@@ -53,6 +55,32 @@ def refuse_data_less(model: nn.Module, call: PreparedCall, who: str) -> None:
     for tensor in call.tensors:
         if is_dataless(tensor):
             raise UsageError(f"{who}: an input tensor {tuple(tensor.shape)} is on the meta device or fake (no data); pass real tensors")
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """A model's call readied for real runs (benchmark, module_latency, profile): the caller's
+    inputs walked once (``call``), the device to run on, and the call with its tensors there (``run``)."""
+
+    call: PreparedCall
+    device: torch.device
+    run: PreparedCall
+
+    @contextlib.contextmanager
+    def borrow(self, model: nn.Module) -> Iterator[nn.Module]:
+        """``model`` on the device (:func:`borrowed_model`); the inputs and torch's RNG (when this is
+        the process's only Python thread: ``core.state.preserved_rng``) are left as found too."""
+        with preserved_rng(), preserved_inputs(list(self.call.tensors)), borrowed_model(model, self.device) as on_device:
+            yield on_device
+
+
+def real_run(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], device: Any, who: str) -> RealRun:
+    """How every real run starts: the inputs prepared once, a model or input without data refused
+    (:func:`refuse_data_less`, naming ``who``), the device resolved, the inputs moved there."""
+    call = prepare_call(inputs, kwargs)
+    refuse_data_less(model, call, who)
+    dev = resolve_device(model, call, device)
+    return RealRun(call, dev, move_inputs(call, dev))
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

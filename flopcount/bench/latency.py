@@ -26,23 +26,12 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.bench.device import (
-    autocast_context,
-    bind_call,
-    borrowed_model,
-    leading_batch,
-    move_inputs,
-    refuse_data_less,
-    resolve_device,
-    rss_bytes,
-    synchronize,
-)
+from flopcount.bench.device import autocast_context, bind_call, leading_batch, real_run, rss_bytes, synchronize
 from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import prepare_call
-from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.devices import peaks
 from flopcount.errors import FlopcountWarning, UsageError
 
@@ -112,9 +101,8 @@ def benchmark(
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise UsageError(f"batch_size must be a positive int, got {batch_size!r}")
     flop_count = _flops_value(flops)
-    call = prepare_call(inputs, kwargs)  # the inputs walked once, here
-    refuse_data_less(model, call, "benchmark")
-    dev = resolve_device(model, call, device)
+    borrowed = real_run(model, inputs, kwargs, device, "benchmark")  # the inputs walked once, here
+    call, dev = borrowed.call, borrowed.device
     amp = autocast_context(dev, dtype)  # validates dtype before any work
     clock: Clock = timer if timer is not None else time.perf_counter_ns
     batch, batch_source = batch_and_source(call, None, batch_size)
@@ -129,15 +117,14 @@ def benchmark(
     if any(m.training and isinstance(m, _TRAIN_SENSITIVE) for m in modules):
         notes.append("model is in training mode: dropout/batch-norm run as in training (call model.eval() to time inference)")
 
-    run_call = move_inputs(call, dev)
     compile_s: Optional[float] = None
     peak_mem: Optional[int] = None
-    with preserved_rng(), preserved_inputs(list(call.tensors)), borrowed_model(model, dev) as on_device:
+    with borrowed.borrow(model) as on_device:
         fn: Callable[..., Any] = on_device
         if compile:
             options = dict(compile) if isinstance(compile, Mapping) else {}
             fn = torch.compile(on_device, **options)
-        timed = bind_call(fn, run_call)
+        timed = bind_call(fn, borrowed.run)
         rss_before = rss_bytes() if dev.type == "cpu" else None
         with torch.inference_mode(), amp:
             if compile:
@@ -170,7 +157,7 @@ def benchmark(
             f"noisy measurement: IQR/median {100 * stats.rel_iqr:.1f}% > {100 * noise_threshold:.0f}% "
             f"(CV {100 * stats.cv:.1f}%): other load, frequency scaling or too short a budget"
         )
-    peak, source = _peak(dev, dtype, peak_flops, on)
+    peak, source = mfu_peak(dev, dtype, peak_flops, on)
     for note in notes:
         warnings.warn(note, FlopcountWarning, stacklevel=2)
     return BenchmarkResult(
@@ -233,8 +220,9 @@ def _flops_value(flops: Any) -> Optional[float]:
     return value
 
 
-def _peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], gpu_name: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
-    """The MFU denominator and where it came from."""
+def mfu_peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], gpu_name: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
+    """The MFU denominator and where it came from: ``peak_flops`` as given, else the dense datasheet
+    peak of ``gpu_name`` (default: the CUDA device's name) at ``dtype``; none on the CPU."""
     if peak_flops is not None:
         if not peak_flops > 0:
             raise UsageError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")

@@ -21,21 +21,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.bench.device import (
-    autocast_context,
-    bind_call,
-    borrowed_model,
-    move_inputs,
-    refuse_data_less,
-    resolve_device,
-    synchronize,
-)
-from flopcount.bench.loop import Clock
+from flopcount.bench.device import autocast_context, bind_call, real_run, synchronize
+from flopcount.bench.loop import Clock, cpu_block_runner, cuda_block_runner
 from flopcount.bench.stats import compute_stats
 from flopcount.core.deprecation import ms_aliases, ms_keys
 from flopcount.core.diagnostics import FromWarnings
-from flopcount.core.inputs import prepare_call
-from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
 
 PERTURBATION_NOTE = (
@@ -185,82 +175,48 @@ def module_latency(
     if not isinstance(warmup, int) or warmup < 0:
         raise UsageError(f"warmup must be a non-negative int, got {warmup!r}")
     flop_map = _flop_map(flops)
-    prepared = prepare_call(inputs, kwargs)
-    refuse_data_less(model, prepared, "module_latency")
-    dev = resolve_device(model, prepared, device)
+    borrowed = real_run(model, inputs, kwargs, device, "module_latency")
+    dev = borrowed.device
     amp = autocast_context(dev, dtype)
     clock: Clock = timer if timer is not None else time.perf_counter_ns
     use_events = dev.type == "cuda"
     named = list(model.named_modules())
-    run_call = move_inputs(prepared, dev)
+    # each module call's (name, start, end) in one forward: clock readings, or CUDA events read
+    # after the forward's one synchronisation
+    spans: List[Tuple[str, Any, Any]] = []
+    stamp: Callable[[], Any] = _recorded_event if use_events else clock
 
-    # per-iteration accumulators, reset before each forward
-    totals: Dict[str, float] = {}
-    counts: Dict[str, int] = {}
-    open_calls: Dict[str, List[Any]] = {name: [] for name, _ in named}
-    event_pairs: List[Tuple[str, Any, Any]] = []
-
-    def make_hooks(name: str) -> Tuple[Callable[..., None], Callable[..., None]]:
-        stack = open_calls[name]
-        if use_events:
-
-            def pre(module: nn.Module, args: Any) -> None:
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
-                stack.append(start)
-
-            def post(module: nn.Module, args: Any, output: Any) -> None:
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                event_pairs.append((name, stack.pop(), end))
-                counts[name] = counts.get(name, 0) + 1
-
-        else:
-
-            def pre(module: nn.Module, args: Any) -> None:
-                stack.append(clock())
-
-            def post(module: nn.Module, args: Any, output: Any) -> None:
-                now = clock()
-                totals[name] = totals.get(name, 0.0) + (now - stack.pop()) * 1e-9
-                counts[name] = counts.get(name, 0) + 1
-
-        return pre, post
+    def hooks(name: str) -> Tuple[Callable[..., None], Callable[..., None]]:
+        starts: List[Any] = []  # a stack: a module may call itself (or be shared) inside its own forward
+        return (lambda module, args: starts.append(stamp()),
+                lambda module, args, output: spans.append((name, starts.pop(), stamp())))
 
     samples: Dict[str, List[float]] = {name: [] for name, _ in named}
     calls_seen: Dict[str, int] = {}
-    with preserved_rng(), preserved_inputs(list(prepared.tensors)), borrowed_model(model, dev) as on_device:
-        call = bind_call(on_device, run_call)
+    with borrowed.borrow(model) as on_device:
+        call = bind_call(on_device, borrowed.run)
         with torch.inference_mode(), amp:
             for _ in range(warmup):
                 call()
-            unhooked: List[float] = []
-            for _ in range(iters):
-                synchronize(dev)
-                t0 = clock()
-                call()
-                synchronize(dev)
-                unhooked.append((clock() - t0) * 1e-9)
+            # the root without hooks, timed as benchmark() times it
+            unhooked = (cuda_block_runner(call, dev) if use_events else cpu_block_runner(call, clock))(iters)
             handles = []
             try:
                 for name, module in named:
-                    pre, post = make_hooks(name)
-                    handles.append(module.register_forward_pre_hook(pre))
-                    handles.append(module.register_forward_hook(post))
+                    pre, post = hooks(name)
+                    handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
                 for _ in range(iters):
-                    totals.clear()
-                    counts.clear()
-                    event_pairs.clear()
-                    for stack in open_calls.values():
-                        stack.clear()
+                    spans.clear()
                     call()
-                    if use_events:
-                        synchronize(dev)
-                        for name, start, end in event_pairs:
-                            totals[name] = totals.get(name, 0.0) + start.elapsed_time(end) * 1e-3  # ms -> s
+                    synchronize(dev)
+                    totals: Dict[str, float] = {}
+                    calls_seen = {}
+                    for name, begin, end in spans:
+                        seconds = begin.elapsed_time(end) * 1e-3 if use_events else (end - begin) * 1e-9
+                        totals[name] = totals.get(name, 0.0) + seconds
+                        calls_seen[name] = calls_seen.get(name, 0) + 1
                     for name, value in totals.items():
                         samples[name].append(value)
-                    calls_seen = dict(counts)
             finally:
                 for handle in handles:
                     handle.remove()
@@ -289,6 +245,12 @@ def module_latency(
         timing="cuda_event" if use_events else "perf_counter",
         unhooked_median_s=compute_stats(samples_s=unhooked).median_s,
     )
+
+
+def _recorded_event() -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def _flop_map(flops: Any) -> Optional[Mapping[str, float]]:

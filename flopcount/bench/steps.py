@@ -187,8 +187,11 @@ class StepTimer:
             result = analyze(model, example_batch, backward=True, loss_fn=loss_fn, optimizer=optimizer)
             report_unsupported(result)
             self.flops_per_step = result.flops
-            if peak_flops is None:
-                self.peak_flops = _gpu_peak(model)
+            param = next(model.parameters(), None)
+            if peak_flops is None and param is not None:  # the datasheet peak of the GPU the model is on
+                from flopcount.bench.latency import mfu_peak
+
+                self.peak_flops = mfu_peak(param.device, param.dtype, None, None)[0]
         self._clock: Clock = clock if clock is not None else time.perf_counter_ns
         self._synchronize = synchronize
         self.skip_first = skip_first
@@ -261,19 +264,6 @@ class StepTimer:
         self._records.clear()
         self._reader_ns = 0
         self._last_ns = None
-
-
-def _gpu_peak(model: Any) -> Optional[float]:
-    """The datasheet peak of the GPU the model's first parameter lives on, at its dtype."""
-    import torch
-
-    from flopcount.devices.peaks import peak_flops
-
-    for param in model.parameters():
-        if param.device.type == "cuda":
-            return peak_flops(torch.cuda.get_device_name(param.device), param.dtype)
-        return None
-    return None
 
 
 # 0.2's name (two classes were called StepRecord; plan's step recorder keeps it)

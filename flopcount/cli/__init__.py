@@ -39,14 +39,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     caught: List[warnings.WarningMessage] = []
+    args.said = set()  # what stderr said once (cli.output), shared by diff's two sides
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
-            from .commands import COMMANDS
+            from .commands import run_command
 
             args.stdout = sys.stdout  # the report's stream; the model's own prints go to stderr
             with contextlib.redirect_stdout(sys.stderr), deadline(args, args.timeout):
-                return COMMANDS[args.command](args)
+                return run_command(args)
     except KeyboardInterrupt:
         say("interrupted", "error")
         return EXIT_INTERRUPTED
@@ -54,17 +55,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.debug:
             traceback.print_exc()
         if isinstance(exc, CommandTimeout):
-            say(one_line(f"--timeout {exc.seconds:g}: flopcount {args.command} stopped after {exc.seconds:g} s "
-                         f"while {exc.what} was still running"), "error")
-            return EXIT_USAGE
-        if isinstance(exc, FlopcountError):
-            say(one_line(describe_error(exc)), "error")
-            return EXIT_USAGE
-        if is_internal(exc):  # a bug of ours
+            message = f"--timeout {exc.seconds:g}: flopcount {args.command} stopped after {exc.seconds:g} s while {exc.what} was still running"
+        elif isinstance(exc, FlopcountError):
+            message = describe_error(exc)
+        elif is_internal(exc):  # a bug of ours
             say(one_line(f"internal error in flopcount (a bug, not your input; please report it with the "
                          f"traceback --debug prints): {type(exc).__name__}: {exc}"), "error")
             return EXIT_INTERNAL
-        say(one_line(f"{type(exc).__name__}: {exc}"), "error")
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+        say(one_line(message), "error")
         return EXIT_USAGE
     finally:
         report_warnings(caught, args)

@@ -1,25 +1,27 @@
-"""The three commands: load the model from ENTRY, make inputs from SPECs, call the
-library, hand the result to a renderer, write it. Rendering lives in flopcount.report.render."""
+"""The commands: load the model from ENTRY, make inputs from SPECs, call the library, hand the
+result to a renderer, write it (rendering lives in flopcount.report.render); ``diff``'s sides
+and ``check --baseline``'s report, each an ENTRY counted as ``count`` counts it or a saved JSON
+report; ``plan`` and ``check --fsdp/--tp``'s per-rank peak, on the meta device."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import inspect
-import math
+import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.generating import count_generation_command
-from flopcount.cli.output import progress, report_notes, say
+from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_ms, run_profile, with_prediction
+from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
-from flopcount.cli.timing import benchmark_entry, check_timing_args
+from flopcount.cli.serving import count_generation_command, run_serve
 from flopcount.errors import UsageError
-from flopcount.report.render import render_bench, render_check, render_count
+from flopcount.report.render import overall_status, render_bench, render_check, render_count
 
 
 @dataclass
@@ -95,13 +97,11 @@ def _check_not_entry(path: Optional[str], flag: str, entry: str) -> None:
 
 def _prepare(args: argparse.Namespace) -> _Run:
     device = _check_device(args.device)
-    _check_output(args.output, "--output")
     _check_not_entry(args.output, "--output", args.entry)
     if args.plot:
         _check_not_entry(args.plot, "--plot", args.entry)
         from flopcount.report.plot import check_plot_path
 
-        _check_output(args.plot, "--plot")
         check_plot_path(args.plot)
     tracer = args.tracer
     if device == "meta":
@@ -112,6 +112,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     config = pairs_once(args.config, "--config")
 
     from flopcount.cli.entry import load_entry
+    from flopcount.cli.specs import make_inputs, token_range
 
     stage(args, f"the import and construction of the model ({args.entry}: its module, factory or config)")
     loaded = load_entry(args.entry, device=device, config=config)
@@ -128,54 +129,16 @@ def _prepare(args: argparse.Namespace) -> _Run:
             specs, kw_specs = loaded.fit_specs(specs, kw_specs)
         elif args.inputs and not getattr(args, "generate", None):  # defaults the prompt does not replace
             kw_specs = {**{k: v for k, v in loaded.default_kwargs.items() if k not in kw_specs}, **kw_specs}
-        inputs, kwargs = _make_inputs(model, specs, kw_specs, device, args.seed)
+        inputs, kwargs = make_inputs(specs, kw_specs, device, args.seed, token_range(model))
     elif loaded.inputs is not None or loaded.kwargs is not None:
         inputs = loaded.inputs if loaded.inputs is not None else ()
         kwargs = loaded.kwargs
     elif loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
         raise UsageError(loaded.needs_inputs)
     else:  # the ENTRY's default inputs (none: no inputs at all)
-        inputs, kwargs = _make_inputs(model, list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed)
+        inputs, kwargs = make_inputs(list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed, token_range(model))
     _check_arity(args.entry, model, inputs, kwargs)
     return _Run(args.entry, model, inputs, kwargs, device, tracer)
-
-
-def _make_inputs(model: Any, specs: Sequence[Any], kw_specs: Dict[str, Any], device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
-    import torch
-
-    from flopcount.cli.specs import ScalarArg, make_tensor, token_range
-
-    generator = torch.Generator().manual_seed(seed)
-    high = token_range(model)
-
-    def make(spec: Any, label: str, ones: bool = False) -> Any:
-        if isinstance(spec, ScalarArg):
-            return spec.value
-        try:
-            return make_tensor(spec, device=device, high=high, generator=generator, ones=ones)
-        except (RuntimeError, MemoryError) as exc:
-            size = math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
-            hint = "; --device meta counts without allocating" if device != "meta" else ""
-            raise UsageError(
-                f"{label}: cannot allocate the input on {device} ({size / 1e9:.3g} GB): "
-                f"{type(exc).__name__}: {_clip(' '.join(str(exc).split()), 240)}{hint}"
-            ) from exc
-
-    inputs = tuple(make(spec, f"--input {spec}") for spec in specs)
-    kwargs = {
-        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and _integral(spec))
-        for name, spec in kw_specs.items()
-    }
-    return inputs, (kwargs or None)
-
-
-def _integral(spec: Any) -> bool:
-    dtype = getattr(spec, "dtype", None)
-    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str, Any]]) -> None:
@@ -228,56 +191,19 @@ def _strict_failure(result: Any, args: argparse.Namespace) -> bool:
     return False
 
 
-def _emit(text: str, args: argparse.Namespace) -> None:
-    stage(args, "writing the report")
-    if not text.endswith("\n"):
-        text += "\n"
-    if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from exc
-        progress(args, f"wrote {args.output}")
-    else:
-        stream = getattr(args, "stdout", None) or sys.stdout
-        try:
-            stream.write(text)
-            stream.flush()
-        except OSError as exc:  # a full disk (ENOSPC), a closed pipe (EPIPE): the user's I/O, not a bug
-            _silence(stream)
-            raise UsageError(f"writing the report to stdout failed: {exc.strerror or exc}; --output FILE writes it to a file") from exc
-
-
-def _silence(stream: Any) -> None:
-    """Point the failed stream's file at /dev/null, so that the interpreter's own flush at exit
-    does not fail a second time with a traceback of its own."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
-def _plot(result: Any, args: argparse.Namespace, latencies: Optional[Sequence[float]] = None, budget: Any = None) -> None:
+def _plot(result: Any, args: argparse.Namespace, budget: Any = None) -> None:
+    """``--plot``: FLOPs by module (or the sunburst), with the latencies of a benchmark the result holds."""
     if not args.plot:
         return
-    from flopcount.report.plot import plot_result
+    from flopcount.report.plot import plot_result, plot_sunburst
 
+    latencies = None if result.benchmark is None else [v * 1e3 for v in result.benchmark.stats.samples_s]
     title = f"{_label(args)}  inputs: {result.input_description}" if result.input_description else _label(args)
-    try:
-        if args.plot_kind == "sunburst":
-            from flopcount.report.plot import plot_sunburst
-
-            plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title)
-        else:
-            plot_result(result, args.plot, top=args.plot_top or 15, depth=args.depth, title=title, latencies_ms=latencies, budget=budget)
-    except OSError as exc:
-        raise UsageError(f"--plot {args.plot}: {exc.strerror or exc}") from exc
-    progress(args, f"wrote {args.plot}")
+    if args.plot_kind == "sunburst":
+        written(args, "--plot", args.plot, lambda: plot_sunburst(result, args.plot, max_depth=args.depth or 3, title=title))
+    else:
+        written(args, "--plot", args.plot, lambda: plot_result(result, args.plot, top=args.plot_top or 15, depth=args.depth,
+                                                               title=title, latencies_ms=latencies, budget=budget))
 
 
 def _estimate_memory(run: _Run, args: argparse.Namespace, dtype: Optional[str] = None) -> Any:
@@ -328,25 +254,20 @@ def _cmd_count(args: argparse.Namespace) -> int:
     if getattr(args, "generate", None):
         if args.tensorboard:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
-        return count_generation_command(run, args, _emit, _label(args))
+        return count_generation_command(run, args, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
     if args.eval_mode and not (args.backward or args.optimizer is not None):
         raise UsageError("--eval applies to a training step: add --backward or --optimizer, or drop --eval")
     _training_mode(run, args)
     result = _count(run, args, backward=args.backward, optimizer=args.optimizer)
-    estimate = _estimate_memory(run, args) if args.memory else None
-    extra = {"memory": estimate.to_dict()} if estimate is not None else None
-    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators, extra=extra)
-    if estimate is not None and args.format != "json":  # JSON: one document with its memory section
-        if args.format in ("table", "tree", "markdown"):
-            text = text.rstrip("\n") + "\n\n" + estimate.table(max_depth=args.depth, fmt="github" if args.format == "markdown" else "simple")
-        else:
-            raise UsageError(f"--memory has no {args.format} form; use --format table, tree, markdown or json")
+    text = render_count(result, args.format, entry=_label(args), depth=args.depth, operators=args.operators)
+    if args.memory:
+        estimate = _estimate_memory(run, args)
+        text = with_section(text, args.format, "--memory", "memory", estimate.to_dict(),
+                            lambda fmt: estimate.table(max_depth=args.depth, fmt=fmt))
     if args.on:
-        from flopcount.cli.predicting import with_prediction
-
         text = with_prediction(text, run, args)
-    _emit(text, args)
+    emit(text, args)
     _plot(result, args)
     _tensorboard(result, args)
     return EXIT_INCOMPLETE if _strict_failure(result, args) else EXIT_OK
@@ -358,11 +279,8 @@ def _tensorboard(result: Any, args: argparse.Namespace) -> None:
     from flopcount.integrations.tensorboard import write_tensorboard
 
     depth = 1 if args.depth is None else args.depth
-    try:
-        write_tensorboard(result, args.tensorboard, max_depth=depth, label=_label(args))
-    except OSError as exc:
-        raise UsageError(f"--tensorboard {args.tensorboard}: {exc.strerror or exc}") from exc
-    progress(args, f"wrote TensorBoard scalars and tables to {args.tensorboard}")
+    written(args, "--tensorboard", args.tensorboard, lambda: write_tensorboard(result, args.tensorboard, max_depth=depth,
+            label=_label(args)), f"wrote TensorBoard scalars and tables to {args.tensorboard}")
 
 
 def _label(args: argparse.Namespace) -> str:
@@ -377,8 +295,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     result = _count(run, args)
     timing = benchmark_entry(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
-    _emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
-    _plot(result, args, latencies=[v * 1e3 for v in timing.stats.samples_s])
+    emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
+    _plot(result, args)
     return EXIT_OK
 
 
@@ -408,15 +326,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--bound picks the lower bound of --on DEVICE: add --on (e.g. --on h100)")
     if budget.needs_latency and args.on is None:
         check_timing_args(args)
-    if budget.needs_latency and args.on is None and args.device == "meta":
-        raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
+        if args.device == "meta":
+            raise UsageError("check: --max-latency-ms cannot be measured on the meta device; use --device cpu or cuda")
     run = _prepare(args)
     result = _count(run, args)
     latency = None
     basis = ""
     if budget.needs_latency and args.on is not None:
-        from flopcount.cli.predicting import predicted_latency_ms
-
         latency, basis = predicted_latency_ms(run, args)
     elif budget.needs_latency:
         timing = benchmark_entry(run, args, result.flops)
@@ -432,39 +348,29 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _training_mode(run, args)  # after the count: FLOPs budgets are of one inference forward
         estimate = _estimate_memory(run, args, dtype=args.dtype)
     planned = _planned_peak(args) if budget.needs_memory and sharded else None
-    memory_note = None
-    if planned is not None:
-        from flopcount.units import format_bytes
-
-        memory_note = (
-            f"memory: peak {format_bytes(planned)} of rank 0 in a training step (forward + backward + {args.optimizer or 'adamw'}) "
-            f"sharded over fsdp={args.fsdp} x tp={args.tp} ranks (flopcount plan), not of inference"
-        )
     report = check_result(
         result,
         budget,
         latency_ms=latency,
-        memory_bytes=planned if estimate is None else estimate.peak_bytes,
+        memory_bytes=estimate.peak_bytes if estimate is not None else (planned[0] if planned is not None else None),
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",
         latency_basis=basis,
     ) if budget else None
     growth = _growth(result, estimate, gate, args) if gate is not None else None
-    extra = {"memory": {"peak_bytes": planned, "of": memory_note}} if planned is not None else None
-    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate,
-                        extra=extra, memory_note=memory_note, growth=growth)
-    _emit(text, args)
-    timed = latency is not None and result.benchmark is not None
-    _plot(result, args, latencies=[v * 1e3 for v in result.benchmark.stats.samples_s] if timed else None, budget=report)
+    text = render_check(result, report, args.format, entry=_label(args), depth=args.depth, memory=estimate, planned=planned,
+                        growth=growth)
+    emit(text, args)
+    _plot(result, args, budget=report)
     strict = _strict_failure(result, args)
-    statuses = [r.status for r in (report, growth) if r is not None]
-    if "FAIL" in statuses:  # certain (or allowed): more work can only make it worse
+    status = overall_status(report, growth)
+    if status == "FAIL":  # certain (or allowed): more work can only make it worse
         if report is not None and report.status == "FAIL":
             say("budget exceeded: " + "; ".join(line.describe() for line in report.exceeded))
         if growth is not None and growth.status == "FAIL":
             say(growth.verdict())
         return EXIT_BUDGET
-    if "INCOMPLETE" in statuses or "UNDECIDED" in statuses:  # UNDECIDED: a latency lower bound within its budget
+    if status != "PASS":  # INCOMPLETE, or UNDECIDED: a latency lower bound within its budget
         for r in (report, growth):
             if r is not None and r.status in ("INCOMPLETE", "UNDECIDED"):
                 say(r.verdict())
@@ -500,7 +406,6 @@ def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
 def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple[str, Dict[str, Any], Any]]:
     """The baseline report's path, the growth allowances (flag, else [tool.flopcount], else
     no growth of params, FLOPs and MACs) and the report read back; None without a baseline."""
-    from flopcount.cli.diffing import baseline_report
     from flopcount.diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
 
     settings = load_growth_file(config_file)
@@ -531,50 +436,107 @@ def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], a
     return check_growth(change, allowances, allow_incomplete=args.allow_incomplete)
 
 
-def _planned_peak(args: argparse.Namespace) -> int:
-    """Rank 0's peak of a training step sharded over --fsdp x --tp (flopcount plan)."""
-    from flopcount.cli.plan import run_plan
+# --------------------------------------------------------------------------- plan, and check's per-rank peak (--fsdp/--tp):
+# the ENTRY loaded on the meta device, one rank's inputs made from SPECs, flopcount.plan called
+
+def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]], str]:
+    """One rank's micro-batch as meta tensors (shapes and dtypes are all plan() reads), and
+    where it came from when no --input/--kwarg gave it ("" when they did)."""
+    from flopcount.cli.artifacts import looks_like_artifact
+    from flopcount.cli.entry import load_entry
+    from flopcount.cli.specs import make_inputs
+
+    kw_specs = pairs_once(args.kwargs, "--kwarg")
+    if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
+        specs, kwargs, origin = list(args.inputs), kw_specs, ""
+    elif args.inputs or kw_specs:
+        fit = load_entry(args.entry, device="meta", config=pairs_once(args.config, "--config")).fit_specs
+        # an exported program's inputs are checked against its shapes (TorchScript's are not known)
+        specs, kwargs = fit(list(args.inputs), kw_specs) if fit is not None else (list(args.inputs), kw_specs)
+        origin = ""
+    else:
+        loaded = load_entry(args.entry, device="meta", config=pairs_once(args.config, "--config"))
+        if loaded.inputs is not None or loaded.kwargs is not None:
+            given = (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
+            return given[0], given[1], f"the example inputs {args.entry} returned"
+        if loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
+            raise UsageError(loaded.needs_inputs)
+        specs, kwargs = list(loaded.default_specs), dict(loaded.default_kwargs)
+        shown = ", ".join([str(s) for s in specs] + [f"{k}={v}" for k, v in kwargs.items()]) or "no inputs"
+        origin = f"the default input of {args.entry} ({shown})"
+    return (*make_inputs(specs, kwargs, "meta"), origin)
+
+
+def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
+    from flopcount.planning.plan import gpu_key, plan
+    from flopcount.planning.result import link_bandwidth
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
-    return int(run_plan(args, on=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+    gpu_key(on)  # bad --on or --link: one line before any work
+    for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):
+        link_bandwidth(value, "--link")
+    stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
+    inputs, kwargs, origin = _meta_inputs(args)
+    if origin:
+        progress(args, f"no --input: planning {origin}; --input SPEC sets one rank's micro-batch")
+    progress(args, f"planning {args.entry} on a fake world of {args.fsdp} x {args.tp} ranks")
+    stage(args, f"the plan of {args.entry} (its factory on the meta device, sharding, one fake training step)")
+    from flopcount.cli.entry import meta_builder
+
+    # an exported program's graph stays on the CPU, where plan's fake step runs
+    result = plan(
+        meta_builder(args, dtype, graph_device="cpu"), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
+        optimizer=optimizer or "adamw", on=on, link=link,
+        mixed_precision=getattr(args, "mixed_precision", None), backend=getattr(args, "backend", "nccl"),
+    )
+    if origin:
+        note = f"no --input was given: the micro-batch is {origin}"
+        result = dataclasses.replace(result, notes=(*result.notes, note))
+    return result
+
+
+def parse_link(text: Optional[str]) -> Any:
+    """``nvlink4``, ``50e9`` (bytes/s), or ``dp=infiniband-ndr,tp=nvlink4``."""
+    if text is None:
+        return None
+
+    def one(value: str) -> Any:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+
+    if "=" in text:
+        pairs = [part.partition("=") for part in text.split(",")]
+        return {key.strip(): one(value.strip()) for key, _, value in pairs}
+    return one(text)
+
+
+def _render_plan(result: Any, fmt: str, entry: str) -> str:
+    if fmt == "json":
+        return json.dumps({"entry": entry, **result.to_dict()}, indent=2)
+    return result.to_markdown() if fmt == "markdown" else result.table()
+
+
+def _planned_peak(args: argparse.Namespace) -> Tuple[int, str]:
+    """Rank 0's peak of a training step sharded over --fsdp x --tp (flopcount plan), and what it is of."""
+    from flopcount.units import format_bytes
+
+    peak = int(run_plan(args, on=None, link=None, optimizer=args.optimizer, dtype=None).peak_bytes)
+    return peak, (f"memory: peak {format_bytes(peak)} of rank 0 in a training step (forward + backward + "
+                  f"{args.optimizer or 'adamw'}) sharded over fsdp={args.fsdp} x tp={args.tp} ranks (flopcount plan), not of inference")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from flopcount.cli.plan import parse_link, render, run_plan
-
-    args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
-    _check_output(args.output, "--output")
     result = run_plan(args, on=args.on, link=parse_link(args.link), optimizer=args.optimizer, dtype=args.dtype)
-    _emit(render(result, args.format, args.entry), args)
+    emit(_render_plan(result, args.format, args.entry), args)
     return EXIT_OK
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from flopcount.cli.predicting import run_profile
-
-    _check_output(args.trace, "--trace")
     if args.eval_mode and not args.backward:
         raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
-    return run_profile(args, lambda: _training_mode(_prepare(args), args), _emit, _label(args))
-
-
-def _cmd_diff(args: argparse.Namespace) -> int:
-    from flopcount.cli.diffing import run_diff
-
-    _check_output(args.output, "--output")
-    return run_diff(args, _count_side, _emit)
-
-
-def _count_side(args: argparse.Namespace, name: str) -> Any:
-    """One ENTRY side of ``diff``, counted as ``count`` would (``--memory``: with its peak),
-    with its ``entry`` label as a report section."""
-    progress(args, f"counting {name} = {_label(args)} ...")
-    run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode
-    result = _count(run, args, backward=args.backward)
-    sections: Dict[str, Any] = {"entry": _label(args)}
-    if args.memory:
-        sections["memory"] = _estimate_memory(run, args).to_dict()
-    return result.with_sections(**sections)
+    return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args))
 
 
 def _cmd_roofs(args: argparse.Namespace) -> int:
@@ -582,7 +544,6 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
     from flopcount.devices import is_this_machine, named_roofs
     from flopcount.devices.measured import machine_roofs
 
-    _check_output(args.output, "--output")
     if is_this_machine(args.part):
         if args.matmul_tf32 or args.no_conv_tf32:
             raise UsageError("--matmul-tf32/--no-conv-tf32 model a datasheet part's math modes; this machine's are its own")
@@ -594,19 +555,117 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
         if args.remeasure:
             raise UsageError(f"--remeasure measures this machine; {args.part!r} is a datasheet part")
         roofs = named_roofs(args.part, conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
-    _emit(render(roofs, args.format), args)
+    emit(render(roofs, args.format), args)
     return EXIT_OK
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from flopcount.cli.serving import run_serve
+# --------------------------------------------------------------------------- diff A B, and check --baseline's report
 
-    _check_output(args.output, "--output")
-    _check_output(args.plot, "--plot")
-    return run_serve(args, _emit)
+#: the options that shape an ENTRY side's count (meaningless for a saved report)
+_SHARED = (("inputs", "--input"), ("kwargs", "--kwarg"), ("config", "--config"))
+
+
+def is_report(text: str) -> bool:
+    """A side is a saved report when it names a ``.json`` file (``count --format json``).
+    A Hugging Face ``config.json`` is an ENTRY written ``hf:./path``."""
+    lowered = text.strip().lower()
+    return lowered.endswith(".json") and not lowered.startswith(("hf:", "transformers:"))
+
+
+def _merged(shared: List[Tuple[str, Any]], own: List[Tuple[str, Any]], flag: str) -> List[Tuple[str, Any]]:
+    """``--config``/``--kwarg`` pairs of both sides, then one side's, the side's winning per key."""
+    return list({**pairs_once(shared, flag), **pairs_once(own, flag)}.items())
+
+
+def side_args(args: argparse.Namespace, side: str, entry: str) -> argparse.Namespace:
+    """The options ``count`` would get for one side: the shared ones with the side's own over them."""
+    ns = argparse.Namespace(**vars(args))
+    ns.entry = entry
+    ns.inputs = list(getattr(args, f"{side}_inputs")) or list(args.inputs)
+    ns.kwargs = _merged(args.kwargs, getattr(args, f"{side}_kwargs"), f"--{side}-kwarg")
+    ns.config = _merged(args.config, getattr(args, f"{side}_config"), f"--{side}-config")
+    ns.output = ns.plot = ns.generate = ns.optimizer = None
+    return ns
+
+
+def _side_options(args: argparse.Namespace, side: str) -> List[str]:
+    return [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
+
+
+def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
+    """One side of a diff as a FlopResult: a saved report read back, or an ENTRY counted as
+    ``count`` would (``--memory``: with its peak), with its ``entry`` label as a report section."""
+    from flopcount.core.results import load_report
+
+    name = side.upper()
+    if is_report(text):
+        own = _side_options(args, side)
+        if own:
+            raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
+        return load_report(text)
+    args = side_args(args, side, text)
+    progress(args, f"counting {name} = {_label(args)} ...")
+    run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode
+    result = _count(run, args, backward=args.backward)
+    sections: Dict[str, Any] = {"entry": _label(args)}
+    if args.memory:
+        sections["memory"] = _estimate_memory(run, args).to_dict()
+    return result.with_sections(**sections)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from flopcount.diffs import diff
+
+    reports = [is_report(text) for text in (args.a, args.b)]
+    if all(reports):
+        used = [flag for attr, flag in _SHARED if getattr(args, attr)]
+        used += [flag for flag, on in (("--backward", args.backward), ("--memory", args.memory)) if on]
+        if used:
+            raise UsageError(f"{', '.join(used)}: A and B are both saved reports; these options shape a count of an ENTRY")
+    result_a = count_side(args, "a", args.a)
+    result_b = count_side(args, "b", args.b)
+    change = diff(result_a, result_b, a_label=_side_label(args.a, result_a), b_label=_side_label(args.b, result_b))
+    emit(render_diff(change, args.format, depth=args.depth, top=args.top), args)
+    return EXIT_OK
+
+
+def _side_label(text: str, result: Any) -> str:
+    """What a side is called: a report's path (with the ENTRY it was counted from), or the
+    ENTRY with its --config overrides."""
+    entry = result.sections.get("entry")
+    if is_report(text):
+        return f"{text} ({entry})" if entry else text
+    return str(entry or text)
+
+
+def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[int]) -> str:
+    if fmt == "markdown":
+        return str(change.to_markdown(max_depth=depth, top=top or 10))
+    if fmt == "json":
+        return str(change.to_json(max_depth=depth))
+    if fmt == "csv":
+        return str(change.to_csv(max_depth=depth))
+    return str(change.table(max_depth=depth, top=top))
+
+
+def baseline_report(path: str) -> Any:
+    """The saved report ``check --baseline`` compares with."""
+    from flopcount.core.results import load_report
+
+    if not Path(path).is_file():
+        raise UsageError(f"--baseline {path}: no such file (write it with: flopcount count ENTRY --format json --output {path})")
+    return load_report(path)
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "count": _cmd_count, "bench": _cmd_bench, "check": _cmd_check, "profile": _cmd_profile, "plan": _cmd_plan,
-    "diff": _cmd_diff, "roofs": _cmd_roofs, "serve": _cmd_serve,
+    "diff": _cmd_diff, "roofs": _cmd_roofs, "serve": run_serve,
 }
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command ``args`` names, after refusing a report, plot or trace path that cannot be
+    written (before any long work starts)."""
+    for flag in ("output", "plot", "trace"):
+        _check_output(getattr(args, flag, None), f"--{flag}")
+    return COMMANDS[args.command](args)

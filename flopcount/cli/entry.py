@@ -48,6 +48,22 @@ TV_PREFIXES = ("tv:", "torchvision:")
 EXAMPLE_PREFIXES = ("example:",)
 
 
+def meta_builder(args: Any, dtype: Optional[str], graph_device: Optional[str] = None) -> Callable[[], nn.Module]:
+    """Builds the model ``args.entry`` names (with ``--config``) on the meta device, cast to ``dtype``
+    when given: ``plan`` (once per rank) and ``serve``. Bad ``--config`` or ``--dtype``: said at once."""
+    from flopcount.cli.parser import pairs_once
+    from flopcount.cli.specs import parse_dtype
+
+    config = pairs_once(args.config, "--config")
+    cast = parse_dtype(dtype, "--dtype") if dtype else None
+
+    def build() -> nn.Module:
+        model = load_entry(args.entry, device="meta", config=config, graph_device=graph_device).model
+        return model.to(cast) if cast is not None else model
+
+    return build
+
+
 def load_entry(
     entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None, graph_device: Optional[str] = None
 ) -> LoadedEntry:
@@ -250,10 +266,8 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
             f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint} "
             f"(a local folder or config.json is hf:./PATH)"
         )
-    try:
+    with _as_usage_error(f"model construction failed: the default config of {entry}"):
         config = AutoConfig.for_model(model_type)
-    except Exception as exc:
-        raise UsageError(f"model construction failed: the default config of {entry}: {describe(exc)}") from exc
     config = config_with(config, overrides, lambda **values: AutoConfig.for_model(model_type, **values))
     return _hf_model(entry, config, model_type, overrides, device, None)
 
@@ -262,43 +276,27 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
     """The model for ``config`` with random weights: the class its ``architectures`` names
     (a local checkpoint's config says what shipped), else one chosen by model type."""
     import transformers
-    from transformers import (
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSpeechSeq2Seq,
-    )
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
-    )
+    from transformers.models.auto import modeling_auto as names
 
     if "use_cache" not in overrides and hasattr(config, "use_cache"):
         config.use_cache = False  # one forward; a KV cache is only extra outputs
     # encoder-decoders are built whole (their causal-LM class is the decoder alone); decoders
     # get their LM head; encoders (also listed as masked LMs) the bare model
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    causal = model_type in names.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in names.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     named = getattr(transformers, architecture, None) if architecture else None
     if isinstance(named, type) and issubclass(named, nn.Module):
         build: Callable[[Any], Any] = named
     else:
-        if seq2seq and model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
-            auto: Any = AutoModelForSpeechSeq2Seq
-        elif seq2seq and model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-            auto = AutoModelForSeq2SeqLM
-        elif seq2seq:
-            auto = AutoModel
+        if seq2seq and model_type in names.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+            auto: Any = transformers.AutoModelForSpeechSeq2Seq
+        elif seq2seq and model_type in names.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+            auto = transformers.AutoModelForSeq2SeqLM
         else:
-            auto = AutoModelForCausalLM if causal else AutoModel
+            auto = transformers.AutoModelForCausalLM if causal and not seq2seq else transformers.AutoModel
         build = auto.from_config
-    with _build_device(device):
-        try:
-            model = build(config)
-        except Exception as exc:
-            raise UsageError(f"model construction failed: {entry}: {describe(exc)}") from exc
+    with _build_device(device), _as_usage_error(f"model construction failed: {entry}"):
+        model = build(config)
     default_kwargs: Dict[str, InputSpec] = {}
     if seq2seq:
         # the decoder's tokens; generate() would start from one, a forward counts a whole target
@@ -340,11 +338,8 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
     if name not in known:
         hint = did_you_mean(name, known)
         raise UsageError(f"bad ENTRY {entry!r}: torchvision has no model {name!r}{hint}")
-    with _build_device(device):
-        try:
-            model = tvm.get_model(name, weights=None, **overrides)
-        except Exception as exc:
-            raise UsageError(f"model construction failed: {entry}: {describe(exc)}") from exc
+    with _build_device(device), _as_usage_error(f"model construction failed: {entry}"):
+        model = tvm.get_model(name, weights=None, **overrides)
     return LoadedEntry(entry, model, default_specs=(InputSpec((1, 3, 224, 224)),))
 
 

@@ -4,14 +4,17 @@ stderr (stdout carries only the report)."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import sysconfig
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
-from ..errors import FlopcountError, FlopcountWarning, TraceError
+from ..errors import FlopcountError, FlopcountWarning, TraceError, UsageError
+from .deadline import stage
 
 
 def say(message: str, kind: str = "") -> None:
@@ -69,21 +72,12 @@ def describe_error(exc: FlopcountError) -> str:
     return text
 
 
-def _said(args: argparse.Namespace) -> Set[str]:
-    """Texts already written to stderr in this run (so a warning is said once)."""
-    said: Optional[Set[str]] = getattr(args, "said", None)
-    if said is None:
-        said = set()
-        args.said = said
-    return said
-
-
 def report_notes(result: Any, args: argparse.Namespace) -> None:
     """Why the count may be short (always, even with --quiet: it qualifies every number),
     then the result's other warnings (unless --quiet), one line each on stderr."""
     from ..report.notes import incomplete_lines, other_warnings
 
-    said = _said(args)
+    said: Set[str] = args.said  # texts already written to stderr in this run (main's): each said once
     reasons = incomplete_lines(result)
     if reasons:
         say(f"the count may be short ({len(reasons)} reason(s)):", "INCOMPLETE")
@@ -102,7 +96,7 @@ def report_notes(result: Any, args: argparse.Namespace) -> None:
 def report_warnings(caught: Sequence[warnings.WarningMessage], args: argparse.Namespace) -> None:
     if args.quiet:
         return
-    seen = _said(args)
+    seen: Set[str] = args.said
     for w in caught:
         ours = issubclass(w.category, FlopcountWarning)
         if not ours and not args.debug:
@@ -119,6 +113,26 @@ def progress(args: argparse.Namespace, message: str) -> None:
         say(message)
 
 
+def with_section(text: str, fmt: str, flag: str, key: str, data: Dict[str, Any], table: Callable[[str], str]) -> str:
+    """A count's report with one more reading (``--memory``, ``--on``): the JSON document's
+    ``key``, or ``table(tabulate format)`` after the text; a format without a form for it: one line naming ``flag``."""
+    if fmt == "json":
+        return json.dumps({**json.loads(text), key: data}, indent=2)
+    if fmt not in ("table", "tree", "markdown"):
+        raise UsageError(f"{flag} has no {fmt} form; use --format table, tree, markdown or json")
+    return text.rstrip("\n") + "\n\n" + table("github" if fmt == "markdown" else "simple")
+
+
+def written(args: argparse.Namespace, flag: str, path: str, write: Callable[[], Any], said: str = "") -> None:
+    """Run ``write`` (it writes ``path``, the value of ``flag``), then say ``said`` (default ``wrote
+    PATH``) on stderr; an OSError there is the user's (a full disk, a folder gone): one line naming the flag."""
+    try:
+        write()
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from exc
+    progress(args, said or f"wrote {path}")
+
+
 def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[int]], None]:
     """Benchmark progress on stderr (``  warm-up 3/10 calls``, ``  12 timed calls``), at most
     about twice a second and always at the end of a counted phase; stdout stays clean."""
@@ -126,11 +140,40 @@ def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[in
 
     def report(done: int, total: Optional[int]) -> None:
         now = time.monotonic()
-        if total is None or done < total:
-            if now - last[0] < 0.5:
-                return
+        if (total is None or done < total) and now - last[0] < 0.5:
+            return
         last[0] = now
         say(f"  {label} {done}/{total}" if total else f"  {label} {done}")
 
     return report
 
+
+def emit(text: str, args: argparse.Namespace) -> None:
+    """Write the report (the one thing on stdout) to ``--output`` or stdout."""
+    stage(args, "writing the report")
+    if not text.endswith("\n"):
+        text += "\n"
+    if args.output:
+        written(args, "--output", args.output, lambda: Path(args.output).write_text(text, encoding="utf-8"))
+    else:
+        stream = getattr(args, "stdout", None) or sys.stdout
+        try:
+            stream.write(text)
+            stream.flush()
+        except OSError as exc:  # a full disk (ENOSPC), a closed pipe (EPIPE): the user's I/O, not a bug
+            _silence(stream)
+            raise UsageError(f"writing the report to stdout failed: {exc.strerror or exc}; --output FILE writes it to a file") from exc
+
+
+def _silence(stream: Any) -> None:
+    """Point the failed stream's file at /dev/null, so that the interpreter's own flush at exit
+    does not fail a second time with a traceback of its own."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

@@ -4,6 +4,7 @@ Imports no torch, so ``--help``, ``--version`` and argument errors answer at onc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 from typing import Any, Dict, Iterable, List, NoReturn, Set, Tuple
 
@@ -264,14 +265,9 @@ _INT64_MAX = 2**63 - 1
 
 def _int_at_least(low: int, what: str) -> Any:
     def parse(text: str) -> int:
-        value: Any
-        if re.fullmatch(r"\s*\+?\d+\s*", text):
-            value = int(text)  # exact: parse_quantity goes through a float (2**63 - 1 would round up)
-        else:
-            try:
-                value = parse_quantity(text, what)
-            except UsageError:
-                value = None
+        value: Any = None
+        with contextlib.suppress(UsageError):  # int() is exact: parse_quantity goes through a float (2**63 - 1 would round up)
+            value = int(text) if re.fullmatch(r"\s*\+?\d+\s*", text) else parse_quantity(text, what)
         if not isinstance(value, int) or value < low:
             raise UsageError(f"must be an integer >= {low}, got {text!r}")
         if value > _INT64_MAX:

@@ -1,18 +1,21 @@
-"""``flopcount serve``: load the ENTRY on the meta device, count generate()'s forwards once
-for a --prompt-long prompt, and price them on each --on part at each --batch size."""
+"""What generate() runs: ``count --generate N`` (prefill plus N-1 decode steps of the loaded model) and
+``flopcount serve`` (the ENTRY loaded on the meta device, generate()'s forwards counted once for a
+--prompt-long prompt and priced on each --on part at each --batch size); transformers' notice that
+the cache argument was renamed silenced for those calls only."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from typing import Callable, List
+from typing import Any, Iterator, List
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.output import progress
-from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK, pairs_once
+from flopcount.cli.output import emit, progress
+from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK
 from flopcount.errors import UsageError
 
-__all__ = ["run_serve"]
+__all__ = ["count_generation_command", "run_serve"]
 
 
 def _ints(text: str, flag: str) -> List[int]:
@@ -28,13 +31,11 @@ def _ints(text: str, flag: str) -> List[int]:
     return values
 
 
-def run_serve(args: argparse.Namespace, emit: Callable[[str, argparse.Namespace], None]) -> int:
+def run_serve(args: argparse.Namespace) -> int:
     """Count once, price on every part, render once (and draw --plot)."""
     import torch
 
-    from flopcount.cli.entry import load_entry
-    from flopcount.cli.generating import _without_cache_rename_notice
-    from flopcount.cli.specs import parse_dtype
+    from flopcount.cli.entry import meta_builder
     from flopcount.core.rendering import render
     from flopcount.serving.serve import _part, serve_facts, serve_on
 
@@ -45,12 +46,9 @@ def run_serve(args: argparse.Namespace, emit: Callable[[str, argparse.Namespace]
     if not 0 <= args.reserve < 1:
         raise UsageError(f"--reserve must be a fraction in [0, 1), got {args.reserve}")
     targets = [(name, _part(name, args.tp)) for name in parts]  # bad --on / --tp: one line before any work
-    cast = parse_dtype(args.dtype, "--dtype") if args.dtype else None
-    config = pairs_once(args.config, "--config")
+    build = meta_builder(args, args.dtype)
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
-    model = load_entry(args.entry, device="meta", config=config).model
-    if cast is not None:
-        model = model.to(cast)
+    model = build()
     ids = torch.zeros(1, args.prompt, dtype=torch.int64, device="meta")
     progress(args, f"counting generate() of {args.new} new tokens after a {args.prompt}-token prompt (meta) ...")
     stage(args, f"the generation count of {args.entry}")
@@ -72,3 +70,49 @@ def run_serve(args: argparse.Namespace, emit: Callable[[str, argparse.Namespace]
         text = "\n\n".join([heading] + [render(r, args.format) for r in results])
     emit(text, args)
     return EXIT_OK if facts.complete else EXIT_INCOMPLETE
+
+
+def count_generation_command(run: Any, args: argparse.Namespace, label: str) -> int:
+    """``count --generate N``: prefill plus N-1 decode steps, rendered once."""
+    import torch
+
+    from flopcount.generation.count import count_generation
+    from flopcount.report.render import render_generation
+
+    if args.backward or args.plot or args.optimizer:
+        raise UsageError("--generate counts inference only: drop --backward, --optimizer and --plot")
+    prompt = run.inputs[0] if isinstance(run.inputs, tuple) and len(run.inputs) == 1 else run.inputs
+    if not isinstance(prompt, torch.Tensor):
+        raise UsageError("--generate needs one prompt tensor: --input BATCHxLENGTH:int64 (token ids)")
+    progress(args, f"counting generate() of {args.generate} new tokens after a {tuple(prompt.shape)} prompt ...")
+    stage(args, f"the generation count of {label} ({args.generate} new tokens)")
+    with _without_cache_rename_notice():
+        result = count_generation(run.model, prompt, new_tokens=args.generate, kwargs=run.kwargs)
+    emit(render_generation(result, args.format, entry=label), args)
+    return EXIT_OK
+
+
+class _CacheRenameFilter:
+    """Drops transformers' "`past_key_values`/`cache_params` are deprecated" log line: it
+    is about the argument name flopcount's decoding loop passes, not about the user's code."""
+
+    def filter(self, record: Any) -> bool:
+        return "are deprecated. Use `cache` instead" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_cache_rename_notice() -> Iterator[None]:
+    """transformers' notices that ``past_key_values`` is now called ``cache`` (a log line, and a
+    FutureWarning on some models' forward), silenced for this call only: the filters go after."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("transformers.utils.generic")
+    notice = _CacheRenameFilter()
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+            yield
+    finally:
+        logger.removeFilter(notice)

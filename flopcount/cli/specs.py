@@ -132,11 +132,8 @@ def _scalar(text: str, raw: str) -> Optional[ScalarArg]:
             article = "an" if kind == "int" else "a"
             raise UsageError(f"bad --kwarg {raw!r}: {rest!r} is not {article} {kind}; {KWARG_HELP}") from None
         return ScalarArg(rest)
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return ScalarArg(lowered == "true")
-    if lowered in ("none", "null"):
-        return ScalarArg(None)
+    if value.lower() in ("true", "false", "none", "null"):
+        return ScalarArg(_typed(value))
     if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)", value):
         return ScalarArg(float(value))
     return None
@@ -226,6 +223,44 @@ def did_you_mean(word: str, names: Iterable[str]) -> str:
 
 
 # --------------------------------------------------------------------------- tensors
+
+
+def make_inputs(
+    specs: Sequence[Any], kw_specs: Dict[str, Any], device: str, seed: int = 0, high: Optional[int] = None
+) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """The call's inputs from SPECs (``--input``, ``--kwarg``: a ScalarArg is its value): random
+    from ``seed`` (integers below ``high``), integer masks all ones; an input that cannot be
+    allocated is a UsageError naming its flag."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def make(spec: Any, label: str, ones: bool = False) -> Any:
+        if isinstance(spec, ScalarArg):
+            return spec.value
+        try:
+            return make_tensor(spec, device=device, high=high, generator=generator, ones=ones)
+        except (RuntimeError, MemoryError) as exc:
+            size = math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
+            hint = "; --device meta counts without allocating" if device != "meta" else ""
+            raise UsageError(
+                f"{label}: cannot allocate the input on {device} ({size / 1e9:.3g} GB): "
+                f"{type(exc).__name__}: {_clip(' '.join(str(exc).split()), 240)}{hint}"
+            ) from exc
+
+    inputs = tuple(make(spec, f"--input {spec}") for spec in specs)
+    kwargs = {
+        name: make(spec, f"--kwarg {name}={spec}", "mask" in name.lower() and _integral(spec))
+        for name, spec in kw_specs.items()
+    }
+    return inputs, (kwargs or None)
+
+
+def _integral(spec: Any) -> bool:
+    dtype = getattr(spec, "dtype", None)
+    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def token_range(model: nn.Module) -> Optional[int]:

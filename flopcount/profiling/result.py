@@ -118,7 +118,7 @@ class ProfileResult(FromWarnings, BookedRows):
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    # Renderers live in flopcount.report (profile, chrome_trace, roofline_plot), reached
+    # Renderers live in flopcount.report (profile, roofline_plot), reached
     # through flopcount.core.rendering so this module stays data.
     def table(self, by: str = "operator", limit: Optional[int] = 25) -> str:
         return render(self, "table", by=by, limit=limit)

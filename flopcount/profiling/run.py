@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import tempfile
+import threading
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import torch
 from torch import nn
 
-from flopcount.bench.device import borrowed_model, move_inputs, refuse_data_less, resolve_device, synchronize
+from flopcount.bench.device import real_run, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import PreparedCall, prepare_call
+from flopcount.core.inputs import PreparedCall
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.devices import roofs_for
 from flopcount.devices.measured import raise_to_achieved
 from flopcount.devices.roofline import Roofs
@@ -27,12 +28,43 @@ from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
-from flopcount.profiling.threads import one_at_a_time
 from flopcount.step.loss import backward_roots, differentiable, unique_tensors
 from flopcount.tracers import dispatch, shared_tensor_copy
 from flopcount.tracers.fake.copies import has_lazy_parameters
 
 __all__ = ["profile"]
+
+# One profile at a time in this process.
+#
+# torch's profiler is process-wide: two ``torch.profiler.profile`` sessions started from two
+# threads at once crash the process (a segmentation fault on torch 2.13, measured with two
+# threads each profiling a small model). :func:`one_at_a_time` makes the second thread's
+# ``profile`` wait for the first; a ``profile`` started on a thread that is already profiling
+# (from the model's forward or the loss) is a :class:`~flopcount.errors.UsageError`.
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_LOCK = threading.Lock()
+_holder: List[int] = []  # the thread now profiling (empty when none)
+
+
+def one_at_a_time(function: _F) -> _F:
+    """``function`` holding the process's profiling lock while it runs."""
+
+    @functools.wraps(function)
+    def exclusive(*args: Any, **kwargs: Any) -> Any:
+        if _holder and _holder[0] == threading.get_ident():
+            raise UsageError(
+                f"{function.__name__}() was called while this thread is already inside {function.__name__}() "
+                "(from the model's forward or loss_fn): torch's profiler cannot run inside itself"
+            )
+        with _LOCK:
+            _holder.append(threading.get_ident())
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _holder.clear()
+
+    return cast(_F, exclusive)
 
 
 @one_at_a_time
@@ -90,17 +122,15 @@ def profile(
         # as count_flops: the run materialises a copy's lazy modules, not the caller's; a
         # first plain step materialises them (the join step's trace would restore their hooks)
         model = shared_tensor_copy(model)
-    call = prepare_call(inputs, kwargs)
-    refuse_data_less(model, call, "profile")
-    dev = resolve_device(model, call, device)
+    borrowed = real_run(model, inputs, kwargs, device, "profile")
+    dev = borrowed.device
     roof = roofs_for(dev, roofs)
     table = registry if registry is not None else default_registry()
-    run_call = move_inputs(call, dev)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with preserved_rng(), preserved_inputs(list(call.tensors)), borrowed_model(model, dev) as on_device:
-        step = _Step(on_device, run_call, backward, loss_fn, dev)
+    with borrowed.borrow(model) as on_device:
+        step = _Step(on_device, borrowed.run, backward, loss_fn, dev)
         for _ in range(max(warmup, int(lazy))):
             step.fresh()
             step()

@@ -6,7 +6,6 @@ a reading's ``table()`` / ``to_dict()`` / ``__str__`` reach them without importi
 from . import (
     bench,
     budget,
-    chrome_trace,
     devices,
     diff,
     export,
@@ -21,6 +20,6 @@ from . import (
 )
 
 __all__ = [
-    "bench", "budget", "chrome_trace", "devices", "diff", "export", "generation", "memory", "plan", "profile",
+    "bench", "budget", "devices", "diff", "export", "generation", "memory", "plan", "profile",
     "roofline_plot", "serving", "table", "tree",
 ]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
-from flopcount.units import escape_markdown, show_value
+from flopcount.report.table import grid
+from flopcount.units import show_value
 
 if TYPE_CHECKING:
     from flopcount.budget.check import BudgetReport
@@ -24,6 +23,4 @@ def budget_table(report: BudgetReport, fmt: str = "simple") -> str:
         [line.name, show_value(line.limit, line.unit), _BOUND_MARK[line.bound] + show_value(line.actual, line.unit), line.status]
         for line in report.lines
     ]
-    if fmt == "github":
-        rows = [[escape_markdown(cell) for cell in row] for row in rows]
-    return tabulate(rows, headers=["Budget", "Limit", "Actual", "Status"], tablefmt=fmt, colalign=("left", "right", "right", "left"))
+    return grid(rows, ["Budget", "Limit", "Actual", "Status"], fmt, ("left", "right", "right", "left"))

@@ -23,13 +23,13 @@ _NAMES = {"params": "Params", "count": "Calls", "macs": "MACs", "flops": "FLOPs"
 
 
 def _table(rows: Any, *, headers: Sequence[str], colalign: Sequence[str], tablefmt: str = "simple") -> str:
-    """A table of cells that are already text: GitHub markdown written directly (tabulate's
-    type sniffing took 0.2 s on a 70B diff's rows), the text form through tabulate."""
+    """A table of cells that are already text: GitHub markdown written directly, each cell
+    escaped (tabulate's type sniffing took 0.2 s on a 70B diff's rows), the text form through tabulate."""
     if tablefmt != "github":
         return tabulate(rows, headers=headers, colalign=colalign, disable_numparse=True)
     rule = {"left": ":---", "right": "---:"}
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(rule.get(a, "---") for a in colalign) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(escape_markdown(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -63,7 +63,7 @@ def percent(row: Change, metric: str) -> str:
     return "new" if delta else "-"
 
 
-def _rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
+def _rows(rows: Sequence[Change]) -> List[List[str]]:
     """A module row (name, type, status, Δ params) or an operator row (name, status, Δ calls),
     then Δ MACs, FLOPs of A and of B, Δ FLOPs, Δ FLOPs % and Δ bytes."""
     out = []
@@ -78,7 +78,7 @@ def _rows(rows: Sequence[Change], markdown: bool) -> List[List[str]]:
             show("flops", row.before("flops") if row.a is not None else None), show("flops", row.after("flops") if row.b is not None else None),
             signed("flops", row.delta("flops")), percent(row, "flops"), signed("bytes", row.delta("bytes")),
         ]
-        out.append([escape_markdown(c) for c in cells] if markdown else cells)
+        out.append(cells)
     return out
 
 
@@ -90,13 +90,9 @@ _OPERATOR_HEADERS = ["Operator", "Status", "Δ Calls", "Δ MACs", "FLOPs A", "FL
 _OPERATOR_ALIGN = ("left", "left", "right", "right", "right", "right", "right", "right", "right")
 
 
-def _totals_rows(diff: DiffResult, markdown: bool) -> List[List[str]]:
-    rows = []
-    for metric in diff.metrics:
-        t = diff.totals
-        cells = [_NAMES[metric], show(metric, t.before(metric)), show(metric, t.after(metric)), signed(metric, t.delta(metric)), percent(t, metric)]
-        rows.append([escape_markdown(c) for c in cells] if markdown else cells)
-    return rows
+def _totals_rows(diff: DiffResult) -> List[List[str]]:
+    t = diff.totals
+    return [[_NAMES[m], show(m, t.before(m)), show(m, t.after(m)), signed(m, t.delta(m)), percent(t, m)] for m in diff.metrics]
 
 
 _TOTAL_HEADERS = ["Metric", "A", "B", "Δ", "Δ %"]
@@ -141,16 +137,16 @@ def diff_table(diff: DiffResult, max_depth: Optional[int] = None, top: Optional[
     """Totals, the changed modules (all, in module order; or the ``top`` largest changes),
     the changed operators, then the notes and the convention."""
     parts = [_heading(diff), summary_line(diff), "",
-             _table(_totals_rows(diff, False), headers=_TOTAL_HEADERS, colalign=_TOTAL_ALIGN)]
+             _table(_totals_rows(diff), headers=_TOTAL_HEADERS, colalign=_TOTAL_ALIGN)]
     rows = diff.top_changes(top, max_depth) if top is not None else diff.changed_modules(max_depth)
     if rows:
         title = f"Top {len(rows)} module changes" if top is not None else f"Changed modules ({len(rows)})"
         unchanged = diff.counts()["unchanged"]
         parts += ["", title + (f"; {unchanged} unchanged not shown" if unchanged and top is None else ""),
-                  _table(_rows(rows, False), headers=_MODULE_HEADERS, colalign=_MODULE_ALIGN)]
+                  _table(_rows(rows), headers=_MODULE_HEADERS, colalign=_MODULE_ALIGN)]
     ops = [row for row in diff.operators if row.changed]
     if operators and ops:
-        parts += ["", f"Changed operators ({len(ops)})", _table(_rows(ops, False), headers=_OPERATOR_HEADERS, colalign=_OPERATOR_ALIGN)]
+        parts += ["", f"Changed operators ({len(ops)})", _table(_rows(ops), headers=_OPERATOR_HEADERS, colalign=_OPERATOR_ALIGN)]
     parts += [""] + _notes(diff) + ["Δ = B - A; " + CONVENTION]
     return "\n".join(parts)
 
@@ -162,21 +158,21 @@ def diff_markdown(diff: DiffResult, max_depth: Optional[int] = None, top: int = 
     parts = [
         f"### flopcount diff: `{escape_markdown(diff.a_label)}` → `{escape_markdown(diff.b_label)}`",
         f"**{escape_markdown(summary_line(diff))}**",
-        _table(_totals_rows(diff, True), headers=_TOTAL_HEADERS, tablefmt="github", colalign=_TOTAL_ALIGN),
+        _table(_totals_rows(diff), headers=_TOTAL_HEADERS, tablefmt="github", colalign=_TOTAL_ALIGN),
     ]
     best = diff.top_changes(top, max_depth)
     if best:
         parts += [f"#### Top {len(best)} module changes",
-                  _table(_rows(best, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
+                  _table(_rows(best), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
     every = diff.changed_modules(max_depth)
     if every:
         parts.append(f"<details><summary>All changed modules ({len(every)})</summary>\n\n"
-                     + _table(_rows(every, True), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)
+                     + _table(_rows(every), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)
                      + "\n\n</details>")
     ops = [row for row in diff.operators if row.changed]
     if ops:
         parts.append(f"<details><summary>Changed operators ({len(ops)})</summary>\n\n"
-                     + _table(_rows(ops, True), headers=_OPERATOR_HEADERS, tablefmt="github", colalign=_OPERATOR_ALIGN)
+                     + _table(_rows(ops), headers=_OPERATOR_HEADERS, tablefmt="github", colalign=_OPERATOR_ALIGN)
                      + "\n\n</details>")
     notes = [f"- {escape_markdown(n)}" for n in _notes(diff)]
     if notes:
@@ -250,7 +246,5 @@ def growth_table(report: GrowthReport, fmt: str = "simple") -> str:
         change = signed(metric, line.delta) + ("" if rel is None else f" ({100 * rel:+.2f}%)")
         rows.append([line.metric, show(metric, line.baseline), ("~ " if line.bound != "exact" else "") + show(metric, line.current),
                      change, str(line.allowance), str(line.status)])
-    if fmt == "github":
-        rows = [[escape_markdown(c) for c in row] for row in rows]
     return _table(rows, headers=["Growth", "Baseline", "Current", "Change", "Allowed", "Status"], tablefmt=fmt,
                     colalign=("left", "right", "right", "right", "right", "left"))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
+from flopcount.report.table import grid
 from flopcount.types import CONVENTION
 from flopcount.units import format_bytes, format_count, with_unit
 
@@ -38,8 +37,7 @@ def _rows(result: GenerationResult) -> List[List[str]]:
 @renders("GenerationResult", "table")
 def generation_table(result: GenerationResult, fmt: str = "simple") -> str:
     """Prefill, decode and total rows, then the KV cache, parameters and the convention."""
-    table = tabulate(_rows(result), headers=["phase", "work", "MACs", "FLOPs", "per token"], tablefmt=fmt,
-                     colalign=("left", "left", "right", "right", "left"))
+    table = grid(_rows(result), ["phase", "work", "MACs", "FLOPs", "per token"], fmt, ("left", "left", "right", "right", "left"))
     params = result.prefill
     active = "" if params.parameters.active is None else f" ({format_count(params.active_params)} active per token)"
     lines = [

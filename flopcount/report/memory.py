@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
+from flopcount.report.table import grid
 from flopcount.units import format_bytes, format_count, format_share
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ def breakdown_table(estimate: MemoryEstimate, fmt: str = "simple") -> str:
         [_LABELS.get(key, key), format_bytes(value), format_share(value, estimate.peak_bytes)] for key, value in parts.items()
     ]
     rows.append(["peak", format_bytes(estimate.peak_bytes), format_share(estimate.peak_bytes, estimate.peak_bytes)])
-    return tabulate(rows, headers=["At peak", "Bytes", "Share"], tablefmt=fmt, colalign=("left", "right", "right"))
+    return grid(rows, ["At peak", "Bytes", "Share"], fmt, ("left", "right", "right"))
 
 
 #: what a peak is made of, in the order the one-line summary names them
@@ -61,25 +60,13 @@ _STEP = {"inference": "an inference step", "forward+backward": "a forward + back
 def memory_table(estimate: MemoryEstimate, max_depth: Optional[int] = 1, fmt: str = "simple") -> str:
     """The breakdown at the peak, then one row per module that ran (down to ``max_depth``)
     with its retained activations and its own peak, then a footer naming the step."""
-    rows = []
-    for info in estimate.modules:
-        if not info.calls or (max_depth is not None and info.depth > max_depth):
-            continue
-        rows.append(
-            [
-                info.name or "(model)",
-                info.type_name,
-                info.calls,
-                format_bytes(info.activation_bytes),
-                format_bytes(info.peak_bytes),
-            ]
-        )
-    modules = tabulate(
-        rows,
-        headers=["Module", "Type", "Calls", "Activations kept", "Peak while running"],
-        tablefmt=fmt,
-        colalign=("left", "left", "right", "right", "right"),
-    )
+    rows = [
+        [info.name or "(model)", info.type_name, info.calls, format_bytes(info.activation_bytes), format_bytes(info.peak_bytes)]
+        for info in estimate.modules
+        if info.calls and (max_depth is None or info.depth <= max_depth)
+    ]
+    modules = grid(rows, ["Module", "Type", "Calls", "Activations kept", "Peak while running"], fmt,
+                   ("left", "left", "right", "right", "right"))
     return "\n\n".join([breakdown_table(estimate, fmt), modules, "\n".join(_footer(estimate))])
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
+from flopcount.report.table import grid
 from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
@@ -65,20 +64,17 @@ def _batch(result: PlanResult) -> List[str]:
 
 
 @renders("PlanResult", "table")
-def plan_table(result: PlanResult) -> str:
-    parts = [_header(result), *_batch(result)]
+def plan_table(result: PlanResult, markdown: bool = False) -> str:
+    """The header, each section's table, the notes; ``markdown``: as a GitHub comment."""
+    parts = [f"**{_header(result)}**" if markdown else _header(result), *(f"\n{line}" if markdown else line for line in _batch(result))]
     for title, headers, rows in _sections(result):
         if rows:
-            parts.append(f"\n{title}\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
-    parts.extend(f"note: {note}" for note in result.notes)
+            heading = f"\n*{title}*\n\n" if markdown else f"\n{title}\n"
+            parts.append(heading + grid(rows, headers, "github" if markdown else "simple", disable_numparse=True))
+    parts.extend(f"\n> note: {note}" if markdown else f"note: {note}" for note in result.notes)
     return "\n".join(parts)
 
 
 @renders("PlanResult", "markdown")
 def plan_markdown(result: PlanResult) -> str:
-    parts = [f"**{_header(result)}**", *(f"\n{line}" for line in _batch(result))]
-    for title, headers, rows in _sections(result):
-        if rows:
-            parts.append(f"\n*{title}*\n\n" + tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
-    parts.extend(f"\n> note: {note}" for note in result.notes)
-    return "\n".join(parts)
+    return plan_table(result, markdown=True)

@@ -154,8 +154,7 @@ def draw_figure(
     ax.set_yticks(range(len(values)), labels, fontsize=8)
     for i, value in enumerate(values):
         ax.text(value, i, f"  {format_count(value)} ({format_share(value, result.flops)})", va="center", fontsize=8)
-    ax.set_xlim(0, max(values, default=1) * 1.25)
-    ax.set_xlabel("FLOPs")
+    ax.set(xlim=(0, max(values, default=1) * 1.25), xlabel="FLOPs")
     ax.xaxis.set_major_formatter(lambda x, _pos: format_count(x, digits=1))
     ax.spines[["top", "right"]].set_visible(False)
     where = "" if chosen is None else f" at depth {chosen}" + (" (chosen)" if depth is None else "")
@@ -190,10 +189,8 @@ def _budget_panel(ax: Any, budget: BudgetReport, complete: bool) -> None:
     for i, (line, status, value) in enumerate(zip(lines, statuses, shown)):
         text = f"  {status}  {show_value(line.actual, line.unit)} of {show_value(line.limit, line.unit)}"
         ax.text(value, i, text, va="center", fontsize=8, color=_STATUS_COLOURS[status], fontweight="bold")
-    ax.set_xlim(0, right * 1.45)
-    ax.set_ylim(-0.6, len(lines) - 0.1)
+    ax.set(xlim=(0, right * 1.45), ylim=(-0.6, len(lines) - 0.1), xlabel="actual / limit")
     ax.xaxis.set_major_formatter(lambda x, _pos: f"{100 * x:.0f}%")
-    ax.set_xlabel("actual / limit")
     ax.spines[["top", "right"]].set_visible(False)
     passed = sum(status == "PASS" for status in statuses)
     verdict = budget.status
@@ -209,8 +206,7 @@ def _latency_panel(ax: Any, latencies_ms: Sequence[float]) -> None:
     ax.hist(latencies_ms, bins=bins, color="#6a9f58", edgecolor="white", linewidth=0.4)
     for value, name, style in ((median, "median", "-"), (p90, "p90", "--"), (p99, "p99", ":")):
         ax.axvline(value, color="#333333", linestyle=style, linewidth=1.2, label=f"{name} {format_ms(value)}")
-    ax.set_xlabel("latency per call (ms)")
-    ax.set_ylabel("calls")
+    ax.set(xlabel="latency per call (ms)", ylabel="calls")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
@@ -261,8 +257,7 @@ def draw_sunburst(result: FlopResult, *, max_depth: int = 3, title: str = "") ->
             label = m.name.rsplit(".", 1)[-1] + f"\n{format_share(flops, total)}"
             ax.text(radius * math.cos(middle), radius * math.sin(middle), label, ha="center", va="center", fontsize=7)
     outer = ring * (max_depth + 1)
-    ax.set_xlim(-outer, outer)
-    ax.set_ylim(-outer, outer)
+    ax.set(xlim=(-outer, outer), ylim=(-outer, outer))
     heading = f"FLOPs by module, depth 1-{max_depth} from the centre out"
     ax.set_title(f"{title}\n{heading}" if title else heading, fontsize=10, loc="left")
     return figure

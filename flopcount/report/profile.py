@@ -1,17 +1,18 @@
-"""Tables, CSV and overview text of a profile (measured time joined with counted cost)
-and of a prediction (roofline lower bounds)."""
+"""Tables, CSV and overview text of a profile (measured time joined with counted cost) and of a
+prediction (roofline lower bounds); the profiler's Chrome trace with flopcount's figures in each
+joined op event's ``args`` (Perfetto and the TensorBoard profiler plugin show them beside the event)."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
-
-from tabulate import tabulate
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from flopcount.core.rendering import renders
 from flopcount.devices.roofline import PROFILE_CONVENTION
-from flopcount.units import escape_markdown, format_bytes, format_count, format_seconds
+from flopcount.report.table import grid
+from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.profiling.predict import PredictResult
@@ -50,21 +51,10 @@ def overview_line(result: ProfileResult) -> str:
     """One line per step: where the step's time went."""
     o = result.overview
     step = o.step_s or 1.0
-
-    def part(label: str, value: float) -> str:
-        return f"{label} {format_seconds(value)} ({100 * value / step:.1f}%)"
-
-    return (
-        f"Step {format_seconds(o.step_s)}: "
-        + ", ".join(
-            (
-                part("ops with FLOPs", o.flops_s),
-                part("data movement", o.data_movement_s),
-                part("other ops", o.other_s),
-                part("host time not covered by ops", o.host_uncovered_s),
-            )
-        )
-    )
+    parts = {"ops with FLOPs": o.flops_s, "data movement": o.data_movement_s, "other ops": o.other_s,
+             "host time not covered by ops": o.host_uncovered_s}
+    return f"Step {format_seconds(o.step_s)}: " + ", ".join(
+        f"{label} {format_seconds(value)} ({100 * value / step:.1f}%)" for label, value in parts.items())
 
 
 def _header(by: str, timing: str) -> List[str]:
@@ -72,12 +62,10 @@ def _header(by: str, timing: str) -> List[str]:
             "achieved FLOP/s", "FLOP/B", "bound", "attainable", "efficiency"]
 
 
-def _cells(row: ProfileRow, by: str, total: float, markdown: bool) -> List[str]:
-    text = escape_markdown if markdown else str
-    first = row.module or "<model>" if by == "module" else row.name
-    cells = [text(first)]
+def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
+    cells = [row.module or "<model>" if by == "module" else row.name]
     if by == "op":
-        cells += [text(row.module or "<root>"), row.phase]
+        cells += [row.module or "<root>", row.phase]
     cells += [
         f"{row.calls:g}",
         format_count(row.flops),
@@ -119,20 +107,19 @@ def data_movement_table(result: ProfileResult, *, limit: Optional[int] = 10, fmt
     if not rows:
         return ""
     shown = rows if limit is None else rows[:limit]
-    text = escape_markdown if fmt == "github" else str
     total = result.total_time_s
-    body = tabulate(
+    body = grid(
         [
-            [text(r.name), f"{r.calls:g}", format_bytes(r.bytes),
+            [r.name, f"{r.calls:g}", format_bytes(r.bytes),
              format_seconds(r.measured_s) + (APPORTIONED if r.time_source != "measured" else ""),
              f"{100 * r.measured_s / total:.1f}%" if total > 0 else "-",
              format_count(r.achieved_bytes_per_s) + "B/s" if r.achieved_bytes_per_s else "-",
              format_seconds(r.attainable_s), _efficiency_cell(r)]
             for r in shown
         ],
-        headers=["data movement (no FLOPs)", "calls", "bytes", f"time ({result.timing})", "share", "achieved bandwidth",
-                 "attainable", "efficiency"],
-        tablefmt=fmt,
+        ["data movement (no FLOPs)", "calls", "bytes", f"time ({result.timing})", "share", "achieved bandwidth", "attainable",
+         "efficiency"],
+        fmt,
         disable_numparse=True,
     )
     more = f"\n... {len(rows) - limit} more data-movement ops" if limit is not None and len(rows) > limit else ""
@@ -150,12 +137,7 @@ def profile_table(
         rows.sort(key=lambda r: -r.measured_s)
     total = result.total_time_s
     shown = rows if limit is None else rows[:limit]
-    body = tabulate(
-        [_cells(r, by, total, fmt == "github") for r in shown],
-        headers=_header(by, result.timing),
-        tablefmt=fmt,
-        disable_numparse=True,
-    )
+    body = grid([_cells(r, by, total) for r in shown], _header(by, result.timing), fmt, disable_numparse=True)
     lines = [body]
     if limit is not None and len(rows) > limit:
         lines.append(f"... {len(rows) - limit} more rows (limit={limit})")
@@ -215,16 +197,15 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     """The per-operator lower bounds, largest first, and the total."""
     rows: Sequence[Any] = list(result.by_operator().values())
     shown = rows if limit is None else rows[:limit]
-    text = escape_markdown if fmt == "github" else str
-    body = tabulate(
+    body = grid(
         [
-            [text(r.name), f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
+            [r.name, f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
              r.bound if r.latency_s > 0 else "-",
              format_seconds(r.latency_s), f"{100 * r.latency_s / result.latency_s:.1f}%" if result.latency_s else "-"]
             for r in shown
         ],
-        headers=["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound", "share"],
-        tablefmt=fmt,
+        ["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound", "share"],
+        fmt,
         disable_numparse=True,
     )
     lines = [
@@ -253,12 +234,8 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
 
     from flopcount.report.html import page
 
-    body = tabulate(
-        [_cells(r, by, result.total_time_s, False) for r in _rows_for(result, by, depth)],
-        headers=_header(by, result.timing),
-        tablefmt="html",
-        disable_numparse=True,
-    )
+    rows = [_cells(r, by, result.total_time_s) for r in _rows_for(result, by, depth)]
+    body = grid(rows, _header(by, result.timing), "html", disable_numparse=True)
     notes = [*marks_lines(_rows_for(result, by)), overview_line(result), f"Roofs: {result.roofs.describe()}",
              *unmatched_lines(result)]
     figure = ""
@@ -270,3 +247,34 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
         figure = "<p>(install matplotlib for the roofline plot)</p>"
     movement = data_movement_table(result, limit=None, fmt="html") if by != "module" else ""
     return page(f"flopcount profile: {entry}", [*(f"<p>{html.escape(line)}</p>" for line in notes), figure, body, movement])
+
+
+def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[str, Any]]) -> Dict[str, Any]:
+    """A copy of ``trace`` whose CPU op events (matched by the profiler's ``External id``,
+    the ``FunctionEvent.id`` of the joined top-level op) carry the given extra ``args``;
+    a figure that does not apply (a view's efficiency and intensity) is null. Seconds
+    (``attainable_s``) are written in the trace's unit, microseconds (``attainable_us``)."""
+    data = copy.deepcopy(dict(trace))
+    for event in data.get("traceEvents", ()):
+        if not isinstance(event, dict) or event.get("cat") != "cpu_op":
+            continue
+        args = event.get("args")
+        if not isinstance(args, dict):
+            continue
+        extra = args_by_id.get(args.get("External id", -1))
+        if extra is not None:
+            # None stays (JSON null): a view's efficiency is "none", not 0.0
+            args.update((_US.get(key, key), value * 1e6 if key in _US else value) for key, value in extra.items())
+    return data
+
+
+#: figures in seconds in the data -> their name in the trace's microseconds
+_US = {"attainable_s": "attainable_us"}
+
+
+@renders("ProfileResult", "chrome_trace")
+def profile_chrome_trace(result: ProfileResult) -> Dict[str, Any]:
+    """The profile's kept Chrome trace with each joined op's figures (``ProfileResult.trace_args``)."""
+    if result.trace is None:
+        raise ValueError("this profile kept no trace (profile(..., keep_trace=False))")
+    return enriched_trace(result.trace, result.trace_args)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Dict, Optional
-
-from tabulate import tabulate
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from flopcount.report.bench import bench_rows, bench_unit
 from flopcount.report.html import html_report
 from flopcount.report.memory import peak_summary
 from flopcount.report.notes import note_lines
-from flopcount.report.table import operator_table
+from flopcount.report.table import grid, operator_table
 from flopcount.units import escape_markdown
 
 if TYPE_CHECKING:
@@ -32,25 +30,20 @@ def result_dict(result: Any, entry: str) -> Dict[str, Any]:
     return {"entry": entry, **result.to_dict()}
 
 
-def render_count(
-    result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False,
-    extra: Optional[Dict[str, Any]] = None,
-) -> str:
-    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html).
-    ``extra``: more top-level sections of the JSON document (``{"memory": {...}}``)."""
+def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False) -> str:
+    """What ``flopcount count`` prints in format ``fmt`` (table, tree, json, csv, markdown, html)."""
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth)
     if fmt == "json":
-        return _json({**result_dict(result, entry), **(extra or {})})
+        return _json(result_dict(result, entry))
     if fmt == "csv":
         return result.to_csv(max_depth=depth)
     if fmt == "tree":
         return result.tree(max_depth=depth)
-    if fmt == "markdown":
-        text = result.to_markdown(max_depth=depth)
-        return text + ("\n" + operator_table(result, fmt="github", footer=False) if operators else "")
-    text = result.table(max_depth=depth)
-    return text + ("\n\n" + operator_table(result, fmt="simple", footer=False) if operators else "")
+    markdown = fmt == "markdown"
+    text = result.to_markdown(max_depth=depth) if markdown else result.table(max_depth=depth)
+    return text + (("\n" if markdown else "\n\n") + operator_table(result, fmt="github" if markdown else "simple", footer=False)
+                   if operators else "")
 
 
 def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry: str, depth: Optional[int] = None) -> str:
@@ -58,8 +51,8 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     if fmt == "json":
         return _json(result_dict(result, entry))
     rows = bench_rows(result, timing)
-    table = tabulate([[label, text] for label, text, _ in rows], headers=["Latency", "Value"],
-                     tablefmt="github" if fmt == "markdown" else "simple", colalign=("left", "right"))
+    table = grid([[label, text] for label, text, _ in rows], ["Latency", "Value"], "github" if fmt == "markdown" else "simple",
+                 ("left", "right"))
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth, sections=[("Latency", table)], latencies_ms=[v * 1e3 for v in timing.stats.samples_s])
     if fmt == "csv":
@@ -83,13 +76,10 @@ def _csv_key(label: str) -> str:
     return label.split(" (")[0].lower().replace(" ", "_")
 
 
-def _overall(report: Optional[BudgetReport], growth: Optional[GrowthReport]) -> str:
+def overall_status(report: Optional[BudgetReport], growth: Optional[GrowthReport]) -> str:
     """The check's one status: FAIL before INCOMPLETE before UNDECIDED before PASS."""
     statuses = [str(r.status) for r in (report, growth) if r is not None]
-    for status in ("FAIL", "INCOMPLETE", "UNDECIDED"):
-        if status in statuses:
-            return status
-    return "PASS"
+    return next((status for status in ("FAIL", "INCOMPLETE", "UNDECIDED") if status in statuses), "PASS")
 
 
 def render_check(
@@ -100,26 +90,19 @@ def render_check(
     entry: str,
     depth: Optional[int] = None,
     memory: Optional[MemoryEstimate] = None,
-    extra: Optional[Dict[str, Any]] = None,
     growth: Optional[GrowthReport] = None,
-    memory_note: Optional[str] = None,
+    planned: Optional[Tuple[int, str]] = None,
 ) -> str:
     """What ``flopcount check`` prints: budget vs actual with PASS/FAIL/INCOMPLETE per line,
     the verdict, growth over the baseline (``growth``, from ``--baseline``), what a memory
-    budget's peak includes (``memory``, or the one line ``memory_note`` for a peak that is
-    not a MemoryEstimate: a plan's), and why the count may be short. The markdown suits a
-    GitHub step summary."""
-    status = _overall(report, growth)
+    budget's peak includes (``memory``; or ``planned``, a plan's peak in bytes and the one line
+    saying what it is of), and why the count may be short. The markdown suits a GitHub step summary."""
+    status = overall_status(report, growth)
     if fmt == "json":
-        data = result_dict(result, entry)
-        data["status"] = status
-        if report is not None:
-            data["budget"] = report.to_dict()
-        if growth is not None:
-            data["baseline"] = growth.to_dict()
-        if memory is not None:
-            data["memory"] = memory.to_dict()
-        data.update(extra or {})
+        sections = {"budget": report, "baseline": growth, "memory": memory}
+        data = {**result_dict(result, entry), "status": status, **{k: s.to_dict() for k, s in sections.items() if s is not None}}
+        if planned is not None:
+            data["memory"] = {"peak_bytes": planned[0], "of": planned[1]}
         return _json(data)
     if fmt == "csv":
         rows = report.to_csv() if report is not None else ""
@@ -131,7 +114,7 @@ def render_check(
         return rows
     heading = f"{entry} | inputs {result.input_description or '()'}"
     notes = note_lines(result, markdown=fmt == "markdown")
-    peak = [peak_summary(memory)] if memory is not None else [memory_note] if memory_note else []
+    peak = [peak_summary(memory)] if memory is not None else [planned[1]] if planned else []
     budget_parts = [] if report is None else [report.table(), report.verdict()]
     growth_title = "" if growth is None else f"against the baseline {growth.diff.a_label}"
     growth_parts = [] if growth is None else [growth_title, growth.table(), growth.verdict()]

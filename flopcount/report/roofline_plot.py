@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Union
+from typing import TYPE_CHECKING, Any, List, Tuple, Union
 
 from flopcount.core.rendering import renders
 from flopcount.report.plot import new_figure
@@ -85,7 +85,11 @@ def _scatter(ax: Any, rows: List[ProfileRow], xs: List[float], ys: List[float], 
                    alpha=0.8 if hollow else 0.55, label=None if label == "measured" else label)
 
 
-def _legend(ax: Any) -> None:
+def _log_axes(ax: Any, xlim: Tuple[float, float], ylim: Tuple[float, float], xlabel: str, ylabel: str, title: str) -> None:
+    """Both panels' log-log axes, limits, labels, title, grid and legend."""
+    ax.set(xscale="log", yscale="log", xlim=xlim, ylim=ylim, xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", ls=":", lw=0.4)
     legend = ax.legend(fontsize=7, loc="lower right")
     handles = getattr(legend, "legend_handles", None) or getattr(legend, "legendHandles", None) or ()
     for handle in handles:
@@ -115,16 +119,10 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
     total = sum(r.measured_s for r in points + moving) or 1.0
     _scatter(ax, points, xs, ys, lambda r: POINT_COLORS[r.bound], total)
     _annotate(ax, points, xs, ys, by, result.total_time_s, label_top)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(low, high)
-    ax.set_ylim(min(ys + [roofs.peak(None)]) / 20, max(roofs.peak_flops.values()) * 3)
-    ax.set_xlabel("arithmetic intensity (FLOPs / byte moved)")
-    ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(f"Roofline: {roofs.device or result.device} (roofs {roofs.source})\n"
-                 "point area = share of the step's time; orange compute-bound, purple memory-bound", fontsize=9)
-    ax.grid(True, which="both", ls=":", lw=0.4)
-    _legend(ax)
+    _log_axes(ax, (low, high), (min(ys + [roofs.peak(None)]) / 20, max(roofs.peak_flops.values()) * 3),
+              "arithmetic intensity (FLOPs / byte moved)", "achieved FLOP/s",
+              f"Roofline: {roofs.device or result.device} (roofs {roofs.source})\n"
+              "point area = share of the step's time; orange compute-bound, purple memory-bound")
     if moving:
         _draw_data_movement(figure.add_subplot(1, 2, 2), result, moving, by, total, label_top)
     figure.tight_layout()
@@ -141,16 +139,10 @@ def _draw_data_movement(ax: Any, result: ProfileResult, rows: List[ProfileRow], 
     placed = [y if y > 0 else bandwidth / 1e6 for y in ys]
     _scatter(ax, rows, xs, placed, lambda r: POINT_COLORS["data movement"], total)
     _annotate(ax, rows, xs, placed, by, result.total_time_s, top)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(min(xs) / 10, max(xs) * 10)
-    ax.set_ylim(min(positive + [bandwidth]) / 20, max(positive + [bandwidth]) * 3)
-    ax.set_xlabel("bytes moved per step")
-    ax.set_ylabel("achieved bandwidth (bytes/s)")
-    ax.set_title("Data movement: ops with no FLOPs (gathers, copies, embedding)\n"
-                 "point area = share of the step's time; efficiency = attainable / time", fontsize=9)
-    ax.grid(True, which="both", ls=":", lw=0.4)
-    _legend(ax)
+    _log_axes(ax, (min(xs) / 10, max(xs) * 10), (min(positive + [bandwidth]) / 20, max(positive + [bandwidth]) * 3),
+              "bytes moved per step", "achieved bandwidth (bytes/s)",
+              "Data movement: ops with no FLOPs (gathers, copies, embedding)\n"
+              "point area = share of the step's time; efficiency = attainable / time")
 
 
 @renders("ProfileResult", "roofline_plot")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
+from flopcount.report.table import grid
 from flopcount.units import format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
@@ -31,8 +30,7 @@ def serve_table(result: ServeResult, fmt: str = "simple") -> str:
          "-" if row.fits is None else ("yes" if row.fits else "NO")]
         for row in result.batches
     ]
-    table = tabulate(rows, headers=["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=",
-                                    "memory", "fits"], tablefmt=fmt)
+    table = grid(rows, ["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=", "memory", "fits"], fmt)
     steps = len(facts.steps)
     context = (f"prompt {facts.prompt_tokens}, {facts.new_tokens} new tokens (decode context "
                f"{facts.prompt_tokens + 1}..{facts.prompt_tokens + steps})" if steps else
@@ -111,9 +109,7 @@ def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[in
             ax.annotate(f"memory wall {result.max_batch}", (result.max_batch, max(ys) * 0.05), color=colour,
                         rotation=90, fontsize=8)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch (sequences)")
-    ax.set_ylabel("decode tokens/s ceiling (all sequences)")
+    ax.set(yscale="log", xlabel="batch (sequences)", ylabel="decode tokens/s ceiling (all sequences)")
     first = results[0].facts
     ax.set_title(f"prompt {first.prompt_tokens}, {first.new_tokens} new tokens: ceilings (any implementation)")
     ax.legend(fontsize=8)

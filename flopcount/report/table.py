@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from tabulate import tabulate
 
@@ -13,6 +13,15 @@ from flopcount.units import SIZE_UNITS, escape_markdown, format_bytes, format_co
 
 if TYPE_CHECKING:
     from flopcount.core.results import FlopResult
+
+
+def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simple", align: Optional[Sequence[str]] = None,
+         **options: Any) -> str:
+    """The one table of the reports: ``rows`` under ``headers`` in tabulate's ``fmt`` (``align``: each
+    column's), every cell escaped in a GitHub markdown table (``|`` would end the cell)."""
+    if fmt == "github":
+        rows = [[escape_markdown(cell) for cell in row] for row in rows]
+    return tabulate(rows, headers=headers, tablefmt=fmt, colalign=align, **options)
 
 
 def phases_label(result: FlopResult) -> str:
@@ -72,7 +81,7 @@ def phase_table(result: FlopResult, fmt: str = "simple") -> str:
         [phase, format_count(macs[phase]), format_count(flops[phase]), format_share(flops[phase], result.flops)] for phase in flops
     ]
     rows.append([f"total ({phases_label(result)})", format_count(result.macs), format_count(result.flops), format_share(result.flops, result.flops)])
-    return tabulate(rows, headers=["Phase", "MACs", "FLOPs", "FLOPs %"], tablefmt=fmt, colalign=("left", "right", "right", "right"))
+    return grid(rows, ["Phase", "MACs", "FLOPs", "FLOPs %"], fmt, ("left", "right", "right", "right"))
 
 
 @renders("FlopResult", "table")
@@ -99,14 +108,12 @@ def module_table(
                 format_share(totals.flops, total),
             ]
         )
-    if fmt == "github":
-        rows = [[escape_markdown(cell) for cell in row] for row in rows]
     phases = len(result.by_phase()) > 1
     headers = ["Module", "Type", "Params", "MACs", "FLOPs", "FLOPs %"]
     if phases:  # the module rows sum every phase: say so in the headers
         short = phases_short(result)
         headers = ["Module", "Type", "Params", f"MACs ({short})", f"FLOPs ({short})", "FLOPs %"]
-    body = tabulate(rows, headers=headers, tablefmt=fmt, colalign=("left", "left", "right", "right", "right", "right"))
+    body = grid(rows, headers, fmt, ("left", "left", "right", "right", "right", "right"))
     if phases:
         body += "\n\n" + phase_table(result, fmt)
     return _finish(body, result, fmt)
@@ -122,12 +129,5 @@ def operator_table(result: FlopResult, fmt: str = "simple", *, footer: bool = Tr
         for op, t in result.operator_totals().items()
     ]
     rows += [[f"{u.op} (no handler)", u.count, "?", "?", "-"] for u in result.unsupported_details()]
-    if fmt == "github":
-        rows = [[escape_markdown(cell) for cell in row] for row in rows]
-    body = tabulate(
-        rows,
-        headers=["Operator", "Calls", "MACs", "FLOPs", "FLOPs %"],
-        tablefmt=fmt,
-        colalign=("left", "right", "right", "right", "right"),
-    )
+    body = grid(rows, ["Operator", "Calls", "MACs", "FLOPs", "FLOPs %"], fmt, ("left", "right", "right", "right", "right"))
     return _finish(body, result, fmt) if footer else body

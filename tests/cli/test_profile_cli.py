@@ -144,3 +144,16 @@ def test_profile_plot_top_sets_the_roofline_labels(workdir, capsys, monkeypatch,
                        "--plot", "roof.png", "-q", *flag)
     assert code == 0, err
     assert drawn == [labels] and (workdir / "roof.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail with ENOSPC)")
+def test_profile_trace_write_failure_is_one_line(workdir, capsys):
+    # --trace passes the early path check (/dev/full exists and is writable) and then fails
+    # with ENOSPC: the user's disk, not a bug of ours. It was reported as an internal error
+    # (exit 4); like --output and --plot it is one line naming the flag, exit 2.
+    code, out, err = cli(capsys, "profile", "prof_models.py:mlp", "-i", "32x256", "--steps", "1", "--roofs", "100G,10G",
+                         "--format", "json", "--trace", "/dev/full", "-q")
+    assert code == 2, err
+    assert json.loads(out)["steps"] == 1  # the report was written before the trace
+    assert err.strip().splitlines()[-1].startswith("flopcount: error: --trace /dev/full: ")
+    assert "internal error" not in err

@@ -1,16 +1,78 @@
-"""The CLI's roofline wiring: ``profile`` (measured time joined with cost), ``count
---on DEVICE`` and ``check --max-latency T --on DEVICE`` (lower bounds)."""
+"""The CLI's latency wiring: measured (``bench`` and ``check --max-latency``: the entry's
+forward timed, with progress on stderr), bounded on a device (``count --on DEVICE`` and
+``check --max-latency T --on DEVICE``: roofline lower bounds) and profiled (``profile``:
+measured time joined with cost per op)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable, Tuple
+import time
+from typing import Any, Callable, Optional, Tuple
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.output import progress
+from flopcount.cli.output import emit, iteration_progress, progress, with_section, written
 from flopcount.cli.parser import EXIT_OK
-from flopcount.errors import UsageError
+from flopcount.errors import FlopcountError, UsageError
+from flopcount.units import format_seconds
+
+__all__ = ["benchmark_entry", "check_timing_args", "predicted_latency_ms", "run_profile", "with_prediction"]
+
+_MIN_TIMED = 10
+_DEFAULT_DURATION = 1.0
+
+
+def check_timing_args(args: argparse.Namespace) -> None:
+    """Refuse flags that would be silently ignored, before any model is built."""
+    if args.iters is not None and args.duration is not None:
+        raise UsageError(
+            f"--iters {args.iters} and --duration {args.duration:g} exclude each other: --iters N times exactly N calls, "
+            f"--duration S times calls until S seconds passed and at least {_MIN_TIMED} ran"
+        )
+
+
+def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
+    if run.device == "meta":
+        raise UsageError("cannot time a model on the meta device (it has no data); use --device cpu or cuda")
+    import torch
+
+    from flopcount.bench.latency import benchmark
+
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
+    duration = _DEFAULT_DURATION if args.duration is None else args.duration
+    timed_calls = (f"exactly {args.iters} timed calls" if args.iters is not None
+                   else f"timed calls until {duration:g} s has passed and at least {_MIN_TIMED} ran")
+    progress(args, f"benchmarking {run.entry} on {run.device}: {args.warmup} untimed warm-up calls, then {timed_calls} ...")
+    stage(args, f"the benchmark of {run.entry} (warm-up and timed calls of its forward)")
+    started = time.monotonic()
+    warm_report = iteration_progress("warm-up")
+
+    def on_warmup(done: int, total: Optional[int]) -> None:
+        if done == 1:
+            first = time.monotonic() - started
+            timed = args.iters * first if args.iters is not None else max(duration, _MIN_TIMED * first)
+            expect = args.warmup * first + timed
+            if expect >= 2.0:  # worth saying; a fast model is done before one could read it
+                timed_text = f"{args.iters}" if args.iters is not None else f"at least {max(_MIN_TIMED, int(duration / first))}"
+                progress(args, f"  the first call took {format_seconds(first, 1)}: expect about {format_seconds(expect, 1)} in all "
+                               f"({args.warmup} warm-up + {timed_text} timed calls)")
+        warm_report(done, total)
+
+    try:
+        result = benchmark(
+            run.model, run.inputs, run.kwargs,
+            warmup=args.warmup, iters=args.iters, budget_s=duration, min_iters=_MIN_TIMED,
+            device=run.device, dtype=dtype, flops=flops, batch_size=args.batch_size,
+            progress=None if args.quiet else iteration_progress(),
+            warmup_progress=None if args.quiet else on_warmup,
+        )
+    except FlopcountError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"the forward of {run.entry} failed during the benchmark: {type(exc).__name__}: {exc}") from exc
+    progress(args, f"timed {result.iters} calls in {result.wall_s:.2f} s (median {result.median_s * 1e3:.3f} ms; "
+                   f"throughput uses batch {result.batch_size}: {result.batch_source})")
+    return result
 
 
 def _predict(run: Any, args: argparse.Namespace, on: str) -> Any:
@@ -30,7 +92,6 @@ def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
     an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
     from flopcount.devices import default_bound
-    from flopcount.units import format_seconds
 
     result = _predict(run, args, args.on)
     kind = getattr(args, "bound", None) or default_bound(result.roofs)
@@ -46,14 +107,7 @@ def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
     from flopcount.report.profile import predict_table
 
     result = _predict(run, args, args.on)
-    if args.format == "json":
-        data = json.loads(text)
-        data["predict"] = result.to_dict()
-        return json.dumps(data, indent=2)
-    if args.format in ("table", "tree", "markdown"):
-        fmt = "github" if args.format == "markdown" else "simple"
-        return text.rstrip("\n") + "\n\n" + predict_table(result, fmt=fmt)
-    raise UsageError(f"--on has no {args.format} form; use --format table, tree, markdown or json")
+    return with_section(text, args.format, "--on", "predict", result.to_dict(), lambda fmt: predict_table(result, fmt=fmt))
 
 
 def _roofs(text: Any) -> Any:
@@ -69,9 +123,7 @@ def _roofs(text: Any) -> Any:
     return Roofs({"float32": float(peak)}, float(bandwidth), "--roofs", "given")
 
 
-def run_profile(
-    args: argparse.Namespace, prepare: Callable[[], Any], emit: Callable[[str, argparse.Namespace], None], label: str
-) -> int:
+def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str) -> int:
     """``flopcount profile``: check the flags, load the model (``prepare``), profile,
     render once, write the trace and the plot."""
     from flopcount.profiling.run import profile
@@ -107,18 +159,13 @@ def run_profile(
         text = profile_table(result, by=args.by, limit=args.top, fmt=fmt, depth=args.depth)
     emit(text, args)
     if args.trace:
-        result.export_chrome_trace(args.trace)
-        progress(args, f"wrote {args.trace}")
+        written(args, "--trace", args.trace, lambda: result.export_chrome_trace(args.trace))
     if args.plot:
-        result.plot_roofline(args.plot, label_top=6 if args.plot_top is None else args.plot_top)
-        progress(args, f"wrote {args.plot}")
+        written(args, "--plot", args.plot, lambda: result.plot_roofline(args.plot, label_top=6 if args.plot_top is None else args.plot_top))
     if args.tensorboard:
         from flopcount.integrations.tensorboard import write_profile_tensorboard
 
         table = profile_table(result, by="operator", limit=args.top, fmt="github")
-        try:
-            write_profile_tensorboard(result, args.tensorboard, label=label, top=args.top, table=table)
-        except OSError as exc:
-            raise UsageError(f"--tensorboard {args.tensorboard}: {exc.strerror or exc}") from exc
-        progress(args, f"wrote the profile to TensorBoard logs in {args.tensorboard}")
+        written(args, "--tensorboard", args.tensorboard, lambda: write_profile_tensorboard(
+            result, args.tensorboard, label=label, top=args.top, table=table), f"wrote the profile to TensorBoard logs in {args.tensorboard}")
     return EXIT_OK
