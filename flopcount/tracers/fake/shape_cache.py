@@ -27,6 +27,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from flopcount.tracers.fake.making import FakeMaker
+
 __all__ = ["ShapeCache"]
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -95,7 +97,7 @@ class ShapeCache:
         self._mode = mode
         self._fake_type: Any = fake_type
         self._results = _RESULTS
-        self._meta = torch.device("meta")
+        self._maker = FakeMaker(mode, fake_type)
         self.hits = 0
         self.misses = 0
         #: op -> why this call stopped answering it from the cache (reported on the trace);
@@ -222,5 +224,4 @@ class ShapeCache:
         return made if tuple_out else made[0]
 
     def _fake(self, shape: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> Any:
-        meta = torch.empty_strided(shape, stride, dtype=dtype, device=self._meta)
-        return self._fake_type(self._mode, meta, device)
+        return self._maker.make(shape, stride, dtype, device)
