@@ -26,6 +26,7 @@ from flopcount.types import ParamSummary
 __all__ = ["ModelFacts", "model_facts"]
 
 ScriptObject = torch.ScriptObject
+_SPECIAL = (ScriptObject, torch.Tensor)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -51,6 +52,9 @@ class ModelFacts:
     #: (module name, module, packed ScriptObject) for each packed-params object, as
     #: :func:`flopcount.core.packed.packed_objects` lists them
     packed_objects: Tuple[Tuple[str, nn.Module, Any], ...] = ()
+    #: (label, tensor) for each tensor a module keeps as a plain attribute (rotary caches,
+    #: masks), in ``modules`` order: what a fake copy fakes besides parameters and buffers
+    tensor_attributes: Tuple[Tuple[str, torch.Tensor], ...] = ()
 
     @cached_property
     def names(self) -> Mapping[nn.Module, str]:
@@ -94,7 +98,8 @@ def model_facts(model: nn.Module) -> ModelFacts:
     chains: Dict[str, List[str]] = {"": [""]}  # a module's name -> it and its prefixes ("" first)
     packed: List[Tuple[str, nn.Module, Any]] = []
     seen_packed: Set[int] = set()
-    plain: Set[type] = set()  # types of attribute values that are not ScriptObjects
+    plain: Set[type] = set()  # types of attribute values that are neither ScriptObjects nor tensors
+    attributes: List[Tuple[str, torch.Tensor]] = []
     lazy = False
     for name, module in model.named_modules(remove_duplicate=False):
         state = vars(module)
@@ -115,19 +120,22 @@ def model_facts(model: nn.Module) -> ModelFacts:
                 if tensor is not None:
                     found.setdefault(id(tensor), tensor)
                     lazy = lazy or is_uninitialized(tensor)
-        # packed quantized weights (core.packed.packed_objects, in the same walk): the types a
-        # module's attributes hold, each type tested once (an isinstance per attribute cost more
-        # than the rest of the walk)
+        # packed quantized weights (core.packed.packed_objects) and tensors kept as plain
+        # attributes, in the same walk: the types a module's attributes hold, each type tested
+        # once (an isinstance per attribute cost more than the rest of the walk)
         kinds = set(map(type, state.values()))
         kinds -= plain
-        if kinds:
-            if not any(issubclass(kind, ScriptObject) for kind in kinds):
-                plain |= kinds
-                continue
-            for value in state.values():
-                if isinstance(value, ScriptObject) and id(value) not in seen_packed and held_tensors(module, value):
-                    seen_packed.add(id(value))
-                    packed.append((name, module, value))
+        if not kinds:
+            continue
+        if not any(issubclass(kind, _SPECIAL) for kind in kinds):
+            plain |= kinds
+            continue
+        for key, value in state.items():
+            if isinstance(value, ScriptObject) and id(value) not in seen_packed and held_tensors(module, value):
+                seen_packed.add(id(value))
+                packed.append((name, module, value))
+            elif isinstance(value, torch.Tensor):
+                attributes.append((f"tensor attribute {key} of module '{name}'", value))
     aliases = {found[0]: tuple(found) for found in every.values() if len(found) > 1}
     return ModelFacts(
         model,
@@ -139,6 +147,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
         lazy,
         packed[0][0] if packed else None,
         tuple(packed),
+        tuple(attributes),
     )
 
 

@@ -68,8 +68,8 @@ _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, t
 # torch's own per-module dictionaries and sets (hooks, state-dict hooks, the registries)
 _STRUCTURE = frozenset({"training", "_parameters", "_buffers", "_modules"}) | hooks.hook_flag_names()
 _OWN = (frozenset(vars(nn.Module())) - _STRUCTURE) | {"forward"}
-# what a tracked module's own key part holds, in this order
-_TRACKED_PARTS = tuple(sorted(_STRUCTURE - {"_modules"}))
+# what a tracked module's own key part holds besides its training flag and tensors: the hook flags
+_FLAGS = tuple(sorted(hooks.hook_flag_names()))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
@@ -759,24 +759,37 @@ class Reuse:
         buffers' metadata, and (untracked modules) its plain attributes; one object for equal
         parts (the 80 layers of a model share theirs: keys compare by identity first)."""
         own = self._tracked.get(id(module))
-        parts: List[Any] = [own or type(module)]
-        # a tracked module: torch's structure only (its plain attributes are keyed when read), looked
-        # up by name rather than found among its thirty-odd attributes
-        items = state.items() if own is None else [(k, state[k]) for k in _TRACKED_PARTS if k in state]
-        for name, value in items:
+        if own is not None:
+            # a tracked module: torch's structure only (its plain attributes are keyed when read),
+            # looked up by name rather than found among its thirty-odd attributes
+            part: Tuple[Any, ...] = (
+                own,
+                state.get("training", _MISSING),
+                self._tensors_part(state.get("_parameters")),
+                self._tensors_part(state.get("_buffers")),
+                tuple(self._attribute(state[k]) if k in state else _MISSING for k in _FLAGS),
+            )
+            return self._interned.setdefault(part, part)
+        parts: List[Any] = [type(module)]
+        for name, value in state.items():
             if name == "_modules":
                 continue  # children: keyed by the caller
             if name in _OWN:
                 if not value or name in hooks.call_hook_names() or name == "forward":
                     continue  # empty hook and state-dict dictionaries; hooks refused above
             if name in ("_parameters", "_buffers"):
-                # raw values: a parameter not faked yet is keyed by its Pending's key, not faked here
-                parts.append((name, tuple((k, None if t is None else t.key if type(t) is Pending else self._tensor(t))
-                                          for k, t in dict.items(value))))
+                parts.append((name, self._tensors_part(value)))
             else:
                 parts.append((name, self._attribute(value)))
-        part = tuple(parts)
-        return self._interned.setdefault(part, part)
+        made = tuple(parts)
+        return self._interned.setdefault(made, made)
+
+    def _tensors_part(self, tensors: Any) -> Tuple[Any, ...]:
+        """A parameter or buffer dictionary's key: raw values (a parameter not faked yet is
+        keyed by its Pending's key, not faked here)."""
+        if not tensors:
+            return () if tensors is not None else _MISSING
+        return tuple((k, None if t is None else t.key if type(t) is Pending else self._tensor(t)) for k, t in dict.items(tensors))
 
     def _attribute(self, value: Any) -> Any:
         kind = type(value)

@@ -350,6 +350,7 @@ def fake_copies(
     modules: Optional[Sequence[Tuple[str, nn.Module]]] = None,
     shared_hooks: Optional[SharedHooks] = None,
     lazy: bool = False,
+    attributes: Optional[Sequence[Tuple[str, torch.Tensor]]] = None,
 ) -> FakeCopy:
     """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
     fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
@@ -358,13 +359,16 @@ def fake_copies(
     ``model.named_modules()`` when the caller has them already; ``shared_hooks``: the modules'
     empty hook dictionaries are that object's shared ones (the caller checks ``touched`` after
     the run); ``lazy``: the modules' parameters and buffers that can be faked the fast way are
-    faked on first use (:class:`LazyTensors`; ``twins`` then lists only those made). Raises
+    faked on first use (:class:`LazyTensors`; ``twins`` then lists only those made);
+    ``attributes``: with ``lazy``, the tensors the modules keep as plain attributes, when the
+    caller has them already (``ModelFacts.tensor_attributes``: no walk of the tree). Raises
     :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
     faker = _Faker(dtype, storages)
     memo: Dict[int, Any] = {}
     lazy = lazy and not storages
     try:
-        for label, tensor in _named_tensors(model, modules, attributes_only=lazy):
+        named = attributes if lazy and attributes is not None else _named_tensors(model, modules, attributes_only=lazy)
+        for label, tensor in named:
             if not is_uninitialized(tensor):
                 memo[id(tensor)] = faker.fake(tensor, label)
         fake_inputs = [faker.fake(t, f"input tensor {i}") for i, t in enumerate(inputs)]

@@ -47,7 +47,10 @@ class FakeMaker:
     ) -> Any:
         """A fake of that metadata (offset 0), with a gradient and a parameter's flag when
         asked. Call it below the fake mode's dispatch (``torch._C._DisableTorchDispatch``)."""
-        meta = torch.empty_strided(shape, stride, dtype=dtype, device=_META)
+        return self.wrap(torch.empty_strided(shape, stride, dtype=dtype, device=_META), device, requires_grad, is_param)
+
+    def wrap(self, meta: torch.Tensor, device: torch.device, requires_grad: bool = False, is_param: bool = False) -> Any:
+        """``meta`` (a meta tensor: its storage is shared) as a fake on ``device``."""
         state = self._states.get(device)
         if state is None or not self._fast:
             return self._slow(meta, device, requires_grad, is_param)
