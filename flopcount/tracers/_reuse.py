@@ -178,7 +178,8 @@ class Reuse:
         self._box = _LogBox()
         self._classes: Dict[type, Optional[type]] = {}
         self._tracked: Dict[int, type] = {}  # id(module) -> its own class, for modules whose reads are logged
-        self._swapped: List[Tuple[nn.Module, type]] = []
+        self._tracking: Dict[int, type] = {}  # id(module) -> its tracking class (swapped in by first calls)
+        self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
         self._interned: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
@@ -248,6 +249,7 @@ class Reuse:
         self._wrapped = []
         self._swapped = []
         self._tracked = {}
+        self._tracking = {}
         self._entries = {}
         self._classes = {}
         self._owns = {}
@@ -255,8 +257,12 @@ class Reuse:
     def _track(self, module: nn.Module) -> None:
         """Log ``module``'s attribute reads while a first call runs, so that its plain
         attributes are keyed only when read (``layer_idx`` differs between layers that use
-        it only to index a cache they were not given): its class is swapped, on the copy,
-        for a subclass of it whose ``__getattribute__`` logs the name first."""
+        it only to index a cache they were not given): while a first call of a subtree that
+        holds it runs (``_swap_in``), its class is swapped, on the copy, for a subclass of it
+        whose ``__getattribute__`` logs the name first. Outside first calls it keeps its own
+        class: most attribute reads of a count (the keys' own, replays' callers, the root's
+        forward: ~3,200 per ResNet-50 count) are made at C speed. The swap is tried here once,
+        so a module whose class cannot be swapped has all its plain attributes keyed."""
         cls = type(module)
         if cls in self._classes:
             made = self._classes[cls]
@@ -268,8 +274,27 @@ class Reuse:
             object.__setattr__(module, "__class__", made)  # a subclass of the module's own class
         except TypeError:
             return
-        self._swapped.append((module, cls))
+        object.__setattr__(module, "__class__", cls)
         self._tracked[id(module)] = cls
+        self._tracking[id(module)] = made
+
+    def _swap_in(self, order: List[nn.Module]) -> List[Tuple[nn.Module, type]]:
+        """The tracking classes on the subtree's tracked modules that do not have them yet (an
+        enclosing first call swapped the others); returns what to give back."""
+        swapped: List[Tuple[nn.Module, type]] = []
+        tracking, tracked = self._tracking, self._tracked
+        for module in order:
+            made = tracking.get(id(module))
+            if made is not None and type(module) is tracked[id(module)]:
+                object.__setattr__(module, "__class__", made)
+                swapped.append((module, tracked[id(module)]))
+        self._swapped.extend(swapped)
+        return swapped
+
+    def _swap_out(self, swapped: List[Tuple[nn.Module, type]]) -> None:
+        for module, cls in reversed(swapped):
+            object.__setattr__(module, "__class__", cls)
+        del self._swapped[len(self._swapped) - len(swapped):]
 
     def _tracking_class(self, cls: type) -> Optional[type]:
         # a metaclass or __init_subclass__ of the user's could act on a new subclass: not made
@@ -422,6 +447,7 @@ class Reuse:
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
+            swapped = self._swap_in(order)
             try:
                 if watch is not None:
                     self._watch(watch, order)
@@ -436,6 +462,7 @@ class Reuse:
                 raise
             finally:
                 self._log = None
+                self._swap_out(swapped)
                 if watch is not None:
                     self._unwatch(watch, order)
             if watch is None and self._cache_events != events:

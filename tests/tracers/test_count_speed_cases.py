@@ -172,3 +172,64 @@ def test_views_answered_by_the_shape_cache(monkeypatch: pytest.MonkeyPatch, trai
     dispatch = count_flops(model, (x,), tracer="dispatch")
     assert _rows(dispatch)["macs"] == _rows(on)["macs"]
     assert on.by_operator("count") == dispatch.by_operator("count")
+
+
+class Seen(nn.Module):
+    """A leaf that records its own class each time it runs."""
+
+    def __init__(self, note: Any) -> None:
+        super().__init__()
+        self.note = note  # one function for every module: shared with the fake copy, not copied
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.note(type(self))
+        return self.fc(x)
+
+
+class Leaf(nn.Linear):
+    """A leaf (not wrapped by reuse: no children) that records its own class."""
+
+    def __init__(self, note: Any) -> None:
+        super().__init__(D, D)
+        self.note = note
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.note(type(self))
+        return super().forward(x)
+
+
+class Outer(nn.Module):
+    def __init__(self, seen: list) -> None:
+        super().__init__()
+
+        def note(cls: type) -> None:
+            seen.append(cls)
+
+        self.head = Leaf(note)  # runs outside every keyed call (the root's own forward)
+        self.blocks = nn.ModuleList(nn.Sequential(Seen(note), nn.ReLU()) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.head(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_module_keeps_its_own_class_outside_first_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (issue #32, count speed): every module of the copy ran as a read-logging subclass
+    for the whole count, so each attribute read paid a Python ``__getattribute__`` (~3,200 reads
+    per ResNet-50 count outside any first call, where nothing is logged). Now only the modules
+    of a first call's subtree are swapped, while it runs: the root's own modules keep their
+    class (before: the logging subclass). Oracle: ``type(self)`` inside the forward; MACs by
+    hand (4 Linears D x D on B rows); reuse on equals reuse off."""
+    seen: list = []
+    model = Outer(seen)
+    on = _both(monkeypatch, model, (torch.randn(B, D),))
+    assert on.macs == 4 * B * D * D
+    seen.clear()
+    count_flops(model, (torch.randn(B, D),))
+    assert seen[0] is Leaf  # the head, outside every first call (before: the logging subclass)
+    # blocks.0 is the first call of its key: its subtree logs reads (the subclass, while it runs);
+    # blocks.1 and blocks.2 are booked from it (not run)
+    assert len(seen) == 2 and seen[1] is not Seen and issubclass(seen[1], Seen)
