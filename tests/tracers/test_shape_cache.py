@@ -130,6 +130,19 @@ def test_a_cached_view_is_an_autograd_view_of_its_argument(cache):
     assert shape_cache.hits == 1
 
 
+@pytest.mark.parametrize("base_in_inference, run_in_inference", [(True, False), (False, True), (True, True)])
+def test_a_cached_view_is_an_inference_tensor_when_its_argument_is(cache, base_in_inference, run_in_inference):
+    """A view of an inference tensor is one (torch's rule, run live: FakeTensorMode's view), also
+    outside inference mode, and a view of a normal tensor is not, also inside it."""
+    mode, shape_cache = cache
+    with torch.inference_mode(base_in_inference), mode:
+        base = torch.empty(4, 6)
+    with torch.inference_mode(run_in_inference), mode:
+        views = [shape_cache.run(aten.view.default, (base, [6, 4]), None) for _ in range(2)]
+        plain = aten.view.default(base, [6, 4])
+    assert [v.is_inference() for v in views] == [plain.is_inference()] * 2 == [base_in_inference] * 2
+
+
 def test_metadata_changes_and_values_are_never_cached(cache):
     mode, shape_cache = cache
     with mode:

@@ -138,7 +138,11 @@ class ShapeCache:
                 return args[0]
             try:
                 if kind.mode == "view":
-                    return self._view(args[0], found)
+                    if args[0].is_inference() == torch.is_inference_mode_enabled():
+                        return self._view(args[0], found)
+                    # a view is an inference tensor when its argument is one; ours would be one
+                    # when made in inference mode: the mode makes it (a rare mix)
+                    return func(*args, **kwargs) if kwargs else func(*args)
                 return self._make(found, kind.tuple_out)
             except Exception as exc:  # a private constructor that changed: FakeTensorMode as before
                 self._disable(func, exc)
