@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from flopcount.core.collection import pausing_count
 from flopcount.core.inputs import prepare_call
 from flopcount.core.ledger import Booked
 from flopcount.core.model_facts import model_facts
@@ -24,6 +25,7 @@ from flopcount.tracers import trace
 from flopcount.types import ZERO_COST, Cost, Handler, OpCall, OpEvent, Phase, ReplayedCall
 
 
+@pausing_count
 def analyze(
     model: nn.Module,
     inputs: Any = (),

@@ -13,6 +13,12 @@ run pauses the same way (a LLaMA-2-70B count on meta met a full collection in 5 
 0.24 s median instead of 0.09). Only fake runs pause: their tensors hold no data, so nothing
 large waits for a collection.
 
+A count (``core.analysis.analyze`` with ``tracer="auto"``) is paused as a whole, from reading
+the model's facts to the aggregated result (:func:`pausing_count`): with the pause around the
+fake run only, a full collection landed in the aggregate (ResNet-50: 6.6 ms of a 29 ms count
+with the collector on, 1.3 ms off). Where "auto" counts one real run instead (a forward that needs
+a value), automatic collection is back on for that run (:func:`resumed`): its garbage may hold data.
+
 The collector's switch is process-wide: it is put back as found (on, or off when the caller
 had turned it off, in which case nothing is collected here either). Loops in several threads
 take turns on a lock to read and set it: the loop that turned it off turns it back on, and a
@@ -22,15 +28,21 @@ off while a loop has it paused sees it turned back on when that loop ends).
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
-__all__ = ["PausedCollections", "YOUNG_LIMIT"]
+__all__ = ["PausedCollections", "YOUNG_LIMIT", "pausing_count", "resumed"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 #: young objects (the collector's generation 0 count) above which a paused loop collects them
 YOUNG_LIMIT = 200_000
 _SWITCH_LOCK = threading.Lock()
+# the pause this thread holds (the innermost that turned collection off), for ``resumed``
+_HELD = threading.local()
 
 
 class PausedCollections:
@@ -42,6 +54,7 @@ class PausedCollections:
         self.active = active
         self.limit = YOUNG_LIMIT if limit is None else limit
         self.paused = False
+        self._outer: Optional[PausedCollections] = None
 
     def __enter__(self) -> PausedCollections:
         if self.active:
@@ -49,6 +62,9 @@ class PausedCollections:
                 self.paused = gc.isenabled()
                 if self.paused:
                     gc.disable()
+            if self.paused:
+                self._outer = getattr(_HELD, "pause", None)
+                _HELD.pause = self
         return self
 
     def tidy(self) -> None:
@@ -65,3 +81,36 @@ class PausedCollections:
             with _SWITCH_LOCK:
                 gc.enable()
             self.paused = False
+            _HELD.pause = self._outer
+            self._outer = None
+
+
+@contextmanager
+def resumed() -> Iterator[None]:
+    """Automatic collection back on for the block when this thread's pause turned it off (a
+    real run inside a paused count: its garbage may hold data), paused again after it;
+    nothing changes otherwise (no pause held, or the caller's collector off)."""
+    pause = getattr(_HELD, "pause", None)
+    if pause is None or not pause.paused:
+        yield
+        return
+    with _SWITCH_LOCK:
+        gc.enable()
+    try:
+        yield
+    finally:
+        with _SWITCH_LOCK:
+            gc.disable()
+
+
+def pausing_count(function: _F) -> _F:
+    """``function`` (a count: ``analyze``) run inside :class:`PausedCollections` when its
+    ``tracer`` keyword is "auto" (or not given): the fake run and everything around it, model
+    facts to the aggregated result; real-run tracers leave the collector as it is."""
+
+    @functools.wraps(function)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        with PausedCollections(active=kwargs.get("tracer", "auto") == "auto"):
+            return function(*args, **kwargs)
+
+    return paused  # type: ignore[return-value]  # same signature (functools.wraps)

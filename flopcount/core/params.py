@@ -27,12 +27,22 @@ def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] =
 
 
 def summary_of(
-    model: nn.Module, modules: Sequence[Tuple[str, nn.Module]], *, experts_per_token: Optional[int] = None
+    model: nn.Module,
+    modules: Sequence[Tuple[str, nn.Module]],
+    *,
+    experts_per_token: Optional[int] = None,
+    parameters: Optional[Iterable[torch.Tensor]] = None,
+    buffers: Optional[Iterable[torch.Tensor]] = None,
+    packed: Optional[Iterable[Tuple[str, nn.Module, Any]]] = None,
 ) -> ParamSummary:
-    """:func:`summarize_parameters` from ``model.named_modules()`` read already."""
+    """:func:`summarize_parameters` from ``model.named_modules()`` read already; ``parameters``,
+    ``buffers`` (each tensor once, in ``modules`` order) and ``packed`` (:func:`packed_objects`)
+    when the caller has them too (``ModelFacts``: one walk of the tree)."""
     total = trainable = 0
     by_dtype: Dict[str, int] = {}
-    for param in _unique(t for _, m in modules for t in m._parameters.values()):  # a shared tensor once
+    if parameters is None:
+        parameters = _unique(t for _, m in modules for t in m._parameters.values())  # a shared tensor once
+    for param in parameters:
         if is_uninitialized(param):
             continue  # a lazy module not materialised yet: its size is not known
         n = param.numel()
@@ -42,21 +52,23 @@ def summary_of(
         key = _dtype_name(param)
         by_dtype[key] = by_dtype.get(key, 0) + n * param.element_size()
     # quantized modules: packed weights/biases are not nn.Parameters (frozen, stored dtype)
-    for _, module, obj in packed_objects(model, modules):
+    for _, module, obj in packed_objects(model, modules) if packed is None else packed:
         for tensor, stored in held_tensors(module, obj):
             n = tensor.numel()
             total += n
             size = torch.finfo(stored).bits // 8 if stored != tensor.dtype else tensor.element_size()
             key = str(stored).replace("torch.", "")
             by_dtype[key] = by_dtype.get(key, 0) + n * size
-    buffers: Dict[str, int] = {}
-    for buf in _unique(t for _, m in modules for t in m._buffers.values()):
+    found: Dict[str, int] = {}
+    if buffers is None:
+        buffers = _unique(t for _, m in modules for t in m._buffers.values())
+    for buf in buffers:
         if is_uninitialized(buf):
             continue
         key = _dtype_name(buf)
-        buffers[key] = buffers.get(key, 0) + buf.numel() * buf.element_size()
+        found[key] = found.get(key, 0) + buf.numel() * buf.element_size()
     active = _active(model, modules, experts_per_token)
-    return ParamSummary(total, trainable, total - trainable, by_dtype, buffers, active=active)
+    return ParamSummary(total, trainable, total - trainable, by_dtype, found, active=active)
 
 
 def _config_value(model: nn.Module, keys: Tuple[str, ...]) -> Optional[int]:
@@ -88,8 +100,9 @@ def routed_experts(
     attribute E > 1 whose own weights are stacked 3-D tensors with a leading dimension E
     (transformers 5's experts modules; their (E, out) biases count too), and an ``nn.ModuleList`` named ``experts`` (or ``...experts``) of E
     identical modules. Shared experts live outside these blocks and count as always active."""
+    looked: Dict[Tuple[type, str], bool] = {}
     for name, module in model.named_modules() if modules is None else modules:
-        count = getattr(module, "num_experts", None) or getattr(module, "num_local_experts", None)
+        count = _declared(module, "num_experts", looked) or _declared(module, "num_local_experts", looked)
         if isinstance(count, int) and count > 1:
             stacked = [p for p in module.parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == count]
             if any(p.dim() >= 3 for p in stacked):  # a router's (E, hidden) weight alone is not experts
@@ -97,6 +110,27 @@ def routed_experts(
                 continue
         if isinstance(module, nn.ModuleList) and name.split(".")[-1].endswith("experts") and len(module) > 1:
             yield name, len(module), list(module.parameters())
+
+
+_MODULE_GETATTR = nn.Module.__getattr__
+
+
+def _declared(module: nn.Module, name: str, looked: Dict[Tuple[type, str], bool]) -> Any:
+    """``getattr(module, name, None)`` without the AttributeError nn.Module raises for a name
+    it does not hold (one per module per name: a third of the parameter summary's time).
+    ``looked``: (class, name) -> whether the class may answer (its own ``__getattr__``, a class
+    attribute or property), for this walk."""
+    state = vars(module)
+    if name in state:
+        return state[name]
+    kind = type(module)
+    answers = looked.get((kind, name))
+    if answers is None:
+        answers = looked[kind, name] = kind.__getattr__ is not _MODULE_GETATTR or hasattr(kind, name)
+    if answers or name in state.get("_modules", ()) or name in state.get("_parameters", ()) \
+            or name in state.get("_buffers", ()):
+        return getattr(module, name, None)
+    return None
 
 
 def _active(

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Tuple
 
 from torch import nn
 
-from flopcount.core.collection import PausedCollections
+from flopcount.core.collection import PausedCollections, resumed
 from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import preserved_inputs
@@ -95,7 +95,8 @@ def trace(
         run_model, run_facts = twin
     else:
         run_model, run_facts = (shared_tensor_copy(model), None) if facts.lazy else (model, facts)
-    with preserved_inputs(list(call.tensors)):
+    # a real run's garbage may hold data: collected as usual, also inside a paused count
+    with resumed(), preserved_inputs(list(call.tensors)):
         if tracer == "jit":
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)

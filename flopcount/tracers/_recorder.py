@@ -10,7 +10,6 @@ from functools import cache
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
-from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -242,7 +241,7 @@ class Recorder(DataReads):
         self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if isinstance(func, HigherOrderOperator):
+        if not isinstance(func, _OP_OVERLOAD):  # a higher-order op (torch.cond): every aten op is an overload
             return self._higher_order(func, args, kwargs or {})
         if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
@@ -309,6 +308,8 @@ class Recorder(DataReads):
 
 
 _NO_KWARGS: Mapping[str, Any] = {}
+#: the class of an aten op overload, read off a public op (not imported from torch._ops)
+_OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
 _NO_PLACEHOLDER = object()
 
 

@@ -469,11 +469,11 @@ class CompositeInterceptor(TorchFunctionMode):
         self._fresh = _fresh_composites()
 
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
         binder = self._table.get(func)
         recorder = self._recorder
-        if binder is None or recorder.muted:
-            return func(*args, **kwargs)
+        if binder is None or recorder.muted:  # most calls (.shape, .dim(), ops): straight through
+            return func(*args, **kwargs) if kwargs else func(*args)
+        kwargs = kwargs or {}
         if _any_batched(args, kwargs):
             return func(*args, **kwargs)
         bound = binder(args, kwargs)

@@ -183,7 +183,8 @@ def _trace(
     if fake_copy:
         # a forward-only run reuses blocks (below): their parameters need no fakes unless read
         copied = fake_copies(
-            model, flat_inputs, call.rebuild, modules=facts.modules, shared_hooks=shared_hooks, lazy=reusing
+            model, flat_inputs, call.rebuild, modules=facts.modules, shared_hooks=shared_hooks, lazy=reusing,
+            attributes=facts.tensor_attributes,
         )
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
         names = facts.names_on(copied.copies)

@@ -107,3 +107,75 @@ def test_the_switch_is_left_as_found_also_when_the_forward_raises(collections: C
     with pytest.raises(TraceError):
         count_flops(Raises(), (x,))
     assert gc.isenabled()
+
+
+def _spied_stages(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[bool]]:
+    """Whether automatic collection was on in each stage of a count around the trace."""
+    import flopcount.core.analysis as analysis
+
+    seen: Dict[str, List[bool]] = {}
+    for name in ("model_facts", "cost_events", "aggregate"):
+        inner = getattr(analysis, name)
+
+        def spy(*args: Any, __inner: Any = inner, __name: str = name, **kwargs: Any) -> Any:
+            seen.setdefault(__name, []).append(gc.isenabled())
+            return __inner(*args, **kwargs)
+
+        monkeypatch.setattr(analysis, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_the_whole_count_is_paused(monkeypatch: pytest.MonkeyPatch, training: bool) -> None:
+    """Finding (issue #32): the pause covered the fake run only, and a full collection landed in
+    the aggregate (ResNet-50: 6.6 ms of a 29.1 ms count with the collector on, 1.3 ms off). Now
+    model facts, cost and aggregate run paused too (before: collection on in each of them);
+    real-run tracers leave it on. Oracle: gc.isenabled() inside each stage; the MACs by hand."""
+    seen = _spied_stages(monkeypatch)
+    model = Deep(3).train(training)
+    thresholds = gc.get_threshold()
+    result = count_flops(model, (torch.randn(4, 16),))
+    assert seen == {"model_facts": [False], "cost_events": [False], "aggregate": [False]}
+    assert gc.isenabled() and gc.get_threshold() == thresholds
+    assert result.macs == 3 * 4 * 2 * 16 * 32  # 3 layers, 4 rows, two Linears of 16 x 32
+    seen.clear()
+    for tracer in ("dispatch", "jit"):
+        assert count_flops(model, (torch.randn(4, 16),), tracer=tracer).macs == result.macs
+    assert seen == {"model_facts": [True, True], "cost_events": [True, True], "aggregate": [True, True]}
+    assert model.training is training
+
+
+def test_a_real_run_inside_a_paused_count_collects() -> None:
+    """A forward that needs a value is counted on one real run: its garbage may hold data, so
+    automatic collection is on while it runs (off while the fakes ran), and off again after."""
+    states: List[Tuple[bool, bool]] = []  # (on fakes, collection on)
+
+    class NeedsValue(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            states.append((type(x).__name__ == "FakeTensor", gc.isenabled()))
+            return self.fc(x) * float(x.sum().item() > -1e9)
+
+    thresholds = gc.get_threshold()
+    result = count_flops(NeedsValue(), (torch.randn(3, 8),))
+    assert states == [(True, False), (False, True)]
+    assert result.macs == 3 * 8 * 8  # one Linear 8 x 8 on 3 rows
+    assert gc.isenabled() and gc.get_threshold() == thresholds
+
+
+def test_thresholds_and_switch_restored_when_the_forward_raises() -> None:
+    class Raises(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("boom")
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(500, 7, 9)
+    try:
+        with pytest.raises(TraceError):
+            count_flops(Raises(), (torch.randn(2, 3),))
+        assert gc.isenabled() and gc.get_threshold() == (500, 7, 9)
+    finally:
+        gc.set_threshold(*thresholds)

@@ -10,8 +10,9 @@ next result directly: a meta tensor wrapped as a FakeTensor, about 10 µs.
 
 Only what is safe is cached:
 
-* ops whose schema returns fresh tensors (no aliasing, no ``out=``, no mutated argument)
-  and in-place ops (``relu_``, ``add_``) whose only effect on metadata is none: they return
+* ops whose schema returns fresh tensors (no aliasing, no ``out=``, no mutated argument),
+  views of their first argument (one tensor sharing its storage: made on that storage with
+  the recorded shape, stride and offset) and in-place ops (``relu_``, ``add_``) whose only effect on metadata is none: they return
   their first argument itself;
 * calls whose arguments are FakeTensors of this mode (no constant folded in, strided,
   not complex), Python scalars, dtypes, devices and lists of those;
@@ -27,6 +28,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from flopcount.tracers.fake.making import FakeMaker
+
 __all__ = ["ShapeCache"]
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -40,7 +43,8 @@ _VALUE_TAGS = ("dynamic_output_shape", "data_dependent_output", "inplace_view", 
 
 class _Kind:
     """How an op overload may be cached: "fresh" (new tensors), "inplace" (returns
-    argument 0, metadata unchanged) or None (never)."""
+    argument 0, metadata unchanged), "view" (one tensor sharing argument 0's storage) or
+    None (never)."""
 
     __slots__ = ("mode", "tuple_out")
 
@@ -59,6 +63,20 @@ class _Kind:
             return
         written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
         if any(r.alias_info is not None for r in returns):
+            first = schema.arguments[0] if schema.arguments else None
+            if (  # a view of the first argument (view, transpose, expand, select, slice...)
+                len(returns) == 1
+                and not written
+                and not returns[0].alias_info.is_write
+                and first is not None
+                and not first.kwarg_only
+                and str(first.type) == "Tensor"
+                and first.alias_info is not None
+                and set(first.alias_info.after_set) == set(returns[0].alias_info.after_set)
+                and sum(a.alias_info is not None for a in schema.arguments) == 1
+            ):
+                self.mode = "view"
+                return
             # in-place: one return, the first argument, written; not a metadata change
             if (
                 len(returns) == 1
@@ -95,6 +113,7 @@ class ShapeCache:
         self._mode = mode
         self._fake_type: Any = fake_type
         self._results = _RESULTS
+        self._maker = FakeMaker(mode, fake_type)
         self._meta = torch.device("meta")
         self.hits = 0
         self.misses = 0
@@ -118,6 +137,12 @@ class ShapeCache:
             if kind.mode == "inplace":
                 return args[0]
             try:
+                if kind.mode == "view":
+                    if args[0].is_inference() == torch.is_inference_mode_enabled():
+                        return self._view(args[0], found)
+                    # a view is an inference tensor when its argument is one; ours would be one
+                    # when made in inference mode: the mode makes it (a rare mix)
+                    return func(*args, **kwargs) if kwargs else func(*args)
                 return self._make(found, kind.tuple_out)
             except Exception as exc:  # a private constructor that changed: FakeTensorMode as before
                 self._disable(func, exc)
@@ -203,6 +228,14 @@ class ShapeCache:
     def _describe(self, out: Any, kind: _Kind, args: Tuple[Any, ...]) -> Any:
         if kind.mode == "inplace":
             return True if args and out is args[0] else None
+        if kind.mode == "view":
+            if type(out) is not self._fake_type or out.fake_mode is not self._mode or out.constant is not None:
+                return None
+            if out is args[0] or out.layout != torch.strided:
+                return None  # an alias that is the argument itself (a no-op view): left to the mode
+            if type(args[0]) is not self._fake_type or out.untyped_storage() is not args[0].untyped_storage():
+                return None  # not on the argument's storage after all (an op that views or copies)
+            return (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, out.fake_device)
         outs: Tuple[Any, ...] = out if kind.tuple_out else (out,)
         if not isinstance(outs, tuple):
             return None
@@ -221,6 +254,14 @@ class ShapeCache:
             made = tuple(self._fake(*meta) for meta in described)
         return made if tuple_out else made[0]
 
+    def _view(self, base: Any, described: Any) -> Any:
+        """A fake of the recorded metadata on ``base``'s storage (what FakeTensorMode makes for a
+        view: a meta tensor of the storage wrapped as a fake); autograd's view tracking is above
+        the dispatch modes and sees it as the view it is."""
+        shape, stride, offset, dtype, device = described
+        with torch._C._DisableTorchDispatch():
+            meta = torch.empty(0, dtype=dtype, device=self._meta).set_(base.untyped_storage(), offset, shape, stride)
+            return self._maker.wrap(meta, device)
+
     def _fake(self, shape: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> Any:
-        meta = torch.empty_strided(shape, stride, dtype=dtype, device=self._meta)
-        return self._fake_type(self._mode, meta, device)
+        return self._maker.make(shape, stride, dtype, device)
