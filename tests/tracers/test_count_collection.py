@@ -114,7 +114,7 @@ def _spied_stages(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[bool]]:
     import flopcount.core.analysis as analysis
 
     seen: Dict[str, List[bool]] = {}
-    for name in ("model_facts", "cost_events", "aggregate"):
+    for name in ("model_facts", "cost_records", "aggregate"):
         inner = getattr(analysis, name)
 
         def spy(*args: Any, __inner: Any = inner, __name: str = name, **kwargs: Any) -> Any:
@@ -135,13 +135,13 @@ def test_the_whole_count_is_paused(monkeypatch: pytest.MonkeyPatch, training: bo
     model = Deep(3).train(training)
     thresholds = gc.get_threshold()
     result = count_flops(model, (torch.randn(4, 16),))
-    assert seen == {"model_facts": [False], "cost_events": [False], "aggregate": [False]}
+    assert seen == {"model_facts": [False], "cost_records": [False], "aggregate": [False]}
     assert gc.isenabled() and gc.get_threshold() == thresholds
     assert result.macs == 3 * 4 * 2 * 16 * 32  # 3 layers, 4 rows, two Linears of 16 x 32
     seen.clear()
     for tracer in ("dispatch", "jit"):
         assert count_flops(model, (torch.randn(4, 16),), tracer=tracer).macs == result.macs
-    assert seen == {"model_facts": [True, True], "cost_events": [True, True], "aggregate": [True, True]}
+    assert seen == {"model_facts": [True, True], "cost_records": [True, True], "aggregate": [True, True]}
     assert model.training is training
 
 
