@@ -11,7 +11,7 @@ import json
 from typing import Any, Iterator, List
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.output import emit, progress
+from flopcount.cli.output import emit, progress, written
 from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK
 from flopcount.errors import UsageError
 
@@ -62,7 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.plot:
         from flopcount.report.serving import plot_serving
 
-        plot_serving(results, args.plot, batches)
+        written(args, "--plot", args.plot, lambda: plot_serving(results, args.plot, batches))
     if args.format == "json":
         text = json.dumps({"entry": args.entry, "parts": [r.to_dict() for r in results]}, indent=2)
     else:

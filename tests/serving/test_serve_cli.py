@@ -74,6 +74,28 @@ def test_serve_plot_draws_the_memory_wall(capsys, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_serve_plot_write_failure_is_one_line(capsys, tmp_path, monkeypatch):
+    # A write that fails after the early path check (a full disk: errno 28) is the user's, not a
+    # bug of ours. serve let the OSError through to the internal-error handler (exit 4); like
+    # count's and profile's --plot it is now one line naming the flag, exit 2. (matplotlib's PNG
+    # writer does not report /dev/full's ENOSPC, so the failure is raised where the plot is drawn.)
+    pytest.importorskip("matplotlib")
+    import errno
+
+    import flopcount.report.serving as serving_report
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(serving_report, "plot_serving", full_disk)
+    path = tmp_path / "serve.png"
+    code, out, err = cli(capsys, "serve", *LLAMA, "--on", "h100", "--prompt", "8", "--new", "3",
+                         "--batch", "1,8", "--plot", str(path), "-q")
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == f"flopcount: error: --plot {path}: No space left on device"
+    assert "internal error" not in err
+
+
 def test_serve_plot_leaves_matplotlib_as_found(capsys, tmp_path):
     # the serve plot switched the process's backend to Agg (matplotlib.use) and drew through pyplot;
     # it now draws on its own Agg canvas like every other plot: the backend stays the caller's
