@@ -242,6 +242,23 @@ class _Probe:
             self.count += 1
         return True
 
+    def enter(self, run: Any) -> bool:
+        """Install the wrapper and make ``run`` this thread's innermost (False: transformers' probe
+        is not there, nothing done)."""
+        if not self.install():
+            return False
+        self.runs().append(run)
+        return True
+
+    def leave(self, run: Any) -> None:
+        """Undo :meth:`enter` for ``run``."""
+        try:
+            runs = self.runs()
+            if runs and runs[-1] is run:
+                runs.pop()
+        finally:
+            self.uninstall()
+
     def uninstall(self) -> None:
         with self.lock:
             self.count -= 1
@@ -319,14 +336,18 @@ class RealBranches:
     def __enter__(self) -> RealBranches:
         if not self.active:
             return self
-        self._installed = _PROBE.install()
+        self._installed = _PROBE.enter(self)
         if not self._installed:
             return self
         assert self.values is not None
-        self.values.seed(*self._seeds)
-        self._seeds = ((), ())
-        self.values.__enter__()
-        _PROBE.runs().append(self)
+        try:
+            self.values.seed(*self._seeds)
+            self._seeds = ((), ())
+            self.values.__enter__()
+        except BaseException:
+            self._installed = False
+            _PROBE.leave(self)
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -334,13 +355,10 @@ class RealBranches:
             return
         self._installed = False
         try:
-            runs = _PROBE.runs()
-            if runs and runs[-1] is self:
-                runs.pop()
             assert self.values is not None
             self.values.__exit__(*exc)
         finally:
-            _PROBE.uninstall()
+            _PROBE.leave(self)
 
 
 def _caller() -> str:
@@ -396,21 +414,13 @@ class JitBranches:
 
     def __enter__(self) -> JitBranches:
         if self.active:
-            self._installed = _JIT_PROBE.install()
-            if self._installed:
-                _JIT_PROBE.runs().append(self)
+            self._installed = _JIT_PROBE.enter(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if not self._installed:
-            return
-        self._installed = False
-        try:
-            runs = _JIT_PROBE.runs()
-            if runs and runs[-1] is self:
-                runs.pop()
-        finally:
-            _JIT_PROBE.uninstall()
+        if self._installed:
+            self._installed = False
+            _JIT_PROBE.leave(self)
 
 
 def jit_branches(modules: Iterable[Any]) -> JitBranches:
