@@ -462,36 +462,6 @@ class _EmptyDict(dict):
         return (dict, (dict(self),))
 
 
-class _EmptySet(set):  # of names, as torch's own
-    """The empty ``_non_persistent_buffers_set`` shared by the modules of a fake copy (as
-    :class:`_EmptyDict`): adding to it marks the copy's :class:`SharedHooks` touched."""
-
-    sharing: SharedHooks
-
-    def add(self, item: Any) -> None:
-        self.sharing.touched = True
-        super().add(item)
-
-    def update(self, *others: Any) -> None:
-        self.sharing.touched = True
-        super().update(*others)
-
-    def symmetric_difference_update(self, other: Any) -> None:
-        self.sharing.touched = True
-        super().symmetric_difference_update(other)
-
-    def __ior__(self, other: Any) -> Any:  # type: ignore[misc]  # set's own is typed against its __or__
-        self.sharing.touched = True
-        return super().__ior__(other)
-
-    def __ixor__(self, other: Any) -> Any:  # type: ignore[misc]  # as __ior__
-        self.sharing.touched = True
-        return super().__ixor__(other)
-
-    def __reduce__(self) -> Any:
-        return (set, (set(self),))
-
-
 #: a module's own containers that a fake copy's modules share while empty (torch's attribute names)
 _SHARED_WHEN_EMPTY = frozenset({"_parameters", "_buffers", "_modules"})
 
@@ -499,8 +469,8 @@ _SHARED_WHEN_EMPTY = frozenset({"_parameters", "_buffers", "_modules"})
 class SharedHooks:
     """The empty hook dictionaries a fake copy's modules share (a count's copy of a 70B model
     holds 1,047 modules with eleven each: 11,500 objects the garbage collector walks while the
-    count runs), and their empty parameter, buffer and child dictionaries and non-persistent
-    buffer sets (issue #32: two to three per module, a fifth of a copied module's size).
+    count runs), and their empty parameter, buffer and child dictionaries (issue #32: one to
+    three per module).
     ``touched``: something changed one (a forward that registers a hook or a buffer on a module
     of the copy): the copy is then not to be trusted, as that hook would be every module's."""
 
@@ -508,7 +478,6 @@ class SharedHooks:
         self.touched = False
         self._dicts: Dict[str, _EmptyHooks] = {}
         self._plain: Dict[str, _EmptyDict] = {}
-        self._set: Optional[_EmptySet] = None
 
     def empty_plain(self, name: str) -> _EmptyDict:
         """The shared empty ``_parameters`` / ``_buffers`` / ``_modules`` dictionary."""
@@ -517,13 +486,6 @@ class SharedHooks:
             found = self._plain[name] = _EmptyDict()
             found.sharing = self
         return found
-
-    def empty_set(self) -> _EmptySet:
-        """The shared empty ``_non_persistent_buffers_set``."""
-        if self._set is None:
-            self._set = _EmptySet()
-            self._set.sharing = self
-        return self._set
 
     def empty(self, name: str) -> _EmptyHooks:
         found = self._dicts.get(name)
@@ -569,9 +531,9 @@ class _TreeCopier(TreeCopier):
                     shared = self._empty(kind, key)
                 state[key] = kind() if shared is None else shared
             elif kind is set and not value:  # torch's per-module set of non-persistent buffers
-                # not in the memo: a module's own set, which nothing else holds (one memo entry
-                # per module per container grew the memo by a third of a deep model's copy)
-                state[key] = self.shared.empty_set() if self.shared is not None and key == "_non_persistent_buffers_set" else set()
+                # in the memo (an empty set of a user's that two modules hold stays one), and not
+                # shared (that would name one more private torch attribute)
+                state[key] = memo[id(value)] = set()
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
                 state[key] = self._lazy(value)
             else:
