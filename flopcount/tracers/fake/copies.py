@@ -435,15 +435,57 @@ class _EmptyHooks(OrderedDict):  # keys and values as in torch's own hook dictio
         return super().__ior__(other)
 
 
+class _EmptyDict(dict):
+    """An empty ``_parameters``, ``_buffers`` or ``_modules`` dictionary shared by every module
+    of a fake copy that has none (as :class:`_EmptyHooks`): adding to it marks the copy's
+    :class:`SharedHooks` touched. Only adding can change an empty dictionary."""
+
+    sharing: SharedHooks
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.sharing.touched = True
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.sharing.touched = True
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.sharing.touched = True
+        return super().setdefault(key, default)
+
+    def __ior__(self, other: Any) -> Any:  # type: ignore[misc]  # dict's own is typed against its __or__
+        self.sharing.touched = True
+        return super().__ior__(other)
+
+    def __reduce__(self) -> Any:  # copy.copy / deepcopy / pickle: a plain dict of its own
+        return (dict, (dict(self),))
+
+
+#: a module's own containers that a fake copy's modules share while empty (torch's attribute names)
+_SHARED_WHEN_EMPTY = frozenset({"_parameters", "_buffers", "_modules"})
+
+
 class SharedHooks:
     """The empty hook dictionaries a fake copy's modules share (a count's copy of a 70B model
     holds 1,047 modules with eleven each: 11,500 objects the garbage collector walks while the
-    count runs). ``touched``: something changed one (a forward that registers a hook on a module
+    count runs), and their empty parameter, buffer and child dictionaries (issue #32: one to
+    three per module).
+    ``touched``: something changed one (a forward that registers a hook or a buffer on a module
     of the copy): the copy is then not to be trusted, as that hook would be every module's."""
 
     def __init__(self) -> None:
         self.touched = False
         self._dicts: Dict[str, _EmptyHooks] = {}
+        self._plain: Dict[str, _EmptyDict] = {}
+
+    def empty_plain(self, name: str) -> _EmptyDict:
+        """The shared empty ``_parameters`` / ``_buffers`` / ``_modules`` dictionary."""
+        found = self._plain.get(name)
+        if found is None:
+            found = self._plain[name] = _EmptyDict()
+            found.sharing = self
+        return found
 
     def empty(self, name: str) -> _EmptyHooks:
         found = self._dicts.get(name)
@@ -466,24 +508,31 @@ class _TreeCopier(TreeCopier):
         self.shared = shared
         self.lazy = lazy
         self._pending: Dict[int, Pending] = {}  # id(real tensor) -> its one Pending (ties kept)
-        # attribute name -> the shared empty hook dictionary for it (None: not a hook dictionary)
+        # one key object per distinct key: the repeated layers of a deep model hold equal keys
+        # (issue #32: one tuple of tuples per parameter per layer was most of a Pending's size)
+        self._keys: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
+        # attribute name -> the shared empty hook dictionary (OrderedDict) or torch container
+        # (dict) for it (None: none shared under that name)
         self._empties: Dict[str, Any] = {}
+        self._plain: Dict[str, Any] = {}
 
     def attributes(self, module: nn.Module) -> Dict[str, Any]:
         state: Dict[str, Any] = {}
         convert = self.value
-        empties = self._empties
+        empties, plain = self._empties, self._plain
         memo = self.memo
         for key, value in vars(module).items():
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
             if kind in IMMUTABLE_TYPES:
                 state[key] = value
             elif (kind is OrderedDict or kind is dict) and not value:
-                shared = empties.get(key, _UNSEEN) if kind is OrderedDict else None
+                shared = (empties if kind is OrderedDict else plain).get(key, _UNSEEN)
                 if shared is _UNSEEN:
-                    shared = empties[key] = self.shared.empty(key) if self.shared is not None and is_hook_name(key) else None
+                    shared = self._empty(kind, key)
                 state[key] = kind() if shared is None else shared
             elif kind is set and not value:  # torch's per-module set of non-persistent buffers
+                # in the memo (an empty set of a user's that two modules hold stays one), and not
+                # shared (that would name one more private torch attribute)
                 state[key] = memo[id(value)] = set()
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
                 state[key] = self._lazy(value)
@@ -494,13 +543,23 @@ class _TreeCopier(TreeCopier):
                 state[key] = found if found is not None else convert(value)
         return state
 
+    def _empty(self, kind: type, key: str) -> Any:
+        """The shared empty container for attribute ``key`` of type ``kind`` (remembered), or None."""
+        shared = self.shared
+        made: Any
+        if kind is OrderedDict:
+            made = self._empties[key] = shared.empty(key) if shared is not None and is_hook_name(key) else None
+        else:
+            made = self._plain[key] = shared.empty_plain(key) if shared is not None and key in _SHARED_WHEN_EMPTY else None
+        return made
+
     def _lazy(self, tensors: Dict[str, Any]) -> LazyTensors:
         """A module's parameter or buffer dictionary, its tensors faked on first read where
         they can be faked the fast way (a tensor faked already, or of another kind: its fake)."""
         made = LazyTensors()
         made.faker = self.faker
-        self.memo[id(tensors)] = made
-        memo, pending, faker = self.memo, self._pending, self.faker
+        # not in the memo: a module's own parameter or buffer dictionary, held by nothing else
+        memo, pending, faker, keys = self.memo, self._pending, self.faker, self._keys
         for name, tensor in tensors.items():
             found = memo.get(id(tensor)) if tensor is not None else None
             if tensor is None or found is not None:
@@ -508,7 +567,8 @@ class _TreeCopier(TreeCopier):
             elif id(tensor) in pending:
                 dict.__setitem__(made, name, pending[id(tensor)])
             elif isinstance(tensor, torch.Tensor) and faker.deferrable(tensor):
-                dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, reuse_key(tensor, faker.fake_type))))
+                key = reuse_key(tensor, faker.fake_type)
+                dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, keys.setdefault(key, key))))
             else:
                 dict.__setitem__(made, name, self.value(tensor))
         return made
