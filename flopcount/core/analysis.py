@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from flopcount.core.collection import pausing_count
+from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import prepare_call
 from flopcount.core.ledger import Booked
 from flopcount.core.model_facts import model_facts
@@ -25,7 +25,6 @@ from flopcount.tracers import trace
 from flopcount.types import ZERO_COST, Cost, Handler, OpCall, OpEvent, Phase, ReplayedCall
 
 
-@pausing_count
 def analyze(
     model: nn.Module,
     inputs: Any = (),
@@ -42,7 +41,20 @@ def analyze(
     with ``optimizer``, of one optimizer step after its backward: phase "optimizer").
 
     A ``torch.compile``d module is counted through the module it wraps: the same ops,
-    module names without the ``_orig_mod.`` prefix, and no compilation."""
+    module names without the ``_orig_mod.`` prefix, and no compilation.
+
+    With ``tracer="auto"`` automatic garbage collection is paused for the whole count, model
+    facts to the aggregated result (:class:`~flopcount.core.collection.PausedCollections`); a
+    real run inside it collects as usual (``collection.resumed``)."""
+    with PausedCollections(active=tracer == "auto"):
+        return _analyzed(model, inputs, kwargs, tracer, handlers, registry, backward, loss_fn, optimizer)
+
+
+def _analyzed(
+    model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], tracer: str,
+    handlers: Optional[Mapping[str, Optional[Handler]]], registry: Optional[HandlerRegistry], backward: bool,
+    loss_fn: Optional[Callable[[Any], Any]], optimizer: Optional[OptimizerSpec],
+) -> FlopResult:
     model = uncompiled(model)
     table = registry if registry is not None else default_registry()
     if handlers:

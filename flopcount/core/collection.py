@@ -14,7 +14,7 @@ run pauses the same way (a LLaMA-2-70B count on meta met a full collection in 5 
 large waits for a collection.
 
 A count (``core.analysis.analyze`` with ``tracer="auto"``) is paused as a whole, from reading
-the model's facts to the aggregated result (:func:`pausing_count`): with the pause around the
+the model's facts to the aggregated result (``analyze`` enters :class:`PausedCollections`): with the pause around the
 fake run only, a full collection landed in the aggregate (ResNet-50: 6.6 ms of a 29 ms count
 with the collector on, 1.3 ms off). Where "auto" counts one real run instead (a forward that needs
 a value), automatic collection is back on for that run (:func:`resumed`): its garbage may hold data.
@@ -28,15 +28,12 @@ off while a loop has it paused sees it turned back on when that loop ends).
 
 from __future__ import annotations
 
-import functools
 import gc
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Iterator, Optional
 
-__all__ = ["PausedCollections", "YOUNG_LIMIT", "pausing_count", "resumed"]
-
-_F = TypeVar("_F", bound=Callable[..., Any])
+__all__ = ["PausedCollections", "YOUNG_LIMIT", "resumed"]
 
 #: young objects (the collector's generation 0 count) above which a paused loop collects them
 YOUNG_LIMIT = 200_000
@@ -102,15 +99,3 @@ def resumed() -> Iterator[None]:
         with _SWITCH_LOCK:
             gc.disable()
 
-
-def pausing_count(function: _F) -> _F:
-    """``function`` (a count: ``analyze``) run inside :class:`PausedCollections` when its
-    ``tracer`` keyword is "auto" (or not given): the fake run and everything around it, model
-    facts to the aggregated result; real-run tracers leave the collector as it is."""
-
-    @functools.wraps(function)
-    def paused(*args: Any, **kwargs: Any) -> Any:
-        with PausedCollections(active=kwargs.get("tracer", "auto") == "auto"):
-            return function(*args, **kwargs)
-
-    return paused  # type: ignore[return-value]  # same signature (functools.wraps)
