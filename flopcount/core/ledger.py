@@ -280,21 +280,6 @@ class _Group:
         return self._tree
 
 
-def _add_at(table: Dict[Any, List[int]], key: Any, sums: List[int], offset: int) -> None:
-    """Add a group's ``sums`` (the five figures, then the group's first-part index) into
-    ``table[key]``, the group starting at part ``offset``: a key already there keeps its
-    (earlier) first part."""
-    found = table.get(key)
-    if found is None:
-        table[key] = [sums[0], sums[1], sums[2], sums[3], sums[4], sums[_WIDTH] + offset]
-        return
-    found[0] += sums[0]
-    found[1] += sums[1]
-    found[2] += sums[2]
-    found[3] += sums[3]
-    found[4] += sums[4]
-
-
 class Ledger:
     """Totals by operator, module, module x operator and phase, plus what could not be
     costed (ops without a handler) and the notes of estimated costs. ``aliases``:
@@ -429,7 +414,7 @@ class Ledger:
                 if id(event) in alone:
                     self._tallies(event, group)
                     for key, sums in group.phases.items():
-                        _add_at(by_phase, key, sums, first)
+                        _add_first(by_phase, key, sums, first)
                     sequence.append((event, group, first))
                     first += group.width
                 else:
@@ -574,9 +559,9 @@ class Ledger:
                 table = stacks[path] = {}
                 sequence.append(path)
             for name, sums in group.tables[k].items():
-                _add_at(table, name, sums, first)
+                _add_first(table, name, sums, first)
         for key, sums in group.phases.items():
-            _add_at(by_phase, key, sums, first)
+            _add_first(by_phase, key, sums, first)
         return first + group.width
 
     def _unshare(self) -> None:
