@@ -15,6 +15,16 @@ def unsupported_ops(counts: Mapping[str, int]) -> Tuple[Diagnostic, ...]:
     return tuple(Diagnostic("unsupported", f"{op} ran {n}x without a handler", op, (), n) for op, n in counts.items())
 
 
+def module_place(path: str) -> str:
+    """Where an error happened, as its sentence names it: ``module 'path'``, or the root module."""
+    return f"module '{path}'" if path else "the root module"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when the message is empty)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def unique(records: Iterable[Diagnostic]) -> Tuple[Diagnostic, ...]:
     """``records`` in order, each text once (the first record of a text wins)."""
     found: Dict[str, Diagnostic] = {}

@@ -68,12 +68,8 @@ def call_hook_dicts(module: nn.Module) -> Dict[str, Dict[Any, Any]]:
     return {name: value for name, value in hook_dicts(module).items() if _is_call_hook(name)}
 
 
-def _bare_call_hook_names() -> Tuple[str, ...]:
-    return tuple(name for name, value in vars(nn.Module()).items() if _is_hook_dict(name, value) and _is_call_hook(name))
-
-
 #: found once, on a bare module of the running torch (an immutable tuple)
-_CALL_HOOK_NAMES = _bare_call_hook_names()
+_CALL_HOOK_NAMES = tuple(name for name, value in vars(nn.Module()).items() if _is_hook_dict(name, value) and _is_call_hook(name))
 _GET_CALL_HOOKS = operator.itemgetter(*_CALL_HOOK_NAMES)
 
 

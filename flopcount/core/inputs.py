@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # missing from the stubs
@@ -132,6 +132,12 @@ def _mapping(node: Mapping, items: List[Tuple[Any, Rebuild]]) -> Rebuild:
 
 def _is_dataclass_instance(node: Any) -> bool:
     return dataclasses.is_dataclass(node) and not isinstance(node, type)
+
+
+def flat_values(values: Iterable[Any]) -> Iterator[Any]:
+    """Each value, with a list's or tuple's items in its place (one level: an op's arguments)."""
+    for value in values:
+        yield from value if isinstance(value, (list, tuple)) else (value,)
 
 
 def output_tensors(obj: Any) -> List[torch.Tensor]:

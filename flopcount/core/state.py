@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import threading
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from flopcount.core.inputs import is_dataless
+from flopcount.core.inputs import flat_values, is_dataless
 
 #: the roots of modules whose threads never draw torch random numbers: a notebook kernel's and
 #: IPython's own threads (heartbeat, IOPub, control, history), a debugger's, an event loop's, tqdm's
@@ -67,7 +68,7 @@ def preserved_rng() -> Iterator[None]:
                 torch.cuda.set_rng_state_all(cuda_rng)
 
 
-class PrivateRandom:
+class PrivateRandom(TorchDispatchMode):
     """A TorchDispatchMode that runs every random op of the entering thread on generators of
     its own, so a real run that draws (train-mode dropout, ``randn`` in a forward) neither
     advances the caller's generators nor has to set them back (issue #29 item 18: setting the
@@ -85,36 +86,22 @@ class PrivateRandom:
     draw nothing and pass through. The mode stack is per thread: other threads are not seen.
     Not usable under torch.jit tracing: any dispatch mode changes what jit records."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # no dynamo-disabling shim around each op: a per-op cost, and a toggle of the
+        # interpreter's frame evaluation on every op while other threads run
+        return False
+
     def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        owner = self
-
-        class _Mode(TorchDispatchMode):
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                # no dynamo-disabling shim around each op: a per-op cost, and a toggle of the
-                # interpreter's frame evaluation on every op while other threads run
-                return False
-
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                return owner._dispatch(func, args, kwargs or {})
-
-        self._mode = _Mode()
+        super().__init__()
         self._generators: Dict[Any, torch.Generator] = {}
         #: a random op drew from the process's generator (see the class docstring)
         self.fell_back = False
         #: how many ops on tensors with data drew on a private generator
         self.redirected = 0
 
-    def __enter__(self) -> PrivateRandom:
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
-
-    def _dispatch(self, func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
         if not _seeded_overload(func):
             return func(*args, **kwargs)
         index = _generator_index(func)
@@ -216,11 +203,7 @@ def _draws(func: Any, args: Any, kwargs: Dict[str, Any]) -> bool:
 
 
 def _tensors(args: Any, kwargs: Dict[str, Any]) -> Iterator[torch.Tensor]:
-    for value in itertools.chain(args, kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (item for item in value if isinstance(item, torch.Tensor))
+    return (value for value in flat_values((*args, *kwargs.values())) if isinstance(value, torch.Tensor))
 
 
 def _dataless_call(args: Any, kwargs: Dict[str, Any]) -> bool:
@@ -258,19 +241,16 @@ def _seeded(op: str) -> bool:
         return True
     namespace, _, name = op.partition("::")
     packet = getattr(getattr(torch.ops, namespace, None), name.split(".")[0], None) if name else None
-    if packet is None:
-        return namespace not in ("aten", "prim")
+    return namespace not in ("aten", "prim") if packet is None else _packet_draws(packet, unknown=True)
+
+
+def _packet_draws(packet: Any, unknown: bool) -> bool:
+    """An overload of ``packet`` draws from a generator (:func:`_seeded_overload`); ``unknown``
+    where the packet cannot list its overloads."""
     try:
-        return _packet_draws(packet)
+        return any(_seeded_overload(getattr(packet, overload)) for overload in packet.overloads())
     except (AttributeError, RuntimeError):
-        return True
-
-
-def _packet_draws(packet: Any) -> bool:
-    """An overload of ``packet`` draws from a generator (:func:`_seeded_overload`); raises
-    AttributeError / RuntimeError where the packet cannot list its overloads (each caller
-    answers those its own way)."""
-    return any(_seeded_overload(getattr(packet, overload)) for overload in packet.overloads())
+        return unknown
 
 
 def drawing_events(events: Iterable[Any]) -> int:
@@ -292,12 +272,6 @@ def drawing_events(events: Iterable[Any]) -> int:
     return found
 
 
-def draws_random(events: Iterable[Any]) -> bool:
-    """True when one of the trace's events drew random numbers from a generator: the real run
-    advanced the generator it drew from."""
-    return drawing_events(events) > 0
-
-
 #: torch functions that draw although no aten op of their name does (they call one that does)
 _PYTHON_DRAWS = frozenset(
     {
@@ -317,12 +291,12 @@ def _may_draw(name: str) -> bool:
         return False
     try:
         packet = getattr(torch.ops.aten, name, None)
-        return packet is not None and _packet_draws(packet)
-    except (AttributeError, RuntimeError):
+    except RuntimeError:
         return False
+    return packet is not None and _packet_draws(packet, unknown=False)
 
 
-class PrivateRandomCalls:
+class PrivateRandomCalls(TorchFunctionMode):
     """:class:`PrivateRandom` for torch.jit's traces (issue #29 item 18). A dispatch mode
     active while torch.jit traces changes what it records (a convolution is recorded as its
     decomposition), so this TorchFunctionMode of the entering thread passes every torch call
@@ -347,19 +321,8 @@ class PrivateRandomCalls:
         return hasattr(torch.overrides, "_get_current_function_mode")
 
     def __init__(self) -> None:
-        from torch.overrides import TorchFunctionMode
-
-        owner = self
-
-        class _Mode(TorchFunctionMode):
-            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                kwargs = kwargs or {}
-                if not _may_draw(getattr(func, "__name__", "")):
-                    return func(*args, **kwargs)
-                return owner._call(func, args, kwargs)
-
+        super().__init__()
         self.random = PrivateRandom()
-        self._mode = _Mode()
         self._entered = False
         #: calls that drew on a private generator
         self.redirected_calls = 0
@@ -370,19 +333,19 @@ class PrivateRandomCalls:
         return self.random.fell_back
 
     def __enter__(self) -> PrivateRandomCalls:
-        self._mode.__enter__()
+        super().__enter__()
         self._entered = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._entered:
             self._entered = False
-            self._mode.__exit__(*exc)
+            super().__exit__(*exc)
 
     def pause(self) -> bool:
         """Take the mode off this thread's stack if it is on top; True when it was."""
         current = getattr(torch.overrides, "_get_current_function_mode", None)
-        if not self._entered or current is None or current() is not self._mode:
+        if not self._entered or current is None or current() is not self:
             return False  # a mode of the forward's own is above it: the fast path is off anyway
         self.__exit__(None, None, None)
         return True
@@ -390,7 +353,10 @@ class PrivateRandomCalls:
     def resume(self) -> None:
         self.__enter__()
 
-    def _call(self, func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if not _may_draw(getattr(func, "__name__", "")):
+            return func(*args, **kwargs)
         before = self.random.redirected
         with self.random:
             result = func(*args, **kwargs)

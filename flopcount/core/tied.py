@@ -5,10 +5,10 @@ own, so a Hugging Face model whose output embedding is tied to its input embeddi
 back with two separate matrices: a memory estimate of it counts the vocabulary matrix twice
 (+33 % on GPT-2). Building the model under ``with torch.device("meta"):`` keeps the tie.
 
-:func:`broken_ties` finds such pairs from the model's own declarations (transformers'
+:func:`restore_ties` finds such pairs from the model's own declarations (transformers'
 ``_tied_weights_keys`` mapping, or ``config.tie_word_embeddings`` with
-``get_input_embeddings()`` / ``get_output_embeddings()``); :func:`retie` shares them again
-on a copy. Nothing here imports transformers.
+``get_input_embeddings()`` / ``get_output_embeddings()``) and shares them again on a copy.
+Nothing here imports transformers.
 """
 
 from __future__ import annotations
@@ -17,48 +17,43 @@ from typing import Any, List, Optional, Tuple
 
 from torch import nn
 
-__all__ = ["broken_ties", "restore_ties", "retie", "tie_note"]
+__all__ = ["restore_ties", "text_config"]
 
 
-def broken_ties(model: nn.Module) -> List[Tuple[str, str]]:
-    """``[(tied parameter, the parameter it should share), ...]`` that the model declares tied
-    but holds as two different tensors of the same shape (qualified names)."""
-    if not _ties_declared(model):
+def restore_ties(model: nn.Module) -> List[str]:
+    """Restore on ``model`` (a copy) the ties it declares but lost: each tied parameter that
+    is a different tensor of the same shape than the one it should share is made that very
+    parameter again. Returns the note saying so, if any."""
+    if not getattr(text_config(getattr(model, "config", None)), "tie_word_embeddings", False):
         return []
-    pairs = _declared_pairs(model)
-    found = []
-    for target, source in pairs:
+    pairs = []
+    for target, source in _declared_pairs(model):
         a, b = _parameter(model, target), _parameter(model, source)
         if a is not None and b is not None and a is not b and a.shape == b.shape:
-            found.append((target, source))
-    return found
-
-
-def retie(model: nn.Module, pairs: List[Tuple[str, str]]) -> None:
-    """Make each ``target`` parameter of ``model`` the very ``source`` parameter (on a copy)."""
+            pairs.append((target, source))
+    if not pairs:
+        return []
     for target, source in pairs:
         owner_name, _, attr = target.rpartition(".")
         owner = model.get_submodule(owner_name) if owner_name else model
         setattr(owner, attr, _parameter(model, source))
-
-
-def tie_note(pairs: List[Tuple[str, str]]) -> str:
     listing = ", ".join(f"{target} = {source}" for target, source in pairs)
-    return (
+    return [
         f"the model declares tied weights its modules no longer share ({listing}), as model.to('meta') leaves them; "
         "estimated with the tie restored. Build the model under `with torch.device('meta'):` to keep it"
-    )
+    ]
 
 
-def _ties_declared(model: nn.Module) -> bool:
-    config = getattr(model, "config", None)
-    text_config = getattr(config, "get_text_config", None)
-    if callable(text_config):
+def text_config(config: Any) -> Any:
+    """A transformers config's text part (``config.get_text_config()``: a multimodal model's
+    language model), else ``config`` itself (None stays None)."""
+    getter = getattr(config, "get_text_config", None)
+    if callable(getter):
         try:
-            config = text_config()
-        except Exception:
+            return getter()
+        except Exception:  # a config without a text part
             pass
-    return bool(getattr(config, "tie_word_embeddings", False))
+    return config
 
 
 def _declared_pairs(model: nn.Module) -> List[Tuple[str, str]]:
@@ -97,11 +92,3 @@ def _parameter(model: nn.Module, name: str) -> Optional[nn.Parameter]:
     value = owner._parameters.get(attr) if isinstance(owner, nn.Module) else None
     return value if isinstance(value, nn.Parameter) else None
 
-
-def restore_ties(model: nn.Module) -> List[str]:
-    """Restore on ``model`` (a copy) the ties it declares but lost; the note saying so, if any."""
-    pairs = broken_ties(model)
-    if not pairs:
-        return []
-    retie(model, pairs)
-    return [tie_note(pairs)]

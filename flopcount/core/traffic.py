@@ -104,10 +104,7 @@ def _torch_dtype(name: Optional[str]) -> Any:
 
 
 def _nbytes(meta: TensorMeta) -> int:
-    size = element_size(meta.dtype)
-    for dim in meta.shape:
-        size *= dim
-    return size
+    return element_size(meta.dtype) * prod(meta.shape)
 
 
 def _tensor_bytes(values: Iterable[Any]) -> int:

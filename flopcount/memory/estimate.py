@@ -28,8 +28,8 @@ from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from flopcount.core.diagnostics import FromWarnings
-from flopcount.core.inputs import is_dataless, output_tensors, prepare_call
+from flopcount.core.diagnostics import FromWarnings, first_line, module_place
+from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
 from flopcount.core.state import preserved_rng
@@ -51,6 +51,7 @@ from flopcount.step.replay import (
 from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._reuse import reuse_enabled
+from flopcount.tracers.dispatch import _in_chain
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies
 from flopcount.tracers.fake.hf_tracing import real_branches, seed_running
 from flopcount.types import Phase
@@ -142,7 +143,8 @@ class MemoryEstimate(FromWarnings):
 # --------------------------------------------------------------------------- torch's tools
 
 
-def _memtracker_class() -> type:
+def _peak_tracker() -> Any:
+    """The step's one MemTracker subclass (flopcount.step.runner.peak_tracker), made now."""
     try:
         from torch.distributed._tools.mem_tracker import MemTracker
     except Exception as exc:  # ImportError, or a RuntimeError on builds without torch.distributed
@@ -152,12 +154,7 @@ def _memtracker_class() -> type:
         ) from exc
     if not hasattr(MemTracker, "_update_peak_stats") or not hasattr(MemTracker, "track_external"):
         raise UsageError(f"estimate_memory: torch {torch.__version__}'s MemTracker lacks the hooks flopcount uses")
-    return MemTracker
-
-
-def _peak_tracker() -> Any:
-    """The step's one MemTracker subclass (flopcount.step.runner.peak_tracker), made now."""
-    return peak_tracker(_memtracker_class())()
+    return peak_tracker(MemTracker)()
 
 
 #: MemTracker also patches ``torch.UntypedStorage.resize_`` process-wide and puts back what it
@@ -211,12 +208,23 @@ def estimate_memory(
     _refuse_lazy(model)
     cast = floating_dtype(dtype, "estimate_memory: dtype")
     amp = floating_dtype(autocast, "estimate_memory: autocast")
-    call = prepare_call(inputs, kwargs)
-    description = call.description
+    request = _Request(prepare_call(inputs, kwargs), backward, optimizer, loss_fn, cast, amp)
     # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
     with _ESTIMATE_LOCK, real_branches(model.modules()) as branches:
-        estimate = _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn)
+        estimate = _estimate(model, request)
     return dataclasses.replace(estimate, warnings=estimate.warnings + branches.notes) if branches.notes else estimate
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What estimate_memory was asked, as every stage of it reads it."""
+
+    call: PreparedCall
+    backward: bool
+    optimizer: Optional[OptimizerSpec]
+    loss_fn: Optional[LossFn]
+    cast: Optional[torch.dtype]
+    amp: Optional[torch.dtype]
 
 
 def _refuse_lazy(model: nn.Module) -> None:
@@ -235,52 +243,46 @@ def _refuse_lazy(model: nn.Module) -> None:
             )
 
 
-def _estimate(
-    model: nn.Module, call: Any, description: str, backward: bool, optimizer: Optional[OptimizerSpec],
-    cast: Optional[torch.dtype], amp: Optional[torch.dtype], loss_fn: Optional[LossFn] = None,
-    stateless: FrozenSet[str] = frozenset(),
-) -> MemoryEstimate:
+def _estimate(model: nn.Module, request: _Request, stateless: FrozenSet[str] = frozenset()) -> MemoryEstimate:
     """``stateless``: names of parameters the step gives no gradient (found by a first run):
     the warm-up gives them no optimizer state, as a real run's optimizer never makes it."""
-    facts = model_facts(model)
+    facts, call = model_facts(model), request.call
     try:
-        copied = fake_copies(model, list(call.tensors), call.rebuild, dtype=cast, storages=True, retie=True, modules=facts.modules)
+        copied = fake_copies(model, list(call.tensors), call.rebuild, dtype=request.cast, storages=True, retie=True, modules=facts.modules)
     except UsageError as exc:
         raise UsageError(f"estimate_memory: {exc}") from exc
     except FakeRunError as exc:
         raise UsageError(f"estimate_memory: {exc.reason}") from exc
     seed_running(copied.tensors, list(call.tensors))
     twin, mode, (fake_args, fake_kw) = copied.model, copied.mode, copied.call
-    notes = copied.notes + ambient_autocast_note(amp)
+    notes = copied.notes + ambient_autocast_note(request.amp)
     opt, opt_name = (None, None)
-    if optimizer is not None:
+    if request.optimizer is not None:
         trainable = [p for p in twin.parameters() if p.requires_grad]
         with mode:  # an optimizer that makes state in its constructor (Adagrad) makes fake state
-            opt, opt_name = build_optimizer(optimizer, copied.twins, trainable, "estimate_memory")
+            opt, opt_name = build_optimizer(request.optimizer, copied.twins, trainable, "estimate_memory")
             warm_up(opt, "estimate_memory", reuse=True, model=twin, stateless=stateless)  # one step per kind on fakes
     names = facts.names_on(copied.copies)
-    step = (twin, opt, fake_args, fake_kw, backward, amp, names, description, mode, loss_fn)
-    figures = _layered(*step)
+    step = (twin, opt, fake_args, fake_kw, names, mode)
+    figures = _layered(request, *step)
     layered = figures is not None
     if figures is None:
         for param in twin.parameters():
             param.grad = None  # a cut run that stopped may have left some
         tracker = _peak_tracker()
         try:
-            _tracked_step(tracker, *step, warm=False)
+            _tracked_step(request, tracker, *step, warm=False)
         except _NeedsData as needs:
-            tracker, copy_model, copy_names, note = _real_step_fallback(
-                model, call, facts, optimizer, backward, cast, amp, description, needs, loss_fn
-            )
+            tracker, copy_model, copy_names, note = _real_step_fallback(model, request, facts, needs)
             notes.append(note)
-            return _collect(_figures(tracker, copy_names), copy_model, copy_names, backward, opt_name, cast, description, notes)
+            return _collect(request, _figures(tracker, copy_names), copy_model, copy_names, opt_name, notes)
         figures = _figures(tracker, names)
     # after a replay the layers past the check's cut ran in no run (their gradients are None):
     # the check proved them alike the ones it ran, so each of theirs is judged as its twin in those
     found = _gradless_in_layers(twin, opt) if layered else gradless(twin, opt)
     if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
-        return _estimate(model, call, description, backward, optimizer, cast, amp, loss_fn, found)
-    return _collect(figures, twin, names, backward, opt_name, cast, description, notes)
+        return _estimate(model, request, found)
+    return _collect(request, figures, twin, names, opt_name, notes)
 
 
 def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
@@ -302,9 +304,8 @@ def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
 
 
 def _layered(
-    twin: nn.Module, opt: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], backward: bool,
-    amp: Optional[torch.dtype], names: Mapping[nn.Module, str], description: str, mode: Any,
-    loss_fn: Optional[LossFn] = None,
+    request: _Request, twin: nn.Module, opt: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+    names: Mapping[nn.Module, str], mode: Any,
 ) -> Optional[Figures]:
     """The step's figures with its repeated layers replayed (flopcount.step.replay): the step
     run on the copy cut to 3 layers (the template) and to 4 (the check); None (trace it in
@@ -326,7 +327,7 @@ def _layered(
             with truncated(stack, keep), record_forward_calls(twin, tracker, timeline):
                 tracker.timeline = timeline
                 tracker.layer_tensors = lambda keep=keep: layer_tensors(stack, keep, opt)
-                _tracked_step(tracker, twin, opt, args, kwargs, backward, amp, names, description, mode, loss_fn, warm=False)
+                _tracked_step(request, tracker, twin, opt, args, kwargs, names, mode, warm=False)
         except Exception:  # the cut copy cannot run as the whole: the whole is traced
             return None
         known = tracker._mod_tracker.get_known_fqn
@@ -340,7 +341,7 @@ def _layered(
     if template is None or not template.checked(runs[1][1]):
         return None
     # the parent's forward proven to treat every middle layer alike (flopcount.step.parent_walk)
-    run = forward_of(args, kwargs, backward, amp, amp_device(twin, args, kwargs))
+    run = forward_of(args, kwargs, request.backward, request.amp, amp_device(twin, args, kwargs))
     with mode:
         if not parent_proven(stack, run, twin, functools.partial(truncated, stack)):
             return None
@@ -380,18 +381,8 @@ class _NeedsData(Exception):
 
 
 def _tracked_step(
-    tracker: Any,
-    twin: nn.Module,
-    opt: Any,
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-    backward: bool,
-    amp: Optional[torch.dtype],
-    names: Mapping[nn.Module, str],
-    description: str,
-    mode: Any,
-    loss_fn: Optional[LossFn] = None,
-    warm: bool = True,
+    request: _Request, tracker: Any, twin: nn.Module, opt: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+    names: Mapping[nn.Module, str], mode: Any, warm: bool = True,
 ) -> None:
     """One step of ``twin`` inside ``tracker`` (under ``mode``: the fake mode, or nothing for a
     real step); a failure names the module it happened in; warnings' formatter kept. Fake
@@ -410,14 +401,14 @@ def _tracked_step(
             with tracker, ModuleStack(names) as stack:
                 try:
                     run_step(
-                        twin, args, kwargs, backward=backward, optimizer=opt, loss_fn=loss_fn, amp=amp,
-                        device_type=amp_device(twin, args, kwargs), tracker=tracker,
+                        twin, args, kwargs, backward=request.backward, optimizer=opt, loss_fn=request.loss_fn,
+                        amp=request.amp, device_type=amp_device(twin, args, kwargs), tracker=tracker,
                     )
                 except FlopcountError:
                     raise
                 except Exception as exc:
-                    error = _step_error(exc, stack.current, description)
-                    if _reads_data(exc):
+                    error = _step_error(exc, stack.current, request.call.description)
+                    if _in_chain(exc, _needs_value):
                         raise _NeedsData(error) from exc
                     raise error from exc
     finally:
@@ -425,21 +416,13 @@ def _tracked_step(
 
 
 def _real_step_fallback(
-    model: nn.Module,
-    call: Any,
-    facts: Any,
-    optimizer: Optional[OptimizerSpec],
-    backward: bool,
-    cast: Optional[torch.dtype],
-    amp: Optional[torch.dtype],
-    description: str,
-    needs: _NeedsData,
-    loss_fn: Optional[LossFn] = None,
+    model: nn.Module, request: _Request, facts: Any, needs: _NeedsData
 ) -> Tuple[Any, nn.Module, Dict[nn.Module, str], str]:
     """The step that read tensor values run for real, as count_flops falls back to one real
     run: on a deep copy of the model and inputs (the caller's are never touched), measured
     by the same MemTracker. Refused on meta or fake weights and inputs (no values to read).
     Returns the tracker, the copy, its module names and the note that says so."""
+    call, cast = request.call, request.cast
     dataless = [t for t in (*call.tensors, *facts.parameters, *facts.buffers) if isinstance(t, torch.Tensor) and is_dataless(t)]
     if dataless:
         raise TraceError(
@@ -456,12 +439,12 @@ def _real_step_fallback(
         copy_tensors = [t.to(cast) if t.is_floating_point() else t for t in copy_tensors]
     args, kwargs = call.rebuild(copy_tensors)
     opt = None
-    if optimizer is not None:
+    if request.optimizer is not None:
         trainable = [p for p in copy_model.parameters() if p.requires_grad]
-        opt, _ = build_optimizer(optimizer, twins, trainable, "estimate_memory")
+        opt, _ = build_optimizer(request.optimizer, twins, trainable, "estimate_memory")
     names = facts.names_on(memo)
     tracker = _peak_tracker()
-    _tracked_step(tracker, copy_model, opt, args, kwargs, backward, amp, names, description, contextlib.nullcontext(), loss_fn)
+    _tracked_step(request, tracker, copy_model, opt, args, kwargs, names, contextlib.nullcontext())
     first = (str(needs.error).splitlines() or [""])[0]
     return (
         tracker,
@@ -474,43 +457,25 @@ def _real_step_fallback(
 
 
 def _step_error(exc: Exception, where: str, description: str) -> TraceError:
-    place = f"module '{where}'" if where else "the root module"
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    hint = ""
-    if "DataDependent" in type(exc).__name__ or "DynamicOutputShape" in type(exc).__name__:
-        hint = " (fake tensors have no values: the step reads tensor data, e.g. .item() or nonzero())"
+    hint = " (fake tensors have no values: the step reads tensor data, e.g. .item() or nonzero())" if _needs_value(exc) else ""
     return TraceError(
-        f"estimate_memory: the step failed in {place} with inputs {description}: "
-        f"{type(exc).__name__}: {first_line}{hint}",
+        f"estimate_memory: the step failed in {module_place(where)} with inputs {description}: "
+        f"{type(exc).__name__}: {first_line(exc)}{hint}",
         module_path=where,
         input_shapes=description,
     )
 
 
-def _reads_data(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is fake tensors' "this needs a value" error."""
-    seen: set = set()
-    current: Optional[BaseException] = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        name = type(current).__name__
-        if "DataDependent" in name or "DynamicOutputShape" in name:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+def _needs_value(exc: BaseException) -> bool:
+    """Whether ``exc`` is fake tensors' "this needs a value" error."""
+    return "DataDependent" in type(exc).__name__ or "DynamicOutputShape" in type(exc).__name__
 
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 def _collect(
-    figures: Figures,
-    twin: nn.Module,
-    names: Mapping[nn.Module, str],
-    backward: bool,
-    opt_name: Optional[str],
-    cast: Optional[torch.dtype],
-    description: str,
+    request: _Request, figures: Figures, twin: nn.Module, names: Mapping[nn.Module, str], opt_name: Optional[str],
     notes: List[str],
 ) -> MemoryEstimate:
     snapshot = figures.peak_snapshot
@@ -550,12 +515,12 @@ def _collect(
         at_peak=at_peak,
         peak_module=peak_module,
         peak_phase=figures.peak_phase,  # type: ignore[arg-type]
-        mode="training step" if opt_name else "forward+backward" if backward else "inference",
+        mode="training step" if opt_name else "forward+backward" if request.backward else "inference",
         optimizer=opt_name,
         params=sum(p.numel() for p in twin.parameters()),
         device=", ".join(devices) or "cpu",
-        dtype=None if cast is None else str(cast).replace("torch.", ""),
-        input_description=description,
+        dtype=None if request.cast is None else str(request.cast).replace("torch.", ""),
+        input_description=request.call.description,
         modules=tuple(modules),
         warnings=tuple(notes),
     )

@@ -135,6 +135,9 @@ def plan(
     amp = floating_dtype(autocast, "plan: autocast")
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if registry is not None and not isinstance(registry, HandlerRegistry):
+        raise UsageError(f"registry must be a flopcount HandlerRegistry, got {type(registry).__name__}")
+    costs = registry if registry is not None else default_registry()
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
     with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh:
         groups = mesh_groups(mesh)
@@ -144,7 +147,7 @@ def plan(
         def planned(stateless: FrozenSet[str]) -> Tuple[str, int, StepRecord, str]:
             layered = _layered_step(
                 build, mesh, fsdp, tp, tp_plan, compute, args, kw, optimizer, loss_fn, groups, backend, amp,
-                _registry(registry), stateless,
+                costs, stateless,
             )
             if layered is not None:
                 return layered
@@ -157,7 +160,7 @@ def plan(
             prefix, wrapped, record, dtype = planned(record.gradless)
     if compute is not None or amp is not None:
         dtype = str(compute or amp).replace("torch.", "")
-    costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), _registry(registry))
+    costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), costs)
     flops, macs, by_operator, unsupported = _book(costed)
     comm = _comm_rows(record.collectives, groups, links)
     tokens = _tokens(args, kw)
@@ -165,7 +168,7 @@ def plan(
     bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links) or not dims)
     notes = _notes(unsupported, bool(links) or not dims, gpu) + record.notes
     with preserved_rng():
-        model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, _registry(registry))
+        model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, costs)
     if why:
         notes += (why,)
     bounds = _utilisation(bounds, model_flops, sum(flops.values()))
@@ -200,12 +203,6 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
     if part is None:
         raise UsageError(f"on: unknown GPU {device!r} (known parts: {known_names()}; or None for no step times)")
     return part.name
-
-
-def _registry(registry: Optional[HandlerRegistry]) -> HandlerRegistry:
-    if registry is not None and not isinstance(registry, HandlerRegistry):
-        raise UsageError(f"registry must be a flopcount HandlerRegistry, got {type(registry).__name__}")
-    return registry if registry is not None else default_registry()
 
 
 def _built(build: Callable[[], nn.Module]) -> nn.Module:

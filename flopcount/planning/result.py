@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from flopcount.core.deprecation import warn_renamed
 from flopcount.core.diagnostics import from_texts, unsupported_ops
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered, render
 from flopcount.devices.parts import LINKS as _LINKS
 from flopcount.errors import UsageError
 from flopcount.types import Diagnostic
@@ -32,11 +32,7 @@ def ring_factor(kind: str, n: int) -> float:
     """Wire bytes per rank / full buffer bytes for a ring collective on ``n`` ranks."""
     if n <= 1:
         return 0.0
-    if kind == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if kind == "broadcast":
-        return 1.0
-    return (n - 1) / n
+    return {"all_reduce": 2.0 * (n - 1) / n, "broadcast": 1.0}.get(kind, (n - 1) / n)
 
 
 def link_bandwidth(link: Union[str, float], where: str = "link") -> Tuple[str, float]:
@@ -103,7 +99,7 @@ class StepTimeBounds:
 
 
 @dataclass(frozen=True)
-class PlanResult:
+class PlanResult(Rendered):
     """One rank's cost of one training step (rank 0 of ``fsdp x tp``).
 
     ``flops``/``macs``: by phase (forward, backward, optimizer). ``peak_bytes``: torch's
@@ -180,11 +176,5 @@ class PlanResult:
         data["device"] = self.on  # 0.2's key for the modeled GPU, kept one release
         return data
 
-    def table(self) -> str:
-        return render(self, "table")
-
     def to_markdown(self) -> str:
         return render(self, "markdown")
-
-    def __str__(self) -> str:
-        return self.table()

@@ -17,11 +17,12 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 import torch
 from torch import nn
 
+from flopcount.core.inputs import flat_values
 from flopcount.planning.world import PlanError, private
 from flopcount.step.autocast import amp_device
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, gradless
-from flopcount.step.replay import categories, local_shard
-from flopcount.step.runner import flat_values, peak_tracker, run_step
+from flopcount.step.replay import categories, local_shard, record_forward_calls
+from flopcount.step.runner import peak_tracker, run_step
 from flopcount.tracers._modules import ModuleStack, module_names
 from flopcount.tracers._recorder import Recorder, _signature, outputs_of, value_of
 from flopcount.tracers._vocabulary import CompositeInterceptor, _autocast_on
@@ -115,7 +116,6 @@ class _StepRecorder(Recorder):
     def __init__(self, modules: ModuleStack, groups: Mapping[str, Any], backend: str = "nccl"):
         super().__init__(modules, answer_reads=False)
         self._backend = backend
-        self.tracking = False
         from torch.distributed.tensor import DTensor
 
         self._dtensor = DTensor
@@ -129,10 +129,8 @@ class _StepRecorder(Recorder):
         self.collective_stamps: List[int] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        dtensor = self._dtensor
-        for kind in types:
-            if issubclass(kind, dtensor):
-                return NotImplemented
+        if any(issubclass(kind, self._dtensor) for kind in types):
+            return NotImplemented
         if self.shape_runs():  # DTensor's shape propagation: not this rank's work
             return func(*args, **(kwargs or {}))
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -145,7 +143,7 @@ class _StepRecorder(Recorder):
             self.collectives.append(Collective(kind, name, self._group_of(values), self.phase, size))
             if self.timeline is not None:
                 self.collective_stamps.append(len(self.timeline))
-            if kind == "reduce_scatter" and self._backend == "gloo" and self.tracking:
+            if kind == "reduce_scatter" and self._backend == "gloo":
                 self._gloo_scratch(values)
         return out
 
@@ -208,10 +206,8 @@ def state_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) ->
     """Bytes of this rank's parameter shards, gradient shards and optimizer state."""
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
-    states: List[torch.Tensor] = []
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            states.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    held = optimizer.state.values() if optimizer is not None else ()
+    states = [v for state in held for v in state.values() if isinstance(v, torch.Tensor)]
     return {
         "parameters": sum(_tensor_bytes(local_shard(p)) for p in params),
         "gradients": sum(_tensor_bytes(local_shard(g)) for g in grads),
@@ -287,7 +283,6 @@ def record_step(
     kwargs: Mapping[str, Any],
     loss_fn: Optional[Callable[[Any], Any]] = None,
     groups: Optional[Mapping[str, Any]] = None,
-    track_memory: bool = True,
     backend: str = "nccl",
     amp: Optional[torch.dtype] = None,
     replay: Optional[Any] = None,
@@ -300,35 +295,26 @@ def record_step(
     flat = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
     modules = ModuleStack(module_names(model))
     recorder = _StepRecorder(modules, groups or {}, backend)
-    tracker = _memory_tracker(model, optimizer) if track_memory else None
-    recorder.tracking = tracker is not None
-    shape_runs = ShapeRuns()
-    recorder.shape_runs = shape_runs
-    if tracker is not None:
-        tracker.skip = shape_runs
-        tracker.watch(model, optimizer, flat)
+    tracker = _memory_tracker(model, optimizer)
+    recorder.shape_runs = tracker.skip = ShapeRuns()
+    tracker.watch(model, optimizer, flat)
     hooks: Any = contextlib.nullcontext()
-    if replay is not None and tracker is not None:  # a cut model's run kept as a timeline (plan's reuse)
-        from flopcount.step.replay import record_forward_calls
-
+    if replay is not None:  # a cut model's run kept as a timeline (plan's reuse)
         tracker.timeline = recorder.timeline = replay.timeline
         tracker.layer_tensors = replay.layer_tensors
         hooks = record_forward_calls(model, tracker, replay.timeline)
 
-    def on_phase(phase: Any) -> None:
-        recorder.phase = phase
-
     interceptor = _StepInterceptor(recorder)
-    with hooks, tracker if tracker is not None else contextlib.nullcontext(), modules, interceptor, recorder:
+    with hooks, tracker, modules, interceptor, recorder:
         run_step(
             model, args, kwargs, optimizer=optimizer, loss_fn=loss_fn, amp=amp,
-            device_type=amp_device(model, args, kwargs), tracker=tracker, on_phase=on_phase,
+            device_type=amp_device(model, args, kwargs), tracker=tracker, on_phase=lambda phase: setattr(recorder, "phase", phase),
         )
-    if replay is not None and tracker is not None:
+    if replay is not None:
         replay.recorder, replay.tracker = recorder, tracker
-    peak = categories(tracker.peak_snapshot) if tracker is not None else {}
     return StepRecord(
-        tuple(recorder.events), tuple(recorder.collectives), peak, state_bytes(model, optimizer), dict(modules.calls),
+        tuple(recorder.events), tuple(recorder.collectives), categories(tracker.peak_snapshot), state_bytes(model, optimizer),
+        dict(modules.calls),
         gradless(model, optimizer),
     )
 

@@ -122,13 +122,8 @@ def device_mesh(fsdp: int, tp: int, device_type: str = "cpu") -> Any:
 
 def mesh_groups(mesh: Any) -> Dict[str, Tuple[str, int]]:
     """``{process group name: (mesh dim name, group size)}`` for each dim of ``mesh``."""
-    if mesh is None:
-        return {}
-    found = {}
-    for name in mesh.mesh_dim_names:
-        group = mesh.get_group(name)
-        found[group.group_name] = (name, group.size())
-    return found
+    groups = {name: mesh.get_group(name) for name in mesh.mesh_dim_names} if mesh is not None else {}
+    return {group.group_name: (name, group.size()) for name, group in groups.items()}
 
 
 # ----------------------------------------------------------------------- the model

@@ -18,7 +18,7 @@ import torch
 from flopcount.core.inputs import output_tensors
 from flopcount.errors import UsageError
 
-__all__ = ["backward_roots", "default_loss", "differentiable", "returned_loss", "unique_tensors"]
+__all__ = ["backward_roots", "default_loss", "differentiable", "unique_tensors"]
 
 LossFn = Callable[[Any], Any]
 
@@ -39,26 +39,17 @@ def unique_tensors(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     return out
 
 
-def returned_loss(outputs: Any) -> Optional[torch.Tensor]:
-    """The loss the model returned (``outputs.loss`` or ``outputs["loss"]``), if it requires grad."""
-    if isinstance(outputs, torch.Tensor):
-        return None
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss
-    return None
-
-
 def backward_roots(outputs: Any, loss_fn: Optional[LossFn] = None) -> List[torch.Tensor]:
     """The tensors whose sum the step differentiates: ``loss_fn(outputs)``'s, else the
-    returned loss, else every differentiable output (possibly none: the caller says why)."""
+    returned loss (``outputs.loss`` or ``outputs["loss"]``, if it requires grad), else every
+    differentiable output (possibly none: the caller says why)."""
     if loss_fn is not None:
         roots = output_tensors(loss_fn(outputs))
         if not roots:
             raise UsageError("loss_fn must return a tensor (or tensors) to differentiate")
         return differentiable(roots)
-    loss = returned_loss(outputs)
-    return [loss] if loss is not None else differentiable(output_tensors(outputs))
+    loss = None if isinstance(outputs, torch.Tensor) else outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return [loss] if isinstance(loss, torch.Tensor) and loss.requires_grad else differentiable(output_tensors(outputs))
 
 
 def default_loss(outputs: Any) -> torch.Tensor:

@@ -54,6 +54,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core import hooks
+from flopcount.core.inputs import output_tensors  # plain recursion: no reference cycle while the collector is off
 
 __all__ = ["forward_of", "model_state", "parent_proven"]
 
@@ -97,19 +98,22 @@ class _Walk(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        self._parents(lambda: ("op", str(func), self._describe(args, True), self._describe(kwargs or {}, True), self._describe(out, False)), out)
+        return out
+
+    def _parents(self, record: Callable[[], Any], out: Any) -> None:
+        """``record()`` added, with ``out``'s tensors, when the parent (outside every layer) made it."""
         if self.depth == 0 and self.error is None:
             try:
-                record = ("op", str(func), self._describe(args, True), self._describe(kwargs or {}, True), self._describe(out, False))
-                self._add(record, out)
+                self._add(record(), out)
             except _Broken as exc:
                 self.error = str(exc)
-        return out
 
     def _add(self, record: Any, out: Any) -> None:
         block = self.blocks[self.block]
         index = len(block)
         block.append(record)
-        for k, t in enumerate(_tensors(out)):
+        for k, t in enumerate(output_tensors(out)):
             self._track(t, (self.block, index, k))
 
     def _track(self, tensor: torch.Tensor, token: Tuple[int, int, int]) -> None:
@@ -185,11 +189,7 @@ class _Walk(TorchDispatchMode):
 
     def hooked(self, name: str, tensor: Any) -> None:
         """A tensor hook registered by the parent (it runs in the backward): a record."""
-        if self.depth == 0 and self.error is None:
-            try:
-                self._add(("hook", name, self._describe(tensor, True)), None)
-            except _Broken as exc:
-                self.error = str(exc)
+        self._parents(lambda: ("hook", name, self._describe(tensor, True)), None)
 
     def _state(self, layer: nn.Module) -> Tuple[Any, ...]:
         parts: List[Any] = []
@@ -202,7 +202,7 @@ class _Walk(TorchDispatchMode):
         return tuple(parts)
 
     def _shape_of(self, out: Any, args: Any, kwargs: Any) -> Any:
-        given = {id(t): i for i, t in enumerate(_tensors((args, kwargs)))}
+        given = {id(t): i for i, t in enumerate(output_tensors((args, kwargs)))}
         if isinstance(out, torch.Tensor):
             if id(out) in given:
                 return ("given", given[id(out)])
@@ -216,7 +216,7 @@ class _Walk(TorchDispatchMode):
     def _made(self, shape: Any, args: Any, kwargs: Any) -> Any:
         kind, what = shape
         if kind == "given":
-            return _tensors((args, kwargs))[what]
+            return output_tensors((args, kwargs))[what]
         if kind == "value":
             return what
         if kind in ("tuple", "list"):
@@ -310,29 +310,12 @@ def _meta(t: torch.Tensor) -> Tuple[Any, ...]:
     return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device, t.requires_grad)
 
 
-def _tensors(value: Any) -> List[torch.Tensor]:
-    """The tensors in ``value`` (nested tuples, lists, dicts), in order. Iterative: a recursive
-    closure would be a reference cycle, which keeps the tensors alive while the collector is off."""
-    out: List[torch.Tensor] = []
-    todo = [value]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (tuple, list)):
-            todo.extend(reversed(v))
-        elif isinstance(v, dict):
-            todo.extend(reversed(list(v.values())))
-    return out
-
-
 def _walk(
     model: nn.Module, layers: List[nn.Module], hidden: Dict[int, frozenset], run: Callable[[nn.Module], Any],
     outputs: Dict[Any, Any],
 ) -> List[Tuple[Any, ...]]:
     walk = _Walk(layers, hidden, outputs)
-    originals = [layer.__dict__.get("forward") for layer in layers]
-    for layer in layers:
+    for layer in layers:  # no layer has a forward of its own (find_stack refused any)
         layer.__dict__["forward"] = walk.stand_in(layer, layer.forward)
     enabled = gc.isenabled()
     gc.disable()  # deaths by reference counts only: the same every run
@@ -346,11 +329,8 @@ def _walk(
             del out
     finally:
         walk.depth = 1  # no more records (the stand-ins' tensors die as the walk is dropped)
-        for layer, original in zip(layers, originals):
-            if original is None:
-                layer.__dict__.pop("forward", None)
-            else:
-                layer.__dict__["forward"] = original
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
         if enabled:
             gc.enable()
     if walk.error is not None:

@@ -328,10 +328,6 @@ def _plus(a: Mapping[Any, int], b: Mapping[Any, int], times: int = 1) -> Dict[An
     return {k: v for k, v in out.items() if v}
 
 
-def _minus(a: Mapping[Any, int], b: Mapping[Any, int]) -> Dict[Any, int]:
-    return _plus(a, b, -1)
-
-
 def _total(snap: Mapping[Tuple[Any, Any], int]) -> int:
     return sum(v for (dev, key), v in snap.items() if key == "Total")
 
@@ -398,8 +394,11 @@ class Template:
         from the start: the two first records' difference)."""
         if not check or not self.records:
             return False
-        self.static = _minus(check[0][1], self.records[0][1])
-        return same_timeline(self.materialize(self.LAYERS + 1), check)
+        self.static = _plus(check[0][1], self.records[0][1], -1)
+        made = self.materialize(self.LAYERS + 1)  # optimizer labels aside
+        return len(made) == len(check) and all(
+            x[0] == y[0] and x[3] == y[3] and x[2] == y[2] and normalized(x[1]) == normalized(y[1]) for x, y in zip(made, check)
+        )
 
     def spread(self, layers: int, stamps: Sequence[int], items: Sequence[Any]) -> List[Any]:
         """``items`` recorded beside the template's timeline (an op event, a collective; each
@@ -451,7 +450,7 @@ class Template:
             if start < cursor:
                 return None
             pieces.append(_Piece(cursor, start, False, phase))
-            delta = _minus(records[stop][1], records[start][1])
+            delta = _plus(records[stop][1], records[start][1], -1)
             pieces.append(_Piece(start, stop, True, phase, delta))
             cursor = stop
         if not pieces:
@@ -491,10 +490,6 @@ class Template:
                 yield piece, _plus(offset, piece.delta, i), target
             offset = _plus(offset, piece.delta, extra)
 
-    def _moved(self, name: str, index: int) -> str:
-        _, dot, tail = name[len(self.prefix):].partition(".")
-        return f"{self.prefix}{index}{dot}{tail}"
-
     def renamed(self, name: str, piece: _Piece, target: int, layers: int) -> List[str]:
         """``name`` of the template in the ``layers``-layer timeline. In a middle piece standing
         for layer ``target``: layer 1 is ``target``, the layer before it in the phase's order
@@ -507,27 +502,27 @@ class Template:
         if piece.middle:
             back = piece.phase == "backward"
             if index == 1:
-                return [self._moved(name, target)]
+                return [_moved(self.prefix, name, target)]
             before = (index == 2) if back else (index == 0)
             step = 1 if before == back else -1
-            return [self._moved(name, target + step)]
+            return [_moved(self.prefix, name, target + step)]
         if index == 0:
             return [name]
         if index == 2:
-            return [self._moved(name, layers - 1)]
+            return [_moved(self.prefix, name, layers - 1)]
         middle = piece.after
         if middle is None:
             return [name]
         last = 1 if middle.phase == "backward" else layers - 2
-        out = [self._moved(name, last)]
+        out = [_moved(self.prefix, name, last)]
         if name in middle.residue:
-            out += [self._moved(name, k) for k in range(1, layers - 1) if k != last]
+            out += [_moved(self.prefix, name, k) for k in range(1, layers - 1) if k != last]
         return out
 
     def left_running(self, piece: _Piece, target: int, layers: int) -> List[str]:
         """The names the layers met before the one before ``target`` in the piece's phase left running."""
         earlier = range(target + 2, layers) if piece.phase == "backward" else range(0, target - 1)
-        return [self._moved(name, k) for k in earlier for name in piece.residue]
+        return [_moved(self.prefix, name, k) for k in earlier for name in piece.residue]
 
     def _names(self, names: FrozenSet[str], piece: _Piece, target: int, layers: int) -> FrozenSet[str]:
         out = [n for name in names for n in self.renamed(name, piece, target, layers)]
@@ -607,13 +602,6 @@ def _index(name: str, prefix: str) -> Optional[int]:
     return int(head) if head.isdigit() else None
 
 
-def same_timeline(a: Sequence[Record], b: Sequence[Record]) -> bool:
-    """Whether two timelines are the same record for record (optimizer labels aside)."""
-    return len(a) == len(b) and all(
-        x[0] == y[0] and x[3] == y[3] and x[2] == y[2] and normalized(x[1]) == normalized(y[1]) for x, y in zip(a, b)
-    )
-
-
 def layer_names(stack: Stack, known: Callable[[nn.Module], Optional[str]], prefix: str) -> Dict[nn.Module, str]:
     """MemTracker's names of every module of the layers the cut copies never ran, made from
     layer 1's (the layers are the same tree)."""
@@ -622,8 +610,12 @@ def layer_names(stack: Stack, known: Callable[[nn.Module], Optional[str]], prefi
     for index in range(len(stack)):
         for mine, model in zip(stack.layer(index).modules(), template):
             name = known(model)
-            if name is None:
-                continue
-            _, dot, tail = name[len(prefix):].partition(".")
-            out[mine] = f"{prefix}{index}{dot}{tail}"
+            if name is not None:
+                out[mine] = _moved(prefix, name, index)
     return out
+
+
+def _moved(prefix: str, name: str, index: int) -> str:
+    """``name`` (``prefix`` + a layer's index + the rest) moved to layer ``index``."""
+    _, dot, tail = name[len(prefix):].partition(".")
+    return f"{prefix}{index}{dot}{tail}"

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
+from flopcount.core.inputs import flat_values
 from flopcount.errors import UsageError
 from flopcount.step.loss import LossFn, default_loss
+from flopcount.step.replay import snapshot
 from flopcount.types import Phase
 
-__all__ = ["autocast_nested", "flat_values", "peak_tracker", "run_step"]
+__all__ = ["autocast_nested", "peak_tracker", "run_step"]
 
 def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
@@ -83,8 +85,7 @@ def peak_tracker(base: type) -> type:
                 self.peak_where = frozenset(parents)
                 self.peak_phase = phase
             if self.timeline is not None:
-                flat = {(dev, key): value for dev, values in snap.items() for key, value in values.items() if value}
-                record = ("op", flat, frozenset(parents), phase, self._touched)
+                record = ("op", snapshot(self), frozenset(parents), phase, self._touched)
                 # the same bytes, modules, phase and layer as the last op's (a view: FSDP's lazy
                 # init makes some per layer before the forward) adds nothing to any figure
                 if record != self._last_record:
@@ -132,12 +133,6 @@ def peak_tracker(base: type) -> type:
 
     PeakTracker.__name__ = PeakTracker.__qualname__ = f"Peak{base.__name__}"
     return PeakTracker
-
-
-def flat_values(values: Iterable[Any]) -> Iterator[Any]:
-    """Each value, with a list's or tuple's items in its place (one level: an op's arguments)."""
-    for value in values:
-        yield from value if isinstance(value, (list, tuple)) else (value,)
 
 
 def _has_tensor(value: Any) -> bool:

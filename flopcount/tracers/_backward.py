@@ -224,13 +224,10 @@ class BackwardAttribution:
                     stand_ins.__exit__(None, None, None)
             mark()
 
-        try:
-            self._handles = [
-                module_impl.register_module_forward_pre_hook(enter),
-                module_impl.register_module_forward_hook(exit_always, always_call=True),
-            ]
-        except TypeError:  # torch < 2.1: no always_call; recomputed regions keep leaf names
-            self._handles = []
+        self._handles = [
+            module_impl.register_module_forward_pre_hook(enter),
+            module_impl.register_module_forward_hook(exit_always, always_call=True),
+        ]
 
     def __exit__(self, *exc: Any) -> None:
         self.stop_marking()

@@ -21,7 +21,7 @@ class StateWatch:
     the buffers the run uses."""
 
     def __init__(self) -> None:
-        #: set by the tracer from its trace (``flopcount.core.state.draws_random``). Used only
+        #: set by the tracer from its trace (``flopcount.core.state.drawing_events``). Used only
         #: without ``own_buffers`` (a benchmark's run): False when the run drew no random
         #: number, so the process-wide RNG is not set back; None (unknown) or True: it is
         #: restored. A tracer's real run (``own_buffers``) draws on private generators

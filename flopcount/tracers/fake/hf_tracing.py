@@ -128,10 +128,7 @@ class FakeValues(TorchDispatchMode):
         """No fake among the top-level arguments is unknown (a quick test before a float op is
         followed: most have an activation or a weight among them)."""
         values, fake = self._values, self._fake
-        for value in args:
-            if type(value) is fake and value not in values:
-                return False
-        for value in kwargs.values():
+        for value in (*args, *kwargs.values()):
             if type(value) is fake and value not in values:
                 return False
         return True
@@ -141,12 +138,7 @@ class FakeValues(TorchDispatchMode):
             self._forget_if_written(func, args, kwargs)
             return
         try:
-            tensors, rebuild = flatten_tensors((args, kwargs))
-            cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
-            cpu_args = tuple(_CPU if isinstance(a, torch.device) else a for a in cpu_args)
-            cpu_kwargs = {k: _CPU if isinstance(v, torch.device) else v for k, v in cpu_kwargs.items()}
-            with torch._C._DisableTorchDispatch():
-                value = func(*cpu_args, **cpu_kwargs)
+            value = self._on_cpu_run(func, args, kwargs)
         except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
             self._forget_if_written(func, args, kwargs)
             return
@@ -154,6 +146,15 @@ class FakeValues(TorchDispatchMode):
             self._values[out] = value
         else:
             self._forget_if_written(func, args, kwargs)
+
+    def _on_cpu_run(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """``func`` run below every mode on the CPU values of its arguments (devices made cpu)."""
+        tensors, rebuild = flatten_tensors((args, kwargs))
+        cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
+        cpu_args = tuple(_CPU if isinstance(a, torch.device) else a for a in cpu_args)
+        cpu_kwargs = {k: _CPU if isinstance(v, torch.device) else v for k, v in cpu_kwargs.items()}
+        with torch._C._DisableTorchDispatch():
+            return func(*cpu_args, **cpu_kwargs)
 
     def _on_cpu(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, self._fake):
@@ -199,13 +200,17 @@ class FakeValues(TorchDispatchMode):
                 fake.constant = value
             return func(*args, **kwargs)
         except Exception:  # FakeTensorMode would not fold it (a real tensor beside the fake): read here
-            tensors, rebuild = flatten_tensors((args, kwargs))
-            cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
-            with torch._C._DisableTorchDispatch():
-                return func(*cpu_args, **cpu_kwargs)
+            return self._on_cpu_run(func, args, kwargs)
         finally:
             for fake, old in zip(fakes, before):
                 fake.constant = old
+
+
+class _Runs(threading.local):
+    """This thread's runs that answer a probe, innermost last."""
+
+    def __init__(self) -> None:
+        self.runs: List[Any] = []
 
 
 class _Probe:
@@ -219,15 +224,11 @@ class _Probe:
         self.module: Any = None
         self.original: Optional[Callable[..., bool]] = None
         self.wrapper: Optional[Callable[..., bool]] = None
-        self.local = threading.local()
+        self.local = _Runs()
 
-    def runs(self) -> List[Any]:
-        runs: Optional[List[Any]] = getattr(self.local, "runs", None)
-        if runs is None:
-            runs = self.local.runs = []
-        return runs
-
-    def install(self) -> bool:
+    def enter(self, run: Any) -> bool:
+        """Install the wrapper and make ``run`` this thread's innermost (False: transformers' probe
+        is not there, nothing done)."""
         module = sys.modules.get(PROBE_MODULE)
         if module is None:
             return False
@@ -240,26 +241,14 @@ class _Probe:
                 self.wrapper = _wrapper(self, original)
                 setattr(module, self.name, self.wrapper)
             self.count += 1
-        return True
-
-    def enter(self, run: Any) -> bool:
-        """Install the wrapper and make ``run`` this thread's innermost (False: transformers' probe
-        is not there, nothing done)."""
-        if not self.install():
-            return False
-        self.runs().append(run)
+        self.local.runs.append(run)
         return True
 
     def leave(self, run: Any) -> None:
         """Undo :meth:`enter` for ``run``."""
-        try:
-            runs = self.runs()
-            if runs and runs[-1] is run:
-                runs.pop()
-        finally:
-            self.uninstall()
-
-    def uninstall(self) -> None:
+        runs = self.local.runs
+        if runs and runs[-1] is run:
+            runs.pop()
         with self.lock:
             self.count -= 1
             if self.count == 0:
@@ -272,7 +261,7 @@ class _Probe:
 
 def _wrapper(probe: _Probe, original: Callable[..., bool]) -> Callable[..., bool]:
     def answered(*args: Any) -> bool:
-        runs: Optional[List[Any]] = getattr(probe.local, "runs", None)
+        runs = probe.local.runs
         if runs:
             answer = runs[-1].answer(*args)
             if answer is not None:
@@ -334,9 +323,7 @@ class RealBranches:
         return None
 
     def __enter__(self) -> RealBranches:
-        if not self.active:
-            return self
-        self._installed = _PROBE.enter(self)
+        self._installed = self.active and _PROBE.enter(self)
         if not self._installed:
             return self
         assert self.values is not None
@@ -376,12 +363,8 @@ def uses_transformers(modules: Iterable[Any]) -> bool:
     module)`` pairs) is one of its classes (or a subclass of one)."""
     if PROBE_MODULE not in sys.modules:
         return False
-    for item in modules:
-        module = item[1] if isinstance(item, tuple) else item
-        for cls in type(module).__mro__:
-            if cls.__module__.startswith("transformers."):
-                return True
-    return False
+    kinds = (type(item[1] if isinstance(item, tuple) else item) for item in modules)
+    return any(cls.__module__.startswith("transformers.") for kind in kinds for cls in kind.__mro__)
 
 
 def real_branches(modules: Iterable[Any], fakes: Sequence[Any] = (), reals: Sequence[Any] = ()) -> RealBranches:
@@ -393,9 +376,8 @@ def real_branches(modules: Iterable[Any], fakes: Sequence[Any] = (), reals: Sequ
 def seed_running(fakes: Sequence[Any], reals: Sequence[Any]) -> None:
     """:meth:`RealBranches.seed` of the innermost run this thread has entered (none: nothing),
     for a reading that makes its fake copies inside the run (estimate_memory)."""
-    runs: Optional[List[RealBranches]] = getattr(_PROBE.local, "runs", None)
-    if runs:
-        runs[-1].seed(fakes, reals)
+    if _PROBE.local.runs:
+        _PROBE.local.runs[-1].seed(fakes, reals)
 
 
 class JitBranches:

@@ -18,6 +18,8 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from flopcount.core.diagnostics import first_line, module_place
+
 __all__ = ["function_failure", "transform_failure"]
 
 _APPLY_FILE = os.path.join("autograd", "function.py")
@@ -68,16 +70,14 @@ def function_failure(exc: BaseException, where: str) -> Optional[str]:
     function = _failing_function(exc)
     if function is None:
         return None
-    place = f"module '{where}'" if where else "the root module"
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if function.__module__ == "torch.utils.checkpoint":
         cause = (
-            f"torch.utils.checkpoint(use_reentrant=True) in {place} runs the checkpointed code inside the "
-            f"custom autograd.Function '{function.__name__}', and torch.jit fails there ({detail})"
+            f"torch.utils.checkpoint(use_reentrant=True) in {module_place(where)} runs the checkpointed code inside the "
+            f"custom autograd.Function '{function.__name__}', and torch.jit fails there ({first_line(exc)})"
         )
     else:
         cause = (
-            f"torch.jit failed inside the custom autograd.Function '{function.__name__}' in {place} ({detail}), "
+            f"torch.jit failed inside the custom autograd.Function '{function.__name__}' in {module_place(where)} ({first_line(exc)}), "
             "as it does when a Function's forward calls a module"
         )
     return f"the jit tracer cannot trace this model: {cause}; use tracer='dispatch' (or 'auto'), which sees inside the Function"
@@ -93,10 +93,8 @@ def transform_failure(exc: BaseException, where: str) -> Optional[str]:
     Tensor". None if no frame of the failure is in ``torch/_functorch``."""
     if not any(_FUNCTORCH_DIR in file for file, _ in frames(exc)):
         return None
-    place = f"module '{where}'" if where else "the root module"
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
-        f"the jit tracer cannot trace this model: torch.jit fails inside a torch.func transform in {place} ({detail}); "
+        f"the jit tracer cannot trace this model: torch.jit fails inside a torch.func transform in {module_place(where)} ({first_line(exc)}); "
         "torch.jit records at most one torch.vmap (not nested transforms, grad/jacrev/jacfwd or functional_call); "
         "use tracer='dispatch' "
         "(or 'auto'), which counts them at their physical shapes"

@@ -136,9 +136,7 @@ def function_body(node: Any) -> Optional[Any]:
     if not node.hasAttribute("Subgraph"):
         return None
     body = node.g("Subgraph")
-    if not any(inner.kind() not in PLUMBING for inner in body.nodes()):
-        return None
-    return body
+    return body if any(inner.kind() not in PLUMBING for inner in body.nodes()) else None
 
 
 def keep_unread_results(graph: Any) -> None:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from flopcount.core.diagnostics import first_line, module_place
 from flopcount.core.hooks import around_modules
 from flopcount.tracers.jit.functions import frames
 
@@ -122,9 +123,8 @@ def unpool_failure(exc: BaseException, where: str) -> Optional[str]:
     traced sizes (a direct ``F.max_unpool*d`` call), else None."""
     if not isinstance(exc, TypeError) or "_unpool_output_size" not in (name for _, name in frames(exc)):
         return None
-    place = f"module '{where}'" if where else "the root module"
     return (
-        f"torch.jit cannot trace F.max_unpool*d without output_size in {place}: torch's own size check refuses "
+        f"torch.jit cannot trace F.max_unpool*d without output_size in {module_place(where)}: torch's own size check refuses "
         "the sizes jit traces (nn.MaxUnpool modules are handled); pass output_size, or use tracer='auto' or 'dispatch'"
     )
 
@@ -140,10 +140,8 @@ def meta_kernel_failure(exc: BaseException, where: str) -> Optional[str]:
     kernels = [name for file, name in frames(exc) if file.endswith(_META_KERNELS)]
     if not isinstance(exc, TypeError) or not kernels:
         return None
-    place = f"module '{where}'" if where else "the root module"
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
-        f"the jit tracer cannot trace {place} on meta tensors: torch's meta kernel {kernels[0]} checks the sizes "
-        f"in Python, and jit traces sizes as tensors it cannot test ({detail}); use tracer='dispatch' or 'auto' "
+        f"the jit tracer cannot trace {module_place(where)} on meta tensors: torch's meta kernel {kernels[0]} checks the sizes "
+        f"in Python, and jit traces sizes as tensors it cannot test ({first_line(exc)}); use tracer='dispatch' or 'auto' "
         "for a meta model, or real tensors"
     )

@@ -15,9 +15,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, 
 import torch
 from torch import nn
 
+from flopcount.core.diagnostics import module_place
 from flopcount.core.inputs import output_tensors, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
-from flopcount.core.state import drawing_events, draws_random
+from flopcount.core.state import drawing_events
 from flopcount.errors import TraceError
 from flopcount.tracers._modules import ModuleStack, forward_error
 from flopcount.tracers._sparse import sparse_meta
@@ -252,6 +253,9 @@ def _graph_events(
     return events
 
 
+#: the sentences for failures torch.jit has with some models, the first that applies (else forward_error's)
+_REFUSALS = (unpool_failure, meta_kernel_failure, function_failure, transform_failure)
+
 #: torch.jit's tracing state and the module map swapped in below are process-wide: two
 #: threads tracing with jit at once take turns (the dispatch tracer needs no lock).
 _JIT_LOCK = threading.Lock()
@@ -274,19 +278,18 @@ def trace(
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
     if facts.packed is not None:
-        where = f"module '{facts.packed}'" if facts.packed else "the root module"
         raise TraceError(
-            f"the jit tracer cannot trace quantized packed parameters (in {where}); use tracer='dispatch' or 'auto'",
+            f"the jit tracer cannot trace quantized packed parameters (in {module_place(facts.packed)}); "
+            "use tracer='dispatch' or 'auto'",
             module_path=facts.packed,
             input_shapes=call.description,
         )
     flat = list(call.tensors)
-    rebuild = call.rebuild
     n_inputs = len(flat)
     state: List[torch.Tensor] = list({id(t): t for t in facts.parameters + facts.buffers}.values())
 
     def run(*traced: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        call_args, call_kwargs = rebuild(traced[:n_inputs])
+        call_args, call_kwargs = call.rebuild(traced[:n_inputs])
         outputs = tuple(output_tensors(model(*call_args, **call_kwargs)))
         keep_unread_results(torch._C._get_tracing_state().graph())
         return outputs
@@ -307,12 +310,7 @@ def trace(
                 with private_random_calls() as random:
                     graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
-            refusal = (
-                unpool_failure(exc, modules.current)
-                or meta_kernel_failure(exc, modules.current)
-                or function_failure(exc, modules.current)
-                or transform_failure(exc, modules.current)
-            )
+            refusal = next(filter(None, (refuse(exc, modules.current) for refuse in _REFUSALS)), None)
             if refusal is not None:
                 raise TraceError(refusal, module_path=modules.current, input_shapes=call.description) from exc
             raise forward_error(exc, modules.current, call.description, "jit") from exc
@@ -323,10 +321,8 @@ def trace(
         # the run's draws went to private generators (tracers/jit/random.py); the process's RNG is
         # set back only if one went elsewhere: a draw jit recorded outside the calls redirected
         # (a TorchScript function's randn), or an op the private generators cannot serve
-        if random is None:
-            watch.drew_random = draws_random(events)
-        else:
-            watch.drew_random = random.fell_back or drawing_events(events) > random.redirected_calls
+        drawn = drawing_events(events)
+        watch.drew_random = drawn > 0 if random is None else random.fell_back or drawn > random.redirected_calls
     # torch's own shape checks (BatchNorm's batch-size check...) warn too; they steer no cost
     notes = tuple(
         dict.fromkeys(
