@@ -61,16 +61,7 @@ def _bshd(call: OpCall) -> Dims:
 
 
 def _handler(dims: Callable[[OpCall], Dims], macs: Callable[..., int]) -> Callable[[OpCall], Cost]:
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_macs(macs(*dims(call)))
-
-    return handler
-
-
-_forward_bhsd = _handler(_bhsd, sdpa_macs)
-_forward_bshd = _handler(_bshd, sdpa_macs)
-_backward_bhsd = _handler(_bhsd, sdpa_backward_macs)
-_backward_bshd = _handler(_bshd, sdpa_backward_macs)
+    return lambda call: Cost.from_macs(macs(*dims(call)))
 
 
 _LINEAR, _SDPA = "aten::linear", "aten::scaled_dot_product_attention"
@@ -231,9 +222,9 @@ def register(registry: HandlerRegistry) -> None:
             "aten::_scaled_dot_product_cudnn_attention",
             "aten::_scaled_dot_product_fused_attention_overrideable",
         ],
-        _forward_bhsd,
+        _handler(_bhsd, sdpa_macs),
     )
-    registry.register(["aten::_flash_attention_forward", "aten::_efficient_attention_forward"], _forward_bshd)
+    registry.register(["aten::_flash_attention_forward", "aten::_efficient_attention_forward"], _handler(_bshd, sdpa_macs))
     registry.register(
         [
             "aten::_scaled_dot_product_flash_attention_backward",
@@ -242,6 +233,6 @@ def register(registry: HandlerRegistry) -> None:
             "aten::_scaled_dot_product_cudnn_attention_backward",
             "aten::_scaled_dot_product_fused_attention_overrideable_backward",
         ],
-        _backward_bhsd,
+        _handler(_bhsd, sdpa_backward_macs),
     )
-    registry.register(["aten::_flash_attention_backward", "aten::_efficient_attention_backward"], _backward_bshd)
+    registry.register(["aten::_flash_attention_backward", "aten::_efficient_attention_backward"], _handler(_bshd, sdpa_backward_macs))
