@@ -22,7 +22,7 @@ from flopcount.core.registry import HandlerRegistry
 from flopcount.core.results import FlopResult, reprice_deferred
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
-__all__ = ["Affine", "Limits", "cache_limits", "plan_runs"]
+__all__ = ["Affine", "Limits", "cache_limits", "plan_runs", "same_event"]
 
 # Attribute and config keys whose integer value is a context length at which a cache layer
 # or the position encoding may change behaviour.
@@ -96,11 +96,8 @@ def _keyed_ints(obj: Any, visited: Set[int]) -> Iterator[Tuple[str, int]]:
 def _ints(value: Any) -> Iterator[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _ints(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
+    elif isinstance(value, (Mapping, list, tuple)):
+        for v in value.values() if isinstance(value, Mapping) else value:
             yield from _ints(v)
 
 
@@ -142,6 +139,13 @@ def _merged(runs: List[Tuple[int, int, bool]]) -> List[Tuple[int, int, bool]]:
     return merged
 
 
+def same_event(a: OpEvent, b: OpEvent, *, call: bool = True) -> bool:
+    """Whether two events run one op in the same modules and phase (``call``: with equal
+    arguments and outputs too)."""
+    return a.call.op == b.call.op and a.module_stack == b.module_stack and a.phase == b.phase and (
+        not call or (a.call.args == b.call.args and tuple(a.call.outputs) == tuple(b.call.outputs)))
+
+
 class NotAffine(Exception):
     """Two steps that no affine continuation joins (different ops, dtypes or ranks)."""
 
@@ -160,9 +164,9 @@ class Affine:
         self.first = first
         self.varying: List[Tuple[int, OpEvent, OpEvent]] = []
         for index, ((a, _), (b, _)) in enumerate(zip(first, second)):
-            if a.call.op != b.call.op or a.module_stack != b.module_stack or a.phase != b.phase:
+            if not same_event(a, b, call=False):
                 raise NotAffine
-            if a.call.args != b.call.args or tuple(a.call.outputs) != tuple(b.call.outputs):
+            if not same_event(a, b):
                 self.varying.append((index, a, b))
         # the distinct (step 0, step 1) call pairs among the varying events (the same attention in
         # each of 80 layers): each is continued and priced once per step
@@ -199,14 +203,7 @@ class Affine:
             predicted = self.events(step)
         except NotAffine:
             return False
-        if len(predicted) != len(costed):
-            return False
-        for event, (actual, _) in zip(predicted, costed):
-            if event.call.op != actual.call.op or event.module_stack != actual.module_stack or event.phase != actual.phase:
-                return False
-            if event.call.args != actual.call.args or tuple(event.call.outputs) != tuple(actual.call.outputs):
-                return False
-        return True
+        return len(predicted) == len(costed) and all(same_event(event, actual) for event, (actual, _) in zip(predicted, costed))
 
     def events(self, step: int) -> List[OpEvent]:
         events = [event for event, _ in self.first]

@@ -45,7 +45,7 @@ from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
 from flopcount.decoding.counted import Counter, on_fakes
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
-from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
+from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs, same_event
 from flopcount.errors import TraceError, UsageError
 from flopcount.types import OpCall, TensorMeta, Trace
 
@@ -281,9 +281,8 @@ def _same_steps(first: Costed, second: Costed, wider0: Costed, wider1: Costed, *
     if not (len(first) == len(second) == len(wider0) == len(wider1)):
         return False
     for (a, _), (b, _), (c, _), (d, _) in zip(first, second, wider0, wider1):
-        for x in (b, c, d):
-            if x.call.op != a.call.op or x.module_stack != a.module_stack or x.phase != a.phase:
-                return False
+        if not all(same_event(a, x, call=False) for x in (b, c, d)):
+            return False
         try:
             if _change(a.call, b.call, exact) != _change(c.call, d.call, exact):
                 return False

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from flopcount.core.params import lookup_tables, routed_experts
+from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
 from flopcount.decoding.forwards import Setup
@@ -34,6 +35,7 @@ from flopcount.serving.pricing import (
     weights_held,
 )
 from flopcount.serving.result import ServeResult
+from flopcount.types import ParamSummary
 
 __all__ = ["serve", "serve_facts", "serve_on"]
 
@@ -195,7 +197,7 @@ def _facts(
         notes.append("the count is incomplete, the bounds leave that work out: " + "; ".join(dict.fromkeys(reasons)))
     return ServeFacts(
         prompt_tokens=setup.prompt, new_tokens=new_tokens, counted_batch=b,
-        cache_dtype=cache_dtype(cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(model),
+        cache_dtype=cache_dtype(cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(one.results[0].parameters),
         fixed=fixed, top_k=k if experts > 1 else 0,
         layers=int(_get(config, "num_hidden_layers", "n_layer", "num_layers") or 0),
         hidden=int(_get(config, "hidden_size", "n_embd", "d_model") or 0),
@@ -231,13 +233,9 @@ def _moe(config: Any) -> Tuple[int, int]:
     return (experts, k) if experts and k else (0, 0)
 
 
-def _model_dtype(model: nn.Module) -> str:
+def _model_dtype(parameters: ParamSummary) -> str:
     """The floating dtype holding most of the parameters' bytes (float32 when none)."""
-    sizes: Dict[str, int] = {}
-    for p in model.parameters():
-        if p.is_floating_point():
-            name = str(p.dtype).replace("torch.", "")
-            sizes[name] = sizes.get(name, 0) + p.numel() * p.element_size()
+    sizes = {name: size for name, size in parameters.bytes_by_dtype.items() if is_floating(name)}
     return max(sizes, key=lambda k: sizes[k]) if sizes else "float32"
 
 
