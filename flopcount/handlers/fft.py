@@ -154,9 +154,7 @@ def _stft(call: OpCall) -> Cost:
     if out is None:
         raise ValueError("stft: the output shape is needed to count its frames")
     frames_dim = -2 if not is_complex(out) and out.ndim >= 3 and out.shape[-1] == 2 else -1
-    frames = out.shape[frames_dim]
-    signals = prod(x.shape[:-1])
-    transforms = frames * signals
+    transforms = out.shape[frames_dim] * prod(x.shape[:-1])  # frames x signals
     per = C2C if is_complex(x) else REAL
     window = transforms * n_fft if isinstance(call.arg("window"), TensorMeta) else 0
     norm = _norm_flops(out, bool(call.arg("normalized")))

@@ -138,6 +138,10 @@ class ServeFacts:
     complete: bool = True
     warnings: Tuple[str, ...] = ()
 
+    def kv_split(self, tp: int) -> int:
+        """How many of ``tp`` ranks the cache is split over (at most the KV heads)."""
+        return max(1, min(tp, self.kv_heads or tp))
+
     def at(self, name: str, batch: int) -> float:
         """``batch x name + its fixed part`` for a scalar figure (``cache_held``, ``activation_bytes``...)."""
         return float(batch * getattr(self, name) + self.fixed.get(name, 0.0))

@@ -101,7 +101,7 @@ class Pricing:
     def __init__(self, facts: ServeFacts, roofs: object, dtype: str, weight_dtype: str, tp: int, link: str) -> None:
         self.facts, self.roofs, self.dtype, self.weight_dtype, self.tp = facts, roofs, dtype, weight_dtype, tp
         self.link_bw = LINKS[link] if link else 0.0
-        self.kv_split = max(1, min(tp, facts.kv_heads or tp))
+        self.kv_split = facts.kv_split(tp)
         self.scale = itemsize(dtype) / itemsize(facts.model_dtype) if facts.cache_dtype == facts.model_dtype else 1.0
         self._read: Dict[float, float] = {}  # tokens -> weight bytes a forward over them reads
 
