@@ -13,7 +13,7 @@ the last exactly. Otherwise every step is traced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
 import torch
 
@@ -22,7 +22,7 @@ from flopcount.core.registry import HandlerRegistry
 from flopcount.core.results import FlopResult, reprice_deferred
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
-__all__ = ["Affine", "Limits", "cache_limits", "plan_runs", "same_event"]
+__all__ = ["Affine", "Limits", "NotAffine", "cache_limits", "paired", "plan_runs", "same_event"]
 
 # Attribute and config keys whose integer value is a context length at which a cache layer
 # or the position encoding may change behaviour.
@@ -247,16 +247,25 @@ def _moved_call(a: OpEvent, b: OpEvent, step: int) -> OpCall:
 
 def _continue(a: Any, b: Any, step: int) -> Any:
     """``a`` at step 0 and ``b`` at step 1, continued to ``step``."""
+    return paired(a, b, lambda x, y: TensorMeta(tuple(p + (q - p) * step for p, q in zip(x.shape, y.shape)), x.dtype),
+                  lambda x, y: x + (y - x) * step, lambda x: x)
+
+
+def paired(a: Any, b: Any, tensors: Callable[[TensorMeta, TensorMeta], Any], ints: Callable[[int, int], Any],
+           equal: Callable[[Any], Any]) -> Any:
+    """Two values of one structure walked together (tuples and mappings entry by entry):
+    ``equal(a)`` where they are equal, ``tensors(a, b)`` for two tensors of one dtype and rank
+    and ``ints(a, b)`` for two ints that differ; :class:`NotAffine` where they differ otherwise."""
     if a == b:
-        return a
+        return equal(a)
     if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
         if a.dtype != b.dtype or len(a.shape) != len(b.shape):
             raise NotAffine
-        return TensorMeta(tuple(x + (y - x) * step for x, y in zip(a.shape, b.shape)), a.dtype)
+        return tensors(a, b)
     if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
-        return a + (b - a) * step
+        return ints(a, b)
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return tuple(_continue(x, y, step) for x, y in zip(a, b))
+        return tuple(paired(x, y, tensors, ints, equal) for x, y in zip(a, b))
     if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
-        return {key: _continue(a[key], b[key], step) for key in a}
+        return {key: paired(a[key], b[key], tensors, ints, equal) for key in a}
     raise NotAffine

@@ -83,11 +83,8 @@ def _adaptive_avg_backward(call: OpCall) -> Cost:
 
 
 def _interpolation(per_output: int) -> Handler:
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_flops(per_output * output_numel(call))
-
-    handler.__doc__ = f"{per_output} FLOPs per output element."
-    return handler
+    """``per_output`` FLOPs per output element."""
+    return lambda call: Cost.from_flops(per_output * output_numel(call))
 
 
 def _col2im(call: OpCall) -> Cost:
