@@ -328,11 +328,9 @@ def measure_roofs(
             if not isinstance(dtype, torch.dtype):
                 raise UsageError(f"measure_roofs: not a torch dtype: {name!r}")
             rates: Dict[str, float] = {}
-            try:
+            with contextlib.suppress(RuntimeError):  # no GEMM kernel for this dtype here
                 rate, n = _gemm_rate(dev, dtype, budget_s / 2, timer)
                 rates[f"{n}x{n}x{n} mm"] = rate
-            except RuntimeError:  # no GEMM kernel for this dtype here
-                pass
             for label, kernel in _library_kernels(dev, dtype):
                 with contextlib.suppress(RuntimeError):
                     rates[label] = _best_rate(kernel, budget_s / 4, timer)

@@ -212,27 +212,12 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_native_multi_head_attention", _native_mha)
     registry.register("aten::_transformer_encoder_layer_fwd", _encoder_layer)
     registry.register(MHA_OP, _mha_forward)
-    registry.register(
-        [
-            "aten::scaled_dot_product_attention",
-            "aten::_scaled_dot_product_attention_math",
-            "aten::_scaled_dot_product_flash_attention",
-            "aten::_scaled_dot_product_flash_attention_for_cpu",
-            "aten::_scaled_dot_product_efficient_attention",
-            "aten::_scaled_dot_product_cudnn_attention",
-            "aten::_scaled_dot_product_fused_attention_overrideable",
-        ],
-        _handler(_bhsd, sdpa_macs),
-    )
+    # each fused kernel's backward is the kernel's name + "_backward"; the composite and math ops have none
+    fused = ["aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+             "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+             "aten::_scaled_dot_product_fused_attention_overrideable"]
+    registry.register(["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math", *fused],
+                      _handler(_bhsd, sdpa_macs))
+    registry.register([f"{op}_backward" for op in fused], _handler(_bhsd, sdpa_backward_macs))
     registry.register(["aten::_flash_attention_forward", "aten::_efficient_attention_forward"], _handler(_bshd, sdpa_macs))
-    registry.register(
-        [
-            "aten::_scaled_dot_product_flash_attention_backward",
-            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-            "aten::_scaled_dot_product_efficient_attention_backward",
-            "aten::_scaled_dot_product_cudnn_attention_backward",
-            "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-        ],
-        _handler(_bhsd, sdpa_backward_macs),
-    )
     registry.register(["aten::_flash_attention_backward", "aten::_efficient_attention_backward"], _handler(_bshd, sdpa_backward_macs))
