@@ -20,6 +20,7 @@ import torch
 from flopcount.core.analysis import cost_events
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.results import FlopResult, reprice_deferred
+from flopcount.decoding.caches import items_of
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
 __all__ = ["Affine", "Limits", "NotAffine", "cache_limits", "paired", "plan_runs", "same_event"]
@@ -78,15 +79,7 @@ def _keyed_ints(obj: Any, visited: Set[int]) -> Iterator[Tuple[str, int]]:
     if id(obj) in visited or obj is None or isinstance(obj, (int, float, str, bool, bytes)):
         return
     visited.add(id(obj))
-    if isinstance(obj, Mapping):
-        items: Any = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = (("", child) for child in obj)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, torch.nn.Module)):
-        items = vars(obj).items()
-    else:
-        return
-    for key, value in items:
+    for key, value in () if isinstance(obj, (torch.Tensor, torch.nn.Module)) else items_of(obj):
         if isinstance(key, str) and key in _LIMIT_KEYS:
             yield from ((key, v) for v in _ints(value))
         elif not isinstance(value, (int, float, str, bool)):
