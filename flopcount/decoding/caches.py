@@ -4,11 +4,11 @@ and its floating dtype(s) (:func:`cache_dtype`). Shared by count_generation and 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Dict, Iterable, Iterator, Mapping, Tuple
 
 import torch
 
-__all__ = ["cache_bytes", "cache_dtype", "cache_position_bytes"]
+__all__ = ["cache_bytes", "cache_dtype", "cache_position_bytes", "items_of"]
 
 
 def cache_bytes(cache: Any) -> int:
@@ -50,13 +50,15 @@ def _tensors_in(obj: Any, visited: set) -> Iterator[torch.Tensor]:
     if id(obj) in visited or obj is None or isinstance(obj, (int, float, str, bool, torch.dtype, torch.device)):
         return
     visited.add(id(obj))
-    if isinstance(obj, Mapping):
-        children: Any = obj.values()
-    elif isinstance(obj, (list, tuple)):
-        children = obj
-    elif hasattr(obj, "__dict__"):
-        children = vars(obj).values()
-    else:
-        return
-    for child in children:
+    for _, child in items_of(obj):
         yield from _tensors_in(child, visited)
+
+
+def items_of(obj: Any) -> Iterable[Tuple[Any, Any]]:
+    """What a walk of ``obj`` visits: a mapping's items, a list's or tuple's entries (key ""),
+    an object's attributes; nothing for anything else."""
+    if isinstance(obj, Mapping):
+        return obj.items()
+    if isinstance(obj, (list, tuple)):
+        return (("", child) for child in obj)
+    return vars(obj).items() if hasattr(obj, "__dict__") else ()

@@ -247,7 +247,7 @@ class Setup:
     ):
         config = getattr(model, "config", None)
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-        self.parameters = _forward_parameters(model)
+        self.parameters = tuple(_parameters(model.forward))
         # (batch, P), or (batch, features, P) for speech
         self.batch, self.prompt = int(input_ids.shape[0]), int(input_ids.shape[-1])
         self.device = input_ids.device
@@ -376,10 +376,7 @@ def _step_preparer(model: nn.Module, setup: Setup) -> Any:
     prepare = getattr(model, "prepare_inputs_for_generation", None)
     if not callable(prepare) or setup.cache_key != "cache":
         return None
-    try:
-        names = inspect.signature(prepare).parameters
-    except (TypeError, ValueError):
-        return None
+    names = _parameters(prepare)
     takes_length = "next_sequence_length" in names or any(p.kind is p.VAR_KEYWORD for p in names.values())
     return prepare if takes_length and "cache" in names else None
 
@@ -387,11 +384,12 @@ def _step_preparer(model: nn.Module, setup: Setup) -> Any:
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _forward_parameters(model: nn.Module) -> Tuple[str, ...]:
+def _parameters(fn: Any) -> Mapping[str, inspect.Parameter]:
+    """``fn``'s parameters by name (none when its signature cannot be read)."""
     try:
-        return tuple(inspect.signature(model.forward).parameters)
+        return inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return ()
+        return {}
 
 
 def _decoder_start(model: nn.Module) -> int:

@@ -13,16 +13,17 @@ the last exactly. Otherwise every step is traced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
 import torch
 
 from flopcount.core.analysis import cost_events
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.results import FlopResult, reprice_deferred
+from flopcount.decoding.caches import items_of
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
-__all__ = ["Affine", "Limits", "cache_limits", "plan_runs"]
+__all__ = ["Affine", "Limits", "NotAffine", "cache_limits", "paired", "plan_runs", "same_event"]
 
 # Attribute and config keys whose integer value is a context length at which a cache layer
 # or the position encoding may change behaviour.
@@ -78,15 +79,7 @@ def _keyed_ints(obj: Any, visited: Set[int]) -> Iterator[Tuple[str, int]]:
     if id(obj) in visited or obj is None or isinstance(obj, (int, float, str, bool, bytes)):
         return
     visited.add(id(obj))
-    if isinstance(obj, Mapping):
-        items: Any = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = (("", child) for child in obj)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, torch.nn.Module)):
-        items = vars(obj).items()
-    else:
-        return
-    for key, value in items:
+    for key, value in () if isinstance(obj, (torch.Tensor, torch.nn.Module)) else items_of(obj):
         if isinstance(key, str) and key in _LIMIT_KEYS:
             yield from ((key, v) for v in _ints(value))
         elif not isinstance(value, (int, float, str, bool)):
@@ -96,11 +89,8 @@ def _keyed_ints(obj: Any, visited: Set[int]) -> Iterator[Tuple[str, int]]:
 def _ints(value: Any) -> Iterator[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _ints(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
+    elif isinstance(value, (Mapping, list, tuple)):
+        for v in value.values() if isinstance(value, Mapping) else value:
             yield from _ints(v)
 
 
@@ -142,6 +132,13 @@ def _merged(runs: List[Tuple[int, int, bool]]) -> List[Tuple[int, int, bool]]:
     return merged
 
 
+def same_event(a: OpEvent, b: OpEvent, *, call: bool = True) -> bool:
+    """Whether two events run one op in the same modules and phase (``call``: with equal
+    arguments and outputs too)."""
+    return a.call.op == b.call.op and a.module_stack == b.module_stack and a.phase == b.phase and (
+        not call or (a.call.args == b.call.args and tuple(a.call.outputs) == tuple(b.call.outputs)))
+
+
 class NotAffine(Exception):
     """Two steps that no affine continuation joins (different ops, dtypes or ranks)."""
 
@@ -160,9 +157,9 @@ class Affine:
         self.first = first
         self.varying: List[Tuple[int, OpEvent, OpEvent]] = []
         for index, ((a, _), (b, _)) in enumerate(zip(first, second)):
-            if a.call.op != b.call.op or a.module_stack != b.module_stack or a.phase != b.phase:
+            if not same_event(a, b, call=False):
                 raise NotAffine
-            if a.call.args != b.call.args or tuple(a.call.outputs) != tuple(b.call.outputs):
+            if not same_event(a, b):
                 self.varying.append((index, a, b))
         # the distinct (step 0, step 1) call pairs among the varying events (the same attention in
         # each of 80 layers): each is continued and priced once per step
@@ -199,14 +196,7 @@ class Affine:
             predicted = self.events(step)
         except NotAffine:
             return False
-        if len(predicted) != len(costed):
-            return False
-        for event, (actual, _) in zip(predicted, costed):
-            if event.call.op != actual.call.op or event.module_stack != actual.module_stack or event.phase != actual.phase:
-                return False
-            if event.call.args != actual.call.args or tuple(event.call.outputs) != tuple(actual.call.outputs):
-                return False
-        return True
+        return len(predicted) == len(costed) and all(same_event(event, actual) for event, (actual, _) in zip(predicted, costed))
 
     def events(self, step: int) -> List[OpEvent]:
         events = [event for event, _ in self.first]
@@ -250,16 +240,25 @@ def _moved_call(a: OpEvent, b: OpEvent, step: int) -> OpCall:
 
 def _continue(a: Any, b: Any, step: int) -> Any:
     """``a`` at step 0 and ``b`` at step 1, continued to ``step``."""
+    return paired(a, b, lambda x, y: TensorMeta(tuple(p + (q - p) * step for p, q in zip(x.shape, y.shape)), x.dtype),
+                  lambda x, y: x + (y - x) * step, lambda x: x)
+
+
+def paired(a: Any, b: Any, tensors: Callable[[TensorMeta, TensorMeta], Any], ints: Callable[[int, int], Any],
+           equal: Callable[[Any], Any]) -> Any:
+    """Two values of one structure walked together (tuples and mappings entry by entry):
+    ``equal(a)`` where they are equal, ``tensors(a, b)`` for two tensors of one dtype and rank
+    and ``ints(a, b)`` for two ints that differ; :class:`NotAffine` where they differ otherwise."""
     if a == b:
-        return a
+        return equal(a)
     if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
         if a.dtype != b.dtype or len(a.shape) != len(b.shape):
             raise NotAffine
-        return TensorMeta(tuple(x + (y - x) * step for x, y in zip(a.shape, b.shape)), a.dtype)
+        return tensors(a, b)
     if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
-        return a + (b - a) * step
+        return ints(a, b)
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return tuple(_continue(x, y, step) for x, y in zip(a, b))
+        return tuple(paired(x, y, tensors, ints, equal) for x, y in zip(a, b))
     if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
-        return {key: _continue(a[key], b[key], step) for key in a}
+        return {key: paired(a[key], b[key], tensors, ints, equal) for key in a}
     raise NotAffine

@@ -63,14 +63,9 @@ class CpuFacts:
         cores = min(self.cores, threads or self.cores)
         fp32 = cores * FMA_UNITS * self.lanes() * 2 * self.max_hz
         peaks = {"float32": fp32, "float64": fp32 / 2}
-        bf16 = fp32
-        if "avx512_bf16" in self.flags:
-            bf16 = 2 * fp32
-        if "amx_bf16" in self.flags:
-            bf16 = max(bf16, cores * 1024 * self.max_hz)
-        peaks["bfloat16"] = bf16
-        peaks["float16"] = max(fp32, 2 * fp32 if "avx512_fp16" in self.flags else fp32,
-                               cores * 1024 * self.max_hz if "amx_fp16" in self.flags else 0.0)
+        # a dot-product instruction doubles float32's rate; AMX tiles do 1024 FLOPs per cycle per core
+        for dtype, dot, tiles in (("bfloat16", "avx512_bf16", "amx_bf16"), ("float16", "avx512_fp16", "amx_fp16")):
+            peaks[dtype] = max(fp32 * (2 if dot in self.flags else 1), cores * 1024 * self.max_hz if tiles in self.flags else 0.0)
         return peaks
 
 

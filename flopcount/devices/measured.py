@@ -153,54 +153,50 @@ def machine_roofs(
     ``loadavg``, ``cores`` and ``now`` replace ``os.getloadavg``, the usable CPUs and the
     clock (tests). Writes: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (:func:`cache_path`),
     only after measuring. Thread-safe: one thread measures at a time."""
+    dev = torch.device(device or "cpu")
     with _CACHE_LOCK:
-        return _machine_roofs(torch.device(device or "cpu"), refresh, cache, measure, loadavg, cores, tries, now)
-
-
-def _machine_roofs(dev: torch.device, refresh: bool, cache: bool, measure: Optional[Callable[[torch.device], Roofs]],
-                   loadavg: Optional[LoadAvg], cores: Optional[int], tries: int, now: Optional[Callable[[], datetime]]) -> Roofs:
-    cache = cache and cache_enabled()
-    key = machine_key(dev)
-    path = cache_path()
-    stored = _read_cache(path) if cache else {}
-    if not refresh and key in stored:
-        try:
-            found = Roofs.from_dict(stored[key])
-            when = found.details.get("measured_at", "?")
-            return replace(found, source=f"measured (cached; measured {when}, {found.details.get('how', 'micro-benchmarks')})")
-        except (KeyError, TypeError, ValueError, UsageError):
-            pass  # a damaged entry: measure again
-    take = measure or (lambda d: measure_roofs(d, budget_s=PASS_BUDGET_S))
-    load = loadavg or os.getloadavg
-    ncores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-    problems: List[str] = []
-    roofs: Optional[Roofs] = None
-    for _ in range(max(1, tries)):
-        before = load()[0]
-        first, second = take(dev), take(dev)
-        after = load()[0]
-        roofs = best_of(first, second) if roofs is None else best_of(roofs, first, second)
-        problems = sanity(first, second, max(before, after), ncores if dev.type == "cpu" else None)
-        if not problems or any(p.startswith("load average") for p in problems):
-            break  # sane, or the machine is busy: measuring again now would not help
-    assert roofs is not None
-    stamp = (now or (lambda: datetime.now(timezone.utc)))().strftime("%Y-%m-%dT%H:%M:%SZ")
-    details = dict(roofs.details)
-    details["measured_at"] = stamp
-    details["load"] = round(float(load()[0]), 2)
-    details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
-    if problems:
-        details["not_cached"] = problems
-        return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details)
-    roofs = replace(roofs, details=details)
-    if cache:
-        if key in stored:
-            with contextlib.suppress(KeyError, TypeError, ValueError, UsageError):
-                roofs = best_of(roofs, Roofs.from_dict(stored[key]))
-                roofs = replace(roofs, details={**roofs.details, "measured_at": stamp})
-        stored[key] = roofs.to_dict()
-        _write_cache(path, stored)
-    return roofs
+        cache = cache and cache_enabled()
+        key = machine_key(dev)
+        path = cache_path()
+        stored = _read_cache(path) if cache else {}
+        if not refresh and key in stored:
+            try:
+                found = Roofs.from_dict(stored[key])
+                when = found.details.get("measured_at", "?")
+                return replace(found, source=f"measured (cached; measured {when}, {found.details.get('how', 'micro-benchmarks')})")
+            except (KeyError, TypeError, ValueError, UsageError):
+                pass  # a damaged entry: measure again
+        take = measure or (lambda d: measure_roofs(d, budget_s=PASS_BUDGET_S))
+        load = loadavg or os.getloadavg
+        ncores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        problems: List[str] = []
+        roofs: Optional[Roofs] = None
+        for _ in range(max(1, tries)):
+            before = load()[0]
+            first, second = take(dev), take(dev)
+            after = load()[0]
+            roofs = best_of(first, second) if roofs is None else best_of(roofs, first, second)
+            problems = sanity(first, second, max(before, after), ncores if dev.type == "cpu" else None)
+            if not problems or any(p.startswith("load average") for p in problems):
+                break  # sane, or the machine is busy: measuring again now would not help
+        assert roofs is not None
+        stamp = (now or (lambda: datetime.now(timezone.utc)))().strftime("%Y-%m-%dT%H:%M:%SZ")
+        details = dict(roofs.details)
+        details["measured_at"] = stamp
+        details["load"] = round(float(load()[0]), 2)
+        details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
+        if problems:
+            details["not_cached"] = problems
+            return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details)
+        roofs = replace(roofs, details=details)
+        if cache:
+            if key in stored:
+                with contextlib.suppress(KeyError, TypeError, ValueError, UsageError):
+                    roofs = best_of(roofs, Roofs.from_dict(stored[key]))
+                    roofs = replace(roofs, details={**roofs.details, "measured_at": stamp})
+            stored[key] = roofs.to_dict()
+            _write_cache(path, stored)
+        return roofs
 
 
 def remember_roofs(roofs: Roofs, device: Union[None, str, torch.device] = None) -> Roofs:
@@ -332,11 +328,9 @@ def measure_roofs(
             if not isinstance(dtype, torch.dtype):
                 raise UsageError(f"measure_roofs: not a torch dtype: {name!r}")
             rates: Dict[str, float] = {}
-            try:
+            with contextlib.suppress(RuntimeError):  # no GEMM kernel for this dtype here
                 rate, n = _gemm_rate(dev, dtype, budget_s / 2, timer)
                 rates[f"{n}x{n}x{n} mm"] = rate
-            except RuntimeError:  # no GEMM kernel for this dtype here
-                pass
             for label, kernel in _library_kernels(dev, dtype):
                 with contextlib.suppress(RuntimeError):
                     rates[label] = _best_rate(kernel, budget_s / 4, timer)

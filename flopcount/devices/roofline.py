@@ -183,14 +183,8 @@ class Roofs:
             str(data.get("device", "")),
             str(data.get("source", "given")),
             dict(data.get("details", {})),
-            tuple(
-                MemoryLevel(
-                    str(lv["name"]),
-                    None if lv.get("capacity") is None else float(lv["capacity"]),
-                    None if lv.get("bandwidth") is None else float(lv["bandwidth"]),
-                )
-                for lv in data.get("levels", ())
-            ),
+            tuple(MemoryLevel(str(lv["name"]), *(None if lv.get(k) is None else float(lv[k]) for k in ("capacity", "bandwidth")))
+                  for lv in data.get("levels", ())),
             {str(k): str(v) for k, v in data.get("math", {}).items()},
         )
 

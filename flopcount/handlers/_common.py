@@ -47,26 +47,15 @@ def output_numel(call: OpCall) -> int:
 
 def per_grad_output(flops: int) -> Handler:
     """A handler costing ``flops`` per element of a backward op's ``grad_output``."""
-
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_flops(flops * call.tensor("grad_output").numel)
-
-    handler.__doc__ = f"{flops} FLOP(s) per grad_output element."
-    return handler
+    return lambda call: Cost.from_flops(flops * call.tensor("grad_output").numel)
 
 
 def ints(value: Any, ndim: int, default: int) -> Tuple[int, ...]:
     """An int-list argument expanded to ``ndim`` entries (``[]``/None -> ``default``)."""
-    if value is None:
-        return (default,) * ndim
     if isinstance(value, int):
         return (value,) * ndim
-    value = tuple(value)
-    if not value:
-        return (default,) * ndim
-    if len(value) == 1:
-        return value * ndim
-    return value
+    value = tuple(value or ())
+    return value * ndim if len(value) == 1 else value or (default,) * ndim
 
 
 def matmul_macs(a: Shape, b: Shape) -> int:

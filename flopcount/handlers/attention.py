@@ -61,16 +61,7 @@ def _bshd(call: OpCall) -> Dims:
 
 
 def _handler(dims: Callable[[OpCall], Dims], macs: Callable[..., int]) -> Callable[[OpCall], Cost]:
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_macs(macs(*dims(call)))
-
-    return handler
-
-
-_forward_bhsd = _handler(_bhsd, sdpa_macs)
-_forward_bshd = _handler(_bshd, sdpa_macs)
-_backward_bhsd = _handler(_bhsd, sdpa_backward_macs)
-_backward_bshd = _handler(_bshd, sdpa_backward_macs)
+    return lambda call: Cost.from_macs(macs(*dims(call)))
 
 
 _LINEAR, _SDPA = "aten::linear", "aten::scaled_dot_product_attention"
@@ -221,27 +212,12 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_native_multi_head_attention", _native_mha)
     registry.register("aten::_transformer_encoder_layer_fwd", _encoder_layer)
     registry.register(MHA_OP, _mha_forward)
-    registry.register(
-        [
-            "aten::scaled_dot_product_attention",
-            "aten::_scaled_dot_product_attention_math",
-            "aten::_scaled_dot_product_flash_attention",
-            "aten::_scaled_dot_product_flash_attention_for_cpu",
-            "aten::_scaled_dot_product_efficient_attention",
-            "aten::_scaled_dot_product_cudnn_attention",
-            "aten::_scaled_dot_product_fused_attention_overrideable",
-        ],
-        _forward_bhsd,
-    )
-    registry.register(["aten::_flash_attention_forward", "aten::_efficient_attention_forward"], _forward_bshd)
-    registry.register(
-        [
-            "aten::_scaled_dot_product_flash_attention_backward",
-            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-            "aten::_scaled_dot_product_efficient_attention_backward",
-            "aten::_scaled_dot_product_cudnn_attention_backward",
-            "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-        ],
-        _backward_bhsd,
-    )
-    registry.register(["aten::_flash_attention_backward", "aten::_efficient_attention_backward"], _backward_bshd)
+    # each fused kernel's backward is the kernel's name + "_backward"; the composite and math ops have none
+    fused = ["aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+             "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+             "aten::_scaled_dot_product_fused_attention_overrideable"]
+    registry.register(["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math", *fused],
+                      _handler(_bhsd, sdpa_macs))
+    registry.register([f"{op}_backward" for op in fused], _handler(_bhsd, sdpa_backward_macs))
+    registry.register(["aten::_flash_attention_forward", "aten::_efficient_attention_forward"], _handler(_bshd, sdpa_macs))
+    registry.register(["aten::_flash_attention_backward", "aten::_efficient_attention_backward"], _handler(_bshd, sdpa_backward_macs))

@@ -154,9 +154,7 @@ def _stft(call: OpCall) -> Cost:
     if out is None:
         raise ValueError("stft: the output shape is needed to count its frames")
     frames_dim = -2 if not is_complex(out) and out.ndim >= 3 and out.shape[-1] == 2 else -1
-    frames = out.shape[frames_dim]
-    signals = prod(x.shape[:-1])
-    transforms = frames * signals
+    transforms = out.shape[frames_dim] * prod(x.shape[:-1])  # frames x signals
     per = C2C if is_complex(x) else REAL
     window = transforms * n_fft if isinstance(call.arg("window"), TensorMeta) else 0
     norm = _norm_flops(out, bool(call.arg("normalized")))
@@ -216,25 +214,14 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::_fft_r2c", _kernel(REAL))
     registry.register("aten::_fft_c2r", _kernel(REAL, "last_dim_size"))
     registry.register("aten::_fft_c2c", _kernel(C2C))
-    registry.register("aten::fft_fft", _one_dim("c2c", False))
-    registry.register("aten::fft_ifft", _one_dim("c2c", True))
-    registry.register("aten::fft_rfft", _one_dim("r2c", False))
-    registry.register("aten::fft_ihfft", _one_dim("r2c", True))
-    registry.register("aten::fft_irfft", _one_dim("c2r", True))
-    registry.register("aten::fft_hfft", _one_dim("c2r", False))
-    last_two = (-2, -1)
-    registry.register("aten::fft_fft2", _n_dim("c2c", False, last_two))
-    registry.register("aten::fft_ifft2", _n_dim("c2c", True, last_two))
-    registry.register("aten::fft_rfft2", _n_dim("r2c", False, last_two))
-    registry.register("aten::fft_ihfft2", _hermitian_n_dim("r2c", True, last_two))
-    registry.register("aten::fft_irfft2", _n_dim("c2r", True, last_two))
-    registry.register("aten::fft_hfft2", _hermitian_n_dim("c2r", False, last_two))
-    registry.register("aten::fft_fftn", _n_dim("c2c", False, None))
-    registry.register("aten::fft_ifftn", _n_dim("c2c", True, None))
-    registry.register("aten::fft_rfftn", _n_dim("r2c", False, None))
-    registry.register("aten::fft_ihfftn", _hermitian_n_dim("r2c", True, None))
-    registry.register("aten::fft_irfftn", _n_dim("c2r", True, None))
-    registry.register("aten::fft_hfftn", _hermitian_n_dim("c2r", False, None))
+    # each transform's 1-D, 2-D (the last two dims by default) and n-D spellings; hfft/ihfft's
+    # n-dim forms run two stages (_hermitian_n_dim)
+    for name, kind, inverse in (("fft", "c2c", False), ("ifft", "c2c", True), ("rfft", "r2c", False),
+                                ("ihfft", "r2c", True), ("irfft", "c2r", True), ("hfft", "c2r", False)):
+        registry.register(f"aten::fft_{name}", _one_dim(kind, inverse))
+        n_dim = _hermitian_n_dim if name in ("hfft", "ihfft") else _n_dim
+        registry.register(f"aten::fft_{name}2", n_dim(kind, inverse, (-2, -1)))
+        registry.register(f"aten::fft_{name}n", n_dim(kind, inverse, None))
     registry.register("aten::stft", _stft)
     registry.register(list(WINDOWS), _window)
     # conj_physical negates the imaginary part: one FLOP per complex element

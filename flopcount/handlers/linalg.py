@@ -110,22 +110,7 @@ def _dense(fn: Callable[..., float], square: bool = True) -> Callable[[OpCall], 
     return handler
 
 
-def det_flops(n: int) -> float:
-    """LU + the product of the diagonal (n)."""
-    return lu_flops(n, n) + n
-
-
-def slogdet_flops(n: int) -> float:
-    """LU + |u_ii|, log, sum over the diagonal (3n)."""
-    return lu_flops(n, n) + 3 * n
-
-
-def inv_flops(n: int) -> float:
-    """getrf + getri: 2 n^3 / 3 + 4 n^3 / 3 = 2 n^3."""
-    return 2 * n**3
-
-
-_slogdet = _dense(slogdet_flops)
+_slogdet = _dense(lambda n: lu_flops(n, n) + 3 * n)  # LU + |u_ii|, log, sum over the diagonal (3n)
 
 
 def _logdet(call: OpCall) -> Cost:
@@ -174,11 +159,6 @@ def _solver_of_self(matrix: str, flops: Callable[[int, int], float]) -> Callable
         return _scale(call, flops(a.shape[-1], b.shape[-1]), _solve_batch(a, b))
 
     return handler
-
-
-def cholesky_inverse_flops(n: int) -> float:
-    """potri: 2 n^3 / 3."""
-    return 2 * n**3 / 3
 
 
 def _qr(call: OpCall) -> Cost:
@@ -397,16 +377,18 @@ def _cross(call: OpCall) -> Cost:
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::cholesky"], _dense(cholesky_flops))
     registry.register(["aten::linalg_lu", "aten::linalg_lu_factor", "aten::linalg_lu_factor_ex", "aten::lu"], _dense(lu_flops, square=False))
-    registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _dense(det_flops))
+    # LU + the product of the diagonal (n)
+    registry.register(["aten::linalg_det", "aten::_linalg_det", "aten::det"], _dense(lambda n: lu_flops(n, n) + n))
     registry.register(["aten::linalg_slogdet", "aten::_linalg_slogdet", "aten::slogdet"], _slogdet)
     registry.register("aten::logdet", _logdet)
-    registry.register(["aten::linalg_inv", "aten::linalg_inv_ex", "aten::inverse"], _dense(inv_flops))
+    # getrf + getri: 2 n^3 / 3 + 4 n^3 / 3 = 2 n^3
+    registry.register(["aten::linalg_inv", "aten::linalg_inv_ex", "aten::inverse"], _dense(lambda n: 2 * n**3))
     registry.register(["aten::linalg_solve", "aten::_linalg_solve_ex", "aten::linalg_solve_ex"], _solver("A", solve_flops))
     registry.register("aten::linalg_lu_solve", _solver("LU", lu_solve_flops))
     registry.register("aten::linalg_solve_triangular", _solver("self", triangular_solve_flops))
     registry.register("aten::triangular_solve", _solver_of_self("A", triangular_solve_flops))
     registry.register("aten::cholesky_solve", _solver_of_self("input2", lu_solve_flops))  # L L^H: 2 triangular solves
-    registry.register("aten::cholesky_inverse", _dense(cholesky_inverse_flops))
+    registry.register("aten::cholesky_inverse", _dense(lambda n: 2 * n**3 / 3))  # potri: 2 n^3 / 3
     registry.register("aten::linalg_qr", _qr)
     registry.register("aten::geqrf", _dense(qr_flops, square=False))
     registry.register(["aten::linalg_householder_product", "aten::orgqr"], _householder_product)

@@ -98,10 +98,9 @@ def ctc_lattice(log_probs: TensorMeta, targets: TensorMeta, input_lengths: objec
     concatenated 1-D targets, which is exact."""
     time = log_probs.shape[0]
     batch = log_probs.shape[1] if log_probs.ndim == 3 else 1
+    times = [time] * batch
     if isinstance(input_lengths, tuple) and all(isinstance(v, int) for v in input_lengths):
         times = list(input_lengths)
-    else:
-        times = [time] * batch
     if isinstance(target_lengths, tuple) and all(isinstance(v, int) for v in target_lengths):
         labels = list(target_lengths)
         return sum(t * (2 * s + 1) for t, s in zip(times, labels))

@@ -30,11 +30,7 @@ def _linear(call: OpCall) -> Cost:
 
 def _two(left: str, right: str, macs: Callable[[TensorMeta, TensorMeta], int]) -> Handler:
     """``macs(left, right)`` of the operands named ``left`` and ``right`` in the schema."""
-
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_macs(macs(call.tensor(left), call.tensor(right)))
-
-    return handler
+    return lambda call: Cost.from_macs(macs(call.tensor(left), call.tensor(right)))
 
 
 def _product(left: str, right: str) -> Handler:

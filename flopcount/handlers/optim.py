@@ -86,11 +86,7 @@ def _foreach_mm(call: OpCall) -> Cost:
 
 def _fused(per_element: Callable[[OpCall], int]) -> Handler:
     """``per_element(call)`` FLOPs per element of the floating tensors of ``self``."""
-
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_flops(per_element(call) * sum(t.numel for t in _floating(_tensors(call.arg("self")))))
-
-    return handler
+    return lambda call: Cost.from_flops(per_element(call) * sum(t.numel for t in _floating(_tensors(call.arg("self")))))
 
 
 def _flagged(base: int, **extra: int) -> Callable[[OpCall], int]:

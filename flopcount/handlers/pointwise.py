@@ -198,11 +198,8 @@ def _alpha_dropout(call: OpCall, x: TensorMeta) -> int:
 
 
 def register(registry: HandlerRegistry) -> None:
-    by_cost: Dict[int, list] = {}
     for op, flops in PER_ELEMENT.items():
-        by_cost.setdefault(flops, []).append(op)
-    for flops, ops in by_cost.items():
-        registry.register(ops, per_element(flops))
+        registry.register(op, per_element(flops))
     registry.register("aten::gelu", _gelu(GELU))
     registry.register("aten::gelu_backward", _gelu(GELU_BACKWARD))
     registry.register("aten::elu", _elu)

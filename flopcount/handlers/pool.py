@@ -83,11 +83,8 @@ def _adaptive_avg_backward(call: OpCall) -> Cost:
 
 
 def _interpolation(per_output: int) -> Handler:
-    def handler(call: OpCall) -> Cost:
-        return Cost.from_flops(per_output * output_numel(call))
-
-    handler.__doc__ = f"{per_output} FLOPs per output element."
-    return handler
+    """``per_output`` FLOPs per output element."""
+    return lambda call: Cost.from_flops(per_output * output_numel(call))
 
 
 def _col2im(call: OpCall) -> Cost:
@@ -118,13 +115,6 @@ def register(registry: HandlerRegistry) -> None:
     )
     registry.register(["aten::adaptive_max_pool1d", "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d"], _adaptive_max)
     registry.register(["aten::_adaptive_avg_pool2d_backward", "aten::_adaptive_avg_pool3d_backward"], _adaptive_avg_backward)
-    registry.register(
-        [
-            "aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward",
-            "aten::adaptive_max_pool2d_backward", "aten::adaptive_max_pool3d_backward",
-        ],
-        per_grad_output(1),
-    )
     for mode, per in INTERPOLATION.items():
         registry.register(f"aten::upsample_{mode}", _interpolation(per))
         registry.register(f"aten::upsample_{mode}_backward", per_grad_output(per))
@@ -141,6 +131,8 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _pool(0))
     registry.register(
         [
+            "aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward",
+            "aten::adaptive_max_pool2d_backward", "aten::adaptive_max_pool3d_backward",
             "aten::fractional_max_pool2d_backward", "aten::fractional_max_pool3d_backward",
             "aten::max_unpool2d_backward", "aten::max_unpool3d_backward",
             # padding backward: each gradient element is accumulated into its source position

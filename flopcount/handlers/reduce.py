@@ -126,14 +126,17 @@ def _norm(call: OpCall) -> Cost:
     return Cost.from_flops(norm_flops(_input(call).numel, _out_elements(call), call.arg("p", call.arg("ord"))))
 
 
+def sort_flops(n: int, length: int) -> int:
+    """Sorting ``n`` elements in rows of ``length``: N * ceil(log2(L)) comparisons."""
+    return n * max(1, math.ceil(math.log2(length))) if length > 1 else 0
+
+
 def _sort(call: OpCall) -> Cost:
-    """N * ceil(log2(L)) comparisons, L the length of the sorted dimension."""
     x = _input(call)
     if x.ndim == 0:
         return Cost()
     dim = call.arg("dim", -1)
-    length = x.shape[(dim if dim is not None else -1) % x.ndim]
-    return Cost.from_flops(x.numel * max(1, math.ceil(math.log2(length))) if length > 1 else 0)
+    return Cost.from_flops(sort_flops(x.numel, x.shape[(dim if dim is not None else -1) % x.ndim]))
 
 
 #: per-output FLOPs after the shared gather, by interpolation, as the decomposition runs
@@ -155,7 +158,7 @@ def _quantile(call: OpCall) -> Cost:
     q = call.arg("q")
     quantiles = q.numel if isinstance(q, TensorMeta) else 1
     outputs = rows * quantiles
-    sort = x.numel * max(1, math.ceil(math.log2(length))) if length > 1 else 0
+    sort = sort_flops(x.numel, length)
     per = QUANTILE_PER_OUTPUT.get(call.arg("interpolation") or "linear", QUANTILE_PER_OUTPUT["linear"])
     if call.op == "aten::nanquantile":
         return Cost.from_flops(sort + 2 * x.numel + (per + 2) * outputs)

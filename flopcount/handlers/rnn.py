@@ -21,22 +21,15 @@ from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["register", "GATE_FLOPS"]
 
-_ADD, _SIG, _TANH, _RELU = "aten::add", "aten::sigmoid", "aten::tanh", "aten::relu"
-
-
-def _gate_flops(kind: str) -> int:
-    if kind == "lstm":
-        # gates = x@W + h@U (4 adds), i,f,o = sigmoid, g = tanh, c = f*c + i*g (3), h = o*tanh(c) (1+tanh)
-        return 4 * elementwise_flops(_ADD, 1) + 3 * elementwise_flops(_SIG, 1) + 2 * elementwise_flops(_TANH, 1) + 4
-    if kind == "gru":
-        # r,z = sigmoid(gi + gh) (2 adds), n = tanh(gi_n + r*gh_n) (mul, add), h = n + z*(h - n) (sub, mul, add)
-        return 7 + 2 * elementwise_flops(_SIG, 1) + elementwise_flops(_TANH, 1)
-    if kind == "rnn_relu":
-        return elementwise_flops(_ADD, 1) + elementwise_flops(_RELU, 1)
-    return elementwise_flops(_ADD, 1) + elementwise_flops(_TANH, 1)
-
-
-GATE_FLOPS = {kind: _gate_flops(kind) for kind in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
+_ADD, _SIG, _TANH, _RELU = (elementwise_flops(f"aten::{op}", 1) for op in ("add", "sigmoid", "tanh", "relu"))
+GATE_FLOPS = {
+    # gates = x@W + h@U (4 adds), i,f,o = sigmoid, g = tanh, c = f*c + i*g (3), h = o*tanh(c) (1+tanh)
+    "lstm": 4 * _ADD + 3 * _SIG + 2 * _TANH + 4,
+    # r,z = sigmoid(gi + gh) (2 adds), n = tanh(gi_n + r*gh_n) (mul, add), h = n + z*(h - n) (sub, mul, add)
+    "gru": 7 + 2 * _SIG + _TANH,
+    "rnn_tanh": _ADD + _TANH,
+    "rnn_relu": _ADD + _RELU,
+}
 _MKLDNN_MODES = {0: "rnn_relu", 1: "rnn_tanh", 2: "lstm", 3: "gru"}
 
 

@@ -45,9 +45,9 @@ from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
 from flopcount.decoding.counted import Counter, on_fakes
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
-from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
+from flopcount.decoding.runs import Affine, Costed, NotAffine, cache_limits, paired, plan_runs, same_event
 from flopcount.errors import TraceError, UsageError
-from flopcount.types import OpCall, TensorMeta, Trace
+from flopcount.types import OpCall, Trace
 
 __all__ = ["Counted", "Derived", "derive", "held_per_step"]
 
@@ -281,13 +281,12 @@ def _same_steps(first: Costed, second: Costed, wider0: Costed, wider1: Costed, *
     if not (len(first) == len(second) == len(wider0) == len(wider1)):
         return False
     for (a, _), (b, _), (c, _), (d, _) in zip(first, second, wider0, wider1):
-        for x in (b, c, d):
-            if x.call.op != a.call.op or x.module_stack != a.module_stack or x.phase != a.phase:
-                return False
+        if not all(same_event(a, x, call=False) for x in (b, c, d)):
+            return False
         try:
             if _change(a.call, b.call, exact) != _change(c.call, d.call, exact):
                 return False
-        except _Refused:
+        except NotAffine:
             return False
     return True
 
@@ -299,17 +298,6 @@ def _change(a: OpCall, b: OpCall, exact: bool) -> Any:
 def _delta(a: Any, b: Any, exact: bool) -> Any:
     """How ``b`` differs from ``a`` in the terms :class:`Affine` continues: "=" where equal,
     the difference of each dimension or integer (not ``exact``: only which of them change);
-    raises _Refused where it cannot continue."""
-    if a == b:
-        return "="
-    if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
-        if a.dtype != b.dtype or len(a.shape) != len(b.shape):
-            raise _Refused
-        return ("tensor", tuple(y - x if exact else y != x for x, y in zip(a.shape, b.shape)))
-    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
-        return ("int", b - a if exact else None)
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return ("tuple", tuple(_delta(x, y, exact) for x, y in zip(a, b)))
-    if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
-        return ("mapping", tuple((key, _delta(a[key], b[key], exact)) for key in a))
-    raise _Refused
+    raises NotAffine where it cannot continue."""
+    return paired(a, b, lambda x, y: ("tensor", tuple(q - p if exact else q != p for p, q in zip(x.shape, y.shape))),
+                  lambda x, y: ("int", y - x if exact else None), lambda _: "=")

@@ -3,7 +3,7 @@ forward's bound, the bounds at one batch size, and the counted facts they are pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from flopcount.devices.roofline import Bound, bound
@@ -106,9 +106,7 @@ class Work:
 
     def times(self, batch: int, fixed: Optional[Work]) -> Work:
         """``batch x self + fixed``: this work at ``batch`` sequences."""
-        f = fixed or Work(0.0, 0.0)
-        return Work(batch * self.flops + f.flops, batch * self.macs + f.macs, batch * self.cache_read + f.cache_read,
-                    batch * self.cache_written + f.cache_written)
+        return Work(*(batch * x + f for x, f in zip(astuple(self), astuple(fixed or Work(0.0, 0.0)))))
 
 
 @dataclass(frozen=True)
@@ -139,6 +137,10 @@ class ServeFacts:
     encoder_decoder: bool = False
     complete: bool = True
     warnings: Tuple[str, ...] = ()
+
+    def kv_split(self, tp: int) -> int:
+        """How many of ``tp`` ranks the cache is split over (at most the KV heads)."""
+        return max(1, min(tp, self.kv_heads or tp))
 
     def at(self, name: str, batch: int) -> float:
         """``batch x name + its fixed part`` for a scalar figure (``cache_held``, ``activation_bytes``...)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
+from flopcount.core.traffic import ITEMSIZE
 from flopcount.devices import LINKS, any_implementation
 from flopcount.errors import UsageError
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
@@ -19,17 +20,16 @@ QUANTIZED = {
     "int4": (0.5, "int4 weights in groups of 128 along the input dimension, each with a float16 scale and a "
                   "4-bit zero point (GPTQ/AWQ layout)"),
 }
-_ALIASES = {"fp8": "float8_e4m3fn", "float8": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "w8": "int8", "w4": "int4"}
-_ITEMSIZE = {"float64": 8, "float32": 4, "tfloat32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
-             "float8_e5m2": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1}
+#: bytes per element: the spine's sizes (core.traffic), and TF32's storage, float32's
+_ITEMSIZE = {**{name: size for name, size in ITEMSIZE.items() if not name.startswith("complex")}, "tfloat32": 4}
 
 
 def weight_format(name: Optional[str], dtype: str) -> str:
-    """The canonical weight dtype: None -> the compute dtype; "fp8" -> "float8_e4m3fn"..."""
+    """The weight dtype ``name`` (a peak column: :func:`flopcount.devices.column_of` has read
+    "fp8", "bf16"...) as priced: None -> the compute dtype; "w8"/"w4" -> "int8"/"int4"."""
     if name is None:
         return dtype
-    text = str(name).lower().replace("torch.", "").strip()
-    text = _ALIASES.get(text, {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(text, text))
+    text = {"w8": "int8", "w4": "int4"}.get(name, name)
     if text not in QUANTIZED and text not in _ITEMSIZE:
         raise UsageError(f"weight_dtype {name!r} is not known: int8, int4, fp8, or a float dtype (float16, bfloat16...)")
     return text
@@ -101,7 +101,7 @@ class Pricing:
     def __init__(self, facts: ServeFacts, roofs: object, dtype: str, weight_dtype: str, tp: int, link: str) -> None:
         self.facts, self.roofs, self.dtype, self.weight_dtype, self.tp = facts, roofs, dtype, weight_dtype, tp
         self.link_bw = LINKS[link] if link else 0.0
-        self.kv_split = max(1, min(tp, facts.kv_heads or tp))
+        self.kv_split = facts.kv_split(tp)
         self.scale = itemsize(dtype) / itemsize(facts.model_dtype) if facts.cache_dtype == facts.model_dtype else 1.0
         self._read: Dict[float, float] = {}  # tokens -> weight bytes a forward over them reads
 

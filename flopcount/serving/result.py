@@ -65,7 +65,7 @@ class ServeResult(FromWarnings, Rendered):
     @property
     def kv_split(self) -> int:
         """How many ranks the cache is split over (tp, at most the KV heads)."""
-        return max(1, min(self.tp, self.facts.kv_heads or self.tp))
+        return self.facts.kv_split(self.tp)
 
     @property
     def usable_bytes(self) -> Optional[float]:

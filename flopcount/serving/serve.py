@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from flopcount.core.params import lookup_tables, routed_experts
+from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
-from flopcount.decoding.forwards import Setup
 from flopcount.devices import Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError
-from flopcount.serving.counting import Counted, derive, held_per_step
+from flopcount.serving.counting import Counted, Derived, derive, held_per_step
 from flopcount.serving.figures import ServeFacts, WeightTensor, Work
 from flopcount.serving.pricing import (
     Pricing,
@@ -34,6 +34,7 @@ from flopcount.serving.pricing import (
     weights_held,
 )
 from flopcount.serving.result import ServeResult
+from flopcount.types import ParamSummary
 
 __all__ = ["serve", "serve_facts", "serve_on"]
 
@@ -149,12 +150,12 @@ def serve_facts(
         k: torch.cat([v, v[:1]]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
         for k, v in kwargs.items()
     }
-    fast = derive(model, input_ids, wider, new_tokens, kwargs, more) if derived else None
-    if fast is not None:
-        return _facts(model, fast.one, fast.two, fast.cache, fast.setup, fast.notes, new_tokens)
-    one = count_decoding(model, input_ids, new_tokens, kwargs, who="serve")
-    two = count_decoding(model, wider, new_tokens, more, who="serve")
-    return _facts(model, _counted(one), _counted(two), one.cache, one.setup, one.notes, new_tokens)
+    counts = derive(model, input_ids, wider, new_tokens, kwargs, more) if derived else None
+    if counts is None:
+        one = count_decoding(model, input_ids, new_tokens, kwargs, who="serve")
+        two = count_decoding(model, wider, new_tokens, more, who="serve")
+        counts = Derived(_counted(one), _counted(two), one.cache, one.setup, one.notes)
+    return _facts(model, counts, new_tokens)
 
 
 def _counted(decoded: Decoded) -> Counted:
@@ -165,9 +166,9 @@ def _counted(decoded: Decoded) -> Counted:
     )
 
 
-def _facts(
-    model: nn.Module, one: Counted, two: Counted, cache: Any, setup: Setup, notes_of_one: List[str], new_tokens: int,
-) -> ServeFacts:
+def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
+    """Each figure's slope in the batch and fixed part, from ``counts`` at B and B + 1."""
+    one, two, setup = counts.one, counts.two, counts.setup
     b, n = one.batch, len(one.step_flops)
     scalars: List[Dict[str, float]] = []
     works: List[List[Work]] = []
@@ -189,13 +190,13 @@ def _facts(
     config = _text_config(model)
     experts, k = _moe(config)
     results = [*one.results, *two.results]
-    notes = list(dict.fromkeys([*notes_of_one, *(w for r in results for w in r.warnings)]))
+    notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
     reasons = [r for res in results for r in res.incomplete_reasons()]
     if reasons:
         notes.append("the count is incomplete, the bounds leave that work out: " + "; ".join(dict.fromkeys(reasons)))
     return ServeFacts(
         prompt_tokens=setup.prompt, new_tokens=new_tokens, counted_batch=b,
-        cache_dtype=cache_dtype(cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(model),
+        cache_dtype=cache_dtype(counts.cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(one.results[0].parameters),
         fixed=fixed, top_k=k if experts > 1 else 0,
         layers=int(_get(config, "num_hidden_layers", "n_layer", "num_layers") or 0),
         hidden=int(_get(config, "hidden_size", "n_embd", "d_model") or 0),
@@ -231,13 +232,9 @@ def _moe(config: Any) -> Tuple[int, int]:
     return (experts, k) if experts and k else (0, 0)
 
 
-def _model_dtype(model: nn.Module) -> str:
+def _model_dtype(parameters: ParamSummary) -> str:
     """The floating dtype holding most of the parameters' bytes (float32 when none)."""
-    sizes: Dict[str, int] = {}
-    for p in model.parameters():
-        if p.is_floating_point():
-            name = str(p.dtype).replace("torch.", "")
-            sizes[name] = sizes.get(name, 0) + p.numel() * p.element_size()
+    sizes = {name: size for name, size in parameters.bytes_by_dtype.items() if is_floating(name)}
     return max(sizes, key=lambda k: sizes[k]) if sizes else "float32"
 
 
