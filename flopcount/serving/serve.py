@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from flopcount.core.params import lookup_tables, routed_experts
+from flopcount.core.tied import text_config
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
@@ -187,7 +188,7 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     (slopes["prefill"], fixed["prefill"]), *steps = [_affine(x, y, b) for x, y in zip(*works)]
     slopes["steps"], fixed["steps"] = tuple(s for s, _ in steps), tuple(f for _, f in steps)
     fixed["activation_bytes"] = max(0.0, fixed["activation_bytes"])
-    config = _text_config(model)
+    config = text_config(getattr(model, "config", None))
     experts, k = _moe(config)
     results = [*one.results, *two.results]
     notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
@@ -209,12 +210,6 @@ def _affine(one: Work, two: Work, b: int) -> Tuple[Work, Work]:
     """(per sequence, fixed) of a forward's work counted at batches ``b`` (``one``) and b + 1."""
     slope = Work(*(y - x for x, y in zip(astuple(one), astuple(two))))
     return slope, Work(*(x - b * d for x, d in zip(astuple(one), astuple(slope))))
-
-
-def _text_config(model: nn.Module) -> Any:
-    config = getattr(model, "config", None)
-    getter = getattr(config, "get_text_config", None)
-    return getter() if callable(getter) else config
 
 
 def _get(config: Any, *names: str) -> Any:
