@@ -208,6 +208,7 @@ class Reuse:
         self._classes: Dict[type, Optional[type]] = {}
         self._owners: Dict[type, type] = {}
         self._lonely: set[int] = set()  # modules with no twin: their first call runs unkeyed
+        self._batch: Dict[int, Any] = {}  # id(caller's tensor) -> its key, while a subtree is keyed
         self._root: Any = lazy.root if lazy is not None else model
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
@@ -484,7 +485,8 @@ class Reuse:
         lazy, originals = self._lazy, self._originals
         if lazy is not None and any(m in originals for m in order):
             # a first call runs its whole subtree: copied now, in the order it was keyed
-            order[:] = [lazy.copy_of(m) if m in originals else m for m in order]
+            made = iter(lazy.copies_of([m for m in order if m in originals]))
+            order[:] = [next(made) if m in originals else m for m in order]
             self._last_fingerprint = None
         watch = _Watch(caches) if caches else None
         events = self._cache_events
@@ -827,6 +829,12 @@ class Reuse:
             module = lazy.live(module)
         if seen is None:
             seen = {id(m): i for i, m in enumerate(order)}
+            if lazy is not None:
+                self._prefetch(module)
+                try:
+                    return self._subtree(module, order, seen)
+                finally:
+                    self._batch = {}
         if id(module) in seen:
             return ("same", seen[id(module)])
         state = vars(module)
@@ -852,6 +860,27 @@ class Reuse:
             tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in dict.items(children)),
         )
         return self._interned.setdefault(made, made)
+
+    def _prefetch(self, module: nn.Module) -> None:
+        """The keys of the tensors of the subtree's modules not copied yet, read in one call
+        (``LazyCopy.tensor_keys``: the run's torch-function modes passed once, not per module)."""
+        lazy, originals = self._lazy, self._originals
+        assert lazy is not None
+        tensors: List[Any] = []
+        stack, visited = [module], set()
+        while stack:
+            m = lazy.live(stack.pop())
+            if id(m) in visited:
+                continue
+            visited.add(id(m))
+            state = vars(m)
+            if m in originals:
+                for held in (state.get("_parameters"), state.get("_buffers")):
+                    if held:
+                        tensors.extend(t for t in dict.values(held) if t is not None)
+            stack.extend(c for c in dict.values(state["_modules"]) if c is not None)
+        if tensors:
+            self._batch = dict(zip(map(id, tensors), lazy.tensor_keys(tensors)))
 
     def _own_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
         """The key of ``module`` without its children: its class, its parameters' and
@@ -926,12 +955,15 @@ class Reuse:
             return () if tensors is not None else _MISSING
         lazy = self._lazy
         assert lazy is not None
+        batch = self._batch  # read for the whole subtree at once (``_prefetch``)
+        held = [t for t in dict.values(tensors) if t is not None]
+        keys = iter([batch[id(t)] for t in held] if all(id(t) in batch for t in held) else lazy.tensor_keys(held))
         found: List[Any] = []
         for k, t in dict.items(tensors):
             if t is None:
                 found.append((k, None))
                 continue
-            key = lazy.tensor_key(t)
+            key = next(keys)
             if key is None:
                 raise _NeedsCopy()
             found.append((k, key if type(key) is tuple else self._tensor(key)))

@@ -24,6 +24,7 @@ from torch import nn
 
 from flopcount import count_flops
 from flopcount.tracers import _containers
+from flopcount.tracers.fake import copies
 
 B, D, H = 3, 8, 16  # batch (rows, > 1), width, inner width
 
@@ -367,3 +368,32 @@ def test_the_counts_working_set_per_extra_layer_is_small_beside_the_rows_it_keep
     # (14.9 KiB against 8.9 KiB per layer here). Now a booked layer is one module object and
     # one record: the bound is half the rows (measured: ~0.33x).
     assert working < 0.5 * rows, f"{working / 1024:.1f} KiB per layer beside {rows / 1024:.1f} KiB of rows"
+
+
+def test_the_callers_tensors_are_read_through_the_function_modes_once_per_module():
+    # Inside the run every read of a tensor's metadata goes through the active torch-function
+    # modes (~7 us each); a lazy copy reads the caller's tensors there, so it reads a module's
+    # tensors as one overridable call that each mode passes through: the same keys as read with
+    # no mode active, and one call seen by the mode instead of one per read
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    tensors = [nn.Parameter(torch.randn(4, 3)), torch.zeros(5, dtype=torch.long), torch.randn(6)[2:],
+               torch.randn(2, 3, device="meta").t()]
+    faker = copies._Faker()
+    outside = [copies.reuse_key(t, faker.fake_type) for t in tensors]
+    with Seen() as mode:
+        inside = copies._read_keys(faker, tensors)
+    assert inside == outside
+    assert mode.calls == 1
+    with Seen() as mode:  # read one by one, as before: every read a call of the mode
+        [copies.reuse_key(t, faker.fake_type) for t in tensors]
+    assert mode.calls > 4 * len(tensors)
