@@ -312,10 +312,23 @@ class LazyCopy:
                     if type(held) is dict:
                         tensors.extend(t for t in held.values() if t is not None)
         copier.prefetch(tensors)
-        try:
-            return [self.copy_of(module) for module in originals]
-        finally:
-            copier.prefetched = {}
+        return [self.copy_of(module) for module in originals]
+
+    def prefetch_children(self, children: Dict[str, Any]) -> None:
+        """Before the first child of a ``_modules`` dictionary is copied: the keys of every
+        not-yet-copied child's own tensors read in one call (its siblings are copied next)."""
+        copier = self.copier
+        if copier is None:
+            return
+        originals, memo = self.originals, copier.memo
+        tensors: List[Any] = []
+        for child in dict.values(children):
+            if child is not None and child in originals and memo.get(id(child)) is None:
+                state = vars(child)
+                for held in (state.get("_parameters"), state.get("_buffers")):
+                    if type(held) is dict:
+                        tensors.extend(t for t in held.values() if t is not None)
+        copier.prefetch(tensors)
 
     def live(self, module: Any) -> Any:
         """``module``'s copy if it is an original copied already, else ``module`` itself (a copy,
@@ -342,6 +355,8 @@ class LazyCopy:
     def release(self) -> None:
         """No more copies: drops what refers back to the copies, so the copy and the count's
         records are freed when the count lets them go, without waiting for the garbage collector."""
+        if self.copier is not None:
+            self.copier.prefetched = {}
         self.copier = None
         self.adopt = None
         self.names = {}
@@ -362,7 +377,10 @@ class LazyModules(dict):
     def _live(self, key: Any, value: Any) -> Any:
         if value is None or value not in self.lazy.originals:
             return value
-        made = self.lazy.copy_of(value)
+        lazy = self.lazy
+        if lazy.copied(value) is None:
+            lazy.prefetch_children(self)
+        made = lazy.copy_of(value)
         dict.__setitem__(self, key, made)
         return made
 
@@ -689,7 +707,8 @@ class _TreeCopier(TreeCopier):
         self._plain: Dict[str, Any] = {}
         #: a copy lazy in depth: children copied when first reached (None: the whole tree now)
         self.lazy_copy: Optional[LazyCopy] = None
-        #: id(tensor) -> its key, read beforehand for the modules about to be copied (``prefetch``)
+        #: id(caller's tensor) -> its key, read beforehand for the modules about to be copied
+        #: (``prefetch``: a subtree a first call runs, the children of a dictionary first read)
         self.prefetched: Dict[int, Any] = {}
 
     def module(self, module: nn.Module) -> nn.Module:
@@ -750,9 +769,13 @@ class _TreeCopier(TreeCopier):
     def prefetch(self, tensors: Sequence[Any]) -> None:
         """Read the keys of those of ``tensors`` :meth:`_lazy` will need, in one call."""
         memo, pending = self.memo, self._pending
-        unread = [t for t in tensors if id(t) not in memo and id(t) not in pending and isinstance(t, torch.Tensor)]
+        prefetched = self.prefetched
+        unread = [
+            t for t in tensors
+            if id(t) not in memo and id(t) not in pending and id(t) not in prefetched and isinstance(t, torch.Tensor)
+        ]
         if unread and self.lazy:
-            self.prefetched = dict(zip(map(id, unread), _read_keys(self.faker, unread)))
+            self.prefetched.update(zip(map(id, unread), _read_keys(self.faker, unread)))
 
     def raw_keys(self, tensors: Sequence[Any]) -> List[Any]:
         """See :meth:`LazyCopy.tensor_keys`: what :meth:`_lazy` will hold for each of ``tensors``, keyed."""
