@@ -55,7 +55,7 @@ from torch import nn
 
 from flopcount.core import hooks
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
-from flopcount.tracers.fake.copies import Pending, tensor_key
+from flopcount.tracers.fake.copies import LazyCopy, Pending, tensor_key
 from flopcount.types import ReplayedCall, expand
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
@@ -74,6 +74,7 @@ _FLAGS = tuple(sorted(hooks.hook_flag_names()))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
+_UNSET: Any = object()
 # nn.Module's own methods that read ``__dict__`` for torch's registries (a parameter lookup,
 # an attribute assignment): not a read of every attribute, as user code's ``vars(self)`` is
 _MODULE_CODE = frozenset(
@@ -81,6 +82,10 @@ _MODULE_CODE = frozenset(
     for name in ("__getattr__", "__setattr__", "__delattr__", "_call_impl", "_wrapped_call_impl")
     if hasattr(getattr(nn.Module, name), "__code__")
 )
+
+
+class _NeedsCopy(Exception):
+    """A module of the caller's cannot be keyed as its copy will be without copying it."""
 
 
 class IndexRefused(Exception):
@@ -143,6 +148,22 @@ class _Entry:
         self.slots: Optional[Tuple[Tuple[Any, ...], Tuple[int, ...], Tuple[Any, ...], Tuple[Any, ...]]] = None
 
 
+class _Call:
+    """The ``forward`` a wrapped module of the copy holds while the run lasts: a small object
+    rather than a closure (issue #32: the wrappers were a tenth of a deep model's count memory)."""
+
+    __slots__ = ("reuse", "module", "unkeyed")
+    __flopcount_reuse__ = True
+
+    def __init__(self, reuse: Reuse, module: nn.Module, unkeyed: bool):
+        self.reuse = reuse
+        self.module = module
+        self.unkeyed = unkeyed  # the next call runs without a key (a module without a twin, once)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.reuse._call(self, args, kwargs)
+
+
 class Reuse:
     """Wraps the forward of each eligible submodule of ``model`` (a fake copy) so that
     matching calls are booked from the first one; ``reused`` counts the calls booked so."""
@@ -158,8 +179,13 @@ class Reuse:
         fake_type: type,
         index_proxies: bool = True,
         metas: Optional[Mapping[int, Tuple[torch.Tensor, Tuple[Any, ...]]]] = None,
+        lazy: Optional[LazyCopy] = None,
     ):
         self._names = names
+        # a copy lazy in depth (fake.copies.LazyCopy): a subtree is keyed from the caller's modules
+        # where they are not copied yet, and copied whole only when a first call runs it
+        self._lazy = lazy
+        self._originals: Mapping[nn.Module, str] = lazy.originals if lazy is not None else {}
         self._modules = modules
         self._recorder = recorder
         self._cache = shape_cache
@@ -177,9 +203,13 @@ class Reuse:
         self._tensors: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = dict(metas or {})
         # attribute reads of the copy's modules while a first call runs: (module, name)
         self._box = _LogBox()
+        # a module class -> its tracking class (None: its instances' plain attributes are all keyed);
+        # a tracking class -> the class it tracks. Per class, not per module (issue #32: nothing per layer)
         self._classes: Dict[type, Optional[type]] = {}
-        self._tracked: Dict[int, type] = {}  # id(module) -> its own class, for modules whose reads are logged
-        self._tracking: Dict[int, type] = {}  # id(module) -> its tracking class (swapped in by first calls)
+        self._owners: Dict[type, type] = {}
+        self._lonely: set[int] = set()  # modules with no twin: their first call runs unkeyed
+        self._batch: Dict[int, Any] = {}  # id(caller's tensor) -> its key, while a subtree is keyed
+        self._root: Any = lazy.root if lazy is not None else model
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
@@ -204,17 +234,15 @@ class Reuse:
         self._box.log = log
 
     def install(self) -> int:
-        """Wrap every submodule whose forward is its class's; returns how many were wrapped."""
+        """Wrap every submodule whose forward is its class's (of a lazy copy: each as it is
+        copied); returns how many were wrapped now."""
         if hooks.process_hooks_present() and _process_hooks_here():  # a process-wide module hook could see a skipped call
             return 0
-        wrapped = 0
-        # the facts' names list the copy's modules: no walk of the tree (issue #19: one per count)
-        eligible = [
-            module
-            for module in self._names
-            # a leaf runs a few ops the shape cache answers already: keying it costs more
-            if module is not self._model and "forward" not in vars(module) and module in self._names and module._modules
-        ]
+        lazy = self._lazy
+        # the facts' names list the modules: no walk of the tree (issue #19: one per count); of a
+        # lazy copy, the caller's modules (the copies are made as the forward reaches them)
+        pool: Mapping[nn.Module, str] = self._originals if lazy is not None else self._names
+        eligible = [module for module in pool if self._eligible(module)]
         # a module with no twin (same class and parameter shapes) can only match its own
         # earlier call: its first call runs unkeyed (keying a call that cannot match costs
         # more than it saves), from its second on it is keyed as every other
@@ -223,17 +251,31 @@ class Reuse:
         signatures = [_signature(module, memo) for module in eligible]
         for signature in signatures:
             twins[signature] = twins.get(signature, 0) + 1
-        for module, signature in zip(eligible, signatures):
-            # straight into the instance's dictionary: nn.Module.__setattr__'s registry checks
-            # find nothing for a function (a thousand modules on a 70B model)
-            vars(module)["forward"] = self._wrap(module, type(module).forward.__get__(module), twins[signature] > 1)
-            self._wrapped.append(module)
-            wrapped += 1
-        if wrapped:
-            for module in self._names:
-                if module is not self._model:
-                    self._track(module)
-        return wrapped
+        self._lonely = {id(module) for module, signature in zip(eligible, signatures) if twins[signature] == 1}
+        before = len(self._wrapped)
+        if lazy is None:
+            for module in eligible:
+                self._adopt(module, module)
+        else:
+            for original in pool:
+                made = lazy.copied(original)
+                if made is not None:  # copied already (the root)
+                    self._adopt(made, original)
+            lazy.adopt = self._adopt
+        return len(self._wrapped) - before
+
+    def _eligible(self, module: nn.Module) -> bool:
+        # a leaf runs a few ops the shape cache answers already: keying it costs more
+        return module is not self._root and "forward" not in vars(module) and bool(dict.__len__(vars(module)["_modules"]))
+
+    def _adopt(self, module: nn.Module, original: nn.Module) -> None:
+        """Wrap ``module`` (a copy of ``original``) when it is eligible."""
+        if original not in (self._originals if self._lazy is not None else self._names) or not self._eligible(original):
+            return
+        # straight into the instance's dictionary: nn.Module.__setattr__'s registry checks
+        # find nothing for a callable (a thousand modules on a 70B model)
+        vars(module)["forward"] = _Call(self, module, id(original) in self._lonely)
+        self._wrapped.append(module)
 
     def uninstall(self) -> None:
         """Give the copy's modules their own classes back, and take the wrapped forwards off
@@ -247,48 +289,56 @@ class Reuse:
             state = vars(module)
             if getattr(state.get("forward"), "__flopcount_reuse__", False):
                 del state["forward"]
+        if self._lazy is not None:
+            self._lazy.release()  # no module is copied any more: the copier lets the copies go
         self._wrapped = []
         self._swapped = []
-        self._tracked = {}
-        self._tracking = {}
         self._entries = {}
         self._classes = {}
+        self._owners = {}
         self._owns = {}
 
-    def _track(self, module: nn.Module) -> None:
-        """Log ``module``'s attribute reads while a first call runs, so that its plain
-        attributes are keyed only when read (``layer_idx`` differs between layers that use
-        it only to index a cache they were not given): while a first call of a subtree that
-        holds it runs (``_swap_in``), its class is swapped, on the copy, for a subclass of it
-        whose ``__getattribute__`` logs the name first. Outside first calls it keeps its own
-        class: most attribute reads of a count (the keys' own, replays' callers, the root's
-        forward: ~3,200 per ResNet-50 count) are made at C speed. The swap is tried here once,
-        so a module whose class cannot be swapped has all its plain attributes keyed."""
-        cls = type(module)
-        if cls in self._classes:
-            made = self._classes[cls]
-        else:
-            made = self._classes[cls] = self._tracking_class(cls)
-        if made is None:
-            return  # its attributes are all in the key
-        try:
-            object.__setattr__(module, "__class__", made)  # a subclass of the module's own class
-        except TypeError:
-            return
-        object.__setattr__(module, "__class__", cls)
-        self._tracked[id(module)] = cls
-        self._tracking[id(module)] = made
+    def _own_class(self, kind: type) -> Optional[type]:
+        """The class of a module of type ``kind`` whose attribute reads are logged while a first
+        call runs, so that its plain attributes are keyed only when read (``layer_idx``
+        differs between layers that use it only to index a cache they were not given); None
+        when all its plain attributes are keyed. While a first call of a subtree that holds
+        it runs (``_swap_in``), a copy's class is swapped for a subclass of it whose
+        ``__getattribute__`` logs the name first. Outside first calls it keeps its own class:
+        most attribute reads of a count (the keys' own, replays' callers, the root's forward:
+        ~3,200 per ResNet-50 count) are made at C speed. Decided once per class, the swap
+        tried on a blank instance (never on a module of the caller's)."""
+        owner = self._owners.get(kind)
+        if owner is not None:
+            return owner  # swapped in now
+        made = self._classes.get(kind, _UNSET)
+        if made is _UNSET:
+            made = self._tracking_class(kind)
+            if made is not None:
+                try:
+                    if any("__del__" in vars(k) for k in kind.__mro__[:-1]):
+                        raise TypeError("a finalizer would run on the blank instance")
+                    blank: Any = object.__new__(kind)
+                    object.__setattr__(blank, "__class__", made)
+                except TypeError:
+                    made = None
+                else:
+                    self._owners[made] = kind
+            self._classes[kind] = made
+        return kind if made is not None else None
 
     def _swap_in(self, order: List[nn.Module]) -> List[Tuple[nn.Module, type]]:
         """The tracking classes on the subtree's tracked modules that do not have them yet (an
         enclosing first call swapped the others); returns what to give back."""
         swapped: List[Tuple[nn.Module, type]] = []
-        tracking, tracked = self._tracking, self._tracked
+        classes, owners = self._classes, self._owners
         for module in order:
-            made = tracking.get(id(module))
-            if made is not None and type(module) is tracked[id(module)]:
-                object.__setattr__(module, "__class__", made)
-                swapped.append((module, tracked[id(module)]))
+            kind = type(module)
+            if kind in owners or self._own_class(kind) is None:
+                continue
+            made = classes[kind]
+            object.__setattr__(module, "__class__", made)
+            swapped.append((module, kind))
         self._swapped.extend(swapped)
         return swapped
 
@@ -328,40 +378,37 @@ class Reuse:
 
     # ------------------------------------------------------------------ the call
 
-    def _wrap(self, module: nn.Module, forward: Callable[..., Any], twinned: bool) -> Callable[..., Any]:
-        unkeyed = [not twinned]  # the next call runs without a key (a module without a twin, once)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            recorder = self._recorder
-            if recorder.muted or recorder.phase != "forward":
-                return forward(*args, **kwargs)
-            if unkeyed[0]:
-                unkeyed[0] = False
-                return forward(*args, **kwargs)
-            log = self._log
-            self._log = None  # the reads made here to key the call are not the call's
-            self._owns.clear()
-            try:
-                order: List[nn.Module] = []
-                tensors: List[Any] = []
-                caches: List[Any] = []
-                key = (self._structure(module, order), self._value(args, tensors, caches),
-                       self._value(kwargs, tensors, caches), _settings())
-                found = self._entries.get(key)
-                entry, slots = self._match(found, order, caches) if found is not None else (None, None)
-                if entry is not None and entry.clean:
-                    return self._replay(entry, order, tensors, log, caches, slots)
-            except Unkeyable:
-                found = entry = None
-                key = None
-            finally:
-                self._log = log
-            if key is None or entry is not None:  # unkeyable, or seen and not clean: traced
-                return forward(*args, **kwargs)
-            return self._first(key, module, order, tensors, caches, forward, args, kwargs)
-
-        call.__flopcount_reuse__ = True  # type: ignore[attr-defined]
-        return call
+    def _call(self, wrapped: _Call, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """A call of a wrapped module: booked from an earlier call of equal key, or run."""
+        module = wrapped.module
+        forward = type(module).forward.__get__(module)
+        recorder = self._recorder
+        if recorder.muted or recorder.phase != "forward":
+            return forward(*args, **kwargs)
+        if wrapped.unkeyed:
+            wrapped.unkeyed = False
+            return forward(*args, **kwargs)
+        log = self._log
+        self._log = None  # the reads made here to key the call are not the call's
+        self._owns.clear()
+        try:
+            order: List[nn.Module] = []
+            tensors: List[Any] = []
+            caches: List[Any] = []
+            key = (self._structure(module, order), self._value(args, tensors, caches),
+                   self._value(kwargs, tensors, caches), _settings())
+            found = self._entries.get(key)
+            entry, slots = self._match(found, order, caches) if found is not None else (None, None)
+            if entry is not None and entry.clean:
+                return self._replay(entry, order, tensors, log, caches, slots)
+        except Unkeyable:
+            found = entry = None
+            key = None
+        finally:
+            self._log = log
+        if key is None or entry is not None:  # unkeyable, or seen and not clean: traced
+            return forward(*args, **kwargs)
+        return self._first(key, module, order, tensors, caches, forward, args, kwargs)
 
     def _match(
         self, entries: List[_Entry], order: List[nn.Module], caches: List[Any]
@@ -410,12 +457,16 @@ class Reuse:
 
     def _read_values(self, order: List[nn.Module], reads: Tuple[Tuple[int, str], ...]) -> Tuple[Any, ...]:
         values: List[Any] = []
+        originals = self._originals
         for i, name in reads:
-            state = vars(order[i])
+            module = order[i]
+            state = vars(module)
+            # a module not copied yet: its attributes as its copy will hold them
+            attribute = self._original_attribute if module in originals else self._attribute
             if name == "*":
-                values.append(tuple((k, self._attribute(v)) for k, v in state.items() if k not in _SKIP))
+                values.append(tuple((k, attribute(v)) for k, v in state.items() if k not in _SKIP))
             else:
-                values.append(self._attribute(state[name]) if name in state else _MISSING)
+                values.append(attribute(state[name]) if name in state else _MISSING)
         return tuple(values)
 
     def _first(
@@ -431,6 +482,12 @@ class Reuse:
     ) -> Any:
         recorder, stack, cache = self._recorder, self._modules, self._cache
         self.traced += 1
+        lazy, originals = self._lazy, self._originals
+        if lazy is not None and any(m in originals for m in order):
+            # a first call runs its whole subtree: copied now, in the order it was keyed
+            made = iter(lazy.copies_of([m for m in order if m in originals]))
+            order[:] = [next(made) if m in originals else m for m in order]
+            self._last_fingerprint = None
         watch = _Watch(caches) if caches else None
         events = self._cache_events
         outer = self._log
@@ -443,7 +500,7 @@ class Reuse:
             fingerprint = self._last_fingerprint  # the one the key was made from, just before
             if fingerprint is None:  # the subtree as it is now, unchanged since it was keyed
                 fingerprint = []
-                _fingerprint(module, [], fingerprint, set())
+                _fingerprint(module, [], fingerprint, set(), lazy)
             containers = self._containers(order)
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
@@ -497,7 +554,7 @@ class Reuse:
             return
         try:
             again: List[Any] = []
-            _fingerprint(module, [], again, set())
+            _fingerprint(module, [], again, set(), self._lazy)
             if again != fingerprint or self._containers(order) != containers:
                 return  # the call changed its own subtree's state (a counter, a new attribute)
             slots, made = self._effects(watch, tensors) if watch is not None else (None, [])
@@ -553,9 +610,8 @@ class Reuse:
         self._cache_active = True
         self._cache_events += 1
         if self._index_proxies:
-            tracked = self._tracked
             for i, m in enumerate(order):
-                if id(m) in tracked:
+                if self._own_class(type(m)) is not None:
                     state = vars(m)
                     index = state.get(INDEX_ATTRIBUTE)
                     if type(index) is int:
@@ -704,7 +760,7 @@ class Reuse:
     def _reads(self, order: List[nn.Module], log: List[Tuple[Any, str]], start: int) -> Tuple[Tuple[int, str], ...]:
         """The plain attributes of tracked subtree modules the call read (from ``log[start:]``);
         an untracked module's attributes are all in the key already."""
-        position = {id(m): i for i, m in enumerate(order) if id(m) in self._tracked}
+        position = {id(m): i for i, m in enumerate(order) if self._own_class(type(m)) is not None}
         reads = set()
         for obj, name in log[start:]:
             i = position.get(id(obj))
@@ -729,7 +785,8 @@ class Reuse:
             self._apply(slots, entry.slots[3], caches, tensors)
         if log is not None and entry.reads:  # an enclosing first call read these too
             log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
-        new_names = [names.get(m, "") for m in order]
+        originals = self._originals  # a module not copied (booked, never run): the caller's one's name
+        new_names = [names[m] if m in names else originals.get(m, "") for m in order]
         prefix = stack.path
         # each distinct inner stack once (13 in a LLaMA layer's 54 events); the events as one
         # record, the first call's ops under these stacks (the ledger books it as a group)
@@ -753,7 +810,7 @@ class Reuse:
             self._last_fingerprint = None
             return self._subtree(module, order)
         fingerprint: List[Any] = []
-        _fingerprint(module, order, fingerprint, set())
+        _fingerprint(module, order, fingerprint, set(), self._lazy)
         self._last_fingerprint = fingerprint
         found = self._structures.get(id(module))
         if found is not None and found[0] == fingerprint:
@@ -763,31 +820,73 @@ class Reuse:
         return key
 
     def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
-        """The structural key of ``module`` and its descendants; ``order`` gets them in visit order."""
+        """The structural key of ``module`` and its descendants; ``order`` gets them in visit order.
+        Of a lazy copy, a module not copied yet is keyed from the caller's module, as its copy
+        would be (``_original_part``), and stays the caller's in ``order`` (nothing is copied for a
+        call that is booked, not run); one that cannot be keyed so is copied here."""
+        lazy = self._lazy
+        if lazy is not None:
+            module = lazy.live(module)
         if seen is None:
             seen = {id(m): i for i, m in enumerate(order)}
+            if lazy is not None:
+                self._prefetch(module)
+                try:
+                    return self._subtree(module, order, seen)
+                finally:
+                    self._batch = {}
         if id(module) in seen:
             return ("same", seen[id(module)])
-        seen[id(module)] = len(order)
-        order.append(module)
         state = vars(module)
         forward = state.get("forward")
         if forward is not None and not getattr(forward, "__flopcount_reuse__", False):
             raise Unkeyable("an instance-level forward")
         if hooks.has_call_hooks(module):
             raise Unkeyable("a hook")
+        own: Optional[Tuple[Any, ...]] = None
+        if lazy is not None and module in self._originals:
+            try:
+                own = self._original_part(module, state)
+            except _NeedsCopy:
+                module = lazy.copy_of(module)
+                state = vars(module)
+        seen[id(module)] = len(order)
+        order.append(module)
+        if own is None:
+            own = self._own_part(module, state)
         children = state["_modules"]
         made = (
-            self._own_part(module, state),
-            tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in children.items()),
+            own,
+            tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in dict.items(children)),
         )
         return self._interned.setdefault(made, made)
+
+    def _prefetch(self, module: nn.Module) -> None:
+        """The keys of the tensors of the subtree's modules not copied yet, read in one call
+        (``LazyCopy.tensor_keys``: the run's torch-function modes passed once, not per module)."""
+        lazy, originals = self._lazy, self._originals
+        assert lazy is not None
+        tensors: List[Any] = []
+        stack, visited = [module], set()
+        while stack:
+            m = lazy.live(stack.pop())
+            if id(m) in visited:
+                continue
+            visited.add(id(m))
+            state = vars(m)
+            if m in originals:
+                for held in (state.get("_parameters"), state.get("_buffers")):
+                    if held:
+                        tensors.extend(t for t in dict.values(held) if t is not None)
+            stack.extend(c for c in dict.values(state["_modules"]) if c is not None)
+        if tensors:
+            self._batch = dict(zip(map(id, tensors), lazy.tensor_keys(tensors)))
 
     def _own_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
         """The key of ``module`` without its children: its class, its parameters' and
         buffers' metadata, and (untracked modules) its plain attributes; one object for equal
         parts (the 80 layers of a model share theirs: keys compare by identity first)."""
-        own = self._tracked.get(id(module))
+        own = self._own_class(type(module))
         if own is not None:
             # a tracked module: torch's structure only (its plain attributes are keyed when read),
             # looked up by name rather than found among its thirty-odd attributes
@@ -819,6 +918,84 @@ class Reuse:
         if not tensors:
             return () if tensors is not None else _MISSING
         return tuple((k, None if t is None else t.key if type(t) is Pending else self._tensor(t)) for k, t in dict.items(tensors))
+
+    def _original_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
+        """:meth:`_own_part` of the copy ``module`` (a module of the caller's) will have, read from
+        ``module``: each tensor by the key its fake will have, each object by its copy's identity
+        where it is copied already. Raises :class:`_NeedsCopy` where that cannot be said without
+        copying (a tensor faked another way than from its metadata)."""
+        own = self._own_class(type(module))
+        attribute = self._original_attribute
+        if own is not None:
+            part: Tuple[Any, ...] = (
+                own,
+                state.get("training", _MISSING),
+                self._original_tensors(state.get("_parameters")),
+                self._original_tensors(state.get("_buffers")),
+                tuple(attribute(state[k]) if k in state else _MISSING for k in _FLAGS),
+            )
+            return self._interned.setdefault(part, part)
+        parts: List[Any] = [type(module)]
+        for name, value in state.items():
+            if name == "_modules":
+                continue
+            if name in _OWN:
+                if not value or name in hooks.call_hook_names() or name == "forward":
+                    continue
+            if name in ("_parameters", "_buffers"):
+                parts.append((name, self._original_tensors(value)))
+            else:
+                parts.append((name, attribute(value)))
+        made = tuple(parts)
+        return self._interned.setdefault(made, made)
+
+    def _original_tensors(self, tensors: Any) -> Tuple[Any, ...]:
+        """:meth:`_tensors_part` of the copy of a caller's parameter or buffer dictionary."""
+        if not tensors:
+            return () if tensors is not None else _MISSING
+        lazy = self._lazy
+        assert lazy is not None
+        batch = self._batch  # read for the whole subtree at once (``_prefetch``)
+        held = [t for t in dict.values(tensors) if t is not None]
+        keys = iter([batch[id(t)] for t in held] if all(id(t) in batch for t in held) else lazy.tensor_keys(held))
+        found: List[Any] = []
+        for k, t in dict.items(tensors):
+            if t is None:
+                found.append((k, None))
+                continue
+            key = next(keys)
+            if key is None:
+                raise _NeedsCopy()
+            found.append((k, key if type(key) is tuple else self._tensor(key)))
+        return tuple(found)
+
+    def _original_attribute(self, value: Any) -> Any:
+        """:meth:`_attribute` of the copy a module of the caller's will hold of ``value``."""
+        kind = type(value)
+        if kind in _SCALARS:
+            return self._attribute(value)
+        lazy = self._lazy
+        copied = lazy.copied(value) if lazy is not None else None
+        if copied is not None:
+            return self._attribute(copied)
+        if isinstance(value, torch.Tensor):
+            raise _NeedsCopy()  # faked when copied: its fake's metadata is not known before
+        if kind is tuple or kind is list:
+            return (kind, tuple(self._original_attribute(v) for v in value))
+        if isinstance(value, (dict, set, frozenset)):
+            if len(value) > 64:
+                return ("id", id(value))
+            if isinstance(value, dict):
+                return (kind, tuple((k, self._original_attribute(v)) for k, v in value.items()))
+            if all(type(v) in _SCALARS for v in value):
+                return (kind, frozenset(value))
+            return ("id", id(value))
+        if isinstance(value, nn.Module):
+            return ("module", id(value))
+        if kind is functools.partial:
+            return (kind, id(value.func), self._original_attribute(value.args), self._original_attribute(value.keywords))
+        # an object not copied yet: not equal to any copy's (a call keyed so is traced, never wrongly booked)
+        return ("id", id(value))
 
     def _attribute(self, value: Any) -> Any:
         kind = type(value)
@@ -968,14 +1145,17 @@ def _signature(module: nn.Module, memo: Dict[int, Any]) -> Any:
         )
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
         params = (("unique", id(module)),)
-    children = tuple(None if m is None else _signature(m, memo) for m in module._modules.values())
+    children = tuple(None if m is None else _signature(m, memo) for m in dict.values(module._modules))
     made = memo[id(module)] = (type(module), params, children)
     return made
 
 
-def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any) -> None:
+def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any, lazy: Optional[LazyCopy] = None) -> None:
     """The subtree's modules in visit order, and the identity of every object their
-    attributes (and parameter, buffer and child dictionaries) hold."""
+    attributes (and parameter, buffer and child dictionaries) hold; of a lazy copy, a child's
+    copy where it is made, the caller's child where not (raw values: nothing is copied)."""
+    if lazy is not None:
+        module = lazy.live(module)
     if id(module) in seen:
         into.append(("same", id(module)))
         return
@@ -987,9 +1167,9 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     into.append(tuple(map(id, dict.values(state["_parameters"]))))  # raw: a Pending is not faked by a look
     into.append(tuple(map(id, dict.values(state["_buffers"]))))
     into.append(hooks.call_hook_sizes(state))  # hooks live in dictionaries changed in place: their sizes
-    for child in state["_modules"].values():
+    for child in dict.values(state["_modules"]):
         if child is not None:
-            _fingerprint(child, order, into, seen)
+            _fingerprint(child, order, into, seen, lazy)
 
 
 def _process_hooks_here() -> bool:

@@ -184,10 +184,10 @@ def _trace(
         # a forward-only run reuses blocks (below): their parameters need no fakes unless read
         copied = fake_copies(
             model, flat_inputs, call.rebuild, modules=facts.modules, shared_hooks=shared_hooks, lazy=reusing,
-            attributes=facts.tensor_attributes,
+            attributes=facts.tensor_attributes, names=facts.names,
         )
         run_model, fake_mode, flat_inputs = copied.model, copied.mode, copied.tensors
-        names = facts.names_on(copied.copies)
+        names = facts.names_on(copied.copies) if copied.names is None else copied.names  # lazy: filled as copied
         args, kw = copied.call
         # the copy needs no restoring, and fake tensors draw no random number: the process's
         # RNG is left alone (setting it back would rewind other threads' draws)
@@ -209,7 +209,8 @@ def _trace(
     if reusing:
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
         reuse = Reuse(
-            run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies, copied.metas
+            run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies, copied.metas,
+            lazy=copied.lazy,
         )
         reuse.install()
     attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None

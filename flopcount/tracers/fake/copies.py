@@ -25,11 +25,11 @@ import logging
 import threading
 from collections import OrderedDict
 from functools import cache
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, handle_torch_function, has_torch_function
 
 from flopcount.core.hooks import is_hook_name
 from flopcount.core.inputs import is_uninitialized
@@ -41,6 +41,8 @@ from flopcount.tracers.fake.making import FakeMaker
 __all__ = [
     "FakeCopy",
     "FakeRunError",
+    "LazyCopy",
+    "LazyModules",
     "LazyTensors",
     "Pending",
     "SharedHooks",
@@ -69,9 +71,11 @@ class FakeCopy:
     ``copies`` maps ``id(original)`` to its copy for every object copied (modules included);
     ``metas`` maps ``id(fake)`` to ``(fake, (shape, stride, offset, dtype, device, requires_grad,
     type))`` for the fakes made the fast way, read from the real tensor as it was faked (structural
-    reuse keys parameters by that tuple: one read of a fake's metadata costs microseconds)."""
+    reuse keys parameters by that tuple: one read of a fake's metadata costs microseconds).
+    ``names`` (a copy lazy in depth, :class:`LazyCopy`): each module copied so far -> its canonical
+    name, filled as modules are copied; ``lazy``: that :class:`LazyCopy` (None: copied whole)."""
 
-    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies", "metas")
+    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies", "metas", "names", "lazy")
 
     def __init__(
         self,
@@ -83,6 +87,8 @@ class FakeCopy:
         notes: Optional[List[str]] = None,
         copies: Optional[Dict[int, Any]] = None,
         metas: Optional[Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]]] = None,
+        names: Optional[Dict[nn.Module, str]] = None,
+        lazy: Optional[LazyCopy] = None,
     ):
         self.mode = mode
         self.model = model
@@ -92,6 +98,8 @@ class FakeCopy:
         self.notes: List[str] = [] if notes is None else notes
         self.copies: Dict[int, Any] = {} if copies is None else copies
         self.metas: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {} if metas is None else metas
+        self.names = names
+        self.lazy = lazy
 
 
 @cache
@@ -240,6 +248,180 @@ class LazyTensors(dict):
         return (dict, (self.items(),))
 
 
+def _read_keys(faker: _Faker, tensors: List[Any]) -> List[Optional[Tuple[Any, ...]]]:
+    """Each real tensor's :func:`reuse_key` where it can be faked the fast way, else None. A lazy
+    copy reads them inside the run, where every read of a tensor's metadata (``.shape``,
+    ``.stride()``, ``.dtype``...) goes through the run's torch-function modes (~7 us each: a
+    ResNet-50 count 25% slower when its copies were read so). Routed as one overridable call
+    (``torch.overrides.handle_torch_function``, public): a mode runs a function it does not know
+    with itself off the stack, so the reads below it go through no mode."""
+    try:
+        if has_torch_function(tensors):
+            return handle_torch_function(_read_keys, tensors, faker, tensors)
+    except Exception:
+        pass  # a mode or subclass that refuses the call: the reads through the modes, below
+    fake_type = faker.fake_type
+    return [reuse_key(t, fake_type) if faker.deferrable(t) else None for t in tensors]
+
+
+class LazyCopy:
+    """A fake copy made lazily in depth (issue #32, a deep model's memory): a copied module's
+    children are copied when first reached (:class:`LazyModules`), so the children of a block
+    that structural reuse books from an earlier one are never copied. ``originals``: every
+    module of the caller's tree -> its canonical name; ``names``: every module copied so far ->
+    that name (the module stack's names, filled as copies are made); ``adopt(copy, original)``,
+    when set, is told of each module copied from then on (structural reuse wraps it).
+    :meth:`release` ends it when the run ends (the copier and the copies refer to each other)."""
+
+    __slots__ = ("copier", "originals", "names", "adopt", "root")
+
+    def __init__(self, copier: _TreeCopier, originals: Mapping[nn.Module, str], root: nn.Module):
+        self.copier: Optional[_TreeCopier] = copier
+        self.originals = originals
+        self.names: Dict[nn.Module, str] = {}
+        self.adopt: Optional[Callable[[nn.Module, nn.Module], None]] = None
+        self.root = root
+
+    def copy_of(self, original: nn.Module) -> nn.Module:
+        """The copy of ``original`` (a module of the caller's tree), made now if not made yet."""
+        copier = self.copier
+        if copier is None:
+            raise RuntimeError("a module of a fake copy was reached after its run ended")
+        found = copier.memo.get(id(original))
+        if found is not None:
+            return found
+        # copied inside the run: below the recorder's and the fake mode's dispatch (its fakes are
+        # not ops of the model), in the inference mode the copy was begun in (as LazyTensors does)
+        with torch._C._DisableTorchDispatch():
+            if torch.is_inference_mode_enabled() == copier.faker.inference:
+                return copier.module(original)
+            with torch.inference_mode(copier.faker.inference):
+                return copier.module(original)
+
+    def copies_of(self, originals: Sequence[nn.Module]) -> List[nn.Module]:
+        """:meth:`copy_of` each of ``originals`` (a subtree a first call runs), their tensors'
+        metadata read in one call (see ``_read_keys``)."""
+        copier = self.copier
+        if copier is None:
+            raise RuntimeError("a module of a fake copy was reached after its run ended")
+        tensors: List[Any] = []
+        for module in originals:
+            if copier.memo.get(id(module)) is None:
+                state = vars(module)
+                for held in (state.get("_parameters"), state.get("_buffers")):
+                    if type(held) is dict:
+                        tensors.extend(t for t in held.values() if t is not None)
+        copier.prefetch(tensors)
+        return [self.copy_of(module) for module in originals]
+
+    def prefetch_children(self, children: Dict[str, Any]) -> None:
+        """Before the first child of a ``_modules`` dictionary is copied: the keys of every
+        not-yet-copied child's own tensors read in one call (its siblings are copied next)."""
+        copier = self.copier
+        if copier is None:
+            return
+        originals, memo = self.originals, copier.memo
+        tensors: List[Any] = []
+        for child in dict.values(children):
+            if child is not None and child in originals and memo.get(id(child)) is None:
+                state = vars(child)
+                for held in (state.get("_parameters"), state.get("_buffers")):
+                    if type(held) is dict:
+                        tensors.extend(t for t in held.values() if t is not None)
+        copier.prefetch(tensors)
+
+    def live(self, module: Any) -> Any:
+        """``module``'s copy if it is an original copied already, else ``module`` itself (a copy,
+        or an original not copied yet)."""
+        copier = self.copier
+        if copier is None:
+            return module
+        found = copier.memo.get(id(module))
+        return module if found is None else found
+
+    def copied(self, module: Any) -> Any:
+        """The copy already made of ``module`` (an original), or None."""
+        copier = self.copier
+        return None if copier is None else copier.memo.get(id(module))
+
+    def tensor_keys(self, tensors: Sequence[Any]) -> List[Any]:
+        """What structural reuse keys the copies of a caller's parameters or buffers by, before
+        the module is copied: each one's fake (made already), the key of the :class:`Pending` its
+        copy will hold (``reuse_key``), or None (it will be faked another way: the module must
+        be copied)."""
+        copier = self.copier
+        return [None] * len(tensors) if copier is None else copier.raw_keys(tensors)
+
+    def release(self) -> None:
+        """No more copies: drops what refers back to the copies, so the copy and the count's
+        records are freed when the count lets them go, without waiting for the garbage collector."""
+        if self.copier is not None:
+            self.copier.prefetched = {}
+        self.copier = None
+        self.adopt = None
+        self.names = {}
+
+
+class LazyModules(dict):
+    """A lazy fake copy's ``_modules`` dictionary (:class:`LazyCopy`): its raw values are the
+    caller's child modules until read; every way of reading one (``[]``, ``get``, ``values``,
+    ``items``, iteration-based copies, ``pop``: ``self.layers[3]``, ``getattr``, iterating a
+    ``ModuleList``, ``named_modules()``, ``state_dict()``) gives the child's copy, made on first
+    read and then held here. A value the forward assigns is kept as given. Only structural reuse
+    reads raw values (``dict.values(d)``), to key a subtree from the caller's modules."""
+
+    __slots__ = ("lazy",)
+
+    lazy: LazyCopy
+
+    def _live(self, key: Any, value: Any) -> Any:
+        if value is None or value not in self.lazy.originals:
+            return value
+        lazy = self.lazy
+        if lazy.copied(value) is None:
+            lazy.prefetch_children(self)
+        made = lazy.copy_of(value)
+        dict.__setitem__(self, key, made)
+        return made
+
+    def _made(self, value: Any) -> Any:
+        return self.lazy.copy_of(value) if value is not None and value in self.lazy.originals else value
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._live(key, dict.__getitem__(self, key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._live(key, dict.__getitem__(self, key)) if dict.__contains__(self, key) else default
+
+    def values(self) -> Any:
+        return [self._live(k, v) for k, v in list(dict.items(self))]
+
+    def items(self) -> Any:
+        return [(k, self._live(k, v)) for k, v in list(dict.items(self))]
+
+    def __iter__(self) -> Iterator[Any]:
+        # overridden so that dict(d), {**d} and update(d) read values through __getitem__
+        return dict.__iter__(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        return self._made(dict.pop(self, key, *default))
+
+    def popitem(self) -> Any:
+        key, value = dict.popitem(self)
+        return key, self._made(value)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return self[key]
+        return dict.setdefault(self, key, default)
+
+    def copy(self) -> Dict[Any, Any]:
+        return dict(self.items())
+
+    def __reduce__(self) -> Any:  # copy.copy / deepcopy / pickle: a plain dict of the copies
+        return (dict, (self.items(),))
+
+
 class _Faker:
     """Makes one fake per real tensor (the same fake for the same tensor: ties survive).
     ``storages``: one fake storage per real storage (see the module docstring); ``dtype``:
@@ -351,6 +533,7 @@ def fake_copies(
     shared_hooks: Optional[SharedHooks] = None,
     lazy: bool = False,
     attributes: Optional[Sequence[Tuple[str, torch.Tensor]]] = None,
+    names: Optional[Mapping[nn.Module, str]] = None,
 ) -> FakeCopy:
     """A copy of ``model`` (modules copied, tensors faked, lazy parameters left lazy), a
     fake for each of ``inputs``, and the call arguments ``rebuild(fakes)`` with every other
@@ -361,7 +544,10 @@ def fake_copies(
     the run); ``lazy``: the modules' parameters and buffers that can be faked the fast way are
     faked on first use (:class:`LazyTensors`; ``twins`` then lists only those made);
     ``attributes``: with ``lazy``, the tensors the modules keep as plain attributes, when the
-    caller has them already (``ModelFacts.tensor_attributes``: no walk of the tree). Raises
+    caller has them already (``ModelFacts.tensor_attributes``: no walk of the tree); ``names``:
+    with ``lazy``, each module's canonical name (``ModelFacts.names``): the copy is then lazy in
+    depth too, a module's children copied when first reached (:class:`LazyModules`), and
+    ``FakeCopy.names`` / ``FakeCopy.lazy`` say which are copied so far. Raises
     :class:`FakeRunError` if it cannot, :class:`UsageError` for a tensor ``storages`` refuses."""
     faker = _Faker(dtype, storages)
     memo: Dict[int, Any] = {}
@@ -375,6 +561,7 @@ def fake_copies(
         for fake in fake_inputs:  # inside an object the copier deep-copies (a dataclass input): kept as is
             memo[id(fake)] = fake
         copier = _TreeCopier(memo, faker, shared_hooks, lazy)
+        lazy_copy = copier.lazy_copy = LazyCopy(copier, names, model) if lazy and names is not None else None
         model_copy = copier.module(model)
         call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
         notes = restore_ties(model_copy) if retie else []
@@ -382,7 +569,10 @@ def fake_copies(
         raise
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
-    return FakeCopy(faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas)
+    return FakeCopy(
+        faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas,
+        lazy_copy.names if lazy_copy is not None else None, lazy_copy,
+    )
 
 
 _UNSEEN: Any = object()
@@ -515,6 +705,25 @@ class _TreeCopier(TreeCopier):
         # (dict) for it (None: none shared under that name)
         self._empties: Dict[str, Any] = {}
         self._plain: Dict[str, Any] = {}
+        #: a copy lazy in depth: children copied when first reached (None: the whole tree now)
+        self.lazy_copy: Optional[LazyCopy] = None
+        #: id(caller's tensor) -> its key, read beforehand for the modules about to be copied
+        #: (``prefetch``: a subtree a first call runs, the children of a dictionary first read)
+        self.prefetched: Dict[int, Any] = {}
+
+    def module(self, module: nn.Module) -> nn.Module:
+        found = self.memo.get(id(module))
+        if found is not None:
+            return found
+        new = super().module(module)
+        lazy = self.lazy_copy
+        if lazy is not None:
+            name = lazy.originals.get(module)
+            if name is not None:
+                lazy.names.setdefault(new, name)
+            if lazy.adopt is not None:
+                lazy.adopt(new, module)
+        return new
 
     def attributes(self, module: nn.Module) -> Dict[str, Any]:
         state: Dict[str, Any] = {}
@@ -536,6 +745,10 @@ class _TreeCopier(TreeCopier):
                 state[key] = memo[id(value)] = set()
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
                 state[key] = self._lazy(value)
+            elif kind is dict and key == "_modules" and self.lazy_copy is not None:
+                children = LazyModules(value)  # the caller's children, each copied when first read
+                children.lazy = self.lazy_copy
+                state[key] = children
             else:
                 # an object met before (the config every layer holds): its copy, before any
                 # isinstance test (a transformers config answers each through Python code)
@@ -553,6 +766,34 @@ class _TreeCopier(TreeCopier):
             made = self._plain[key] = shared.empty_plain(key) if shared is not None and key in _SHARED_WHEN_EMPTY else None
         return made
 
+    def prefetch(self, tensors: Sequence[Any]) -> None:
+        """Read the keys of those of ``tensors`` :meth:`_lazy` will need, in one call."""
+        memo, pending = self.memo, self._pending
+        prefetched = self.prefetched
+        unread = [
+            t for t in tensors
+            if id(t) not in memo and id(t) not in pending and id(t) not in prefetched and isinstance(t, torch.Tensor)
+        ]
+        if unread and self.lazy:
+            self.prefetched.update(zip(map(id, unread), _read_keys(self.faker, unread)))
+
+    def raw_keys(self, tensors: Sequence[Any]) -> List[Any]:
+        """See :meth:`LazyCopy.tensor_keys`: what :meth:`_lazy` will hold for each of ``tensors``, keyed."""
+        memo, pending = self.memo, self._pending
+        found: List[Any] = []
+        unread: List[Tuple[int, Any]] = []
+        for tensor in tensors:
+            made = memo.get(id(tensor))
+            waiting = pending.get(id(tensor)) if made is None else None
+            found.append(made if made is not None else waiting.key if waiting is not None else None)
+            if made is None and waiting is None and self.lazy and isinstance(tensor, torch.Tensor):
+                unread.append((len(found) - 1, tensor))
+        if unread:
+            keys = self._keys
+            for (i, _), key in zip(unread, _read_keys(self.faker, [t for _, t in unread])):
+                found[i] = None if key is None else keys.setdefault(key, key)
+        return found
+
     def _lazy(self, tensors: Dict[str, Any]) -> LazyTensors:
         """A module's parameter or buffer dictionary, its tensors faked on first read where
         they can be faked the fast way (a tensor faked already, or of another kind: its fake)."""
@@ -560,14 +801,20 @@ class _TreeCopier(TreeCopier):
         made.faker = self.faker
         # not in the memo: a module's own parameter or buffer dictionary, held by nothing else
         memo, pending, faker, keys = self.memo, self._pending, self.faker, self._keys
+        prefetched = self.prefetched
+        unread = [
+            t for t in tensors.values() if t is not None and id(t) not in memo and id(t) not in pending and id(t) not in prefetched
+        ]
+        read = dict(zip(map(id, unread), _read_keys(faker, unread))) if unread else prefetched
+        if unread and prefetched:
+            read.update(prefetched)
         for name, tensor in tensors.items():
             found = memo.get(id(tensor)) if tensor is not None else None
             if tensor is None or found is not None:
                 dict.__setitem__(made, name, found)
             elif id(tensor) in pending:
                 dict.__setitem__(made, name, pending[id(tensor)])
-            elif isinstance(tensor, torch.Tensor) and faker.deferrable(tensor):
-                key = reuse_key(tensor, faker.fake_type)
+            elif (key := read.get(id(tensor))) is not None:
                 dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, keys.setdefault(key, key))))
             else:
                 dict.__setitem__(made, name, self.value(tensor))

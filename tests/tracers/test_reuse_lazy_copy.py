@@ -1,0 +1,399 @@
+"""The fake copy lazy in depth (issue #32's memory target: the count's working set must not grow
+with the number of repeated layers beyond the per-module rows the result keeps). On the reuse
+path a copied module's children are copied when first reached, and a layer booked from an earlier
+one is keyed from the caller's modules, so nothing below it is copied. Laziness must not change a
+count: every way a forward reaches a child (an index, ``getattr``, iterating a ``ModuleList`` /
+``ModuleDict``, ``named_modules()``, ``parameters()``, ``state_dict()``) gets the child's copy, and
+a layer that differs from its siblings below its top (a hook, a buffer's shape, a buffer's value)
+is traced, not booked. Oracles: MACs derived by hand (the derivation beside each model), the
+same count with reuse off (``FLOPCOUNT_REUSE=0``: every module copied up front, every call
+traced), the number of modules copied counted by hand, and, for the memory bound, the result's
+own per-layer size measured with ``tracemalloc``. The caller's model is checked to be left as
+found."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import tracemalloc
+
+import pytest
+import torch
+from conftest import assert_same_state, snapshot, torch_contraction_flops
+from torch import nn
+
+from flopcount import count_flops
+from flopcount.tracers import _containers
+from flopcount.tracers.fake import copies
+
+B, D, H = 3, 8, 16  # batch (rows, > 1), width, inner width
+
+
+class Block(nn.Module):
+    """Linear(D, H) -> ReLU -> Linear(H, D) + x: 2 * D * H MACs per row (bias adds are not MACs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(D, H)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(H, D)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x))) + x
+
+
+class Stack(nn.Module):
+    """n blocks in a ModuleList, iterated: n * B * 2 * D * H MACs."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(n))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _macs(blocks: int) -> int:
+    return blocks * B * 2 * D * H
+
+
+def _rows(result):
+    return (
+        result.to_dict(),
+        [(m.name, m.calls) for m in result.modules],
+        *((result.by_operator(m), result.by_module(m), result.by_module_and_operator(m), result.by_phase(m))
+          for m in ("macs", "flops")),
+    )
+
+
+def _both(monkeypatch, model, inputs, **options):
+    """The count with reuse off and on; the model checked to be left as found by both."""
+    before = snapshot(model)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, inputs, **options)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    on = count_flops(model, inputs, **options)
+    assert_same_state(model, before)
+    return off, on
+
+
+@pytest.fixture
+def copied(monkeypatch):
+    """The modules of the caller's tree the fake copier copies, one entry per copy made."""
+    made = []
+    original = _containers.TreeCopier.module
+
+    def module(self, value):
+        if id(value) not in self.memo:
+            made.append(value)
+        return original(self, value)
+
+    monkeypatch.setattr(_containers.TreeCopier, "module", module)
+    return made
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_replayed_block_is_copied_without_its_children(monkeypatch, copied, train):
+    torch.manual_seed(0)
+    model, inputs = Stack().train(train), (torch.randn(B, D),)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    result = count_flops(model, inputs)
+    assert result.macs == _macs(8)
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    assert result.reused_calls == 7
+    # the root, the ModuleList, the 8 blocks (iterating the list reaches each) and the 3 children
+    # of blocks.0, the one traced: 13 (before: all 1 + 1 + 8 * 4 = 34 modules, up front)
+    assert len(copied) == 13
+    assert set(map(id, copied)) == {id(model), id(model.blocks)} | {id(b) for b in model.blocks} | {
+        id(m) for m in model.blocks[0].children()
+    }
+    copied.clear()
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    assert count_flops(model, inputs).macs == result.macs
+    assert len(copied) == 34
+
+
+class ByIndex(Stack):
+    """After the loop, blocks.5's up layer is called from the root (a child of a booked block
+    reached by index and attribute): B * D * H MACs more."""
+
+    def forward(self, x):
+        return super().forward(x) + self.blocks[5].up(x).sum(-1, keepdim=True)
+
+
+class ByName(nn.Module):
+    """Six blocks held as b0..b5, reached with getattr: 6 * B * 2 * D * H MACs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i in range(6):
+            setattr(self, f"b{i}", Block())
+
+    def forward(self, x):
+        for i in range(6):
+            x = getattr(self, f"b{i}")(x)
+        return x
+
+
+class ByDict(nn.Module):
+    """Four blocks in a ModuleDict, iterated by items(): 4 * B * 2 * D * H MACs; then the down
+    layer of every Linear named_modules() finds under blocks "c" whose input width is H: one,
+    B * H * D MACs more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleDict({k: Block() for k in "abcd"})
+
+    def forward(self, x):
+        for _, block in self.blocks.items():
+            x = block(x)
+        for _, m in self.blocks["c"].named_modules():
+            if isinstance(m, nn.Linear) and m.in_features == H:
+                x = x + m(torch.ones(x.shape[0], H))
+        return x
+
+
+class CountsParameters(Stack):
+    """After the loop, x @ ones(D, n) with n = the number of parameters parameters() yields
+    (8 blocks x 2 Linears x (weight, bias) = 32): B * D * 32 MACs more."""
+
+    def forward(self, x):
+        x = super().forward(x)
+        return x @ torch.ones(D, len(list(self.parameters())))
+
+
+class ReadsStateDict(Stack):
+    """After the loop, x @ ones(D, n) with n = len(state_dict()) (32 keys): B * D * 32 MACs more."""
+
+    def forward(self, x):
+        x = super().forward(x)
+        return x @ torch.ones(D, len(self.state_dict()))
+
+
+CASES = {
+    "index": (ByIndex, _macs(8) + B * D * H),
+    "getattr": (ByName, _macs(6)),
+    "moduledict": (ByDict, _macs(4) + B * H * D),
+    "parameters": (CountsParameters, _macs(8) + B * D * 32),
+    "state_dict": (ReadsStateDict, _macs(8) + B * D * 32),
+}
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_way_a_forward_reaches_a_child_counts_exactly(monkeypatch, case, train):
+    build, macs = CASES[case]
+    torch.manual_seed(0)
+    model, inputs = build().train(train), (torch.randn(B, D),)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == macs
+    assert on.reused_calls > 0
+    assert 2 * on.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch", "jit"])
+def test_the_lazy_copy_agrees_with_the_real_runs(monkeypatch, tracer):
+    torch.manual_seed(0)
+    model, inputs = ByIndex(), (torch.randn(B, D),)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    before = snapshot(model)
+    result = count_flops(model, inputs, tracer=tracer)
+    assert_same_state(model, before)
+    assert result.macs == _macs(8) + B * D * H
+    assert result.by_module("macs")["blocks.5.up"] == B * D * H + B * D * H  # in its block and from the root
+    assert [m.calls for m in result.modules if m.name == "blocks.5.up"] == [2]
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_layer_whose_child_has_a_hook_is_traced_and_the_hook_runs_on_the_copy(monkeypatch, train):
+    torch.manual_seed(0)
+    model, inputs = Stack().train(train), (torch.randn(B, D),)
+    seen = []
+    handle = model.blocks[6].down.register_forward_hook(lambda m, args, out: seen.append(tuple(out.shape)))
+    try:
+        off, on = _both(monkeypatch, model, inputs)
+    finally:
+        handle.remove()
+    assert _rows(on) == _rows(off)
+    assert on.macs == _macs(8)
+    # blocks.1-5 booked from blocks.0; blocks.6 traced (its child's hook is seen on the caller's
+    # module, not copied yet); blocks.7 is booked (its key differs from 6's only by the hook)
+    assert on.reused_calls == 6
+    assert seen == [(B, D), (B, D)]  # once per count, on the copy
+
+
+class Shifted(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) + self.shift
+
+
+def _shifted_stack(shapes):
+    model = Stack()
+    for block, shape in zip(model.blocks, shapes):
+        up = Shifted(D, H)
+        up.register_buffer("shift", torch.zeros(shape))
+        block.up = up
+    return model
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_layer_whose_child_has_a_buffer_of_another_shape_is_traced(monkeypatch, train):
+    torch.manual_seed(0)
+    # blocks.4's shift is (B, H): broadcast as the others' (H,); its add has the same size, so
+    # the MACs are the stack's, and only blocks.4 (the other key) is traced besides blocks.0
+    model = _shifted_stack([(H,)] * 4 + [(B, H)] + [(H,)] * 3).train(train)
+    inputs = (torch.randn(B, D),)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == _macs(8)
+    assert on.reused_calls == 6
+
+
+class Repeats(nn.Module):
+    """A block whose buffer's value says how many times its up layer runs: (reps + 1) * B * D * H
+    MACs (reps ups, one down)."""
+
+    def __init__(self, reps: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(D, D)
+        self.down = nn.Linear(D, D)
+        self.register_buffer("reps", torch.tensor(reps))
+
+    def forward(self, x):
+        for _ in range(int(self.reps)):  # a value: fakes cannot run it, the count is a real run
+            x = self.up(x)
+        return self.down(x)
+
+
+class RepeatsStack(nn.Module):
+    def __init__(self, reps) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Repeats(r) for r in reps)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_layers_differing_in_a_buffer_value_the_forward_reads_count_each_its_own(monkeypatch, train):
+    torch.manual_seed(0)
+    reps = [1, 1, 3, 1, 2]
+    model, inputs = RepeatsStack(reps).train(train), (torch.randn(B, D),)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == sum((r + 1) * B * D * D for r in reps)
+
+
+class SharedChild(nn.Module):
+    """Six blocks that each hold the same `norm` LayerNorm (one module under six names) after
+    their own Linear(D, D): 6 * B * D * D MACs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        norm = nn.LayerNorm(D)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(D, D), norm) for _ in range(6))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_module_under_several_names_stays_one_module(monkeypatch, train):
+    torch.manual_seed(0)
+    model, inputs = SharedChild().train(train), (torch.randn(B, D),)
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == 6 * B * D * D
+    assert on.reused_calls == 5
+
+
+def test_a_model_counted_again_after_a_parameter_changed_shape(monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = Stack(), (torch.randn(B, D),)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    assert count_flops(model, inputs).macs == _macs(8)
+    # blocks.6's up and down become twice as wide inside (new Parameters): 2 * D * 2H per row there
+    model.blocks[6].up.weight = nn.Parameter(torch.randn(2 * H, D))
+    model.blocks[6].up.bias = nn.Parameter(torch.randn(2 * H))
+    model.blocks[6].down.weight = nn.Parameter(torch.randn(D, 2 * H))
+    off, on = _both(monkeypatch, model, inputs)
+    assert _rows(on) == _rows(off)
+    assert on.macs == _macs(7) + B * 2 * D * 2 * H
+    assert on.reused_calls == 6  # blocks.1-5 and 7 booked from blocks.0; blocks.6 traced
+
+
+def _llama_like(layers: int) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).eval()
+
+
+def _memory(monkeypatch, layers: int):
+    """(what the result keeps, the count's peak), Python allocations, of a warmed count."""
+    model = _llama_like(layers)
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    count_flops(model, (ids,))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        result = count_flops(model, (ids,))
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.reused_calls == layers - 1
+    return kept, peak
+
+
+def test_the_counts_working_set_per_extra_layer_is_small_beside_the_rows_it_keeps(monkeypatch):
+    pytest.importorskip("transformers")
+    kept20, peak20 = _memory(monkeypatch, 20)
+    kept40, peak40 = _memory(monkeypatch, 40)
+    rows = (kept40 - kept20) / 20  # what the result keeps per layer: its 13 modules' names and rows
+    working = ((peak40 - kept40) - (peak20 - kept20)) / 20  # what the count needs per layer besides
+    assert rows > 0
+    # Before the lazy copy every module of every layer was copied and wrapped: ~1.7x the rows
+    # (14.9 KiB against 8.9 KiB per layer here). Now a booked layer is one module object and
+    # one record: the bound is half the rows (measured: ~0.33x).
+    assert working < 0.5 * rows, f"{working / 1024:.1f} KiB per layer beside {rows / 1024:.1f} KiB of rows"
+
+
+def test_the_callers_tensors_are_read_through_the_function_modes_once_per_module():
+    # Inside the run every read of a tensor's metadata goes through the active torch-function
+    # modes (~7 us each); a lazy copy reads the caller's tensors there, so it reads a module's
+    # tensors as one overridable call that each mode passes through: the same keys as read with
+    # no mode active, and one call seen by the mode instead of one per read
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    tensors = [nn.Parameter(torch.randn(4, 3)), torch.zeros(5, dtype=torch.long), torch.randn(6)[2:],
+               torch.randn(2, 3, device="meta").t()]
+    faker = copies._Faker()
+    outside = [copies.reuse_key(t, faker.fake_type) for t in tensors]
+    with Seen() as mode:
+        inside = copies._read_keys(faker, tensors)
+    assert inside == outside
+    assert mode.calls == 1
+    with Seen() as mode:  # read one by one, as before: every read a call of the mode
+        [copies.reuse_key(t, faker.fake_type) for t in tensors]
+    assert mode.calls > 4 * len(tensors)
