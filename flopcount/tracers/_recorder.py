@@ -20,6 +20,7 @@ from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake import meta_kernels as _meta_kernels
+from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.tracers.fake.values import INTEGRAL, KnownValues
 from flopcount.types import OpCall, OpEvent, Phase, TensorMeta
 
@@ -227,6 +228,8 @@ class Recorder(DataReads):
         self.real_checks = False
         self._signatures: Dict[Any, _Signature] = {}
         self.run_op: Optional[Callable[[Any, Tuple[Any, ...], Optional[Dict[str, Any]]], Any]] = None
+        #: on fake copies: the shape cache that runs each op (its ``key`` names a call it knew)
+        self.shape_cache: Optional[ShapeCache] = None
         #: ``marker(index)``: a context manager around the run of the op recorded as event
         #: ``index`` (flopcount.profiling names each op's profiler range with it); None: none
         self.marker: Optional[Callable[[int], Any]] = None
@@ -249,16 +252,21 @@ class Recorder(DataReads):
                 return answer
         if self.real_checks and func in _CHECKED:
             _meta_kernels.check_like_cpu(func, args, kwargs)
+        cache = self.shape_cache
         try:
             if self.marker is not None and not self.muted and not _signature(func).skip:
                 with self.marker(len(self.events)):
                     out = func(*args, **kwargs) if kwargs else func(*args)
+            elif cache is not None:
+                out = cache.run(func, args, kwargs)
             elif self.run_op is not None:
                 out = self.run_op(func, args, kwargs)
             else:
                 out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
+            cache = None
+        key = cache.key if cache is not None else None
         if type(out) is torch.Tensor:
             # a float output cannot have written into the (integral) tensors whose values are known
             if out.is_meta and out.dtype in INTEGRAL:
@@ -272,16 +280,41 @@ class Recorder(DataReads):
             sig = self._signatures[func] = _signature(func)
         if sig.skip:
             return out
-        try:
-            call = OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), outputs_of(out))
-        except (ValueError, RuntimeError):
-            # an nn.UninitializedParameter refuses to show its shape: the bookkeeping ops of a
-            # lazy module materialising itself (``param.data``), which compute nothing
+        if key is not None:
+            # the shape cache knew this call: its key (the op, every argument's metadata and
+            # value) decides the bound arguments and the outputs, made once per key
+            known = _BOUND.get(key)
+            if known is None:
+                known = self._bound(sig, args, kwargs, out, key)
+            call = OpCall(sig.name, dict(known[0]), known[1]) if known is not _UNBINDABLE else None
+        else:
+            call = self._call(sig, args, kwargs, out)
+        if call is None:
             return out
         self.events.append(OpEvent(call, self.module_stack(), self.phase))
         if sig.is_all:
             self._note_reduction(out)
         return out
+
+    @staticmethod
+    def _call(sig: _Signature, args: Tuple[Any, ...], kwargs: Any, out: Any) -> Optional[OpCall]:
+        try:
+            return OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), outputs_of(out))
+        except (ValueError, RuntimeError):
+            # an nn.UninitializedParameter refuses to show its shape: the bookkeeping ops of a
+            # lazy module materialising itself (``param.data``), which compute nothing
+            return None
+
+    @staticmethod
+    def _bound(sig: _Signature, args: Tuple[Any, ...], kwargs: Any, out: Any, key: Any) -> Any:
+        """The bound arguments and outputs of a call the shape cache knows by ``key``, kept
+        for the next call of that key (a copy of the arguments each time: events stay apart)."""
+        call = Recorder._call(sig, args, kwargs, out)
+        known = _UNBINDABLE if call is None else (dict(call.args), tuple(call.outputs))
+        if len(_BOUND) >= _MAX_BOUND:
+            _BOUND.clear()
+        _BOUND[key] = known
+        return known
 
 
     def _higher_order(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -308,6 +341,11 @@ class Recorder(DataReads):
 
 
 _NO_KWARGS: Mapping[str, Any] = {}
+#: shape-cache key -> (bound arguments, outputs) of a call with that key (a pure function of
+#: it, like the shape cache's own results: shared by every recorder, nothing kept of a tensor)
+_BOUND: Dict[Any, Any] = {}
+_MAX_BOUND = 50_000
+_UNBINDABLE = object()
 #: the class of an aten op overload, read off a public op (not imported from torch._ops)
 _OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
 _NO_PLACEHOLDER = object()

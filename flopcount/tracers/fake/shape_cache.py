@@ -24,6 +24,7 @@ Every other call goes to FakeTensorMode unchanged.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -95,6 +96,7 @@ class _Kind:
 
 
 _COMPOSITE = _Kind()
+_DEVICE = torch.ops.prim.device.default
 
 # Memos shared by every ShapeCache, like FakeTensorMode's own cache: pure functions of an op
 # overload's schema (_KINDS) and of argument metadata and the default dtype (_RESULTS); no
@@ -121,8 +123,19 @@ class ShapeCache:
         #: the choice lasts for this cache, never for the process.
         self.disabled: Dict[str, str] = {}
         self._off: Dict[Any, None] = {}
+        #: the key of the call :meth:`run` just answered from the cache or remembered (None:
+        #: a call the cache does not know): equal keys, equal argument metadata and results
+        self.key: Any = None
 
     def run(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
+        self.key = None
+        if func is _DEVICE and not kwargs and len(args) == 1:
+            # ``tensor.device`` read by a kernel (batch norm reads it twice): a fake answers its
+            # fake device outside a kernel's run, as FakeTensor.__torch_dispatch__ does
+            tensor = args[0]
+            if type(tensor) is self._fake_type and tensor.fake_mode is self._mode and not getattr(self._mode, "in_kernel_invocation", True):
+                return tensor.fake_device
+            return func(*args)
         kind = _KINDS.get(func)
         if kind is None:
             kind = _KINDS[func] = _Kind(func)
@@ -133,6 +146,7 @@ class ShapeCache:
             return func(*args, **kwargs) if kwargs else func(*args)
         found = self._results.get(key)
         if found is not None:
+            self.key = key
             self.hits += 1
             if kind.mode == "inplace":
                 return args[0]
@@ -148,7 +162,8 @@ class ShapeCache:
                 self._disable(func, exc)
                 return func(*args, **kwargs) if kwargs else func(*args)
         out = func(*args, **kwargs) if kwargs else func(*args)
-        self._remember(key, self._describe(out, kind, args))
+        if self._remember(key, self._describe(out, kind, args)):
+            self.key = key
         return out
 
     def run_composite(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -179,13 +194,14 @@ class ShapeCache:
         """Hits, misses and the ops this cache stopped answering (with why)."""
         return {"hits": self.hits, "misses": self.misses, "disabled": dict(self.disabled)}
 
-    def _remember(self, key: Tuple[Any, ...], record: Any) -> None:
+    def _remember(self, key: Tuple[Any, ...], record: Any) -> bool:
         self.misses += 1
         if record is None:
-            return
+            return False
         if len(self._results) >= _MAX_RESULTS:
             self._results.clear()
         self._results[key] = record
+        return True
 
     def _key(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
         # the default dtype decides the result dtype of, e.g., an int tensor times a float
@@ -214,6 +230,8 @@ class ShapeCache:
                 return _UNCACHEABLE
             return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device)
         if kind in _SCALARS:
+            if kind is float and value == 0.0 and math.copysign(1.0, value) < 0:
+                return (kind, value, "-")  # -0.0 == 0.0, but an argument shown to handlers keeps its sign
             return (kind, value)
         if kind is list or kind is tuple:
             items = []

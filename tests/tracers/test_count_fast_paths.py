@@ -1,0 +1,119 @@
+"""The default count's per-op fast paths (issue #32, count speed): a fake's device read answered
+by the shape cache, and a known call's bound arguments made once per shape-cache key. Each keeps
+the events exactly as the general path records them (the oracle: the same trace with the fast
+path off, and FakeTensor's own answer)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from examples.resnet import resnet18
+from flopcount import count_flops
+from flopcount.tracers import _recorder
+from flopcount.tracers import trace as run_trace
+from flopcount.tracers.fake import shape_cache as _shape_cache
+from flopcount.tracers.fake.shape_cache import ShapeCache
+
+_DEVICE = torch.ops.prim.device.default
+
+
+def _events(run):
+    return [(e.call.op, e.call.args, e.call.outputs, e.module_stack, e.phase) for e in run.events]
+
+
+def test_a_fake_device_read_is_answered_without_the_fake_mode(monkeypatch):
+    mode = FakeTensorMode()
+    cache = ShapeCache(mode, FakeTensor)
+    with mode:
+        x = torch.empty(2, 3)
+    expected = x.fake_device  # what FakeTensor.__torch_dispatch__ answers outside a kernel
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("prim.device reached FakeTensorMode")
+
+    with mode:  # as in a count: the mode is active
+        monkeypatch.setattr(FakeTensorMode, "__torch_dispatch__", refuse)
+        assert cache.run(_DEVICE, (x,), None) == expected
+
+
+def test_a_device_read_inside_a_kernel_is_the_fake_modes_answer():
+    # inside a meta kernel's run FakeTensor answers "meta": the cache leaves it to it
+    mode = FakeTensorMode()
+    cache = ShapeCache(mode, FakeTensor)
+    with mode:
+        x = torch.empty(2, 3)
+    mode.in_kernel_invocation = True
+    try:
+        assert cache.run(_DEVICE, (x,), None) == torch.device("meta")
+    finally:
+        mode.in_kernel_invocation = False
+    assert cache.run(_DEVICE, (x,), None) == torch.device("cpu")
+
+
+class _BatchNormBlock(nn.Module):
+    """Batch norm reads its input's device twice in C++ (prim.device) and runs aten::empty
+    beside the kernel; a non-contiguous input and a view after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x.transpose(2, 3))))
+        return self.fc(y.mean((2, 3))).t()
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_known_calls_arguments_are_bound_once_per_key(monkeypatch, train):
+    torch.manual_seed(0)
+    model, x = _BatchNormBlock().train(train), torch.randn(2, 3, 6, 6)
+    monkeypatch.setattr(_shape_cache, "_RESULTS", {})
+    monkeypatch.setattr(_recorder, "_BOUND", {}, raising=False)
+    cold = run_trace(model, (x,))
+    binds = []
+    bind = _recorder._Signature.bind
+    monkeypatch.setattr(_recorder._Signature, "bind", lambda self, args, kwargs: binds.append(self.name) or bind(self, args, kwargs))
+    warm = run_trace(model, (x,))
+    # every aten op of the warm run was a shape-cache hit: none bound again
+    assert binds == []
+    assert _events(warm) == _events(cold)
+    # each event has its own arguments (a copy of the kept ones), never another event's
+    assert all(a.call.args is not b.call.args for a, b in zip(warm.events, cold.events))
+    monkeypatch.setattr(ShapeCache, "run", lambda self, func, args, kwargs: func(*args, **(kwargs or {})))
+    monkeypatch.setattr(ShapeCache, "run_composite", lambda self, func, args, kwargs: func(*args, **kwargs))
+    assert _events(run_trace(model, (x,))) == _events(warm)
+
+
+class _SignedZero(nn.Module):
+    def forward(self, x, y):
+        return x.add(y, alpha=0.0), x.add(y, alpha=-0.0), x.sub(y, alpha=-0.0)
+
+
+def test_a_negative_zero_argument_keeps_its_sign():
+    # -0.0 == 0.0: a key that confused them would show the first call's alpha for the second
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    for _ in range(2):  # cold, then warm
+        run = run_trace(_SignedZero(), (x, y))
+        alphas = [e.call.args["alpha"] for e in run.events if e.call.op in ("aten::add", "aten::sub")]
+        assert [math.copysign(1.0, a) for a in alphas] == [1.0, -1.0, -1.0]
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_warm_count_equals_a_real_run_at_batch_two(monkeypatch, train):
+    torch.manual_seed(0)
+    model, x = resnet18().train(train), torch.randn(2, 3, 32, 32).transpose(2, 3)
+    monkeypatch.setattr(_shape_cache, "_RESULTS", {})
+    monkeypatch.setattr(_recorder, "_BOUND", {}, raising=False)
+    count_flops(model, x)
+    warm = count_flops(model, x)
+    real = count_flops(model, x, tracer="dispatch")
+    assert (warm.macs, warm.flops) == (real.macs, real.flops)
+    assert warm.by_operator() == real.by_operator()
+    assert warm.by_module("flops") == real.by_module("flops")
