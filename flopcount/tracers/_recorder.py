@@ -104,12 +104,13 @@ def outputs_of(out: Any) -> Tuple[Any, ...]:
 class _Signature:
     """Schema facts of one op overload, computed once: name, argument names, defaults."""
 
-    __slots__ = ("name", "names", "defaults", "skip", "is_all")
+    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable")
 
     def __init__(self, schema: Any):
         # the canonical name, and the constant arguments a renamed kernel implies
         self.name, extra = canonical(schema.name)
         self.skip = schema.name in _METADATA
+        self.mutable = schema.is_mutable
         self.is_all = self.name in _ALL_OPS
         self.names: Tuple[str, ...] = tuple(a.name for a in schema.arguments) + tuple(extra)
         self.defaults: Dict[str, Any] = {
@@ -233,6 +234,10 @@ class Recorder(DataReads):
         #: ``marker(index)``: a context manager around the run of the op recorded as event
         #: ``index`` (flopcount.profiling names each op's profiler range with it); None: none
         self.marker: Optional[Callable[[int], Any]] = None
+        #: ops whose event or effect is not a function of the shape-cache key alone (not known to
+        #: the cache, writing an argument, a placeholder, a fallback, a noted value), so far:
+        #: a torch function's events are kept for its next call only if none ran inside it
+        self.unkeyed = 0
 
     def module_stack(self) -> Tuple[str, ...]:
         path = self._modules.path
@@ -241,14 +246,17 @@ class Recorder(DataReads):
         return path
 
     def record(self, op: str, args: Dict[str, Any], outputs: Tuple[Any, ...]) -> None:
+        self.unkeyed += 1
         self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         if not isinstance(func, _OP_OVERLOAD):  # a higher-order op (torch.cond): every aten op is an overload
+            self.unkeyed += 1
             return self._higher_order(func, args, kwargs or {})
         if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
+                self.unkeyed += 1
                 return answer
         if self.real_checks and func in _CHECKED:
             _meta_kernels.check_like_cpu(func, args, kwargs)
@@ -267,18 +275,22 @@ class Recorder(DataReads):
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
             cache = None
         key = cache.key if cache is not None else None
-        if type(out) is torch.Tensor:
-            # a float output cannot have written into the (integral) tensors whose values are known
-            if out.is_meta and out.dtype in INTEGRAL:
-                self.known.note(func, args, kwargs, out)
-        elif self.known and func._schema.is_mutable:
-            self.known.note(func, args, kwargs, out)
-        if self.muted:
-            return out
         sig = self._signatures.get(func)
         if sig is None:
             sig = self._signatures[func] = _signature(func)
+        if type(out) is torch.Tensor:
+            # a float output cannot have written into the (integral) tensors whose values are known
+            if out.is_meta and out.dtype in INTEGRAL:
+                self.unkeyed += 1
+                self.known.note(func, args, kwargs, out)
+        elif self.known and sig.mutable:
+            self.unkeyed += 1
+            self.known.note(func, args, kwargs, out)
         if sig.skip:
+            return out
+        if key is None or sig.mutable:
+            self.unkeyed += 1
+        if self.muted:
             return out
         if key is not None:
             # the shape cache knew this call: its key (the op, every argument's metadata and
@@ -294,6 +306,40 @@ class Recorder(DataReads):
         self.events.append(OpEvent(call, self.module_stack(), self.phase))
         if sig.is_all:
             self._note_reduction(out)
+        return out
+
+    def run_function(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """``func(*args, **kwargs)`` for a torch function whose ops depend only on its arguments'
+        metadata (batch norm, layer norm, convolution), on fake copies without autograd: the
+        events its ops record and its result's metadata are kept per shape-cache key, and a next
+        call of that key appends the same events (each with its own arguments) and makes the
+        result, none of its ops run. Kept only when every op inside was known to the cache, wrote
+        no argument and recorded under the caller's module (``unkeyed`` unchanged)."""
+        cache = self.shape_cache
+        key = cache.function_key(func, args, kwargs) if cache is not None else None
+        if key is None or self.muted:
+            return func(*args, **kwargs)
+        stack, phase = self.module_stack(), self.phase
+        found = _FUNCTIONS.get(key)
+        if found is not None:
+            ops, described = found
+            out = cache.made(func, described)  # type: ignore[union-attr]  # key: a cache
+            if out is not None:
+                events = self.events
+                for op, bound, outputs in ops:
+                    events.append(OpEvent(OpCall(op, dict(bound), outputs), stack, phase))
+                return out
+        start, unkeyed = len(self.events), self.unkeyed
+        out = func(*args, **kwargs)
+        if self.unkeyed != unkeyed or found is not None:
+            return out
+        window = self.events[start:]
+        if all(type(e) is OpEvent and e.module_stack == stack and e.phase == phase for e in window):
+            described = cache.fresh_result(out, args)  # type: ignore[union-attr]
+            if described is not None:
+                if len(_FUNCTIONS) >= _MAX_BOUND:
+                    _FUNCTIONS.clear()
+                _FUNCTIONS[key] = (tuple((e.call.op, dict(e.call.args), tuple(e.call.outputs)) for e in window), described)
         return out
 
     @staticmethod
@@ -346,6 +392,9 @@ _NO_KWARGS: Mapping[str, Any] = {}
 _BOUND: Dict[Any, Any] = {}
 _MAX_BOUND = 50_000
 _UNBINDABLE = object()
+#: a torch function's shape-cache key -> (its ops as (op, bound arguments, outputs), its result's
+#: metadata): :meth:`Recorder.run_function`, shared by every recorder like ``_BOUND``
+_FUNCTIONS: Dict[Any, Any] = {}
 #: the class of an aten op overload, read off a public op (not imported from torch._ops)
 _OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
 _NO_PLACEHOLDER = object()

@@ -117,3 +117,75 @@ def test_a_warm_count_equals_a_real_run_at_batch_two(monkeypatch, train):
     assert (warm.macs, warm.flops) == (real.macs, real.flops)
     assert warm.by_operator() == real.by_operator()
     assert warm.by_module("flops") == real.by_module("flops")
+
+
+class _Norms(nn.Module):
+    """Convolutions, batch norm (affine and not), layer norm, twice each with equal shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(4, 4, 3, padding=1) for _ in range(2)])
+        self.bns = nn.ModuleList([nn.BatchNorm2d(4), nn.BatchNorm2d(4, affine=False)])
+        self.conv1d = nn.Conv1d(4, 4, 1)
+        self.ln = nn.LayerNorm(6)
+
+    def forward(self, x):
+        for conv, bn in zip(self.convs, self.bns):
+            x = bn(conv(x))
+        y = self.conv1d(x.flatten(2)[..., :6])
+        return self.ln(y), torch.nn.functional.layer_norm(y, (6,), eps=1e-3)
+
+
+def _dispatched(monkeypatch):
+    seen = []
+    dispatch = _recorder.Recorder.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        seen.append(str(func))
+        return dispatch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_recorder.Recorder, "__torch_dispatch__", spy)
+    return seen
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_known_functions_ops_are_booked_from_its_first_call(monkeypatch, train):
+    torch.manual_seed(0)
+    model, x = _Norms().train(train), torch.randn(2, 4, 5, 5).to(memory_format=torch.channels_last)
+    monkeypatch.setattr(_shape_cache, "_RESULTS", {})
+    monkeypatch.setattr(_recorder, "_BOUND", {}, raising=False)
+    monkeypatch.setattr(_recorder, "_FUNCTIONS", {}, raising=False)
+    cold = run_trace(model, (x,))
+    seen = _dispatched(monkeypatch)
+    warm = run_trace(model, (x,))
+    kernels = [op for op in seen if "convolution" in op or "batch_norm" in op or "layer_norm" in op]
+    # booked from the first call: none of their ops ran (in training too: batch norm's kernel
+    # updates the running statistics of the fake copy, which hold no data; its schema writes nothing)
+    assert kernels == []
+    assert _events(warm) == _events(cold)
+    monkeypatch.setattr(ShapeCache, "run", lambda self, func, args, kwargs: func(*args, **(kwargs or {})))
+    monkeypatch.setattr(ShapeCache, "function_key", lambda self, func, args, kwargs: None, raising=False)
+    assert _events(run_trace(model, (x,))) == _events(warm)
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass with a ``__torch_function__`` of its own (it sees every torch call)."""
+
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_subclass_with_its_own_torch_function_counts_as_a_real_run(train):
+    torch.manual_seed(0)
+    model = _Norms().train(train)
+    x = torch.randn(2, 4, 5, 5).as_subclass(_Tagged)
+    for _ in range(2):  # cold, then warm
+        auto = count_flops(model, x)
+        real = count_flops(model, x, tracer="dispatch")
+        assert auto.by_operator() == real.by_operator()
+        assert auto.by_module("flops") == real.by_module("flops")

@@ -185,6 +185,29 @@ class ShapeCache:
         self._remember(key, self._describe(out, _COMPOSITE, args))
         return out
 
+    def function_key(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
+        """The key of a whole torch function's call (None: an argument the cache does not key).
+        Batch norm's kernel choice also reads whether cuDNN is enabled: part of the key."""
+        if func in self._off:
+            return None
+        key = self._key(func, args, kwargs)
+        return None if key is _UNCACHEABLE else (key, torch.backends.cudnn.enabled)
+
+    def fresh_result(self, out: Any, args: Tuple[Any, ...]) -> Any:
+        """The metadata of ``out`` when it is one new fake tensor of this mode (else None)."""
+        return self._describe(out, _COMPOSITE, args)
+
+    def made(self, func: Any, described: Any) -> Any:
+        """A new fake tensor of :meth:`fresh_result`'s metadata (None, and ``func`` off the cache
+        for this trace, when the private constructor fails: the caller runs ``func``)."""
+        try:
+            out = self._make(described, False)
+        except Exception as exc:  # a private constructor that changed: run it as before
+            self._disable(func, exc)
+            return None
+        self.hits += 1
+        return out
+
     def _disable(self, func: Any, exc: BaseException) -> None:
         self._off[func] = None
         name = str(getattr(func, "__name__", func))
