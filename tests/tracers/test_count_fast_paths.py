@@ -189,3 +189,19 @@ def test_a_subclass_with_its_own_torch_function_counts_as_a_real_run(train):
         real = count_flops(model, x, tracer="dispatch")
         assert auto.by_operator() == real.by_operator()
         assert auto.by_module("flops") == real.by_module("flops")
+
+
+def test_owners_of_a_model_without_aliases_are_kept_across_ledgers():
+    from flopcount.core import ledger
+
+    # by hand: the root, the ModuleList "h" never called itself, then each stack entry
+    assert ledger.owners_of(("h.0", "h.0.attn"), {}, {}) == ("", "h", "h.0", "h.0.attn")
+    # with aliases the answer depends on them (not taken from the alias-free memo): a module shared
+    # as a.m and b.m (canonical a.m) called from b counts for b, not a
+    assert ledger.owners_of(("b", "a.m"), {"a.m": ("a.m", "b.m")}, {"a.m": "a.m", "b.m": "a.m"}) == ("", "b", "a.m")
+    before = ledger._owners_without_aliases.cache_info().hits
+    torch.manual_seed(0)
+    model, x = resnet18().eval(), torch.randn(2, 3, 32, 32)
+    first, second = count_flops(model, x), count_flops(model, x)
+    assert ledger._owners_without_aliases.cache_info().hits > before
+    assert second.by_module("flops") == first.by_module("flops") == count_flops(model, x, tracer="dispatch").by_module("flops")
