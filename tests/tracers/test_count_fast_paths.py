@@ -205,3 +205,18 @@ def test_owners_of_a_model_without_aliases_are_kept_across_ledgers():
     first, second = count_flops(model, x), count_flops(model, x)
     assert ledger._owners_without_aliases.cache_info().hits > before
     assert second.by_module("flops") == first.by_module("flops") == count_flops(model, x, tracer="dispatch").by_module("flops")
+
+
+def test_complex_and_sparse_arguments_are_never_keyed():
+    # a complex fake's result metadata may depend on more than the key holds (conjugate/negative
+    # bits), a sparse one's on its values: left to FakeTensorMode, never remembered
+    mode = FakeTensorMode()
+    cache = ShapeCache(mode, FakeTensor)
+    with mode:
+        z = torch.empty(3, 4, dtype=torch.complex64)
+        s = torch.empty(3, 4).to_sparse()
+        for x in (z, s):
+            out = cache.run(torch.ops.aten.mul.Tensor, (x, 2), None)
+            assert cache.key is None and (cache.hits, cache.misses) == (0, 0)
+            assert out.dtype == x.dtype and out.layout == x.layout
+            assert cache.function_key(torch.nn.functional.layer_norm, (x, (4,)), {}) is None

@@ -96,6 +96,7 @@ class _Kind:
 
 
 _COMPOSITE = _Kind()
+_STRIDED = torch.strided
 _DEVICE = torch.ops.prim.device.default
 
 # Memos shared by every ShapeCache, like FakeTensorMode's own cache: pure functions of an op
@@ -201,7 +202,8 @@ class ShapeCache:
         """A new fake tensor of :meth:`fresh_result`'s metadata (None, and ``func`` off the cache
         for this trace, when the private constructor fails: the caller runs ``func``)."""
         try:
-            out = self._make(described, False)
+            with torch._C._DisableTorchDispatch():
+                out = self._fake(*described[0])
         except Exception as exc:  # a private constructor that changed: run it as before
             self._disable(func, exc)
             return None
@@ -247,11 +249,12 @@ class ShapeCache:
     def _part(self, value: Any) -> Any:
         kind = type(value)
         if kind is self._fake_type:
-            if value.fake_mode is not self._mode or value.constant is not None:
+            if value.fake_mode is not self._mode or value.constant is not None or value.layout is not _STRIDED:
                 return _UNCACHEABLE
-            if value.layout != torch.strided or value.is_complex():
+            dtype = value.dtype
+            if dtype.is_complex:
                 return _UNCACHEABLE
-            return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device)
+            return (value.shape, value.stride(), value.storage_offset(), dtype, value.fake_device)
         if kind in _SCALARS:
             if kind is float and value == 0.0 and math.copysign(1.0, value) < 0:
                 return (kind, value, "-")  # -0.0 == 0.0, but an argument shown to handlers keeps its sign
