@@ -220,3 +220,113 @@ def test_complex_and_sparse_arguments_are_never_keyed():
             assert cache.key is None and (cache.hits, cache.misses) == (0, 0)
             assert out.dtype == x.dtype and out.layout == x.layout
             assert cache.function_key(torch.nn.functional.layer_norm, (x, (4,)), {}) is None
+
+
+class _GrowingCache(nn.Module):
+    """What transformers' DynamicCache does on its first update: an empty ``torch.tensor([])``
+    (a constant on fakes: FakeTensorMode keeps the values of tensors of at most one element)
+    concatenated with the new keys; and constants alone, whose values a forward may read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        keys = torch.tensor([], dtype=x.dtype, device=x.device)
+        keys = torch.cat([keys.view(0, 4).expand(0, 4), self.proj(x)], dim=0)
+        both = torch.tensor(1.0) + torch.tensor(2.0)  # every argument a constant: so is the result
+        scale = float(both)  # read on fakes only because the result kept its value (3.0)
+        return keys * scale
+
+
+def test_a_constant_concatenated_with_a_fake_is_cached_and_constants_alone_keep_their_values(monkeypatch):
+    torch.manual_seed(0)
+    model, x = _GrowingCache(), torch.randn(2, 4)
+    monkeypatch.setattr(_shape_cache, "_RESULTS", {})
+    runs = [run_trace(model, (x,)) for _ in range(2)]  # cold, then warm
+    assert all(run.shape_cache for run in runs)  # on fakes (no real run was needed)
+    monkeypatch.setattr(ShapeCache, "run", lambda self, func, args, kwargs: func(*args, **(kwargs or {})))
+    plain = run_trace(model, (x,))
+    for run in runs:
+        assert _events(run) == _events(plain)
+        assert run.warnings == plain.warnings
+    assert runs[1].shape_cache["hits"] > runs[0].shape_cache["hits"]
+    # the real run agrees (the constant sum read as 3.0 on fakes too)
+    assert count_flops(model, x).by_operator() == count_flops(model, x, tracer="dispatch").by_operator()
+
+
+def test_a_fresh_op_with_a_constant_argument_is_keyed_apart_and_read_back():
+    mode = FakeTensorMode()
+    cache = ShapeCache(mode, FakeTensor)
+    cat = torch.ops.aten.cat.default
+    with mode:
+        plain = torch.empty(0, 4)
+        constant = torch.tensor([]).view(0, 4)
+        y = torch.empty(2, 4)
+        assert constant.constant is not None and plain.constant is None
+        first = cache.run(cat, ([constant, y],), None)
+        key_constant = cache.key
+        second = cache.run(cat, ([constant, y],), None)
+        assert cache.key == key_constant and (cache.hits, cache.misses) == (1, 1)
+        cache.run(cat, ([plain, y],), None)
+        assert cache.key != key_constant  # a plain fake of the same metadata: its own key
+        for out in (first, second):
+            assert (out.shape, out.stride(), out.constant) == (torch.Size([2, 4]), (4, 1), None)
+        # every argument constant: the mode's result is a constant, never remembered
+        one, two = torch.tensor(1.0), torch.tensor(2.0)
+        sums = []
+        for _ in range(2):
+            sums.append(cache.run(torch.ops.aten.add.Tensor, (one, two), None))
+            assert cache.key is None
+    assert [out.constant.item() for out in sums] == [3.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "func, make_args",
+    [
+        (torch.ops.aten.split.Tensor, lambda x: (x, 3, 1)),
+        (torch.ops.aten.split_with_sizes.default, lambda x: (x, [2, 5], 1)),
+        (torch.ops.aten.unbind.int, lambda x: (x, 0)),
+        (torch.ops.aten.chunk.default, lambda x: (x, 2, 2)),
+    ],
+    ids=["split", "split_with_sizes", "unbind", "chunk"],
+)
+def test_a_list_of_views_from_the_cache_is_what_the_fake_mode_makes(func, make_args):
+    mode = FakeTensorMode()
+    cache = ShapeCache(mode, FakeTensor)
+    with mode:
+        x = torch.empty(4, 6, 7).transpose(1, 2)[1:]  # a non-contiguous view with an offset
+        expected = func(*make_args(x))  # FakeTensorMode's own answer (the oracle)
+        cache.run(func, make_args(x), None)  # miss: remembered
+        hit = cache.run(func, make_args(x), None)
+    assert (cache.hits, cache.misses) == (1, 1)
+    assert type(hit) is type(expected) and len(hit) == len(expected)
+    for got, want in zip(hit, expected):
+        assert type(got) is FakeTensor
+        assert (got.shape, got.stride(), got.storage_offset(), got.dtype, got.device) == (
+            want.shape, want.stride(), want.storage_offset(), want.dtype, want.device)
+        assert got.untyped_storage() is x.untyped_storage()
+
+
+class _Split(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(8, dim=2)
+        a, b = torch.unbind(k.view(2, 3, 2, 4), dim=2)
+        return q @ k.transpose(1, 2) @ v, a * b, torch.chunk(v, 2, dim=-1)[1].sum()
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_lists_of_views_record_the_same_events_without_the_cache(monkeypatch, backward):
+    torch.manual_seed(0)
+    model, x = _Split(), torch.randn(2, 3, 8)
+    monkeypatch.setattr(_shape_cache, "_RESULTS", {})
+    run_trace(model, (x,), backward=backward)
+    warm = run_trace(model, (x,), backward=backward)
+    monkeypatch.setattr(ShapeCache, "run", lambda self, func, args, kwargs: func(*args, **(kwargs or {})))
+    monkeypatch.setattr(ShapeCache, "run_composite", lambda self, func, args, kwargs: func(*args, **kwargs))
+    assert _events(warm) == _events(run_trace(model, (x,), backward=backward))
+    assert count_flops(model, x).by_operator() == count_flops(model, x, tracer="dispatch").by_operator()
