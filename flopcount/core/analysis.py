@@ -204,6 +204,8 @@ def _checked(cost: Any, op: str, module: str) -> Optional[Cost]:
 
 
 def _count_ok(value: Any) -> bool:
+    if type(value) is int:  # the common case, without the ABC check
+        return value >= 0
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 

@@ -15,8 +15,15 @@ from flopcount.types import ParamSummary
 TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_topk", "num_selected_experts", "top_k")
 
 
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+
+
 def _dtype_name(tensor) -> str:  # type: ignore[no-untyped-def]
-    return str(tensor.dtype).replace("torch.", "")
+    dtype = tensor.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] = None) -> ParamSummary:
@@ -101,8 +108,19 @@ def routed_experts(
     (transformers 5's experts modules; their (E, out) biases count too), and an ``nn.ModuleList`` named ``experts`` (or ``...experts``) of E
     identical modules. Shared experts live outside these blocks and count as always active."""
     looked: Dict[Tuple[type, str], bool] = {}
+    silent: Dict[type, bool] = {}  # class -> it answers neither name (no __getattr__ of its own, no attribute)
     for name, module in model.named_modules() if modules is None else modules:
-        count = _declared(module, "num_experts", looked) or _declared(module, "num_local_experts", looked)
+        kind = type(module)
+        quiet = silent.get(kind)
+        if quiet is None:
+            quiet = silent[kind] = not any(_class_answers(kind, key) for key in _EXPERT_COUNTS)
+        state = vars(module)
+        if quiet and _EXPERT_COUNTS.isdisjoint(state) and _EXPERT_COUNTS.isdisjoint(state.get("_modules", ())) \
+                and _EXPERT_COUNTS.isdisjoint(state.get("_parameters", ())) \
+                and _EXPERT_COUNTS.isdisjoint(state.get("_buffers", ())):
+            count = None  # what _declared answers for both names (most modules: one check)
+        else:
+            count = _declared(module, "num_experts", looked) or _declared(module, "num_local_experts", looked)
         if isinstance(count, int) and count > 1:
             stacked = [p for p in module.parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == count]
             if any(p.dim() >= 3 for p in stacked):  # a router's (E, hidden) weight alone is not experts
@@ -113,6 +131,13 @@ def routed_experts(
 
 
 _MODULE_GETATTR = nn.Module.__getattr__
+_EXPERT_COUNTS = frozenset({"num_experts", "num_local_experts"})
+
+
+def _class_answers(kind: type, name: str) -> bool:
+    """Whether ``getattr`` on a module of class ``kind`` may find ``name`` outside the module's
+    ``__dict__`` and its parameter/buffer/child tables: its own ``__getattr__``, a class attribute."""
+    return kind.__getattr__ is not _MODULE_GETATTR or hasattr(kind, name)  # type: ignore[attr-defined]
 
 
 def _declared(module: nn.Module, name: str, looked: Dict[Tuple[type, str], bool]) -> Any:
@@ -126,7 +151,7 @@ def _declared(module: nn.Module, name: str, looked: Dict[Tuple[type, str], bool]
     kind = type(module)
     answers = looked.get((kind, name))
     if answers is None:
-        answers = looked[kind, name] = kind.__getattr__ is not _MODULE_GETATTR or hasattr(kind, name)
+        answers = looked[kind, name] = _class_answers(kind, name)
     if answers or name in state.get("_modules", ()) or name in state.get("_parameters", ()) \
             or name in state.get("_buffers", ()):
         return getattr(module, name, None)

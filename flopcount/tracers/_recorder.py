@@ -20,6 +20,7 @@ from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake import meta_kernels as _meta_kernels
+from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.tracers.fake.values import INTEGRAL, KnownValues
 from flopcount.types import OpCall, OpEvent, Phase, TensorMeta
 
@@ -103,12 +104,13 @@ def outputs_of(out: Any) -> Tuple[Any, ...]:
 class _Signature:
     """Schema facts of one op overload, computed once: name, argument names, defaults."""
 
-    __slots__ = ("name", "names", "defaults", "skip", "is_all")
+    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable")
 
     def __init__(self, schema: Any):
         # the canonical name, and the constant arguments a renamed kernel implies
         self.name, extra = canonical(schema.name)
         self.skip = schema.name in _METADATA
+        self.mutable = schema.is_mutable
         self.is_all = self.name in _ALL_OPS
         self.names: Tuple[str, ...] = tuple(a.name for a in schema.arguments) + tuple(extra)
         self.defaults: Dict[str, Any] = {
@@ -227,9 +229,15 @@ class Recorder(DataReads):
         self.real_checks = False
         self._signatures: Dict[Any, _Signature] = {}
         self.run_op: Optional[Callable[[Any, Tuple[Any, ...], Optional[Dict[str, Any]]], Any]] = None
+        #: on fake copies: the shape cache that runs each op (its ``key`` names a call it knew)
+        self.shape_cache: Optional[ShapeCache] = None
         #: ``marker(index)``: a context manager around the run of the op recorded as event
         #: ``index`` (flopcount.profiling names each op's profiler range with it); None: none
         self.marker: Optional[Callable[[int], Any]] = None
+        #: ops whose event or effect is not a function of the shape-cache key alone (not known to
+        #: the cache, writing an argument, a placeholder, a fallback, a noted value), so far:
+        #: a torch function's events are kept for its next call only if none ran inside it
+        self.unkeyed = 0
 
     def module_stack(self) -> Tuple[str, ...]:
         path = self._modules.path
@@ -238,50 +246,121 @@ class Recorder(DataReads):
         return path
 
     def record(self, op: str, args: Dict[str, Any], outputs: Tuple[Any, ...]) -> None:
+        self.unkeyed += 1
         self.events.append(OpEvent(OpCall(op, args, outputs), self.module_stack(), self.phase))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         if not isinstance(func, _OP_OVERLOAD):  # a higher-order op (torch.cond): every aten op is an overload
+            self.unkeyed += 1
             return self._higher_order(func, args, kwargs or {})
         if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
+                self.unkeyed += 1
                 return answer
         if self.real_checks and func in _CHECKED:
             _meta_kernels.check_like_cpu(func, args, kwargs)
+        cache = self.shape_cache
         try:
             if self.marker is not None and not self.muted and not _signature(func).skip:
                 with self.marker(len(self.events)):
                     out = func(*args, **kwargs) if kwargs else func(*args)
+            elif cache is not None:
+                out = cache.run(func, args, kwargs)
             elif self.run_op is not None:
                 out = self.run_op(func, args, kwargs)
             else:
                 out = func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # a meta kernel that refuses shapes-only operands (MoE grouped mm)
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
-        if type(out) is torch.Tensor:
-            # a float output cannot have written into the (integral) tensors whose values are known
-            if out.is_meta and out.dtype in INTEGRAL:
-                self.known.note(func, args, kwargs, out)
-        elif self.known and func._schema.is_mutable:
-            self.known.note(func, args, kwargs, out)
-        if self.muted:
-            return out
+            cache = None
+        key = cache.key if cache is not None else None
         sig = self._signatures.get(func)
         if sig is None:
             sig = self._signatures[func] = _signature(func)
+        if type(out) is torch.Tensor:
+            # a float output cannot have written into the (integral) tensors whose values are known
+            if out.is_meta and out.dtype in INTEGRAL:
+                self.unkeyed += 1
+                self.known.note(func, args, kwargs, out)
+        elif self.known and sig.mutable:
+            self.unkeyed += 1
+            self.known.note(func, args, kwargs, out)
         if sig.skip:
             return out
-        try:
-            call = OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), outputs_of(out))
-        except (ValueError, RuntimeError):
-            # an nn.UninitializedParameter refuses to show its shape: the bookkeeping ops of a
-            # lazy module materialising itself (``param.data``), which compute nothing
+        if key is None or sig.mutable:
+            self.unkeyed += 1
+        if self.muted:
+            return out
+        if key is not None:
+            # the shape cache knew this call: its key (the op, every argument's metadata and
+            # value) decides the bound arguments and the outputs, made once per key
+            known = _BOUND.get(key)
+            if known is None:
+                known = self._bound(sig, args, kwargs, out, key)
+            call = OpCall(sig.name, dict(known[0]), known[1]) if known is not _UNBINDABLE else None
+        else:
+            call = self._call(sig, args, kwargs, out)
+        if call is None:
             return out
         self.events.append(OpEvent(call, self.module_stack(), self.phase))
         if sig.is_all:
             self._note_reduction(out)
         return out
+
+    def run_function(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """``func(*args, **kwargs)`` for a torch function whose ops depend only on its arguments'
+        metadata (batch norm, layer norm, convolution), on fake copies without autograd: the
+        events its ops record and its result's metadata are kept per shape-cache key, and a next
+        call of that key appends the same events (each with its own arguments) and makes the
+        result, none of its ops run. Kept only when every op inside was known to the cache, wrote
+        no argument and recorded under the caller's module (``unkeyed`` unchanged)."""
+        cache = self.shape_cache
+        key = cache.function_key(func, args, kwargs) if cache is not None else None
+        if key is None or self.muted:
+            return func(*args, **kwargs)
+        stack, phase = self.module_stack(), self.phase
+        found = _FUNCTIONS.get(key)
+        if found is not None:
+            ops, described = found
+            out = cache.made(func, described)  # type: ignore[union-attr]  # key: a cache
+            if out is not None:
+                events = self.events
+                for op, bound, outputs in ops:
+                    events.append(OpEvent(OpCall(op, dict(bound), outputs), stack, phase))
+                return out
+        start, unkeyed = len(self.events), self.unkeyed
+        out = func(*args, **kwargs)
+        if self.unkeyed != unkeyed or found is not None:
+            return out
+        window = self.events[start:]
+        if all(type(e) is OpEvent and e.module_stack == stack and e.phase == phase for e in window):
+            described = cache.fresh_result(out, args)  # type: ignore[union-attr]
+            if described is not None:
+                if len(_FUNCTIONS) >= _MAX_BOUND:
+                    _FUNCTIONS.clear()
+                _FUNCTIONS[key] = (tuple((e.call.op, dict(e.call.args), tuple(e.call.outputs)) for e in window), described)
+        return out
+
+    @staticmethod
+    def _call(sig: _Signature, args: Tuple[Any, ...], kwargs: Any, out: Any) -> Optional[OpCall]:
+        try:
+            return OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), outputs_of(out))
+        except (ValueError, RuntimeError):
+            # an nn.UninitializedParameter refuses to show its shape: the bookkeeping ops of a
+            # lazy module materialising itself (``param.data``), which compute nothing
+            return None
+
+    @staticmethod
+    def _bound(sig: _Signature, args: Tuple[Any, ...], kwargs: Any, out: Any, key: Any) -> Any:
+        """The bound arguments and outputs of a call the shape cache knows by ``key``, kept
+        for the next call of that key (a copy of the arguments each time: events stay apart)."""
+        call = Recorder._call(sig, args, kwargs, out)
+        known = _UNBINDABLE if call is None else (dict(call.args), tuple(call.outputs))
+        if len(_BOUND) >= _MAX_BOUND:
+            _BOUND.clear()
+        _BOUND[key] = known
+        return known
 
 
     def _higher_order(self, func: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -308,6 +387,14 @@ class Recorder(DataReads):
 
 
 _NO_KWARGS: Mapping[str, Any] = {}
+#: shape-cache key -> (bound arguments, outputs) of a call with that key (a pure function of
+#: it, like the shape cache's own results: shared by every recorder, nothing kept of a tensor)
+_BOUND: Dict[Any, Any] = {}
+_MAX_BOUND = 50_000
+_UNBINDABLE = object()
+#: a torch function's shape-cache key -> (its ops as (op, bound arguments, outputs), its result's
+#: metadata): :meth:`Recorder.run_function`, shared by every recorder like ``_BOUND``
+_FUNCTIONS: Dict[Any, Any] = {}
 #: the class of an aten op overload, read off a public op (not imported from torch._ops)
 _OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
 _NO_PLACEHOLDER = object()

@@ -405,6 +405,21 @@ def _fresh_composites() -> frozenset:
     return frozenset(found)
 
 
+#: marks, in an interceptor's table, a torch function whose ops the recorder may replay by key
+#: (``Recorder.run_function``) on fake copies without autograd
+_REPLAY: Any = object()
+
+
+@cache
+def _replayable() -> frozenset:
+    """Torch functions (not composites of the vocabulary: their aten ops are recorded) whose ops
+    and result depend only on their arguments' metadata, each called once per layer of most
+    models: batch norm, layer norm, convolution. On a fake copy without autograd the recorder
+    keeps what one call recorded and books the next call of the same arguments from it."""
+    found = [F.batch_norm, torch.batch_norm, F.layer_norm, torch.layer_norm, torch.conv1d, torch.conv2d, torch.conv3d]
+    return frozenset(found)
+
+
 def _is_batched() -> Callable[[Any], bool]:
     """A test for a tensor batched by ``torch.vmap`` at any level, also under another
     transform's wrapper (``vmap(grad(f))``: a grad wrapper around a batched tensor), from
@@ -463,7 +478,9 @@ class CompositeInterceptor(TorchFunctionMode):
         self._recorder = recorder
         self._value = value
         self._outputs = outputs
-        self._table = _composites()
+        self._table: Dict[Any, Any] = _composites()
+        if cached is not None and hasattr(recorder, "run_function"):
+            self._table = {**dict.fromkeys(_replayable(), _REPLAY), **self._table}
         # on fake copies: the shape cache's runner for a whole composite (no autograd only)
         self._cached = cached
         self._fresh = _fresh_composites()
@@ -473,6 +490,10 @@ class CompositeInterceptor(TorchFunctionMode):
         recorder = self._recorder
         if binder is None or recorder.muted:  # most calls (.shape, .dim(), ops): straight through
             return func(*args, **kwargs) if kwargs else func(*args)
+        if binder is _REPLAY:  # a vmap-batched argument is not keyed: run as usual
+            if torch.is_grad_enabled() or _autocast_on():
+                return func(*args, **kwargs) if kwargs else func(*args)
+            return recorder.run_function(func, args, kwargs or {})
         kwargs = kwargs or {}
         if _any_batched(args, kwargs):
             return func(*args, **kwargs)

@@ -203,8 +203,7 @@ def _trace(
     recorder.marker = marker
     recorder.real_checks = fake_copy
     shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
-    if shape_cache is not None:
-        recorder.run_op = shape_cache.run
+    recorder.shape_cache = shape_cache
     reuse = None
     if reusing:
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
@@ -288,7 +287,7 @@ def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[
     step = FakeOptimizerStep(spec, list(model.parameters()), trained, "count_flops")
     recorder.phase = "optimizer"
     recorder.answer_reads = False  # the step reads its step counters: the fake mode knows them
-    recorder.run_op = None
+    recorder.run_op = recorder.shape_cache = None
     with step.running(), CompositeInterceptor(recorder, value_of, outputs_of, None), recorder:
         step.step()
 

@@ -14,8 +14,10 @@ Only what is safe is cached:
   views of their first argument (one tensor sharing its storage: made on that storage with
   the recorded shape, stride and offset) and in-place ops (``relu_``, ``add_``) whose only effect on metadata is none: they return
   their first argument itself;
-* calls whose arguments are FakeTensors of this mode (no constant folded in, strided,
-  not complex), Python scalars, dtypes, devices and lists of those;
+* calls whose arguments are FakeTensors of this mode (strided, not complex; no constant folded
+  in, except for ops returning fresh tensors, where a constant is keyed apart from a plain fake
+  and a result holding a constant is never remembered), Python scalars, dtypes, devices and
+  lists of those;
 * results made on a first call that succeeded; an op that raised, or needs a value
   (``nonzero``, ``.item()``), is never cached and raises again as before.
 
@@ -24,6 +26,7 @@ Every other call goes to FakeTensorMode unchanged.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -37,6 +40,8 @@ _UNCACHEABLE = object()
 # In-place ops that change their argument's metadata without the inplace_view tag
 # (``_resize_output_`` under every out= kernel, ``requires_grad_``, sparse resizes).
 _METADATA_WRITERS = ("resize", "requires_grad", "sparse", "coalesced", "set_")
+# Ops returning a list of views of their first argument, answered as views are.
+_VIEW_LISTS = frozenset({"aten::split", "aten::split_with_sizes", "aten::unbind", "aten::chunk", "aten::tensor_split"})
 # Tags that mean the result's metadata is not a function of the argument metadata.
 _VALUE_TAGS = ("dynamic_output_shape", "data_dependent_output", "inplace_view", "nondeterministic_seeded")
 
@@ -59,9 +64,22 @@ class _Kind:
         if any(tag in tags for tag in _VALUE_TAGS if tag != "nondeterministic_seeded"):
             return
         returns = schema.returns
+        written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if schema.name in _VIEW_LISTS and len(returns) == 1 and str(returns[0].type) == "List[Tensor]":
+            first = schema.arguments[0] if schema.arguments else None
+            if (  # a list of views of the first argument (split, unbind, chunk)
+                returns[0].alias_info is not None
+                and not returns[0].alias_info.is_write
+                and not written
+                and first is not None
+                and str(first.type) == "Tensor"
+                and first.alias_info is not None
+                and sum(a.alias_info is not None for a in schema.arguments) == 1
+            ):
+                self.mode = "views"
+            return
         if not returns or any(str(r.type) != "Tensor" for r in returns):
             return
-        written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
         if any(r.alias_info is not None for r in returns):
             first = schema.arguments[0] if schema.arguments else None
             if (  # a view of the first argument (view, transpose, expand, select, slice...)
@@ -95,6 +113,8 @@ class _Kind:
 
 
 _COMPOSITE = _Kind()
+_STRIDED = torch.strided
+_DEVICE = torch.ops.prim.device.default
 
 # Memos shared by every ShapeCache, like FakeTensorMode's own cache: pure functions of an op
 # overload's schema (_KINDS) and of argument metadata and the default dtype (_RESULTS); no
@@ -121,18 +141,36 @@ class ShapeCache:
         #: the choice lasts for this cache, never for the process.
         self.disabled: Dict[str, str] = {}
         self._off: Dict[Any, None] = {}
+        #: the key of the call :meth:`run` just answered from the cache or remembered (None:
+        #: a call the cache does not know): equal keys, equal argument metadata and results
+        self.key: Any = None
+        self._constants = False  # whether the key being built may hold a fake's constant (fresh ops)
 
     def run(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
+        self.key = None
+        if func is _DEVICE and not kwargs and len(args) == 1:
+            # ``tensor.device`` read by a kernel (batch norm reads it twice): a fake answers its
+            # fake device outside a kernel's run, as FakeTensor.__torch_dispatch__ does
+            tensor = args[0]
+            if type(tensor) is self._fake_type and tensor.fake_mode is self._mode and not getattr(self._mode, "in_kernel_invocation", True):
+                return tensor.fake_device
+            return func(*args)
         kind = _KINDS.get(func)
         if kind is None:
             kind = _KINDS[func] = _Kind(func)
         if kind.mode is None or func in self._off:
             return func(*args, **kwargs) if kwargs else func(*args)
+        # a fresh result may come from arguments holding constants (a KV cache's ``torch.tensor([])``
+        # concatenated with a fake): keyed apart from plain fakes, and remembered only when the
+        # mode's result holds none (with every argument constant it would: never remembered)
+        self._constants = kind.mode == "fresh"
         key = self._key(func, args, kwargs)
+        self._constants = False
         if key is _UNCACHEABLE:
             return func(*args, **kwargs) if kwargs else func(*args)
         found = self._results.get(key)
         if found is not None:
+            self.key = key
             self.hits += 1
             if kind.mode == "inplace":
                 return args[0]
@@ -143,12 +181,20 @@ class ShapeCache:
                     # a view is an inference tensor when its argument is one; ours would be one
                     # when made in inference mode: the mode makes it (a rare mix)
                     return func(*args, **kwargs) if kwargs else func(*args)
+                if kind.mode == "views":
+                    if args[0].is_inference() == torch.is_inference_mode_enabled():
+                        container, views = found
+                        return container([self._view(args[0], d) for d in views])
+                    # a view is an inference tensor when its argument is one; ours would be one
+                    # when made in inference mode: the mode makes it (a rare mix)
+                    return func(*args, **kwargs) if kwargs else func(*args)
                 return self._make(found, kind.tuple_out)
             except Exception as exc:  # a private constructor that changed: FakeTensorMode as before
                 self._disable(func, exc)
                 return func(*args, **kwargs) if kwargs else func(*args)
         out = func(*args, **kwargs) if kwargs else func(*args)
-        self._remember(key, self._describe(out, kind, args))
+        if self._remember(key, self._describe(out, kind, args)):
+            self.key = key
         return out
 
     def run_composite(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -170,6 +216,30 @@ class ShapeCache:
         self._remember(key, self._describe(out, _COMPOSITE, args))
         return out
 
+    def function_key(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
+        """The key of a whole torch function's call (None: an argument the cache does not key).
+        Batch norm's kernel choice also reads whether cuDNN is enabled: part of the key."""
+        if func in self._off:
+            return None
+        key = self._key(func, args, kwargs)
+        return None if key is _UNCACHEABLE else (key, torch.backends.cudnn.enabled)
+
+    def fresh_result(self, out: Any, args: Tuple[Any, ...]) -> Any:
+        """The metadata of ``out`` when it is one new fake tensor of this mode (else None)."""
+        return self._describe(out, _COMPOSITE, args)
+
+    def made(self, func: Any, described: Any) -> Any:
+        """A new fake tensor of :meth:`fresh_result`'s metadata (None, and ``func`` off the cache
+        for this trace, when the private constructor fails: the caller runs ``func``)."""
+        try:
+            with torch._C._DisableTorchDispatch():
+                out = self._fake(*described[0])
+        except Exception as exc:  # a private constructor that changed: run it as before
+            self._disable(func, exc)
+            return None
+        self.hits += 1
+        return out
+
     def _disable(self, func: Any, exc: BaseException) -> None:
         self._off[func] = None
         name = str(getattr(func, "__name__", func))
@@ -179,13 +249,14 @@ class ShapeCache:
         """Hits, misses and the ops this cache stopped answering (with why)."""
         return {"hits": self.hits, "misses": self.misses, "disabled": dict(self.disabled)}
 
-    def _remember(self, key: Tuple[Any, ...], record: Any) -> None:
+    def _remember(self, key: Tuple[Any, ...], record: Any) -> bool:
         self.misses += 1
         if record is None:
-            return
+            return False
         if len(self._results) >= _MAX_RESULTS:
             self._results.clear()
         self._results[key] = record
+        return True
 
     def _key(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]]) -> Any:
         # the default dtype decides the result dtype of, e.g., an int tensor times a float
@@ -208,12 +279,19 @@ class ShapeCache:
     def _part(self, value: Any) -> Any:
         kind = type(value)
         if kind is self._fake_type:
-            if value.fake_mode is not self._mode or value.constant is not None:
+            if value.fake_mode is not self._mode or value.layout is not _STRIDED:
                 return _UNCACHEABLE
-            if value.layout != torch.strided or value.is_complex():
+            dtype = value.dtype
+            if dtype.is_complex:
                 return _UNCACHEABLE
-            return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device)
+            if value.constant is not None:
+                if not self._constants:
+                    return _UNCACHEABLE
+                return (value.shape, value.stride(), value.storage_offset(), dtype, value.fake_device, "constant")
+            return (value.shape, value.stride(), value.storage_offset(), dtype, value.fake_device)
         if kind in _SCALARS:
+            if kind is float and value == 0.0 and math.copysign(1.0, value) < 0:
+                return (kind, value, "-")  # -0.0 == 0.0, but an argument shown to handlers keeps its sign
             return (kind, value)
         if kind is list or kind is tuple:
             items = []
@@ -229,13 +307,12 @@ class ShapeCache:
         if kind.mode == "inplace":
             return True if args and out is args[0] else None
         if kind.mode == "view":
-            if type(out) is not self._fake_type or out.fake_mode is not self._mode or out.constant is not None:
+            return self._view_of(out, args)
+        if kind.mode == "views":
+            if type(out) not in (list, tuple):
                 return None
-            if out is args[0] or out.layout != torch.strided:
-                return None  # an alias that is the argument itself (a no-op view): left to the mode
-            if type(args[0]) is not self._fake_type or out.untyped_storage() is not args[0].untyped_storage():
-                return None  # not on the argument's storage after all (an op that views or copies)
-            return (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, out.fake_device)
+            views = [self._view_of(view, args) for view in out]
+            return None if any(v is None for v in views) else (type(out), tuple(views))
         outs: Tuple[Any, ...] = out if kind.tuple_out else (out,)
         if not isinstance(outs, tuple):
             return None
@@ -248,6 +325,16 @@ class ShapeCache:
                 return None
             described.append((tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.fake_device))
         return tuple(described)
+
+    def _view_of(self, out: Any, args: Tuple[Any, ...]) -> Any:
+        """The metadata of ``out`` when it is a view of ``args[0]`` on its storage (else None)."""
+        if type(out) is not self._fake_type or out.fake_mode is not self._mode or out.constant is not None:
+            return None
+        if out is args[0] or out.layout != torch.strided:
+            return None  # an alias that is the argument itself (a no-op view): left to the mode
+        if type(args[0]) is not self._fake_type or out.untyped_storage() is not args[0].untyped_storage():
+            return None  # not on the argument's storage after all (an op that views or copies)
+        return (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, out.fake_device)
 
     def _make(self, described: Any, tuple_out: bool) -> Any:
         with torch._C._DisableTorchDispatch():
