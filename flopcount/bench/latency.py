@@ -30,6 +30,7 @@ from flopcount.bench.device import autocast_context, bind_call, leading_batch, r
 from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
+from flopcount.bench.steps import checked_peak
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import prepare_call
 from flopcount.devices import peaks
@@ -220,19 +221,15 @@ def _flops_value(flops: Any) -> Optional[float]:
     return value
 
 
-def mfu_peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], gpu_name: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
+def mfu_peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], on: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
     """The MFU denominator and where it came from: ``peak_flops`` as given, else the dense datasheet
-    peak of ``gpu_name`` (default: the CUDA device's name) at ``dtype``; none on the CPU."""
-    if peak_flops is not None:
-        if not peak_flops > 0:
-            raise UsageError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")
-        return float(peak_flops), "given"
-    name = gpu_name
-    if name is None and dev.type == "cuda":
-        name = torch.cuda.get_device_name(dev)
-    if name is None:
-        return None, None
-    value = peaks.peak_flops(name, dtype)
+    peak of the part ``on`` (default: the CUDA device's name) at ``dtype``; none on the CPU. The one
+    resolver of the modeled peak: benchmark, StepTimer and the trainer callbacks call it."""
+    given = checked_peak(peak_flops)
+    if given is not None:
+        return float(given), "given"
+    name = on if on is not None else torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+    value = None if name is None else peaks.peak_flops(name, dtype)
     if value is None:
         return None, None
     return value, f"{peaks.match_gpu(name)} {peaks.dtype_key(dtype)} dense, flopcount.peaks"

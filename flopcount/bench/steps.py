@@ -104,6 +104,13 @@ class StepSummary:
         return text
 
 
+def checked_peak(peak_flops: Optional[float]) -> Optional[float]:
+    """``peak_flops`` (FLOP/s) as given, None included; a value not above 0 is a UsageError."""
+    if peak_flops is not None and not peak_flops > 0:
+        raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
+    return peak_flops
+
+
 def summarize_steps(
     records: Sequence[StepTiming], flops_per_step: Optional[int] = None, peak_flops: Optional[float] = None
 ) -> StepSummary:
@@ -177,10 +184,8 @@ class StepTimer:
             raise UsageError(f"skip_first must be >= 0, got {skip_first}")
         if (model is None) != (example_batch is None):
             raise UsageError("StepTimer: pass model= and example_batch= together (or neither, and call set_step_cost)")
-        if peak_flops is not None and not peak_flops > 0:
-            raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
         self.flops_per_step: Optional[int] = None
-        self.peak_flops = peak_flops
+        self.peak_flops = checked_peak(peak_flops)
         if model is not None:
             from flopcount.core.analysis import analyze, report_unsupported
 
@@ -206,9 +211,7 @@ class StepTimer:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"set_step_cost expects FLOPs as an int >= 0 or a FlopResult, got {flops!r:.60}")
         if peak_flops is not None:
-            if not peak_flops > 0:
-                raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
-            self.peak_flops = peak_flops
+            self.peak_flops = checked_peak(peak_flops)
         self.flops_per_step = value
 
     def start(self) -> None:

@@ -14,7 +14,9 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from ..errors import UsageError
+from flopcount.bench.latency import mfu_peak
+from flopcount.devices.parts import resolve_part
+from flopcount.errors import UsageError
 
 PREFIX = "flopcount/"
 
@@ -82,8 +84,6 @@ def modeled_part(owner: str, on: Optional[str], peak_flops: Optional[float]) -> 
         return None
     if peak_flops is not None:
         raise UsageError(f"{owner}: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
-    from ..devices.parts import resolve_part
-
     return resolve_part(str(on)).name
 
 
@@ -95,24 +95,16 @@ def resolve_peak(
     pcie"...) at ``dtype``; else the GPU's own (``device``: where the model runs; torch's
     default math modes: float32 matmuls at the FP32 peak); none on CPU (a measured GEMM
     rate is a micro-benchmark's figure, not a peak: pass one to get an MFU)."""
-    if given is not None:
-        if on is not None:
-            raise UsageError(f"give the MFU's peak once: peak_flops={given!r} or on={on!r}, not both")
-        if not given > 0:
-            raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {given!r}")
-        return float(given), ""
-    if on is not None or device.type == "cuda":
-        from ..devices import peak_for_name
-        from ..devices.parts import resolve_part
-
-        if on is not None:
-            name = resolve_part(str(on)).name  # an unknown name: UsageError listing the parts
-            missing = f"{name} has no dense peak at {dtype}"
-        else:
-            name = torch.cuda.get_device_name(device)
-            missing = f"no peak for {name} at {dtype}"
-        found = peak_for_name(name, dtype)
-        return (found, "") if found is not None else (None, f"{missing} in flopcount's table: pass peak_flops= for an MFU")
+    if given is not None and on is not None:
+        raise UsageError(f"give the MFU's peak once: peak_flops={given!r} or on={on!r}, not both")
+    name = None if on is None else resolve_part(str(on)).name  # an unknown name: UsageError listing the parts
+    found, _ = mfu_peak(device, dtype, given, name)
+    if found is not None:
+        return found, ""
+    if name is not None:
+        return None, f"{name} has no dense peak at {dtype} in flopcount's table: pass peak_flops= for an MFU"
+    if device.type == "cuda":
+        return None, f"no peak for {torch.cuda.get_device_name(device)} at {dtype} in flopcount's table: pass peak_flops= for an MFU"
     if device.type == "cpu":
         return None, (
             "no MFU on CPU unless peak_flops= is given (FLOP/s): a CPU has no datasheet peak flopcount knows, and a "

@@ -219,7 +219,7 @@ def book_step(
 ) -> None:
     """Give each timed top-level op's time to the events its join-step twin carries; a
     timed op in a stretch where the runs differ goes to the counted events of that stretch."""
-    from ._tree import attribute, cpu_total, shared_without_measure
+    from flopcount.profiling._tree import attribute, cpu_total, shared_without_measure
 
     pairs = alignment.pairs
     swapped = _swapped(alignment.swaps, join)
