@@ -146,11 +146,10 @@ _DEPRECATED: Dict[str, Tuple[str, str, str]] = {
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None and name in _DEPRECATED:
-        import warnings
+        from flopcount.core.deprecation import warn_renamed
 
         new, where, attr = _DEPRECATED[name]
-        warnings.warn(f"flopcount.{name} is deprecated and will be removed in flopcount 0.4; use {new}",
-                      DeprecationWarning, stacklevel=2)
+        warn_renamed(f"flopcount.{name}", new)
         return getattr(importlib.import_module(f".{where}", __name__), attr)
     if module is None:
         raise AttributeError(f"module 'flopcount' has no attribute {name!r}")

@@ -255,12 +255,10 @@ def _unavoidable_bytes(
 
     from flopcount.core.inputs import prepare_call
 
+    priced_as = getattr(torch, as_dtype or "", None)  # a column name that is a torch dtype (not "tf32")
+
     def size(t: torch.Tensor) -> int:
-        if as_dtype is not None and t.is_floating_point():
-            item = getattr(torch, as_dtype, None)
-            if isinstance(item, torch.dtype):
-                return t.numel() * item.itemsize
-        return t.numel() * t.element_size()
+        return t.numel() * (priced_as.itemsize if isinstance(priced_as, torch.dtype) and t.is_floating_point() else t.element_size())
 
     seen: Dict[int, None] = dict.fromkeys(tables)
     total = looked_up
