@@ -221,7 +221,7 @@ def _flops_value(flops: Any) -> Optional[float]:
     return value
 
 
-def mfu_peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], on: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
+def mfu_peak(dev: torch.device, dtype: Union[None, str, torch.dtype], peak_flops: Optional[float], on: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
     """The MFU denominator and where it came from: ``peak_flops`` as given, else the dense datasheet
     peak of the part ``on`` (default: the CUDA device's name) at ``dtype``; none on the CPU. The one
     resolver of the modeled peak: benchmark, StepTimer and the trainer callbacks call it."""
@@ -230,6 +230,6 @@ def mfu_peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Option
         return float(given), "given"
     name = on if on is not None else torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     value = None if name is None else peaks.peak_flops(name, dtype)
-    if value is None:
+    if name is None or value is None:
         return None, None
     return value, f"{peaks.match_gpu(name)} {peaks.dtype_key(dtype)} dense, flopcount.peaks"

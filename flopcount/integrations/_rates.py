@@ -30,30 +30,22 @@ def model_flops(forward_flops: int) -> int:
 @dataclass
 class Window:
     """Steps since the last log: their FLOPs (as run, and the model FLOPs), measured
-    seconds, tokens and samples."""
+    seconds, tokens and samples; tokens and model FLOPs are None once a step without them came."""
 
     steps: int = 0
     flops: int = 0
     seconds: float = 0.0
-    tokens: int = 0
+    tokens: Optional[int] = 0
     samples: int = 0
-    has_tokens: bool = True
-    model_flops: int = 0
-    has_model_flops: bool = True
+    model_flops: Optional[int] = 0
 
     def add(self, flops: int, seconds: float, tokens: Optional[int], samples: int, model_flops: Optional[int] = None) -> None:
         self.steps += 1
         self.flops += flops
         self.seconds += seconds
         self.samples += samples
-        if tokens is None:
-            self.has_tokens = False
-        else:
-            self.tokens += tokens
-        if model_flops is None:
-            self.has_model_flops = False
-        else:
-            self.model_flops += model_flops
+        self.tokens = None if tokens is None or self.tokens is None else self.tokens + tokens
+        self.model_flops = None if model_flops is None or self.model_flops is None else self.model_flops + model_flops
 
 
 def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
@@ -69,9 +61,9 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
         metrics[PREFIX + "tflops_per_s"] = rate / 1e12
         if peak:
             metrics[PREFIX + "hfu"] = rate / peak
-            if window.has_model_flops:
+            if window.model_flops is not None:
                 metrics[PREFIX + "mfu"] = window.model_flops / window.seconds / peak
-        if window.has_tokens:
+        if window.tokens is not None:
             metrics[PREFIX + "tokens_per_s"] = window.tokens / window.seconds
         metrics[PREFIX + "samples_per_s"] = window.samples / window.seconds
     return metrics
