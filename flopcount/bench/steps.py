@@ -23,7 +23,7 @@ end is read (otherwise asynchronous work lands in the next step's reader cost).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from flopcount.core.deprecation import module_getattr
@@ -52,7 +52,7 @@ class CostSummary:
     max: float
 
     def to_dict(self) -> Dict[str, float]:
-        return {"avg": self.avg, "min": self.min, "max": self.max}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
