@@ -28,12 +28,11 @@ from torch import nn
 
 from flopcount.bench.device import autocast_context, bind_call, leading_batch, real_run, rss_bytes, synchronize
 from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
+from flopcount.bench.peak import mfu_peak
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
-from flopcount.bench.steps import checked_peak
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import prepare_call
-from flopcount.devices import peaks
 from flopcount.errors import FlopcountWarning, UsageError
 
 # modules whose forward differs between train and eval mode
@@ -219,17 +218,3 @@ def _flops_value(flops: Any) -> Optional[float]:
     if value < 0:
         raise UsageError(f"flops must be >= 0, got {value}")
     return value
-
-
-def mfu_peak(dev: torch.device, dtype: Union[None, str, torch.dtype], peak_flops: Optional[float], on: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
-    """The MFU denominator and where it came from: ``peak_flops`` as given, else the dense datasheet
-    peak of the part ``on`` (default: the CUDA device's name) at ``dtype``; none on the CPU. The one
-    resolver of the modeled peak: benchmark, StepTimer and the trainer callbacks call it."""
-    given = checked_peak(peak_flops)
-    if given is not None:
-        return float(given), "given"
-    name = on if on is not None else torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
-    value = None if name is None else peaks.peak_flops(name, dtype)
-    if name is None or value is None:
-        return None, None
-    return value, f"{peaks.match_gpu(name)} {peaks.dtype_key(dtype)} dense, flopcount.peaks"

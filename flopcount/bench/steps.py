@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
+from flopcount.bench.peak import checked_peak, mfu_peak
 from flopcount.core.deprecation import module_getattr
 from flopcount.errors import UsageError
 
@@ -102,13 +103,6 @@ class StepSummary:
             m = self.mfu
             text += f" | MFU avg {100 * m.avg:.2f}% (min {100 * m.min:.2f}%, max {100 * m.max:.2f}%)"
         return text
-
-
-def checked_peak(peak_flops: Optional[float]) -> Optional[float]:
-    """``peak_flops`` (FLOP/s) as given, None included; a value not above 0 is a UsageError."""
-    if peak_flops is not None and not peak_flops > 0:
-        raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
-    return peak_flops
 
 
 def summarize_steps(
@@ -194,8 +188,6 @@ class StepTimer:
             self.flops_per_step = result.flops
             param = next(model.parameters(), None)
             if peak_flops is None and param is not None:  # the datasheet peak of the GPU the model is on
-                from flopcount.bench.latency import mfu_peak
-
                 self.peak_flops = mfu_peak(param.device, param.dtype, None, None)[0]
         self._clock: Clock = clock if clock is not None else time.perf_counter_ns
         self._synchronize = synchronize

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 from flopcount.core.diagnostics import unique
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered, render
 from flopcount.types import Diagnostic
 
 Number = Union[int, float]
@@ -104,7 +104,7 @@ def _grouped(rows: List[Change]) -> List[Change]:
 
 
 @dataclass(frozen=True)
-class DiffResult:
+class DiffResult(Rendered):
     """What changes from report A to report B: totals, modules and operators.
 
     Modules are matched by path and type (a path whose type changed is one removed and one
@@ -214,6 +214,3 @@ class DiffResult:
 
     def to_csv(self, max_depth: Optional[int] = None) -> str:
         return str(render(self, "csv", max_depth=max_depth))
-
-    def __str__(self) -> str:
-        return self.table()

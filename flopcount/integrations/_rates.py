@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from flopcount.bench.latency import mfu_peak
+from flopcount.bench.peak import mfu_peak
 from flopcount.devices.parts import resolve_part
 from flopcount.errors import UsageError
 

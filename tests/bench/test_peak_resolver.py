@@ -1,5 +1,5 @@
 """One resolver of the MFU's peak (issue #27: integrations._rates.resolve_peak and
-bench.latency.mfu_peak each looked the datasheet peak up and checked peak_flops= in their
+bench.latency.mfu_peak (now bench.peak) each looked the datasheet peak up and checked peak_flops= in their
 own words): benchmark, StepTimer and the trainer callbacks refuse a bad peak alike and read
 the same datasheet figure."""
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from flopcount.bench import StepTimer, benchmark
-from flopcount.bench.latency import mfu_peak
+from flopcount.bench.peak import mfu_peak
 from flopcount.errors import UsageError
 from flopcount.integrations._rates import resolve_peak
 
