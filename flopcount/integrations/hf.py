@@ -386,17 +386,11 @@ def _guard_train(trainer: Any, callback: FlopcountCallback) -> None:
     state["train"] = train
 
 
-def _main_input(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    name = getattr(uncompiled(model), "main_input_name", "input_ids")
-    if name in kwargs:
-        return kwargs[name]
-    return args[0] if args else None
-
-
 def _sizes(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[int, Optional[int]]:
     """(samples, tokens) of a call: the main input's batch size, and its element count when
     it holds token ids (integers); tokens ``None`` for images, audio features..."""
-    main = _main_input(model, args, kwargs)
+    name = getattr(uncompiled(model), "main_input_name", "input_ids")
+    main = kwargs[name] if name in kwargs else args[0] if args else None
     if not isinstance(main, torch.Tensor) or main.dim() == 0:
         return (0, None)
     tokens = main.numel() if not main.is_floating_point() else None
