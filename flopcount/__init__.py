@@ -78,62 +78,62 @@ _EXPORTS: Dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .bench import BenchmarkResult as BenchmarkResult
-    from .bench import LatencyStats as LatencyStats
-    from .bench import ModuleLatency as ModuleLatency
-    from .bench import ModuleLatencyResult as ModuleLatencyResult
-    from .bench import StepSummary as StepSummary
-    from .bench import StepTimer as StepTimer
-    from .bench import StepTiming as StepTiming
-    from .bench import benchmark as benchmark
-    from .bench import compute_stats as compute_stats
-    from .bench import module_latency as module_latency
-    from .bench import peaks as peaks
-    from .budget import Budget as Budget
-    from .budget import BudgetReport as BudgetReport
-    from .budget import check_budget as check_budget
-    from .budget import check_result as check_result
-    from .budget import load_budget_file as load_budget_file
-    from .budget import parse_bytes as parse_bytes
-    from .budget import parse_quantity as parse_quantity
-    from .core.params import summarize_parameters as summarize_parameters
-    from .core.registry import HandlerRegistry as HandlerRegistry
-    from .core.results import FlopResult as FlopResult
-    from .core.results import OpTotals as OpTotals
-    from .core.results import UnsupportedOp as UnsupportedOp
-    from .core.results import load_report as load_report
-    from .counting import count_flops as count_flops
-    from .devices.roofline import Roofs as Roofs
-    from .diffs import DiffResult as DiffResult
-    from .diffs import GrowthReport as GrowthReport
-    from .diffs import diff as diff
-    from .errors import FlopcountError as FlopcountError
-    from .errors import FlopcountWarning as FlopcountWarning
-    from .errors import HandlerError as HandlerError
-    from .errors import TraceError as TraceError
-    from .errors import UnsupportedOpError as UnsupportedOpError
-    from .errors import UnsupportedOpsWarning as UnsupportedOpsWarning
-    from .errors import UsageError as UsageError
-    from .generation import GenerationResult as GenerationResult
-    from .generation import count_generation as count_generation
-    from .handlers import default_registry as default_registry
-    from .handlers import register_handler as register_handler
-    from .memory import MemoryEstimate as MemoryEstimate
-    from .memory import estimate_memory as estimate_memory
-    from .planning import PlanResult as PlanResult
-    from .planning import plan as plan
-    from .profiling import PredictResult as PredictResult
-    from .profiling import ProfileResult as ProfileResult
-    from .profiling import predict as predict
-    from .profiling import profile as profile
-    from .serving import ServeResult as ServeResult
-    from .serving import serve as serve
-    from .types import Cost as Cost
-    from .types import Diagnostic as Diagnostic
-    from .types import OpCall as OpCall
-    from .types import ParamSummary as ParamSummary
-    from .types import Status as Status
-    from .types import TensorMeta as TensorMeta
+    from flopcount.bench import BenchmarkResult as BenchmarkResult
+    from flopcount.bench import LatencyStats as LatencyStats
+    from flopcount.bench import ModuleLatency as ModuleLatency
+    from flopcount.bench import ModuleLatencyResult as ModuleLatencyResult
+    from flopcount.bench import StepSummary as StepSummary
+    from flopcount.bench import StepTimer as StepTimer
+    from flopcount.bench import StepTiming as StepTiming
+    from flopcount.bench import benchmark as benchmark
+    from flopcount.bench import compute_stats as compute_stats
+    from flopcount.bench import module_latency as module_latency
+    from flopcount.bench import peaks as peaks
+    from flopcount.budget import Budget as Budget
+    from flopcount.budget import BudgetReport as BudgetReport
+    from flopcount.budget import check_budget as check_budget
+    from flopcount.budget import check_result as check_result
+    from flopcount.budget import load_budget_file as load_budget_file
+    from flopcount.budget import parse_bytes as parse_bytes
+    from flopcount.budget import parse_quantity as parse_quantity
+    from flopcount.core.params import summarize_parameters as summarize_parameters
+    from flopcount.core.registry import HandlerRegistry as HandlerRegistry
+    from flopcount.core.results import FlopResult as FlopResult
+    from flopcount.core.results import OpTotals as OpTotals
+    from flopcount.core.results import UnsupportedOp as UnsupportedOp
+    from flopcount.core.results import load_report as load_report
+    from flopcount.counting import count_flops as count_flops
+    from flopcount.devices.roofline import Roofs as Roofs
+    from flopcount.diffs import DiffResult as DiffResult
+    from flopcount.diffs import GrowthReport as GrowthReport
+    from flopcount.diffs import diff as diff
+    from flopcount.errors import FlopcountError as FlopcountError
+    from flopcount.errors import FlopcountWarning as FlopcountWarning
+    from flopcount.errors import HandlerError as HandlerError
+    from flopcount.errors import TraceError as TraceError
+    from flopcount.errors import UnsupportedOpError as UnsupportedOpError
+    from flopcount.errors import UnsupportedOpsWarning as UnsupportedOpsWarning
+    from flopcount.errors import UsageError as UsageError
+    from flopcount.generation import GenerationResult as GenerationResult
+    from flopcount.generation import count_generation as count_generation
+    from flopcount.handlers import default_registry as default_registry
+    from flopcount.handlers import register_handler as register_handler
+    from flopcount.memory import MemoryEstimate as MemoryEstimate
+    from flopcount.memory import estimate_memory as estimate_memory
+    from flopcount.planning import PlanResult as PlanResult
+    from flopcount.planning import plan as plan
+    from flopcount.profiling import PredictResult as PredictResult
+    from flopcount.profiling import ProfileResult as ProfileResult
+    from flopcount.profiling import predict as predict
+    from flopcount.profiling import profile as profile
+    from flopcount.serving import ServeResult as ServeResult
+    from flopcount.serving import serve as serve
+    from flopcount.types import Cost as Cost
+    from flopcount.types import Diagnostic as Diagnostic
+    from flopcount.types import OpCall as OpCall
+    from flopcount.types import ParamSummary as ParamSummary
+    from flopcount.types import Status as Status
+    from flopcount.types import TensorMeta as TensorMeta
 
 
 #: 0.2 names kept for one release: name -> (its new spelling, the module that defines it, the
@@ -146,15 +146,14 @@ _DEPRECATED: Dict[str, Tuple[str, str, str]] = {
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None and name in _DEPRECATED:
-        import warnings
+        from flopcount.core.deprecation import warn_renamed
 
         new, where, attr = _DEPRECATED[name]
-        warnings.warn(f"flopcount.{name} is deprecated and will be removed in flopcount 0.4; use {new}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(f".{where}", __name__), attr)
+        warn_renamed(f"flopcount.{name}", new)
+        return getattr(importlib.import_module(f"flopcount.{where}"), attr)
     if module is None:
         raise AttributeError(f"module 'flopcount' has no attribute {name!r}")
-    loaded = importlib.import_module(f".{module}", __name__)
+    loaded = importlib.import_module(f"flopcount.{module}")
     value = loaded if module.endswith("." + name) else getattr(loaded, name)
     globals()[name] = value
     return value

@@ -34,11 +34,11 @@ SIZE_UNITS = "1 MB = 10^6 bytes"
 def format_bytes(value: float) -> str:
     """Decimal units: ``102_440_000 -> '102.44 MB'`` (1 MB = 10^6 bytes)."""
     size = float(value)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(size) < 1000 or unit == "TB":
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(size) < 1000:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
         size /= 1000
-    raise AssertionError("unreachable")
+    return f"{size:.2f} TB"
 
 
 def escape_markdown(cell: object) -> str:

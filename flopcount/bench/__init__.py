@@ -3,15 +3,14 @@ times), ``StepTimer`` (training steps), the statistics behind them and the GPU p
 
 from __future__ import annotations
 
+from flopcount.bench.latency import benchmark
+from flopcount.bench.loop import LoopPlan, run_iterations
+from flopcount.bench.modules import ModuleLatency, ModuleLatencyResult, module_latency
+from flopcount.bench.result import BenchmarkResult
+from flopcount.bench.stats import LatencyStats, compute_stats, percentile
+from flopcount.bench.steps import StepSummary, StepTimer, StepTiming
 from flopcount.core.deprecation import module_getattr
 from flopcount.devices import peaks
-
-from .latency import benchmark
-from .loop import LoopPlan, run_iterations
-from .modules import ModuleLatency, ModuleLatencyResult, module_latency
-from .result import BenchmarkResult
-from .stats import LatencyStats, compute_stats, percentile
-from .steps import StepSummary, StepTimer, StepTiming
 
 __all__ = [
     "BenchmarkResult",

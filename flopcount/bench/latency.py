@@ -28,11 +28,11 @@ from torch import nn
 
 from flopcount.bench.device import autocast_context, bind_call, leading_batch, real_run, rss_bytes, synchronize
 from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
+from flopcount.bench.peak import mfu_peak
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import prepare_call
-from flopcount.devices import peaks
 from flopcount.errors import FlopcountWarning, UsageError
 
 # modules whose forward differs between train and eval mode
@@ -218,21 +218,3 @@ def _flops_value(flops: Any) -> Optional[float]:
     if value < 0:
         raise UsageError(f"flops must be >= 0, got {value}")
     return value
-
-
-def mfu_peak(dev: torch.device, dtype: Optional[torch.dtype], peak_flops: Optional[float], gpu_name: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
-    """The MFU denominator and where it came from: ``peak_flops`` as given, else the dense datasheet
-    peak of ``gpu_name`` (default: the CUDA device's name) at ``dtype``; none on the CPU."""
-    if peak_flops is not None:
-        if not peak_flops > 0:
-            raise UsageError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")
-        return float(peak_flops), "given"
-    name = gpu_name
-    if name is None and dev.type == "cuda":
-        name = torch.cuda.get_device_name(dev)
-    if name is None:
-        return None, None
-    value = peaks.peak_flops(name, dtype)
-    if value is None:
-        return None, None
-    return value, f"{peaks.match_gpu(name)} {peaks.dtype_key(dtype)} dense, flopcount.peaks"

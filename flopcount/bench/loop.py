@@ -8,7 +8,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from ..errors import UsageError
+from flopcount.errors import UsageError
 
 #: A clock returning integer nanoseconds, like :func:`time.perf_counter_ns`.
 Clock = Callable[[], int]

@@ -23,9 +23,10 @@ end is read (otherwise asynchronous work lands in the next step's reader cost).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
+from flopcount.bench.peak import checked_peak, mfu_peak
 from flopcount.core.deprecation import module_getattr
 from flopcount.errors import UsageError
 
@@ -52,7 +53,7 @@ class CostSummary:
     max: float
 
     def to_dict(self) -> Dict[str, float]:
-        return {"avg": self.avg, "min": self.min, "max": self.max}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -177,10 +178,8 @@ class StepTimer:
             raise UsageError(f"skip_first must be >= 0, got {skip_first}")
         if (model is None) != (example_batch is None):
             raise UsageError("StepTimer: pass model= and example_batch= together (or neither, and call set_step_cost)")
-        if peak_flops is not None and not peak_flops > 0:
-            raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
         self.flops_per_step: Optional[int] = None
-        self.peak_flops = peak_flops
+        self.peak_flops = checked_peak(peak_flops)
         if model is not None:
             from flopcount.core.analysis import analyze, report_unsupported
 
@@ -189,8 +188,6 @@ class StepTimer:
             self.flops_per_step = result.flops
             param = next(model.parameters(), None)
             if peak_flops is None and param is not None:  # the datasheet peak of the GPU the model is on
-                from flopcount.bench.latency import mfu_peak
-
                 self.peak_flops = mfu_peak(param.device, param.dtype, None, None)[0]
         self._clock: Clock = clock if clock is not None else time.perf_counter_ns
         self._synchronize = synchronize
@@ -206,9 +203,7 @@ class StepTimer:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"set_step_cost expects FLOPs as an int >= 0 or a FlopResult, got {flops!r:.60}")
         if peak_flops is not None:
-            if not peak_flops > 0:
-                raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
-            self.peak_flops = peak_flops
+            self.peak_flops = checked_peak(peak_flops)
         self.flops_per_step = value
 
     def start(self) -> None:

@@ -20,10 +20,17 @@ import traceback
 import warnings
 from typing import List, Optional, Sequence
 
-from ..errors import FlopcountError
-from .deadline import CommandTimeout, deadline
-from .output import describe_error, is_internal, one_line, report_warnings, say
-from .parser import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, join_negative_values
+from flopcount.cli.deadline import CommandTimeout, deadline
+from flopcount.cli.output import describe_error, is_internal, one_line, report_warnings, say
+from flopcount.cli.parser import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    build_parser,
+    join_negative_values,
+)
+from flopcount.errors import FlopcountError
 
 __all__ = ["main"]
 
@@ -43,7 +50,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
-            from .commands import run_command
+            from flopcount.cli.commands import run_command
 
             args.stdout = sys.stdout  # the report's stream; the model's own prints go to stderr
             with contextlib.redirect_stdout(sys.stderr), deadline(args, args.timeout):

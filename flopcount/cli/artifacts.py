@@ -22,6 +22,7 @@ instead: unpickling a module needs ``weights_only=False``, which runs code from 
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import re
@@ -264,11 +265,8 @@ def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[st
 
 def _import_owner(type_name: str) -> bool:
     """Import the module defining ``type_name`` (``package.module.Class``); False when it cannot."""
-    import importlib
-
-    module = type_name.rpartition(".")[0]
     try:
-        importlib.import_module(module)
+        importlib.import_module(type_name.rpartition(".")[0])
     except Exception:
         return False
     return True

@@ -20,6 +20,7 @@ from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_
 from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
+from flopcount.core.rendering import render
 from flopcount.errors import UsageError
 from flopcount.report.render import overall_status, render_bench, render_check, render_count
 
@@ -130,15 +131,22 @@ def _prepare(args: argparse.Namespace) -> _Run:
         elif args.inputs and not getattr(args, "generate", None):  # defaults the prompt does not replace
             kw_specs = {**{k: v for k, v in loaded.default_kwargs.items() if k not in kw_specs}, **kw_specs}
         inputs, kwargs = make_inputs(specs, kw_specs, device, args.seed, token_range(model))
-    elif loaded.inputs is not None or loaded.kwargs is not None:
-        inputs = loaded.inputs if loaded.inputs is not None else ()
-        kwargs = loaded.kwargs
-    elif loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
-        raise UsageError(loaded.needs_inputs)
-    else:  # the ENTRY's default inputs (none: no inputs at all)
-        inputs, kwargs = make_inputs(list(loaded.default_specs), dict(loaded.default_kwargs), device, args.seed, token_range(model))
+    else:
+        inputs, kwargs = _entry_inputs(loaded, device, args.seed)
     _check_arity(args.entry, model, inputs, kwargs)
     return _Run(args.entry, model, inputs, kwargs, device, tracer)
+
+
+def _entry_inputs(loaded: Any, device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """The example inputs the ENTRY returned, else its default inputs made from SPECs (none: no
+    inputs at all); an ENTRY that needs inputs and has no default: its UsageError."""
+    from flopcount.cli.specs import make_inputs, token_range
+
+    if loaded.inputs is not None or loaded.kwargs is not None:
+        return (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
+    if loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
+        raise UsageError(loaded.needs_inputs)
+    return make_inputs(list(loaded.default_specs), dict(loaded.default_kwargs), device, seed, token_range(loaded.model))
 
 
 def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str, Any]]) -> None:
@@ -448,23 +456,18 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
 
     kw_specs = pairs_once(args.kwargs, "--kwarg")
     if (args.inputs or kw_specs) and not looks_like_artifact(args.entry.strip()):
-        specs, kwargs, origin = list(args.inputs), kw_specs, ""
-    elif args.inputs or kw_specs:
-        fit = load_entry(args.entry, device="meta", config=pairs_once(args.config, "--config")).fit_specs
+        return (*make_inputs(list(args.inputs), kw_specs, "meta"), "")
+    loaded = load_entry(args.entry, device="meta", config=pairs_once(args.config, "--config"))
+    if args.inputs or kw_specs:
         # an exported program's inputs are checked against its shapes (TorchScript's are not known)
-        specs, kwargs = fit(list(args.inputs), kw_specs) if fit is not None else (list(args.inputs), kw_specs)
-        origin = ""
-    else:
-        loaded = load_entry(args.entry, device="meta", config=pairs_once(args.config, "--config"))
-        if loaded.inputs is not None or loaded.kwargs is not None:
-            given = (loaded.inputs if loaded.inputs is not None else ()), loaded.kwargs
-            return given[0], given[1], f"the example inputs {args.entry} returned"
-        if loaded.needs_inputs is not None and not (loaded.default_specs or loaded.default_kwargs):
-            raise UsageError(loaded.needs_inputs)
-        specs, kwargs = list(loaded.default_specs), dict(loaded.default_kwargs)
-        shown = ", ".join([str(s) for s in specs] + [f"{k}={v}" for k, v in kwargs.items()]) or "no inputs"
-        origin = f"the default input of {args.entry} ({shown})"
-    return (*make_inputs(specs, kwargs, "meta"), origin)
+        fit = loaded.fit_specs
+        specs, kw_specs = fit(list(args.inputs), kw_specs) if fit is not None else (list(args.inputs), kw_specs)
+        return (*make_inputs(specs, kw_specs, "meta"), "")
+    inputs, kwargs = _entry_inputs(loaded, "meta", 0)
+    if loaded.inputs is not None or loaded.kwargs is not None:
+        return inputs, kwargs, f"the example inputs {args.entry} returned"
+    shown = ", ".join([str(s) for s in loaded.default_specs] + [f"{k}={v}" for k, v in loaded.default_kwargs.items()]) or "no inputs"
+    return inputs, kwargs, f"the default input of {args.entry} ({shown})"
 
 
 def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
@@ -540,7 +543,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_roofs(args: argparse.Namespace) -> int:
-    from flopcount.core.rendering import render
     from flopcount.devices import is_this_machine, named_roofs
     from flopcount.devices.measured import machine_roofs
 
@@ -639,13 +641,10 @@ def _side_label(text: str, result: Any) -> str:
 
 
 def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[int]) -> str:
-    if fmt == "markdown":
-        return str(change.to_markdown(max_depth=depth, top=top or 10))
     if fmt == "json":
         return str(change.to_json(max_depth=depth))
-    if fmt == "csv":
-        return str(change.to_csv(max_depth=depth))
-    return str(change.table(max_depth=depth, top=top))
+    options: Dict[str, Any] = {"markdown": {"top": top or 10}, "csv": {}}.get(fmt, {"top": top})
+    return str(render(change, fmt, max_depth=depth, **options))
 
 
 def baseline_report(path: str) -> Any:

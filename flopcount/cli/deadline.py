@@ -18,7 +18,7 @@ import signal
 import threading
 from typing import Any, Iterator, Optional
 
-from ..errors import UsageError
+from flopcount.errors import UsageError
 
 __all__ = ["CommandTimeout", "deadline", "stage"]
 

@@ -240,8 +240,7 @@ def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tu
     if all(t.device.type == torch.device(device).type for t in tensors):
         return inputs, kwargs
     moved = [torch.empty_like(t, device="meta") if device == "meta" else t.to(device) for t in tensors]
-    new_inputs, new_kwargs = rebuild(moved)
-    return new_inputs, new_kwargs
+    return rebuild(moved)
 
 
 # --------------------------------------------------------------------------- model zoos

@@ -13,8 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Set
 
-from ..errors import FlopcountError, FlopcountWarning, TraceError, UsageError
-from .deadline import stage
+from flopcount.cli.deadline import stage
+from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 
 
 def say(message: str, kind: str = "") -> None:
@@ -75,7 +75,7 @@ def describe_error(exc: FlopcountError) -> str:
 def report_notes(result: Any, args: argparse.Namespace) -> None:
     """Why the count may be short (always, even with --quiet: it qualifies every number),
     then the result's other warnings (unless --quiet), one line each on stderr."""
-    from ..report.notes import incomplete_lines, other_warnings
+    from flopcount.report.notes import incomplete_lines, other_warnings
 
     said: Set[str] = args.said  # texts already written to stderr in this run (main's): each said once
     reasons = incomplete_lines(result)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import sys
+import textwrap
 from typing import Any, Dict, Iterable, List, NoReturn, Set, Tuple
 
 from flopcount.budget.check import parse_bytes, parse_quantity
@@ -211,8 +213,6 @@ class _DeprecatedFlag(argparse.Action):
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        import sys
-
         print(f"flopcount: warning: {option_string} is deprecated and will be removed in flopcount 0.4; use {self.new}",
               file=sys.stderr, flush=True)
         setattr(namespace, self.dest, values)
@@ -349,8 +349,6 @@ def join_negative_values(parser: argparse.ArgumentParser, argv: List[str]) -> Li
 
 
 def _wrap(text: str) -> str:
-    import textwrap
-
     return textwrap.fill(text, width=80)
 
 

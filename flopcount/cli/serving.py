@@ -92,14 +92,6 @@ def count_generation_command(run: Any, args: argparse.Namespace, label: str) -> 
     return EXIT_OK
 
 
-class _CacheRenameFilter:
-    """Drops transformers' "`past_key_values`/`cache_params` are deprecated" log line: it
-    is about the argument name flopcount's decoding loop passes, not about the user's code."""
-
-    def filter(self, record: Any) -> bool:
-        return "are deprecated. Use `cache` instead" not in record.getMessage()
-
-
 @contextlib.contextmanager
 def _without_cache_rename_notice() -> Iterator[None]:
     """transformers' notices that ``past_key_values`` is now called ``cache`` (a log line, and a
@@ -107,8 +99,10 @@ def _without_cache_rename_notice() -> Iterator[None]:
     import logging
     import warnings
 
+    def notice(record: logging.LogRecord) -> bool:  # "`past_key_values`/`cache_params` are deprecated": our argument's name
+        return "are deprecated. Use `cache` instead" not in record.getMessage()
+
     logger = logging.getLogger("transformers.utils.generic")
-    notice = _CacheRenameFilter()
     logger.addFilter(notice)
     try:
         with warnings.catch_warnings():

@@ -19,6 +19,7 @@ from flopcount.core.rendering import render
 from flopcount.diffs.result import Change, DiffResult, Number
 from flopcount.errors import UsageError
 from flopcount.types import Status
+from flopcount.units import format_count
 
 #: allowance name -> the diff metric it limits
 GROWTH_METRICS: Dict[str, str] = {"params": "params", "flops": "flops", "macs": "macs", "bytes": "bytes", "memory": "peak_memory"}
@@ -99,10 +100,7 @@ def growth_from_mapping(value: Any, source: str) -> Dict[str, Allowance]:
     if isinstance(value, str):
         return parse_growth(value, source)
     if isinstance(value, Mapping):
-        found = {}
-        for metric, allowed in value.items():
-            allowance = parse_allowance(str(metric), allowed, source)
-            found[allowance.metric] = allowance
+        found = {a.metric: a for a in (parse_allowance(str(metric), allowed, source) for metric, allowed in value.items())}
         if not found:
             raise UsageError(f"{source}: an empty table allows nothing; give e.g. flops = \"2%\"")
         return found
@@ -211,7 +209,7 @@ class GrowthReport:
             parts = []
             for line in self.exceeded:
                 grew = self.grew_most().get(line.metric, ())
-                where = f" (most in {', '.join(f'{row.name} ({row.type_name}{_times(row.repeats)}) +{_plain(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
+                where = f" (most in {', '.join(f'{row.name} ({row.type_name}{_times(row.repeats)}) +{format_count(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
                 parts.append(f"{line.metric} {_signed_percent(line.relative)} > {line.allowance}{where}")
             return f"FAIL: {len(parts)} of {n} metric(s) grew past the allowance: " + "; ".join(parts)
         return f"PASS: all {n} metric(s) within the allowed growth"
@@ -243,12 +241,6 @@ class GrowthReport:
 
 def _times(repeats: int) -> str:
     return f" x{repeats}" if repeats > 1 else ""
-
-
-def _plain(value: Optional[Number]) -> str:
-    from flopcount.units import format_count
-
-    return format_count(value)
 
 
 def _signed_percent(value: Optional[float]) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 from flopcount.core.diagnostics import unique
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered, render
 from flopcount.types import Diagnostic
 
 Number = Union[int, float]
@@ -104,7 +105,7 @@ def _grouped(rows: List[Change]) -> List[Change]:
 
 
 @dataclass(frozen=True)
-class DiffResult:
+class DiffResult(Rendered):
     """What changes from report A to report B: totals, modules and operators.
 
     Modules are matched by path and type (a path whose type changed is one removed and one
@@ -145,10 +146,7 @@ class DiffResult:
 
     def counts(self) -> Dict[str, int]:
         """``{"added": n, "removed": n, "changed": n, "unchanged": n}`` of the module rows."""
-        found = {"added": 0, "removed": 0, "changed": 0, "unchanged": 0}
-        for row in self.modules:
-            found[row.status] += 1
-        return found
+        return {status: sum(row.status == status for row in self.modules) for status in ("added", "removed", "changed", "unchanged")}
 
     def top_changes(self, n: Optional[int] = 10, max_depth: Optional[int] = None) -> Tuple[Change, ...]:
         """The module rows that changed most, largest |ΔFLOPs| first (then |Δparams|, |ΔMACs|,
@@ -172,7 +170,7 @@ class DiffResult:
     def _passes_through(self, row: Change, metrics: Tuple[str, ...] = MODULE_METRICS) -> bool:
         """The row's change is exactly one child's, or the sum of one group of repeated
         children's (``layers`` = the sum of ``layers.0`` ... ``layers.79``)."""
-        children = self._children().get(row.name, ())
+        children = self._children.get(row.name, ())
         mine = tuple(row.delta(k) or 0 for k in metrics)
         sums: Dict[Tuple[str, str], List[Number]] = {}
         for child in children:
@@ -184,16 +182,14 @@ class DiffResult:
                 total[i] += d
         return any(tuple(total) == mine for total in sums.values())
 
+    @functools.cached_property
     def _children(self) -> Dict[str, List[Change]]:
         """``{module path: its child rows}`` (both sides' children: added, removed, changed)."""
-        cached: Optional[Dict[str, List[Change]]] = self.__dict__.get("_children_cache")
-        if cached is None:
-            cached = {}
-            for row in self.modules:
-                if row.name:
-                    cached.setdefault(row.name.rpartition(".")[0], []).append(row)
-            object.__setattr__(self, "_children_cache", cached)
-        return cached
+        found: Dict[str, List[Change]] = {}
+        for row in self.modules:
+            if row.name:
+                found.setdefault(row.name.rpartition(".")[0], []).append(row)
+        return found
 
     # -- reports ------------------------------------------------------------------
     def table(self, max_depth: Optional[int] = None, top: Optional[int] = None, *, operators: bool = True) -> str:
@@ -214,6 +210,3 @@ class DiffResult:
 
     def to_csv(self, max_depth: Optional[int] = None) -> str:
         return str(render(self, "csv", max_depth=max_depth))
-
-    def __str__(self) -> str:
-        return self.table()

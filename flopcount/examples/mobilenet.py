@@ -30,7 +30,7 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    def __init__(self, num_classes: int = 1000, grouped_head: int = 1):
+    def __init__(self, num_classes: int = 1000):
         super().__init__()
         settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
         layers: List[nn.Module] = [_conv_bn(3, 32, 3, 2)]
@@ -39,7 +39,7 @@ class MobileNetV2(nn.Module):
             for i in range(repeats):
                 layers.append(InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
                 cin = cout
-        layers.append(_conv_bn(cin, 1280, 1, 1, groups=grouped_head))
+        layers.append(_conv_bn(cin, 1280, 1, 1))
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, num_classes))
 

@@ -131,9 +131,7 @@ class StepCounter:
         if sig in self.train and (optimizer is None or id(optimizer) in self.optimizer):
             return self.train[sig]
         with_optimizer = optimizer is not None and id(optimizer) not in self.optimizer
-        options: Dict[str, Any] = {"backward": True, "loss_fn": self.loss_fn}
-        if with_optimizer:
-            options["optimizer"] = optimizer
+        options = {"backward": True, "loss_fn": self.loss_fn, "optimizer": optimizer if with_optimizer else None}
         result = self._count(model, args, kwargs, options, "training step")  # None: it failed
         phases = {} if result is None else result.by_phase()
         cost = None if result is None else PassCost(phases.get("forward", 0), phases.get("backward", 0),

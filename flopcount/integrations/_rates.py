@@ -14,7 +14,9 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from ..errors import UsageError
+from flopcount.bench.peak import mfu_peak
+from flopcount.devices.parts import resolve_part
+from flopcount.errors import UsageError
 
 PREFIX = "flopcount/"
 
@@ -28,30 +30,22 @@ def model_flops(forward_flops: int) -> int:
 @dataclass
 class Window:
     """Steps since the last log: their FLOPs (as run, and the model FLOPs), measured
-    seconds, tokens and samples."""
+    seconds, tokens and samples; tokens and model FLOPs are None once a step without them came."""
 
     steps: int = 0
     flops: int = 0
     seconds: float = 0.0
-    tokens: int = 0
+    tokens: Optional[int] = 0
     samples: int = 0
-    has_tokens: bool = True
-    model_flops: int = 0
-    has_model_flops: bool = True
+    model_flops: Optional[int] = 0
 
     def add(self, flops: int, seconds: float, tokens: Optional[int], samples: int, model_flops: Optional[int] = None) -> None:
         self.steps += 1
         self.flops += flops
         self.seconds += seconds
         self.samples += samples
-        if tokens is None:
-            self.has_tokens = False
-        else:
-            self.tokens += tokens
-        if model_flops is None:
-            self.has_model_flops = False
-        else:
-            self.model_flops += model_flops
+        self.tokens = None if tokens is None or self.tokens is None else self.tokens + tokens
+        self.model_flops = None if model_flops is None or self.model_flops is None else self.model_flops + model_flops
 
 
 def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
@@ -67,9 +61,9 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
         metrics[PREFIX + "tflops_per_s"] = rate / 1e12
         if peak:
             metrics[PREFIX + "hfu"] = rate / peak
-            if window.has_model_flops:
+            if window.model_flops is not None:
                 metrics[PREFIX + "mfu"] = window.model_flops / window.seconds / peak
-        if window.has_tokens:
+        if window.tokens is not None:
             metrics[PREFIX + "tokens_per_s"] = window.tokens / window.seconds
         metrics[PREFIX + "samples_per_s"] = window.samples / window.seconds
     return metrics
@@ -82,8 +76,6 @@ def modeled_part(owner: str, on: Optional[str], peak_flops: Optional[float]) -> 
         return None
     if peak_flops is not None:
         raise UsageError(f"{owner}: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
-    from ..devices.parts import resolve_part
-
     return resolve_part(str(on)).name
 
 
@@ -95,24 +87,16 @@ def resolve_peak(
     pcie"...) at ``dtype``; else the GPU's own (``device``: where the model runs; torch's
     default math modes: float32 matmuls at the FP32 peak); none on CPU (a measured GEMM
     rate is a micro-benchmark's figure, not a peak: pass one to get an MFU)."""
-    if given is not None:
-        if on is not None:
-            raise UsageError(f"give the MFU's peak once: peak_flops={given!r} or on={on!r}, not both")
-        if not given > 0:
-            raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {given!r}")
-        return float(given), ""
-    if on is not None or device.type == "cuda":
-        from ..devices import peak_for_name
-        from ..devices.parts import resolve_part
-
-        if on is not None:
-            name = resolve_part(str(on)).name  # an unknown name: UsageError listing the parts
-            missing = f"{name} has no dense peak at {dtype}"
-        else:
-            name = torch.cuda.get_device_name(device)
-            missing = f"no peak for {name} at {dtype}"
-        found = peak_for_name(name, dtype)
-        return (found, "") if found is not None else (None, f"{missing} in flopcount's table: pass peak_flops= for an MFU")
+    if given is not None and on is not None:
+        raise UsageError(f"give the MFU's peak once: peak_flops={given!r} or on={on!r}, not both")
+    name = None if on is None else resolve_part(str(on)).name  # an unknown name: UsageError listing the parts
+    found, _ = mfu_peak(device, dtype, given, name)
+    if found is not None:
+        return found, ""
+    if name is not None:
+        return None, f"{name} has no dense peak at {dtype} in flopcount's table: pass peak_flops= for an MFU"
+    if device.type == "cuda":
+        return None, f"no peak for {torch.cuda.get_device_name(device)} at {dtype} in flopcount's table: pass peak_flops= for an MFU"
     if device.type == "cpu":
         return None, (
             "no MFU on CPU unless peak_flops= is given (FLOP/s): a CPU has no datasheet peak flopcount knows, and a "

@@ -41,7 +41,7 @@ import types
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -301,27 +301,28 @@ class _Run:
     code: Any
 
 
+def _frames(frame: Any) -> Iterator[Any]:
+    """``frame`` and its callers, innermost first."""
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
 def _handler_frame(callback: FlopcountCallback) -> Any:
     """The frame on the call stack in which a CallbackHandler holding ``callback`` is calling
     it (``frame.f_locals["self"]`` is that handler), or None."""
     from transformers.trainer_callback import CallbackHandler
 
-    frame: Any = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, CallbackHandler) and any(c is callback for c in owner.callbacks):
-            return frame
-        frame = frame.f_back
-    return None
+    return next((frame for frame in _frames(sys._getframe(1)) if isinstance(frame.f_locals.get("self"), CallbackHandler)
+                 and any(c is callback for c in frame.f_locals["self"].callbacks)), None)
 
 
 def _running_loop(callback: FlopcountCallback) -> Optional[_Run]:
     """The frame that called the CallbackHandler's ``on_train_begin`` (the Trainer's loop),
     found on the call stack; None when the callback was called some other way."""
-    frame = _handler_frame(callback)
-    owner = None if frame is None else frame.f_locals["self"]
-    while frame is not None and frame.f_locals.get("self") is owner:
-        frame = frame.f_back
+    handler = _handler_frame(callback)
+    owner = None if handler is None else handler.f_locals["self"]
+    frame = next((f for f in _frames(handler) if f.f_locals.get("self") is not owner), None)
     return None if frame is None else _Run(threading.get_ident(), id(frame), frame.f_code)
 
 
@@ -330,12 +331,7 @@ def _inside(run: Optional[_Run]) -> bool:
     thread, e.g. DataParallel's replicas, and when the loop is unknown)."""
     if run is None or threading.get_ident() != run.thread:
         return True
-    frame: Any = sys._getframe(1)
-    while frame is not None:
-        if id(frame) == run.frame and frame.f_code is run.code:
-            return True
-        frame = frame.f_back
-    return False
+    return any(id(frame) == run.frame and frame.f_code is run.code for frame in _frames(sys._getframe(1)))
 
 
 def _calling_trainer(callback: FlopcountCallback) -> Any:
@@ -345,12 +341,8 @@ def _calling_trainer(callback: FlopcountCallback) -> Any:
 
     frame = _handler_frame(callback)
     handler = None if frame is None else frame.f_locals["self"]
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, Trainer) and getattr(owner, "callback_handler", None) is handler:
-            return owner
-        frame = frame.f_back
-    return None
+    return next((f.f_locals["self"] for f in _frames(frame) if isinstance(f.f_locals.get("self"), Trainer)
+                 and getattr(f.f_locals["self"], "callback_handler", None) is handler), None)
 
 
 #: the attribute of a guarding wrapper that holds the callbacks it guards
@@ -394,17 +386,11 @@ def _guard_train(trainer: Any, callback: FlopcountCallback) -> None:
     state["train"] = train
 
 
-def _main_input(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    name = getattr(uncompiled(model), "main_input_name", "input_ids")
-    if name in kwargs:
-        return kwargs[name]
-    return args[0] if args else None
-
-
 def _sizes(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[int, Optional[int]]:
     """(samples, tokens) of a call: the main input's batch size, and its element count when
     it holds token ids (integers); tokens ``None`` for images, audio features..."""
-    main = _main_input(model, args, kwargs)
+    name = getattr(uncompiled(model), "main_input_name", "input_ids")
+    main = kwargs[name] if name in kwargs else args[0] if args else None
     if not isinstance(main, torch.Tensor) or main.dim() == 0:
         return (0, None)
     tokens = main.numel() if not main.is_floating_point() else None

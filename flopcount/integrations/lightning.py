@@ -28,9 +28,17 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from ..errors import FlopcountWarning
-from ._counting import StepCounter, batch_signature, hookless_twin
-from ._rates import PREFIX, Window, model_dtype, model_flops, modeled_part, resolve_peak, window_metrics
+from flopcount.errors import FlopcountWarning
+from flopcount.integrations._counting import StepCounter, batch_signature, hookless_twin
+from flopcount.integrations._rates import (
+    PREFIX,
+    Window,
+    model_dtype,
+    model_flops,
+    modeled_part,
+    resolve_peak,
+    window_metrics,
+)
 
 __all__ = ["FlopcountMonitor", "lightning_loss"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..errors import UsageError
+from flopcount.errors import UsageError
 
 __all__ = ["count_scalars", "profile_scalars", "write_profile_tensorboard", "write_tensorboard"]
 

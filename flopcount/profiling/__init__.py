@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .predict import PredictResult, PredictRow, predict
-from .result import Overview, ProfileResult, ProfileRow, Unmatched
-from .run import profile
+from flopcount.profiling.predict import PredictResult, PredictRow, predict
+from flopcount.profiling.result import Overview, ProfileResult, ProfileRow, Unmatched
+from flopcount.profiling.run import profile
 
 __all__ = ["Overview", "PredictResult", "PredictRow", "ProfileResult", "ProfileRow", "Unmatched", "predict", "profile"]

@@ -36,14 +36,8 @@ class EventFacts:
 
 
 def event_facts(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> List[EventFacts]:
-    facts = []
-    for event, cost in costed:
-        fact = EventFacts(event, cost)
-        if cost is not None:
-            fact.bytes = cost.bytes
-            fact.dtype = call_dtype(event.call)
-        facts.append(fact)
-    return facts
+    return [EventFacts(event, None) if cost is None else EventFacts(event, cost, cost.bytes, call_dtype(event.call))
+            for event, cost in costed]
 
 
 @dataclass
@@ -154,17 +148,16 @@ def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tu
         found.append(Unmatched("profiled", name, "", "", calls / steps, time_us * 1e-6 / steps, 0, reason))
     missing: Dict[Tuple[str, str, str], List[float]] = {}
     for index, fact in enumerate(facts):
-        if fact.cost is None:
-            key = (fact.event.call.op, fact.event.module, "no handler: its cost is unknown (not zero)")
-            entry = missing.setdefault(key, [0.0, 0.0])
-            entry[0] += 1
-            entry[1] += measured.time.get(index, 0.0) / steps
+        if fact.cost is None:  # per call: its time; a call that got no time: its FLOPs
+            reason, value = "no handler: its cost is unknown (not zero)", measured.time.get(index, 0.0) / steps
         elif measured.seen.get(index, 0) < steps and (fact.flops or fact.bytes):  # a costless view changes no figure
             reason = "counted, but no profiled op carried it in every step (it ran inside another op, or only when counted)"
-            key = (fact.event.call.op, fact.event.module, reason)
-            entry = missing.setdefault(key, [0.0, 0.0])
-            entry[0] += 1
-            entry[1] += fact.flops
+            value = fact.flops
+        else:
+            continue
+        entry = missing.setdefault((fact.event.call.op, fact.event.module, reason), [0.0, 0.0])
+        entry[0] += 1
+        entry[1] += value
     for (op, module, reason), (calls, value) in missing.items():
         if reason.startswith("no handler"):
             found.append(Unmatched("counted", op, module, "", calls, value * 1e-6, 0, reason))
@@ -219,7 +212,7 @@ def book_step(
 ) -> None:
     """Give each timed top-level op's time to the events its join-step twin carries; a
     timed op in a stretch where the runs differ goes to the counted events of that stretch."""
-    from ._tree import attribute, cpu_total, shared_without_measure
+    from flopcount.profiling._tree import attribute, cpu_total, shared_without_measure
 
     pairs = alignment.pairs
     swapped = _swapped(alignment.swaps, join)

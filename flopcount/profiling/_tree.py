@@ -243,13 +243,11 @@ def attribute(node: Node, carried: TopOp, measure: Callable[[Node], float]) -> D
     for index, path in carried.owners:
         found = _follow(node, path)
         own[index] = own.get(index, 0.0) + (measure(found) if found is not None else 0.0)
-    # nested owners (an event's node under another's) would be counted twice: cap at the total
+    # scaled to the total: the wrapper's own time shared in proportion, and nested owners (an
+    # event's node under another's), which would be counted twice, capped
     claimed = sum(own.values())
-    if claimed > total and claimed > 0:
-        return {index: value * total / claimed for index, value in own.items()}
-    rest = total - claimed
     if claimed > 0:
-        return {index: value + rest * value / claimed for index, value in own.items()}
+        return {index: value * total / claimed for index, value in own.items()}
     return {index: total / len(own) for index in own}
 
 

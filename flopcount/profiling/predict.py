@@ -27,7 +27,7 @@ from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
 from flopcount.core.params import lookup_tables
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import BookedRows, CostRow
 from flopcount.core.traffic import element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
@@ -42,7 +42,7 @@ PredictRow = CostRow
 
 
 @dataclass(frozen=True)
-class PredictResult(BookedRows):
+class PredictResult(BookedRows, Rendered):
     """Lower bounds per op row (op, module, phase) and in total (``latency_s``) on ``roofs``,
     as the ledger booked them: a fused op under the operations it performs, modules credited
     by call stack with their aliases, as :func:`flopcount.count_flops` books them."""
@@ -124,9 +124,6 @@ class PredictResult(BookedRows):
 
     def table(self, limit: Optional[int] = 25) -> str:
         return render(self, "table", limit=limit)
-
-    def __str__(self) -> str:
-        return self.table()
 
 
 def predict(
@@ -255,12 +252,10 @@ def _unavoidable_bytes(
 
     from flopcount.core.inputs import prepare_call
 
+    priced_as = getattr(torch, as_dtype or "", None)  # a column name that is a torch dtype (not "tf32")
+
     def size(t: torch.Tensor) -> int:
-        if as_dtype is not None and t.is_floating_point():
-            item = getattr(torch, as_dtype, None)
-            if isinstance(item, torch.dtype):
-                return t.numel() * item.itemsize
-        return t.numel() * t.element_size()
+        return t.numel() * (priced_as.itemsize if isinstance(priced_as, torch.dtype) and t.is_floating_point() else t.element_size())
 
     seen: Dict[int, None] = dict.fromkeys(tables)
     total = looked_up

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
 from flopcount.core.diagnostics import FromWarnings
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, BookedRows, Category, CostRow, TimeSource
 from flopcount.devices.roofline import PROFILE_CONVENTION, Roofs
 
@@ -50,7 +50,7 @@ class Overview:
 
 
 @dataclass(frozen=True)
-class ProfileResult(FromWarnings, BookedRows):
+class ProfileResult(FromWarnings, BookedRows, Rendered):
     """Per-op rows (name, module, phase) of a profiled run, largest time first.
 
     ``total_time_s`` is the mean wall time of a profiled step; ``roofs`` the roofs used
@@ -115,9 +115,6 @@ class ProfileResult(FromWarnings, BookedRows):
             "convention": PROFILE_CONVENTION,
         }
 
-    def to_json(self, indent: Optional[int] = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
     # Renderers live in flopcount.report (profile, roofline_plot), reached
     # through flopcount.core.rendering so this module stays data.
     def table(self, by: str = "operator", limit: Optional[int] = 25) -> str:
@@ -140,6 +137,3 @@ class ProfileResult(FromWarnings, BookedRows):
         """A log-log roofline (PNG or SVG by the file name): the roofs, one point per
         operator (or per op row: ``by="op"``), area by time, the top ops labelled."""
         render(self, "roofline_plot", path=path, by=by, label_top=label_top)
-
-    def __str__(self) -> str:
-        return self.table()

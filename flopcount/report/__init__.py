@@ -3,7 +3,7 @@
 Importing this package registers every renderer with :mod:`flopcount.core.rendering`, which is how
 a reading's ``table()`` / ``to_dict()`` / ``__str__`` reach them without importing them."""
 
-from . import (
+from flopcount.report import (
     bench,
     budget,
     devices,

@@ -164,16 +164,12 @@ def diff_markdown(diff: DiffResult, max_depth: Optional[int] = None, top: int = 
     if best:
         parts += [f"#### Top {len(best)} module changes",
                   _table(_rows(best), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
-    every = diff.changed_modules(max_depth)
-    if every:
-        parts.append(f"<details><summary>All changed modules ({len(every)})</summary>\n\n"
-                     + _table(_rows(every), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)
-                     + "\n\n</details>")
-    ops = [row for row in diff.operators if row.changed]
-    if ops:
-        parts.append(f"<details><summary>Changed operators ({len(ops)})</summary>\n\n"
-                     + _table(_rows(ops), headers=_OPERATOR_HEADERS, tablefmt="github", colalign=_OPERATOR_ALIGN)
-                     + "\n\n</details>")
+    folded = (("All changed modules", diff.changed_modules(max_depth), _MODULE_HEADERS, _MODULE_ALIGN),
+              ("Changed operators", [row for row in diff.operators if row.changed], _OPERATOR_HEADERS, _OPERATOR_ALIGN))
+    for title, rows, headers, align in folded:
+        if rows:
+            table = _table(_rows(rows), headers=headers, tablefmt="github", colalign=align)
+            parts.append(f"<details><summary>{title} ({len(rows)})</summary>\n\n{table}\n\n</details>")
     notes = [f"- {escape_markdown(n)}" for n in _notes(diff)]
     if notes:
         parts.append("\n".join(notes))

@@ -85,6 +85,10 @@ def _footer(estimate: MemoryEstimate) -> List[str]:
     return lines
 
 
+#: a module's figures in the dict, after its type
+_MODULE_KEYS = ("depth", "calls", "activation_bytes", "peak_bytes")
+
+
 @renders("MemoryEstimate", "dict")
 def memory_to_dict(estimate: MemoryEstimate) -> Dict[str, Any]:
     """Stable keys; every value is a str, int, list, dict or None."""
@@ -100,15 +104,6 @@ def memory_to_dict(estimate: MemoryEstimate) -> Dict[str, Any]:
         "device": estimate.device,
         "dtype": estimate.dtype,
         "inputs": estimate.input_description,
-        "by_module": {
-            m.name: {
-                "type": m.type_name,
-                "depth": m.depth,
-                "calls": m.calls,
-                "activation_bytes": m.activation_bytes,
-                "peak_bytes": m.peak_bytes,
-            }
-            for m in estimate.modules
-        },
+        "by_module": {m.name: {"type": m.type_name, **{key: getattr(m, key) for key in _MODULE_KEYS}} for m in estimate.modules},
         "warnings": list(estimate.warnings),
     }

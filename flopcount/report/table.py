@@ -109,10 +109,8 @@ def module_table(
             ]
         )
     phases = len(result.by_phase()) > 1
-    headers = ["Module", "Type", "Params", "MACs", "FLOPs", "FLOPs %"]
-    if phases:  # the module rows sum every phase: say so in the headers
-        short = phases_short(result)
-        headers = ["Module", "Type", "Params", f"MACs ({short})", f"FLOPs ({short})", "FLOPs %"]
+    short = f" ({phases_short(result)})" if phases else ""  # the module rows sum every phase: say so in the headers
+    headers = ["Module", "Type", "Params", f"MACs{short}", f"FLOPs{short}", "FLOPs %"]
     body = grid(rows, headers, fmt, ("left", "left", "right", "right", "right", "right"))
     if phases:
         body += "\n\n" + phase_table(result, fmt)

@@ -1,0 +1,32 @@
+"""The peak an MFU is measured against: one resolver for ``benchmark``, ``StepTimer`` and the
+trainer callbacks (``integrations._rates.resolve_peak`` words its absence)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from flopcount.devices import peaks
+from flopcount.errors import UsageError
+
+
+def checked_peak(peak_flops: Optional[float]) -> Optional[float]:
+    """``peak_flops`` (FLOP/s) as given, None included; a value not above 0 is a UsageError."""
+    if peak_flops is not None and not peak_flops > 0:
+        raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
+    return peak_flops
+
+
+def mfu_peak(dev: torch.device, dtype: Union[None, str, torch.dtype], peak_flops: Optional[float], on: Optional[str]) -> Tuple[Optional[float], Optional[str]]:
+    """The MFU denominator and where it came from: ``peak_flops`` as given, else the dense datasheet
+    peak of the part ``on`` (default: the CUDA device's name) at ``dtype``; none on the CPU. The one
+    resolver of the modeled peak: benchmark, StepTimer and the trainer callbacks call it."""
+    given = checked_peak(peak_flops)
+    if given is not None:
+        return float(given), "given"
+    name = on if on is not None else torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+    value = None if name is None else peaks.peak_flops(name, dtype)
+    if name is None or value is None:
+        return None, None
+    return value, f"{peaks.match_gpu(name)} {peaks.dtype_key(dtype)} dense, flopcount.peaks"
