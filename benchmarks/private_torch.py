@@ -16,7 +16,8 @@ What counts as one private symbol:
   itself;
 * a private attribute name read off an object that is not a torch path (``dtensor._local_tensor``,
   ``module._forward_hooks``, ``tracker._peak_mem``), when flopcount does not define that name
-  itself and torch's own sources do (or, on ``self`` in a class derived from a torch class, when
+  itself as an attribute (a method, a class-body name, an assigned attribute, a ``setattr``; a
+  module-level function or a local of that name does not count) and torch's own sources do (or, on ``self`` in a class derived from a torch class, when
   that class does not define it). Private names of other libraries (``sys._getframe``,
   transformers) are listed apart and not counted.
 
@@ -122,28 +123,39 @@ class _Defined(ast.NodeVisitor):
 
     def __init__(self) -> None:
         self.names: Set[str] = set()
+        # the names an object of flopcount's can have as attributes: methods and class-body names,
+        # assigned attributes, setattr's; not a module-level function, a local or an argument (a
+        # module function ``_parameters`` does not make ``module._parameters`` flopcount's)
+        self.attributes: Set[str] = set()
+        self._in_class_body = False
 
-    def _add(self, name: Optional[str]) -> None:
+    def _add(self, name: Optional[str], attribute: bool = False) -> None:
         if name and _private(name):
             self.names.add(name)
+            if attribute:
+                self.attributes.add(name)
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        self._add(node.name)
+        self._add(node.name, self._in_class_body)
         for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
             self._add(arg.arg)
+        outer, self._in_class_body = self._in_class_body, False
         self.generic_visit(node)
+        self._in_class_body = outer
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._add(node.name)
+        self._add(node.name, self._in_class_body)
+        outer, self._in_class_body = self._in_class_body, True
         self.generic_visit(node)
+        self._in_class_body = outer
 
     def _target(self, target: ast.AST) -> None:
         if isinstance(target, ast.Name):
-            self._add(target.id)
+            self._add(target.id, self._in_class_body)
         elif isinstance(target, ast.Attribute):
-            self._add(target.attr)
+            self._add(target.attr, True)
         elif isinstance(target, (ast.Tuple, ast.List)):
             for elt in target.elts:
                 self._target(elt)
@@ -168,7 +180,7 @@ class _Defined(ast.NodeVisitor):
         if name in ("setattr", "__setattr__"):
             for arg in node.args[:2]:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    self._add(arg.value)
+                    self._add(arg.value, True)
         self.generic_visit(node)
 
 
@@ -266,13 +278,13 @@ def scan(package: Path) -> Use:
                     torch_base, defined = classes[cls]
                     if name in defined:
                         return  # the class's own (an override of a torch name is found by its def)
-                    if torch_base or (name not in ours.names and name in torch_names):
+                    if torch_base or (name not in ours.attributes and name in torch_names):
                         use.attrs["." + name].add(rel)  # inherited from torch (a base given at run time too)
                     return
             if isinstance(base, ast.Name) and base.id not in aliases and _imported_module(tree, base.id):
                 use.foreign[f"{base.id}.{name}"].add(rel)
                 return
-            if name in ours.names or name in NOT_TORCH:
+            if name in ours.attributes or name in NOT_TORCH:
                 return
             (use.attrs if name in torch_names else use.foreign)["." + name].add(rel)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -214,6 +215,19 @@ def test_every_private_symbol_flopcount_uses_is_in_the_canary(found: Dict[str, A
 
 def test_the_private_surface_does_not_grow(found: Dict[str, Any]) -> None:
     assert len(found) <= MOST, f"{len(found)} private torch symbols (at most {MOST}): {sorted(found)}"
+
+
+def test_a_function_named_like_a_torch_attribute_does_not_hide_reads_of_it(tmp_path: Path) -> None:
+    # a module-level helper ``_parameters(fn)`` (decoding once had one) is no attribute of any
+    # object: ``module._parameters`` read elsewhere is still torch's private attribute, counted once;
+    # a method or an assigned attribute of flopcount's own of that name does make it flopcount's
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("def _parameters(fn):\n    return fn\n")
+    (package / "b.py").write_text("def names(module):\n    return list(module._parameters)\n")
+    assert set(_surface().symbols(package)) == {"._parameters"}
+    (package / "c.py").write_text("class Holder:\n    def __init__(self):\n        self._parameters = {}\n")
+    assert set(_surface().symbols(package)) == set()
 
 
 def test_plan_needs_nothing_from_torch_testing(found: Dict[str, Any]) -> None:

@@ -247,7 +247,7 @@ class Setup:
     ):
         config = getattr(model, "config", None)
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-        self.parameters = tuple(_parameters(model.forward))
+        self.parameters = tuple(_signature_parameters(model.forward))
         # (batch, P), or (batch, features, P) for speech
         self.batch, self.prompt = int(input_ids.shape[0]), int(input_ids.shape[-1])
         self.device = input_ids.device
@@ -376,7 +376,7 @@ def _step_preparer(model: nn.Module, setup: Setup) -> Any:
     prepare = getattr(model, "prepare_inputs_for_generation", None)
     if not callable(prepare) or setup.cache_key != "cache":
         return None
-    names = _parameters(prepare)
+    names = _signature_parameters(prepare)
     takes_length = "next_sequence_length" in names or any(p.kind is p.VAR_KEYWORD for p in names.values())
     return prepare if takes_length and "cache" in names else None
 
@@ -384,7 +384,7 @@ def _step_preparer(model: nn.Module, setup: Setup) -> Any:
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _parameters(fn: Any) -> Mapping[str, inspect.Parameter]:
+def _signature_parameters(fn: Any) -> Mapping[str, inspect.Parameter]:
     """``fn``'s parameters by name (none when its signature cannot be read)."""
     try:
         return inspect.signature(fn).parameters
