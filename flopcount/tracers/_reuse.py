@@ -461,12 +461,11 @@ class Reuse:
         for i, name in reads:
             module = order[i]
             state = vars(module)
-            # a module not copied yet: its attributes as its copy will hold them
-            attribute = self._original_attribute if module in originals else self._attribute
+            original = module in originals  # not copied yet: its attributes as its copy will hold them
             if name == "*":
-                values.append(tuple((k, attribute(v)) for k, v in state.items() if k not in _SKIP))
+                values.append(tuple((k, self._attribute(v, original)) for k, v in state.items() if k not in _SKIP))
             else:
-                values.append(attribute(state[name]) if name in state else _MISSING)
+                values.append(self._attribute(state[name], original) if name in state else _MISSING)
         return tuple(values)
 
     def _first(
@@ -822,7 +821,7 @@ class Reuse:
     def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
         """The structural key of ``module`` and its descendants; ``order`` gets them in visit order.
         Of a lazy copy, a module not copied yet is keyed from the caller's module, as its copy
-        would be (``_original_part``), and stays the caller's in ``order`` (nothing is copied for a
+        would be (``_own_part(original=True)``), and stays the caller's in ``order`` (nothing is copied for a
         call that is booked, not run); one that cannot be keyed so is copied here."""
         lazy = self._lazy
         if lazy is not None:
@@ -846,7 +845,7 @@ class Reuse:
         own: Optional[Tuple[Any, ...]] = None
         if lazy is not None and module in self._originals:
             try:
-                own = self._original_part(module, state)
+                own = self._own_part(module, state, original=True)
             except _NeedsCopy:
                 module = lazy.copy_of(module)
                 state = vars(module)
@@ -882,10 +881,15 @@ class Reuse:
         if tensors:
             self._batch = dict(zip(map(id, tensors), lazy.tensor_keys(tensors)))
 
-    def _own_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
+    def _own_part(self, module: nn.Module, state: Dict[str, Any], original: bool = False) -> Tuple[Any, ...]:
         """The key of ``module`` without its children: its class, its parameters' and
         buffers' metadata, and (untracked modules) its plain attributes; one object for equal
-        parts (the 80 layers of a model share theirs: keys compare by identity first)."""
+        parts (the 80 layers of a model share theirs: keys compare by identity first).
+        ``original``: ``module`` is a module of the caller's not copied yet, and this is the part its
+        copy will have, read from it: each tensor by the key its fake will have, each object by its
+        copy's identity where it is copied already; :class:`_NeedsCopy` where that cannot be said
+        without copying (a tensor faked another way than from its metadata)."""
+        tensors = self._original_tensors if original else self._tensors_part
         own = self._own_class(type(module))
         if own is not None:
             # a tracked module: torch's structure only (its plain attributes are keyed when read),
@@ -893,9 +897,9 @@ class Reuse:
             part: Tuple[Any, ...] = (
                 own,
                 state.get("training", _MISSING),
-                self._tensors_part(state.get("_parameters")),
-                self._tensors_part(state.get("_buffers")),
-                tuple(self._attribute(state[k]) if k in state else _MISSING for k in _FLAGS),
+                tensors(state.get("_parameters")),
+                tensors(state.get("_buffers")),
+                tuple(self._attribute(state[k], original) if k in state else _MISSING for k in _FLAGS),
             )
             return self._interned.setdefault(part, part)
         parts: List[Any] = [type(module)]
@@ -906,9 +910,9 @@ class Reuse:
                 if not value or name in hooks.call_hook_names() or name == "forward":
                     continue  # empty hook and state-dict dictionaries; hooks refused above
             if name in ("_parameters", "_buffers"):
-                parts.append((name, self._tensors_part(value)))
+                parts.append((name, tensors(value)))
             else:
-                parts.append((name, self._attribute(value)))
+                parts.append((name, self._attribute(value, original)))
         made = tuple(parts)
         return self._interned.setdefault(made, made)
 
@@ -918,36 +922,6 @@ class Reuse:
         if not tensors:
             return () if tensors is not None else _MISSING
         return tuple((k, None if t is None else t.key if type(t) is Pending else self._tensor(t)) for k, t in dict.items(tensors))
-
-    def _original_part(self, module: nn.Module, state: Dict[str, Any]) -> Tuple[Any, ...]:
-        """:meth:`_own_part` of the copy ``module`` (a module of the caller's) will have, read from
-        ``module``: each tensor by the key its fake will have, each object by its copy's identity
-        where it is copied already. Raises :class:`_NeedsCopy` where that cannot be said without
-        copying (a tensor faked another way than from its metadata)."""
-        own = self._own_class(type(module))
-        attribute = self._original_attribute
-        if own is not None:
-            part: Tuple[Any, ...] = (
-                own,
-                state.get("training", _MISSING),
-                self._original_tensors(state.get("_parameters")),
-                self._original_tensors(state.get("_buffers")),
-                tuple(attribute(state[k]) if k in state else _MISSING for k in _FLAGS),
-            )
-            return self._interned.setdefault(part, part)
-        parts: List[Any] = [type(module)]
-        for name, value in state.items():
-            if name == "_modules":
-                continue
-            if name in _OWN:
-                if not value or name in hooks.call_hook_names() or name == "forward":
-                    continue
-            if name in ("_parameters", "_buffers"):
-                parts.append((name, self._original_tensors(value)))
-            else:
-                parts.append((name, attribute(value)))
-        made = tuple(parts)
-        return self._interned.setdefault(made, made)
 
     def _original_tensors(self, tensors: Any) -> Tuple[Any, ...]:
         """:meth:`_tensors_part` of the copy of a caller's parameter or buffer dictionary."""
@@ -969,57 +943,40 @@ class Reuse:
             found.append((k, key if type(key) is tuple else self._tensor(key)))
         return tuple(found)
 
-    def _original_attribute(self, value: Any) -> Any:
-        """:meth:`_attribute` of the copy a module of the caller's will hold of ``value``."""
-        kind = type(value)
-        if kind in _SCALARS:
-            return self._attribute(value)
-        lazy = self._lazy
-        copied = lazy.copied(value) if lazy is not None else None
-        if copied is not None:
-            return self._attribute(copied)
-        if isinstance(value, torch.Tensor):
-            raise _NeedsCopy()  # faked when copied: its fake's metadata is not known before
-        if kind is tuple or kind is list:
-            return (kind, tuple(self._original_attribute(v) for v in value))
-        if isinstance(value, (dict, set, frozenset)):
-            if len(value) > 64:
-                return ("id", id(value))
-            if isinstance(value, dict):
-                return (kind, tuple((k, self._original_attribute(v)) for k, v in value.items()))
-            if all(type(v) in _SCALARS for v in value):
-                return (kind, frozenset(value))
-            return ("id", id(value))
-        if isinstance(value, nn.Module):
-            return ("module", id(value))
-        if kind is functools.partial:
-            return (kind, id(value.func), self._original_attribute(value.args), self._original_attribute(value.keywords))
-        # an object not copied yet: not equal to any copy's (a call keyed so is traced, never wrongly booked)
-        return ("id", id(value))
-
-    def _attribute(self, value: Any) -> Any:
+    def _attribute(self, value: Any, original: bool = False) -> Any:
+        """An attribute's key. ``original``: the attribute of a module of the caller's not copied
+        yet, keyed as its copy will hold it (:class:`_NeedsCopy` for a tensor: faked when copied,
+        its fake's metadata is not known before)."""
         kind = type(value)
         if kind in _SCALARS:
             return value if kind is not float or value == value else ("nan",)
-        if kind is LayerIndex:  # read while a stand-in is in place: the index it stands for
+        if original:
+            lazy = self._lazy
+            copied = lazy.copied(value) if lazy is not None else None
+            if copied is not None:
+                return self._attribute(copied)
+            if isinstance(value, torch.Tensor):
+                raise _NeedsCopy()
+        elif kind is LayerIndex:  # read while a stand-in is in place: the index it stands for
             return value.value
-        if isinstance(value, torch.Tensor):
+        elif isinstance(value, torch.Tensor):
             return self._tensor(value)
         if kind is tuple or kind is list:
-            return (kind, tuple(self._attribute(v) for v in value))
+            return (kind, tuple(self._attribute(v, original) for v in value))
         if isinstance(value, (dict, set, frozenset)):
             if len(value) > 64:
                 return ("id", id(value))
             if isinstance(value, dict):
-                return (kind, tuple((k, self._attribute(v)) for k, v in value.items()))
+                return (kind, tuple((k, self._attribute(v, original)) for k, v in value.items()))
             if all(type(v) in _SCALARS for v in value):
                 return (kind, frozenset(value))
             return ("id", id(value))
         if isinstance(value, nn.Module):
             return ("module", id(value))  # not a child: the same object, or not equal
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
-            return (kind, id(value.func), self._attribute(value.args), self._attribute(value.keywords))
-        # functions, classes, configs and other objects: the same object only
+            return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
+        # functions, classes, configs and other objects (of a module not copied yet: an object not
+        # copied yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
         return ("id", id(value))
 
     def _value(self, value: Any, tensors: List[Any], caches: List[Any]) -> Any:
