@@ -273,13 +273,15 @@ def _stages(tokens: int) -> None:
                 else:  # a checkout before replays were one record (to measure "before" with this script)
                     costed = analysis.cost_events(run.events, default_registry())
                 mark("pricing")
-                aggregate(costed, tracer=run.tracer, modules=facts.module_infos(run.module_calls), parameters=facts.summary,
-                          aliases=facts.aliases)
+                # as ``analyze`` books: the trace and the facts let go first, what booking reads kept
+                modules, summary, aliases, used = facts.module_infos(run.module_calls), facts.summary, facts.aliases, run.tracer
+                del run, facts
+                aggregate(costed, tracer=used, modules=modules, parameters=summary, aliases=aliases)
                 mark("booking")
                 if measured:
                     tracemalloc.stop()
                     peaks[layers] = seen
-                del run, costed
+                del costed, modules
     finally:
         if old is None:
             del os.environ["FLOPCOUNT_REUSE"]

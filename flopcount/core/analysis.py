@@ -62,17 +62,19 @@ def _analyzed(
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model)
     run = trace(model, call, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
-    result = aggregate(
-        cost_records(run.records, table),
-        tracer=run.tracer,
-        modules=facts.module_infos(run.module_calls),
-        parameters=facts.summary,
-        input_description=call.description,
-        warnings=run.warnings,
-        gaps=run.gaps,
-        aliases=facts.aliases,
-    )
+    costed = cost_records(run.records, table)
+    modules = facts.module_infos(run.module_calls)
+    parameters, aliases = facts.summary, facts.aliases
+    used, notes, gaps = run.tracer, run.warnings, run.gaps
     reused = int(run.shape_cache.get("reused_calls", 0))
+    # what booking does not read is let go before it: the trace's tuple of records and its
+    # module calls, the facts' names (their per-module dictionaries; issue #32, the count's
+    # working set at the booking's peak)
+    del run, facts
+    result = aggregate(
+        costed, tracer=used, modules=modules, parameters=parameters, input_description=call.description,
+        warnings=notes, gaps=gaps, aliases=aliases,
+    )
     return dataclasses.replace(result, reused_calls=reused) if reused else result
 
 

@@ -507,7 +507,7 @@ class Ledger:
                     credit(owner, table, 0)
         # the modules in the order the per-group booking meets them: each stack's owners, by
         # the stack's first event (a grafted replay's stacks: its owners, credited here too)
-        seen: Dict[str, None] = {}
+        seen: Dict[str, Any] = {}  # owner -> None; then (ops, total); then ops (module_ops)
         for item in sequence:
             if not _is_graft(item):
                 for owner in self.owners(item):
@@ -530,7 +530,13 @@ class Ledger:
             for k in group.order:
                 for owner in owners[group.leaves[k]]:
                     seen[owner] = None
-        # each owner's table once; owners of one table share what is made of it
+        # each owner's table once; owners of one table share what is made of it. The working
+        # tables are let go first and ``seen`` (the owners, in order) is filled in place, then
+        # becomes ``module_ops``: at most two tables by owner alive at once (issue #32, the
+        # count's working set at the booking's peak)
+        for working in (offsets, summed, alone, stacks, by_phase, made, grafted):
+            working.clear()
+        sequence.clear()
         finished: Dict[int, Tuple[Dict[str, List[int]], List[int]]] = {}
         nothing: Dict[str, List[int]] = {}
         for owner in seen:
@@ -543,8 +549,14 @@ class Ledger:
                     for i in range(_WIDTH):
                         total[i] += sums[i]
                 done = finished[id(table)] = (ops, total)
-            self.modules[owner], self.module_ops[owner] = done[1], done[0]
+            seen[owner] = done
         self._shared = len(finished) < len(seen)
+        module_ops.clear()
+        finished.clear()
+        self.modules = {owner: done[1] for owner, done in seen.items()}
+        for owner, done in seen.items():
+            seen[owner] = done[0]
+        self.module_ops = seen
         return self
 
     def _tallies(self, replay: ReplayedCall, group: _Group) -> None:
