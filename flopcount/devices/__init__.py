@@ -10,10 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Union
 
-from ..errors import UsageError
-from .datasheet import datasheet_roofs, part_roofs
-from .parts import LINKS, PARTS, MathModes, Part, column_of, find_part, known_names, resolve_part
-from .roofline import (
+from flopcount.devices.datasheet import datasheet_roofs, part_roofs
+from flopcount.devices.parts import LINKS, PARTS, MathModes, Part, column_of, find_part, known_names, resolve_part
+from flopcount.devices.roofline import (
     BOUND_KINDS,
     AnyBound,
     Bound,
@@ -24,6 +23,7 @@ from .roofline import (
     any_implementation,
     op_time,
 )
+from flopcount.errors import UsageError
 
 #: names that mean the roofs measured on this machine (its CPU)
 THIS_MACHINE = ("this machine", "this-machine", "local", "cpu", "here")
@@ -52,13 +52,13 @@ def named_roofs(name: str, *, conv_tf32: bool = MathModes.conv_tf32, matmul_tf32
     if not isinstance(name, str):
         raise UsageError(f"device must be a part name ('h100', 't4', 'this machine'...) or a Roofs, got {name!r}")
     if is_this_machine(name):
-        from .measured import machine_roofs
+        from flopcount.devices.measured import machine_roofs
 
         return machine_roofs("cpu")
     if name.strip().lower() in THIS_GPU:
         import torch
 
-        from .measured import machine_roofs
+        from flopcount.devices.measured import machine_roofs
 
         if not torch.cuda.is_available():
             raise UsageError(f"{name!r} means this machine's CUDA GPU, and torch sees none here; name a part "
@@ -113,7 +113,7 @@ def roofs_for(device: Any, given: Optional[Roofs] = None) -> Roofs:
     ``details`` as the second source."""
     import torch
 
-    from .measured import machine_roofs
+    from flopcount.devices.measured import machine_roofs
 
     if given is not None:
         return given

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .parts import MathModes, Part, resolve_part
-from .roofline import MemoryLevel, Roofs
+from flopcount.devices.parts import MathModes, Part, resolve_part
+from flopcount.devices.roofline import MemoryLevel, Roofs
 
 
 def part_roofs(part: Part, modes: Optional[MathModes] = None) -> Roofs:

@@ -45,10 +45,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..bench.loop import cuda_block_runner
-from ..errors import UsageError
-from .cpu import CpuFacts, cpu_facts
-from .roofline import CONV, MATMUL, MemoryLevel, Roofs, op_family
+from flopcount.bench.loop import cuda_block_runner
+from flopcount.devices.cpu import CpuFacts, cpu_facts
+from flopcount.devices.roofline import CONV, MATMUL, MemoryLevel, Roofs, op_family
+from flopcount.errors import UsageError
 
 Clock = Callable[[], float]
 LoadAvg = Callable[[], Tuple[float, float, float]]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Dict, Mapping, Optional, Tuple
 
-from ..errors import UsageError
+from flopcount.errors import UsageError
 
 #: peak columns, as torch spells the dtypes (tfloat32: TF32 tensor cores on float32 data)
 DTYPE_COLUMNS: Tuple[str, ...] = (

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
-from ..errors import UsageError
+from flopcount.errors import UsageError
 
 Bound = Literal["compute", "memory"]
 #: Which program a latency bound is for: the eager per-op sum, or any implementation.

@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Optional, Union
 
 from flopcount.core.registry import HandlerRegistry
-
-from ..types import Handler
-from . import (
+from flopcount.handlers import (
     attention,
     conv,
     fft,
@@ -30,6 +28,7 @@ from . import (
     vision_ops,
     zero_cost,
 )
+from flopcount.types import Handler
 
 __all__ = ["FAMILIES", "build_default_registry", "default_registry", "register_handler"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Optional, Sequence, Tuple
 
-from ..types import Cost, Handler, OpCall, TensorMeta
+from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 Shape = Tuple[int, ...]
 

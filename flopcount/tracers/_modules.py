@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from torch import nn
 
-from ..errors import TraceError
+from flopcount.errors import TraceError
 
 
 def module_names(model: nn.Module) -> Dict[nn.Module, str]:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..types import TensorMeta
+from flopcount.types import TensorMeta
 
 __all__ = ["CANONICAL", "CompositeInterceptor", "MHA_OP", "canonical"]
 
