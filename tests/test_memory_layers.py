@@ -13,6 +13,7 @@ traced in full.
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -293,6 +294,57 @@ def test_a_parent_that_treats_a_later_layer_otherwise_is_traced_in_full(monkeypa
     assert on.peak_bytes == _memtracker_peak(model, x, backward)
     assert_same_state(model, before)
     assert not model.layers[AT]._forward_hooks
+
+
+class _SeesTheCollector(nn.Module):
+    """Linear(64, 64) -> sum; records whether automatic collection is on while its forward runs
+    (in a list of the class's: the readings run copies of the module), and raises when asked (the
+    caller's collector must come back either way)."""
+
+    seen: List[bool] = []
+
+    def __init__(self, raises: bool = False) -> None:
+        super().__init__()
+        self.layer = nn.Linear(64, 64)
+        self.raises = raises
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(gc.isenabled())
+        if self.raises:
+            raise ValueError("refused")
+        return self.layer(x).sum()
+
+
+@pytest.mark.parametrize("reading", ["estimate_memory", "plan"])
+@pytest.mark.parametrize("raises", [False, True])
+def test_the_fake_steps_run_with_the_automatic_collector_paused(reading: str, raises: bool) -> None:
+    # CI (torch 2.14.1) once failed test_a_parent_that_treats_a_later_layer_otherwise_is_traced_in_full[input]:
+    # the estimate with reuse on gave 1,312,768 B, with it off (and MemTracker) 1,329,416 B. In a
+    # fresh process with the collector's thresholds at (100, 10, 10) or (50, 10, 10) the same
+    # estimate gave one figure or the other, and plan(fsdp=2) of that parent 1,165,064 or
+    # 1,296,136 B at (700, 10, 10): a collection landing inside flopcount's fake step (its
+    # trackers hold fakes weakly) moved the peak. The steps now run with automatic collection
+    # paused, and the caller's collector (on, its thresholds) is as it was after, also on failure.
+    from flopcount import plan
+
+    thresholds = gc.get_threshold()
+    x = torch.randn(4, 64)  # batch 4
+    _SeesTheCollector.seen = []
+    model = _SeesTheCollector(raises)
+
+    assert gc.isenabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if reading == "estimate_memory":
+                estimate_memory(model, (x,), {}, backward=True)
+            else:
+                plan(lambda: _SeesTheCollector(raises), (x,), fsdp=2, optimizer=None)
+        except Exception:
+            assert raises
+    assert gc.isenabled() and gc.get_threshold() == thresholds
+    seen = _SeesTheCollector.seen
+    assert seen and not any(seen)
 
 
 class Repro(nn.Module):

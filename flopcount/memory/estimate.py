@@ -28,6 +28,7 @@ from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from flopcount.core.collection import PausedCollections, resumed
 from flopcount.core.diagnostics import FromWarnings, first_line, module_place
 from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
@@ -210,7 +211,12 @@ def estimate_memory(
     amp = floating_dtype(autocast, "estimate_memory: autocast")
     request = _Request(prepare_call(inputs, kwargs), backward, optimizer, loss_fn, cast, amp)
     # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
-    with _ESTIMATE_LOCK, real_branches(model.modules()) as branches:
+    # the automatic collector paused over the fake steps: where garbage cycles hold tensors (a
+    # step's graph kept by a hook's closure), a collection in the middle of a step would free
+    # them at a moment set by the process's allocation history, and the same step gave another
+    # peak from one call to the next; paused, they are held as in a step the collector does not
+    # interrupt (the real step measured in a fallback runs with it on)
+    with _ESTIMATE_LOCK, real_branches(model.modules()) as branches, PausedCollections():
         estimate = _estimate(model, request)
     return dataclasses.replace(estimate, warnings=estimate.warnings + branches.notes) if branches.notes else estimate
 
@@ -444,7 +450,8 @@ def _real_step_fallback(
         opt, _ = build_optimizer(request.optimizer, twins, trainable, "estimate_memory")
     names = facts.names_on(memo)
     tracker = _peak_tracker()
-    _tracked_step(request, tracker, copy_model, opt, args, kwargs, names, contextlib.nullcontext())
+    with resumed():  # a real step: its garbage may hold data
+        _tracked_step(request, tracker, copy_model, opt, args, kwargs, names, contextlib.nullcontext())
     first = (str(needs.error).splitlines() or [""])[0]
     return (
         tracker,

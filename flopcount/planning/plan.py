@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import cost_events
+from flopcount.core.collection import PausedCollections
 from flopcount.core.deprecation import warn_renamed
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
@@ -139,7 +140,9 @@ def plan(
         raise UsageError(f"registry must be a flopcount HandlerRegistry, got {type(registry).__name__}")
     costs = registry if registry is not None else default_registry()
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
-    with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh:
+    # the automatic collector paused over the fake steps (as estimate_memory): a collection in
+    # the middle of a step frees garbage cycles at a moment set by the process's history
+    with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh, PausedCollections():
         groups = mesh_groups(mesh)
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)
