@@ -16,36 +16,11 @@ import sys
 
 import pytest
 import torch
+from _toy_stack import B, D, H, Stack
 from torch import nn
 
 from flopcount import count_flops
 from flopcount.tracers.fake import copies
-
-B, D, H = 3, 8, 16  # batch, width, inner width
-
-
-class Block(nn.Module):
-    """Linear(D, H) -> ReLU -> Linear(H, D) + x: 2 * D * H MACs per row."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(D, H)
-        self.act = nn.ReLU()
-        self.down = nn.Linear(H, D)
-
-    def forward(self, x):
-        return self.down(self.act(self.up(x))) + x
-
-
-class Stack(nn.Module):
-    def __init__(self, n: int = 4) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(n))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def _copy(model: nn.Module) -> copies.FakeCopy:
@@ -54,7 +29,7 @@ def _copy(model: nn.Module) -> copies.FakeCopy:
 
 
 def test_empty_containers_are_shared_by_the_copys_modules():
-    copied = _copy(Stack()).model
+    copied = _copy(Stack(4)).model
     acts = [b.act for b in copied.blocks]  # ReLU: no parameter, buffer or child
     leaves = [m for b in copied.blocks for m in (b.up, b.down, b.act)]
     assert len({id(vars(m)["_modules"]) for m in leaves}) == 1
@@ -63,7 +38,7 @@ def test_empty_containers_are_shared_by_the_copys_modules():
 
 
 def test_equal_parameters_share_one_reuse_key():
-    copied = _copy(Stack()).model
+    copied = _copy(Stack(4)).model
     weights = [dict.__getitem__(vars(b.up)["_parameters"], "weight") for b in copied.blocks]
     assert all(type(w) is copies.Pending for w in weights)
     assert len({id(w.key) for w in weights}) == 1  # one key object for the four equal weights
@@ -71,7 +46,7 @@ def test_equal_parameters_share_one_reuse_key():
 
 
 def test_the_memo_holds_no_per_module_container():
-    model = Stack()
+    model = Stack(4)
     made = _copy(model)
     for module in model.modules():
         assert id(module) in made.copies  # names_on finds every module's copy
@@ -82,14 +57,14 @@ def test_a_copied_modules_attribute_dictionary_is_no_larger_than_the_originals()
     # CPython keeps an instance's __dict__ as a split table (values only, keys shared by the
     # class's instances) when its attributes are set in the class's order, as torch's __init__
     # sets them; a dict filled by one update() is a combined table, about twice the size
-    model = Stack()
+    model = Stack(4)
     copied = _copy(model).model
     for original, made in zip(model.modules(), copied.modules()):
         assert sys.getsizeof(vars(made)) <= sys.getsizeof(vars(original)), type(original).__name__
 
 
 def test_copies_of_a_shared_container_are_plain_and_their_own():
-    copied = _copy(Stack()).model
+    copied = _copy(Stack(4)).model
     shared = vars(copied.blocks[0].act)["_buffers"]
     for made in (copy.copy(shared), copy.deepcopy(shared)):
         assert type(made) is dict and made is not shared
@@ -142,7 +117,7 @@ def test_a_forward_that_fills_an_empty_container_counts_exactly_and_leaves_the_m
     for reuse in ("1", "0"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
         found[reuse] = count_flops(model, (x,), tracer="auto")
-    # four blocks of 2 * D * H MACs per row, B rows (hand-derived, see Block)
+    # four blocks of 2 * D * H MACs per row, B rows (hand-derived: tests/_toy_stack.py)
     assert found["1"].macs == found["0"].macs == 4 * 2 * D * H * B
     assert found["1"].to_dict() == found["0"].to_dict()  # every row, with reuse on and off
     for block in model.blocks:  # the user's model is left as found: nothing registered on a ReLU

@@ -10,37 +10,12 @@ import copy
 
 import pytest
 import torch
+from _toy_stack import B, D, H, Stack
 from conftest import torch_contraction_flops
 from torch import nn
 
 from flopcount import count_flops
 from flopcount.tracers.fake import copies
-
-B, D, H = 3, 8, 16  # batch (rows), model width, inner width
-
-
-class Block(nn.Module):
-    """Linear(D, h) -> ReLU -> Linear(h, D) + x: (D * h + h * D) MACs per row."""
-
-    def __init__(self, hidden: int = H) -> None:
-        super().__init__()
-        self.up = nn.Linear(D, hidden)
-        self.act = nn.ReLU()
-        self.down = nn.Linear(hidden, D)
-
-    def forward(self, x):
-        return self.down(self.act(self.up(x))) + x
-
-
-class Stack(nn.Module):
-    def __init__(self, n: int = 8, hidden: int = H) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(hidden) for _ in range(n))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 class ReadsInside(Stack):

@@ -19,40 +19,13 @@ import tracemalloc
 
 import pytest
 import torch
+from _toy_stack import B, Block, D, H, Stack
 from conftest import assert_same_state, snapshot, torch_contraction_flops
 from torch import nn
 
 from flopcount import count_flops
 from flopcount.tracers import _containers
 from flopcount.tracers.fake import copies
-
-B, D, H = 3, 8, 16  # batch (rows, > 1), width, inner width
-
-
-class Block(nn.Module):
-    """Linear(D, H) -> ReLU -> Linear(H, D) + x: 2 * D * H MACs per row (bias adds are not MACs)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(D, H)
-        self.act = nn.ReLU()
-        self.down = nn.Linear(H, D)
-
-    def forward(self, x):
-        return self.down(self.act(self.up(x))) + x
-
-
-class Stack(nn.Module):
-    """n blocks in a ModuleList, iterated: n * B * 2 * D * H MACs."""
-
-    def __init__(self, n: int = 8) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(n))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def _macs(blocks: int) -> int:
