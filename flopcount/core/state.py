@@ -173,10 +173,7 @@ def _seeded_overload(func: Any) -> bool:
 
 @functools.cache
 def _generator_index(func: Any) -> Optional[int]:
-    for index, argument in enumerate(func._schema.arguments):
-        if argument.name == "generator":
-            return index
-    return None
+    return next((index for index, argument in enumerate(func._schema.arguments) if argument.name == "generator"), None)
 
 
 @functools.cache
@@ -217,9 +214,7 @@ def _device_of(args: Any, kwargs: Dict[str, Any]) -> torch.device:
     device = kwargs.get("device")
     if device is not None:
         return torch.device(device)
-    for tensor in _tensors(args, kwargs):
-        return tensor.device
-    return torch.device("cpu")
+    return next((tensor.device for tensor in _tensors(args, kwargs)), torch.device("cpu"))
 
 
 def _layout(tensor: torch.Tensor) -> Tuple[Any, ...]:

@@ -110,9 +110,7 @@ class Roofs:
         peak of the device's columns of its kind (floating or integer), else the highest of
         all (so a bound stays a lower bound; :func:`op_time` reports the missing column)."""
         column = self.column(dtype, op)
-        if column is not None:
-            return float(self.peak_flops[column])
-        return float(self.peak_flops[self.stand_in(dtype)])
+        return float(self.peak_flops[self.stand_in(dtype) if column is None else column])
 
     def stand_in(self, dtype: Optional[str]) -> str:
         """The column a dtype without a peak is priced at: the highest of its kind."""

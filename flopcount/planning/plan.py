@@ -311,10 +311,8 @@ def _parent_walked(model: nn.Module, stack: Stack, args: Tuple[Any, ...], kw: Ma
 def _empty_like(tensors: List[torch.Tensor], device: str) -> List[torch.Tensor]:
     """An empty tensor of each one's metadata on ``device`` (under a fake mode: a fake); one
     tensor passed twice (ids as labels) is one, as in estimate_memory."""
-    made: Dict[int, torch.Tensor] = {}
-    for t in tensors:
-        if id(t) not in made:
-            made[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+    made = {id(t): torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+            for t in {id(t): t for t in tensors}.values()}
     return [made[id(t)] for t in tensors]
 
 

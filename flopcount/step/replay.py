@@ -93,10 +93,7 @@ class _Hidden:
 
     __bool__ = __int__ = __index__ = __float__ = __hash__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __mod__ = __floordiv__ = __truediv__ = _refuse
-    __str__ = __repr__ = __format__ = __iter__ = __len__ = __getitem__ = __call__ = _refuse
-
-    def __getattr__(self, name: str) -> Any:
-        raise _IndexRead(f"the step read the per-layer attribute {self.name!r}")
+    __str__ = __repr__ = __format__ = __iter__ = __len__ = __getitem__ = __call__ = __getattr__ = _refuse
 
 
 @dataclass(frozen=True)
