@@ -193,10 +193,7 @@ def _draws(func: Any, args: Any, kwargs: Dict[str, Any]) -> bool:
     """Whether a seeded op without a generator draws here: attention and RNN kernels draw
     only with a dropout probability above zero in training."""
     bound = {**{a.name: v for a, v in zip(func._schema.arguments, args)}, **kwargs}
-    for key in ("dropout_p", "dropout"):
-        if key in bound and not bound[key]:
-            return False
-    return not ("train" in bound and bound["train"] is False)
+    return not any(key in bound and not bound[key] for key in ("dropout_p", "dropout")) and bound.get("train", True) is not False
 
 
 def _tensors(args: Any, kwargs: Dict[str, Any]) -> Iterator[torch.Tensor]:

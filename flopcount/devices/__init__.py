@@ -77,9 +77,7 @@ def gpu_ceiling(measured: Roofs, sheet: Roofs) -> Roofs:
     ran 2.3 % above the measured bfloat16 roof and a DRAM-bound elementwise chain 4.3 % above
     the measured bandwidth (docs/performance.md, "On a GPU"), so a bound on the raw measurement
     was no bound."""
-    peaks = dict(sheet.peak_flops)
-    for dtype, rate in measured.peak_flops.items():
-        peaks[dtype] = max(rate, peaks.get(dtype, 0.0))
+    peaks = {**sheet.peak_flops, **{dtype: max(rate, sheet.peak_flops.get(dtype, 0.0)) for dtype, rate in measured.peak_flops.items()}}
     details = dict(measured.details)
     details["ceiling"] = (f"each rate the higher of the measured one and the {sheet.device} datasheet's "
                           "(tuned kernels beat a measured GPU rate)")

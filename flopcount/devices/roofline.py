@@ -129,10 +129,8 @@ class Roofs:
 
     def level_for(self, working_set: float) -> MemoryLevel:
         """The fastest level whose capacity holds ``working_set`` bytes."""
-        for level in self.all_levels():
-            if level.capacity is None or working_set <= level.capacity:
-                return level
-        raise AssertionError("the last level is unbounded")  # pragma: no cover
+        # the last level (main memory) is unbounded: some level always holds it
+        return next(level for level in self.all_levels() if level.capacity is None or working_set <= level.capacity)
 
     def faster_capacity(self, level: MemoryLevel) -> float:
         """Bytes the levels faster than ``level`` hold together: at most that much of a working

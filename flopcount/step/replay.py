@@ -407,10 +407,7 @@ class Template:
             at = max(stamp - 1, 0)
             index = max(i for i, start in enumerate(starts) if start <= at or i == 0)
             by_piece[id(self.pieces[index])].append(item)
-        out: List[Any] = []
-        for piece, _, _ in self._placed(layers):
-            out.extend(by_piece[id(piece)])
-        return out
+        return [item for piece, _, _ in self._placed(layers) for item in by_piece[id(piece)]]
 
     @classmethod
     def of(cls, records: Sequence[Record], prefix: str) -> Optional[Template]:
@@ -529,11 +526,10 @@ class Template:
 
     def materialize(self, layers: int) -> List[Record]:
         """The whole timeline of the ``layers``-layer step, record by record (the check)."""
-        out: List[Record] = []
-        for piece, offset, target in self._placed(layers):
-            for kind, snap, names, phase, _ in self.records[piece.start:piece.stop]:
-                out.append((kind, _shifted(snap, offset), self._names(names, piece, target, layers), phase, None))
-        return out
+        return [
+            (kind, _shifted(snap, offset), self._names(names, piece, target, layers), phase, None)
+            for piece, offset, target in self._placed(layers) for kind, snap, names, phase, _ in self.records[piece.start:piece.stop]
+        ]
 
     def figures(self, layers: int) -> Figures:
         """The ``layers``-layer step's figures, computed a stretch at a time."""
