@@ -290,8 +290,7 @@ def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]
     prompt = first[main]
     mask = first.get("attention_mask")
     for start in range(0, int(prompt.shape[-1]), size):
-        call = dict(first)
-        call[main] = prompt[..., start : start + size]
+        call = {**first, main: prompt[..., start : start + size]}
         if isinstance(mask, torch.Tensor):
             call["attention_mask"] = mask[..., : start + int(call[main].shape[-1])]
         calls.append(call)

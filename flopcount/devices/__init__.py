@@ -78,10 +78,8 @@ def gpu_ceiling(measured: Roofs, sheet: Roofs) -> Roofs:
     the measured bandwidth (docs/performance.md, "On a GPU"), so a bound on the raw measurement
     was no bound."""
     peaks = {**sheet.peak_flops, **{dtype: max(rate, sheet.peak_flops.get(dtype, 0.0)) for dtype, rate in measured.peak_flops.items()}}
-    details = dict(measured.details)
-    details["ceiling"] = (f"each rate the higher of the measured one and the {sheet.device} datasheet's "
-                          "(tuned kernels beat a measured GPU rate)")
-    details["datasheet"] = sheet.to_dict()
+    ceiling = f"each rate the higher of the measured one and the {sheet.device} datasheet's (tuned kernels beat a measured GPU rate)"
+    details = {**measured.details, "ceiling": ceiling, "datasheet": sheet.to_dict()}
     return Roofs(peaks, max(measured.bandwidth, sheet.bandwidth), measured.device, "measured, datasheet ceiling",
                  details, sheet.levels or measured.levels, sheet.math)
 
