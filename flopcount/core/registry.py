@@ -102,9 +102,7 @@ class HandlerRegistry:
 
     def ops(self) -> Dict[str, str]:
         """Every registered op and what it resolves to ("handler" or "zero")."""
-        listing = {name: "handler" for name in self._handlers}
-        listing.update({name: "zero" for name in self._zero})
-        return dict(sorted(listing.items()))
+        return dict(sorted({**dict.fromkeys(self._handlers, "handler"), **dict.fromkeys(self._zero, "zero")}.items()))
 
 
 def _spellings(op: str) -> Iterator[str]:

@@ -173,10 +173,7 @@ def _seeded_overload(func: Any) -> bool:
 
 @functools.cache
 def _generator_index(func: Any) -> Optional[int]:
-    for index, argument in enumerate(func._schema.arguments):
-        if argument.name == "generator":
-            return index
-    return None
+    return next((index for index, argument in enumerate(func._schema.arguments) if argument.name == "generator"), None)
 
 
 @functools.cache
@@ -196,10 +193,7 @@ def _draws(func: Any, args: Any, kwargs: Dict[str, Any]) -> bool:
     """Whether a seeded op without a generator draws here: attention and RNN kernels draw
     only with a dropout probability above zero in training."""
     bound = {**{a.name: v for a, v in zip(func._schema.arguments, args)}, **kwargs}
-    for key in ("dropout_p", "dropout"):
-        if key in bound and not bound[key]:
-            return False
-    return not ("train" in bound and bound["train"] is False)
+    return not any(key in bound and not bound[key] for key in ("dropout_p", "dropout")) and bound.get("train", True) is not False
 
 
 def _tensors(args: Any, kwargs: Dict[str, Any]) -> Iterator[torch.Tensor]:
@@ -217,9 +211,7 @@ def _device_of(args: Any, kwargs: Dict[str, Any]) -> torch.device:
     device = kwargs.get("device")
     if device is not None:
         return torch.device(device)
-    for tensor in _tensors(args, kwargs):
-        return tensor.device
-    return torch.device("cpu")
+    return next((tensor.device for tensor in _tensors(args, kwargs)), torch.device("cpu"))
 
 
 def _layout(tensor: torch.Tensor) -> Tuple[Any, ...]:

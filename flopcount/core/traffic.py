@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from flopcount.types import OpCall, TensorMeta
 
-__all__ = ["BACKWARD_IN_PLACE", "ITEMSIZE", "RULES", "call_traffic", "element_size", "general_traffic", "is_complex", "is_floating"]
+__all__ = ["BACKWARD_IN_PLACE", "ITEMSIZE", "RULES", "broadcast", "call_traffic", "element_size", "first_output", "general_traffic", "is_complex", "is_floating", "maybe_tensor"]
 
 #: Bytes per element, by the dtype names tracers give (``str(torch.float32)`` less ``torch.``).
 ITEMSIZE: Dict[str, int] = {
@@ -146,12 +146,14 @@ def general_traffic(call: OpCall, *, view: bool) -> Traffic:
 
 # -- helpers of the rules ----------------------------------------------------------------
 
-def _tensor(call: OpCall, name: str) -> Optional[TensorMeta]:
+def maybe_tensor(call: OpCall, name: str) -> Optional[TensorMeta]:
+    """The tensor argument ``name`` or None when absent (an optional weight, bias...)."""
     value = call.args.get(name)
     return value if isinstance(value, TensorMeta) else None
 
 
-def _out(call: OpCall) -> Optional[TensorMeta]:
+def first_output(call: OpCall) -> Optional[TensorMeta]:
+    """The op's first output when the tracer saw it as a tensor, else None."""
     first = call.outputs[0] if call.outputs else None
     return first if isinstance(first, TensorMeta) else None
 
@@ -171,7 +173,7 @@ def _gathered(source: str, *indices: str) -> ByteRule:
     element; writes its outputs."""
 
     def rule(call: OpCall) -> Optional[Traffic]:
-        out, table = _out(call), _tensor(call, source)
+        out, table = first_output(call), maybe_tensor(call, source)
         if out is None or table is None:
             return None
         return _arg_bytes(call, *indices) + _elements(out.numel, table), _tensor_bytes(call.outputs)
@@ -183,7 +185,7 @@ def _gathered(source: str, *indices: str) -> ByteRule:
 def _embedding_bag(call: OpCall) -> Optional[Traffic]:
     """read indices, offsets, per_sample_weights + numel(indices) rows of weight; write
     the outputs (the bags and the bookkeeping tensors the kernel returns)."""
-    weight, indices = _tensor(call, "weight"), _tensor(call, "indices")
+    weight, indices = maybe_tensor(call, "weight"), maybe_tensor(call, "indices")
     if weight is None or indices is None or not weight.shape:
         return None
     rows = indices.numel * weight.shape[-1]
@@ -193,7 +195,7 @@ def _embedding_bag(call: OpCall) -> Optional[Traffic]:
 
 def _embedding_renorm(call: OpCall) -> Optional[Traffic]:
     """read indices + the rows they name; write those rows back (at most)."""
-    weight, indices = _tensor(call, "self"), _tensor(call, "indices")
+    weight, indices = maybe_tensor(call, "self"), maybe_tensor(call, "indices")
     if weight is None or indices is None or not weight.shape:
         return None
     rows = _elements(indices.numel * weight.shape[-1], weight)
@@ -203,9 +205,9 @@ def _embedding_renorm(call: OpCall) -> Optional[Traffic]:
 def _updated(count: int, call: OpCall, index_names: Sequence[str], source: Optional[str], accumulate: bool) -> Traffic:
     """``count`` elements of ``self`` updated: the indices read, ``count`` source elements
     read, the updated elements written (and read first when accumulating into them)."""
-    self_meta = _tensor(call, "self")
+    self_meta = maybe_tensor(call, "self")
     read = _arg_bytes(call, *index_names)
-    src = _tensor(call, source) if source is not None else None
+    src = maybe_tensor(call, source) if source is not None else None
     if src is not None:
         read += _elements(min(count, src.numel), src)
     updated = _elements(count, self_meta)
@@ -216,7 +218,7 @@ def _updating(counted: str, source: str, accumulate: bool) -> ByteRule:
     """numel(``counted``) elements of self updated from ``source`` (:func:`_updated`)."""
 
     def rule(call: OpCall) -> Optional[Traffic]:
-        tensor = _tensor(call, counted)
+        tensor = maybe_tensor(call, counted)
         return None if tensor is None else _updated(tensor.numel, call, ("index",), source, accumulate)
 
     rule.__doc__ = (f"read index + numel({counted}) elements of {source}" + (" and of self" if accumulate else "")
@@ -231,7 +233,7 @@ _scatter_add = _updating("index", "src", accumulate=True)
 
 def _index_fill(call: OpCall) -> Optional[Traffic]:
     """read index (and a tensor value); write numel(self) / size(dim) x numel(index) elements."""
-    self_meta, index = _tensor(call, "self"), _tensor(call, "index")
+    self_meta, index = maybe_tensor(call, "self"), maybe_tensor(call, "index")
     if self_meta is None or index is None:
         return None
     dim = call.args.get("dim")
@@ -246,7 +248,7 @@ def _indexed(source: str, accumulating: str) -> ByteRule:
     when the ``accumulating`` argument is set; a tensor ``value`` read whole."""
 
     def rule(call: OpCall) -> Optional[Traffic]:
-        index = _tensor(call, "index")
+        index = maybe_tensor(call, "index")
         if index is None:
             return None
         read, written = _updated(index.numel, call, ("index",), source, accumulate=bool(call.args.get(accumulating)))
@@ -268,21 +270,25 @@ def _scatter_reduce(call: OpCall) -> Optional[Traffic]:
     return _scatter_add(call)
 
 
-def _broadcast_numel(shapes: Sequence[Tuple[int, ...]]) -> int:
+def broadcast(*shapes: Sequence[int]) -> Tuple[int, ...]:
+    """The broadcast shape of ``shapes`` (numpy rules); raises ValueError when incompatible."""
     ndim = max((len(s) for s in shapes), default=0)
-    numel = 1
+    result = []
     for axis in range(-ndim, 0):
-        numel *= max((s[axis] for s in shapes if len(s) >= -axis), default=1)
-    return numel
+        sizes = {s[axis] for s in shapes if len(s) >= -axis} - {1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {list(shapes)} do not broadcast")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
 
 
 def _index_put(call: OpCall) -> Optional[Traffic]:
     """read the index tensors + values (+ the selected elements of self when
     ``accumulate``); write the selected elements: broadcast(indices) x the dims no index
     covers. A boolean index selects as many as its data says: at least numel(values)."""
-    self_meta = _tensor(call, "self")
+    self_meta = maybe_tensor(call, "self")
     indices = call.args.get("indices")
-    values = _tensor(call, "values")
+    values = maybe_tensor(call, "values")
     if self_meta is None or values is None or not isinstance(indices, tuple):
         return None
     tensors = [i for i in indices if isinstance(i, TensorMeta)]
@@ -290,7 +296,7 @@ def _index_put(call: OpCall) -> Optional[Traffic]:
         count = values.numel
     else:
         free = [size for d, size in enumerate(self_meta.shape) if d >= len(indices) or not isinstance(indices[d], TensorMeta)]
-        count = _broadcast_numel([t.shape for t in tensors]) * prod(free)
+        count = prod(broadcast(*(t.shape for t in tensors))) * prod(free)
     read = _tensor_bytes(indices) + _nbytes(values)
     updated = _elements(count, self_meta)
     return read + (updated if call.args.get("accumulate") else 0), updated
@@ -298,7 +304,7 @@ def _index_put(call: OpCall) -> Optional[Traffic]:
 
 def _masked(call: OpCall) -> Optional[Traffic]:
     """read the mask (and a tensor value); the elements it selects are data: none at the least."""
-    if _tensor(call, "mask") is None:
+    if maybe_tensor(call, "mask") is None:
         return None
     return _arg_bytes(call, "mask", "value"), 0
 
@@ -308,7 +314,7 @@ def _overwriting(source: str) -> ByteRule:
     tensor value): read it, write self (a slice's own size); self is not read."""
 
     def rule(call: OpCall) -> Optional[Traffic]:
-        self_meta = _tensor(call, "self")
+        self_meta = maybe_tensor(call, "self")
         return None if self_meta is None else (_arg_bytes(call, source), _nbytes(self_meta))
 
     rule.__doc__ = f"read {source}; write self, not read"
@@ -323,7 +329,7 @@ def _dropout(call: OpCall) -> Optional[Traffic]:
 def _same_dtype_identity(call: OpCall) -> Traffic:
     """``to``/``type_as``: returns ``self`` when the dtype is unchanged (0); else a copy
     (self read, output written). A device move is not seen (one device per trace)."""
-    self_meta, out = _tensor(call, "self"), _out(call)
+    self_meta, out = maybe_tensor(call, "self"), first_output(call)
     if self_meta is None or out is None:
         return 0, 0
     if out.dtype == self_meta.dtype and out.shape == self_meta.shape and not call.args.get("copy"):

@@ -74,7 +74,7 @@ def count_decoding(
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise UsageError(f"{who}: new_tokens must be an int >= 1, got {new_tokens!r}")
     model = uncompiled(model)
-    resolved = generation_options(model, int(input_ids.shape[0]), int(input_ids.shape[-1]), new_tokens, dict(options or {}))
+    resolved = generation_options(model, int(input_ids.shape[-1]), new_tokens, dict(options or {}))
 
     def attempt(fast: bool) -> Decoded:
         # each attempt on a Setup of its own: a forward with real weights fills the cache the
@@ -216,7 +216,7 @@ class Counter:
         the dispatch path only); on fake copies, the collector's automatic collections paused
         (:class:`~flopcount.core.collection.PausedCollections`: young garbage collected
         between forwards and on exit, no full collection of the process)."""
-        self._last = LastOutput(self.model, hooks=not self.fast)
+        self._last = LastOutput(hooks=not self.fast)
         with self._last, PausedCollections(active=self.fast) as collections:
             self._collections = collections
             try:

@@ -46,9 +46,7 @@ class GenerationOptions:
     notes: Tuple[str, ...] = ()
 
 
-def generation_options(
-    model: nn.Module, batch: int, prompt: int, new_tokens: int, given: Mapping[str, Any]
-) -> GenerationOptions:
+def generation_options(model: nn.Module, prompt: int, new_tokens: int, given: Mapping[str, Any]) -> GenerationOptions:
     """The options ``model.generate(ids, max_new_tokens=new_tokens, **given)`` would run
     with: ``given`` (arguments not None) over the model's ``generation_config``, then as
     transformers 5 does: ``"hybrid"`` is the dynamic cache; a static cache holds
@@ -159,8 +157,7 @@ class LastOutput:
     each output to :meth:`keep` (a fake run's copy; a process-wide hook would turn structural
     reuse off)."""
 
-    def __init__(self, model: nn.Module, hooks: bool = True):
-        self._model = model
+    def __init__(self, hooks: bool = True):
         self.value: Any = None
         self._handles: List[Any] = []
         self._hooks = hooks
@@ -293,8 +290,7 @@ def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]
     prompt = first[main]
     mask = first.get("attention_mask")
     for start in range(0, int(prompt.shape[-1]), size):
-        call = dict(first)
-        call[main] = prompt[..., start : start + size]
+        call = {**first, main: prompt[..., start : start + size]}
         if isinstance(mask, torch.Tensor):
             call["attention_mask"] = mask[..., : start + int(call[main].shape[-1])]
         calls.append(call)

@@ -77,13 +77,9 @@ def gpu_ceiling(measured: Roofs, sheet: Roofs) -> Roofs:
     ran 2.3 % above the measured bfloat16 roof and a DRAM-bound elementwise chain 4.3 % above
     the measured bandwidth (docs/performance.md, "On a GPU"), so a bound on the raw measurement
     was no bound."""
-    peaks = dict(sheet.peak_flops)
-    for dtype, rate in measured.peak_flops.items():
-        peaks[dtype] = max(rate, peaks.get(dtype, 0.0))
-    details = dict(measured.details)
-    details["ceiling"] = (f"each rate the higher of the measured one and the {sheet.device} datasheet's "
-                          "(tuned kernels beat a measured GPU rate)")
-    details["datasheet"] = sheet.to_dict()
+    peaks = {**sheet.peak_flops, **{dtype: max(rate, sheet.peak_flops.get(dtype, 0.0)) for dtype, rate in measured.peak_flops.items()}}
+    ceiling = f"each rate the higher of the measured one and the {sheet.device} datasheet's (tuned kernels beat a measured GPU rate)"
+    details = {**measured.details, "ceiling": ceiling, "datasheet": sheet.to_dict()}
     return Roofs(peaks, max(measured.bandwidth, sheet.bandwidth), measured.device, "measured, datasheet ceiling",
                  details, sheet.levels or measured.levels, sheet.math)
 

@@ -14,6 +14,7 @@ counted: an upper figure again). The clock is cpufreq's ``cpuinfo_max_freq``, el
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -87,10 +88,8 @@ def _cpuinfo(text: Optional[str] = None) -> Tuple[str, FrozenSet[str], List[floa
         elif key == "flags" and not flags:
             flags = frozenset(value.split())
         elif key == "cpu MHz":
-            try:
+            with contextlib.suppress(ValueError):
                 mhz.append(float(value))
-            except ValueError:
-                pass
     return model, flags, mhz
 
 

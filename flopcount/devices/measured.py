@@ -181,9 +181,7 @@ def machine_roofs(
                 break  # sane, or the machine is busy: measuring again now would not help
         assert roofs is not None
         stamp = (now or (lambda: datetime.now(timezone.utc)))().strftime("%Y-%m-%dT%H:%M:%SZ")
-        details = dict(roofs.details)
-        details["measured_at"] = stamp
-        details["load"] = round(float(load()[0]), 2)
+        details = {**roofs.details, "measured_at": stamp, "load": round(float(load()[0]), 2)}
         details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
         if problems:
             details["not_cached"] = problems
@@ -206,10 +204,8 @@ def remember_roofs(roofs: Roofs, device: Union[None, str, torch.device] = None) 
     dev = torch.device(device or "cpu")
     if not cache_enabled():
         return roofs
-    details = {**roofs.details}
-    details.setdefault("measured_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    details.setdefault("how", "given (remember_roofs)")
-    entry = replace(roofs, details=details)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    entry = replace(roofs, details={"measured_at": stamp, "how": "given (remember_roofs)", **roofs.details})
     with _CACHE_LOCK:
         path = cache_path()
         stored = _read_cache(path)
@@ -255,8 +251,7 @@ def best_of(*measured: Roofs) -> Roofs:
         rates = [r.levels[i].bandwidth for r in measured if len(r.levels) > i and r.levels[i].name == level.name]
         known = [x for x in rates if x]
         levels.append(MemoryLevel(level.name, level.capacity, max(known) if known else None))
-    details = dict(first.details)
-    details["measurements"] = sum(int(r.details.get("measurements", 1)) for r in measured)
+    details = {**first.details, "measurements": sum(int(r.details.get("measurements", 1)) for r in measured)}
     return Roofs(peaks, max(r.bandwidth for r in measured), first.device, first.source, details, tuple(levels), first.math)
 
 

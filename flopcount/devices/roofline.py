@@ -110,9 +110,7 @@ class Roofs:
         peak of the device's columns of its kind (floating or integer), else the highest of
         all (so a bound stays a lower bound; :func:`op_time` reports the missing column)."""
         column = self.column(dtype, op)
-        if column is not None:
-            return float(self.peak_flops[column])
-        return float(self.peak_flops[self.stand_in(dtype)])
+        return float(self.peak_flops[self.stand_in(dtype) if column is None else column])
 
     def stand_in(self, dtype: Optional[str]) -> str:
         """The column a dtype without a peak is priced at: the highest of its kind."""
@@ -131,10 +129,8 @@ class Roofs:
 
     def level_for(self, working_set: float) -> MemoryLevel:
         """The fastest level whose capacity holds ``working_set`` bytes."""
-        for level in self.all_levels():
-            if level.capacity is None or working_set <= level.capacity:
-                return level
-        raise AssertionError("the last level is unbounded")  # pragma: no cover
+        # the last level (main memory) is unbounded: some level always holds it
+        return next(level for level in self.all_levels() if level.capacity is None or working_set <= level.capacity)
 
     def faster_capacity(self, level: MemoryLevel) -> float:
         """Bytes the levels faster than ``level`` hold together: at most that much of a working

@@ -3,34 +3,14 @@
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
+from flopcount.core.traffic import broadcast as broadcast  # the handlers' too
+from flopcount.core.traffic import first_output as first_output
+from flopcount.core.traffic import maybe_tensor as maybe_tensor
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 Shape = Tuple[int, ...]
-
-
-def broadcast(*shapes: Sequence[int]) -> Shape:
-    """The broadcast shape of ``shapes`` (numpy rules); raises ValueError when incompatible."""
-    ndim = max((len(s) for s in shapes), default=0)
-    result = []
-    for axis in range(-ndim, 0):
-        sizes = {s[axis] for s in shapes if len(s) >= -axis} - {1}
-        if len(sizes) > 1:
-            raise ValueError(f"shapes {list(shapes)} do not broadcast")
-        result.append(sizes.pop() if sizes else 1)
-    return tuple(result)
-
-
-def maybe_tensor(call: OpCall, name: str) -> Optional[TensorMeta]:
-    """The tensor argument ``name`` or None when absent (an optional weight, bias...)."""
-    value = call.arg(name)
-    return value if isinstance(value, TensorMeta) else None
-
-
-def first_output(call: OpCall) -> Optional[TensorMeta]:
-    value = call.outputs[0] if call.outputs else None
-    return value if isinstance(value, TensorMeta) else None
 
 
 def output_numel(call: OpCall) -> int:

@@ -131,14 +131,12 @@ def _mha_forward(call: OpCall) -> Cost:
     lq, lk = q.shape[0], k.shape[0]
     heads = int(call.arg("num_heads"))
     lk += (maybe_tensor(call, "bias_k") is not None) + bool(call.arg("add_zero_attn"))
-    parts: List[Tuple[str, Cost]] = []
     kpm, mask = maybe_tensor(call, "key_padding_mask"), maybe_tensor(call, "attn_mask")
     need_weights = bool(call.arg("need_weights"))
     if call.arg("is_causal") and kpm is None and not need_weights:
         mask = None
-    for m in (kpm, mask):
-        if m is not None and m.dtype == "bool":
-            parts.append(_flops("aten::masked_fill_", elementwise_flops("aten::masked_fill", m.numel)))
+    parts = [_flops("aten::masked_fill_", elementwise_flops("aten::masked_fill", m.numel))
+             for m in (kpm, mask) if m is not None and m.dtype == "bool"]
     if kpm is not None and mask is not None:
         merged = broadcast(mask.shape if mask.ndim == 3 else (1,) + mask.shape, (batch * heads, 1, lk))
         parts.append(_flops("aten::add", elementwise_flops("aten::add", prod(merged))))

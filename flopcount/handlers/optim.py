@@ -55,10 +55,8 @@ def foreach_of(single: str) -> Handler:
     per = PER_ELEMENT[f"aten::{single}"]
 
     def handler(call: OpCall) -> Cost:
-        flops = 0
-        for tensor in _floating(_tensors(call.arg("self"))):
-            flops += (complex_flops(f"aten::{single}", per) if is_complex(tensor) else per) * tensor.numel
-        return Cost.from_flops(flops)
+        tensors = _floating(_tensors(call.arg("self")))
+        return Cost.from_flops(sum((complex_flops(f"aten::{single}", per) if is_complex(t) else per) * t.numel for t in tensors))
 
     handler.__doc__ = f"{per} FLOP(s) per element of each tensor in ``self`` (aten::{single} applied per tensor)."
     return handler
@@ -77,11 +75,8 @@ def _foreach_norm(roots: int) -> Handler:
 
 def _foreach_mm(call: OpCall) -> Cost:
     """One matrix product per pair (n, k) x (k, m): n*k*m MACs each."""
-    macs = 0
-    for a, b in zip(_tensors(call.arg("self")), _tensors(call.arg("mat2", call.arg("other")))):
-        if a.ndim == 2 and b.ndim == 2:
-            macs += a.shape[0] * a.shape[1] * b.shape[1]
-    return Cost.from_macs(macs)
+    pairs = zip(_tensors(call.arg("self")), _tensors(call.arg("mat2", call.arg("other"))))
+    return Cost.from_macs(sum(a.shape[0] * a.shape[1] * b.shape[1] for a, b in pairs if a.ndim == 2 and b.ndim == 2))
 
 
 def _fused(per_element: Callable[[OpCall], int]) -> Handler:

@@ -16,7 +16,7 @@ from math import prod
 from typing import Optional
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import first_output
+from flopcount.handlers._common import first_output, maybe_tensor
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = ["DEQUANTIZE", "QUANTIZE", "register"]
@@ -33,19 +33,13 @@ def _packed_weight(call: OpCall, name: str) -> Optional[TensorMeta]:
 
 
 def _input(call: OpCall) -> TensorMeta:
-    for name in ("X", "qx", "input", "act"):
-        value = call.arg(name)
-        if isinstance(value, TensorMeta):
-            return value
-    return call.tensors()[0]
+    found = (maybe_tensor(call, name) for name in ("X", "qx", "input", "act"))
+    return next((tensor for tensor in found if tensor is not None), None) or call.tensors()[0]
 
 
 def _weight_arg(call: OpCall) -> Optional[TensorMeta]:
-    for name in ("W_prepack", "packed_weight", "weight", "w_prepack"):
-        weight = _packed_weight(call, name)
-        if weight is not None:
-            return weight
-    return None
+    found = (_packed_weight(call, name) for name in ("W_prepack", "packed_weight", "weight", "w_prepack"))
+    return next((weight for weight in found if weight is not None), None)
 
 
 def _linear(activation: int):  # type: ignore[no-untyped-def]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import json
 import threading
 import warnings
@@ -38,7 +37,7 @@ from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, Usage
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, gradless, per_parameter, warm_up
-from flopcount.step.parent_walk import forward_of, parent_proven
+from flopcount.step.parent_walk import parent_proven
 from flopcount.step.replay import (
     Figures,
     Template,
@@ -304,9 +303,7 @@ def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
     layers = list(stack.layers.children())
     by_role = {cut: gradless(layers[cut], opt) for cut in (0, 1, ran - 1)}  # first, a middle one, last
     role = {0: 0, n - 1: ran - 1}  # the whole model's layer -> the cut run's layer in its role
-    for index in range(n):
-        found |= {f"{path}.{index}.{name}" for name in by_role[role.get(index, 1)]}
-    return found
+    return found | {f"{path}.{index}.{name}" for index in range(n) for name in by_role[role.get(index, 1)]}
 
 
 def _layered(
@@ -336,20 +333,18 @@ def _layered(
                 _tracked_step(request, tracker, twin, opt, args, kwargs, names, mode, warm=False)
         except Exception:  # the cut copy cannot run as the whole: the whole is traced
             return None
-        known = tracker._mod_tracker.get_known_fqn
-        runs.append((tracker, timeline, known))
-    tracker, timeline, known = runs[0]
+        runs.append((timeline, tracker._mod_tracker.get_known_fqn))
+    (timeline, known), (check, _) = runs
     list_name = known(stack.layers)
     if list_name is None:
         return None
     prefix = list_name + "."
     template = Template.of(timeline, prefix)
-    if template is None or not template.checked(runs[1][1]):
+    if template is None or not template.checked(check):
         return None
     # the parent's forward proven to treat every middle layer alike (flopcount.step.parent_walk)
-    run = forward_of(args, kwargs, request.backward, request.amp, amp_device(twin, args, kwargs))
     with mode:
-        if not parent_proven(stack, run, twin, functools.partial(truncated, stack)):
+        if not parent_proven(stack, twin, args, kwargs, request.backward, request.amp, amp_device(twin, args, kwargs)):
             return None
     figures = template.figures(len(stack))
     fqns = layer_names(stack, known, prefix)

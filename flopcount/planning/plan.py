@@ -39,7 +39,7 @@ from flopcount.planning.world import PlanError, fake_world, mesh_groups, paralle
 from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
-from flopcount.step.parent_walk import forward_of, model_state, parent_proven
+from flopcount.step.parent_walk import model_state, parent_proven
 from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, layer_tensors, truncated
 from flopcount.tracers import trace
 from flopcount.tracers._reuse import reuse_enabled
@@ -168,7 +168,7 @@ def plan(
     comm = _comm_rows(record.collectives, groups, links)
     tokens = _tokens(args, kw)
     # one rank communicates nothing: its step time is known without a link
-    bounds = _bounds(costed, comm, flops, gpu, dtype, bool(links) or not dims)
+    bounds = _bounds(costed, comm, gpu, dtype, bool(links) or not dims)
     notes = _notes(unsupported, bool(links) or not dims, gpu) + record.notes
     with preserved_rng():
         model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, costs)
@@ -304,17 +304,15 @@ def _parent_walked(model: nn.Module, stack: Stack, args: Tuple[Any, ...], kw: Ma
     # forward may not read on fakes it skips on these too (transformers' mask checks)
     with FakeTensorMode(allow_non_fake_inputs=True):
         meta_args, meta_kw = rebuild(_empty_like(tensors, "meta"))
-        proven = parent_proven(stack, forward_of(meta_args, meta_kw, True, amp, "cpu"), model, functools.partial(truncated, stack))
+        proven = parent_proven(stack, model, meta_args, meta_kw, True, amp, "cpu")
     return proven and model_state(model) == before
 
 
 def _empty_like(tensors: List[torch.Tensor], device: str) -> List[torch.Tensor]:
     """An empty tensor of each one's metadata on ``device`` (under a fake mode: a fake); one
     tensor passed twice (ids as labels) is one, as in estimate_memory."""
-    made: Dict[int, torch.Tensor] = {}
-    for t in tensors:
-        if id(t) not in made:
-            made[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+    made = {id(t): torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+            for t in {id(t): t for t in tensors}.values()}
     return [made[id(t)] for t in tensors]
 
 
@@ -436,15 +434,11 @@ def _comm_rows(
 def _tokens(args: Tuple[Any, ...], kw: Mapping[str, Any]) -> int:
     """Tokens in the micro-batch: the elements of the first integer input (token ids)."""
     tensors, _ = flatten_tensors((args, dict(kw)))
-    for tensor in tensors:
-        if not tensor.is_floating_point() and tensor.dtype != torch.bool:
-            return tensor.numel()
-    return 0
+    return next((t.numel() for t in tensors if not t.is_floating_point() and t.dtype != torch.bool), 0)
 
 
 def _bounds(
-    costed: List[Tuple[OpEvent, Optional[Cost]]], comm: Tuple[CommRow, ...], flops: Mapping[str, int],
-    gpu: Optional[str], dtype: str, have_links: bool,
+    costed: List[Tuple[OpEvent, Optional[Cost]]], comm: Tuple[CommRow, ...], gpu: Optional[str], dtype: str, have_links: bool,
 ) -> Optional[StepTimeBounds]:
     """The roofline of the rank's ops, the communication time, and the step times they bound."""
     part = None if gpu is None else find_part(gpu)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 import torch
 from torch import nn
 
-from flopcount.core.inputs import flat_values
+from flopcount.core.inputs import flat_values, output_tensors
 from flopcount.planning.world import PlanError, private
 from flopcount.step.autocast import amp_device
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, gradless
@@ -101,11 +101,8 @@ def make_optimizer(optimizer: Union[OptimizerSpec, None], model: nn.Module) -> O
 
 
 def _tensor_bytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
+    """Bytes of the tensors in ``value`` (nested lists and tuples walked)."""
+    return sum(t.numel() * t.element_size() for t in output_tensors(value))
 
 
 class _StepRecorder(Recorder):

@@ -104,14 +104,12 @@ class SplitSelfAttention(nn.Module):
 def linear_from(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> nn.Linear:
     """The ``nn.Linear`` of ``weight`` (``[out, in]``) and ``bias``; values copied unless on meta."""
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        if weight.device.type != "meta":
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
-    linear.weight.requires_grad_(weight.requires_grad)
-    if bias is not None:
-        linear.bias.requires_grad_(bias.requires_grad)
+    for made, given in ((linear.weight, weight), (linear.bias, bias)):
+        if given is not None:
+            if given.device.type != "meta":
+                with torch.no_grad():
+                    made.copy_(given)
+            made.requires_grad_(given.requires_grad)
     return linear
 
 

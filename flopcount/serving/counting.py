@@ -100,8 +100,7 @@ def derive(
     no per-step table (see the module's text); None where a check fails and both batch sizes
     must be counted in full. Bad input is left to the full count, which says what is wrong."""
     total = new_tokens - 1 if isinstance(new_tokens, int) and not isinstance(new_tokens, bool) else 0
-    if not isinstance(model, nn.Module) or not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2 \
-            or total < MIN_STEPS:
+    if not isinstance(model, nn.Module) or total < MIN_STEPS:  # serve_facts checked the prompt
         return None
     model = uncompiled(model)
     counter = Counter(model, on_fakes(model))  # on fake copies for meta weights, as count_generation
@@ -126,7 +125,7 @@ def derive(
 
 
 def _setup(model: nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: Optional[Mapping[str, Any]]) -> Tuple[Setup, List[str]]:
-    options = generation_options(model, int(ids.shape[0]), int(ids.shape[-1]), new_tokens, {})
+    options = generation_options(model, int(ids.shape[-1]), new_tokens, {})
     if options.static_len is not None or options.prefill_chunk is not None:
         raise _Refused  # a static cache is attended over in full; chunks: several prefill forwards
     setup = Setup(model, ids, kwargs, options)

@@ -77,8 +77,5 @@ class ServeResult(FromWarnings, Rendered):
 
     def at(self, batch: int) -> ServeBatch:
         """The bounds at ``batch`` (one of :attr:`batches`, else priced now)."""
-        for row in self.batches:
-            if row.batch == batch:
-                return row
-        return price_batch(self, batch)
+        return next((row for row in self.batches if row.batch == batch), None) or price_batch(self, batch)
 

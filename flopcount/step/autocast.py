@@ -39,6 +39,4 @@ def ambient_autocast_note(amp: Optional[torch.dtype]) -> List[str]:
 
 def amp_device(model: nn.Module, args: Any, kwargs: Any) -> str:
     """The device type autocast applies to: the parameters' (else the inputs'), cpu by default."""
-    for tensor in list(model.parameters()) + output_tensors((args, kwargs)):
-        return tensor.device.type
-    return "cpu"
+    return next((tensor.device.type for tensor in [*model.parameters(), *output_tensors((args, kwargs))]), "cpu")

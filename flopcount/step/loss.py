@@ -11,7 +11,7 @@ differentiates the sum of every floating (or complex) output that requires grad.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -30,13 +30,7 @@ def differentiable(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
 
 def unique_tensors(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     """``tensors`` in order, each object once (a parameter also passed as an input, a tied weight)."""
-    seen: Set[int] = set()
-    out: List[torch.Tensor] = []
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            out.append(tensor)
-    return out
+    return list({id(tensor): tensor for tensor in tensors}.values())
 
 
 def backward_roots(outputs: Any, loss_fn: Optional[LossFn] = None) -> List[torch.Tensor]:

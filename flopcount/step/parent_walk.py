@@ -42,7 +42,6 @@ content a layer's forward reads and the parent changes per layer.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import weakref
 from collections import OrderedDict
@@ -55,8 +54,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core import hooks
 from flopcount.core.inputs import output_tensors  # plain recursion: no reference cycle while the collector is off
+from flopcount.step.replay import Stack, truncated
 
-__all__ = ["forward_of", "model_state", "parent_proven"]
+__all__ = ["model_state", "parent_proven"]
 
 _VALUES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format)
 _VALUE_TYPES = frozenset(_VALUES)
@@ -348,27 +348,20 @@ def model_state(model: nn.Module) -> Tuple[Any, ...]:
     return tuple((name, _attribute(vars(module))) for name, module in model.named_modules(remove_duplicate=False))
 
 
-def forward_of(
-    args: Any, kwargs: Any, grad: bool, amp: Optional[torch.dtype], device_type: str,
-) -> Callable[[nn.Module], Any]:
-    """The step's forward as :func:`flopcount.step.runner.run_step` runs it (grad mode, autocast)."""
-    from flopcount.step.runner import autocast_nested
+def parent_proven(
+    stack: Stack, model: nn.Module, args: Any, kwargs: Any, grad: bool, amp: Optional[torch.dtype], device_type: str,
+) -> bool:
+    """Whether ``model``'s forward on ``args`` and ``kwargs`` (fake or meta tensors), run as
+    :func:`flopcount.step.runner.run_step` runs it (grad mode ``grad``, the forward's autocast to
+    ``amp``), treats every middle layer of ``stack`` alike: its walk over all the layers is its walk
+    over the first 3 (the stack cut by :func:`flopcount.step.replay.truncated`) with the middle
+    block repeated. False when it differs or cannot be walked."""
+    from flopcount.step.runner import forward_autocast
 
     def run(model: nn.Module) -> Any:
-        inside: Any = contextlib.nullcontext()
-        if amp is not None:
-            inside = torch.autocast(device_type, dtype=amp, cache_enabled=not autocast_nested())
-        with torch.set_grad_enabled(grad), inside:
+        with torch.set_grad_enabled(grad), forward_autocast(amp, device_type):
             return model(*args, **kwargs)
 
-    return run
-
-
-def parent_proven(stack: Any, run: Callable[[nn.Module], Any], model: nn.Module, cut: Callable[[int], Any]) -> bool:
-    """Whether ``model``'s forward (``run(model)``, the step's forward as the step runs it:
-    grad mode, autocast, fake or meta tensors) treats every middle layer of ``stack`` alike:
-    its walk over all the layers is its walk over the first 3 (``cut(3)``: the context that
-    cuts the stack) with the middle block repeated. False when it differs or cannot be walked."""
     layers = [stack.layer(i) for i in range(len(stack))]
     hidden: Dict[int, frozenset] = {}
     for pairs in stack.differing:
@@ -376,7 +369,7 @@ def parent_proven(stack: Any, run: Callable[[nn.Module], Any], model: nn.Module,
             hidden[id(module)] = hidden.get(id(module), frozenset()) | {name}
     try:
         outputs: Dict[Any, Any] = {}
-        with cut(3):
+        with truncated(stack, 3):
             short = _walk(model, layers[:3], hidden, run, outputs)
         whole = _walk(model, layers, hidden, run, outputs)
     except Exception:  # the forward cannot be walked (the traced step says why, where it fails too)

@@ -93,10 +93,7 @@ class _Hidden:
 
     __bool__ = __int__ = __index__ = __float__ = __hash__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __mod__ = __floordiv__ = __truediv__ = _refuse
-    __str__ = __repr__ = __format__ = __iter__ = __len__ = __getitem__ = __call__ = _refuse
-
-    def __getattr__(self, name: str) -> Any:
-        raise _IndexRead(f"the step read the per-layer attribute {self.name!r}")
+    __str__ = __repr__ = __format__ = __iter__ = __len__ = __getitem__ = __call__ = __getattr__ = _refuse
 
 
 @dataclass(frozen=True)
@@ -410,10 +407,7 @@ class Template:
             at = max(stamp - 1, 0)
             index = max(i for i, start in enumerate(starts) if start <= at or i == 0)
             by_piece[id(self.pieces[index])].append(item)
-        out: List[Any] = []
-        for piece, _, _ in self._placed(layers):
-            out.extend(by_piece[id(piece)])
-        return out
+        return [item for piece, _, _ in self._placed(layers) for item in by_piece[id(piece)]]
 
     @classmethod
     def of(cls, records: Sequence[Record], prefix: str) -> Optional[Template]:
@@ -532,11 +526,10 @@ class Template:
 
     def materialize(self, layers: int) -> List[Record]:
         """The whole timeline of the ``layers``-layer step, record by record (the check)."""
-        out: List[Record] = []
-        for piece, offset, target in self._placed(layers):
-            for kind, snap, names, phase, _ in self.records[piece.start:piece.stop]:
-                out.append((kind, _shifted(snap, offset), self._names(names, piece, target, layers), phase, None))
-        return out
+        return [
+            (kind, _shifted(snap, offset), self._names(names, piece, target, layers), phase, None)
+            for piece, offset, target in self._placed(layers) for kind, snap, names, phase, _ in self.records[piece.start:piece.stop]
+        ]
 
     def figures(self, layers: int) -> Figures:
         """The ``layers``-layer step's figures, computed a stretch at a time."""

@@ -23,7 +23,7 @@ from flopcount.step.loss import LossFn, default_loss
 from flopcount.step.replay import snapshot
 from flopcount.types import Phase
 
-__all__ = ["autocast_nested", "peak_tracker", "run_step"]
+__all__ = ["autocast_nested", "forward_autocast", "peak_tracker", "run_step"]
 
 def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
@@ -182,6 +182,12 @@ def autocast_nested() -> bool:
     return depth > 1
 
 
+def forward_autocast(amp: Optional[torch.dtype], device_type: str) -> Any:
+    """The step's forward autocast to ``amp`` on ``device_type``, with the caller's autocast
+    cache left alone (:func:`autocast_nested`); a null context without ``amp``."""
+    return contextlib.nullcontext() if amp is None else torch.autocast(device_type, dtype=amp, cache_enabled=not autocast_nested())
+
+
 def run_step(
     model: nn.Module,
     args: Sequence[Any],
@@ -206,11 +212,8 @@ def run_step(
     peak starts with what is alive now; ``on_phase`` is told "backward" and "optimizer"."""
     if tracker is not None:
         tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
-    inside: Any = contextlib.nullcontext()
-    outside: Any = contextlib.nullcontext()
-    if amp is not None:
-        inside = torch.autocast(device_type, dtype=amp, cache_enabled=not autocast_nested())
-        outside = torch.autocast(device_type, enabled=False)
+    inside = forward_autocast(amp, device_type)
+    outside: Any = contextlib.nullcontext() if amp is None else torch.autocast(device_type, enabled=False)
     with torch.set_grad_enabled(backward):
         with inside:
             outputs = model(*args, **kwargs)

@@ -121,7 +121,6 @@ class BackwardAttribution:
         #: forward, the backward and a reentrant checkpoint's recompute never reach them
         self.stand_ins = StandIns(real)
         self._modules = modules
-        self._stack = modules.stack
         self._peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
         self._current_node = getattr(torch._C, "_current_autograd_node", None)
         self._seqs: List[int] = []

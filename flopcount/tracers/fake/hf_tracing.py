@@ -47,8 +47,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from flopcount.core.inputs import fake_tensor_type, flatten_tensors
-from flopcount.tracers.fake.values import INTEGRAL
+from flopcount.core.inputs import fake_tensor_type
+from flopcount.tracers.fake.values import INTEGRAL, cpu_value, keep_value, run_on_cpu
 
 __all__ = [
     "JIT_PROBE_NAME", "PROBE_MODULE", "PROBE_NAME", "FakeValues", "JitBranches", "RealBranches", "jit_branches",
@@ -74,10 +74,6 @@ _QUIET = frozenset({"transformers.modeling_utils.warn_if_padding_and_no_attentio
 _UNDECIDED = frozenset({
     _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided, _aten.empty_permuted,
 })
-
-
-class _Unknown(Exception):
-    pass
 
 
 class FakeValues(TorchDispatchMode):
@@ -140,34 +136,22 @@ class FakeValues(TorchDispatchMode):
         try:
             value = self._on_cpu_run(func, args, kwargs)
         except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
-            self._forget_if_written(func, args, kwargs)
-            return
-        if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(out.shape) and value.dtype == out.dtype:
-            self._values[out] = value
-        else:
+            value = None
+        if not keep_value(self._values, out, value):
             self._forget_if_written(func, args, kwargs)
 
     def _on_cpu_run(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """``func`` run below every mode on the CPU values of its arguments (devices made cpu)."""
-        tensors, rebuild = flatten_tensors((args, kwargs))
-        cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
-        cpu_args = tuple(_CPU if isinstance(a, torch.device) else a for a in cpu_args)
-        cpu_kwargs = {k: _CPU if isinstance(v, torch.device) else v for k, v in cpu_kwargs.items()}
         with torch._C._DisableTorchDispatch():
-            return func(*cpu_args, **cpu_kwargs)
+            return run_on_cpu(func, args, kwargs, self._on_cpu, lambda value: isinstance(value, torch.device))
 
     def _on_cpu(self, tensor: torch.Tensor) -> torch.Tensor:
-        if isinstance(tensor, self._fake):
-            known = self._values.get(tensor)
-            if known is None:
-                raise _Unknown
-            return known
-        if tensor.device.type != "cpu" or tensor.numel() > LIMIT:
-            raise _Unknown
+        value = cpu_value(self._values, tensor, isinstance(tensor, self._fake), LIMIT)
+        if value is not tensor:
+            return value
         # a real tensor the forward reached some other way: a copy, so that no op followed
         # here writes into it (an in-place op on a view of it)
-        with torch._C._DisableTorchDispatch():
-            return tensor.detach().clone()
+        return tensor.detach().clone()
 
     def _forget_if_written(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if func._schema.is_mutable:

@@ -16,14 +16,14 @@ followed (a write into a meta tensor from an unknown value) forgets every value.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from flopcount.core.inputs import flatten_tensors, output_tensors
 
-__all__ = ["INTEGRAL", "LIMIT", "KnownValues"]
+__all__ = ["INTEGRAL", "LIMIT", "KnownValues", "Unknown", "cpu_value", "keep_value", "run_on_cpu"]
 
 #: the largest tensor (elements) whose value is followed: position ids and masks of a few
 #: thousand tokens, not a (T x T) mask of a long context
@@ -32,8 +32,43 @@ INTEGRAL = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.in
 _CPU = torch.device("cpu")
 
 
-class _Unknown(Exception):
-    pass
+class Unknown(Exception):
+    """A tensor whose value is not followed."""
+
+
+def cpu_value(values: Any, tensor: torch.Tensor, followed: bool, limit: int) -> torch.Tensor:
+    """``tensor``'s CPU value: the one ``values`` holds for a ``followed`` tensor, else ``tensor``
+    itself when it is a real CPU tensor of at most ``limit`` elements; :class:`Unknown` otherwise."""
+    if followed:
+        known = values.get(tensor)
+        if known is None:
+            raise Unknown
+        return known
+    if tensor.device.type != "cpu" or tensor.numel() > limit:
+        raise Unknown
+    return tensor
+
+
+def run_on_cpu(
+    func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], on_cpu: Callable[[torch.Tensor], torch.Tensor],
+    moved: Callable[[Any], bool],
+) -> Any:
+    """``func`` run on each tensor argument's ``on_cpu`` value, each device argument that is
+    ``moved`` made cpu (an aten schema takes a device only as an argument of its own, never
+    inside a list)."""
+    tensors, rebuild = flatten_tensors((args, kwargs))
+    cpu_args, cpu_kwargs = rebuild([on_cpu(t) for t in tensors])
+    cpu_args = tuple(_CPU if moved(a) else a for a in cpu_args)
+    cpu_kwargs = {k: _CPU if moved(v) else v for k, v in cpu_kwargs.items()}
+    return func(*cpu_args, **cpu_kwargs)
+
+
+def keep_value(values: Any, out: torch.Tensor, value: Any) -> bool:
+    """Hold ``value`` as ``out``'s when it is a tensor of ``out``'s shape and dtype; whether it was."""
+    if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(out.shape) and value.dtype == out.dtype:
+        values[out] = value
+        return True
+    return False
 
 
 class KnownValues:
@@ -58,29 +93,15 @@ class KnownValues:
             self._forget(func, args)
             return
         try:
-            tensors, rebuild = flatten_tensors((args, kwargs or {}))
-            cpu_args, cpu_kwargs = rebuild([self._on_cpu(t) for t in tensors])
-            # an aten schema takes a device only as an argument of its own, never inside a list
-            cpu_args = tuple(_CPU if _meta_device(a) else a for a in cpu_args)
-            cpu_kwargs = {k: _CPU if _meta_device(v) else v for k, v in cpu_kwargs.items()}
-            value = func(*cpu_args, **cpu_kwargs)
+            value = run_on_cpu(func, args, kwargs or {}, self._on_cpu, _meta_device)
         except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
             self._forget(func, args)
             return
-        if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(out.shape) and value.dtype == out.dtype:
-            self._values[out] = value
-        else:
+        if not keep_value(self._values, out, value):
             self._forget(func, args)
 
     def _on_cpu(self, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type == "meta":
-            known = self._values.get(tensor)
-            if known is None:
-                raise _Unknown
-            return known
-        if tensor.device.type != "cpu" or tensor.numel() > LIMIT:
-            raise _Unknown
-        return tensor
+        return cpu_value(self._values, tensor, tensor.device.type == "meta", LIMIT)
 
     def __bool__(self) -> bool:
         return len(self._values) > 0
