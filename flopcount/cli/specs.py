@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
-from flopcount.cli.output import describe_short
+from flopcount.cli.output import one_line
 from flopcount.errors import UsageError
 
 DTYPES: Dict[str, torch.dtype] = {
@@ -213,7 +213,7 @@ def config_with(config: Any, overrides: Dict[str, Any], rebuild: Callable[..., A
         return rebuild(**overrides)
     except Exception as exc:
         shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
-        raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {describe_short(exc)}") from exc
+        raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {one_line(str(exc)) or type(exc).__name__}") from exc
 
 
 def did_you_mean(word: str, names: Iterable[str]) -> str:

@@ -12,7 +12,7 @@ from flopcount.core.ledger import Ledger
 from flopcount.core.rows import CostRow, TimeSource
 from flopcount.devices.roofline import Roofs, op_time
 from flopcount.profiling._bytes import call_dtype
-from flopcount.profiling._tree import Alignment, Node, TopOp
+from flopcount.profiling._tree import Alignment, Node, TopOp, attribute, cpu_total, shared_without_measure
 from flopcount.profiling.result import Overview, Unmatched
 from flopcount.types import Cost, OpEvent
 
@@ -55,9 +55,14 @@ class Measured:
     covered_us: float = 0.0
 
     def add_loose(self, name: str, reason: str, time_us: float) -> None:
-        entry = self.loose.setdefault((name, reason), [0.0, 0.0])
-        entry[0] += 1
-        entry[1] += time_us
+        _tally(self.loose, (name, reason), time_us)
+
+
+def _tally(table: Dict[Any, List[float]], key: Any, value: float) -> None:
+    """One more call of ``key`` worth ``value``: ``table[key]`` is [calls, sum of values]."""
+    entry = table.setdefault(key, [0.0, 0.0])
+    entry[0] += 1
+    entry[1] += value
 
 
 def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, float]:
@@ -155,14 +160,10 @@ def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tu
             value = fact.flops
         else:
             continue
-        entry = missing.setdefault((fact.event.call.op, fact.event.module, reason), [0.0, 0.0])
-        entry[0] += 1
-        entry[1] += value
+        _tally(missing, (fact.event.call.op, fact.event.module, reason), value)
     for (op, module, reason), (calls, value) in missing.items():
-        if reason.startswith("no handler"):
-            found.append(Unmatched("counted", op, module, "", calls, value * 1e-6, 0, reason))
-        else:
-            found.append(Unmatched("counted", op, module, "", calls, 0.0, value, reason))
+        timed = reason.startswith("no handler")  # the value is its time (us), else its FLOPs
+        found.append(Unmatched("counted", op, module, "", calls, value * 1e-6 if timed else 0.0, 0 if timed else value, reason))
     return tuple(found)
 
 
@@ -191,7 +192,7 @@ def _swapped(swaps: Sequence[Tuple[List[int], List[int]]], join: Sequence[TopOp]
     return found
 
 
-def _by_roofline(node: Node, carried: TopOp, facts: Sequence[EventFacts], roofs: Roofs, total: float) -> Dict[int, float]:
+def _by_roofline(carried: TopOp, facts: Sequence[EventFacts], roofs: Roofs, total: float) -> Dict[int, float]:
     """A fused op's time shared among the counted events it stands for, by their attainable time."""
     weights = {i: attainable_parts(facts[i], roofs)[2] if facts[i].cost is not None else 0.0 for i, _ in carried.owners}
     whole = sum(weights.values())
@@ -212,8 +213,6 @@ def book_step(
 ) -> None:
     """Give each timed top-level op's time to the events its join-step twin carries; a
     timed op in a stretch where the runs differ goes to the counted events of that stretch."""
-    from flopcount.profiling._tree import attribute, cpu_total, shared_without_measure
-
     pairs = alignment.pairs
     swapped = _swapped(alignment.swaps, join)
     step_seen: Dict[int, int] = {}
@@ -223,8 +222,8 @@ def book_step(
         measured.covered_us += host_us
         stand_in = swapped.get(position)
         if stand_in is not None:
-            shares = _by_roofline(node, stand_in, facts, roofs, time_us)
-            host_shares = _by_roofline(node, stand_in, facts, roofs, host_us)
+            shares = _by_roofline(stand_in, facts, roofs, time_us)
+            host_shares = _by_roofline(stand_in, facts, roofs, host_us)
             measured.apportioned.update(shares)
             counted = ", ".join(sorted({facts[i].event.call.op for i in shares if facts[i].flops or facts[i].bytes}))
             note = f"{node.name} ran where the counted run had {counted or 'ops without cost'}"

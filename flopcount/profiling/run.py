@@ -298,11 +298,8 @@ def _has_objects(value: Any) -> bool:
 
 
 def _range(name: str) -> Any:
-    """A profiler range (the fast C++ one where this torch has it)."""
-    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
-    if fast is not None:
-        return fast(name)
-    return torch.autograd.profiler.record_function(name)
+    """A profiler range: torch's fast C++ one (``record_function``'s ranges, cheaper)."""
+    return torch._C._profiler._RecordFunctionFast(name)
 
 
 def _marker(index: int) -> Any:
