@@ -590,10 +590,6 @@ def side_args(args: argparse.Namespace, side: str, entry: str) -> argparse.Names
     return ns
 
 
-def _side_options(args: argparse.Namespace, side: str) -> List[str]:
-    return [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
-
-
 def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
     """One side of a diff as a FlopResult: a saved report read back, or an ENTRY counted as
     ``count`` would (``--memory``: with its peak), with its ``entry`` label as a report section."""
@@ -601,7 +597,7 @@ def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
 
     name = side.upper()
     if is_report(text):
-        own = _side_options(args, side)
+        own = [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
         if own:
             raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
         return load_report(text)

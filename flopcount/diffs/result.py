@@ -172,15 +172,14 @@ class DiffResult(Rendered):
         children's (``layers`` = the sum of ``layers.0`` ... ``layers.79``)."""
         children = self._children.get(row.name, ())
         mine = tuple(row.delta(k) or 0 for k in metrics)
-        sums: Dict[Tuple[str, str], List[Number]] = {}
+        sums: Dict[Tuple[str, str], Tuple[Number, ...]] = {}
         for child in children:
             deltas = tuple(child.delta(k) or 0 for k in metrics)
             if deltas == mine:
                 return True
-            total = sums.setdefault((_pattern(child.name), child.type_name), [0] * len(metrics))
-            for i, d in enumerate(deltas):
-                total[i] += d
-        return any(tuple(total) == mine for total in sums.values())
+            key = (_pattern(child.name), child.type_name)
+            sums[key] = tuple(total + d for total, d in zip(sums.get(key, (0,) * len(metrics)), deltas))
+        return mine in sums.values()
 
     @functools.cached_property
     def _children(self) -> Dict[str, List[Change]]:

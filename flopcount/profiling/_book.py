@@ -148,9 +148,8 @@ def rows(ledger: Ledger) -> Tuple[CostRow, ...]:
 
 
 def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tuple[Unmatched, ...]:
-    found: List[Unmatched] = []
-    for (name, reason), (calls, time_us) in sorted(measured.loose.items(), key=lambda kv: -kv[1][1]):
-        found.append(Unmatched("profiled", name, "", "", calls / steps, time_us * 1e-6 / steps, 0, reason))
+    found = [Unmatched("profiled", name, "", "", calls / steps, time_us * 1e-6 / steps, 0, reason)
+             for (name, reason), (calls, time_us) in sorted(measured.loose.items(), key=lambda kv: -kv[1][1])]
     missing: Dict[Tuple[str, str, str], List[float]] = {}
     for index, fact in enumerate(facts):
         if fact.cost is None:  # per call: its time; a call that got no time: its FLOPs
