@@ -5,6 +5,7 @@ from SPECs (token ids within the embedding's range). Quantities (``25M``) are pa
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import re
@@ -167,10 +168,8 @@ def _typed(value: str) -> Any:
     if lowered in ("none", "null"):
         return None
     for kind in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return kind(value)
-        except ValueError:
-            pass
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
     return value
