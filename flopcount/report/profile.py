@@ -238,7 +238,6 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
     body = grid(rows, _header(by, result.timing), "html", disable_numparse=True)
     notes = [*marks_lines(_rows_for(result, by)), overview_line(result), f"Roofs: {result.roofs.describe()}",
              *unmatched_lines(result)]
-    figure = ""
     try:
         from flopcount.report.roofline_plot import roofline_svg
 
@@ -256,9 +255,7 @@ def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[st
     (``attainable_s``) are written in the trace's unit, microseconds (``attainable_us``)."""
     data = copy.deepcopy(dict(trace))
     for event in data.get("traceEvents", ()):
-        if not isinstance(event, dict) or event.get("cat") != "cpu_op":
-            continue
-        args = event.get("args")
+        args = event.get("args") if isinstance(event, dict) and event.get("cat") == "cpu_op" else None
         if not isinstance(args, dict):
             continue
         extra = args_by_id.get(args.get("External id", -1))
