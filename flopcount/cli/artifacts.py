@@ -53,9 +53,7 @@ def looks_like_artifact(text: str) -> bool:
     if ":" in text.replace("\\", "/").split("/")[-1]:
         return False  # path.py:attr, package.module:attr
     path = Path(text).expanduser()
-    if path.suffix.lower() in ARTIFACT_SUFFIXES:
-        return True
-    return path.is_file() and path.suffix != ".py"
+    return path.suffix.lower() in ARTIFACT_SUFFIXES or (path.is_file() and path.suffix != ".py")
 
 
 def artifact_file(entry: str) -> Optional[Path]:
@@ -113,9 +111,7 @@ def _kind(names: Sequence[str]) -> str:
 
 def _is_pickled(blob: bytes) -> bool:
     """A torch.save archive (zip) or a bare pickle (protocol 2-5 header, STOP at the end)."""
-    if blob.startswith(_ZIP_MAGIC):
-        return True
-    return len(blob) >= 3 and blob[0] == 0x80 and 2 <= blob[1] <= 5 and blob.endswith(b".")
+    return blob.startswith(_ZIP_MAGIC) or (len(blob) >= 3 and blob[0] == 0x80 and 2 <= blob[1] <= 5 and blob.endswith(b"."))
 
 
 def _weights_only_load(blob: bytes) -> Any:

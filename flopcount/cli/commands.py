@@ -61,7 +61,7 @@ def _check_output(path: Optional[str], flag: str) -> None:
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{flag} {path}: is a directory")
-    folder = target.parent if str(target.parent) else Path(".")
+    folder = target.parent  # "." for a bare file name
     if not folder.is_dir():
         raise UsageError(f"{flag} {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
