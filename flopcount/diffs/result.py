@@ -55,9 +55,7 @@ class Change:
     def relative(self, metric: str) -> Optional[float]:
         """(B - A) / A; None when A is 0 (a new cost) or either side lacks the metric."""
         a, d = self.before(metric), self.delta(metric)
-        if a is None or d is None or a == 0:
-            return None
-        return d / a
+        return None if a is None or d is None or a == 0 else d / a
 
     def metrics(self) -> Tuple[str, ...]:
         """The metrics both sides of this row have (an added or removed row: its side's)."""
@@ -78,9 +76,7 @@ def _pattern(name: str) -> str:
 
 def _summed(sides: List[Optional[Mapping[str, Number]]]) -> Optional[Dict[str, Number]]:
     present = [side for side in sides if side is not None]
-    if not present:
-        return None
-    return {key: sum(side.get(key, 0) for side in present) for key in present[0]}
+    return {key: sum(side.get(key, 0) for side in present) for key in present[0]} if present else None
 
 
 def _grouped(rows: List[Change]) -> List[Change]:

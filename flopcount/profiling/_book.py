@@ -194,10 +194,8 @@ def _swapped(swaps: Sequence[Tuple[List[int], List[int]]], join: Sequence[TopOp]
 def _by_roofline(carried: TopOp, facts: Sequence[EventFacts], roofs: Roofs, total: float) -> Dict[int, float]:
     """A fused op's time shared among the counted events it stands for, by their attainable time."""
     weights = {i: attainable_parts(facts[i], roofs)[2] if facts[i].cost is not None else 0.0 for i, _ in carried.owners}
-    whole = sum(weights.values())
-    if whole <= 0:
-        return {i: total / len(weights) for i in weights}
-    return {i: total * w / whole for i, w in weights.items()}
+    whole = sum(weights.values())  # all zero: shared equally
+    return {i: total / len(weights) if whole <= 0 else total * w / whole for i, w in weights.items()}
 
 
 def book_step(

@@ -51,9 +51,7 @@ class Node:
     @property
     def marker(self) -> Optional[int]:
         """The event index of a ``flopcount#N`` range, else None."""
-        if self.name.startswith(MARKER):
-            return int(self.name[len(MARKER):])
-        return None
+        return int(self.name[len(MARKER):]) if self.name.startswith(MARKER) else None
 
     @property
     def is_op(self) -> bool:

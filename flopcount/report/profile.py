@@ -30,9 +30,7 @@ FLAGGED, APPORTIONED = "!", "~"
 
 
 def _efficiency_cell(row: ProfileRow) -> str:
-    if row.time_source != "measured":
-        return APPORTIONED
-    return _ratio(row.efficiency) + (FLAGGED if row.flag else "")
+    return APPORTIONED if row.time_source != "measured" else _ratio(row.efficiency) + (FLAGGED if row.flag else "")
 
 
 def _rows_for(result: ProfileResult, by: str, depth: Optional[int] = None) -> List[ProfileRow]:
