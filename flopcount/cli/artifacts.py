@@ -211,20 +211,6 @@ def _load_torchscript(entry: str, data: bytes, device: str) -> LoadedEntry:
     )
 
 
-class _ExportLog(logging.Filter):
-    """``torch.export.load`` logs a traceback when the archive's first reading fails; the
-    failure is ours to report, in one line: its exceptions are kept, the lines dropped."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.errors: List[BaseException] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            self.errors.append(record.exc_info[1])
-        return False
-
-
 _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
 # packages whose output types flopcount may import to read a program (installed code, named
 # by the file: only these, never an arbitrary module)
@@ -233,15 +219,24 @@ _KNOWN_PACKAGES = ("transformers.",)
 
 def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[str]) -> LoadedEntry:
     imported: List[str] = []
+    errors: List[BaseException] = []
+
+    def log(record: logging.LogRecord) -> bool:
+        """``torch.export.load`` logs a traceback when the archive's first reading fails; the
+        failure is ours to report, in one line: its exceptions are kept, the lines dropped."""
+        if record.exc_info and record.exc_info[1] is not None:
+            errors.append(record.exc_info[1])
+        return False
+
+    logger = logging.getLogger("torch.export")
     while True:
-        log = _ExportLog()
-        logger = logging.getLogger("torch.export")
+        errors.clear()
         logger.addFilter(log)
         try:
             program = torch.export.load(io.BytesIO(data))
             break
         except Exception as exc:
-            causes = [describe(e) for e in log.errors] + [describe(exc)]
+            causes = [describe(e) for e in errors] + [describe(exc)]
             missing = next((m.group(1) for c in causes for m in [_UNREGISTERED.search(c)] if m), None)
             if missing is not None and missing not in imported and missing.startswith(_KNOWN_PACKAGES):
                 imported.append(missing)
