@@ -148,16 +148,13 @@ def _import_module(name: str) -> Any:
     # `python -m` puts the working directory on sys.path; the console script does not
     with _on_sys_path(os.getcwd()):
         try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            missing = exc.name or ""
+            with _as_usage_error(f"bad ENTRY: importing {name!r} failed"):
+                return importlib.import_module(name)
+        except UsageError as exc:  # the module itself missing: said plainly
+            missing = exc.__cause__.name if isinstance(exc.__cause__, ModuleNotFoundError) else None
             if missing and (name == missing or name.startswith(missing + ".")):
-                raise UsageError(f"bad ENTRY: no module named {missing!r} (looked on sys.path and in {os.getcwd()})") from exc
-            raise UsageError(f"bad ENTRY: importing {name!r} failed: {describe(exc)}") from exc
-        except BaseException as exc:
-            if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
-                raise
-            raise UsageError(f"bad ENTRY: importing {name!r} failed: {describe(exc)}") from exc
+                raise UsageError(f"bad ENTRY: no module named {missing!r} (looked on sys.path and in {os.getcwd()})") from exc.__cause__
+            raise
 
 
 @contextlib.contextmanager
