@@ -148,12 +148,6 @@ def bind_call(fn: Callable[..., Any], call: PreparedCall) -> Callable[[], Any]:
     return lambda: fn(*args)
 
 
-def leading_batch(call: PreparedCall) -> int:
-    """The leading dimension of the call's first tensor, positional arguments before
-    keyword ones (1 when there is none or it is a scalar)."""
-    return next((int(t.shape[0]) if t.dim() > 0 else 1 for t in call.tensors), 1)
-
-
 def autocast_context(device: torch.device, dtype: Optional[torch.dtype]) -> Any:
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
