@@ -283,14 +283,12 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
     named = getattr(transformers, architecture, None) if architecture else None
     if isinstance(named, type) and issubclass(named, nn.Module):
         build: Callable[[Any], Any] = named
+    elif seq2seq and model_type in names.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        build = transformers.AutoModelForSpeechSeq2Seq.from_config
+    elif seq2seq and model_type in names.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        build = transformers.AutoModelForSeq2SeqLM.from_config
     else:
-        if seq2seq and model_type in names.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
-            auto: Any = transformers.AutoModelForSpeechSeq2Seq
-        elif seq2seq and model_type in names.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-            auto = transformers.AutoModelForSeq2SeqLM
-        else:
-            auto = transformers.AutoModelForCausalLM if causal and not seq2seq else transformers.AutoModel
-        build = auto.from_config
+        build = (transformers.AutoModelForCausalLM if causal and not seq2seq else transformers.AutoModel).from_config
     with _build_device(device), _as_usage_error(f"model construction failed: {entry}"):
         model = build(config)
     default_kwargs: Dict[str, InputSpec] = {}
