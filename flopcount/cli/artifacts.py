@@ -314,12 +314,11 @@ def artifact_from_program(entry: str, program: Any, device: str, graph_device: O
             )
     in_spec = program.call_spec.in_spec  # a TreeSpec: (args, kwargs) from their leaves, by its public unflatten
     args, kwargs = in_spec.unflatten(leaves)
-    slots = [leaf for leaf in leaves if isinstance(leaf, _Slot)]
     ranges = {str(symbol): (_bound(r.lower), _bound(r.upper)) for symbol, r in program.range_constraints.items()}
     flat = isinstance(args, tuple) and all(isinstance(a, _Slot) for a in args) and isinstance(kwargs, dict) and all(
         isinstance(v, _Slot) for v in kwargs.values()
     )
-    fit = _fitter(entry, slots, ranges, list(args) if flat else None, dict(kwargs) if flat else None)
+    fit = _fitter(entry, ranges, list(args) if flat else None, dict(kwargs) if flat else None)
     if flat:
         try:
             specs = tuple(_spec(entry, s) for s in args)
@@ -388,7 +387,6 @@ def _spec(entry: str, slot: _Slot) -> InputSpec:
 
 def _fitter(
     entry: str,
-    slots: List[_Slot],
     ranges: Dict[str, Tuple[Optional[int], Optional[int]]],
     args: Optional[List[_Slot]],
     kwargs: Optional[Dict[str, _Slot]],

@@ -12,7 +12,7 @@ from flopcount.core.ledger import Ledger
 from flopcount.core.rows import CostRow, TimeSource
 from flopcount.devices.roofline import Roofs, op_time
 from flopcount.profiling._bytes import call_dtype
-from flopcount.profiling._tree import Alignment, Node, TopOp, attribute, cpu_total, shared_without_measure
+from flopcount.profiling._tree import Alignment, TopOp, attribute, cpu_total, shared_without_measure
 from flopcount.profiling.result import Overview, Unmatched
 from flopcount.types import Cost, OpEvent
 
@@ -85,7 +85,7 @@ def _ops(fact: EventFacts) -> Tuple[str, ...]:
     return tuple(name for name, _ in cost.parts)
 
 
-def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
+def trace_args(events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
     """The ``args`` a trace event gains: the cost of the counted calls it ran, read as one
     :class:`CostRow` (its intensity, efficiency and flag). A node with nothing on the roofs
     (a view) has efficiency and intensity null, not 0; a compute-bound node above the roof
@@ -218,6 +218,8 @@ def book_step(
         time_us, host_us = measure(node), cpu_total(node)
         measured.covered_us += host_us
         stand_in = swapped.get(position)
+        twin = pairs.get(position)
+        carried = join[twin] if twin is not None else None
         if stand_in is not None:
             shares = _by_roofline(stand_in, facts, roofs, time_us)
             host_shares = _by_roofline(stand_in, facts, roofs, host_us)
@@ -225,12 +227,7 @@ def book_step(
             counted = ", ".join(sorted({facts[i].event.call.op for i in shares if facts[i].flops or facts[i].bytes}))
             note = f"{node.name} ran where the counted run had {counted or 'ops without cost'}"
             measured.swaps[note] = measured.swaps.get(note, 0) + 1
-            _credit(shares, host_shares, facts, measured, step_seen)
-            args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
-            continue
-        twin = pairs.get(position)
-        carried = join[twin] if twin is not None else None
-        if carried is None or not carried.events:
+        elif carried is None or not carried.events:
             reason = (
                 "the counted run has no such call here (the model ran other code when timed: a fast path, "
                 "or a data-dependent branch)"
@@ -240,12 +237,13 @@ def book_step(
             measured.add_loose(node.name, reason, time_us)
             measured.category["other"] += time_us
             continue
-        shares = attribute(node, carried, measure)
-        host_shares = attribute(node, carried, cpu_total)
-        if shared_without_measure(node, carried, measure):
-            measured.apportioned.update(shares)
+        else:
+            shares = attribute(node, carried, measure)
+            host_shares = attribute(node, carried, cpu_total)
+            if shared_without_measure(node, carried, measure):
+                measured.apportioned.update(shares)
         _credit(shares, host_shares, facts, measured, step_seen)
-        args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
+        args_out[node.ident] = trace_args(list(shares), facts, roofs, time_us)
     for index in step_seen:
         measured.seen[index] = measured.seen.get(index, 0) + 1
 
