@@ -13,8 +13,6 @@ from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
 if TYPE_CHECKING:
     from flopcount.core.results import FlopResult
 
-SCHEMA_VERSION = REPORT_SCHEMA_VERSION
-
 
 #: a phase's and a module's figures, in the order the report writes them
 _METRICS: Tuple[Literal["macs", "flops", "bytes_read", "bytes_written"], ...] = ("macs", "flops", "bytes_read", "bytes_written")
@@ -33,7 +31,7 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
     params = result.parameters
     phases = {metric: result.by_phase(metric) for metric in _METRICS}
     data: Dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "convention": CONVENTION,
         "tracer": result.tracer,
         "inputs": result.input_description,
