@@ -34,10 +34,14 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping,
 import torch
 from torch import nn
 
+from flopcount.cli.artifacts import is_local_hf, load_artifact, local_hf_config, looks_like_artifact
 from flopcount.cli.deadline import CommandTimeout
 from flopcount.cli.output import describe
-from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, did_you_mean
+from flopcount.cli.parser import pairs_once
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, did_you_mean, parse_dtype, parse_spec
+from flopcount.core.inputs import flatten_tensors
 from flopcount.errors import UsageError
+from flopcount.examples import CATALOG
 
 ENTRY_HELP = (
     "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE, hf:./folder, tv:NAME, example:NAME, "
@@ -51,9 +55,6 @@ EXAMPLE_PREFIXES = ("example:",)
 def meta_builder(args: Any, dtype: Optional[str], graph_device: Optional[str] = None) -> Callable[[], nn.Module]:
     """Builds the model ``args.entry`` names (with ``--config``) on the meta device, cast to ``dtype``
     when given: ``plan`` (once per rank) and ``serve``. Bad ``--config`` or ``--dtype``: said at once."""
-    from flopcount.cli.parser import pairs_once
-    from flopcount.cli.specs import parse_dtype
-
     config = pairs_once(args.config, "--config")
     cast = parse_dtype(dtype, "--dtype") if dtype else None
 
@@ -76,8 +77,6 @@ def load_entry(
     overrides = dict(config or {})
     if not text:
         raise UsageError(f"empty ENTRY; {ENTRY_HELP}")
-    from flopcount.cli.artifacts import load_artifact, looks_like_artifact
-
     zoos = ((HF_PREFIXES, _load_hf), (TV_PREFIXES, _load_torchvision), (EXAMPLE_PREFIXES, _load_example))
     zoo = next(((prefix, load) for prefixes, load in zoos for prefix in prefixes if text.lower().startswith(prefix)), None)
     if zoo is not None:
@@ -231,8 +230,6 @@ def _build_device(device: str) -> ContextManager[Any]:
 def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
     if inputs is None and kwargs is None:
         return inputs, kwargs
-    from flopcount.core.inputs import flatten_tensors
-
     tensors, rebuild = flatten_tensors((inputs, kwargs))
     if all(t.device.type == torch.device(device).type for t in tensors):
         return inputs, kwargs
@@ -250,8 +247,6 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         raise UsageError(f"{entry} needs the transformers package: pip install transformers") from exc
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    from flopcount.cli.artifacts import is_local_hf, local_hf_config
 
     if is_local_hf(model_type):
         config, architecture = local_hf_config(entry, model_type, overrides)
@@ -338,9 +333,6 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
 
 
 def _load_example(entry: str, name: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
-    from flopcount.cli.specs import parse_spec
-    from flopcount.examples import CATALOG
-
     if name not in CATALOG:
         with _on_sys_path(os.getcwd()):
             own_module = importlib.util.find_spec("example") is not None
