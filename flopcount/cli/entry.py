@@ -233,8 +233,7 @@ def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tu
     tensors, rebuild = flatten_tensors((inputs, kwargs))
     if all(t.device.type == torch.device(device).type for t in tensors):
         return inputs, kwargs
-    moved = [torch.empty_like(t, device="meta") if device == "meta" else t.to(device) for t in tensors]
-    return rebuild(moved)
+    return rebuild([torch.empty_like(t, device="meta") if device == "meta" else t.to(device) for t in tensors])
 
 
 # --------------------------------------------------------------------------- model zoos

@@ -61,8 +61,7 @@ class Change:
         """The metrics both sides of this row have (an added or removed row: its side's)."""
         sides = [side for side in (self.a, self.b) if side is not None]
         names = set(sides[0]).intersection(*sides[1:]) if sides else set()
-        order = METRICS + tuple(OPERATOR_METRICS)
-        return tuple(dict.fromkeys(m for m in order if m in names))
+        return tuple(dict.fromkeys(m for m in METRICS + OPERATOR_METRICS if m in names))
 
     @property
     def changed(self) -> bool:

@@ -392,8 +392,7 @@ def _sizes(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -
     main = kwargs[name] if name in kwargs else args[0] if args else None
     if not isinstance(main, torch.Tensor) or main.dim() == 0:
         return (0, None)
-    tokens = main.numel() if not main.is_floating_point() else None
-    return (int(main.shape[0]), tokens)
+    return (int(main.shape[0]), main.numel() if not main.is_floating_point() else None)
 
 
 def _hf_estimate(model: nn.Module, inputs: Mapping[str, Any]) -> Optional[float]:

@@ -136,8 +136,7 @@ def book(
         if time_us > 0:
             source = "apportioned" if index in measured.apportioned or len(fact.cost.parts) > 1 else "measured"
         labels.append((fact.dtype, source))
-    ledger = Ledger(aliases, columns=COLUMNS, labels=("dtype", "time_source"))
-    return ledger.book_all([(f.event, f.cost) for f in facts], columns, labels)
+    return Ledger(aliases, columns=COLUMNS, labels=("dtype", "time_source")).book_all([(f.event, f.cost) for f in facts], columns, labels)
 
 
 def rows(ledger: Ledger) -> Tuple[CostRow, ...]:

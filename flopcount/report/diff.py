@@ -50,8 +50,7 @@ def signed(metric: str, value: Optional[float]) -> str:
         return "-"
     if value == 0:
         return "0"
-    text = show(metric, abs(value))
-    return ("+" if value > 0 else "-") + text
+    return ("+" if value > 0 else "-") + show(metric, abs(value))
 
 
 def percent(row: Change, metric: str) -> str:
@@ -59,8 +58,7 @@ def percent(row: Change, metric: str) -> str:
     rel = row.relative(metric)
     if rel is not None:
         return f"{100 * rel:+.1f}%" if rel else "0.0%"
-    delta = row.delta(metric)
-    return "new" if delta else "-"
+    return "new" if row.delta(metric) else "-"
 
 
 def _rows(rows: Sequence[Change]) -> List[List[str]]:

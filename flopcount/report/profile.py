@@ -154,8 +154,7 @@ def profile_table(
     lines += unmatched_lines(result)
     lines.append(PROFILE_CONVENTION)
     lines += [f"warning: {w}" for w in result.warnings]
-    sep = "\n\n" if fmt == "github" else "\n"
-    return sep.join(lines)
+    return ("\n\n" if fmt == "github" else "\n").join(lines)
 
 
 def unmatched_lines(result: ProfileResult, limit: int = 8) -> List[str]:
