@@ -40,8 +40,7 @@ def _rows_for(result: ProfileResult, by: str, depth: Optional[int] = None) -> Li
     if by == "operator":
         return list(result.by_operator().values())
     if by == "module":
-        rows = result.by_module().values()
-        return [r for r in rows if depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth]
+        return [r for r in result.by_module().values() if depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth]
     return list(result.rows)
 
 
