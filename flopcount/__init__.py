@@ -9,7 +9,7 @@ import torch until something needs it.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
 
 __version__ = "0.2.0"
 
@@ -136,23 +136,19 @@ if TYPE_CHECKING:
     from flopcount.types import TensorMeta as TensorMeta
 
 
-#: 0.2 names kept for one release: name -> (its new spelling, the module that defines it, the
-#: name there). Each access warns (DeprecationWarning) and is never cached; docs/migration.md.
-_DEPRECATED: Dict[str, Tuple[str, str, str]] = {
-    "StepRecord": ("flopcount.StepTiming", "bench.steps", "StepTiming"),
+#: 0.2 names kept for one release: name -> (its new spelling, a loader of what it names). Each
+#: access warns (DeprecationWarning) and is never cached; docs/migration.md.
+_DEPRECATED: Dict[str, Tuple[str, Callable[[], Any]]] = {
+    "StepRecord": ("flopcount.StepTiming", lambda: importlib.import_module("flopcount.bench.steps").StepTiming),
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
-    if module is None and name in _DEPRECATED:
-        from flopcount.core.deprecation import warn_renamed
+    if module is None:  # a 0.2 name (warns), else AttributeError
+        from flopcount.core.deprecation import module_getattr
 
-        new, where, attr = _DEPRECATED[name]
-        warn_renamed(f"flopcount.{name}", new)
-        return getattr(importlib.import_module(f"flopcount.{where}"), attr)
-    if module is None:
-        raise AttributeError(f"module 'flopcount' has no attribute {name!r}")
+        return module_getattr(__name__, _DEPRECATED)(name)
     loaded = importlib.import_module(f"flopcount.{module}")
     value = loaded if module.endswith("." + name) else getattr(loaded, name)
     globals()[name] = value

@@ -47,9 +47,7 @@ def escape_markdown(cell: object) -> str:
 
 
 def format_share(part: int, whole: int) -> str:
-    if whole <= 0:
-        return "-"
-    return f"{100.0 * part / whole:.1f}%"
+    return "-" if whole <= 0 else f"{100.0 * part / whole:.1f}%"
 
 
 def format_seconds(value: Optional[float], decimals: int = 3) -> str:

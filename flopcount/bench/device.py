@@ -37,9 +37,8 @@ def resolve_device(model: nn.Module, call: PreparedCall, device: Any) -> torch.d
         if dev.type not in ("cpu", "cuda"):
             raise UsageError(f"benchmark supports cpu and cuda devices, got {dev.type!r}")
         return dev
-    for tensor in chain(model.parameters(), model.buffers()):
-        return tensor.device
-    return call.tensors[0].device if call.tensors else torch.device("cpu")
+    first = next(chain(model.parameters(), model.buffers(), call.tensors), None)
+    return torch.device("cpu") if first is None else first.device
 
 
 def refuse_data_less(model: nn.Module, call: PreparedCall, who: str) -> None:
@@ -147,14 +146,6 @@ def bind_call(fn: Callable[..., Any], call: PreparedCall) -> Callable[[], Any]:
         (only,) = args
         return lambda: fn(only)
     return lambda: fn(*args)
-
-
-def leading_batch(call: PreparedCall) -> int:
-    """The leading dimension of the call's first tensor, positional arguments before
-    keyword ones (1 when there is none or it is a scalar)."""
-    for t in call.tensors:
-        return int(t.shape[0]) if t.dim() > 0 else 1
-    return 1
 
 
 def autocast_context(device: torch.device, dtype: Optional[torch.dtype]) -> Any:

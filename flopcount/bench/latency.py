@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.bench.device import autocast_context, bind_call, leading_batch, real_run, rss_bytes, synchronize
+from flopcount.bench.device import autocast_context, bind_call, real_run, rss_bytes, synchronize
 from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
 from flopcount.bench.peak import mfu_peak
 from flopcount.bench.result import BenchmarkResult
@@ -189,14 +189,13 @@ def batch_and_source(inputs: Any, kwargs: Optional[Mapping[str, Any]], batch_siz
     such as an LSTM's (T, B, F): pass ``batch_size`` there). ``inputs`` may be a PreparedCall."""
     if batch_size is not None:
         return batch_size, "as given"
-    call = prepare_call(inputs, kwargs)
-    tensors = call.tensors
+    tensors = prepare_call(inputs, kwargs).tensors
     if not tensors:
         return 1, "no input tensor"
     first = tensors[0]
     if first.dim() == 0:
         return 1, "the first input is a scalar"
-    return leading_batch(call), f"dim 0 of Tensor[{', '.join(str(d) for d in first.shape)}]"
+    return int(first.shape[0]), f"dim 0 of Tensor[{', '.join(str(d) for d in first.shape)}]"
 
 
 def _sequence_first(modules: List[nn.Module]) -> bool:

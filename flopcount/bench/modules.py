@@ -54,9 +54,7 @@ class ModuleLatency:
 
     @property
     def achieved_flops_per_s(self) -> Optional[float]:
-        if self.flops is None or not self.median_s:
-            return None
-        return self.flops / self.median_s
+        return None if self.flops is None or not self.median_s else self.flops / self.median_s
 
     def to_dict(self) -> Dict[str, Any]:
         return {

@@ -93,17 +93,13 @@ class BenchmarkResult(FromWarnings):
 
     @property
     def achieved_flops_per_s(self) -> Optional[float]:
-        if self.flops is None or self.median_s <= 0:
-            return None
-        return self.flops / self.median_s
+        return None if self.flops is None or self.median_s <= 0 else self.flops / self.median_s
 
     @property
     def mfu(self) -> Optional[float]:
         """Model FLOPs utilisation: achieved FLOP/s over the dense peak (0..1)."""
         achieved = self.achieved_flops_per_s
-        if achieved is None or not self.peak_flops:
-            return None
-        return achieved / self.peak_flops
+        return None if achieved is None or not self.peak_flops else achieved / self.peak_flops
 
     # -- rendering ------------------------------------------------------------------
     def to_dict(self, samples: bool = False) -> Dict[str, Any]:

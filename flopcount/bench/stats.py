@@ -49,9 +49,7 @@ class LatencyStats:
     def to_dict(self, samples: bool = False) -> Dict[str, Any]:
         """Seconds under ``*_s`` keys; the 0.2 ``*_ms`` keys (milliseconds) are kept beside
         them for one release (docs/migration.md)."""
-        out: Dict[str, Any] = {"iters": self.iters}
-        for name in _TIMES:
-            out[f"{name}_s"] = getattr(self, f"{name}_s")
+        out: Dict[str, Any] = {"iters": self.iters, **{f"{name}_s": getattr(self, f"{name}_s") for name in _TIMES}}
         out.update(cv=self.cv, rel_iqr=self.rel_iqr, **ms_keys(self, _TIMES))
         if samples:
             out["samples_s"] = list(self.samples_s)

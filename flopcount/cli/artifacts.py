@@ -53,9 +53,7 @@ def looks_like_artifact(text: str) -> bool:
     if ":" in text.replace("\\", "/").split("/")[-1]:
         return False  # path.py:attr, package.module:attr
     path = Path(text).expanduser()
-    if path.suffix.lower() in ARTIFACT_SUFFIXES:
-        return True
-    return path.is_file() and path.suffix != ".py"
+    return path.suffix.lower() in ARTIFACT_SUFFIXES or (path.is_file() and path.suffix != ".py")
 
 
 def artifact_file(entry: str) -> Optional[Path]:
@@ -113,9 +111,7 @@ def _kind(names: Sequence[str]) -> str:
 
 def _is_pickled(blob: bytes) -> bool:
     """A torch.save archive (zip) or a bare pickle (protocol 2-5 header, STOP at the end)."""
-    if blob.startswith(_ZIP_MAGIC):
-        return True
-    return len(blob) >= 3 and blob[0] == 0x80 and 2 <= blob[1] <= 5 and blob.endswith(b".")
+    return blob.startswith(_ZIP_MAGIC) or (len(blob) >= 3 and blob[0] == 0x80 and 2 <= blob[1] <= 5 and blob.endswith(b"."))
 
 
 def _weights_only_load(blob: bytes) -> Any:
@@ -215,20 +211,6 @@ def _load_torchscript(entry: str, data: bytes, device: str) -> LoadedEntry:
     )
 
 
-class _ExportLog(logging.Filter):
-    """``torch.export.load`` logs a traceback when the archive's first reading fails; the
-    failure is ours to report, in one line: its exceptions are kept, the lines dropped."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.errors: List[BaseException] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            self.errors.append(record.exc_info[1])
-        return False
-
-
 _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
 # packages whose output types flopcount may import to read a program (installed code, named
 # by the file: only these, never an arbitrary module)
@@ -237,15 +219,24 @@ _KNOWN_PACKAGES = ("transformers.",)
 
 def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[str]) -> LoadedEntry:
     imported: List[str] = []
+    errors: List[BaseException] = []
+
+    def log(record: logging.LogRecord) -> bool:
+        """``torch.export.load`` logs a traceback when the archive's first reading fails; the
+        failure is ours to report, in one line: its exceptions are kept, the lines dropped."""
+        if record.exc_info and record.exc_info[1] is not None:
+            errors.append(record.exc_info[1])
+        return False
+
+    logger = logging.getLogger("torch.export")
     while True:
-        log = _ExportLog()
-        logger = logging.getLogger("torch.export")
+        errors.clear()
         logger.addFilter(log)
         try:
             program = torch.export.load(io.BytesIO(data))
             break
         except Exception as exc:
-            causes = [describe(e) for e in log.errors] + [describe(exc)]
+            causes = [describe(e) for e in errors] + [describe(exc)]
             missing = next((m.group(1) for c in causes for m in [_UNREGISTERED.search(c)] if m), None)
             if missing is not None and missing not in imported and missing.startswith(_KNOWN_PACKAGES):
                 imported.append(missing)
@@ -323,12 +314,11 @@ def artifact_from_program(entry: str, program: Any, device: str, graph_device: O
             )
     in_spec = program.call_spec.in_spec  # a TreeSpec: (args, kwargs) from their leaves, by its public unflatten
     args, kwargs = in_spec.unflatten(leaves)
-    slots = [leaf for leaf in leaves if isinstance(leaf, _Slot)]
     ranges = {str(symbol): (_bound(r.lower), _bound(r.upper)) for symbol, r in program.range_constraints.items()}
     flat = isinstance(args, tuple) and all(isinstance(a, _Slot) for a in args) and isinstance(kwargs, dict) and all(
         isinstance(v, _Slot) for v in kwargs.values()
     )
-    fit = _fitter(entry, slots, ranges, list(args) if flat else None, dict(kwargs) if flat else None)
+    fit = _fitter(entry, ranges, list(args) if flat else None, dict(kwargs) if flat else None)
     if flat:
         try:
             specs = tuple(_spec(entry, s) for s in args)
@@ -397,7 +387,6 @@ def _spec(entry: str, slot: _Slot) -> InputSpec:
 
 def _fitter(
     entry: str,
-    slots: List[_Slot],
     ranges: Dict[str, Tuple[Optional[int], Optional[int]]],
     args: Optional[List[_Slot]],
     kwargs: Optional[Dict[str, _Slot]],

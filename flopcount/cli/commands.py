@@ -15,13 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from flopcount.budget.check import Budget, check_result, flopcount_table, load_budget_file
 from flopcount.cli.deadline import stage
 from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_ms, run_profile, with_prediction
 from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
 from flopcount.core.rendering import render
+from flopcount.core.results import load_report
+from flopcount.diffs import check_growth, diff
+from flopcount.diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
 from flopcount.errors import UsageError
+from flopcount.integrations.tensorboard import summary_writer, write_tensorboard
+from flopcount.report.plot import check_plot_path, plot_result, plot_sunburst
 from flopcount.report.render import overall_status, render_bench, render_check, render_count
 
 
@@ -61,7 +67,7 @@ def _check_output(path: Optional[str], flag: str) -> None:
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{flag} {path}: is a directory")
-    folder = target.parent if str(target.parent) else Path(".")
+    folder = target.parent  # "." for a bare file name
     if not folder.is_dir():
         raise UsageError(f"{flag} {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
@@ -101,8 +107,6 @@ def _prepare(args: argparse.Namespace) -> _Run:
     _check_not_entry(args.output, "--output", args.entry)
     if args.plot:
         _check_not_entry(args.plot, "--plot", args.entry)
-        from flopcount.report.plot import check_plot_path
-
         check_plot_path(args.plot)
     tracer = args.tracer
     if device == "meta":
@@ -203,8 +207,6 @@ def _plot(result: Any, args: argparse.Namespace, budget: Any = None) -> None:
     """``--plot``: FLOPs by module (or the sunburst), with the latencies of a benchmark the result holds."""
     if not args.plot:
         return
-    from flopcount.report.plot import plot_result, plot_sunburst
-
     latencies = None if result.benchmark is None else [v * 1e3 for v in result.benchmark.stats.samples_s]
     title = f"{_label(args)}  inputs: {result.input_description}" if result.input_description else _label(args)
     if args.plot_kind == "sunburst":
@@ -255,8 +257,6 @@ def _cast(run: _Run, dtype: Optional[str]) -> _Run:
 
 def _cmd_count(args: argparse.Namespace) -> int:
     if getattr(args, "tensorboard", None):
-        from flopcount.integrations.tensorboard import summary_writer
-
         summary_writer()  # a missing package is said before counting
     run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
@@ -284,8 +284,6 @@ def _cmd_count(args: argparse.Namespace) -> int:
 def _tensorboard(result: Any, args: argparse.Namespace) -> None:
     if not getattr(args, "tensorboard", None):
         return
-    from flopcount.integrations.tensorboard import write_tensorboard
-
     depth = 1 if args.depth is None else args.depth
     written(args, "--tensorboard", args.tensorboard, lambda: write_tensorboard(result, args.tensorboard, max_depth=depth,
             label=_label(args)), f"wrote TensorBoard scalars and tables to {args.tensorboard}")
@@ -309,8 +307,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from flopcount.budget.check import Budget, check_result, load_budget_file
-
     if args.max_latency is not None and args.max_latency_ms is not None:
         raise UsageError("--max-latency and --max-latency-ms both set the latency budget: give one")
     max_latency = args.max_latency if args.max_latency is not None else args.max_latency_ms
@@ -389,7 +385,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
     """``check`` without ENTRY: ``entry`` (and ``input``, unless --input is given) of
     [tool.flopcount], so a pre-commit hook or CI step needs no arguments."""
-    from flopcount.budget.check import flopcount_table
     from flopcount.cli.specs import parse_spec
 
     table = {str(k).replace("_", "-"): v for k, v in (flopcount_table(Path(config_file)) or {}).items()}
@@ -414,8 +409,6 @@ def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
 def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple[str, Dict[str, Any], Any]]:
     """The baseline report's path, the growth allowances (flag, else [tool.flopcount], else
     no growth of params, FLOPs and MACs) and the report read back; None without a baseline."""
-    from flopcount.diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
-
     settings = load_growth_file(config_file)
     baseline = args.baseline or (str(settings.baseline) if settings.baseline is not None else None)
     if baseline is None:
@@ -431,8 +424,6 @@ def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple
 
 def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], args: argparse.Namespace) -> Any:
     """The current count against the baseline report, within the allowances."""
-    from flopcount.diffs import check_growth, diff
-
     path, allowances, baseline = gate
     if baseline.by_phase() and list(baseline.by_phase()) != list(result.by_phase()):
         raise UsageError(
@@ -590,18 +581,12 @@ def side_args(args: argparse.Namespace, side: str, entry: str) -> argparse.Names
     return ns
 
 
-def _side_options(args: argparse.Namespace, side: str) -> List[str]:
-    return [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
-
-
 def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
     """One side of a diff as a FlopResult: a saved report read back, or an ENTRY counted as
     ``count`` would (``--memory``: with its peak), with its ``entry`` label as a report section."""
-    from flopcount.core.results import load_report
-
     name = side.upper()
     if is_report(text):
-        own = _side_options(args, side)
+        own = [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
         if own:
             raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
         return load_report(text)
@@ -616,8 +601,6 @@ def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from flopcount.diffs import diff
-
     reports = [is_report(text) for text in (args.a, args.b)]
     if all(reports):
         used = [flag for attr, flag in _SHARED if getattr(args, attr)]
@@ -649,8 +632,6 @@ def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[in
 
 def baseline_report(path: str) -> Any:
     """The saved report ``check --baseline`` compares with."""
-    from flopcount.core.results import load_report
-
     if not Path(path).is_file():
         raise UsageError(f"--baseline {path}: no such file (write it with: flopcount count ENTRY --format json --output {path})")
     return load_report(path)

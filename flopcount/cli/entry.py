@@ -34,10 +34,14 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping,
 import torch
 from torch import nn
 
+from flopcount.cli.artifacts import is_local_hf, load_artifact, local_hf_config, looks_like_artifact
 from flopcount.cli.deadline import CommandTimeout
 from flopcount.cli.output import describe
-from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, did_you_mean
+from flopcount.cli.parser import pairs_once
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, did_you_mean, parse_dtype, parse_spec
+from flopcount.core.inputs import flatten_tensors
 from flopcount.errors import UsageError
+from flopcount.examples import CATALOG
 
 ENTRY_HELP = (
     "ENTRY is package.module:attr, path/to/file.py:attr, hf:MODEL_TYPE, hf:./folder, tv:NAME, example:NAME, "
@@ -51,9 +55,6 @@ EXAMPLE_PREFIXES = ("example:",)
 def meta_builder(args: Any, dtype: Optional[str], graph_device: Optional[str] = None) -> Callable[[], nn.Module]:
     """Builds the model ``args.entry`` names (with ``--config``) on the meta device, cast to ``dtype``
     when given: ``plan`` (once per rank) and ``serve``. Bad ``--config`` or ``--dtype``: said at once."""
-    from flopcount.cli.parser import pairs_once
-    from flopcount.cli.specs import parse_dtype
-
     config = pairs_once(args.config, "--config")
     cast = parse_dtype(dtype, "--dtype") if dtype else None
 
@@ -76,8 +77,6 @@ def load_entry(
     overrides = dict(config or {})
     if not text:
         raise UsageError(f"empty ENTRY; {ENTRY_HELP}")
-    from flopcount.cli.artifacts import load_artifact, looks_like_artifact
-
     zoos = ((HF_PREFIXES, _load_hf), (TV_PREFIXES, _load_torchvision), (EXAMPLE_PREFIXES, _load_example))
     zoo = next(((prefix, load) for prefixes, load in zoos for prefix in prefixes if text.lower().startswith(prefix)), None)
     if zoo is not None:
@@ -148,16 +147,13 @@ def _import_module(name: str) -> Any:
     # `python -m` puts the working directory on sys.path; the console script does not
     with _on_sys_path(os.getcwd()):
         try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            missing = exc.name or ""
+            with _as_usage_error(f"bad ENTRY: importing {name!r} failed"):
+                return importlib.import_module(name)
+        except UsageError as exc:  # the module itself missing: said plainly
+            missing = exc.__cause__.name if isinstance(exc.__cause__, ModuleNotFoundError) else None
             if missing and (name == missing or name.startswith(missing + ".")):
-                raise UsageError(f"bad ENTRY: no module named {missing!r} (looked on sys.path and in {os.getcwd()})") from exc
-            raise UsageError(f"bad ENTRY: importing {name!r} failed: {describe(exc)}") from exc
-        except BaseException as exc:
-            if isinstance(exc, (KeyboardInterrupt, CommandTimeout)):
-                raise
-            raise UsageError(f"bad ENTRY: importing {name!r} failed: {describe(exc)}") from exc
+                raise UsageError(f"bad ENTRY: no module named {missing!r} (looked on sys.path and in {os.getcwd()})") from exc.__cause__
+            raise
 
 
 @contextlib.contextmanager
@@ -234,13 +230,10 @@ def _build_device(device: str) -> ContextManager[Any]:
 def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
     if inputs is None and kwargs is None:
         return inputs, kwargs
-    from flopcount.core.inputs import flatten_tensors
-
     tensors, rebuild = flatten_tensors((inputs, kwargs))
     if all(t.device.type == torch.device(device).type for t in tensors):
         return inputs, kwargs
-    moved = [torch.empty_like(t, device="meta") if device == "meta" else t.to(device) for t in tensors]
-    return rebuild(moved)
+    return rebuild([torch.empty_like(t, device="meta") if device == "meta" else t.to(device) for t in tensors])
 
 
 # --------------------------------------------------------------------------- model zoos
@@ -253,8 +246,6 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         raise UsageError(f"{entry} needs the transformers package: pip install transformers") from exc
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    from flopcount.cli.artifacts import is_local_hf, local_hf_config
 
     if is_local_hf(model_type):
         config, architecture = local_hf_config(entry, model_type, overrides)
@@ -286,14 +277,12 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
     named = getattr(transformers, architecture, None) if architecture else None
     if isinstance(named, type) and issubclass(named, nn.Module):
         build: Callable[[Any], Any] = named
+    elif seq2seq and model_type in names.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        build = transformers.AutoModelForSpeechSeq2Seq.from_config
+    elif seq2seq and model_type in names.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        build = transformers.AutoModelForSeq2SeqLM.from_config
     else:
-        if seq2seq and model_type in names.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
-            auto: Any = transformers.AutoModelForSpeechSeq2Seq
-        elif seq2seq and model_type in names.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-            auto = transformers.AutoModelForSeq2SeqLM
-        else:
-            auto = transformers.AutoModelForCausalLM if causal and not seq2seq else transformers.AutoModel
-        build = auto.from_config
+        build = (transformers.AutoModelForCausalLM if causal and not seq2seq else transformers.AutoModel).from_config
     with _build_device(device), _as_usage_error(f"model construction failed: {entry}"):
         model = build(config)
     default_kwargs: Dict[str, InputSpec] = {}
@@ -343,9 +332,6 @@ def _load_torchvision(entry: str, name: str, overrides: Dict[str, Any], device: 
 
 
 def _load_example(entry: str, name: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
-    from flopcount.cli.specs import parse_spec
-    from flopcount.examples import CATALOG
-
     if name not in CATALOG:
         with _on_sys_path(os.getcwd()):
             own_module = importlib.util.find_spec("example") is not None

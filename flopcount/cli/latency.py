@@ -14,6 +14,8 @@ from flopcount.cli.deadline import stage
 from flopcount.cli.output import emit, iteration_progress, progress, with_section, written
 from flopcount.cli.parser import EXIT_OK
 from flopcount.errors import FlopcountError, UsageError
+from flopcount.integrations.tensorboard import summary_writer, write_profile_tensorboard
+from flopcount.report.profile import predict_table, profile_csv, profile_html, profile_table
 from flopcount.units import format_seconds
 
 __all__ = ["benchmark_entry", "check_timing_args", "predicted_latency_ms", "run_profile", "with_prediction"]
@@ -104,8 +106,6 @@ def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str
 
 def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
     """The count's report with the lower bound on ``--on DEVICE`` added."""
-    from flopcount.report.profile import predict_table
-
     result = _predict(run, args, args.on)
     return with_section(text, args.format, "--on", "predict", result.to_dict(), lambda fmt: predict_table(result, fmt=fmt))
 
@@ -127,7 +127,6 @@ def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str
     """``flopcount profile``: check the flags, load the model (``prepare``), profile,
     render once, write the trace and the plot."""
     from flopcount.profiling.run import profile
-    from flopcount.report.profile import profile_csv, profile_html, profile_table
 
     if args.device == "meta":
         raise UsageError("profile runs the model for real: use --device cpu or cuda, not meta")
@@ -139,8 +138,6 @@ def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str
         raise UsageError("--depth applies to --by module")
     roofs = _roofs(args.roofs)
     if args.tensorboard:
-        from flopcount.integrations.tensorboard import summary_writer
-
         summary_writer()  # a missing package is said before the model is built
     run = prepare()
     progress(args, f"profiling {label} on {run.device}: {args.warmup} warm-up, a join step, then {args.steps} profiled steps"
@@ -163,8 +160,6 @@ def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str
     if args.plot:
         written(args, "--plot", args.plot, lambda: result.plot_roofline(args.plot, label_top=6 if args.plot_top is None else args.plot_top))
     if args.tensorboard:
-        from flopcount.integrations.tensorboard import write_profile_tensorboard
-
         table = profile_table(result, by="operator", limit=args.top, fmt="github")
         written(args, "--tensorboard", args.tensorboard, lambda: write_profile_tensorboard(
             result, args.tensorboard, label=label, top=args.top, table=table), f"wrote the profile to TensorBoard logs in {args.tensorboard}")

@@ -56,13 +56,8 @@ _STDLIB = sysconfig.get_paths()["stdlib"]
 
 def describe(exc: BaseException) -> str:
     """``TypeName: the message`` on one line (the artifacts' and the user's code's failures)."""
-    text = " ".join(str(exc).split())
+    text = one_line(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def describe_short(exc: BaseException) -> str:
-    """The exception's own message, one line (a validator's class name adds nothing)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def describe_error(exc: FlopcountError) -> str:

@@ -611,11 +611,9 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     so a command can add more inputs to it): the one spelling every command reads a model with."""
     help_text = ("the model: module:attr, file.py:attr, hf:MODEL_TYPE, hf:./folder, tv:NAME, example:NAME, "
                  "model.pt2 or a TorchScript file" + (" (see below)" if see_below else ""))
-    if optional_entry:
-        p.add_argument("entry", metavar="ENTRY", nargs="?", default=None,
-                       help=help_text + "; default: entry = \"...\" in [tool.flopcount] (with its input = [SPEC, ...])")
-    else:
-        p.add_argument("entry", metavar="ENTRY", help=help_text)
+    optional: Dict[str, Any] = {"nargs": "?", "default": None} if optional_entry else {}
+    p.add_argument("entry", metavar="ENTRY", **optional, help=help_text + (
+        "; default: entry = \"...\" in [tool.flopcount] (with its input = [SPEC, ...])" if optional_entry else ""))
     inputs = p.add_argument_group(title)
     inputs.add_argument("-i", "--input", dest="inputs", action="append", default=[], type=_lazy_spec("parse_spec"), metavar="SPEC",
                         help=f"a positional input tensor, e.g. {example} (repeat for several)")

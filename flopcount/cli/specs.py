@@ -5,6 +5,7 @@ from SPECs (token ids within the embedding's range). Quantities (``25M``) are pa
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import re
@@ -14,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
-from flopcount.cli.output import describe_short
+from flopcount.cli.output import one_line
 from flopcount.errors import UsageError
 
 DTYPES: Dict[str, torch.dtype] = {
@@ -167,10 +168,8 @@ def _typed(value: str) -> Any:
     if lowered in ("none", "null"):
         return None
     for kind in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return kind(value)
-        except ValueError:
-            pass
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
     return value
@@ -213,7 +212,7 @@ def config_with(config: Any, overrides: Dict[str, Any], rebuild: Callable[..., A
         return rebuild(**overrides)
     except Exception as exc:
         shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
-        raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {describe_short(exc)}") from exc
+        raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {one_line(str(exc)) or type(exc).__name__}") from exc
 
 
 def did_you_mean(word: str, names: Iterable[str]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-from flopcount.core.results import FlopResult, load_report
+from flopcount.core.results import FlopResult, OpTotals, load_report
 from flopcount.diffs.result import METRICS, Change, DiffResult, Number, Status
 from flopcount.errors import UsageError
 
@@ -46,16 +46,18 @@ def totals_of(result: FlopResult) -> Dict[str, Number]:
     return values
 
 
+def _values(first: str, value: Number, t: OpTotals) -> Dict[str, Number]:
+    """A row's metrics: ``first`` (a module's params, an operator's calls), then its MACs, FLOPs and bytes."""
+    return {first: value, "macs": t.macs, "flops": t.flops, "bytes": t.bytes}
+
+
 def _modules(result: FlopResult) -> Dict[Tuple[str, str], Tuple[int, Dict[str, Number]]]:
-    rows: Dict[Tuple[str, str], Tuple[int, Dict[str, Number]]] = {}
-    for info in result.modules:
-        t = result.module_totals(info.name)
-        rows[(info.name, info.type_name)] = (info.depth, {"params": info.params, "macs": t.macs, "flops": t.flops, "bytes": t.bytes})
-    return rows
+    return {(info.name, info.type_name): (info.depth, _values("params", info.params, result.module_totals(info.name)))
+            for info in result.modules}
 
 
 def _operators(result: FlopResult) -> Dict[str, Dict[str, Number]]:
-    return {op: {"count": t.count, "macs": t.macs, "flops": t.flops, "bytes": t.bytes} for op, t in result.operator_totals().items()}
+    return {op: _values("count", t.count, t) for op, t in result.operator_totals().items()}
 
 
 def _status(a: Optional[Mapping[str, Number]], b: Optional[Mapping[str, Number]]) -> Status:

@@ -44,9 +44,7 @@ class Allowance:
         return Fraction(baseline) + (self.absolute or 0)
 
     def __str__(self) -> str:
-        if self.percent is not None:
-            return f"+{_number(self.percent)}%"
-        return f"+{self.absolute:,}"
+        return f"+{_number(self.percent)}%" if self.percent is not None else f"+{self.absolute:,}"
 
 
 def _number(value: Fraction) -> str:

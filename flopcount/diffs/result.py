@@ -55,16 +55,13 @@ class Change:
     def relative(self, metric: str) -> Optional[float]:
         """(B - A) / A; None when A is 0 (a new cost) or either side lacks the metric."""
         a, d = self.before(metric), self.delta(metric)
-        if a is None or d is None or a == 0:
-            return None
-        return d / a
+        return None if a is None or d is None or a == 0 else d / a
 
     def metrics(self) -> Tuple[str, ...]:
         """The metrics both sides of this row have (an added or removed row: its side's)."""
         sides = [side for side in (self.a, self.b) if side is not None]
         names = set(sides[0]).intersection(*sides[1:]) if sides else set()
-        order = METRICS + tuple(OPERATOR_METRICS)
-        return tuple(dict.fromkeys(m for m in order if m in names))
+        return tuple(dict.fromkeys(m for m in METRICS + OPERATOR_METRICS if m in names))
 
     @property
     def changed(self) -> bool:
@@ -78,9 +75,7 @@ def _pattern(name: str) -> str:
 
 def _summed(sides: List[Optional[Mapping[str, Number]]]) -> Optional[Dict[str, Number]]:
     present = [side for side in sides if side is not None]
-    if not present:
-        return None
-    return {key: sum(side.get(key, 0) for side in present) for key in present[0]}
+    return {key: sum(side.get(key, 0) for side in present) for key in present[0]} if present else None
 
 
 def _grouped(rows: List[Change]) -> List[Change]:
@@ -172,15 +167,14 @@ class DiffResult(Rendered):
         children's (``layers`` = the sum of ``layers.0`` ... ``layers.79``)."""
         children = self._children.get(row.name, ())
         mine = tuple(row.delta(k) or 0 for k in metrics)
-        sums: Dict[Tuple[str, str], List[Number]] = {}
+        sums: Dict[Tuple[str, str], Tuple[Number, ...]] = {}
         for child in children:
             deltas = tuple(child.delta(k) or 0 for k in metrics)
             if deltas == mine:
                 return True
-            total = sums.setdefault((_pattern(child.name), child.type_name), [0] * len(metrics))
-            for i, d in enumerate(deltas):
-                total[i] += d
-        return any(tuple(total) == mine for total in sums.values())
+            key = (_pattern(child.name), child.type_name)
+            sums[key] = tuple(total + d for total, d in zip(sums.get(key, (0,) * len(metrics)), deltas))
+        return mine in sums.values()
 
     @functools.cached_property
     def _children(self) -> Dict[str, List[Change]]:

@@ -78,8 +78,7 @@ def llama2_70b_config() -> Any:
 
 def token_ids(batch: int, seq: int, vocab: int, device: str = "cpu") -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (batch, seq), generator=generator)
-    return ids.to(device)
+    return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
 
 
 def gpt2_small_example(seq: int = 256) -> Tuple[Any, Tuple[torch.Tensor]]:

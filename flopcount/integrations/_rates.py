@@ -107,14 +107,9 @@ def resolve_peak(
 
 def model_device(model: Any) -> torch.device:
     """The device of the model's first parameter (CPU for a model without parameters)."""
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
+    return next((param.device for param in model.parameters()), torch.device("cpu"))
 
 
 def model_dtype(model: Any) -> Optional[torch.dtype]:
     """The dtype of the model's first floating parameter."""
-    for param in model.parameters():
-        if param.is_floating_point():
-            return param.dtype
-    return None
+    return next((param.dtype for param in model.parameters() if param.is_floating_point()), None)

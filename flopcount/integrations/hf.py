@@ -329,9 +329,8 @@ def _running_loop(callback: FlopcountCallback) -> Optional[_Run]:
 def _inside(run: Optional[_Run]) -> bool:
     """Whether this call happens inside the training loop ``run`` (always True in another
     thread, e.g. DataParallel's replicas, and when the loop is unknown)."""
-    if run is None or threading.get_ident() != run.thread:
-        return True
-    return any(id(frame) == run.frame and frame.f_code is run.code for frame in _frames(sys._getframe(1)))
+    return run is None or threading.get_ident() != run.thread or any(
+        id(frame) == run.frame and frame.f_code is run.code for frame in _frames(sys._getframe(1)))
 
 
 def _calling_trainer(callback: FlopcountCallback) -> Any:
@@ -393,8 +392,7 @@ def _sizes(model: nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -
     main = kwargs[name] if name in kwargs else args[0] if args else None
     if not isinstance(main, torch.Tensor) or main.dim() == 0:
         return (0, None)
-    tokens = main.numel() if not main.is_floating_point() else None
-    return (int(main.shape[0]), tokens)
+    return (int(main.shape[0]), main.numel() if not main.is_floating_point() else None)
 
 
 def _hf_estimate(model: nn.Module, inputs: Mapping[str, Any]) -> Optional[float]:

@@ -12,7 +12,7 @@ from flopcount.core.ledger import Ledger
 from flopcount.core.rows import CostRow, TimeSource
 from flopcount.devices.roofline import Roofs, op_time
 from flopcount.profiling._bytes import call_dtype
-from flopcount.profiling._tree import Alignment, Node, TopOp
+from flopcount.profiling._tree import Alignment, TopOp, attribute, cpu_total, shared_without_measure
 from flopcount.profiling.result import Overview, Unmatched
 from flopcount.types import Cost, OpEvent
 
@@ -55,9 +55,14 @@ class Measured:
     covered_us: float = 0.0
 
     def add_loose(self, name: str, reason: str, time_us: float) -> None:
-        entry = self.loose.setdefault((name, reason), [0.0, 0.0])
-        entry[0] += 1
-        entry[1] += time_us
+        _tally(self.loose, (name, reason), time_us)
+
+
+def _tally(table: Dict[Any, List[float]], key: Any, value: float) -> None:
+    """One more call of ``key`` worth ``value``: ``table[key]`` is [calls, sum of values]."""
+    entry = table.setdefault(key, [0.0, 0.0])
+    entry[0] += 1
+    entry[1] += value
 
 
 def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, float]:
@@ -80,7 +85,7 @@ def _ops(fact: EventFacts) -> Tuple[str, ...]:
     return tuple(name for name, _ in cost.parts)
 
 
-def trace_args(node: Node, events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
+def trace_args(events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:
     """The ``args`` a trace event gains: the cost of the counted calls it ran, read as one
     :class:`CostRow` (its intensity, efficiency and flag). A node with nothing on the roofs
     (a view) has efficiency and intensity null, not 0; a compute-bound node above the roof
@@ -131,8 +136,7 @@ def book(
         if time_us > 0:
             source = "apportioned" if index in measured.apportioned or len(fact.cost.parts) > 1 else "measured"
         labels.append((fact.dtype, source))
-    ledger = Ledger(aliases, columns=COLUMNS, labels=("dtype", "time_source"))
-    return ledger.book_all([(f.event, f.cost) for f in facts], columns, labels)
+    return Ledger(aliases, columns=COLUMNS, labels=("dtype", "time_source")).book_all([(f.event, f.cost) for f in facts], columns, labels)
 
 
 def rows(ledger: Ledger) -> Tuple[CostRow, ...]:
@@ -143,9 +147,8 @@ def rows(ledger: Ledger) -> Tuple[CostRow, ...]:
 
 
 def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tuple[Unmatched, ...]:
-    found: List[Unmatched] = []
-    for (name, reason), (calls, time_us) in sorted(measured.loose.items(), key=lambda kv: -kv[1][1]):
-        found.append(Unmatched("profiled", name, "", "", calls / steps, time_us * 1e-6 / steps, 0, reason))
+    found = [Unmatched("profiled", name, "", "", calls / steps, time_us * 1e-6 / steps, 0, reason)
+             for (name, reason), (calls, time_us) in sorted(measured.loose.items(), key=lambda kv: -kv[1][1])]
     missing: Dict[Tuple[str, str, str], List[float]] = {}
     for index, fact in enumerate(facts):
         if fact.cost is None:  # per call: its time; a call that got no time: its FLOPs
@@ -155,14 +158,10 @@ def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tu
             value = fact.flops
         else:
             continue
-        entry = missing.setdefault((fact.event.call.op, fact.event.module, reason), [0.0, 0.0])
-        entry[0] += 1
-        entry[1] += value
+        _tally(missing, (fact.event.call.op, fact.event.module, reason), value)
     for (op, module, reason), (calls, value) in missing.items():
-        if reason.startswith("no handler"):
-            found.append(Unmatched("counted", op, module, "", calls, value * 1e-6, 0, reason))
-        else:
-            found.append(Unmatched("counted", op, module, "", calls, 0.0, value, reason))
+        timed = reason.startswith("no handler")  # the value is its time (us), else its FLOPs
+        found.append(Unmatched("counted", op, module, "", calls, value * 1e-6 if timed else 0.0, 0 if timed else value, reason))
     return tuple(found)
 
 
@@ -191,13 +190,11 @@ def _swapped(swaps: Sequence[Tuple[List[int], List[int]]], join: Sequence[TopOp]
     return found
 
 
-def _by_roofline(node: Node, carried: TopOp, facts: Sequence[EventFacts], roofs: Roofs, total: float) -> Dict[int, float]:
+def _by_roofline(carried: TopOp, facts: Sequence[EventFacts], roofs: Roofs, total: float) -> Dict[int, float]:
     """A fused op's time shared among the counted events it stands for, by their attainable time."""
     weights = {i: attainable_parts(facts[i], roofs)[2] if facts[i].cost is not None else 0.0 for i, _ in carried.owners}
-    whole = sum(weights.values())
-    if whole <= 0:
-        return {i: total / len(weights) for i in weights}
-    return {i: total * w / whole for i, w in weights.items()}
+    whole = sum(weights.values())  # all zero: shared equally
+    return {i: total / len(weights) if whole <= 0 else total * w / whole for i, w in weights.items()}
 
 
 def book_step(
@@ -212,8 +209,6 @@ def book_step(
 ) -> None:
     """Give each timed top-level op's time to the events its join-step twin carries; a
     timed op in a stretch where the runs differ goes to the counted events of that stretch."""
-    from flopcount.profiling._tree import attribute, cpu_total, shared_without_measure
-
     pairs = alignment.pairs
     swapped = _swapped(alignment.swaps, join)
     step_seen: Dict[int, int] = {}
@@ -222,19 +217,16 @@ def book_step(
         time_us, host_us = measure(node), cpu_total(node)
         measured.covered_us += host_us
         stand_in = swapped.get(position)
+        twin = pairs.get(position)
+        carried = join[twin] if twin is not None else None
         if stand_in is not None:
-            shares = _by_roofline(node, stand_in, facts, roofs, time_us)
-            host_shares = _by_roofline(node, stand_in, facts, roofs, host_us)
+            shares = _by_roofline(stand_in, facts, roofs, time_us)
+            host_shares = _by_roofline(stand_in, facts, roofs, host_us)
             measured.apportioned.update(shares)
             counted = ", ".join(sorted({facts[i].event.call.op for i in shares if facts[i].flops or facts[i].bytes}))
             note = f"{node.name} ran where the counted run had {counted or 'ops without cost'}"
             measured.swaps[note] = measured.swaps.get(note, 0) + 1
-            _credit(shares, host_shares, facts, measured, step_seen)
-            args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
-            continue
-        twin = pairs.get(position)
-        carried = join[twin] if twin is not None else None
-        if carried is None or not carried.events:
+        elif carried is None or not carried.events:
             reason = (
                 "the counted run has no such call here (the model ran other code when timed: a fast path, "
                 "or a data-dependent branch)"
@@ -244,12 +236,13 @@ def book_step(
             measured.add_loose(node.name, reason, time_us)
             measured.category["other"] += time_us
             continue
-        shares = attribute(node, carried, measure)
-        host_shares = attribute(node, carried, cpu_total)
-        if shared_without_measure(node, carried, measure):
-            measured.apportioned.update(shares)
+        else:
+            shares = attribute(node, carried, measure)
+            host_shares = attribute(node, carried, cpu_total)
+            if shared_without_measure(node, carried, measure):
+                measured.apportioned.update(shares)
         _credit(shares, host_shares, facts, measured, step_seen)
-        args_out[node.ident] = trace_args(node, list(shares), facts, roofs, time_us)
+        args_out[node.ident] = trace_args(list(shares), facts, roofs, time_us)
     for index in step_seen:
         measured.seen[index] = measured.seen.get(index, 0) + 1
 

@@ -51,9 +51,7 @@ class Node:
     @property
     def marker(self) -> Optional[int]:
         """The event index of a ``flopcount#N`` range, else None."""
-        if self.name.startswith(MARKER):
-            return int(self.name[len(MARKER):])
-        return None
+        return int(self.name[len(MARKER):]) if self.name.startswith(MARKER) else None
 
     @property
     def is_op(self) -> bool:
@@ -255,9 +253,5 @@ def shared_without_measure(node: Node, carried: TopOp, measure: Callable[[Node],
     """True when :func:`attribute` divides ``node``'s time among several events without a
     measured node of their own (a composite's events, or owners whose nodes took no
     time): their times are then a model of the split, not a measurement."""
-    events = carried.events
-    if len(events) <= 1:
-        return False
-    if carried.composite is not None:
-        return True
-    return all((found := _follow(node, path)) is None or measure(found) <= 0 for _, path in carried.owners)
+    return len(carried.events) > 1 and (carried.composite is not None or all(
+        (found := _follow(node, path)) is None or measure(found) <= 0 for _, path in carried.owners))

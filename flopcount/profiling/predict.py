@@ -263,9 +263,7 @@ def _unavoidable_bytes(
         if id(tensor) in seen or is_lazy(tensor):
             continue
         seen[id(tensor)] = None
-        total += size(tensor)
-        if backward and tensor.requires_grad:
-            total += size(tensor)
+        total += size(tensor) * (2 if backward and tensor.requires_grad else 1)  # read, and its gradient written
     call = prepare_call(() if inputs is None else inputs, kwargs)
     for tensor in call.tensors:
         if id(tensor) not in seen:

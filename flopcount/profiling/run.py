@@ -7,6 +7,7 @@ import contextlib
 import copy
 import functools
 import json
+import math
 import os
 import tempfile
 import threading
@@ -114,15 +115,13 @@ def profile(
         raise UsageError("loss_fn is only used with backward=True")
     if roofs is not None and not isinstance(roofs, Roofs):
         raise UsageError(f"roofs must be a flopcount Roofs, got {type(roofs).__name__}")
-    if inputs is None:
-        inputs = ()
     model = uncompiled(model)
     lazy = has_lazy_parameters(model)
     if lazy:
         # as count_flops: the run materialises a copy's lazy modules, not the caller's; a
         # first plain step materialises them (the join step's trace would restore their hooks)
         model = shared_tensor_copy(model)
-    borrowed = real_run(model, inputs, kwargs, device, "profile")
+    borrowed = real_run(model, () if inputs is None else inputs, kwargs, device, "profile")
     dev = borrowed.device
     roof = roofs_for(dev, roofs)
     table = registry if registry is not None else default_registry()
@@ -204,9 +203,7 @@ def _achieved(facts: Sequence[_book.EventFacts], measured: _book.Measured, steps
         column = roof.column(fact.dtype, fact.event.call.op)
         if column is None:
             continue
-        rate = fact.flops / (time_us * 1e-6)
-        if column in ceiling:
-            rate = min(rate, float(ceiling[column]))
+        rate = min(fact.flops / (time_us * 1e-6), float(ceiling.get(column, math.inf)))
         best[column] = max(best.get(column, 0.0), rate)
     return best
 
@@ -298,11 +295,8 @@ def _has_objects(value: Any) -> bool:
 
 
 def _range(name: str) -> Any:
-    """A profiler range (the fast C++ one where this torch has it)."""
-    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
-    if fast is not None:
-        return fast(name)
-    return torch.autograd.profiler.record_function(name)
+    """A profiler range: torch's fast C++ one (``record_function``'s ranges, cheaper)."""
+    return torch._C._profiler._RecordFunctionFast(name)
 
 
 def _marker(index: int) -> Any:

@@ -50,8 +50,7 @@ def signed(metric: str, value: Optional[float]) -> str:
         return "-"
     if value == 0:
         return "0"
-    text = show(metric, abs(value))
-    return ("+" if value > 0 else "-") + text
+    return ("+" if value > 0 else "-") + show(metric, abs(value))
 
 
 def percent(row: Change, metric: str) -> str:
@@ -59,8 +58,7 @@ def percent(row: Change, metric: str) -> str:
     rel = row.relative(metric)
     if rel is not None:
         return f"{100 * rel:+.1f}%" if rel else "0.0%"
-    delta = row.delta(metric)
-    return "new" if delta else "-"
+    return "new" if row.delta(metric) else "-"
 
 
 def _rows(rows: Sequence[Change]) -> List[List[str]]:
@@ -128,15 +126,11 @@ def _notes(diff: DiffResult) -> List[str]:
     return notes
 
 
-def _heading(diff: DiffResult) -> str:
-    return f"flopcount diff: A = {diff.a_label} -> B = {diff.b_label}"
-
-
 @renders("DiffResult", "table")
 def diff_table(diff: DiffResult, max_depth: Optional[int] = None, top: Optional[int] = None, operators: bool = True) -> str:
     """Totals, the changed modules (all, in module order; or the ``top`` largest changes),
     the changed operators, then the notes and the convention."""
-    parts = [_heading(diff), summary_line(diff), "",
+    parts = [f"flopcount diff: A = {diff.a_label} -> B = {diff.b_label}", summary_line(diff), "",
              _table(_totals_rows(diff), headers=_TOTAL_HEADERS, colalign=_TOTAL_ALIGN)]
     rows = diff.top_changes(top, max_depth) if top is not None else diff.changed_modules(max_depth)
     if rows:

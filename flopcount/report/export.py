@@ -7,12 +7,11 @@ import io
 from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Tuple
 
 from flopcount.core.rendering import renders
+from flopcount.report.table import module_rows
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from flopcount.core.results import FlopResult
-
-SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 
 
 #: a phase's and a module's figures, in the order the report writes them
@@ -32,7 +31,7 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
     params = result.parameters
     phases = {metric: result.by_phase(metric) for metric in _METRICS}
     data: Dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "convention": CONVENTION,
         "tracer": result.tracer,
         "inputs": result.input_description,
@@ -72,9 +71,6 @@ def result_to_csv(result: FlopResult, max_depth: Optional[int] = None) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["module", "type", "depth", "calls", "params", "macs", "flops"])
-    for m in result.modules:
-        if max_depth is not None and m.depth > max_depth:
-            continue
-        t = result.module_totals(m.name)
+    for m, t in module_rows(result, max_depth):
         writer.writerow([m.name, m.type_name, m.depth, m.calls, m.params, t.macs, t.flops])
     return out.getvalue()

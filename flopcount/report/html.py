@@ -47,7 +47,6 @@ def html_report(
     *,
     entry: str,
     depth: Optional[int] = None,
-    top: int = 15,
     sections: Sequence[Tuple[str, str]] = (),
     budget: Optional[BudgetReport] = None,
     latencies_ms: Optional[Sequence[float]] = None,
@@ -70,19 +69,19 @@ def html_report(
         parts.append(f'<p class="note">INCOMPLETE: the count may be short: {html.escape(reasons)}</p>')
     for heading, text in sections:
         parts += [f"<h2>{html.escape(heading)}</h2>", _pre(text)]
-    parts += ["<h2>Plot</h2>", _plot(result, entry, depth, top, budget, latencies_ms)]
+    parts += ["<h2>Plot</h2>", _plot(result, entry, depth, budget, latencies_ms)]
     parts += ["<h2>FLOPs by module</h2>", _pre(result.table(max_depth=depth))]
     parts += ["<h2>By operator</h2>", _pre(operator_table(result, fmt="simple", footer=False))]
     parts += ["<h2>Module tree</h2>", _pre(result.tree(max_depth=depth))]
     return page(title, parts)
 
 
-def _plot(result: FlopResult, entry: str, depth: Optional[int], top: int,
+def _plot(result: FlopResult, entry: str, depth: Optional[int],
           budget: Optional[BudgetReport], latencies_ms: Optional[Sequence[float]]) -> str:
     from flopcount.report.plot import png_bytes
 
     try:
-        data = png_bytes(result, top=top, depth=depth, title=entry, latencies_ms=latencies_ms, budget=budget)
+        data = png_bytes(result, depth=depth, title=entry, latencies_ms=latencies_ms, budget=budget)
     except UsageError as exc:  # no matplotlib: the report stands without its picture
         return f'<p class="note">{html.escape(str(exc))}</p>'
     encoded = base64.b64encode(data).decode("ascii")

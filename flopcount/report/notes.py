@@ -27,11 +27,7 @@ def other_warnings(result: FlopResult) -> Tuple[str, ...]:
     the benchmark's warnings, each once, in order."""
     out = [d.text for d in result.diagnostics() if not d.makes_incomplete]
     seen = set(out) | set(result.gaps)
-    for text in tuple(getattr(result.benchmark, "warnings", ()) or ()):
-        if text not in seen:
-            seen.add(text)
-            out.append(text)
-    return tuple(out)
+    return tuple(out + [text for text in dict.fromkeys(getattr(result.benchmark, "warnings", ()) or ()) if text not in seen])
 
 
 def note_lines(result: FlopResult, *, markdown: bool = False) -> List[str]:
@@ -43,8 +39,7 @@ def note_lines(result: FlopResult, *, markdown: bool = False) -> List[str]:
         heading = f"INCOMPLETE: the count may be short ({len(reasons)} reason(s)); the totals are what could be counted:"
         lines.append(f"**{heading}**" if markdown else heading)
         lines.extend(f"- {_md(r)}" if markdown else f"  - {r}" for r in reasons)
-    for text in other_warnings(result):
-        lines.append(f"- warning: {_md(text)}" if markdown else f"warning: {text}")
+    lines.extend(f"- warning: {_md(text)}" if markdown else f"warning: {text}" for text in other_warnings(result))
     return lines
 
 

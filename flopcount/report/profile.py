@@ -30,9 +30,7 @@ FLAGGED, APPORTIONED = "!", "~"
 
 
 def _efficiency_cell(row: ProfileRow) -> str:
-    if row.time_source != "measured":
-        return APPORTIONED
-    return _ratio(row.efficiency) + (FLAGGED if row.flag else "")
+    return APPORTIONED if row.time_source != "measured" else _ratio(row.efficiency) + (FLAGGED if row.flag else "")
 
 
 def _rows_for(result: ProfileResult, by: str, depth: Optional[int] = None) -> List[ProfileRow]:
@@ -42,8 +40,7 @@ def _rows_for(result: ProfileResult, by: str, depth: Optional[int] = None) -> Li
     if by == "operator":
         return list(result.by_operator().values())
     if by == "module":
-        rows = result.by_module().values()
-        return [r for r in rows if depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth]
+        return [r for r in result.by_module().values() if depth is None or (r.module.count(".") + 1 if r.module else 0) <= depth]
     return list(result.rows)
 
 
@@ -156,8 +153,7 @@ def profile_table(
     lines += unmatched_lines(result)
     lines.append(PROFILE_CONVENTION)
     lines += [f"warning: {w}" for w in result.warnings]
-    sep = "\n\n" if fmt == "github" else "\n"
-    return sep.join(lines)
+    return ("\n\n" if fmt == "github" else "\n").join(lines)
 
 
 def unmatched_lines(result: ProfileResult, limit: int = 8) -> List[str]:
@@ -238,7 +234,6 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
     body = grid(rows, _header(by, result.timing), "html", disable_numparse=True)
     notes = [*marks_lines(_rows_for(result, by)), overview_line(result), f"Roofs: {result.roofs.describe()}",
              *unmatched_lines(result)]
-    figure = ""
     try:
         from flopcount.report.roofline_plot import roofline_svg
 
@@ -256,9 +251,7 @@ def enriched_trace(trace: Mapping[str, Any], args_by_id: Mapping[int, Mapping[st
     (``attainable_s``) are written in the trace's unit, microseconds (``attainable_us``)."""
     data = copy.deepcopy(dict(trace))
     for event in data.get("traceEvents", ()):
-        if not isinstance(event, dict) or event.get("cat") != "cpu_op":
-            continue
-        args = event.get("args")
+        args = event.get("args") if isinstance(event, dict) and event.get("cat") == "cpu_op" else None
         if not isinstance(args, dict):
             continue
         extra = args_by_id.get(args.get("External id", -1))

@@ -56,8 +56,7 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth, sections=[("Latency", table)], latencies_ms=[v * 1e3 for v in timing.stats.samples_s])
     if fmt == "csv":
-        lines = ["metric,value,unit"] + [f"{_csv_key(label)},{raw},{bench_unit(label)}" for label, _, raw in rows]
-        return "\n".join(lines)
+        return "\n".join(["metric,value,unit"] + [f"{_csv_key(label)},{raw},{bench_unit(label)}" for label, _, raw in rows])
     mode = "eager" if not getattr(timing, "compiled", False) else "torch.compile"
     heading = (
         f"{entry} | inputs {result.input_description or '()'} | {timing.device} ({timing.timing}, {mode}, "

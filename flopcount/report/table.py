@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from tabulate import tabulate
 
@@ -12,7 +12,7 @@ from flopcount.types import CONVENTION
 from flopcount.units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
-    from flopcount.core.results import FlopResult
+    from flopcount.core.results import FlopResult, ModuleInfo, OpTotals
 
 
 def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simple", align: Optional[Sequence[str]] = None,
@@ -22,6 +22,11 @@ def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simp
     if fmt == "github":
         rows = [[escape_markdown(cell) for cell in row] for row in rows]
     return tabulate(rows, headers=headers, tablefmt=fmt, colalign=align, **options)
+
+
+def module_rows(result: FlopResult, max_depth: Optional[int] = None) -> Iterator[Tuple[ModuleInfo, OpTotals]]:
+    """Each module down to ``max_depth`` (all without it) with its totals, children included."""
+    return ((info, result.module_totals(info.name)) for info in result.modules if max_depth is None or info.depth <= max_depth)
 
 
 def phases_label(result: FlopResult) -> str:
@@ -92,10 +97,7 @@ def module_table(
     backward pass, a second table gives each phase's share."""
     rows = []
     total = result.flops
-    for info in result.modules:
-        if max_depth is not None and info.depth > max_depth:
-            continue
-        totals = result.module_totals(info.name)
+    for info, totals in module_rows(result, max_depth):
         if not show_zero and info.name and totals.flops == 0 and info.params == 0:
             continue
         rows.append(

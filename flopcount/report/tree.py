@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 from flopcount.core.rendering import renders
 from flopcount.report.notes import note_lines
+from flopcount.report.table import module_rows
 from flopcount.types import CONVENTION
 from flopcount.units import format_count, format_share, with_unit
 
@@ -19,10 +20,7 @@ def module_tree(result: FlopResult, max_depth: Optional[int] = None) -> str:
     then what the totals cover (the phases), the convention and every note."""
     lines: List[str] = []
     total = result.flops
-    for info in result.modules:
-        if max_depth is not None and info.depth > max_depth:
-            continue
-        totals = result.module_totals(info.name)
+    for info, totals in module_rows(result, max_depth):
         calls = f", {info.calls} calls" if info.calls > 1 else ""
         costs = (
             f"[{format_count(info.params)} params, {with_unit(totals.macs, 'MACs')}, "
