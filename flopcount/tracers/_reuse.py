@@ -948,9 +948,12 @@ class Reuse:
             return () if tensors is not None else _MISSING
         lazy = self._lazy
         assert lazy is not None
-        batch = self._batch  # read for the whole subtree at once (``_prefetch``)
         held = [t for t in dict.values(tensors) if t is not None]
-        keys = iter([batch[id(t)] for t in held] if all(id(t) in batch for t in held) else lazy.tensor_keys(held, self._taken))
+        if lazy.complete:  # read before the run (``LazyCopy.read_all``)
+            keys = iter(lazy.tensor_keys(held, self._taken))
+        else:
+            batch = self._batch  # read for the whole subtree at once (``_prefetch``)
+            keys = iter([batch[id(t)] for t in held] if all(id(t) in batch for t in held) else lazy.tensor_keys(held))
         found: List[Any] = []
         for k, t in dict.items(tensors):
             if t is None:
