@@ -74,14 +74,15 @@ class TreeCopier:
         # one item at a time, in the original's order: the copy's __dict__ then shares its keys
         # with the class's other instances as the original's does (CPython's split dictionaries:
         # half the size of the combined one ``update`` makes; issue #32, a deep model's copy)
-        state = new.__dict__
-        for key, value in self.attributes(module).items():
-            state[key] = value
+        self.fill(module, new.__dict__)
         return new
 
-    def attributes(self, module: nn.Module) -> Dict[str, Any]:
-        """The copy's ``__dict__``: each attribute converted."""
-        return {key: self.value(value) for key, value in vars(module).items()}
+    def fill(self, module: nn.Module, state: Dict[str, Any]) -> None:
+        """The copy's ``__dict__`` (``state``, empty): each attribute converted, written one item at
+        a time in the original's order, straight into it (no dictionary made in between)."""
+        convert = self.value
+        for key, value in vars(module).items():
+            state[key] = convert(value)
 
     def value(self, value: Any) -> Any:
         kind = type(value)

@@ -48,6 +48,7 @@ import os
 import sys
 import threading
 from abc import ABCMeta
+from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -74,6 +75,7 @@ _FLAGS = tuple(sorted(hooks.hook_flag_names()))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
+_NO_KEYS: Mapping[int, Any] = MappingProxyType({})
 _UNSET: Any = object()
 # nn.Module's own methods that read ``__dict__`` for torch's registries (a parameter lookup,
 # an attribute assignment): not a read of every attribute, as user code's ``vars(self)`` is
@@ -191,6 +193,9 @@ class Reuse:
         self._cache = shape_cache
         self._mode = fake_mode
         self._fake_type: Any = fake_type
+        # a replay's outputs made as the copy's parameters are (fake.making.FakeMaker: ~3x cheaper
+        # than FakeTensor's constructor); None: by the constructor
+        self._maker = lazy.copier.faker.maker if lazy is not None and lazy.copier is not None else None
         self._entries: Dict[Tuple[Any, ...], List[_Entry]] = {}
         self._meta = torch.device("meta")
         self.reused = 0
@@ -209,6 +214,9 @@ class Reuse:
         self._owners: Dict[type, type] = {}
         self._lonely: set[int] = set()  # modules with no twin: their first call runs unkeyed
         self._batch: Dict[int, Any] = {}  # id(caller's tensor) -> its key, while a subtree is keyed
+        # the keys read up front (``LazyCopy.read_all``) that the call being keyed took: given back
+        # unless it is booked (a booked call's tensors are never copied; the count holds no entry for them)
+        self._taken: Optional[Dict[int, Any]] = None
         self._root: Any = lazy.root if lazy is not None else model
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
@@ -248,7 +256,11 @@ class Reuse:
         # more than it saves), from its second on it is keyed as every other
         twins: Dict[Any, int] = {}
         memo: Dict[int, Any] = {}
-        signatures = [_signature(module, memo) for module in eligible]
+        # the keys of the caller's tensors, read before the run (``LazyCopy.read_all``): a signature's
+        # shapes and dtypes from them, not read again
+        keys = lazy.copier.prefetched if lazy is not None and lazy.complete and lazy.copier is not None else {}
+        table: Dict[Any, int] = {}
+        signatures = [_signature(module, memo, table, keys) for module in eligible]
         for signature in signatures:
             twins[signature] = twins.get(signature, 0) + 1
         self._lonely = {id(module) for module, signature in zip(eligible, signatures) if twins[signature] == 1}
@@ -391,6 +403,9 @@ class Reuse:
         log = self._log
         self._log = None  # the reads made here to key the call are not the call's
         self._owns.clear()
+        lazy = self._lazy
+        taken = self._taken = {} if lazy is not None and lazy.complete else None
+        booked = False
         try:
             order: List[nn.Module] = []
             tensors: List[Any] = []
@@ -400,12 +415,16 @@ class Reuse:
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
             if entry is not None and entry.clean:
+                booked = True
                 return self._replay(entry, order, tensors, log, caches, slots)
         except Unkeyable:
             found = entry = None
             key = None
         finally:
             self._log = log
+            self._taken = None
+            if taken and not booked and lazy is not None:
+                lazy.give_back(taken)
         if key is None or entry is not None:  # unkeyable, or seen and not clean: traced
             return forward(*args, **kwargs)
         return self._first(key, module, order, tensors, caches, forward, args, kwargs)
@@ -828,7 +847,7 @@ class Reuse:
             module = lazy.live(module)
         if seen is None:
             seen = {id(m): i for i, m in enumerate(order)}
-            if lazy is not None:
+            if lazy is not None and not lazy.complete:
                 self._prefetch(module)
                 try:
                     return self._subtree(module, order, seen)
@@ -929,9 +948,12 @@ class Reuse:
             return () if tensors is not None else _MISSING
         lazy = self._lazy
         assert lazy is not None
-        batch = self._batch  # read for the whole subtree at once (``_prefetch``)
         held = [t for t in dict.values(tensors) if t is not None]
-        keys = iter([batch[id(t)] for t in held] if all(id(t) in batch for t in held) else lazy.tensor_keys(held))
+        if lazy.complete:  # read before the run (``LazyCopy.read_all``)
+            keys = iter(lazy.tensor_keys(held, self._taken))
+        else:
+            batch = self._batch  # read for the whole subtree at once (``_prefetch``)
+            keys = iter([batch[id(t)] for t in held] if all(id(t) in batch for t in held) else lazy.tensor_keys(held))
         found: List[Any] = []
         for k, t in dict.items(tensors):
             if t is None:
@@ -1081,29 +1103,42 @@ class Reuse:
         if tag == "new":
             _, shape, stride, dtype, device = described
             with torch._C._DisableTorchDispatch():
+                if self._maker is not None:
+                    return self._maker.make(shape, stride, dtype, device)
                 meta = torch.empty_strided(shape, stride, dtype=dtype, device=self._meta)
                 return self._fake_type(self._mode, meta, device)
         _, kind, items = described
         return kind(self._make(item, tensors) for item in items)
 
 
-def _signature(module: nn.Module, memo: Dict[int, Any]) -> Any:
+def _signature(
+    module: nn.Module, memo: Dict[int, Any], table: Optional[Dict[Any, int]] = None, keys: Mapping[int, Any] = _NO_KEYS
+) -> Any:
     """What two modules whose calls can share a key have in common: class, own parameter
     shapes and dtypes, children's signatures (coarser than the key: equal keys, equal
-    signatures). Built bottom-up through ``_modules``, once per module (``memo``)."""
+    signatures); with ``table``, as a number: equal signatures, one number. Built bottom-up through
+    ``_modules``, once per module (``memo``); a parameter's shape and dtype from its key in ``keys``
+    (id -> :func:`reuse_key`, read before the run) where it is there."""
     found = memo.get(id(module))
     if found is not None:
         return found
     memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
     try:
         params: Tuple[Any, ...] = tuple(
-            (p.key[0], p.key[3]) if type(p) is Pending else (tuple(p.shape), p.dtype)
+            (p.key[0], p.key[3]) if type(p) is Pending
+            else (key[0], key[3]) if (key := keys.get(id(p))) is not None
+            else (tuple(p.shape), p.dtype)
             for p in dict.values(module._parameters) if p is not None
         )
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
         params = (("unique", id(module)),)
-    children = tuple(None if m is None else _signature(m, memo) for m in dict.values(module._modules))
-    made = memo[id(module)] = (type(module), params, children)
+    children = tuple(None if m is None else _signature(m, memo, table, keys) for m in dict.values(module._modules))
+    # one number per distinct signature: an equal one made again is freed at once (a deep model's
+    # repeated layers left as many tuples in CPython's free lists, counted by tracemalloc)
+    made: Any = (type(module), params, children)
+    if table is not None:
+        made = table.setdefault(made, len(table))
+    memo[id(module)] = made
     return made
 
 

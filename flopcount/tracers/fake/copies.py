@@ -248,20 +248,28 @@ class LazyTensors(dict):
         return (dict, (self.items(),))
 
 
-def _read_keys(faker: _Faker, tensors: List[Any]) -> List[Optional[Tuple[Any, ...]]]:
+def _read_keys(faker: _Faker, tensors: List[Any], keys: Optional[Dict[Any, Any]] = None) -> List[Optional[Tuple[Any, ...]]]:
     """Each real tensor's :func:`reuse_key` where it can be faked the fast way, else None. A lazy
     copy reads them inside the run, where every read of a tensor's metadata (``.shape``,
     ``.stride()``, ``.dtype``...) goes through the run's torch-function modes (~7 us each: a
     ResNet-50 count 25% slower when its copies were read so). Routed as one overridable call
     (``torch.overrides.handle_torch_function``, public): a mode runs a function it does not know
-    with itself off the stack, so the reads below it go through no mode."""
+    with itself off the stack, so the reads below it go through no mode. ``keys``: each key is the one
+    equal key held there (added if new), as it is read: a duplicate is freed at once (a deep model's
+    equal keys, read up front, were otherwise all alive at once, then left in CPython's free lists)."""
     try:
         if has_torch_function(tensors):
-            return handle_torch_function(_read_keys, tensors, faker, tensors)
+            return handle_torch_function(_read_keys, tensors, faker, tensors, keys)
     except Exception:
         pass  # a mode or subclass that refuses the call: the reads through the modes, below
-    fake_type = faker.fake_type
-    return [reuse_key(t, fake_type) if faker.deferrable(t) else None for t in tensors]
+    key_of = faker.deferred_key
+    if keys is None:
+        return [key_of(t) for t in tensors]
+    found: List[Optional[Tuple[Any, ...]]] = []
+    for t in tensors:
+        key = key_of(t)
+        found.append(None if key is None else keys.setdefault(key, key))
+    return found
 
 
 class LazyCopy:
@@ -273,7 +281,7 @@ class LazyCopy:
     when set, is told of each module copied from then on (structural reuse wraps it).
     :meth:`release` ends it when the run ends (the copier and the copies refer to each other)."""
 
-    __slots__ = ("copier", "originals", "names", "adopt", "root")
+    __slots__ = ("copier", "originals", "names", "adopt", "root", "complete")
 
     def __init__(self, copier: _TreeCopier, originals: Mapping[nn.Module, str], root: nn.Module):
         self.copier: Optional[_TreeCopier] = copier
@@ -281,6 +289,26 @@ class LazyCopy:
         self.names: Dict[nn.Module, str] = {}
         self.adopt: Optional[Callable[[nn.Module, nn.Module], None]] = None
         self.root = root
+        #: every parameter and buffer of the caller's modules was read up front (:meth:`read_all`):
+        #: nothing is read inside the run, where each read passes the run's torch-function modes
+        self.complete = False
+
+    def read_all(self) -> None:
+        """Reads the key of every parameter and buffer of the caller's modules (``originals``) now,
+        before the run's modes are entered: one plain read per tensor (~1 us), where a read inside
+        the run passes each torch-function mode (issue #32: ResNet-50's keys and copies read their
+        tensors in 25 calls through the modes, ~7% of its count). Called before anything is copied."""
+        copier = self.copier
+        if copier is None:
+            return
+        tensors: List[Any] = []
+        for module in self.originals:
+            state = vars(module)
+            for held in (state.get("_parameters"), state.get("_buffers")):
+                if type(held) is dict and held:
+                    tensors.extend(t for t in dict.values(held) if t is not None)
+        copier.prefetch(tensors)
+        self.complete = True
 
     def copy_of(self, original: nn.Module) -> nn.Module:
         """The copy of ``original`` (a module of the caller's tree), made now if not made yet."""
@@ -304,21 +332,22 @@ class LazyCopy:
         copier = self.copier
         if copier is None:
             raise RuntimeError("a module of a fake copy was reached after its run ended")
-        tensors: List[Any] = []
-        for module in originals:
-            if copier.memo.get(id(module)) is None:
-                state = vars(module)
-                for held in (state.get("_parameters"), state.get("_buffers")):
-                    if type(held) is dict:
-                        tensors.extend(t for t in held.values() if t is not None)
-        copier.prefetch(tensors)
+        if not self.complete:
+            tensors: List[Any] = []
+            for module in originals:
+                if copier.memo.get(id(module)) is None:
+                    state = vars(module)
+                    for held in (state.get("_parameters"), state.get("_buffers")):
+                        if type(held) is dict:
+                            tensors.extend(t for t in held.values() if t is not None)
+            copier.prefetch(tensors)
         return [self.copy_of(module) for module in originals]
 
     def prefetch_children(self, children: Dict[str, Any]) -> None:
         """Before the first child of a ``_modules`` dictionary is copied: the keys of every
         not-yet-copied child's own tensors read in one call (its siblings are copied next)."""
         copier = self.copier
-        if copier is None:
+        if copier is None or self.complete:
             return
         originals, memo = self.originals, copier.memo
         tensors: List[Any] = []
@@ -344,13 +373,20 @@ class LazyCopy:
         copier = self.copier
         return None if copier is None else copier.memo.get(id(module))
 
-    def tensor_keys(self, tensors: Sequence[Any]) -> List[Any]:
+    def tensor_keys(self, tensors: Sequence[Any], taken: Optional[Dict[int, Any]] = None) -> List[Any]:
         """What structural reuse keys the copies of a caller's parameters or buffers by, before
         the module is copied: each one's fake (made already), the key of the :class:`Pending` its
         copy will hold (``reuse_key``), or None (it will be faked another way: the module must
-        be copied)."""
+        be copied). ``taken``: the keys read up front (:meth:`read_all`) are moved there (a
+        booked call's tensors are never copied: :meth:`give_back` them for a call that runs)."""
         copier = self.copier
-        return [None] * len(tensors) if copier is None else copier.raw_keys(tensors)
+        return [None] * len(tensors) if copier is None else copier.raw_keys(tensors, taken)
+
+    def give_back(self, taken: Dict[int, Any]) -> None:
+        """The keys :meth:`tensor_keys` took, back where a copy finds them (the call runs)."""
+        copier = self.copier
+        if copier is not None and taken:
+            copier.prefetched.update(taken)
 
     def release(self) -> None:
         """No more copies: drops what refers back to the copies, so the copy and the count's
@@ -375,12 +411,14 @@ class LazyModules(dict):
     lazy: LazyCopy
 
     def _live(self, key: Any, value: Any) -> Any:
-        if value is None or value not in self.lazy.originals:
-            return value
         lazy = self.lazy
-        if lazy.copied(value) is None:
+        if value is None or value not in lazy.originals:
+            return value
+        copier = lazy.copier
+        made = copier.memo.get(id(value)) if copier is not None else None
+        if made is None:
             lazy.prefetch_children(self)
-        made = lazy.copy_of(value)
+            made = lazy.copy_of(value)
         dict.__setitem__(self, key, made)
         return made
 
@@ -489,6 +527,19 @@ class _Faker:
             and not is_uninitialized(tensor)
         )
 
+    def deferred_key(self, tensor: Any) -> Optional[Tuple[Any, ...]]:
+        """:func:`reuse_key` of ``tensor`` where it is :meth:`deferrable`, else None: the two in one
+        pass over its metadata (each attribute read once; every parameter of a count is read so)."""
+        kind = type(tensor)
+        if self.storages or (kind is not torch.Tensor and kind is not nn.Parameter):
+            return None  # a subclass (an uninitialised parameter among them) or a fake storage
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            return None
+        device = tensor.device
+        grad = tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex())
+        return (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, _CPU if device.type == "meta" else device, grad,
+                self.fake_type)
+
     def _make(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Tuple[Any, ...]]]:
         """The fake of ``tensor`` and, when made the fast way, its :func:`reuse_key`."""
         kind = type(tensor)
@@ -562,6 +613,8 @@ def fake_copies(
             memo[id(fake)] = fake
         copier = _TreeCopier(memo, faker, shared_hooks, lazy)
         lazy_copy = copier.lazy_copy = LazyCopy(copier, names, model) if lazy and names is not None else None
+        if lazy_copy is not None:
+            lazy_copy.read_all()  # here, outside the run's modes
         model_copy = copier.module(model)
         call_copy = copier.value(rebuild(fake_inputs)) if rebuild is not None else None
         notes = restore_ties(model_copy) if retie else []
@@ -652,6 +705,38 @@ class _EmptyDict(dict):
         return (dict, (dict(self),))
 
 
+class _EmptySet(set):  # holds nothing; torch's own sets hold names
+    """An empty set shared by every module of a fake copy that holds one under that name (torch's
+    per-module set of non-persistent buffer names: a set object is ~0.2 KiB, one per copied module;
+    issue #32's memory target). Only adding can change an empty set: adding marks the copy's
+    :class:`SharedHooks` touched, and the run is made again with sets of each module's own."""
+
+    sharing: SharedHooks
+
+    def add(self, item: Any) -> None:
+        self.sharing.touched = True
+        super().add(item)
+
+    def update(self, *others: Any) -> None:
+        self.sharing.touched = True
+        super().update(*others)
+
+    def symmetric_difference_update(self, other: Any) -> None:
+        self.sharing.touched = True
+        super().symmetric_difference_update(other)
+
+    def __ior__(self, other: Any) -> Any:  # type: ignore[misc]  # set's own is typed against its __or__
+        self.sharing.touched = True
+        return super().__ior__(other)
+
+    def __ixor__(self, other: Any) -> Any:  # type: ignore[misc]  # likewise
+        self.sharing.touched = True
+        return super().__ixor__(other)
+
+    def __reduce__(self) -> Any:  # copy.copy / deepcopy / pickle: a plain set of its own
+        return (set, (list(self),))
+
+
 #: a module's own containers that a fake copy's modules share while empty (torch's attribute names)
 _SHARED_WHEN_EMPTY = frozenset({"_parameters", "_buffers", "_modules"})
 
@@ -668,6 +753,15 @@ class SharedHooks:
         self.touched = False
         self._dicts: Dict[str, _EmptyHooks] = {}
         self._plain: Dict[str, _EmptyDict] = {}
+        self._sets: Dict[str, _EmptySet] = {}
+
+    def empty_set(self, name: str) -> _EmptySet:
+        """The shared empty set held under attribute ``name``."""
+        found = self._sets.get(name)
+        if found is None:
+            found = self._sets[name] = _EmptySet()
+            found.sharing = self
+        return found
 
     def empty_plain(self, name: str) -> _EmptyDict:
         """The shared empty ``_parameters`` / ``_buffers`` / ``_modules`` dictionary."""
@@ -710,6 +804,7 @@ class _TreeCopier(TreeCopier):
         #: id(caller's tensor) -> its key, read beforehand for the modules about to be copied
         #: (``prefetch``: a subtree a first call runs, the children of a dictionary first read)
         self.prefetched: Dict[int, Any] = {}
+        self._high = 0  # how many ``prefetched`` held when last made
 
     def module(self, module: nn.Module) -> nn.Module:
         found = self.memo.get(id(module))
@@ -725,8 +820,7 @@ class _TreeCopier(TreeCopier):
                 lazy.adopt(new, module)
         return new
 
-    def attributes(self, module: nn.Module) -> Dict[str, Any]:
-        state: Dict[str, Any] = {}
+    def fill(self, module: nn.Module, state: Dict[str, Any]) -> None:
         convert = self.value
         empties, plain = self._empties, self._plain
         memo = self.memo
@@ -734,15 +828,19 @@ class _TreeCopier(TreeCopier):
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
             if kind in IMMUTABLE_TYPES:
                 state[key] = value
+            elif kind is tuple and all(type(item) in IMMUTABLE_TYPES for item in value):
+                state[key] = value  # a convolution's stride, padding...: immutable, shared as the copier would rebuild it
             elif (kind is OrderedDict or kind is dict) and not value:
                 shared = (empties if kind is OrderedDict else plain).get(key, _UNSEEN)
                 if shared is _UNSEEN:
                     shared = self._empty(kind, key)
                 state[key] = kind() if shared is None else shared
             elif kind is set and not value:  # torch's per-module set of non-persistent buffers
-                # in the memo (an empty set of a user's that two modules hold stays one), and not
-                # shared (that would name one more private torch attribute)
-                state[key] = memo[id(value)] = set()
+                # shared while empty, by attribute name (not named here: that would name one more
+                # private torch attribute); in the memo (an empty set of a user's that another
+                # object holds stays one with it)
+                shared = self.shared
+                state[key] = memo[id(value)] = set() if shared is None else shared.empty_set(key)
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
                 state[key] = self._lazy(value)
             elif kind is dict and key == "_modules" and self.lazy_copy is not None:
@@ -754,7 +852,6 @@ class _TreeCopier(TreeCopier):
                 # isinstance test (a transformers config answers each through Python code)
                 found = memo.get(id(value))
                 state[key] = found if found is not None else convert(value)
-        return state
 
     def _empty(self, kind: type, key: str) -> Any:
         """The shared empty container for attribute ``key`` of type ``kind`` (remembered), or None."""
@@ -775,23 +872,50 @@ class _TreeCopier(TreeCopier):
             if id(t) not in memo and id(t) not in pending and id(t) not in prefetched and isinstance(t, torch.Tensor)
         ]
         if unread and self.lazy:
-            self.prefetched.update(zip(map(id, unread), _read_keys(self.faker, unread)))
+            keys = self._keys
+            self._high += len(unread)
+            prefetched.update(zip(map(id, unread), _read_keys(self.faker, unread, keys)))
 
-    def raw_keys(self, tensors: Sequence[Any]) -> List[Any]:
+    def raw_keys(self, tensors: Sequence[Any], taken: Optional[Dict[int, Any]] = None) -> List[Any]:
         """See :meth:`LazyCopy.tensor_keys`: what :meth:`_lazy` will hold for each of ``tensors``, keyed."""
-        memo, pending = self.memo, self._pending
+        memo, pending, prefetched = self.memo, self._pending, self.prefetched
         found: List[Any] = []
         unread: List[Tuple[int, Any]] = []
         for tensor in tensors:
             made = memo.get(id(tensor))
-            waiting = pending.get(id(tensor)) if made is None else None
-            found.append(made if made is not None else waiting.key if waiting is not None else None)
-            if made is None and waiting is None and self.lazy and isinstance(tensor, torch.Tensor):
+            if made is not None:
+                found.append(made)
+                continue
+            waiting = pending.get(id(tensor))
+            if waiting is not None:
+                found.append(waiting.key)
+                continue
+            if taken is None:
+                key = prefetched.get(id(tensor), _UNSEEN)
+            else:
+                key = taken.get(id(tensor), _UNSEEN)
+                if key is _UNSEEN:
+                    key = self._take(id(tensor))
+                    if key is not _UNSEEN:
+                        taken[id(tensor)] = key
+            found.append(None if key is _UNSEEN else key)
+            if key is _UNSEEN and self.lazy and isinstance(tensor, torch.Tensor):
                 unread.append((len(found) - 1, tensor))
         if unread:
             keys = self._keys
             for (i, _), key in zip(unread, _read_keys(self.faker, [t for _, t in unread])):
                 found[i] = None if key is None else keys.setdefault(key, key)
+        return found
+
+    def _take(self, key: int) -> Any:
+        """``prefetched``'s entry for ``key``, taken out (:data:`_UNSEEN` if none); the dictionary is
+        made again when half of it was taken, so its table shrinks with it (a dictionary never shrinks
+        by itself): what the count holds at its peak is the keys not taken, not one entry per tensor."""
+        prefetched = self.prefetched
+        found = prefetched.pop(key, _UNSEEN)
+        if found is not _UNSEEN and len(prefetched) * 2 < self._high:
+            self.prefetched = dict(prefetched)
+            self._high = len(prefetched)
         return found
 
     def _lazy(self, tensors: Dict[str, Any]) -> LazyTensors:
@@ -805,16 +929,17 @@ class _TreeCopier(TreeCopier):
         unread = [
             t for t in tensors.values() if t is not None and id(t) not in memo and id(t) not in pending and id(t) not in prefetched
         ]
-        read = dict(zip(map(id, unread), _read_keys(faker, unread))) if unread else prefetched
-        if unread and prefetched:
-            read.update(prefetched)
+        read = dict(zip(map(id, unread), _read_keys(faker, unread))) if unread else None
         for name, tensor in tensors.items():
             found = memo.get(id(tensor)) if tensor is not None else None
             if tensor is None or found is not None:
                 dict.__setitem__(made, name, found)
             elif id(tensor) in pending:
                 dict.__setitem__(made, name, pending[id(tensor)])
-            elif (key := read.get(id(tensor))) is not None:
+            elif (key := self._take(id(tensor)) if read is None or id(tensor) not in read else read[id(tensor)]) is not None \
+                    and key is not _UNSEEN:
+                # taken out of ``prefetched``: from now on the Pending holds it (a deep model's count
+                # holds one entry per tensor it has not copied, not one per tensor)
                 dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, keys.setdefault(key, key))))
             else:
                 dict.__setitem__(made, name, self.value(tensor))
