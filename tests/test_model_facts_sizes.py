@@ -86,3 +86,19 @@ def test_experts_are_looked_for_only_where_they_may_be() -> None:
     # by hand: total 12 + 16 + 60 + 4 * 12 = 136; one of four experts active in each block:
     # 136 - 3/4 * 60 - 3/4 * 48 = 55
     assert facts.summary.total == 136 and facts.summary.active == 55
+
+
+def test_module_infos_equal_the_dataclass_built_from_torchs_walk() -> None:
+    from flopcount.core.results import ModuleInfo
+
+    model = _blocks(3)
+    facts = model_facts(model)
+    calls = {name: i % 3 for i, (name, _) in enumerate(model.named_modules())}
+    expected = [
+        ModuleInfo(name, type(m).__name__, name.count(".") + 1 if name else 0, calls[name],
+                   sum(p.numel() for p in m.parameters() if not isinstance(p, nn.parameter.UninitializedParameter)))
+        for name, m in model.named_modules()
+    ]
+    infos = facts.module_infos(calls)
+    assert infos == expected and [hash(i) for i in infos] == [hash(i) for i in expected]
+    assert [repr(i) for i in infos] == [repr(i) for i in expected]
