@@ -95,19 +95,11 @@ class ModelFacts:
 
     def module_infos(self, calls: Mapping[str, int]) -> List[ModuleInfo]:
         """Each module with its type, depth, ``calls`` (from a trace) and parameters."""
-        owned, make = self.owned, object.__new__
+        owned, get = self.owned, calls.get
         infos = []
         for name, module in self.modules:
-            # ModuleInfo(name, type name, depth, calls, params), its fields set directly: a frozen
-            # dataclass's __init__ sets each through object.__setattr__ (4x the time, one per module)
-            info = make(ModuleInfo)
-            fields = info.__dict__
-            fields["name"] = name
-            fields["type_name"] = type(module).__name__
-            fields["depth"] = name.count(".") + 1 if name else 0
-            fields["calls"] = calls.get(name, 0)
-            fields["params"] = owned.get(name, 0)
-            infos.append(info)
+            depth = name.count(".") + 1 if name else 0
+            infos.append(ModuleInfo(name, type(module).__name__, depth, get(name, 0), owned.get(name, 0)))
         return infos
 
     def names_on(self, twins: Mapping[int, object]) -> Dict[nn.Module, str]:
