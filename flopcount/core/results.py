@@ -264,11 +264,17 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
 def _frozen(table: Mapping[str, Sequence[int]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, OpTotals]:
     """``table`` as OpTotals; equal sums share one (``rows``: sums -> OpTotals, per result)."""
     made: Dict[str, OpTotals] = {}
+    # a list several keys share (the totals of owners of one tree-booked table) is read once
+    # (all of ``table``'s lists are alive here: their ids are distinct)
+    seen: Dict[int, OpTotals] = {}
     for key, sums in table.items():
-        figures = tuple(sums)
-        row = rows.get(figures)
+        row = seen.get(id(sums))
         if row is None:
-            row = rows[figures] = OpTotals(*figures)
+            figures = tuple(sums)
+            row = rows.get(figures)
+            if row is None:
+                row = rows[figures] = OpTotals(*figures)
+            seen[id(sums)] = row
         made[key] = row
     return made
 
