@@ -59,3 +59,48 @@ def test_a_handler_writing_its_arguments_fails_naming_the_op() -> None:
 
     with pytest.raises(HandlerError, match=r"aten::relu.*TypeError"):
         count_flops(_Relus(), torch.randn(2, 4, 5), handlers={"aten::relu": writes})
+
+
+class _Convs(nn.Module):
+    """Two convolutions of one shape and a transpose between: a non-contiguous activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(4, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.a(x)).transpose(2, 3)
+        return torch.relu(self.b(y)) + torch.relu(self.b(y.contiguous()))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_shared_calls_count_as_a_real_run_whatever_the_layout(layout: str, train: bool) -> None:
+    torch.manual_seed(0)
+    model = _Convs().train(train)
+    x = torch.randn(2, 4, 6, 6)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(2, 3)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    fake = count_flops(model, x)  # twice: the second count reads the kept calls
+    fake = count_flops(model, x)
+    real = count_flops(model, x, tracer="dispatch")
+    for metric in ("flops", "macs", "count", "bytes_read", "bytes_written"):
+        assert fake.by_operator(metric) == real.by_operator(metric), metric
+        assert fake.by_module(metric) == real.by_module(metric), metric
+    # by hand: three 3x3 convolutions of 4 -> 4 channels on 2 x 6 x 6 outputs, 2*6*6*4*4*9 MACs each
+    assert fake.by_operator("macs")["aten::convolution"] == 3 * 2 * 6 * 6 * 4 * 4 * 9
+    assert model.training is train and all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_shared_calls_with_backward_count_as_a_real_run() -> None:
+    torch.manual_seed(0)
+    model, x = _Convs(), torch.randn(2, 4, 6, 6)
+    fake = count_flops(model, x, backward=True)
+    real = count_flops(model, x, backward=True, tracer="dispatch")
+    assert fake.by_operator("flops") == real.by_operator("flops")
+    assert fake.by_phase("flops") == real.by_phase("flops")
