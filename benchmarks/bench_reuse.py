@@ -14,7 +14,10 @@ returns (its per-module rows) and the slope from 20 to 80 layers: the peak's gro
 the part of it that is not the result's rows (the count's own working set, issue #32 step 3); and the
 peak of each stage of the count (facts, trace, pricing, booking), which says where that working set is.
 
-    .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b] [--skip-memory]
+With ``--cpu`` the models are timed again by process CPU time (the same interleaving): on a machine
+other processes load, wall time counts their share of the cores too.
+
+    .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b] [--skip-memory] [--cpu]
 """
 
 from __future__ import annotations
@@ -90,8 +93,30 @@ def _meta(model: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[nn.Module, Tuple[A
     return copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs)
 
 
-def models(repeats: int) -> None:
-    print("| model | real weights, reuse on | meta copy, reuse off | meta copy, reuse on | FlopCounterMode, meta copy |")
+def _cpu_timed(fns: Dict[str, Callable[[], Any]], spent: Dict[str, list]) -> Dict[str, Callable[[], Any]]:
+    """``fns`` each recording its process CPU time into ``spent`` (one thread: what the count
+    itself used, which other processes on a loaded machine move far less than wall time)."""
+
+    def timed(name: str) -> Callable[[], Any]:
+        fn = fns[name]
+
+        def run() -> Any:
+            start = time.process_time()
+            try:
+                return fn()
+            finally:
+                spent[name].append(time.process_time() - start)
+
+        return run
+
+    return {name: timed(name) for name in fns}
+
+
+def models(repeats: int, cpu: bool = False) -> None:
+    """Each model's four timings, interleaved; ``cpu``: process CPU time instead of wall time
+    (the warm-up call left out), medians and per-round ratios the same way."""
+    clock = "CPU time" if cpu else "wall time"
+    print(f"| model ({clock}) | real weights, reuse on | meta copy, reuse off | meta copy, reuse on | FlopCounterMode, meta copy |")
     print("|---|---|---|---|---|")
     for label, build in CASES.items():
         torch.manual_seed(0)
@@ -103,7 +128,10 @@ def models(repeats: int) -> None:
             "meta_reuse": _count(meta_model, meta_inputs, reuse=True),
             "fcm": _flop_counter_mode(meta_model, meta_inputs),
         }
-        times, failures = rounds(fns, repeats)
+        spent: Dict[str, list] = {name: [] for name in fns}
+        times, failures = rounds(_cpu_timed(fns, spent) if cpu else fns, repeats)
+        if cpu:
+            times = {name: (None if times[name] is None else spent[name][1:]) for name in fns}
         cells = []
         for name in fns:
             if name in failures:
@@ -307,6 +335,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-70b", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="also time the models by process CPU time (a loaded machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with open("/proc/loadavg") as f:
@@ -314,6 +343,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), median of {args.repeats}, "
           f"load average {' '.join(load)} at start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     models(args.repeats)
+    if args.cpu:
+        models(args.repeats, cpu=True)
     if not args.skip_70b:
         llama70b(args.repeats)
     if not args.skip_memory:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cached_property
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import torch
 from torch import nn
 
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.packed import held_tensors
-from flopcount.core.params import summary_of
+from flopcount.core.params import EXPERT_COUNTS, class_answers, summary_of
 from flopcount.core.results import ModuleInfo
 from flopcount.types import ParamSummary
 
@@ -35,8 +35,8 @@ class ModelFacts:
 
     ``modules``: ``(name, module)`` in ``named_modules()`` order, each module once under
     its canonical (first) name; ``names`` maps each module back to it. ``aliases``:
-    canonical name -> every name of a module reachable under several. ``owned``: name ->
-    parameters of the module and its children, each tensor once. ``parameters`` and
+    canonical name -> every name of a module reachable under several. ``owned`` (read after
+    the trace): name -> parameters of the module and its children, each tensor once. ``parameters`` and
     ``buffers``: each tensor once, in ``model.parameters()`` / ``buffers()`` order.
     ``lazy``: a lazy module is not materialised yet. ``packed``: the name of the first
     module holding packed quantized weights, or None."""
@@ -44,7 +44,10 @@ class ModelFacts:
     model: nn.Module
     modules: Tuple[Tuple[str, nn.Module], ...]
     aliases: Mapping[str, Tuple[str, ...]]
-    owned: Mapping[str, int]
+    #: each module's own parameter elements, in ``modules`` order (equal sizes one int object),
+    #: rolled up into ``owned`` when first read; or, for a model with ties or a module under
+    #: several names, ``owned`` itself (each tensor once per name)
+    sizes: Union[Tuple[int, ...], Mapping[str, int]]
     parameters: Tuple[torch.Tensor, ...]
     buffers: Tuple[torch.Tensor, ...]
     lazy: bool
@@ -55,6 +58,27 @@ class ModelFacts:
     #: (label, tensor) for each tensor a module keeps as a plain attribute (rotary caches,
     #: masks), in ``modules`` order: what a fake copy fakes besides parameters and buffers
     tensor_attributes: Tuple[Tuple[str, torch.Tensor], ...] = ()
+    #: the indices in ``modules`` of the modules that may hold routed experts
+    #: (:func:`flopcount.core.params.routed_experts` looks at these only)
+    experts: Tuple[int, ...] = ()
+
+    @cached_property
+    def owned(self) -> Mapping[str, int]:
+        """Name -> parameter elements of the module and its children, each tensor once; lazy
+        parameters left out. Without ties or aliases (``sizes`` per module) each module's own
+        sizes are summed up the tree, children before parents (``modules`` is in pre-order)."""
+        sizes = self.sizes
+        if not isinstance(sizes, tuple):
+            return sizes
+        totals: Dict[str, int] = {}
+        for (name, _), size in zip(reversed(self.modules), reversed(sizes)):
+            total = totals.pop(name, 0) + size
+            if total:
+                totals[name] = total
+                if name:
+                    parent = name.rpartition(".")[0]
+                    totals[parent] = totals.get(parent, 0) + total
+        return {name: totals[name] for name, _ in self.modules if name in totals}
 
     @cached_property
     def names(self) -> Mapping[nn.Module, str]:
@@ -65,15 +89,17 @@ class ModelFacts:
     def summary(self) -> ParamSummary:
         """The parameter summary (:func:`flopcount.summarize_parameters`), read once."""
         return summary_of(
-            self.model, self.modules, parameters=self.parameters, buffers=self.buffers, packed=self.packed_objects
+            self.model, self.modules, parameters=self.parameters, buffers=self.buffers, packed=self.packed_objects,
+            experts=[self.modules[i] for i in self.experts],
         )
 
     def module_infos(self, calls: Mapping[str, int]) -> List[ModuleInfo]:
         """Each module with its type, depth, ``calls`` (from a trace) and parameters."""
+        owned, get = self.owned, calls.get
         infos = []
         for name, module in self.modules:
-            depth = 0 if not name else name.count(".") + 1
-            infos.append(ModuleInfo(name, type(module).__name__, depth, calls.get(name, 0), self.owned.get(name, 0)))
+            depth = name.count(".") + 1 if name else 0
+            infos.append(ModuleInfo(name, type(module).__name__, depth, get(name, 0), owned.get(name, 0)))
         return infos
 
     def names_on(self, twins: Mapping[int, object]) -> Dict[nn.Module, str]:
@@ -93,33 +119,48 @@ def model_facts(model: nn.Module) -> ModelFacts:
     modules: List[Tuple[str, nn.Module]] = []
     parameters: Dict[int, torch.Tensor] = {}
     buffers: Dict[int, torch.Tensor] = {}
-    owned: Dict[str, int] = {}
-    counted: Dict[int, Any] = {}
-    chains: Dict[str, List[str]] = {"": [""]}  # a module's name -> it and its prefixes ("" first)
+    sizes: List[int] = []  # each module's own parameter elements, in ``modules`` order
+    interned: Dict[int, int] = {}  # size -> one int object for every module of that size
+    met = 0  # parameter entries met (a tie: fewer distinct tensors)
     packed: List[Tuple[str, nn.Module, Any]] = []
     seen_packed: Set[int] = set()
     plain: Set[type] = set()  # types of attribute values that are neither ScriptObjects nor tensors
     attributes: List[Tuple[str, torch.Tensor]] = []
+    experts: List[int] = []
+    quiet: Dict[type, bool] = {}  # class -> it answers neither expert-count name (params.class_answers)
     lazy = False
-    for name, module in model.named_modules(remove_duplicate=False):
-        state = vars(module)
-        own = state["_parameters"]
-        chain = chains.get(name)
-        if chain is None:  # its parent came first (named_modules' order)
-            chain = chains[name] = chains[name.rpartition(".")[0]] + [name]
-        if own:
-            _count_owned(chain, own, owned, counted)  # under every name: each parent counts its children
+    walked = list(model.named_modules(remove_duplicate=False))  # kept for the exact ``owned`` (ties, aliases)
+    for name, module in walked:
         known = every.get(id(module))
         if known is not None:
             known.append(name)
             continue
         every[id(module)] = [name]
+        state = vars(module)
+        own = state["_parameters"]
+        size = 0
+        for tensor in own.values():
+            if tensor is not None:
+                met += 1
+                parameters.setdefault(id(tensor), tensor)
+                if is_uninitialized(tensor):
+                    lazy = True
+                else:
+                    size += tensor.numel()
+        sizes.append(interned.setdefault(size, size))
+        for tensor in state["_buffers"].values():
+            if tensor is not None:
+                buffers.setdefault(id(tensor), tensor)
+                lazy = lazy or is_uninitialized(tensor)
+        kind = type(module)
+        calm = quiet.get(kind)
+        if calm is None:
+            calm = quiet[kind] = not any(class_answers(kind, key) for key in EXPERT_COUNTS)
+        if not (calm and EXPERT_COUNTS.isdisjoint(state) and EXPERT_COUNTS.isdisjoint(state.get("_modules", ()))
+                and EXPERT_COUNTS.isdisjoint(own) and EXPERT_COUNTS.isdisjoint(state["_buffers"])) \
+                or (isinstance(module, nn.ModuleList) and name.rpartition(".")[2].endswith("experts")):
+            experts.append(len(modules))
         modules.append((name, module))
-        for table, found in ((own, parameters), (state["_buffers"], buffers)):
-            for tensor in table.values():
-                if tensor is not None:
-                    found.setdefault(id(tensor), tensor)
-                    lazy = lazy or is_uninitialized(tensor)
         # packed quantized weights (core.packed.packed_objects) and tensors kept as plain
         # attributes, in the same walk: the types a module's attributes hold, each type tested
         # once (an isinstance per attribute cost more than the rest of the walk)
@@ -137,6 +178,10 @@ def model_facts(model: nn.Module) -> ModelFacts:
             elif isinstance(value, torch.Tensor):
                 attributes.append((f"tensor attribute {key} of module '{name}'", value))
     aliases = {found[0]: tuple(found) for found in every.values() if len(found) > 1}
+    # a tie or a module under several names: each name counts a tensor once (the exact walk)
+    owned: Union[Tuple[int, ...], Mapping[str, int]] = (
+        _owned(walked) if aliases or met > len(parameters) else tuple(sizes)
+    )
     return ModelFacts(
         model,
         tuple(modules),
@@ -148,7 +193,25 @@ def model_facts(model: nn.Module) -> ModelFacts:
         packed[0][0] if packed else None,
         tuple(packed),
         tuple(attributes),
+        tuple(experts),
     )
+
+
+def _owned(walked: List[Tuple[str, nn.Module]]) -> Dict[str, int]:
+    """:attr:`ModelFacts.owned` of a model with ties or a module under several names: every
+    name of every module (``walked``: ``named_modules(remove_duplicate=False)``) with the
+    parameters of its subtree, a tensor once per name."""
+    owned: Dict[str, int] = {}
+    counted: Dict[int, Any] = {}
+    chains: Dict[str, List[str]] = {"": [""]}  # a module's name -> it and its prefixes ("" first)
+    for name, module in walked:
+        chain = chains.get(name)
+        if chain is None:  # its parent came first (named_modules' order)
+            chain = chains[name] = chains[name.rpartition(".")[0]] + [name]
+        own = module._parameters
+        if own:
+            _count_owned(chain, own, owned, counted)  # under every name: each parent counts its children
+    return owned
 
 
 def _count_owned(

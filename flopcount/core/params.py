@@ -41,10 +41,14 @@ def summary_of(
     parameters: Optional[Iterable[torch.Tensor]] = None,
     buffers: Optional[Iterable[torch.Tensor]] = None,
     packed: Optional[Iterable[Tuple[str, nn.Module, Any]]] = None,
+    experts: Optional[Sequence[Tuple[str, nn.Module]]] = None,
 ) -> ParamSummary:
     """:func:`summarize_parameters` from ``model.named_modules()`` read already; ``parameters``,
     ``buffers`` (each tensor once, in ``modules`` order) and ``packed`` (:func:`packed_objects`)
-    when the caller has them too (``ModelFacts``: one walk of the tree)."""
+    when the caller has them too (``ModelFacts``: one walk of the tree), and ``experts``: the
+    modules among ``modules`` that may hold routed experts (the others cannot: no
+    ``num_experts``/``num_local_experts`` anywhere :func:`routed_experts` looks, no ModuleList
+    named ``...experts``)."""
     total = trainable = 0
     by_dtype: Dict[str, int] = {}
     if parameters is None:
@@ -74,7 +78,7 @@ def summary_of(
             continue
         key = _dtype_name(buf)
         found[key] = found.get(key, 0) + buf.numel() * buf.element_size()
-    active = _active(model, modules, experts_per_token)
+    active = _active(model, modules if experts is None else experts, experts_per_token)
     return ParamSummary(total, trainable, total - trainable, by_dtype, found, active=active)
 
 
@@ -113,11 +117,11 @@ def routed_experts(
         kind = type(module)
         quiet = silent.get(kind)
         if quiet is None:
-            quiet = silent[kind] = not any(_class_answers(kind, key) for key in _EXPERT_COUNTS)
+            quiet = silent[kind] = not any(class_answers(kind, key) for key in EXPERT_COUNTS)
         state = vars(module)
-        if quiet and _EXPERT_COUNTS.isdisjoint(state) and _EXPERT_COUNTS.isdisjoint(state.get("_modules", ())) \
-                and _EXPERT_COUNTS.isdisjoint(state.get("_parameters", ())) \
-                and _EXPERT_COUNTS.isdisjoint(state.get("_buffers", ())):
+        if quiet and EXPERT_COUNTS.isdisjoint(state) and EXPERT_COUNTS.isdisjoint(state.get("_modules", ())) \
+                and EXPERT_COUNTS.isdisjoint(state.get("_parameters", ())) \
+                and EXPERT_COUNTS.isdisjoint(state.get("_buffers", ())):
             count = None  # what _declared answers for both names (most modules: one check)
         else:
             count = _declared(module, "num_experts", looked) or _declared(module, "num_local_experts", looked)
@@ -131,10 +135,10 @@ def routed_experts(
 
 
 _MODULE_GETATTR = nn.Module.__getattr__
-_EXPERT_COUNTS = frozenset({"num_experts", "num_local_experts"})
+EXPERT_COUNTS = frozenset({"num_experts", "num_local_experts"})
 
 
-def _class_answers(kind: type, name: str) -> bool:
+def class_answers(kind: type, name: str) -> bool:
     """Whether ``getattr`` on a module of class ``kind`` may find ``name`` outside the module's
     ``__dict__`` and its parameter/buffer/child tables: its own ``__getattr__``, a class attribute."""
     return kind.__getattr__ is not _MODULE_GETATTR or hasattr(kind, name)  # type: ignore[attr-defined]
@@ -151,7 +155,7 @@ def _declared(module: nn.Module, name: str, looked: Dict[Tuple[type, str], bool]
     kind = type(module)
     answers = looked.get((kind, name))
     if answers is None:
-        answers = looked[kind, name] = _class_answers(kind, name)
+        answers = looked[kind, name] = class_answers(kind, name)
     if answers or name in state.get("_modules", ()) or name in state.get("_parameters", ()) \
             or name in state.get("_buffers", ()):
         return getattr(module, name, None)

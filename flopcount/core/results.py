@@ -264,11 +264,17 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
 def _frozen(table: Mapping[str, Sequence[int]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, OpTotals]:
     """``table`` as OpTotals; equal sums share one (``rows``: sums -> OpTotals, per result)."""
     made: Dict[str, OpTotals] = {}
+    # a list several keys share (the totals of owners of one tree-booked table) is read once
+    # (all of ``table``'s lists are alive here: their ids are distinct)
+    seen: Dict[int, OpTotals] = {}
     for key, sums in table.items():
-        figures = tuple(sums)
-        row = rows.get(figures)
+        row = seen.get(id(sums))
         if row is None:
-            row = rows[figures] = OpTotals(*figures)
+            figures = tuple(sums)
+            row = rows.get(figures)
+            if row is None:
+                row = rows[figures] = OpTotals(*figures)
+            seen[id(sums)] = row
         made[key] = row
     return made
 
@@ -278,10 +284,19 @@ def _frozen_tables(tables: Dict[str, Dict[str, List[int]]], rows: Dict[Tuple[int
     equal tables share one (the 80 layers of a model whose layers do the same work: what the
     result holds per layer is its name, not its table; issue #32)."""
     made: Dict[str, Mapping[str, OpTotals]] = {}
-    shared: Dict[Tuple[Tuple[str, OpTotals], ...], Dict[str, OpTotals]] = {}
+    # equal tables found by their keys and their rows' identities: ``rows`` makes one OpTotals
+    # per figures, so equal rows are one object (hashing ids, not each row's dataclass hash)
+    shared: Dict[Tuple[Tuple[str, int], ...], Dict[str, OpTotals]] = {}
+    # a ledger table several owners share (equal subtrees of a tree booking) is frozen once; ids
+    # of the ledger's tables are distinct (all alive when called), a popped one is never looked up
+    done: Dict[int, Dict[str, OpTotals]] = {}
     for name in list(tables):
-        table = _frozen(tables.pop(name), rows)
-        made[name] = shared.setdefault(tuple(table.items()), table)
+        table = tables.pop(name)
+        frozen = done.get(id(table))
+        if frozen is None:
+            frozen = _frozen(table, rows)
+            frozen = done[id(table)] = shared.setdefault(tuple([(op, id(row)) for op, row in frozen.items()]), frozen)
+        made[name] = frozen
     return made
 
 

@@ -7,6 +7,7 @@ about costs; :mod:`flopcount.tracers.dispatch` drives it.
 from __future__ import annotations
 
 from functools import cache
+from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
@@ -294,11 +295,13 @@ class Recorder(DataReads):
             return out
         if key is not None:
             # the shape cache knew this call: its key (the op, every argument's metadata and
-            # value) decides the bound arguments and the outputs, made once per key
-            known = _BOUND.get(key)
-            if known is None:
-                known = self._bound(sig, args, kwargs, out, key)
-            call = OpCall(sig.name, dict(known[0]), known[1]) if known is not _UNBINDABLE else None
+            # value) decides the call (bound arguments, outputs), made once per key and shared by
+            # every event of that key (read-only arguments; pricing then runs once per call)
+            call = _BOUND.get(key)
+            if call is None:
+                call = self._bound(sig, args, kwargs, out, key)
+            if call is _UNBINDABLE:
+                return out
         else:
             call = self._call(sig, args, kwargs, out)
         if call is None:
@@ -326,8 +329,8 @@ class Recorder(DataReads):
             out = cache.made(func, described)  # type: ignore[union-attr]  # key: a cache
             if out is not None:
                 events = self.events
-                for op, bound, outputs in ops:
-                    events.append(OpEvent(OpCall(op, dict(bound), outputs), stack, phase))
+                for call in ops:
+                    events.append(OpEvent(call, stack, phase))
                 return out
         start, unkeyed = len(self.events), self.unkeyed
         out = func(*args, **kwargs)
@@ -339,7 +342,7 @@ class Recorder(DataReads):
             if described is not None:
                 if len(_FUNCTIONS) >= _MAX_BOUND:
                     _FUNCTIONS.clear()
-                _FUNCTIONS[key] = (tuple((e.call.op, dict(e.call.args), tuple(e.call.outputs)) for e in window), described)
+                _FUNCTIONS[key] = (tuple(_shared(e.call) for e in window), described)
         return out
 
     @staticmethod
@@ -353,10 +356,10 @@ class Recorder(DataReads):
 
     @staticmethod
     def _bound(sig: _Signature, args: Tuple[Any, ...], kwargs: Any, out: Any, key: Any) -> Any:
-        """The bound arguments and outputs of a call the shape cache knows by ``key``, kept
-        for the next call of that key (a copy of the arguments each time: events stay apart)."""
+        """The call (bound arguments and outputs) the shape cache knows by ``key``, kept for
+        every next call of that key (:func:`_shared`)."""
         call = Recorder._call(sig, args, kwargs, out)
-        known = _UNBINDABLE if call is None else (dict(call.args), tuple(call.outputs))
+        known = _UNBINDABLE if call is None else _shared(call)
         if len(_BOUND) >= _MAX_BOUND:
             _BOUND.clear()
         _BOUND[key] = known
@@ -387,12 +390,23 @@ class Recorder(DataReads):
 
 
 _NO_KWARGS: Mapping[str, Any] = {}
-#: shape-cache key -> (bound arguments, outputs) of a call with that key (a pure function of
-#: it, like the shape cache's own results: shared by every recorder, nothing kept of a tensor)
+
+
+def _shared(call: OpCall) -> OpCall:
+    """``call`` as kept for every event of its shape-cache key (in this count and the next):
+    its arguments read-only (a handler writing them would change every event sharing them),
+    its outputs a tuple."""
+    if type(call.args) is MappingProxyType and type(call.outputs) is tuple:
+        return call  # kept already (a torch function's ops the shape cache knew)
+    return OpCall(call.op, MappingProxyType(dict(call.args)), tuple(call.outputs))
+
+#: shape-cache key -> the call (bound arguments, outputs) of that key (a pure function of it,
+#: like the shape cache's own results: shared by every recorder and every event of the key,
+#: nothing kept of a tensor)
 _BOUND: Dict[Any, Any] = {}
 _MAX_BOUND = 50_000
 _UNBINDABLE = object()
-#: a torch function's shape-cache key -> (its ops as (op, bound arguments, outputs), its result's
+#: a torch function's shape-cache key -> (its ops' calls (:func:`_shared`), its result's
 #: metadata): :meth:`Recorder.run_function`, shared by every recorder like ``_BOUND``
 _FUNCTIONS: Dict[Any, Any] = {}
 #: the class of an aten op overload, read off a public op (not imported from torch._ops)

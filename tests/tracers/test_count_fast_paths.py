@@ -6,6 +6,7 @@ path off, and FakeTensor's own answer)."""
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -84,8 +85,13 @@ def test_a_known_calls_arguments_are_bound_once_per_key(monkeypatch, train):
     # every aten op of the warm run was a shape-cache hit: none bound again
     assert binds == []
     assert _events(warm) == _events(cold)
-    # each event has its own arguments (a copy of the kept ones), never another event's
-    assert all(a.call.args is not b.call.args for a, b in zip(warm.events, cold.events))
+    # events of one key share one call (priced once), its arguments read-only: no event (no
+    # handler) can change another's
+    assert all(a.call is b.call for a, b in zip(warm.events, cold.events) if type(a.call.args) is MappingProxyType)
+    # every aten op's call is shared; the one composite (F.linear, recorded by the interceptor) is not keyed
+    assert [e.call.op for e in warm.events if type(e.call.args) is not MappingProxyType] == ["aten::linear"]
+    with pytest.raises(TypeError):
+        warm.events[0].call.args["input"] = None  # type: ignore[index]
     monkeypatch.setattr(ShapeCache, "run", lambda self, func, args, kwargs: func(*args, **(kwargs or {})))
     monkeypatch.setattr(ShapeCache, "run_composite", lambda self, func, args, kwargs: func(*args, **kwargs))
     assert _events(run_trace(model, (x,))) == _events(warm)
