@@ -206,17 +206,18 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
 
 
 #: the test files that take longest: CPU seconds summed over their tests, one process, one torch
-#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-27 00:24, this
-#: branch, load ~9 from the other jobs; docs/performance.md, "The main suite, third pass"; the
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-27 07:30, base
+#: 5bc0d58, load ~5 from the other jobs; docs/performance.md, "The main suite, fourth pass"; the
 #: fork server's children, booked to the session's last test, left out): under pytest-xdist each
 #: worker starts with its share of them, see _heavy_files_first
 HEAVY_FILES = {
-    "test_memory_reuse.py": 13.7, "test_generation_options.py": 12.2, "serving/test_serve_derived.py": 12.1,
-    "test_generation_deferred_steps.py": 11.2, "test_generation_limits.py": 10.1, "cli/test_artifacts.py": 8.8,
-    "test_doc_snippets.py": 7.4, "test_install.py": 7.1, "tracers/test_reuse_cache.py": 5.8,
-    "serving/test_serve.py": 4.9, "test_memory.py": 4.6, "tracers/test_shape_cache.py": 4.5,
-    "test_ci_recipes.py": 4.3, "tracers/test_agreement.py": 4.0, "plan/test_plan_analytic.py": 3.8,
-    "test_profile_marks.py": 3.4,
+    "plan/test_plan_layers.py": 23.9, "test_memory_layers.py": 20.5, "test_memory_reuse.py": 19.8,
+    "tracers/test_hf_tracing.py": 19.1, "test_generation_options.py": 15.9, "test_generation_deferred_steps.py": 15.4,
+    "test_generation_limits.py": 12.7, "cli/test_artifacts.py": 11.5, "serving/test_serve_derived.py": 11.2,
+    "test_doc_snippets.py": 8.8, "serving/test_serve.py": 8.1, "test_install.py": 8.1, "tracers/test_reuse_cache.py": 6.9,
+    "plan/test_plan_skipped_modules.py": 6.7, "test_ci_recipes.py": 6.2, "tracers/test_shape_cache.py": 5.8,
+    "test_memory.py": 5.8, "tracers/test_agreement.py": 5.5, "test_profile_marks.py": 5.1, "cli/test_cli.py": 4.9,
+    "plan/test_plan_analytic.py": 4.8, "test_private_torch.py": 4.5,
 }
 
 

@@ -8,53 +8,65 @@ later forward of a new shape must add nothing)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _training_failures import Boom, StepFails, module_hooks, raise_in_backward
 from torch import nn
 
-L = pytest.importorskip("lightning")
+from flopcount.core.inputs import is_dataless
 
-from _training_failures import Boom, StepFails, module_hooks, raise_in_backward  # noqa: E402
-
-from flopcount.core.inputs import is_dataless  # noqa: E402
-from flopcount.integrations.lightning import FlopcountMonitor  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 
 
-class Failing(L.LightningModule):
-    """Linear(8, 16) -> ReLU -> Linear(16, 4), cross-entropy; fails at its second real step where told."""
+@functools.cache
+def _failing() -> Any:
+    """The LightningModule below, made on first use: lightning imported at collection cost every
+    pytest-xdist worker ~0.4-0.75 s of CPU, also the one that runs none of these tests."""
+    import lightning as L
 
-    def __init__(self, where: str) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        self.where = where
-        self.real_steps = 0
+    class Failing(L.LightningModule):
+        """Linear(8, 16) -> ReLU -> Linear(16, 4), cross-entropy; fails at its second real step where told."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        def __init__(self, where: str) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+            self.where = where
+            self.real_steps = 0
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        if not is_dataless(x):
-            self.real_steps += 1
-            if self.real_steps == 2 and self.where == "loss":
-                raise Boom("loss failed")
-            if self.real_steps == 2 and self.where == "backward":
-                loss.register_hook(raise_in_backward)
-        return loss
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
 
-    def configure_optimizers(self) -> Any:
-        return StepFails(self.parameters(), lr=0.1)
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            if not is_dataless(x):
+                self.real_steps += 1
+                if self.real_steps == 2 and self.where == "loss":
+                    raise Boom("loss failed")
+                if self.real_steps == 2 and self.where == "backward":
+                    loss.register_hook(raise_in_backward)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return StepFails(self.parameters(), lr=0.1)
+
+    return Failing
 
 
 @pytest.mark.parametrize("where", ["loss", "backward", "optimizer"])
 def test_a_fit_that_raises_leaves_the_module_as_found(where: str) -> None:
+    import lightning as L
+
+    from flopcount.integrations.lightning import FlopcountMonitor
+
     torch.manual_seed(0)
     StepFails.real_steps = 0
-    module = Failing(where)
+    module = _failing()(where)
     before = module_hooks(module)
     data = torch.utils.data.TensorDataset(torch.randn(12, 8), torch.randint(0, 4, (12,)))
     monitor = FlopcountMonitor(peak_flops=1e10)

@@ -8,7 +8,10 @@ trainer's SGD>)``, and the forward MACs by hand (B x (8x16 + 16x4)) and live wit
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+from types import SimpleNamespace
 from typing import Any, Dict, List, Tuple
 
 import pytest
@@ -17,35 +20,68 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-L = pytest.importorskip("lightning")
+from flopcount import count_flops
 
-from lightning.pytorch.callbacks import ThroughputMonitor  # noqa: E402
-from lightning.pytorch.loggers import Logger  # noqa: E402
-
-from flopcount import count_flops  # noqa: E402
-from flopcount.integrations.lightning import FlopcountMonitor  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 
 PEAK = 1e10
 
 
-class Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        self.seen: List[Tuple[int, Any]] = []
+@functools.cache
+def _lightning() -> SimpleNamespace:
+    """lightning, and this file's classes that derive from its own, made on first use: imported at
+    collection (torchmetrics and its plotting with it, ~0.4-0.75 s of CPU), lightning cost every
+    pytest-xdist worker that much, also the one that runs none of these tests."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ThroughputMonitor
+    from lightning.pytorch.loggers import Logger
 
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.cross_entropy(self.net(x), y)
-        self.log("train_loss", loss)
-        return loss
+    from flopcount.integrations.lightning import FlopcountMonitor
 
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_loss", F.cross_entropy(self.net(x), y))
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+            self.seen: List[Tuple[int, Any]] = []
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", F.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    class Capture(Logger):
+        name = "capture"
+        version = 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: List[Dict[str, float]] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append(dict(metrics))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class SeenFlops(L.Callback):
+        """What ThroughputMonitor reads: ``pl_module.flops_per_batch`` at each batch end."""
+
+        def __init__(self) -> None:
+            self.values: List[Any] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.values.append(pl_module.flops_per_batch)
+
+    return SimpleNamespace(L=L, ThroughputMonitor=ThroughputMonitor, FlopcountMonitor=FlopcountMonitor, Tiny=Tiny,
+                           Capture=Capture, SeenFlops=SeenFlops)
 
 
 class Loss(nn.Module):
@@ -59,40 +95,16 @@ class Loss(nn.Module):
         return F.cross_entropy(self.net(x), y)
 
 
-class Capture(Logger):
-    name = "capture"
-    version = 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: List[Dict[str, float]] = []
-
-    def log_metrics(self, metrics, step=None):
-        self.rows.append(dict(metrics))
-
-    def log_hyperparams(self, *args, **kwargs):
-        pass
-
-
-class SeenFlops(L.Callback):
-    """What ThroughputMonitor reads: ``pl_module.flops_per_batch`` at each batch end."""
-
-    def __init__(self) -> None:
-        self.values: List[Any] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.values.append(pl_module.flops_per_batch)
-
-
 def test_lightning_trainer_logs_the_exact_step_flops():
+    lt = _lightning()
     logging.getLogger("lightning").setLevel(logging.ERROR)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(10, 8), torch.randint(0, 4, (10,)))
     loader = torch.utils.data.DataLoader(data, batch_size=3)  # batches of 3, 3, 3, 1
-    module, logger, seen = Tiny(), Capture(), SeenFlops()
-    monitor = FlopcountMonitor(peak_flops=PEAK)
-    throughput = ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0], window_size=2)
-    trainer = L.Trainer(
+    module, logger, seen = lt.Tiny(), lt.Capture(), lt.SeenFlops()
+    monitor = lt.FlopcountMonitor(peak_flops=PEAK)
+    throughput = lt.ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0], window_size=2)
+    trainer = lt.L.Trainer(
         max_epochs=1, accumulate_grad_batches=2, logger=logger, callbacks=[monitor, seen, throughput], log_every_n_steps=1,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, limit_val_batches=2,
         num_sanity_val_steps=0, accelerator="cpu",
@@ -138,19 +150,20 @@ def test_monitor_replays_no_hook_and_a_second_fit_counts_afresh():
     """Issue #29 items 8 and 10 for Lightning. Oracles: the user's own hook on ``net`` sees
     exactly the trainer's real forwards (4 batches), never a count's; a second fit of another
     module (wider net, same batch shapes) logs that module's FLOPs, counted by count_flops."""
+    lt = _lightning()
     logging.getLogger("lightning").setLevel(logging.ERROR)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.randint(0, 4, (8,)))
     loader = torch.utils.data.DataLoader(data, batch_size=2)
-    monitor = FlopcountMonitor(peak_flops=PEAK)
-    first, second = Tiny(), Tiny()
+    monitor = lt.FlopcountMonitor(peak_flops=PEAK)
+    first, second = lt.Tiny(), lt.Tiny()
     second.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
     seen: List[str] = []
     first.net.register_forward_hook(lambda m, a, o: seen.append(type(o).__name__))
     logged = []
     for module in (first, second):
-        logger = Capture()
-        trainer = L.Trainer(max_epochs=1, logger=logger, callbacks=[monitor], log_every_n_steps=1, enable_progress_bar=False,
+        logger = lt.Capture()
+        trainer = lt.L.Trainer(max_epochs=1, logger=logger, callbacks=[monitor], log_every_n_steps=1, enable_progress_bar=False,
                             enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0, accelerator="cpu")
         trainer.fit(module, loader)
         if module is first:

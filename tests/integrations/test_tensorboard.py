@@ -9,8 +9,7 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+pytest.importorskip("tensorboard")  # tensorboard's own package only: its event reader is imported where read
 
 from flopcount.cli import main
 
@@ -26,6 +25,9 @@ PARAMS = 16 * 32 + 32 + 32 * 8 + 8
 
 
 def _read(log_dir):
+    # imported here, not at collection, where it cost each pytest-xdist worker ~0.1-0.2 s of CPU
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = {tag: events.Scalars(tag)[-1].value for tag in events.Tags()["scalars"]}
