@@ -5,7 +5,10 @@ stack of ``n`` blocks on a (B, D) input is ``n * B * 2 * D * h`` MACs."""
 
 from __future__ import annotations
 
+from conftest import assert_same_state, snapshot
 from torch import nn
+
+from flopcount import count_flops
 
 B, D, H = 3, 8, 16  # batch (rows, > 1), width, inner width
 
@@ -30,3 +33,26 @@ class Stack(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x
+
+
+def rows(result):
+    """Every reading's rows of a count: totals, module calls, and per operator, module, module and
+    operator, and phase, for MACs and FLOPs (what reuse on and off must give alike)."""
+    return (
+        result.to_dict(),
+        [(m.name, m.calls) for m in result.modules],
+        *((result.by_operator(m), result.by_module(m), result.by_module_and_operator(m), result.by_phase(m))
+          for m in ("macs", "flops")),
+    )
+
+
+def off_and_on(monkeypatch, model, inputs, **options):
+    """The count with reuse off (``FLOPCOUNT_REUSE=0``: every call traced) and on; the model checked
+    to be left as found by both."""
+    before = snapshot(model)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, inputs, **options)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    on = count_flops(model, inputs, **options)
+    assert_same_state(model, before)
+    return off, on

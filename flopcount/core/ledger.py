@@ -446,34 +446,10 @@ class Ledger:
                 table = stacks[stack] = {}
                 sequence.append(stack)
             phase = event.phase
-            if cost.parts:
-                for name, part in cost.parts:
-                    _add_call(table, name, part, first)
-                    _add_call(by_phase, (name, phase), part, first)
-                    first += 1
-                continue
-            # one operation (most events): _add_call twice, unrolled
-            macs, flops, read, written = cost.macs, cost.flops, cost.bytes_read, cost.bytes_written
-            found = table.get(op)
-            if found is None:
-                table[op] = [1, macs, flops, read, written, first]
-            else:
-                found[0] += 1
-                found[1] += macs
-                found[2] += flops
-                found[3] += read
-                found[4] += written
-            key = (op, phase)
-            found = by_phase.get(key)
-            if found is None:
-                by_phase[key] = [1, macs, flops, read, written, first]
-            else:
-                found[0] += 1
-                found[1] += macs
-                found[2] += flops
-                found[3] += read
-                found[4] += written
-            first += 1
+            for name, part in cost.parts or ((op, cost),):
+                _add_call(table, name, part, first)
+                _add_call(by_phase, (name, phase), part, first)
+                first += 1
         # operators and phases, in first-event order
         operators: Dict[str, List[int]] = {}
         phases: Dict[str, List[int]] = {}

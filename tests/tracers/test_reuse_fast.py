@@ -10,30 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 from _toy_stack import B, D, H, Stack
-from conftest import assert_same_state, snapshot
+from _toy_stack import off_and_on as _both
+from _toy_stack import rows as _rows
 from torch import nn
 
 from flopcount import count_flops
 from flopcount.tracers.fake import copies
-
-
-def _rows(result):
-    return (
-        result.to_dict(),
-        [(m.name, m.calls) for m in result.modules],
-        *((result.by_operator(m), result.by_module(m), result.by_module_and_operator(m), result.by_phase(m))
-          for m in ("macs", "flops")),
-    )
-
-
-def _both(monkeypatch, model, inputs, **options):
-    before = snapshot(model)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-    off = count_flops(model, inputs, **options)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-    on = count_flops(model, inputs, **options)
-    assert_same_state(model, before)
-    return off, on
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])

@@ -11,6 +11,8 @@ import copy
 import pytest
 import torch
 from _toy_stack import B, D, H, Stack
+from _toy_stack import off_and_on as _both
+from _toy_stack import rows as _rows
 from conftest import torch_contraction_flops
 from torch import nn
 
@@ -42,21 +44,6 @@ def _stack_macs(n: int, hidden: int = H, rows: int = B) -> int:
     return n * rows * 2 * D * hidden
 
 
-def _rows(result):
-    return (
-        result.to_dict(),
-        [(m.name, m.calls) for m in result.modules],
-        *((result.by_operator(m), result.by_module(m), result.by_module_and_operator(m), result.by_phase(m))
-          for m in ("macs", "flops")),
-    )
-
-
-def _both(monkeypatch, model, inputs, **options):
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-    off = count_flops(model, inputs, **options)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-    on = count_flops(model, inputs, **options)
-    return off, on
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ import tracemalloc
 import pytest
 import torch
 from _toy_stack import B, Block, D, H, Stack
+from _toy_stack import off_and_on as _both
+from _toy_stack import rows as _rows
 from conftest import assert_same_state, snapshot, torch_contraction_flops
 from torch import nn
 
@@ -32,24 +34,6 @@ def _macs(blocks: int) -> int:
     return blocks * B * 2 * D * H
 
 
-def _rows(result):
-    return (
-        result.to_dict(),
-        [(m.name, m.calls) for m in result.modules],
-        *((result.by_operator(m), result.by_module(m), result.by_module_and_operator(m), result.by_phase(m))
-          for m in ("macs", "flops")),
-    )
-
-
-def _both(monkeypatch, model, inputs, **options):
-    """The count with reuse off and on; the model checked to be left as found by both."""
-    before = snapshot(model)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-    off = count_flops(model, inputs, **options)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-    on = count_flops(model, inputs, **options)
-    assert_same_state(model, before)
-    return off, on
 
 
 @pytest.fixture
