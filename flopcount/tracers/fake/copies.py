@@ -25,7 +25,7 @@ import logging
 import threading
 from collections import OrderedDict
 from functools import cache
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -272,6 +272,19 @@ def _read_keys(faker: _Faker, tensors: List[Any], keys: Optional[Dict[Any, Any]]
     return found
 
 
+def _held_tensors(modules: Iterable[nn.Module]) -> List[Any]:
+    """The parameters and buffers ``modules`` (the caller's) hold in plain dictionaries themselves
+    (not their children's), read through ``vars`` (no module ``__getattr__``) for the lazy copy's
+    key reads; :func:`_own_tensors` walks a whole model."""
+    tensors: List[Any] = []
+    for module in modules:
+        state = vars(module)
+        for held in (state.get("_parameters"), state.get("_buffers")):
+            if type(held) is dict:
+                tensors.extend(t for t in dict.values(held) if t is not None)
+    return tensors
+
+
 class LazyCopy:
     """A fake copy made lazily in depth (issue #32, a deep model's memory): a copied module's
     children are copied when first reached (:class:`LazyModules`), so the children of a block
@@ -301,13 +314,7 @@ class LazyCopy:
         copier = self.copier
         if copier is None:
             return
-        tensors: List[Any] = []
-        for module in self.originals:
-            state = vars(module)
-            for held in (state.get("_parameters"), state.get("_buffers")):
-                if type(held) is dict and held:
-                    tensors.extend(t for t in dict.values(held) if t is not None)
-        copier.prefetch(tensors)
+        copier.prefetch(_held_tensors(self.originals))
         self.complete = True
 
     def copy_of(self, original: nn.Module) -> nn.Module:
@@ -333,14 +340,8 @@ class LazyCopy:
         if copier is None:
             raise RuntimeError("a module of a fake copy was reached after its run ended")
         if not self.complete:
-            tensors: List[Any] = []
-            for module in originals:
-                if copier.memo.get(id(module)) is None:
-                    state = vars(module)
-                    for held in (state.get("_parameters"), state.get("_buffers")):
-                        if type(held) is dict:
-                            tensors.extend(t for t in held.values() if t is not None)
-            copier.prefetch(tensors)
+            memo = copier.memo
+            copier.prefetch(_held_tensors(m for m in originals if memo.get(id(m)) is None))
         return [self.copy_of(module) for module in originals]
 
     def prefetch_children(self, children: Dict[str, Any]) -> None:
@@ -350,14 +351,8 @@ class LazyCopy:
         if copier is None or self.complete:
             return
         originals, memo = self.originals, copier.memo
-        tensors: List[Any] = []
-        for child in dict.values(children):
-            if child is not None and child in originals and memo.get(id(child)) is None:
-                state = vars(child)
-                for held in (state.get("_parameters"), state.get("_buffers")):
-                    if type(held) is dict:
-                        tensors.extend(t for t in held.values() if t is not None)
-        copier.prefetch(tensors)
+        copier.prefetch(_held_tensors(
+            c for c in dict.values(children) if c is not None and c in originals and memo.get(id(c)) is None))
 
     def live(self, module: Any) -> Any:
         """``module``'s copy if it is an original copied already, else ``module`` itself (a copy,
@@ -528,17 +523,14 @@ class _Faker:
         )
 
     def deferred_key(self, tensor: Any) -> Optional[Tuple[Any, ...]]:
-        """:func:`reuse_key` of ``tensor`` where it is :meth:`deferrable`, else None: the two in one
-        pass over its metadata (each attribute read once; every parameter of a count is read so)."""
+        """:func:`reuse_key` of ``tensor`` where it is :meth:`deferrable`, else None (the checks made
+        by type first: every parameter of a count is read so)."""
         kind = type(tensor)
         if self.storages or (kind is not torch.Tensor and kind is not nn.Parameter):
             return None  # a subclass (an uninitialised parameter among them) or a fake storage
         if tensor.layout != torch.strided or tensor.is_quantized:
             return None
-        device = tensor.device
-        grad = tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex())
-        return (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, _CPU if device.type == "meta" else device, grad,
-                self.fake_type)
+        return reuse_key(tensor, self.fake_type)
 
     def _make(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Tuple[Any, ...]]]:
         """The fake of ``tensor`` and, when made the fast way, its :func:`reuse_key`."""
