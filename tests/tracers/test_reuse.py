@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from _toy_stack import B, Block, D, H
 from conftest import torch_contraction_flops
 from torch import nn
 
@@ -21,20 +22,6 @@ hf = pytest.importorskip("examples.hf")
 pytest.importorskip("transformers")
 
 VOCAB = 300
-B, D, H = 3, 8, 16  # batch, model width, inner width of the toy blocks
-
-
-class Block(nn.Module):
-    """Linear(D, h) -> ReLU -> Linear(h, D): 2 * D * h MACs per row."""
-
-    def __init__(self, hidden: int = H) -> None:
-        super().__init__()
-        self.up = nn.Linear(D, hidden)
-        self.act = nn.ReLU()
-        self.down = nn.Linear(hidden, D)
-
-    def forward(self, x):
-        return self.down(self.act(self.up(x))) + x
 
 
 class Stack(nn.Module):
