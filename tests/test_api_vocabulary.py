@@ -121,16 +121,16 @@ def test_benchmark_on_names_the_peak_part_and_gpu_name_is_its_deprecated_name() 
 
 
 def test_the_callbacks_peak_part_is_on() -> None:
-    from flopcount.integrations._rates import resolve_peak
+    from flopcount.integrations._rates import modeled_part, resolve_peak
 
     cpu = torch.device("cpu")
     # H100 SXM dense: 67 TFLOP/s float32 (torch's default: fp32 matmuls not in TF32), 989.5 bfloat16
     assert resolve_peak(cpu, torch.float32, None, on="h100") == (pytest.approx(67e12), "")
     assert resolve_peak(cpu, torch.bfloat16, None, on="h100") == (pytest.approx(989.5e12), "")
-    with pytest.raises(UsageError, match="abacus"):
-        resolve_peak(cpu, torch.float32, None, on="abacus")
-    with pytest.raises(UsageError, match="not both"):
-        resolve_peak(cpu, torch.float32, 1e12, on="h100")
+    with pytest.raises(UsageError, match="abacus"):  # the part is checked once, when the callback is made
+        modeled_part("FlopcountCallback", "abacus", None)
+    with pytest.raises(UsageError, match="once"):
+        modeled_part("FlopcountCallback", "h100", 1e12)
     peak, note = resolve_peak(cpu, torch.float32, None)  # without on=: none on CPU, as before
     assert peak is None and "no MFU on CPU" in note
 

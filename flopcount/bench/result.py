@@ -86,12 +86,6 @@ class BenchmarkResult(FromWarnings):
         return self.batch_size * self.iters_per_s
 
     @property
-    def overhead_per_iter_us(self) -> float:
-        """Wall time of the timed region per iteration minus the mean sample (µs): what
-        the loop itself costs beyond the timed calls."""
-        return (self.wall_s / self.iters - self.mean_s) * 1e6 if self.iters else 0.0
-
-    @property
     def achieved_flops_per_s(self) -> Optional[float]:
         return None if self.flops is None or self.median_s <= 0 else self.flops / self.median_s
 

@@ -254,12 +254,6 @@ class StepTimer:
             raise UsageError(f"only {len(self._records)} step(s) recorded, all skipped (skip_first={self.skip_first})")
         return summarize_steps(kept, self.flops_per_step, self.peak_flops)
 
-    def reset(self) -> None:
-        """Forgets every step; the next fetch or start() begins a new measurement."""
-        self._records.clear()
-        self._reader_ns = 0
-        self._last_ns = None
-
 
 # 0.2's name (two classes were called StepRecord; plan's step recorder keeps it)
 __getattr__ = module_getattr(__name__, {"StepRecord": ("flopcount.bench.StepTiming", lambda: StepTiming)})

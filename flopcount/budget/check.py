@@ -360,10 +360,12 @@ def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budge
     :class:`UsageError` naming the file and the key. The baseline gate's keys
     (``max-growth``, ``baseline``: :mod:`flopcount.diffs.gate`) and what ``check`` counts
     without an ENTRY argument (``entry``, ``input``: the CLI) are read there, not here."""
-    path = Path(path)
-    if required and not path.is_file():
-        raise UsageError(f"config file not found: {path}")
-    table = flopcount_table(path)  # None without the file or the table
+    return table_budget(flopcount_table(Path(path), required=required), path)
+
+
+def table_budget(table: Optional[Mapping[str, Any]], path: Union[str, Path]) -> Budget:
+    """The budget of ``[tool.flopcount]`` as :func:`flopcount_table` read it from ``path``
+    (None: an empty budget); the gate's and the bare check's keys left to their readers."""
     if table is None:
         return Budget()
     return budget_from_mapping({k: v for k, v in table.items() if str(k).replace("_", "-") not in GATE_KEYS}, f"{path} [tool.flopcount]")
@@ -374,10 +376,13 @@ def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budge
 GATE_KEYS = ("max-growth", "baseline", "entry", "input")
 
 
-def flopcount_table(path: Path) -> Optional[Dict[str, Any]]:
+def flopcount_table(path: Path, *, required: bool = False) -> Optional[Dict[str, Any]]:
     """``[tool.flopcount]`` of the TOML file ``path`` (keys as written), or None when the file
-    or the table is missing; malformed TOML raises :class:`UsageError` naming the file."""
+    (unless ``required``) or the table is missing; malformed TOML raises :class:`UsageError`
+    naming the file. ``flopcount check`` reads it once for its budgets, gate and ENTRY."""
     if not path.is_file():
+        if required:
+            raise UsageError(f"config file not found: {path}")
         return None
     import tomllib  # the standard library's from Python 3.11, the oldest flopcount supports
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from flopcount.budget.check import Budget, check_result, flopcount_table, load_budget_file
+from flopcount.budget.check import Budget, check_result, flopcount_table, table_budget
 from flopcount.cli.deadline import stage
 from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_ms, run_profile, with_prediction
 from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
@@ -24,7 +24,7 @@ from flopcount.cli.serving import count_generation_command, run_serve
 from flopcount.core.rendering import render
 from flopcount.core.results import load_report
 from flopcount.diffs import check_growth, diff
-from flopcount.diffs.gate import DEFAULT_GROWTH, load_growth_file, parse_growth
+from flopcount.diffs.gate import DEFAULT_GROWTH, parse_growth, table_growth
 from flopcount.errors import UsageError
 from flopcount.integrations.tensorboard import summary_writer, write_tensorboard
 from flopcount.report.plot import check_plot_path, plot_result, plot_sunburst
@@ -315,10 +315,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         max_size_mb=args.max_size_mb, max_latency_ms=max_latency, max_memory=args.max_memory,
     )
     config_file = args.config_file or "pyproject.toml"
-    budget = load_budget_file(config_file, required=args.config_file is not None).merged(flags)
+    table = flopcount_table(Path(config_file), required=args.config_file is not None)  # read once for all three
+    budget = table_budget(table, config_file).merged(flags)
     if args.entry is None:
-        _entry_from_config(args, config_file)
-    gate = _gate_settings(args, config_file)
+        _entry_from_config(args, table, config_file)
+    gate = _gate_settings(args, table_growth(table, config_file))
     if not budget and gate is None:
         raise UsageError(
             "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms, "
@@ -382,12 +383,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return EXIT_INCOMPLETE if strict else EXIT_OK
 
 
-def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
+def _entry_from_config(args: argparse.Namespace, found: Optional[Dict[str, Any]], config_file: str) -> None:
     """``check`` without ENTRY: ``entry`` (and ``input``, unless --input is given) of
     [tool.flopcount], so a pre-commit hook or CI step needs no arguments."""
     from flopcount.cli.specs import parse_spec
 
-    table = {str(k).replace("_", "-"): v for k, v in (flopcount_table(Path(config_file)) or {}).items()}
+    table = {str(k).replace("_", "-"): v for k, v in (found or {}).items()}
     entry = table.get("entry")
     if entry is None:
         raise UsageError(f"check: no ENTRY: give one (e.g. flopcount check model.py:build) or entry = \"model.py:build\" "
@@ -406,10 +407,10 @@ def _entry_from_config(args: argparse.Namespace, config_file: str) -> None:
             raise UsageError(f"{config_file} [tool.flopcount]: input: {exc}") from None
 
 
-def _gate_settings(args: argparse.Namespace, config_file: str) -> Optional[Tuple[str, Dict[str, Any], Any]]:
-    """The baseline report's path, the growth allowances (flag, else [tool.flopcount], else
-    no growth of params, FLOPs and MACs) and the report read back; None without a baseline."""
-    settings = load_growth_file(config_file)
+def _gate_settings(args: argparse.Namespace, settings: Any) -> Optional[Tuple[str, Dict[str, Any], Any]]:
+    """The baseline report's path, the growth allowances (flag, else [tool.flopcount]'s
+    ``settings``, else no growth of params, FLOPs and MACs) and the report read back; None
+    without a baseline."""
     baseline = args.baseline or (str(settings.baseline) if settings.baseline is not None else None)
     if baseline is None:
         if args.max_growth is not None:

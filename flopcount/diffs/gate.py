@@ -119,10 +119,14 @@ def load_growth_file(path: Union[str, Path]) -> GrowthSettings:
     file or the keys are missing)."""
     from flopcount.budget.check import flopcount_table
 
-    path = Path(path)
-    found = flopcount_table(path)
+    return table_growth(flopcount_table(Path(path)), path)
+
+
+def table_growth(found: Optional[Mapping[str, Any]], path: Union[str, Path]) -> GrowthSettings:
+    """:func:`load_growth_file` of ``[tool.flopcount]`` as ``flopcount_table`` read it from ``path``."""
     if found is None:
         return GrowthSettings()
+    path = Path(path)
     table = {str(key).replace("_", "-"): value for key, value in found.items()}
     source = f"{path} [tool.flopcount]"
     allowances = growth_from_mapping(table["max-growth"], f"{source}: max-growth") if "max-growth" in table else None

@@ -83,18 +83,16 @@ def resolve_peak(
     device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float], on: Optional[str] = None
 ) -> Tuple[Optional[float], str]:
     """The FLOP/s an MFU is measured against, and a sentence when there is none: ``given``
-    if set; else the dense datasheet peak of the modeled part ``on`` ("h100", "a100 40gb
-    pcie"...) at ``dtype``; else the GPU's own (``device``: where the model runs; torch's
-    default math modes: float32 matmuls at the FP32 peak); none on CPU (a measured GEMM
-    rate is a micro-benchmark's figure, not a peak: pass one to get an MFU)."""
-    if given is not None and on is not None:
-        raise UsageError(f"give the MFU's peak once: peak_flops={given!r} or on={on!r}, not both")
-    name = None if on is None else resolve_part(str(on)).name  # an unknown name: UsageError listing the parts
-    found, _ = mfu_peak(device, dtype, given, name)
+    if set; else the dense datasheet peak of the modeled part ``on`` (a part's name, as
+    :func:`modeled_part` checked it when the callback was made) at ``dtype``; else the GPU's
+    own (``device``: where the model runs; torch's default math modes: float32 matmuls at the
+    FP32 peak); none on CPU (a measured GEMM rate is a micro-benchmark's figure, not a peak:
+    pass one to get an MFU)."""
+    found, _ = mfu_peak(device, dtype, given, on)
     if found is not None:
         return found, ""
-    if name is not None:
-        return None, f"{name} has no dense peak at {dtype} in flopcount's table: pass peak_flops= for an MFU"
+    if on is not None:
+        return None, f"{on} has no dense peak at {dtype} in flopcount's table: pass peak_flops= for an MFU"
     if device.type == "cuda":
         return None, f"no peak for {torch.cuda.get_device_name(device)} at {dtype} in flopcount's table: pass peak_flops= for an MFU"
     if device.type == "cpu":

@@ -82,7 +82,7 @@ class FlopcountMonitor(Callback):
     """
 
     def __init__(self, peak_flops: Optional[float] = None, *, on: Optional[str] = None):
-        modeled_part("FlopcountMonitor", on, peak_flops)  # an unknown part is said here, not at fit start
+        self._part = modeled_part("FlopcountMonitor", on, peak_flops)  # an unknown part is said here, not at fit start
         self.peak_flops = peak_flops
         self.on = on
         self.counter = StepCounter(lightning_loss)
@@ -107,7 +107,7 @@ class FlopcountMonitor(Callback):
         self.total_flops = 0
         precision = str(getattr(trainer, "precision", "32"))
         dtype = next((d for key, d in _PRECISION_DTYPES.items() if precision.startswith(key)), model_dtype(pl_module))
-        self._peak, note = resolve_peak(trainer.strategy.root_device, dtype, self.peak_flops, self.on)
+        self._peak, note = resolve_peak(trainer.strategy.root_device, dtype, self.peak_flops, self._part)
         if note:
             warnings.warn(f"FlopcountMonitor: {note}", FlopcountWarning, stacklevel=2)
         if not hasattr(pl_module, "flops_per_batch"):

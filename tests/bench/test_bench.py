@@ -45,7 +45,6 @@ def test_fake_clock_gives_exact_statistics_and_counts_warmup():
     assert r.min_s == pytest.approx(1e-3) and r.max_s == pytest.approx(5e-3)
     assert r.p90_s == pytest.approx(4.6e-3)  # rank 3.6 between 4 and 5 ms
     assert r.wall_s == pytest.approx(15e-3)
-    assert r.overhead_per_iter_us == pytest.approx(0.0)
     # throughput from the leading dim of the first tensor: 6 samples / 3 ms
     assert r.batch_size == 6
     assert r.throughput == pytest.approx(2000.0)

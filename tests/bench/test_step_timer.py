@@ -78,12 +78,11 @@ def test_start_and_manual_steps_and_synchronize():
     assert synced == [2 * S]
 
 
-def test_errors_and_reset():
+def test_errors():
     clock = FakeClock()
     timer = StepTimer(clock=clock)
     with pytest.raises(UsageError):
         timer.step()
-    timer.reset()
     with pytest.raises(UsageError):
         timer.summary()
     with pytest.raises(UsageError):
