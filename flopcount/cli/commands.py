@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from flopcount.diffs.gate import DEFAULT_GROWTH, parse_growth, table_growth
 from flopcount.errors import UsageError
 from flopcount.integrations.tensorboard import summary_writer, write_tensorboard
 from flopcount.report.plot import check_plot_path, plot_result, plot_sunburst
-from flopcount.report.render import overall_status, render_bench, render_check, render_count
+from flopcount.report.render import entry_json, overall_status, render_bench, render_check, render_count
 
 
 @dataclass
@@ -508,9 +507,7 @@ def parse_link(text: Optional[str]) -> Any:
 
 
 def _render_plan(result: Any, fmt: str, entry: str) -> str:
-    if fmt == "json":
-        return json.dumps({"entry": entry, **result.to_dict()}, indent=2)
-    return result.to_markdown() if fmt == "markdown" else result.table()
+    return entry_json(result, entry) if fmt == "json" else result.to_markdown() if fmt == "markdown" else result.table()
 
 
 def _planned_peak(args: argparse.Namespace) -> Tuple[int, str]:

@@ -6,7 +6,6 @@ measured time joined with cost per op)."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any, Callable, Optional, Tuple
 
@@ -16,6 +15,7 @@ from flopcount.cli.parser import EXIT_OK
 from flopcount.errors import FlopcountError, UsageError
 from flopcount.integrations.tensorboard import summary_writer, write_profile_tensorboard
 from flopcount.report.profile import predict_table, profile_csv, profile_html, profile_table
+from flopcount.report.render import entry_json
 from flopcount.units import format_seconds
 
 __all__ = ["benchmark_entry", "check_timing_args", "predicted_latency_ms", "run_profile", "with_prediction"]
@@ -146,7 +146,7 @@ def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str
     result = profile(run.model, run.inputs, run.kwargs, backward=args.backward, warmup=args.warmup, steps=args.steps,
                      device=run.device, roofs=roofs, keep_trace=args.trace is not None or bool(args.tensorboard))
     if args.format == "json":
-        text = json.dumps({"entry": label, **result.to_dict()}, indent=2)
+        text = entry_json(result, label)
     elif args.format == "csv":
         text = profile_csv(result, by=args.by)
     elif args.format == "html":

@@ -72,35 +72,30 @@ def report_notes(result: Any, args: argparse.Namespace) -> None:
     then the result's other warnings (unless --quiet), one line each on stderr."""
     from flopcount.report.notes import incomplete_lines, other_warnings
 
-    said: Set[str] = args.said  # texts already written to stderr in this run (main's): each said once
     reasons = incomplete_lines(result)
     if reasons:
         say(f"the count may be short ({len(reasons)} reason(s)):", "INCOMPLETE")
         for text in reasons:
-            said.add(one_line(text))
+            args.said.add(one_line(text))
             say(one_line(text), "INCOMPLETE")
-    if args.quiet:
-        return
-    for text in other_warnings(result):
-        line = one_line(text)
-        if line not in said:
-            said.add(line)
-            say(line, "warning")
+    if not args.quiet:
+        for text in other_warnings(result):
+            _say_once(args, one_line(text))
 
 
 def report_warnings(caught: Sequence[warnings.WarningMessage], args: argparse.Namespace) -> None:
-    if args.quiet:
-        return
-    seen: Set[str] = args.said
-    for w in caught:
+    for w in () if args.quiet else caught:
         ours = issubclass(w.category, FlopcountWarning)
-        if not ours and not args.debug:
-            continue  # torch.jit TracerWarnings and the like: noise for this report
-        text = one_line(str(w.message))
-        if text in seen:
-            continue
-        seen.add(text)
-        say(text if ours else f"{w.category.__name__}: {text}", "warning")
+        if ours or args.debug:  # else torch.jit TracerWarnings and the like: noise for this report
+            _say_once(args, one_line(str(w.message)), "" if ours else f"{w.category.__name__}: ")
+
+
+def _say_once(args: argparse.Namespace, text: str, prefix: str = "") -> None:
+    """A warning on stderr, unless this run said ``text`` already (``args.said``, main's)."""
+    said: Set[str] = args.said
+    if text not in said:
+        said.add(text)
+        say(prefix + text, "warning")
 
 
 def progress(args: argparse.Namespace, message: str) -> None:

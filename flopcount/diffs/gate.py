@@ -114,16 +114,9 @@ class GrowthSettings:
     baseline: Optional[Path] = None
 
 
-def load_growth_file(path: Union[str, Path]) -> GrowthSettings:
-    """``max-growth`` and ``baseline`` of ``[tool.flopcount]`` in ``path`` (nothing when the
-    file or the keys are missing)."""
-    from flopcount.budget.check import flopcount_table
-
-    return table_growth(flopcount_table(Path(path)), path)
-
-
 def table_growth(found: Optional[Mapping[str, Any]], path: Union[str, Path]) -> GrowthSettings:
-    """:func:`load_growth_file` of ``[tool.flopcount]`` as ``flopcount_table`` read it from ``path``."""
+    """``max-growth`` and ``baseline`` of ``[tool.flopcount]`` as ``flopcount_table`` read it from
+    ``path`` (nothing when the file or the keys are missing)."""
     if found is None:
         return GrowthSettings()
     path = Path(path)

@@ -59,43 +59,39 @@ def _header(by: str, timing: str) -> List[str]:
             "achieved FLOP/s", "FLOP/B", "bound", "attainable", "efficiency"]
 
 
+def _time_cells(row: ProfileRow, total: float) -> List[str]:
+    """The row's measured time (marked when apportioned) and its share of ``total``."""
+    return [format_seconds(row.measured_s) + (APPORTIONED if row.time_source != "measured" else ""),
+            f"{100 * row.measured_s / total:.1f}%" if total > 0 else "-"]
+
+
 def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
-    cells = [row.module or "<model>" if by == "module" else row.name]
-    if by == "op":
-        cells += [row.module or "<root>", row.phase]
-    cells += [
+    return [
+        row.module or "<model>" if by == "module" else row.name,
+        *([row.module or "<root>", row.phase] if by == "op" else []),
         f"{row.calls:g}",
         format_count(row.flops),
         format_bytes(row.bytes),
-        format_seconds(row.measured_s) + (APPORTIONED if row.time_source != "measured" else ""),
-        f"{100 * row.measured_s / total:.1f}%" if total > 0 else "-",
+        *_time_cells(row, total),
         format_count(row.achieved_flops_per_s),
         _ratio(row.intensity),
         row.bound if row.attainable_s > 0 else "-",
         format_seconds(row.attainable_s),
         _efficiency_cell(row),
     ]
-    return cells
 
 
 def marks_lines(rows: Sequence[ProfileRow], limit: int = 6) -> List[str]:
     """What the table's marks mean, naming the rows that carry them."""
-    lines = []
-    flagged = [r for r in rows if r.flag]
-    if flagged:
-        named = ", ".join(f"{r.name} {r.efficiency:.2f}" for r in flagged[:limit]) + (" ..." if len(flagged) > limit else "")
-        lines.append(
-            f"{FLAGGED} roof below achieved: {named}: compute-bound, faster than the compute roof allows; "
-            "the roof is too low for this op (a library faster than the roof's benchmark), not an op above 100%"
-        )
-    shared = [r for r in rows if r.time_source != "measured"]
-    if shared:
-        named = ", ".join(r.name for r in shared[:limit]) + (" ..." if len(shared) > limit else "")
-        lines.append(
-            f"{APPORTIONED} time apportioned: {named}: a fused kernel's time shared among the ops it stands for "
-            "by a model (attainable time or FLOPs), so no per-op efficiency"
-        )
-    return lines
+    flagged = [f"{r.name} {r.efficiency:.2f}" for r in rows if r.flag]
+    shared = [r.name for r in rows if r.time_source != "measured"]
+    marks = (
+        (flagged, f"{FLAGGED} roof below achieved: {{}}: compute-bound, faster than the compute roof allows; "
+                  "the roof is too low for this op (a library faster than the roof's benchmark), not an op above 100%"),
+        (shared, f"{APPORTIONED} time apportioned: {{}}: a fused kernel's time shared among the ops it stands for "
+                 "by a model (attainable time or FLOPs), so no per-op efficiency"),
+    )
+    return [text.format(", ".join(names[:limit]) + (" ..." if len(names) > limit else "")) for names, text in marks if names]
 
 
 def data_movement_table(result: ProfileResult, *, limit: Optional[int] = 10, fmt: str = "simple") -> str:
@@ -107,9 +103,7 @@ def data_movement_table(result: ProfileResult, *, limit: Optional[int] = 10, fmt
     total = result.total_time_s
     body = grid(
         [
-            [r.name, f"{r.calls:g}", format_bytes(r.bytes),
-             format_seconds(r.measured_s) + (APPORTIONED if r.time_source != "measured" else ""),
-             f"{100 * r.measured_s / total:.1f}%" if total > 0 else "-",
+            [r.name, f"{r.calls:g}", format_bytes(r.bytes), *_time_cells(r, total),
              format_count(r.achieved_bytes_per_s) + "B/s" if r.achieved_bytes_per_s else "-",
              format_seconds(r.attainable_s), _efficiency_cell(r)]
             for r in shown

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from flopcount.report.bench import bench_rows, bench_unit
 from flopcount.report.html import html_report
@@ -21,13 +21,10 @@ if TYPE_CHECKING:
     from flopcount.memory.estimate import MemoryEstimate
 
 
-def _json(data: Dict[str, Any]) -> str:
-    return json.dumps(data, indent=2)
-
-
-def result_dict(result: Any, entry: str) -> Dict[str, Any]:
-    """A reading's JSON data (``to_dict()``) with the ENTRY it was counted from first."""
-    return {"entry": entry, **result.to_dict()}
+def entry_json(result: Any, entry: str, **more: Any) -> str:
+    """A reading's JSON document: the ENTRY it was counted from first, then its ``to_dict()``
+    (and ``more`` keys)."""
+    return json.dumps({"entry": entry, **result.to_dict(), **more}, indent=2)
 
 
 def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[int] = None, operators: bool = False) -> str:
@@ -35,7 +32,7 @@ def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[in
     if fmt == "html":
         return html_report(result, entry=entry, depth=depth)
     if fmt == "json":
-        return _json(result_dict(result, entry))
+        return entry_json(result, entry)
     if fmt == "csv":
         return result.to_csv(max_depth=depth)
     if fmt == "tree":
@@ -49,7 +46,7 @@ def render_count(result: FlopResult, fmt: str, *, entry: str, depth: Optional[in
 def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry: str, depth: Optional[int] = None) -> str:
     """What ``flopcount bench`` prints: the latency summary (and the tree for ``fmt='tree'``)."""
     if fmt == "json":
-        return _json(result_dict(result, entry))
+        return entry_json(result, entry)
     rows = bench_rows(result, timing)
     table = grid([[label, text] for label, text, _ in rows], ["Latency", "Value"], "github" if fmt == "markdown" else "simple",
                  ("left", "right"))
@@ -99,10 +96,10 @@ def render_check(
     status = overall_status(report, growth)
     if fmt == "json":
         sections = {"budget": report, "baseline": growth, "memory": memory}
-        data = {**result_dict(result, entry), "status": status, **{k: s.to_dict() for k, s in sections.items() if s is not None}}
+        data = {"status": status, **{k: s.to_dict() for k, s in sections.items() if s is not None}}
         if planned is not None:
             data["memory"] = {"peak_bytes": planned[0], "of": planned[1]}
-        return _json(data)
+        return entry_json(result, entry, **data)
     if fmt == "csv":
         rows = report.to_csv() if report is not None else ""
         if growth is not None:
@@ -141,7 +138,7 @@ def render_generation(result: GenerationResult, fmt: str, *, entry: str) -> str:
     from flopcount.report.generation import generation_table
 
     if fmt == "json":
-        return _json(result_dict(result, entry))
+        return entry_json(result, entry)
     if fmt == "csv":
         rows = [f"prefill,,{result.prefill.macs},{result.prefill.flops}"]
         rows += [f"decode,{i},{s.macs},{s.flops}" for i, s in enumerate(result.steps)]
