@@ -62,9 +62,7 @@ def format_seconds(value: Optional[float], decimals: int = 3) -> str:
         return f"{value:.{decimals}f} s"
     if value >= 1e-3:
         return f"{value * 1e3:.{decimals}f} ms"
-    if value >= 1e-6 or value == 0:
-        return f"{value * 1e6:.1f} us"
-    return f"{value * 1e9:.1f} ns"
+    return f"{value * 1e6:.1f} us" if value >= 1e-6 or value == 0 else f"{value * 1e9:.1f} ns"
 
 
 def format_ms(value: Optional[float]) -> str:
@@ -77,6 +75,4 @@ def show_value(value: Union[int, float], unit: str) -> str:
         return format_ms(float(value))
     if unit == "MB":
         return format_bytes(float(value) * 10**6)
-    if unit == "bytes":
-        return format_bytes(int(value))
-    return with_unit(value, unit) if unit else format_count(value)
+    return format_bytes(int(value)) if unit == "bytes" else with_unit(value, unit) if unit else format_count(value)

@@ -104,9 +104,7 @@ def _kind(names: Sequence[str]) -> str:
         return "export"
     if "constants.pkl" in tails and any(t.startswith("code/") for t in tails):
         return "torchscript"
-    if "data.pkl" in tails:
-        return "pickle"
-    return ""
+    return "pickle" if "data.pkl" in tails else ""
 
 
 def _is_pickled(blob: bytes) -> bool:

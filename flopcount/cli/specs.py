@@ -170,9 +170,7 @@ def _typed(value: str) -> Any:
     for kind in (int, float):
         with contextlib.suppress(ValueError):
             return kind(value)
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return value
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
 
 
 @dataclass

@@ -49,9 +49,7 @@ def module_getattr(module: str, aliases: Mapping[str, Tuple[str, Callable[[], An
 def _in_ms(value: Any) -> Any:
     if value is None:
         return None
-    if isinstance(value, (tuple, list)):
-        return [v * 1e3 for v in value]
-    return value * 1e3
+    return [v * 1e3 for v in value] if isinstance(value, (tuple, list)) else value * 1e3
 
 
 def ms_aliases(*stems: str) -> Callable[[_C], _C]:

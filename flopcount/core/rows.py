@@ -115,9 +115,7 @@ class CostRow:
     @property
     def category(self) -> Category:
         """"flops" (does arithmetic), "data movement" (moves bytes only), or "other"."""
-        if self.flops > 0:
-            return "flops"
-        return "data movement" if self.bytes > 0 else "other"
+        return "flops" if self.flops > 0 else "data movement" if self.bytes > 0 else "other"
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields and the derived figures; the measured ones only where time was measured

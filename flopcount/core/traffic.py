@@ -121,9 +121,7 @@ def call_traffic(call: OpCall, *, view: bool, phase: str = "forward") -> Traffic
     """``(bytes_read, bytes_written)`` of ``call`` by the convention above; ``view`` says
     the op's result aliases an input (told by the op's schema); ``phase`` is the pass it
     ran in (autograd's scatters into fresh zeros are priced in place: :data:`BACKWARD_IN_PLACE`)."""
-    rule = BACKWARD_IN_PLACE.get(call.op) if phase == "backward" else None
-    if rule is None:
-        rule = RULES.get(call.op)
+    rule = (BACKWARD_IN_PLACE.get(call.op) if phase == "backward" else None) or RULES.get(call.op)
     if rule is not None:
         answer = rule(call)
         if answer is not None:
@@ -265,9 +263,7 @@ _put = _indexed("source", "accumulate")
 
 def _scatter_reduce(call: OpCall) -> Optional[Traffic]:
     """as scatter_add_; ``reduce="mean"`` then divides all of self (the general rule)."""
-    if call.args.get("reduce") == "mean":
-        return None
-    return _scatter_add(call)
+    return None if call.args.get("reduce") == "mean" else _scatter_add(call)
 
 
 def broadcast(*shapes: Sequence[int]) -> Tuple[int, ...]:
@@ -304,9 +300,7 @@ def _index_put(call: OpCall) -> Optional[Traffic]:
 
 def _masked(call: OpCall) -> Optional[Traffic]:
     """read the mask (and a tensor value); the elements it selects are data: none at the least."""
-    if maybe_tensor(call, "mask") is None:
-        return None
-    return _arg_bytes(call, "mask", "value"), 0
+    return None if maybe_tensor(call, "mask") is None else (_arg_bytes(call, "mask", "value"), 0)
 
 
 def _overwriting(source: str) -> ByteRule:

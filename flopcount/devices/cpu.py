@@ -53,9 +53,7 @@ class CpuFacts:
         """float32 lanes of one FMA instruction."""
         if "avx512f" in self.flags:
             return 16
-        if "avx2" in self.flags and "fma" in self.flags:
-            return 8
-        return 4
+        return 8 if "avx2" in self.flags and "fma" in self.flags else 4
 
     def isa_peak(self, threads: Optional[int] = None) -> Dict[str, float]:
         """FLOP/s ceilings per dtype for ``threads`` threads (default: every core)."""
@@ -115,9 +113,7 @@ def _cpu_list(text: str) -> int:
 
 def _size(text: str) -> int:
     match = re.fullmatch(r"(\d+)\s*([KMG]?)", text.strip().upper())
-    if not match:
-        return 0
-    return int(match.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2)]
+    return 0 if not match else int(match.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2)]
 
 
 def read_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> Tuple[CacheLevel, ...]:

@@ -119,10 +119,7 @@ def float32_columns(rates: Mapping[str, float], tf32: Sequence[str]) -> Tuple[Di
 
 def machine_key(device: torch.device) -> str:
     """What the cached roofs depend on: host, processor or GPU, threads, math flags, torch version."""
-    if device.type == "cuda":
-        what = torch.cuda.get_device_name(device)
-    else:
-        what = f"{_cpu_model()} x{torch.get_num_threads()} threads"
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{_cpu_model()} x{torch.get_num_threads()} threads"
     return f"v{CACHE_VERSION} | {platform.node()} | {device.type} | {what} | {math_flags()} | torch {torch.__version__}"
 
 

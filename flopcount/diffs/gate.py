@@ -158,9 +158,7 @@ class GrowthLine:
 
     @property
     def status(self) -> Status:
-        if self.bound != "exact":
-            return Status.INCOMPLETE
-        return Status.PASS if self.passed else Status.FAIL
+        return Status.INCOMPLETE if self.bound != "exact" else Status.PASS if self.passed else Status.FAIL
 
 
 @dataclass(frozen=True)

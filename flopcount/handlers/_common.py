@@ -61,9 +61,7 @@ def grads_present(call: OpCall, count: int = 3) -> Tuple[bool, ...]:
     if len(call.outputs) >= count:
         return tuple(o is not None for o in call.outputs[:count])
     mask = call.arg("output_mask")
-    if mask is None:
-        return (True,) * count
-    return tuple(bool(m) for m in mask)
+    return (True,) * count if mask is None else tuple(bool(m) for m in mask)
 
 
 def is_complex(meta: Optional[TensorMeta]) -> bool:

@@ -27,24 +27,18 @@ REAL = 2.5  # real input (r2c) or real output (c2r)
 
 def fft_flops(points: int, transforms: int, per: float) -> int:
     """``transforms`` FFTs of ``points`` points: per x N log2 N each (0 for N <= 1)."""
-    if points <= 1 or transforms <= 0:
-        return 0
-    return round(per * points * math.log2(points) * transforms)
+    return 0 if points <= 1 or transforms <= 0 else round(per * points * math.log2(points) * transforms)
 
 
 def _norm_flops(out: Optional[TensorMeta], scaled: bool) -> int:
     """One multiply per real component of the output when a normalisation is applied."""
-    if not scaled or out is None:
-        return 0
-    return out.numel * (2 if is_complex(out) else 1)
+    return 0 if not scaled or out is None else out.numel * (2 if is_complex(out) else 1)
 
 
 def _dims(value: Any, ndim: int) -> Tuple[int, ...]:
     if value is None:
         return tuple(range(ndim))
-    if isinstance(value, int):
-        return (value % ndim,)
-    return tuple(int(d) % ndim for d in value)
+    return (value % ndim,) if isinstance(value, int) else tuple(int(d) % ndim for d in value)
 
 
 def _transform(shape: Sequence[int], dims: Sequence[int], sizes: Sequence[int]) -> Tuple[int, int]:

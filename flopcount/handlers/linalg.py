@@ -49,16 +49,12 @@ def cholesky_flops(n: int) -> float:
 def lu_flops(m: int, n: int) -> float:
     """getrf of an m x n matrix: m n^2 - n^3 / 3 (m >= n), n m^2 - m^3 / 3 (m < n);
     2 n^3 / 3 for a square matrix."""
-    if m >= n:
-        return m * n * n - n**3 / 3
-    return n * m * m - m**3 / 3
+    return m * n * n - n**3 / 3 if m >= n else n * m * m - m**3 / 3
 
 
 def qr_flops(m: int, n: int) -> float:
     """geqrf of an m x n matrix: 2 m n^2 - 2 n^3 / 3 (m >= n), 2 n m^2 - 2 m^3 / 3 (m < n)."""
-    if m >= n:
-        return 2 * m * n * n - 2 * n**3 / 3
-    return 2 * n * m * m - 2 * m**3 / 3
+    return 2 * m * n * n - 2 * n**3 / 3 if m >= n else 2 * n * m * m - 2 * m**3 / 3
 
 
 def orgqr_flops(m: int, n: int, k: int) -> float:
@@ -83,9 +79,7 @@ def svd_flops(m: int, n: int, compute_uv: bool, full_matrices: bool) -> float:
         m, n = n, m
     if not compute_uv:
         return 4 * m * n * n - 4 * n**3 / 3
-    if full_matrices:
-        return 4 * m * m * n + 8 * m * n * n + 9 * n**3
-    return 14 * m * n * n + 8 * n**3
+    return 4 * m * m * n + 8 * m * n * n + 9 * n**3 if full_matrices else 14 * m * n * n + 8 * n**3
 
 
 def eigh_flops(n: int, vectors: bool) -> float:
@@ -250,9 +244,7 @@ def _per_coordinate(p: Optional[float]) -> Tuple[int, int]:
     other p: subtract, |.|, pow, accumulate (4) and a root per pair."""
     if p is None or p == 2:
         return 3, 1
-    if p in (0, 1) or p == float("inf"):
-        return 3, 0
-    return 4, 1
+    return (3, 0) if p in (0, 1) or p == float("inf") else (4, 1)
 
 
 def _cdist(call: OpCall) -> Cost:

@@ -41,9 +41,7 @@ BACKWARD = {
 def _reduction(n: int, reduction: Any) -> int:
     if reduction == MEAN or reduction is None:
         return mean_flops(n, 1)
-    if reduction == SUM:
-        return reduce_flops(n)
-    return 0
+    return reduce_flops(n) if reduction == SUM else 0
 
 
 def _elementwise_loss(call: OpCall) -> Cost:

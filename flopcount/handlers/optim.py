@@ -41,9 +41,7 @@ ADAGRAD = 6
 def _tensors(value: Any) -> Tuple[TensorMeta, ...]:
     if isinstance(value, TensorMeta):
         return (value,)
-    if isinstance(value, (tuple, list)):
-        return tuple(v for v in value if isinstance(v, TensorMeta))
-    return ()
+    return tuple(v for v in value if isinstance(v, TensorMeta)) if isinstance(value, (tuple, list)) else ()
 
 
 def _floating(tensors: Iterable[TensorMeta]) -> Iterable[TensorMeta]:

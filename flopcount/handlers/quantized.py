@@ -27,9 +27,7 @@ DEQUANTIZE = 2  # (q - zero point) * scale
 
 def _packed_weight(call: OpCall, name: str) -> Optional[TensorMeta]:
     value = call.arg(name)
-    if isinstance(value, tuple) and value and isinstance(value[0], TensorMeta):
-        return value[0]
-    return None
+    return value[0] if isinstance(value, tuple) and value and isinstance(value[0], TensorMeta) else None
 
 
 def _input(call: OpCall) -> TensorMeta:

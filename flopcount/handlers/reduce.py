@@ -91,9 +91,7 @@ def _reduce(call: OpCall) -> Cost:
 
 def _max_min(call: OpCall) -> Cost:
     # aten::max(self, other) is elementwise (1 per output); max(self[, dim]) a reduction.
-    if isinstance(call.arg("other"), TensorMeta):
-        return _ELEMENTWISE(call)
-    return _reduce(call)
+    return _ELEMENTWISE(call) if isinstance(call.arg("other"), TensorMeta) else _reduce(call)
 
 
 def _mean(call: OpCall) -> Cost:
@@ -117,9 +115,7 @@ def norm_flops(n: int, m: int, p: Any) -> int:
     x != 0, then sum/max = 2N; other p: |x|, pow, sum = 3N, plus a root per output = M."""
     if p is None or p == 2 or p == "fro":
         return 2 * n + m
-    if p in (1, 0) or (isinstance(p, float) and math.isinf(p)):
-        return 2 * n
-    return 3 * n + m
+    return 2 * n if p in (1, 0) or (isinstance(p, float) and math.isinf(p)) else 3 * n + m
 
 
 def _norm(call: OpCall) -> Cost:

@@ -63,9 +63,7 @@ def _grid_sampler_backward(call: OpCall) -> Cost:
 def _aa_scale(size_in: int, size_out: int, align_corners: bool, scale: Optional[float]) -> float:
     if align_corners:
         return (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
-    if scale is not None and scale > 0:
-        return 1.0 / scale
-    return size_in / size_out
+    return 1.0 / scale if scale is not None and scale > 0 else size_in / size_out
 
 
 def aa_window_total(

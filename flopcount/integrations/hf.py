@@ -71,9 +71,7 @@ def hf_loss(outputs: Any) -> Any:
     ``outputs[0]`` (as ``Trainer.compute_loss``); without a loss, the first output."""
     if isinstance(outputs, Mapping):
         return outputs["loss"] if outputs.get("loss") is not None else next(iter(outputs.values()))
-    if isinstance(outputs, (tuple, list)):
-        return outputs[0]
-    return outputs
+    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
 
 
 class FlopcountCallback(TrainerCallback):

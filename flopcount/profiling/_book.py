@@ -73,16 +73,12 @@ def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, floa
 
 
 def category(fact: EventFacts) -> str:
-    if fact.flops > 0:
-        return "flops"
-    return "data movement" if fact.bytes > 0 else "other"
+    return "flops" if fact.flops > 0 else "data movement" if fact.bytes > 0 else "other"
 
 
 def _ops(fact: EventFacts) -> Tuple[str, ...]:
     cost = fact.cost
-    if cost is None or not cost.parts:
-        return (fact.event.call.op,)
-    return tuple(name for name, _ in cost.parts)
+    return (fact.event.call.op,) if cost is None or not cost.parts else tuple(name for name, _ in cost.parts)
 
 
 def trace_args(events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs, measured_us: float) -> Dict[str, Any]:

@@ -17,9 +17,7 @@ from flopcount.types import Cost, OpCall, TensorMeta
 def _recast(value: Any, dtype: str) -> Any:
     if isinstance(value, TensorMeta):
         return TensorMeta(value.shape, dtype) if is_floating(value.dtype) else value
-    if isinstance(value, tuple):
-        return tuple(_recast(v, dtype) for v in value)
-    return value
+    return tuple(_recast(v, dtype) for v in value) if isinstance(value, tuple) else value
 
 
 def traffic_as(call: OpCall, cost: Cost, dtype: Optional[str], phase: str = "forward") -> Tuple[int, int]:

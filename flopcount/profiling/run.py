@@ -289,9 +289,7 @@ def _has_objects(value: Any) -> bool:
         return False
     if type(value) in (list, tuple):
         return any(_has_objects(v) for v in value)
-    if type(value) is dict:
-        return any(_has_objects(v) for v in value.values())
-    return True
+    return any(_has_objects(v) for v in value.values()) if type(value) is dict else True
 
 
 def _range(name: str) -> Any:

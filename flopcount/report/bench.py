@@ -61,9 +61,7 @@ def tail_note(n: int, p: float) -> str:
     above = n * (100 - p) / 100
     if above < 1:
         return f" (only {n} samples: about the max)"
-    if above < 10:
-        return f" (rough: {n} samples)"
-    return ""
+    return f" (rough: {n} samples)" if above < 10 else ""
 
 
 def tail_caveat(n: int) -> str:

@@ -39,18 +39,14 @@ def show(metric: str, value: Optional[float]) -> str:
         return "-"
     if metric in ("bytes", "peak_memory"):
         return format_bytes(value)
-    if metric == "latency":
-        return format_seconds(value)
-    return format_count(value)
+    return format_seconds(value) if metric == "latency" else format_count(value)
 
 
 def signed(metric: str, value: Optional[float]) -> str:
     """A change with its sign: ``+1.200 G``, ``-512``, ``0``."""
     if value is None:
         return "-"
-    if value == 0:
-        return "0"
-    return ("+" if value > 0 else "-") + show(metric, abs(value))
+    return "0" if value == 0 else ("+" if value > 0 else "-") + show(metric, abs(value))
 
 
 def percent(row: Change, metric: str) -> str:

@@ -41,9 +41,7 @@ def _moving(result: ProfileResult, by: str) -> List[ProfileRow]:
 
 
 def _label(row: ProfileRow, by: str, total_s: float) -> str:
-    name = row.name.replace("aten::", "")
-    if by != "operator" and row.module:
-        name = f"{name} ({row.module})"
+    name = row.name.replace("aten::", "") + (f" ({row.module})" if by != "operator" and row.module else "")
     share = f"{100 * row.measured_s / total_s:.0f}% time" if total_s > 0 else ""
     eff = row.efficiency
     if row.time_source != "measured":

@@ -84,12 +84,8 @@ def _argument_names(schema: str) -> Optional[Tuple[str, ...]]:
 def _from_ivalue(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).replace("torch.", "")
-        if value.layout != torch.strided:
-            return sparse_meta(value, dtype)
-        return TensorMeta(tuple(value.shape), dtype)
-    if isinstance(value, list):
-        return tuple(_from_ivalue(v) for v in value)
-    return value
+        return sparse_meta(value, dtype) if value.layout != torch.strided else TensorMeta(tuple(value.shape), dtype)
+    return tuple(_from_ivalue(v) for v in value) if isinstance(value, list) else value
 
 
 class _ValueReader:
@@ -221,10 +217,7 @@ def _graph_events(
             if kind in _SIZE_SOURCES:
                 sizes.update(node.outputs())
             continue
-        if scope_all is not None:
-            scope = scope_all
-        else:
-            scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
+        scope = scope_all if scope_all is not None else scope_of[index] if scope_of and index in scope_of else node.scopeName()
         if kind == FUNCTION_CALL:
             body = function_body(node)
             if body is not None:  # counted as the ops inside it, in the Function's module
