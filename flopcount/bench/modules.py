@@ -60,11 +60,7 @@ class ModuleLatency:
         return {
             "name": self.name,
             "type": self.type_name,
-            "depth": self.depth,
-            "calls": self.calls,
-            "median_s": self.median_s,
-            "mean_s": self.mean_s,
-            "min_s": self.min_s,
+            **{name: getattr(self, name) for name in ("depth", "calls", "median_s", "mean_s", "min_s")},
             **ms_keys(self),  # 0.2's keys (milliseconds), kept one release
             "flops": self.flops,
             "achieved_flops_per_s": self.achieved_flops_per_s,
@@ -108,11 +104,7 @@ class ModuleLatencyResult(FromWarnings):
 
     def to_dict(self) -> Dict[str, Any]:
         return {
-            "iters": self.iters,
-            "warmup": self.warmup,
-            "device": self.device,
-            "timing": self.timing,
-            "unhooked_median_s": self.unhooked_median_s,
+            **{name: getattr(self, name) for name in ("iters", "warmup", "device", "timing", "unhooked_median_s")},
             **ms_keys(self),  # 0.2's key, kept one release
             "modules": [m.to_dict() for m in self.modules],
             "warnings": list(self.warnings),

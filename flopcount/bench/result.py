@@ -24,6 +24,12 @@ class _FromStats:
         return self if result is None else getattr(result.stats, self.name)
 
 
+#: ``BenchmarkResult.to_dict()``'s keys after the statistics, in order (``compile_ms`` between the two)
+_CONTEXT = ("device", "timing", "warmup", "batch_size", "batch_source", "dtype", "compiled", "compile_s")
+_RATES = ("wall_s", "throughput", "iters_per_s", "flops", "achieved_flops_per_s", "peak_flops", "peak_source", "mfu",
+          "peak_memory_bytes", "memory_kind", "threads", "training", "noisy")
+
+
 @ms_aliases("median", "mean", "p90", "p99", "min", "max", "std", "compile")
 @dataclass(frozen=True)
 class BenchmarkResult(FromWarnings):
@@ -99,31 +105,8 @@ class BenchmarkResult(FromWarnings):
     def to_dict(self, samples: bool = False) -> Dict[str, Any]:
         """Plain JSON-ready data: statistics, context and derived rates."""
         out = self.stats.to_dict(samples=samples)
-        out.update(
-            device=self.device,
-            timing=self.timing,
-            warmup=self.warmup,
-            batch_size=self.batch_size,
-            batch_source=self.batch_source,
-            dtype=self.dtype,
-            compiled=self.compiled,
-            compile_s=self.compile_s,
-            **ms_keys(self, ("compile",)),  # 0.2's key, one release
-            wall_s=self.wall_s,
-            throughput=self.throughput,
-            iters_per_s=self.iters_per_s,
-            flops=self.flops,
-            achieved_flops_per_s=self.achieved_flops_per_s,
-            peak_flops=self.peak_flops,
-            peak_source=self.peak_source,
-            mfu=self.mfu,
-            peak_memory_bytes=self.peak_memory_bytes,
-            memory_kind=self.memory_kind,
-            threads=self.threads,
-            training=self.training,
-            noisy=self.noisy,
-            warnings=list(self.warnings),
-        )
+        out.update({name: getattr(self, name) for name in _CONTEXT}, **ms_keys(self, ("compile",)),  # 0.2's key, one release
+                   **{name: getattr(self, name) for name in _RATES}, warnings=list(self.warnings))
         return out
 
     def __str__(self) -> str:

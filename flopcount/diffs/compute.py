@@ -19,8 +19,7 @@ def as_result(side: Side, name: str) -> Tuple[FlopResult, str]:
     if isinstance(side, FlopResult):
         return side, str(side.sections.get("entry") or name)
     if isinstance(side, (str, os.PathLike)):
-        result = load_report(side)
-        return result, str(os.fspath(side))
+        return load_report(side), str(os.fspath(side))
     if isinstance(side, Mapping):
         result = FlopResult.from_dict(side, source=f"report {name}")
         return result, str(result.sections.get("entry") or name)
@@ -86,9 +85,7 @@ def _merged_order(a_keys: Iterable[Tuple[str, str]], b_keys: Iterable[Tuple[str,
     for key in b_list:
         order.extend(pending.pop(key, ()))
         order.append(key)
-    for rest in pending.values():
-        order.extend(rest)
-    return order + waiting
+    return order + waiting  # every key of pending is one of B's: each list was placed above
 
 
 def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[str] = None) -> DiffResult:

@@ -149,16 +149,14 @@ class DiffResult(Rendered):
         is exactly one child's or one group of repeated children's (they say it more precisely),
         and with repeated layers summed into one row: ``layers.*.mlp`` with ``repeats`` = 80
         and the 80 layers' changes added up."""
-        rows = [m for m in self.changed_modules(max_depth) if m.name and not self._passes_through(m)]
-        rows = _grouped(rows)
+        rows = _grouped([m for m in self.changed_modules(max_depth) if m.name and not self._passes_through(m)])
         rows.sort(key=lambda r: (*(-abs(r.delta(k) or 0) for k in ("flops", "params", "macs", "bytes")), r.name))
         return tuple(rows if n is None else rows[:n])
 
     def grew_most(self, metric: str, n: int = 3) -> Tuple[Change, ...]:
         """The modules whose ``metric`` grew most (largest B - A first), containers that only
         pass their children's growth through left out, repeated layers summed into one row."""
-        rows = [m for m in self.modules if m.name and (m.delta(metric) or 0) > 0 and not self._passes_through(m, (metric,))]
-        rows = _grouped(rows)
+        rows = _grouped([m for m in self.modules if m.name and (m.delta(metric) or 0) > 0 and not self._passes_through(m, (metric,))])
         rows.sort(key=lambda r: (-(r.delta(metric) or 0), -r.depth, r.name))
         return tuple(rows[:n])
 

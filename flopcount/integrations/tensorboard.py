@@ -22,9 +22,8 @@ def count_scalars(result: Any, max_depth: Optional[int] = 1, prefix: str = "flop
     if len(phases) > 1:
         scalars.update({f"{prefix}/phase/{phase}": float(flops) for phase, flops in phases.items()})
     depths = {m.name: m.depth for m in result.modules}
-    for name, flops in result.by_module().items():
-        if name and (max_depth is None or depths[name] <= max_depth):
-            scalars[f"{prefix}/modules/{name}"] = float(flops)
+    scalars.update({f"{prefix}/modules/{name}": float(flops) for name, flops in result.by_module().items()
+                    if name and (max_depth is None or depths[name] <= max_depth)})
     return scalars
 
 
@@ -94,7 +93,6 @@ def summary_writer() -> Any:
 
 
 def _operator_markdown(result: Any) -> str:
-    rows = ["| operator | FLOPs | MACs | calls |", "|---|---:|---:|---:|"]
-    for op, totals in sorted(result.operator_totals().items(), key=lambda kv: -kv[1].flops):
-        rows.append(f"| {op} | {totals.flops:,} | {totals.macs:,} | {totals.count} |")
-    return "\n".join(rows)
+    ordered = sorted(result.operator_totals().items(), key=lambda kv: -kv[1].flops)
+    rows = [f"| {op} | {t.flops:,} | {t.macs:,} | {t.count} |" for op, t in ordered]
+    return "\n".join(["| operator | FLOPs | MACs | calls |", "|---|---:|---:|---:|", *rows])

@@ -99,12 +99,7 @@ class ProfileResult(FromWarnings, BookedRows, Rendered):
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict: settings, roofs, overview, rows, per-operator rows, unmatched."""
         return {
-            "device": self.device,
-            "timing": self.timing,
-            "steps": self.steps,
-            "warmup": self.warmup,
-            "backward": self.backward,
-            "total_time_s": self.total_time_s,
+            **{name: getattr(self, name) for name in ("device", "timing", "steps", "warmup", "backward", "total_time_s")},
             "roofs": self.roofs.to_dict(),
             "overview": self.overview.to_dict(),
             "rows": [r.to_dict() for r in self.rows],
