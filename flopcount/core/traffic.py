@@ -324,9 +324,7 @@ def _same_dtype_identity(call: OpCall) -> Traffic:
     """``to``/``type_as``: returns ``self`` when the dtype is unchanged (0); else a copy
     (self read, output written). A device move is not seen (one device per trace)."""
     self_meta, out = maybe_tensor(call, "self"), first_output(call)
-    if self_meta is None or out is None:
-        return 0, 0
-    if out.dtype == self_meta.dtype and out.shape == self_meta.shape and not call.args.get("copy"):
+    if self_meta is None or out is None or (out.dtype == self_meta.dtype and out.shape == self_meta.shape and not call.args.get("copy")):
         return 0, 0
     return _nbytes(self_meta), _nbytes(out)
 

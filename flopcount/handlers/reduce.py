@@ -84,9 +84,8 @@ COMPLEX_REDUCE = {"aten::prod": 6, "aten::cumprod": 6}
 
 def _reduce(call: OpCall) -> Cost:
     x = _input(call)
-    if is_complex(x):
-        return Cost.from_flops(COMPLEX_REDUCE.get(call.op.removesuffix("_"), COMPLEX_ADD) * reduce_flops(x.numel))
-    return Cost.from_flops(reduce_flops(x.numel))
+    factor = COMPLEX_REDUCE.get(call.op.removesuffix("_"), COMPLEX_ADD) if is_complex(x) else 1
+    return Cost.from_flops(factor * reduce_flops(x.numel))
 
 
 def _max_min(call: OpCall) -> Cost:
