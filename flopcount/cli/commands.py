@@ -249,8 +249,7 @@ def _cast(run: _Run, dtype: Optional[str]) -> _Run:
     target = getattr(torch, dtype)
     run.model.to(target)
     tensors, rebuild = flatten_tensors((run.inputs, run.kwargs))
-    cast = [t.to(target) if t.is_floating_point() else t for t in tensors]
-    inputs, kwargs = rebuild(cast)
+    inputs, kwargs = rebuild([t.to(target) if t.is_floating_point() else t for t in tensors])
     return dataclasses.replace(run, inputs=inputs, kwargs=kwargs)
 
 

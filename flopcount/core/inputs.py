@@ -66,8 +66,7 @@ def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[to
     recursion over module-level functions: no closure refers to itself, so no reference cycle
     keeps the walked tensors alive after the call."""
     tensors: List[torch.Tensor] = []
-    rebuild = _node(obj, tensors, set())
-    return tensors, rebuild
+    return tensors, _node(obj, tensors, set())  # the walk fills ``tensors`` as it builds the rebuild
 
 
 Rebuild = Callable[[Sequence[torch.Tensor]], Any]

@@ -109,8 +109,7 @@ _slogdet = _dense(lambda n: lu_flops(n, n) + 3 * n)  # LU + |u_ii|, log, sum ove
 
 def _logdet(call: OpCall) -> Cost:
     """slogdet + a sign test and a select per matrix (log of a negative determinant is nan)."""
-    a = _mat(call, "self")
-    return _slogdet(call) + Cost.from_flops(2 * _batch(a.shape))
+    return _slogdet(call) + Cost.from_flops(2 * _batch(_mat(call, "self").shape))
 
 
 def _rhs(a: TensorMeta, b: TensorMeta, left: bool) -> Tuple[int, int]:

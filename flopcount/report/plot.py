@@ -137,8 +137,7 @@ def draw_figure(
     depth (:func:`choose_depth`)."""
     chosen = depth if depth is not None else choose_depth(result, top)
     bars = top_modules(result, top, chosen)
-    height = max(3.0, 0.32 * len(bars) + 1.4)
-    heights = [height]
+    heights = [max(3.0, 0.32 * len(bars) + 1.4)]
     if budget is not None and budget.lines:
         heights.append(0.45 * len(budget.lines) + 1.3)
     if latencies_ms:
