@@ -127,12 +127,7 @@ class CostRow:
                 del data[key]
             data["latency_s"] = self.attainable_s
         else:
-            data.update(
-                achieved_flops_per_s=self.achieved_flops_per_s,
-                achieved_bytes_per_s=self.achieved_bytes_per_s,
-                efficiency=self.efficiency,
-                flag=self.flag,
-            )
+            data.update({key: getattr(self, key) for key in ("achieved_flops_per_s", "achieved_bytes_per_s", "efficiency", "flag")})
         return data
 
 

@@ -95,12 +95,7 @@ def trace_args(events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs,
         # the ledger's vocabulary: a fused cost under the operations it performs
         "flopcount op": ", ".join(sorted({op for f in chosen for op in _ops(f)})),
         "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or "<root>",
-        "flops": row.flops,
-        "macs": row.macs,
-        "bytes": row.bytes,
-        "intensity": row.intensity,
-        "attainable_s": row.attainable_s,
-        "efficiency": row.efficiency,
+        **{key: getattr(row, key) for key in ("flops", "macs", "bytes", "intensity", "attainable_s", "efficiency")},
     }
     if row.flag is not None:
         args["flag"] = row.flag
