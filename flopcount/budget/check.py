@@ -229,9 +229,7 @@ class BudgetReport:
     def to_dict(self) -> Dict[str, Any]:
         return {
             "status": str(self.status),
-            "passed": self.passed,
-            "complete": self.complete,
-            "allow_incomplete": self.allow_incomplete,
+            **{key: getattr(self, key) for key in ("passed", "complete", "allow_incomplete")},
             "incomplete_reasons": list(self.incomplete_reasons),
             "exceeded": [line.name for line in self.exceeded],
             "lines": [{**asdict(line), "passed": line.passed, "status": str(line.status)} for line in self.lines],
