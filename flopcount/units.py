@@ -75,4 +75,6 @@ def show_value(value: Union[int, float], unit: str) -> str:
         return format_ms(float(value))
     if unit == "MB":
         return format_bytes(float(value) * 10**6)
-    return format_bytes(int(value)) if unit == "bytes" else with_unit(value, unit) if unit else format_count(value)
+    if unit == "bytes":
+        return format_bytes(int(value))
+    return with_unit(value, unit) if unit else format_count(value)

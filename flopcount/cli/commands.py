@@ -506,7 +506,9 @@ def parse_link(text: Optional[str]) -> Any:
 
 
 def _render_plan(result: Any, fmt: str, entry: str) -> str:
-    return entry_json(result, entry) if fmt == "json" else result.to_markdown() if fmt == "markdown" else result.table()
+    if fmt == "json":
+        return entry_json(result, entry)
+    return result.to_markdown() if fmt == "markdown" else result.table()
 
 
 def _planned_peak(args: argparse.Namespace) -> Tuple[int, str]:

@@ -115,7 +115,9 @@ class CostRow:
     @property
     def category(self) -> Category:
         """"flops" (does arithmetic), "data movement" (moves bytes only), or "other"."""
-        return "flops" if self.flops > 0 else "data movement" if self.bytes > 0 else "other"
+        if self.flops > 0:
+            return "flops"
+        return "data movement" if self.bytes > 0 else "other"
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields and the derived figures; the measured ones only where time was measured

@@ -158,7 +158,9 @@ class GrowthLine:
 
     @property
     def status(self) -> Status:
-        return Status.INCOMPLETE if self.bound != "exact" else Status.PASS if self.passed else Status.FAIL
+        if self.bound != "exact":
+            return Status.INCOMPLETE
+        return Status.PASS if self.passed else Status.FAIL
 
 
 @dataclass(frozen=True)

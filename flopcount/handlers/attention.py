@@ -160,7 +160,9 @@ def _mha_forward(call: OpCall) -> Cost:
 def _packing(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> int:
     """How many in-projection linears a fused kernel stands for (it sees no tensor identity:
     equal shapes are taken as self-attention, as in ``nn.MultiheadAttention``'s fast path)."""
-    return 1 if q.shape == k.shape == v.shape else 2 if k.shape == v.shape else 3
+    if q.shape == k.shape == v.shape:
+        return 1
+    return 2 if k.shape == v.shape else 3
 
 
 def _native_mha(call: OpCall) -> Cost:

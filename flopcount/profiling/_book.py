@@ -73,7 +73,9 @@ def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, floa
 
 
 def category(fact: EventFacts) -> str:
-    return "flops" if fact.flops > 0 else "data movement" if fact.bytes > 0 else "other"
+    if fact.flops > 0:
+        return "flops"
+    return "data movement" if fact.bytes > 0 else "other"
 
 
 def _ops(fact: EventFacts) -> Tuple[str, ...]:

@@ -217,7 +217,10 @@ def _graph_events(
             if kind in _SIZE_SOURCES:
                 sizes.update(node.outputs())
             continue
-        scope = scope_all if scope_all is not None else scope_of[index] if scope_of and index in scope_of else node.scopeName()
+        if scope_all is not None:
+            scope = scope_all
+        else:
+            scope = scope_of[index] if scope_of and index in scope_of else node.scopeName()
         if kind == FUNCTION_CALL:
             body = function_body(node)
             if body is not None:  # counted as the ops inside it, in the Function's module
