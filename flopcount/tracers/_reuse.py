@@ -62,6 +62,8 @@ from flopcount.types import ReplayedCall, expand
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
 
 _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format})
+# the scalars whose key is the value itself (a float's is not: NaN is keyed as ("nan",))
+_EXACT = _SCALARS - {float}
 # hooks: which a module and the process have is flopcount.core.hooks's (found by pattern, not by name);
 # any process-wide module hook other than the tracer's own module-stack hooks (installed after
 # this check) turns reuse off for the run
@@ -201,7 +203,7 @@ class Reuse:
         self.reused = 0
         self.traced = 0
         self._model = model
-        self._structures: Dict[int, Tuple[List[Any], Tuple[Any, ...]]] = {}
+        self._structures: Dict[int, Tuple[List[Any], Any]] = {}
         self._last_fingerprint: Optional[List[Any]] = []
         # id(tensor) -> (tensor, its key): the copy's parameters and buffers come read by the
         # faker (``FakeCopy.metas``), others are read on first use
@@ -221,7 +223,9 @@ class Reuse:
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
-        self._interned: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
+        # each distinct own part and subtree key -> a number: a parent's key holds its children's numbers,
+        # so a key is hashed once, not again inside each enclosing key (CPython does not keep a tuple's hash)
+        self._interned: Dict[Tuple[Any, ...], int] = {}
         self._keyed_once: set[int] = set()  # modules keyed once: their structure is remembered from the second
         # KV caches (_reuse_cache.py): stand-ins for layer indices in first calls given a cache
         self._index_proxies = index_proxies
@@ -477,14 +481,22 @@ class Reuse:
     def _read_values(self, order: List[nn.Module], reads: Tuple[Tuple[int, str], ...]) -> Tuple[Any, ...]:
         values: List[Any] = []
         originals = self._originals
-        for i, name in reads:
-            module = order[i]
-            state = vars(module)
-            original = module in originals  # not copied yet: its attributes as its copy will hold them
+        attribute = self._attribute
+        last = -1
+        state: Dict[str, Any] = {}
+        original = False
+        for i, name in reads:  # sorted: each module's reads together, its state looked up once
+            if i != last:
+                last = i
+                module = order[i]
+                state = vars(module)
+                original = module in originals  # not copied yet: its attributes as its copy will hold them
             if name == "*":
-                values.append(tuple((k, self._attribute(v, original)) for k, v in state.items() if k not in _SKIP))
+                values.append(tuple((k, attribute(v, original)) for k, v in state.items() if k not in _SKIP))
             else:
-                values.append(self._attribute(state[name], original) if name in state else _MISSING)
+                # most reads are of names the instance does not hold (methods, children, parameters)
+                value = state.get(name, _MISSING)
+                values.append(_MISSING if value is _MISSING else attribute(value, original))
         return tuple(values)
 
     def _first(
@@ -818,7 +830,7 @@ class Reuse:
 
     # ------------------------------------------------------------------ keys
 
-    def _structure(self, module: nn.Module, order: List[nn.Module]) -> Tuple[Any, ...]:
+    def _structure(self, module: nn.Module, order: List[nn.Module]) -> Any:
         """:meth:`_subtree`, remembered per module while no attribute of its subtree is
         rebound (a fingerprint of the objects each module's attributes hold)."""
         if id(module) not in self._keyed_once:
@@ -837,7 +849,7 @@ class Reuse:
         self._structures[id(module)] = (fingerprint, key)  # called again (a block in a loop): remembered
         return key
 
-    def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Tuple[Any, ...]:
+    def _subtree(self, module: nn.Module, order: List[nn.Module], seen: Optional[Dict[int, int]] = None) -> Any:
         """The structural key of ``module`` and its descendants; ``order`` gets them in visit order.
         Of a lazy copy, a module not copied yet is keyed from the caller's module, as its copy
         would be (``_own_part(original=True)``), and stays the caller's in ``order`` (nothing is copied for a
@@ -861,7 +873,7 @@ class Reuse:
             raise Unkeyable("an instance-level forward")
         if hooks.has_call_hooks(module):
             raise Unkeyable("a hook")
-        own: Optional[Tuple[Any, ...]] = None
+        own: Optional[int] = None
         if lazy is not None and module in self._originals:
             try:
                 own = self._own_part(module, state, original=True)
@@ -877,7 +889,7 @@ class Reuse:
             own,
             tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in dict.items(children)),
         )
-        return self._interned.setdefault(made, made)
+        return self._interned.setdefault(made, len(self._interned))
 
     def _prefetch(self, module: nn.Module) -> None:
         """The keys of the tensors of the subtree's modules not copied yet, read in one call
@@ -900,7 +912,7 @@ class Reuse:
         if tensors:
             self._batch = dict(zip(map(id, tensors), lazy.tensor_keys(tensors)))
 
-    def _own_part(self, module: nn.Module, state: Dict[str, Any], original: bool = False) -> Tuple[Any, ...]:
+    def _own_part(self, module: nn.Module, state: Dict[str, Any], original: bool = False) -> int:
         """The key of ``module`` without its children: its class, its parameters' and
         buffers' metadata, and (untracked modules) its plain attributes; one object for equal
         parts (the 80 layers of a model share theirs: keys compare by identity first).
@@ -920,7 +932,7 @@ class Reuse:
                 tensors(state.get("_buffers")),
                 tuple(self._attribute(state[k], original) if k in state else _MISSING for k in _FLAGS),
             )
-            return self._interned.setdefault(part, part)
+            return self._interned.setdefault(part, len(self._interned))
         parts: List[Any] = [type(module)]
         for name, value in state.items():
             if name == "_modules":
@@ -933,7 +945,7 @@ class Reuse:
             else:
                 parts.append((name, self._attribute(value, original)))
         made = tuple(parts)
-        return self._interned.setdefault(made, made)
+        return self._interned.setdefault(made, len(self._interned))
 
     def _tensors_part(self, tensors: Any) -> Tuple[Any, ...]:
         """A parameter or buffer dictionary's key: raw values (a parameter not faked yet is
@@ -984,6 +996,8 @@ class Reuse:
         elif isinstance(value, torch.Tensor):
             return self._tensor(value)
         if kind is tuple or kind is list:
+            if all(type(v) in _EXACT for v in value):  # a convolution's stride, padding...: each item its own key
+                return (kind, value if kind is tuple else tuple(value))
             return (kind, tuple(self._attribute(v, original) for v in value))
         if isinstance(value, (dict, set, frozenset)):
             if len(value) > 64:
