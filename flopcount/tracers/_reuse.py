@@ -62,8 +62,14 @@ from flopcount.types import ReplayedCall, expand
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
 
 _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format})
-# the scalars whose key is the value itself (a float's is not: NaN is keyed as ("nan",))
-_EXACT = _SCALARS - {float}
+# the scalars equal only to values of their own type, keyed as themselves; a number (bool, int,
+# float, complex) is keyed with its type: True == 1 == 1.0 and they hash alike, yet a forward can
+# do other work with each (``torch.full(shape, fill)`` makes a bool, int64 or float32 tensor)
+_SELF_KEYED = _SCALARS - {bool, int, float, complex}
+# the items of a tuple or list keyed as the tuple itself (a convolution's stride): ints and the
+# self-keyed; a tuple with a bool, float (NaN) or complex is keyed item by item, so (1, 0) and
+# (True, False) key apart
+_TUPLE_ITEMS = _SELF_KEYED | {int}
 # hooks: which a module and the process have is flopcount.core.hooks's (found by pattern, not by name);
 # any process-wide module hook other than the tracer's own module-stack hooks (installed after
 # this check) turns reuse off for the run
@@ -983,7 +989,9 @@ class Reuse:
         its fake's metadata is not known before)."""
         kind = type(value)
         if kind in _SCALARS:
-            return value if kind is not float or value == value else ("nan",)
+            if kind in _SELF_KEYED:
+                return value
+            return (kind, value) if kind is not float or value == value else ("nan",)
         if original:
             lazy = self._lazy
             copied = lazy.copied(value) if lazy is not None else None
@@ -996,7 +1004,7 @@ class Reuse:
         elif isinstance(value, torch.Tensor):
             return self._tensor(value)
         if kind is tuple or kind is list:
-            if all(type(v) in _EXACT for v in value):  # a convolution's stride, padding...: each item its own key
+            if all(type(v) in _TUPLE_ITEMS for v in value):  # a convolution's stride, padding...: keyed as itself
                 return (kind, value if kind is tuple else tuple(value))
             return (kind, tuple(self._attribute(v, original) for v in value))
         if isinstance(value, (dict, set, frozenset)):
@@ -1005,7 +1013,7 @@ class Reuse:
             if isinstance(value, dict):
                 return (kind, tuple((k, self._attribute(v, original)) for k, v in value.items()))
             if all(type(v) in _SCALARS for v in value):
-                return (kind, frozenset(value))
+                return (kind, frozenset((type(v), v) for v in value))
             return ("id", id(value))
         if isinstance(value, nn.Module):
             return ("module", id(value))  # not a child: the same object, or not equal
