@@ -249,3 +249,28 @@ def test_meta_counts_take_the_greedy_token_on_a_meta_stand_in(monkeypatch: Any) 
     on_cpu_ids = count_generation(_llama("meta"), _ids(), new_tokens=N)
     assert [2 * on_cpu_ids.prefill.macs] + [2 * step.macs for step in on_cpu_ids.steps] == expected
     assert fed and all(t.device.type == "cpu" and isinstance(t, hf_tracing.fake_tensor_type()) for t in fed)
+
+
+def test_a_continued_step_s_events_share_a_call_only_between_equal_pairs() -> None:
+    """Affine.events continues each distinct (step 0, step 1) pair of calls once, as
+    Affine.changes prices them: two layers whose attention grows alike share the continued call;
+    a layer whose keys grow otherwise (another head count) gets its own. Step s of a (1, h, 1, c)
+    x (1, h, c, d) product: c = c0 + s (the context grows by one position per step)."""
+    from flopcount.core.registry import HandlerRegistry
+    from flopcount.decoding.runs import Affine
+    from flopcount.types import OpCall, OpEvent, TensorMeta
+
+    def bmm(heads: int, context: int) -> OpCall:
+        return OpCall("aten::bmm", {"self": TensorMeta((heads, 1, context), "float32"),
+                                    "mat2": TensorMeta((heads, context, 8), "float32")},
+                      (TensorMeta((heads, 1, 8), "float32"),))
+
+    def step(context: int) -> List[Any]:
+        return [(OpEvent(bmm(heads, context), (layer,)), None) for layer, heads in (("0", 4), ("1", 4), ("2", 2))]
+
+    affine = Affine(step(10), step(11), HandlerRegistry())
+    events = affine.events(5)
+    assert [e.call.args["self"].shape for e in events] == [(4, 1, 15), (4, 1, 15), (2, 1, 15)]
+    assert [e.call.args["mat2"].shape for e in events] == [(4, 15, 8), (4, 15, 8), (2, 15, 8)]
+    assert events[0].call is events[1].call and events[2].call is not events[0].call
+    assert [e.module_stack for e in events] == [("0",), ("1",), ("2",)]
