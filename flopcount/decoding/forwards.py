@@ -318,7 +318,13 @@ class Decoding:
                     "state in its modules (kv_cache_bytes counts the cache object only)")
             if note not in self.notes:
                 self.notes.append(note)
-        tokens = _next_tokens(_field(output, "logits"))
+        logits = _field(output, "logits")
+        if self.setup.device.type == "meta" and isinstance(logits, torch.Tensor) and logits.device.type != "meta" \
+                and is_dataless(logits):
+            # a fake run's logits: the greedy token's shape and stride taken on a meta stand-in (the
+            # same meta kernels; a fake's ops outside its mode cost ~10x as much), fed as the prompt was
+            logits = torch.empty_strided(logits.shape, logits.stride(), dtype=logits.dtype, device="meta")
+        tokens = _next_tokens(logits)
         if self.setup.device.type == "meta" and tokens.device.type != "meta":
             # a fake run's greedy tokens (valueless either way): fed as the meta prompt was
             tokens = torch.empty_strided(tokens.shape, tokens.stride(), dtype=tokens.dtype, device="meta")

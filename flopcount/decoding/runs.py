@@ -168,9 +168,12 @@ class Affine:
         self._firsts: Dict[int, Tuple[int, OpEvent, OpEvent]] = {}
         #: the varying events by (group, phase, their cost at the run's first step)
         self._members: Dict[Tuple[int, Phase, Cost], List[OpEvent]] = {}
+        #: each varying event's group (in the order of :attr:`varying`)
+        self._groups: List[int] = []
         for varying in self.varying:
             index, a, b = varying
             group = groups.setdefault(_pair_key(a.call, b.call), len(groups))
+            self._groups.append(group)
             self._firsts.setdefault(group, varying)
             old = first[index][1]
             if old is not None:  # unpriced at the first step: nothing to re-cost
@@ -199,9 +202,12 @@ class Affine:
         return len(predicted) == len(costed) and all(same_event(event, actual) for event, (actual, _) in zip(predicted, costed))
 
     def events(self, step: int) -> List[OpEvent]:
+        """The run's events at ``step``: each distinct pair of calls continued once (equal pairs
+        continue into equal calls), as :meth:`changes` continues them."""
         events = [event for event, _ in self.first]
-        for index, a, b in self.varying:
-            events[index] = OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
+        calls = {group: _moved_call(a, b, step) for group, (_, a, b) in self._firsts.items()}
+        for (index, a, _), group in zip(self.varying, self._groups):
+            events[index] = OpEvent(calls[group], a.module_stack, a.phase)
         return events
 
     def changes(self, step: int) -> List[Tuple[List[OpEvent], Cost, Cost]]:

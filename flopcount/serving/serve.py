@@ -15,8 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.core.params import lookup_tables, routed_experts
-from flopcount.core.tied import text_config
+from flopcount.core.params import TOP_K_KEYS, _config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
@@ -188,8 +187,7 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     (slopes["prefill"], fixed["prefill"]), *steps = [_affine(x, y, b) for x, y in zip(*works)]
     slopes["steps"], fixed["steps"] = tuple(s for s, _ in steps), tuple(f for _, f in steps)
     fixed["activation_bytes"] = max(0.0, fixed["activation_bytes"])
-    config = text_config(getattr(model, "config", None))
-    experts, k = _moe(config)
+    experts, k = _moe(model)
     results = [*one.results, *two.results]
     notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
     reasons = [r for res in results for r in res.incomplete_reasons()]
@@ -199,9 +197,9 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         prompt_tokens=setup.prompt, new_tokens=new_tokens, counted_batch=b,
         cache_dtype=cache_dtype(counts.cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(one.results[0].parameters),
         fixed=fixed, top_k=k if experts > 1 else 0,
-        layers=int(_get(config, "num_hidden_layers", "n_layer", "num_layers") or 0),
-        hidden=int(_get(config, "hidden_size", "n_embd", "d_model") or 0),
-        kv_heads=int(_get(config, "num_key_value_heads", "num_attention_heads", "n_head", "num_heads") or 0),
+        layers=_config_value(model, ("num_hidden_layers", "n_layer", "num_layers")) or 0,
+        hidden=_config_value(model, ("hidden_size", "n_embd", "d_model")) or 0,
+        kv_heads=_config_value(model, ("num_key_value_heads", "num_attention_heads", "n_head", "num_heads")) or 0,
         encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
     )
 
@@ -212,18 +210,16 @@ def _affine(one: Work, two: Work, b: int) -> Tuple[Work, Work]:
     return slope, Work(*(x - b * d for x, d in zip(astuple(one), astuple(slope))))
 
 
-def _get(config: Any, *names: str) -> Any:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
+#: the config keys of a MoE layer's expert count, read by core.params' rule as its experts per token
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _moe(config: Any) -> Tuple[int, int]:
-    """(experts per MoE layer, experts per token) from the config; (0, 0) for a dense model."""
-    experts = _get(config, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-    k = _get(config, "num_experts_per_tok", "top_k", "moe_top_k", "num_selected_experts")
+def _moe(model: nn.Module) -> Tuple[int, int]:
+    """(experts per MoE layer, experts per token) from the model's config, read by the rule
+    ``core.params`` reads a config with (the text config first, then the whole one; the first
+    positive int; the experts per token under ``TOP_K_KEYS``); (0, 0) for a dense model."""
+    experts = _config_value(model, EXPERT_KEYS)
+    k = _config_value(model, TOP_K_KEYS)
     return (experts, k) if experts and k else (0, 0)
 
 
