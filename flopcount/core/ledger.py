@@ -17,6 +17,7 @@ No torch here; the ledger knows costs and names only.
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from flopcount.core.rows import CostRow
@@ -118,8 +119,24 @@ def _owners(stack: Tuple[str, ...], aliases: Mapping[str, Sequence[str]], canoni
     return tuple(names)
 
 
-def _by_first(item: Tuple[Any, List[int]]) -> int:
-    return item[1][_WIDTH]
+_FIRST = itemgetter(0)
+
+
+def _first_ordered(table: Mapping[Any, List[int]]) -> Dict[Any, List[int]]:
+    """``{key: the five figures}`` of a booking table (figures, then ``first``) in the order of
+    each key's first event (a stable sort on ``first``), without a Python call per
+    key (a tree booking orders ~120 tables per ResNet-50 count): a table already in that order
+    (most: one node's ops as they ran) is not sorted, the others are sorted on a C key."""
+    previous = -1
+    for sums in table.values():
+        at = sums[_WIDTH]
+        if at < previous:
+            break
+        previous = at
+    else:
+        return {key: sums[:_WIDTH] for key, sums in table.items()}
+    ordered = sorted([(sums[_WIDTH], key, sums) for key, sums in table.items()], key=_FIRST)  # stable, as before
+    return {key: sums[:_WIDTH] for _, key, sums in ordered}
 
 
 def cost_change(op: str, old: Cost, new: Cost) -> Dict[str, Sums]:
@@ -456,8 +473,8 @@ class Ledger:
         for (name, phase_name), sums in by_phase.items():
             _add_first(operators, name, sums)
             _add_first(phases, phase_name, sums)
-        self.operators = {k: v[:_WIDTH] for k, v in sorted(operators.items(), key=_by_first)}
-        self.phases = {k: v[:_WIDTH] for k, v in sorted(phases.items(), key=_by_first)}
+        self.operators = _first_ordered(operators)
+        self.phases = _first_ordered(phases)
         # every prefix of a booked stack (and of a grafted replay's call) is a node of the tree;
         # each node's table becomes the sums of its whole subtree, deepest nodes first
         grafted = {item[0].root: item for item in sequence if _is_graft(item) and item[1].order}  # order: has costed ops
@@ -544,7 +561,7 @@ class Ledger:
             table = module_ops.get(owner, nothing)
             done = finished.get(id(table))
             if done is None:
-                ops = {name: sums[:_WIDTH] for name, sums in sorted(table.items(), key=_by_first)}
+                ops = _first_ordered(table)
                 total = [0] * _WIDTH
                 for sums in ops.values():
                     for i in range(_WIDTH):
