@@ -562,10 +562,8 @@ class Ledger:
             done = finished.get(id(table))
             if done is None:
                 ops = _first_ordered(table)
-                total = [0] * _WIDTH
-                for sums in ops.values():
-                    for i in range(_WIDTH):
-                        total[i] += sums[i]
+                # each column summed in the ops' order, as a loop adding from 0 would (one C sum each)
+                total = [sum(column) for column in zip(*ops.values())] if ops else [0] * _WIDTH
                 done = finished[id(table)] = (ops, total)
             seen[owner] = done
         self._shared = len(finished) < len(seen)

@@ -164,3 +164,73 @@ def test_a_registry_replaced_op_is_priced_with_the_new_handler_after_a_count() -
     registry.register("aten::relu", _per_element(2, []))
     result = count_flops(model, x, registry=registry)
     assert result.by_operator("flops")["aten::relu"] == 2 * _ELEMENTS
+
+
+def _signature_bind(func: Any, args: Any, kwargs: Any) -> Any:
+    """What ``inspect.Signature.bind`` gives (defaults applied), or "error" where it raises."""
+    import inspect
+
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+    except TypeError:
+        return "error"
+    bound.apply_defaults()
+    return list(bound.arguments.items())
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        torch.nn.functional.dropout, torch.nn.functional.rms_norm, torch.nn.functional.instance_norm,
+        torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.cross_entropy,
+        torch.nn.functional.max_pool1d_with_indices, torch.nn.functional.multi_head_attention_forward,
+    ],
+    ids=lambda f: f.__name__,
+)
+def test_a_python_composite_binds_its_arguments_as_its_signature_does(func: Any) -> None:
+    """The binder's fast path (plain signatures) gives what ``inspect.Signature.bind`` gives, or
+    leaves the call to it: every positional prefix, keywords in any order, a keyword given twice,
+    an unknown one, too many positional arguments, a missing required one."""
+    import inspect
+
+    from flopcount.tracers._vocabulary import _bound_plainly, _plain_parameters
+
+    plain = _plain_parameters(inspect.signature(func))
+    names = list(inspect.signature(func).parameters)
+    values = [object() for _ in names]
+    calls = []
+    for cut in range(len(names) + 2):
+        calls.append((tuple(values[:cut]), {}))
+        calls.append((tuple(values[:cut]), dict(reversed(list(zip(names[cut:], values[cut:]))))))
+        if 0 < cut <= len(names):
+            calls.append((tuple(values[:cut]), {names[cut - 1]: values[0]}))  # given twice
+        calls.append((tuple(values[:cut]), {"not_a_parameter": 1}))
+    calls.append(((), {names[-1]: values[-1]}))  # required ones missing
+    assert plain is not None or func is torch.nn.functional.multi_head_attention_forward
+    for args, kwargs in calls:
+        expected = _signature_bind(func, args, kwargs)
+        fast = _bound_plainly(plain, args, kwargs) if plain is not None else None
+        if expected == "error" or plain is None:
+            assert fast is None, (args, kwargs)  # left to Signature.bind, which raises
+        else:
+            assert fast is not None and list(fast.items()) == expected, (args, kwargs)
+
+
+def test_dropout_counts_alike_on_every_tracer_in_train_and_eval() -> None:
+    """``F.dropout`` (bound by the fast path) recorded as one ``aten::dropout`` event per call with
+    its own arguments: batch 2, train and eval, keywords and positions, every tracer the same."""
+
+    class _Drops(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.nn.functional.dropout(x, 0.25, self.training)
+            x = torch.nn.functional.dropout(x, p=0.5, training=self.training)
+            return torch.nn.functional.dropout(x, training=self.training, inplace=False)
+
+    x = torch.randn(2, 3, 8)
+    for train in (False, True):
+        model = _Drops().train(train)
+        results = [count_flops(model, x, tracer=t) for t in ("auto", "dispatch", "jit")]
+        for result in results:
+            assert result.by_operator("count").get("aten::dropout") == 3
+            assert result.by_operator("flops") == results[0].by_operator("flops")
+        assert model.training is train

@@ -114,6 +114,8 @@ class _Kind:
 
 _COMPOSITE = _Kind()
 _STRIDED = torch.strided
+#: the complex dtypes of this torch (a set lookup: ``dtype.is_complex`` costs ~0.6 us on the per-op path)
+_COMPLEX = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype) and d.is_complex)
 _DEVICE = torch.ops.prim.device.default
 
 # Memos shared by every ShapeCache, like FakeTensorMode's own cache: pure functions of an op
@@ -267,7 +269,7 @@ class ShapeCache:
         for value in args:
             if type(value) is fake and value.fake_mode is mode and value.constant is None and value.layout is _STRIDED:
                 dtype = value.dtype
-                if dtype.is_complex:
+                if dtype in _COMPLEX:
                     return _UNCACHEABLE
                 parts.append((value.shape, value.stride(), value.storage_offset(), dtype, value.fake_device))
                 continue
@@ -290,7 +292,7 @@ class ShapeCache:
             if value.fake_mode is not self._mode or value.layout is not _STRIDED:
                 return _UNCACHEABLE
             dtype = value.dtype
-            if dtype.is_complex:
+            if dtype in _COMPLEX:
                 return _UNCACHEABLE
             if value.constant is not None:
                 if not self._constants:
