@@ -467,25 +467,25 @@ class Ledger:
                 # _add_call(table, name, part, first) and _add_call(by_phase, (name, phase), ...), inline
                 # (the per-event loop of every count)
                 macs, flops, read, written = part.macs, part.flops, part.bytes_read, part.bytes_written
-                sums = table.get(name)
-                if sums is None:
+                into = table.get(name)
+                if into is None:
                     table[name] = [1, macs, flops, read, written, first]
                 else:
-                    sums[0] += 1
-                    sums[1] += macs
-                    sums[2] += flops
-                    sums[3] += read
-                    sums[4] += written
+                    into[0] += 1
+                    into[1] += macs
+                    into[2] += flops
+                    into[3] += read
+                    into[4] += written
                 key = (name, phase)
-                sums = by_phase.get(key)
-                if sums is None:
+                into = by_phase.get(key)
+                if into is None:
                     by_phase[key] = [1, macs, flops, read, written, first]
                 else:
-                    sums[0] += 1
-                    sums[1] += macs
-                    sums[2] += flops
-                    sums[3] += read
-                    sums[4] += written
+                    into[0] += 1
+                    into[1] += macs
+                    into[2] += flops
+                    into[3] += read
+                    into[4] += written
                 first += 1
         # operators and phases, in first-event order
         operators: Dict[str, List[int]] = {}
