@@ -91,11 +91,11 @@ def has_call_hooks(module: nn.Module) -> bool:
     """Whether a forward or backward of ``module`` runs a hook of its own (process-wide hooks:
     :func:`process_hooks_present`). Looks up the dictionaries :func:`call_hook_names` found on
     a bare module (about as fast as naming them: it runs per call in structural reuse)."""
-    get = module.__dict__.get
-    for name in _CALL_HOOK_NAMES:
-        if get(name):
-            return True
-    return False
+    try:
+        return any(_GET_CALL_HOOKS(module.__dict__))  # one C call for the ~8 lookups
+    except (KeyError, TypeError):  # a module missing one (made without nn.Module.__init__)
+        get = module.__dict__.get
+        return any(get(name) for name in _CALL_HOOK_NAMES)
 
 
 def call_hook_sizes(state: Mapping[str, Any]) -> Tuple[int, ...]:

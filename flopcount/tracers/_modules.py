@@ -46,25 +46,27 @@ class ModuleStack:
         # the hooks are process-wide: answer only the thread that traces, so a model run
         # (or counted) in another thread at the same time is not booked here
         owner = threading.get_ident()
+        ident, find, counted = threading.get_ident, names.get, calls.get  # bound once: they run per module call
 
         def pre(module: nn.Module, args: Any) -> None:
-            if threading.get_ident() != owner:
+            if ident() != owner:
                 if module in names:
                     self.foreign_calls += 1
                 return
-            name = names.get(module)
+            name = find(module)
             if name is not None:
-                calls[name] = calls.get(name, 0) + 1
+                calls[name] = counted(name, 0) + 1
                 if name:
                     stack.append(name)
                     self.path = tuple(stack)
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
-            if threading.get_ident() != owner:
+            if ident() != owner:
                 return
-            name = names.get(module)
-            if name:
-                self.pop(name)
+            name = find(module)
+            if name and stack and stack[-1] == name:  # :meth:`pop`, inline
+                stack.pop()
+                self.path = tuple(stack)
 
         self._handles = [
             module_impl.register_module_forward_pre_hook(pre),
