@@ -82,7 +82,7 @@ def summary_of(
     return ParamSummary(total, trainable, total - trainable, by_dtype, found, active=active)
 
 
-def _config_value(model: nn.Module, keys: Tuple[str, ...]) -> Optional[int]:
+def config_value(model: nn.Module, keys: Tuple[str, ...]) -> Optional[int]:
     """The first positive int among ``keys`` of the model's (text) config, if it has one."""
     config: Any = getattr(model, "config", None)
     if config is None:
@@ -168,7 +168,7 @@ def _active(
     blocks = list(routed_experts(model, modules))
     if not blocks:
         return None
-    k = experts_per_token or _config_value(model, TOP_K_KEYS)
+    k = experts_per_token or config_value(model, TOP_K_KEYS)
     if k is None:
         return None
     seen = set()

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.core.params import TOP_K_KEYS, _config_value, lookup_tables, routed_experts
+from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
@@ -197,9 +197,9 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         prompt_tokens=setup.prompt, new_tokens=new_tokens, counted_batch=b,
         cache_dtype=cache_dtype(counts.cache), weights=tuple(_weights(model, experts)), model_dtype=_model_dtype(one.results[0].parameters),
         fixed=fixed, top_k=k if experts > 1 else 0,
-        layers=_config_value(model, ("num_hidden_layers", "n_layer", "num_layers")) or 0,
-        hidden=_config_value(model, ("hidden_size", "n_embd", "d_model")) or 0,
-        kv_heads=_config_value(model, ("num_key_value_heads", "num_attention_heads", "n_head", "num_heads")) or 0,
+        layers=config_value(model, ("num_hidden_layers", "n_layer", "num_layers")) or 0,
+        hidden=config_value(model, ("hidden_size", "n_embd", "d_model")) or 0,
+        kv_heads=config_value(model, ("num_key_value_heads", "num_attention_heads", "n_head", "num_heads")) or 0,
         encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
     )
 
@@ -218,8 +218,8 @@ def _moe(model: nn.Module) -> Tuple[int, int]:
     """(experts per MoE layer, experts per token) from the model's config, read by the rule
     ``core.params`` reads a config with (the text config first, then the whole one; the first
     positive int; the experts per token under ``TOP_K_KEYS``); (0, 0) for a dense model."""
-    experts = _config_value(model, EXPERT_KEYS)
-    k = _config_value(model, TOP_K_KEYS)
+    experts = config_value(model, EXPERT_KEYS)
+    k = config_value(model, TOP_K_KEYS)
     return (experts, k) if experts and k else (0, 0)
 
 
