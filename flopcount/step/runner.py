@@ -11,13 +11,14 @@ its optimizer comes from the same factory (:mod:`flopcount.step.optimizers`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
-from flopcount.core.inputs import flat_values
+from flopcount.core.inputs import flat_values, output_tensors
 from flopcount.errors import UsageError
 from flopcount.step.loss import LossFn, default_loss
 from flopcount.step.replay import snapshot
@@ -25,6 +26,8 @@ from flopcount.types import Phase
 
 __all__ = ["autocast_nested", "forward_autocast", "peak_tracker", "run_step"]
 
+
+@functools.cache
 def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
     replaced by one that records the step's peak (``peak_total``, ``peak_snapshot``: the
@@ -33,10 +36,16 @@ def peak_tracker(base: type) -> type:
     now (torch's walks every module seen so far: minutes on an 80-layer model). Its module
     and optimizer hooks answer only the thread that made it. ``skip``: a predicate; ops made
     while it holds are not this step's work (DTensor's shape propagation in plan's fake
-    world) and are run past the tracker."""
+    world) and are run past the tracker. One class per ``base`` (made once). Its per-op method
+    is torch's, inlined (:func:`_lean_dispatch`) for every op but the few torch special-cases."""
     fsdp = callable(getattr(base, "track_inputs", None))  # FSDPMemTracker: made with the model and optimizer
+    lean = _lean_dispatch(base)
 
     class PeakTracker(base):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # no dynamo-disabling wrapper around the per-op method (as the recorder's)
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             for attr in ("_curr_mem_snap", "_mod_tracker", "_in_opt", "_param_to_grad_hook_handles"):
@@ -57,6 +66,10 @@ def peak_tracker(base: type) -> type:
             self._tensor_layers: Dict[int, Any] = {}
             self._touched: Optional[int] = None
             self._last_record: Any = None
+            lean_reads = ("_ref_class", "_in_ac", "_mod_tracker", "_in_opt")
+            self._lean = lean if lean is not None and all(hasattr(self, a) for a in lean_reads) else None
+            self._entries = 0
+            self._entry_mode: Any = None
 
         def watch(self, model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor]) -> None:
             """Count ``model``'s parameters and buffers, ``optimizer``'s state and ``inputs``
@@ -92,17 +105,32 @@ def peak_tracker(base: type) -> type:
                     self.timeline.append(record)
                     self._last_record = record
 
+        def __enter__(self) -> Any:
+            if self._entries == 0:  # the fake mode the step runs in, as torch's __enter__ records it
+                self._entry_mode = lean.active_fake_mode() if lean is not None else None
+            self._entries += 1
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> Any:
+            self._entries -= 1
+            return super().__exit__(*args)
+
+        def _tracked(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+            if self._lean is None or self._lean.special(func):
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            return self._lean(self, func, types, args, kwargs)
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if self.skip is not None and self.skip():
                 return func(*args, **(kwargs or {}))
             if self.timeline is None:
-                return super().__torch_dispatch__(func, types, args, kwargs)
+                return self._tracked(func, types, args, kwargs)
             if self._in_opt:
                 if not self._tensor_layers and self.layer_tensors is not None:  # the step's first op
                     self._tensor_layers = self.layer_tensors()
                 self._touched = _layer_touched(self._tensor_layers, args, kwargs)
             length, last = len(self.timeline), self._last_record
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            out = self._tracked(func, types, args, kwargs)
             if not _has_tensor(out):
                 # an op that made no tensor (``prim.device``: run or not by caches warmed by an
                 # earlier step) changed no byte: its record would only tell the step's first run apart
@@ -133,6 +161,83 @@ def peak_tracker(base: type) -> type:
 
     PeakTracker.__name__ = PeakTracker.__qualname__ = f"Peak{base.__name__}"
     return PeakTracker
+
+
+class _LeanDispatch:
+    """torch's ``MemTracker.__torch_dispatch__`` (``FSDPMemTracker``'s is the same for every op
+    but its collectives) without its per-op overheads: the output's tensors found by a plain
+    walk of tensors, tuples and lists rather than pytree's (within one op the order of the
+    tracked tensors changes no byte: the peak update follows them all), no dynamo wrapper. The
+    ops torch's method treats specially (``wait_tensor``, FSDP's all-gather and reduce-scatter)
+    go to torch's method itself. Same tensors tracked, same category, same peak updates:
+    ``tests/test_tracker_lean.py`` runs steps through both and compares every figure."""
+
+    #: ops (by name, any overload) the trackers' own method treats specially
+    SPECIAL = frozenset({"_c10d_functional::wait_tensor", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"})
+
+    def __init__(self, dtensor: type, active_fake_mode: Callable[[], Any]) -> None:
+        self.dtensor = dtensor
+        self.active_fake_mode = active_fake_mode
+        self._special: Dict[Any, bool] = {}
+
+    def special(self, func: Any) -> bool:
+        """Whether torch's own method must run ``func`` (known per op overload after its first call)."""
+        known = self._special.get(func)
+        if known is None:
+            name = getattr(func, "name", None)
+            known = self._special[func] = not callable(name) or str(name()).split(".")[0] in self.SPECIAL
+        return known
+
+    def __call__(self, tracker: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        dtensor = self.dtensor
+        for kind in types:
+            if kind == dtensor:
+                return NotImplemented  # DTensor desugars into local ops first, as in torch's
+        res = func(*args, **(kwargs or {}))
+        if self.active_fake_mode() is tracker._entry_mode:
+            refs = tracker._ref_class
+            if tracker._in_opt:
+                reftype = refs.OPT
+            elif tracker._mod_tracker.is_bw and not tracker._in_ac:
+                reftype = refs.TEMP
+            else:
+                reftype = refs.ACT
+            found: List[torch.Tensor] = []
+            if not _plain_tensors(res, found):
+                found = output_tensors(res)
+            for tensor in found:
+                tracker._track(reftype, tensor)
+            tracker._update_peak_stats(None)  # PeakTracker's own: it reads no peak state
+        return res
+
+
+#: leaves an op's output may hold besides tensors
+_LEAVES = (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _plain_tensors(value: Any, found: List[torch.Tensor]) -> bool:
+    """Append the tensors of ``value`` (a tensor; tuples and lists, depth first) to ``found``;
+    False where it holds anything else (then walked by :func:`output_tensors`)."""
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+        return True
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return all(_plain_tensors(item, found) for item in value)
+    return value is None or kind in _LEAVES
+
+
+def _lean_dispatch(base: type) -> Optional[_LeanDispatch]:
+    """The inlined per-op method, or None (torch's own then runs every op) where a piece it
+    reads is missing from this torch (checked again per tracker: :meth:`PeakTracker._tracked`)."""
+    if not callable(getattr(base, "_track", None)):
+        return None
+    try:
+        from torch._guards import active_fake_mode
+        from torch.distributed.tensor import DTensor
+    except (ImportError, RuntimeError):
+        return None
+    return _LeanDispatch(DTensor, active_fake_mode)
 
 
 def _has_tensor(value: Any) -> bool:
