@@ -106,6 +106,7 @@ PLAN_CASES: Dict[str, Dict[str, Any]] = {
     "fsdp2-tp2": {"fsdp": 2, "tp": 2},
     "fsdp2-bf16-gloo": {"fsdp": 2, "mixed_precision": "bfloat16", "backend": "gloo"},
     "one-rank-checkpoint": {},
+    "fsdp2-checkpoint": {"fsdp": 2},
 }
 
 
@@ -113,7 +114,7 @@ PLAN_CASES: Dict[str, Dict[str, Any]] = {
 def test_the_inlined_method_gives_every_figure_of_torchs_in_plan(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     options = PLAN_CASES[case]
     if case.endswith("checkpoint"):
-        lean, torchs = _both(monkeypatch, lambda: flopcount.plan(Checkpointed, (X,), on="h100", **options))
+        lean, torchs = _both(monkeypatch, lambda: flopcount.plan(Checkpointed, (X,), on="h100", link="nvlink4", **options))
     else:
         lean, torchs = _both(monkeypatch, lambda: flopcount.plan(lambda: llama(layers=2), (ids(),), on="h100", link="nvlink4", **options))
     assert lean == torchs

@@ -52,7 +52,7 @@ def peak_tracker(base: type) -> type:
                 if not hasattr(self, attr):
                     raise UsageError(f"torch {torch.__version__}'s {base.__name__} has no {attr}, which flopcount's step needs")
             self._owner = threading.get_ident()
-            _own_thread_module_hooks(self._mod_tracker, self._owner)
+            _own_thread_module_hooks(self._mod_tracker, self._owner, self._forward_call)
             self.peak_total = -1
             self.peak_snapshot: Dict[Any, Dict[Any, int]] = {}
             self.peak_where: FrozenSet[str] = frozenset()
@@ -66,10 +66,12 @@ def peak_tracker(base: type) -> type:
             self._tensor_layers: Dict[int, Any] = {}
             self._touched: Optional[int] = None
             self._last_record: Any = None
-            lean_reads = ("_ref_class", "_in_ac", "_mod_tracker", "_in_opt")
-            self._lean = lean if lean is not None and all(hasattr(self, a) for a in lean_reads) else None
+            self._lean = lean
             self._entries = 0
             self._entry_mode: Any = None
+            self._refs: Any = None  # the categories' enum (torch's own class), read off the live snapshot
+            #: the outermost module whose forward runs inside the backward (a checkpoint's recompute)
+            self._recompute: Optional[nn.Module] = None
 
         def watch(self, model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor]) -> None:
             """Count ``model``'s parameters and buffers, ``optimizer``'s state and ``inputs``
@@ -106,17 +108,34 @@ def peak_tracker(base: type) -> type:
                     self._last_record = record
 
         def __enter__(self) -> Any:
-            if self._entries == 0:  # the fake mode the step runs in, as torch's __enter__ records it
+            first = self._entries == 0
+            if first:  # the fake mode the step runs in, as torch's __enter__ records it
                 self._entry_mode = lean.active_fake_mode() if lean is not None else None
             self._entries += 1
-            return super().__enter__()
+            entered = super().__enter__()
+            if first:  # torch books tensors under its enum's members (the snapshot's keys but "Total")
+                kinds = {type(key) for snap in self._curr_mem_snap.values() for key in snap if type(key) is not str}
+                self._refs = kinds.pop() if len(kinds) == 1 else None  # none tracked yet: torch's method
+            return entered
 
         def __exit__(self, *args: Any) -> Any:
             self._entries -= 1
             return super().__exit__(*args)
 
+        def _forward_call(self, module: nn.Module, entering: bool) -> None:
+            """A module's forward starting or ending (ModTracker's hooks, this thread's): one
+            inside the backward is a recompute (activation checkpointing), whose ops torch's
+            method books as activations (its ``_in_ac``, set for a module inside this span)."""
+            if not self._mod_tracker.is_bw:
+                return
+            if entering:
+                if self._recompute is None:
+                    self._recompute = module
+            elif self._recompute is module:
+                self._recompute = None
+
         def _tracked(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-            if self._lean is None or self._lean.special(func):
+            if self._lean is None or self._refs is None or self._recompute is not None or self._lean.special(func):
                 return super().__torch_dispatch__(func, types, args, kwargs)
             return self._lean(self, func, types, args, kwargs)
 
@@ -169,8 +188,9 @@ class _LeanDispatch:
     walk of tensors, tuples and lists rather than pytree's (within one op the order of the
     tracked tensors changes no byte: the peak update follows them all), no dynamo wrapper. The
     ops torch's method treats specially (``wait_tensor``, FSDP's all-gather and reduce-scatter)
-    go to torch's method itself. Same tensors tracked, same category, same peak updates:
-    ``tests/test_tracker_lean.py`` runs steps through both and compares every figure."""
+    and the ops of a recompute in the backward go to torch's method itself. Same tensors
+    tracked, same category, same peak updates: ``tests/test_tracker_lean.py`` runs steps
+    through both and compares every figure."""
 
     #: ops (by name, any overload) the trackers' own method treats specially
     SPECIAL = frozenset({"_c10d_functional::wait_tensor", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"})
@@ -195,10 +215,10 @@ class _LeanDispatch:
                 return NotImplemented  # DTensor desugars into local ops first, as in torch's
         res = func(*args, **(kwargs or {}))
         if self.active_fake_mode() is tracker._entry_mode:
-            refs = tracker._ref_class
+            refs = tracker._refs
             if tracker._in_opt:
                 reftype = refs.OPT
-            elif tracker._mod_tracker.is_bw and not tracker._in_ac:
+            elif tracker._mod_tracker.is_bw:  # not in a recompute: those ops go to torch's method
                 reftype = refs.TEMP
             else:
                 reftype = refs.ACT
@@ -260,20 +280,26 @@ class _NoHook:
         pass
 
 
-def _own_thread_module_hooks(mod_tracker: Any, owner: int) -> None:
+def _own_thread_module_hooks(mod_tracker: Any, owner: int, on_call: Callable[[nn.Module, bool], None]) -> None:
     """ModTracker registers its forward hooks process-wide (``register_module_forward_*_hook``
     of its ``_fw_pre_hook``/``_fw_post_hook``, looked up when it is entered): wrapped here so
     that another thread's modules neither enter this step's bookkeeping nor run its code
-    (which raised inside that thread: issue #29 item 17)."""
+    (which raised inside that thread: issue #29 item 17). ``on_call(module, entering)`` is
+    told before the pre-hook and after the post-hook (the tracker's own hooks run inside them)."""
     for name in ("_fw_pre_hook", "_fw_post_hook"):
         hook = getattr(mod_tracker, name, None)
         if hook is None:
             raise UsageError(f"torch {torch.__version__}'s ModTracker has no {name}, which flopcount's step needs")
 
-        def only_owner(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
+        def only_owner(module: nn.Module, *args: Any, _hook: Any = hook, _pre: bool = name == "_fw_pre_hook", **kwargs: Any) -> Any:
             if threading.get_ident() != owner:
                 return None
-            return _hook(*args, **kwargs)
+            if _pre:
+                on_call(module, True)
+            out = _hook(module, *args, **kwargs)
+            if not _pre:
+                on_call(module, False)
+            return out
 
         setattr(mod_tracker, name, only_owner)
 
