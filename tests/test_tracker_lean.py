@@ -155,3 +155,35 @@ def test_one_tracker_class_per_base_and_trackers_share_no_state() -> None:
     first = estimate_memory(model, (X,), backward=True, optimizer="adam")
     estimate_memory(nn.Linear(32, 4096), (X,), backward=True)  # a bigger step between the two
     assert estimate_memory(model, (X,), backward=True, optimizer="adam") == first
+
+
+class RaisesInBackward(nn.Module):
+    """A checkpointed block whose recompute (in the backward) raises: the step fails mid-recompute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Linear(32, 32)
+        self.calls = 0
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("recompute refused")
+        return self.block(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self._run, x, use_reentrant=False)
+
+
+def test_a_step_that_fails_in_a_recompute_leaves_the_next_estimate_and_the_model_as_they_were() -> None:
+    from flopcount.errors import TraceError
+
+    model = Checkpointed()
+    first = estimate_memory(model, (X,), backward=True, optimizer="sgd")
+    bad = RaisesInBackward()
+    state = {k: v.clone() for k, v in bad.state_dict().items()}
+    with pytest.raises(TraceError, match="recompute refused"):
+        estimate_memory(bad, (X,), backward=True)
+    assert all(torch.equal(v, state[k]) for k, v in bad.state_dict().items())
+    assert all(p.grad is None for p in bad.parameters()) and bad.training and bad.calls == 0
+    assert estimate_memory(model, (X,), backward=True, optimizer="sgd") == first  # no recompute left marked
