@@ -247,6 +247,7 @@ def _memory_tracker(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]
     return peak_tracker(private("MemTracker"))()
 
 
+@functools.cache
 def _skipping_tolerated(base: type) -> type:
     """``base`` (over torch's FSDPMemTracker) that lets an FSDP2 module the forward never
     called (a skipped layer, an unused head wrapped on its own) go through backward as FSDP2

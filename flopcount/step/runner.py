@@ -11,6 +11,7 @@ its optimizer comes from the same factory (:mod:`flopcount.step.optimizers`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
@@ -25,6 +26,7 @@ from flopcount.types import Phase
 
 __all__ = ["autocast_nested", "forward_autocast", "peak_tracker", "run_step"]
 
+@functools.cache
 def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
     replaced by one that records the step's peak (``peak_total``, ``peak_snapshot``: the
@@ -33,7 +35,7 @@ def peak_tracker(base: type) -> type:
     now (torch's walks every module seen so far: minutes on an 80-layer model). Its module
     and optimizer hooks answer only the thread that made it. ``skip``: a predicate; ops made
     while it holds are not this step's work (DTensor's shape propagation in plan's fake
-    world) and are run past the tracker."""
+    world) and are run past the tracker. One class per ``base``, made once."""
     fsdp = callable(getattr(base, "track_inputs", None))  # FSDPMemTracker: made with the model and optimizer
 
     class PeakTracker(base):
