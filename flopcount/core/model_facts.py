@@ -20,7 +20,7 @@ from torch import nn
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.packed import held_tensors
 from flopcount.core.params import EXPERT_COUNTS, class_answers, summary_of
-from flopcount.core.results import ModuleInfo, made_module_info
+from flopcount.core.results import ModuleInfo
 from flopcount.types import ParamSummary
 
 __all__ = ["ModelFacts", "model_facts"]
@@ -99,7 +99,7 @@ class ModelFacts:
         infos = []
         for name, module in self.modules:
             depth = name.count(".") + 1 if name else 0
-            infos.append(made_module_info(name, type(module).__name__, depth, get(name, 0), owned.get(name, 0)))
+            infos.append(ModuleInfo(name, type(module).__name__, depth, get(name, 0), owned.get(name, 0)))
         return infos
 
     def names_on(self, twins: Mapping[int, object]) -> Dict[nn.Module, str]:

@@ -71,27 +71,6 @@ class ModuleInfo:
     params: int
 
 
-_NEW = object.__new__
-
-
-def made_module_info(name: str, type_name: str, depth: int, calls: int, params: int) -> ModuleInfo:
-    """``ModuleInfo(name, type_name, depth, calls, params)``, made ~2x faster: a frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__``; this fills the new instance's
-    ``__dict__`` at once (one per module per count). The same object in every respect (fields,
-    equality, hash, repr, pickling); ``tests/tracers/test_count_fixed_costs.py`` checks the fields."""
-    info = _NEW(ModuleInfo)
-    info.__dict__.update(name=name, type_name=type_name, depth=depth, calls=calls, params=params)
-    return info
-
-
-def _made_totals(count: int, macs: int, flops: int, bytes_read: int, bytes_written: int) -> OpTotals:
-    """``OpTotals(count, macs, flops, bytes_read, bytes_written)``, made as :func:`made_module_info`
-    makes a ModuleInfo (one per distinct row of a count's tables)."""
-    totals = _NEW(OpTotals)
-    totals.__dict__.update(count=count, macs=macs, flops=flops, bytes_read=bytes_read, bytes_written=bytes_written)
-    return totals
-
-
 @dataclass(frozen=True)
 class FlopResult:
     """FLOPs, MACs and parameters of one traced run, by operator, by module and by both.
@@ -294,7 +273,7 @@ def _frozen(table: Mapping[str, Sequence[int]], rows: Dict[Tuple[int, ...], OpTo
             figures = tuple(sums)
             row = rows.get(figures)
             if row is None:
-                row = rows[figures] = _made_totals(*figures)
+                row = rows[figures] = OpTotals(*figures)
             seen[id(sums)] = row
         made[key] = row
     return made
