@@ -33,7 +33,7 @@ Booked = Union[Tuple[OpEvent, Optional[Cost]], Tuple[ReplayedCall, Tuple[Optiona
 #: What a booked total holds, in order: calls, then each cost metric.
 TOTAL_FIELDS: Tuple[str, ...] = ("count", *COST_METRICS)
 _WIDTH = len(TOTAL_FIELDS)
-assert _WIDTH == 5, "_add and _book_tree's loops below are unrolled for five fields (and first at 5): extend them with COST_METRICS"
+assert _WIDTH == 5, "_add below is unrolled for five fields: extend it with COST_METRICS"
 
 Sums = List[int]
 Key = Tuple[Tuple[str, ...], str, str]
@@ -464,28 +464,8 @@ class Ledger:
                 sequence.append(stack)
             phase = event.phase
             for name, part in cost.parts or ((op, cost),):
-                # _add_call(table, name, part, first) and _add_call(by_phase, (name, phase), ...), inline
-                # (the per-event loop of every count)
-                macs, flops, read, written = part.macs, part.flops, part.bytes_read, part.bytes_written
-                into = table.get(name)
-                if into is None:
-                    table[name] = [1, macs, flops, read, written, first]
-                else:
-                    into[0] += 1
-                    into[1] += macs
-                    into[2] += flops
-                    into[3] += read
-                    into[4] += written
-                key = (name, phase)
-                into = by_phase.get(key)
-                if into is None:
-                    by_phase[key] = [1, macs, flops, read, written, first]
-                else:
-                    into[0] += 1
-                    into[1] += macs
-                    into[2] += flops
-                    into[3] += read
-                    into[4] += written
+                _add_call(table, name, part, first)
+                _add_call(by_phase, (name, phase), part, first)
                 first += 1
         # operators and phases, in first-event order
         operators: Dict[str, List[int]] = {}
@@ -511,19 +491,8 @@ class Ledger:
             parent = subtree[stack[:-1]]
             graft = grafted.get(stack)
             if graft is None:
-                get = parent.get
-                for name, sums in subtree[stack].items():  # _add_first(parent, name, sums), inline
-                    found = get(name)
-                    if found is None:
-                        parent[name] = sums[:6]
-                        continue
-                    found[0] += sums[0]
-                    found[1] += sums[1]
-                    found[2] += sums[2]
-                    found[3] += sums[3]
-                    found[4] += sums[4]
-                    if sums[5] < found[5]:
-                        found[5] = sums[5]
+                for name, sums in subtree[stack].items():
+                    _add_first(parent, name, sums)
             else:
                 replay, group, offset = graft
                 for name, sums in group.subtree(replay)[0][0].items():
