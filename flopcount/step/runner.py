@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 import torch
@@ -45,7 +46,14 @@ def peak_tracker(base: type) -> type:
                 if not hasattr(self, attr):
                     raise UsageError(f"torch {torch.__version__}'s {base.__name__} has no {attr}, which flopcount's step needs")
             self._owner = threading.get_ident()
-            _own_thread_module_hooks(self._mod_tracker, self._owner, self._entered)
+            me = weakref.ref(self)  # not self._entered: the tracker would be in a cycle, kept to the next collection
+
+            def entered() -> None:
+                tracker = me()
+                if tracker is not None:
+                    tracker._entered()
+
+            _own_thread_module_hooks(self._mod_tracker, self._owner, entered)
             self.peak_total = -1
             self.peak_snapshot: Dict[Any, Dict[Any, int]] = {}
             self.peak_where: FrozenSet[str] = frozenset()
@@ -193,7 +201,7 @@ def _own_thread_module_hooks(mod_tracker: Any, owner: int, entered: Callable[[],
     def credited(w_mod: Any, name: str, is_bw: bool) -> Callable[..., None]:
         fn = append(w_mod, name, is_bw)
         if not is_bw:
-            return fn  # type: ignore[no-any-return]
+            return fn
 
         def enter_backward(*args: Any) -> None:
             fn(*args)
