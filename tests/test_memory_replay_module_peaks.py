@@ -113,3 +113,38 @@ def test_every_module_row_is_the_same_with_the_replay_on_and_off(monkeypatch: py
             assert row.calls == 0 and row.peak_bytes == 0, row.name
     for row in dropouts:  # what they were credited: the live bytes while they ran, never 0
         assert row.peak_bytes == truth[row.name] > 0
+
+
+class _Block(nn.Module):
+    """Linear(64, 64) then a dropout at p = 0: in training mode the dropout's only op reads the
+    input's device (no tensor made); in eval mode it runs no op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x))
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_dropout_is_credited_the_bytes_alive_while_it_runs(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # 8 blocks (replayed: at least 6 identical layers), batch 4, inference. Derived by hand, in
+    # float32 bytes: parameters P = 8 x (64 x 64 + 64) x 4 = 133,120; each activation x = 4 x 64 x 4
+    # = 1,024. When block i's dropout runs, alive: P, the model's input (held by the caller), and
+    # block i's Linear output; from block 1 on also block i's input (the previous block's output,
+    # still held by Sequential's loop variable). So blocks.0.drop: P + 2x, blocks.i.drop (i >= 1):
+    # P + 3x, in train and eval mode alike, with the replay on and off.
+    torch.manual_seed(0)
+    model = nn.Sequential(*(_Block() for _ in range(8)))
+    model.train(mode == "train")
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
+    on, off, used = _estimates(monkeypatch, model, x, backward=False)
+    assert used == [True, False] and on == off
+    params, act = 8 * (64 * 64 + 64) * 4, 4 * 64 * 4
+    assert on.module("0.drop").peak_bytes == params + 2 * act
+    for i in range(1, 8):
+        assert on.module(f"{i}.drop").peak_bytes == params + 3 * act
+    truth = _memtracker_module_peaks(model, x, backward=False)
+    assert {row.name: row.peak_bytes for row in on.modules if row.name} == {k: v for k, v in truth.items() if k}
