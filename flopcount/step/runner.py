@@ -32,7 +32,8 @@ def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
     replaced by one that records the step's peak (``peak_total``, ``peak_snapshot``: the
     categories per device at that moment, ``peak_where``: the modules running, ``peak_phase``)
-    and each running module's own peak (``module_peaks``), walking only the modules running
+    and each running module's own peak (``module_peaks``: from the live bytes at each entry of
+    the module, forward and backward, as MemTracker's ``local_peak``), walking only the modules running
     now (torch's walks every module seen so far: minutes on an 80-layer model). Its module
     and optimizer hooks answer only the thread that made it. ``skip``: a predicate; ops made
     while it holds are not this step's work (DTensor's shape propagation in plan's fake
@@ -124,7 +125,8 @@ def peak_tracker(base: type) -> type:
             out = super().__torch_dispatch__(func, types, args, kwargs)
             if not _has_tensor(out):
                 # an op that made no tensor (``prim.device``: run or not by caches warmed by an
-                # earlier step) changed no byte: its record would only tell the step's first run apart
+                # earlier step) changed no byte: its record would only tell the step's first run apart,
+                # and its total is at most its modules' entry's or an earlier op's (:meth:`_entered`)
                 del self.timeline[length:]
                 self._last_record = last
             return out
