@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 import torch
@@ -31,7 +32,8 @@ def peak_tracker(base: type) -> type:
     """``base`` (torch's ``MemTracker`` or ``FSDPMemTracker``) with its per-op peak update
     replaced by one that records the step's peak (``peak_total``, ``peak_snapshot``: the
     categories per device at that moment, ``peak_where``: the modules running, ``peak_phase``)
-    and each running module's own peak (``module_peaks``), walking only the modules running
+    and each running module's own peak (``module_peaks``: from the live bytes at each entry of
+    the module, forward and backward, as MemTracker's ``local_peak``), walking only the modules running
     now (torch's walks every module seen so far: minutes on an 80-layer model). Its module
     and optimizer hooks answer only the thread that made it. ``skip``: a predicate; ops made
     while it holds are not this step's work (DTensor's shape propagation in plan's fake
@@ -45,7 +47,14 @@ def peak_tracker(base: type) -> type:
                 if not hasattr(self, attr):
                     raise UsageError(f"torch {torch.__version__}'s {base.__name__} has no {attr}, which flopcount's step needs")
             self._owner = threading.get_ident()
-            _own_thread_module_hooks(self._mod_tracker, self._owner)
+            me = weakref.ref(self)  # not self._entered: the tracker would be in a cycle, kept to the next collection
+
+            def entered() -> None:
+                tracker = me()
+                if tracker is not None:
+                    tracker._entered()
+
+            _own_thread_module_hooks(self._mod_tracker, self._owner, entered)
             self.peak_total = -1
             self.peak_snapshot: Dict[Any, Dict[Any, int]] = {}
             self.peak_where: FrozenSet[str] = frozenset()
@@ -71,6 +80,15 @@ def peak_tracker(base: type) -> type:
             for param in model.parameters():
                 if not param.requires_grad:
                     self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+
+        def _entered(self) -> None:
+            """A module's forward (or its recompute) was entered: the bytes alive now are alive
+            while it runs, so they count towards its own peak (docs/memory.md), as they do in
+            MemTracker's, whose per-module peak starts from them. A module whose forward makes no
+            tensor (a dropout at p = 0: its only op reads the input's device) is credited
+            here, the same in a full trace and in the replay's timeline, whatever ops it runs."""
+            if self.skip is None or not self.skip():
+                self._update_peak_stats(None)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             snap = self._curr_mem_snap
@@ -107,7 +125,8 @@ def peak_tracker(base: type) -> type:
             out = super().__torch_dispatch__(func, types, args, kwargs)
             if not _has_tensor(out):
                 # an op that made no tensor (``prim.device``: run or not by caches warmed by an
-                # earlier step) changed no byte: its record would only tell the step's first run apart
+                # earlier step) changed no byte: its record would only tell the step's first run apart,
+                # and its total is at most its modules' entry's or an earlier op's (:meth:`_entered`)
                 del self.timeline[length:]
                 self._last_record = last
             return out
@@ -157,22 +176,42 @@ class _NoHook:
         pass
 
 
-def _own_thread_module_hooks(mod_tracker: Any, owner: int) -> None:
+def _own_thread_module_hooks(mod_tracker: Any, owner: int, entered: Callable[[], None]) -> None:
     """ModTracker registers its forward hooks process-wide (``register_module_forward_*_hook``
     of its ``_fw_pre_hook``/``_fw_post_hook``, looked up when it is entered): wrapped here so
     that another thread's modules neither enter this step's bookkeeping nor run its code
-    (which raised inside that thread: issue #29 item 17)."""
+    (which raised inside that thread: issue #29 item 17). After the pre-hook (the module now
+    among the running ones) ``entered`` is called: the module's peak starts there."""
     for name in ("_fw_pre_hook", "_fw_post_hook"):
         hook = getattr(mod_tracker, name, None)
         if hook is None:
             raise UsageError(f"torch {torch.__version__}'s ModTracker has no {name}, which flopcount's step needs")
 
-        def only_owner(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
+        def only_owner(*args: Any, _hook: Any = hook, _pre: bool = name == "_fw_pre_hook", **kwargs: Any) -> Any:
             if threading.get_ident() != owner:
                 return None
-            return _hook(*args, **kwargs)
+            out = _hook(*args, **kwargs)
+            if _pre:
+                entered()
+            return out
 
         setattr(mod_tracker, name, only_owner)
+    append = getattr(mod_tracker, "_get_append_fn", None)
+    if append is None:
+        raise UsageError(f"torch {torch.__version__}'s ModTracker has no _get_append_fn, which flopcount's step needs")
+
+    def credited(w_mod: Any, name: str, is_bw: bool) -> Callable[..., None]:
+        fn = append(w_mod, name, is_bw)
+        if not is_bw:
+            return fn
+
+        def enter_backward(*args: Any) -> None:
+            fn(*args)
+            entered()
+
+        return enter_backward
+
+    mod_tracker._get_append_fn = credited
 
 
 def autocast_nested() -> bool:
