@@ -16,8 +16,9 @@ What counts as one private symbol:
   itself;
 * a private attribute name read off an object that is not a torch path (``dtensor._local_tensor``,
   ``module._forward_hooks``, ``tracker._peak_mem``), when flopcount does not define that name
-  itself as an attribute (a method, a class-body name, an assigned attribute, a ``setattr``; a
-  module-level function or a local of that name does not count) and torch's own sources do (or, on ``self`` in a class derived from a torch class, when
+  itself as an attribute (a method, a class-body name, an attribute assigned or ``setattr`` on
+  ``self``/``cls``; a module-level function, a local of that name, or the name assigned on another
+  object, which replaces that object's attribute, does not count) and torch's own sources do (or, on ``self`` in a class derived from a torch class, when
   that class does not define it). Private names of other libraries (``sys._getframe``,
   transformers) are listed apart and not counted.
 
@@ -155,7 +156,10 @@ class _Defined(ast.NodeVisitor):
         if isinstance(target, ast.Name):
             self._add(target.id, self._in_class_body)
         elif isinstance(target, ast.Attribute):
-            self._add(target.attr, True)
+            # ``self._x = ...`` defines ``_x``; ``tracker._x = ...`` on another object replaces that
+            # object's attribute (a torch object's private method wrapped in place is still torch's)
+            if isinstance(target.value, ast.Name) and target.value.id in ("self", "cls"):
+                self._add(target.attr, True)
         elif isinstance(target, (ast.Tuple, ast.List)):
             for elt in target.elts:
                 self._target(elt)
@@ -178,9 +182,11 @@ class _Defined(ast.NodeVisitor):
         func = node.func
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
         if name in ("setattr", "__setattr__"):
-            for arg in node.args[:2]:
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    self._add(arg.value, True)
+            target = node.args[0] if node.args else None
+            if isinstance(target, ast.Name) and target.id in ("self", "cls"):
+                for arg in node.args[:2]:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        self._add(arg.value, True)
         self.generic_visit(node)
 
 

@@ -66,8 +66,8 @@ _NESTED_FROM_PADDED = frozenset({"aten::_nested_tensor_from_mask", "aten::_trans
 
 def is_available() -> bool:
     """The private hooks this tracer needs exist (else ``auto`` uses the dispatch tracer)."""
-    return (hasattr(getattr(torch.jit, "_trace", None), "_trace_module_map") and hasattr(torch._C, "_create_graph_by_tracing")
-            and hasattr(torch._C, "_get_tracing_state"))
+    return (hasattr(torch.jit, "_trace") and hasattr(torch.jit._trace, "_trace_module_map")
+            and hasattr(torch._C, "_create_graph_by_tracing") and hasattr(torch._C, "_get_tracing_state"))
 
 
 @cache
