@@ -46,3 +46,28 @@ def encoder() -> nn.Module:
 
 def ids() -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def estimates_on_and_off(monkeypatch, model, args, kwargs, **options):
+    """``estimate_memory`` with the repeated-layer replay on and off (``FLOPCOUNT_REUSE``), and
+    whether the replay was taken on each call (``memory.estimate._layered`` gave figures)."""
+    import warnings
+
+    from flopcount.memory import estimate as estimate_module
+
+    used = []
+    layered = estimate_module._layered
+
+    def spy(*a, **k):
+        figures = layered(*a, **k)
+        used.append(figures is not None)
+        return figures
+
+    monkeypatch.setattr(estimate_module, "_layered", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+        on = estimate_module.estimate_memory(model, args, kwargs, **options)
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+        off = estimate_module.estimate_memory(model, args, kwargs, **options)
+    return on, off, used

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
-from _layer_stacks import BATCH, SEQ, VOCAB, llama
+from _layer_stacks import BATCH, SEQ, VOCAB, estimates_on_and_off, llama
 from _layer_stacks import bert as _bert
 from _layer_stacks import encoder as _encoder
 from _layer_stacks import gpt2 as _gpt2
@@ -28,7 +28,6 @@ from _live_oracles import warmed_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
 
-import flopcount.memory.estimate as estimate_module
 from flopcount.memory.estimate import estimate_memory
 
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
@@ -91,24 +90,7 @@ GRID = [
 ]
 
 
-def _estimates(monkeypatch: pytest.MonkeyPatch, model: nn.Module, args: Any, kwargs: Dict[str, Any], **options: Any) -> Tuple[Any, Any, List[bool]]:
-    """The estimate with the replay on (whether it was used) and off."""
-    used: List[bool] = []
-    layered = estimate_module._layered
-
-    def spy(*a: Any, **k: Any) -> Any:
-        figures = layered(*a, **k)
-        used.append(figures is not None)
-        return figures
-
-    monkeypatch.setattr(estimate_module, "_layered", spy)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-        on = estimate_memory(model, args, kwargs, **options)
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-        off = estimate_memory(model, args, kwargs, **options)
-    return on, off, used
+_estimates = estimates_on_and_off
 
 
 @pytest.mark.parametrize("case, step", GRID, ids=[f"{c}-{s}" for c, s in GRID])

@@ -21,17 +21,14 @@ no MemTracker record and 0 calls, peak 0 in flopcount.
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
-from _layer_stacks import bert, gpt2, ids
+from _layer_stacks import bert, estimates_on_and_off, gpt2, ids
 from conftest import assert_same_state, snapshot
 from torch import nn
 
-import flopcount.memory.estimate as estimate_module
-from flopcount.memory.estimate import estimate_memory
 from flopcount.step.loss import default_loss
 
 pytest.importorskip("transformers")
@@ -42,22 +39,7 @@ MODELS: Dict[str, Callable[[], nn.Module]] = {"gpt2": gpt2, "bert": bert}
 
 def _estimates(monkeypatch: pytest.MonkeyPatch, model: nn.Module, x: torch.Tensor, backward: bool) -> Tuple[Any, Any, List[bool]]:
     """The estimate with the replay on and off, and whether the replay was taken each time."""
-    used: List[bool] = []
-    layered = estimate_module._layered
-
-    def spy(*a: Any, **k: Any) -> Any:
-        figures = layered(*a, **k)
-        used.append(figures is not None)
-        return figures
-
-    monkeypatch.setattr(estimate_module, "_layered", spy)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-        on = estimate_memory(model, (x,), {}, backward=backward)
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-        off = estimate_memory(model, (x,), {}, backward=backward)
-    return on, off, used
+    return estimates_on_and_off(monkeypatch, model, (x,), {}, backward=backward)
 
 
 def _memtracker_module_peaks(model: nn.Module, x: torch.Tensor, backward: bool) -> Dict[str, int]:
