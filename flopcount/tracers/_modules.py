@@ -64,9 +64,8 @@ class ModuleStack:
             if ident() != owner:
                 return
             name = find(module)
-            if name and stack and stack[-1] == name:  # :meth:`pop`, inline
-                stack.pop()
-                self.path = tuple(stack)
+            if name:
+                self.pop(name)
 
         self._handles = [
             module_impl.register_module_forward_pre_hook(pre),
