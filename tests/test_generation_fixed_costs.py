@@ -204,26 +204,35 @@ def test_an_op_of_an_unknown_fake_is_not_run_on_the_cpu(monkeypatch: Any) -> Non
 
 
 def test_an_argument_the_quick_walk_does_not_open_goes_through_run_on_cpu(monkeypatch: Any) -> None:
-    """Plain lists and tuples of tensors and scalars are walked here; anything else (a tuple
-    subclass such as torch.Size) by run_on_cpu's general walk, with the same result."""
+    """Plain lists and tuples of tensors and scalars are walked directly by run_on_cpu; anything
+    else (a tuple subclass such as torch.Size) by its general walk (``flatten_tensors``), with the
+    same result."""
+    from flopcount.tracers.fake import values as values_module
+
     mode = _fake_mode()
     real = torch.arange(6)
     known = mode.from_tensor(real)
     values = hf_tracing.FakeValues()
     values.seed([known], [real])
     general: List[str] = []
-    walk = hf_tracing.run_on_cpu
+    walk = values_module.flatten_tensors
+    ops: List[str] = []
 
-    def spy(func: Any, *rest: Any) -> Any:
-        general.append(str(func))
-        return walk(func, *rest)
+    def spy(tree: Any) -> Any:
+        general.append(ops[-1])
+        return walk(tree)
 
-    monkeypatch.setattr(hf_tracing, "run_on_cpu", spy)
+    monkeypatch.setattr(values_module, "flatten_tensors", spy)
     aten = torch.ops.aten
+
+    def run(func: Any, args: Any, kwargs: Any) -> Any:
+        ops.append(str(func))
+        return values._on_cpu_run(func, args, kwargs)
+
     with mode:
-        joined = values._on_cpu_run(aten.cat.default, ([known, known],), {"dim": 0})
-        shaped = values._on_cpu_run(aten.view.default, (known, torch.Size([2, 3])), {})
-        ones = values._on_cpu_run(aten.ones.default, ([2],), {"dtype": torch.long, "device": torch.device("meta")})
+        joined = run(aten.cat.default, ([known, known],), {"dim": 0})
+        shaped = run(aten.view.default, (known, torch.Size([2, 3])), {})
+        ones = run(aten.ones.default, ([2],), {"dtype": torch.long, "device": torch.device("meta")})
     assert torch.equal(joined, torch.cat([real, real])) and torch.equal(shaped, real.view(2, 3))
     assert ones.device.type == "cpu" and torch.equal(ones, torch.ones(2, dtype=torch.long))
     assert general == ["aten.view.default"]  # before: all three

@@ -67,11 +67,6 @@ LIMIT = 1 << 20
 _aten = torch.ops.aten
 #: the reads of a value into Python that a followed fake answers
 _LOCAL_SCALAR, _EQUAL, _IS_NONZERO = _aten._local_scalar_dense.default, _aten.equal.default, _aten.is_nonzero.default
-#: an aten argument kept as it is by run_on_cpu's walk (no tensor inside); devices are made cpu
-_LEAVES = frozenset({
-    int, float, bool, complex, str, type(None), torch.dtype, torch.layout, torch.memory_format, torch.SymInt,
-    torch.SymFloat, torch.SymBool,
-})
 _CPU = torch.device("cpu")
 #: callers whose real branch only checks for a warning to log (whether the token ids hold the pad
 #: token: an ``any`` over two columns): taking their tracing branch is not noted
@@ -80,10 +75,6 @@ _QUIET = frozenset({"transformers.modeling_utils.warn_if_padding_and_no_attentio
 _UNDECIDED = frozenset({
     _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided, _aten.empty_permuted,
 })
-
-
-class _NotPlain(Exception):
-    """An argument :meth:`FakeValues._plain` does not walk (run_on_cpu's general walk does)."""
 
 
 class FakeValues(TorchDispatchMode):
@@ -154,29 +145,9 @@ class FakeValues(TorchDispatchMode):
             self._forget_if_written(func, args, kwargs)
 
     def _on_cpu_run(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        """``func`` run below every mode on the CPU values of its arguments (devices made cpu):
-        :func:`~flopcount.tracers.fake.values.run_on_cpu`, walked here without its general
-        container walk where every argument is a tensor, a plain scalar or a plain list or tuple
-        of them (an aten op's arguments: the same call, ~5x cheaper to build)."""
+        """``func`` run below every mode on the CPU values of its arguments (devices made cpu)."""
         with torch._C._DisableTorchDispatch():
-            try:
-                cpu_args = tuple(_CPU if type(a) is torch.device else self._plain(a) for a in args)
-                cpu_kwargs = {k: _CPU if type(v) is torch.device else self._plain(v) for k, v in kwargs.items()}
-            except _NotPlain:
-                return run_on_cpu(func, args, kwargs, self._on_cpu, lambda value: isinstance(value, torch.device))
-            return func(*cpu_args, **cpu_kwargs)
-
-    def _plain(self, value: Any) -> Any:
-        """``value`` with each tensor's CPU value (:meth:`_on_cpu`) inside plain lists and tuples;
-        :class:`_NotPlain` for any other container or object run_on_cpu's walk would open."""
-        kind = type(value)
-        if kind in _LEAVES:
-            return value
-        if isinstance(value, torch.Tensor):
-            return self._on_cpu(value)
-        if kind is list or kind is tuple:
-            return kind(self._plain(item) for item in value)
-        raise _NotPlain
+            return run_on_cpu(func, args, kwargs, self._on_cpu, lambda value: isinstance(value, torch.device))
 
     def _on_cpu(self, tensor: torch.Tensor) -> torch.Tensor:
         value = cpu_value(self._values, tensor, isinstance(tensor, self._fake), LIMIT)

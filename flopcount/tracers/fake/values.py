@@ -49,17 +49,53 @@ def cpu_value(values: Any, tensor: torch.Tensor, followed: bool, limit: int) -> 
     return tensor
 
 
+#: an aten argument kept as it is (no tensor inside)
+_LEAVES = frozenset({
+    int, float, bool, complex, str, type(None), torch.dtype, torch.layout, torch.memory_format, torch.SymInt,
+    torch.SymFloat, torch.SymBool,
+})
+
+
+class _NotPlain(Exception):
+    """An argument :func:`_plain` does not walk (``flatten_tensors`` does)."""
+
+
+def _plain(value: Any, on_cpu: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with each tensor's ``on_cpu`` value inside plain lists and tuples;
+    :class:`_NotPlain` for any other container or object."""
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
+    if isinstance(value, torch.Tensor):
+        return on_cpu(value)
+    if kind is list or kind is tuple:
+        return kind(_plain(item, on_cpu) for item in value)
+    raise _NotPlain
+
+
 def run_on_cpu(
     func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], on_cpu: Callable[[torch.Tensor], torch.Tensor],
     moved: Callable[[Any], bool],
 ) -> Any:
     """``func`` run on each tensor argument's ``on_cpu`` value, each device argument that is
     ``moved`` made cpu (an aten schema takes a device only as an argument of its own, never
-    inside a list)."""
-    tensors, rebuild = flatten_tensors((args, kwargs))
-    cpu_args, cpu_kwargs = rebuild([on_cpu(t) for t in tensors])
-    cpu_args = tuple(_CPU if moved(a) else a for a in cpu_args)
-    cpu_kwargs = {k: _CPU if moved(v) else v for k, v in cpu_kwargs.items()}
+    inside a list). Arguments that are tensors, plain scalars, devices or plain lists and tuples
+    of them (an aten op's: ~5x cheaper to build) are walked directly; any other object by
+    ``flatten_tensors``."""
+
+    def top(value: Any) -> Any:
+        if moved(value):
+            return _CPU
+        return value if type(value) is torch.device else _plain(value, on_cpu)
+
+    try:
+        cpu_args = tuple(top(a) for a in args)
+        cpu_kwargs = {k: top(v) for k, v in kwargs.items()}
+    except _NotPlain:
+        tensors, rebuild = flatten_tensors((args, kwargs))
+        cpu_args, cpu_kwargs = rebuild([on_cpu(t) for t in tensors])
+        cpu_args = tuple(_CPU if moved(a) else a for a in cpu_args)
+        cpu_kwargs = {k: _CPU if moved(v) else v for k, v in cpu_kwargs.items()}
     return func(*cpu_args, **cpu_kwargs)
 
 
