@@ -25,7 +25,9 @@ def mfu_peak(dev: torch.device, dtype: Union[None, str, torch.dtype], peak_flops
     given = checked_peak(peak_flops)
     if given is not None:
         return float(given), "given"
-    name = on if on is not None else torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+    name = on
+    if name is None and dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
     value = None if name is None else peaks.peak_flops(name, dtype)
     if name is None or value is None:
         return None, None
