@@ -9,7 +9,7 @@ threshold trips); the collector's passes per count are measured separately, with
 nested in another is also inside its parent's figure (structure, first calls and replays are
 inside the trace).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/count_phases.py [--repeats 15] [--only gpt2,70b]
+    PYTHONPATH=. .venv/bin/python benchmarks/count_phases.py [--repeats 15] [--only gpt2,70b] [--real]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import flopcount.core.analysis as analysis  # noqa: E402
 import flopcount.tracers._reuse as reuse  # noqa: E402
 import flopcount.tracers.dispatch as dispatch  # noqa: E402
 from flopcount import count_flops  # noqa: E402
+from flopcount.core.model_facts import ModelFacts  # noqa: E402
 
 warnings.simplefilter("ignore")
 
@@ -47,7 +48,8 @@ STAGES: Tuple[Tuple[Any, str, str], ...] = (
     (reuse.Reuse, "_structure", "  reuse: structural keys"),
     (reuse.Reuse, "_first", "  reuse: first calls (nested ones counted again)"),
     (reuse.Reuse, "_replay", "  reuse: replays"),
-    (analysis, "cost_events", "cost events"),
+    (analysis, "cost_records", "cost records (pricing)"),
+    (ModelFacts, "module_infos", "module rows"),
     (analysis, "aggregate", "aggregate (ledger, result)"),
 )
 
@@ -66,14 +68,17 @@ def _timed(spent: Dict[str, float]) -> None:
         setattr(owner, name, functools.wraps(inner)(wrapper))
 
 
-def _cases(only: List[str]) -> Dict[str, Tuple[nn.Module, Tuple[Any, ...]]]:
+def _cases(only: List[str], real: bool = False) -> Dict[str, Tuple[nn.Module, Tuple[Any, ...]]]:
     made: Dict[str, Tuple[nn.Module, Tuple[Any, ...]]] = {}
     short = {"resnet50": "ResNet-50 1x3x224x224", "bert": "BERT-base 1x128", "gpt2": "GPT-2 small 1x256"}
     for key, label in short.items():
         if key in only:
             torch.manual_seed(0)
             model, inputs = CASES[label]()
-            made[label] = copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs)
+            if real:
+                made[label + ", real weights"] = model, tuple(inputs)
+            else:
+                made[label] = copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs)
     if "70b" in only:
         from transformers import LlamaForCausalLM
 
@@ -97,6 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", default="resnet50,bert,gpt2,70b")
+    parser.add_argument("--real", action="store_true", help="the models with their real weights (no meta copy)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with open("/proc/loadavg") as f:
@@ -105,7 +111,7 @@ def main() -> None:
           f"load average {load} at start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     spent: Dict[str, float] = {}
     _timed(spent)
-    for label, (model, inputs) in _cases(args.only.split(",")).items():
+    for label, (model, inputs) in _cases(args.only.split(","), args.real).items():
         count_flops(model, inputs)  # first-use costs (imports, caches) are not per-count costs
         best: Dict[str, float] = {}
         totals: List[float] = []

@@ -35,7 +35,7 @@ from flopcount.tracers._optimizer import FakeOptimizerStep
 from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
 from flopcount.tracers._state import StateWatch, preserved_model_state
 from flopcount.tracers._vocabulary import CompositeInterceptor
-from flopcount.tracers.fake.copies import FakeRunError, SharedHooks, fake_copies, quiet_fake_logs, reason_for
+from flopcount.tracers.fake.copies import FakeRunError, SharedHooks, fake_copies, give_back, quiet_fake_logs, reason_for
 from flopcount.tracers.fake.hf_tracing import real_branches
 from flopcount.tracers.fake.meta_kernels import RealKernelError
 from flopcount.tracers.fake.shape_cache import ShapeCache
@@ -202,7 +202,7 @@ def _trace(
     recorder = recorder_type(modules, answer_reads=not fake_copy)
     recorder.marker = marker
     recorder.real_checks = fake_copy
-    shape_cache = ShapeCache(fake_mode, fake_tensor_type()) if fake_copy else None
+    shape_cache = ShapeCache(fake_mode, fake_tensor_type(), copied.maker) if fake_copy else None
     recorder.shape_cache = shape_cache
     reuse = None
     if reusing:
@@ -215,6 +215,9 @@ def _trace(
     attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None
     recorder.attribution = attribution
     with contextlib.ExitStack() as outer:
+        if fake_copy and on_output is None:
+            # no fake of the run is handed on: its mode serves a next count (run last, after its exit)
+            outer.callback(give_back, copied)
         if reuse is not None:
             outer.callback(reuse.uninstall)  # the copy's modules get their own classes back
         if fake_mode is not None:

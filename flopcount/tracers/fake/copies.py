@@ -19,6 +19,7 @@ model; meta mapped to cpu; dense tensors only), ``dtype`` (floating tensors cast
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import logging
@@ -47,6 +48,7 @@ __all__ = [
     "Pending",
     "SharedHooks",
     "fake_copies",
+    "give_back",
     "has_lazy_parameters",
     "quiet_fake_logs",
     "reason_for",
@@ -75,7 +77,7 @@ class FakeCopy:
     ``names`` (a copy lazy in depth, :class:`LazyCopy`): each module copied so far -> its canonical
     name, filled as modules are copied; ``lazy``: that :class:`LazyCopy` (None: copied whole)."""
 
-    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies", "metas", "names", "lazy")
+    __slots__ = ("mode", "model", "tensors", "call", "twins", "notes", "copies", "metas", "names", "lazy", "maker")
 
     def __init__(
         self,
@@ -100,6 +102,78 @@ class FakeCopy:
         self.metas: Dict[int, Tuple[torch.Tensor, Tuple[Any, ...]]] = {} if metas is None else metas
         self.names = names
         self.lazy = lazy
+        #: the :class:`FakeMaker` of ``mode`` the copy's fakes were made with (the shape cache makes
+        #: the run's with it too); None once :func:`give_back` took it
+        self.maker: Optional[FakeMaker] = None
+
+
+# -- the modes counts hand on to each other ------------------------------------------------
+# A FakeTensorMode's constructor records the Python stack (``traceback.extract_stack``: ~20 us
+# plus ~2 us a frame) and a FakeMaker checks its first fake against the constructor's (~50 us):
+# a small model's count is mostly such fixed costs. A count whose fakes do not outlive it gives
+# its mode and maker back (:func:`give_back`) for the next count to take, when the mode is as a
+# fresh one is (nothing entered, nothing converted from a real tensor, its plain settings those
+# of a new mode); any other mode is dropped. Each pair is held by one count at a time (two
+# threads counting at once take two), under a lock; what the pool holds is a few idle objects.
+_POOL_LOCK = threading.Lock()
+_IDLE: List[Tuple[Any, FakeMaker]] = []
+_POOL_SIZE = 4
+
+
+def _take_mode() -> Tuple[Any, FakeMaker]:
+    """An idle mode and its maker given back by an earlier count, or a new pair."""
+    with _POOL_LOCK:
+        if _IDLE:
+            return _IDLE.pop()
+    fake_tensor, fake_mode = _fake_types()
+    # Real tensors the forward reaches some other way (a global, a closure) are converted on
+    # use; they are never written to.
+    mode = fake_mode(allow_non_fake_inputs=True)
+    return mode, FakeMaker(mode, fake_tensor)
+
+
+def give_back(copied: FakeCopy) -> None:
+    """``copied``'s mode and maker, for the next count to take, when the run that used them has
+    ended and none of its fakes is handed on (the caller's promise) and the mode is as made
+    (:func:`_as_made`); else nothing. Once per copy."""
+    maker, copied.maker = copied.maker, None
+    mode = copied.mode
+    if maker is None or not _as_made(mode):
+        return
+    with _POOL_LOCK:
+        if len(_IDLE) < _POOL_SIZE and all(held is not mode for held, _ in _IDLE):
+            _IDLE.append((mode, maker))
+
+
+_PLAIN = (bool, int, type(None))
+
+
+def _plain_state(mode: Any) -> Dict[str, Any]:
+    """A mode's settings and flags (its bool, int and None attributes)."""
+    return {name: value for name, value in vars(mode).items() if type(value) in _PLAIN}
+
+
+@cache
+def _fresh_state() -> Dict[str, Any]:
+    """:func:`_plain_state` of a mode as ``_take_mode`` makes it."""
+    return _plain_state(_fake_types()[1](allow_non_fake_inputs=True))
+
+
+def _as_made(mode: Any) -> bool:
+    """Whether ``mode`` holds nothing of the run that used it: not entered (an empty enter stack,
+    no saved dispatch flags), not inside a kernel, no real tensor or storage converted (empty
+    memos: a converted global would be answered from the memo next time, stale if it changed in
+    between), its settings and counters those of a fresh mode. An attribute torch renamed or
+    dropped makes it False: every count then makes its own mode, as before."""
+    try:
+        converter = mode.fake_tensor_converter
+        meta = converter.meta_converter
+        held = [mode.enter_stack, converter.tensor_memo, converter.constant_storage_mapping, meta.storage_memo,
+                meta.tensor_memo, meta.describer.lookup_tensor, meta.describer.lookup_storage]
+        held += [value for value in vars(mode).values() if isinstance(value, collections.deque)]
+        return all(len(item) == 0 for item in held) and _plain_state(mode) == _fresh_state()
+    except Exception:
+        return False
 
 
 @cache
@@ -472,12 +546,9 @@ class _Faker:
     floating tensors are cast to it."""
 
     def __init__(self, dtype: Optional[torch.dtype] = None, storages: bool = False) -> None:
-        fake_tensor, fake_mode = _fake_types()
+        fake_tensor = _fake_types()[0]
         self._fake_tensor = self.fake_type = fake_tensor
-        # Real tensors the forward reaches some other way (a global, a closure) are
-        # converted on use; they are never written to.
-        self.mode = fake_mode(allow_non_fake_inputs=True)
-        self.maker = FakeMaker(self.mode, fake_tensor)
+        self.mode, self.maker = _take_mode()  # a mode of an earlier count's, or a new one
         self.memo: Dict[int, Any] = {}
         self.dtype = dtype
         self.storages = storages
@@ -628,10 +699,12 @@ def fake_copies(
         raise
     except Exception as exc:
         raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
-    return FakeCopy(
+    made = FakeCopy(
         faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas,
         lazy_copy.names if lazy_copy is not None else None, lazy_copy,
     )
+    made.maker = faker.maker
+    return made
 
 
 _UNSEEN: Any = object()

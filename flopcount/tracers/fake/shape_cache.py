@@ -131,11 +131,12 @@ class ShapeCache:
     """Runs ops on fake tensors of ``mode``, remembering the result metadata per op and
     argument metadata; ``run(func, args, kwargs)`` is a drop-in for ``func(*args, **kwargs)``."""
 
-    def __init__(self, mode: Any, fake_type: type):
+    def __init__(self, mode: Any, fake_type: type, maker: Optional[FakeMaker] = None):
         self._mode = mode
         self._fake_type: Any = fake_type
         self._results = _RESULTS
-        self._maker = FakeMaker(mode, fake_type)
+        # the fake copy's maker when given (one per mode: its check against the constructor made once)
+        self._maker = FakeMaker(mode, fake_type) if maker is None else maker
         self._meta = torch.device("meta")
         self.hits = 0
         self.misses = 0
