@@ -366,11 +366,9 @@ def _figures(tracker: Any, names: Mapping[nn.Module, str]) -> Figures:
             [categories(s).get("Activation", 0) for s in states.get("Pre-Forward", [])],
             [categories(s).get("Activation", 0) for s in states.get("Post-Forward", [])],
         )
-    figures = Figures(
-        tracker.peak_total, tracker.peak_snapshot, tracker.peak_where, tracker.peak_phase, dict(tracker.module_peaks), calls,
+    return Figures(
+        tracker.peak_total, tracker.peak_snapshot, tracker.peak_where, tracker.peak_phase, dict(tracker.module_peaks), calls, fqns,
     )
-    figures.names = fqns
-    return figures
 
 
 class _NeedsData(Exception):
