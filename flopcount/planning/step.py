@@ -160,8 +160,7 @@ class _StepRecorder(Recorder):
         tensors = [t for t in flat_values(values) if isinstance(t, torch.Tensor)]
         if tensors:
             largest = max(tensors, key=lambda t: t.numel() * t.element_size())
-            scratch = torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
-            del scratch
+            torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)  # freed at once: nothing holds it
 
     def _group_of(self, values: Sequence[Any]) -> str:
         import torch.distributed as dist
