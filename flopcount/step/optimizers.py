@@ -63,16 +63,16 @@ _NAMED: Dict[str, Tuple[Callable[..., torch.optim.Optimizer], Dict[str, Any]]] =
 
 
 def build_optimizer(
-    spec: OptimizerSpec, twins: Mapping[int, torch.Tensor], trainable: Sequence[torch.Tensor], caller: str
+    spec: OptimizerSpec, twins: Mapping[int, torch.Tensor], parameters: Sequence[torch.Tensor], caller: str
 ) -> Tuple[torch.optim.Optimizer, str]:
     """``spec`` built on fake parameters, and the name to report it by.
 
     ``twins`` maps ``id(real parameter)`` to its fake twin (to rebuild an instance's param
-    groups); ``trainable`` are the fake parameters a name, class or factory is given.
+    groups); a name, class or factory is given those of the fake ``parameters`` that require grad.
     Where ``foreach`` is left to torch, it is set as torch would set it for the real
     tensors (multi-tensor kernels on cuda), since torch never picks them for fakes."""
     check_spec(spec, caller)
-    params = list(trainable)
+    params = [p for p in parameters if p.requires_grad]
     if not params and not isinstance(spec, torch.optim.Optimizer):
         raise UsageError(f"{caller}: the model has no trainable parameter (requires_grad=True) for the optimizer to step")
     if isinstance(spec, str):
