@@ -21,6 +21,7 @@ from torch import nn
 
 from flopcount.core.analysis import cost_events, uncompiled
 from flopcount.core.collection import PausedCollections, resumed
+from flopcount.core.diagnostics import first_line
 from flopcount.core.inputs import PreparedCall, describe_inputs, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
@@ -150,8 +151,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
                 except FakeRefused:
                     raise
                 except TraceError as exc:
-                    first_line = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
-                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({first_line})") from exc
+                    raise _Mismatch(f"the model refused {final - index} positions in one forward ({first_line(exc)[:160]})") from exc
                 state.advance(last.take())
                 if not affine.matches(final - first, *step(final)):
                     raise _Mismatch(f"decode step {final} did not match the affine continuation predicted for it")

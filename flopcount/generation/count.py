@@ -16,7 +16,7 @@ a mixture-of-experts model is counted with each token routed to exactly k expert
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -88,11 +88,8 @@ class GenerationResult(Rendered):
         return self.prefill.complete and all(step.complete for step in self.steps)
 
     def incomplete_reasons(self) -> Tuple[str, ...]:
-        reasons: Dict[str, None] = {}
-        for where, result in [("prefill", self.prefill)] + [(f"decode step {i}", s) for i, s in enumerate(self.steps)]:
-            for reason in result.incomplete_reasons():
-                reasons.setdefault(f"{where}: {reason}" if where == "prefill" else f"decode: {reason}", None)
-        return tuple(reasons)
+        parts = [("prefill", self.prefill)] + [("decode", step) for step in self.steps]
+        return tuple(dict.fromkeys(f"{where}: {reason}" for where, result in parts for reason in result.incomplete_reasons()))
 
     def diagnostics(self) -> Tuple[Diagnostic, ...]:
         """Every diagnostic of the prefill and decode counts as a typed record, each once:

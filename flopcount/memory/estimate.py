@@ -263,9 +263,8 @@ def _estimate(model: nn.Module, request: _Request, stateless: FrozenSet[str] = f
     notes = copied.notes + ambient_autocast_note(request.amp)
     opt, opt_name = (None, None)
     if request.optimizer is not None:
-        trainable = [p for p in twin.parameters() if p.requires_grad]
         with mode:  # an optimizer that makes state in its constructor (Adagrad) makes fake state
-            opt, opt_name = build_optimizer(request.optimizer, copied.twins, trainable, "estimate_memory")
+            opt, opt_name = build_optimizer(request.optimizer, copied.twins, list(twin.parameters()), "estimate_memory")
             warm_up(opt, "estimate_memory", reuse=True, model=twin, stateless=stateless)  # one step per kind on fakes
     names = facts.names_on(copied.copies)
     step = (twin, opt, fake_args, fake_kw, names, mode)
@@ -366,11 +365,9 @@ def _figures(tracker: Any, names: Mapping[nn.Module, str]) -> Figures:
             [categories(s).get("Activation", 0) for s in states.get("Pre-Forward", [])],
             [categories(s).get("Activation", 0) for s in states.get("Post-Forward", [])],
         )
-    figures = Figures(
-        tracker.peak_total, tracker.peak_snapshot, tracker.peak_where, tracker.peak_phase, dict(tracker.module_peaks), calls,
+    return Figures(
+        tracker.peak_total, tracker.peak_snapshot, tracker.peak_where, tracker.peak_phase, dict(tracker.module_peaks), calls, fqns,
     )
-    figures.names = fqns
-    return figures
 
 
 class _NeedsData(Exception):
@@ -441,8 +438,7 @@ def _real_step_fallback(
     args, kwargs = call.rebuild(copy_tensors)
     opt = None
     if request.optimizer is not None:
-        trainable = [p for p in copy_model.parameters() if p.requires_grad]
-        opt, _ = build_optimizer(request.optimizer, twins, trainable, "estimate_memory")
+        opt, _ = build_optimizer(request.optimizer, twins, list(copy_model.parameters()), "estimate_memory")
     names = facts.names_on(memo)
     tracker = _peak_tracker()
     with resumed():  # a real step: its garbage may hold data

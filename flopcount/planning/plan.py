@@ -9,7 +9,6 @@ torch's MemTracker watch rank 0. See docs/parallel.md.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
@@ -40,7 +39,7 @@ from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
 from flopcount.step.parent_walk import model_state, parent_proven
-from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, layer_tensors, truncated
+from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, truncated
 from flopcount.tracers import trace
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import quiet_fake_logs
@@ -251,14 +250,11 @@ def _layered_step(
         n = len(stack)
         if keep == Template.LAYERS and not _parent_walked(model, stack, args, kw, amp):
             return None  # the parent's forward may treat some middle layer otherwise: traced in full
-        opt_of: List[Any] = [None]
-        replay = Replay([], functools.partial(_layer_tensors, stack, keep, opt_of))
+        replay = Replay([], stack, keep)
         try:
             with truncated(stack, keep):
                 prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-                record, dtype = _fake_step(
-                    model, args, kw, optimizer, loss_fn, groups, backend, amp, replay, opt_of, stateless
-                )
+                record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, replay, stateless)
         except Exception:  # the cut model cannot run as the whole: the whole is traced
             return None
         list_name = replay.tracker._mod_tracker.get_known_fqn(stack.layers) if replay.tracker is not None else None
@@ -316,10 +312,6 @@ def _empty_like(tensors: List[torch.Tensor], device: str) -> List[torch.Tensor]:
     return [made[id(t)] for t in tensors]
 
 
-def _layer_tensors(stack: Stack, keep: int, opt_of: List[Any]) -> Dict[int, Tuple[int, torch.Tensor]]:
-    return layer_tensors(stack, keep, opt_of[0])  # the optimizer is made after the model is sharded
-
-
 def _booked(stamps: List[int], events: List[OpEvent], registry: HandlerRegistry) -> Tuple[List[int], List[OpEvent]]:
     """The events (and their stamps) whose cost is not zero or that no handler prices."""
     kept = [(s, e) for s, e in zip(stamps, events) if not _skipped(e.call.op)]
@@ -345,7 +337,7 @@ def _plain(value: Any) -> Any:
 def _fake_step(
     model: nn.Module, args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any,
     groups: Mapping[str, Any], backend: str = "nccl", amp: Optional[torch.dtype] = None,
-    replay: Optional[Replay] = None, opt_of: Optional[List[Any]] = None, stateless: FrozenSet[str] = frozenset(),
+    replay: Optional[Replay] = None, stateless: FrozenSet[str] = frozenset(),
 ) -> Tuple[StepRecord, str]:
     """Materialise the sharded model as fake tensors on cpu, then run and record one step.
     ``stateless``: names of parameters the warm-up gives no optimizer state (the step gives
@@ -361,8 +353,8 @@ def _fake_step(
         fakes = _empty_like(tensors, "cpu")
         call_args, call_kw = rebuild(fakes)
         opt = make_optimizer(optimizer, model)
-        if opt_of is not None:
-            opt_of[0] = opt
+        if replay is not None:
+            replay.optimizer = opt
         if opt is not None:
             # the steady state: every step after the first starts with the optimizer state
             # allocated, so it is there through the forward and backward (the first step's

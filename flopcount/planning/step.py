@@ -96,8 +96,7 @@ def make_optimizer(optimizer: Union[OptimizerSpec, None], model: nn.Module) -> O
     None for ``None`` or ``"none"``."""
     if optimizer is None or (isinstance(optimizer, str) and optimizer.strip().lower() == "none"):
         return None
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    return build_optimizer(optimizer, {id(p): p for p in model.parameters()}, trainable, "plan")[0]
+    return build_optimizer(optimizer, {id(p): p for p in model.parameters()}, list(model.parameters()), "plan")[0]
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -160,8 +159,7 @@ class _StepRecorder(Recorder):
         tensors = [t for t in flat_values(values) if isinstance(t, torch.Tensor)]
         if tensors:
             largest = max(tensors, key=lambda t: t.numel() * t.element_size())
-            scratch = torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
-            del scratch
+            torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)  # freed at once: nothing holds it
 
     def _group_of(self, values: Sequence[Any]) -> str:
         import torch.distributed as dist

@@ -7,11 +7,11 @@ prices the same call as if its floating tensors had another dtype (``predict(dty
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 from flopcount.core.analysis import is_view_op
 from flopcount.core.traffic import call_traffic, is_complex, is_floating
-from flopcount.types import Cost, OpCall, TensorMeta
+from flopcount.types import OpCall, TensorMeta
 
 
 def _recast(value: Any, dtype: str) -> Any:
@@ -20,12 +20,9 @@ def _recast(value: Any, dtype: str) -> Any:
     return tuple(_recast(v, dtype) for v in value) if isinstance(value, tuple) else value
 
 
-def traffic_as(call: OpCall, cost: Cost, dtype: Optional[str], phase: str = "forward") -> Tuple[int, int]:
+def traffic_as(call: OpCall, dtype: str, phase: str = "forward") -> Tuple[int, int]:
     """The call's (bytes read, bytes written) with its real floating tensors priced at
-    ``dtype`` (as the cost has them when None); ``phase`` as the event's (the byte model
-    prices some backward ops in place)."""
-    if dtype is None:
-        return cost.bytes_read, cost.bytes_written
+    ``dtype``; ``phase`` as the event's (the byte model prices some backward ops in place)."""
     recast = OpCall(call.op, {k: _recast(v, dtype) for k, v in call.args.items()}, tuple(_recast(o, dtype) for o in call.outputs))
     return call_traffic(recast, view=is_view_op(call.op), phase=phase)
 

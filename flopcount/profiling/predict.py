@@ -177,7 +177,7 @@ def predict(
             looked_up += _written_as(event.call, as_dtype)
         op_dtype = as_dtype if as_dtype is not None and is_floating(call_dtype(event.call)) else call_dtype(event.call)
         if as_dtype is not None:
-            cost = cost.with_traffic(*traffic_as(event.call, cost, as_dtype, phase=event.phase))
+            cost = cost.with_traffic(*traffic_as(event.call, as_dtype, phase=event.phase))
         timed = op_time(roofs, cost.flops, cost.bytes, op_dtype, event.call.op)
         if cost.flops and timed.column is None:
             unpriced[op_dtype] = None

@@ -89,8 +89,8 @@ def _part(on: Union[str, Roofs], tp: int) -> Tuple[Roofs, str, Optional[float], 
     if is_this_machine(on):
         if tp > 1:  # said before measuring the machine (seconds)
             raise UsageError("serve: tp > 1 on this machine is not modelled (no link between ranks)")
-        roofs = named_roofs(on)  # its operands are drawn on a generator of its own
-        return roofs, "this machine", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), ""
+        # measured here (its operands are drawn on a generator of its own)
+        return named_roofs(on), "this machine", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), ""
     roofs = named_roofs(on)
     part = find_part(on)
     assert part is not None  # named_roofs resolved it

@@ -55,29 +55,30 @@ def check_spec(spec: Any, caller: str) -> None:
     )
 
 
+#: each name of :data:`OPTIMIZERS`: the class and its options
+_NAMED: Dict[str, Tuple[Callable[..., torch.optim.Optimizer], Dict[str, Any]]] = {
+    "sgd": (torch.optim.SGD, {"lr": 1e-3}), "sgd-momentum": (torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9}),
+    "adam": (torch.optim.Adam, {}), "adamw": (torch.optim.AdamW, {}), "adagrad": (torch.optim.Adagrad, {}),
+}
+
+
 def build_optimizer(
-    spec: OptimizerSpec, twins: Mapping[int, torch.Tensor], trainable: Sequence[torch.Tensor], caller: str
+    spec: OptimizerSpec, twins: Mapping[int, torch.Tensor], parameters: Sequence[torch.Tensor], caller: str
 ) -> Tuple[torch.optim.Optimizer, str]:
     """``spec`` built on fake parameters, and the name to report it by.
 
     ``twins`` maps ``id(real parameter)`` to its fake twin (to rebuild an instance's param
-    groups); ``trainable`` are the fake parameters a name, class or factory is given.
+    groups); a name, class or factory is given those of the fake ``parameters`` that require grad.
     Where ``foreach`` is left to torch, it is set as torch would set it for the real
     tensors (multi-tensor kernels on cuda), since torch never picks them for fakes."""
     check_spec(spec, caller)
-    params = list(trainable)
+    params = [p for p in parameters if p.requires_grad]
     if not params and not isinstance(spec, torch.optim.Optimizer):
         raise UsageError(f"{caller}: the model has no trainable parameter (requires_grad=True) for the optimizer to step")
     if isinstance(spec, str):
         key = spec.strip().lower()
-        foreach = foreach_default(params)
-        if key == "sgd":
-            return torch.optim.SGD(params, lr=1e-3, foreach=foreach), key
-        if key == "sgd-momentum":
-            return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach), key
-        if key == "adagrad":
-            return torch.optim.Adagrad(params, foreach=foreach), key
-        return (torch.optim.Adam if key == "adam" else torch.optim.AdamW)(params, foreach=foreach), key
+        kind, options = _NAMED[key]
+        return kind(params, foreach=foreach_default(params), **options), key
     if isinstance(spec, torch.optim.Optimizer):
         return _rebuilt(spec, twins, caller), type(spec).__name__
     label = getattr(spec, "__name__", type(spec).__name__)
@@ -116,10 +117,7 @@ def _rebuilt(optimizer: torch.optim.Optimizer, twins: Mapping[int, torch.Tensor]
 def _constructor_defaults(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
     """``optimizer.defaults`` less the keys its constructor does not take (AdamW keeps
     ``decoupled_weight_decay`` there but fixes it itself); each group carries them anyway."""
-    try:
-        accepted = inspect.signature(type(optimizer).__init__).parameters
-    except (TypeError, ValueError):
-        return dict(optimizer.defaults)
+    accepted = inspect.signature(type(optimizer).__init__).parameters  # torch.optim.Optimizer's, or a subclass's
     if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         return dict(optimizer.defaults)
     return {k: v for k, v in optimizer.defaults.items() if k in accepted}

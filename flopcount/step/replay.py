@@ -267,13 +267,19 @@ def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[in
 
 @dataclass
 class Replay:
-    """What a cut run of plan's step keeps for the replay: the tracker's timeline, which layer
-    an optimizer op touches, and (after the run) the recorder and tracker."""
+    """What a cut run of plan's step (``stack`` cut to ``keep`` layers) keeps for the replay:
+    the tracker's timeline, the optimizer once made (after the model is sharded: which layer
+    an optimizer op touches, :meth:`layer_tensors`), and (after the run) the recorder and tracker."""
 
     timeline: List[Record]
-    layer_tensors: Callable[[], Dict[int, Tuple[int, torch.Tensor]]]
+    stack: Stack
+    keep: int
+    optimizer: Any = None
     recorder: Any = None
     tracker: Any = None
+
+    def layer_tensors(self) -> Dict[int, Tuple[int, torch.Tensor]]:
+        return layer_tensors(self.stack, self.keep, self.optimizer)
 
 
 @contextlib.contextmanager

@@ -291,12 +291,8 @@ def _grads_set_aside(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
     """Each tensor's ``.grad`` is None meanwhile (nothing accumulates into it) and its
     post-accumulate-grad hooks are held back; both are put back on exit."""
     saved: List[Tuple[torch.Tensor, Optional[torch.Tensor], Any, Dict[Any, Any]]] = []
-    seen = set()
     try:
-        for tensor in tensors:
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
+        for tensor in unique_tensors(tensors):
             hooks: Any = getattr(tensor, "_post_accumulate_grad_hooks", None)
             held = dict(hooks) if hooks else {}
             saved.append((tensor, tensor.grad, hooks, held))

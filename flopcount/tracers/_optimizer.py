@@ -33,8 +33,7 @@ class FakeOptimizerStep:
         self.mode = FakeTensorMode(allow_non_fake_inputs=False)
         with self.mode, quiet_fake_logs():
             twins: Dict[int, torch.Tensor] = {id(param): _twin(param) for param in dict.fromkeys(params)}  # a tensor once
-            trainable = [twins[id(p)] for p in params if p.requires_grad]
-            self.optimizer, self.name = build_optimizer(spec, twins, trainable, caller)
+            self.optimizer, self.name = build_optimizer(spec, twins, [twins[id(p)] for p in params], caller)
             warm_up(self.optimizer, caller, reuse=True)  # fakes: one step per kind of parameter
             for param, got_grad in zip(params, trained):
                 twin = twins[id(param)]

@@ -31,8 +31,7 @@ def sparse_meta(tensor: torch.Tensor, dtype: Optional[str]) -> TensorMeta:
 
 def has_sparse(*groups: object) -> bool:
     """Whether any tensor in the given sequences of tensors has a sparse layout."""
-    for group in groups:
-        for tensor in group:  # type: ignore[attr-defined]  # sequences of tensors
-            if isinstance(tensor, torch.Tensor) and tensor.layout != torch.strided:
-                return True
-    return False
+    return any(
+        isinstance(tensor, torch.Tensor) and tensor.layout != torch.strided
+        for group in groups for tensor in group  # type: ignore[attr-defined]  # sequences of tensors
+    )

@@ -117,13 +117,8 @@ def preserved_model_state(
     # changes what torch.jit records; it enters one only around calls that draw, tracers/jit/random.py)
     random = PrivateRandom() if (own_buffers if private_random is None else private_random) else None
     try:
-        if random is not None:
-            random.__enter__()
-        try:
+        with random if random is not None else contextlib.nullcontext():
             yield watch
-        finally:
-            if random is not None:
-                random.__exit__(None, None, None)
     finally:
         for m, name, buf in originals:  # dict entries only: no tensor is written
             m._buffers[name] = buf
@@ -162,8 +157,7 @@ def preserved_model_state(
                             buf.copy_(saved)
                     elif saved is not None and (buf.shape != saved.shape or not torch.equal(buf, saved)):
                         buf.copy_(saved) if buf.shape == saved.shape else buf.set_(saved)  # type: ignore[call-overload]  # set_(Tensor) exists; the stubs omit it
-            restored = set()
-            with torch.no_grad():
+                restored = set()
                 for weight, saved_weight in renormed:
                     if not torch.equal(weight, saved_weight):
                         weight.copy_(saved_weight)
@@ -180,10 +174,8 @@ def preserved_model_state(
                 if p._version != version and id(p) not in restored:
                     changed.append(p)
             for m, attr, saved_hooks in hooks:
-                current = vars(m).get(attr)
-                if not isinstance(current, dict):  # the forward deleted the dictionary itself: none to refill
-                    continue
-                if current.keys() != saved_hooks.keys():
+                current = vars(m).get(attr)  # not a dict: the forward deleted the dictionary itself, none to refill
+                if isinstance(current, dict) and current.keys() != saved_hooks.keys():
                     current.clear()
                     current.update(saved_hooks)
             if changed:

@@ -48,12 +48,11 @@ _AS_IS = ("torch.distributed", "torch._dynamo")
 
 
 def _twinnable(modules: List[nn.Module]) -> bool:
-    for module in modules:
-        if isinstance(module, torch.jit.ScriptModule):
-            return False
-        if any(getattr(kind, "__module__", "").startswith(_AS_IS) for kind in type(module).__mro__):
-            return False
-    return True
+    return not any(
+        isinstance(module, torch.jit.ScriptModule)
+        or any(getattr(kind, "__module__", "").startswith(_AS_IS) for kind in type(module).__mro__)
+        for module in modules
+    )
 
 
 def private_twin(model: nn.Module, facts: Optional[ModelFacts] = None) -> Optional[Tuple[nn.Module, Optional[ModelFacts]]]:

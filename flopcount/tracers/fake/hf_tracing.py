@@ -134,15 +134,14 @@ class FakeValues(TorchDispatchMode):
         return True
 
     def _follow(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> None:
-        if torch.Tag.nondeterministic_seeded in func.tags or func.overloadpacket in _UNDECIDED:
-            self._forget_if_written(func, args, kwargs)
-            return
-        try:
-            value = self._on_cpu_run(func, args, kwargs)
-        except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
-            value = None
-        if not keep_value(self._values, out, value):
-            self._forget_if_written(func, args, kwargs)
+        value = None  # unknown for an op whose result no real run decides (a random draw, ``empty``)
+        if torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in _UNDECIDED:
+            try:
+                value = self._on_cpu_run(func, args, kwargs)
+            except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
+                pass
+        if not keep_value(self._values, out, value) and func._schema.is_mutable:
+            self._written(func, args, kwargs)
 
     def _on_cpu_run(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """``func`` run below every mode on the CPU values of its arguments (devices made cpu)."""
@@ -156,10 +155,6 @@ class FakeValues(TorchDispatchMode):
         # a real tensor the forward reached some other way: a copy, so that no op followed
         # here writes into it (an in-place op on a view of it)
         return tensor.detach().clone()
-
-    def _forget_if_written(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        if func._schema.is_mutable:
-            self._written(func, args, kwargs)
 
     def _written(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         """An in-place op not followed: every value is forgotten if it wrote into a fake this

@@ -14,6 +14,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import traceback
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -28,27 +29,20 @@ _APPLY_CALL = re.compile(r"([A-Za-z_][\w.]*)\.apply\(")
 
 def frames(exc: BaseException) -> List[Tuple[str, str]]:
     """(file, function) of each frame the failure passed through, outermost first."""
-    found = []
-    tb = exc.__traceback__
-    while tb is not None:
-        found.append((tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    return found
+    return [(frame.f_code.co_filename, frame.f_code.co_name) for frame, _ in traceback.walk_tb(exc.__traceback__)]
 
 
 def _failing_function(exc: BaseException) -> Optional[type]:
     """The Function class whose ``apply`` raised ``exc`` from torch's C++ side (the
     innermost Python frame is ``Function.apply`` itself, not code the Function runs)."""
-    tb = exc.__traceback__
-    if tb is None:
+    walked = list(traceback.walk_tb(exc.__traceback__))
+    if not walked:
         return None
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    frame = tb.tb_frame
+    frame, lineno = walked[-1]  # the innermost
     if frame.f_code.co_name == "apply" and frame.f_code.co_filename.endswith(_APPLY_FILE):  # torch <= 2.13
         cls: Any = frame.f_locals.get("cls")
         return cls if isinstance(cls, type) else None
-    return _called_function(frame, tb.tb_lineno)
+    return _called_function(frame, lineno)
 
 
 def _called_function(frame: Any, lineno: int) -> Optional[type]:

@@ -39,12 +39,8 @@ def private_random_calls() -> Iterator[Optional[PrivateRandomCalls]]:
     def pause(module: nn.Module) -> Optional[Callable[[], None]]:
         return calls.resume if not module.training and calls.pause() else None
 
-    with around_modules(_FAST_PATH, pause):
-        calls.__enter__()
-        try:
-            yield calls
-        finally:
-            calls.__exit__(None, None, None)
+    with around_modules(_FAST_PATH, pause), calls:
+        yield calls
 
 
 def recording_warnings(into: List[warnings.WarningMessage]) -> Callable[..., None]:
