@@ -94,8 +94,14 @@ def _col2im(call: OpCall) -> Cost:
 
 
 def register(registry: HandlerRegistry) -> None:
-    max_pools = [f"aten::max_pool{d}d{tail}" for tail in ("", "_with_indices") for d in (1, 2, 3)]
-    registry.register([*max_pools, "aten::mkldnn_max_pool2d", "aten::mkldnn_max_pool3d", "aten::quantized_max_pool2d"], _pool(0))
+    registry.register(
+        [
+            "aten::max_pool1d", "aten::max_pool2d", "aten::max_pool3d",
+            "aten::max_pool1d_with_indices", "aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices",
+            "aten::mkldnn_max_pool2d", "aten::mkldnn_max_pool3d", "aten::quantized_max_pool2d",
+        ],
+        _pool(0),
+    )
     registry.register(["aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d"], _pool(1))
     # one add per window element and a divide, per grad_output element
     registry.register(["aten::avg_pool2d_backward", "aten::avg_pool3d_backward"],
@@ -123,9 +129,15 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("aten::col2im", _col2im)
     # fractional max pooling: one compare per window element, like max pooling
     registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _pool(0))
-    # max pooling's and unpooling's backward scatter each gradient element to its argmax; padding's
-    # backward accumulates it into its source position
-    scattered = [f"{kind}{d}d" for kind in ("adaptive_max_pool", "fractional_max_pool", "max_unpool") for d in (2, 3)]
-    scattered += [f"max_pool{d}d_with_indices" for d in (2, 3)]
-    scattered += [f"{kind}_pad{d}d" for kind in ("reflection", "replication") for d in (1, 2, 3)]
-    registry.register([f"aten::{name}_backward" for name in scattered], per_grad_output(1))
+    registry.register(
+        [
+            "aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward",
+            "aten::adaptive_max_pool2d_backward", "aten::adaptive_max_pool3d_backward",
+            "aten::fractional_max_pool2d_backward", "aten::fractional_max_pool3d_backward",
+            "aten::max_unpool2d_backward", "aten::max_unpool3d_backward",
+            # padding backward: each gradient element is accumulated into its source position
+            "aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward",
+            "aten::replication_pad1d_backward", "aten::replication_pad2d_backward", "aten::replication_pad3d_backward",
+        ],
+        per_grad_output(1),
+    )
