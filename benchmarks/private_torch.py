@@ -212,11 +212,30 @@ def _aliases(tree: ast.AST) -> Dict[str, str]:
     return names
 
 
+def _literal_getattr(node: ast.AST) -> Optional[Tuple[ast.AST, str]]:
+    """(object, name) of ``getattr(object, "name"[, default])``, else None."""
+    if (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+        and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+    ):
+        return node.args[0], node.args[1].value
+    return None
+
+
 def _chain(node: ast.AST, aliases: Dict[str, str]) -> Optional[str]:
+    """The dotted torch path of an attribute chain, ``getattr(x, "name")`` links included
+    (``getattr(getattr(torch.utils, "_pytree", None), "TreeSpec", None)``); None off torch."""
     parts: List[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+            continue
+        link = _literal_getattr(node)
+        if link is None:
+            break
+        node, name = link
+        parts.append(name)
     if isinstance(node, ast.Name) and node.id in aliases:
         return ".".join([aliases[node.id]] + parts[::-1])
     return None
@@ -227,6 +246,7 @@ class Use:
         self.torch: Dict[str, Set[str]] = defaultdict(set)  # symbol -> files
         self.attrs: Dict[str, Set[str]] = defaultdict(set)  # ".name" -> files
         self.foreign: Dict[str, Set[str]] = defaultdict(set)
+        self.ops: Dict[str, Set[str]] = defaultdict(set)  # private operators: dispatcher keys, not counted
 
 
 def _class_facts(tree: ast.AST, aliases: Dict[str, str]) -> Dict[ast.ClassDef, Tuple[bool, Set[str]]]:
@@ -239,6 +259,87 @@ def _class_facts(tree: ast.AST, aliases: Dict[str, str]) -> Dict[ast.ClassDef, T
             defined.visit(node)
             facts[node] = (torch_base, defined.names)
     return facts
+
+
+def _loop_constants(tree: ast.AST) -> Dict[str, Set[str]]:
+    """Loop variable -> the string constants it takes (``for name in ("_a", "_b"):``, a
+    comprehension's too): a ``getattr(obj, name)`` in the loop reads each of them."""
+    found: Dict[str, Set[str]] = defaultdict(set)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            items = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
+            if items and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in items):
+                found[node.target.id].update(e.value for e in items)  # type: ignore[attr-defined]
+    return found
+
+
+def _overrides(trees: Dict[Path, ast.AST], package: Path, use: Use) -> None:
+    """A private method flopcount defines in a class derived from a torch class that has a
+    method of that name (``_update_peak_stats`` on MemTracker, ``_should_skip_dynamo`` on
+    TorchDispatchMode): torch calls it by that name, a dependency as much as a read. A base
+    known only at run time (``class PeakTracker(base)``) is checked against every torch class
+    flopcount names. A name counted as a torch path already (``MemTracker._update_peak_stats``)
+    is that symbol."""
+    named: List[type] = []
+    for symbol in use.torch:
+        objs, ok = _resolve(symbol)
+        if ok and isinstance(objs[-1], type):
+            named.append(objs[-1])
+    ours: Dict[str, Tuple[ast.ClassDef, Dict[str, str]]] = {}  # flopcount's classes by name
+    for tree in trees.values():
+        aliases = _aliases(tree)
+        for path in aliases.values():
+            objs, ok = _resolve(path)
+            if ok and isinstance(objs[-1], type) and objs[-1] not in named:
+                named.append(objs[-1])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                ours.setdefault(node.name, (node, aliases))
+
+    def bases(cls: ast.ClassDef, aliases: Dict[str, str], seen: Set[str]) -> Tuple[List[type], bool]:
+        """The torch classes among ``cls``'s bases (through flopcount's own), and whether a
+        base is known only at run time (a function's argument)."""
+        found: List[type] = []
+        dynamic = False
+        for base in cls.bases:
+            path = _chain(base, aliases) or (aliases.get(base.id) if isinstance(base, ast.Name) else None)
+            if path is not None:
+                objs, ok = _resolve(path)
+                if ok and isinstance(objs[-1], type):
+                    found.append(objs[-1])
+            elif isinstance(base, ast.Name) and base.id in ours:
+                if base.id not in seen:
+                    node, its_aliases = ours[base.id]
+                    more, more_dynamic = bases(node, its_aliases, seen | {base.id})
+                    found.extend(more)
+                    dynamic = dynamic or more_dynamic
+            elif isinstance(base, ast.Name):
+                dynamic = True
+        return found, dynamic
+
+    paths = {symbol.rsplit(".", 1)[-1]: symbol for symbol in use.torch}
+    for file, tree in trees.items():
+        rel = str(file.relative_to(package.parent))
+        aliases = _aliases(tree)
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            torch_bases, dynamic = bases(cls, aliases, {cls.name})
+            candidates = [c for klass in torch_bases + (named if dynamic else []) for c in klass.__mro__ if c is not object]
+            for item in cls.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
+                    if any(item.name in vars(c) for c in candidates):
+                        if item.name in paths:
+                            use.torch[paths[item.name]].add(rel)
+                        else:
+                            use.attrs["." + item.name].add(rel)
+
+
+def _merge_paths(use: Use) -> None:
+    """An attribute name also counted as a torch path ending in it (``._call_impl`` read by a
+    name in a string, ``torch.nn.Module._call_impl`` by ``getattr``) is one symbol: the path."""
+    for symbol in list(use.torch):
+        name = "." + symbol.rsplit(".", 1)[-1]
+        if name in use.attrs:
+            use.torch[symbol] |= use.attrs.pop(name)
 
 
 def scan(package: Path) -> Use:
@@ -254,6 +355,7 @@ def scan(package: Path) -> Use:
         rel = str(file.relative_to(package.parent))
         aliases = _aliases(tree)
         classes = _class_facts(tree, aliases)
+        loops = _loop_constants(tree)
         parent: Dict[ast.AST, ast.AST] = {}
         for node in ast.walk(tree):
             for child in ast.iter_child_nodes(node):
@@ -272,11 +374,11 @@ def scan(package: Path) -> Use:
                 use.torch[symbol].add(rel)
 
         def attribute(base: ast.AST, name: str, where: ast.AST) -> None:
-            if not _private(name):
-                return
-            path = _chain(base, aliases) if isinstance(base, (ast.Name, ast.Attribute)) else None
+            path = _chain(base, aliases) if isinstance(base, (ast.Name, ast.Attribute, ast.Call)) else None
             if path is not None:
-                torch_path(f"{path}.{name}")
+                torch_path(f"{path}.{name}")  # a public name below a private module is that module's
+                return
+            if not _private(name):
                 return
             if isinstance(base, ast.Name) and base.id in ("self", "cls"):
                 cls = enclosing_class(where)
@@ -291,6 +393,9 @@ def scan(package: Path) -> Use:
                 use.foreign[f"{base.id}.{name}"].add(rel)
                 return
             if name in ours.attributes or name in NOT_TORCH:
+                return
+            if _operator_overload(name, parent.get(where)):
+                use.ops["aten::" + name].add(rel)  # ``aten._local_scalar_dense.default``: an operator, as in a handler table
                 return
             (use.attrs if name in torch_names else use.foreign)["." + name].add(rel)
 
@@ -318,10 +423,14 @@ def scan(package: Path) -> Use:
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
                     name = node.args[1]
+                    target = node.args[0]
+                    if node.func.id == "setattr" and isinstance(target, ast.Name) and target.id in ("self", "cls"):
+                        continue  # setting a name on our own object defines it
                     if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                        if node.func.id == "setattr" and not _chain(node.args[0], aliases):
-                            continue  # setting a name on our own objects
-                        attribute(node.args[0], name.value, node)
+                        attribute(target, name.value, node)
+                    elif isinstance(name, ast.Name) and name.id in loops:
+                        for each in sorted(loops[name.id]):  # a name the loop gives (``for name in ("_a", "_b")``)
+                            attribute(target, each, node)
             elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and all(
                 isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
             ):
@@ -340,7 +449,21 @@ def scan(package: Path) -> Use:
                 ):
                     use.attrs["." + text].add(rel)  # a private attribute name read by getattr(obj, name)
     _fold_modules(use.torch)
+    _overrides(trees, package, use)
+    _merge_paths(use)
     return use
+
+
+def _operator_overload(name: str, outer: Optional[ast.AST]) -> bool:
+    """Whether ``x.name`` is read as an aten operator: ``name`` is one and the read goes on to
+    one of its overloads (``_aten._local_scalar_dense.default``). A private operator is a
+    key of the dispatcher, not a Python symbol (the rule for a handler table's names)."""
+    import torch
+
+    if not isinstance(outer, ast.Attribute) or not hasattr(torch.ops.aten, name):
+        return False
+    packet = getattr(torch.ops.aten, name)
+    return outer.attr == "default" or outer.attr in packet.overloads()
 
 
 def _imported_module(tree: ast.AST, name: str) -> bool:
@@ -378,7 +501,9 @@ def main(argv: Iterable[str] = ()) -> int:
     package = Path(args.package).resolve()
     use = scan(package)
     if args.list:
-        for title, table in (("torch paths", use.torch), ("attribute names", use.attrs), ("not torch (not counted)", use.foreign)):
+        tables = (("torch paths", use.torch), ("attribute names", use.attrs), ("private operators (not counted)", use.ops),
+                  ("not torch (not counted)", use.foreign))
+        for title, table in tables:
             print(f"## {title}: {len(table)}")
             for name in sorted(table):
                 print(f"  {name:70s} {', '.join(sorted(table[name]))}")
