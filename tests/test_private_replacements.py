@@ -85,3 +85,16 @@ def test_recorded_inputs_follow_the_programs_input_spec() -> None:
     assert loaded.inputs is not None and loaded.kwargs is not None
     assert tuple(loaded.inputs[0].shape) == (3, 4) and loaded.inputs[1] == 2
     assert tuple(loaded.kwargs["y"].shape) == (5, 4)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_the_static_unpool_size_read_leaves_no_tracer_warning(mode: str) -> None:
+    # the default size is read as ints while jit traces (no private pause of the tracer): the
+    # graph takes them as constants and the tracer's warning about that read is flopcount's own,
+    # not the model's. Hand count: max_pool2d(2) on 8x8 -> 4x4, unpooled to 8x8, then * 2: one
+    # FLOP per output element.
+    from tests.tracers.test_jit_unpool import _PoolUnpool
+
+    result = count_flops(_PoolUnpool(2, 2, None, 0).train(mode == "train"), (torch.randn(B, C, 8, 8),), tracer="jit")
+    assert result.by_operator()["aten::mul"] == B * C * 64
+    assert not [w for w in result.warnings if "TracerWarning" in str(w)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
@@ -47,18 +48,16 @@ def _expand(value: Any, dims: int) -> Tuple[int, ...]:
     return values * dims if len(values) == 1 else values
 
 
-def _static_shape(tensor: torch.Tensor) -> Optional[Tuple[int, ...]]:
-    """The tensor's sizes as ints, read with tracing paused (so no size op is recorded);
-    None if this torch lacks the private switch."""
-    get, put = getattr(torch._C, "_get_tracing_state", None), getattr(torch._C, "_set_tracing_state", None)
-    if get is None or put is None:
-        return None
-    state = get()
-    put(None)
-    try:
+def _static_shape(tensor: torch.Tensor) -> Tuple[int, ...]:
+    """The tensor's sizes as ints. While jit traces, turning its traced sizes into ints makes
+    them constants of the graph (what the default output size is) and warns that the trace may
+    not generalise: that warning is about flopcount's read, not the model's, so it is silenced
+    here (torch's public ``TracerWarning``); the graph and the count are those of a read with
+    tracing paused (it was read so, through torch's private tracing-state switch, until
+    2026-11-27)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         return tuple(int(s) for s in tensor.shape)
-    finally:
-        put(state)
 
 
 def default_unpool_size(
@@ -93,8 +92,7 @@ class StaticUnpoolSizes(TorchFunctionMode):
         x = given["input"]
         if given["output_size"] is not None or not isinstance(x, torch.Tensor):
             return func(*args, **kwargs)
-        shape = _static_shape(x)
-        size = None if shape is None else default_unpool_size(shape, dims, given["kernel_size"], given["stride"], given["padding"])
+        size = default_unpool_size(_static_shape(x), dims, given["kernel_size"], given["stride"], given["padding"])
         if size is None:
             return func(*args, **kwargs)
         given["output_size"] = list(size)
