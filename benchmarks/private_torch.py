@@ -9,7 +9,9 @@ What counts as one private symbol:
 
 * a dotted torch path with a component that starts with ``_`` (dunders excepted), reached through
   an import, an attribute chain (``torch._C._jit_pass_inline``), ``getattr``/``hasattr`` with a
-  literal name, or a string literal naming a torch module (``"torch._dynamo"``, a logger name).
+  literal name (links of a chain too: ``getattr(getattr(torch.utils, "_pytree"), "TreeSpec")``
+  is ``torch.utils._pytree.TreeSpec``), or a string literal naming a torch module
+  (``"torch._dynamo"``, a logger name).
   The path is cut after its last private component, or, when that component is a module, after the
   first non-module below it: ``torch._C.TensorType.create_from_tensor`` is ``torch._C.TensorType``,
   ``torch._subclasses.fake_tensor.FakeTensor`` is itself, ``torch.utils._pytree.tree_map`` is
@@ -20,7 +22,20 @@ What counts as one private symbol:
   ``self``/``cls``; a module-level function, a local of that name, or the name assigned on another
   object, which replaces that object's attribute, does not count) and torch's own sources do (or, on ``self`` in a class derived from a torch class, when
   that class does not define it). Private names of other libraries (``sys._getframe``,
-  transformers) are listed apart and not counted.
+  transformers) are listed apart and not counted;
+* a name ``getattr``/``hasattr``/``setattr``/``delattr`` is handed by a loop over string
+  constants (``for name in ("_fw_pre_hook", "_fw_post_hook"): setattr(tracker, name, ...)``),
+  each of them as if spelled literally; ``setattr`` on an object other than ``self``/``cls``
+  replaces that object's attribute, as an assignment does;
+* a private method flopcount defines in a class derived from a torch class that defines it
+  (``_should_skip_dynamo`` on a TorchDispatchMode, ``_register_global_optimizer_hook`` on
+  MemTracker): torch calls it by that name. A base known only at run time (``class
+  Peak(base)``) is checked against every torch class flopcount names; a base of flopcount's own
+  is followed to its bases. When the same name is also a counted torch path
+  (``MemTracker._update_peak_stats``), it is that one symbol.
+
+An aten operator read by attribute (``aten._local_scalar_dense.default``) is a key of the
+dispatcher, as the names in a handler table are: listed apart as a private operator, not counted.
 
 The same rules decide tests/test_private_torch.py::test_every_private_symbol_is_in_the_canary.
 """
