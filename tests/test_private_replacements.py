@@ -98,3 +98,23 @@ def test_the_static_unpool_size_read_leaves_no_tracer_warning(mode: str) -> None
     result = count_flops(_PoolUnpool(2, 2, None, 0).train(mode == "train"), (torch.randn(B, C, 8, 8),), tracer="jit")
     assert result.by_operator()["aten::mul"] == B * C * 64
     assert not [w for w in result.warnings if "TracerWarning" in str(w)]
+
+
+def test_the_fast_fake_maker_stands_down_under_torchs_fake_debug_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tracers/fake/making.py no longer reads torch's private FakeTensorConfig: under its debug mode
+    # each fake the constructor makes records its own traceback, which the maker's check against a
+    # constructor-made fake sees differ, so every fake is made by the constructor (oracle: torch's
+    # constructor; each fake carries a traceback of its own, as torch's debug mode promises)
+    from torch._subclasses import fake_tensor as ft
+
+    from flopcount.tracers.fake.making import FakeMaker
+
+    monkeypatch.setattr(ft.FakeTensorConfig, "debug", True)
+    maker = FakeMaker(ft.FakeTensorMode(allow_non_fake_inputs=True), ft.FakeTensor)
+    cpu = torch.device("cpu")
+    with torch._C._DisableTorchDispatch():
+        first = maker.make((4, 5), (5, 1), torch.float32, cpu)
+        second = maker.make((2, 3), (3, 1), torch.float16, cpu, requires_grad=True, is_param=True)
+    assert maker._fast is False
+    assert vars(first)["_debug_trace"] is not vars(second)["_debug_trace"]
+    assert (second.shape, second.dtype, second.requires_grad, isinstance(second, nn.Parameter)) == ((2, 3), torch.float16, True, True)
