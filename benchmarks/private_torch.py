@@ -9,7 +9,9 @@ What counts as one private symbol:
 
 * a dotted torch path with a component that starts with ``_`` (dunders excepted), reached through
   an import, an attribute chain (``torch._C._jit_pass_inline``), ``getattr``/``hasattr`` with a
-  literal name, or a string literal naming a torch module (``"torch._dynamo"``, a logger name).
+  literal name (links of a chain too: ``getattr(getattr(torch.utils, "_pytree"), "TreeSpec")``
+  is ``torch.utils._pytree.TreeSpec``), or a string literal naming a torch module
+  (``"torch._dynamo"``, a logger name).
   The path is cut after its last private component, or, when that component is a module, after the
   first non-module below it: ``torch._C.TensorType.create_from_tensor`` is ``torch._C.TensorType``,
   ``torch._subclasses.fake_tensor.FakeTensor`` is itself, ``torch.utils._pytree.tree_map`` is
@@ -20,7 +22,20 @@ What counts as one private symbol:
   ``self``/``cls``; a module-level function, a local of that name, or the name assigned on another
   object, which replaces that object's attribute, does not count) and torch's own sources do (or, on ``self`` in a class derived from a torch class, when
   that class does not define it). Private names of other libraries (``sys._getframe``,
-  transformers) are listed apart and not counted.
+  transformers) are listed apart and not counted;
+* a name ``getattr``/``hasattr``/``setattr``/``delattr`` is handed by a loop over string
+  constants (``for name in ("_fw_pre_hook", "_fw_post_hook"): setattr(tracker, name, ...)``),
+  each of them as if spelled literally; ``setattr`` on an object other than ``self``/``cls``
+  replaces that object's attribute, as an assignment does;
+* a private method flopcount defines in a class derived from a torch class that defines it
+  (``_should_skip_dynamo`` on a TorchDispatchMode, ``_register_global_optimizer_hook`` on
+  MemTracker): torch calls it by that name. A base known only at run time (``class
+  Peak(base)``) is checked against every torch class flopcount names; a base of flopcount's own
+  is followed to its bases. When the same name is also a counted torch path
+  (``MemTracker._update_peak_stats``), it is that one symbol.
+
+An aten operator read by attribute (``aten._local_scalar_dense.default``) is a key of the
+dispatcher, as the names in a handler table are: listed apart as a private operator, not counted.
 
 The same rules decide tests/test_private_torch.py::test_every_private_symbol_is_in_the_canary.
 """
@@ -212,11 +227,30 @@ def _aliases(tree: ast.AST) -> Dict[str, str]:
     return names
 
 
+def _literal_getattr(node: ast.AST) -> Optional[Tuple[ast.AST, str]]:
+    """(object, name) of ``getattr(object, "name"[, default])``, else None."""
+    if (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+        and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+    ):
+        return node.args[0], node.args[1].value
+    return None
+
+
 def _chain(node: ast.AST, aliases: Dict[str, str]) -> Optional[str]:
+    """The dotted torch path of an attribute chain, ``getattr(x, "name")`` links included
+    (``getattr(getattr(torch.utils, "_pytree", None), "TreeSpec", None)``); None off torch."""
     parts: List[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+            continue
+        link = _literal_getattr(node)
+        if link is None:
+            break
+        node, name = link
+        parts.append(name)
     if isinstance(node, ast.Name) and node.id in aliases:
         return ".".join([aliases[node.id]] + parts[::-1])
     return None
@@ -227,6 +261,7 @@ class Use:
         self.torch: Dict[str, Set[str]] = defaultdict(set)  # symbol -> files
         self.attrs: Dict[str, Set[str]] = defaultdict(set)  # ".name" -> files
         self.foreign: Dict[str, Set[str]] = defaultdict(set)
+        self.ops: Dict[str, Set[str]] = defaultdict(set)  # private operators: dispatcher keys, not counted
 
 
 def _class_facts(tree: ast.AST, aliases: Dict[str, str]) -> Dict[ast.ClassDef, Tuple[bool, Set[str]]]:
@@ -239,6 +274,87 @@ def _class_facts(tree: ast.AST, aliases: Dict[str, str]) -> Dict[ast.ClassDef, T
             defined.visit(node)
             facts[node] = (torch_base, defined.names)
     return facts
+
+
+def _loop_constants(tree: ast.AST) -> Dict[str, Set[str]]:
+    """Loop variable -> the string constants it takes (``for name in ("_a", "_b"):``, a
+    comprehension's too): a ``getattr(obj, name)`` in the loop reads each of them."""
+    found: Dict[str, Set[str]] = defaultdict(set)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            items = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
+            if items and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in items):
+                found[node.target.id].update(e.value for e in items)  # type: ignore[attr-defined]
+    return found
+
+
+def _overrides(trees: Dict[Path, ast.AST], package: Path, use: Use) -> None:
+    """A private method flopcount defines in a class derived from a torch class that has a
+    method of that name (``_update_peak_stats`` on MemTracker, ``_should_skip_dynamo`` on
+    TorchDispatchMode): torch calls it by that name, a dependency as much as a read. A base
+    known only at run time (``class PeakTracker(base)``) is checked against every torch class
+    flopcount names. A name counted as a torch path already (``MemTracker._update_peak_stats``)
+    is that symbol."""
+    named: List[type] = []
+    for symbol in use.torch:
+        objs, ok = _resolve(symbol)
+        if ok and isinstance(objs[-1], type):
+            named.append(objs[-1])
+    ours: Dict[str, Tuple[ast.ClassDef, Dict[str, str]]] = {}  # flopcount's classes by name
+    for tree in trees.values():
+        aliases = _aliases(tree)
+        for path in aliases.values():
+            objs, ok = _resolve(path)
+            if ok and isinstance(objs[-1], type) and objs[-1] not in named:
+                named.append(objs[-1])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                ours.setdefault(node.name, (node, aliases))
+
+    def bases(cls: ast.ClassDef, aliases: Dict[str, str], seen: Set[str]) -> Tuple[List[type], bool]:
+        """The torch classes among ``cls``'s bases (through flopcount's own), and whether a
+        base is known only at run time (a function's argument)."""
+        found: List[type] = []
+        dynamic = False
+        for base in cls.bases:
+            path = _chain(base, aliases) or (aliases.get(base.id) if isinstance(base, ast.Name) else None)
+            if path is not None:
+                objs, ok = _resolve(path)
+                if ok and isinstance(objs[-1], type):
+                    found.append(objs[-1])
+            elif isinstance(base, ast.Name) and base.id in ours:
+                if base.id not in seen:
+                    node, its_aliases = ours[base.id]
+                    more, more_dynamic = bases(node, its_aliases, seen | {base.id})
+                    found.extend(more)
+                    dynamic = dynamic or more_dynamic
+            elif isinstance(base, ast.Name):
+                dynamic = True
+        return found, dynamic
+
+    paths = {symbol.rsplit(".", 1)[-1]: symbol for symbol in use.torch}
+    for file, tree in trees.items():
+        rel = str(file.relative_to(package.parent))
+        aliases = _aliases(tree)
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            torch_bases, dynamic = bases(cls, aliases, {cls.name})
+            candidates = [c for klass in torch_bases + (named if dynamic else []) for c in klass.__mro__ if c is not object]
+            for item in cls.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
+                    if any(item.name in vars(c) for c in candidates):
+                        if item.name in paths:
+                            use.torch[paths[item.name]].add(rel)
+                        else:
+                            use.attrs["." + item.name].add(rel)
+
+
+def _merge_paths(use: Use) -> None:
+    """An attribute name also counted as a torch path ending in it (``._call_impl`` read by a
+    name in a string, ``torch.nn.Module._call_impl`` by ``getattr``) is one symbol: the path."""
+    for symbol in list(use.torch):
+        name = "." + symbol.rsplit(".", 1)[-1]
+        if name in use.attrs:
+            use.torch[symbol] |= use.attrs.pop(name)
 
 
 def scan(package: Path) -> Use:
@@ -254,6 +370,7 @@ def scan(package: Path) -> Use:
         rel = str(file.relative_to(package.parent))
         aliases = _aliases(tree)
         classes = _class_facts(tree, aliases)
+        loops = _loop_constants(tree)
         parent: Dict[ast.AST, ast.AST] = {}
         for node in ast.walk(tree):
             for child in ast.iter_child_nodes(node):
@@ -272,11 +389,11 @@ def scan(package: Path) -> Use:
                 use.torch[symbol].add(rel)
 
         def attribute(base: ast.AST, name: str, where: ast.AST) -> None:
-            if not _private(name):
-                return
-            path = _chain(base, aliases) if isinstance(base, (ast.Name, ast.Attribute)) else None
+            path = _chain(base, aliases) if isinstance(base, (ast.Name, ast.Attribute, ast.Call)) else None
             if path is not None:
-                torch_path(f"{path}.{name}")
+                torch_path(f"{path}.{name}")  # a public name below a private module is that module's
+                return
+            if not _private(name):
                 return
             if isinstance(base, ast.Name) and base.id in ("self", "cls"):
                 cls = enclosing_class(where)
@@ -291,6 +408,9 @@ def scan(package: Path) -> Use:
                 use.foreign[f"{base.id}.{name}"].add(rel)
                 return
             if name in ours.attributes or name in NOT_TORCH:
+                return
+            if _operator_overload(name, parent.get(where)):
+                use.ops["aten::" + name].add(rel)  # ``aten._local_scalar_dense.default``: an operator, as in a handler table
                 return
             (use.attrs if name in torch_names else use.foreign)["." + name].add(rel)
 
@@ -318,10 +438,14 @@ def scan(package: Path) -> Use:
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
                     name = node.args[1]
+                    target = node.args[0]
+                    if node.func.id == "setattr" and isinstance(target, ast.Name) and target.id in ("self", "cls"):
+                        continue  # setting a name on our own object defines it
                     if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                        if node.func.id == "setattr" and not _chain(node.args[0], aliases):
-                            continue  # setting a name on our own objects
-                        attribute(node.args[0], name.value, node)
+                        attribute(target, name.value, node)
+                    elif isinstance(name, ast.Name) and name.id in loops:
+                        for each in sorted(loops[name.id]):  # a name the loop gives (``for name in ("_a", "_b")``)
+                            attribute(target, each, node)
             elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and all(
                 isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
             ):
@@ -340,7 +464,21 @@ def scan(package: Path) -> Use:
                 ):
                     use.attrs["." + text].add(rel)  # a private attribute name read by getattr(obj, name)
     _fold_modules(use.torch)
+    _overrides(trees, package, use)
+    _merge_paths(use)
     return use
+
+
+def _operator_overload(name: str, outer: Optional[ast.AST]) -> bool:
+    """Whether ``x.name`` is read as an aten operator: ``name`` is one and the read goes on to
+    one of its overloads (``_aten._local_scalar_dense.default``). A private operator is a
+    key of the dispatcher, not a Python symbol (the rule for a handler table's names)."""
+    import torch
+
+    if not isinstance(outer, ast.Attribute) or not hasattr(torch.ops.aten, name):
+        return False
+    packet = getattr(torch.ops.aten, name)
+    return outer.attr == "default" or outer.attr in packet.overloads()
 
 
 def _imported_module(tree: ast.AST, name: str) -> bool:
@@ -378,7 +516,9 @@ def main(argv: Iterable[str] = ()) -> int:
     package = Path(args.package).resolve()
     use = scan(package)
     if args.list:
-        for title, table in (("torch paths", use.torch), ("attribute names", use.attrs), ("not torch (not counted)", use.foreign)):
+        tables = (("torch paths", use.torch), ("attribute names", use.attrs), ("private operators (not counted)", use.ops),
+                  ("not torch (not counted)", use.foreign))
+        for title, table in tables:
             print(f"## {title}: {len(table)}")
             for name in sorted(table):
                 print(f"  {name:70s} {', '.join(sorted(table[name]))}")

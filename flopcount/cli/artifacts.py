@@ -343,11 +343,11 @@ def _as_module(program: Any) -> nn.Module:
 
 
 def _recorded_inputs(program: Any) -> Optional[List[Any]]:
-    """The example inputs saved with the program, flattened (None when none were)."""
-    from torch.utils._pytree import tree_leaves
-
+    """The example inputs saved with the program, flattened (None when none were): one value
+    per leaf of the program's input spec (its public ``TreeSpec.flatten_up_to``), the order
+    of its user inputs."""
     example = getattr(program, "example_inputs", None)
-    return None if example is None else list(tree_leaves(example))
+    return None if example is None else list(program.call_spec.in_spec.flatten_up_to(example))
 
 
 def _symbol_hint(dim: Any) -> Optional[int]:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 import torch
 from torch import nn
 
-from flopcount.core.inputs import flat_values
+from flopcount.core.inputs import flat_values, output_tensors
 from flopcount.errors import UsageError
 from flopcount.step.loss import LossFn, default_loss
 from flopcount.step.replay import snapshot
@@ -181,7 +181,16 @@ def _own_thread_module_hooks(mod_tracker: Any, owner: int, entered: Callable[[],
     of its ``_fw_pre_hook``/``_fw_post_hook``, looked up when it is entered): wrapped here so
     that another thread's modules neither enter this step's bookkeeping nor run its code
     (which raised inside that thread: issue #29 item 17). After the pre-hook (the module now
-    among the running ones) ``entered`` is called: the module's peak starts there."""
+    among the running ones) ``entered`` is called: the module's peak starts there. Its backward
+    is entered when the first gradient of its outputs arrives: ModTracker's post-hook registers
+    a multi-grad hook (``mode="any"``) on them that adds the module to the running ones, and
+    this one's, registered on the same tensors after it (so run after it), calls ``entered``:
+    torch's public ``register_multi_grad_hook``, no private method of ModTracker's replaced."""
+    from torch.autograd.graph import register_multi_grad_hook
+
+    def enter_backward(grads: Any) -> None:
+        entered()
+
     for name in ("_fw_pre_hook", "_fw_post_hook"):
         hook = getattr(mod_tracker, name, None)
         if hook is None:
@@ -190,28 +199,17 @@ def _own_thread_module_hooks(mod_tracker: Any, owner: int, entered: Callable[[],
         def only_owner(*args: Any, _hook: Any = hook, _pre: bool = name == "_fw_pre_hook", **kwargs: Any) -> Any:
             if threading.get_ident() != owner:
                 return None
+            in_forward = not mod_tracker.is_bw
             out = _hook(*args, **kwargs)
             if _pre:
                 entered()
+            elif in_forward:  # ModTracker hooks the outputs' gradients only in the forward
+                tensors = [t for t in output_tensors(args[2]) if t.requires_grad]
+                if tensors:
+                    register_multi_grad_hook(tensors, enter_backward, mode="any")
             return out
 
         setattr(mod_tracker, name, only_owner)
-    append = getattr(mod_tracker, "_get_append_fn", None)
-    if append is None:
-        raise UsageError(f"torch {torch.__version__}'s ModTracker has no _get_append_fn, which flopcount's step needs")
-
-    def credited(w_mod: Any, name: str, is_bw: bool) -> Callable[..., None]:
-        fn = append(w_mod, name, is_bw)
-        if not is_bw:
-            return fn
-
-        def enter_backward(*args: Any) -> None:
-            fn(*args)
-            entered()
-
-        return enter_backward
-
-    mod_tracker._get_append_fn = credited
 
 
 def autocast_nested() -> bool:

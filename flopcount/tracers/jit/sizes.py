@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
@@ -37,6 +38,7 @@ _UNPOOL_MODULES = (nn.MaxUnpool1d, nn.MaxUnpool2d, nn.MaxUnpool3d)
 
 _UNPOOL: Dict[Callable[..., Any], int] = {F.max_unpool1d: 1, F.max_unpool2d: 2, F.max_unpool3d: 3}
 _SIGNATURES = {func: inspect.signature(func) for func in _UNPOOL}
+_UNPOOL_NAMES = frozenset(func.__name__ for func in _UNPOOL)
 
 
 def _expand(value: Any, dims: int) -> Tuple[int, ...]:
@@ -46,18 +48,16 @@ def _expand(value: Any, dims: int) -> Tuple[int, ...]:
     return values * dims if len(values) == 1 else values
 
 
-def _static_shape(tensor: torch.Tensor) -> Optional[Tuple[int, ...]]:
-    """The tensor's sizes as ints, read with tracing paused (so no size op is recorded);
-    None if this torch lacks the private switch."""
-    get, put = getattr(torch._C, "_get_tracing_state", None), getattr(torch._C, "_set_tracing_state", None)
-    if get is None or put is None:
-        return None
-    state = get()
-    put(None)
-    try:
+def _static_shape(tensor: torch.Tensor) -> Tuple[int, ...]:
+    """The tensor's sizes as ints. While jit traces, turning its traced sizes into ints makes
+    them constants of the graph (what the default output size is) and warns that the trace may
+    not generalise: that warning is about flopcount's read, not the model's, so it is silenced
+    here (torch's public ``TracerWarning``); the graph and the count are those of a read with
+    tracing paused (it was read so, through torch's private tracing-state switch, until
+    2026-11-27)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         return tuple(int(s) for s in tensor.shape)
-    finally:
-        put(state)
 
 
 def default_unpool_size(
@@ -92,8 +92,7 @@ class StaticUnpoolSizes(TorchFunctionMode):
         x = given["input"]
         if given["output_size"] is not None or not isinstance(x, torch.Tensor):
             return func(*args, **kwargs)
-        shape = _static_shape(x)
-        size = None if shape is None else default_unpool_size(shape, dims, given["kernel_size"], given["stride"], given["padding"])
+        size = default_unpool_size(_static_shape(x), dims, given["kernel_size"], given["stride"], given["padding"])
         if size is None:
             return func(*args, **kwargs)
         given["output_size"] = list(size)
@@ -118,11 +117,36 @@ def static_unpool_sizes(model: nn.Module) -> Iterator[None]:
         yield
 
 
+def _refused_output_size(exc: BaseException) -> Tuple[bool, Any]:
+    """(True, the call's ``output_size``) when ``exc`` rose inside torch's Python code below a
+    public ``F.max_unpool*d`` frame (its output-size computation and check: the kernel itself
+    is C++, no frame), read from the traceback's frames and that frame's arguments rather than
+    by the name of torch's private helper; (False, None) otherwise."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code, inner = tb.tb_frame.f_code, tb.tb_next
+        if (
+            code.co_name in _UNPOOL_NAMES and code.co_filename == F.__file__
+            and inner is not None and inner.tb_frame.f_code.co_filename == F.__file__
+        ):
+            return True, tb.tb_frame.f_locals.get("output_size")
+        tb = inner
+    return False, None
+
+
 def unpool_failure(exc: BaseException, where: str) -> Optional[str]:
     """The one-sentence reason when ``exc`` is torch's unpool size check refusing jit's
-    traced sizes (a direct ``F.max_unpool*d`` call), else None."""
-    if not isinstance(exc, TypeError) or "_unpool_output_size" not in (name for _, name in frames(exc)):
+    traced sizes (a direct ``F.max_unpool*d`` call: without ``output_size``, or with one
+    computed from traced sizes), else None."""
+    refused, output_size = _refused_output_size(exc) if isinstance(exc, TypeError) else (False, None)
+    if not refused:
         return None
+    if output_size is not None:
+        return (
+            f"torch.jit cannot trace F.max_unpool*d in {module_place(where)}: its output_size holds traced sizes (read from "
+            "a tensor's shape while jit traces), which torch's own size check refuses; pass plain ints, or use tracer='auto' "
+            "or 'dispatch'"
+        )
     return (
         f"torch.jit cannot trace F.max_unpool*d without output_size in {module_place(where)}: torch's own size check refuses "
         "the sizes jit traces (nn.MaxUnpool modules are handled); pass output_size, or use tracer='auto' or 'dispatch'"
