@@ -12,9 +12,11 @@ Each tool runs once per round, in turn (``_interleave.rounds``), after one warm-
 Then the memory of the count itself (``tracemalloc`` peak of one ``count_flops``, Python
 allocations: events, rows, the fake copy's objects) for LLaMA-2-70B's config on meta cut to
 20, 40 and 80 layers, reuse on and off; with reuse on, also what the result keeps when the count
-returns (its per-module rows) and the slope from 20 to 80 layers: the peak's growth per layer and
-the part of it that is not the result's rows (the count's own working set, issue #32 step 3); and the
-peak of each stage of the count (facts, trace, pricing, booking), which says where that working set is.
+returns (its per-module rows: the result alone, read after a full collection with it and without
+it; CPython's free lists keep blocks a count let go, which a plain reading takes for the result's)
+and the slope from 20 to 80 layers: the peak's growth per layer and the part of it that is not the
+result's rows (the count's own working set, issue #32 step 3); and the peak of each stage of the
+count (facts, trace, pricing, booking), which says where that working set is.
 
 With ``--cpu`` the models are timed again by process CPU time (the same interleaving): on a machine
 other processes load, wall time counts their share of the cores too.
@@ -234,10 +236,12 @@ def memory(tokens: int = 4096) -> None:
 
     from flopcount.examples.hf import llama2_70b_config
 
-    print("| layers | reuse on: peak, per layer | reuse off: peak, per layer | reuse on: kept by the result, per layer | events booked |")
-    print("|---|---|---|---|---|")
+    print("| layers | reuse on: peak, per layer | reuse off: peak, per layer | reuse on: the result alone, per layer "
+          "| reuse on: allocated when the count returns, per layer | events booked |")
+    print("|---|---|---|---|---|---|")
     peaks: Dict[int, int] = {}
     kept: Dict[int, int] = {}
+    ended: Dict[int, int] = {}
     for layers in (20, 40, 80):
         config = llama2_70b_config()
         config.num_hidden_layers = layers
@@ -251,19 +255,27 @@ def memory(tokens: int = 4096) -> None:
             gc.collect()
             tracemalloc.start()
             result = run()
-            held, peak = tracemalloc.get_traced_memory()  # held: what the result keeps (rows, names, tables)
+            held, peak = tracemalloc.get_traced_memory()  # held: the result, and blocks CPython's free lists keep
+            # the result alone: after a full collection (which empties the free lists) with it, less without it
+            gc.collect()
+            with_it = tracemalloc.get_traced_memory()[0]
+            del result
+            gc.collect()
+            alone = with_it - tracemalloc.get_traced_memory()[0]
             tracemalloc.stop()
             cells.append(f"{peak / 2**20:.1f} MiB, {peak / layers / 2**10:.0f} KiB")
             if reuse:
-                peaks[layers], kept[layers] = peak, held
-            del result
-        rows = f"{kept[layers] / 2**20:.1f} MiB, {kept[layers] / layers / 2**10:.0f} KiB"
-        print(f"| {layers} | {cells[0]} | {cells[1]} | {rows} | {_events(model, ids)} |")
+                peaks[layers], kept[layers], ended[layers] = peak, alone, held
+        rows = f"{kept[layers] / 2**20:.2f} MiB, {kept[layers] / layers / 2**10:.1f} KiB"
+        end = f"{ended[layers] / 2**20:.2f} MiB, {ended[layers] / layers / 2**10:.1f} KiB"
+        print(f"| {layers} | {cells[0]} | {cells[1]} | {rows} | {end} | {_events(model, ids)} |")
     # what one more layer costs (the slope from 20 to 80 layers), and the part of it the result keeps
-    slope, rows_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (peaks, kept))
-    print(f"reuse on, per layer from 20 to 80 layers: peak +{slope:.1f} KiB, of which the result keeps "
+    slope, rows_slope, end_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (peaks, kept, ended))
+    print(f"reuse on, per layer from 20 to 80 layers: peak +{slope:.1f} KiB, of which the result alone keeps "
           f"+{rows_slope:.1f} KiB (its per-module rows); the count's own working set +{slope - rows_slope:.1f} KiB "
-          "(at the peak of the stage whose peak is highest: the table below)")
+          f"(at the peak of the stage whose peak is highest: the table below). The reading before 2026-11-27 "
+          f"(all that is allocated when the count returns, free-list blocks included, taken for rows): "
+          f"+{end_slope:.1f} KiB, working set +{slope - end_slope:.1f} KiB")
     _stages(tokens)
 
 

@@ -284,11 +284,12 @@ class ReplayedCall:
 
     ``ops`` holds ``(call, stack index, phase)`` per op of the earlier call, in order: the same
     tuple (and the same :class:`OpCall` objects) for every call booked from it; ``stacks`` is
-    this call's module stack of each stack index, ``root`` the call's own. :meth:`events` gives the events a traced call
+    this call's module stack of each stack index (a sequence that may make each stack when read:
+    a replay holds its modules' names, not a tuple per stack), ``root`` the call's own. :meth:`events` gives the events a traced call
     would have left."""
 
     ops: Tuple[Tuple[OpCall, int, Phase], ...]
-    stacks: Tuple[Tuple[str, ...], ...]
+    stacks: Sequence[Tuple[str, ...]]
     #: the module stack of the call itself (every stack of ``stacks`` starts with it)
     root: Tuple[str, ...] = ()
 

@@ -11,8 +11,9 @@ map these names onto the copy rather than walking it again.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union, overload
 
 import torch
 from torch import nn
@@ -29,6 +30,39 @@ ScriptObject = torch.ScriptObject
 _SPECIAL = (ScriptObject, torch.Tensor)
 
 
+class ModulePairs(Sequence[Tuple[str, nn.Module]]):
+    """``(name, module)`` of each module, in ``named_modules()`` order, held as a tuple of names and
+    a tuple of modules: a pair is made when one is read (iterating makes none that outlives its
+    step), not held per module for the whole count (issue #32: ~0.7 KiB per LLaMA layer, alive
+    through the trace)."""
+
+    __slots__ = ("names", "objects")
+
+    def __init__(self, names: Tuple[str, ...], objects: Tuple[nn.Module, ...]):
+        self.names = names
+        self.objects = objects
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, i: int) -> Tuple[str, nn.Module]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Tuple[Tuple[str, nn.Module], ...]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(zip(self.names[i], self.objects[i]))
+        return self.names[i], self.objects[i]
+
+    def __iter__(self) -> Iterator[Tuple[str, nn.Module]]:
+        return zip(self.names, self.objects)
+
+    def __reversed__(self) -> Iterator[Tuple[str, nn.Module]]:
+        return zip(reversed(self.names), reversed(self.objects))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelFacts:
     """The facts of one model, as :func:`model_facts` reads them.
@@ -42,7 +76,7 @@ class ModelFacts:
     module holding packed quantized weights, or None."""
 
     model: nn.Module
-    modules: Tuple[Tuple[str, nn.Module], ...]
+    modules: Sequence[Tuple[str, nn.Module]]
     aliases: Mapping[str, Tuple[str, ...]]
     #: each module's own parameter elements, in ``modules`` order (equal sizes one int object),
     #: rolled up into ``owned`` when first read; or, for a model with ties or a module under
@@ -78,7 +112,9 @@ class ModelFacts:
                 if name:
                     parent = name.rpartition(".")[0]
                     totals[parent] = totals.get(parent, 0) + total
-        return {name: totals[name] for name, _ in self.modules if name in totals}
+        # equal totals one int object (a deep model's layers hold the same: ~0.3 KiB per LLaMA layer)
+        same: Dict[int, int] = {}
+        return {name: same.setdefault(totals[name], totals[name]) for name, _ in self.modules if name in totals}
 
     @cached_property
     def names(self) -> Mapping[nn.Module, str]:
@@ -116,7 +152,8 @@ class ModelFacts:
 def model_facts(model: nn.Module) -> ModelFacts:
     """Read :class:`ModelFacts` from ``model`` in one walk of its module tree."""
     every: Dict[int, List[str]] = {}
-    modules: List[Tuple[str, nn.Module]] = []
+    names: List[str] = []  # each module once, under its first name (``modules``), in walk order
+    objects: List[nn.Module] = []
     parameters: Dict[int, torch.Tensor] = {}
     buffers: Dict[int, torch.Tensor] = {}
     sizes: List[int] = []  # each module's own parameter elements, in ``modules`` order
@@ -129,8 +166,13 @@ def model_facts(model: nn.Module) -> ModelFacts:
     experts: List[int] = []
     quiet: Dict[type, bool] = {}  # class -> it answers neither expert-count name (params.class_answers)
     lazy = False
-    walked = list(model.named_modules(remove_duplicate=False))  # kept for the exact ``owned`` (ties, aliases)
-    for name, module in walked:
+    # every name of the walk, kept for the exact ``owned`` (ties, aliases): two lists of references,
+    # not the walk's pair per module
+    walked_names: List[str] = []
+    walked: List[nn.Module] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        walked_names.append(name)
+        walked.append(module)
         known = every.get(id(module))
         if known is not None:
             known.append(name)
@@ -159,8 +201,9 @@ def model_facts(model: nn.Module) -> ModelFacts:
         if not (calm and EXPERT_COUNTS.isdisjoint(state) and EXPERT_COUNTS.isdisjoint(state.get("_modules", ()))
                 and EXPERT_COUNTS.isdisjoint(own) and EXPERT_COUNTS.isdisjoint(state["_buffers"])) \
                 or (isinstance(module, nn.ModuleList) and name.rpartition(".")[2].endswith("experts")):
-            experts.append(len(modules))
-        modules.append((name, module))
+            experts.append(len(names))
+        names.append(name)
+        objects.append(module)
         # packed quantized weights (core.packed.packed_objects) and tensors kept as plain
         # attributes, in the same walk: the types a module's attributes hold, each type tested
         # once (an isinstance per attribute cost more than the rest of the walk)
@@ -180,11 +223,11 @@ def model_facts(model: nn.Module) -> ModelFacts:
     aliases = {found[0]: tuple(found) for found in every.values() if len(found) > 1}
     # a tie or a module under several names: each name counts a tensor once (the exact walk)
     owned: Union[Tuple[int, ...], Mapping[str, int]] = (
-        _owned(walked) if aliases or met > len(parameters) else tuple(sizes)
+        _owned(zip(walked_names, walked)) if aliases or met > len(parameters) else tuple(sizes)
     )
     return ModelFacts(
         model,
-        tuple(modules),
+        ModulePairs(tuple(names), tuple(objects)),
         aliases,
         owned,
         tuple(parameters.values()),
@@ -197,7 +240,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
     )
 
 
-def _owned(walked: List[Tuple[str, nn.Module]]) -> Dict[str, int]:
+def _owned(walked: Iterable[Tuple[str, nn.Module]]) -> Dict[str, int]:
     """:attr:`ModelFacts.owned` of a model with ties or a module under several names: every
     name of every module (``walked``: ``named_modules(remove_duplicate=False)``) with the
     parameters of its subtree, a tensor once per name."""

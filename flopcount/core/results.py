@@ -60,9 +60,10 @@ class UnsupportedOp:
     modules: Tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModuleInfo:
-    """One module of the model as ``named_modules()`` lists it."""
+    """One module of the model as ``named_modules()`` lists it (slotted: one small object per
+    module, not an object and its attribute table; issue #32, what a count keeps per layer)."""
 
     name: str
     type_name: str
@@ -261,9 +262,11 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _frozen(table: Mapping[str, Sequence[int]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, OpTotals]:
-    """``table`` as OpTotals; equal sums share one (``rows``: sums -> OpTotals, per result)."""
-    made: Dict[str, OpTotals] = {}
+def _frozen(table: Dict[str, Any], rows: Dict[Tuple[int, ...], OpTotals], in_place: bool = False) -> Dict[str, OpTotals]:
+    """``table`` as OpTotals; equal sums share one (``rows``: sums -> OpTotals, per result).
+    ``in_place``: ``table`` (a dict its caller lets go: a ledger's) is given its rows and returned,
+    the same keys in the same order, rather than a second dict as large beside it."""
+    made: Dict[str, Any] = table if in_place else {}
     # a list several keys share (the totals of owners of one tree-booked table) is read once
     # (all of ``table``'s lists are alive here: their ids are distinct)
     seen: Dict[int, OpTotals] = {}
@@ -279,19 +282,20 @@ def _frozen(table: Mapping[str, Sequence[int]], rows: Dict[Tuple[int, ...], OpTo
     return made
 
 
-def _frozen_tables(tables: Dict[str, Dict[str, List[int]]], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, Mapping[str, OpTotals]]:
-    """Each module's ``{op: sums}`` as OpTotals, the ledger's lists let go as they are read;
-    equal tables share one (the 80 layers of a model whose layers do the same work: what the
-    result holds per layer is its name, not its table; issue #32)."""
-    made: Dict[str, Mapping[str, OpTotals]] = {}
+def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, Mapping[str, OpTotals]]:
+    """Each module's ``{op: sums}`` as OpTotals, in place: ``tables`` (a ledger's, which its caller
+    lets go) is given the frozen tables, the ledger's lists let go as they are read (a second dict
+    by module beside it was ~0.3 KiB per LLaMA layer at the count's peak, issue #32); equal tables
+    share one (the 80 layers of a model whose layers do the same work: what the result holds per
+    layer is its name, not its table)."""
+    made = tables
     # equal tables found by their keys and their rows' identities: ``rows`` makes one OpTotals
     # per figures, so equal rows are one object (hashing ids, not each row's dataclass hash)
     shared: Dict[Tuple[Tuple[str, int], ...], Dict[str, OpTotals]] = {}
     # a ledger table several owners share (equal subtrees of a tree booking) is frozen once; ids
-    # of the ledger's tables are distinct (all alive when called), a popped one is never looked up
+    # of the ledger's tables are distinct (all alive when called), a replaced one is never looked up
     done: Dict[int, Dict[str, OpTotals]] = {}
-    for name in list(tables):
-        table = tables.pop(name)
+    for name, table in tables.items():  # a value replaced, no key added: the iteration goes on
         frozen = done.get(id(table))
         if frozen is None:
             frozen = _frozen(table, rows)
@@ -365,7 +369,7 @@ def aggregate(
     rows: Dict[Tuple[int, ...], OpTotals] = {}
     return _with_tables(
         _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps),
-        _frozen(ledger.operators, rows), _frozen(ledger.modules, rows), _frozen_tables(ledger.module_ops, rows),
+        _frozen(ledger.operators, rows), _frozen(ledger.modules, rows, in_place=True), _frozen_tables(ledger.module_ops, rows),
         _frozen(ledger.phases, rows),
     )
 

@@ -48,8 +48,9 @@ import os
 import sys
 import threading
 from abc import ABCMeta
+from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
 
 import torch
 from torch import nn
@@ -156,6 +157,44 @@ class _Entry:
         #: a call given caches: (slot accesses, their equality pattern, the slots' states before,
         #: after); accesses are ("rel", cache, module index) or ("abs", cache, slot)
         self.slots: Optional[Tuple[Tuple[Any, ...], Tuple[int, ...], Tuple[Any, ...], Tuple[Any, ...]]] = None
+
+
+class _Paths(Sequence[Tuple[str, ...]]):
+    """A replay's module stacks (:attr:`~flopcount.types.ReplayedCall.stacks`), each made when read:
+    the call's own stack, then the names of its subtree's modules at the positions its first call's
+    stack held (``inners``, the first call's entry's, shared). A replay holds one tuple of its
+    modules' names, not a tuple per stack (issue #32: a LLaMA layer's 13 stacks were ~1 KiB of the
+    count per layer, alive until booked)."""
+
+    __slots__ = ("prefix", "names", "inners")
+
+    def __init__(self, prefix: Tuple[str, ...], names: Tuple[str, ...], inners: List[Tuple[int, ...]]):
+        self.prefix = prefix
+        self.names = names
+        self.inners = inners
+
+    def __len__(self) -> int:
+        return len(self.inners)
+
+    @overload
+    def __getitem__(self, k: int) -> Tuple[str, ...]: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Tuple[Tuple[str, ...], ...]: ...
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return tuple(self[i] for i in range(len(self.inners))[k])
+        return self.prefix + tuple(map(self.names.__getitem__, self.inners[k]))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 class _Call:
@@ -822,12 +861,12 @@ class Reuse:
         if log is not None and entry.reads:  # an enclosing first call read these too
             log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
         originals = self._originals  # a module not copied (booked, never run): the caller's one's name
-        new_names = [names[m] if m in names else originals.get(m, "") for m in order]
+        new_names = tuple([names[m] if m in names else originals.get(m, "") for m in order])
         prefix = stack.path
-        # each distinct inner stack once (13 in a LLaMA layer's 54 events); the events as one
-        # record, the first call's ops under these stacks (the ledger books it as a group)
-        paths = tuple([prefix + tuple([new_names[i] for i in inner]) for inner in entry.inners])
-        recorder.events.append(ReplayedCall(entry.compact, paths, prefix))
+        # the events as one record: the first call's ops under this call's stacks, each distinct
+        # inner stack (13 in a LLaMA layer's 54 events) made from these names when read (the ledger
+        # books the record as a group)
+        recorder.events.append(ReplayedCall(entry.compact, _Paths(prefix, new_names, entry.inners), prefix))
         calls = stack.calls
         for i, n in entry.calls:
             name = new_names[i]

@@ -1,0 +1,145 @@
+"""What a count holds per repeated layer (issue #32's memory target: the count's memory flat in
+depth beyond the per-module rows), on a LLaMA-like stack on meta at two depths, reuse on. Each
+figure is the growth per extra layer of what one object graph holds alive (``tracemalloc``,
+after a full collection: no garbage, no free-list blocks), against a bound derived by hand from
+CPython's object layout: a tuple is 16 B of collector header + 24 B of header + 8 B per item; a
+slotted object 16 + 16 + 8 B per slot; a module's name is measured with ``sys.getsizeof`` (the
+string itself, which the result holds), a dict of the same keys built by insertion likewise. The
+model is checked to be left as found."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tracemalloc
+from typing import Any, Callable, List, Tuple
+
+import pytest
+import torch
+from conftest import assert_same_state, snapshot
+
+from flopcount import count_flops
+from flopcount.core.inputs import prepare_call
+from flopcount.core.model_facts import model_facts
+from flopcount.tracers import trace
+
+pytest.importorskip("transformers")
+
+SHALLOW, DEEP = 8, 24
+TUPLE, OBJECT, ITEM = 16 + 24, 16 + 16, 8
+
+
+def _llama_like(layers: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).eval()
+
+
+def _ids() -> torch.Tensor:
+    return torch.zeros(2, 16, dtype=torch.long, device="meta")  # batch 2
+
+
+def _held(make: Callable[[], Any], keep: Callable[[Any], Any]) -> int:
+    """Bytes that ``keep(make())`` alone holds alive: traced memory with it, less without it."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        kept = keep(make())
+        gc.collect()
+        with_it = tracemalloc.get_traced_memory()[0]
+        del kept
+        gc.collect()
+        return with_it - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+
+
+def _per_layer(measure: Callable[[torch.nn.Module], int]) -> Tuple[float, List[torch.nn.Module]]:
+    models = [_llama_like(SHALLOW), _llama_like(DEEP)]
+    shallow, deep = (measure(m) for m in models)
+    return (deep - shallow) / (DEEP - SHALLOW), models
+
+
+def _layer(model: torch.nn.Module, i: int = 3) -> List[str]:
+    """The names of layer ``i``'s modules (itself and below)."""
+    return [name for name, _ in model.named_modules() if name == f"model.layers.{i}" or name.startswith(f"model.layers.{i}.")]
+
+
+def _names_per_layer(deep: torch.nn.Module) -> float:
+    """The bytes of the names the extra layers add, per layer (layers 8-23: most names one digit longer)."""
+    return sum(sys.getsizeof(n) for i in range(SHALLOW, DEEP) for n in _layer(deep, i)) / (DEEP - SHALLOW)
+
+
+def test_a_replayed_layer_is_one_record_holding_its_modules_names(monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+
+    def records(model: torch.nn.Module) -> int:
+        facts = model_facts(model)  # alive throughout: its names are not the records'
+        trace(model, prepare_call((_ids(),)), facts=facts)  # warm: the shape cache's tables
+        return _held(lambda: trace(model, prepare_call((_ids(),)), facts=facts), lambda run: run.records)
+
+    per_layer, models = _per_layer(records)
+    m = len(_layer(models[0]))  # 13: the layer, attention and its 4 projections, MLP and its 4, 2 norms
+    # one ReplayedCall (3 slots) + its stacks' view (3 slots) + the names of its m modules (a tuple of
+    # m) + its own stack ("model", "model.layers.i": a tuple of 2) + its place in the records tuple.
+    # Before: a tuple per distinct stack (13, of 3-4 names) instead of the view and the names: ~1,100 B
+    assert per_layer <= (OBJECT + 3 * ITEM) * 2 + (TUPLE + m * ITEM) + (TUPLE + 2 * ITEM) + ITEM, per_layer
+
+
+def test_the_result_keeps_per_layer_its_names_and_one_slotted_row_per_module(monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+
+    def result(model: torch.nn.Module) -> int:
+        count_flops(model, (_ids(),))  # warm
+        # the result alone: the names are the model's too, so they are measured by hand below
+        return _held(lambda: count_flops(model, (_ids(),)), lambda r: r)
+
+    per_layer, models = _per_layer(result)
+    names = _layer(models[0])
+
+    def table(model: torch.nn.Module) -> int:
+        d = {}
+        for name, _ in model.named_modules():
+            d[name] = None
+        return sys.getsizeof(d)
+
+    # per module: its name (a new string per layer, held by the result), one ModuleInfo (5 slots),
+    # its place in the result's tuple of modules, and an entry in each of two dicts by module
+    # (totals, and the table of ops: equal tables are one object, shared by the layers). Before: a
+    # ModuleInfo with an attribute table (+40 B) and each module's parameter count its own int
+    dicts = 2 * (table(models[1]) - table(models[0])) / (DEEP - SHALLOW)
+    bound = _names_per_layer(models[1]) + len(names) * (OBJECT + 5 * ITEM + ITEM) + dicts
+    assert per_layer <= bound, (per_layer, bound)
+
+
+def test_the_facts_hold_per_module_its_name_and_no_pair(monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    per_layer, models = _per_layer(lambda model: _held(lambda: model_facts(model), lambda facts: facts))
+    names = _layer(models[0])
+    params = sum(1 for n, _ in models[0].named_parameters() if n.startswith("model.layers.3."))
+    # names (new strings), two tuples of references (names, modules), each module's own parameter
+    # count (one int object for equal sizes: a reference), each parameter in the tuple of parameters.
+    # Before: one (name, module) pair per module besides (16 + 24 + 16 = 56 B each)
+    bound = _names_per_layer(models[1]) + len(names) * 3 * ITEM + params * ITEM
+    assert per_layer <= bound, (per_layer, bound)
+    assert list(model_facts(models[0]).modules) == list(models[0].named_modules())
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_counting_leaves_the_model_as_found(monkeypatch, train):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).train(train)  # real weights: their values are compared after
+    before = snapshot(model)
+    result = count_flops(model, (torch.zeros(2, 16, dtype=torch.long),))
+    assert result.reused_calls == 3
+    assert_same_state(model, before)
