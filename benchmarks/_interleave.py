@@ -8,10 +8,16 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
-def rounds(fns: Dict[str, Callable[[], Any]], repeats: int) -> Tuple[Dict[str, Optional[List[float]]], Dict[str, str]]:
+def rounds(
+    fns: Dict[str, Callable[[], Any]], repeats: int, balanced: bool = False
+) -> Tuple[Dict[str, Optional[List[float]]], Dict[str, str]]:
     """Each function once as warm-up (first-call costs are not per-model costs), then
     ``repeats`` rounds in turn: every wall time, ``None`` and a one-line reason for a
-    function that raised."""
+    function that raised. ``balanced``: the order changes from round to round (:func:`orders`)
+    so that no tool always runs right after the same one: the call after a long, different
+    workload (a peer's 100 ms forward) pays for cold caches and the interpreter's re-specialised
+    code, 1.5-2.5 ms of CPU on a 15 ms count (issue #32, realgap); in a fixed order the same
+    tool pays it every round."""
     times: Dict[str, Optional[List[float]]] = {name: [] for name in fns}
     failures: Dict[str, str] = {}
     for name, fn in fns.items():
@@ -20,14 +26,32 @@ def rounds(fns: Dict[str, Callable[[], Any]], repeats: int) -> Tuple[Dict[str, O
         except Exception as exc:  # a peer's failure is a result too
             failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90] if str(exc) else ''}"
             times[name] = None
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    turns = orders(len(names)) if balanced else [list(range(len(names)))]
+    for turn in range(repeats):
+        for name in (names[i] for i in turns[turn % len(turns)]):
+            fn = fns[name]
             if name in failures:
                 continue
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)  # type: ignore[union-attr]
     return times, failures
+
+
+def orders(n: int) -> List[List[int]]:
+    """A Williams design: ``n`` orders of ``range(n)`` (``2n`` when ``n`` is odd) in which each
+    index comes right after each other index equally often (once for even ``n``). The first is
+    0, 1, n-1, 2, n-2, ...; each next one adds 1 modulo ``n``; odd ``n`` adds the reversed rows."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(i + shift) % n for i in first] for shift in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
 
 
 def median(values: Optional[List[float]]) -> Optional[float]:

@@ -5,7 +5,12 @@ thread, median of the rounds (the three models of ``bench_fastpath.CASES`` and t
 2-layer LLaMA, whose count is mostly per-count fixed costs); then LLaMA-2-70B's config on meta at
 4,096 tokens.
 
-Each tool runs once per round, in turn (``_interleave.rounds``), after one warm-up call.
+Each tool runs once per round (``_interleave.rounds``), after one warm-up call, in an order that
+changes from round to round (a Williams design: each tool right after each other one once in
+4 rounds, so use a multiple of 4 repeats): in a fixed order the first column always ran right
+after ``FlopCounterMode``'s 100-250 ms forward and paid for the cold caches that left, 1.5-2.5 ms
+CPU per count, which read as a cost of real weights (issue #32, realgap). The meta copy keeps the
+model's ties (:func:`meta_copy`): both columns count the same model.
 "reuse on" counts with ``FLOPCOUNT_REUSE=1`` (structural reuse), "reuse off" with ``=0``
 (every call traced); each column sets it explicitly, whatever the default is.
 
@@ -21,7 +26,7 @@ count (facts, trace, pricing, booking), which says where that working set is.
 With ``--cpu`` the models are timed again by process CPU time (the same interleaving): on a machine
 other processes load, wall time counts their share of the cores too.
 
-    .venv/bin/python benchmarks/bench_reuse.py [--repeats 7] [--threads 1] [--skip-70b] [--skip-memory] [--cpu]
+    .venv/bin/python benchmarks/bench_reuse.py [--repeats 8] [--threads 1] [--skip-70b] [--skip-memory] [--cpu]
 """
 
 from __future__ import annotations
@@ -93,8 +98,21 @@ def _flop_counter_mode(model: nn.Module, inputs: Tuple[Any, ...]) -> Callable[[]
     return run
 
 
-def _meta(model: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[nn.Module, Tuple[Any, ...]]:
-    return copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs)
+def meta_copy(model: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[nn.Module, Tuple[Any, ...]]:
+    """A copy of ``model`` on the meta device that is the same model: tied parameters stay tied
+    (``copy.deepcopy(model).to("meta")`` unties them: GPT-2's meta copy had 163 M parameters
+    instead of 124 M, and its count took the untied model's cheaper walk), buffers and
+    ``requires_grad`` as they are; the weights' data is not copied (each tensor's meta twin is
+    put in the copier's memo first)."""
+    memo: Dict[int, Any] = {}
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None and id(param) not in memo:
+                memo[id(param)] = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        for buffer in module._buffers.values():
+            if buffer is not None and id(buffer) not in memo:
+                memo[id(buffer)] = buffer.to("meta")
+    return copy.deepcopy(model, memo), tuple(t.to("meta") for t in inputs)
 
 
 def _cpu_timed(fns: Dict[str, Callable[[], Any]], spent: Dict[str, list]) -> Dict[str, Callable[[], Any]]:
@@ -137,7 +155,7 @@ def models(repeats: int, cpu: bool = False) -> None:
     for label, build in {**CASES, "tiny LLaMA 2 layers 2x16": tiny_llama}.items():
         torch.manual_seed(0)
         model, inputs = build()
-        meta_model, meta_inputs = _meta(model, inputs)
+        meta_model, meta_inputs = meta_copy(model, inputs)
         fns: Dict[str, Callable[[], Any]] = {
             "real": _count(model, inputs, reuse=True),
             "meta": _count(meta_model, meta_inputs),
@@ -147,7 +165,7 @@ def models(repeats: int, cpu: bool = False) -> None:
             "fcm": _flop_counter_mode(*((model, inputs) if label.startswith("tiny") else (meta_model, meta_inputs))),
         }
         spent: Dict[str, list] = {name: [] for name in fns}
-        times, failures = rounds(_cpu_timed(fns, spent) if cpu else fns, repeats)
+        times, failures = rounds(_cpu_timed(fns, spent) if cpu else fns, repeats, balanced=True)
         if cpu:
             times = {name: (None if times[name] is None else spent[name][1:]) for name in fns}
         cells = []
@@ -158,8 +176,11 @@ def models(repeats: int, cpu: bool = False) -> None:
             t, r = median(times[name]), ratio(times, name, "fcm")
             cells.append("-" if t is None else f"{t * 1e3:.1f} ms" + ("" if r is None else f" ({r:.2f}x)"))
         print(f"| {label} | " + " | ".join(cells) + " |")
-        same = fns["real"]().by_module("flops") == fns["meta"]().by_module("flops") == fns["meta_reuse"]().by_module("flops")
-        print(f"|  per-module rows equal (real, meta, meta reuse on): {same}; calls reused: {_reused(meta_model, meta_inputs)} | | | | |")
+        results = [fns[name]() for name in ("real", "meta", "meta_reuse")]
+        same = all(r.by_module("flops") == results[0].by_module("flops") for r in results)
+        params = {r.params for r in results}
+        print(f"|  per-module rows equal (real, meta, meta reuse on): {same}; parameters {'/'.join(map(str, params))}; "
+              f"calls reused: {_reused(meta_model, meta_inputs)} | | | | |")
 
 
 def llama70b(repeats: int, tokens: int = 4096) -> None:
@@ -359,7 +380,7 @@ def _events(model: nn.Module, ids: torch.Tensor) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-70b", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")

@@ -15,7 +15,6 @@ inside the trace).
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import gc
 import sys
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from bench_fastpath import CASES  # noqa: E402
+from bench_reuse import meta_copy  # noqa: E402
 from torch import nn  # noqa: E402
 
 import flopcount.core.analysis as analysis  # noqa: E402
@@ -78,7 +78,7 @@ def _cases(only: List[str], real: bool = False) -> Dict[str, Tuple[nn.Module, Tu
             if real:
                 made[label + ", real weights"] = model, tuple(inputs)
             else:
-                made[label] = copy.deepcopy(model).to("meta"), tuple(t.to("meta") for t in inputs)
+                made[label] = meta_copy(model, inputs)  # ties kept: the same model as --real
     if "70b" in only:
         from transformers import LlamaForCausalLM
 
