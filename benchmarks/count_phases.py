@@ -68,17 +68,23 @@ def _timed(spent: Dict[str, float]) -> None:
         setattr(owner, name, functools.wraps(inner)(wrapper))
 
 
-def _cases(only: List[str], real: bool = False) -> Dict[str, Tuple[nn.Module, Tuple[Any, ...]]]:
-    made: Dict[str, Tuple[nn.Module, Tuple[Any, ...]]] = {}
+Case = Tuple[nn.Module, Tuple[Any, ...], Tuple[nn.Module, Tuple[Any, ...]]]
+
+
+def _cases(only: List[str], real: bool = False) -> Dict[str, Case]:
+    """label -> (model, inputs, the meta copy FlopCounterMode runs on: with ``real`` too, so that
+    the ratio is always to the same peer)."""
+    made: Dict[str, Case] = {}
     short = {"resnet50": "ResNet-50 1x3x224x224", "bert": "BERT-base 1x128", "gpt2": "GPT-2 small 1x256"}
     for key, label in short.items():
         if key in only:
             torch.manual_seed(0)
             model, inputs = CASES[label]()
+            meta = meta_copy(model, tuple(inputs))  # ties kept: the same model as --real
             if real:
-                made[label + ", real weights"] = model, tuple(inputs)
+                made[label + ", real weights"] = model, tuple(inputs), meta
             else:
-                made[label] = meta_copy(model, inputs)  # ties kept: the same model as --real
+                made[label] = (*meta, meta)
     if "70b" in only:
         from transformers import LlamaForCausalLM
 
@@ -86,7 +92,8 @@ def _cases(only: List[str], real: bool = False) -> Dict[str, Tuple[nn.Module, Tu
 
         with torch.device("meta"):
             model = LlamaForCausalLM(llama2_70b_config()).eval()
-        made["LLaMA-2-70B config, meta, 1x4096"] = model, (torch.zeros(1, 4096, dtype=torch.long, device="meta"),)
+        ids = (torch.zeros(1, 4096, dtype=torch.long, device="meta"),)
+        made["LLaMA-2-70B config, meta, 1x4096"] = model, ids, (model, ids)
     return made
 
 
@@ -102,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", default="resnet50,bert,gpt2,70b")
-    parser.add_argument("--real", action="store_true", help="the models with their real weights (no meta copy)")
+    parser.add_argument("--real", action="store_true", help="count the models with their real weights (FlopCounterMode still runs on the meta copy, ties kept)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with open("/proc/loadavg") as f:
@@ -111,7 +118,7 @@ def main() -> None:
           f"load average {load} at start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     spent: Dict[str, float] = {}
     _timed(spent)
-    for label, (model, inputs) in _cases(args.only.split(","), args.real).items():
+    for label, (model, inputs, peer) in _cases(args.only.split(","), args.real).items():
         count_flops(model, inputs)  # first-use costs (imports, caches) are not per-count costs
         best: Dict[str, float] = {}
         totals: List[float] = []
@@ -128,7 +135,7 @@ def main() -> None:
                     best[stage] = min(best.get(stage, seconds), seconds)
                 if "70B" not in label:
                     start = time.thread_time()
-                    _flop_counter_mode(model, inputs)
+                    _flop_counter_mode(*peer)
                     fcm.append(time.thread_time() - start)
         finally:
             gc.enable()
