@@ -15,9 +15,9 @@ def rounds(
     ``repeats`` rounds in turn: every wall time, ``None`` and a one-line reason for a
     function that raised. ``balanced``: the order changes from round to round (:func:`orders`)
     so that no tool always runs right after the same one: the call after a long, different
-    workload (a peer's 100 ms forward) pays for cold caches and the interpreter's re-specialised
-    code, 1.5-2.5 ms of CPU on a 15 ms count (issue #32, realgap); in a fixed order the same
-    tool pays it every round."""
+    workload (a peer's 100 ms forward, or a plain memset) pays for the CPU caches that work
+    evicted, 1.3-4 ms of CPU on a 15 ms count (issue #32, realgap: benchmarks/count_after.py);
+    in a fixed order the same tool pays it every round."""
     times: Dict[str, Optional[List[float]]] = {name: [] for name in fns}
     failures: Dict[str, str] = {}
     for name, fn in fns.items():

@@ -8,8 +8,8 @@ thread, median of the rounds (the three models of ``bench_fastpath.CASES`` and t
 Each tool runs once per round (``_interleave.rounds``), after one warm-up call, in an order that
 changes from round to round (a Williams design: each tool right after each other one once in
 4 rounds, so use a multiple of 4 repeats): in a fixed order the first column always ran right
-after ``FlopCounterMode``'s 100-250 ms forward and paid for the cold caches that left, 1.5-2.5 ms
-CPU per count, which read as a cost of real weights (issue #32, realgap). The meta copy keeps the
+after ``FlopCounterMode``'s 100-250 ms forward and paid for the cold caches that left, 1.3-4 ms
+CPU per count (``count_after.py``), which read as a cost of real weights (issue #32, realgap). The meta copy keeps the
 model's ties (:func:`meta_copy`): both columns count the same model.
 "reuse on" counts with ``FLOPCOUNT_REUSE=1`` (structural reuse), "reuse off" with ``=0``
 (every call traced); each column sets it explicitly, whatever the default is.
