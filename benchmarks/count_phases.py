@@ -118,7 +118,7 @@ def main() -> None:
           f"load average {load} at start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     spent: Dict[str, float] = {}
     _timed(spent)
-    for label, (model, inputs, peer) in _cases(args.only.split(","), args.real).items():
+    for label, (model, inputs, on_meta) in _cases(args.only.split(","), args.real).items():
         count_flops(model, inputs)  # first-use costs (imports, caches) are not per-count costs
         best: Dict[str, float] = {}
         totals: List[float] = []
@@ -135,7 +135,7 @@ def main() -> None:
                     best[stage] = min(best.get(stage, seconds), seconds)
                 if "70B" not in label:
                     start = time.thread_time()
-                    _flop_counter_mode(*peer)
+                    _flop_counter_mode(*on_meta)
                     fcm.append(time.thread_time() - start)
         finally:
             gc.enable()
