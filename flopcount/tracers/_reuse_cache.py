@@ -77,7 +77,7 @@ class LayerIndex:
 def _observing(name: str) -> Callable[..., Any]:
     def method(self: LayerIndex, *args: Any) -> Any:
         self.seen = True
-        plain = tuple(a.value if type(a) is LayerIndex else a for a in args)
+        plain = tuple([a.value if type(a) is LayerIndex else a for a in args])
         return getattr(self.value, name)(*plain)
 
     method.__name__ = name
@@ -179,7 +179,7 @@ class States:
         if kind is self.fake_type:
             return ("tensor",) + self.tensor(value)
         if kind is tuple:
-            return (kind, tuple(self.value(v) for v in value))
+            return (kind, tuple([self.value(v) for v in value]))
         raise Unkeyable(f"a cache attribute of type {kind.__name__}")
 
     def own(self, cache: Any) -> Tuple[Any, ...]:
@@ -201,7 +201,7 @@ class States:
             state = vars(layer)
         except TypeError:
             raise Unkeyable("a cache slot without attributes") from None
-        return (type(layer), tuple((name, self.value(value)) for name, value in state.items()))
+        return (type(layer), tuple([(name, self.value(value)) for name, value in state.items()]))
 
     def after(self, before: Dict[str, Any], layer: Any, args: List[Any], made: List[Any]) -> Tuple[Any, ...]:
         """What a first call left in a slot it indexed: per attribute, ``("kept",)`` (the object
