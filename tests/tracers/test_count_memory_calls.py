@@ -209,3 +209,37 @@ def test_a_replayed_layer_leaves_no_tuple_blocks_in_the_free_lists(monkeypatch, 
         # (record, costs) pair, and the 3-tuple above, each freed to its free list once booked
         bound = tuple_of(13) + tuple_of(2) + tuple_of(2) + tuple_of(3)
     assert per_layer <= bound, (per_layer, bound)
+
+
+def test_the_facts_walk_holds_no_list_per_module(monkeypatch):
+    """The facts' walk kept each module's names in a list of its own until the walk ended (to find
+    modules under several names): 13 lists of one name per LLaMA layer, 64 B each (a list object of
+    16 + 40 B and its one-item array of 8), ~0.8 KiB per layer of the facts' peak. Now a module's
+    first name is held as itself, a list made only for a module met again. Read while the walk's
+    locals are alive: when it builds the facts."""
+    import gc
+
+    from flopcount.core import model_facts as facts_module
+
+    model = _llama_like(8)
+    names = {name for name, _ in model.named_modules()}
+    found: List[int] = []
+    made = facts_module.ModelFacts
+
+    def lists() -> int:  # lists of one of the model's module names, alive now
+        return sum(1 for o in gc.get_objects() if type(o) is list and len(o) == 1 and type(o[0]) is str and o[0] in names)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        found.append(lists())
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(facts_module, "ModelFacts", counting)
+    gc.collect()
+    before = lists()  # the process's own (none of the walk's)
+    facts_module.model_facts(model)
+    assert [n - before for n in found] == [0], (found, before)  # main: one per module (8 layers: 13 x 8 + 7)
+    # a module under two names: one list, of both
+    shared = nn.Linear(2, 2)
+    aliased = nn.Sequential(shared, nn.ReLU(), shared)
+    monkeypatch.setattr(facts_module, "ModelFacts", made)
+    assert facts_module.model_facts(aliased).aliases == {"0": ("0", "2")}
