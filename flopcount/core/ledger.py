@@ -50,7 +50,7 @@ def _shares(cost: Cost) -> Tuple[float, ...]:
     if not cost.parts:
         return (1.0,)
     if cost.flops:
-        return tuple(part.flops / cost.flops for _, part in cost.parts)
+        return tuple([part.flops / cost.flops for _, part in cost.parts])
     return (1.0 / len(cost.parts),) * len(cost.parts)
 
 

@@ -151,7 +151,9 @@ class ModelFacts:
 
 def model_facts(model: nn.Module) -> ModelFacts:
     """Read :class:`ModelFacts` from ``model`` in one walk of its module tree."""
-    every: Dict[int, List[str]] = {}
+    # id(module) -> its first name, or (a module met under several names) the list of them: no list
+    # per module while the walk lasts (issue #32: ~0.9 KiB per LLaMA layer at the facts' peak)
+    every: Dict[int, Union[str, List[str]]] = {}
     names: List[str] = []  # each module once, under its first name (``modules``), in walk order
     objects: List[nn.Module] = []
     parameters: Dict[int, torch.Tensor] = {}
@@ -175,9 +177,12 @@ def model_facts(model: nn.Module) -> ModelFacts:
         walked.append(module)
         known = every.get(id(module))
         if known is not None:
-            known.append(name)
+            if isinstance(known, str):
+                every[id(module)] = [known, name]
+            else:
+                known.append(name)
             continue
-        every[id(module)] = [name]
+        every[id(module)] = name
         state = vars(module)
         own = state["_parameters"]
         size = 0
@@ -220,7 +225,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
                 packed.append((name, module, value))
             elif isinstance(value, torch.Tensor):
                 attributes.append((f"tensor attribute {key} of module '{name}'", value))
-    aliases = {found[0]: tuple(found) for found in every.values() if len(found) > 1}
+    aliases = {found[0]: tuple(found) for found in every.values() if isinstance(found, list)}
     # a tie or a module under several names: each name counts a tensor once (the exact walk)
     owned: Union[Tuple[int, ...], Mapping[str, int]] = (
         _owned(zip(walked_names, walked)) if aliases or met > len(parameters) else tuple(sizes)

@@ -48,6 +48,7 @@ import os
 import sys
 import threading
 from abc import ABCMeta
+from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
@@ -184,8 +185,8 @@ class _Paths(Sequence[Tuple[str, ...]]):
 
     def __getitem__(self, k: Any) -> Any:
         if isinstance(k, slice):
-            return tuple(self[i] for i in range(len(self.inners))[k])
-        return self.prefix + tuple(map(self.names.__getitem__, self.inners[k]))
+            return tuple([self[i] for i in range(len(self.inners))[k]])
+        return (*self.prefix, *map(self.names.__getitem__, self.inners[k]))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and tuple(self) == tuple(other)
@@ -201,13 +202,16 @@ class _Call:
     """The ``forward`` a wrapped module of the copy holds while the run lasts: a small object
     rather than a closure (issue #32: the wrappers were a tenth of a deep model's count memory)."""
 
-    __slots__ = ("reuse", "module", "unkeyed")
+    __slots__ = ("reuse", "module", "unkeyed", "keyed")
     __flopcount_reuse__ = True
 
     def __init__(self, reuse: Reuse, module: nn.Module, unkeyed: bool):
         self.reuse = reuse
         self.module = module
         self.unkeyed = unkeyed  # the next call runs without a key (a module without a twin, once)
+        # keyed once in this count: its structure is remembered from the second call (a slot here,
+        # not a set of ids beside: ~0.13 KiB per LLaMA layer, issue #32)
+        self.keyed = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.reuse._call(self, args, kwargs)
@@ -271,7 +275,14 @@ class Reuse:
         # each distinct own part and subtree key -> a number: a parent's key holds its children's numbers,
         # so a key is hashed once, not again inside each enclosing key (CPython does not keep a tuple's hash)
         self._interned: Dict[Tuple[Any, ...], int] = {}
-        self._keyed_once: set[int] = set()  # modules keyed once: their structure is remembered from the second
+        # the module calls of replays, added to the stack's counts when they are read (``_flush_calls``):
+        # a replay's modules' names (its record's own tuple) and its entry's (index, calls) list, two
+        # references per replay; ``_marks``: (the stack's count of names then, where its run starts
+        # here), two machine integers per run of replays with no traced module's first call between
+        # them (a replayed layer's own call is traced: a run per layer). 32 B per LLaMA layer where a
+        # dictionary entry per replayed module was ~0.3 KiB, alive through the trace (issue #32)
+        self._replayed: List[Any] = []
+        self._marks = array("q")
         # KV caches (_reuse_cache.py): stand-ins for layer indices in first calls given a cache
         self._index_proxies = index_proxies
         self._states = States(fake_type, fake_mode)
@@ -358,6 +369,9 @@ class Reuse:
         self._classes = {}
         self._owners = {}
         self._owns = {}
+        # the trace reads the counts next; added once the caches and the copies are let go (they were the
+        # peak's: the counts' dictionary made beside them was issue #32's count's peak on a 70B model)
+        self._flush_calls(final=True)
 
     def _own_class(self, kind: type) -> Optional[type]:
         """The class of a module of type ``kind`` whose attribute reads are logged while a first
@@ -459,7 +473,7 @@ class Reuse:
             order: List[nn.Module] = []
             tensors: List[Any] = []
             caches: List[Any] = []
-            key = (self._structure(module, order), self._value(args, tensors, caches),
+            key = (self._structure(wrapped, order), self._value(args, tensors, caches),
                    self._value(kwargs, tensors, caches), _settings())
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
@@ -537,7 +551,7 @@ class Reuse:
                 state = vars(module)
                 original = module in originals  # not copied yet: its attributes as its copy will hold them
             if name == "*":
-                values.append(tuple((k, attribute(v, original)) for k, v in state.items() if k not in _SKIP))
+                values.append(tuple([(k, attribute(v, original)) for k, v in state.items() if k not in _SKIP]))
             else:
                 # most reads are of names the instance does not hold (methods, children, parameters)
                 value = state.get(name, _MISSING)
@@ -571,6 +585,7 @@ class Reuse:
         try:
             before = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
             start = len(recorder.events)
+            self._flush_calls()
             calls_before = dict(stack.calls)
             fingerprint = self._last_fingerprint  # the one the key was made from, just before
             if fingerprint is None:  # the subtree as it is now, unchanged since it was keyed
@@ -637,7 +652,7 @@ class Reuse:
             reads = self._reads(order, log, read_from)
             if watch is not None:  # a stand-in's index was not used but to index the cache: not keyed
                 proxied = {i for i, _ in watch.proxies}
-                reads = tuple(r for r in reads if r[0] not in proxied or r[1] != INDEX_ATTRIBUTE)
+                reads = tuple([r for r in reads if r[0] not in proxied or r[1] != INDEX_ATTRIBUTE])
             values = self._read_values(order, reads)
         except Unkeyable:
             return
@@ -655,6 +670,7 @@ class Reuse:
             if any(name not in by_name for name in inner):
                 return  # an op booked to a module outside the subtree
         calls: List[Tuple[int, int]] = []
+        self._flush_calls()  # replays inside this call
         for name, n in stack.calls.items():
             extra = n - calls_before.get(name, 0)
             if extra and name != own:
@@ -669,7 +685,7 @@ class Reuse:
             if k is None:
                 k = inners[inner] = len(inners)
             compact.append((event.call, k, event.phase))
-        entry.inners = [tuple(by_name[name] for name in inner) for inner in inners]
+        entry.inners = [tuple([by_name[name] for name in inner]) for inner in inners]
         entry.compact = tuple(compact)
         entry.calls = calls
         entry.reads, entry.values = reads, values
@@ -867,21 +883,60 @@ class Reuse:
         # inner stack (13 in a LLaMA layer's 54 events) made from these names when read (the ledger
         # books the record as a group)
         recorder.events.append(ReplayedCall(entry.compact, _Paths(prefix, new_names, entry.inners), prefix))
-        calls = stack.calls
-        for i, n in entry.calls:
-            name = new_names[i]
-            calls[name] = calls.get(name, 0) + n
+        if entry.calls:
+            marks, replayed = self._marks, self._replayed
+            at = len(stack.calls)
+            if not marks or marks[-2] != at:
+                marks.extend((at, len(replayed)))
+            replayed += (new_names, entry.calls)
         return self._make(entry.outputs, tensors)
+
+    def _flush_calls(self, final: bool = False) -> None:
+        """Add the replays' module calls to the stack's counts, each name where its first call
+        puts it (``ModuleStack.calls`` is in order of first call): the counts as a count that
+        added them at each replay has them. ``final``: the stack's hooks are off, its dictionary is
+        replaced (not refilled: one full dictionary alive, not two)."""
+        marks, replayed = self._marks, self._replayed
+        if not marks:
+            return
+        calls = self._modules.calls
+        merged: Dict[str, int] = {}
+        get = merged.get
+        bounds = [*marks[1::2], len(replayed)]  # where each run starts, and the end
+
+        def add(run: int) -> None:
+            for j in range(bounds[run], bounds[run + 1], 2):
+                names = replayed[j]
+                for i, n in replayed[j + 1]:
+                    merged[names[i]] = get(names[i], 0) + n
+
+        run, runs = 0, len(marks) // 2
+        for position, (name, n) in enumerate(calls.items()):
+            while run < runs and marks[2 * run] == position:  # replays made when ``position`` names were in
+                add(run)
+                run += 1
+            merged[name] = get(name, 0) + n
+        while run < runs:  # replays after the last first call
+            add(run)
+            run += 1
+        if final:
+            self._modules.calls = merged
+        else:  # the stack's hooks hold its dictionary
+            calls.clear()
+            calls.update(merged)
+        del marks[:]
+        replayed.clear()
 
     # ------------------------------------------------------------------ keys
 
-    def _structure(self, module: nn.Module, order: List[nn.Module]) -> Any:
-        """:meth:`_subtree`, remembered per module while no attribute of its subtree is
-        rebound (a fingerprint of the objects each module's attributes hold)."""
-        if id(module) not in self._keyed_once:
+    def _structure(self, wrapped: _Call, order: List[nn.Module]) -> Any:
+        """:meth:`_subtree` of the wrapped module, remembered per module while no attribute of
+        its subtree is rebound (a fingerprint of the objects each module's attributes hold)."""
+        module = wrapped.module
+        if not wrapped.keyed:
             # its first key (most modules run once per count): no fingerprint to remember it by;
             # a first call makes its own (``_first``)
-            self._keyed_once.add(id(module))
+            wrapped.keyed = True
             self._last_fingerprint = None
             return self._subtree(module, order)
         fingerprint: List[Any] = []
@@ -932,7 +987,7 @@ class Reuse:
         children = state["_modules"]
         made = (
             own,
-            tuple((k, None if m is None else self._subtree(m, order, seen)) for k, m in dict.items(children)),
+            tuple([(k, None if m is None else self._subtree(m, order, seen)) for k, m in dict.items(children)]),
         )
         return self._interned.setdefault(made, len(self._interned))
 
@@ -975,7 +1030,7 @@ class Reuse:
                 state.get("training", _MISSING),
                 tensors(state.get("_parameters")),
                 tensors(state.get("_buffers")),
-                tuple(self._attribute(state[k], original) if k in state else _MISSING for k in _FLAGS),
+                tuple([self._attribute(state[k], original) if k in state else _MISSING for k in _FLAGS]),
             )
             return self._interned.setdefault(part, len(self._interned))
         parts: List[Any] = [type(module)]
@@ -997,7 +1052,7 @@ class Reuse:
         keyed by its Pending's key, not faked here)."""
         if not tensors:
             return () if tensors is not None else _MISSING
-        return tuple((k, None if t is None else t.key if type(t) is Pending else self._tensor(t)) for k, t in dict.items(tensors))
+        return tuple([(k, None if t is None else t.key if type(t) is Pending else self._tensor(t)) for k, t in dict.items(tensors)])
 
     def _original_tensors(self, tensors: Any) -> Tuple[Any, ...]:
         """:meth:`_tensors_part` of the copy of a caller's parameter or buffer dictionary."""
@@ -1045,12 +1100,12 @@ class Reuse:
         if kind is tuple or kind is list:
             if all(type(v) in _TUPLE_ITEMS for v in value):  # a convolution's stride, padding...: keyed as itself
                 return (kind, value if kind is tuple else tuple(value))
-            return (kind, tuple(self._attribute(v, original) for v in value))
+            return (kind, tuple([self._attribute(v, original) for v in value]))
         if isinstance(value, (dict, set, frozenset)):
             if len(value) > 64:
                 return ("id", id(value))
             if isinstance(value, dict):
-                return (kind, tuple((k, self._attribute(v, original)) for k, v in value.items()))
+                return (kind, tuple([(k, self._attribute(v, original)) for k, v in value.items()]))
             if all(type(v) in _SCALARS for v in value):
                 return (kind, frozenset((type(v), v) for v in value))
             return ("id", id(value))
@@ -1078,9 +1133,9 @@ class Reuse:
                 value.requires_grad, value._base is not None,
             )
         if kind is tuple or kind is list:
-            return (kind, tuple(self._value(v, tensors, caches) for v in value))
+            return (kind, tuple([self._value(v, tensors, caches) for v in value]))
         if kind is dict:
-            return (kind, tuple((k, self._value(v, tensors, caches)) for k, v in value.items()))
+            return (kind, tuple([(k, self._value(v, tensors, caches)) for k, v in value.items()]))
         known = cache_type()
         if known is not None and isinstance(value, known):
             return self._cache_key(value, caches)
@@ -1113,8 +1168,8 @@ class Reuse:
             if known is None or known[0] != len(state):
                 # which attributes hold a container, per module while its attribute count
                 # stays (a rebinding to a container changes the fingerprint, which is compared too)
-                names = tuple(k for k, v in state.items()
-                              if k not in _SKIP and type(v) is not LayerIndex and isinstance(v, (list, dict, set)))
+                names = tuple([k for k, v in state.items()
+                              if k not in _SKIP and type(v) is not LayerIndex and isinstance(v, (list, dict, set))])
                 known = held[id(module)] = (len(state), names)
             for name in known[1]:
                 value = state.get(name)
@@ -1152,7 +1207,7 @@ class Reuse:
                 raise Unkeyable("an output held by a cache")
             return ("new", tuple(out.shape), out.stride(), out.dtype, out.fake_device)
         if kind is tuple or kind is list:
-            return ("seq", kind, tuple(self._describe(o, tensors, made) for o in out))
+            return ("seq", kind, tuple([self._describe(o, tensors, made) for o in out]))
         raise Unkeyable(f"an output of type {kind.__name__}")
 
     def _make(self, described: Any, tensors: List[Any]) -> Any:
@@ -1185,17 +1240,21 @@ def _signature(
         return found
     memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
     try:
-        params: Tuple[Any, ...] = tuple(
+        params: Tuple[Any, ...] = tuple([
             (p.key[0], p.key[3]) if type(p) is Pending
             else (key[0], key[3]) if (key := keys.get(id(p))) is not None
             else (tuple(p.shape), p.dtype)
             for p in dict.values(module._parameters) if p is not None
-        )
+        ])
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
         params = (("unique", id(module)),)
-    children = tuple(None if m is None else _signature(m, memo, table, keys) for m in dict.values(module._modules))
+    children = tuple([None if m is None else _signature(m, memo, table, keys) for m in dict.values(module._modules)])
     # one number per distinct signature: an equal one made again is freed at once (a deep model's
-    # repeated layers left as many tuples in CPython's free lists, counted by tracemalloc)
+    # repeated layers left as many tuples in CPython's free lists, counted by tracemalloc). A tuple
+    # made and let go per module is built from a list, never from a generator or a ``map``: CPython
+    # (3.11) makes a tuple from an iterator of unknown length with ``malloc`` and ``realloc``, never
+    # from its free list, and puts it on the free list when freed, so each such tuple left a block
+    # there until the next full collection (issue #32: ~2 KiB per 70B layer at the count's peak)
     made: Any = (type(module), params, children)
     if table is not None:
         made = table.setdefault(made, len(table))
@@ -1216,9 +1275,9 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     order.append(module)
     state = vars(module)
     into.append(module)
-    into.append(tuple(map(id, state.values())))
-    into.append(tuple(map(id, dict.values(state["_parameters"]))))  # raw: a Pending is not faked by a look
-    into.append(tuple(map(id, dict.values(state["_buffers"]))))
+    into.append((*map(id, state.values()),))
+    into.append((*map(id, dict.values(state["_parameters"])),))  # raw: a Pending is not faked by a look
+    into.append((*map(id, dict.values(state["_buffers"])),))
     into.append(hooks.call_hook_sizes(state))  # hooks live in dictionaries changed in place: their sizes
     for child in dict.values(state["_modules"]):
         if child is not None:
@@ -1244,7 +1303,7 @@ def _process_hooks_here() -> bool:
 def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
     """Which of ``where`` are the same slot: each item's first position."""
     first: Dict[Tuple[int, int], int] = {}
-    return tuple(first.setdefault(w, len(first)) for w in where)
+    return tuple([first.setdefault(w, len(first)) for w in where])
 
 
 def _settings() -> Tuple[Any, ...]:

@@ -77,7 +77,7 @@ class LayerIndex:
 def _observing(name: str) -> Callable[..., Any]:
     def method(self: LayerIndex, *args: Any) -> Any:
         self.seen = True
-        plain = tuple(a.value if type(a) is LayerIndex else a for a in args)
+        plain = tuple([a.value if type(a) is LayerIndex else a for a in args])
         return getattr(self.value, name)(*plain)
 
     method.__name__ = name
@@ -157,6 +157,10 @@ class States:
     def __init__(self, fake_type: Any, mode: Any):
         self.fake_type = fake_type
         self.mode = mode
+        # equal slot descriptions and their parts one object each, for the count: a first call given a
+        # cache describes every slot at once (``Reuse._watch``; 80 on a 70B model, equal before the
+        # run), and as many tuples alive at once stayed in CPython's free lists after (issue #32)
+        self._same: Dict[Any, Any] = {}
 
     def tensor(self, t: Any) -> Tuple[Any, ...]:
         """A fake tensor of the run's mode by its metadata (and the constant fake tensors
@@ -175,11 +179,12 @@ class States:
     def value(self, value: Any) -> Any:
         kind = type(value)
         if kind in _PLAIN:
-            return (kind, value) if kind is not float or value == value else (kind, "nan")
+            pair = (kind, value) if kind is not float or value == value else (kind, "nan")
+            return self._same.setdefault(pair, pair)
         if kind is self.fake_type:
             return ("tensor",) + self.tensor(value)
         if kind is tuple:
-            return (kind, tuple(self.value(v) for v in value))
+            return (kind, tuple([self.value(v) for v in value]))
         raise Unkeyable(f"a cache attribute of type {kind.__name__}")
 
     def own(self, cache: Any) -> Tuple[Any, ...]:
@@ -201,7 +206,9 @@ class States:
             state = vars(layer)
         except TypeError:
             raise Unkeyable("a cache slot without attributes") from None
-        return (type(layer), tuple((name, self.value(value)) for name, value in state.items()))
+        same = self._same.setdefault
+        made = (type(layer), tuple([same(item, item) for item in [(name, self.value(value)) for name, value in state.items()]]))
+        return same(made, made)
 
     def after(self, before: Dict[str, Any], layer: Any, args: List[Any], made: List[Any]) -> Tuple[Any, ...]:
         """What a first call left in a slot it indexed: per attribute, ``("kept",)`` (the object
