@@ -612,10 +612,7 @@ class _Faker:
             return None  # a subclass (an uninitialised parameter among them) or a fake storage
         if tensor.layout is not _STRIDED or tensor.is_quantized:
             return None
-        # reuse_key inlined (one call less per parameter of the model: read for every one, every count)
-        grad = tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex())
-        return (tuple(tensor.shape), tensor.stride(), 0, tensor.dtype, _CPU if tensor.is_meta else tensor.device, grad,
-                self.fake_type)
+        return reuse_key(tensor, self.fake_type)
 
     def _make(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Tuple[Any, ...]]]:
         """The fake of ``tensor`` and, when made the fast way, its :func:`reuse_key`."""
