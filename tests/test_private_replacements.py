@@ -118,3 +118,48 @@ def test_the_fast_fake_maker_stands_down_under_torchs_fake_debug_mode(monkeypatc
     assert maker._fast is False
     assert vars(first)["_debug_trace"] is not vars(second)["_debug_trace"]
     assert (second.shape, second.dtype, second.requires_grad, isinstance(second, nn.Parameter)) == ((2, 3), torch.float16, True, True)
+
+
+def test_no_code_of_the_module_call_reads_its_dict_but_the_registry_lookups() -> None:
+    # tracers/_reuse.py leaves out of a reuse key the ``__dict__`` reads made by nn.Module's own
+    # code (``_MODULE_CODE``). It held the code of the call machinery (private ``_call_impl`` and
+    # ``_wrapped_call_impl``) too, which never reads ``__dict__``: oracle, a module called with
+    # every kind of hook, forward and backward, its ``__dict__`` reads recorded with the code
+    # that made each. The registry lookups (``__getattr__`` of ``self.weight``, ``__setattr__``)
+    # are the only nn.Module code among them, and each is in the set
+    import sys
+
+    from torch.nn.modules import module as module_impl
+
+    from flopcount.tracers._reuse import _MODULE_CODE
+
+    readers = []
+
+    class Probe(nn.Linear):
+        def __getattribute__(self, name: str) -> object:
+            if name == "__dict__":
+                readers.append(sys._getframe(1).f_code)
+            return super().__getattribute__(name)
+
+    model = Probe(4, 3)
+    hooks = [
+        model.register_forward_pre_hook(lambda m, a: None),
+        model.register_forward_pre_hook(lambda m, a, k: None, with_kwargs=True),
+        model.register_forward_hook(lambda m, a, o: None),
+        model.register_forward_hook(lambda m, a, k, o: None, with_kwargs=True, always_call=True),
+        model.register_full_backward_pre_hook(lambda m, g: None),
+        model.register_full_backward_hook(lambda m, gi, go: None),
+        module_impl.register_module_forward_pre_hook(lambda m, a: None),
+        module_impl.register_module_forward_hook(lambda m, a, o: None),
+    ]
+    readers.clear()  # construction's reads (register_parameter) are not a call's
+    try:
+        model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+        model.scale = 2.0  # an assignment's registry lookup
+    finally:
+        for handle in hooks:
+            handle.remove()
+    module_code = {code for code in readers if code.co_filename == module_impl.__file__}
+    assert {code.co_name for code in module_code} == {"__getattr__", "__setattr__"}
+    assert module_code <= _MODULE_CODE
+
