@@ -163,3 +163,60 @@ def test_no_code_of_the_module_call_reads_its_dict_but_the_registry_lookups() ->
     assert {code.co_name for code in module_code} == {"__getattr__", "__setattr__"}
     assert module_code <= _MODULE_CODE
 
+
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(C, 6), nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x))) * scale
+
+
+def _exported_and_flops() -> tuple:
+    """An exported module (its specs hold a keyword argument) and FlopCounterMode's count of
+    the eager model it came from, run live."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, x, scale = _TwoLayers(), torch.randn(B, C), torch.randn(B, 2)
+    program = torch.export.export(model, (x,), {"scale": scale})
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(x, scale=scale)
+    return program, x, scale, int(counter.get_total_flops())
+
+
+def test_the_copy_shares_the_specs_an_exported_program_hands_out() -> None:
+    # tracers/fake/copies.py shares pytree specs with a fake copy instead of deep-copying them
+    # (a deep copy trips torch's FutureWarning about ``LeafSpec``): their type is now the one
+    # torch.export's public ModuleCallSignature declares for ``in_spec``, not the private
+    # ``torch.utils._pytree.TreeSpec`` named. Oracle: the type of the specs a real exported
+    # program carries (its public ``call_spec``), and torch's own warning seen without sharing
+    from flopcount.tracers.fake.copies import _shared_types
+
+    program, *_ = _exported_and_flops()
+    spec = program.call_spec.in_spec
+    assert isinstance(spec, _shared_types())
+    assert isinstance(program.call_spec.out_spec, _shared_types())
+
+
+def test_an_exported_module_is_counted_on_a_fake_copy_without_torchs_spec_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the count of the exported module: FlopCounterMode's of the eager model (addmm x2: 2*B*C*6
+    # + 2*B*6*2 FLOPs), on a fake copy, with no warning from a deep copy of its specs
+    import warnings
+
+    from flopcount.tracers.fake import copies
+
+    program, x, scale, flops = _exported_and_flops()
+    assert flops == 2 * B * C * 6 + 2 * B * 6 * 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = count_flops(program.module(), (x,), {"scale": scale}, tracer="auto")
+    assert result.by_operator()["aten::linear"] == flops
+    assert not [w for w in caught if "LeafSpec" in str(w.message)]
+    # the oracle for the warning: the same count with the specs deep-copied shows it
+    monkeypatch.setattr(copies, "_shared_types", lambda: (torch.fx.Graph, torch.fx.Node))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        count_flops(program.module(), (x,), {"scale": scale}, tracer="auto")
+    assert [w for w in caught if "LeafSpec" in str(w.message)]
