@@ -13,7 +13,7 @@ tests/test_memory_replay_module_peaks.py.)
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pytest
 import torch
@@ -118,3 +118,120 @@ def test_the_fast_fake_maker_stands_down_under_torchs_fake_debug_mode(monkeypatc
     assert maker._fast is False
     assert vars(first)["_debug_trace"] is not vars(second)["_debug_trace"]
     assert (second.shape, second.dtype, second.requires_grad, isinstance(second, nn.Parameter)) == ((2, 3), torch.float16, True, True)
+
+
+def test_no_code_of_the_module_call_reads_its_dict_but_the_registry_lookups() -> None:
+    # tracers/_reuse.py leaves out of a reuse key the ``__dict__`` reads made by nn.Module's own
+    # code (``_MODULE_CODE``). It held the code of the call machinery (private ``_call_impl`` and
+    # ``_wrapped_call_impl``) too, which never reads ``__dict__``: oracle, a module called with
+    # every kind of hook, forward and backward, its ``__dict__`` reads recorded with the code
+    # that made each. The registry lookups (``__getattr__`` of ``self.weight``, ``__setattr__``)
+    # are the only nn.Module code among them, and each is in the set
+    import sys
+
+    from torch.nn.modules import module as module_impl
+
+    from flopcount.tracers._reuse import _MODULE_CODE
+
+    readers = []
+
+    class Probe(nn.Linear):
+        def __getattribute__(self, name: str) -> object:
+            if name == "__dict__":
+                readers.append(sys._getframe(1).f_code)
+            return super().__getattribute__(name)
+
+    model = Probe(4, 3)
+    hooks = [
+        model.register_forward_pre_hook(lambda m, a: None),
+        model.register_forward_pre_hook(lambda m, a, k: None, with_kwargs=True),
+        model.register_forward_hook(lambda m, a, o: None),
+        model.register_forward_hook(lambda m, a, k, o: None, with_kwargs=True, always_call=True),
+        model.register_full_backward_pre_hook(lambda m, g: None),
+        model.register_full_backward_hook(lambda m, gi, go: None),
+        module_impl.register_module_forward_pre_hook(lambda m, a: None),
+        module_impl.register_module_forward_hook(lambda m, a, o: None),
+    ]
+    readers.clear()  # construction's reads (register_parameter) are not a call's
+    try:
+        model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+        model.scale = 2.0  # an assignment's registry lookup
+    finally:
+        for handle in hooks:
+            handle.remove()
+    module_code = {code for code in readers if code.co_filename == module_impl.__file__}
+    assert {code.co_name for code in module_code} == {"__getattr__", "__setattr__"}
+    assert module_code <= _MODULE_CODE
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(C, 6), nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x))) * scale
+
+
+def _exported_and_flops() -> tuple:
+    """An exported module (its specs hold a keyword argument) and FlopCounterMode's count of
+    the eager model it came from, run live."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, x, scale = _TwoLayers(), torch.randn(B, C), torch.randn(B, 2)
+    program = torch.export.export(model, (x,), {"scale": scale})
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(x, scale=scale)
+    return program, x, scale, int(counter.get_total_flops())
+
+
+def test_the_copy_shares_the_specs_an_exported_program_hands_out() -> None:
+    # tracers/fake/copies.py shares pytree specs with a fake copy instead of deep-copying them
+    # (a deep copy trips torch's FutureWarning about ``LeafSpec``): their type is now the one
+    # torch.export's public ModuleCallSignature declares for ``in_spec``, not the private
+    # ``torch.utils._pytree.TreeSpec`` named. Oracle: the type of the specs a real exported
+    # program carries (its public ``call_spec``), and torch's own warning seen without sharing
+    from flopcount.tracers.fake.copies import _shared_types
+
+    program, *_ = _exported_and_flops()
+    spec = program.call_spec.in_spec
+    assert isinstance(spec, _shared_types())
+    assert isinstance(program.call_spec.out_spec, _shared_types())
+
+
+def _leaf_spec_warnings(run: Callable[[], object]) -> int:
+    """How many of torch's FutureWarnings about ``LeafSpec`` (what a deep copy of a pytree spec
+    raised in torch 2.13) ``run()`` shows."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return len([w for w in caught if "LeafSpec" in str(w.message)])
+
+
+def test_an_exported_module_is_counted_on_a_fake_copy_sharing_its_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fake copy holds the exported module's very spec objects, and its count is
+    # FlopCounterMode's of the eager model (addmm x2: 2*B*C*6 + 2*B*6*2 FLOPs), with no warning
+    # from a deep copy of its specs
+    import copy
+
+    from flopcount.tracers.fake import copies
+
+    program, x, scale, flops = _exported_and_flops()
+    assert flops == 2 * B * C * 6 + 2 * B * 6 * 2
+    module = program.module()
+    spec_type = type(program.call_spec.in_spec)
+    specs = {name: value for name, value in vars(module).items() if isinstance(value, spec_type)}
+    copied = copies.fake_copies(module, [x])
+    assert specs and all(vars(copied.model)[name] is value for name, value in specs.items())
+    result: list = []
+    shown = _leaf_spec_warnings(lambda: result.append(count_flops(module, (x,), {"scale": scale}, tracer="auto")))
+    assert result[0].by_operator()["aten::linear"] == flops and shown == 0
+    # the oracle for the warning: where torch warns on a spec's deep copy (2.13; 2.14.1 does not),
+    # the same count with the specs deep-copied shows it
+    copy_warns = _leaf_spec_warnings(lambda: copy.deepcopy(program.call_spec.in_spec)) > 0
+    monkeypatch.setattr(copies, "_shared_types", lambda: (torch.fx.Graph, torch.fx.Node))
+    unshared = _leaf_spec_warnings(lambda: count_flops(program.module(), (x,), {"scale": scale}, tracer="auto"))
+    assert (unshared > 0) == copy_warns

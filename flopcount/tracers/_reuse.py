@@ -88,10 +88,13 @@ _MISSING = ("missing",)
 _NO_KEYS: Mapping[int, Any] = MappingProxyType({})
 _UNSET: Any = object()
 # nn.Module's own methods that read ``__dict__`` for torch's registries (a parameter lookup,
-# an attribute assignment): not a read of every attribute, as user code's ``vars(self)`` is
+# an attribute assignment): not a read of every attribute, as user code's ``vars(self)`` is.
+# The call machinery (``__call__`` and what it calls) reads no ``__dict__`` itself: its code
+# names none, so it needs no entry (tests/test_private_replacements.py calls a module with every
+# kind of hook and checks which code reads its ``__dict__``)
 _MODULE_CODE = frozenset(
     getattr(nn.Module, name).__code__
-    for name in ("__getattr__", "__setattr__", "__delattr__", "_call_impl", "_wrapped_call_impl")
+    for name in ("__getattr__", "__setattr__", "__delattr__")
     if hasattr(getattr(nn.Module, name), "__code__")
 )
 

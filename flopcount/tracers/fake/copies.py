@@ -1078,11 +1078,22 @@ def _shared_types() -> Tuple[type, ...]:
     program keeps its input placeholders, read only to check input shapes; their recorded
     values may have symbolic sizes, which cannot be deep-copied), and pytree specs (its
     ``_in_spec``/``_out_spec``, immutable). Copying them is slow and trips a deprecation
-    warning inside torch."""
+    warning inside torch. The spec type is the one torch.export's public
+    ``ModuleCallSignature`` declares for its ``in_spec``: the type of the specs an exported
+    program hands out, wherever torch keeps that class."""
+    import dataclasses
+
+    import torch.export
     import torch.fx
 
-    spec = getattr(getattr(torch.utils, "_pytree", None), "TreeSpec", None)
-    return (torch.fx.Graph, torch.fx.Node) + ((spec,) if isinstance(spec, type) else ())
+    return (torch.fx.Graph, torch.fx.Node) + _spec_types(dataclasses.fields(torch.export.ModuleCallSignature))
+
+
+def _spec_types(fields: Sequence[Any]) -> Tuple[type, ...]:
+    """The declared type of the ``in_spec`` field among a dataclass's ``fields``, when it is a
+    class (none when the field is gone or its type is not a class: specs are then deep-copied)."""
+    declared = [field.type for field in fields if field.name == "in_spec"]
+    return tuple(kind for kind in declared if isinstance(kind, type))
 
 
 def shared_tensor_copy(model: nn.Module) -> nn.Module:
