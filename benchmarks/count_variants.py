@@ -194,12 +194,12 @@ def main() -> None:
         gc.enable()
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
-    print(f"{'variant':24s} {'median ms':>10s} {'ratio to base, paired: median (quartiles)':>44s}")
+    print(f"{'variant':40s} {'median ms':>10s} {'ratio to base, paired: median (quartiles)':>44s}")
     for name in names:
         ratios = [mine / own for mine, own in zip(spent[name], spent["base"])]
         low, middle, high = _quartiles(ratios)
         note = "  (a bound: not exact)" if name in chosen and chosen[name].bound else ""
-        print(f"{name:24s} {_quartiles(spent[name])[1] * 1e3:10.2f} {middle:22.3f} ({low:.3f}-{high:.3f}){note}")
+        print(f"{name:40s} {_quartiles(spent[name])[1] * 1e3:10.2f} {middle:22.3f} ({low:.3f}-{high:.3f}){note}")
     print(f"load at the end {load}")
 
 
