@@ -180,16 +180,16 @@ def main() -> None:
     try:
         for turn in range(args.rounds):
             for name in names if turn % 2 == 0 else names[::-1]:
-                variant = chosen.get(name)
-                if variant is not None:
-                    variant.on()
+                swapped = chosen.get(name)  # None: the base count
+                if swapped is not None:
+                    swapped.on()
                 try:
                     start = time.thread_time()
                     count_flops(model, inputs)
                     spent[name].append(time.thread_time() - start)
                 finally:
-                    if variant is not None:
-                        variant.off()
+                    if swapped is not None:
+                        swapped.off()
     finally:
         gc.enable()
     with open("/proc/loadavg") as f:
