@@ -32,8 +32,11 @@ from bench_reuse import meta_copy  # noqa: E402
 from torch import nn  # noqa: E402
 
 import flopcount.core.analysis as analysis  # noqa: E402
+import flopcount.core.ledger as ledger  # noqa: E402
+import flopcount.core.results as results  # noqa: E402
 import flopcount.tracers._reuse as reuse  # noqa: E402
 import flopcount.tracers.dispatch as dispatch  # noqa: E402
+import flopcount.tracers.fake.copies as copies  # noqa: E402
 from flopcount import count_flops  # noqa: E402
 from flopcount.core.model_facts import ModelFacts  # noqa: E402
 
@@ -44,13 +47,19 @@ STAGES: Tuple[Tuple[Any, str, str], ...] = (
     (analysis, "model_facts", "model facts"),
     (analysis, "trace", "trace (all of it)"),
     (dispatch, "fake_copies", "  fake copy"),
+    (copies.LazyCopy, "read_all", "    of which tensor keys read up front"),
     (reuse.Reuse, "install", "  reuse: install"),
     (reuse.Reuse, "_structure", "  reuse: structural keys"),
+    (reuse.Reuse, "_match", "  reuse: entries matched (reads compared)"),
     (reuse.Reuse, "_first", "  reuse: first calls (nested ones counted again)"),
+    (copies.LazyCopy, "copies_of", "    of which their subtrees copied"),
+    (reuse.Reuse, "_finish", "    of which their checks after the run"),
     (reuse.Reuse, "_replay", "  reuse: replays"),
     (analysis, "cost_records", "cost records (pricing)"),
     (ModelFacts, "module_infos", "module rows"),
     (analysis, "aggregate", "aggregate (ledger, result)"),
+    (ledger.Ledger, "_book_tree", "  of which the ledger's tree booking"),
+    (results, "_frozen_tables", "  of which the module tables frozen"),
 )
 
 

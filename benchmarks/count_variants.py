@@ -1,0 +1,207 @@
+"""What a change to the default count would give, measured before it is built (issue #32, branch
+resnet7): each variant swaps one piece of flopcount in this process only, round by round, and each
+round runs the base count and every variant once, in an order that alternates (forward, then
+reversed), so that a variant is compared with the base count of its own round. The figure is the
+median of those per-round ratios of CPU time (the counting thread's), with their quartiles: on a
+loaded machine single counts scatter by a few percent, the paired median far less.
+
+A variant whose result must equal the base's (``to_dict()``, checked after the warm-up) is an
+option; one marked "bound" drops something the count needs for exactness (the attribute-read log)
+and only bounds what that thing costs.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/count_variants.py [--model resnet50|bert|gpt2|70b]
+        [--rounds 41] [--only reuse-off,deferred,torch-untracked+deferred]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+from count_phases import _cases  # noqa: E402
+from torch.overrides import handle_torch_function, has_torch_function  # noqa: E402
+
+import flopcount.core.analysis as analysis  # noqa: E402
+import flopcount.tracers._reuse as reuse  # noqa: E402
+from flopcount import count_flops  # noqa: E402
+
+warnings.simplefilter("ignore")
+
+_SHORT = {"resnet50": "ResNet-50", "bert": "BERT-base", "gpt2": "GPT-2 small", "70b": "LLaMA-2-70B"}
+
+
+class Variant(NamedTuple):
+    on: Callable[[], None]
+    off: Callable[[], None]
+    bound: bool  # drops something exactness needs: its figure bounds a cost, it is no option
+
+
+def _swapped(owner: Any, name: str, make: Callable[[Any], Any], bound: bool = False) -> Variant:
+    """A variant that replaces ``owner.name`` with ``make(original)`` while it is on."""
+    original = getattr(owner, name)
+    replacement = make(original)
+    return Variant(lambda: setattr(owner, name, replacement), lambda: setattr(owner, name, original), bound)
+
+
+def _reuse_off() -> Variant:
+    before = os.environ.get("FLOPCOUNT_REUSE")
+
+    def on() -> None:
+        os.environ["FLOPCOUNT_REUSE"] = "0"
+
+    def off() -> None:
+        if before is None:
+            del os.environ["FLOPCOUNT_REUSE"]
+        else:
+            os.environ["FLOPCOUNT_REUSE"] = before
+
+    return Variant(on, off, False)
+
+
+def _nothing_wrapped(original: Any) -> Any:
+    # the lazy copy as with reuse on, no module wrapped: no key, first call or replay
+    def eligible(self: Any, module: Any) -> bool:
+        return False
+
+    return eligible
+
+
+def _no_read_log(original: Any) -> Any:
+    # the tracking classes without their __getattribute__: no read is logged, none keyed (wrong)
+    def tracking_class(self: Any, cls: type) -> Any:
+        made = original(self, cls)
+        if made is None:
+            return None
+        return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+
+    return tracking_class
+
+
+def _torch_classes_untracked(original: Any) -> Any:
+    # torch.nn's own classes keyed as untracked ones are: every plain attribute, no read log
+    def tracking_class(self: Any, cls: type) -> Any:
+        if cls.__module__.startswith("torch.nn.modules."):
+            return None
+        return original(self, cls)
+
+    return tracking_class
+
+
+def _deferred_tables(original: Any) -> Any:
+    # the tables booked on first read, as count_generation's forwards are (results.aggregate's ``deferred``)
+    def aggregate(costed: Any, **kwargs: Any) -> Any:
+        return original(costed, deferred=True, **kwargs)
+
+    return aggregate
+
+
+def _arguments_below_modes(original: Any) -> Any:
+    # a call's arguments keyed below the run's torch-function modes, routed as one call (as
+    # fake.copies._read_keys routes its reads)
+    def value(self: Any, item: Any, tensors: List[Any], caches: List[Any]) -> Any:
+        if has_torch_function(()):
+            return handle_torch_function(value, (), self, item, tensors, caches)
+        return original(self, item, tensors, caches)
+
+    return value
+
+
+def _together(parts: List[Variant]) -> Variant:
+    """Several variants on at once (``--only a+b``)."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def on() -> None:
+        for part in parts:
+            part.on()
+
+    def off() -> None:
+        for part in reversed(parts):
+            part.off()
+
+    return Variant(on, off, any(part.bound for part in parts))
+
+
+def variants() -> Dict[str, Variant]:
+    return {
+        "reuse-off": _reuse_off(),
+        "nothing-wrapped": _swapped(reuse.Reuse, "_eligible", _nothing_wrapped),
+        "no-read-log": _swapped(reuse.Reuse, "_tracking_class", _no_read_log, bound=True),
+        "torch-untracked": _swapped(reuse.Reuse, "_tracking_class", _torch_classes_untracked),
+        "deferred": _swapped(analysis, "aggregate", _deferred_tables),
+        "arguments-below-modes": _swapped(reuse.Reuse, "_value", _arguments_below_modes),
+    }
+
+
+def _quartiles(values: List[float]) -> Tuple[float, float, float]:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 4], ordered[n // 2], ordered[(3 * n) // 4]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet50", choices=sorted(_SHORT))
+    parser.add_argument("--rounds", type=int, default=41)
+    parser.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    known = variants()
+    chosen = {name: _together([known[part] for part in name.split("+")]) for name in args.only.split(",")} if args.only else known
+    (label, (model, inputs, _)), = _cases([args.model]).items()
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(f"{label}, torch {torch.__version__}, 1 thread, {args.rounds} rounds, load {load}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    base = count_flops(model, inputs).to_dict()
+    for name, variant in chosen.items():
+        variant.on()
+        try:
+            same = count_flops(model, inputs).to_dict() == base
+        finally:
+            variant.off()
+        if not same and not variant.bound:
+            raise SystemExit(f"variant {name} changed the result")
+    names = ["base", *chosen]
+    spent: Dict[str, List[float]] = {name: [] for name in names}
+    gc.collect()
+    gc.disable()
+    try:
+        for turn in range(args.rounds):
+            for name in names if turn % 2 == 0 else names[::-1]:
+                swapped = chosen.get(name)  # None: the base count
+                if swapped is not None:
+                    swapped.on()
+                try:
+                    start = time.thread_time()
+                    count_flops(model, inputs)
+                    spent[name].append(time.thread_time() - start)
+                finally:
+                    if swapped is not None:
+                        swapped.off()
+    finally:
+        gc.enable()
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(f"{'variant':40s} {'median ms':>10s} {'ratio to base, paired: median (quartiles)':>44s}")
+    for name in names:
+        ratios = [mine / own for mine, own in zip(spent[name], spent["base"])]
+        low, middle, high = _quartiles(ratios)
+        note = "  (a bound: not exact)" if name in chosen and chosen[name].bound else ""
+        print(f"{name:40s} {_quartiles(spent[name])[1] * 1e3:10.2f} {middle:22.3f} ({low:.3f}-{high:.3f}){note}")
+    print(f"load at the end {load}")
+
+
+if __name__ == "__main__":
+    main()
