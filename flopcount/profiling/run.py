@@ -30,8 +30,8 @@ from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
 from flopcount.step.loss import backward_roots, differentiable, unique_tensors
-from flopcount.tracers import dispatch, shared_tensor_copy
-from flopcount.tracers.fake.copies import has_lazy_parameters
+from flopcount.tracers import dispatch
+from flopcount.tracers.fake.copies import has_lazy_parameters, shared_tensor_copy
 
 __all__ = ["profile"]
 
