@@ -28,7 +28,7 @@ from flopcount.core.results import FlopResult, aggregate
 from flopcount.decoding.caches import cache_position_bytes
 from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
-from flopcount.errors import TraceError, UsageError
+from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace, trace_on_fakes
 from flopcount.tracers._real_run import run_for_output
@@ -73,8 +73,7 @@ def count_decoding(
         raise UsageError(f"{who} expects a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
         raise UsageError(f"{who}: input_ids must be a (batch, prompt length) tensor")
-    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
-        raise UsageError(f"{who}: new_tokens must be an int >= 1, got {new_tokens!r}")
+    int_at_least(new_tokens, 1, f"{who}: new_tokens")
     model = uncompiled(model)
     resolved = generation_options(model, int(input_ids.shape[-1]), new_tokens, dict(options or {}))
 

@@ -23,7 +23,7 @@ from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.state import preserved_rng
 from flopcount.devices import column_of, find_part, known_names, op_time, part_roofs
-from flopcount.errors import FlopcountWarning, TraceError, UsageError
+from flopcount.errors import FlopcountWarning, TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.planning.result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
 from flopcount.planning.step import (
@@ -127,7 +127,8 @@ def plan(
             raise UsageError("plan: give the modeled GPU once, as on= (device= is its deprecated 0.2 name)")
         warn_renamed("plan(device=...)", "plan(on=...): device= means where the model runs", stacklevel=3)
         on = device
-    fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
+    fsdp = int_at_least(fsdp, 1, "fsdp")
+    tp = int_at_least(tp, 1, "tp")
     if not callable(build) or isinstance(build, nn.Module):
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
     gpu = gpu_key(on)
@@ -188,12 +189,6 @@ def plan(
         tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes, model_flops=model_flops,
         inputs=describe_inputs(args, kw),
     )
-
-
-def _ranks(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 def gpu_key(device: Optional[str]) -> Optional[str]:
