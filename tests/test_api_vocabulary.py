@@ -97,6 +97,34 @@ def test_plan_on_names_the_modeled_gpu_and_device_is_its_deprecated_name() -> No
         flopcount.plan(_tiny, (x,), on="a100", device="h100")
 
 
+def _old_and_new(reading: str, old: str, on: Any) -> Any:
+    """``reading`` called with the modeled part given as ``old=`` (0.2's name), and as ``on=``
+    unless ``on`` is None (plan takes on=None as "no step times": not given here)."""
+    x = torch.randn(8, 64)
+    given = {old: "a100"} if on is None else {old: "a100", "on": on}
+    if reading == "plan":
+        return flopcount.plan(_tiny, (x,), optimizer="sgd", **given)
+    if reading == "predict":
+        return flopcount.predict(_tiny(), x, **given)
+    clock = FakeClock()
+    return flopcount.benchmark(_Ticking(clock), torch.zeros(2, 4), warmup=0, iters=3, flops=3.12e9, timer=clock, **given)
+
+
+@pytest.mark.parametrize("reading, old", [("plan", "device"), ("predict", "device"), ("benchmark", "gpu_name")])
+def test_each_reading_handles_the_old_name_of_on_in_the_same_words(reading: str, old: str) -> None:
+    """One rule (core.deprecation.modeled_part) for plan, predict and benchmark: the 0.2 name
+    warns with the same sentence at the caller's line, and both names given are refused with the
+    same sentence (plan used to say "the modeled GPU" where the others say "the modeled hardware")."""
+    warned = (rf"^{reading}\({old}=\.\.\.\) is deprecated and will be removed in flopcount 0\.4; "
+              rf"use {reading}\(on=\.\.\.\): device= means where the model runs$")
+    with pytest.warns(DeprecationWarning, match=warned) as caught:
+        _old_and_new(reading, old, None)
+    assert [w.filename for w in caught if w.category is DeprecationWarning][:1] == [__file__]
+    with pytest.raises(UsageError) as refused:
+        _old_and_new(reading, old, "t4")  # not plan's default part: plan takes on="h100" as on= not given
+    assert str(refused.value) == f"{reading}: give the modeled hardware once, as on= ({old}= is its deprecated 0.2 name)"
+
+
 class _Ticking(nn.Module):
     def __init__(self, clock: FakeClock) -> None:
         super().__init__()

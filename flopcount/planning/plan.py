@@ -17,7 +17,7 @@ from torch import nn
 
 from flopcount.core.analysis import cost_events
 from flopcount.core.collection import PausedCollections
-from flopcount.core.deprecation import warn_renamed
+from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
@@ -122,11 +122,9 @@ def plan(
     the layers is proven to treat every middle layer alike (flopcount.step.replay and parent_walk;
     not with a ``tp_plan`` of yours; ``FLOPCOUNT_REUSE=0`` traces every layer).
     """
-    if device is not _UNSET:  # 0.2's name; None meant "no step times" there too
-        if on != _DEFAULT_PART:
-            raise UsageError("plan: give the modeled GPU once, as on= (device= is its deprecated 0.2 name)")
-        warn_renamed("plan(device=...)", "plan(on=...): device= means where the model runs", stacklevel=3)
-        on = device
+    # device= is on='s 0.2 name; None means "no step times" for both, so "not given" is a marker
+    on_given = _UNSET if on == _DEFAULT_PART else on
+    on = modeled_part(on_given, device, "plan", default=_DEFAULT_PART, unset=_UNSET)
     fsdp = int_at_least(fsdp, 1, "fsdp")
     tp = int_at_least(tp, 1, "tp")
     if not callable(build) or isinstance(build, nn.Module):
