@@ -26,6 +26,7 @@ from torch import nn
 
 import flopcount
 from flopcount import Diagnostic, count_flops
+from flopcount.core.deprecation import REMOVED_IN
 from flopcount.errors import UsageError
 
 # Linear(256 -> 512) on a 32 x 256 batch: 2 * 32 * 256 * 512 FLOPs; its working set
@@ -260,7 +261,7 @@ def test_cli_count_on_and_the_deprecated_predict_flag(workdir: Any, capsys: Any)
     assert json.loads(out)["predict"]["latency_s"] == pytest.approx(T4_LINEAR_S)
     code, old, err = cli(capsys, "count", "vocab_models.py:mlp", "-i", "32x256", "--predict", "t4", "-f", "json", "-q")
     assert code == 0 and json.loads(old)["predict"] == json.loads(out)["predict"]
-    assert "--predict is deprecated" in err and "use --on" in err
+    assert f"flopcount: warning: --predict is deprecated and will be removed in flopcount {REMOVED_IN}; use --on\n" in err
     assert "--predict" not in cli(capsys, "count", "--help")[1]  # hidden from --help
     code, _, err = cli(capsys, "count", "vocab_models.py:mlp", "-i", "32x256", "--on", "abacus", "-q")
     assert code == 2 and "abacus" in err
@@ -274,7 +275,7 @@ def test_cli_plan_on_and_the_deprecated_device_flag(workdir: Any, capsys: Any) -
     assert new["on"] == new["device"] == "A100 80GB SXM" and new["step_time"] is not None  # 0.2's key kept
     code, out, err = cli(capsys, *args, "--device", "a100")
     assert code == 0 and json.loads(out) == new
-    assert "--device is deprecated" in err and "use --on" in err
+    assert f"flopcount: warning: --device is deprecated and will be removed in flopcount {REMOVED_IN}; use --on\n" in err
     assert "--device" not in cli(capsys, "plan", "--help")[1]
 
 

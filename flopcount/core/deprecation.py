@@ -14,10 +14,15 @@ REMOVED_IN = "0.4"
 _C = TypeVar("_C", bound=type)
 
 
+def renamed(old: str, new: str) -> str:
+    """The sentence a 0.2 name says: ``old`` is now ``new`` (a DeprecationWarning's text, the CLI's
+    warning line for a 0.2 flag)."""
+    return f"{old} is deprecated and will be removed in flopcount {REMOVED_IN}; use {new}"
+
+
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     """One DeprecationWarning: ``old`` is now ``new``; ``stacklevel`` points at the caller's line."""
-    warnings.warn(f"{old} is deprecated and will be removed in flopcount {REMOVED_IN}; use {new}",
-                  DeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(renamed(old, new), DeprecationWarning, stacklevel=stacklevel)
 
 
 def modeled_part(on: Any, device: Any, where: str, default: Any = None, old: str = "device", unset: Any = None) -> Any:
