@@ -1,6 +1,9 @@
-"""flopcount's exceptions and warning class. Each error names what is wrong and where."""
+"""flopcount's exceptions and warning class. Each error names what is wrong and where; a count
+argument (an int of at least some bound, not a bool) is checked by :func:`int_at_least`."""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class FlopcountError(Exception):
@@ -43,3 +46,17 @@ class FlopcountWarning(UserWarning):
 class UnsupportedOpsWarning(FlopcountWarning):
     """Ops without a handler ran and were not counted (the result lists them in
     ``unsupported_ops()``); filter this class alone to silence just that warning."""
+
+
+def is_int_at_least(value: object, low: int) -> bool:
+    """Whether ``value`` is an int of at least ``low``; a bool is not one here (Python's True is
+    an int equal to 1, never a count a caller means)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def int_at_least(value: Any, low: int, name: str) -> int:
+    """``value``, when :func:`is_int_at_least` holds; else a :class:`UsageError` naming the
+    parameter (``name``, with the reading that takes it: ``"serve: tp"``) and what was given."""
+    if not is_int_at_least(value, low):
+        raise UsageError(f"{name} must be an int >= {low}, got {value!r}")
+    return value

@@ -26,6 +26,7 @@ from torch import nn
 
 import flopcount
 from flopcount import Diagnostic, count_flops
+from flopcount.core.deprecation import REMOVED_IN
 from flopcount.errors import UsageError
 
 # Linear(256 -> 512) on a 32 x 256 batch: 2 * 32 * 256 * 512 FLOPs; its working set
@@ -95,6 +96,34 @@ def test_plan_on_names_the_modeled_gpu_and_device_is_its_deprecated_name() -> No
     assert none.step_time is None and flopcount.plan(_tiny, (x,), on=None, optimizer="sgd").step_time is None
     with pytest.raises(UsageError, match="on="):
         flopcount.plan(_tiny, (x,), on="a100", device="h100")
+
+
+def _old_and_new(reading: str, old: str, on: Any) -> Any:
+    """``reading`` called with the modeled part given as ``old=`` (0.2's name), and as ``on=``
+    unless ``on`` is None (plan takes on=None as "no step times": not given here)."""
+    x = torch.randn(8, 64)
+    given = {old: "a100"} if on is None else {old: "a100", "on": on}
+    if reading == "plan":
+        return flopcount.plan(_tiny, (x,), optimizer="sgd", **given)
+    if reading == "predict":
+        return flopcount.predict(_tiny(), x, **given)
+    clock = FakeClock()
+    return flopcount.benchmark(_Ticking(clock), torch.zeros(2, 4), warmup=0, iters=3, flops=3.12e9, timer=clock, **given)
+
+
+@pytest.mark.parametrize("reading, old", [("plan", "device"), ("predict", "device"), ("benchmark", "gpu_name")])
+def test_each_reading_handles_the_old_name_of_on_in_the_same_words(reading: str, old: str) -> None:
+    """One rule (core.deprecation.modeled_part) for plan, predict and benchmark: the 0.2 name
+    warns with the same sentence at the caller's line, and both names given are refused with the
+    same sentence (plan used to say "the modeled GPU" where the others say "the modeled hardware")."""
+    warned = (rf"^{reading}\({old}=\.\.\.\) is deprecated and will be removed in flopcount 0\.4; "
+              rf"use {reading}\(on=\.\.\.\): device= means where the model runs$")
+    with pytest.warns(DeprecationWarning, match=warned) as caught:
+        _old_and_new(reading, old, None)
+    assert [w.filename for w in caught if w.category is DeprecationWarning][:1] == [__file__]
+    with pytest.raises(UsageError) as refused:
+        _old_and_new(reading, old, "t4")  # not plan's default part: plan takes on="h100" as on= not given
+    assert str(refused.value) == f"{reading}: give the modeled hardware once, as on= ({old}= is its deprecated 0.2 name)"
 
 
 class _Ticking(nn.Module):
@@ -232,7 +261,7 @@ def test_cli_count_on_and_the_deprecated_predict_flag(workdir: Any, capsys: Any)
     assert json.loads(out)["predict"]["latency_s"] == pytest.approx(T4_LINEAR_S)
     code, old, err = cli(capsys, "count", "vocab_models.py:mlp", "-i", "32x256", "--predict", "t4", "-f", "json", "-q")
     assert code == 0 and json.loads(old)["predict"] == json.loads(out)["predict"]
-    assert "--predict is deprecated" in err and "use --on" in err
+    assert f"flopcount: warning: --predict is deprecated and will be removed in flopcount {REMOVED_IN}; use --on\n" in err
     assert "--predict" not in cli(capsys, "count", "--help")[1]  # hidden from --help
     code, _, err = cli(capsys, "count", "vocab_models.py:mlp", "-i", "32x256", "--on", "abacus", "-q")
     assert code == 2 and "abacus" in err
@@ -246,7 +275,7 @@ def test_cli_plan_on_and_the_deprecated_device_flag(workdir: Any, capsys: Any) -
     assert new["on"] == new["device"] == "A100 80GB SXM" and new["step_time"] is not None  # 0.2's key kept
     code, out, err = cli(capsys, *args, "--device", "a100")
     assert code == 0 and json.loads(out) == new
-    assert "--device is deprecated" in err and "use --on" in err
+    assert f"flopcount: warning: --device is deprecated and will be removed in flopcount {REMOVED_IN}; use --on\n" in err
     assert "--device" not in cli(capsys, "plan", "--help")[1]
 
 

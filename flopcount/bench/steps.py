@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from flopcount.bench.peak import checked_peak, mfu_peak
 from flopcount.core.deprecation import module_getattr
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, is_int_at_least
 
 T = TypeVar("T")
 Clock = Callable[[], int]
@@ -200,7 +200,7 @@ class StepTimer:
         """The FLOPs of one step: an int, or a FlopResult (its ``flops``: count it with
         ``backward=True`` and ``optimizer=`` for a training step). ``peak_flops`` sets the MFU's peak."""
         value = getattr(flops, "flops", flops)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int_at_least(value, 0):
             raise UsageError(f"set_step_cost expects FLOPs as an int >= 0 or a FlopResult, got {flops!r:.60}")
         if peak_flops is not None:
             self.peak_flops = checked_peak(peak_flops)

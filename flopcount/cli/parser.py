@@ -11,6 +11,7 @@ import textwrap
 from typing import Any, Dict, Iterable, List, NoReturn, Set, Tuple
 
 from flopcount.budget.check import parse_bytes, parse_quantity
+from flopcount.core.deprecation import renamed
 from flopcount.errors import UsageError
 from flopcount.types import OPTIMIZERS, TRACERS
 
@@ -213,8 +214,7 @@ class _DeprecatedFlag(argparse.Action):
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        print(f"flopcount: warning: {option_string} is deprecated and will be removed in flopcount 0.4; use {self.new}",
-              file=sys.stderr, flush=True)
+        print(f"flopcount: warning: {renamed(option_string, self.new)}", file=sys.stderr, flush=True)
         setattr(namespace, self.dest, values)
 
 

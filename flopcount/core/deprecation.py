@@ -14,18 +14,24 @@ REMOVED_IN = "0.4"
 _C = TypeVar("_C", bound=type)
 
 
+def renamed(old: str, new: str) -> str:
+    """The sentence a 0.2 name says: ``old`` is now ``new`` (a DeprecationWarning's text, the CLI's
+    warning line for a 0.2 flag)."""
+    return f"{old} is deprecated and will be removed in flopcount {REMOVED_IN}; use {new}"
+
+
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     """One DeprecationWarning: ``old`` is now ``new``; ``stacklevel`` points at the caller's line."""
-    warnings.warn(f"{old} is deprecated and will be removed in flopcount {REMOVED_IN}; use {new}",
-                  DeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(renamed(old, new), DeprecationWarning, stacklevel=stacklevel)
 
 
-def modeled_part(on: Any, device: Any, where: str, default: Any = None, old: str = "device") -> Any:
+def modeled_part(on: Any, device: Any, where: str, default: Any = None, old: str = "device", unset: Any = None) -> Any:
     """The modeled hardware of ``where``: ``on=``, or its 0.2 spelling ``old=`` (``device=``;
-    warns); both given is a usage error; neither: ``default``."""
-    if device is None:
-        return default if on is None else on
-    if on is not None:
+    warns); both given is a usage error; neither: ``default``. ``unset``: what a parameter
+    not given holds (None; ``plan`` passes a marker of its own, None meaning "no step times" there)."""
+    if device is unset:
+        return default if on is unset else on
+    if on is not unset:
         raise UsageError(f"{where}: give the modeled hardware once, as on= ({old}= is its deprecated 0.2 name)")
     warn_renamed(f"{where}({old}=...)", f"{where}(on=...): device= means where the model runs", stacklevel=4)
     return device

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapp
 
 from flopcount.core.ledger import TOTAL_FIELDS, Booked, Ledger, cost_change, expand_booked
 from flopcount.core.rendering import render
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, is_int_at_least
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
 
 Metric = Literal["flops", "macs", "count", "bytes", "bytes_read", "bytes_written"]
@@ -613,7 +613,7 @@ def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: st
     version = data.get("schema_version")
     if version is None:
         raise read.fail("schema_version", "missing")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+    if not is_int_at_least(version, 1):
         raise UsageError(f"{source}: schema_version {version!r} is not one flopcount wrote (this flopcount reads version {REPORT_SCHEMA_VERSION})")
     if version > REPORT_SCHEMA_VERSION:
         raise UsageError(

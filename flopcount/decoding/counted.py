@@ -20,21 +20,18 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.collection import PausedCollections, resumed
+from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import first_line
 from flopcount.core.inputs import PreparedCall, describe_inputs, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
-from flopcount.core.state import preserved_inputs
 from flopcount.decoding.caches import cache_position_bytes
 from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
-from flopcount.errors import TraceError, UsageError
+from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace, trace_on_fakes
-from flopcount.tracers._modules import ModuleStack, forward_error
-from flopcount.tracers._state import preserved_model_state
-from flopcount.tracers._twin import private_twin
+from flopcount.tracers._real_run import run_for_output
 from flopcount.types import Trace
 
 __all__ = ["Counter", "Decoded", "count_decoding", "on_fakes"]
@@ -76,8 +73,7 @@ def count_decoding(
         raise UsageError(f"{who} expects a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
         raise UsageError(f"{who}: input_ids must be a (batch, prompt length) tensor")
-    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
-        raise UsageError(f"{who}: new_tokens must be an int >= 1, got {new_tokens!r}")
+    int_at_least(new_tokens, 1, f"{who}: new_tokens")
     model = uncompiled(model)
     resolved = generation_options(model, int(input_ids.shape[-1]), new_tokens, dict(options or {}))
 
@@ -288,31 +284,12 @@ class Counter:
 
     def _run_uncounted(self, prepared: PreparedCall) -> bool:
         """The forward run for its output only, as ``trace(..., tracer="dispatch")`` runs it on
-        real tensors (``tracers/__init__.py`` and ``dispatch.py``): on the model's private twin,
-        the caller's inputs and the model's state given back as found (``preserved_inputs``,
-        ``preserved_model_state(own_buffers=True)``: buffers copied, private random generators),
-        no grad, the module stack followed so a failure is the same TraceError naming the
-        module; only the recording is left out (its ops, the composite interceptor). False,
-        nothing run, where the traced run does more than that: fake copies, a tensor without
-        data among the inputs, parameters or buffers (the tracer answers its reads), lazy
-        modules, a model the twin cannot stand for."""
-        if self.fast or self.facts.lazy:
+        real tensors, with nothing recorded (:func:`flopcount.tracers._real_run.run_for_output`:
+        the real run's one setup). False, nothing run, on fake copies, or where the traced run
+        does more than that (a tensor without data, lazy modules, a model the twin cannot stand for)."""
+        if self.fast:
             return False
-        if any(is_dataless(t) for t in (*prepared.tensors, *self.facts.parameters, *self.facts.buffers)):
-            return False
-        twin = private_twin(self.model, self.facts)
-        if twin is None or twin[1] is None:
-            return False
-        run_model, facts = twin[0], twin[1]
-        modules = ModuleStack(facts.names)
-        with resumed(), preserved_inputs(list(prepared.tensors)):
-            with preserved_model_state(run_model, own_buffers=True) as watch, modules, torch.no_grad():
-                watch.concurrent = lambda: modules.foreign_calls > 0
-                try:
-                    run_model(*prepared.args, **prepared.kwargs)
-                except Exception as exc:
-                    raise forward_error(exc, modules.current, prepared.description, "dispatch") from exc
-        return True
+        return run_for_output(self.model, prepared, self.facts)
 
     def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
         prepared = prepare_call((), call)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from flopcount.core.inputs import is_dataless
-from flopcount.errors import TraceError, UsageError
+from flopcount.errors import TraceError, UsageError, int_at_least
 
 __all__ = ["Decoding", "FakeRefused", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options"]
 
@@ -63,8 +63,8 @@ def generation_options(model: nn.Module, prompt: int, new_tokens: int, given: Ma
     impl, length, chunk = option("cache_implementation"), option("max_cache_len"), option("prefill_chunk_size")
     notes: List[str] = []
     for name, value in (("max_cache_len", length), ("prefill_chunk_size", chunk)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"count_generation: {name} ({where[name]}) must be an int >= 1, got {value!r}")
+        if value is not None:
+            int_at_least(value, 1, f"count_generation: {name} ({where[name]})")
     if impl is not None and not isinstance(impl, str):
         raise UsageError(f"count_generation: cache_implementation ({where['cache_implementation']}) must be a string, got {impl!r}")
     beams = max(int(option("num_beams") or 1), int(option("num_return_sequences") or 1))

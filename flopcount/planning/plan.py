@@ -17,13 +17,13 @@ from torch import nn
 
 from flopcount.core.analysis import cost_events
 from flopcount.core.collection import PausedCollections
-from flopcount.core.deprecation import warn_renamed
+from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.state import preserved_rng
 from flopcount.devices import column_of, find_part, known_names, op_time, part_roofs
-from flopcount.errors import FlopcountWarning, TraceError, UsageError
+from flopcount.errors import FlopcountWarning, TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.planning.result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
 from flopcount.planning.step import (
@@ -122,12 +122,11 @@ def plan(
     the layers is proven to treat every middle layer alike (flopcount.step.replay and parent_walk;
     not with a ``tp_plan`` of yours; ``FLOPCOUNT_REUSE=0`` traces every layer).
     """
-    if device is not _UNSET:  # 0.2's name; None meant "no step times" there too
-        if on != _DEFAULT_PART:
-            raise UsageError("plan: give the modeled GPU once, as on= (device= is its deprecated 0.2 name)")
-        warn_renamed("plan(device=...)", "plan(on=...): device= means where the model runs", stacklevel=3)
-        on = device
-    fsdp, tp = _ranks(fsdp, "fsdp"), _ranks(tp, "tp")
+    # device= is on='s 0.2 name; None means "no step times" for both, so "not given" is a marker
+    on_given = _UNSET if on == _DEFAULT_PART else on
+    on = modeled_part(on_given, device, "plan", default=_DEFAULT_PART, unset=_UNSET)
+    fsdp = int_at_least(fsdp, 1, "fsdp")
+    tp = int_at_least(tp, 1, "tp")
     if not callable(build) or isinstance(build, nn.Module):
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
     gpu = gpu_key(on)
@@ -188,12 +187,6 @@ def plan(
         tokens=tokens, unsupported=unsupported, by_operator=by_operator, notes=notes, model_flops=model_flops,
         inputs=describe_inputs(args, kw),
     )
-
-
-def _ranks(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 def gpu_key(device: Optional[str]) -> Optional[str]:

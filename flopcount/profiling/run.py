@@ -25,13 +25,13 @@ from flopcount.core.registry import HandlerRegistry
 from flopcount.devices import roofs_for
 from flopcount.devices.measured import raise_to_achieved
 from flopcount.devices.roofline import Roofs
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
 from flopcount.step.loss import backward_roots, differentiable, unique_tensors
-from flopcount.tracers import dispatch, shared_tensor_copy
-from flopcount.tracers.fake.copies import has_lazy_parameters
+from flopcount.tracers import dispatch
+from flopcount.tracers.fake.copies import has_lazy_parameters, shared_tensor_copy
 
 __all__ = ["profile"]
 
@@ -108,9 +108,8 @@ def profile(
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"profile expects a torch.nn.Module, got {type(model).__name__}")
-    for name, value, low in (("warmup", warmup, 0), ("steps", steps, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise UsageError(f"profile: {name} must be an int >= {low}, got {value!r}")
+    int_at_least(warmup, 0, "profile: warmup")
+    int_at_least(steps, 1, "profile: steps")
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
     if roofs is not None and not isinstance(roofs, Roofs):

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from flopcount.core.traffic import ITEMSIZE
 from flopcount.devices import LINKS, any_implementation
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, int_at_least, is_int_at_least
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 
 #: weight-only formats: bytes per element, and the scales each stores (stated in the result)
@@ -145,8 +145,7 @@ class Pricing:
 
 def price_batch_with(pricing: Pricing, batch: int, usable: Optional[float]) -> ServeBatch:
     facts = pricing.facts
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise UsageError(f"serve: batch sizes must be ints >= 1, got {batch!r}")
+    int_at_least(batch, 1, "serve: batch")
     steps = [pricing.step(batch, i) for i in range(len(facts.steps))]
     memory = pricing.memory(batch)
     weights = pricing.weights_read(batch) / pricing.tp if steps else 0.0
@@ -209,6 +208,6 @@ def batches_of(batch: object, counted: int) -> Tuple[int, ...]:
         return (counted,)
     values: List[object] = list(batch) if isinstance(batch, (list, tuple)) else [batch]
     for value in values:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not is_int_at_least(value, 1):
             raise UsageError(f"serve: batch must be an int >= 1 or a list of them, got {batch!r}")
     return tuple(dict.fromkeys(int(v) for v in values))  # type: ignore[call-overload]

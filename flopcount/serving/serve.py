@@ -20,7 +20,7 @@ from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
 from flopcount.devices import Roofs, column_of, find_part, is_this_machine, named_roofs
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, int_at_least
 from flopcount.serving.counting import Counted, Derived, derive, held_per_step
 from flopcount.serving.figures import ServeFacts, WeightTensor, Work
 from flopcount.serving.pricing import (
@@ -78,8 +78,7 @@ def serve(
 
 def _part(on: Union[str, Roofs], tp: int) -> Tuple[Roofs, str, Optional[float], str]:
     """Roofs, a name, the memory capacity in bytes (None: unknown) and the tp link."""
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise UsageError(f"serve: tp must be an int >= 1, got {tp!r}")
+    int_at_least(tp, 1, "serve: tp")
     if isinstance(on, Roofs):
         if tp > 1:
             raise UsageError("serve: tp > 1 needs a named part (its link); a Roofs has no link")

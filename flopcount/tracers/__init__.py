@@ -14,15 +14,14 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Tuple
 
 from torch import nn
 
-from flopcount.core.collection import PausedCollections, resumed
+from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
-from flopcount.core.state import preserved_inputs
 from flopcount.errors import UsageError
 from flopcount.step.optimizers import OptimizerSpec
+from flopcount.tracers._real_run import inputs_kept, real_run_model
 from flopcount.tracers._sparse import has_sparse
-from flopcount.tracers._twin import private_twin
-from flopcount.tracers.fake.copies import FakeRunError, shared_tensor_copy
+from flopcount.tracers.fake.copies import FakeRunError
 from flopcount.types import TRACERS, ReplayedCall, TensorMeta, Trace
 
 __all__ = ["TRACERS", "LossFn", "Tracer", "trace", "trace_on_fakes"]
@@ -86,17 +85,9 @@ def trace(
             note = f"tracer auto: used dispatch as given because {dataless}"
         else:
             note = f"tracer auto: counted one real run (dispatch) because {why}"
-    # A real run: on a private twin of the module tree (_twin.py: new module objects, every
-    # tensor shared), so that nothing the run writes lands on the caller's modules, which
-    # another thread may be training meanwhile (issue #29 item 20), and lazy modules are
-    # materialised in the twin, not in the caller's model.
-    twin = private_twin(model, facts)
-    if twin is not None:
-        run_model, run_facts = twin
-    else:
-        run_model, run_facts = (shared_tensor_copy(model), None) if facts.lazy else (model, facts)
-    # a real run's garbage may hold data: collected as usual, also inside a paused count
-    with resumed(), preserved_inputs(list(call.tensors)):
+    # A real run (_real_run.py): on a private twin of the module tree, the caller's inputs given back
+    run_model, run_facts = real_run_model(model, facts)
+    with inputs_kept(call.tensors):
         if tracer == "jit":
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)

@@ -32,8 +32,8 @@ from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._backward import BackwardAttribution, run_backward
 from flopcount.tracers._modules import ModuleStack, forward_error
 from flopcount.tracers._optimizer import FakeOptimizerStep
+from flopcount.tracers._real_run import model_kept
 from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
-from flopcount.tracers._state import StateWatch, preserved_model_state
 from flopcount.tracers._vocabulary import CompositeInterceptor
 from flopcount.tracers.fake.copies import FakeRunError, SharedHooks, fake_copies, give_back, quiet_fake_logs, reason_for
 from flopcount.tracers.fake.hf_tracing import real_branches
@@ -196,9 +196,11 @@ def _trace(
     else:
         run_model = model
         fake_mode = _fake_mode(itertools.chain(flat_inputs, facts.parameters, facts.buffers))
-        preserve = preserved_model_state(model, own_buffers=True)
+        preserve = contextlib.nullcontext()
         names = facts.names
     modules = ModuleStack(names)
+    # a real run: the model's state given back as found while the module stack follows it (_real_run.py)
+    followed = modules if fake_copy else model_kept(model, modules)
     recorder = recorder_type(modules, answer_reads=not fake_copy)
     recorder.marker = marker
     recorder.real_checks = fake_copy
@@ -226,9 +228,7 @@ def _trace(
             outer.enter_context(fake_mode)
             if not fake_copy:
                 outer.enter_context(DataReads(modules))
-        with preserve as watch, modules, torch.set_grad_enabled(backward):
-            if isinstance(watch, StateWatch):
-                watch.concurrent = lambda: modules.foreign_calls > 0
+        with preserve, followed, torch.set_grad_enabled(backward):
             interceptor = CompositeInterceptor(
                 recorder, value_of, outputs_of, shape_cache.run_composite if shape_cache is not None else None
             )

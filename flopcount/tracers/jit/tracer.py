@@ -21,8 +21,8 @@ from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import drawing_events
 from flopcount.errors import TraceError
 from flopcount.tracers._modules import ModuleStack, forward_error
+from flopcount.tracers._real_run import model_kept
 from flopcount.tracers._sparse import sparse_meta
-from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake.hf_tracing import jit_branches
 from flopcount.tracers.jit.functions import function_failure, transform_failure
@@ -289,8 +289,9 @@ def trace(
     names = facts.names
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
-    with _JIT_LOCK, preserved_model_state(model, own_buffers=True, private_random=False) as watch, ModuleStack(names) as modules:
-        watch.concurrent = lambda: modules.foreign_calls > 0  # another thread ran the model meanwhile
+    modules = ModuleStack(names)
+    # the model's state given back as found (_real_run.py); draws redirected around the calls that draw
+    with _JIT_LOCK, model_kept(model, modules, private_random=False) as watch:
         state = [watch.twin(t) for t in state]  # the buffers the run uses are copies
         previous_map = torch.jit._trace._trace_module_map
         torch.jit._trace._trace_module_map = scope_map
