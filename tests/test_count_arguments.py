@@ -24,6 +24,10 @@ NOT_AT_LEAST_1: List[Any] = [True, False, 0, -1, 2.0, "2", None]
 NOT_AT_LEAST_0: List[Any] = [True, False, -1, 2.0, "2", None]
 
 
+#: the parameters for which None is a value (benchmark's adaptive iteration count, no batch size)
+OPTIONAL = {"benchmark: iters", "benchmark: batch_size"}
+
+
 def _tiny() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 4))
 
@@ -44,6 +48,13 @@ def _cheap_callers() -> List[Tuple[str, int, Callable[[Any], Any]]]:
         ("profile: steps", 1, lambda value: flopcount.profile(_tiny(), x, steps=value)),
         ("count_generation: new_tokens", 1, lambda value: flopcount.count_generation(_tiny(), ids, new_tokens=value)),
         ("serve: tp", 1, lambda value: flopcount.serve(_tiny(), ids, 2, tp=value)),
+        # the timing readings took True for 1 (their checks had no bool rule) and said "a positive int"
+        ("benchmark: iters", 1, lambda value: flopcount.benchmark(_tiny(), x, iters=value)),
+        ("benchmark: min_iters", 1, lambda value: flopcount.benchmark(_tiny(), x, min_iters=value)),
+        ("benchmark: warmup", 0, lambda value: flopcount.benchmark(_tiny(), x, warmup=value)),
+        ("benchmark: batch_size", 1, lambda value: flopcount.benchmark(_tiny(), x, iters=1, warmup=0, batch_size=value)),
+        ("module_latency: iters", 1, lambda value: flopcount.module_latency(_tiny(), x, iters=value)),
+        ("module_latency: warmup", 0, lambda value: flopcount.module_latency(_tiny(), x, warmup=value)),
     ]
 
 
@@ -51,6 +62,8 @@ def _cheap_callers() -> List[Tuple[str, int, Callable[[Any], Any]]]:
 def test_every_reading_refuses_the_same_bad_counts_in_the_same_words(index: int) -> None:
     name, low, call = _cheap_callers()[index]
     bad = NOT_AT_LEAST_1 if low == 1 else NOT_AT_LEAST_0
+    if name in OPTIONAL:
+        bad = [value for value in bad if value is not None]  # None: the default (adaptive, none)
     for value in bad:
         with pytest.raises(UsageError) as caught:
             call(value)
@@ -90,6 +103,18 @@ def test_count_generation_options_refuse_the_same_bad_counts(option: str) -> Non
         with pytest.raises(UsageError) as caught:
             flopcount.count_generation(model, ids, new_tokens=2, **{option: value})
         assert str(caught.value) == _refusal(1, f"count_generation: {option} (argument)", value)
+
+
+def test_a_serve_result_refuses_a_bad_batch_before_it_looks_one_up() -> None:
+    """ServeResult.at found its row by ``==`` before any check: with batch 1 and 2 priced,
+    at(True) gave batch 1's bounds and at(2.0) batch 2's."""
+    model, ids = _llama(), torch.zeros(1, 3, dtype=torch.long)
+    result = flopcount.serve(model, ids, 2, batch=[1, 2])
+    for value in (True, 2.0):
+        with pytest.raises(UsageError) as caught:
+            result.at(value)
+        assert str(caught.value) == _refusal(1, "serve: batch", value)
+    assert result.at(2) is result.batches[1]
 
 
 def test_serve_batches_refuse_the_same_bad_counts() -> None:

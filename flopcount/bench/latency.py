@@ -33,7 +33,7 @@ from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import prepare_call
-from flopcount.errors import FlopcountWarning, UsageError
+from flopcount.errors import FlopcountWarning, UsageError, int_at_least
 
 # modules whose forward differs between train and eval mode
 _TRAIN_SENSITIVE = (
@@ -94,12 +94,11 @@ def benchmark(
     on = modeled_part(on, gpu_name, "benchmark", old="gpu_name")
     if not isinstance(model, nn.Module):
         raise UsageError(f"benchmark expects a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise UsageError(f"warmup must be a non-negative int, got {warmup!r}")
+    int_at_least(warmup, 0, "benchmark: warmup")
     plan = LoopPlan(iters=iters, min_iters=min_iters, budget_s=budget_s, max_iters=max_iters)
     plan.validate()
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise UsageError(f"batch_size must be a positive int, got {batch_size!r}")
+    if batch_size is not None:
+        int_at_least(batch_size, 1, "benchmark: batch_size")
     flop_count = _flops_value(flops)
     borrowed = real_run(model, inputs, kwargs, device, "benchmark")  # the inputs walked once, here
     call, dev = borrowed.call, borrowed.device

@@ -8,7 +8,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, int_at_least
 
 #: A clock returning integer nanoseconds, like :func:`time.perf_counter_ns`.
 Clock = Callable[[], int]
@@ -32,10 +32,9 @@ class LoopPlan:
     max_block: int = 10_000
 
     def validate(self) -> None:
-        if self.iters is not None and (not isinstance(self.iters, int) or self.iters < 1):
-            raise UsageError(f"iters must be a positive int or None, got {self.iters!r}")
-        if not isinstance(self.min_iters, int) or self.min_iters < 1:
-            raise UsageError(f"min_iters must be a positive int, got {self.min_iters!r}")
+        if self.iters is not None:
+            int_at_least(self.iters, 1, "benchmark: iters")
+        int_at_least(self.min_iters, 1, "benchmark: min_iters")
         if not self.budget_s > 0:
             raise UsageError(f"budget_s must be > 0, got {self.budget_s!r}")
         if self.max_iters < self.min_iters:

@@ -26,7 +26,7 @@ from flopcount.bench.loop import Clock, cpu_block_runner, cuda_block_runner
 from flopcount.bench.stats import compute_stats
 from flopcount.core.deprecation import ms_aliases, ms_keys
 from flopcount.core.diagnostics import FromWarnings
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, int_at_least
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "
@@ -160,10 +160,8 @@ def module_latency(
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"module_latency expects a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(iters, int) or iters < 1:
-        raise UsageError(f"iters must be a positive int, got {iters!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise UsageError(f"warmup must be a non-negative int, got {warmup!r}")
+    int_at_least(iters, 1, "module_latency: iters")
+    int_at_least(warmup, 0, "module_latency: warmup")
     flop_map = _flop_map(flops)
     borrowed = real_run(model, inputs, kwargs, device, "module_latency")
     dev = borrowed.device

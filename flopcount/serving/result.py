@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import Rendered
 from flopcount.devices import Roofs
+from flopcount.errors import int_at_least
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 from flopcount.serving.pricing import price_batch
 
@@ -77,5 +78,6 @@ class ServeResult(FromWarnings, Rendered):
 
     def at(self, batch: int) -> ServeBatch:
         """The bounds at ``batch`` (one of :attr:`batches`, else priced now)."""
+        int_at_least(batch, 1, "serve: batch")  # before the look-up: True == 1 and 2.0 == 2 would find a row
         return next((row for row in self.batches if row.batch == batch), None) or price_batch(self, batch)
 
