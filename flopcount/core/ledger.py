@@ -16,7 +16,6 @@ No torch here; the ledger knows costs and names only.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -87,35 +86,42 @@ def owners_of(
     ``b`` calls it (its canonical name being ``a.m``), so it counts for ``b``, not ``a``.
     ``aliases`` maps a canonical name to every name of that module, so the path through
     ``b`` is found; ``canonical`` (alias -> canonical name) names the prefixes credited."""
-    if not aliases and not canonical:
-        return _owners_without_aliases(stack)
-    return _owners(stack, aliases, canonical)
-
-
-@lru_cache(maxsize=1 << 15)
-def _owners_without_aliases(stack: Tuple[str, ...]) -> Tuple[str, ...]:
-    """:func:`owners_of` of a model without aliases: a function of the stack alone, kept across
-    ledgers (every count of a model books the same stacks; a count of 80 layers ~30 per layer)."""
-    return _owners(stack, {}, {})
-
-
-def _owners(stack: Tuple[str, ...], aliases: Mapping[str, Sequence[str]], canonical: Mapping[str, str]) -> Tuple[str, ...]:
     names: Dict[str, None] = {"": None}
     outer = ""
     for qualified in stack:
-        path = qualified
-        for alias in aliases.get(qualified, (qualified,)):
-            if not outer or alias.startswith(outer + "."):
-                path = alias
-                break
-        if not outer or path.startswith(outer + "."):
-            parts = path.split(".")
-            start = outer.count(".") + 2 if outer else 1
-            for end in range(start, len(parts)):
-                prefix = ".".join(parts[:end])
-                names[canonical.get(prefix, prefix)] = None
-        names[qualified] = None
-        outer = path
+        outer = _add_owners(names, outer, qualified, aliases, canonical)
+    return tuple(names)
+
+
+def _add_owners(
+    names: Dict[str, None], outer: str, qualified: str, aliases: Mapping[str, Sequence[str]], canonical: Mapping[str, str]
+) -> str:
+    """Add to ``names`` the owners one stack entry ``qualified`` adds after the entry before it
+    (whose path by name is ``outer``: "" for none): the uncalled owners between the two, then
+    itself (see :func:`owners_of`). Gives back the entry's path by name (an alias on the path)."""
+    path = qualified
+    for alias in aliases.get(qualified, (qualified,)):
+        if not outer or alias.startswith(outer + "."):
+            path = alias
+            break
+    if not outer or path.startswith(outer + "."):
+        parts = path.split(".")
+        start = outer.count(".") + 2 if outer else 1
+        for end in range(start, len(parts)):
+            prefix = ".".join(parts[:end])
+            names[canonical.get(prefix, prefix)] = None
+    names[qualified] = None
+    return path
+
+
+def _owners_below(above: Tuple[str, ...], stack: Tuple[str, ...]) -> Tuple[str, ...]:
+    """:func:`owners_of` ``stack`` in a model without aliases, from ``above``, the owners of the
+    stack one shorter: those, then the names the innermost entry adds (without aliases an
+    entry's path is its name). One step per stack instead of a walk of the whole stack, and
+    nothing kept across counts (issue #32: a process-wide cache of every stack booked kept
+    5.6 KiB per 70B layer after the count)."""
+    names = dict.fromkeys(above)
+    _add_owners(names, stack[-2] if len(stack) > 1 else "", stack[-1], {}, {})
     return tuple(names)
 
 
@@ -353,10 +359,18 @@ class Ledger:
         self._shared = False
 
     def owners(self, stack: Tuple[str, ...]) -> Tuple[str, ...]:
+        """:func:`owners_of` ``stack``, kept for this ledger (its stacks' prefixes too, without aliases)."""
         names = self._owners.get(stack)
         if names is None:
-            names = self._owners[stack] = owners_of(stack, self.aliases, self._canonical)
+            names = self._owners[stack] = self._owners_of(stack, self.owners(stack[:-1]) if stack and not self.aliases else ())
         return names
+
+    def _owners_of(self, stack: Tuple[str, ...], above: Tuple[str, ...]) -> Tuple[str, ...]:
+        """:func:`owners_of` ``stack``; ``above``: the owners of the stack one shorter (ignored
+        with aliases: an entry's path there depends on the whole stack)."""
+        if not stack or self.aliases:
+            return owners_of(stack, self.aliases, self._canonical)
+        return _owners_below(above, stack)
 
     def book_all(
         self,
@@ -539,8 +553,9 @@ class Ledger:
             for j, (k, length) in enumerate(representatives):
                 path = replay.stacks[k]
                 node = path if length == len(path) else path[:length]
-                named = owners_of(node, self.aliases, self._canonical)
-                above = set(self.owners(node[:-1]) if j == 0 else owners[parents[j]])
+                outer = self.owners(node[:-1]) if j == 0 else owners[parents[j]]  # the node one shorter's
+                named = self._owners_of(node, outer)
+                above = set(outer)
                 owners.append(named)
                 for owner in named:
                     if owner not in above:
