@@ -100,18 +100,25 @@ def _add_owners(
     (whose path by name is ``outer``: "" for none): the uncalled owners between the two, then
     itself (see :func:`owners_of`). Gives back the entry's path by name (an alias on the path)."""
     path = qualified
-    for alias in aliases.get(qualified, (qualified,)):
-        if not outer or alias.startswith(outer + "."):
-            path = alias
-            break
+    found = aliases.get(qualified)
+    if found:
+        for alias in found:
+            if not outer or alias.startswith(outer + "."):
+                path = alias
+                break
     if not outer or path.startswith(outer + "."):
-        parts = path.split(".")
-        start = outer.count(".") + 2 if outer else 1
-        for end in range(start, len(parts)):
-            prefix = ".".join(parts[:end])
+        # each "." after the outer entry's name ends the name of an owner between the two (none
+        # for a direct child: found without splitting the name, the common case)
+        end = path.find(".", len(outer) + 1 if outer else 0)
+        while end != -1:
+            prefix = path[:end]
             names[canonical.get(prefix, prefix)] = None
+            end = path.find(".", end + 1)
     names[qualified] = None
     return path
+
+
+_NONE: Mapping[str, Any] = {}  # no aliases, no canonical names (read only)
 
 
 def _owners_below(above: Tuple[str, ...], stack: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -120,9 +127,9 @@ def _owners_below(above: Tuple[str, ...], stack: Tuple[str, ...]) -> Tuple[str, 
     entry's path is its name). One step per stack instead of a walk of the whole stack, and
     nothing kept across counts (issue #32: a process-wide cache of every stack booked kept
     5.6 KiB per 70B layer after the count)."""
-    names = dict.fromkeys(above)
-    _add_owners(names, stack[-2] if len(stack) > 1 else "", stack[-1], {}, {})
-    return tuple(names)
+    added: Dict[str, None] = {}
+    _add_owners(added, stack[-2] if len(stack) > 1 else "", stack[-1], _NONE, _NONE)
+    return above + tuple([name for name in added if name not in above])
 
 
 _FIRST = itemgetter(0)
@@ -555,11 +562,9 @@ class Ledger:
                 node = path if length == len(path) else path[:length]
                 outer = self.owners(node[:-1]) if j == 0 else owners[parents[j]]  # the node one shorter's
                 named = self._owners_of(node, outer)
-                above = set(outer)
                 owners.append(named)
-                for owner in named:
-                    if owner not in above:
-                        credit(owner, tables[j], offset)
+                for owner in named[len(outer):]:  # a stack's owners begin with those of the stack one shorter
+                    credit(owner, tables[j], offset)
             for k in group.order:
                 for owner in owners[group.leaves[k]]:
                     seen[owner] = None

@@ -220,6 +220,15 @@ def test_owners_of_a_model_without_aliases_step_by_step_are_the_whole_walks():
         for end in range(len(stack), -1, -1):  # the longest first: its prefixes are made on the way
             assert fresh.owners(stack[:end]) == ledger.owners_of(stack[:end], {}, {}), stack[:end]
     assert fresh.owners(("a", "b.c", "a.d")) == ("", "a", "b.c", "a.d")  # by hand: "b" is not on the path of "a"
+    # the tree booking credits a node with the owners its stack adds: those after the owners of the
+    # stack one shorter, which begin every stack's owners (with aliases too)
+    aliases = {"a.m": ("a.m", "b.m")}
+    canonical = {"a.m": "a.m", "b.m": "a.m"}
+    for stack in [*stacks, ("b", "a.m", "a.m.x"), ("a", "a.m"), ("b", "b.m.y", "a.m")]:
+        for end in range(1, len(stack) + 1):
+            for named in ({}, aliases):
+                shorter = ledger.owners_of(stack[:end - 1], named, canonical if named else {})
+                assert ledger.owners_of(stack[:end], named, canonical if named else {})[:len(shorter)] == shorter
     assert fresh.owners(("h.0", "h.0.attn", "h.0.attn.heads.2.q")) == (
         "", "h", "h.0", "h.0.attn", "h.0.attn.heads", "h.0.attn.heads.2", "h.0.attn.heads.2.q")
     torch.manual_seed(0)
