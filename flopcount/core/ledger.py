@@ -369,15 +369,16 @@ class Ledger:
         """:func:`owners_of` ``stack``, kept for this ledger (its stacks' prefixes too, without aliases)."""
         names = self._owners.get(stack)
         if names is None:
-            names = self._owners[stack] = self._owners_of(stack, self.owners(stack[:-1]) if stack and not self.aliases else ())
+            shorter = self.owners(stack[:-1]) if stack and not self.aliases else ()  # not read with aliases
+            names = self._owners[stack] = self._owners_of(stack, shorter)
         return names
 
-    def _owners_of(self, stack: Tuple[str, ...], above: Tuple[str, ...]) -> Tuple[str, ...]:
-        """:func:`owners_of` ``stack``; ``above``: the owners of the stack one shorter (ignored
+    def _owners_of(self, stack: Tuple[str, ...], shorter: Tuple[str, ...]) -> Tuple[str, ...]:
+        """:func:`owners_of` ``stack``; ``shorter``: the owners of the stack one shorter (not read
         with aliases: an entry's path there depends on the whole stack)."""
         if not stack or self.aliases:
             return owners_of(stack, self.aliases, self._canonical)
-        return _owners_below(above, stack)
+        return _owners_below(shorter, stack)
 
     def book_all(
         self,
@@ -560,10 +561,10 @@ class Ledger:
             for j, (k, length) in enumerate(representatives):
                 path = replay.stacks[k]
                 node = path if length == len(path) else path[:length]
-                outer = self.owners(node[:-1]) if j == 0 else owners[parents[j]]  # the node one shorter's
-                named = self._owners_of(node, outer)
+                shorter = self.owners(node[:-1]) if j == 0 else owners[parents[j]]  # the owners of the node one shorter
+                named = self._owners_of(node, shorter)
                 owners.append(named)
-                for owner in named[len(outer):]:  # a stack's owners begin with those of the stack one shorter
+                for owner in named[len(shorter):]:  # a stack's owners begin with those of the stack one shorter
                     credit(owner, tables[j], offset)
             for k in group.order:
                 for owner in owners[group.leaves[k]]:
