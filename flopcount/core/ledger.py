@@ -541,10 +541,9 @@ class Ledger:
                 _add_first(held, name, sums, offset)
 
         for stack, table in subtree.items():
-            above = set(self.owners(stack[:-1])) if stack else set()
-            for owner in self.owners(stack):
-                if owner not in above:
-                    credit(owner, table, 0)
+            shorter = self.owners(stack[:-1]) if stack else ()
+            for owner in self.owners(stack)[len(shorter):]:  # a stack's owners begin with the shorter one's
+                credit(owner, table, 0)
         # the modules in the order the per-group booking meets them: each stack's owners, by
         # the stack's first event (a grafted replay's stacks: its owners, credited here too)
         seen: Dict[str, Any] = {}  # owner -> None; then (ops, total); then ops (module_ops)
