@@ -16,7 +16,6 @@ No torch here; the ledger knows costs and names only.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -87,36 +86,50 @@ def owners_of(
     ``b`` calls it (its canonical name being ``a.m``), so it counts for ``b``, not ``a``.
     ``aliases`` maps a canonical name to every name of that module, so the path through
     ``b`` is found; ``canonical`` (alias -> canonical name) names the prefixes credited."""
-    if not aliases and not canonical:
-        return _owners_without_aliases(stack)
-    return _owners(stack, aliases, canonical)
-
-
-@lru_cache(maxsize=1 << 15)
-def _owners_without_aliases(stack: Tuple[str, ...]) -> Tuple[str, ...]:
-    """:func:`owners_of` of a model without aliases: a function of the stack alone, kept across
-    ledgers (every count of a model books the same stacks; a count of 80 layers ~30 per layer)."""
-    return _owners(stack, {}, {})
-
-
-def _owners(stack: Tuple[str, ...], aliases: Mapping[str, Sequence[str]], canonical: Mapping[str, str]) -> Tuple[str, ...]:
     names: Dict[str, None] = {"": None}
     outer = ""
     for qualified in stack:
-        path = qualified
-        for alias in aliases.get(qualified, (qualified,)):
+        outer = _add_owners(names, outer, qualified, aliases, canonical)
+    return tuple(names)
+
+
+def _add_owners(
+    names: Dict[str, None], outer: str, qualified: str, aliases: Mapping[str, Sequence[str]], canonical: Mapping[str, str]
+) -> str:
+    """Add to ``names`` the owners one stack entry ``qualified`` adds after the entry before it
+    (whose path by name is ``outer``: "" for none): the uncalled owners between the two, then
+    itself (see :func:`owners_of`). Gives back the entry's path by name (an alias on the path)."""
+    path = qualified
+    found = aliases.get(qualified)
+    if found:
+        for alias in found:
             if not outer or alias.startswith(outer + "."):
                 path = alias
                 break
-        if not outer or path.startswith(outer + "."):
-            parts = path.split(".")
-            start = outer.count(".") + 2 if outer else 1
-            for end in range(start, len(parts)):
-                prefix = ".".join(parts[:end])
-                names[canonical.get(prefix, prefix)] = None
-        names[qualified] = None
-        outer = path
-    return tuple(names)
+    if not outer or path.startswith(outer + "."):
+        # each "." after the outer entry's name ends the name of an owner between the two (none
+        # for a direct child: found without splitting the name, the common case)
+        end = path.find(".", len(outer) + 1 if outer else 0)
+        while end != -1:
+            prefix = path[:end]
+            names[canonical.get(prefix, prefix)] = None
+            end = path.find(".", end + 1)
+    names[qualified] = None
+    return path
+
+
+_NONE: Mapping[str, Any] = {}  # no aliases, no canonical names (read only)
+
+
+def _owners_below(above: Tuple[str, ...], stack: Tuple[str, ...]) -> Tuple[str, ...]:
+    """:func:`owners_of` ``stack`` in a model without aliases, from ``above``, the owners of the
+    stack one shorter: those, then the names the innermost entry adds (without aliases an
+    entry's path is its name). One step per stack instead of a walk of the whole stack, and
+    nothing kept across counts (issue #32: a process-wide cache of every stack booked kept
+    5.6 KiB per 70B layer after the count)."""
+    added: Dict[str, None] = {}
+    _add_owners(added, stack[-2] if len(stack) > 1 else "", stack[-1], _NONE, _NONE)
+    return above + tuple([name for name in added if name not in above])
 
 
 _FIRST = itemgetter(0)
@@ -353,10 +366,19 @@ class Ledger:
         self._shared = False
 
     def owners(self, stack: Tuple[str, ...]) -> Tuple[str, ...]:
+        """:func:`owners_of` ``stack``, kept for this ledger (its stacks' prefixes too, without aliases)."""
         names = self._owners.get(stack)
         if names is None:
-            names = self._owners[stack] = owners_of(stack, self.aliases, self._canonical)
+            shorter = self.owners(stack[:-1]) if stack and not self.aliases else ()  # not read with aliases
+            names = self._owners[stack] = self._owners_of(stack, shorter)
         return names
+
+    def _owners_of(self, stack: Tuple[str, ...], shorter: Tuple[str, ...]) -> Tuple[str, ...]:
+        """:func:`owners_of` ``stack``; ``shorter``: the owners of the stack one shorter (not read
+        with aliases: an entry's path there depends on the whole stack)."""
+        if not stack or self.aliases:
+            return owners_of(stack, self.aliases, self._canonical)
+        return _owners_below(shorter, stack)
 
     def book_all(
         self,
@@ -519,10 +541,9 @@ class Ledger:
                 _add_first(held, name, sums, offset)
 
         for stack, table in subtree.items():
-            above = set(self.owners(stack[:-1])) if stack else set()
-            for owner in self.owners(stack):
-                if owner not in above:
-                    credit(owner, table, 0)
+            shorter = self.owners(stack[:-1]) if stack else ()
+            for owner in self.owners(stack)[len(shorter):]:  # a stack's owners begin with the shorter one's
+                credit(owner, table, 0)
         # the modules in the order the per-group booking meets them: each stack's owners, by
         # the stack's first event (a grafted replay's stacks: its owners, credited here too)
         seen: Dict[str, Any] = {}  # owner -> None; then (ops, total); then ops (module_ops)
@@ -539,12 +560,11 @@ class Ledger:
             for j, (k, length) in enumerate(representatives):
                 path = replay.stacks[k]
                 node = path if length == len(path) else path[:length]
-                named = owners_of(node, self.aliases, self._canonical)
-                above = set(self.owners(node[:-1]) if j == 0 else owners[parents[j]])
+                shorter = self.owners(node[:-1]) if j == 0 else owners[parents[j]]  # the owners of the node one shorter
+                named = self._owners_of(node, shorter)
                 owners.append(named)
-                for owner in named:
-                    if owner not in above:
-                        credit(owner, tables[j], offset)
+                for owner in named[len(shorter):]:  # a stack's owners begin with those of the stack one shorter
+                    credit(owner, tables[j], offset)
             for k in group.order:
                 for owner in owners[group.leaves[k]]:
                     seen[owner] = None

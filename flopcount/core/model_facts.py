@@ -11,6 +11,7 @@ map these names onto the copy rather than walking it again.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union, overload
@@ -31,19 +32,19 @@ _SPECIAL = (ScriptObject, torch.Tensor)
 
 
 class ModulePairs(Sequence[Tuple[str, nn.Module]]):
-    """``(name, module)`` of each module, in ``named_modules()`` order, held as a tuple of names and
-    a tuple of modules: a pair is made when one is read (iterating makes none that outlives its
-    step), not held per module for the whole count (issue #32: ~0.7 KiB per LLaMA layer, alive
-    through the trace)."""
+    """``(name, module)`` of each module, in ``named_modules()`` order, held as the one dictionary
+    module -> name that the tracers read (:attr:`ModelFacts.names`): a pair is made when one is
+    read (iterating makes none that outlives its step). Not a pair per module (issue #32: ~0.7 KiB
+    per LLaMA layer), nor a tuple of names and one of modules beside that dictionary (16 B per
+    module, 208 B per LLaMA layer, alive through the count: branch countmem3)."""
 
-    __slots__ = ("names", "objects")
+    __slots__ = ("by_module",)
 
-    def __init__(self, names: Tuple[str, ...], objects: Tuple[nn.Module, ...]):
-        self.names = names
-        self.objects = objects
+    def __init__(self, by_module: Dict[nn.Module, str]):
+        self.by_module = by_module
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.by_module)
 
     @overload
     def __getitem__(self, i: int) -> Tuple[str, nn.Module]: ...
@@ -53,14 +54,18 @@ class ModulePairs(Sequence[Tuple[str, nn.Module]]):
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return tuple(zip(self.names[i], self.objects[i]))
-        return self.names[i], self.objects[i]
+            return tuple(self)[i]
+        count = len(self.by_module)
+        at = i + count if i < 0 else i
+        if not 0 <= at < count:
+            raise IndexError("module index out of range")
+        return next(itertools.islice(iter(self), at, None))
 
     def __iter__(self) -> Iterator[Tuple[str, nn.Module]]:
-        return zip(self.names, self.objects)
+        return zip(self.by_module.values(), self.by_module.keys())
 
     def __reversed__(self) -> Iterator[Tuple[str, nn.Module]]:
-        return zip(reversed(self.names), reversed(self.objects))
+        return zip(reversed(self.by_module.values()), reversed(self.by_module.keys()))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -119,6 +124,8 @@ class ModelFacts:
     @cached_property
     def names(self) -> Mapping[nn.Module, str]:
         """Each module's canonical name (module trackers look modules up by object)."""
+        if isinstance(self.modules, ModulePairs):
+            return self.modules.by_module  # the same dictionary: ``modules`` is read through it
         return {module: name for name, module in self.modules}
 
     @cached_property
@@ -154,8 +161,10 @@ def model_facts(model: nn.Module) -> ModelFacts:
     # id(module) -> its first name, or (a module met under several names) the list of them: no list
     # per module while the walk lasts (issue #32: ~0.9 KiB per LLaMA layer at the facts' peak)
     every: Dict[int, Union[str, List[str]]] = {}
-    names: List[str] = []  # each module once, under its first name (``modules``), in walk order
-    objects: List[nn.Module] = []
+    # each module once, under its first name (``modules``), in walk order; None when two of them
+    # compare equal (``modules`` is then a tuple of pairs)
+    by_module: Optional[Dict[nn.Module, str]] = {}
+    distinct = 0  # modules met so far, each once
     parameters: Dict[int, torch.Tensor] = {}
     buffers: Dict[int, torch.Tensor] = {}
     sizes: List[int] = []  # each module's own parameter elements, in ``modules`` order
@@ -183,6 +192,11 @@ def model_facts(model: nn.Module) -> ModelFacts:
                 known.append(name)
             continue
         every[id(module)] = name
+        if by_module is not None:
+            if module in by_module:  # another module equal to this one (a class comparing by value)
+                by_module = None
+            else:
+                by_module[module] = name
         state = vars(module)
         own = state["_parameters"]
         size = 0
@@ -206,9 +220,8 @@ def model_facts(model: nn.Module) -> ModelFacts:
         if not (calm and EXPERT_COUNTS.isdisjoint(state) and EXPERT_COUNTS.isdisjoint(state.get("_modules", ()))
                 and EXPERT_COUNTS.isdisjoint(own) and EXPERT_COUNTS.isdisjoint(state["_buffers"])) \
                 or (isinstance(module, nn.ModuleList) and name.rpartition(".")[2].endswith("experts")):
-            experts.append(len(names))
-        names.append(name)
-        objects.append(module)
+            experts.append(distinct)
+        distinct += 1
         # packed quantized weights (core.packed.packed_objects) and tensors kept as plain
         # attributes, in the same walk: the types a module's attributes hold, each type tested
         # once (an isinstance per attribute cost more than the rest of the walk)
@@ -230,9 +243,17 @@ def model_facts(model: nn.Module) -> ModelFacts:
     owned: Union[Tuple[int, ...], Mapping[str, int]] = (
         _owned(zip(walked_names, walked)) if aliases or met > len(parameters) else tuple(sizes)
     )
+    modules: Sequence[Tuple[str, nn.Module]]
+    if by_module is not None:
+        modules = ModulePairs(by_module)
+    else:
+        first: Dict[int, Tuple[str, nn.Module]] = {}
+        for name, module in zip(walked_names, walked):
+            first.setdefault(id(module), (name, module))
+        modules = tuple(first.values())
     return ModelFacts(
         model,
-        ModulePairs(tuple(names), tuple(objects)),
+        modules,
         aliases,
         owned,
         tuple(parameters.values()),

@@ -117,17 +117,62 @@ def test_the_result_keeps_per_layer_its_names_and_one_slotted_row_per_module(mon
     assert per_layer <= bound, (per_layer, bound)
 
 
+def _table_per_layer(models: List[torch.nn.Module]) -> float:
+    """The bytes a dictionary keyed by every module (built by insertion) grows by per layer."""
+
+    def table(model: torch.nn.Module) -> int:
+        d = {}
+        for name, module in model.named_modules():
+            d[module] = name
+        return sys.getsizeof(d)
+
+    return (table(models[1]) - table(models[0])) / (DEEP - SHALLOW)
+
+
 def test_the_facts_hold_per_module_its_name_and_no_pair(monkeypatch):
     monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-    per_layer, models = _per_layer(lambda model: _held(lambda: model_facts(model), lambda facts: facts))
+
+    def facts_as_a_count_reads_them(model: torch.nn.Module) -> int:
+        def read(facts: Any) -> Any:
+            facts.names  # the tracers name modules through it: every count reads it
+            return facts
+
+        return _held(lambda: model_facts(model), read)
+
+    per_layer, models = _per_layer(facts_as_a_count_reads_them)
     names = _layer(models[0])
     params = sum(1 for n, _ in models[0].named_parameters() if n.startswith("model.layers.3."))
-    # names (new strings), two tuples of references (names, modules), each module's own parameter
-    # count (one int object for equal sizes: a reference), each parameter in the tuple of parameters.
-    # Before: one (name, module) pair per module besides (16 + 24 + 16 = 56 B each)
-    bound = _names_per_layer(models[1]) + len(names) * 3 * ITEM + params * ITEM
+    # names (new strings), the one dictionary module -> name (``names``, which ``modules`` is read
+    # through), each module's own parameter count (one int object for equal sizes: a reference),
+    # each parameter in the tuple of parameters. Before: one (name, module) pair per module besides
+    # (16 + 24 + 16 = 56 B each); then (78e3e91) a tuple of names and one of modules beside the
+    # dictionary: 2 x 8 B per module over this bound
+    bound = _names_per_layer(models[1]) + _table_per_layer(models) + len(names) * ITEM + params * ITEM
     assert per_layer <= bound, (per_layer, bound)
-    assert list(model_facts(models[0]).modules) == list(models[0].named_modules())
+    facts = model_facts(models[0])
+    assert list(facts.modules) == list(models[0].named_modules())
+    assert list(reversed(facts.modules)) == list(reversed(list(models[0].named_modules())))
+    assert facts.modules[3] == list(models[0].named_modules())[3] and facts.modules[-1] == list(models[0].named_modules())[-1]
+    assert facts.names == {module: name for name, module in models[0].named_modules()}
+
+
+def test_the_facts_of_modules_that_compare_equal_keep_each_module(monkeypatch):
+    """A module class that compares by value: the facts still list every module once by
+    identity, in walk order (the one dictionary by module would merge equal ones)."""
+
+    class Same(torch.nn.Linear):
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Same)
+
+        def __hash__(self) -> int:
+            return 0
+
+    model = torch.nn.Sequential(Same(2, 2), torch.nn.ReLU(), Same(2, 2))
+    facts = model_facts(model)
+    # every module by identity (torch's own ``named_modules()`` drops a module equal to an earlier one)
+    walked = [(name, id(module)) for name, module in model.named_modules(remove_duplicate=False)]
+    assert [(name, id(module)) for name, module in facts.modules] == walked
+    assert len(facts.modules) == 4 and facts.modules[3][0] == "2"
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -143,3 +188,35 @@ def test_counting_leaves_the_model_as_found(monkeypatch, train):
     result = count_flops(model, (torch.zeros(2, 16, dtype=torch.long),))
     assert result.reused_calls == 3
     assert_same_state(model, before)
+
+
+def test_a_count_keeps_nothing_the_ledger_made_once_it_returns(monkeypatch):
+    """What the ledger allocates for a count is the count's: once its result is let go, nothing
+    it made stays allocated, at any depth. Before (branch countmem3), a process-wide cache of the
+    owners of every booked stack (``functools.lru_cache``) kept each stack and its owners for the
+    life of the process: a tuple of 4-5 owners per module of a layer, and the stack it was keyed
+    by (78e3e91: 2.9 KiB per layer here by this reading; 5.6 KiB per LLaMA-2-70B layer). The
+    first count of each depth is measured (a warm-up on 2 layers first): a second count of the
+    same model would find such a cache filled already."""
+    from flopcount.core import ledger
+
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    count_flops(_llama_like(2), (_ids(),))  # warm: the shape cache's tables, torch's own
+
+    def kept_from_ledger(layers: int) -> int:
+        model = _llama_like(layers)
+        gc.collect()
+        tracemalloc.start(64)  # deep enough to see the ledger's frame under the stacks it reads
+        try:
+            result = count_flops(model, (_ids(),))
+            del result
+            gc.collect()
+            traces = tracemalloc.take_snapshot().traces
+        finally:
+            tracemalloc.stop()
+        return sum(t.size for t in traces if any(frame.filename == ledger.__file__ for frame in t.traceback))
+
+    shallow, deep = kept_from_ledger(SHALLOW), kept_from_ledger(DEEP)
+    # by hand: nothing per layer. (One 56 B block, the same at every depth and count, is
+    # CPython's: made by a dict display in ``_first_ordered`` and kept by the interpreter.)
+    assert deep == shallow, (shallow, deep)
