@@ -173,6 +173,24 @@ def fresh_python(tmp_path_factory: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
+def llama7_one_rank_plan() -> Any:
+    """``plan(tiny_llama7, (example_input("llama7"),), fsdp=1, on=None)`` (tests/plan/_plan_gloo.py's
+    7-layer GQA LLaMA), made once per process: tests/plan/test_plan_vocabulary.py and
+    tests/tracers/test_hf_tracing.py check the same plan against different oracles (count_flops;
+    the real loop), ~1.2 s of CPU each time it is made. A frozen PlanResult: tests read it only."""
+    plan_dir = str(ROOT / "tests" / "plan")
+    if plan_dir not in sys.path:
+        sys.path.insert(0, plan_dir)
+    import _plan_gloo as gloo
+
+    import flopcount
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flopcount.plan(gloo.tiny_llama7, (gloo.example_input("llama7"),), fsdp=1, on=None)
+
+
+@pytest.fixture(scope="session")
 def _roofs_cache(tmp_path_factory: Any) -> Any:
     return tmp_path_factory.mktemp("xdg-cache")
 
