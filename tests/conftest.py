@@ -173,6 +173,24 @@ def fresh_python(tmp_path_factory: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
+def llama7_one_rank_plan() -> Any:
+    """``plan(tiny_llama7, (example_input("llama7"),), fsdp=1, on=None)`` (tests/plan/_plan_gloo.py's
+    7-layer GQA LLaMA), made once per process: tests/plan/test_plan_vocabulary.py and
+    tests/tracers/test_hf_tracing.py check the same plan against different oracles (count_flops;
+    the real loop), ~1.2 s of CPU each time it is made. A frozen PlanResult: tests read it only."""
+    plan_dir = str(ROOT / "tests" / "plan")
+    if plan_dir not in sys.path:
+        sys.path.insert(0, plan_dir)
+    import _plan_gloo as gloo
+
+    import flopcount
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flopcount.plan(gloo.tiny_llama7, (gloo.example_input("llama7"),), fsdp=1, on=None)
+
+
+@pytest.fixture(scope="session")
 def _roofs_cache(tmp_path_factory: Any) -> Any:
     return tmp_path_factory.mktemp("xdg-cache")
 
@@ -206,18 +224,21 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
 
 
 #: the test files that take longest: CPU seconds summed over their tests, one process, one torch
-#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-27 07:30, base
-#: 5bc0d58, load ~5 from the other jobs; docs/performance.md, "The main suite, fourth pass"; the
-#: fork server's children, booked to the session's last test, left out): under pytest-xdist each
-#: worker starts with its share of them, see _heavy_files_first
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-27 16:33, base
+#: b237054, load ~3.6; docs/performance.md, "The main suite, fifth pass"). The fork server's children
+#: are booked to the session's last test, not to the test that waits for them: the two long ones are
+#: added to their files by hand (test_generation_fake_path.py's five-family child 5.6 s,
+#: tracers/test_dispatch.py's peak-RSS child 3.3 s), since their worker waits that long. Under
+#: pytest-xdist each worker starts with its share of them, see _heavy_files_first
 HEAVY_FILES = {
-    "plan/test_plan_layers.py": 23.9, "test_memory_layers.py": 20.5, "test_memory_reuse.py": 19.8,
-    "tracers/test_hf_tracing.py": 19.1, "test_generation_options.py": 15.9, "test_generation_deferred_steps.py": 15.4,
-    "test_generation_limits.py": 12.7, "cli/test_artifacts.py": 11.5, "serving/test_serve_derived.py": 11.2,
-    "test_doc_snippets.py": 8.8, "serving/test_serve.py": 8.1, "test_install.py": 8.1, "tracers/test_reuse_cache.py": 6.9,
-    "plan/test_plan_skipped_modules.py": 6.7, "test_ci_recipes.py": 6.2, "tracers/test_shape_cache.py": 5.8,
-    "test_memory.py": 5.8, "tracers/test_agreement.py": 5.5, "test_profile_marks.py": 5.1, "cli/test_cli.py": 4.9,
-    "plan/test_plan_analytic.py": 4.8, "test_private_torch.py": 4.5,
+    "plan/test_plan_layers.py": 21.5, "test_memory_layers.py": 16.6, "test_memory_reuse.py": 15.2,
+    "test_generation_options.py": 13.8, "tracers/test_hf_tracing.py": 12.9, "test_generation_deferred_steps.py": 12.0,
+    "serving/test_serve_derived.py": 10.5, "test_generation_limits.py": 10.3, "test_install.py": 9.8,
+    "cli/test_artifacts.py": 8.6, "test_generation_fake_path.py": 7.1, "test_doc_snippets.py": 7.0,
+    "test_memory_replay_module_peaks.py": 6.8, "serving/test_serve.py": 6.3, "tracers/test_dispatch.py": 5.3,
+    "test_ci_recipes.py": 5.2, "plan/test_plan_skipped_modules.py": 5.1, "test_memory.py": 4.5, "test_private_torch.py": 4.4,
+    "plan/test_plan_analytic.py": 4.2, "cli/test_cli.py": 4.1, "tracers/test_reuse_cache.py": 4.0,
+    "tracers/test_shape_cache.py": 3.7, "tracers/test_agreement.py": 3.6,
 }
 
 

@@ -81,10 +81,14 @@ STEPS: Dict[str, Dict[str, Any]] = {
     "adagrad": {"backward": True, "optimizer": "adagrad"},
     "adamw-autocast": {"backward": True, "optimizer": "adamw", "autocast": torch.bfloat16},
 }
+# BERT's forward + backward without an optimizer is not here: tests/test_memory_replay_module_peaks.py's
+# [bert-train-fwd+bwd] runs the same call (this file's bert(), torch.manual_seed(0), train mode, _ids(),
+# backward=True, replay on and off) and asserts what this test does (replay taken, on == off, the
+# model left as found) and every module row against MemTracker besides
 GRID = [
     ("llama", "inference"), ("llama", "fwd+bwd"), ("llama", "adamw-autocast"), ("llama", "sgd"),
     ("gpt2", "adam"),
-    ("bert", "fwd+bwd"), ("bert", "sgd"),
+    ("bert", "sgd"),
     ("encoder", "adam"),
     ("blocks", "inference"), ("blocks", "sgd"), ("blocks", "adagrad"),
 ]

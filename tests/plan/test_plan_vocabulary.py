@@ -25,11 +25,12 @@ B, S, V = gloo.BATCH, gloo.SEQ, gloo.VOCAB
 
 
 @pytest.fixture(scope="module")
-def readings() -> Dict[str, Any]:
+def readings(llama7_one_rank_plan: Any) -> Dict[str, Any]:
     x = gloo.example_input("llama7")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plans = {f: flopcount.plan(gloo.tiny_llama7, (x,), fsdp=f, on=None) for f in (1, 2)}
+        # fsdp=1: conftest's session plan (tests/tracers/test_hf_tracing.py reads the same one)
+        plans = {1: llama7_one_rank_plan, 2: flopcount.plan(gloo.tiny_llama7, (x,), fsdp=2, on=None)}
         count = flopcount.count_flops(gloo.tiny_llama7(), (x,), backward=True)
     return {"plans": plans, "count": count}
 

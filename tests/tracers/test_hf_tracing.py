@@ -244,7 +244,7 @@ def test_gpt2_with_activation_checkpointing_equals_memtracker() -> None:
     assert estimate.peak_bytes == _real_peak(model, ids, {}, True)
 
 
-def test_one_rank_plan_equals_the_real_loop() -> None:
+def test_one_rank_plan_equals_the_real_loop(llama7_one_rank_plan: Any) -> None:
     """The one-rank plan of a 7-layer GQA LLaMA without cache (tests/plan/_plan_gloo.tiny_llama7):
     FLOPs per phase equal the real forward + backward of the same default loss (dispatch on real
     tensors), and the peak the real AdamW loop's steady state under MemTracker. Before the fix the
@@ -257,7 +257,7 @@ def test_one_rank_plan_equals_the_real_loop() -> None:
     from flopcount.step.loss import default_loss
 
     x = gloo.example_input("llama7")
-    planned = flopcount.plan(gloo.tiny_llama7, (x,), fsdp=1, on=None)
+    planned = llama7_one_rank_plan  # flopcount.plan(gloo.tiny_llama7, (x,), fsdp=1, on=None), made once (conftest)
     model = gloo.tiny_llama7().train()
     real = flopcount.count_flops(model, (x,), backward=True, tracer="dispatch", loss_fn=default_loss)
     assert {k: planned.flops[k] for k in ("forward", "backward")} == real.by_phase()
