@@ -132,6 +132,21 @@ def _quiet_flopcount_warnings():
         yield
 
 
+#: the depth from which the replay's exactness tests (6-8-layer stacks) were written to replay:
+#: flopcount.step.replay.MIN_LAYERS before replaymin raised the default from the measurement
+REPLAY_TESTS_MIN_LAYERS = 6
+
+
+@pytest.fixture
+def replay_from_six_layers(monkeypatch: Any) -> None:
+    """flopcount.step.replay's threshold at :data:`REPLAY_TESTS_MIN_LAYERS`, so that the tests
+    of the replay's exactness keep replaying their 6-8-layer stacks (the default replays only
+    deeper ones, where it pays). Used per file, ``pytestmark = pytest.mark.usefixtures(...)``."""
+    from flopcount.step import replay
+
+    monkeypatch.setattr(replay, "MIN_LAYERS", REPLAY_TESTS_MIN_LAYERS)
+
+
 def run_cli(capsys: Any, *args: str) -> Any:
     """Run the flopcount CLI in-process: (exit code, stdout, stderr)."""
     from flopcount.cli import main

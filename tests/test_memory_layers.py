@@ -30,6 +30,8 @@ from torch import nn
 
 from flopcount.memory.estimate import estimate_memory
 
+pytestmark = pytest.mark.usefixtures("replay_from_six_layers")  # the replay's exactness tests run on 6-8-layer stacks (conftest)
+
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
 
 

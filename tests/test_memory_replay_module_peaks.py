@@ -31,6 +31,8 @@ from torch import nn
 
 from flopcount.step.loss import default_loss
 
+pytestmark = pytest.mark.usefixtures("replay_from_six_layers")  # the replay's module rows on 6-8-layer stacks (conftest)
+
 pytest.importorskip("transformers")
 mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
 

@@ -27,6 +27,8 @@ from flopcount.step.optimizers import build_optimizer, warm_up
 sys.path.insert(0, str(Path(__file__).resolve().parent / "plan"))
 from _plan_gloo import BATCH, SEQ, VOCAB, tiny_encoder, tiny_gpt2, tiny_llama
 
+pytestmark = pytest.mark.usefixtures("replay_from_six_layers")  # 6-7-layer stacks, replayed with the reuse on (conftest)
+
 
 def _stack(layers: int = 6) -> nn.Module:
     return nn.Sequential(*[nn.Linear(32, 32) for _ in range(layers)], nn.Linear(32, 8))

@@ -19,6 +19,8 @@ import flopcount
 from flopcount.errors import UsageError
 from flopcount.memory.estimate import estimate_memory
 
+pytestmark = pytest.mark.usefixtures("replay_from_six_layers")  # 8-layer stacks replayed (conftest)
+
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
 
 

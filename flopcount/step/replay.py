@@ -44,8 +44,14 @@ from flopcount.core import hooks
 
 __all__ = ["MIN_LAYERS", "Figures", "Replay", "Stack", "Template", "categories", "find_stack", "normalized", "record_forward_calls", "truncated"]
 
-#: fewer layers than this are traced in full (the template and the check trace 7)
-MIN_LAYERS = 6
+#: fewer layers than this are traced in full. The replay traces 7 layers (the template's 3 and
+#: the check's 4) and walks the parent over all of them, so on a shallow stack it costs more
+#: than the full trace: measured (benchmarks/replay_crossover.py, CPU medians, tiny LLaMA /
+#: GPT-2 / BERT, load ~1-4; docs/performance.md, "replaymin"), replay / full at 6 layers
+#: 1.2-2.0, at 8 layers 0.9-1.8, at 10 layers 0.7-1.4 (estimate_memory still slower on most
+#: stacks), at 12 layers 0.7-1.0 in every reading, at 16 layers 0.5-1.0 (one noisy 1.25).
+#: The figures are the same either way; only the time differs.
+MIN_LAYERS = 12
 
 #: a record of the timeline: (kind: "op" | "pre" | "post", live bytes by (device, category),
 #: module names (the running ones for an op, the hooked module's for "pre"/"post"), phase,

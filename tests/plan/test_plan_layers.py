@@ -26,6 +26,8 @@ from torch import nn
 
 import flopcount
 
+pytestmark = pytest.mark.usefixtures("replay_from_six_layers")  # the replayed plans of 6-7-layer stacks (conftest)
+
 CASES: List[Tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor], Dict[str, Any]]] = [
     ("llama-fsdp2-tp2", _llama, _ids, {"fsdp": 2, "tp": 2}),
     ("llama-fsdp4-bf16-gloo", _llama, _ids, {"fsdp": 4, "mixed_precision": "bfloat16", "backend": "gloo"}),

@@ -19,6 +19,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("needs torch.distributed with gloo", allow_module_level=True)
 
 import _plan_gloo as gloo
+from conftest import REPLAY_TESTS_MIN_LAYERS
 
 import flopcount
 
@@ -40,6 +41,7 @@ def pair(tmp_path_factory: Any) -> Dict[str, Any]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plan_module, "_layered_step", spy)
+        patch.setattr("flopcount.step.replay.MIN_LAYERS", REPLAY_TESTS_MIN_LAYERS)  # 7 layers replayed
         planned = flopcount.plan(gloo.tiny_llama7, (gloo.example_input("llama7"),), fsdp=2, on=None)
     real = gloo.run_real_settled("llama7", 2, 1, str(tmp_path_factory.mktemp("gloo")), planned.peak_bytes, tolerance=0.05, timeout=100)
     return {"real": real, "plan": planned, "used": used}

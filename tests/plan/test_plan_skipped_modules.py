@@ -42,6 +42,8 @@ from _plan_gloo import SkippedLayer, UnusedHead, example_input
 
 import flopcount
 
+pytestmark = pytest.mark.usefixtures("replay_from_six_layers")  # 8 blocks replayed (conftest)
+
 BLOCK = 8320  # one Linear(64, 64) block's bytes on one of 2 ranks
 POOLER = 4160  # the pooler's bytes on one of 2 ranks
 
