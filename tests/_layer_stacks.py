@@ -3,6 +3,9 @@ from code, for the tests of the repeated-layer replay in estimate_memory and pla
 
 from __future__ import annotations
 
+import importlib
+from typing import Any, List
+
 import torch
 from torch import nn
 
@@ -71,3 +74,20 @@ def estimates_on_and_off(monkeypatch, model, args, kwargs, **options):
         monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
         off = estimate_module.estimate_memory(model, args, kwargs, **options)
     return on, off, used
+
+
+def spy_on_plan_replay(patch: Any) -> List[bool]:
+    """Whether each ``flopcount.plan`` call from now on took the layered replay (True) or traced
+    the step in full (False), in call order: ``patch`` (a pytest MonkeyPatch) wraps
+    ``flopcount.planning.plan._layered_step``, which gives None where the replay is refused."""
+    plan_module = importlib.import_module("flopcount.planning.plan")  # the package re-exports plan()
+    used: List[bool] = []
+    layered = plan_module._layered_step
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        made = layered(*args, **kwargs)
+        used.append(made is not None)
+        return made
+
+    patch.setattr(plan_module, "_layered_step", spy)
+    return used

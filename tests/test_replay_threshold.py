@@ -11,13 +11,11 @@ the default now traces in full. The default threshold is used here (no fixture l
 
 from __future__ import annotations
 
-import importlib
 import warnings
-from typing import Any, List
 
 import pytest
 import torch
-from _layer_stacks import estimates_on_and_off, gpt2, ids, llama
+from _layer_stacks import estimates_on_and_off, gpt2, ids, llama, spy_on_plan_replay
 from _live_oracles import warmed_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
@@ -72,17 +70,8 @@ def test_estimate_memory_replays_from_the_threshold_with_the_same_figures(monkey
 
 @pytest.mark.parametrize("where", list(DEPTHS))
 def test_plan_replays_from_the_threshold_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
-    plan_module = importlib.import_module("flopcount.planning.plan")  # the package re-exports plan()
     layers = DEPTHS[where]
-    used: List[bool] = []
-    layered = plan_module._layered_step
-
-    def spy(*a: Any, **k: Any) -> Any:
-        made = layered(*a, **k)
-        used.append(made is not None)
-        return made
-
-    monkeypatch.setattr(plan_module, "_layered_step", spy)
+    used = spy_on_plan_replay(monkeypatch)
     x = torch.randn(8, 32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -11,13 +11,12 @@ reads, which must be traced in full."""
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
-from _layer_stacks import BATCH, SEQ
+from _layer_stacks import BATCH, SEQ, spy_on_plan_replay
 from _layer_stacks import encoder as _encoder
 from _layer_stacks import gpt2 as _gpt2
 from _layer_stacks import ids as _ids
@@ -38,16 +37,7 @@ CASES: List[Tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor], Dict
 
 
 def _plans(monkeypatch: pytest.MonkeyPatch, build: Callable[[], nn.Module], x: torch.Tensor, **options: Any) -> Tuple[Any, Any, List[bool]]:
-    plan_module = importlib.import_module("flopcount.planning.plan")  # the package re-exports plan()
-    used: List[bool] = []
-    layered = plan_module._layered_step
-
-    def spy(*a: Any, **k: Any) -> Any:
-        made = layered(*a, **k)
-        used.append(made is not None)
-        return made
-
-    monkeypatch.setattr(plan_module, "_layered_step", spy)
+    used = spy_on_plan_replay(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         monkeypatch.setenv("FLOPCOUNT_REUSE", "1")

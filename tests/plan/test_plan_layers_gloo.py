@@ -7,8 +7,7 @@ now that the fake step takes transformers' real mask path, docs/parallel.md "Kno
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import pytest
 
@@ -19,6 +18,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("needs torch.distributed with gloo", allow_module_level=True)
 
 import _plan_gloo as gloo
+from _layer_stacks import spy_on_plan_replay
 from conftest import REPLAY_TESTS_MIN_LAYERS
 
 import flopcount
@@ -30,17 +30,8 @@ KIND = {"c10d._allgather_base_": "all_gather", "c10d._reduce_scatter_base_": "re
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: Any) -> Dict[str, Any]:
-    plan_module = importlib.import_module("flopcount.planning.plan")
-    used: List[bool] = []
-    layered = plan_module._layered_step
-
-    def spy(*a: Any, **k: Any) -> Any:
-        made = layered(*a, **k)
-        used.append(made is not None)
-        return made
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plan_module, "_layered_step", spy)
+        used = spy_on_plan_replay(patch)
         patch.setattr("flopcount.step.replay.MIN_LAYERS", REPLAY_TESTS_MIN_LAYERS)  # 7 layers replayed
         planned = flopcount.plan(gloo.tiny_llama7, (gloo.example_input("llama7"),), fsdp=2, on=None)
     real = gloo.run_real_settled("llama7", 2, 1, str(tmp_path_factory.mktemp("gloo")), planned.peak_bytes, tolerance=0.05, timeout=100)
