@@ -131,9 +131,10 @@ class ModelFacts:
     @cached_property
     def summary(self) -> ParamSummary:
         """The parameter summary (:func:`flopcount.summarize_parameters`), read once."""
+        wanted = set(self.experts)  # indices in walk order: one pass (indexing ModulePairs walks it)
         return summary_of(
             self.model, self.modules, parameters=self.parameters, buffers=self.buffers, packed=self.packed_objects,
-            experts=[self.modules[i] for i in self.experts],
+            experts=[pair for index, pair in enumerate(self.modules) if index in wanted],
         )
 
     def module_infos(self, calls: Mapping[str, int]) -> List[ModuleInfo]:
