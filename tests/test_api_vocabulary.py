@@ -299,6 +299,38 @@ def test_bench_step_record_is_step_timing_and_the_old_name_warns() -> None:
     assert "StepRecord" not in flopcount.__all__ and "StepTiming" in flopcount.__all__
 
 
+def test_each_0_2_name_warns_at_the_callers_line() -> None:
+    # Python shows a DeprecationWarning by default only where __main__ triggers it, and
+    # ``-W error::DeprecationWarning:mymodule`` matches the module the warning points at: a
+    # warning pointing into flopcount is hidden from a script and missed by that filter.
+    # flopcount.StepRecord pointed at flopcount/__init__.py (its __getattr__ calls the one
+    # that warns), so ``python script.py`` using it printed nothing.
+    from flopcount.bench import StepTiming
+
+    clock = FakeClock()
+    uses = {
+        "flopcount.StepRecord": lambda: flopcount.StepRecord,
+        "flopcount.bench.StepRecord": lambda: importlib.import_module("flopcount.bench").StepRecord,
+        "flopcount.bench.steps.StepRecord": lambda: importlib.import_module("flopcount.bench.steps").StepRecord,
+        "predict(device=...)": lambda: flopcount.predict(_linear(), torch.zeros(2, 256), device="t4"),
+        "benchmark(gpu_name=...)": lambda: flopcount.benchmark(
+            _Ticking(clock), torch.zeros(2, 4), warmup=0, iters=1, timer=clock, gpu_name="t4"
+        ),
+    }
+    for old, use in uses.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            use()
+        deprecated = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert [w.filename for w in deprecated] == [__file__], old
+        assert str(deprecated[0].message).startswith(old), old
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from flopcount import StepRecord  # the import looks the name up twice (hasattr, then getattr)
+    assert StepRecord is StepTiming
+    assert {w.filename for w in caught} == {__file__}
+
+
 def _public_classes() -> Dict[str, Set[str]]:
     """``{class name: modules defining a class of that name}`` over every module of flopcount
     (private modules included: a name is read in tracebacks and docs wherever it lives)."""
