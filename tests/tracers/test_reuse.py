@@ -185,6 +185,41 @@ def test_a_stateful_counter_is_traced_not_reused():
     assert _reused(model, inputs) == 0
 
 
+class Settings:
+    """A plain object the blocks share, as transformers' blocks share their config."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+class CountingInSettings(nn.Module):
+    """The counter above, held in a shared plain object (keyed by identity) instead of a dict."""
+
+    def __init__(self, settings) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.settings = settings
+
+    def forward(self, x):
+        self.settings.calls += 1
+        if self.settings.calls % 2 == 0:
+            x = self.fc(x)
+        return self.fc(x)
+
+
+def test_a_counter_in_a_shared_object_is_traced_not_reused():
+    torch.manual_seed(0)
+    settings = Settings()
+    model, inputs = Stack([CountingInSettings(settings) for _ in range(4)]), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    # calls 1..4: one Linear, two, one, two: 6 Linears of B x D x D MACs (hand count); before,
+    # blocks 1-3 were booked from block 0 (the object's identity was their key): 4 Linears
+    assert result.macs == 6 * B * D * D
+    assert settings.calls == 0  # the caller's object: the count ran on a copy
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    assert _reused(model, inputs) == 0
+
+
 class Branching(nn.Module):
     """A data-dependent branch: runs its Linear twice when its bias sums above zero."""
 
