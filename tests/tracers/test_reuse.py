@@ -410,3 +410,30 @@ def test_the_result_says_how_many_calls_were_reused(monkeypatch, blocks):
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = count_flops(model, inputs)
     assert off.reused_calls == 0 and off.to_dict() == on.to_dict()
+
+
+def _meta_llama(layers: int):
+    with torch.device("meta"):
+        return hf.llama(num_hidden_layers=layers, hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+                        intermediate_size=96, vocab_size=VOCAB)
+
+
+def test_predict_and_count_generation_say_how_many_calls_were_reused(monkeypatch):
+    """predict and count_generation reuse on the same trace as count_flops; their results said
+    nothing (count_generation's prefill and step results said 0). A 4-layer decoder on meta:
+    layers 1-3 booked from layer 0 in each traced forward, the prefill's and each decode step's
+    (the cache included); a decode step costed as a continuation is not traced: 0."""
+    import flopcount
+
+    model, ids = _meta_llama(4), hf.token_ids(1, 8, VOCAB)
+    predicted = flopcount.predict(model, (ids,), on="h100")
+    assert predicted.reused_calls == 3 == count_flops(model, (ids,)).reused_calls
+    # 12 new tokens: the prefill and steps 0-2 traced, 3-9 continued, 10 traced (the check)
+    generated = flopcount.count_generation(model, ids, new_tokens=12)
+    assert generated.prefill.reused_calls == 3
+    assert [step.reused_calls for step in generated.steps] == [3, 3, 3] + [0] * 7 + [3]
+    assert generated.reused_calls == 3 + 4 * 3
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    assert flopcount.predict(model, (ids,), on="h100").reused_calls == 0
+    off = flopcount.count_generation(model, ids, new_tokens=12)
+    assert off.reused_calls == 0 and off.to_dict() == generated.to_dict()
