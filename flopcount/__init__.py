@@ -148,7 +148,7 @@ def __getattr__(name: str) -> Any:
     if module is None:  # a 0.2 name (warns), else AttributeError
         from flopcount.core.deprecation import module_getattr
 
-        return module_getattr(__name__, _DEPRECATED)(name)
+        return module_getattr(__name__, _DEPRECATED, stacklevel=4)(name)  # 4: the caller of this __getattr__
     loaded = importlib.import_module(f"flopcount.{module}")
     value = loaded if module.endswith("." + name) else getattr(loaded, name)
     globals()[name] = value

@@ -336,6 +336,12 @@ class Trace:
             return records  # type: ignore[return-value]  # no group: the records are the events
         return tuple(expand(records))
 
+    @property
+    def reused_calls(self) -> int:
+        """Submodule calls booked from an identical earlier call instead of traced (structural
+        reuse, docs/internals.md); 0 where no shape cache ran."""
+        return int(self.shape_cache.get("reused_calls", 0))
+
 
 @dataclass(frozen=True)
 class ParamSummary:

@@ -150,18 +150,38 @@ def test_benchmark_on_names_the_peak_part_and_gpu_name_is_its_deprecated_name() 
 
 
 def test_the_callbacks_peak_part_is_on() -> None:
-    from flopcount.integrations._rates import modeled_part, resolve_peak
+    from flopcount.bench.peak import mfu_part
+    from flopcount.integrations._rates import resolve_peak
 
     cpu = torch.device("cpu")
     # H100 SXM dense: 67 TFLOP/s float32 (torch's default: fp32 matmuls not in TF32), 989.5 bfloat16
     assert resolve_peak(cpu, torch.float32, None, on="h100") == (pytest.approx(67e12), "")
     assert resolve_peak(cpu, torch.bfloat16, None, on="h100") == (pytest.approx(989.5e12), "")
     with pytest.raises(UsageError, match="abacus"):  # the part is checked once, when the callback is made
-        modeled_part("FlopcountCallback", "abacus", None)
+        mfu_part("FlopcountCallback", "abacus", None)
     with pytest.raises(UsageError, match="once"):
-        modeled_part("FlopcountCallback", "h100", 1e12)
+        mfu_part("FlopcountCallback", "h100", 1e12)
     peak, note = resolve_peak(cpu, torch.float32, None)  # without on=: none on CPU, as before
     assert peak is None and "no MFU on CPU" in note
+
+
+def test_step_timer_takes_on_as_the_callbacks_do() -> None:
+    # the plain-loop timer took only peak_flops=: the callbacks' and benchmark's on= was missing
+    clock = FakeClock()
+    timer = flopcount.StepTimer(clock=clock, on="h100")  # no model: the part's float32 dense peak, 67 TFLOP/s
+    assert timer.peak_flops == pytest.approx(67e12)
+    timer.set_step_cost(67_000_000_000_000)  # 67 TFLOP in a step of 2 s: half the peak
+    timer.start()
+    clock.now += 2_000_000_000
+    timer.step(num_samples=1)
+    assert timer.summary().mfu.avg == pytest.approx(0.5)
+    bf16 = nn.Linear(8, 8).to(torch.bfloat16)  # a model's dtype picks the column: 989.5 TFLOP/s bfloat16
+    with_model = flopcount.StepTimer(on="h100", model=bf16, example_batch=torch.zeros(2, 8, dtype=torch.bfloat16))
+    assert with_model.peak_flops == pytest.approx(989.5e12)
+    with pytest.raises(UsageError, match="abacus"):
+        flopcount.StepTimer(on="abacus")
+    with pytest.raises(UsageError, match="once"):
+        flopcount.StepTimer(on="h100", peak_flops=1e12)
 
 
 def test_lightning_monitor_takes_on() -> None:
@@ -297,6 +317,38 @@ def test_bench_step_record_is_step_timing_and_the_old_name_warns() -> None:
             with pytest.warns(DeprecationWarning, match="StepTiming"):
                 assert module.StepRecord is StepTiming
     assert "StepRecord" not in flopcount.__all__ and "StepTiming" in flopcount.__all__
+
+
+def test_each_0_2_name_warns_at_the_callers_line() -> None:
+    # Python shows a DeprecationWarning by default only where __main__ triggers it, and
+    # ``-W error::DeprecationWarning:mymodule`` matches the module the warning points at: a
+    # warning pointing into flopcount is hidden from a script and missed by that filter.
+    # flopcount.StepRecord pointed at flopcount/__init__.py (its __getattr__ calls the one
+    # that warns), so ``python script.py`` using it printed nothing.
+    from flopcount.bench import StepTiming
+
+    clock = FakeClock()
+    uses = {
+        "flopcount.StepRecord": lambda: flopcount.StepRecord,
+        "flopcount.bench.StepRecord": lambda: importlib.import_module("flopcount.bench").StepRecord,
+        "flopcount.bench.steps.StepRecord": lambda: importlib.import_module("flopcount.bench.steps").StepRecord,
+        "predict(device=...)": lambda: flopcount.predict(_linear(), torch.zeros(2, 256), device="t4"),
+        "benchmark(gpu_name=...)": lambda: flopcount.benchmark(
+            _Ticking(clock), torch.zeros(2, 4), warmup=0, iters=1, timer=clock, gpu_name="t4"
+        ),
+    }
+    for old, use in uses.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            use()
+        deprecated = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert [w.filename for w in deprecated] == [__file__], old
+        assert str(deprecated[0].message).startswith(old), old
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from flopcount import StepRecord  # the import looks the name up twice (hasattr, then getattr)
+    assert StepRecord is StepTiming
+    assert {w.filename for w in caught} == {__file__}
 
 
 def _public_classes() -> Dict[str, Set[str]]:

@@ -50,6 +50,34 @@ class SharedTwice(nn.Module):
         return self.dec(torch.relu(self.enc(x)))
 
 
+class Wrapped(nn.Module):
+    """A Linear(4, 4) of its own, then the model's shared Linear(4, 4)."""
+
+    def __init__(self, shared: nn.Module) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.shared = shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared(self.lin(x))
+
+
+class SharedDeepAndAtTheTop(nn.Module):
+    """One Linear(4, 4) registered as ``blocks.0.shared``, ``blocks.1.shared`` and ``head``: run
+    inside each block, then by the root as ``head``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList([Wrapped(shared), Wrapped(shared)])
+        self.head = shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
 def _cnn() -> Tuple[nn.Module, torch.Tensor]:
     model = nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 8 * 8, 10)
@@ -70,8 +98,12 @@ def _shared() -> Tuple[nn.Module, torch.Tensor]:
     return SharedTwice(), torch.randn(2, 3, 4)
 
 
+def _shared_deep() -> Tuple[nn.Module, torch.Tensor]:
+    return SharedDeepAndAtTheTop(), torch.randn(2, 3, 4)
+
+
 MODELS: Dict[str, Callable[[], Tuple[nn.Module, torch.Tensor]]] = {
-    "cnn": _cnn, "attention": _attention, "transformer": _transformer, "shared": _shared,
+    "cnn": _cnn, "attention": _attention, "transformer": _transformer, "shared": _shared, "shared_deep": _shared_deep,
 }
 T4 = named_roofs("t4")
 
@@ -141,6 +173,36 @@ def test_the_shared_submodule_by_hand():
     assert _flops(flopcount.predict(model, (x,), device=T4).by_module()) == expected
     profiled = flopcount.profile(model, (x,), steps=1, warmup=0, roofs=T4, keep_trace=False)
     assert _flops(profiled.by_module()) == expected
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch", "jit"])
+def test_a_shared_module_the_root_calls_by_its_shortest_name_credits_no_block(tracer):
+    # Linear(4, 4) on 2 x 3 rows: 192 FLOPs per call (as above). Five calls: blocks.0.lin,
+    # the shared module inside blocks.0 and inside blocks.1, blocks.1.lin, then the root's
+    # ``head``. The root's call ran outside both blocks (and outside the ModuleList ``blocks``),
+    # so neither is credited with it; before, the root's call was credited by the shared module's
+    # canonical name ``blocks.0.shared`` to ``blocks`` and ``blocks.0`` (blocks.0 3 x 192, blocks.1 2 x 192)
+    per_call = 192
+    expected = {
+        "": 5 * per_call,
+        "blocks": 4 * per_call,
+        "blocks.0": 2 * per_call,
+        "blocks.0.lin": per_call,
+        "blocks.0.shared": 3 * per_call,  # the shared module's canonical name: every call of it
+        "blocks.1": 2 * per_call,
+        "blocks.1.lin": per_call,
+    }
+    model, x = _model("shared_deep", False)
+    assert _nonzero(flopcount.count_flops(model, (x,), tracer=tracer).by_module()) == expected
+
+
+def test_a_shared_module_the_root_calls_is_rolled_up_alike_by_every_reading():
+    model, x = _model("shared_deep", False)
+    counted = _nonzero(flopcount.count_flops(model, (x,)).by_module())
+    assert counted["blocks.0"] == counted["blocks.1"]  # two identical blocks, called alike
+    assert _flops(flopcount.predict(model, (x,), on=T4).by_module()) == counted
+    profiled = flopcount.profile(model, (x,), steps=1, warmup=0, roofs=T4, keep_trace=False)
+    assert _flops(profiled.by_module()) == counted
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])

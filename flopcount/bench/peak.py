@@ -8,6 +8,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from flopcount.devices import peaks
+from flopcount.devices.parts import resolve_part
 from flopcount.errors import UsageError
 
 
@@ -16,6 +17,17 @@ def checked_peak(peak_flops: Optional[float]) -> Optional[float]:
     if peak_flops is not None and not peak_flops > 0:
         raise UsageError(f"peak_flops must be a positive FLOP/s figure, got {peak_flops!r}")
     return peak_flops
+
+
+def mfu_part(owner: str, on: Optional[str], peak_flops: Optional[float]) -> Optional[str]:
+    """``on=`` of a timer or a trainer callback (``StepTimer``, ``FlopcountCallback``,
+    ``FlopcountMonitor``), checked when it is made: the name of a known part (an unknown one is a
+    UsageError listing the parts), never beside ``peak_flops``; None without ``on``."""
+    if on is None:
+        return None
+    if peak_flops is not None:
+        raise UsageError(f"{owner}: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
+    return resolve_part(str(on)).name
 
 
 def mfu_peak(dev: torch.device, dtype: Union[None, str, torch.dtype], peak_flops: Optional[float], on: Optional[str]) -> Tuple[Optional[float], Optional[str]]:

@@ -26,7 +26,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
-from flopcount.bench.peak import checked_peak, mfu_peak
+import torch
+
+from flopcount.bench.peak import checked_peak, mfu_part, mfu_peak
 from flopcount.core.deprecation import module_getattr
 from flopcount.errors import UsageError, is_int_at_least
 
@@ -158,8 +160,10 @@ class StepTimer:
 
     FLOPs of a step: ``model`` and ``example_batch`` (counted once with
     ``count_flops(model, example_batch, backward=True, loss_fn=loss_fn, optimizer=optimizer)``
-    on fake copies), or :meth:`set_step_cost`. ``peak_flops`` (FLOP/s) for the MFU; on a
-    GPU in flopcount's peaks table it defaults to the datasheet peak at the model's dtype.
+    on fake copies), or :meth:`set_step_cost`. ``peak_flops`` (FLOP/s) for the MFU, or ``on``:
+    the part whose dense datasheet peak it is (``"h100"``, as the trainer callbacks' ``on=``), at
+    the model's dtype (float32 without a model); on a GPU in flopcount's peaks table it defaults to
+    the datasheet peak at the model's dtype.
     """
 
     def __init__(
@@ -173,6 +177,7 @@ class StepTimer:
         loss_fn: Optional[Callable[[Any], Any]] = None,
         optimizer: Any = None,
         peak_flops: Optional[float] = None,
+        on: Optional[str] = None,
     ):
         if skip_first < 0:
             raise UsageError(f"skip_first must be >= 0, got {skip_first}")
@@ -180,6 +185,9 @@ class StepTimer:
             raise UsageError("StepTimer: pass model= and example_batch= together (or neither, and call set_step_cost)")
         self.flops_per_step: Optional[int] = None
         self.peak_flops = checked_peak(peak_flops)
+        part = mfu_part("StepTimer", on, peak_flops)
+        if part is not None and model is None:  # the part's peak at float32 (a model's dtype decides below)
+            self.peak_flops = mfu_peak(torch.device("cpu"), torch.float32, None, part)[0]
         if model is not None:
             from flopcount.core.analysis import analyze, report_unsupported
 
@@ -187,8 +195,8 @@ class StepTimer:
             report_unsupported(result)
             self.flops_per_step = result.flops
             param = next(model.parameters(), None)
-            if peak_flops is None and param is not None:  # the datasheet peak of the GPU the model is on
-                self.peak_flops = mfu_peak(param.device, param.dtype, None, None)[0]
+            if peak_flops is None and param is not None:  # the datasheet peak of the part, or of the GPU the model is on
+                self.peak_flops = mfu_peak(param.device, param.dtype, None, part)[0]
         self._clock: Clock = clock if clock is not None else time.perf_counter_ns
         self._synchronize = synchronize
         self.skip_first = skip_first

@@ -67,7 +67,7 @@ def _analyzed(
     modules = facts.module_infos(run.module_calls)
     parameters, aliases = facts.summary, facts.aliases
     used, notes, gaps = run.tracer, run.warnings, run.gaps
-    reused = int(run.shape_cache.get("reused_calls", 0))
+    reused = run.reused_calls
     # what booking does not read is let go before it: the trace's tuple of records and its
     # module calls, the facts' names (their per-module dictionaries; issue #32, the count's
     # working set at the booking's peak)

@@ -37,16 +37,22 @@ def modeled_part(on: Any, device: Any, where: str, default: Any = None, old: str
     return device
 
 
-def module_getattr(module: str, aliases: Mapping[str, Tuple[str, Callable[[], Any]]]) -> Callable[[str], Any]:
+def module_getattr(
+    module: str, aliases: Mapping[str, Tuple[str, Callable[[], Any]]], stacklevel: int = 3
+) -> Callable[[str], Any]:
     """A module ``__getattr__`` (PEP 562) answering each deprecated name of ``aliases``
-    (``{old: (new, loader)}``) with a warning, on every access (never cached)."""
+    (``{old: (new, loader)}``) with a warning, on every access (never cached). ``stacklevel``:
+    the warning's frame, the caller's line when the module's ``__getattr__`` is the one returned
+    (3); one more for each function between (``flopcount.__getattr__`` calls it: 4). Pointed
+    elsewhere, Python's default filters hide it (a DeprecationWarning shows only where
+    ``__main__`` triggers it) and a caller's ``-W error::DeprecationWarning:mymodule`` misses it."""
 
     def __getattr__(name: str) -> Any:
         found = aliases.get(name)
         if found is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         new, load = found
-        warn_renamed(f"{module}.{name}", new)
+        warn_renamed(f"{module}.{name}", new, stacklevel=stacklevel)
         return load()
 
     return __getattr__

@@ -102,10 +102,7 @@ def _add_owners(
     path = qualified
     found = aliases.get(qualified)
     if found:
-        for alias in found:
-            if not outer or alias.startswith(outer + "."):
-                path = alias
-                break
+        path = _nearest_name(found, outer) or qualified
     if not outer or path.startswith(outer + "."):
         # each "." after the outer entry's name ends the name of an owner between the two (none
         # for a direct child: found without splitting the name, the common case)
@@ -116,6 +113,20 @@ def _add_owners(
             end = path.find(".", end + 1)
     names[qualified] = None
     return path
+
+
+def _nearest_name(names: Sequence[str], outer: str) -> Optional[str]:
+    """Of a shared module's ``names``, the one below ``outer`` (a path by name, "" for the root)
+    with the fewest owners between the two, the first of equals; None when none is below it.
+    A module registered as ``blocks.0.shared`` and ``head`` and called by the root ran as
+    ``head``: ``blocks`` and ``blocks.0`` were not on its call path, so they are not credited."""
+    nearest: Optional[str] = None
+    for name in names:
+        if outer and not name.startswith(outer + "."):
+            continue
+        if nearest is None or name.count(".") < nearest.count("."):
+            nearest = name
+    return nearest
 
 
 _NONE: Mapping[str, Any] = {}  # no aliases, no canonical names (read only)

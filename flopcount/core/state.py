@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from types import FunctionType, ModuleType
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -355,6 +356,21 @@ class PrivateRandomCalls(TorchFunctionMode):
         if self.random.redirected > before:
             self.redirected_calls += 1
         return result
+
+
+def plain_object(value: Any) -> bool:
+    """Whether ``value``, held by a module as an attribute, is a plain object whose own attributes
+    a forward may write (a config, a counter's holder): an instance with a ``__dict__`` that is not a
+    module, a tensor, a class, a Python module, a function or a Python value. Keys that hold such an
+    object by identity alone miss such a write (structural reuse, the step's layer replay): they key
+    its own attributes too."""
+    if isinstance(value, (torch.nn.Module, torch.Tensor, type, ModuleType, FunctionType, functools.partial)):
+        return False
+    try:
+        own = vars(value)
+    except Exception:  # no __dict__ (slots, a Python value), or a __getattr__ of its own that refuses
+        return False
+    return isinstance(own, dict)
 
 
 @contextlib.contextmanager

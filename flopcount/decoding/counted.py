@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
@@ -139,7 +139,8 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
                 if affine is None:
                     shortcut = False  # any mismatch: every later step is traced
                     continue
-                base_result = steps[first]
+                # a continued step was not traced: none of its calls reused (its base's figure is not its own)
+                base_result = replace(steps[first], reused_calls=0) if steps[first].reused_calls else steps[first]
                 steps += [affine.result_at(s - first, base_result) for s in range(index, final)]
                 predicted.append((index, final - 1))
                 try:
@@ -263,9 +264,11 @@ class Counter:
         for run, _ in runs:
             for name, count in run.module_calls.items():
                 calls[name] = calls.get(name, 0) + count
-        return self._result([pair for _, costed in runs for pair in costed], calls, description,
-                            tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
-                            tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)))
+        result = self._result([pair for _, costed in runs for pair in costed], calls, description,
+                              tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
+                              tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)))
+        reused = sum(run.reused_calls for run, _ in runs)
+        return replace(result, reused_calls=reused) if reused else result
 
     def _result(self, costed: Costed, calls: Mapping[str, int], description: str, warnings: Tuple[str, ...],
                 gaps: Tuple[str, ...]) -> FlopResult:
@@ -295,4 +298,7 @@ class Counter:
         prepared = prepare_call((), call)
         run = self._run(prepared)
         costed = self._costed(run)
-        return run, costed, self._result(costed, run.module_calls, self._described(prepared), run.warnings, run.gaps)
+        result = self._result(costed, run.module_calls, self._described(prepared), run.warnings, run.gaps)
+        if run.reused_calls:
+            result = replace(result, reused_calls=run.reused_calls)
+        return run, costed, result

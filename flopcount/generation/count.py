@@ -66,6 +66,13 @@ class GenerationResult(Rendered):
         return self.prefill.flops + sum(step.flops for step in self.steps)
 
     @property
+    def reused_calls(self) -> int:
+        """Submodule calls of the traced forwards (the prefill, the traced decode steps) booked from
+        an identical earlier call instead of traced (``FlopResult.reused_calls``; a step costed as a
+        continuation was not traced and reuses none): how the count was made, not in ``to_dict()``."""
+        return self.prefill.reused_calls + sum(step.reused_calls for step in self.steps)
+
+    @property
     def decode_macs(self) -> int:
         return sum(step.macs for step in self.steps)
 

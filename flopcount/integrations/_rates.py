@@ -15,8 +15,6 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 
 from flopcount.bench.peak import mfu_peak
-from flopcount.devices.parts import resolve_part
-from flopcount.errors import UsageError
 
 PREFIX = "flopcount/"
 
@@ -69,22 +67,12 @@ def window_metrics(window: Window, peak: Optional[float]) -> Dict[str, float]:
     return metrics
 
 
-def modeled_part(owner: str, on: Optional[str], peak_flops: Optional[float]) -> Optional[str]:
-    """``on=`` checked when a callback is made: the name of a known part (an unknown one is a
-    UsageError listing the parts), never beside ``peak_flops``; None without ``on``."""
-    if on is None:
-        return None
-    if peak_flops is not None:
-        raise UsageError(f"{owner}: give the MFU's peak once: peak_flops={peak_flops!r} or on={on!r}")
-    return resolve_part(str(on)).name
-
-
 def resolve_peak(
     device: torch.device, dtype: Union[None, str, torch.dtype], given: Optional[float], on: Optional[str] = None
 ) -> Tuple[Optional[float], str]:
     """The FLOP/s an MFU is measured against, and a sentence when there is none: ``given``
     if set; else the dense datasheet peak of the modeled part ``on`` (a part's name, as
-    :func:`modeled_part` checked it when the callback was made) at ``dtype``; else the GPU's
+    :func:`flopcount.bench.peak.mfu_part` checked it when the callback was made) at ``dtype``; else the GPU's
     own (``device``: where the model runs; torch's default math modes: float32 matmuls at the
     FP32 peak); none on CPU (a measured GEMM rate is a micro-benchmark's figure, not a peak:
     pass one to get an MFU)."""

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from flopcount.bench.peak import mfu_part
 from flopcount.core.analysis import uncompiled
 from flopcount.errors import FlopcountWarning
 from flopcount.integrations._counting import PassCost, Signature, StepCounter, batch_signature
@@ -56,7 +57,6 @@ from flopcount.integrations._rates import (
     model_device,
     model_dtype,
     model_flops,
-    modeled_part,
     resolve_peak,
     window_metrics,
 )
@@ -90,7 +90,7 @@ class FlopcountCallback(TrainerCallback):
 
     def __init__(self, device: Optional[Any] = None, peak_flops: Optional[float] = None, log_every: Optional[int] = None,
                  *, on: Optional[str] = None):
-        self.on = modeled_part("FlopcountCallback", on, peak_flops)
+        self.on = mfu_part("FlopcountCallback", on, peak_flops)
         if log_every is not None and log_every < 1:
             raise ValueError(f"log_every must be >= 1 (optimizer steps), got {log_every}")
         self.device = torch.device(device) if device is not None else None

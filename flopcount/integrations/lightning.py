@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
+from flopcount.bench.peak import mfu_part
 from flopcount.errors import FlopcountWarning
 from flopcount.integrations._counting import StepCounter, batch_signature, hookless_twin
 from flopcount.integrations._rates import (
@@ -35,7 +36,6 @@ from flopcount.integrations._rates import (
     Window,
     model_dtype,
     model_flops,
-    modeled_part,
     resolve_peak,
     window_metrics,
 )
@@ -82,7 +82,7 @@ class FlopcountMonitor(Callback):
     """
 
     def __init__(self, peak_flops: Optional[float] = None, *, on: Optional[str] = None):
-        self._part = modeled_part("FlopcountMonitor", on, peak_flops)  # an unknown part is said here, not at fit start
+        self._part = mfu_part("FlopcountMonitor", on, peak_flops)  # an unknown part is said here, not at fit start
         self.peak_flops = peak_flops
         self.on = on
         self.counter = StepCounter(lightning_loss)

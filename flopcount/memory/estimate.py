@@ -37,9 +37,10 @@ from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, Usage
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, gradless, per_parameter, warm_up
-from flopcount.step.parent_walk import parent_proven
+from flopcount.step.parent_walk import model_state, parent_proven
 from flopcount.step.replay import (
     Figures,
+    Stack,
     Template,
     categories,
     find_stack,
@@ -230,6 +231,12 @@ class _Request:
     loss_fn: Optional[LossFn]
     cast: Optional[torch.dtype]
     amp: Optional[torch.dtype]
+    #: False once the cut runs of a replay wrote the model's state: the step traced in full
+    replay: bool = True
+
+
+class _StateWritten(Exception):
+    """The replay's cut runs (or the walk of the parent) wrote the model's state."""
 
 
 def _refuse_lazy(model: nn.Module) -> None:
@@ -268,7 +275,10 @@ def _estimate(model: nn.Module, request: _Request, stateless: FrozenSet[str] = f
             warm_up(opt, "estimate_memory", reuse=True, model=twin, stateless=stateless)  # one step per kind on fakes
     names = facts.names_on(copied.copies)
     step = (twin, opt, fake_args, fake_kw, names, mode)
-    figures = _layered(request, *step)
+    try:
+        figures = _layered(request, *step)
+    except _StateWritten:  # on a fresh copy: the cut runs' writes would be in the full trace's state
+        return _estimate(model, dataclasses.replace(request, replay=False), stateless)
     layered = figures is not None
     if figures is None:
         for param in twin.parameters():
@@ -311,12 +321,27 @@ def _layered(
 ) -> Optional[Figures]:
     """The step's figures with its repeated layers replayed (flopcount.step.replay): the step
     run on the copy cut to 3 layers (the template) and to 4 (the check); None (trace it in
-    full) where that does not apply or the check differs in any record."""
-    if not reuse_enabled() or isinstance(mode, contextlib.nullcontext) or (opt is not None and not per_parameter(opt)):
+    full) where that does not apply or the check differs in any record. Raises
+    :class:`_StateWritten` where the runs wrote the model's state (a layer counting its calls in
+    a config it shares with the others, a dict they share): the cut runs cannot show what the
+    whole would do at layer 9, and the runs' writes would be in the full trace's start."""
+    if not request.replay or not reuse_enabled() or isinstance(mode, contextlib.nullcontext) or (opt is not None and not per_parameter(opt)):
         return None
     stack = find_stack(twin)
     if stack is None:
         return None
+    before = model_state(twin)
+    figures = _replayed(request, stack, twin, opt, args, kwargs, names, mode)
+    if model_state(twin) != before:
+        raise _StateWritten()
+    return figures
+
+
+def _replayed(
+    request: _Request, stack: Stack, twin: nn.Module, opt: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+    names: Mapping[nn.Module, str], mode: Any,
+) -> Optional[Figures]:
+    """:func:`_layered` once ``stack`` is found: the cut runs, the check and the walk of the parent."""
     runs = []
     for keep in (Template.LAYERS, Template.LAYERS + 1):
         tracker = _peak_tracker()

@@ -59,6 +59,9 @@ class PredictResult(BookedRows, Rendered):
     _operators: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _modules: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _phases: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
+    #: submodule calls booked from an identical earlier call instead of traced (as
+    #: ``FlopResult.reused_calls``): how the bound was made, so not in ``to_dict()``
+    reused_calls: int = field(default=0, compare=False)
 
     def diagnostics(self) -> Tuple[Diagnostic, ...]:
         """Ops without a handler, left out of the bound ("unsupported"), then the warnings ("warning")."""
@@ -201,6 +204,7 @@ def predict(
     return PredictResult(
         tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced),
         ledger.cost_rows("operators"), ledger.cost_rows("modules"), ledger.cost_rows("phases"),
+        reused_calls=run.reused_calls,
     )
 
 

@@ -54,6 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core import hooks
 from flopcount.core.inputs import output_tensors  # plain recursion: no reference cycle while the collector is off
+from flopcount.core.state import plain_object
 from flopcount.step.replay import Stack, truncated
 
 __all__ = ["model_state", "parent_proven"]
@@ -268,10 +269,12 @@ class _TensorHooks(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _attribute(value: Any) -> Any:
+def _attribute(value: Any, deep: bool = True) -> Any:
     """A layer attribute as the state key holds it: tensors by metadata, Python values by value,
     containers by content (hook dictionaries by their hooks' identity), other objects by identity
-    (find_stack proved them the same object in every layer)."""
+    (find_stack proved them the same object in every layer) and, where ``deep``, a plain object
+    (a config, a counter's holder) also by its own attributes, one level deep: a layer that
+    writes ``self.config.step`` changes the state (``deep=False`` there: no walk of a cycle)."""
     kind = type(value)
     if kind in _VALUE_TYPES:
         return (kind.__name__, value)
@@ -282,11 +285,13 @@ def _attribute(value: Any) -> Any:
     if isinstance(value, _VALUES):
         return (type(value).__name__, value)
     if type(value) in (tuple, list):
-        return (type(value).__name__, tuple(_attribute(v) for v in value))
+        return (type(value).__name__, tuple(_attribute(v, deep) for v in value))
     if isinstance(value, (set, frozenset)):
-        return ("set", tuple(sorted(repr(_attribute(v)) for v in value)))
+        return ("set", tuple(sorted(repr(_attribute(v, deep)) for v in value)))
     if isinstance(value, dict):
-        return ("dict", tuple((repr(k), _attribute(v)) for k, v in value.items()))
+        return ("dict", tuple((repr(k), _attribute(v, deep)) for k, v in value.items()))
+    if deep and plain_object(value):
+        return ("object", id(value), tuple((name, _attribute(v, deep=False)) for name, v in vars(value).items()))
     return ("object", id(value))
 
 

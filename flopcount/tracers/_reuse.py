@@ -29,11 +29,12 @@ cache argument is keyed by what the call can observe of it and its writes to the
 replayed (``_reuse_cache.py``). Not reused, always traced: a call with any other argument
 (another object, a real tensor, a fake of another mode), a subtree with a hook or an instance-level ``forward`` (or any
 process-wide module hook), a call inside an intercepted composite, and any key whose first
-call was not clean: it changed an attribute of its subtree (a counter), needed a stand-in
+call was not clean: it changed an attribute of its subtree (a counter), what a container or a
+plain object (a config) held by one holds, needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
 outside its subtree's modules, or returned something other than tensors, scalars, None,
-tuples and lists. Reading state outside the subtree (a global, another module's attribute)
-is not visible here: a forward whose work depends on such state that changes between two
+tuples and lists. Reading state outside the subtree (a global, another module's attribute,
+an object two levels down) is not visible here: a forward whose work depends on such state that changes between two
 calls of equal key would be counted from the first call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
@@ -57,6 +58,7 @@ import torch
 from torch import nn
 
 from flopcount.core import hooks
+from flopcount.core.state import plain_object
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, tensor_key
 from flopcount.types import ReplayedCall, expand
@@ -1162,22 +1164,27 @@ class Reuse:
 
     def _containers(self, order: List[nn.Module]) -> List[Any]:
         """The contents of the subtree's mutable attribute containers (lists, dicts, sets
-        other than torch's own), which a call may change without rebinding them."""
+        other than torch's own), which a call may change without rebinding them, and the own
+        attributes of the plain objects the subtree holds (a config, a counter's holder: keyed by
+        identity, so a call writing ``self.config.step`` would otherwise leave its key as it was),
+        each keyed as an attribute is (an object among them by identity: one level deep)."""
         found: List[Any] = []
         held = self._held
         for module in order:
             state = vars(module)
             known = held.get(id(module))
             if known is None or known[0] != len(state):
-                # which attributes hold a container, per module while its attribute count
-                # stays (a rebinding to a container changes the fingerprint, which is compared too)
-                names = tuple([k for k, v in state.items()
-                              if k not in _SKIP and type(v) is not LayerIndex and isinstance(v, (list, dict, set))])
+                # which attributes hold a container or a plain object, per module while its attribute
+                # count stays (a rebinding changes the fingerprint, which is compared too)
+                names = tuple([k for k, v in state.items() if k not in _SKIP and (_container(v) or plain_object(v))])
                 known = held[id(module)] = (len(state), names)
             for name in known[1]:
                 value = state.get(name)
-                if type(value) is not LayerIndex and isinstance(value, (list, dict, set)):
+                if _container(value):
                     found.append((name, self._attribute(value)))
+                elif plain_object(value):
+                    own = tuple([(k, self._attribute(v)) for k, v in vars(value).items()])
+                    found.append((name, id(value), own))
         return found
 
     def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
@@ -1263,6 +1270,11 @@ def _signature(
         made = table.setdefault(made, len(table))
     memo[id(module)] = made
     return made
+
+
+def _container(value: Any) -> bool:
+    """A list, dict or set a module holds as a plain attribute (a layer index stand-in is not one)."""
+    return type(value) is not LayerIndex and isinstance(value, (list, dict, set))
 
 
 def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any, lazy: Optional[LazyCopy] = None) -> None:

@@ -1,7 +1,7 @@
 """Issue #27, "one place" on the package's face (each test fails before the change):
 
 * the trainer callbacks' modeled part is resolved once, when the callback is made
-  (``integrations._rates.modeled_part``); ``resolve_peak`` at the start of a run resolved it again;
+  (``bench.peak.mfu_part``); ``resolve_peak`` at the start of a run resolved it again;
 * ``flopcount check`` reads ``[tool.flopcount]`` once for its budgets, its baseline gate and its
   ENTRY (it parsed the file three times, once per loader);
 * no public method or property of ``BenchmarkResult`` / ``StepTimer`` that neither the docs name
@@ -23,6 +23,7 @@ import torch
 from _cli_run import cli
 from torch import nn
 
+import flopcount.bench.peak as bench_peak
 import flopcount.integrations._rates as rates
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.steps import StepTimer
@@ -32,13 +33,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _spy_parts(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     calls: List[str] = []
-    real = rates.resolve_part
+    real = bench_peak.resolve_part
 
     def spy(name: str) -> Any:
         calls.append(name)
         return real(name)
 
-    monkeypatch.setattr(rates, "resolve_part", spy)
+    monkeypatch.setattr(bench_peak, "resolve_part", spy)  # the callbacks' on= is checked by bench.peak.mfu_part
     return calls
 
 

@@ -88,6 +88,53 @@ def test_a_layer_that_differs_where_the_forward_reads_is_traced_in_full(monkeypa
     assert used == [False, False] and on == off
 
 
+class Calls:
+    """A plain object the layers share (as transformers' layers share their config)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+class CountingLinear(nn.Module):
+    """A Linear(32, 32) that counts its calls in the object it shares with the other layers and
+    runs a second time on the sixth call (layer 5: neither cut run, 3 and 4 layers, reaches it)."""
+
+    def __init__(self, shared: Calls) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.shared = shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.shared.calls += 1
+        x = self.linear(x)
+        if self.shared.calls == 6:
+            x = self.linear(x)
+        return x
+
+
+class Counting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        shared = Calls()
+        self.layers = nn.ModuleList(CountingLinear(shared) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+def test_layers_counting_their_calls_in_a_shared_object_are_planned_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 9 Linear(32, 32) calls on 8 rows (layer 5 runs twice), each 8 x 32 x 32 MACs forward and
+    # twice that backward (input and weight gradients) but the first (its input needs none);
+    # before, the object every layer holds was one identity to the walk's state, layer 1 was
+    # replayed for layer 5 and the plan booked 8 Linears
+    on, off, used = _plans(monkeypatch, Counting, torch.randn(8, 32), optimizer="sgd")
+    assert used == [False, False] and on == off
+    linear = 8 * 32 * 32
+    assert on.macs == {"forward": 9 * linear, "backward": (2 * 9 - 1) * linear, "optimizer": 0}
+
+
 class Parent(nn.Module):
     """8 Linear(64, 64) layers in a loop, each followed by a relu; ``what`` is what the loop does at
     layer 6, which neither cut run (3 and 4 layers) reaches."""

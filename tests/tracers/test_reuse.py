@@ -185,6 +185,41 @@ def test_a_stateful_counter_is_traced_not_reused():
     assert _reused(model, inputs) == 0
 
 
+class Settings:
+    """A plain object the blocks share, as transformers' blocks share their config."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+class CountingInSettings(nn.Module):
+    """The counter above, held in a shared plain object (keyed by identity) instead of a dict."""
+
+    def __init__(self, settings) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.settings = settings
+
+    def forward(self, x):
+        self.settings.calls += 1
+        if self.settings.calls % 2 == 0:
+            x = self.fc(x)
+        return self.fc(x)
+
+
+def test_a_counter_in_a_shared_object_is_traced_not_reused():
+    torch.manual_seed(0)
+    settings = Settings()
+    model, inputs = Stack([CountingInSettings(settings) for _ in range(4)]), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    # calls 1..4: one Linear, two, one, two: 6 Linears of B x D x D MACs (hand count); before,
+    # blocks 1-3 were booked from block 0 (the object's identity was their key): 4 Linears
+    assert result.macs == 6 * B * D * D
+    assert settings.calls == 0  # the caller's object: the count ran on a copy
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    assert _reused(model, inputs) == 0
+
+
 class Branching(nn.Module):
     """A data-dependent branch: runs its Linear twice when its bias sums above zero."""
 
@@ -375,3 +410,30 @@ def test_the_result_says_how_many_calls_were_reused(monkeypatch, blocks):
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = count_flops(model, inputs)
     assert off.reused_calls == 0 and off.to_dict() == on.to_dict()
+
+
+def _meta_llama(layers: int):
+    with torch.device("meta"):
+        return hf.llama(num_hidden_layers=layers, hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+                        intermediate_size=96, vocab_size=VOCAB)
+
+
+def test_predict_and_count_generation_say_how_many_calls_were_reused(monkeypatch):
+    """predict and count_generation reuse on the same trace as count_flops; their results said
+    nothing (count_generation's prefill and step results said 0). A 4-layer decoder on meta:
+    layers 1-3 booked from layer 0 in each traced forward, the prefill's and each decode step's
+    (the cache included); a decode step costed as a continuation is not traced: 0."""
+    import flopcount
+
+    model, ids = _meta_llama(4), hf.token_ids(1, 8, VOCAB)
+    predicted = flopcount.predict(model, (ids,), on="h100")
+    assert predicted.reused_calls == 3 == count_flops(model, (ids,)).reused_calls
+    # 12 new tokens: the prefill and steps 0-2 traced, 3-9 continued, 10 traced (the check)
+    generated = flopcount.count_generation(model, ids, new_tokens=12)
+    assert generated.prefill.reused_calls == 3
+    assert [step.reused_calls for step in generated.steps] == [3, 3, 3] + [0] * 7 + [3]
+    assert generated.reused_calls == 3 + 4 * 3
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    assert flopcount.predict(model, (ids,), on="h100").reused_calls == 0
+    off = flopcount.count_generation(model, ids, new_tokens=12)
+    assert off.reused_calls == 0 and off.to_dict() == generated.to_dict()
