@@ -70,7 +70,10 @@ def format_ms(value: Optional[float]) -> str:
 
 
 def show_value(value: Union[int, float], unit: str) -> str:
-    """A budget's limit or actual value in its unit (``ms``, ``MB`` or a count)."""
+    """A budget's limit or actual value in its unit (``s``, shown in milliseconds; ``MB``; ``bytes``
+    or a count)."""
+    if unit == "s":
+        return format_ms(float(value) * 1e3)
     if unit == "ms":
         return format_ms(float(value))
     if unit == "MB":

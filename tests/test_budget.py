@@ -15,7 +15,7 @@ def test_flags_win_over_the_file():
     assert merged == Budget(max_params=10, max_flops=50, max_macs=20)
     assert merged.limits() == {"params": 10, "flops": 50, "macs": 20}
     assert not Budget()
-    assert Budget(max_latency_ms=3).needs_latency
+    assert Budget(max_latency_s=0.003).needs_latency
 
 
 def test_equal_passes_and_above_fails():
@@ -39,7 +39,7 @@ def test_size_is_megabytes_of_ten_to_the_six_bytes():
 def test_only_set_limits_are_checked_and_missing_actuals_are_errors():
     assert check_budget(Budget(max_macs=5), macs=5, flops=10**12).lines[0].name == "macs"
     with pytest.raises(UsageError):
-        check_budget(Budget(max_latency_ms=5), params=1)
+        check_budget(Budget(max_latency_s=0.005), params=1)
 
 
 def test_csv_has_raw_numbers():
@@ -52,8 +52,8 @@ def test_csv_has_raw_numbers():
 
 
 def test_mapping_accepts_dashes_underscores_and_suffixes():
-    budget = budget_from_mapping({"max-params": "25M", "max_flops": 5e9, "max-size-mb": 100, "max-latency-ms": "2.5"}, "x")
-    assert budget == Budget(max_params=25_000_000, max_flops=5_000_000_000, max_size_mb=100, max_latency_ms=2.5)
+    budget = budget_from_mapping({"max-params": "25M", "max_flops": 5e9, "max-size-mb": 100, "max-latency-s": "0.0025"}, "x")
+    assert budget == Budget(max_params=25_000_000, max_flops=5_000_000_000, max_size_mb=100, max_latency_s=0.0025)
 
 
 @pytest.mark.parametrize(

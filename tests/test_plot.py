@@ -52,13 +52,13 @@ def test_budget_panel_shows_the_tables_status():
     # the panel had its own rule (plot.budget_status): a FLOPs budget over its limit on an incomplete
     # count was FAIL there and INCOMPLETE in the table, a latency lower bound within its limit PASS
     # there and UNDECIDED in the table; the panel now shows each line's own status
-    report = check_budget(Budget(max_params=1000, max_flops=100, max_latency_ms=5), params=256, flops=500, latency_ms=1,
+    report = check_budget(Budget(max_params=1000, max_flops=100, max_latency_s=0.005), params=256, flops=500, latency_s=0.001,
                           incomplete_reasons=("aten::foo ran without a handler",), latency_bound="lower")
     assert [str(line.status) for line in report.lines] == ["PASS", "INCOMPLETE", "UNDECIDED"]
     result = count_flops(_blocks(2, 2), torch.randn(4, 8))
     panel = draw_figure(result, budget=report).axes[1]
     shown = {tick.get_text(): text.get_text().split()[0] for tick, text in zip(panel.get_yticklabels(), panel.texts[1:])}
-    assert shown == {"params": "PASS", "flops": "INCOMPLETE", "latency_ms": "UNDECIDED"}
+    assert shown == {"params": "PASS", "flops": "INCOMPLETE", "latency": "UNDECIDED"}
     assert panel.get_title(loc="left").startswith("Budgets: INCOMPLETE")
 
 

@@ -171,13 +171,13 @@ def test_a_new_measurement_keeps_the_best_roofs(tmp_path, monkeypatch):
 def test_a_latency_lower_bound_fails_or_stays_undecided():
     from flopcount.budget.check import Budget, check_budget
 
-    over = check_budget(Budget(max_latency_ms=10), latency_ms=12.5, latency_bound="lower")
-    within = check_budget(Budget(max_latency_ms=10), latency_ms=4.0, latency_bound="lower")
-    measured = check_budget(Budget(max_latency_ms=10), latency_ms=4.0)
+    over = check_budget(Budget(max_latency_s=0.010), latency_s=0.0125, latency_bound="lower")
+    within = check_budget(Budget(max_latency_s=0.010), latency_s=0.004, latency_bound="lower")
+    measured = check_budget(Budget(max_latency_s=0.010), latency_s=0.004)
     assert (over.status, within.status, measured.status) == ("FAIL", "UNDECIDED", "PASS")
     assert "not decided without measuring" in within.verdict()
     # a certain FAIL elsewhere still wins over an undecided latency
-    both = check_budget(Budget(max_latency_ms=10, max_params=5), latency_ms=4.0, params=6, latency_bound="lower")
+    both = check_budget(Budget(max_latency_s=0.010, max_params=5), latency_s=0.004, params=6, latency_bound="lower")
     assert both.status == "FAIL"
 
 

@@ -7,6 +7,11 @@ and buffers by their dtypes, in MB of 10^6 bytes. Memory is the estimated peak o
 (``16GB`` = 16 * 10^9, ``16GiB`` = 16 * 2^30). Budgets come from flags or from
 ``[tool.flopcount]`` in pyproject.toml (``max-params = "25M"``, ``max-memory = "16GiB"``...).
 
+Latency is in seconds in the data (``Budget.max_latency_s``, ``check_budget(latency_s=)``, the
+``latency`` line's limit and actual, unit ``s``); the table and the messages show milliseconds.
+The 0.2 millisecond spellings (``max_latency_ms=``, ``latency_ms=``, the file key
+``max-latency-ms``) work until 0.4 with a DeprecationWarning.
+
 The verdict is one of PASS, FAIL and INCOMPLETE. FLOPs and MACs come from the count, which
 may be short (:attr:`FlopResult.complete`); params, size and latency never depend on it.
 A budget line is FAIL only when the failure is certain: its value is exact, or it is a
@@ -26,6 +31,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
+from flopcount.core.deprecation import in_ms, ms_aliases, seconds_or_ms
 from flopcount.core.rendering import render
 from flopcount.errors import UsageError
 from flopcount.types import Status
@@ -47,13 +53,16 @@ Bound = Literal["exact", "lower", "estimate"]
 #: budgets whose actual value comes from the count (and so may be incomplete)
 COUNTED = ("flops", "macs")
 
+#: the latency budget's name (its limit and actual in seconds; 0.2 called it ``latency_ms``, in ms)
+LATENCY = "latency"
+
 # budget name -> (the limit's field on Budget, unit printed after numbers)
 _NAMES = {
     "params": ("max_params", ""),
     "flops": ("max_flops", "FLOPs"),
     "macs": ("max_macs", "MACs"),
     "size_mb": ("max_size_mb", "MB"),
-    "latency_ms": ("max_latency_ms", "ms"),
+    LATENCY: ("max_latency_s", "s"),
     "memory": ("max_memory", "bytes"),
 }
 
@@ -95,16 +104,41 @@ def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[
     return int(value) if float(value).is_integer() else float(value)
 
 
-@dataclass(frozen=True)
+@ms_aliases("max_latency")
+@dataclass(frozen=True, init=False)
 class Budget:
-    """Upper limits; ``None`` means not checked."""
+    """Upper limits; ``None`` means not checked. ``max_latency_s`` is in seconds.
+
+    ``max_latency_ms=`` (0.2, milliseconds; also 0.2's fifth positional argument) still works
+    until 0.4: it warns and is stored as ``max_latency_s = max_latency_ms / 1000``; giving both
+    is a :class:`UsageError`. Reading ``budget.max_latency_ms`` warns and returns milliseconds."""
 
     max_params: Optional[Number] = None
     max_flops: Optional[Number] = None
     max_macs: Optional[Number] = None
     max_size_mb: Optional[Number] = None
-    max_latency_ms: Optional[Number] = None
+    max_latency_s: Optional[Number] = None
     max_memory: Optional[Number] = None
+
+    def __init__(
+        self,
+        max_params: Optional[Number] = None,
+        max_flops: Optional[Number] = None,
+        max_macs: Optional[Number] = None,
+        max_size_mb: Optional[Number] = None,
+        max_latency_ms: Optional[Number] = None,
+        max_memory: Optional[Number] = None,
+        *,
+        max_latency_s: Optional[Number] = None,
+    ) -> None:
+        # 0.2's milliseconds keep their positional slot, so Budget(..., 5) is still 5 ms (with a warning)
+        latency_s = seconds_or_ms(max_latency_s, max_latency_ms, "Budget", "max_latency_s=", "max_latency_ms=")
+        object.__setattr__(self, "max_params", max_params)
+        object.__setattr__(self, "max_flops", max_flops)
+        object.__setattr__(self, "max_macs", max_macs)
+        object.__setattr__(self, "max_size_mb", max_size_mb)
+        object.__setattr__(self, "max_latency_s", latency_s)
+        object.__setattr__(self, "max_memory", max_memory)
 
     def merged(self, override: Budget) -> Budget:
         """This budget with every limit ``override`` sets replaced (flags win over the file)."""
@@ -116,7 +150,7 @@ class Budget:
 
     @property
     def needs_latency(self) -> bool:
-        return self.max_latency_ms is not None
+        return self.max_latency_s is not None
 
     @property
     def needs_memory(self) -> bool:
@@ -156,11 +190,12 @@ class BudgetLine:
             if self.bound == "exact":
                 return Status.PASS
             # a latency lower bound (flopcount.predict) within the limit: only measuring decides
-            return Status.UNDECIDED if self.name == "latency_ms" and self.bound == "lower" else Status.INCOMPLETE
+            return Status.UNDECIDED if self.name == LATENCY and self.bound == "lower" else Status.INCOMPLETE
         return Status.FAIL if self.bound in ("exact", "lower") else Status.INCOMPLETE
 
     def describe(self) -> str:
-        """``'flops 8.216 G > 5.000 G'`` (``'flops >= 8.216 G > ...'`` for a lower bound)."""
+        """``'flops 8.216 G > 5.000 G'`` (``'flops >= 8.216 G > ...'`` for a lower bound);
+        latency in milliseconds (``'latency 1.500 ms <= 5.000 ms'``)."""
         relation = "<=" if self.passed else ">"
         at_least = {"exact": "", "lower": ">= ", "estimate": "~"}[self.bound]
         basis = f" ({self.basis})" if self.basis else ""
@@ -210,7 +245,7 @@ class BudgetReport:
         status = self.status
         n = len(self.lines)
         if status == Status.UNDECIDED:
-            return "UNDECIDED: latency_ms is not decided without measuring (its roofline lower bound is within the budget)"
+            return f"UNDECIDED: {LATENCY} is not decided without measuring (its roofline lower bound is within the budget)"
         if status == "INCOMPLETE":
             names = ", ".join(line.name for line in self.undecided)
             return (
@@ -227,12 +262,15 @@ class BudgetReport:
         return text
 
     def to_dict(self) -> Dict[str, Any]:
+        """JSON-safe data: the verdict, and per line its fields (raw numbers: latency in seconds),
+        ``passed`` and ``status``. The ``latency`` line also carries 0.2's ``limit_ms`` and
+        ``actual_ms`` until 0.4."""
         return {
             "status": str(self.status),
             **{key: getattr(self, key) for key in ("passed", "complete", "allow_incomplete")},
             "incomplete_reasons": list(self.incomplete_reasons),
             "exceeded": [line.name for line in self.exceeded],
-            "lines": [{**asdict(line), "passed": line.passed, "status": str(line.status)} for line in self.lines],
+            "lines": [_line_data(line) for line in self.lines],
         }
 
     def table(self, fmt: str = "simple") -> str:
@@ -240,7 +278,8 @@ class BudgetReport:
         return render(self, "table", fmt=fmt)
 
     def to_csv(self) -> str:
-        """Raw numbers: ``budget,limit,actual,unit,status``, then an ``overall`` row with the verdict."""
+        """Raw numbers (latency in seconds, unit ``s``): ``budget,limit,actual,unit,status``, then
+        an ``overall`` row with the verdict."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["budget", "limit", "actual", "unit", "status"])
@@ -250,6 +289,13 @@ class BudgetReport:
         return out.getvalue()
 
 
+def _line_data(line: BudgetLine) -> Dict[str, Any]:
+    data = {**asdict(line), "passed": line.passed, "status": str(line.status)}
+    if line.name == LATENCY:  # 0.2's milliseconds beside the seconds, one release
+        data.update(limit_ms=in_ms(line.limit), actual_ms=in_ms(line.actual))
+    return data
+
+
 def check_budget(
     budget: Budget,
     *,
@@ -257,15 +303,18 @@ def check_budget(
     flops: Optional[Number] = None,
     macs: Optional[Number] = None,
     size_bytes: Optional[Number] = None,
-    latency_ms: Optional[Number] = None,
+    latency_s: Optional[Number] = None,
     memory_bytes: Optional[Number] = None,
     incomplete_reasons: Sequence[str] = (),
     lower_bound: bool = False,
     allow_incomplete: bool = False,
     latency_bound: Bound = "exact",
     latency_basis: str = "",
+    latency_ms: Optional[Number] = None,
 ) -> BudgetReport:
-    """Compare each limit that is set with its actual value (size in MB = bytes / 10^6).
+    """Compare each limit that is set with its actual value (size in MB = bytes / 10^6;
+    ``latency_s`` in seconds: 0.2's ``latency_ms=`` in milliseconds still works until 0.4, with a
+    DeprecationWarning).
     A limit whose actual value was not given is a usage error, never a pass.
 
     ``incomplete_reasons``: why the counted values (FLOPs, MACs) may be short;
@@ -273,11 +322,12 @@ def check_budget(
     else), so a counted value over its limit is a certain FAIL. The reasons are kept only
     when a FLOPs or MACs limit is set: params, size, latency and memory do not rest on the
     count's completeness (a memory verdict rests on the memory estimate alone). ``latency_bound="lower"``:
-    ``latency_ms`` is a lower bound (``flopcount.predict``): over the limit is a certain
+    ``latency_s`` is a lower bound (``flopcount.predict``): over the limit is a certain
     FAIL, within it is not decided without measuring (UNDECIDED); ``latency_basis`` says which
     bound it is (eager or any implementation, on which device), shown on the line."""
     if isinstance(incomplete_reasons, str):
         raise UsageError("incomplete_reasons must be a sequence of sentences, not one string")
+    latency_s = seconds_or_ms(latency_s, latency_ms, "check_budget", "latency_s=", "latency_ms=")
     reasons = tuple(incomplete_reasons) if budget.needs_count else ()
     counted_bound: Bound = "exact" if not reasons else ("lower" if lower_bound else "estimate")
     actuals = {
@@ -285,7 +335,7 @@ def check_budget(
         "flops": flops,
         "macs": macs,
         "size_mb": None if size_bytes is None else size_bytes / BYTES_PER_MB,
-        "latency_ms": latency_ms,
+        LATENCY: latency_s,
         "memory": memory_bytes,
     }
     lines: List[BudgetLine] = []
@@ -293,8 +343,8 @@ def check_budget(
         actual = actuals[name]
         if actual is None:
             raise UsageError(f"budget {name} is set but no {name} value was measured")
-        bound: Bound = counted_bound if name in COUNTED else (latency_bound if name == "latency_ms" else "exact")
-        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound, latency_basis if name == "latency_ms" else ""))
+        bound: Bound = counted_bound if name in COUNTED else (latency_bound if name == LATENCY else "exact")
+        lines.append(BudgetLine(name, limit, actual, _NAMES[name][1], bound, latency_basis if name == LATENCY else ""))
     return BudgetReport(tuple(lines), reasons, bool(allow_incomplete))
 
 
@@ -304,6 +354,7 @@ def check_result(
     latency_ms: Optional[Number] = None,
     memory_bytes: Optional[Number] = None,
     *,
+    latency_s: Optional[Number] = None,
     allow_incomplete: bool = False,
     latency_bound: Bound = "exact",
     latency_basis: str = "",
@@ -312,7 +363,10 @@ def check_result(
     its completeness included: an incomplete count never PASSes a FLOPs or MACs budget
     (status INCOMPLETE) unless ``allow_incomplete``. Its FLOPs and MACs are a lower bound
     when the only reason is ops without a handler. ``memory_bytes``:
-    ``estimate_memory(...).peak_bytes`` when a memory budget is set."""
+    ``estimate_memory(...).peak_bytes`` when a memory budget is set. ``latency_s``: the latency
+    in seconds (0.2's ``latency_ms``, also its third positional argument, in milliseconds, still
+    works until 0.4 with a DeprecationWarning)."""
+    latency_s = seconds_or_ms(latency_s, latency_ms, "check_result", "latency_s=", "latency_ms=")
     reasons = tuple(result.incomplete_reasons())
     return check_budget(
         budget,
@@ -320,7 +374,7 @@ def check_result(
         flops=result.flops,
         macs=result.macs,
         size_bytes=result.parameters.size_bytes,
-        latency_ms=latency_ms,
+        latency_s=latency_s,
         memory_bytes=memory_bytes,
         incomplete_reasons=reasons,
         lower_bound=bool(reasons) and not result.gaps,
@@ -335,21 +389,36 @@ def check_result(
 #: accepted keys of [tool.flopcount] (dashes or underscores) -> Budget field
 FILE_KEYS = {key.replace("_", "-"): key for key, _ in _NAMES.values()}
 
+#: 0.2's latency key (milliseconds), read until 0.4 with a DeprecationWarning: ``max-latency-s`` now
+FILE_KEY_MS = "max-latency-ms"
+
 
 def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
     """A :class:`Budget` from ``{"max-flops": "5G", ...}``; ``source`` names where the
-    table came from in error messages. Unknown keys and non-numbers are errors."""
-    values: Dict[str, Number] = {}
+    table came from in error messages. Unknown keys and non-numbers are errors. 0.2's
+    ``max-latency-ms`` (milliseconds) warns and becomes ``max-latency-s`` (/ 1000); both is an error."""
+    values: Dict[str, Optional[Number]] = {}
+    latency_ms: Optional[Number] = None
     for raw_key, raw in table.items():
         key = str(raw_key).replace("_", "-")
+        if key == FILE_KEY_MS:
+            latency_ms = parse_quantity(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
+            continue
         if key not in FILE_KEYS:
             known = ", ".join(FILE_KEYS)
             raise UsageError(f"{source}: unknown key {raw_key!r} (known: {known}, {', '.join(GATE_KEYS)})")
-        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
-            raise UsageError(f"{source}: {raw_key} must be a number or a string like \"25M\", got {type(raw).__name__}")
         parse = parse_bytes if key == "max-memory" else parse_quantity
-        values[FILE_KEYS[key]] = parse(raw, f"{source}: {raw_key}")
+        values[FILE_KEYS[key]] = parse(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
+    latency_s = values.get("max_latency_s")
+    values["max_latency_s"] = seconds_or_ms(latency_s, latency_ms, source, "max-latency-s", FILE_KEY_MS)
     return Budget(**values)
+
+
+def _file_value(raw: Any, raw_key: Any, source: str) -> Union[str, int, float]:
+    """A budget file's value: a number or a string (``"25M"``); a UsageError otherwise."""
+    if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+        raise UsageError(f"{source}: {raw_key} must be a number or a string like \"25M\", got {type(raw).__name__}")
+    return raw
 
 
 def load_budget_file(path: Union[str, Path], *, required: bool = False) -> Budget:

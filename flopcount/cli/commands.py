@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flopcount.budget.check import Budget, check_result, flopcount_table, table_budget
 from flopcount.cli.deadline import stage
-from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_ms, run_profile, with_prediction
+from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_s, run_profile, with_prediction
 from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
@@ -307,10 +307,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     if args.max_latency is not None and args.max_latency_ms is not None:
         raise UsageError("--max-latency and --max-latency-ms both set the latency budget: give one")
-    max_latency = args.max_latency if args.max_latency is not None else args.max_latency_ms
+    max_latency_ms = args.max_latency if args.max_latency is not None else args.max_latency_ms  # both flags read ms
+    max_latency_s = None if max_latency_ms is None else max_latency_ms / 1000
     flags = Budget(
         max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
-        max_size_mb=args.max_size_mb, max_latency_ms=max_latency, max_memory=args.max_memory,
+        max_size_mb=args.max_size_mb, max_latency_s=max_latency_s, max_memory=args.max_memory,
     )
     config_file = args.config_file or "pyproject.toml"
     table = flopcount_table(Path(config_file), required=args.config_file is not None)  # read once for all three
@@ -336,11 +337,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     latency = None
     basis = ""
     if budget.needs_latency and args.on is not None:
-        latency, basis = predicted_latency_ms(run, args)
+        latency, basis = predicted_latency_s(run, args)
     elif budget.needs_latency:
         timing = benchmark_entry(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
-        latency = timing.median_s * 1e3  # the budget's unit
+        latency = timing.median_s
     sharded = args.fsdp is not None or args.tp is not None
     gate_memory = gate is not None and "memory" in gate[1]
     if gate_memory and sharded:
@@ -354,7 +355,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     report = check_result(
         result,
         budget,
-        latency_ms=latency,
+        latency_s=latency,
         memory_bytes=estimate.peak_bytes if estimate is not None else (planned[0] if planned is not None else None),
         allow_incomplete=args.allow_incomplete,
         latency_bound="lower" if args.on is not None else "exact",

@@ -18,7 +18,7 @@ from flopcount.report.profile import predict_table, profile_csv, profile_html, p
 from flopcount.report.render import entry_json
 from flopcount.units import format_seconds
 
-__all__ = ["benchmark_entry", "check_timing_args", "predicted_latency_ms", "run_profile", "with_prediction"]
+__all__ = ["benchmark_entry", "check_timing_args", "predicted_latency_s", "run_profile", "with_prediction"]
 
 _MIN_TIMED = 10
 _DEFAULT_DURATION = 1.0
@@ -89,8 +89,8 @@ def _predict(run: Any, args: argparse.Namespace, on: str) -> Any:
 BOUND_NAMES = {"eager": "eager per-op", "any": "any-implementation"}
 
 
-def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str]:
-    """The roofline lower bound on ``--on DEVICE`` in ms, and which bound it is (said on
+def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]:
+    """The roofline lower bound on ``--on DEVICE`` in seconds, and which bound it is (said on
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
     an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
     from flopcount.devices import default_bound
@@ -101,7 +101,7 @@ def predicted_latency_ms(run: Any, args: argparse.Namespace) -> Tuple[float, str
     basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}"
     progress(args, f"latency {basis}: {format_seconds(seconds)} (eager {format_seconds(result.latency_s)}, "
                    f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
-    return float(seconds * 1e3), basis
+    return float(seconds), basis
 
 
 def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:

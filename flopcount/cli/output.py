@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 from flopcount.cli.deadline import stage
+from flopcount.core.deprecation import is_renamed
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 
 
@@ -85,7 +86,8 @@ def report_notes(result: Any, args: argparse.Namespace) -> None:
 
 def report_warnings(caught: Sequence[warnings.WarningMessage], args: argparse.Namespace) -> None:
     for w in () if args.quiet else caught:
-        ours = issubclass(w.category, FlopcountWarning)
+        renamed_name = issubclass(w.category, DeprecationWarning) and is_renamed(str(w.message))  # a 0.2 name: say it
+        ours = issubclass(w.category, FlopcountWarning) or renamed_name
         if ours or args.debug:  # else torch.jit TracerWarnings and the like: noise for this report
             _say_once(args, one_line(str(w.message)), "" if ours else f"{w.category.__name__}: ")
 

@@ -128,7 +128,7 @@ Budgets come from the flags and from [tool.flopcount] in ./pyproject.toml (or
   max-flops = "10G"
   max-macs = 5e9
   max-size-mb = 100        # parameters + buffers, serialised, 1 MB = 10^6 bytes
-  max-latency-ms = 50      # median latency; runs the benchmark
+  max-latency-s = 0.05     # median latency in seconds; runs the benchmark
   max-memory = "16GiB"     # estimated peak memory of one step (--backward,
                            # --optimizer adam: of a training step)
 

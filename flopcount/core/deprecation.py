@@ -14,10 +14,20 @@ REMOVED_IN = "0.4"
 _C = TypeVar("_C", bound=type)
 
 
+#: the middle of every 0.2 name's sentence (:func:`renamed`), by which the CLI knows one
+_DEPRECATED = f" is deprecated and will be removed in flopcount {REMOVED_IN}; use "
+
+
 def renamed(old: str, new: str) -> str:
     """The sentence a 0.2 name says: ``old`` is now ``new`` (a DeprecationWarning's text, the CLI's
     warning line for a 0.2 flag)."""
-    return f"{old} is deprecated and will be removed in flopcount {REMOVED_IN}; use {new}"
+    return f"{old}{_DEPRECATED}{new}"
+
+
+def is_renamed(message: str) -> bool:
+    """``message`` is a 0.2 name's sentence (:func:`renamed`): the CLI shows these warnings (a
+    0.2 key of the budget file), as it shows flopcount's own warning class."""
+    return _DEPRECATED in message
 
 
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
@@ -58,7 +68,22 @@ def module_getattr(
     return __getattr__
 
 
-def _in_ms(value: Any) -> Any:
+def seconds_or_ms(seconds: Any, milliseconds: Any, where: str, new: str, old: str, stacklevel: int = 4) -> Any:
+    """A time given as ``new`` (seconds) or as its 0.2 spelling ``old`` (milliseconds: warns at
+    ``stacklevel``, by default the line that called the function calling this one, and returns
+    ``milliseconds / 1000``); both given is a usage error naming both; neither: None. ``where``
+    (a function, a class or a file) begins the sentences."""
+    if milliseconds is None:
+        return seconds
+    if seconds is not None:
+        raise UsageError(f"{where}: give {new} (seconds) or its deprecated 0.2 spelling {old} (milliseconds), not both")
+    warn_renamed(f"{where}: {old}", f"{new} in seconds", stacklevel=stacklevel)
+    return milliseconds / 1000
+
+
+def in_ms(value: Any) -> Any:
+    """0.2's milliseconds of a time in seconds (or of a list of them), for the ``_ms`` names and
+    keys kept one release: ``value * 1e3``; None stays None."""
     if value is None:
         return None
     return [v * 1e3 for v in value] if isinstance(value, (tuple, list)) else value * 1e3
@@ -82,7 +107,7 @@ def ms_aliases(*stems: str) -> Callable[[_C], _C]:
 def ms_keys(result: Any, stems: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The 0.2 ``{stem}_ms`` keys (milliseconds) of ``result``'s :func:`ms_aliases` (or of
     ``stems``), that ``to_dict`` writes beside the ``_s`` keys for one release."""
-    return {f"{stem}_ms": _in_ms(getattr(result, f"{stem}_s")) for stem in (result.MS_ALIASES if stems is None else stems)}
+    return {f"{stem}_ms": in_ms(getattr(result, f"{stem}_s")) for stem in (result.MS_ALIASES if stems is None else stems)}
 
 
 def _ms_property(stem: str) -> property:
@@ -90,7 +115,7 @@ def _ms_property(stem: str) -> property:
 
     def get(self: Any) -> Any:
         warn_renamed(f"{type(self).__name__}.{old}", f"{type(self).__name__}.{new} (seconds)")
-        value = _in_ms(getattr(self, new))
+        value = in_ms(getattr(self, new))
         return tuple(value) if isinstance(value, list) else value
 
     get.__name__ = old

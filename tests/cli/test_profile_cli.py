@@ -71,7 +71,7 @@ def test_check_bound_flag_names_the_bound(workdir, capsys):
                         "--bound", "eager", "--format", "json")
     assert got == 1
     (line,) = json.loads(out)["lines"] if "lines" in json.loads(out) else json.loads(out)["budget"]["lines"]
-    assert line["basis"] == "eager per-op lower bound on T4" and line["actual"] == pytest.approx(T4_BOUND_S * 1e3)
+    assert line["basis"] == "eager per-op lower bound on T4" and line["actual"] == pytest.approx(T4_BOUND_S)
     code, _, err = cli(capsys, "check", "prof_models.py:mlp", "-i", "32x256", "--max-latency", "1s", "--bound", "any")
     assert code == 2 and "--bound" in err and "--on" in err
 
@@ -157,3 +157,30 @@ def test_profile_trace_write_failure_is_one_line(workdir, capsys):
     assert json.loads(out)["steps"] == 1  # the report was written before the trace
     assert err.strip().splitlines()[-1].startswith("flopcount: error: --trace /dev/full: ")
     assert "internal error" not in err
+
+
+def test_check_json_holds_the_latency_line_in_seconds(workdir, capsys):
+    # issue #27 item 6: the budget's data in seconds (0.2 wrote "latency_ms" in ms); 0.2's ms keys beside, one release
+    code, out, err = cli(capsys, "check", "prof_models.py:mlp", "-i", "32x256", "--max-latency", "1ms", "--on", "t4",
+                         "--format", "json")
+    assert code == 3, err  # the T4 bound (about 1.3 us) is within 1 ms: not decided without measuring
+    (line,) = json.loads(out)["budget"]["lines"]
+    assert (line["name"], line["unit"], line["limit"]) == ("latency", "s", 0.001)
+    assert line["actual"] == pytest.approx(T4_BOUND_S) and line["actual_ms"] == pytest.approx(T4_BOUND_S * 1e3)
+    assert line["limit_ms"] == 1.0 and line["status"] == "UNDECIDED"
+    # the text still shows milliseconds
+    code, out, err = cli(capsys, "check", "prof_models.py:mlp", "-i", "32x256", "--max-latency", "1ms", "--on", "t4")
+    row = next(text for text in out.splitlines() if text.startswith("latency"))
+    assert row.split()[:3] == ["latency", "1.000", "ms"] and f"{T4_BOUND_S * 1e3:.3f} ms" in row
+    assert "UNDECIDED: latency is not decided without measuring" in err
+
+
+@pytest.mark.parametrize("key, value, warned", [("max-latency-s", "0.001", False), ("max-latency-ms", "1", True)])
+def test_check_reads_the_files_latency_in_seconds_and_warns_of_the_02_key(workdir, capsys, key, value, warned):
+    (workdir / "pyproject.toml").write_text(f"[tool.flopcount]\n{key} = {value}\n")
+    code, out, err = cli(capsys, "check", "prof_models.py:mlp", "-i", "32x256", "--on", "t4", "--format", "json")
+    assert code == 3, err
+    (line,) = json.loads(out)["budget"]["lines"]
+    assert (line["name"], line["limit"]) == ("latency", 0.001)
+    said = "flopcount: warning: pyproject.toml [tool.flopcount]: max-latency-ms is deprecated"
+    assert (said in err) == warned and ("use max-latency-s in seconds" in err) == warned
