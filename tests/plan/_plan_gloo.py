@@ -149,6 +149,107 @@ class CollectiveBytes(TorchDispatchMode):
         return out
 
 
+#: what torch names each worker thread of a gloo process group (c10::setThreadName, torch 2.13 and 2.14)
+GLOO_WORKER_THREAD = "pt_gloo_runloop"
+#: seconds :class:`GlooSettled` sleeps between two looks at gloo's worker threads (the GIL let go)
+SETTLE_PAUSE = 0.0005
+
+
+def gloo_worker_threads() -> List[str]:
+    """The ``/proc`` status files of this process's gloo worker threads (Linux; none elsewhere)."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return []
+    found = []
+    for tid in sorted(os.listdir(tasks)):
+        try:
+            with open(os.path.join(tasks, tid, "comm")) as f:
+                name = f.read().strip()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        if name == GLOO_WORKER_THREAD:
+            found.append(os.path.join(tasks, tid, "status"))
+    return found
+
+
+def thread_state(status_path: str) -> Tuple[str, str, str]:
+    """A thread's scheduler state letter (``S``: blocked) and its voluntary and involuntary
+    context-switch counts, from its ``/proc`` status file: unchanged while it has not run."""
+    fields: Dict[str, str] = {}
+    with open(status_path) as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields["State"][:1], fields["voluntary_ctxt_switches"], fields["nonvoluntary_ctxt_switches"]
+
+
+class GlooSettled(TorchDispatchMode):
+    """Before each op (and after each functional collective's wait), gloo's worker threads have
+    finished with the collectives they ran: every op of the step sees the frees of its own
+    program order, whatever the machine's load.
+
+    Why: a gloo worker thread keeps the collective it ran (and the tensors it holds: the inputs
+    and outputs, the reduce-scatter's copy of its input) for a moment after marking it complete,
+    when the rank's main thread is already running on. When the main thread lets go of such a
+    tensor first, the worker's release frees it, later, on the worker thread (it waits for the
+    GIL to finalise the storage, which is when MemTracker books the free): on a loaded machine,
+    ops later, and the rank's peak counts bytes the step had freed (tests/plan/test_plan_mixed_precision.py,
+    docs/performance.md "A flaky real-gloo peak in CI").
+
+    How: a worker thread that is blocked (``S``) and has not run across a pause in which the main
+    thread let go of the GIL (both its context-switch counts unchanged) holds no finished
+    collective: releasing one runs on a CPU, and waiting for the GIL to finish it is woken when the
+    main thread lets go of it. Nothing is allocated, nothing is issued, only the main thread waits;
+    when no worker ran since the last look, an op costs one read of each worker's status."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._threads = gloo_worker_threads()
+        self._quiet: Optional[Tuple[Tuple[str, str, str], ...]] = None
+        #: how many times the main thread waited for the workers (a reading, for the docs)
+        self.waits = 0
+
+    def _states(self) -> Tuple[Tuple[str, str, str], ...]:
+        return tuple(thread_state(path) for path in self._threads)
+
+    def settle(self) -> None:
+        now = self._states()
+        if now == self._quiet:
+            return
+        self.waits += 1
+        while True:
+            time.sleep(SETTLE_PAUSE)
+            later = self._states()
+            if later == now and all(state == "S" for state, _, _ in later):
+                break
+            now = later
+        self._quiet = now
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        self.settle()
+        out = func(*args, **(kwargs or {}))
+        if str(func.overloadpacket) == "_c10d_functional.wait_tensor":
+            self.settle()
+        return out
+
+
+def starve_gloo_workers(rank: int) -> None:
+    """Every thread of this rank on one CPU, gloo's worker threads at the lowest priority (nice
+    19): when a collective completes the main thread runs on and the worker waits, as on a loaded
+    machine. Only for checking :class:`GlooSettled` (tests/plan/test_plan_mixed_precision.py)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[rank % len(cpus)]
+    workers = set(gloo_worker_threads())
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), {cpu})
+        if os.path.join("/proc/self/task", tid, "status") in workers:
+            os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,7 +258,7 @@ def free_port() -> int:
 
 def worker(
     rank: int, world: int, port: int, model_name: str, fsdp: int, tp: int, out_dir: str,
-    mixed_precision: Optional[str] = None, seq: int = SEQ,
+    mixed_precision: Optional[str] = None, seq: int = SEQ, starved: bool = False,
 ) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
@@ -189,8 +290,10 @@ def worker(
         default_loss(model(example)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if starved:
+            starve_gloo_workers(rank)
         start = time.perf_counter()
-        with CollectiveBytes() as nbytes:
+        with CollectiveBytes() as nbytes, GlooSettled() as settled:
             record = record_step(model, optimizer, (example,), {}, None, mesh_groups(mesh))
         seconds = time.perf_counter() - start
         # CommDebugMode counts a second step of its own: its module tracker's hooks hand
@@ -215,6 +318,7 @@ def worker(
                 for e in record.events if not _skipped(e.call.op)
             ],
             "seconds": seconds,
+            "settle_waits": settled.waits,
             "first_output": first_output,
         }
         if rank == 0:
@@ -256,15 +360,18 @@ def start_fork_server() -> None:
 
 def run_real(
     model_name: str, fsdp: int, tp: int, out_dir: str, timeout: float = 90.0,
-    mixed_precision: Optional[str] = None, seq: int = SEQ,
+    mixed_precision: Optional[str] = None, seq: int = SEQ, starved: bool = False,
 ) -> Dict[str, Any]:
     """Start ``fsdp * tp`` gloo processes; rank 0's record, or an error after ``timeout`` s.
     ``mixed_precision`` (a dtype name): FSDP2's MixedPrecisionPolicy(param_dtype=it,
-    reduce_dtype=float32), as plan(mixed_precision=) applies it; ``seq``: tokens per sequence."""
+    reduce_dtype=float32), as plan(mixed_precision=) applies it; ``seq``: tokens per sequence;
+    ``starved``: each rank's gloo worker threads starved of CPU in the recorded step
+    (:func:`starve_gloo_workers`)."""
     context = _context()
     world, port = fsdp * tp, free_port()
+    options = {"mixed_precision": mixed_precision, "seq": seq, "starved": starved}
     procs = [
-        context.Process(target=worker, args=(r, world, port, model_name, fsdp, tp, out_dir, mixed_precision, seq))
+        context.Process(target=worker, args=(r, world, port, model_name, fsdp, tp, out_dir), kwargs=options)
         for r in range(world)
     ]
     for p in procs:
