@@ -46,7 +46,7 @@ import _plan_gloo as gloo
 import flopcount
 from flopcount.planning.plan import _MEMORY_KEYS
 
-pytestmark = pytest.mark.serial  # real gloo ranks: their peak moves when other tests share the cores
+pytestmark = pytest.mark.serial  # real gloo ranks: processes of their own, bounded by wall-clock timeouts
 
 #: (model, fsdp, tp, sequence): 2 and 4 processes, both families, a short and a long sequence
 CASES = [
@@ -110,7 +110,7 @@ def test_peak_equals_fsdpmemtracker_with_gloo_workers_starved(
     starved of CPU, as on a loaded machine, and one run, no retry: the real peak and its
     categories equal the plan's to the byte. Before :class:`_plan_gloo.GlooSettled`, starved, the
     Mistral case read 1,474,552 against 1,380,216 in 5 runs of 6, the tied GPT-2 too high in 8 of 8
-    and the encoder in 7 of 8 (one starved run of each: this test failed 4 times in 4)."""
+    and the encoder in 7 of 8; this test failed 8 times in 8 (17 of its 24 cases)."""
     example = gloo.example_input(name, seq)
     planned = flopcount.plan(
         gloo.BUILDERS[name], (example,), fsdp=fsdp, tp=tp, on=None, mixed_precision=mixed_precision, backend="gloo"
