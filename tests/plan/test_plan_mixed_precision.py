@@ -74,7 +74,7 @@ def test_peak_within_half_a_percent_of_fsdpmemtracker(pair: Dict[str, Any]) -> N
     assert abs(pair["plan"].peak_bytes - real) <= 0.005 * real
 
 
-def plan_categories(real: Dict[str, Any]) -> Dict[str, int]:
+def under_plan_names(real: Dict[str, Any]) -> Dict[str, int]:
     """The real rank's FSDPMemTracker categories at its peak under plan's names (``Total`` left out)."""
     named: Dict[str, int] = {}
     for category, size in real["peak_categories"].items():
@@ -88,7 +88,7 @@ def test_peak_categories_equal_fsdpmemtracker(pair: Dict[str, Any]) -> None:
     """The same moment of the step, category by category. Before the oracle waited for gloo's
     worker threads (:class:`_plan_gloo.GlooSettled`) about one run in five snapshotted another
     moment, with a block's all-gathered parameters and gradient buckets booked differently."""
-    assert plan_categories(pair["real"]) == dict(pair["plan"].memory)
+    assert under_plan_names(pair["real"]) == dict(pair["plan"].memory)
 
 
 def test_state_bytes_equal(pair: Dict[str, Any]) -> None:
@@ -119,4 +119,4 @@ def test_peak_equals_fsdpmemtracker_with_gloo_workers_starved(
         name, fsdp, tp, str(tmp_path), timeout=200, mixed_precision=mixed_precision, seq=seq, starved=True
     )
     assert real["peak"] == planned.peak_bytes
-    assert plan_categories(real) == dict(planned.memory)
+    assert under_plan_names(real) == dict(planned.memory)
