@@ -19,7 +19,7 @@ import _plan_gloo as gloo
 
 import flopcount
 
-pytestmark = pytest.mark.serial  # real gloo ranks: their peak moves when other tests share the cores
+pytestmark = pytest.mark.serial  # real gloo ranks: processes of their own, bounded by wall-clock timeouts
 
 #: CommDebugMode's op names -> plan()'s collective kinds
 KIND = {

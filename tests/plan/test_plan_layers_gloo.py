@@ -23,7 +23,7 @@ from conftest import REPLAY_TESTS_MIN_LAYERS
 
 import flopcount
 
-pytestmark = pytest.mark.serial  # real gloo ranks: their peak moves when other tests share the cores
+pytestmark = pytest.mark.serial  # real gloo ranks: processes of their own, bounded by wall-clock timeouts
 
 KIND = {"c10d._allgather_base_": "all_gather", "c10d._reduce_scatter_base_": "reduce_scatter"}
 

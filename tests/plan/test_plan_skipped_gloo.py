@@ -21,7 +21,7 @@ import _plan_gloo as gloo
 
 import flopcount
 
-pytestmark = pytest.mark.serial  # real gloo ranks: their peak moves when other tests share the cores
+pytestmark = pytest.mark.serial  # real gloo ranks: processes of their own, bounded by wall-clock timeouts
 
 #: CommDebugMode's op names -> plan()'s collective kinds
 KIND = {"c10d._allgather_base_": "all_gather", "c10d._reduce_scatter_base_": "reduce_scatter"}
