@@ -325,9 +325,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
             f"--max-memory or --baseline REPORT.json, or a [tool.flopcount] table in {config_file}"
         )
     if args.on is not None and not budget.needs_latency:
-        raise UsageError("--on DEVICE checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
+        raise UsageError("--on PART checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
     if getattr(args, "bound", None) is not None and args.on is None:
-        raise UsageError("--bound picks the lower bound of --on DEVICE: add --on (e.g. --on h100)")
+        raise UsageError("--bound picks the lower bound of --on PART: add --on (e.g. --on h100)")
     if budget.needs_latency and args.on is None:
         check_timing_args(args)
         if args.device == "meta":

@@ -1,6 +1,6 @@
 """The CLI's latency wiring: measured (``bench`` and ``check --max-latency``: the entry's
-forward timed, with progress on stderr), bounded on a device (``count --on DEVICE`` and
-``check --max-latency T --on DEVICE``: roofline lower bounds) and profiled (``profile``:
+forward timed, with progress on stderr), bounded on a device (``count --on PART`` and
+``check --max-latency T --on PART``: roofline lower bounds) and profiled (``profile``:
 measured time joined with cost per op)."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ BOUND_NAMES = {"eager": "eager per-op", "any": "any-implementation"}
 
 
 def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]:
-    """The roofline lower bound on ``--on DEVICE`` in seconds, and which bound it is (said on
+    """The roofline lower bound on ``--on PART`` in seconds, and which bound it is (said on
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
     an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
     from flopcount.devices import default_bound
@@ -105,7 +105,7 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]
 
 
 def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:
-    """The count's report with the lower bound on ``--on DEVICE`` added."""
+    """The count's report with the lower bound on ``--on PART`` added."""
     result = _predict(run, args, args.on)
     return with_section(text, args.format, "--on", "predict", result.to_dict(), lambda fmt: predict_table(result, fmt=fmt))
 

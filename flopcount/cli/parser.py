@@ -376,10 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(count)
     count.add_argument("--operators", action="store_true", help="also print the per-operator table (table and markdown formats)")
     count.add_argument("--strict", action="store_true", help="exit 3 when an op without a handler ran (the report is still printed)")
-    count.add_argument("--on", metavar="DEVICE", default=None,
-                       help="also give the roofline latency lower bound on the modeled DEVICE (h100, h200, a100, l4, t4, "
+    count.add_argument("--on", metavar="PART", default=None,
+                       help="also give the roofline latency lower bound on the modeled PART (h100, h200, a100, l4, t4, "
                        "'this machine'; no hardware needed)")
-    count.add_argument("--predict", dest="on", action=_DeprecatedFlag, new="--on", metavar="DEVICE")
+    count.add_argument("--predict", dest="on", action=_DeprecatedFlag, new="--on", metavar="PART")
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
@@ -424,9 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-latency-ms", type=_QUANTITY, metavar="X", help="highest median latency in ms (runs the benchmark)")
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
                         help="highest latency with its unit (s, ms, us, ns), e.g. 10ms or 2.5s; a bare number is refused: measured "
-                        "(median), or with --on DEVICE its roofline lower bound")
-    limits.add_argument("--on", metavar="DEVICE", default=None,
-                        help="check the latency budget against the lower bound on DEVICE (h100, 'H100 NVL', t4, "
+                        "(median), or with --on PART its roofline lower bound")
+    limits.add_argument("--on", metavar="PART", default=None,
+                        help="check the latency budget against the lower bound on PART (h100, 'H100 NVL', t4, "
                         "'this machine', ...; no hardware needed): above the budget is a certain FAIL, below it is not "
                         "decided without measuring (exit 3)")
     limits.add_argument("--bound", choices=("eager", "any"), default=None,
@@ -537,8 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                        help="process-group backend whose collective buffers the peak holds: nccl (in place; default) "
                        "or gloo (its reduce-scatter holds a copy of its input)")
-    setup.add_argument("--on", default="h100", metavar="GPU", help="the modeled GPU of the step-time roofline (default h100)")
-    setup.add_argument("--device", dest="on", action=_DeprecatedFlag, new="--on", metavar="GPU")
+    setup.add_argument("--on", default="h100", metavar="PART", help="the modeled GPU of the step-time roofline (default h100)")
+    setup.add_argument("--device", dest="on", action=_DeprecatedFlag, new="--on", metavar="PART")
     setup.add_argument("--link", default=None, metavar="LINK",
                        help="nvlink4, nvlink3, pcie5, pcie4, infiniband-ndr, infiniband-hdr..., bytes/s, or dp=LINK,tp=LINK")
     out = planner.add_argument_group("output")
@@ -595,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the cache (~/.cache/flopcount/roofs.json). See docs/devices.md."),
         epilog="examples:\n  flopcount roofs\n  flopcount roofs --remeasure\n  flopcount roofs 'H100 NVL' --format json",
     )
-    roofs.add_argument("part", nargs="?", default="this machine", metavar="DEVICE",
+    roofs.add_argument("part", nargs="?", default="this machine", metavar="PART",
                        help="'this machine' (default) or a part: h100, 'H100 NVL', 'A100 40GB PCIe', t4, ...")
     roofs.add_argument("--remeasure", action="store_true",
                        help="measure this machine's roofs again now (the cache keeps the best sane figures)")
