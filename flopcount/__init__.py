@@ -23,7 +23,6 @@ _EXPORTS: Dict[str, str] = {
     "diff": "diffs",
     "DiffResult": "diffs",
     "GrowthReport": "diffs",
-    "OpTotals": "core.results",
     "UnsupportedOp": "core.results",
     "Cost": "types",
     "OpCall": "types",
@@ -99,7 +98,6 @@ if TYPE_CHECKING:
     from flopcount.core.params import summarize_parameters as summarize_parameters
     from flopcount.core.registry import HandlerRegistry as HandlerRegistry
     from flopcount.core.results import FlopResult as FlopResult
-    from flopcount.core.results import OpTotals as OpTotals
     from flopcount.core.results import UnsupportedOp as UnsupportedOp
     from flopcount.core.results import load_report as load_report
     from flopcount.counting import count_flops as count_flops
@@ -140,6 +138,7 @@ if TYPE_CHECKING:
 #: access warns (DeprecationWarning) and is never cached; docs/migration.md.
 _DEPRECATED: Dict[str, Tuple[str, Callable[[], Any]]] = {
     "StepRecord": ("flopcount.StepTiming", lambda: importlib.import_module("flopcount.bench.steps").StepTiming),
+    "OpTotals": ("flopcount.core.rows.CostRow", lambda: importlib.import_module("flopcount.core.rows").CostRow),
 }
 
 

@@ -46,7 +46,7 @@ def escape_markdown(cell: object) -> str:
     return str(cell).replace("\\", "\\\\").replace("|", "\\|")
 
 
-def format_share(part: int, whole: int) -> str:
+def format_share(part: float, whole: float) -> str:
     return "-" if whole <= 0 else f"{100.0 * part / whole:.1f}%"
 
 

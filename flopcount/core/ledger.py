@@ -22,7 +22,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from flopcount.core.rows import CostRow
 from flopcount.types import COST_METRICS, Cost, OpEvent, ReplayedCall
 
-__all__ = ["MIXED", "TABLES", "Booked", "Ledger", "TOTAL_FIELDS", "cost_change", "expand_booked", "owners_of"]
+__all__ = ["MIXED", "TABLES", "Booked", "Ledger", "TOTAL_FIELDS", "cost_change", "cost_row", "expand_booked", "owners_of",
+           "summed_phase"]
 
 #: What the ledger books: an event and its cost (None: no handler), or a
 #: :class:`~flopcount.types.ReplayedCall` and the costs of its ops, in order
@@ -714,19 +715,38 @@ class Ledger:
             raise ValueError(f"table must be one of {', '.join(TABLES)}, got {table!r}")
         source: Mapping[Any, Sums] = getattr(self, table)
         if phase is None:
-            phase = next(iter(self.phases)) if len(self.phases) == 1 else "all"
+            phase = summed_phase(self.phases)
         times, marks = self.times[table], self.marks[table]
         made: Dict[Any, CostRow] = {}
         for key, sums in source.items():
-            if table == "rows":
-                name, module, row_phase = key
-            else:
-                name, module = key, key if table == "modules" else ""
-                row_phase = key if table == "phases" else phase
             extra: Dict[str, Any] = dict(zip(self.columns, times.get(key, [0.0] * len(self.columns))))
             extra.update((label, value) for label, value in zip(self.labels, marks.get(key, ())) if value is not None)
-            made[key] = CostRow(name, module, row_phase, sums[0], sums[2], sums[1], sums[3], sums[4], **extra)
+            made[key] = cost_row(table, key, sums, phase, **extra)
         return made
 
     def total(self) -> Sums:
         return list(self.modules.get("", [0] * _WIDTH))
+
+
+def summed_phase(phases: Iterable[str]) -> str:
+    """The phase of a row that sums over phases (by operator, by module): the one phase
+    booked, else "all"."""
+    booked = list(phases)
+    return booked[0] if len(booked) == 1 else "all"
+
+
+def cost_row(table: str, key: Any, sums: Sequence[float], phase: str, **columns: Any) -> CostRow:
+    """The :class:`CostRow` of ``key`` in one table (:data:`TABLES`), ``sums`` its booked
+    totals in :data:`TOTAL_FIELDS` order; the one convention of every reading's rows: a
+    "rows" key is (op, module, phase); an operator's row has module "" and a module's row
+    its own name as module, both with ``phase`` (:func:`summed_phase`); a phase's row is
+    named by its phase. ``columns``: the time columns and labels booked beside (CostRow fields)."""
+    if table == "rows":
+        name, module, row_phase = key
+    else:
+        name = key
+        module = key if table == "modules" else ""
+        row_phase = key if table == "phases" else phase
+    calls, macs, flops, bytes_read, bytes_written = sums
+    return CostRow(name, module, row_phase, calls=calls, flops=flops, macs=macs, bytes_read=bytes_read,
+                   bytes_written=bytes_written, **columns)

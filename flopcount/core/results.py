@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
-from flopcount.core.ledger import TOTAL_FIELDS, Booked, Ledger, cost_change, expand_booked
+from flopcount.core.deprecation import module_getattr
+from flopcount.core.ledger import TOTAL_FIELDS, Booked, Ledger, cost_change, cost_row, expand_booked, summed_phase
 from flopcount.core.rendering import render
+from flopcount.core.rows import CostRow
 from flopcount.errors import UsageError, is_int_at_least
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary
 
@@ -23,12 +25,15 @@ def _metric(metric: str, where: str) -> str:
         raise UsageError(f"{where}: metric must be one of {', '.join(map(repr, METRICS))}, got {metric!r}{hint}")
     return metric
 
-__all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "OpTotals", "UnsupportedOp", "aggregate", "load_report"]
+__all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "UnsupportedOp", "aggregate", "load_report"]
 
 
 @dataclass(frozen=True)
-class OpTotals:
-    """Calls, MACs, FLOPs and bytes moved of one operator (or of everything in one module)."""
+class _Totals:
+    """The count's tables' entry: calls, MACs, FLOPs and bytes moved of one operator (or of
+    everything in one module), the ledger's sums frozen (:data:`TOTAL_FIELDS`, in that order).
+    Kept small: a count holds one per distinct figures (issue #32). What the API gives is a
+    :class:`~flopcount.core.rows.CostRow` made from it (:meth:`FlopResult.operator_totals`)."""
 
     count: int = 0
     macs: int = 0
@@ -40,12 +45,6 @@ class OpTotals:
     def bytes(self) -> int:
         """Bytes read plus bytes written (the roofline's memory traffic)."""
         return self.bytes_read + self.bytes_written
-
-    @property
-    def intensity(self) -> Optional[float]:
-        """Arithmetic intensity, FLOPs per byte moved; None when nothing was moved."""
-        moved = self.bytes
-        return self.flops / moved if moved else None
 
     def get(self, metric: Metric) -> int:
         return int(getattr(self, metric))
@@ -88,10 +87,10 @@ class FlopResult:
     modules: Tuple[ModuleInfo, ...]
     parameters: ParamSummary
     input_description: str = ""
-    _operators: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
-    _modules: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
-    _module_ops: Mapping[str, Mapping[str, OpTotals]] = field(default_factory=dict, repr=False)
-    _phases: Mapping[str, OpTotals] = field(default_factory=dict, repr=False)
+    _operators: Mapping[str, _Totals] = field(default_factory=dict, repr=False)
+    _modules: Mapping[str, _Totals] = field(default_factory=dict, repr=False)
+    _module_ops: Mapping[str, Mapping[str, _Totals]] = field(default_factory=dict, repr=False)
+    _phases: Mapping[str, _Totals] = field(default_factory=dict, repr=False)
     _unsupported: Tuple[UnsupportedOp, ...] = field(default_factory=tuple, repr=False)
     _aliases: Mapping[str, Tuple[str, ...]] = field(default_factory=dict, repr=False)
     warnings: Tuple[str, ...] = ()
@@ -188,7 +187,7 @@ class FlopResult:
         """``{module name: FLOPs}`` including children, in ``named_modules()`` order;
         modules that never ran appear with 0."""
         _metric(metric, "by_module")
-        return {m.name: self._modules.get(m.name, OpTotals()).get(metric) for m in self.modules}
+        return {m.name: self._modules.get(m.name, _Totals()).get(metric) for m in self.modules}
 
     def by_module_and_operator(self, metric: Metric = "flops") -> Dict[str, Dict[str, int]]:
         """``{module name: {op: FLOPs}}`` including children's ops."""
@@ -200,19 +199,24 @@ class FlopResult:
         _metric(metric, "by_phase")
         return {phase: t.get(metric) for phase, t in self._phases.items()}
 
-    def operator_totals(self) -> Dict[str, OpTotals]:
-        """Calls, MACs and FLOPs per operator, largest FLOPs first."""
-        return dict(sorted(self._operators.items(), key=lambda kv: (-kv[1].flops, -kv[1].count, kv[0])))
+    def operator_totals(self) -> Dict[str, CostRow]:
+        """``{op: row}``: calls, MACs, FLOPs and bytes per operator, summed over modules and
+        phases, largest FLOPs first (the row type of ``predict``'s and ``profile``'s
+        ``by_operator()``, made from this count's table when called)."""
+        ordered = sorted(self._operators.items(), key=lambda kv: (-kv[1].flops, -kv[1].count, kv[0]))
+        phase = summed_phase(self._phases)
+        return {op: _cost_row("operators", op, totals, phase) for op, totals in ordered}
 
-    def module_totals(self, name: str) -> OpTotals:
-        """Calls, MACs and FLOPs of module ``name`` (children included; zeros for a module
-        that never ran). An unknown name raises ``KeyError``, as fvcore does."""
+    def module_totals(self, name: str) -> CostRow:
+        """The row of module ``name``: calls, MACs, FLOPs and bytes of the ops run inside it
+        (children included; zeros for a module that never ran), as ``predict``'s and
+        ``profile``'s ``by_module()[name]``. An unknown name raises ``KeyError``, as fvcore does."""
         totals = self._modules.get(name)
-        if totals is not None:
-            return totals
-        if name not in self._module_names():
-            raise KeyError(f"no module named {name!r} in this result (names are those of named_modules(); '' is the model)")
-        return OpTotals()
+        if totals is None:
+            if name not in self._module_names():
+                raise KeyError(f"no module named {name!r} in this result (names are those of named_modules(); '' is the model)")
+            totals = _Totals()
+        return _cost_row("modules", name, totals, summed_phase(self._phases))
 
     def _module_names(self) -> FrozenSet[str]:
         names: Optional[FrozenSet[str]] = self.__dict__.get("_names_cache")
@@ -258,43 +262,49 @@ class FlopResult:
         return self.table()
 
 
+def _cost_row(table: str, key: str, totals: _Totals, phase: str) -> CostRow:
+    """The ledger's row (:func:`~flopcount.core.ledger.cost_row`) of one entry of a count's table."""
+    sums = (totals.count, totals.macs, totals.flops, totals.bytes_read, totals.bytes_written)  # TOTAL_FIELDS' order
+    return cost_row(table, key, sums, phase)
+
+
 def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _frozen(table: Dict[str, Any], rows: Dict[Tuple[int, ...], OpTotals], in_place: bool = False) -> Dict[str, OpTotals]:
-    """``table`` as OpTotals; equal sums share one (``rows``: sums -> OpTotals, per result).
+def _frozen(table: Dict[str, Any], rows: Dict[Tuple[int, ...], _Totals], in_place: bool = False) -> Dict[str, _Totals]:
+    """``table`` as _Totals; equal sums share one (``rows``: sums -> _Totals, per result).
     ``in_place``: ``table`` (a dict its caller lets go: a ledger's) is given its rows and returned,
     the same keys in the same order, rather than a second dict as large beside it."""
     made: Dict[str, Any] = table if in_place else {}
     # a list several keys share (the totals of owners of one tree-booked table) is read once
     # (all of ``table``'s lists are alive here: their ids are distinct)
-    seen: Dict[int, OpTotals] = {}
+    seen: Dict[int, _Totals] = {}
     for key, sums in table.items():
         row = seen.get(id(sums))
         if row is None:
             figures = tuple(sums)
             row = rows.get(figures)
             if row is None:
-                row = rows[figures] = OpTotals(*figures)
+                row = rows[figures] = _Totals(*figures)
             seen[id(sums)] = row
         made[key] = row
     return made
 
 
-def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], OpTotals]) -> Dict[str, Mapping[str, OpTotals]]:
-    """Each module's ``{op: sums}`` as OpTotals, in place: ``tables`` (a ledger's, which its caller
+def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], _Totals]) -> Dict[str, Mapping[str, _Totals]]:
+    """Each module's ``{op: sums}`` as _Totals, in place: ``tables`` (a ledger's, which its caller
     lets go) is given the frozen tables, the ledger's lists let go as they are read (a second dict
     by module beside it was ~0.3 KiB per LLaMA layer at the count's peak, issue #32); equal tables
     share one (the 80 layers of a model whose layers do the same work: what the result holds per
     layer is its name, not its table)."""
     made = tables
-    # equal tables found by their keys and their rows' identities: ``rows`` makes one OpTotals
+    # equal tables found by their keys and their rows' identities: ``rows`` makes one _Totals
     # per figures, so equal rows are one object (hashing ids, not each row's dataclass hash)
-    shared: Dict[Tuple[Tuple[str, int], ...], Dict[str, OpTotals]] = {}
+    shared: Dict[Tuple[Tuple[str, int], ...], Dict[str, _Totals]] = {}
     # a ledger table several owners share (equal subtrees of a tree booking) is frozen once; ids
     # of the ledger's tables are distinct (all alive when called), a replaced one is never looked up
-    done: Dict[int, Dict[str, OpTotals]] = {}
+    done: Dict[int, Dict[str, _Totals]] = {}
     for name, table in tables.items():  # a value replaced, no key added: the iteration goes on
         frozen = done.get(id(table))
         if frozen is None:
@@ -306,13 +316,13 @@ def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], OpTotals]
 
 def _with_tables(
     base: FlopResult,
-    operators: Mapping[str, OpTotals],
-    modules: Mapping[str, OpTotals],
-    module_ops: Mapping[str, Mapping[str, OpTotals]],
-    phases: Mapping[str, OpTotals],
+    operators: Mapping[str, _Totals],
+    modules: Mapping[str, _Totals],
+    module_ops: Mapping[str, Mapping[str, _Totals]],
+    phases: Mapping[str, _Totals],
 ) -> FlopResult:
     """``base`` holding these tables, its totals those of the whole model (module "")."""
-    total = modules.get("", OpTotals())
+    total = modules.get("", _Totals())
     return replace(
         base,
         flops=total.flops,
@@ -366,7 +376,7 @@ def aggregate(
             return _deferred(base, totals, _Deferred(booked))
         costed = events
     ledger = Ledger(aliases).book_all(costed)
-    rows: Dict[Tuple[int, ...], OpTotals] = {}
+    rows: Dict[Tuple[int, ...], _Totals] = {}
     return _with_tables(
         _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps),
         _frozen(ledger.operators, rows), _frozen(ledger.modules, rows, in_place=True), _frozen_tables(ledger.module_ops, rows),
@@ -539,15 +549,15 @@ def _apply(result: FlopResult, delta: Ledger) -> FlopResult:
     )
 
 
-def _plus(table: Mapping[str, OpTotals], delta: Mapping[str, Sequence[int]]) -> Dict[str, OpTotals]:
+def _plus(table: Mapping[str, _Totals], delta: Mapping[str, Sequence[int]]) -> Dict[str, _Totals]:
     """``table`` with ``delta`` added to its rows (new keys appended in the delta's order)."""
     out = dict(table)
     for key, sums in delta.items():
         base = out.get(key)
         if base is None:
-            out[key] = OpTotals(*sums)
+            out[key] = _Totals(*sums)
         else:
-            out[key] = OpTotals(base.count + sums[0], base.macs + sums[1], base.flops + sums[2],
+            out[key] = _Totals(base.count + sums[0], base.macs + sums[1], base.flops + sums[2],
                                 base.bytes_read + sums[3], base.bytes_written + sums[4])
     return out
 
@@ -601,9 +611,9 @@ class _Reader:
             raise self.fail(key, "expected a list of strings")
         return tuple(value)
 
-    def totals(self, row: Mapping[str, Any], where: str, count: bool) -> OpTotals:
+    def totals(self, row: Mapping[str, Any], where: str, count: bool) -> _Totals:
         sums = [self.int(row, key, where) for key in _TOTAL_KEYS]
-        return OpTotals(self.int(row, "count", where) if count else 0, *sums)
+        return _Totals(self.int(row, "count", where) if count else 0, *sums)
 
 
 def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: str) -> FlopResult:
@@ -632,7 +642,7 @@ def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: st
         active=None if active == params else active,
     )
     modules: List[ModuleInfo] = []
-    module_totals: Dict[str, OpTotals] = {}
+    module_totals: Dict[str, _Totals] = {}
     for name, row in read.table(data, "by_module").items():
         where = f"by_module[{name!r}]"
         type_name = read.get(row, "type", where)
@@ -685,3 +695,7 @@ def load_report(path: Any) -> FlopResult:
     except json.JSONDecodeError as exc:
         raise UsageError(f"report {target}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     return FlopResult.from_dict(data, source=f"report {target}")
+
+
+# 0.2's public row of operator_totals() and module_totals(): the one row type of every reading now
+__getattr__ = module_getattr(__name__, {"OpTotals": ("flopcount.core.rows.CostRow", lambda: CostRow)})

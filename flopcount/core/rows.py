@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
+from flopcount.core.deprecation import warn_renamed
 from flopcount.devices.roofline import Bound, bound, efficiency, intensity
 
 __all__ = ["ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "BookedRows", "Category", "CostRow", "TimeSource"]
@@ -63,8 +64,16 @@ class CostRow:
 
     @property
     def count(self) -> float:
-        """``calls`` under the count's name (:class:`flopcount.core.results.OpTotals`)."""
+        """``calls`` under the count's 0.2 name (``OpTotals.count``, and the ``count`` key of
+        ``FlopResult.to_dict()``'s operators)."""
         return self.calls
+
+    def get(self, metric: str) -> float:
+        """Deprecated (0.2's ``OpTotals.get``): the field or property ``metric``
+        ("flops", "macs", "count", "bytes", ...); read the attribute instead."""
+        warn_renamed("CostRow.get(metric)", "the attribute (row.flops, row.calls, row.bytes...)")
+        value: float = getattr(self, metric)
+        return value
 
     @property
     def latency_s(self) -> float:

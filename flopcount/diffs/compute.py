@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-from flopcount.core.results import FlopResult, OpTotals, load_report
+from flopcount.core.results import FlopResult, load_report
+from flopcount.core.rows import CostRow
 from flopcount.diffs.result import METRICS, Change, DiffResult, Number, Status
 from flopcount.errors import UsageError
 
@@ -45,7 +46,7 @@ def totals_of(result: FlopResult) -> Dict[str, Number]:
     return values
 
 
-def _values(first: str, value: Number, t: OpTotals) -> Dict[str, Number]:
+def _values(first: str, value: Number, t: CostRow) -> Dict[str, Number]:
     """A row's metrics: ``first`` (a module's params, an operator's calls), then its MACs, FLOPs and bytes."""
     return {first: value, "macs": t.macs, "flops": t.flops, "bytes": t.bytes}
 
@@ -56,7 +57,7 @@ def _modules(result: FlopResult) -> Dict[Tuple[str, str], Tuple[int, Dict[str, N
 
 
 def _operators(result: FlopResult) -> Dict[str, Dict[str, Number]]:
-    return {op: _values("count", t.count, t) for op, t in result.operator_totals().items()}
+    return {op: _values("count", t.calls, t) for op, t in result.operator_totals().items()}
 
 
 def _status(a: Optional[Mapping[str, Number]], b: Optional[Mapping[str, Number]]) -> Status:

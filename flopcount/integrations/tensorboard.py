@@ -94,5 +94,5 @@ def summary_writer() -> Any:
 
 def _operator_markdown(result: Any) -> str:
     ordered = sorted(result.operator_totals().items(), key=lambda kv: -kv[1].flops)
-    rows = [f"| {op} | {t.flops:,} | {t.macs:,} | {t.count} |" for op, t in ordered]
+    rows = [f"| {op} | {t.flops:,} | {t.macs:,} | {t.calls} |" for op, t in ordered]
     return "\n".join(["| operator | FLOPs | MACs | calls |", "|---|---:|---:|---:|", *rows])

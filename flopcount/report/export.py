@@ -43,7 +43,7 @@ def result_to_dict(result: FlopResult) -> Dict[str, Any]:
         "size_bytes": params.size_bytes,
         **{key: getattr(result, key) for key in ("bytes_read", "bytes_written")},
         "by_phase": {phase: {metric: phases[metric][phase] for metric in _METRICS} for phase in phases["flops"]},
-        "by_operator": {op: {"count": t.count, **{metric: getattr(t, metric) for metric in _METRICS}}
+        "by_operator": {op: {"count": t.calls, **{metric: getattr(t, metric) for metric in _METRICS}}
                         for op, t in result.operator_totals().items()},
         "by_module": {m.name: _module(result, m) for m in result.modules},
         "unsupported_ops": {u.op: {"count": u.count, "modules": list(u.modules)} for u in result.unsupported_details()},

@@ -47,7 +47,7 @@ def check_plot_path(path: Union[str, Path]) -> None:
         raise UsageError(f"--plot {path}: unsupported image type {suffix or '(none)'!r}; use one of {', '.join(sorted(supported))}")
 
 
-def _leaves(result: FlopResult, depth: Optional[int]) -> List[Tuple[str, int]]:
+def _leaves(result: FlopResult, depth: Optional[int]) -> List[Tuple[str, float]]:
     """``[(label, FLOPs)]`` of the leaves of the module tree cut at ``depth`` (a module at
     ``depth``, or a shallower one without children; all leaves with no ``depth``), largest first."""
     names = [m.name for m in result.modules if m.name]
@@ -89,7 +89,7 @@ def choose_depth(result: FlopResult, top: int = 15, explained: float = EXPLAINED
     return chosen if chosen is not None else best
 
 
-def top_modules(result: FlopResult, top: int = 15, depth: Optional[int] = None) -> List[Tuple[str, int]]:
+def top_modules(result: FlopResult, top: int = 15, depth: Optional[int] = None) -> List[Tuple[str, float]]:
     """``[(module, FLOPs)]`` of the ``top`` costliest modules, largest first, plus one
     ``("other (k modules)", FLOPs)`` entry for the rest, so the bars add up to the total.
 

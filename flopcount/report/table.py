@@ -12,7 +12,8 @@ from flopcount.types import CONVENTION
 from flopcount.units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
-    from flopcount.core.results import FlopResult, ModuleInfo, OpTotals
+    from flopcount.core.results import FlopResult, ModuleInfo
+    from flopcount.core.rows import CostRow
 
 
 def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simple", align: Optional[Sequence[str]] = None,
@@ -24,8 +25,8 @@ def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simp
     return tabulate(rows, headers=headers, tablefmt=fmt, colalign=align, **options)
 
 
-def module_rows(result: FlopResult, max_depth: Optional[int] = None) -> Iterator[Tuple[ModuleInfo, OpTotals]]:
-    """Each module down to ``max_depth`` (all without it) with its totals, children included."""
+def module_rows(result: FlopResult, max_depth: Optional[int] = None) -> Iterator[Tuple[ModuleInfo, CostRow]]:
+    """Each module down to ``max_depth`` (all without it) with its row, children included."""
     return ((info, result.module_totals(info.name)) for info in result.modules if max_depth is None or info.depth <= max_depth)
 
 
@@ -125,7 +126,7 @@ def operator_table(result: FlopResult, fmt: str = "simple", *, footer: bool = Tr
     ``footer=False`` leaves out the totals lines and notes (when a module table above shows them)."""
     total = result.flops
     rows: List[List[Any]] = [
-        [op, t.count, format_count(t.macs), format_count(t.flops), format_share(t.flops, total)]
+        [op, t.calls, format_count(t.macs), format_count(t.flops), format_share(t.flops, total)]
         for op, t in result.operator_totals().items()
     ]
     rows += [[f"{u.op} (no handler)", u.count, "?", "?", "-"] for u in result.unsupported_details()]
