@@ -125,3 +125,16 @@ def test_op_totals_is_a_deprecated_name_for_cost_row() -> None:
     assert "OpTotals" not in flopcount.__all__ and "OpTotals" not in results.__all__
     with pytest.warns(DeprecationWarning, match=r"CostRow\.get\(metric\)"):
         assert row.get("flops") == row.flops == 4 * 2 * BATCH * IN * HIDDEN  # four Linear calls
+
+
+def test_a_count_row_says_its_dtype_was_not_recorded() -> None:
+    # a count books no dtype: its rows say so ("") rather than CostRow's default "float32",
+    # which a bfloat16 model's rows would have claimed; predict's rows carry the dtype its calls
+    # computed in
+    model, x = _model()
+    model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    count = flopcount.count_flops(model, x)
+    bound = flopcount.predict(model, x, on="h100")
+    assert {row.dtype for row in count.operator_totals().values()} == {""}
+    assert count.module_totals("b").dtype == ""
+    assert bound.by_operator()["aten::linear"].dtype == "bfloat16"

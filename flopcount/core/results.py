@@ -262,10 +262,15 @@ class FlopResult:
         return self.table()
 
 
+#: a count's rows' ``dtype``: a count books no dtype (``predict``'s rows carry the ones its calls
+#: computed in); empty, not CostRow's default "float32", which would be wrong for a bf16 model
+NOT_RECORDED = ""
+
+
 def _cost_row(table: str, key: str, totals: _Totals, phase: str) -> CostRow:
     """The ledger's row (:func:`~flopcount.core.ledger.cost_row`) of one entry of a count's table."""
     sums = (totals.count, totals.macs, totals.flops, totals.bytes_read, totals.bytes_written)  # TOTAL_FIELDS' order
-    return cost_row(table, key, sums, phase)
+    return cost_row(table, key, sums, phase, dtype=NOT_RECORDED)
 
 
 def _sorted(values: Dict[str, int]) -> Dict[str, int]:
