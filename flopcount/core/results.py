@@ -132,8 +132,10 @@ class FlopResult:
         ``FlopResult.from_dict(d).to_dict() == d``, key order included. Version
         :data:`~flopcount.types.REPORT_SCHEMA_VERSION` is read; a newer or missing version is
         refused with a :class:`~flopcount.errors.UsageError` naming ``source``. What the JSON
-        does not hold is not restored: ``by_module_and_operator()`` is empty and the
-        estimate notes are plain warnings."""
+        does not hold is not restored: ``by_module_and_operator()`` is empty, a module's row
+        (``module_totals(name)``) has ``calls`` 0 (the JSON holds how often each module was
+        called, in :attr:`modules`, not how many op calls ran inside it) and the estimate notes
+        are plain warnings."""
         return _result_from_dict(cls, data, source)
 
     @property
