@@ -264,18 +264,19 @@ class Counter:
         for run, _ in runs:
             for name, count in run.module_calls.items():
                 calls[name] = calls.get(name, 0) + count
-        result = self._result([pair for _, costed in runs for pair in costed], calls, description,
-                              tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
-                              tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)))
-        reused = sum(run.reused_calls for run, _ in runs)
-        return replace(result, reused_calls=reused) if reused else result
+        return self._result([pair for _, costed in runs for pair in costed], calls, description,
+                            tuple(dict.fromkeys(w for run, _ in runs for w in run.warnings)),
+                            tuple(dict.fromkeys(g for run, _ in runs for g in run.gaps)),
+                            reused_calls=sum(run.reused_calls for run, _ in runs))
 
     def _result(self, costed: Costed, calls: Mapping[str, int], description: str, warnings: Tuple[str, ...],
-                gaps: Tuple[str, ...]) -> FlopResult:
-        """The forward's result, as :func:`flopcount.core.analysis.analyze` books it (its tables on first read)."""
-        return aggregate(costed, tracer="dispatch", modules=self.facts.module_infos(calls), parameters=self.facts.summary,
-                         input_description=description, warnings=warnings, gaps=gaps, aliases=self.facts.aliases,
-                         deferred=True)
+                gaps: Tuple[str, ...], reused_calls: int) -> FlopResult:
+        """The forward's result, as :func:`flopcount.core.analysis.analyze` books it (its tables on
+        first read), with the calls its trace(s) reused."""
+        result = aggregate(costed, tracer="dispatch", modules=self.facts.module_infos(calls), parameters=self.facts.summary,
+                           input_description=description, warnings=warnings, gaps=gaps, aliases=self.facts.aliases,
+                           deferred=True)
+        return replace(result, reused_calls=reused_calls) if reused_calls else result
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
         """Run a forward that is not counted (for its output: the cache it fills). With real
@@ -298,7 +299,6 @@ class Counter:
         prepared = prepare_call((), call)
         run = self._run(prepared)
         costed = self._costed(run)
-        result = self._result(costed, run.module_calls, self._described(prepared), run.warnings, run.gaps)
-        if run.reused_calls:
-            result = replace(result, reused_calls=run.reused_calls)
+        result = self._result(costed, run.module_calls, self._described(prepared), run.warnings, run.gaps,
+                              reused_calls=run.reused_calls)
         return run, costed, result
