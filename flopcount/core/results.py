@@ -29,7 +29,7 @@ __all__ = ["CONVENTION", "FlopResult", "ModuleInfo", "UnsupportedOp", "aggregate
 
 
 @dataclass(frozen=True)
-class _Totals:
+class Totals:
     """The count's tables' entry: calls, MACs, FLOPs and bytes moved of one operator (or of
     everything in one module), the ledger's sums frozen (:data:`TOTAL_FIELDS`, in that order).
     Kept small: a count holds one per distinct figures (issue #32). What the API gives is a
@@ -87,10 +87,10 @@ class FlopResult:
     modules: Tuple[ModuleInfo, ...]
     parameters: ParamSummary
     input_description: str = ""
-    _operators: Mapping[str, _Totals] = field(default_factory=dict, repr=False)
-    _modules: Mapping[str, _Totals] = field(default_factory=dict, repr=False)
-    _module_ops: Mapping[str, Mapping[str, _Totals]] = field(default_factory=dict, repr=False)
-    _phases: Mapping[str, _Totals] = field(default_factory=dict, repr=False)
+    _operators: Mapping[str, Totals] = field(default_factory=dict, repr=False)
+    _modules: Mapping[str, Totals] = field(default_factory=dict, repr=False)
+    _module_ops: Mapping[str, Mapping[str, Totals]] = field(default_factory=dict, repr=False)
+    _phases: Mapping[str, Totals] = field(default_factory=dict, repr=False)
     _unsupported: Tuple[UnsupportedOp, ...] = field(default_factory=tuple, repr=False)
     _aliases: Mapping[str, Tuple[str, ...]] = field(default_factory=dict, repr=False)
     warnings: Tuple[str, ...] = ()
@@ -189,7 +189,7 @@ class FlopResult:
         """``{module name: FLOPs}`` including children, in ``named_modules()`` order;
         modules that never ran appear with 0."""
         _metric(metric, "by_module")
-        return {m.name: self._modules.get(m.name, _Totals()).get(metric) for m in self.modules}
+        return {m.name: self._modules.get(m.name, Totals()).get(metric) for m in self.modules}
 
     def by_module_and_operator(self, metric: Metric = "flops") -> Dict[str, Dict[str, int]]:
         """``{module name: {op: FLOPs}}`` including children's ops."""
@@ -213,12 +213,18 @@ class FlopResult:
         """The row of module ``name``: calls, MACs, FLOPs and bytes of the ops run inside it
         (children included; zeros for a module that never ran), as ``predict``'s and
         ``profile``'s ``by_module()[name]``. An unknown name raises ``KeyError``, as fvcore does."""
+        return _cost_row("modules", name, self._module_sums(name), summed_phase(self._phases))
+
+    def _module_sums(self, name: str) -> Totals:
+        """Module ``name``'s sums as this count keeps them, no row made: what the renderers read
+        for each of thousands of modules (a :class:`CostRow` costs ~3 us to make). Zeros for a
+        module that never ran; an unknown name raises ``KeyError``."""
         totals = self._modules.get(name)
         if totals is None:
             if name not in self._module_names():
                 raise KeyError(f"no module named {name!r} in this result (names are those of named_modules(); '' is the model)")
-            totals = _Totals()
-        return _cost_row("modules", name, totals, summed_phase(self._phases))
+            totals = Totals()
+        return totals
 
     def _module_names(self) -> FrozenSet[str]:
         names: Optional[FrozenSet[str]] = self.__dict__.get("_names_cache")
@@ -269,7 +275,7 @@ class FlopResult:
 NOT_RECORDED = ""
 
 
-def _cost_row(table: str, key: str, totals: _Totals, phase: str) -> CostRow:
+def _cost_row(table: str, key: str, totals: Totals, phase: str) -> CostRow:
     """The ledger's row (:func:`~flopcount.core.ledger.cost_row`) of one entry of a count's table."""
     sums = (totals.count, totals.macs, totals.flops, totals.bytes_read, totals.bytes_written)  # TOTAL_FIELDS' order
     return cost_row(table, key, sums, phase, dtype=NOT_RECORDED)
@@ -279,39 +285,39 @@ def _sorted(values: Dict[str, int]) -> Dict[str, int]:
     return dict(sorted(values.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _frozen(table: Dict[str, Any], rows: Dict[Tuple[int, ...], _Totals], in_place: bool = False) -> Dict[str, _Totals]:
-    """``table`` as _Totals; equal sums share one (``rows``: sums -> _Totals, per result).
+def _frozen(table: Dict[str, Any], rows: Dict[Tuple[int, ...], Totals], in_place: bool = False) -> Dict[str, Totals]:
+    """``table`` as Totals; equal sums share one (``rows``: sums -> Totals, per result).
     ``in_place``: ``table`` (a dict its caller lets go: a ledger's) is given its rows and returned,
     the same keys in the same order, rather than a second dict as large beside it."""
     made: Dict[str, Any] = table if in_place else {}
     # a list several keys share (the totals of owners of one tree-booked table) is read once
     # (all of ``table``'s lists are alive here: their ids are distinct)
-    seen: Dict[int, _Totals] = {}
+    seen: Dict[int, Totals] = {}
     for key, sums in table.items():
         row = seen.get(id(sums))
         if row is None:
             figures = tuple(sums)
             row = rows.get(figures)
             if row is None:
-                row = rows[figures] = _Totals(*figures)
+                row = rows[figures] = Totals(*figures)
             seen[id(sums)] = row
         made[key] = row
     return made
 
 
-def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], _Totals]) -> Dict[str, Mapping[str, _Totals]]:
-    """Each module's ``{op: sums}`` as _Totals, in place: ``tables`` (a ledger's, which its caller
+def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], Totals]) -> Dict[str, Mapping[str, Totals]]:
+    """Each module's ``{op: sums}`` as Totals, in place: ``tables`` (a ledger's, which its caller
     lets go) is given the frozen tables, the ledger's lists let go as they are read (a second dict
     by module beside it was ~0.3 KiB per LLaMA layer at the count's peak, issue #32); equal tables
     share one (the 80 layers of a model whose layers do the same work: what the result holds per
     layer is its name, not its table)."""
     made = tables
-    # equal tables found by their keys and their rows' identities: ``rows`` makes one _Totals
+    # equal tables found by their keys and their rows' identities: ``rows`` makes one Totals
     # per figures, so equal rows are one object (hashing ids, not each row's dataclass hash)
-    shared: Dict[Tuple[Tuple[str, int], ...], Dict[str, _Totals]] = {}
+    shared: Dict[Tuple[Tuple[str, int], ...], Dict[str, Totals]] = {}
     # a ledger table several owners share (equal subtrees of a tree booking) is frozen once; ids
     # of the ledger's tables are distinct (all alive when called), a replaced one is never looked up
-    done: Dict[int, Dict[str, _Totals]] = {}
+    done: Dict[int, Dict[str, Totals]] = {}
     for name, table in tables.items():  # a value replaced, no key added: the iteration goes on
         frozen = done.get(id(table))
         if frozen is None:
@@ -323,13 +329,13 @@ def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], _Totals])
 
 def _with_tables(
     base: FlopResult,
-    operators: Mapping[str, _Totals],
-    modules: Mapping[str, _Totals],
-    module_ops: Mapping[str, Mapping[str, _Totals]],
-    phases: Mapping[str, _Totals],
+    operators: Mapping[str, Totals],
+    modules: Mapping[str, Totals],
+    module_ops: Mapping[str, Mapping[str, Totals]],
+    phases: Mapping[str, Totals],
 ) -> FlopResult:
     """``base`` holding these tables, its totals those of the whole model (module "")."""
-    total = modules.get("", _Totals())
+    total = modules.get("", Totals())
     return replace(
         base,
         flops=total.flops,
@@ -383,7 +389,7 @@ def aggregate(
             return _deferred(base, totals, _Deferred(booked))
         costed = events
     ledger = Ledger(aliases).book_all(costed)
-    rows: Dict[Tuple[int, ...], _Totals] = {}
+    rows: Dict[Tuple[int, ...], Totals] = {}
     return _with_tables(
         _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps),
         _frozen(ledger.operators, rows), _frozen(ledger.modules, rows, in_place=True), _frozen_tables(ledger.module_ops, rows),
@@ -556,15 +562,15 @@ def _apply(result: FlopResult, delta: Ledger) -> FlopResult:
     )
 
 
-def _plus(table: Mapping[str, _Totals], delta: Mapping[str, Sequence[int]]) -> Dict[str, _Totals]:
+def _plus(table: Mapping[str, Totals], delta: Mapping[str, Sequence[int]]) -> Dict[str, Totals]:
     """``table`` with ``delta`` added to its rows (new keys appended in the delta's order)."""
     out = dict(table)
     for key, sums in delta.items():
         base = out.get(key)
         if base is None:
-            out[key] = _Totals(*sums)
+            out[key] = Totals(*sums)
         else:
-            out[key] = _Totals(base.count + sums[0], base.macs + sums[1], base.flops + sums[2],
+            out[key] = Totals(base.count + sums[0], base.macs + sums[1], base.flops + sums[2],
                                 base.bytes_read + sums[3], base.bytes_written + sums[4])
     return out
 
@@ -618,9 +624,9 @@ class _Reader:
             raise self.fail(key, "expected a list of strings")
         return tuple(value)
 
-    def totals(self, row: Mapping[str, Any], where: str, count: bool) -> _Totals:
+    def totals(self, row: Mapping[str, Any], where: str, count: bool) -> Totals:
         sums = [self.int(row, key, where) for key in _TOTAL_KEYS]
-        return _Totals(self.int(row, "count", where) if count else 0, *sums)
+        return Totals(self.int(row, "count", where) if count else 0, *sums)
 
 
 def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: str) -> FlopResult:
@@ -649,7 +655,7 @@ def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: st
         active=None if active == params else active,
     )
     modules: List[ModuleInfo] = []
-    module_totals: Dict[str, _Totals] = {}
+    module_totals: Dict[str, Totals] = {}
     for name, row in read.table(data, "by_module").items():
         where = f"by_module[{name!r}]"
         type_name = read.get(row, "type", where)

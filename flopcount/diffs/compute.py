@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-from flopcount.core.results import FlopResult, load_report
+from flopcount.core.results import FlopResult, Totals, load_report
 from flopcount.core.rows import CostRow
 from flopcount.diffs.result import METRICS, Change, DiffResult, Number, Status
 from flopcount.errors import UsageError
@@ -46,13 +46,13 @@ def totals_of(result: FlopResult) -> Dict[str, Number]:
     return values
 
 
-def _values(first: str, value: Number, t: CostRow) -> Dict[str, Number]:
+def _values(first: str, value: Number, t: Union[CostRow, Totals]) -> Dict[str, Number]:
     """A row's metrics: ``first`` (a module's params, an operator's calls), then its MACs, FLOPs and bytes."""
     return {first: value, "macs": t.macs, "flops": t.flops, "bytes": t.bytes}
 
 
 def _modules(result: FlopResult) -> Dict[Tuple[str, str], Tuple[int, Dict[str, Number]]]:
-    return {(info.name, info.type_name): (info.depth, _values("params", info.params, result.module_totals(info.name)))
+    return {(info.name, info.type_name): (info.depth, _values("params", info.params, result._module_sums(info.name)))
             for info in result.modules}
 
 

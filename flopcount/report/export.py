@@ -20,7 +20,7 @@ _METRICS: Tuple[Literal["macs", "flops", "bytes_read", "bytes_written"], ...] = 
 
 def _module(result: FlopResult, info: Any) -> Dict[str, Any]:
     """A module's row: its type, depth, calls, params and the cost of its calls (children included)."""
-    totals = result.module_totals(info.name)
+    totals = result._module_sums(info.name)
     return {"type": info.type_name, "depth": info.depth, "calls": info.calls, "params": info.params,
             **{metric: getattr(totals, metric) for metric in _METRICS}}
 

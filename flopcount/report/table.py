@@ -12,8 +12,7 @@ from flopcount.types import CONVENTION
 from flopcount.units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
-    from flopcount.core.results import FlopResult, ModuleInfo
-    from flopcount.core.rows import CostRow
+    from flopcount.core.results import FlopResult, ModuleInfo, Totals
 
 
 def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simple", align: Optional[Sequence[str]] = None,
@@ -25,9 +24,9 @@ def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simp
     return tabulate(rows, headers=headers, tablefmt=fmt, colalign=align, **options)
 
 
-def module_rows(result: FlopResult, max_depth: Optional[int] = None) -> Iterator[Tuple[ModuleInfo, CostRow]]:
-    """Each module down to ``max_depth`` (all without it) with its row, children included."""
-    return ((info, result.module_totals(info.name)) for info in result.modules if max_depth is None or info.depth <= max_depth)
+def module_rows(result: FlopResult, max_depth: Optional[int] = None) -> Iterator[Tuple[ModuleInfo, Totals]]:
+    """Each module down to ``max_depth`` (all without it) with its sums, children included."""
+    return ((info, result._module_sums(info.name)) for info in result.modules if max_depth is None or info.depth <= max_depth)
 
 
 def phases_label(result: FlopResult) -> str:
