@@ -18,7 +18,10 @@ can depend on that we can see:
   attributes keyed;
 * every argument: tensors by that metadata and by which arguments are the same tensor,
   Python scalars, dtypes, devices and None by value, tuples/lists/dicts of those;
-* the process settings ops read: default dtype, grad mode, autocast state.
+* the process settings ops read: default dtype, grad mode, autocast state;
+* the globals the subtree's ``forward`` functions name (their code and the code nested in it,
+  through ``__wrapped__``) that hold Python data: scalars, tuples, lists, dicts, sets and
+  tensors, keyed as attributes are (a flag or counter set between two layers splits the key).
 
 A call whose key was seen before, and whose earlier call was *clean*, is a hit: it is
 recorded as one :class:`~flopcount.types.ReplayedCall` (the earlier call's ops, shared, under module
@@ -32,10 +35,12 @@ process-wide module hook), a call inside an intercepted composite, and any key w
 call was not clean: it changed an attribute of its subtree (a counter), what a container or a
 plain object (a config) held by one holds, needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
-outside its subtree's modules, or returned something other than tensors, scalars, None,
-tuples and lists. Reading state outside the subtree (a global, another module's attribute,
-an object two levels down) is not visible here: a forward whose work depends on such state that changes between two
-calls of equal key would be counted from the first call.
+outside its subtree's modules, wrote a global its forwards name (``global step; step += 1``),
+or returned something other than tensors, scalars, None, tuples and lists. Reading other state
+outside the subtree (a global named only by a function the forward calls, another module's
+attribute, an object two levels down, a global object's attributes) is not visible here: a forward
+whose work depends on such state that changes between two calls of equal key would be counted
+from the first call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
 needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` turns it off
@@ -44,15 +49,17 @@ needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` t
 
 from __future__ import annotations
 
+import dis
 import functools
 import os
 import sys
 import threading
+import weakref
 from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
-from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
+from types import CodeType, MappingProxyType
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, cast, overload
 
 import torch
 from torch import nn
@@ -479,7 +486,7 @@ class Reuse:
             tensors: List[Any] = []
             caches: List[Any] = []
             key = (self._structure(wrapped, order), self._value(args, tensors, caches),
-                   self._value(kwargs, tensors, caches), _settings())
+                   self._value(kwargs, tensors, caches), _settings(), self._globals_key(order))
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
             if entry is not None and entry.clean:
@@ -620,6 +627,8 @@ class Reuse:
                     self._unwatch(watch, order)
             if watch is None and self._cache_events != events:
                 return out  # a cache changed inside it (replayed there, or a first call): not booked again
+            if self._globals_key(order) != key[-1]:
+                return out  # it wrote a global its forwards name (a counter, a flag): traced from now on
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
@@ -1187,6 +1196,25 @@ class Reuse:
                     found.append((name, id(value), own))
         return found
 
+    def _globals_key(self, order: List[nn.Module]) -> Tuple[Any, ...]:
+        """The Python data the subtree's forwards name as globals (:func:`_named_globals`), each
+        keyed as an attribute is; a name not bound is left out. Functions, classes, Python modules
+        and other objects (a logger) are code and services, not the state a forward's work
+        depends on: left out too."""
+        found: List[Any] = []
+        seen: Dict[Any, None] = {}
+        for module in order:
+            forward = type(module).forward
+            if forward in seen:
+                continue
+            seen[forward] = None
+            for namespace, names in _named_globals(forward):
+                for name in names:
+                    value = namespace.get(name, _MISSING)
+                    if value is not _MISSING and isinstance(value, _GLOBAL_DATA):
+                        found.append((name, self._attribute(value)))
+        return tuple(found)
+
     def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
         # a module's tensors are the fake copy's own: their metadata is read once (the shape
         # cache refuses ops that change metadata in place, and a rebinding changes the object)
@@ -1319,6 +1347,53 @@ def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
     """Which of ``where`` are the same slot: each item's first position."""
     first: Dict[Tuple[int, int], int] = {}
     return tuple([first.setdefault(w, len(first)) for w in where])
+
+
+# the globals a key holds: Python data a forward can branch on or compute with
+_GLOBAL_DATA = cast(Tuple[type, ...], tuple(_SCALARS)) + (tuple, list, dict, set, frozenset, torch.Tensor)
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
+# forward function -> its (globals namespace, names) pairs: read once per function per process
+_NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[str, ...]], ...]
+_NAMED_GLOBALS: weakref.WeakKeyDictionary[Any, _NamedGlobals] = weakref.WeakKeyDictionary()
+
+
+def _named_globals(forward: Any) -> _NamedGlobals:
+    """The global names ``forward``'s code reads, writes or deletes (builtins included), with the
+    namespace they are looked up in; of each function a decorator wraps (``__wrapped__``) too."""
+    try:
+        return _NAMED_GLOBALS[forward]
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referable (a callable object): read each time
+        return _globals_of(forward)
+    found = _NAMED_GLOBALS[forward] = _globals_of(forward)
+    return found
+
+
+def _globals_of(forward: Any) -> _NamedGlobals:
+    parts: List[Tuple[Dict[str, Any], Tuple[str, ...]]] = []
+    seen = set()
+    function = forward
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
+        if isinstance(code, CodeType) and isinstance(namespace, dict):
+            names = tuple(dict.fromkeys(_global_names(code)))
+            if names:
+                parts.append((namespace, names))
+        function = getattr(function, "__wrapped__", None)
+    return tuple(parts)
+
+
+def _global_names(code: CodeType) -> Iterator[str]:
+    """The global names of ``code`` and of the code nested in it (comprehensions, lambdas,
+    inner functions)."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _GLOBAL_OPS:
+            yield instruction.argval
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            yield from _global_names(constant)
 
 
 def _settings() -> Tuple[Any, ...]:

@@ -220,6 +220,76 @@ def test_a_counter_in_a_shared_object_is_traced_not_reused():
     assert _reused(model, inputs) == 0
 
 
+# a module-level counter and flag, as some research code keeps a step or a mode in a global
+GLOBAL_STEP = 0
+GLOBAL_MODE = {"extra": False}
+GLOBAL_SCALE = 2
+
+
+class CountingInAGlobal(nn.Module):
+    """The counter above, in a global its forward writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        global GLOBAL_STEP
+        GLOBAL_STEP += 1
+        if GLOBAL_STEP % 2 == 0:
+            x = self.fc(x)
+        return self.fc(x)
+
+
+def test_a_counter_in_a_global_is_traced_not_reused():
+    global GLOBAL_STEP
+    torch.manual_seed(0)
+    model, inputs = Stack([CountingInAGlobal() for _ in range(4)]), (torch.randn(B, D),)
+    GLOBAL_STEP = 0
+    result = count_flops(model, inputs)
+    # steps 1..4: one Linear, two, one, two: 6 Linears of B x D x D MACs (hand count); before,
+    # blocks 1-3 were booked from block 0 (a global was in no key): 4 Linears
+    assert result.macs == 6 * B * D * D
+    assert GLOBAL_STEP == 4  # the forward's own global, advanced once per block as a real run would
+    GLOBAL_STEP = 0
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    GLOBAL_STEP = 0
+    assert _reused(model, inputs) == 0
+
+
+class ReadsGlobals(nn.Module):
+    """Reads a global flag its caller sets per layer, and a global constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        x = self.fc(x) * GLOBAL_SCALE
+        if GLOBAL_MODE["extra"]:
+            x = self.fc(x)
+        return x
+
+
+class SetsAGlobalPerLayer(Stack):
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            GLOBAL_MODE["extra"] = i >= 2
+            x = block(x)
+        return x
+
+
+def test_a_global_set_between_layers_splits_the_key():
+    torch.manual_seed(0)
+    model, inputs = SetsAGlobalPerLayer([ReadsGlobals() for _ in range(4)]), (torch.randn(B, D),)
+    result = count_flops(model, inputs)
+    # blocks 0, 1: one Linear; 2, 3: two (hand count): 6; before, 2 and 3 were booked from 0: 4
+    assert result.macs == 6 * B * D * D
+    assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
+    # block 1 is booked from block 0 and block 3 from block 2: the constant global splits nothing
+    assert _reused(model, inputs) == 2
+
+
 class Branching(nn.Module):
     """A data-dependent branch: runs its Linear twice when its bias sums above zero."""
 
