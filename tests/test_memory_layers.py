@@ -186,6 +186,100 @@ def test_layers_counting_their_calls_in_shared_state_are_traced_in_full(monkeypa
     assert on.peak_bytes == _memtracker_peak(model, x, backward=False)
 
 
+# a per-layer flag a parent keeps in a global, and a call counter a layer keeps in one
+WIDE_LAYER = {"now": False}
+GLOBAL_CALLS = 0
+
+
+class FlaggedBlock(Block):
+    """:class:`Block` that makes a 64 x 1024-float-per-row tensor while the global flag is set."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if WIDE_LAYER["now"]:
+            out = out + torch.ones(x.shape[0], 64 * 1024).sum() * 0
+        return out
+
+
+class FlaggingBlocks(Blocks):
+    """Sets the global flag for layer 5 only, as a parent's loop sets a mode per layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(FlaggedBlock() for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            WIDE_LAYER["now"] = i == 5
+            x = block(x)
+        WIDE_LAYER["now"] = False
+        return self.head(x)
+
+
+class GloballyCountingBlock(Block):
+    """:class:`CountingBlock` with its count in a global: the wide tensor on the sixth call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        global GLOBAL_CALLS
+        GLOBAL_CALLS += 1
+        out = super().forward(x)
+        if GLOBAL_CALLS == 6:
+            out = out + torch.ones(x.shape[0], 64 * 1024).sum() * 0
+        return out
+
+
+class GloballyCountingBlocks(Blocks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(GloballyCountingBlock() for _ in range(8))
+
+
+def test_a_global_flag_set_for_a_later_layer_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cut runs run layers 0-3, where the flag is never set: a replay of layer 1 missed layer
+    # 5's tensor (before: the replay was taken, and blocks.5's row differed from the full trace's)
+    torch.manual_seed(0)
+    model = FlaggingBlocks()
+    x = torch.randn(BATCH * 4, 32)
+    on, off, used = _estimates(monkeypatch, model, (x,), {})
+    assert used == [False, False] and on == off
+    assert on.peak_bytes == _memtracker_peak(model, x, backward=False)
+
+
+def test_a_call_counter_in_a_global_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # as the shared-state counter above, in a global: a step that writes a global its layers'
+    # forwards name is traced in full, the counter set back to where the cut runs found it
+    global GLOBAL_CALLS
+    torch.manual_seed(0)
+    model = GloballyCountingBlocks()
+    x = torch.randn(BATCH * 4, 32)
+    GLOBAL_CALLS = 0
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    used = []
+    from flopcount.memory import estimate as estimate_module
+
+    layered = estimate_module._layered
+
+    def spy(*a: Any, **k: Any) -> Any:
+        try:
+            figures = layered(*a, **k)
+        except Exception:
+            used.append("state written")
+            raise
+        used.append(figures is not None)
+        return figures
+
+    monkeypatch.setattr(estimate_module, "_layered", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on = estimate_memory(model, (x,))
+    assert GLOBAL_CALLS == 8  # one step's 8 calls, as a real forward leaves it
+    GLOBAL_CALLS = 0
+    # before: the cut runs' 7 calls were left in the counter, so the full trace never made the
+    # sixth call's tensor (a peak below MemTracker's)
+    assert on.peak_bytes == _memtracker_peak(model, x, backward=False)
+    assert used == ["state written", False]  # the cut runs wrote it; the fresh copy traced in full
+
+
 def test_a_hooked_layer_is_traced_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     model = Blocks()

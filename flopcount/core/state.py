@@ -1,12 +1,16 @@
-"""The caller's process and tensors as found: the random generators and the input tensors
-(a forward that writes to its inputs in place). Shared by the tracers and the benchmark."""
+"""The caller's process and tensors as found: the random generators, the input tensors
+(a forward that writes to its inputs in place), and the state a forward reads that its module
+does not hold (plain objects, the globals its code names). Shared by the tracers, the step's
+layer replay and the benchmark."""
 
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
 import threading
-from types import FunctionType, ModuleType
+import weakref
+from types import CodeType, FunctionType, ModuleType
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -371,6 +375,85 @@ def plain_object(value: Any) -> bool:
     except Exception:  # no __dict__ (slots, a Python value), or a __getattr__ of its own that refuses
         return False
     return isinstance(own, dict)
+
+
+#: the globals a forward's work can depend on: Python data it can branch on or compute with
+GLOBAL_DATA = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout,
+               torch.memory_format, tuple, list, dict, set, frozenset, torch.Tensor)
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
+_NOT_BOUND = object()
+#: (globals namespace, names) pairs of one forward
+NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[str, ...]], ...]
+# forward function -> its names: read from its code once per function per process
+_NAMED_GLOBALS: weakref.WeakKeyDictionary[Any, NamedGlobals] = weakref.WeakKeyDictionary()
+
+
+def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Dict[str, Any], str, Any]]:
+    """``(namespace, name, value)`` of each global that the ``forward`` of a class of ``modules``
+    names (reads, writes or deletes, in its code and the code nested in it, and in each function a
+    decorator wraps) and that holds Python data (:data:`GLOBAL_DATA`); each forward once. What a
+    key of a module's calls holds besides the module (structural reuse, the step's layer replay):
+    a flag a parent sets per layer, a counter a layer advances. Functions, classes, Python modules
+    and other objects (a logger) are code and services, left out; so is a global named only by a
+    function the forward calls (Python 3.11 has no cheap way to see every global read)."""
+    found: List[Tuple[Dict[str, Any], str, Any]] = []
+    seen: Dict[Any, None] = {}
+    for module in modules:
+        forward = type(module).forward
+        if forward in seen:
+            continue
+        seen[forward] = None
+        for namespace, names in _named_globals(forward):
+            for name in names:
+                value = namespace.get(name, _NOT_BOUND)
+                if value is not _NOT_BOUND and isinstance(value, GLOBAL_DATA):
+                    found.append((namespace, name, value))
+    return found
+
+
+def rebind_globals(bound: Sequence[Tuple[Dict[str, Any], str, Any]]) -> None:
+    """Bind each of ``bound`` (:func:`forward_globals`) to its value again where a run rebound it
+    (``step += 1``); a container changed in place stays as the run left it."""
+    for namespace, name, value in bound:
+        if namespace.get(name, _NOT_BOUND) is not value:
+            namespace[name] = value
+
+
+def _named_globals(forward: Any) -> NamedGlobals:
+    try:
+        return _NAMED_GLOBALS[forward]
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referable (a callable object): read each time
+        return _globals_of(forward)
+    found = _NAMED_GLOBALS[forward] = _globals_of(forward)
+    return found
+
+
+def _globals_of(forward: Any) -> NamedGlobals:
+    parts: List[Tuple[Dict[str, Any], Tuple[str, ...]]] = []
+    seen = set()
+    function = forward
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
+        if isinstance(code, CodeType) and isinstance(namespace, dict):
+            names = tuple(dict.fromkeys(_global_names(code)))
+            if names:
+                parts.append((namespace, names))
+        function = getattr(function, "__wrapped__", None)
+    return tuple(parts)
+
+
+def _global_names(code: CodeType) -> Iterator[str]:
+    """The global names of ``code`` and of the code nested in it (comprehensions, lambdas, inner
+    functions); builtins among them (``len``) are not bound in the module and are left out later."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _GLOBAL_OPS:
+            yield instruction.argval
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            yield from _global_names(constant)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from flopcount.core.diagnostics import FromWarnings, first_line, module_place
 from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
-from flopcount.core.state import preserved_rng
+from flopcount.core.state import forward_globals, preserved_rng, rebind_globals
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
@@ -330,9 +330,10 @@ def _layered(
     stack = find_stack(twin)
     if stack is None:
         return None
-    before = model_state(twin)
+    before, bound = model_state(twin), forward_globals(twin.modules())
     figures = _replayed(request, stack, twin, opt, args, kwargs, names, mode)
     if model_state(twin) != before:
+        rebind_globals(bound)  # a global counter the cut runs advanced: the full trace starts where they did
         raise _StateWritten()
     return figures
 

@@ -21,7 +21,7 @@ from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.state import preserved_rng
+from flopcount.core.state import forward_globals, preserved_rng, rebind_globals
 from flopcount.devices import column_of, find_part, known_names, op_time, part_roofs
 from flopcount.errors import FlopcountWarning, TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
@@ -38,7 +38,7 @@ from flopcount.planning.world import PlanError, fake_world, mesh_groups, paralle
 from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
-from flopcount.step.parent_walk import model_state, parent_proven
+from flopcount.step.parent_walk import globals_state, model_state, parent_proven
 from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, truncated
 from flopcount.tracers import trace
 from flopcount.tracers._reuse import reuse_enabled
@@ -222,18 +222,41 @@ def _layered_step(
     groups: Mapping[str, Any], backend: str, amp: Optional[torch.dtype], registry: HandlerRegistry,
     stateless: FrozenSet[str] = frozenset(),
 ) -> Optional[Tuple[str, int, StepRecord, str]]:
+    """:func:`_cut_steps`, and None (trace the whole model) where the cut runs wrote a global the
+    model's forwards name (a call counter: the cut runs cannot show what the whole would do at
+    layer 6); such a global is bound again to what the runs found, so the full trace starts there."""
+    if not reuse_enabled() or tp_plan is not None:
+        return None
+    found: List[Any] = []
+    made = _cut_steps(build, mesh, fsdp, tp, compute, args, kw, optimizer, loss_fn, groups, backend, amp, registry,
+                      stateless=stateless, found=found)
+    if found:
+        bound, before = found
+        if globals_state(bound) != before:
+            rebind_globals(bound)
+            return None
+    return made
+
+
+def _cut_steps(
+    build: Callable[[], nn.Module], mesh: Any, fsdp: int, tp: int, compute: Optional[torch.dtype], args: Tuple[Any, ...],
+    kw: Mapping[str, Any], optimizer: Any, loss_fn: Any, groups: Mapping[str, Any], backend: str,
+    amp: Optional[torch.dtype], registry: HandlerRegistry, stateless: FrozenSet[str], found: List[Any],
+) -> Optional[Tuple[str, int, StepRecord, str]]:
     """Rank 0's step with its repeated layers replayed (flopcount.step.replay, as
     estimate_memory): the model built, cut to 3 layers (the template) and to 4 (the check),
     each sharded and stepped; where the check's timeline, op events and collectives are the
     template's stretched to 4 layers, the whole model's are the template's stretched to all of
     them, and its state bytes and wrapped blocks the template's plus one layer's per layer
-    more. None (trace the whole model) where that does not apply (a ``tp_plan`` of the
-    caller's, which may name layers, included) or the check differs."""
-    if not reuse_enabled() or tp_plan is not None:
-        return None
+    more. None (trace the whole model) where that does not apply or the check differs.
+    ``found``: the globals the first build's forwards name and what they held then
+    (:func:`~flopcount.core.state.forward_globals`, :func:`~flopcount.step.parent_walk.globals_state`)."""
     runs = []
     for keep in (Template.LAYERS, Template.LAYERS + 1):
         model = _built(build)
+        if not found:
+            bound = forward_globals(model.modules())
+            found.extend((bound, globals_state(bound)))
         stack = find_stack(model)
         if stack is None:
             return None
@@ -246,7 +269,7 @@ def _layered_step(
         replay = Replay([], stack, keep)
         try:
             with truncated(stack, keep):
-                prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
+                prefix, wrapped = parallelize(model, mesh, fsdp, tp, None, compute)  # no tp_plan of the caller's here
                 record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, replay, stateless)
         except Exception:  # the cut model cannot run as the whole: the whole is traced
             return None

@@ -34,9 +34,11 @@ the parent's Python sees every middle layer alike: the same ops with the same me
 the same relative producers, its tensors dying at the same relative places, the same layer
 called once with the same arguments in the same state.
 
-Not seen (said in docs/memory.md): state outside the model that the parent or a layer reads
-and that changes from layer to layer (a global counter, the RNG: LayerDrop's random skips make
-any one step's figure a draw), and an object argument (a cache) passed to every layer whose
+Seen: the Python data bound to the globals the forwards name (a flag the parent sets per layer
+is part of each layer call's state; a counter a layer advances changes :func:`model_state`). Not
+seen (said in docs/memory.md): other state outside the model that the parent or a layer reads
+and that changes from layer to layer (a global named only by a function a forward calls, the RNG:
+LayerDrop's random skips make any one step's figure a draw), and an object argument (a cache) passed to every layer whose
 content a layer's forward reads and the parent changes per layer.
 """
 
@@ -45,7 +47,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -54,10 +56,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core import hooks
 from flopcount.core.inputs import output_tensors  # plain recursion: no reference cycle while the collector is off
-from flopcount.core.state import plain_object
+from flopcount.core.state import forward_globals, plain_object
 from flopcount.step.replay import Stack, truncated
 
-__all__ = ["model_state", "parent_proven"]
+__all__ = ["globals_state", "model_state", "parent_proven"]
 
 _VALUES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format)
 _VALUE_TYPES = frozenset(_VALUES)
@@ -200,6 +202,8 @@ class _Walk(TorchDispatchMode):
                 if name in hidden or name in ("_modules", "forward"):  # forward: the stand-in (find_stack refused any other)
                     continue
                 parts.append((name, _attribute(value)))
+        # the globals its forwards name: a flag the parent sets per layer is a layer state
+        parts.append(("globals", _globals(layer.modules())))
         return tuple(parts)
 
     def _shape_of(self, out: Any, args: Any, kwargs: Any) -> Any:
@@ -348,9 +352,21 @@ def _walk(
 
 
 def model_state(model: nn.Module) -> Tuple[Any, ...]:
-    """Every module's plain state (attributes, parameters' and buffers' metadata, hooks), to see
-    that a walk of the forward changed nothing."""
-    return tuple((name, _attribute(vars(module))) for name, module in model.named_modules(remove_duplicate=False))
+    """Every module's plain state (attributes, parameters' and buffers' metadata, hooks) and the
+    globals their forwards name (:func:`~flopcount.core.state.forward_globals`), to see that a walk
+    of the forward (or a cut run) changed nothing."""
+    modules = tuple((name, _attribute(vars(module))) for name, module in model.named_modules(remove_duplicate=False))
+    return modules + (("globals", _globals(model.modules())),)
+
+
+def _globals(modules: Any) -> Tuple[Any, ...]:
+    return globals_state(forward_globals(modules))
+
+
+def globals_state(bound: Sequence[Tuple[Dict[str, Any], str, Any]]) -> Tuple[Any, ...]:
+    """What the globals of ``bound`` (:func:`~flopcount.core.state.forward_globals`) hold now, as
+    the state key holds an attribute: a run that rebinds or changes one changes this."""
+    return tuple((name, _attribute(namespace.get(name))) for namespace, name, _ in bound)
 
 
 def parent_proven(

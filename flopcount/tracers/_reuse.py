@@ -49,23 +49,21 @@ needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` t
 
 from __future__ import annotations
 
-import dis
 import functools
 import os
 import sys
 import threading
-import weakref
 from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
-from types import CodeType, MappingProxyType
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, cast, overload
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
 
 import torch
 from torch import nn
 
 from flopcount.core import hooks
-from flopcount.core.state import plain_object
+from flopcount.core.state import forward_globals, plain_object
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, tensor_key
 from flopcount.types import ReplayedCall, expand
@@ -1197,23 +1195,9 @@ class Reuse:
         return found
 
     def _globals_key(self, order: List[nn.Module]) -> Tuple[Any, ...]:
-        """The Python data the subtree's forwards name as globals (:func:`_named_globals`), each
-        keyed as an attribute is; a name not bound is left out. Functions, classes, Python modules
-        and other objects (a logger) are code and services, not the state a forward's work
-        depends on: left out too."""
-        found: List[Any] = []
-        seen: Dict[Any, None] = {}
-        for module in order:
-            forward = type(module).forward
-            if forward in seen:
-                continue
-            seen[forward] = None
-            for namespace, names in _named_globals(forward):
-                for name in names:
-                    value = namespace.get(name, _MISSING)
-                    if value is not _MISSING and isinstance(value, _GLOBAL_DATA):
-                        found.append((name, self._attribute(value)))
-        return tuple(found)
+        """The Python data bound to the globals the subtree's forwards name
+        (:func:`~flopcount.core.state.forward_globals`), each keyed as an attribute is."""
+        return tuple([(name, self._attribute(value)) for _, name, value in forward_globals(order)])
 
     def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
         # a module's tensors are the fake copy's own: their metadata is read once (the shape
@@ -1347,53 +1331,6 @@ def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
     """Which of ``where`` are the same slot: each item's first position."""
     first: Dict[Tuple[int, int], int] = {}
     return tuple([first.setdefault(w, len(first)) for w in where])
-
-
-# the globals a key holds: Python data a forward can branch on or compute with
-_GLOBAL_DATA = cast(Tuple[type, ...], tuple(_SCALARS)) + (tuple, list, dict, set, frozenset, torch.Tensor)
-_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
-# forward function -> its (globals namespace, names) pairs: read once per function per process
-_NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[str, ...]], ...]
-_NAMED_GLOBALS: weakref.WeakKeyDictionary[Any, _NamedGlobals] = weakref.WeakKeyDictionary()
-
-
-def _named_globals(forward: Any) -> _NamedGlobals:
-    """The global names ``forward``'s code reads, writes or deletes (builtins included), with the
-    namespace they are looked up in; of each function a decorator wraps (``__wrapped__``) too."""
-    try:
-        return _NAMED_GLOBALS[forward]
-    except KeyError:
-        pass
-    except TypeError:  # not weakly referable (a callable object): read each time
-        return _globals_of(forward)
-    found = _NAMED_GLOBALS[forward] = _globals_of(forward)
-    return found
-
-
-def _globals_of(forward: Any) -> _NamedGlobals:
-    parts: List[Tuple[Dict[str, Any], Tuple[str, ...]]] = []
-    seen = set()
-    function = forward
-    while function is not None and id(function) not in seen:
-        seen.add(id(function))
-        code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
-        if isinstance(code, CodeType) and isinstance(namespace, dict):
-            names = tuple(dict.fromkeys(_global_names(code)))
-            if names:
-                parts.append((namespace, names))
-        function = getattr(function, "__wrapped__", None)
-    return tuple(parts)
-
-
-def _global_names(code: CodeType) -> Iterator[str]:
-    """The global names of ``code`` and of the code nested in it (comprehensions, lambdas,
-    inner functions)."""
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in _GLOBAL_OPS:
-            yield instruction.argval
-    for constant in code.co_consts:
-        if isinstance(constant, CodeType):
-            yield from _global_names(constant)
 
 
 def _settings() -> Tuple[Any, ...]:

@@ -135,6 +135,87 @@ def test_layers_counting_their_calls_in_a_shared_object_are_planned_in_full(monk
     assert on.macs == {"forward": 9 * linear, "backward": (2 * 9 - 1) * linear, "optimizer": 0}
 
 
+# a mode a parent's loop keeps in a global per layer, and a call counter a layer keeps in one
+TWICE = {"now": False}
+GLOBAL_CALLS = 0
+
+
+class FlaggedLinear(nn.Module):
+    """A Linear(32, 32) run a second time while the global flag is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.linear(x)
+        if TWICE["now"]:
+            x = self.linear(x)
+        return x
+
+
+class Flagging(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(FlaggedLinear() for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            TWICE["now"] = i == 5
+            x = layer(x)
+        TWICE["now"] = False
+        return x.sum()
+
+
+class GloballyCountingLinear(FlaggedLinear):
+    """:class:`CountingLinear` with its count in a global."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        global GLOBAL_CALLS
+        GLOBAL_CALLS += 1
+        x = self.linear(x)
+        if GLOBAL_CALLS == 6:  # the sixth call: layer 5 of the first forward
+            x = self.linear(x)
+        return x
+
+
+class GloballyCounting(Flagging):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(GloballyCountingLinear() for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+def test_layers_reading_a_global_set_per_layer_are_planned_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # as the shared-object counter above: layer 5 runs its Linear twice, so 9 calls forward (hand
+    # count); before, the walk saw no global: layer 1 was replayed for layer 5 and the plan booked 8
+    on, off, used = _plans(monkeypatch, Flagging, torch.randn(8, 32), optimizer="sgd")
+    assert used == [False, False] and on == off
+    linear = 8 * 32 * 32
+    assert on.macs == {"forward": 9 * linear, "backward": (2 * 9 - 1) * linear, "optimizer": 0}
+
+
+def test_layers_counting_their_calls_in_a_global_are_planned_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cut runs make calls 1-7 (3 and 4 layers): the counter is set back to 0 after them, so
+    # the full trace makes the sixth call at layer 5 as a real forward would (9 Linears); before,
+    # it started at call 8, never made the sixth, and the plan booked 8
+    global GLOBAL_CALLS
+    GLOBAL_CALLS = 0
+    used = spy_on_plan_replay(monkeypatch)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        planned = flopcount.plan(GloballyCounting, (torch.randn(8, 32),), on="h100", optimizer="sgd")
+    assert used == [False]
+    assert GLOBAL_CALLS == 8  # one forward's calls, as a real step leaves it
+    linear = 8 * 32 * 32
+    assert planned.macs == {"forward": 9 * linear, "backward": (2 * 9 - 1) * linear, "optimizer": 0}
+
+
 class Parent(nn.Module):
     """8 Linear(64, 64) layers in a loop, each followed by a relu; ``what`` is what the loop does at
     layer 6, which neither cut run (3 and 4 layers) reaches."""
