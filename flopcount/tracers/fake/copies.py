@@ -22,8 +22,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import logging
 import threading
+import types
 from collections import OrderedDict
 from functools import cache
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -928,6 +930,8 @@ class _TreeCopier(TreeCopier):
                 children = LazyModules(value)  # the caller's children, each copied when first read
                 children.lazy = self.lazy_copy
                 state[key] = children
+            elif key == "forward":
+                state[key] = self.own_forward(value)
             else:
                 # an object met before (the config every layer holds): its copy, before any
                 # isinstance test (a transformers config answers each through Python code)
@@ -1035,6 +1039,43 @@ class _TreeCopier(TreeCopier):
         if (kind is dict or kind is OrderedDict) and not value:
             return kind()  # the hook and buffer dictionaries of most modules: empty
         return super().value(value)
+
+    def own_forward(self, value: Any) -> Any:
+        """The copy of an instance-level ``forward``: a library's hook wrapper (diffusers'
+        HookRegistry: ``functools.partial(new_forward, module)``, ``new_forward`` a closure over the
+        module's original forward and the hook with its state). A partial is rebuilt from its parts
+        and a closure gets cells of its own, each part converted as an attribute is (the caller's
+        module becomes its copy, a hook and its state a deep copy), so the copy's forward runs the
+        copy and writes to the copy's hook state, not the caller's. A closure held inside such an
+        object (a second hook wrapping the first) is shared, as plain functions are."""
+        found = self.memo.get(id(value))
+        if found is not None:
+            return found
+        kind = type(value)
+        if kind is functools.partial:
+            made: Any = functools.partial(
+                self.own_forward(value.func),
+                *[self.own_forward(arg) for arg in value.args],
+                **{name: self.own_forward(arg) for name, arg in value.keywords.items()},
+            )
+            made.__dict__.update({name: self.own_forward(item) for name, item in vars(value).items()})  # update_wrapper's
+        elif kind is types.FunctionType and value.__closure__:
+            cells = tuple([self._own_cell(cell) for cell in value.__closure__])
+            made = types.FunctionType(value.__code__, value.__globals__, value.__name__, value.__defaults__, cells)
+            made.__kwdefaults__ = value.__kwdefaults__
+            made.__qualname__ = value.__qualname__
+            made.__dict__.update(vars(value))
+        else:
+            return self.value(value)
+        self.memo[id(value)] = made
+        return made
+
+    def _own_cell(self, cell: Any) -> Any:
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            return types.CellType()
+        return types.CellType(self.own_forward(contents))
 
     def tensor(self, value: torch.Tensor) -> Any:
         if isinstance(value, self.faker.fake_type) and value.fake_mode is self.faker.mode:
