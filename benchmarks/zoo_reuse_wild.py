@@ -46,11 +46,15 @@ import flopcount  # noqa: E402
 PARTS = ("diffusers", "pyg")
 # plain attributes a module writes on its first call (GCNConv(cached=True)); not in the state_dict
 CACHE_ATTRIBUTES = ("_cached_edge_index", "_cached_adj_t")
+# where diffusers keeps a module's hooks (``enable_cache``, layerwise casting, offloading)
+HOOK_REGISTRY = "_diffusers_hook"
 # contractions flopcount counts that FlopCounterMode does not see as one (docs/conventions.md,
 # "Differences to torch.utils.flop_counter"): an outer product runs as an elementwise ``mul``
-# there, ``mv``/``dot`` and ``cdist`` (whose matmul form runs inside its CPU kernel) have no formula
+# there, ``mv``/``dot``, ``cdist`` (whose matmul form runs inside its CPU kernel) and ``lstm``
+# (one fused CPU kernel; GRU and RNN run as matmuls torch counts) have no formula
 NOT_COUNTED_BY_TORCH = frozenset({
     "aten::outer", "aten::ger", "aten::addr", "aten::mv", "aten::addmv", "aten::dot", "aten::vdot", "aten::cdist",
+    "aten::lstm",
 })
 REAL_RUN = "counted one real run"
 
@@ -212,6 +216,15 @@ def _unet3d_inputs() -> Inputs:
     return (torch.randn(2, 4, 3, 16, 16), torch.tensor([10, 500])), {"encoder_hidden_states": torch.randn(2, 7, 32)}
 
 
+def _unet2d_condition_masked_inputs() -> Inputs:
+    """A padding mask on the text tokens (the last two of the second sample): a bias for cross-attention."""
+    args, kwargs = _unet2d_condition_inputs()
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    kwargs["encoder_attention_mask"] = mask
+    return args, kwargs
+
+
 def _controlnet() -> nn.Module:
     from diffusers import ControlNetModel
 
@@ -278,6 +291,27 @@ def _flux_guided_inputs() -> Inputs:
     return args, kwargs
 
 
+def _cached(build: Callable[[], nn.Module], inputs: Callable[[], Inputs]) -> Callable[[], nn.Module]:
+    """The model with diffusers' PyramidAttentionBroadcast (``enable_cache``: every other call of
+    a self-attention returns the output of the call before), after one denoising step: the hooks
+    hold a call counter and cached outputs, which the next forward's work depends on."""
+
+    def made() -> nn.Module:
+        from diffusers import PyramidAttentionBroadcastConfig
+
+        model = build()
+        config = PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
+                                                 spatial_attention_timestep_skip_range=(100, 800),
+                                                 current_timestep_callback=lambda: 500)
+        model.enable_cache(config)
+        args, kwargs = inputs()
+        with torch.no_grad():
+            model(*args, **kwargs)
+        return model
+
+    return made
+
+
 def _cogvideox() -> nn.Module:
     from diffusers import CogVideoXTransformer3DModel
 
@@ -305,6 +339,7 @@ def diffusers_cases() -> List[Case]:
         case("AutoencoderKL.decode", VaeDecode, lambda: ((torch.randn(2, 4, 16, 16),), {})),
         case("AutoencoderKL.decode, slicing", VaeDecodeSliced, lambda: ((torch.randn(2, 4, 16, 16),), {})),
         case("AutoencoderKL.decode, tiling", VaeDecodeTiled, lambda: ((torch.randn(2, 4, 16, 16),), {})),
+        case("UNet2DConditionModel, encoder_attention_mask", _unet2d_condition, _unet2d_condition_masked_inputs),
         case("UNet2DConditionModel, gradient checkpointing", _unet2d_condition_checkpointed,
              _unet2d_condition_inputs, train=True),
         case("DiTTransformer2DModel", _dit, _dit_inputs),
@@ -320,6 +355,9 @@ def diffusers_cases() -> List[Case]:
         case("ControlNet + UNet2DConditionModel (residuals)", ControlledUNet, _controlled_inputs),
         case("FluxTransformer2DModel (guidance)", _flux_guided, _flux_guided_inputs),
         case("CogVideoXTransformer3DModel", _cogvideox, _cogvideox_inputs),
+        case("CogVideoXTransformer3DModel, enable_cache (PAB), one step taken", _cached(_cogvideox, _cogvideox_inputs),
+             _cogvideox_inputs),
+        case("FluxTransformer2DModel, enable_cache (PAB), one step taken", _cached(_flux, _flux_inputs), _flux_inputs),
     ]
 
 
@@ -472,6 +510,40 @@ def _batch_inputs() -> Inputs:
     return (Batch.from_data_list(graphs),), {}
 
 
+class ConvStack(nn.Module):
+    """``layers`` copies of one message-passing layer on a graph, a ReLU between them."""
+
+    def __init__(self, make: Callable[[], nn.Module], layers: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(FEATURES, HIDDEN)
+        self.convs = nn.ModuleList([make() for _ in range(layers)])
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        x = self.lin(x)
+        for conv in self.convs:
+            x = conv(x, edge_index).relu()
+        return x
+
+
+def _transformer_convs() -> nn.Module:
+    from torch_geometric.nn import TransformerConv
+
+    return ConvStack(lambda: TransformerConv(HIDDEN, HIDDEN // 2, heads=2))
+
+
+def _gated_graph_conv() -> nn.Module:
+    """GatedGraphConv: one GRUCell called once per step (3 steps) under one name, in each of two layers."""
+    from torch_geometric.nn import GatedGraphConv
+
+    return ConvStack(lambda: GatedGraphConv(HIDDEN, num_layers=3), layers=2)
+
+
+def _res_gated() -> nn.Module:
+    from torch_geometric.nn import ResGatedGraphConv
+
+    return ConvStack(lambda: ResGatedGraphConv(HIDDEN, HIDDEN))
+
+
 class HeteroSAGE(nn.Module):
     """Three HeteroConv layers of SAGEConv over two node and three edge types (dict inputs
     keyed by strings and by tuples of strings)."""
@@ -549,6 +621,12 @@ def pyg_cases() -> List[Case]:
         case("GIN x4, message hook on layer 2", _hooked_gin),
         case("GIN x4 + pool on a Batch object", BatchGIN, _batch_inputs),
         case("GAT x4 no self loops", _basic("GAT", heads=2, add_self_loops=False)),
+        case("GIN x4 batch_norm", _basic("GIN", norm="batch_norm"), train=True),
+        case("TransformerConv x4", _transformer_convs),
+        case("GatedGraphConv x2 (GRUCell x3)", _gated_graph_conv),
+        case("ResGatedGraphConv x4", _res_gated),
+        case("GraphSAGE x4 jk=lstm", _basic("GraphSAGE", jk="lstm")),
+        case("GCN x4 no self loops, decomposed_layers=2", _basic("GCN", add_self_loops=False, decomposed_layers=2)),
         case("HeteroConv(SAGEConv) x3", _hetero_sage, _hetero_inputs),
         case("GAT x4", _basic("GAT", heads=2)),
         case("GAT x4", _basic("GAT", heads=2, dropout=0.5), train=True),
@@ -584,25 +662,42 @@ def left_as_found(model: nn.Module, inputs: Any) -> Dict[str, Any]:
             if hasattr(module, attribute):
                 caches.append((name, attribute, repr(getattr(module, attribute))[:200]))
     state["attribute caches"] = caches
+    hooks = []
+    for name, module in model.named_modules():
+        registry = getattr(module, HOOK_REGISTRY, None)
+        for hook_name, hook in getattr(registry, "hooks", {}).items():
+            held = vars(getattr(hook, "state", None) or hook)
+            hooks.append((name, hook_name, [(k, _described(v)) for k, v in held.items()]))
+    state["library hook state"] = hooks
     return state
 
 
-def _contraction_flops(by_flops: Dict[str, int], by_macs: Dict[str, int]) -> Dict[str, int]:
-    """count_flops' FLOPs of the operators with MACs, convolutions and matmuls apart."""
+def _described(value: Any) -> Any:
+    """A hook state's value as a comparable digest (its tensors' bytes, not the objects)."""
+    tensors = list(zoo._tensors(value))
+    if tensors:
+        return [zoo._digest(t) for t in tensors]
+    return repr(value)[:200]
+
+
+def _contraction_flops(by_macs: Dict[str, int]) -> Dict[str, int]:
+    """count_flops' contraction FLOPs (2 x MACs: an RNN op's FLOPs add its gates, which torch
+    does not count) of the operators torch counts, convolutions and matmuls apart."""
     families = {"conv": 0, "matmul": 0}
     for op, macs in by_macs.items():
-        if macs and op not in NOT_COUNTED_BY_TORCH:
-            families["conv" if "conv" in op else "matmul"] += by_flops.get(op, 0)
+        if op not in NOT_COUNTED_BY_TORCH:
+            families["conv" if "conv" in op else "matmul"] += 2 * macs
     return families
 
 
-def flop_counter(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, int]:
-    """FlopCounterMode's FLOPs of one real forward of a copy of ``model`` (SDPA on the math
-    backend, whose matmuls torch counts), convolutions and matmuls apart."""
+def flop_counter(twin: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, int]:
+    """FlopCounterMode's FLOPs of one real forward of ``twin`` (a model built as the counted one
+    was: ``copy.deepcopy`` would share a library hook's closure, and its state, with the counted
+    model) on copies of the inputs (SDPA on the math backend, whose matmuls torch counts),
+    convolutions and matmuls apart."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    twin = copy.deepcopy(model)
     args, kwargs = copy.deepcopy((args, kwargs))
     counter = FlopCounterMode(display=False)
     with zoo.quiet(), sdpa_kernel(SDPBackend.MATH), counter:
@@ -617,8 +712,10 @@ def _operators(result: Any) -> Dict[str, Tuple[int, int]]:
     return {op: (result.by_operator("flops")[op], result.by_operator("macs")[op]) for op in result.by_operator("flops")}
 
 
-def oracles(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], meta: bool) -> List[str]:
-    """What disagrees with FlopCounterMode, with predict, and with a real run (empty: all agree)."""
+def oracles(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], meta: bool,
+            fresh: Callable[[], nn.Module]) -> List[str]:
+    """What disagrees with FlopCounterMode, with predict, and with a real run (empty: all agree);
+    the real runs on models ``fresh`` builds as ``model`` was built."""
     problems = []
     with zoo.quiet():
         counted = flopcount.count_flops(model, args, kwargs=kwargs or None)
@@ -633,22 +730,28 @@ def oracles(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], met
         return problems
     if not any(REAL_RUN in warning for warning in counted.warnings):  # counted on fakes: equal to a real run
         with zoo.quiet():
-            real = flopcount.count_flops(model, args, kwargs=kwargs or None, tracer="dispatch")
+            real = flopcount.count_flops(fresh(), args, kwargs=kwargs or None, tracer="dispatch")
         fake_ops, real_ops = _operators(counted), _operators(real)
         if fake_ops != real_ops:
             only = {op: (fake_ops.get(op), real_ops.get(op)) for op in set(fake_ops) | set(real_ops)
                     if fake_ops.get(op) != real_ops.get(op)}
             problems.append(f"fake != real run (flops, macs): {dict(sorted(only.items())[:4])}")
-    ours = _contraction_flops(by_flops, counted.by_operator("macs"))
-    torch_counts = flop_counter(model, args, kwargs)
+    ours = _contraction_flops(counted.by_operator("macs"))
+    torch_counts = flop_counter(fresh(), args, kwargs)
+    before = left_as_found(model, (args, kwargs))
+    with zoo.quiet():
+        flopcount.count_flops(model, args, kwargs=kwargs or None, tracer="dispatch")
+    changed = zoo.changes(before, left_as_found(model, (args, kwargs)))
+    if changed:
+        problems.append(f"a real run (tracer='dispatch') changed the model or inputs: {', '.join(changed)}")
     if ours != torch_counts:
         problems.append(f"contraction FLOPs {ours} != FlopCounterMode {torch_counts}")
     return problems
 
 
-def runs(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[str]:
-    """Why the model itself cannot run on these inputs (None: it runs), on copies of both."""
-    twin = copy.deepcopy(model)
+def runs(twin: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[str]:
+    """Why the model itself cannot run on these inputs (None: it runs): ``twin`` built as the
+    counted model is, the inputs copied."""
     args, kwargs = copy.deepcopy((args, kwargs))
     try:
         with zoo.quiet(), torch.no_grad():
@@ -661,12 +764,15 @@ def runs(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Opt
 def check(case: Case, device: Optional[str], predict: bool) -> Tuple[List[str], int, str]:
     """Problems found on one model (empty: none), the calls reused with reuse on, and how it
     was counted (on fakes, or a real run and why)."""
+    def fresh() -> nn.Module:
+        return zoo._build(case, device)
+
     try:
-        model = zoo._build(case, device)
+        model = fresh()
     except Exception as exc:
         raise ModelBroken(f"cannot be built: {zoo.first_line(exc)[:200]}") from exc
     args, kwargs = zoo._inputs_for(case, device=device)
-    broken = runs(model, args, kwargs)
+    broken = runs(fresh(), args, kwargs)
     if broken is not None:
         raise ModelBroken(broken)
     before = left_as_found(model, (args, kwargs))
@@ -676,7 +782,7 @@ def check(case: Case, device: Optional[str], predict: bool) -> Tuple[List[str], 
     if changed:
         problems.append(f"model or inputs changed by the counts: {', '.join(changed)}")
     if difference is None:
-        problems += oracles(model, args, kwargs, meta=device is not None)
+        problems += oracles(model, args, kwargs, meta=device is not None, fresh=fresh)
     with zoo.quiet():
         warnings = flopcount.count_flops(model, args, kwargs=kwargs or None).warnings
     real = [w for w in warnings if REAL_RUN in w]
