@@ -675,8 +675,8 @@ def left_as_found(model: nn.Module, inputs: Any) -> Dict[str, Any]:
 def _described(value: Any) -> Any:
     """A hook state's value as a comparable digest (its tensors' bytes, not the objects)."""
     tensors = list(zoo._tensors(value))
-    if tensors:
-        return [zoo._digest(t) for t in tensors]
+    if tensors:  # a fake tensor left there by a count has no bytes: named by its class
+        return [zoo._digest(t) if type(t) in (torch.Tensor, nn.Parameter) else type(t).__name__ for t in tensors]
     return repr(value)[:200]
 
 
