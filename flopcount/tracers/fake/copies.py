@@ -1041,41 +1041,50 @@ class _TreeCopier(TreeCopier):
         return super().value(value)
 
     def own_forward(self, value: Any) -> Any:
-        """The copy of an instance-level ``forward``: a library's hook wrapper (diffusers'
-        HookRegistry: ``functools.partial(new_forward, module)``, ``new_forward`` a closure over the
-        module's original forward and the hook with its state). A partial is rebuilt from its parts
-        and a closure gets cells of its own, each part converted as an attribute is (the caller's
-        module becomes its copy, a hook and its state a deep copy), so the copy's forward runs the
-        copy and writes to the copy's hook state, not the caller's. A closure held inside such an
-        object (a second hook wrapping the first) is shared, as plain functions are."""
+        """The copy of an instance-level ``forward``. A library that hooks a module installs
+        ``functools.partial(new_forward, module)`` (diffusers' HookRegistry, accelerate), and
+        diffusers' ``new_forward`` is a closure over the module's original forward and the hook
+        with its state. Such a partial is rebuilt from its parts, its function given closure cells
+        of its own, each part converted as an attribute is (the caller's module becomes its copy, a
+        hook and its state a deep copy), so the copy's forward runs the copy and writes the copy's
+        hook state. Any other forward is converted as an attribute is (a plain function, a
+        decorator's closure such as an exported module's guard function, stays shared), and so is a
+        closure held inside a hook's object (a second hook wrapping the first)."""
+        if type(value) is not functools.partial:
+            return self.value(value)
         found = self.memo.get(id(value))
         if found is not None:
             return found
-        kind = type(value)
-        if kind is functools.partial:
-            made: Any = functools.partial(
-                self.own_forward(value.func),
-                *[self.own_forward(arg) for arg in value.args],
-                **{name: self.own_forward(arg) for name, arg in value.keywords.items()},
-            )
-            made.__dict__.update({name: self.own_forward(item) for name, item in vars(value).items()})  # update_wrapper's
-        elif kind is types.FunctionType and value.__closure__:
-            cells = tuple([self._own_cell(cell) for cell in value.__closure__])
-            made = types.FunctionType(value.__code__, value.__globals__, value.__name__, value.__defaults__, cells)
-            made.__kwdefaults__ = value.__kwdefaults__
-            made.__qualname__ = value.__qualname__
-            made.__dict__.update(vars(value))
+        func = value.func
+        if type(func) is types.FunctionType and func.__closure__:
+            func = self._own_closure(func)
         else:
-            return self.value(value)
+            func = self.value(func)
+        made = functools.partial(
+            func, *[self.value(arg) for arg in value.args], **{name: self.value(arg) for name, arg in value.keywords.items()}
+        )
+        for name, item in vars(value).items():  # update_wrapper's names (``__wrapped__``: the function's copy if made)
+            copied = self.memo.get(id(item))
+            made.__dict__[name] = copied if copied is not None else self.value(item)
         self.memo[id(value)] = made
         return made
 
-    def _own_cell(self, cell: Any) -> Any:
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # a cell not yet filled
-            return types.CellType()
-        return types.CellType(self.own_forward(contents))
+    def _own_closure(self, function: types.FunctionType) -> types.FunctionType:
+        """``function`` with closure cells of its own, each cell's contents converted."""
+        cells = []
+        for cell in function.__closure__ or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # a cell not yet filled
+                cells.append(types.CellType())
+                continue
+            cells.append(types.CellType(self.value(contents)))
+        made = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__, tuple(cells))
+        made.__kwdefaults__ = function.__kwdefaults__
+        made.__qualname__ = function.__qualname__
+        made.__dict__.update(vars(function))
+        self.memo[id(function)] = made
+        return made
 
     def tensor(self, value: torch.Tensor) -> Any:
         if isinstance(value, self.faker.fake_type) and value.fake_mode is self.faker.mode:
