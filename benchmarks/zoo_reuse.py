@@ -90,6 +90,12 @@ def compare(case: Any, device: Optional[str], predict: bool) -> Tuple[Optional[s
     """The first difference between reuse off and on (None: identical) and the calls reused."""
     model = zoo._build(case, device)
     args, kwargs = zoo._inputs_for(case, device=device)
+    return compare_model(model, args, kwargs, predict=predict)
+
+
+def compare_model(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, predict: bool) -> Tuple[Optional[str], int]:
+    """``compare`` for a model and inputs already built (benchmarks/zoo_reuse_wild.py builds
+    models the zoo does not hold): the first difference, and the calls reused with reuse on."""
     off = _rows(_with_reuse(False, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None)))
     try:  # counted with reuse off: an error with it on is a difference
         on = _rows(_with_reuse(True, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None)))

@@ -314,3 +314,78 @@ def test_a_replay_s_events_name_its_own_modules() -> None:
     call = object()
     replay = ReplayedCall(((call, 0, "forward"), (call, 1, "forward")), (("a",), ("a", "a.b")))  # type: ignore[arg-type]
     assert list(replay.events()) == [OpEvent(call, ("a",)), OpEvent(call, ("a", "a.b"))]  # type: ignore[arg-type]
+
+
+class Embedder(nn.Module):
+    """A timestep embedder (diffusers' ``CombinedTimestepLabelEmbeddings``): a sinusoidal part
+    without MACs, then Linear(4, D) and Linear(D, D): 4·D + D·D MACs per row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Sequential(nn.SiLU())
+        self.mlp = nn.Sequential(nn.Linear(4, D), nn.SiLU(), nn.Linear(D, D))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.proj(t))
+
+
+class AdaNorm(nn.Module):
+    """An embedder's modulation of a LayerNorm (affine or not: 2·D parameters or none)."""
+
+    def __init__(self, affine: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(D, elementwise_affine=affine)
+        self.emb = Embedder()
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) * self.emb(t)
+
+
+class AdaBlock(nn.Module):
+    """A norm holding an embedder, then a Linear(D, D); the first block's norm is affine, the
+    others' not (so block 1's norm is traced, and its embedder call booked on its own)."""
+
+    def __init__(self, affine: bool) -> None:
+        super().__init__()
+        self.norm1 = AdaNorm(affine)
+        self.out = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm1(x, t))
+
+
+class DiTLike(nn.Module):
+    """diffusers' DiT: after the blocks, the forward calls the first block's embedder again
+    (``self.transformer_blocks[0].norm1.emb(timestep, ...)``) for the output's modulation. The
+    embedder call of block 1 (three modules deep) and that last call (one deep, from the model's
+    forward) are booked from block 0's embedder call; block 2 is booked from block 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([AdaBlock(affine=i == 0) for i in range(3)])
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, t)
+        return x * self.blocks[0].norm1.emb(t)
+
+
+def test_a_module_replayed_at_two_depths_books_its_own_modules(monkeypatch: Any) -> None:
+    """Found by benchmarks/zoo_reuse_wild.py on diffusers' DiTTransformer2DModel: with reuse on,
+    the module rows of the embedder's last call were shifted (its ``proj``, which has no MACs,
+    booked the ``mlp``'s) and the modules above it lost that call. The ledger made the nodes of
+    a replay's subtree once per group, as stack lengths of the first replay asked for (three
+    modules deep); the last call, one deep, read its nodes at those lengths. Oracle: the count
+    with reuse off, table by table, and the MACs by hand."""
+    model, x, t = DiTLike(), torch.randn(B, D), torch.randn(B, 4)
+    on = _count(monkeypatch, "1", model, (x, t))
+    off = _count(monkeypatch, "0", model, (x, t))
+    assert _tables(on) == _tables(off)
+    per_call = B * (4 * D + D * D)  # Embedder's docstring
+    macs = on.by_module("macs")
+    assert macs["blocks.0.norm1.emb"] == 2 * per_call  # called in block 0 and from the model's forward
+    assert macs["blocks.0.norm1.emb.proj"] == 0
+    assert macs["blocks.0.norm1.emb.mlp"] == 2 * per_call
+    assert macs["blocks.0.norm1.emb.mlp.2"] == 2 * B * D * D
+    assert macs["blocks.1.norm1.emb.mlp.0"] == B * 4 * D
+    assert on.macs == 4 * per_call + 3 * B * D * D
