@@ -302,9 +302,12 @@ class _Group:
     def subtree(self, replay: ReplayedCall) -> Tuple[List[Dict[str, List[int]]], List[int], List[Tuple[int, int]]]:
         """The nodes of the group's call tree below (and at) the replayed call, node 0 the call:
         each node's subtree table (first parts counted from the group's start), its parent node
-        (-1 for the call) and a (stack index, length) whose stack prefix is the node in any replay
-        of the group (the names of a replay's subtree are distinct modules' names: the same tree
-        in every replay). Made once, from the first replay asked for."""
+        (-1 for the call) and a (stack index, depth below the call) whose stack prefix of the
+        replay's root length plus that depth is the node in any replay of the group (the names of
+        a replay's subtree are distinct modules' names: the same tree in every replay, though the
+        replays of one group may be called at different depths, LeViT's ``LinearNorm`` as
+        ``stages.1.downsample.mlp.ln2`` and ``stages.1.blocks.0.mlp.ln2``). Made once, from the
+        first replay asked for."""
         if self._tree is None:
             depth = len(replay.root)
             index: Dict[Tuple[str, ...], int] = {}
@@ -319,7 +322,7 @@ class _Group:
                     j = index.get(node)
                     if j is None:
                         j = index[node] = len(nodes)
-                        nodes.append((k, length))
+                        nodes.append((k, length - depth))
                         parents.append(parent)
                         tables.append({})
                     parent = j
@@ -569,9 +572,10 @@ class Ledger:
                 continue  # no costed op: no node (as its events, each without a handler)
             tables, parents, representatives = group.subtree(replay)
             owners: List[Tuple[str, ...]] = []
-            for j, (k, length) in enumerate(representatives):
+            depth = len(replay.root)
+            for j, (k, below) in enumerate(representatives):
                 path = replay.stacks[k]
-                node = path if length == len(path) else path[:length]
+                node = path if depth + below == len(path) else path[:depth + below]
                 shorter = self.owners(node[:-1]) if j == 0 else owners[parents[j]]  # the owners of the node one shorter
                 named = self._owners_of(node, shorter)
                 owners.append(named)
