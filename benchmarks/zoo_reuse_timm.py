@@ -35,12 +35,13 @@ difference. Needs timm (optional, never a requirement of flopcount)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -141,6 +142,10 @@ class Variant:
     train: bool = False
     #: called with the built model (in its mode) and its inputs before the counts
     prepare: Optional[Callable[[torch.nn.Module, Tuple[Any, ...]], None]] = None
+    #: the meta copy is prepared on the CPU, then moved (timm's reparameterisation cannot run on meta)
+    prepare_on_cpu: bool = False
+    #: the grad mode the counts run under (the oracle runs with grad on)
+    grad_mode: Optional[Callable[[], ContextManager[Any]]] = None
 
 
 def warm_forward(model: torch.nn.Module, args: Tuple[Any, ...]) -> None:
@@ -148,6 +153,14 @@ def warm_forward(model: torch.nn.Module, args: Tuple[Any, ...]) -> None:
     (real or meta) that the count's fake copy meets."""
     with torch.no_grad():
         model(*args)
+
+
+def reparameterized(model: torch.nn.Module, args: Tuple[Any, ...]) -> None:
+    """timm's inference reparameterisation in place (FastViT, MobileOne, RepVGG, RepViT, RepGhost:
+    each block's branches fused into one convolution)."""
+    from timm.utils.model import reparameterize_model
+
+    reparameterize_model(model, inplace=True)
 
 
 def mixed_modes(model: torch.nn.Module, args: Tuple[Any, ...]) -> None:
@@ -189,6 +202,18 @@ VARIANTS = [
             prepare=mixed_modes),
     Variant("convnext_atto", "every other stage in train mode", prepare=mixed_modes),
     Variant("levit_128s", "every other stage in train mode", prepare=mixed_modes),
+    Variant("efficientvit_m0", "after an eval forward", prepare=warm_forward),
+    Variant("efficientformer_l1", "after an eval forward", prepare=warm_forward),
+    Variant("efficientformerv2_s0", "after an eval forward", prepare=warm_forward),
+    Variant("tiny_vit_5m_224", "after an eval forward", prepare=warm_forward),
+    Variant("fastvit_t8", "reparameterized", prepare=reparameterized, prepare_on_cpu=True),
+    Variant("mobileone_s0", "reparameterized", prepare=reparameterized, prepare_on_cpu=True),
+    Variant("repvgg_a0", "reparameterized", prepare=reparameterized, prepare_on_cpu=True),
+    Variant("repvit_m0_9", "reparameterized", prepare=reparameterized, prepare_on_cpu=True),
+    Variant("repghostnet_050", "reparameterized", prepare=reparameterized, prepare_on_cpu=True),
+    Variant("vit_tiny_patch16_224", "counted under no_grad", grad_mode=torch.no_grad),
+    Variant("resnet18", "counted under inference_mode", grad_mode=torch.inference_mode),
+    Variant("levit_128s", "counted under inference_mode", grad_mode=torch.inference_mode),
 ]
 
 
@@ -268,13 +293,18 @@ def check(variant: Variant, device: Optional[str]) -> Tuple[Optional[str], int]:
     """The first difference for one model on one device (None: none) and the calls reused.
     An exception is the count's (the model cannot be counted); the oracle's is said apart."""
     case = _case(variant)
-    model = zoo._build(case, device)
-    args, kwargs = zoo._inputs_for(case, device=device)
+    built_on = None if variant.prepare_on_cpu else device
+    model = zoo._build(case, built_on)
+    args, kwargs = zoo._inputs_for(case, device=built_on)
     if variant.prepare is not None:
         variant.prepare(model, args)
+    if built_on != device:
+        model = model.to(device)
+        args, kwargs = zoo._inputs_for(case, device=device)
     before = (zoo.snapshot(model, args), plain_state(model)) if device is None else None
     results: Dict[str, Any] = {}
-    difference, reused = compare_model(model, args, kwargs, predict=True, results=results)
+    with variant.grad_mode() if variant.grad_mode is not None else contextlib.nullcontext():
+        difference, reused = compare_model(model, args, kwargs, predict=True, results=results)
     if difference is not None or before is None:
         return difference, reused
     changed = zoo.changes(before[0], zoo.snapshot(model, args))
