@@ -362,7 +362,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     trained = sum(1 for c in cases if c.train)
     varied = sum(1 for c in cases if c.label and c.label != "train")
     print(f"\n{len(cases)} model cases ({len(cases) - trained} eval, {trained} train; {varied} variants), {same + differ} counts "
-          f"compared (real weights and meta copy): {same} identical and equal to FlopCounterMode, {differ} differ, "
+          f"compared (real weights and meta copy): {same} identical (and, on real weights, equal to FlopCounterMode), "
+          f"{differ} differ, "
           f"{failed} could not be counted; reuse taken on {reused_models} meta copies ({reused_calls} calls); "
           f"timm {timm.__version__}, torch {torch.__version__}; {time.perf_counter() - start:.0f} s wall, "
           f"{time.process_time() - cpu_start:.0f} s CPU", flush=True)
