@@ -38,8 +38,6 @@ sys.path.insert(0, str(HERE.parent))
 import zoo  # noqa: E402
 
 import flopcount  # noqa: E402
-from flopcount.core.inputs import prepare_call  # noqa: E402
-from flopcount.tracers import trace  # noqa: E402
 
 METRICS = ("flops", "macs", "count", "bytes_read", "bytes_written")
 
@@ -93,23 +91,30 @@ def compare(case: Any, device: Optional[str], predict: bool) -> Tuple[Optional[s
     return compare_model(model, args, kwargs, predict=predict)
 
 
-def compare_model(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, predict: bool) -> Tuple[Optional[str], int]:
-    """``compare`` for a model and inputs already built (benchmarks/zoo_reuse_wild.py builds
-    models the zoo does not hold): the first difference, and the calls reused with reuse on."""
-    off = _rows(_with_reuse(False, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None)))
+def compare_model(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, predict: bool,
+                  results: Optional[Dict[str, Any]] = None) -> Tuple[Optional[str], int]:
+    """``compare`` on a model already built: everything a user reads with reuse off and on
+    (count, and predict on a T4 when ``predict``), the first difference (None: identical) and
+    the calls the reuse-on count reused. ``results``, when given, receives the reuse-on
+    ``count`` and ``predict`` results (benchmarks/zoo_reuse_timm.py checks them further)."""
+    off_result = _with_reuse(False, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None))
     try:  # counted with reuse off: an error with it on is a difference
-        on = _rows(_with_reuse(True, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None)))
+        on_result = _with_reuse(True, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None))
     except Exception as exc:
         return f"count raised with reuse on only: {zoo.first_line(exc)[:150]}", 0
+    if results is not None:
+        results["count"] = on_result
+    off, on = _rows(off_result), _rows(on_result)
     if off != on:
         return "count " + _first_difference(off, on), 0
     if predict:
         bounds = [_with_reuse(flag, lambda: flopcount.predict(model, args, kwargs or None, on="T4")) for flag in (False, True)]
+        if results is not None:
+            results["predict"] = bounds[1]
         p_off, p_on = _predicted(bounds[0]), _predicted(bounds[1])
         if p_off != p_on:
             return "predict " + _first_difference(p_off, p_on), 0
-    reused = _with_reuse(True, lambda: trace(model, prepare_call(args, kwargs or None)).shape_cache.get("reused_calls", 0))
-    return None, int(reused)
+    return None, on_result.reused_calls
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -548,24 +548,30 @@ class Reuse:
         return distinct
 
     def _read_values(self, order: List[nn.Module], reads: Tuple[Tuple[int, str], ...]) -> Tuple[Any, ...]:
+        """The values of ``reads`` in the subtree ``order``; :class:`Unkeyable` where a module not
+        copied yet holds a tensor in a read attribute (timm LeViT's attention-bias cache after an
+        eval forward): its copy's key is not known without copying it, so the call is traced."""
         values: List[Any] = []
         originals = self._originals
         attribute = self._attribute
         last = -1
         state: Dict[str, Any] = {}
         original = False
-        for i, name in reads:  # sorted: each module's reads together, its state looked up once
-            if i != last:
-                last = i
-                module = order[i]
-                state = vars(module)
-                original = module in originals  # not copied yet: its attributes as its copy will hold them
-            if name == "*":
-                values.append(tuple([(k, attribute(v, original)) for k, v in state.items() if k not in _SKIP]))
-            else:
-                # most reads are of names the instance does not hold (methods, children, parameters)
-                value = state.get(name, _MISSING)
-                values.append(_MISSING if value is _MISSING else attribute(value, original))
+        try:
+            for i, name in reads:  # sorted: each module's reads together, its state looked up once
+                if i != last:
+                    last = i
+                    module = order[i]
+                    state = vars(module)
+                    original = module in originals  # not copied yet: its attributes as its copy will hold them
+                if name == "*":
+                    values.append(tuple([(k, attribute(v, original)) for k, v in state.items() if k not in _SKIP]))
+                else:
+                    # most reads are of names the instance does not hold (methods, children, parameters)
+                    value = state.get(name, _MISSING)
+                    values.append(_MISSING if value is _MISSING else attribute(value, original))
+        except _NeedsCopy:
+            raise Unkeyable("a tensor held by an attribute of a module not copied yet") from None
         return tuple(values)
 
     def _first(

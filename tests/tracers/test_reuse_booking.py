@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from flopcount.core.analysis import cost_events
+from flopcount import count_flops
+from flopcount.core.analysis import cost_events, cost_records
 from flopcount.core.inputs import prepare_call
 from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
@@ -103,3 +104,61 @@ def test_the_tree_roll_up_books_what_the_per_group_booking_books(monkeypatch, ma
         assert tree.modules["a.m"][1] == 2 * B * 2 * D * H
         assert tree.modules["a"][1] == tree.modules["b"][1] == B * 2 * D * H
         assert int(run.shape_cache["reused_calls"]) == (1 if reuse == "1" else 0)
+
+
+class Wrapped(nn.Module):
+    """A block one level down (``inner``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Block()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class TwoDepths(nn.Module):
+    """Three equal blocks: ``first`` traced, ``shallow`` (depth 1) and ``deep.inner`` (depth 2)
+    booked from it: two replays of one group called at different depths, as timm's LeViT calls
+    its ``LinearNorm`` as ``stages.1.downsample.mlp.ln2`` and ``stages.1.blocks.0.mlp.ln2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Block()
+        self.shallow = Block()
+        self.deep = Wrapped()
+
+    def forward(self, x):
+        return self.deep(self.shallow(self.first(x)))
+
+
+def test_replays_of_one_block_at_two_depths_are_credited_to_their_own_modules(monkeypatch):
+    """The tree roll-up grafts each replay's subtree onto the call tree; the nodes of a group's
+    subtree were located by absolute stack length, made from the deepest replay, so the shallower
+    replay credited its block's whole table to ``shallow.up`` and nothing to ``shallow`` (its
+    ``act``, ``down`` nothing either)."""
+    torch.manual_seed(0)
+    model, x = TwoDepths(), torch.randn(B, D)
+    facts = model_facts(model)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    run = trace(model, prepare_call((x,)), facts=facts)
+    assert int(run.shape_cache["reused_calls"]) == 2  # shallow and deep.inner booked from first
+    costed = cost_records(run.records, default_registry())
+    tree = Ledger(facts.aliases).book_all(costed)
+    groups = Ledger(facts.aliases, rows=True).book_all(cost_events(run.events, default_registry()))
+    assert _tables(tree) == _tables(groups)
+    # hand-derived: a block is B * D * H MACs per linear; each linear is its own module's
+    block_macs, linear_macs = B * 2 * D * H, B * D * H
+    for name in ("first", "shallow", "deep", "deep.inner"):
+        assert tree.modules[name][1] == block_macs, name
+    for name in ("first.up", "first.down", "shallow.up", "shallow.down", "deep.inner.up", "deep.inner.down"):
+        assert tree.modules[name][1] == linear_macs, name
+    # every table a user reads is the reuse-off count's
+    on = count_flops(model, x)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, x)
+    assert on.reused_calls == 2 and off.reused_calls == 0
+    assert on.to_dict() == off.to_dict()
+    for metric in ("flops", "macs", "count", "bytes_read", "bytes_written"):
+        assert on.by_module(metric) == off.by_module(metric), metric
+        assert on.by_module_and_operator(metric) == off.by_module_and_operator(metric), metric

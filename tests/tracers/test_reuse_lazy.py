@@ -169,3 +169,62 @@ def test_a_pending_tensors_key_is_its_fakes_key(tensor):
     assert copies.tensor_key(lazy) == key
     assert (isinstance(lazy, nn.Parameter), lazy.is_leaf, lazy.fake_device) == (
         isinstance(eager, nn.Parameter), eager.is_leaf, eager.fake_device)
+
+
+class CachedBias(nn.Module):
+    """A layer that keeps, in eval mode, a tensor made from its parameter in a plain dictionary
+    (timm LeViT's ``Attention.attention_bias_cache``): Linear(D, D) + that bias, B x D x D MACs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(D, D, bias=False)
+        self.table = nn.Parameter(torch.randn(D))
+        self.cache = {}
+
+    def forward(self, x):
+        if self.training:
+            return self.linear(x) + self.table
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.table * 2
+        return self.linear(x) + self.cache["bias"]
+
+
+class CachedBlock(nn.Module):
+    """The layer one level down (LeViT's block holding its attention): a call of a block is keyed
+    with the layer's cache read, from the caller's layer when its copy is not made yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = CachedBias()
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+class CachedStack(nn.Module):
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CachedBlock() for _ in range(n))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_blocks_holding_a_cached_tensor_after_a_forward_are_counted_on_fakes(monkeypatch):
+    """After an eval forward each layer's cache holds a real tensor. Reuse keys a layer not copied
+    yet as its copy will be, which a tensor attribute cannot be without copying it: the call is
+    traced (before, that refusal escaped the forward, and the count fell back to a real run with a
+    warning the reuse-off count does not have)."""
+    model, x = CachedStack().eval(), torch.randn(B, D)
+    with torch.no_grad():
+        model(x)  # fills every layer's cache
+    cached = [block.attn.cache["bias"] for block in model.blocks]
+    off, on = _both(monkeypatch, model, x)
+    assert off.warnings == on.warnings == ()
+    assert _rows(off) == _rows(on)
+    # hand-derived: four Linear(D, D) without bias on B rows, and one add per element per layer
+    assert on.macs == 4 * B * D * D
+    assert on.by_operator("flops")["aten::add"] == 4 * B * D
+    assert all(block.attn.cache["bias"] is t for block, t in zip(model.blocks, cached))  # left as found
