@@ -74,6 +74,8 @@ def show_value(value: Union[int, float], unit: str) -> str:
     or a count)."""
     if unit == "s":
         return format_ms(float(value) * 1e3)
+    if unit == "ms":
+        return format_ms(float(value))
     if unit == "MB":
         return format_bytes(float(value) * 10**6)
     if unit == "bytes":
