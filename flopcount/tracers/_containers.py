@@ -1,9 +1,12 @@
 """The one module-tree copier (issue #27): :class:`TreeCopier` walks the tree for the fake copy
 (``fake/copies.py``: tensors faked, other objects deep-copied) and for the real run's twin
-(``_twin.py``: tensors and other objects shared, what points at a module rebound to its twin)."""
+(``_twin.py``: tensors and other objects shared, what points at a module rebound to its twin).
+Both copy a library's hook wrapper installed as an instance-level ``forward`` by the one rule
+here, :meth:`TreeCopier.own_forward`."""
 
 from __future__ import annotations
 
+import functools
 import types
 from collections import OrderedDict
 from typing import Any, Callable, Dict
@@ -11,7 +14,7 @@ from typing import Any, Callable, Dict
 import torch
 from torch import nn
 
-__all__ = ["IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "fresh_uninitialized", "rebuilt"]
+__all__ = ["IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "always_shared", "fresh_uninitialized", "rebuilt"]
 
 #: what :func:`rebuilt` returns for a value that is not a dict, OrderedDict, list or tuple
 NOT_A_CONTAINER: Any = object()
@@ -20,6 +23,11 @@ IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, tor
 IMMUTABLE_TYPES = frozenset(IMMUTABLE)
 #: plain functions, builtins and classes: shared
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
+
+
+def always_shared(value: Any) -> bool:
+    """Whether every copy shares ``value`` as it is: an immutable value, a function, a class."""
+    return type(value) in IMMUTABLE_TYPES or isinstance(value, IMMUTABLE) or isinstance(value, _FUNCTIONS)
 
 
 def rebuilt(value: Any, memo: Dict[int, Any], convert: Callable[[Any], Any]) -> Any:
@@ -82,11 +90,10 @@ class TreeCopier:
         a time in the original's order, straight into it (no dictionary made in between)."""
         convert = self.value
         for key, value in vars(module).items():
-            state[key] = convert(value)
+            state[key] = self.own_forward(value) if key == "forward" else convert(value)
 
     def value(self, value: Any) -> Any:
-        kind = type(value)
-        if kind in IMMUTABLE_TYPES or isinstance(value, IMMUTABLE) or isinstance(value, _FUNCTIONS):
+        if always_shared(value):
             return value
         found = self.memo.get(id(value))
         if found is not None:
@@ -99,6 +106,61 @@ class TreeCopier:
         if container is not NOT_A_CONTAINER:
             return container
         return self.other(value)
+
+    def own_forward(self, value: Any) -> Any:
+        """The copy of an instance-level ``forward``. A library that hooks a module installs
+        ``functools.partial(new_forward, module)`` (diffusers' HookRegistry, accelerate), and
+        diffusers' ``new_forward`` is a closure over a reference object holding the module's
+        original forward and the hook with its state. Such a partial is rebuilt from its parts,
+        its function given closure cells of its own; each cell's contents and each of the
+        partial's parts is converted by :meth:`hook_part` (the caller's module becomes its copy,
+        the hook and its state the copy's own), so the copy's forward runs the copy and writes the
+        copy's hook state (issue #27 item 5: a count advanced the caller's hook state). A hook
+        wrapping another hook holds the inner partial in its reference object: :meth:`hook_part`
+        meets it and rebuilds it by this rule too where the copier says so (the twin). Any other
+        forward is converted as an attribute is (a plain function, a decorator's closure such as
+        an exported module's guard function, stays shared)."""
+        if type(value) is not functools.partial:
+            return self.value(value)
+        found = self.memo.get(id(value))
+        if found is not None:
+            return found
+        func = value.func
+        if type(func) is types.FunctionType and func.__closure__:
+            func = self._own_closure(func)
+        else:
+            func = self.hook_part(func)
+        made = functools.partial(
+            func, *[self.hook_part(arg) for arg in value.args], **{name: self.hook_part(arg) for name, arg in value.keywords.items()}
+        )
+        for name, item in vars(value).items():  # update_wrapper's names (``__wrapped__``: the function's copy if made)
+            copied = self.memo.get(id(item))
+            made.__dict__[name] = copied if copied is not None else self.value(item)
+        self.memo[id(value)] = made
+        return made
+
+    def _own_closure(self, function: types.FunctionType) -> types.FunctionType:
+        """``function`` with closure cells of its own, each cell's contents converted by :meth:`hook_part`."""
+        cells = []
+        for cell in function.__closure__ or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # a cell not yet filled
+                cells.append(types.CellType())
+                continue
+            cells.append(types.CellType(self.hook_part(contents)))
+        made = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__, tuple(cells))
+        made.__kwdefaults__ = function.__kwdefaults__
+        made.__qualname__ = function.__qualname__
+        made.__dict__.update(vars(function))
+        self.memo[id(function)] = made
+        return made
+
+    def hook_part(self, value: Any) -> Any:
+        """What a hook wrapper's closure cell or partial argument holds, converted for the copy:
+        as an attribute is (:meth:`value`) unless the copier needs more (the twin, which shares
+        other objects, copies the hook's)."""
+        return self.value(value)
 
     def tensor(self, value: torch.Tensor) -> Any:
         """A tensor not converted beforehand (one held in a container, a plain attribute)."""

@@ -22,10 +22,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import functools
 import logging
 import threading
-import types
 from collections import OrderedDict
 from functools import cache
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -1039,52 +1037,6 @@ class _TreeCopier(TreeCopier):
         if (kind is dict or kind is OrderedDict) and not value:
             return kind()  # the hook and buffer dictionaries of most modules: empty
         return super().value(value)
-
-    def own_forward(self, value: Any) -> Any:
-        """The copy of an instance-level ``forward``. A library that hooks a module installs
-        ``functools.partial(new_forward, module)`` (diffusers' HookRegistry, accelerate), and
-        diffusers' ``new_forward`` is a closure over the module's original forward and the hook
-        with its state. Such a partial is rebuilt from its parts, its function given closure cells
-        of its own, each part converted as an attribute is (the caller's module becomes its copy, a
-        hook and its state a deep copy), so the copy's forward runs the copy and writes the copy's
-        hook state. Any other forward is converted as an attribute is (a plain function, a
-        decorator's closure such as an exported module's guard function, stays shared), and so is a
-        closure held inside a hook's object (a second hook wrapping the first)."""
-        if type(value) is not functools.partial:
-            return self.value(value)
-        found = self.memo.get(id(value))
-        if found is not None:
-            return found
-        func = value.func
-        if type(func) is types.FunctionType and func.__closure__:
-            func = self._own_closure(func)
-        else:
-            func = self.value(func)
-        made = functools.partial(
-            func, *[self.value(arg) for arg in value.args], **{name: self.value(arg) for name, arg in value.keywords.items()}
-        )
-        for name, item in vars(value).items():  # update_wrapper's names (``__wrapped__``: the function's copy if made)
-            copied = self.memo.get(id(item))
-            made.__dict__[name] = copied if copied is not None else self.value(item)
-        self.memo[id(value)] = made
-        return made
-
-    def _own_closure(self, function: types.FunctionType) -> types.FunctionType:
-        """``function`` with closure cells of its own, each cell's contents converted."""
-        cells = []
-        for cell in function.__closure__ or ():
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # a cell not yet filled
-                cells.append(types.CellType())
-                continue
-            cells.append(types.CellType(self.value(contents)))
-        made = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__, tuple(cells))
-        made.__kwdefaults__ = function.__kwdefaults__
-        made.__qualname__ = function.__qualname__
-        made.__dict__.update(vars(function))
-        self.memo[id(function)] = made
-        return made
 
     def tensor(self, value: torch.Tensor) -> Any:
         if isinstance(value, self.faker.fake_type) and value.fake_mode is self.faker.mode:
