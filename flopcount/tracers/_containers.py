@@ -6,6 +6,7 @@ here, :meth:`TreeCopier.own_forward`."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import types
 from collections import OrderedDict
@@ -23,6 +24,25 @@ IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, tor
 IMMUTABLE_TYPES = frozenset(IMMUTABLE)
 #: plain functions, builtins and classes: shared
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
+
+
+def _plain_object(value: Any) -> bool:
+    """Whether ``value`` is a plain Python object, all of its state in its ``__dict__``: a
+    ``SimpleNamespace``, or an instance of a class that defines no pickling or copying methods
+    of its own and no slots (``copy.copy`` then makes a new one with the same attributes)."""
+    kind = type(value)
+    if kind is types.SimpleNamespace:
+        return True
+    if not hasattr(value, "__dict__") or any("__slots__" in vars(base) for base in kind.__mro__):
+        return False
+    return (
+        kind.__reduce_ex__ is object.__reduce_ex__
+        and kind.__reduce__ is object.__reduce__
+        and kind.__getstate__ is object.__getstate__
+        and getattr(kind, "__setstate__", None) is None
+        and getattr(kind, "__copy__", None) is None
+        and getattr(kind, "__deepcopy__", None) is None
+    )
 
 
 def always_shared(value: Any) -> bool:
@@ -157,10 +177,46 @@ class TreeCopier:
         return made
 
     def hook_part(self, value: Any) -> Any:
-        """What a hook wrapper's closure cell or partial argument holds, converted for the copy:
-        as an attribute is (:meth:`value`) unless the copier needs more (the twin, which shares
-        other objects, copies the hook's)."""
-        return self.value(value)
+        """What a hook wrapper's closure cell or partial argument holds, made the copy's own: a
+        deep copy (not shallow: diffusers keeps the state three objects down, the reference object
+        -> the hook -> its state, and every level is written or read through the one above it),
+        taken apart here so that what it meets is converted by the copier's rules: a module
+        becomes its copy, a function or immutable value is shared, a container is rebuilt, a bound
+        method is bound to its object's copy, a ``functools.partial`` is rebuilt by
+        :meth:`own_forward` (a hook wrapping another hook: the inner closure is the copy's too), a
+        tensor goes to :meth:`hook_tensor`, and a plain Python object (its attributes all its state:
+        a hook, its state, the reference object) becomes a new object of its class holding its
+        attributes so converted. Any other object (one with pickling methods of its own, slots, a
+        lock) goes to :meth:`other`, as an attribute would."""
+        if always_shared(value):
+            return value
+        found = self.memo.get(id(value))
+        if found is not None:
+            return found
+        if isinstance(value, nn.Module):
+            return self.module(value)
+        if isinstance(value, torch.Tensor):
+            return self.hook_tensor(value)
+        container = rebuilt(value, self.memo, self.hook_part)
+        if container is not NOT_A_CONTAINER:
+            return container
+        if type(value) is functools.partial:
+            return self.own_forward(value)
+        if isinstance(value, types.MethodType):
+            return types.MethodType(value.__func__, self.hook_part(value.__self__))
+        if not _plain_object(value):
+            return self.other(value)
+        made = copy.copy(value)
+        self.memo[id(value)] = made  # first: the hook's state may point back at the hook
+        state = vars(made)
+        for key, item in list(state.items()):
+            state[key] = self.hook_part(item)
+        return made
+
+    def hook_tensor(self, value: torch.Tensor) -> Any:
+        """A tensor a hook's objects hold (its cached output), not converted beforehand: as
+        :meth:`tensor` unless the copier says otherwise."""
+        return self.tensor(value)
 
     def tensor(self, value: torch.Tensor) -> Any:
         """A tensor not converted beforehand (one held in a container, a plain attribute)."""

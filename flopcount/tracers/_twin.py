@@ -27,7 +27,6 @@ a ``torch.compile``d submodule (its forward is a closure over the original modul
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import types
@@ -39,7 +38,7 @@ from torch.utils.hooks import RemovableHandle
 
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.model_facts import ModelFacts
-from flopcount.tracers._containers import NOT_A_CONTAINER, TreeCopier, always_shared, fresh_uninitialized, rebuilt
+from flopcount.tracers._containers import TreeCopier, fresh_uninitialized
 
 __all__ = ["private_twin"]
 
@@ -113,51 +112,14 @@ class _Copier(TreeCopier):
             return self.own_forward(value)  # the hook wrapper's rule (_containers.TreeCopier)
         return value
 
-    def hook_part(self, value: Any) -> Any:
-        """What a hook wrapper's closure or partial holds (:meth:`TreeCopier.own_forward`): the
-        hook's objects are the twin's own, a deep copy by the twin's rules, so the run writes the
-        twin's hook state, never the caller's. Deep, not shallow: diffusers keeps the state two
-        objects down (the reference object -> the hook -> its state manager -> the state), and
-        every level is written or read through the copy above it. By the twin's rules: a module
-        is its twin, a parameter or buffer the shared tensor, a function or class shared, a
-        bound method bound to its object's copy, a partial rebuilt by the same rule (a hook
-        wrapping a hook), a container rebuilt; any other tensor (the hook's cached output) a
-        copy (as the run's buffers are: ``preserved_model_state(own_buffers=True)``), since a hook
-        may update its cache in place and the caller's tensor must not be written; it costs the
-        memory of those tensors, not of the model. An object the copy module cannot copy, or
-        copies as itself (a lock, an enum, a weak reference), is shared as the twin shares
-        other objects; the contents of ``__slots__`` are shared."""
-        if always_shared(value):
-            return value
-        found = self.memo.get(id(value))
-        if found is not None:
-            return found
-        if isinstance(value, nn.Module):
-            return self.module(value)
-        if isinstance(value, torch.Tensor):
-            made_tensor = value.detach().clone()
-            if value.requires_grad:
-                made_tensor.requires_grad_()
-            self.memo[id(value)] = made_tensor
-            return made_tensor
-        container = rebuilt(value, self.memo, self.hook_part)
-        if container is not NOT_A_CONTAINER:
-            return container
-        kind = type(value)
-        if kind is functools.partial:
-            return self.own_forward(value)
-        if isinstance(value, types.MethodType):
-            return types.MethodType(value.__func__, self.hook_part(value.__self__))
-        if kind is set or kind is RemovableHandle:
-            return self.other(value)
-        try:
-            made = copy.copy(value)
-        except Exception:  # a lock, a C object: shared
-            return value
-        if made is value or not hasattr(made, "__dict__"):
-            return value
-        self.memo[id(value)] = made  # first: the hook's state may point back at the hook
-        state = vars(made)
-        for key, item in list(state.items()):
-            state[key] = self.hook_part(item)
+    def hook_tensor(self, value: torch.Tensor) -> Any:
+        """A tensor a hook's objects hold that is not a parameter or buffer of the model (those
+        are shared: they come in ``memo``), its cached output: a copy, as the run's buffers are
+        (``preserved_model_state(own_buffers=True)``), since a hook may update its cache in place
+        and the caller's tensor must not be written. It costs the memory of those tensors (a
+        cache of activations), not of the model."""
+        made = value.detach().clone()
+        if value.requires_grad:
+            made.requires_grad_()
+        self.memo[id(value)] = made
         return made
