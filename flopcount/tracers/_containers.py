@@ -1,7 +1,7 @@
 """The one module-tree copier (issue #27): :class:`TreeCopier` walks the tree for the fake copy
 (``fake/copies.py``: tensors faked, other objects deep-copied) and for the real run's twin
-(``_twin.py``: tensors and other objects shared, what points at a module rebound to its twin).
-Both copy a library's hook wrapper installed as an instance-level ``forward`` by the one rule
+(``_twin.py``: tensors and other objects shared, what points at a module rebound to its twin), and
+a real deep copy (:func:`deep_copied`: ``copy.deepcopy``'s rules). All copy a library's hook wrapper installed as an instance-level ``forward`` by the one rule
 here, :meth:`TreeCopier.own_forward`."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any, Callable, Dict
 import torch
 from torch import nn
 
-__all__ = ["IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "always_shared", "fresh_uninitialized", "rebuilt"]
+__all__ = [
+    "IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "always_shared", "deep_copied", "fresh_uninitialized", "rebuilt",
+]
 
 #: what :func:`rebuilt` returns for a value that is not a dict, OrderedDict, list or tuple
 NOT_A_CONTAINER: Any = object()
@@ -225,3 +227,22 @@ class TreeCopier:
     def other(self, value: Any) -> Any:
         """Any other object: a set, a config, a bound method, a KV cache..."""
         raise NotImplementedError
+
+
+class _DeepCopier(TreeCopier):
+    """:func:`deep_copied`'s policy: tensors and other objects as ``copy.deepcopy`` copies them."""
+
+    def tensor(self, value: torch.Tensor) -> Any:
+        return copy.deepcopy(value, self.memo)
+
+    def other(self, value: Any) -> Any:
+        return copy.deepcopy(value, self.memo)
+
+
+def deep_copied(model: nn.Module, memo: Dict[int, Any]) -> nn.Module:
+    """``copy.deepcopy(model, memo)`` (what ``memo`` holds beforehand is used as it is, and
+    afterwards it maps each original to its copy), except that a library's hook wrapper installed
+    as an instance-level ``forward`` is the copy's own (:meth:`TreeCopier.own_forward`):
+    ``copy.deepcopy`` shares functions, closures included, so the copy of diffusers' partial ran
+    the caller's module through the caller's closure and advanced the caller's hook state."""
+    return _DeepCopier(memo).module(model)

@@ -151,3 +151,26 @@ def test_a_hook_wrapping_a_hook_keeps_both_states(monkeypatch: Any, tracer: str,
     with torch.no_grad():
         model(x)
     assert (inner.state.calls, outer.state.calls) == (2, 1)  # the caller's model still runs its own hooks
+
+
+def test_estimate_memorys_real_step_leaves_a_hooks_state_alone() -> None:
+    """estimate_memory's real-step fallback (``nonzero``) runs a deep copy; ``copy.deepcopy``
+    shares functions, so the copy's forward was the caller's closure over the caller's module:
+    the step ran the caller's module and advanced its hook. Oracle: MemTracker live on the same
+    step of a model built afresh the same way (tests/test_memory.py's ``truth_peak``)."""
+    pytest.importorskip("torch.distributed._tools.mem_tracker")
+    from test_memory import truth_peak
+
+    from flopcount import estimate_memory
+    from flopcount.errors import FlopcountWarning
+
+    model, hook, x = _model(data_dependent=True)
+    cached = hook.state.cache
+    with pytest.warns(FlopcountWarning, match="measured one real step"):
+        first = estimate_memory(model, x)
+    with pytest.warns(FlopcountWarning, match="measured one real step"):
+        second = estimate_memory(model, x)
+    assert hook.state.calls == 1 and hook.state.cache is cached
+    fresh, _, fresh_x = _model(data_dependent=True)
+    assert first.peak_bytes == second.peak_bytes == truth_peak(fresh, fresh_x, False, None)
+    assert first.module("body.0").calls == 1

@@ -36,7 +36,7 @@ from flopcount.core.hooks import is_hook_name
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
 from flopcount.errors import TraceError, UsageError
-from flopcount.tracers._containers import IMMUTABLE_TYPES, TreeCopier, fresh_uninitialized
+from flopcount.tracers._containers import IMMUTABLE_TYPES, TreeCopier, deep_copied, fresh_uninitialized
 from flopcount.tracers.fake.making import FakeMaker
 
 __all__ = [
@@ -1109,7 +1109,7 @@ def shared_tensor_copy(model: nn.Module) -> nn.Module:
     for tensor in _own_tensors(model) + _attribute_tensors(model):
         # an uninitialised buffer cannot be deep-copied: the copy gets a fresh one of its kind
         memo[id(tensor)] = fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
-    return copy.deepcopy(model, memo)
+    return deep_copied(model, memo)
 
 
 class _QuietThread(logging.Filter):
