@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "always_shared", "deep_copied", "fresh_uninitialized", "rebuilt",
+    "IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "deep_copied", "fresh_uninitialized", "rebuilt",
 ]
 
 #: what :func:`rebuilt` returns for a value that is not a dict, OrderedDict, list or tuple
@@ -26,6 +26,8 @@ IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, tor
 IMMUTABLE_TYPES = frozenset(IMMUTABLE)
 #: plain functions, builtins and classes: shared
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, type)
+#: what every copy shares as it is: immutable values, functions, classes
+_SHARED = IMMUTABLE + _FUNCTIONS
 
 
 def _plain_object(value: Any) -> bool:
@@ -45,11 +47,6 @@ def _plain_object(value: Any) -> bool:
         and getattr(kind, "__copy__", None) is None
         and getattr(kind, "__deepcopy__", None) is None
     )
-
-
-def always_shared(value: Any) -> bool:
-    """Whether every copy shares ``value`` as it is: an immutable value, a function, a class."""
-    return type(value) in IMMUTABLE_TYPES or isinstance(value, IMMUTABLE) or isinstance(value, _FUNCTIONS)
 
 
 def rebuilt(value: Any, memo: Dict[int, Any], convert: Callable[[Any], Any]) -> Any:
@@ -115,7 +112,7 @@ class TreeCopier:
             state[key] = self.own_forward(value) if key == "forward" else convert(value)
 
     def value(self, value: Any) -> Any:
-        if always_shared(value):
+        if type(value) in IMMUTABLE_TYPES or isinstance(value, _SHARED):
             return value
         found = self.memo.get(id(value))
         if found is not None:
@@ -190,7 +187,7 @@ class TreeCopier:
         a hook, its state, the reference object) becomes a new object of its class holding its
         attributes so converted. Any other object (one with pickling methods of its own, slots, a
         lock) goes to :meth:`other`, as an attribute would."""
-        if always_shared(value):
+        if isinstance(value, _SHARED):
             return value
         found = self.memo.get(id(value))
         if found is not None:

@@ -13,7 +13,11 @@ at the twin's hook dictionary), while every tensor is shared (no
 memory is copied; the tracers run on copies of the buffers, ``preserved_model_state(...,
 own_buffers=True)``, so the caller's buffer tensors are never written). Lazy modules get fresh
 uninitialised parameters: the caller's stay lazy. Other objects (configs, tokenizers, locks)
-are shared, not copied.
+are shared, not copied, except what a library's hook wrapper installed as an instance-level
+``forward`` holds (diffusers' ``enable_cache``: a partial of a closure over the hook and its
+state): that is the twin's own, by the rule the fake copy uses (``TreeCopier.own_forward`` and
+``hook_part``; :meth:`_Copier.hook_tensor` for its tensors), so the run writes the twin's hook
+state, never the caller's (issue #27 item 5).
 
 Parameters are shared objects (not new ones): an optimizer the caller passes for the step's
 count names them, and a forward-only run never writes them (``torch.no_grad()``); what the
@@ -85,7 +89,8 @@ def private_twin(model: nn.Module, facts: Optional[ModelFacts] = None) -> Option
 class _Copier(TreeCopier):
     """The twin: tensors shared (they come in ``memo``, or are shared when met in a container);
     other objects shared, but sets copied and what points at a module of the tree rebound to
-    its twin (bound methods, ``functools.partial`` objects, hook handles)."""
+    its twin (bound methods, ``functools.partial`` objects, hook handles), and a hook wrapper's
+    objects the twin's own (:meth:`TreeCopier.own_forward`)."""
 
     def tensor(self, value: torch.Tensor) -> Any:
         return value  # a tensor attribute: shared, as before (the run's own writes to it are the forward's)
