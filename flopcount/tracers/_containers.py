@@ -1,8 +1,9 @@
 """The one module-tree copier (issue #27): :class:`TreeCopier` walks the tree for the fake copy
 (``fake/copies.py``: tensors faked, other objects deep-copied) and for the real run's twin
 (``_twin.py``: tensors and other objects shared, what points at a module rebound to its twin), and
-a real deep copy (:func:`deep_copied`: ``copy.deepcopy``'s rules). All copy a library's hook wrapper installed as an instance-level ``forward`` by the one rule
-here, :meth:`TreeCopier.own_forward`."""
+for a real deep copy (:func:`deep_copied`: ``copy.deepcopy``'s rules). All three copy a library's
+hook wrapper installed as an instance-level ``forward`` by the one rule here,
+:meth:`TreeCopier.own_forward` with :meth:`TreeCopier.hook_part`."""
 
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ class TreeCopier:
         the hook and its state the copy's own), so the copy's forward runs the copy and writes the
         copy's hook state (issue #27 item 5: a count advanced the caller's hook state). A hook
         wrapping another hook holds the inner partial in its reference object: :meth:`hook_part`
-        meets it and rebuilds it by this rule too where the copier says so (the twin). Any other
+        meets it there and rebuilds it by this rule too. Any other
         forward is converted as an attribute is (a plain function, a decorator's closure such as
         an exported module's guard function, stays shared)."""
         if type(value) is not functools.partial:
