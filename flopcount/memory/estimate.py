@@ -50,6 +50,7 @@ from flopcount.step.replay import (
     truncated,
 )
 from flopcount.step.runner import peak_tracker, run_step
+from flopcount.tracers._containers import deep_copied
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.dispatch import _in_chain
@@ -456,7 +457,8 @@ def _real_step_fallback(
             input_shapes=needs.error.input_shapes,
         ) from needs.error.__cause__
     memo: Dict[int, Any] = {}
-    copy_model, copy_tensors = copy.deepcopy((model, list(call.tensors)), memo)
+    copy_model = deep_copied(model, memo)  # a hook wrapper's closure the copy's own, not shared
+    copy_tensors = copy.deepcopy(list(call.tensors), memo)
     twins = {id(p): memo[id(p)] for p in model.parameters() if id(p) in memo}
     if cast is not None:
         copy_model.to(cast)

@@ -13,7 +13,11 @@ at the twin's hook dictionary), while every tensor is shared (no
 memory is copied; the tracers run on copies of the buffers, ``preserved_model_state(...,
 own_buffers=True)``, so the caller's buffer tensors are never written). Lazy modules get fresh
 uninitialised parameters: the caller's stay lazy. Other objects (configs, tokenizers, locks)
-are shared, not copied.
+are shared, not copied, except what a library's hook wrapper installed as an instance-level
+``forward`` holds (diffusers' ``enable_cache``: a partial of a closure over the hook and its
+state): that is the twin's own, by the rule the fake copy uses (``TreeCopier.own_forward`` and
+``hook_part``; :meth:`_Copier.hook_tensor` for its tensors), so the run writes the twin's hook
+state, never the caller's (issue #27 item 5).
 
 Parameters are shared objects (not new ones): an optimizer the caller passes for the step's
 count names them, and a forward-only run never writes them (``torch.no_grad()``); what the
@@ -85,7 +89,8 @@ def private_twin(model: nn.Module, facts: Optional[ModelFacts] = None) -> Option
 class _Copier(TreeCopier):
     """The twin: tensors shared (they come in ``memo``, or are shared when met in a container);
     other objects shared, but sets copied and what points at a module of the tree rebound to
-    its twin (bound methods, ``functools.partial`` objects, hook handles)."""
+    its twin (bound methods, ``functools.partial`` objects, hook handles), and a hook wrapper's
+    objects the twin's own (:meth:`TreeCopier.own_forward`)."""
 
     def tensor(self, value: torch.Tensor) -> Any:
         return value  # a tensor attribute: shared, as before (the run's own writes to it are the forward's)
@@ -109,11 +114,17 @@ class _Copier(TreeCopier):
         if isinstance(value, types.MethodType) and isinstance(value.__self__, nn.Module):
             return types.MethodType(value.__func__, self.value(value.__self__))
         if kind is functools.partial:
-            made = functools.partial(
-                self.value(value.func),
-                *(self.value(arg) for arg in value.args),
-                **{key: self.value(arg) for key, arg in value.keywords.items()},
-            )
-            made.__dict__.update({key: self.value(item) for key, item in vars(value).items()})  # functools.wraps' names
-            return made
+            return self.own_forward(value)  # the hook wrapper's rule (_containers.TreeCopier)
         return value
+
+    def hook_tensor(self, value: torch.Tensor) -> Any:
+        """A tensor a hook's objects hold that is not a parameter or buffer of the model (those
+        are shared: they come in ``memo``), its cached output: a copy, as the run's buffers are
+        (``preserved_model_state(own_buffers=True)``), since a hook may update its cache in place
+        and the caller's tensor must not be written. It costs the memory of those tensors (a
+        cache of activations), not of the model."""
+        made = value.detach().clone()
+        if value.requires_grad:
+            made.requires_grad_()
+        self.memo[id(value)] = made
+        return made

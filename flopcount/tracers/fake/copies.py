@@ -22,10 +22,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import functools
 import logging
 import threading
-import types
 from collections import OrderedDict
 from functools import cache
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -38,7 +36,7 @@ from flopcount.core.hooks import is_hook_name
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
 from flopcount.errors import TraceError, UsageError
-from flopcount.tracers._containers import IMMUTABLE_TYPES, TreeCopier, fresh_uninitialized
+from flopcount.tracers._containers import IMMUTABLE_TYPES, TreeCopier, deep_copied, fresh_uninitialized
 from flopcount.tracers.fake.making import FakeMaker
 
 __all__ = [
@@ -1040,52 +1038,6 @@ class _TreeCopier(TreeCopier):
             return kind()  # the hook and buffer dictionaries of most modules: empty
         return super().value(value)
 
-    def own_forward(self, value: Any) -> Any:
-        """The copy of an instance-level ``forward``. A library that hooks a module installs
-        ``functools.partial(new_forward, module)`` (diffusers' HookRegistry, accelerate), and
-        diffusers' ``new_forward`` is a closure over the module's original forward and the hook
-        with its state. Such a partial is rebuilt from its parts, its function given closure cells
-        of its own, each part converted as an attribute is (the caller's module becomes its copy, a
-        hook and its state a deep copy), so the copy's forward runs the copy and writes the copy's
-        hook state. Any other forward is converted as an attribute is (a plain function, a
-        decorator's closure such as an exported module's guard function, stays shared), and so is a
-        closure held inside a hook's object (a second hook wrapping the first)."""
-        if type(value) is not functools.partial:
-            return self.value(value)
-        found = self.memo.get(id(value))
-        if found is not None:
-            return found
-        func = value.func
-        if type(func) is types.FunctionType and func.__closure__:
-            func = self._own_closure(func)
-        else:
-            func = self.value(func)
-        made = functools.partial(
-            func, *[self.value(arg) for arg in value.args], **{name: self.value(arg) for name, arg in value.keywords.items()}
-        )
-        for name, item in vars(value).items():  # update_wrapper's names (``__wrapped__``: the function's copy if made)
-            copied = self.memo.get(id(item))
-            made.__dict__[name] = copied if copied is not None else self.value(item)
-        self.memo[id(value)] = made
-        return made
-
-    def _own_closure(self, function: types.FunctionType) -> types.FunctionType:
-        """``function`` with closure cells of its own, each cell's contents converted."""
-        cells = []
-        for cell in function.__closure__ or ():
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # a cell not yet filled
-                cells.append(types.CellType())
-                continue
-            cells.append(types.CellType(self.value(contents)))
-        made = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__, tuple(cells))
-        made.__kwdefaults__ = function.__kwdefaults__
-        made.__qualname__ = function.__qualname__
-        made.__dict__.update(vars(function))
-        self.memo[id(function)] = made
-        return made
-
     def tensor(self, value: torch.Tensor) -> Any:
         if isinstance(value, self.faker.fake_type) and value.fake_mode is self.faker.mode:
             return value  # already one of ours
@@ -1157,7 +1109,7 @@ def shared_tensor_copy(model: nn.Module) -> nn.Module:
     for tensor in _own_tensors(model) + _attribute_tensors(model):
         # an uninitialised buffer cannot be deep-copied: the copy gets a fresh one of its kind
         memo[id(tensor)] = fresh_uninitialized(tensor) if is_uninitialized(tensor) else tensor
-    return copy.deepcopy(model, memo)
+    return deep_copied(model, memo)
 
 
 class _QuietThread(logging.Filter):
