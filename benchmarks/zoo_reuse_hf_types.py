@@ -12,8 +12,8 @@ no download. A type whose config or model cannot be built, or whose plain forwar
   and on a copy built on the meta device: everything a user can read, compared by
   ``zoo_reuse.compare_model``;
 * ``count_generation(model, input_ids, NEW_TOKENS)`` with reuse off vs on, real and meta, compared
-  in full (``to_dict`` and every step's rows); and on the meta copy, the default (the steps
-  between the traced ones costed as their affine continuation) against ``trace_every_step=True``;
+  in full (``to_dict`` and every step's rows); and the default (the steps between the traced
+  ones costed as their affine continuation) against ``trace_every_step=True``;
 * an independent oracle: ``torch.utils.flop_counter.FlopCounterMode`` run live on a real
   forward (SDPA on its math backend), compared on the contraction families it counts
   (``zoo_reuse_timm.flopcount_families``; docs/conventions.md, "Differences to
@@ -165,7 +165,7 @@ def generation_rows(result: Any) -> Dict[str, Any]:
             "step totals": [(step.flops, step.macs) for step in result.steps]}
 
 
-def generation_difference(model: torch.nn.Module, ids: torch.Tensor, meta: bool) -> Optional[str]:
+def generation_difference(model: torch.nn.Module, ids: torch.Tensor) -> Optional[str]:
     def generate(**options: Any) -> Any:
         return flopcount.count_generation(model, ids, NEW_TOKENS, **options)
 
@@ -174,13 +174,12 @@ def generation_difference(model: torch.nn.Module, ids: torch.Tensor, meta: bool)
     off_rows, on_rows = generation_rows(off), generation_rows(on)
     if off_rows != on_rows:
         return "count_generation " + _first_difference(off_rows, on_rows)
-    if meta:
-        every = _with_reuse(True, lambda: generate(trace_every_step=True))
-        every_rows = generation_rows(every)
-        every_rows["dict"].pop("warnings", None)
-        on_rows["dict"].pop("warnings", None)
-        if every_rows != on_rows:
-            return "count_generation trace_every_step " + _first_difference(every_rows, on_rows)
+    every = _with_reuse(True, lambda: generate(trace_every_step=True))
+    every_rows = generation_rows(every)
+    every_rows["dict"].pop("warnings", None)  # the note on the steps continued differs, as it should
+    on_rows["dict"].pop("warnings", None)
+    if every_rows != on_rows:
+        return "count_generation trace_every_step " + _first_difference(every_rows, on_rows)
     return None
 
 
@@ -198,7 +197,7 @@ def check(model_type: str, class_name: str, device: Optional[str], generate: boo
         if changed:
             return f"count_flops changed the model or inputs: {', '.join(changed)}", reused
     try:
-        difference = generation_difference(model, ids, device == "meta") if generate else None
+        difference = generation_difference(model, ids) if generate else None
     except UsageError as exc:  # refused, with its reason (a model that returns no cache): said, not a failure
         print(f"REFUSED {model_type}{' (meta)' if device else ''}: {zoo.first_line(exc)[:160]}", flush=True)
         difference = None
