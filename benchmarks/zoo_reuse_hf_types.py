@@ -25,6 +25,7 @@ Prints one line per model that differs or fails and a summary; exit status 1 on 
 
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --match qwen
+    PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --base   # count_flops only
 """
 
 from __future__ import annotations
@@ -128,11 +129,12 @@ def tiny_config(config: Any) -> Any:
 def build(model_type: str, class_name: str, device: Optional[str]) -> torch.nn.Module:
     import transformers
     from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = tiny_config(CONFIG_MAPPING[model_type]())
     config.use_cache = True
-    if hasattr(config, "is_decoder"):
-        config.is_decoder = True
+    if hasattr(config, "is_decoder") and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        config.is_decoder = True  # BERT-like types as causal LMs
     model_class = getattr(transformers, class_name)
     if not isinstance(config, model_class.config_class) and hasattr(config, "text_config"):
         config = config.text_config  # a text-only class listed under its composite type (llama4)
@@ -241,11 +243,17 @@ def plain_generate_error(model_type: str, class_name: str) -> Optional[str]:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--match", default=None, help="only model types containing this text")
+    parser.add_argument("--base", action="store_true",
+                        help="the base models (MODEL_MAPPING_NAMES) of the types with no causal-LM class: count_flops only")
     args = parser.parse_args(argv)
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
-    types = [(t, c) for t, c in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if not args.match or args.match in t]
+    mapping = dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if args.base:
+        mapping = {t: c if isinstance(c, str) else c[0] for t, c in MODEL_MAPPING_NAMES.items()
+                   if t not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
+    types = [(t, c) for t, c in mapping.items() if not args.match or args.match in t]
     torch.set_num_threads(1)
     not_run: List[str] = []
     no_generate: List[str] = []
@@ -257,8 +265,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             not_run.append(model_type)
             print(f"NOT RUN {model_type} ({class_name}): {reason}", flush=True)
             continue
-        generate_error = plain_generate_error(model_type, class_name)
-        if generate_error is not None:
+        generate_error = "a base model (no language-model head)" if args.base else plain_generate_error(model_type, class_name)
+        if generate_error is not None and not args.base:
             no_generate.append(model_type)
             print(f"NO GENERATE {model_type} ({class_name}): count_flops only; generate() fails: {generate_error}",
                   flush=True)
@@ -281,7 +289,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"DIFFER {where}: {difference}", flush=True)
             print(f"  {where}: {time.perf_counter() - clock:.1f} s", file=sys.stderr, flush=True)
     ran = len(types) - len(not_run)
-    print(f"\n{len(types)} causal-LM model types, {ran} built and ran a plain forward ({len(not_run)} not run; generate() fails on {len(no_generate)} "
+    print(f"\n{len(types)} {'base' if args.base else 'causal-LM'} model types, {ran} built and ran a plain forward ({len(not_run)} not run; generate() fails on {len(no_generate)} "
           f"more, counted by count_flops only); "
           f"{same + differ} counts compared (real weights and meta copy): {same} identical (count_flops and "
           f"count_generation, reuse off = on; on real weights, equal to FlopCounterMode), {differ} differ, "
