@@ -289,3 +289,19 @@ def test_a_failing_prepare_inputs_falls_back_to_the_plain_step_inputs() -> None:
     attention = [LAYERS * B * HEADS * (prompt + s + 1) * 2 * HD for s in range(new_tokens - 1)]
     assert [s.macs for s in result.steps] == [B * (DENSE + H * VOCAB) + a for a in attention]
     assert any("prepare_inputs_for_generation" in w and "TypeError" in w for w in result.warnings)
+
+
+def test_a_continued_step_is_described_by_its_own_inputs() -> None:
+    """A step costed as the affine continuation reads as the traced step would (found by
+    benchmarks/zoo_reuse_hf_types.py): its ``to_dict()`` (totals, rows and the inputs it was
+    fed: here the attention mask of P + s + 1 positions) equals ``trace_every_step=True``'s;
+    it said the first step's inputs (a mask of P + 1)."""
+    model = _model(_config("llama"))
+    prompt, new = 12, 8
+    ids = torch.randint(0, VOCAB, (B, prompt), generator=torch.Generator().manual_seed(1))
+    continued = count_generation(model, ids, new_tokens=new)
+    traced = count_generation(model, ids, new_tokens=new, trace_every_step=True)
+    assert any("affine continuation" in w for w in continued.warnings)
+    assert [step.to_dict() for step in continued.steps] == [step.to_dict() for step in traced.steps]
+    masks = [f"attention_mask=Tensor[{B}, {prompt + s + 1}] int64" for s in range(new - 1)]
+    assert all(mask in step.to_dict()["inputs"] for mask, step in zip(masks, continued.steps))

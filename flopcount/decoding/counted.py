@@ -141,7 +141,10 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
                     continue
                 # a continued step was not traced: none of its calls reused (its base's figure is not its own)
                 base_result = replace(steps[first], reused_calls=0) if steps[first].reused_calls else steps[first]
-                steps += [affine.result_at(s - first, base_result) for s in range(index, final)]
+                for continued in range(index, final):
+                    # described by its own inputs (a growing mask, CpmAnt's whole sequence), not its base's
+                    result = affine.result_at(continued - first, base_result)
+                    steps.append(replace(result, input_description=counter.describe(state.call(continued))))
                 predicted.append((index, final - 1))
                 try:
                     counter.catch_up(state.call(index, width=final - index))
@@ -294,6 +297,11 @@ class Counter:
         if self.fast:
             return False
         return run_for_output(self.model, prepared, self.facts)
+
+    def describe(self, call: Mapping[str, Any]) -> str:
+        """How a step's FlopResult describes the forward ``call`` (a continued step's own call
+        described as a traced one would be)."""
+        return self._described(prepare_call((), call))
 
     def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
         prepared = prepare_call((), call)

@@ -374,13 +374,15 @@ class Decoding:
 
 def _step_preparer(model: nn.Module, setup: Setup) -> Any:
     """The model's ``prepare_inputs_for_generation`` when it takes the arguments generate()
-    gives it in transformers 5 (``cache``, ``next_sequence_length``), else None."""
+    gives it in transformers 5 (``cache``, ``next_sequence_length``; by name or through
+    ``**kwargs``, as CpmAnt's and XLM's overrides take them), else None."""
     prepare = getattr(model, "prepare_inputs_for_generation", None)
     if not callable(prepare) or setup.cache_key != "cache":
         return None
     names = _signature_parameters(prepare)
-    takes_length = "next_sequence_length" in names or any(p.kind is p.VAR_KEYWORD for p in names.values())
-    return prepare if takes_length and "cache" in names else None
+    if any(p.kind is p.VAR_KEYWORD for p in names.values()):
+        return prepare
+    return prepare if "next_sequence_length" in names and "cache" in names else None
 
 
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

@@ -280,7 +280,9 @@ def _einsum_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional
     if kwargs or not args or not isinstance(args[0], str):
         return None
     equation = args[0]
-    operands = list(args[1][0] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:])
+    # torch hands its torch-function modes ``(equation, *operands)``; with the old interface,
+    # ``einsum(equation, (a, b))``, that is ``(equation, (a, b))``: the operands are args[1] itself
+    operands = list(args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:])
     path = None
     opt = torch.backends.opt_einsum
     if len(operands) > 2 and opt.enabled and opt.is_available():

@@ -89,6 +89,24 @@ def test_matmul_family_macs_equal_fvcore_and_flops_equal_torch():
     assert 2 * r.macs == torch_flops(model, (x,))
 
 
+class EinsumOperandTuple(nn.Module):
+    """ProphetNet's ngram attention: ``torch.einsum(equation, (a, b))``, the operands in one tuple."""
+
+    def forward(self, query, key):
+        return torch.einsum("bnhtc,bnhsc->bnhts", (query, key))
+
+
+@pytest.mark.parametrize("tracer", ["dispatch", "auto", "jit"])
+def test_einsum_operands_in_one_tuple_equal_flop_counter_mode(tracer):
+    # the binder took the tuple's first tensor as the operand list (its slices as operands): the
+    # handler raised on every tracer but jit (transformers' ProphetNetForCausalLM could not be counted)
+    query, key = torch.randn(2, 2, 4, 12, 16), torch.randn(2, 2, 4, 24, 16)
+    model = EinsumOperandTuple()
+    result = count_flops(model, (query, key), tracer=tracer)
+    assert result.flops == torch_flops(model, (query, key))
+    assert result.macs == 2 * 2 * 4 * 12 * 24 * 16
+
+
 @pytest.mark.parametrize("train", [False, True])
 def test_cnn_flops_equal_flop_counter_mode(train):
     model = resnet50().train(train)
