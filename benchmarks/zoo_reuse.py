@@ -27,7 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -117,6 +117,33 @@ def compare_model(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, 
     return None, on_result.reused_calls
 
 
+class Tally:
+    """The sweep's counts: one :meth:`run` per model and device, its line printed where it differs
+    or fails (the zoo scripts of timm, diffusers/PyG and the transformers types use it too)."""
+
+    def __init__(self, failure: str = "SKIP  ") -> None:
+        self.failure = failure  # the word a failed model's line starts with
+        self.same = self.differ = self.failed = self.reused_models = self.reused_calls = 0
+
+    def run(self, where: str, device: Optional[str], check: Callable[[], Tuple[Optional[str], int]], width: int = 150) -> None:
+        """``check()`` -> (the first difference or None, the calls reused), tallied; an exception
+        is a model that cannot be counted either way."""
+        try:
+            difference, reused = check()
+        except Exception as exc:
+            self.failed += 1
+            print(f"{self.failure} {where}: {zoo.first_line(exc)[:width]}", flush=True)
+            return
+        if difference is None:
+            self.same += 1
+            if device == "meta" and reused:
+                self.reused_models += 1
+                self.reused_calls += reused
+        else:
+            self.differ += 1
+            print(f"DIFFER {where}: {difference}", flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=zoo.PARTS)
@@ -127,29 +154,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.match:
         cases = [c for c in cases if args.match in c.name]
     torch.set_num_threads(1)
-    same = differ = failed = reused_models = reused_calls = 0
+    tally = Tally()  # a model that cannot be counted is the zoo's business, not reuse's
     start = time.perf_counter()
     for case in cases:
         for device in (None, "meta"):
             where = f"{case.family}/{case.name}{' (meta)' if device else ''}"
-            try:
-                difference, reused = compare(case, device, not args.no_predict)
-            except Exception as exc:  # a model that cannot be counted is the zoo's business, not reuse's
-                failed += 1
-                print(f"SKIP   {where}: {zoo.first_line(exc)[:150]}", flush=True)
-                continue
-            if difference is None:
-                same += 1
-                if device == "meta" and reused:
-                    reused_models += 1
-                    reused_calls += reused
-            else:
-                differ += 1
-                print(f"DIFFER {where}: {difference}", flush=True)
-    print(f"\n{len(cases)} models, {same + differ} counts compared (real weights and meta copy): {same} identical, "
-          f"{differ} differ, {failed} could not be counted either way; reuse taken on {reused_models} meta copies "
-          f"({reused_calls} calls); torch {torch.__version__}; {time.perf_counter() - start:.0f} s", flush=True)
-    return 1 if differ else 0
+            tally.run(where, device, lambda: compare(case, device, not args.no_predict))
+    print(f"\n{len(cases)} models, {tally.same + tally.differ} counts compared (real weights and meta copy): {tally.same} "
+          f"identical, {tally.differ} differ, {tally.failed} could not be counted either way; reuse taken on "
+          f"{tally.reused_models} meta copies ({tally.reused_calls} calls); torch {torch.__version__}; "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+    return 1 if tally.differ else 0
 
 
 if __name__ == "__main__":

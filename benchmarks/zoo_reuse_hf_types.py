@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import zoo  # noqa: E402
-from zoo_reuse import _first_difference, _rows, _with_reuse, compare_model  # noqa: E402
+from zoo_reuse import Tally, _first_difference, _rows, _with_reuse, compare_model  # noqa: E402
 from zoo_reuse_timm import flopcount_families  # noqa: E402
 
 import flopcount  # noqa: E402
@@ -257,7 +257,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(1)
     not_run: List[str] = []
     no_generate: List[str] = []
-    same = differ = failed = reused_models = reused_calls = 0
+    tally = Tally(failure="FAILED")  # a plain forward ran: a model flopcount cannot count
     start, cpu_start = time.perf_counter(), time.process_time()
     for model_type, class_name in types:
         reason = plain_forward_error(model_type, class_name)
@@ -273,30 +273,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         for device in (None, "meta"):
             where = f"{model_type} ({class_name}){' (meta)' if device else ''}"
             clock = time.perf_counter()
-            try:
-                difference, reused = check(model_type, class_name, device, generate_error is None)
-            except Exception as exc:  # a plain forward ran: a model flopcount cannot count
-                failed += 1
-                print(f"FAILED {where}: {zoo.first_line(exc)[:200]}", flush=True)
-                continue
-            if difference is None:
-                same += 1
-                if device == "meta" and reused:
-                    reused_models += 1
-                    reused_calls += reused
-            else:
-                differ += 1
-                print(f"DIFFER {where}: {difference}", flush=True)
+            tally.run(where, device, lambda: check(model_type, class_name, device, generate_error is None), width=200)
             print(f"  {where}: {time.perf_counter() - clock:.1f} s", file=sys.stderr, flush=True)
     ran = len(types) - len(not_run)
     print(f"\n{len(types)} {'base' if args.base else 'causal-LM'} model types, {ran} built and ran a plain forward ({len(not_run)} not run; generate() fails on {len(no_generate)} "
           f"more, counted by count_flops only); "
-          f"{same + differ} counts compared (real weights and meta copy): {same} identical (count_flops and "
-          f"count_generation, reuse off = on; on real weights, equal to FlopCounterMode), {differ} differ, "
-          f"{failed} failed to count; reuse taken on {reused_models} meta copies ({reused_calls} calls); "
+          f"{tally.same + tally.differ} counts compared (real weights and meta copy): {tally.same} identical (count_flops "
+          f"and count_generation, reuse off = on; on real weights, equal to FlopCounterMode), {tally.differ} differ, "
+          f"{tally.failed} failed to count; reuse taken on {tally.reused_models} meta copies ({tally.reused_calls} calls); "
           f"transformers {transformers.__version__}, torch {torch.__version__}; "
           f"{time.perf_counter() - start:.0f} s wall, {time.process_time() - cpu_start:.0f} s CPU", flush=True)
-    return 1 if differ or failed else 0
+    return 1 if tally.differ or tally.failed else 0
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import zoo  # noqa: E402
 from zoo_nn import Case  # noqa: E402
-from zoo_reuse import compare_model  # noqa: E402
+from zoo_reuse import Tally, compare_model  # noqa: E402
 
 # About one model per timm module (timm.list_modules()), the smallest variant, plus the variants
 # with unusual blocks; timm's own test_* models are small versions of its main families.
@@ -338,36 +338,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.match:
         cases = [c for c in cases if args.match in c.name]
     torch.set_num_threads(1)
-    same = differ = failed = reused_models = reused_calls = 0
+    tally = Tally(failure="FAILED")  # counted with reuse off too: a model flopcount cannot count
     start, cpu_start = time.perf_counter(), time.process_time()
     for case in cases:
         for device in (None, "meta"):
             where = f"{case.name}{f' ({case.label})' if case.label else ''}{' (meta)' if device else ''}"
             clock = time.perf_counter()
-            try:
-                difference, reused = check(case, device)
-            except Exception as exc:  # counted with reuse off too: a model flopcount cannot count
-                failed += 1
-                print(f"FAILED {where}: {zoo.first_line(exc)[:200]}", flush=True)
-                continue
-            if difference is None:
-                same += 1
-                if device == "meta" and reused:
-                    reused_models += 1
-                    reused_calls += reused
-            else:
-                differ += 1
-                print(f"DIFFER {where}: {difference}", flush=True)
+            tally.run(where, device, lambda: check(case, device), width=200)
             print(f"  {where}: {time.perf_counter() - clock:.1f} s", file=sys.stderr, flush=True)
     trained = sum(1 for c in cases if c.train)
     varied = sum(1 for c in cases if c.label and c.label != "train")
-    print(f"\n{len(cases)} model cases ({len(cases) - trained} eval, {trained} train; {varied} variants), {same + differ} counts "
-          f"compared (real weights and meta copy): {same} identical (and, on real weights, equal to FlopCounterMode), "
-          f"{differ} differ, "
-          f"{failed} could not be counted; reuse taken on {reused_models} meta copies ({reused_calls} calls); "
+    print(f"\n{len(cases)} model cases ({len(cases) - trained} eval, {trained} train; {varied} variants), {tally.same + tally.differ} "
+          f"counts compared (real weights and meta copy): {tally.same} identical (and, on real weights, equal to "
+          f"FlopCounterMode), {tally.differ} differ, {tally.failed} could not be counted; reuse taken on "
+          f"{tally.reused_models} meta copies ({tally.reused_calls} calls); "
           f"timm {timm.__version__}, torch {torch.__version__}; {time.perf_counter() - start:.0f} s wall, "
           f"{time.process_time() - cpu_start:.0f} s CPU", flush=True)
-    return 1 if differ else 0
+    return 1 if tally.differ else 0
 
 
 if __name__ == "__main__":
