@@ -382,28 +382,31 @@ GLOBAL_DATA = (int, float, bool, complex, str, bytes, type(None), torch.dtype, t
                torch.memory_format, tuple, list, dict, set, frozenset, torch.Tensor)
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
 _NOT_BOUND = object()
-#: (globals namespace, names) pairs of one forward
+#: (globals namespace, names) pairs of one module class
 NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[str, ...]], ...]
-# forward function -> its names: read from its code once per function per process
-_NAMED_GLOBALS: weakref.WeakKeyDictionary[Any, NamedGlobals] = weakref.WeakKeyDictionary()
+# module class -> its names: read from its code once per class per process
+_NAMED_GLOBALS: weakref.WeakKeyDictionary[type, NamedGlobals] = weakref.WeakKeyDictionary()
 
 
 def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Dict[str, Any], str, Any]]:
-    """``(namespace, name, value)`` of each global that the ``forward`` of a class of ``modules``
-    names (reads, writes or deletes, in its code and the code nested in it, and in each function a
-    decorator wraps) and that holds Python data (:data:`GLOBAL_DATA`); each forward once. What a
-    key of a module's calls holds besides the module (structural reuse, the step's layer replay):
-    a flag a parent sets per layer, a counter a layer advances. Functions, classes, Python modules
-    and other objects (a logger) are code and services, left out; so is a global named only by a
-    function the forward calls (Python 3.11 has no cheap way to see every global read)."""
+    """``(namespace, name, value)`` of each global that the code of a class of ``modules`` names
+    (reads, writes or deletes) and that holds Python data (:data:`GLOBAL_DATA`); each class once.
+    The code: its ``forward`` (the code nested in it, each function a decorator wraps), the methods
+    of its class that this code names (``self._forward_impl``, ``self.helper``: a name the class
+    defines, not ``nn.Module``'s own), and the functions of the same Python module it names (a
+    module-level helper such as ``apply_rotary_pos_emb``), followed from one to the next. What a key of a module's calls holds
+    besides the module (structural reuse, the step's layer replay): a flag a parent sets per layer,
+    a counter a layer advances. Functions, classes, Python modules and other objects (a logger) are
+    code and services, left out; so is a global named only by a function of another Python module
+    (Python 3.11 has no cheap way to see every global read)."""
     found: List[Tuple[Dict[str, Any], str, Any]] = []
-    seen: Dict[Any, None] = {}
+    seen: Dict[type, None] = {}
     for module in modules:
-        forward = type(module).forward
-        if forward in seen:
+        kind = type(module)
+        if kind in seen:
             continue
-        seen[forward] = None
-        for namespace, names in _named_globals(forward):
+        seen[kind] = None
+        for namespace, names in _named_globals(kind):
             for name in names:
                 value = namespace.get(name, _NOT_BOUND)
                 if value is not _NOT_BOUND and isinstance(value, GLOBAL_DATA):
@@ -419,30 +422,51 @@ def rebind_globals(bound: Sequence[Tuple[Dict[str, Any], str, Any]]) -> None:
             namespace[name] = value
 
 
-def _named_globals(forward: Any) -> NamedGlobals:
-    try:
-        return _NAMED_GLOBALS[forward]
-    except KeyError:
-        pass
-    except TypeError:  # not weakly referable (a callable object): read each time
-        return _globals_of(forward)
-    found = _NAMED_GLOBALS[forward] = _globals_of(forward)
+def _named_globals(kind: type) -> NamedGlobals:
+    found = _NAMED_GLOBALS.get(kind)
+    if found is None:
+        found = _NAMED_GLOBALS[kind] = _globals_of(kind)
     return found
 
 
-def _globals_of(forward: Any) -> NamedGlobals:
-    parts: List[Tuple[Dict[str, Any], Tuple[str, ...]]] = []
-    seen = set()
-    function = forward
-    while function is not None and id(function) not in seen:
-        seen.add(id(function))
+def _globals_of(kind: type) -> NamedGlobals:
+    """:func:`forward_globals`' names of one class, by namespace: from its ``forward``, following
+    the methods of the class (and of its bases but ``nn.Module``) that the code read so far names
+    as attributes, and the functions of the same Python module it names as globals; each function
+    read once."""
+    methods: Dict[str, Any] = {}
+    for base in reversed(kind.__mro__):
+        if base is not torch.nn.Module and base is not object:
+            methods.update((name, value) for name, value in vars(base).items() if isinstance(value, FunctionType))
+    by_namespace: Dict[int, Tuple[Dict[str, Any], Dict[str, None]]] = {}
+    pending: List[Any] = [getattr(kind, "forward", None)]
+    read = set()
+    while pending:
+        function = pending.pop()
+        if id(function) in read:
+            continue
+        read.add(id(function))
         code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
         if isinstance(code, CodeType) and isinstance(namespace, dict):
-            names = tuple(dict.fromkeys(_global_names(code)))
-            if names:
-                parts.append((namespace, names))
-        function = getattr(function, "__wrapped__", None)
-    return tuple(parts)
+            names = by_namespace.setdefault(id(namespace), (namespace, {}))[1]
+            for name in _global_names(code):
+                names[name] = None
+                value = namespace.get(name)
+                if isinstance(value, FunctionType) and value.__globals__ is namespace:
+                    pending.append(value)  # a helper of the same Python module: its globals too
+            pending += [methods[name] for name in _all_names(code) if name in methods]  # ``self.helper(...)``
+        wrapped = getattr(function, "__wrapped__", None)
+        if wrapped is not None:
+            pending.append(wrapped)
+    return tuple((namespace, tuple(names)) for namespace, names in by_namespace.values() if names)
+
+
+def _all_names(code: CodeType) -> Iterator[str]:
+    """Every name ``code`` and the code nested in it use (globals and attributes alike)."""
+    yield from code.co_names
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            yield from _all_names(constant)
 
 
 def _global_names(code: CodeType) -> Iterator[str]:

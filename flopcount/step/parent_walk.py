@@ -37,7 +37,7 @@ called once with the same arguments in the same state.
 Seen: the Python data bound to the globals the forwards name (a flag the parent sets per layer
 is part of each layer call's state; a counter a layer advances changes :func:`model_state`). Not
 seen (said in docs/memory.md): other state outside the model that the parent or a layer reads
-and that changes from layer to layer (a global named only by a function a forward calls, the RNG:
+and that changes from layer to layer (a global named only by a function of another Python module, the RNG:
 LayerDrop's random skips make any one step's figure a draw), and an object argument (a cache) passed to every layer whose
 content a layer's forward reads and the parent changes per layer.
 """

@@ -19,9 +19,11 @@ can depend on that we can see:
 * every argument: tensors by that metadata and by which arguments are the same tensor,
   Python scalars, dtypes, devices and None by value, tuples/lists/dicts of those;
 * the process settings ops read: default dtype, grad mode, autocast state;
-* the globals the subtree's ``forward`` functions name (their code and the code nested in it,
-  through ``__wrapped__``) that hold Python data: scalars, tuples, lists, dicts, sets and
-  tensors, keyed as attributes are (a flag or counter set between two layers splits the key).
+* the globals the subtree's code names (each class's ``forward``, the code nested in it, what a
+  decorator wraps, the methods of the class it names and the functions of its own Python module
+  it calls: :func:`~flopcount.core.state.forward_globals`) that hold Python data: scalars,
+  tuples, lists, dicts, sets and tensors, keyed as attributes are (a flag or counter set between
+  two layers splits the key).
 
 A call whose key was seen before, and whose earlier call was *clean*, is a hit: it is
 recorded as one :class:`~flopcount.types.ReplayedCall` (the earlier call's ops, shared, under module
@@ -37,7 +39,7 @@ plain object (a config) held by one holds, needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
 outside its subtree's modules, wrote a global its forwards name (``global step; step += 1``),
 or returned something other than tensors, scalars, None, tuples and lists. Reading other state
-outside the subtree (a global named only by a function the forward calls, another module's
+outside the subtree (a global named only by a function of another Python module, another module's
 attribute, an object two levels down, a global object's attributes) is not visible here: a forward
 whose work depends on such state that changes between two calls of equal key would be counted
 from the first call.

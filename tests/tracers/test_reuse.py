@@ -279,11 +279,32 @@ class SetsAGlobalPerLayer(Stack):
         return x
 
 
-def test_a_global_set_between_layers_splits_the_key():
+def _extra_wanted() -> bool:
+    """A module-level helper the forward calls: the global is named here, not in the forward."""
+    return GLOBAL_MODE["extra"]
+
+
+class ReadsThroughHelpers(nn.Module):
+    """Reads the flag through a method and a module-level helper, never in its forward's code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def _more(self, x):
+        return self.fc(x) if _extra_wanted() else x
+
+    def forward(self, x):
+        return self._more(self.fc(x))
+
+
+@pytest.mark.parametrize("block", [ReadsGlobals, ReadsThroughHelpers])
+def test_a_global_set_between_layers_splits_the_key_where_the_forward_reads_it(block) -> None:
     torch.manual_seed(0)
-    model, inputs = SetsAGlobalPerLayer([ReadsGlobals() for _ in range(4)]), (torch.randn(B, D),)
+    model, inputs = SetsAGlobalPerLayer([block() for _ in range(4)]), (torch.randn(B, D),)
     result = count_flops(model, inputs)
     # blocks 0, 1: one Linear; 2, 3: two (hand count): 6; before, 2 and 3 were booked from 0: 4
+    # (through the helpers: until the methods and same-module functions the forward names were read)
     assert result.macs == 6 * B * D * D
     assert 2 * result.macs == torch_contraction_flops(copy.deepcopy(model), inputs)
     # block 1 is booked from block 0 and block 3 from block 2: the constant global splits nothing
