@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 import warnings
 from functools import cache
@@ -72,11 +71,10 @@ def _analyzed(
     # module calls, the facts' names (their per-module dictionaries; issue #32, the count's
     # working set at the booking's peak)
     del run, facts
-    result = aggregate(
+    return aggregate(
         costed, tracer=used, modules=modules, parameters=parameters, input_description=call.description,
-        warnings=notes, gaps=gaps, aliases=aliases,
+        warnings=notes, gaps=gaps, aliases=aliases, reused_calls=reused,
     )
-    return dataclasses.replace(result, reused_calls=reused) if reused else result
 
 
 def report_unsupported(result: FlopResult, *, strict: bool = False, stacklevel: int = 2) -> None:

@@ -360,6 +360,7 @@ def aggregate(
     gaps: Sequence[str] = (),
     aliases: Optional[Mapping[str, Sequence[str]]] = None,
     deferred: bool = False,
+    reused_calls: int = 0,
 ) -> FlopResult:
     """Sum op costs by operator, by module (a module includes every op run while it was
     on the call stack, and every op of its submodules: containers that are never called,
@@ -368,7 +369,8 @@ def aggregate(
     as unsupported, never counted as zero. A split cost (``Cost.parts``) is booked under
     the ops it names, one call each; a :class:`~flopcount.types.ReplayedCall` as the events it
     stands for (:func:`~flopcount.core.analysis.cost_records`). ``aliases``: ``{canonical name: every name}`` of
-    modules reachable under several names.
+    modules reachable under several names. ``reused_calls``: how many submodule calls the trace
+    booked from an earlier call (:attr:`FlopResult.reused_calls`).
 
     ``deferred``: the totals (every event's parts summed: what the ledger books under the
     model, module ``""``), the unsupported ops and the estimate notes are made at once, the
@@ -380,7 +382,7 @@ def aggregate(
         if totals is not None:
             # unsupported ops and estimate notes: booked by the ledger, from the events that have them
             ledger = Ledger(aliases).book_all([(e, c) for e, c in expand_booked(events) if c is None or c.note])
-            base = _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps)
+            base = _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps, reused_calls)
 
             def booked() -> FlopResult:
                 return aggregate(events, tracer=tracer, modules=modules, parameters=parameters,
@@ -391,7 +393,7 @@ def aggregate(
     ledger = Ledger(aliases).book_all(costed)
     rows: Dict[Tuple[int, ...], Totals] = {}
     return _with_tables(
-        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps),
+        _unbooked(ledger, tracer, modules, parameters, input_description, warnings, gaps, reused_calls),
         _frozen(ledger.operators, rows), _frozen(ledger.modules, rows, in_place=True), _frozen_tables(ledger.module_ops, rows),
         _frozen(ledger.phases, rows),
     )
@@ -399,7 +401,7 @@ def aggregate(
 
 def _unbooked(
     ledger: Ledger, tracer: str, modules: Sequence[ModuleInfo], parameters: ParamSummary, input_description: str,
-    warnings: Sequence[str], gaps: Sequence[str],
+    warnings: Sequence[str], gaps: Sequence[str], reused_calls: int,
 ) -> FlopResult:
     """The result of a count before its tables: what it is, its unsupported ops and notes."""
     return FlopResult(
@@ -415,6 +417,7 @@ def _unbooked(
         warnings=tuple(warnings) + tuple(_estimate_text(op, note, n) for (op, note), n in ledger.notes.items()),
         _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()),
         gaps=tuple(gaps),
+        reused_calls=reused_calls,
     )
 
 

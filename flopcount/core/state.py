@@ -394,9 +394,9 @@ def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Dict[str, 
     The code: its ``forward`` (the code nested in it, each function a decorator wraps), the methods
     of its class that this code names (``self._forward_impl``, ``self.helper``: a name the class
     defines, not ``nn.Module``'s own), and the functions of the same Python module it names (a
-    module-level helper such as ``apply_rotary_pos_emb``), followed from one to the next. What a key of a module's calls holds
-    besides the module (structural reuse, the step's layer replay): a flag a parent sets per layer,
-    a counter a layer advances. Functions, classes, Python modules and other objects (a logger) are
+    module-level helper such as ``apply_rotary_pos_emb``), followed from one to the next. What a
+    key of a module's calls holds besides the module (structural reuse, the step's layer replay):
+    a flag a parent sets per layer, a counter a layer advances. Functions, classes, Python modules and other objects (a logger) are
     code and services, left out; so is a global named only by a function of another Python module
     (Python 3.11 has no cheap way to see every global read)."""
     found: List[Tuple[Dict[str, Any], str, Any]] = []

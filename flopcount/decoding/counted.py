@@ -276,10 +276,9 @@ class Counter:
                 gaps: Tuple[str, ...], reused_calls: int) -> FlopResult:
         """The forward's result, as :func:`flopcount.core.analysis.analyze` books it (its tables on
         first read), with the calls its trace(s) reused."""
-        result = aggregate(costed, tracer="dispatch", modules=self.facts.module_infos(calls), parameters=self.facts.summary,
-                           input_description=description, warnings=warnings, gaps=gaps, aliases=self.facts.aliases,
-                           deferred=True)
-        return replace(result, reused_calls=reused_calls) if reused_calls else result
+        return aggregate(costed, tracer="dispatch", modules=self.facts.module_infos(calls), parameters=self.facts.summary,
+                         input_description=description, warnings=warnings, gaps=gaps, aliases=self.facts.aliases,
+                         deferred=True, reused_calls=reused_calls)
 
     def catch_up(self, call: Mapping[str, Any]) -> None:
         """Run a forward that is not counted (for its output: the cache it fills). With real

@@ -227,21 +227,21 @@ def _layered_step(
     layer 6); such a global is bound again to what the runs found, so the full trace starts there."""
     if not reuse_enabled() or tp_plan is not None:
         return None
-    found: List[Any] = []
-    made = _cut_steps(build, mesh, fsdp, tp, compute, args, kw, optimizer, loss_fn, groups, backend, amp, registry,
-                      stateless=stateless, found=found)
-    if found:
-        bound, before = found
-        if globals_state(bound) != before:
-            rebind_globals(bound)
-            return None
+    first = _built(build)
+    bound = forward_globals(first.modules())
+    before = globals_state(bound)
+    made = _cut_steps(first, build, mesh, fsdp, tp, compute, args, kw, optimizer, loss_fn, groups, backend, amp, registry,
+                      stateless)
+    if globals_state(bound) != before:
+        rebind_globals(bound)
+        return None
     return made
 
 
 def _cut_steps(
-    build: Callable[[], nn.Module], mesh: Any, fsdp: int, tp: int, compute: Optional[torch.dtype], args: Tuple[Any, ...],
-    kw: Mapping[str, Any], optimizer: Any, loss_fn: Any, groups: Mapping[str, Any], backend: str,
-    amp: Optional[torch.dtype], registry: HandlerRegistry, stateless: FrozenSet[str], found: List[Any],
+    first: nn.Module, build: Callable[[], nn.Module], mesh: Any, fsdp: int, tp: int, compute: Optional[torch.dtype],
+    args: Tuple[Any, ...], kw: Mapping[str, Any], optimizer: Any, loss_fn: Any, groups: Mapping[str, Any], backend: str,
+    amp: Optional[torch.dtype], registry: HandlerRegistry, stateless: FrozenSet[str],
 ) -> Optional[Tuple[str, int, StepRecord, str]]:
     """Rank 0's step with its repeated layers replayed (flopcount.step.replay, as
     estimate_memory): the model built, cut to 3 layers (the template) and to 4 (the check),
@@ -249,14 +249,10 @@ def _cut_steps(
     template's stretched to 4 layers, the whole model's are the template's stretched to all of
     them, and its state bytes and wrapped blocks the template's plus one layer's per layer
     more. None (trace the whole model) where that does not apply or the check differs.
-    ``found``: the globals the first build's forwards name and what they held then
-    (:func:`~flopcount.core.state.forward_globals`, :func:`~flopcount.step.parent_walk.globals_state`)."""
+    ``first``: the model built for the template (the check builds its own)."""
     runs = []
     for keep in (Template.LAYERS, Template.LAYERS + 1):
-        model = _built(build)
-        if not found:
-            bound = forward_globals(model.modules())
-            found.extend((bound, globals_state(bound)))
+        model = first if keep == Template.LAYERS else _built(build)
         stack = find_stack(model)
         if stack is None:
             return None
