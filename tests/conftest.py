@@ -82,6 +82,7 @@ class FakeClock:
 
     def __init__(self) -> None:
         self.now = 0
+        self.ticks = 0  # what a test model counts on it (its forwards: a timed run's twin shares the clock)
 
     def __call__(self) -> int:
         return self.now

@@ -16,6 +16,7 @@ from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized, p
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
 from flopcount.tracers._state import preserved_model_state
+from flopcount.tracers._twin import private_twin
 from flopcount.tracers.fake.copies import shared_tensor_copy
 
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
@@ -90,10 +91,15 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module]:
     """Yields ``model`` on ``device``; afterwards the model is exactly as found.
 
-    A model already on ``device`` is used in place under the tracers' state guard
-    (``tracers/_state.preserved_model_state``: buffers such as BatchNorm's running
-    statistics bit for bit, flags, grads, hooks; the RNG is left to the caller's
-    ``core.state.preserved_rng``).
+    What runs is the model's private twin (``tracers/_twin.private_twin``, as the real-run
+    tracers run it): its own module objects, attribute and hook dictionaries and hook
+    wrappers' state, every tensor shared. So a forward's ``self.calls += 1`` or a library's
+    stateful hook (diffusers' cache hooks, which skip work by iteration) advances the twin,
+    and the caller's model starts its next call where it was (issue #27 item 5). A model the
+    twin cannot stand for (TorchScript, DDP/FSDP, ``torch.compile``d parts) runs as it is.
+    The run is under the tracers' state guard (``tracers/_state.preserved_model_state``:
+    the shared buffers, such as BatchNorm's running statistics, bit for bit, flags, grads;
+    the RNG is left to the caller's ``core.state.preserved_rng``).
     A model elsewhere is moved for the run and then given back its original tensors
     (the same parameter storages, gradients and buffer objects, not copies). A model with a
     lazy module not yet materialised runs as a copy sharing every initialised tensor: the
@@ -102,6 +108,10 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
     if any(is_uninitialized(t) for t in tensors):
         model = shared_tensor_copy(model)
         tensors = list(chain(model.parameters(), model.buffers()))
+    else:
+        twin = private_twin(model)
+        if twin is not None:
+            model, _ = twin
     needs_move = any(not _same_device(t.device, device) for t in tensors)
     if not needs_move:
         # the tracers' one state guard: buffers bit for bit, flags, grads, hooks

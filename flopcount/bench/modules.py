@@ -168,7 +168,6 @@ def module_latency(
     amp = autocast_context(dev, dtype)
     clock: Clock = timer if timer is not None else time.perf_counter_ns
     use_events = dev.type == "cuda"
-    named = list(model.named_modules())
     # each module call's (name, start, end) in one forward: clock readings, or CUDA events read
     # after the forward's one synchronisation
     spans: List[Tuple[str, Any, Any]] = []
@@ -179,9 +178,11 @@ def module_latency(
         return (lambda module, args: starts.append(stamp()),
                 lambda module, args, output: spans.append((name, starts.pop(), stamp())))
 
-    samples: Dict[str, List[float]] = {name: [] for name, _ in named}
+    samples: Dict[str, List[float]] = {}
     calls_seen: Dict[str, int] = {}
     with borrowed.borrow(model) as on_device:
+        named = list(on_device.named_modules())  # the modules that run (the model's private twin)
+        samples = {name: [] for name, _ in named}
         call = bind_call(on_device, borrowed.run)
         with torch.inference_mode(), amp:
             for _ in range(warmup):
