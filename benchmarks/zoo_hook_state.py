@@ -4,7 +4,8 @@ FLUX and CogVideoX built small from code as ``zoo_reuse_wild.py`` builds them, w
 ``enable_cache(PyramidAttentionBroadcastConfig(...))`` and one step taken (the hooks hold an
 iteration counter and cached outputs). Each is counted twice with ``tracer="dispatch"``, "jit"
 and "auto"; a line shows both FLOPs and whether the caller's hook state (each hook's iteration
-and cached object) is as before the counts. Exit status 1 when any differs.
+and cached object) is as before the counts. Then ``benchmark``, ``module_latency`` and ``profile``
+run each once: the hook state as before. Exit status 1 when any differs.
 
     PYTHONPATH=. .venv-zoo/bin/python benchmarks/zoo_hook_state.py
 """
@@ -67,8 +68,39 @@ def main() -> int:
                 f"hook iterations {iterations_before} -> {iterations_after} over {len(before)} hooks",
                 flush=True,
             )
-    print(f"{len(cases) * len(TRACERS)} cases, {failed} differ")
+        failed += _timed_runs(label, build, inputs)
+    print(f"{len(cases) * (len(TRACERS) + len(TIMED))} cases, {failed} differ")
     return 1 if failed else 0
+
+
+#: the timed real runs, which run the model's private twin too (bench/device.borrowed_model)
+TIMED = {
+    "benchmark": lambda model, args, kwargs: flopcount.benchmark(model, args, kwargs, warmup=1, iters=2),
+    "module_latency": lambda model, args, kwargs: flopcount.module_latency(model, args, kwargs, warmup=1, iters=2),
+    "profile": lambda model, args, kwargs: flopcount.profile(
+        model, args, kwargs, warmup=1, steps=2, roofs=flopcount.Roofs({"float32": 1e12}, 1e11, "fixed", "given")
+    ),
+}
+
+
+def _timed_runs(label: str, build: Any, inputs: Any) -> int:
+    """Each timed run once on the hooked model: the caller's hook state as before."""
+    failed = 0
+    for name, run in TIMED.items():
+        torch.manual_seed(0)
+        model = zoo_reuse_wild._cached(build, inputs)()
+        args, kwargs = inputs()
+        before = hook_states(model)
+        run(model, args, kwargs)
+        after = hook_states(model)
+        same = before == after
+        failed += not same
+        print(
+            f"{'ok ' if same else 'DIFFER'} {label:10s} {name:14s} hook iterations "
+            f"{sum(i for _, i in before)} -> {sum(i for _, i in after)} over {len(before)} hooks",
+            flush=True,
+        )
+    return failed
 
 
 if __name__ == "__main__":
