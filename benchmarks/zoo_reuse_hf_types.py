@@ -273,7 +273,7 @@ def main_input(model: torch.nn.Module, device: Optional[str]) -> torch.Tensor:
         size = size if isinstance(size, int) else size[0]
         channels = getattr(vision, "num_channels", IMAGE_SIZES["num_channels"])
         tensor = torch.randn(BATCH, channels, size, size, generator=generator)
-    elif name == "input_values" and hasattr(config, "num_mel_bins"):  # a spectrogram (AST)
+    elif name == "input_values" and hasattr(config, "max_length"):  # a spectrogram (AST)
         tensor = torch.randn(BATCH, config.max_length, config.num_mel_bins, generator=generator)
     elif name == "input_values":
         tensor = torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)
