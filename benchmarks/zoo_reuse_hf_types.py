@@ -301,14 +301,18 @@ def torch_contractions(model: torch.nn.Module, args: Tuple[Any, ...], kwargs: Di
     """FlopCounterMode's FLOPs of one real forward, by family, counted live; the forward ran
     plainly (the type is "not run" when it raises). None where FlopCounterMode itself cannot
     follow the forward (its module tracker refuses a view of a parameter made under no_grad:
-    DBRX's experts), said on a NO ORACLE line."""
+    DBRX's experts), said on a NO ORACLE line. The process's generator is set back after, so
+    that the count that follows draws what this forward drew (VITS samples its durations)."""
     counter = FlopCounterMode(display=False)
+    generator = torch.get_rng_state()
     try:
         with zoo.quiet(), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), counter:
             model(*args, **kwargs)
     except Exception as exc:
         print(f"NO ORACLE {type(model).__name__}: FlopCounterMode raised {zoo.first_line(exc)[:120]}", flush=True)
         return None
+    finally:
+        torch.set_rng_state(generator)
     families = dict.fromkeys(CONTRACTION_FAMILIES, 0)
     for op, flops in counter.get_flop_counts()["Global"].items():
         name = op.__name__.split(".")[0]
