@@ -1,31 +1,41 @@
 """Structural reuse, the KV-cache reuse and generation's decode-step reuse on every transformers
-causal-LM model type (issue #32 item 4, "Exactness is the contract", beyond the zoo).
+model type of a task head (issue #32 item 4, "Exactness is the contract", beyond the zoo).
 
-For each model type of transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, the model is built
-from its config class with every size shrunk in code (:func:`tiny_config`: 3 layers so that at
-least one is replayed, hidden size 64, 4 heads, 2 key-value heads, head dim 16, intermediate
-sizes 128, vocabulary 256, 4 experts with top-2, small windows; sub-configs shrunk the same way),
-no download. A type whose config or model cannot be built, or whose plain forward fails, is
-"not run", with the reason. Each model that runs (batch 2, ``input_ids`` of 12 tokens, eval mode):
+Each task (``TASKS``: one small entry each) is one of transformers' auto mappings, model type ->
+class: ``causal-lm`` (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, the default), ``base``
+(``MODEL_MAPPING_NAMES`` of the types with no causal-LM class), ``seq2seq``, ``masked-lm``,
+``image-classification``, ``speech-seq2seq``, ``audio-classification``. Each model is built from
+its config class with every size shrunk in code (:func:`tiny_config`: 3 layers so that at least
+one is replayed, hidden size 64, 4 heads, 2 key-value heads, head dim 16, intermediate sizes
+128, vocabulary 256, 4 experts with top-2, small windows; images of 64 pixels, whisper's 64
+feature frames; sub-configs shrunk the same way), then the type's own values where it needs
+some (``TYPE_CONFIG``: data, each entry with its reason), no download. A type whose config or
+model cannot be built, or whose plain forward fails, is "not run", with the reason. Each model
+that runs (batch 2, eval mode) is fed its main input (``main_input``: 12 token ids, 64-pixel
+images, half a second of audio, feature frames), with 6 ``decoder_input_ids`` for an
+encoder-decoder:
 
 * ``count_flops`` with reuse off vs on (``FLOPCOUNT_REUSE=0/1``), on the model with real weights
   and on a copy built on the meta device: everything a user can read, compared by
   ``zoo_reuse.compare_model``;
-* ``count_generation(model, input_ids, NEW_TOKENS)`` with reuse off vs on, real and meta, compared
-  in full (``to_dict`` and every step's rows); and the default (the steps between the traced
-  ones costed as their affine continuation) against ``trace_every_step=True``;
+* for the generating heads (causal-lm, seq2seq, speech-seq2seq) where ``model.generate`` runs:
+  ``count_generation(model, main input, NEW_TOKENS)`` with reuse off vs on, real and meta,
+  compared in full (``to_dict`` and every step's rows); and the default (the steps between the
+  traced ones costed as their affine continuation) against ``trace_every_step=True``;
 * an independent oracle: ``torch.utils.flop_counter.FlopCounterMode`` run live on a real
   forward (SDPA on its math backend), compared on the contraction families it counts
   (``zoo_reuse_timm.flopcount_families``; docs/conventions.md, "Differences to
   torch.utils.flop_counter": ``_grouped_mm`` experts are not counted by torch, so a model that
-  runs one is compared without it);
+  runs one is compared without it; a NO ORACLE line where FlopCounterMode cannot follow the
+  forward);
 * the model and its inputs are left as found (``zoo.snapshot``), after each count.
 
 Prints one line per model that differs or fails and a summary; exit status 1 on any difference::
 
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --match qwen
-    PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --base   # count_flops only
+    PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --task seq2seq
+    PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --base   # = --task base
 """
 
 from __future__ import annotations
@@ -34,8 +44,9 @@ import argparse
 import contextlib
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -52,7 +63,8 @@ from zoo_reuse_timm import flopcount_families  # noqa: E402
 import flopcount  # noqa: E402
 from flopcount.errors import UsageError  # noqa: E402
 
-BATCH, TOKENS, VOCAB, NEW_TOKENS = 2, 12, 256, 6
+BATCH, TOKENS, VOCAB, NEW_TOKENS, DECODER_TOKENS = 2, 12, 256, 6, 6
+AUDIO_SAMPLES, AUDIO_FRAMES = 8000, 32  # half a second at 16 kHz; feature frames
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 3, 64, 4, 2, 16, 128
 # config attribute -> the tiny value; set only where the config has the attribute
 SIZES: Dict[str, Any] = {
@@ -82,6 +94,61 @@ SIZES: Dict[str, Any] = {
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
              "cls_token_id", "mask_token_id", "unk_token_id")
 CONTRACTION_FAMILIES = ("convolution", "matmul")
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+QWEN4_EXP_TEXT = {"indexer_n_heads": HEADS, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM, "indexer_budget": 8,
+                  "indexer_compress_ratio": 4, "linear_key_head_dim": HEAD_DIM, "linear_value_head_dim": HEAD_DIM,
+                  "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+# model type -> the config values beyond SIZES that its tiny config needs to build and run a
+# plain forward (found by the sweep's "not run" reasons); a dict value holds a sub-config's values
+TYPE_CONFIG: Dict[str, Dict[str, Any]] = {
+    # latent attention with a sparse-attention indexer: the keys expanded to every head (no
+    # grouping); the indexer as many heads as the attention, of its head size
+    **dict.fromkeys(("axk2", "deepseek_v32", "glm_moe_dsa"), {"num_key_value_heads": HEADS, "index_n_heads": HEADS,
+                                                             "index_head_dim": HEAD_DIM, "index_topk": 8}),
+    **dict.fromkeys(("codegen", "gptj"), {"rotary_dim": 8}),  # rotary dims within the head of 16
+    **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe", "ministral"), {"head_dim": HEAD_DIM}),  # default None
+    "nemotron": {"num_key_value_heads": KV_HEADS},
+    "deepseek_v2": {"num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    "kimi_linear": {"num_experts_per_token": 2, "linear_head_dim": HEAD_DIM, "linear_num_heads": HEADS},
+    "bailing_hybrid": {"num_experts_per_token": 2, "num_expert_group": 1},
+    "lfm2_moe": {"layer_types": ["full_attention", "conv", "full_attention"], "num_dense_layers": 1},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention"]},
+    "mamba2": {"n_groups": 1, "num_heads": 8, "expand": 2},  # 8 heads of 16 = 2 x hidden
+    "falcon_h1": {"mamba_d_ssm": 128},
+    "reformer": {"axial_pos_shape": [8, 8], "axial_pos_embds_dim": [32, 32], "local_attn_chunk_length": 4,
+                 "lsh_attn_chunk_length": 4, "attn_layers": ["local", "lsh", "local"]},
+    # rotary parameters per layer type
+    "cohere_compass_text": {"rope_parameters": {"full_attention": ROPE, "sliding_attention": ROPE}},
+    "gemma3n_text": {"num_kv_shared_layers": 0, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
+                     "rope_parameters": {"full_attention": ROPE, "sliding_attention": ROPE}},
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},  # set by the parent config's defaults
+    **dict.fromkeys(("musicgen", "musicgen_melody"), {"decoder": {"num_codebooks": 1}}),
+    "xmod": {"default_language": "en_XX"},
+    # two hybrid layers of three, sharing their attention block (the tied weights need two)
+    "zamba": {"layers_block_type": ["hybrid", "linear_attention", "hybrid"]},
+    # vision: per-stage heads [3, 6, 12, 24] kept, so the default width whose stages they divide
+    "swinv2": {"embed_dim": 96},
+    # and windows of 2 patches, within the last stage's 2 x 2 (a window larger than a stage's
+    # patches is clipped, and its relative-position bias then does not fit)
+    **dict.fromkeys(("swin", "donut-swin"), {"embed_dim": 96, "window_size": 2}),
+    "squeezebert": {"embedding_size": HIDDEN},  # no projection between embedding and first layer
+    "mobilebert": {"embedding_size": 32, "true_hidden_size": 32, "intra_bottleneck_size": 32},  # bottlenecks
+    "esm": {"vocab_size": VOCAB, "pad_token_id": 1, "mask_token_id": 2},  # defaults None
+    "esmc": {"num_key_value_heads": HEADS},  # no grouped keys (its key norm is over every head)
+    "audio-spectrogram-transformer": {"max_length": 64},  # spectrogram frames
+    # encoder-decoders whose default config has no decoder start token (generate() needs one)
+    **dict.fromkeys(("t5", "longt5", "switch_transformers"), {"decoder_start_token_id": 0}),
+    "qwen4_exp_text": QWEN4_EXP_TEXT,
+    # latent attention: the keys expanded to every head
+    "dots3_note_text": {"num_key_value_heads": HEADS},
+    "dots3_note": {"text_config": {"num_key_value_heads": HEADS}},
+    "xlstm": {"qk_dim_factor": 1.0},  # the recurrent step's state of query = value head size
+    # three layers: one input, one recurrent, one output; no "mlp" layer types
+    "dory": {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "n_input_layers": 1,
+             "n_recurrent_layers": 1, "n_output_layers": 1, "rope_parameters": None},
+    "qwen4_exp": {"text_config": QWEN4_EXP_TEXT},
+}
 
 
 def shortened_pattern(kinds: List[Any]) -> List[Any]:
@@ -94,14 +161,19 @@ def shortened_pattern(kinds: List[Any]) -> List[Any]:
     return shortened
 
 
-def tiny_config(config: Any) -> Any:
+def tiny_config(config: Any, values_of_type: Optional[Dict[str, Any]] = None, sizes: Mapping[str, Any] = SIZES) -> Any:
     """A config of ``config``'s class (a fresh default one) with every size it has shrunk, its
-    sub-configs too: made by the class from the shrunk values, so that what it derives from them
+    sub-configs too, then ``values_of_type`` (the type's TYPE_CONFIG entry; a dict value goes to
+    that sub-config): made by the class from these values, so that what it derives from them
     (layer types, rotary dimensions) follows; set on ``config`` where the class refuses them."""
     from transformers import PretrainedConfig
 
+    values_of_type = values_of_type or {}
+
     values = config.to_dict()
-    changes: Dict[str, Any] = {key: value for key, value in SIZES.items() if key in values and values[key] is not None}
+    # a size given per stage (a list: hierarchical vision models' heads and widths) is kept
+    changes: Dict[str, Any] = {key: value for key, value in sizes.items()
+                               if key in values and values[key] is not None and not isinstance(values[key], list)}
     if "qk_rope_head_dim" in changes and "head_dim" in changes:  # multi-head latent attention: rotary dims
         changes["head_dim"] = changes["qk_rope_head_dim"]
     if "attn_layer_indices" in values and not values["attn_layer_indices"]:
@@ -113,10 +185,10 @@ def tiny_config(config: Any) -> Any:
     for key, value in values.items():
         if isinstance(value, list) and len(value) > LAYERS and key.endswith(("_pattern", "block_type", "_types")):
             changes[key] = shortened_pattern(value)
-    for key in list(vars(config)):
-        value = getattr(config, key)
+    for key, value in vars(config).items():  # not getattr: a per-layer attribute refuses it (gemma4)
         if isinstance(value, PretrainedConfig):
-            changes[key] = tiny_config(value)
+            changes[key] = tiny_config(value, values_of_type.get(key), sizes)
+    changes.update({key: value for key, value in values_of_type.items() if not isinstance(changes.get(key), PretrainedConfig)})
     try:
         with zoo.quiet():
             return type(config)(**changes)
@@ -126,18 +198,57 @@ def tiny_config(config: Any) -> Any:
         return config
 
 
-def build(model_type: str, class_name: str, device: Optional[str]) -> torch.nn.Module:
+@dataclass(frozen=True)
+class Task:
+    """One head of the sweep: the types of ``mapping`` (modeling_auto's model type -> class name)
+    built with SIZES and ``sizes``, run on their main input (``main_input``), ``decoder_tokens``
+    decoder ids beside it for an encoder-decoder; ``count_generation`` compared when
+    ``generate`` (and ``model.generate`` runs)."""
+
+    mapping: str
+    generate: bool
+    decoder_tokens: int = 0
+    is_decoder: bool = False  # a BERT-like config made a causal decoder
+    sizes: Mapping[str, Any] = field(default_factory=dict)
+    without: Optional[str] = None  # the types of this mapping left out
+
+
+IMAGE_SIZES = {"image_size": 64, "num_channels": 3}  # default patches: 16 of 16 pixels for a ViT
+AUDIO_SIZES = {"max_source_positions": 32, "max_target_positions": 64}  # whisper: 64 feature frames
+TASKS: Dict[str, Task] = {
+    "causal-lm": Task("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", generate=True, is_decoder=True),
+    "base": Task("MODEL_MAPPING_NAMES", generate=False, sizes={**IMAGE_SIZES, **AUDIO_SIZES},
+                 without="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "seq2seq": Task("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", generate=True, decoder_tokens=DECODER_TOKENS),
+    "masked-lm": Task("MODEL_FOR_MASKED_LM_MAPPING_NAMES", generate=False),
+    "image-classification": Task("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", generate=False, sizes=IMAGE_SIZES),
+    "speech-seq2seq": Task("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", generate=True, decoder_tokens=DECODER_TOKENS,
+                           sizes=AUDIO_SIZES),
+    "audio-classification": Task("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", generate=False, sizes=AUDIO_SIZES),
+}
+
+
+def task_types(task: Task) -> Dict[str, str]:
+    """The task's model types and their classes (the first where several are listed)."""
+    from transformers.models.auto import modeling_auto
+
+    left_out = getattr(modeling_auto, task.without) if task.without else {}
+    mapping = getattr(modeling_auto, task.mapping)
+    return {t: c if isinstance(c, str) else c[0] for t, c in mapping.items() if t not in left_out}
+
+
+def build(model_type: str, class_name: str, device: Optional[str], task: Task) -> torch.nn.Module:
     import transformers
     from transformers import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config = tiny_config(CONFIG_MAPPING[model_type]())
+    config = tiny_config(CONFIG_MAPPING[model_type](), TYPE_CONFIG.get(model_type), {**SIZES, **task.sizes})
     config.use_cache = True
-    if hasattr(config, "is_decoder") and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if hasattr(config, "is_decoder") and task.is_decoder:
         config.is_decoder = True  # BERT-like types as causal LMs
     model_class = getattr(transformers, class_name)
-    if not isinstance(config, model_class.config_class) and hasattr(config, "text_config"):
-        config = config.text_config  # a text-only class listed under its composite type (llama4)
+    if not isinstance(config, model_class.config_class):  # a class listed under its composite type: its part
+        parts = [value for value in vars(config).values() if isinstance(value, model_class.config_class)]
+        config = parts[0] if parts else config  # llama4's text_config, musicgen's decoder
     torch.manual_seed(0)
     with zoo.quiet(), torch.device(device) if device else contextlib.nullcontext():
         model = model_class(config)
@@ -149,12 +260,59 @@ def prompt(device: Optional[str]) -> torch.Tensor:
     return ids.to(device) if device else ids
 
 
-def torch_contractions(model: torch.nn.Module, ids: torch.Tensor) -> Dict[str, int]:
+def main_input(model: torch.nn.Module, device: Optional[str]) -> torch.Tensor:
+    """The model's main input (``model.main_input_name``) of batch BATCH, shaped from its config:
+    token ids (``prompt``), images of ``image_size`` pixels, AUDIO_SAMPLES samples of raw audio,
+    a spectrogram, or feature frames (whisper's 2 x ``max_source_positions``, filter banks)."""
+    config = model.config
+    name = model.main_input_name
+    generator = torch.Generator().manual_seed(1)
+    if name == "pixel_values":
+        vision = getattr(config, "vision_config", config)  # a composite's image part (CLIP)
+        size = getattr(vision, "image_size", IMAGE_SIZES["image_size"])  # a convolutional net has none
+        size = size if isinstance(size, int) else size[0]
+        channels = getattr(vision, "num_channels", IMAGE_SIZES["num_channels"])
+        tensor = torch.randn(BATCH, channels, size, size, generator=generator)
+    elif name == "input_values" and hasattr(config, "max_length"):  # a spectrogram (AST)
+        tensor = torch.randn(BATCH, config.max_length, config.num_mel_bins, generator=generator)
+    elif name == "input_values":
+        tensor = torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)
+    elif name == "input_features" and hasattr(config, "num_mel_bins"):
+        tensor = torch.randn(BATCH, config.num_mel_bins, 2 * config.max_source_positions, generator=generator)
+    elif name == "input_features" and hasattr(config, "feature_projection_input_dim"):  # w2v-BERT's filter banks
+        tensor = torch.randn(BATCH, AUDIO_FRAMES, config.feature_projection_input_dim, generator=generator)
+    elif name == "input_features":
+        features = config.input_feat_per_channel * config.input_channels
+        tensor = torch.randn(BATCH, AUDIO_FRAMES, features, generator=generator)
+    else:
+        return prompt(device)
+    return tensor.to(device) if device else tensor
+
+
+def inputs(model: torch.nn.Module, device: Optional[str], task: Task) -> Tuple[Tuple[torch.Tensor], Dict[str, Any]]:
+    """The forward's arguments: the main input, and an encoder-decoder's decoder ids."""
+    kwargs: Dict[str, Any] = {}
+    if task.decoder_tokens:
+        kwargs["decoder_input_ids"] = prompt(device)[:, : task.decoder_tokens]
+    return (main_input(model, device),), kwargs
+
+
+def torch_contractions(model: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Dict[str, int]]:
     """FlopCounterMode's FLOPs of one real forward, by family, counted live; the forward ran
-    plainly (the type is "not run" when this raises)."""
+    plainly (the type is "not run" when it raises). None where FlopCounterMode itself cannot
+    follow the forward (its module tracker refuses a view of a parameter made under no_grad:
+    DBRX's experts), said on a NO ORACLE line. The process's generator is set back after, so
+    that the count that follows draws what this forward drew (VITS samples its durations)."""
     counter = FlopCounterMode(display=False)
-    with zoo.quiet(), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), counter:
-        model(ids)
+    generator = torch.get_rng_state()
+    try:
+        with zoo.quiet(), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), counter:
+            model(*args, **kwargs)
+    except Exception as exc:
+        print(f"NO ORACLE {type(model).__name__}: FlopCounterMode raised {zoo.first_line(exc)[:120]}", flush=True)
+        return None
+    finally:
+        torch.set_rng_state(generator)
     families = dict.fromkeys(CONTRACTION_FAMILIES, 0)
     for op, flops in counter.get_flop_counts()["Global"].items():
         name = op.__name__.split(".")[0]
@@ -185,28 +343,28 @@ def generation_difference(model: torch.nn.Module, ids: torch.Tensor) -> Optional
     return None
 
 
-def check(model_type: str, class_name: str, device: Optional[str], generate: bool) -> Tuple[Optional[str], int]:
-    model = build(model_type, class_name, device)
-    ids = prompt(device)
-    theirs = torch_contractions(model, ids) if device is None else None
-    before = zoo.snapshot(model, (ids,)) if device is None else None
+def check(model_type: str, class_name: str, device: Optional[str], task: Task, generate: bool) -> Tuple[Optional[str], int]:
+    model = build(model_type, class_name, device, task)
+    args, kwargs = inputs(model, device, task)
+    theirs = torch_contractions(model, args, kwargs) if device is None else None
+    before = zoo.snapshot(model, (args, kwargs)) if device is None else None
     results: Dict[str, Any] = {}
-    difference, reused = compare_model(model, (ids,), {}, predict=False, results=results)
+    difference, reused = compare_model(model, args, kwargs, predict=False, results=results)
     if difference is not None:
         return difference, reused
     if before is not None:
-        changed = zoo.changes(before, zoo.snapshot(model, (ids,)))
+        changed = zoo.changes(before, zoo.snapshot(model, (args, kwargs)))
         if changed:
             return f"count_flops changed the model or inputs: {', '.join(changed)}", reused
     try:
-        difference = generation_difference(model, ids) if generate else None
+        difference = generation_difference(model, args[0]) if generate else None
     except UsageError as exc:  # refused, with its reason (a model that returns no cache): said, not a failure
         print(f"REFUSED {model_type}{' (meta)' if device else ''}: {zoo.first_line(exc)[:160]}", flush=True)
         difference = None
     if difference is not None:
         return difference, reused
     if before is not None:
-        changed = zoo.changes(before, zoo.snapshot(model, (ids,)))
+        changed = zoo.changes(before, zoo.snapshot(model, (args, kwargs)))
         if changed:
             return f"count_generation changed the model or inputs: {', '.join(changed)}", reused
     if theirs is not None:
@@ -217,24 +375,26 @@ def check(model_type: str, class_name: str, device: Optional[str], generate: boo
     return None, reused
 
 
-def plain_forward_error(model_type: str, class_name: str) -> Optional[str]:
+def plain_forward_error(model_type: str, class_name: str, task: Task) -> Optional[str]:
     """Why the type cannot be built and run without flopcount (None: it runs)."""
     try:
-        model = build(model_type, class_name, None)
+        model = build(model_type, class_name, None, task)
+        args, kwargs = inputs(model, None, task)
         with zoo.quiet(), torch.no_grad():
-            model(prompt(None))
+            model(*args, **kwargs)
     except Exception as exc:
         return zoo.first_line(exc)[:160]
     return None
 
 
-def plain_generate_error(model_type: str, class_name: str) -> Optional[str]:
+def plain_generate_error(model_type: str, class_name: str, task: Task) -> Optional[str]:
     """Why ``model.generate`` (greedy, NEW_TOKENS) fails without flopcount (None: it runs)."""
     try:
-        model = build(model_type, class_name, None)
-        ids = prompt(None)
+        model = build(model_type, class_name, None, task)
+        main = main_input(model, None)
+        mask = {"attention_mask": torch.ones_like(main)} if not main.is_floating_point() else {}
         with zoo.quiet(), torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+            model.generate(main, **mask, max_new_tokens=NEW_TOKENS, do_sample=False)
     except Exception as exc:
         return zoo.first_line(exc)[:160]
     return None
@@ -243,43 +403,46 @@ def plain_generate_error(model_type: str, class_name: str) -> Optional[str]:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--match", default=None, help="only model types containing this text")
-    parser.add_argument("--base", action="store_true",
-                        help="the base models (MODEL_MAPPING_NAMES) of the types with no causal-LM class: count_flops only")
+    parser.add_argument("--task", choices=TASKS, default="causal-lm",
+                        help="which head: causal-lm (the default), base (MODEL_MAPPING_NAMES of the types with no "
+                             "causal-LM class), seq2seq, masked-lm, image-classification, speech-seq2seq, "
+                             "audio-classification")
+    parser.add_argument("--base", action="store_true", help="the same as --task base")
     args = parser.parse_args(argv)
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
-    mapping = dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    if args.base:
-        mapping = {t: c if isinstance(c, str) else c[0] for t, c in MODEL_MAPPING_NAMES.items()
-                   if t not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
-    types = [(t, c) for t, c in mapping.items() if not args.match or args.match in t]
+    task_name = "base" if args.base else args.task
+    task = TASKS[task_name]
+    types = [(t, c) for t, c in task_types(task).items() if not args.match or args.match in t]
     torch.set_num_threads(1)
     not_run: List[str] = []
     no_generate: List[str] = []
     tally = Tally(failure="FAILED")  # a plain forward ran: a model flopcount cannot count
     start, cpu_start = time.perf_counter(), time.process_time()
     for model_type, class_name in types:
-        reason = plain_forward_error(model_type, class_name)
+        reason = plain_forward_error(model_type, class_name, task)
         if reason is not None:
             not_run.append(model_type)
             print(f"NOT RUN {model_type} ({class_name}): {reason}", flush=True)
             continue
-        generate_error = "a base model (no language-model head)" if args.base else plain_generate_error(model_type, class_name)
-        if generate_error is not None and not args.base:
+        generate_error = plain_generate_error(model_type, class_name, task) if task.generate else "no generation head"
+        if generate_error is not None and task.generate:
             no_generate.append(model_type)
             print(f"NO GENERATE {model_type} ({class_name}): count_flops only; generate() fails: {generate_error}",
                   flush=True)
         for device in (None, "meta"):
             where = f"{model_type} ({class_name}){' (meta)' if device else ''}"
             clock = time.perf_counter()
-            tally.run(where, device, lambda: check(model_type, class_name, device, generate_error is None), width=200)
+            tally.run(where, device, lambda: check(model_type, class_name, device, task, generate_error is None),
+                      width=200)
             print(f"  {where}: {time.perf_counter() - clock:.1f} s", file=sys.stderr, flush=True)
     ran = len(types) - len(not_run)
-    print(f"\n{len(types)} {'base' if args.base else 'causal-LM'} model types, {ran} built and ran a plain forward ({len(not_run)} not run; generate() fails on {len(no_generate)} "
-          f"more, counted by count_flops only); "
-          f"{tally.same + tally.differ} counts compared (real weights and meta copy): {tally.same} identical (count_flops "
-          f"and count_generation, reuse off = on; on real weights, equal to FlopCounterMode), {tally.differ} differ, "
+    generated = f"; generate() fails on {len(no_generate)} more, counted by count_flops only" if task.generate else ""
+    print(f"\n{len(types)} {task_name} model types ({task.mapping}), {ran} built and ran a plain forward "
+          f"({len(not_run)} not run{generated}); "
+          f"{tally.same + tally.differ} counts compared (real weights and meta copy): {tally.same} identical (count_flops"
+          f"{' and count_generation' if task.generate else ''}, reuse off = on; on real weights, equal to "
+          f"FlopCounterMode), {tally.differ} differ, "
           f"{tally.failed} failed to count; reuse taken on {tally.reused_models} meta copies ({tally.reused_calls} calls); "
           f"transformers {transformers.__version__}, torch {torch.__version__}; "
           f"{time.perf_counter() - start:.0f} s wall, {time.process_time() - cpu_start:.0f} s CPU", flush=True)

@@ -139,6 +139,33 @@ def test_encoder_decoder_runs_the_encoder_once() -> None:
     assert cache_bytes(out.past_key_values) == result.kv_cache_bytes
 
 
+def test_a_mixture_of_experts_encoder_decoder_s_steps_are_handed_its_encoder_output_class() -> None:
+    # NLLB-MoE's forward reads ``encoder_outputs.router_logits``; the decode steps were handed a
+    # plain BaseModelOutput (no such field) and every step failed. Oracle: FlopCounterMode over
+    # the real generate() (its encoder run once outside the forwards), 2 FLOPs per MAC.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = transformers.AutoConfig.for_model(
+        "nllb-moe", vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_experts=4, encoder_sparse_step=2,
+        decoder_sparse_step=2, max_position_embeddings=64, decoder_start_token_id=2, pad_token_id=1,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(cfg).eval()
+    model.generation_config.eos_token_id = None
+    ids = torch.randint(3, VOCAB, (B, P), generator=torch.Generator().manual_seed(0))
+    before, prompt = snapshot(model), ids.clone()
+    result = count_generation(model, ids, new_tokens=N)
+    assert_same_state(model, before)
+    assert torch.equal(ids, prompt)
+    assert result.encoder_decoder and len(result.steps) == N - 1
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        out = model.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)
+    assert out.shape == (B, 1 + N)
+    assert 2 * result.macs == counter.get_total_flops()
+
+
 def test_moe_generation_on_meta_matches_cpu() -> None:
     cfg = transformers.AutoConfig.for_model(
         "mixtral", hidden_size=H, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HEADS,

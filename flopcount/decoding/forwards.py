@@ -223,6 +223,19 @@ def _field(output: Any, name: str) -> Any:
     return getattr(output, name, None)
 
 
+def _encoder_outputs(output: Any) -> Any:
+    """The encoder's output as generate() hands it to each decode step, from the prefill's
+    output: its last hidden state, in the mixture-of-experts encoders' output class (with the
+    router logits the prefill returned) where the model's output has an encoder router field:
+    NLLB-MoE and Switch Transformers read ``encoder_outputs.router_logits`` at every step."""
+    from transformers.modeling_outputs import BaseModelOutput, MoEModelOutput
+
+    last = _field(output, "encoder_last_hidden_state")
+    if hasattr(output, "encoder_router_logits"):
+        return MoEModelOutput(last_hidden_state=last, router_logits=_field(output, "encoder_router_logits"))
+    return BaseModelOutput(last_hidden_state=last)
+
+
 def _next_tokens(logits: Any) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
         raise UsageError("count_generation: the model returned no (batch, positions, vocab) logits")
@@ -303,7 +316,7 @@ class Decoding:
     def __init__(self, model: nn.Module, output: Any, setup: Setup):
         self.setup = setup
         self.prepare = _step_preparer(model, setup)
-        self.encoder_out = _field(output, "encoder_last_hidden_state") if setup.encoder_decoder else None
+        self.encoder_outputs = _encoder_outputs(output) if setup.encoder_decoder else None
         self.mask = setup.first.get("attention_mask")
         self.notes: List[str] = []
         self.advance(output)
@@ -355,10 +368,8 @@ class Decoding:
         tokens = self.tokens if width == 1 else self.tokens.expand(-1, width)
         call: Dict[str, Any] = {setup.cache_key: self.cache, "use_cache": True}
         if setup.encoder_decoder:
-            from transformers.modeling_outputs import BaseModelOutput
-
             call["decoder_input_ids"] = tokens
-            call["encoder_outputs"] = BaseModelOutput(last_hidden_state=self.encoder_out)
+            call["encoder_outputs"] = self.encoder_outputs
             if self.mask is not None:
                 call["attention_mask"] = self.mask
         else:
