@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
+import random
+import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
@@ -71,6 +73,48 @@ def preserved_rng() -> Iterator[None]:
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def random_states() -> Tuple[Any, Any]:
+    """The states of Python's ``random`` module and of numpy's global generator (None where numpy
+    is not imported): what a forward's ``random.random()`` or ``np.random.rand()`` draws from
+    (LayerDrop, stochastic depth). Compare two with :func:`same_random_states`."""
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    return random.getstate(), numpy_state
+
+
+def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
+    """Whether nothing drew from the generators of :func:`random_states` between ``before`` and
+    ``after`` (numpy's key array compared by value)."""
+    if before[0] != after[0]:
+        return False
+    numpy_before, numpy_after = before[1], after[1]
+    if numpy_before is None or numpy_after is None:
+        return numpy_before is numpy_after
+    kind, keys, *rest = numpy_before
+    kind_after, keys_after, *rest_after = numpy_after
+    return kind == kind_after and rest == rest_after and bool((keys == keys_after).all())
+
+
+@contextlib.contextmanager
+def preserved_random_modules() -> Iterator[None]:
+    """Set Python's ``random`` and numpy's global generator back on exit, as
+    :func:`preserved_rng` sets torch's: only when this thread was the process's only Python thread
+    throughout. A count runs the user's forward, whose Python code draws from them for real even on
+    fake tensors (``if self.training and random.random() < p``); before, each count advanced the
+    caller's generators, and a fallback real run drew after the fake run's draws."""
+    alone = _alone()
+    states = random_states() if alone else None
+    try:
+        yield
+    finally:
+        if states is not None and _alone():
+            python_state, numpy_state = states
+            random.setstate(python_state)
+            numpy = sys.modules.get("numpy")
+            if numpy_state is not None and numpy is not None:
+                numpy.random.set_state(numpy_state)
 
 
 class PrivateRandom(TorchDispatchMode):

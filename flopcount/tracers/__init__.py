@@ -17,6 +17,7 @@ from torch import nn
 from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
+from flopcount.core.state import preserved_random_modules
 from flopcount.errors import UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._real_run import inputs_kept, real_run_model
@@ -87,7 +88,8 @@ def trace(
             note = f"tracer auto: counted one real run (dispatch) because {why}"
     # A real run (_real_run.py): on a private twin of the module tree, the caller's inputs given back
     run_model, run_facts = real_run_model(model, facts)
-    with inputs_kept(call.tensors):
+    # the forward's Python draws (random, numpy) start where the fake run's started, and are set back
+    with inputs_kept(call.tensors), preserved_random_modules():
         if tracer == "jit":
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)
@@ -126,7 +128,7 @@ def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options
         # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
         return None, "the model has quantized packed parameters"
     try:
-        with PausedCollections():
+        with PausedCollections(), preserved_random_modules():
             run = dispatch.trace(model, call, fake_copy=True, facts=facts, **options)
     except FakeRunError as exc:
         return None, exc.reason

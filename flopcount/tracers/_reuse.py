@@ -65,7 +65,7 @@ import torch
 from torch import nn
 
 from flopcount.core import hooks
-from flopcount.core.state import forward_globals, plain_object
+from flopcount.core.state import forward_globals, plain_object, random_states, same_random_states
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, tensor_key
 from flopcount.types import ReplayedCall, expand
@@ -613,6 +613,7 @@ class Reuse:
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
+            drawn = random_states()
             swapped = self._swap_in(order)
             try:
                 if watch is not None:
@@ -635,6 +636,8 @@ class Reuse:
                 return out  # a cache changed inside it (replayed there, or a first call): not booked again
             if self._globals_key(order) != key[-1]:
                 return out  # it wrote a global its forwards name (a counter, a flag): traced from now on
+            if not same_random_states(drawn, random_states()):
+                return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
