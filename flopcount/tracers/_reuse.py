@@ -275,6 +275,7 @@ class Reuse:
         # a tracking class -> the class it tracks. Per class, not per module (issue #32: nothing per layer)
         self._classes: Dict[type, Optional[type]] = {}
         self._owners: Dict[type, type] = {}
+        self._made_with: Dict[type, frozenset[str]] = {}  # a tracking class -> the names it was made with
         self._lonely: set[int] = set()  # modules with no twin: their first call runs unkeyed
         self._batch: Dict[int, Any] = {}  # id(caller's tensor) -> its key, while a subtree is keyed
         # the keys read up front (``LazyCopy.read_all``) that the call being keyed took: given back
@@ -284,6 +285,7 @@ class Reuse:
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
+        self._in_object = False  # keying a plain object's own attributes: one held inside it by identity
         # each distinct own part and subtree key -> a number: a parent's key holds its children's numbers,
         # so a key is hashed once, not again inside each enclosing key (CPython does not keep a tuple's hash)
         self._interned: Dict[Tuple[Any, ...], int] = {}
@@ -431,8 +433,22 @@ class Reuse:
 
     def _swap_out(self, swapped: List[Tuple[nn.Module, type]]) -> None:
         for module, cls in reversed(swapped):
+            made = type(module)
             object.__setattr__(module, "__class__", cls)
+            made_with = self._made_with[made]
+            if len(vars(made)) != len(made_with):
+                self._give_to_tracked(made, cls, made_with)
         del self._swapped[len(self._swapped) - len(swapped):]
+
+    @staticmethod
+    def _give_to_tracked(made: type, cls: type, made_with: frozenset[str]) -> None:
+        """Move what a first call set on its module's class (``type(self).calls += 1``, which
+        landed on the tracking class ``made``) onto the class it tracks, where a run without the
+        tracking class sets it: a later call reads it there (and the globals key, which holds the
+        class's data attributes, sees that the call wrote them)."""
+        for name in [name for name in vars(made) if name not in made_with]:
+            setattr(cls, name, vars(made)[name])
+            delattr(made, name)
 
     def _tracking_class(self, cls: type) -> Optional[type]:
         # a metaclass or __init_subclass__ of the user's could act on a new subclass: not made
@@ -459,9 +475,11 @@ class Reuse:
             "__doc__": cls.__doc__,
         }
         try:
-            return type(cls.__name__, (cls,), namespace)
+            made = type(cls.__name__, (cls,), namespace)
         except Exception:
             return None
+        self._made_with[made] = frozenset(vars(made))  # a name beyond these was set by a first call
+        return made
 
     # ------------------------------------------------------------------ the call
 
@@ -1136,9 +1154,23 @@ class Reuse:
             return ("module", id(value))  # not a child: the same object, or not equal
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
             return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
-        # functions, classes, configs and other objects (of a module not copied yet: an object not
-        # copied yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
+        if not self._in_object and plain_object(value):
+            return self._object(value, original)
+        # functions, classes and other objects (of a module not copied yet: an object not copied
+        # yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
         return ("id", id(value))
+
+    def _object(self, value: Any, original: bool = False) -> Tuple[Any, ...]:
+        """A plain object's key (a config, a counter's holder: :func:`~flopcount.core.state.plain_object`):
+        its identity and its own attributes, each keyed as an attribute is, a plain object among them
+        by identity (one level deep). Layers sharing one config whose flag their parent sets per layer
+        (``self.config.flag``) were booked from the first layer when it was keyed by identity alone."""
+        self._in_object = True
+        try:
+            own = tuple([(k, self._attribute(v, original)) for k, v in vars(value).items()])
+        finally:
+            self._in_object = False
+        return ("object", id(value), own)
 
     def _value(self, value: Any, tensors: List[Any], caches: List[Any]) -> Any:
         kind = type(value)
@@ -1201,8 +1233,7 @@ class Reuse:
                 if _container(value):
                     found.append((name, self._attribute(value)))
                 elif plain_object(value):
-                    own = tuple([(k, self._attribute(v)) for k, v in vars(value).items()])
-                    found.append((name, id(value), own))
+                    found.append((name, self._object(value)))
         return found
 
     def _globals_key(self, order: List[nn.Module]) -> Tuple[Any, ...]:

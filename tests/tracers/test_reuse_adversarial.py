@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import random
-import sys
 import types
 
 import numpy as np
@@ -117,4 +116,134 @@ def test_a_block_that_draws_from_python_or_numpy_is_traced_and_the_generators_ar
     assert _states() == before
     assert on.macs == off.macs == _macs(0, skipped)
     assert rows(on) == rows(off)
+    assert on.reused_calls == 0
+
+
+# ---------------------------------------------------------------- state outside the blocks
+
+# a Python module of its own, as a model's package would have one: a flag, a helper that reads
+# it, and a config object (its functions' globals are this module's, not the test file's)
+flags = types.ModuleType("flags")
+exec(
+    "FLAG = False\n"
+    "class Config:\n"
+    "    def __init__(self):\n"
+    "        self.flag = False\n"
+    "CONFIG = Config()\n"
+    "def extra():\n"
+    "    return FLAG\n",
+    vars(flags),
+)
+extra = flags.extra
+CONFIG = flags.CONFIG
+
+
+class Shared:
+    """A config the blocks share (as transformers' layers share theirs)."""
+
+    def __init__(self) -> None:
+        self.flag = False
+
+
+class ByHelper(Block):  # a flag of another Python module, read by that module's function
+    def forward(self, x):
+        y = super().forward(x)
+        return y @ torch.eye(D) if extra() else y
+
+
+class ByModuleAttribute(Block):  # the same flag read as an attribute of that Python module
+    def forward(self, x):
+        y = super().forward(x)
+        return y @ torch.eye(D) if flags.FLAG else y
+
+
+class ByGlobalObject(Block):  # a global config object's attribute
+    def forward(self, x):
+        y = super().forward(x)
+        return y @ torch.eye(D) if CONFIG.flag else y
+
+
+class ByHeldConfig(Block):  # the attribute of a config the block holds and its parent changes
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = SHARED
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y @ torch.eye(D) if self.config.flag else y
+
+
+class ByClass(Block):  # a class attribute, read through the class
+    mode = False
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y @ torch.eye(D) if type(self).mode else y
+
+
+SHARED = Shared()
+
+
+def _set_flag(block: nn.Module, on: bool) -> None:
+    # the one place each block's flag lives: what the parent sets before each layer
+    kind = type(block)
+    if kind is ByHelper or kind is ByModuleAttribute:
+        flags.FLAG = on
+    elif kind is ByGlobalObject:
+        CONFIG.flag = on
+    elif kind is ByHeldConfig:
+        block.config.flag = on  # the config the blocks hold (on a count, the copy's: one for all blocks)
+    else:
+        kind.mode = on
+
+
+class FlagPerLayer(Stack):
+    """The parent sets the flag before each layer: on for layers 1 and 3 (2 of the 6)."""
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            _set_flag(block, i in (1, 3))
+            x = block(x)
+        _set_flag(self.blocks[0], False)
+        return x
+
+
+@pytest.mark.parametrize("block", [ByHelper, ByModuleAttribute, ByGlobalObject, ByHeldConfig, ByClass],
+                         ids=["helper", "module-attribute", "global-object", "held-config", "class-attribute"])
+def test_a_flag_the_parent_sets_per_layer_outside_the_blocks_splits_the_key(monkeypatch, block):
+    model = FlagPerLayer(block)
+    inputs = _inputs()
+    off, on = _off_and_on(monkeypatch, model, inputs)
+    # before: every layer was booked from layer 0, whose flag is off (the 2 extra matmuls lost)
+    assert on.macs == off.macs == _macs(2)
+    assert rows(on) == rows(off)
+    assert torch_contraction_flops(copy.deepcopy(model), inputs) == 2 * _macs(2)
+    assert on.reused_calls == 4  # layers 2, 4, 5 booked from layer 0; layer 3 from layer 1
+
+
+class CountsOnItsClass(Block):
+    """Every other call of the class does the extra matmul: a count kept on the class."""
+
+    calls = 0
+
+    def forward(self, x):
+        type(self).calls += 1
+        y = super().forward(x)
+        return y @ torch.eye(D) if type(self).calls % 2 == 0 else y
+
+
+def test_a_block_counting_its_calls_on_its_class_is_traced(monkeypatch):
+    model = Stack(CountsOnItsClass)
+    inputs = _inputs()
+    CountsOnItsClass.calls = 0
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, inputs)
+    CountsOnItsClass.calls = 0
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    on = count_flops(model, inputs)
+    # before: the first call's write landed on reuse's tracking subclass, the class kept 0, and
+    # blocks 1-5 were booked from block 0 (no extra matmul at all)
+    assert on.macs == off.macs == _macs(LAYERS // 2)
+    assert rows(on) == rows(off)
+    assert CountsOnItsClass.calls == LAYERS  # each block's call counted on the class, as a real run counts it
     assert on.reused_calls == 0
