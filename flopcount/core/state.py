@@ -84,7 +84,7 @@ def random_states() -> Tuple[Any, Any]:
     return random.getstate(), numpy_state
 
 
-def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
+def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:  # ~4 us; reading them ~60 us
     """Whether nothing drew from the generators of :func:`random_states` between ``before`` and
     ``after`` (numpy's key array compared by value)."""
     if before[0] != after[0]:
@@ -97,24 +97,29 @@ def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
     return kind == kind_after and rest == rest_after and bool((keys == keys_after).all())
 
 
+def set_random_states(states: Tuple[Any, Any]) -> None:
+    """Set the generators of :func:`random_states` back to ``states``."""
+    python_state, numpy_state = states
+    random.setstate(python_state)
+    numpy = sys.modules.get("numpy")
+    if numpy_state is not None and numpy is not None:
+        numpy.random.set_state(numpy_state)
+
+
 @contextlib.contextmanager
-def preserved_random_modules() -> Iterator[None]:
+def preserved_random_modules() -> Iterator[Tuple[Any, Any]]:
     """Set Python's ``random`` and numpy's global generator back on exit, as
     :func:`preserved_rng` sets torch's: only when this thread was the process's only Python thread
-    throughout. A count runs the user's forward, whose Python code draws from them for real even on
-    fake tensors (``if self.training and random.random() < p``); before, each count advanced the
-    caller's generators, and a fallback real run drew after the fake run's draws."""
-    alone = _alone()
-    states = random_states() if alone else None
+    throughout; gives their states on entry (:func:`random_states`). A count runs the user's
+    forward, whose Python code draws from them for real even on fake tensors (``if self.training
+    and random.random() < p``); before, each count advanced the caller's generators, and a
+    fallback real run drew after the fake run's draws. ~0.13 ms per count (read and set back)."""
+    states = random_states()
     try:
-        yield
+        yield states
     finally:
-        if states is not None and _alone():
-            python_state, numpy_state = states
-            random.setstate(python_state)
-            numpy = sys.modules.get("numpy")
-            if numpy_state is not None and numpy is not None:
-                numpy.random.set_state(numpy_state)
+        if _alone():
+            set_random_states(states)
 
 
 class PrivateRandom(TorchDispatchMode):

@@ -17,7 +17,7 @@ from torch import nn
 from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
-from flopcount.core.state import preserved_random_modules
+from flopcount.core.state import preserved_random_modules, random_states, same_random_states, set_random_states
 from flopcount.errors import UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._real_run import inputs_kept, real_run_model
@@ -127,9 +127,18 @@ def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options
     if facts.packed is not None:
         # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
         return None, "the model has quantized packed parameters"
+    # Python's and numpy's generators: a forward may draw from them (LayerDrop) even on fakes. A
+    # count handing its outputs on watches each first call of structural reuse for a draw; any
+    # other is run once unwatched (reading the generators costs ~60 us: once per count, not once
+    # per first call) and, where it booked a call from an earlier one and drew, again watched (a
+    # block that drew is not booked again: a next call may branch otherwise). Set back as found.
+    watch = options.get("on_output") is not None
     try:
-        with PausedCollections(), preserved_random_modules():
-            run = dispatch.trace(model, call, fake_copy=True, facts=facts, **options)
+        with PausedCollections(), preserved_random_modules() as drawn:
+            run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, **options)
+            if run.reused_calls and not watch and not same_random_states(drawn, random_states()):
+                set_random_states(drawn)
+                run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, **options)
     except FakeRunError as exc:
         return None, exc.reason
     if _made_sparse(run):

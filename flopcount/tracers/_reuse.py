@@ -245,8 +245,12 @@ class Reuse:
         index_proxies: bool = True,
         metas: Optional[Mapping[int, Tuple[torch.Tensor, Tuple[Any, ...]]]] = None,
         lazy: Optional[LazyCopy] = None,
+        watch_random: bool = False,
     ):
         self._names = names
+        # a first call that draws from Python's or numpy's generator is not booked again (read around
+        # each first call, ~60 us: on when a count's forward drew, ``tracers._fake_run``)
+        self._watch_random = watch_random
         # a copy lazy in depth (fake.copies.LazyCopy): a subtree is keyed from the caller's modules
         # where they are not copied yet, and copied whole only when a first call runs it
         self._lazy = lazy
@@ -631,7 +635,7 @@ class Reuse:
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
-            drawn = random_states()
+            drawn = random_states() if self._watch_random else None
             swapped = self._swap_in(order)
             try:
                 if watch is not None:
@@ -654,7 +658,7 @@ class Reuse:
                 return out  # a cache changed inside it (replayed there, or a first call): not booked again
             if self._globals_key(order) != key[-1]:
                 return out  # it wrote a global its forwards name (a counter, a flag): traced from now on
-            if not same_random_states(drawn, random_states()):
+            if drawn is not None and not same_random_states(drawn, random_states()):
                 return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
