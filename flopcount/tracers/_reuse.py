@@ -356,7 +356,8 @@ class Reuse:
 
     def _eligible(self, module: nn.Module) -> bool:
         # a leaf runs a few ops the shape cache answers already: keying it costs more
-        return module is not self._root and "forward" not in vars(module) and bool(dict.__len__(vars(module)["_modules"]))
+        state = vars(module)
+        return module is not self._root and "forward" not in state and _plain(state) and bool(dict.__len__(state["_modules"]))
 
     def _adopt(self, module: nn.Module, original: nn.Module) -> None:
         """Wrap ``module`` (a copy of ``original``) when it is eligible."""
@@ -1018,6 +1019,8 @@ class Reuse:
             raise Unkeyable("an instance-level forward")
         if hooks.has_call_hooks(module):
             raise Unkeyable("a hook")
+        if not _plain(state):
+            raise Unkeyable("a scripted module")  # its forward is TorchScript's: not followed here
         own: Optional[int] = None
         if lazy is not None and module in self._originals:
             try:
@@ -1049,6 +1052,8 @@ class Reuse:
                 continue
             visited.add(id(m))
             state = vars(m)
+            if not _plain(state):
+                continue  # a scripted module: the key refuses it (``_subtree``)
             if m in originals:
                 for held in (state.get("_parameters"), state.get("_buffers")):
                     if held:
@@ -1306,6 +1311,8 @@ def _signature(
     found = memo.get(id(module))
     if found is not None:
         return found
+    if not _plain(vars(module)):
+        return ("unique", id(module))  # a scripted module: never keyed (``_subtree``)
     memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
     try:
         params: Tuple[Any, ...] = tuple([
@@ -1355,6 +1362,14 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     for child in dict.values(state["_modules"]):
         if child is not None:
             _fingerprint(child, order, into, seen, lazy)
+
+
+def _plain(state: Dict[str, Any]) -> bool:
+    """Whether a module's parameters, buffers and children are held in dictionaries (a
+    ``torch.jit.script``ed module holds them in TorchScript's wrappers, which ``dict``'s own
+    methods refuse: a scripted block in a stack made every count with reuse on fail)."""
+    return (isinstance(state.get("_modules"), dict) and isinstance(state.get("_parameters"), dict)
+            and isinstance(state.get("_buffers"), dict))
 
 
 def _process_hooks_here() -> bool:

@@ -247,3 +247,19 @@ def test_a_block_counting_its_calls_on_its_class_is_traced(monkeypatch):
     assert rows(on) == rows(off)
     assert CountsOnItsClass.calls == LAYERS  # each block's call counted on the class, as a real run counts it
     assert on.reused_calls == 0
+
+
+# ---------------------------------------------------------------- modules reuse cannot key
+
+
+def test_a_scripted_block_in_a_stack_counts_as_with_reuse_off(monkeypatch):
+    model = Stack(Block)
+    model.blocks[1] = torch.jit.script(model.blocks[1])
+    inputs = _inputs()
+    # before: reuse read the scripted block's children with ``dict``'s own methods, which
+    # TorchScript's wrappers refuse: the count raised a TypeError with reuse on (off: one real run)
+    off, on = _off_and_on(monkeypatch, model, inputs)
+    assert on.macs == off.macs == _macs(0)
+    assert [(m.name, m.calls) for m in on.modules] == [(m.name, m.calls) for m in off.modules]
+    assert on.by_module("macs") == off.by_module("macs")
+    assert torch_contraction_flops(model, inputs) == 2 * _macs(0)
