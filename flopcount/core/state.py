@@ -98,7 +98,11 @@ def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
 
 
 def set_random_states(states: Tuple[Any, Any]) -> None:
-    """Set the generators of :func:`random_states` back to ``states``."""
+    """Set the generators of :func:`random_states` back to ``states`` when this thread is the
+    process's only Python thread (as :func:`preserved_rng` sets torch's: setting them back would
+    rewind another thread's draws)."""
+    if not _alone():
+        return
     python_state, numpy_state = states
     random.setstate(python_state)
     numpy = sys.modules.get("numpy")
@@ -107,18 +111,18 @@ def set_random_states(states: Tuple[Any, Any]) -> None:
 
 
 @contextlib.contextmanager
-def preserved_random_modules() -> Iterator[Tuple[Any, Any]]:
-    """Set Python's ``random`` and numpy's global generator back on exit, as
-    :func:`preserved_rng` sets torch's: only when this thread was the process's only Python thread
-    throughout; gives their states on entry (:func:`random_states`). A count runs the user's
-    forward, whose Python code draws from them for real even on fake tensors (``if self.training
-    and random.random() < p``); before, each count advanced the caller's generators, and a
-    fallback real run drew after the fake run's draws. ~0.13 ms per count (read and set back)."""
+def preserved_random_modules(set_back: bool = True) -> Iterator[Tuple[Any, Any]]:
+    """Gives the states of Python's ``random`` and numpy's global generator on entry
+    (:func:`random_states`) and, with ``set_back``, sets them back on exit
+    (:func:`set_random_states`). A count runs the user's forward, whose Python code draws from
+    them for real even on fake tensors (``if self.training and random.random() < p``); before, each
+    count advanced the caller's generators, and a fallback real run drew after the fake run's draws.
+    ~0.1 ms per count (read and set back)."""
     states = random_states()
     try:
         yield states
     finally:
-        if _alone():
+        if set_back:
             set_random_states(states)
 
 

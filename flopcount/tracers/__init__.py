@@ -46,6 +46,7 @@ def trace(
     loss_fn: Optional[LossFn] = None,
     optimizer: Optional[OptimizerSpec] = None,
     facts: Optional[ModelFacts] = None,
+    set_back_random: bool = True,
 ) -> Trace:
     """Run ``model`` once with the chosen tracer and return its op events.
 
@@ -59,9 +60,10 @@ def trace(
     twins of the parameters, recorded with phase "optimizer".
     ``inputs`` may be a :class:`~flopcount.core.inputs.PreparedCall` and ``facts`` the model's
     :class:`~flopcount.core.model_facts.ModelFacts`, read once by the caller.
+    Python's ``random`` and numpy's global generator, which the forward's
+    Python code draws from on every path, are set back as found unless ``set_back_random`` is
+    False (a step of the decoding loop: the next step draws after it, and the loop sets them back).
     """
-    from flopcount.tracers import dispatch, jit
-
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
     if tracer == "jit" and optimizer is not None:
@@ -72,13 +74,24 @@ def trace(
         raise UsageError("backward=True needs tracer='dispatch' (or 'auto'); torch.jit cannot see backward")
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
+    with preserved_random_modules(set_back_random) as drawn:
+        return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn)
+
+
+def _traced(
+    model: nn.Module, call: PreparedCall, tracer: str, backward: bool, loss_fn: Optional[LossFn],
+    optimizer: Optional[OptimizerSpec], facts: ModelFacts, drawn: Tuple[Any, Any],
+) -> Trace:
+    from flopcount.tracers import dispatch, jit
+
     note = ""
     if tracer == "auto":
         # Meta or fake weights get the fake path too (fake copies, shape cache): the same events
         # as real weights; what fakes cannot run is counted as given, as before.
-        run, why = _fake_run(model, call, facts, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        run, why = _fake_run(model, call, facts, drawn, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
         if run is not None:
             return run
+        set_random_states(drawn)  # the real run draws what the fake run drew
         dataless = _dataless(call.tensors, facts)
         # counted on the private twin below (a lazy module is materialised there, not in the
         # caller's model: on meta it used to turn the caller's LazyLinear into a Linear)
@@ -88,8 +101,7 @@ def trace(
             note = f"tracer auto: counted one real run (dispatch) because {why}"
     # A real run (_real_run.py): on a private twin of the module tree, the caller's inputs given back
     run_model, run_facts = real_run_model(model, facts)
-    # the forward's Python draws (random, numpy) start where the fake run's started, and are set back
-    with inputs_kept(call.tensors), preserved_random_modules():
+    with inputs_kept(call.tensors):
         if tracer == "jit":
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)
@@ -109,10 +121,13 @@ def trace_on_fakes(
     (lazy modules, packed or sparse tensors, a forward fakes cannot run, sparse outputs).
     ``on_output`` is given the copy's outputs (the decoding loop continues from its cache)."""
     call = prepare_call(inputs, kwargs)
-    return _fake_run(model, call, model_facts(model) if facts is None else facts, on_output=on_output)[0]
+    # a step of the decoding loop: its draws from Python's and numpy's generators are left for the next step
+    return _fake_run(model, call, model_facts(model) if facts is None else facts, random_states(), on_output=on_output)[0]
 
 
-def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options: Any) -> Tuple[Optional[Trace], str]:
+def _fake_run(
+    model: nn.Module, call: PreparedCall, facts: ModelFacts, drawn: Tuple[Any, Any], **options: Any
+) -> Tuple[Optional[Trace], str]:
     """The forward on fake copies and "", or None and why it was not run there (what fakes
     cannot copy or keep) or could not run. A fake run's garbage holds no data: automatic
     collection is paused and its young generations collected when it ends, so its short-lived
@@ -127,14 +142,15 @@ def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options
     if facts.packed is not None:
         # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
         return None, "the model has quantized packed parameters"
-    # Python's and numpy's generators: a forward may draw from them (LayerDrop) even on fakes. A
-    # count handing its outputs on watches each first call of structural reuse for a draw; any
-    # other is run once unwatched (reading the generators costs ~60 us: once per count, not once
-    # per first call) and, where it booked a call from an earlier one and drew, again watched (a
-    # block that drew is not booked again: a next call may branch otherwise). Set back as found.
+    # Python's and numpy's generators (``drawn``: their states now): a forward may draw from them
+    # (LayerDrop) even on fakes. A run handing its outputs on watches each first call of structural
+    # reuse for a draw; any other runs once unwatched (reading the generators costs ~60 us: once per
+    # count, not once per first call) and, where it booked a call from an earlier one and drew,
+    # again from the same states, watched (a block that drew is not booked again: a next call may
+    # branch otherwise).
     watch = options.get("on_output") is not None
     try:
-        with PausedCollections(), preserved_random_modules() as drawn:
+        with PausedCollections():
             run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, **options)
             if run.reused_calls and not watch and not same_random_states(drawn, random_states()):
                 set_random_states(drawn)

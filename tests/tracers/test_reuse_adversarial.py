@@ -263,3 +263,36 @@ def test_a_scripted_block_in_a_stack_counts_as_with_reuse_off(monkeypatch):
     assert [(m.name, m.calls) for m in on.modules] == [(m.name, m.calls) for m in off.modules]
     assert on.by_module("macs") == off.by_module("macs")
     assert torch_contraction_flops(model, inputs) == 2 * _macs(0)
+
+
+def test_count_generation_of_layers_that_draw_is_reuse_off_s_and_leaves_the_generators(monkeypatch):
+    pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    from examples import hf
+    from flopcount import count_generation
+
+    class DroppedLayer(modeling_llama.LlamaDecoderLayer):
+        def forward(self, hidden_states, *args, **kwargs):
+            if random.random() < 0.5:
+                return hidden_states
+            return super().forward(hidden_states, *args, **kwargs)
+
+    torch.manual_seed(0)
+    model = hf.llama(num_hidden_layers=6, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=96, vocab_size=128)
+    for layer in model.model.layers:
+        layer.__class__ = DroppedLayer
+    model = model.to("meta")
+    ids = torch.zeros(1, 6, dtype=torch.long, device="meta")
+    counts = {}
+    for reuse in ("0", "1"):
+        monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
+        random.seed(6)
+        before = random.getstate()
+        counts[reuse] = count_generation(model, ids, new_tokens=3)
+        assert random.getstate() == before
+    # before: reuse on booked layers from a layer that drew (2,763,764 FLOPs against 1,662,846
+    # with reuse off), and both advanced the caller's generator
+    assert counts["1"].flops == counts["0"].flops
+    assert [step.flops for step in counts["1"].steps] == [step.flops for step in counts["0"].steps]
