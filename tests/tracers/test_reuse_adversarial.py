@@ -296,3 +296,18 @@ def test_count_generation_of_layers_that_draw_is_reuse_off_s_and_leaves_the_gene
     # with reuse off), and both advanced the caller's generator
     assert counts["1"].flops == counts["0"].flops
     assert [step.flops for step in counts["1"].steps] == [step.flops for step in counts["0"].steps]
+
+
+@pytest.mark.parametrize("block", [PythonLayerDrop, NumpyLayerDrop], ids=["random", "numpy"])
+def test_estimate_memory_leaves_python_s_and_numpy_s_generators_as_found(monkeypatch, block):
+    from flopcount import estimate_memory
+
+    model = Stack(block).train()
+    random.seed(6)
+    np.random.seed(6)
+    before = _states()
+    for reuse in ("0", "1"):
+        monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
+        estimate_memory(model, _inputs())
+        # before: each estimate drew the forward's numbers from the caller's generators
+        assert _states() == before
