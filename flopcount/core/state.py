@@ -5,8 +5,10 @@ layer replay and the benchmark."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dis
+import enum
 import functools
 import random
 import sys
@@ -76,11 +78,12 @@ def preserved_rng() -> Iterator[None]:
 
 
 def random_states() -> Tuple[Any, Any]:
-    """The states of Python's ``random`` module and of numpy's global generator (None where numpy
-    is not imported): what a forward's ``random.random()`` or ``np.random.rand()`` draws from
-    (LayerDrop, stochastic depth). Compare two with :func:`same_random_states`."""
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy is not None else None
+    """The states of Python's ``random`` module and of numpy's global generator (None where
+    ``numpy.random`` is not imported: numpy imports it on first use, torch and transformers do not;
+    reading its state costs ~50 us): what a forward's ``random.random()`` or ``np.random.rand()``
+    draws from (LayerDrop, stochastic depth). Compare two with :func:`same_random_states`."""
+    numpy_random = sys.modules.get("numpy.random")
+    numpy_state = numpy_random.get_state() if numpy_random is not None else None
     return random.getstate(), numpy_state
 
 
@@ -105,9 +108,8 @@ def set_random_states(states: Tuple[Any, Any]) -> None:
         return
     python_state, numpy_state = states
     random.setstate(python_state)
-    numpy = sys.modules.get("numpy")
-    if numpy_state is not None and numpy is not None:
-        numpy.random.set_state(numpy_state)
+    if numpy_state is not None:
+        sys.modules["numpy.random"].set_state(numpy_state)
 
 
 @contextlib.contextmanager
@@ -437,6 +439,7 @@ _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
 #: the attribute ops that continue a path from a global (``othermod.FLAG``, ``CFG.flag = 1``, ``othermod.helper()``)
 _ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"})
 _NOT_BOUND = object()
+_BUILTINS = frozenset(vars(builtins))
 #: a global's name, then the attributes read from it (``("othermod", "FLAG")``); one name for a plain global
 Path = Tuple[str, ...]
 #: (globals namespace, paths) pairs of one module class
@@ -538,12 +541,39 @@ def _steps(namespace: Any, path: Path) -> Iterator[Tuple[Any, str, Any]]:
             return
 
 
-def _data_along(namespace: Dict[str, Any], path: Path) -> Optional[Tuple[Any, str, Any]]:
-    """The first step of ``path`` whose value is Python data (:data:`GLOBAL_DATA`), or None."""
-    for step in _steps(namespace, path):
-        if isinstance(step[2], GLOBAL_DATA):
-            return step
+def _data_along(namespace: Any, path: Path) -> Optional[Tuple[Any, str, Any]]:
+    """The first step of ``path`` (:func:`_steps`) whose value is Python data (:data:`GLOBAL_DATA`),
+    or None; read for every keyed call, so without a generator."""
+    last = len(path) - 1
+    for depth, name in enumerate(path):
+        value = namespace.get(name, _NOT_BOUND)
+        if isinstance(value, GLOBAL_DATA):
+            return namespace, name, value
+        if depth == last:
+            return None
+        namespace = _holder(value)
+        if namespace is None:
+            return None
     return None
+
+
+def _may_hold_data(namespace: Dict[str, Any], path: Path, pending: List[Any]) -> bool:
+    """Whether ``path`` may lead to Python data when a call is keyed: it does now, or a step is not
+    bound yet (a flag set later) other than a builtin (``len``) or a name the object's class
+    defines (a method, a property: ``logger.warning_once``); the Python functions along it (not torch's) go to ``pending``."""
+    owner: Any = None
+    for depth, (_, name, value) in enumerate(_steps(namespace, path)):
+        if isinstance(value, FunctionType) and not _torch_function(value):
+            pending.append(value)  # a helper, of this Python module or another: its globals too
+        if isinstance(value, GLOBAL_DATA):
+            return not isinstance(value, enum.Enum)  # an enum's member (a ``str`` enum's too) cannot be rebound
+        if value is _NOT_BOUND:
+            if not depth:
+                return name not in _BUILTINS  # ``len``, ``ValueError``: Python's own
+            defined = getattr(type(owner), name, _NOT_BOUND)
+            return defined is _NOT_BOUND or isinstance(defined, GLOBAL_DATA)
+        owner = value
+    return False
 
 
 def _named_globals(kind: type) -> NamedGlobals:
@@ -576,12 +606,7 @@ def _globals_of(kind: type) -> NamedGlobals:
         if isinstance(code, CodeType) and isinstance(namespace, dict):
             paths = by_namespace.setdefault(id(namespace), (namespace, {}))[1]
             for path in _code_paths(code):
-                data = False
-                for _, _, value in _steps(namespace, path):
-                    data = data or value is _NOT_BOUND or isinstance(value, GLOBAL_DATA)
-                    if isinstance(value, FunctionType) and not _torch_function(value):
-                        pending.append(value)  # a helper, of this Python module or another: its globals too
-                if data:
+                if _may_hold_data(namespace, path, pending):
                     paths[path] = None
             pending += [methods[name] for name in _all_names(code) if name in methods]  # ``self.helper(...)``
         wrapped = getattr(function, "__wrapped__", None)

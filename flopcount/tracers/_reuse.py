@@ -52,6 +52,7 @@ needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` t
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sys
 import threading
@@ -172,6 +173,29 @@ class _Entry:
         self.slots: Optional[Tuple[Tuple[Any, ...], Tuple[int, ...], Tuple[Any, ...], Tuple[Any, ...]]] = None
 
 
+class _Held:
+    """A plain object's own attributes as they are now (:func:`~flopcount.core.state.plain_object`:
+    a config, a counter's holder), for a call's key: equal to another when it names the same
+    attributes bound to the same objects (identity: an equal value bound anew, or ``1`` for
+    ``True``, does not match, and the call is traced; a container it holds changed in place is not
+    seen). ~3 us for a transformers config, where keying each attribute took ~25 us. Before, such
+    an object was keyed by identity alone: layers sharing one config whose flag their parent sets
+    per layer were booked from the first layer."""
+
+    __slots__ = ("names", "values")
+
+    def __init__(self, state: Dict[str, Any]) -> None:
+        self.names = tuple(state)
+        self.values = tuple(state.values())
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _Held and self.names == other.names
+                and all(map(operator.is_, self.values, other.values)))
+
+    def __hash__(self) -> int:
+        return hash(self.names)
+
+
 class _Paths(Sequence[Tuple[str, ...]]):
     """A replay's module stacks (:attr:`~flopcount.types.ReplayedCall.stacks`), each made when read:
     the call's own stack, then the names of its subtree's modules at the positions its first call's
@@ -289,7 +313,6 @@ class Reuse:
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
-        self._in_object = False  # keying a plain object's own attributes: one held inside it by identity
         # each distinct own part and subtree key -> a number: a parent's key holds its children's numbers,
         # so a key is hashed once, not again inside each enclosing key (CPython does not keep a tuple's hash)
         self._interned: Dict[Tuple[Any, ...], int] = {}
@@ -1163,23 +1186,18 @@ class Reuse:
             return ("module", id(value))  # not a child: the same object, or not equal
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
             return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
-        if not self._in_object and plain_object(value):
-            return self._object(value, original)
+        if plain_object(value):
+            # a config or a holder (one the layers share: its flag set by their parent per layer)
+            return ("object", id(value), _Held(vars(value)))
         # functions, classes and other objects (of a module not copied yet: an object not copied
         # yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
         return ("id", id(value))
 
-    def _object(self, value: Any, original: bool = False) -> Tuple[Any, ...]:
-        """A plain object's key (a config, a counter's holder: :func:`~flopcount.core.state.plain_object`):
-        its identity and its own attributes, each keyed as an attribute is, a plain object among them
-        by identity (one level deep). Layers sharing one config whose flag their parent sets per layer
-        (``self.config.flag``) were booked from the first layer when it was keyed by identity alone."""
-        self._in_object = True
-        try:
-            own = tuple([(k, self._attribute(v, original)) for k, v in vars(value).items()])
-        finally:
-            self._in_object = False
-        return ("object", id(value), own)
+    def _object(self, value: Any) -> Tuple[Any, ...]:
+        """A plain object's state for a first call's writes (``_containers``): its identity and its
+        own attributes, each keyed as an attribute is (by content: a list it holds appended to), a
+        plain object among them as :class:`_Held`, one level deep."""
+        return ("object", id(value), tuple([(k, self._attribute(v)) for k, v in vars(value).items()]))
 
     def _value(self, value: Any, tensors: List[Any], caches: List[Any]) -> Any:
         kind = type(value)
