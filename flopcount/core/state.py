@@ -5,9 +5,13 @@ layer replay and the benchmark."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dis
+import enum
 import functools
+import random
+import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
@@ -71,6 +75,57 @@ def preserved_rng() -> Iterator[None]:
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def random_states() -> Tuple[Any, Any]:
+    """The states of Python's ``random`` module and of numpy's global generator (None where
+    ``numpy.random`` is not imported: numpy imports it on first use, torch and transformers do not;
+    reading its state costs ~50 us): what a forward's ``random.random()`` or ``np.random.rand()``
+    draws from (LayerDrop, stochastic depth). Compare two with :func:`same_random_states`."""
+    numpy_random = sys.modules.get("numpy.random")
+    numpy_state = numpy_random.get_state() if numpy_random is not None else None
+    return random.getstate(), numpy_state
+
+
+def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
+    """Whether nothing drew from the generators of :func:`random_states` between ``before`` and
+    ``after`` (numpy's key array compared by value)."""
+    if before[0] != after[0]:
+        return False
+    numpy_before, numpy_after = before[1], after[1]
+    if numpy_before is None or numpy_after is None:
+        return numpy_before is numpy_after
+    kind, keys, *rest = numpy_before
+    kind_after, keys_after, *rest_after = numpy_after
+    return kind == kind_after and rest == rest_after and bool((keys == keys_after).all())
+
+
+def set_random_states(states: Tuple[Any, Any]) -> None:
+    """Set the generators of :func:`random_states` back to ``states`` when this thread is the
+    process's only Python thread (as :func:`preserved_rng` sets torch's: setting them back would
+    rewind another thread's draws)."""
+    if not _alone():
+        return
+    python_state, numpy_state = states
+    random.setstate(python_state)
+    if numpy_state is not None:
+        sys.modules["numpy.random"].set_state(numpy_state)
+
+
+@contextlib.contextmanager
+def preserved_random_modules(set_back: bool = True) -> Iterator[Tuple[Any, Any]]:
+    """Gives the states of Python's ``random`` and numpy's global generator on entry
+    (:func:`random_states`) and, with ``set_back``, sets them back on exit
+    (:func:`set_random_states`). A count runs the user's forward, whose Python code draws from
+    them for real even on fake tensors (``if self.training and random.random() < p``); before, each
+    count advanced the caller's generators, and a fallback real run drew after the fake run's draws.
+    ~18 us per count (read and set back; numpy's ~0.1 ms more where ``numpy.random`` is imported)."""
+    states = random_states()
+    try:
+        yield states
+    finally:
+        if set_back:
+            set_random_states(states)
 
 
 class PrivateRandom(TorchDispatchMode):
@@ -381,45 +436,144 @@ def plain_object(value: Any) -> bool:
 GLOBAL_DATA = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout,
                torch.memory_format, tuple, list, dict, set, frozenset, torch.Tensor)
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
+#: the attribute ops that continue a path from a global (``othermod.FLAG``, ``CFG.flag = 1``, ``othermod.helper()``)
+_ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"})
 _NOT_BOUND = object()
-#: (globals namespace, names) pairs of one module class
-NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[str, ...]], ...]
-# module class -> its names: read from its code once per class per process
+_BUILTINS = frozenset(vars(builtins))
+#: a global's name, then the attributes read from it (``("othermod", "FLAG")``); one name for a plain global
+Path = Tuple[str, ...]
+#: (globals namespace, paths) pairs of one module class
+NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[Path, ...]], ...]
+# module class -> its paths: read from its code once per class per process
 _NAMED_GLOBALS: weakref.WeakKeyDictionary[type, NamedGlobals] = weakref.WeakKeyDictionary()
+# module class -> the names of its class attributes that hold Python data (its bases' too)
+_CLASS_DATA: weakref.WeakKeyDictionary[type, Tuple[str, ...]] = weakref.WeakKeyDictionary()
+# code -> the paths it and the code nested in it name: each function's code read once per process
+_CODE_PATHS: weakref.WeakKeyDictionary[CodeType, Tuple[Path, ...]] = weakref.WeakKeyDictionary()
 
 
-def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Dict[str, Any], str, Any]]:
+def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Any, str, Any]]:
     """``(namespace, name, value)`` of each global that the code of a class of ``modules`` names
-    (reads, writes or deletes) and that holds Python data (:data:`GLOBAL_DATA`); each class once.
-    The code: its ``forward`` (the code nested in it, each function a decorator wraps), the methods
-    of its class that this code names (``self._forward_impl``, ``self.helper``: a name the class
-    defines, not ``nn.Module``'s own), and the functions of the same Python module it names (a
-    module-level helper such as ``apply_rotary_pos_emb``), followed from one to the next. What a
-    key of a module's calls holds besides the module (structural reuse, the step's layer replay):
-    a flag a parent sets per layer, a counter a layer advances. Functions, classes, Python modules and other objects (a logger) are
-    code and services, left out; so is a global named only by a function of another Python module
-    (Python 3.11 has no cheap way to see every global read)."""
-    found: List[Tuple[Dict[str, Any], str, Any]] = []
+    (reads, writes or deletes) and that holds Python data (:data:`GLOBAL_DATA`), and of each
+    attribute the code reads from a global Python module, class or plain object (``othermod.FLAG``,
+    ``CFG.flag``, ``Block.calls``, ``othermod.CFG.flag``: the first attribute along the path that
+    holds Python data; ``namespace`` is then that holder's own ``__dict__``, a class's read-only);
+    each class once; and the class attributes of each class that hold Python data (its bases' too,
+    not ``nn.Module``'s). The code: its ``forward`` (the code nested in it, each function a decorator
+    wraps), the methods of its class that this code names (``self._forward_impl``, ``self.helper``:
+    a name the class defines, not ``nn.Module``'s own), and the Python functions it names, by a
+    global or along such a path (a module-level helper such as ``apply_rotary_pos_emb``, a helper
+    of another Python module), followed from one to the next; torch's own functions are not
+    followed. What a key of a module's calls holds besides the module (structural reuse, the step's
+    layer replay): a flag a parent sets per layer, a counter a layer advances. Functions, classes,
+    Python modules and other objects (a logger) are code and services, left out; so is what the
+    code reads other ways: a global object handed to a function (``helper(CFG)``), a global read
+    through ``getattr``, ``globals()`` or a function held in a container (Python 3.11 has no cheap
+    way to see every global read)."""
+    found: List[Tuple[Any, str, Any]] = []
     seen: Dict[type, None] = {}
     for module in modules:
         kind = type(module)
         if kind in seen:
             continue
         seen[kind] = None
-        for namespace, names in _named_globals(kind):
-            for name in names:
-                value = namespace.get(name, _NOT_BOUND)
-                if value is not _NOT_BOUND and isinstance(value, GLOBAL_DATA):
-                    found.append((namespace, name, value))
+        for namespace, paths in _named_globals(kind):
+            for path in paths:
+                bound = _data_along(namespace, path)
+                if bound is not None:
+                    found.append(bound)
+        found += _class_data(kind)
     return found
 
 
-def rebind_globals(bound: Sequence[Tuple[Dict[str, Any], str, Any]]) -> None:
+def _class_data(kind: type) -> List[Tuple[Any, str, Any]]:
+    """``(namespace, name, value)`` of each class attribute of ``kind`` (its own or a base's, but
+    ``nn.Module``'s and dunder names) that holds Python data, as ``kind`` resolves it: what
+    ``self.n``, ``type(self).n`` and ``Block.n`` read, and ``type(self).n += 1`` writes."""
+    found: List[Tuple[Any, str, Any]] = []
+    for name in _class_data_names(kind):
+        for base in kind.__mro__:
+            holder = vars(base)
+            if name in holder:
+                if isinstance(holder[name], GLOBAL_DATA):
+                    found.append((holder, name, holder[name]))
+                break
+    return found
+
+
+def _class_data_names(kind: type) -> Tuple[str, ...]:
+    found = _CLASS_DATA.get(kind)
+    if found is None:
+        names: Dict[str, None] = {}
+        for base in kind.__mro__:
+            if base is not torch.nn.Module and base is not object:
+                names.update((name, None) for name, value in vars(base).items()
+                             if isinstance(value, GLOBAL_DATA) and not (name.startswith("__") and name.endswith("__")))
+        found = _CLASS_DATA[kind] = tuple(names)
+    return found
+
+
+def rebind_globals(bound: Sequence[Tuple[Any, str, Any]]) -> None:
     """Bind each of ``bound`` (:func:`forward_globals`) to its value again where a run rebound it
-    (``step += 1``); a container changed in place stays as the run left it."""
+    (``step += 1``); a container changed in place stays as the run left it, and so does a class
+    attribute (its namespace is read-only)."""
     for namespace, name, value in bound:
-        if namespace.get(name, _NOT_BOUND) is not value:
+        if isinstance(namespace, dict) and namespace.get(name, _NOT_BOUND) is not value:
             namespace[name] = value
+
+
+def _holder(value: Any) -> Optional[Any]:
+    """The own attributes of ``value`` that a path from a global goes on through: a Python
+    module's, a class's or a plain object's (:func:`plain_object`); None for anything else."""
+    if isinstance(value, (ModuleType, type)) or plain_object(value):
+        return vars(value)
+    return None
+
+
+def _steps(namespace: Any, path: Path) -> Iterator[Tuple[Any, str, Any]]:
+    """``(namespace, name, value)`` of each step of ``path`` from ``namespace``, as far as each
+    value holds attributes (:func:`_holder`); ``_NOT_BOUND`` for a name not bound there."""
+    for name in path:
+        value = namespace.get(name, _NOT_BOUND)
+        yield namespace, name, value
+        namespace = _holder(value)
+        if namespace is None:
+            return
+
+
+def _data_along(namespace: Any, path: Path) -> Optional[Tuple[Any, str, Any]]:
+    """The first step of ``path`` (:func:`_steps`) whose value is Python data (:data:`GLOBAL_DATA`),
+    or None; read for every keyed call, so without a generator."""
+    last = len(path) - 1
+    for depth, name in enumerate(path):
+        value = namespace.get(name, _NOT_BOUND)
+        if isinstance(value, GLOBAL_DATA):
+            return namespace, name, value
+        if depth == last:
+            return None
+        namespace = _holder(value)
+        if namespace is None:
+            return None
+    return None
+
+
+def _may_hold_data(namespace: Dict[str, Any], path: Path, pending: List[Any]) -> bool:
+    """Whether ``path`` may lead to Python data when a call is keyed: it does now, or a step is not
+    bound yet (a flag set later) other than a builtin (``len``) or a name the object's class
+    defines (a method, a property: ``logger.warning_once``); the Python functions along it (not torch's) go to ``pending``."""
+    owner: Any = None
+    for depth, (_, name, value) in enumerate(_steps(namespace, path)):
+        if isinstance(value, FunctionType) and not _torch_function(value):
+            pending.append(value)  # a helper, of this Python module or another: its globals too
+        if isinstance(value, GLOBAL_DATA):
+            return not isinstance(value, enum.Enum)  # an enum's member (a ``str`` enum's too) cannot be rebound
+        if value is _NOT_BOUND:
+            if not depth:
+                return name not in _BUILTINS  # ``len``, ``ValueError``: Python's own
+            defined = getattr(type(owner), name, _NOT_BOUND)
+            return defined is _NOT_BOUND or isinstance(defined, GLOBAL_DATA)
+        owner = value
+    return False
 
 
 def _named_globals(kind: type) -> NamedGlobals:
@@ -430,15 +584,17 @@ def _named_globals(kind: type) -> NamedGlobals:
 
 
 def _globals_of(kind: type) -> NamedGlobals:
-    """:func:`forward_globals`' names of one class, by namespace: from its ``forward``, following
+    """:func:`forward_globals`' paths of one class, by namespace: from its ``forward``, following
     the methods of the class (and of its bases but ``nn.Module``) that the code read so far names
-    as attributes, and the functions of the same Python module it names as globals; each function
-    read once."""
+    as attributes, and the Python functions (not torch's) it names by a global or along a path;
+    each function read once. A path is kept where it leads to Python data or to a name not bound
+    yet (a flag set later); one that leads to a function, a class or a Python module only
+    (``torch.nn.functional.relu``) is not looked up again for each call."""
     methods: Dict[str, Any] = {}
     for base in reversed(kind.__mro__):
         if base is not torch.nn.Module and base is not object:
             methods.update((name, value) for name, value in vars(base).items() if isinstance(value, FunctionType))
-    by_namespace: Dict[int, Tuple[Dict[str, Any], Dict[str, None]]] = {}
+    by_namespace: Dict[int, Tuple[Dict[str, Any], Dict[Path, None]]] = {}
     pending: List[Any] = [getattr(kind, "forward", None)]
     read = set()
     while pending:
@@ -448,17 +604,22 @@ def _globals_of(kind: type) -> NamedGlobals:
         read.add(id(function))
         code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
         if isinstance(code, CodeType) and isinstance(namespace, dict):
-            names = by_namespace.setdefault(id(namespace), (namespace, {}))[1]
-            for name in _global_names(code):
-                names[name] = None
-                value = namespace.get(name)
-                if isinstance(value, FunctionType) and value.__globals__ is namespace:
-                    pending.append(value)  # a helper of the same Python module: its globals too
+            paths = by_namespace.setdefault(id(namespace), (namespace, {}))[1]
+            for path in _code_paths(code):
+                if _may_hold_data(namespace, path, pending):
+                    paths[path] = None
             pending += [methods[name] for name in _all_names(code) if name in methods]  # ``self.helper(...)``
         wrapped = getattr(function, "__wrapped__", None)
         if wrapped is not None:
             pending.append(wrapped)
-    return tuple((namespace, tuple(names)) for namespace, names in by_namespace.values() if names)
+    return tuple((namespace, tuple(paths)) for namespace, paths in by_namespace.values() if paths)
+
+
+def _torch_function(function: FunctionType) -> bool:
+    """A function of torch's own: its globals are torch's (what ops read of the process is keyed
+    apart, as settings), not followed."""
+    where = function.__module__ or ""
+    return where == "torch" or where.startswith("torch.")
 
 
 def _all_names(code: CodeType) -> Iterator[str]:
@@ -469,15 +630,37 @@ def _all_names(code: CodeType) -> Iterator[str]:
             yield from _all_names(constant)
 
 
-def _global_names(code: CodeType) -> Iterator[str]:
+def _code_paths(code: CodeType) -> Tuple[Path, ...]:
+    found = _CODE_PATHS.get(code)
+    if found is None:
+        found = _CODE_PATHS[code] = tuple(dict.fromkeys(_global_paths(code)))
+    return found
+
+
+def _global_paths(code: CodeType) -> Iterator[Path]:
     """The global names of ``code`` and of the code nested in it (comprehensions, lambdas, inner
-    functions); builtins among them (``len``) are not bound in the module and are left out later."""
+    functions), each with the attributes read from it right after it is loaded
+    (``othermod.CFG.flag``: ``("othermod", "CFG", "flag")``); builtins among them (``len``) are
+    left out by :func:`_may_hold_data`."""
+    path: List[str] = []
     for instruction in dis.get_instructions(code):
-        if instruction.opname in _GLOBAL_OPS:
-            yield instruction.argval
+        name = instruction.opname
+        if path and name in _ATTRIBUTE_OPS:
+            path.append(instruction.argval)
+            if name == "LOAD_ATTR" or name == "LOAD_METHOD":
+                continue
+        if path:
+            yield tuple(path)
+            path = []
+        if name == "LOAD_GLOBAL":
+            path = [instruction.argval]
+        elif name in _GLOBAL_OPS:
+            yield (instruction.argval,)
+    if path:
+        yield tuple(path)
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
-            yield from _global_names(constant)
+            yield from _global_paths(constant)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from flopcount.core.diagnostics import first_line
 from flopcount.core.inputs import PreparedCall, describe_inputs, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
+from flopcount.core.state import preserved_random_modules
 from flopcount.decoding.caches import cache_position_bytes
 from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
@@ -221,7 +222,9 @@ class Counter:
         (:class:`~flopcount.core.collection.PausedCollections`: young garbage collected
         between forwards and on exit, no full collection of the process)."""
         self._last = LastOutput(hooks=not self.fast)
-        with self._last, PausedCollections(active=self.fast) as collections:
+        # each step's draws from Python's and numpy's generators follow the last step's, as in the
+        # model's own loop; set back when the loop ends
+        with self._last, PausedCollections(active=self.fast) as collections, preserved_random_modules():
             self._collections = collections
             try:
                 yield self._last
@@ -230,7 +233,7 @@ class Counter:
 
     def _run(self, prepared: PreparedCall) -> Trace:
         if not self.fast:
-            return trace(self.model, prepared, tracer="dispatch", facts=self.facts)
+            return trace(self.model, prepared, tracer="dispatch", facts=self.facts, set_back_random=False)
         keep = self._last.keep if self._last is not None else None
         run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep)
         if self._collections is not None:

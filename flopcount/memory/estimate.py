@@ -32,7 +32,7 @@ from flopcount.core.diagnostics import FromWarnings, first_line, module_place
 from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
-from flopcount.core.state import forward_globals, preserved_rng, rebind_globals
+from flopcount.core.state import forward_globals, preserved_random_modules, preserved_rng, rebind_globals
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
@@ -217,7 +217,8 @@ def estimate_memory(
     # them at a moment set by the process's allocation history, and the same step gave another
     # peak from one call to the next; paused, they are held as in a step the collector does not
     # interrupt (the real step measured in a fallback runs with it on)
-    with _ESTIMATE_LOCK, real_branches(model.modules()) as branches, PausedCollections():
+    # the forward's Python code draws from Python's and numpy's generators on fakes too: set back
+    with _ESTIMATE_LOCK, real_branches(model.modules()) as branches, PausedCollections(), preserved_random_modules():
         estimate = _estimate(model, request)
     return dataclasses.replace(estimate, warnings=estimate.warnings + branches.notes) if branches.notes else estimate
 

@@ -21,7 +21,7 @@ from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.state import forward_globals, preserved_rng, rebind_globals
+from flopcount.core.state import forward_globals, preserved_random_modules, preserved_rng, rebind_globals
 from flopcount.devices import column_of, find_part, known_names, op_time, part_roofs
 from flopcount.errors import FlopcountWarning, TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
@@ -140,7 +140,7 @@ def plan(
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
     # the automatic collector paused over the fake steps (as estimate_memory): a collection in
     # the middle of a step frees garbage cycles at a moment set by the process's history
-    with preserved_rng(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh, PausedCollections():
+    with preserved_rng(), preserved_random_modules(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh, PausedCollections():
         groups = mesh_groups(mesh)
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)

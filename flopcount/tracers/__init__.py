@@ -17,6 +17,7 @@ from torch import nn
 from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
+from flopcount.core.state import preserved_random_modules, random_states, same_random_states, set_random_states
 from flopcount.errors import UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._real_run import inputs_kept, real_run_model
@@ -45,6 +46,7 @@ def trace(
     loss_fn: Optional[LossFn] = None,
     optimizer: Optional[OptimizerSpec] = None,
     facts: Optional[ModelFacts] = None,
+    set_back_random: bool = True,
 ) -> Trace:
     """Run ``model`` once with the chosen tracer and return its op events.
 
@@ -58,9 +60,10 @@ def trace(
     twins of the parameters, recorded with phase "optimizer".
     ``inputs`` may be a :class:`~flopcount.core.inputs.PreparedCall` and ``facts`` the model's
     :class:`~flopcount.core.model_facts.ModelFacts`, read once by the caller.
+    Python's ``random`` and numpy's global generator, which the forward's
+    Python code draws from on every path, are set back as found unless ``set_back_random`` is
+    False (a step of the decoding loop: the next step draws after it, and the loop sets them back).
     """
-    from flopcount.tracers import dispatch, jit
-
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
     if tracer == "jit" and optimizer is not None:
@@ -71,13 +74,24 @@ def trace(
         raise UsageError("backward=True needs tracer='dispatch' (or 'auto'); torch.jit cannot see backward")
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
+    with preserved_random_modules(set_back_random) as drawn:
+        return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn)
+
+
+def _traced(
+    model: nn.Module, call: PreparedCall, tracer: str, backward: bool, loss_fn: Optional[LossFn],
+    optimizer: Optional[OptimizerSpec], facts: ModelFacts, drawn: Tuple[Any, Any],
+) -> Trace:
+    from flopcount.tracers import dispatch, jit
+
     note = ""
     if tracer == "auto":
         # Meta or fake weights get the fake path too (fake copies, shape cache): the same events
         # as real weights; what fakes cannot run is counted as given, as before.
-        run, why = _fake_run(model, call, facts, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        run, why = _fake_run(model, call, facts, drawn, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
         if run is not None:
             return run
+        set_random_states(drawn)  # the real run draws what the fake run drew
         dataless = _dataless(call.tensors, facts)
         # counted on the private twin below (a lazy module is materialised there, not in the
         # caller's model: on meta it used to turn the caller's LazyLinear into a Linear)
@@ -107,10 +121,13 @@ def trace_on_fakes(
     (lazy modules, packed or sparse tensors, a forward fakes cannot run, sparse outputs).
     ``on_output`` is given the copy's outputs (the decoding loop continues from its cache)."""
     call = prepare_call(inputs, kwargs)
-    return _fake_run(model, call, model_facts(model) if facts is None else facts, on_output=on_output)[0]
+    # a step of the decoding loop: its draws from Python's and numpy's generators are left for the next step
+    return _fake_run(model, call, model_facts(model) if facts is None else facts, random_states(), on_output=on_output)[0]
 
 
-def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options: Any) -> Tuple[Optional[Trace], str]:
+def _fake_run(
+    model: nn.Module, call: PreparedCall, facts: ModelFacts, drawn: Tuple[Any, Any], **options: Any
+) -> Tuple[Optional[Trace], str]:
     """The forward on fake copies and "", or None and why it was not run there (what fakes
     cannot copy or keep) or could not run. A fake run's garbage holds no data: automatic
     collection is paused and its young generations collected when it ends, so its short-lived
@@ -125,9 +142,19 @@ def _fake_run(model: nn.Module, call: PreparedCall, facts: ModelFacts, **options
     if facts.packed is not None:
         # torch's packed quantized weights are C++ objects a FakeTensorMode cannot copy
         return None, "the model has quantized packed parameters"
+    # Python's and numpy's generators (``drawn``: their states now): a forward may draw from them
+    # (LayerDrop) even on fakes. A run handing its outputs on watches each first call of structural
+    # reuse for a draw; any other runs once unwatched (reading the generators costs ~13 us, numpy's
+    # ~50 us more: once per count, not once per first call) and, where it booked a call from an earlier one and drew,
+    # again from the same states, watched (a block that drew is not booked again: a next call may
+    # branch otherwise).
+    watch = options.get("on_output") is not None
     try:
         with PausedCollections():
-            run = dispatch.trace(model, call, fake_copy=True, facts=facts, **options)
+            run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, **options)
+            if run.reused_calls and not watch and not same_random_states(drawn, random_states()):
+                set_random_states(drawn)
+                run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, **options)
     except FakeRunError as exc:
         return None, exc.reason
     if _made_sparse(run):

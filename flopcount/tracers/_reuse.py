@@ -52,6 +52,7 @@ needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` t
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sys
 import threading
@@ -65,7 +66,7 @@ import torch
 from torch import nn
 
 from flopcount.core import hooks
-from flopcount.core.state import forward_globals, plain_object
+from flopcount.core.state import forward_globals, plain_object, random_states, same_random_states
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, tensor_key
 from flopcount.types import ReplayedCall, expand
@@ -172,6 +173,29 @@ class _Entry:
         self.slots: Optional[Tuple[Tuple[Any, ...], Tuple[int, ...], Tuple[Any, ...], Tuple[Any, ...]]] = None
 
 
+class _Held:
+    """A plain object's own attributes as they are now (:func:`~flopcount.core.state.plain_object`:
+    a config, a counter's holder), for a call's key: equal to another when it names the same
+    attributes bound to the same objects (identity: an equal value bound anew, or ``1`` for
+    ``True``, does not match, and the call is traced; a container it holds changed in place is not
+    seen). ~3 us for a transformers config, where keying each attribute took ~25 us. Before, such
+    an object was keyed by identity alone: layers sharing one config whose flag their parent sets
+    per layer were booked from the first layer."""
+
+    __slots__ = ("names", "values")
+
+    def __init__(self, state: Dict[str, Any]) -> None:
+        self.names = tuple(state)
+        self.values = tuple(state.values())
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _Held and self.names == other.names
+                and all(map(operator.is_, self.values, other.values)))
+
+    def __hash__(self) -> int:
+        return hash(self.names)
+
+
 class _Paths(Sequence[Tuple[str, ...]]):
     """A replay's module stacks (:attr:`~flopcount.types.ReplayedCall.stacks`), each made when read:
     the call's own stack, then the names of its subtree's modules at the positions its first call's
@@ -245,8 +269,12 @@ class Reuse:
         index_proxies: bool = True,
         metas: Optional[Mapping[int, Tuple[torch.Tensor, Tuple[Any, ...]]]] = None,
         lazy: Optional[LazyCopy] = None,
+        watch_random: bool = False,
     ):
         self._names = names
+        # a first call that draws from Python's or numpy's generator is not booked again (read around
+        # each first call, ~13 us, numpy's ~50 us more: on when a count's forward drew, ``tracers._fake_run``)
+        self._watch_random = watch_random
         # a copy lazy in depth (fake.copies.LazyCopy): a subtree is keyed from the caller's modules
         # where they are not copied yet, and copied whole only when a first call runs it
         self._lazy = lazy
@@ -275,6 +303,7 @@ class Reuse:
         # a tracking class -> the class it tracks. Per class, not per module (issue #32: nothing per layer)
         self._classes: Dict[type, Optional[type]] = {}
         self._owners: Dict[type, type] = {}
+        self._made_with: Dict[type, frozenset[str]] = {}  # a tracking class -> the names it was made with
         self._lonely: set[int] = set()  # modules with no twin: their first call runs unkeyed
         self._batch: Dict[int, Any] = {}  # id(caller's tensor) -> its key, while a subtree is keyed
         # the keys read up front (``LazyCopy.read_all``) that the call being keyed took: given back
@@ -350,7 +379,8 @@ class Reuse:
 
     def _eligible(self, module: nn.Module) -> bool:
         # a leaf runs a few ops the shape cache answers already: keying it costs more
-        return module is not self._root and "forward" not in vars(module) and bool(dict.__len__(vars(module)["_modules"]))
+        state = vars(module)
+        return module is not self._root and "forward" not in state and _plain(state) and bool(dict.__len__(state["_modules"]))
 
     def _adopt(self, module: nn.Module, original: nn.Module) -> None:
         """Wrap ``module`` (a copy of ``original``) when it is eligible."""
@@ -431,8 +461,22 @@ class Reuse:
 
     def _swap_out(self, swapped: List[Tuple[nn.Module, type]]) -> None:
         for module, cls in reversed(swapped):
+            made = type(module)
             object.__setattr__(module, "__class__", cls)
+            made_with = self._made_with[made]
+            if len(vars(made)) != len(made_with):
+                self._give_to_tracked(made, cls, made_with)
         del self._swapped[len(self._swapped) - len(swapped):]
+
+    @staticmethod
+    def _give_to_tracked(made: type, cls: type, made_with: frozenset[str]) -> None:
+        """Move what a first call set on its module's class (``type(self).calls += 1``, which
+        landed on the tracking class ``made``) onto the class it tracks, where a run without the
+        tracking class sets it: a later call reads it there (and the globals key, which holds the
+        class's data attributes, sees that the call wrote them)."""
+        for name in [name for name in vars(made) if name not in made_with]:
+            setattr(cls, name, vars(made)[name])
+            delattr(made, name)
 
     def _tracking_class(self, cls: type) -> Optional[type]:
         # a metaclass or __init_subclass__ of the user's could act on a new subclass: not made
@@ -459,9 +503,11 @@ class Reuse:
             "__doc__": cls.__doc__,
         }
         try:
-            return type(cls.__name__, (cls,), namespace)
+            made = type(cls.__name__, (cls,), namespace)
         except Exception:
             return None
+        self._made_with[made] = frozenset(vars(made))  # a name beyond these was set by a first call
+        return made
 
     # ------------------------------------------------------------------ the call
 
@@ -613,6 +659,7 @@ class Reuse:
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
+            drawn = random_states() if self._watch_random else None
             swapped = self._swap_in(order)
             try:
                 if watch is not None:
@@ -635,6 +682,8 @@ class Reuse:
                 return out  # a cache changed inside it (replayed there, or a first call): not booked again
             if self._globals_key(order) != key[-1]:
                 return out  # it wrote a global its forwards name (a counter, a flag): traced from now on
+            if drawn is not None and not same_random_states(drawn, random_states()):
+                return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
@@ -993,6 +1042,8 @@ class Reuse:
             raise Unkeyable("an instance-level forward")
         if hooks.has_call_hooks(module):
             raise Unkeyable("a hook")
+        if not _plain(state):
+            raise Unkeyable("a scripted module")  # its forward is TorchScript's: not followed here
         own: Optional[int] = None
         if lazy is not None and module in self._originals:
             try:
@@ -1024,6 +1075,8 @@ class Reuse:
                 continue
             visited.add(id(m))
             state = vars(m)
+            if not _plain(state):
+                continue  # a scripted module: the key refuses it (``_subtree``)
             if m in originals:
                 for held in (state.get("_parameters"), state.get("_buffers")):
                     if held:
@@ -1133,9 +1186,18 @@ class Reuse:
             return ("module", id(value))  # not a child: the same object, or not equal
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
             return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
-        # functions, classes, configs and other objects (of a module not copied yet: an object not
-        # copied yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
+        if plain_object(value):
+            # a config or a holder (one the layers share: its flag set by their parent per layer)
+            return ("object", id(value), _Held(vars(value)))
+        # functions, classes and other objects (of a module not copied yet: an object not copied
+        # yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
         return ("id", id(value))
+
+    def _object(self, value: Any) -> Tuple[Any, ...]:
+        """A plain object's state for a first call's writes (``_containers``): its identity and its
+        own attributes, each keyed as an attribute is (by content: a list it holds appended to), a
+        plain object among them as :class:`_Held`, one level deep."""
+        return ("object", id(value), tuple([(k, self._attribute(v)) for k, v in vars(value).items()]))
 
     def _value(self, value: Any, tensors: List[Any], caches: List[Any]) -> Any:
         kind = type(value)
@@ -1198,8 +1260,7 @@ class Reuse:
                 if _container(value):
                     found.append((name, self._attribute(value)))
                 elif plain_object(value):
-                    own = tuple([(k, self._attribute(v)) for k, v in vars(value).items()])
-                    found.append((name, id(value), own))
+                    found.append((name, self._object(value)))
         return found
 
     def _globals_key(self, order: List[nn.Module]) -> Tuple[Any, ...]:
@@ -1268,6 +1329,8 @@ def _signature(
     found = memo.get(id(module))
     if found is not None:
         return found
+    if not _plain(vars(module)):
+        return ("unique", id(module))  # a scripted module: never keyed (``_subtree``)
     memo[id(module)] = ("cycle", id(module))  # a module reachable from itself: its own signature
     try:
         params: Tuple[Any, ...] = tuple([
@@ -1317,6 +1380,14 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     for child in dict.values(state["_modules"]):
         if child is not None:
             _fingerprint(child, order, into, seen, lazy)
+
+
+def _plain(state: Dict[str, Any]) -> bool:
+    """Whether a module's parameters, buffers and children are held in dictionaries (a
+    ``torch.jit.script``ed module holds them in TorchScript's wrappers, which ``dict``'s own
+    methods refuse: a scripted block in a stack made every count with reuse on fail)."""
+    return (isinstance(state.get("_modules"), dict) and isinstance(state.get("_parameters"), dict)
+            and isinstance(state.get("_buffers"), dict))
 
 
 def _process_hooks_here() -> bool:

@@ -58,13 +58,14 @@ def trace(
     marker: Optional[Callable[[int], Any]] = None,
     facts: Optional[ModelFacts] = None,
     on_output: Optional[Callable[[Any], None]] = None,
+    watch_random: bool = False,
 ) -> Trace:
     """See :func:`_trace`. A forward that calls ``torch.cond`` is traced again with the
     recorder torch keeps out of dynamo (torch compiles an eager ``cond``; the fast recorder's
     own code must not be traced, and keeping every op out of dynamo costs ~10 us per op)."""
     options: Dict[str, Any] = dict(
         backward=backward, loss_fn=loss_fn, fake_copy=fake_copy, optimizer=optimizer, marker=marker,
-        on_output=on_output,
+        on_output=on_output, watch_random=watch_random,
     )
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
@@ -146,6 +147,7 @@ def _trace(
     optimizer: Optional[OptimizerSpec] = None,
     marker: Optional[Callable[[int], Any]] = None,
     index_proxies: bool = True,
+    watch_random: bool = False,
     on_output: Optional[Callable[[Any], None]] = None,
     shared_hooks: Optional[SharedHooks] = None,
 ) -> Trace:
@@ -211,7 +213,7 @@ def _trace(
         # forward-only fake runs: a call matching an earlier one is booked from it (_reuse.py)
         reuse = Reuse(
             run_model, names, modules, recorder, shape_cache, fake_mode, fake_tensor_type(), index_proxies, copied.metas,
-            lazy=copied.lazy,
+            lazy=copied.lazy, watch_random=watch_random,
         )
         reuse.install()
     attribution = BackwardAttribution(modules, () if fake_copy else [*run_model.parameters(), *flat_inputs]) if backward else None
