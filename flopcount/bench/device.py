@@ -15,6 +15,7 @@ from torch import nn
 from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized, prepare_call
 from flopcount.core.state import preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
+from flopcount.tracers._containers import compiled_parts
 from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers._twin import private_twin
 from flopcount.tracers.fake.copies import shared_tensor_copy
@@ -96,7 +97,8 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
     wrappers' state, every tensor shared. So a forward's ``self.calls += 1`` or a library's
     stateful hook (diffusers' cache hooks, which skip work by iteration) advances the twin,
     and the caller's model starts its next call where it was (issue #27 item 5). A model the
-    twin cannot stand for (TorchScript, DDP/FSDP, ``torch.compile``d parts) runs as it is.
+    twin cannot stand for (TorchScript, DDP/FSDP) runs as it is, and so does one with
+    ``torch.compile``d parts (the twin would run them eagerly; what is timed is the compiled code).
     The run is under the tracers' state guard (``tracers/_state.preserved_model_state``:
     the shared buffers, such as BatchNorm's running statistics, bit for bit, flags, grads;
     the RNG is left to the caller's ``core.state.preserved_rng``).
@@ -108,7 +110,7 @@ def borrowed_model(model: nn.Module, device: torch.device) -> Iterator[nn.Module
     if any(is_uninitialized(t) for t in tensors):
         model = shared_tensor_copy(model)
         tensors = list(chain(model.parameters(), model.buffers()))
-    else:
+    elif not compiled_parts(model.modules()):  # a compiled model is timed as it is: its compiled code
         twin = private_twin(model)
         if twin is not None:
             model, _ = twin

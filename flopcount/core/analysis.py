@@ -22,6 +22,7 @@ from flopcount.errors import HandlerError, UnsupportedOpError, UnsupportedOpsWar
 from flopcount.handlers import default_registry
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers import trace
+from flopcount.tracers._containers import COMPILE_WRAPPER
 from flopcount.types import ZERO_COST, Cost, Handler, OpCall, OpEvent, Phase, ReplayedCall
 
 
@@ -97,7 +98,7 @@ def report_unsupported(result: FlopResult, *, strict: bool = False, stacklevel: 
 def uncompiled(model: nn.Module) -> nn.Module:
     """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``model``: the
     wrapper's one child module (it registers the module it compiles as its only submodule)."""
-    if type(model).__name__ != "OptimizedModule":
+    if type(model).__name__ != COMPILE_WRAPPER:
         return model
     children = list(model.children())
     return children[0] if len(children) == 1 else model

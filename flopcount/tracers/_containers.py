@@ -11,13 +11,14 @@ import copy
 import functools
 import types
 from collections import OrderedDict
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Iterable
 
 import torch
 from torch import nn
 
 __all__ = [
-    "IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "deep_copied", "fresh_uninitialized", "rebuilt",
+    "COMPILE_WRAPPER", "EagerWrapper", "IMMUTABLE", "IMMUTABLE_TYPES", "NOT_A_CONTAINER", "TreeCopier", "compiled_parts",
+    "deep_copied", "eager_wrapper", "fresh_uninitialized", "rebuilt", "wrapped_own_method",
 ]
 
 #: what :func:`rebuilt` returns for a value that is not a dict, OrderedDict, list or tuple
@@ -79,6 +80,72 @@ def fresh_uninitialized(tensor: Any) -> Any:
     return kind(requires_grad=tensor.requires_grad, device=tensor.device, dtype=tensor.dtype)
 
 
+#: the class name of torch.compile's module wrapper (``OptimizedModule``, which holds the module it
+#: compiles as its one child): named, not imported (its module is private to torch)
+COMPILE_WRAPPER = "OptimizedModule"
+
+
+class EagerWrapper(nn.Module):
+    """What a copy makes of a ``torch.compile`` wrapper: the same attributes and child, called
+    eagerly through its one child (the module it compiles). The wrapper's compiled forward, made
+    for the caller's module and tensors, never runs on a copy: on a fake copy's tensors its
+    compiled code crashed the process (SIGSEGV), and under torch's own ``__call__`` of the wrapper
+    a count's process-wide hooks made torch warn."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        (wrapped,) = self.children()
+        return wrapped(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute the wrapper does not hold is its child's, as torch's wrapper reads it."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            (wrapped,) = self.children()
+            return getattr(wrapped, name)
+
+
+#: the attributes every module holds (its parameter, buffer, child and hook dictionaries, ...), as
+#: a new ``nn.Module`` has them
+_MODULE_STATE = frozenset(vars(nn.Module()))
+
+
+def _module_state(module: nn.Module) -> Dict[str, Any]:
+    """``module``'s attributes that every module holds: a ``torch.compile`` wrapper's copy holds
+    these and no more (not the compiler's context, compiled ``forward`` and references to the
+    caller's module, which a copy would otherwise convert: copying the child a second time, its
+    rows then booked on the wrapper)."""
+    return {key: value for key, value in vars(module).items() if key in _MODULE_STATE}
+
+
+def eager_wrapper(copied: nn.Module, original: nn.Module) -> None:
+    """Make ``copied``, the copy of the ``torch.compile`` wrapper ``original`` (filled with
+    :func:`_module_state`), an :class:`EagerWrapper` holding the ``training`` flag the wrapper
+    reads from its child (a property of torch's class) as any module holds it."""
+    (wrapped,) = original.children()
+    copied.__class__ = EagerWrapper
+    copied.__dict__["training"] = wrapped.training
+
+
+def compiled_parts(modules: Iterable[nn.Module]) -> bool:
+    """Whether any of ``modules`` is compiled: a ``torch.compile`` wrapper, or a module holding a
+    wrapper of its own call (``Module.compile()``; :meth:`TreeCopier.own_method`)."""
+    for module in modules:
+        if type(module).__name__ == COMPILE_WRAPPER:
+            return True
+        if any(type(value) is types.FunctionType and wrapped_own_method(module, value) for value in vars(module).values()):
+            return True
+    return False
+
+
+def wrapped_own_method(module: nn.Module, function: types.FunctionType) -> Any:
+    """The method of ``module`` itself that ``function`` wraps (``__wrapped__``, as
+    ``functools.wraps`` sets it; ``Module.compile()``'s compiled call wraps the module's call),
+    else None."""
+    wrapped = function.__dict__.get("__wrapped__")
+    return wrapped if type(wrapped) is types.MethodType and wrapped.__self__ is module else None
+
+
 class TreeCopier:
     """A copy of a module tree; ``memo``: ``id(original)`` -> its copy, so each object is converted
     once (ties and shared modules stay shared). A module becomes a new object of its class
@@ -99,18 +166,39 @@ class TreeCopier:
         except TypeError:  # a module that also subclasses a builtin container
             new = kind.__new__(kind)
         self.memo[id(module)] = new
+        if kind.__name__ == COMPILE_WRAPPER:
+            self.fill(module, new.__dict__, _module_state(module))
+            eager_wrapper(new, module)
+            return new
         # one item at a time, in the original's order: the copy's __dict__ then shares its keys
         # with the class's other instances as the original's does (CPython's split dictionaries:
         # half the size of the combined one ``update`` makes; issue #32, a deep model's copy)
-        self.fill(module, new.__dict__)
+        self.fill(module, new.__dict__, vars(module))
         return new
 
-    def fill(self, module: nn.Module, state: Dict[str, Any]) -> None:
-        """The copy's ``__dict__`` (``state``, empty): each attribute converted, written one item at
-        a time in the original's order, straight into it (no dictionary made in between)."""
+    def fill(self, module: nn.Module, state: Dict[str, Any], attributes: Dict[str, Any]) -> None:
+        """The copy's ``__dict__`` (``state``, empty): each of ``attributes`` (the module's own, as a
+        rule) converted, written one item at a time in the original's order, straight into it (no
+        dictionary made in between)."""
         convert = self.value
-        for key, value in vars(module).items():
-            state[key] = self.own_forward(value) if key == "forward" else convert(value)
+        for key, value in attributes.items():
+            if key == "forward":
+                state[key] = self.own_forward(value)
+            elif type(value) is types.FunctionType:
+                state[key] = self.own_method(module, value)
+            else:
+                state[key] = convert(value)
+
+    def own_method(self, module: nn.Module, value: types.FunctionType) -> Any:
+        """The copy of a function attribute of ``module``. One that wraps a method of ``module``
+        itself (``__wrapped__``, as ``functools.wraps`` sets it) is that method, undecorated,
+        bound to the copy: ``Module.compile()`` keeps such a wrapper of the module's call, and its
+        compiled code, made for the caller's module and tensors, ran the caller's module from the
+        copy, or crashed the process on a fake copy's tensors. A copy counts a compiled module
+        through the module it wraps, eagerly (as :func:`flopcount.core.analysis.uncompiled` does
+        at the top). Any other function is shared."""
+        wrapped = wrapped_own_method(module, value)
+        return value if wrapped is None else types.MethodType(wrapped.__func__, self.memo[id(module)])
 
     def value(self, value: Any) -> Any:
         if type(value) in IMMUTABLE_TYPES or isinstance(value, _SHARED):

@@ -26,8 +26,10 @@ forward that writes its own weights) is the caller's, as in the caller's own for
 
 A model whose modules the twin cannot stand for is run as it is (:func:`private_twin` returns
 None): TorchScript modules (their C++ object is shared state), ``torch.distributed``
-wrappers (DDP, FSDP: their reducer or flat parameters are tied to the original modules) and
-a ``torch.compile``d submodule (its forward is a closure over the original module)."""
+wrappers (DDP, FSDP: their reducer or flat parameters are tied to the original modules). A
+``torch.compile``d part is twinned uncompiled: the wrapper's twin calls its child's twin
+eagerly and ``Module.compile()``'s compiled call is the twin's own call
+(``TreeCopier.own_method``), as the fake copy runs them."""
 
 from __future__ import annotations
 
@@ -46,9 +48,9 @@ from flopcount.tracers._containers import TreeCopier, fresh_uninitialized
 
 __all__ = ["private_twin"]
 
-#: modules whose state is bound to the original objects: DDP/FSDP (reducer, flat parameters) and
-#: torch.compile's OptimizedModule (its forward is a closure over the original module's call)
-_AS_IS = ("torch.distributed", "torch._dynamo")
+#: modules whose state is bound to the original objects: DDP/FSDP (reducer, flat parameters); a
+#: torch.compile wrapper's twin runs the module it wraps eagerly (``_containers.EagerWrapper``)
+_AS_IS = ("torch.distributed",)
 
 
 def _twinnable(modules: List[nn.Module]) -> bool:

@@ -82,3 +82,14 @@ def test_module_latency_names_the_twins_modules_as_the_models():
     result = flopcount.module_latency(model, torch.randn(2, 8), warmup=0, iters=2)
     assert [row.name for row in result.modules] == [name for name, _ in model.named_modules()]
     assert all(row.calls == 1 for row in result.modules)
+
+
+def test_a_model_with_a_compiled_part_is_timed_as_it_is():
+    """What is timed is the compiled code: a twin would run the compiled part eagerly (as a
+    count's copies do), so a model with one is run as it is, its forward's bookkeeping the
+    caller's (here: warm-up 1 + 2 timed calls)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Counting(), nn.ReLU(), Counting())
+    model[0].compile()
+    benchmark(model, torch.randn(2, 8), warmup=1, iters=2)
+    assert [model[0].calls, model[2].calls] == [3, 3]

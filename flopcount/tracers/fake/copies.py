@@ -26,6 +26,7 @@ import logging
 import threading
 from collections import OrderedDict
 from functools import cache
+from types import FunctionType
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -896,11 +897,11 @@ class _TreeCopier(TreeCopier):
                 lazy.adopt(new, module)
         return new
 
-    def fill(self, module: nn.Module, state: Dict[str, Any]) -> None:
+    def fill(self, module: nn.Module, state: Dict[str, Any], attributes: Dict[str, Any]) -> None:
         convert = self.value
         empties, plain = self._empties, self._plain
         memo = self.memo
-        for key, value in vars(module).items():
+        for key, value in attributes.items():
             kind = type(value)  # the common cases inline (a module holds a dozen, mostly empty hook dicts)
             if kind is OrderedDict and not value:  # first: eleven of a module's attributes are these
                 shared = empties.get(key, _UNSEEN)
@@ -930,6 +931,8 @@ class _TreeCopier(TreeCopier):
                 state[key] = children
             elif key == "forward":
                 state[key] = self.own_forward(value)
+            elif kind is FunctionType:
+                state[key] = self.own_method(module, value)
             else:
                 # an object met before (the config every layer holds): its copy, before any
                 # isinstance test (a transformers config answers each through Python code)
