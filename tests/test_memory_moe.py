@@ -5,7 +5,7 @@ tensor runs) takes bfloat16 only: the estimate's fake step failed in ``mlp.exper
 float32 MoE type (afmoe, aria_text, mixtral, qwen3_moe...) while a real training step runs and
 ``count_flops`` and ``plan`` (whose dispatch recorder takes the stand-in of
 flopcount/tracers/fake/meta_kernels.py) count it. The estimate's step now takes the same
-stand-in (``meta_kernels.StandIns``): an empty output of the real kernel's shape and dtype.
+stand-in (``meta_kernels.KernelStandIns``): an empty output of the real kernel's shape and dtype.
 
 Oracle: torch's MemTracker run live on a real AdamW loop of the same model (the steady state's
 third step, tests/_live_oracles.py ``loop_peaks``): the real CPU kernel takes float32, and the

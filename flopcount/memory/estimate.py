@@ -56,7 +56,7 @@ from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.dispatch import _in_chain
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs
 from flopcount.tracers.fake.hf_tracing import real_branches, seed_running
-from flopcount.tracers.fake.meta_kernels import StandIns
+from flopcount.tracers.fake.meta_kernels import KernelStandIns
 from flopcount.types import Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
@@ -238,7 +238,7 @@ class _Request:
     amp: Optional[torch.dtype]
     #: False once the cut runs of a replay wrote the model's state: the step traced in full
     replay: bool = True
-    #: the notes of the stand-in kernels the fake steps took (meta_kernels.StandIns: a float32
+    #: the notes of the stand-in kernels the fake steps took (meta_kernels.KernelStandIns: a float32
     #: mixture-of-experts _grouped_mm), said in the estimate's warnings
     stand_ins: Set[str] = dataclasses.field(default_factory=set)
 
@@ -449,11 +449,11 @@ def _tracked_step(
 
 
 def _stand_ins(request: _Request, stack: ModuleStack, real: bool) -> Any:
-    """A fake step's stand-in kernels (:class:`~flopcount.tracers.fake.meta_kernels.StandIns`),
+    """A fake step's stand-in kernels (:class:`~flopcount.tracers.fake.meta_kernels.KernelStandIns`),
     entered inside the tracker; nothing for a real step."""
     if real:
         return contextlib.nullcontext()
-    return StandIns(request.stand_ins, lambda: stack.current)
+    return KernelStandIns(request.stand_ins, lambda: stack.current)
 
 
 def _real_step_fallback(

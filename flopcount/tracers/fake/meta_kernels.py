@@ -25,7 +25,7 @@ the stand-in answers True and says so in the warnings.
 
 Called by the dispatch tracer only after the real kernel raised, so it costs nothing on the
 hot path. A fake step that runs without the dispatch tracer (``estimate_memory``'s, under
-MemTracker) takes the same stand-ins through :class:`StandIns`.
+MemTracker) takes the same stand-ins through :class:`KernelStandIns`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from flopcount.core.inputs import is_dataless
 
 __all__ = [
-    "CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "StandIns", "check_like_cpu", "fallback",
+    "CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "KernelStandIns", "check_like_cpu", "fallback",
 ]
 
 _aten = torch.ops.aten
@@ -160,7 +160,7 @@ def fallback(
     raise exc
 
 
-class StandIns(TorchDispatchMode):
+class KernelStandIns(TorchDispatchMode):
     """:func:`fallback` for a fake step run without the dispatch tracer (``estimate_memory``'s
     step under MemTracker): an op whose meta kernel refuses its fake operands (a float32
     mixture-of-experts ``_grouped_mm``) is answered by its stand-in, an empty output of the
