@@ -322,12 +322,12 @@ def hf_check(model_type: str, class_name: str, with_estimate: bool, with_plan: b
     return difference, 0
 
 
-def hf_sweep(match: Optional[str], exact: List[str], with_estimate: bool, with_plan: bool, tally: Tally,
+def hf_sweep(match: Optional[str], exact: List[str], start: str, with_estimate: bool, with_plan: bool, tally: Tally,
              replays: Outcomes) -> Tuple[int, List[str]]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     types = [(t, c) for t, c in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
-             if (not match or match in t) and (not exact or t in exact)]
+             if (not match or match in t) and (not exact or t in exact) and t >= start]
     not_run: List[str] = []
     for model_type, class_name in types:
         clock = time.perf_counter()
@@ -377,6 +377,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--match", default=None, help="only model types (or timm names) containing this text")
     parser.add_argument("--types", default=None, help="only these model types (comma-separated, exact names)")
+    parser.add_argument("--start", default="", help="only model types whose name sorts at or after this (a second process)")
     parser.add_argument("--no-plan", action="store_true", help="estimate_memory only")
     parser.add_argument("--no-estimate", action="store_true", help="plan only")
     parser.add_argument("--timm", action="store_true", help="the timm models of TIMM_MODELS instead (estimate_memory)")
@@ -393,7 +394,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         import transformers
 
-        types, not_run = hf_sweep(args.match, args.types.split(",") if args.types else [], not args.no_estimate,
+        types, not_run = hf_sweep(args.match, args.types.split(",") if args.types else [], args.start, not args.no_estimate,
                                    not args.no_plan, tally, replays)
         what = (f"{types} causal-LM model types at {LAYERS} layers, {types - len(not_run)} built and ran a plain training "
                 f"step ({len(not_run)} not run), transformers {transformers.__version__}")
