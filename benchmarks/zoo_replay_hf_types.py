@@ -5,14 +5,15 @@ and on timm's deep stacks (issue #32 items 3 and 4: every reading identical with
 (12) identical layers cut to 3 and 4 layers and replay the rest (flopcount/step/replay.py,
 parent_walk.py). Each model type of benchmarks/zoo_reuse_hf_types.py (its type list,
 ``tiny_config`` and ``build``) is built with :data:`LAYERS` (14) layers so that the replay is
-taken; batch 2, 12 tokens, train mode. With reuse off vs on (``FLOPCOUNT_REUSE=0/1``, as
+taken; batch 2, 12 tokens, train mode, the cache off (:func:`training_model`). With reuse off vs on (``FLOPCOUNT_REUSE=0/1``, as
 ``zoo_reuse._with_reuse``), everything a user reads of:
 
 1. ``estimate_memory(model, ids, backward=True, optimizer="adamw")``: a training step with the
    default loss: ``to_dict()``, ``peak_bytes``, ``at_peak`` by category, ``peak_module``,
    ``peak_phase``, every module row, ``activation_bytes()``, ``table(max_depth=None)``;
-2. the same under ``autocast=torch.bfloat16`` (forward and loss under autocast);
-3. ``plan(build, ids, fsdp=4)`` and, where the built-in TP plan takes the type (it refuses the
+2. the same under ``autocast=torch.bfloat16`` (forward and loss under autocast), where the model
+   has a stack to replay;
+3. where it has one, ``plan(build, ids, fsdp=4)`` and, where the built-in TP plan takes the type (it refuses the
    others with a UsageError, said), ``plan(build, ids, fsdp=2, tp=2)``: ``to_dict()`` (every
    per-rank figure: FLOPs and MACs by phase, peak and its categories, state bytes, collectives,
    step-time bounds, notes) and ``to_markdown()``.
@@ -26,8 +27,10 @@ peak, as tests/test_memory_review.py compares it. A type whose plain training st
 default loss, backward, AdamW step) fails is "not run"; one that runs it but that
 ``estimate_memory`` or ``plan`` cannot take with the reuse off is FAILED.
 
-``--timm``: timm models with a 12+-block ModuleList/Sequential (:data:`TIMM_MODELS`) through (1),
-with the MemTracker oracle. Prints one line per model that differs or fails and a summary; exit
+``--timm``: timm models with a 12+-block ModuleList/Sequential (:data:`TIMM_MODELS`) through (1)
+and (2), with the MemTracker oracle. A whole run takes over an hour of CPU on a 2-core VM (see
+docs/performance.md, "stepsweep"): ``--start``, ``--types`` and ``--no-plan``/``--no-estimate``
+split it. Prints one line per model that differs or fails and a summary; exit
 status 1 on any difference or failure::
 
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_replay_hf_types.py
