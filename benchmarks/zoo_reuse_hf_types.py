@@ -66,10 +66,12 @@ from flopcount.errors import UsageError  # noqa: E402
 BATCH, TOKENS, VOCAB, NEW_TOKENS, DECODER_TOKENS = 2, 12, 256, 6, 6
 AUDIO_SAMPLES, AUDIO_FRAMES = 8000, 32  # half a second at 16 kHz; feature frames
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 3, 64, 4, 2, 16, 128
+#: the config attributes that give a number of layers (``tiny_config(layers=)`` sets them)
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
+                "num_decoder_layers", "num_encoder_layers")
 # config attribute -> the tiny value; set only where the config has the attribute
 SIZES: Dict[str, Any] = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
-                     "num_decoder_layers", "num_encoder_layers"), LAYERS),
+    **dict.fromkeys(LAYER_COUNTS, LAYERS),
     **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim", "emb_dim", "dim", "word_embed_proj_dim"), HIDDEN),
     **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads",
                      "encoder_attention_heads"), HEADS),
@@ -151,21 +153,24 @@ TYPE_CONFIG: Dict[str, Dict[str, Any]] = {
 }
 
 
-def shortened_pattern(kinds: List[Any]) -> List[Any]:
-    """A per-layer list (layer types, a hybrid's block types) cut to LAYERS entries that keep
-    two of its kinds where it has several: the first kind, another, the first again."""
-    shortened = list(kinds[:LAYERS])
+def shortened_pattern(kinds: List[Any], layers: int = LAYERS) -> List[Any]:
+    """A per-layer list (layer types, a hybrid's block types) made ``layers`` entries long (cut,
+    or repeated from its start where it is shorter) that keeps two of its kinds in the first
+    three where it has several: the first kind, another, the first again."""
+    shortened = [kinds[index % len(kinds)] for index in range(layers)]
     distinct = list(dict.fromkeys(kinds))
-    if len(set(map(str, shortened))) < min(2, len(distinct)):
-        shortened = [distinct[0], distinct[1], distinct[0]]
+    if len(set(map(str, shortened[:LAYERS]))) < min(2, len(distinct)):
+        shortened[:LAYERS] = [distinct[0], distinct[1], distinct[0]]
     return shortened
 
 
-def tiny_config(config: Any, values_of_type: Optional[Dict[str, Any]] = None, sizes: Mapping[str, Any] = SIZES) -> Any:
+def tiny_config(config: Any, values_of_type: Optional[Dict[str, Any]] = None, sizes: Mapping[str, Any] = SIZES,
+                layers: int = LAYERS) -> Any:
     """A config of ``config``'s class (a fresh default one) with every size it has shrunk, its
     sub-configs too, then ``values_of_type`` (the type's TYPE_CONFIG entry; a dict value goes to
     that sub-config): made by the class from these values, so that what it derives from them
-    (layer types, rotary dimensions) follows; set on ``config`` where the class refuses them."""
+    (layer types, rotary dimensions) follows; set on ``config`` where the class refuses them.
+    ``layers``: the number of layers (benchmarks/zoo_replay_hf_types.py builds 14)."""
     from transformers import PretrainedConfig
 
     values_of_type = values_of_type or {}
@@ -174,6 +179,9 @@ def tiny_config(config: Any, values_of_type: Optional[Dict[str, Any]] = None, si
     # a size given per stage (a list: hierarchical vision models' heads and widths) is kept
     changes: Dict[str, Any] = {key: value for key, value in sizes.items()
                                if key in values and values[key] is not None and not isinstance(values[key], list)}
+    for key in LAYER_COUNTS:
+        if key in changes:
+            changes[key] = layers
     if "qk_rope_head_dim" in changes and "head_dim" in changes:  # multi-head latent attention: rotary dims
         changes["head_dim"] = changes["qk_rope_head_dim"]
     if "attn_layer_indices" in values and not values["attn_layer_indices"]:
@@ -184,10 +192,10 @@ def tiny_config(config: Any, values_of_type: Optional[Dict[str, Any]] = None, si
             changes[key] = min(VOCAB - 1, 2 + TOKEN_IDS.index(key))
     for key, value in values.items():
         if isinstance(value, list) and len(value) > LAYERS and key.endswith(("_pattern", "block_type", "_types")):
-            changes[key] = shortened_pattern(value)
+            changes[key] = shortened_pattern(value, layers)
     for key, value in vars(config).items():  # not getattr: a per-layer attribute refuses it (gemma4)
         if isinstance(value, PretrainedConfig):
-            changes[key] = tiny_config(value, values_of_type.get(key), sizes)
+            changes[key] = tiny_config(value, values_of_type.get(key), sizes, layers)
     changes.update({key: value for key, value in values_of_type.items() if not isinstance(changes.get(key), PretrainedConfig)})
     try:
         with zoo.quiet():
@@ -237,11 +245,11 @@ def task_types(task: Task) -> Dict[str, str]:
     return {t: c if isinstance(c, str) else c[0] for t, c in mapping.items() if t not in left_out}
 
 
-def build(model_type: str, class_name: str, device: Optional[str], task: Task) -> torch.nn.Module:
+def build(model_type: str, class_name: str, device: Optional[str], task: Task, layers: int = LAYERS) -> torch.nn.Module:
     import transformers
     from transformers import CONFIG_MAPPING
 
-    config = tiny_config(CONFIG_MAPPING[model_type](), TYPE_CONFIG.get(model_type), {**SIZES, **task.sizes})
+    config = tiny_config(CONFIG_MAPPING[model_type](), TYPE_CONFIG.get(model_type), {**SIZES, **task.sizes}, layers)
     config.use_cache = True
     if hasattr(config, "is_decoder") and task.is_decoder:
         config.is_decoder = True  # BERT-like types as causal LMs

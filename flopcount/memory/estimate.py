@@ -22,7 +22,7 @@ import json
 import threading
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Set, Tuple, Union
 
 import torch
 from torch import nn
@@ -54,8 +54,9 @@ from flopcount.tracers._containers import deep_copied
 from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.dispatch import _in_chain
-from flopcount.tracers.fake.copies import FakeRunError, fake_copies
+from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs
 from flopcount.tracers.fake.hf_tracing import real_branches, seed_running
+from flopcount.tracers.fake.meta_kernels import KernelStandIns
 from flopcount.types import Phase
 
 Mode = Literal["inference", "forward+backward", "training step"]
@@ -217,8 +218,12 @@ def estimate_memory(
     # them at a moment set by the process's allocation history, and the same step gave another
     # peak from one call to the next; paused, they are held as in a step the collector does not
     # interrupt (the real step measured in a fallback runs with it on)
-    # the forward's Python code draws from Python's and numpy's generators on fakes too: set back
-    with _ESTIMATE_LOCK, real_branches(model.modules()) as branches, PausedCollections(), preserved_random_modules():
+    # the forward's Python code draws from Python's and numpy's generators on fakes too: set back.
+    # torch's fake mode logs the error of a meta kernel that refuses (a float32 _grouped_mm, which
+    # the step's stand-ins answer): muted, as plan and the count mute it, and its record with
+    # the traceback (which holds the step's tensors) is not kept by a capturing log handler
+    with _ESTIMATE_LOCK, real_branches(model.modules()) as branches, PausedCollections(), preserved_random_modules(), \
+            quiet_fake_logs():
         estimate = _estimate(model, request)
     return dataclasses.replace(estimate, warnings=estimate.warnings + branches.notes) if branches.notes else estimate
 
@@ -235,6 +240,9 @@ class _Request:
     amp: Optional[torch.dtype]
     #: False once the cut runs of a replay wrote the model's state: the step traced in full
     replay: bool = True
+    #: the notes of the stand-in kernels the fake steps took (meta_kernels.KernelStandIns: a float32
+    #: mixture-of-experts _grouped_mm), said in the estimate's warnings
+    stand_ins: Set[str] = dataclasses.field(default_factory=set)
 
 
 class _StateWritten(Exception):
@@ -298,6 +306,7 @@ def _estimate(model: nn.Module, request: _Request, stateless: FrozenSet[str] = f
     found = _gradless_in_layers(twin, opt) if layered else gradless(twin, opt)
     if found and not stateless:  # parameters the step gives no gradient hold no state in a real run
         return _estimate(model, request, found)
+    notes.extend(sorted(request.stand_ins))
     return _collect(request, figures, twin, names, opt_name, notes)
 
 
@@ -424,7 +433,7 @@ def _tracked_step(
                 warm_up(opt, "estimate_memory", reuse=not real)  # one step per kind of parameter on fakes
             if tracker.timeline is None:  # a cut run's tracker watched the whole copy before it was cut
                 tracker.watch(twin, opt, output_tensors((args, kwargs)))
-            with tracker, ModuleStack(names) as stack:
+            with tracker, ModuleStack(names) as stack, _stand_ins(request, stack, real):
                 try:
                     run_step(
                         twin, args, kwargs, backward=request.backward, optimizer=opt, loss_fn=request.loss_fn,
@@ -439,6 +448,14 @@ def _tracked_step(
                     raise error from exc
     finally:
         warnings.formatwarning = formatwarning
+
+
+def _stand_ins(request: _Request, stack: ModuleStack, real: bool) -> Any:
+    """A fake step's stand-in kernels (:class:`~flopcount.tracers.fake.meta_kernels.KernelStandIns`),
+    entered inside the tracker; nothing for a real step."""
+    if real:
+        return contextlib.nullcontext()
+    return KernelStandIns(request.stand_ins, lambda: stack.current)
 
 
 def _real_step_fallback(

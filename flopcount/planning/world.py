@@ -238,6 +238,16 @@ def _check_llama_heads(prefix: str, blocks: List[nn.Module], tp: int) -> None:
                 f"divisible by tp={tp} ({prefix} item {index}: {heads} heads, {kv_heads} key/value heads of "
                 f"head_dim {head_dim}); choose a tp that divides both, or pass tp_plan={{module path: ParallelStyle}}"
             )
+        for name in ("q_norm", "k_norm"):
+            # a norm over all the heads' columns at once (OLMo-2's): column-parallel q/k give each
+            # rank a slice of them, which a norm of the whole width cannot take (the real step fails)
+            weight = getattr(getattr(attn, name, None), "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.numel() > head_dim:
+                raise UsageError(
+                    f"the built-in LLaMA-family tensor-parallel plan splits q_proj and k_proj by heads, but "
+                    f"{prefix} item {index}'s self_attn.{name} normalizes {weight.numel()} columns at once (all the "
+                    f"heads; head_dim {head_dim}): pass tp_plan={{module path: ParallelStyle}}, or plan with tp=1"
+                )
 
 
 def parallelize(

@@ -24,18 +24,22 @@ TorchFunctionMode makes torch choose the padded one), so the answer cannot chang
 the stand-in answers True and says so in the warnings.
 
 Called by the dispatch tracer only after the real kernel raised, so it costs nothing on the
-hot path.
+hot path. A fake step that runs without the dispatch tracer (``estimate_memory``'s, under
+MemTracker) takes the same stand-ins through :class:`KernelStandIns`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core.inputs import is_dataless
 
-__all__ = ["CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "check_like_cpu", "fallback"]
+__all__ = [
+    "CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "KernelStandIns", "check_like_cpu", "fallback",
+]
 
 _aten = torch.ops.aten
 
@@ -154,6 +158,31 @@ def fallback(
             f"do not have, so {hint}"
         ) from exc
     raise exc
+
+
+class KernelStandIns(TorchDispatchMode):
+    """:func:`fallback` for a fake step run without the dispatch tracer (``estimate_memory``'s
+    step under MemTracker): an op whose meta kernel refuses its fake operands (a float32
+    mixture-of-experts ``_grouped_mm``) is answered by its stand-in, an empty output of the
+    shape and dtype the real kernel gives, which the modes below (MemTracker) see allocated as
+    they would the real output. Entered last (innermost), so that it sees the refusal first.
+    ``where()``: the module running (the hint of an error); the notes of the stand-ins taken
+    are added to ``notes``."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as PrivateRandom: no dynamo-disabling shim around each op
+
+    def __init__(self, notes: Set[str], where: Callable[[], str]) -> None:
+        super().__init__()
+        self.notes = notes
+        self.where = where
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        try:
+            return func(*args, **(kwargs or {}))
+        except Exception as exc:
+            return fallback(func, args, kwargs or {}, exc, self.notes, self.where())
 
 
 # -- the real kernels' dtype checks, on fake CPU tensors -----------------------------------
