@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from _toy_stack import B, D, H, Stack
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -40,33 +41,12 @@ def test_compiled_module_counts_like_its_original(tracer):
 # `tracer="jit"` refused a wrapped submodule. A copy now runs a compiled part eagerly (the module
 # it wraps), as the top-level wrapper was already counted.
 
-D, BATCH = 8, 3
-
-
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(D, D)
-        self.b = nn.Linear(D, D)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x))) + x
-
-
-class _Stack(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(_Block() for _ in range(4))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
+LAYERS = 4
 
 
 def _stack(how: str) -> nn.Module:
     torch.manual_seed(0)
-    model = _Stack().eval()
+    model = Stack(LAYERS).eval()
     if how == "wrapped":
         model.blocks[1] = torch.compile(model.blocks[1])
     elif how == "in place":
@@ -86,29 +66,28 @@ def _live_flops(model: nn.Module, x: torch.Tensor) -> int:
 @pytest.mark.parametrize("how", ["wrapped", "in place", "whole, in place"])
 def test_a_compiled_part_is_counted_through_the_module_it_compiles(how, tracer):
     model = _stack(how)
-    x = torch.randn(BATCH, D)
+    x = torch.randn(B, D)
     eager = _stack("eager")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no torch warning about the count's hooks reaches the user
         r = count_flops(model, x, tracer=tracer)
-    # hand formula: 4 blocks x 2 Linears x batch x D x D
-    assert r.macs == 4 * 2 * BATCH * D * D
+    assert r.macs == LAYERS * B * 2 * D * H  # hand formula (tests/_toy_stack.py)
     assert r.flops == count_flops(eager, x).flops
     assert r.by_operator("flops")["aten::linear"] == _live_flops(eager, x)  # FlopCounterMode counts the Linears
     wrapped = "_orig_mod." if how == "wrapped" else ""
-    assert r.by_module("macs")[f"blocks.1.{wrapped}a"] == BATCH * D * D
-    model.get_submodule(f"blocks.1.{wrapped}a")  # the row names a module of the caller's model
+    assert r.by_module("macs")[f"blocks.1.{wrapped}up"] == B * D * H
+    model.get_submodule(f"blocks.1.{wrapped}up")  # the row names a module of the caller's model
 
 
 def test_the_training_step_readings_of_a_compiled_part_are_those_of_the_module_it_compiles():
-    x = torch.randn(BATCH, D)
+    x = torch.randn(B, D)
     eager, model = _stack("eager"), _stack("wrapped")
     model.blocks[2].compile()
     compiled_step, eager_step = flopcount.estimate_memory(model, x).to_dict(), flopcount.estimate_memory(eager, x).to_dict()
     assert compiled_step["peak_bytes"] == eager_step["peak_bytes"]
-    wrapped_row = dict(compiled_step["by_module"]["blocks.1._orig_mod.a"], depth=3)  # one level deeper, below the wrapper
-    assert wrapped_row == eager_step["by_module"]["blocks.1.a"]
-    assert compiled_step["by_module"]["blocks.2.b"] == eager_step["by_module"]["blocks.2.b"]
+    wrapped_row = dict(compiled_step["by_module"]["blocks.1._orig_mod.up"], depth=3)  # one level deeper, below the wrapper
+    assert wrapped_row == eager_step["by_module"]["blocks.1.up"]
+    assert compiled_step["by_module"]["blocks.2.down"] == eager_step["by_module"]["blocks.2.down"]
     trained, trained_eager = count_flops(model, x, backward=True), count_flops(eager, x, backward=True)
     assert (trained.flops, trained.macs) == (trained_eager.flops, trained_eager.macs)
     assert trained.by_operator("flops") == trained_eager.by_operator("flops")
