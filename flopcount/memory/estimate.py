@@ -369,13 +369,13 @@ def _replayed(
                 _tracked_step(request, tracker, twin, opt, args, kwargs, names, mode, warm=False)
         except Exception:  # the cut copy cannot run as the whole: the whole is traced
             return None
-        runs.append((timeline, tracker._mod_tracker.get_known_fqn))
-    (timeline, known), (check, _) = runs
+        runs.append((timeline, tracker._mod_tracker.get_known_fqn, tracker))
+    (timeline, known, cut), (check, _, _) = runs
     list_name = known(stack.layers)
     if list_name is None:
         return None
     prefix = list_name + "."
-    template = Template.of(timeline, prefix)
+    template = Template.of(timeline, prefix, cut.released_casts, cut.autocast_left)
     if template is None or not template.checked(check):
         return None
     # the parent's forward proven to treat every middle layer alike (flopcount.step.parent_walk)

@@ -379,6 +379,9 @@ class _Piece:
     residue: FrozenSet[str] = frozenset()
     #: a fixed piece's: the middle piece before it (its layer-1 names are that phase's last middle layer's)
     after: Optional[_Piece] = None
+    #: a fixed piece's: bytes each middle layer's forward left that die as the piece begins (the
+    #: casts of the layer's parameters autocast's cache kept until the forward's autocast ended)
+    released: Dict[Tuple[Any, Any], int] = field(default_factory=dict)
 
 
 class Template:
@@ -422,9 +425,15 @@ class Template:
         return [item for piece, _, _ in self._placed(layers) for item in by_piece[id(piece)]]
 
     @classmethod
-    def of(cls, records: Sequence[Record], prefix: str) -> Optional[Template]:
+    def of(
+        cls, records: Sequence[Record], prefix: str, released: Sequence[Tuple[int, Mapping[Tuple[Any, Any], int]]] = (),
+        autocast_left: Optional[int] = None,
+    ) -> Optional[Template]:
         """``records`` of a 3-layer step (``prefix``: MemTracker's name of the layer list
-        plus "."), cut into pieces; None when its layers are not met in a step's order."""
+        plus "."), cut into pieces; None when its layers are not met in a step's order.
+        ``released``: (record index at its birth, bytes) of each cast freed when the forward's
+        autocast ended, at record index ``autocast_left`` (the tracker's ``released_casts``,
+        ``autocast_left``): the middle layer's are freed there for every middle layer."""
         labels: List[Optional[int]] = []
         for kind, _, names, phase, touched in records:
             if kind == "op" and phase == "optimizer":
@@ -462,6 +471,8 @@ class Template:
         if not pieces:
             return None
         pieces.append(_Piece(cursor, len(records), False, "end"))
+        if autocast_left is not None and not _release(pieces, released, autocast_left):
+            return None
         last_middle: Optional[_Piece] = None
         for piece in pieces:
             if piece.middle:
@@ -489,6 +500,7 @@ class Template:
         offset: Dict[Tuple[Any, Any], int] = _plus({}, self.static, extra)
         for piece in self.pieces:
             if not piece.middle:
+                offset = _plus(offset, piece.released, -extra)
                 yield piece, offset, -1
                 continue
             for i in range(layers - 2):
@@ -598,6 +610,33 @@ class Template:
                 if maxima.get(name, -1) < total:
                     maxima[name] = total
         return best, best_at, maxima, hooked
+
+
+def _release(pieces: List[_Piece], released: Sequence[Tuple[int, Mapping[Tuple[Any, Any], int]]], at: int) -> bool:
+    """The bytes of ``released`` born in the forward's middle stretch, freed at record ``at``
+    (where the forward's autocast ended), set as the ``released`` of a fixed piece beginning
+    there (the one holding ``at`` split in two); False when ``at`` lies in a middle stretch."""
+    forward = next((piece for piece in pieces if piece.middle and piece.phase == "forward"), None)
+    if forward is None:
+        return True
+    freed: Dict[Tuple[Any, Any], int] = {}
+    for born, grown in released:
+        if forward.start <= born < forward.stop:
+            freed = _plus(freed, grown)
+    if not freed:
+        return True
+    for position, piece in enumerate(pieces):
+        if not piece.start <= at < piece.stop:
+            continue
+        if piece.middle or piece.start < forward.stop:
+            return False
+        if piece.start == at:
+            piece.released = freed
+        else:
+            pieces.insert(position + 1, _Piece(at, piece.stop, False, piece.phase, released=freed))
+            piece.stop = at
+        return True
+    return True  # no record after the forward's autocast: nothing shown without those bytes
 
 
 def _index(name: str, prefix: str) -> Optional[int]:

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import threading
 import weakref
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -68,6 +68,14 @@ def peak_tracker(base: type) -> type:
             self._tensor_layers: Dict[int, Any] = {}
             self._touched: Optional[int] = None
             self._last_record: Any = None
+            #: (the timeline's length at its birth, its bytes by (device, category)) of each cast of a
+            #: parameter the forward made (autocast's, cached until the forward's autocast ends)
+            #: that died as that autocast ended (:meth:`autocast_region`); timeline runs only
+            self.released_casts: List[Any] = []
+            #: the timeline's length when the forward's autocast ended (None: not yet, or no autocast)
+            self.autocast_left: Optional[int] = None
+            self._leaving_autocast = False
+            self._cast_refs: List[Any] = []  # weak: a cast's death is what is noted
 
         def watch(self, model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor]) -> None:
             """Count ``model``'s parameters and buffers, ``optimizer``'s state and ``inputs``
@@ -122,6 +130,11 @@ def peak_tracker(base: type) -> type:
                     self._tensor_layers = self.layer_tensors()
                 self._touched = _layer_touched(self._tensor_layers, args, kwargs)
             length, last = len(self.timeline), self._last_record
+            if _casts_a_parameter(func, args) and not self._mod_tracker.is_bw and not self._in_opt:
+                before = snapshot(self)
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+                self._watch_cast(out, length, before)
+                return out
             out = super().__torch_dispatch__(func, types, args, kwargs)
             if not _has_tensor(out):
                 # an op that made no tensor (``prim.device``: run or not by caches warmed by an
@@ -130,6 +143,32 @@ def peak_tracker(base: type) -> type:
                 del self.timeline[length:]
                 self._last_record = last
             return out
+
+        def _watch_cast(self, cast: torch.Tensor, born: int, before: Dict[Any, int]) -> None:
+            """``cast`` (a parameter's copy in another dtype, born at record ``born``; the live
+            bytes were ``before`` it) noted in :attr:`released_casts` if it dies while the
+            forward's autocast ends, which frees its cache (flopcount.step.replay: such a cast
+            dies with the last layer's, not with its own layer's stretch)."""
+            grown = {key: value - before.get(key, 0) for key, value in snapshot(self).items() if value != before.get(key, 0)}
+            me = weakref.ref(self)
+
+            def died(_: Any) -> None:
+                tracker = me()
+                if tracker is not None and tracker._leaving_autocast:
+                    tracker.released_casts.append((born, grown))
+
+            self._cast_refs.append(weakref.ref(cast, died))
+
+        @contextlib.contextmanager
+        def autocast_region(self, region: Any) -> Iterator[None]:
+            """``region`` (the forward's autocast) entered; when it ends normally, the casts its
+            cache frees are noted (:meth:`_watch_cast`) with the timeline's length then."""
+            with region:
+                yield
+                self._leaving_autocast = True
+            self._leaving_autocast = False
+            if self.timeline is not None:
+                self.autocast_left = len(self.timeline)
 
         def _register_global_optimizer_hook(self) -> None:
             """MemTracker's process-wide optimizer-step hooks, answering only the owning
@@ -154,6 +193,19 @@ def peak_tracker(base: type) -> type:
 
     PeakTracker.__name__ = PeakTracker.__qualname__ = f"Peak{base.__name__}"
     return PeakTracker
+
+
+#: the aten operator a dtype cast (``tensor.to(dtype)``, autocast's) runs, by its name
+_DTYPE_COPY = "aten._to_copy.default"
+
+
+def _casts_a_parameter(func: Any, args: Sequence[Any]) -> bool:
+    """Whether ``func`` copies a leaf tensor that requires grad (a parameter) to another dtype:
+    the cast autocast makes of a weight, and keeps in its cache while it is on."""
+    if str(func) != _DTYPE_COPY or not args:
+        return False
+    source = args[0]
+    return isinstance(source, torch.Tensor) and source.is_leaf and source.requires_grad
 
 
 def _has_tensor(value: Any) -> bool:
@@ -252,6 +304,8 @@ def run_step(
     if tracker is not None:
         tracker._update_peak_stats(None)  # the step starts with parameters, state and inputs alive
     inside = forward_autocast(amp, device_type)
+    if tracker is not None and amp is not None:
+        inside = tracker.autocast_region(inside)
     outside: Any = contextlib.nullcontext() if amp is None else torch.autocast(device_type, enabled=False)
     with torch.set_grad_enabled(backward):
         with inside:
