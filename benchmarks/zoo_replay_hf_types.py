@@ -129,8 +129,8 @@ def watched(log: List[str]) -> Iterator[None]:
         return checked
 
     def on_template_of(original: Any) -> Any:
-        def of(cls: Any, records: Any, prefix: str) -> Any:
-            template = original.__func__(cls, records, prefix)
+        def of(cls: Any, records: Any, prefix: str, *args: Any, **kwargs: Any) -> Any:
+            template = original.__func__(cls, records, prefix, *args, **kwargs)
             if template is None:
                 log.append("order")
             return template
