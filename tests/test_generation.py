@@ -166,6 +166,55 @@ def test_a_mixture_of_experts_encoder_decoder_s_steps_are_handed_its_encoder_out
     assert 2 * result.macs == counter.get_total_flops()
 
 
+def _moonshine(device: str) -> nn.Module:
+    cfg = transformers.AutoConfig.for_model(
+        "moonshine", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=2,
+        decoder_num_hidden_layers=2, encoder_num_attention_heads=4, decoder_num_attention_heads=4,
+        encoder_num_key_value_heads=4, decoder_num_key_value_heads=4, max_position_embeddings=64,
+        decoder_start_token_id=1, bos_token_id=1, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForSpeechSeq2Seq.from_config(cfg)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+@pytest.mark.parametrize("path", ["real", "fake, reuse on", "fake, reuse off", "meta, dispatch fallback"])
+def test_an_encoder_decoder_s_steps_are_handed_its_encoder_s_own_output(path: str, monkeypatch: Any) -> None:
+    # generate() runs the encoder once and hands every step the encoder's own output object.
+    # Moonshine's decoder reads ``encoder_outputs.attention_mask``, a field of its encoder's
+    # output class that the model's Seq2SeqLMOutput drops: the steps were handed an output rebuilt
+    # from the prefill's and every step failed. Oracle: FlopCounterMode over the real generate()
+    # of the same weights, 2 FLOPs per MAC, on every tracer path of the decoding loop.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import flopcount.decoding.counted as counted
+
+    audio = torch.randn(B, 1600, generator=torch.Generator().manual_seed(0))
+    real = _moonshine("cpu")
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        out = real.generate(audio, max_new_tokens=N, min_new_tokens=N, do_sample=False)
+    assert out.shape == (B, 1 + N)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0" if path == "fake, reuse off" else "1")
+    if path == "meta, dispatch fallback":
+        monkeypatch.setattr(counted, "trace_on_fakes", lambda *args, **kwargs: None)  # every fake run refused
+    model = real if path == "real" else _moonshine("meta")
+    prompt = audio if path == "real" else audio.to("meta")
+    if path == "real":
+        before, kept = snapshot(model), prompt.clone()
+    state = [(name, t.shape, t.dtype, t.device) for name, t in model.state_dict().items()]
+    result = count_generation(model, prompt, new_tokens=N)
+    assert [(name, t.shape, t.dtype, t.device) for name, t in model.state_dict().items()] == state
+    assert prompt.shape == audio.shape and not model.training
+    if path == "real":
+        assert_same_state(model, before)
+        assert torch.equal(prompt, kept)
+    assert result.encoder_decoder and len(result.steps) == N - 1
+    assert 2 * result.macs == counter.get_total_flops()
+
+
 def test_moe_generation_on_meta_matches_cpu() -> None:
     cfg = transformers.AutoConfig.for_model(
         "mixtral", hidden_size=H, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HEADS,

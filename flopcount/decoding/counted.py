@@ -112,7 +112,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
     held: Dict[int, int] = {}
     with counter.outputs() as last:
         prefill, output = _prefill(counter, setup, last)
-        state = Decoding(model, output, setup)
+        state = Decoding(model, output, setup, encoder=last.encoder)
         if total > 0 and state.cache is None:
             raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
         held[-1] = cache_position_bytes(state.cache)
@@ -187,6 +187,21 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
     return counter.combined(runs, description), output
 
 
+def _encoder_name(model: nn.Module, names: Mapping[nn.Module, str]) -> str:
+    """The qualified name of an encoder-decoder's encoder (``model.get_encoder()``), as the
+    tracer's module stack names it; "" for any other model, or an encoder not among its modules."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return ""
+    get_encoder = getattr(model, "get_encoder", None)
+    if not callable(get_encoder):
+        return ""
+    try:
+        encoder = get_encoder()
+    except Exception:  # the model's own accessor: no encoder to keep, the prefill's last hidden state is handed on
+        return ""
+    return names.get(encoder, "") if isinstance(encoder, nn.Module) else ""
+
+
 def on_fakes(model: nn.Module) -> bool:
     """Whether the decoding loop traces ``model`` on fake copies: every parameter and buffer
     (at least one) on the meta device or fake. Real weights are traced as given: the greedy
@@ -214,6 +229,7 @@ class Counter:
         self._collections: Optional[PausedCollections] = None
         # meta weights: what a fake run feeds back stands for meta tensors
         self._on_meta = fast and any(p.device.type == "meta" for p in self.facts.parameters)
+        self._encoder = _encoder_name(model, self.facts.names)
 
     @contextlib.contextmanager
     def outputs(self) -> Iterator[LastOutput]:
@@ -232,10 +248,13 @@ class Counter:
                 self._collections = None
 
     def _run(self, prepared: PreparedCall) -> Trace:
+        # an encoder-decoder's encoder output, as its encoder returns it in the prefill: what generate() hands each step
+        encoder = (self._encoder, self._last.keep_encoder) if self._last is not None and self._encoder else None
         if not self.fast:
-            return trace(self.model, prepared, tracer="dispatch", facts=self.facts, set_back_random=False)
+            return trace(self.model, prepared, tracer="dispatch", facts=self.facts, set_back_random=False,
+                         module_output=encoder)
         keep = self._last.keep if self._last is not None else None
-        run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep)
+        run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep, module_output=encoder)
         if self._collections is not None:
             self._collections.tidy()
         if run is None:

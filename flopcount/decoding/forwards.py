@@ -155,10 +155,15 @@ class LastOutput:
     in its place). Process-wide hooks, removed on exit; another thread running the same model
     meanwhile is not heard (issue #29). With ``hooks=False`` it installs none: the tracer hands
     each output to :meth:`keep` (a fake run's copy; a process-wide hook would turn structural
-    reuse off)."""
+    reuse off).
+
+    ``encoder``: an encoder-decoder's encoder output, the encoder module's own output object
+    (its class, every field), as the tracer hands it to :meth:`keep_encoder` during the prefill
+    (the run's module stack: no hook of its own); generate() hands it to every decode step."""
 
     def __init__(self, hooks: bool = True):
         self.value: Any = None
+        self.encoder: Any = None
         self._handles: List[Any] = []
         self._hooks = hooks
         self.no_cache = False
@@ -169,6 +174,9 @@ class LastOutput:
             # the model updates the cache it was handed in place (RecurrentGemma): on a fake run
             # that is the copy's, which the next forward would not see
             self.no_cache = True
+
+    def keep_encoder(self, output: Any) -> None:
+        self.encoder = output
 
     def __enter__(self) -> LastOutput:
         from torch.nn.modules import module as module_impl
@@ -223,17 +231,16 @@ def _field(output: Any, name: str) -> Any:
     return getattr(output, name, None)
 
 
-def _encoder_outputs(output: Any) -> Any:
-    """The encoder's output as generate() hands it to each decode step, from the prefill's
-    output: its last hidden state, in the mixture-of-experts encoders' output class (with the
-    router logits the prefill returned) where the model's output has an encoder router field:
-    NLLB-MoE and Switch Transformers read ``encoder_outputs.router_logits`` at every step."""
-    from transformers.modeling_outputs import BaseModelOutput, MoEModelOutput
+def _encoder_outputs(output: Any, encoder: Any) -> Any:
+    """The encoder's output as generate() hands it to each decode step: the encoder module's
+    own output object, kept from the prefill (``encoder``: its class and every field, as
+    Moonshine's ``attention_mask`` and NLLB-MoE's ``router_logits``); where none was kept (a
+    model without ``get_encoder``), the prefill output's encoder last hidden state."""
+    if encoder is not None:
+        return encoder
+    from transformers.modeling_outputs import BaseModelOutput
 
-    last = _field(output, "encoder_last_hidden_state")
-    if hasattr(output, "encoder_router_logits"):
-        return MoEModelOutput(last_hidden_state=last, router_logits=_field(output, "encoder_router_logits"))
-    return BaseModelOutput(last_hidden_state=last)
+    return BaseModelOutput(last_hidden_state=_field(output, "encoder_last_hidden_state"))
 
 
 def _next_tokens(logits: Any) -> torch.Tensor:
@@ -311,12 +318,13 @@ def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]
 
 
 class Decoding:
-    """What the next decode step is fed: the greedy token, the cache, the growing mask."""
+    """What the next decode step is fed: the greedy token, the cache, the growing mask (and an
+    encoder-decoder's encoder output, ``encoder``: :attr:`LastOutput.encoder`)."""
 
-    def __init__(self, model: nn.Module, output: Any, setup: Setup):
+    def __init__(self, model: nn.Module, output: Any, setup: Setup, encoder: Any = None):
         self.setup = setup
         self.prepare = _step_preparer(model, setup)
-        self.encoder_outputs = _encoder_outputs(output) if setup.encoder_decoder else None
+        self.encoder_outputs = _encoder_outputs(output, encoder) if setup.encoder_decoder else None
         self.mask = setup.first.get("attention_mask")
         self.notes: List[str] = []
         self.advance(output)

@@ -20,6 +20,7 @@ from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import preserved_random_modules, random_states, same_random_states, set_random_states
 from flopcount.errors import UsageError
 from flopcount.step.optimizers import OptimizerSpec
+from flopcount.tracers._modules import ModuleOutput
 from flopcount.tracers._real_run import inputs_kept, real_run_model
 from flopcount.tracers._sparse import has_sparse
 from flopcount.tracers.fake.copies import FakeRunError
@@ -47,6 +48,7 @@ def trace(
     optimizer: Optional[OptimizerSpec] = None,
     facts: Optional[ModelFacts] = None,
     set_back_random: bool = True,
+    module_output: Optional[ModuleOutput] = None,
 ) -> Trace:
     """Run ``model`` once with the chosen tracer and return its op events.
 
@@ -63,6 +65,8 @@ def trace(
     Python's ``random`` and numpy's global generator, which the forward's
     Python code draws from on every path, are set back as found unless ``set_back_random`` is
     False (a step of the decoding loop: the next step draws after it, and the loop sets them back).
+    ``module_output`` (dispatch and auto): (a module's qualified name, a callable given that
+    module's output as it returns; see :func:`flopcount.tracers.dispatch.trace`).
     """
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
@@ -75,12 +79,13 @@ def trace(
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
     with preserved_random_modules(set_back_random) as drawn:
-        return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn)
+        return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn, module_output=module_output)
 
 
 def _traced(
     model: nn.Module, call: PreparedCall, tracer: str, backward: bool, loss_fn: Optional[LossFn],
     optimizer: Optional[OptimizerSpec], facts: ModelFacts, drawn: Tuple[Any, Any],
+    module_output: Optional[ModuleOutput] = None,
 ) -> Trace:
     from flopcount.tracers import dispatch, jit
 
@@ -88,7 +93,9 @@ def _traced(
     if tracer == "auto":
         # Meta or fake weights get the fake path too (fake copies, shape cache): the same events
         # as real weights; what fakes cannot run is counted as given, as before.
-        run, why = _fake_run(model, call, facts, drawn, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        run, why = _fake_run(
+            model, call, facts, drawn, backward=backward, loss_fn=loss_fn, optimizer=optimizer, module_output=module_output,
+        )
         if run is not None:
             return run
         set_random_states(drawn)  # the real run draws what the fake run drew
@@ -104,7 +111,10 @@ def _traced(
     with inputs_kept(call.tensors):
         if tracer == "jit":
             return jit.trace(run_model, call, facts=run_facts)
-        run = dispatch.trace(run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts)
+        run = dispatch.trace(
+            run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts,
+            module_output=module_output,
+        )
     return _with_warning(run, note) if note else run
 
 
@@ -115,14 +125,17 @@ def trace_on_fakes(
     *,
     facts: Optional[ModelFacts] = None,
     on_output: Optional[Callable[[Any], None]] = None,
+    module_output: Optional[ModuleOutput] = None,
 ) -> Optional[Trace]:
     """The forward traced on fake copies, as ``tracer="auto"`` traces it first (shape cache,
     structural reuse), with no real run behind it: None where "auto" would count a real run
     (lazy modules, packed or sparse tensors, a forward fakes cannot run, sparse outputs).
-    ``on_output`` is given the copy's outputs (the decoding loop continues from its cache)."""
+    ``on_output`` is given the copy's outputs (the decoding loop continues from its cache), and
+    ``module_output`` one module's (see :func:`flopcount.tracers.dispatch.trace`)."""
     call = prepare_call(inputs, kwargs)
+    facts = model_facts(model) if facts is None else facts
     # a step of the decoding loop: its draws from Python's and numpy's generators are left for the next step
-    return _fake_run(model, call, model_facts(model) if facts is None else facts, random_states(), on_output=on_output)[0]
+    return _fake_run(model, call, facts, random_states(), on_output=on_output, module_output=module_output)[0]
 
 
 def _fake_run(

@@ -4,7 +4,7 @@ stack seen through process-wide forward hooks, and the error naming the failing 
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
 
@@ -19,6 +19,15 @@ def module_names(model: nn.Module) -> Dict[nn.Module, str]:
     return names
 
 
+#: a run's hand-over of one module's output: its qualified name, and what is given the output
+#: each time that module's forward returns (the decoding loop keeps an encoder-decoder's encoder output)
+ModuleOutput = Tuple[str, Callable[[Any], None]]
+
+
+def _nothing(output: Any) -> None:
+    return None
+
+
 class ModuleStack:
     """Tracks which modules are running, through process-wide forward hooks that are
     removed on exit. Nothing is added to the model's own hook dictionaries. The hooks
@@ -27,10 +36,14 @@ class ModuleStack:
     ``stack`` holds qualified names, outermost first, without the root, and ``path``
     the same as a tuple (kept ready for tracers that stamp every op with it). After a
     forward raises, both still hold the path of the module that failed.
+
+    ``hand_over`` (a :data:`ModuleOutput`): the output of the module of that name is given to
+    its callable as the module returns, through the same hooks (none added).
     """
 
-    def __init__(self, names: Mapping[nn.Module, str]):
+    def __init__(self, names: Mapping[nn.Module, str], hand_over: Optional[ModuleOutput] = None):
         self._names = names
+        self._hand_over = hand_over
         self.stack: List[str] = []
         self.path: Tuple[str, ...] = ()
         self.calls: Dict[str, int] = {}
@@ -47,6 +60,7 @@ class ModuleStack:
         # (or counted) in another thread at the same time is not booked here
         owner = threading.get_ident()
         ident, find, counted = threading.get_ident, names.get, calls.get  # bound once: they run per module call
+        wanted, give = self._hand_over if self._hand_over is not None else ("", _nothing)
 
         def pre(module: nn.Module, args: Any) -> None:
             if ident() != owner:
@@ -66,6 +80,8 @@ class ModuleStack:
             name = find(module)
             if name:
                 self.pop(name)
+                if name == wanted:
+                    give(output)
 
         self._handles = [
             module_impl.register_module_forward_pre_hook(pre),

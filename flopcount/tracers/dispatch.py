@@ -30,7 +30,7 @@ from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.errors import TraceError, UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._backward import BackwardAttribution, run_backward
-from flopcount.tracers._modules import ModuleStack, forward_error
+from flopcount.tracers._modules import ModuleOutput, ModuleStack, forward_error
 from flopcount.tracers._optimizer import FakeOptimizerStep
 from flopcount.tracers._real_run import model_kept
 from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
@@ -59,13 +59,14 @@ def trace(
     facts: Optional[ModelFacts] = None,
     on_output: Optional[Callable[[Any], None]] = None,
     watch_random: bool = False,
+    module_output: Optional[ModuleOutput] = None,
 ) -> Trace:
     """See :func:`_trace`. A forward that calls ``torch.cond`` is traced again with the
     recorder torch keeps out of dynamo (torch compiles an eager ``cond``; the fast recorder's
     own code must not be traced, and keeping every op out of dynamo costs ~10 us per op)."""
     options: Dict[str, Any] = dict(
         backward=backward, loss_fn=loss_fn, fake_copy=fake_copy, optimizer=optimizer, marker=marker,
-        on_output=on_output, watch_random=watch_random,
+        on_output=on_output, watch_random=watch_random, module_output=module_output,
     )
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
@@ -89,8 +90,8 @@ def _shared_or_own(model: nn.Module, call: PreparedCall, facts: ModelFacts, reco
     runs), unless the forward changed one (registered a hook on a module of the copy), in which
     case the run, or its failure, is not trusted and the forward runs again on a copy whose
     modules have dictionaries of their own. Not for a run handing its outputs on (``on_output``):
-    that would hand them twice."""
-    if not options.get("fake_copy") or options.get("on_output") is not None:
+    that would hand them twice (nor for one handing a module's output on, ``module_output``)."""
+    if not options.get("fake_copy") or options.get("on_output") is not None or options.get("module_output") is not None:
         return _trace(model, call, facts, recorder_type, **options)
     shared = SharedHooks()
     try:
@@ -150,6 +151,7 @@ def _trace(
     watch_random: bool = False,
     on_output: Optional[Callable[[Any], None]] = None,
     shared_hooks: Optional[SharedHooks] = None,
+    module_output: Optional[ModuleOutput] = None,
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -171,6 +173,10 @@ def _trace(
 
     ``on_output(outputs)`` is given what the forward returned (on a fake run, the copy's
     outputs: the KV cache a decode step continues from), after backward if any.
+
+    ``module_output`` (name, callable): the callable is given the output of the module of that
+    qualified name as it returns (on a fake run, the copy's), by the run's module stack: the
+    decoding loop keeps an encoder-decoder's encoder output from the prefill.
     """
     if loss_fn is not None and not backward:
         raise UsageError("loss_fn is only used with backward=True")
@@ -200,7 +206,7 @@ def _trace(
         fake_mode = _fake_mode(itertools.chain(flat_inputs, facts.parameters, facts.buffers))
         preserve = contextlib.nullcontext()
         names = facts.names
-    modules = ModuleStack(names)
+    modules = ModuleStack(names, hand_over=module_output)
     # a real run: the model's state given back as found while the module stack follows it (_real_run.py)
     followed = modules if fake_copy else model_kept(model, modules)
     recorder = recorder_type(modules, answer_reads=not fake_copy)
