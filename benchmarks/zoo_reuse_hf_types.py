@@ -351,6 +351,15 @@ def generation_difference(model: torch.nn.Module, ids: torch.Tensor) -> Optional
     return None
 
 
+def _changed(before: Any, model: torch.nn.Module, args: Any, kwargs: Any, reading: str) -> Optional[str]:
+    """What ``reading`` changed of the model or its inputs since ``before`` (``zoo.snapshot``; None:
+    not checked, a meta copy), said in one line; None when nothing."""
+    if before is None:
+        return None
+    changed = zoo.changes(before, zoo.snapshot(model, (args, kwargs)))
+    return f"{reading} changed the model or inputs: {', '.join(changed)}" if changed else None
+
+
 def check(model_type: str, class_name: str, device: Optional[str], task: Task, generate: bool) -> Tuple[Optional[str], int]:
     model = build(model_type, class_name, device, task)
     args, kwargs = inputs(model, device, task)
@@ -360,10 +369,9 @@ def check(model_type: str, class_name: str, device: Optional[str], task: Task, g
     difference, reused = compare_model(model, args, kwargs, predict=False, results=results)
     if difference is not None:
         return difference, reused
-    if before is not None:
-        changed = zoo.changes(before, zoo.snapshot(model, (args, kwargs)))
-        if changed:
-            return f"count_flops changed the model or inputs: {', '.join(changed)}", reused
+    changed = _changed(before, model, args, kwargs, "count_flops")
+    if changed is not None:
+        return changed, reused
     try:
         difference = generation_difference(model, args[0]) if generate else None
     except UsageError as exc:  # refused, with its reason (a model that returns no cache): said, not a failure
@@ -371,10 +379,9 @@ def check(model_type: str, class_name: str, device: Optional[str], task: Task, g
         difference = None
     if difference is not None:
         return difference, reused
-    if before is not None:
-        changed = zoo.changes(before, zoo.snapshot(model, (args, kwargs)))
-        if changed:
-            return f"count_generation changed the model or inputs: {', '.join(changed)}", reused
+    changed = _changed(before, model, args, kwargs, "count_generation")
+    if changed is not None:
+        return changed, reused
     if theirs is not None:
         ours = flopcount_families(results["count"])
         grouped = results["count"].by_operator("flops").get("aten::_grouped_mm", 0)
