@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized, prepare_call
-from flopcount.core.state import preserved_inputs, preserved_rng
+from flopcount.core.state import left_as_found, preserved_inputs, preserved_rng
 from flopcount.errors import UsageError
 from flopcount.tracers._containers import compiled_parts
 from flopcount.tracers._state import preserved_model_state
@@ -69,9 +69,12 @@ class RealRun:
 
     @contextlib.contextmanager
     def borrow(self, model: nn.Module) -> Iterator[nn.Module]:
-        """``model`` on the device (:func:`borrowed_model`); the inputs and torch's RNG (when this is
-        the process's only Python thread: ``core.state.preserved_rng``) are left as found too."""
-        with preserved_rng(), preserved_inputs(list(self.call.tensors)), borrowed_model(model, self.device) as on_device:
+        """``model`` on the device (:func:`borrowed_model`); the inputs, torch's RNG (when this is
+        the process's only Python thread: ``core.state.preserved_rng``) and the globals and class
+        data the forwards write (``core.state.left_as_found``: the twin shares the caller's classes)
+        are left as found too."""
+        with preserved_rng(), preserved_inputs(list(self.call.tensors)), left_as_found(model.modules()), \
+                borrowed_model(model, self.device) as on_device:
             yield on_device
 
 

@@ -448,6 +448,8 @@ NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[Path, ...]], ...]
 _NAMED_GLOBALS: weakref.WeakKeyDictionary[type, NamedGlobals] = weakref.WeakKeyDictionary()
 # module class -> the names of its class attributes that hold Python data (its bases' too)
 _CLASS_DATA: weakref.WeakKeyDictionary[type, Tuple[str, ...]] = weakref.WeakKeyDictionary()
+# class -> the size of its own __dict__ and the names in it that hold Python data, as last read
+_OWN_DATA: weakref.WeakKeyDictionary[type, Tuple[int, Tuple[str, ...]]] = weakref.WeakKeyDictionary()
 # code -> the paths it and the code nested in it name: each function's code read once per process
 _CODE_PATHS: weakref.WeakKeyDictionary[CodeType, Tuple[Path, ...]] = weakref.WeakKeyDictionary()
 
@@ -477,12 +479,19 @@ def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Any, str, 
         if kind in seen:
             continue
         seen[kind] = None
-        for namespace, paths in _named_globals(kind):
-            for path in paths:
-                bound = _data_along(namespace, path)
-                if bound is not None:
-                    found.append(bound)
+        found += _code_data(kind)
         found += _class_data(kind)
+    return found
+
+
+def _code_data(kind: type) -> List[Tuple[Any, str, Any]]:
+    """:func:`forward_globals`' globals and attributes along paths of one class (not its class data)."""
+    found: List[Tuple[Any, str, Any]] = []
+    for namespace, paths in _named_globals(kind):
+        for path in paths:
+            bound = _data_along(namespace, path)
+            if bound is not None:
+                found.append(bound)
     return found
 
 
@@ -505,21 +514,144 @@ def _class_data_names(kind: type) -> Tuple[str, ...]:
     found = _CLASS_DATA.get(kind)
     if found is None:
         names: Dict[str, None] = {}
-        for base in kind.__mro__:
-            if base is not torch.nn.Module and base is not object:
-                names.update((name, None) for name, value in vars(base).items()
-                             if isinstance(value, GLOBAL_DATA) and not (name.startswith("__") and name.endswith("__")))
+        for base in _own_bases(kind):
+            names.update((name, None) for name, value in vars(base).items() if _class_datum(name, value))
         found = _CLASS_DATA[kind] = tuple(names)
     return found
 
 
-def rebind_globals(bound: Sequence[Tuple[Any, str, Any]]) -> None:
-    """Bind each of ``bound`` (:func:`forward_globals`) to its value again where a run rebound it
-    (``step += 1``); a container changed in place stays as the run left it, and so does a class
-    attribute (its namespace is read-only)."""
-    for namespace, name, value in bound:
-        if isinstance(namespace, dict) and namespace.get(name, _NOT_BOUND) is not value:
-            namespace[name] = value
+def _own_bases(kind: type) -> Iterator[type]:
+    """``kind`` and its bases but ``nn.Module`` and ``object``: the classes whose attributes a
+    module's forward reads as its class's (``self.n``, ``type(self).n``)."""
+    return (base for base in kind.__mro__ if base is not torch.nn.Module and base is not object)
+
+
+def _own_data_names(base: type) -> Tuple[str, ...]:
+    """The names of ``base``'s own attributes that hold Python data (:func:`_class_datum`), read
+    again when its ``__dict__`` changed size since (an attribute added or removed)."""
+    own = vars(base)
+    cached = _OWN_DATA.get(base)
+    if cached is None or cached[0] != len(own):
+        names = tuple(name for name, value in own.items() if _class_datum(name, value))
+        cached = _OWN_DATA[base] = (len(own), names)
+    return cached[1]
+
+
+def _class_datum(name: str, value: Any) -> bool:
+    """Whether a class attribute ``name`` bound to ``value`` is Python data (:data:`GLOBAL_DATA`),
+    not a dunder name (``__constants__``, ``__annotations__``)."""
+    return isinstance(value, GLOBAL_DATA) and not (name.startswith("__") and name.endswith("__"))
+
+
+#: the containers whose entries :class:`FoundState` sets back (these exact types: a subclass's
+#: methods may do more than hold entries, as transformers' ``ACT2FN`` instantiates on lookup)
+_REFILLED = (dict, list, set)
+
+
+class FoundState:
+    """The state of the process a reading's forwards can write that neither the model's modules
+    nor the run's copies hold, as found, to be set back (:meth:`set_back`; :func:`left_as_found`):
+    the globals their code names (:func:`forward_globals`: ``global step; step += 1``, a helper's
+    ``CFG.flag = 1``) and the Python data of their classes, their own and their bases' but
+    ``nn.Module``'s (``type(self).calls += 1``, ``Block.calls += 1``: a fake copy's modules and a
+    real run's private twin share the caller's classes).
+
+    Setting back binds each such global and class attribute to the object it held again where
+    a run rebound it, removes a class attribute of Python data a run added (``type(self).calls
+    += 1`` where ``calls`` is a base's binds a new ``calls`` on the subclass), and puts back the
+    entries of each dict, list and set (:data:`_REFILLED`) among them that a run changed in place
+    (a class-level cache a forward fills: on fakes it would hand the caller's next real call a
+    fake tensor); what those entries hold is not copied (one level). Read once per module class
+    (:meth:`add`), not per call: the globals' paths and class data names are those the structural
+    reuse key reads (cached per class), the values read once per reading."""
+
+    def __init__(self) -> None:
+        self._kinds: Dict[type, None] = {}
+        #: each class seen (a module's class or one of its bases): its Python data as found
+        self._classes: Dict[type, Dict[str, Any]] = {}
+        #: the size of each such class's own ``__dict__`` as found: a run that added a name changed it
+        self._sizes: Dict[type, int] = {}
+        #: (namespace, name, value) of each global (a plain dict namespace) as found
+        self._globals: Dict[Tuple[int, str], Tuple[Dict[str, Any], str, Any]] = {}
+        #: (container, a shallow copy) of each dict, list and set among them
+        self._contents: Dict[int, Tuple[Any, Any]] = {}
+
+    def add(self, modules: Iterable[torch.nn.Module]) -> None:
+        """Read the state of the classes of ``modules`` not read yet (before their forwards run)."""
+        new: List[type] = []
+        for module in modules:
+            kind = type(module)
+            if kind not in self._kinds:
+                self._kinds[kind] = None
+                new.append(kind)
+        for kind in new:
+            for namespace, name, value in _code_data(kind):
+                if isinstance(namespace, dict):  # a class's own (read-only) namespace: below, by class
+                    self._globals.setdefault((id(namespace), name), (namespace, name, value))
+                    self._keep_contents(value)
+            for base in _own_bases(kind):
+                if base not in self._classes:
+                    own = vars(base)
+                    found = {name: own[name] for name in _own_data_names(base) if name in own}
+                    self._classes[base] = found
+                    self._sizes[base] = len(own)
+                    for value in found.values():
+                        self._keep_contents(value)
+
+    def _keep_contents(self, value: Any) -> None:
+        if type(value) in _REFILLED and id(value) not in self._contents:
+            self._contents[id(value)] = (value, value.copy())
+
+    def set_back(self) -> None:
+        """Bind, remove and refill as the class docstring says, where a run changed something."""
+        for namespace, name, value in self._globals.values():
+            if namespace.get(name, _NOT_BOUND) is not value:
+                namespace[name] = value
+        for kind, found in self._classes.items():
+            own = vars(kind)
+            for name, value in found.items():
+                if own.get(name, _NOT_BOUND) is not value:
+                    setattr(kind, name, value)
+            if len(own) != self._sizes[kind]:
+                added = [name for name, value in own.items() if name not in found and _class_datum(name, value)]
+                for name in added:
+                    delattr(kind, name)
+        for container, entries in self._contents.values():
+            _refill(container, entries)
+
+
+def _refill(container: Any, entries: Any) -> None:
+    """Put ``entries`` (a shallow copy made by :meth:`FoundState.add`) back into ``container``
+    where its entries differ from them (by identity; a set by equality)."""
+    if isinstance(container, dict):
+        changed = len(container) != len(entries) or any(container.get(key, _NOT_BOUND) is not value
+                                                         for key, value in entries.items())
+    elif isinstance(container, list):
+        changed = len(container) != len(entries) or any(now is not then for now, then in zip(container, entries))
+    else:
+        changed = container != entries
+    if changed:
+        if isinstance(container, list):
+            container[:] = entries
+        else:
+            container.clear()
+            container.update(entries)
+
+
+@contextlib.contextmanager
+def left_as_found(modules: Iterable[torch.nn.Module] = (), set_back: bool = True) -> Iterator[FoundState]:
+    """Gives a :class:`FoundState` that has read the classes of ``modules`` (more with its
+    :meth:`~FoundState.add`) and, with ``set_back``, sets it back on exit, also when the work
+    raises: every reading runs the caller's forwards under it (the tracers' ``trace``, the
+    decoding loop, estimate_memory, plan, the benchmark's real runs). ~0.1 ms per reading
+    (docs/performance.md, asfound)."""
+    found = FoundState()
+    found.add(modules)
+    try:
+        yield found
+    finally:
+        if set_back:
+            found.set_back()
 
 
 def _holder(value: Any) -> Optional[Any]:

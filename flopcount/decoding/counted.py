@@ -25,7 +25,7 @@ from flopcount.core.diagnostics import first_line
 from flopcount.core.inputs import PreparedCall, describe_inputs, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
-from flopcount.core.state import preserved_random_modules
+from flopcount.core.state import left_as_found, preserved_random_modules
 from flopcount.decoding.caches import cache_position_bytes
 from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
@@ -239,8 +239,10 @@ class Counter:
         between forwards and on exit, no full collection of the process)."""
         self._last = LastOutput(hooks=not self.fast)
         # each step's draws from Python's and numpy's generators follow the last step's, as in the
-        # model's own loop; set back when the loop ends
-        with self._last, PausedCollections(active=self.fast) as collections, preserved_random_modules():
+        # model's own loop, and so do the globals and class data its forwards write; set back when the loop ends
+        modules = (module for _, module in self.facts.modules)
+        with self._last, PausedCollections(active=self.fast) as collections, preserved_random_modules(), \
+                left_as_found(modules):
             self._collections = collections
             try:
                 yield self._last
@@ -251,7 +253,7 @@ class Counter:
         # an encoder-decoder's encoder output, as its encoder returns it in the prefill: what generate() hands each step
         encoder = (self._encoder, self._last.keep_encoder) if self._last is not None and self._encoder else None
         if not self.fast:
-            return trace(self.model, prepared, tracer="dispatch", facts=self.facts, set_back_random=False,
+            return trace(self.model, prepared, tracer="dispatch", facts=self.facts, set_back=False,
                          module_output=encoder)
         keep = self._last.keep if self._last is not None else None
         run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep, module_output=encoder)

@@ -32,7 +32,7 @@ from flopcount.core.diagnostics import FromWarnings, first_line, module_place
 from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
-from flopcount.core.state import forward_globals, preserved_random_modules, preserved_rng, rebind_globals
+from flopcount.core.state import FoundState, left_as_found, preserved_random_modules, preserved_rng
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
 from flopcount.step.loss import LossFn
@@ -222,8 +222,9 @@ def estimate_memory(
     # torch's fake mode logs the error of a meta kernel that refuses (a float32 _grouped_mm, which
     # the step's stand-ins answer): muted, as plan and the count mute it, and its record with
     # the traceback (which holds the step's tensors) is not kept by a capturing log handler
+    # and so are the globals and class data the forwards write (a class's call counter: the copies share its classes)
     with _ESTIMATE_LOCK, real_branches(model.modules()) as branches, PausedCollections(), preserved_random_modules(), \
-            quiet_fake_logs():
+            left_as_found(model.modules()), quiet_fake_logs():
         estimate = _estimate(model, request)
     return dataclasses.replace(estimate, warnings=estimate.warnings + branches.notes) if branches.notes else estimate
 
@@ -341,10 +342,11 @@ def _layered(
     stack = find_stack(twin)
     if stack is None:
         return None
-    before, bound = model_state(twin), forward_globals(twin.modules())
+    before, found = model_state(twin), FoundState()
+    found.add(twin.modules())
     figures = _replayed(request, stack, twin, opt, args, kwargs, names, mode)
     if model_state(twin) != before:
-        rebind_globals(bound)  # a global counter the cut runs advanced: the full trace starts where they did
+        found.set_back()  # a global or class counter the cut runs advanced: the full trace starts where they did
         raise _StateWritten()
     return figures
 

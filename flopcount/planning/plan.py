@@ -21,7 +21,7 @@ from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
-from flopcount.core.state import forward_globals, preserved_random_modules, preserved_rng, rebind_globals
+from flopcount.core.state import FoundState, forward_globals, left_as_found, preserved_random_modules, preserved_rng
 from flopcount.devices import column_of, find_part, known_names, op_time, part_roofs
 from flopcount.errors import FlopcountWarning, TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
@@ -140,7 +140,10 @@ def plan(
     args, kw = as_call_args(() if inputs is None else inputs, kwargs)
     # the automatic collector paused over the fake steps (as estimate_memory): a collection in
     # the middle of a step frees garbage cycles at a moment set by the process's history
-    with preserved_rng(), preserved_random_modules(), quiet_fake_logs(), fake_world(fsdp, tp) as mesh, PausedCollections():
+    # the globals and class data the forwards of each model built write: set back (core/state.left_as_found)
+    with preserved_rng(), preserved_random_modules(), left_as_found() as found, quiet_fake_logs(), \
+            fake_world(fsdp, tp) as mesh, PausedCollections():
+        build = _noted(build, found)
         groups = mesh_groups(mesh)
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)
@@ -200,6 +203,18 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
     return part.name
 
 
+def _noted(build: Callable[[], nn.Module], found: FoundState) -> Callable[[], nn.Module]:
+    """``build``, whose model's classes ``found`` reads as each is built (before its forwards run)."""
+
+    def built() -> nn.Module:
+        model = build()
+        if isinstance(model, nn.Module):
+            found.add(model.modules())
+        return model
+
+    return built
+
+
 def _built(build: Callable[[], nn.Module]) -> nn.Module:
     try:
         with torch.device("meta"):
@@ -224,16 +239,19 @@ def _layered_step(
 ) -> Optional[Tuple[str, int, StepRecord, str]]:
     """:func:`_cut_steps`, and None (trace the whole model) where the cut runs wrote a global the
     model's forwards name (a call counter: the cut runs cannot show what the whole would do at
-    layer 6); such a global is bound again to what the runs found, so the full trace starts there."""
+    layer 6); such a global, and the class data the forwards write, is set back to what the runs
+    found (:class:`~flopcount.core.state.FoundState`), so the full trace starts there."""
     if not reuse_enabled() or tp_plan is not None:
         return None
     first = _built(build)
     bound = forward_globals(first.modules())
     before = globals_state(bound)
+    found = FoundState()
+    found.add(first.modules())
     made = _cut_steps(first, build, mesh, fsdp, tp, compute, args, kw, optimizer, loss_fn, groups, backend, amp, registry,
                       stateless)
     if globals_state(bound) != before:
-        rebind_globals(bound)
+        found.set_back()
         return None
     return made
 

@@ -17,7 +17,13 @@ from torch import nn
 from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
-from flopcount.core.state import preserved_random_modules, random_states, same_random_states, set_random_states
+from flopcount.core.state import (
+    left_as_found,
+    preserved_random_modules,
+    random_states,
+    same_random_states,
+    set_random_states,
+)
 from flopcount.errors import UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._modules import ModuleOutput
@@ -47,7 +53,7 @@ def trace(
     loss_fn: Optional[LossFn] = None,
     optimizer: Optional[OptimizerSpec] = None,
     facts: Optional[ModelFacts] = None,
-    set_back_random: bool = True,
+    set_back: bool = True,
     module_output: Optional[ModuleOutput] = None,
 ) -> Trace:
     """Run ``model`` once with the chosen tracer and return its op events.
@@ -63,8 +69,10 @@ def trace(
     ``inputs`` may be a :class:`~flopcount.core.inputs.PreparedCall` and ``facts`` the model's
     :class:`~flopcount.core.model_facts.ModelFacts`, read once by the caller.
     Python's ``random`` and numpy's global generator, which the forward's
-    Python code draws from on every path, are set back as found unless ``set_back_random`` is
-    False (a step of the decoding loop: the next step draws after it, and the loop sets them back).
+    Python code draws from on every path, and the globals and class data its code writes
+    (:func:`~flopcount.core.state.left_as_found`: a fake copy and a real run's twin share the
+    caller's classes) are set back as found unless ``set_back`` is False (a step of the decoding
+    loop: the next step starts where it left them, and the loop sets them back).
     ``module_output`` (dispatch and auto): (a module's qualified name, a callable given that
     module's output as it returns; see :func:`flopcount.tracers.dispatch.trace`).
     """
@@ -78,7 +86,8 @@ def trace(
         raise UsageError("backward=True needs tracer='dispatch' (or 'auto'); torch.jit cannot see backward")
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
-    with preserved_random_modules(set_back_random) as drawn:
+    modules = (module for _, module in facts.modules)
+    with preserved_random_modules(set_back) as drawn, left_as_found(modules, set_back=set_back):
         return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn, module_output=module_output)
 
 
