@@ -5,11 +5,13 @@ and 25th percentile of each side, and their ratio. On a loaded machine a same-pr
 figure to quote: two processes run minutes apart see different loads. Both sides must give the
 same ``to_dict()`` (checked after the rounds).
 
-``SWAPS`` lists the functions of the "opfixed" pass (the count's per-op path and fixed costs);
-a later pass edits it (each must exist under the same name in both checkouts).
+``PASSES`` lists the functions each pass swaps: "opfixed" (the count's per-op path and fixed
+costs; the default) and "asfound" (``trace`` without and with its ``left_as_found`` guard, as
+count_flops calls it); a later pass adds its own (each must exist under the same name in both
+checkouts).
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_ab.py --base /path/to/main [--rounds 10] [--per 3]
-        [--only resnet,bert,gpt2,tiny]
+        [--only resnet,bert,gpt2,tiny] [--pass opfixed|asfound]
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from flopcount import count_flops  # noqa: E402
 warnings.simplefilter("ignore")
 
 #: (this checkout's owner, attribute, path of the base's file, owner's name there ("" for the module))
-SWAPS: Tuple[Tuple[Any, str, str, str], ...] = (
+Swap = Tuple[Any, str, str, str]
+OPFIXED: Tuple[Swap, ...] = (
     (shape_cache.ShapeCache, "_key", "tracers/fake/shape_cache.py", "ShapeCache"),
     (shape_cache.ShapeCache, "_part", "tracers/fake/shape_cache.py", "ShapeCache"),
     (analysis, "cost_records", "core/analysis.py", ""),
@@ -53,6 +56,8 @@ SWAPS: Tuple[Tuple[Any, str, str, str], ...] = (
     (results, "_frozen", "core/results.py", ""),
     (model_facts.ModelFacts, "module_infos", "core/model_facts.py", "ModelFacts"),
 )
+ASFOUND: Tuple[Swap, ...] = ((analysis, "trace", "tracers/__init__.py", ""),)
+PASSES: Dict[str, Tuple[Swap, ...]] = {"opfixed": OPFIXED, "asfound": ASFOUND}
 
 
 def _base_module(base: Path, relative: str, loaded: Dict[str, ModuleType]) -> ModuleType:
@@ -69,10 +74,10 @@ def _base_module(base: Path, relative: str, loaded: Dict[str, ModuleType]) -> Mo
     return loaded[relative]
 
 
-def _swaps(base: Path) -> List[Tuple[Any, str, Any, Any]]:
+def _swaps(base: Path, swaps: Tuple[Swap, ...]) -> List[Tuple[Any, str, Any, Any]]:
     loaded: Dict[str, ModuleType] = {}
     found = []
-    for owner, attribute, relative, owner_name in SWAPS:
+    for owner, attribute, relative, owner_name in swaps:
         module = _base_module(base, relative, loaded)
         old_owner = getattr(module, owner_name) if owner_name else module
         found.append((owner, attribute, getattr(old_owner, attribute), getattr(owner, attribute)))
@@ -99,9 +104,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per", type=int, default=3, help="counts per side and round")
     parser.add_argument("--only", default="resnet,bert,gpt2,tiny")
+    parser.add_argument("--pass", dest="swapped", choices=sorted(PASSES), default="opfixed", help="whose functions to swap")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    swaps = _swaps(args.base)
+    swaps = _swaps(args.base, PASSES[args.swapped])
 
     def side(new: bool) -> None:
         for owner, attribute, old, current in swaps:
@@ -111,7 +117,7 @@ def main() -> None:
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
     print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds x {args.per} counts per side, load {load} at start, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; base {args.base}")
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; base {args.base}; pass {args.swapped}")
     spent: Dict[Tuple[str, bool], List[float]] = {(k, s): [] for k in models for s in (False, True)}
     for key, (model, inputs) in models.items():
         for new in (False, True):
