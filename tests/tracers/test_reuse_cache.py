@@ -7,8 +7,9 @@ of the model on CPU (the shapes each cache slot holds afterwards), and hand-deri
 
 from __future__ import annotations
 
+import collections
 import copy
-from typing import Any, List
+from typing import Any, Deque, List
 
 import pytest
 import torch
@@ -62,7 +63,9 @@ def _model(kind: str) -> nn.Module:
     return Qwen2ForCausalLM(config).eval()
 
 
-SEEN: List[Any] = []  # what _Decode's forward saw of the cache (a closure, not module state: the copy shares it)
+# what _Decode's forward saw of the cache (a global, not module state: the copy shares it); a deque,
+# since a reading gives a global list, dict or set its entries back as found (core/state.FoundState)
+SEEN: Deque[Any] = collections.deque()
 
 
 class _Decode(nn.Module):
