@@ -44,7 +44,9 @@ content a layer's forward reads and the parent changes per layer.
 
 from __future__ import annotations
 
+import functools
 import gc
+import types
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -201,7 +203,7 @@ class _Walk(TorchDispatchMode):
             for name, value in vars(module).items():
                 if name in hidden or name in ("_modules", "forward"):  # forward: the stand-in (find_stack refused any other)
                     continue
-                parts.append((name, _attribute(value)))
+                parts.append((name, _attribute(value, owner=module)))
         # the globals its forwards name: a flag the parent sets per layer is a layer state
         parts.append(("globals", _globals(layer.modules())))
         return tuple(parts)
@@ -273,15 +275,24 @@ class _TensorHooks(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _attribute(value: Any, deep: bool = True) -> Any:
+def _attribute(value: Any, deep: bool = True, owner: Optional[nn.Module] = None) -> Any:
     """A layer attribute as the state key holds it: tensors by metadata, Python values by value,
-    containers by content (hook dictionaries by their hooks' identity), other objects by identity
-    (find_stack proved them the same object in every layer) and, where ``deep``, a plain object
-    (a config, a counter's holder) also by its own attributes, one level deep: a layer that
-    writes ``self.config.step`` changes the state (``deep=False`` there: no walk of a cycle)."""
+    containers by content (hook dictionaries by their hooks' identity), a ``functools.partial``
+    by its function and arguments and a method of ``owner`` (the module holding the attribute)
+    by its function (find_stack proved them one function in effect in every layer), other objects
+    by identity (find_stack proved them the same object in every layer) and, where ``deep``, a
+    plain object (a config, a counter's holder) also by its own attributes, one level deep: a
+    layer that writes ``self.config.step`` changes the state (``deep=False`` there: no walk of a
+    cycle)."""
     kind = type(value)
     if kind in _VALUE_TYPES:
         return (kind.__name__, value)
+    if kind is functools.partial:
+        arguments = tuple(_attribute(v, deep=False) for v in value.args)
+        keywords = tuple((k, _attribute(v, deep=False)) for k, v in value.keywords.items())
+        return ("partial", _attribute(value.func, deep=False, owner=owner), arguments, keywords)
+    if kind is types.MethodType and owner is not None and value.__self__ is owner:
+        return ("own method", id(value.__func__))
     if (kind is dict or kind is set or kind is OrderedDict) and not value:
         return (kind.__name__,)
     if isinstance(value, torch.Tensor):

@@ -17,7 +17,8 @@ plus the shift), without building the N-layer timeline.
 
 Used only where the repetition is proven as far as flopcount can see: one ``ModuleList``
 or ``Sequential`` of at least :data:`MIN_LAYERS` layers whose subtrees are the same
-(class and forward, parameters' and buffers' metadata, every plain attribute equal; an
+(class and forward, parameters' and buffers' metadata, every plain attribute equal, a
+function object one function in effect: :func:`_same_callable`; an
 attribute that differs between layers, transformers' ``layer_idx``, is replaced on the
 cut copy by a stand-in that raises if the step reads it), no module hook anywhere, no
 layer module or parameter reachable twice, a per-parameter optimizer whose step touches
@@ -33,6 +34,8 @@ the count's reuse with it).
 from __future__ import annotations
 
 import contextlib
+import functools
+import types
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -203,9 +206,39 @@ def _unequal(a: nn.Module, b: nn.Module) -> Optional[set]:
         elif type(x) is type(y) and isinstance(x, (tuple, list, set, frozenset)) and all(isinstance(v, _SCALARS) for v in (*x, *y)):
             if x != y:
                 return None
-        else:
+        elif not _same_callable(x, y, a, b):
             return None
     return out
+
+
+def _same_callable(x: Any, y: Any, a: nn.Module, b: nn.Module) -> bool:
+    """Whether ``x`` (an attribute of ``a``) and ``y`` (the same attribute of ``b``) are one
+    function in effect: two ``functools.partial`` objects of one function with equal scalar
+    arguments (or the same objects), as transformers' ``GELUTanh`` makes one per layer
+    (``partial(gelu, approximate="tanh")``), or each module's own method of one function
+    (``self._gelu_tanh_python``). Anything else is not proven the same."""
+    if type(x) is functools.partial and type(y) is functools.partial:
+        return (
+            _same_callable(x.func, y.func, a, b)
+            and _same_values(x.args, y.args)
+            and x.keywords.keys() == y.keywords.keys()
+            and _same_values(tuple(x.keywords.values()), tuple(y.keywords[k] for k in x.keywords))
+        )
+    if type(x) is types.MethodType and type(y) is types.MethodType:
+        return x.__func__ is y.__func__ and x.__self__ is a and y.__self__ is b
+    return x is y
+
+
+def _same_values(xs: Tuple[Any, ...], ys: Tuple[Any, ...]) -> bool:
+    """Equal item by item: one object, or scalars of one type that compare equal."""
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        if x is y:
+            continue
+        if not (type(x) is type(y) and isinstance(x, _SCALARS) and x == y):
+            return False
+    return True
 
 
 def _same_tensor(x: Any, y: Any) -> bool:
