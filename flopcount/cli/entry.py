@@ -38,9 +38,9 @@ from flopcount.cli.artifacts import is_local_hf, load_artifact, local_hf_config,
 from flopcount.cli.deadline import CommandTimeout
 from flopcount.cli.output import describe
 from flopcount.cli.parser import pairs_once
-from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, did_you_mean, parse_dtype, parse_spec
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, parse_dtype, parse_spec
 from flopcount.core.inputs import flatten_tensors
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, did_you_mean
 from flopcount.examples import CATALOG
 
 ENTRY_HELP = (

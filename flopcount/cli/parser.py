@@ -433,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --on: which lower bound decides: 'eager' (the per-op sum: this eager program) or "
                         "'any' (max of total FLOPs / peak and unavoidable bytes / bandwidth: any engine, fused or "
                         "not). Default: any on a datasheet part, eager on 'this machine'")
-    limits.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="BYTES",
+    limits.add_argument("--max-memory", type=_bytes("budget"), metavar="BYTES",
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",
                         help="the memory budget covers a training step (forward + backward), not inference")

@@ -1,0 +1,94 @@
+"""A new user's mistakes with the CLI, each answered by one line that names what is wrong and how
+to say it instead (the audit of branch newuser, docs/performance.md). The counts where a run
+succeeds are checked against hand-derived formulas."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from _cli_run import cli
+
+MODELS = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = nn.Linear(16, 32)
+            self.l2 = nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.l2(torch.relu(self.l1(x)))
+
+    class KwOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(16, 8)
+
+        def forward(self, *, x, scale=1.0):
+            return self.l(x) * scale
+
+    class DictIn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 32)
+
+        def forward(self, batch):
+            return self.a(batch["x"])
+
+    def dict_in():
+        return DictIn(), ({"x": torch.randn(4, 16)},)
+    """
+)
+
+# KwOnly on x = 4x16: Linear(16, 8) then one multiply per output element
+KW_MACS = 4 * 16 * 8
+KW_FLOPS = 2 * KW_MACS + 4 * 8
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "models.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _one_error_line(code: int, out: str, err: str) -> str:
+    assert code == 2, err
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ('[tool.flopcount]\nmax_params = "1k"\nmax-params = "2k"\n',
+         "pyproject.toml [tool.flopcount]: 'max_params' and 'max-params' are the same key; keep one"),
+        ('[tool.flopcount]\nmax-flop = "10G"\n', "unknown key 'max-flop'; did you mean max-flops?"),
+        ('[tool.flopcounts]\nmax-params = "1k"\n', "pyproject.toml: [tool.flopcounts] is not read: flopcount's table is [tool.flopcount]"),
+    ],
+)
+def test_budget_file_mistakes_exit_2_naming_them(workdir, capsys, body, fragment):
+    (workdir / "pyproject.toml").write_text(body)
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-macs", "1G")
+    line = _one_error_line(code, out, err)
+    assert fragment in line
+
+
+def test_other_tool_tables_are_left_alone(workdir, capsys):
+    (workdir / "pyproject.toml").write_text('[tool.ruff]\nline-length = 100\n[tool.flake8]\nx = 1\n')
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-params", "1k")
+    assert code == 0, err
+    assert "params    1.000 K       808  PASS" in out  # 16*32 + 32 + 32*8 + 8 = 808
+
+
+def test_memory_budget_without_unit_names_the_flag_once(workdir, capsys):
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-memory", "16G")
+    line = _one_error_line(code, out, err)
+    assert line.count("--max-memory") == 1
+    assert "argument --max-memory: budget: '16G' is not a size" in line
