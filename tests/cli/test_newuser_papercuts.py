@@ -92,3 +92,51 @@ def test_memory_budget_without_unit_names_the_flag_once(workdir, capsys):
     line = _one_error_line(code, out, err)
     assert line.count("--max-memory") == 1
     assert "argument --max-memory: budget: '16G' is not a size" in line
+
+
+def test_input_dtype_other_than_the_models_names_dtype_flag(workdir, capsys):
+    """``--input 4x16:bf16`` on a float32 model fails in torch; the line says --dtype casts the model."""
+    code, out, err = cli(capsys, "count", "models.py:Mlp", "--input", "4x16:bf16")
+    line = _one_error_line(code, out, err)
+    assert "forward failed in module 'l1'" in line
+    assert "the floating inputs are bfloat16 but the model's parameters are float32: --dtype bfloat16" in line
+
+
+def test_input_dtype_with_dtype_flag_counts_the_same(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:Mlp", "--input", "4x16:bf16", "--dtype", "bfloat16", "--format", "csv")
+    assert code == 0, err
+    root = out.splitlines()[1].split(",")
+    assert root[5] == str(4 * 16 * 32 + 4 * 32 * 8)
+
+
+def test_keyword_only_forward_is_shown_with_its_star(workdir, capsys):
+    """A positional --input to ``forward(self, *, x, scale=1.0)``: the signature shown has the ``*``."""
+    code, out, err = cli(capsys, "count", "models.py:KwOnly", "--input", "4x16")
+    line = _one_error_line(code, out, err)
+    assert "KwOnly.forward(*, x, scale) of models.py:KwOnly: too many positional arguments" in line
+
+
+def test_keyword_only_forward_counts_with_kwarg(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:KwOnly", "--kwarg", "x=4x16", "--kwarg", "scale=float:2", "--format", "csv")
+    assert code == 0, err
+    root = out.splitlines()[1].split(",")
+    assert (root[5], root[6]) == (str(KW_MACS), str(KW_FLOPS))
+
+
+def test_bare_integer_kwarg_for_a_number_default_says_how_to_pass_the_number(workdir, capsys):
+    """``--kwarg scale=2`` is a tensor of shape (2,): the forward's failure says to write int:2 or float:2."""
+    code, out, err = cli(capsys, "count", "models.py:KwOnly", "--kwarg", "x=4x16", "--kwarg", "scale=2")
+    line = _one_error_line(code, out, err)
+    assert "--kwarg scale=2 is a tensor of shape (2,), but forward's scale defaults to the number 1.0" in line
+    assert "--kwarg scale=int:2 or scale=float:2" in line
+
+
+def test_bare_integer_kwarg_that_runs_is_warned_about(workdir, capsys):
+    """``scale=1`` broadcasts, so the forward runs: the count is printed and stderr says what was passed."""
+    code, out, err = cli(capsys, "count", "models.py:KwOnly", "--kwarg", "x=4x16", "--kwarg", "scale=1", "--format", "csv")
+    assert code == 0, err
+    assert out.splitlines()[1].split(",")[5] == str(KW_MACS)
+    assert err == ("flopcount: warning: --kwarg scale=1 is a tensor of shape (1,), but forward's scale defaults to the "
+                   "number 1.0: for the number write --kwarg scale=int:1 or scale=float:1\n")
+    code, out, err = cli(capsys, "count", "models.py:KwOnly", "--kwarg", "x=4x16", "--kwarg", "scale=1", "--quiet")
+    assert code == 0 and err == ""
