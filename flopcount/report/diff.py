@@ -112,6 +112,10 @@ def summary_line(diff: DiffResult) -> str:
 
 def _notes(diff: DiffResult) -> List[str]:
     notes = []
+    roots = {change.status: change.type_name for change in diff.modules if change.name == ""}
+    if "removed" in roots and "added" in roots:  # the roots' types differ: no module matches
+        notes.append(f"A and B are different models ({roots['removed']} -> {roots['added']}): modules match by path and "
+                     "type, so each of A's modules reads removed and each of B's added")
     if diff.a_phases != diff.b_phases:
         notes.append(f"A counts {diff.a_phases}, B counts {diff.b_phases}: the totals differ in what they cover")
     if diff.a_inputs != diff.b_inputs:

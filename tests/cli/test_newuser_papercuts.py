@@ -64,36 +64,6 @@ def _one_error_line(code: int, out: str, err: str) -> str:
     return err
 
 
-@pytest.mark.parametrize(
-    "body, fragment",
-    [
-        ('[tool.flopcount]\nmax_params = "1k"\nmax-params = "2k"\n',
-         "pyproject.toml [tool.flopcount]: 'max_params' and 'max-params' are the same key; keep one"),
-        ('[tool.flopcount]\nmax-flop = "10G"\n', "unknown key 'max-flop'; did you mean max-flops?"),
-        ('[tool.flopcounts]\nmax-params = "1k"\n', "pyproject.toml: [tool.flopcounts] is not read: flopcount's table is [tool.flopcount]"),
-    ],
-)
-def test_budget_file_mistakes_exit_2_naming_them(workdir, capsys, body, fragment):
-    (workdir / "pyproject.toml").write_text(body)
-    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-macs", "1G")
-    line = _one_error_line(code, out, err)
-    assert fragment in line
-
-
-def test_other_tool_tables_are_left_alone(workdir, capsys):
-    (workdir / "pyproject.toml").write_text('[tool.ruff]\nline-length = 100\n[tool.flake8]\nx = 1\n')
-    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-params", "1k")
-    assert code == 0, err
-    assert "params    1.000 K       808  PASS" in out  # 16*32 + 32 + 32*8 + 8 = 808
-
-
-def test_memory_budget_without_unit_names_the_flag_once(workdir, capsys):
-    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-memory", "16G")
-    line = _one_error_line(code, out, err)
-    assert line.count("--max-memory") == 1
-    assert "argument --max-memory: budget: '16G' is not a size" in line
-
-
 def test_input_dtype_other_than_the_models_names_dtype_flag(workdir, capsys):
     """``--input 4x16:bf16`` on a float32 model fails in torch; the line says --dtype casts the model."""
     code, out, err = cli(capsys, "count", "models.py:Mlp", "--input", "4x16:bf16")
@@ -140,3 +110,46 @@ def test_bare_integer_kwarg_that_runs_is_warned_about(workdir, capsys):
                    "number 1.0: for the number write --kwarg scale=int:1 or scale=float:1\n")
     code, out, err = cli(capsys, "count", "models.py:KwOnly", "--kwarg", "x=4x16", "--kwarg", "scale=1", "--quiet")
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ('[tool.flopcount]\nmax_params = "1k"\nmax-params = "2k"\n',
+         "pyproject.toml [tool.flopcount]: 'max_params' and 'max-params' are the same key; keep one"),
+        ('[tool.flopcount]\nmax-flop = "10G"\n', "unknown key 'max-flop'; did you mean max-flops?"),
+        ('[tool.flopcounts]\nmax-params = "1k"\n', "pyproject.toml: [tool.flopcounts] is not read: flopcount's table is [tool.flopcount]"),
+    ],
+)
+def test_budget_file_mistakes_exit_2_naming_them(workdir, capsys, body, fragment):
+    (workdir / "pyproject.toml").write_text(body)
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-macs", "1G")
+    line = _one_error_line(code, out, err)
+    assert fragment in line
+
+
+def test_other_tool_tables_are_left_alone(workdir, capsys):
+    (workdir / "pyproject.toml").write_text('[tool.ruff]\nline-length = 100\n[tool.flake8]\nx = 1\n')
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-params", "1k")
+    assert code == 0, err
+    assert "params    1.000 K       808  PASS" in out  # 16*32 + 32 + 32*8 + 8 = 808
+
+
+def test_memory_budget_without_unit_names_the_flag_once(workdir, capsys):
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-memory", "16G")
+    line = _one_error_line(code, out, err)
+    assert line.count("--max-memory") == 1
+    assert "argument --max-memory: budget: '16G' is not a size" in line
+
+
+def test_diff_of_two_different_models_says_so(workdir, capsys):
+    for entry, name in (("models.py:Mlp", "a.json"), ("models.py:dict_in", "b.json")):
+        args = ["count", entry, "--format", "json", "--output", name] + (["--input", "4x16"] if entry.endswith("Mlp") else [])
+        code, _, err = cli(capsys, *args)
+        assert code == 0, err
+    code, out, err = cli(capsys, "diff", "a.json", "b.json")
+    assert code == 0, err
+    assert ("A and B are different models (Mlp -> DictIn): modules match by path and type, so each of A's modules "
+            "reads removed and each of B's added") in out
+    code, out, err = cli(capsys, "diff", "a.json", "a.json")
+    assert code == 0 and "different models" not in out
