@@ -206,14 +206,25 @@ def _parameters_text(signature: inspect.Signature, most: int = 6) -> str:
     return text + (", ..." if len(bare) > most else "")
 
 
-def _dtype_hint(run: _Run) -> Optional[str]:
-    """When the floating inputs and the model's floating parameters have different dtypes, the
-    ``--dtype`` that would make them agree (a forward that failed on such inputs is most often
-    the user's ``--input ...:bf16`` on a float32 model); None when they agree."""
+def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
+    """What the inputs' dtype has to do with a forward that failed in module ``failed_in``: an
+    embedding given floating inputs (token ids written without ``:int64``), or floating inputs in
+    another dtype than the model's parameters (``--input ...:bf16`` on a float32 model: the
+    ``--dtype`` that makes them agree); None when neither."""
+    from torch import nn
+
     from flopcount.core.inputs import flatten_tensors
 
     tensors, _ = flatten_tensors((run.inputs, run.kwargs))
     input_dtypes = {t.dtype for t in tensors if t.is_floating_point()}
+    try:
+        failed = run.model.get_submodule(failed_in or "")
+    except AttributeError:
+        failed = None
+    if input_dtypes and isinstance(failed, (nn.Embedding, nn.EmbeddingBag)):
+        first_floating = next(t for t in tensors if t.is_floating_point())
+        spec = "x".join(str(size) for size in first_floating.shape) + ":int64"
+        return f"'{failed_in}' is an {type(failed).__name__}: token ids are integers, give them as SPEC:int64 (--input {spec})"
     param_dtypes = {p.dtype for p in run.model.parameters() if p.is_floating_point()}
     if len(input_dtypes) != 1 or len(param_dtypes) != 1 or input_dtypes == param_dtypes:
         return None
@@ -242,7 +253,7 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
                 run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
             )
         except TraceError as exc:
-            dtype_hint = _dtype_hint(run)
+            dtype_hint = _dtype_hint(run, exc.module_path)
             hints = run.hints if dtype_hint is None else (*run.hints, dtype_hint)
             if not hints:
                 raise

@@ -153,3 +153,28 @@ def test_diff_of_two_different_models_says_so(workdir, capsys):
             "reads removed and each of B's added") in out
     code, out, err = cli(capsys, "diff", "a.json", "a.json")
     assert code == 0 and "different models" not in out
+
+
+def test_float_token_ids_name_the_embedding_and_the_int64_spec(workdir, capsys):
+    """Token ids written without ``:int64`` reach an nn.Embedding as floats: the line says how to write them."""
+    (workdir / "tokens.py").write_text(textwrap.dedent(
+        """
+        from torch import nn
+
+        class Tokens(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(50, 8)
+                self.proj = nn.Linear(8, 3)
+
+            def forward(self, ids):
+                return self.proj(self.emb(ids))
+        """
+    ))
+    code, out, err = cli(capsys, "count", "tokens.py:Tokens", "--input", "2x5")
+    line = _one_error_line(code, out, err)
+    assert "forward failed in module 'emb'" in line
+    assert "'emb' is an Embedding: token ids are integers, give them as SPEC:int64 (--input 2x5:int64)" in line
+    code, out, err = cli(capsys, "count", "tokens.py:Tokens", "--input", "2x5:int64", "--format", "csv")
+    assert code == 0, err
+    assert out.splitlines()[1].split(",")[5] == str(2 * 5 * 8 * 3)
