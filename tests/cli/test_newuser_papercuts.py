@@ -4,6 +4,7 @@ succeeds are checked against hand-derived formulas."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -178,3 +179,32 @@ def test_float_token_ids_name_the_embedding_and_the_int64_spec(workdir, capsys):
     code, out, err = cli(capsys, "count", "tokens.py:Tokens", "--input", "2x5:int64", "--format", "csv")
     assert code == 0, err
     assert out.splitlines()[1].split(",")[5] == str(2 * 5 * 8 * 3)
+
+
+def test_text_and_image_model_gets_images_by_default(workdir, capsys):
+    """``hf:clip`` (a local tiny config here) is given pixel_values beside its token ids, and its
+    token ids are clipped to the text model's positions: the count is the hand formula's."""
+    transformers = pytest.importorskip("transformers")
+    hidden, ffn, positions, image, patch, projection = 32, 64, 16, 32, 16, 8
+    config = transformers.CLIPConfig(
+        text_config={"hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "max_position_embeddings": positions, "vocab_size": 99, "bos_token_id": 0, "eos_token_id": 2},
+        vision_config={"hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": image, "patch_size": patch},
+        projection_dim=projection,
+    )
+    config.save_pretrained(workdir / "clip")
+    code, out, err = cli(capsys, "count", "hf:./clip", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["inputs"] == f"(Tensor[1, {positions}] int64,) with kwargs {{pixel_values=Tensor[1, 3, {image}, {image}] float32}}"
+    layer_per_token = 4 * hidden * hidden + 2 * hidden * ffn  # q, k, v, out projections and the MLP
+    patches = (image // patch) ** 2
+    vision_tokens = patches + 1  # + the class token
+    vision = patches * 3 * patch * patch * hidden + vision_tokens * layer_per_token + 2 * vision_tokens**2 * hidden
+    text = positions * layer_per_token + 2 * positions**2 * hidden
+    projections = 2 * hidden * projection  # one pooled token per side
+    logits = projection  # (1 x projection) @ (projection x 1)
+    assert data["by_module"]["vision_model"]["macs"] == vision
+    assert data["by_module"]["text_model"]["macs"] == text
+    assert data["macs"] == vision + text + projections + logits
