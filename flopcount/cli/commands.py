@@ -26,6 +26,7 @@ from flopcount.diffs import check_growth, diff
 from flopcount.diffs.gate import DEFAULT_GROWTH, parse_growth, table_growth
 from flopcount.errors import TraceError, UsageError
 from flopcount.integrations.tensorboard import summary_writer, write_tensorboard
+from flopcount.report.diff import unlike_sides
 from flopcount.report.plot import check_plot_path, plot_result, plot_sunburst
 from flopcount.report.render import entry_json, overall_status, render_bench, render_check, render_count
 
@@ -505,6 +506,9 @@ def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], a
         )
     current = result.with_sections(memory=estimate.to_dict()) if estimate is not None else result
     change = diff(baseline, current, a_label=path, b_label=_label(args))
+    if not args.quiet:
+        for note in unlike_sides(change):
+            say(f"--baseline {path} (A) and this count (B): {note}", "warning")
     return check_growth(change, allowances, allow_incomplete=args.allow_incomplete)
 
 

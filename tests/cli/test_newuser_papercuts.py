@@ -208,3 +208,24 @@ def test_text_and_image_model_gets_images_by_default(workdir, capsys):
     assert data["by_module"]["vision_model"]["macs"] == vision
     assert data["by_module"]["text_model"]["macs"] == text
     assert data["macs"] == vision + text + projections + logits
+
+
+def test_check_against_the_baseline_of_another_model_warns(workdir, capsys):
+    """A baseline written from another model and inputs still gates (params 544 -> 808 grew: exit 1),
+    but stderr says the two are unlike; the same model's baseline says nothing."""
+    for entry, name in (("models.py:Mlp", "a.json"), ("models.py:dict_in", "b.json")):
+        args = ["count", entry, "--format", "json", "--output", name] + (["--input", "4x16"] if entry.endswith("Mlp") else [])
+        code, _, err = cli(capsys, *args)
+        assert code == 0, err
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--baseline", "b.json")
+    assert code == 1, err
+    rows = [" ".join(line.split()) for line in out.splitlines()]
+    assert "params 544 808 +264 (+48.53%) +0 FAIL" in rows  # DictIn 16*32+32 = 544; Mlp 544 + 32*8+8 = 808
+    assert err.splitlines()[:2] == [
+        "flopcount: warning: --baseline b.json (A) and this count (B): A and B are different models (DictIn -> Mlp): "
+        "modules match by path and type, so each of A's modules reads removed and each of B's added",
+        "flopcount: warning: --baseline b.json (A) and this count (B): inputs differ: "
+        "A ({'x': Tensor[4, 16] float32},), B (Tensor[4, 16] float32,)",
+    ]
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--baseline", "a.json")
+    assert code == 0 and err == ""
