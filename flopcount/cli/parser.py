@@ -248,7 +248,7 @@ DEFAULT_GROWTH_TEXT = "params=0,flops=0,macs=0"
 def _growth(text: str) -> Any:
     from flopcount.diffs.gate import parse_growth
 
-    return parse_growth(text, "--max-growth")
+    return parse_growth(text, "allowance")
 
 
 #: a budget's number (argparse names the flag before the message)

@@ -143,6 +143,13 @@ def test_memory_budget_without_unit_names_the_flag_once(workdir, capsys):
     assert "argument --max-memory: budget: '16G' is not a size" in line
 
 
+def test_growth_allowance_typo_names_the_flag_once(workdir, capsys):
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--baseline", "a.json", "--max-growth", "flop=2%")
+    line = _one_error_line(code, out, err)
+    assert line.count("--max-growth") == 1
+    assert "argument --max-growth: allowance: unknown metric 'flop'; did you mean flops?" in line
+
+
 def test_diff_of_two_different_models_says_so(workdir, capsys):
     for entry, name in (("models.py:Mlp", "a.json"), ("models.py:dict_in", "b.json")):
         args = ["count", entry, "--format", "json", "--output", name] + (["--input", "4x16"] if entry.endswith("Mlp") else [])
