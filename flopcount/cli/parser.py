@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
-        help="check budgets (params, FLOPs, MACs, size, latency); exit 1 when one is exceeded, 3 when incomplete",
+        help="check budgets (params, FLOPs, MACs, size, latency, memory) or growth against a --baseline report; exit 1 when one is exceeded, 3 when incomplete",
         description=_wrap("Compare the model with budgets from flags or [tool.flopcount] in pyproject.toml; print "
         "budget vs actual with PASS/FAIL/INCOMPLETE; exit 1 when a budget is exceeded, 3 when an incomplete count cannot "
         "decide. Made for CI gates."),

@@ -236,3 +236,11 @@ def test_check_against_the_baseline_of_another_model_warns(workdir, capsys):
     ]
     code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--baseline", "a.json")
     assert code == 0 and err == ""
+
+
+def test_top_level_help_names_every_kind_of_check(capsys):
+    """``flopcount --help`` says what check compares: memory and --baseline too, as check --help does."""
+    code, out, _ = cli(capsys, "--help")
+    assert code == 0
+    summary = " ".join(out.split())
+    assert "check check budgets (params, FLOPs, MACs, size, latency, memory) or growth against a --baseline report" in summary
