@@ -155,6 +155,9 @@ def parse_config_value(text: str) -> Tuple[str, Any]:
     bool (true/false), None (none/null) or stay str."""
     key, sep, value = text.partition("=")
     key = key.strip()
+    if sep and all(part.isidentifier() for part in key.split(".")) and "." in key:
+        raise UsageError(f"bad --config {text!r}: KEY is one top-level field of the hf: config (or a keyword of the factory); "
+                         f"a nested field such as {key} is set in a config.json counted as hf:./folder")
     if not sep or not key.isidentifier():
         raise UsageError(f"bad --config {text!r}: expected KEY=VALUE, e.g. num_hidden_layers=2")
     return key, _typed(value.strip())

@@ -244,3 +244,12 @@ def test_top_level_help_names_every_kind_of_check(capsys):
     assert code == 0
     summary = " ".join(out.split())
     assert "check check budgets (params, FLOPs, MACs, size, latency, memory) or growth against a --baseline report" in summary
+
+
+def test_nested_config_key_says_where_to_set_it(workdir, capsys):
+    """``--config text_config.num_hidden_layers=1`` is KEY=VALUE in form: the line says nested
+    fields are not set here, rather than 'expected KEY=VALUE'."""
+    code, out, err = cli(capsys, "count", "models.py:Mlp", "--input", "4x16", "--config", "text_config.num_hidden_layers=1")
+    line = _one_error_line(code, out, err)
+    assert "expected KEY=VALUE" not in line
+    assert "a nested field such as text_config.num_hidden_layers is set in a config.json counted as hf:./folder" in line
