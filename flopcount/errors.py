@@ -3,7 +3,19 @@ argument (an int of at least some bound, not a bool) is checked by :func:`int_at
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Iterable, List
+
+
+def close_names(word: str, names: Iterable[str]) -> List[str]:
+    """Up to three of ``names`` close to ``word``, closest first (what a typo most likely meant)."""
+    return difflib.get_close_matches(word, list(names), n=3)
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """``"; did you mean a, b?"`` with up to three names close to ``word`` (``""`` when none is)."""
+    close = close_names(word, names)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 class FlopcountError(Exception):

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
 
 from flopcount.core.deprecation import in_ms, ms_aliases, seconds_or_ms
 from flopcount.core.rendering import render
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, close_names, did_you_mean
 from flopcount.types import Status
 from flopcount.units import show_value
 
@@ -399,14 +399,19 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
     ``max-latency-ms`` (milliseconds) warns and becomes ``max-latency-s`` (/ 1000); both is an error."""
     values: Dict[str, Optional[Number]] = {}
     latency_ms: Optional[Number] = None
+    spelled: Dict[str, Any] = {}  # each key as dashes -> as written, so one key given twice is named
     for raw_key, raw in table.items():
         key = str(raw_key).replace("_", "-")
+        if key in spelled:
+            raise UsageError(f"{source}: {spelled[key]!r} and {raw_key!r} are the same key; keep one")
+        spelled[key] = raw_key
         if key == FILE_KEY_MS:
             latency_ms = parse_quantity(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
             continue
         if key not in FILE_KEYS:
             known = ", ".join(FILE_KEYS)
-            raise UsageError(f"{source}: unknown key {raw_key!r} (known: {known}, {', '.join(GATE_KEYS)})")
+            hint = did_you_mean(key, [*FILE_KEYS, *GATE_KEYS])
+            raise UsageError(f"{source}: unknown key {raw_key!r}{hint} (known: {known}, {', '.join(GATE_KEYS)})")
         parse = parse_bytes if key == "max-memory" else parse_quantity
         values[FILE_KEYS[key]] = parse(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
     latency_s = values.get("max_latency_s")
@@ -467,6 +472,9 @@ def flopcount_table(path: Path, *, required: bool = False) -> Optional[Dict[str,
         raise UsageError(f"{path}: [tool] must be a table")
     table = tool.get("flopcount")
     if table is None:
+        misspelt = close_names("flopcount", [str(name) for name in tool])
+        if misspelt:  # its budgets would go unchecked
+            raise UsageError(f"{path}: [tool.{misspelt[0]}] is not read: flopcount's table is [tool.flopcount]")
         return None
     if not isinstance(table, Mapping):
         raise UsageError(f"{path}: [tool.flopcount] must be a table, got {type(table).__name__}")

@@ -24,8 +24,9 @@ from flopcount.core.rendering import render
 from flopcount.core.results import load_report
 from flopcount.diffs import check_growth, diff
 from flopcount.diffs.gate import DEFAULT_GROWTH, parse_growth, table_growth
-from flopcount.errors import UsageError
+from flopcount.errors import TraceError, UsageError
 from flopcount.integrations.tensorboard import summary_writer, write_tensorboard
+from flopcount.report.diff import unlike_sides
 from flopcount.report.plot import check_plot_path, plot_result, plot_sunburst
 from flopcount.report.render import entry_json, overall_status, render_bench, render_check, render_count
 
@@ -40,6 +41,8 @@ class _Run:
     kwargs: Optional[Dict[str, Any]]
     device: str
     tracer: str
+    #: what may be behind a failing forward, said with its error (and as warnings when it runs)
+    hints: Tuple[str, ...] = ()
 
 
 def _check_device(text: str) -> str:
@@ -137,7 +140,8 @@ def _prepare(args: argparse.Namespace) -> _Run:
     else:
         inputs, kwargs = _entry_inputs(loaded, device, args.seed)
     _check_arity(args.entry, model, inputs, kwargs)
-    return _Run(args.entry, model, inputs, kwargs, device, tracer)
+    hints = _numbers_as_tensors(model, kw_specs)
+    return _Run(args.entry, model, inputs, kwargs, device, tracer, hints=hints)
 
 
 def _entry_inputs(loaded: Any, device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
@@ -164,13 +168,73 @@ def _check_arity(entry: str, model: Any, inputs: Any, kwargs: Optional[Dict[str,
     try:
         signature.bind(*args, **kw)
     except TypeError as exc:
-        names = [p.name for p in signature.parameters.values()]
-        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        shown = _parameters_text(signature)
         given = f"{len(args)} positional input(s)" + (f" and keyword(s) {', '.join(kw)}" if kw else "")
         raise UsageError(
             f"the inputs do not fit {type(model).__name__}.forward({shown}) of {entry}: {exc}; got {given} "
             "(one --input per positional argument, --kwarg NAME=SPEC for keywords)"
         ) from exc
+
+
+def _numbers_as_tensors(model: Any, kw_specs: Dict[str, Any]) -> Tuple[str, ...]:
+    """``--kwarg scale=2`` is a tensor of shape (2,) (a bare integer is a SPEC); where ``forward``'s
+    parameter of that name defaults to a number, how to pass the number instead, one line per such kwarg."""
+    from flopcount.cli.specs import InputSpec
+
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return ()
+    hints = []
+    for name, spec in kw_specs.items():
+        parameter = parameters.get(name)
+        if parameter is None or not isinstance(spec, InputSpec) or len(spec.shape) != 1:
+            continue
+        default = parameter.default
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            number = spec.shape[0]
+            hints.append(f"--kwarg {name}={spec} is a tensor of shape ({number},), but forward's {name} defaults to the "
+                         f"number {default!r}: for the number write --kwarg {name}=int:{number} or {name}=float:{number}")
+    return tuple(hints)
+
+
+def _parameters_text(signature: inspect.Signature, most: int = 6) -> str:
+    """The first ``most`` parameters of ``forward`` by name, with the ``*`` before keyword-only
+    ones and ``*args`` / ``**kwargs`` as Python writes them (annotations and defaults left out)."""
+    bare = [p.replace(annotation=inspect.Parameter.empty, default=inspect.Parameter.empty)
+            for p in signature.parameters.values()]
+    text = str(inspect.Signature(bare[:most]))[1:-1]
+    return text + (", ..." if len(bare) > most else "")
+
+
+def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
+    """What the inputs' dtype has to do with a forward that failed in module ``failed_in``: an
+    embedding given floating inputs (token ids written without ``:int64``), or floating inputs in
+    another dtype than the model's parameters (``--input ...:bf16`` on a float32 model: the
+    ``--dtype`` that makes them agree); None when neither."""
+    from torch import nn
+
+    from flopcount.core.inputs import flatten_tensors
+
+    tensors, _ = flatten_tensors((run.inputs, run.kwargs))
+    input_dtypes = {t.dtype for t in tensors if t.is_floating_point()}
+    try:
+        failed = run.model.get_submodule(failed_in or "")
+    except AttributeError:
+        failed = None
+    if input_dtypes and isinstance(failed, (nn.Embedding, nn.EmbeddingBag)):
+        first_floating = next(t for t in tensors if t.is_floating_point())
+        spec = "x".join(str(size) for size in first_floating.shape) + ":int64"
+        return f"'{failed_in}' is an {type(failed).__name__}: token ids are integers, give them as SPEC:int64 (--input {spec})"
+    param_dtypes = {p.dtype for p in run.model.parameters() if p.is_floating_point()}
+    if len(input_dtypes) != 1 or len(param_dtypes) != 1 or input_dtypes == param_dtypes:
+        return None
+    from flopcount.cli.specs import dtype_name
+
+    given = dtype_name(input_dtypes.pop())
+    held = dtype_name(param_dtypes.pop())
+    return (f"the floating inputs are {given} but the model's parameters are {held}: "
+            f"--dtype {given} casts the model to the inputs' dtype")
 
 
 def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimizer: Optional[str] = None) -> Any:
@@ -185,9 +249,19 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
         warnings.simplefilter("ignore", UnsupportedOpsWarning)
-        result = count_flops(
-            run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
-        )
+        try:
+            result = count_flops(
+                run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
+            )
+        except TraceError as exc:
+            dtype_hint = _dtype_hint(run, exc.module_path)
+            hints = run.hints if dtype_hint is None else (*run.hints, dtype_hint)
+            if not hints:
+                raise
+            raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
+    if not args.quiet:
+        for hint in run.hints:
+            say(hint, "warning")
     report_notes(result, args)
     return result
 
@@ -432,6 +506,9 @@ def _growth(result: Any, estimate: Any, gate: Tuple[str, Dict[str, Any], Any], a
         )
     current = result.with_sections(memory=estimate.to_dict()) if estimate is not None else result
     change = diff(baseline, current, a_label=path, b_label=_label(args))
+    if not args.quiet:
+        for note in unlike_sides(change):
+            say(f"--baseline {path} (A) and this count (B): {note}", "warning")
     return check_growth(change, allowances, allow_incomplete=args.allow_incomplete)
 
 

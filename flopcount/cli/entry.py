@@ -38,9 +38,9 @@ from flopcount.cli.artifacts import is_local_hf, load_artifact, local_hf_config,
 from flopcount.cli.deadline import CommandTimeout
 from flopcount.cli.output import describe
 from flopcount.cli.parser import pairs_once
-from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, did_you_mean, parse_dtype, parse_spec
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, parse_dtype, parse_spec
 from flopcount.core.inputs import flatten_tensors
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, did_you_mean
 from flopcount.examples import CATALOG
 
 ENTRY_HELP = (
@@ -290,6 +290,11 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
         # the decoder's tokens; generate() would start from one, a forward counts a whole target
         limit = getattr(config, "max_target_positions", None) or getattr(config, "max_position_embeddings", None)
         default_kwargs["decoder_input_ids"] = InputSpec((1, _text_length(limit)), torch.int64)
+    # a text-and-image dual encoder (CLIP, SigLIP, OWL-ViT) compares images with texts: it needs both
+    # (a vision-language decoder such as LLaVA runs on text alone; images need their tokens in the text)
+    dual = model_type in names.MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES or model_type in names.MODEL_FOR_ZERO_SHOT_OBJECT_DETECTION_MAPPING_NAMES
+    if dual and getattr(model, "main_input_name", "input_ids") == "input_ids" and _takes(model, "pixel_values"):
+        default_kwargs["pixel_values"] = _image_spec(getattr(config, "vision_config", config))
     return LoadedEntry(entry, model, default_specs=_hf_default_specs(model, config), default_kwargs=default_kwargs)
 
 
@@ -298,10 +303,26 @@ def _text_length(limit: Any) -> int:
     return min(128, limit) if isinstance(limit, int) and limit > 0 else 128
 
 
+def _takes(model: nn.Module, name: str) -> bool:
+    """Whether ``model.forward`` has a parameter ``name``."""
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _image_spec(config: Any) -> InputSpec:
+    """One image of ``config``'s size and channels (224 x 224 x 3 where it names none)."""
+    size = getattr(config, "image_size", 224)
+    size = size if isinstance(size, int) else 224
+    return InputSpec((1, getattr(config, "num_channels", 3), size, size))
+
+
 def _hf_default_specs(model: nn.Module, config: Any) -> Tuple[InputSpec, ...]:
     main_input = getattr(model, "main_input_name", "input_ids")
     if main_input == "input_ids":
-        limit = getattr(config, "max_position_embeddings", None)
+        text = getattr(config, "text_config", None)  # a text-and-image model's positions are its text model's
+        limit = getattr(config, "max_position_embeddings", None) or getattr(text, "max_position_embeddings", None)
         if getattr(config, "is_encoder_decoder", False):
             limit = getattr(config, "max_source_positions", None) or limit
         return (InputSpec((1, _text_length(limit)), torch.int64),)
@@ -311,9 +332,7 @@ def _hf_default_specs(model: nn.Module, config: Any) -> Tuple[InputSpec, ...]:
         positions = getattr(config, "max_source_positions", None) or 1500
         return (InputSpec((1, int(bins), 2 * int(positions))),)
     if main_input == "pixel_values":
-        size = getattr(config, "image_size", 224)
-        size = size if isinstance(size, int) else 224
-        return (InputSpec((1, getattr(config, "num_channels", 3), size, size)),)
+        return (_image_spec(config),)
     return ()
 
 

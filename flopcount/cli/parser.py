@@ -248,7 +248,7 @@ DEFAULT_GROWTH_TEXT = "params=0,flops=0,macs=0"
 def _growth(text: str) -> Any:
     from flopcount.diffs.gate import parse_growth
 
-    return parse_growth(text, "--max-growth")
+    return parse_growth(text, "allowance")
 
 
 #: a budget's number (argparse names the flag before the message)
@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
-        help="check budgets (params, FLOPs, MACs, size, latency); exit 1 when one is exceeded, 3 when incomplete",
+        help="check budgets (params, FLOPs, MACs, size, latency, memory) or growth against a --baseline report; exit 1 when one is exceeded, 3 when incomplete",
         description=_wrap("Compare the model with budgets from flags or [tool.flopcount] in pyproject.toml; print "
         "budget vs actual with PASS/FAIL/INCOMPLETE; exit 1 when a budget is exceeded, 3 when an incomplete count cannot "
         "decide. Made for CI gates."),
@@ -433,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --on: which lower bound decides: 'eager' (the per-op sum: this eager program) or "
                         "'any' (max of total FLOPs / peak and unavoidable bytes / bandwidth: any engine, fused or "
                         "not). Default: any on a datasheet part, eager on 'this machine'")
-    limits.add_argument("--max-memory", type=_bytes("--max-memory"), metavar="BYTES",
+    limits.add_argument("--max-memory", type=_bytes("budget"), metavar="BYTES",
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",
                         help="the memory budget covers a training step (forward + backward), not inference")

@@ -6,17 +6,16 @@ from SPECs (token ids within the embedding's range). Quantities (``25M``) are pa
 from __future__ import annotations
 
 import contextlib
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from flopcount.cli.output import one_line
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, did_you_mean
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "f32": torch.float32,
@@ -156,6 +155,9 @@ def parse_config_value(text: str) -> Tuple[str, Any]:
     bool (true/false), None (none/null) or stay str."""
     key, sep, value = text.partition("=")
     key = key.strip()
+    if sep and all(part.isidentifier() for part in key.split(".")) and "." in key:
+        raise UsageError(f"bad --config {text!r}: KEY is one top-level field of the hf: config (or a keyword of the factory); "
+                         f"a nested field such as {key} is set in a config.json counted as hf:./folder")
     if not sep or not key.isidentifier():
         raise UsageError(f"bad --config {text!r}: expected KEY=VALUE, e.g. num_hidden_layers=2")
     return key, _typed(value.strip())
@@ -211,12 +213,6 @@ def config_with(config: Any, overrides: Dict[str, Any], rebuild: Callable[..., A
     except Exception as exc:
         shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
         raise UsageError(f"--config {shown}: {type(config).__name__} rejects the value: {one_line(str(exc)) or type(exc).__name__}") from exc
-
-
-def did_you_mean(word: str, names: Iterable[str]) -> str:
-    """``"; did you mean a, b?"`` with up to three names close to ``word`` (``""`` when none is)."""
-    close = difflib.get_close_matches(word, list(names), n=3)
-    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 # --------------------------------------------------------------------------- tensors

@@ -17,7 +17,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from flopcount.core.rendering import render
 from flopcount.diffs.result import Change, DiffResult, Number
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, did_you_mean
 from flopcount.types import Status
 from flopcount.units import format_count
 
@@ -57,7 +57,7 @@ def parse_allowance(metric: str, text: Union[str, int, float], source: str) -> A
 
     name = metric.strip().lower()
     if name not in GROWTH_METRICS:
-        raise UsageError(f"{source}: unknown metric {metric!r} (known: {', '.join(GROWTH_METRICS)})")
+        raise UsageError(f"{source}: unknown metric {metric!r}{did_you_mean(metric, GROWTH_METRICS)} (known: {', '.join(GROWTH_METRICS)})")
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise UsageError(f"{source}: {name} must be a number or a string like \"2%\", got {type(text).__name__}")
     raw = str(text).strip()

@@ -110,12 +110,23 @@ def summary_line(diff: DiffResult) -> str:
     return " · ".join(parts + [modules])
 
 
-def _notes(diff: DiffResult) -> List[str]:
+def unlike_sides(diff: DiffResult) -> List[str]:
+    """Why A and B may not be two versions of one workload: different models (the roots'
+    types differ), different inputs; one line each (none when they are alike)."""
     notes = []
-    if diff.a_phases != diff.b_phases:
-        notes.append(f"A counts {diff.a_phases}, B counts {diff.b_phases}: the totals differ in what they cover")
+    roots = {change.status: change.type_name for change in diff.modules if change.name == ""}
+    if "removed" in roots and "added" in roots:  # the roots' types differ: no module matches
+        notes.append(f"A and B are different models ({roots['removed']} -> {roots['added']}): modules match by path and "
+                     "type, so each of A's modules reads removed and each of B's added")
     if diff.a_inputs != diff.b_inputs:
         notes.append(f"inputs differ: A {diff.a_inputs or '()'}, B {diff.b_inputs or '()'}")
+    return notes
+
+
+def _notes(diff: DiffResult) -> List[str]:
+    notes = unlike_sides(diff)
+    if diff.a_phases != diff.b_phases:
+        notes.append(f"A counts {diff.a_phases}, B counts {diff.b_phases}: the totals differ in what they cover")
     for side, reasons in (("A", diff.a_incomplete), ("B", diff.b_incomplete)):
         if reasons:
             notes.append(f"INCOMPLETE: {side}'s count may be short: " + "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""))
