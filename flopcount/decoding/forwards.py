@@ -231,11 +231,15 @@ def _field(output: Any, name: str) -> Any:
     return getattr(output, name, None)
 
 
-def _encoder_outputs(output: Any, encoder: Any) -> Any:
-    """The encoder's output as generate() hands it to each decode step: the encoder module's
-    own output object, kept from the prefill (``encoder``: its class and every field, as
-    Moonshine's ``attention_mask`` and NLLB-MoE's ``router_logits``); where none was kept (a
-    model without ``get_encoder``), the prefill output's encoder last hidden state."""
+def _encoder_outputs(output: Any, encoder: Any, given: Any) -> Any:
+    """The encoder's output as generate() hands it to each decode step: the caller's own
+    ``encoder_outputs=`` argument where one was given (``given``: generate() runs no encoder
+    then and hands that object on as it is, whatever its class, a plain tuple included);
+    else the encoder module's own output object, kept from the prefill (``encoder``: its class
+    and every field, as Moonshine's ``attention_mask`` and NLLB-MoE's ``router_logits``); where
+    none was kept (a model without ``get_encoder``), the prefill output's encoder last hidden state."""
+    if given is not None:
+        return given
     if encoder is not None:
         return encoder
     from transformers.modeling_outputs import BaseModelOutput
@@ -365,12 +369,14 @@ def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]
 
 class Decoding:
     """What the next decode step is fed: the greedy token, the cache, the growing mask (and an
-    encoder-decoder's encoder output, ``encoder``: :attr:`LastOutput.encoder`)."""
+    encoder-decoder's encoder output: the caller's own ``encoder_outputs=`` argument where one was
+    given, else ``encoder``, :attr:`LastOutput.encoder`; see :func:`_encoder_outputs`)."""
 
     def __init__(self, model: nn.Module, output: Any, setup: Setup, encoder: Any = None):
         self.setup = setup
         self.prepare = _preparer(model, setup.cache_key)
-        self.encoder_outputs = _encoder_outputs(output, encoder) if setup.encoder_decoder else None
+        given = setup.first.get("encoder_outputs")
+        self.encoder_outputs = _encoder_outputs(output, encoder, given) if setup.encoder_decoder else None
         self.mask = setup.first.get("attention_mask")
         self.notes: List[str] = []
         self.advance(output)
