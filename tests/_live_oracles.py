@@ -14,8 +14,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int) -> Tuple[List[int], Any]:
-    """FlopCounterMode's FLOPs of each forward a real greedy generate() runs, and its cache."""
+def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int,
+                   options: Optional[Dict[str, Any]] = None) -> Tuple[List[int], Any]:
+    """FlopCounterMode's FLOPs of each forward a real greedy generate() runs (``options``: more
+    arguments of generate(), as ``encoder_outputs=``), and its cache."""
     flops: List[int] = []
     forward = model.forward
 
@@ -29,10 +31,12 @@ def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int) -> Tupl
     model.forward = counted
     try:
         out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             return_dict_in_generate=True)
+                             return_dict_in_generate=True, **(options or {}))
     finally:
         del model.forward
-    assert out.sequences.shape == (ids.shape[0], ids.shape[1] + new_tokens)
+    # an encoder-decoder's sequences start from its decoder start token, not the prompt
+    start = 1 if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else ids.shape[1]
+    assert out.sequences.shape == (ids.shape[0], start + new_tokens)
     return flops, out.past_key_values
 
 

@@ -5,10 +5,17 @@ makes it, also when that override takes the cache and the step length through ``
 Found by benchmarks/zoo_reuse_hf_types.py: the step was fed the greedy token alone and the
 forward failed.
 
+generate() makes the prefill's inputs with the preparer too (``_prefill``:
+``is_first_iteration=True``): XLM's appends its mask token to every forward's ids, the
+prefill's included. count_generation's prefill was fed the prompt as given, its cache held one
+position fewer than generate()'s, and the first decode step failed (branch genprep).
+
 Oracle: a real greedy ``generate()`` with ``FlopCounterMode`` around each forward it runs
-(tests/_live_oracles.py ``generate_truth``), on a tiny CpmAnt config, batch 2."""
+(tests/_live_oracles.py ``generate_truth``), on tiny CpmAnt and XLM configs, batch 2."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import pytest
 import torch
@@ -35,14 +42,44 @@ def _cpmant(device: str = "cpu") -> nn.Module:
     return model.eval()
 
 
-def test_cpmant_decode_steps_match_a_real_generate() -> None:
-    model = _cpmant()
+def _xlm(device: str = "cpu") -> nn.Module:
+    config = transformers.XLMConfig(vocab_size=VOCAB, emb_dim=32, n_layers=2, n_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.XLMWithLMHeadModel(config)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+@pytest.mark.parametrize("make", [_cpmant, _xlm], ids=["cpmant", "xlm"])
+def test_each_forward_matches_a_real_generate(make: Callable[..., nn.Module]) -> None:
+    model = make()
     ids = torch.randint(3, VOCAB, (B, P), generator=torch.Generator().manual_seed(1))
     expected, _ = generate_truth(model, ids, N)
-    before = snapshot(model)
+    before, prompt = snapshot(model), ids.clone()
     result = count_generation(model, ids, new_tokens=N)
     assert [2 * result.prefill.macs] + [2 * step.macs for step in result.steps] == expected
     assert result.complete, result.incomplete_reasons()
     assert_same_state(model, before)
-    meta = count_generation(_cpmant("meta"), ids.to("meta"), new_tokens=N)
+    assert torch.equal(ids, prompt)
+    meta = count_generation(make("meta"), ids.to("meta"), new_tokens=N)
     assert [2 * meta.prefill.macs] + [2 * step.macs for step in meta.steps] == expected
+
+
+def test_xlm_prefill_hand_formula() -> None:
+    """XLM's prefill runs P + 1 positions (its mask token appended), the LM head on the last one
+    (``logits_to_keep=1``); step s runs one position against P + s + 2 keys. Per layer and
+    position: q, k, v, o (4 dim^2) and the FFN (2 dim x 4 dim); attention q.k and a.v (2 x keys x dim)."""
+    model = _xlm()
+    ids = torch.randint(3, VOCAB, (B, P), generator=torch.Generator().manual_seed(1))
+    result = count_generation(model, ids, new_tokens=N)
+    dim, layers = 32, 2
+    per_position = layers * (4 * dim * dim + 2 * dim * 4 * dim)
+    head = dim * VOCAB
+
+    def attention(queries: int, keys: int) -> int:
+        return layers * 2 * queries * keys * dim
+
+    positions = P + 1
+    assert result.prefill.macs == B * (positions * per_position + head + attention(positions, positions))
+    assert [step.macs for step in result.steps] == [B * (per_position + head + attention(1, P + s + 2)) for s in range(N - 1)]

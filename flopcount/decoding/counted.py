@@ -172,16 +172,15 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
 
 def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any]:
     """The prefill's count and its output: one forward, or one per chunk (each chunk fed the
-    cache the one before returned), booked as one prefill."""
+    cache the one before returned), booked as one prefill; each as generate() makes it
+    (:meth:`Setup.prefill_call`: through the model's ``prepare_inputs_for_generation``)."""
     if len(setup.prefill_calls) == 1:
-        return counter.count(setup.first)[2], last.take()
+        return counter.count(setup.prefill_call(0))[2], last.take()
     runs: List[Tuple[Trace, Costed]] = []
     output: Any = None
-    for index, call in enumerate(setup.prefill_calls):
-        if index:
-            cache = cache_of(output, setup)
-            call = {**call, setup.cache_key: cache if cache is not None else setup.first.get(setup.cache_key)}
-        runs.append(counter.trace(call))
+    for index in range(len(setup.prefill_calls)):
+        cache = cache_of(output, setup) if index else None
+        runs.append(counter.trace(setup.prefill_call(index, cache)))
         output = last.take()
     description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
     return counter.combined(runs, description), output

@@ -231,11 +231,15 @@ def _field(output: Any, name: str) -> Any:
     return getattr(output, name, None)
 
 
-def _encoder_outputs(output: Any, encoder: Any) -> Any:
-    """The encoder's output as generate() hands it to each decode step: the encoder module's
-    own output object, kept from the prefill (``encoder``: its class and every field, as
-    Moonshine's ``attention_mask`` and NLLB-MoE's ``router_logits``); where none was kept (a
-    model without ``get_encoder``), the prefill output's encoder last hidden state."""
+def _encoder_outputs(output: Any, encoder: Any, given: Any) -> Any:
+    """The encoder's output as generate() hands it to each decode step: the caller's own
+    ``encoder_outputs=`` argument where one was given (``given``: generate() runs no encoder
+    then and hands that object on as it is, whatever its class, a plain tuple included);
+    else the encoder module's own output object, kept from the prefill (``encoder``: its class
+    and every field, as Moonshine's ``attention_mask`` and NLLB-MoE's ``router_logits``); where
+    none was kept (a model without ``get_encoder``), the prefill output's encoder last hidden state."""
+    if given is not None:
+        return given
     if encoder is not None:
         return encoder
     from transformers.modeling_outputs import BaseModelOutput
@@ -252,8 +256,10 @@ def _next_tokens(logits: Any) -> torch.Tensor:
 
 class Setup:
     """The prefill call (prompt, mask, decoder start, ``logits_to_keep``) and what decoding needs;
-    ``prefill_calls``: the prefill's forwards (one per chunk with chunked prefill; each chunk
-    after the first is fed the cache the one before returned)."""
+    ``first``: the prefill's arguments as given to the model's preparer; ``prefill_calls``: the
+    prefill's forwards before the preparer (one per chunk with chunked prefill; each chunk after
+    the first is fed the cache the one before returned); :meth:`prefill_call`: a prefill forward
+    as generate() runs it, through the model's ``prepare_inputs_for_generation``."""
 
     def __init__(
         self,
@@ -301,6 +307,50 @@ class Setup:
         self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
         self.base = 1 if self.encoder_decoder else self.prompt
+        self._main = main
+        self._prepare = _preparer(model, self.cache_key)
+
+    def prefill_call(self, index: int, cache: Any = None) -> Dict[str, Any]:
+        """Prefill forward ``index`` as generate()'s ``_prefill`` makes it: the call passed
+        through the model's ``prepare_inputs_for_generation`` with ``is_first_iteration=True``
+        (XLM appends its mask token to the prompt there). One forward is also told
+        ``next_sequence_length``: the prompt's length where the cache is one of attention layers,
+        else None; a chunk (``index`` > 0: fed ``cache``, the one the chunk before returned) is
+        told none. An encoder-decoder's encoder input is no argument of the preparer (generate()
+        has run the encoder before it): it is handed to the forward beside what the preparer
+        makes. Without a preparer, or where it fails, the call as made (and a note says so)."""
+        call = self.prefill_calls[index]
+        if index:
+            call = {**call, self.cache_key: cache if cache is not None else self.first.get(self.cache_key)}
+        if self._prepare is None:
+            return call
+        ids_key = "decoder_input_ids" if self.encoder_decoder else "input_ids"
+        arguments = {key: value for key, value in call.items() if key != ids_key}
+        # generate() runs the encoder before the prefill: its input reaches the forward, not the preparer
+        encoder_input = {self._main: arguments.pop(self._main)} if self.encoder_decoder and self._main in arguments else {}
+        if len(self.prefill_calls) == 1:
+            arguments["next_sequence_length"] = self._prefill_length(call)
+        try:
+            prepared = dict(self._prepare(call[ids_key], is_first_iteration=True, **arguments))
+        except Exception as exc:  # transformers' own helper: fall back to the call as made, and say so
+            self._prepare = None
+            self.notes.append(
+                f"{type(exc).__name__} in the model's prepare_inputs_for_generation ({str(exc)[:120]}): the prefill was "
+                "fed the prompt, the cache and the all-ones mask instead"
+            )
+            return call
+        return {**encoder_input, **prepared}
+
+    def _prefill_length(self, call: Mapping[str, Any]) -> Optional[int]:
+        """The ``next_sequence_length`` generate()'s one-forward prefill hands the preparer: the
+        prompt's length (all of it is new) for a decoder-only model given a cache with an
+        attention layer; None for a cache of linear (recurrent) layers only, for no cache, and for
+        an encoder-decoder (whose decoder gets no mask of the prompt's length)."""
+        cache = call.get(self.cache_key)
+        linear = getattr(cache, "is_linear", None)
+        if self.encoder_decoder or cache is None or linear is None or all(linear):
+            return None
+        return self.prompt
 
 
 def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]:
@@ -319,12 +369,14 @@ def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]
 
 class Decoding:
     """What the next decode step is fed: the greedy token, the cache, the growing mask (and an
-    encoder-decoder's encoder output, ``encoder``: :attr:`LastOutput.encoder`)."""
+    encoder-decoder's encoder output: the caller's own ``encoder_outputs=`` argument where one was
+    given, else ``encoder``, :attr:`LastOutput.encoder`; see :func:`_encoder_outputs`)."""
 
     def __init__(self, model: nn.Module, output: Any, setup: Setup, encoder: Any = None):
         self.setup = setup
-        self.prepare = _step_preparer(model, setup)
-        self.encoder_outputs = _encoder_outputs(output, encoder) if setup.encoder_decoder else None
+        self.prepare = _preparer(model, setup.cache_key)
+        given = setup.first.get("encoder_outputs")
+        self.encoder_outputs = _encoder_outputs(output, encoder, given) if setup.encoder_decoder else None
         self.mask = setup.first.get("attention_mask")
         self.notes: List[str] = []
         self.advance(output)
@@ -391,12 +443,13 @@ class Decoding:
         return call
 
 
-def _step_preparer(model: nn.Module, setup: Setup) -> Any:
+def _preparer(model: nn.Module, cache_key: str) -> Any:
     """The model's ``prepare_inputs_for_generation`` when it takes the arguments generate()
     gives it in transformers 5 (``cache``, ``next_sequence_length``; by name or through
-    ``**kwargs``, as CpmAnt's and XLM's overrides take them), else None."""
+    ``**kwargs``, as CpmAnt's and XLM's overrides take them), else None. generate() makes
+    every forward's inputs with it, the prefill's included."""
     prepare = getattr(model, "prepare_inputs_for_generation", None)
-    if not callable(prepare) or setup.cache_key != "cache":
+    if not callable(prepare) or cache_key != "cache":
         return None
     names = _signature_parameters(prepare)
     if any(p.kind is p.VAR_KEYWORD for p in names.values()):

@@ -173,7 +173,7 @@ class _Steps:
 
     def __init__(self, counter: Counter, setup: Setup, last: LastOutput):
         self.counter, self.last = counter, last
-        _, _, self.prefill = counter.count(setup.first)
+        _, _, self.prefill = counter.count(setup.prefill_call(0))
         self.state = Decoding(counter.model, last.take(), setup, encoder=last.encoder)
         if self.state.cache is None:
             raise _Refused
