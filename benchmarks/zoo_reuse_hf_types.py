@@ -80,7 +80,7 @@ SIZES: Dict[str, Any] = {
     **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "decoder_ffn_dim", "encoder_ffn_dim",
                      "ffn_hidden_size", "d_ff", "d_inner", "ffn_size", "shared_expert_intermediate_size"), INTERMEDIATE),
     **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size"), 64),
-    **dict.fromkeys(("vocab_size", "n_vocab"), VOCAB),
+    **dict.fromkeys(("vocab_size", "n_vocab", "vocab_size_per_layer_input"), VOCAB),  # Gemma-3n/4: a per-layer table
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", "max_sequence_length",
                      "seq_length", "original_max_position_embeddings"), 64),
     **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_total"), 4),
