@@ -21,7 +21,7 @@ import warnings
 from typing import List, Optional, Sequence
 
 from flopcount.cli.deadline import CommandTimeout, deadline
-from flopcount.cli.output import describe_error, is_internal, one_line, report_warnings, say
+from flopcount.cli.output import describe_error, is_internal, one_line, report_warnings, say, settle_format
 from flopcount.cli.parser import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -45,6 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    settle_format(args)
     caught: List[warnings.WarningMessage] = []
     args.said = set()  # what stderr said once (cli.output), shared by diff's two sides
     try:

@@ -140,6 +140,28 @@ def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[in
     return report
 
 
+#: the formats an ``--output`` suffix names
+SUFFIX_FORMATS = {".json": "json", ".csv": "csv", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}
+
+
+def settle_format(args: argparse.Namespace) -> None:
+    """``--format`` as the command runs it: where the user gave none, the one ``--output``'s suffix
+    names if the command writes it (``-o report.json`` writes JSON, which ``diff`` and ``check
+    --baseline`` read back), else ``table``; where the user gave one that another suffix names
+    (``-f csv -o report.json``), it is kept and a warning says so."""
+    from flopcount.cli.parser import DefaultFormat
+
+    chosen = getattr(args, "format", None)
+    if not isinstance(chosen, str):
+        return
+    output = getattr(args, "output", None)
+    implied = SUFFIX_FORMATS.get(Path(output).suffix.lower()) if output else None
+    if isinstance(chosen, DefaultFormat):
+        args.format = implied if implied in chosen.formats else "table"
+    elif implied is not None and implied != chosen and not getattr(args, "quiet", False):
+        say(f"--output {output} gets --format {chosen}, not the {implied} its suffix names", "warning")
+
+
 def emit(text: str, args: argparse.Namespace) -> None:
     """Write the report (the one thing on stdout) to ``--output`` or stdout."""
     stage(args, "writing the report")

@@ -625,9 +625,19 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     return inputs
 
 
+class DefaultFormat(str):
+    """``--format``'s default, ``table``, when the user gave none: it holds the command's formats,
+    of which ``--output``'s suffix may pick one (:func:`flopcount.cli.output.settle_format`)."""
+
+    formats: Tuple[str, ...] = ()
+
+
 def _add_format(group: Any, formats: Any, help_text: str) -> None:
-    group.add_argument("-f", "--format", choices=formats, default="table", help=help_text)
-    group.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    default = DefaultFormat("table")
+    default.formats = tuple(formats)
+    group.add_argument("-f", "--format", choices=formats, default=default, help=help_text)
+    group.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout; without "
+                       "--format its suffix picks the format (.json, .csv, .md, .html), else table")
 
 
 def _add_quiet(group: Any, help_text: str = "no progress or warnings on stderr") -> None:
