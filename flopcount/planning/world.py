@@ -146,6 +146,13 @@ def transformer_blocks(model: nn.Module) -> Tuple[str, List[nn.Module]]:
     return best[1], best[2]
 
 
+#: the Linears the LLaMA-family plan splits, by the sub-block holding them
+LLAMA_LINEARS: Dict[str, Tuple[str, ...]] = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
 #: the Megatron split of a LLaMA-family block, as ``(path, style)`` (:func:`tp_styles`); its
 #: attention takes the hidden states by keyword
 LLAMA_SPLIT: Tuple[Tuple[str, str], ...] = (
@@ -200,15 +207,8 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
         )
     block = blocks[0]
     where = f"{prefix}.*" if prefix else "*"
-    attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
-    attn_names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    mlp_names = ("gate_proj", "up_proj", "down_proj")
-    if (
-        attn is not None and mlp is not None
-        and all(isinstance(getattr(attn, n, None), nn.Linear) for n in attn_names)
-        and all(isinstance(getattr(mlp, n, None), nn.Linear) for n in mlp_names)
-    ):
-        _check_llama_heads(prefix, blocks, tp)
+    if not _missing_llama_linears(block):
+        _check_llama_split(prefix, blocks, tp)
         return tp_styles(where, LLAMA_SPLIT)
     if is_gpt2_block(block):
         return tp_styles(where, gpt2_tp_plan(where, blocks, tp))
@@ -222,31 +222,80 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     )
 
 
-def _check_llama_heads(prefix: str, blocks: List[nn.Module], tp: int) -> None:
-    """Column-parallel q/k/v give each rank ``heads / tp`` query and ``kv_heads / tp`` key/value
-    heads of ``head_dim`` columns: both must divide by ``tp``, or the block's reshape fails."""
+def _missing_llama_linears(block: nn.Module) -> List[str]:
+    """The paths of :data:`LLAMA_LINEARS` that are not an ``nn.Linear`` of ``block``."""
+    return [
+        f"{part}.{name}" for part, names in LLAMA_LINEARS.items() for name in names
+        if not isinstance(getattr(getattr(block, part, None), name, None), nn.Linear)
+    ]
+
+
+def _check_llama_split(prefix: str, blocks: List[nn.Module], tp: int) -> None:
+    """Refuse (a UsageError) a block the LLaMA-family split cannot take, before anything is traced.
+
+    Column-parallel q/k/v give each rank ``heads / tp`` query and ``kv_heads / tp`` key/value
+    heads of ``head_dim`` columns: both must divide by ``tp``, or the block's reshape fails. And
+    each rank holds only its share of every size the split shards: the q, k and v columns, the
+    head counts, the MLP's intermediate size. So ``self_attn`` and ``mlp`` may hold no parameter
+    (directly or in a submodule) other than the split Linears that has one of those sizes as a
+    dimension, save a per-head one (``numel == head_dim``: Qwen3's q_norm): a norm over all the
+    heads' columns (OLMo-2's q_norm, BitNet's attn_sub_norm and ffn_sub_norm) or a projection over
+    the key/value heads (Doge's dt_proj and A) is a whole tensor where the rank has a slice, and
+    the step fails (a real TP run of the same plan too)."""
     for index, block in enumerate(blocks):
-        attn: Any = block.self_attn
-        q, k = int(attn.q_proj.out_features), int(attn.k_proj.out_features)
-        head_dim = getattr(attn, "head_dim", None)
-        if not isinstance(head_dim, int) or head_dim <= 0 or q % head_dim or k % head_dim:
-            continue  # not the transformers layout: torch's own error stays the one said
-        heads, kv_heads = q // head_dim, k // head_dim
-        if heads % tp or kv_heads % tp:
+        where = f"{prefix}.{index}" if prefix else str(index)
+        missing = _missing_llama_linears(block)
+        if missing:
             raise UsageError(
-                f"the built-in LLaMA-family tensor-parallel plan needs the attention heads and the key/value heads "
-                f"divisible by tp={tp} ({prefix} item {index}: {heads} heads, {kv_heads} key/value heads of "
-                f"head_dim {head_dim}); choose a tp that divides both, or pass tp_plan={{module path: ParallelStyle}}"
+                f"the built-in LLaMA-family tensor-parallel plan splits every block of {prefix or 'the model'} alike, "
+                f"but block {where} has no nn.Linear {', '.join(missing)} (its first block has them): "
+                "pass tp_plan={module path: ParallelStyle}, or plan with tp=1"
             )
-        for name in ("q_norm", "k_norm"):
-            # a norm over all the heads' columns at once (OLMo-2's): column-parallel q/k give each
-            # rank a slice of them, which a norm of the whole width cannot take (the real step fails)
-            weight = getattr(getattr(attn, name, None), "weight", None)
-            if isinstance(weight, torch.Tensor) and weight.numel() > head_dim:
+        attn: Any = block.self_attn
+        mlp: Any = block.mlp
+        q, k = int(attn.q_proj.out_features), int(attn.k_proj.out_features)
+        # size -> what it is ("the output columns of k_proj and v_proj" where two are equal)
+        projections_of: Dict[int, List[str]] = {}
+        for name in ("q_proj", "k_proj", "v_proj"):
+            projections_of.setdefault(int(getattr(attn, name).out_features), []).append(name)
+        attn_sizes = {size: f"the output columns of {' and '.join(names)}" for size, names in projections_of.items()}
+        head_dim = getattr(attn, "head_dim", None)
+        per_head: Optional[int] = None
+        if isinstance(head_dim, int) and head_dim > 0 and not q % head_dim and not k % head_dim:
+            heads, kv_heads = q // head_dim, k // head_dim
+            if heads % tp or kv_heads % tp:
                 raise UsageError(
-                    f"the built-in LLaMA-family tensor-parallel plan splits q_proj and k_proj by heads, but "
-                    f"{prefix} item {index}'s self_attn.{name} normalizes {weight.numel()} columns at once (all the "
-                    f"heads; head_dim {head_dim}): pass tp_plan={{module path: ParallelStyle}}, or plan with tp=1"
+                    f"the built-in LLaMA-family tensor-parallel plan needs the attention heads and the key/value heads "
+                    f"divisible by tp={tp} ({prefix} item {index}: {heads} heads, {kv_heads} key/value heads of "
+                    f"head_dim {head_dim}); choose a tp that divides both, or pass tp_plan={{module path: ParallelStyle}}"
+                )
+            per_head = head_dim
+            attn_sizes.setdefault(heads, "the attention heads")
+            attn_sizes.setdefault(kv_heads, "the key/value heads")
+        # else: not the transformers layout; the head counts are not known (the columns still are)
+        intermediate = int(mlp.up_proj.out_features)
+        mlp_sizes = {intermediate: "the intermediate size (the output columns of gate_proj and up_proj)"}
+        _refuse_unsplit(where, "self_attn", attn, attn_sizes, per_head, tp)
+        _refuse_unsplit(where, "mlp", mlp, mlp_sizes, None, tp)
+
+
+def _refuse_unsplit(where: str, part: str, module: nn.Module, sharded: Dict[int, str], per_head: Optional[int],
+                    tp: int) -> None:
+    """A UsageError naming a parameter of ``module`` (block ``where``'s ``part``) outside its
+    split Linears with a dimension in ``sharded`` (size -> what it is), a per-head one
+    (``numel == per_head``) excepted. The sizes are tried in ``sharded``'s order, the column
+    widths before the head counts: a small head count can equal a kernel size by chance."""
+    split = LLAMA_LINEARS[part]
+    others = [(name, parameter) for name, parameter in module.named_parameters()
+              if name.split(".")[0] not in split and parameter.numel() != per_head]
+    for size, what in sharded.items():
+        for name, parameter in others:
+            if size in parameter.shape:
+                raise UsageError(
+                    f"the built-in LLaMA-family tensor-parallel plan gives each of tp={tp} ranks 1/{tp} of {what} "
+                    f"({size}) in {where}.{part}, but its parameter {name} (shape {list(parameter.shape)}) spans all "
+                    f"{size}, which a rank's share cannot take: pass tp_plan={{module path: ParallelStyle}}, "
+                    "or plan with tp=1"
                 )
 
 

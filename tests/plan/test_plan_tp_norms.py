@@ -6,7 +6,8 @@ k_proj column-parallel, so each rank holds a slice of those columns, which a nor
 width cannot take: the planned step failed deep in the norm ("Attempting to broadcast a
 dimension of length 32") with a TraceError. The plan now refuses it up front with a UsageError
 naming the norm, as it refuses heads that tp does not divide. Qwen3's q_norm/k_norm normalize
-one head (head_dim columns) and are planned as before.
+one head (head_dim columns) and are planned as before. Since branch tpfit the refusal is the one
+rule of tests/plan/test_plan_tp_refusals.py (any parameter spanning a size the split shards).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def test_a_norm_over_all_the_heads_is_refused_by_the_built_in_tp_plan() -> None:
     def build() -> torch.nn.Module:
         return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SIZES))
 
-    with pytest.raises(UsageError, match=r"model\.layers item 0's self_attn\.q_norm normalizes 64 columns at once"):
+    with pytest.raises(UsageError, match=r"in model\.layers\.0\.self_attn, but its parameter q_norm\.weight \(shape \[64\]\) spans all 64"):
         flopcount.plan(build, (_ids(),), fsdp=1, tp=2, on=None)
 
 
