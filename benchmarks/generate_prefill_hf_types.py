@@ -24,7 +24,6 @@ truth, and a summary; exit status 1 where "with" is further from the truth than 
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 from pathlib import Path
@@ -38,8 +37,10 @@ from torch.utils.flop_counter import FlopCounterMode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))  # the live oracles
 
 import zoo  # noqa: E402
+from _live_oracles import forward_flops  # noqa: E402
 from zoo_reuse_hf_types import NEW_TOKENS, TASKS, build, main_input, plain_generate_error, task_types  # noqa: E402
 
 import flopcount  # noqa: E402
@@ -49,22 +50,9 @@ from flopcount.decoding.forwards import Setup  # noqa: E402
 def truth(model: torch.nn.Module, main: torch.Tensor) -> List[int]:
     """FlopCounterMode's FLOPs of the real generate(): the prefill (its encoder included), then
     each decode step."""
-    steps: List[int] = []
-    forward = model.forward
-
-    @functools.wraps(forward)  # generate reads the forward's signature (logits_to_keep)
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        with FlopCounterMode(display=False) as counter:
-            out = forward(*args, **kwargs)
-        steps.append(counter.get_total_flops())
-        return out
-
-    model.forward = counted
-    try:
+    with forward_flops(model) as steps:
         with zoo.quiet(), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as whole:
             model.generate(main, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    finally:
-        del model.forward
     return [whole.get_total_flops() - sum(steps[1:])] + steps[1:]
 
 

@@ -5,19 +5,20 @@ training step. Imported by tests/ and by benchmarks/ (which put tests/ on ``sys.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int,
-                   options: Optional[Dict[str, Any]] = None) -> Tuple[List[int], Any]:
-    """FlopCounterMode's FLOPs of each forward a real greedy generate() runs (``options``: more
-    arguments of generate(), as ``encoder_outputs=``), and its cache."""
+@contextlib.contextmanager
+def forward_flops(model: nn.Module) -> Iterator[List[int]]:
+    """FlopCounterMode's FLOPs of each call of ``model.forward`` while the block runs (the list
+    it yields fills in call order); the model's own ``forward`` is back after."""
     flops: List[int] = []
     forward = model.forward
 
@@ -30,10 +31,18 @@ def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int,
 
     model.forward = counted
     try:
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             return_dict_in_generate=True, **(options or {}))
+        yield flops
     finally:
         del model.forward
+
+
+def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int,
+                   options: Optional[Dict[str, Any]] = None) -> Tuple[List[int], Any]:
+    """FlopCounterMode's FLOPs of each forward a real greedy generate() runs (``options``: more
+    arguments of generate(), as ``encoder_outputs=``), and its cache."""
+    with forward_flops(model) as flops:
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             return_dict_in_generate=True, **(options or {}))
     # an encoder-decoder's sequences start from its decoder start token, not the prompt
     start = 1 if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else ids.shape[1]
     assert out.sequences.shape == (ids.shape[0], start + new_tokens)
