@@ -11,7 +11,7 @@ import sysconfig
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from flopcount.cli.deadline import stage
 from flopcount.core.deprecation import is_renamed
@@ -140,6 +140,13 @@ def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[in
     return report
 
 
+class DefaultFormat(str):
+    """``--format``'s default, ``table``, when the user gave none: it holds the command's formats,
+    of which ``--output``'s suffix may pick one (:func:`settle_format`)."""
+
+    formats: Tuple[str, ...] = ()
+
+
 #: the formats an ``--output`` suffix names
 SUFFIX_FORMATS = {".json": "json", ".csv": "csv", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}
 
@@ -149,8 +156,6 @@ def settle_format(args: argparse.Namespace) -> None:
     names if the command writes it (``-o report.json`` writes JSON, which ``diff`` and ``check
     --baseline`` read back), else ``table``; where the user gave one that another suffix names
     (``-f csv -o report.json``), it is kept and a warning says so."""
-    from flopcount.cli.parser import DefaultFormat
-
     chosen = getattr(args, "format", None)
     if not isinstance(chosen, str):
         return

@@ -11,6 +11,7 @@ import textwrap
 from typing import Any, Dict, Iterable, List, NoReturn, Set, Tuple
 
 from flopcount.budget.check import parse_bytes, parse_quantity
+from flopcount.cli.output import DefaultFormat
 from flopcount.core.deprecation import renamed
 from flopcount.errors import UsageError
 from flopcount.types import OPTIMIZERS, TRACERS
@@ -623,13 +624,6 @@ def _add_model_args(p: argparse.ArgumentParser, title: str, *, example: str, see
     inputs.add_argument("--config", dest="config", action="append", default=[], type=_lazy_spec("parse_config_value"), metavar="KEY=VALUE",
                         help="hf: config override, or keyword argument of a factory (int/float/bool/str; repeatable)")
     return inputs
-
-
-class DefaultFormat(str):
-    """``--format``'s default, ``table``, when the user gave none: it holds the command's formats,
-    of which ``--output``'s suffix may pick one (:func:`flopcount.cli.output.settle_format`)."""
-
-    formats: Tuple[str, ...] = ()
 
 
 def _add_format(group: Any, formats: Any, help_text: str) -> None:
