@@ -71,8 +71,9 @@ def test_every_operator_of_each_forward_matches_a_real_generate(kind: str) -> No
     real = count_generation(model, ids, N, trace_every_step=True)
     assert_same_state(model, before)
     meta = count_generation(_model(kind, "meta"), ids.to("meta"), N, trace_every_step=True)
-    # before genall (f1cf68f): LLaMA -840 FLOPs (real) / -864 (meta) in every forward (rotary of one
-    # row, a mask sum), GPT-2 +24 (real: the mask's sum), T5 +48 (real: the decoder's mask check)
+    # before genall (f1cf68f) every forward differed: LLaMA's by -408, -10, -8, -6 FLOPs on real
+    # weights (rotary cos/sin of one row, not one per prompt; the mask's sum), GPT-2's prefill by +24
+    # (the mask's sum), T5's by +48 (a mask generate() does not pass, checked with aten::all)
     assert _totals(_forwards(real)) == _totals(truth)
     assert _totals(_forwards(meta)) == _totals(truth)
     assert _forwards(real) == truth
