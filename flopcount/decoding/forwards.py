@@ -346,8 +346,11 @@ class Setup:
         prompt's as generate() continues them (the last one plus 1, 2, ...), or None."""
         if self.positions is None:
             return None
+        if is_dataless(self.positions):  # meta: no values to continue (an add on meta runs torch's Python refs)
+            return self.positions.new_empty((*self.positions.shape[:-1], width))
+        last = self.positions[..., -1:]
         offsets = torch.arange(step + 1, step + width + 1, dtype=self.positions.dtype, device=self.positions.device)
-        return self.positions[..., -1:] + offsets
+        return last + offsets
 
     def prefill_call(self, index: int, cache: Any = None) -> Dict[str, Any]:
         """Prefill forward ``index`` as generate()'s ``_prefill`` makes it: the call passed
