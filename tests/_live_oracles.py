@@ -49,6 +49,63 @@ def generate_truth(model: nn.Module, ids: torch.Tensor, new_tokens: int,
     return flops, out.past_key_values
 
 
+def generate_calls(model: nn.Module, ids: torch.Tensor, new_tokens: int, options: Optional[Dict[str, Any]] = None
+                   ) -> List[Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]]:
+    """Each forward a real greedy generate() runs, in order, as ``(module, args, kwargs)``: the
+    model's, and an encoder-decoder's encoder (generate() runs it on its own, before the first
+    decoder forward), with the arguments each received (a forward pre-hook with kwargs),
+    deep-copied before it ran: the cache as it was then, so that a replay runs the same call."""
+    calls: List[Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]] = []
+    running: List[nn.Module] = []  # the model's forward while it runs: the encoder inside it is part of it
+
+    def keep(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        if module is model or not running:
+            calls.append((module, *copy.deepcopy((args, kwargs))))
+
+    modules = [model]
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        modules.append(model.get_encoder())  # generate() runs the encoder on its own, before the decoder
+    handles = [m.register_forward_pre_hook(keep, with_kwargs=True) for m in modules]
+
+    def enter(*_: Any) -> None:
+        running.append(model)
+
+    def leave(*_: Any) -> None:
+        running.pop()
+
+    handles.append(model.register_forward_pre_hook(enter))
+    handles.append(model.register_forward_hook(leave))
+    try:
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **(options or {}))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+def generate_all_flops(model: nn.Module, ids: torch.Tensor, new_tokens: int,
+                       options: Optional[Dict[str, Any]] = None) -> List[Dict[str, int]]:
+    """flopcount's dispatch tracer on each forward a real greedy generate() runs, replayed with
+    the exact arguments it received (:func:`generate_calls`): the FLOPs of every operator of each
+    forward (``by_operator()``), the element-wise ones (mask building, positions, rotary, norms,
+    softmax) included; an encoder-decoder's encoder run is booked with the first decoder forward,
+    as count_generation's prefill books it."""
+    from flopcount import count_flops
+
+    forwards: List[Dict[str, int]] = []
+    pending: Dict[str, int] = {}
+    for module, args, kwargs in generate_calls(model, ids, new_tokens, options):
+        rows = count_flops(module, args, kwargs, tracer="dispatch").by_operator()
+        for op, flops in pending.items():
+            rows[op] = rows.get(op, 0) + flops
+        pending = {}
+        if module is model:
+            forwards.append(rows)
+        else:
+            pending = rows
+    return forwards
+
+
 def held_bytes(obj: Any) -> int:
     """Bytes of every storage reachable from a real cache, once per data pointer."""
     storages: Dict[int, int] = {}

@@ -295,12 +295,15 @@ def test_a_continued_step_is_described_by_its_own_inputs() -> None:
     """A step costed as the affine continuation reads as the traced step would (found by
     benchmarks/zoo_reuse_hf_types.py): its ``to_dict()`` (totals, rows and the inputs it was
     fed: here the attention mask of P + s + 1 positions) equals ``trace_every_step=True``'s;
-    it said the first step's inputs (a mask of P + 1)."""
+    it said the first step's inputs (a mask of P + 1). The prompt is left-padded: generate()
+    drops an all-ones mask (and so does count_generation since genall), and keeps this one."""
     model = _model(_config("llama"))
     prompt, new = 12, 8
     ids = torch.randint(0, VOCAB, (B, prompt), generator=torch.Generator().manual_seed(1))
-    continued = count_generation(model, ids, new_tokens=new)
-    traced = count_generation(model, ids, new_tokens=new, trace_every_step=True)
+    padded = {"attention_mask": torch.ones(B, prompt, dtype=torch.int64)}
+    padded["attention_mask"][0, :2] = 0
+    continued = count_generation(model, ids, new_tokens=new, kwargs=padded)
+    traced = count_generation(model, ids, new_tokens=new, kwargs=padded, trace_every_step=True)
     assert any("affine continuation" in w for w in continued.warnings)
     assert [step.to_dict() for step in continued.steps] == [step.to_dict() for step in traced.steps]
     masks = [f"attention_mask=Tensor[{B}, {prompt + s + 1}] int64" for s in range(new - 1)]

@@ -281,13 +281,15 @@ class Setup:
                 "same whatever the ids); no early stop at an end-of-sequence token"
             )
         main = getattr(model, "main_input_name", "input_ids") if self.encoder_decoder else "input_ids"
+        self._main_key = main
         first: Dict[str, Any] = {main: input_ids, "use_cache": True}
-        if "attention_mask" in self.parameters and not (kwargs and "attention_mask" in kwargs) and input_ids.dtype in _INT:
-            if is_dataless(input_ids):
-                # generate's all-ones mask would only be checked with .all(), which meta cannot answer
-                self.notes.append("no attention mask was passed on meta (all positions valid, as generate's all-ones mask)")
-            else:
-                first["attention_mask"] = torch.ones(self.batch, self.prompt, dtype=torch.int64, device=self.device)
+        # generate()'s own all-ones mask (pad-token inference aside), made for a decoder-only
+        # model only (an encoder-decoder's encoder and decoder get none): dropped again by
+        # _feed_as_generate, after the position ids are made from it
+        self._own_mask = not self.encoder_decoder and "attention_mask" in self.parameters \
+            and not (kwargs and "attention_mask" in kwargs) and input_ids.dtype in _INT
+        if self._own_mask:
+            first["attention_mask"] = torch.ones(self.batch, self.prompt, dtype=torch.int64, device=self.device)
         if self.encoder_decoder:
             first["decoder_input_ids"] = torch.full((self.batch, 1), _decoder_start(model), dtype=torch.int64, device=self.device)
         if "logits_to_keep" in self.parameters:
@@ -303,12 +305,52 @@ class Setup:
                 # generate() makes the dynamic cache and hands it in: models that keep recurrent state in
                 # their modules (RecurrentGemma) update it in place and return none
                 first[self.cache_key] = _new_cache(model, None)
+        #: the prompt's position ids as generate() makes them (None: generate() passes none)
+        self.positions: Optional[torch.Tensor] = None
+        if not self.encoder_decoder and input_ids.dtype in _INT:
+            self._feed_as_generate(model, first, static=options.static_len is not None)
         self.first = first
         self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
         self.base = 1 if self.encoder_decoder else self.prompt
         self._main = main
         self._prepare = _preparer(model, self.cache_key)
+
+    def _feed_as_generate(self, model: nn.Module, first: Dict[str, Any], *, static: bool) -> None:
+        """A decoder-only prompt's position ids and mask as generate() hands them on: where the
+        forward takes ``position_ids`` and none was given, the model's own
+        ``_prepare_position_ids_for_generation`` makes them from the mask (one row per prompt);
+        then the mask is dropped where it is all ones, as generate() drops it (except for flash
+        attention over a static cache). count_generation's own mask is all ones by construction,
+        on meta too; a mask the caller gave is tested as generate() tests it, ``(mask == 1).all()``,
+        which meta cannot answer: there it is kept, and a note says so."""
+        mask = first.get("attention_mask")
+        make_positions = getattr(model, "_prepare_position_ids_for_generation", None)
+        if "position_ids" in self.parameters and first.get("position_ids") is None and callable(make_positions):
+            self.positions = make_positions(first[self._main_key], {"attention_mask": mask} if mask is not None else {})
+            first["position_ids"] = self.positions
+        elif isinstance(first.get("position_ids"), torch.Tensor):
+            self.positions = first["position_ids"]
+        if not isinstance(mask, torch.Tensor) or (static and _flash_attention(model)):
+            return
+        if self._own_mask:
+            del first["attention_mask"]
+        elif is_dataless(mask):
+            self.notes.append("the attention_mask given was kept on meta: generate() drops a mask of all ones, "
+                              "which meta cannot tell")
+        elif bool((mask == 1).all()):
+            del first["attention_mask"]
+
+    def next_positions(self, step: int, width: int) -> Optional[torch.Tensor]:
+        """The position ids of decode step ``step``'s ``width`` new positions, continuing the
+        prompt's as generate() continues them (the last one plus 1, 2, ...), or None."""
+        if self.positions is None:
+            return None
+        if is_dataless(self.positions):  # meta: no values to continue (an add on meta runs torch's Python refs)
+            return self.positions.new_empty((*self.positions.shape[:-1], width))
+        last = self.positions[..., -1:]
+        offsets = torch.arange(step + 1, step + width + 1, dtype=self.positions.dtype, device=self.positions.device)
+        return last + offsets
 
     def prefill_call(self, index: int, cache: Any = None) -> Dict[str, Any]:
         """Prefill forward ``index`` as generate()'s ``_prefill`` makes it: the call passed
@@ -359,10 +401,14 @@ def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]
     calls = []
     prompt = first[main]
     mask = first.get("attention_mask")
+    positions = first.get("position_ids")
     for start in range(0, int(prompt.shape[-1]), size):
         call = {**first, main: prompt[..., start : start + size]}
+        end = start + int(call[main].shape[-1])
         if isinstance(mask, torch.Tensor):
-            call["attention_mask"] = mask[..., : start + int(call[main].shape[-1])]
+            call["attention_mask"] = mask[..., :end]
+        if isinstance(positions, torch.Tensor):  # generate()'s _prefill slices them to the chunk
+            call["position_ids"] = positions[..., start:end]
         calls.append(call)
     return calls
 
@@ -437,7 +483,13 @@ class Decoding:
             # state-space models of transformers < 5.24 (``cache_params``) decode without a mask:
             # their prepare_inputs_for_generation drops it, and the mixer would broadcast it
             if self.mask is not None and setup.cache_key != "cache_params":
-                call["attention_mask"] = torch.ones(setup.batch, setup.prompt + step + width, dtype=torch.int64, device=setup.device)
+                # the prompt's mask (a padded one kept: generate() drops only an all-ones mask) grown
+                # by one valid position per token, as generate() grows it
+                grown = torch.ones(setup.batch, step + width, dtype=self.mask.dtype, device=self.mask.device)
+                call["attention_mask"] = torch.cat([self.mask, grown], dim=-1)
+            positions = setup.next_positions(step, width)
+            if positions is not None:
+                call["position_ids"] = positions
         if "logits_to_keep" in setup.parameters:
             call["logits_to_keep"] = 1
         return call
@@ -458,6 +510,17 @@ def _preparer(model: nn.Module, cache_key: str) -> Any:
 
 
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _flash_attention(model: nn.Module) -> bool:
+    """Whether the model asks for flash attention (transformers' own test): generate() keeps
+    an all-ones mask then under a static cache, to unpad its invalid positions."""
+    try:
+        from transformers.utils.generic import is_flash_attention_requested
+    except ImportError:
+        return False
+    config = getattr(model, "config", None)
+    return config is not None and bool(is_flash_attention_requested(config))
 
 
 def _signature_parameters(fn: Any) -> Mapping[str, inspect.Parameter]:
