@@ -314,7 +314,9 @@ class Setup:
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
         self.base = 1 if self.encoder_decoder else self.prompt
         self._main = main
-        self._prepare = _preparer(model, self.cache_key)
+        #: the model's ``prepare_inputs_for_generation`` as generate() calls it (:func:`_preparer`), or None
+        self.preparer = _preparer(model, self.cache_key)
+        self._prepare = self.preparer  # the prefill's: None after it failed once
 
     def _feed_as_generate(self, model: nn.Module, first: Dict[str, Any], *, static: bool) -> None:
         """A decoder-only prompt's position ids and mask as generate() hands them on: where the
@@ -372,14 +374,10 @@ class Setup:
         encoder_input = {self._main: arguments.pop(self._main)} if self.encoder_decoder and self._main in arguments else {}
         if len(self.prefill_calls) == 1:
             arguments["next_sequence_length"] = self._prefill_length(call)
-        try:
-            prepared = dict(self._prepare(call[ids_key], is_first_iteration=True, **arguments))
-        except Exception as exc:  # transformers' own helper: fall back to the call as made, and say so
+        prepared = _prepared(self._prepare, call[ids_key], self.notes, "the prefill was fed the prompt, the cache and the "
+                             "all-ones mask instead", is_first_iteration=True, **arguments)
+        if prepared is None:
             self._prepare = None
-            self.notes.append(
-                f"{type(exc).__name__} in the model's prepare_inputs_for_generation ({str(exc)[:120]}): the prefill was "
-                "fed the prompt, the cache and the all-ones mask instead"
-            )
             return call
         return {**encoder_input, **prepared}
 
@@ -420,7 +418,7 @@ class Decoding:
 
     def __init__(self, model: nn.Module, output: Any, setup: Setup, encoder: Any = None):
         self.setup = setup
-        self.prepare = _preparer(model, setup.cache_key)
+        self.prepare = setup.preparer  # the decode steps': None after it failed once
         given = setup.first.get("encoder_outputs")
         self.encoder_outputs = _encoder_outputs(output, encoder, given) if setup.encoder_decoder else None
         self.mask = setup.first.get("attention_mask")
@@ -459,15 +457,12 @@ class Decoding:
         setup = self.setup
         ids = call.pop("decoder_input_ids" if setup.encoder_decoder else "input_ids")
         history = ids[:, :1].expand(-1, (1 if setup.encoder_decoder else setup.prompt) + step + width)
-        try:
-            return dict(self.prepare(history, next_sequence_length=width, is_first_iteration=False, **call))
-        except Exception as exc:  # transformers' own helper: fall back to the plain inputs, and say so
+        prepared = _prepared(self.prepare, history, self.notes, "decode steps were fed the greedy token, the cache and "
+                             "the all-ones mask instead", next_sequence_length=width, is_first_iteration=False, **call)
+        if prepared is None:
             self.prepare = None
-            self.notes.append(
-                f"{type(exc).__name__} in the model's prepare_inputs_for_generation ({str(exc)[:120]}): decode steps "
-                "were fed the greedy token, the cache and the all-ones mask instead"
-            )
             return self._call(step, width)
+        return prepared
 
     def _call(self, step: int, width: int) -> Dict[str, Any]:
         setup = self.setup
@@ -507,6 +502,17 @@ def _preparer(model: nn.Module, cache_key: str) -> Any:
     if any(p.kind is p.VAR_KEYWORD for p in names.values()):
         return prepare
     return prepare if "next_sequence_length" in names and "cache" in names else None
+
+
+def _prepared(prepare: Any, ids: torch.Tensor, notes: List[str], instead: str, **arguments: Any) -> Optional[Dict[str, Any]]:
+    """What ``prepare`` (the model's ``prepare_inputs_for_generation``) makes of ``ids`` and
+    ``arguments``, or None where it raises: transformers' own helper, so the caller falls back to
+    its plain inputs, and ``notes`` says so (``instead``: what was fed then)."""
+    try:
+        return dict(prepare(ids, **arguments))
+    except Exception as exc:
+        notes.append(f"{type(exc).__name__} in the model's prepare_inputs_for_generation ({str(exc)[:120]}): {instead}")
+        return None
 
 
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
