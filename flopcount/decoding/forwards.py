@@ -374,8 +374,8 @@ class Setup:
         encoder_input = {self._main: arguments.pop(self._main)} if self.encoder_decoder and self._main in arguments else {}
         if len(self.prefill_calls) == 1:
             arguments["next_sequence_length"] = self._prefill_length(call)
-        prepared = _prepared(self._prepare, call[ids_key], self.notes, "the prefill was fed the prompt, the cache and the "
-                             "all-ones mask instead", is_first_iteration=True, **arguments)
+        prepared = _prepared(self._prepare, call[ids_key], self.notes, "the prefill was fed its inputs as made, without "
+                             "the preparer", is_first_iteration=True, **arguments)
         if prepared is None:
             self._prepare = None
             return call
@@ -457,8 +457,8 @@ class Decoding:
         setup = self.setup
         ids = call.pop("decoder_input_ids" if setup.encoder_decoder else "input_ids")
         history = ids[:, :1].expand(-1, (1 if setup.encoder_decoder else setup.prompt) + step + width)
-        prepared = _prepared(self.prepare, history, self.notes, "decode steps were fed the greedy token, the cache and "
-                             "the all-ones mask instead", next_sequence_length=width, is_first_iteration=False, **call)
+        prepared = _prepared(self.prepare, history, self.notes, "decode steps were fed the greedy token and the "
+                             "cache without the preparer", next_sequence_length=width, is_first_iteration=False, **call)
         if prepared is None:
             self.prepare = None
             return self._call(step, width)
