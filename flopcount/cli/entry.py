@@ -22,7 +22,6 @@ wrong, chained to the cause.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib
 import importlib.util
 import inspect
@@ -40,7 +39,7 @@ from flopcount.cli.output import describe
 from flopcount.cli.parser import pairs_once
 from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, parse_dtype, parse_spec
 from flopcount.core.inputs import flatten_tensors
-from flopcount.errors import UsageError, did_you_mean
+from flopcount.errors import UsageError, close_names, did_you_mean
 from flopcount.examples import CATALOG
 
 ENTRY_HELP = (
@@ -356,7 +355,7 @@ def _load_example(entry: str, name: str, overrides: Dict[str, Any], device: str)
             own_module = importlib.util.find_spec("example") is not None
         if own_module:  # the user's own example.py wins for names the catalog lacks
             return _from_object(entry, _import_target(entry.strip()), overrides, device)
-        close = difflib.get_close_matches(name, list(CATALOG), n=3)
+        close = close_names(name, CATALOG)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UsageError(f"bad ENTRY {entry!r}: no example {name!r}; {hint}(examples: {', '.join(CATALOG)})")
     example = CATALOG[name]
