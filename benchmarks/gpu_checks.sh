@@ -24,7 +24,7 @@ wants() { [[ $parts == *" $1 "* ]]; }
 if wants tests; then
   timeout 240 $py -m pytest -q -rs -p no:cacheprovider -o addopts="" -k cuda \
     tests/test_memory.py tests/test_profile.py tests/test_roofline.py tests/test_devices.py \
-    tests/test_measured_roofs.py tests/bench tests/tracers/test_fake.py tests/cli/test_cli.py tests/test_cuda_paths.py > "$out/tests.txt" 2>&1
+    tests/test_measured_roofs.py tests/bench tests/tracers/test_fake.py tests/cli/test_cli.py tests/test_cuda_paths.py tests/test_cuda_readings.py > "$out/tests.txt" 2>&1
   echo "tests rc $?" >> "$out/tests.txt"
 fi
 if wants bounds; then
