@@ -51,10 +51,11 @@ def test_cuda_count_generation_matches_a_real_generate(kind: str, dtype: torch.d
     model = _decoder(kind, dtype)
     ids = torch.randint(3, VOCAB, (B, P), generator=torch.Generator().manual_seed(1)).cuda()
     truth = generate_all_flops(model, ids, N)
-    contractions, _ = generate_truth(model, ids, N)
+    contractions, _ = generate_truth(model, ids, N) if kind == "gpt2" else (None, None)
     result = flopcount.count_generation(model, ids, N, trace_every_step=True)
     assert _forwards(result) == truth
-    assert [2 * forward.macs for forward in (result.prefill, *result.steps)] == contractions
+    if kind == "gpt2":  # torch 2.11's FlopCounterMode refuses SDPA over grouped-query heads (LLaMA's 4 / 2)
+        assert [2 * forward.macs for forward in (result.prefill, *result.steps)] == contractions
 
 
 class _Counted(nn.Module):

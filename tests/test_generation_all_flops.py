@@ -110,3 +110,23 @@ def test_chunked_prefill_feeds_each_chunk_its_position_ids() -> None:
             prefill[op] = prefill.get(op, 0) + flops
     result = count_generation(model, ids, N, trace_every_step=True, prefill_chunk_size=5)
     assert _totals(_forwards(result)) == _totals([prefill, *truth[chunks:]])
+
+
+@pytest.mark.parametrize("version, drops", [("4.57.6", False), ("5.17.0", False), ("5.18.0", True),
+                                            ("5.18.0.dev0", True), ("5.24.0", True), ("6.0.0", True)])
+def test_the_own_mask_is_dropped_only_where_generate_drops_it(monkeypatch: Any, version: str, drops: bool) -> None:
+    """generate() drops an all-ones mask from transformers 5.18 on (huggingface/transformers#48814;
+    checked in each release's wheel, 5.17 to 5.24). Under 5.17 (a lent GPU's, and a venv here),
+    count_generation dropped it anyway, so every forward missed the model's mask checks: the prompt's
+    ``aten::sum`` (24 FLOPs at batch 2 x 12) and one more per step, against the live oracle above."""
+    import importlib
+
+    from flopcount.decoding import forwards
+
+    # the module an import finds now (a test elsewhere may have imported transformers afresh)
+    monkeypatch.setattr(importlib.import_module("transformers"), "__version__", version)
+    forwards._drops_all_ones_mask.cache_clear()
+    try:
+        assert forwards._drops_all_ones_mask() is drops
+    finally:
+        forwards._drops_all_ones_mask.cache_clear()

@@ -9,7 +9,9 @@ the hook that keeps each output."""
 
 from __future__ import annotations
 
+import functools
 import inspect
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -333,7 +335,7 @@ class Setup:
             first["position_ids"] = self.positions
         elif isinstance(first.get("position_ids"), torch.Tensor):
             self.positions = first["position_ids"]
-        if not isinstance(mask, torch.Tensor) or (static and _flash_attention(model)):
+        if not isinstance(mask, torch.Tensor) or (static and _flash_attention(model)) or not _drops_all_ones_mask():
             return
         if self._own_mask:
             del first["attention_mask"]
@@ -516,6 +518,21 @@ def _prepared(prepare: Any, ids: torch.Tensor, notes: List[str], instead: str, *
 
 
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+@functools.cache
+def _drops_all_ones_mask() -> bool:
+    """Whether this transformers' generate() drops an all-ones attention mask before the first
+    forward: from 5.18 on (huggingface/transformers#48814); before, it hands every forward the mask,
+    grown by one column a step, and the model's mask checks run on it (an ``aten::sum`` over it,
+    measured on 5.17)."""
+    import transformers
+
+    release = []
+    for part in transformers.__version__.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        release.append(int(digits) if digits else 0)
+    return tuple(release) >= (5, 18)
 
 
 def _flash_attention(model: nn.Module) -> bool:

@@ -291,11 +291,21 @@ class LazyTensors(dict):
             return found
         # made inside the run: below the recorder's and the fake mode's dispatch (not an op of the
         # model), in the inference mode the copy was made in (an inference tensor or not, as the others)
+        same_mode = torch.is_inference_mode_enabled() == faker.inference
         with torch._C._DisableTorchDispatch():
-            if torch.is_inference_mode_enabled() == faker.inference:
-                return faker.fake_pending(value)
-            with torch.inference_mode(faker.inference):
-                return faker.fake_pending(value)
+            if same_mode:
+                made = faker.fake_pending(value)
+            else:
+                with torch.inference_mode(faker.inference):
+                    made = faker.fake_pending(value)
+        if made is not None:
+            return made
+        # the fast constructor failed (a changed torch): torch's own route, FakeTensorMode.from_tensor,
+        # which refuses to run below the dispatch (it converts under its own guard)
+        if same_mode:
+            return faker.fake(value.real)
+        with torch.inference_mode(faker.inference):
+            return faker.fake(value.real)
 
     def __getitem__(self, key: Any) -> Any:
         return self._fake(dict.__getitem__(self, key))
@@ -578,10 +588,12 @@ class _Faker:
             self.metas[id(made)] = (made, meta)
         return made
 
-    def fake_pending(self, pending: Pending) -> torch.Tensor:
+    def fake_pending(self, pending: Pending) -> Optional[torch.Tensor]:
         """The fake of a :class:`Pending`'s tensor (the one already made, if any), made from the
         metadata its key holds: inside the run every read of a tensor's metadata goes through the
-        run's torch-function mode, so the real tensor is not read again."""
+        run's torch-function mode, so the real tensor is not read again. None where the fast
+        constructor fails (a private constructor that changed): the caller then takes
+        :meth:`fake`'s general route, above the dispatch it runs this below."""
         real = pending.real
         found = self.memo.get(id(real))
         if found is not None:
@@ -589,8 +601,8 @@ class _Faker:
         shape, stride, _, dtype, device, grad, _ = pending.key
         try:
             made = self.maker.make(shape, stride, dtype, device, grad, type(real) is nn.Parameter)
-        except Exception:  # a private constructor that changed: the general route
-            return self.fake(real)
+        except Exception:
+            return None
         self.memo[id(real)] = made
         return made
 

@@ -61,7 +61,13 @@ class FakeMaker:
         return made
 
     def _slow(self, meta: torch.Tensor, device: torch.device, requires_grad: bool, is_param: bool) -> Any:
-        made = self._type(self._mode, meta, device, requires_grad=requires_grad, _is_param=is_param)
+        # the constructor's oldest signature (torch 2.11's takes no requires_grad/_is_param): the flags
+        # set as FakeTensorMode.from_tensor sets them, after it
+        made = self._type(self._mode, meta, device)
+        if requires_grad:
+            made.requires_grad_(True)
+        if is_param:
+            made._is_param = True
         if device not in self._states:
             state = self._split({k: v for k, v in vars(made).items() if k != "_is_param"}, device)
             self._states[device] = state
