@@ -26,6 +26,22 @@ class UsageError(FlopcountError, ValueError):
     """Bad arguments to a flopcount function (wrong type, unknown option...)."""
 
 
+class TensorParallelPlanError(UsageError):
+    """The built-in tensor-parallel plan cannot split this model (``flopcount.plan`` with
+    ``tp > 1`` and no ``tp_plan``). ``reason`` says why, ``choice`` is a remedy of the reason's
+    own ("choose a tp that divides both"; "" when none); the message adds the Python API's
+    remedies (:data:`REMEDY`), which the CLI, taking no ``tp_plan``, replaces by its own."""
+
+    #: what a caller of flopcount.plan can do instead
+    REMEDY = "pass tp_plan={module path: ParallelStyle}, or plan with tp=1"
+
+    def __init__(self, reason: str, choice: str = ""):
+        remedies = f"{choice}, {self.REMEDY}" if choice else self.REMEDY
+        super().__init__(f"{reason}: {remedies}")
+        self.reason = reason
+        self.choice = choice
+
+
 class TraceError(FlopcountError, RuntimeError):
     """The model's forward failed, or the tracer could not record it.
 

@@ -99,6 +99,34 @@ def test_a_padded_mask_is_kept_with_its_position_ids() -> None:
     assert _forwards(result) == truth
 
 
+PAD = 1  # the generation config's pad token, not an end-of-sequence token (none is set)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_prompt_holding_the_pad_token_is_fed_the_mask_generate_infers(kind: str) -> None:
+    """No mask given, the pad token in the prompt and not the end of sequence: generate() infers
+    the mask ``ids != pad`` (``_prepare_attention_mask_for_generation``), keeps it, and makes the
+    position ids from it (branch leftfix: count_generation fed its all-ones mask, then dropped it)."""
+    model, ids = _model(kind), _prompt()  # ids from 3 up: no pad token but those set here
+    model.generation_config.pad_token_id = PAD
+    ids[0, :3] = PAD  # a left-padded first prompt
+    before = snapshot(model)
+    truth = generate_all_flops(model, ids, N)
+    result = count_generation(model, ids, N, trace_every_step=True)
+    assert_same_state(model, before)
+    assert model.generation_config.pad_token_id == PAD  # the model's config left as found
+    assert _forwards(result) == truth
+
+
+def test_on_meta_a_pad_token_cannot_be_seen_and_the_mask_is_all_ones() -> None:
+    """Meta ids have no values: count_generation feeds generate()'s all-ones case, as before."""
+    model = _model("llama", "meta")
+    model.generation_config.pad_token_id = PAD
+    truth = generate_all_flops(_model("llama"), _prompt(), N)  # a prompt without the pad token
+    result = count_generation(model, _prompt().to("meta"), N, trace_every_step=True)
+    assert _forwards(result) == truth
+
+
 def test_chunked_prefill_feeds_each_chunk_its_position_ids() -> None:
     """generate()'s chunked prefill slices the position ids to each chunk."""
     model, ids = _model("llama"), _prompt()

@@ -24,7 +24,7 @@ from flopcount.core.rendering import render
 from flopcount.core.results import load_report
 from flopcount.diffs import check_growth, diff
 from flopcount.diffs.gate import DEFAULT_GROWTH, parse_growth, table_growth
-from flopcount.errors import TraceError, UsageError
+from flopcount.errors import TensorParallelPlanError, TraceError, UsageError
 from flopcount.integrations.tensorboard import summary_writer, write_tensorboard
 from flopcount.report.diff import unlike_sides
 from flopcount.report.plot import check_plot_path, plot_result, plot_sunburst
@@ -538,6 +538,11 @@ def _meta_inputs(args: argparse.Namespace) -> Tuple[Any, Optional[Dict[str, Any]
     return inputs, kwargs, f"the default input of {args.entry} ({shown})"
 
 
+#: what the CLI can do where the built-in tensor-parallel plan cannot split the model (it takes no plan of yours)
+_CLI_TP_REMEDY = ("run with --tp 1 (FSDP alone), or plan your own split from Python: "
+                  "flopcount.plan(build, inputs, tp=N, tp_plan={module path: ParallelStyle})")
+
+
 def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimizer: Optional[str], dtype: Optional[str]) -> Any:
     from flopcount.planning.plan import gpu_key, plan
     from flopcount.planning.result import link_bandwidth
@@ -555,11 +560,15 @@ def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimize
     from flopcount.cli.entry import meta_builder
 
     # an exported program's graph stays on the CPU, where plan's fake step runs
-    result = plan(
-        meta_builder(args, dtype, graph_device="cpu"), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
-        optimizer=optimizer or "adamw", on=on, link=link,
-        mixed_precision=getattr(args, "mixed_precision", None), backend=getattr(args, "backend", "nccl"),
-    )
+    try:
+        result = plan(
+            meta_builder(args, dtype, graph_device="cpu"), inputs, kwargs, fsdp=args.fsdp, tp=args.tp,
+            optimizer=optimizer or "adamw", on=on, link=link,
+            mixed_precision=getattr(args, "mixed_precision", None), backend=getattr(args, "backend", "nccl"),
+        )
+    except TensorParallelPlanError as exc:  # its remedy, tp_plan=, is the Python API's: say the CLI's
+        remedies = f"{exc.choice}, {_CLI_TP_REMEDY}" if exc.choice else _CLI_TP_REMEDY
+        raise UsageError(f"{exc.reason}: {remedies}") from exc
     if origin:
         note = f"no --input was given: the micro-batch is {origin}"
         result = dataclasses.replace(result, notes=(*result.notes, note))

@@ -1,14 +1,15 @@
 """The forwards ``generate()`` runs, as :func:`flopcount.count_generation` feeds them: the
 generation options that change them (:func:`generation_options`: the cache implementation,
 its length, chunked prefill, resolved from the model's ``generation_config`` and the
-arguments as transformers 5 resolves them), the prefill call or calls (prompt, all-ones
-mask, decoder start token, ``logits_to_keep=1``; one call per chunk with
+arguments as transformers 5 resolves them), the prefill call or calls (prompt, the mask
+generate() makes, decoder start token, ``logits_to_keep=1``; one call per chunk with
 ``prefill_chunk_size``) and each decode step's inputs (the greedy token, the cache, the
 growing mask; or what the model's own ``prepare_inputs_for_generation`` makes of them), and
 the hook that keeps each output."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import itertools
@@ -285,13 +286,14 @@ class Setup:
         main = getattr(model, "main_input_name", "input_ids") if self.encoder_decoder else "input_ids"
         self._main_key = main
         first: Dict[str, Any] = {main: input_ids, "use_cache": True}
-        # generate()'s own all-ones mask (pad-token inference aside), made for a decoder-only
-        # model only (an encoder-decoder's encoder and decoder get none): dropped again by
-        # _feed_as_generate, after the position ids are made from it
+        # the mask generate() makes when none is given, for a decoder-only model only (an
+        # encoder-decoder's encoder and decoder get none): all ones, or, on real ids holding the
+        # pad token, the padded one it infers (:func:`_inferred_mask`); dropped again by
+        # _feed_as_generate where it is all ones, after the position ids are made from it
         self._own_mask = not self.encoder_decoder and "attention_mask" in self.parameters \
             and not (kwargs and "attention_mask" in kwargs) and input_ids.dtype in _INT
         if self._own_mask:
-            first["attention_mask"] = torch.ones(self.batch, self.prompt, dtype=torch.int64, device=self.device)
+            first["attention_mask"] = _inferred_mask(model, input_ids)
         if self.encoder_decoder:
             first["decoder_input_ids"] = torch.full((self.batch, 1), _decoder_start(model), dtype=torch.int64, device=self.device)
         if "logits_to_keep" in self.parameters:
@@ -325,9 +327,10 @@ class Setup:
         forward takes ``position_ids`` and none was given, the model's own
         ``_prepare_position_ids_for_generation`` makes them from the mask (one row per prompt);
         then the mask is dropped where it is all ones, as generate() drops it (except for flash
-        attention over a static cache). count_generation's own mask is all ones by construction,
-        on meta too; a mask the caller gave is tested as generate() tests it, ``(mask == 1).all()``,
-        which meta cannot answer: there it is kept, and a note says so."""
+        attention over a static cache). count_generation's own mask on meta is all ones by
+        construction; on real ids, and a mask the caller gave, it is tested as generate() tests
+        it, ``(mask == 1).all()``, which meta cannot answer for a mask given: there it is kept,
+        and a note says so."""
         mask = first.get("attention_mask")
         make_positions = getattr(model, "_prepare_position_ids_for_generation", None)
         if "position_ids" in self.parameters and first.get("position_ids") is None and callable(make_positions):
@@ -337,7 +340,7 @@ class Setup:
             self.positions = first["position_ids"]
         if not isinstance(mask, torch.Tensor) or (static and _flash_attention(model)) or not _drops_all_ones_mask():
             return
-        if self._own_mask:
+        if self._own_mask and is_dataless(mask):
             del first["attention_mask"]
         elif is_dataless(mask):
             self.notes.append("the attention_mask given was kept on meta: generate() drops a mask of all ones, "
@@ -533,6 +536,24 @@ def _drops_all_ones_mask() -> bool:
         digits = "".join(itertools.takewhile(str.isdigit, part))
         release.append(int(digits) if digits else 0)
     return tuple(release) >= (5, 18)
+
+
+def _inferred_mask(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The attention mask generate() makes for a decoder-only prompt given without one, by
+    transformers' own rule (``GenerationMixin._prepare_attention_mask_for_generation``, on a copy
+    of the model's ``generation_config`` whose special tokens ``_prepare_special_tokens`` made
+    tensors, as generate() does): ``input_ids != pad_token_id`` where the prompt holds the pad
+    token and the pad token is not an end-of-sequence token, else all ones. All ones on meta (the
+    ids have no values: a padded prompt's mask is not seen) and for a model without that rule."""
+    ones = torch.ones(input_ids.shape[0], input_ids.shape[-1], dtype=torch.int64, device=input_ids.device)
+    config = getattr(model, "generation_config", None)
+    special_tokens = getattr(model, "_prepare_special_tokens", None)
+    infer = getattr(model, "_prepare_attention_mask_for_generation", None)
+    if is_dataless(input_ids) or config is None or not callable(special_tokens) or not callable(infer):
+        return ones
+    config = copy.deepcopy(config)  # _prepare_special_tokens writes the config it is given
+    special_tokens(config, device=input_ids.device)
+    return infer(input_ids, config, {})
 
 
 def _flash_attention(model: nn.Module) -> bool:

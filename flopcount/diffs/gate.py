@@ -27,6 +27,11 @@ GROWTH_METRICS: Dict[str, str] = {"params": "params", "flops": "flops", "macs": 
 COUNTED = ("flops", "macs", "bytes")
 #: what ``check --baseline`` allows when no allowance is given: no growth of the count
 DEFAULT_GROWTH = "params=0,flops=0,macs=0"
+#: an amount allowance under this share of its baseline is remarked on (:attr:`GrowthLine.note`):
+#: ``flops=2`` is 2 FLOPs, as documented, which a user who wrote it most likely meant as 2%
+TINY_SHARE = Fraction(1, 1_000_000)
+#: what an amount allowance of each metric counts
+AMOUNT_UNITS: Dict[str, str] = {"params": "parameters", "flops": "FLOPs", "macs": "MACs", "bytes": "bytes", "memory": "bytes"}
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,16 @@ class GrowthLine:
             return Status.INCOMPLETE
         return Status.PASS if self.passed else Status.FAIL
 
+    @property
+    def note(self) -> str:
+        """A remark on an amount allowance above 0 and under :data:`TINY_SHARE` of the baseline
+        (``flops=2`` on a baseline of millions: 2 FLOPs, as documented, not 2%), else ""."""
+        amount = self.allowance.absolute
+        if not amount or self.baseline <= 0 or amount >= self.baseline * TINY_SHARE:
+            return ""
+        return (f"the {self.metric} allowance {self.allowance} is an amount, {amount:,} {AMOUNT_UNITS[self.metric]}, under "
+                f"one part per million of the baseline's {self.baseline:,}; a percentage is written with %: {self.metric}=N%")
+
 
 @dataclass(frozen=True)
 class GrowthReport:
@@ -178,6 +193,11 @@ class GrowthReport:
         counted metric rests on an incomplete count (unless ``allow_incomplete``); else
         FAIL when one grew past it as counted; else PASS."""
         return Status.of(self.lines, self.allow_incomplete)
+
+    @property
+    def notes(self) -> Tuple[str, ...]:
+        """Each line's :attr:`GrowthLine.note` that says something."""
+        return tuple(line.note for line in self.lines if line.note)
 
     @property
     def exceeded(self) -> Tuple[GrowthLine, ...]:
@@ -222,6 +242,7 @@ class GrowthReport:
                 }
                 for line in self.lines
             ],
+            "notes": list(self.notes),
             "grew_most": {
                 metric: [{"module": row.name, "type": row.type_name, "repeats": row.repeats, "delta": row.delta(GROWTH_METRICS[metric])}
                          for row in rows]

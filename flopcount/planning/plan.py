@@ -34,7 +34,15 @@ from flopcount.planning.step import (
     make_optimizer,
     record_step,
 )
-from flopcount.planning.world import PlanError, fake_world, mesh_groups, parallelize, transformer_blocks
+from flopcount.planning.world import (
+    PlanError,
+    fake_world,
+    mesh_groups,
+    parallelize,
+    split_refusal,
+    takes_llama_split,
+    transformer_blocks,
+)
 from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
 from flopcount.step.optimizers import warm_up
@@ -156,8 +164,38 @@ def plan(
             if layered is not None:
                 return layered
             model = _built(build)
+            builtin_llama = tp > 1 and tp_plan is None and takes_llama_split(model)
             prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
-            return (prefix, wrapped, *_fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, stateless=stateless))
+            try:
+                record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, stateless=stateless)
+            except TraceError as exc:
+                cause = exc.__cause__
+                if not builtin_llama or cause is None:
+                    raise
+                refusal = split_refusal(cause, model, prefix, tp, runs_unsplit=lambda: runs_with_tp1(stateless))
+                if refusal is None:
+                    raise
+                raise refusal from exc
+            return prefix, wrapped, record, dtype
+
+        def runs_with_tp1(stateless: FrozenSet[str]) -> bool:
+            """Whether the step runs with the model built again, FSDP as asked, no tensor
+            parallelism: its layers replayed where they can be (a 14-layer StableLM's check
+            traces 3 + 4 layers, not 14), else traced in full. Any failure: False (the step's
+            own error then stands)."""
+            try:
+                layered = _layered_step(
+                    build, mesh, fsdp, 1, None, compute, args, kw, optimizer, loss_fn, groups, backend, amp, costs,
+                    stateless,
+                )
+                if layered is not None:
+                    return True
+                model = _built(build)
+                parallelize(model, mesh, fsdp, 1, None, compute)
+                _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, stateless=stateless)
+            except Exception:
+                return False
+            return True
 
         prefix, wrapped, record, dtype = planned(frozenset())
         if record.gradless:  # parameters the step gives no gradient: planned again without their optimizer state

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import nn
 
-from flopcount.errors import UsageError
+from flopcount.errors import TensorParallelPlanError
 from flopcount.planning.tp_mha import linear_from
 
 
@@ -73,16 +73,14 @@ def gpt2_tp_plan(where: str, blocks: List[Any], tp: int) -> Tuple[Tuple[str, str
     for index, block in enumerate(blocks):
         attn = block.attn
         if hasattr(attn, "q_attn") or hasattr(block, "crossattention"):
-            raise UsageError(
-                f"no built-in tensor-parallel plan for GPT-2 blocks with cross-attention ({where} item {index}); "
-                "pass tp_plan={module path: ParallelStyle}"
+            raise TensorParallelPlanError(
+                f"no built-in tensor-parallel plan for GPT-2 blocks with cross-attention ({where} item {index})"
             )
         heads, width = getattr(attn, "num_heads", None), attn.c_attn.nx
         if not isinstance(heads, int) or heads % tp or attn.c_attn.nf != 3 * width or getattr(attn, "split_size", None) != width:
-            raise UsageError(
+            raise TensorParallelPlanError(
                 f"the built-in GPT-2 tensor-parallel plan needs num_heads divisible by tp={tp} and c_attn of "
-                f"width 3 x {width} ({where} item {index}: num_heads={heads}, c_attn nf={attn.c_attn.nf}); "
-                "pass tp_plan={module path: ParallelStyle}"
+                f"width 3 x {width} ({where} item {index}: num_heads={heads}, c_attn nf={attn.c_attn.nf})"
             )
     for block in blocks:  # all checked before any is rewritten
         attn, mlp = block.attn, block.mlp

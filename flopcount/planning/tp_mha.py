@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flopcount.errors import UsageError
+from flopcount.errors import TensorParallelPlanError, UsageError
 
 
 def _one_input(module: nn.Module, args: Tuple[Any, ...]) -> Optional[Tuple[Any, ...]]:
@@ -128,14 +128,14 @@ def encoder_tp_plan(where: str, layers: List[Any], tp: int) -> Tuple[Tuple[str, 
     for index, layer in enumerate(layers):
         mha = layer.self_attn
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-            raise UsageError(
+            raise TensorParallelPlanError(
                 f"the built-in nn.TransformerEncoderLayer tensor-parallel plan needs self_attn without kdim/vdim, "
-                f"add_bias_kv or add_zero_attn ({where} item {index}); pass tp_plan={{module path: ParallelStyle}}"
+                f"add_bias_kv or add_zero_attn ({where} item {index})"
             )
         if mha.num_heads % tp:
-            raise UsageError(
+            raise TensorParallelPlanError(
                 f"the built-in nn.TransformerEncoderLayer tensor-parallel plan needs num_heads divisible by tp={tp} "
-                f"({where} item {index}: num_heads={mha.num_heads}); pass tp_plan={{module path: ParallelStyle}}"
+                f"({where} item {index}: num_heads={mha.num_heads})"
             )
     for layer in layers:  # all checked before any is rewritten
         layer.self_attn = SplitSelfAttention(layer.self_attn, layer.self_attn.num_heads // tp)

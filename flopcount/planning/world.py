@@ -18,12 +18,14 @@ import contextlib
 import importlib
 import sys
 import threading
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from flopcount.errors import FlopcountError, UsageError
+from flopcount.core.diagnostics import first_line
+from flopcount.errors import FlopcountError, TensorParallelPlanError, UsageError
 from flopcount.planning.tp_conv1d import gpt2_tp_plan, is_gpt2_block
 from flopcount.planning.tp_mha import encoder_tp_plan
 
@@ -201,9 +203,8 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
     """
     prefix, blocks = transformer_blocks(model)
     if not blocks:
-        raise UsageError(
-            f"no built-in tensor-parallel plan for {type(model).__name__}: no ModuleList of repeated blocks "
-            "found; pass tp_plan={module path: ParallelStyle} (torch.distributed.tensor.parallel)"
+        raise TensorParallelPlanError(
+            f"no built-in tensor-parallel plan for {type(model).__name__}: no ModuleList of repeated blocks found"
         )
     block = blocks[0]
     where = f"{prefix}.*" if prefix else "*"
@@ -214,12 +215,68 @@ def builtin_tp_plan(model: nn.Module, tp: int) -> Dict[str, Any]:
         return tp_styles(where, gpt2_tp_plan(where, blocks, tp))
     if isinstance(block, nn.TransformerEncoderLayer):
         return tp_styles(where, encoder_tp_plan(where, blocks, tp))
-    raise UsageError(
+    raise TensorParallelPlanError(
         f"no built-in tensor-parallel plan for blocks of type {type(block).__name__} in '{prefix}' "
         "(built in: LLaMA-family q/k/v/o_proj + gate/up/down_proj blocks, GPT-2-style Conv1D "
-        "attn.c_attn/c_proj + mlp.c_fc/c_proj blocks, nn.TransformerEncoderLayer); "
-        "pass tp_plan={module path: ParallelStyle}"
+        "attn.c_attn/c_proj + mlp.c_fc/c_proj blocks, nn.TransformerEncoderLayer)"
     )
+
+
+def takes_llama_split(model: nn.Module) -> bool:
+    """Whether :func:`builtin_tp_plan` gives ``model`` the LLaMA-family split (its first
+    repeated block holds the Linears of :data:`LLAMA_LINEARS`)."""
+    _, blocks = transformer_blocks(model)
+    return bool(blocks) and not _missing_llama_linears(blocks[0])
+
+
+def split_refusal(failure: BaseException, model: nn.Module, prefix: str, tp: int,
+                  runs_unsplit: Callable[[], bool]) -> Optional[TensorParallelPlanError]:
+    """The refusal of a model whose own code cannot run under the LLaMA-family split, read
+    from ``failure``, what its step (``model`` parallelised by that split, its blocks at
+    ``prefix``) raised; None where the failure may be anyone else's.
+
+    Refused when three things hold: the error was raised under the code of a module of a
+    repeated block (a frame of the traceback runs that module's method: StableLM's attention
+    viewing q with the full head count, DiffLlama's unpacking a rank's one key/value head in
+    two), the code that raised it (the innermost frame) is not flopcount's (the model's, or
+    torch's on its behalf: not a failure of flopcount's recorder), and the same step runs with tp=1
+    (``runs_unsplit``, called last: the split is what the code cannot take). The check from
+    parameters (:func:`_check_llama_split`) cannot see such code: it reads sizes, not views."""
+    where = _raising_block_module(failure, model, prefix)
+    if not where or not runs_unsplit():
+        return None
+    return TensorParallelPlanError(
+        "the model's code does not run under the built-in LLaMA-family tensor-parallel split "
+        f"(each of tp={tp} ranks holding 1/{tp} of the heads and of q/k/v's columns): {where} raised "
+        f"{type(failure).__name__}: {first_line(failure)} (the same step with tp=1 runs)"
+    )
+
+
+def _raising_block_module(failure: BaseException, model: nn.Module, prefix: str) -> str:
+    """``"path (Type)"`` of the innermost module of a repeated block (under ``prefix``) whose
+    method is a frame of ``failure``'s traceback; "" when there is none, or when the innermost
+    frame, the code that raised, is flopcount's own (its example models aside): flopcount's
+    dispatch modes run under every op of the block, and their failure may be ours."""
+    names = {id(module): name for name, module in model.named_modules()}
+    under = f"{prefix}." if prefix else ""
+    found = ""
+    raiser = ""
+    tb = failure.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        name = names.get(id(owner), "") if isinstance(owner, nn.Module) else ""
+        if name.startswith(under) and name != prefix:
+            found = f"{name} ({type(owner).__name__})"
+        raiser = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return "" if _flopcount_code(raiser) else found
+
+
+def _flopcount_code(filename: str) -> bool:
+    """Whether ``filename`` is a file of the flopcount package, its example models aside."""
+    package = Path(__file__).resolve().parents[1]
+    path = Path(filename).resolve() if not filename.startswith("<") else None
+    return path is not None and package in path.parents and package / "examples" not in path.parents
 
 
 def _missing_llama_linears(block: nn.Module) -> List[str]:
@@ -246,10 +303,9 @@ def _check_llama_split(prefix: str, blocks: List[nn.Module], tp: int) -> None:
         where = f"{prefix}.{index}" if prefix else str(index)
         missing = _missing_llama_linears(block)
         if missing:
-            raise UsageError(
+            raise TensorParallelPlanError(
                 f"the built-in LLaMA-family tensor-parallel plan splits every block of {prefix or 'the model'} alike, "
-                f"but block {where} has no nn.Linear {', '.join(missing)} (its first block has them): "
-                "pass tp_plan={module path: ParallelStyle}, or plan with tp=1"
+                f"but block {where} has no nn.Linear {', '.join(missing)} (its first block has them)"
             )
         attn: Any = block.self_attn
         mlp: Any = block.mlp
@@ -264,10 +320,11 @@ def _check_llama_split(prefix: str, blocks: List[nn.Module], tp: int) -> None:
         if isinstance(head_dim, int) and head_dim > 0 and not q % head_dim and not k % head_dim:
             heads, kv_heads = q // head_dim, k // head_dim
             if heads % tp or kv_heads % tp:
-                raise UsageError(
+                raise TensorParallelPlanError(
                     f"the built-in LLaMA-family tensor-parallel plan needs the attention heads and the key/value heads "
                     f"divisible by tp={tp} ({prefix} item {index}: {heads} heads, {kv_heads} key/value heads of "
-                    f"head_dim {head_dim}); choose a tp that divides both, or pass tp_plan={{module path: ParallelStyle}}"
+                    f"head_dim {head_dim})",
+                    choice="choose a tp that divides both",
                 )
             per_head = head_dim
             attn_sizes.setdefault(heads, "the attention heads")
@@ -291,11 +348,10 @@ def _refuse_unsplit(where: str, part: str, module: nn.Module, sharded: Dict[int,
     for size, what in sharded.items():
         for name, parameter in others:
             if size in parameter.shape:
-                raise UsageError(
+                raise TensorParallelPlanError(
                     f"the built-in LLaMA-family tensor-parallel plan gives each of tp={tp} ranks 1/{tp} of {what} "
                     f"({size}) in {where}.{part}, but its parameter {name} (shape {list(parameter.shape)}) spans all "
-                    f"{size}, which a rank's share cannot take: pass tp_plan={{module path: ParallelStyle}}, "
-                    "or plan with tp=1"
+                    f"{size}, which a rank's share cannot take"
                 )
 
 

@@ -113,7 +113,7 @@ def render_check(
     peak = [peak_summary(memory)] if memory is not None else [planned[1]] if planned else []
     budget_parts = [] if report is None else [report.table(), report.verdict()]
     growth_title = "" if growth is None else f"against the baseline {growth.diff.a_label}"
-    growth_parts = [] if growth is None else [growth_title, growth.table(), growth.verdict()]
+    growth_parts = [] if growth is None else [growth_title, growth.table(), growth.verdict(), *growth.notes]
     if fmt == "html":
         budgets = "\n".join([*budget_parts, *growth_parts, *peak])
         return html_report(result, entry=entry, depth=depth, sections=[("Budgets", budgets)], budget=report)
@@ -123,6 +123,7 @@ def render_check(
             parts += [report.table(fmt="github"), f"**{escape_markdown(report.verdict())}**"]
         if growth is not None:
             parts += [f"#### Growth {escape_markdown(growth_title)}", growth.table(fmt="github"), f"**{escape_markdown(growth.verdict())}**"]
+            parts += [escape_markdown(note) for note in growth.notes]
         parts += [escape_markdown(line) for line in peak]
         if notes:
             parts.append("\n".join(notes))

@@ -246,3 +246,30 @@ def test_peak_memory_and_latency_rows_come_from_the_reports_that_hold_them(workd
     assert code == 0, err
     assert json.loads(out)["totals"]["peak_memory"] == {"a": peaks[0], "b": peaks[1], "delta": peaks[1] - peaks[0],
                                                         "relative": (peaks[1] - peaks[0]) / peaks[0]}
+
+
+def test_a_bare_amount_under_one_part_per_million_is_remarked_on(workdir, capsys):
+    """``flops=6`` is 6 FLOPs (docs/ci.md), which is most likely a percentage written without %:
+    check says so where the amount is under one part per million of the baseline (branch leftfix)."""
+    batch = 4096
+    # FLOPs = 2 x MACs + the ReLU's: 2 x batch x (IN x 32 + 32 x OUT) + batch x 32
+    flops = 2 * batch * (IN * 32 + 32 * OUT) + batch * 32
+    assert flops == 6_422_528  # one part per million: 6.42 FLOPs
+    code, _, err = cli(capsys, "count", "models.py:mlp", "--input", f"{batch}x{IN}", "--format", "json", "--output", "big.json", "-q")
+    assert code == 0, err
+    check = ("check", "models.py:mlp", "--input", f"{batch}x{IN}", "--baseline", "big.json", "-q")
+    said = (f"the flops allowance +6 is an amount, 6 FLOPs, under one part per million of the baseline's {flops:,}; "
+            "a percentage is written with %: flops=N%")
+    code, out, err = cli(capsys, *check, "--max-growth", "flops=6,params=0")
+    assert code == 0, err  # the documented meaning and exit code are kept
+    assert said in out.splitlines()
+    assert "params" not in "".join(line for line in out.splitlines() if "part per million" in line)  # 0: no growth, meant
+    code, out, err = cli(capsys, *check, "--max-growth", "flops=7")  # 7 >= 6.42: no remark
+    assert code == 0, err
+    assert "part per million" not in out
+    code, out, err = cli(capsys, *check, "--max-growth", "flops=6", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["baseline"]["notes"] == [said]
+    code, out, err = cli(capsys, *check, "--max-growth", "flops=6", "--format", "markdown")
+    assert code == 0, err
+    assert "under one part per million of the baseline" in out
