@@ -224,12 +224,18 @@ def op_time(
 class AnyBound:
     """The any-implementation bound of a program: ``seconds = max(compute_s, memory_s)``,
     ``compute_s`` = its FLOPs over the peaks, ``memory_s`` = the unavoidable bytes
-    (weights, caches, inputs, outputs) over the bandwidth of the level that holds them."""
+    (weights, buffers, inputs; gradients with backward) over the bandwidth of the level that
+    holds them."""
 
     compute_s: float
     memory_s: float
     unavoidable_bytes: float
     level: str
+    #: the part of ``unavoidable_bytes`` the levels faster than ``level`` hold: not charged to
+    #: ``level`` (``Roofs.level_time``), so ``memory_s = (unavoidable - faster) / bandwidth``
+    faster_bytes: float = 0.0
+    #: ``level``'s bandwidth; None where it is unpublished (a GPU's L2): then no memory term
+    level_bandwidth: Optional[float] = None
 
     @property
     def seconds(self) -> float:
@@ -237,7 +243,8 @@ class AnyBound:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"seconds": self.seconds, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "unavoidable_bytes": self.unavoidable_bytes, "level": self.level}
+                "unavoidable_bytes": self.unavoidable_bytes, "level": self.level,
+                "faster_bytes": self.faster_bytes, "level_bandwidth": self.level_bandwidth}
 
 
 def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], str]], unavoidable_bytes: float) -> AnyBound:
@@ -245,7 +252,8 @@ def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], 
     (flops, dtype, op) items: no engine, fused or not, runs the program faster."""
     compute = sum(flops / roofs.peak(dtype, op) for flops, dtype, op in work if flops)
     memory, level = roofs.level_time(unavoidable_bytes, unavoidable_bytes)
-    return AnyBound(compute, memory, float(unavoidable_bytes), level.name)
+    faster = min(float(unavoidable_bytes), roofs.faster_capacity(level))
+    return AnyBound(compute, memory, float(unavoidable_bytes), level.name, faster_bytes=faster, level_bandwidth=level.bandwidth)
 
 
 def attainable(flops: float, bytes_moved: float, roofs: Roofs, dtype: Optional[str], op: str = "") -> float:

@@ -1,0 +1,48 @@
+"""Branch audit2: findings of a user's audit of predict, check --on and the bounds' readings,
+each with its regression. Oracles: the datasheet figures in flopcount/devices/parts.py (cited
+there) and hand arithmetic on them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import flopcount
+from flopcount.devices import is_this_machine, named_roofs
+from flopcount.devices import measured
+
+
+@pytest.mark.parametrize("name", ["this cpu", "This CPU", "this-cpu"])
+def test_this_cpu_names_this_machine(name, monkeypatch):
+    """'this gpu' named the GPU but 'this cpu' was an unknown device: the CPU's own name."""
+    sentinel = named_roofs("t4")
+    monkeypatch.setattr(measured, "machine_roofs", lambda device: sentinel)
+    assert is_this_machine(name)
+    assert named_roofs(name) is sentinel
+
+
+def test_the_any_bound_line_shows_the_division_it_made():
+    """The any-implementation line read 'unavoidable 8.40 MB / DRAM bandwidth 13.7 us' on a T4,
+    where 8.40 MB / 320 GB/s is 26.2 us: the 4 MB the L2 holds was taken off unsaid."""
+    model = nn.Linear(2048, 2048)
+    b = flopcount.predict(model, torch.randn(1, 2048), on="t4", dtype="bfloat16")
+    # bfloat16: weight 2048 x 2048 x 2 B + bias 2048 x 2 B + input 2048 x 2 B
+    unavoidable = 2048 * 2048 * 2 + 2048 * 2 + 2048 * 2
+    assert unavoidable == 8_396_800
+    l2 = 4e6  # T4 datasheet: 4 MB L2
+    memory_s = (unavoidable - l2) / 320e9  # T4 datasheet: 320 GB/s
+    assert b.any_bound.unavoidable_bytes == unavoidable
+    assert b.any_bound.faster_bytes == l2
+    assert b.any_bound.memory_s == pytest.approx(memory_s)
+    line = next(text for text in b.table().splitlines() if text.startswith("Any implementation"))
+    assert "unavoidable 8.40 MB less the 4.00 MB the faster levels hold / DRAM bandwidth 13.7 us" in line
+
+
+def test_the_any_bound_line_says_when_the_l2_sets_no_memory_term():
+    """On an H100 the same 8.40 MB fit its 50 MB L2, whose bandwidth NVIDIA does not publish:
+    the line printed 'L2 bandwidth 0.0 us', a division by a figure that does not exist."""
+    b = flopcount.predict(nn.Linear(2048, 2048), torch.randn(1, 2048), on="h100", dtype="bfloat16")
+    assert b.any_bound.memory_s == 0.0 and b.any_bound.level_bandwidth is None
+    line = next(text for text in b.table().splitlines() if text.startswith("Any implementation"))
+    assert "unavoidable 8.40 MB held in the L2, whose bandwidth is unpublished: no memory term" in line
