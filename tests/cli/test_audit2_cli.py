@@ -1,0 +1,43 @@
+"""Branch audit2: what the CLI said to a user gating on a hardware claim, mistyping a flag,
+or asking a vision model to generate. Each test failed on the parent of its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli._cli_run import cli
+
+MODEL = """
+import torch.nn as nn
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 64))
+"""
+
+# T4 datasheet: FP32 8.1 TFLOP/s, 4 MB L2 (bandwidth unpublished: no memory term for a working
+# set it holds). The any-implementation bound of a 32 x 256 batch: the two linears' FLOPs and
+# the ReLU's, at the FP32 peak.
+T4_BOUND_S = (2 * 32 * 256 * 512 + 32 * 512 + 2 * 32 * 512 * 64) / 8.1e12
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "audit2_models.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("limit, code, verdict", [
+    ("1ms", 3, "UNDECIDED: latency is not decided without measuring (its any-implementation lower bound on T4 is within the budget)"),
+    ("1ns", 1, "FAIL: 1 of 1 budget(s) exceeded: latency (any-implementation lower bound on T4)"),
+])
+def test_a_latency_gates_report_names_the_part_and_the_bound(workdir, capsys, limit, code, verdict):
+    """check --on t4 --format markdown (the PR comment) said 'latency >= 0.002 ms' and UNDECIDED
+    or FAIL without the part or the bound: only stderr and the JSON's 'basis' named them."""
+    got, out, err = cli(capsys, "check", "audit2_models.py:mlp", "-i", "32x256", "--max-latency", limit, "--on", "t4",
+                        "--format", "markdown")
+    assert got == code, err
+    assert f"**{verdict}**" in out
+    row = next(text for text in out.splitlines() if text.startswith("| latency"))
+    assert f">= {T4_BOUND_S * 1e3:.3f} ms" in row
