@@ -41,3 +41,17 @@ def test_a_latency_gates_report_names_the_part_and_the_bound(workdir, capsys, li
     assert f"**{verdict}**" in out
     row = next(text for text in out.splitlines() if text.startswith("| latency"))
     assert f">= {T4_BOUND_S * 1e3:.3f} ms" in row
+
+
+@pytest.mark.parametrize("command, flag, hint", [
+    (("bench", "audit2_models.py:mlp", "-i", "4x256"), ("--runs", "5"), "; did you mean --iters?"),
+    (("count", "audit2_models.py:mlp", "-i", "4x256"), ("--detph", "2"), "; did you mean --depth, --dtype?"),
+    (("roofs", "t4"), ("--fromat=json",), "; did you mean --format?"),
+])
+def test_an_unknown_flag_is_refused_by_its_command(workdir, capsys, command, flag, hint):
+    """'flopcount bench ... --runs 5' answered 'flopcount: error: unrecognized arguments: --runs 5
+    (see flopcount --help)': the top level's help, which lists no bench flag, and no hint."""
+    code, out, err = cli(capsys, *command, *flag)
+    name = command[0]
+    assert code == 2 and out == ""
+    assert err == f"flopcount {name}: error: unrecognized arguments: {' '.join(flag)}{hint} (see flopcount {name} --help)\n"
