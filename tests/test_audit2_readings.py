@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount.devices import is_this_machine, named_roofs
-from flopcount.devices import measured
+from flopcount.devices import is_this_machine, measured, named_roofs
 
 
 @pytest.mark.parametrize("name", ["this cpu", "This CPU", "this-cpu"])
@@ -46,3 +45,22 @@ def test_the_any_bound_line_says_when_the_l2_sets_no_memory_term():
     assert b.any_bound.memory_s == 0.0 and b.any_bound.level_bandwidth is None
     line = next(text for text in b.table().splitlines() if text.startswith("Any implementation"))
     assert "unavoidable 8.40 MB held in the L2, whose bandwidth is unpublished: no memory term" in line
+
+
+class _Vision(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_generating_with_a_model_that_takes_no_prompt_is_refused_by_name():
+    """count_generation (CLI: --generate, serve) on a vision model failed inside its forward:
+    'ResNet.forward() got an unexpected keyword argument 'input_ids''."""
+    model = _Vision()
+    with pytest.raises(flopcount.UsageError) as caught:
+        flopcount.count_generation(model, torch.randint(0, 10, (1, 8)), new_tokens=2)
+    assert str(caught.value) == ("count_generation counts generate() of a language model, whose forward takes the prompt "
+                                 "as input_ids; _Vision.forward(x) takes no input_ids")

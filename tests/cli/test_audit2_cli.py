@@ -55,3 +55,27 @@ def test_an_unknown_flag_is_refused_by_its_command(workdir, capsys, command, fla
     name = command[0]
     assert code == 2 and out == ""
     assert err == f"flopcount {name}: error: unrecognized arguments: {' '.join(flag)}{hint} (see flopcount {name} --help)\n"
+
+
+VISION = """
+import torch.nn as nn
+
+
+def net():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+"""
+
+
+@pytest.mark.parametrize("command", [
+    ("count", "audit2_vision.py:net", "-i", "1x3x8x8", "--generate", "4"),
+    ("serve", "audit2_vision.py:net", "--on", "h100", "--prompt", "8", "--new", "2"),
+])
+def test_generate_on_a_vision_model_says_what_it_needs(workdir, capsys, command):
+    """--generate and serve on a conv net ended in 'forward failed in the root module ... TypeError:
+    Sequential.forward() got an unexpected keyword argument 'input_ids''."""
+    (workdir / "audit2_vision.py").write_text(VISION)
+    code, out, err = cli(capsys, *command)
+    who = "serve" if command[0] == "serve" else "count_generation"
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1] == (f"flopcount: error: {who} counts generate() of a language model, whose forward takes "
+                                    "the prompt as input_ids; Sequential.forward(input) takes no input_ids")
