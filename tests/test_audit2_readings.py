@@ -64,3 +64,18 @@ def test_generating_with_a_model_that_takes_no_prompt_is_refused_by_name():
         flopcount.count_generation(model, torch.randint(0, 10, (1, 8)), new_tokens=2)
     assert str(caught.value) == ("count_generation counts generate() of a language model, whose forward takes the prompt "
                                  "as input_ids; _Vision.forward(x) takes no input_ids")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_cpu_latency_says_how_many_threads_ran_it(threads):
+    """CPU latency depends on torch's thread count; the result recorded it, but the text
+    ('latency on cpu (perf_counter, eager, ...)') and the CLI's heading did not say it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        result = flopcount.benchmark(nn.Linear(8, 8), torch.randn(2, 8), iters=3, warmup=0)
+    finally:
+        torch.set_num_threads(before)
+    assert result.threads == threads
+    word = "thread" if threads == 1 else "threads"
+    assert str(result).startswith(f"latency on cpu, {threads} {word} (perf_counter, eager")
