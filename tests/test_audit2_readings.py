@@ -79,3 +79,36 @@ def test_a_cpu_latency_says_how_many_threads_ran_it(threads):
     assert result.threads == threads
     word = "thread" if threads == 1 else "threads"
     assert str(result).startswith(f"latency on cpu, {threads} {word} (perf_counter, eager")
+
+
+def _title_inside_its_figure(figure) -> bool:
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    page = figure.bbox
+    for ax in figure.axes:
+        box = ax.title.get_window_extent(renderer)
+        if box.x0 < page.x0 or box.x1 > page.x1 or box.y1 > page.y1:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("with_lookup", [False, True])
+def test_the_roofline_title_stays_inside_the_figure(with_lookup):
+    """The roofline's title holds the roofs' source, a sentence when they were measured
+    ('measured (cached; measured 2026-11-28T05:05:32Z, best of GEMM/conv/linear per dtype;
+    streams per memory level)'): it ran off both sides of the saved PNG."""
+    pytest.importorskip("matplotlib")
+    from dataclasses import replace
+
+    from flopcount.report.roofline_plot import draw_roofline
+
+    source = ("measured (cached; measured 2026-11-28T05:05:32Z, best of GEMM/conv/linear per dtype; streams per "
+              "memory level)")
+    roofs = replace(named_roofs("t4"), device="AMD EPYC (2 threads)", source=source)
+    model = nn.Sequential(nn.Embedding(100, 64), nn.Linear(64, 64)) if with_lookup else nn.Linear(64, 64)
+    inputs = torch.randint(0, 100, (4, 8)) if with_lookup else torch.randn(4, 64)
+    result = flopcount.profile(model, inputs, roofs=roofs, warmup=1, steps=1)
+    figure = draw_roofline(result)
+    assert len(figure.axes) == (2 if with_lookup else 1)
+    assert source.replace(" ", "") in figure.axes[0].get_title().replace("\n", "").replace(" ", "")
+    assert _title_inside_its_figure(figure)
