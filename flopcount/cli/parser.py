@@ -323,10 +323,28 @@ def parse_duration_ms(text: str) -> float:
     return value
 
 
+#: what a user who knows the Python API types, and the command that does it
+_COMMAND_OF = {
+    "predict": "flopcount.predict()'s bounds are `flopcount count ENTRY --on PART` (a gate: `check ENTRY --max-latency T --on PART`)",
+    "benchmark": "flopcount.benchmark() is `flopcount bench ENTRY`",
+    "latency": "a measured latency is `flopcount bench ENTRY`, a bound on a part `flopcount count ENTRY --on PART`",
+    "estimate_memory": "flopcount.estimate_memory() is `flopcount count ENTRY --memory` (a training step: --optimizer adam)",
+    "memory": "peak memory is `flopcount count ENTRY --memory` (a training step: --optimizer adam)",
+    "count_generation": "flopcount.count_generation() is `flopcount count ENTRY --generate N --input BxP:int64`",
+    "generate": "generate()'s cost is `flopcount count ENTRY --generate N --input BxP:int64`",
+}
+
+
 def parse_command_line(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Namespace:
     """``parser.parse_args(argv)``, except that arguments no option takes are refused by the
     command's own parser (``flopcount bench: error: unrecognized arguments: --runs 5; did you
-    mean --iters? (see flopcount bench --help)``): argparse's top level named neither."""
+    mean --iters? (see flopcount bench --help)``): argparse's top level named neither. A
+    command that is an API function's name says which command does its work
+    (:data:`_COMMAND_OF`)."""
+    commands = _command_parsers(parser)
+    first = next((token for token in argv if not token.startswith("-")), None)
+    if first is not None and first not in commands and first in _COMMAND_OF:
+        parser.error(f"no command {first!r}: {_COMMAND_OF[first]} (commands: {', '.join(commands)})")
     args, extra = parser.parse_known_args(argv)
     if not extra:
         return args

@@ -79,3 +79,17 @@ def test_generate_on_a_vision_model_says_what_it_needs(workdir, capsys, command)
     assert code == 2 and out == ""
     assert err.splitlines()[-1] == (f"flopcount: error: {who} counts generate() of a language model, whose forward takes "
                                     "the prompt as input_ids; Sequential.forward(input) takes no input_ids")
+
+
+@pytest.mark.parametrize("word, says", [
+    ("predict", "flopcount.predict()'s bounds are `flopcount count ENTRY --on PART`"),
+    ("benchmark", "flopcount.benchmark() is `flopcount bench ENTRY`"),
+    ("estimate_memory", "flopcount.estimate_memory() is `flopcount count ENTRY --memory`"),
+])
+def test_an_api_functions_name_as_a_command_points_to_the_command(capsys, word, says):
+    """'flopcount predict example:resnet18 --on h100' answered 'invalid choice: 'predict' (choose
+    from 'count', ...)': nothing said that count --on is predict's command."""
+    code, out, err = cli(capsys, word, "example:resnet18", "--on", "h100")
+    assert code == 2 and out == ""
+    assert err.startswith(f"flopcount: error: no command {word!r}: {says}")
+    assert "(commands: count, bench, check, diff, profile, plan, serve, roofs)" in err and len(err.splitlines()) == 1
