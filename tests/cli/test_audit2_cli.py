@@ -93,3 +93,22 @@ def test_an_api_functions_name_as_a_command_points_to_the_command(capsys, word, 
     assert code == 2 and out == ""
     assert err.startswith(f"flopcount: error: no command {word!r}: {says}")
     assert "(commands: count, bench, check, diff, profile, plan, serve, roofs)" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag, fmt", [(("--on", "h100"), "html"), (("--memory",), "csv")])
+def test_a_reading_without_a_form_in_the_format_is_refused_before_the_count(workdir, capsys, flag, fmt):
+    """count --on h100 --format html counted the model, bounded it ('bounding the latency of
+    ... on h100'), then refused the format: the work was done for an error."""
+    code, out, err = cli(capsys, "count", "audit2_models.py:mlp", "-i", "4x256", *flag, "--format", fmt)
+    assert code == 2 and out == ""
+    assert err == f"flopcount: error: {flag[0]} has no {fmt} form; use --format table, tree, markdown or json\n"
+
+
+@pytest.mark.parametrize("flag", [("--on", "h100"), ("--memory",)])
+def test_generate_refuses_the_readings_it_does_not_give(capsys, flag):
+    """count --generate 2 --on h100 (or --memory) printed the generation's count and exited 0:
+    the bound and the memory asked for were silently left out."""
+    code, out, err = cli(capsys, "count", "hf:gpt2", "--config", "n_layer=1", "--input", "1x8:int64", "--generate", "2", *flag)
+    assert code == 2 and out == ""
+    assert err == (f"flopcount: error: --generate does not read {flag[0]}: it reports the KV cache; generate()'s latency "
+                   "bounds and memory per batch on a part are `flopcount serve ENTRY --on PART`\n")
