@@ -24,6 +24,18 @@ Bound = Literal["compute", "memory"]
 #: Which program a latency bound is for: the eager per-op sum, or any implementation.
 BoundKind = Literal["eager", "any"]
 BOUND_KINDS: Tuple[str, ...] = ("eager", "any")
+#: how each bound is named on a line ("any-implementation lower bound on T4")
+BOUND_NAMES: Dict[str, str] = {"eager": "eager per-op", "any": "any-implementation"}
+
+
+def bound_seconds(kind: str, latency_s: float, any_s: float) -> float:
+    """"any": ``any_s``; "eager": the larger of the per-op sum ``latency_s`` and ``any_s``
+    (the eager program is one implementation, so both bound it)."""
+    if kind == "eager":
+        return max(latency_s, any_s)
+    if kind == "any":
+        return any_s
+    raise UsageError(f"bound must be 'eager' or 'any', got {kind!r}")
 
 #: How a profile's figures are made, printed under every profile report.
 PROFILE_CONVENTION = (

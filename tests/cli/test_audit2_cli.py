@@ -112,3 +112,39 @@ def test_generate_refuses_the_readings_it_does_not_give(capsys, flag):
     assert code == 2 and out == ""
     assert err == (f"flopcount: error: --generate does not read {flag[0]}: it reports the KV cache; generate()'s latency "
                    "bounds and memory per batch on a part are `flopcount serve ENTRY --on PART`\n")
+
+
+def _t4_bound_s(batch: int) -> float:
+    # the two linears' FLOPs and the ReLU's at the T4's FP32 peak (the weights sit in its L2)
+    return (2 * batch * 256 * 512 + batch * 512 + 2 * batch * 512 * 64) / 8.1e12
+
+
+def test_diff_compares_the_latency_bounds_two_reports_hold(workdir, capsys):
+    """diff of two `count --on t4 --format json` reports dropped the bounds they held: no
+    row, no word, where the peak memory and the measured latency get a row."""
+    for batch, name in ((4, "a.json"), (8, "b.json")):
+        code, _, err = cli(capsys, "count", "audit2_models.py:mlp", "-i", f"{batch}x256", "--on", "t4", "-f", "json", "-o", name)
+        assert code == 0, err
+    code, out, err = cli(capsys, "diff", "a.json", "b.json", "--format", "json")
+    assert code == 0, err
+    import json
+
+    data = json.loads(out)
+    assert "latency_bound" in data["metrics"]
+    total = data["totals"]["latency_bound"]
+    assert total["a"] == pytest.approx(_t4_bound_s(4)) and total["b"] == pytest.approx(_t4_bound_s(8))
+    assert data["a_bound"] == data["b_bound"] == "any-implementation lower bound on T4"
+    code, out, err = cli(capsys, "diff", "a.json", "b.json")
+    row = next(text for text in out.splitlines() if text.startswith("Latency bound"))
+    assert f"+{_t4_bound_s(4) * 1e9:.1f} ns" in row
+    assert "latency bound: the any-implementation lower bound on T4 (count --on), a bound, not a measurement" in out
+
+
+def test_diff_does_not_compare_bounds_on_two_parts(workdir, capsys):
+    for part, name in (("t4", "a.json"), ("h100", "b.json")):
+        code, _, err = cli(capsys, "count", "audit2_models.py:mlp", "-i", "4x256", "--on", part, "-f", "json", "-o", name)
+        assert code == 0, err
+    code, out, err = cli(capsys, "diff", "a.json", "b.json")
+    assert code == 0 and "Latency bound" not in out
+    assert ("latency bounds not compared: A's is the any-implementation lower bound on T4, B's the any-implementation "
+            "lower bound on H100 SXM") in out
