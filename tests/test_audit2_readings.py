@@ -112,3 +112,31 @@ def test_the_roofline_title_stays_inside_the_figure(with_lookup):
     assert len(figure.axes) == (2 if with_lookup else 1)
     assert source.replace(" ", "") in figure.axes[0].get_title().replace("\n", "").replace(" ", "")
     assert _title_inside_its_figure(figure)
+
+
+def test_the_whole_model_has_one_name_in_every_per_module_table():
+    """count, memory and diff tables name the whole model '(model)'; profile's module table
+    wrote '<model>', its op table '<root>', module_latency '(root)'."""
+    model = _Doubled()
+    x = torch.randn(2, 8)
+    count_rows = flopcount.count_flops(model, x).table().splitlines()
+    profiled = flopcount.profile(model, x, roofs=named_roofs("t4"), warmup=1, steps=1)
+    timed = flopcount.module_latency(model, x, iters=3, warmup=1)
+    first_cells = {
+        "count": count_rows[2].split()[0],
+        "profile by module": profiled.table(by="module").splitlines()[2].split()[0],
+        "module_latency": str(timed).splitlines()[2].split()[0],
+    }
+    assert first_cells == dict.fromkeys(first_cells, "(model)")
+    # the op table: the multiply runs in the root module itself
+    mul = next(line.split() for line in profiled.table(by="op").splitlines() if line.startswith("aten::mul"))
+    assert mul[:3] == ["aten::mul", "(model)", "forward"]
+
+
+class _Doubled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) * 2

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from flopcount.core.rendering import renders
 from flopcount.diffs.result import MODULE_METRICS, OPERATOR_METRICS
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
-from flopcount.units import escape_markdown, format_bytes, format_count, format_seconds
+from flopcount.units import ROOT_LABEL, escape_markdown, format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.diffs.gate import GrowthReport
@@ -63,7 +63,7 @@ def _rows(rows: Sequence[Change]) -> List[List[str]]:
     out = []
     for row in rows:
         if row.kind == "module":
-            name = (row.name or "(model)") + (f" (x{row.repeats})" if row.repeats > 1 else "")
+            name = (row.name or ROOT_LABEL) + (f" (x{row.repeats})" if row.repeats > 1 else "")
             cells = [name, row.type_name, row.status, signed("params", row.delta("params"))]
         else:
             cells = [row.name, row.status, signed("count", row.delta("count"))]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 from flopcount.core.rendering import renders
 from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound
 from flopcount.report.table import grid
-from flopcount.units import format_bytes, format_count, format_seconds
+from flopcount.units import ROOT_LABEL, format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.profiling.predict import PredictResult
@@ -67,8 +67,8 @@ def _time_cells(row: ProfileRow, total: float) -> List[str]:
 
 def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
     return [
-        row.module or "<model>" if by == "module" else row.name,
-        *([row.module or "<root>", row.phase] if by == "op" else []),
+        row.module or ROOT_LABEL if by == "module" else row.name,
+        *([row.module or ROOT_LABEL, row.phase] if by == "op" else []),
         f"{row.calls:g}",
         format_count(row.flops),
         format_bytes(row.bytes),
