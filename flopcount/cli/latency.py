@@ -97,7 +97,7 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]
     kind = getattr(args, "bound", None) or default_bound(result.roofs)
     seconds = result.bound_s(kind)
     basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}"
-    progress(args, f"latency {basis}: {format_seconds(seconds)} (eager {format_seconds(result.latency_s)}, "
+    progress(args, f"latency {basis}: {format_seconds(seconds)} (eager per-op sum {format_seconds(result.latency_s)}, "
                    f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
     return float(seconds), basis
 

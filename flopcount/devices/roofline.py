@@ -24,8 +24,9 @@ Bound = Literal["compute", "memory"]
 #: Which program a latency bound is for: the eager per-op sum, or any implementation.
 BoundKind = Literal["eager", "any"]
 BOUND_KINDS: Tuple[str, ...] = ("eager", "any")
-#: how each bound is named on a line ("any-implementation lower bound on T4")
-BOUND_NAMES: Dict[str, str] = {"eager": "eager per-op", "any": "any-implementation"}
+#: how each bound is named on a line ("any-implementation lower bound on T4"); the eager one
+#: is not "per-op": it is the per-op sum or, where larger, the any-implementation bound
+BOUND_NAMES: Dict[str, str] = {"eager": "eager", "any": "any-implementation"}
 
 
 def bound_seconds(kind: str, latency_s: float, any_s: float) -> float:

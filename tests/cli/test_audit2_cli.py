@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from flopcount.units import format_seconds
 from tests.cli._cli_run import cli
 
 MODEL = """
@@ -148,3 +149,33 @@ def test_diff_does_not_compare_bounds_on_two_parts(workdir, capsys):
     assert code == 0 and "Latency bound" not in out
     assert ("latency bounds not compared: A's is the any-implementation lower bound on T4, B's the any-implementation "
             "lower bound on H100 SXM") in out
+
+
+DEEP = """
+import torch.nn as nn
+
+
+def deep():
+    return nn.Sequential(*[nn.Linear(512, 512) for _ in range(8)])
+"""
+
+
+def test_the_eager_bound_is_not_called_per_op_when_the_any_bound_sets_it(workdir, capsys):
+    """check --bound eager --on t4 said 'eager per-op lower bound on T4: 13.8 us (eager 0.5 us,
+    ...)': the figure held to was the any-implementation bound (the larger), not the per-op sum."""
+    (workdir / "audit2_deep.py").write_text(DEEP)
+    code, out, err = cli(capsys, "check", "audit2_deep.py:deep", "-i", "1x512", "--max-latency", "1us", "--on", "t4",
+                         "--bound", "eager")
+    assert code == 1, err
+    # T4 datasheet: 8.1 TFLOP/s FP32, 320 GB/s, 4 MB L2 (bandwidth unpublished). Each linear's 1 MB
+    # working set fits the L2, so the per-op sum is its FLOPs alone: 8 x 2 x 512 x 512 / 8.1e12 = 0.52 us;
+    # the any bound reads the 8 weights and biases and the input once: (8 x (512 x 512 + 512) + 512) x 4 B,
+    # less the 4 MB the L2 holds, over 320 GB/s = 13.8 us, the larger, so the one held to.
+    per_op_s = 8 * 2 * 512 * 512 / 8.1e12
+    unavoidable = (8 * (512 * 512 + 512) + 512) * 4
+    any_s = (unavoidable - 4e6) / 320e9
+    assert any_s > per_op_s
+    assert f"budget exceeded: latency >= {any_s * 1e3:.3f} ms > 0.001 ms (eager lower bound on T4)" in err
+    assert "per-op lower bound" not in err + out
+    assert f"(eager per-op sum {format_seconds(per_op_s)}, any implementation {format_seconds(any_s)};" in err
+    assert format_seconds(per_op_s) == "517.8 ns" and format_seconds(any_s) == "13.8 us"
