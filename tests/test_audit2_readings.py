@@ -140,3 +140,18 @@ class _Doubled(nn.Module):
 
     def forward(self, x):
         return self.lin(x) * 2
+
+
+def test_the_tables_eager_line_gives_the_eager_bound_not_only_the_per_op_sum():
+    """predict's table said 'Eager lower bound (per-op sum) on T4: 517.8 ns' where the eager
+    bound (bound_s("eager"), what check --bound eager holds a budget to) is 13.8 us: eight 1 MB
+    weights each fit the T4's 4 MB L2, so per op no memory term, but together they must be read."""
+    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(8)])
+    b = flopcount.predict(model, torch.randn(1, 512), on="t4")
+    per_op_s = 8 * 2 * 512 * 512 / 8.1e12  # T4 datasheet: 8.1 TFLOP/s FP32
+    any_s = ((8 * (512 * 512 + 512) + 512) * 4 - 4e6) / 320e9  # less the 4 MB L2, over 320 GB/s
+    assert b.latency_s == pytest.approx(per_op_s, rel=1e-3)  # the ReLU-free stack: the linears' FLOPs
+    assert b.bound_s("eager") == pytest.approx(any_s)
+    line = next(text for text in b.table().splitlines() if text.startswith("Eager"))
+    assert line.startswith("Eager lower bound on T4: 13.8 us: the per-op sum 517.8 ns")
+    assert line.endswith(", or the any-implementation bound below where larger")

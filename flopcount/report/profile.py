@@ -198,10 +198,13 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
         fmt,
         disable_numparse=True,
     )
+    eager_s = result.bound_s("eager")
     lines = [
         body,
-        f"Eager lower bound (per-op sum) on {result.roofs.device}: {format_seconds(result.latency_s)} "
-        f"(compute {format_seconds(result.compute_s)}, memory {format_seconds(result.memory_s)} if each ran alone)",
+        f"Eager lower bound on {result.roofs.device}: {format_seconds(eager_s)}: the per-op sum "
+        f"{format_seconds(result.latency_s)} (compute {format_seconds(result.compute_s)}, memory "
+        f"{format_seconds(result.memory_s)} if each ran alone)"
+        + (", or the any-implementation bound below where larger" if eager_s > result.latency_s else ""),
     ]
     if result.any_bound is not None:
         lines.append(
