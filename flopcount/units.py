@@ -7,6 +7,9 @@ from typing import Optional, Union
 
 _PREFIXES = ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
 
+#: the whole model's row in every per-module table (its qualified name is "")
+ROOT_LABEL = "(model)"
+
 
 def format_count(value: Optional[float], digits: int = 3) -> str:
     """``4_089_184_256 -> '4.089 G'``; small values stay exact (``'512'``)."""

@@ -27,6 +27,7 @@ from flopcount.bench.stats import compute_stats
 from flopcount.core.deprecation import ms_aliases, ms_keys
 from flopcount.core.diagnostics import FromWarnings
 from flopcount.errors import UsageError, int_at_least
+from flopcount.units import ROOT_LABEL
 
 PERTURBATION_NOTE = (
     "per-module times come from forward hooks, whose own cost (a few µs per module call) "
@@ -117,7 +118,7 @@ class ModuleLatencyResult(FromWarnings):
             share = f"{100 * m.median_s / root_s:.1f}" if m.median_s is not None and root_s > 0 else "-"
             rows.append(
                 (
-                    "  " * m.depth + (m.name.rsplit(".", 1)[-1] if m.name else "(root)"),
+                    "  " * m.depth + (m.name.rsplit(".", 1)[-1] if m.name else ROOT_LABEL),
                     m.type_name,
                     str(m.calls),
                     "-" if m.median_s is None else f"{m.median_s * 1e3:.4g}",

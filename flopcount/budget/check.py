@@ -245,7 +245,8 @@ class BudgetReport:
         status = self.status
         n = len(self.lines)
         if status == Status.UNDECIDED:
-            return f"UNDECIDED: {LATENCY} is not decided without measuring (its roofline lower bound is within the budget)"
+            basis = next((line.basis for line in self.lines if line.name == LATENCY and line.basis), "roofline lower bound")
+            return f"UNDECIDED: {LATENCY} is not decided without measuring (its {basis} is within the budget)"
         if status == "INCOMPLETE":
             names = ", ".join(line.name for line in self.undecided)
             return (
@@ -253,7 +254,7 @@ class BudgetReport:
                 f"({len(self.incomplete_reasons)} reason(s); --allow-incomplete lets the count decide)"
             )
         if status == "FAIL":
-            failed = [line.name for line in self.exceeded]
+            failed = [f"{line.name} ({line.basis})" if line.basis else line.name for line in self.exceeded]
             text = f"FAIL: {len(failed)} of {n} budget(s) exceeded: {', '.join(failed)}"
         else:
             text = f"PASS: all {n} budget(s) met"

@@ -29,6 +29,7 @@ from flopcount.cli.parser import (
     EXIT_USAGE,
     build_parser,
     join_negative_values,
+    parse_command_line,
 )
 from flopcount.errors import FlopcountError
 
@@ -39,7 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(join_negative_values(parser, list(sys.argv[1:] if argv is None else argv)))
+        args = parse_command_line(parser, join_negative_values(parser, list(sys.argv[1:] if argv is None else argv)))
     except SystemExit as exc:  # --help, --version, or an argparse error (already printed)
         return exc.code if isinstance(exc.code, int) else (EXIT_USAGE if exc.code else EXIT_OK)
     if args.command is None:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from flopcount.budget.check import Budget, check_result, flopcount_table, table_budget
 from flopcount.cli.deadline import stage
 from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_s, run_profile, with_prediction
-from flopcount.cli.output import emit, progress, report_notes, say, with_section, written
+from flopcount.cli.output import emit, progress, refuse_without_section_form, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
 from flopcount.core.rendering import render
@@ -330,6 +330,13 @@ def _cast(run: _Run, dtype: Optional[str]) -> _Run:
 def _cmd_count(args: argparse.Namespace) -> int:
     if getattr(args, "tensorboard", None):
         summary_writer()  # a missing package is said before counting
+    # said before any work, where --memory and --on were read after the count (or, with --generate, not at all)
+    for flag, given in (("--memory", args.memory), ("--on", args.on)):
+        if given and getattr(args, "generate", None):
+            raise UsageError(f"--generate does not read {flag}: it reports the KV cache; generate()'s latency bounds and "
+                             "memory per batch on a part are `flopcount serve ENTRY --on PART`")
+        if given:
+            refuse_without_section_form(args.format, flag)
     run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
         if args.tensorboard:

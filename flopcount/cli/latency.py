@@ -86,20 +86,18 @@ def _predict(run: Any, args: argparse.Namespace, on: str) -> Any:
     return predict(run.model, run.inputs, run.kwargs, on=on, dtype=dtype, backward=bool(getattr(args, "backward", False)))
 
 
-BOUND_NAMES = {"eager": "eager per-op", "any": "any-implementation"}
-
-
 def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]:
     """The roofline lower bound on ``--on PART`` in seconds, and which bound it is (said on
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
     an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
     from flopcount.devices import default_bound
+    from flopcount.devices.roofline import BOUND_NAMES
 
     result = _predict(run, args, args.on)
     kind = getattr(args, "bound", None) or default_bound(result.roofs)
     seconds = result.bound_s(kind)
     basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}"
-    progress(args, f"latency {basis}: {format_seconds(seconds)} (eager {format_seconds(result.latency_s)}, "
+    progress(args, f"latency {basis}: {format_seconds(seconds)} (eager per-op sum {format_seconds(result.latency_s)}, "
                    f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
     return float(seconds), basis
 

@@ -105,13 +105,19 @@ def progress(args: argparse.Namespace, message: str) -> None:
         say(message)
 
 
+def refuse_without_section_form(fmt: str, flag: str) -> None:
+    """A reading added to a count (``--memory``, ``--on``) has a table, tree, markdown and JSON
+    form, no HTML or CSV one: one line naming ``flag`` (said before any work is done)."""
+    if fmt not in ("table", "tree", "markdown", "json"):
+        raise UsageError(f"{flag} has no {fmt} form; use --format table, tree, markdown or json")
+
+
 def with_section(text: str, fmt: str, flag: str, key: str, data: Dict[str, Any], table: Callable[[str], str]) -> str:
     """A count's report with one more reading (``--memory``, ``--on``): the JSON document's
     ``key``, or ``table(tabulate format)`` after the text; a format without a form for it: one line naming ``flag``."""
     if fmt == "json":
         return json.dumps({**json.loads(text), key: data}, indent=2)
-    if fmt not in ("table", "tree", "markdown"):
-        raise UsageError(f"{flag} has no {fmt} form; use --format table, tree, markdown or json")
+    refuse_without_section_form(fmt, flag)
     return text.rstrip("\n") + "\n\n" + table("github" if fmt == "markdown" else "simple")
 
 

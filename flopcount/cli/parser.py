@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, NoReturn, Set, Tuple
 from flopcount.budget.check import parse_bytes, parse_quantity
 from flopcount.cli.output import DefaultFormat
 from flopcount.core.deprecation import renamed
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, did_you_mean
 from flopcount.types import OPTIMIZERS, TRACERS
 
 FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
@@ -321,6 +321,46 @@ def parse_duration_ms(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise UsageError(f"{text!r}: a latency budget must be > 0")
     return value
+
+
+#: what a user who knows the Python API types, and the command that does it
+_COMMAND_OF = {
+    "predict": "flopcount.predict()'s bounds are `flopcount count ENTRY --on PART` (a gate: `check ENTRY --max-latency T --on PART`)",
+    "benchmark": "flopcount.benchmark() is `flopcount bench ENTRY`",
+    "latency": "a measured latency is `flopcount bench ENTRY`, a bound on a part `flopcount count ENTRY --on PART`",
+    "estimate_memory": "flopcount.estimate_memory() is `flopcount count ENTRY --memory` (a training step: --optimizer adam)",
+    "memory": "peak memory is `flopcount count ENTRY --memory` (a training step: --optimizer adam)",
+    "count_generation": "flopcount.count_generation() is `flopcount count ENTRY --generate N --input BxP:int64`",
+    "generate": "generate()'s cost is `flopcount count ENTRY --generate N --input BxP:int64`",
+}
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that arguments no option takes are refused by the
+    command's own parser (``flopcount bench: error: unrecognized arguments: --runs 5; did you
+    mean --iters? (see flopcount bench --help)``): argparse's top level named neither. A
+    command that is an API function's name says which command does its work
+    (:data:`_COMMAND_OF`)."""
+    commands = _command_parsers(parser)
+    first = next((token for token in argv if not token.startswith("-")), None)
+    if first is not None and first not in commands and first in _COMMAND_OF:
+        parser.error(f"no command {first!r}: {_COMMAND_OF[first]} (commands: {', '.join(commands)})")
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    command = _command_parsers(parser).get(getattr(args, "command", None) or "", parser)
+    flags = [flag for action in command._actions for flag in action.option_strings if flag.startswith("--")]
+    unknown = next((token.split("=")[0] for token in extra if token.startswith("--")), "")
+    hint = did_you_mean(unknown, flags) if unknown else ""
+    command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
+def _command_parsers(parser: argparse.ArgumentParser) -> Dict[str, argparse.ArgumentParser]:
+    """The subcommands' parsers by name (count, bench, ...)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def join_negative_values(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:

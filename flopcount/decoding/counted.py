@@ -27,7 +27,15 @@ from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.core.state import left_as_found, preserved_random_modules
 from flopcount.decoding.caches import cache_position_bytes
-from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, cache_of, generation_options
+from flopcount.decoding.forwards import (
+    Decoding,
+    FakeRefused,
+    LastOutput,
+    Setup,
+    cache_of,
+    generation_options,
+    refuse_without_prompt_input,
+)
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
 from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
@@ -76,6 +84,7 @@ def count_decoding(
         raise UsageError(f"{who}: input_ids must be a (batch, prompt length) tensor")
     int_at_least(new_tokens, 1, f"{who}: new_tokens")
     model = uncompiled(model)
+    refuse_without_prompt_input(model, who)
     resolved = generation_options(model, int(input_ids.shape[-1]), new_tokens, dict(options or {}))
 
     def attempt(fast: bool) -> Decoded:

@@ -86,7 +86,7 @@ def generation_options(model: nn.Module, prompt: int, new_tokens: int, given: Ma
     if impl == "hybrid":  # transformers 5 unsets it in generate(): the dynamic (sliding) cache runs
         notes.append("cache_implementation='hybrid' runs the dynamic cache in transformers 5's generate(), as counted")
         impl = None
-    encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    encoder_decoder = is_encoder_decoder(model)
     builds_own = not _supports_cache_objects(model)
     if impl is not None and builds_own:
         notes.append(f"cache_implementation={impl!r} is ignored for {type(model).__name__}, as generate() ignores it "
@@ -271,8 +271,7 @@ class Setup:
         kwargs: Optional[Mapping[str, Any]],
         options: GenerationOptions = GenerationOptions(),
     ):
-        config = getattr(model, "config", None)
-        self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+        self.encoder_decoder = is_encoder_decoder(model)
         self.parameters = tuple(_signature_parameters(model.forward))
         # (batch, P), or (batch, features, P) for speech
         self.batch, self.prompt = int(input_ids.shape[0]), int(input_ids.shape[-1])
@@ -283,7 +282,7 @@ class Setup:
                 "count_generation on meta/fake tensors: the generated token ids have no value (a dense model costs the "
                 "same whatever the ids); no early stop at an end-of-sequence token"
             )
-        main = getattr(model, "main_input_name", "input_ids") if self.encoder_decoder else "input_ids"
+        main = main_input_key(model)
         self._main_key = main
         first: Dict[str, Any] = {main: input_ids, "use_cache": True}
         # the mask generate() makes when none is given, for a decoder-only model only (an
@@ -565,6 +564,29 @@ def _flash_attention(model: nn.Module) -> bool:
         return False
     config = getattr(model, "config", None)
     return config is not None and bool(is_flash_attention_requested(config))
+
+
+def main_input_key(model: nn.Module) -> str:
+    """The keyword the prompt is fed under: ``input_ids``, or an encoder-decoder's own main
+    input (``input_features`` for speech)."""
+    return getattr(model, "main_input_name", "input_ids") if is_encoder_decoder(model) else "input_ids"
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    """Whether the model's config says it is an encoder-decoder (T5, Whisper...)."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def refuse_without_prompt_input(model: nn.Module, who: str) -> None:
+    """A model whose forward cannot take the prompt (a vision model's ``forward(x)``) is refused
+    by name, before its forward fails on an unexpected keyword argument."""
+    key = main_input_key(model)
+    parameters = _signature_parameters(model.forward)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    if parameters and key not in parameters and not takes_any:
+        shown = ", ".join(parameters)
+        raise UsageError(f"{who} counts generate() of a language model, whose forward takes the prompt as {key}; "
+                         f"{type(model).__name__}.forward({shown}) takes no {key}")
 
 
 def _signature_parameters(fn: Any) -> Mapping[str, inspect.Parameter]:

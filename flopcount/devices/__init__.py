@@ -26,7 +26,7 @@ from flopcount.devices.roofline import (
 from flopcount.errors import UsageError
 
 #: names that mean the roofs measured on this machine (its CPU)
-THIS_MACHINE = ("this machine", "this-machine", "local", "cpu", "here")
+THIS_MACHINE = ("this machine", "this-machine", "this cpu", "this-cpu", "local", "cpu", "here")
 #: names that mean the roofs measured on this machine's current CUDA GPU
 THIS_GPU = ("this gpu", "this-gpu", "gpu", "cuda")
 

@@ -24,6 +24,19 @@ Bound = Literal["compute", "memory"]
 #: Which program a latency bound is for: the eager per-op sum, or any implementation.
 BoundKind = Literal["eager", "any"]
 BOUND_KINDS: Tuple[str, ...] = ("eager", "any")
+#: how each bound is named on a line ("any-implementation lower bound on T4"); the eager one
+#: is not "per-op": it is the per-op sum or, where larger, the any-implementation bound
+BOUND_NAMES: Dict[str, str] = {"eager": "eager", "any": "any-implementation"}
+
+
+def bound_seconds(kind: str, latency_s: float, any_s: float) -> float:
+    """"any": ``any_s``; "eager": the larger of the per-op sum ``latency_s`` and ``any_s``
+    (the eager program is one implementation, so both bound it)."""
+    if kind == "eager":
+        return max(latency_s, any_s)
+    if kind == "any":
+        return any_s
+    raise UsageError(f"bound must be 'eager' or 'any', got {kind!r}")
 
 #: How a profile's figures are made, printed under every profile report.
 PROFILE_CONVENTION = (
@@ -224,12 +237,18 @@ def op_time(
 class AnyBound:
     """The any-implementation bound of a program: ``seconds = max(compute_s, memory_s)``,
     ``compute_s`` = its FLOPs over the peaks, ``memory_s`` = the unavoidable bytes
-    (weights, caches, inputs, outputs) over the bandwidth of the level that holds them."""
+    (weights, buffers, inputs; gradients with backward) over the bandwidth of the level that
+    holds them."""
 
     compute_s: float
     memory_s: float
     unavoidable_bytes: float
     level: str
+    #: the part of ``unavoidable_bytes`` the levels faster than ``level`` hold: not charged to
+    #: ``level`` (``Roofs.level_time``), so ``memory_s = (unavoidable - faster) / bandwidth``
+    faster_bytes: float = 0.0
+    #: ``level``'s bandwidth; None where it is unpublished (a GPU's L2): then no memory term
+    level_bandwidth: Optional[float] = None
 
     @property
     def seconds(self) -> float:
@@ -237,7 +256,8 @@ class AnyBound:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"seconds": self.seconds, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "unavoidable_bytes": self.unavoidable_bytes, "level": self.level}
+                "unavoidable_bytes": self.unavoidable_bytes, "level": self.level,
+                "faster_bytes": self.faster_bytes, "level_bandwidth": self.level_bandwidth}
 
 
 def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], str]], unavoidable_bytes: float) -> AnyBound:
@@ -245,7 +265,8 @@ def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], 
     (flops, dtype, op) items: no engine, fused or not, runs the program faster."""
     compute = sum(flops / roofs.peak(dtype, op) for flops, dtype, op in work if flops)
     memory, level = roofs.level_time(unavoidable_bytes, unavoidable_bytes)
-    return AnyBound(compute, memory, float(unavoidable_bytes), level.name)
+    faster = min(float(unavoidable_bytes), roofs.faster_capacity(level))
+    return AnyBound(compute, memory, float(unavoidable_bytes), level.name, faster_bytes=faster, level_bandwidth=level.bandwidth)
 
 
 def attainable(flops: float, bytes_moved: float, roofs: Roofs, dtype: Optional[str], op: str = "") -> float:

@@ -7,6 +7,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from flopcount.core.results import FlopResult, Totals, load_report
 from flopcount.core.rows import CostRow
+from flopcount.devices import Roofs, default_bound
+from flopcount.devices.roofline import BOUND_NAMES, bound_seconds
 from flopcount.diffs.result import METRICS, Change, DiffResult, Number, Status
 from flopcount.errors import UsageError
 
@@ -44,6 +46,22 @@ def totals_of(result: FlopResult) -> Dict[str, Number]:
     if isinstance(median, (int, float)) and not isinstance(median, bool):
         values["latency"] = median
     return values
+
+
+def bound_of(result: FlopResult) -> Optional[Tuple[float, str]]:
+    """The latency bound a ``count --on PART`` report holds, as ``check --on`` holds a budget
+    to it there (the any-implementation bound on a datasheet part, the eager one on this
+    machine), and what it is: ``(seconds, "any-implementation lower bound on H100 SXM,
+    bfloat16")``; None when the report holds none."""
+    saved = result.sections.get("predict")
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("roofs"), Mapping):
+        return None
+    roofs = Roofs.from_dict(saved["roofs"])
+    kind = default_bound(roofs)
+    seconds = bound_seconds(kind, float(saved["latency_s"]), float(saved.get("any_s") or 0.0))
+    dtype = saved.get("dtype")
+    basis = f"{BOUND_NAMES[kind]} lower bound on {roofs.device}" + (f", {dtype}" if dtype else "")
+    return seconds, basis
 
 
 def _values(first: str, value: Number, t: Union[CostRow, Totals]) -> Dict[str, Number]:
@@ -92,12 +110,16 @@ def _merged_order(a_keys: Iterable[Tuple[str, str]], b_keys: Iterable[Tuple[str,
 def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[str] = None) -> DiffResult:
     """What changes from A to B, per module (matched by path and type: added, removed,
     changed), per operator (by name) and in total: params, MACs, FLOPs, bytes moved, and
-    peak memory and latency when both reports hold them. ``a`` and ``b``: a
+    peak memory and latency when both reports hold them, and the latency bound when both
+    hold one on the same part (``count --on``, :func:`bound_of`). ``a`` and ``b``: a
     :class:`~flopcount.core.results.FlopResult`, a JSON report's path (``count --format json
     --output``) or its dict. Delta = B - A; relative = (B - A) / A."""
     result_a, label_a = as_result(a, "A")
     result_b, label_b = as_result(b, "B")
     totals_a, totals_b = totals_of(result_a), totals_of(result_b)
+    bound_a, bound_b = bound_of(result_a), bound_of(result_b)
+    if bound_a is not None and bound_b is not None and bound_a[1] == bound_b[1]:  # the same bound on the same part
+        totals_a["latency_bound"], totals_b["latency_bound"] = bound_a[0], bound_b[0]
     both = [m for m in METRICS if m in totals_a and m in totals_b]
     totals = Change("total", "", "", 0, _status(totals_a, totals_b),
                     {m: totals_a[m] for m in both}, {m: totals_b[m] for m in both})
@@ -128,4 +150,6 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
         b_phases=" + ".join(result_b.by_phase()) or "forward",
         a_inputs=result_a.input_description,
         b_inputs=result_b.input_description,
+        a_bound="" if bound_a is None else bound_a[1],
+        b_bound="" if bound_b is None else bound_b[1],
     )

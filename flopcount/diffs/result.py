@@ -15,8 +15,8 @@ Number = Union[int, float]
 
 #: every metric a diff can carry, in display order: counts first, then what only some
 #: reports hold (the estimated peak memory of ``count --memory``, the median latency of
-#: ``bench``), in bytes and seconds
-METRICS: Tuple[str, ...] = ("params", "macs", "flops", "bytes", "peak_memory", "latency")
+#: ``bench``, the latency lower bound of ``count --on PART``), in bytes and seconds
+METRICS: Tuple[str, ...] = ("params", "macs", "flops", "bytes", "peak_memory", "latency", "latency_bound")
 #: the metrics of a module row (params owned, children included) and of an operator row
 MODULE_METRICS: Tuple[str, ...] = ("params", "macs", "flops", "bytes")
 OPERATOR_METRICS: Tuple[str, ...] = ("count", "macs", "flops", "bytes")
@@ -120,6 +120,9 @@ class DiffResult(Rendered):
     b_phases: str = "forward"
     a_inputs: str = ""
     b_inputs: str = ""
+    #: what each side's latency bound is ("any-implementation lower bound on H100 SXM"; "" without one)
+    a_bound: str = ""
+    b_bound: str = ""
 
     def diagnostics(self) -> Tuple[Diagnostic, ...]:
         """Why each side's count may be short, as "gap" records (each text prefixed with its

@@ -584,5 +584,8 @@ def _notes(unsupported: Mapping[str, int], times_known: bool, gpu: Optional[str]
         listing = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
         notes.append(f"ops without a handler were not counted: {listing}")
     if gpu is not None and not times_known:
-        notes.append("no link given: communication time, MFU and HFU not estimated (pass link=)")
+        part = find_part(gpu)
+        offered = f"; {part.name}'s: {', '.join(part.links)}" if part is not None and part.links else ""
+        notes.append("no link given: communication time, MFU and HFU not estimated (pass link=, on the command line "
+                     f"--link{offered})")
     return tuple(notes)

@@ -31,6 +31,7 @@ from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import BookedRows, CostRow
 from flopcount.core.traffic import element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
+from flopcount.devices.roofline import bound_seconds
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
@@ -82,11 +83,7 @@ class PredictResult(BookedRows, Rendered):
     def bound_s(self, kind: BoundKind) -> float:
         """"any": :attr:`any_s`; "eager": the larger of the per-op sum :attr:`latency_s` and
         :attr:`any_s` (the eager program is one implementation, so both bound it)."""
-        if kind == "eager":
-            return max(self.latency_s, self.any_s)
-        if kind == "any":
-            return self.any_s
-        raise UsageError(f"bound must be 'eager' or 'any', got {kind!r}")
+        return bound_seconds(kind, self.latency_s, self.any_s)
 
     @property
     def compute_s(self) -> float:

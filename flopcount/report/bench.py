@@ -28,7 +28,7 @@ def benchmark_text(result: BenchmarkResult) -> str:
     ms = _in_ms(s)
     mode = "torch.compile" if result.compiled else "eager"
     lines = [
-        f"latency on {result.device} ({result.timing}, {mode}, dtype {result.dtype or 'as model'}, "
+        f"latency on {device_text(result)} ({result.timing}, {mode}, dtype {result.dtype or 'as model'}, "
         f"{s.iters} iterations after {result.warmup} warm-up)",
         f"  median {ms['median']:.4g} ms | mean {ms['mean']:.4g} | p90 {ms['p90']:.4g} | p99 {ms['p99']:.4g} | "
         f"min {ms['min']:.4g} | max {ms['max']:.4g} | std {ms['std']:.3g} (CV {100 * s.cv:.1f}%, IQR/median {100 * s.rel_iqr:.1f}%)",
@@ -48,6 +48,14 @@ def benchmark_text(result: BenchmarkResult) -> str:
         lines.append(f"  memory {format_bytes(result.peak_memory_bytes)} ({result.memory_kind})")
     lines.extend(f"  warning: {w}" for w in result.warnings)
     return "\n".join(lines)
+
+
+def device_text(result: BenchmarkResult) -> str:
+    """``cpu, 2 threads``: on a CPU the latency depends on torch's thread count, which the
+    result records (``threads``); a GPU's device alone."""
+    if result.device.startswith("cpu") and result.threads:
+        return f"{result.device}, {result.threads} thread{'s' if result.threads != 1 else ''}"
+    return result.device
 
 
 def batch_text(result: BenchmarkResult) -> str:

@@ -12,14 +12,14 @@ from tabulate import tabulate
 from flopcount.core.rendering import renders
 from flopcount.diffs.result import MODULE_METRICS, OPERATOR_METRICS
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
-from flopcount.units import escape_markdown, format_bytes, format_count, format_seconds
+from flopcount.units import ROOT_LABEL, escape_markdown, format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.diffs.gate import GrowthReport
     from flopcount.diffs.result import Change, DiffResult
 
 _NAMES = {"params": "Params", "count": "Calls", "macs": "MACs", "flops": "FLOPs", "bytes": "Bytes", "peak_memory": "Peak memory",
-          "latency": "Latency"}
+          "latency": "Latency", "latency_bound": "Latency bound"}
 
 
 def _table(rows: Any, *, headers: Sequence[str], colalign: Sequence[str], tablefmt: str = "simple") -> str:
@@ -39,7 +39,7 @@ def show(metric: str, value: Optional[float]) -> str:
         return "-"
     if metric in ("bytes", "peak_memory"):
         return format_bytes(value)
-    return format_seconds(value) if metric == "latency" else format_count(value)
+    return format_seconds(value) if metric in ("latency", "latency_bound") else format_count(value)
 
 
 def signed(metric: str, value: Optional[float]) -> str:
@@ -63,7 +63,7 @@ def _rows(rows: Sequence[Change]) -> List[List[str]]:
     out = []
     for row in rows:
         if row.kind == "module":
-            name = (row.name or "(model)") + (f" (x{row.repeats})" if row.repeats > 1 else "")
+            name = (row.name or ROOT_LABEL) + (f" (x{row.repeats})" if row.repeats > 1 else "")
             cells = [name, row.type_name, row.status, signed("params", row.delta("params"))]
         else:
             cells = [row.name, row.status, signed("count", row.delta("count"))]
@@ -123,10 +123,23 @@ def unlike_sides(diff: DiffResult) -> List[str]:
     return notes
 
 
+def _bound_notes(diff: DiffResult) -> List[str]:
+    """What the latency bound row is, or why there is none though a side holds one."""
+    if diff.a_bound and diff.a_bound == diff.b_bound:
+        return [f"latency bound: the {diff.a_bound} (count --on), a bound, not a measurement"]
+    if diff.a_bound and diff.b_bound:
+        return [f"latency bounds not compared: A's is the {diff.a_bound}, B's the {diff.b_bound}"]
+    if diff.a_bound or diff.b_bound:
+        side, basis = ("A", diff.a_bound) if diff.a_bound else ("B", diff.b_bound)
+        return [f"latency bound: only {side}'s report holds one (the {basis}): count the other with the same --on"]
+    return []
+
+
 def _notes(diff: DiffResult) -> List[str]:
     notes = unlike_sides(diff)
     if diff.a_phases != diff.b_phases:
         notes.append(f"A counts {diff.a_phases}, B counts {diff.b_phases}: the totals differ in what they cover")
+    notes += _bound_notes(diff)
     for side, reasons in (("A", diff.a_incomplete), ("B", diff.b_incomplete)):
         if reasons:
             notes.append(f"INCOMPLETE: {side}'s count may be short: " + "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""))
@@ -197,7 +210,7 @@ def diff_to_dict(diff: DiffResult, max_depth: Optional[int] = None) -> Dict[str,
         "convention": CONVENTION,
         "a": diff.a_label,
         "b": diff.b_label,
-        **{key: getattr(diff, key) for key in ("a_inputs", "b_inputs", "a_phases", "b_phases")},
+        **{key: getattr(diff, key) for key in ("a_inputs", "b_inputs", "a_phases", "b_phases", "a_bound", "b_bound")},
         "metrics": list(metrics),
         "totals": {m: {"a": diff.totals.before(m), "b": diff.totals.after(m), "delta": diff.totals.delta(m),
                        "relative": diff.totals.relative(m)} for m in metrics},

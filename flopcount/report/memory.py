@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from flopcount.core.rendering import renders
 from flopcount.report.table import grid
-from flopcount.units import format_bytes, format_count, format_share
+from flopcount.units import ROOT_LABEL, format_bytes, format_count, format_share
 
 if TYPE_CHECKING:
     from flopcount.memory.estimate import MemoryEstimate
@@ -61,7 +61,7 @@ def memory_table(estimate: MemoryEstimate, max_depth: Optional[int] = 1, fmt: st
     """The breakdown at the peak, then one row per module that ran (down to ``max_depth``)
     with its retained activations and its own peak, then a footer naming the step."""
     rows = [
-        [info.name or "(model)", info.type_name, info.calls, format_bytes(info.activation_bytes), format_bytes(info.peak_bytes)]
+        [info.name or ROOT_LABEL, info.type_name, info.calls, format_bytes(info.activation_bytes), format_bytes(info.peak_bytes)]
         for info in estimate.modules
         if info.calls and (max_depth is None or info.depth <= max_depth)
     ]
@@ -72,7 +72,7 @@ def memory_table(estimate: MemoryEstimate, max_depth: Optional[int] = 1, fmt: st
 
 def _footer(estimate: MemoryEstimate) -> List[str]:
     step = estimate.mode + (f" ({estimate.optimizer})" if estimate.optimizer else "")
-    where = estimate.peak_module or "(model)"
+    where = estimate.peak_module or ROOT_LABEL
     lines = [
         f"Peak: {format_bytes(estimate.peak_bytes)} ({estimate.peak_bytes:,} bytes) in the {estimate.peak_phase} of "
         f"'{where}'; step: {step}; device: {estimate.device}; {format_count(estimate.params)} params"

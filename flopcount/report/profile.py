@@ -10,9 +10,9 @@ import io
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from flopcount.core.rendering import renders
-from flopcount.devices.roofline import PROFILE_CONVENTION
+from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound
 from flopcount.report.table import grid
-from flopcount.units import format_bytes, format_count, format_seconds
+from flopcount.units import ROOT_LABEL, format_bytes, format_count, format_seconds
 
 if TYPE_CHECKING:
     from flopcount.profiling.predict import PredictResult
@@ -67,8 +67,8 @@ def _time_cells(row: ProfileRow, total: float) -> List[str]:
 
 def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
     return [
-        row.module or "<model>" if by == "module" else row.name,
-        *([row.module or "<root>", row.phase] if by == "op" else []),
+        row.module or ROOT_LABEL if by == "module" else row.name,
+        *([row.module or ROOT_LABEL, row.phase] if by == "op" else []),
         f"{row.calls:g}",
         format_count(row.flops),
         format_bytes(row.bytes),
@@ -198,16 +198,18 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
         fmt,
         disable_numparse=True,
     )
+    eager_s = result.bound_s("eager")
     lines = [
         body,
-        f"Eager lower bound (per-op sum) on {result.roofs.device}: {format_seconds(result.latency_s)} "
-        f"(compute {format_seconds(result.compute_s)}, memory {format_seconds(result.memory_s)} if each ran alone)",
+        f"Eager lower bound on {result.roofs.device}: {format_seconds(eager_s)}: the per-op sum "
+        f"{format_seconds(result.latency_s)} (compute {format_seconds(result.compute_s)}, memory "
+        f"{format_seconds(result.memory_s)} if each ran alone)"
+        + (", or the any-implementation bound below where larger" if eager_s > result.latency_s else ""),
     ]
     if result.any_bound is not None:
         lines.append(
             f"Any implementation (fused or not): {format_seconds(result.any_s)} = max(all FLOPs / peak "
-            f"{format_seconds(result.any_bound.compute_s)}, unavoidable {format_bytes(result.any_bound.unavoidable_bytes)} "
-            f"/ {result.any_bound.level} bandwidth {format_seconds(result.any_bound.memory_s)})")
+            f"{format_seconds(result.any_bound.compute_s)}, {_unavoidable_memory(result.any_bound)})")
     lines += [
         f"Roofs: {result.roofs.describe()}",
         "Bounds, not forecasts: the first is the sum over ops of max(FLOPs / peak, bytes / bandwidth of the fastest "
@@ -216,6 +218,18 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     ]
     lines += [f"Note: {w}" for w in result.warnings if "has no peak for" in w]
     return ("\n\n" if fmt == "github" else "\n").join(lines)
+
+
+def _unavoidable_memory(any_bound: AnyBound) -> str:
+    """The any-implementation bound's memory term as the division it is: the unavoidable bytes
+    less what the faster levels hold, over the bandwidth of the level holding the rest."""
+    unavoidable = format_bytes(any_bound.unavoidable_bytes)
+    if any_bound.level_bandwidth is None:
+        return f"unavoidable {unavoidable} held in the {any_bound.level}, whose bandwidth is unpublished: no memory term"
+    if any_bound.faster_bytes:
+        return (f"unavoidable {unavoidable} less the {format_bytes(any_bound.faster_bytes)} the faster levels hold "
+                f"/ {any_bound.level} bandwidth {format_seconds(any_bound.memory_s)}")
+    return f"unavoidable {unavoidable} / {any_bound.level} bandwidth {format_seconds(any_bound.memory_s)}"
 
 
 def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator", depth: Optional[int] = None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
-from flopcount.report.bench import bench_rows, bench_unit
+from flopcount.report.bench import bench_rows, bench_unit, device_text
 from flopcount.report.html import html_report
 from flopcount.report.memory import peak_summary
 from flopcount.report.notes import note_lines
@@ -56,7 +56,7 @@ def render_bench(result: FlopResult, timing: BenchmarkResult, fmt: str, *, entry
         return "\n".join(["metric,value,unit"] + [f"{_csv_key(label)},{raw},{bench_unit(label)}" for label, _, raw in rows])
     mode = "eager" if not getattr(timing, "compiled", False) else "torch.compile"
     heading = (
-        f"{entry} | inputs {result.input_description or '()'} | {timing.device} ({timing.timing}, {mode}, "
+        f"{entry} | inputs {result.input_description or '()'} | {device_text(timing)} ({timing.timing}, {mode}, "
         f"dtype {timing.dtype or 'as model'}) | {timing.warmup} warm-up calls"
     )
     parts = [f"**{escape_markdown(heading)}**\n" if fmt == "markdown" else heading, table]

@@ -7,6 +7,7 @@ matplotlib (optional); draws on the Agg canvas, no pyplot."""
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Tuple, Union
 
@@ -83,10 +84,16 @@ def _scatter(ax: Any, rows: List[ProfileRow], xs: List[float], ys: List[float], 
                    alpha=0.8 if hollow else 0.55, label=None if label == "measured" else label)
 
 
+#: characters per title line: a 9-point line across one panel of the figure
+_TITLE_WIDTH = 95
+
+
 def _log_axes(ax: Any, xlim: Tuple[float, float], ylim: Tuple[float, float], xlabel: str, ylabel: str, title: str) -> None:
     """Both panels' log-log axes, limits, labels, title, grid and legend."""
     ax.set(xscale="log", yscale="log", xlim=xlim, ylim=ylim, xlabel=xlabel, ylabel=ylabel)
-    ax.set_title(title, fontsize=9)
+    # a measured roof's source is a sentence ("measured (cached; measured 2026-...)"): wrapped,
+    # so the title stays inside its panel
+    ax.set_title("\n".join(textwrap.fill(line, width=_TITLE_WIDTH) for line in title.splitlines()), fontsize=9)
     ax.grid(True, which="both", ls=":", lw=0.4)
     legend = ax.legend(fontsize=7, loc="lower right")
     handles = getattr(legend, "legend_handles", None) or getattr(legend, "legendHandles", None) or ()

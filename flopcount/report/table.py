@@ -9,7 +9,7 @@ from tabulate import tabulate
 from flopcount.core.rendering import renders
 from flopcount.report.notes import note_lines
 from flopcount.types import CONVENTION
-from flopcount.units import SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
+from flopcount.units import ROOT_LABEL, SIZE_UNITS, escape_markdown, format_bytes, format_count, format_share, with_unit
 
 if TYPE_CHECKING:
     from flopcount.core.results import FlopResult, ModuleInfo, Totals
@@ -102,7 +102,7 @@ def module_table(
             continue
         rows.append(
             [
-                info.name or "(model)",
+                info.name or ROOT_LABEL,
                 info.type_name,
                 format_count(info.params),
                 format_count(totals.macs),

@@ -63,7 +63,7 @@ def test_flops_per_module_and_rendering():
     assert r["a"].achieved_flops_per_s == pytest.approx(1e12)
     assert r["block"].flops is None and r["block"].achieved_flops_per_s is None
     text = str(r)
-    assert "hooks" in text and "(root)" in text and PERTURBATION_NOTE in r.warnings
+    assert "hooks" in text and "(model)" in text and PERTURBATION_NOTE in r.warnings
     json.dumps(r.to_dict())
 
     class FakeFlopResult:

@@ -71,7 +71,7 @@ def test_check_bound_flag_names_the_bound(workdir, capsys):
                         "--bound", "eager", "--format", "json")
     assert got == 1
     (line,) = json.loads(out)["lines"] if "lines" in json.loads(out) else json.loads(out)["budget"]["lines"]
-    assert line["basis"] == "eager per-op lower bound on T4" and line["actual"] == pytest.approx(T4_BOUND_S)
+    assert line["basis"] == "eager lower bound on T4" and line["actual"] == pytest.approx(T4_BOUND_S)
     code, _, err = cli(capsys, "check", "prof_models.py:mlp", "-i", "32x256", "--max-latency", "1s", "--bound", "any")
     assert code == 2 and "--bound" in err and "--on" in err
 

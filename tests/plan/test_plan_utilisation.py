@@ -143,7 +143,10 @@ def test_without_a_link_sharded_plans_have_no_utilisation_and_say_so() -> None:
     assert result.step_time is not None and result.step_time.comm_s is None
     assert result.step_time.mfu_overlap is None and result.step_time.hfu_overlap is None
     assert result.model_flops == 3 * result.flops["forward"]  # the numerator needs no link
-    assert any("MFU and HFU not estimated (pass link=)" in note for note in result.notes)
+    # the CLI's flag and the part's own links beside the API's keyword (the note said only "pass link=",
+    # which a `flopcount plan` user cannot pass): H100 SXM's links per NVIDIA's H100 datasheet
+    assert any("MFU and HFU not estimated (pass link=, on the command line --link; H100 SXM's: nvlink4, pcie5)" in note
+               for note in result.notes)
 
 
 def test_the_mfu_count_is_the_default_count_not_a_dispatch_run(monkeypatch: pytest.MonkeyPatch) -> None:
