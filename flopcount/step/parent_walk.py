@@ -398,9 +398,13 @@ def parent_proven(
     :func:`flopcount.step.replay.truncated`) with the middle unit's blocks repeated. False when it
     differs or cannot be walked."""
     from flopcount.step.runner import forward_autocast
+    from flopcount.tracers.fake.meta_kernels import KernelStandIns
 
     def run(model: nn.Module) -> Any:
-        with torch.set_grad_enabled(grad), forward_autocast(amp, device_type):
+        # the stand-in kernels the fake step takes (a float32 mixture of experts' _grouped_mm,
+        # whose meta kernel takes bfloat16 only), innermost: a layer's forward, run to learn what
+        # it returns, runs as in the step; their notes are the step's to give, not the walk's
+        with torch.set_grad_enabled(grad), forward_autocast(amp, device_type), KernelStandIns(set(), lambda: ""):
             return model(*args, **kwargs)
 
     layers = [stack.layer(i) for i in range(len(stack))]
