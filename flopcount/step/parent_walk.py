@@ -34,6 +34,10 @@ the parent's Python sees every middle layer alike: the same ops with the same me
 the same relative producers, its tensors dying at the same relative places, the same layer
 called once with the same arguments in the same state.
 
+Where the layers alternate between kinds (:attr:`flopcount.step.replay.Stack.period` ``p``), the
+cut model holds 3 units of ``p`` layers and the middle unit's ``p`` blocks are repeated; a block
+outside the layers names a layer of the first or the last unit by its place in the unit.
+
 Seen: the Python data bound to the globals the forwards name (a flag the parent sets per layer
 is part of each layer call's state; a counter a layer advances changes :func:`model_state`). Not
 seen (said in docs/memory.md): other state outside the model that the parent or a layer reads

@@ -29,6 +29,13 @@ whole model to treat every middle layer alike (:mod:`flopcount.step.parent_walk`
 over all the layers is its walk over 3 with the middle block repeated, ops, layer calls and
 tensor deaths). Anything else is traced in full. ``FLOPCOUNT_REUSE=0`` turns this off (and
 the count's reuse with it).
+
+Layers that alternate between kinds (Gemma-2's sliding and full attention in turn, a 5 : 1
+pattern) are the same thing one level up: where the stack is a repetition of one block of ``p``
+layers (layer ``j`` the same as layer ``j + p`` in every test above, ``p`` dividing the stack,
+:attr:`Stack.period`), the *unit* replayed is that block: the template is 3 units, the check 4,
+the labels, pieces and shifts count units, and a name moved to another unit keeps its place in
+the unit. Period 1 (identical layers) is tried first and is the case above, unchanged.
 """
 
 from __future__ import annotations
