@@ -64,7 +64,10 @@ __all__ = ["MIN_LAYERS", "Figures", "Replay", "Stack", "Template", "categories",
 MIN_LAYERS = 12
 
 #: a period longer than one layer is taken only where the stack holds at least this many units
-#: (the check runs 4: a stack of fewer cannot be checked), and :data:`MIN_LAYERS` of them
+#: (the check runs 4: a stack of fewer cannot be checked), and :data:`MIN_LAYERS` of them: units of
+#: 2 layers measured (benchmarks/replay_crossover.py --models gemma2 gpt_oss, CPU medians, load
+#: 6-7; docs/performance.md, "periodreplay") replay / full at 4 units 1.8-2.3, at 6 units
+#: 1.1-1.5, at 8 units 0.7-1.2, at 10 units 0.8-0.9, at 12 units 0.7-1.0: the same floor in units
 _MIN_UNITS = 4
 
 #: a record of the timeline: (kind: "op" | "pre" | "post", live bytes by (device, category),
