@@ -1,9 +1,10 @@
 """Where the repeated-layer replay (flopcount.step.replay) starts to pay (issue #32 / #27,
 helper replaymin): the CPU seconds of ``estimate_memory`` (inference, and an AdamW training
 step) and ``plan`` (one rank, and fsdp=2 x tp=2) of tiny LLaMA / GPT-2 / BERT stacks at
-several depths, with the replay taken and with it refused.
+several depths, with the replay taken and with it refused; ``--models gemma2 gpt_oss``: tiny
+stacks of sliding and full attention in turn, replayed by units of two layers (periodreplay).
 
-    PYTHONPATH=. python benchmarks/replay_crossover.py [--models llama gpt2 bert]
+    PYTHONPATH=. python benchmarks/replay_crossover.py [--models llama gpt2 bert gemma2 gpt_oss]
         [--layers 6 8 10 12 16] [--readings mem-infer mem-adamw plan-1 plan-2x2] [--repeat 3]
 
 "replay" and "full" differ only in ``flopcount.step.replay.MIN_LAYERS`` (1 and a depth no
@@ -68,7 +69,28 @@ def _bert(layers: int) -> nn.Module:
     return BertModel(config, add_pooling_layer=False)
 
 
-BUILDERS: Dict[str, Callable[[int], nn.Module]] = {"llama": _llama, "gpt2": _gpt2, "bert": _bert}
+def _alternating(model_type: str, **values: Any) -> Callable[[int], nn.Module]:
+    """A tiny ``model_type`` whose layers alternate between sliding and full attention
+    (Gemma-2, GPT-OSS): replayed by units of two layers (periodreplay)."""
+
+    def build(layers: int) -> nn.Module:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.for_model(
+            model_type, num_hidden_layers=layers, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64, sliding_window=8,
+            use_cache=False, **values,
+        )
+        return AutoModelForCausalLM.from_config(config)
+
+    return build
+
+
+BUILDERS: Dict[str, Callable[[int], nn.Module]] = {
+    "llama": _llama, "gpt2": _gpt2, "bert": _bert,
+    "gemma2": _alternating("gemma2"), "gpt_oss": _alternating("gpt_oss", num_local_experts=4, num_experts_per_tok=2),
+}
+DEFAULT_MODELS = ("llama", "gpt2", "bert")
 
 
 def _ids() -> torch.Tensor:
@@ -109,7 +131,7 @@ def _measure(fn: Callable[[], Any], repeat: int) -> Tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(BUILDERS))
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(BUILDERS))
     parser.add_argument("--layers", nargs="+", type=int, default=[6, 8, 10, 12, 16])
     parser.add_argument("--readings", nargs="+", default=["mem-infer", "mem-adamw", "plan-1", "plan-2x2"])
     parser.add_argument("--repeat", type=int, default=3)

@@ -4,8 +4,8 @@ and on timm's deep stacks (issue #32 items 3 and 4: every reading identical with
 ``estimate_memory`` and ``plan`` run a stack of at least ``flopcount.step.replay.MIN_LAYERS``
 (12) identical layers cut to 3 and 4 layers and replay the rest (flopcount/step/replay.py,
 parent_walk.py). Each model type of benchmarks/zoo_reuse_hf_types.py (its type list,
-``tiny_config`` and ``build``) is built with :data:`LAYERS` (14) layers so that the replay is
-taken; batch 2, 12 tokens, train mode, the cache off (:func:`training_model`). With reuse off vs on (``FLOPCOUNT_REUSE=0/1``, as
+``tiny_config`` and ``build``) is built with :data:`LAYERS` (14; ``--layers``) layers so that the replay is
+taken (24: a stack whose layers alternate between two kinds, replayed by units of two layers, too); batch 2, 12 tokens, train mode, the cache off (:func:`training_model`). With reuse off vs on (``FLOPCOUNT_REUSE=0/1``, as
 ``zoo_reuse._with_reuse``), everything a user reads of:
 
 1. ``estimate_memory(model, ids, backward=True, optimizer="adamw")``: a training step with the
@@ -384,7 +384,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-plan", action="store_true", help="estimate_memory only")
     parser.add_argument("--no-estimate", action="store_true", help="plan only")
     parser.add_argument("--timm", action="store_true", help="the timm models of TIMM_MODELS instead (estimate_memory)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="layers of each model type (LAYERS, 14; 24: a stack of 2-layer units replayed too)")
     args = parser.parse_args(argv)
+    global LAYERS
+    LAYERS = args.layers or LAYERS
     torch.set_num_threads(1)
     tally = Tally(failure="FAILED")  # a plain training step ran: a model flopcount cannot estimate or plan
     replays = Outcomes()

@@ -313,18 +313,26 @@ def _estimate(model: nn.Module, request: _Request, stateless: FrozenSet[str] = f
 
 def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
     """:func:`gradless` after the replay's last cut run, where the stack held its first
-    ``Template.LAYERS + 1`` layers: the whole model's layer ``k`` is judged as the cut run's
-    layer in the same role (the first, a middle one, the last), which the check proved alike."""
+    ``Template.UNITS + 1`` units: the whole model's layer ``k`` is judged as the cut run's
+    layer in the same place of the unit in the same role (the first, a middle one, the last),
+    which the check proved alike."""
     stack = find_stack(twin)
     if stack is None:
         return gradless(twin, opt)
     path = next(name for name, module in twin.named_modules() if module is stack.layers)
     found = gradless(twin, opt, skip=list(stack.layers.parameters()))  # outside the stack
-    ran, n = Template.LAYERS + 1, len(stack)
+    ran, units, period = Template.UNITS + 1, stack.units, stack.period
+    role = {0: 0, units - 1: ran - 1}  # the whole model's unit -> the cut run's unit in its role (else 1)
     layers = list(stack.layers.children())
-    by_role = {cut: gradless(layers[cut], opt) for cut in (0, 1, ran - 1)}  # first, a middle one, last
-    role = {0: 0, n - 1: ran - 1}  # the whole model's layer -> the cut run's layer in its role
-    return found | {f"{path}.{index}.{name}" for index in range(n) for name in by_role[role.get(index, 1)]}
+    by_role: Dict[int, FrozenSet[str]] = {}
+    out = set(found)
+    for index in range(len(stack)):
+        unit, place = divmod(index, period)
+        cut = role.get(unit, 1) * period + place
+        if cut not in by_role:
+            by_role[cut] = gradless(layers[cut], opt)
+        out |= {f"{path}.{index}.{name}" for name in by_role[cut]}
+    return frozenset(out)
 
 
 def _layered(
@@ -357,7 +365,8 @@ def _replayed(
 ) -> Optional[Figures]:
     """:func:`_layered` once ``stack`` is found: the cut runs, the check and the walk of the parent."""
     runs = []
-    for keep in (Template.LAYERS, Template.LAYERS + 1):
+    for units in (Template.UNITS, Template.UNITS + 1):
+        keep = units * stack.period
         tracker = _peak_tracker()
         timeline: List[Any] = []
         for param in twin.parameters():
@@ -377,14 +386,14 @@ def _replayed(
     if list_name is None:
         return None
     prefix = list_name + "."
-    template = Template.of(timeline, prefix, cut.released_casts, cut.autocast_left)
+    template = Template.of(timeline, prefix, cut.released_casts, cut.autocast_left, period=stack.period)
     if template is None or not template.checked(check):
         return None
     # the parent's forward proven to treat every middle layer alike (flopcount.step.parent_walk)
     with mode:
         if not parent_proven(stack, twin, args, kwargs, request.backward, request.amp, amp_device(twin, args, kwargs)):
             return None
-    figures = template.figures(len(stack))
+    figures = template.figures(stack.units)
     fqns = layer_names(stack, known, prefix)
     figures.names = {module: fqns.get(module) or known(module) for module in names}
     return figures

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple, Union
 
 import torch
 from torch import nn
@@ -300,24 +300,28 @@ def _cut_steps(
     amp: Optional[torch.dtype], registry: HandlerRegistry, stateless: FrozenSet[str],
 ) -> Optional[Tuple[str, int, StepRecord, str]]:
     """Rank 0's step with its repeated layers replayed (flopcount.step.replay, as
-    estimate_memory): the model built, cut to 3 layers (the template) and to 4 (the check),
-    each sharded and stepped; where the check's timeline, op events and collectives are the
-    template's stretched to 4 layers, the whole model's are the template's stretched to all of
-    them, and its state bytes and wrapped blocks the template's plus one layer's per layer
-    more. None (trace the whole model) where that does not apply or the check differs.
+    estimate_memory): the model built, cut to 3 units of the stack's period (the template) and
+    to 4 (the check), each sharded and stepped; where the check's timeline, op events and
+    collectives are the template's stretched to 4 units, the whole model's are the template's
+    stretched to all of them, and its state bytes and wrapped blocks the template's plus one
+    unit's per unit more. None (trace the whole model) where that does not apply or the check differs.
     ``first``: the model built for the template (the check builds its own)."""
     runs = []
-    for keep in (Template.LAYERS, Template.LAYERS + 1):
-        model = first if keep == Template.LAYERS else _built(build)
+    periods: Set[int] = set()
+    for units in (Template.UNITS, Template.UNITS + 1):
+        model = first if units == Template.UNITS else _built(build)
         stack = find_stack(model)
         if stack is None:
             return None
+        periods.add(stack.period)
         path = next(name for name, module in model.named_modules() if module is stack.layers)
         if transformer_blocks(model)[0] != path:  # FSDP wraps another list's blocks: not this one's
             return None
-        n = len(stack)
-        if keep == Template.LAYERS and not _parent_walked(model, stack, args, kw, amp):
-            return None  # the parent's forward may treat some middle layer otherwise: traced in full
+        if len(periods) > 1:  # the check's build found another unit than the template's
+            return None
+        if units == Template.UNITS and not _parent_walked(model, stack, args, kw, amp):
+            return None  # the parent's forward may treat some middle unit otherwise: traced in full
+        keep = units * stack.period
         replay = Replay([], stack, keep)
         try:
             with truncated(stack, keep):
@@ -330,7 +334,7 @@ def _cut_steps(
             return None
         runs.append((prefix, wrapped, record, dtype, replay, list_name))
     (prefix, wrapped3, record3, dtype, replay3, name), (_, wrapped4, record4, _, replay4, _) = runs
-    template = Template.of(replay3.timeline, name + ".")
+    template = Template.of(replay3.timeline, name + ".", period=replay3.stack.period)
     if template is None or not template.checked(replay4.timeline):
         return None
     rec3, rec4 = replay3.recorder, replay4.recorder
@@ -339,18 +343,19 @@ def _cut_steps(
     stamps3, events3 = _booked(rec3.event_stamps, rec3.events, registry)
     _, events4 = _booked(rec4.event_stamps, rec4.events, registry)
     keys3 = [_event_key(e) for e in events3]
-    if template.spread(Template.LAYERS + 1, stamps3, keys3) != [_event_key(e) for e in events4]:
+    if template.spread(Template.UNITS + 1, stamps3, keys3) != [_event_key(e) for e in events4]:
         return None
-    if template.spread(Template.LAYERS + 1, rec3.collective_stamps, rec3.collectives) != rec4.collectives:
+    if template.spread(Template.UNITS + 1, rec3.collective_stamps, rec3.collectives) != rec4.collectives:
         return None
-    extra = n - Template.LAYERS
-    figures = template.figures(n)
+    units = replay3.stack.units
+    extra = units - Template.UNITS
+    figures = template.figures(units)
     # MemTracker's snapshot holds every category of a device, zeros included
     peak = {**dict.fromkeys(record3.memory_peak, 0), **categories(figures.peak_snapshot)}
     state = {k: v + extra * (record4.state_bytes[k] - v) for k, v in record3.state_bytes.items()}
     record = StepRecord(
-        tuple(template.spread(n, stamps3, events3)),
-        tuple(template.spread(n, rec3.collective_stamps, rec3.collectives)),
+        tuple(template.spread(units, stamps3, events3)),
+        tuple(template.spread(units, rec3.collective_stamps, rec3.collectives)),
         peak, state, {}, record3.gradless | record4.gradless, record3.notes,
     )
     return prefix, wrapped3 + extra * (wrapped4 - wrapped3), record, dtype

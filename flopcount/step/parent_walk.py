@@ -34,6 +34,10 @@ the parent's Python sees every middle layer alike: the same ops with the same me
 the same relative producers, its tensors dying at the same relative places, the same layer
 called once with the same arguments in the same state.
 
+Where the layers alternate between kinds (:attr:`flopcount.step.replay.Stack.period` ``p``), the
+cut model holds 3 units of ``p`` layers and the middle unit's ``p`` blocks are repeated; a block
+outside the layers names a layer of the first or the last unit by its place in the unit.
+
 Seen: the Python data bound to the globals the forwards name (a flag the parent sets per layer
 is part of each layer call's state; a counter a layer advances changes :func:`model_state`). Not
 seen (said in docs/memory.md): other state outside the model that the parent or a layer reads
@@ -83,9 +87,10 @@ class _Ref:
 class _Walk(TorchDispatchMode):
     """Records the parent's ops (outside every stack layer), answers the stack's layer calls."""
 
-    def __init__(self, layers: List[nn.Module], hidden: Dict[int, frozenset], outputs: Dict[Any, Any]):
+    def __init__(self, layers: List[nn.Module], hidden: Dict[int, frozenset], outputs: Dict[Any, Any], period: int = 1):
         super().__init__()
         self.layers = layers
+        self.period = period  # the layers a unit holds: the first and the last unit's blocks are named by place
         self.position = {id(layer): i for i, layer in enumerate(layers)}
         self.hidden = hidden  # per module id: the attribute names that differ between layers
         self.blocks: List[List[Any]] = [[]]
@@ -253,8 +258,8 @@ class _Walk(TorchDispatchMode):
                 elif death[0] > layers:
                     deaths.append((token[1], token[2], "end"))
                 else:
-                    deaths.append((token[1], token[2], _relative(b, death[0], layers), death[1]))
-            out.append((tuple(_written(r, b, layers) for r in records), tuple(deaths)))
+                    deaths.append((token[1], token[2], _relative(b, death[0], layers, self.period), death[1]))
+            out.append((tuple(_written(r, b, layers, self.period) for r in records), tuple(deaths)))
         return out
 
 
@@ -310,19 +315,26 @@ def _attribute(value: Any, deep: bool = True, owner: Optional[nn.Module] = None)
     return ("object", id(value))
 
 
-def _relative(frm: int, to: int, layers: int) -> Any:
+def _relative(frm: int, to: int, layers: int, period: int) -> Any:
+    """Block ``to`` seen from block ``frm``: layers apart where both are layers' blocks, else by
+    place: before the layers, layer ``k`` of the first or of the last unit of ``period`` layers,
+    or middle layer ``j``."""
     if 1 <= frm <= layers and 1 <= to <= layers:
         return ("layer", to - frm)
     if to == 0:
         return ("before",)
-    return ("first",) if to == 1 else ("last",) if to == layers else ("middle", to - 1)
+    if to <= period:
+        return ("first", to - 1)
+    if to > layers - period:
+        return ("last", layers - to)
+    return ("middle", to - 1)
 
 
-def _written(value: Any, at: int, layers: int) -> Any:
+def _written(value: Any, at: int, layers: int, period: int) -> Any:
     if isinstance(value, _Ref):
-        return (_relative(at, value.block, layers), value.index, value.k)
+        return (_relative(at, value.block, layers, period), value.index, value.k)
     if isinstance(value, tuple):
-        return tuple(_written(v, at, layers) for v in value)
+        return tuple(_written(v, at, layers, period) for v in value)
     return value
 
 
@@ -332,9 +344,9 @@ def _meta(t: torch.Tensor) -> Tuple[Any, ...]:
 
 def _walk(
     model: nn.Module, layers: List[nn.Module], hidden: Dict[int, frozenset], run: Callable[[nn.Module], Any],
-    outputs: Dict[Any, Any],
+    outputs: Dict[Any, Any], period: int,
 ) -> List[Tuple[Any, ...]]:
-    walk = _Walk(layers, hidden, outputs)
+    walk = _Walk(layers, hidden, outputs, period)
     for layer in layers:  # no layer has a forward of its own (find_stack refused any)
         layer.__dict__["forward"] = walk.stand_in(layer, layer.forward)
     enabled = gc.isenabled()
@@ -385,13 +397,18 @@ def parent_proven(
 ) -> bool:
     """Whether ``model``'s forward on ``args`` and ``kwargs`` (fake or meta tensors), run as
     :func:`flopcount.step.runner.run_step` runs it (grad mode ``grad``, the forward's autocast to
-    ``amp``), treats every middle layer of ``stack`` alike: its walk over all the layers is its walk
-    over the first 3 (the stack cut by :func:`flopcount.step.replay.truncated`) with the middle
-    block repeated. False when it differs or cannot be walked."""
+    ``amp``), treats every middle unit of ``stack`` alike (a unit: :attr:`~flopcount.step.replay.Stack.period`
+    layers): its walk over all the layers is its walk over the first 3 units (the stack cut by
+    :func:`flopcount.step.replay.truncated`) with the middle unit's blocks repeated. False when it
+    differs or cannot be walked."""
     from flopcount.step.runner import forward_autocast
+    from flopcount.tracers.fake.meta_kernels import KernelStandIns
 
     def run(model: nn.Module) -> Any:
-        with torch.set_grad_enabled(grad), forward_autocast(amp, device_type):
+        # the stand-in kernels the fake step takes (a float32 mixture of experts' _grouped_mm,
+        # whose meta kernel takes bfloat16 only), innermost: a layer's forward, run to learn what
+        # it returns, runs as in the step; their notes are the step's to give, not the walk's
+        with torch.set_grad_enabled(grad), forward_autocast(amp, device_type), KernelStandIns(set(), lambda: ""):
             return model(*args, **kwargs)
 
     layers = [stack.layer(i) for i in range(len(stack))]
@@ -399,13 +416,17 @@ def parent_proven(
     for pairs in stack.differing:
         for module, name in pairs:
             hidden[id(module)] = hidden.get(id(module), frozenset()) | {name}
+    period = stack.period
+    keep = 3 * period
     try:
         outputs: Dict[Any, Any] = {}
-        with truncated(stack, 3):
-            short = _walk(model, layers[:3], hidden, run, outputs)
-        whole = _walk(model, layers, hidden, run, outputs)
+        with truncated(stack, keep):
+            short = _walk(model, layers[:keep], hidden, run, outputs, period)
+        whole = _walk(model, layers, hidden, run, outputs, period)
     except Exception:  # the forward cannot be walked (the traced step says why, where it fails too)
         return False
-    n = len(layers)
-    expected = [short[0], short[1]] + [short[2]] * (n - 2) + [short[3], short[4]]
+    # block 0: before the layers; block b: layer b - 1's call and what follows; the last: the end
+    before, first_unit = short[:1], short[1:1 + period]
+    middle_unit, last_unit, end = short[1 + period:1 + 2 * period], short[1 + 2 * period:1 + keep], short[1 + keep:]
+    expected = before + first_unit + middle_unit * (stack.units - 2) + last_unit + end
     return whole == expected

@@ -29,6 +29,13 @@ whole model to treat every middle layer alike (:mod:`flopcount.step.parent_walk`
 over all the layers is its walk over 3 with the middle block repeated, ops, layer calls and
 tensor deaths). Anything else is traced in full. ``FLOPCOUNT_REUSE=0`` turns this off (and
 the count's reuse with it).
+
+Layers that alternate between kinds (Gemma-2's sliding and full attention in turn, a 5 : 1
+pattern) are the same thing one level up: where the stack is a repetition of one block of ``p``
+layers (layer ``j`` the same as layer ``j + p`` in every test above, ``p`` dividing the stack,
+:attr:`Stack.period`), the *unit* replayed is that block: the template is 3 units, the check 4,
+the labels, pieces and shifts count units, and a name moved to another unit keeps its place in
+the unit. Period 1 (identical layers) is tried first and is the case above, unchanged.
 """
 
 from __future__ import annotations
@@ -55,6 +62,13 @@ __all__ = ["MIN_LAYERS", "Figures", "Replay", "Stack", "Template", "categories",
 #: stacks), at 12 layers 0.7-1.0 in every reading, at 16 layers 0.5-1.0 (one noisy 1.25).
 #: The figures are the same either way; only the time differs.
 MIN_LAYERS = 12
+
+#: a period longer than one layer is taken only where the stack holds at least this many units
+#: (the check runs 4: a stack of fewer cannot be checked), and :data:`MIN_LAYERS` of them: units of
+#: 2 layers measured (benchmarks/replay_crossover.py --models gemma2 gpt_oss, CPU medians, load
+#: 6-7; docs/performance.md, "periodreplay") replay / full at 4 units 1.8-2.3, at 6 units
+#: 1.1-1.5, at 8 units 0.7-1.2, at 10 units 0.8-0.9, at 12 units 0.7-1.0: the same floor in units
+_MIN_UNITS = 4
 
 #: a record of the timeline: (kind: "op" | "pre" | "post", live bytes by (device, category),
 #: module names (the running ones for an op, the hooked module's for "pre"/"post"), phase,
@@ -108,13 +122,21 @@ class _Hidden:
 @dataclass(frozen=True)
 class Stack:
     """The model's repeated layers: ``layers`` (a ModuleList or Sequential) and, per layer,
-    the (module, attribute) pairs whose values differ between layers."""
+    the (module, attribute) pairs whose values differ between layers of one kind. ``period``:
+    layer ``j`` is built as layer ``j % period`` (1: every layer alike; 2: Gemma-2's sliding and
+    full attention in turn); the replay's unit is ``period`` consecutive layers."""
 
     layers: nn.Module
     differing: Tuple[Tuple[Tuple[nn.Module, str], ...], ...]
+    period: int = 1
 
     def __len__(self) -> int:
         return len(self.layers._modules)
+
+    @property
+    def units(self) -> int:
+        """How many units of ``period`` layers the stack holds."""
+        return len(self) // self.period
 
     def layer(self, index: int) -> nn.Module:
         found = list(self.layers._modules.values())[index]
@@ -123,7 +145,8 @@ class Stack:
 
 
 def find_stack(model: nn.Module) -> Optional[Stack]:
-    """The longest run of identical layers of ``model`` that can be replayed, or None."""
+    """The longest run of layers of ``model`` that can be replayed, or None: identical layers, or
+    else (:func:`_stack`) a repeated unit of ``period`` layers, the shortest period that holds."""
     if hooks.process_hooks_present() or any(hooks.has_call_hooks(m) for m in model.modules()):
         return None
     module_seen = Counter(id(module) for _, module in model.named_modules(remove_duplicate=False))
@@ -141,14 +164,17 @@ def find_stack(model: nn.Module) -> Optional[Stack]:
 
 
 def _stack(layers: nn.Module, module_seen: Mapping[int, int], param_seen: Mapping[int, int]) -> Optional[Stack]:
+    """``layers`` as a :class:`Stack` of the shortest period that holds (1 first, as before periods
+    were tried; then 2, 3, ... where the stack holds at least :data:`MIN_LAYERS` units of it, and
+    at least the check's 4, and the period divides its length: no head or tail of another kind),
+    or None."""
     from flopcount.tracers._reuse import _signature  # the count's reuse keys: the same signature first
 
     children = [m for m in layers._modules.values() if m is not None]
     if list(layers._modules) != [str(i) for i in range(len(children))]:
         return None
     memo: Dict[int, Any] = {}
-    if len({_signature(layer, memo) for layer in children}) != 1:
-        return None
+    signatures = [_signature(layer, memo) for layer in children]
     walks = [list(layer.modules()) for layer in children]
     for walk in walks:
         for module in walk:
@@ -156,21 +182,35 @@ def _stack(layers: nn.Module, module_seen: Mapping[int, int], param_seen: Mappin
                 return None
             if any(param_seen.get(id(p), 0) != 1 for p in module._parameters.values() if p is not None):
                 return None
-    template = walks[1]
-    differing: List[set] = [set() for _ in template]
-    for walk in walks:
+    for period in range(1, len(children) // max(MIN_LAYERS, 1) + 1):
+        if period > 1 and (len(children) % period or len(children) // period < _MIN_UNITS):
+            continue
+        if any(signature != signatures[j % period] for j, signature in enumerate(signatures)):
+            continue
+        differing = _periodic(walks, period)
+        if differing is not None:
+            return Stack(layers, differing, period)
+    return None
+
+
+def _periodic(walks: List[List[nn.Module]], period: int) -> Optional[Tuple[Tuple[Tuple[nn.Module, str], ...], ...]]:
+    """Per layer, the (module, attribute) pairs whose plain scalar values differ between the
+    layers of its kind (layers ``j`` and ``j + period``: compared with the middle unit's layer of
+    that kind), or None when two layers of one kind differ in anything else."""
+    differing: List[List[set]] = [[set() for _ in walks[period + kind]] for kind in range(period)]
+    for j, walk in enumerate(walks):
+        template = walks[period + j % period]
         if len(walk) != len(template):
             return None
         for position, (a, b) in enumerate(zip(template, walk)):
             names = _unequal(a, b)
             if names is None:
                 return None
-            differing[position] |= names
-    per_layer = tuple(
-        tuple((module, name) for position, module in enumerate(walk) for name in sorted(differing[position]))
-        for walk in walks
+            differing[j % period][position] |= names
+    return tuple(
+        tuple((module, name) for position, module in enumerate(walk) for name in sorted(differing[j % period][position]))
+        for j, walk in enumerate(walks)
     )
-    return Stack(layers, per_layer)
 
 
 def _unequal(a: nn.Module, b: nn.Module) -> Optional[set]:
@@ -285,22 +325,24 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[int, torch.Tensor]]:
-    """``id(tensor) -> layer`` for the first ``keep`` layers' parameters, their gradients
-    and their optimizer state: which layer an optimizer op works on."""
+    """``id(tensor) -> unit`` (:attr:`Stack.period` layers; a layer where every layer is alike)
+    for the first ``keep`` layers' parameters, their gradients and their optimizer state: which
+    unit an optimizer op works on."""
     table: Dict[int, Tuple[int, torch.Tensor]] = {}  # the tensor kept too: its id is not reused
     state = getattr(optimizer, "state", {}) if optimizer is not None else {}
 
-    def note(tensor: Any, index: int) -> None:
+    def note(tensor: Any, unit: int) -> None:
         if isinstance(tensor, torch.Tensor):
             for each in (tensor, local_shard(tensor)):  # a DTensor (plan): its ops run on its local shard
-                table[id(each)] = (index, each)
+                table[id(each)] = (unit, each)
 
     for index in range(keep):
+        unit = index // stack.period
         for param in stack.layer(index).parameters():
-            note(param, index)
-            note(param.grad, index)
+            note(param, unit)
+            note(param.grad, unit)
             for value in state.get(param, {}).values():
-                note(value, index)
+                note(value, unit)
     return table
 
 
@@ -418,63 +460,73 @@ class _Piece:
 
 
 class Template:
-    """The 3-layer step's timeline cut into pieces: before layer 1's forward stretch, that
-    stretch, until layer 1's backward stretch, that stretch, until its optimizer stretch,
-    that stretch, the rest (the phases the step has)."""
+    """The 3-unit step's timeline cut into pieces: before unit 1's forward stretch, that
+    stretch, until unit 1's backward stretch, that stretch, until its optimizer stretch,
+    that stretch, the rest (the phases the step has). A unit is ``period`` consecutive layers
+    (:attr:`Stack.period`; one layer where every layer is alike): every count below is of units."""
 
-    LAYERS = 3
+    UNITS = 3
 
-    def __init__(self, records: Sequence[Record], prefix: str, pieces: List[_Piece], labels: List[Optional[int]]):
+    def __init__(
+        self, records: Sequence[Record], prefix: str, pieces: List[_Piece], labels: List[Optional[int]], period: int = 1,
+    ):
         self.records = records
         self.prefix = prefix
         self.pieces = pieces
         self.labels = labels
-        #: bytes by (device, category) each layer holds from the step's start and the cut run's
+        self.period = period
+        #: bytes by (device, category) each unit holds from the step's start and the cut run's
         #: tracker did not see (:meth:`checked`)
         self.static: Dict[Tuple[Any, Any], int] = {}
 
     def checked(self, check: Sequence[Record]) -> bool:
-        """Whether ``check``, the timeline of the same step cut to 4 layers, is this template
-        stretched to 4 layers, record for record (learning first what one more layer holds
+        """Whether ``check``, the timeline of the same step cut to 4 units, is this template
+        stretched to 4 units, record for record (learning first what one more unit holds
         from the start: the two first records' difference)."""
         if not check or not self.records:
             return False
         self.static = _plus(check[0][1], self.records[0][1], -1)
-        made = self.materialize(self.LAYERS + 1)  # optimizer labels aside
+        made = self.materialize(self.UNITS + 1)  # optimizer labels aside
         return len(made) == len(check) and all(
             x[0] == y[0] and x[3] == y[3] and x[2] == y[2] and normalized(x[1]) == normalized(y[1]) for x, y in zip(made, check)
         )
 
-    def spread(self, layers: int, stamps: Sequence[int], items: Sequence[Any]) -> List[Any]:
+    def spread(self, units: int, stamps: Sequence[int], items: Sequence[Any]) -> List[Any]:
         """``items`` recorded beside the template's timeline (an op event, a collective; each
         stamped with the timeline's length when it was recorded), placed as their pieces are in
-        the ``layers``-layer step: a middle piece's once per middle layer."""
+        the ``units``-unit step: a middle piece's once per middle unit."""
         by_piece: Dict[int, List[Any]] = {id(piece): [] for piece in self.pieces}
         starts = [piece.start for piece in self.pieces]
         for stamp, item in zip(stamps, items):
             at = max(stamp - 1, 0)
             index = max(i for i, start in enumerate(starts) if start <= at or i == 0)
             by_piece[id(self.pieces[index])].append(item)
-        return [item for piece, _, _ in self._placed(layers) for item in by_piece[id(piece)]]
+        return [item for piece, _, _ in self._placed(units) for item in by_piece[id(piece)]]
 
     @classmethod
     def of(
         cls, records: Sequence[Record], prefix: str, released: Sequence[Tuple[int, Mapping[Tuple[Any, Any], int]]] = (),
-        autocast_left: Optional[int] = None,
+        autocast_left: Optional[int] = None, period: int = 1,
     ) -> Optional[Template]:
-        """``records`` of a 3-layer step (``prefix``: MemTracker's name of the layer list
-        plus "."), cut into pieces; None when its layers are not met in a step's order.
-        ``released``: (record index at its birth, bytes) of each cast freed when the forward's
-        autocast ended, at record index ``autocast_left`` (the tracker's ``released_casts``,
-        ``autocast_left``): the middle layer's are freed there for every middle layer."""
+        """``records`` of a 3-unit step (``prefix``: MemTracker's name of the layer list
+        plus "."; ``period``: the layers a unit holds), cut into pieces; None when its units are
+        not met in a step's order. ``released``: (record index at its birth, bytes) of each cast
+        freed when the forward's autocast ended, at record index ``autocast_left`` (the
+        tracker's ``released_casts``, ``autocast_left``): the middle unit's are freed there for
+        every middle unit. An optimizer op's label (``touched``) is already a unit
+        (:func:`layer_tensors`)."""
+
+        def unit(name: str) -> Optional[int]:
+            return _unit(name, prefix, period)
+
         labels: List[Optional[int]] = []
         for kind, _, names, phase, touched in records:
             if kind == "op" and phase == "optimizer":
                 labels.append(touched)
                 continue
-            # the layer running: in a backward, modules whose inputs need no gradient stay among
+            # the unit running: in a backward, modules whose inputs need no gradient stay among
             # MemTracker's running modules after their backward (the newest is the lowest layer)
-            found = {index for index in map(lambda name: _index(name, prefix), names) if index is not None}
+            found = {index for index in map(unit, names) if index is not None}
             labels.append((min(found) if phase == "backward" else max(found)) if found else None)
         first: Dict[Tuple[str, int], int] = {}
         runs: Dict[str, List[int]] = {}
@@ -510,86 +562,87 @@ class Template:
         for piece in pieces:
             if piece.middle:
                 last_middle = piece
-                # what layer 1 leaves running after it (in a backward, modules whose inputs need
-                # no gradient): its names in every record of the next layer's stretch
+                # what unit 1 leaves running after it (in a backward, modules whose inputs need
+                # no gradient): its names in every record of the next unit's stretch
                 following = 0 if piece.phase == "backward" else 2
                 later: List[FrozenSet[str]] = []
                 for record in records[piece.stop:]:
-                    if not any(_index(n, prefix) == following for n in record[2]):
+                    if not any(unit(n) == following for n in record[2]):
                         break
                     later.append(record[2])
-                left = [frozenset(n for n in names if _index(n, prefix) == 1) for names in later]
+                left = [frozenset(n for n in names if unit(n) == 1) for names in later]
                 piece.residue = frozenset.intersection(*left) if left else frozenset()
             else:
                 piece.after = last_middle
-        return cls(records, prefix, pieces, labels)
+        return cls(records, prefix, pieces, labels, period)
 
-    def _placed(self, layers: int) -> Iterator[Tuple[_Piece, Dict[Tuple[Any, Any], int], int]]:
-        """Each piece's places in the ``layers``-layer timeline: (piece, byte shift, the layer
+    def _placed(self, units: int) -> Iterator[Tuple[_Piece, Dict[Tuple[Any, Any], int], int]]:
+        """Each piece's places in the ``units``-unit timeline: (piece, byte shift, the unit
         a middle piece stands for there; -1 for a fixed piece). Every byte count is also shifted
-        by ``static`` per layer more: what each layer holds from the start (its parameters and
-        optimizer state, where the cut run's tracker did not see the other layers')."""
-        extra = layers - self.LAYERS
+        by ``static`` per unit more: what each unit holds from the start (its parameters and
+        optimizer state, where the cut run's tracker did not see the other units')."""
+        extra = units - self.UNITS
         offset: Dict[Tuple[Any, Any], int] = _plus({}, self.static, extra)
         for piece in self.pieces:
             if not piece.middle:
                 offset = _plus(offset, piece.released, -extra)
                 yield piece, offset, -1
                 continue
-            for i in range(layers - 2):
-                target = layers - 2 - i if piece.phase == "backward" else 1 + i
+            for i in range(units - 2):
+                target = units - 2 - i if piece.phase == "backward" else 1 + i
                 yield piece, _plus(offset, piece.delta, i), target
             offset = _plus(offset, piece.delta, extra)
 
-    def renamed(self, name: str, piece: _Piece, target: int, layers: int) -> List[str]:
-        """``name`` of the template in the ``layers``-layer timeline. In a middle piece standing
-        for layer ``target``: layer 1 is ``target``, the layer before it in the phase's order
-        (2 in a backward, 0 otherwise) is the one before ``target``, the one after likewise. In
-        a fixed piece: layer 0 stays, layer 2 is the last, and layer 1 is the last middle layer
-        the phase met, whose leftovers (the piece's residue) every other middle layer left too."""
-        index = _index(name, self.prefix)
+    def renamed(self, name: str, piece: _Piece, target: int, units: int) -> List[str]:
+        """``name`` of the template in the ``units``-unit timeline (a unit's layers keep their
+        place in it: :meth:`_moved`). In a middle piece standing for unit ``target``: unit 1 is
+        ``target``, the unit before it in the phase's order (2 in a backward, 0 otherwise) is the
+        one before ``target``, the one after likewise. In a fixed piece: unit 0 stays, unit 2 is
+        the last, and unit 1 is the last middle unit the phase met, whose leftovers (the piece's
+        residue) every other middle unit left too."""
+        index = self._unit(name)
         if index is None:
             return [name]
         if piece.middle:
             back = piece.phase == "backward"
             if index == 1:
-                return [_moved(self.prefix, name, target)]
+                return [self._moved(name, target)]
             before = (index == 2) if back else (index == 0)
             step = 1 if before == back else -1
-            return [_moved(self.prefix, name, target + step)]
+            return [self._moved(name, target + step)]
         if index == 0:
             return [name]
         if index == 2:
-            return [_moved(self.prefix, name, layers - 1)]
+            return [self._moved(name, units - 1)]
         middle = piece.after
         if middle is None:
             return [name]
-        last = 1 if middle.phase == "backward" else layers - 2
-        out = [_moved(self.prefix, name, last)]
+        last = 1 if middle.phase == "backward" else units - 2
+        out = [self._moved(name, last)]
         if name in middle.residue:
-            out += [_moved(self.prefix, name, k) for k in range(1, layers - 1) if k != last]
+            out += [self._moved(name, k) for k in range(1, units - 1) if k != last]
         return out
 
-    def left_running(self, piece: _Piece, target: int, layers: int) -> List[str]:
-        """The names the layers met before the one before ``target`` in the piece's phase left running."""
-        earlier = range(target + 2, layers) if piece.phase == "backward" else range(0, target - 1)
-        return [_moved(self.prefix, name, k) for k in earlier for name in piece.residue]
+    def left_running(self, piece: _Piece, target: int, units: int) -> List[str]:
+        """The names the units met before the one before ``target`` in the piece's phase left running."""
+        earlier = range(target + 2, units) if piece.phase == "backward" else range(0, target - 1)
+        return [self._moved(name, k) for k in earlier for name in piece.residue]
 
-    def _names(self, names: FrozenSet[str], piece: _Piece, target: int, layers: int) -> FrozenSet[str]:
-        out = [n for name in names for n in self.renamed(name, piece, target, layers)]
+    def _names(self, names: FrozenSet[str], piece: _Piece, target: int, units: int) -> FrozenSet[str]:
+        out = [n for name in names for n in self.renamed(name, piece, target, units)]
         if piece.middle:
-            out += self.left_running(piece, target, layers)
+            out += self.left_running(piece, target, units)
         return frozenset(out)
 
-    def materialize(self, layers: int) -> List[Record]:
-        """The whole timeline of the ``layers``-layer step, record by record (the check)."""
+    def materialize(self, units: int) -> List[Record]:
+        """The whole timeline of the ``units``-unit step, record by record (the check)."""
         return [
-            (kind, _shifted(snap, offset), self._names(names, piece, target, layers), phase, None)
-            for piece, offset, target in self._placed(layers) for kind, snap, names, phase, _ in self.records[piece.start:piece.stop]
+            (kind, _shifted(snap, offset), self._names(names, piece, target, units), phase, None)
+            for piece, offset, target in self._placed(units) for kind, snap, names, phase, _ in self.records[piece.start:piece.stop]
         ]
 
-    def figures(self, layers: int) -> Figures:
-        """The ``layers``-layer step's figures, computed a stretch at a time."""
+    def figures(self, units: int) -> Figures:
+        """The ``units``-unit step's figures, computed a stretch at a time."""
         summaries = {id(piece): self._summary(piece) for piece in self.pieces}
         peak_total = -1
         peak: Optional[Tuple[Record, Dict[Tuple[Any, Any], int], _Piece, int]] = None
@@ -600,22 +653,22 @@ class Template:
             if module_peaks.get(name, -1) < value:
                 module_peaks[name] = value
 
-        for piece, offset, target in self._placed(layers):
+        for piece, offset, target in self._placed(units):
             best, best_at, maxima, hooked = summaries[id(piece)]
             shift = _total(offset)
             if best_at is not None and best + shift > peak_total:
                 peak_total = best + shift
                 peak = (self.records[best_at], offset, piece, target)
             for name, value in maxima.items():
-                for renamed in self.renamed(name, piece, target, layers):
+                for renamed in self.renamed(name, piece, target, units):
                     raise_peak(renamed, value + shift)
             if piece.middle and best_at is not None:
-                for name in self.left_running(piece, target, layers):
+                for name in self.left_running(piece, target, units):
                     raise_peak(name, best + shift)
             if hooked:
                 act = _activation(offset)
                 for kind, name, value in hooked:
-                    for renamed in self.renamed(name, piece, target, layers):
+                    for renamed in self.renamed(name, piece, target, units):
                         pre, post = calls.setdefault(renamed, ([], []))
                         (pre if kind == "pre" else post).append(value + act)
         if peak is None:
@@ -624,7 +677,16 @@ class Template:
         nested: Dict[Any, Dict[Any, int]] = {}
         for (dev, key), value in _shifted(record[1], offset).items():
             nested.setdefault(dev, {})[key] = value
-        return Figures(peak_total, nested, self._names(record[2], piece, target, layers), record[3], module_peaks, calls)
+        return Figures(peak_total, nested, self._names(record[2], piece, target, units), record[3], module_peaks, calls)
+
+    def _unit(self, name: str) -> Optional[int]:
+        return _unit(name, self.prefix, self.period)
+
+    def _moved(self, name: str, unit: int) -> str:
+        """``name`` (a layer's module) moved to the layer in the same place of unit ``unit``."""
+        index = _index(name, self.prefix)
+        assert index is not None
+        return _moved(self.prefix, name, unit * self.period + index % self.period)
 
     def _summary(self, piece: _Piece) -> Tuple[int, Optional[int], Dict[str, int], List[Tuple[str, str, int]]]:
         best, best_at = -1, None
@@ -679,12 +741,19 @@ def _index(name: str, prefix: str) -> Optional[int]:
     return int(head) if head.isdigit() else None
 
 
+def _unit(name: str, prefix: str, period: int) -> Optional[int]:
+    """The unit of ``period`` layers holding the layer ``name`` is in (None: no layer's)."""
+    index = _index(name, prefix)
+    return None if index is None else index // period
+
+
 def layer_names(stack: Stack, known: Callable[[nn.Module], Optional[str]], prefix: str) -> Dict[nn.Module, str]:
     """MemTracker's names of every module of the layers the cut copies never ran, made from
-    layer 1's (the layers are the same tree)."""
+    the middle unit's layer of their kind's (the layers of a kind are the same tree)."""
     out: Dict[nn.Module, str] = {}
-    template = list(stack.layer(1).modules())
+    templates = [list(stack.layer(stack.period + kind).modules()) for kind in range(stack.period)]
     for index in range(len(stack)):
+        template = templates[index % stack.period]
         for mine, model in zip(stack.layer(index).modules(), template):
             name = known(model)
             if name is not None:
