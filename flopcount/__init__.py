@@ -155,4 +155,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> Any:
-    return sorted(set(globals()) | set(_EXPORTS))
+    """The public API: ``__all__`` (loaded or not) and ``__version__``; the typing names and
+    the submodules this file imports or loads are not API."""
+    return sorted(set(__all__) | {"__version__"})

@@ -36,7 +36,7 @@ class _TracedSize(nn.Module):
 
 def test_a_traced_output_size_is_named_as_such_under_jit() -> None:
     # before: "without output_size ... pass output_size", for a call that passed one
-    with pytest.raises(TraceError, match=r"^torch.jit cannot trace F.max_unpool\*d in the root module: its output_size holds traced sizes") as info:
+    with pytest.raises(TraceError, match=r"^torch.jit cannot trace F.max_unpool\*d in the root module \(model\): its output_size holds traced sizes") as info:
         count_flops(_TracedSize(), (torch.randn(B, C, 6, 6),), tracer="jit")
     assert "without output_size" not in str(info.value)
 

@@ -16,7 +16,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flopcount.budget.check import Budget, check_result, flopcount_table, table_budget
 from flopcount.cli.deadline import stage
-from flopcount.cli.latency import benchmark_entry, check_timing_args, predicted_latency_s, run_profile, with_prediction
+from flopcount.cli.latency import (
+    benchmark_entry,
+    check_timing_args,
+    math_modes,
+    predicted_latency_s,
+    run_profile,
+    with_prediction,
+)
 from flopcount.cli.output import emit, progress, refuse_without_section_form, report_notes, say, with_section, written
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
@@ -337,6 +344,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
                              "memory per batch on a part are `flopcount serve ENTRY --on PART`")
         if given:
             refuse_without_section_form(args.format, flag)
+    math_modes(args, args.on)  # --matmul-tf32 without --on: one line before any work
     run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
         if args.tensorboard:
@@ -409,6 +417,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--on PART checks a latency budget: add --max-latency (e.g. --max-latency 10ms)")
     if getattr(args, "bound", None) is not None and args.on is None:
         raise UsageError("--bound picks the lower bound of --on PART: add --on (e.g. --on h100)")
+    math_modes(args, args.on)  # --matmul-tf32 without --on, or on this machine: one line before any work
     if budget.needs_latency and args.on is None:
         check_timing_args(args)
         if args.device == "meta":
@@ -630,9 +639,8 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
     from flopcount.devices import is_this_machine, named_roofs
     from flopcount.devices.measured import machine_roofs
 
+    modes = math_modes(args, args.part)  # refused on this machine
     if is_this_machine(args.part):
-        if args.matmul_tf32 or args.no_conv_tf32:
-            raise UsageError("--matmul-tf32/--no-conv-tf32 model a datasheet part's math modes; this machine's are its own")
         progress(args, "measuring this machine's roofs (seconds) ..." if args.remeasure else "reading this machine's roofs ...")
         roofs = machine_roofs("cpu", refresh=args.remeasure)
         for problem in roofs.details.get("not_cached", ()):
@@ -640,7 +648,7 @@ def _cmd_roofs(args: argparse.Namespace) -> int:
     else:
         if args.remeasure:
             raise UsageError(f"--remeasure measures this machine; {args.part!r} is a datasheet part")
-        roofs = named_roofs(args.part, conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
+        roofs = named_roofs(args.part, conv_tf32=modes.conv_tf32, matmul_tf32=modes.matmul_tf32)
     emit(render(roofs, args.format), args)
     return EXIT_OK
 

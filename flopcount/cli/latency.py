@@ -18,7 +18,7 @@ from flopcount.report.profile import predict_table, profile_csv, profile_html, p
 from flopcount.report.render import entry_json
 from flopcount.units import format_seconds
 
-__all__ = ["benchmark_entry", "check_timing_args", "predicted_latency_s", "run_profile", "with_prediction"]
+__all__ = ["benchmark_entry", "check_timing_args", "math_modes", "predicted_latency_s", "run_profile", "with_prediction"]
 
 _MIN_TIMED = 10
 _DEFAULT_DURATION = 1.0
@@ -77,13 +77,30 @@ def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
     return result
 
 
+def math_modes(args: argparse.Namespace, part: Optional[str]) -> Any:
+    """The modeled part's float32 math modes from ``--matmul-tf32`` / ``--no-conv-tf32``
+    (:class:`~flopcount.devices.MathModes`), refused where nothing reads them: without a part
+    (``count``/``check`` without ``--on``) and on this machine (its modes are its own)."""
+    from flopcount.devices import MathModes, is_this_machine
+
+    given = args.matmul_tf32 or args.no_conv_tf32
+    if given and part is None:
+        raise UsageError("--matmul-tf32/--no-conv-tf32 set the math of the part --on PART models: add --on (e.g. --on h100)")
+    if given and is_this_machine(part or ""):
+        raise UsageError("--matmul-tf32/--no-conv-tf32 model a datasheet part's math modes; this machine's are its own")
+    return MathModes(conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
+
+
 def _predict(run: Any, args: argparse.Namespace, on: str) -> Any:
+    from flopcount.devices import named_roofs
     from flopcount.profiling.predict import predict
 
     dtype = getattr(args, "dtype", None)
+    modes = math_modes(args, on)
+    roofs = named_roofs(on, conv_tf32=modes.conv_tf32, matmul_tf32=modes.matmul_tf32)
     progress(args, f"bounding the latency of {run.entry} on {on} (roofline, fake tensors) ...")
     stage(args, f"the latency bound of {run.entry} on {on}")
-    return predict(run.model, run.inputs, run.kwargs, on=on, dtype=dtype, backward=bool(getattr(args, "backward", False)))
+    return predict(run.model, run.inputs, run.kwargs, on=roofs, dtype=dtype, backward=bool(getattr(args, "backward", False)))
 
 
 def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]:
@@ -91,12 +108,14 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
     an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
     from flopcount.devices import default_bound
-    from flopcount.devices.roofline import BOUND_NAMES
+    from flopcount.devices.roofline import BOUND_NAMES, float32_math_text
 
     result = _predict(run, args, args.on)
     kind = getattr(args, "bound", None) or default_bound(result.roofs)
     seconds = result.bound_s(kind)
-    basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}"
+    math = float32_math_text(result.float32_math())
+    # a FAIL is certain under the math the bound assumed (--matmul-tf32 for an engine that runs TF32)
+    basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}" + (f" with {math}" if math else "")
     progress(args, f"latency {basis}: {format_seconds(seconds)} (eager per-op sum {format_seconds(result.latency_s)}, "
                    f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
     return float(seconds), basis

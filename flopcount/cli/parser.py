@@ -421,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also give the roofline latency lower bound on the modeled PART (h100, h200, a100, l4, t4, "
                        "'this machine'; no hardware needed)")
     count.add_argument("--predict", dest="on", action=_DeprecatedFlag, new="--on", metavar="PART")
+    _add_math_modes(count)
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
@@ -474,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --on: which lower bound decides: 'eager' (the per-op sum: this eager program) or "
                         "'any' (max of total FLOPs / peak and unavoidable bytes / bandwidth: any engine, fused or "
                         "not). Default: any on a datasheet part, eager on 'this machine'")
+    _add_math_modes(limits)
     limits.add_argument("--max-memory", type=_bytes("budget"), metavar="BYTES",
                         help="highest estimated peak memory of one step, e.g. 16GB (10^9) or 16GiB (2^30)")
     limits.add_argument("--backward", action="store_true",
@@ -619,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="tensor-parallel ranks: per-rank work plus two all-reduces per layer over the part's link")
     shape_of.add_argument("--reserve", type=float, default=0.10, metavar="FRACTION",
                           help="share of the part's memory kept back (default 0.10, vLLM's gpu_memory_utilization=0.9)")
+    _add_math_modes(shape_of)
     out = server.add_argument_group("output")
     _add_format(out, ("table", "json", "markdown"), "table (default), json or markdown")
     out.add_argument("--plot", metavar="FILE.png", help="draw the tokens/s ceiling against batch with each part's memory "
@@ -640,8 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="'this machine' (default) or a part: h100, 'H100 NVL', 'A100 40GB PCIe', t4, ...")
     roofs.add_argument("--remeasure", action="store_true",
                        help="measure this machine's roofs again now (the cache keeps the best sane figures)")
-    roofs.add_argument("--matmul-tf32", action="store_true", help="a part's float32 matmuls in TF32 (torch's default: off)")
-    roofs.add_argument("--no-conv-tf32", action="store_true", help="a part's float32 convolutions in FP32 (torch's default: TF32)")
+    _add_math_modes(roofs)
     _add_format(roofs, ("table", "json"), "table (default) or json")
     _add_quiet(roofs)
     return parser
@@ -672,6 +674,16 @@ def _add_format(group: Any, formats: Any, help_text: str) -> None:
     group.add_argument("-f", "--format", choices=formats, default=default, help=help_text)
     group.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout; without "
                        "--format its suffix picks the format (.json, .csv, .md, .html), else table")
+
+
+def _add_math_modes(group: Any) -> None:
+    """``--matmul-tf32`` and ``--no-conv-tf32``: the modeled part's float32 math modes, one
+    meaning for ``roofs PART`` and the bounds of ``count``, ``check`` and ``serve --on``."""
+    group.add_argument("--matmul-tf32", action="store_true",
+                       help="the part runs float32 matmuls in TF32 (TensorRT's default, torch with allow_tf32; "
+                       "default: FP32, torch's default)")
+    group.add_argument("--no-conv-tf32", action="store_true",
+                       help="the part runs float32 convolutions in FP32 (default: TF32, cuDNN's default in torch)")
 
 
 def _add_quiet(group: Any, help_text: str = "no progress or warnings on stderr") -> None:

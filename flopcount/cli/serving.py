@@ -11,6 +11,7 @@ import json
 from typing import Any, Iterator, List
 
 from flopcount.cli.deadline import stage
+from flopcount.cli.latency import math_modes
 from flopcount.cli.output import emit, progress, written
 from flopcount.cli.parser import EXIT_INCOMPLETE, EXIT_OK
 from flopcount.errors import UsageError
@@ -45,7 +46,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--on needs a part: h100, l4, 'a100 40gb', 'this machine'...")
     if not 0 <= args.reserve < 1:
         raise UsageError(f"--reserve must be a fraction in [0, 1), got {args.reserve}")
-    targets = [(name, _part(name, args.tp)) for name in parts]  # bad --on / --tp: one line before any work
+    # bad --on / --tp / math flags on this machine: one line before any work
+    targets = [(name, _part(name, args.tp, modes=math_modes(args, name))) for name in parts]
     build = meta_builder(args, args.dtype)
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
     model = build()

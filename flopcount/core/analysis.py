@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from flopcount.core.collection import PausedCollections
+from flopcount.core.diagnostics import module_place
 from flopcount.core.inputs import prepare_call
 from flopcount.core.ledger import Booked
 from flopcount.core.model_facts import model_facts
@@ -221,7 +222,7 @@ def _checked(cost: Any, op: str, module: str) -> Optional[Cost]:
         problem = f"returned Cost(macs={macs!r}, flops={flops!r}); both must be integers >= 0"
     else:
         problem = f"returned {type(cost).__name__} {cost!r:.60}; a handler must return a flopcount.Cost(macs=, flops=)"
-    raise HandlerError(f"handler for {op} in module '{module or '<root>'}' {problem}")
+    raise HandlerError(f"handler for {op} in {module_place(module)} {problem}")
 
 
 def _count_ok(value: Any) -> bool:
@@ -239,6 +240,6 @@ def _handler_failure(event: OpEvent, exc: BaseException) -> str:
         detail = detail[:117] + "..."
     shapes = [f"{name}={list(value.shape)}" for name, value in call.args.items() if hasattr(value, "shape")]
     listed = ", ".join(shapes[:4]) + (f" and {len(shapes) - 4} more" if len(shapes) > 4 else "")
-    where = f"module '{event.module}'" if event.module else "the root module"
+    where = module_place(event.module)
     on = f" (tensor arguments {listed})" if listed else ""
     return f"the handler for {call.op} in {where} failed: {type(exc).__name__}: {detail}{on}"

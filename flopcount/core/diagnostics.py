@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, Mapping, Tuple
 
 from flopcount.types import Diagnostic
+from flopcount.units import ROOT_LABEL
 
 
 def unsupported_ops(counts: Mapping[str, int]) -> Tuple[Diagnostic, ...]:
@@ -16,8 +17,9 @@ def unsupported_ops(counts: Mapping[str, int]) -> Tuple[Diagnostic, ...]:
 
 
 def module_place(path: str) -> str:
-    """Where an error happened, as its sentence names it: ``module 'path'``, or the root module."""
-    return f"module '{path}'" if path else "the root module"
+    """Where something happened, as a sentence names it: ``module 'path'``, or the root module
+    with the label every per-module table gives the whole model (``units.ROOT_LABEL``)."""
+    return f"module '{path}'" if path else f"the root module {ROOT_LABEL}"
 
 
 def first_line(exc: BaseException) -> str:

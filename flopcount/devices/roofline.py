@@ -53,6 +53,21 @@ DEFAULT_DTYPE = "float32"
 CONV, MATMUL = "conv", "matmul"
 
 
+#: dtypes no part's datasheet gives a peak for: masks, indices, counters (a column of a
+#: given Roofs still prices them)
+UNRATED_DTYPES = frozenset({"bool", "int16", "int32", "int64", "uint16", "uint32", "uint64"})
+
+#: a float32 column and an op family as a sentence names them
+_MATH_NAMES = {"float32": "FP32", "tfloat32": "TF32"}
+_FAMILY_NAMES = {MATMUL: "matmuls", CONV: "convolutions"}
+
+
+def float32_math_text(math: Mapping[str, str]) -> str:
+    """:meth:`Roofs.float32_math` as a sentence: "float32 matmuls in FP32, convolutions in TF32"."""
+    said = [f"{_FAMILY_NAMES[family]} in {_MATH_NAMES.get(column, column)}" for family, column in math.items()]
+    return f"float32 {', '.join(said)}" if said else ""
+
+
 def op_family(op: str) -> str:
     """"conv" for a convolution (forward or backward), else "matmul" (every other op: its
     float32 work runs under the matmul math mode, as torch's flags split it)."""
@@ -124,6 +139,24 @@ class Roofs:
         all (so a bound stays a lower bound; :func:`op_time` reports the missing column)."""
         column = self.column(dtype, op)
         return float(self.peak_flops[self.stand_in(dtype) if column is None else column])
+
+    def has_compute_roof(self, dtype: Optional[str], op: str = "") -> bool:
+        """False for work in a dtype no datasheet rates (:data:`UNRATED_DTYPES`: bool masks,
+        int64 indices and routing) that this device has no column for: int8's tensor-core
+        peak is no rate for them, so they are priced by their bytes only, a compute term of 0,
+        which keeps a bound a lower bound. Any other dtype without a column (bfloat16 on a T4,
+        int8 on given roofs) is priced at the highest peak of its kind instead."""
+        return self.column(dtype, op) is not None or (dtype or DEFAULT_DTYPE) not in UNRATED_DTYPES
+
+    def float32_math(self, ops: Iterable[str]) -> Dict[str, str]:
+        """The column the float32 work of each op family among ``ops`` is priced at, matmuls
+        first (``{"matmul": "float32", "conv": "tfloat32"}`` on a datasheet GPU under torch's
+        defaults): the math a bound of float32 work assumed. Empty on a device without a TF32
+        roof (a T4, a CPU), where float32 has one math."""
+        if "tfloat32" not in self.peak_flops:
+            return {}
+        families = {op_family(op): op for op in ops}
+        return {family: self.column("float32", families[family]) or "float32" for family in (MATMUL, CONV) if family in families}
 
     def stand_in(self, dtype: Optional[str]) -> str:
         """The column a dtype without a peak is priced at: the highest of its kind."""
@@ -226,9 +259,10 @@ def op_time(
     """The fastest one op can run on ``roofs``: ``max(flops / peak, bytes / bandwidth)``,
     the bandwidth of the fastest level that holds ``working_set`` (default: the bytes it
     moves), for the bytes the faster levels cannot hold. A level without a published
-    bandwidth sets no memory term (the bound claims nothing it cannot source)."""
+    bandwidth sets no memory term, and work without a compute roof (:meth:`Roofs.has_compute_roof`)
+    no compute term (the bound claims nothing it cannot source)."""
     column = roofs.column(dtype, op)
-    compute = flops / roofs.peak(dtype, op) if flops else 0.0
+    compute = flops / roofs.peak(dtype, op) if flops and roofs.has_compute_roof(dtype, op) else 0.0
     memory, level = roofs.level_time(bytes_moved, bytes_moved if working_set is None else working_set)
     return OpTime(compute, memory, column, level.name)
 
@@ -263,7 +297,7 @@ class AnyBound:
 def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], str]], unavoidable_bytes: float) -> AnyBound:
     """``max(sum of flops / peak(dtype, op), unavoidable bytes / bandwidth)`` over ``work``
     (flops, dtype, op) items: no engine, fused or not, runs the program faster."""
-    compute = sum(flops / roofs.peak(dtype, op) for flops, dtype, op in work if flops)
+    compute = sum(flops / roofs.peak(dtype, op) for flops, dtype, op in work if flops and roofs.has_compute_roof(dtype, op))
     memory, level = roofs.level_time(unavoidable_bytes, unavoidable_bytes)
     faster = min(float(unavoidable_bytes), roofs.faster_capacity(level))
     return AnyBound(compute, memory, float(unavoidable_bytes), level.name, faster_bytes=faster, level_bandwidth=level.bandwidth)

@@ -15,6 +15,7 @@ from flopcount.profiling._bytes import call_dtype
 from flopcount.profiling._tree import Alignment, TopOp, attribute, cpu_total, shared_without_measure
 from flopcount.profiling.result import Overview, Unmatched
 from flopcount.types import Cost, OpEvent
+from flopcount.units import ROOT_LABEL
 
 
 @dataclass
@@ -96,7 +97,7 @@ def trace_args(events: Sequence[int], facts: Sequence[EventFacts], roofs: Roofs,
     args: Dict[str, Any] = {
         # the ledger's vocabulary: a fused cost under the operations it performs
         "flopcount op": ", ".join(sorted({op for f in chosen for op in _ops(f)})),
-        "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or "<root>",
+        "flopcount module": ", ".join(sorted({f.event.module for f in chosen})) or ROOT_LABEL,
         **{key: getattr(row, key) for key in ("flops", "macs", "bytes", "intensity", "attainable_s", "efficiency")},
     }
     if row.flag is not None:

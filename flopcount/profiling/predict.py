@@ -37,6 +37,7 @@ from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
 from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta
+from flopcount.units import format_count
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
 PredictRow = CostRow
@@ -85,6 +86,12 @@ class PredictResult(BookedRows, Rendered):
         :attr:`any_s` (the eager program is one implementation, so both bound it)."""
         return bound_seconds(kind, self.latency_s, self.any_s)
 
+    def float32_math(self) -> Dict[str, str]:
+        """The math the bound priced its float32 work at, per op family that did float32 FLOPs
+        (``{"matmul": "float32", "conv": "tfloat32"}``: the part's math modes, torch's defaults
+        unless told); empty where no float32 work ran."""
+        return self.roofs.float32_math(r.name for r in self.rows if r.dtype == "float32" and r.flops)
+
     @property
     def compute_s(self) -> float:
         return self.column_sum("compute_s")
@@ -109,6 +116,7 @@ class PredictResult(BookedRows, Rendered):
             **{key: getattr(self, key) for key in ("dtype", "latency_s", "any_s")},
             "any_bound": None if self.any_bound is None else self.any_bound.to_dict(),
             "unpriced_dtypes": list(self.unpriced),
+            "float32_math": self.float32_math(),
             **{key: getattr(self, key) for key in ("compute_s", "memory_s", "complete")},
             "unsupported": list(self.unsupported),
             "rows": [r.to_dict() for r in self.rows],
@@ -158,7 +166,7 @@ def predict(
     run = trace(model, () if inputs is None else inputs, kwargs, backward=backward, loss_fn=loss_fn, facts=facts)
     costed = cost_events(run.events, table)
     unsupported: Dict[str, None] = {}
-    unpriced: Dict[str, None] = {}
+    unpriced: Dict[str, Tuple[int, float]] = {}  # dtype without a peak -> (calls, FLOPs)
     work: Dict[Tuple[str, str], float] = {}
     tables = lookup_tables(model)
     lookup_modules = _lookup_modules(model, tables)
@@ -180,7 +188,8 @@ def predict(
             cost = cost.with_traffic(*traffic_as(event.call, as_dtype, phase=event.phase))
         timed = op_time(roofs, cost.flops, cost.bytes, op_dtype, event.call.op)
         if cost.flops and timed.column is None:
-            unpriced[op_dtype] = None
+            calls, flops = unpriced.get(op_dtype, (0, 0.0))
+            unpriced[op_dtype] = (calls + 1, flops + cost.flops)
         if cost.flops:
             key = (op_dtype, event.call.op)
             work[key] = work.get(key, 0.0) + cost.flops
@@ -194,15 +203,32 @@ def predict(
     warnings = tuple(run.warnings)
     if unsupported:
         warnings += (f"ops without a handler are left out of the bound: {', '.join(unsupported)}",)
-    if unpriced:
-        stand_ins = ", ".join(f"{d} at {roofs.stand_in(d)}" for d in unpriced)
-        warnings += (f"{roofs.device or 'the device'} has no peak for {', '.join(unpriced)}: priced at the highest of "
-                     f"its kind ({stand_ins}), so the bound stays a lower bound",)
+    warnings += _unpriced_notes(roofs, unpriced)
     return PredictResult(
         tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced),
         ledger.cost_rows("operators"), ledger.cost_rows("modules"), ledger.cost_rows("phases"),
         reused_calls=run.reused_calls,
     )
+
+
+def _unpriced_notes(roofs: Roofs, unpriced: Mapping[str, Tuple[int, float]]) -> Tuple[str, ...]:
+    """What the bound did with work in dtypes the device has no peak for, one note per kind: a
+    floating dtype priced at the highest peak of its kind; the rest (bool masks, int64 indices
+    and routing), their calls and FLOPs together, priced by their bytes only."""
+    device = roofs.device or "the device"
+    notes: Tuple[str, ...] = ()
+    stand_ins = [d for d in unpriced if roofs.has_compute_roof(d)]
+    if stand_ins:
+        priced_at = ", ".join(f"{d} at {roofs.stand_in(d)}" for d in stand_ins)
+        notes += (f"{device} has no peak for {', '.join(stand_ins)}: priced at the highest of its kind ({priced_at}), "
+                  "so the bound stays a lower bound",)
+    bytes_only = [d for d in unpriced if not roofs.has_compute_roof(d)]
+    if bytes_only:
+        calls = sum(unpriced[d][0] for d in bytes_only)
+        flops = sum(unpriced[d][1] for d in bytes_only)
+        notes += (f"{device} has no peak for {', '.join(bytes_only)}: {calls} call(s) doing {format_count(flops)} FLOPs "
+                  "in them are priced by their bytes only (no compute term), so the bound stays a lower bound",)
+    return notes
 
 
 #: the roofline seconds booked beside each call's cost

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Tuple
 
+from flopcount.units import ROOT_LABEL
+
 if TYPE_CHECKING:
     from flopcount.core.results import FlopResult
 
@@ -15,7 +17,7 @@ def incomplete_lines(result: FlopResult) -> Tuple[str, ...]:
     reasons = []
     for d in result.diagnostics():
         if d.kind == "unsupported":
-            where = ", ".join(m or "<root>" for m in d.modules[:3]) + (", ..." if len(d.modules) > 3 else "")
+            where = ", ".join(m or ROOT_LABEL for m in d.modules[:3]) + (", ..." if len(d.modules) > 3 else "")
             reasons.append(f"{d.op} ran {d.count}x without a handler and is NOT counted (in {where})")
         elif d.kind == "gap":
             reasons.append(d.text)
@@ -45,7 +47,7 @@ def note_lines(result: FlopResult, *, markdown: bool = False) -> List[str]:
 
 def _md(text: str) -> str:
     """Plain text inside markdown: ``_``, ``*`` and ``|`` would start emphasis or end a
-    cell, and ``<root>`` would be read as an HTML tag."""
+    cell, and ``<`` would open an HTML tag."""
     for char in ("\\", "*", "_", "|"):
         text = text.replace(char, "\\" + char)
     return text.replace("<", "&lt;").replace(">", "&gt;")

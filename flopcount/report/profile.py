@@ -10,7 +10,7 @@ import io
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from flopcount.core.rendering import renders
-from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound
+from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound, float32_math_text
 from flopcount.report.table import grid
 from flopcount.units import ROOT_LABEL, format_bytes, format_count, format_seconds
 
@@ -210,6 +210,9 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
         lines.append(
             f"Any implementation (fused or not): {format_seconds(result.any_s)} = max(all FLOPs / peak "
             f"{format_seconds(result.any_bound.compute_s)}, {_unavoidable_memory(result.any_bound)})")
+    math = float32_math_text(result.float32_math())
+    if math:
+        lines.append(f"Math: {math} (the part's math modes for float32 work)")
     lines += [
         f"Roofs: {result.roofs.describe()}",
         "Bounds, not forecasts: the first is the sum over ops of max(FLOPs / peak, bytes / bandwidth of the fastest "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from flopcount.core.rendering import renders
+from flopcount.devices.roofline import float32_math_text
 from flopcount.report.table import grid
 from flopcount.units import format_bytes, format_count, format_seconds
 
@@ -36,8 +37,9 @@ def serve_table(result: ServeResult, fmt: str = "simple") -> str:
                f"{facts.prompt_tokens + 1}..{facts.prompt_tokens + steps})" if steps else
                f"prompt {facts.prompt_tokens}, 1 new token (prefill only)")
     rank = f", per rank of tp={result.tp} over {result.link}" if result.tp > 1 else ""
+    math = float32_math_text(result.float32_math())
     lines = [
-        f"{result.part}: compute {result.dtype}, {result.weight_note}{rank}; {context}",
+        f"{result.part}: compute {result.dtype}{f' ({math})' if math else ''}, {result.weight_note}{rank}; {context}",
         table,
         f"weights {format_bytes(result.weight_bytes)}; KV cache {format_bytes(result.kv_bytes_per_token)} per token, "
         f"{format_bytes(result.kv_bytes_per_sequence)} per sequence at the final context"
@@ -69,7 +71,8 @@ def serve_dict(result: ServeResult) -> Dict[str, Any]:
     facts = result.facts
     return {
         "part": result.part, "dtype": result.dtype, "weight_dtype": result.weight_dtype, "tp": result.tp,
-        "link": result.link, "roofs": result.roofs.to_dict(), "prompt_tokens": facts.prompt_tokens,
+        "link": result.link, "roofs": result.roofs.to_dict(), "float32_math": result.float32_math(),
+        "prompt_tokens": facts.prompt_tokens,
         "new_tokens": facts.new_tokens, "batches": [row.to_dict() for row in result.batches],
         "weight_bytes": result.weight_bytes, "weight_note": result.weight_note,
         "kv_bytes_per_token": result.kv_bytes_per_token, "kv_bytes_per_sequence": result.kv_bytes_per_sequence,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import Rendered
@@ -57,6 +57,12 @@ class ServeResult(FromWarnings, Rendered):
     @property
     def new_tokens(self) -> int:
         return self.facts.new_tokens
+
+    def float32_math(self) -> Dict[str, str]:
+        """The math the bounds priced the forwards at when they compute in float32 (every FLOP
+        priced as a matmul: ``{"matmul": "float32"}``, or "tfloat32" under the part's
+        ``matmul_tf32``); empty for another compute dtype."""
+        return self.roofs.float32_math(["matmul"]) if self.dtype == "float32" else {}
 
     @property
     def kv_bytes_per_token(self) -> float:

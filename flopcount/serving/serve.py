@@ -19,7 +19,7 @@ from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, route
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
-from flopcount.devices import Roofs, column_of, find_part, is_this_machine, named_roofs
+from flopcount.devices import MathModes, Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError, int_at_least
 from flopcount.serving.counting import Counted, Derived, derive, held_per_step
 from flopcount.serving.figures import ServeFacts, WeightTensor, Work
@@ -76,8 +76,9 @@ def serve(
     return ServeResult(**{**result.__dict__, "wall_s": time.perf_counter() - started})
 
 
-def _part(on: Union[str, Roofs], tp: int) -> Tuple[Roofs, str, Optional[float], str]:
-    """Roofs, a name, the memory capacity in bytes (None: unknown) and the tp link."""
+def _part(on: Union[str, Roofs], tp: int, modes: Optional[MathModes] = None) -> Tuple[Roofs, str, Optional[float], str]:
+    """Roofs (a named part's under the float32 math ``modes``, default torch's), a name, the
+    memory capacity in bytes (None: unknown) and the tp link."""
     int_at_least(tp, 1, "serve: tp")
     if isinstance(on, Roofs):
         if tp > 1:
@@ -90,7 +91,8 @@ def _part(on: Union[str, Roofs], tp: int) -> Tuple[Roofs, str, Optional[float], 
             raise UsageError("serve: tp > 1 on this machine is not modelled (no link between ranks)")
         # measured here (its operands are drawn on a generator of its own)
         return named_roofs(on), "this machine", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), ""
-    roofs = named_roofs(on)
+    modes = MathModes() if modes is None else modes
+    roofs = named_roofs(on, conv_tf32=modes.conv_tf32, matmul_tf32=modes.matmul_tf32)
     part = find_part(on)
     assert part is not None  # named_roofs resolved it
     link = part.links[0] if part.links else ""

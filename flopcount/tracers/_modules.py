@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
 
+from flopcount.core.diagnostics import module_place
 from flopcount.errors import TraceError
 
 
@@ -108,7 +109,7 @@ class ModuleStack:
 
 def forward_error(exc: BaseException, where: str, inputs_text: str, tracer: str) -> TraceError:
     """A TraceError naming the module that failed and the inputs given, chained to ``exc``."""
-    place = f"module '{where}'" if where else "the root module"
+    place = module_place(where)
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     err = TraceError(
         f"forward failed in {place} ({tracer} tracer) with inputs {inputs_text}: {type(exc).__name__}: {first_line}",

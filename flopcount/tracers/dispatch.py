@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 import torch
 from torch import nn
 
+from flopcount.core.diagnostics import module_place
 from flopcount.core.inputs import PreparedCall, fake_tensor_type, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.errors import TraceError, UsageError
@@ -329,7 +330,7 @@ def _backward_error(exc: BaseException, recorder: Recorder, inputs_text: str) ->
 
 def _cond_notes(both: Mapping[str, int]) -> Tuple[str, ...]:
     return tuple(
-        f"torch.cond in {f'module {where!r}' if where else 'the root module'} ({n}x): its predicate has no value on "
+        f"torch.cond in {module_place(where)} ({n}x): its predicate has no value on "
         "meta/fake tensors, so both branches are counted (an upper bound); count real tensors "
         "(tracer='dispatch') for the branch taken"
         for where, n in sorted(both.items())
@@ -340,7 +341,7 @@ def _notes(placeholders: Mapping[Tuple[str, str], int]) -> Tuple[str, ...]:
     if not placeholders:
         return ()
     listing = ", ".join(
-        f"{op} x{n} in {repr(module) if module else 'the root module'}"
+        f"{op} x{n} in {module_place(module)}"
         for (op, module), n in sorted(placeholders.items(), key=lambda kv: kv[0])
     )
     return (

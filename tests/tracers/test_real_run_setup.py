@@ -153,6 +153,6 @@ def test_a_failing_forward_is_the_same_error_through_the_tracer_and_the_catch_up
         auto = _failure(lambda: count_flops(model, kwargs={"x": x}))
         uncounted = _failure(lambda: _catch_up(model, x))
     described = prepare_call((), {"x": x}).description
-    expected = f"forward failed in the root module (dispatch tracer) with inputs {described}: RuntimeError: boom in the forward"
+    expected = f"forward failed in the root module (model) (dispatch tracer) with inputs {described}: RuntimeError: boom in the forward"
     assert traced == auto == uncounted == expected
     assert_same_state(model, before)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode, handle_torch_function, has_torch_function
 
+from flopcount.core.diagnostics import module_place
 from flopcount.core.hooks import is_hook_name
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.tied import restore_ties
@@ -1165,7 +1166,7 @@ def reason_for(exc: BaseException, where: str) -> str:
     """One sentence saying why the forward could not run on fake tensors."""
     from torch._subclasses import fake_tensor as ft
 
-    place = f"module '{where}'" if where else "the root module"
+    place = module_place(where)
     needs_value = (ft.DataDependentOutputException, ft.DynamicOutputShapeException)
     if isinstance(exc, needs_value):
         op = str(exc).strip().splitlines()[0] if str(exc).strip() else "an op"
