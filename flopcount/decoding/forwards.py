@@ -305,9 +305,10 @@ class Setup:
         if not any(k in first for k in _CACHE_KEYS):
             if options.static_len is not None:
                 first[self.cache_key] = _new_cache(model, options.static_len)
-            elif self.cache_key == "cache" and not self.encoder_decoder and _supports_cache_objects(model):
-                # generate() makes the dynamic cache and hands it in: models that keep recurrent state in
-                # their modules (RecurrentGemma) update it in place and return none
+            elif not self.encoder_decoder and _supports_cache_objects(model):
+                # generate() makes the dynamic cache and hands it in, under whichever name the forward takes
+                # (``_prepare_cache_for_generation``, transformers 5.17 as 5.24): models that keep recurrent
+                # state in their modules (RecurrentGemma) update it in place and return none
                 first[self.cache_key] = _new_cache(model, None)
         #: the prompt's position ids as generate() makes them (None: generate() passes none)
         self.positions: Optional[torch.Tensor] = None
