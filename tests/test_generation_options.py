@@ -10,7 +10,6 @@ chunk forwards."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Dict
 
 import pytest
@@ -203,39 +202,3 @@ def test_recurrent_gemma_counts_what_generate_runs() -> None:
     assert all(getattr(m, "conv1d_state", None) is None for m in model.modules())  # no state left behind
     meta = count_generation(_recurrent_gemma("meta"), ids.to("meta"), new_tokens=N, **options)
     assert _per_forward(meta) == expected
-
-
-def _recurrent_gemma_naming_past_key_values() -> nn.Module:
-    """The tiny RecurrentGemma whose forward names its cache ``past_key_values``, as transformers
-    before 5.24 names it (5.17's ``RecurrentGemmaForCausalLM.forward``); generate() hands the dynamic
-    cache it makes under whichever name the forward takes."""
-    base = type(_recurrent_gemma())
-
-    class NamesPastKeyValues(base):  # type: ignore[misc, valid-type]
-        def forward(self, input_ids: Any = None, position_ids: Any = None, attention_mask: Any = None,
-                    inputs_embeds: Any = None, use_cache: Any = None, logits_to_keep: Any = 0,
-                    past_key_values: Any = None, **kwargs: Any) -> Any:
-            return super().forward(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                                   inputs_embeds=inputs_embeds, use_cache=use_cache, logits_to_keep=logits_to_keep,
-                                   cache=past_key_values, **kwargs)
-
-    model = NamesPastKeyValues(_recurrent_gemma().config)
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
-@pytest.mark.skipif("cache" not in inspect.signature(transformers.RecurrentGemmaForCausalLM.forward).parameters,
-                    reason="this transformers names RecurrentGemma's cache past_key_values itself")
-def test_the_dynamic_cache_is_handed_in_under_the_forwards_own_name() -> None:
-    """Found under transformers 5.17 (branch tfold): count_generation handed the prefill
-    generate()'s dynamic cache only where the forward names it ``cache`` (5.24), so RecurrentGemma
-    under 5.17 (``past_key_values``) was refused as returning no cache; generate() makes and hands
-    it in both (``_prepare_cache_for_generation``). Oracle: generate() on the model as 5.24 names it."""
-    ids = torch.randint(0, VOCAB, (B, P))
-    expected, cache, _ = _truth(_recurrent_gemma(), ids, {})
-    model = _recurrent_gemma_naming_past_key_values()
-    before = snapshot(model)
-    result = count_generation(model, ids, new_tokens=N)
-    assert _per_forward(result) == expected
-    assert result.kv_cache_bytes == held_bytes(cache)
-    assert_same_state(model, before)
