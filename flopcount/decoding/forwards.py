@@ -324,15 +324,17 @@ class Setup:
         # the name generate() hands the cache under (:func:`_generated_cache_key`): ``cache`` from
         # transformers 5.24, ``past_key_values`` (``cache_params`` for Mamba's classes) before, whatever
         # the forward names it; else the forward's own name
-        self.cache_key = _generated_cache_key(model) or next((k for k in _CACHE_KEYS if k in self.parameters),
-                                                             "past_key_values")
+        generated_key = _generated_cache_key(model)
+        self.cache_key = generated_key or next((k for k in _CACHE_KEYS if k in self.parameters), "past_key_values")
         if not any(k in first for k in _CACHE_KEYS):
             if options.static_len is not None:
                 first[self.cache_key] = _new_cache(model, options.static_len)
-            elif not self.encoder_decoder and _supports_cache_objects(model):
+            elif not self.encoder_decoder and (generated_key is not None or self.cache_key == "cache"
+                                               and _supports_cache_objects(model)):
                 # generate() makes the dynamic cache and hands it in (``_prepare_cache_for_generation``,
                 # transformers 5.17 as 5.24): models that keep recurrent state in their modules
-                # (RecurrentGemma) update it in place and return none
+                # (RecurrentGemma) update it in place and return none. A model without transformers'
+                # rule (no GenerationMixin) is handed one where its forward names it ``cache``, as before
                 first[self.cache_key] = _new_cache(model, None)
         #: the prompt's position ids as generate() makes them (None: generate() passes none)
         self.positions: Optional[torch.Tensor] = None
