@@ -34,6 +34,7 @@ Prints one line per model that differs or fails and a summary; exit status 1 on 
 
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --match qwen
+    PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py llama gpt2   # these types only
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --task seq2seq
     PYTHONPATH=. /work/main/.venv/bin/python benchmarks/zoo_reuse_hf_types.py --base   # = --task base
 """
@@ -417,6 +418,7 @@ def plain_generate_error(model_type: str, class_name: str, task: Task) -> Option
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("types", nargs="*", help="only these model types (exact names; default: every type)")
     parser.add_argument("--match", default=None, help="only model types containing this text")
     parser.add_argument("--task", choices=TASKS, default="causal-lm",
                         help="which head: causal-lm (the default), base (MODEL_MAPPING_NAMES of the types with no "
@@ -428,7 +430,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     task_name = "base" if args.base else args.task
     task = TASKS[task_name]
-    types = [(t, c) for t, c in task_types(task).items() if not args.match or args.match in t]
+    types = [(t, c) for t, c in task_types(task).items()
+             if (not args.match or args.match in t) and (not args.types or t in args.types)]
     torch.set_num_threads(1)
     not_run: List[str] = []
     no_generate: List[str] = []

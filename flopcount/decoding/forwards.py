@@ -146,6 +146,28 @@ def _new_cache(model: nn.Module, static_len: Optional[int]) -> Any:
 _CACHE_KEYS = ("cache", "past_key_values", "cache_params")
 
 
+def _generated_cache_key(model: nn.Module) -> Optional[str]:
+    """The name generate() hands the model its dynamic cache under, by transformers' own rule: the
+    key ``GenerationMixin._prepare_cache_for_generation`` writes (on a copy of the model's
+    ``generation_config`` asking for the dynamic cache). transformers 5.24 writes ``cache``; 5.17
+    ``past_key_values``, or ``cache_params`` for a class named like Mamba, whatever the forward's
+    parameter is called (XLM's forward names it ``cache`` and, under 5.17, never receives it). None
+    where the model has no such rule or makes no cache."""
+    prepare = getattr(model, "_prepare_cache_for_generation", None)
+    config = getattr(model, "generation_config", None)
+    if not callable(prepare) or config is None:
+        return None
+    config = copy.deepcopy(config)
+    config.cache_implementation = None
+    config.use_cache = True
+    made: Dict[str, Any] = {}
+    try:
+        prepare(generation_config=config, model_kwargs=made, generation_mode=None, batch_size=1, max_cache_length=1)
+    except Exception:
+        return None
+    return next((key for key in made if key in _CACHE_KEYS), None)
+
+
 def cache_of(output: Any, setup: Setup) -> Any:
     """The cache a forward returned (``cache`` in transformers >= 5.24, else ``past_key_values``)."""
     cache = _field(output, setup.cache_key)
@@ -298,15 +320,20 @@ class Setup:
         if "logits_to_keep" in self.parameters:
             first["logits_to_keep"] = 1
         first.update(kwargs or {})
-        # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` deprecated);
-        # before, state-space models (Mamba, FalconMamba) named theirs ``cache_params``
-        self.cache_key = next((k for k in _CACHE_KEYS if k in self.parameters), "past_key_values")
+        # the name generate() hands the cache under (:func:`_generated_cache_key`): ``cache`` from
+        # transformers 5.24, ``past_key_values`` (``cache_params`` for Mamba's classes) before, whatever
+        # the forward names it; else the forward's own name
+        generated_key = _generated_cache_key(model)
+        self.cache_key = generated_key or next((k for k in _CACHE_KEYS if k in self.parameters), "past_key_values")
         if not any(k in first for k in _CACHE_KEYS):
             if options.static_len is not None:
                 first[self.cache_key] = _new_cache(model, options.static_len)
-            elif self.cache_key == "cache" and not self.encoder_decoder and _supports_cache_objects(model):
-                # generate() makes the dynamic cache and hands it in: models that keep recurrent state in
-                # their modules (RecurrentGemma) update it in place and return none
+            elif not self.encoder_decoder and (generated_key is not None or self.cache_key == "cache"
+                                               and _supports_cache_objects(model)):
+                # generate() makes the dynamic cache and hands it in (``_prepare_cache_for_generation``,
+                # transformers 5.17 as 5.24): models that keep recurrent state in their modules
+                # (RecurrentGemma) update it in place and return none. A model without transformers'
+                # rule (no GenerationMixin) is handed one where its forward names it ``cache``, as before
                 first[self.cache_key] = _new_cache(model, None)
         #: the prompt's position ids as generate() makes them (None: generate() passes none)
         self.positions: Optional[torch.Tensor] = None
@@ -496,16 +523,25 @@ class Decoding:
 
 def _preparer(model: nn.Module, cache_key: str) -> Any:
     """The model's ``prepare_inputs_for_generation`` when it takes the arguments generate()
-    gives it in transformers 5 (``cache``, ``next_sequence_length``; by name or through
+    gives it in transformers 5 (the cache, under ``cache_key``, and ``next_sequence_length``; by name or through
     ``**kwargs``, as CpmAnt's and XLM's overrides take them), else None. generate() makes
     every forward's inputs with it, the prefill's included."""
     prepare = getattr(model, "prepare_inputs_for_generation", None)
-    if not callable(prepare) or cache_key != "cache":
+    if not callable(prepare) or not _generate_tells_the_step_length():
         return None
     names = _signature_parameters(prepare)
     if any(p.kind is p.VAR_KEYWORD for p in names.values()):
         return prepare
-    return prepare if "next_sequence_length" in names and "cache" in names else None
+    return prepare if "next_sequence_length" in names and cache_key in names else None
+
+
+def _generate_tells_the_step_length() -> bool:
+    """Whether this transformers' generate() hands the preparer ``next_sequence_length`` (transformers'
+    own ``GenerationMixin.prepare_inputs_for_generation`` takes it: 5.17 and 5.24 do), the way
+    :class:`Setup` and :class:`Decoding` call it."""
+    from transformers import GenerationMixin
+
+    return "next_sequence_length" in _signature_parameters(GenerationMixin.prepare_inputs_for_generation)
 
 
 def _prepared(prepare: Any, ids: torch.Tensor, notes: List[str], instead: str, **arguments: Any) -> Optional[Dict[str, Any]]:
