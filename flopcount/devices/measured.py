@@ -111,7 +111,9 @@ def float32_columns(rates: Mapping[str, float], tf32: Sequence[str]) -> Tuple[Di
     roof, the conv's rate priced float32 matmuls 1.4x too fast (docs/performance.md, "On a GPU")."""
     columns: Dict[str, float] = {}
     for label, rate in rates.items():
-        column = "tfloat32" if op_family(label) in tf32 else "float32"
+        # every candidate is a convolution or a matrix product ("4096x4096x4096 mm", "linear ...")
+        family = CONV if op_family(label) == CONV else MATMUL
+        column = "tfloat32" if family in tf32 else "float32"
         columns[column] = max(columns.get(column, 0.0), rate)
     math = {family: "tfloat32" for family in tf32} if "tfloat32" in columns else {}
     return columns, math

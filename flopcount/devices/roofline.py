@@ -68,10 +68,47 @@ def float32_math_text(math: Mapping[str, str]) -> str:
     return f"float32 {', '.join(said)}" if said else ""
 
 
-def op_family(op: str) -> str:
-    """"conv" for a convolution (forward or backward), else "matmul" (every other op: its
-    float32 work runs under the matmul math mode, as torch's flags split it)."""
-    return CONV if "conv" in op.lower() else MATMUL
+#: The ops whose float32 work ``torch.backends.cuda.matmul.allow_tf32`` (and
+#: ``torch.set_float32_matmul_precision``) lets run on TF32 tensor cores: the matrix products
+#: torch hands to cuBLAS (mm, bmm, addmm, baddbmm, addbmm, mv, dot...), the composites made of
+#: them (linear, matmul, einsum, tensordot, bilinear, cdist's mm path, cov), and attention,
+#: whose contractions are such products (SDPA's math path is bmm; the fused kernels run tensor
+#: cores on float32 too). RNNs are kept here as before (on CUDA cuDNN runs them under its own
+#: flag). Elementwise ops, norms, softmax and reductions never run on tensor cores, whatever
+#: the flag: their float32 work stays at the float32 peak. Names as the tracers spell them,
+#: without the namespace ("aten::addmm_" is "addmm").
+MATMUL_OPS = frozenset({
+    # matrix and vector products (handlers/matmul.py)
+    "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "inner", "outer", "ger", "addr",
+    "matmul", "linear", "bilinear", "_trilinear", "einsum", "tensordot", "_grouped_mm",
+    "_sparse_mm", "_sparse_addmm", "smm", "hspmm", "sspaddmm", "grouped_mm_fallback", "grouped_mm_fallback_backward",
+    # attention (handlers/attention.py), forward and backward
+    "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_fused_attention_overrideable_backward",
+    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward",
+    "_native_multi_head_attention", "multi_head_attention_forward", "_transformer_encoder_layer_fwd",
+    # recurrent layers (handlers/rnn.py): their gates are matrix products
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward",
+    # linalg composites built on matmul (the factorizations run cuSOLVER/MAGMA in full FP32)
+    "cdist", "_euclidean_dist", "cov", "corrcoef", "linalg_matrix_power", "linalg_pinv", "pinverse",
+})
+
+
+def op_family(op: str) -> Optional[str]:
+    """Which math mode governs ``op``'s float32 work: "conv" for a convolution (forward or
+    backward), "matmul" for a matrix product (:data:`MATMUL_OPS`; "matmul" itself names the
+    family), None for every other op (elementwise, norms, softmax, reductions: always float32)."""
+    if "conv" in op.lower():
+        return CONV
+    name = op.rpartition("::")[2]
+    if name.endswith("_") and not name.endswith("__"):  # in place: "addmm_" is addmm
+        name = name[:-1]
+    return MATMUL if name in MATMUL_OPS else None
 
 
 @dataclass(frozen=True)
@@ -127,10 +164,12 @@ class Roofs:
 
     def column(self, dtype: Optional[str], op: str = "") -> Optional[str]:
         """The peak column ``dtype`` work of ``op`` is priced at (None: this device has no
-        peak for it)."""
+        peak for it): float32 work of a convolution or a matrix product (:func:`op_family`)
+        at its family's math mode (``math``), any other float32 work at "float32"."""
         name = dtype or DEFAULT_DTYPE
-        if name == "float32":
-            name = self.math.get(op_family(op), name)
+        family = op_family(op)
+        if name == "float32" and family is not None:
+            name = self.math.get(family, name)
         return name if name in self.peak_flops else None
 
     def peak(self, dtype: Optional[str], op: str = "") -> float:
@@ -155,7 +194,7 @@ class Roofs:
         roof (a T4, a CPU), where float32 has one math."""
         if "tfloat32" not in self.peak_flops:
             return {}
-        families = {op_family(op): op for op in ops}
+        families = {op_family(op): op for op in ops}  # None: ops no math mode governs
         return {family: self.column("float32", families[family]) or "float32" for family in (MATMUL, CONV) if family in families}
 
     def stand_in(self, dtype: Optional[str]) -> str:
