@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Optional, Tuple
 
 from flopcount.cli.deadline import stage
-from flopcount.cli.output import emit, iteration_progress, progress, with_section, written
+from flopcount.cli.output import emit, iteration_progress, progress, say, with_section, written
 from flopcount.cli.parser import EXIT_OK
 from flopcount.errors import FlopcountError, UsageError
 from flopcount.integrations.tensorboard import summary_writer, write_profile_tensorboard
@@ -80,14 +80,21 @@ def benchmark_entry(run: Any, args: argparse.Namespace, flops: Any) -> Any:
 def math_modes(args: argparse.Namespace, part: Optional[str]) -> Any:
     """The modeled part's float32 math modes from ``--matmul-tf32`` / ``--no-conv-tf32``
     (:class:`~flopcount.devices.MathModes`), refused where nothing reads them: without a part
-    (``count``/``check`` without ``--on``) and on this machine (its modes are its own)."""
-    from flopcount.devices import MathModes, is_this_machine
+    (``count``/``check`` without ``--on``) and on this machine (its modes are its own). On a
+    part without a TF32 peak (a T4, a V100) they change nothing: a note says so, and the
+    run goes on at FP32."""
+    from flopcount.devices import MathModes, find_part, is_this_machine
 
     given = args.matmul_tf32 or args.no_conv_tf32
     if given and part is None:
         raise UsageError("--matmul-tf32/--no-conv-tf32 set the math of the part --on PART models: add --on (e.g. --on h100)")
     if given and is_this_machine(part or ""):
         raise UsageError("--matmul-tf32/--no-conv-tf32 model a datasheet part's math modes; this machine's are its own")
+    found = find_part(part) if given and part is not None else None
+    if found is not None and "tfloat32" not in found.peaks_tflops:
+        flags = [flag for flag, set_ in (("--matmul-tf32", args.matmul_tf32), ("--no-conv-tf32", args.no_conv_tf32)) if set_]
+        say(f"{found.name} has no TF32 peak (no TF32 tensor cores): {' and '.join(flags)} change(s) nothing there; "
+            f"its float32 work is priced at FP32", "note")
     return MathModes(conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
 
 
