@@ -16,6 +16,7 @@ bytes / bandwidth)``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
 from flopcount.errors import UsageError
@@ -99,6 +100,7 @@ MATMUL_OPS = frozenset({
 })
 
 
+@lru_cache(maxsize=4096)  # called per op per bound; op names are few
 def op_family(op: str) -> Optional[str]:
     """Which math mode governs ``op``'s float32 work: "conv" for a convolution (forward or
     backward), "matmul" for a matrix product (:data:`MATMUL_OPS`; "matmul" itself names the
