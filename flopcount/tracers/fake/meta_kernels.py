@@ -153,11 +153,22 @@ def fallback(
                 "; a transformers mixture-of-experts model can instead be built with "
                 "experts_implementation='grouped_mm' (the default) or 'batched_mm', whose costs do not depend on the routing"
             )
-        raise NotImplementedError(
+        raise NeedsValues(
             f"nonzero() on a meta/fake tensor: its output size depends on the tensor's values, which meta tensors "
             f"do not have, so {hint}"
         ) from exc
+    if isinstance(exc, NotImplementedError):  # no meta kernel, or a copy of the data out (.cpu(), .tolist())
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise NeedsValues(f"{func._schema.name} on a meta/fake tensor ({type(exc).__name__}: {first_line})") from exc
     raise exc
+
+
+class NeedsValues(NotImplementedError):
+    """An op that cannot run on operands without data (meta or fake): it reads their values
+    (``nonzero``; ``_to_copy`` to the CPU, which ``.cpu()``, ``.to("cpu")`` and ``.tolist()`` of
+    a meta tensor run) or has no meta kernel. Raised by :func:`fallback`; the message says which
+    op. The dispatch tracer's run on such tensors turns it into a
+    :class:`~flopcount.errors.NeedsDataError` naming the module."""
 
 
 class KernelStandIns(TorchDispatchMode):
