@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 import torch
 from torch import nn
 
-from flopcount.core.diagnostics import module_place
+from flopcount.core.diagnostics import first_line, module_place
 from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.errors import NeedsDataError, TraceError, UsageError
@@ -165,10 +165,9 @@ def _needs_values(exc: BaseException) -> Optional[str]:
     found = _first_in_chain(exc, refused)
     if found is None:
         return None
-    first_line = str(found).strip().splitlines()[0] if str(found).strip() else ""
     if isinstance(found, NeedsValues):
-        return first_line
-    return f"{type(found).__name__}: {first_line}"
+        return first_line(found)
+    return f"{type(found).__name__}: {first_line(found)}"
 
 
 def _data_refusal(exc: BaseException, where: str, inputs_text: str, tensors: Iterable[torch.Tensor]) -> Optional[NeedsDataError]:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flopcount.core.diagnostics import first_line
 from flopcount.core.inputs import is_dataless
 
 __all__ = [
@@ -158,8 +159,7 @@ def fallback(
             f"do not have, so {hint}"
         ) from exc
     if isinstance(exc, NotImplementedError):  # no meta kernel, or a copy of the data out (.cpu(), .tolist())
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise NeedsValues(f"{func._schema.name} on a meta/fake tensor ({type(exc).__name__}: {first_line})") from exc
+        raise NeedsValues(f"{func._schema.name} on a meta/fake tensor ({type(exc).__name__}: {first_line(exc)})") from exc
     raise exc
 
 
