@@ -55,6 +55,14 @@ class TraceError(FlopcountError, RuntimeError):
         self.input_shapes = input_shapes
 
 
+class NeedsDataError(UsageError, TraceError):
+    """The forward cannot run on the meta device or on fake tensors: an op of module
+    ``module_path`` needs the tensors' values (``.cpu()``, ``.numpy()``, ``.tolist()`` of a meta
+    tensor, ``nonzero``, an op without a meta kernel), which such tensors do not have. A
+    :class:`UsageError` (the remedy is the caller's: real weights and inputs, or
+    ``tracer="dispatch"`` on real tensors) and a :class:`TraceError` (it names the module)."""
+
+
 class HandlerError(FlopcountError, RuntimeError):
     """A handler failed on an op's shapes; names the op, module and shapes."""
 

@@ -25,10 +25,10 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 import torch
 from torch import nn
 
-from flopcount.core.diagnostics import module_place
-from flopcount.core.inputs import PreparedCall, fake_tensor_type, prepare_call
+from flopcount.core.diagnostics import first_line, module_place
+from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
-from flopcount.errors import TraceError, UsageError
+from flopcount.errors import NeedsDataError, TraceError, UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._backward import BackwardAttribution, run_backward
 from flopcount.tracers._modules import ModuleOutput, ModuleStack, forward_error
@@ -38,7 +38,7 @@ from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
 from flopcount.tracers._vocabulary import CompositeInterceptor
 from flopcount.tracers.fake.copies import FakeRunError, SharedHooks, fake_copies, give_back, quiet_fake_logs, reason_for
 from flopcount.tracers.fake.hf_tracing import real_branches
-from flopcount.tracers.fake.meta_kernels import RealKernelError
+from flopcount.tracers.fake.meta_kernels import NeedsValues, RealKernelError
 from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.types import Trace
 
@@ -127,14 +127,63 @@ def _refused_by_dynamo(exc: BaseException) -> bool:
 
 def _in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
     """True when ``test`` holds for an exception in ``exc``'s chain (causes and contexts)."""
+    return _first_in_chain(exc, test) is not None
+
+
+def _first_in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> Optional[BaseException]:
+    """The first exception in ``exc``'s chain (``exc``, then its causes and contexts) for which
+    ``test`` holds; None when none does."""
     seen: Set[int] = set()
     current: Optional[BaseException] = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if test(current):
-            return True
+            return current
         current = current.__cause__ or current.__context__
-    return False
+    return None
+
+
+def _needs_values(exc: BaseException) -> Optional[str]:
+    """What failed for want of tensor values, somewhere in ``exc``'s chain, on a run whose
+    inputs or weights have none (meta or fake): an op :func:`~flopcount.tracers.fake.meta_kernels.fallback`
+    refused (``NeedsValues``: ``.cpu()``/``.tolist()`` of a meta tensor, ``nonzero``, an op without
+    a meta kernel), a fake tensor's data-dependent op, or ``Tensor.numpy()``, which torch refuses
+    for meta and fake tensors before any op is dispatched (so only its message tells it). None
+    for any other failure (a shape error fails on real tensors too)."""
+    from torch._subclasses import fake_tensor as ft
+
+    needs_data = (NeedsValues, ft.DataDependentOutputException, ft.DynamicOutputShapeException, ft.UnsupportedOperatorException)
+
+    def refused(error: BaseException) -> bool:
+        if isinstance(error, needs_data):
+            return True
+        if not isinstance(error, (TypeError, RuntimeError)):
+            return False
+        text = str(error)  # meta: "can't convert meta device type tensor to numpy"; fake: ".numpy() is not supported"
+        return "to numpy" in text or ".numpy()" in text
+
+    found = _first_in_chain(exc, refused)
+    if found is None:
+        return None
+    if isinstance(found, NeedsValues):
+        return first_line(found)
+    return f"{type(found).__name__}: {first_line(found)}"
+
+
+def _data_refusal(exc: BaseException, where: str, inputs_text: str, tensors: Iterable[torch.Tensor]) -> Optional[NeedsDataError]:
+    """The refusal of a forward that failed on meta or fake ``tensors`` (its inputs, parameters
+    and buffers) for want of their values (:func:`_needs_values`), naming the module
+    running; None when the tensors have data or the failure is another one."""
+    what = _needs_values(exc)
+    if what is None or not any(is_dataless(t) for t in tensors):
+        return None
+    place = module_place(where)
+    return NeedsDataError(
+        f"the forward cannot run on the meta device or on fake tensors: {place} needs tensor values they do not "
+        f"have ({what}); count it with real weights and inputs (tracer='auto', or tracer='dispatch' on real tensors)",
+        module_path=where,
+        input_shapes=inputs_text,
+    )
 
 
 def _trace(
@@ -252,6 +301,10 @@ def _trace(
                         raise forward_error(refused, modules.current, inputs_text, "auto") from refused
                     if fake_copy:
                         raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
+                    tensors = itertools.chain(flat_inputs, facts.parameters, facts.buffers)
+                    refusal = _data_refusal(exc, modules.current, inputs_text, tensors)
+                    if refusal is not None:  # on meta or fake tensors: no real run to fall back on
+                        raise refusal from exc
                     raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
                 if attribution is not None and recorder.conds:
                     raise UsageError(

@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flopcount.core.diagnostics import first_line
 from flopcount.core.inputs import is_dataless
 
 __all__ = [
@@ -153,11 +154,21 @@ def fallback(
                 "; a transformers mixture-of-experts model can instead be built with "
                 "experts_implementation='grouped_mm' (the default) or 'batched_mm', whose costs do not depend on the routing"
             )
-        raise NotImplementedError(
+        raise NeedsValues(
             f"nonzero() on a meta/fake tensor: its output size depends on the tensor's values, which meta tensors "
             f"do not have, so {hint}"
         ) from exc
+    if isinstance(exc, NotImplementedError):  # no meta kernel, or a copy of the data out (.cpu(), .tolist())
+        raise NeedsValues(f"{func._schema.name} on a meta/fake tensor ({type(exc).__name__}: {first_line(exc)})") from exc
     raise exc
+
+
+class NeedsValues(NotImplementedError):
+    """An op that cannot run on operands without data (meta or fake): it reads their values
+    (``nonzero``; ``_to_copy`` to the CPU, which ``.cpu()``, ``.to("cpu")`` and ``.tolist()`` of
+    a meta tensor run) or has no meta kernel. Raised by :func:`fallback`; the message says which
+    op. The dispatch tracer's run on such tensors turns it into a
+    :class:`~flopcount.errors.NeedsDataError` naming the module."""
 
 
 class KernelStandIns(TorchDispatchMode):
