@@ -83,7 +83,7 @@ def math_modes(args: argparse.Namespace, part: Optional[str]) -> Any:
     (``count``/``check`` without ``--on``) and on this machine (its modes are its own). On a
     part without a TF32 peak (a T4, a V100) they change nothing: a note says so, and the
     run goes on at FP32."""
-    from flopcount.devices import MathModes, find_part, is_this_machine
+    from flopcount.devices import find_part, is_this_machine
 
     given = args.matmul_tf32 or args.no_conv_tf32
     if given and part is None:
@@ -95,6 +95,14 @@ def math_modes(args: argparse.Namespace, part: Optional[str]) -> Any:
         flags = [flag for flag, set_ in (("--matmul-tf32", args.matmul_tf32), ("--no-conv-tf32", args.no_conv_tf32)) if set_]
         say(f"{found.name} has no TF32 peak (no TF32 tensor cores): {' and '.join(flags)} change(s) nothing there; "
             f"its float32 work is priced at FP32", "note")
+    return _given_modes(args)
+
+
+def _given_modes(args: argparse.Namespace) -> Any:
+    """The math modes the flags ask for, as :func:`math_modes` returns them (which the command
+    called before any work: its refusals and note are said once)."""
+    from flopcount.devices import MathModes
+
     return MathModes(conv_tf32=not args.no_conv_tf32, matmul_tf32=args.matmul_tf32)
 
 
@@ -103,7 +111,7 @@ def _predict(run: Any, args: argparse.Namespace, on: str) -> Any:
     from flopcount.profiling.predict import predict
 
     dtype = getattr(args, "dtype", None)
-    modes = math_modes(args, on)
+    modes = _given_modes(args)  # count and check checked them (math_modes) before the count
     roofs = named_roofs(on, conv_tf32=modes.conv_tf32, matmul_tf32=modes.matmul_tf32)
     progress(args, f"bounding the latency of {run.entry} on {on} (roofline, fake tensors) ...")
     stage(args, f"the latency bound of {run.entry} on {on}")

@@ -40,6 +40,7 @@ def test_count_on_a_part_without_tf32_says_the_flags_change_nothing(workdir, cap
     code, out, err = cli(capsys, "count", "tf32rule_models.py:mlp", "-i", "32x256", "--on", "t4", *flags, "-f", "json")
     assert code == 0, err
     assert f"flopcount: note: T4 has no TF32 peak (no TF32 tensor cores): {said}; its float32 work is priced at FP32" in err
+    assert err.count("has no TF32 peak") == 1  # said once: the bound's own reading of the flags says nothing again
     predict = json.loads(out)["predict"]
     assert predict["float32_math"] == {}
     # the T4 bound is FP32's either way (its 4 MB L2 holds the 0.6 MB of weights and inputs: no memory term)
@@ -52,6 +53,7 @@ def test_check_and_roofs_on_a_v100_say_it_too(workdir, capsys):
     assert code == 1, err  # FAIL: the FP32 bound, 10,502,144 FLOPs / 15.7 TFLOP/s = 669 ns
     assert "FAIL: 1 of 1 budget(s) exceeded: latency (any-implementation lower bound on V100 SXM2)" in out
     assert "note: V100 SXM2 has no TF32 peak" in err
+    assert err.count("has no TF32 peak") == 1
     code, out, err = cli(capsys, "roofs", "v100", "--matmul-tf32", "--format", "json")
     assert code == 0, err
     assert "note: V100 SXM2 has no TF32 peak" in err
