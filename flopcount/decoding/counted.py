@@ -34,6 +34,7 @@ from flopcount.decoding.forwards import (
     Setup,
     cache_of,
     generation_options,
+    is_encoder_decoder,
     refuse_without_prompt_input,
 )
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
@@ -198,7 +199,7 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
 def _encoder_name(model: nn.Module, names: Mapping[nn.Module, str]) -> str:
     """The qualified name of an encoder-decoder's encoder (``model.get_encoder()``), as the
     tracer's module stack names it; "" for any other model, or an encoder not among its modules."""
-    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+    if not is_encoder_decoder(model):
         return ""
     get_encoder = getattr(model, "get_encoder", None)
     if not callable(get_encoder):
