@@ -156,23 +156,25 @@ def plan(
         dims = tuple(name for name, _ in groups.values())
         links = links_by_dim(link, dims)
 
-        def planned(stateless: FrozenSet[str]) -> Tuple[str, int, StepRecord, str]:
+        def planned(stateless: FrozenSet[str], split: int = tp, split_plan: Any = tp_plan) -> Tuple[str, int, StepRecord, str]:
+            """Rank 0's step with tensor parallelism ``split`` (the plan's, or 1 for the check
+            below): its layers replayed where they can be, else traced in full."""
             layered = _layered_step(
-                build, mesh, fsdp, tp, tp_plan, compute, args, kw, optimizer, loss_fn, groups, backend, amp,
+                build, mesh, fsdp, split, split_plan, compute, args, kw, optimizer, loss_fn, groups, backend, amp,
                 costs, stateless,
             )
             if layered is not None:
                 return layered
             model = _built(build)
-            builtin_llama = tp > 1 and tp_plan is None and takes_llama_split(model)
-            prefix, wrapped = parallelize(model, mesh, fsdp, tp, tp_plan, compute)
+            builtin_llama = split > 1 and split_plan is None and takes_llama_split(model)
+            prefix, wrapped = parallelize(model, mesh, fsdp, split, split_plan, compute)
             try:
                 record, dtype = _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, stateless=stateless)
             except TraceError as exc:
                 cause = exc.__cause__
                 if not builtin_llama or cause is None:
                     raise
-                refusal = split_refusal(cause, model, prefix, tp, runs_unsplit=lambda: runs_with_tp1(stateless))
+                refusal = split_refusal(cause, model, prefix, split, runs_unsplit=lambda: runs_with_tp1(stateless))
                 if refusal is None:
                     raise
                 raise refusal from exc
@@ -180,19 +182,10 @@ def plan(
 
         def runs_with_tp1(stateless: FrozenSet[str]) -> bool:
             """Whether the step runs with the model built again, FSDP as asked, no tensor
-            parallelism: its layers replayed where they can be (a 14-layer StableLM's check
-            traces 3 + 4 layers, not 14), else traced in full. Any failure: False (the step's
-            own error then stands)."""
+            parallelism (:func:`planned` with tp=1: a 14-layer StableLM's check traces 3 + 4
+            layers, not 14). Any failure: False (the step's own error then stands)."""
             try:
-                layered = _layered_step(
-                    build, mesh, fsdp, 1, None, compute, args, kw, optimizer, loss_fn, groups, backend, amp, costs,
-                    stateless,
-                )
-                if layered is not None:
-                    return True
-                model = _built(build)
-                parallelize(model, mesh, fsdp, 1, None, compute)
-                _fake_step(model, args, kw, optimizer, loss_fn, groups, backend, amp, stateless=stateless)
+                planned(stateless, split=1, split_plan=None)
             except Exception:
                 return False
             return True
