@@ -681,9 +681,10 @@ def _add_math_modes(group: Any) -> None:
     meaning for ``roofs PART`` and the bounds of ``count``, ``check`` and ``serve --on``."""
     group.add_argument("--matmul-tf32", action="store_true",
                        help="the part runs float32 matmuls in TF32 (TensorRT's default, torch with allow_tf32; "
-                       "default: FP32, torch's default)")
+                       "default: FP32, torch's default); float32 attention takes the faster of this and 3xTF32")
     group.add_argument("--no-conv-tf32", action="store_true",
-                       help="the part runs float32 convolutions in FP32 (default: TF32, cuDNN's default in torch)")
+                       help="the part runs float32 convolutions and RNN layers in FP32 (cuDNN's flag; default: "
+                       "TF32, cuDNN's default in torch)")
 
 
 def _add_quiet(group: Any, help_text: str = "no progress or warnings on stderr") -> None:

@@ -98,8 +98,10 @@ def peak_for_name(name: str, dtype: Any = None, op: str = "matmul") -> Optional[
     if part is None:
         return None
     roofs = part_roofs(part)
-    column = roofs.column(None if dtype is None else column_of(dtype), op)
-    return None if column is None else float(roofs.peak_flops[column])
+    column_dtype = None if dtype is None else column_of(dtype)
+    if roofs.column(column_dtype, op) is None:
+        return None
+    return roofs.peak(column_dtype, op)
 
 
 def roofs_for(device: Any, given: Optional[Roofs] = None) -> Roofs:

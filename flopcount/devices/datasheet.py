@@ -10,7 +10,8 @@ from flopcount.devices.roofline import MemoryLevel, Roofs
 
 def part_roofs(part: Part, modes: Optional[MathModes] = None) -> Roofs:
     """``part``'s dense peaks, its L2 (bandwidth only where published) and HBM bandwidth;
-    float32 convolutions priced at TF32 and matmuls at FP32 unless ``modes`` say otherwise."""
+    float32 convolutions and RNN layers priced at TF32 and matmuls at FP32 unless ``modes``
+    say otherwise (attention: ``Roofs.column``)."""
     modes = modes or MathModes()
     levels = (MemoryLevel("L2", part.l2_bytes, None if part.l2_gbps is None else part.l2_gbps * 1e9),) if part.l2_bytes else ()
     details = {

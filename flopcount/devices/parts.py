@@ -212,15 +212,18 @@ def column_of(dtype: object) -> str:
 
 
 #: The float32 column a modeled device prices each op family at, torch's defaults:
-#: cuDNN convolutions in TF32 (``torch.backends.cudnn.allow_tf32`` is True), matmuls not
-#: (``torch.backends.cuda.matmul.allow_tf32`` is False).
+#: cuDNN convolutions and RNN layers in TF32 (``torch.backends.cudnn.allow_tf32`` is True),
+#: matmuls not (``torch.backends.cuda.matmul.allow_tf32`` is False). Attention has no flag of
+#: its own: ``Roofs.column`` prices it at the faster of the matmul mode and 3xTF32.
 DEFAULT_CONV_TF32 = True
 DEFAULT_MATMUL_TF32 = False
 
 
 @dataclass(frozen=True)
 class MathModes:
-    """The modeled device's math modes (never read from the host's torch flags)."""
+    """The modeled device's math modes (never read from the host's torch flags): ``conv_tf32``
+    is cuDNN's flag (the "conv" family: convolutions and RNN layers), ``matmul_tf32`` cuBLAS's
+    (the "matmul" family; attention follows it where it beats 3xTF32: ``Roofs.column``)."""
 
     conv_tf32: bool = DEFAULT_CONV_TF32
     matmul_tf32: bool = DEFAULT_MATMUL_TF32

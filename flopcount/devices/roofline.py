@@ -50,8 +50,23 @@ PROFILE_CONVENTION = (
 #: dtype used when an op has no dtype of its own (no tensor)
 DEFAULT_DTYPE = "float32"
 
-#: op families whose float32 work a device's math mode may price at another column
-CONV, MATMUL = "conv", "matmul"
+#: op families whose float32 work a device's math mode may price at another column: "conv"
+#: follows cuDNN's flag (``torch.backends.cudnn.allow_tf32``: convolutions and cuDNN's RNN
+#: layers), "matmul" cuBLAS's (``torch.backends.cuda.matmul.allow_tf32``), "attention" the
+#: fastest kernel SDPA may pick (:meth:`Roofs.column`)
+CONV, MATMUL, ATTENTION = "conv", "matmul", "attention"
+#: the families, in the order a sentence names them; each family's name is also an op name
+#: :func:`op_family` reads as that family
+FAMILIES: Tuple[str, ...] = (MATMUL, ATTENTION, CONV)
+
+#: The ceiling of float32 products run as three TF32 tensor-core products each ("3xTF32":
+#: big*big + big*small + small*big, each float32 split into a TF32 big and small part), a
+#: third of the TF32 peak: a derived column, not a datasheet figure, that a device has where
+#: it has a TF32 one (Ampere and later). PyTorch's memory-efficient attention runs its float32
+#: GEMMs so on sm80+ whatever ``allow_tf32`` says (``DefaultGemmType<ArchTag, float>``:
+#: ``OpClassTensorOp`` with ``OpMultiplyAddFastF32``, CUTLASS's 3xTF32 by default;
+#: docs/conventions.md, "Float32 math modes").
+TF32X3 = "tfloat32x3"
 
 
 #: dtypes no part's datasheet gives a peak for: masks, indices, counters (a column of a
@@ -59,12 +74,13 @@ CONV, MATMUL = "conv", "matmul"
 UNRATED_DTYPES = frozenset({"bool", "int16", "int32", "int64", "uint16", "uint32", "uint64"})
 
 #: a float32 column and an op family as a sentence names them
-_MATH_NAMES = {"float32": "FP32", "tfloat32": "TF32"}
-_FAMILY_NAMES = {MATMUL: "matmuls", CONV: "convolutions"}
+_MATH_NAMES = {"float32": "FP32", "tfloat32": "TF32", TF32X3: "3xTF32"}
+_FAMILY_NAMES = {MATMUL: "matmuls", ATTENTION: "attention", CONV: "convolutions and RNN layers"}
 
 
 def float32_math_text(math: Mapping[str, str]) -> str:
-    """:meth:`Roofs.float32_math` as a sentence: "float32 matmuls in FP32, convolutions in TF32"."""
+    """:meth:`Roofs.float32_math` as a sentence: "float32 matmuls in FP32, attention in 3xTF32,
+    convolutions and RNN layers in TF32"."""
     said = [f"{_FAMILY_NAMES[family]} in {_MATH_NAMES.get(column, column)}" for family, column in math.items()]
     return f"float32 {', '.join(said)}" if said else ""
 
@@ -72,18 +88,31 @@ def float32_math_text(math: Mapping[str, str]) -> str:
 #: The ops whose float32 work ``torch.backends.cuda.matmul.allow_tf32`` (and
 #: ``torch.set_float32_matmul_precision``) lets run on TF32 tensor cores: the matrix products
 #: torch hands to cuBLAS (mm, bmm, addmm, baddbmm, addbmm, mv, dot...), the composites made of
-#: them (linear, matmul, einsum, tensordot, bilinear, cdist's mm path, cov), and attention,
-#: whose contractions are such products (SDPA's math path is bmm; the fused kernels run tensor
-#: cores on float32 too). RNNs are kept here as before (on CUDA cuDNN runs them under its own
-#: flag). Elementwise ops, norms, softmax and reductions never run on tensor cores, whatever
-#: the flag: their float32 work stays at the float32 peak. Names as the tracers spell them,
-#: without the namespace ("aten::addmm_" is "addmm").
+#: them (linear, matmul, einsum, tensordot, bilinear, cdist's mm path, cov) and the RNN cells
+#: (``lstm_cell``... are ``linear`` and elementwise ops: cuBLAS, not cuDNN). Attention
+#: (:data:`ATTENTION_OPS`) and cuDNN's RNN layers (:data:`CUDNN_RNN_OPS`) have families of their
+#: own. Elementwise ops, norms, softmax and reductions never run on tensor cores, whatever the
+#: flag: their float32 work stays at the float32 peak. Names as the tracers spell them, without
+#: the namespace ("aten::addmm_" is "addmm").
 MATMUL_OPS = frozenset({
     # matrix and vector products (handlers/matmul.py)
     "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "inner", "outer", "ger", "addr",
     "matmul", "linear", "bilinear", "_trilinear", "einsum", "tensordot", "_grouped_mm",
     "_sparse_mm", "_sparse_addmm", "smm", "hspmm", "sspaddmm", "grouped_mm_fallback", "grouped_mm_fallback_backward",
-    # attention (handlers/attention.py), forward and backward
+    # recurrent cells (handlers/rnn.py): linear plus elementwise, cuBLAS under the matmul flag
+    "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    # linalg composites built on matmul (the factorizations run cuSOLVER/MAGMA in full FP32)
+    "cdist", "_euclidean_dist", "cov", "corrcoef", "linalg_matrix_power", "linalg_pinv", "pinverse",
+})
+
+#: Attention (handlers/attention.py), forward and backward: ops whose float32 work may run on
+#: whichever SDPA backend the modeled GPU picks (a CPU trace books the CPU flash op or the
+#: composite; on the GPU float32 SDPA runs the memory-efficient kernel where its constraints
+#: hold, else the math path). Their float32 column is the fastest any backend reaches
+#: (:meth:`Roofs.column`): the math path's bmm under the matmul mode, the efficient kernel's
+#: 3xTF32 (:data:`TF32X3`); flash and cuDNN attention take no float32. The multi-head
+#: composites' projections are matmuls, never faster than that.
+ATTENTION_OPS = frozenset({
     "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
@@ -92,25 +121,38 @@ MATMUL_OPS = frozenset({
     "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_fused_attention_overrideable_backward",
     "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward",
     "_native_multi_head_attention", "multi_head_attention_forward", "_transformer_encoder_layer_fwd",
-    # recurrent layers (handlers/rnn.py): their gates are matrix products
-    "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+})
+
+#: Recurrent layers (handlers/rnn.py), which cuDNN runs on CUDA (``_cudnn_rnn``) with the
+#: math type from ``torch.backends.cudnn.allow_tf32``, as convolutions (aten/src/ATen/native/
+#: cudnn/RNN.cpp: ``allowTF32CuDNN``), not the matmul flag: the "conv" family. A CPU trace
+#: books the layer as ``lstm``/``gru``/``rnn_*`` or oneDNN's ``mkldnn_rnn_layer``; on the
+#: modeled GPU the same layer is ``_cudnn_rnn``.
+CUDNN_RNN_OPS = frozenset({
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "_cudnn_rnn", "_cudnn_rnn_backward",
     "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward",
-    # linalg composites built on matmul (the factorizations run cuSOLVER/MAGMA in full FP32)
-    "cdist", "_euclidean_dist", "cov", "corrcoef", "linalg_matrix_power", "linalg_pinv", "pinverse",
 })
 
 
 @lru_cache(maxsize=4096)  # called per op per bound; op names are few
 def op_family(op: str) -> Optional[str]:
     """Which math mode governs ``op``'s float32 work: "conv" for a convolution (forward or
-    backward), "matmul" for a matrix product (:data:`MATMUL_OPS`; "matmul" itself names the
-    family), None for every other op (elementwise, norms, softmax, reductions: always float32)."""
+    backward) or a cuDNN RNN layer (:data:`CUDNN_RNN_OPS`), "matmul" for a matrix product
+    (:data:`MATMUL_OPS`), "attention" for attention (:data:`ATTENTION_OPS`), None for every
+    other op (elementwise, norms, softmax, reductions: always float32). A family's own name
+    ("matmul", "attention", "conv") names that family."""
     if "conv" in op.lower():
         return CONV
     name = op.rpartition("::")[2]
     if name.endswith("_") and not name.endswith("__"):  # in place: "addmm_" is addmm
         name = name[:-1]
-    return MATMUL if name in MATMUL_OPS else None
+    if name in MATMUL_OPS:
+        return MATMUL
+    if name in ATTENTION_OPS or name == ATTENTION:
+        return ATTENTION
+    if name in CUDNN_RNN_OPS:
+        return CONV
+    return None
 
 
 @dataclass(frozen=True)
@@ -136,7 +178,8 @@ class Roofs:
     ``levels``: faster memory levels (caches) with their capacity and bandwidth, fastest
     first; main memory (``bandwidth``) is always the last level. ``math``: op family ->
     the column its float32 work is priced at (``{"conv": "tfloat32"}`` for cuDNN's
-    default TF32 convolutions), the modeled device's math modes, never the host's flags.
+    default TF32 convolutions and RNN layers), the modeled device's math modes, never the
+    host's flags; attention's column follows from them (:meth:`column`).
     """
 
     peak_flops: Mapping[str, float]
@@ -161,25 +204,48 @@ class Roofs:
             if level.bandwidth is not None and not level.bandwidth > 0:
                 raise UsageError(f"Roofs: level {level.name!r} bandwidth must be > 0 bytes/s, got {level.bandwidth!r}")
         for family, column in self.math.items():
-            if column not in self.peak_flops:
+            if self.column_rate(column) is None:
                 raise UsageError(f"Roofs: math[{family!r}] = {column!r} has no peak (known: {', '.join(self.peak_flops)})")
 
     def column(self, dtype: Optional[str], op: str = "") -> Optional[str]:
         """The peak column ``dtype`` work of ``op`` is priced at (None: this device has no
-        peak for it): float32 work of a convolution or a matrix product (:func:`op_family`)
-        at its family's math mode (``math``), any other float32 work at "float32"."""
+        peak for it): float32 work of a convolution, an RNN layer or a matrix product
+        (:func:`op_family`) at its family's math mode (``math``); float32 attention at the
+        faster of the matmul family's column (SDPA's math path is bmm) and :data:`TF32X3`
+        (the memory-efficient kernel's 3xTF32), the fastest any SDPA backend reaches, so the
+        bound stays a lower bound whichever the GPU picks; any other float32 work at "float32"."""
         name = dtype or DEFAULT_DTYPE
         family = op_family(op)
-        if name == "float32" and family is not None:
+        if name == "float32" and family == ATTENTION:
+            name = self._fastest((self.math.get(MATMUL, name), TF32X3))
+        elif name == "float32" and family is not None:
             name = self.math.get(family, name)
-        return name if name in self.peak_flops else None
+        return name if self.column_rate(name) is not None else None
+
+    def _fastest(self, columns: Tuple[str, ...]) -> str:
+        """The column with the highest rate among ``columns`` (the first on a tie; the first
+        when none has one)."""
+        rated = [column for column in columns if self.column_rate(column) is not None]
+        if not rated:
+            return columns[0]
+        return max(rated, key=lambda column: float(self.column_rate(column) or 0.0))
+
+    def column_rate(self, column: str) -> Optional[float]:
+        """FLOP/s of a peak column: ``peak_flops``' figure, :data:`TF32X3` a third of the TF32
+        one; None where the device has none."""
+        if column == TF32X3:
+            tf32 = self.peak_flops.get("tfloat32")
+            return None if tf32 is None else tf32 / 3
+        return self.peak_flops.get(column)
 
     def peak(self, dtype: Optional[str], op: str = "") -> float:
         """Peak FLOP/s for ``dtype`` work of ``op``: its column's figure, else the highest
         peak of the device's columns of its kind (floating or integer), else the highest of
         all (so a bound stays a lower bound; :func:`op_time` reports the missing column)."""
         column = self.column(dtype, op)
-        return float(self.peak_flops[self.stand_in(dtype) if column is None else column])
+        if column is None:
+            return float(self.peak_flops[self.stand_in(dtype)])
+        return float(self.column_rate(column) or 0.0)
 
     def has_compute_roof(self, dtype: Optional[str], op: str = "") -> bool:
         """False for work in a dtype no datasheet rates (:data:`UNRATED_DTYPES`: bool masks,
@@ -190,14 +256,15 @@ class Roofs:
         return self.column(dtype, op) is not None or (dtype or DEFAULT_DTYPE) not in UNRATED_DTYPES
 
     def float32_math(self, ops: Iterable[str]) -> Dict[str, str]:
-        """The column the float32 work of each op family among ``ops`` is priced at, matmuls
-        first (``{"matmul": "float32", "conv": "tfloat32"}`` on a datasheet GPU under torch's
-        defaults): the math a bound of float32 work assumed. Empty on a device without a TF32
-        roof (a T4, a CPU), where float32 has one math."""
+        """The column the float32 work of each op family among ``ops`` is priced at, in
+        :data:`FAMILIES` order (``{"matmul": "float32", "attention": "tfloat32x3", "conv":
+        "tfloat32"}`` on a datasheet H100 under torch's defaults): the math a bound of float32
+        work assumed. Empty on a device without a TF32 roof (a T4, a CPU), where float32 has
+        one math."""
         if "tfloat32" not in self.peak_flops:
             return {}
         families = {op_family(op): op for op in ops}  # None: ops no math mode governs
-        return {family: self.column("float32", families[family]) or "float32" for family in (MATMUL, CONV) if family in families}
+        return {family: self.column("float32", families[family]) or "float32" for family in FAMILIES if family in families}
 
     def stand_in(self, dtype: Optional[str]) -> str:
         """The column a dtype without a peak is priced at: the highest of its kind."""

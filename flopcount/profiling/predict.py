@@ -88,8 +88,8 @@ class PredictResult(BookedRows, Rendered):
 
     def float32_math(self) -> Dict[str, str]:
         """The math the bound priced its float32 work at, per op family that did float32 FLOPs
-        (``{"matmul": "float32", "conv": "tfloat32"}``: the part's math modes, torch's defaults
-        unless told); empty where no float32 work ran."""
+        (``{"matmul": "float32", "attention": "tfloat32x3", "conv": "tfloat32"}``: the part's
+        math modes, torch's defaults unless told); empty where no float32 work ran."""
         return self.roofs.float32_math(r.name for r in self.rows if r.dtype == "float32" and r.flops)
 
     @property
@@ -145,8 +145,9 @@ def predict(
     """The roofline lower bound of one forward (``backward=True``: forward + backward) of
     ``model`` on the modeled hardware ``on`` (default "h100"; ``device=`` is its deprecated
     0.2 name): a datasheet part ("h100", "H100 NVL", "A100 40GB PCIe", "t4"...;
-    :mod:`flopcount.devices.parts`, under torch's default math modes: float32 convolutions in
-    TF32, matmuls in FP32; pass ``named_roofs(name, matmul_tf32=True)`` for other modes),
+    :mod:`flopcount.devices.parts`, under torch's default math modes: float32 convolutions and
+    RNN layers in TF32, matmuls in FP32, attention at the faster of that and 3xTF32; pass
+    ``named_roofs(name, matmul_tf32=True)`` for other modes),
     "this machine" (roofs measured here and written to ``$XDG_CACHE_HOME/flopcount/roofs.json``
     unless ``FLOPCOUNT_NO_ROOFS_CACHE=1``: see :func:`flopcount.devices.named_roofs`), or a
     :class:`~flopcount.devices.Roofs`; a part or Roofs measures and writes nothing.
