@@ -65,7 +65,7 @@ FAMILIES: Tuple[str, ...] = (MATMUL, ATTENTION, CONV)
 #: it has a TF32 one (Ampere and later). PyTorch's memory-efficient attention runs its float32
 #: GEMMs so on sm80+ whatever ``allow_tf32`` says (``DefaultGemmType<ArchTag, float>``:
 #: ``OpClassTensorOp`` with ``OpMultiplyAddFastF32``, CUTLASS's 3xTF32 by default;
-#: docs/conventions.md, "Float32 math modes").
+#: docs/devices.md, "Math modes", cites the sources).
 TF32X3 = "tfloat32x3"
 
 
@@ -217,18 +217,19 @@ class Roofs:
         name = dtype or DEFAULT_DTYPE
         family = op_family(op)
         if name == "float32" and family == ATTENTION:
-            name = self._fastest((self.math.get(MATMUL, name), TF32X3))
+            name = self._attention_column()
         elif name == "float32" and family is not None:
             name = self.math.get(family, name)
-        return name if self.column_rate(name) is not None else None
+        return name if name in self.peak_flops or self.column_rate(name) is not None else None
 
-    def _fastest(self, columns: Tuple[str, ...]) -> str:
-        """The column with the highest rate among ``columns`` (the first on a tie; the first
-        when none has one)."""
-        rated = [column for column in columns if self.column_rate(column) is not None]
-        if not rated:
-            return columns[0]
-        return max(rated, key=lambda column: float(self.column_rate(column) or 0.0))
+    def _attention_column(self) -> str:
+        """Float32 attention's column: :data:`TF32X3` where it beats the matmul family's
+        column, else that column (a tie keeps the matmul one)."""
+        matmul = self.math.get(MATMUL, "float32")
+        tf32x3 = self.column_rate(TF32X3)
+        if tf32x3 is not None and tf32x3 > (self.column_rate(matmul) or 0.0):
+            return TF32X3
+        return matmul
 
     def column_rate(self, column: str) -> Optional[float]:
         """FLOP/s of a peak column: ``peak_flops``' figure, :data:`TF32X3` a third of the TF32
