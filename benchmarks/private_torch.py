@@ -209,10 +209,17 @@ def _files(package: Path) -> List[Path]:
     return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def _aliases(tree: ast.AST) -> Dict[str, str]:
-    """Local name -> dotted path, for every torch import anywhere in the file."""
+def _walked(tree: ast.AST) -> List[ast.AST]:
+    """Every node of a file's tree in :func:`ast.walk`'s order, walked once for the passes below
+    (each walked the tree again before, ~8 walks a file)."""
+    return list(ast.walk(tree))
+
+
+def _aliases(nodes: List[ast.AST]) -> Dict[str, str]:
+    """Local name -> dotted path, for every torch import anywhere in the file (``nodes``: its
+    nodes, :func:`_walked`)."""
     names: Dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == "torch" or alias.name.startswith("torch."):
@@ -264,10 +271,10 @@ class Use:
         self.ops: Dict[str, Set[str]] = defaultdict(set)  # private operators: dispatcher keys, not counted
 
 
-def _class_facts(tree: ast.AST, aliases: Dict[str, str]) -> Dict[ast.ClassDef, Tuple[bool, Set[str]]]:
+def _class_facts(nodes: List[ast.AST], aliases: Dict[str, str]) -> Dict[ast.ClassDef, Tuple[bool, Set[str]]]:
     """Per class: whether a base is a torch path, and the private names its body defines."""
     facts = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ClassDef):
             torch_base = any(_chain(b, aliases) or (isinstance(b, ast.Name) and b.id in aliases) for b in node.bases)
             defined = _Defined()
@@ -276,11 +283,11 @@ def _class_facts(tree: ast.AST, aliases: Dict[str, str]) -> Dict[ast.ClassDef, T
     return facts
 
 
-def _loop_constants(tree: ast.AST) -> Dict[str, Set[str]]:
+def _loop_constants(nodes: List[ast.AST]) -> Dict[str, Set[str]]:
     """Loop variable -> the string constants it takes (``for name in ("_a", "_b"):``, a
     comprehension's too): a ``getattr(obj, name)`` in the loop reads each of them."""
     found: Dict[str, Set[str]] = defaultdict(set)
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
             items = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
             if items and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in items):
@@ -288,26 +295,27 @@ def _loop_constants(tree: ast.AST) -> Dict[str, Set[str]]:
     return found
 
 
-def _overrides(trees: Dict[Path, ast.AST], package: Path, use: Use) -> None:
+def _overrides(walked: Dict[Path, List[ast.AST]], aliases_of: Dict[Path, Dict[str, str]], package: Path, use: Use) -> None:
     """A private method flopcount defines in a class derived from a torch class that has a
     method of that name (``_update_peak_stats`` on MemTracker, ``_should_skip_dynamo`` on
     TorchDispatchMode): torch calls it by that name, a dependency as much as a read. A base
     known only at run time (``class PeakTracker(base)``) is checked against every torch class
     flopcount names. A name counted as a torch path already (``MemTracker._update_peak_stats``)
-    is that symbol."""
+    is that symbol. ``walked`` and ``aliases_of``: each file's nodes and :func:`_aliases`, as
+    :func:`scan` found them."""
     named: List[type] = []
     for symbol in use.torch:
         objs, ok = _resolve(symbol)
         if ok and isinstance(objs[-1], type):
             named.append(objs[-1])
     ours: Dict[str, Tuple[ast.ClassDef, Dict[str, str]]] = {}  # flopcount's classes by name
-    for tree in trees.values():
-        aliases = _aliases(tree)
+    for file, nodes in walked.items():
+        aliases = aliases_of[file]
         for path in aliases.values():
             objs, ok = _resolve(path)
             if ok and isinstance(objs[-1], type) and objs[-1] not in named:
                 named.append(objs[-1])
-        for node in ast.walk(tree):
+        for node in nodes:
             if isinstance(node, ast.ClassDef):
                 ours.setdefault(node.name, (node, aliases))
 
@@ -333,10 +341,10 @@ def _overrides(trees: Dict[Path, ast.AST], package: Path, use: Use) -> None:
         return found, dynamic
 
     paths = {symbol.rsplit(".", 1)[-1]: symbol for symbol in use.torch}
-    for file, tree in trees.items():
+    for file, nodes in walked.items():
         rel = str(file.relative_to(package.parent))
-        aliases = _aliases(tree)
-        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        aliases = aliases_of[file]
+        for cls in (node for node in nodes if isinstance(node, ast.ClassDef)):
             torch_bases, dynamic = bases(cls, aliases, {cls.name})
             candidates = [c for klass in torch_bases + (named if dynamic else []) for c in klass.__mro__ if c is not object]
             for item in cls.body:
@@ -366,13 +374,16 @@ def scan(package: Path) -> Use:
         ours.visit(tree)
     torch_names = _torch_identifiers()
     use = Use()
-    for file, tree in trees.items():
+    walked = {file: _walked(tree) for file, tree in trees.items()}
+    aliases_of = {file: _aliases(nodes) for file, nodes in walked.items()}
+    for file, nodes in walked.items():
         rel = str(file.relative_to(package.parent))
-        aliases = _aliases(tree)
-        classes = _class_facts(tree, aliases)
-        loops = _loop_constants(tree)
+        aliases = aliases_of[file]
+        classes = _class_facts(nodes, aliases)
+        loops = _loop_constants(nodes)
+        imported = _imported_modules(nodes)
         parent: Dict[ast.AST, ast.AST] = {}
-        for node in ast.walk(tree):
+        for node in nodes:
             for child in ast.iter_child_nodes(node):
                 parent[child] = node
 
@@ -404,7 +415,7 @@ def scan(package: Path) -> Use:
                     if torch_base or (name not in ours.attributes and name in torch_names):
                         use.attrs["." + name].add(rel)  # inherited from torch (a base given at run time too)
                     return
-            if isinstance(base, ast.Name) and base.id not in aliases and _imported_module(tree, base.id):
+            if isinstance(base, ast.Name) and base.id not in aliases and base.id in imported:
                 use.foreign[f"{base.id}.{name}"].add(rel)
                 return
             if name in ours.attributes or name in NOT_TORCH:
@@ -414,7 +425,7 @@ def scan(package: Path) -> Use:
                 return
             (use.attrs if name in torch_names else use.foreign)["." + name].add(rel)
 
-        for node in ast.walk(tree):
+        for node in nodes:
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 if node.module == "torch" or node.module.startswith("torch."):
                     for alias in node.names:
@@ -464,7 +475,7 @@ def scan(package: Path) -> Use:
                 ):
                     use.attrs["." + text].add(rel)  # a private attribute name read by getattr(obj, name)
     _fold_modules(use.torch)
-    _overrides(trees, package, use)
+    _overrides(walked, aliases_of, package, use)
     _merge_paths(use)
     return use
 
@@ -481,13 +492,15 @@ def _operator_overload(name: str, outer: Optional[ast.AST]) -> bool:
     return outer.attr == "default" or outer.attr in packet.overloads()
 
 
-def _imported_module(tree: ast.AST, name: str) -> bool:
-    for node in ast.walk(tree):
+def _imported_modules(nodes: List[ast.AST]) -> Set[str]:
+    """The names ``import`` statements bind anywhere in the file (``import a.b`` binds ``a``),
+    found once per file where each attribute read walked the file again."""
+    names: Set[str] = set()
+    for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if (alias.asname or alias.name.split(".")[0]) == name:
-                    return True
-    return False
+                names.add(alias.asname or alias.name.split(".")[0])
+    return names
 
 
 def symbols(package: Path) -> Dict[str, Set[str]]:

@@ -240,21 +240,24 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
 
 
 #: the test files that take longest: CPU seconds summed over their tests, one process, one torch
-#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-27 16:33, base
-#: b237054, load ~3.6; docs/performance.md, "The main suite, fifth pass"). The fork server's children
-#: are booked to the session's last test, not to the test that waits for them: the two long ones are
-#: added to their files by hand (test_generation_fake_path.py's five-family child 5.6 s,
-#: tracers/test_dispatch.py's peak-RSS child 3.3 s), since their worker waits that long. Under
-#: pytest-xdist each worker starts with its share of them, see _heavy_files_first
+#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-28 08:20, base
+#: 4ccb697, load ~3.5-5; docs/performance.md, "Issue #27: the main suite's avoidable time (branch
+#: suitefast2)"; test_replay_periods.py, new since the fifth pass, was missing and ran among the light
+#: files). The fork server's children are booked to the session's last test, not to the test that
+#: waits for them: the two long ones are added to their files by hand (test_generation_fake_path.py's
+#: five-family child 5.6 s, tracers/test_dispatch.py's peak-RSS child 3.3 s), since their worker waits
+#: that long. Under pytest-xdist each worker starts with its share of them, see _heavy_files_first
 HEAVY_FILES = {
-    "plan/test_plan_layers.py": 21.5, "test_memory_layers.py": 16.6, "test_memory_reuse.py": 15.2,
-    "test_generation_options.py": 13.8, "tracers/test_hf_tracing.py": 12.9, "test_generation_deferred_steps.py": 12.0,
-    "serving/test_serve_derived.py": 10.5, "test_generation_limits.py": 10.3, "test_install.py": 9.8,
-    "cli/test_artifacts.py": 8.6, "test_generation_fake_path.py": 7.1, "test_doc_snippets.py": 7.0,
-    "test_memory_replay_module_peaks.py": 6.8, "serving/test_serve.py": 6.3, "tracers/test_dispatch.py": 5.3,
-    "test_ci_recipes.py": 5.2, "plan/test_plan_skipped_modules.py": 5.1, "test_memory.py": 4.5, "test_private_torch.py": 4.4,
-    "plan/test_plan_analytic.py": 4.2, "cli/test_cli.py": 4.1, "tracers/test_reuse_cache.py": 4.0,
-    "tracers/test_shape_cache.py": 3.7, "tracers/test_agreement.py": 3.6,
+    "test_replay_periods.py": 40.1, "plan/test_plan_layers.py": 20.6, "test_memory_layers.py": 18.0,
+    "tracers/test_hf_tracing.py": 14.9, "test_memory_reuse.py": 14.7, "test_generation_options.py": 13.7,
+    "test_generation_limits.py": 10.7, "test_generation_deferred_steps.py": 10.6, "cli/test_artifacts.py": 9.8,
+    "test_install.py": 8.8, "serving/test_serve_derived.py": 8.2, "test_doc_snippets.py": 7.8,
+    "test_generation_fake_path.py": 7.4, "test_memory_replay_module_peaks.py": 6.5, "tracers/test_dispatch.py": 5.9,
+    "tracers/test_reuse_cache.py": 5.8, "serving/test_serve.py": 5.5, "test_ci_recipes.py": 5.4,
+    "plan/test_plan_skipped_modules.py": 4.9, "test_replay_threshold.py": 4.8, "test_memory.py": 4.7,
+    "tracers/test_shape_cache.py": 4.5, "cli/test_cli.py": 4.5, "test_private_torch.py": 4.3,
+    "tracers/test_agreement.py": 4.2, "plan/test_plan_analytic.py": 3.8, "test_profile_marks.py": 3.6,
+    "test_replay_partial_activations.py": 3.6,
 }
 
 

@@ -127,7 +127,7 @@ def _hf(model_type: str, **values: object) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
-        model_type, num_hidden_layers=24, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        model_type, num_hidden_layers=12, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         intermediate_size=128, vocab_size=128, max_position_embeddings=64, sliding_window=8, use_cache=False, **values,
     )
     torch.manual_seed(0)
@@ -140,13 +140,18 @@ HF = {
 }
 
 
+@pytest.mark.usefixtures("replay_from_six_layers")
 @pytest.mark.parametrize("name", list(HF))
 def test_gemma2_and_gpt_oss_replayed_by_pairs_of_layers_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """24 layers of sliding and full attention in turn: 12 units of 2 layers at the default floor."""
+    """12 layers of sliding and full attention in turn: 6 units of 2 layers at the tests' floor
+    (the default floor's 12 units would take 24 layers; the floor itself is
+    test_a_period_is_taken_only_where_the_stack_holds_enough_units's), so 2 units are replayed
+    beyond the template's 3 and the check's 4."""
     build = HF[name]
     model = build()
     stack = replay.find_stack(model)
-    assert stack is not None and (len(stack), stack.period) == (24, 2)
+    assert stack is not None and (len(stack), stack.period) == (12, 2)
+    assert stack.units > replay.Template.UNITS + 1  # units the replay materializes, traced by neither
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     before = snapshot(model)
     on, off, used = estimates_on_and_off(monkeypatch, model, (ids,), {}, backward=True, optimizer="adamw")
