@@ -58,6 +58,7 @@ __all__ = ["Counted", "Derived", "attention_flops", "derive", "held_per_step"]
 MIN_STEPS = 5
 #: where a booked total (:func:`cost_change`'s sums) holds its FLOPs
 _FLOPS_AT = TOTAL_FIELDS.index("flops")
+#: no cost: ``cost_change(op, _NOTHING, cost)`` is what ``cost`` books, under each name
 _NOTHING = Cost()
 
 
@@ -314,12 +315,11 @@ class _Continued:
 
 def _continued(affine: Affine, first: Tuple[Trace, Costed, FlopResult], total: int) -> _Continued:
     """Every step's FLOPs, MACs and attention FLOPs as ``affine`` continues step 0 (``first``,
-    as traced):
-    step 0's plus, for each event that varies, its cost at the step minus its cost at step 0
-    (each distinct varying call priced once per step: :meth:`Affine.changes`); the attention
-    FLOPs change by the change booked under attention ops (:func:`cost_change`, the names a
-    fused op's parts are booked under, as :func:`attention_flops` reads them). Also the most
-    bytes one varying op writes, per step."""
+    as traced): step 0's plus, for each event that varies, its cost at the step minus its cost
+    at step 0 (each distinct varying call priced once per step: :meth:`Affine.changes`); the
+    attention FLOPs change by the change booked under attention ops (:func:`cost_change`, the
+    names a fused op's parts are booked under, as :func:`attention_flops` reads them). Also the
+    most bytes one varying op writes, per step."""
     _, costed, result = first
     out = _Continued(flops=[result.flops] * total, macs=[result.macs] * total,
                      attention=[booked_attention(costed)] * total, written={})
