@@ -196,6 +196,30 @@ def test_a_continued_step_books_nothing_until_its_tables_are_read(monkeypatch: p
     assert len(booked) == once * len(continued)  # each continued step: the same bookings
 
 
+def test_a_continued_steps_operators_are_read_without_booking_its_module_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Branch serveattn: serve reads ``by_operator()`` of every decode step (its attention FLOPs).
+    Before, that booked each continued step's four tables (one Ledger.rebook_group per changed
+    call: 15 ms a step on an 80-layer LLaMA); now its operators are its base's plus the changes,
+    and the other tables wait to be read. The figures are those of every step traced."""
+    booked: List[int] = []
+    group = Ledger.rebook_group
+
+    def counting_group(self: Ledger, *args: Any) -> None:
+        booked.append(1)
+        group(self, *args)
+
+    monkeypatch.setattr(Ledger, "rebook_group", counting_group)
+    model = _model("llama", "meta")
+    ids = torch.zeros(B, 6, dtype=torch.int64, device="meta")
+    result = count_generation(model, ids, new_tokens=20)
+    continued = _continued(result)
+    assert continued == list(range(3, 18))
+    operators = [result.steps[index].by_operator() for index in continued]
+    assert booked == []
+    every = count_generation(model, ids, new_tokens=20, trace_every_step=True)
+    assert operators == [every.steps[index].by_operator() for index in continued]
+
+
 def _layer_events(layers: int) -> List[OpEvent]:
     """One attention call per layer (the same call object: structural reuse books one call)."""
     call = OpCall("aten::scaled_dot_product_attention", {}, ())

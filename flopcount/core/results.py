@@ -436,15 +436,18 @@ def _summed(costed: Sequence[Booked]) -> Optional[List[int]]:
     return totals if all(type(v) is int for v in totals) else None
 
 
-def _deferred(base: FlopResult, totals: Sequence[int], tables: _Deferred) -> FlopResult:
-    """``base`` with these totals (MACs, FLOPs, bytes read, bytes written) and tables made on first use."""
+def _deferred(
+    base: FlopResult, totals: Sequence[int], tables: _Deferred, operators: Optional[_Deferred] = None,
+) -> FlopResult:
+    """``base`` with these totals (MACs, FLOPs, bytes read, bytes written) and tables made on
+    first use (the per-operator table by ``operators`` where given, else by ``tables``)."""
     return replace(
         base,
         macs=totals[0],
         flops=totals[1],
         bytes_read=totals[2],
         bytes_written=totals[3],
-        _operators=_LazyTable(tables, 0),
+        _operators=_LazyTable(operators or tables, 0),
         _modules=_LazyTable(tables, 1),
         _module_ops=_LazyTable(tables, 2),
         _phases=_LazyTable(tables, 3),
@@ -476,26 +479,35 @@ def reprice_deferred(result: FlopResult, groups: Sequence[Tuple[Sequence[OpEvent
     """:func:`reprice_groups`, its tables booked on first use: the totals (FLOPs, MACs, bytes)
     are ``result``'s plus each group's change times its events (every event is booked under the
     model, module ``""``, once), the per-operator, per-module and per-phase tables are those
-    :func:`reprice_groups` books, made when one is first read. A decode step continued from its
+    :func:`reprice_groups` books, made when one is first read; the per-operator table is made
+    apart, from the same changes (``result``'s plus each operator's change, as
+    :meth:`Ledger.rebook_group` books it), so that ``by_operator()`` of every decode step (serve's
+    attention FLOPs) costs the operators, not the module tables. A decode step continued from its
     run's first step thus costs the groups it changes, not the model's depth; the same result,
     figure for figure. Non-integer figures are booked at once."""
     sums = [0] * len(TOTAL_FIELDS)
+    operators: Dict[str, List[int]] = {}
     changed = False
     for events, old, new in groups:
         if old == new or not events:
             continue
-        for d in cost_change(events[0].call.op, old, new).values():
+        for name, d in cost_change(events[0].call.op, old, new).items():
             if not all(type(v) is int for v in d):
                 return reprice_groups(result, groups)
             changed = True
+            into = operators.setdefault(name, [0] * len(TOTAL_FIELDS))
             for i, v in enumerate(d):
                 sums[i] += len(events) * v
+                into[i] += len(events) * v
     if not changed:
         return result
     named = dict(zip(TOTAL_FIELDS, sums))
     totals = (result.macs + named["macs"], result.flops + named["flops"], result.bytes_read + named["bytes_read"],
               result.bytes_written + named["bytes_written"])
-    return _deferred(result, totals, _Deferred(lambda: reprice_groups(result, groups)))
+    tables = _Deferred(lambda: reprice_groups(result, groups))
+    # its operators table only is read: the other three are result's, unread
+    operator_table = _Deferred(lambda: replace(result, _operators=_plus(result._operators, operators)))
+    return _deferred(result, totals, tables, operators=operator_table)
 
 
 class _Deferred:

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from flopcount.core.analysis import uncompiled
+from flopcount.core.ledger import TOTAL_FIELDS, cost_change, expand_booked
 from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
@@ -46,28 +47,37 @@ from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 from flopcount.decoding.counted import Counter, on_fakes
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, NotAffine, cache_limits, paired, plan_runs, same_event
+from flopcount.devices.roofline import ATTENTION, op_family
 from flopcount.errors import TraceError, UsageError
-from flopcount.types import OpCall, Trace
+from flopcount.types import Cost, OpCall, Trace
 
-__all__ = ["Counted", "Derived", "derive", "held_per_step"]
+__all__ = ["Counted", "Derived", "attention_flops", "derive", "held_per_step"]
 
 #: decode steps below which both batch sizes are counted in full (steps 0, 1, 2 and the last
 #: are traced anyway, with at least one step between them to continue)
 MIN_STEPS = 5
+#: where a booked total (:func:`cost_change`'s sums) holds its FLOPs
+_FLOPS_AT = TOTAL_FIELDS.index("flops")
+#: no cost: ``cost_change(op, _NOTHING, cost)`` is what ``cost`` books, under each name
+_NOTHING = Cost()
 
 
 @dataclass
 class Counted:
-    """One batch size's figures. ``held``: step -> the bytes of the positions the cache keeps
-    after it (-1: after the prefill), at the steps measured (or derived) only; ``stored``: the
-    storages the cache holds at the end (:func:`cache_bytes`); ``results``: every traced
-    forward's result (their warnings and what makes them incomplete)."""
+    """One batch size's figures. ``prefill_attention`` and ``step_attention``: the part of
+    the prefill's and each step's FLOPs that attention ops perform (:func:`attention_flops`);
+    ``held``: step -> the bytes of the positions the cache keeps after it (-1: after the
+    prefill), at the steps measured (or derived) only; ``stored``: the storages the cache holds
+    at the end (:func:`cache_bytes`); ``results``: every traced forward's result (their
+    warnings and what makes them incomplete)."""
 
     batch: int
     prefill_flops: int
     prefill_macs: int
+    prefill_attention: int
     step_flops: List[int]
     step_macs: List[int]
+    step_attention: List[int]
     held: Dict[int, float]
     stored: float
     largest_write: int
@@ -158,11 +168,15 @@ def _count_b(
     final = steps.step(total - 1)
     if not affine.matches(total - 1, final[0], final[1]):
         raise _Refused
-    flops, macs, _ = _continued(affine, traced[0][2], total)
-    for index, (_, _, result) in zip((0, 1, 2, total - 1), steps.traced):
-        flops[index], macs[index] = result.flops, result.macs
-    counted = Counted(setup.batch, steps.prefill.flops, steps.prefill.macs, flops, macs, steps.held,
-                      steps.stored[total - 1], counter.largest_write, steps.results(), steps.stored)
+    continued = _continued(affine, traced[0], total)
+    for index, (_, costed, result) in zip((0, 1, 2, total - 1), steps.traced):
+        continued.take(index, costed, result)
+    counted = Counted(
+        batch=setup.batch, prefill_flops=steps.prefill.flops, prefill_macs=steps.prefill.macs,
+        prefill_attention=steps.prefill_attention, step_flops=continued.flops, step_macs=continued.macs,
+        step_attention=continued.attention, held=steps.held, stored=steps.stored[total - 1],
+        largest_write=counter.largest_write, results=steps.results(), stored_early=steps.stored,
+    )
     return counted, steps.state.cache, affine, traced[1][1], list(steps.state.notes)
 
 
@@ -173,7 +187,8 @@ class _Steps:
 
     def __init__(self, counter: Counter, setup: Setup, last: LastOutput):
         self.counter, self.last = counter, last
-        _, _, self.prefill = counter.count(setup.prefill_call(0))
+        _, costed, self.prefill = counter.count(setup.prefill_call(0))
+        self.prefill_attention = booked_attention(costed)
         self.state = Decoding(counter.model, last.take(), setup, encoder=last.encoder)
         if self.state.cache is None:
             raise _Refused
@@ -207,7 +222,8 @@ def _count_wider(
     prefill, steps 0 and 1; and 2 where traced)."""
     counter.largest_write = 0  # B + 1's own (the counter counted B's forwards first)
     steps = _Steps(counter, setup, last)
-    (run0, costed0, first), (run1, costed1, _) = steps.step(0), steps.step(1)
+    first = steps.step(0)
+    (run0, costed0, _), (run1, costed1, _) = first, steps.step(1)
     if run0.gaps or run1.gaps:
         raise _Refused
     if not _same_steps(affine.first, second, costed0, costed1, exact=True):
@@ -216,11 +232,11 @@ def _count_wider(
                 or Affine.check([(run, costed) for run, costed, _ in steps.traced], counter.registry) is None:
             raise _Refused
     wider = Affine(costed0, costed1, counter.registry)
-    flops, macs, written = _continued(wider, first, total)
-    for index, (_, _, result) in enumerate(steps.traced):
-        flops[index], macs[index] = result.flops, result.macs
+    continued = _continued(wider, first, total)
+    for index, (_, costed, result) in enumerate(steps.traced):
+        continued.take(index, costed, result)
     # the largest write of the steps a full count traces (2 and the last), predicted
-    largest = max(counter.largest_write, written.get(2, 0), written.get(total - 1, 0))
+    largest = max(counter.largest_write, continued.written.get(2, 0), continued.written.get(total - 1, 0))
     # the cache's bytes: B's (measured at -1, 0, 1, 2 and the last step) plus a difference affine
     # in the step (proved at -1, 0, 1)
     held = steps.held
@@ -230,8 +246,12 @@ def _count_wider(
     if 2 in held and held[2] != derived_held[2]:
         raise _Refused
     final_stored = one.stored + _extended(steps.stored, one.stored_early, total - 1)
-    return Counted(setup.batch, steps.prefill.flops, steps.prefill.macs, flops, macs, derived_held, final_stored, largest,
-                   steps.results())
+    return Counted(
+        batch=setup.batch, prefill_flops=steps.prefill.flops, prefill_macs=steps.prefill.macs,
+        prefill_attention=steps.prefill_attention, step_flops=continued.flops, step_macs=continued.macs,
+        step_attention=continued.attention, held=derived_held, stored=final_stored, largest_write=largest,
+        results=steps.results(),
+    )
 
 
 def _extended(wider: Mapping[int, float], base: Mapping[int, float], index: int) -> float:
@@ -256,21 +276,63 @@ def held_per_step(known: Mapping[int, float], total: int) -> Dict[int, float]:
     return out
 
 
-def _continued(affine: Affine, first: FlopResult, total: int) -> Tuple[List[int], List[int], Dict[int, int]]:
-    """Every step's FLOPs and MACs as ``affine`` continues step 0 (``first``): step 0's plus,
-    for each event that varies, its cost at the step minus its cost at step 0 (each distinct
-    varying call priced once per step: :meth:`Affine.changes`). Also the most bytes one varying
-    op writes, per step."""
-    flops = [first.flops] * total
-    macs = [first.macs] * total
-    written: Dict[int, int] = {}
+def attention_flops(result: FlopResult) -> int:
+    """The FLOPs ``result`` books under attention ops (:func:`op_family` "attention"): the
+    part of a forward a float32 bound may price at attention's column, not the matmuls'."""
+    return sum(flops for op, flops in result.by_operator("flops").items() if op_family(op) == ATTENTION)
+
+
+def booked_attention(costed: Costed) -> int:
+    """:func:`attention_flops` of the result ``costed`` books, from the events (the names the
+    ledger books each cost's parts under: :func:`cost_change` from nothing), without booking
+    the result's tables."""
+    total = 0
+    for event, cost in expand_booked(costed):
+        if cost is None or (not cost.parts and op_family(event.call.op) != ATTENTION):
+            continue  # no handler, or one operation booked under its own name (Cost.parts), not attention
+        for name, booked in cost_change(event.call.op, _NOTHING, cost).items():
+            if op_family(name) == ATTENTION:
+                total += booked[_FLOPS_AT]
+    return total
+
+
+@dataclass
+class _Continued:
+    """Each decode step's FLOPs, MACs and attention FLOPs (:func:`attention_flops`), and the
+    most bytes one varying op writes per step."""
+
+    flops: List[int]
+    macs: List[int]
+    attention: List[int]
+    written: Dict[int, int]
+
+    def take(self, index: int, costed: Costed, result: FlopResult) -> None:
+        """Step ``index`` as traced (its events ``costed``, booked as ``result``), in place of
+        its continuation."""
+        self.flops[index], self.macs[index] = result.flops, result.macs
+        self.attention[index] = booked_attention(costed)
+
+
+def _continued(affine: Affine, first: Tuple[Trace, Costed, FlopResult], total: int) -> _Continued:
+    """Every step's FLOPs, MACs and attention FLOPs as ``affine`` continues step 0 (``first``,
+    as traced): step 0's plus, for each event that varies, its cost at the step minus its cost
+    at step 0 (each distinct varying call priced once per step: :meth:`Affine.changes`); the
+    attention FLOPs change by the change booked under attention ops (:func:`cost_change`, the
+    names a fused op's parts are booked under, as :func:`attention_flops` reads them). Also the
+    most bytes one varying op writes, per step."""
+    _, costed, result = first
+    out = _Continued(flops=[result.flops] * total, macs=[result.macs] * total,
+                     attention=[booked_attention(costed)] * total, written={})
     for s in range(1, total):
-        written[s] = 0
+        out.written[s] = 0
         for events, old, new in affine.changes(s):
-            flops[s] += len(events) * (new.flops - old.flops)
-            macs[s] += len(events) * (new.macs - old.macs)
-            written[s] = max(written[s], new.bytes_written)
-    return flops, macs, written
+            out.flops[s] += len(events) * (new.flops - old.flops)
+            out.macs[s] += len(events) * (new.macs - old.macs)
+            out.written[s] = max(out.written[s], new.bytes_written)
+            for name, change in cost_change(events[0].call.op, old, new).items():
+                if op_family(name) == ATTENTION:
+                    out.attention[s] += len(events) * change[_FLOPS_AT]
+    return out
 
 
 def _same_steps(first: Costed, second: Costed, wider0: Costed, wider1: Costed, *, exact: bool) -> bool:

@@ -25,7 +25,9 @@ class WeightTensor:
 
 @dataclass(frozen=True)
 class Phase:
-    """One forward's work and its any-implementation bound on the part (per rank with tp)."""
+    """One forward's work and its any-implementation bound on the part (per rank with tp);
+    ``attention_flops``: the part of ``flops`` attention ops perform, priced at attention's
+    column (:meth:`flopcount.serving.pricing.Pricing.phase`)."""
 
     flops: float
     macs: float
@@ -33,6 +35,7 @@ class Phase:
     compute_s: float
     memory_s: float
     comm_s: float = 0.0
+    attention_flops: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -46,7 +49,8 @@ class Phase:
         return kind
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"flops": self.flops, "macs": self.macs, "bytes": self.bytes, "seconds": self.seconds,
+        return {"flops": self.flops, "attention_flops": self.attention_flops, "macs": self.macs, "bytes": self.bytes,
+                "seconds": self.seconds,
                 "compute_s": self.compute_s, "memory_s": self.memory_s, "comm_s": self.comm_s, "bound": self.bound}
 
 
@@ -95,14 +99,17 @@ class ServeBatch:
 
 @dataclass(frozen=True)
 class Work:
-    """One forward's counted work: FLOPs, MACs and the cache bytes it reads and writes (per
-    sequence in :attr:`ServeFacts.prefill` / :attr:`ServeFacts.steps`, the part no sequence
-    adds in ``ServeFacts.fixed``)."""
+    """One forward's counted work: FLOPs, MACs, the cache bytes it reads and writes, and the
+    part of its FLOPs attention ops perform (``attention_flops``: ops whose
+    :func:`flopcount.devices.roofline.op_family` is "attention"), per sequence in
+    :attr:`ServeFacts.prefill` / :attr:`ServeFacts.steps`, the part no sequence adds in
+    ``ServeFacts.fixed``."""
 
     flops: float
     macs: float
     cache_read: float = 0.0
     cache_written: float = 0.0
+    attention_flops: float = 0.0
 
     def times(self, batch: int, fixed: Optional[Work]) -> Work:
         """``batch x self + fixed``: this work at ``batch`` sequences."""
@@ -115,7 +122,7 @@ class ServeFacts:
     figure is affine in the batch B, ``B x figure + fixed[name]`` (per sequence, and the part
     no sequence adds: a rotary table computed once per position, a cache's int64 counters).
     The work of the prefill and of each decode step (:class:`Work`: FLOPs, MACs, the cache bytes
-    it reads and writes), the cache held at the final context, the activations (the largest
+    it reads and writes, the attention FLOPs among the FLOPs), the cache held at the final context, the activations (the largest
     tensor one op writes), the parameters by kind, and the model's shape for tensor parallelism."""
 
     prompt_tokens: int

@@ -9,7 +9,8 @@ import math
 from typing import Any, Dict, List, Optional, Tuple
 
 from flopcount.core.traffic import ITEMSIZE
-from flopcount.devices import LINKS, any_implementation
+from flopcount.devices import LINKS, Roofs, any_implementation
+from flopcount.devices.roofline import ATTENTION, MATMUL
 from flopcount.errors import UsageError, int_at_least, is_int_at_least
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 
@@ -98,7 +99,7 @@ def weights_read(facts: ServeFacts, tokens: float, weight_dtype: str, dtype: str
 class Pricing:
     """Prices forwards on ``roofs`` for a given dtype, weight format and tp."""
 
-    def __init__(self, facts: ServeFacts, roofs: object, dtype: str, weight_dtype: str, tp: int, link: str) -> None:
+    def __init__(self, facts: ServeFacts, roofs: Roofs, dtype: str, weight_dtype: str, tp: int, link: str) -> None:
         self.facts, self.roofs, self.dtype, self.weight_dtype, self.tp = facts, roofs, dtype, weight_dtype, tp
         self.link_bw = LINKS[link] if link else 0.0
         self.kv_split = facts.kv_split(tp)
@@ -113,27 +114,43 @@ class Pricing:
             found = self._read[tokens] = weights_read(self.facts, tokens, self.weight_dtype, self.dtype)
         return found
 
-    def phase(self, flops: float, macs: float, weight_bytes: float, other_bytes: float, tokens: float) -> Phase:
-        """One forward's bound per rank: FLOPs / tp at the compute dtype's peak, weights / tp
-        and cache bytes / min(tp, KV heads) over the bandwidth, and with tp > 1 two ring
-        all-reduces of tokens x hidden per layer over the link: 2 (tp - 1) / tp x bytes / link."""
+    def phase(
+        self, flops: float, macs: float, weight_bytes: float, other_bytes: float, tokens: float, *, attention_flops: float,
+    ) -> Phase:
+        """One forward's bound per rank: FLOPs / tp at the compute dtype's peak (the
+        ``attention_flops`` among them at attention's column, the rest at the matmul
+        family's: :meth:`Roofs.column`), weights / tp and cache bytes / min(tp, KV heads)
+        over the bandwidth, and with tp > 1 two ring all-reduces of tokens x hidden per layer
+        over the link: 2 (tp - 1) / tp x bytes / link."""
         moved = weight_bytes / self.tp + other_bytes / self.kv_split
-        bound = any_implementation(self.roofs, [(flops / self.tp, self.dtype, "matmul")], moved)  # type: ignore[arg-type]
+        bound = any_implementation(self.roofs, self._work(flops / self.tp, attention_flops / self.tp), moved)
         comm = 0.0
         if self.tp > 1:
             size = tokens * self.facts.hidden * itemsize(self.dtype)
             comm = 2 * self.facts.layers * 2 * (self.tp - 1) / self.tp * size / self.link_bw
-        return Phase(flops / self.tp, macs / self.tp, moved, bound.compute_s, bound.memory_s, comm)
+        return Phase(flops / self.tp, macs / self.tp, moved, bound.compute_s, bound.memory_s, comm,
+                     attention_flops=attention_flops / self.tp)
+
+    def _work(self, flops: float, attention_flops: float) -> List[Tuple[float, str, str]]:
+        """:func:`any_implementation`'s work items for ``flops`` of which ``attention_flops``
+        are attention's: two items where attention has a column of its own (float32 on a part
+        whose 3xTF32 beats the matmul mode), else one, the sum at the shared column."""
+        if self.roofs.column(self.dtype, ATTENTION) == self.roofs.column(self.dtype, MATMUL):
+            return [(flops, self.dtype, MATMUL)]
+        rest = flops - attention_flops
+        return [(attention_flops, self.dtype, ATTENTION), (rest, self.dtype, MATMUL)]
 
     def prefill(self, batch: int) -> Phase:
         tokens = batch * self.facts.prompt_tokens
         work = self.facts.prefill_at(batch)
-        return self.phase(work.flops, work.macs, self.weights_read(tokens), work.cache_written * self.scale, tokens)
+        return self.phase(work.flops, work.macs, self.weights_read(tokens), work.cache_written * self.scale, tokens,
+                          attention_flops=work.attention_flops)
 
     def step(self, batch: int, index: int) -> Phase:
         work = self.facts.step_at(batch, index)
         other = (work.cache_read + work.cache_written) * self.scale
-        return self.phase(work.flops, work.macs, self.weights_read(batch), other, batch)
+        return self.phase(work.flops, work.macs, self.weights_read(batch), other, batch,
+                          attention_flops=work.attention_flops)
 
     def memory(self, batch: int) -> float:
         """Per rank: weights held, the cache of ``batch`` sequences at the final context, and
@@ -183,9 +200,10 @@ def compute_bound_batch(pricing: Pricing, limit: int = 1 << 24) -> Optional[int]
     def compute_wins(batch: int) -> bool:
         works = [facts.step_at(batch, i) for i in range(n)]
         flops = sum(w.flops for w in works) / n
+        attention = sum(w.attention_flops for w in works) / n
         cache = sum(w.cache_read + w.cache_written for w in works) / n
         weights = pricing.weights_read(batch)
-        phase = pricing.phase(flops, 0.0, weights, cache * pricing.scale, batch)
+        phase = pricing.phase(flops, 0.0, weights, cache * pricing.scale, batch, attention_flops=attention)
         return phase.compute_s >= phase.memory_s
 
     high = 1

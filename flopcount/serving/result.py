@@ -8,6 +8,7 @@ from typing import Dict, Optional, Tuple
 from flopcount.core.diagnostics import FromWarnings
 from flopcount.core.rendering import Rendered
 from flopcount.devices import Roofs
+from flopcount.devices.roofline import ATTENTION, MATMUL
 from flopcount.errors import int_at_least
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 from flopcount.serving.pricing import price_batch
@@ -59,10 +60,15 @@ class ServeResult(FromWarnings, Rendered):
         return self.facts.new_tokens
 
     def float32_math(self) -> Dict[str, str]:
-        """The math the bounds priced the forwards at when they compute in float32 (every FLOP
-        priced as a matmul: ``{"matmul": "float32"}``, or "tfloat32" under the part's
-        ``matmul_tf32``); empty for another compute dtype."""
-        return self.roofs.float32_math(["matmul"]) if self.dtype == "float32" else {}
+        """The math the bounds priced the forwards at when they compute in float32: attention's
+        FLOPs at attention's column, every other FLOP as a matmul's (``{"matmul": "float32",
+        "attention": "tfloat32x3"}`` on an H100 under torch's defaults; "attention" only for
+        a model with attention ops); empty for another compute dtype."""
+        if self.dtype != "float32":
+            return {}
+        works = (self.facts.prefill, *self.facts.steps)
+        families = [MATMUL, ATTENTION] if any(work.attention_flops for work in works) else [MATMUL]
+        return self.roofs.float32_math(families)
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -21,7 +21,7 @@ from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
 from flopcount.devices import MathModes, Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError, int_at_least
-from flopcount.serving.counting import Counted, Derived, derive, held_per_step
+from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step
 from flopcount.serving.figures import ServeFacts, WeightTensor, Work
 from flopcount.serving.pricing import (
     Pricing,
@@ -161,9 +161,11 @@ def serve_facts(
 
 def _counted(decoded: Decoded) -> Counted:
     return Counted(
-        decoded.setup.batch, decoded.prefill.flops, decoded.prefill.macs, [s.flops for s in decoded.steps],
-        [s.macs for s in decoded.steps], {k: float(v) for k, v in decoded.held.items()}, float(cache_bytes(decoded.cache)),
-        decoded.largest_write, [decoded.prefill, *decoded.steps],
+        batch=decoded.setup.batch, prefill_flops=decoded.prefill.flops, prefill_macs=decoded.prefill.macs,
+        prefill_attention=attention_flops(decoded.prefill), step_flops=[s.flops for s in decoded.steps],
+        step_macs=[s.macs for s in decoded.steps], step_attention=[attention_flops(s) for s in decoded.steps],
+        held={k: float(v) for k, v in decoded.held.items()}, stored=float(cache_bytes(decoded.cache)),
+        largest_write=decoded.largest_write, results=[decoded.prefill, *decoded.steps],
     )
 
 
@@ -178,9 +180,11 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         scalars.append({"cache_held": counted.stored, "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
         works.append([
-            Work(float(counted.prefill_flops), float(counted.prefill_macs), 0.0, held[-1]),
+            Work(flops=float(counted.prefill_flops), macs=float(counted.prefill_macs), cache_written=held[-1],
+                 attention_flops=float(counted.prefill_attention)),
             # a decode step reads the positions cached before it and writes the new one
-            *(Work(float(counted.step_flops[s]), float(counted.step_macs[s]), held[s - 1], max(0.0, held[s] - held[s - 1]))
+            *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]), cache_read=held[s - 1],
+                   cache_written=max(0.0, held[s] - held[s - 1]), attention_flops=float(counted.step_attention[s]))
               for s in range(n)),
         ])
     slopes: Dict[str, Any] = {key: scalars[1][key] - first for key, first in scalars[0].items()}

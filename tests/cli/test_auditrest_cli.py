@@ -90,15 +90,23 @@ def test_serve_on_prices_a_float32_forward_at_the_math_it_is_told(workdir, capsy
     llama = ["hf:llama", "--config", "num_hidden_layers=2", "--config", "hidden_size=64", "--config", "intermediate_size=128",
              "--config", "num_attention_heads=4", "--config", "num_key_value_heads=2", "--config", "vocab_size=100"]
     prefill = {}
-    for flags, column in (((), "float32"), (("--matmul-tf32",), "tfloat32")):
+    # branch serveattn: attention's FLOPs have a column of their own (the faster of the matmul
+    # mode and 3xTF32, the memory-efficient SDPA kernel's float32 math), so float32_math names it
+    for flags, math in (((), {"matmul": "float32", "attention": "tfloat32x3"}),
+                        (("--matmul-tf32",), {"matmul": "tfloat32", "attention": "tfloat32"})):
         code, out, err = cli(capsys, "serve", *llama, "--dtype", "float32", "--prompt", "16", "--new", "2", *flags, "-f", "json")
         assert code == 0, err
         part = json.loads(out)["parts"][0]
-        assert part["float32_math"] == {"matmul": column}
-        prefill[column] = part["batches"][0]["prefill"]
-    # serve prices every FLOP as a matmul at the compute dtype: FLOPs / the datasheet peak
-    assert prefill["float32"]["compute_s"] == pytest.approx(prefill["float32"]["flops"] / 67e12, rel=1e-9)
+        assert part["float32_math"] == math
+        prefill[math["matmul"]] = part["batches"][0]["prefill"]
+    # SDPA over the 16-token prompt: 2 FLOPs x (2 layers x 4 heads x 16 x 16 x (16 + 16) MACs; head dim 64 / 4)
+    attention = 2 * 2 * 4 * 16 * 16 * (16 + 16)
+    assert prefill["float32"]["attention_flops"] == prefill["tfloat32"]["attention_flops"] == attention
+    # under the defaults: attention at TF32 / 3, every other FLOP as a matmul at FP32 (the datasheet peaks)
+    rest = prefill["float32"]["flops"] - attention
+    assert prefill["float32"]["compute_s"] == pytest.approx(attention / (494.5e12 / 3) + rest / 67e12, rel=1e-9)
+    # under --matmul-tf32 both are at TF32 (faster than 3xTF32): FLOPs / the TF32 peak
     assert prefill["tfloat32"]["compute_s"] == pytest.approx(prefill["tfloat32"]["flops"] / 494.5e12, rel=1e-9)
     code, out, err = cli(capsys, "serve", *llama, "--dtype", "float32", "--prompt", "16", "--new", "2", "--matmul-tf32")
     assert code == 0, err
-    assert "H100 SXM: compute float32 (float32 matmuls in TF32)" in out
+    assert "H100 SXM: compute float32 (float32 matmuls in TF32, attention in TF32)" in out
