@@ -11,7 +11,6 @@ import dis
 import enum
 import functools
 import random
-import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
@@ -78,13 +77,15 @@ def preserved_rng() -> Iterator[None]:
 
 
 def random_states() -> Tuple[Any, Any]:
-    """The states of Python's ``random`` module and of numpy's global generator (None where
-    ``numpy.random`` is not imported: numpy imports it on first use, torch and transformers do not;
-    reading its state costs ~50 us): what a forward's ``random.random()`` or ``np.random.rand()``
-    draws from (LayerDrop, stochastic depth). Compare two with :func:`same_random_states`."""
-    numpy_random = sys.modules.get("numpy.random")
-    numpy_state = numpy_random.get_state() if numpy_random is not None else None
-    return random.getstate(), numpy_state
+    """The states of Python's ``random`` module and of numpy's global generator: what a forward's
+    ``random.random()`` or ``np.random.rand()`` draws from (LayerDrop, stochastic depth). Compare
+    two with :func:`same_random_states`. ``numpy.random`` is imported here if it is not yet (numpy
+    is a dependency; ~5 ms once per process): a fake run imports it anyway, through
+    ``torch._dynamo.utils``, and a state that was None before a process's first count and set after
+    it read as a draw, so that count traced its forward twice (reading the state costs ~50 us)."""
+    import numpy.random
+
+    return random.getstate(), numpy.random.get_state()
 
 
 def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
@@ -92,11 +93,8 @@ def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
     ``after`` (numpy's key array compared by value)."""
     if before[0] != after[0]:
         return False
-    numpy_before, numpy_after = before[1], after[1]
-    if numpy_before is None or numpy_after is None:
-        return numpy_before is numpy_after
-    kind, keys, *rest = numpy_before
-    kind_after, keys_after, *rest_after = numpy_after
+    kind, keys, *rest = before[1]
+    kind_after, keys_after, *rest_after = after[1]
     return kind == kind_after and rest == rest_after and bool((keys == keys_after).all())
 
 
@@ -106,10 +104,11 @@ def set_random_states(states: Tuple[Any, Any]) -> None:
     rewind another thread's draws)."""
     if not _alone():
         return
+    import numpy.random
+
     python_state, numpy_state = states
     random.setstate(python_state)
-    if numpy_state is not None:
-        sys.modules["numpy.random"].set_state(numpy_state)
+    numpy.random.set_state(numpy_state)
 
 
 @contextlib.contextmanager
@@ -119,7 +118,7 @@ def preserved_random_modules(set_back: bool = True) -> Iterator[Tuple[Any, Any]]
     (:func:`set_random_states`). A count runs the user's forward, whose Python code draws from
     them for real even on fake tensors (``if self.training and random.random() < p``); before, each
     count advanced the caller's generators, and a fallback real run drew after the fake run's draws.
-    ~18 us per count (read and set back; numpy's ~0.1 ms more where ``numpy.random`` is imported)."""
+    ~0.1 ms per count (read and set back, numpy's generator most of it)."""
     states = random_states()
     try:
         yield states
