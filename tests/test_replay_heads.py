@@ -186,18 +186,26 @@ def _deepseek(dense: int, layers: int) -> Callable[[], nn.Module]:
     return build
 
 
+@pytest.mark.usefixtures("replay_from_six_layers")
 @pytest.mark.parametrize("dense", [1, 3])
-def test_deepseek_v3_replayed_after_its_dense_layers_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, dense: int) -> None:
-    """A tiny DeepSeek-V3 (4 routed experts): ``first_k_dense_replace`` dense layers, then 12 MoE layers."""
-    build = _deepseek(dense, dense + replay.MIN_LAYERS)
-    model = build()
+def test_deepseek_v3_estimate_replayed_after_its_dense_layers_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, dense: int) -> None:
+    """A tiny DeepSeek-V3 (4 routed experts): ``first_k_dense_replace`` dense layers, then 6 MoE
+    layers (the floor lowered to 6 units: conftest's replay_from_six_layers, to keep it fast)."""
+    model = _deepseek(dense, dense + replay.MIN_LAYERS)()
     assert _shape(replay.find_stack(model)) == (dense, 1, replay.MIN_LAYERS)
-    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     before = snapshot(model)
     on, off, used = estimates_on_and_off(monkeypatch, model, (ids,), {}, backward=True, optimizer="adamw")
     assert used == [True, False]
     assert on == off
     assert_same_state(model, before)
+
+
+@pytest.mark.usefixtures("replay_from_six_layers")
+@pytest.mark.parametrize("dense", [1, 3])
+def test_deepseek_v3_plan_replayed_after_its_dense_layers_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, dense: int) -> None:
+    build = _deepseek(dense, dense + replay.MIN_LAYERS)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     planned = spy_on_plan_replay(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
