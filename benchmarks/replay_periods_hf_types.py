@@ -7,6 +7,7 @@ with ``--layers`` layers (24), its per-layer patterns (``layer_types``...) repea
 start as the config gives them (not zoo_reuse_hf_types' rearranged first three, which would
 break the period). The longest ModuleList of 12+ layers is reported as: "period 1" (identical
 layers, replayed before periods too), "period p" (p > 1: units of p layers, replayed since), or
+"head h, period p" (since headreplay: h layers of other kinds, then a run of period p), or
 "refused" (its layers differ otherwise). ``find_stack``'s floor on the units (``MIN_LAYERS``) is
 lowered to ``--min-units`` (4) here, so that a long period is listed with how many units the
 stack holds; the replay itself takes a period only where the stack holds ``MIN_LAYERS`` units::
@@ -83,6 +84,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             outcome = "refused"
         elif stack.layers is not layers:
             outcome = f"another list ({len(stack)} layers, period {stack.period})"
+        elif stack.head:  # layers of other kinds before the run (headreplay)
+            outcome = f"head {stack.head}, period {stack.period}"
         else:
             outcome = f"period {stack.period}"
         by_outcome.setdefault(outcome, []).append(model_type)

@@ -312,23 +312,26 @@ def _estimate(model: nn.Module, request: _Request, stateless: FrozenSet[str] = f
 
 
 def _gradless_in_layers(twin: nn.Module, opt: Any) -> FrozenSet[str]:
-    """:func:`gradless` after the replay's last cut run, where the stack held its first
-    ``Template.UNITS + 1`` units: the whole model's layer ``k`` is judged as the cut run's
-    layer in the same place of the unit in the same role (the first, a middle one, the last),
-    which the check proved alike."""
+    """:func:`gradless` after the replay's last cut run, where the stack held its head and the
+    first ``Template.UNITS + 1`` units of its run: the whole model's layer ``k`` of the run is judged
+    as the cut run's layer in the same place of the unit in the same role (the first, a middle one,
+    the last), which the check proved alike; a layer of the head as itself (it ran)."""
     stack = find_stack(twin)
     if stack is None:
         return gradless(twin, opt)
     path = next(name for name, module in twin.named_modules() if module is stack.layers)
     found = gradless(twin, opt, skip=list(stack.layers.parameters()))  # outside the stack
-    ran, units, period = Template.UNITS + 1, stack.units, stack.period
+    ran, units, period, head = Template.UNITS + 1, stack.units, stack.period, stack.head
     role = {0: 0, units - 1: ran - 1}  # the whole model's unit -> the cut run's unit in its role (else 1)
     layers = list(stack.layers.children())
     by_role: Dict[int, FrozenSet[str]] = {}
     out = set(found)
     for index in range(len(stack)):
-        unit, place = divmod(index, period)
-        cut = role.get(unit, 1) * period + place
+        if index < head:
+            cut = index
+        else:
+            unit, place = divmod(index - head, period)
+            cut = head + role.get(unit, 1) * period + place
         if cut not in by_role:
             by_role[cut] = gradless(layers[cut], opt)
         out |= {f"{path}.{index}.{name}" for name in by_role[cut]}
@@ -366,7 +369,7 @@ def _replayed(
     """:func:`_layered` once ``stack`` is found: the cut runs, the check and the walk of the parent."""
     runs = []
     for units in (Template.UNITS, Template.UNITS + 1):
-        keep = units * stack.period
+        keep = stack.kept(units)
         tracker = _peak_tracker()
         timeline: List[Any] = []
         for param in twin.parameters():
@@ -386,7 +389,7 @@ def _replayed(
     if list_name is None:
         return None
     prefix = list_name + "."
-    template = Template.of(timeline, prefix, cut.released_casts, cut.autocast_left, period=stack.period)
+    template = Template.of(timeline, prefix, cut.released_casts, cut.autocast_left, period=stack.period, head=stack.head)
     if template is None or not template.checked(check):
         return None
     # the parent's forward proven to treat every middle layer alike (flopcount.step.parent_walk)

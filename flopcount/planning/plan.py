@@ -300,21 +300,21 @@ def _cut_steps(
     unit's per unit more. None (trace the whole model) where that does not apply or the check differs.
     ``first``: the model built for the template (the check builds its own)."""
     runs = []
-    periods: Set[int] = set()
+    periods: Set[Tuple[int, int]] = set()
     for units in (Template.UNITS, Template.UNITS + 1):
         model = first if units == Template.UNITS else _built(build)
         stack = find_stack(model)
         if stack is None:
             return None
-        periods.add(stack.period)
+        periods.add((stack.period, stack.head))
         path = next(name for name, module in model.named_modules() if module is stack.layers)
         if transformer_blocks(model)[0] != path:  # FSDP wraps another list's blocks: not this one's
             return None
-        if len(periods) > 1:  # the check's build found another unit than the template's
+        if len(periods) > 1:  # the check's build found another unit (or head) than the template's
             return None
         if units == Template.UNITS and not _parent_walked(model, stack, args, kw, amp):
             return None  # the parent's forward may treat some middle unit otherwise: traced in full
-        keep = units * stack.period
+        keep = stack.kept(units)
         replay = Replay([], stack, keep)
         try:
             with truncated(stack, keep):
@@ -327,7 +327,7 @@ def _cut_steps(
             return None
         runs.append((prefix, wrapped, record, dtype, replay, list_name))
     (prefix, wrapped3, record3, dtype, replay3, name), (_, wrapped4, record4, _, replay4, _) = runs
-    template = Template.of(replay3.timeline, name + ".", period=replay3.stack.period)
+    template = Template.of(replay3.timeline, name + ".", period=replay3.stack.period, head=replay3.stack.head)
     if template is None or not template.checked(replay4.timeline):
         return None
     rec3, rec4 = replay3.recorder, replay4.recorder

@@ -36,7 +36,9 @@ called once with the same arguments in the same state.
 
 Where the layers alternate between kinds (:attr:`flopcount.step.replay.Stack.period` ``p``), the
 cut model holds 3 units of ``p`` layers and the middle unit's ``p`` blocks are repeated; a block
-outside the layers names a layer of the first or the last unit by its place in the unit.
+outside the layers names a layer of the first or the last unit by its place in the unit. A
+head of layers of other kinds before the run (:attr:`flopcount.step.replay.Stack.head`) is kept
+whole in the cut model; its blocks come before the first unit's and are named by place with them.
 
 Seen: the Python data bound to the globals the forwards name (a flag the parent sets per layer
 is part of each layer call's state; a counter a layer advances changes :func:`model_state`). Not
@@ -87,10 +89,13 @@ class _Ref:
 class _Walk(TorchDispatchMode):
     """Records the parent's ops (outside every stack layer), answers the stack's layer calls."""
 
-    def __init__(self, layers: List[nn.Module], hidden: Dict[int, frozenset], outputs: Dict[Any, Any], period: int = 1):
+    def __init__(
+        self, layers: List[nn.Module], hidden: Dict[int, frozenset], outputs: Dict[Any, Any], period: int = 1, head: int = 0,
+    ):
         super().__init__()
         self.layers = layers
         self.period = period  # the layers a unit holds: the first and the last unit's blocks are named by place
+        self.head = head  # the layers before the run: named by place with the first unit's
         self.position = {id(layer): i for i, layer in enumerate(layers)}
         self.hidden = hidden  # per module id: the attribute names that differ between layers
         self.blocks: List[List[Any]] = [[]]
@@ -258,8 +263,8 @@ class _Walk(TorchDispatchMode):
                 elif death[0] > layers:
                     deaths.append((token[1], token[2], "end"))
                 else:
-                    deaths.append((token[1], token[2], _relative(b, death[0], layers, self.period), death[1]))
-            out.append((tuple(_written(r, b, layers, self.period) for r in records), tuple(deaths)))
+                    deaths.append((token[1], token[2], _relative(b, death[0], layers, self.period, self.head), death[1]))
+            out.append((tuple(_written(r, b, layers, self.period, self.head) for r in records), tuple(deaths)))
         return out
 
 
@@ -315,26 +320,26 @@ def _attribute(value: Any, deep: bool = True, owner: Optional[nn.Module] = None)
     return ("object", id(value))
 
 
-def _relative(frm: int, to: int, layers: int, period: int) -> Any:
+def _relative(frm: int, to: int, layers: int, period: int, head: int = 0) -> Any:
     """Block ``to`` seen from block ``frm``: layers apart where both are layers' blocks, else by
-    place: before the layers, layer ``k`` of the first or of the last unit of ``period`` layers,
-    or middle layer ``j``."""
+    place: before the layers, layer ``k`` of the ``head`` before the run or of its first unit of
+    ``period`` layers, layer ``k`` from the end in the last unit, or middle layer ``j``."""
     if 1 <= frm <= layers and 1 <= to <= layers:
         return ("layer", to - frm)
     if to == 0:
         return ("before",)
-    if to <= period:
+    if to <= head + period:
         return ("first", to - 1)
     if to > layers - period:
         return ("last", layers - to)
     return ("middle", to - 1)
 
 
-def _written(value: Any, at: int, layers: int, period: int) -> Any:
+def _written(value: Any, at: int, layers: int, period: int, head: int) -> Any:
     if isinstance(value, _Ref):
-        return (_relative(at, value.block, layers, period), value.index, value.k)
+        return (_relative(at, value.block, layers, period, head), value.index, value.k)
     if isinstance(value, tuple):
-        return tuple(_written(v, at, layers, period) for v in value)
+        return tuple(_written(v, at, layers, period, head) for v in value)
     return value
 
 
@@ -344,9 +349,9 @@ def _meta(t: torch.Tensor) -> Tuple[Any, ...]:
 
 def _walk(
     model: nn.Module, layers: List[nn.Module], hidden: Dict[int, frozenset], run: Callable[[nn.Module], Any],
-    outputs: Dict[Any, Any], period: int,
+    outputs: Dict[Any, Any], period: int, head: int,
 ) -> List[Tuple[Any, ...]]:
-    walk = _Walk(layers, hidden, outputs, period)
+    walk = _Walk(layers, hidden, outputs, period, head)
     for layer in layers:  # no layer has a forward of its own (find_stack refused any)
         layer.__dict__["forward"] = walk.stand_in(layer, layer.forward)
     enabled = gc.isenabled()
@@ -416,17 +421,18 @@ def parent_proven(
     for pairs in stack.differing:
         for module, name in pairs:
             hidden[id(module)] = hidden.get(id(module), frozenset()) | {name}
-    period = stack.period
-    keep = 3 * period
+    period, head = stack.period, stack.head
+    keep = stack.kept(3)
     try:
         outputs: Dict[Any, Any] = {}
         with truncated(stack, keep):
-            short = _walk(model, layers[:keep], hidden, run, outputs, period)
-        whole = _walk(model, layers, hidden, run, outputs, period)
+            short = _walk(model, layers[:keep], hidden, run, outputs, period, head)
+        whole = _walk(model, layers, hidden, run, outputs, period, head)
     except Exception:  # the forward cannot be walked (the traced step says why, where it fails too)
         return False
     # block 0: before the layers; block b: layer b - 1's call and what follows; the last: the end
-    before, first_unit = short[:1], short[1:1 + period]
-    middle_unit, last_unit, end = short[1 + period:1 + 2 * period], short[1 + 2 * period:1 + keep], short[1 + keep:]
-    expected = before + first_unit + middle_unit * (stack.units - 2) + last_unit + end
+    middle = 1 + head + period  # the middle unit's first block
+    before_middle = short[:middle]  # before the layers, the head's blocks, the first unit's
+    middle_unit, last_unit, end = short[middle:middle + period], short[middle + period:1 + keep], short[1 + keep:]
+    expected = before_middle + middle_unit * (stack.units - 2) + last_unit + end
     return whole == expected

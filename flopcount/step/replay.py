@@ -36,6 +36,17 @@ layers (layer ``j`` the same as layer ``j + p`` in every test above, ``p`` divid
 :attr:`Stack.period`), the *unit* replayed is that block: the template is 3 units, the check 4,
 the labels, pieces and shifts count units, and a name moved to another unit keeps its place in
 the unit. Period 1 (identical layers) is tried first and is the case above, unchanged.
+
+A list whose first layers are of other kinds (DeepSeek-V2/V3, Kimi-K2, GLM-4.5-MoE: the first
+``first_k_dense_replace`` layers hold a dense MLP, the rest a mixture of experts) is the same thing
+after a *head*: where the whole list is no run (the cases above are tried first, unchanged), the
+longest run after a head of ``h`` layers is taken (:attr:`Stack.head`; the run is every layer from
+``h`` on, identical or of one period, with every test above within the run, and holds
+:data:`MIN_LAYERS` units: the head is not counted). The head's layers are anything: they run as they
+are in every cut run (the cut copies keep the head and the run's first 3 and 4 units,
+:meth:`Stack.kept`), belong to no unit (their records are the code's around the run: fixed, not
+stretched, their names their own), and the run's layer ``i`` is the list's layer ``h + i``. The
+whole-timeline check and the parent's walk decide as before; ``h = 0`` is the case above, the same code.
 """
 
 from __future__ import annotations
@@ -129,14 +140,22 @@ class Stack:
     layers: nn.Module
     differing: Tuple[Tuple[Tuple[nn.Module, str], ...], ...]
     period: int = 1
+    #: the layers before the repeated run (0: every layer is in it): layers of other kinds
+    #: (DeepSeek-V3's dense layers before its mixture-of-experts ones), run as they are in every
+    #: cut run; the run's layer ``i`` is the list's layer ``head + i``
+    head: int = 0
 
     def __len__(self) -> int:
         return len(self.layers._modules)
 
     @property
     def units(self) -> int:
-        """How many units of ``period`` layers the stack holds."""
-        return len(self) // self.period
+        """How many units of ``period`` layers the repeated run (the layers after the head) holds."""
+        return (len(self) - self.head) // self.period
+
+    def kept(self, units: int) -> int:
+        """The layers a cut run keeps to hold the head and ``units`` units of the run."""
+        return self.head + units * self.period
 
     def layer(self, index: int) -> nn.Module:
         found = list(self.layers._modules.values())[index]
@@ -145,8 +164,9 @@ class Stack:
 
 
 def find_stack(model: nn.Module) -> Optional[Stack]:
-    """The longest run of layers of ``model`` that can be replayed, or None: identical layers, or
-    else (:func:`_stack`) a repeated unit of ``period`` layers, the shortest period that holds."""
+    """The longest run of layers of ``model`` that can be replayed, or None: a whole list of
+    identical layers, or else (:func:`_stack`) of a repeated unit of ``period`` layers, the shortest
+    period that holds; else (:func:`_headed`) the longest run after a head of layers of other kinds."""
     if hooks.process_hooks_present() or any(hooks.has_call_hooks(m) for m in model.modules()):
         return None
     module_seen = Counter(id(module) for _, module in model.named_modules(remove_duplicate=False))
@@ -156,18 +176,32 @@ def find_stack(model: nn.Module) -> Optional[Stack]:
         if type(m) in (nn.ModuleList, nn.Sequential) and len(m._modules) >= MIN_LAYERS
         and all(c is not None for c in m._modules.values())
     ]
+    lists = []
     for layers in sorted(candidates, key=lambda m: -len(m._modules)):
-        stack = _stack(layers, module_seen, param_seen)
+        found = _layers(layers, module_seen, param_seen)
+        if found is None:
+            continue
+        stack = _stack(found, head=0)
         if stack is not None:
             return stack
-    return None
+        lists.append(found)
+    headed = [stack for stack in map(_headed, lists) if stack is not None]
+    return max(headed, key=lambda stack: len(stack) - stack.head, default=None)  # the first of the longest runs
 
 
-def _stack(layers: nn.Module, module_seen: Mapping[int, int], param_seen: Mapping[int, int]) -> Optional[Stack]:
-    """``layers`` as a :class:`Stack` of the shortest period that holds (1 first, as before periods
-    were tried; then 2, 3, ... where the stack holds at least :data:`MIN_LAYERS` units of it, and
-    at least the check's 4, and the period divides its length: no head or tail of another kind),
-    or None."""
+@dataclass
+class _Layers:
+    """A candidate list of layers: its layers, their signatures (the count's reuse keys') and each
+    one's modules in order."""
+
+    layers: nn.Module
+    signatures: List[Any]
+    walks: List[List[nn.Module]]
+
+
+def _layers(layers: nn.Module, module_seen: Mapping[int, int], param_seen: Mapping[int, int]) -> Optional[_Layers]:
+    """``layers`` (numbered 0, 1, ...) with its layers' signatures and modules, or None where a
+    module or parameter of a layer is reachable twice in the model."""
     from flopcount.tracers._reuse import _signature  # the count's reuse keys: the same signature first
 
     children = [m for m in layers._modules.values() if m is not None]
@@ -182,14 +216,48 @@ def _stack(layers: nn.Module, module_seen: Mapping[int, int], param_seen: Mappin
                 return None
             if any(param_seen.get(id(p), 0) != 1 for p in module._parameters.values() if p is not None):
                 return None
-    for period in range(1, len(children) // max(MIN_LAYERS, 1) + 1):
-        if period > 1 and (len(children) % period or len(children) // period < _MIN_UNITS):
+    return _Layers(layers, signatures, walks)
+
+
+def _stack(found: _Layers, head: int) -> Optional[Stack]:
+    """The layers of ``found`` after the first ``head`` as a :class:`Stack` of the shortest period
+    that holds (1 first, as before periods were tried; then 2, 3, ... where the run holds at least
+    :data:`MIN_LAYERS` units of it, and at least the check's 4, and the period divides its length:
+    no tail of another kind), or None."""
+    signatures, walks = found.signatures[head:], found.walks[head:]
+    for period in range(1, len(signatures) // max(MIN_LAYERS, 1) + 1):
+        if period > 1 and (len(signatures) % period or len(signatures) // period < _MIN_UNITS):
             continue
         if any(signature != signatures[j % period] for j, signature in enumerate(signatures)):
             continue
         differing = _periodic(walks, period)
         if differing is not None:
-            return Stack(layers, differing, period)
+            return Stack(found.layers, ((),) * head + differing, period, head)
+    return None
+
+
+def _headed(found: _Layers) -> Optional[Stack]:
+    """``found``'s longest replayable run after a head of at least one layer (the whole list was
+    tried first), or None. For each period, the shortest head after which every layer's signature is
+    the one ``period`` layers on (then longer by what makes the period divide the run) and the run
+    still holds :data:`MIN_LAYERS` units (and the check's 4); the shortest head first, then the
+    shortest period, taken as :func:`_stack` takes it (every test, within the run)."""
+    signatures = found.signatures
+    count = len(signatures)
+    tried = []
+    for period in range(1, count // max(MIN_LAYERS, 1) + 1):
+        head = count - period  # the last ``period`` layers: a run of one unit
+        while head > 0 and signatures[head - 1] == signatures[head - 1 + period]:
+            head -= 1
+        head += (count - head) % period
+        units = (count - head) // period
+        if head == 0 or units < max(MIN_LAYERS, 1) or (period > 1 and units < _MIN_UNITS):
+            continue
+        tried.append((head, period))
+    for head, period in sorted(tried):
+        differing = _periodic(found.walks[head:], period)
+        if differing is not None:
+            return Stack(found.layers, ((),) * head + differing, period, head)
     return None
 
 
@@ -336,8 +404,8 @@ def layer_tensors(stack: Stack, keep: int, optimizer: Any) -> Dict[int, Tuple[in
             for each in (tensor, local_shard(tensor)):  # a DTensor (plan): its ops run on its local shard
                 table[id(each)] = (unit, each)
 
-    for index in range(keep):
-        unit = index // stack.period
+    for index in range(stack.head, keep):  # a head's layers belong to no unit: run as the code around the run
+        unit = (index - stack.head) // stack.period
         for param in stack.layer(index).parameters():
             note(param, unit)
             note(param.grad, unit)
@@ -463,18 +531,22 @@ class Template:
     """The 3-unit step's timeline cut into pieces: before unit 1's forward stretch, that
     stretch, until unit 1's backward stretch, that stretch, until its optimizer stretch,
     that stretch, the rest (the phases the step has). A unit is ``period`` consecutive layers
-    (:attr:`Stack.period`; one layer where every layer is alike): every count below is of units."""
+    (:attr:`Stack.period`; one layer where every layer is alike): every count below is of units.
+    ``head``: the layers before the run (:attr:`Stack.head`), in no unit: their records are the code's
+    around the run, fixed, their names their own in every step."""
 
     UNITS = 3
 
     def __init__(
         self, records: Sequence[Record], prefix: str, pieces: List[_Piece], labels: List[Optional[int]], period: int = 1,
+        head: int = 0,
     ):
         self.records = records
         self.prefix = prefix
         self.pieces = pieces
         self.labels = labels
         self.period = period
+        self.head = head
         #: bytes by (device, category) each unit holds from the step's start and the cut run's
         #: tracker did not see (:meth:`checked`)
         self.static: Dict[Tuple[Any, Any], int] = {}
@@ -506,10 +578,11 @@ class Template:
     @classmethod
     def of(
         cls, records: Sequence[Record], prefix: str, released: Sequence[Tuple[int, Mapping[Tuple[Any, Any], int]]] = (),
-        autocast_left: Optional[int] = None, period: int = 1,
+        autocast_left: Optional[int] = None, period: int = 1, head: int = 0,
     ) -> Optional[Template]:
         """``records`` of a 3-unit step (``prefix``: MemTracker's name of the layer list
-        plus "."; ``period``: the layers a unit holds), cut into pieces; None when its units are
+        plus "."; ``period``: the layers a unit holds; ``head``: the list's layers before the
+        run, in no unit), cut into pieces; None when its units are
         not met in a step's order. ``released``: (record index at its birth, bytes) of each cast
         freed when the forward's autocast ended, at record index ``autocast_left`` (the
         tracker's ``released_casts``, ``autocast_left``): the middle unit's are freed there for
@@ -517,7 +590,7 @@ class Template:
         (:func:`layer_tensors`)."""
 
         def unit(name: str) -> Optional[int]:
-            return _unit(name, prefix, period)
+            return _unit(name, prefix, period, head)
 
         labels: List[Optional[int]] = []
         for kind, _, names, phase, touched in records:
@@ -574,7 +647,7 @@ class Template:
                 piece.residue = frozenset.intersection(*left) if left else frozenset()
             else:
                 piece.after = last_middle
-        return cls(records, prefix, pieces, labels, period)
+        return cls(records, prefix, pieces, labels, period, head)
 
     def _placed(self, units: int) -> Iterator[Tuple[_Piece, Dict[Tuple[Any, Any], int], int]]:
         """Each piece's places in the ``units``-unit timeline: (piece, byte shift, the unit
@@ -680,13 +753,14 @@ class Template:
         return Figures(peak_total, nested, self._names(record[2], piece, target, units), record[3], module_peaks, calls)
 
     def _unit(self, name: str) -> Optional[int]:
-        return _unit(name, self.prefix, self.period)
+        return _unit(name, self.prefix, self.period, self.head)
 
     def _moved(self, name: str, unit: int) -> str:
-        """``name`` (a layer's module) moved to the layer in the same place of unit ``unit``."""
+        """``name`` (a module of a layer of the run) moved to the layer in the same place of unit ``unit``."""
         index = _index(name, self.prefix)
         assert index is not None
-        return _moved(self.prefix, name, unit * self.period + index % self.period)
+        place = (index - self.head) % self.period
+        return _moved(self.prefix, name, self.head + unit * self.period + place)
 
     def _summary(self, piece: _Piece) -> Tuple[int, Optional[int], Dict[str, int], List[Tuple[str, str, int]]]:
         best, best_at = -1, None
@@ -741,19 +815,22 @@ def _index(name: str, prefix: str) -> Optional[int]:
     return int(head) if head.isdigit() else None
 
 
-def _unit(name: str, prefix: str, period: int) -> Optional[int]:
-    """The unit of ``period`` layers holding the layer ``name`` is in (None: no layer's)."""
+def _unit(name: str, prefix: str, period: int, head: int = 0) -> Optional[int]:
+    """The unit of ``period`` layers holding the layer ``name`` is in (None: no layer's, or a
+    layer of the ``head`` layers before the run)."""
     index = _index(name, prefix)
-    return None if index is None else index // period
+    return None if index is None or index < head else (index - head) // period
 
 
 def layer_names(stack: Stack, known: Callable[[nn.Module], Optional[str]], prefix: str) -> Dict[nn.Module, str]:
-    """MemTracker's names of every module of the layers the cut copies never ran, made from
-    the middle unit's layer of their kind's (the layers of a kind are the same tree)."""
+    """MemTracker's names of every module of the run's layers (those the cut copies never ran
+    too), made from the middle unit's layer of their kind's (the layers of a kind are the same
+    tree); a head's layers ran in the cut copies under their own names."""
     out: Dict[nn.Module, str] = {}
-    templates = [list(stack.layer(stack.period + kind).modules()) for kind in range(stack.period)]
-    for index in range(len(stack)):
-        template = templates[index % stack.period]
+    middle = stack.head + stack.period
+    templates = [list(stack.layer(middle + kind).modules()) for kind in range(stack.period)]
+    for index in range(stack.head, len(stack)):
+        template = templates[(index - stack.head) % stack.period]
         for mine, model in zip(stack.layer(index).modules(), template):
             name = known(model)
             if name is not None:
