@@ -5,7 +5,9 @@ layers of another kind (issue #32, helper headreplay), and on LLaMA-2-70B (80 id
 the control. Run it with ``PYTHONPATH`` at the tree to time (the one before headreplay and the one
 after, in turn: the machine is noisy); prints the median of ``--repeat`` calls' ``time.process_time``
 (after one warm-up call unless ``--no-warm-up``), whether the layer replay was taken, a digest of the
-whole result (equal in both trees and with ``FLOPCOUNT_REUSE=0``) and the load average::
+whole result (equal in both trees and with ``FLOPCOUNT_REUSE=0``) and the load average (a reading that
+raises: the CPU seconds to the error, and the error; ``deepseek_v3_fewer_kv_heads``, whose forward
+transformers itself cannot run, helper mlawalk)::
 
     PYTHONPATH=. python benchmarks/replay_head_timing.py --model deepseek_v3 --reading estimate [--repeat 3]
     PYTHONPATH=. python benchmarks/replay_head_timing.py --model deepseek_v3 --reading plan --fsdp 8 --tp 1
@@ -35,6 +37,19 @@ def deepseek_v3() -> nn.Module:
         return AutoModelForCausalLM.from_config(config).train()  # float32: FSDP takes one dtype (the router's is float32)
 
 
+def deepseek_v3_fewer_kv_heads() -> nn.Module:
+    """DeepSeek-V3's config with 64 key/value heads for its 128 query heads, as the zoo's tiny
+    configs of the multi-head latent attention types have (helper mlawalk): the attention expands K
+    and V to every query head whatever the count, transformers' tracing branch repeats them by
+    ``heads // num_key_value_heads`` and fails, its real branch (the step's) runs. Published configs
+    have as many key/value heads as query heads; this one is real-shaped otherwise."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("deepseek_v3", use_cache=False, num_key_value_heads=64)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config).train()
+
+
 def llama2_70b() -> nn.Module:
     from transformers import LlamaForCausalLM
 
@@ -46,7 +61,7 @@ def llama2_70b() -> nn.Module:
         return LlamaForCausalLM(config).to(torch.bfloat16).train()
 
 
-MODELS = {"deepseek_v3": deepseek_v3, "llama2_70b": llama2_70b}
+MODELS = {"deepseek_v3": deepseek_v3, "deepseek_v3_fewer_kv_heads": deepseek_v3_fewer_kv_heads, "llama2_70b": llama2_70b}
 
 
 def spied() -> List[bool]:
@@ -95,7 +110,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     result = None
     for _ in range(args.repeat):
         start = time.process_time()
-        result = reading()
+        try:
+            result = reading()
+        except Exception as exc:  # a model the reading refuses: the CPU seconds it took to say so
+            seconds.append(time.process_time() - start)
+            said = str(exc).splitlines()[0][:160]
+            print(f"{args.model} {args.reading} fsdp={args.fsdp} tp={args.tp}: raised after {statistics.median(seconds):.2f} s CPU "
+                  f"(median of {len(seconds)}), replayed {taken[-1] if taken else None}: {type(exc).__name__}: {said}", flush=True)
+            return
         seconds.append(time.process_time() - start)
     digest = hashlib.sha256(repr(result).encode()).hexdigest()[:16]
     load = open("/proc/loadavg").read().split()[:3]

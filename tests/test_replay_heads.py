@@ -170,14 +170,14 @@ def test_a_head_is_taken_only_where_the_whole_list_is_not_a_run_and_the_run_hold
     assert [_shape(whole), _shape(short), _shape(enough)] == [(0, 1, replay.MIN_LAYERS), None, (1, 1, replay.MIN_LAYERS)]
 
 
-def _deepseek(dense: int, layers: int) -> Callable[[], nn.Module]:
+def _deepseek(dense: int, layers: int, key_value_heads: int = 4) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.for_model(
             "deepseek_v3", num_hidden_layers=layers, first_k_dense_replace=dense, hidden_size=64, intermediate_size=128,
             moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
-            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+            num_attention_heads=4, num_key_value_heads=key_value_heads, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
             qk_nope_head_dim=8, v_head_dim=16, vocab_size=128, max_position_embeddings=64, use_cache=False,
         )
         torch.manual_seed(0)
@@ -215,3 +215,56 @@ def test_deepseek_v3_plan_replayed_after_its_dense_layers_with_the_same_figures(
         plan_off = flopcount.plan(build, (ids,), fsdp=2)
     assert planned == [True, False]
     assert plan_on == plan_off
+
+
+def _planned_on_and_off(monkeypatch: pytest.MonkeyPatch, build: Callable[[], nn.Module], args: Any) -> Any:
+    """``plan(build, args, fsdp=2)`` with the reuse on, then off; whether each took the replay."""
+    planned = spy_on_plan_replay(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+        plan_on = flopcount.plan(build, args, fsdp=2)
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+        plan_off = flopcount.plan(build, args, fsdp=2)
+    return plan_on, plan_off, planned
+
+
+@pytest.mark.usefixtures("replay_from_six_layers")
+@pytest.mark.parametrize("dense", [0, 1])
+def test_deepseek_v3_with_fewer_key_value_heads_plan_replayed_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, dense: int) -> None:
+    """mlawalk: a tiny DeepSeek-V3 whose config has 2 key/value heads for 4 query heads (the
+    zoo's tiny configs of deepseek_v2/v3, axk1, glm4_moe_lite, sarvam_mla). Its multi-head latent
+    attention expands K and V to every query head and ignores the count, but transformers' SDPA
+    integration repeats them by ``num_attention_heads // num_key_value_heads`` where a mask is
+    materialised: the branch transformers keeps for tracing, which plan's parent walk took (it
+    did not answer transformers' "is tracing" probe as the step does), so the walk failed and the
+    step was traced in full. The step itself runs the real branch (no mask, SDPA's is_causal):
+    the walk now takes it too and the replay is taken, every figure as with the reuse off."""
+    build = _deepseek(dense, dense + replay.MIN_LAYERS, key_value_heads=2)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    plan_on, plan_off, planned = _planned_on_and_off(monkeypatch, build, (ids,))
+    assert planned == [True, False]
+    assert plan_on == plan_off
+
+
+@pytest.mark.usefixtures("replay_from_six_layers")
+def test_deepseek_v3_with_fewer_key_value_heads_and_a_padded_mask_fails_as_transformers_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a padded attention mask the real forward of that config materialises the mask and
+    repeats the already expanded K and V: transformers itself fails (nothing of flopcount's).
+    The replay is refused (the walk fails as the forward does) and plan says the step failed,
+    with the reuse on as off."""
+    from flopcount.errors import TraceError
+
+    build = _deepseek(1, 1 + replay.MIN_LAYERS, key_value_heads=2)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :3] = 0  # the first sequence padded on the left
+    with pytest.raises(RuntimeError, match="must match the size"):
+        build()(ids, attention_mask=mask)
+    planned = spy_on_plan_replay(monkeypatch)
+    for reuse in ("1", "0"):
+        monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
+        with warnings.catch_warnings(), pytest.raises(TraceError, match="must match the size"):
+            warnings.simplefilter("ignore")
+            flopcount.plan(build, (ids,), {"attention_mask": mask}, fsdp=2)
+    assert planned == [False, False]

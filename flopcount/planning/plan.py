@@ -357,7 +357,12 @@ def _cut_steps(
 def _parent_walked(model: nn.Module, stack: Stack, args: Tuple[Any, ...], kw: Mapping[str, Any], amp: Optional[torch.dtype]) -> bool:
     """Whether the built model's forward treats every middle layer alike (flopcount.step.parent_walk),
     walked on the meta device (the model as built, unsharded: the parent's code, not the shards,
-    is what the walk proves), and left the model's state as it found it (the cut runs follow)."""
+    is what the walk proves), and left the model's state as it found it (the cut runs follow).
+    transformers' "is tracing" probe is answered as :func:`_fake_step` answers it (the caller's
+    small inputs followed), so that the walk takes the branches the step takes: the real
+    forward's, not the one transformers keeps for ``torch.compile`` (a materialised mask, K and V
+    repeated: multi-head latent attention whose config has fewer key/value heads than query heads
+    repeats its already expanded K and V there and fails)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     tensors, rebuild = flatten_tensors((args, dict(kw)))
@@ -365,8 +370,11 @@ def _parent_walked(model: nn.Module, stack: Stack, args: Tuple[Any, ...], kw: Ma
     # fake tensors on the meta device (the parameters made fake as ops meet them): what a
     # forward may not read on fakes it skips on these too (transformers' mask checks)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        meta_args, meta_kw = rebuild(_empty_like(tensors, "meta"))
-        proven = parent_proven(stack, model, meta_args, meta_kw, True, amp, "cpu")
+        fakes = _empty_like(tensors, "meta")
+        meta_args, meta_kw = rebuild(fakes)
+        # the walk's notes are not the step's: the step's own run gives them
+        with real_branches(model.modules(), fakes, tensors):
+            proven = parent_proven(stack, model, meta_args, meta_kw, True, amp, "cpu")
     return proven and model_state(model) == before
 
 
