@@ -246,9 +246,10 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
 #: files). The fork server's children are booked to the session's last test, not to the test that
 #: waits for them: the two long ones are added to their files by hand (test_generation_fake_path.py's
 #: five-family child 5.6 s, tracers/test_dispatch.py's peak-RSS child 3.3 s), since their worker waits
-#: that long. Under pytest-xdist each worker starts with its share of them, see _heavy_files_first
+#: that long. test_replay_heads.py (headreplay, mlawalk) added by hand, one process: 49.0 s user CPU
+#: (53 s wall, load 0.7, 2026-11-28 09:30). Under pytest-xdist each worker starts with its share of them, see _heavy_files_first
 HEAVY_FILES = {
-    "test_replay_periods.py": 40.1, "plan/test_plan_layers.py": 20.6, "test_memory_layers.py": 18.0,
+    "test_replay_heads.py": 49.0, "test_replay_periods.py": 40.1, "plan/test_plan_layers.py": 20.6, "test_memory_layers.py": 18.0,
     "tracers/test_hf_tracing.py": 14.9, "test_memory_reuse.py": 14.7, "test_generation_options.py": 13.7,
     "test_generation_limits.py": 10.7, "test_generation_deferred_steps.py": 10.6, "cli/test_artifacts.py": 9.8,
     "test_install.py": 8.8, "serving/test_serve_derived.py": 8.2, "test_doc_snippets.py": 7.8,
