@@ -12,6 +12,21 @@ from torch import nn
 BATCH, SEQ, VOCAB = 2, 16, 128
 
 
+class LayerList(nn.Module):
+    """Toy layers of ``width`` features run in turn, then a linear head: the stacks of the
+    period and head replay tests (tests/test_replay_periods.py, tests/test_replay_heads.py)."""
+
+    def __init__(self, layers: List[nn.Module], width: int = 32):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
 def llama(intermediate_size: int = 128, layers: int = 7) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -73,6 +88,23 @@ def estimates_on_and_off(monkeypatch, model, args, kwargs, **options):
         on = estimate_module.estimate_memory(model, args, kwargs, **options)
         monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
         off = estimate_module.estimate_memory(model, args, kwargs, **options)
+    return on, off, used
+
+
+def plans_on_and_off(monkeypatch, build, args, **options):
+    """``flopcount.plan(build, args, **options)`` with the repeated-layer replay on and off
+    (``FLOPCOUNT_REUSE``), and whether each call took the replay (:func:`spy_on_plan_replay`)."""
+    import warnings
+
+    import flopcount
+
+    used = spy_on_plan_replay(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+        on = flopcount.plan(build, args, **options)
+        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+        off = flopcount.plan(build, args, **options)
     return on, off, used
 
 

@@ -18,7 +18,8 @@ from typing import Any, Callable, List, Optional
 
 import pytest
 import torch
-from _layer_stacks import estimates_on_and_off, spy_on_plan_replay
+from _layer_stacks import LayerList as Net
+from _layer_stacks import estimates_on_and_off, plans_on_and_off, spy_on_plan_replay
 from _live_oracles import warmed_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
@@ -84,18 +85,6 @@ class Block(nn.Module):
         return x + self.mlp(x)
 
 
-class Net(nn.Module):
-    def __init__(self, layers: List[nn.Module]):
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.head = nn.Linear(WIDTH, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
 def _blocks(mlps: List[nn.Module]) -> Net:
     return Net([Block(i, mlp) for i, mlp in enumerate(mlps)])
 
@@ -149,14 +138,8 @@ def test_estimate_memory_replays_the_run_after_a_head_with_the_same_figures(monk
 @pytest.mark.parametrize("case", list(STACKS))
 def test_plan_replays_the_run_after_a_head_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     build, shape = STACKS[case]
-    used = spy_on_plan_replay(monkeypatch)
     x = torch.randn(8, WIDTH)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-        on = flopcount.plan(build, (x,), fsdp=2, on="h100", link="nvlink4")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-        off = flopcount.plan(build, (x,), fsdp=2, on="h100", link="nvlink4")
+    on, off, used = plans_on_and_off(monkeypatch, build, (x,), fsdp=2, on="h100", link="nvlink4")
     assert used == [shape is not None, False]
     assert on == off  # peak, memory categories, state bytes, FLOPs, collectives, times
 
@@ -206,27 +189,9 @@ def test_deepseek_v3_estimate_replayed_after_its_dense_layers_with_the_same_figu
 def test_deepseek_v3_plan_replayed_after_its_dense_layers_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, dense: int) -> None:
     build = _deepseek(dense, dense + replay.MIN_LAYERS)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
-    planned = spy_on_plan_replay(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-        plan_on = flopcount.plan(build, (ids,), fsdp=2)
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-        plan_off = flopcount.plan(build, (ids,), fsdp=2)
+    plan_on, plan_off, planned = plans_on_and_off(monkeypatch, build, (ids,), fsdp=2)
     assert planned == [True, False]
     assert plan_on == plan_off
-
-
-def _planned_on_and_off(monkeypatch: pytest.MonkeyPatch, build: Callable[[], nn.Module], args: Any) -> Any:
-    """``plan(build, args, fsdp=2)`` with the reuse on, then off; whether each took the replay."""
-    planned = spy_on_plan_replay(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-        plan_on = flopcount.plan(build, args, fsdp=2)
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-        plan_off = flopcount.plan(build, args, fsdp=2)
-    return plan_on, plan_off, planned
 
 
 @pytest.mark.usefixtures("replay_from_six_layers")
@@ -242,7 +207,7 @@ def test_deepseek_v3_with_fewer_key_value_heads_plan_replayed_with_the_same_figu
     the walk now takes it too and the replay is taken, every figure as with the reuse off."""
     build = _deepseek(dense, dense + replay.MIN_LAYERS, key_value_heads=2)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
-    plan_on, plan_off, planned = _planned_on_and_off(monkeypatch, build, (ids,))
+    plan_on, plan_off, planned = plans_on_and_off(monkeypatch, build, (ids,), fsdp=2)
     assert planned == [True, False]
     assert plan_on == plan_off
 

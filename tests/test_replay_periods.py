@@ -12,17 +12,16 @@ toy stacks (tests/_live_oracles.py).
 
 from __future__ import annotations
 
-import warnings
-from typing import List, Optional
+from typing import Optional
 
 import pytest
 import torch
-from _layer_stacks import estimates_on_and_off, spy_on_plan_replay
+from _layer_stacks import LayerList as Net
+from _layer_stacks import estimates_on_and_off, plans_on_and_off
 from _live_oracles import warmed_step_peak
 from conftest import assert_same_state, snapshot
 from torch import nn
 
-import flopcount
 from flopcount.step import replay
 
 pytest.importorskip("torch.distributed._tools.mem_tracker")
@@ -47,18 +46,6 @@ class Windowed(nn.Module):
         if self.window is not None:
             h = h * torch.sigmoid(h[..., : self.window].sum(-1, keepdim=True))
         return x + self.down(h)
-
-
-class Net(nn.Module):
-    def __init__(self, layers: List[nn.Module]):
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.head = nn.Linear(WIDTH, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
 
 
 def alternating() -> Net:
@@ -102,14 +89,8 @@ def test_estimate_memory_replays_alternating_layers_by_units_with_the_same_figur
 @pytest.mark.parametrize("case", list(STACKS))
 def test_plan_replays_alternating_layers_by_units_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     build, period = STACKS[case]
-    used = spy_on_plan_replay(monkeypatch)
     x = torch.randn(8, WIDTH)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-        on = flopcount.plan(build, (x,), fsdp=2, on="h100", link="nvlink4")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-        off = flopcount.plan(build, (x,), fsdp=2, on="h100", link="nvlink4")
+    on, off, used = plans_on_and_off(monkeypatch, build, (x,), fsdp=2, on="h100", link="nvlink4")
     assert used == [period is not None, False]
     assert on == off  # peak, memory categories, state bytes, FLOPs, collectives, times
 
@@ -158,12 +139,6 @@ def test_gemma2_and_gpt_oss_replayed_by_pairs_of_layers_with_the_same_figures(mo
     assert used == [True, False]
     assert on == off
     assert_same_state(model, before)
-    planned = spy_on_plan_replay(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-        plan_on = flopcount.plan(build, (ids,), fsdp=2)
-        monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
-        plan_off = flopcount.plan(build, (ids,), fsdp=2)
+    plan_on, plan_off, planned = plans_on_and_off(monkeypatch, build, (ids,), fsdp=2)
     assert planned == [True, False]
     assert plan_on == plan_off
