@@ -10,8 +10,10 @@ model is checked to be left as found."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import tracemalloc
+from pathlib import Path
 from typing import Any, Callable, List, Tuple
 
 import pytest
@@ -75,15 +77,51 @@ def _names_per_layer(deep: torch.nn.Module) -> float:
     return sum(sys.getsizeof(n) for i in range(SHALLOW, DEEP) for n in _layer(deep, i)) / (DEEP - SHALLOW)
 
 
-def test_a_replayed_layer_is_one_record_holding_its_modules_names(monkeypatch):
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+def _records(model: torch.nn.Module) -> int:
+    facts = model_facts(model)  # alive throughout: its names are not the records'
+    trace(model, prepare_call((_ids(),)), facts=facts)  # warm: the shape cache's tables
+    return _held(lambda: trace(model, prepare_call((_ids(),)), facts=facts), lambda run: run.records)
 
-    def records(model: torch.nn.Module) -> int:
-        facts = model_facts(model)  # alive throughout: its names are not the records'
-        trace(model, prepare_call((_ids(),)), facts=facts)  # warm: the shape cache's tables
-        return _held(lambda: trace(model, prepare_call((_ids(),)), facts=facts), lambda run: run.records)
 
-    per_layer, models = _per_layer(records)
+def _result(model: torch.nn.Module) -> int:
+    count_flops(model, (_ids(),))  # warm
+    # the result alone: the names are the model's too, so they are measured by hand below
+    return _held(lambda: count_flops(model, (_ids(),)), lambda r: r)
+
+
+def _facts_as_a_count_reads_them(model: torch.nn.Module) -> int:
+    def read(facts: Any) -> Any:
+        facts.names  # the tracers name modules through it: every count reads it
+        return facts
+
+    return _held(lambda: model_facts(model), read)
+
+
+MEASURES = {"records": _records, "result": _result, "facts": _facts_as_a_count_reads_them}
+
+_MEASURE = """
+import sys
+sys.path[:0] = [{tests!r}, {tracers!r}]
+import test_count_memory_depth as t
+print(t._per_layer(t.MEASURES[{kind!r}])[0])
+"""
+
+
+def _measured(fresh_python: Any, kind: str) -> Tuple[float, List[torch.nn.Module]]:
+    """``_per_layer(MEASURES[kind])`` in a process of its own, forked from conftest's server (which
+    has imported torch), reuse on; with the two models, built here, that the bounds are read
+    from. In a pytest-xdist worker that had run other tests, a per-layer figure once read 1.5 B
+    over its bound that it met alone: the worker's state, not the count."""
+    tests = Path(__file__).resolve().parents[1]
+    script = _MEASURE.format(tests=str(tests), tracers=str(tests / "tracers"), kind=kind)
+    env = {**os.environ, "PYTHONPATH": str(tests.parent), "FLOPCOUNT_REUSE": "1"}
+    done = fresh_python.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    return float(done.stdout.split()[-1]), [_llama_like(SHALLOW), _llama_like(DEEP)]
+
+
+def test_a_replayed_layer_is_one_record_holding_its_modules_names(fresh_python):
+    per_layer, models = _measured(fresh_python, "records")
     m = len(_layer(models[0]))  # 13: the layer, attention and its 4 projections, MLP and its 4, 2 norms
     # one ReplayedCall (3 slots) + its stacks' view (3 slots) + the names of its m modules (a tuple of
     # m) + its own stack ("model", "model.layers.i": a tuple of 2) + its place in the records tuple.
@@ -91,15 +129,8 @@ def test_a_replayed_layer_is_one_record_holding_its_modules_names(monkeypatch):
     assert per_layer <= (OBJECT + 3 * ITEM) * 2 + (TUPLE + m * ITEM) + (TUPLE + 2 * ITEM) + ITEM, per_layer
 
 
-def test_the_result_keeps_per_layer_its_names_and_one_slotted_row_per_module(monkeypatch):
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-
-    def result(model: torch.nn.Module) -> int:
-        count_flops(model, (_ids(),))  # warm
-        # the result alone: the names are the model's too, so they are measured by hand below
-        return _held(lambda: count_flops(model, (_ids(),)), lambda r: r)
-
-    per_layer, models = _per_layer(result)
+def test_the_result_keeps_per_layer_its_names_and_one_slotted_row_per_module(fresh_python):
+    per_layer, models = _measured(fresh_python, "result")
     names = _layer(models[0])
 
     def table(model: torch.nn.Module) -> int:
@@ -129,17 +160,8 @@ def _table_per_layer(models: List[torch.nn.Module]) -> float:
     return (table(models[1]) - table(models[0])) / (DEEP - SHALLOW)
 
 
-def test_the_facts_hold_per_module_its_name_and_no_pair(monkeypatch):
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
-
-    def facts_as_a_count_reads_them(model: torch.nn.Module) -> int:
-        def read(facts: Any) -> Any:
-            facts.names  # the tracers name modules through it: every count reads it
-            return facts
-
-        return _held(lambda: model_facts(model), read)
-
-    per_layer, models = _per_layer(facts_as_a_count_reads_them)
+def test_the_facts_hold_per_module_its_name_and_no_pair(fresh_python):
+    per_layer, models = _measured(fresh_python, "facts")
     names = _layer(models[0])
     params = sum(1 for n, _ in models[0].named_parameters() if n.startswith("model.layers.3."))
     # names (new strings), the one dictionary module -> name (``names``, which ``modules`` is read
