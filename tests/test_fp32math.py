@@ -150,3 +150,31 @@ def test_the_math_sentence_says_rnn_layers_and_attention():
     ops = ["aten::addmm", "aten::scaled_dot_product_attention", "aten::lstm"]
     text = float32_math_text(roofs.float32_math(ops))
     assert text == "float32 matmuls in FP32, attention in 3xTF32, convolutions and RNN layers in TF32"
+
+
+def test_a_profiled_float32_attention_rate_raises_the_tf32_roof_three_times_it() -> None:
+    """profile raises a roof below a rate an op reached. Float32 attention is priced at a third of
+    the TF32 peak (3xTF32), a column no table holds: an attention op measured at r FLOP/s ran the
+    TF32 units at 3r, so the TF32 roof is raised to 3r where it is below (before, the rate was
+    booked under "tfloat32x3", which no roof holds, and dropped). An mm's rate stays its own."""
+    from types import SimpleNamespace
+
+    from flopcount.devices import Roofs
+    from flopcount.devices.measured import raise_to_achieved
+    from flopcount.profiling.run import _achieved
+
+    roofs = Roofs({"float32": 50e12, "tfloat32": 300e12}, 3e12, math={"conv": "tfloat32"})
+    flops = 4e9
+
+    def fact(op: str) -> SimpleNamespace:
+        return SimpleNamespace(flops=flops, dtype="float32", event=SimpleNamespace(call=SimpleNamespace(op=op)))
+
+    facts = [fact("aten::_scaled_dot_product_efficient_attention"), fact("aten::mm")]
+    # per step (microseconds summed over 2 steps): the attention op 20 us (200 TFLOP/s, above
+    # 300 / 3), the mm 100 us (40 TFLOP/s, below its 50)
+    measured = SimpleNamespace(time={0: 2 * 20.0, 1: 2 * 100.0})
+    achieved = _achieved(facts, measured, 2, roofs)  # type: ignore[arg-type]
+    assert achieved == pytest.approx({"tfloat32": 3 * flops / 20e-6, "float32": flops / 100e-6}, rel=1e-12)
+    raised = raise_to_achieved(roofs, achieved)
+    assert raised.peak_flops == pytest.approx({"float32": 50e12, "tfloat32": 600e12}, rel=1e-12)
+    assert raised.column_rate("tfloat32x3") == pytest.approx(200e12, rel=1e-12)  # the attention op's own rate: now a ceiling it meets
