@@ -73,15 +73,15 @@ TF32X3 = "tfloat32x3"
 #: given Roofs still prices them)
 UNRATED_DTYPES = frozenset({"bool", "int16", "int32", "int64", "uint16", "uint32", "uint64"})
 
-#: a float32 column and an op family as a sentence names them
+#: a float32 column and an op family as a sentence names them (the family names: also `flopcount roofs`)
 _MATH_NAMES = {"float32": "FP32", "tfloat32": "TF32", TF32X3: "3xTF32"}
-_FAMILY_NAMES = {MATMUL: "matmuls", ATTENTION: "attention", CONV: "convolutions and RNN layers"}
+FAMILY_NAMES = {MATMUL: "matmuls", ATTENTION: "attention", CONV: "convolutions and RNN layers"}
 
 
 def float32_math_text(math: Mapping[str, str]) -> str:
     """:meth:`Roofs.float32_math` as a sentence: "float32 matmuls in FP32, attention in 3xTF32,
     convolutions and RNN layers in TF32"."""
-    said = [f"{_FAMILY_NAMES[family]} in {_MATH_NAMES.get(column, column)}" for family, column in math.items()]
+    said = [f"{FAMILY_NAMES[family]} in {_MATH_NAMES.get(column, column)}" for family, column in math.items()]
     return f"float32 {', '.join(said)}" if said else ""
 
 

@@ -9,7 +9,7 @@ from typing import Any, List
 from tabulate import tabulate
 
 from flopcount.core.rendering import renders
-from flopcount.devices.roofline import FAMILIES
+from flopcount.devices.roofline import FAMILIES, FAMILY_NAMES
 from flopcount.units import format_bytes
 
 
@@ -33,7 +33,8 @@ def roofs_table(roofs: Any, fmt: str = "simple") -> str:
                         tabulate(memory, headers=["memory level", "working set", "bandwidth"], tablefmt=fmt)]
     for family, column in roofs.float32_math(FAMILIES).items():
         # tfloat32x3 is derived (a third of the TF32 peak), no row of the table: its rate is said here
-        lines.append(f"float32 {family} work priced at the {column} peak ({_rate(roofs.column_rate(column) or 0.0, 'FLOP/s')})")
+        rate = _rate(roofs.column_rate(column) or 0.0, "FLOP/s")
+        lines.append(f"float32 {FAMILY_NAMES[family]} priced at the {column} peak ({rate})")
     keys = ("isa_formula", "measured_at", "load", "threads", "how", "not_cached", "raised_to_achieved")
     lines += [f"{key}: {roofs.details[key]}" for key in keys if key in roofs.details]
     lines += [f"{key}: {value}" for key, value in roofs.details.items() if key.startswith(("compute_", "bandwidth"))]

@@ -51,3 +51,16 @@ def test_check_says_rnn_layers_in_its_math(workdir, capsys):
     assert code == 1, err  # FAIL: 16.1 ns > 1 ns
     assert ("FAIL: 1 of 1 budget(s) exceeded: latency (any-implementation lower bound on H100 SXM with float32 "
             "convolutions and RNN layers in TF32)") in out
+
+
+def test_roofs_names_each_family_and_its_rate(capsys):
+    """``flopcount roofs h100`` says what each float32 family is priced at, by the names the
+    math sentence uses (before: "float32 conv work", which also holds the RNN layers), with the
+    rates from the datasheet: FP32, TF32 / 3, TF32."""
+    code, out, err = cli(capsys, "roofs", "h100")
+    assert code == 0, err
+    assert out.splitlines()[-3:] == [
+        f"float32 matmuls priced at the float32 peak ({FP32 / 1e12:g} TFLOP/s)",
+        f"float32 attention priced at the tfloat32x3 peak ({TF32 / 3 / 1e12:.1f} TFLOP/s)",
+        f"float32 convolutions and RNN layers priced at the tfloat32 peak ({TF32 / 1e12:g} TFLOP/s)",
+    ]
