@@ -21,7 +21,7 @@ import torch
 from _layer_stacks import LayerList as Net
 from _layer_stacks import estimates_on_and_off, plans_on_and_off, spy_on_plan_replay
 from _live_oracles import warmed_step_peak
-from conftest import assert_same_state, snapshot
+from conftest import REPLAY_TESTS_MIN_LAYERS, assert_same_state, snapshot
 from torch import nn
 
 import flopcount
@@ -89,27 +89,34 @@ def _blocks(mlps: List[nn.Module]) -> Net:
     return Net([Block(i, mlp) for i, mlp in enumerate(mlps)])
 
 
+#: the units after the head in the toy stacks: the tests' floor (conftest's replay_from_six_layers),
+#: 2 units past the template's 3 and the check's 4, which the replay materializes and neither cut run
+#: traced (these stacks held 24 layers after the head, for the default floor of 12 units, which is
+#: test_a_head_is_taken_only_where_the_whole_list_is_not_a_run_and_the_run_holds_enough_units's)
+UNITS = REPLAY_TESTS_MIN_LAYERS
+
+
 def dense_head_then_identical() -> Net:
-    """2 dense layers, then 24 identical ones: head 2, period 1, 24 units."""
-    return _blocks([Dense(), Dense()] + [Windowed() for _ in range(24)])
+    """2 dense layers, then 6 identical ones: head 2, period 1, 6 units."""
+    return _blocks([Dense(), Dense()] + [Windowed() for _ in range(UNITS)])
 
 
 def dense_head_then_alternating() -> Net:
-    """1 dense layer, then 24 layers windowed and full in turn: head 1, period 2, 12 units."""
-    return _blocks([Dense()] + [Windowed(4 if i % 2 == 0 else None) for i in range(24)])
+    """1 dense layer, then 12 layers windowed and full in turn: head 1, period 2, 6 units."""
+    return _blocks([Dense()] + [Windowed(4 if i % 2 == 0 else None) for i in range(2 * UNITS)])
 
 
 def depth_reading_head() -> Net:
-    """A head layer that holds one copy of its input per layer of its stack, then 24 identical layers."""
+    """A head layer that holds one copy of its input per layer of its stack, then 6 identical layers."""
     reading = DepthReading()
-    net = _blocks([reading, Dense()] + [Windowed() for _ in range(24)])
+    net = _blocks([reading, Dense()] + [Windowed() for _ in range(UNITS)])
     object.__setattr__(reading, "stack", net.layers)  # in __dict__, not _modules: no module reachable twice
     return net
 
 
 STACKS = {
-    "head-2-period-1": (dense_head_then_identical, (2, 1, 24)),
-    "head-1-period-2": (dense_head_then_alternating, (1, 2, 12)),
+    "head-2-period-1": (dense_head_then_identical, (2, 1, UNITS)),
+    "head-1-period-2": (dense_head_then_alternating, (1, 2, UNITS)),
     "head-reads-depth": (depth_reading_head, None),
 }
 
@@ -118,6 +125,7 @@ def _shape(stack: Optional[replay.Stack]) -> Any:
     return None if stack is None else (stack.head, stack.period, stack.units)
 
 
+@pytest.mark.usefixtures("replay_from_six_layers")
 @pytest.mark.parametrize("case", list(STACKS))
 def test_estimate_memory_replays_the_run_after_a_head_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     build, shape = STACKS[case]
@@ -125,7 +133,8 @@ def test_estimate_memory_replays_the_run_after_a_head_with_the_same_figures(monk
     model = build()
     stack = replay.find_stack(model)
     assert stack is not None
-    assert _shape(stack) == (shape or (2, 1, 24))  # the depth-reading head is found too: the check refuses it
+    assert _shape(stack) == (shape or (2, 1, UNITS))  # the depth-reading head is found too: the check refuses it
+    assert stack.units > replay.Template.UNITS + 1  # units the replay materializes, traced by neither cut run
     x = torch.randn(8, WIDTH)
     before = snapshot(model)
     on, off, used = estimates_on_and_off(monkeypatch, model, (x,), {}, backward=True, optimizer="adamw")
@@ -135,9 +144,11 @@ def test_estimate_memory_replays_the_run_after_a_head_with_the_same_figures(monk
     assert_same_state(model, before)
 
 
+@pytest.mark.usefixtures("replay_from_six_layers")
 @pytest.mark.parametrize("case", list(STACKS))
 def test_plan_replays_the_run_after_a_head_with_the_same_figures(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     build, shape = STACKS[case]
+    assert _shape(replay.find_stack(build())) == (shape or (2, 1, UNITS))
     x = torch.randn(8, WIDTH)
     on, off, used = plans_on_and_off(monkeypatch, build, (x,), fsdp=2, on="h100", link="nvlink4")
     assert used == [shape is not None, False]
