@@ -239,26 +239,29 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
     return remember_roofs(_roofs_of_this_machine, "cpu")
 
 
-#: the test files that take longest: CPU seconds summed over their tests, one process, one torch
-#: thread (`OMP_NUM_THREADS=1 python benchmarks/suite_cpu.py -m "not serial"`, 2026-11-28 08:20, base
-#: 4ccb697, load ~3.5-5; docs/performance.md, "Issue #27: the main suite's avoidable time (branch
-#: suitefast2)"; test_replay_periods.py, new since the fifth pass, was missing and ran among the light
-#: files). The fork server's children are booked to the session's last test, not to the test that
-#: waits for them: the two long ones are added to their files by hand (test_generation_fake_path.py's
-#: five-family child 5.6 s, tracers/test_dispatch.py's peak-RSS child 3.3 s), since their worker waits
-#: that long. test_replay_heads.py (headreplay, mlawalk) added by hand, one process: 49.0 s user CPU
-#: (53 s wall, load 0.7, 2026-11-28 09:30). Under pytest-xdist each worker starts with its share of them, see _heavy_files_first
+#: the test files that take longest: seconds summed over their tests' phases (setup, call, teardown)
+#: of 1.09 s or more in `pytest -n 2 --dist worksteal -m "not serial" --durations=300` (2026-11-28
+#: 10:38-10:53 UTC, main 2782c82, load ~4-5; docs/performance.md, "Issue #27: the main suite's
+#: avoidable time, again (branch suitefast3)"), the files of 6 s or more. Wall seconds of a loaded
+#: run, not CPU: a test that waits for a forked child (conftest's fresh_python) holds its worker for
+#: the child's time, and --durations books it there. What is left out (tests under 1.09 s) needs no
+#: place: work-stealing moves such tests one by one. test_replay_heads.py's toy head stacks (69.5 s
+#: of it in that run) are cut by suitefast3 to 0.46 of that (interleaved, one process): booked so.
+#: Under pytest-xdist each worker starts with its share of them, see _heavy_files_first
 HEAVY_FILES = {
-    "test_replay_heads.py": 49.0, "test_replay_periods.py": 40.1, "plan/test_plan_layers.py": 20.6, "test_memory_layers.py": 18.0,
-    "tracers/test_hf_tracing.py": 14.9, "test_memory_reuse.py": 14.7, "test_generation_options.py": 13.7,
-    "test_generation_limits.py": 10.7, "test_generation_deferred_steps.py": 10.6, "cli/test_artifacts.py": 9.8,
-    "test_install.py": 8.8, "serving/test_serve_derived.py": 8.2, "test_doc_snippets.py": 7.8,
-    "test_generation_fake_path.py": 7.4, "test_memory_replay_module_peaks.py": 6.5, "tracers/test_dispatch.py": 5.9,
-    "tracers/test_reuse_cache.py": 5.8, "serving/test_serve.py": 5.5, "test_ci_recipes.py": 5.4,
-    "plan/test_plan_skipped_modules.py": 4.9, "test_replay_threshold.py": 4.8, "test_memory.py": 4.7,
-    "tracers/test_shape_cache.py": 4.5, "cli/test_cli.py": 4.5, "test_private_torch.py": 4.3,
-    "tracers/test_agreement.py": 4.2, "plan/test_plan_analytic.py": 3.8, "test_profile_marks.py": 3.6,
-    "test_replay_partial_activations.py": 3.6,
+    "test_replay_heads.py": 178, "test_replay_periods.py": 165, "plan/test_plan_layers.py": 93,
+    "test_memory_reuse.py": 92, "test_memory_layers.py": 81, "test_generation_options.py": 62,
+    "tracers/test_hf_tracing.py": 49, "test_generation_deferred_steps.py": 42, "test_generation_limits.py": 39,
+    "tracers/test_count_memory_depth.py": 32, "test_install.py": 32, "test_generation_fake_path.py": 31,
+    "cli/test_artifacts.py": 29, "test_doc_snippets.py": 22, "tracers/test_reuse_lazy_copy.py": 18,
+    "plan/test_plan_analytic.py": 15, "test_memory_replay_module_peaks.py": 15, "plan/test_plan_cli.py": 15,
+    "test_ci_recipes.py": 13, "test_replay_partial_activations.py": 13, "serving/test_serve.py": 11,
+    "serving/test_serve_derived.py": 11, "plan/test_plan_tp_refusals.py": 10, "test_memory_review.py": 10,
+    "plan/test_plan_tp_code_refusals.py": 10, "plan/test_plan_skipped_modules.py": 9, "cli/test_cli_issue29.py": 9,
+    "plan/test_plan_vocabulary.py": 9, "cli/test_cli.py": 9, "test_generation_encoder_outputs.py": 8,
+    "test_rendering.py": 8, "test_replay_threshold.py": 8, "test_private_torch.py": 8,
+    "integrations/test_hf_callback.py": 7, "test_memory_autocast.py": 7, "test_profile_marks.py": 6,
+    "tracers/test_dispatch.py": 6,
 }
 
 
