@@ -598,6 +598,14 @@ class _LazyTable(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._table())
 
+    # the table's own get and items, not Mapping's (a __getitem__ per key): by_module() reads
+    # every module's row through ``get``, 0.25 against 0.11 ms on ResNet-50 (branch deferbook)
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._table().get(key, default)
+
+    def items(self) -> Any:
+        return self._table().items()
+
     def __repr__(self) -> str:
         return repr(self._table())
 
