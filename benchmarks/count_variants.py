@@ -9,7 +9,7 @@ A variant whose result must equal the base's (``to_dict()``, checked after the w
 option; one marked "bound" drops something the count needs for exactness (the attribute-read log)
 and only bounds what that thing costs.
 
-``--read by_module`` (or ``to_dict``, ``by_operator``) times each count with that read of its
+``--read by_module`` (or ``to_dict``, ``by_operator``, ``cli-table``: what ``flopcount count`` prints) times each count with that read of its
 result after it, inside the timed region: a reader pays for tables booked on first read.
 Since branch deferbook the default count books its tables on first read: ``eager`` is the
 count before it (the tables booked at once), ``deferred`` the default itself.
@@ -158,6 +158,21 @@ def variants() -> Dict[str, Variant]:
     }
 
 
+def _cli_table(result: Any) -> str:
+    # what ``flopcount count`` renders in its default format, the table
+    from flopcount.report.render import render_count
+
+    return render_count(result, "table", entry="model")
+
+
+_READS: Dict[str, Callable[[Any], Any]] = {
+    "by_module": lambda result: result.by_module(),
+    "by_operator": lambda result: result.by_operator(),
+    "to_dict": lambda result: result.to_dict(),
+    "cli-table": _cli_table,
+}
+
+
 def _quartiles(values: List[float]) -> Tuple[float, float, float]:
     ordered = sorted(values)
     n = len(ordered)
@@ -169,7 +184,7 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50", choices=sorted(_SHORT))
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--only", default="", help="comma-separated variant names (default: all)")
-    parser.add_argument("--read", default="", choices=["", "by_module", "by_operator", "to_dict"],
+    parser.add_argument("--read", default="", choices=["", *_READS],
                         help="read this of each result inside the timed region (default: nothing)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -178,9 +193,9 @@ def main() -> None:
     (label, (model, inputs, _)), = _cases([args.model]).items()
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
-    read = (lambda result: getattr(result, args.read)()) if args.read else (lambda result: None)
+    read = _READS[args.read] if args.read else (lambda result: None)
     print(f"{label}, torch {torch.__version__}, 1 thread, {args.rounds} rounds, load {load}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}" + (f", each count's {args.read}() read" if args.read else ""))
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}" + (f", each count read: {args.read}" if args.read else ""))
     base = count_flops(model, inputs).to_dict()
     for name, variant in chosen.items():
         variant.on()
