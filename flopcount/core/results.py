@@ -375,7 +375,9 @@ def aggregate(
     ``deferred``: the totals (every event's parts summed: what the ledger books under the
     model, module ``""``), the unsupported ops and the estimate notes are made at once, the
     tables when one is first read (the same result; :func:`count_generation` reads the totals
-    of most forwards only). Non-integer figures are booked at once."""
+    of most forwards only, and ``count_flops`` defers: most counts are read for their totals).
+    A replay's costs are summed once per distinct tuple, times the replays that share it.
+    Non-integer figures are booked at once."""
     if deferred:
         events = list(costed)
         modules = tuple(modules)  # the result's own tuple, held by the booking to come (not a list beside it)
