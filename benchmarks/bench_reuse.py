@@ -258,11 +258,13 @@ def memory(tokens: int = 4096) -> None:
     from flopcount.examples.hf import llama2_70b_config
 
     print("| layers | reuse on: peak, per layer | reuse off: peak, per layer | reuse on: the result alone, per layer "
-          "| reuse on: allocated when the count returns, per layer | events booked |")
-    print("|---|---|---|---|---|---|")
+          "| reuse on: allocated when the count returns, per layer | reuse on, a table read: peak; the result alone "
+          "| events booked |")
+    print("|---|---|---|---|---|---|---|")
     peaks: Dict[int, int] = {}
     kept: Dict[int, int] = {}
     ended: Dict[int, int] = {}
+    read_kept: Dict[int, int] = {}
     for layers in (20, 40, 80):
         config = llama2_70b_config()
         config.num_hidden_layers = layers
@@ -287,11 +289,28 @@ def memory(tokens: int = 4096) -> None:
             cells.append(f"{peak / 2**20:.1f} MiB, {peak / layers / 2**10:.0f} KiB")
             if reuse:
                 peaks[layers], kept[layers], ended[layers] = peak, alone, held
+        # since branch deferbook the count books its tables on first read: the peak of a count and
+        # one table read, and what the result holds once read (its rows, the records let go)
+        run = _count(model, (ids,), reuse=True)
+        gc.collect()
+        tracemalloc.start()
+        result = run()
+        result.by_module()
+        read_peak = tracemalloc.get_traced_memory()[1]
+        gc.collect()
+        with_it = tracemalloc.get_traced_memory()[0]
+        del result
+        gc.collect()
+        read_kept[layers] = with_it - tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        read = f"{read_peak / 2**20:.1f} MiB; {read_kept[layers] / 2**20:.2f} MiB, {read_kept[layers] / layers / 2**10:.1f} KiB"
         rows = f"{kept[layers] / 2**20:.2f} MiB, {kept[layers] / layers / 2**10:.1f} KiB"
         end = f"{ended[layers] / 2**20:.2f} MiB, {ended[layers] / layers / 2**10:.1f} KiB"
-        print(f"| {layers} | {cells[0]} | {cells[1]} | {rows} | {end} | {_events(model, ids)} |")
+        print(f"| {layers} | {cells[0]} | {cells[1]} | {rows} | {end} | {read} | {_events(model, ids)} |")
     # what one more layer costs (the slope from 20 to 80 layers), and the part of it the result keeps
-    slope, rows_slope, end_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (peaks, kept, ended))
+    slope, rows_slope, end_slope, read_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (peaks, kept, ended, read_kept))
+    print(f"reuse on, per layer from 20 to 80 layers: the result alone +{rows_slope:.2f} KiB unread, "
+          f"+{read_slope:.2f} KiB once a table is read")
     print(f"reuse on, per layer from 20 to 80 layers: peak +{slope:.1f} KiB, of which the result alone keeps "
           f"+{rows_slope:.1f} KiB (its per-module rows); the count's own working set +{slope - rows_slope:.1f} KiB "
           f"(at the peak of the stage whose peak is highest: the table below). The reading before 2026-11-27 "

@@ -9,8 +9,13 @@ A variant whose result must equal the base's (``to_dict()``, checked after the w
 option; one marked "bound" drops something the count needs for exactness (the attribute-read log)
 and only bounds what that thing costs.
 
+``--read by_module`` (or ``to_dict``, ``by_operator``, ``cli-table``: what ``flopcount count`` prints) times each count with that read of its
+result after it, inside the timed region: a reader pays for tables booked on first read.
+Since branch deferbook the default count books its tables on first read: ``eager`` is the
+count before it (the tables booked at once), ``deferred`` the default itself.
+
     PYTHONPATH=. .venv/bin/python benchmarks/count_variants.py [--model resnet50|bert|gpt2|70b]
-        [--rounds 41] [--only reuse-off,deferred,torch-untracked+deferred]
+        [--rounds 41] [--only reuse-off,eager,torch-untracked+eager] [--read by_module]
 """
 
 from __future__ import annotations
@@ -106,6 +111,14 @@ def _deferred_tables(original: Any) -> Any:
     return aggregate
 
 
+def _eager_tables(original: Any) -> Any:
+    # the tables booked at once, as the default count did before branch deferbook
+    def aggregate(costed: Any, **kwargs: Any) -> Any:
+        return original(costed, **{**kwargs, "deferred": False})
+
+    return aggregate
+
+
 def _arguments_below_modes(original: Any) -> Any:
     # a call's arguments keyed below the run's torch-function modes, routed as one call (as
     # fake.copies._read_keys routes its reads)
@@ -140,8 +153,24 @@ def variants() -> Dict[str, Variant]:
         "no-read-log": _swapped(reuse.Reuse, "_tracking_class", _no_read_log, bound=True),
         "torch-untracked": _swapped(reuse.Reuse, "_tracking_class", _torch_classes_untracked),
         "deferred": _swapped(analysis, "aggregate", _deferred_tables),
+        "eager": _swapped(analysis, "aggregate", _eager_tables),
         "arguments-below-modes": _swapped(reuse.Reuse, "_value", _arguments_below_modes),
     }
+
+
+def _cli_table(result: Any) -> str:
+    # what ``flopcount count`` renders in its default format, the table
+    from flopcount.report.render import render_count
+
+    return render_count(result, "table", entry="model")
+
+
+_READS: Dict[str, Callable[[Any], Any]] = {
+    "by_module": lambda result: result.by_module(),
+    "by_operator": lambda result: result.by_operator(),
+    "to_dict": lambda result: result.to_dict(),
+    "cli-table": _cli_table,
+}
 
 
 def _quartiles(values: List[float]) -> Tuple[float, float, float]:
@@ -155,6 +184,8 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50", choices=sorted(_SHORT))
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    parser.add_argument("--read", default="", choices=["", *_READS],
+                        help="read this of each result inside the timed region (default: nothing)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     known = variants()
@@ -162,8 +193,9 @@ def main() -> None:
     (label, (model, inputs, _)), = _cases([args.model]).items()
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
+    read = _READS[args.read] if args.read else (lambda result: None)
     print(f"{label}, torch {torch.__version__}, 1 thread, {args.rounds} rounds, load {load}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}" + (f", each count read: {args.read}" if args.read else ""))
     base = count_flops(model, inputs).to_dict()
     for name, variant in chosen.items():
         variant.on()
@@ -185,7 +217,7 @@ def main() -> None:
                     swapped.on()
                 try:
                     start = time.thread_time()
-                    count_flops(model, inputs)
+                    read(count_flops(model, inputs))
                     spent[name].append(time.thread_time() - start)
                 finally:
                     if swapped is not None:

@@ -18,6 +18,10 @@ reused on the meta copy, and a summary. The exit status is 1 when any model diff
     .venv-zoo/bin/python benchmarks/zoo_reuse.py --only torchvision
     .venv/bin/python benchmarks/zoo_reuse.py --only transformers
     .venv/bin/python benchmarks/zoo_reuse.py --only nn
+
+``--off-eager``: the reuse-off count books its tables at once (as the default count did before
+branch deferbook, which books them on first read), so each line also says that the tables
+booked on first read are those booked at once.
 """
 
 from __future__ import annotations
@@ -84,20 +88,40 @@ def _first_difference(a: Any, b: Any, where: str = "") -> str:
     return f"{where}: {str(a)[:80]} vs {str(b)[:80]}"
 
 
-def compare(case: Any, device: Optional[str], predict: bool) -> Tuple[Optional[str], int]:
+def compare(case: Any, device: Optional[str], predict: bool, eager_off: bool = False) -> Tuple[Optional[str], int]:
     """The first difference between reuse off and on (None: identical) and the calls reused."""
     model = zoo._build(case, device)
     args, kwargs = zoo._inputs_for(case, device=device)
-    return compare_model(model, args, kwargs, predict=predict)
+    return compare_model(model, args, kwargs, predict=predict, eager_off=eager_off)
+
+
+def _eager_count(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """``count_flops`` with its tables booked at once (``aggregate(deferred=False)``)."""
+    from flopcount.core import analysis
+
+    deferred = analysis.aggregate
+
+    def aggregate(costed: Any, **options: Any) -> Any:
+        return deferred(costed, **{**options, "deferred": False})
+
+    analysis.aggregate = aggregate
+    try:
+        return flopcount.count_flops(model, args, kwargs=kwargs or None)
+    finally:
+        analysis.aggregate = deferred
 
 
 def compare_model(model: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], *, predict: bool,
-                  results: Optional[Dict[str, Any]] = None) -> Tuple[Optional[str], int]:
+                  results: Optional[Dict[str, Any]] = None, eager_off: bool = False) -> Tuple[Optional[str], int]:
     """``compare`` on a model already built: everything a user reads with reuse off and on
     (count, and predict on a T4 when ``predict``), the first difference (None: identical) and
     the calls the reuse-on count reused. ``results``, when given, receives the reuse-on
-    ``count`` and ``predict`` results (benchmarks/zoo_reuse_timm.py checks them further)."""
-    off_result = _with_reuse(False, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None))
+    ``count`` and ``predict`` results (benchmarks/zoo_reuse_timm.py checks them further).
+    ``eager_off``: the reuse-off count's tables booked at once."""
+    if eager_off:
+        off_result = _with_reuse(False, lambda: _eager_count(model, args, kwargs))
+    else:
+        off_result = _with_reuse(False, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None))
     try:  # counted with reuse off: an error with it on is a difference
         on_result = _with_reuse(True, lambda: flopcount.count_flops(model, args, kwargs=kwargs or None))
     except Exception as exc:
@@ -149,6 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--only", choices=zoo.PARTS)
     parser.add_argument("--match", default=None, help="only models whose name contains this text")
     parser.add_argument("--no-predict", action="store_true", help="compare count_flops only")
+    parser.add_argument("--off-eager", action="store_true", help="the reuse-off count's tables booked at once")
     args = parser.parse_args(argv)
     cases, _ = zoo.collect(args.only)
     if args.match:
@@ -159,7 +184,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for case in cases:
         for device in (None, "meta"):
             where = f"{case.family}/{case.name}{' (meta)' if device else ''}"
-            tally.run(where, device, lambda: compare(case, device, not args.no_predict))
+            tally.run(where, device, lambda: compare(case, device, not args.no_predict, eager_off=args.off_eager))
     print(f"\n{len(cases)} models, {tally.same + tally.differ} counts compared (real weights and meta copy): {tally.same} "
           f"identical, {tally.differ} differ, {tally.failed} could not be counted either way; reuse taken on "
           f"{tally.reused_models} meta copies ({tally.reused_calls} calls); torch {torch.__version__}; "

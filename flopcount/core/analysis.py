@@ -73,9 +73,10 @@ def _analyzed(
     # module calls, the facts' names (their per-module dictionaries; issue #32, the count's
     # working set at the booking's peak)
     del run, facts
+    # the totals now, the tables when one is first read (most counts are read for their totals)
     return aggregate(
         costed, tracer=used, modules=modules, parameters=parameters, input_description=call.description,
-        warnings=notes, gaps=gaps, aliases=aliases, reused_calls=reused,
+        warnings=notes, gaps=gaps, aliases=aliases, reused_calls=reused, deferred=True,
     )
 
 
