@@ -457,7 +457,9 @@ def _tracked_step(
                     raise
                 except Exception as exc:
                     error = _step_error(exc, stack.current, request.call.description)
-                    if _in_chain(exc, _needs_value):
+                    # a real step has the values: its failure is its own, though its context
+                    # chain holds the fake step's (the fallback runs while that is handled)
+                    if not real and _in_chain(exc, _needs_value):
                         raise _NeedsData(error) from exc
                     raise error from exc
     finally:
