@@ -27,7 +27,7 @@ from typing import Any, Dict, FrozenSet, List, Literal, Mapping, Optional, Set, 
 import torch
 from torch import nn
 
-from flopcount.core.collection import PausedCollections, resumed
+from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import FromWarnings, first_line, module_place
 from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call
 from flopcount.core.model_facts import model_facts
@@ -217,7 +217,7 @@ def estimate_memory(
     # step's graph kept by a hook's closure), a collection in the middle of a step would free
     # them at a moment set by the process's allocation history, and the same step gave another
     # peak from one call to the next; paused, they are held as in a step the collector does not
-    # interrupt (the real step measured in a fallback runs with it on)
+    # interrupt (the real step measured in a fallback too)
     # the forward's Python code draws from Python's and numpy's generators on fakes too: set back.
     # torch's fake mode logs the error of a meta kernel that refuses (a float32 _grouped_mm, which
     # the step's stand-ins answer): muted, as plan and the count mute it, and its record with
@@ -457,7 +457,9 @@ def _tracked_step(
                     raise
                 except Exception as exc:
                     error = _step_error(exc, stack.current, request.call.description)
-                    if _in_chain(exc, _needs_value):
+                    # a real step has the values: its failure is its own, though its context
+                    # chain holds the fake step's (the fallback runs while that is handled)
+                    if not real and _in_chain(exc, _needs_value):
                         raise _NeedsData(error) from exc
                     raise error from exc
     finally:
@@ -501,8 +503,10 @@ def _real_step_fallback(
         opt, _ = build_optimizer(request.optimizer, twins, list(copy_model.parameters()), "estimate_memory")
     names = facts.names_on(memo)
     tracker = _peak_tracker()
-    with resumed():  # a real step: its garbage may hold data
-        _tracked_step(request, tracker, copy_model, opt, args, kwargs, names, contextlib.nullcontext())
+    # the collector stays paused, as over the fake steps: a tensor a garbage cycle holds dies at
+    # the step's end, not at a moment set by the process's allocation history (the same step
+    # gave another peak from one call to the next); what the step left is collected on return
+    _tracked_step(request, tracker, copy_model, opt, args, kwargs, names, contextlib.nullcontext())
     first = (str(needs.error).splitlines() or [""])[0]
     return (
         tracker,
