@@ -181,7 +181,7 @@ def find_stack(model: nn.Module) -> Optional[Stack]:
         found = _layers(layers, module_seen, param_seen)
         if found is None:
             continue
-        stack = _stack(found, head=0)
+        stack = _stack(found)
         if stack is not None:
             return stack
         lists.append(found)
@@ -219,20 +219,20 @@ def _layers(layers: nn.Module, module_seen: Mapping[int, int], param_seen: Mappi
     return _Layers(layers, signatures, walks)
 
 
-def _stack(found: _Layers, head: int) -> Optional[Stack]:
-    """The layers of ``found`` after the first ``head`` as a :class:`Stack` of the shortest period
-    that holds (1 first, as before periods were tried; then 2, 3, ... where the run holds at least
-    :data:`MIN_LAYERS` units of it, and at least the check's 4, and the period divides its length:
-    no tail of another kind), or None."""
-    signatures, walks = found.signatures[head:], found.walks[head:]
+def _stack(found: _Layers) -> Optional[Stack]:
+    """The whole list ``found`` as a :class:`Stack` of the shortest period that holds (1 first, as
+    before periods were tried; then 2, 3, ... where it holds at least :data:`MIN_LAYERS` units of
+    it, and at least the check's 4, and the period divides its length: no tail of another kind),
+    or None."""
+    signatures = found.signatures
     for period in range(1, len(signatures) // max(MIN_LAYERS, 1) + 1):
         if period > 1 and (len(signatures) % period or len(signatures) // period < _MIN_UNITS):
             continue
         if any(signature != signatures[j % period] for j, signature in enumerate(signatures)):
             continue
-        differing = _periodic(walks, period)
-        if differing is not None:
-            return Stack(found.layers, ((),) * head + differing, period, head)
+        stack = _run(found, 0, period)
+        if stack is not None:
+            return stack
     return None
 
 
@@ -241,7 +241,7 @@ def _headed(found: _Layers) -> Optional[Stack]:
     tried first), or None. For each period, the shortest head after which every layer's signature is
     the one ``period`` layers on (then longer by what makes the period divide the run) and the run
     still holds :data:`MIN_LAYERS` units (and the check's 4); the shortest head first, then the
-    shortest period, taken as :func:`_stack` takes it (every test, within the run)."""
+    shortest period, taken as :func:`_stack` takes a whole list (:func:`_run`: every test, within the run)."""
     signatures = found.signatures
     count = len(signatures)
     tried = []
@@ -255,10 +255,20 @@ def _headed(found: _Layers) -> Optional[Stack]:
             continue
         tried.append((head, period))
     for head, period in sorted(tried):
-        differing = _periodic(found.walks[head:], period)
-        if differing is not None:
-            return Stack(found.layers, ((),) * head + differing, period, head)
+        stack = _run(found, head, period)
+        if stack is not None:
+            return stack
     return None
+
+
+def _run(found: _Layers, head: int, period: int) -> Optional[Stack]:
+    """The layers of ``found`` after the first ``head``, whose signatures repeat every ``period``
+    layers, as a :class:`Stack` where their modules differ in plain scalars only (:func:`_periodic`),
+    else None."""
+    differing = _periodic(found.walks[head:], period)
+    if differing is None:
+        return None
+    return Stack(found.layers, ((),) * head + differing, period, head)
 
 
 def _periodic(walks: List[List[nn.Module]], period: int) -> Optional[Tuple[Tuple[Tuple[nn.Module, str], ...], ...]]:
