@@ -10,14 +10,17 @@ the loop runs, :class:`PausedCollections` turns automatic collection off and col
 generations itself, when they hold more than :data:`YOUNG_LIMIT` objects and once on exit:
 the loop's garbage is freed inside the call, the old generation is not walked. A count's fake
 run pauses the same way (a LLaMA-2-70B count on meta met a full collection in 5 of 8 counts:
-0.24 s median instead of 0.09). Only fake runs pause: their tensors hold no data, so nothing
-large waits for a collection.
+0.24 s median instead of 0.09). Fake runs pause: their tensors hold no data, so nothing large
+waits for a collection (real runs collect as usual, but for the one said below).
 
 A count (``core.analysis.analyze`` with ``tracer="auto"``) is paused as a whole, from reading
 the model's facts to the aggregated result (``analyze`` enters :class:`PausedCollections`): with the pause around the
 fake run only, a full collection landed in the aggregate (ResNet-50: 6.6 ms of a 29 ms count
 with the collector on, 1.3 ms off). Where "auto" counts one real run instead (a forward that needs
 a value), automatic collection is back on for that run (:func:`resumed`): its garbage may hold data.
+One real run stays paused: ``estimate_memory``'s real step (where a fake step needs values), whose
+peak is the measurement; a collection at a moment set by the process's allocation history moved
+it from call to call (a tensor a garbage cycle held), so that step's garbage waits for its end.
 
 The collector's switch is process-wide: it is put back as found (on, or off when the caller
 had turned it off, in which case nothing is collected here either). Loops in several threads
