@@ -91,6 +91,22 @@ def estimates_on_and_off(monkeypatch, model, args, kwargs, **options):
     return on, off, used
 
 
+def assert_adamw_estimate_replayed_exactly(monkeypatch, model, x, replayed: bool) -> None:
+    """``estimate_memory`` of an AdamW training step of ``model`` on ``x``: the replay taken with
+    the switch on where ``replayed`` (never with it off); every figure the same on and off (peak,
+    categories at the peak, every module's row, warnings); the peak MemTracker's, measured live on
+    the steady-state step; the model left as found."""
+    from _live_oracles import warmed_step_peak
+    from conftest import assert_same_state, snapshot
+
+    before = snapshot(model)
+    on, off, used = estimates_on_and_off(monkeypatch, model, (x,), {}, backward=True, optimizer="adamw")
+    assert used == [replayed, False]
+    assert on == off
+    assert on.peak_bytes == warmed_step_peak(model, x, torch.optim.AdamW)
+    assert_same_state(model, before)
+
+
 def plans_on_and_off(monkeypatch, build, args, **options):
     """``flopcount.plan(build, args, **options)`` with the repeated-layer replay on and off
     (``FLOPCOUNT_REUSE``), and whether each call took the replay (:func:`spy_on_plan_replay`)."""

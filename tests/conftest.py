@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 import pytest
 
+# the shared replay checks assert in tests/_layer_stacks.py: pytest's messages show their operands
+pytest.register_assert_rewrite("_layer_stacks")
+
 if TYPE_CHECKING:
     import torch
 

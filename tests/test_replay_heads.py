@@ -19,8 +19,12 @@ from typing import Any, Callable, List, Optional
 import pytest
 import torch
 from _layer_stacks import LayerList as Net
-from _layer_stacks import estimates_on_and_off, plans_on_and_off, spy_on_plan_replay
-from _live_oracles import warmed_step_peak
+from _layer_stacks import (
+    assert_adamw_estimate_replayed_exactly,
+    estimates_on_and_off,
+    plans_on_and_off,
+    spy_on_plan_replay,
+)
 from conftest import REPLAY_TESTS_MIN_LAYERS, assert_same_state, snapshot
 from torch import nn
 
@@ -136,12 +140,7 @@ def test_estimate_memory_replays_the_run_after_a_head_with_the_same_figures(monk
     assert _shape(stack) == (shape or (2, 1, UNITS))  # the depth-reading head is found too: the check refuses it
     assert stack.units > replay.Template.UNITS + 1  # units the replay materializes, traced by neither cut run
     x = torch.randn(8, WIDTH)
-    before = snapshot(model)
-    on, off, used = estimates_on_and_off(monkeypatch, model, (x,), {}, backward=True, optimizer="adamw")
-    assert used == [shape is not None, False]
-    assert on == off  # peak, categories at the peak, every module's row, warnings
-    assert on.peak_bytes == warmed_step_peak(model, x, torch.optim.AdamW)
-    assert_same_state(model, before)
+    assert_adamw_estimate_replayed_exactly(monkeypatch, model, x, replayed=shape is not None)
 
 
 @pytest.mark.usefixtures("replay_from_six_layers")

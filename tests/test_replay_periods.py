@@ -17,8 +17,7 @@ from typing import Optional
 import pytest
 import torch
 from _layer_stacks import LayerList as Net
-from _layer_stacks import estimates_on_and_off, plans_on_and_off
-from _live_oracles import warmed_step_peak
+from _layer_stacks import assert_adamw_estimate_replayed_exactly, estimates_on_and_off, plans_on_and_off
 from conftest import assert_same_state, snapshot
 from torch import nn
 
@@ -77,12 +76,8 @@ def test_estimate_memory_replays_alternating_layers_by_units_with_the_same_figur
     stack = replay.find_stack(model)
     assert (stack.period if stack is not None else None) == period
     x = torch.randn(8, WIDTH)
-    before = snapshot(model)
-    on, off, used = estimates_on_and_off(monkeypatch, model, (x,), {}, backward=True, optimizer="adamw")
-    assert used == [period is not None, False]  # the broken stack: traced in full with the reuse on too
-    assert on == off  # peak, categories at the peak, every module's row, warnings
-    assert on.peak_bytes == warmed_step_peak(model, x, torch.optim.AdamW)
-    assert_same_state(model, before)
+    # the broken stack: traced in full with the reuse on too
+    assert_adamw_estimate_replayed_exactly(monkeypatch, model, x, replayed=period is not None)
 
 
 @pytest.mark.usefixtures("replay_from_six_layers")

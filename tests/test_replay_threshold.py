@@ -15,9 +15,14 @@ import warnings
 
 import pytest
 import torch
-from _layer_stacks import estimates_on_and_off, gpt2, ids, llama, spy_on_plan_replay
-from _live_oracles import warmed_step_peak
-from conftest import assert_same_state, snapshot
+from _layer_stacks import (
+    assert_adamw_estimate_replayed_exactly,
+    estimates_on_and_off,
+    gpt2,
+    ids,
+    llama,
+    spy_on_plan_replay,
+)
 from torch import nn
 
 import flopcount
@@ -59,13 +64,8 @@ def test_estimate_memory_replays_from_the_threshold_with_the_same_figures(monkey
     layers = DEPTHS[where]
     model = Stack(layers)
     x = torch.randn(8, 32)
-    before = snapshot(model)
-    on, off, used = estimates_on_and_off(monkeypatch, model, (x,), {}, backward=True, optimizer="adamw")
-    replayed = layers >= replay.MIN_LAYERS
-    assert used == [replayed, False]  # below the threshold traced in full with the switch on too
-    assert on == off  # peak, categories at the peak, every module's row, warnings
-    assert on.peak_bytes == warmed_step_peak(model, x, torch.optim.AdamW)
-    assert_same_state(model, before)
+    # below the threshold traced in full with the switch on too
+    assert_adamw_estimate_replayed_exactly(monkeypatch, model, x, replayed=layers >= replay.MIN_LAYERS)
 
 
 @pytest.mark.parametrize("where", list(DEPTHS))
