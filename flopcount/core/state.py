@@ -95,7 +95,9 @@ def same_random_states(before: Tuple[Any, Any], after: Tuple[Any, Any]) -> bool:
         return False
     kind, keys, *rest = before[1]
     kind_after, keys_after, *rest_after = after[1]
-    return kind == kind_after and rest == rest_after and bool((keys == keys_after).all())
+    # one generator kind: two arrays of one dtype and length, equal exactly when their bytes are
+    # (~0.6 us; an elementwise comparison and ``all()`` ~3.5 us)
+    return kind == kind_after and rest == rest_after and keys.tobytes() == keys_after.tobytes()
 
 
 def set_random_states(states: Tuple[Any, Any]) -> None:
@@ -111,20 +113,36 @@ def set_random_states(states: Tuple[Any, Any]) -> None:
     numpy.random.set_state(numpy_state)
 
 
+class FoundRandom:
+    """The states of Python's ``random`` and numpy's global generator as a run found them
+    (:func:`random_states`), which :func:`preserved_random_modules` sets back on exit, and whether
+    that set back is known to change nothing."""
+
+    __slots__ = ("states", "unchanged")
+
+    def __init__(self, states: Tuple[Any, Any]):
+        self.states = states
+        #: True: the generators were read since, found as they were, and nothing that could draw ran
+        #: after that read: the set back is skipped (numpy's ``set_state``, ~70 us a count). Set by
+        #: the one who read them, where nothing but returning runs after (``tracers._fake_run``)
+        self.unchanged = False
+
+
 @contextlib.contextmanager
-def preserved_random_modules(set_back: bool = True) -> Iterator[Tuple[Any, Any]]:
+def preserved_random_modules(set_back: bool = True) -> Iterator[FoundRandom]:
     """Gives the states of Python's ``random`` and numpy's global generator on entry
-    (:func:`random_states`) and, with ``set_back``, sets them back on exit
-    (:func:`set_random_states`). A count runs the user's forward, whose Python code draws from
+    (:func:`random_states`, held by a :class:`FoundRandom`) and, with ``set_back``, sets them back
+    on exit (:func:`set_random_states`) unless it is known to change nothing
+    (``FoundRandom.unchanged``). A count runs the user's forward, whose Python code draws from
     them for real even on fake tensors (``if self.training and random.random() < p``); before, each
     count advanced the caller's generators, and a fallback real run drew after the fake run's draws.
     ~0.1 ms per count (read and set back, numpy's generator most of it)."""
-    states = random_states()
+    found = FoundRandom(random_states())
     try:
-        yield states
+        yield found
     finally:
-        if set_back:
-            set_random_states(states)
+        if set_back and not found.unchanged:
+            set_random_states(found.states)
 
 
 class PrivateRandom(TorchDispatchMode):

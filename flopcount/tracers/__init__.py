@@ -18,6 +18,7 @@ from flopcount.core.collection import PausedCollections
 from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import (
+    FoundRandom,
     left_as_found,
     preserved_random_modules,
     random_states,
@@ -93,7 +94,7 @@ def trace(
 
 def _traced(
     model: nn.Module, call: PreparedCall, tracer: str, backward: bool, loss_fn: Optional[LossFn],
-    optimizer: Optional[OptimizerSpec], facts: ModelFacts, drawn: Tuple[Any, Any],
+    optimizer: Optional[OptimizerSpec], facts: ModelFacts, drawn: FoundRandom,
     module_output: Optional[ModuleOutput] = None,
 ) -> Trace:
     from flopcount.tracers import dispatch, jit
@@ -107,7 +108,7 @@ def _traced(
         )
         if run is not None:
             return run
-        set_random_states(drawn)  # the real run draws what the fake run drew
+        set_random_states(drawn.states)  # the real run draws what the fake run drew
         dataless = _dataless(call.tensors, facts)
         # counted on the private twin below (a lazy module is materialised there, not in the
         # caller's model: on meta it used to turn the caller's LazyLinear into a Linear)
@@ -144,11 +145,11 @@ def trace_on_fakes(
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
     # a step of the decoding loop: its draws from Python's and numpy's generators are left for the next step
-    return _fake_run(model, call, facts, random_states(), on_output=on_output, module_output=module_output)[0]
+    return _fake_run(model, call, facts, FoundRandom(random_states()), on_output=on_output, module_output=module_output)[0]
 
 
 def _fake_run(
-    model: nn.Module, call: PreparedCall, facts: ModelFacts, drawn: Tuple[Any, Any], **options: Any
+    model: nn.Module, call: PreparedCall, facts: ModelFacts, drawn: FoundRandom, **options: Any
 ) -> Tuple[Optional[Trace], str]:
     """The forward on fake copies and "", or None and why it was not run there (what fakes
     cannot copy or keep) or could not run. A fake run's garbage holds no data: automatic
@@ -170,17 +171,24 @@ def _fake_run(
     # ~50 us more: once per count, not once per first call) and, where it booked a call from an earlier one and drew,
     # again from the same states, watched (a block that drew is not booked again: a next call may
     # branch otherwise).
+    # The unwatched run's read, made once its young garbage is collected, also tells the caller that
+    # the generators are as found (``drawn.unchanged``): its set back would change nothing.
     watch = options.get("on_output") is not None
+    unchanged = False
     try:
         with PausedCollections():
             run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, **options)
-            if run.reused_calls and not watch and not same_random_states(drawn, random_states()):
-                set_random_states(drawn)
-                run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, **options)
+        if run.reused_calls and not watch:
+            unchanged = same_random_states(drawn.states, random_states())
+            if not unchanged:
+                set_random_states(drawn.states)
+                with PausedCollections():
+                    run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, **options)
     except FakeRunError as exc:
         return None, exc.reason
     if _made_sparse(run):
         return None, "the forward makes sparse tensors, whose non-zeros fake tensors do not have"
+    drawn.unchanged = unchanged  # nothing runs after this but the caller's return
     return run, ""
 
 
