@@ -12,7 +12,9 @@ and only bounds what that thing costs.
 ``--read by_module`` (or ``to_dict``, ``by_operator``, ``cli-table``: what ``flopcount count`` prints) times each count with that read of its
 result after it, inside the timed region: a reader pays for tables booked on first read.
 Since branch deferbook the default count books its tables on first read: ``eager`` is the
-count before it (the tables booked at once), ``deferred`` the default itself.
+count before it (the tables booked at once), ``deferred`` the default itself. ``set-back-always``
+is the count before branch resnet9 (Python's and numpy's generators set back on every count's way
+out, numpy's key arrays compared elementwise).
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_variants.py [--model resnet50|bert|gpt2|70b]
         [--rounds 41] [--only reuse-off,eager,torch-untracked+eager] [--read by_module]
@@ -21,6 +23,7 @@ count before it (the tables booked at once), ``deferred`` the default itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -38,6 +41,8 @@ from count_phases import _cases  # noqa: E402
 from torch.overrides import handle_torch_function, has_torch_function  # noqa: E402
 
 import flopcount.core.analysis as analysis  # noqa: E402
+import flopcount.core.state as state  # noqa: E402
+import flopcount.tracers as tracers  # noqa: E402
 import flopcount.tracers._reuse as reuse  # noqa: E402
 from flopcount import count_flops  # noqa: E402
 
@@ -130,6 +135,32 @@ def _arguments_below_modes(original: Any) -> Any:
     return value
 
 
+def _set_back_always(original: Any) -> Any:
+    # the count before branch resnet9: the generators set back on every count's way out, and
+    # numpy's key arrays compared elementwise
+    @contextlib.contextmanager
+    def preserved_random_modules(set_back: bool = True) -> Any:
+        found = state.FoundRandom(state.random_states())
+        try:
+            yield found
+        finally:
+            if set_back:
+                state.set_random_states(found.states)
+
+    return preserved_random_modules
+
+
+def _elementwise_comparison(original: Any) -> Any:
+    def same_random_states(before: Any, after: Any) -> bool:
+        if before[0] != after[0]:
+            return False
+        kind, keys, *rest = before[1]
+        kind_after, keys_after, *rest_after = after[1]
+        return kind == kind_after and rest == rest_after and bool((keys == keys_after).all())
+
+    return same_random_states
+
+
 def _together(parts: List[Variant]) -> Variant:
     """Several variants on at once (``--only a+b``)."""
     if len(parts) == 1:
@@ -155,6 +186,10 @@ def variants() -> Dict[str, Variant]:
         "deferred": _swapped(analysis, "aggregate", _deferred_tables),
         "eager": _swapped(analysis, "aggregate", _eager_tables),
         "arguments-below-modes": _swapped(reuse.Reuse, "_value", _arguments_below_modes),
+        "set-back-always": _together([
+            _swapped(tracers, "preserved_random_modules", _set_back_always),
+            _swapped(tracers, "same_random_states", _elementwise_comparison),
+        ]),
     }
 
 
