@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 from count_phases import _cases  # noqa: E402
-from torch.overrides import handle_torch_function, has_torch_function  # noqa: E402
 
 import flopcount.core.analysis as analysis  # noqa: E402
 import flopcount.tracers._reuse as reuse  # noqa: E402
@@ -119,17 +118,6 @@ def _eager_tables(original: Any) -> Any:
     return aggregate
 
 
-def _arguments_below_modes(original: Any) -> Any:
-    # a call's arguments keyed below the run's torch-function modes, routed as one call (as
-    # fake.copies._read_keys routes its reads)
-    def value(self: Any, item: Any, tensors: List[Any], caches: List[Any]) -> Any:
-        if has_torch_function(()):
-            return handle_torch_function(value, (), self, item, tensors, caches)
-        return original(self, item, tensors, caches)
-
-    return value
-
-
 def _together(parts: List[Variant]) -> Variant:
     """Several variants on at once (``--only a+b``)."""
     if len(parts) == 1:
@@ -154,7 +142,6 @@ def variants() -> Dict[str, Variant]:
         "torch-untracked": _swapped(reuse.Reuse, "_tracking_class", _torch_classes_untracked),
         "deferred": _swapped(analysis, "aggregate", _deferred_tables),
         "eager": _swapped(analysis, "aggregate", _eager_tables),
-        "arguments-below-modes": _swapped(reuse.Reuse, "_value", _arguments_below_modes),
     }
 
 

@@ -450,3 +450,64 @@ def test_the_callers_tensors_are_read_through_the_function_modes_once_per_module
     with Seen() as mode:  # read one by one, as before: every read a call of the mode
         [copies.reuse_key(t, faker.fake_type) for t in tensors]
     assert mode.calls > 4 * len(tensors)
+
+
+def _mode_passes(monkeypatch, model, inputs):
+    """(passes through the count's own torch-function mode, the vocabulary's, calls booked from
+    an earlier one) of one count of ``model``."""
+    from flopcount.tracers import _vocabulary
+
+    passes = []
+    original = _vocabulary.CompositeInterceptor.__torch_function__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        passes.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_vocabulary.CompositeInterceptor, "__torch_function__", counted)
+    before = snapshot(model)
+    result = count_flops(model, inputs)
+    assert_same_state(model, before)
+    monkeypatch.setattr(_vocabulary.CompositeInterceptor, "__torch_function__", original)
+    return len(passes), result
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_replayed_call_passes_the_function_modes_once_to_key_its_arguments_and_once_to_make_its_outputs(
+        monkeypatch, train):
+    # Inside the run every read of a fake's metadata is a pass through the run's torch-function
+    # modes (~7 us each), and torch looks the mode's handler up by a name string it makes anew each
+    # time, which CPython 3.11's type attribute cache keeps (issue #32: the count's memory per
+    # layer). A replayed call's key reads its fake arguments' metadata, and its outputs are made,
+    # each as one call below the modes (``copies.outside_modes``). By hand, per extra block of the
+    # toy stack (one tensor argument, one output): one pass to key it, one to make its output.
+    # Before (branch countmem4's parent): 8, seven reads of its argument (shape, stride, offset,
+    # dtype, gradient, base, layout) and one per fake made
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    torch.manual_seed(0)
+    inputs = (torch.randn(B, D),)
+    shallow, deep = (_mode_passes(monkeypatch, Stack(n).train(train), inputs) for n in (4, 12))
+    assert shallow[1].reused_calls == 3 and deep[1].reused_calls == 11
+    assert shallow[1].macs == _macs(4) and deep[1].macs == _macs(12)
+    assert (deep[0] - shallow[0]) / (12 - 4) == 2
+
+
+def test_a_replayed_layer_given_a_kv_cache_passes_the_function_modes_three_times(monkeypatch):
+    # a LLaMA layer (four fake arguments and the cache; real weights, so that the model is checked
+    # left as found by value): its key once, the cache slots' new fakes once, its output once.
+    # Before: 31 (28 reads of its arguments' metadata, three fakes made)
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    torch.manual_seed(0)
+
+    def llama(layers: int) -> nn.Module:
+        config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        return LlamaForCausalLM(config).eval()
+
+    ids = (torch.zeros(2, 16, dtype=torch.long),)
+    shallow, deep = (_mode_passes(monkeypatch, llama(n), ids) for n in (8, 24))
+    assert shallow[1].reused_calls == 7 and deep[1].reused_calls == 23
+    assert (deep[0] - shallow[0]) / (24 - 8) == 3
