@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 from count_phases import _cases  # noqa: E402
-from torch.overrides import handle_torch_function, has_torch_function  # noqa: E402
 
 import flopcount.core.analysis as analysis  # noqa: E402
 import flopcount.core.state as state  # noqa: E402
@@ -124,17 +123,6 @@ def _eager_tables(original: Any) -> Any:
     return aggregate
 
 
-def _arguments_below_modes(original: Any) -> Any:
-    # a call's arguments keyed below the run's torch-function modes, routed as one call (as
-    # fake.copies._read_keys routes its reads)
-    def value(self: Any, item: Any, tensors: List[Any], caches: List[Any]) -> Any:
-        if has_torch_function(()):
-            return handle_torch_function(value, (), self, item, tensors, caches)
-        return original(self, item, tensors, caches)
-
-    return value
-
-
 def _set_back_always(original: Any) -> Any:
     # the count before branch resnet9: the generators set back on every count's way out, and
     # numpy's key arrays compared elementwise
@@ -185,7 +173,6 @@ def variants() -> Dict[str, Variant]:
         "torch-untracked": _swapped(reuse.Reuse, "_tracking_class", _torch_classes_untracked),
         "deferred": _swapped(analysis, "aggregate", _deferred_tables),
         "eager": _swapped(analysis, "aggregate", _eager_tables),
-        "arguments-below-modes": _swapped(reuse.Reuse, "_value", _arguments_below_modes),
         "set-back-always": _together([
             _swapped(tracers, "preserved_random_modules", _set_back_always),
             _swapped(tracers, "same_random_states", _elementwise_comparison),

@@ -68,7 +68,7 @@ from torch import nn
 from flopcount.core import hooks
 from flopcount.core.state import forward_globals, plain_object, random_states, same_random_states
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
-from flopcount.tracers.fake.copies import LazyCopy, Pending, tensor_key
+from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, tensor_key
 from flopcount.types import ReplayedCall, expand
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
@@ -95,6 +95,8 @@ _FLAGS = tuple(sorted(hooks.hook_flag_names()))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
+# a fake argument met first in a call: its metadata is in the key's part of the arguments' tensors
+_TENSOR = ("tensor",)
 _NO_KEYS: Mapping[int, Any] = MappingProxyType({})
 _UNSET: Any = object()
 # nn.Module's own methods that read ``__dict__`` for torch's registries (a parameter lookup,
@@ -531,8 +533,10 @@ class Reuse:
             order: List[nn.Module] = []
             tensors: List[Any] = []
             caches: List[Any] = []
-            key = (self._structure(wrapped, order), self._value(args, tensors, caches),
-                   self._value(kwargs, tensors, caches), _settings(), self._globals_key(order))
+            structure = self._structure(wrapped, order)
+            arguments = (self._value(args, tensors, caches), self._value(kwargs, tensors, caches))
+            # the arguments' tensors by their metadata, read in one call below the run's modes
+            key = (structure, arguments, _fake_keys(tensors), _settings(), self._globals_key(order))
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
             if entry is not None and entry.clean:
@@ -942,7 +946,8 @@ class Reuse:
         self.reused += 1
         if entry.slots is not None and slots is not None:
             self._cache_events += 1
-            self._apply(slots, entry.slots[3], caches, tensors)
+            # the slots' new fakes made below the run's torch-function modes, as the outputs below
+            outside_modes(self._apply, tensors, slots, entry.slots[3], caches, tensors)
         if log is not None and entry.reads:  # an enclosing first call read these too
             log.extend((order[i], name if name != "*" else "__dict__") for i, name in entry.reads)
         originals = self._originals  # a module not copied (booked, never run): the caller's one's name
@@ -958,7 +963,8 @@ class Reuse:
             if not marks or marks[-2] != at:
                 marks.extend((at, len(replayed)))
             replayed += (new_names, entry.calls)
-        return self._make(entry.outputs, tensors)
+        # the outputs made below the run's torch-function modes (one pass, not one per fake made)
+        return outside_modes(self._make, tensors, entry.outputs, tensors)
 
     def _flush_calls(self, final: bool = False) -> None:
         """Add the replays' module calls to the stack's counts, each name where its first call
@@ -1204,16 +1210,13 @@ class Reuse:
         if kind in _SCALARS:
             return (kind, value)
         if kind is self._fake_type:
-            if value.fake_mode is not self._mode or value.constant is not None or value.layout != torch.strided:
+            if value.fake_mode is not self._mode or value.constant is not None:
                 raise Unkeyable("a tensor of another kind")
             for i, seen in enumerate(tensors):
                 if seen is value:
                     return ("same", i)
             tensors.append(value)
-            return (
-                tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.fake_device,
-                value.requires_grad, value._base is not None,
-            )
+            return _TENSOR  # its metadata: the key's part read by _fake_keys, in this order
         if kind is tuple or kind is list:
             return (kind, tuple([self._value(v, tensors, caches) for v in value]))
         if kind is dict:
@@ -1316,6 +1319,26 @@ class Reuse:
                 return self._fake_type(self._mode, meta, device)
         _, kind, items = described
         return kind(self._make(item, tensors) for item in items)
+
+
+def _fake_keys(fakes: List[Any]) -> Tuple[Tuple[Any, ...], ...]:
+    """The metadata a call's fake arguments (each once, in the order :meth:`Reuse._value` met them)
+    are keyed by, read in one call below the run's torch-function modes (``outside_modes``: a
+    LLaMA layer's four arguments were 28 passes through the vocabulary mode per replay).
+    :class:`Unkeyable` for a tensor that is not strided."""
+    found = outside_modes(_fake_metadata, fakes, fakes)
+    if None in found:
+        raise Unkeyable("a tensor of another kind")
+    return found
+
+
+def _fake_metadata(fakes: List[Any]) -> Tuple[Optional[Tuple[Any, ...]], ...]:
+    """:func:`_fake_keys`' reads (None for a tensor that is not strided), through whatever modes are active."""
+    return tuple([
+        (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, t.requires_grad, t._base is not None)
+        if t.layout == torch.strided else None
+        for t in fakes
+    ])
 
 
 def _signature(

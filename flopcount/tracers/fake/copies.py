@@ -341,20 +341,34 @@ class LazyTensors(dict):
         return (dict, (self.items(),))
 
 
-def _read_keys(faker: _Faker, tensors: List[Any], keys: Optional[Dict[Any, Any]] = None) -> List[Optional[Tuple[Any, ...]]]:
-    """Each real tensor's :func:`reuse_key` where it can be faked the fast way, else None. A lazy
-    copy reads them inside the run, where every read of a tensor's metadata (``.shape``,
-    ``.stride()``, ``.dtype``...) goes through the run's torch-function modes (~7 us each: a
-    ResNet-50 count 25% slower when its copies were read so). Routed as one overridable call
-    (``torch.overrides.handle_torch_function``, public): a mode runs a function it does not know
-    with itself off the stack, so the reads below it go through no mode. ``keys``: each key is the one
-    equal key held there (added if new), as it is read: a duplicate is freed at once (a deep model's
-    equal keys, read up front, were otherwise all alive at once, then left in CPython's free lists)."""
+def outside_modes(read: Callable[..., Any], tensors: Sequence[Any], *args: Any) -> Any:
+    """``read(*args)``, the run's torch-function modes off the stack while it runs, so that the reads
+    of ``tensors``' metadata (``.shape``, ``.stride()``, ``.dtype``...) inside it go through none of
+    them. Inside the run every such read is a pass through each mode (~7 us; and torch looks up the
+    mode's handler by a name string it makes anew each time, which CPython 3.11's type attribute
+    cache then holds until its slot is reused: ~60 B a pass that a count leaves allocated, issue #32).
+    Routed as one overridable call on ``tensors`` (``torch.overrides.handle_torch_function``,
+    public): a mode runs a function it does not know with itself off the stack, so the reads below it
+    go through no mode. A mode or subclass that refuses the call: ``read`` runs through the modes."""
     try:
         if has_torch_function(tensors):
-            return handle_torch_function(_read_keys, tensors, faker, tensors, keys)
+            return handle_torch_function(outside_modes, tensors, read, tensors, *args)
     except Exception:
-        pass  # a mode or subclass that refuses the call: the reads through the modes, below
+        pass
+    return read(*args)
+
+
+def _read_keys(faker: _Faker, tensors: List[Any], keys: Optional[Dict[Any, Any]] = None) -> List[Optional[Tuple[Any, ...]]]:
+    """Each real tensor's :func:`reuse_key` where it can be faked the fast way, else None, read in one
+    call (:func:`outside_modes`: a lazy copy reads them inside the run; a ResNet-50 count was 25%
+    slower when its copies' keys were read through the modes). ``keys``: each key is the one equal
+    key held there (added if new), as it is read: a duplicate is freed at once (a deep model's equal
+    keys, read up front, were otherwise all alive at once, then left in CPython's free lists)."""
+    return outside_modes(_keys_now, tensors, faker, tensors, keys)
+
+
+def _keys_now(faker: _Faker, tensors: List[Any], keys: Optional[Dict[Any, Any]]) -> List[Optional[Tuple[Any, ...]]]:
+    """:func:`_read_keys`' reads, through whatever modes are active."""
     key_of = faker.deferred_key
     if keys is None:
         return [key_of(t) for t in tensors]
