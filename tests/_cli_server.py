@@ -19,7 +19,9 @@ and nothing of flopcount, transformers or lightning; a test that checks what imp
 does to a bare interpreter (torch not imported) keeps a real one.
 
 The server only imports: it runs no torch op before forking, so no child inherits a thread pool
-(OpenMP's threads do not survive a fork)."""
+(OpenMP's threads do not survive a fork). A ``python`` child runs with the test process's number of
+torch threads (its share of the cores under pytest-xdist, tests/conftest.py), as the test would have
+run the same code itself."""
 
 from __future__ import annotations
 
@@ -91,6 +93,12 @@ def _run_python(request: Dict[str, Any]) -> int:
     sys.path[0] as the interpreter sets them, PYTHONPATH entries the server lacks put after it."""
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[1:1] = extra
+    if "threads" in request:
+        # the test process's share of the cores (tests/conftest.py), not torch's default of one
+        # thread per core: the test waits while its child runs, so the child stands in for it
+        import torch
+
+        torch.set_num_threads(request["threads"])
     if "code" in request:
         sys.argv = ["-c", *request["args"]]
         sys.path[0] = ""
@@ -265,6 +273,11 @@ class PythonServer:
             self.server = CliServer(self.folder, {**os.environ, "PYTHONPATH": path}, preload=("torch",))
         request: Dict[str, Any] = {"cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env),
                                    "args": list(args[3:])}
+        if "torch" in sys.modules:
+            # torch's threads as this process has them: under pytest-xdist each worker runs one per
+            # core it shares (tests/conftest.py), and a child left at torch's default of one per core
+            # spun its OpenMP threads against the other worker (a real generate() took 2-3x the CPU)
+            request["threads"] = sys.modules["torch"].get_num_threads()
         request["code" if args[1] == "-c" else "module"] = args[2]
         if capture_output:
             stdout = stderr = subprocess.PIPE
