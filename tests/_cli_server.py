@@ -16,7 +16,9 @@ MODULE`` in tests that need a process of their own but not a fresh interpreter
 (:class:`PythonServer`, the ``fresh_python`` fixture of tests/conftest.py): a process-wide flag set
 for good, a peak RSS, a crash that must not take pytest with it. Its children have imported torch
 and nothing of flopcount, transformers or lightning; a test that checks what importing flopcount
-does to a bare interpreter (torch not imported) keeps a real one.
+does to a bare interpreter (torch not imported) keeps a real one. A second such server, started
+with transformers' LLaMA modelling code preloaded too (conftest's ``fresh_python_with_transformers``),
+serves the children that build transformers models.
 
 The server only imports: it runs no torch op before forking, so no child inherits a thread pool
 (OpenMP's threads do not survive a fork). A ``python`` child runs with the test process's number of
@@ -255,12 +257,13 @@ class CliServer:
 
 class PythonServer:
     """``python -c`` / ``python -m`` run in a child forked from a process that has imported torch
-    (and nothing of flopcount): :meth:`run` takes subprocess.run's arguments for those two command
-    lines and returns what it would. Started on the first run; the server's ``sys.path`` is this
-    process's, so the children import the flopcount this process imports."""
+    (and nothing of flopcount), or the modules ``preload`` names: :meth:`run` takes subprocess.run's
+    arguments for those two command lines and returns what it would. Started on the first run; the
+    server's ``sys.path`` is this process's, so the children import the flopcount this process imports."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, preload: Sequence[str] = ("torch",)) -> None:
         self.folder = folder
+        self.preload = tuple(preload)
         self.server: Optional[CliServer] = None
 
     def run(self, args: Sequence[str], *, cwd: Any = None, env: Optional[Dict[str, str]] = None,
@@ -270,7 +273,7 @@ class PythonServer:
             raise ValueError(f"PythonServer runs [sys.executable, '-c' or '-m', ...], not {list(args)!r}")
         if self.server is None:
             path = os.pathsep.join(p for p in sys.path if p)
-            self.server = CliServer(self.folder, {**os.environ, "PYTHONPATH": path}, preload=("torch",))
+            self.server = CliServer(self.folder, {**os.environ, "PYTHONPATH": path}, preload=self.preload)
         request: Dict[str, Any] = {"cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env),
                                    "args": list(args[3:])}
         if "torch" in sys.modules:

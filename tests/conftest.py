@@ -191,6 +191,27 @@ def fresh_python(tmp_path_factory: Any) -> Any:
     server.close()
 
 
+#: what fresh_python_with_transformers's server imports: transformers' LLaMA modelling code, and with it
+#: the model machinery every transformers model imports (modeling_utils: torch.distributed.tensor,
+#: torch._dynamo, accelerate), ~2.5 s of CPU in a process that has torch
+TRANSFORMERS_PRELOAD = ("torch", "transformers.models.llama.modeling_llama")
+
+
+@pytest.fixture(scope="session")
+def fresh_python_with_transformers(tmp_path_factory: Any) -> Any:
+    """As :func:`fresh_python`, from a server that has imported TRANSFORMERS_PRELOAD too: for the
+    tests whose child builds transformers models (the per-layer memory readings of
+    tests/tracers/test_count_memory_depth.py and test_reuse_lazy_copy.py, test_dispatch.py's peak
+    RSS, test_generation_fake_path.py's five families), each of which imported them again. A server
+    of its own, so that fresh_python's children still start without transformers
+    (tests/test_architecture.py's "no trainer framework"). Started on first use."""
+    from _cli_server import PythonServer
+
+    server = PythonServer(tmp_path_factory.mktemp("python-server-transformers"), preload=TRANSFORMERS_PRELOAD)
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="session")
 def llama7_one_rank_plan() -> Any:
     """``plan(tiny_llama7, (example_input("llama7"),), fsdp=1, on=None)`` (tests/plan/_plan_gloo.py's

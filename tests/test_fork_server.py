@@ -73,3 +73,17 @@ def test_a_child_runs_with_the_test_process_s_torch_threads(fresh_python: Any) -
     finally:
         torch.set_num_threads(saved)
     assert seen == [1, 3]
+
+
+def test_the_transformers_server_s_children_start_with_its_llama_and_the_torch_server_s_without(
+    fresh_python: Any, fresh_python_with_transformers: Any
+) -> None:
+    """Two servers (tests/conftest.py): fresh_python's children have imported torch and nothing of
+    transformers or flopcount (what tests/test_architecture.py's "no trainer framework" starts
+    from); fresh_python_with_transformers's have transformers' LLaMA modelling code too, so that a
+    child building a LLaMA does not import it again (~2.5 s of CPU), and nothing of flopcount."""
+    code = ("import sys; print('torch' in sys.modules, 'transformers.models.llama.modeling_llama' in sys.modules, "
+            "'flopcount' in sys.modules)")
+    seen = [server.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+            for server in (fresh_python, fresh_python_with_transformers)]
+    assert seen == [["True", "False", "False"], ["True", "True", "False"]]
