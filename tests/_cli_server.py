@@ -16,10 +16,14 @@ MODULE`` in tests that need a process of their own but not a fresh interpreter
 (:class:`PythonServer`, the ``fresh_python`` fixture of tests/conftest.py): a process-wide flag set
 for good, a peak RSS, a crash that must not take pytest with it. Its children have imported torch
 and nothing of flopcount, transformers or lightning; a test that checks what importing flopcount
-does to a bare interpreter (torch not imported) keeps a real one.
+does to a bare interpreter (torch not imported) keeps a real one. A second such server, started
+with transformers' LLaMA modelling code preloaded too (conftest's ``fresh_python_with_transformers``),
+serves the children that build transformers models.
 
 The server only imports: it runs no torch op before forking, so no child inherits a thread pool
-(OpenMP's threads do not survive a fork)."""
+(OpenMP's threads do not survive a fork). A ``python`` child runs with the test process's number of
+torch threads (its share of the cores under pytest-xdist, tests/conftest.py), as the test would have
+run the same code itself."""
 
 from __future__ import annotations
 
@@ -91,6 +95,12 @@ def _run_python(request: Dict[str, Any]) -> int:
     sys.path[0] as the interpreter sets them, PYTHONPATH entries the server lacks put after it."""
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[1:1] = extra
+    if "threads" in request:
+        # the test process's share of the cores (tests/conftest.py), not torch's default of one
+        # thread per core: the test waits while its child runs, so the child stands in for it
+        import torch
+
+        torch.set_num_threads(request["threads"])
     if "code" in request:
         sys.argv = ["-c", *request["args"]]
         sys.path[0] = ""
@@ -247,12 +257,13 @@ class CliServer:
 
 class PythonServer:
     """``python -c`` / ``python -m`` run in a child forked from a process that has imported torch
-    (and nothing of flopcount): :meth:`run` takes subprocess.run's arguments for those two command
-    lines and returns what it would. Started on the first run; the server's ``sys.path`` is this
-    process's, so the children import the flopcount this process imports."""
+    (and nothing of flopcount), or the modules ``preload`` names: :meth:`run` takes subprocess.run's
+    arguments for those two command lines and returns what it would. Started on the first run; the
+    server's ``sys.path`` is this process's, so the children import the flopcount this process imports."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, preload: Sequence[str] = ("torch",)) -> None:
         self.folder = folder
+        self.preload = tuple(preload)
         self.server: Optional[CliServer] = None
 
     def run(self, args: Sequence[str], *, cwd: Any = None, env: Optional[Dict[str, str]] = None,
@@ -262,9 +273,14 @@ class PythonServer:
             raise ValueError(f"PythonServer runs [sys.executable, '-c' or '-m', ...], not {list(args)!r}")
         if self.server is None:
             path = os.pathsep.join(p for p in sys.path if p)
-            self.server = CliServer(self.folder, {**os.environ, "PYTHONPATH": path}, preload=("torch",))
+            self.server = CliServer(self.folder, {**os.environ, "PYTHONPATH": path}, preload=self.preload)
         request: Dict[str, Any] = {"cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env),
                                    "args": list(args[3:])}
+        if "torch" in sys.modules:
+            # torch's threads as this process has them: under pytest-xdist each worker runs one per
+            # core it shares (tests/conftest.py), and a child left at torch's default of one per core
+            # spun its OpenMP threads against the other worker (a real generate() took 2-3x the CPU)
+            request["threads"] = sys.modules["torch"].get_num_threads()
         request["code" if args[1] == "-c" else "module"] = args[2]
         if capture_output:
             stdout = stderr = subprocess.PIPE

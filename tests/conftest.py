@@ -191,6 +191,27 @@ def fresh_python(tmp_path_factory: Any) -> Any:
     server.close()
 
 
+#: what fresh_python_with_transformers's server imports: transformers' LLaMA modelling code, and with it
+#: the model machinery every transformers model imports (modeling_utils: torch.distributed.tensor,
+#: torch._dynamo, accelerate), ~2.5 s of CPU in a process that has torch
+TRANSFORMERS_PRELOAD = ("torch", "transformers.models.llama.modeling_llama")
+
+
+@pytest.fixture(scope="session")
+def fresh_python_with_transformers(tmp_path_factory: Any) -> Any:
+    """As :func:`fresh_python`, from a server that has imported TRANSFORMERS_PRELOAD too: for the
+    tests whose child builds transformers models (the per-layer memory readings of
+    tests/tracers/test_count_memory_depth.py and test_reuse_lazy_copy.py, test_dispatch.py's peak
+    RSS, test_generation_fake_path.py's five families), each of which imported them again. A server
+    of its own, so that fresh_python's children still start without transformers
+    (tests/test_architecture.py's "no trainer framework"). Started on first use."""
+    from _cli_server import PythonServer
+
+    server = PythonServer(tmp_path_factory.mktemp("python-server-transformers"), preload=TRANSFORMERS_PRELOAD)
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="session")
 def llama7_one_rank_plan() -> Any:
     """``plan(tiny_llama7, (example_input("llama7"),), fsdp=1, on=None)`` (tests/plan/_plan_gloo.py's
@@ -243,28 +264,29 @@ def stored_machine_roofs(_private_cache_dir: None, _roofs_of_this_machine: Any) 
 
 
 #: the test files that take longest: seconds summed over their tests' phases (setup, call, teardown)
-#: of 1.09 s or more in `pytest -n 2 --dist worksteal -m "not serial" --durations=300` (2026-11-28
-#: 10:38-10:53 UTC, main 2782c82, load ~4-5; docs/performance.md, "Issue #27: the main suite's
-#: avoidable time, again (branch suitefast3)"), the files of 6 s or more. Wall seconds of a loaded
-#: run, not CPU: a test that waits for a forked child (conftest's fresh_python) holds its worker for
-#: the child's time, and --durations books it there. What is left out (tests under 1.09 s) needs no
-#: place: work-stealing moves such tests one by one. test_replay_heads.py's toy head stacks (69.5 s
-#: of it in that run) are cut by suitefast3 to 0.46 of that (interleaved, one process): booked so.
-#: Under pytest-xdist each worker starts with its share of them, see _heavy_files_first
+#: among the 400 longest in `pytest -n 2 --dist worksteal -m "not serial" --durations=400` (2026-11-28
+#: 13:23-13:39 UTC, main f5679e3, load 0.5 -> 5.6; docs/performance.md, "Issue #27: the main suite's
+#: forked children (branch suitefast4)"), the files of 6 s or more. Wall seconds of a loaded run, not
+#: CPU: a test that waits for a forked child (conftest's fresh_python) holds its worker for the
+#: child's time, and --durations books it there. What is left out (tests under ~0.8 s) needs no
+#: place: work-stealing moves such tests one by one. The files whose children suitefast4 made
+#: cheaper are booked at what their tests took after it, interleaved with before (0.48x
+#: test_count_memory_depth.py, 0.37x test_reuse_lazy_copy.py, test_generation_fake_path.py's
+#: subprocess test 57 -> 12 s). Under pytest-xdist each worker starts with its share, see _heavy_files_first
 HEAVY_FILES = {
-    "test_replay_heads.py": 178, "test_replay_periods.py": 165, "plan/test_plan_layers.py": 93,
-    "test_memory_reuse.py": 92, "test_memory_layers.py": 81, "test_generation_options.py": 62,
-    "tracers/test_hf_tracing.py": 49, "test_generation_deferred_steps.py": 42, "test_generation_limits.py": 39,
-    "tracers/test_count_memory_depth.py": 32, "test_install.py": 32, "test_generation_fake_path.py": 31,
-    "cli/test_artifacts.py": 29, "test_doc_snippets.py": 22, "tracers/test_reuse_lazy_copy.py": 18,
-    "plan/test_plan_analytic.py": 15, "test_memory_replay_module_peaks.py": 15, "plan/test_plan_cli.py": 15,
-    "test_ci_recipes.py": 13, "test_replay_partial_activations.py": 13, "serving/test_serve.py": 11,
-    "serving/test_serve_derived.py": 11, "plan/test_plan_tp_refusals.py": 10, "test_memory_review.py": 10,
-    "plan/test_plan_tp_code_refusals.py": 10, "plan/test_plan_skipped_modules.py": 9, "cli/test_cli_issue29.py": 9,
-    "plan/test_plan_vocabulary.py": 9, "cli/test_cli.py": 9, "test_generation_encoder_outputs.py": 8,
-    "test_rendering.py": 8, "test_replay_threshold.py": 8, "test_private_torch.py": 8,
-    "integrations/test_hf_callback.py": 7, "test_memory_autocast.py": 7, "test_profile_marks.py": 6,
-    "tracers/test_dispatch.py": 6,
+    "test_replay_heads.py": 153, "test_replay_periods.py": 123, "plan/test_plan_layers.py": 107,
+    "test_memory_reuse.py": 75, "tracers/test_hf_tracing.py": 69, "test_memory_layers.py": 64,
+    "test_generation_limits.py": 59, "test_generation_deferred_steps.py": 56, "test_doc_snippets.py": 46,
+    "test_generation_options.py": 43, "tracers/test_count_memory_depth.py": 42, "cli/test_artifacts.py": 41,
+    "test_install.py": 41, "test_memory_replay_module_peaks.py": 36, "serving/test_serve_derived.py": 28,
+    "test_ci_recipes.py": 25, "plan/test_plan_analytic.py": 23, "test_generation_fake_path.py": 20,
+    "serving/test_serve.py": 18, "plan/test_plan_skipped_modules.py": 16, "test_replay_partial_activations.py": 16,
+    "plan/test_plan_cli.py": 13, "test_replay_threshold.py": 13, "test_generation.py": 13, "test_profile_marks.py": 11,
+    "cli/test_cli_issue29.py": 10, "tracers/test_reuse_lazy_copy.py": 10, "test_architecture.py": 10,
+    "tracers/test_shape_cache.py": 9, "test_memory_review.py": 9, "test_rendering.py": 9,
+    "plan/test_plan_tp_refusals.py": 8, "tracers/test_dispatch.py": 8, "plan/test_plan_vocabulary.py": 8,
+    "plan/test_plan_encoder.py": 8, "cli/test_cli.py": 7, "test_private_torch.py": 7, "test_training_step.py": 7,
+    "test_generation_model_prepare.py": 7, "plan/test_plan_utilisation.py": 6,
 }
 
 

@@ -52,3 +52,38 @@ def test_a_timeout_kills_the_child(fresh_python: Any) -> None:
 def test_only_python_c_and_m_command_lines(fresh_python: Any) -> None:
     with pytest.raises(ValueError, match="PythonServer runs"):
         fresh_python.run(["bash", "-c", "true"])
+
+
+def test_a_child_runs_with_the_test_process_s_torch_threads(fresh_python: Any) -> None:
+    """Under pytest-xdist a worker runs torch on its share of the cores (tests/conftest.py); its
+    child stands in for it while it waits, so it runs on as many threads, not on torch's default of
+    one per core (whose OpenMP threads spun against the other worker's: a real generate() in
+    tests/test_generation_fake_path.py's child took 2-3x the CPU). Two counts the test sets, each
+    read back from the child's own torch."""
+    import torch
+
+    saved = torch.get_num_threads()
+    seen = []
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            done = fresh_python.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                    capture_output=True, text=True, check=True)
+            seen.append(int(done.stdout))
+    finally:
+        torch.set_num_threads(saved)
+    assert seen == [1, 3]
+
+
+def test_the_transformers_server_s_children_start_with_its_llama_and_the_torch_server_s_without(
+    fresh_python: Any, fresh_python_with_transformers: Any
+) -> None:
+    """Two servers (tests/conftest.py): fresh_python's children have imported torch and nothing of
+    transformers or flopcount (what tests/test_architecture.py's "no trainer framework" starts
+    from); fresh_python_with_transformers's have transformers' LLaMA modelling code too, so that a
+    child building a LLaMA does not import it again (~2.5 s of CPU), and nothing of flopcount."""
+    code = ("import sys; print('torch' in sys.modules, 'transformers.models.llama.modeling_llama' in sys.modules, "
+            "'flopcount' in sys.modules)")
+    seen = [server.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+            for server in (fresh_python, fresh_python_with_transformers)]
+    assert seen == [["True", "False", "False"], ["True", "True", "False"]]

@@ -132,12 +132,13 @@ _SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_meta_generation_on_fakes_matches_a_real_generate_in_a_subprocess(fresh_python: Any) -> None:
+def test_meta_generation_on_fakes_matches_a_real_generate_in_a_subprocess(fresh_python_with_transformers: Any) -> None:
     # a process of its own (a crash must not kill pytest), forked from conftest's server that has
-    # imported torch: a new interpreter spent ~2.5 s of CPU importing torch again
+    # imported torch and transformers' LLaMA: a new interpreter spent ~2.5 s of CPU importing torch
+    # again, and a child of the torch-only server ~2.5 s importing transformers
     script = _SCRIPT.format(tests=str(ROOT / "tests"))
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
-    done = fresh_python.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    done = fresh_python_with_transformers.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-4000:])
     assert done.stdout.split() == ["llama", "ok", "gpt2", "ok", "mistral", "ok", "mamba", "ok", "t5", "ok", "done"]
 

@@ -120,7 +120,7 @@ print(t._per_layer(t.MEASURES[{kind!r}])[0])
 
 def _measured(fresh_python: Any, kind: str) -> Tuple[float, List[torch.nn.Module]]:
     """``_per_layer(MEASURES[kind])`` in a process of its own, forked from conftest's server (which
-    has imported torch), reuse on; with the two models, built here, that the bounds are read
+    has imported torch and transformers' LLaMA: fresh_python_with_transformers), reuse on; with the two models, built here, that the bounds are read
     from. In a pytest-xdist worker that had run other tests, a per-layer figure once read 1.5 B
     over its bound that it met alone: the worker's state, not the count."""
     tests = Path(__file__).resolve().parents[1]
@@ -131,8 +131,8 @@ def _measured(fresh_python: Any, kind: str) -> Tuple[float, List[torch.nn.Module
     return float(done.stdout.split()[-1]), [_llama_like(SHALLOW), _llama_like(DEEP)]
 
 
-def test_a_replayed_layer_is_one_record_holding_its_modules_names(fresh_python):
-    per_layer, models = _measured(fresh_python, "records")
+def test_a_replayed_layer_is_one_record_holding_its_modules_names(fresh_python_with_transformers):
+    per_layer, models = _measured(fresh_python_with_transformers, "records")
     m = len(_layer(models[0]))  # 13: the layer, attention and its 4 projections, MLP and its 4, 2 norms
     # one ReplayedCall (3 slots) + its stacks' view (3 slots) + the names of its m modules (a tuple of
     # m) + its own stack ("model", "model.layers.i": a tuple of 2) + its place in the records tuple.
@@ -141,13 +141,13 @@ def test_a_replayed_layer_is_one_record_holding_its_modules_names(fresh_python):
 
 
 @pytest.mark.parametrize("kind", ["result", "result read"])
-def test_the_result_keeps_per_layer_its_names_and_one_slotted_row_per_module(fresh_python, kind):
+def test_the_result_keeps_per_layer_its_names_and_one_slotted_row_per_module(fresh_python_with_transformers, kind):
     """Before its tables are read, and after: the default count books them on first read
     (branch deferbook), so an unread result holds its costed records (per replayed layer one
     record, the names of its modules: ~380 B) where a read one holds its rows; both within the
     rows' bound. Before (the deferral alone): the booking to come held a list of the modules
     beside the result's tuple, 8 B per module over it (2,529.9 against 2,450.4)."""
-    per_layer, models = _measured(fresh_python, kind)
+    per_layer, models = _measured(fresh_python_with_transformers, kind)
     names = _layer(models[0])
 
     def table(model: torch.nn.Module) -> int:
@@ -177,8 +177,8 @@ def _table_per_layer(models: List[torch.nn.Module]) -> float:
     return (table(models[1]) - table(models[0])) / (DEEP - SHALLOW)
 
 
-def test_the_facts_hold_per_module_its_name_and_no_pair(fresh_python):
-    per_layer, models = _measured(fresh_python, "facts")
+def test_the_facts_hold_per_module_its_name_and_no_pair(fresh_python_with_transformers):
+    per_layer, models = _measured(fresh_python_with_transformers, "facts")
     names = _layer(models[0])
     params = sum(1 for n, _ in models[0].named_parameters() if n.startswith("model.layers.3."))
     # names (new strings), the one dictionary module -> name (``names``, which ``modules`` is read

@@ -156,10 +156,11 @@ def test_fake_tensors_count_like_meta():
     assert (on_fake.flops, on_fake.macs) == (on_meta.flops, on_meta.macs)
 
 
-def test_meta_model_allocates_no_weight_memory(fresh_python):
+def test_meta_model_allocates_no_weight_memory(fresh_python_with_transformers):
     """A 2-layer slice of the LLaMA-2-7B config holds 0.67 G parameters (2.7 GB in
     float32); counting it on meta must not come near that. In a process of its own (forked from one
-    that imported torch only): the peak RSS of this one has seen larger models."""
+    that imported torch and transformers' LLaMA, not flopcount): the peak RSS of this one has seen
+    larger models."""
     script = textwrap.dedent(
         """
         import resource, sys, torch
@@ -178,7 +179,7 @@ def test_meta_model_allocates_no_weight_memory(fresh_python):
         """
         % str(ROOT)
     )
-    out = fresh_python.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    out = fresh_python_with_transformers.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     params, macs, grown = (int(v) for v in out.stdout.split())
     T, L, h, ff, V = 256, 2, 4096, 11008, 32000
     # embedding and LM head (V h each), per layer q/k/v/o (4 h^2), gate/up/down (3 h ff), two RMSNorms; final norm

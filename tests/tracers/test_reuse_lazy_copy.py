@@ -345,15 +345,16 @@ print(test_reuse_lazy_copy.measured_per_layer())
 """
 
 
-def test_the_counts_peak_per_extra_layer_is_bounded_beside_the_rows_it_keeps(fresh_python):
+def test_the_counts_peak_per_extra_layer_is_bounded_beside_the_rows_it_keeps(fresh_python_with_transformers):
     pytest.importorskip("transformers")
-    # measured in a process of its own (forked from conftest's server, which has imported torch):
+    # measured in a process of its own (forked from conftest's server, which has imported torch and
+    # transformers' LLaMA):
     # in a pytest-xdist worker that had run other tests the peak read up to ~0.7 KiB per layer more
     # (5.06 KiB, CI 2026-11-28) than alone (4.2-4.7), the worker's state, not the count's
     tests = Path(__file__).resolve().parents[1]
     script = _MEASURE.format(tests=str(tests), tracers=str(tests / "tracers"))
     env = {**os.environ, "PYTHONPATH": str(tests.parent), "FLOPCOUNT_REUSE": "1"}
-    done = fresh_python.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    done = fresh_python_with_transformers.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     row, peak = (float(x) for x in done.stdout.split()[-2:])
     # Measured so (20 to 60 layers) on main before issue #32's memory pass of branch countmem
