@@ -11,6 +11,7 @@ import dis
 import enum
 import functools
 import random
+import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
@@ -482,13 +483,13 @@ def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Any, str, 
     wraps), the methods of its class that this code names (``self._forward_impl``, ``self.helper``:
     a name the class defines, not ``nn.Module``'s own), and the Python functions it names, by a
     global or along such a path (a module-level helper such as ``apply_rotary_pos_emb``, a helper
-    of another Python module), followed from one to the next; torch's own functions are not
-    followed. What a key of a module's calls holds besides the module (structural reuse, the step's
-    layer replay): a flag a parent sets per layer, a counter a layer advances. Functions, classes,
-    Python modules and other objects (a logger) are code and services, left out; so is what the
-    code reads other ways: a global object handed to a function (``helper(CFG)``), a global read
-    through ``getattr``, ``globals()`` or a function held in a container (Python 3.11 has no cheap
-    way to see every global read)."""
+    of another Python module), followed from one to the next; torch's own functions and the
+    standard library's are not followed. What a key of a module's calls holds besides the module
+    (structural reuse, the step's layer replay): a flag a parent sets per layer, a counter a layer
+    advances. Functions, classes, Python modules and other objects (a logger) are code and
+    services, left out; so is what the code reads other ways: a global object handed to a function
+    (``helper(CFG)``), a global read through ``getattr``, ``globals()`` or a function held in a
+    container (Python 3.11 has no cheap way to see every global read)."""
     found: List[Tuple[Any, str, Any]] = []
     seen: Dict[type, None] = {}
     for module in modules:
@@ -709,10 +710,11 @@ def _data_along(namespace: Any, path: Path) -> Optional[Tuple[Any, str, Any]]:
 def _may_hold_data(namespace: Dict[str, Any], path: Path, pending: List[Any]) -> bool:
     """Whether ``path`` may lead to Python data when a call is keyed: it does now, or a step is not
     bound yet (a flag set later) other than a builtin (``len``) or a name the object's class
-    defines (a method, a property: ``logger.warning_once``); the Python functions along it (not torch's) go to ``pending``."""
+    defines (a method, a property: ``logger.warning_once``); the Python functions along it (not
+    torch's or the standard library's, :func:`_library_function`) go to ``pending``."""
     owner: Any = None
     for depth, (_, name, value) in enumerate(_steps(namespace, path)):
-        if isinstance(value, FunctionType) and not _torch_function(value):
+        if isinstance(value, FunctionType) and not _library_function(value):
             pending.append(value)  # a helper, of this Python module or another: its globals too
         if isinstance(value, GLOBAL_DATA):
             return not isinstance(value, enum.Enum)  # an enum's member (a ``str`` enum's too) cannot be rebound
@@ -735,8 +737,8 @@ def _named_globals(kind: type) -> NamedGlobals:
 def _globals_of(kind: type) -> NamedGlobals:
     """:func:`forward_globals`' paths of one class, by namespace: from its ``forward``, following
     the methods of the class (and of its bases but ``nn.Module``) that the code read so far names
-    as attributes, and the Python functions (not torch's) it names by a global or along a path;
-    each function read once. A path is kept where it leads to Python data or to a name not bound
+    as attributes, and the Python functions (not torch's or the standard library's) it names by a
+    global or along a path; each function read once. A path is kept where it leads to Python data or to a name not bound
     yet (a flag set later); one that leads to a function, a class or a Python module only
     (``torch.nn.functional.relu``) is not looked up again for each call."""
     methods: Dict[str, Any] = {}
@@ -764,11 +766,14 @@ def _globals_of(kind: type) -> NamedGlobals:
     return tuple((namespace, tuple(paths)) for namespace, paths in by_namespace.values() if paths)
 
 
-def _torch_function(function: FunctionType) -> bool:
-    """A function of torch's own: its globals are torch's (what ops read of the process is keyed
-    apart, as settings), not followed."""
-    where = function.__module__ or ""
-    return where == "torch" or where.startswith("torch.")
+def _library_function(function: FunctionType) -> bool:
+    """A function of torch's own or of Python's standard library, not followed. torch's globals
+    are torch's (what ops read of the process is keyed apart, as settings); the standard library's
+    are the interpreter's services, no flag a model's parent sets per layer: followed, diffusers'
+    ``deprecate`` (``inspect.getouterframes``) reached ``linecache.cache``, every source line
+    the process had shown keyed on each call of a block (docs/performance.md, sweeprest)."""
+    package = (function.__module__ or "").partition(".")[0]
+    return package == "torch" or package in sys.stdlib_module_names
 
 
 def _all_names(code: CodeType) -> Iterator[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import types
 
 import numpy as np
@@ -219,6 +220,32 @@ def test_a_flag_the_parent_sets_per_layer_outside_the_blocks_splits_the_key(monk
     assert rows(on) == rows(off)
     assert torch_contraction_flops(copy.deepcopy(model), inputs) == 2 * _macs(2)
     assert on.reused_calls == 4  # layers 2, 4, 5 booked from layer 0; layer 3 from layer 1
+
+
+class MatchesAPattern(Block):
+    """Calls a function of Python's standard library, ``re.fullmatch``, whose module caches each
+    new pattern in a dict of its own (``re._cache``): the interpreter's state, not a flag of the
+    model's. diffusers' blocks reach ``linecache.cache`` the same way, through ``deprecate`` and
+    ``inspect`` (docs/performance.md, sweeprest)."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y @ torch.eye(D) if re.fullmatch("block", "block") else y  # always the extra matmul
+
+
+def test_the_standard_library_s_own_state_is_not_in_the_key(monkeypatch):
+    model = Stack(MatchesAPattern)
+    inputs = _inputs()
+    # an empty cache: block 0's call adds the pattern, so the cache differs from block 1 on
+    monkeypatch.setattr(re, "_cache", {})
+    off, on = _off_and_on(monkeypatch, model, inputs)
+    assert on.macs == off.macs == _macs(LAYERS)
+    assert rows(on) == rows(off)
+    assert torch_contraction_flops(copy.deepcopy(model), inputs) == 2 * _macs(LAYERS)
+    # before: ``re``'s functions were followed and their module's cache keyed by content, so
+    # block 1 was traced again (4 reused; with linecache's source lines, the cost of diffusers'
+    # tiled decoder six times over)
+    assert on.reused_calls == LAYERS - 1
 
 
 class CountsOnItsClass(Block):
