@@ -14,7 +14,7 @@ import contextlib
 import functools
 import threading
 import weakref
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -230,6 +230,22 @@ class _NoHook:
         pass
 
 
+def _gradless_call(args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """ModTracker's hook arguments (the module, its input, and its output for the post-hook) for a
+    call made with grad mode off. Where a tensor among them requires grad (a parameter, or a view
+    of one made under ``no_grad``, handed to a submodule), the input and output are given as flat
+    tuples of their tensors with those detached: the same storages, so MemTracker books the same
+    bytes, but no gradient hook is registered on them. No backward runs through such a call; and
+    ModTracker's ``register_multi_grad_hook`` on a view made under ``no_grad`` raised "Expected
+    gradient function to be set", so estimate_memory's inference step failed on such a model
+    (DBRX's experts: torch's MemTracker alone fails there as well)."""
+    module, *parts = args
+    found = [output_tensors(part) for part in parts]
+    if not any(t.requires_grad for tensors in found for t in tensors):
+        return args
+    return (module, *(tuple(t.detach() if t.requires_grad else t for t in tensors) for tensors in found))
+
+
 def _own_thread_module_hooks(mod_tracker: Any, owner: int, entered: Callable[[], None]) -> None:
     """ModTracker registers its forward hooks process-wide (``register_module_forward_*_hook``
     of its ``_fw_pre_hook``/``_fw_post_hook``, looked up when it is entered): wrapped here so
@@ -253,6 +269,8 @@ def _own_thread_module_hooks(mod_tracker: Any, owner: int, entered: Callable[[],
         def only_owner(*args: Any, _hook: Any = hook, _pre: bool = name == "_fw_pre_hook", **kwargs: Any) -> Any:
             if threading.get_ident() != owner:
                 return None
+            if not torch.is_grad_enabled():
+                args = _gradless_call(args)
             in_forward = not mod_tracker.is_bw
             out = _hook(*args, **kwargs)
             if _pre:
