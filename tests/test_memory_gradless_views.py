@@ -12,6 +12,8 @@ import torch
 from test_memory import checked_estimate, truth_peak
 from torch import nn
 
+import flopcount
+
 MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
 
 
@@ -118,3 +120,13 @@ def test_a_no_grad_region_inside_a_training_step_is_estimated() -> None:
     oracle.load_state_dict(model.state_dict())
     result = checked_estimate(model, x, backward=True)
     assert result.peak_bytes == truth_peak(oracle, (x,), True, None)
+
+
+def test_plan_runs_the_training_step_with_a_no_grad_region() -> None:
+    # plan's step runs under the same hooks: it failed on the parent too ("the planned training
+    # step failed on rank 0: AssertionError: Expected gradient function to be set")
+    torch.manual_seed(0)
+    x = torch.randn(5, 8)
+    oracle = _FrozenBranch(detach=True)
+    planned = flopcount.plan(lambda: _FrozenBranch(detach=False), (x,), fsdp=1, optimizer="adam")
+    assert planned.peak_bytes == truth_peak(oracle, (x,), True, "adam")
