@@ -349,12 +349,22 @@ def outside_modes(read: Callable[..., Any], tensors: Sequence[Any], *args: Any) 
     cache then holds until its slot is reused: ~60 B a pass that a count leaves allocated, issue #32).
     Routed as one overridable call on ``tensors`` (``torch.overrides.handle_torch_function``,
     public): a mode runs a function it does not know with itself off the stack, so the reads below it
-    go through no mode. A mode or subclass that refuses the call: ``read`` runs through the modes."""
+    go through no mode. A mode or subclass that refuses the call: ``read`` runs through the modes.
+    A ``read`` that raises is not run again (the replay's ``_apply`` and ``_make`` write and make):
+    its error is raised."""
+    if not has_torch_function(tensors):
+        return read(*args)
+    started: List[bool] = []
+
+    def once(*inner: Any) -> Any:
+        started.append(True)
+        return read(*inner)
+
     try:
-        if has_torch_function(tensors):
-            return handle_torch_function(outside_modes, tensors, read, tensors, *args)
+        return handle_torch_function(outside_modes, tensors, once, tensors, *args)
     except Exception:
-        pass
+        if started:  # the read's own failure, not the routing's refusal
+            raise
     return read(*args)
 
 
