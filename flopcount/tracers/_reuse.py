@@ -95,6 +95,8 @@ _FLAGS = tuple(sorted(hooks.hook_flag_names()))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
+# a tuple, list, dict or set longer than this is keyed once per count while it holds the same items (``Reuse._long``)
+_LONG = 64
 # a fake argument met first in a call: its metadata is in the key's part of the arguments' tensors
 _TENSOR = ("tensor",)
 _NO_KEYS: Mapping[int, Any] = MappingProxyType({})
@@ -315,6 +317,11 @@ class Reuse:
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
         self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
+        # id(long container) -> (it, its items then or None, the ``original`` its tensors were keyed for or None, its
+        # key's number);
+        # each distinct long content key -> a number (hashed once: a per-call key holds the number)
+        self._long_keys: Dict[int, Tuple[Any, Optional[Tuple[Any, ...]], Optional[bool], Tuple[str, int]]] = {}
+        self._long_contents: Dict[Any, int] = {}
         # each distinct own part and subtree key -> a number: a parent's key holds its children's numbers,
         # so a key is hashed once, not again inside each enclosing key (CPython does not keep a tuple's hash)
         self._interned: Dict[Tuple[Any, ...], int] = {}
@@ -413,6 +420,8 @@ class Reuse:
         self._classes = {}
         self._owners = {}
         self._owns = {}
+        self._long_keys = {}
+        self._long_contents = {}
         # the trace reads the counts next; added once the caches and the copies are let go (they were the
         # peak's: the counts' dictionary made beside them was issue #32's count's peak on a 70B model)
         self._flush_calls(final=True)
@@ -1176,18 +1185,10 @@ class Reuse:
             return value.value
         elif isinstance(value, torch.Tensor):
             return self._tensor(value)
-        if kind is tuple or kind is list:
-            if all(type(v) in _TUPLE_ITEMS for v in value):  # a convolution's stride, padding...: keyed as itself
-                return (kind, value if kind is tuple else tuple(value))
-            return (kind, tuple([self._attribute(v, original) for v in value]))
-        if isinstance(value, (dict, set, frozenset)):
-            if len(value) > 64:
-                return ("id", id(value))
-            if isinstance(value, dict):
-                return (kind, tuple([(k, self._attribute(v, original)) for k, v in value.items()]))
-            if all(type(v) in _SCALARS for v in value):
-                return (kind, frozenset((type(v), v) for v in value))
-            return ("id", id(value))
+        if kind is tuple or kind is list or isinstance(value, (dict, set, frozenset)):
+            if len(value) > _LONG:
+                return self._long(value, original)
+            return self._contents(value, original)
         if isinstance(value, nn.Module):
             return ("module", id(value))  # not a child: the same object, or not equal
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
@@ -1198,6 +1199,45 @@ class Reuse:
         # functions, classes and other objects (of a module not copied yet: an object not copied
         # yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
         return ("id", id(value))
+
+    def _contents(self, value: Any, original: bool) -> Any:
+        """A tuple, list, dict or set's key, by content: each item keyed as an attribute is."""
+        kind = type(value)
+        if kind is tuple or kind is list:
+            if all(type(v) in _TUPLE_ITEMS for v in value):  # a convolution's stride, padding...: keyed as itself
+                return (kind, value if kind is tuple else tuple(value))
+            return (kind, tuple([self._attribute(v, original) for v in value]))
+        if isinstance(value, dict):
+            return (kind, tuple([(k, self._attribute(v, original)) for k, v in value.items()]))
+        if all(type(v) in _SCALARS for v in value):
+            return (kind, frozenset((type(v), v) for v in value))
+        return (kind, frozenset([self._attribute(v, original) for v in value]))
+
+    def _long(self, value: Any, original: bool) -> Any:
+        """The key of a container of more than :data:`_LONG` items (a user's global list of 100,000
+        floats, a dict of tensors): its key by content (:meth:`_contents`), made once per count and
+        given again, as one number, while the container holds the same objects in the same order
+        (compared by identity in C: no item is keyed again) when each item's key is fixed by its
+        identity (:func:`_fixed`: scalars, tensors, tuples of those); a tuple or frozenset of such items
+        cannot change, so it is not compared at all. A container with other items (lists, objects)
+        is keyed by content each time. Before, a dict or set of more than 64 items was keyed by
+        identity: a parent adding an entry between two blocks that read its length was not seen."""
+        found = self._long_keys.get(id(value))
+        if found is not None and found[0] is value and found[2] in (None, original):
+            snapshot = found[1]
+            if snapshot is None or _same_items(value, snapshot):
+                return found[3]
+        key = self._contents(value, original)
+        items = _items(value)
+        tensors = _fixed(items)
+        if tensors is None:
+            return key  # an item whose key can change without its identity changing: no memo
+        number = ("contents", self._long_contents.setdefault(key, len(self._long_contents)))
+        # a tuple or frozenset of fixed items cannot change; the memo holds it, so its id is not reused.
+        # Tensors are keyed as the copy will hold them where ``original``: the memo serves that side only
+        snapshot = None if type(value) in (tuple, frozenset) else items
+        self._long_keys[id(value)] = (value, snapshot, original if tensors else None, number)
+        return number
 
     def _object(self, value: Any) -> Tuple[Any, ...]:
         """A plain object's state for a first call's writes (``_containers``): its identity and its
@@ -1376,6 +1416,47 @@ def _signature(
         made = table.setdefault(made, len(table))
     memo[id(module)] = made
     return made
+
+
+def _items(value: Any) -> Tuple[Any, ...]:
+    """What a container's key is made of, in its order: a dict's keys then its values."""
+    if isinstance(value, dict):
+        return (*value.keys(), *value.values())
+    return tuple(value)
+
+
+def _same_items(value: Any, items: Tuple[Any, ...]) -> bool:
+    """Whether ``value`` holds the very objects ``items`` (:func:`_items`) held, in that order:
+    then its key is the one made from them (each of them :func:`_fixed`). In C, item by item."""
+    if isinstance(value, dict):
+        n = len(value)
+        return (2 * n == len(items) and all(map(operator.is_, value.keys(), items))
+                and all(map(operator.is_, value.values(), items[n:])))
+    return len(value) == len(items) and all(map(operator.is_, value, items))
+
+
+def _fixed(items: Any) -> Optional[bool]:
+    """Whether the key of each of ``items`` is fixed by its identity within a count: False where
+    they are scalars (or tuples or frozensets of such), True where a tensor is among them (its key
+    read once per count, :meth:`Reuse._tensor`; a module's attribute not copied yet keys no tensor),
+    None otherwise (a list, a dict, an object: keyed by content each time). By their types, in C:
+    a long container is mostly of one or two."""
+    tensors = False
+    for kind in set(map(type, items)):
+        if kind in _SCALARS:
+            continue
+        if issubclass(kind, torch.Tensor):
+            tensors = True
+        elif kind is tuple or kind is frozenset:
+            for item in items:
+                if type(item) is kind:
+                    fixed = _fixed(item)
+                    if fixed is None:
+                        return None
+                    tensors = tensors or fixed
+        else:
+            return None
+    return tensors
 
 
 def _container(value: Any) -> bool:
