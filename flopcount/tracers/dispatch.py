@@ -300,6 +300,8 @@ def _trace(
                     if refused is not None:  # the real call fails here too: no real run to find out
                         raise forward_error(refused, modules.current, inputs_text, "auto") from refused
                     if fake_copy:
+                        if isinstance(exc, FakeRunError):  # a module of the lazy copy could not be copied: said so
+                            raise
                         raise FakeRunError(reason_for(exc, modules.current), modules.current) from exc
                     tensors = itertools.chain(flat_inputs, facts.parameters, facts.buffers)
                     refusal = _data_refusal(exc, modules.current, inputs_text, tensors)

@@ -448,11 +448,18 @@ class LazyCopy:
             return found
         # copied inside the run: below the recorder's and the fake mode's dispatch (its fakes are
         # not ops of the model), in the inference mode the copy was begun in (as LazyTensors does)
-        with torch._C._DisableTorchDispatch():
-            if torch.is_inference_mode_enabled() == copier.faker.inference:
-                return copier.module(original)
-            with torch.inference_mode(copier.faker.inference):
-                return copier.module(original)
+        try:
+            with torch._C._DisableTorchDispatch():
+                if torch.is_inference_mode_enabled() == copier.faker.inference:
+                    return copier.module(original)
+                with torch.inference_mode(copier.faker.inference):
+                    return copier.module(original)
+        except UsageError:
+            raise
+        except Exception as exc:
+            # said as the eager copy says it (a torch.jit.script'ed block: before, reuse on said "the
+            # forward failed on fake tensors in the root module", off "could not be copied")
+            raise FakeRunError(_copy_failure(exc)) from exc
 
     def copies_of(self, originals: Sequence[nn.Module]) -> List[nn.Module]:
         """:meth:`copy_of` each of ``originals`` (a subtree a first call runs), their tensors'
@@ -733,7 +740,7 @@ def fake_copies(
     except UsageError:
         raise
     except Exception as exc:
-        raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
+        raise FakeRunError(_copy_failure(exc)) from exc
     made = FakeCopy(
         faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas,
         lazy_copy.names if lazy_copy is not None else None, lazy_copy,
@@ -1184,6 +1191,12 @@ def _one_line(exc: BaseException) -> str:
     if len(first) > 160:
         first = first[:157] + "..."
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _copy_failure(exc: BaseException) -> str:
+    """One sentence saying why the model could not be copied with fake tensors (up front, or a module
+    of a lazy copy when the forward reached it)."""
+    return f"the model could not be copied with fake tensors ({_one_line(exc)})"
 
 
 def reason_for(exc: BaseException, where: str) -> str:
