@@ -1189,6 +1189,8 @@ class Reuse:
             if len(value) > _LONG:
                 return self._long(value, original)
             return self._contents(value, original)
+        if isinstance(value, (tuple, list)):  # a namedtuple, a list's subclass: its items and its own attributes
+            return self._subclassed(value, original)
         if isinstance(value, nn.Module):
             return ("module", id(value))  # not a child: the same object, or not equal
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
@@ -1212,6 +1214,20 @@ class Reuse:
         if all(type(v) in _SCALARS for v in value):
             return (kind, frozenset((type(v), v) for v in value))
         return (kind, frozenset([self._attribute(v, original) for v in value]))
+
+    def _subclassed(self, value: Any, original: bool) -> Any:
+        """The key of a tuple's or list's subclass (a namedtuple, a user's list type): its type, the
+        items it stores (read through the base type's own iteration, keyed by content on every call:
+        no memo holds a copy made per call) and its own attributes if it has any. Before, such a
+        value was keyed as a plain object (its ``__dict__`` only) or by identity, so a list subclass
+        or a namedtuple's list changed between two blocks had the later blocks booked from the first."""
+        base = tuple if isinstance(value, tuple) else list
+        items = self._contents(base(base.__iter__(value)), original)
+        try:
+            own = vars(value)
+        except TypeError:  # no __dict__ (a namedtuple's empty slots)
+            return ("subclass", type(value), items)
+        return ("subclass", type(value), items, self._attribute(own, original))
 
     def _long(self, value: Any, original: bool) -> Any:
         """The key of a container of more than :data:`_LONG` items (a user's global list of 100,000

@@ -10,6 +10,7 @@ counted by a counter around its reader (no timing)."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import sys
 
@@ -238,3 +239,60 @@ def test_a_long_dict_a_first_call_writes_is_not_booked_again(monkeypatch):
     # before: the dict was keyed by identity, the first call's write unseen: blocks 1-5 booked from
     # block 0 (1 step each)
     assert on.reused_calls == 0
+
+
+class AList(list):
+    """A user's list type (no method of its own): keyed, before, as a plain object (its empty
+    ``__dict__``), so its items were not in the key."""
+
+
+Steps = collections.namedtuple("Steps", "counts label")
+
+
+class StepsFromANamedTuple(Block):
+    """As :class:`StepsFromAList`, the count read from ``ITEMS.counts[-1]`` (a namedtuple holding a
+    list: keyed, before, by the namedtuple's identity)."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        for _ in range(int(ITEMS.counts[-1])):
+            y = y @ torch.eye(D)
+        return y
+
+
+def _mutated_named(i: int) -> None:
+    _mutated_list_of(ITEMS.counts, i)
+
+
+def _mutated_list_of(items: list, i: int) -> None:
+    if i == 1:
+        items[-1] = 2.0
+    elif i == 3:
+        items.append(3.0)
+
+
+@pytest.mark.parametrize("block, make, between", [
+    (StepsFromAList, lambda: AList([1.0] * 3), _mutated_list),
+    (StepsFromAList, lambda: AList([1.0] * N), _mutated_list),
+    (StepsFromANamedTuple, lambda: Steps([1.0] * 3, "steps"), _mutated_named),
+], ids=["list-subclass", "long-list-subclass", "namedtuple-of-a-list"])
+def test_a_subclassed_global_changed_between_two_blocks_splits_the_key(monkeypatch, items, block, make, between):
+    hand = LAYERS * BLOCK_MACS + 12 * STEP_MACS  # blocks 0-1 do 1 step, 2-3 do 2, 4-5 do 3
+    items(make())
+    model = Stack(block, between)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
+    off = count_flops(model, _inputs())
+    items(make())
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    on = count_flops(model, _inputs())
+    items(make())
+    assert torch_contraction_flops(model, _inputs()) == 2 * hand
+    # before: 5,760 MACs with reuse on (blocks 1-5 booked from block 0, 1 step each), 6,912 off
+    assert on.macs == off.macs == hand
+    assert rows(on) == rows(off)
+    assert on.reused_calls == 3
+    # unchanged, the same value keys alike: every later block booked from the first
+    items(make())
+    still = count_flops(Stack(block), _inputs())
+    assert still.macs == LAYERS * (BLOCK_MACS + STEP_MACS)
+    assert still.reused_calls == LAYERS - 1
