@@ -34,6 +34,7 @@ from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.inputs import prepare_call
 from flopcount.errors import FlopcountWarning, UsageError, int_at_least
+from flopcount.types import dtype_name
 
 # modules whose forward differs between train and eval mode
 _TRAIN_SENSITIVE = (
@@ -166,7 +167,7 @@ def benchmark(
         warmup=warmup,
         batch_size=batch,
         batch_source=batch_source,
-        dtype=None if dtype is None else str(dtype).replace("torch.", ""),
+        dtype=None if dtype is None else dtype_name(dtype),
         compiled=bool(compile),
         compile_s=compile_s,
         wall_s=wall_ns * 1e-9,

@@ -12,6 +12,7 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # missing from the stubs
 
 from flopcount.errors import UsageError
+from flopcount.types import dtype_name
 
 
 def as_call_args(inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
@@ -152,7 +153,7 @@ def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> 
 
     def one(node: Any) -> str:
         if isinstance(node, torch.Tensor):
-            dtype = str(node.dtype).replace("torch.", "")
+            dtype = dtype_name(node.dtype)
             where = "" if node.device.type == "cpu" else f" {node.device.type}"
             if node.layout != torch.strided:  # sparse_coo, sparse_csr...
                 where += " " + str(node.layout).replace("torch.", "")

@@ -57,7 +57,7 @@ from flopcount.tracers.dispatch import _in_chain
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs
 from flopcount.tracers.fake.hf_tracing import real_branches, seed_running
 from flopcount.tracers.fake.meta_kernels import KernelStandIns
-from flopcount.types import Phase
+from flopcount.types import Phase, dtype_name
 
 Mode = Literal["inference", "forward+backward", "training step"]
 
@@ -581,7 +581,7 @@ def _collect(
         optimizer=opt_name,
         params=sum(p.numel() for p in twin.parameters()),
         device=", ".join(devices) or "cpu",
-        dtype=None if request.cast is None else str(request.cast).replace("torch.", ""),
+        dtype=None if request.cast is None else dtype_name(request.cast),
         input_description=request.call.description,
         modules=tuple(modules),
         warnings=tuple(notes),
