@@ -44,6 +44,14 @@ class PreparedCall:
         return dataclasses.replace(self, args=tuple(args), kwargs=dict(kwargs), tensors=tuple(tensors))
 
 
+def require_module(model: Any, who: str) -> torch.nn.Module:
+    """``model`` when it is a ``torch.nn.Module``; else a :class:`UsageError` naming ``who``,
+    the function the user called (``"count_flops"``), and what was given."""
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{who} expects a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
 def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping[str, Any]] = None) -> PreparedCall:
     """The :class:`PreparedCall` of ``inputs`` and ``kwargs`` (walked once); a call
     already prepared is returned as it is."""

@@ -11,7 +11,7 @@ from torch import nn
 
 from flopcount.bench.latency import benchmark
 from flopcount.core.analysis import analyze, report_unsupported
-from flopcount.core.inputs import prepare_call
+from flopcount.core.inputs import prepare_call, require_module
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.results import FlopResult
 from flopcount.errors import UsageError
@@ -52,8 +52,7 @@ def count_flops(
     counted under phase "optimizer", on fake twins of the parameters (nothing is stepped).
     Convention: 1 MAC = 2 FLOPs; MACs count contraction ops only.
     """
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"count_flops expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "count_flops")
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
     if loss_fn is not None and not backward:

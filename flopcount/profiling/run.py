@@ -19,7 +19,7 @@ from torch import nn
 
 from flopcount.bench.device import real_run, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import PreparedCall
+from flopcount.core.inputs import PreparedCall, require_module
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
 from flopcount.devices import roofs_for
@@ -106,8 +106,7 @@ def profile(
     thread's ``profile`` waits for the first); a ``profile`` inside a profile on the same
     thread is a :class:`~flopcount.errors.UsageError`.
     """
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"profile expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "profile")
     int_at_least(warmup, 0, "profile: warmup")
     int_at_least(steps, 1, "profile: steps")
     if loss_fn is not None and not backward:
