@@ -15,6 +15,7 @@ from flopcount.core.inputs import prepare_call, require_module
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.results import FlopResult
 from flopcount.errors import UsageError
+from flopcount.step.loss import needs_backward
 from flopcount.step.optimizers import OptimizerSpec, check_spec
 from flopcount.types import TRACERS, Handler
 
@@ -55,11 +56,8 @@ def count_flops(
     require_module(model, "count_flops")
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
-    if loss_fn is not None and not backward:
-        raise UsageError("loss_fn is only used with backward=True")
+    needs_backward(backward, loss_fn, optimizer)
     if optimizer is not None:
-        if not backward:
-            raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
         check_spec(optimizer, "count_flops")
     if handlers is not None and not isinstance(handlers, Mapping):
         raise UsageError(

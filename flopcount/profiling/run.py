@@ -29,7 +29,7 @@ from flopcount.errors import UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
-from flopcount.step.loss import backward_roots, differentiable, unique_tensors
+from flopcount.step.loss import backward_roots, differentiable, needs_backward, unique_tensors
 from flopcount.tracers import dispatch
 from flopcount.tracers.fake.copies import has_lazy_parameters, shared_tensor_copy
 
@@ -109,8 +109,7 @@ def profile(
     require_module(model, "profile")
     int_at_least(warmup, 0, "profile: warmup")
     int_at_least(steps, 1, "profile: steps")
-    if loss_fn is not None and not backward:
-        raise UsageError("loss_fn is only used with backward=True")
+    needs_backward(backward, loss_fn)
     if roofs is not None and not isinstance(roofs, Roofs):
         raise UsageError(f"roofs must be a flopcount Roofs, got {type(roofs).__name__}")
     model = uncompiled(model)
