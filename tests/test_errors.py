@@ -39,9 +39,21 @@ def test_forward_failure_names_module_path_and_inputs():
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
-def test_not_a_module():
-    with pytest.raises(UsageError, match="nn.Module"):
-        count_flops(lambda x: x, torch.randn(2))  # type: ignore[arg-type]
+@pytest.mark.parametrize("who, call", [
+    ("count_flops", lambda m, x: flopcount.count_flops(m, x)),
+    ("count_generation", lambda m, x: flopcount.count_generation(m, x.long(), 2)),
+    ("serve", lambda m, x: flopcount.serve(m, x.long(), 2)),
+    ("estimate_memory", lambda m, x: flopcount.estimate_memory(m, x)),
+    ("benchmark", lambda m, x: flopcount.benchmark(m, x)),
+    ("module_latency", lambda m, x: flopcount.module_latency(m, x)),
+    ("profile", lambda m, x: flopcount.profile(m, x)),
+    ("predict", lambda m, x: flopcount.predict(m, x)),
+])
+def test_not_a_module(who, call):
+    """Every reading refuses a non-module in one sentence naming the function called (one
+    helper, core.inputs.require_module; estimate_memory alone said it otherwise before)."""
+    with pytest.raises(UsageError, match=rf"^{who} expects a torch\.nn\.Module, got function$"):
+        call(lambda x: x, torch.randn(1, 2))
 
 
 def test_unknown_tracer():

@@ -32,8 +32,9 @@ from flopcount.bench.peak import mfu_peak
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
-from flopcount.core.inputs import prepare_call
+from flopcount.core.inputs import prepare_call, require_module
 from flopcount.errors import FlopcountWarning, UsageError, int_at_least
+from flopcount.types import dtype_name
 
 # modules whose forward differs between train and eval mode
 _TRAIN_SENSITIVE = (
@@ -92,8 +93,7 @@ def benchmark(
     device, fake tensors) is refused with a :class:`UsageError`: there is nothing to time.
     """
     on = modeled_part(on, gpu_name, "benchmark", old="gpu_name")
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"benchmark expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "benchmark")
     int_at_least(warmup, 0, "benchmark: warmup")
     plan = LoopPlan(iters=iters, min_iters=min_iters, budget_s=budget_s, max_iters=max_iters)
     plan.validate()
@@ -166,7 +166,7 @@ def benchmark(
         warmup=warmup,
         batch_size=batch,
         batch_source=batch_source,
-        dtype=None if dtype is None else str(dtype).replace("torch.", ""),
+        dtype=None if dtype is None else dtype_name(dtype),
         compiled=bool(compile),
         compile_s=compile_s,
         wall_s=wall_ns * 1e-9,

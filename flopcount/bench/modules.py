@@ -26,6 +26,7 @@ from flopcount.bench.loop import Clock, cpu_block_runner, cuda_block_runner
 from flopcount.bench.stats import compute_stats
 from flopcount.core.deprecation import ms_aliases, ms_keys
 from flopcount.core.diagnostics import FromWarnings
+from flopcount.core.inputs import require_module
 from flopcount.errors import UsageError, int_at_least
 from flopcount.units import ROOT_LABEL
 
@@ -159,8 +160,7 @@ def module_latency(
     dropout advances them as your own calls would: setting them back would rewind another
     thread's draws); a meta or fake model is refused (:class:`UsageError`).
     """
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"module_latency expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "module_latency")
     int_at_least(iters, 1, "module_latency: iters")
     int_at_least(warmup, 0, "module_latency: warmup")
     flop_map = _flop_map(flops)

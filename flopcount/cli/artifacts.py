@@ -35,8 +35,9 @@ import torch
 from torch import nn
 
 from flopcount.cli.output import describe
-from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, dtype_name, make_tensor
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, make_tensor
 from flopcount.errors import UsageError
+from flopcount.types import dtype_name
 
 # suffixes that make an ENTRY without ':attr' a file to read (any other existing file too)
 ARTIFACT_SUFFIXES = (".pt2", ".pt", ".pth", ".ptl", ".ts", ".jit", ".ep", ".zip")

@@ -236,7 +236,7 @@ def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
     param_dtypes = {p.dtype for p in run.model.parameters() if p.is_floating_point()}
     if len(input_dtypes) != 1 or len(param_dtypes) != 1 or input_dtypes == param_dtypes:
         return None
-    from flopcount.cli.specs import dtype_name
+    from flopcount.types import dtype_name
 
     given = dtype_name(input_dtypes.pop())
     held = dtype_name(param_dtypes.pop())

@@ -16,6 +16,7 @@ from torch import nn
 
 from flopcount.cli.output import one_line
 from flopcount.errors import UsageError, did_you_mean
+from flopcount.types import dtype_name
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "f32": torch.float32,
@@ -45,10 +46,6 @@ class InputSpec:
 
     def __str__(self) -> str:
         return "x".join(map(str, self.shape)) + ("" if self.dtype == torch.float32 else f":{dtype_name(self.dtype)}")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def parse_dtype(name: str, what: str = "dtype") -> torch.dtype:

@@ -12,6 +12,7 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # missing from the stubs
 
 from flopcount.errors import UsageError
+from flopcount.types import dtype_name
 
 
 def as_call_args(inputs: Any, kwargs: Optional[Mapping[str, Any]]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
@@ -41,6 +42,14 @@ class PreparedCall:
         """The same call with ``tensors`` in the places of :attr:`tensors`."""
         args, kwargs = self.rebuild(tensors)
         return dataclasses.replace(self, args=tuple(args), kwargs=dict(kwargs), tensors=tuple(tensors))
+
+
+def require_module(model: Any, who: str) -> torch.nn.Module:
+    """``model`` when it is a ``torch.nn.Module``; else a :class:`UsageError` naming ``who``,
+    the function the user called (``"count_flops"``), and what was given."""
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{who} expects a torch.nn.Module, got {type(model).__name__}")
+    return model
 
 
 def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping[str, Any]] = None) -> PreparedCall:
@@ -152,7 +161,7 @@ def describe_inputs(inputs: Any, kwargs: Optional[Mapping[str, Any]] = None) -> 
 
     def one(node: Any) -> str:
         if isinstance(node, torch.Tensor):
-            dtype = str(node.dtype).replace("torch.", "")
+            dtype = dtype_name(node.dtype)
             where = "" if node.device.type == "cpu" else f" {node.device.type}"
             if node.layout != torch.strided:  # sparse_coo, sparse_csr...
                 where += " " + str(node.layout).replace("torch.", "")

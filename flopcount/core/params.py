@@ -9,21 +9,10 @@ from torch import nn
 
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.packed import held_tensors, packed_objects
-from flopcount.types import ParamSummary
+from flopcount.types import ParamSummary, dtype_name
 
 #: Config keys that name how many experts each token is routed to.
 TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_topk", "num_selected_experts", "top_k")
-
-
-_DTYPE_NAMES: Dict[torch.dtype, str] = {}
-
-
-def _dtype_name(tensor) -> str:  # type: ignore[no-untyped-def]
-    dtype = tensor.dtype
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
-    return name
 
 
 def summarize_parameters(model: nn.Module, *, experts_per_token: Optional[int] = None) -> ParamSummary:
@@ -60,7 +49,7 @@ def summary_of(
         total += n
         if param.requires_grad:
             trainable += n
-        key = _dtype_name(param)
+        key = dtype_name(param.dtype)
         by_dtype[key] = by_dtype.get(key, 0) + n * param.element_size()
     # quantized modules: packed weights/biases are not nn.Parameters (frozen, stored dtype)
     for _, module, obj in packed_objects(model, modules) if packed is None else packed:
@@ -68,7 +57,7 @@ def summary_of(
             n = tensor.numel()
             total += n
             size = torch.finfo(stored).bits // 8 if stored != tensor.dtype else tensor.element_size()
-            key = str(stored).replace("torch.", "")
+            key = dtype_name(stored)
             by_dtype[key] = by_dtype.get(key, 0) + n * size
     found: Dict[str, int] = {}
     if buffers is None:
@@ -76,7 +65,7 @@ def summary_of(
     for buf in buffers:
         if is_uninitialized(buf):
             continue
-        key = _dtype_name(buf)
+        key = dtype_name(buf.dtype)
         found[key] = found.get(key, 0) + buf.numel() * buf.element_size()
     active = _active(model, modules if experts is None else experts, experts_per_token)
     return ParamSummary(total, trainable, total - trainable, by_dtype, found, active=active)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Literal, Mapp
 
 from flopcount.core.deprecation import module_getattr
 from flopcount.core.ledger import TOTAL_FIELDS, Booked, Ledger, cost_change, cost_row, summed_phase
-from flopcount.core.rendering import render
+from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import CostRow
 from flopcount.errors import UsageError, is_int_at_least
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION, Cost, Diagnostic, OpEvent, ParamSummary, ReplayedCall
@@ -72,7 +72,7 @@ class ModuleInfo:
 
 
 @dataclass(frozen=True)
-class FlopResult:
+class FlopResult(Rendered):
     """FLOPs, MACs and parameters of one traced run, by operator, by module and by both.
 
     Convention: 1 MAC = 2 FLOPs; ``macs`` counts contraction ops only; ``flops`` counts
@@ -257,17 +257,11 @@ class FlopResult:
         """A JSON-safe dict; keys are documented in docs/api.md."""
         return render(self, "dict")
 
-    def to_json(self, indent: Optional[int] = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
     def to_csv(self, max_depth: Optional[int] = None) -> str:
         return render(self, "csv", max_depth=max_depth)
 
     def to_markdown(self, max_depth: Optional[int] = None) -> str:
         return render(self, "table", max_depth=max_depth, fmt="github")
-
-    def __str__(self) -> str:
-        return self.table()
 
 
 #: a count's rows' ``dtype``: a count books no dtype (``predict``'s rows carry the ones its calls

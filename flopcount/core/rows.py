@@ -11,9 +11,17 @@ from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 from flopcount.core.deprecation import warn_renamed
 from flopcount.devices.roofline import Bound, bound, efficiency, intensity
 
-__all__ = ["ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "BookedRows", "Category", "CostRow", "TimeSource"]
+__all__ = ["ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "BookedRows", "Category", "CostRow", "TimeSource", "category_of"]
 
 Category = Literal["flops", "data movement", "other"]
+
+
+def category_of(flops: float, bytes_moved: float) -> Category:
+    """"flops" (does arithmetic), "data movement" (moves bytes only), or "other"."""
+    if flops > 0:
+        return "flops"
+    return "data movement" if bytes_moved > 0 else "other"
+
 
 #: Where a row's measured time comes from: the profiler's own measurement of its calls, or a
 #: fused kernel's (or a split composite's) time apportioned among the ops it stands for by a
@@ -123,10 +131,8 @@ class CostRow:
 
     @property
     def category(self) -> Category:
-        """"flops" (does arithmetic), "data movement" (moves bytes only), or "other"."""
-        if self.flops > 0:
-            return "flops"
-        return "data movement" if self.bytes > 0 else "other"
+        """:func:`category_of` the row's FLOPs and bytes."""
+        return category_of(self.flops, self.bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields and the derived figures; the measured ones only where time was measured

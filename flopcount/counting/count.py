@@ -11,10 +11,11 @@ from torch import nn
 
 from flopcount.bench.latency import benchmark
 from flopcount.core.analysis import analyze, report_unsupported
-from flopcount.core.inputs import prepare_call
+from flopcount.core.inputs import prepare_call, require_module
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.results import FlopResult
 from flopcount.errors import UsageError
+from flopcount.step.loss import needs_backward
 from flopcount.step.optimizers import OptimizerSpec, check_spec
 from flopcount.types import TRACERS, Handler
 
@@ -52,15 +53,11 @@ def count_flops(
     counted under phase "optimizer", on fake twins of the parameters (nothing is stepped).
     Convention: 1 MAC = 2 FLOPs; MACs count contraction ops only.
     """
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"count_flops expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "count_flops")
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
-    if loss_fn is not None and not backward:
-        raise UsageError("loss_fn is only used with backward=True")
+    needs_backward(backward, loss_fn, optimizer)
     if optimizer is not None:
-        if not backward:
-            raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
         check_spec(optimizer, "count_flops")
     if handlers is not None and not isinstance(handlers, Mapping):
         raise UsageError(

@@ -8,6 +8,8 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Tuple
 
 import torch
 
+from flopcount.types import dtype_name
+
 __all__ = ["cache_bytes", "cache_dtype", "cache_position_bytes", "items_of"]
 
 
@@ -39,7 +41,7 @@ def _unique_tensors(cache: Any) -> Iterator[torch.Tensor]:
 
 def cache_dtype(cache: Any) -> str:
     """The dtype of a KV cache's floating tensors ("bfloat16"; several joined by "+"; "" if none)."""
-    names = {str(t.dtype).replace("torch.", "") for t in _tensors_in(cache, set()) if t.is_floating_point()}
+    names = {dtype_name(t.dtype) for t in _tensors_in(cache, set()) if t.is_floating_point()}
     return "+".join(sorted(names))
 
 

@@ -22,7 +22,14 @@ from torch import nn
 from flopcount.core.analysis import cost_events, uncompiled
 from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import first_line
-from flopcount.core.inputs import PreparedCall, describe_inputs, fake_tensor_type, is_dataless, prepare_call
+from flopcount.core.inputs import (
+    PreparedCall,
+    describe_inputs,
+    fake_tensor_type,
+    is_dataless,
+    prepare_call,
+    require_module,
+)
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.core.state import left_as_found, preserved_random_modules
@@ -79,8 +86,7 @@ def count_decoding(
     ``model.generate(input_ids, max_new_tokens=new_tokens, **options)``; ``who`` names the
     caller in errors. See :func:`flopcount.count_generation` for the conventions."""
     started = time.perf_counter()
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"{who} expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, who)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
         raise UsageError(f"{who}: input_ids must be a (batch, prompt length) tensor")
     int_at_least(new_tokens, 1, f"{who}: new_tokens")

@@ -29,7 +29,7 @@ from torch import nn
 
 from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import FromWarnings, first_line, module_place
-from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call
+from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call, require_module
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
 from flopcount.core.state import FoundState, left_as_found, preserved_random_modules, preserved_rng
@@ -57,7 +57,7 @@ from flopcount.tracers.dispatch import _in_chain
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs
 from flopcount.tracers.fake.hf_tracing import real_branches, seed_running
 from flopcount.tracers.fake.meta_kernels import KernelStandIns
-from flopcount.types import Phase
+from flopcount.types import Phase, dtype_name
 
 Mode = Literal["inference", "forward+backward", "training step"]
 
@@ -200,8 +200,7 @@ def estimate_memory(
     cut to 3 and 4 layers and the rest replayed, exactly, where the 4-layer run checks out and
     the forward around the layers is proven to treat every middle layer alike
     (flopcount.step.replay, flopcount.step.parent_walk; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"estimate_memory: model must be a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "estimate_memory")
     if optimizer is not None and not backward:
         raise UsageError("estimate_memory: an optimizer step needs backward=True")
     if loss_fn is not None and not backward:
@@ -581,7 +580,7 @@ def _collect(
         optimizer=opt_name,
         params=sum(p.numel() for p in twin.parameters()),
         device=", ".join(devices) or "cpu",
-        dtype=None if request.cast is None else str(request.cast).replace("torch.", ""),
+        dtype=None if request.cast is None else dtype_name(request.cast),
         input_description=request.call.description,
         modules=tuple(modules),
         warnings=tuple(notes),

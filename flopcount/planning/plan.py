@@ -52,7 +52,7 @@ from flopcount.tracers import trace
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import quiet_fake_logs
 from flopcount.tracers.fake.hf_tracing import real_branches
-from flopcount.types import Cost, OpEvent, TensorMeta
+from flopcount.types import Cost, OpEvent, TensorMeta, dtype_name
 
 __all__ = ["plan", "PlanResult"]
 
@@ -194,7 +194,7 @@ def plan(
         if record.gradless:  # parameters the step gives no gradient: planned again without their optimizer state
             prefix, wrapped, record, dtype = planned(record.gradless)
     if compute is not None or amp is not None:
-        dtype = str(compute or amp).replace("torch.", "")
+        dtype = dtype_name(compute or amp)
     costed = cost_events(tuple(e for e in record.events if not _skipped(e.call.op)), costs)
     flops, macs, by_operator, unsupported = _book(costed)
     comm = _comm_rows(record.collectives, groups, links)
@@ -445,7 +445,7 @@ def _fake_step(
         except Exception as exc:
             raise TraceError(f"the planned training step failed on rank 0: {type(exc).__name__}: {exc}") from exc
     floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
-    dtype = str(floating[0]).replace("torch.", "") if floating else "float32"
+    dtype = dtype_name(floating[0]) if floating else "float32"
     return (dataclasses.replace(record, notes=branches.notes) if branches.notes else record), dtype
 
 

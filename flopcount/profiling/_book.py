@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from flopcount.core.ledger import Ledger
-from flopcount.core.rows import CostRow, TimeSource
+from flopcount.core.rows import CostRow, TimeSource, category_of
 from flopcount.devices.roofline import Roofs, op_time
 from flopcount.profiling._bytes import call_dtype
 from flopcount.profiling._tree import Alignment, TopOp, attribute, cpu_total, shared_without_measure
@@ -71,12 +71,6 @@ def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, floa
     (:func:`flopcount.devices.op_time`, memory at the fastest level holding its bytes)."""
     timed = op_time(roofs, fact.flops, fact.bytes, fact.dtype, fact.event.call.op)
     return timed.compute_s, timed.memory_s, timed.seconds
-
-
-def category(fact: EventFacts) -> str:
-    if fact.flops > 0:
-        return "flops"
-    return "data movement" if fact.bytes > 0 else "other"
 
 
 def _ops(fact: EventFacts) -> Tuple[str, ...]:
@@ -248,4 +242,4 @@ def _credit(
         measured.time[index] = measured.time.get(index, 0.0) + value
         measured.host[index] = measured.host.get(index, 0.0) + host_shares.get(index, 0.0)
         seen[index] = 1
-        measured.category[category(facts[index])] += value
+        measured.category[category_of(facts[index].flops, facts[index].bytes)] += value

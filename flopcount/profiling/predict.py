@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tupl
 from flopcount.core.analysis import cost_events, uncompiled
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.diagnostics import from_texts
+from flopcount.core.inputs import require_module
 from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
 from flopcount.core.params import lookup_tables
@@ -32,7 +33,6 @@ from flopcount.core.rows import BookedRows, CostRow
 from flopcount.core.traffic import element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
 from flopcount.devices.roofline import bound_seconds
-from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
@@ -154,11 +154,8 @@ def predict(
     ``latency_s`` is the eager bound, ``any_s`` the any-implementation bound.
     ``dtype`` ("bfloat16", torch.float16...) prices floating tensors and FLOPs as if the
     model ran in it (default: the dtypes the trace saw). Counted on fake tensors."""
-    from torch import nn
-
     on = modeled_part(on, device, "predict", default="h100")
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"predict expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "predict")
     roofs = on if isinstance(on, Roofs) else named_roofs(on)
     as_dtype = None if dtype is None else column_of(dtype)
     table = registry if registry is not None else default_registry()

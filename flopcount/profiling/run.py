@@ -19,7 +19,7 @@ from torch import nn
 
 from flopcount.bench.device import real_run, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import PreparedCall
+from flopcount.core.inputs import PreparedCall, require_module
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
 from flopcount.devices import roofs_for
@@ -29,7 +29,7 @@ from flopcount.errors import UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
-from flopcount.step.loss import backward_roots, differentiable, unique_tensors
+from flopcount.step.loss import backward_roots, differentiable, needs_backward, unique_tensors
 from flopcount.tracers import dispatch
 from flopcount.tracers.fake.copies import has_lazy_parameters, shared_tensor_copy
 
@@ -106,12 +106,10 @@ def profile(
     thread's ``profile`` waits for the first); a ``profile`` inside a profile on the same
     thread is a :class:`~flopcount.errors.UsageError`.
     """
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"profile expects a torch.nn.Module, got {type(model).__name__}")
+    require_module(model, "profile")
     int_at_least(warmup, 0, "profile: warmup")
     int_at_least(steps, 1, "profile: steps")
-    if loss_fn is not None and not backward:
-        raise UsageError("loss_fn is only used with backward=True")
+    needs_backward(backward, loss_fn)
     if roofs is not None and not isinstance(roofs, Roofs):
         raise UsageError(f"roofs must be a flopcount Roofs, got {type(roofs).__name__}")
     model = uncompiled(model)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 from flopcount.core.rendering import renders
 from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound, float32_math_text
 from flopcount.report.table import grid
-from flopcount.units import ROOT_LABEL, format_bytes, format_count, format_seconds
+from flopcount.units import ROOT_LABEL, format_bytes, format_count, format_seconds, format_share
 
 if TYPE_CHECKING:
     from flopcount.profiling.predict import PredictResult
@@ -62,7 +62,7 @@ def _header(by: str, timing: str) -> List[str]:
 def _time_cells(row: ProfileRow, total: float) -> List[str]:
     """The row's measured time (marked when apportioned) and its share of ``total``."""
     return [format_seconds(row.measured_s) + (APPORTIONED if row.time_source != "measured" else ""),
-            f"{100 * row.measured_s / total:.1f}%" if total > 0 else "-"]
+            format_share(row.measured_s, total)]
 
 
 def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
@@ -191,7 +191,7 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
         [
             [r.name, f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
              r.bound if r.latency_s > 0 else "-",
-             format_seconds(r.latency_s), f"{100 * r.latency_s / result.latency_s:.1f}%" if result.latency_s else "-"]
+             format_seconds(r.latency_s), format_share(r.latency_s, result.latency_s)]
             for r in shown
         ],
         ["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound", "share"],

@@ -18,9 +18,18 @@ import torch
 from flopcount.core.inputs import output_tensors
 from flopcount.errors import UsageError
 
-__all__ = ["backward_roots", "default_loss", "differentiable", "unique_tensors"]
+__all__ = ["backward_roots", "default_loss", "differentiable", "needs_backward", "unique_tensors"]
 
 LossFn = Callable[[Any], Any]
+
+
+def needs_backward(backward: bool, loss_fn: Optional[LossFn], optimizer: Any = None) -> None:
+    """A ``loss_fn`` or an ``optimizer`` given without ``backward=True`` is a :class:`UsageError`:
+    each acts on the backward pass."""
+    if loss_fn is not None and not backward:
+        raise UsageError("loss_fn is only used with backward=True")
+    if optimizer is not None and not backward:
+        raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
 
 
 def differentiable(tensors: List[torch.Tensor]) -> List[torch.Tensor]:

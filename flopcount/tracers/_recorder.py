@@ -23,7 +23,7 @@ from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake import meta_kernels as _meta_kernels
 from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.tracers.fake.values import INTEGRAL, KnownValues
-from flopcount.types import OpCall, OpEvent, Phase, TensorMeta
+from flopcount.types import OpCall, OpEvent, Phase, TensorMeta, dtype_name
 
 _aten = torch.ops.aten
 # Ops that read tensor data into Python; on meta/fake tensors they cannot run.
@@ -39,20 +39,12 @@ _READS = frozenset({_LOCAL_SCALAR, _EQUAL, _IS_NONZERO})
 _CHECKED = _meta_kernels.CHECKED
 
 
-_DTYPE_NAMES: Dict[torch.dtype, str] = {}
 _STRIDED = torch.strided
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
-    return name
 
 
 def _meta(tensor: torch.Tensor) -> TensorMeta:
     # torch.Size is a tuple of ints already (shapes are static here)
-    dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
+    dtype = dtype_name(tensor.dtype)
     if tensor.layout is not _STRIDED:
         return sparse_meta(tensor, dtype)
     return TensorMeta(tuple(tensor.shape), dtype)
@@ -84,7 +76,7 @@ def _packed_meta(value: Any) -> Any:
     cell = cell_tensors(value)
     if cell is not None:
         weights, biases, stored = cell
-        return tuple(TensorMeta(tuple(w.shape), _dtype_name(stored)) for w in weights) + tuple(_meta(b) for b in biases)
+        return tuple(TensorMeta(tuple(w.shape), dtype_name(stored)) for w in weights) + tuple(_meta(b) for b in biases)
     unpacked = unpack(value)
     if unpacked is None:
         return value

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from flopcount.types import TensorMeta
+from flopcount.types import TensorMeta, dtype_name
 
 __all__ = ["CANONICAL", "CompositeInterceptor", "MHA_OP", "canonical"]
 
@@ -228,7 +228,7 @@ def _feature_dropout_binder(func: Callable[..., Any], unbatched: Optional[int]) 
             return None
         x = found[1].get("input")
         if isinstance(x, torch.Tensor) and x.dim() == unbatched:
-            found[1]["input"] = TensorMeta((1, *x.shape), str(x.dtype).replace("torch.", ""))
+            found[1]["input"] = TensorMeta((1, *x.shape), dtype_name(x.dtype))
         return found
 
     return bind

@@ -29,6 +29,7 @@ from flopcount.core.diagnostics import first_line, module_place
 from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.errors import NeedsDataError, TraceError, UsageError
+from flopcount.step.loss import needs_backward
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._backward import BackwardAttribution, run_backward
 from flopcount.tracers._modules import ModuleOutput, ModuleStack, forward_error
@@ -228,10 +229,7 @@ def _trace(
     qualified name as it returns (on a fake run, the copy's), by the run's module stack: the
     decoding loop keeps an encoder-decoder's encoder output from the prefill.
     """
-    if loss_fn is not None and not backward:
-        raise UsageError("loss_fn is only used with backward=True")
-    if optimizer is not None and not backward:
-        raise UsageError("optimizer= needs backward=True: the step updates parameters from their gradients")
+    needs_backward(backward, loss_fn, optimizer)
     args, kw = call.args, call.kwargs
     flat_inputs = list(call.tensors)
     inputs_text = call.description

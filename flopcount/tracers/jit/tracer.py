@@ -36,7 +36,7 @@ from flopcount.tracers.jit.graph import (
 )
 from flopcount.tracers.jit.random import private_random_calls, recording_warnings
 from flopcount.tracers.jit.sizes import meta_kernel_failure, static_unpool_sizes, unpool_failure
-from flopcount.types import OpCall, OpEvent, TensorMeta, Trace
+from flopcount.types import OpCall, OpEvent, TensorMeta, Trace, dtype_name
 
 # Under tracing a size read (x.size(0)) is a 0-dim tensor (prim::NumToTensor), so the
 # forward's Python arithmetic on sizes is recorded as tensor ops, which eager (and the
@@ -83,7 +83,7 @@ def _argument_names(schema: str) -> Optional[Tuple[str, ...]]:
 
 def _from_ivalue(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).replace("torch.", "")
+        dtype = dtype_name(value.dtype)
         return sparse_meta(value, dtype) if value.layout != torch.strided else TensorMeta(tuple(value.shape), dtype)
     return tuple(_from_ivalue(v) for v in value) if isinstance(value, list) else value
 
