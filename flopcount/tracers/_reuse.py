@@ -181,20 +181,24 @@ class _Held:
     """A plain object's own attributes as they are now (:func:`~flopcount.core.state.plain_object`:
     a config, a counter's holder), for a call's key: equal to another when it names the same
     attributes bound to the same objects (identity: an equal value bound anew, or ``1`` for
-    ``True``, does not match, and the call is traced; a container it holds changed in place is not
-    seen). ~3 us for a transformers config, where keying each attribute took ~25 us. Before, such
-    an object was keyed by identity alone: layers sharing one config whose flag their parent sets
-    per layer were booked from the first layer."""
+    ``True``, does not match, and the call is traced) and its attributes that are not scalars key
+    alike (``contents``, :meth:`Reuse._held`: a list the parent changes in place between two blocks;
+    before branch ``heldlists`` such a change was not seen and the later blocks were booked from the
+    first).
+    ~3 us for a transformers config, where keying each attribute took ~25 us. Before, such an object
+    was keyed by identity alone: layers sharing one config whose flag their parent sets per layer were
+    booked from the first layer."""
 
-    __slots__ = ("names", "values")
+    __slots__ = ("names", "values", "contents")
 
-    def __init__(self, state: Dict[str, Any]) -> None:
+    def __init__(self, state: Dict[str, Any], contents: Tuple[Any, ...]) -> None:
         self.names = tuple(state)
         self.values = tuple(state.values())
+        self.contents = contents
 
     def __eq__(self, other: object) -> bool:
         return (type(other) is _Held and self.names == other.names
-                and all(map(operator.is_, self.values, other.values)))
+                and all(map(operator.is_, self.values, other.values)) and self.contents == other.contents)
 
     def __hash__(self) -> int:
         return hash(self.names)
@@ -316,7 +320,8 @@ class Reuse:
         self._root: Any = lazy.root if lazy is not None else model
         self._swapped: List[Tuple[nn.Module, type]] = []  # swapped in now, innermost last
         self._wrapped: List[nn.Module] = []
-        self._held: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
+        self._held_calls: Dict[int, Tuple[int, Tuple[str, ...]]] = {}
+        self._holding: set = set()  # the plain objects being keyed now (``_held``)
         # id(long container) -> (it, its items then or None, the ``original`` its tensors were keyed for or None, its
         # key's number);
         # each distinct long content key -> a number (hashed once: a per-call key holds the number)
@@ -1197,7 +1202,7 @@ class Reuse:
             return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
         if plain_object(value):
             # a config or a holder (one the layers share: its flag set by their parent per layer)
-            return ("object", id(value), _Held(vars(value)))
+            return self._held(value, original)
         # functions, classes and other objects (of a module not copied yet: an object not copied
         # yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
         return ("id", id(value))
@@ -1214,6 +1219,24 @@ class Reuse:
         if all(type(v) in _SCALARS for v in value):
             return (kind, frozenset((type(v), v) for v in value))
         return (kind, frozenset([self._attribute(v, original) for v in value]))
+
+    def _held(self, value: Any, original: bool) -> Any:
+        """A plain object's key: its identity, its own attributes as :class:`_Held`, and each of them
+        that is not a scalar keyed as an attribute is (a holder's list by content, a config's
+        sub-config as a plain object, a function by identity): ~1-2 % of a transformers model's count,
+        where keying the containers found by :func:`plain_object` per attribute cost 3-8 %. An object
+        met again below itself (a cycle) is keyed by identity there, its state being in the key
+        already."""
+        holding = self._holding
+        if id(value) in holding:
+            return ("object", id(value))
+        state = vars(value)
+        holding.add(id(value))
+        try:
+            contents = tuple([(k, self._attribute(v, original)) for k, v in state.items() if type(v) not in _SCALARS])
+        finally:
+            holding.discard(id(value))
+        return ("object", id(value), _Held(state, contents))
 
     def _subclassed(self, value: Any, original: bool) -> Any:
         """The key of a tuple's or list's subclass (a namedtuple, a user's list type): its type, the
@@ -1305,7 +1328,7 @@ class Reuse:
         identity, so a call writing ``self.config.step`` would otherwise leave its key as it was),
         each keyed as an attribute is (an object among them by identity: one level deep)."""
         found: List[Any] = []
-        held = self._held
+        held = self._held_calls
         for module in order:
             state = vars(module)
             known = held.get(id(module))
