@@ -95,6 +95,8 @@ _FLAGS = tuple(sorted(hooks.hook_flag_names()))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
+# how deep plain objects are keyed inside one another (:meth:`Reuse._held`); deeper: the call is traced
+_HELD_DEPTH = 16
 # a tuple, list, dict or set longer than this is keyed once per count while it holds the same items (``Reuse._long``)
 _LONG = 64
 # a fake argument met first in a call: its metadata is in the key's part of the arguments' tensors
@@ -673,7 +675,10 @@ class Reuse:
             if fingerprint is None:  # the subtree as it is now, unchanged since it was keyed
                 fingerprint = []
                 _fingerprint(module, [], fingerprint, set(), lazy)
-            containers = self._containers(order)
+            try:
+                containers: Optional[List[Any]] = self._containers(order)
+            except Unkeyable:  # a state the key cannot hold (objects nested deeper than it goes): never booked again
+                containers = None
             entry = _Entry()
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
@@ -719,7 +724,7 @@ class Reuse:
         start: int,
         calls_before: Dict[str, int],
         fingerprint: List[Any],
-        containers: List[Any],
+        containers: Optional[List[Any]],
         log: List[Tuple[Any, str]],
         read_from: int,
         watch: Optional[_Watch] = None,
@@ -727,7 +732,7 @@ class Reuse:
         """Makes ``entry`` clean when the first call can be booked again exactly."""
         recorder, stack, cache = self._recorder, self._modules, self._cache
         after = (len(recorder.assumptions), recorder.conds, len(cache.disabled) if cache is not None else 0)
-        if after != before:
+        if after != before or containers is None:
             return
         try:
             again: List[Any] = []
@@ -1230,6 +1235,8 @@ class Reuse:
         holding = self._holding
         if id(value) in holding:
             return ("object", id(value))
+        if len(holding) >= _HELD_DEPTH:  # a chain of objects (a linked list): traced, not keyed without end
+            raise Unkeyable(f"plain objects nested more than {_HELD_DEPTH} deep")
         state = vars(value)
         holding.add(id(value))
         try:

@@ -105,3 +105,42 @@ def test_a_shared_holder_left_alone_is_still_reused(monkeypatch, where):
     assert on.macs == off.macs == LAYERS * (BLOCK_MACS + STEP_MACS)
     assert rows(on) == rows(off)
     assert on.reused_calls == LAYERS - 1
+
+
+class Link:
+    """A plain object holding the next (a linked list of objects, each block holding its head)."""
+
+    def __init__(self, after=None) -> None:
+        self.after = after
+
+
+class Linked(Block):
+    def __init__(self, head: Link) -> None:
+        super().__init__()
+        self.head = head
+
+
+class LinkedStack(nn.Module):
+    def __init__(self, links: int) -> None:
+        super().__init__()
+        head = None
+        for _ in range(links):
+            head = Link(head)
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(Linked(head) for _ in range(LAYERS))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("links, reused", [(8, LAYERS - 1), (200, 0)])
+def test_objects_nested_deeper_than_the_key_goes_are_traced(monkeypatch, links, reused):
+    # up to 16 plain objects deep the key holds their state; deeper, the call is traced (before the
+    # depth's cap, keying 200 links ran out of Python's recursion and the count fell back to a real run)
+    off, on = off_and_on(monkeypatch, LinkedStack(links), _inputs())
+    assert on.macs == off.macs == LAYERS * BLOCK_MACS
+    assert rows(on) == rows(off)
+    assert on.warnings == off.warnings == ()
+    assert on.reused_calls == reused
