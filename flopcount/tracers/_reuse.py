@@ -1287,8 +1287,8 @@ class Reuse:
 
     def _object(self, value: Any) -> Tuple[Any, ...]:
         """A plain object's state for a first call's writes (``_containers``): its identity and its
-        own attributes, each keyed as an attribute is (by content: a list it holds appended to), a
-        plain object among them as :class:`_Held`, one level deep."""
+        own attributes, each keyed as an attribute is (by content: a list it holds appended to; a
+        plain object among them as :meth:`_held` keys it)."""
         return ("object", id(value), tuple([(k, self._attribute(v)) for k, v in vars(value).items()]))
 
     def _value(self, value: Any, tensors: List[Any], caches: List[Any]) -> Any:
@@ -1333,7 +1333,8 @@ class Reuse:
         other than torch's own), which a call may change without rebinding them, and the own
         attributes of the plain objects the subtree holds (a config, a counter's holder: keyed by
         identity, so a call writing ``self.config.step`` would otherwise leave its key as it was),
-        each keyed as an attribute is (an object among them by identity: one level deep)."""
+        each keyed as an attribute is (a plain object among them with the objects it holds, up to
+        16 deep: a first call appending to ``self.config.sub.items`` is seen)."""
         found: List[Any] = []
         held = self._held_calls
         for module in order:

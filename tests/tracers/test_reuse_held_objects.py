@@ -144,3 +144,41 @@ def test_objects_nested_deeper_than_the_key_goes_are_traced(monkeypatch, links, 
     assert rows(on) == rows(off)
     assert on.warnings == off.warnings == ()
     assert on.reused_calls == reused
+
+
+class AppendsTwoDown(Stepped):
+    """Appends to ``self.holder.sub.steps`` (a list two objects down), then does one step per entry
+    appended so far: block i does i + 1 steps."""
+
+    def forward(self, x):
+        self.holder.sub.steps.append(1)
+        y = Block.forward(self, x)
+        for _ in range(len(self.holder.sub.steps) - 1):
+            y = y @ torch.eye(D)
+        return y
+
+
+class AppendingStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.holder = Holder(Holder())
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(AppendsTwoDown(self.holder, "nested") for _ in range(LAYERS))
+
+    def forward(self, x):
+        del self.holder.sub.steps[1:]  # as found at each run
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_first_call_writing_two_objects_down_is_not_booked_again(monkeypatch):
+    hand = LAYERS * BLOCK_MACS + sum(range(1, LAYERS + 1)) * STEP_MACS  # 1 + 2 + ... + 6 steps
+    model = AppendingStack()
+    off, on = off_and_on(monkeypatch, model, _inputs())
+    assert torch_contraction_flops(copy.deepcopy(model), _inputs()) == 2 * hand
+    # before: the holder's own attributes were compared by identity, so the sub-holder's list grown
+    # by the first call was not seen: 5,760 MACs with reuse on (blocks 1-5 booked from block 0), 8,640 off
+    assert on.macs == off.macs == hand
+    assert rows(on) == rows(off)
+    assert on.reused_calls == 0
