@@ -518,3 +518,85 @@ def test_a_replayed_layer_given_a_kv_cache_passes_the_function_modes_three_times
     shallow, deep = (_mode_passes(monkeypatch, llama(n), ids) for n in (8, 24))
     assert shallow[1].reused_calls == 7 and deep[1].reused_calls == 23
     assert (deep[0] - shallow[0]) / (24 - 8) == 3
+
+
+def _read_ahead_bytes(blocks: int) -> int:
+    """What a lazy copy's read-ahead of the caller's tensors' keys holds after ``read_all`` (Python
+    allocations), for ``Stack(blocks)``: 4 tensors a block, every block's keys equal."""
+    model = Stack(blocks)
+    names = {m: n for n, m in model.named_modules()}
+    copier = copies._TreeCopier({}, copies._Faker(), lazy=True)
+    lazy = copies.LazyCopy(copier, names, model)
+    copier._keys[("warm",)] = ("warm",)  # the interning dictionary made before the reading
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        lazy.read_all()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    lazy.release()
+    return held
+
+
+def test_the_read_ahead_of_the_callers_tensors_holds_sixteen_bytes_a_tensor():
+    # Issue #32's memory target: the keys of the caller's tensors, read before the run, are held as a
+    # sorted array of ids (8 B a tensor) and a list of keys beside it (8 B a tensor: equal keys are
+    # one object, counted once), found by bisection: 16 B a tensor, plus the list's over-allocation
+    # (at most an eighth). Before (branch countmem5's parent): a dictionary of int ids, ~73 B a tensor
+    # (an int object, an entry, the index), which was also made again as it emptied
+    per_tensor = (_read_ahead_bytes(256) - _read_ahead_bytes(64)) / ((256 - 64) * 4)
+    assert 16 <= per_tensor <= 16 + 8 / 8 + 1, f"{per_tensor:.1f} B a tensor"
+
+
+def test_the_read_ahead_lets_go_of_a_booked_or_copied_layers_keys(monkeypatch):
+    # A block booked from an earlier call is never copied, and a copied block's Pendings hold its keys:
+    # by the end of the forward the read-ahead holds none of the 4 * n keys (a KV cache's fakes make a
+    # deep LLM's count peak there: a table of every tensor held to the end cost 144 B a LLaMA layer)
+    left = []
+    release = copies.LazyCopy.release
+
+    def released(self):
+        left.append(len(self.keys_read()))
+        release(self)
+
+    monkeypatch.setattr(copies.LazyCopy, "release", released)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    torch.manual_seed(0)
+    model, inputs = Stack(16), (torch.randn(B, D),)
+    before = snapshot(model)
+    result = count_flops(model, inputs)
+    assert_same_state(model, before)
+    assert result.macs == _macs(16) and result.reused_calls == 15
+    assert left == [0]
+
+
+@pytest.mark.parametrize("reuse", ["0", "1"])
+def test_the_trace_keeps_the_module_stacks_call_counts_not_a_copy(monkeypatch, reuse):
+    # At the trace's end (the count's peak on a deep model without a KV cache once the read-ahead is
+    # small) the module calls were copied into the trace beside the stack's own dictionary: one entry
+    # per module name twice, ~430 B a LLaMA layer. The stack's hooks are off by then: its dictionary
+    # is the trace's. Calls by hand: the root and 4 blocks of 3 children each, once each (the
+    # ModuleList is not called); failed on the parent (a copy)
+    from flopcount.core.inputs import prepare_call
+    from flopcount.tracers import _modules, dispatch, trace
+
+    stacks = []
+
+    class Kept(_modules.ModuleStack):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            stacks.append(self)
+
+    monkeypatch.setattr(dispatch, "ModuleStack", Kept)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
+    torch.manual_seed(0)
+    model, inputs = Stack(4), (torch.randn(B, D),)
+    before = snapshot(model)
+    run = trace(model, prepare_call(inputs))
+    assert_same_state(model, before)
+    expected = {"": 1, **{f"blocks.{i}{part}": 1 for i in range(4) for part in ("", ".up", ".act", ".down")}}
+    assert dict(run.module_calls) == expected
+    assert [run.module_calls is stack.calls for stack in stacks] == [True]
