@@ -414,44 +414,51 @@ def _held_tensors(modules: Iterable[nn.Module]) -> List[Any]:
 class KeyTable:
     """``id(caller's tensor)`` -> its :func:`reuse_key` (None: not fakeable the fast way), read once
     before the run (:meth:`LazyCopy.read_all`): the ids in a sorted array of machine words, the keys
-    in a list beside it, found by bisection (~0.3 us). 16 B a tensor, where a dictionary held ~73 B
-    (an ``int`` and an entry; issue #32). An entry no longer needed (its module copied: its
-    :class:`Pending` holds the key; or booked from an earlier call: never copied) is taken out
-    (:meth:`take`), and the table made again without them when a quarter of it was taken: a deep model's count ends
-    its forward, where a KV cache's fakes make its peak, holding a few entries, not one per tensor.
-    An id stays valid: the caller's modules hold their tensors through the count."""
+    in a list beside it, found by bisection (~0.3 us). 16 B a tensor, where a dictionary held ~68 B
+    (an ``int``, an entry, its index; issue #32). An entry no longer needed (a call booked from an
+    earlier one: its subtree is never copied; a module copied: its :class:`Pending` holds the key) is
+    marked taken (:meth:`take`), and the table made again without them when three quarters of it
+    were taken (at a quarter, the remakes cost a 70B count 0.15 ms): a deep model's forward ends,
+    where a KV cache's fakes make the count's peak, with a few entries, not one per tensor. An id
+    stays valid: the caller's modules hold their tensors through the count."""
 
     __slots__ = ("ids", "keys", "taken")
 
     def __init__(self, tensors: Sequence[Any] = (), keys: Sequence[Any] = ()):
-        ids = [id(t) for t in tensors]
+        ids = list(map(id, tensors))
         order = sorted(range(len(ids)), key=ids.__getitem__)
-        # a tensor two modules hold (tied) is read twice: kept once
-        order = [i for n, i in enumerate(order) if n == 0 or ids[i] != ids[order[n - 1]]]
+        if len(set(ids)) < len(ids):  # a tensor two modules hold (tied) is read twice: kept once
+            order = [i for n, i in enumerate(order) if n == 0 or ids[i] != ids[order[n - 1]]]
         self.ids = array("Q", [ids[i] for i in order])
         self.keys = [keys[i] for i in order]
         self.taken = 0
 
-    def get(self, ident: int, default: Any = None) -> Any:
-        """The key read for the tensor whose id is ``ident``, or ``default`` (not read, or taken)."""
+    def find(self, ident: int) -> int:
+        """The position of the key read for the tensor whose id is ``ident``; -1: not read, or taken."""
         ids = self.ids
         i = bisect_left(ids, ident)
-        if i < len(ids) and ids[i] == ident:
-            key = self.keys[i]
-            if key is not _TAKEN:
-                return key
-        return default
+        return i if i < len(ids) and ids[i] == ident and self.keys[i] is not _TAKEN else -1
 
-    def take(self, tensors: Iterable[Any]) -> None:
-        """Drops the entries of ``tensors`` (those it has)."""
-        ids, keys = self.ids, self.keys
-        for tensor in tensors:
-            i = bisect_left(ids, id(tensor))
-            if i < len(ids) and ids[i] == id(tensor) and keys[i] is not _TAKEN:
+    def get(self, ident: int, default: Any = None) -> Any:
+        """The key read for the tensor whose id is ``ident``, or ``default`` (not read, or taken)."""
+        i = self.find(ident)
+        return default if i < 0 else self.keys[i]
+
+    def as_dict(self) -> Dict[int, Any]:
+        """The entries not taken, as a dictionary (~68 B an entry: for a moment, not to be kept)."""
+        return {i: k for i, k in zip(self.ids, self.keys) if k is not _TAKEN}
+
+    def take(self, positions: Iterable[int], remake: bool = True) -> None:
+        """Drops the entries at ``positions`` (found by :meth:`find` since the table was last made:
+        with ``remake``, it is made again without them when three quarters of it were taken)."""
+        keys = self.keys
+        for i in positions:
+            if keys[i] is not _TAKEN:
                 keys[i] = _TAKEN
                 self.taken += 1
-        if self.taken * 4 > len(ids):
-            # made again from iterators: no list of indices (an ``int`` each) beside the two tables
+        if remake and self.taken * 4 > len(keys) * 3:
+            # made again from iterators: no list of positions (an ``int`` each) beside the two tables
+            ids = self.ids
             self.ids = array("Q", compress(ids, map(is_not, keys, repeat(_TAKEN))))
             self.keys = list(compress(keys, map(is_not, keys, repeat(_TAKEN))))
             self.taken = 0
@@ -526,20 +533,21 @@ class LazyCopy:
         copier = self.copier
         return None if copier is None else copier.memo.get(id(module))
 
-    def tensor_keys(self, tensors: Sequence[Any]) -> List[Any]:
+    def tensor_keys(self, tensors: Sequence[Any], found: Optional[List[int]] = None) -> List[Any]:
         """What structural reuse keys the copies of a caller's parameters or buffers by, before
         the module is copied: each one's fake (made already), the key of the :class:`Pending` its
         copy will hold (``reuse_key``), or None (it will be faked another way: the module must
-        be copied)."""
+        be copied). ``found``: the positions of the keys read up front (:meth:`read_all`) are added
+        there (:meth:`forget` them when the call is booked; until then no entry is moved)."""
         copier = self.copier
-        return [None] * len(tensors) if copier is None else copier.raw_keys(tensors)
+        return [None] * len(tensors) if copier is None else copier.raw_keys(tensors, found)
 
-    def forget(self, originals: Iterable[nn.Module]) -> None:
-        """The keys read of the tensors ``originals`` (modules of the caller's) hold, let go: a call
-        of theirs was booked from an earlier one (nothing of theirs is copied for it)."""
+    def forget(self, found: List[int]) -> None:
+        """The keys :meth:`tensor_keys` found for a call, let go: it was booked from an earlier one
+        (nothing of its subtree is copied for it)."""
         copier = self.copier
-        if copier is not None:
-            copier.read_ahead.take(_held_tensors(originals))
+        if copier is not None and found:
+            copier.read_ahead.take(found)
 
     def keys_read(self) -> KeyTable:
         """The keys :meth:`read_all` read (none once released)."""
@@ -1032,7 +1040,7 @@ class _TreeCopier(TreeCopier):
         if unread and self.lazy:
             self.read_ahead = KeyTable(unread, _read_keys(self.faker, unread, self._keys))
 
-    def raw_keys(self, tensors: Sequence[Any]) -> List[Any]:
+    def raw_keys(self, tensors: Sequence[Any], found_at: Optional[List[int]] = None) -> List[Any]:
         """See :meth:`LazyCopy.tensor_keys`: what :meth:`_lazy` will hold for each of ``tensors``, keyed."""
         memo, pending, read = self.memo, self._pending, self.read_ahead
         found: List[Any] = []
@@ -1046,7 +1054,13 @@ class _TreeCopier(TreeCopier):
             if waiting is not None:
                 found.append(waiting.key)
                 continue
-            key = read.get(id(tensor), _UNSEEN)
+            i = read.find(id(tensor))
+            if i < 0:
+                key = _UNSEEN
+            else:
+                key = read.keys[i]
+                if found_at is not None:
+                    found_at.append(i)
             found.append(None if key is _UNSEEN else key)
             if key is _UNSEEN and self.lazy and isinstance(tensor, torch.Tensor):
                 unread.append((len(found) - 1, tensor))
@@ -1080,8 +1094,9 @@ class _TreeCopier(TreeCopier):
                 dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, keys.setdefault(key, key))))
             else:
                 dict.__setitem__(made, name, self.value(tensor))
-        if self.read_ahead:  # the Pendings and fakes hold what it held for them
-            self.read_ahead.take(tensors.values())
+        if ahead:  # the Pendings and fakes hold what it held for them; not made again here, where a
+            # call being keyed may hold positions found in it (``LazyCopy.tensor_keys``)
+            ahead.take([i for i in map(ahead.find, map(id, tensors.values())) if i >= 0], remake=False)
         return made
 
     def value(self, value: Any) -> Any:
