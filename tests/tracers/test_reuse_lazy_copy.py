@@ -289,24 +289,24 @@ def test_a_model_counted_again_after_a_parameter_changed_shape(monkeypatch):
     assert on.reused_calls == 6  # blocks.1-5 and 7 booked from blocks.0; blocks.6 traced
 
 
-def _llama_like(layers: int) -> nn.Module:
+def _llama_like(layers: int, use_cache: bool = True) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
+        num_key_value_heads=2, max_position_embeddings=64, use_cache=use_cache,
     )
     with torch.device("meta"):
         return LlamaForCausalLM(config).eval()
 
 
-def _memory(layers: int):
+def _memory(layers: int, use_cache: bool = True):
     """(what the result alone holds, the count's peak), Python allocations, of a warmed count. The
     result's share is read after a full collection, with it and without it: CPython's free lists
     keep blocks the count let go (its trace's tuples), which a plain reading after the count took
     for the result's (~3.3 KiB per layer here: half of what was called its rows). Reuse on
     (``FLOPCOUNT_REUSE=1`` in the environment: :func:`measured_per_layer`'s process)."""
-    model = _llama_like(layers)
+    model = _llama_like(layers, use_cache)
     ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
     count_flops(model, (ids,))
     gc.collect()
@@ -325,13 +325,14 @@ def _memory(layers: int):
     return kept, peak
 
 
-def measured_per_layer() -> str:
+def measured_per_layer(use_cache: bool = True) -> str:
     """The medians of three readings of the rows the result keeps and of the count's peak, per
-    layer from 20 to 60 layers, as "row peak" (run by the test in a process of its own)."""
+    layer from 20 to 60 layers, as "row peak" (run by the test in a process of its own); ``use_cache``:
+    the model's (its KV cache, the model's own output, grows with depth)."""
     rows, peaks = [], []
     for _ in range(3):  # the peak moves by a few hundred bytes per layer from run to run: the median
-        kept20, peak20 = _memory(20)
-        kept60, peak60 = _memory(60)
+        kept20, peak20 = _memory(20, use_cache)
+        kept60, peak60 = _memory(60, use_cache)
         rows.append((kept60 - kept20) / 40)  # what the result keeps per layer: its 13 modules' names and rows
         peaks.append((peak60 - peak20) / 40)  # what the count's peak grows by per layer
     return f"{sorted(rows)[1]} {sorted(peaks)[1]}"
