@@ -1078,25 +1078,31 @@ class _TreeCopier(TreeCopier):
         # not in the memo: a module's own parameter or buffer dictionary, held by nothing else
         memo, pending, faker, keys = self.memo, self._pending, self.faker, self._keys
         ahead = self.read_ahead
-        unread = [
-            t for t in tensors.values()
-            if t is not None and id(t) not in memo and id(t) not in pending and ahead.get(id(t), _UNSEEN) is _UNSEEN
-        ]
-        read = dict(zip(map(id, unread), _read_keys(faker, unread))) if unread else None
+        # one bisection a tensor: where its key is in the read-ahead, or read now
+        at: Dict[int, int] = {}
+        unread: List[Any] = []
+        for tensor in tensors.values():
+            if tensor is not None and id(tensor) not in memo and id(tensor) not in pending:
+                i = ahead.find(id(tensor)) if ahead.ids else -1
+                if i < 0:
+                    unread.append(tensor)
+                else:
+                    at[id(tensor)] = i
+        read = dict(zip(map(id, unread), _read_keys(faker, unread))) if unread else {}
         for name, tensor in tensors.items():
             found = memo.get(id(tensor)) if tensor is not None else None
             if tensor is None or found is not None:
                 dict.__setitem__(made, name, found)
             elif id(tensor) in pending:
                 dict.__setitem__(made, name, pending[id(tensor)])
-            elif (key := ahead.get(id(tensor)) if read is None or id(tensor) not in read else read[id(tensor)]) is not None:
+            elif (key := ahead.keys[at[id(tensor)]] if id(tensor) in at else read.get(id(tensor))) is not None:
                 # from now on the Pending holds it
                 dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, keys.setdefault(key, key))))
             else:
                 dict.__setitem__(made, name, self.value(tensor))
-        if ahead:  # the Pendings and fakes hold what it held for them; not made again here, where a
-            # call being keyed may hold positions found in it (``LazyCopy.tensor_keys``)
-            ahead.take([i for i in map(ahead.find, map(id, tensors.values())) if i >= 0], remake=False)
+        if at:  # the Pendings and fakes hold what it held for them; not made again here, where a call
+            # being keyed may hold positions found in it (``LazyCopy.tensor_keys``)
+            ahead.take(at.values(), remake=False)
         return made
 
     def value(self, value: Any) -> Any:
