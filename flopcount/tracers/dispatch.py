@@ -332,7 +332,7 @@ def _trace(
         _record_optimizer_step(optimizer, model, [id(p) in trained for p in run_model.parameters()], recorder)
     notes = _notes(recorder.placeholders) + _cond_notes(recorder.both_branches)
     return Trace(
-        tuple(recorder.events), "dispatch", dict(modules.calls),
+        tuple(recorder.events), "dispatch", modules.calls,
         notes + branches.notes + tuple(sorted(recorder.assumptions)), gaps=notes,
         shape_cache=_cache_stats(shape_cache, reuse),
     )

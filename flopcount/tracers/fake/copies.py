@@ -24,8 +24,12 @@ import contextlib
 import copy
 import logging
 import threading
+from array import array
+from bisect import bisect_left
 from collections import OrderedDict
 from functools import cache
+from itertools import compress, repeat
+from operator import is_not
 from types import FunctionType
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -44,6 +48,7 @@ from flopcount.tracers.fake.making import FakeMaker
 __all__ = [
     "FakeCopy",
     "FakeRunError",
+    "KeyTable",
     "LazyCopy",
     "LazyModules",
     "LazyTensors",
@@ -406,6 +411,66 @@ def _held_tensors(modules: Iterable[nn.Module]) -> List[Any]:
     return tensors
 
 
+class KeyTable:
+    """``id(caller's tensor)`` -> its :func:`reuse_key` (None: not fakeable the fast way), read once
+    before the run (:meth:`LazyCopy.read_all`): the ids in a sorted array of machine words, the keys
+    in a list beside it, found by bisection (~0.3 us). 16 B a tensor, where a dictionary held ~68 B
+    (an ``int``, an entry, its index; issue #32). An entry no longer needed (a call booked from an
+    earlier one: its subtree is never copied; a module copied: its :class:`Pending` holds the key) is
+    marked taken (:meth:`take`), and the table made again without them when three quarters of it
+    were taken (at a quarter, the remakes cost a 70B count 0.15 ms): a deep model's forward ends,
+    where a KV cache's fakes make the count's peak, with a few entries, not one per tensor. An id
+    stays valid: the caller's modules hold their tensors through the count."""
+
+    __slots__ = ("ids", "keys", "taken")
+
+    def __init__(self, tensors: Sequence[Any] = (), keys: Sequence[Any] = ()):
+        ids = list(map(id, tensors))
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        if len(set(ids)) < len(ids):  # a tensor two modules hold (tied) is read twice: kept once
+            order = [i for n, i in enumerate(order) if n == 0 or ids[i] != ids[order[n - 1]]]
+        self.ids = array("Q", [ids[i] for i in order])
+        self.keys = [keys[i] for i in order]
+        self.taken = 0
+
+    def find(self, ident: int) -> int:
+        """The position of the key read for the tensor whose id is ``ident``; -1: not read, or taken."""
+        ids = self.ids
+        i = bisect_left(ids, ident)
+        return i if i < len(ids) and ids[i] == ident and self.keys[i] is not _TAKEN else -1
+
+    def get(self, ident: int, default: Any = None) -> Any:
+        """The key read for the tensor whose id is ``ident``, or ``default`` (not read, or taken)."""
+        i = self.find(ident)
+        return default if i < 0 else self.keys[i]
+
+    def as_dict(self) -> Dict[int, Any]:
+        """The entries not taken, as a dictionary (~68 B an entry: for a moment, not to be kept)."""
+        return {i: k for i, k in zip(self.ids, self.keys) if k is not _TAKEN}
+
+    def take(self, positions: Iterable[int], remake: bool = True) -> None:
+        """Drops the entries at ``positions`` (found by :meth:`find` since the table was last made:
+        with ``remake``, it is made again without them when three quarters of it were taken)."""
+        keys = self.keys
+        for i in positions:
+            if keys[i] is not _TAKEN:
+                keys[i] = _TAKEN
+                self.taken += 1
+        if remake and self.taken * 4 > len(keys) * 3:
+            # made again from iterators: no list of positions (an ``int`` each) beside the two tables
+            ids = self.ids
+            self.ids = array("Q", compress(ids, map(is_not, keys, repeat(_TAKEN))))
+            self.keys = list(compress(keys, map(is_not, keys, repeat(_TAKEN))))
+            self.taken = 0
+
+    def __len__(self) -> int:
+        return len(self.ids) - self.taken
+
+
+_TAKEN: Any = object()
+_NOTHING_READ = KeyTable()
+
+
 class LazyCopy:
     """A fake copy made lazily in depth (issue #32, a deep model's memory): a copied module's
     children are copied when first reached (:class:`LazyModules`), so the children of a block
@@ -415,7 +480,7 @@ class LazyCopy:
     when set, is told of each module copied from then on (structural reuse wraps it).
     :meth:`release` ends it when the run ends (the copier and the copies refer to each other)."""
 
-    __slots__ = ("copier", "originals", "names", "adopt", "root", "complete")
+    __slots__ = ("copier", "originals", "names", "adopt", "root")
 
     def __init__(self, copier: _TreeCopier, originals: Mapping[nn.Module, str], root: nn.Module):
         self.copier: Optional[_TreeCopier] = copier
@@ -423,20 +488,16 @@ class LazyCopy:
         self.names: Dict[nn.Module, str] = {}
         self.adopt: Optional[Callable[[nn.Module, nn.Module], None]] = None
         self.root = root
-        #: every parameter and buffer of the caller's modules was read up front (:meth:`read_all`):
-        #: nothing is read inside the run, where each read passes the run's torch-function modes
-        self.complete = False
 
     def read_all(self) -> None:
         """Reads the key of every parameter and buffer of the caller's modules (``originals``) now,
         before the run's modes are entered: one plain read per tensor (~1 us), where a read inside
         the run passes each torch-function mode (issue #32: ResNet-50's keys and copies read their
-        tensors in 25 calls through the modes, ~7% of its count). Called before anything is copied."""
+        tensors in 25 calls through the modes, ~7% of its count). Called once, before anything is
+        copied (``fake_copies``): the copier's :class:`KeyTable`."""
         copier = self.copier
-        if copier is None:
-            return
-        copier.prefetch(_held_tensors(self.originals))
-        self.complete = True
+        if copier is not None:
+            copier.read_ahead_of(_held_tensors(self.originals))
 
     def copy_of(self, original: nn.Module) -> nn.Module:
         """The copy of ``original`` (a module of the caller's tree), made now if not made yet."""
@@ -462,25 +523,8 @@ class LazyCopy:
             raise FakeRunError(_copy_failure(exc)) from exc
 
     def copies_of(self, originals: Sequence[nn.Module]) -> List[nn.Module]:
-        """:meth:`copy_of` each of ``originals`` (a subtree a first call runs), their tensors'
-        metadata read in one call (see ``_read_keys``)."""
-        copier = self.copier
-        if copier is None:
-            raise RuntimeError("a module of a fake copy was reached after its run ended")
-        if not self.complete:
-            memo = copier.memo
-            copier.prefetch(_held_tensors(m for m in originals if memo.get(id(m)) is None))
+        """:meth:`copy_of` each of ``originals`` (a subtree a first call runs)."""
         return [self.copy_of(module) for module in originals]
-
-    def prefetch_children(self, children: Dict[str, Any]) -> None:
-        """Before the first child of a ``_modules`` dictionary is copied: the keys of every
-        not-yet-copied child's own tensors read in one call (its siblings are copied next)."""
-        copier = self.copier
-        if copier is None or self.complete:
-            return
-        originals, memo = self.originals, copier.memo
-        copier.prefetch(_held_tensors(
-            c for c in dict.values(children) if c is not None and c in originals and memo.get(id(c)) is None))
 
     def live(self, module: Any) -> Any:
         """``module``'s copy if it is an original copied already, else ``module`` itself (a copy,
@@ -496,26 +540,32 @@ class LazyCopy:
         copier = self.copier
         return None if copier is None else copier.memo.get(id(module))
 
-    def tensor_keys(self, tensors: Sequence[Any], taken: Optional[Dict[int, Any]] = None) -> List[Any]:
+    def tensor_keys(self, tensors: Sequence[Any], found: Optional[List[int]] = None) -> List[Any]:
         """What structural reuse keys the copies of a caller's parameters or buffers by, before
         the module is copied: each one's fake (made already), the key of the :class:`Pending` its
         copy will hold (``reuse_key``), or None (it will be faked another way: the module must
-        be copied). ``taken``: the keys read up front (:meth:`read_all`) are moved there (a
-        booked call's tensors are never copied: :meth:`give_back` them for a call that runs)."""
+        be copied). ``found``: the positions of the keys read up front (:meth:`read_all`) are added
+        there (:meth:`forget` them when the call is booked; until then no entry is moved)."""
         copier = self.copier
-        return [None] * len(tensors) if copier is None else copier.raw_keys(tensors, taken)
+        return [None] * len(tensors) if copier is None else copier.raw_keys(tensors, found)
 
-    def give_back(self, taken: Dict[int, Any]) -> None:
-        """The keys :meth:`tensor_keys` took, back where a copy finds them (the call runs)."""
+    def forget(self, found: List[int]) -> None:
+        """The keys :meth:`tensor_keys` found for a call, let go: it was booked from an earlier one
+        (nothing of its subtree is copied for it)."""
         copier = self.copier
-        if copier is not None and taken:
-            copier.prefetched.update(taken)
+        if copier is not None and found:
+            copier.read_ahead.take(found)
+
+    def keys_read(self) -> KeyTable:
+        """The keys :meth:`read_all` read (none once released)."""
+        copier = self.copier
+        return _NOTHING_READ if copier is None else copier.read_ahead
 
     def release(self) -> None:
         """No more copies: drops what refers back to the copies, so the copy and the count's
         records are freed when the count lets them go, without waiting for the garbage collector."""
         if self.copier is not None:
-            self.copier.prefetched = {}
+            self.copier.read_ahead = _NOTHING_READ
         self.copier = None
         self.adopt = None
         self.names = {}
@@ -540,7 +590,6 @@ class LazyModules(dict):
         copier = lazy.copier
         made = copier.memo.get(id(value)) if copier is not None else None
         if made is None:
-            lazy.prefetch_children(self)
             made = lazy.copy_of(value)
         dict.__setitem__(self, key, made)
         return made
@@ -922,10 +971,8 @@ class _TreeCopier(TreeCopier):
         self._plain: Dict[str, Any] = {}
         #: a copy lazy in depth: children copied when first reached (None: the whole tree now)
         self.lazy_copy: Optional[LazyCopy] = None
-        #: id(caller's tensor) -> its key, read beforehand for the modules about to be copied
-        #: (``prefetch``: a subtree a first call runs, the children of a dictionary first read)
-        self.prefetched: Dict[int, Any] = {}
-        self._high = 0  # how many ``prefetched`` held when last made
+        #: id(caller's tensor) -> its key, read before the run (:meth:`LazyCopy.read_all`)
+        self.read_ahead = _NOTHING_READ
 
     def module(self, module: nn.Module) -> nn.Module:
         found = self.memo.get(id(module))
@@ -993,22 +1040,16 @@ class _TreeCopier(TreeCopier):
             made = self._plain[key] = shared.empty_plain(key) if shared is not None and key in _SHARED_WHEN_EMPTY else None
         return made
 
-    def prefetch(self, tensors: Sequence[Any]) -> None:
-        """Read the keys of those of ``tensors`` :meth:`_lazy` will need, in one call."""
+    def read_ahead_of(self, tensors: Sequence[Any]) -> None:
+        """``read_ahead``: the keys of those of ``tensors`` :meth:`_lazy` will need, read in one call."""
         memo, pending = self.memo, self._pending
-        prefetched = self.prefetched
-        unread = [
-            t for t in tensors
-            if id(t) not in memo and id(t) not in pending and id(t) not in prefetched and isinstance(t, torch.Tensor)
-        ]
+        unread = [t for t in tensors if id(t) not in memo and id(t) not in pending and isinstance(t, torch.Tensor)]
         if unread and self.lazy:
-            keys = self._keys
-            self._high += len(unread)
-            prefetched.update(zip(map(id, unread), _read_keys(self.faker, unread, keys)))
+            self.read_ahead = KeyTable(unread, _read_keys(self.faker, unread, self._keys))
 
-    def raw_keys(self, tensors: Sequence[Any], taken: Optional[Dict[int, Any]] = None) -> List[Any]:
+    def raw_keys(self, tensors: Sequence[Any], found_at: Optional[List[int]] = None) -> List[Any]:
         """See :meth:`LazyCopy.tensor_keys`: what :meth:`_lazy` will hold for each of ``tensors``, keyed."""
-        memo, pending, prefetched = self.memo, self._pending, self.prefetched
+        memo, pending, read = self.memo, self._pending, self.read_ahead
         found: List[Any] = []
         unread: List[Tuple[int, Any]] = []
         for tensor in tensors:
@@ -1020,14 +1061,13 @@ class _TreeCopier(TreeCopier):
             if waiting is not None:
                 found.append(waiting.key)
                 continue
-            if taken is None:
-                key = prefetched.get(id(tensor), _UNSEEN)
+            i = read.find(id(tensor))
+            if i < 0:
+                key = _UNSEEN
             else:
-                key = taken.get(id(tensor), _UNSEEN)
-                if key is _UNSEEN:
-                    key = self._take(id(tensor))
-                    if key is not _UNSEEN:
-                        taken[id(tensor)] = key
+                key = read.keys[i]
+                if found_at is not None:
+                    found_at.append(i)
             found.append(None if key is _UNSEEN else key)
             if key is _UNSEEN and self.lazy and isinstance(tensor, torch.Tensor):
                 unread.append((len(found) - 1, tensor))
@@ -1037,21 +1077,6 @@ class _TreeCopier(TreeCopier):
                 found[i] = None if key is None else keys.setdefault(key, key)
         return found
 
-    def _take(self, key: int) -> Any:
-        """``prefetched``'s entry for ``key``, taken out (:data:`_UNSEEN` if none); the dictionary is
-        made again when a quarter of it was taken, so its table shrinks with it (a dictionary never
-        shrinks by itself): what the count holds at its peak is the keys not taken, not one entry per
-        tensor. A quarter, not half: while the new table is made the old one is alive too, and the
-        replays' records and fakes grow as the keys are taken; at half, that moment was the count's
-        peak on 80 70B layers (the new table 0.3 KiB per layer; issue #32, branch countmem3). The
-        copies cost three entries per key over the count, not one."""
-        prefetched = self.prefetched
-        found = prefetched.pop(key, _UNSEEN)
-        if found is not _UNSEEN and len(prefetched) * 4 < self._high * 3:
-            self.prefetched = dict(prefetched)
-            self._high = len(prefetched)
-        return found
-
     def _lazy(self, tensors: Dict[str, Any]) -> LazyTensors:
         """A module's parameter or buffer dictionary, its tensors faked on first read where
         they can be faked the fast way (a tensor faked already, or of another kind: its fake)."""
@@ -1059,24 +1084,32 @@ class _TreeCopier(TreeCopier):
         made.faker = self.faker
         # not in the memo: a module's own parameter or buffer dictionary, held by nothing else
         memo, pending, faker, keys = self.memo, self._pending, self.faker, self._keys
-        prefetched = self.prefetched
-        unread = [
-            t for t in tensors.values() if t is not None and id(t) not in memo and id(t) not in pending and id(t) not in prefetched
-        ]
-        read = dict(zip(map(id, unread), _read_keys(faker, unread))) if unread else None
+        ahead = self.read_ahead
+        # one bisection a tensor: where its key is in the read-ahead, or read now
+        at: Dict[int, int] = {}
+        unread: List[Any] = []
+        for tensor in tensors.values():
+            if tensor is not None and id(tensor) not in memo and id(tensor) not in pending:
+                i = ahead.find(id(tensor)) if ahead.ids else -1
+                if i < 0:
+                    unread.append(tensor)
+                else:
+                    at[id(tensor)] = i
+        read = dict(zip(map(id, unread), _read_keys(faker, unread))) if unread else {}
         for name, tensor in tensors.items():
             found = memo.get(id(tensor)) if tensor is not None else None
             if tensor is None or found is not None:
                 dict.__setitem__(made, name, found)
             elif id(tensor) in pending:
                 dict.__setitem__(made, name, pending[id(tensor)])
-            elif (key := self._take(id(tensor)) if read is None or id(tensor) not in read else read[id(tensor)]) is not None \
-                    and key is not _UNSEEN:
-                # taken out of ``prefetched``: from now on the Pending holds it (a deep model's count
-                # holds one entry per tensor it has not copied, not one per tensor)
+            elif (key := ahead.keys[at[id(tensor)]] if id(tensor) in at else read.get(id(tensor))) is not None:
+                # from now on the Pending holds it
                 dict.__setitem__(made, name, pending.setdefault(id(tensor), Pending(tensor, keys.setdefault(key, key))))
             else:
                 dict.__setitem__(made, name, self.value(tensor))
+        if at:  # the Pendings and fakes hold what it held for them; not made again here, where a call
+            # being keyed may hold positions found in it (``LazyCopy.tensor_keys``)
+            ahead.take(at.values(), remake=False)
         return made
 
     def value(self, value: Any) -> Any:
