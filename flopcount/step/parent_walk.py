@@ -64,7 +64,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core import hooks
 from flopcount.core.inputs import output_tensors  # plain recursion: no reference cycle while the collector is off
-from flopcount.core.state import forward_globals, plain_object
+from flopcount.core.state import forward_globals, object_state, plain_object
 from flopcount.step.replay import Stack, truncated
 
 __all__ = ["globals_state", "model_state", "parent_proven"]
@@ -316,7 +316,7 @@ def _attribute(value: Any, deep: bool = True, owner: Optional[nn.Module] = None)
     if isinstance(value, dict):
         return ("dict", tuple((repr(k), _attribute(v, deep)) for k, v in value.items()))
     if deep and plain_object(value):
-        return ("object", id(value), tuple((name, _attribute(v, deep=False)) for name, v in vars(value).items()))
+        return ("object", id(value), tuple((name, _attribute(v, deep=False)) for name, v in object_state(value).items()))
     return ("object", id(value))
 
 
