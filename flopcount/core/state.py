@@ -515,7 +515,7 @@ NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...]], ...]
 # module class -> its paths: read from its code once per class per process
 _NAMED_GLOBALS: weakref.WeakKeyDictionary[type, NamedGlobals] = weakref.WeakKeyDictionary()
 # module class -> the names of its class attributes that hold Python data (its bases' too)
-_CLASS_DATA: weakref.WeakKeyDictionary[type, Tuple[str, ...]] = weakref.WeakKeyDictionary()
+_CLASS_DATA: weakref.WeakKeyDictionary[type, Tuple[Tuple[int, ...], Tuple[str, ...]]] = weakref.WeakKeyDictionary()
 # class -> the size of its own __dict__ and the names in it that hold Python data, as last read
 _OWN_DATA: weakref.WeakKeyDictionary[type, Tuple[int, Tuple[str, ...]]] = weakref.WeakKeyDictionary()
 # code -> the paths it and the code nested in it name: each function's code read once per process
@@ -588,13 +588,19 @@ def _class_data(kind: type) -> List[Tuple[Any, str, Any]]:
 
 
 def _class_data_names(kind: type) -> Tuple[str, ...]:
+    """The names of ``kind``'s class data (:func:`_class_datum`), its bases' too, read again when
+    the size of one of their ``__dict__`` changed (an attribute added or deleted: ``Block.mode =
+    True`` set first by a parent between two blocks; before branch ``advreuse2`` the names were read
+    once per class per process, and such an attribute was not keyed)."""
     found = _CLASS_DATA.get(kind)
-    if found is None:
-        names: Dict[str, None] = {}
-        for base in _own_bases(kind):
-            names.update((name, None) for name, value in vars(base).items() if _class_datum(name, value))
-        found = _CLASS_DATA[kind] = tuple(names)
-    return found
+    sizes = tuple([len(vars(base)) for base in _own_bases(kind)])  # no class held: the entry must not keep its key alive
+    if found is not None and found[0] == sizes:
+        return found[1]
+    made: Dict[str, None] = {}
+    for base in _own_bases(kind):
+        made.update((name, None) for name, value in vars(base).items() if _class_datum(name, value))
+    _CLASS_DATA[kind] = (sizes, tuple(made))
+    return tuple(made)
 
 
 def _own_bases(kind: type) -> Iterator[type]:
