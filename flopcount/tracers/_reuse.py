@@ -38,11 +38,12 @@ call was not clean: it changed an attribute of its subtree (a counter), what a c
 plain object (a config) held by one holds, needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
 outside its subtree's modules, wrote a global its forwards name (``global step; step += 1``),
-or returned something other than tensors, scalars, None, tuples and lists. Reading other state
-outside the subtree (a global named only by a function of another Python module, another module's
-attribute, an object two levels down, a global object's attributes) is not visible here: a forward
-whose work depends on such state that changes between two calls of equal key would be counted
-from the first call.
+or returned something other than tensors, scalars, None, tuples and lists. What the key reaches
+beyond the subtree (closures, properties, a user's objects and generators, backend switches) and
+what it still cannot see (a global read by a computed name, code rebound between two calls, ties
+between parameters): docs/internals.md, "What the key still cannot see"; a forward whose work
+depends on such state that changes between two calls of equal key would be counted from the first
+call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
 needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` turns it off
