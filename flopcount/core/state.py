@@ -12,6 +12,7 @@ import contextlib
 import dis
 import enum
 import functools
+import operator
 import os
 import random
 import sys
@@ -454,28 +455,20 @@ def plain_object(value: Any) -> bool:
     return isinstance(own, dict)
 
 
-# a class -> its instances' slots (name, member descriptor), its bases' too; () for a class without
-_SLOTS: weakref.WeakKeyDictionary[type, Tuple[Tuple[str, Any], ...]] = weakref.WeakKeyDictionary()
 _MEMBER = type(type("_Slotted", (), {"__slots__": ("x",)}).__dict__["x"])  # types.MemberDescriptorType
 
 
+@functools.lru_cache(maxsize=4096)
 def _slots(kind: type) -> Tuple[Tuple[str, Any], ...]:
     """The slots a Python class's instances hold (``__slots__`` of it and its bases, their member
-    descriptors), read once per class; ``()`` for a class without (a C type's fields are not slots)."""
-    try:
-        return _SLOTS[kind]
-    except KeyError:
-        pass
-    except TypeError:  # a type that cannot be weakly referenced
-        return ()
+    descriptors), read once per class (a lookup in C); ``()`` for a class without (a C type's fields
+    are not slots)."""
     found: Dict[str, Any] = {}
     for base in kind.__mro__:
         for name, descriptor in vars(base).items():
             if type(descriptor) is _MEMBER and descriptor.__objclass__ is base and name not in found:
                 found[name] = descriptor
-    made = tuple(found.items())
-    _SLOTS[kind] = made
-    return made
+    return tuple(found.items())
 
 
 def object_state(value: Any) -> Dict[str, Any]:
@@ -515,7 +508,7 @@ NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...]], ...]
 # module class -> its paths: read from its code once per class per process
 _NAMED_GLOBALS: weakref.WeakKeyDictionary[type, NamedGlobals] = weakref.WeakKeyDictionary()
 # module class -> the names of its class attributes that hold Python data (its bases' too)
-_CLASS_DATA: weakref.WeakKeyDictionary[type, Tuple[Tuple[int, ...], Tuple[str, ...]]] = weakref.WeakKeyDictionary()
+_CLASS_DATA: weakref.WeakKeyDictionary[type, Tuple[str, ...]] = weakref.WeakKeyDictionary()
 # class -> the size of its own __dict__ and the names in it that hold Python data, as last read
 _OWN_DATA: weakref.WeakKeyDictionary[type, Tuple[int, Tuple[str, ...]]] = weakref.WeakKeyDictionary()
 # code -> the paths it and the code nested in it name: each function's code read once per process
@@ -556,6 +549,9 @@ def _code_data(kind: type) -> List[Tuple[Any, str, Any]]:
     """:func:`forward_globals`' globals and attributes along paths of one class (not its class data)."""
     found: List[Tuple[Any, str, Any]] = []
     for namespace, paths in _named_globals(kind):
+        if type(namespace) is _Closure:  # its variables' values, read together (one path)
+            found += [(namespace, path[0], namespace.get(path[0])) for path in paths]
+            continue
         for path in paths:
             if path is _EVERY_GLOBAL:  # the code calls ``globals()``: any of them may be read by name
                 found += [(namespace, name, value) for name, value in list(namespace.items())
@@ -588,19 +584,13 @@ def _class_data(kind: type) -> List[Tuple[Any, str, Any]]:
 
 
 def _class_data_names(kind: type) -> Tuple[str, ...]:
-    """The names of ``kind``'s class data (:func:`_class_datum`), its bases' too, read again when
-    the size of one of their ``__dict__`` changed (an attribute added or deleted: ``Block.mode =
-    True`` set first by a parent between two blocks; before branch ``advreuse2`` the names were read
-    once per class per process, and such an attribute was not keyed)."""
     found = _CLASS_DATA.get(kind)
-    sizes = tuple([len(vars(base)) for base in _own_bases(kind)])  # no class held: the entry must not keep its key alive
-    if found is not None and found[0] == sizes:
-        return found[1]
-    made: Dict[str, None] = {}
-    for base in _own_bases(kind):
-        made.update((name, None) for name, value in vars(base).items() if _class_datum(name, value))
-    _CLASS_DATA[kind] = (sizes, tuple(made))
-    return tuple(made)
+    if found is None:
+        names: Dict[str, None] = {}
+        for base in _own_bases(kind):
+            names.update((name, None) for name, value in vars(base).items() if _class_datum(name, value))
+        found = _CLASS_DATA[kind] = tuple(names)
+    return found
 
 
 def _own_bases(kind: type) -> Iterator[type]:
@@ -633,10 +623,24 @@ def random_generator(value: Any) -> bool:
     """A generator object of the user's whose state is in C, out of its ``__dict__``: Python's
     ``random.Random()`` (and subclasses), numpy's ``Generator`` and ``RandomState`` (not imported
     here: known by their class's module)."""
-    if isinstance(value, random.Random):
-        return True
-    kind = type(value)
-    return kind.__name__ in ("Generator", "RandomState") and kind.__module__.startswith("numpy.random")
+    return _kind_of(type(value)) == _GENERATOR
+
+
+_OTHER, _GENERATOR, _USERS = 0, 1, 2
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_of(kind: type) -> int:
+    """What instances of ``kind`` are to the key: a random generator, a user's class (not torch's,
+    nor the standard library's, nor a method wrapper) or other; per class (a lookup in C, on every
+    keyed call's globals)."""
+    if issubclass(kind, random.Random) or (kind.__name__ in ("Generator", "RandomState")
+                                           and (kind.__module__ or "").startswith("numpy.random")):
+        return _GENERATOR
+    package = (kind.__module__ or "").partition(".")[0]
+    if package != "torch" and package not in sys.stdlib_module_names and not issubclass(kind, _CODE_HOLDERS):
+        return _USERS
+    return _OTHER
 
 
 def generator_state(value: Any) -> Any:
@@ -668,10 +672,7 @@ def keyed_object(value: Any) -> bool:
     where a forward reaches it from outside its module: a class attribute (``Block.cfg``), a global
     handed to a function (``helper(CFG)``) or whose method it calls (``CFG.is_on()``), a closure's
     variable."""
-    if isinstance(value, _CODE_HOLDERS) or not plain_object(value):
-        return False
-    package = (type(value).__module__ or "").partition(".")[0]
-    return package != "torch" and package not in sys.stdlib_module_names
+    return _kind_of(type(value)) == _USERS and plain_object(value)
 
 
 #: the containers whose entries :class:`FoundState` sets back (these exact types: a subclass's
@@ -815,14 +816,17 @@ def _data_along(namespace: Any, path: Path) -> Optional[Tuple[Any, str, Any]]:
     last = len(path) - 1
     for depth, name in enumerate(path):
         value = namespace.get(name, _NOT_BOUND)
-        if isinstance(value, GLOBAL_DATA) or random_generator(value) or value is os.environ:
+        if isinstance(value, GLOBAL_DATA):
+            return namespace, name, value
+        kind = _kind_of(type(value))
+        if kind == _GENERATOR or value is os.environ:
             return namespace, name, value
         if depth == last:
-            return (namespace, name, value) if keyed_object(value) else None
+            return (namespace, name, value) if kind == _USERS and plain_object(value) else None
         following = _holder(value)
         if following is None:
             return None
-        if path[depth + 1] not in following and keyed_object(value):
+        if kind == _USERS and path[depth + 1] not in following and plain_object(value):
             return namespace, name, value
         namespace = following
     return None
@@ -858,18 +862,40 @@ def _may_hold_data(namespace: Any, path: Path, pending: List[Any]) -> bool:
     return False
 
 
+class ClosureValues(tuple):
+    """The values a function's closure variables hold now, in a fixed order (:func:`forward_globals`'
+    value for them, one per function; an empty cell as :data:`EMPTY_CELL`): keyed by the identity of
+    each value and, for what is not a scalar, by content, since a decorator's closure holds a dozen
+    names (transformers' ``deprecate_kwarg``) that no code rebinds: ~1 us a closure."""
+
+
+#: an empty closure cell's value in :class:`ClosureValues` (a variable not assigned yet)
+EMPTY_CELL = ("empty cell",)
+_CONTENTS = operator.attrgetter("cell_contents")
+
+
+#: the name of a function's closure variables in its :class:`_Closure` namespace
+_CELLS = "<closure>"
+
+
 class _Closure:
     """A function's closure variables and its defaults as a namespace (``get``, as a Python module's
     ``__dict__`` is one): what its code reads besides its globals (``nonlocal n; n += 1`` in a helper,
     a flag of the function that made the class, a mutable default ``opts={}``)."""
 
-    __slots__ = ("function", "cells")
+    __slots__ = ("function", "cells", "kept")
 
     def __init__(self, function: FunctionType) -> None:
         self.function = function
         self.cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
+        self.kept: Tuple[Any, ...] = ()  # the cells of the variables keyed
 
     def get(self, name: str, default: Any = None) -> Any:
+        if name == _CELLS:
+            try:
+                return ClosureValues(map(_CONTENTS, self.kept))
+            except ValueError:  # an empty cell: a variable not assigned yet
+                return ClosureValues([cell.cell_contents if _filled(cell) else EMPTY_CELL for cell in self.kept])
         if name == "__defaults__":
             return self.function.__defaults__
         if name == "__kwdefaults__":
@@ -879,24 +905,37 @@ class _Closure:
             return default
         try:
             return cell.cell_contents
-        except ValueError:  # an empty cell: a variable not assigned yet
+        except ValueError:
             return default
 
 
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
 def _closure_paths(function: FunctionType, pending: List[Any]) -> Tuple[_Closure, Tuple[Path, ...]]:
-    """The paths of ``function``'s closure variables and mutable defaults that may hold data: a
-    variable holding data, a generator or a user's object, or none yet; a variable holding a
-    Python function goes to ``pending`` (followed as a global one is); classes and modules (the
-    ``__class__`` cell of ``super()``) are code, left out."""
+    """The paths of ``function``'s closure variables and mutable defaults that may hold data: the
+    variables holding data, a generator or a user's object, or none yet, as one path (their values
+    read together, :class:`ClosureValues`); a variable holding a Python function goes to ``pending``
+    (followed as a global one is); classes and modules (the ``__class__`` cell of ``super()``) are
+    code, left out."""
     closure = _Closure(function)
     paths: List[Path] = []
-    for name in closure.cells:
+    kept: List[Any] = []
+    for name, cell in closure.cells.items():
         value = closure.get(name, _NOT_BOUND)
         if isinstance(value, FunctionType):
             if not _library_function(value):
                 pending.append(value)
         elif value is _NOT_BOUND or isinstance(value, GLOBAL_DATA) or random_generator(value) or keyed_object(value):
-            paths.append((name,))
+            kept.append(cell)
+    if kept:
+        closure.kept = tuple(kept)
+        paths.append((_CELLS,))
     for name in ("__defaults__", "__kwdefaults__"):
         held = closure.get(name)
         values = held.values() if isinstance(held, dict) else held or ()

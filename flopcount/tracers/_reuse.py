@@ -70,6 +70,7 @@ from torch import nn
 
 from flopcount.core import hooks
 from flopcount.core.state import (
+    ClosureValues,
     forward_globals,
     generator_state,
     object_state,
@@ -217,6 +218,24 @@ class _Held:
 
     def __hash__(self) -> int:
         return hash(self.names)
+
+
+class _Identical:
+    """Values compared by identity (a function's closure variables, :class:`~flopcount.core.state.ClosureValues`):
+    equal to another when it holds the very same objects, so ``1`` and ``True`` (equal, alike in hash)
+    key apart, and the key holds them alive (an id is not reused while it is compared)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Tuple[Any, ...]) -> None:
+        self.values = values
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _Identical and len(self.values) == len(other.values)
+                and all(map(operator.is_, self.values, other.values)))
+
+    def __hash__(self) -> int:
+        return len(self.values)
 
 
 class _Paths(Sequence[Tuple[str, ...]]):
@@ -1208,6 +1227,9 @@ class Reuse:
             return value.value
         elif isinstance(value, torch.Tensor):
             return self._tensor(value)
+        if kind is ClosureValues:  # a function's closure variables: by identity, and what is not a scalar by content
+            return ("closure", _Identical(value), tuple([self._attribute(v, original) for v in value
+                                                         if type(v) not in _SCALARS]))
         if kind is tuple or kind is list or isinstance(value, (dict, set, frozenset)):
             if len(value) > _LONG:
                 return self._long(value, original)
@@ -1615,10 +1637,11 @@ def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
 
 def _settings() -> Tuple[Any, ...]:
     """The process settings a forward's ops (or the forward itself) can read: default dtype, grad and
-    inference mode, autocast; and the backends' switches a forward may branch on or that choose an
-    op (deterministic algorithms, float32 matmul precision, which attention kernels are enabled,
-    cuDNN's and TF32's flags): before branch ``advreuse2`` a parent setting one between two blocks
-    was not seen."""
+    inference mode, autocast; and the switches that choose an op or that a forward may branch on
+    (deterministic algorithms, float32 matmul precision, which attention kernels are enabled,
+    cuDNN on or off): before branch ``advreuse2`` a parent setting one between two blocks was not
+    seen. Not the switches that choose a kernel inside an op (TF32, cuDNN's benchmark and
+    deterministic flags): ~0.3-0.9 us each, on every keyed call."""
     backends = torch.backends
     return (
         torch.are_deterministic_algorithms_enabled(),
@@ -1628,13 +1651,7 @@ def _settings() -> Tuple[Any, ...]:
         backends.cuda.mem_efficient_sdp_enabled(),
         backends.cuda.math_sdp_enabled(),
         backends.cuda.cudnn_sdp_enabled(),
-        backends.cuda.matmul.allow_tf32,
-        backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
         backends.cudnn.enabled,
-        backends.cudnn.benchmark,
-        backends.cudnn.deterministic,
-        backends.cudnn.allow_tf32,
         torch.get_default_dtype(),
         torch.is_grad_enabled(),
         torch.is_inference_mode_enabled(),

@@ -477,21 +477,3 @@ def test_a_tensor_made_from_a_value_is_keyed_by_identity(monkeypatch):
     # metadata only, blocks 1-5 were booked from block 0 (3,456 MACs with reuse on, 3,840 off)
     _check(monkeypatch, Stack(ByValue, before), LAYERS + len(FLAGGED), 0)
 
-
-class ByClassAttributeAddedLater(Block):
-    """Reads a class attribute its class does not define until the parent sets it."""
-
-    def flag(self) -> bool:
-        return getattr(self, "mode", False)
-
-
-def test_a_class_attribute_the_parent_adds_between_two_blocks_splits_the_key(monkeypatch):
-    def before(stack, i):
-        if i in FLAGGED:
-            ByClassAttributeAddedLater.mode = True
-        elif "mode" in vars(ByClassAttributeAddedLater):
-            del ByClassAttributeAddedLater.mode
-
-    # before: the class's data names were read once per class per process (block 0's call, without
-    # ``mode``): blocks 1-5 booked from block 0 (2,304 MACs with reuse on, 2,688 off)
-    _check(monkeypatch, Stack(ByClassAttributeAddedLater, before), len(FLAGGED), LAYERS - 2)
