@@ -465,7 +465,10 @@ def _slots(kind: type) -> Tuple[Tuple[str, Any], ...]:
     are not slots)."""
     found: Dict[str, Any] = {}
     for base in kind.__mro__:
-        for name, descriptor in vars(base).items():
+        own = vars(base)
+        if "__slots__" not in own:  # a C type's fields (a weak reference's ``__callback__``) are not slots
+            continue
+        for name, descriptor in own.items():
             if type(descriptor) is _MEMBER and descriptor.__objclass__ is base and name not in found:
                 found[name] = descriptor
     return tuple(found.items())
@@ -911,10 +914,9 @@ class _Closure:
 
 def _filled(cell: Any) -> bool:
     try:
-        cell.cell_contents
+        return cell.cell_contents is not _NOT_BOUND
     except ValueError:
         return False
-    return True
 
 
 def _closure_paths(function: FunctionType, pending: List[Any]) -> Tuple[_Closure, Tuple[Path, ...]]:

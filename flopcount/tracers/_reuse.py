@@ -56,6 +56,7 @@ import collections
 import functools
 import operator
 import os
+import random
 import sys
 import threading
 import weakref
@@ -1238,22 +1239,23 @@ class Reuse:
             return self._subclassed(value, original)
         if isinstance(value, nn.Module):  # not a child: the same object, or not equal, and its plain state
             return self._outside(value, original)
-        if kind in _SEQUENCES:  # a deque, a bytearray, an array: by content, as a list
-            return (kind, getattr(value, "maxlen", None), self._contents(list(value), original))
-        if kind is weakref.ref:  # what it refers to, keyed as an attribute is (None once it is gone)
-            return ("weakref", self._attribute(value(), original))
-        if random_generator(value):  # its state is in C: a draw or a reseed changes it
-            return ("generator", id(value), generator_state(value))
-        if kind.__name__ == "ndarray" and kind.__module__ == "numpy":  # by content: a parent may write it in place
-            if value.dtype.hasobject:
-                return (kind, value.shape, self._contents(value.ravel().tolist(), original))
-            return (kind, str(value.dtype), value.shape, value.tobytes())
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
             return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
+        special = _special(kind)  # one lookup per class, in C
+        if special is _GENERATOR:  # its state is in C: a draw or a reseed changes it
+            return ("generator", id(value), generator_state(value))
         if plain_object(value):
             # a config or a holder (one the layers share: its flag set by their parent per layer)
             return self._held(value, original)
-        if hasattr(kind, "__next__"):  # an iterator (``itertools.count()``): a ``next`` in a call changes what it gives
+        if special is _SEQUENCE:  # a deque, a bytearray, an array: by content, as a list
+            return (kind, getattr(value, "maxlen", None), self._contents(list(value), original))
+        if special is _WEAKREF:  # what it refers to, keyed as an attribute is (None once it is gone)
+            return ("weakref", self._attribute(value(), original))
+        if special is _NDARRAY:  # by content: a parent may write it in place
+            if value.dtype.hasobject:
+                return (kind, value.shape, self._contents(value.ravel().tolist(), original))
+            return (kind, str(value.dtype), value.shape, value.tobytes())
+        if special is _ITERATOR:  # ``itertools.count()``: a ``next`` in a call changes what it gives
             raise Unkeyable("an iterator")
         # functions, classes and other objects (of a module not copied yet: an object not copied
         # yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
@@ -1477,6 +1479,29 @@ class Reuse:
                 return self._fake_type(self._mode, meta, device)
         _, kind, items = described
         return kind(self._make(item, tensors) for item in items)
+
+
+_GENERATOR, _SEQUENCE, _WEAKREF, _NDARRAY, _ITERATOR = "generator", "sequence", "weakref", "ndarray", "iterator"
+
+
+@functools.lru_cache(maxsize=4096)
+def _special(kind: type) -> Optional[str]:
+    """How :meth:`Reuse._attribute` keys an object of class ``kind`` that is not a scalar, container,
+    tensor, module or partial: a random generator by its state, a deque, bytearray or array by
+    content, a weak reference by its referent, a numpy array by its bytes, an iterator not at all;
+    None: as a plain object or by identity. Per class."""
+    if issubclass(kind, random.Random) or (kind.__name__ in ("Generator", "RandomState")
+                                           and (kind.__module__ or "").startswith("numpy.random")):
+        return _GENERATOR
+    if kind in _SEQUENCES:
+        return _SEQUENCE
+    if issubclass(kind, weakref.ref) and not issubclass(kind, weakref.WeakMethod):
+        return _WEAKREF
+    if kind.__name__ == "ndarray" and kind.__module__ == "numpy":
+        return _NDARRAY
+    if hasattr(kind, "__next__"):
+        return _ITERATOR
+    return None
 
 
 def _fake_keys(fakes: List[Any]) -> Tuple[Tuple[Any, ...], ...]:
