@@ -532,10 +532,15 @@ def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Any, str, 
     of another Python module), followed from one to the next; torch's own functions and the
     standard library's are not followed. What a key of a module's calls holds besides the module
     (structural reuse, the step's layer replay): a flag a parent sets per layer, a counter a layer
-    advances. Functions, classes, Python modules and other objects (a logger) are code and
-    services, left out; so is what the code reads other ways: a global object handed to a function
-    (``helper(CFG)``), a global read through ``getattr``, ``globals()`` or a function held in a
-    container (Python 3.11 has no cheap way to see every global read)."""
+    advances. Since branch ``advreuse2`` also: the functions of the class's properties, static and
+    class methods and an ``lru_cache``'d helper's are followed; each followed function's closure
+    variables (one :class:`ClosureValues` per function) and mutable defaults; every global holding
+    data of a namespace whose code calls ``globals()``; a user's object (:func:`keyed_object`) the
+    code hands on whole (``helper(CFG)``) or asks by a method (``CFG.is_on()``), or a class holds
+    (``Block.cfg``); a user's random generator and ``os.environ``. Functions, classes, Python modules
+    and other objects (a logger) are code and services, left out; so is what the code reads other
+    ways: a global read through ``getattr`` with a computed name or a function held in a container
+    (Python 3.11 has no cheap way to see every global read)."""
     found: List[Tuple[Any, str, Any]] = []
     seen: Dict[type, None] = {}
     for module in modules:
