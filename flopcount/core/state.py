@@ -19,7 +19,7 @@ import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -458,8 +458,7 @@ def plain_object(value: Any) -> bool:
 _MEMBER = type(type("_Slotted", (), {"__slots__": ("x",)}).__dict__["x"])  # types.MemberDescriptorType
 
 
-@functools.lru_cache(maxsize=4096)
-def _slots(kind: type) -> Tuple[Tuple[str, Any], ...]:
+def _slots_uncached(kind: type) -> Tuple[Tuple[str, Any], ...]:
     """The slots a Python class's instances hold (``__slots__`` of it and its bases, their member
     descriptors), read once per class (a lookup in C); ``()`` for a class without (a C type's fields
     are not slots)."""
@@ -472,6 +471,10 @@ def _slots(kind: type) -> Tuple[Tuple[str, Any], ...]:
             if type(descriptor) is _MEMBER and descriptor.__objclass__ is base and name not in found:
                 found[name] = descriptor
     return tuple(found.items())
+
+
+# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
+_slots = cast(Callable[[type], Tuple[Tuple[str, Any], ...]], functools.lru_cache(maxsize=4096)(_slots_uncached))
 
 
 def object_state(value: Any) -> Dict[str, Any]:
@@ -637,8 +640,7 @@ def random_generator(value: Any) -> bool:
 _OTHER, _GENERATOR, _USERS = 0, 1, 2
 
 
-@functools.lru_cache(maxsize=4096)
-def _kind_of(kind: type) -> int:
+def _kind_of_uncached(kind: type) -> int:
     """What instances of ``kind`` are to the key: a random generator, a user's class (not torch's,
     nor the standard library's, nor a method wrapper) or other; per class (a lookup in C, on every
     keyed call's globals)."""
@@ -649,6 +651,10 @@ def _kind_of(kind: type) -> int:
     if package != "torch" and package not in sys.stdlib_module_names and not issubclass(kind, _CODE_HOLDERS):
         return _USERS
     return _OTHER
+
+
+# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
+_kind_of = cast(Callable[[type], int], functools.lru_cache(maxsize=4096)(_kind_of_uncached))
 
 
 def generator_state(value: Any) -> Any:

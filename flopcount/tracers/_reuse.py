@@ -64,7 +64,7 @@ from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast, overload
 
 import torch
 from torch import nn
@@ -1484,8 +1484,7 @@ class Reuse:
 _GENERATOR, _SEQUENCE, _WEAKREF, _NDARRAY, _ITERATOR = "generator", "sequence", "weakref", "ndarray", "iterator"
 
 
-@functools.lru_cache(maxsize=4096)
-def _special(kind: type) -> Optional[str]:
+def _special_uncached(kind: type) -> Optional[str]:
     """How :meth:`Reuse._attribute` keys an object of class ``kind`` that is not a scalar, container,
     tensor, module or partial: a random generator by its state, a deque, bytearray or array by
     content, a weak reference by its referent, a numpy array by its bytes, an iterator not at all;
@@ -1502,6 +1501,10 @@ def _special(kind: type) -> Optional[str]:
     if hasattr(kind, "__next__"):
         return _ITERATOR
     return None
+
+
+# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
+_special = cast(Callable[[type], Optional[str]], functools.lru_cache(maxsize=4096)(_special_uncached))
 
 
 def _fake_keys(fakes: List[Any]) -> Tuple[Tuple[Any, ...], ...]:
