@@ -5,17 +5,21 @@ layer replay and the benchmark."""
 
 from __future__ import annotations
 
+import array
 import builtins
+import collections
 import contextlib
 import dis
 import enum
 import functools
+import operator
+import os
 import random
 import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -437,22 +441,67 @@ class PrivateRandomCalls(TorchFunctionMode):
 
 def plain_object(value: Any) -> bool:
     """Whether ``value``, held by a module as an attribute, is a plain object whose own attributes
-    a forward may write (a config, a counter's holder): an instance with a ``__dict__`` that is not a
-    module, a tensor, a class, a Python module, a function or a Python value. Keys that hold such an
-    object by identity alone miss such a write (structural reuse, the step's layer replay): they key
-    its own attributes too."""
+    a forward may write (a config, a counter's holder): an instance with a ``__dict__`` or with
+    ``__slots__`` of a Python class (``@dataclass(slots=True)``) that is not a module, a tensor, a
+    class, a Python module, a function or a Python value. Keys that hold such an object by identity
+    alone miss such a write (structural reuse, the step's layer replay): they key its own attributes
+    too (:func:`object_state`)."""
     if isinstance(value, (torch.nn.Module, torch.Tensor, type, ModuleType, FunctionType, functools.partial)):
         return False
     try:
         own = vars(value)
     except Exception:  # no __dict__ (slots, a Python value), or a __getattr__ of its own that refuses
-        return False
+        return bool(_slots(type(value))) and not isinstance(value, GLOBAL_DATA)
     return isinstance(own, dict)
+
+
+_MEMBER = type(type("_Slotted", (), {"__slots__": ("x",)}).__dict__["x"])  # types.MemberDescriptorType
+
+
+def _slots_uncached(kind: type) -> Tuple[Tuple[str, Any], ...]:
+    """The slots a Python class's instances hold (``__slots__`` of it and its bases, their member
+    descriptors), read once per class (a lookup in C); ``()`` for a class without (a C type's fields
+    are not slots)."""
+    found: Dict[str, Any] = {}
+    for base in kind.__mro__:
+        own = vars(base)
+        if "__slots__" not in own:  # a C type's fields (a weak reference's ``__callback__``) are not slots
+            continue
+        for name, descriptor in own.items():
+            if type(descriptor) is _MEMBER and descriptor.__objclass__ is base and name not in found:
+                found[name] = descriptor
+    return tuple(found.items())
+
+
+# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
+_slots = cast(Callable[[type], Tuple[Tuple[str, Any], ...]], functools.lru_cache(maxsize=4096)(_slots_uncached))
+
+
+def object_state(value: Any) -> Dict[str, Any]:
+    """A plain object's (:func:`plain_object`) own attributes: its ``__dict__`` (the very dictionary)
+    and, where its class has ``__slots__``, the slots that are set (a new dictionary then). Before
+    branch ``advreuse2`` a slotted object had no state to key: keyed by identity, a slot the parent
+    set between two blocks, or a first call advanced, was not seen."""
+    slots = _slots(type(value))
+    try:
+        own = vars(value)
+    except TypeError:
+        own = None
+    if not slots:
+        return own if own is not None else {}
+    state = dict(own) if own is not None else {}
+    for name, descriptor in slots:
+        try:
+            state[name] = descriptor.__get__(value)
+        except AttributeError:  # a slot not set
+            continue
+    return state
 
 
 #: the globals a forward's work can depend on: Python data it can branch on or compute with
 GLOBAL_DATA = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout,
-               torch.memory_format, tuple, list, dict, set, frozenset, torch.Tensor)
+               torch.memory_format, tuple, list, dict, set, frozenset, torch.Tensor, collections.deque, bytearray,
+               array.array)
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
 #: the attribute ops that continue a path from a global (``othermod.FLAG``, ``CFG.flag = 1``, ``othermod.helper()``)
 _ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"})
@@ -461,7 +510,7 @@ _BUILTINS = frozenset(vars(builtins))
 #: a global's name, then the attributes read from it (``("othermod", "FLAG")``); one name for a plain global
 Path = Tuple[str, ...]
 #: (globals namespace, paths) pairs of one module class
-NamedGlobals = Tuple[Tuple[Dict[str, Any], Tuple[Path, ...]], ...]
+NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...]], ...]
 # module class -> its paths: read from its code once per class per process
 _NAMED_GLOBALS: weakref.WeakKeyDictionary[type, NamedGlobals] = weakref.WeakKeyDictionary()
 # module class -> the names of its class attributes that hold Python data (its bases' too)
@@ -486,10 +535,15 @@ def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Any, str, 
     of another Python module), followed from one to the next; torch's own functions and the
     standard library's are not followed. What a key of a module's calls holds besides the module
     (structural reuse, the step's layer replay): a flag a parent sets per layer, a counter a layer
-    advances. Functions, classes, Python modules and other objects (a logger) are code and
-    services, left out; so is what the code reads other ways: a global object handed to a function
-    (``helper(CFG)``), a global read through ``getattr``, ``globals()`` or a function held in a
-    container (Python 3.11 has no cheap way to see every global read)."""
+    advances. Since branch ``advreuse2`` also: the functions of the class's properties, static and
+    class methods and an ``lru_cache``'d helper's are followed; each followed function's closure
+    variables (one :class:`ClosureValues` per function) and mutable defaults; every global holding
+    data of a namespace whose code calls ``globals()``; a user's object (:func:`keyed_object`) the
+    code hands on whole (``helper(CFG)``) or asks by a method (``CFG.is_on()``), or a class holds
+    (``Block.cfg``); a user's random generator and ``os.environ``. Functions, classes, Python modules
+    and other objects (a logger) are code and services, left out; so is what the code reads other
+    ways: a global read through ``getattr`` with a computed name or a function held in a container
+    (Python 3.11 has no cheap way to see every global read)."""
     found: List[Tuple[Any, str, Any]] = []
     seen: Dict[type, None] = {}
     for module in modules:
@@ -506,11 +560,23 @@ def _code_data(kind: type) -> List[Tuple[Any, str, Any]]:
     """:func:`forward_globals`' globals and attributes along paths of one class (not its class data)."""
     found: List[Tuple[Any, str, Any]] = []
     for namespace, paths in _named_globals(kind):
+        if type(namespace) is _Closure:  # its variables' values, read together (one path)
+            found += [(namespace, path[0], namespace.get(path[0])) for path in paths]
+            continue
         for path in paths:
+            if path is _EVERY_GLOBAL:  # the code calls ``globals()``: any of them may be read by name
+                found += [(namespace, name, value) for name, value in list(namespace.items())
+                          if not name.startswith("__") and isinstance(value, GLOBAL_DATA)]
+                continue
             bound = _data_along(namespace, path)
             if bound is not None:
                 found.append(bound)
     return found
+
+
+#: the path of a namespace whose code calls ``globals()`` (``globals()[name]``): every global of it
+#: that holds data, read on each keyed call
+_EVERY_GLOBAL: Tuple[str, ...] = ("globals()",)
 
 
 def _class_data(kind: type) -> List[Tuple[Any, str, Any]]:
@@ -522,7 +588,7 @@ def _class_data(kind: type) -> List[Tuple[Any, str, Any]]:
         for base in kind.__mro__:
             holder = vars(base)
             if name in holder:
-                if isinstance(holder[name], GLOBAL_DATA):
+                if _class_datum(name, holder[name]):
                     found.append((holder, name, holder[name]))
                 break
     return found
@@ -557,8 +623,70 @@ def _own_data_names(base: type) -> Tuple[str, ...]:
 
 def _class_datum(name: str, value: Any) -> bool:
     """Whether a class attribute ``name`` bound to ``value`` is Python data (:data:`GLOBAL_DATA`),
-    not a dunder name (``__constants__``, ``__annotations__``)."""
-    return isinstance(value, GLOBAL_DATA) and not (name.startswith("__") and name.endswith("__"))
+    a random generator or a user's plain object (:func:`keyed_object`: ``Block.cfg = Config()``,
+    read as ``self.cfg.flag``, a descriptor holding a value), not a dunder name (``__constants__``,
+    ``__annotations__``)."""
+    return (isinstance(value, GLOBAL_DATA) or random_generator(value) or keyed_object(value)) and not (
+        name.startswith("__") and name.endswith("__"))
+
+
+def random_generator(value: Any) -> bool:
+    """A generator object of the user's whose state is in C, out of its ``__dict__``: Python's
+    ``random.Random()`` (and subclasses), numpy's ``Generator`` and ``RandomState`` (not imported
+    here: known by their class's module)."""
+    return _kind_of(type(value)) == _GENERATOR
+
+
+_OTHER, _GENERATOR, _USERS = 0, 1, 2
+
+
+def _kind_of_uncached(kind: type) -> int:
+    """What instances of ``kind`` are to the key: a random generator, a user's class (not torch's,
+    nor the standard library's, nor a method wrapper) or other; per class (a lookup in C, on every
+    keyed call's globals)."""
+    if issubclass(kind, random.Random) or (kind.__name__ in ("Generator", "RandomState")
+                                           and (kind.__module__ or "").startswith("numpy.random")):
+        return _GENERATOR
+    package = (kind.__module__ or "").partition(".")[0]
+    if package != "torch" and package not in sys.stdlib_module_names and not issubclass(kind, _CODE_HOLDERS):
+        return _USERS
+    return _OTHER
+
+
+# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
+_kind_of = cast(Callable[[type], int], functools.lru_cache(maxsize=4096)(_kind_of_uncached))
+
+
+def generator_state(value: Any) -> Any:
+    """The state of a :func:`random_generator`, as hashable Python values: what its next draws
+    follow from (a draw or a reseed changes it)."""
+    if isinstance(value, random.Random):
+        return value.getstate()
+    state = value.bit_generator.state if hasattr(value, "bit_generator") else value.get_state(legacy=False)
+    return _frozen(state)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple((k, _frozen(v)) for k, v in value.items())
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # a numpy array (a Mersenne Twister's key)
+        return (str(value.dtype), tuple(value.shape), _frozen(value.tolist()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+#: objects that hold code, not data: a class's methods wrapped
+_CODE_HOLDERS = (staticmethod, classmethod, property)
+
+
+def keyed_object(value: Any) -> bool:
+    """A plain object (:func:`plain_object`) of a class of the user's (not torch's, nor the
+    standard library's: a logger, a lock) that the key of a call holds with its own attributes
+    where a forward reaches it from outside its module: a class attribute (``Block.cfg``), a global
+    handed to a function (``helper(CFG)``) or whose method it calls (``CFG.is_on()``), a closure's
+    variable."""
+    return _kind_of(type(value)) == _USERS and plain_object(value)
 
 
 #: the containers whose entries :class:`FoundState` sets back (these exact types: a subclass's
@@ -675,8 +803,10 @@ def left_as_found(modules: Iterable[torch.nn.Module] = (), set_back: bool = True
 def _holder(value: Any) -> Optional[Any]:
     """The own attributes of ``value`` that a path from a global goes on through: a Python
     module's, a class's or a plain object's (:func:`plain_object`); None for anything else."""
-    if isinstance(value, (ModuleType, type)) or plain_object(value):
+    if isinstance(value, (ModuleType, type)):
         return vars(value)
+    if plain_object(value):
+        return object_state(value)
     return None
 
 
@@ -692,39 +822,144 @@ def _steps(namespace: Any, path: Path) -> Iterator[Tuple[Any, str, Any]]:
 
 
 def _data_along(namespace: Any, path: Path) -> Optional[Tuple[Any, str, Any]]:
-    """The first step of ``path`` (:func:`_steps`) whose value is Python data (:data:`GLOBAL_DATA`),
-    or None; read for every keyed call, so without a generator."""
+    """The first step of ``path`` (:func:`_steps`) whose value is Python data (:data:`GLOBAL_DATA`)
+    or a random generator (or the environment), or a user's object (:func:`keyed_object`) that the
+    path ends at (handed on whole) or goes on from by a name its own attributes do not hold (a
+    method, a property: what it computes comes from its state); or None. Read for every keyed call,
+    so without a generator."""
     last = len(path) - 1
     for depth, name in enumerate(path):
         value = namespace.get(name, _NOT_BOUND)
         if isinstance(value, GLOBAL_DATA):
             return namespace, name, value
+        kind = _kind_of(type(value))
+        if kind == _GENERATOR or value is os.environ:
+            return namespace, name, value
         if depth == last:
+            return (namespace, name, value) if kind == _USERS and plain_object(value) else None
+        following = _holder(value)
+        if following is None:
             return None
-        namespace = _holder(value)
-        if namespace is None:
-            return None
+        if kind == _USERS and path[depth + 1] not in following and plain_object(value):
+            return namespace, name, value
+        namespace = following
     return None
 
 
-def _may_hold_data(namespace: Dict[str, Any], path: Path, pending: List[Any]) -> bool:
-    """Whether ``path`` may lead to Python data when a call is keyed: it does now, or a step is not
-    bound yet (a flag set later) other than a builtin (``len``) or a name the object's class
-    defines (a method, a property: ``logger.warning_once``); the Python functions along it (not
-    torch's or the standard library's, :func:`_library_function`) go to ``pending``."""
+def _may_hold_data(namespace: Any, path: Path, pending: List[Any]) -> bool:
+    """Whether ``path`` may lead to Python data when a call is keyed: it does now (or to a random
+    generator, the environment, or a user's object handed on or asked by a method, :func:`_data_along`),
+    or a step is not bound yet (a flag set later) other than a builtin (``len``) or a name the object's
+    class defines (a method, a property: ``logger.warning_once``); the Python functions along it (not
+    torch's or the standard library's, :func:`_library_function`) go to ``pending``, and so does a
+    function's cache (``functools.lru_cache``) for the function it wraps."""
     owner: Any = None
+    last = len(path) - 1
     for depth, (_, name, value) in enumerate(_steps(namespace, path)):
-        if isinstance(value, FunctionType) and not _library_function(value):
-            pending.append(value)  # a helper, of this Python module or another: its globals too
+        if isinstance(value, FunctionType):
+            if not _library_function(value):
+                pending.append(value)  # a helper, of this Python module or another: its globals too
+        elif callable(value) and isinstance(getattr(value, "__wrapped__", None), FunctionType):
+            pending.append(value)  # an lru_cache'd helper: what it wraps (``__wrapped__``, below)
         if isinstance(value, GLOBAL_DATA):
             return not isinstance(value, enum.Enum)  # an enum's member (a ``str`` enum's too) cannot be rebound
+        if random_generator(value) or value is os.environ:  # the environment: a flag read per call
+            return True
         if value is _NOT_BOUND:
             if not depth:
                 return name not in _BUILTINS  # ``len``, ``ValueError``: Python's own
             defined = getattr(type(owner), name, _NOT_BOUND)
-            return defined is _NOT_BOUND or isinstance(defined, GLOBAL_DATA)
+            return defined is _NOT_BOUND or isinstance(defined, GLOBAL_DATA) or keyed_object(owner)
+        if depth == last and keyed_object(value):
+            return True
         owner = value
     return False
+
+
+class ClosureValues(tuple):
+    """The values a function's closure variables hold now, in a fixed order (:func:`forward_globals`'
+    value for them, one per function; an empty cell as :data:`EMPTY_CELL`): keyed by the identity of
+    each value and, for what is not a scalar, by content, since a decorator's closure holds a dozen
+    names (transformers' ``deprecate_kwarg``) that no code rebinds: ~1 us a closure."""
+
+
+#: an empty closure cell's value in :class:`ClosureValues` (a variable not assigned yet)
+EMPTY_CELL = ("empty cell",)
+_CONTENTS = operator.attrgetter("cell_contents")
+
+
+#: the name of a function's closure variables in its :class:`_Closure` namespace
+_CELLS = "<closure>"
+
+
+class _Closure:
+    """A function's closure variables and its defaults as a namespace (``get``, as a Python module's
+    ``__dict__`` is one): what its code reads besides its globals (``nonlocal n; n += 1`` in a helper,
+    a flag of the function that made the class, a mutable default ``opts={}``)."""
+
+    __slots__ = ("function", "cells", "kept")
+
+    def __init__(self, function: FunctionType) -> None:
+        self.function = function
+        self.cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
+        self.kept: Tuple[Any, ...] = ()  # the cells of the variables keyed
+
+    def get(self, name: str, default: Any = None) -> Any:
+        if name == _CELLS:
+            try:
+                return ClosureValues(map(_CONTENTS, self.kept))
+            except ValueError:  # an empty cell: a variable not assigned yet
+                return ClosureValues([cell.cell_contents if _filled(cell) else EMPTY_CELL for cell in self.kept])
+        if name == "__defaults__":
+            return self.function.__defaults__
+        if name == "__kwdefaults__":
+            return self.function.__kwdefaults__
+        cell = self.cells.get(name)
+        if cell is None:
+            return default
+        try:
+            return cell.cell_contents
+        except ValueError:
+            return default
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        return cell.cell_contents is not _NOT_BOUND
+    except ValueError:
+        return False
+
+
+def _closure_paths(function: FunctionType, pending: List[Any]) -> Tuple[_Closure, Tuple[Path, ...]]:
+    """The paths of ``function``'s closure variables and mutable defaults that may hold data: the
+    variables holding data, a generator or a user's object, or none yet, as one path (their values
+    read together, :class:`ClosureValues`); a variable holding a Python function goes to ``pending``
+    (followed as a global one is); classes and modules (the ``__class__`` cell of ``super()``) are
+    code, left out."""
+    closure = _Closure(function)
+    paths: List[Path] = []
+    kept: List[Any] = []
+    for name, cell in closure.cells.items():
+        value = closure.get(name, _NOT_BOUND)
+        if isinstance(value, FunctionType):
+            if not _library_function(value):
+                pending.append(value)
+        elif value is _NOT_BOUND or isinstance(value, GLOBAL_DATA) or random_generator(value) or keyed_object(value):
+            kept.append(cell)
+    if kept:
+        closure.kept = tuple(kept)
+        paths.append((_CELLS,))
+    for name in ("__defaults__", "__kwdefaults__"):
+        held = closure.get(name)
+        values = held.values() if isinstance(held, dict) else held or ()
+        if any(not isinstance(v, _IMMUTABLE) for v in values):
+            paths.append((name,))
+    return closure, tuple(paths)
+
+
+#: default values a function's code cannot change in place
+_IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, enum.Enum, type,
+              FunctionType)
 
 
 def _named_globals(kind: type) -> NamedGlobals:
@@ -741,11 +976,11 @@ def _globals_of(kind: type) -> NamedGlobals:
     global or along a path; each function read once. A path is kept where it leads to Python data or to a name not bound
     yet (a flag set later); one that leads to a function, a class or a Python module only
     (``torch.nn.functional.relu``) is not looked up again for each call."""
-    methods: Dict[str, Any] = {}
+    methods: Dict[str, List[Any]] = {}
     for base in reversed(kind.__mro__):
         if base is not torch.nn.Module and base is not object:
-            methods.update((name, value) for name, value in vars(base).items() if isinstance(value, FunctionType))
-    by_namespace: Dict[int, Tuple[Dict[str, Any], Dict[Path, None]]] = {}
+            methods.update((name, functions) for name, value in vars(base).items() if (functions := _code_of(value)))
+    by_namespace: Dict[int, Tuple[Any, Dict[Path, None]]] = {}
     pending: List[Any] = [getattr(kind, "forward", None)]
     read = set()
     while pending:
@@ -759,11 +994,33 @@ def _globals_of(kind: type) -> NamedGlobals:
             for path in _code_paths(code):
                 if _may_hold_data(namespace, path, pending):
                     paths[path] = None
-            pending += [methods[name] for name in _all_names(code) if name in methods]  # ``self.helper(...)``
+            if "globals" in code.co_names and "globals" not in namespace:
+                paths[_EVERY_GLOBAL] = None
+            for name in _all_names(code):  # ``self.helper(...)``, ``self.flag`` of a property
+                pending += methods.get(name, ())
+            if isinstance(function, FunctionType) and (function.__closure__ or function.__defaults__
+                                                       or function.__kwdefaults__):
+                closure, own = _closure_paths(function, pending)
+                if own:
+                    by_namespace[id(closure)] = (closure, dict.fromkeys(own))
         wrapped = getattr(function, "__wrapped__", None)
         if wrapped is not None:
             pending.append(wrapped)
     return tuple((namespace, tuple(paths)) for namespace, paths in by_namespace.values() if paths)
+
+
+def _code_of(value: Any) -> List[Any]:
+    """The Python functions a class attribute runs when the code names it: a method, a static or
+    class method's function, a property's getter, setter and deleter, a ``cached_property``'s."""
+    if isinstance(value, FunctionType):
+        return [value]
+    if isinstance(value, (staticmethod, classmethod)):
+        return [value.__func__]
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if f is not None]
+    if isinstance(value, functools.cached_property):
+        return [value.func]
+    return []
 
 
 def _library_function(function: FunctionType) -> bool:

@@ -64,7 +64,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core import hooks
 from flopcount.core.inputs import output_tensors  # plain recursion: no reference cycle while the collector is off
-from flopcount.core.state import forward_globals, plain_object
+from flopcount.core.state import ClosureValues, forward_globals, object_state, plain_object
 from flopcount.step.replay import Stack, truncated
 
 __all__ = ["globals_state", "model_state", "parent_proven"]
@@ -297,6 +297,8 @@ def _attribute(value: Any, deep: bool = True, owner: Optional[nn.Module] = None)
     kind = type(value)
     if kind in _VALUE_TYPES:
         return (kind.__name__, value)
+    if kind is ClosureValues:  # a function's closure variables (forward_globals): as a tuple
+        return ("closure", tuple(_attribute(v, deep) for v in value))
     if kind is functools.partial:
         arguments = tuple(_attribute(v, deep=False) for v in value.args)
         keywords = tuple((k, _attribute(v, deep=False)) for k, v in value.keywords.items())
@@ -316,7 +318,7 @@ def _attribute(value: Any, deep: bool = True, owner: Optional[nn.Module] = None)
     if isinstance(value, dict):
         return ("dict", tuple((repr(k), _attribute(v, deep)) for k, v in value.items()))
     if deep and plain_object(value):
-        return ("object", id(value), tuple((name, _attribute(v, deep=False)) for name, v in vars(value).items()))
+        return ("object", id(value), tuple((name, _attribute(v, deep=False)) for name, v in object_state(value).items()))
     return ("object", id(value))
 
 

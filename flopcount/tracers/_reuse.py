@@ -38,11 +38,12 @@ call was not clean: it changed an attribute of its subtree (a counter), what a c
 plain object (a config) held by one holds, needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
 outside its subtree's modules, wrote a global its forwards name (``global step; step += 1``),
-or returned something other than tensors, scalars, None, tuples and lists. Reading other state
-outside the subtree (a global named only by a function of another Python module, another module's
-attribute, an object two levels down, a global object's attributes) is not visible here: a forward
-whose work depends on such state that changes between two calls of equal key would be counted
-from the first call.
+or returned something other than tensors, scalars, None, tuples and lists. What the key reaches
+beyond the subtree (closures, properties, a user's objects and generators, backend switches) and
+what it still cannot see (a global read by a computed name, code rebound between two calls, ties
+between parameters): docs/internals.md, "What the key still cannot see"; a forward whose work
+depends on such state that changes between two calls of equal key would be counted from the first
+call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
 needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` turns it off
@@ -51,22 +52,34 @@ needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` t
 
 from __future__ import annotations
 
+import collections
 import functools
 import operator
 import os
+import random
 import sys
 import threading
+import weakref
 from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast, overload
 
 import torch
 from torch import nn
 
 from flopcount.core import hooks
-from flopcount.core.state import forward_globals, plain_object, random_states, same_random_states
+from flopcount.core.state import (
+    ClosureValues,
+    forward_globals,
+    generator_state,
+    object_state,
+    plain_object,
+    random_generator,
+    random_states,
+    same_random_states,
+)
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, tensor_key
 from flopcount.types import ReplayedCall, expand
@@ -95,6 +108,8 @@ _FLAGS = tuple(sorted(hooks.hook_flag_names()))
 # names a read of which says nothing the key does not hold already
 _SKIP = _OWN | (_STRUCTURE - {"training"})
 _MISSING = ("missing",)
+# mutable sequences other than a list, keyed by content as a list is
+_SEQUENCES = frozenset({collections.deque, bytearray, array})
 # how deep plain objects are keyed inside one another (:meth:`Reuse._held`); deeper: the call is traced
 _HELD_DEPTH = 16
 # a tuple, list, dict or set longer than this is keyed once per count while it holds the same items (``Reuse._long``)
@@ -204,6 +219,24 @@ class _Held:
 
     def __hash__(self) -> int:
         return hash(self.names)
+
+
+class _Identical:
+    """Values compared by identity (a function's closure variables, :class:`~flopcount.core.state.ClosureValues`):
+    equal to another when it holds the very same objects, so ``1`` and ``True`` (equal, alike in hash)
+    key apart, and the key holds them alive (an id is not reused while it is compared)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Tuple[Any, ...]) -> None:
+        self.values = values
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _Identical and len(self.values) == len(other.values)
+                and all(map(operator.is_, self.values, other.values)))
+
+    def __hash__(self) -> int:
+        return len(self.values)
 
 
 class _Paths(Sequence[Tuple[str, ...]]):
@@ -1159,19 +1192,35 @@ class Reuse:
             return value.value
         elif isinstance(value, torch.Tensor):
             return self._tensor(value)
+        if kind is ClosureValues:  # a function's closure variables: by identity, and what is not a scalar by content
+            return ("closure", _Identical(value), tuple([self._attribute(v, original) for v in value
+                                                         if type(v) not in _SCALARS]))
         if kind is tuple or kind is list or isinstance(value, (dict, set, frozenset)):
             if len(value) > _LONG:
                 return self._long(value, original)
             return self._contents(value, original)
         if isinstance(value, (tuple, list)):  # a namedtuple, a list's subclass: its items and its own attributes
             return self._subclassed(value, original)
-        if isinstance(value, nn.Module):
-            return ("module", id(value))  # not a child: the same object, or not equal
+        if isinstance(value, nn.Module):  # not a child: the same object, or not equal, and its plain state
+            return self._outside(value, original)
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
             return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
+        special = _special(kind)  # one lookup per class, in C
+        if special is _GENERATOR:  # its state is in C: a draw or a reseed changes it
+            return ("generator", id(value), generator_state(value))
         if plain_object(value):
             # a config or a holder (one the layers share: its flag set by their parent per layer)
             return self._held(value, original)
+        if special is _SEQUENCE:  # a deque, a bytearray, an array: by content, as a list
+            return (kind, getattr(value, "maxlen", None), self._contents(list(value), original))
+        if special is _WEAKREF:  # what it refers to, keyed as an attribute is (None once it is gone)
+            return ("weakref", self._attribute(value(), original))
+        if special is _NDARRAY:  # by content: a parent may write it in place
+            if value.dtype.hasobject:
+                return (kind, value.shape, self._contents(value.ravel().tolist(), original))
+            return (kind, str(value.dtype), value.shape, value.tobytes())
+        if special is _ITERATOR:  # ``itertools.count()``: a ``next`` in a call changes what it gives
+            raise Unkeyable("an iterator")
         # functions, classes and other objects (of a module not copied yet: an object not copied
         # yet, not equal to any copy's: a call keyed so is traced, never wrongly booked)
         return ("id", id(value))
@@ -1201,13 +1250,32 @@ class Reuse:
             return ("object", id(value))
         if len(holding) >= _HELD_DEPTH:  # a chain of objects (a linked list): traced, not keyed without end
             raise Unkeyable(f"plain objects nested more than {_HELD_DEPTH} deep")
-        state = vars(value)
+        state = object_state(value)
         holding.add(id(value))
         try:
             contents = tuple([(k, self._attribute(v, original)) for k, v in state.items() if type(v) not in _SCALARS])
         finally:
             holding.discard(id(value))
         return ("object", id(value), _Held(state, contents))
+
+    def _outside(self, module: nn.Module, original: bool) -> Any:
+        """A module held as a plain attribute, not a child (a parent kept in a list, a shared module
+        set with ``object.__setattr__``): its identity, training flag and plain attributes, keyed as
+        :meth:`_held` keys an object's (its parameters, buffers and children are not: by identity of
+        their dictionaries). Before branch ``advreuse2``, its identity only: a flag the parent set on
+        itself between two blocks that read it through such a reference was not seen."""
+        holding = self._holding
+        if id(module) in holding:
+            return ("module", id(module))
+        if len(holding) >= _HELD_DEPTH:
+            raise Unkeyable(f"plain objects nested more than {_HELD_DEPTH} deep")
+        state = vars(module)
+        holding.add(id(module))
+        try:
+            contents = tuple([(k, self._attribute(v, original)) for k, v in state.items() if k not in _SKIP])
+        finally:
+            holding.discard(id(module))
+        return ("module", id(module), contents)
 
     def _subclassed(self, value: Any, original: bool) -> Any:
         """The key of a tuple's or list's subclass (a namedtuple, a user's list type): its type, the
@@ -1253,7 +1321,7 @@ class Reuse:
         """A plain object's state for a first call's writes (``_containers``): its identity and its
         own attributes, each keyed as an attribute is (by content: a list it holds appended to; a
         plain object among them as :meth:`_held` keys it)."""
-        return ("object", id(value), tuple([(k, self._attribute(v)) for k, v in vars(value).items()]))
+        return ("object", id(value), tuple([(k, self._attribute(v)) for k, v in object_state(value).items()]))
 
     def _value(self, value: Any, tensors: List[Any], caches: List[Any]) -> Any:
         kind = type(value)
@@ -1307,11 +1375,12 @@ class Reuse:
             if known is None or known[0] != len(state):
                 # which attributes hold a container or a plain object, per module while its attribute
                 # count stays (a rebinding changes the fingerprint, which is compared too)
-                names = tuple([k for k, v in state.items() if k not in _SKIP and (_container(v) or plain_object(v))])
+                names = tuple([k for k, v in state.items()
+                               if k not in _SKIP and (_container(v) or plain_object(v) or random_generator(v))])
                 known = held[id(module)] = (len(state), names)
             for name in known[1]:
                 value = state.get(name)
-                if _container(value):
+                if _container(value) or random_generator(value):  # a generator: a draw changes its state
                     found.append((name, self._attribute(value)))
                 elif plain_object(value):
                     found.append((name, self._object(value)))
@@ -1331,6 +1400,10 @@ class Reuse:
         if t.layout != torch.strided:
             raise Unkeyable("a sparse tensor")
         meta = tensor_key(t)
+        if getattr(t, "constant", None) is not None:
+            # a fake made from a value (``torch.tensor(2)`` in a forward): ``int(t)`` reads its value,
+            # which the metadata does not hold; keyed by identity (the memo keeps it alive)
+            meta = (*meta, ("constant", id(t)))
         self._tensors[id(t)] = (t, meta)
         return meta
 
@@ -1370,6 +1443,32 @@ class Reuse:
                 return self._fake_type(self._mode, meta, device)
         _, kind, items = described
         return kind(self._make(item, tensors) for item in items)
+
+
+_GENERATOR, _SEQUENCE, _WEAKREF, _NDARRAY, _ITERATOR = "generator", "sequence", "weakref", "ndarray", "iterator"
+
+
+def _special_uncached(kind: type) -> Optional[str]:
+    """How :meth:`Reuse._attribute` keys an object of class ``kind`` that is not a scalar, container,
+    tensor, module or partial: a random generator by its state, a deque, bytearray or array by
+    content, a weak reference by its referent, a numpy array by its bytes, an iterator not at all;
+    None: as a plain object or by identity. Per class."""
+    if issubclass(kind, random.Random) or (kind.__name__ in ("Generator", "RandomState")
+                                           and (kind.__module__ or "").startswith("numpy.random")):
+        return _GENERATOR
+    if kind in _SEQUENCES:
+        return _SEQUENCE
+    if issubclass(kind, weakref.ref) and not issubclass(kind, weakref.WeakMethod):
+        return _WEAKREF
+    if kind.__name__ == "ndarray" and kind.__module__ == "numpy":
+        return _NDARRAY
+    if hasattr(kind, "__next__"):
+        return _ITERATOR
+    return None
+
+
+# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
+_special = cast(Callable[[type], Optional[str]], functools.lru_cache(maxsize=4096)(_special_uncached))
 
 
 def _fake_keys(fakes: List[Any]) -> Tuple[Tuple[Any, ...], ...]:
@@ -1471,8 +1570,9 @@ def _fixed(items: Any) -> Optional[bool]:
 
 
 def _container(value: Any) -> bool:
-    """A list, dict or set a module holds as a plain attribute (a layer index stand-in is not one)."""
-    return type(value) is not LayerIndex and isinstance(value, (list, dict, set))
+    """A list, dict or set (or a deque, bytearray, array) a module holds as a plain attribute (a
+    layer index stand-in is not one)."""
+    return type(value) is not LayerIndex and (isinstance(value, (list, dict, set)) or type(value) in _SEQUENCES)
 
 
 def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], seen: Any, lazy: Optional[LazyCopy] = None) -> None:
@@ -1528,7 +1628,22 @@ def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
 
 
 def _settings() -> Tuple[Any, ...]:
+    """The process settings a forward's ops (or the forward itself) can read: default dtype, grad and
+    inference mode, autocast; and the switches that choose an op or that a forward may branch on
+    (deterministic algorithms, float32 matmul precision, which attention kernels are enabled,
+    cuDNN on or off): before branch ``advreuse2`` a parent setting one between two blocks was not
+    seen. Not the switches that choose a kernel inside an op (TF32, cuDNN's benchmark and
+    deterministic flags): ~0.3-0.9 us each, on every keyed call."""
+    backends = torch.backends
     return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_float32_matmul_precision(),
+        backends.cuda.flash_sdp_enabled(),
+        backends.cuda.mem_efficient_sdp_enabled(),
+        backends.cuda.math_sdp_enabled(),
+        backends.cuda.cudnn_sdp_enabled(),
+        backends.cudnn.enabled,
         torch.get_default_dtype(),
         torch.is_grad_enabled(),
         torch.is_inference_mode_enabled(),
