@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+import weakref
 from functools import cache
 from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
@@ -134,7 +135,7 @@ def cost_records(records: Iterable[Union[OpEvent, ReplayedCall]], registry: Hand
             # a call the recorder keeps per shape-cache key (read-only, the same object in every
             # count of those shapes): its price from an earlier count by the same handler
             known = _PRICES.get((id(call), phase))
-            if known is not None and known[0] is call and known[1] is handler:
+            if known is not None and known[0] is call and _held_handler(known[1]) is handler:
                 priced[(id(call), phase)] = known[2]
                 return known[2]
         if handler is None:
@@ -154,9 +155,11 @@ def cost_records(records: Iterable[Union[OpEvent, ReplayedCall]], registry: Hand
                     cost = cost.with_traffic(read, written)
         priced[(id(call), phase)] = cost
         if shared:
-            if len(_PRICES) >= _MAX_PRICES:
-                _PRICES.clear()
-            _PRICES[(id(call), phase)] = (call, handler, cost)  # the call held: its id stays its own
+            held = _handler_kept(handler)
+            if held is not None:
+                if len(_PRICES) >= _MAX_PRICES:
+                    _PRICES.clear()
+                _PRICES[(id(call), phase)] = (call, held, cost)  # the call held: its id stays its own
         return cost
 
     for event in records:
@@ -177,13 +180,32 @@ def cost_records(records: Iterable[Union[OpEvent, ReplayedCall]], registry: Hand
 
 
 _UNPRICED: Any = object()
-#: (id(call), phase) -> (call, handler, cost) of the calls the recorder shares across counts
+#: (id(call), phase) -> (call, handler kept, cost) of the calls the recorder shares across counts
 #: (``_recorder._shared``: one read-only OpCall per shape-cache key): a handler is a pure function
 #: of the call and the bytes one of the call and the phase, so the same call priced by the same
 #: handler object costs the same in the next count (a new handler, as ``handlers=`` or
-#: ``register_handler`` make, prices it again). Holds the calls, as the recorder's table does.
+#: ``register_handler`` make, prices it again). Holds the calls, as the recorder's table does
+#: (shapes and Python scalars only); a handler by a weak reference (:func:`_handler_kept`).
 _PRICES: Dict[Tuple[int, str], Tuple[OpCall, Any, Optional[Cost]]] = {}
 _MAX_PRICES = 50_000
+
+
+def _handler_kept(handler: Any) -> Any:
+    """What :data:`_PRICES` keeps of a handler: no handler (None) and :data:`KNOWN_ZERO` as they
+    are, a function by a weak reference: a user's handler (``handlers=``, with what its closure and
+    defaults hold) is not kept past its count. None: a handler without weak references, not
+    memoized."""
+    if handler is None or handler is KNOWN_ZERO:
+        return handler
+    try:
+        return weakref.ref(handler)
+    except TypeError:
+        return None
+
+
+def _held_handler(kept: Any) -> Any:
+    """The handler :func:`_handler_kept` kept (None once a weakly kept one is gone)."""
+    return kept() if type(kept) is weakref.ref else kept
 
 
 #: Ops that return a view whose schema does not say so (the result shares the input's storage).

@@ -19,13 +19,14 @@ import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core.inputs import flat_values, is_dataless
+from flopcount.core.weakcache import PerObject
 
 #: the roots of modules whose threads never draw torch random numbers: a notebook kernel's and
 #: IPython's own threads (heartbeat, IOPub, control, history), a debugger's, an event loop's, tqdm's
@@ -451,30 +452,34 @@ def plain_object(value: Any) -> bool:
     try:
         own = vars(value)
     except Exception:  # no __dict__ (slots, a Python value), or a __getattr__ of its own that refuses
-        return bool(_slots(type(value))) and not isinstance(value, GLOBAL_DATA)
+        kind = type(value)
+        slots = _slots_of(id(kind))
+        return bool(_SLOTS.fill(kind) if slots is None else slots) and not isinstance(value, GLOBAL_DATA)
     return isinstance(own, dict)
 
 
 _MEMBER = type(type("_Slotted", (), {"__slots__": ("x",)}).__dict__["x"])  # types.MemberDescriptorType
 
 
-def _slots_uncached(kind: type) -> Tuple[Tuple[str, Any], ...]:
-    """The slots a Python class's instances hold (``__slots__`` of it and its bases, their member
-    descriptors), read once per class (a lookup in C); ``()`` for a class without (a C type's fields
-    are not slots)."""
-    found: Dict[str, Any] = {}
-    for base in kind.__mro__:
+def _slot_places(kind: type) -> Tuple[Tuple[str, int], ...]:
+    """The slots a Python class's instances hold (``__slots__`` of it and its bases), each as its
+    name and the place in ``kind.__mro__`` of the class whose member descriptor it is (a
+    descriptor holds its class: :data:`_SLOTS` keeps none), read once per class; ``()`` for a class
+    without (a C type's fields are not slots)."""
+    found: Dict[str, int] = {}
+    for place, base in enumerate(kind.__mro__):
         own = vars(base)
         if "__slots__" not in own:  # a C type's fields (a weak reference's ``__callback__``) are not slots
             continue
         for name, descriptor in own.items():
             if type(descriptor) is _MEMBER and descriptor.__objclass__ is base and name not in found:
-                found[name] = descriptor
+                found[name] = place
     return tuple(found.items())
 
 
-# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
-_slots = cast(Callable[[type], Tuple[Tuple[str, Any], ...]], functools.lru_cache(maxsize=4096)(_slots_uncached))
+# per class, a lookup in C that keeps no class alive (an lru_cache held every class a count saw)
+_SLOTS = PerObject(_slot_places)
+_slots_of = _SLOTS.lookup
 
 
 def object_state(value: Any) -> Dict[str, Any]:
@@ -482,7 +487,10 @@ def object_state(value: Any) -> Dict[str, Any]:
     and, where its class has ``__slots__``, the slots that are set (a new dictionary then). Before
     branch ``advreuse2`` a slotted object had no state to key: keyed by identity, a slot the parent
     set between two blocks, or a first call advanced, was not seen."""
-    slots = _slots(type(value))
+    kind = type(value)
+    slots = _slots_of(id(kind))
+    if slots is None:
+        slots = _SLOTS.fill(kind)
     try:
         own = vars(value)
     except TypeError:
@@ -490,7 +498,11 @@ def object_state(value: Any) -> Dict[str, Any]:
     if not slots:
         return own if own is not None else {}
     state = dict(own) if own is not None else {}
-    for name, descriptor in slots:
+    mro = kind.__mro__
+    for name, place in slots:
+        descriptor: Any = vars(mro[place]).get(name)
+        if type(descriptor) is not _MEMBER:  # deleted from its class since (``del Base.x``)
+            continue
         try:
             state[name] = descriptor.__get__(value)
         except AttributeError:  # a slot not set
@@ -509,12 +521,11 @@ _NOT_BOUND = object()
 _BUILTINS = frozenset(vars(builtins))
 #: a global's name, then the attributes read from it (``("othermod", "FLAG")``); one name for a plain global
 Path = Tuple[str, ...]
-#: (globals namespace, paths) pairs of one module class
-NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...]], ...]
-# module class -> its paths: read from its code once per class per process
-_NAMED_GLOBALS: weakref.WeakKeyDictionary[type, NamedGlobals] = weakref.WeakKeyDictionary()
-# module class -> the names of its class attributes that hold Python data (its bases' too)
-_CLASS_DATA: weakref.WeakKeyDictionary[type, Tuple[str, ...]] = weakref.WeakKeyDictionary()
+#: (namespace, paths, attribute) of one module class: a function's closure (a :class:`_Closure`;
+#: attribute None), or a weak reference to the Python module or function whose ``attribute``
+#: (``__dict__``, ``__globals__``) is the globals namespace: a class's entry holds nothing of the
+#: user's (its namespaces, functions and cells may hold the class: it would never go)
+NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...], Optional[str]], ...]
 # class -> the size of its own __dict__ and the names in it that hold Python data, as last read
 _OWN_DATA: weakref.WeakKeyDictionary[type, Tuple[int, Tuple[str, ...]]] = weakref.WeakKeyDictionary()
 # code -> the paths it and the code nested in it name: each function's code read once per process
@@ -559,10 +570,17 @@ def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Any, str, 
 def _code_data(kind: type) -> List[Tuple[Any, str, Any]]:
     """:func:`forward_globals`' globals and attributes along paths of one class (not its class data)."""
     found: List[Tuple[Any, str, Any]] = []
-    for namespace, paths in _named_globals(kind):
-        if type(namespace) is _Closure:  # its variables' values, read together (one path)
-            found += [(namespace, path[0], namespace.get(path[0])) for path in paths]
+    named = _named_globals_of(id(kind))
+    if named is None:
+        named = _NAMED_GLOBALS.fill(kind)
+    for source, paths, attribute in named:
+        if attribute is None:  # a function's closure: its variables' values, read together (one path)
+            found += [(source, path[0], source.get(path[0])) for path in paths]
             continue
+        holder = source()
+        if holder is None:  # the function (a helper a global held, rebound since) is gone
+            continue
+        namespace = getattr(holder, attribute)
         for path in paths:
             if path is _EVERY_GLOBAL:  # the code calls ``globals()``: any of them may be read by name
                 found += [(namespace, name, value) for name, value in list(namespace.items())
@@ -595,13 +613,20 @@ def _class_data(kind: type) -> List[Tuple[Any, str, Any]]:
 
 
 def _class_data_names(kind: type) -> Tuple[str, ...]:
-    found = _CLASS_DATA.get(kind)
-    if found is None:
-        names: Dict[str, None] = {}
-        for base in _own_bases(kind):
-            names.update((name, None) for name, value in vars(base).items() if _class_datum(name, value))
-        found = _CLASS_DATA[kind] = tuple(names)
-    return found
+    found = _class_data_of(id(kind))
+    return _CLASS_DATA.fill(kind) if found is None else found
+
+
+def _class_data_read(kind: type) -> Tuple[str, ...]:
+    names: Dict[str, None] = {}
+    for base in _own_bases(kind):
+        names.update((name, None) for name, value in vars(base).items() if _class_datum(name, value))
+    return tuple(names)
+
+
+# module class -> the names of its class attributes that hold Python data (its bases' too)
+_CLASS_DATA = PerObject(_class_data_read)
+_class_data_of = _CLASS_DATA.lookup
 
 
 def _own_bases(kind: type) -> Iterator[type]:
@@ -634,13 +659,15 @@ def random_generator(value: Any) -> bool:
     """A generator object of the user's whose state is in C, out of its ``__dict__``: Python's
     ``random.Random()`` (and subclasses), numpy's ``Generator`` and ``RandomState`` (not imported
     here: known by their class's module)."""
-    return _kind_of(type(value)) == _GENERATOR
+    kind = type(value)
+    found = _kind_of_class(id(kind))
+    return (_KINDS.fill(kind) if found is None else found) == _GENERATOR
 
 
 _OTHER, _GENERATOR, _USERS = 0, 1, 2
 
 
-def _kind_of_uncached(kind: type) -> int:
+def _kind_read(kind: type) -> int:
     """What instances of ``kind`` are to the key: a random generator, a user's class (not torch's,
     nor the standard library's, nor a method wrapper) or other; per class (a lookup in C, on every
     keyed call's globals)."""
@@ -653,8 +680,10 @@ def _kind_of_uncached(kind: type) -> int:
     return _OTHER
 
 
-# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
-_kind_of = cast(Callable[[type], int], functools.lru_cache(maxsize=4096)(_kind_of_uncached))
+# per class, a lookup in C that keeps no class alive (an lru_cache held every class a count saw)
+_KINDS = PerObject(_kind_read)
+_kind_of_class = _KINDS.lookup
+
 
 
 def generator_state(value: Any) -> Any:
@@ -686,7 +715,9 @@ def keyed_object(value: Any) -> bool:
     where a forward reaches it from outside its module: a class attribute (``Block.cfg``), a global
     handed to a function (``helper(CFG)``) or whose method it calls (``CFG.is_on()``), a closure's
     variable."""
-    return _kind_of(type(value)) == _USERS and plain_object(value)
+    kind = type(value)
+    found = _kind_of_class(id(kind))
+    return (_KINDS.fill(kind) if found is None else found) == _USERS and plain_object(value)
 
 
 #: the containers whose entries :class:`FoundState` sets back (these exact types: a subclass's
@@ -832,7 +863,9 @@ def _data_along(namespace: Any, path: Path) -> Optional[Tuple[Any, str, Any]]:
         value = namespace.get(name, _NOT_BOUND)
         if isinstance(value, GLOBAL_DATA):
             return namespace, name, value
-        kind = _kind_of(type(value))
+        kind = _kind_of_class(id(type(value)))
+        if kind is None:
+            kind = _KINDS.fill(type(value))
         if kind == _GENERATOR or value is os.environ:
             return namespace, name, value
         if depth == last:
@@ -895,30 +928,39 @@ _CELLS = "<closure>"
 class _Closure:
     """A function's closure variables and its defaults as a namespace (``get``, as a Python module's
     ``__dict__`` is one): what its code reads besides its globals (``nonlocal n; n += 1`` in a helper,
-    a flag of the function that made the class, a mutable default ``opts={}``)."""
+    a flag of the function that made the class, a mutable default ``opts={}``). It holds the
+    function by a weak reference and its variables by their place in ``__closure__``, which is
+    fixed: a cell may hold the class whose entry of :data:`_NAMED_GLOBALS` this is (the
+    ``__class__`` of ``super()``, a class made in a function and named by its own methods).
+    A function gone (a helper a global held, rebound since) has nothing to read."""
 
-    __slots__ = ("function", "cells", "kept")
+    __slots__ = ("function", "places", "kept")
 
     def __init__(self, function: FunctionType) -> None:
-        self.function = function
-        self.cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
-        self.kept: Tuple[Any, ...] = ()  # the cells of the variables keyed
+        self.function = weakref.ref(function)
+        self.places = {name: place for place, name in enumerate(function.__code__.co_freevars)}
+        self.kept: Tuple[int, ...] = ()  # the places of the variables keyed
 
     def get(self, name: str, default: Any = None) -> Any:
+        function = self.function()
+        if function is None:
+            return default
         if name == _CELLS:
+            closure = function.__closure__ or ()
+            cells = [closure[place] for place in self.kept]
             try:
-                return ClosureValues(map(_CONTENTS, self.kept))
+                return ClosureValues(map(_CONTENTS, cells))
             except ValueError:  # an empty cell: a variable not assigned yet
-                return ClosureValues([cell.cell_contents if _filled(cell) else EMPTY_CELL for cell in self.kept])
+                return ClosureValues([cell.cell_contents if _filled(cell) else EMPTY_CELL for cell in cells])
         if name == "__defaults__":
-            return self.function.__defaults__
+            return function.__defaults__
         if name == "__kwdefaults__":
-            return self.function.__kwdefaults__
-        cell = self.cells.get(name)
-        if cell is None:
+            return function.__kwdefaults__
+        place = self.places.get(name)
+        if place is None or not function.__closure__:
             return default
         try:
-            return cell.cell_contents
+            return function.__closure__[place].cell_contents
         except ValueError:
             return default
 
@@ -938,14 +980,14 @@ def _closure_paths(function: FunctionType, pending: List[Any]) -> Tuple[_Closure
     code, left out."""
     closure = _Closure(function)
     paths: List[Path] = []
-    kept: List[Any] = []
-    for name, cell in closure.cells.items():
+    kept: List[int] = []
+    for name, place in closure.places.items():
         value = closure.get(name, _NOT_BOUND)
         if isinstance(value, FunctionType):
             if not _library_function(value):
                 pending.append(value)
         elif value is _NOT_BOUND or isinstance(value, GLOBAL_DATA) or random_generator(value) or keyed_object(value):
-            kept.append(cell)
+            kept.append(place)
     if kept:
         closure.kept = tuple(kept)
         paths.append((_CELLS,))
@@ -962,13 +1004,6 @@ _IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), torch.dtype, to
               FunctionType)
 
 
-def _named_globals(kind: type) -> NamedGlobals:
-    found = _NAMED_GLOBALS.get(kind)
-    if found is None:
-        found = _NAMED_GLOBALS[kind] = _globals_of(kind)
-    return found
-
-
 def _globals_of(kind: type) -> NamedGlobals:
     """:func:`forward_globals`' paths of one class, by namespace: from its ``forward``, following
     the methods of the class (and of its bases but ``nn.Module``) that the code read so far names
@@ -980,7 +1015,7 @@ def _globals_of(kind: type) -> NamedGlobals:
     for base in reversed(kind.__mro__):
         if base is not torch.nn.Module and base is not object:
             methods.update((name, functions) for name, value in vars(base).items() if (functions := _code_of(value)))
-    by_namespace: Dict[int, Tuple[Any, Dict[Path, None]]] = {}
+    by_namespace: Dict[int, Tuple[Any, Dict[Path, None], Optional[str]]] = {}
     pending: List[Any] = [getattr(kind, "forward", None)]
     read = set()
     while pending:
@@ -990,7 +1025,11 @@ def _globals_of(kind: type) -> NamedGlobals:
         read.add(id(function))
         code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
         if isinstance(code, CodeType) and isinstance(namespace, dict):
-            paths = by_namespace.setdefault(id(namespace), (namespace, {}))[1]
+            entry = by_namespace.get(id(namespace))
+            if entry is None:
+                source, attribute = _namespace_holder(function, namespace)
+                entry = by_namespace[id(namespace)] = (source, {}, attribute)
+            paths = entry[1]
             for path in _code_paths(code):
                 if _may_hold_data(namespace, path, pending):
                     paths[path] = None
@@ -1002,11 +1041,37 @@ def _globals_of(kind: type) -> NamedGlobals:
                                                        or function.__kwdefaults__):
                 closure, own = _closure_paths(function, pending)
                 if own:
-                    by_namespace[id(closure)] = (closure, dict.fromkeys(own))
+                    by_namespace[id(closure)] = (closure, dict.fromkeys(own), None)
         wrapped = getattr(function, "__wrapped__", None)
         if wrapped is not None:
             pending.append(wrapped)
-    return tuple((namespace, tuple(paths)) for namespace, paths in by_namespace.values() if paths)
+    return tuple((source, tuple(paths), attribute) for source, paths, attribute in by_namespace.values() if paths)
+
+
+# module class -> its paths: read from its code once per class per process
+_NAMED_GLOBALS = PerObject(_globals_of)
+_named_globals_of = _NAMED_GLOBALS.lookup
+
+
+def _namespace_holder(function: Any, namespace: Dict[str, Any]) -> Tuple[Any, str]:
+    """A weak reference to what holds ``function``'s globals ``namespace``, and the attribute that
+    is it: the Python module of that name whose ``__dict__`` it is (a helper rebound later leaves
+    the module's globals read, as before), else the function itself (a namespace ``exec`` made,
+    ``torch.fx``'s generated code's); held strongly only by a function without weak references."""
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    if module is not None and getattr(module, "__dict__", None) is namespace:
+        try:
+            return weakref.ref(module), "__dict__"
+        except TypeError:
+            pass
+    try:
+        return weakref.ref(function), "__globals__"
+    except TypeError:
+        return functools.partial(_held, function), "__globals__"
+
+
+def _held(value: Any) -> Any:
+    return value
 
 
 def _code_of(value: Any) -> List[Any]:

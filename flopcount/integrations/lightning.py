@@ -18,7 +18,6 @@ training ends, and never set when the module defines its own.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import time
 import warnings
@@ -29,6 +28,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from flopcount.bench.peak import mfu_part
+from flopcount.core.weakcache import PerObject
 from flopcount.errors import FlopcountWarning
 from flopcount.integrations._counting import StepCounter, batch_signature, hookless_twin
 from flopcount.integrations._rates import (
@@ -190,8 +190,7 @@ def _step_args(method: Any, batch: Any, batch_idx: int) -> tuple:
     return (batch,) if _takes_batch_only(getattr(method, "__func__", method)) else (batch, batch_idx)
 
 
-@functools.lru_cache(maxsize=64)
-def _takes_batch_only(function: Any) -> bool:
+def _batch_only(function: Any) -> bool:
     try:
         params = [p for p in inspect.signature(function).parameters.values() if p.kind is not p.VAR_KEYWORD]
     except (TypeError, ValueError):
@@ -199,6 +198,11 @@ def _takes_batch_only(function: Any) -> bool:
     if params and params[0].name == "self":
         params = params[1:]
     return len(params) == 1 and params[0].kind is not params[0].VAR_POSITIONAL
+
+
+# per step function, read once; kept while the function lives (an lru_cache held the user's
+# LightningModule class's functions, and through a ``super()`` cell the class, for good)
+_takes_batch_only = PerObject(_batch_only)
 
 
 def _steps_optimizer(trainer: Any, batch_idx: int) -> bool:

@@ -64,7 +64,7 @@ from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast, overload
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
 
 import torch
 from torch import nn
@@ -80,6 +80,7 @@ from flopcount.core.state import (
     random_states,
     same_random_states,
 )
+from flopcount.core.weakcache import PerObject
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, tensor_key
 from flopcount.types import ReplayedCall, expand
@@ -1205,7 +1206,9 @@ class Reuse:
             return self._outside(value, original)
         if kind is functools.partial:  # one per module (transformers' GELU): equal when its parts are
             return (kind, id(value.func), self._attribute(value.args, original), self._attribute(value.keywords, original))
-        special = _special(kind)  # one lookup per class, in C
+        special = _special_of(id(kind))  # one lookup per class, in C
+        if special is None:
+            special = _SPECIAL.fill(kind)
         if special is _GENERATOR:  # its state is in C: a draw or a reseed changes it
             return ("generator", id(value), generator_state(value))
         if plain_object(value):
@@ -1446,13 +1449,14 @@ class Reuse:
 
 
 _GENERATOR, _SEQUENCE, _WEAKREF, _NDARRAY, _ITERATOR = "generator", "sequence", "weakref", "ndarray", "iterator"
+_OTHER = "other"
 
 
-def _special_uncached(kind: type) -> Optional[str]:
+def _special_read(kind: type) -> str:
     """How :meth:`Reuse._attribute` keys an object of class ``kind`` that is not a scalar, container,
     tensor, module or partial: a random generator by its state, a deque, bytearray or array by
     content, a weak reference by its referent, a numpy array by its bytes, an iterator not at all;
-    None: as a plain object or by identity. Per class."""
+    ``_OTHER``: as a plain object or by identity. Per class."""
     if issubclass(kind, random.Random) or (kind.__name__ in ("Generator", "RandomState")
                                            and (kind.__module__ or "").startswith("numpy.random")):
         return _GENERATOR
@@ -1464,11 +1468,12 @@ def _special_uncached(kind: type) -> Optional[str]:
         return _NDARRAY
     if hasattr(kind, "__next__"):
         return _ITERATOR
-    return None
+    return _OTHER
 
 
-# per class, a lookup in C (a class is hashable; typeshed's lru_cache wants ``Hashable``)
-_special = cast(Callable[[type], Optional[str]], functools.lru_cache(maxsize=4096)(_special_uncached))
+# per class, a lookup in C that keeps no class alive (an lru_cache held every class a count saw)
+_SPECIAL = PerObject(_special_read)
+_special_of = _SPECIAL.lookup
 
 
 def _fake_keys(fakes: List[Any]) -> Tuple[Tuple[Any, ...], ...]:
