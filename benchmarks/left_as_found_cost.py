@@ -1,7 +1,7 @@
 """What the "left as found" guard costs a reading (branch asfound): ``core.state.left_as_found``
 on ResNet-50's and GPT-2 small's modules (read every module class's Python data and the globals
 their code names, then compare and set back), CPU time of this thread per reading; the class
-facts cached per class (``_named_globals``) are warm, as from a process's second count on.
+facts cached per class (``_NAMED_GLOBALS``) are warm, as from a process's second count on.
 
     PYTHONPATH=. .venv/bin/python benchmarks/left_as_found_cost.py [--rounds 200]
 """

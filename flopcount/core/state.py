@@ -685,7 +685,6 @@ _KINDS = PerObject(_kind_read)
 _kind_of_class = _KINDS.lookup
 
 
-
 def generator_state(value: Any) -> Any:
     """The state of a :func:`random_generator`, as hashable Python values: what its next draws
     follow from (a draw or a reseed changes it)."""
