@@ -4,7 +4,7 @@ A count classifies the classes it meets once per process (how the structural reu
 object of a class, the slots a class's instances hold, the globals its code names). A
 ``functools.lru_cache`` over a class held every class a count ever saw, with its class attributes
 (tensors among them), until 4,096 others pushed it out: the block classes a function makes per
-model, every ``torch.fx.GraphModule``'s own class, an architecture search's ``type(...)`` classes.
+model, a ``torch.fx.GraphModule``'s own class, an architecture search's ``type(...)`` classes.
 :class:`PerObject` keys an entry by the object's ``id`` and drops it by a weak reference's callback
 when the object goes; torch's and Python's classes live as long as the process, and so do their
 entries.
@@ -54,9 +54,6 @@ class PerObject(Generic[V]):
         self._refs[key] = ref  # before the value: a value is never there without its callback
         self._values[key] = value
         return value
-
-    def __len__(self) -> int:
-        return len(self._values)
 
 
 def _forget(values: Dict[int, Any], refs: Dict[int, Any], key: int, ref: Any) -> None:
