@@ -1063,14 +1063,14 @@ class Reuse:
             # a first call makes its own (``_first``)
             wrapped.keyed = True
             self._last_fingerprint = None
-            return self._subtree(module, order)
+            return self._tied(self._subtree(module, order), order)
         fingerprint: List[Any] = []
         _fingerprint(module, order, fingerprint, set(), self._lazy)
         self._last_fingerprint = fingerprint
         found = self._structures.get(id(module))
         if found is not None and found[0] == fingerprint:
-            return found[1]
-        key = self._subtree(module, [])
+            return found[1]  # the same tensors in the same places: the same ties
+        key = self._tied(self._subtree(module, []), order)
         self._structures[id(module)] = (fingerprint, key)  # called again (a block in a loop): remembered
         return key
 
@@ -1111,6 +1111,21 @@ class Reuse:
             tuple([(k, None if m is None else self._subtree(m, order, seen)) for k, m in dict.items(children)]),
         )
         return self._interned.setdefault(made, len(self._interned))
+
+    def _tied(self, key: Any, order: List[nn.Module]) -> Any:
+        """``key`` (a subtree's, :meth:`_subtree`), with which of its modules' parameters and buffers
+        are one tensor where some are (``b.weight = a.weight``: each tensor's first position in the
+        subtree order), since a forward may branch on ``a.weight is b.weight``. Read where the subtree
+        is keyed (once per module per count, or when a rebinding changed its fingerprint), one pass
+        over its tensors. Before branch ``exact3``, the key held each tensor's metadata only: blocks 1
+        and 3 tied (before the count, or by their parent in its forward) were booked from block 0."""
+        tensors = [t for m in order for held in (vars(m)["_parameters"], vars(m)["_buffers"])
+                   for t in dict.values(held) if t is not None]
+        lazy = self._lazy
+        ids = lazy.identities(tensors) if lazy is not None else [id(t) for t in tensors]
+        if len(set(ids)) == len(ids):
+            return key
+        return (key, ("ties", _pattern(ids)))
 
     def _own_part(self, module: nn.Module, state: Dict[str, Any], original: bool = False) -> int:
         """The key of ``module`` without its children: its class, its parameters' and
@@ -1621,9 +1636,9 @@ def _process_hooks_here() -> bool:
     return False
 
 
-def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
-    """Which of ``where`` are the same slot: each item's first position."""
-    first: Dict[Tuple[int, int], int] = {}
+def _pattern(where: List[Any]) -> Tuple[int, ...]:
+    """Which of ``where`` are the same (slot, tensor): each item's first position."""
+    first: Dict[Any, int] = {}
     return tuple([first.setdefault(w, len(first)) for w in where])
 
 

@@ -549,6 +549,22 @@ class LazyCopy:
         copier = self.copier
         return [None] * len(tensors) if copier is None else copier.raw_keys(tensors, found)
 
+    def identities(self, tensors: Sequence[Any]) -> List[int]:
+        """One number per tensor of the copy among ``tensors`` (the raw values of a module's parameter
+        and buffer dictionaries, of a copy or of an original not copied yet): a caller's tensor, its
+        :class:`Pending` and its fake give the same one, so that ties between parameters (``b.weight =
+        a.weight``, before the count or in the forward) are seen wherever the modules holding them are."""
+        copier = self.copier
+        if copier is None:
+            return [id(t) for t in tensors]
+        fakes = copier.faker.memo
+        found: List[int] = []
+        for tensor in tensors:
+            real = tensor.real if type(tensor) is Pending else tensor
+            fake = fakes.get(id(real))
+            found.append(id(real) if fake is None else id(fake))
+        return found
+
     def forget(self, found: List[int]) -> None:
         """The keys :meth:`tensor_keys` found for a call, let go: it was booked from an earlier one
         (nothing of its subtree is copied for it)."""
