@@ -1260,18 +1260,10 @@ class Reuse:
         where keying the containers found by :func:`plain_object` per attribute cost 3-8 %. An object
         met again below itself (a cycle) is keyed by identity there, its state being in the key
         already."""
-        holding = self._holding
-        if id(value) in holding:
+        if id(value) in self._holding:
             return ("object", id(value))
-        if len(holding) >= _HELD_DEPTH:  # a chain of objects (a linked list): traced, not keyed without end
-            raise Unkeyable(f"plain objects nested more than {_HELD_DEPTH} deep")
         state = object_state(value)
-        holding.add(id(value))
-        try:
-            contents = tuple([(k, self._attribute(v, original)) for k, v in state.items() if type(v) not in _SCALARS])
-        finally:
-            holding.discard(id(value))
-        return ("object", id(value), _Held(state, contents))
+        return ("object", id(value), _Held(state, self._inside(value, state, original, True)))
 
     def _outside(self, module: nn.Module, original: bool) -> Any:
         """A module held as a plain attribute, not a child (a parent kept in a list, a shared module
@@ -1279,18 +1271,28 @@ class Reuse:
         :meth:`_held` keys an object's (its parameters, buffers and children are not: by identity of
         their dictionaries). Before branch ``advreuse2``, its identity only: a flag the parent set on
         itself between two blocks that read it through such a reference was not seen."""
-        holding = self._holding
-        if id(module) in holding:
+        if id(module) in self._holding:
             return ("module", id(module))
+        return ("module", id(module), self._inside(module, vars(module), original, False))
+
+    def _inside(self, value: Any, state: Dict[str, Any], original: bool, objects: bool) -> Tuple[Any, ...]:
+        """The keys of ``value``'s attributes ``state`` (``objects``: a plain object's, its scalars left
+        to :class:`_Held`; else a module's, torch's own names left out), each keyed as an attribute is,
+        while ``value`` is marked as being keyed (met again below itself, a cycle, its caller keys it by
+        identity there); :class:`Unkeyable` more than :data:`_HELD_DEPTH` deep (a linked list of
+        objects: traced, not keyed without end). The guard :meth:`_held` and :meth:`_outside` share;
+        one comprehension each, so that neither pays the other's filter per attribute."""
+        holding = self._holding
         if len(holding) >= _HELD_DEPTH:
             raise Unkeyable(f"plain objects nested more than {_HELD_DEPTH} deep")
-        state = vars(module)
-        holding.add(id(module))
+        holding.add(id(value))
+        attribute = self._attribute
         try:
-            contents = tuple([(k, self._attribute(v, original)) for k, v in state.items() if k not in _SKIP])
+            if objects:
+                return tuple([(k, attribute(v, original)) for k, v in state.items() if type(v) not in _SCALARS])
+            return tuple([(k, attribute(v, original)) for k, v in state.items() if k not in _SKIP])
         finally:
-            holding.discard(id(module))
-        return ("module", id(module), contents)
+            holding.discard(id(value))
 
     def _subclassed(self, value: Any, original: bool) -> Any:
         """The key of a tuple's or list's subclass (a namedtuple, a user's list type): its type, the
