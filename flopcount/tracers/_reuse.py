@@ -72,6 +72,9 @@ from torch import nn
 from flopcount.core import hooks
 from flopcount.core.state import (
     ClosureValues,
+    CodeBound,
+    code_bound,
+    forget_code,
     forward_globals,
     generator_state,
     object_state,
@@ -79,6 +82,7 @@ from flopcount.core.state import (
     random_generator,
     random_states,
     same_random_states,
+    still_bound,
 )
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, tensor_key
@@ -381,6 +385,9 @@ class Reuse:
         self._cache_events = 0  # first calls and replays that changed a cache
         #: id(cache) -> (cache, its own attributes' description) as the call being keyed read them
         self._owns: Dict[int, Tuple[Any, Any]] = {}
+        #: a module class -> where the functions its code runs are bound and what they held when this
+        #: count first saw it, or saw it rebound (``core.state.code_bound``), and how often it saw that
+        self._code: Dict[type, Tuple[CodeBound, int]] = {}
 
     @property
     def _log(self) -> Optional[List[Tuple[Any, str]]]:
@@ -462,6 +469,7 @@ class Reuse:
         self._owns = {}
         self._long_keys = {}
         self._long_contents = {}
+        self._code = {}
         # the trace reads the counts next; added once the caches and the copies are let go (they were the
         # peak's: the counts' dictionary made beside them was issue #32's count's peak on a 70B model)
         self._flush_calls(final=True)
@@ -1406,7 +1414,38 @@ class Reuse:
     def _globals_key(self, order: List[nn.Module]) -> Tuple[Any, ...]:
         """The Python data bound to the globals the subtree's forwards name
         (:func:`~flopcount.core.state.forward_globals`), each keyed as an attribute is."""
-        return tuple([(name, self._attribute(value)) for _, name, value in forward_globals(order)])
+        rebound = self._rebound(order)  # first: a class rebound has its code's globals read again
+        found = tuple([(name, self._attribute(value)) for _, name, value in forward_globals(order)])
+        return found if not rebound else (*found, ("code rebound", rebound))
+
+    def _rebound(self, order: List[nn.Module]) -> Tuple[Tuple[type, int], ...]:
+        """The classes of ``order`` whose code (a ``forward``, a method it calls, a helper function of
+        their Python module: :func:`~flopcount.core.state.code_bound`) was rebound since this count first
+        saw them, each with how often: empty when none was (the key as before). A tracking class is its
+        module class's (it only adds ``__getattribute__``). Compared on every keyed call, in C. Before
+        branch ``exact3``, code was keyed by class only: a parent setting ``Block.forward = other``
+        between two blocks had the later blocks booked from the first."""
+        code, owners = self._code, self._owners
+        rebound: Tuple[Tuple[type, int], ...] = ()
+        seen = set()
+        for module in order:
+            kind = type(module)
+            if kind in seen:
+                continue
+            seen.add(kind)
+            kind = owners.get(kind, kind)
+            known = code.get(kind)
+            if known is None:
+                known = code[kind] = (code_bound(kind), 0)
+            elif not still_bound(known[0]):
+                forget_code(kind)
+                made = self._classes.get(kind)
+                if made is not None:  # its tracking class's paths were read from the same functions
+                    forget_code(made)
+                known = code[kind] = (code_bound(kind), known[1] + 1)
+            if known[1]:
+                rebound += ((kind, known[1]),)
+        return rebound
 
     def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
         # a module's tensors are the fake copy's own: their metadata is read once (the shape
