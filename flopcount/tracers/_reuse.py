@@ -591,8 +591,14 @@ class Reuse:
             caches: List[Any] = []
             structure = self._structure(wrapped, order)
             arguments = (self._value(args, tensors, caches), self._value(kwargs, tensors, caches))
-            # the arguments' tensors by their metadata, read in one call below the run's modes
-            key = (structure, arguments, _fake_keys(tensors), _settings(), self._globals_key(order))
+            held, keyed = self._held_fakes(order)
+            # the arguments' tensors by their metadata and the subtree's fakes' requires_grad, read in
+            # one call below the run's modes
+            metadata, grads = _fake_keys(tensors, held[0])
+            changed = _changed(grads, keyed, held[1]) if held[0] and grads != keyed else ()
+            if changed:
+                structure = (structure, ("requires_grad", changed))
+            key = (structure, arguments, metadata, _settings(), self._globals_key(order))
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
             if entry is not None and entry.clean:
@@ -607,7 +613,7 @@ class Reuse:
             self._found = None
         if key is None or entry is not None:  # unkeyable, or seen and not clean: traced
             return forward(*args, **kwargs)
-        return self._first(key, module, order, tensors, caches, forward, args, kwargs)
+        return self._first(key, module, order, tensors, caches, forward, args, kwargs, changed)
 
     def _match(
         self, entries: List[_Entry], order: List[nn.Module], caches: List[Any]
@@ -691,6 +697,7 @@ class Reuse:
         forward: Callable[..., Any],
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
+        changed: Tuple[Tuple[int, bool], ...] = (),
     ) -> Any:
         recorder, stack, cache = self._recorder, self._modules, self._cache
         self.traced += 1
@@ -746,6 +753,8 @@ class Reuse:
                 return out  # it wrote a global its forwards name (a counter, a flag): traced from now on
             if drawn is not None and not same_random_states(drawn, random_states()):
                 return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
+            if self._grads_changed(order) != changed:
+                return out  # it froze (or unfroze) a tensor of its subtree: a replay would leave it as it was
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
@@ -1134,6 +1143,59 @@ class Reuse:
         if len(set(ids)) == len(ids):
             return key
         return (key, ("ties", _pattern(ids)))
+
+    def _grads_changed(self, order: List[nn.Module]) -> Tuple[Tuple[int, bool], ...]:
+        """:func:`_changed` of the subtree now (a first call's, after it ran)."""
+        held, keyed = self._held_fakes(order)
+        if not held[0]:
+            return ()
+        grads = _fake_keys([], held[0])[1]
+        return _changed(grads, keyed, held[1]) if grads != keyed else ()
+
+    def _held_fakes(self, order: List[nn.Module]) -> Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]]:
+        """The fakes made so far of the subtree's parameters and buffers, in subtree order, and the
+        ``requires_grad`` the subtree's key holds for each (its fake's key as first read, a
+        :class:`~flopcount.tracers.fake.copies.Pending`'s key read from the caller's tensor). The
+        keys are read once per count, so a parent freezing a block's weights in its forward
+        (``p.requires_grad_(False)`` on the copy's fakes) between two blocks left the later block's
+        key as it was before branch ``exact3`` (booked from the first, whose forward branched on
+        it). A tensor with no fake yet is as its key says: only the forward changes a fake. One pass
+        over the subtree's tensors (~0.1 us each); their flags are read with the arguments' metadata.
+        Returns (the fakes, their positions among the subtree's tensors), the flags keyed."""
+        lazy = self._lazy
+        made = lazy.fakes_made() if lazy is not None else _NO_KEYS
+        originals = self._originals
+        tensor = self._tensor
+        fakes: List[Any] = []
+        where: List[int] = []
+        keyed: List[bool] = []
+        position = -1
+        for module in order:
+            state = vars(module)
+            original = module in originals
+            for held in (state["_parameters"], state["_buffers"]):
+                for t in dict.values(held):
+                    if t is None:
+                        continue
+                    position += 1
+                    if type(t) is Pending:
+                        fake = made.get(id(t.real))
+                        if fake is not None:
+                            fakes.append(fake)
+                            where.append(position)
+                            keyed.append(t.key[5])
+                    elif original:  # a caller's tensor, keyed as its copy's (``_original_tensors``)
+                        fake = made.get(id(t))
+                        if fake is not None and lazy is not None:
+                            key = lazy.tensor_keys([t])[0]
+                            fakes.append(fake)
+                            where.append(position)
+                            keyed.append(key[5] if type(key) is tuple else tensor(key)[5])
+                    else:
+                        fakes.append(t)
+                        where.append(position)
+                        keyed.append(tensor(t)[5])
+        return (fakes, where), tuple(keyed)
 
     def _own_part(self, module: nn.Module, state: Dict[str, Any], original: bool = False) -> int:
         """The key of ``module`` without its children: its class, its parameters' and
@@ -1527,24 +1589,30 @@ def _special_uncached(kind: type) -> Optional[str]:
 _special = cast(Callable[[type], Optional[str]], functools.lru_cache(maxsize=4096)(_special_uncached))
 
 
-def _fake_keys(fakes: List[Any]) -> Tuple[Tuple[Any, ...], ...]:
+def _fake_keys(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Tuple[Any, ...], ...], Tuple[bool, ...]]:
     """The metadata a call's fake arguments (each once, in the order :meth:`Reuse._value` met them)
-    are keyed by, read in one call below the run's torch-function modes (``outside_modes``: a
-    LLaMA layer's four arguments were 28 passes through the vocabulary mode per replay).
-    :class:`Unkeyable` for a tensor that is not strided."""
-    found = outside_modes(_fake_metadata, fakes, fakes)
+    are keyed by, and the ``requires_grad`` of ``held`` (the subtree's fakes, :meth:`Reuse._held_fakes`),
+    read in one call below the run's torch-function modes (``outside_modes``: a LLaMA layer's four
+    arguments were 28 passes through the vocabulary mode per replay). :class:`Unkeyable` for a
+    tensor that is not strided."""
+    found, grads = outside_modes(_fake_metadata, fakes + held if held else fakes, fakes, held)
     if None in found:
         raise Unkeyable("a tensor of another kind")
-    return found
+    return found, grads
 
 
-def _fake_metadata(fakes: List[Any]) -> Tuple[Optional[Tuple[Any, ...]], ...]:
+def _fake_metadata(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Optional[Tuple[Any, ...]], ...], Tuple[bool, ...]]:
     """:func:`_fake_keys`' reads (None for a tensor that is not strided), through whatever modes are active."""
     return tuple([
         (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, t.requires_grad, t._base is not None)
         if t.layout == torch.strided else None
         for t in fakes
-    ])
+    ]), tuple([t.requires_grad for t in held])
+
+
+def _changed(grads: Tuple[bool, ...], keyed: Tuple[bool, ...], where: List[int]) -> Tuple[Tuple[int, bool], ...]:
+    """Where (among the subtree's tensors) a fake's ``requires_grad`` is not what the key holds: (position, flag now)."""
+    return tuple([(at, now) for at, now, then in zip(where, grads, keyed) if now is not then])
 
 
 def _signature(

@@ -153,8 +153,8 @@ class RebindingStack(nn.Module):
 
 @pytest.mark.parametrize("what, later", [("forward", 1), ("method", 4), ("global", 4)])
 def test_code_rebound_between_two_blocks_splits_the_key(monkeypatch, what, later):
-    # before: 1,728 MACs with reuse on (blocks 2-3 booked from block 0, 3 matmuls each); off
-    # 1,152 (forward), 2,016 (method and global)
+    # before: 2,304 MACs with reuse on (blocks 1-3 booked from block 0, 3 matmuls each); off
+    # 1,536 (forward), 2,688 (method and global)
     _check(monkeypatch, RebindingStack(what), matmuls=2 * 3 + 2 * later, reused=2)  # block 1 from 0, 3 from 2
     assert Rebound.forward.__name__ == "forward" and Rebound.extra.__name__ == "extra" and _helper is not _two
 
@@ -183,3 +183,69 @@ def test_code_bound_sees_a_subclass_shadowing_a_method():
     assert state.still_bound(bound)
     Sub.forward = lambda self, x: x
     assert not state.still_bound(bound)
+
+
+class GradReading(Tied):
+    """Runs ``b`` after ``a`` only where ``b``'s weight requires a gradient: 2 matmuls, 1 frozen."""
+
+    def forward(self, x):
+        y = self.a(x)
+        if self.b.weight.requires_grad:
+            y = self.b(y)
+        return y
+
+
+class FreezingStack(nn.Module):
+    """The parent freezes blocks 2 and 3 in its forward, just before each runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(GradReading() for _ in range(LAYERS))
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            if i >= 2:
+                block.requires_grad_(False)
+            x = block(x)
+        return x
+
+
+def test_weights_frozen_by_the_parent_between_two_blocks_split_the_key(monkeypatch):
+    # before: 1,536 MACs with reuse on (blocks 1-3 booked from block 0: their keys read requires_grad
+    # once per count), 1,152 off
+    model = FreezingStack()
+    _check(monkeypatch, model, matmuls=2 + 2 + 1 + 1, reused=2)  # block 1 from 0, 3 from 2
+    assert all(p.requires_grad for p in model.parameters())  # the caller's left as found
+
+
+class FreezesItself(GradReading):
+    """Freezes its own ``b`` after running it: a replay would leave it trainable."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        self.b.weight.requires_grad_(False)
+        return y
+
+
+class AskingStack(nn.Module):
+    """After the blocks, one more matmul where block 1's ``b`` still requires a gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(FreezesItself() for _ in range(LAYERS))
+        self.extra = nn.Linear(D, D, bias=False)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        if self.blocks[1].b.weight.requires_grad:
+            x = self.extra(x)
+        return x
+
+
+def test_a_first_call_freezing_its_own_weights_is_not_booked_again(monkeypatch):
+    # before: 1,728 MACs with reuse on (blocks 1-3 booked from block 0, block 1's ``b`` left
+    # trainable, so the parent ran ``extra``), 1,536 off
+    _check(monkeypatch, AskingStack(), matmuls=2 * LAYERS, reused=0)
