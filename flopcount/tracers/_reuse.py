@@ -63,6 +63,7 @@ import weakref
 from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
+from itertools import chain
 from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast, overload
 
@@ -388,6 +389,8 @@ class Reuse:
         #: a module class -> where the functions its code runs are bound and what they held when this
         #: count first saw it, or saw it rebound (``core.state.code_bound``), and how often it saw that
         self._code: Dict[type, Tuple[CodeBound, int]] = {}
+        #: a subtree's structural key -> its classes' places of ``_code`` in one, and ``_rebound``'s answer then
+        self._code_of: Dict[Any, Tuple[CodeBound, Tuple[Tuple[type, int], ...]]] = {}
 
     @property
     def _log(self) -> Optional[List[Tuple[Any, str]]]:
@@ -470,6 +473,7 @@ class Reuse:
         self._long_keys = {}
         self._long_contents = {}
         self._code = {}
+        self._code_of = {}
         # the trace reads the counts next; added once the caches and the copies are let go (they were the
         # peak's: the counts' dictionary made beside them was issue #32's count's peak on a 70B model)
         self._flush_calls(final=True)
@@ -590,15 +594,18 @@ class Reuse:
             tensors: List[Any] = []
             caches: List[Any] = []
             structure = self._structure(wrapped, order)
+            raw = _tensors_of(order)
+            reals = [t.real if type(t) is Pending else t for t in raw] if lazy is not None else raw
+            structure = self._tied(structure, raw, reals)
             arguments = (self._value(args, tensors, caches), self._value(kwargs, tensors, caches))
-            held, keyed = self._held_fakes(order)
+            held, keyed = self._held_fakes(order, reals)
             # the arguments' tensors by their metadata and the subtree's fakes' requires_grad, read in
             # one call below the run's modes
             metadata, grads = _fake_keys(tensors, held[0])
             changed = _changed(grads, keyed, held[1]) if held[0] and grads != keyed else ()
             if changed:
                 structure = (structure, ("requires_grad", changed))
-            key = (structure, arguments, metadata, _settings(), self._globals_key(order))
+            key = (structure, arguments, metadata, _settings(), self._globals_key(order, structure))
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
             if entry is not None and entry.clean:
@@ -749,7 +756,7 @@ class Reuse:
                     self._unwatch(watch, order)
             if watch is None and self._cache_events != events:
                 return out  # a cache changed inside it (replayed there, or a first call): not booked again
-            if self._globals_key(order) != key[-1]:
+            if self._globals_key(order, key[0]) != key[-1]:
                 return out  # it wrote a global its forwards name (a counter, a flag): traced from now on
             if drawn is not None and not same_random_states(drawn, random_states()):
                 return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
@@ -1080,14 +1087,14 @@ class Reuse:
             # a first call makes its own (``_first``)
             wrapped.keyed = True
             self._last_fingerprint = None
-            return self._tied(self._subtree(module, order), order)
+            return self._subtree(module, order)
         fingerprint: List[Any] = []
         _fingerprint(module, order, fingerprint, set(), self._lazy)
         self._last_fingerprint = fingerprint
         found = self._structures.get(id(module))
         if found is not None and found[0] == fingerprint:
-            return found[1]  # the same tensors in the same places: the same ties
-        key = self._tied(self._subtree(module, []), order)
+            return found[1]
+        key = self._subtree(module, [])
         self._structures[id(module)] = (fingerprint, key)  # called again (a block in a loop): remembered
         return key
 
@@ -1129,30 +1136,36 @@ class Reuse:
         )
         return self._interned.setdefault(made, len(self._interned))
 
-    def _tied(self, key: Any, order: List[nn.Module]) -> Any:
+    def _tied(self, key: Any, raw: List[Any], reals: List[Any]) -> Any:
         """``key`` (a subtree's, :meth:`_subtree`), with which of its modules' parameters and buffers
         are one tensor where some are (``b.weight = a.weight``: each tensor's first position in the
-        subtree order), since a forward may branch on ``a.weight is b.weight``. Read where the subtree
-        is keyed (once per module per count, or when a rebinding changed its fingerprint), one pass
-        over its tensors. Before branch ``exact3``, the key held each tensor's metadata only: blocks 1
-        and 3 tied (before the count, or by their parent in its forward) were booked from block 0."""
-        tensors = [t for m in order for held in (vars(m)["_parameters"], vars(m)["_buffers"])
-                   for t in dict.values(held) if t is not None]
+        subtree order), since a forward may branch on ``a.weight is b.weight``. ``raw``: the subtree's
+        tensors as its dictionaries hold them (:func:`_tensors_of`); ``reals``: the caller's tensor for
+        each :class:`~flopcount.tracers.fake.copies.Pending` of a lazy copy (one per tensor of the
+        caller's), else as ``raw``. On every keyed call, in C where no fake is among them. Before
+        branch ``exact3``, the key held each tensor's metadata only: blocks 1 and 3 tied (before the
+        count, or by their parent in its forward) were booked from block 0."""
         lazy = self._lazy
-        ids = lazy.identities(tensors) if lazy is not None else [id(t) for t in tensors]
+        if lazy is None or self._fake_type not in set(map(type, reals)):
+            ids = list(map(id, reals))  # a lazy copy's caller's tensors and Pendings, or an eager copy's fakes
+        else:  # a fake a parent assigned beside a Pending (``b.weight = a.weight``): each to its tensor of the caller's
+            ids = lazy.identities(raw)
         if len(set(ids)) == len(ids):
             return key
         return (key, ("ties", _pattern(ids)))
 
     def _grads_changed(self, order: List[nn.Module]) -> Tuple[Tuple[int, bool], ...]:
         """:func:`_changed` of the subtree now (a first call's, after it ran)."""
-        held, keyed = self._held_fakes(order)
+        reals = _tensors_of(order)
+        if self._lazy is not None:
+            reals = [t.real if type(t) is Pending else t for t in reals]
+        held, keyed = self._held_fakes(order, reals)
         if not held[0]:
             return ()
         grads = _fake_keys([], held[0])[1]
         return _changed(grads, keyed, held[1]) if grads != keyed else ()
 
-    def _held_fakes(self, order: List[nn.Module]) -> Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]]:
+    def _held_fakes(self, order: List[nn.Module], reals: List[Any]) -> Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]]:
         """The fakes made so far of the subtree's parameters and buffers, in subtree order, and the
         ``requires_grad`` the subtree's key holds for each (its fake's key as first read, a
         :class:`~flopcount.tracers.fake.copies.Pending`'s key read from the caller's tensor). The
@@ -1161,20 +1174,24 @@ class Reuse:
         key as it was before branch ``exact3`` (booked from the first, whose forward branched on
         it). A tensor with no fake yet is as its key says: only the forward changes a fake. One pass
         over the subtree's tensors (~0.1 us each); their flags are read with the arguments' metadata.
-        Returns (the fakes, their positions among the subtree's tensors), the flags keyed."""
+        ``reals``: as :meth:`_tied`'s. Returns (the fakes, their positions among the subtree's
+        tensors), the flags keyed."""
         lazy = self._lazy
         made = lazy.fakes_made() if lazy is not None else _NO_KEYS
         originals = self._originals
+        if lazy is not None and not any(map(made.__contains__, map(id, reals))) and self._fake_type not in set(
+            map(type, reals)
+        ):
+            return _NONE_HELD  # none faked (a block booked from an earlier one): in C
         tensor = self._tensor
         fakes: List[Any] = []
         where: List[int] = []
         keyed: List[bool] = []
         position = -1
-        for module in order:
-            state = vars(module)
-            original = module in originals
-            for held in (state["_parameters"], state["_buffers"]):
-                for t in dict.values(held):
+        for which in ("_parameters", "_buffers"):  # as :func:`_tensors_of` gives them
+            for module in order:
+                original = module in originals
+                for t in dict.values(vars(module)[which]):
                     if t is None:
                         continue
                     position += 1
@@ -1473,20 +1490,26 @@ class Reuse:
                     found.append((name, self._object(value)))
         return found
 
-    def _globals_key(self, order: List[nn.Module]) -> Tuple[Any, ...]:
+    def _globals_key(self, order: List[nn.Module], structure: Any = None) -> Tuple[Any, ...]:
         """The Python data bound to the globals the subtree's forwards name
         (:func:`~flopcount.core.state.forward_globals`), each keyed as an attribute is."""
-        rebound = self._rebound(order)  # first: a class rebound has its code's globals read again
+        rebound = self._rebound(order, structure)  # first: a class rebound has its code's globals read again
         found = tuple([(name, self._attribute(value)) for _, name, value in forward_globals(order)])
         return found if not rebound else (*found, ("code rebound", rebound))
 
-    def _rebound(self, order: List[nn.Module]) -> Tuple[Tuple[type, int], ...]:
+    def _rebound(self, order: List[nn.Module], structure: Any = None) -> Tuple[Tuple[type, int], ...]:
         """The classes of ``order`` whose code (a ``forward``, a method it calls, a helper function of
         their Python module: :func:`~flopcount.core.state.code_bound`) was rebound since this count first
         saw them, each with how often: empty when none was (the key as before). A tracking class is its
         module class's (it only adds ``__getattribute__``). Compared on every keyed call, in C. Before
         branch ``exact3``, code was keyed by class only: a parent setting ``Block.forward = other``
-        between two blocks had the later blocks booked from the first."""
+        between two blocks had the later blocks booked from the first. ``structure``: the subtree's
+        structural key (the same classes), under which its classes' places are compared as one (a
+        BERT layer's ~30 places in one pass) while none is rebound."""
+        if structure is not None:
+            known_all = self._code_of.get(structure)
+            if known_all is not None and still_bound(known_all[0]):
+                return known_all[1]
         code, owners = self._code, self._owners
         rebound: Tuple[Tuple[type, int], ...] = ()
         seen = set()
@@ -1507,6 +1530,12 @@ class Reuse:
                 known = code[kind] = (code_bound(kind), known[1] + 1)
             if known[1]:
                 rebound += ((kind, known[1]),)
+        if structure is not None:
+            records = [code[owners.get(kind, kind)][0] for kind in seen]
+            self._code_of[structure] = (
+                (sum([r[0] for r in records], ()), sum([r[1] for r in records], ()), sum([r[2] for r in records], ())),
+                rebound,
+            )
         return rebound
 
     def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
@@ -1608,6 +1637,22 @@ def _fake_metadata(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Optional[Tu
         if t.layout == torch.strided else None
         for t in fakes
     ]), tuple([t.requires_grad for t in held])
+
+
+_NONE_HELD: Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]] = (([], []), ())
+
+
+def _tensors_of(order: List[nn.Module]) -> List[Any]:
+    """The raw values of the parameter dictionaries of ``order``'s modules, in order, then of their
+    buffer dictionaries (None left out): in C."""
+    states = list(map(vars, order))
+    found = list(chain.from_iterable(map(dict.values, map(_PARAMETERS, states))))
+    found += chain.from_iterable(map(dict.values, map(_BUFFERS, states)))
+    return list(filter(_NOT_NONE, found))
+
+
+_PARAMETERS, _BUFFERS = operator.itemgetter("_parameters"), operator.itemgetter("_buffers")
+_NOT_NONE = functools.partial(operator.is_not, None)
 
 
 def _changed(grads: Tuple[bool, ...], keyed: Tuple[bool, ...], where: List[int]) -> Tuple[Tuple[int, bool], ...]:
