@@ -63,7 +63,6 @@ import weakref
 from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
-from itertools import chain
 from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast, overload
 
@@ -1188,9 +1187,9 @@ class Reuse:
         where: List[int] = []
         keyed: List[bool] = []
         position = -1
-        for which in ("_parameters", "_buffers"):  # as :func:`_tensors_of` gives them
-            for module in order:
-                original = module in originals
+        for module in order:  # as :func:`_tensors_of` gives them
+            original = module in originals
+            for which in ("_parameters", "_buffers"):
                 for t in dict.values(vars(module)[which]):
                     if t is None:
                         continue
@@ -1643,16 +1642,18 @@ _NONE_HELD: Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]] = (([], []), ()
 
 
 def _tensors_of(order: List[nn.Module]) -> List[Any]:
-    """The raw values of the parameter dictionaries of ``order``'s modules, in order, then of their
-    buffer dictionaries (None left out): in C."""
-    states = list(map(vars, order))
-    found = list(chain.from_iterable(map(dict.values, map(_PARAMETERS, states))))
-    found += chain.from_iterable(map(dict.values, map(_BUFFERS, states)))
-    return list(filter(_NOT_NONE, found))
-
-
-_PARAMETERS, _BUFFERS = operator.itemgetter("_parameters"), operator.itemgetter("_buffers")
-_NOT_NONE = functools.partial(operator.is_not, None)
+    """The raw values of the parameter and buffer dictionaries of ``order``'s modules, in order, each
+    module's parameters then its buffers (None left out); empty dictionaries (most modules') skipped."""
+    found: List[Any] = []
+    for module in order:
+        state = module.__dict__
+        held = state["_parameters"]
+        if held:
+            found += dict.values(held)
+        held = state["_buffers"]
+        if held:
+            found += dict.values(held)
+    return [t for t in found if t is not None]
 
 
 def _changed(grads: Tuple[bool, ...], keyed: Tuple[bool, ...], where: List[int]) -> Tuple[Tuple[int, bool], ...]:
