@@ -1190,7 +1190,7 @@ class Reuse:
         for module in order:  # as :func:`_tensors_of` gives them
             original = module in originals
             for which in ("_parameters", "_buffers"):
-                for t in dict.values(vars(module)[which]):
+                for t in dict.values(_STATE(module)[which]):
                     if t is None:
                         continue
                     position += 1
@@ -1638,15 +1638,18 @@ def _fake_metadata(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Optional[Tu
     ]), tuple([t.requires_grad for t in held])
 
 
+# a module's ``__dict__``, read past any ``__getattribute__`` (the tracking classes')
+_STATE = cast(Callable[[nn.Module], Dict[str, Any]], vars(nn.Module)["__dict__"].__get__)
 _NONE_HELD: Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]] = (([], []), ())
 
 
 def _tensors_of(order: List[nn.Module]) -> List[Any]:
     """The raw values of the parameter and buffer dictionaries of ``order``'s modules, in order, each
-    module's parameters then its buffers (None left out); empty dictionaries (most modules') skipped."""
+    module's parameters then its buffers (None left out); empty dictionaries (most modules') skipped.
+    Each ``__dict__`` read by its descriptor, in C: a module inside a first call has its tracking
+    class, whose Python ``__getattribute__`` took ~0.7 us per read (13 us per BERT layer's key)."""
     found: List[Any] = []
-    for module in order:
-        state = module.__dict__
+    for state in map(_STATE, order):
         held = state["_parameters"]
         if held:
             found += dict.values(held)
