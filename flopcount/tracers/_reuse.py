@@ -8,7 +8,9 @@ can depend on that we can see:
 
 * the whole subtree, structurally: each module's class and ``forward`` code, its
   parameters' and buffers' metadata (shape, stride, offset, dtype, device, layout,
-  requires_grad), which modules of the subtree are the same object;
+  requires_grad), which modules of the subtree are the same object and which of its tensors
+  are one (``b.weight = a.weight``), and the ``requires_grad`` of its fakes where a parent changed
+  it after the key was first read (branch ``exact3``);
 * the plain attributes the first call *read* (``training``, ``stride``, ``eps``...; tensors by
   metadata, objects by identity), compared with the new subtree's before a call is booked:
   each module of the copy runs as a subclass of its class whose ``__getattribute__`` logs
@@ -23,7 +25,8 @@ can depend on that we can see:
   decorator wraps, the methods of the class it names and the functions of its own Python module
   it calls: :func:`~flopcount.core.state.forward_globals`) that hold Python data: scalars,
   tuples, lists, dicts, sets and tensors, keyed as attributes are (a flag or counter set between
-  two layers splits the key).
+  two layers splits the key); and whether that code was rebound since the count first saw the
+  class (``Block.forward = other`` between two layers: :func:`~flopcount.core.state.code_bound`).
 
 A call whose key was seen before, and whose earlier call was *clean*, is a hit: it is
 recorded as one :class:`~flopcount.types.ReplayedCall` (the earlier call's ops, shared, under module
@@ -38,10 +41,11 @@ call was not clean: it changed an attribute of its subtree (a counter), what a c
 plain object (a config) held by one holds, needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
 outside its subtree's modules, wrote a global its forwards name (``global step; step += 1``),
-or returned something other than tensors, scalars, None, tuples and lists. What the key reaches
+changed the ``requires_grad`` of its own tensors, rebound its classes' code, or returned
+something other than tensors, scalars, None, tuples and lists. What the key reaches
 beyond the subtree (closures, properties, a user's objects and generators, backend switches) and
-what it still cannot see (a global read by a computed name, code rebound between two calls, ties
-between parameters): docs/internals.md, "What the key still cannot see"; a forward whose work
+what it still cannot see (a global read by a computed name, code rebound outside the subtree's
+classes and their modules' globals, a tie to a tensor outside the subtree): docs/internals.md, "What the key still cannot see"; a forward whose work
 depends on such state that changes between two calls of equal key would be counted from the first
 call.
 
