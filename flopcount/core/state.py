@@ -972,12 +972,20 @@ _IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), torch.dtype, to
 
 def _named_globals(kind: type) -> NamedGlobals:
     found = _NAMED_GLOBALS.get(kind)
-    if found is None:
-        where: Dict[Tuple[Any, str], Tuple[Any, str]] = {}
-        found = _NAMED_GLOBALS[kind] = _globals_of(kind, where)
-        places = tuple(where.values())
-        _CODE_WHERE[kind] = (places, tuple([id(value) for value in _bound_now(kind, places)[2]]))
-    return found
+    return found if found is not None else _read_code(kind)[0]
+
+
+def _read_code(kind: type) -> Tuple[NamedGlobals, Tuple[Tuple[Tuple[Any, str], ...], Tuple[int, ...]]]:
+    """``kind``'s paths (:func:`_globals_of`) and the places its functions are bound, read from the
+    functions bound now and kept (each returned as read: another thread's :func:`forget_code`
+    between the two stores cannot make a caller miss one)."""
+    where: Dict[Tuple[Any, str], Tuple[Any, str]] = {}
+    paths = _globals_of(kind, where)
+    places = tuple(where.values())
+    bound = (places, tuple([id(value) for value in _bound_now(kind, places)[2]]))
+    _NAMED_GLOBALS[kind] = paths
+    _CODE_WHERE[kind] = bound
+    return paths, bound
 
 
 #: the functions a module class's code runs as bound now (:func:`code_bound`): for each place, the
@@ -996,13 +1004,13 @@ def code_bound(kind: type) -> CodeBound:
     read from (rebound since, in this process), its paths are read again first (:func:`forget_code`).
     The caller holds the result (the functions alive) while it compares; the process-wide caches
     hold no function (a class defined in a function, whose methods refer to it, is freed with its model)."""
-    _named_globals(kind)
-    where, ids = _CODE_WHERE[kind]
-    bound = _bound_now(kind, where)
-    if tuple([id(value) for value in bound[2]]) != ids:
-        forget_code(kind)
-        _named_globals(kind)
-        bound = _bound_now(kind, _CODE_WHERE[kind][0])
+    found = _CODE_WHERE.get(kind)
+    if found is None or _NAMED_GLOBALS.get(kind) is None:
+        found = _read_code(kind)[1]
+    bound = _bound_now(kind, found[0])
+    if tuple([id(value) for value in bound[2]]) != found[1]:
+        _CLASS_DATA.pop(kind, None)
+        bound = _bound_now(kind, _read_code(kind)[1][0])
     return bound
 
 
