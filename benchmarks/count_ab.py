@@ -6,12 +6,13 @@ figure to quote: two processes run minutes apart see different loads. Both sides
 same ``to_dict()`` (checked after the rounds).
 
 ``PASSES`` lists the functions each pass swaps: "opfixed" (the count's per-op path and fixed
-costs; the default) and "asfound" (``trace`` without and with its ``left_as_found`` guard, as
-count_flops calls it); a later pass adds its own (each must exist under the same name in both
+costs; the default), "asfound" (``trace`` without and with its ``left_as_found`` guard, as
+count_flops calls it) and "reuse" (structural reuse's ``Reuse`` class whole, branch exact3: its
+key's ties, code and requires_grad checks); a later pass adds its own (each must exist under the same name in both
 checkouts).
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_ab.py --base /path/to/main [--rounds 10] [--per 3]
-        [--only resnet,bert,gpt2,tiny] [--pass opfixed|asfound]
+        [--only resnet,bert,gpt2,tiny,70b] [--pass opfixed|asfound|reuse]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import flopcount.core.ledger as ledger  # noqa: E402
 import flopcount.core.model_facts as model_facts  # noqa: E402
 import flopcount.core.results as results  # noqa: E402
 import flopcount.tracers._modules as modules  # noqa: E402
+import flopcount.tracers.dispatch as dispatch  # noqa: E402
 import flopcount.tracers.fake.shape_cache as shape_cache  # noqa: E402
 from flopcount import count_flops  # noqa: E402
 
@@ -57,7 +59,9 @@ OPFIXED: Tuple[Swap, ...] = (
     (model_facts.ModelFacts, "module_infos", "core/model_facts.py", "ModelFacts"),
 )
 ASFOUND: Tuple[Swap, ...] = ((analysis, "trace", "tracers/__init__.py", ""),)
-PASSES: Dict[str, Tuple[Swap, ...]] = {"opfixed": OPFIXED, "asfound": ASFOUND}
+# structural reuse whole: the base's ``Reuse`` (its file loaded against this checkout's package) and this one's
+REUSE: Tuple[Swap, ...] = ((dispatch, "Reuse", "tracers/_reuse.py", ""),)
+PASSES: Dict[str, Tuple[Swap, ...]] = {"opfixed": OPFIXED, "asfound": ASFOUND, "reuse": REUSE}
 
 
 def _base_module(base: Path, relative: str, loaded: Dict[str, ModuleType]) -> ModuleType:
@@ -89,8 +93,19 @@ def _models(only: List[str]) -> Dict[str, Tuple[Any, Tuple[Any, ...]]]:
     made: Dict[str, Tuple[Any, Tuple[Any, ...]]] = {}
     for key in only:
         torch.manual_seed(0)
-        made[key] = tiny_llama() if key == "tiny" else CASES[labels[key]]()
+        made[key] = tiny_llama() if key == "tiny" else _llama_70b() if key == "70b" else CASES[labels[key]]()
     return made
+
+
+def _llama_70b() -> Tuple[Any, Tuple[Any, ...]]:
+    """LLaMA-2-70B's config on meta at 4,096 tokens (as ``count_phases``)."""
+    from transformers import LlamaForCausalLM
+
+    from flopcount.examples.hf import llama2_70b_config
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama2_70b_config()).eval()
+    return model, (torch.zeros(1, 4096, dtype=torch.long, device="meta"),)
 
 
 def _quantile(values: List[float], q: float) -> float:

@@ -19,7 +19,7 @@ import sys
 import threading
 import weakref
 from types import CodeType, FunctionType, ModuleType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -528,6 +528,10 @@ Path = Tuple[str, ...]
 NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...], Optional[str]], ...]
 # class -> the size of its own __dict__ and the names in it that hold Python data, as last read
 _OWN_DATA: weakref.WeakKeyDictionary[type, Tuple[int, Tuple[str, ...]]] = weakref.WeakKeyDictionary()
+# module class -> where the functions its code runs are bound (:func:`code_bound`): (an index in its
+# ``__mro__`` or a Python module's globals, name) pairs; the ids of what they held when its paths were read
+_CODE_WHERE: PerObject[Tuple[Tuple[Tuple[Any, str], ...], Tuple[int, ...]]] = PerObject(lambda kind: _read_code(kind)[1])
+_code_where_of = _CODE_WHERE.lookup
 # code -> the paths it and the code nested in it name: each function's code read once per process
 _CODE_PATHS: weakref.WeakKeyDictionary[CodeType, Tuple[Path, ...]] = weakref.WeakKeyDictionary()
 
@@ -570,9 +574,7 @@ def forward_globals(modules: Iterable[torch.nn.Module]) -> List[Tuple[Any, str, 
 def _code_data(kind: type) -> List[Tuple[Any, str, Any]]:
     """:func:`forward_globals`' globals and attributes along paths of one class (not its class data)."""
     found: List[Tuple[Any, str, Any]] = []
-    named = _named_globals_of(id(kind))
-    if named is None:
-        named = _NAMED_GLOBALS.fill(kind)
+    named = _named_globals(kind)
     for source, paths, attribute in named:
         if attribute is None:  # a function's closure: its variables' values, read together (one path)
             found += [(source, path[0], source.get(path[0])) for path in paths]
@@ -878,19 +880,24 @@ def _data_along(namespace: Any, path: Path) -> Optional[Tuple[Any, str, Any]]:
     return None
 
 
-def _may_hold_data(namespace: Any, path: Path, pending: List[Any]) -> bool:
+def _may_hold_data(
+    namespace: Any, path: Path, pending: List[Any], where: Optional[Dict[Tuple[Any, str], Tuple[Any, str]]] = None
+) -> bool:
     """Whether ``path`` may lead to Python data when a call is keyed: it does now (or to a random
     generator, the environment, or a user's object handed on or asked by a method, :func:`_data_along`),
     or a step is not bound yet (a flag set later) other than a builtin (``len``) or a name the object's
     class defines (a method, a property: ``logger.warning_once``); the Python functions along it (not
     torch's or the standard library's, :func:`_library_function`) go to ``pending``, and so does a
-    function's cache (``functools.lru_cache``) for the function it wraps."""
+    function's cache (``functools.lru_cache``) for the function it wraps; and where such a function is
+    bound in a Python module's globals, that place, to ``where`` (:func:`code_bound`)."""
     owner: Any = None
     last = len(path) - 1
-    for depth, (_, name, value) in enumerate(_steps(namespace, path)):
+    for depth, (held_in, name, value) in enumerate(_steps(namespace, path)):
         if isinstance(value, FunctionType):
             if not _library_function(value):
                 pending.append(value)  # a helper, of this Python module or another: its globals too
+                if where is not None and _module_globals(held_in):
+                    where[(id(held_in), name)] = (held_in, name)
         elif callable(value) and isinstance(getattr(value, "__wrapped__", None), FunctionType):
             pending.append(value)  # an lru_cache'd helper: what it wraps (``__wrapped__``, below)
         if isinstance(value, GLOBAL_DATA):
@@ -1003,19 +1010,103 @@ _IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), torch.dtype, to
               FunctionType)
 
 
-def _globals_of(kind: type) -> NamedGlobals:
+def _named_globals(kind: type) -> NamedGlobals:
+    found = _named_globals_of(id(kind))
+    return found if found is not None else _read_code(kind)[0]
+
+
+def _read_code(kind: type) -> Tuple[NamedGlobals, Tuple[Tuple[Tuple[Any, str], ...], Tuple[int, ...]]]:
+    """``kind``'s paths (:func:`_globals_of`) and the places its functions are bound, read from the
+    functions bound now and kept (each returned as read: another thread's :func:`forget_code`
+    between the two stores cannot make a caller miss one)."""
+    where: Dict[Tuple[Any, str], Tuple[Any, str]] = {}
+    paths = _globals_of(kind, where)
+    places = tuple(where.values())
+    bound = (places, tuple([id(value) for value in _bound_now(kind, places)[2]]))
+    _NAMED_GLOBALS.put(kind, paths)
+    _CODE_WHERE.put(kind, bound)
+    return paths, bound
+
+
+#: the functions a module class's code runs as bound now (:func:`code_bound`): for each place, the
+#: ``get`` of the namespace that binds it, the name, and what it holds (None: not there)
+CodeBound = Tuple[Tuple[Callable[[str], Any], ...], Tuple[str, ...], Tuple[Any, ...]]
+
+
+def code_bound(kind: type) -> CodeBound:
+    """Where the functions that :func:`forward_globals` follows for ``kind`` are bound, and what each
+    place holds now: its ``forward`` and the methods its code names, as the class resolves them
+    (each class of its ``__mro__`` up to the one defining it: a subclass given its own ``forward``
+    later shadows it), and the Python functions it names by a global of their module
+    (``apply_rotary_pos_emb``). :func:`still_bound` of it is False once one is rebound
+    (``Block.forward = other``, ``Block.helper = other``, ``othermod.helper = other``: code, which
+    the globals' key leaves out). Where the functions bound now are not those the class's paths were
+    read from (rebound since, in this process), its paths are read again first (:func:`forget_code`).
+    The caller holds the result (the functions alive) while it compares; the process-wide caches
+    hold no function (a class defined in a function, whose methods refer to it, is freed with its model)."""
+    found = _code_where_of(id(kind))
+    if found is None or _named_globals_of(id(kind)) is None:
+        found = _read_code(kind)[1]
+    bound = _bound_now(kind, found[0])
+    if tuple([id(value) for value in bound[2]]) != found[1]:
+        _CLASS_DATA.forget(kind)
+        bound = _bound_now(kind, _read_code(kind)[1][0])
+    return bound
+
+
+def still_bound(bound: CodeBound) -> bool:
+    """Whether every place of ``bound`` (:func:`code_bound`) holds what it held then (in C, ~50 ns a place)."""
+    getters, names, values = bound
+    return all(map(operator.is_, map(operator.call, getters, names), values))
+
+
+def forget_code(kind: type) -> None:
+    """Drops what was read of ``kind``'s code (its paths, the places its functions are bound, its class
+    data's names): read again from the functions bound now on next use."""
+    for cache in (_NAMED_GLOBALS, _CODE_WHERE, _CLASS_DATA):
+        cache.forget(kind)
+
+
+def _bound_now(kind: type, where: Tuple[Tuple[Any, str], ...]) -> CodeBound:
+    mro = kind.__mro__
+    getters = tuple([vars(mro[place]).get if type(place) is int else place.get for place, _ in where])
+    names = tuple([name for _, name in where])
+    return getters, names, tuple(map(operator.call, getters, names))
+
+
+def _module_globals(namespace: Any) -> bool:
+    """Whether ``namespace`` is a Python module's globals (held by :data:`_CODE_WHERE` as the module holds
+    them: not a user's object's attributes)."""
+    if type(namespace) is not dict:
+        return False
+    module = sys.modules.get(namespace.get("__name__", ""))
+    return module is not None and getattr(module, "__dict__", None) is namespace
+
+
+def _resolved(kind: type, name: str, where: Dict[Tuple[Any, str], Tuple[Any, str]]) -> None:
+    """Into ``where``: the places along ``kind.__mro__`` that resolve ``name``, up to the class defining it."""
+    for i, base in enumerate(kind.__mro__):
+        where[(i, name)] = (i, name)
+        if name in vars(base):
+            return
+
+
+def _globals_of(kind: type, where: Optional[Dict[Tuple[Any, str], Tuple[Any, str]]] = None) -> NamedGlobals:
     """:func:`forward_globals`' paths of one class, by namespace: from its ``forward``, following
     the methods of the class (and of its bases but ``nn.Module``) that the code read so far names
     as attributes, and the Python functions (not torch's or the standard library's) it names by a
     global or along a path; each function read once. A path is kept where it leads to Python data or to a name not bound
     yet (a flag set later); one that leads to a function, a class or a Python module only
-    (``torch.nn.functional.relu``) is not looked up again for each call."""
+    (``torch.nn.functional.relu``) is not looked up again for each call. ``where`` gets the places
+    the functions followed are bound (:func:`code_bound`)."""
+    where = {} if where is None else where
     methods: Dict[str, List[Any]] = {}
     for base in reversed(kind.__mro__):
         if base is not torch.nn.Module and base is not object:
             methods.update((name, functions) for name, value in vars(base).items() if (functions := _code_of(value)))
     by_namespace: Dict[int, Tuple[Any, Dict[Path, None], Optional[str]]] = {}
     pending: List[Any] = [getattr(kind, "forward", None)]
+    _resolved(kind, "forward", where)
     read = set()
     while pending:
         function = pending.pop()
@@ -1030,12 +1121,15 @@ def _globals_of(kind: type) -> NamedGlobals:
                 entry = by_namespace[id(namespace)] = (source, {}, attribute)
             paths = entry[1]
             for path in _code_paths(code):
-                if _may_hold_data(namespace, path, pending):
+                if _may_hold_data(namespace, path, pending, where):
                     paths[path] = None
             if "globals" in code.co_names and "globals" not in namespace:
                 paths[_EVERY_GLOBAL] = None
             for name in _all_names(code):  # ``self.helper(...)``, ``self.flag`` of a property
-                pending += methods.get(name, ())
+                followed = methods.get(name)
+                if followed:
+                    _resolved(kind, name, where)
+                    pending += followed
             if isinstance(function, FunctionType) and (function.__closure__ or function.__defaults__
                                                        or function.__kwdefaults__):
                 closure, own = _closure_paths(function, pending)
@@ -1048,7 +1142,7 @@ def _globals_of(kind: type) -> NamedGlobals:
 
 
 # module class -> its paths: read from its code once per class per process
-_NAMED_GLOBALS = PerObject(_globals_of)
+_NAMED_GLOBALS: PerObject[NamedGlobals] = PerObject(lambda kind: _read_code(kind)[0])
 _named_globals_of = _NAMED_GLOBALS.lookup
 
 

@@ -46,14 +46,25 @@ class PerObject(Generic[V]):
     def fill(self, obj: Any) -> V:
         """``compute(obj)``, kept while ``obj`` lives."""
         value = self._compute(obj)
+        self.put(obj, value)
+        return value
+
+    def put(self, obj: Any, value: V) -> None:
+        """Keeps ``value`` for ``obj`` while it lives (one computed with others, as
+        :func:`flopcount.core.state.code_bound`'s paths and places are read together)."""
         key = id(obj)
         try:
             ref = weakref.ref(obj, functools.partial(_forget, self._values, self._refs, key))
         except TypeError:  # no weak reference to it: not kept
-            return value
+            return
         self._refs[key] = ref  # before the value: a value is never there without its callback
         self._values[key] = value
-        return value
+
+    def forget(self, obj: Any) -> None:
+        """Drops ``obj``'s entry (computed again on next use)."""
+        key = id(obj)
+        self._values.pop(key, None)
+        self._refs.pop(key, None)
 
 
 def _forget(values: Dict[int, Any], refs: Dict[int, Any], key: int, ref: Any) -> None:

@@ -8,7 +8,9 @@ can depend on that we can see:
 
 * the whole subtree, structurally: each module's class and ``forward`` code, its
   parameters' and buffers' metadata (shape, stride, offset, dtype, device, layout,
-  requires_grad), which modules of the subtree are the same object;
+  requires_grad), which modules of the subtree are the same object and which of its tensors
+  are one (``b.weight = a.weight``), and the ``requires_grad`` of its fakes where a parent changed
+  it after the key was first read (branch ``exact3``);
 * the plain attributes the first call *read* (``training``, ``stride``, ``eps``...; tensors by
   metadata, objects by identity), compared with the new subtree's before a call is booked:
   each module of the copy runs as a subclass of its class whose ``__getattribute__`` logs
@@ -23,7 +25,8 @@ can depend on that we can see:
   decorator wraps, the methods of the class it names and the functions of its own Python module
   it calls: :func:`~flopcount.core.state.forward_globals`) that hold Python data: scalars,
   tuples, lists, dicts, sets and tensors, keyed as attributes are (a flag or counter set between
-  two layers splits the key).
+  two layers splits the key); and whether that code was rebound since the count first saw the
+  class (``Block.forward = other`` between two layers: :func:`~flopcount.core.state.code_bound`).
 
 A call whose key was seen before, and whose earlier call was *clean*, is a hit: it is
 recorded as one :class:`~flopcount.types.ReplayedCall` (the earlier call's ops, shared, under module
@@ -38,10 +41,11 @@ call was not clean: it changed an attribute of its subtree (a counter), what a c
 plain object (a config) held by one holds, needed a stand-in
 kernel or a placeholder, turned a shape-cache entry off, ran ``torch.cond``, ran an op
 outside its subtree's modules, wrote a global its forwards name (``global step; step += 1``),
-or returned something other than tensors, scalars, None, tuples and lists. What the key reaches
+changed the ``requires_grad`` of its own tensors, rebound its classes' code, or returned
+something other than tensors, scalars, None, tuples and lists. What the key reaches
 beyond the subtree (closures, properties, a user's objects and generators, backend switches) and
-what it still cannot see (a global read by a computed name, code rebound between two calls, ties
-between parameters): docs/internals.md, "What the key still cannot see"; a forward whose work
+what it still cannot see (a global read by a computed name, code rebound outside the subtree's
+classes and their modules' globals, a tie to a tensor outside the subtree): docs/internals.md, "What the key still cannot see"; a forward whose work
 depends on such state that changes between two calls of equal key would be counted from the first
 call.
 
@@ -64,7 +68,7 @@ from abc import ABCMeta
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, overload
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast, overload
 
 import torch
 from torch import nn
@@ -72,6 +76,9 @@ from torch import nn
 from flopcount.core import hooks
 from flopcount.core.state import (
     ClosureValues,
+    CodeBound,
+    code_bound,
+    forget_code,
     forward_globals,
     generator_state,
     object_state,
@@ -79,6 +86,7 @@ from flopcount.core.state import (
     random_generator,
     random_states,
     same_random_states,
+    still_bound,
 )
 from flopcount.core.weakcache import PerObject
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
@@ -382,6 +390,11 @@ class Reuse:
         self._cache_events = 0  # first calls and replays that changed a cache
         #: id(cache) -> (cache, its own attributes' description) as the call being keyed read them
         self._owns: Dict[int, Tuple[Any, Any]] = {}
+        #: a module class -> where the functions its code runs are bound and what they held when this
+        #: count first saw it, or saw it rebound (``core.state.code_bound``), and how often it saw that
+        self._code: Dict[type, Tuple[CodeBound, int]] = {}
+        #: a subtree's structural key -> its classes' places of ``_code`` in one, and ``_rebound``'s answer then
+        self._code_of: Dict[Any, Tuple[CodeBound, Tuple[Tuple[type, int], ...]]] = {}
 
     @property
     def _log(self) -> Optional[List[Tuple[Any, str]]]:
@@ -463,6 +476,8 @@ class Reuse:
         self._owns = {}
         self._long_keys = {}
         self._long_contents = {}
+        self._code = {}
+        self._code_of = {}
         # the trace reads the counts next; added once the caches and the copies are let go (they were the
         # peak's: the counts' dictionary made beside them was issue #32's count's peak on a 70B model)
         self._flush_calls(final=True)
@@ -583,9 +598,18 @@ class Reuse:
             tensors: List[Any] = []
             caches: List[Any] = []
             structure = self._structure(wrapped, order)
+            raw = _tensors_of(order)
+            reals = [t.real if type(t) is Pending else t for t in raw] if lazy is not None else raw
+            structure = self._tied(structure, raw, reals)
             arguments = (self._value(args, tensors, caches), self._value(kwargs, tensors, caches))
-            # the arguments' tensors by their metadata, read in one call below the run's modes
-            key = (structure, arguments, _fake_keys(tensors), _settings(), self._globals_key(order))
+            held, keyed = self._held_fakes(order, reals)
+            # the arguments' tensors by their metadata and the subtree's fakes' requires_grad, read in
+            # one call below the run's modes
+            metadata, grads = _fake_keys(tensors, held[0])
+            changed = _changed(grads, keyed, held[1]) if held[0] and grads != keyed else ()
+            if changed:
+                structure = (structure, ("requires_grad", changed))
+            key = (structure, arguments, metadata, _settings(), self._globals_key(order, structure))
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
             if entry is not None and entry.clean:
@@ -600,7 +624,7 @@ class Reuse:
             self._found = None
         if key is None or entry is not None:  # unkeyable, or seen and not clean: traced
             return forward(*args, **kwargs)
-        return self._first(key, module, order, tensors, caches, forward, args, kwargs)
+        return self._first(key, module, order, tensors, caches, forward, args, kwargs, changed)
 
     def _match(
         self, entries: List[_Entry], order: List[nn.Module], caches: List[Any]
@@ -684,6 +708,7 @@ class Reuse:
         forward: Callable[..., Any],
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
+        changed: Tuple[Tuple[int, bool], ...] = (),
     ) -> Any:
         recorder, stack, cache = self._recorder, self._modules, self._cache
         self.traced += 1
@@ -735,10 +760,12 @@ class Reuse:
                     self._unwatch(watch, order)
             if watch is None and self._cache_events != events:
                 return out  # a cache changed inside it (replayed there, or a first call): not booked again
-            if self._globals_key(order) != key[-1]:
+            if self._globals_key(order, key[0]) != key[-1]:
                 return out  # it wrote a global its forwards name (a counter, a flag): traced from now on
             if drawn is not None and not same_random_states(drawn, random_states()):
                 return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
+            if self._grads_changed(order) != changed:
+                return out  # it froze (or unfroze) a tensor of its subtree: a replay would leave it as it was
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
@@ -1113,6 +1140,84 @@ class Reuse:
         )
         return self._interned.setdefault(made, len(self._interned))
 
+    def _tied(self, key: Any, raw: List[Any], reals: List[Any]) -> Any:
+        """``key`` (a subtree's, :meth:`_subtree`), with which of its modules' parameters and buffers
+        are one tensor where some are (``b.weight = a.weight``: each tensor's first position in the
+        subtree order), since a forward may branch on ``a.weight is b.weight``. ``raw``: the subtree's
+        tensors as its dictionaries hold them (:func:`_tensors_of`); ``reals``: the caller's tensor for
+        each :class:`~flopcount.tracers.fake.copies.Pending` of a lazy copy (one per tensor of the
+        caller's), else as ``raw``. On every keyed call, in C where no fake is among them. Before
+        branch ``exact3``, the key held each tensor's metadata only: blocks 1 and 3 tied (before the
+        count, or by their parent in its forward) were booked from block 0."""
+        lazy = self._lazy
+        if lazy is None or self._fake_type not in set(map(type, reals)):
+            ids = list(map(id, reals))  # a lazy copy's caller's tensors and Pendings, or an eager copy's fakes
+        else:  # a fake a parent assigned beside a Pending (``b.weight = a.weight``): each to its tensor of the caller's
+            ids = lazy.identities(raw)
+        if len(set(ids)) == len(ids):
+            return key
+        return (key, ("ties", _pattern(ids)))
+
+    def _grads_changed(self, order: List[nn.Module]) -> Tuple[Tuple[int, bool], ...]:
+        """:func:`_changed` of the subtree now (a first call's, after it ran)."""
+        reals = _tensors_of(order)
+        if self._lazy is not None:
+            reals = [t.real if type(t) is Pending else t for t in reals]
+        held, keyed = self._held_fakes(order, reals)
+        if not held[0]:
+            return ()
+        grads = _fake_keys([], held[0])[1]
+        return _changed(grads, keyed, held[1]) if grads != keyed else ()
+
+    def _held_fakes(self, order: List[nn.Module], reals: List[Any]) -> Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]]:
+        """The fakes made so far of the subtree's parameters and buffers, in subtree order, and the
+        ``requires_grad`` the subtree's key holds for each (its fake's key as first read, a
+        :class:`~flopcount.tracers.fake.copies.Pending`'s key read from the caller's tensor). The
+        keys are read once per count, so a parent freezing a block's weights in its forward
+        (``p.requires_grad_(False)`` on the copy's fakes) between two blocks left the later block's
+        key as it was before branch ``exact3`` (booked from the first, whose forward branched on
+        it). A tensor with no fake yet is as its key says: only the forward changes a fake. One pass
+        over the subtree's tensors (~0.1 us each); their flags are read with the arguments' metadata.
+        ``reals``: as :meth:`_tied`'s. Returns (the fakes, their positions among the subtree's
+        tensors), the flags keyed."""
+        lazy = self._lazy
+        made = lazy.fakes_made() if lazy is not None else _NO_KEYS
+        originals = self._originals
+        if lazy is not None and not any(map(made.__contains__, map(id, reals))) and self._fake_type not in set(
+            map(type, reals)
+        ):
+            return _NONE_HELD  # none faked (a block booked from an earlier one): in C
+        tensor = self._tensor
+        fakes: List[Any] = []
+        where: List[int] = []
+        keyed: List[bool] = []
+        position = -1
+        for module in order:  # as :func:`_tensors_of` gives them
+            original = module in originals
+            for which in ("_parameters", "_buffers"):
+                for t in dict.values(_STATE(module)[which]):
+                    if t is None:
+                        continue
+                    position += 1
+                    if type(t) is Pending:
+                        fake = made.get(id(t.real))
+                        if fake is not None:
+                            fakes.append(fake)
+                            where.append(position)
+                            keyed.append(t.key[5])
+                    elif original:  # a caller's tensor, keyed as its copy's (``_original_tensors``)
+                        fake = made.get(id(t))
+                        if fake is not None and lazy is not None:
+                            key = lazy.tensor_keys([t])[0]
+                            fakes.append(fake)
+                            where.append(position)
+                            keyed.append(key[5] if type(key) is tuple else tensor(key)[5])
+                    else:
+                        fakes.append(t)
+                        where.append(position)
+                        keyed.append(tensor(t)[5])
+        return (fakes, where), tuple(keyed)
+
     def _own_part(self, module: nn.Module, state: Dict[str, Any], original: bool = False) -> int:
         """The key of ``module`` without its children: its class, its parameters' and
         buffers' metadata, and (untracked modules) its plain attributes; one object for equal
@@ -1248,18 +1353,10 @@ class Reuse:
         where keying the containers found by :func:`plain_object` per attribute cost 3-8 %. An object
         met again below itself (a cycle) is keyed by identity there, its state being in the key
         already."""
-        holding = self._holding
-        if id(value) in holding:
+        if id(value) in self._holding:
             return ("object", id(value))
-        if len(holding) >= _HELD_DEPTH:  # a chain of objects (a linked list): traced, not keyed without end
-            raise Unkeyable(f"plain objects nested more than {_HELD_DEPTH} deep")
         state = object_state(value)
-        holding.add(id(value))
-        try:
-            contents = tuple([(k, self._attribute(v, original)) for k, v in state.items() if type(v) not in _SCALARS])
-        finally:
-            holding.discard(id(value))
-        return ("object", id(value), _Held(state, contents))
+        return ("object", id(value), _Held(state, self._inside(value, state, original, True)))
 
     def _outside(self, module: nn.Module, original: bool) -> Any:
         """A module held as a plain attribute, not a child (a parent kept in a list, a shared module
@@ -1267,18 +1364,28 @@ class Reuse:
         :meth:`_held` keys an object's (its parameters, buffers and children are not: by identity of
         their dictionaries). Before branch ``advreuse2``, its identity only: a flag the parent set on
         itself between two blocks that read it through such a reference was not seen."""
-        holding = self._holding
-        if id(module) in holding:
+        if id(module) in self._holding:
             return ("module", id(module))
+        return ("module", id(module), self._inside(module, vars(module), original, False))
+
+    def _inside(self, value: Any, state: Dict[str, Any], original: bool, objects: bool) -> Tuple[Any, ...]:
+        """The keys of ``value``'s attributes ``state`` (``objects``: a plain object's, its scalars left
+        to :class:`_Held`; else a module's, torch's own names left out), each keyed as an attribute is,
+        while ``value`` is marked as being keyed (met again below itself, a cycle, its caller keys it by
+        identity there); :class:`Unkeyable` more than :data:`_HELD_DEPTH` deep (a linked list of
+        objects: traced, not keyed without end). The guard :meth:`_held` and :meth:`_outside` share;
+        one comprehension each, so that neither pays the other's filter per attribute."""
+        holding = self._holding
         if len(holding) >= _HELD_DEPTH:
             raise Unkeyable(f"plain objects nested more than {_HELD_DEPTH} deep")
-        state = vars(module)
-        holding.add(id(module))
+        holding.add(id(value))
+        attribute = self._attribute
         try:
-            contents = tuple([(k, self._attribute(v, original)) for k, v in state.items() if k not in _SKIP])
+            if objects:
+                return tuple([(k, attribute(v, original)) for k, v in state.items() if type(v) not in _SCALARS])
+            return tuple([(k, attribute(v, original)) for k, v in state.items() if k not in _SKIP])
         finally:
-            holding.discard(id(module))
-        return ("module", id(module), contents)
+            holding.discard(id(value))
 
     def _subclassed(self, value: Any, original: bool) -> Any:
         """The key of a tuple's or list's subclass (a namedtuple, a user's list type): its type, the
@@ -1389,10 +1496,53 @@ class Reuse:
                     found.append((name, self._object(value)))
         return found
 
-    def _globals_key(self, order: List[nn.Module]) -> Tuple[Any, ...]:
+    def _globals_key(self, order: List[nn.Module], structure: Any = None) -> Tuple[Any, ...]:
         """The Python data bound to the globals the subtree's forwards name
         (:func:`~flopcount.core.state.forward_globals`), each keyed as an attribute is."""
-        return tuple([(name, self._attribute(value)) for _, name, value in forward_globals(order)])
+        rebound = self._rebound(order, structure)  # first: a class rebound has its code's globals read again
+        found = tuple([(name, self._attribute(value)) for _, name, value in forward_globals(order)])
+        return found if not rebound else (*found, ("code rebound", rebound))
+
+    def _rebound(self, order: List[nn.Module], structure: Any = None) -> Tuple[Tuple[type, int], ...]:
+        """The classes of ``order`` whose code (a ``forward``, a method it calls, a helper function of
+        their Python module: :func:`~flopcount.core.state.code_bound`) was rebound since this count first
+        saw them, each with how often: empty when none was (the key as before). A tracking class is its
+        module class's (it only adds ``__getattribute__``). Compared on every keyed call, in C. Before
+        branch ``exact3``, code was keyed by class only: a parent setting ``Block.forward = other``
+        between two blocks had the later blocks booked from the first. ``structure``: the subtree's
+        structural key (the same classes), under which its classes' places are compared as one (a
+        BERT layer's ~30 places in one pass) while none is rebound."""
+        if structure is not None:
+            known_all = self._code_of.get(structure)
+            if known_all is not None and still_bound(known_all[0]):
+                return known_all[1]
+        code, owners = self._code, self._owners
+        rebound: Tuple[Tuple[type, int], ...] = ()
+        seen = set()
+        for module in order:
+            kind = type(module)
+            if kind in seen:
+                continue
+            seen.add(kind)
+            kind = owners.get(kind, kind)
+            known = code.get(kind)
+            if known is None:
+                known = code[kind] = (code_bound(kind), 0)
+            elif not still_bound(known[0]):
+                forget_code(kind)
+                made = self._classes.get(kind)
+                if made is not None:  # its tracking class's paths were read from the same functions
+                    forget_code(made)
+                known = code[kind] = (code_bound(kind), known[1] + 1)
+            if known[1]:
+                rebound += ((kind, known[1]),)
+        if structure is not None:
+            records = [code[owners.get(kind, kind)][0] for kind in seen]
+            self._code_of[structure] = (
+                (sum([r[0] for r in records], ()), sum([r[1] for r in records], ()), sum([r[2] for r in records], ())),
+                rebound,
+            )
+        return rebound
 
     def _tensor(self, t: torch.Tensor) -> Tuple[Any, ...]:
         # a module's tensors are the fake copy's own: their metadata is read once (the shape
@@ -1476,24 +1626,51 @@ _SPECIAL = PerObject(_special_read)
 _special_of = _SPECIAL.lookup
 
 
-def _fake_keys(fakes: List[Any]) -> Tuple[Tuple[Any, ...], ...]:
+def _fake_keys(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Tuple[Any, ...], ...], Tuple[bool, ...]]:
     """The metadata a call's fake arguments (each once, in the order :meth:`Reuse._value` met them)
-    are keyed by, read in one call below the run's torch-function modes (``outside_modes``: a
-    LLaMA layer's four arguments were 28 passes through the vocabulary mode per replay).
-    :class:`Unkeyable` for a tensor that is not strided."""
-    found = outside_modes(_fake_metadata, fakes, fakes)
+    are keyed by, and the ``requires_grad`` of ``held`` (the subtree's fakes, :meth:`Reuse._held_fakes`),
+    read in one call below the run's torch-function modes (``outside_modes``: a LLaMA layer's four
+    arguments were 28 passes through the vocabulary mode per replay). :class:`Unkeyable` for a
+    tensor that is not strided."""
+    found, grads = outside_modes(_fake_metadata, fakes + held if held else fakes, fakes, held)
     if None in found:
         raise Unkeyable("a tensor of another kind")
-    return found
+    return found, grads
 
 
-def _fake_metadata(fakes: List[Any]) -> Tuple[Optional[Tuple[Any, ...]], ...]:
+def _fake_metadata(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Optional[Tuple[Any, ...]], ...], Tuple[bool, ...]]:
     """:func:`_fake_keys`' reads (None for a tensor that is not strided), through whatever modes are active."""
     return tuple([
         (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, t.requires_grad, t._base is not None)
         if t.layout == torch.strided else None
         for t in fakes
-    ])
+    ]), tuple([t.requires_grad for t in held])
+
+
+# a module's ``__dict__``, read past any ``__getattribute__`` (the tracking classes')
+_STATE = cast(Callable[[nn.Module], Dict[str, Any]], vars(nn.Module)["__dict__"].__get__)
+_NONE_HELD: Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]] = (([], []), ())
+
+
+def _tensors_of(order: List[nn.Module]) -> List[Any]:
+    """The raw values of the parameter and buffer dictionaries of ``order``'s modules, in order, each
+    module's parameters then its buffers (None left out); empty dictionaries (most modules') skipped.
+    Each ``__dict__`` read by its descriptor, in C: a module inside a first call has its tracking
+    class, whose Python ``__getattribute__`` took ~0.7 us per read (13 us per BERT layer's key)."""
+    found: List[Any] = []
+    for state in map(_STATE, order):
+        held = state["_parameters"]
+        if held:
+            found += dict.values(held)
+        held = state["_buffers"]
+        if held:
+            found += dict.values(held)
+    return [t for t in found if t is not None]
+
+
+def _changed(grads: Tuple[bool, ...], keyed: Tuple[bool, ...], where: List[int]) -> Tuple[Tuple[int, bool], ...]:
+    """Where (among the subtree's tensors) a fake's ``requires_grad`` is not what the key holds: (position, flag now)."""
+    return tuple([(at, now) for at, now, then in zip(where, grads, keyed) if now is not then])
 
 
 def _signature(
@@ -1626,9 +1803,9 @@ def _process_hooks_here() -> bool:
     return False
 
 
-def _pattern(where: List[Tuple[int, int]]) -> Tuple[int, ...]:
-    """Which of ``where`` are the same slot: each item's first position."""
-    first: Dict[Tuple[int, int], int] = {}
+def _pattern(where: List[Any]) -> Tuple[int, ...]:
+    """Which of ``where`` are the same (slot, tensor): each item's first position."""
+    first: Dict[Any, int] = {}
     return tuple([first.setdefault(w, len(first)) for w in where])
 
 

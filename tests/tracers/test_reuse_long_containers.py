@@ -119,10 +119,10 @@ def reads(monkeypatch):
         counted[0] += 1
         return attribute(self, value, original)
 
-    def counting_globals_key(self, order):
+    def counting_globals_key(self, order, *structure):
         start = counted[0]
         try:
-            return globals_key(self, order)
+            return globals_key(self, order, *structure)
         finally:
             per_call.append(counted[0] - start)
 

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from functools import cache
 from itertools import compress, repeat
 from operator import is_not
-from types import FunctionType
+from types import FunctionType, MappingProxyType
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -471,6 +471,9 @@ _TAKEN: Any = object()
 _NOTHING_READ = KeyTable()
 
 
+_NO_FAKES: Mapping[int, Any] = MappingProxyType({})
+
+
 class LazyCopy:
     """A fake copy made lazily in depth (issue #32, a deep model's memory): a copied module's
     children are copied when first reached (:class:`LazyModules`), so the children of a block
@@ -548,6 +551,28 @@ class LazyCopy:
         there (:meth:`forget` them when the call is booked; until then no entry is moved)."""
         copier = self.copier
         return [None] * len(tensors) if copier is None else copier.raw_keys(tensors, found)
+
+    def identities(self, tensors: Sequence[Any]) -> List[int]:
+        """One number per tensor of the copy among ``tensors`` (the raw values of a module's parameter
+        and buffer dictionaries, of a copy or of an original not copied yet): a caller's tensor, its
+        :class:`Pending` and its fake give the same one, so that ties between parameters (``b.weight =
+        a.weight``, before the count or in the forward) are seen wherever the modules holding them are."""
+        copier = self.copier
+        if copier is None:
+            return [id(t) for t in tensors]
+        fakes = copier.faker.memo
+        found: List[int] = []
+        for tensor in tensors:
+            real = tensor.real if type(tensor) is Pending else tensor
+            fake = fakes.get(id(real))
+            found.append(id(real) if fake is None else id(fake))
+        return found
+
+    def fakes_made(self) -> Mapping[int, Any]:
+        """id(a caller's tensor) -> its fake, for the fakes made so far (none once released): a
+        :class:`Pending`'s fake is ``fakes_made().get(id(pending.real))``."""
+        copier = self.copier
+        return _NO_FAKES if copier is None else copier.faker.memo
 
     def forget(self, found: List[int]) -> None:
         """The keys :meth:`tensor_keys` found for a call, let go: it was booked from an earlier one
