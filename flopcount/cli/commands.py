@@ -225,10 +225,8 @@ def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
 
     tensors, _ = flatten_tensors((run.inputs, run.kwargs))
     input_dtypes = {t.dtype for t in tensors if t.is_floating_point()}
-    try:
-        failed = run.model.get_submodule(failed_in or "")
-    except AttributeError:
-        failed = None
+    # by name among named_modules: a TorchScript model has no get_submodule
+    failed = dict(run.model.named_modules()).get(failed_in or "")
     if input_dtypes and isinstance(failed, (nn.Embedding, nn.EmbeddingBag)):
         first_floating = next(t for t in tensors if t.is_floating_point())
         spec = "x".join(str(size) for size in first_floating.shape) + ":int64"
@@ -410,7 +408,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     gate = _gate_settings(args, table_growth(table, config_file))
     if not budget and gate is None:
         raise UsageError(
-            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms, "
+            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency (or --max-latency-ms), "
             f"--max-memory or --baseline REPORT.json, or a [tool.flopcount] table in {config_file}"
         )
     if args.on is not None and not budget.needs_latency:

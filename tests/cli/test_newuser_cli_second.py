@@ -1,0 +1,103 @@
+"""A new user's mistakes with the CLI, second audit (docs/performance.md, branch newuser of
+2026-11-28's evening): a TorchScript model from a factory, flags named once, every budget flag
+named. Each is one line on stderr and exit 2, never the internal-error exit 4."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from _cli_run import cli
+
+MODELS = textwrap.dedent(
+    """
+    import warnings
+
+    import torch
+    from torch import nn
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = nn.Linear(16, 32)
+            self.l2 = nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.l2(torch.relu(self.l1(x)))
+
+    def scripted():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.script(Mlp())
+    """
+)
+
+# Mlp on 4x16: Linear(16, 32) then Linear(32, 8)
+MLP_MACS = 4 * 16 * 32 + 4 * 32 * 8
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "models.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _one_error_line(code: int, out: str, err: str) -> str:
+    assert code == 2, err
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_jit_on_a_scripted_factory_is_a_usage_error_not_an_internal_one(workdir, capsys):
+    """Before: exit 4, "internal error in flopcount ... get_submodule is not supported on ScriptModules"
+    (the dtype hint looked the failing module up with get_submodule)."""
+    code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x16", "--tracer", "jit")
+    line = _one_error_line(code, out, err)
+    assert "the jit tracer cannot trace a TorchScript module again (the root module (model)" in line
+    assert "use tracer='dispatch' or 'auto'" in line
+
+
+def test_a_scripted_model_given_the_wrong_shape_names_the_failing_call(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x15")
+    line = _one_error_line(code, out, err)
+    assert "forward failed in the root module (model)" in line
+    assert "(in TorchScript, File " in line and "F.linear(input, self.weight, self.bias)" in line
+
+
+def test_a_scripted_model_counts_and_says_where_the_submodules_work_went(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x16", "--format", "csv")
+    assert code == 0, err
+    rows = [line.split(",") for line in out.splitlines()]
+    assert rows[1][0] == "" and int(rows[1][5]) == MLP_MACS  # the root row holds every MAC
+    assert "TorchScript runs the submodules of the root module (model) without Python module hooks" in err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["bench", "models.py:Mlp", "-i", "4x16", "--duration", "-1"], "argument --duration: must be > 0, got '-1'"),
+        (["count", "models.py:Mlp", "-i", "4x16", "--timeout", "0"], "argument --timeout: must be > 0, got '0'"),
+        (["bench", "models.py:Mlp", "-i", "4x16", "--duration", "soon"], "argument --duration: must be a number, got 'soon'"),
+    ],
+)
+def test_a_bad_number_names_its_flag_once(workdir, capsys, argv, says):
+    code, out, err = cli(capsys, *argv)
+    line = _one_error_line(code, out, err)
+    assert says in line
+    assert line.count(argv[-2]) == 1, line
+
+
+def test_check_without_budgets_names_the_latency_flag_with_its_unit(workdir, capsys):
+    """README's latency gate is ``--max-latency 10ms``; the list named only ``--max-latency-ms``."""
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16")
+    line = _one_error_line(code, out, err)
+    assert "--max-latency (or --max-latency-ms)" in line
+
+
+def test_an_unknown_part_on_the_command_line_is_called_a_part(workdir, capsys):
+    code, out, err = cli(capsys, "count", "models.py:Mlp", "-i", "4x16", "--on", "h1000")
+    line = _one_error_line(code, out, err)
+    assert "unknown part 'h1000'; known parts: H100 SXM" in line
