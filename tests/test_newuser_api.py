@@ -135,3 +135,69 @@ def test_an_unknown_part_is_called_a_part():
         flopcount.predict(Mlp(), torch.randn(4, 16), on="h1000")
     with pytest.raises(UsageError, match="on must be a part name"):
         flopcount.predict(Mlp(), torch.randn(4, 16), on=100)
+
+
+class KeywordOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(16, 8)
+
+    def forward(self, *, x, scale=1.0):
+        return self.l(x) * scale
+
+
+class ReturnsNothing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(16, 8)
+        self.seen = None
+
+    def forward(self, x):
+        self.seen = self.l(x).shape
+        return None
+
+
+class ReturnsIndices(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.l(x).argmax(-1)
+
+
+def test_positional_inputs_to_a_keyword_only_forward_point_to_kwargs():
+    with pytest.raises(TraceError) as info:
+        count_flops(KeywordOnly(), torch.randn(4, 16))
+    assert ("forward takes 0 positional input(s) and 1 were given; its keyword-only x, scale go in kwargs=, "
+            "e.g. count_flops(model, kwargs={'x': x})") in str(info.value)
+    # the remedy it names: Linear(16, 8) on 4 rows
+    assert count_flops(KeywordOnly(), kwargs={"x": torch.randn(4, 16)}).macs == 4 * 16 * 8
+
+
+@pytest.mark.parametrize("model, returned", [(ReturnsNothing, "None"), (ReturnsIndices, "a tensor of int64")])
+def test_backward_of_a_forward_returning_nothing_to_differentiate_says_what_it_returned(model, returned):
+    """Before: "nothing requires grad: no parameter or input has requires_grad=True, or ...", with
+    every parameter requiring grad. Said the same by count_flops and profile."""
+    built = model()
+    assert all(p.requires_grad for p in built.parameters())
+    said = f"backward=True but the forward returned {returned}, no floating tensor that depends on a parameter or input"
+    with pytest.raises(UsageError, match=said):
+        count_flops(built, torch.randn(4, 16), backward=True)
+    with pytest.raises(UsageError, match=said):
+        flopcount.profile(built, torch.randn(4, 16), backward=True, steps=1, warmup=0)
+
+
+def test_backward_with_nothing_requiring_grad_says_only_that():
+    frozen = Mlp().requires_grad_(False)
+    with pytest.raises(UsageError, match="no parameter or input has requires_grad=True$"):
+        count_flops(frozen, torch.randn(4, 16), backward=True)
+
+
+def test_a_torchscript_model_s_fake_copy_refusal_names_torchscript():
+    """estimate_memory runs on fake copies only: before, copy's "TypeError: cannot pickle
+    'torch._C.ParameterDict' object"."""
+    from flopcount.memory import estimate_memory
+
+    with pytest.raises(UsageError, match=r"the model holds a TorchScript module \(a scripted Mlp\), which cannot be copied"):
+        estimate_memory(WithScripted(), torch.randn(4, 16))

@@ -101,3 +101,26 @@ def test_an_unknown_part_on_the_command_line_is_called_a_part(workdir, capsys):
     code, out, err = cli(capsys, "count", "models.py:Mlp", "-i", "4x16", "--on", "h1000")
     line = _one_error_line(code, out, err)
     assert "unknown part 'h1000'; known parts: H100 SXM" in line
+
+
+@pytest.mark.parametrize(
+    "flag, value, bare",
+    [("--max-flops", "10 GFLOPs", "10G"), ("--max-macs", "4.000 GMACs", "4.000G"), ("--max-params", "25M params", "25M")],
+)
+def test_a_budget_with_the_unit_the_table_prints_says_to_leave_it_out(workdir, capsys, flag, value, bare):
+    """The budget table prints "4.000 GMACs"; written back as a limit it was only "is not a number"."""
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16", flag, value)
+    line = _one_error_line(code, out, err)
+    assert f"{value!r} is not a number: give it without the unit" in line and f"e.g. {bare}" in line
+
+
+def test_a_budget_file_with_a_unit_says_to_leave_it_out(workdir, capsys):
+    (workdir / "budget.toml").write_text('[tool.flopcount]\nmax-flops = "10 GFLOPs"\n')
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16", "--config-file", "budget.toml")
+    line = _one_error_line(code, out, err)
+    assert "budget.toml [tool.flopcount]: max-flops: '10 GFLOPs' is not a number: give it without the unit" in line
+
+
+def test_the_bare_budget_still_counts(workdir, capsys):
+    code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16", "--max-macs", f"{MLP_MACS - 1}")
+    assert code == 1 and "macs" in err  # one MAC under the hand count: a certain FAIL
