@@ -242,6 +242,20 @@ def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
             f"--dtype {given} casts the model to the inputs' dtype")
 
 
+def _device_hint(run: _Run) -> Optional[str]:
+    """Inputs on another device than the model's parameters (a factory that builds on meta, inputs
+    made on cpu): the ``--device`` that puts them together; None when they agree."""
+    from flopcount.core.inputs import flatten_tensors
+
+    tensors, _ = flatten_tensors((run.inputs, run.kwargs))
+    input_devices = {t.device.type for t in tensors}
+    param_devices = {p.device.type for p in run.model.parameters()}
+    if len(input_devices) != 1 or len(param_devices) != 1 or input_devices == param_devices:
+        return None
+    given, held = input_devices.pop(), param_devices.pop()
+    return f"the inputs are on {given} but the model's parameters are on {held}: --device {held} makes the inputs there"
+
+
 def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimizer: Optional[str] = None) -> Any:
     """The count, with its INCOMPLETE reasons and warnings said on stderr."""
     import warnings
@@ -259,8 +273,8 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
                 run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
             )
         except TraceError as exc:
-            dtype_hint = _dtype_hint(run, exc.module_path)
-            hints = run.hints if dtype_hint is None else (*run.hints, dtype_hint)
+            found = (_dtype_hint(run, exc.module_path), _device_hint(run))
+            hints = (*run.hints, *filter(None, found))
             if not hints:
                 raise
             raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc

@@ -25,6 +25,10 @@ MODELS = textwrap.dedent(
         def forward(self, x):
             return self.l2(torch.relu(self.l1(x)))
 
+    def on_meta():
+        with torch.device("meta"):
+            return Mlp()
+
     def scripted():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -124,3 +128,13 @@ def test_a_budget_file_with_a_unit_says_to_leave_it_out(workdir, capsys):
 def test_the_bare_budget_still_counts(workdir, capsys):
     code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16", "--max-macs", f"{MLP_MACS - 1}")
     assert code == 1 and "macs" in err  # one MAC under the hand count: a certain FAIL
+
+
+def test_a_model_built_on_meta_given_cpu_inputs_names_the_device_flag(workdir, capsys):
+    """The real run of --tracer dispatch meets torch's device check; the line adds the flag that fixes it."""
+    code, out, err = cli(capsys, "count", "models.py:on_meta", "-i", "4x16", "--tracer", "dispatch")
+    line = _one_error_line(code, out, err)
+    assert "the inputs are on cpu but the model's parameters are on meta: --device meta makes the inputs there" in line
+    code, out, err = cli(capsys, "count", "models.py:on_meta", "-i", "4x16", "--tracer", "dispatch", "--device", "meta", "-f", "csv")
+    assert code == 0, err
+    assert int(out.splitlines()[1].split(",")[5]) == MLP_MACS
