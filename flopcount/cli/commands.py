@@ -50,6 +50,8 @@ class _Run:
     tracer: str
     #: what may be behind a failing forward, said with its error (and as warnings when it runs)
     hints: Tuple[str, ...] = ()
+    #: the ENTRY's own inputs when --input gave others (said only with a failing forward)
+    usual_inputs: str = ""
 
 
 def _check_device(text: str) -> str:
@@ -148,7 +150,10 @@ def _prepare(args: argparse.Namespace) -> _Run:
         inputs, kwargs = _entry_inputs(loaded, device, args.seed)
     _check_arity(args.entry, model, inputs, kwargs)
     hints = _numbers_as_tensors(model, kw_specs)
-    return _Run(args.entry, model, inputs, kwargs, device, tracer, hints=hints)
+    usual = ""
+    if args.inputs and loaded.default_specs and tuple(args.inputs) != tuple(loaded.default_specs):
+        usual = " ".join(f"--input {spec}" for spec in loaded.default_specs)
+    return _Run(args.entry, model, inputs, kwargs, device, tracer, hints=hints, usual_inputs=usual)
 
 
 def _entry_inputs(loaded: Any, device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
@@ -273,8 +278,10 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
                 run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
             )
         except TraceError as exc:
-            found = (_dtype_hint(run, exc.module_path), _device_hint(run))
-            hints = (*run.hints, *filter(None, found))
+            found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
+            if not found and run.usual_inputs:  # nothing more specific: the inputs the ENTRY is known to take
+                found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
+            hints = (*run.hints, *found)
             if not hints:
                 raise
             raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc

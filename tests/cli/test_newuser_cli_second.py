@@ -138,3 +138,19 @@ def test_a_model_built_on_meta_given_cpu_inputs_names_the_device_flag(workdir, c
     code, out, err = cli(capsys, "count", "models.py:on_meta", "-i", "4x16", "--tracer", "dispatch", "--device", "meta", "-f", "csv")
     assert code == 0, err
     assert int(out.splitlines()[1].split(",")[5]) == MLP_MACS
+
+
+def test_an_example_given_another_input_says_its_own(workdir, capsys):
+    """example:vit_tiny takes 32x32 images; at 224x224 its position embedding does not fit (torch's
+    "size of tensor a (785) must match ... (17)": 1 + (224/8)^2 patches vs 1 + (32/8)^2)."""
+    code, out, err = cli(capsys, "count", "example:vit_tiny", "--input", "2x3x224x224")
+    line = _one_error_line(code, out, err)
+    assert "(785) must match the size of tensor b (17)" in line
+    assert "example:vit_tiny's own input is --input 2x3x32x32 (leave --input out for it)" in line
+
+
+def test_a_more_specific_hint_is_said_alone(workdir, capsys):
+    """bfloat16 images on a float32 example: the --dtype hint, not the ENTRY's own input too."""
+    code, out, err = cli(capsys, "count", "example:vit_tiny", "--input", "2x3x32x32:bf16")
+    line = _one_error_line(code, out, err)
+    assert "--dtype bfloat16 casts the model" in line and "own input is" not in line
