@@ -92,7 +92,7 @@ def test_datasheet_roofs_and_names():
     assert devices.named_roofs("NVIDIA A100-SXM4-80GB").device == "A100 80GB SXM"
     for name in ("h200", "l4"):
         assert devices.named_roofs(name).source.startswith("datasheet")
-    with pytest.raises(flopcount.UsageError, match="unknown device 'tpu v9'; known parts: H100 SXM"):
+    with pytest.raises(flopcount.UsageError, match="unknown part 'tpu v9'; known parts: H100 SXM"):
         devices.named_roofs("tpu v9")
 
 

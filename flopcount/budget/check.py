@@ -66,6 +66,9 @@ _NAMES = {
     "memory": ("max_memory", "bytes"),
 }
 
+#: a count with the unit a report prints after it ("10 GFLOPs", "4.000 GMACs", "25M params")
+_COUNT_UNIT = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*(?i:flops?|macs?|params?)\s*$")
+
 _BYTES = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _BYTE_UNITS = {"": 1, "B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
 _BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGT", 1)})
@@ -100,6 +103,11 @@ def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[
 
     Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
     finite and >= 0. Integral values come back as ``int``."""
+    unit = _COUNT_UNIT.match(text) if isinstance(text, str) else None
+    if unit is not None:  # "4.000 GMACs" as the budget table prints it: the metric's unit is implied
+        bare = "".join(unit.groups())
+        raise UsageError(f"{what}: {text!r} is not a number: give it without the unit, in the budget's own "
+                         f"(max-flops in FLOPs, max-macs in MACs, max-params in parameters), e.g. {bare}")
     value = _parse(text, what, _QUANTITY, _SUFFIXES, "number", "a number", "25M, 5G, 1.5T, 3e9, 120")
     return int(value) if float(value).is_integer() else float(value)
 

@@ -50,6 +50,8 @@ class _Run:
     tracer: str
     #: what may be behind a failing forward, said with its error (and as warnings when it runs)
     hints: Tuple[str, ...] = ()
+    #: the ENTRY's own inputs when --input gave others (said only with a failing forward)
+    usual_inputs: str = ""
 
 
 def _check_device(text: str) -> str:
@@ -148,7 +150,10 @@ def _prepare(args: argparse.Namespace) -> _Run:
         inputs, kwargs = _entry_inputs(loaded, device, args.seed)
     _check_arity(args.entry, model, inputs, kwargs)
     hints = _numbers_as_tensors(model, kw_specs)
-    return _Run(args.entry, model, inputs, kwargs, device, tracer, hints=hints)
+    usual = ""
+    if args.inputs and loaded.default_specs and tuple(args.inputs) != tuple(loaded.default_specs):
+        usual = " ".join(f"--input {spec}" for spec in loaded.default_specs)
+    return _Run(args.entry, model, inputs, kwargs, device, tracer, hints=hints, usual_inputs=usual)
 
 
 def _entry_inputs(loaded: Any, device: str, seed: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
@@ -225,10 +230,8 @@ def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
 
     tensors, _ = flatten_tensors((run.inputs, run.kwargs))
     input_dtypes = {t.dtype for t in tensors if t.is_floating_point()}
-    try:
-        failed = run.model.get_submodule(failed_in or "")
-    except AttributeError:
-        failed = None
+    # by name among named_modules: a TorchScript model has no get_submodule
+    failed = dict(run.model.named_modules()).get(failed_in or "")
     if input_dtypes and isinstance(failed, (nn.Embedding, nn.EmbeddingBag)):
         first_floating = next(t for t in tensors if t.is_floating_point())
         spec = "x".join(str(size) for size in first_floating.shape) + ":int64"
@@ -242,6 +245,20 @@ def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
     held = dtype_name(param_dtypes.pop())
     return (f"the floating inputs are {given} but the model's parameters are {held}: "
             f"--dtype {given} casts the model to the inputs' dtype")
+
+
+def _device_hint(run: _Run) -> Optional[str]:
+    """Inputs on another device than the model's parameters (a factory that builds on meta, inputs
+    made on cpu): the ``--device`` that puts them together; None when they agree."""
+    from flopcount.core.inputs import flatten_tensors
+
+    tensors, _ = flatten_tensors((run.inputs, run.kwargs))
+    input_devices = {t.device.type for t in tensors}
+    param_devices = {p.device.type for p in run.model.parameters()}
+    if len(input_devices) != 1 or len(param_devices) != 1 or input_devices == param_devices:
+        return None
+    given, held = input_devices.pop(), param_devices.pop()
+    return f"the inputs are on {given} but the model's parameters are on {held}: --device {held} makes the inputs there"
 
 
 def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimizer: Optional[str] = None) -> Any:
@@ -261,8 +278,10 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
                 run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
             )
         except TraceError as exc:
-            dtype_hint = _dtype_hint(run, exc.module_path)
-            hints = run.hints if dtype_hint is None else (*run.hints, dtype_hint)
+            found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
+            if not found and run.usual_inputs:  # nothing more specific: the inputs the ENTRY is known to take
+                found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
+            hints = (*run.hints, *found)
             if not hints:
                 raise
             raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
@@ -410,7 +429,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     gate = _gate_settings(args, table_growth(table, config_file))
     if not budget and gate is None:
         raise UsageError(
-            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency-ms, "
+            "check: no budgets: give --max-params, --max-flops, --max-macs, --max-size-mb, --max-latency (or --max-latency-ms), "
             f"--max-memory or --baseline REPORT.json, or a [tool.flopcount] table in {config_file}"
         )
     if args.on is not None and not budget.needs_latency:

@@ -278,14 +278,16 @@ def _int_at_least(low: int, what: str) -> Any:
     return _type(parse)
 
 
-def _positive_float(what: str) -> Any:
+def _positive_float() -> Any:
+    """A finite number > 0; argparse's error names the flag (``argument --duration: must be > 0 ...``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise UsageError(f"{what} must be a number, got {text!r}") from None
+            raise UsageError(f"must be a number, got {text!r}") from None
         if not value > 0 or value == float("inf"):
-            raise UsageError(f"{what} must be > 0, got {text!r}")
+            raise UsageError(f"must be > 0, got {text!r}")
         return value
 
     return _type(parse)
@@ -691,7 +693,7 @@ def _add_quiet(group: Any, help_text: str = "no progress or warnings on stderr")
     """``-q``, ``--debug`` and ``--timeout``: every command's last three options."""
     group.add_argument("-q", "--quiet", action="store_true", help=help_text)
     group.add_argument("--debug", action="store_true", help="show tracebacks and all warnings")
-    group.add_argument("--timeout", type=_positive_float("--timeout"), default=None, metavar="SECONDS",
+    group.add_argument("--timeout", type=_positive_float(), default=None, metavar="SECONDS",
                        help="stop after SECONDS (exit 2), naming what was still running: the ENTRY's import or factory, "
                        "the forward, the benchmark... (POSIX, SIGALRM in the main thread; default: no limit)")
 
@@ -731,7 +733,7 @@ def _add_timing(p: argparse.ArgumentParser) -> None:
     timing.add_argument("--warmup", type=_int_at_least(0, "--warmup"), default=10, metavar="N", help="untimed calls first (default 10)")
     timing.add_argument("--iters", type=_int_at_least(1, "--iters"), default=None, metavar="N",
                         help="time exactly N calls (default: adaptive, see --duration; not with --duration)")
-    timing.add_argument("--duration", type=_positive_float("--duration"), default=None, metavar="S",
+    timing.add_argument("--duration", type=_positive_float(), default=None, metavar="S",
                         help="time calls until S seconds passed and at least 10 ran (default 1; not with --iters)")
     timing.add_argument("--batch-size", type=_int_at_least(1, "--batch-size"), default=None, metavar="N",
                         help="samples per call for throughput (default: the first input's leading dimension)")

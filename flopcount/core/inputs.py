@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -64,6 +65,42 @@ def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping
     args, kw = as_call_args(inputs, kwargs)
     tensors, rebuild = flatten_tensors((args, kw))
     return PreparedCall(args, kw, tuple(tensors), rebuild, describe_inputs(inputs, kwargs))
+
+
+def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any]) -> Optional[str]:
+    """What a forward that failed may have been given in place of its inputs, as a sentence, or
+    None: a shape (``(4, 16)``, a ``torch.Size``) or a CLI SPEC string (``"4x16"``) where example
+    tensors go, a dict of ``forward``'s keyword arguments (a tokenizer's output) given as its one
+    positional input, or positional inputs for keyword-only parameters; ``kwargs=`` takes the last two."""
+    args = call.args
+    if not args:
+        return None
+    numbers = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+    if not call.kwargs and numbers and all(isinstance(arg, int) and not isinstance(arg, bool) for arg in numbers):
+        shape = ", ".join(str(arg) for arg in numbers)
+        return (f"the inputs are the numbers ({shape}), not tensors: give example tensors, "
+                f"e.g. torch.randn({shape}), not a shape")
+    if not call.kwargs and len(args) == 1 and isinstance(args[0], str):
+        return (f"the input is the string {args[0]!r}: SPECs are the command line's; "
+                "in Python give example tensors, e.g. torch.randn(4, 16)")
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return None
+    kinds = [p.kind for p in parameters.values()]
+    keyword_only = [name for name, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    positional = sum(kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for kind in kinds)
+    if keyword_only and inspect.Parameter.VAR_POSITIONAL not in kinds and len(args) > positional:
+        return (f"forward takes {positional} positional input(s) and {len(args)} were given; its keyword-only "
+                f"{', '.join(keyword_only)} go in kwargs=, e.g. count_flops(model, kwargs={{{keyword_only[0]!r}: x}})")
+    if call.kwargs or len(args) != 1 or not isinstance(args[0], Mapping) or not args[0]:
+        return None
+    keys = list(args[0])
+    if not all(isinstance(key, str) and key in parameters for key in keys):
+        return None
+    first = next(iter(parameters), "")
+    return (f"the dict of {', '.join(keys)} went in as forward's first argument ({first!r}): "
+            "to pass its entries as keyword arguments give it as kwargs=, e.g. count_flops(model, kwargs=batch)")
 
 
 def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:

@@ -50,7 +50,7 @@ def named_roofs(name: str, *, conv_tf32: bool = MathModes.conv_tf32, matmul_tf32
     ``FLOPCOUNT_NO_ROOFS_CACHE=1``), or "this gpu" (the same, measured on the current CUDA
     GPU; "this machine" is the CPU). A datasheet part measures and writes nothing."""
     if not isinstance(name, str):
-        raise UsageError(f"device must be a part name ('h100', 't4', 'this machine'...) or a Roofs, got {name!r}")
+        raise UsageError(f"on must be a part name ('h100', 't4', 'this machine'...) or a Roofs, got {name!r}")
     if is_this_machine(name):
         from flopcount.devices.measured import machine_roofs
 

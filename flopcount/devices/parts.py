@@ -199,7 +199,7 @@ def resolve_part(name: str) -> Part:
     """:func:`find_part`, or a UsageError naming the known parts."""
     part = find_part(name)
     if part is None:
-        raise UsageError(f"unknown device {name!r}; known parts: {known_names()} (aliases in docs/devices.md), "
+        raise UsageError(f"unknown part {name!r}; known parts: {known_names()} (aliases in docs/devices.md), "
                          "or 'this machine'")
     return part
 

@@ -29,7 +29,7 @@ from flopcount.errors import UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ProfileResult
-from flopcount.step.loss import backward_roots, differentiable, needs_backward, unique_tensors
+from flopcount.step.loss import backward_roots, differentiable, needs_backward, nothing_to_differentiate, unique_tensors
 from flopcount.tracers import dispatch
 from flopcount.tracers.fake.copies import has_lazy_parameters, shared_tensor_copy
 
@@ -275,8 +275,9 @@ class _Step:
             outputs = self.model(*args, **kwargs)
             roots = backward_roots(outputs, self.loss_fn)  # the loss the dispatch tracer differentiates
             leaves = differentiable(unique_tensors(list(self.model.parameters()) + list(self.flat)))
-            if not roots or not leaves:
-                raise UsageError("backward=True but nothing requires grad (no parameter or input with requires_grad=True)")
+            nothing = nothing_to_differentiate(outputs, roots, leaves)
+            if nothing is not None:
+                raise UsageError(nothing)
             if self.seeds is None:
                 self.seeds = [torch.ones_like(r) for r in roots]
             torch.autograd.grad(roots, leaves, grad_outputs=self.seeds, allow_unused=True)

@@ -17,6 +17,7 @@ import torch
 
 from flopcount.core.inputs import output_tensors
 from flopcount.errors import UsageError
+from flopcount.types import dtype_name
 
 __all__ = ["backward_roots", "default_loss", "differentiable", "needs_backward", "unique_tensors"]
 
@@ -53,6 +54,23 @@ def backward_roots(outputs: Any, loss_fn: Optional[LossFn] = None) -> List[torch
         return differentiable(roots)
     loss = None if isinstance(outputs, torch.Tensor) else outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
     return [loss] if isinstance(loss, torch.Tensor) and loss.requires_grad else differentiable(output_tensors(outputs))
+
+
+def nothing_to_differentiate(outputs: Any, roots: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> Optional[str]:
+    """Why a backward pass has nothing to do, or None: no parameter or input requires grad
+    (no ``leaves``), or the forward returned no floating tensor that depends on one (no ``roots``)."""
+    if not leaves:
+        return "backward=True but nothing requires grad: no parameter or input has requires_grad=True"
+    if roots:
+        return None
+    if outputs is None:
+        returned = "None"
+    elif isinstance(outputs, torch.Tensor):
+        returned = f"a tensor of {dtype_name(outputs.dtype)}"
+    else:
+        returned = f"a {type(outputs).__name__}"
+    return (f"backward=True but the forward returned {returned}, no floating tensor that depends on a parameter "
+            "or input: nothing to differentiate (in Python, loss_fn= says what the loss is)")
 
 
 def default_loss(outputs: Any) -> torch.Tensor:

@@ -12,10 +12,12 @@ import dataclasses
 import itertools
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Tuple
 
+import torch
 from torch import nn
 
 from flopcount.core.collection import PausedCollections
-from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call
+from flopcount.core.diagnostics import module_place
+from flopcount.core.inputs import PreparedCall, is_dataless, misgiven_inputs, prepare_call
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import (
     FoundRandom,
@@ -25,7 +27,7 @@ from flopcount.core.state import (
     same_random_states,
     set_random_states,
 )
-from flopcount.errors import UsageError
+from flopcount.errors import TraceError, UsageError
 from flopcount.step.optimizers import OptimizerSpec
 from flopcount.tracers._modules import ModuleOutput
 from flopcount.tracers._real_run import inputs_kept, real_run_model
@@ -88,8 +90,14 @@ def trace(
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
     modules = (module for _, module in facts.modules)
-    with preserved_random_modules(set_back) as drawn, left_as_found(modules, set_back=set_back):
-        return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn, module_output=module_output)
+    try:
+        with preserved_random_modules(set_back) as drawn, left_as_found(modules, set_back=set_back):
+            return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn, module_output=module_output)
+    except TraceError as exc:
+        hint = misgiven_inputs(call, model.forward)
+        if hint is None:
+            raise
+        raise type(exc)(f"{exc}; {hint}", module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
 
 
 def _traced(
@@ -125,7 +133,23 @@ def _traced(
             run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts,
             module_output=module_output,
         )
-    return _with_warning(run, note) if note else run
+    notes = tuple(filter(None, (note, _scripted_note(facts))))
+    return dataclasses.replace(run, warnings=notes + run.warnings) if notes else run
+
+
+def _scripted_note(facts: ModelFacts) -> str:
+    """The warning for TorchScript modules with submodules: TorchScript runs those without
+    Python's module hooks, so their work is booked on the scripted module and their rows read 0."""
+    scripted = [name for name, module in facts.modules
+                if isinstance(module, torch.jit.ScriptModule) and next(module.children(), None) is not None]
+    if not scripted:
+        return ""
+    outermost = [""] if "" in scripted else [
+        name for name in scripted if not any(name.startswith(f"{outer}.") for outer in scripted)
+    ]
+    places = ", ".join(module_place(name) for name in outermost)
+    return (f"TorchScript runs the submodules of {places} without Python module hooks: their work is "
+            "booked on the scripted module, and their own rows read 0")
 
 
 def trace_on_fakes(

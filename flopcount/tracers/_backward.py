@@ -34,7 +34,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 
 from flopcount.errors import UsageError
-from flopcount.step.loss import backward_roots, differentiable, unique_tensors
+from flopcount.step.loss import backward_roots, differentiable, nothing_to_differentiate, unique_tensors
 from flopcount.tracers._modules import ModuleStack
 
 __all__ = ["BackwardAttribution", "StandIns", "run_backward"]
@@ -325,11 +325,9 @@ def run_backward(
     stand_ins = attribution.stand_ins if attribution is not None else StandIns()
     # the stand-ins the graph accumulates into, in place of the caller's parameters and inputs
     leaves = differentiable(unique_tensors([stand_ins.of(t) for t in list(model.parameters()) + list(inputs)]))
-    if not roots or not leaves:
-        raise UsageError(
-            "backward=True but nothing requires grad: no parameter or input has requires_grad=True, "
-            "or no floating output depends on one"
-        )
+    nothing = nothing_to_differentiate(outputs, roots, leaves)
+    if nothing is not None:
+        raise UsageError(nothing)
     recorder.muted += 1
     try:
         seeds = [torch.ones_like(r) for r in roots]

@@ -107,12 +107,30 @@ class ModuleStack:
         return self.stack[-1] if self.stack else ""
 
 
+_TORCHSCRIPT_FAILED = "The following operation failed in the TorchScript interpreter."
+
+
+def _error_line(exc: BaseException) -> str:
+    """``Type: first line`` of ``exc``; for an error raised inside TorchScript, whose first line only
+    says so, the error it ends with and the innermost line of TorchScript's traceback."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0] != _TORCHSCRIPT_FAILED or len(lines) < 2:
+        return f"{type(exc).__name__}: {lines[0]}"
+    error = lines[-1] if not lines[-1].endswith(":") else f"{lines[-1]} (no message)"
+    marks = [i for i, line in enumerate(lines) if line.endswith("<--- HERE") and i > 0]
+    files = [line for line in lines[: marks[-1]] if line.startswith("File ")] if marks else []
+    if not files:
+        return f"{error} (in TorchScript)"
+    return f"{error} (in TorchScript, {files[-1]}: {lines[marks[-1] - 1]})"
+
+
 def forward_error(exc: BaseException, where: str, inputs_text: str, tracer: str) -> TraceError:
     """A TraceError naming the module that failed and the inputs given, chained to ``exc``."""
     place = module_place(where)
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     err = TraceError(
-        f"forward failed in {place} ({tracer} tracer) with inputs {inputs_text}: {type(exc).__name__}: {first_line}",
+        f"forward failed in {place} ({tracer} tracer) with inputs {inputs_text}: {_error_line(exc)}",
         module_path=where,
         input_shapes=inputs_text,
     )

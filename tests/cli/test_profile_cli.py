@@ -85,7 +85,7 @@ def test_bad_duration_and_device(workdir, capsys):
     code, _, err = cli(capsys, "check", "prof_models.py:mlp", "--max-latency", "fast", "--on", "t4")
     assert code == 2 and "not a duration" in err
     code, _, err = cli(capsys, "count", "prof_models.py:mlp", "-i", "32x256", "--on", "tpu9", "-q")
-    assert code == 2 and "unknown device 'tpu9'; known parts: H100 SXM" in err
+    assert code == 2 and "unknown part 'tpu9'; known parts: H100 SXM" in err
 
 
 def test_profile_csv_flops_match_the_count(workdir, capsys, tmp_path):

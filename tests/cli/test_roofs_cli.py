@@ -37,7 +37,7 @@ def test_this_machines_roofs_say_when_and_how(capsys, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (("roofs", "tpu9"), "unknown device 'tpu9'; known parts: H100 SXM"),
+        (("roofs", "tpu9"), "unknown part 'tpu9'; known parts: H100 SXM"),
         (("roofs", "h100", "--remeasure"), "--remeasure measures this machine"),
         (("roofs", "--matmul-tf32"), "datasheet part's math modes"),
     ],

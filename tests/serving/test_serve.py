@@ -284,7 +284,7 @@ def test_compute_bound_batch_meets_the_roofline(llama7b):
 def test_bad_input_names_what_is_wrong():
     model = _meta("llama", torch.float32, **{k: v for k, v in SMALL.items() if k != "head_dim"})
     ids = torch.empty(1, 4, dtype=torch.int64, device="meta")
-    with pytest.raises(UsageError, match="unknown device 'h1000'"):
+    with pytest.raises(UsageError, match="unknown part 'h1000'"):
         flopcount.serve(model, ids, 2, on="h1000")
     with pytest.raises(UsageError, match="batch"):
         flopcount.serve(model, ids, 2, batch=[1, 0])

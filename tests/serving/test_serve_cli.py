@@ -51,7 +51,7 @@ def test_serve_table_says_what_the_bound_leaves_out(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--on", "h1000"], "unknown device 'h1000'"),
+    (["--on", "h1000"], "unknown part 'h1000'"),
     (["--batch", "1,x"], "--batch: 'x' is not an integer"),
     (["--batch", "0"], "--batch: batch sizes must be >= 1"),
     (["--weight-dtype", "int3"], "weight_dtype 'int3' is not known"),

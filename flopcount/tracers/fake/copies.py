@@ -523,7 +523,7 @@ class LazyCopy:
         except Exception as exc:
             # said as the eager copy says it (a torch.jit.script'ed block: before, reuse on said "the
             # forward failed on fake tensors in the root module", off "could not be copied")
-            raise FakeRunError(_copy_failure(exc)) from exc
+            raise FakeRunError(_copy_failure(exc, original)) from exc
 
     def copies_of(self, originals: Sequence[nn.Module]) -> List[nn.Module]:
         """:meth:`copy_of` each of ``originals`` (a subtree a first call runs)."""
@@ -814,7 +814,7 @@ def fake_copies(
     except UsageError:
         raise
     except Exception as exc:
-        raise FakeRunError(_copy_failure(exc)) from exc
+        raise FakeRunError(_copy_failure(exc, model)) from exc
     made = FakeCopy(
         faker.mode, model_copy, fake_inputs, call_copy, dict(faker.memo), notes, memo, faker.metas,
         lazy_copy.names if lazy_copy is not None else None, lazy_copy,
@@ -1251,9 +1251,15 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _copy_failure(exc: BaseException) -> str:
+def _copy_failure(exc: BaseException, module: nn.Module) -> str:
     """One sentence saying why the model could not be copied with fake tensors (up front, or a module
-    of a lazy copy when the forward reached it)."""
+    of a lazy copy when the forward reached it): a TorchScript module in ``module`` by name (its
+    C++ state has no fake copy; named by its class, as a lazy copy's module has no path here), else
+    the error's first line."""
+    scripted = next((sub for sub in module.modules() if isinstance(sub, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        name = getattr(scripted, "original_name", type(scripted).__name__)
+        return f"the model holds a TorchScript module (a scripted {name}), which cannot be copied with fake tensors"
     return f"the model could not be copied with fake tensors ({_one_line(exc)})"
 
 

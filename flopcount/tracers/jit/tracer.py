@@ -276,6 +276,15 @@ def trace(
             module_path=facts.packed,
             input_shapes=call.description,
         )
+    scripted = next((name for name, module in facts.modules if isinstance(module, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        # torch.jit finds a ScriptModule's C++ object in no scope of the trace ("not part of the active trace")
+        raise TraceError(
+            f"the jit tracer cannot trace a TorchScript module again ({module_place(scripted)} is "
+            "torch.jit.script-ed or loaded); use tracer='dispatch' or 'auto'",
+            module_path=scripted,
+            input_shapes=call.description,
+        )
     flat = list(call.tensors)
     n_inputs = len(flat)
     state: List[torch.Tensor] = list({id(t): t for t in facts.parameters + facts.buffers}.values())
