@@ -132,8 +132,24 @@ class ReadsStateDict(Stack):
         return x @ torch.ones(D, len(self.state_dict()))
 
 
+class ReadsChildren(Stack):
+    """After the loop, a booked block's child dictionary read every way a dictionary is read, n its
+    size found each way: len 3, "up" in it 1, keys 3, items 3, dict() 3, {**d} 3, reversed 3, a
+    comparison with a dict of its items 1, its repr naming "down" 1: n = 21, then x @ ones(D, n):
+    B * D * 21 MACs more."""
+
+    def forward(self, x):
+        x = super().forward(x)
+        children = self.blocks[5]._modules
+        n = len(children) + ("up" in children) + len(list(children.keys())) + len(list(children.items()))
+        n += len(dict(children)) + len({**children}) + len(list(reversed(children)))
+        n += (children == dict(children.items())) + ("down" in repr(children))
+        return x @ torch.ones(D, n)
+
+
 CASES = {
     "index": (ByIndex, _macs(8) + B * D * H),
+    "children": (ReadsChildren, _macs(8) + B * D * 21),
     "getattr": (ByName, _macs(6)),
     "moduledict": (ByDict, _macs(4) + B * H * D),
     "parameters": (CountsParameters, _macs(8) + B * D * 32),
@@ -606,3 +622,115 @@ def test_the_trace_keeps_the_module_stacks_call_counts_not_a_copy(monkeypatch, r
     expected = {"": 1, **{f"blocks.{i}{part}": 1 for i in range(4) for part in ("", ".up", ".act", ".down")}}
     assert dict(run.module_calls) == expected
     assert [run.module_calls is stack.calls for stack in stacks] == [True]
+
+
+def test_a_booked_layers_child_dictionary_holds_no_entries(monkeypatch):
+    # Issue #32's memory target: a deep model's forward reaches every layer's copy (iterating the
+    # ModuleList copies each one), and structural reuse books most of them without reading their
+    # children. Their child dictionaries hold no entries of their own until used: an empty dictionary
+    # (no table) with two slots, by hand the size of {} + 16 B, where a dictionary of a LLaMA
+    # layer's four children took ~200 B (the parent's LazyModules, which fails this). Which are taken
+    # in, by hand: the root's (the forward reads self.blocks), the ModuleList's (iterated) and
+    # blocks.0's (traced: its children run); the 15 booked blocks' not
+    held = []
+    release = copies.LazyCopy.release
+
+    def released(self):
+        memo = self.copier.memo
+        held.extend(vars(memo[id(module)])["_modules"] for module in self.originals if id(module) in memo)
+        release(self)
+
+    monkeypatch.setattr(copies.LazyCopy, "release", released)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    torch.manual_seed(0)
+    model, inputs = Stack(16), (torch.randn(B, D),)
+    before = snapshot(model)
+    result = count_flops(model, inputs)
+    assert_same_state(model, before)
+    assert result.macs == _macs(16) and result.reused_calls == 15
+    children = [d for d in held if type(d) is not dict and type(d).__name__ != "_EmptyDict"]  # leaves share one empty dict
+    assert len(children) == 2 + 16
+    unread = [d for d in children if dict.__len__(d) == 0]
+    assert len(unread) == 15
+    # dict's own __sizeof__ (sys.getsizeof would ask the dictionary's, which takes its entries in)
+    assert all(dict.__sizeof__(d) == dict.__sizeof__({}) + 16 for d in unread), [dict.__sizeof__(d) for d in unread]
+    read = [d for d in children if dict.__len__(d)]
+    assert sorted(map(len, read)) == [1, 3, 16]
+
+
+def _lazy_root_children():
+    """A lazy copy of an 8-block stack, its root's child dictionary not used yet, and the copy."""
+    from flopcount.core.model_facts import model_facts
+
+    torch.manual_seed(0)
+    model = Stack(8)
+    facts = model_facts(model)
+    made = copies.fake_copies(model, [], lazy=True, names=facts.names, shared_hooks=copies.SharedHooks(),
+                              attributes=facts.tensor_attributes, modules=facts.modules)
+    return model, vars(made.model)["_modules"], made
+
+
+_READ_WITH = {  # each method of dict, called as a forward might: its arguments
+    "__contains__": ("blocks",), "__delitem__": ("blocks",), "__eq__": ({},), "__getitem__": ("blocks",),
+    "__init__": ({"x": 1},), "__ior__": ({"x": 1},), "__iter__": (), "__len__": (), "__ne__": ({},), "__or__": ({"x": 1},),
+    "__reduce__": (), "__repr__": (), "__reversed__": (), "__ror__": ({"x": 1},), "__setitem__": ("x", 1),
+    "__sizeof__": (), "clear": (), "copy": (), "get": ("blocks",), "items": (), "keys": (), "pop": ("blocks",),
+    "popitem": (), "setdefault": ("blocks",), "update": ({"x": 1},), "values": (),
+}
+
+
+def _plain_of(value):
+    """A value with the copies named by type (two copies of one module are different objects)."""
+    if isinstance(value, nn.Module):
+        return ("module", type(value).__name__, len(value._modules))
+    if isinstance(value, dict):
+        return ("dict", type(value) is dict, [(k, _plain_of(v)) for k, v in dict.items(value)])
+    if isinstance(value, (list, tuple)):
+        return [_plain_of(v) for v in value]
+    if hasattr(value, "__next__"):
+        return list(value)
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(_READ_WITH))
+def test_a_child_dictionary_not_used_yet_answers_every_method_as_one_taken_in(name):
+    # Each method of dict that reads or writes the entries, on a lazy copy's child dictionary not
+    # used yet, answers as the LazyModules the copy made before this pass (the caller's dictionary
+    # taken in first: here by a len()), leaves it as that one is left, and leaves the caller's model
+    # as found. The oracle is the same method on the taken-in dictionary of a second copy
+    model, unread, made = _lazy_root_children()
+    before = snapshot(model)
+    _, taken, _ = _lazy_root_children()
+    assert len(taken) == 1
+    args = _READ_WITH[name]
+    got, expected = getattr(unread, name)(*args), getattr(taken, name)(*args)
+    if name == "__repr__":
+        got, expected = got.replace(hex(id(unread)), ""), expected.replace(hex(id(taken)), "")
+    if name == "__reduce__":
+        got, expected = (got[0], _plain_of(list(got[1][0]))), (expected[0], _plain_of(list(expected[1][0])))
+    if name not in ("__ior__", "__init__"):
+        assert _plain_of(got) == _plain_of(expected)
+    assert type(unread) is type(taken) is copies.LazyModules
+    assert _plain_of(dict(dict.items(unread))) == _plain_of(dict(dict.items(taken)))
+    assert_same_state(model, before)
+
+
+def test_every_other_method_of_dict_reads_no_entries():
+    # A method of dict that reads or writes the entries and is not answered after taking them in
+    # would read an empty dictionary: every attribute of dict is one of those answered, or one that
+    # reads no entries (construction, the type's own, the orderings that dict leaves undefined)
+    reads_none = {
+        "__new__", "__getattribute__", "__hash__", "__class_getitem__", "fromkeys", "__doc__",
+        "__lt__", "__le__", "__gt__", "__ge__",
+    }
+    # and LazyModules' own answer to copy / pickle (``__reduce__``, a plain dict of the copies)
+    assert (set(vars(dict)) - reads_none) | {"__reduce__"} == set(copies._READS_ENTRIES)
+    assert set(_READ_WITH) == set(copies._READS_ENTRIES)
+
+
+def test_structural_reuse_reads_a_child_dictionary_not_used_yet_without_taking_it_in():
+    model, unread, made = _lazy_root_children()
+    assert copies.raw_children(unread) is vars(model)["_modules"]
+    assert dict.__len__(unread) == 0 and type(unread) is copies.UnreadModules
+    len(unread)
+    assert copies.raw_children(unread) is unread and dict.__len__(unread) == 1

@@ -54,10 +54,12 @@ __all__ = [
     "LazyTensors",
     "Pending",
     "SharedHooks",
+    "UnreadModules",
     "fake_copies",
     "give_back",
     "has_lazy_parameters",
     "quiet_fake_logs",
+    "raw_children",
     "reason_for",
     "reuse_key",
     "shared_tensor_copy",
@@ -577,11 +579,13 @@ class LazyModules(dict):
     ``items``, iteration-based copies, ``pop``: ``self.layers[3]``, ``getattr``, iterating a
     ``ModuleList``, ``named_modules()``, ``state_dict()``) gives the child's copy, made on first
     read and then held here. A value the forward assigns is kept as given. Only structural reuse
-    reads raw values (``dict.values(d)``), to key a subtree from the caller's modules."""
+    reads raw values (:func:`raw_children`), to key a subtree from the caller's modules. Made as
+    an :class:`UnreadModules` (``source``: None once its entries are its own)."""
 
-    __slots__ = ("lazy",)
+    __slots__ = ("lazy", "source")
 
     lazy: LazyCopy
+    source: Optional[Dict[str, Any]]
 
     def _live(self, key: Any, value: Any) -> Any:
         lazy = self.lazy
@@ -630,6 +634,60 @@ class LazyModules(dict):
 
     def __reduce__(self) -> Any:  # copy.copy / deepcopy / pickle: a plain dict of the copies
         return (dict, (self.items(),))
+
+
+class UnreadModules(LazyModules):
+    """A :class:`LazyModules` not used yet: it holds no entry itself (an empty dictionary has no
+    table: ~0.1 KiB less per copied module, issue #32; a deep model's forward reaches every layer,
+    and structural reuse books most of them without reading their children). Its entries are the
+    caller's module's own dictionary's (``source``, which the count does not change), taken in on
+    the first use of any kind (every method of ``dict`` that reads or writes the entries is one,
+    :data:`_READS_ENTRIES`), and it is from then on a :class:`LazyModules` (its class set to that
+    one), as if made so. Structural reuse reads the raw children without taking them in
+    (:func:`raw_children`)."""
+
+    __slots__ = ()
+
+    def _take_in(self) -> LazyModules:
+        source, self.source = self.source, None
+        if source is not None:
+            dict.update(self, source)  # the caller's dictionary's table, cloned (as ``LazyModules(source)``)
+        self.__class__ = LazyModules  # type: ignore[assignment]  # from now on one as if made so
+        return self
+
+
+#: the methods of ``dict`` that read or write its entries (its size, keys or values), which
+#: :class:`UnreadModules` answers after taking the entries in; ``test_reuse_lazy_copy`` checks that
+#: every other method of ``dict`` is one that does not
+_READS_ENTRIES = (
+    "__contains__", "__delitem__", "__eq__", "__getitem__", "__init__", "__ior__", "__iter__", "__len__", "__ne__",
+    "__or__", "__reduce__", "__repr__", "__reversed__", "__ror__", "__setitem__", "__sizeof__", "clear", "copy", "get",
+    "items", "keys", "pop", "popitem", "setdefault", "update", "values",
+)
+
+
+def _taking_in_first(name: str) -> Callable[..., Any]:
+    method = getattr(LazyModules, name)
+
+    def taking_in_first(self: UnreadModules, *args: Any, **kwargs: Any) -> Any:
+        return method(self._take_in(), *args, **kwargs)
+
+    taking_in_first.__name__ = taking_in_first.__qualname__ = name
+    return taking_in_first
+
+
+for _name in _READS_ENTRIES:
+    setattr(UnreadModules, _name, _taking_in_first(_name))
+
+
+def raw_children(children: Dict[str, Any]) -> Dict[str, Any]:
+    """The dictionary holding a module's children as they are (``dict.values`` of it reads them raw):
+    ``children`` itself, or the caller's dictionary an :class:`UnreadModules` has not taken in yet."""
+    if type(children) is UnreadModules:
+        source = children.source
+        if source is not None:
+            return source
+    return children
 
 
 class _Faker:
@@ -1017,8 +1075,9 @@ class _TreeCopier(TreeCopier):
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
                 state[key] = self._lazy(value)
             elif kind is dict and key == "_modules" and self.lazy_copy is not None:
-                children = LazyModules(value)  # the caller's children, each copied when first read
-                children.lazy = self.lazy_copy
+                # the caller's children, taken in when first used, each copied when first read
+                children = dict.__new__(UnreadModules)  # not through ``__init__``, which takes in
+                children.lazy, children.source = self.lazy_copy, value
                 state[key] = children
             elif key == "forward":
                 state[key] = self.own_forward(value)
