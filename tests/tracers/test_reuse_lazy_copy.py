@@ -734,3 +734,63 @@ def test_structural_reuse_reads_a_child_dictionary_not_used_yet_without_taking_i
     assert dict.__len__(unread) == 0 and type(unread) is copies.UnreadModules
     len(unread)
     assert copies.raw_children(unread) is unread and dict.__len__(unread) == 1
+
+
+def test_the_copy_keeps_no_memo_entry_per_module_for_the_shared_empty_set(monkeypatch):
+    # Issue #32's memory target: every copied module holds the one shared empty set of non-persistent
+    # buffer names; the copier's memo held an entry for each module's own set besides (an int and an
+    # entry, ~75 B a copied module; 21 here on the parent, which fails). Now none: each is noted
+    # (16 B) until another object may meet it. Modules copied, by hand: the root, the ModuleList, the
+    # 16 blocks (iterated) and blocks.0's 3 children (traced): 21, each holding that one set
+    found = []
+    release = copies.LazyCopy.release
+
+    def released(self):
+        memo = self.copier.memo
+        copied = [memo[id(m)] for m in self.originals if id(m) in memo]
+        held = {id(vars(m)["_non_persistent_buffers_set"]) for m in copied}
+        found.append((len(copied), len(held), sum(1 for v in memo.values() if id(v) in held)))
+        release(self)
+
+    monkeypatch.setattr(copies.LazyCopy, "release", released)
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    torch.manual_seed(0)
+    model, inputs = Stack(16), (torch.randn(B, D),)
+    before = snapshot(model)
+    result = count_flops(model, inputs)
+    assert_same_state(model, before)
+    assert result.macs == _macs(16) and result.reused_calls == 15
+    assert found == [(21, 1, 0)]
+
+
+class _SlotHolder:
+    """An object the copier deep-copies (slots: not a plain object)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held):
+        self.held = held
+
+
+@pytest.mark.parametrize("how", ["list", "deepcopy"])
+def test_an_empty_set_a_module_and_another_object_hold_stays_one_object_in_the_copy(how):
+    # blocks.3's set of non-persistent buffer names, held also by blocks.0.up (in a list, rebuilt by
+    # the copier; or in an object with slots, deep-copied with the copier's memo), which is copied
+    # after blocks.3 (iterating the ModuleList copies the blocks; blocks.0's children when read): the
+    # two copies hold one object, the shared one, as the caller's two hold one
+    from flopcount.core.model_facts import model_facts
+
+    torch.manual_seed(0)
+    model = Stack(8)
+    own = model.blocks[3]._non_persistent_buffers_set
+    model.blocks[0].up.holder = [own] if how == "list" else _SlotHolder(own)
+    before = snapshot(model)
+    facts = model_facts(model)
+    made = copies.fake_copies(model, [], lazy=True, names=facts.names, shared_hooks=copies.SharedHooks(),
+                              attributes=facts.tensor_attributes, modules=facts.modules)
+    blocks = list(made.model.blocks)
+    held = blocks[0].up.holder
+    held = held[0] if how == "list" else held.held
+    assert held is blocks[3]._non_persistent_buffers_set is blocks[5]._non_persistent_buffers_set
+    assert held is not own and len(held) == 0
+    assert_same_state(model, before)

@@ -79,7 +79,8 @@ class FakeCopy:
     """A fake copy of a model and of the tensors it is called with, sharing one mode;
     ``call`` is the copied call arguments (positional, keyword); ``twins`` maps
     ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored);
-    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included);
+    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included; an
+    empty set a module holds, shared, once another object may meet it: ``_TreeCopier._memo_sets``);
     ``metas`` maps ``id(fake)`` to ``(fake, (shape, stride, offset, dtype, device, requires_grad,
     type))`` for the fakes made the fast way, read from the real tensor as it was faked (structural
     reuse keys parameters by that tuple: one read of a fake's metadata costs microseconds).
@@ -1027,6 +1028,10 @@ class _TreeCopier(TreeCopier):
         # (dict) for it (None: none shared under that name)
         self._empties: Dict[str, Any] = {}
         self._plain: Dict[str, Any] = {}
+        # the ids of the caller's empty sets the copies hold as a shared one, and that one, in order:
+        # a memo entry each once another object may meet them (:meth:`_memo_sets`)
+        self._set_ids = array("Q")
+        self._set_copies: List[Any] = []
         #: a copy lazy in depth: children copied when first reached (None: the whole tree now)
         self.lazy_copy: Optional[LazyCopy] = None
         #: id(caller's tensor) -> its key, read before the run (:meth:`LazyCopy.read_all`)
@@ -1069,9 +1074,17 @@ class _TreeCopier(TreeCopier):
             elif kind is set and not value:  # torch's per-module set of non-persistent buffers
                 # shared while empty, by attribute name (not named here: that would name one more
                 # private torch attribute); in the memo (an empty set of a user's that another
-                # object holds stays one with it)
+                # object holds stays one with it), or noted for it (:meth:`_memo_sets`)
                 shared = self.shared
-                state[key] = memo[id(value)] = set() if shared is None else shared.empty_set(key)
+                if shared is None:
+                    state[key] = memo[id(value)] = set()
+                else:
+                    made = state[key] = shared.empty_set(key)
+                    if id(value) in memo:
+                        memo[id(value)] = made
+                    else:
+                        self._set_ids.append(id(value))
+                        self._set_copies.append(made)
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
                 state[key] = self._lazy(value)
             elif kind is dict and key == "_modules" and self.lazy_copy is not None:
@@ -1183,9 +1196,24 @@ class _TreeCopier(TreeCopier):
         made = self.memo[id(value)] = self.faker.fake(value)  # held in a container attribute: faked too
         return made
 
+    def _memo_sets(self) -> None:
+        """The empty sets :meth:`fill` noted, into the memo (as if put there as met; the last one for
+        an id wins, as it would have): every object not met before comes here (:meth:`other`, the
+        deep copy's memo) before it is copied, so an empty set that a module and another object hold
+        stays one object in the copy. A set noted is an id (8 B) and a reference (8 B), where a memo
+        entry took ~75 B (an ``int``, an entry, its index): one per module copied (issue #32)."""
+        self.memo.update(zip(self._set_ids, self._set_copies))
+        del self._set_ids[:]
+        self._set_copies.clear()
+
     def other(self, value: Any) -> Any:
         if isinstance(value, _shared_types()):
             return value
+        if self._set_ids:
+            self._memo_sets()
+            found = self.memo.get(id(value))
+            if found is not None:
+                return found
         if type(value) is set and all(type(item) in IMMUTABLE_TYPES for item in value):
             new = self.memo[id(value)] = set(value)
             return new
