@@ -90,7 +90,7 @@ from flopcount.core.state import (
 )
 from flopcount.core.weakcache import PerObject
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
-from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, tensor_key
+from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, tensor_key
 from flopcount.types import ReplayedCall, expand
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
@@ -443,7 +443,7 @@ class Reuse:
     def _eligible(self, module: nn.Module) -> bool:
         # a leaf runs a few ops the shape cache answers already: keying it costs more
         state = vars(module)
-        return module is not self._root and "forward" not in state and _plain(state) and bool(dict.__len__(state["_modules"]))
+        return module is not self._root and "forward" not in state and _plain(state) and bool(dict.__len__(raw_children(state["_modules"])))
 
     def _adopt(self, module: nn.Module, original: nn.Module) -> None:
         """Wrap ``module`` (a copy of ``original``) when it is eligible."""
@@ -1133,7 +1133,7 @@ class Reuse:
         order.append(module)
         if own is None:
             own = self._own_part(module, state)
-        children = state["_modules"]
+        children = raw_children(state["_modules"])
         made = (
             own,
             tuple([(k, None if m is None else self._subtree(m, order, seen)) for k, m in dict.items(children)]),
@@ -1696,7 +1696,7 @@ def _signature(
         ])
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
         params = (("unique", id(module)),)
-    children = tuple([None if m is None else _signature(m, memo, table, keys) for m in dict.values(module._modules)])
+    children = tuple([None if m is None else _signature(m, memo, table, keys) for m in dict.values(raw_children(module._modules))])
     # one number per distinct signature: an equal one made again is freed at once (a deep model's
     # repeated layers left as many tuples in CPython's free lists, counted by tracemalloc). A tuple
     # made and let go per module is built from a list, never from a generator or a ``map``: CPython
@@ -1774,7 +1774,7 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     into.append((*map(id, dict.values(state["_parameters"])),))  # raw: a Pending is not faked by a look
     into.append((*map(id, dict.values(state["_buffers"])),))
     into.append(hooks.call_hook_sizes(state))  # hooks live in dictionaries changed in place: their sizes
-    for child in dict.values(state["_modules"]):
+    for child in dict.values(raw_children(state["_modules"])):
         if child is not None:
             _fingerprint(child, order, into, seen, lazy)
 

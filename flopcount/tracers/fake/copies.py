@@ -54,10 +54,12 @@ __all__ = [
     "LazyTensors",
     "Pending",
     "SharedHooks",
+    "UnreadModules",
     "fake_copies",
     "give_back",
     "has_lazy_parameters",
     "quiet_fake_logs",
+    "raw_children",
     "reason_for",
     "reuse_key",
     "shared_tensor_copy",
@@ -77,7 +79,8 @@ class FakeCopy:
     """A fake copy of a model and of the tensors it is called with, sharing one mode;
     ``call`` is the copied call arguments (positional, keyword); ``twins`` maps
     ``id(real tensor)`` to its fake; ``notes`` say what was changed on the copy (ties restored);
-    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included);
+    ``copies`` maps ``id(original)`` to its copy for every object copied (modules included; an
+    empty set a module holds, shared, once another object may meet it: ``_TreeCopier._memo_sets``);
     ``metas`` maps ``id(fake)`` to ``(fake, (shape, stride, offset, dtype, device, requires_grad,
     type))`` for the fakes made the fast way, read from the real tensor as it was faked (structural
     reuse keys parameters by that tuple: one read of a fake's metadata costs microseconds).
@@ -602,11 +605,13 @@ class LazyModules(dict):
     ``items``, iteration-based copies, ``pop``: ``self.layers[3]``, ``getattr``, iterating a
     ``ModuleList``, ``named_modules()``, ``state_dict()``) gives the child's copy, made on first
     read and then held here. A value the forward assigns is kept as given. Only structural reuse
-    reads raw values (``dict.values(d)``), to key a subtree from the caller's modules."""
+    reads raw values (:func:`raw_children`), to key a subtree from the caller's modules. Made as
+    an :class:`UnreadModules` (``source``: None once its entries are its own)."""
 
-    __slots__ = ("lazy",)
+    __slots__ = ("lazy", "source")
 
     lazy: LazyCopy
+    source: Optional[Dict[str, Any]]
 
     def _live(self, key: Any, value: Any) -> Any:
         lazy = self.lazy
@@ -655,6 +660,60 @@ class LazyModules(dict):
 
     def __reduce__(self) -> Any:  # copy.copy / deepcopy / pickle: a plain dict of the copies
         return (dict, (self.items(),))
+
+
+class UnreadModules(LazyModules):
+    """A :class:`LazyModules` not used yet: it holds no entry itself (an empty dictionary has no
+    table: ~0.1 KiB less per copied module, issue #32; a deep model's forward reaches every layer,
+    and structural reuse books most of them without reading their children). Its entries are the
+    caller's module's own dictionary's (``source``, which the count does not change), taken in on
+    the first use of any kind (every method of ``dict`` that reads or writes the entries is one,
+    :data:`_READS_ENTRIES`), and it is from then on a :class:`LazyModules` (its class set to that
+    one), as if made so. Structural reuse reads the raw children without taking them in
+    (:func:`raw_children`)."""
+
+    __slots__ = ()
+
+    def _take_in(self) -> LazyModules:
+        source, self.source = self.source, None
+        if source is not None:
+            dict.update(self, source)  # the caller's dictionary's table, cloned (as ``LazyModules(source)``)
+        self.__class__ = LazyModules  # type: ignore[assignment]  # from now on one as if made so
+        return self
+
+
+#: the methods of ``dict`` that read or write its entries (its size, keys or values), which
+#: :class:`UnreadModules` answers after taking the entries in; ``test_reuse_lazy_copy`` checks that
+#: every other method of ``dict`` is one that does not
+_READS_ENTRIES = (
+    "__contains__", "__delitem__", "__eq__", "__getitem__", "__init__", "__ior__", "__iter__", "__len__", "__ne__",
+    "__or__", "__reduce__", "__repr__", "__reversed__", "__ror__", "__setitem__", "__sizeof__", "clear", "copy", "get",
+    "items", "keys", "pop", "popitem", "setdefault", "update", "values",
+)
+
+
+def _taking_in_first(name: str) -> Callable[..., Any]:
+    method = getattr(LazyModules, name)
+
+    def taking_in_first(self: UnreadModules, *args: Any, **kwargs: Any) -> Any:
+        return method(self._take_in(), *args, **kwargs)
+
+    taking_in_first.__name__ = taking_in_first.__qualname__ = name
+    return taking_in_first
+
+
+for _name in _READS_ENTRIES:
+    setattr(UnreadModules, _name, _taking_in_first(_name))
+
+
+def raw_children(children: Dict[str, Any]) -> Dict[str, Any]:
+    """The dictionary holding a module's children as they are (``dict.values`` of it reads them raw):
+    ``children`` itself, or the caller's dictionary an :class:`UnreadModules` has not taken in yet."""
+    if type(children) is UnreadModules:
+        source = children.source
+        if source is not None:
+            return source
+    return children
 
 
 class _Faker:
@@ -994,6 +1053,10 @@ class _TreeCopier(TreeCopier):
         # (dict) for it (None: none shared under that name)
         self._empties: Dict[str, Any] = {}
         self._plain: Dict[str, Any] = {}
+        # the ids of the caller's empty sets the copies hold as a shared one, and that one, in order:
+        # a memo entry each once another object may meet them (:meth:`_memo_sets`)
+        self._set_ids = array("Q")
+        self._set_copies: List[Any] = []
         #: a copy lazy in depth: children copied when first reached (None: the whole tree now)
         self.lazy_copy: Optional[LazyCopy] = None
         #: id(caller's tensor) -> its key, read before the run (:meth:`LazyCopy.read_all`)
@@ -1036,14 +1099,23 @@ class _TreeCopier(TreeCopier):
             elif kind is set and not value:  # torch's per-module set of non-persistent buffers
                 # shared while empty, by attribute name (not named here: that would name one more
                 # private torch attribute); in the memo (an empty set of a user's that another
-                # object holds stays one with it)
+                # object holds stays one with it), or noted for it (:meth:`_memo_sets`)
                 shared = self.shared
-                state[key] = memo[id(value)] = set() if shared is None else shared.empty_set(key)
+                if shared is None:
+                    state[key] = memo[id(value)] = set()
+                else:
+                    made = state[key] = shared.empty_set(key)
+                    if id(value) in memo:
+                        memo[id(value)] = made
+                    else:
+                        self._set_ids.append(id(value))
+                        self._set_copies.append(made)
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
                 state[key] = self._lazy(value)
             elif kind is dict and key == "_modules" and self.lazy_copy is not None:
-                children = LazyModules(value)  # the caller's children, each copied when first read
-                children.lazy = self.lazy_copy
+                # the caller's children, taken in when first used, each copied when first read
+                children = dict.__new__(UnreadModules)  # not through ``__init__``, which takes in
+                children.lazy, children.source = self.lazy_copy, value
                 state[key] = children
             elif key == "forward":
                 state[key] = self.own_forward(value)
@@ -1149,9 +1221,24 @@ class _TreeCopier(TreeCopier):
         made = self.memo[id(value)] = self.faker.fake(value)  # held in a container attribute: faked too
         return made
 
+    def _memo_sets(self) -> None:
+        """The empty sets :meth:`fill` noted, into the memo (as if put there as met; the last one for
+        an id wins, as it would have): every object not met before comes here (:meth:`other`, the
+        deep copy's memo) before it is copied, so an empty set that a module and another object hold
+        stays one object in the copy. A set noted is an id (8 B) and a reference (8 B), where a memo
+        entry took ~75 B (an ``int``, an entry, its index): one per module copied (issue #32)."""
+        self.memo.update(zip(self._set_ids, self._set_copies))
+        del self._set_ids[:]
+        self._set_copies.clear()
+
     def other(self, value: Any) -> Any:
         if isinstance(value, _shared_types()):
             return value
+        if self._set_ids:
+            self._memo_sets()
+            found = self.memo.get(id(value))
+            if found is not None:
+                return found
         if type(value) is set and all(type(item) in IMMUTABLE_TYPES for item in value):
             new = self.memo[id(value)] = set(value)
             return new
