@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from _cli_run import cli
+from _cli_run import cli, one_error_line
 
 MODELS = textwrap.dedent(
     """
@@ -47,26 +47,18 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _one_error_line(code: int, out: str, err: str) -> str:
-    assert code == 2, err
-    assert out == ""
-    assert "Traceback" not in err
-    assert err.count("\n") == 1, err
-    return err
-
-
 def test_jit_on_a_scripted_factory_is_a_usage_error_not_an_internal_one(workdir, capsys):
     """Before: exit 4, "internal error in flopcount ... get_submodule is not supported on ScriptModules"
     (the dtype hint looked the failing module up with get_submodule)."""
     code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x16", "--tracer", "jit")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "the jit tracer cannot trace a TorchScript module again (the root module (model)" in line
     assert "use tracer='dispatch' or 'auto'" in line
 
 
 def test_a_scripted_model_given_the_wrong_shape_names_the_failing_call(workdir, capsys):
     code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x15")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "forward failed in the root module (model)" in line
     assert "(in TorchScript, File " in line and "F.linear(input, self.weight, self.bias)" in line
 
@@ -89,7 +81,7 @@ def test_a_scripted_model_counts_and_says_where_the_submodules_work_went(workdir
 )
 def test_a_bad_number_names_its_flag_once(workdir, capsys, argv, says):
     code, out, err = cli(capsys, *argv)
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert says in line
     assert line.count(argv[-2]) == 1, line
 
@@ -97,13 +89,13 @@ def test_a_bad_number_names_its_flag_once(workdir, capsys, argv, says):
 def test_check_without_budgets_names_the_latency_flag_with_its_unit(workdir, capsys):
     """README's latency gate is ``--max-latency 10ms``; the list named only ``--max-latency-ms``."""
     code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "--max-latency (or --max-latency-ms)" in line
 
 
 def test_an_unknown_part_on_the_command_line_is_called_a_part(workdir, capsys):
     code, out, err = cli(capsys, "count", "models.py:Mlp", "-i", "4x16", "--on", "h1000")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "unknown part 'h1000'; known parts: H100 SXM" in line
 
 
@@ -114,14 +106,14 @@ def test_an_unknown_part_on_the_command_line_is_called_a_part(workdir, capsys):
 def test_a_budget_with_the_unit_the_table_prints_says_to_leave_it_out(workdir, capsys, flag, value, bare):
     """The budget table prints "4.000 GMACs"; written back as a limit it was only "is not a number"."""
     code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16", flag, value)
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert f"{value!r} is not a number: give it without the unit" in line and f"e.g. {bare}" in line
 
 
 def test_a_budget_file_with_a_unit_says_to_leave_it_out(workdir, capsys):
     (workdir / "budget.toml").write_text('[tool.flopcount]\nmax-flops = "10 GFLOPs"\n')
     code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16", "--config-file", "budget.toml")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "budget.toml [tool.flopcount]: max-flops: '10 GFLOPs' is not a number: give it without the unit" in line
 
 
@@ -133,7 +125,7 @@ def test_the_bare_budget_still_counts(workdir, capsys):
 def test_a_model_built_on_meta_given_cpu_inputs_names_the_device_flag(workdir, capsys):
     """The real run of --tracer dispatch meets torch's device check; the line adds the flag that fixes it."""
     code, out, err = cli(capsys, "count", "models.py:on_meta", "-i", "4x16", "--tracer", "dispatch")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "the inputs are on cpu but the model's parameters are on meta: --device meta makes the inputs there" in line
     code, out, err = cli(capsys, "count", "models.py:on_meta", "-i", "4x16", "--tracer", "dispatch", "--device", "meta", "-f", "csv")
     assert code == 0, err
@@ -144,7 +136,7 @@ def test_an_example_given_another_input_says_its_own(workdir, capsys):
     """example:vit_tiny takes 32x32 images; at 224x224 its position embedding does not fit (torch's
     "size of tensor a (785) must match ... (17)": 1 + (224/8)^2 patches vs 1 + (32/8)^2)."""
     code, out, err = cli(capsys, "count", "example:vit_tiny", "--input", "2x3x224x224")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "(785) must match the size of tensor b (17)" in line
     assert "example:vit_tiny's own input is --input 2x3x32x32 (leave --input out for it)" in line
 
@@ -152,5 +144,5 @@ def test_an_example_given_another_input_says_its_own(workdir, capsys):
 def test_a_more_specific_hint_is_said_alone(workdir, capsys):
     """bfloat16 images on a float32 example: the --dtype hint, not the ENTRY's own input too."""
     code, out, err = cli(capsys, "count", "example:vit_tiny", "--input", "2x3x32x32:bf16")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "--dtype bfloat16 casts the model" in line and "own input is" not in line

@@ -8,7 +8,7 @@ import json
 import textwrap
 
 import pytest
-from _cli_run import cli
+from _cli_run import cli, one_error_line
 
 MODELS = textwrap.dedent(
     """
@@ -57,18 +57,10 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _one_error_line(code: int, out: str, err: str) -> str:
-    assert code == 2, err
-    assert out == ""
-    assert "Traceback" not in err
-    assert err.count("\n") == 1, err
-    return err
-
-
 def test_input_dtype_other_than_the_models_names_dtype_flag(workdir, capsys):
     """``--input 4x16:bf16`` on a float32 model fails in torch; the line says --dtype casts the model."""
     code, out, err = cli(capsys, "count", "models.py:Mlp", "--input", "4x16:bf16")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "forward failed in module 'l1'" in line
     assert "the floating inputs are bfloat16 but the model's parameters are float32: --dtype bfloat16" in line
 
@@ -83,7 +75,7 @@ def test_input_dtype_with_dtype_flag_counts_the_same(workdir, capsys):
 def test_keyword_only_forward_is_shown_with_its_star(workdir, capsys):
     """A positional --input to ``forward(self, *, x, scale=1.0)``: the signature shown has the ``*``."""
     code, out, err = cli(capsys, "count", "models.py:KwOnly", "--input", "4x16")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "KwOnly.forward(*, x, scale) of models.py:KwOnly: too many positional arguments" in line
 
 
@@ -97,7 +89,7 @@ def test_keyword_only_forward_counts_with_kwarg(workdir, capsys):
 def test_bare_integer_kwarg_for_a_number_default_says_how_to_pass_the_number(workdir, capsys):
     """``--kwarg scale=2`` is a tensor of shape (2,): the forward's failure says to write int:2 or float:2."""
     code, out, err = cli(capsys, "count", "models.py:KwOnly", "--kwarg", "x=4x16", "--kwarg", "scale=2")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "--kwarg scale=2 is a tensor of shape (2,), but forward's scale defaults to the number 1.0" in line
     assert "--kwarg scale=int:2 or scale=float:2" in line
 
@@ -125,7 +117,7 @@ def test_bare_integer_kwarg_that_runs_is_warned_about(workdir, capsys):
 def test_budget_file_mistakes_exit_2_naming_them(workdir, capsys, body, fragment):
     (workdir / "pyproject.toml").write_text(body)
     code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-macs", "1G")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert fragment in line
 
 
@@ -138,14 +130,14 @@ def test_other_tool_tables_are_left_alone(workdir, capsys):
 
 def test_memory_budget_without_unit_names_the_flag_once(workdir, capsys):
     code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--max-memory", "16G")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert line.count("--max-memory") == 1
     assert "argument --max-memory: budget: '16G' is not a size" in line
 
 
 def test_growth_allowance_typo_names_the_flag_once(workdir, capsys):
     code, out, err = cli(capsys, "check", "models.py:Mlp", "--input", "4x16", "--baseline", "a.json", "--max-growth", "flop=2%")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert line.count("--max-growth") == 1
     assert "argument --max-growth: allowance: unknown metric 'flop'; did you mean flops?" in line
 
@@ -180,7 +172,7 @@ def test_float_token_ids_name_the_embedding_and_the_int64_spec(workdir, capsys):
         """
     ))
     code, out, err = cli(capsys, "count", "tokens.py:Tokens", "--input", "2x5")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "forward failed in module 'emb'" in line
     assert "'emb' is an Embedding: token ids are integers, give them as SPEC:int64 (--input 2x5:int64)" in line
     code, out, err = cli(capsys, "count", "tokens.py:Tokens", "--input", "2x5:int64", "--format", "csv")
@@ -250,6 +242,6 @@ def test_nested_config_key_says_where_to_set_it(workdir, capsys):
     """``--config text_config.num_hidden_layers=1`` is KEY=VALUE in form: the line says nested
     fields are not set here, rather than 'expected KEY=VALUE'."""
     code, out, err = cli(capsys, "count", "models.py:Mlp", "--input", "4x16", "--config", "text_config.num_hidden_layers=1")
-    line = _one_error_line(code, out, err)
+    line = one_error_line(code, out, err)
     assert "expected KEY=VALUE" not in line
     assert "a nested field such as text_config.num_hidden_layers is set in a config.json counted as hf:./folder" in line
