@@ -7,9 +7,9 @@ a static method reading a global, a closure's variable, an ``lru_cache``'d helpe
 torch's backend switches, a parent module read through a reference, a weak reference, a deque, an
 array, an iterator, the environment, a global object handed to a function, a tensor made from a
 value, a global of a module object gone since the class was read. Before, each of them had the
-later blocks booked from the first. Oracles: the MACs derived by
-hand from which blocks do the extra matmul, the count with reuse off (``FLOPCOUNT_REUSE=0``: every
-call traced) and ``FlopCounterMode`` live on the real model."""
+later blocks booked from the first. Oracles: the MACs derived by hand from which blocks do the
+extra matmul, the count with reuse off (``FLOPCOUNT_REUSE=0``: every call traced) and
+``FlopCounterMode`` live on the real model."""
 
 from __future__ import annotations
 
