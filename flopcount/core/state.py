@@ -521,11 +521,10 @@ _NOT_BOUND = object()
 _BUILTINS = frozenset(vars(builtins))
 #: a global's name, then the attributes read from it (``("othermod", "FLAG")``); one name for a plain global
 Path = Tuple[str, ...]
-#: (namespace, paths, attribute) of one module class: a function's closure (a :class:`_Closure`;
-#: attribute None), or a weak reference to the Python module or function whose ``attribute``
-#: (``__dict__``, ``__globals__``) is the globals namespace: a class's entry holds nothing of the
-#: user's (its namespaces, functions and cells may hold the class: it would never go)
-NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...], Optional[str]], ...]
+#: (namespace, paths) of one module class: a function's closure (a :class:`_Closure`), or a
+#: globals namespace as a :class:`_Globals` (what holds it, weakly): a class's entry holds nothing
+#: of the user's (its namespaces, functions and cells may hold the class: it would never go)
+NamedGlobals = Tuple[Tuple[Any, Tuple[Path, ...]], ...]
 # class -> the size of its own __dict__ and the names in it that hold Python data, as last read
 _OWN_DATA: weakref.WeakKeyDictionary[type, Tuple[int, Tuple[str, ...]]] = weakref.WeakKeyDictionary()
 # module class -> where the functions its code runs are bound (:func:`code_bound`): (an index in its
@@ -575,14 +574,13 @@ def _code_data(kind: type) -> List[Tuple[Any, str, Any]]:
     """:func:`forward_globals`' globals and attributes along paths of one class (not its class data)."""
     found: List[Tuple[Any, str, Any]] = []
     named = _named_globals(kind)
-    for source, paths, attribute in named:
-        if attribute is None:  # a function's closure: its variables' values, read together (one path)
+    for source, paths in named:
+        if type(source) is _Closure:  # a function's closure: its variables' values, read together (one path)
             found += [(source, path[0], source.get(path[0])) for path in paths]
             continue
-        holder = source()
-        if holder is None:  # the function (a helper a global held, rebound since) is gone
+        namespace = source()
+        if namespace is None:  # its module and the function (a helper a global held, rebound since) are gone
             continue
-        namespace = getattr(holder, attribute)
         for path in paths:
             if path is _EVERY_GLOBAL:  # the code calls ``globals()``: any of them may be read by name
                 found += [(namespace, name, value) for name, value in list(namespace.items())
@@ -1104,7 +1102,7 @@ def _globals_of(kind: type, where: Optional[Dict[Tuple[Any, str], Tuple[Any, str
     for base in reversed(kind.__mro__):
         if base is not torch.nn.Module and base is not object:
             methods.update((name, functions) for name, value in vars(base).items() if (functions := _code_of(value)))
-    by_namespace: Dict[int, Tuple[Any, Dict[Path, None], Optional[str]]] = {}
+    by_namespace: Dict[int, Tuple[Any, Dict[Path, None]]] = {}
     pending: List[Any] = [getattr(kind, "forward", None)]
     _resolved(kind, "forward", where)
     read = set()
@@ -1117,8 +1115,7 @@ def _globals_of(kind: type, where: Optional[Dict[Tuple[Any, str], Tuple[Any, str
         if isinstance(code, CodeType) and isinstance(namespace, dict):
             entry = by_namespace.get(id(namespace))
             if entry is None:
-                source, attribute = _namespace_holder(function, namespace)
-                entry = by_namespace[id(namespace)] = (source, {}, attribute)
+                entry = by_namespace[id(namespace)] = (_Globals(function, namespace), {})
             paths = entry[1]
             for path in _code_paths(code):
                 if _may_hold_data(namespace, path, pending, where):
@@ -1134,11 +1131,11 @@ def _globals_of(kind: type, where: Optional[Dict[Tuple[Any, str], Tuple[Any, str
                                                        or function.__kwdefaults__):
                 closure, own = _closure_paths(function, pending)
                 if own:
-                    by_namespace[id(closure)] = (closure, dict.fromkeys(own), None)
+                    by_namespace[id(closure)] = (closure, dict.fromkeys(own))
         wrapped = getattr(function, "__wrapped__", None)
         if wrapped is not None:
             pending.append(wrapped)
-    return tuple((source, tuple(paths), attribute) for source, paths, attribute in by_namespace.values() if paths)
+    return tuple((source, tuple(paths)) for source, paths in by_namespace.values() if paths)
 
 
 # module class -> its paths: read from its code once per class per process
@@ -1146,21 +1143,36 @@ _NAMED_GLOBALS: PerObject[NamedGlobals] = PerObject(lambda kind: _read_code(kind
 _named_globals_of = _NAMED_GLOBALS.lookup
 
 
-def _namespace_holder(function: Any, namespace: Dict[str, Any]) -> Tuple[Any, str]:
-    """A weak reference to what holds ``function``'s globals ``namespace``, and the attribute that
-    is it: the Python module of that name whose ``__dict__`` it is (a helper rebound later leaves
-    the module's globals read, as before), else the function itself (a namespace ``exec`` made,
-    ``torch.fx``'s generated code's); held strongly only by a function without weak references."""
-    module = sys.modules.get(getattr(function, "__module__", None) or "")
-    if module is not None and getattr(module, "__dict__", None) is namespace:
+class _Globals:
+    """A function's globals namespace as what holds it, weakly (calling it gives the namespace, or
+    None): the Python module of the function's ``__module__`` whose ``__dict__`` it is (a helper
+    rebound later leaves the module's globals read, as before), and the function itself, read
+    where there is no such module (a namespace ``exec`` made, ``torch.fx``'s generated code's) or
+    once that module object is gone while its functions, and so its namespace, live on (taken out
+    of ``sys.modules``, ``runpy``'s temporary module; before branch sweep21 its globals then left
+    the key); held strongly only by a function without weak references."""
+
+    __slots__ = ("module", "function")
+
+    def __init__(self, function: Any, namespace: Dict[str, Any]) -> None:
+        module = sys.modules.get(getattr(function, "__module__", None) or "")
+        self.module: Any = None
+        if module is not None and getattr(module, "__dict__", None) is namespace:
+            try:
+                self.module = weakref.ref(module)
+            except TypeError:
+                pass
         try:
-            return weakref.ref(module), "__dict__"
+            self.function: Any = weakref.ref(function)
         except TypeError:
-            pass
-    try:
-        return weakref.ref(function), "__globals__"
-    except TypeError:
-        return functools.partial(_held, function), "__globals__"
+            self.function = functools.partial(_held, function)
+
+    def __call__(self) -> Optional[Dict[str, Any]]:
+        module = self.module() if self.module is not None else None
+        if module is not None:
+            return module.__dict__
+        function = self.function()
+        return None if function is None else function.__globals__
 
 
 def _held(value: Any) -> Any:

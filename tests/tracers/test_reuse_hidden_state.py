@@ -6,9 +6,10 @@ that changes between two blocks (set by the parent, or advanced by the block its
 a static method reading a global, a closure's variable, an ``lru_cache``'d helper, ``globals()``,
 torch's backend switches, a parent module read through a reference, a weak reference, a deque, an
 array, an iterator, the environment, a global object handed to a function, a tensor made from a
-value. Before, each of them had the later blocks booked from the first. Oracles: the MACs derived by
-hand from which blocks do the extra matmul, the count with reuse off (``FLOPCOUNT_REUSE=0``: every
-call traced) and ``FlopCounterMode`` live on the real model."""
+value, a global of a module object gone since the class was read. Before, each of them had the
+later blocks booked from the first. Oracles: the MACs derived by hand from which blocks do the
+extra matmul, the count with reuse off (``FLOPCOUNT_REUSE=0``: every call traced) and
+``FlopCounterMode`` live on the real model."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import collections
 import copy
 import dataclasses
 import functools
+import gc
 import os
 import random
+import sys
+import types
 import weakref
 from array import array
 
@@ -27,6 +31,8 @@ import torch
 from _toy_stack import B, D, off_and_on, rows
 from conftest import torch_contraction_flops
 from torch import nn
+
+from flopcount import count_flops
 
 LAYERS = 6
 BLOCK_MACS = 2 * B * D * D  # two D x D Linears on a (B, D) input
@@ -477,3 +483,42 @@ def test_a_tensor_made_from_a_value_is_keyed_by_identity(monkeypatch):
     # metadata only, blocks 1-5 were booked from block 0 (3,456 MACs with reuse on, 3,840 off)
     _check(monkeypatch, Stack(ByValue, before), LAYERS + len(FLAGGED), 0)
 
+
+# ---------------------------------------------------------------- a module gone while its class lives
+
+_GONE_MODULE_SOURCE = """
+FLAGS = {"on": False}
+
+
+class ByGoneModule(Block):
+    def flag(self) -> bool:
+        return FLAGS["on"]
+"""
+
+
+def test_a_global_of_a_module_gone_since_its_class_was_read_splits_the_key(monkeypatch):
+    """The block's Python module object goes (taken out of ``sys.modules``, as ``runpy``'s
+    temporary module is once the script has run) after a count read the class, while the class,
+    its functions and so their globals live on."""
+    module = types.ModuleType("_flopcount_test_gone_module")
+    module.Block = Block  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(_GONE_MODULE_SOURCE, "<gone module>", "exec"), vars(module))
+        flags = module.FLAGS  # type: ignore[attr-defined]
+
+        def before(stack, i):
+            flags["on"] = i in FLAGGED
+
+        model = Stack(module.ByGoneModule, before)  # type: ignore[attr-defined]
+        # the first count reads the class (its globals' paths, once per class) while the module lives
+        assert count_flops(model, _inputs()).macs == _hand(len(FLAGGED))
+    finally:
+        del sys.modules[module.__name__]
+    gone = weakref.ref(module)
+    del module
+    gc.collect()
+    assert gone() is None
+    # before (branch weakcls, d1a5481): the class's memo held the module by a weak reference only,
+    # so its globals left the key: blocks 1-5 booked from block 0 (2,304 MACs with reuse on, 2,688 off)
+    _check(monkeypatch, model, len(FLAGGED), LAYERS - 2)
