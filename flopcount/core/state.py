@@ -1075,10 +1075,13 @@ def _bound_now(kind: type, where: Tuple[Tuple[Any, str], ...]) -> CodeBound:
 def _module_globals(namespace: Any) -> bool:
     """Whether ``namespace`` is a Python module's globals (held by :data:`_CODE_WHERE` as the module holds
     them: not a user's object's attributes)."""
-    if type(namespace) is not dict:
-        return False
-    module = sys.modules.get(namespace.get("__name__", ""))
-    return module is not None and getattr(module, "__dict__", None) is namespace
+    return type(namespace) is dict and _module_of(namespace, namespace.get("__name__")) is not None
+
+
+def _module_of(namespace: Dict[str, Any], name: Any) -> Any:
+    """The Python module named ``name`` in ``sys.modules`` whose ``__dict__`` is ``namespace``, or None."""
+    module = sys.modules.get(name or "")
+    return module if module is not None and getattr(module, "__dict__", None) is namespace else None
 
 
 def _resolved(kind: type, name: str, where: Dict[Tuple[Any, str], Tuple[Any, str]]) -> None:
@@ -1155,9 +1158,9 @@ class _Globals:
     __slots__ = ("module", "function")
 
     def __init__(self, function: Any, namespace: Dict[str, Any]) -> None:
-        module = sys.modules.get(getattr(function, "__module__", None) or "")
+        module = _module_of(namespace, getattr(function, "__module__", None))
         self.module: Any = None
-        if module is not None and getattr(module, "__dict__", None) is namespace:
+        if module is not None:
             try:
                 self.module = weakref.ref(module)
             except TypeError:
