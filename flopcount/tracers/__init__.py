@@ -227,10 +227,6 @@ def _made_sparse(run: Trace) -> bool:
     return False
 
 
-def _with_warning(run: Trace, text: str) -> Trace:
-    return dataclasses.replace(run, warnings=(text,) + run.warnings)
-
-
 def _dataless(tensors: Sequence[Any], facts: ModelFacts) -> Optional[str]:
     for tensor in itertools.chain(tensors, facts.parameters, facts.buffers):
         if is_dataless(tensor):
