@@ -154,8 +154,9 @@ def test_a_name_added_to_one_modules_empty_set_stays_that_modules(monkeypatch, t
 
 def test_the_up_front_read_keys_each_tensor_as_the_fake_it_will_have():
     # One pass over each tensor's metadata (Faker.deferred_key) must give what reuse_key gives where
-    # the tensor is faked from its metadata (deferrable), None where it is faked another way; and
-    # reuse_key is the fake's own tensor_key (the oracle: the fake made, then read)
+    # the tensor is faked from its metadata (a strided, unquantized plain tensor or parameter, set
+    # by hand below), None where it is faked another way (sparse, uninitialized); and reuse_key is
+    # the fake's own tensor_key (the oracle: the fake made, then read)
     from torch.nn.parameter import UninitializedParameter
 
     faker = copies._Faker()
@@ -164,11 +165,11 @@ def test_the_up_front_read_keys_each_tensor_as_the_fake_it_will_have():
         torch.zeros(5, dtype=torch.long), torch.randn(6)[2:], torch.randn(2, 3, device="meta").t(),
         nn.Parameter(torch.empty(3, 2, device="meta")), torch.randn(4, 4).to_sparse(), UninitializedParameter(),
     ]
-    for tensor in tensors:
-        expected = copies.reuse_key(tensor, faker.fake_type) if faker.deferrable(tensor) else None
+    from_metadata = [True] * 6 + [False] * 2
+    for tensor, deferrable in zip(tensors, from_metadata):
+        expected = copies.reuse_key(tensor, faker.fake_type) if deferrable else None
         assert faker.deferred_key(tensor) == expected, tensor.__class__.__name__
         if expected is not None:
             with torch._C._DisableTorchDispatch():
                 fake = faker.fake(tensor)
             assert copies.tensor_key(fake) == expected
-    assert [faker.deferred_key(t) is None for t in tensors] == [False] * 6 + [True] * 2

@@ -771,20 +771,11 @@ class _Faker:
         self.memo[id(real)] = made
         return made
 
-    def deferrable(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor``'s fake is made the fast way (a meta tensor wrapped as fake), whose
-        metadata :func:`reuse_key` reads from the real tensor: such a fake can be made on first use."""
-        return (
-            not self.storages
-            and tensor.layout == torch.strided
-            and not tensor.is_quantized
-            and type(tensor) in (torch.Tensor, nn.Parameter)
-            and not is_uninitialized(tensor)
-        )
-
     def deferred_key(self, tensor: Any) -> Optional[Tuple[Any, ...]]:
-        """:func:`reuse_key` of ``tensor`` where it is :meth:`deferrable`, else None (the checks made
-        by type first: every parameter of a count is read so)."""
+        """:func:`reuse_key` of ``tensor`` where its fake is made the fast way (a meta tensor
+        wrapped as fake, whose metadata :func:`reuse_key` reads from the real tensor: such a fake
+        can be made on first use), else None (the checks made by type first: every parameter of
+        a count is read so)."""
         kind = type(tensor)
         if self.storages or (kind is not torch.Tensor and kind is not nn.Parameter):
             return None  # a subclass (an uninitialised parameter among them) or a fake storage
