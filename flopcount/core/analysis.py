@@ -31,7 +31,6 @@ from flopcount.types import ZERO_COST, Cost, Handler, OpCall, OpEvent, Phase, Re
 def analyze(
     model: nn.Module,
     inputs: Any = (),
-    kwargs: Optional[Mapping[str, Any]] = None,
     *,
     tracer: str = "auto",
     handlers: Optional[Mapping[str, Optional[Handler]]] = None,
@@ -50,11 +49,11 @@ def analyze(
     facts to the aggregated result (:class:`~flopcount.core.collection.PausedCollections`); a
     real run inside it collects as usual (``collection.resumed``)."""
     with PausedCollections(active=tracer == "auto"):
-        return _analyzed(model, inputs, kwargs, tracer, handlers, registry, backward, loss_fn, optimizer)
+        return _analyzed(model, inputs, tracer, handlers, registry, backward, loss_fn, optimizer)
 
 
 def _analyzed(
-    model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], tracer: str,
+    model: nn.Module, inputs: Any, tracer: str,
     handlers: Optional[Mapping[str, Optional[Handler]]], registry: Optional[HandlerRegistry], backward: bool,
     loss_fn: Optional[Callable[[Any], Any]], optimizer: Optional[OptimizerSpec],
 ) -> FlopResult:
@@ -62,7 +61,7 @@ def _analyzed(
     table = registry if registry is not None else default_registry()
     if handlers:
         table = table.with_overrides(handlers)
-    call = prepare_call(inputs, kwargs)
+    call = prepare_call(inputs)
     facts = model_facts(model)
     run = trace(model, call, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
     costed = cost_records(run.records, table)

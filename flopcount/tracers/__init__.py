@@ -155,7 +155,6 @@ def _scripted_note(facts: ModelFacts) -> str:
 def trace_on_fakes(
     model: nn.Module,
     inputs: Any = (),
-    kwargs: Optional[Mapping[str, Any]] = None,
     *,
     facts: Optional[ModelFacts] = None,
     on_output: Optional[Callable[[Any], None]] = None,
@@ -166,7 +165,7 @@ def trace_on_fakes(
     (lazy modules, packed or sparse tensors, a forward fakes cannot run, sparse outputs).
     ``on_output`` is given the copy's outputs (the decoding loop continues from its cache), and
     ``module_output`` one module's (see :func:`flopcount.tracers.dispatch.trace`)."""
-    call = prepare_call(inputs, kwargs)
+    call = prepare_call(inputs)
     facts = model_facts(model) if facts is None else facts
     # a step of the decoding loop: its draws from Python's and numpy's generators are left for the next step
     return _fake_run(model, call, facts, FoundRandom(random_states()), on_output=on_output, module_output=module_output)[0]
