@@ -711,15 +711,13 @@ class Ledger:
                 if labels is not None:
                     _merge_labels(self.marks[table], key, labels)
 
-    def cost_rows(self, table: str, phase: Optional[str] = None) -> Dict[Any, CostRow]:
+    def cost_rows(self, table: str) -> Dict[Any, CostRow]:
         """``{key: CostRow}`` of one table (:data:`TABLES`), its booked columns and labels
-        filled in. ``phase``: the row's phase for the tables that sum over phases (default:
-        the one phase booked, else "all")."""
+        filled in; the tables that sum over phases give their rows :func:`summed_phase`."""
         if table not in TABLES:
             raise ValueError(f"table must be one of {', '.join(TABLES)}, got {table!r}")
         source: Mapping[Any, Sums] = getattr(self, table)
-        if phase is None:
-            phase = summed_phase(self.phases)
+        phase = summed_phase(self.phases)
         times, marks = self.times[table], self.marks[table]
         made: Dict[Any, CostRow] = {}
         for key, sums in source.items():
