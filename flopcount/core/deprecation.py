@@ -68,16 +68,16 @@ def module_getattr(
     return __getattr__
 
 
-def seconds_or_ms(seconds: Any, milliseconds: Any, where: str, new: str, old: str, stacklevel: int = 4) -> Any:
+def seconds_or_ms(seconds: Any, milliseconds: Any, where: str, new: str, old: str) -> Any:
     """A time given as ``new`` (seconds) or as its 0.2 spelling ``old`` (milliseconds: warns at
-    ``stacklevel``, by default the line that called the function calling this one, and returns
+    the line that called the function calling this one, and returns
     ``milliseconds / 1000``); both given is a usage error naming both; neither: None. ``where``
     (a function, a class or a file) begins the sentences."""
     if milliseconds is None:
         return seconds
     if seconds is not None:
         raise UsageError(f"{where}: give {new} (seconds) or its deprecated 0.2 spelling {old} (milliseconds), not both")
-    warn_renamed(f"{where}: {old}", f"{new} in seconds", stacklevel=stacklevel)
+    warn_renamed(f"{where}: {old}", f"{new} in seconds", stacklevel=4)
     return milliseconds / 1000
 
 
