@@ -112,14 +112,14 @@ def _one_world(dist: Any, fsdp: int, tp: int) -> Iterator[Any]:
             sys.excepthook = excepthook
 
 
-def device_mesh(fsdp: int, tp: int, device_type: str = "cpu") -> Any:
-    """The DeviceMesh of a world already initialised: 2-D ("dp", "tp"), 1-D, or None (1 rank)."""
+def device_mesh(fsdp: int, tp: int) -> Any:
+    """The CPU DeviceMesh of a world already initialised: 2-D ("dp", "tp"), 1-D, or None (1 rank)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     dims = [(name, size) for name, size in (("dp", fsdp), ("tp", tp)) if size > 1]
     if not dims:
         return None
-    return init_device_mesh(device_type, tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
+    return init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
 
 
 def mesh_groups(mesh: Any) -> Dict[str, Tuple[str, int]]:
