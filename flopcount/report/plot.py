@@ -70,9 +70,9 @@ def _leaves(result: FlopResult, depth: Optional[int]) -> List[Tuple[str, float]]
 EXPLAINED = 0.8
 
 
-def choose_depth(result: FlopResult, top: int = 15, explained: float = EXPLAINED) -> Optional[int]:
+def choose_depth(result: FlopResult, top: int = 15) -> Optional[int]:
     """The deepest module depth at which the ``top`` costliest modules still explain at least
-    ``explained`` of the FLOPs (the most detail a ``top``-bar plot can show without a large
+    :data:`EXPLAINED` of the FLOPs (the most detail a ``top``-bar plot can show without a large
     "other" bar); the depth explaining the most when none reaches it; None for a model
     without submodules."""
     depths = sorted({m.depth for m in result.modules if m.name})
@@ -82,7 +82,7 @@ def choose_depth(result: FlopResult, top: int = 15, explained: float = EXPLAINED
     chosen: Optional[int] = None
     for depth in depths:
         share = sum(f for _, f in _leaves(result, depth)[:top]) / result.flops
-        if share >= explained:
+        if share >= EXPLAINED:
             chosen = depth
         if share > best_share + 1e-12:
             best, best_share = depth, share
