@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flopcount.devices import peak_for_name
+from flopcount.devices import find_part, part_roofs
 
 
 def _best_ms(fn, runs: int = 10) -> float:
@@ -36,7 +36,8 @@ def _best_ms(fn, runs: int = 10) -> float:
 
 def main() -> None:
     name = torch.cuda.get_device_name()
-    peak = peak_for_name(name, torch.float32)
+    part = find_part(name)
+    peak = part_roofs(part).peak("float32", "matmul") if part is not None else None
     print(f"{name}; torch {torch.__version__}; datasheet float32 matmul peak {peak / 1e12 if peak else float('nan'):.1f} TFLOP/s")
     print(f"allow_tf32 matmul={torch.backends.cuda.matmul.allow_tf32} cudnn={torch.backends.cudnn.allow_tf32} "
           f"float32_matmul_precision={torch.get_float32_matmul_precision()} "

@@ -139,12 +139,12 @@ def test_reuse_on_a_cuda_model_matches_reuse_off_and_the_real_run(monkeypatch, t
 def test_measured_float32_roof_is_true_float32_and_tf32_convs_have_their_own():
     """On an H100 the float32 roof was a cuDNN convolution's TF32 rate (72-77 TFLOP/s, above the
     67 TFLOP/s float32 datasheet peak); the true float32 GEMM reached 52."""
-    from flopcount.devices import peak_for_name
+    from flopcount.devices import find_part, part_roofs
     from flopcount.devices.measured import measure_roofs
 
     assert not torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # torch's defaults
     roofs = measure_roofs("cuda", ["float32"], budget_s=1.0)
     assert dict(roofs.math) == {"conv": "tfloat32"}
-    sheet = peak_for_name(torch.cuda.get_device_name(), torch.float32, "matmul")
-    if sheet is not None:
-        assert roofs.peak_flops["float32"] <= 1.02 * sheet
+    part = find_part(torch.cuda.get_device_name())
+    if part is not None:
+        assert roofs.peak_flops["float32"] <= 1.02 * part_roofs(part).peak("float32", "matmul")

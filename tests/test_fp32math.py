@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flopcount.devices import named_roofs, peak_for_name
+from flopcount.devices import named_roofs
 from flopcount.devices.roofline import float32_math_text, op_time
 from flopcount.profiling.predict import predict
 
@@ -129,16 +129,16 @@ def test_parts_without_a_faster_tensor_core_path_keep_their_float32_peak():
     """A T4 has no TF32 (no tensor cores for float32): LSTM and SDPA at FP32 as before. On an
     L4 a third of TF32 (20 TFLOP/s) is below FP32 (30.3): attention stays at FP32, the RNN
     takes TF32 (60) under cuDNN's default."""
-    assert peak_for_name("t4", "float32", "aten::lstm") == T4_FP32
-    assert peak_for_name("t4", "float32", "aten::scaled_dot_product_attention") == T4_FP32
-    assert peak_for_name("l4", "float32", "aten::scaled_dot_product_attention") == L4_FP32
-    assert peak_for_name("l4", "float32", "aten::lstm") == L4_TF32
+    assert named_roofs("t4").peak("float32", "aten::lstm") == T4_FP32
+    assert named_roofs("t4").peak("float32", "aten::scaled_dot_product_attention") == T4_FP32
+    assert named_roofs("l4").peak("float32", "aten::scaled_dot_product_attention") == L4_FP32
+    assert named_roofs("l4").peak("float32", "aten::lstm") == L4_TF32
     assert named_roofs("t4").float32_math(["aten::lstm", "aten::scaled_dot_product_attention"]) == {}
 
 
 def test_the_rnn_cells_stay_matmuls():
     """``lstm_cell`` is ``linear`` plus elementwise ops (cuBLAS): the matmul flag's family."""
-    assert peak_for_name("h100", "float32", "aten::lstm_cell") == FP32
+    assert named_roofs("h100").peak("float32", "aten::lstm_cell") == FP32
     assert op_time(named_roofs("h100", matmul_tf32=True), 1e9, 0.0, "float32", "aten::gru_cell").compute_s == \
         pytest.approx(1e9 / TF32, rel=1e-12)
 

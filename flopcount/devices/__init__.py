@@ -33,7 +33,7 @@ THIS_GPU = ("this gpu", "this-gpu", "gpu", "cuda")
 __all__ = [
     "BOUND_KINDS", "LINKS", "PARTS", "THIS_MACHINE", "AnyBound", "Bound", "BoundKind", "MathModes", "MemoryLevel",
     "OpTime", "Part", "Roofs", "THIS_GPU", "any_implementation", "gpu_ceiling", "column_of", "datasheet_roofs", "default_bound", "find_part",
-    "is_this_machine", "known_names", "named_roofs", "op_time", "part_roofs", "peak_for_name", "resolve_part",
+    "is_this_machine", "known_names", "named_roofs", "op_time", "part_roofs", "resolve_part",
     "roofs_for",
 ]
 
@@ -89,19 +89,6 @@ def default_bound(roofs: Roofs) -> BoundKind:
     machine (the program flopcount would run here), the any-implementation bound on a
     datasheet part (the user may run any engine there)."""
     return "any" if roofs.source.startswith("datasheet") else "eager"
-
-
-def peak_for_name(name: str, dtype: Any = None, op: str = "matmul") -> Optional[float]:
-    """The dense datasheet peak (FLOP/s) of the part ``name`` for ``dtype`` work of ``op``
-    under torch's default math modes; None when the part is unknown or has no such peak."""
-    part = find_part(name)
-    if part is None:
-        return None
-    roofs = part_roofs(part)
-    column_dtype = None if dtype is None else column_of(dtype)
-    if roofs.column(column_dtype, op) is None:
-        return None
-    return roofs.peak(column_dtype, op)
 
 
 def roofs_for(device: Any, given: Optional[Roofs] = None) -> Roofs:
