@@ -128,7 +128,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
     held: Dict[int, int] = {}
     with counter.outputs() as last:
         prefill, output = _prefill(counter, setup, last)
-        state = Decoding(model, output, setup, encoder=last.encoder)
+        state = Decoding(output, setup, encoder=last.encoder)
         if total > 0 and state.cache is None:
             raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
         held[-1] = cache_position_bytes(state.cache)

@@ -447,7 +447,7 @@ class Decoding:
     encoder-decoder's encoder output: the caller's own ``encoder_outputs=`` argument where one was
     given, else ``encoder``, :attr:`LastOutput.encoder`; see :func:`_encoder_outputs`)."""
 
-    def __init__(self, model: nn.Module, output: Any, setup: Setup, encoder: Any = None):
+    def __init__(self, output: Any, setup: Setup, encoder: Any = None):
         self.setup = setup
         self.prepare = setup.preparer  # the decode steps': None after it failed once
         given = setup.first.get("encoder_outputs")

@@ -189,7 +189,7 @@ class _Steps:
         self.counter, self.last = counter, last
         _, costed, self.prefill = counter.count(setup.prefill_call(0))
         self.prefill_attention = booked_attention(costed)
-        self.state = Decoding(counter.model, last.take(), setup, encoder=last.encoder)
+        self.state = Decoding(last.take(), setup, encoder=last.encoder)
         if self.state.cache is None:
             raise _Refused
         self.held: Dict[int, float] = {}
