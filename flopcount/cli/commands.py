@@ -6,15 +6,16 @@ report; ``plan`` and ``check --fsdp/--tp``'s per-rank peak, on the meta device."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from flopcount.budget.check import Budget, check_result, flopcount_table, table_budget
+from flopcount.budget.check import Budget, check_result, flopcount_table, parse_memory_budget, table_budget
 from flopcount.cli.deadline import stage
 from flopcount.cli.latency import (
     benchmark_entry,
@@ -261,6 +262,23 @@ def _device_hint(run: _Run) -> Optional[str]:
     return f"the inputs are on {given} but the model's parameters are on {held}: --device {held} makes the inputs there"
 
 
+@contextlib.contextmanager
+def forward_hints(run: _Run) -> Iterator[None]:
+    """A forward failing in the block (a TraceError: count, bench, profile) with what the command
+    line most likely got wrong added: the dtype or device of the inputs, a bare-integer --kwarg,
+    else the ENTRY's own inputs."""
+    try:
+        yield
+    except TraceError as exc:
+        found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
+        if not found and run.usual_inputs:  # nothing more specific: the inputs the ENTRY is known to take
+            found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
+        hints = (*run.hints, *found)
+        if not hints:
+            raise
+        raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
+
+
 def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimizer: Optional[str] = None) -> Any:
     """The count, with its INCOMPLETE reasons and warnings said on stderr."""
     import warnings
@@ -273,18 +291,10 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
         warnings.simplefilter("ignore", UnsupportedOpsWarning)
-        try:
+        with forward_hints(run):
             result = count_flops(
                 run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
             )
-        except TraceError as exc:
-            found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
-            if not found and run.usual_inputs:  # nothing more specific: the inputs the ENTRY is known to take
-                found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
-            hints = (*run.hints, *found)
-            if not hints:
-                raise
-            raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
     if not args.quiet:
         for hint in run.hints:
             say(hint, "warning")
@@ -405,7 +415,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     check_timing_args(args)
     run = _prepare(args)
     result = _count(run, args)
-    timing = benchmark_entry(run, args, result.flops)
+    with forward_hints(run):
+        timing = benchmark_entry(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
     emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
     _plot(result, args)
@@ -419,7 +430,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     max_latency_s = None if max_latency_ms is None else max_latency_ms / 1000
     flags = Budget(
         max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
-        max_size_mb=args.max_size_mb, max_latency_s=max_latency_s, max_memory=args.max_memory,
+        max_size_mb=args.max_size_mb, max_latency_s=max_latency_s,
+        max_memory=None if args.max_memory is None else parse_memory_budget(args.max_memory, "--max-memory"),
     )
     config_file = args.config_file or "pyproject.toml"
     table = flopcount_table(Path(config_file), required=args.config_file is not None)  # read once for all three
@@ -448,7 +460,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if budget.needs_latency and args.on is not None:
         latency, basis = predicted_latency_s(run, args)
     elif budget.needs_latency:
-        timing = benchmark_entry(run, args, result.flops)
+        with forward_hints(run):
+            timing = benchmark_entry(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_s
     sharded = args.fsdp is not None or args.tp is not None
@@ -651,7 +664,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     if args.eval_mode and not args.backward:
         raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
-    return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args))
+    return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args), forward_hints)
 
 
 def _cmd_roofs(args: argparse.Namespace) -> int:

@@ -257,7 +257,14 @@ _QUANTITY = _type(lambda text: parse_quantity(text, "budget"))
 
 
 def _bytes(what: str) -> Any:
-    return _type(lambda text: parse_bytes(text, what))
+    """A size checked here, so argparse names the flag, and kept as written: ``check`` reads it
+    (:func:`~flopcount.budget.check.parse_memory_budget`), where its warnings are said."""
+
+    def parse(text: str) -> str:
+        parse_bytes(text, what)
+        return text
+
+    return _type(parse)
 
 
 #: torch reads counts and seeds as int64
