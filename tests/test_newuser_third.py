@@ -11,7 +11,7 @@ from conftest import assert_same_state, snapshot
 from torch import nn
 
 import flopcount
-from flopcount import TraceError, count_flops
+from flopcount import TraceError, UsageError, count_flops
 from flopcount.devices.roofline import Roofs
 
 ROOFS = Roofs({"float32": 1e11}, 1e10, "test roofs", "given")  # given: nothing measured
@@ -142,3 +142,33 @@ def test_a_failing_loss_names_the_tracer_chosen():
 
     with pytest.raises(TraceError, match=r"^loss_fn failed \(auto tracer\) with inputs .*ValueError: no loss here"):
         count_flops(Mlp(), torch.randn(4, 16), backward=True, loss_fn=loss)
+
+
+# the fresh-eyes pass over the other readings' Python calls
+
+
+def _tiny_gpt2():
+    from flopcount.examples import hf
+
+    return hf.gpt2(n_layer=1, n_embd=64, n_head=4, vocab_size=100, n_positions=32)
+
+
+def test_serve_refuses_a_tp_that_splits_heads_unevenly():
+    """4 heads over tp=3 ranks: 2, 1, 1; the per-rank figures (work, weights, cache / 3) would understate the
+    busiest rank. plan refuses it the same way; tp=2 divides 4 and is priced."""
+    ids = torch.randint(0, 100, (1, 8))
+    with pytest.raises(UsageError, match=r"serve: tp=3 does not split the model's 4 key/value heads evenly .*\(e\.g\. 2, 4\)"):
+        flopcount.serve(_tiny_gpt2(), ids, 2, on="h100", tp=3)
+    assert flopcount.serve(_tiny_gpt2(), ids, 2, on="h100", tp=2).tp == 2
+
+
+def test_benchmark_names_an_unknown_part():
+    """Before: on="h1000" (a typo of h100) timed the model and left the MFU out without a word."""
+    with pytest.raises(UsageError, match="unknown part 'h1000'; known parts: H100 SXM"):
+        flopcount.benchmark(Mlp(), torch.randn(4, 16), iters=1, warmup=0, on="h1000")
+
+
+def test_estimate_memory_gives_count_flops_hint():
+    with pytest.raises(TraceError) as info:
+        flopcount.estimate_memory(Mlp(), (4, 16))
+    assert "the inputs are the numbers (4, 16), not tensors: give example tensors, e.g. torch.randn(4, 16)" in str(info.value)

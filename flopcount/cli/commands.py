@@ -373,12 +373,16 @@ def _cmd_count(args: argparse.Namespace) -> int:
                              "memory per batch on a part are `flopcount serve ENTRY --on PART`")
         if given:
             refuse_without_section_form(args.format, flag)
+    if getattr(args, "generate", None) and args.tracer != "auto":  # before: counted by dispatch, the flag unread
+        raise UsageError(f"--generate counts every forward with the dispatch tracer (on fake copies for meta weights): "
+                         f"drop --tracer {args.tracer}")
     math_modes(args, args.on)  # --matmul-tf32 without --on: one line before any work
     run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
         if args.tensorboard:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
-        return count_generation_command(run, args, _label(args))
+        with forward_hints(run):
+            return count_generation_command(run, args, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
     if args.eval_mode and not (args.backward or args.optimizer is not None):
         raise UsageError("--eval applies to a training step: add --backward or --optimizer, or drop --eval")
@@ -698,6 +702,19 @@ def is_report(text: str) -> bool:
     return lowered.endswith(".json") and not lowered.startswith(("hf:", "transformers:"))
 
 
+#: the other formats count writes a report in: read back by nothing (diff reads JSON)
+_UNREAD_REPORTS = {".csv": "CSV", ".md": "markdown", ".html": "HTML", ".txt": "table"}
+
+
+def _refuse_unread_report(name: str, text: str) -> None:
+    """A side naming a report in a format diff does not read (``count -f csv -o r.csv``): one
+    line saying which format it reads; before, an ENTRY's "not a model file (not a zip archive)"."""
+    suffix = Path(text.strip()).suffix.lower()
+    if suffix in _UNREAD_REPORTS and ":" not in text:
+        raise UsageError(f"{name} = {text} is a {_UNREAD_REPORTS[suffix]} report: diff reads reports saved as JSON "
+                         "(count ... --format json, or -o report.json) or counts an ENTRY")
+
+
 def _merged(shared: List[Tuple[str, Any]], own: List[Tuple[str, Any]], flag: str) -> List[Tuple[str, Any]]:
     """``--config``/``--kwarg`` pairs of both sides, then one side's, the side's winning per key."""
     return list({**pairs_once(shared, flag), **pairs_once(own, flag)}.items())
@@ -723,6 +740,7 @@ def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
         if own:
             raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
         return load_report(text)
+    _refuse_unread_report(name, text)
     args = side_args(args, side, text)
     progress(args, f"counting {name} = {_label(args)} ...")
     run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode

@@ -107,3 +107,58 @@ def test_a_bare_memory_budget_in_a_file_is_said_to_need_its_unit(workdir, capsys
     (workdir / "budget.toml").write_text('[tool.flopcount]\nmax-memory = "16GiB"\n')
     code, out, err = cli(capsys, "check", "models.py:Mlp", "-i", "4x16", "--config-file", "budget.toml")
     assert code == 0 and "bare" not in err
+
+
+# the fresh-eyes pass over predict, plan, serve, diff, profile, bench, memory and --generate
+
+TINY_GPT2 = ("hf:gpt2", "--config", "n_layer=1", "--config", "n_embd=64", "--config", "n_head=4", "-q")
+
+
+def test_plan_calls_an_unknown_part_a_part(workdir, capsys):
+    """Before: "on: unknown GPU 'h100x' (...; or None for no step times)", Python's None on the command line."""
+    code, out, err = cli(capsys, "plan", "models.py:Mlp", "-i", "4x16", "--fsdp", "2", "--on", "h100x")
+    line = one_error_line(code, out, err)
+    assert "unknown part 'h100x'; known parts: H100 SXM" in line and "GPU" not in line and "None" not in line
+
+
+def test_a_list_of_parts_where_one_goes_says_so(workdir, capsys):
+    """Before: "unknown part 'h100,t4'", though both are known parts (serve's --on takes the list)."""
+    code, out, err = cli(capsys, "count", "models.py:Mlp", "-i", "4x16", "--on", "h100,t4")
+    line = one_error_line(code, out, err)
+    assert "'h100,t4' names 2 parts; one part goes here (serve compares several: serve --on h100,t4)" in line
+
+
+@pytest.mark.parametrize("alias", ["bf16", "BF16"])
+def test_dtype_takes_the_short_names_a_spec_takes(workdir, capsys, alias):
+    """``--input 4x16:bf16`` is a SPEC; ``--dtype bf16`` was "invalid choice". bfloat16 weights:
+    808 parameters x 2 bytes (Linear(16, 32) and Linear(32, 8) with biases)."""
+    code, out, err = cli(capsys, "count", "models.py:Mlp", "-i", "4x16", "--dtype", alias, "-f", "json", "-q")
+    assert code == 0, err
+    import json
+
+    report = json.loads(out)
+    assert report["params"] == 16 * 32 + 32 + 32 * 8 + 8 and report["size_bytes"] == 2 * report["params"]
+    assert report["inputs"] == "(Tensor[4, 16] bfloat16,)"
+
+
+def test_generate_refuses_a_tracer_it_does_not_use(workdir, capsys):
+    """Before: ``--generate 2 --tracer jit`` counted with the dispatch tracer, the flag unread."""
+    code, out, err = cli(capsys, "count", *TINY_GPT2, "--input", "1x8:int64", "--generate", "2", "--tracer", "jit")
+    assert "--generate counts every forward with the dispatch tracer" in one_error_line(code, out, err)
+
+
+def test_generate_with_float_token_ids_gives_counts_hint(workdir, capsys):
+    code, out, err = cli(capsys, "count", *TINY_GPT2, "--input", "1x8", "--generate", "2")
+    line = one_error_line(code, out, err)
+    assert "forward failed in module 'transformer.wte'" in line
+    assert "'transformer.wte' is an Embedding: token ids are integers, give them as SPEC:int64 (--input 1x8:int64)" in line
+
+
+@pytest.mark.parametrize("suffix, kind", [("csv", "CSV"), ("md", "markdown")])
+def test_diff_of_a_report_in_another_format_names_json(workdir, capsys, suffix, kind):
+    """Before: "bad ENTRY: mlp.csv is not a model file (not a zip archive); flopcount reads torch.export programs ..."."""
+    code, out, err = cli(capsys, "count", "models.py:Mlp", "-i", "4x16", "-o", f"mlp.{suffix}", "-q")
+    assert code == 0, err
+    code, out, err = cli(capsys, "diff", f"mlp.{suffix}", "models.py:Mlp", "-i", "4x16")
+    line = one_error_line(code, out, err)
+    assert f"A = mlp.{suffix} is a {kind} report: diff reads reports saved as JSON" in line
