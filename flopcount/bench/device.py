@@ -12,10 +12,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import torch
 from torch import nn
 
-from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized, prepare_call
+from flopcount.core.inputs import PreparedCall, is_dataless, is_uninitialized, prepare_call, with_input_hint
 from flopcount.core.state import left_as_found, preserved_inputs, preserved_rng
-from flopcount.errors import UsageError
+from flopcount.errors import FlopcountError, TraceError, UsageError
 from flopcount.tracers._containers import compiled_parts
+from flopcount.tracers._modules import failing_module, forward_error, module_names
 from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers._twin import private_twin
 from flopcount.tracers.fake.copies import shared_tensor_copy
@@ -66,16 +67,42 @@ class RealRun:
     call: PreparedCall
     device: torch.device
     run: PreparedCall
+    #: the function the caller called (``"benchmark"``), named by a failing forward's line
+    who: str = "benchmark"
 
     @contextlib.contextmanager
     def borrow(self, model: nn.Module) -> Iterator[nn.Module]:
         """``model`` on the device (:func:`borrowed_model`); the inputs, torch's RNG (when this is
         the process's only Python thread: ``core.state.preserved_rng``) and the globals and class
         data the forwards write (``core.state.left_as_found``: the twin shares the caller's classes)
-        are left as found too."""
+        are left as found too. A forward failing in the block is the TraceError ``count_flops``
+        raises (:func:`forward_failed`)."""
         with preserved_rng(), preserved_inputs(list(self.call.tensors)), left_as_found(model.modules()), \
-                borrowed_model(model, self.device) as on_device:
+                borrowed_model(model, self.device) as on_device, forward_failed(on_device, model, self.call, self.who):
             yield on_device
+
+
+@contextlib.contextmanager
+def forward_failed(running: nn.Module, model: nn.Module, call: PreparedCall, who: str) -> Iterator[None]:
+    """A failure of ``running``'s forward (``model``'s twin or ``model``) inside the block, raised
+    as count_flops raises it: a TraceError naming the module that failed (read off the
+    traceback: the timed calls run without hooks), ``who`` and the inputs, with the hint for
+    inputs given in the wrong form (:func:`~flopcount.core.inputs.with_input_hint`). An exception
+    no module's code raised (ours, or a UsageError) goes on as it is."""
+    try:
+        yield
+    except TraceError as exc:  # a traced step of the reading (profile's join step)
+        hinted = with_input_hint(exc, call, model.forward, who)
+        if hinted is exc:
+            raise
+        raise hinted from exc
+    except FlopcountError:
+        raise
+    except Exception as exc:
+        where = failing_module(exc, module_names(running))
+        if where is None:
+            raise
+        raise with_input_hint(forward_error(exc, where, call.description, who), call, model.forward, who) from exc
 
 
 def real_run(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]], device: Any, who: str) -> RealRun:
@@ -84,7 +111,7 @@ def real_run(model: nn.Module, inputs: Any, kwargs: Optional[Mapping[str, Any]],
     call = prepare_call(inputs, kwargs)
     refuse_data_less(model, call, who)
     dev = resolve_device(model, call, device)
-    return RealRun(call, dev, move_inputs(call, dev))
+    return RealRun(call, dev, move_inputs(call, dev), who)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -28,7 +28,7 @@ from torch import nn
 
 from flopcount.bench.device import autocast_context, bind_call, real_run, rss_bytes, synchronize
 from flopcount.bench.loop import Clock, LoopPlan, Progress, cpu_block_runner, cuda_block_runner, run_iterations
-from flopcount.bench.peak import mfu_peak
+from flopcount.bench.peak import mfu_part, mfu_peak
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
@@ -93,6 +93,7 @@ def benchmark(
     device, fake tensors) is refused with a :class:`UsageError`: there is nothing to time.
     """
     on = modeled_part(on, gpu_name, "benchmark", old="gpu_name")
+    mfu_part("benchmark", on, peak_flops)  # as StepTimer's: an unknown part named now (before: no MFU, no word)
     require_module(model, "benchmark")
     int_at_least(warmup, 0, "benchmark: warmup")
     plan = LoopPlan(iters=iters, min_iters=min_iters, budget_s=budget_s, max_iters=max_iters)

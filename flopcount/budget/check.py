@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
-from flopcount.core.deprecation import in_ms, ms_aliases, seconds_or_ms
+from flopcount.core.deprecation import in_ms, ms_aliases, seconds_or_ms, warn_renamed
 from flopcount.core.rendering import render
 from flopcount.errors import UsageError, close_names, did_you_mean
 from flopcount.types import Status
@@ -96,6 +96,23 @@ def _parse(text: Union[str, int, float], what: str, pattern: Any, units: Mapping
 def parse_bytes(text: Union[str, int, float], what: str = "memory") -> int:
     """``"16GB" -> 16 * 10**9``, ``"16GiB" -> 16 * 2**30``, ``"512MiB"``, ``2e9`` (bytes)."""
     return int(float(_parse(text, what, _BYTES, _BYTE_UNITS, "size", "a size in bytes", "16GB, 16GiB, 512MiB, 2e9")))
+
+
+def parse_memory_budget(text: Union[str, int, float], what: str) -> int:
+    """A memory budget written on the command line or in a budget file (``what`` names the flag
+    or the key): :func:`parse_bytes`, with the rule of every budget whose flag or key does not
+    name its unit (``--max-latency 10ms``): the value says it, ``16GB``, ``16GiB`` or ``16B``.
+    A bare number is still read as bytes until 0.4, with a DeprecationWarning (``16`` meant 16
+    bytes, a budget no step meets, where ``16GB`` was meant); 0 is 0 in every unit."""
+    value = parse_bytes(text, what)
+    bare = isinstance(text, (int, float)) or not _BYTES.match(text).group(2)  # type: ignore[union-attr]  # parse_bytes matched it
+    if bare and value:
+        shown = text.strip() if isinstance(text, str) else (str(int(text)) if float(text).is_integer() else repr(text))
+        # said as a 0.2 spelling is (the CLI shows these): the sentence names the release that refuses it
+        warn_renamed(f"{what}: a bare {shown} (read as {value:,} bytes)",
+                     f"the unit in the value, as a latency budget has it (10ms): {shown}B for bytes, "
+                     "or e.g. 16GB (16 x 10^9 bytes), 16GiB (16 x 2^30)", stacklevel=3)
+    return value
 
 
 def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
@@ -421,7 +438,7 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
             known = ", ".join(FILE_KEYS)
             hint = did_you_mean(key, [*FILE_KEYS, *GATE_KEYS])
             raise UsageError(f"{source}: unknown key {raw_key!r}{hint} (known: {known}, {', '.join(GATE_KEYS)})")
-        parse = parse_bytes if key == "max-memory" else parse_quantity
+        parse = parse_memory_budget if key == "max-memory" else parse_quantity
         values[FILE_KEYS[key]] = parse(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
     latency_s = values.get("max_latency_s")
     values["max_latency_s"] = seconds_or_ms(latency_s, latency_ms, source, "max-latency-s", FILE_KEY_MS)

@@ -6,15 +6,16 @@ report; ``plan`` and ``check --fsdp/--tp``'s per-rank peak, on the meta device."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from flopcount.budget.check import Budget, check_result, flopcount_table, table_budget
+from flopcount.budget.check import Budget, check_result, flopcount_table, parse_memory_budget, table_budget
 from flopcount.cli.deadline import stage
 from flopcount.cli.latency import (
     benchmark_entry,
@@ -261,6 +262,23 @@ def _device_hint(run: _Run) -> Optional[str]:
     return f"the inputs are on {given} but the model's parameters are on {held}: --device {held} makes the inputs there"
 
 
+@contextlib.contextmanager
+def forward_hints(run: _Run) -> Iterator[None]:
+    """A forward failing in the block (a TraceError: count, bench, profile) with what the command
+    line most likely got wrong added: the dtype or device of the inputs, a bare-integer --kwarg,
+    else the ENTRY's own inputs."""
+    try:
+        yield
+    except TraceError as exc:
+        found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
+        if not found and run.usual_inputs:  # nothing more specific: the inputs the ENTRY is known to take
+            found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
+        hints = (*run.hints, *found)
+        if not hints:
+            raise
+        raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
+
+
 def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimizer: Optional[str] = None) -> Any:
     """The count, with its INCOMPLETE reasons and warnings said on stderr."""
     import warnings
@@ -273,18 +291,10 @@ def _count(run: _Run, args: argparse.Namespace, backward: bool = False, optimize
     with warnings.catch_warnings():
         # ops without a handler are said once, as INCOMPLETE reasons (report_notes)
         warnings.simplefilter("ignore", UnsupportedOpsWarning)
-        try:
+        with forward_hints(run):
             result = count_flops(
                 run.model, run.inputs, run.kwargs, tracer=run.tracer, backward=backward or optimizer is not None, optimizer=optimizer
             )
-        except TraceError as exc:
-            found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
-            if not found and run.usual_inputs:  # nothing more specific: the inputs the ENTRY is known to take
-                found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
-            hints = (*run.hints, *found)
-            if not hints:
-                raise
-            raise TraceError("; ".join((str(exc), *hints)), module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
     if not args.quiet:
         for hint in run.hints:
             say(hint, "warning")
@@ -363,12 +373,16 @@ def _cmd_count(args: argparse.Namespace) -> int:
                              "memory per batch on a part are `flopcount serve ENTRY --on PART`")
         if given:
             refuse_without_section_form(args.format, flag)
+    if getattr(args, "generate", None) and args.tracer != "auto":  # before: counted by dispatch, the flag unread
+        raise UsageError(f"--generate counts every forward with the dispatch tracer (on fake copies for meta weights): "
+                         f"drop --tracer {args.tracer}")
     math_modes(args, args.on)  # --matmul-tf32 without --on: one line before any work
     run = _cast(_prepare(args), args.dtype)
     if getattr(args, "generate", None):
         if args.tensorboard:
             raise UsageError("--tensorboard writes a count, not a generation: drop --generate or --tensorboard")
-        return count_generation_command(run, args, _label(args))
+        with forward_hints(run):
+            return count_generation_command(run, args, _label(args))
     # --optimizer: the training step (forward + backward + one optimizer step), the step --memory estimates
     if args.eval_mode and not (args.backward or args.optimizer is not None):
         raise UsageError("--eval applies to a training step: add --backward or --optimizer, or drop --eval")
@@ -405,7 +419,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     check_timing_args(args)
     run = _prepare(args)
     result = _count(run, args)
-    timing = benchmark_entry(run, args, result.flops)
+    with forward_hints(run):
+        timing = benchmark_entry(run, args, result.flops)
     result = dataclasses.replace(result, benchmark=timing)
     emit(render_bench(result, timing, args.format, entry=_label(args), depth=args.depth), args)
     _plot(result, args)
@@ -419,7 +434,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     max_latency_s = None if max_latency_ms is None else max_latency_ms / 1000
     flags = Budget(
         max_params=args.max_params, max_flops=args.max_flops, max_macs=args.max_macs,
-        max_size_mb=args.max_size_mb, max_latency_s=max_latency_s, max_memory=args.max_memory,
+        max_size_mb=args.max_size_mb, max_latency_s=max_latency_s,
+        max_memory=None if args.max_memory is None else parse_memory_budget(args.max_memory, "--max-memory"),
     )
     config_file = args.config_file or "pyproject.toml"
     table = flopcount_table(Path(config_file), required=args.config_file is not None)  # read once for all three
@@ -448,7 +464,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if budget.needs_latency and args.on is not None:
         latency, basis = predicted_latency_s(run, args)
     elif budget.needs_latency:
-        timing = benchmark_entry(run, args, result.flops)
+        with forward_hints(run):
+            timing = benchmark_entry(run, args, result.flops)
         result = dataclasses.replace(result, benchmark=timing)
         latency = timing.median_s
     sharded = args.fsdp is not None or args.tp is not None
@@ -651,7 +668,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     if args.eval_mode and not args.backward:
         raise UsageError("--eval applies to a training step: add --backward, or drop --eval")
-    return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args))
+    return run_profile(args, lambda: _training_mode(_prepare(args), args), _label(args), forward_hints)
 
 
 def _cmd_roofs(args: argparse.Namespace) -> int:
@@ -685,6 +702,19 @@ def is_report(text: str) -> bool:
     return lowered.endswith(".json") and not lowered.startswith(("hf:", "transformers:"))
 
 
+#: the other formats count writes a report in: read back by nothing (diff reads JSON)
+_UNREAD_REPORTS = {".csv": "CSV", ".md": "markdown", ".html": "HTML", ".txt": "table"}
+
+
+def _refuse_unread_report(name: str, text: str) -> None:
+    """A side naming a report in a format diff does not read (``count -f csv -o r.csv``): one
+    line saying which format it reads; before, an ENTRY's "not a model file (not a zip archive)"."""
+    suffix = Path(text.strip()).suffix.lower()
+    if suffix in _UNREAD_REPORTS and ":" not in text:
+        raise UsageError(f"{name} = {text} is a {_UNREAD_REPORTS[suffix]} report: diff reads reports saved as JSON "
+                         "(count ... --format json, or -o report.json) or counts an ENTRY")
+
+
 def _merged(shared: List[Tuple[str, Any]], own: List[Tuple[str, Any]], flag: str) -> List[Tuple[str, Any]]:
     """``--config``/``--kwarg`` pairs of both sides, then one side's, the side's winning per key."""
     return list({**pairs_once(shared, flag), **pairs_once(own, flag)}.items())
@@ -710,6 +740,7 @@ def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
         if own:
             raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
         return load_report(text)
+    _refuse_unread_report(name, text)
     args = side_args(args, side, text)
     progress(args, f"counting {name} = {_label(args)} ...")
     run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode

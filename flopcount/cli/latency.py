@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, ContextManager, Optional, Tuple
 
 from flopcount.cli.deadline import stage
 from flopcount.cli.output import emit, iteration_progress, progress, say, with_section, written
@@ -155,9 +155,11 @@ def _roofs(text: Any) -> Any:
     return Roofs({"float32": float(peak)}, float(bandwidth), "--roofs", "given")
 
 
-def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str) -> int:
-    """``flopcount profile``: check the flags, load the model (``prepare``), profile,
-    render once, write the trace and the plot."""
+def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str,
+                hints: Callable[[Any], ContextManager[None]]) -> int:
+    """``flopcount profile``: check the flags, load the model (``prepare``), profile (a failing
+    forward with the command line's ``hints`` about the prepared run), render once, write the
+    trace and the plot."""
     from flopcount.profiling.run import profile
 
     if args.device == "meta":
@@ -175,8 +177,9 @@ def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str
     progress(args, f"profiling {label} on {run.device}: {args.warmup} warm-up, a join step, then {args.steps} profiled steps"
                    + (" (forward + backward)" if args.backward else "") + " ...")
     stage(args, f"profiling {label} (warm-up, join and profiled steps)")
-    result = profile(run.model, run.inputs, run.kwargs, backward=args.backward, warmup=args.warmup, steps=args.steps,
-                     device=run.device, roofs=roofs, keep_trace=args.trace is not None or bool(args.tensorboard))
+    with hints(run):
+        result = profile(run.model, run.inputs, run.kwargs, backward=args.backward, warmup=args.warmup, steps=args.steps,
+                         device=run.device, roofs=roofs, keep_trace=args.trace is not None or bool(args.tensorboard))
     if args.format == "json":
         text = entry_json(result, label)
     elif args.format == "csv":

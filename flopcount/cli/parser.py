@@ -18,6 +18,15 @@ from flopcount.types import OPTIMIZERS, TRACERS
 
 FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
+#: the short names a SPEC's ``:dtype`` takes for these (cli/specs.DTYPES), read by --dtype too
+FLOAT_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "f16": "float16",
+                 "half": "float16", "bf16": "bfloat16"}
+
+
+def _float_dtype(text: str) -> str:
+    """A ``--dtype`` as its torch name: ``bf16`` (as ``--input 1x8:bf16`` writes it) is bfloat16;
+    anything else is left for argparse's choices to name."""
+    return FLOAT_ALIASES.get(text.strip().lower(), text)
 
 EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: a bug in flopcount itself (never the user's input or model): says so, asks for a report
@@ -257,7 +266,14 @@ _QUANTITY = _type(lambda text: parse_quantity(text, "budget"))
 
 
 def _bytes(what: str) -> Any:
-    return _type(lambda text: parse_bytes(text, what))
+    """A size checked here, so argparse names the flag, and kept as written: ``check`` reads it
+    (:func:`~flopcount.budget.check.parse_memory_budget`), where its warnings are said."""
+
+    def parse(text: str) -> str:
+        parse_bytes(text, what)
+        return text
+
+    return _type(parse)
 
 
 #: torch reads counts and seeds as int64
@@ -427,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--generate", type=_int_at_least(1, "--generate"), default=None, metavar="N",
                        help="count greedy generate() of N new tokens instead: prefill over the --input prompt, then N-1 "
                        "decode steps through the KV cache (transformers models; docs/llm.md)")
-    count.add_argument("--dtype", choices=BENCH_DTYPES, default=None,
+    count.add_argument("--dtype", type=_float_dtype, choices=BENCH_DTYPES, default=None,
                        help="cast the model's floating parameters and buffers and the floating inputs to this dtype first: "
                        "the weights MB, --memory and the KV cache of --generate follow it (default: the model's own)")
     count.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
@@ -576,8 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     setup = planner.add_argument_group("the cluster")
     _add_ranks(setup)
     setup.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="the optimizer step counted (default adamw)")
-    setup.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="cast the model to this dtype (default: as built)")
-    setup.add_argument("--mixed-precision", choices=("bfloat16", "float16"), default=None,
+    setup.add_argument("--dtype", type=_float_dtype, choices=("float32", "bfloat16", "float16"), default=None, help="cast the model to this dtype (default: as built)")
+    setup.add_argument("--mixed-precision", type=_float_dtype, choices=("bfloat16", "float16"), default=None,
                        help="FSDP2 computes in this dtype, reduces grads in float32; params and optimizer state keep theirs")
     setup.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                        help="process-group backend whose collective buffers the peak holds: nccl (in place; default) "
@@ -614,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape_of.add_argument("--new", type=_int_at_least(1, "--new"), default=256, metavar="N",
                           help="new tokens per sequence (default 256)")
     shape_of.add_argument("--batch", default="1", metavar="B[,B...]", help="batch sizes to price, e.g. 1,8,64 (default 1)")
-    shape_of.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+    shape_of.add_argument("--dtype", type=_float_dtype, choices=("float32", "bfloat16", "float16"), default=None,
                           help="cast the model to this compute dtype first (default: as built)")
     shape_of.add_argument("--weight-dtype", default=None, metavar="DTYPE",
                           help="weights stored as int8, int4 or fp8 weight-only quantization stores them (scales "
@@ -737,4 +753,4 @@ def _add_timing(p: argparse.ArgumentParser) -> None:
                         help="time calls until S seconds passed and at least 10 ran (default 1; not with --iters)")
     timing.add_argument("--batch-size", type=_int_at_least(1, "--batch-size"), default=None, metavar="N",
                         help="samples per call for throughput (default: the first input's leading dimension)")
-    timing.add_argument("--dtype", choices=BENCH_DTYPES, default=None, help="run under torch.autocast with this dtype (default: the model's own)")
+    timing.add_argument("--dtype", type=_float_dtype, choices=BENCH_DTYPES, default=None, help="run under torch.autocast with this dtype (default: the model's own)")

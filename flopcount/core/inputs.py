@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import torch
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # missing from the stubs
 
-from flopcount.errors import UsageError
+from flopcount.errors import TraceError, UsageError
 from flopcount.types import dtype_name
 
 
@@ -67,11 +67,12 @@ def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping
     return PreparedCall(args, kw, tuple(tensors), rebuild, describe_inputs(inputs, kwargs))
 
 
-def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any]) -> Optional[str]:
+def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any], who: str = "count_flops") -> Optional[str]:
     """What a forward that failed may have been given in place of its inputs, as a sentence, or
     None: a shape (``(4, 16)``, a ``torch.Size``) or a CLI SPEC string (``"4x16"``) where example
     tensors go, a dict of ``forward``'s keyword arguments (a tokenizer's output) given as its one
-    positional input, or positional inputs for keyword-only parameters; ``kwargs=`` takes the last two."""
+    positional input, or positional inputs for keyword-only parameters; ``kwargs=`` takes the last
+    two (the example calls ``who``, the function the user called)."""
     args = call.args
     if not args:
         return None
@@ -92,7 +93,7 @@ def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any]) -> Optional
     positional = sum(kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for kind in kinds)
     if keyword_only and inspect.Parameter.VAR_POSITIONAL not in kinds and len(args) > positional:
         return (f"forward takes {positional} positional input(s) and {len(args)} were given; its keyword-only "
-                f"{', '.join(keyword_only)} go in kwargs=, e.g. count_flops(model, kwargs={{{keyword_only[0]!r}: x}})")
+                f"{', '.join(keyword_only)} go in kwargs=, e.g. {who}(model, kwargs={{{keyword_only[0]!r}: x}})")
     if call.kwargs or len(args) != 1 or not isinstance(args[0], Mapping) or not args[0]:
         return None
     keys = list(args[0])
@@ -100,7 +101,17 @@ def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any]) -> Optional
         return None
     first = next(iter(parameters), "")
     return (f"the dict of {', '.join(keys)} went in as forward's first argument ({first!r}): "
-            "to pass its entries as keyword arguments give it as kwargs=, e.g. count_flops(model, kwargs=batch)")
+            f"to pass its entries as keyword arguments give it as kwargs=, e.g. {who}(model, kwargs=batch)")
+
+
+def with_input_hint(error: TraceError, call: PreparedCall, forward: Callable[..., Any], who: str = "count_flops") -> TraceError:
+    """``error`` (a forward that failed on ``call``) with :func:`misgiven_inputs`' sentence added
+    after a ``;``, or ``error`` itself when there is none: the one wording of every reading that
+    runs the forward (``count_flops``, ``benchmark``, ``profile``...)."""
+    hint = misgiven_inputs(call, forward, who)
+    if hint is None:
+        return error
+    return type(error)(f"{error}; {hint}", module_path=error.module_path, input_shapes=error.input_shapes)
 
 
 def flatten_tensors(obj: Any) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:

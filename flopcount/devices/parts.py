@@ -199,6 +199,10 @@ def resolve_part(name: str) -> Part:
     """:func:`find_part`, or a UsageError naming the known parts."""
     part = find_part(name)
     if part is None:
+        listed = [find_part(each.strip()) for each in str(name).split(",")]
+        if len(listed) > 1 and all(listed):  # serve's --on h100,l4 given where one part goes
+            raise UsageError(f"{name!r} names {len(listed)} parts; one part goes here (serve compares several: "
+                             f"serve --on {name})")
         raise UsageError(f"unknown part {name!r}; known parts: {known_names()} (aliases in docs/devices.md), "
                          "or 'this machine'")
     return part

@@ -29,7 +29,14 @@ from torch import nn
 
 from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import FromWarnings, first_line, module_place
-from flopcount.core.inputs import PreparedCall, is_dataless, output_tensors, prepare_call, require_module
+from flopcount.core.inputs import (
+    PreparedCall,
+    is_dataless,
+    output_tensors,
+    prepare_call,
+    require_module,
+    with_input_hint,
+)
 from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
 from flopcount.core.state import FoundState, left_as_found, preserved_random_modules, preserved_rng
@@ -455,7 +462,9 @@ def _tracked_step(
                 except FlopcountError:
                     raise
                 except Exception as exc:
-                    error = _step_error(exc, stack.current, request.call.description)
+                    # with count_flops' hint for inputs given in the wrong form (a shape, a tokenizer's dict)
+                    error = with_input_hint(_step_error(exc, stack.current, request.call.description), request.call,
+                                            twin.forward, "estimate_memory")
                     # a real step has the values: its failure is its own, though its context
                     # chain holds the fake step's (the fallback runs while that is handled)
                     if not real and _in_chain(exc, _needs_value):

@@ -22,7 +22,7 @@ from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.state import FoundState, forward_globals, left_as_found, preserved_random_modules, preserved_rng
-from flopcount.devices import column_of, find_part, known_names, op_time, part_roofs
+from flopcount.devices import column_of, find_part, is_this_machine, known_names, op_time, part_roofs
 from flopcount.errors import FlopcountWarning, TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.planning.result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
@@ -228,9 +228,13 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
     for None); UsageError listing the parts when unknown."""
     if device is None:
         return None
+    if is_this_machine(str(device)):
+        raise UsageError("plan: on='this machine' has no link between ranks to time the collectives on: name a part "
+                         "(h100, a100...), or leave on out for no step times")
     part = find_part(str(device))
-    if part is None:
-        raise UsageError(f"on: unknown GPU {device!r} (known parts: {known_names()}; or None for no step times)")
+    if part is None:  # the words count and serve use (not their 'this machine')
+        raise UsageError(f"unknown part {device!r}; known parts: {known_names()} (aliases in docs/devices.md), "
+                         "or on left out for no step times")
     return part.name
 
 

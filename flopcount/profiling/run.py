@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -19,7 +20,7 @@ from torch import nn
 
 from flopcount.bench.device import real_run, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
-from flopcount.core.inputs import PreparedCall, require_module
+from flopcount.core.inputs import PreparedCall, prepare_call, require_module
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
 from flopcount.devices import roofs_for
@@ -131,10 +132,12 @@ def profile(
             step.fresh()
             step()
         join_args, join_kwargs = step.fresh()
+        # described as the caller's inputs, as a failing plain step describes them (RealRun.borrow)
+        join = dataclasses.replace(prepare_call(join_args, join_kwargs), description=borrowed.call.description)
         names = model_facts(on_device)  # module names and aliases, read on the model as it runs
         with _profiling(activities) as join_prof:
             trace = dispatch.trace(
-                on_device, join_args, join_kwargs, backward=backward, loss_fn=loss_fn, marker=_marker, facts=names
+                on_device, join, backward=backward, loss_fn=loss_fn, marker=_marker, facts=names, run_name="profile",
             )
             synchronize(dev)
         # the profiler's schedule discards a warm-up step: its own first-step cost stays out;

@@ -76,6 +76,18 @@ def serve(
     return ServeResult(**{**result.__dict__, "wall_s": time.perf_counter() - started})
 
 
+def _whole_heads(kv_heads: int, tp: int) -> None:
+    """Tensor parallelism gives each rank whole KV heads, or a replica of one (vLLM's rule): a
+    ``tp`` that neither divides the KV heads nor is a multiple of them leaves ranks with unequal
+    shares, which the per-rank figures (work, weights and cache / tp) would understate; a
+    UsageError naming the heads (plan refuses it the same way)."""
+    if tp > 1 and kv_heads and kv_heads % tp and tp % kv_heads:
+        fits = [n for n in range(2, kv_heads + 1) if kv_heads % n == 0][:6]
+        raise UsageError(f"serve: tp={tp} does not split the model's {kv_heads} key/value heads evenly (tensor parallelism gives "
+                         f"each rank whole heads): choose a tp that divides {kv_heads} (e.g. {', '.join(map(str, fits))}) "
+                         "or a multiple of it (the heads replicated)")
+
+
 def _part(on: Union[str, Roofs], tp: int, modes: Optional[MathModes] = None) -> Tuple[Roofs, str, Optional[float], str]:
     """Roofs (a named part's under the float32 math ``modes``, default torch's), a name, the
     memory capacity in bytes (None: unknown) and the tp link."""
@@ -108,6 +120,7 @@ def serve_on(
 ) -> ServeResult:
     """Price counted :class:`ServeFacts` on a part (no torch runs: comparing parts and batch
     sizes costs one count)."""
+    _whole_heads(facts.kv_heads, tp)
     compute = column_of(dtype) if dtype is not None else facts.model_dtype
     weights_as = weight_format(None if weight_dtype is None else column_of(weight_dtype), compute)
     pricing = Pricing(facts, roofs, compute, weights_as, tp, link)

@@ -17,7 +17,7 @@ from torch import nn
 
 from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import module_place
-from flopcount.core.inputs import PreparedCall, is_dataless, misgiven_inputs, prepare_call
+from flopcount.core.inputs import PreparedCall, is_dataless, prepare_call, with_input_hint
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.core.state import (
     FoundRandom,
@@ -94,10 +94,10 @@ def trace(
         with preserved_random_modules(set_back) as drawn, left_as_found(modules, set_back=set_back):
             return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn, module_output=module_output)
     except TraceError as exc:
-        hint = misgiven_inputs(call, model.forward)
-        if hint is None:
+        hinted = with_input_hint(exc, call, model.forward)
+        if hinted is exc:
             raise
-        raise type(exc)(f"{exc}; {hint}", module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
+        raise hinted from exc
 
 
 def _traced(
@@ -131,7 +131,7 @@ def _traced(
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(
             run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts,
-            module_output=module_output,
+            module_output=module_output, run_name=f"{tracer} tracer",  # auto's real run: the tracer chosen
         )
     notes = tuple(filter(None, (note, _scripted_note(facts))))
     return dataclasses.replace(run, warnings=notes + run.warnings) if notes else run
@@ -200,13 +200,13 @@ def _fake_run(
     unchanged = False
     try:
         with PausedCollections():
-            run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, **options)
+            run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, run_name="auto tracer", **options)
         if run.reused_calls and not watch:
             unchanged = same_random_states(drawn.states, random_states())
             if not unchanged:
                 set_random_states(drawn.states)
                 with PausedCollections():
-                    run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, **options)
+                    run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, run_name="auto tracer", **options)
     except FakeRunError as exc:
         return None, exc.reason
     if _made_sparse(run):

@@ -126,12 +126,29 @@ def _error_line(exc: BaseException) -> str:
     return f"{error} (in TorchScript, {files[-1]}: {lines[marks[-1] - 1]})"
 
 
-def forward_error(exc: BaseException, where: str, inputs_text: str, tracer: str) -> TraceError:
-    """A TraceError naming the module that failed and the inputs given, chained to ``exc``."""
+def forward_error(exc: BaseException, where: str, inputs_text: str, run: str) -> TraceError:
+    """A TraceError naming the module that failed, what ran the forward (``run``: the tracer the
+    caller chose, ``"auto tracer"`` for the default count, or ``"benchmark"``) and the inputs given,
+    chained to ``exc``."""
     place = module_place(where)
     err = TraceError(
-        f"forward failed in {place} ({tracer} tracer) with inputs {inputs_text}: {_error_line(exc)}",
+        f"forward failed in {place} ({run}) with inputs {inputs_text}: {_error_line(exc)}",
         module_path=where,
         input_shapes=inputs_text,
     )
     return err
+
+
+def failing_module(exc: BaseException, names: Mapping[nn.Module, str]) -> Optional[str]:
+    """The qualified name of the innermost module of ``names`` whose code was running when
+    ``exc`` was raised (the last frame of its traceback whose ``self`` is that module: its
+    forward, or ``nn.Module.__call__`` around it), read after the fact without hooks (a timed run
+    has none); None when no frame belongs to one (the failure was not the forward's)."""
+    found: Optional[str] = None
+    frame = exc.__traceback__
+    while frame is not None:
+        owner = frame.tb_frame.f_locals.get("self")
+        if isinstance(owner, nn.Module):
+            found = names.get(owner, found)
+        frame = frame.tb_next
+    return found

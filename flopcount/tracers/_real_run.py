@@ -91,5 +91,5 @@ def run_for_output(model: nn.Module, call: PreparedCall, facts: ModelFacts) -> b
         try:
             run_model(*call.args, **call.kwargs)
         except Exception as exc:
-            raise forward_error(exc, modules.current, call.description, "dispatch") from exc
+            raise forward_error(exc, modules.current, call.description, "dispatch tracer") from exc
     return True

@@ -62,13 +62,14 @@ def trace(
     on_output: Optional[Callable[[Any], None]] = None,
     watch_random: bool = False,
     module_output: Optional[ModuleOutput] = None,
+    run_name: str = "dispatch tracer",
 ) -> Trace:
     """See :func:`_trace`. A forward that calls ``torch.cond`` is traced again with the
     recorder torch keeps out of dynamo (torch compiles an eager ``cond``; the fast recorder's
     own code must not be traced, and keeping every op out of dynamo costs ~10 us per op)."""
     options: Dict[str, Any] = dict(
         backward=backward, loss_fn=loss_fn, fake_copy=fake_copy, optimizer=optimizer, marker=marker,
-        on_output=on_output, watch_random=watch_random, module_output=module_output,
+        on_output=on_output, watch_random=watch_random, module_output=module_output, run_name=run_name,
     )
     call = prepare_call(inputs, kwargs)
     facts = model_facts(model) if facts is None else facts
@@ -203,6 +204,7 @@ def _trace(
     on_output: Optional[Callable[[Any], None]] = None,
     shared_hooks: Optional[SharedHooks] = None,
     module_output: Optional[ModuleOutput] = None,
+    run_name: str = "dispatch tracer",
 ) -> Trace:
     """Run ``model`` once under a TorchDispatchMode and return its aten op events.
 
@@ -228,6 +230,9 @@ def _trace(
     ``module_output`` (name, callable): the callable is given the output of the module of that
     qualified name as it returns (on a fake run, the copy's), by the run's module stack: the
     decoding loop keeps an encoder-decoder's encoder output from the prefill.
+
+    ``run_name`` is what a failure line calls the run: the tracer the caller chose (``"auto
+    tracer"`` for the default count, whichever path failed), or the reading (``"profile"``).
     """
     needs_backward(backward, loss_fn, optimizer)
     args, kw = call.args, call.kwargs
@@ -296,7 +301,7 @@ def _trace(
                 except Exception as exc:
                     refused = _refused_by_real_kernel(exc)
                     if refused is not None:  # the real call fails here too: no real run to find out
-                        raise forward_error(refused, modules.current, inputs_text, "auto") from refused
+                        raise forward_error(refused, modules.current, inputs_text, run_name) from refused
                     if fake_copy:
                         if isinstance(exc, FakeRunError):  # a module of the lazy copy could not be copied: said so
                             raise
@@ -305,7 +310,7 @@ def _trace(
                     refusal = _data_refusal(exc, modules.current, inputs_text, tensors)
                     if refusal is not None:  # on meta or fake tensors: no real run to fall back on
                         raise refusal from exc
-                    raise forward_error(exc, modules.current, inputs_text, "dispatch") from exc
+                    raise forward_error(exc, modules.current, inputs_text, run_name) from exc
                 if attribution is not None and recorder.conds:
                     raise UsageError(
                         "backward=True through torch.cond is not counted yet (torch runs the branch below "
@@ -322,7 +327,7 @@ def _trace(
                         if fake_copy:
                             where = recorder.module_stack()
                             raise FakeRunError(reason_for(exc, where[-1] if where else "")) from exc
-                        raise _backward_error(exc, recorder, inputs_text) from exc
+                        raise _backward_error(exc, recorder, inputs_text, run_name) from exc
                 if on_output is not None:
                     on_output(outputs)
                 del outputs
@@ -366,7 +371,7 @@ def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
     return None
 
 
-def _backward_error(exc: BaseException, recorder: Recorder, inputs_text: str) -> TraceError:
+def _backward_error(exc: BaseException, recorder: Recorder, inputs_text: str, run_name: str) -> TraceError:
     """A TraceError for a failure in ``loss_fn`` or in backward, naming the module."""
     in_backward = recorder.phase == "backward"
     stack = recorder.module_stack() if in_backward else ()
@@ -375,7 +380,7 @@ def _backward_error(exc: BaseException, recorder: Recorder, inputs_text: str) ->
     detail = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
     place = f" in module '{where}'" if where else ""
     return TraceError(
-        f"{'backward' if in_backward else 'loss_fn'} failed{place} (dispatch tracer) with inputs {inputs_text}: {detail}",
+        f"{'backward' if in_backward else 'loss_fn'} failed{place} ({run_name}) with inputs {inputs_text}: {detail}",
         module_path=where,
         input_shapes=inputs_text,
     )

@@ -152,7 +152,7 @@ def test_bad_arguments() -> None:
         _plan(fsdp=0)
     with pytest.raises(UsageError, match="build must be a callable"):
         flopcount.plan(nn.Linear(2, 2), (torch.randn(1, 2),))
-    with pytest.raises(UsageError, match="unknown GPU"):
+    with pytest.raises(UsageError, match="unknown part .abacus.; known parts: H100 SXM"):
         _plan(on="abacus")
 
 

@@ -315,7 +315,7 @@ def trace(
             refusal = next(filter(None, (refuse(exc, modules.current) for refuse in _REFUSALS)), None)
             if refusal is not None:
                 raise TraceError(refusal, module_path=modules.current, input_shapes=call.description) from exc
-            raise forward_error(exc, modules.current, call.description, "jit") from exc
+            raise forward_error(exc, modules.current, call.description, "jit tracer") from exc
         finally:
             torch.jit._trace._trace_module_map = previous_map
         graph, inlined_scopes = inline_script_calls(graph, flat + state)
