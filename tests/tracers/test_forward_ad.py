@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import jacfwd, jvp
 from torch.utils.flop_counter import FlopCounterMode
 
-from flopcount import count_flops
+from flopcount import TraceError, count_flops
 
 ROWS, IN, HIDDEN, OUT = 8, 64, 128, 32
 PRIMAL = ROWS * (IN * HIDDEN + HIDDEN * OUT)  # 98,304 MACs: the two Linears on 8 rows
@@ -76,6 +76,22 @@ def test_tangent_products_counted(tracer: str, how: str) -> None:
     r = count_flops(model, (x, t), tracer=tracer)
     assert r.macs == _oracle_macs(model, x, t) == BY_HAND[how]
     assert r.complete
+    assert_same_state(model, before)
+
+
+@pytest.mark.parametrize("how", ["jvp", "jacfwd"])
+def test_jit_records_torch_func_forward_ad_at_its_aten_ops(how: str) -> None:
+    model = Tangent(how)
+    x, t = torch.randn(ROWS, IN), torch.randn(ROWS, IN)
+    assert count_flops(model, (x, t), tracer="jit").macs == _oracle_macs(model, x, t) == BY_HAND[how]
+
+
+def test_jit_refuses_a_dual_tensor_it_would_count_as_its_primal() -> None:
+    """torch.jit records a dual Linear as one aten::linear (98,304 MACs of 294,912): it says so."""
+    model = Tangent("make_dual")
+    before = snapshot(model)
+    with pytest.raises(TraceError, match=r"forward-mode AD.*tracer='dispatch'"):
+        count_flops(model, (torch.randn(ROWS, IN), torch.randn(ROWS, IN)), tracer="jit")
     assert_same_state(model, before)
 
 
