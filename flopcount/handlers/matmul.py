@@ -178,6 +178,30 @@ def _einsum(call: OpCall) -> Cost:
     return einsum_cost(call.arg("equation"), [t.shape for t in tensors], call.arg("path"))
 
 
+def chain_macs(shapes: Sequence[Shape]) -> int:
+    """``linalg.multi_dot`` / ``chain_matmul`` of matrices (d0, d1), (d1, d2) ... (a 1-D first
+    operand is a row (1, n), a 1-D last one a column (n, 1)): torch multiplies them in the
+    order of fewest multiply-adds, so the MACs are the matrix-chain minimum over the
+    splits k of cost(i..k) + cost(k+1..j) + d_i d_(k+1) d_(j+1); for three,
+    min(d0 d1 d2 + d0 d2 d3, d1 d2 d3 + d0 d1 d3)."""
+    if len(shapes) < 2:
+        return 0
+    first, last = shapes[0], shapes[-1]
+    dims = [first[0] if len(first) == 2 else 1] + [s[-1] for s in shapes[:-1]]
+    dims.append(last[-1] if len(last) == 2 else 1)
+    n = len(shapes)
+    cost = [[0] * n for _ in range(n)]
+    for length in range(1, n):
+        for i in range(n - length):
+            j = i + length
+            cost[i][j] = min(cost[i][k] + cost[k + 1][j] + dims[i] * dims[k + 1] * dims[j + 1] for k in range(i, j))
+    return cost[0][n - 1]
+
+
+def _chain(name: str) -> Handler:
+    return lambda call: Cost.from_macs(chain_macs([t.shape for t in call.arg(name) or ()]))
+
+
 def sparse_product(a: TensorMeta, b: TensorMeta) -> Optional[int]:
     """MACs of ``a @ b`` (2-D, or a matrix times a vector) with one sparse operand: one
     multiply-add per stored value of the sparse operand and column (row) of the dense one:
@@ -253,6 +277,8 @@ def register(registry: HandlerRegistry) -> None:
     add("aten::bilinear", _bilinear)
     add("aten::_trilinear", _trilinear)
     add("aten::einsum", _einsum)
+    add("aten::linalg_multi_dot", _chain("tensors"))
+    add("aten::chain_matmul", _chain("matrices"))
     add("aten::_scaled_mm", _product("self", "mat2"))  # (M, K) @ (K, N) with scales folded in, as torch's flop counter
     # the scales of _scaled_grouped_mm are folded into the product, like alpha
     add(["aten::_grouped_mm", "aten::_scaled_grouped_mm"], _grouped("self", "mat2"))

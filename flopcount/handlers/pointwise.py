@@ -200,6 +200,8 @@ def _alpha_dropout(call: OpCall, x: TensorMeta) -> int:
 def register(registry: HandlerRegistry) -> None:
     for op, flops in PER_ELEMENT.items():
         registry.register(op, per_element(flops))
+    # forward-mode AD's formulas (torch.func.jvp) combine an op's tangent terms with prims
+    registry.register(["prims::add", "prims::sub", "prims::mul", "prims::div"], per_element(1))
     registry.register("aten::gelu", _gelu(GELU))
     registry.register("aten::gelu_backward", _gelu(GELU_BACKWARD))
     registry.register("aten::elu", _elu)

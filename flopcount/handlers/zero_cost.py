@@ -68,6 +68,8 @@ _SCALARS = (
     "is_contiguous", "is_nonzero", "is_same_size", "_shape_as_tensor", "_assert_async", "_assert_scalar",
     "_functional_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range", "sym_constrain_range_for_size",
     "_has_compatible_shallow_copy_type", "record_stream", "__getitem__", "device", "dtype", "layout",
+    # forward-mode AD's check that a tangent may share its primal's layout (torch.func.jvp)
+    "_has_same_storage_numel",
     # a mask-shape check: tells whether a padding mask is left-aligned (a bool, no arithmetic on data)
     "_nested_tensor_from_mask_left_aligned",
     "contiguous_format", "data", "requires_grad_", "retain_grad", "_version", "output_nr",

@@ -334,11 +334,12 @@ def run_backward(
     finally:
         recorder.muted -= 1
     reentrant, graph_leaves = _reentrant_checkpoint(roots)
-    # a caller's tensor the graph reached without a torch function seeing it (a custom
-    # autograd.Function's apply takes its arguments as they are) is differentiated as itself
+    # every other leaf the graph accumulates into gets its gradient in a real backward too, and
+    # is differentiated as itself: a caller's tensor the graph reached without a torch function
+    # seeing it (a custom autograd.Function's apply takes its arguments as they are), a leaf the
+    # forward made (``x.detach().requires_grad_()`` for a gradient penalty, a PINN's derivative)
     own = {id(leaf) for leaf in leaves}
-    wanted = {id(t) for t in list(model.parameters()) + list(inputs)}
-    leaves += [leaf for leaf in unique_tensors(graph_leaves) if id(leaf) not in own and id(leaf) in wanted]
+    leaves += [leaf for leaf in unique_tensors(graph_leaves) if id(leaf) not in own]
     recorder.phase = "backward"
     if reentrant is None:
         # autograd.grad writes no .grad and runs no post-accumulate-grad hook: real leaves are safe here

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad
 from torch.overrides import TorchFunctionMode
 
 from flopcount.types import TensorMeta, dtype_name
@@ -494,16 +495,29 @@ def _is_batched() -> Callable[[Any], bool]:
 _IS_BATCHED = _is_batched()
 
 
+def _has_tangent(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` carries a forward-mode tangent (``torch.func.jvp``, ``jacfwd``,
+    ``hessian``, ``torch.autograd.forward_ad.make_dual``): its ops then also compute the
+    tangent's products, inside the op. Outside a dual level this reads no tensor."""
+    return forward_ad.unpack_dual(tensor).tangent is not None
+
+
+def _transformed(tensor: torch.Tensor) -> bool:
+    return _IS_BATCHED(tensor) or _has_tangent(tensor)
+
+
 def _any_batched(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-    """Whether a tensor argument is batched by ``torch.vmap`` (at any level): a composite
-    sees its per-sample (logical) shape there, so it is left to its aten ops, which the
-    dispatch tracer sees at their physical, batched shapes (docs/conventions.md, vmap)."""
+    """Whether a tensor argument is batched by ``torch.vmap`` (at any level) or carries a
+    forward-mode tangent: a composite sees its per-sample (logical) shape there, and its
+    formula prices the primal only, so it is left to its aten ops, which the dispatch tracer
+    sees at their physical, batched shapes, tangent products included (docs/conventions.md,
+    vmap)."""
     for value in itertools.chain(args, kwargs.values()):
         if isinstance(value, torch.Tensor):
-            if _IS_BATCHED(value):
+            if _transformed(value):
                 return True
         elif isinstance(value, (list, tuple)):
-            if any(isinstance(v, torch.Tensor) and _IS_BATCHED(v) for v in value):
+            if any(isinstance(v, torch.Tensor) and _transformed(v) for v in value):
                 return True
     return False
 
@@ -545,7 +559,12 @@ class CompositeInterceptor(TorchFunctionMode):
                 return func(*args, **kwargs) if kwargs else func(*args)
             return recorder.run_function(func, args, kwargs or {})
         kwargs = kwargs or {}
-        if _any_batched(args, kwargs):
+        recorder.muted += 1  # inside a dual level, reading a tangent runs a view op
+        try:
+            transformed = _any_batched(args, kwargs)
+        finally:
+            recorder.muted -= 1
+        if transformed:
             return func(*args, **kwargs)
         bound = binder(args, kwargs)
         if bound is None:

@@ -93,3 +93,18 @@ def transform_failure(exc: BaseException, where: str) -> Optional[str]:
         "use tracer='dispatch' "
         "(or 'auto'), which counts them at their physical shapes"
     )
+
+
+def tangent_refusal(graph: Any) -> Optional[str]:
+    """One sentence when the traced forward reads a forward-mode tangent
+    (``torch.autograd.forward_ad.unpack_dual``: an ``aten::_unpack_dual`` node): the tangent
+    products ran inside the ops, which torch.jit records as the primal's only (a dual
+    Linear as one ``aten::linear``, a third of its work). None otherwise. ``torch.func.jvp``
+    is recorded at its aten ops and passes."""
+    if not any(node.kind() == "aten::_unpack_dual" for node in graph.nodes()):
+        return None
+    return (
+        "the jit tracer cannot count this model: its forward uses forward-mode AD (torch.autograd.forward_ad), "
+        "whose tangent products torch.jit records as the primal's ops only; use tracer='dispatch' (or 'auto'), "
+        "which counts them"
+    )

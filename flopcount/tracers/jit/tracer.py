@@ -25,7 +25,7 @@ from flopcount.tracers._real_run import model_kept
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake.hf_tracing import jit_branches
-from flopcount.tracers.jit.functions import function_failure, transform_failure
+from flopcount.tracers.jit.functions import function_failure, tangent_refusal, transform_failure
 from flopcount.tracers.jit.graph import (
     FUNCTION_CALL,
     PLUMBING,
@@ -319,6 +319,9 @@ def trace(
         finally:
             torch.jit._trace._trace_module_map = previous_map
         graph, inlined_scopes = inline_script_calls(graph, flat + state)
+        refusal = tangent_refusal(graph)
+        if refusal is not None:
+            raise TraceError(refusal, module_path="", input_shapes=call.description)
         events = _graph_events(graph, inlined_scopes, inputs=flat + state)
         # the run's draws went to private generators (tracers/jit/random.py); the process's RNG is
         # set back only if one went elsewhere: a draw jit recorded outside the calls redirected
