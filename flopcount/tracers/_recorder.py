@@ -21,6 +21,7 @@ from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake import meta_kernels as _meta_kernels
+from flopcount.tracers.fake.indices import INDEXED, IndexValues, check_indices
 from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.tracers.fake.values import INTEGRAL, KnownValues
 from flopcount.types import OpCall, OpEvent, Phase, TensorMeta, dtype_name
@@ -227,6 +228,11 @@ class Recorder(DataReads):
         #: ``marker(index)``: a context manager around the run of the op recorded as event
         #: ``index`` (flopcount.profiling names each op's profiler range with it); None: none
         self.marker: Optional[Callable[[int], Any]] = None
+        #: the values the real kernels' index checks read (fake/indices.py), and how many index
+        #: values were known and checked so far (structural reuse keys a call that checked one by
+        #: its arguments' values)
+        self.indices = IndexValues(self.known)
+        self.indices_checked = 0
         #: ops whose event or effect is not a function of the shape-cache key alone (not known to
         #: the cache, writing an argument, a placeholder, a fallback, a noted value), so far:
         #: a torch function's events are kept for its next call only if none ran inside it
@@ -253,6 +259,8 @@ class Recorder(DataReads):
                 return answer
         if self.real_checks and func in _CHECKED:
             _meta_kernels.check_like_cpu(func, args, kwargs)
+        if func in INDEXED and check_indices(func, args, kwargs, self.indices):
+            self.indices_checked += 1
         cache = self.shape_cache
         try:
             if self.marker is not None and not self.muted and not _signature(func).skip:

@@ -184,7 +184,7 @@ class _Entry:
     """What the first call of a key left: its events, the module calls under it, its
     outputs' description, the subtree's module list (relative order) and whether it is clean."""
 
-    __slots__ = ("inners", "compact", "calls", "outputs", "clean", "reads", "values", "slots")
+    __slots__ = ("inners", "compact", "calls", "outputs", "clean", "reads", "values", "slots", "indexed")
 
     def __init__(self) -> None:
         #: the plain attributes the call read, as (module index in the subtree order, name),
@@ -201,6 +201,10 @@ class _Entry:
         #: a call given caches: (slot accesses, their equality pattern, the slots' states before,
         #: after); accesses are ("rel", cache, module index) or ("abs", cache, slot)
         self.slots: Optional[Tuple[Tuple[Any, ...], Tuple[int, ...], Tuple[Any, ...], Tuple[Any, ...]]] = None
+        #: a call whose ops checked an index of known value against its table (fake/indices.py):
+        #: its tensor arguments' known values (:meth:`Reuse._argument_values`), which a call booked
+        #: from it must have (the key holds their metadata only); None: no index checked
+        self.indexed: Optional[Tuple[Any, ...]] = None
 
 
 class _Held:
@@ -612,7 +616,9 @@ class Reuse:
             key = (structure, arguments, metadata, _settings(), self._globals_key(order, structure))
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
-            if entry is not None and entry.clean:
+            if entry is not None and entry.clean and (
+                entry.indexed is None or entry.indexed == self._argument_values(tensors)
+            ):
                 if lazy is not None and read_ahead:
                     lazy.forget(read_ahead)
                 return self._replay(entry, order, tensors, log, caches, slots)
@@ -740,6 +746,7 @@ class Reuse:
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
             drawn = random_states() if self._watch_random else None
+            checked, indexed = recorder.indices_checked, self._argument_values(tensors)
             swapped = self._swap_in(order)
             try:
                 if watch is not None:
@@ -766,6 +773,8 @@ class Reuse:
                 return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
             if self._grads_changed(order) != changed:
                 return out  # it froze (or unfroze) a tensor of its subtree: a replay would leave it as it was
+            if recorder.indices_checked != checked:
+                entry.indexed = indexed  # booked again only for arguments of these values
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
@@ -1011,6 +1020,17 @@ class Reuse:
             reads.add((i, "*" if name == "__dict__" else name))
         return tuple(sorted(reads))
 
+    def _argument_values(self, tensors: List[Any]) -> Tuple[Any, ...]:
+        """The known value of each tensor argument of a call (None where not known), as the index
+        checks read it (``recorder.indices``): dtype, shape and bytes."""
+        known = self._recorder.indices
+        values: List[Any] = []
+        with torch._C._DisableTorchDispatch():  # read below the run's fake mode (a real CPU value)
+            for tensor in tensors:
+                value = known(tensor) if isinstance(tensor, torch.Tensor) else None
+                values.append(None if value is None else (value.dtype, tuple(value.shape), value.numpy().tobytes()))
+        return tuple(values)
+
     def _replay(
         self,
         entry: _Entry,
@@ -1022,6 +1042,8 @@ class Reuse:
     ) -> Any:
         recorder, stack, names = self._recorder, self._modules, self._names
         self.reused += 1
+        if entry.indexed is not None:
+            recorder.indices_checked += 1  # its checks hold for these values: an enclosing first call keys them too
         if entry.slots is not None and slots is not None:
             self._cache_events += 1
             # the slots' new fakes made below the run's torch-function modes, as the outputs below

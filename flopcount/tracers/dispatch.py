@@ -290,13 +290,16 @@ def _trace(
             )
             # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
             branches = real_branches(facts.modules if fake_copy else (), flat_inputs, call.tensors)
+            if fake_copy:  # the index checks read the values it follows, and the caller's token ids
+                recorder.indices.followed = branches.values.value if branches.values is not None else None
+                recorder.indices.seed(flat_inputs, call.tensors)
             with attribution or contextlib.nullcontext(), interceptor, recorder, branches:
                 try:
                     outputs = run_model(*args, **kw)
                 except Exception as exc:
                     refused = _refused_by_real_kernel(exc)
                     if refused is not None:  # the real call fails here too: no real run to find out
-                        raise forward_error(refused, modules.current, inputs_text, "auto") from refused
+                        raise forward_error(refused, modules.current, inputs_text, "auto" if fake_copy else "dispatch") from refused
                     if fake_copy:
                         if isinstance(exc, FakeRunError):  # a module of the lazy copy could not be copied: said so
                             raise
