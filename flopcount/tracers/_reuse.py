@@ -1028,7 +1028,7 @@ class Reuse:
         with torch._C._DisableTorchDispatch():  # read below the run's fake mode (a real CPU value)
             for tensor in tensors:
                 value = known(tensor) if isinstance(tensor, torch.Tensor) else None
-                values.append(None if value is None else (value.dtype, tuple(value.shape), value.numpy().tobytes()))
+                values.append(None if value is None else (value.dtype, tuple(value.shape), _bytes(value)))
         return tuple(values)
 
     def _replay(
@@ -1672,6 +1672,11 @@ def _fake_metadata(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Optional[Tu
 # a module's ``__dict__``, read past any ``__getattribute__`` (the tracking classes')
 _STATE = cast(Callable[[nn.Module], Dict[str, Any]], vars(nn.Module)["__dict__"].__get__)
 _NONE_HELD: Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]] = (([], []), ())
+
+
+def _bytes(value: torch.Tensor) -> bytes:
+    """A CPU tensor's elements as bytes, in order (any dtype: bfloat16 has no numpy form)."""
+    return value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def _tensors_of(order: List[nn.Module]) -> List[Any]:

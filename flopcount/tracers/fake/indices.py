@@ -85,7 +85,7 @@ class IndexOutOfRange(RealKernelError):
 def known_value(tensor: Any, followed: Callable[[Any], Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
     """``tensor``'s value: itself for a real CPU tensor, else what ``followed`` knows (None: unknown)."""
     if type(tensor) is torch.Tensor or type(tensor) is nn.Parameter:
-        if tensor.device.type == "cpu":
+        if tensor.device.type == "cpu" and tensor.layout == torch.strided:
             return tensor
         if tensor.device.type != "meta":
             return None  # a real accelerator tensor: its kernel checks it (reading it would synchronise)
@@ -168,7 +168,7 @@ def _check_list(name: str, table: Any, indices: Any, values: Callable[[Any], Opt
         elif not isinstance(index, torch.Tensor):
             return checked
         elif index.dtype in (torch.bool, torch.uint8):
-            dim += max(index.dim(), 1)
+            dim += index.dim()
         else:
             checked = _check(name, index, table.size(dim), True, values, "size", dim) or checked
             dim += 1
