@@ -98,7 +98,7 @@ def outputs_of(out: Any) -> Tuple[Any, ...]:
 class _Signature:
     """Schema facts of one op overload, computed once: name, argument names, defaults."""
 
-    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable")
+    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable", "indexed")
 
     def __init__(self, schema: Any):
         # the canonical name, and the constant arguments a renamed kernel implies
@@ -111,6 +111,7 @@ class _Signature:
             a.name: value_of(a.default_value) for a in schema.arguments if a.has_default_value()
         }
         self.defaults.update(extra)
+        self.indexed = False  # an op whose index the real kernel checks (fake/indices.py): set by _signature
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
         """Every argument by schema name, in schema order, defaults filled in (as jit has them)."""
@@ -130,7 +131,9 @@ class _Signature:
 @cache
 def _signature(func: Any) -> _Signature:
     """The schema facts of an op overload, once per overload (the per-op hot path)."""
-    return _Signature(func._schema)
+    sig = _Signature(func._schema)
+    sig.indexed = id(func) in INDEXED
+    return sig
 
 
 
@@ -257,9 +260,12 @@ class Recorder(DataReads):
             if answer is not _NO_PLACEHOLDER:
                 self.unkeyed += 1
                 return answer
+        sig = self._signatures.get(func)
+        if sig is None:
+            sig = self._signatures[func] = _signature(func)
         if self.real_checks and func in _CHECKED:
             _meta_kernels.check_like_cpu(func, args, kwargs)
-        if func in INDEXED and check_indices(func, args, kwargs, self.indices):
+        if sig.indexed and check_indices(func, args, kwargs, self.indices):
             self.indices_checked += 1
         cache = self.shape_cache
         try:
@@ -276,9 +282,6 @@ class Recorder(DataReads):
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
             cache = None
         key = cache.key if cache is not None else None
-        sig = self._signatures.get(func)
-        if sig is None:
-            sig = self._signatures[func] = _signature(func)
         if type(out) is torch.Tensor:
             # a float output cannot have written into the (integral) tensors whose values are known
             if out.is_meta and out.dtype in INTEGRAL:

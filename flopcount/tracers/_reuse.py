@@ -617,7 +617,7 @@ class Reuse:
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
             if entry is not None and entry.clean and (
-                entry.indexed is None or entry.indexed == self._argument_values(tensors)
+                entry.indexed is None or entry.indexed == _digest(self._argument_values(tensors))
             ):
                 if lazy is not None and read_ahead:
                     lazy.forget(read_ahead)
@@ -746,7 +746,8 @@ class Reuse:
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
             drawn = random_states() if self._watch_random else None
-            checked, indexed = recorder.indices_checked, self._argument_values(tensors)
+            # the arguments' versions: a write into one (or a view of it) during the call moves them
+            checked, versions = recorder.indices_checked, [t._version for t in tensors]
             swapped = self._swap_in(order)
             try:
                 if watch is not None:
@@ -774,7 +775,8 @@ class Reuse:
             if self._grads_changed(order) != changed:
                 return out  # it froze (or unfroze) a tensor of its subtree: a replay would leave it as it was
             if recorder.indices_checked != checked:
-                entry.indexed = indexed  # booked again only for arguments of these values
+                # booked again only for arguments of these values (read now: none was written since)
+                entry.indexed = _digest(self._argument_values(tensors)) if [t._version for t in tensors] == versions else (object(),)
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
@@ -1020,16 +1022,11 @@ class Reuse:
             reads.add((i, "*" if name == "__dict__" else name))
         return tuple(sorted(reads))
 
-    def _argument_values(self, tensors: List[Any]) -> Tuple[Any, ...]:
-        """The known value of each tensor argument of a call (None where not known), as the index
-        checks read it (``recorder.indices``): dtype, shape and bytes."""
+    def _argument_values(self, tensors: List[Any]) -> List[Optional[torch.Tensor]]:
+        """The known value of each tensor argument of a call, as the index checks read it
+        (``recorder.indices``; None where not known)."""
         known = self._recorder.indices
-        values: List[Any] = []
-        with torch._C._DisableTorchDispatch():  # read below the run's fake mode (a real CPU value)
-            for tensor in tensors:
-                value = known(tensor) if isinstance(tensor, torch.Tensor) else None
-                values.append(None if value is None else (value.dtype, tuple(value.shape), _bytes(value)))
-        return tuple(values)
+        return [known(tensor) for tensor in tensors]
 
     def _replay(
         self,
@@ -1674,9 +1671,16 @@ _STATE = cast(Callable[[nn.Module], Dict[str, Any]], vars(nn.Module)["__dict__"]
 _NONE_HELD: Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]] = (([], []), ())
 
 
-def _bytes(value: torch.Tensor) -> bytes:
-    """A CPU tensor's elements as bytes, in order (any dtype: bfloat16 has no numpy form)."""
-    return value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+def _digest(known: List[Optional[torch.Tensor]]) -> Tuple[Any, ...]:
+    """The values :meth:`Reuse._argument_values` read, as dtype, shape and bytes (any dtype:
+    bfloat16 has no numpy form)."""
+    digest: List[Any] = []
+    with torch._C._DisableTorchDispatch():  # read below the run's fake mode (a real CPU value)
+        for value in known:
+            digest.append(None if value is None else (
+                value.dtype, tuple(value.shape), value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes(),
+            ))
+    return tuple(digest)
 
 
 def _tensors_of(order: List[nn.Module]) -> List[Any]:

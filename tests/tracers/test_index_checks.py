@@ -261,3 +261,29 @@ def test_structural_reuse_books_no_block_whose_known_index_differs() -> None:
     other = count_flops(model, (ok, torch.tensor([[7, 6, 5]])))
     assert other.reused_calls == 0  # other values: traced (and checked)
     assert other.flops == same.flops == 1 * 3 * 4  # the add of two (1, 3, 4) lookups (a lookup: no FLOPs)
+
+
+class _Shifts(nn.Module):
+    """Shifts its token ids in place before the lookup: the count must not read the ids as given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids += 1
+        return self.table(ids)
+
+
+def test_token_ids_written_in_place_are_not_checked_as_given() -> None:
+    """The caller's ids start at -1, outside the table; the forward shifts them to row 0 first,
+    and the real forward runs. The count must not check the ids as given (a stale value): the
+    written fake's value is no longer known, and the count runs as the real forward does."""
+    model, ids = _Shifts(), torch.tensor([[-1, 6]])
+    assert _real_error(model, ids.clone()) is None
+    assert isinstance(_real_error(model, torch.tensor([[0, 7]])), IndexError)
+    before = ids.clone()
+    for tracer in ("auto", "dispatch"):
+        result = count_flops(model, ids, tracer=tracer)
+        assert torch.equal(ids, before)  # the caller's ids left as found (the twin's run shifted its own)
+        assert result.by_operator("count").get("aten::embedding") == 1  # the lookup ran, on the shifted ids

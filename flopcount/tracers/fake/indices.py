@@ -55,10 +55,11 @@ _INDEX_ERROR = frozenset({
 })
 
 
-def _overloads() -> Dict[Any, Tuple[str, str, bool]]:
-    """op overload -> (its op name, its rule, whether negative indices count): every overload of
-    the ops of ``_RULES`` that takes tensors to index with (not ``out=`` ones, nor ``index.str``)."""
-    found: Dict[Any, Tuple[str, str, bool]] = {}
+def _overloads() -> Dict[Any, Tuple[str, str, bool, Tuple[str, ...]]]:
+    """op overload -> (its op name, its rule, whether negative indices count, its argument names):
+    every overload of the ops of ``_RULES`` that takes tensors to index with (not ``out=`` ones, nor
+    ``index.str``)."""
+    found: Dict[Any, Tuple[str, str, bool, Tuple[str, ...]]] = {}
     for name, (rule, negative) in _RULES.items():
         packet = getattr(_aten, name, None)
         if packet is None:
@@ -68,13 +69,14 @@ def _overloads() -> Dict[Any, Tuple[str, str, bool]]:
             names = {a.name for a in op._schema.arguments}
             wanted = {"rows": "indices", "dim": "index", "flat": "index", "list": "indices"}[rule]
             if wanted in names and "out" not in names and op._schema.arguments[0].name in ("self", "weight"):
-                found[op] = (name, rule, negative)
+                found[op] = (name, rule, negative, tuple(a.name for a in op._schema.arguments))
     return found
 
 
 _OPS = _overloads()
-#: the ops :func:`check_indices` checks
-INDEXED = frozenset(_OPS)
+#: the ops :func:`check_indices` checks, by ``id`` (an op overload is one object per process, kept
+#: alive by ``_OPS``; hashing one runs Python code, ~100 ns, asked for every op of a run)
+INDEXED = frozenset(map(id, _OPS))
 
 
 class IndexOutOfRange(RealKernelError):
@@ -105,31 +107,35 @@ class IndexValues:
         self._inputs: Any = None
 
     def seed(self, fakes: Any, reals: Any) -> None:
-        """Each integral fake of ``fakes`` stands for the real CPU tensor at its place in ``reals``."""
+        """Each integral fake of ``fakes`` stands for the real CPU tensor at its place in ``reals``,
+        until the fake is written (its version moves)."""
         inputs = WeakIdKeyDictionary()
         for fake, real in zip(fakes, reals):
             if (
                 type(real) is torch.Tensor and real.device.type == "cpu" and real.dtype in INTEGRAL
                 and real.layout == torch.strided and tuple(real.shape) == tuple(fake.shape)
             ):
-                inputs[fake] = real
+                inputs[fake] = (real, fake._version)
         self._inputs = inputs if len(inputs) else None
 
     def __call__(self, tensor: Any) -> Optional[torch.Tensor]:
         if type(tensor) is torch.Tensor:
             return self._known.value(tensor) if tensor.device.type == "meta" else None
         found = self.followed(tensor) if self.followed is not None else None
-        if found is None and self._inputs is not None:
-            found = self._inputs.get(tensor)
+        if found is None and self._inputs is not None and tensor.dtype in INTEGRAL:  # seeds: integral only
+            seeded = self._inputs.get(tensor)
+            # a fake written since (in place, or through a view: one version counter) no longer holds it
+            if seeded is not None and seeded[1] == tensor._version:
+                found = seeded[0]
         return found
 
 
 def check_indices(func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]], values: Callable[[Any], Optional[torch.Tensor]]) -> bool:
-    """Raise :class:`IndexOutOfRange` where the real kernel of ``func`` (one of :data:`INDEXED`)
+    """Raise :class:`IndexOutOfRange` where the real kernel of ``func`` (an op of :data:`INDEXED`)
     refuses an index whose value is known (``values``: see :func:`known_value`); whether an index
     value was known and checked."""
-    name, rule, negative = _OPS[func]
-    bound = dict(zip((a.name for a in func._schema.arguments), args))
+    name, rule, negative, names = _OPS[func]
+    bound = dict(zip(names, args))
     if kwargs:
         bound.update(kwargs)
     checked = False
@@ -186,7 +192,8 @@ def _check(
         return False
     if value.numel() == 0:
         return True
-    low, high = int(value.min()), int(value.max())
+    least_found, most_found = torch.aminmax(value)
+    low, high = int(least_found), int(most_found)
     least = -size if negative else 0
     if least <= low and high < size:
         return True
