@@ -8,9 +8,12 @@ what the shapes decide (position ids made by ``arange``, followed by
 :class:`~flopcount.tracers.fake.values.KnownValues` on meta and by
 :class:`~flopcount.tracers.fake.hf_tracing.FakeValues` on a fake copy). Before an op that reads
 through an index runs, :func:`check_indices` applies the range the real CPU kernel checks to
-each index whose value is known, and raises :class:`IndexOutOfRange` (the real kernel's
-exception type) where the real forward raises. An index whose value is not known is not
-checked (nothing is refused on a guess).
+each index whose value is known, and where the real forward raises, raises the real kernel's
+exception type (``IndexError`` or ``RuntimeError``) with the op, the index and the table, caused
+by an :class:`IndexOutOfRange` (a :class:`~flopcount.tracers.fake.meta_kernels.RealKernelError`:
+the dispatch tracer names the module). An index whose value is not known is not checked
+(nothing is refused on a guess); real CPU index tensors are checked on real runs too (the
+kernel would raise the same; the message is the same on every path).
 
 Ranges, as the CPU kernels check them (torch 2.x): ``embedding``, ``embedding_bag``,
 ``index_select``, ``gather``, ``scatter*``, ``index_add`` and ``index_copy`` take
@@ -87,7 +90,7 @@ class IndexOutOfRange(RealKernelError):
 def known_value(tensor: Any, followed: Callable[[Any], Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
     """``tensor``'s value: itself for a real CPU tensor, else what ``followed`` knows (None: unknown)."""
     if type(tensor) is torch.Tensor or type(tensor) is nn.Parameter:
-        if tensor.device.type == "cpu" and tensor.layout == torch.strided:
+        if tensor.device.type == "cpu" and tensor.layout == torch.strided and not tensor.is_nested:
             return tensor
         if tensor.device.type != "meta":
             return None  # a real accelerator tensor: its kernel checks it (reading it would synchronise)
@@ -131,9 +134,9 @@ class IndexValues:
 
 
 def check_indices(func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]], values: Callable[[Any], Optional[torch.Tensor]]) -> bool:
-    """Raise :class:`IndexOutOfRange` where the real kernel of ``func`` (an op of :data:`INDEXED`)
-    refuses an index whose value is known (``values``: see :func:`known_value`); whether an index
-    value was known and checked."""
+    """Raise what the real kernel of ``func`` (an op of :data:`INDEXED`) raises, caused by an
+    :class:`IndexOutOfRange`, where it refuses an index whose value is known (``values``: see
+    :func:`known_value`); whether an index value was known and checked."""
     name, rule, negative, names = _OPS[func]
     bound = dict(zip(names, args))
     if kwargs:
