@@ -91,6 +91,7 @@ from flopcount.core.state import (
 from flopcount.core.weakcache import PerObject
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, tensor_key
+from flopcount.tracers.fake.indices import version_of
 from flopcount.types import ReplayedCall, expand
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
@@ -747,7 +748,7 @@ class Reuse:
             read_from = len(log)
             drawn = random_states() if self._watch_random else None
             # the arguments' versions: a write into one (or a view of it) during the call moves them
-            checked, versions = recorder.indices_checked, [t._version for t in tensors]
+            checked, versions = recorder.indices_checked, [version_of(t) for t in tensors]
             swapped = self._swap_in(order)
             try:
                 if watch is not None:
@@ -776,7 +777,9 @@ class Reuse:
                 return out  # it froze (or unfroze) a tensor of its subtree: a replay would leave it as it was
             if recorder.indices_checked != checked:
                 # booked again only for arguments of these values (read now: none was written since)
-                entry.indexed = _digest(self._argument_values(tensors)) if [t._version for t in tensors] == versions else (object(),)
+                # (an inference tensor keeps no version: never booked again)
+                unwritten = None not in versions and [version_of(t) for t in tensors] == versions
+                entry.indexed = _digest(self._argument_values(tensors)) if unwritten else (object(),)
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out

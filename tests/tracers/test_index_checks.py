@@ -287,3 +287,15 @@ def test_token_ids_written_in_place_are_not_checked_as_given() -> None:
         result = count_flops(model, ids, tracer=tracer)
         assert torch.equal(ids, before)  # the caller's ids left as found (the twin's run shifted its own)
         assert result.by_operator("count").get("aten::embedding") == 1  # the lookup ran, on the shifted ids
+
+
+def test_in_inference_mode_the_checks_run_and_counts_stand() -> None:
+    """Inference tensors keep no version counter (reading one raises): the checks and structural
+    reuse's key do without it. GPT-2's position ids (followed values) are still checked; the ids of
+    a model without transformers modules are not read (their writes could not be seen)."""
+    model = _gpt2()
+    with torch.inference_mode():
+        _refused(lambda: count_flops(model, _ids(ROWS + 1)), "transformer.wpe")
+        assert 2 * count_flops(model, _ids(ROWS)).macs == torch_contraction_flops(model, (_ids(ROWS),))
+        blocks, ok = _TwoBlocks(), torch.tensor([[0, 1, 7]])
+        assert count_flops(blocks, (ok, ok.clone())).flops == 1 * 3 * 4

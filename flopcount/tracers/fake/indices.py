@@ -33,7 +33,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from flopcount.tracers.fake.meta_kernels import RealKernelError
 from flopcount.tracers.fake.values import INTEGRAL
 
-__all__ = ["INDEXED", "IndexOutOfRange", "IndexValues", "check_indices", "known_value"]
+__all__ = ["INDEXED", "IndexOutOfRange", "IndexValues", "check_indices", "known_value", "version_of"]
 
 _aten = torch.ops.aten
 
@@ -97,6 +97,15 @@ def known_value(tensor: Any, followed: Callable[[Any], Optional[torch.Tensor]]) 
     return followed(tensor)
 
 
+def version_of(tensor: Any) -> Optional[int]:
+    """``tensor``'s version counter (it moves at each write into it or a view of it); None for an
+    inference tensor, which keeps none."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return None
+
+
 class IndexValues:
     """The values an index check can read on one run: real CPU tensors; meta tensors that
     ``known`` follows (:class:`~flopcount.tracers.fake.values.KnownValues`); fakes that
@@ -118,7 +127,9 @@ class IndexValues:
                 type(real) is torch.Tensor and real.device.type == "cpu" and real.dtype in INTEGRAL
                 and real.layout == torch.strided and tuple(real.shape) == tuple(fake.shape)
             ):
-                inputs[fake] = (real, fake._version)
+                version = version_of(fake)
+                if version is not None:  # an inference tensor's writes cannot be seen: not seeded
+                    inputs[fake] = (real, version)
         self._inputs = inputs if len(inputs) else None
 
     def __call__(self, tensor: Any) -> Optional[torch.Tensor]:
@@ -128,7 +139,7 @@ class IndexValues:
         if found is None and self._inputs is not None and tensor.dtype in INTEGRAL:  # seeds: integral only
             seeded = self._inputs.get(tensor)
             # a fake written since (in place, or through a view: one version counter) no longer holds it
-            if seeded is not None and seeded[1] == tensor._version:
+            if seeded is not None and seeded[1] == version_of(tensor):
                 found = seeded[0]
         return found
 
