@@ -11,7 +11,7 @@ their quartiles; both must give the same ``to_dict()``. Models as ``count_varian
 (``count_phases._cases``: meta copies; LLaMA-2-70B on meta at 4,096 tokens).
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_trees_ab.py --commit main \\
-        [--models resnet50,bert,gpt2,70b] [--rounds 30] [--per 5]
+        [--models resnet50,bert,gpt2,70b] [--rounds 30] [--per 5] [--real]
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--models", default="resnet50,bert,gpt2,70b")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--per", type=int, default=5, help="counts per side and round")
+    parser.add_argument("--real", action="store_true", help="the models with real weights and real CPU inputs (not meta copies)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
@@ -87,7 +88,7 @@ def main() -> None:
         print("| model | base median ms (min) | this median ms (min) | per-round ratio: median (quartiles) | same to_dict |")
         print("|---|---|---|---|---|")
         for model in args.models.split(","):
-            (_, (net, inputs, _)), = _cases([model]).items()
+            (_, (net, inputs, _)), = _cases([model], real=args.real).items()
             same = sides["base"](net, inputs).to_dict() == sides["this"](net, inputs).to_dict()
             spent: Dict[str, List[float]] = {"base": [], "this": []}
             ratios: List[float] = []

@@ -21,6 +21,7 @@ from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake import meta_kernels as _meta_kernels
+from flopcount.tracers.fake.indices import INDEXED, IndexValues, check_indices
 from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.tracers.fake.values import INTEGRAL, KnownValues
 from flopcount.types import OpCall, OpEvent, Phase, TensorMeta, dtype_name
@@ -97,7 +98,7 @@ def outputs_of(out: Any) -> Tuple[Any, ...]:
 class _Signature:
     """Schema facts of one op overload, computed once: name, argument names, defaults."""
 
-    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable")
+    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable", "indexed")
 
     def __init__(self, schema: Any):
         # the canonical name, and the constant arguments a renamed kernel implies
@@ -110,6 +111,7 @@ class _Signature:
             a.name: value_of(a.default_value) for a in schema.arguments if a.has_default_value()
         }
         self.defaults.update(extra)
+        self.indexed = False  # an op whose index the real kernel checks (fake/indices.py): set by _signature
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
         """Every argument by schema name, in schema order, defaults filled in (as jit has them)."""
@@ -129,7 +131,9 @@ class _Signature:
 @cache
 def _signature(func: Any) -> _Signature:
     """The schema facts of an op overload, once per overload (the per-op hot path)."""
-    return _Signature(func._schema)
+    sig = _Signature(func._schema)
+    sig.indexed = id(func) in INDEXED
+    return sig
 
 
 
@@ -227,6 +231,11 @@ class Recorder(DataReads):
         #: ``marker(index)``: a context manager around the run of the op recorded as event
         #: ``index`` (flopcount.profiling names each op's profiler range with it); None: none
         self.marker: Optional[Callable[[int], Any]] = None
+        #: the values the real kernels' index checks read (fake/indices.py), and how many index
+        #: values were known and checked so far (structural reuse keys a call that checked one by
+        #: its arguments' values)
+        self.indices = IndexValues(self.known)
+        self.indices_checked = 0
         #: ops whose event or effect is not a function of the shape-cache key alone (not known to
         #: the cache, writing an argument, a placeholder, a fallback, a noted value), so far:
         #: a torch function's events are kept for its next call only if none ran inside it
@@ -251,8 +260,13 @@ class Recorder(DataReads):
             if answer is not _NO_PLACEHOLDER:
                 self.unkeyed += 1
                 return answer
+        sig = self._signatures.get(func)
+        if sig is None:
+            sig = self._signatures[func] = _signature(func)
         if self.real_checks and func in _CHECKED:
             _meta_kernels.check_like_cpu(func, args, kwargs)
+        if sig.indexed and check_indices(func, args, kwargs, self.indices):
+            self.indices_checked += 1
         cache = self.shape_cache
         try:
             if self.marker is not None and not self.muted and not _signature(func).skip:
@@ -268,9 +282,6 @@ class Recorder(DataReads):
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
             cache = None
         key = cache.key if cache is not None else None
-        sig = self._signatures.get(func)
-        if sig is None:
-            sig = self._signatures[func] = _signature(func)
         if type(out) is torch.Tensor:
             # a float output cannot have written into the (integral) tensors whose values are known
             if out.is_meta and out.dtype in INTEGRAL:

@@ -91,6 +91,7 @@ from flopcount.core.state import (
 from flopcount.core.weakcache import PerObject
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, tensor_key
+from flopcount.tracers.fake.indices import version_of
 from flopcount.types import ReplayedCall, expand
 
 __all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
@@ -184,7 +185,7 @@ class _Entry:
     """What the first call of a key left: its events, the module calls under it, its
     outputs' description, the subtree's module list (relative order) and whether it is clean."""
 
-    __slots__ = ("inners", "compact", "calls", "outputs", "clean", "reads", "values", "slots")
+    __slots__ = ("inners", "compact", "calls", "outputs", "clean", "reads", "values", "slots", "indexed")
 
     def __init__(self) -> None:
         #: the plain attributes the call read, as (module index in the subtree order, name),
@@ -201,6 +202,10 @@ class _Entry:
         #: a call given caches: (slot accesses, their equality pattern, the slots' states before,
         #: after); accesses are ("rel", cache, module index) or ("abs", cache, slot)
         self.slots: Optional[Tuple[Tuple[Any, ...], Tuple[int, ...], Tuple[Any, ...], Tuple[Any, ...]]] = None
+        #: a call whose ops checked an index of known value against its table (fake/indices.py):
+        #: its tensor arguments' known values (:meth:`Reuse._argument_values`), which a call booked
+        #: from it must have (the key holds their metadata only); None: no index checked
+        self.indexed: Optional[Tuple[Any, ...]] = None
 
 
 class _Held:
@@ -612,7 +617,9 @@ class Reuse:
             key = (structure, arguments, metadata, _settings(), self._globals_key(order, structure))
             found = self._entries.get(key)
             entry, slots = self._match(found, order, caches) if found is not None else (None, None)
-            if entry is not None and entry.clean:
+            if entry is not None and entry.clean and (
+                entry.indexed is None or entry.indexed == _digest(self._argument_values(tensors))
+            ):
                 if lazy is not None and read_ahead:
                     lazy.forget(read_ahead)
                 return self._replay(entry, order, tensors, log, caches, slots)
@@ -740,6 +747,8 @@ class Reuse:
             self._entries.setdefault(key, []).append(entry)
             read_from = len(log)
             drawn = random_states() if self._watch_random else None
+            # the arguments' versions: a write into one (or a view of it) during the call moves them
+            checked, versions = recorder.indices_checked, [version_of(t) for t in tensors]
             swapped = self._swap_in(order)
             try:
                 if watch is not None:
@@ -766,6 +775,11 @@ class Reuse:
                 return out  # it drew from Python's or numpy's generator (LayerDrop): a next call may branch otherwise
             if self._grads_changed(order) != changed:
                 return out  # it froze (or unfroze) a tensor of its subtree: a replay would leave it as it was
+            if recorder.indices_checked != checked:
+                # booked again only for arguments of these values (read now: none was written since)
+                # (an inference tensor keeps no version: never booked again)
+                unwritten = None not in versions and [version_of(t) for t in tensors] == versions
+                entry.indexed = _digest(self._argument_values(tensors)) if unwritten else (object(),)
             self._finish(entry, module, order, tensors, out, before, start, calls_before, fingerprint, containers,
                          log, read_from, watch)
             return out
@@ -1011,6 +1025,12 @@ class Reuse:
             reads.add((i, "*" if name == "__dict__" else name))
         return tuple(sorted(reads))
 
+    def _argument_values(self, tensors: List[Any]) -> List[Optional[torch.Tensor]]:
+        """The known value of each tensor argument of a call, as the index checks read it
+        (``recorder.indices``; None where not known)."""
+        known = self._recorder.indices
+        return [known(tensor) for tensor in tensors]
+
     def _replay(
         self,
         entry: _Entry,
@@ -1022,6 +1042,8 @@ class Reuse:
     ) -> Any:
         recorder, stack, names = self._recorder, self._modules, self._names
         self.reused += 1
+        if entry.indexed is not None:
+            recorder.indices_checked += 1  # its checks hold for these values: an enclosing first call keys them too
         if entry.slots is not None and slots is not None:
             self._cache_events += 1
             # the slots' new fakes made below the run's torch-function modes, as the outputs below
@@ -1650,6 +1672,18 @@ def _fake_metadata(fakes: List[Any], held: List[Any]) -> Tuple[Tuple[Optional[Tu
 # a module's ``__dict__``, read past any ``__getattribute__`` (the tracking classes')
 _STATE = cast(Callable[[nn.Module], Dict[str, Any]], vars(nn.Module)["__dict__"].__get__)
 _NONE_HELD: Tuple[Tuple[List[Any], List[int]], Tuple[bool, ...]] = (([], []), ())
+
+
+def _digest(known: List[Optional[torch.Tensor]]) -> Tuple[Any, ...]:
+    """The values :meth:`Reuse._argument_values` read, as dtype, shape and bytes (any dtype:
+    bfloat16 has no numpy form)."""
+    digest: List[Any] = []
+    with torch._C._DisableTorchDispatch():  # read below the run's fake mode (a real CPU value)
+        for value in known:
+            digest.append(None if value is None else (
+                value.dtype, tuple(value.shape), value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes(),
+            ))
+    return tuple(digest)
 
 
 def _tensors_of(order: List[nn.Module]) -> List[Any]:

@@ -295,6 +295,11 @@ def _trace(
             )
             # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
             branches = real_branches(facts.modules if fake_copy else (), flat_inputs, call.tensors)
+            if fake_copy:  # the index checks read the values it follows, and the caller's token ids
+                if branches.values is not None:  # the recorder checks with its values (once per op)
+                    recorder.indices.followed = branches.values.value
+                    branches.values.checks_indices = False
+                recorder.indices.seed(flat_inputs, call.tensors)
             with attribution or contextlib.nullcontext(), interceptor, recorder, branches:
                 try:
                     outputs = run_model(*args, **kw)

@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from flopcount.core.inputs import fake_tensor_type
+from flopcount.tracers.fake.indices import INDEXED, check_indices
 from flopcount.tracers.fake.values import cpu_value, keep_value, run_on_cpu
 
 __all__ = [
@@ -94,6 +95,9 @@ class FakeValues(TorchDispatchMode):
         super().__init__()
         self._fake: Any = fake_tensor_type()
         self._values = WeakIdKeyDictionary()
+        #: check the indices of known value (fake/indices.py) here; off where the count's recorder,
+        #: below, checks them (with these values)
+        self.checks_indices = True
 
     def seed(self, fakes: Sequence[Any], reals: Sequence[Any]) -> None:
         """Each fake of ``fakes`` stands for the real tensor at the same place of ``reals``:
@@ -110,10 +114,17 @@ class FakeValues(TorchDispatchMode):
     def knows(self, tensor: Any) -> bool:
         return tensor in self._values
 
+    def value(self, tensor: Any) -> Optional[torch.Tensor]:
+        """The CPU value of fake ``tensor`` when followed, else None (the index checks read it)."""
+        found = self._values.get(tensor)
+        return found if isinstance(found, torch.Tensor) else None
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is _LOCAL_SCALAR or func is _EQUAL or func is _IS_NONZERO:  # a read (compared, not hashed: per op)
             return self._read(func, args, kwargs)
+        if self.checks_indices and id(func) in INDEXED:  # an index the real kernel refuses (fake steps: memory, plan)
+            check_indices(func, args, kwargs, self.value)
         out = func(*args, **kwargs)
         # followed: a small fake result of an op whose top-level fakes are all known (an integral
         # result of an unknown one, token ids on meta, would only fail on the CPU: Unknown)
