@@ -19,9 +19,7 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount.core.dtypes import parse_dtype
 from flopcount.errors import UsageError
-from flopcount.types import DTYPE_ALIASES
 
 SPELLINGS = [torch.bfloat16, "bfloat16", "torch.bfloat16", "bf16", " BF16 "]
 
@@ -41,6 +39,9 @@ def test_each_short_name_means_what_torch_means_by_it():
     """The oracle is torch: a short name that is also one of torch's own aliases (half, float,
     double, long, int, short) names the dtype torch's attribute is; the others (bf16, fp16...)
     name the dtype of the torch name they stand for, and that name is a torch dtype."""
+    from flopcount.core.dtypes import parse_dtype
+    from flopcount.types import DTYPE_ALIASES
+
     for short, name in DTYPE_ALIASES.items():
         assert isinstance(getattr(torch, name), torch.dtype), name
         own = getattr(torch, short, None)
@@ -52,6 +53,8 @@ def test_each_short_name_means_what_torch_means_by_it():
 
 def test_docs_list_every_short_name():
     """docs/api.md#dtypes is where the names are written once: each short name is in its table."""
+    from flopcount.types import DTYPE_ALIASES
+
     text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
     section = text.split("### Dtypes", 1)[1].split("\n## ", 1)[0]
     for short, name in DTYPE_ALIASES.items():
