@@ -79,6 +79,37 @@ TRACERS: Tuple[str, ...] = ("auto", "jit", "dispatch")
 #: The optimizer names ``count_flops``/``estimate_memory(optimizer=)`` and the CLI accept.
 OPTIMIZERS: Tuple[str, ...] = ("sgd", "sgd-momentum", "adam", "adamw", "adagrad")
 
+#: The short dtype names every dtype argument takes beside torch's own ("bfloat16",
+#: "torch.bfloat16", torch's aliases "half", "float", "double", "long", "int", "short"): the
+#: Python API's ``dtype=``, ``autocast=``, ``mixed_precision=``, ``weight_dtype=``, the CLI's
+#: ``--dtype`` and an input SPEC's ``:dtype``. Short name -> torch's name (docs/api.md#dtypes);
+#: read by :func:`dtype_key` (no torch) and :func:`flopcount.core.dtypes.parse_dtype`.
+DTYPE_ALIASES: Mapping[str, str] = {
+    "fp32": "float32", "f32": "float32", "float": "float32",
+    "fp16": "float16", "f16": "float16", "half": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64", "f64": "float64", "double": "float64",
+    "i64": "int64", "long": "int64",
+    "i32": "int32", "int": "int32",
+    "short": "int16",
+}
+
+#: The dtypes an error lists by name (with their short names); every other torch dtype is
+#: taken by its torch name too ("float8_e4m3fn", "complex128").
+DTYPE_NAMES: Tuple[str, ...] = (
+    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64",
+)
+
+
+def dtype_key(text: str) -> str:
+    """A dtype's name as torch spells it, from any spelling of :data:`DTYPE_ALIASES` (no torch):
+    ``dtype_key(" BF16 ") == dtype_key("torch.bfloat16") == "bfloat16"``; a name it does not
+    know comes back lowered, for the caller to refuse."""
+    key = text.strip().lower()
+    key = key[len("torch."):] if key.startswith("torch.") else key
+    return DTYPE_ALIASES.get(key, key)
+
+
 #: The counting convention, printed under every report.
 #: Version of the JSON report ``FlopResult.to_dict()`` and ``count --format json`` write;
 #: ``FlopResult.from_dict`` reads this version and refuses a newer one (docs/api.md).

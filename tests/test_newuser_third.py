@@ -157,7 +157,7 @@ def test_serve_refuses_a_tp_that_splits_heads_unevenly():
     """4 heads over tp=3 ranks: 2, 1, 1; the per-rank figures (work, weights, cache / 3) would understate the
     busiest rank. plan refuses it the same way; tp=2 divides 4 and is priced."""
     ids = torch.randint(0, 100, (1, 8))
-    with pytest.raises(UsageError, match=r"serve: tp=3 does not split the model's 4 key/value heads evenly .*\(e\.g\. 2, 4\)"):
+    with pytest.raises(UsageError, match=r"serve: tp=3 does not divide the model's 4 attention heads .*\(e\.g\. 2, 4\)"):
         flopcount.serve(_tiny_gpt2(), ids, 2, on="h100", tp=3)
     assert flopcount.serve(_tiny_gpt2(), ids, 2, on="h100", tp=2).tp == 2
 

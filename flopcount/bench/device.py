@@ -21,8 +21,6 @@ from flopcount.tracers._state import preserved_model_state
 from flopcount.tracers._twin import private_twin
 from flopcount.tracers.fake.copies import shared_tensor_copy
 
-_AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
-
 
 def resolve_device(model: nn.Module, call: PreparedCall, device: Any) -> torch.device:
     """The device to run on: ``device`` when given (CUDA must exist), otherwise the
@@ -191,10 +189,9 @@ def bind_call(fn: Callable[..., Any], call: PreparedCall) -> Callable[[], Any]:
 
 
 def autocast_context(device: torch.device, dtype: Optional[torch.dtype]) -> Any:
+    """``torch.autocast`` in ``dtype`` (read by ``parse_dtype(..., "autocast")``); float32 or None: none."""
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
-    if dtype not in _AUTOCAST_DTYPES:
-        raise UsageError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 or None; got {dtype!r}")
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 

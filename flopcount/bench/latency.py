@@ -32,6 +32,7 @@ from flopcount.bench.peak import mfu_part, mfu_peak
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
+from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import prepare_call, require_module
 from flopcount.errors import FlopcountWarning, UsageError, int_at_least
 from flopcount.types import dtype_name
@@ -57,7 +58,7 @@ def benchmark(
     budget_s: float = 1.0,
     max_iters: int = 100_000,
     device: Union[None, str, torch.device] = None,
-    dtype: Optional[torch.dtype] = None,
+    dtype: Union[None, str, torch.dtype] = None,
     compile: Union[bool, Mapping[str, Any]] = False,
     batch_size: Optional[int] = None,
     flops: Any = None,
@@ -76,7 +77,7 @@ def benchmark(
     argument. ``iters`` times exactly that many calls; without it calls are timed
     until ``budget_s`` seconds passed and at least ``min_iters`` ran. ``device`` runs
     on that device (the model is moved for the run and moved back); ``dtype``
-    (float16/bfloat16) runs under ``torch.autocast``. ``compile=True`` (or a dict of
+    (torch.float16/bfloat16 or a name: "bf16", "half"...; docs/api.md#dtypes) runs under ``torch.autocast``. ``compile=True`` (or a dict of
     ``torch.compile`` options) times ``torch.compile(model)``; its compiling first call
     is reported as ``compile_s`` (seconds). ``flops`` (a number or a ``FlopResult``) gives
     achieved FLOP/s = flops / median; ``mfu`` uses ``peak_flops`` (FLOP/s) or the
@@ -95,6 +96,7 @@ def benchmark(
     on = modeled_part(on, gpu_name, "benchmark", old="gpu_name")
     mfu_part("benchmark", on, peak_flops)  # as StepTimer's: an unknown part named now (before: no MFU, no word)
     require_module(model, "benchmark")
+    dtype = None if dtype is None else parse_dtype(dtype, "benchmark: dtype", "autocast")
     int_at_least(warmup, 0, "benchmark: warmup")
     plan = LoopPlan(iters=iters, min_iters=min_iters, budget_s=budget_s, max_iters=max_iters)
     plan.validate()
@@ -103,7 +105,7 @@ def benchmark(
     flop_count = _flops_value(flops)
     borrowed = real_run(model, inputs, kwargs, device, "benchmark")  # the inputs walked once, here
     call, dev = borrowed.call, borrowed.device
-    amp = autocast_context(dev, dtype)  # validates dtype before any work
+    amp = autocast_context(dev, dtype)
     clock: Clock = timer if timer is not None else time.perf_counter_ns
     batch, batch_source = batch_and_source(call, None, batch_size)
     notes: List[str] = []

@@ -26,6 +26,7 @@ from flopcount.bench.loop import Clock, cpu_block_runner, cuda_block_runner
 from flopcount.bench.stats import compute_stats
 from flopcount.core.deprecation import ms_aliases, ms_keys
 from flopcount.core.diagnostics import FromWarnings
+from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import require_module
 from flopcount.errors import UsageError, int_at_least
 from flopcount.units import ROOT_LABEL
@@ -147,20 +148,22 @@ def module_latency(
     warmup: int = 3,
     iters: int = 20,
     device: Union[None, str, torch.device] = None,
-    dtype: Optional[torch.dtype] = None,
+    dtype: Union[None, str, torch.dtype] = None,
     flops: Union[None, Mapping[str, float], Any] = None,
     timer: Optional[Clock] = None,
 ) -> ModuleLatencyResult:
     """Median per-module forward latency over ``iters`` forwards (after ``warmup``).
 
     ``flops``: ``{module name: FLOPs}`` or a ``FlopResult`` (its ``by_module()``) to
-    report achieved FLOP/s per module. Inputs follow flopcount's convention (a tuple
+    report achieved FLOP/s per module; ``dtype`` as ``benchmark``'s (torch.autocast; a name
+    such as "bf16" too: docs/api.md#dtypes). Inputs follow flopcount's convention (a tuple
     is unpacked). Hooks are removed and the model left as found on every path; torch's
     random generators too when this is the process's only Python thread (else a train-mode
     dropout advances them as your own calls would: setting them back would rewind another
     thread's draws); a meta or fake model is refused (:class:`UsageError`).
     """
     require_module(model, "module_latency")
+    dtype = None if dtype is None else parse_dtype(dtype, "module_latency: dtype", "autocast")
     int_at_least(iters, 1, "module_latency: iters")
     int_at_least(warmup, 0, "module_latency: warmup")
     flop_map = _flop_map(flops)

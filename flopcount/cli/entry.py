@@ -37,7 +37,8 @@ from flopcount.cli.artifacts import is_local_hf, load_artifact, local_hf_config,
 from flopcount.cli.deadline import CommandTimeout
 from flopcount.cli.output import describe
 from flopcount.cli.parser import pairs_once
-from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, parse_dtype, parse_spec
+from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, parse_spec
+from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import flatten_tensors
 from flopcount.errors import UsageError, close_names, did_you_mean
 from flopcount.examples import CATALOG

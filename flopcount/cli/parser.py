@@ -14,19 +14,18 @@ from flopcount.budget.check import parse_bytes, parse_quantity
 from flopcount.cli.output import DefaultFormat
 from flopcount.core.deprecation import renamed
 from flopcount.errors import UsageError, did_you_mean
-from flopcount.types import OPTIMIZERS, TRACERS
+from flopcount.types import OPTIMIZERS, TRACERS, dtype_key
 
 FORMATS = ("table", "tree", "json", "csv", "markdown", "html")
 BENCH_DTYPES = ("float32", "float16", "bfloat16")
-#: the short names a SPEC's ``:dtype`` takes for these (cli/specs.DTYPES), read by --dtype too
-FLOAT_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "f16": "float16",
-                 "half": "float16", "bf16": "bfloat16"}
 
 
 def _float_dtype(text: str) -> str:
-    """A ``--dtype`` as its torch name: ``bf16`` (as ``--input 1x8:bf16`` writes it) is bfloat16;
-    anything else is left for argparse's choices to name."""
-    return FLOAT_ALIASES.get(text.strip().lower(), text)
+    """A ``--dtype`` as its torch name, read as every dtype argument is (types.dtype_key: ``bf16``,
+    as ``--input 1x8:bf16`` writes it, is bfloat16); a name it does not know is left for argparse's
+    choices to name."""
+    key = dtype_key(text)
+    return key if key in BENCH_DTYPES else text
 
 EXIT_OK, EXIT_BUDGET, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: a bug in flopcount itself (never the user's input or model): says so, asks for a report

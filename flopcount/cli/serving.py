@@ -38,7 +38,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from flopcount.cli.entry import meta_builder
     from flopcount.core.rendering import render
-    from flopcount.serving.serve import _part, serve_facts, serve_on
+    from flopcount.serving.serve import _part, check_before_count, serve_facts, serve_on
 
     batches = _ints(args.batch, "--batch")
     parts = [p.strip() for p in args.on.split(",") if p.strip()]
@@ -51,6 +51,7 @@ def run_serve(args: argparse.Namespace) -> int:
     build = meta_builder(args, args.dtype)
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
     model = build()
+    check_before_count(model, args.tp, None, args.weight_dtype)
     ids = torch.zeros(1, args.prompt, dtype=torch.int64, device="meta")
     progress(args, f"counting generate() of {args.new} new tokens after a {args.prompt}-token prompt (meta) ...")
     stage(args, f"the generation count of {args.entry}")

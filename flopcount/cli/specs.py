@@ -15,21 +15,9 @@ import torch
 from torch import nn
 
 from flopcount.cli.output import one_line
+from flopcount.core.dtypes import parse_dtype
 from flopcount.errors import UsageError, did_you_mean
 from flopcount.types import dtype_name
-
-DTYPES: Dict[str, torch.dtype] = {
-    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "f32": torch.float32,
-    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16, "f16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float64": torch.float64, "double": torch.float64, "fp64": torch.float64, "f64": torch.float64,
-    "int64": torch.int64, "long": torch.int64, "i64": torch.int64,
-    "int32": torch.int32, "int": torch.int32, "i32": torch.int32,
-    "int16": torch.int16, "short": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8,
-    "bool": torch.bool,
-    "complex64": torch.complex64,
-}
 
 #: torch sizes, strides, seeds and byte counts are int64
 INT64_MAX = 2**63 - 1
@@ -48,14 +36,6 @@ class InputSpec:
         return "x".join(map(str, self.shape)) + ("" if self.dtype == torch.float32 else f":{dtype_name(self.dtype)}")
 
 
-def parse_dtype(name: str, what: str = "dtype") -> torch.dtype:
-    key = name.strip().lower().replace("torch.", "")
-    if key not in DTYPES:
-        known = ", ".join(sorted({dtype_name(d) for d in DTYPES.values()}))
-        raise UsageError(f"{what}: unknown dtype {name!r} (known: {known})")
-    return DTYPES[key]
-
-
 def parse_spec(text: str) -> InputSpec:
     """``"1x3x224x224" -> InputSpec((1, 3, 224, 224), float32)``; ``"1x128:int64"``.
 
@@ -68,7 +48,7 @@ def parse_spec(text: str) -> InputSpec:
     dims_text, sep, dtype_text = text.partition(":")
     if sep and not dtype_text.strip():
         raise UsageError(f"bad input SPEC {raw!r}: nothing after ':'; {SPEC_HELP}")
-    dtype = parse_dtype(dtype_text, f"bad input SPEC {raw!r}") if sep else torch.float32
+    dtype = parse_dtype(dtype_text, f"bad input SPEC {raw!r}: the dtype") if sep else torch.float32
     parts = re.split(r"[xX*,]", dims_text.strip())
     shape = []
     for part in parts:

@@ -56,9 +56,9 @@ def count_flops(
     require_module(model, "count_flops")
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
-    needs_backward(backward, loss_fn, optimizer)
-    if optimizer is not None:
+    if optimizer is not None:  # the unknown name first: with backward=True it would be next
         check_spec(optimizer, "count_flops")
+    needs_backward(backward, loss_fn, optimizer)
     if handlers is not None and not isinstance(handlers, Mapping):
         raise UsageError(
             f"handlers must be a mapping {{op name: handler or None}}, got {type(handlers).__name__} "

@@ -23,14 +23,15 @@ from types import MappingProxyType
 from typing import Dict, Mapping, Optional, Tuple
 
 from flopcount.errors import UsageError
+from flopcount.types import dtype_key
 
 #: peak columns, as torch spells the dtypes (tfloat32: TF32 tensor cores on float32 data)
 DTYPE_COLUMNS: Tuple[str, ...] = (
     "float64", "float32", "tfloat32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int4",
 )
+#: a column's other names beyond a dtype's (flopcount.types.DTYPE_ALIASES: "bf16", "half"...)
 _COLUMN_ALIASES = {
-    "fp64": "float64", "double": "float64", "fp32": "float32", "float": "float32", "tf32": "tfloat32",
-    "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn",
+    "tf32": "tfloat32", "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn",
     "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "float8_e4m3fnuz": "float8_e4m3fn", "float8_e5m2fnuz": "float8_e5m2",
     "uint8": "int8", "qint8": "int8", "quint8": "int8",
 }
@@ -211,7 +212,7 @@ def resolve_part(name: str) -> Part:
 def column_of(dtype: object) -> str:
     """The peak column of a dtype (``torch.bfloat16``, "bf16", "float8_e4m3fn"...); floating
     and integer dtypes that are no column keep their own name (and have no peak)."""
-    text = str(dtype).lower().replace("torch.", "").strip()
+    text = dtype_key(str(dtype))
     return _COLUMN_ALIASES.get(text, text)
 
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import FromWarnings, first_line, module_place
+from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import (
     PreparedCall,
     is_dataless,
@@ -41,7 +42,7 @@ from flopcount.core.model_facts import model_facts
 from flopcount.core.rendering import render
 from flopcount.core.state import FoundState, left_as_found, preserved_random_modules, preserved_rng
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
-from flopcount.step.autocast import ambient_autocast_note, amp_device, floating_dtype
+from flopcount.step.autocast import ambient_autocast_note, amp_device
 from flopcount.step.loss import LossFn
 from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, gradless, per_parameter, warm_up
 from flopcount.step.parent_walk import model_state, parent_proven
@@ -208,15 +209,15 @@ def estimate_memory(
     the forward around the layers is proven to treat every middle layer alike
     (flopcount.step.replay, flopcount.step.parent_walk; ``FLOPCOUNT_REUSE=0`` traces every layer)."""
     require_module(model, "estimate_memory")
+    if optimizer is not None:  # the unknown name first: with backward=True it would be next
+        check_spec(optimizer, "estimate_memory")
     if optimizer is not None and not backward:
         raise UsageError("estimate_memory: an optimizer step needs backward=True")
     if loss_fn is not None and not backward:
         raise UsageError("estimate_memory: loss_fn is only used with backward=True")
-    if optimizer is not None:
-        check_spec(optimizer, "estimate_memory")
     _refuse_lazy(model)
-    cast = floating_dtype(dtype, "estimate_memory: dtype")
-    amp = floating_dtype(autocast, "estimate_memory: autocast")
+    cast = None if dtype is None else parse_dtype(dtype, "estimate_memory: dtype", "floating")
+    amp = None if autocast is None else parse_dtype(autocast, "estimate_memory: autocast", "floating")
     request = _Request(prepare_call(inputs, kwargs), backward, optimizer, loss_fn, cast, amp)
     # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
     # the automatic collector paused over the fake steps: where garbage cycles hold tensors (a

@@ -18,6 +18,7 @@ from torch import nn
 from flopcount.core.analysis import cost_events
 from flopcount.core.collection import PausedCollections
 from flopcount.core.deprecation import modeled_part
+from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
@@ -32,6 +33,7 @@ from flopcount.planning.step import (
     Collective,
     StepRecord,
     make_optimizer,
+    no_optimizer,
     record_step,
 )
 from flopcount.planning.world import (
@@ -43,9 +45,8 @@ from flopcount.planning.world import (
     takes_llama_split,
     transformer_blocks,
 )
-from flopcount.step.autocast import floating_dtype
 from flopcount.step.loss import default_loss
-from flopcount.step.optimizers import warm_up
+from flopcount.step.optimizers import check_spec, warm_up
 from flopcount.step.parent_walk import globals_state, model_state, parent_proven
 from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, truncated
 from flopcount.tracers import trace
@@ -137,9 +138,11 @@ def plan(
     tp = int_at_least(tp, 1, "tp")
     if not callable(build) or isinstance(build, nn.Module):
         raise UsageError(f"build must be a callable returning the model (e.g. a lambda), got {type(build).__name__}")
+    if not no_optimizer(optimizer):  # said now, not after the model is built and traced
+        check_spec(optimizer, "plan")
     gpu = gpu_key(on)
-    compute = floating_dtype(mixed_precision, "plan: mixed_precision")
-    amp = floating_dtype(autocast, "plan: autocast")
+    compute = None if mixed_precision is None else parse_dtype(mixed_precision, "plan: mixed_precision", "floating")
+    amp = None if autocast is None else parse_dtype(autocast, "plan: autocast", "floating")
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if registry is not None and not isinstance(registry, HandlerRegistry):

@@ -90,11 +90,16 @@ class StepRecord:
     notes: Tuple[str, ...] = ()
 
 
+def no_optimizer(optimizer: Any) -> bool:
+    """``plan(optimizer=None)`` or ``"none"``: a step without an optimizer."""
+    return optimizer is None or (isinstance(optimizer, str) and optimizer.strip().lower() == "none")
+
+
 def make_optimizer(optimizer: Union[OptimizerSpec, None], model: nn.Module) -> Optional[torch.optim.Optimizer]:
     """The step's optimizer over ``model``'s trainable parameters, from the one factory
     (:func:`flopcount.step.optimizers.build_optimizer`: a name, a class or ``callable(params)``);
     None for ``None`` or ``"none"``."""
-    if optimizer is None or (isinstance(optimizer, str) and optimizer.strip().lower() == "none"):
+    if optimizer is None or no_optimizer(optimizer):
         return None
     return build_optimizer(optimizer, {id(p): p for p in model.parameters()}, list(model.parameters()), "plan")[0]
 

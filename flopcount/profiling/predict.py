@@ -20,9 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
+import torch
+
 from flopcount.core.analysis import cost_events, uncompiled
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.diagnostics import from_texts
+from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import require_module
 from flopcount.core.ledger import Ledger
 from flopcount.core.model_facts import model_facts
@@ -33,10 +36,11 @@ from flopcount.core.rows import BookedRows, CostRow
 from flopcount.core.traffic import element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
 from flopcount.devices.roofline import bound_seconds
+from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
-from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta
+from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta, dtype_key, dtype_name
 from flopcount.units import format_count
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
@@ -152,12 +156,13 @@ def predict(
     unless ``FLOPCOUNT_NO_ROOFS_CACHE=1``: see :func:`flopcount.devices.named_roofs`), or a
     :class:`~flopcount.devices.Roofs`; a part or Roofs measures and writes nothing.
     ``latency_s`` is the eager bound, ``any_s`` the any-implementation bound.
-    ``dtype`` ("bfloat16", torch.float16...) prices floating tensors and FLOPs as if the
-    model ran in it (default: the dtypes the trace saw). Counted on fake tensors."""
+    ``dtype`` (torch.bfloat16, "bfloat16", "bf16", torch.int8...: a floating dtype or int8,
+    docs/api.md#dtypes) prices floating tensors and FLOPs as if the model ran in it (default:
+    the dtypes the trace saw). Counted on fake tensors."""
     on = modeled_part(on, device, "predict", default="h100")
     require_module(model, "predict")
+    as_dtype = None if dtype is None else column_of(dtype_name(_priced_dtype(dtype)))
     roofs = on if isinstance(on, Roofs) else named_roofs(on)
-    as_dtype = None if dtype is None else column_of(dtype)
     table = registry if registry is not None else default_registry()
     model = uncompiled(model)
     facts = model_facts(model)
@@ -207,6 +212,15 @@ def predict(
         ledger.cost_rows("operators"), ledger.cost_rows("modules"), ledger.cost_rows("phases"),
         reused_calls=run.reused_calls,
     )
+
+
+def _priced_dtype(dtype: Any) -> torch.dtype:
+    """predict's ``dtype=`` read as every dtype argument is; TF32, which is no dtype but a math
+    mode of float32, named as the modes are given."""
+    if isinstance(dtype, str) and dtype_key(dtype) in ("tf32", "tfloat32"):
+        raise UsageError(f"predict: dtype {dtype!r} is a math mode of float32, not a dtype: "
+                         "on=flopcount.devices.named_roofs('h100', matmul_tf32=True) prices float32 matmuls at TF32")
+    return parse_dtype(dtype, "predict: dtype", "priced")
 
 
 def _unpriced_notes(roofs: Roofs, unpriced: Mapping[str, Tuple[int, float]]) -> Tuple[str, ...]:

@@ -141,6 +141,8 @@ class ServeFacts:
     layers: int = 0
     hidden: int = 0
     kv_heads: int = 0
+    #: the attention (query) heads, 0 when the config does not say
+    heads: int = 0
     encoder_decoder: bool = False
     complete: bool = True
     warnings: Tuple[str, ...] = ()

@@ -25,12 +25,17 @@ QUANTIZED = {
 _ITEMSIZE = {**{name: size for name, size in ITEMSIZE.items() if not name.startswith("complex")}, "tfloat32": 4}
 
 
+#: the names of the weight-only formats ``serve(weight_dtype=)`` takes -> QUANTIZED's key
+WEIGHT_FORMATS = {"int8": "int8", "w8": "int8", "int4": "int4", "w4": "int4", "fp8": "float8_e4m3fn",
+                  "float8_e4m3fn": "float8_e4m3fn"}
+
+
 def weight_format(name: Optional[str], dtype: str) -> str:
-    """The weight dtype ``name`` (a peak column: :func:`flopcount.devices.column_of` has read
-    "fp8", "bf16"...) as priced: None -> the compute dtype; "w8"/"w4" -> "int8"/"int4"."""
+    """The weight dtype ``name`` (a format of :data:`WEIGHT_FORMATS`, or a float dtype's torch
+    name: serve has read the user's spelling) as priced: None -> the compute dtype."""
     if name is None:
         return dtype
-    text = {"w8": "int8", "w4": "int4"}.get(name, name)
+    text = WEIGHT_FORMATS.get(name, name)
     if text not in QUANTIZED and text not in _ITEMSIZE:
         raise UsageError(f"weight_dtype {name!r} is not known: int8, int4, fp8, or a float dtype (float16, bfloat16...)")
     return text

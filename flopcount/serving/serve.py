@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from flopcount.core.dtypes import parse_dtype
 from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
@@ -24,6 +25,7 @@ from flopcount.errors import UsageError, int_at_least
 from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step
 from flopcount.serving.figures import ServeFacts, WeightTensor, Work
 from flopcount.serving.pricing import (
+    WEIGHT_FORMATS,
     Pricing,
     batches_of,
     compute_bound_batch,
@@ -34,9 +36,9 @@ from flopcount.serving.pricing import (
     weights_held,
 )
 from flopcount.serving.result import ServeResult
-from flopcount.types import ParamSummary
+from flopcount.types import ParamSummary, dtype_key, dtype_name
 
-__all__ = ["serve", "serve_facts", "serve_on"]
+__all__ = ["check_before_count", "serve", "serve_facts", "serve_on"]
 
 #: the share of the part's memory kept back (vLLM's default gpu_memory_utilization is 0.9)
 DEFAULT_RESERVE = 0.10
@@ -70,22 +72,63 @@ def serve(
     roofs, part_name, capacity, link = _part(on, tp)
     if not isinstance(reserve, (int, float)) or not 0 <= reserve < 1:
         raise UsageError(f"serve: reserve must be a fraction in [0, 1), got {reserve!r}")
+    check_before_count(model, tp, dtype, weight_dtype)
     facts = serve_facts(model, input_ids, new_tokens, kwargs=kwargs)
     result = serve_on(facts, roofs, part_name, capacity, link, batch=batch, dtype=dtype, weight_dtype=weight_dtype,
                       tp=tp, reserve=reserve)
     return ServeResult(**{**result.__dict__, "wall_s": time.perf_counter() - started})
 
 
-def _whole_heads(kv_heads: int, tp: int) -> None:
-    """Tensor parallelism gives each rank whole KV heads, or a replica of one (vLLM's rule): a
-    ``tp`` that neither divides the KV heads nor is a multiple of them leaves ranks with unequal
-    shares, which the per-rank figures (work, weights and cache / tp) would understate; a
-    UsageError naming the heads (plan refuses it the same way)."""
-    if tp > 1 and kv_heads and kv_heads % tp and tp % kv_heads:
+#: the config keys of the attention (query) heads and of the key/value heads (falling back to the former)
+HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+KV_HEAD_KEYS = ("num_key_value_heads", *HEAD_KEYS)
+
+
+def _heads_of(model: nn.Module) -> Tuple[int, int]:
+    """(attention heads, key/value heads) from the model's config; 0 where it does not say."""
+    return config_value(model, HEAD_KEYS) or 0, config_value(model, KV_HEAD_KEYS) or 0
+
+
+def _whole_heads(heads: int, kv_heads: int, tp: int) -> None:
+    """Refuse a ``tp`` a serving engine refuses (vLLM's ``QKVParallelLinear``, in
+    vllm/model_executor/layers/linear.py: ``divide(total_num_heads, tp_size)``, and the KV heads
+    ``divide(total_num_kv_heads, tp_size)`` below tp, ``divide(tp_size, total_num_kv_heads)``
+    replicas from tp up; TGI also requires the heads divisible by its shards): each rank gets
+    whole attention heads, and whole KV heads or a replica of one. Any other tp would leave
+    ranks unequal shares, which the per-rank figures (work, weights and cache / tp) understate."""
+    if tp <= 1:
+        return
+    if heads and heads % tp:
+        fits = [n for n in range(2, heads + 1) if heads % n == 0 and (not kv_heads or kv_heads % n == 0 or n % kv_heads == 0)]
+        raise UsageError(f"serve: tp={tp} does not divide the model's {heads} attention heads (a serving engine gives each "
+                         f"rank whole heads: vLLM, TGI): choose a tp that divides {heads} (e.g. {', '.join(map(str, fits[:6]))})")
+    if kv_heads and kv_heads % tp and tp % kv_heads:
         fits = [n for n in range(2, kv_heads + 1) if kv_heads % n == 0][:6]
         raise UsageError(f"serve: tp={tp} does not split the model's {kv_heads} key/value heads evenly (tensor parallelism gives "
                          f"each rank whole heads): choose a tp that divides {kv_heads} (e.g. {', '.join(map(str, fits))}) "
                          "or a multiple of it (the heads replicated)")
+
+
+def check_before_count(model: nn.Module, tp: int, dtype: Any, weight_dtype: Any) -> None:
+    """What ``serve_on`` refuses that the model's config and the arguments already tell (a tp
+    that splits the heads unevenly, a dtype not taken), said before the count (seconds to minutes)."""
+    _whole_heads(*_heads_of(model), tp)
+    dtype_names(dtype, weight_dtype)
+
+
+def dtype_names(dtype: Any, weight_dtype: Any) -> Tuple[Optional[str], Optional[str]]:
+    """``serve``'s compute ``dtype`` (floating) and ``weight_dtype`` (a weight-only format of
+    pricing.WEIGHT_FORMATS or a floating dtype) as torch names, each read as every dtype
+    argument is (:func:`flopcount.core.dtypes.parse_dtype`); None stays None."""
+    compute = None if dtype is None else dtype_name(parse_dtype(dtype, "serve: dtype", "floating"))
+    if weight_dtype is None:
+        return compute, None
+    if isinstance(weight_dtype, (str, torch.dtype)):
+        key = dtype_key(weight_dtype) if isinstance(weight_dtype, str) else dtype_name(weight_dtype)
+        if key in WEIGHT_FORMATS:
+            return compute, WEIGHT_FORMATS[key]
+    what = "serve: weight_dtype (int8, int4 and fp8 are weight-only formats; any other)"
+    return compute, dtype_name(parse_dtype(weight_dtype, what, "floating"))
 
 
 def _part(on: Union[str, Roofs], tp: int, modes: Optional[MathModes] = None) -> Tuple[Roofs, str, Optional[float], str]:
@@ -120,9 +163,10 @@ def serve_on(
 ) -> ServeResult:
     """Price counted :class:`ServeFacts` on a part (no torch runs: comparing parts and batch
     sizes costs one count)."""
-    _whole_heads(facts.kv_heads, tp)
-    compute = column_of(dtype) if dtype is not None else facts.model_dtype
-    weights_as = weight_format(None if weight_dtype is None else column_of(weight_dtype), compute)
+    _whole_heads(facts.heads, facts.kv_heads, tp)
+    compute_name, weight_name = dtype_names(dtype, weight_dtype)
+    compute = column_of(compute_name) if compute_name is not None else facts.model_dtype
+    weights_as = weight_format(weight_name, compute)
     pricing = Pricing(facts, roofs, compute, weights_as, tp, link)
     usable = None if capacity is None else capacity * (1.0 - reserve)
     rows = tuple(price_batch_with(pricing, b, usable) for b in batches_of(batch, facts.counted_batch))
@@ -217,7 +261,7 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         fixed=fixed, top_k=k if experts > 1 else 0,
         layers=config_value(model, ("num_hidden_layers", "n_layer", "num_layers")) or 0,
         hidden=config_value(model, ("hidden_size", "n_embd", "d_model")) or 0,
-        kv_heads=config_value(model, ("num_key_value_heads", "num_attention_heads", "n_head", "num_heads")) or 0,
+        heads=_heads_of(model)[0], kv_heads=_heads_of(model)[1],
         encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
     )
 

@@ -1,29 +1,17 @@
-"""``estimate_memory(autocast=)``, ``plan(autocast=, mixed_precision=)``: the dtype given, which
-device autocast applies to, and the note for an estimate made inside the caller's own
-``torch.autocast``."""
+"""``estimate_memory(autocast=)``, ``plan(autocast=)``: which device autocast applies to, and the
+note for an estimate made inside the caller's own ``torch.autocast`` (the dtype given is read by
+:func:`flopcount.core.dtypes.parse_dtype`)."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional
 
 import torch
 from torch import nn
 
 from flopcount.core.inputs import output_tensors
-from flopcount.errors import UsageError
 
-__all__ = ["ambient_autocast_note", "amp_device", "floating_dtype"]
-
-
-def floating_dtype(value: Union[None, str, torch.dtype], where: str) -> Optional[torch.dtype]:
-    """``value`` (a torch.dtype or its name: "bfloat16", "torch.float16") as a floating
-    torch.dtype; None stays None; anything else is a usage error naming ``where``."""
-    if value is None:
-        return None
-    found = getattr(torch, value.strip().replace("torch.", ""), None) if isinstance(value, str) else value
-    if not isinstance(found, torch.dtype) or not found.is_floating_point:
-        raise UsageError(f"{where} must be a floating torch.dtype such as torch.bfloat16 (or its name), got {value!r}")
-    return found
+__all__ = ["ambient_autocast_note", "amp_device"]
 
 
 def ambient_autocast_note(amp: Optional[torch.dtype]) -> List[str]:

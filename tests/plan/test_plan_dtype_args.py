@@ -1,4 +1,4 @@
-"""plan and estimate_memory read a dtype argument by one rule (step.autocast.floating_dtype): a
+"""plan and estimate_memory read a dtype argument by one rule (core.dtypes.parse_dtype, "floating"): a
 floating torch.dtype or its name; plan took a non-floating torch.dtype (torch.int8) silently before."""
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ def test_plan_and_estimate_memory_refuse_the_same_dtypes(bad: Any) -> None:
 
 @pytest.mark.parametrize("name", ["bfloat16", "torch.bfloat16", " float16 ", torch.bfloat16])
 def test_a_floating_dtype_or_its_name_is_taken(name: Any) -> None:
-    from flopcount.step.autocast import floating_dtype
+    from flopcount.core.dtypes import parse_dtype
 
     expected = torch.float16 if "float16" in str(name) and "bfloat" not in str(name) else torch.bfloat16
-    assert floating_dtype(name, "here") is expected
-    assert floating_dtype(None, "here") is None
+    assert parse_dtype(name, "here", "floating") is expected

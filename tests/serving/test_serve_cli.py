@@ -54,7 +54,7 @@ def test_serve_table_says_what_the_bound_leaves_out(capsys):
     (["--on", "h1000"], "unknown part 'h1000'"),
     (["--batch", "1,x"], "--batch: 'x' is not an integer"),
     (["--batch", "0"], "--batch: batch sizes must be >= 1"),
-    (["--weight-dtype", "int3"], "weight_dtype 'int3' is not known"),
+    (["--weight-dtype", "int3"], "serve: weight_dtype (int8, int4 and fp8 are weight-only formats; any other) must be"),
     (["--tp", "2", "--on", "this machine"], "tp > 1 on this machine"),
     (["--reserve", "1.5"], "--reserve must be a fraction"),
 ])
