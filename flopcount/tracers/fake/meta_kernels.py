@@ -202,15 +202,20 @@ class KernelStandIns(TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         except Exception as exc:
             return fallback(func, args, kwargs or {}, exc, self.notes, self.where())
-        if func is _RNN_LAYER:
+        if func is _RNN_LAYER:  # None where this torch lacks the op: never an op that runs
             return _with_real_workspace(args, kwargs or {}, out)
         if func is _RNN_LAYER_BACKWARD:
             return _own_bias_gradients(out)
         return out
 
 
-_RNN_LAYER = _aten.mkldnn_rnn_layer.default
-_RNN_LAYER_BACKWARD = _aten.mkldnn_rnn_layer_backward.default
+def _default_overload(name: str) -> Any:
+    """``aten::<name>.default``, or None where this torch has no such op (a build without oneDNN)."""
+    return getattr(getattr(_aten, name, None), "default", None)
+
+
+_RNN_LAYER = _default_overload("mkldnn_rnn_layer")
+_RNN_LAYER_BACKWARD = _default_overload("mkldnn_rnn_layer_backward")
 
 
 def _own_bias_gradients(out: Tuple[Any, ...]) -> Tuple[Any, ...]:
