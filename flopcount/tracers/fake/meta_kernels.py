@@ -26,10 +26,18 @@ the stand-in answers True and says so in the warnings.
 Called by the dispatch tracer only after the real kernel raised, so it costs nothing on the
 hot path. A fake step that runs without the dispatch tracer (``estimate_memory``'s, under
 MemTracker) takes the same stand-ins through :class:`KernelStandIns`.
+
+Two meta kernels accept their operands but give outputs whose storages differ from the real
+kernel's: torch's ``aten::mkldnn_rnn_layer`` (``nn.LSTM`` on the CPU) returns an empty
+workspace, where the oneDNN kernel makes one (kept for the backward) whose size only oneDNN
+knows, and ``aten::mkldnn_rnn_layer_backward`` returns one bias gradient for both biases,
+where the real kernel returns two. :class:`KernelStandIns` gives the fake step a workspace of
+the real kernel's size (:func:`rnn_workspace_bytes`) and two bias gradients.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import torch
@@ -191,9 +199,75 @@ class KernelStandIns(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         try:
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
         except Exception as exc:
             return fallback(func, args, kwargs or {}, exc, self.notes, self.where())
+        if func is _RNN_LAYER:  # None where this torch lacks the op: never an op that runs
+            return _with_real_workspace(args, kwargs or {}, out)
+        if func is _RNN_LAYER_BACKWARD:
+            return _own_bias_gradients(out)
+        return out
+
+
+def _default_overload(name: str) -> Any:
+    """``aten::<name>.default``, or None where this torch has no such op (a build without oneDNN)."""
+    return getattr(getattr(_aten, name, None), "default", None)
+
+
+_RNN_LAYER = _default_overload("mkldnn_rnn_layer")
+_RNN_LAYER_BACKWARD = _default_overload("mkldnn_rnn_layer_backward")
+
+
+def _own_bias_gradients(out: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """``mkldnn_rnn_layer_backward``'s fake outputs with the two bias gradients (the fourth and
+    fifth) apart: torch's meta kernel returns one tensor twice, where the CPU kernel returns two
+    (their values are equal, their storages not), so the fake step held one bias gradient fewer
+    until the second bias's gradient was accumulated (a copy there)."""
+    first, second = out[3], out[4]
+    if not (isinstance(second, torch.Tensor) and first is second and is_dataless(second)):
+        return out
+    return (*out[:4], second.new_empty(second.shape), *out[5:])
+
+
+def _with_real_workspace(args: Tuple[Any, ...], kwargs: Mapping[str, Any], out: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """``mkldnn_rnn_layer``'s fake outputs with its workspace (the fourth, kept for the backward)
+    as large as the CPU kernel makes it: torch's meta kernel returns an empty one, so an LSTM's
+    training step was short by one workspace per layer and direction (180,224 B for 10 steps x
+    batch 4 x 64 hidden units)."""
+    output, hy, cy, workspace = out
+    if not (isinstance(workspace, torch.Tensor) and workspace.numel() == 0 and is_dataless(workspace)
+            and _on_fake_cpu(list(args[:7]))):
+        return out
+    bound = _bound(_RNN_LAYER, args, kwargs)
+    tensors = tuple((tuple(bound[name].shape), bound[name].dtype) for name in _RNN_TENSORS)
+    scalars = tuple(tuple(v) if isinstance(v, list) else v for v in (bound[name] for name in _RNN_SCALARS))
+    size = rnn_workspace_bytes(tensors, scalars, torch.is_grad_enabled())
+    if size == 0:
+        return out
+    return output, hy, cy, workspace.new_empty((size,))
+
+
+_RNN_TENSORS = ("input", "weight0", "weight1", "weight2", "weight3", "hx_", "cx_")
+_RNN_SCALARS = ("reverse", "batch_sizes", "mode", "hidden_size", "num_layers", "has_biases", "bidirectional",
+                "batch_first", "train")
+
+
+@functools.lru_cache(maxsize=256)
+def rnn_workspace_bytes(tensors: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...], scalars: Tuple[Any, ...], grad: bool) -> int:
+    """Bytes of the workspace the CPU kernel of ``mkldnn_rnn_layer`` makes for operands of these
+    (shape, dtype)s and these scalar arguments, in grad mode ``grad`` (it makes none without):
+    oneDNN sizes it (``workspace_desc().get_size()``), so the real kernel runs once on zero
+    tensors of those shapes, with every dispatch mode off (as :func:`check_like_cpu` probes).
+    0 when the real kernel refuses them."""
+    with torch._C._DisableTorchDispatch():
+        operands = [torch.zeros(shape, dtype=dtype) for shape, dtype in tensors]
+        try:
+            with torch.set_grad_enabled(grad):
+                made = _RNN_LAYER(*operands, *(list(v) if isinstance(v, tuple) else v for v in scalars))
+        except Exception:
+            return 0
+    workspace = made[3]
+    return int(workspace.untyped_storage().nbytes()) if isinstance(workspace, torch.Tensor) else 0
 
 
 # -- the real kernels' dtype checks, on fake CPU tensors -----------------------------------
