@@ -8,20 +8,11 @@ import warnings
 
 import pytest
 import torch
+from _small_models import Mlp
 from torch import nn
 
 import flopcount
 from flopcount import TraceError, UsageError, count_flops
-
-
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1 = nn.Linear(16, 32)
-        self.l2 = nn.Linear(32, 8)
-
-    def forward(self, x):
-        return self.l2(torch.relu(self.l1(x)))
 
 
 class WithScripted(nn.Module):

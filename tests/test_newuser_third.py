@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _small_models import Mlp
 from conftest import assert_same_state, snapshot
 from torch import nn
 
@@ -15,16 +16,6 @@ from flopcount import TraceError, UsageError, count_flops
 from flopcount.devices.roofline import Roofs
 
 ROOFS = Roofs({"float32": 1e11}, 1e10, "test roofs", "given")  # given: nothing measured
-
-
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1 = nn.Linear(16, 32)
-        self.l2 = nn.Linear(32, 8)
-
-    def forward(self, x):
-        return self.l2(torch.relu(self.l1(x)))
 
 
 class KeywordOnly(nn.Module):

@@ -1,6 +1,27 @@
 """One way for CLI tests to run ``flopcount`` in process: the exit code and what it printed."""
 
+import textwrap
+
 from flopcount.cli import main
+
+#: the head of a model file the CLI tests write: imports and the small MLP they count
+#: (Linear 16 -> 32, ReLU, Linear 32 -> 8)
+MLP_SOURCE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = nn.Linear(16, 32)
+            self.l2 = nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.l2(torch.relu(self.l1(x)))
+
+    """
+)
 
 
 def cli(capsys, *args: str):

@@ -8,22 +8,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from _cli_run import cli, one_error_line
+from _cli_run import MLP_SOURCE, cli, one_error_line
 
-MODELS = textwrap.dedent(
+MODELS = MLP_SOURCE + textwrap.dedent(
     """
-    import torch
-    from torch import nn
-
-    class Mlp(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.l1 = nn.Linear(16, 32)
-            self.l2 = nn.Linear(32, 8)
-
-        def forward(self, x):
-            return self.l2(torch.relu(self.l1(x)))
-
     class Tokens(nn.Module):
         def __init__(self):
             super().__init__()
