@@ -177,3 +177,36 @@ def test_plan_books_the_recompute_sac_runs():
     }
     assert runs["mm_addmm"]["forward"] == runs["nothing"]["forward"]
     assert runs["nothing"]["backward"] - runs["mm_addmm"]["backward"] == 2 * FC1
+
+
+class Attention(nn.Module):
+    """One attention layer (qkv, causal SDPA, out) checkpointed under SAC, as torchtitan's
+    policy saves it: the matmuls and the SDPA kernel."""
+
+    def __init__(self, context_fn) -> None:
+        super().__init__()
+        self.context_fn = context_fn
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(2, 5, 3, 2, 8).unbind(2))
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(attended.transpose(1, 2).reshape(2, 5, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.body, x, use_reentrant=False, context_fn=self.context_fn)
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_attention_saving_matmuls_and_sdpa_recomputes_nothing(tracer):
+    """Batch 2, 5 tokens, 2 heads of 8: the recompute's qkv/out linears and SDPA are all served
+    from SAC's cache, so each composite is booked once (its forward). FlopCounterMode does not
+    price the CPU flash kernel; its matmuls (forward and backward) agree with flopcount's."""
+    torch.manual_seed(0)
+    sdpa = [aten._scaled_dot_product_flash_attention_for_cpu.default, aten._scaled_dot_product_efficient_attention.default]
+    model, x = Attention(saving(aten.mm.default, aten.addmm.default, *sdpa)), torch.randn(2, 5, 16)
+    r = counted(model, x, tracer)
+    macs = r.by_operator("macs")
+    assert macs["aten::linear"] == 10 * 16 * 48 + 10 * 16 * 16  # 10 rows through qkv and out, once
+    assert macs["aten::scaled_dot_product_attention"] == 2 * (2 * 2 * 5 * 5 * 8)  # QK^T and PV, once
+    assert 2 * (macs["aten::linear"] + macs["aten::mm"]) == fcm_flops(model, x)
