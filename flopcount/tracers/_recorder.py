@@ -219,6 +219,13 @@ class Recorder(DataReads):
         self.events: List[OpEvent] = []
         self.phase: Phase = "forward"
         self.muted = 0  # > 0 inside an intercepted composite (SDPA) or flopcount's own ops
+        #: while a composite runs muted in the backward phase (a checkpoint's recompute): the ops
+        #: that reached this mode at ``muted == held_level`` (``reached``) and the events they
+        #: would have recorded (``held``), booked in place of the composite when a dispatch mode
+        #: above this one served some of its ops from a cache (selective activation checkpointing)
+        self.held: Optional[List[OpEvent]] = None
+        self.held_level = 0
+        self.reached: List[Any] = []
         self.attribution: Optional[BackwardAttribution] = None
         self.assumptions: Set[str] = set()  # what a stand-in kernel assumed (exact totals: warnings only)
         self.answer_reads = answer_reads
@@ -255,6 +262,8 @@ class Recorder(DataReads):
         if not isinstance(func, _OP_OVERLOAD):  # a higher-order op (torch.cond): every aten op is an overload
             self.unkeyed += 1
             return self._higher_order(func, args, kwargs or {})
+        if self.muted and self.held is not None and self.muted == self.held_level:
+            self.reached.append(func)
         if self.answer_reads and func in _READS:
             answer = self._placeholder(func, args)
             if answer is not _NO_PLACEHOLDER:
@@ -294,8 +303,11 @@ class Recorder(DataReads):
             return out
         if key is None or sig.mutable:
             self.unkeyed += 1
+        events = self.events
         if self.muted:
-            return out
+            if self.held is None or self.muted != self.held_level:
+                return out
+            events = self.held
         if key is not None:
             # the shape cache knew this call: its key (the op, every argument's metadata and
             # value) decides the call (bound arguments, outputs), made once per key and shared by
@@ -309,7 +321,7 @@ class Recorder(DataReads):
             call = self._call(sig, args, kwargs, out)
         if call is None:
             return out
-        self.events.append(OpEvent(call, self.module_stack(), self.phase))
+        events.append(OpEvent(call, self.module_stack(), self.phase))
         if sig.is_all:
             self._note_reduction(out)
         return out

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import inspect
 import itertools
+from collections import Counter
+from contextlib import contextmanager
 from functools import cache
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.types import TensorMeta, dtype_name
 
@@ -522,6 +525,42 @@ def _any_batched(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     return False
 
 
+class _IssuedOps(TorchDispatchMode):
+    """A pass-through dispatch mode pushed on top of the stack around one composite call:
+    lists every aten op the composite issues, before any mode below it (selective activation
+    checkpointing's cache) decides whether the op runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: List[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **kwargs) if kwargs else func(*args)
+
+
+@contextmanager
+def _withheld(recorder: Any) -> Iterator[Tuple[_IssuedOps, List[Any]]]:
+    """Around a composite run muted in the backward phase (a checkpoint's recompute): the ops it
+    issued (seen above every dispatch mode) and the events of those that reached the recorder
+    (below the modes pushed since the count began: SAC's cache serves the ops its policy saved
+    without running them)."""
+    held: List[Any] = []
+    recorder.held, recorder.held_level, recorder.reached = held, recorder.muted, []
+    try:
+        with _IssuedOps() as issued:
+            yield issued, held
+    finally:
+        recorder.held = None
+
+
+def _all_reached(issued: List[Any], reached: List[Any]) -> bool:
+    """Whether every op a composite issued reached the recorder (none served from a cache)."""
+    if reached == issued:  # no mode between the two (a plain recompute): the same ops, in order
+        return True
+    return len(reached) >= len(issued) and not Counter(issued) - Counter(reached)
+
+
 class CompositeInterceptor(TorchFunctionMode):
     """Records each composite call of the forward as one event and mutes the aten ops it
     runs; every other call passes straight through.
@@ -569,6 +608,8 @@ class CompositeInterceptor(TorchFunctionMode):
         bound = binder(args, kwargs)
         if bound is None:
             return func(*args, **kwargs)
+        if recorder.phase == "backward" and hasattr(recorder, "held"):
+            return self._recomputed(func, args, kwargs, bound)
         recorder.muted += 1
         marker = getattr(recorder, "marker", None)
         try:
@@ -581,7 +622,36 @@ class CompositeInterceptor(TorchFunctionMode):
                 out = func(*args, **kwargs)
         finally:
             recorder.muted -= 1
+        self._record(bound, out)
+        return out
+
+    def _record(self, bound: Tuple[str, Dict[str, Any]], out: Any) -> None:
         op, values = bound
         value = self._value
-        recorder.record(op, {name: value(v) for name, v in values.items()}, self._outputs(out))
+        self._recorder.record(op, {name: value(v) for name, v in values.items()}, self._outputs(out))
+
+    def _recomputed(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], bound: Tuple[str, Dict[str, Any]]) -> Any:
+        """A composite called in the backward phase (a checkpointed region's recompute, a custom
+        backward): booked whole from its shapes only if all of its work ran. Under selective
+        activation checkpointing the ops its policy saved are served from SAC's cache, by a
+        dispatch mode above the recorder: then the ops that did reach the recorder are booked
+        instead (nothing, or the views and the bias add), as they ran (docs/conventions.md,
+        "Activation checkpointing")."""
+        recorder = self._recorder
+        marker = getattr(recorder, "marker", None)
+        recorder.muted += 1
+        try:
+            with _withheld(recorder) as (issued, held):
+                if marker is not None:
+                    with marker(len(recorder.events)):
+                        out = func(*args, **kwargs)
+                else:
+                    out = func(*args, **kwargs)
+        finally:
+            recorder.muted -= 1
+        if _all_reached(issued.ops, recorder.reached):
+            self._record(bound, out)
+        else:
+            recorder.events.extend(held)
+            recorder.unkeyed += 1
         return out
