@@ -19,7 +19,10 @@ Only what is safe is cached:
   and a result holding a constant is never remembered), Python scalars, dtypes, devices and
   lists of those;
 * results made on a first call that succeeded; an op that raised, or needs a value
-  (``nonzero``, ``.item()``), is never cached and raises again as before.
+  (``nonzero``, ``.item()``), is never cached and raises again as before;
+* no answer while ``make_fx`` traces (``torch.func.linearize`` inside a forward): its proxy
+  mode, below the recorder, must see every op, or it folds the op's result into its graph as
+  a constant and the op is never run again (nor counted) when the graph runs.
 
 Every other call goes to FakeTensorMode unchanged.
 """
@@ -30,6 +33,7 @@ import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from flopcount.tracers.fake.making import FakeMaker
 
@@ -172,7 +176,10 @@ class ShapeCache:
         if key is _UNCACHEABLE:
             return func(*args, **kwargs) if kwargs else func(*args)
         found = self._results.get(key)
-        if found is not None:
+        # While make_fx traces (torch.func.linearize in a forward), its proxy mode sits below the
+        # recorder: a result made here never reaches it, so its graph would hold the result as a
+        # constant and the constant folding after it would skip the op (the primal's Linears)
+        if found is not None and get_proxy_mode() is None:
             self.key = key
             self.hits += 1
             if kind.mode == "inplace":
@@ -208,7 +215,7 @@ class ShapeCache:
         if key is _UNCACHEABLE:
             return func(*args, **kwargs)
         found = self._results.get(key)
-        if found is not None:
+        if found is not None and get_proxy_mode() is None:
             self.hits += 1
             try:
                 return self._make(found, False)
@@ -233,7 +240,10 @@ class ShapeCache:
 
     def made(self, func: Any, described: Any) -> Any:
         """A new fake tensor of :meth:`fresh_result`'s metadata (None, and ``func`` off the cache
-        for this trace, when the private constructor fails: the caller runs ``func``)."""
+        for this trace, when the private constructor fails: the caller runs ``func``). None too
+        while ``make_fx`` traces (``torch.func.linearize``): see :meth:`run`."""
+        if get_proxy_mode() is not None:
+            return None
         try:
             with torch._C._DisableTorchDispatch():
                 out = self._fake(*described[0])
