@@ -32,7 +32,7 @@ from flopcount.bench.peak import mfu_part, mfu_peak
 from flopcount.bench.result import BenchmarkResult
 from flopcount.bench.stats import NOISE_SPREAD, compute_stats
 from flopcount.core.deprecation import modeled_part
-from flopcount.core.dtypes import parse_dtype
+from flopcount.core.dtypes import optional_dtype
 from flopcount.core.inputs import prepare_call, require_module
 from flopcount.errors import FlopcountWarning, UsageError, int_at_least
 from flopcount.types import dtype_name
@@ -96,7 +96,7 @@ def benchmark(
     on = modeled_part(on, gpu_name, "benchmark", old="gpu_name")
     mfu_part("benchmark", on, peak_flops)  # as StepTimer's: an unknown part named now (before: no MFU, no word)
     require_module(model, "benchmark")
-    dtype = None if dtype is None else parse_dtype(dtype, "benchmark: dtype", "autocast")
+    dtype = optional_dtype(dtype, "benchmark: dtype", "autocast")
     int_at_least(warmup, 0, "benchmark: warmup")
     plan = LoopPlan(iters=iters, min_iters=min_iters, budget_s=budget_s, max_iters=max_iters)
     plan.validate()

@@ -26,7 +26,7 @@ from flopcount.bench.loop import Clock, cpu_block_runner, cuda_block_runner
 from flopcount.bench.stats import compute_stats
 from flopcount.core.deprecation import ms_aliases, ms_keys
 from flopcount.core.diagnostics import FromWarnings
-from flopcount.core.dtypes import parse_dtype
+from flopcount.core.dtypes import optional_dtype
 from flopcount.core.inputs import require_module
 from flopcount.errors import UsageError, int_at_least
 from flopcount.units import ROOT_LABEL
@@ -163,7 +163,7 @@ def module_latency(
     thread's draws); a meta or fake model is refused (:class:`UsageError`).
     """
     require_module(model, "module_latency")
-    dtype = None if dtype is None else parse_dtype(dtype, "module_latency: dtype", "autocast")
+    dtype = optional_dtype(dtype, "module_latency: dtype", "autocast")
     int_at_least(iters, 1, "module_latency: iters")
     int_at_least(warmup, 0, "module_latency: warmup")
     flop_map = _flop_map(flops)

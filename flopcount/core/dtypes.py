@@ -13,7 +13,7 @@ import torch
 from flopcount.errors import UsageError
 from flopcount.types import DTYPE_ALIASES, DTYPE_NAMES, dtype_key, dtype_name
 
-__all__ = ["DtypeKind", "accepted_names", "parse_dtype"]
+__all__ = ["DtypeKind", "accepted_names", "optional_dtype", "parse_dtype"]
 
 #: what an argument takes: any dtype (an input SPEC), a floating one (a cast, autocast in a
 #: training step, FSDP's compute dtype, serving's compute dtype), one torch.autocast runs a
@@ -61,3 +61,8 @@ def parse_dtype(value: object, what: str, kind: DtypeKind = "any") -> torch.dtyp
         return found
     problem = f"unknown dtype {value!r}" if isinstance(value, str) and found is None else f"got {given}"
     raise UsageError(f"{what} must be {must}: {accepted_names(kind)} (docs/api.md#dtypes); {problem}")
+
+
+def optional_dtype(value: object, what: str, kind: DtypeKind = "any") -> Optional[torch.dtype]:
+    """:func:`parse_dtype` for an argument that may be left out: None stays None."""
+    return None if value is None else parse_dtype(value, what, kind)

@@ -29,7 +29,7 @@ from torch import nn
 
 from flopcount.core.collection import PausedCollections
 from flopcount.core.diagnostics import FromWarnings, first_line, module_place
-from flopcount.core.dtypes import parse_dtype
+from flopcount.core.dtypes import optional_dtype
 from flopcount.core.inputs import (
     PreparedCall,
     is_dataless,
@@ -216,8 +216,8 @@ def estimate_memory(
     if loss_fn is not None and not backward:
         raise UsageError("estimate_memory: loss_fn is only used with backward=True")
     _refuse_lazy(model)
-    cast = None if dtype is None else parse_dtype(dtype, "estimate_memory: dtype", "floating")
-    amp = None if autocast is None else parse_dtype(autocast, "estimate_memory: autocast", "floating")
+    cast = optional_dtype(dtype, "estimate_memory: dtype", "floating")
+    amp = optional_dtype(autocast, "estimate_memory: autocast", "floating")
     request = _Request(prepare_call(inputs, kwargs), backward, optimizer, loss_fn, cast, amp)
     # on fakes, transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
     # the automatic collector paused over the fake steps: where garbage cycles hold tensors (a

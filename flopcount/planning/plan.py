@@ -18,7 +18,7 @@ from torch import nn
 from flopcount.core.analysis import cost_events
 from flopcount.core.collection import PausedCollections
 from flopcount.core.deprecation import modeled_part
-from flopcount.core.dtypes import parse_dtype
+from flopcount.core.dtypes import optional_dtype
 from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
@@ -141,8 +141,8 @@ def plan(
     if not no_optimizer(optimizer):  # said now, not after the model is built and traced
         check_spec(optimizer, "plan")
     gpu = gpu_key(on)
-    compute = None if mixed_precision is None else parse_dtype(mixed_precision, "plan: mixed_precision", "floating")
-    amp = None if autocast is None else parse_dtype(autocast, "plan: autocast", "floating")
+    compute = optional_dtype(mixed_precision, "plan: mixed_precision", "floating")
+    amp = optional_dtype(autocast, "plan: autocast", "floating")
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if registry is not None and not isinstance(registry, HandlerRegistry):
