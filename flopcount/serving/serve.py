@@ -250,6 +250,7 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     slopes["steps"], fixed["steps"] = tuple(s for s, _ in steps), tuple(f for _, f in steps)
     fixed["activation_bytes"] = max(0.0, fixed["activation_bytes"])
     experts, k = _moe(model)
+    heads, kv_heads = _heads_of(model)
     results = [*one.results, *two.results]
     notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
     reasons = [r for res in results for r in res.incomplete_reasons()]
@@ -261,7 +262,7 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         fixed=fixed, top_k=k if experts > 1 else 0,
         layers=config_value(model, ("num_hidden_layers", "n_layer", "num_layers")) or 0,
         hidden=config_value(model, ("hidden_size", "n_embd", "d_model")) or 0,
-        heads=_heads_of(model)[0], kv_heads=_heads_of(model)[1],
+        heads=heads, kv_heads=kv_heads,
         encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
     )
 
