@@ -95,10 +95,20 @@ def outputs_of(out: Any) -> Tuple[Any, ...]:
     return (None,)
 
 
+def computed_outputs(outputs: Tuple[Any, ...], mask: Any) -> Tuple[Any, ...]:
+    """A backward op's outputs as the real kernel returns them: None (an undefined tensor) where
+    ``output_mask`` does not ask for that gradient. Some meta kernels allocate every output
+    whatever the mask (``native_batch_norm_backward``: a BatchNorm whose input needs no gradient
+    got grad_input's 10N FLOPs and bytes on fake tensors, none on real ones)."""
+    if not mask:
+        return outputs
+    return tuple(None if i < len(mask) and not mask[i] else o for i, o in enumerate(outputs))
+
+
 class _Signature:
     """Schema facts of one op overload, computed once: name, argument names, defaults."""
 
-    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable", "indexed")
+    __slots__ = ("name", "names", "defaults", "skip", "is_all", "mutable", "indexed", "masked")
 
     def __init__(self, schema: Any):
         # the canonical name, and the constant arguments a renamed kernel implies
@@ -112,6 +122,7 @@ class _Signature:
         }
         self.defaults.update(extra)
         self.indexed = False  # an op whose index the real kernel checks (fake/indices.py): set by _signature
+        self.masked = "output_mask" in self.names  # a backward op told which gradients to compute
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
         """Every argument by schema name, in schema order, defaults filled in (as jit has them)."""
@@ -363,7 +374,11 @@ class Recorder(DataReads):
     @staticmethod
     def _call(sig: _Signature, args: Tuple[Any, ...], kwargs: Any, out: Any) -> Optional[OpCall]:
         try:
-            return OpCall(sig.name, sig.bind(args, kwargs or _NO_KWARGS), outputs_of(out))
+            bound = sig.bind(args, kwargs or _NO_KWARGS)
+            outputs = outputs_of(out)
+            if sig.masked:
+                outputs = computed_outputs(outputs, bound.get("output_mask"))
+            return OpCall(sig.name, bound, outputs)
         except (ValueError, RuntimeError):
             # an nn.UninitializedParameter refuses to show its shape: the bookkeeping ops of a
             # lazy module materialising itself (``param.data``), which compute nothing
