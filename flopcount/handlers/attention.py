@@ -88,6 +88,7 @@ def mha_parts(
     masked: bool,
     dropout: bool,
     kv_features: Tuple[int, int] = (0, 0),
+    added_keys: int = 0,
 ) -> List[Tuple[str, Cost]]:
     """The operations ``F.multi_head_attention_forward`` performs, one entry per op, as
     jit records them: the in-projection as ``projections`` linears (1 packed q/k/v, 2 for
@@ -95,8 +96,10 @@ def mha_parts(
     when a mask is added, else ``bmm``), softmax, dropout, AV ``bmm`` and the mean over
     heads; without it one ``scaled_dot_product_attention``; then the output linear.
     ``kv_features`` are the key and value input features of separate projections (0 =
-    ``embed_dim``). Biases are not counted (as for every linear)."""
+    ``embed_dim``). ``added_keys`` key positions join after the projection (``bias_k``, a
+    zero-attention row): attended to, not projected. Biases are not counted (as for every linear)."""
     rows_q, rows_k = lq * batch, lk * batch
+    lk += added_keys
     e = embed_dim
     if projections == 1:
         parts = [_linear(rows_q, e, 3 * e)]
@@ -130,7 +133,7 @@ def _mha_forward(call: OpCall) -> Cost:
     batch = q.shape[1] if q.ndim == 3 else 1
     lq, lk = q.shape[0], k.shape[0]
     heads = int(call.arg("num_heads"))
-    lk += (maybe_tensor(call, "bias_k") is not None) + bool(call.arg("add_zero_attn"))
+    added_keys = (maybe_tensor(call, "bias_k") is not None) + bool(call.arg("add_zero_attn"))
     kpm, mask = maybe_tensor(call, "key_padding_mask"), maybe_tensor(call, "attn_mask")
     need_weights = bool(call.arg("need_weights"))
     if call.arg("is_causal") and kpm is None and not need_weights:
@@ -138,7 +141,8 @@ def _mha_forward(call: OpCall) -> Cost:
     parts = [_flops("aten::masked_fill_", elementwise_flops("aten::masked_fill", m.numel))
              for m in (kpm, mask) if m is not None and m.dtype == "bool"]
     if kpm is not None and mask is not None:
-        merged = broadcast(mask.shape if mask.ndim == 3 else (1,) + mask.shape, (batch * heads, 1, lk))
+        padded = mask.shape[:-1] + (mask.shape[-1] + added_keys,)  # F.pad'ed with each added key
+        merged = broadcast(padded if mask.ndim == 3 else (1,) + padded, (batch * heads, 1, lk + added_keys))
         parts.append(_flops("aten::add", elementwise_flops("aten::add", prod(merged))))
     kv_features = (0, 0)
     if call.arg("use_separate_proj_weight"):
@@ -153,6 +157,7 @@ def _mha_forward(call: OpCall) -> Cost:
         lq, lk, batch, q.shape[-1], heads,
         projections=projections, need_weights=need_weights, average_weights=bool(call.arg("average_attn_weights")),
         masked=kpm is not None or mask is not None, dropout=dropout, kv_features=kv_features,
+        added_keys=added_keys,
     )
     return Cost.split(*parts)
 
