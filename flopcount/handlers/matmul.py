@@ -143,8 +143,9 @@ def einsum_cost(equation: str, shapes: Sequence[Shape], path: Optional[Sequence[
     """einsum as torch evaluates it: operands contracted pairwise (left to right, or along
     ``path``); each pair costs the product of the sizes of every letter in either operand.
     A letter summed away that occurs in one operand only is summed first (1 FLOP per
-    element of that operand, as torch does with a sum) and is not part of the MACs.
-    A single operand costs its elements in FLOPs when some letter is summed, else 0."""
+    element of that operand after its repeated letters are taken as diagonals, as torch
+    does with a view and a sum) and is not part of the MACs. A single operand costs those
+    elements in FLOPs when some letter is summed (``"ii"``: n, the trace), else 0."""
     terms, out, sizes = _parse_equation(equation, shapes)
     operands = list(terms)
     flops = 0
@@ -157,7 +158,7 @@ def einsum_cost(equation: str, shapes: Sequence[Shape], path: Optional[Sequence[
     for i, term in enumerate(operands):
         private = [c for c in set(term) if not needed_elsewhere(c, (i,))]
         if private:
-            flops += prod(sizes[c] for c in term)
+            flops += prod(sizes[c] for c in set(term))  # a repeated letter is a diagonal (a view)
             operands[i] = "".join(c for c in term if c not in private)
     if len(operands) == 1:
         return Cost.from_flops(flops)
