@@ -120,7 +120,9 @@ def _ctc_loss(call: OpCall) -> Cost:
 
 def _ctc_loss_composite(call: OpCall) -> Cost:
     """ctc_loss (jit) = _ctc_loss + what its decomposition adds per sequence (B):
-    zero_infinity: eq + where (2B); mean: divide by target length + mean (2B + 1); sum: B."""
+    zero_infinity: eq + where (2B); mean: divide by target length + mean (2B + 1), + B when the
+    lengths are a list (torch makes them a float tensor, then clamps it to >= 1; a tensor of
+    lengths is clamped as integers); sum: B."""
     log_probs = call.tensor("log_probs")
     batch = log_probs.shape[1] if log_probs.ndim == 3 else 1
     flops = CTC_CELL * _cells(call)
@@ -128,7 +130,7 @@ def _ctc_loss_composite(call: OpCall) -> Cost:
         flops += 2 * batch
     reduction = call.arg("reduction", MEAN)
     if reduction == MEAN:
-        flops += 2 * batch + 1
+        flops += 2 * batch + 1 + (batch if maybe_tensor(call, "target_lengths") is None else 0)
     elif reduction == SUM:
         flops += batch
     return Cost.from_flops(flops)

@@ -134,6 +134,12 @@ def _sort(call: OpCall) -> Cost:
     return Cost.from_flops(sort_flops(x.numel, x.shape[(dim if dim is not None else -1) % x.ndim]))
 
 
+def _msort(call: OpCall) -> Cost:
+    """msort sorts along the first dim (``sort(x, dim=0)``); its schema has no ``dim``."""
+    x = _input(call)
+    return Cost.from_flops(sort_flops(x.numel, x.shape[0])) if x.ndim else Cost()
+
+
 #: per-output FLOPs after the shared gather, by interpolation, as the decomposition runs
 #: them: masked_fill (1) + sub, ceil, lerp (5) for linear; + round/floor/ceil (1) for
 #: the index modes; + sub, ceil, lerp(0.5) for midpoint. nanquantile adds the per-row
@@ -242,7 +248,8 @@ def register(registry: HandlerRegistry) -> None:
                       lambda call: Cost.from_flops(log_softmax_flops(_input(call).numel)))
     registry.register("aten::_softmax_backward_data", per_grad_output(SOFTMAX_BACKWARD))
     registry.register("aten::_log_softmax_backward_data", per_grad_output(LOG_SOFTMAX_BACKWARD))
-    registry.register(["aten::sort", "aten::argsort", "aten::msort"], _sort)
+    registry.register(["aten::sort", "aten::argsort"], _sort)
+    registry.register("aten::msort", _msort)
     registry.register("aten::dist", _dist)
     registry.register(["aten::quantile", "aten::nanquantile"], _quantile)
     registry.register("aten::trapezoid", _trapezoid)
