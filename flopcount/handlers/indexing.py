@@ -36,6 +36,12 @@ def _embedding_bag_backward(call: OpCall) -> Cost:
     return Cost.from_flops(rows + rows * (maybe_tensor(call, "per_sample_weights") is not None))
 
 
+def _per_sample_weights_backward(call: OpCall) -> Cost:
+    """The gradient of each per-sample weight: its bag's gradient row dotted with the looked-up
+    weight row, D multiplies and D adds per index."""
+    return Cost.from_flops(2 * _bag_elements(call, call.tensor("grad").shape[-1]))
+
+
 def _per(name: str, flag: Optional[str] = None) -> Handler:
     """One FLOP per element of the tensor argument ``name``; with ``flag``, only when that
     argument is set (else a copy: 0)."""
@@ -52,6 +58,7 @@ def _scatter_reduce(call: OpCall) -> Cost:
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"], _embedding_bag)
     registry.register(["aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward"], _embedding_bag_backward)
+    registry.register("aten::_embedding_bag_per_sample_weights_backward", _per_sample_weights_backward)
     # index-add of every grad_output row into the weight gradient
     registry.register("aten::embedding_dense_backward", per_grad_output(1))
     registry.register("aten::index_add", _per("source"))

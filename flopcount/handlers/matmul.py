@@ -199,6 +199,15 @@ def chain_macs(shapes: Sequence[Shape]) -> int:
     return cost[0][n - 1]
 
 
+def _kron(call: OpCall) -> Cost:
+    """``kron(a, b)``: one multiply per output element (torch runs it as a broadcast ``mul``;
+    the shapes are padded with leading 1s to the same rank, out_i = a_i x b_i)."""
+    a, b = call.tensor("self").shape, call.tensor("other").shape
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return Cost.from_flops(prod(x * y for x, y in zip(a, b)))
+
+
 def _chain(name: str) -> Handler:
     return lambda call: Cost.from_macs(chain_macs([t.shape for t in call.arg(name) or ()]))
 
@@ -280,6 +289,8 @@ def register(registry: HandlerRegistry) -> None:
     add("aten::einsum", _einsum)
     add("aten::linalg_multi_dot", _chain("tensors"))
     add("aten::chain_matmul", _chain("matrices"))
+    add("aten::_int_mm", _product("self", "mat2"))  # int8 (M, K) @ (K, N) accumulated in int32: M*K*N MACs
+    registry.register("aten::kron", _kron)  # jit; the dispatch tracer sees its mul
     add("aten::_scaled_mm", _product("self", "mat2"))  # (M, K) @ (K, N) with scales folded in, as torch's flop counter
     # the scales of _scaled_grouped_mm are folded into the product, like alpha
     add(["aten::_grouped_mm", "aten::_scaled_grouped_mm"], _grouped("self", "mat2"))

@@ -127,6 +127,8 @@ def register(registry: HandlerRegistry) -> None:
         per_grad_output(NEAREST_BACKWARD),
     )
     registry.register("aten::col2im", _col2im)
+    # Tensor.unfold's backward adds each window element into its source, like fold
+    registry.register("aten::unfold_backward", lambda call: Cost.from_flops(call.tensor("grad_in").numel))
     # fractional max pooling: one compare per window element, like max pooling
     registry.register(["aten::fractional_max_pool2d", "aten::fractional_max_pool3d"], _pool(0))
     registry.register(

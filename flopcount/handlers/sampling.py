@@ -60,6 +60,19 @@ def _grid_sampler_backward(call: OpCall) -> Cost:
     return Cost.from_flops(locations * per_location + elements * per_element * (want_input + dims * want_grid))
 
 
+def _affine_grid(call: OpCall) -> Cost:
+    """``affine_grid_generator(theta (N, d, d + 1), size [N, C, *spatial])``: the CPU kernel
+    makes the base grid (N, prod(spatial), d + 1) and multiplies it by theta^T with one ``bmm``:
+    N x prod(spatial) x (d + 1) x d MACs; without ``align_corners`` each axis' linspace is
+    rescaled by (s - 1) / s (a multiply and a divide per point of an axis longer than 1)."""
+    theta = call.tensor("theta")
+    spatial = [int(s) for s in call.arg("size")[2:]]
+    dims = theta.shape[-2]
+    macs = theta.shape[0] * prod(spatial) * (dims + 1) * dims
+    rescale = 0 if call.arg("align_corners") else 2 * sum(s for s in spatial if s > 1)
+    return Cost(macs=macs, flops=2 * macs + rescale)
+
+
 def _aa_scale(size_in: int, size_out: int, align_corners: bool, scale: Optional[float]) -> float:
     if align_corners:
         return (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
@@ -120,5 +133,6 @@ def register(registry: HandlerRegistry) -> None:
         _grid_sampler,
     )
     registry.register(["aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward"], _grid_sampler_backward)
+    registry.register("aten::affine_grid_generator", _affine_grid)
     registry.register(["aten::_upsample_bilinear2d_aa", "aten::_upsample_bilinear2d_aa_backward"], _aa(2))
     registry.register(["aten::_upsample_bicubic2d_aa", "aten::_upsample_bicubic2d_aa_backward"], _aa(4))

@@ -39,7 +39,7 @@ _COPIES = (
     "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "nonzero", "nonzero_static", "argwhere",
     "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim", "bucketize", "searchsorted",
     # packing/padding variable-length sequences and nested tensors: data moves by position
-    "_pack_padded_sequence", "_pad_packed_sequence", "_nested_tensor_from_mask", "_nested_from_padded",
+    "_pack_padded_sequence", "_pad_packed_sequence", "pad_sequence", "_nested_tensor_from_mask", "_nested_from_padded",
     "_nested_tensor_from_tensor_list", "to_padded_tensor", "nested_to_padded_tensor", "complex",
     "max_unpool2d", "max_unpool3d",
     # sparse layouts: conversions and the parts of a sparse tensor move data, compute nothing
