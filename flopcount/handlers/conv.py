@@ -69,6 +69,15 @@ def _conv_backward(call: OpCall) -> Cost:
     return Cost.from_macs(forwards * conv_macs(x, w, grad_out, transposed)) + Cost.from_flops(prod(grad_out) if grad_bias else 0)
 
 
+def _conv_tbc(call: OpCall) -> Cost:
+    """fairseq's time-batch-channel convolution: input (T, B, C_in), weight (K, C_in, C_out),
+    ``pad`` on both ends of T: T_out = T + 2 pad - K + 1 positions, each B x C_out x C_in x K MACs."""
+    t, b, _ = call.tensor("self").shape
+    k, c_in, c_out = call.tensor("weight").shape
+    steps = t + 2 * int(call.arg("pad") or 0) - k + 1
+    return Cost.from_macs(steps * b * c_out * c_in * k)
+
+
 CONV_OPS = (
     "aten::_convolution",
     "aten::convolution",
@@ -99,3 +108,4 @@ CONV_OPS = (
 def register(registry: HandlerRegistry) -> None:
     registry.register(CONV_OPS, _conv)
     registry.register("aten::convolution_backward", _conv_backward)
+    registry.register("aten::conv_tbc", _conv_tbc)

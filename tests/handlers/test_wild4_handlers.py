@@ -113,3 +113,25 @@ def test_pack_sequence(tracer: str) -> None:
     seqs = (torch.randn(4, 5), torch.randn(6, 5), torch.randn(2, 5))
     r = _complete(model, seqs, tracer)
     assert r.macs == 2 * 12 * (3 * 8 * 5 + 3 * 8 * 8)  # 12 steps, 2 directions
+
+
+class TimeBatchConv(nn.Module):
+    """fairseq's ConvTBC: input (T, B, C_in), weight (K, C_in, C_out), padding on time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(3, 4, 6)), nn.Parameter(torch.randn(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.conv_tbc(x, self.weight, self.bias, 1)
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_conv_tbc(tracer: str) -> None:
+    model, x = TimeBatchConv(), torch.randn(5, 2, 4)
+    r = _complete(model, (x,), tracer)
+    # the same convolution as conv1d on (B, C_in, T) with weight (C_out, C_in, K), which
+    # FlopCounterMode counts: T_out = 5 + 2 - 3 + 1 positions x B x C_out x C_in x K
+    with FlopCounterMode(display=False) as counter:
+        F.conv1d(x.permute(1, 2, 0), model.weight.detach().permute(2, 1, 0), padding=1)
+    assert 2 * r.macs == counter.get_total_flops() == 2 * 5 * 2 * 6 * 4 * 3
