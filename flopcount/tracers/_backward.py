@@ -264,13 +264,17 @@ def _reentrant_checkpoint_name(node: Any) -> Optional[str]:
     return function if "checkpoint" in function.lower() else None
 
 
-def _reentrant_checkpoint(roots: Sequence[torch.Tensor]) -> Tuple[Optional[str], List[torch.Tensor]]:
+def _reentrant_checkpoint(
+    roots: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor] = ()
+) -> Tuple[Optional[str], List[torch.Tensor]]:
     """The name of the first reentrant checkpoint Function in the autograd graph of
     ``roots`` (None if there is none), and the leaf tensors the graph accumulates into.
+    The walk stops at an input made by the caller's own graph (a non-leaf input, such as
+    a backbone's features given to a head): what lies behind it is not the model's.
     Walks the graph's nodes once; runs no op."""
     found: Optional[str] = None
     leaves: List[torch.Tensor] = []
-    seen = set()
+    seen = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
     pending = [r.grad_fn for r in roots if r.grad_fn is not None]
     while pending:
         node = pending.pop()
@@ -333,7 +337,7 @@ def run_backward(
         seeds = [torch.ones_like(r) for r in roots]
     finally:
         recorder.muted -= 1
-    reentrant, graph_leaves = _reentrant_checkpoint(roots)
+    reentrant, graph_leaves = _reentrant_checkpoint(roots, [t for t in inputs if isinstance(t, torch.Tensor)])
     # every other leaf the graph accumulates into gets its gradient in a real backward too, and
     # is differentiated as itself: a caller's tensor the graph reached without a torch function
     # seeing it (a custom autograd.Function's apply takes its arguments as they are), a leaf the

@@ -1,0 +1,49 @@
+"""``backward=True`` on a model whose input the caller computed with grad (a head given a
+backbone's features, a loss module given ``x.log_softmax(-1)``): the model's backward ends at
+that input. The leaves walk added for leaves made in the forward (branch wild3) went on
+through the input's ``grad_fn`` into the caller's graph, so ``tracer="dispatch"`` (real
+tensors; the default tracer's fake copies are leaves) also counted the backbone's backward:
+a Linear(64, 4) head on a Linear(64, 64) backbone's features, 78,368 FLOPs for the head's
+12,320. Oracle: FlopCounterMode live on the head alone, its input a leaf copy of the features."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_same_state, snapshot
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from flopcount import count_flops
+
+
+def _head_oracle(head: nn.Module, feats: torch.Tensor) -> int:
+    x = feats.detach().clone().requires_grad_()
+    with FlopCounterMode(display=False) as counter:
+        head(x).sum().backward()
+    head.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+def test_a_head_on_a_backbones_features(tracer: str) -> None:
+    torch.manual_seed(0)
+    backbone, head = nn.Linear(64, 64), nn.Linear(64, 4)
+    feats = backbone(torch.randn(8, 64))  # not a leaf: the caller's graph is behind it
+    before, before_backbone = snapshot(head), snapshot(backbone)
+    r = count_flops(head, (feats,), tracer=tracer, backward=True)
+    # forward, weight gradient and input gradient: 3 x 8 x 64 x 4 MACs
+    assert 2 * r.macs == _head_oracle(head, feats) == 2 * 3 * 8 * 64 * 4
+    assert backbone.weight.grad is None
+    assert_same_state(head, before)
+    assert_same_state(backbone, before_backbone)
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+def test_a_loss_module_on_a_computed_input(tracer: str) -> None:
+    logits = torch.randn(6, 10, requires_grad=True)
+    loss = nn.KLDivLoss(reduction="batchmean")
+    r = count_flops(loss, (logits.log_softmax(-1), torch.rand(6, 10)), tracer=tracer, backward=True)
+    # the caller's log_softmax and its backward are not the loss module's
+    assert "aten::_log_softmax_backward_data" not in r.by_operator("flops")
+    assert "aten::log_softmax" not in r.by_operator("flops")
