@@ -11,7 +11,6 @@ Each line: the case, FlopCounterMode's FLOPs (contractions only), the hand count
 backward, the documented conventions (complex 4 real MACs, padded fast path), and what is left.
 """
 
-import copy
 import functools
 import math  # noqa: F401
 import warnings
@@ -20,6 +19,7 @@ import torch
 import torch.ao.quantization as tq
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
+from _silent_errors import check
 from torch import nn
 from torch.ao.quantization import quantize_dynamic
 from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, linearize, vjp, vmap
@@ -32,63 +32,8 @@ from torch.utils.checkpoint import (
     checkpoint_sequential,
     create_selective_checkpoint_contexts,
 )
-from torch.utils.flop_counter import FlopCounterMode
-
-import flopcount
 
 warnings.simplefilter("ignore")
-
-
-def fcm(model, args, backward=False, loss=None):
-    m = copy.deepcopy(model)
-    args = copy.deepcopy(args)
-    with FlopCounterMode(display=False) as c:
-        out = m(*args)
-        if backward:
-            total = loss(out) if loss else _sum(out)
-            total.backward()
-    return c.get_total_flops(), {str(k): v for k, v in c.get_flop_counts()["Global"].items()}
-
-
-def _sum(out):
-    if isinstance(out, torch.Tensor):
-        return out.sum()
-    return sum(o.sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad)
-
-
-def fc(model, args, tracer, backward=False, loss=None):
-    try:
-        r = flopcount.count_flops(model, tuple(args), tracer=tracer, backward=backward, loss_fn=loss)
-        return 2 * r.macs, r
-    except Exception as e:
-        return "ERR " + type(e).__name__ + ": " + str(e).splitlines()[0][:150], None
-
-
-def check(name, model, args, backward=False, tracers=("auto", "dispatch", "jit"), loss=None, expect=None):
-    try:
-        t, per = fcm(model, args, backward, loss)
-    except Exception as e:
-        t, per = "ERR " + str(e)[:100], {}
-    row = [name + (" +bwd" if backward else ""), f"fcm={t}"]
-    if expect is not None:
-        row.append(f"hand={expect}")
-    rs = {}
-    for tr in tracers:
-        if backward and tr == "jit":
-            continue
-        v, r = fc(model, args, tr, backward, loss)
-        rs[tr] = r
-        ok = "ok" if v == (expect if expect is not None else t) else "DIFF"
-        row.append(f"{tr}={v} {ok}")
-    print(" | ".join(row), flush=True)
-    if any("DIFF" in x for x in row):
-        print("   fcm per-op:", per)
-        for tr, r in rs.items():
-            if r is not None:
-                print(f"   {tr} macs by op:", {k: v for k, v in r.by_operator("macs").items() if v})
-                if r.warnings:
-                    print("   warnings:", [str(w)[:200] for w in r.warnings][:3])
-    return rs
 
 
 # ---- custom autograd.Function, addmm/baddbmm, cdist, Bilinear, einsum, transposed and channels_last convs, complex, FFT

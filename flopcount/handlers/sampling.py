@@ -66,7 +66,8 @@ def _affine_grid(call: OpCall) -> Cost:
     N x prod(spatial) x (d + 1) x d MACs; without ``align_corners`` each axis' linspace is
     rescaled by (s - 1) / s (a multiply and a divide per point of an axis longer than 1)."""
     theta = call.tensor("theta")
-    spatial = [int(s) for s in call.arg("size")[2:]]
+    out = first_output(call)  # (N, *spatial, d); jit may trace ``size`` from x.size(), values unknown
+    spatial = list(out.shape[1:-1]) if out is not None else [int(s) for s in call.arg("size")[2:]]
     dims = theta.shape[-2]
     macs = theta.shape[0] * prod(spatial) * (dims + 1) * dims
     rescale = 0 if call.arg("align_corners") else 2 * sum(s for s in spatial if s > 1)

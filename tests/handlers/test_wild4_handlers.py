@@ -135,3 +135,22 @@ def test_conv_tbc(tracer: str) -> None:
     with FlopCounterMode(display=False) as counter:
         F.conv1d(x.permute(1, 2, 0), model.weight.detach().permute(2, 1, 0), padding=1)
     assert 2 * r.macs == counter.get_total_flops() == 2 * 5 * 2 * 6 * 4 * 3
+
+
+class SpatialTransformer(nn.Module):
+    """The localisation net's theta and ``x.size()`` (traced by jit: the sizes are not constants)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loc = nn.Linear(3 * 6 * 8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        theta = self.loc(x.flatten(1)).view(-1, 2, 3)
+        return F.grid_sample(x, F.affine_grid(theta, x.size(), align_corners=False), align_corners=False)
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_spatial_transformer(tracer: str) -> None:
+    r = _complete(SpatialTransformer(), (torch.randn(2, 3, 6, 8),), tracer)
+    # the localisation Linear and affine_grid's bmm (2 x 48 locations x 3 x 2)
+    assert r.macs == 2 * 144 * 6 + 2 * 48 * 3 * 2
