@@ -4,7 +4,7 @@ that input. The leaves walk added for leaves made in the forward (branch wild3) 
 through the input's ``grad_fn`` into the caller's graph, so ``tracer="dispatch"`` (real
 tensors; the default tracer's fake copies are leaves) also counted the backbone's backward:
 a Linear(64, 4) head on a Linear(64, 64) backbone's features, 78,368 FLOPs for the head's
-12,320. Oracle: FlopCounterMode live on the head alone, its input a leaf copy of the features."""
+12,320, and the caller's graph was freed (its own ``backward()`` then failed). Oracle: FlopCounterMode live on the head alone, its input a leaf copy of the features."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def test_a_head_on_a_backbones_features(tracer: str) -> None:
     assert backbone.weight.grad is None
     assert_same_state(head, before)
     assert_same_state(backbone, before_backbone)
+    # the caller's graph is left as found: its own backward still runs (it was freed by the count)
+    feats.sum().backward()
+    assert backbone.weight.grad is not None
 
 
 @pytest.mark.parametrize("tracer", ["auto", "dispatch"])
