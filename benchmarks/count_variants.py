@@ -14,7 +14,9 @@ result after it, inside the timed region: a reader pays for tables booked on fir
 Since branch deferbook the default count books its tables on first read: ``eager`` is the
 count before it (the tables booked at once), ``deferred`` the default itself. ``set-back-always``
 is the count before branch resnet9 (Python's and numpy's generators set back on every count's way
-out, numpy's key arrays compared elementwise).
+out, numpy's key arrays compared elementwise). ``containers-checked-all+eligible-in-full`` is the count
+before branch resnet10 (a first call's state check asked every int and tuple attribute whether it is a
+plain object; install tested a leaf's dictionaries before its children).
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_variants.py [--model resnet50|bert|gpt2|70b]
         [--rounds 41] [--only reuse-off,eager,torch-untracked+eager] [--read by_module]
@@ -149,6 +151,42 @@ def _elementwise_comparison(original: Any) -> Any:
     return same_random_states
 
 
+def _containers_checked_all(original: Any) -> Any:
+    # the first call's state check before branch resnet10: every attribute of every module asked
+    # whether it is a container, a plain object or a generator (each int and tuple raising and
+    # catching an error in ``plain_object``)
+    def _containers(self: Any, order: List[Any]) -> List[Any]:
+        found: List[Any] = []
+        held = self._held_calls
+        for module in order:
+            state = vars(module)
+            known = held.get(id(module))
+            if known is None or known[0] != len(state):
+                names = tuple([k for k, v in state.items()
+                               if k not in reuse._SKIP and (reuse._container(v) or reuse.plain_object(v)
+                                                            or reuse.random_generator(v))])
+                known = held[id(module)] = (len(state), names)
+            for name in known[1]:
+                value = state.get(name)
+                if reuse._container(value) or reuse.random_generator(value):
+                    found.append((name, self._attribute(value)))
+                elif reuse.plain_object(value):
+                    found.append((name, self._object(value)))
+        return found
+
+    return _containers
+
+
+def _eligible_in_full(original: Any) -> Any:
+    # install's test of each module before branch resnet10: a leaf's dictionaries checked before its children
+    def _eligible(self: Any, module: Any) -> bool:
+        state = vars(module)
+        return (module is not self._root and "forward" not in state and reuse._plain(state)
+                and bool(dict.__len__(reuse.raw_children(state["_modules"]))))
+
+    return _eligible
+
+
 def _together(parts: List[Variant]) -> Variant:
     """Several variants on at once (``--only a+b``)."""
     if len(parts) == 1:
@@ -173,6 +211,8 @@ def variants() -> Dict[str, Variant]:
         "torch-untracked": _swapped(reuse.Reuse, "_tracking_class", _torch_classes_untracked),
         "deferred": _swapped(analysis, "aggregate", _deferred_tables),
         "eager": _swapped(analysis, "aggregate", _eager_tables),
+        "containers-checked-all": _swapped(reuse.Reuse, "_containers", _containers_checked_all),
+        "eligible-in-full": _swapped(reuse.Reuse, "_eligible", _eligible_in_full),
         "set-back-always": _together([
             _swapped(tracers, "preserved_random_modules", _set_back_always),
             _swapped(tracers, "same_random_states", _elementwise_comparison),

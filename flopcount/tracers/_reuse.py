@@ -124,6 +124,8 @@ _SEQUENCES = frozenset({collections.deque, bytearray, array})
 _HELD_DEPTH = 16
 # a tuple, list, dict or set longer than this is keyed once per count while it holds the same items (``Reuse._long``)
 _LONG = 64
+# attribute values that are neither a container, a plain object nor a generator (``Reuse._containers``)
+_UNHELD = _SCALARS | {tuple}
 # a fake argument met first in a call: its metadata is in the key's part of the arguments' tensors
 _TENSOR = ("tensor",)
 _NO_KEYS: Mapping[int, Any] = MappingProxyType({})
@@ -448,6 +450,8 @@ class Reuse:
     def _eligible(self, module: nn.Module) -> bool:
         # a leaf runs a few ops the shape cache answers already: keying it costs more
         state = vars(module)
+        if type(state.get("_modules")) is dict and not state["_modules"]:
+            return False  # a leaf with a plain dictionary (most modules of a model): said at once
         return module is not self._root and "forward" not in state and _plain(state) and bool(dict.__len__(raw_children(state["_modules"])))
 
     def _adopt(self, module: nn.Module, original: nn.Module) -> None:
@@ -1507,8 +1511,10 @@ class Reuse:
             if known is None or known[0] != len(state):
                 # which attributes hold a container or a plain object, per module while its attribute
                 # count stays (a rebinding changes the fingerprint, which is compared too)
-                names = tuple([k for k, v in state.items()
-                               if k not in _SKIP and (_container(v) or plain_object(v) or random_generator(v))])
+                # a scalar or a tuple is none of these (its type says so, in C: the checks below
+                # raise and catch an error per int, ~1 us; most of a layer's attributes are such)
+                names = tuple([k for k, v in state.items() if k not in _SKIP and type(v) not in _UNHELD
+                               and (_container(v) or plain_object(v) or random_generator(v))])
                 known = held[id(module)] = (len(state), names)
             for name in known[1]:
                 value = state.get(name)
