@@ -13,20 +13,11 @@ from math import ceil, log2
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from conftest import Fn
 
 from flopcount import count_flops
 
 TRACERS = ["auto", "dispatch", "jit"]
-
-
-class Fn(nn.Module):
-    def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self.fn(*args)
 
 
 @pytest.mark.parametrize("tracer", TRACERS)

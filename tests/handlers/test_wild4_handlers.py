@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import Fn
 from torch import nn
 from torch.nn.utils.rnn import pack_sequence
 from torch.utils.flop_counter import FlopCounterMode
@@ -17,15 +18,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from flopcount import count_flops
 
 TRACERS = ["auto", "dispatch", "jit"]
-
-
-class Fn(nn.Module):
-    def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self.fn(*args)
 
 
 def _complete(model: nn.Module, args: tuple, tracer: str, backward: bool = False):  # type: ignore[no-untyped-def]
