@@ -32,7 +32,14 @@ exists) and the one on the datasheet part ``torch.cuda.get_device_name()`` names
 (``predict(on=...)``, what a user without the GPU gets). A case is ABOVE when the "this gpu" or
 the datasheet bound exceeds its fastest run by more than 2 %.
 
-Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--device cuda] [--json FILE]``.
+``--break`` adds a second list (:func:`breaking_cases`, branch boundcheck): cases chosen to break
+the bound — causal attention at long sequence (the CPU flash kernel skips the masked half),
+dynamic int8 Linear (fbgemm's int8 products), GRU, grouped and depthwise convolutions in
+channels_last, a weight reused from cache, ops that are only overhead, an EmbeddingBag, batch
+64, one thread.
+
+Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--break] [--only TEXT]
+[--device cuda] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -292,6 +299,201 @@ def cases(quick: bool) -> List[Case]:
     return every[:8] if quick else every
 
 
+class Attention(nn.Module):
+    """One SDPA call on (B, H, S, D) queries, keys and values (the CPU flash kernel)."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+def sdpa(seq: int, causal: bool, dtype: torch.dtype = torch.float32, heads: int = 8, dim: int = 64, batch: int = 1):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        q, k, v = (torch.randn(batch, heads, seq, dim, dtype=dtype) for _ in range(3))
+        return Attention(causal).eval(), (q, k, v), {}
+
+    return build
+
+
+def gru(batch: int, seq: int = 32):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return nn.GRU(256, 512, num_layers=2, batch_first=True).eval(), (torch.randn(batch, seq, 256),), {}
+
+    return build
+
+
+def grouped_conv(groups: int, batch: int, dtype: torch.dtype = torch.float32, channels_last: bool = False):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        layers: List[nn.Module] = []
+        for _ in range(4):
+            layers += [nn.Conv2d(128, 128, 3, padding=1, groups=groups), nn.ReLU()]
+        model, x = _cast(nn.Sequential(*layers), torch.randn(batch, 128, 56, 56), dtype, channels_last)
+        return model, (x,), {}
+
+    return build
+
+
+def quantized_mlp(batch: int, width: int = 2048):
+    """``quantize_dynamic``'s int8 Linear (fbgemm: int8 weights, activations quantized per call)."""
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)).eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        return model, (torch.randn(batch, width),), {}
+
+    return build
+
+
+class Reused(nn.Module):
+    """One Linear applied ``times`` times: its weight stays in cache after the first call."""
+
+    def __init__(self, width: int, times: int) -> None:
+        super().__init__()
+        self.layer = nn.Linear(width, width)
+        self.times = times
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.times):
+            x = self.layer(x)
+        return x
+
+
+def reused(width: int, times: int, batch: int = 1, dtype: torch.dtype = torch.float32):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        model, x = _cast(Reused(width, times), torch.randn(batch, width), dtype)
+        return model, (x,), {}
+
+    return build
+
+
+class Tiny(nn.Module):
+    """Ops on 16 numbers: each call is dispatch and launch overhead, no work."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(50):
+            x = torch.tanh(x) + x
+        return x
+
+
+class BagModel(nn.Module):
+    """An EmbeddingBag (sum of 20 rows per sample) from a 1M x 64 table, then a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(1_000_000, 64, mode="sum")
+        self.head = nn.Linear(64, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bag(ids))
+
+
+def embedding_bag(batch: int):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return BagModel().eval(), (torch.randint(0, 1_000_000, (batch, 20)),), {}
+
+    return build
+
+
+class MoE(nn.Module):
+    """Top-2 of 8 experts (Linear(1024, 4096) -> GELU -> Linear(4096, 1024), 32 MiB each):
+    a batch-1 token reads 2 experts' weights, not all 8."""
+
+    def __init__(self, experts: int = 8, width: int = 1024, hidden: int = 4096) -> None:
+        super().__init__()
+        self.router = nn.Linear(width, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+                                     for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.router(x).softmax(-1).topk(2, dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            if rows.numel():
+                out[rows] += weights[rows, slot, None] * expert(x[rows])
+        return out
+
+
+class UnusedHead(nn.Module):
+    """A Linear(256, 256) body beside a 64 MiB Linear(4096, 4096) head this forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(256, 256)
+        self.head = nn.Linear(4096, 4096)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class SlicedTable(nn.Module):
+    """A learned positional table of 8192 x 1024 (32 MiB), of which a forward reads its first rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(8192, 1024))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.pos[: x.shape[-2]]
+
+
+def small(module: Callable[[], nn.Module], shape: Tuple[int, ...], dtype: torch.dtype = torch.float32):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return module().eval(), (torch.randn(*shape, dtype=dtype),), {}
+
+    return build
+
+
+def breaking_cases() -> List[Case]:
+    """Cases chosen to break the bound (``--break``): work a kernel skips (causal attention),
+    integer kernels, cache-resident weights, overhead-only ops, layouts and thread counts the
+    first list does not hold."""
+    bf16 = torch.bfloat16
+    return [
+        Case("sdpa b1 h8 s2048 d64 fp32", sdpa(2048, False)),
+        Case("sdpa causal b1 h8 s2048 d64 fp32", sdpa(2048, True)),
+        Case("sdpa causal b1 h8 s2048 d64 fp32 1 thread", sdpa(2048, True), threads=1),
+        Case("sdpa causal b1 h8 s4096 d64 fp32", sdpa(4096, True)),
+        Case("sdpa causal b1 h8 s2048 d64 bf16", sdpa(2048, True, bf16)),
+        Case("gru 2x512 b1 s32", gru(1)),
+        Case("gru 2x512 b16 s32", gru(16)),
+        Case("gru 2x512 b16 s32 1 thread", gru(16), threads=1),
+        Case("lstm 2x512 b64 s32 1 thread", lstm(64), threads=1),
+        Case("grouped conv g4 4x3x3 b1 fp32", grouped_conv(4, 1)),
+        Case("grouped conv g4 4x3x3 b1 fp32 channels_last", grouped_conv(4, 1, channels_last=True)),
+        Case("grouped conv g32 4x3x3 b8 fp32 channels_last", grouped_conv(32, 8, channels_last=True)),
+        Case("depthwise 8x3x3 b1 fp32 channels_last", conv_stack(True, 1, channels_last=True)),
+        Case("depthwise 8x3x3 b1 bf16 channels_last", conv_stack(True, 1, bf16, channels_last=True)),
+        Case("conv 4x3x3 b16 fp32 channels_last", conv_stack(False, 16, channels_last=True)),
+        Case("int8 dynamic mlp 2x2048 b1", quantized_mlp(1)),
+        Case("int8 dynamic mlp 2x2048 b64", quantized_mlp(64)),
+        Case("int8 dynamic mlp 2x2048 b64 1 thread", quantized_mlp(64), threads=1),
+        Case("int8 dynamic mlp 2x2048 b256", quantized_mlp(256)),
+        Case("mlp 2x2048 b64 fp32", mlp(64)),
+        Case("mlp 2x2048 b64 bf16", mlp(64, bf16)),
+        Case("mlp 2x2048 b64 bf16 1 thread", mlp(64, bf16), threads=1),
+        Case("reused linear 512 x50 b1 fp32", reused(512, 50)),
+        Case("reused linear 512 x50 b1 fp32 1 thread", reused(512, 50), threads=1),
+        Case("reused linear 256 x200 b1 fp32", reused(256, 200)),
+        Case("reused linear 1024 x20 b64 fp32", reused(1024, 20, 64)),
+        Case("reused linear 1024 x20 b64 bf16", reused(1024, 20, 64, bf16)),
+        Case("tiny ops x100 on 16 floats", small(Tiny, (16,))),
+        Case("tiny ops x100 on 16 floats 1 thread", small(Tiny, (16,)), threads=1),
+        Case("elementwise x60 1x16x56x56 (L2)", elementwise((1, 16, 56, 56))),
+        Case("elementwise x60 1x16x56x56 (L2) 1 thread", elementwise((1, 16, 56, 56)), threads=1),
+        Case("elementwise x60 1x64x56x56 bf16", elementwise((1, 64, 56, 56), bf16)),
+        Case("embedding_bag 1M x 64, 20 ids, b128", embedding_bag(128)),
+        Case("moe top-2 of 8 experts (32 MiB each) b1", small(MoE, (1, 1024))),
+        Case("unused 64 MiB head, Linear(256) b1", small(UnusedHead, (1, 256))),
+        Case("positional table 32 MiB, 16 rows read", small(SlicedTable, (1, 16, 1024))),
+        Case("embedding 1M x 64, 64x128 ids 1 thread", embedding(1_000_000, 64, 128, 64), threads=1),
+    ]
+
+
 def gpu_cases() -> List[Case]:
     """Work large enough that a GPU is not launch-bound: how close the bound comes to a real run."""
     bf16 = torch.bfloat16
@@ -346,10 +548,17 @@ def roofs_here(n_threads: int, budget_s: float) -> Roofs:
         return best_of(measure_roofs("cpu", budget_s=budget_s), measure_roofs("cpu", budget_s=budget_s))
 
 
+def chosen(args: argparse.Namespace) -> List[Case]:
+    """The first list (``--quick``: its first 8), then with ``--break`` the second; ``--only``
+    keeps the cases whose name holds that text."""
+    every = cases(args.quick) + (breaking_cases() if args.breaking else [])
+    return [case for case in every if args.only in case.name]
+
+
 def this_machine(args: argparse.Namespace) -> List[Dict[str, Any]]:
     results = []
     roofs_by_threads: Dict[int, Roofs] = {}
-    for case in cases(args.quick):
+    for case in chosen(args):
         with threads(case.threads):
             n = torch.get_num_threads()
             if n not in roofs_by_threads:
@@ -387,7 +596,7 @@ def on_gpu(args: argparse.Namespace) -> List[Dict[str, Any]]:
     sheet = named_roofs(name)
     print(f"{name}\n  measured: {measured.describe()}\n  datasheet: {sheet.describe()}", flush=True)
     results = []
-    for case in cases(args.quick) + gpu_cases():
+    for case in chosen(args) + gpu_cases():
         if case.threads:
             continue
         torch.manual_seed(0)
@@ -487,6 +696,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per case (>= 5; the fastest counts)")
     parser.add_argument("--roofs-budget", type=float, default=1.0, help="seconds per roof measurement (two are taken)")
     parser.add_argument("--quick", action="store_true", help="the first 8 cases only")
+    parser.add_argument("--break", dest="breaking", action="store_true",
+                        help="also the cases chosen to break the bound (breaking_cases)")
+    parser.add_argument("--only", default="", help="only the cases whose name holds this text")
     parser.add_argument("--skip-published", action="store_true")
     parser.add_argument("--json", default=None, help="write every figure to this file")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="part 1 on this machine's CPU or GPU")

@@ -210,7 +210,11 @@ class BudgetLine:
     @property
     def status(self) -> Status:
         """PASS (exact and within), FAIL (certainly over: exact or a lower bound over the
-        limit) or INCOMPLETE (an incomplete count that does not decide)."""
+        limit), INCOMPLETE (an incomplete count that does not decide) or UNDECIDED (a latency
+        lower bound within the limit, or an estimated one: a bound on roofs measured under load,
+        which may be below what the machine does, decides nothing)."""
+        if self.name == LATENCY and self.bound == "estimate":
+            return Status.UNDECIDED
         if self.passed:
             if self.bound == "exact":
                 return Status.PASS
@@ -270,8 +274,10 @@ class BudgetReport:
         status = self.status
         n = len(self.lines)
         if status == Status.UNDECIDED:
-            basis = next((line.basis for line in self.lines if line.name == LATENCY and line.basis), "roofline lower bound")
-            return f"UNDECIDED: {LATENCY} is not decided without measuring (its {basis} is within the budget)"
+            line = next((line for line in self.lines if line.name == LATENCY), None)
+            basis = line.basis if line is not None and line.basis else "roofline lower bound"
+            where = "within the budget" if line is None or line.passed else "over the budget, but not a certain bound"
+            return f"UNDECIDED: {LATENCY} is not decided without measuring (its {basis} is {where})"
         if status == "INCOMPLETE":
             names = ", ".join(line.name for line in self.undecided)
             return (

@@ -461,8 +461,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     result = _count(run, args)
     latency = None
     basis = ""
+    certain = True  # the latency bound's roofs are sane (not measured under load)
     if budget.needs_latency and args.on is not None:
-        latency, basis = predicted_latency_s(run, args)
+        latency, basis, certain = predicted_latency_s(run, args)
     elif budget.needs_latency:
         with forward_hints(run):
             timing = benchmark_entry(run, args, result.flops)
@@ -484,7 +485,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         latency_s=latency,
         memory_bytes=estimate.peak_bytes if estimate is not None else (planned[0] if planned is not None else None),
         allow_incomplete=args.allow_incomplete,
-        latency_bound="lower" if args.on is not None else "exact",
+        latency_bound=("lower" if certain else "estimate") if args.on is not None else "exact",
         latency_basis=basis,
     ) if budget else None
     growth = _growth(result, estimate, gate, args) if gate is not None else None

@@ -118,10 +118,13 @@ def _predict(run: Any, args: argparse.Namespace, on: str) -> Any:
     return predict(run.model, run.inputs, run.kwargs, on=roofs, dtype=dtype, backward=bool(getattr(args, "backward", False)))
 
 
-def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]:
-    """The roofline lower bound on ``--on PART`` in seconds, and which bound it is (said on
+def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str, bool]:
+    """The roofline lower bound on ``--on PART`` in seconds, which bound it is (said on
     stderr): ``--bound eager|any``, by default "any" on a datasheet part (a certain FAIL for
-    an engine the user did not name) and "eager" on this machine (the program flopcount runs)."""
+    an engine the user did not name) and "eager" on this machine (the program flopcount runs),
+    and whether it is certain: not on this machine's roofs measured now and found not sane (a
+    load average above the cores, two passes apart: roofs below what the machine does, so a
+    bound that may be above what it runs; docs/devices.md, "Roofs measured under load")."""
     from flopcount.devices import default_bound
     from flopcount.devices.roofline import BOUND_NAMES, float32_math_text
 
@@ -131,9 +134,12 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str]
     math = float32_math_text(result.float32_math())
     # a FAIL is certain under the math the bound assumed (--matmul-tf32 for an engine that runs TF32)
     basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}" + (f" with {math}" if math else "")
+    doubts = tuple(result.roofs.details.get("not_cached", ()))
+    if doubts:
+        basis += f" on roofs measured under load ({'; '.join(doubts)})"
     progress(args, f"latency {basis}: {format_seconds(seconds)} (eager per-op sum {format_seconds(result.latency_s)}, "
                    f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
-    return float(seconds), basis
+    return float(seconds), basis, not doubts
 
 
 def with_prediction(text: str, run: Any, args: argparse.Namespace) -> str:

@@ -5,7 +5,9 @@ ISA peak per dtype = cores x FMA units x vector lanes x 2 (an FMA is two FLOPs) 
 The flags give the vector width (avx512f: 16 float32 lanes, avx2+fma: 8, else sse: 4); bf16
 dot-product instructions (avx512_bf16, avx512_fp16) double the float32 rate, AMX tiles
 (amx_bf16, amx_fp16) do 1024 FLOPs per cycle per core (Intel's "1,024 BF16 operations per
-cycle", Intel Xeon Sapphire Rapids product brief). The FMA unit count is not in the flags: two are
+cycle", Intel Xeon Sapphire Rapids product brief). int8 (quantized kernels): four byte
+products per float32 lane (pmaddubsw, AVX-512 VNNI's vpdpbusd), 4x the float32 rate; AMX
+tiles 2048 per cycle per core ("2,048 INT8 operations per cycle", the same brief). The FMA unit count is not in the flags: two are
 assumed (Zen 4/5, Intel server cores with two 512-bit ports), the most any x86 core has, so the
 figure stays a ceiling. Cores are the logical CPUs this process may run on (SMT siblings
 counted: an upper figure again). The clock is cpufreq's ``cpuinfo_max_freq``, else lscpu's
@@ -65,6 +67,8 @@ class CpuFacts:
         # a dot-product instruction doubles float32's rate; AMX tiles do 1024 FLOPs per cycle per core
         for dtype, dot, tiles in (("bfloat16", "avx512_bf16", "amx_bf16"), ("float16", "avx512_fp16", "amx_fp16")):
             peaks[dtype] = max(fp32 * (2 if dot in self.flags else 1), cores * 1024 * self.max_hz if tiles in self.flags else 0.0)
+        # int8: 4 byte products per float32 lane per instruction; AMX tiles 2048 per cycle per core
+        peaks["int8"] = max(4 * fp32, cores * 2048 * self.max_hz if "amx_int8" in self.flags else 0.0)
         return peaks
 
 

@@ -2,8 +2,10 @@
 sanity-checked, cached per machine.
 
 Compute roof per dtype: the highest rate among the libraries torch dispatches to, a square
-GEMM (BLAS), a 3x3 convolution in channels_last (oneDNN) and a batched ``linear``; each the
-best of several timed calls within its share of ``budget_s``. Bandwidth per level (the
+GEMM (BLAS), two 3x3 convolutions in channels_last (oneDNN) and a batched ``linear``; each the
+best of several timed calls within its share of ``budget_s``. On a CPU also int8, the roof of
+quantized kernels (``quantize_dynamic``'s Linear): the best of fbgemm's dynamic quantized
+linear at three shapes (its int8 products ran at 2-4x the float32 roof on an AVX-512 VNNI CPU). Bandwidth per level (the
 Cache-Aware Roofline Model): the best of ``out += b``, ``out = a + b`` and ``out.copy_(a)``
 (bytes read + written, the profile's convention) over working sets sized to each data cache
 (half of what ``threads`` threads hold in it, from /sys) and to main memory; each level's
@@ -38,6 +40,7 @@ import os
 import platform
 import threading
 import time
+import warnings
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,14 +56,14 @@ from flopcount.errors import UsageError
 Clock = Callable[[], float]
 LoadAvg = Callable[[], Tuple[float, float, float]]
 
-CPU_DTYPES: Tuple[str, ...] = ("float32", "bfloat16")
+CPU_DTYPES: Tuple[str, ...] = ("float32", "bfloat16", "int8")
 CUDA_DTYPES: Tuple[str, ...] = ("float32", "float16", "bfloat16")
 # per buffer (3 buffers): beyond any private cache. A smaller stream that a large shared cache
 # partly holds reads faster than main memory: a higher roof, so the bound stays a lower bound
 _STREAM_BYTES = 64 * 2**20
 _LLC_STREAM_CAP = 64 * 2**20  # a shared last-level cache is streamed at no more than this per level
 NO_CACHE_ENV = "FLOPCOUNT_NO_ROOFS_CACHE"
-CACHE_VERSION = 3  # 3: float32 work run as TF32 (cuDNN convs) priced in its own column
+CACHE_VERSION = 4  # 3: float32 work run as TF32 (cuDNN convs) priced in its own column; 4: a CPU's int8 roof
 #: the lowest plausible compute roof, as a fraction of the ISA peak
 PLAUSIBLE_FRACTION = 0.1
 #: two passes further apart than this are inconsistent
@@ -322,10 +325,12 @@ def measure_roofs(
             if not isinstance(dtype, torch.dtype):
                 raise UsageError(f"measure_roofs: not a torch dtype: {name!r}")
             rates: Dict[str, float] = {}
-            with contextlib.suppress(RuntimeError):  # no GEMM kernel for this dtype here
-                rate, n = _gemm_rate(dev, dtype, budget_s / 2, timer)
-                rates[f"{n}x{n}x{n} mm"] = rate
-            for label, kernel in _library_kernels(dev, dtype):
+            integer = not (dtype.is_floating_point or dtype.is_complex)
+            if not integer:
+                with contextlib.suppress(RuntimeError):  # no GEMM kernel for this dtype here
+                    rate, n = _gemm_rate(dev, dtype, budget_s / 2, timer)
+                    rates[f"{n}x{n}x{n} mm"] = rate
+            for label, kernel in (_int8_kernels(dev) if integer else _library_kernels(dev, dtype)):
                 with contextlib.suppress(RuntimeError):
                     rates[label] = _best_rate(kernel, budget_s / 4, timer)
             if not rates:
@@ -406,21 +411,48 @@ def _fastest(fn: Callable[[], Any], timer: Callable[[Callable[[], Any]], float],
 
 
 def _library_kernels(dev: torch.device, dtype: torch.dtype) -> List[Tuple[str, Tuple[Callable[[], Any], float]]]:
-    """A 3x3 convolution in channels_last (oneDNN on CPU, cuDNN on CUDA) and a batched linear
-    with bias, with their FLOPs (2 per multiply-add)."""
-    n, c, hw, k = 8, 128, 28, 3
-    x = _operand(dev, dtype, n, c, hw, hw).contiguous(memory_format=torch.channels_last)
-    w = _operand(dev, dtype, c, c, k, k).contiguous(memory_format=torch.channels_last)
-    conv_flops = 2.0 * n * c * hw * hw * c * k * k  # padding 1: every output sees the full 3x3 window's MACs
+    """Two 3x3 convolutions in channels_last (oneDNN on CPU, cuDNN on CUDA): 8x128x28x28 and
+    4x64x56x56 (a wide map of few channels, which oneDNN ran 5-9 % faster on the project's AMD VM:
+    convolutions of 64-128 channels on 56x56 maps beat a roof measured on the first alone), and a
+    batched linear with bias, with their FLOPs (2 per multiply-add)."""
     rows, width = 512, 1024
     a = _operand(dev, dtype, rows, width)
     lw = _operand(dev, dtype, width, width)
     lb = _operand(dev, dtype, width)
     linear_flops = 2.0 * rows * width * width
     return [
-        (f"conv2d {n}x{c}x{hw}x{hw} 3x3 channels_last", (lambda: torch.nn.functional.conv2d(x, w, padding=1), conv_flops)),
+        *(_conv3x3(dev, dtype, n, c, hw) for n, c, hw in ((8, 128, 28), (4, 64, 56))),
         (f"linear {rows}x{width}x{width}", (lambda: torch.nn.functional.linear(a, lw, lb), linear_flops)),
     ]
+
+
+def _conv3x3(dev: torch.device, dtype: torch.dtype, n: int, c: int, hw: int) -> Tuple[str, Tuple[Callable[[], Any], float]]:
+    x = _operand(dev, dtype, n, c, hw, hw).contiguous(memory_format=torch.channels_last)
+    w = _operand(dev, dtype, c, c, 3, 3).contiguous(memory_format=torch.channels_last)
+    flops = 2.0 * n * c * hw * hw * c * 3 * 3  # padding 1: every output sees the full 3x3 window's MACs
+    return f"conv2d {n}x{c}x{hw}x{hw} 3x3 channels_last", (lambda: torch.nn.functional.conv2d(x, w, padding=1), flops)
+
+
+def _int8_kernels(dev: torch.device) -> List[Tuple[str, Tuple[Callable[[], Any], float]]]:
+    """fbgemm's dynamic quantized linear, what ``quantize_dynamic``'s Linear calls (the activations
+    quantized per call, the products int8 x int8 in int32), at three shapes (64 rows ran 10 %
+    above 256 on the project's AMD VM), with their FLOPs (2 per multiply-add); none on a device or
+    build without fbgemm (``torch._int_mm`` would be a private torch symbol: left out)."""
+    if dev.type != "cpu" or "fbgemm" not in torch.backends.quantized.supported_engines:
+        return []
+    kernels = []
+    for rows, width in ((64, 2048), (256, 2048), (1024, 1024)):
+        with warnings.catch_warnings(), contextlib.suppress(RuntimeError):
+            warnings.simplefilter("ignore")  # quantized tensors are deprecated; quantize_dynamic still makes them
+            kernels.append((f"linear {rows}x{width}x{width} quantized dynamic", _quantized_linear(dev, rows, width)))
+    return kernels
+
+
+def _quantized_linear(dev: torch.device, rows: int, width: int) -> Tuple[Callable[[], Any], float]:
+    weight = torch.quantize_per_tensor(_operand(dev, torch.float32, width, width), 0.05, 0, torch.qint8)
+    packed = torch.ops.quantized.linear_prepack(weight, None)
+    x = _operand(dev, torch.float32, rows, width)
+    return (lambda: torch.ops.quantized.linear_dynamic(x, packed, True)), 2.0 * rows * width * width
 
 
 def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Callable[[Callable[[], Any]], float]) -> Tuple[float, int]:

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from flopcount.core.ledger import Ledger
 from flopcount.core.rows import CostRow, TimeSource, category_of
 from flopcount.devices.roofline import Roofs, op_time
-from flopcount.profiling._bytes import call_dtype
+from flopcount.profiling._bytes import call_dtype, kernel_flops
 from flopcount.profiling._tree import Alignment, TopOp, attribute, cpu_total, shared_without_measure
 from flopcount.profiling.result import Overview, Unmatched
 from flopcount.types import Cost, OpEvent
@@ -26,6 +26,8 @@ class EventFacts:
     cost: Optional[Cost]
     bytes: int = 0
     dtype: str = "float32"
+    #: the FLOPs the compute roof prices: the count's, less the scores a causal attention skips
+    needed_flops: float = 0.0
 
     @property
     def flops(self) -> int:
@@ -37,7 +39,8 @@ class EventFacts:
 
 
 def event_facts(costed: Sequence[Tuple[OpEvent, Optional[Cost]]]) -> List[EventFacts]:
-    return [EventFacts(event, None) if cost is None else EventFacts(event, cost, cost.bytes, call_dtype(event.call))
+    return [EventFacts(event, None) if cost is None
+            else EventFacts(event, cost, cost.bytes, call_dtype(event.call), kernel_flops(event.call, cost.flops))
             for event, cost in costed]
 
 
@@ -69,7 +72,7 @@ def _tally(table: Dict[Any, List[float]], key: Any, value: float) -> None:
 def attainable_parts(fact: EventFacts, roofs: Roofs) -> Tuple[float, float, float]:
     """(compute s, memory s, attainable s) of one call: the one roofline function
     (:func:`flopcount.devices.op_time`, memory at the fastest level holding its bytes)."""
-    timed = op_time(roofs, fact.flops, fact.bytes, fact.dtype, fact.event.call.op)
+    timed = op_time(roofs, fact.needed_flops, fact.bytes, fact.dtype, fact.event.call.op)
     return timed.compute_s, timed.memory_s, timed.seconds
 
 

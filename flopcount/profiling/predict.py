@@ -8,9 +8,14 @@ Two bounds, each for a stated program (:mod:`flopcount.devices.roofline` compute
   traced: it bounds *this eager program*. A fusing engine (TensorRT, torch.compile) can
   beat it, since fused elementwise work moves fewer bytes.
 * **any implementation** (``any_s``): ``max(total FLOPs / peak, unavoidable bytes /
-  bandwidth)``, the unavoidable bytes being the parameters and buffers read once (a lookup
-  table: the rows gathered), the inputs read (caches passed in included) and, with
-  ``backward``, the gradients written; no engine can run the program faster.
+  bandwidth)``, the unavoidable bytes being the parameters, buffers and inputs (caches passed
+  in included) the forward reads whole, read once (a lookup table: the rows gathered; a
+  tensor only sliced or written in place, or a parameter of a module never called, is left
+  out) and, with ``backward``, the gradients written; no engine can run the program faster.
+
+FLOPs are priced at the column of the dtype the kernel computes in (int8 for a quantized
+kernel), and only those no kernel can skip (a causal attention's triangle, not the full
+Lq x Lk the count books): :mod:`flopcount.profiling._bytes`.
 
 A bound, not a forecast: launch and framework overhead and imperfect kernels only add time.
 """
@@ -18,11 +23,11 @@ A bound, not a forecast: launch and framework overhead and imperfect kernels onl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
+from typing import AbstractSet, Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import torch
 
-from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.analysis import cost_events, is_view_op, uncompiled
 from flopcount.core.deprecation import modeled_part
 from flopcount.core.diagnostics import from_texts
 from flopcount.core.dtypes import parse_dtype
@@ -38,7 +43,7 @@ from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, co
 from flopcount.devices.roofline import bound_seconds
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
-from flopcount.profiling._bytes import call_dtype, traffic_as
+from flopcount.profiling._bytes import call_dtype, kernel_flops, traffic_as
 from flopcount.tracers import trace
 from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta, dtype_key, dtype_name
 from flopcount.units import format_count
@@ -177,7 +182,10 @@ def predict(
     priced: List[Tuple[OpEvent, Optional[Cost]]] = []
     seconds: List[Optional[Tuple[float, float, float]]] = []
     dtypes: List[Optional[Tuple[str]]] = []
+    read_whole: Set[Tuple[int, ...]] = set()  # shapes the forward's ops read whole
     for event, cost in costed:  # each call priced on the roofs; the ledger books it
+        if event.phase == "forward":
+            read_whole.update(_read_whole(event.call))
         if cost is None:
             unsupported[event.call.op] = None
             priced.append((event, None))
@@ -189,20 +197,22 @@ def predict(
         op_dtype = as_dtype if as_dtype is not None and is_floating(call_dtype(event.call)) else call_dtype(event.call)
         if as_dtype is not None:
             cost = cost.with_traffic(*traffic_as(event.call, as_dtype, phase=event.phase))
-        timed = op_time(roofs, cost.flops, cost.bytes, op_dtype, event.call.op)
+        needed = kernel_flops(event.call, cost.flops)  # a causal attention's triangle; else all
+        timed = op_time(roofs, needed, cost.bytes, op_dtype, event.call.op)
         if cost.flops and timed.column is None:
             calls, flops = unpriced.get(op_dtype, (0, 0.0))
             unpriced[op_dtype] = (calls + 1, flops + cost.flops)
-        if cost.flops:
+        if needed:
             key = (op_dtype, event.call.op)
-            work[key] = work.get(key, 0.0) + cost.flops
+            work[key] = work.get(key, 0.0) + needed
         priced.append((event, cost))
         seconds.append((timed.compute_s, timed.memory_s, timed.seconds))
         dtypes.append((op_dtype,))
     ledger = Ledger(facts.aliases, columns=_COLUMNS, labels=("dtype",)).book_all(priced, seconds, dtypes)
     rows = sorted(ledger.cost_rows("rows").values(), key=lambda r: (-r.attainable_s, r.name, r.module))
     any_bound = any_implementation(roofs, ((f, d, op) for (d, op), f in work.items()),
-                                   _unavoidable_bytes(model, inputs, kwargs, as_dtype, backward, tables, looked_up))
+                                   _unavoidable_bytes(model, inputs, kwargs, as_dtype, backward, tables, looked_up,
+                                                      run.module_calls, read_whole))
     warnings = tuple(run.warnings)
     if unsupported:
         warnings += (f"ops without a handler are left out of the bound: {', '.join(unsupported)}",)
@@ -271,17 +281,39 @@ def _lookup_modules(model: Any, tables: FrozenSet[int]) -> FrozenSet[str]:
     )
 
 
+def _read_whole(call: Any) -> Iterator[Tuple[int, ...]]:
+    """The shapes of the tensors ``call`` reads whole: none for a view (it reads nothing; a
+    slice of a table is read by the op that takes the slice), and not the ``self`` or ``out``
+    an in-place or out= op writes (``index_copy_`` into a cache reads none of it)."""
+    if is_view_op(call.op):
+        return
+    in_place = call.op.endswith("_") and not call.op.endswith("__")
+    for name, value in call.args.items():
+        if name == "out" or (in_place and name == "self"):
+            continue
+        if isinstance(value, TensorMeta):
+            yield value.shape
+        elif isinstance(value, (tuple, list)):
+            yield from (v.shape for v in value if isinstance(v, TensorMeta))
+
+
 def _unavoidable_bytes(
     model: Any, inputs: Any, kwargs: Optional[Mapping[str, Any]], as_dtype: Optional[str], backward: bool,
-    tables: FrozenSet[int], looked_up: int,
+    tables: FrozenSet[int], looked_up: int, called: Optional[Mapping[str, int]] = None,
+    read_whole: Optional[AbstractSet[Tuple[int, ...]]] = None,
 ) -> int:
-    """Bytes any implementation moves at least once: parameters and buffers read, input
-    tensors read (caches passed in included), and with ``backward`` the gradients written.
-    A lookup table (an embedding's weight, no other module's) counts as the rows the forward
-    gathered (``looked_up``), not the table, and no gradient for it (a sparse gradient writes
-    only those rows). The outputs are left out (a smaller figure keeps the bound a lower
-    bound), and so are a lazy module's parameters not yet materialised (their size is not
-    known before its first forward)."""
+    """Bytes any implementation moves at least once: each parameter of a module the forward
+    called (``called``, the trace's module names), each buffer and each input tensor (caches
+    passed in included) that an op of the forward read whole (``read_whole``: a non-view op
+    took a tensor of its shape, not as the ``self`` it writes in place), read once, and with
+    ``backward`` those parameters' gradients written. A lookup table (an embedding's weight,
+    no other module's) counts as the rows the forward gathered (``looked_up``), not the table,
+    and no gradient for it (a sparse gradient writes only those rows). Left out, so the bound
+    stays a lower bound: a parameter of a module never called (a head left unused, an expert no
+    token was routed to), a tensor only sliced or written in place (a positional table read up
+    to the sequence's length, a static KV cache written at one position: 39x above a real run
+    when counted whole), the outputs, and a lazy module's parameters not yet materialised (their
+    size is not known before its first forward). ``called`` or ``read_whole`` None: not used."""
     import torch
     from torch.nn.parameter import is_lazy
 
@@ -292,16 +324,33 @@ def _unavoidable_bytes(
     def size(t: torch.Tensor) -> int:
         return t.numel() * (priced_as.itemsize if isinstance(priced_as, torch.dtype) and t.is_floating_point() else t.element_size())
 
+    def read(t: torch.Tensor) -> bool:
+        return read_whole is None or tuple(t.shape) in read_whole
+
     seen: Dict[int, None] = dict.fromkeys(tables)
     total = looked_up
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if id(tensor) in seen or is_lazy(tensor):
+    for tensor in _called_parameters(model, called):
+        if id(tensor) in seen or is_lazy(tensor) or not read(tensor):
             continue
         seen[id(tensor)] = None
         total += size(tensor) * (2 if backward and tensor.requires_grad else 1)  # read, and its gradient written
     call = prepare_call(() if inputs is None else inputs, kwargs)
-    for tensor in call.tensors:
-        if id(tensor) not in seen:
+    for tensor in list(model.buffers()) + list(call.tensors):
+        if id(tensor) not in seen and read(tensor):
             seen[id(tensor)] = None
             total += size(tensor)
     return total
+
+
+def _called_parameters(model: Any, called: Optional[Mapping[str, int]]) -> List[Any]:
+    """The parameters held by a module the forward called (under any of its names), in
+    ``model.parameters()`` order; every parameter where ``called`` is None or empty (a tracer
+    that does not say which modules ran)."""
+    if not called:
+        return list(model.parameters())
+    held: Dict[int, Any] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if name in called:
+            for tensor in module.parameters(recurse=False):
+                held[id(tensor)] = tensor
+    return [tensor for tensor in model.parameters() if id(tensor) in held]
