@@ -453,7 +453,8 @@ def test_the_counts_peak_per_extra_layer_is_bounded_beside_the_rows_it_keeps(fre
     # KiB). Not the plain forward's peak: that is garbage its meta kernels leave for the collector
     # (4.6 KiB a layer on the 70B config, ~0.2 KiB live after a collection; docs/performance.md,
     # memflat7). Measured (20 to 60 layers, median of three, KV cache on): peak 3,960 B, rows 2,422,
-    # output 297, beyond both 1,242 B (branch memflat7). What that is (snapshots at the forward's
+    # output 297, beyond both 1,242 B (branch memflat7;
+    # main 635a698: 3,973, 2,421, 297, 1,256 B). What that is (snapshots at the forward's
     # end, docs/performance.md): the two KV fakes' Python state beyond a meta tensor's (~0.68 KiB:
     # torch's FakeTensor holds 21 attributes, a 336 B dictionary each), and the trace's working
     # set beyond the rows made so far (the copied layers, the facts' module -> name dictionary, the
