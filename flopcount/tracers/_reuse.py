@@ -1001,8 +1001,7 @@ class Reuse:
                 else:
                     made.append(self._make_state(described))
                     new[name] = made[-1]
-            state.clear()
-            state.update(new)
+            _overwrite(state, new)
 
     def _make_state(self, described: Tuple[Any, ...]) -> Any:
         if described[0] == "new":
@@ -1847,6 +1846,21 @@ def _pattern(where: List[Any]) -> Tuple[int, ...]:
     """Which of ``where`` are the same (slot, tensor): each item's first position."""
     first: Dict[Any, int] = {}
     return tuple([first.setdefault(w, len(first)) for w in where])
+
+
+def _overwrite(state: Dict[str, Any], new: Dict[str, Any]) -> None:
+    """``state`` (a cache slot's ``__dict__``) made to hold ``new``'s items in ``new``'s order.
+    When its names are the first of ``new``'s, in that order (a replayed layer's slot, made as
+    the first call's was: HF's ``DynamicLayer`` holds three names and gains a fourth), written in
+    place: the dictionary keeps the table whose keys the class's instances share (CPython's split
+    table, as the model's own forward leaves it); cleared and filled it gets a table of its own,
+    120 B more a slot (issue #32's memory: a KV cache holds a slot per layer). The same items in
+    the same order either way."""
+    if len(state) <= len(new) and all(a == b for a, b in zip(state, new)):
+        state.update(new)
+    else:
+        state.clear()
+        state.update(new)
 
 
 def _settings() -> Tuple[Any, ...]:
