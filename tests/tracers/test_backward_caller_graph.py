@@ -50,3 +50,36 @@ def test_a_loss_module_on_a_computed_input(tracer: str) -> None:
     # the caller's log_softmax and its backward are not the loss module's
     assert "aten::_log_softmax_backward_data" not in r.by_operator("flops")
     assert "aten::log_softmax" not in r.by_operator("flops")
+
+
+class CheckpointedHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=True))
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+def test_a_reentrant_checkpoint_on_a_backbones_features(tracer: str) -> None:
+    """A reentrant checkpoint's backward refuses ``autograd.grad`` and ``inputs=``: its plain
+    ``backward()`` ran on into the caller's graph behind the input under ``tracer="dispatch"``
+    (134,816 FLOPs for the head's 68,768: the backbone's backward, 65,536 + 512), wrote the
+    backbone's ``.grad`` and freed the caller's graph. The input is now cut from the caller's
+    graph before the forward (a copy that starts a graph of its own)."""
+    torch.manual_seed(0)
+    backbone, head = nn.Linear(64, 64), CheckpointedHead()
+    feats = backbone(torch.randn(8, 64))
+    before, before_backbone = snapshot(head), snapshot(backbone)
+    r = count_flops(head, (feats,), tracer=tracer, backward=True)
+    # a: forward, recompute, weight and input gradients (4 x 8 x 64 x 16 MACs); b: forward and
+    # both gradients (3 x 8 x 16 x 4)
+    assert 2 * r.macs == _head_oracle(head, feats) == 2 * (4 * 8 * 64 * 16 + 3 * 8 * 16 * 4)
+    # + the bias gradients, a sum over the batch of each grad_output (FlopCounterMode counts no sum)
+    assert r.flops == 2 * r.macs + 8 * 16 + 8 * 4
+    assert backbone.weight.grad is None
+    assert_same_state(head, before)
+    assert_same_state(backbone, before_backbone)
+    feats.sum().backward()  # the caller's graph is intact
+    assert backbone.weight.grad is not None
