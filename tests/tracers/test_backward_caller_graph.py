@@ -83,3 +83,30 @@ def test_a_reentrant_checkpoint_on_a_backbones_features(tracer: str) -> None:
     assert_same_state(backbone, before_backbone)
     feats.sum().backward()  # the caller's graph is intact
     assert backbone.weight.grad is not None
+
+
+class ScalesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return self.linear(x)
+
+
+def test_an_in_place_op_on_a_computed_input_leaves_the_callers_graph() -> None:
+    """An in-place op of the forward on a non-leaf input rebased the caller's tensor onto the
+    model's graph (its ``grad_fn`` became MulBackward0; its values were put back): it now runs on
+    the cut copy, and the count is main's: 3 x 8 x 4 MACs x 3 (forward, both gradients), the
+    in-place multiply (3 x 8), the bias gradient's sum (3 x 4); the input's gradient is taken at
+    the tensor the Linear read (the in-place op rebased it), so the multiply has no backward."""
+    backbone = nn.Linear(8, 8)
+    feats = backbone(torch.randn(3, 8))
+    values, grad_fn = feats.detach().clone(), feats.grad_fn
+    r = count_flops(ScalesItsInput(), (feats,), tracer="dispatch", backward=True)
+    assert r.flops == 2 * 3 * 8 * 4 * 3 + 3 * 8 + 3 * 4
+    assert feats.grad_fn is grad_fn
+    assert torch.equal(feats.detach(), values)
+    feats.sum().backward()
+    assert backbone.weight.grad is not None
