@@ -211,8 +211,12 @@ for mode, per in (("bilinear", 9), ("bicubic", 35)):
                     (xi,), per * 6 * 11 * 13)
         check_flops(f"interpolate {mode} ac={ac} scale 1.5", Ops(lambda x, m=mode, a=ac: F.interpolate(x, scale_factor=1.5, mode=m, align_corners=a)),
                     (xi,), per * 6 * 9 * 12)
-check_flops("interpolate bilinear recompute_scale_factor (jit +4: left)",
+check_flops("interpolate bilinear recompute_scale_factor (fixed, wild4rest: jit +4)",
             Ops(lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear", recompute_scale_factor=True)), (xi,), 9 * 6 * 10 * 13)
+check_flops("interpolate trilinear recompute_scale_factor (fixed, wild4rest: jit +6)",
+            Ops(lambda x: F.interpolate(x, scale_factor=1.5, mode="trilinear", recompute_scale_factor=True)), (torch.randn(1, 1, 3, 4, 5),), 21 * 4 * 6 * 7)
+check_flops("a user's torch.tensor(size).float() stays counted under jit",
+            Ops(lambda x: x * (torch.tensor(x.size(-1)).float() * torch.tensor(1.5)).floor()), (xi,), xi.numel() + 2)
 check_flops("interpolate linear 1-D", Ops(lambda x: F.interpolate(x, scale_factor=2.5, mode="linear")), (torch.randn(2, 3, 7),), 3 * 6 * 17)
 check_flops("interpolate trilinear", Ops(lambda x: F.interpolate(x, size=(4, 5, 6), mode="trilinear")), (torch.randn(2, 3, 3, 4, 5),), 21 * 6 * 120)
 check_flops("interpolate nearest-exact", Ops(lambda x: F.interpolate(x, scale_factor=2, mode="nearest-exact")), (xi,), 0)
@@ -265,6 +269,12 @@ check_flops("linalg.svd full", Ops(lambda M: la.svd(M)[0]), (M,), 3 * (4 * 49 * 
 check_flops("linalg.svdvals (jit: values only, documented)", Ops(lambda M: la.svdvals(M)), (M,), 3 * (14 * 7 * 16 + 8 * 64))
 check_flops("linalg.inv", Ops(lambda A: la.inv(A)), (A,), 3 * 2 * 125)
 check_flops("linalg.lstsq", Ops(lambda M, b: la.lstsq(M, b).solution), (M, torch.randn(3, 7, 2)), round(3 * (qr_r + 4 * 7 * 2 * 4 - 2 * 2 * 16 + 16 * 2)))
+# SVD drivers (fixed, wild4rest: priced as QR): Golub-Reinsch LS 4 M k^2 + 8 k^3, U^H B 4 M k r - 2 k^2 r, V diag(1/s) k r + 2 k^2 r
+for drv in ("gelsd", "gelss"):
+    check_flops(f"linalg.lstsq driver={drv} (fixed, wild4rest)", Ops(lambda M, b, d=drv: la.lstsq(M, b, driver=d).solution),
+                (M, torch.randn(3, 7, 2)), 3 * (4 * 7 * 16 + 8 * 64 + 4 * 7 * 4 * 2 - 2 * 16 * 2 + 4 * 2 + 2 * 16 * 2))
+check_flops("linalg.lstsq driver=gels", Ops(lambda M, b: la.lstsq(M, b, driver="gels").solution), (M, torch.randn(3, 7, 2)),
+            round(3 * (qr_r + 4 * 7 * 2 * 4 - 2 * 2 * 16 + 16 * 2)))
 check_flops("linalg.eigh", Ops(lambda A: la.eigh(A)[1]), (A,), 3 * 9 * 125)
 check_flops("linalg.det", Ops(lambda A: la.det(A)), (A,), round(3 * (2 * 125 / 3 + 5)))
 check_flops("linalg.solve_triangular", Ops(lambda A, b: la.solve_triangular(A.tril(), b, upper=False)), (A, b), 3 * 25 * 2)
@@ -473,7 +483,7 @@ class CheckpointedHead(nn.Module):
         return s.b(checkpoint(s.a, x, use_reentrant=True))
 
 
-check("reentrant checkpoint head on features (dispatch: left)", CheckpointedHead(), (feats,), backward=True,
+check("reentrant checkpoint head on features (fixed, wild4rest: dispatch)", CheckpointedHead(), (feats,), backward=True,
       expect=2 * (8 * 64 * 16 * 2 + 8 * 16 * 4 + 8 * 16 * 4 * 2 + 8 * 64 * 16 * 2))
 
 # ---- blocks real code writes

@@ -19,7 +19,10 @@ from flopcount.handlers._common import broadcast, first_output, is_complex, mayb
 from flopcount.handlers.reduce import _norm
 from flopcount.types import Cost, OpCall, TensorMeta
 
-__all__ = ["cholesky_flops", "lu_flops", "pairwise_distance_cost", "qr_flops", "register", "solve_flops", "svd_flops"]
+__all__ = [
+    "cholesky_flops", "lu_flops", "pairwise_distance_cost", "qr_flops", "qr_lstsq_flops", "register", "solve_flops",
+    "svd_flops", "svd_lstsq_flops",
+]  # fmt: skip
 
 COMPLEX = 4
 
@@ -208,14 +211,33 @@ def _pinv(call: OpCall) -> Cost:
     return _scale(call, decomposition + k + 2 * n * k * m, _batch(a.shape))
 
 
+def svd_lstsq_flops(m: int, n: int, nrhs: int) -> float:
+    """SVD-based least squares (LAPACK gelss, gelsd), M = max(m, n), k = min(m, n): the
+    Golub-Reinsch count for Sigma and V (G&VL 5.5, 8.6.3: 4 M k^2 + 8 k^3), U^H applied to B
+    as its k reflectors (4 M k nrhs - 2 k^2 nrhs), then V diag(1/s) (k nrhs + 2 k^2 nrhs)."""
+    big, k = max(m, n), min(m, n)
+    return 4 * big * k * k + 8 * k**3 + (4 * big * k * nrhs - 2 * k * k * nrhs) + k * nrhs + 2 * k * k * nrhs
+
+
+def qr_lstsq_flops(m: int, n: int, nrhs: int) -> float:
+    """QR-based least squares (LAPACK gels, gelsy), k = min(m, n): geqrf (m x n) + Q^H
+    applied to B (ormqr with k reflectors: 4 m nrhs k - 2 nrhs k^2) + trsm (k^2 nrhs)."""
+    k = min(m, n)
+    return qr_flops(m, n) + 4 * m * nrhs * k - 2 * nrhs * k * k + triangular_solve_flops(k, nrhs)
+
+
+#: the drivers that solve through the SVD; gels (QR), gelsy (pivoted QR, torch's CPU default)
+#: and the CUDA path (gels) are QR-based
+_SVD_DRIVERS = frozenset({"gelsd", "gelss"})
+
+
 def _lstsq(call: OpCall) -> Cost:
-    """QR-based least squares (gelsy/gels): geqrf (m x n) + apply Q^H to B (ormqr with
-    k = min(m, n) reflectors) + a triangular solve (k^2 nrhs)."""
+    """Least squares by its driver: gelsd/gelss through the SVD (svd_lstsq_flops), the
+    others through QR (qr_lstsq_flops)."""
     a, b = call.tensor("self"), call.tensor("b")
     m, n = a.shape[-2], a.shape[-1]
-    k = min(m, n)
     nrhs = 1 if b.ndim == a.ndim - 1 else b.shape[-1]
-    flops = qr_flops(m, n) + 4 * m * nrhs * k - 2 * nrhs * k * k + triangular_solve_flops(k, nrhs)
+    flops = (svd_lstsq_flops if call.arg("driver") in _SVD_DRIVERS else qr_lstsq_flops)(m, n, nrhs)
     return _scale(call, flops, _solve_batch(a, b))
 
 

@@ -37,7 +37,28 @@ from flopcount.errors import UsageError
 from flopcount.step.loss import backward_roots, differentiable, nothing_to_differentiate, unique_tensors
 from flopcount.tracers._modules import ModuleStack
 
-__all__ = ["BackwardAttribution", "StandIns", "run_backward"]
+__all__ = ["BackwardAttribution", "StandIns", "cut_from_callers_graph", "run_backward"]
+
+
+def cut_from_callers_graph(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """``tensors`` with each input the caller's own graph made (a non-leaf that requires grad:
+    a backbone's features given to a head) replaced by a copy that starts a graph of its own:
+    ``clone()`` of a detached leaf, a non-leaf as the input was (an in-place op on it is
+    allowed), so the model's backward ends there. A reentrant checkpoint's plain ``backward()``
+    (which refuses ``inputs=``) would otherwise run the caller's backward behind such an input
+    too, count it, write the caller's ``.grad`` and free the caller's graph (wild4's left case).
+    Made outside every recorder: the copies are not the model's ops."""
+    made: Dict[int, torch.Tensor] = {}
+    cut: List[torch.Tensor] = []
+    for tensor in tensors:
+        if type(tensor) is not torch.Tensor or not tensor.requires_grad or tensor.is_leaf:
+            cut.append(tensor)
+            continue
+        if id(tensor) not in made:
+            with torch.enable_grad():
+                made[id(tensor)] = tensor.detach().requires_grad_().clone()
+        cut.append(made[id(tensor)])
+    return cut
 
 
 def _can_stand_in(tensor: Any) -> bool:

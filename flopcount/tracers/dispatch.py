@@ -31,7 +31,7 @@ from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.errors import NeedsDataError, TraceError, UsageError
 from flopcount.step.loss import needs_backward
 from flopcount.step.optimizers import OptimizerSpec
-from flopcount.tracers._backward import BackwardAttribution, run_backward
+from flopcount.tracers._backward import BackwardAttribution, cut_from_callers_graph, run_backward
 from flopcount.tracers._modules import ModuleOutput, ModuleStack, forward_error
 from flopcount.tracers._optimizer import FakeOptimizerStep
 from flopcount.tracers._real_run import model_kept
@@ -256,6 +256,11 @@ def _trace(
         preserve.enter_context(quiet_fake_logs())
     else:
         run_model = model
+        if backward:  # the backward ends at the model's inputs, never in the caller's graph
+            cut = cut_from_callers_graph(flat_inputs)
+            if any(a is not b for a, b in zip(cut, flat_inputs)):
+                flat_inputs = cut
+                args, kw = call.rebuild(cut)
         fake_mode = _fake_mode(itertools.chain(flat_inputs, facts.parameters, facts.buffers))
         preserve = contextlib.nullcontext()
         names = facts.names

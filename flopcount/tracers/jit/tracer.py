@@ -46,7 +46,13 @@ from flopcount.types import OpCall, OpEvent, TensorMeta, Trace, dtype_name
 # op whose every input is a size read, a constant or such an op's result, with only 0-d
 # results, is shape arithmetic, whatever the op. An explicit conversion (torch.tensor(n),
 # .to, .float()) makes a real tensor whose ops eager runs too: it is never shape arithmetic,
-# and neither is what is computed from it.
+# and neither is what is computed from it. The one exception is ``.float()``/``.to(dtype)``
+# called on a size itself (aten::to's dtype overload on a size-derived value): eager's size is a
+# Python int, which has no such method, so only torch's trace-only code runs it (F.interpolate's
+# ``recompute_scale_factor``: ``floor(size.float() * torch.tensor(scale))``). What it makes is
+# shape arithmetic, and so are its ops with constant tensors (``torch.tensor(1.5)``: a conversion
+# of prim::Constant); a user's conversion (torch.tensor, as_tensor, new_tensor) records the
+# device overload of aten::to, or a detach, first, and stays real.
 _SIZE_SOURCES = frozenset({"aten::size", "prim::NumToTensor"})
 _CONVERSIONS = frozenset(
     {
@@ -172,15 +178,39 @@ class _LazyOutputs(Sequence[Any]):
 
 
 
-def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[Any]) -> bool:
+def _size_cast(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[Any]) -> bool:
+    """``.float()``/``.to(dtype)`` called on a size-derived value: aten::to's dtype overload
+    (no device argument), which eager cannot run on a size (a Python int)."""
+    return kind == "aten::to" and bool(inputs) and inputs[0] in sizes and node.schema().startswith("aten::to.dtype(")
+
+
+def _constant_tensor(value: Any) -> bool:
+    """A prim::Constant, or conversions (``torch.tensor(1.5)``: aten::to, detach) of constants only."""
+    node = value.node()
+    if node.kind() == "prim::Constant":
+        return True
+    return node.kind() in _CONVERSIONS and all(_constant_tensor(v) for v in node.inputs())
+
+
+def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[Any], trace_only: Set[Any]) -> bool:
     """Whether ``node`` is Python-number arithmetic on sizes (``x.size(-1) ** 0.5``,
     ``min(h, 7)``, ``n // 2``, ``(h / s).ceil()``) that jit records as 0-dim tensor ops: an
     aten op other than an explicit conversion (_CONVERSIONS) whose inputs are size-derived
     values or constants, at least one size-derived, giving 0-dim results (or numbers).
-    Those are added to ``sizes``, so the arithmetic built on them is skipped too."""
-    if not kind.startswith("aten::") or kind in _CONVERSIONS or not any(value in sizes for value in inputs):
+    Those are added to ``sizes``, so the arithmetic built on them is skipped too.
+
+    ``trace_only`` holds the values of torch's trace-only size code (_size_cast and what is
+    computed from it): an op on one of those may also take constant tensors."""
+    if not kind.startswith("aten::") or not any(value in sizes for value in inputs):
         return False
-    if not all(value in sizes or value.node().kind() == "prim::Constant" for value in inputs):
+    casting = _size_cast(kind, node, inputs, sizes)
+    if kind in _CONVERSIONS and not casting:
+        return False
+    traced = casting or any(value in trace_only for value in inputs)
+    if not all(
+        value in sizes or value.node().kind() == "prim::Constant" or (traced and _constant_tensor(value))
+        for value in inputs
+    ):
         return False
     outputs = list(node.outputs())
     for out in outputs:
@@ -192,6 +222,8 @@ def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[An
         elif not isinstance(jit_type, (torch.IntType, torch.FloatType, torch.BoolType, torch.NumberType)):
             return False
     sizes.update(outputs)
+    if traced:
+        trace_only.update(outputs)
     return True
 
 
@@ -211,6 +243,7 @@ def _graph_events(
     scopes: Dict[str, Tuple[str, ...]] = {}
     events: List[OpEvent] = []
     sizes: Set[Any] = set()  # values computed from size reads only (see _shape_arithmetic)
+    trace_only: Set[Any] = set()  # the values of torch's trace-only size code (see _size_cast)
     for index, node in enumerate(graph.nodes()):
         kind = node.kind()
         if kind in PLUMBING:
@@ -227,7 +260,7 @@ def _graph_events(
                 events.extend(_graph_events(body, scope_all=scope))
                 continue
         inputs = list(node.inputs())
-        if sizes and _shape_arithmetic(kind, node, inputs, sizes):
+        if sizes and _shape_arithmetic(kind, node, inputs, sizes, trace_only):
             continue
         # aten, quantized and custom-library ops carry a schema; prim nodes do not
         names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
