@@ -5,6 +5,7 @@ per case comparing them (and a hand count where given)."""
 import copy
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import flopcount
@@ -84,3 +85,14 @@ def check_flops(name, model, args, expect, backward=False, tracers=("auto", "dis
             if r is not None:
                 print(f"   {tr} {field} by op:", {k: v for k, v in r.by_operator(field).items() if v})
     return rs
+
+
+class Ops(nn.Module):
+    """A module whose forward is a plain function: an op-level case run as a model."""
+
+    def __init__(s, f):
+        super().__init__()
+        s.f = f
+
+    def forward(s, *a):
+        return s.f(*a)

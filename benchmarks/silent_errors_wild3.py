@@ -19,7 +19,7 @@ import torch
 import torch.ao.quantization as tq
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
-from _silent_errors import check
+from _silent_errors import Ops, check
 from torch import nn
 from torch.ao.quantization import quantize_dynamic
 from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, linearize, vjp, vmap
@@ -489,15 +489,6 @@ check("exported module", ep.module(), (torch.randn(3, 8),), backward=True)
 
 
 # ---- addbmm/addmv/addr/outer/kron/tensordot/multi_dot, matmul broadcasting, unfold, padding modes, cells, MHA
-class Ops(nn.Module):
-    def __init__(s, f):
-        super().__init__()
-        s.f = f
-
-    def forward(s, *a):
-        return s.f(*a)
-
-
 A = torch.randn(3, 4, 5)
 Bm = torch.randn(3, 5, 6)
 M = torch.randn(4, 6)
