@@ -189,3 +189,20 @@ def test_linearize_of_repeated_blocks_after_a_plain_call(tracer: str, shape: tup
     rows = x.numel() // 8
     assert r.macs == _live_macs(model, x, t) == 3 * rows * 2 * 64 * (1 + 7)  # plain call + 7 x primal
     assert_same_state(model, before)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_jit_refuses_linearize_as_it_refuses_a_dual_tensor() -> None:
+    """torch.jit fails on ``make_fx``'s proxies inside ``linearize`` (an ``empty_strided`` given a
+    tensor for a size): refused as forward-mode AD, naming linearize and the tracers that count it
+    (main: "fails inside a torch.func transform ... grad/jacrev/jacfwd or functional_call"). The
+    dispatch tracer counts the same model as it runs (FlopCounterMode live)."""
+    torch.manual_seed(0)
+    model = Linearized(nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)))
+    x, t = torch.randn(4, 6), torch.randn(4, 6)
+    before = snapshot(model)
+    with pytest.raises(TraceError, match=r"^the jit tracer cannot count this model: its forward uses forward-mode AD "
+                       r"\(torch\.func\.linearize in the root module \(model\)\).*use tracer='dispatch' \(or 'auto'\)"):
+        count_flops(model, (x, t), tracer="jit")
+    assert_same_state(model, before)
+    assert count_flops(model, (x, t), tracer="dispatch").macs == _live_macs(model, x, t)
