@@ -38,6 +38,7 @@ from flopcount.planning.step import (
 )
 from flopcount.planning.world import (
     PlanError,
+    check_mixed_precision,
     fake_world,
     mesh_groups,
     parallelize,
@@ -142,6 +143,7 @@ def plan(
         check_spec(optimizer, "plan")
     gpu = gpu_key(on)
     compute = optional_dtype(mixed_precision, "plan: mixed_precision", "floating")
+    check_mixed_precision(compute, fsdp)  # said now, not after the model is built and traced
     amp = optional_dtype(autocast, "plan: autocast", "floating")
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
