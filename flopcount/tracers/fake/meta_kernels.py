@@ -48,6 +48,7 @@ from flopcount.core.inputs import is_dataless
 
 __all__ = [
     "CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "KernelStandIns", "check_like_cpu", "fallback",
+    "refused_by_real_kernel",
 ]
 
 _aten = torch.ops.aten
@@ -186,22 +187,29 @@ class KernelStandIns(TorchDispatchMode):
     shape and dtype the real kernel gives, which the modes below (MemTracker) see allocated as
     they would the real output. Entered last (innermost), so that it sees the refusal first.
     ``where()``: the module running (the hint of an error); the notes of the stand-ins taken
-    are added to ``notes``."""
+    are added to ``notes``. ``checks`` (a ``fake/indices.py`` ``IndexChecks``, or None): shown
+    each op before and after it runs, it raises the real kernel's error for an index out of range."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False  # as PrivateRandom: no dynamo-disabling shim around each op
 
-    def __init__(self, notes: Set[str], where: Callable[[], str]) -> None:
+    def __init__(self, notes: Set[str], where: Callable[[], str], checks: Any = None) -> None:
         super().__init__()
         self.notes = notes
         self.where = where
+        self.checks = checks
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        checks = self.checks
+        if checks is not None:
+            checks.before(func, args, kwargs)
         try:
             out = func(*args, **(kwargs or {}))
         except Exception as exc:
             return fallback(func, args, kwargs or {}, exc, self.notes, self.where())
+        if checks is not None:
+            checks.after(func, args, kwargs, out)
         if func is _RNN_LAYER:  # None where this torch lacks the op: never an op that runs
             return _with_real_workspace(args, kwargs or {}, out)
         if func is _RNN_LAYER_BACKWARD:
@@ -402,3 +410,17 @@ class RealKernelError(RuntimeError):
     def __init__(self, error: BaseException):
         super().__init__(str(error))
         self.error = error
+
+
+def refused_by_real_kernel(exc: BaseException) -> Optional[BaseException]:
+    """The real kernel's own exception when a fake run failed on its checks (the dtype checks of
+    :func:`check_like_cpu`, the index ranges of ``fake/indices.py``), somewhere in the exception's
+    chain; None otherwise."""
+    seen: Set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, RealKernelError):
+            return current.error
+        current = current.__cause__ or current.__context__
+    return None
