@@ -28,12 +28,17 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from flopcount.core.inputs import fake_tensor_type, flatten_tensors, output_tensors
 
-__all__ = ["INTEGRAL", "LIMIT", "KnownValues", "Unknown", "cpu_value", "keep_value", "run_on_cpu"]
+__all__ = ["INTEGRAL", "LIMIT", "UNDECIDED", "KnownValues", "Unknown", "cpu_value", "keep_value", "run_on_cpu"]
 
 #: the largest tensor (elements) whose value is followed: position ids and masks of a few
 #: thousand tokens, not a (T x T) mask of a long context
 LIMIT = 1 << 16
 INTEGRAL = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+_aten = torch.ops.aten
+#: ops whose result has no value a real run decides (uninitialised memory)
+UNDECIDED = frozenset({
+    _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided, _aten.empty_permuted,
+})
 _CPU = torch.device("cpu")
 
 
@@ -133,7 +138,10 @@ class KnownValues:
         values known changed (one kept, or every one forgotten)."""
         if not isinstance(out, torch.Tensor) or not self._followed(out):
             return self._forget(func, args)
-        if out.dtype not in INTEGRAL or out.numel() > LIMIT or torch.Tag.nondeterministic_seeded in func.tags:
+        if (
+            out.dtype not in INTEGRAL or out.numel() > LIMIT or torch.Tag.nondeterministic_seeded in func.tags
+            or func.overloadpacket in UNDECIDED  # uninitialised memory: no value a real run decides
+        ):
             return self._forget(func, args)
         try:
             # below every dispatch mode: a fake mode under the run would make a fake of a factory's result
