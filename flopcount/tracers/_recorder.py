@@ -294,9 +294,8 @@ class Recorder(DataReads):
         kind = type(out)
         if kind is torch.Tensor or kind is self.known.fake:
             # a float output cannot have written into the (integral) tensors whose values are known
-            if out.dtype in INTEGRAL and (kind is not torch.Tensor or out.is_meta):
-                self.unkeyed += 1
-                self.known.note(func, args, kwargs, out)
+            if out.dtype in INTEGRAL and (kind is not torch.Tensor or out.is_meta) and self.known.note(func, args, kwargs, out):
+                self.unkeyed += 1  # a value followed (or every one forgotten): not a function of the key
         elif sig.mutable and self.known:
             self.unkeyed += 1
             self.known.note(func, args, kwargs, out)
