@@ -173,29 +173,38 @@ class IndexChecks:
     ids made by ``arange``: :class:`~flopcount.tracers.fake.values.KnownValues`) and the caller's
     integral inputs (:meth:`seed`), as the recorder does on a count's fake copies."""
 
+    #: the ops :meth:`before` checks, by ``id`` (the caller asks before calling it: once per op)
+    indexed = INDEXED
+
     def __init__(self) -> None:
         self.known = KnownValues(fakes=True)
         self.values = IndexValues(self.known)
+        #: id(op) -> whether its schema writes an argument (asked once per op: the schema's
+        #: property builds its answer each time)
+        self._mutable: Dict[int, bool] = {}
 
     def seed(self, fakes: Any, reals: Any) -> None:
         self.values.seed(fakes, reals)
 
     def before(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]]) -> None:
-        """Raise what the real kernel raises for a known index out of range (:func:`check_indices`)."""
-        if id(func) in INDEXED:
-            check_indices(func, args, kwargs, self.values)
+        """Raise what the real kernel raises for a known index out of range (:func:`check_indices`);
+        ``func`` is one of :attr:`indexed`."""
+        check_indices(func, args, kwargs, self.values)
 
     def after(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], out: Any) -> None:
         """Follow the value of ``out`` where decided; let go of what an in-place op wrote."""
-        known = self.known
-        if type(out) is known.fake:
-            # a float output cannot have written into the (integral) tensors whose values are known
-            if out.dtype in INTEGRAL:
-                known.note(func, args, kwargs, out)
-        elif known and func._schema.is_mutable:
+        known, fake = self.known, type(out) is self.known.fake
+        if fake and out.dtype in INTEGRAL:
             known.note(func, args, kwargs, out)
-        if self.values.unversioned and func._schema.is_mutable:
-            self.values.written(func, args, kwargs)
+        mutable = self._mutable.get(id(func))
+        if mutable is None:
+            mutable = self._mutable[id(func)] = bool(func._schema.is_mutable)
+        if mutable:
+            # a float output cannot have written into the (integral) tensors whose values are known
+            if not fake and known:
+                known.note(func, args, kwargs, out)
+            if self.values.unversioned:
+                self.values.written(func, args, kwargs)
 
 
 def check_indices(func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]], values: Callable[[Any], Optional[torch.Tensor]]) -> bool:
