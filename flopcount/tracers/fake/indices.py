@@ -5,8 +5,8 @@ in self``); its meta kernel sees shapes only, so a meta or fake run of GPT-2 wit
 (its position table has 1,024 rows) ran to the end and was counted. Many index tensors have a
 value such a run knows: the caller's token ids (a real CPU tensor behind the fake copy), and
 what the shapes decide (position ids made by ``arange``, followed by
-:class:`~flopcount.tracers.fake.values.KnownValues` on meta and by
-:class:`~flopcount.tracers.fake.hf_tracing.FakeValues` on a fake copy). Before an op that reads
+:class:`~flopcount.tracers.fake.hf_tracing.FakeValues` on a fake copy of a transformers model and
+by :class:`~flopcount.tracers.fake.values.KnownValues` on meta and on a fake copy of any other). Before an op that reads
 through an index runs, :func:`check_indices` applies the range the real CPU kernel checks to
 each index whose value is known, and where the real forward raises, raises the real kernel's
 exception type (``IndexError`` or ``RuntimeError``) with the op, the index and the table, caused
@@ -124,7 +124,7 @@ class IndexValues:
     def seed(self, fakes: Any, reals: Any) -> None:
         """Each integral fake of ``fakes`` stands for the real CPU tensor at its place in ``reals``,
         until the fake is written (its version moves; an inference tensor, which keeps no
-        version, until an in-place op shown to :meth:`written` writes it or a view of its base)."""
+        version, until an in-place op shown to :meth:`written` writes its storage)."""
         inputs = WeakIdKeyDictionary()
         for fake, real in zip(fakes, reals):
             if (
@@ -167,9 +167,10 @@ class IndexValues:
 
 class IndexChecks:
     """The index checks of a fake run that no recorder watches (``estimate_memory``'s fake step of
-    a model without transformers modules, whose values :class:`~flopcount.tracers.fake.hf_tracing.FakeValues`
-    follows): the mode that runs each op there (``meta_kernels.KernelStandIns``) shows it each op
-    :meth:`before` and :meth:`after` it runs. Follows the integral fakes the shapes decide (position
+    a model without transformers modules; for one with them,
+    :class:`~flopcount.tracers.fake.hf_tracing.FakeValues` follows the values and checks): the mode
+    that runs each op there (``meta_kernels.KernelStandIns``) shows it each indexing op
+    :meth:`before` it runs and each op :meth:`after`. Follows the integral fakes the shapes decide (position
     ids made by ``arange``: :class:`~flopcount.tracers.fake.values.KnownValues`) and the caller's
     integral inputs (:meth:`seed`), as the recorder does on a count's fake copies."""
 
