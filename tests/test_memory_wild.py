@@ -136,3 +136,31 @@ def test_checkpointing_under_autocast_frees_the_recomputes_casts_as_the_recipe_d
     estimate = _estimate(model, x, backward=True, optimizer="adam" if adam else None, autocast=torch.bfloat16)
     assert_same_state(model, before)
     assert estimate == amp_recipe_peak(model, x, adam)
+
+
+def test_a_large_workspace_probe_is_announced_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe runs one real layer per shape: from ``PROBE_NOTED_FLOPS`` on (10^11, seconds to
+    minutes; lowered here to this small LSTM's first layer) a FlopcountWarning says so before it
+    runs and the estimate's warnings keep it (main: silent). The work is the layer's gate products
+    by hand, 2 x (steps x batch) x 4 x hidden x (input + hidden); the estimate stays MemTracker's."""
+    from flopcount.errors import FlopcountWarning
+    from flopcount.tracers.fake import meta_kernels
+
+    steps, batch, inputs, hidden = 11, 3, 24, 40  # shapes no other test probes (the probe is cached per shape)
+    first = 2 * (steps * batch) * 4 * hidden * (inputs + hidden)  # 675,840 FLOPs
+    second = 2 * (steps * batch) * 4 * hidden * (hidden + hidden)  # the second layer's input is the first's output
+    monkeypatch.setattr(meta_kernels, "PROBE_NOTED_FLOPS", first)
+    torch.manual_seed(0)
+    model = Sequence(num_layers=2)
+    model.lstm = nn.LSTM(inputs, hidden, num_layers=2)
+    x = torch.randn(steps, batch, inputs)
+    with pytest.warns(FlopcountWarning) as caught:
+        estimate = estimate_memory(model, x, backward=True, optimizer=torch.optim.AdamW)
+    said = [str(w.message) for w in caught if "oneDNN" in str(w.message)]
+    layer = f"a layer (input [{steps}, {batch}, {inputs}], hidden {hidden}: {first / 1e9:,.0f} GFLOP"
+    assert any(text.startswith("estimate_memory: sizing oneDNN's LSTM workspace runs " + layer) for text in said), said
+    assert any(layer in text for text in estimate.warnings), estimate.warnings
+    assert second > first and f"input [{steps}, {batch}, {hidden}]" in " ".join(estimate.warnings)
+    assert estimate.peak_bytes == warmed_step_peak(model, x, torch.optim.AdamW)
+    monkeypatch.setattr(meta_kernels, "PROBE_NOTED_FLOPS", second + 1)  # below it: nothing said
+    assert not [w for w in estimate_memory(model, x, backward=True, optimizer=torch.optim.AdamW).warnings if "oneDNN" in w]

@@ -601,6 +601,9 @@ def run_plan(args: argparse.Namespace, *, on: Optional[str], link: Any, optimize
     from flopcount.planning.result import link_bandwidth
 
     args.fsdp, args.tp = args.fsdp or 1, args.tp or 1
+    if getattr(args, "mixed_precision", None) is not None and args.fsdp == 1:  # one line before any work
+        raise UsageError("--mixed-precision is FSDP2's MixedPrecisionPolicy: it needs --fsdp > 1 (or cast the model "
+                         "with --dtype)")
     gpu_key(on)  # bad --on or --link: one line before any work
     for value in (link.values() if isinstance(link, dict) else [link] if link is not None else []):
         link_bandwidth(value, "--link")

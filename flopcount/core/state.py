@@ -1247,20 +1247,34 @@ def _global_paths(code: CodeType) -> Iterator[Path]:
             yield from _global_paths(constant)
 
 
+def _written(tensor: torch.Tensor, version: Optional[int], copy: torch.Tensor) -> bool:
+    """Whether ``tensor`` was written since its ``version`` (None: an inference tensor, which keeps
+    no version counter: whether its bytes differ from ``copy``'s, taken then; NaN equal to NaN)."""
+    if version is None:
+        return not torch.equal(_bytes_of(tensor), _bytes_of(copy))
+    return int(tensor._version) != version
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).contiguous().view(torch.uint8)
+
+
 @contextlib.contextmanager
 def preserved_inputs(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
     """Give the caller's input tensors back exactly as found, even when the forward
     writes to them in place (``x.add_(1)``, ``x.relu_()``): their values, ``requires_grad``
     and ``.grad``. Each tensor with data is copied first; a copy is only written back to a
-    tensor whose version counter moved."""
-    saved: List[Tuple[torch.Tensor, int, Tuple[Any, ...], torch.Tensor, bool, Any]] = []
+    tensor whose version counter moved (an inference tensor keeps none: to one whose values
+    differ; only inside inference mode can a forward write one, and the copy goes back there)."""
+    saved: List[Tuple[torch.Tensor, Optional[int], Tuple[Any, ...], torch.Tensor, bool, Any]] = []
     seen = set()
     for tensor in tensors:
         if id(tensor) in seen or is_dataless(tensor):
             continue
         seen.add(id(tensor))
         layout = _layout(tensor)
-        saved.append((tensor, tensor._version, layout, tensor.detach().clone(), tensor.requires_grad, tensor.grad))
+        version = None if tensor.is_inference() else int(tensor._version)  # an inference tensor keeps none
+        saved.append((tensor, version, layout, tensor.detach().clone(), tensor.requires_grad, tensor.grad))
     try:
         yield
     finally:
@@ -1269,7 +1283,7 @@ def preserved_inputs(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
                 if _layout(tensor) != layout and tensor.layout == torch.strided:
                     shape, stride, offset = layout
                     tensor.as_strided_(shape, stride, offset)
-                if tensor._version != version:
+                if _written(tensor, version, copy):
                     tensor.copy_(copy)
                 if tensor.is_leaf:
                     tensor.requires_grad_(requires_grad)

@@ -63,7 +63,8 @@ from flopcount.tracers._modules import ModuleStack
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.dispatch import _in_chain
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs
-from flopcount.tracers.fake.hf_tracing import real_branches, seed_running
+from flopcount.tracers.fake.hf_tracing import real_branches, seed_running, uses_transformers
+from flopcount.tracers.fake.indices import IndexChecks
 from flopcount.tracers.fake.meta_kernels import KernelStandIns
 from flopcount.types import Phase, dtype_name
 
@@ -251,6 +252,9 @@ class _Request:
     #: the notes of the stand-in kernels the fake steps took (meta_kernels.KernelStandIns: a float32
     #: mixture-of-experts _grouped_mm), said in the estimate's warnings
     stand_ins: Set[str] = dataclasses.field(default_factory=set)
+    #: the fake steps' index checks (fake/indices.py), for a model without transformers modules
+    #: (FakeValues checks those); None: none
+    index_checks: Optional[IndexChecks] = None
 
 
 class _StateWritten(Exception):
@@ -284,6 +288,10 @@ def _estimate(model: nn.Module, request: _Request, stateless: FrozenSet[str] = f
     except FakeRunError as exc:
         raise UsageError(f"estimate_memory: {exc.reason}") from exc
     seed_running(copied.tensors, list(call.tensors))
+    if not uses_transformers(facts.modules):  # their index checks: FakeValues's (seeded above)
+        checks = IndexChecks()
+        checks.seed(copied.tensors, list(call.tensors))
+        request = dataclasses.replace(request, index_checks=checks)
     twin, mode, (fake_args, fake_kw) = copied.model, copied.mode, copied.call
     notes = copied.notes + ambient_autocast_note(request.amp)
     opt, opt_name = (None, None)
@@ -480,7 +488,7 @@ def _stand_ins(request: _Request, stack: ModuleStack, real: bool) -> Any:
     entered inside the tracker; nothing for a real step."""
     if real:
         return contextlib.nullcontext()
-    return KernelStandIns(request.stand_ins, lambda: stack.current)
+    return KernelStandIns(request.stand_ins, lambda: stack.current, request.index_checks)
 
 
 def _real_step_fallback(

@@ -38,6 +38,7 @@ from flopcount.planning.step import (
 )
 from flopcount.planning.world import (
     PlanError,
+    check_mixed_precision,
     fake_world,
     mesh_groups,
     parallelize,
@@ -50,9 +51,11 @@ from flopcount.step.optimizers import check_spec, warm_up
 from flopcount.step.parent_walk import globals_state, model_state, parent_proven
 from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, truncated
 from flopcount.tracers import trace
+from flopcount.tracers._modules import failing_module, forward_error, module_names
 from flopcount.tracers._reuse import reuse_enabled
 from flopcount.tracers.fake.copies import quiet_fake_logs
 from flopcount.tracers.fake.hf_tracing import real_branches
+from flopcount.tracers.fake.meta_kernels import refused_by_real_kernel
 from flopcount.types import Cost, OpEvent, TensorMeta, dtype_name
 
 __all__ = ["plan", "PlanResult"]
@@ -142,6 +145,7 @@ def plan(
         check_spec(optimizer, "plan")
     gpu = gpu_key(on)
     compute = optional_dtype(mixed_precision, "plan: mixed_precision", "floating")
+    check_mixed_precision(compute, fsdp)  # said now, not after the model is built and traced
     amp = optional_dtype(autocast, "plan: autocast", "floating")
     if backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -446,10 +450,16 @@ def _fake_step(
         try:
             # transformers' "is tracing" probe answered as a real run answers it (hf_tracing.py)
             with real_branches(model.modules(), fakes, tensors) as branches:
-                record = record_step(model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp, replay=replay)
+                record = record_step(
+                    model, opt, call_args, call_kw, loss_fn, groups, backend=backend, amp=amp, replay=replay, seeds=(fakes, tensors),
+                )
         except (UsageError, PlanError):  # PlanError: a private torch piece is missing, named as is
             raise
         except Exception as exc:
+            refused = refused_by_real_kernel(exc)
+            if refused is not None:  # the real forward fails there too (an index past its table): said as count says it
+                where = failing_module(exc, module_names(model)) or ""
+                raise forward_error(refused, where, describe_inputs(args, kw), "plan, rank 0") from refused
             raise TraceError(f"the planned training step failed on rank 0: {type(exc).__name__}: {exc}") from exc
     floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
     dtype = dtype_name(floating[0]) if floating else "float32"

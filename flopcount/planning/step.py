@@ -287,15 +287,19 @@ def record_step(
     backend: str = "nccl",
     amp: Optional[torch.dtype] = None,
     replay: Optional[Any] = None,
+    seeds: Tuple[Sequence[Any], Sequence[Any]] = ((), ()),
 ) -> StepRecord:
     """Run one training step (:func:`flopcount.step.runner.run_step`: forward, the loss,
     the outputs released, backward, ``optimizer.step()``), recording everything.
     ``backend="gloo"`` in a fake world: each reduce-scatter also holds gloo's copy of its
     input while it runs (see :data:`BACKENDS`); on a real rank leave it "nccl" (the real
-    backend's buffers are seen as they are). ``amp``: the forward under ``torch.autocast``."""
+    backend's buffers are seen as they are). ``amp``: the forward under ``torch.autocast``.
+    ``seeds``: (fakes, reals), each fake input standing for the caller's tensor at its place (the
+    index checks read the caller's token ids: fake/indices.py)."""
     flat = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
     modules = ModuleStack(module_names(model))
     recorder = _StepRecorder(modules, groups or {}, backend)
+    recorder.indices.seed(*seeds)
     tracker = _memory_tracker(model, optimizer)
     recorder.shape_runs = tracker.skip = ShapeRuns()
     tracker.watch(model, optimizer, flat)

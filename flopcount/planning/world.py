@@ -385,6 +385,12 @@ def parallelize(
             fully_shard(block, mesh=dp, mp_policy=policy)
         fully_shard(model, mesh=dp, mp_policy=policy)
         return prefix, len(blocks)
-    if mixed_precision is not None:
-        raise UsageError("mixed_precision is FSDP2's MixedPrecisionPolicy: it needs fsdp > 1 (or cast the model in build)")
+    check_mixed_precision(mixed_precision, fsdp)
     return prefix, 0
+
+
+def check_mixed_precision(mixed_precision: Any, fsdp: int) -> None:
+    """UsageError for a ``mixed_precision`` (given: not None) without ``fsdp > 1``: FSDP2 applies
+    it, so a plan without FSDP has nothing to apply it with."""
+    if mixed_precision is not None and fsdp <= 1:
+        raise UsageError("mixed_precision is FSDP2's MixedPrecisionPolicy: it needs fsdp > 1 (or cast the model in build)")

@@ -168,8 +168,8 @@ class DataReads(TorchDispatchMode):
         self.placeholders: Dict[Tuple[str, str], int] = {}
         self._modules = modules
         self._made_by_all = WeakIdKeyDictionary()
-        #: values the shapes decide (position ids on meta...): their reads need no placeholder
-        self.known = KnownValues()
+        #: values the shapes decide (position ids on meta and on fakes...): their reads need no placeholder
+        self.known = KnownValues(fakes=True)
 
     def module_stack(self) -> Tuple[str, ...]:
         return self._modules.path
@@ -302,14 +302,16 @@ class Recorder(DataReads):
             out = _meta_kernels.fallback(func, args, kwargs or {}, exc, self.assumptions, self._modules.current)
             cache = None
         key = cache.key if cache is not None else None
-        if type(out) is torch.Tensor:
+        kind = type(out)
+        if kind is torch.Tensor or kind is self.known.fake:
             # a float output cannot have written into the (integral) tensors whose values are known
-            if out.is_meta and out.dtype in INTEGRAL:
-                self.unkeyed += 1
-                self.known.note(func, args, kwargs, out)
-        elif self.known and sig.mutable:
+            if out.dtype in INTEGRAL and (kind is not torch.Tensor or out.is_meta) and self.known.note(func, args, kwargs, out):
+                self.unkeyed += 1  # a value followed (or every one forgotten): not a function of the key
+        elif sig.mutable and self.known:
             self.unkeyed += 1
             self.known.note(func, args, kwargs, out)
+        if sig.mutable and self.indices.unversioned:  # the caller's ids as inference tensors (no version)
+            self.indices.written(func, args, kwargs)
         if sig.skip:
             return out
         if key is None or sig.mutable:

@@ -39,7 +39,7 @@ from flopcount.tracers._reuse import IndexRefused, Reuse, reuse_enabled
 from flopcount.tracers._vocabulary import CompositeInterceptor
 from flopcount.tracers.fake.copies import FakeRunError, SharedHooks, fake_copies, give_back, quiet_fake_logs, reason_for
 from flopcount.tracers.fake.hf_tracing import real_branches
-from flopcount.tracers.fake.meta_kernels import NeedsValues, RealKernelError
+from flopcount.tracers.fake.meta_kernels import NeedsValues, refused_by_real_kernel
 from flopcount.tracers.fake.shape_cache import ShapeCache
 from flopcount.types import Trace
 
@@ -106,19 +106,6 @@ def _shared_or_own(model: nn.Module, call: PreparedCall, facts: ModelFacts, reco
     if shared.touched:
         return _trace(model, call, facts, recorder_type, **options)
     return run
-
-
-def _refused_by_real_kernel(exc: BaseException) -> Optional[BaseException]:
-    """The real kernel's own exception when a fake run failed on its dtype checks
-    (``_meta_kernels.check_like_cpu``), somewhere in the exception's chain."""
-    seen: Set[int] = set()
-    current: Optional[BaseException] = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, RealKernelError):
-            return current.error
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def _refused_by_dynamo(exc: BaseException) -> bool:
@@ -304,12 +291,13 @@ def _trace(
                 if branches.values is not None:  # the recorder checks with its values (once per op)
                     recorder.indices.followed = branches.values.value
                     branches.values.checks_indices = False
+                    recorder.known.fake = None  # they follow the fakes' values already: not twice
                 recorder.indices.seed(flat_inputs, call.tensors)
             with attribution or contextlib.nullcontext(), interceptor, recorder, branches:
                 try:
                     outputs = run_model(*args, **kw)
                 except Exception as exc:
-                    refused = _refused_by_real_kernel(exc)
+                    refused = refused_by_real_kernel(exc)
                     if refused is not None:  # the real call fails here too: no real run to find out
                         raise forward_error(refused, modules.current, inputs_text, run_name) from refused
                     if fake_copy:

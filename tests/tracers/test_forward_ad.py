@@ -11,6 +11,7 @@ run live on the same transform of the functional twin (its module hooks fail und
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import pytest
@@ -189,3 +190,48 @@ def test_linearize_of_repeated_blocks_after_a_plain_call(tracer: str, shape: tup
     rows = x.numel() // 8
     assert r.macs == _live_macs(model, x, t) == 3 * rows * 2 * 64 * (1 + 7)  # plain call + 7 x primal
     assert_same_state(model, before)
+
+
+#: the jit count of a linearize forward, in a child process: torch.jit's tracer is left broken in a
+#: process whose trace failed inside make_fx (main too: the next jit trace there asserts
+#: "graph_ == value->owningGraph()" or the process dies of a bus error)
+_JIT_LINEARIZE = """
+import warnings
+import torch
+from torch import nn
+from flopcount import TraceError, count_flops
+warnings.simplefilter("ignore")
+class Linearized(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+    def forward(self, x, t):
+        _, jvp_fn = torch.func.linearize(self.f, x)
+        return jvp_fn(t)
+torch.manual_seed(0)
+model = Linearized()
+before = {k: v.clone() for k, v in model.state_dict().items()}
+try:
+    count_flops(model, (torch.randn(4, 6), torch.randn(4, 6)), tracer="jit")
+except TraceError as exc:
+    print(exc)
+assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+"""
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # const_fold's get_attr warning, torch's own
+def test_jit_refuses_linearize_as_it_refuses_a_dual_tensor(fresh_python: Any) -> None:
+    """torch.jit fails on ``make_fx``'s proxies inside ``linearize`` (an ``empty_strided`` given a
+    tensor for a size): refused as forward-mode AD, naming linearize and the tracers that count it
+    (main: "fails inside a torch.func transform ... grad/jacrev/jacfwd or functional_call"), the
+    model left as found. The dispatch tracer counts the same model as it runs (FlopCounterMode live)."""
+    import sys
+
+    run = fresh_python.run([sys.executable, "-c", _JIT_LINEARIZE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.match(r"the jit tracer cannot count this model: its forward uses forward-mode AD \(torch\.func\.linearize "
+                    r"in the root module \(model\)\).*use tracer='dispatch' \(or 'auto'\)", run.stdout), run.stdout
+    torch.manual_seed(0)
+    model = Linearized(nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)))
+    x, t = torch.randn(4, 6), torch.randn(4, 6)
+    assert count_flops(model, (x, t), tracer="dispatch").macs == _live_macs(model, x, t)

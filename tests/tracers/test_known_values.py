@@ -112,3 +112,18 @@ def test_cli_hf_llama_on_meta_is_complete(capsys) -> None:
         results[device] = json.loads(out)
     assert results["meta"]["complete"] is True
     assert (results["meta"]["flops"], results["meta"]["macs"]) == (results["cpu"]["flops"], results["cpu"]["macs"])
+
+
+def test_uninitialised_memory_has_no_known_value() -> None:
+    """``empty`` gives memory no real run decides: its CPU twin's garbage is not a value (main
+    kept it, and an index check or a read could have taken it as the real run's); ``arange`` is."""
+    from flopcount.tracers._modules import ModuleStack
+    from flopcount.tracers._recorder import Recorder
+
+    recorder = Recorder(ModuleStack({}))
+    with recorder, torch.device("meta"):
+        made = [torch.empty(4, dtype=torch.long), torch.empty_strided((2, 2), (2, 1), dtype=torch.int32)]
+        made.append(made[0].new_empty(3))
+        decided = torch.arange(4)
+    assert [recorder.known.value(t) for t in made] == [None, None, None]
+    assert torch.equal(recorder.known.value(decided), torch.arange(4))

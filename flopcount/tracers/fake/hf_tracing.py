@@ -49,7 +49,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from flopcount.core.inputs import fake_tensor_type
 from flopcount.tracers.fake.indices import INDEXED, check_indices
-from flopcount.tracers.fake.values import cpu_value, keep_value, run_on_cpu
+from flopcount.tracers.fake.values import UNDECIDED, cpu_value, keep_value, run_on_cpu
 
 __all__ = [
     "JIT_PROBE_NAME", "PROBE_MODULE", "PROBE_NAME", "FakeValues", "JitBranches", "RealBranches", "jit_branches",
@@ -72,10 +72,6 @@ _CPU = torch.device("cpu")
 #: callers whose real branch only checks for a warning to log (whether the token ids hold the pad
 #: token: an ``any`` over two columns): taking their tracing branch is not noted
 _QUIET = frozenset({"transformers.modeling_utils.warn_if_padding_and_no_attention_mask"})
-#: ops whose result has no value a real run decides (uninitialised memory)
-_UNDECIDED = frozenset({
-    _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided, _aten.empty_permuted,
-})
 
 
 class FakeValues(TorchDispatchMode):
@@ -146,7 +142,7 @@ class FakeValues(TorchDispatchMode):
 
     def _follow(self, func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], out: Any) -> None:
         value = None  # unknown for an op whose result no real run decides (a random draw, ``empty``)
-        if torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in _UNDECIDED:
+        if torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket not in UNDECIDED:
             try:
                 value = self._on_cpu_run(func, args, kwargs)
             except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown

@@ -5,8 +5,8 @@ in self``); its meta kernel sees shapes only, so a meta or fake run of GPT-2 wit
 (its position table has 1,024 rows) ran to the end and was counted. Many index tensors have a
 value such a run knows: the caller's token ids (a real CPU tensor behind the fake copy), and
 what the shapes decide (position ids made by ``arange``, followed by
-:class:`~flopcount.tracers.fake.values.KnownValues` on meta and by
-:class:`~flopcount.tracers.fake.hf_tracing.FakeValues` on a fake copy). Before an op that reads
+:class:`~flopcount.tracers.fake.hf_tracing.FakeValues` on a fake copy of a transformers model and
+by :class:`~flopcount.tracers.fake.values.KnownValues` on meta and on a fake copy of any other). Before an op that reads
 through an index runs, :func:`check_indices` applies the range the real CPU kernel checks to
 each index whose value is known, and where the real forward raises, raises the real kernel's
 exception type (``IndexError`` or ``RuntimeError``) with the op, the index and the table, caused
@@ -31,9 +31,9 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from flopcount.tracers.fake.meta_kernels import RealKernelError
-from flopcount.tracers.fake.values import INTEGRAL
+from flopcount.tracers.fake.values import INTEGRAL, KnownValues
 
-__all__ = ["INDEXED", "IndexOutOfRange", "IndexValues", "check_indices", "known_value", "version_of"]
+__all__ = ["INDEXED", "IndexChecks", "IndexOutOfRange", "IndexValues", "check_indices", "known_value", "version_of"]
 
 _aten = torch.ops.aten
 
@@ -117,10 +117,14 @@ class IndexValues:
         self._known = known
         self.followed: Optional[Callable[[Any], Optional[torch.Tensor]]] = None
         self._inputs: Any = None
+        #: whether a seed is an inference tensor (no version counter): the run's in-place ops
+        #: are then shown to :meth:`written`, which lets go of the seeds they write
+        self.unversioned = False
 
     def seed(self, fakes: Any, reals: Any) -> None:
         """Each integral fake of ``fakes`` stands for the real CPU tensor at its place in ``reals``,
-        until the fake is written (its version moves)."""
+        until the fake is written (its version moves; an inference tensor, which keeps no
+        version, until an in-place op shown to :meth:`written` writes its storage)."""
         inputs = WeakIdKeyDictionary()
         for fake, real in zip(fakes, reals):
             if (
@@ -128,20 +132,80 @@ class IndexValues:
                 and real.layout == torch.strided and tuple(real.shape) == tuple(fake.shape)
             ):
                 version = version_of(fake)
-                if version is not None:  # an inference tensor's writes cannot be seen: not seeded
-                    inputs[fake] = (real, version)
+                inputs[fake] = (real, version)
+                self.unversioned = self.unversioned or version is None
         self._inputs = inputs if len(inputs) else None
+
+    def written(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]]) -> None:
+        """An in-place op ran (``func``, mutable): each seed that keeps no version and shares its
+        storage with a tensor ``func`` writes no longer holds the caller's value (forgotten). By
+        storage, not ``_base``: a view of an inference tensor made in inference mode has none."""
+        if self._inputs is None:
+            return
+        for index, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[index] if index < len(args) else (kwargs or {}).get(argument.name)
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(tensor, torch.Tensor):
+                    storage = tensor.untyped_storage()  # one Python object per storage: compared by identity
+                    for seeded in [fake for fake, (_, version) in self._inputs.items()
+                                   if version is None and fake.untyped_storage() is storage]:
+                        del self._inputs[seeded]
 
     def __call__(self, tensor: Any) -> Optional[torch.Tensor]:
         if type(tensor) is torch.Tensor:
             return self._known.value(tensor) if tensor.device.type == "meta" else None
-        found = self.followed(tensor) if self.followed is not None else None
+        found = self.followed(tensor) if self.followed is not None else self._known.value(tensor)
         if found is None and self._inputs is not None and tensor.dtype in INTEGRAL:  # seeds: integral only
             seeded = self._inputs.get(tensor)
             # a fake written since (in place, or through a view: one version counter) no longer holds it
             if seeded is not None and seeded[1] == version_of(tensor):
                 found = seeded[0]
         return found
+
+
+class IndexChecks:
+    """The index checks of a fake run that no recorder watches (``estimate_memory``'s fake step of
+    a model without transformers modules; for one with them,
+    :class:`~flopcount.tracers.fake.hf_tracing.FakeValues` follows the values and checks): the mode
+    that runs each op there (``meta_kernels.KernelStandIns``) shows it each indexing op
+    :meth:`before` it runs and each op :meth:`after`. Follows the integral fakes the shapes decide (position
+    ids made by ``arange``: :class:`~flopcount.tracers.fake.values.KnownValues`) and the caller's
+    integral inputs (:meth:`seed`), as the recorder does on a count's fake copies."""
+
+    #: the ops :meth:`before` checks, by ``id`` (the caller asks before calling it: once per op)
+    indexed = INDEXED
+
+    def __init__(self) -> None:
+        self.known = KnownValues(fakes=True)
+        self.values = IndexValues(self.known)
+        #: id(op) -> whether its schema writes an argument (asked once per op: the schema's
+        #: property builds its answer each time)
+        self._mutable: Dict[int, bool] = {}
+
+    def seed(self, fakes: Any, reals: Any) -> None:
+        self.values.seed(fakes, reals)
+
+    def before(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]]) -> None:
+        """Raise what the real kernel raises for a known index out of range (:func:`check_indices`);
+        ``func`` is one of :attr:`indexed`."""
+        check_indices(func, args, kwargs, self.values)
+
+    def after(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], out: Any) -> None:
+        """Follow the value of ``out`` where decided; let go of what an in-place op wrote."""
+        known, fake = self.known, type(out) is self.known.fake
+        if fake and out.dtype in INTEGRAL:
+            known.note(func, args, kwargs, out)
+        mutable = self._mutable.get(id(func))
+        if mutable is None:
+            mutable = self._mutable[id(func)] = bool(func._schema.is_mutable)
+        if mutable:
+            # a float output cannot have written into the (integral) tensors whose values are known
+            if not fake and known:
+                known.note(func, args, kwargs, out)
+            if self.values.unversioned:
+                self.values.written(func, args, kwargs)
 
 
 def check_indices(func: Any, args: Tuple[Any, ...], kwargs: Optional[Mapping[str, Any]], values: Callable[[Any], Optional[torch.Tensor]]) -> bool:

@@ -38,6 +38,7 @@ the real kernel's size (:func:`rnn_workspace_bytes`) and two bias gradients.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import torch
@@ -45,9 +46,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core.diagnostics import first_line
 from flopcount.core.inputs import is_dataless
+from flopcount.errors import FlopcountWarning
 
 __all__ = [
     "CTC_NOTE", "LEFT_ALIGNED_NOTE", "ROUTING_NOTE", "CHECKED", "RealKernelError", "KernelStandIns", "check_like_cpu", "fallback",
+    "refused_by_real_kernel",
 ]
 
 _aten = torch.ops.aten
@@ -186,24 +189,31 @@ class KernelStandIns(TorchDispatchMode):
     shape and dtype the real kernel gives, which the modes below (MemTracker) see allocated as
     they would the real output. Entered last (innermost), so that it sees the refusal first.
     ``where()``: the module running (the hint of an error); the notes of the stand-ins taken
-    are added to ``notes``."""
+    are added to ``notes``. ``checks`` (a ``fake/indices.py`` ``IndexChecks``, or None): shown
+    each op before and after it runs, it raises the real kernel's error for an index out of range."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False  # as PrivateRandom: no dynamo-disabling shim around each op
 
-    def __init__(self, notes: Set[str], where: Callable[[], str]) -> None:
+    def __init__(self, notes: Set[str], where: Callable[[], str], checks: Any = None) -> None:
         super().__init__()
         self.notes = notes
         self.where = where
+        self.checks = checks
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        checks = self.checks
+        if checks is not None and id(func) in checks.indexed:  # an op that reads through an index
+            checks.before(func, args, kwargs)
         try:
             out = func(*args, **(kwargs or {}))
         except Exception as exc:
             return fallback(func, args, kwargs or {}, exc, self.notes, self.where())
+        if checks is not None:
+            checks.after(func, args, kwargs, out)
         if func is _RNN_LAYER:  # None where this torch lacks the op: never an op that runs
-            return _with_real_workspace(args, kwargs or {}, out)
+            return _with_real_workspace(args, kwargs or {}, out, self.notes)
         if func is _RNN_LAYER_BACKWARD:
             return _own_bias_gradients(out)
         return out
@@ -229,11 +239,13 @@ def _own_bias_gradients(out: Tuple[Any, ...]) -> Tuple[Any, ...]:
     return (*out[:4], second.new_empty(second.shape), *out[5:])
 
 
-def _with_real_workspace(args: Tuple[Any, ...], kwargs: Mapping[str, Any], out: Tuple[Any, ...]) -> Tuple[Any, ...]:
+def _with_real_workspace(
+    args: Tuple[Any, ...], kwargs: Mapping[str, Any], out: Tuple[Any, ...], notes: Set[str],
+) -> Tuple[Any, ...]:
     """``mkldnn_rnn_layer``'s fake outputs with its workspace (the fourth, kept for the backward)
     as large as the CPU kernel makes it: torch's meta kernel returns an empty one, so an LSTM's
     training step was short by one workspace per layer and direction (180,224 B for 10 steps x
-    batch 4 x 64 hidden units)."""
+    batch 4 x 64 hidden units). A probe of :data:`PROBE_NOTED_FLOPS` or more is said in ``notes`` (the estimate's warnings)."""
     output, hy, cy, workspace = out
     if not (isinstance(workspace, torch.Tensor) and workspace.numel() == 0 and is_dataless(workspace)
             and _on_fake_cpu(list(args[:7]))):
@@ -241,7 +253,11 @@ def _with_real_workspace(args: Tuple[Any, ...], kwargs: Mapping[str, Any], out: 
     bound = _bound(_RNN_LAYER, args, kwargs)
     tensors = tuple((tuple(bound[name].shape), bound[name].dtype) for name in _RNN_TENSORS)
     scalars = tuple(tuple(v) if isinstance(v, list) else v for v in (bound[name] for name in _RNN_SCALARS))
-    size = rnn_workspace_bytes(tensors, scalars, torch.is_grad_enabled())
+    grad = torch.is_grad_enabled()
+    words = rnn_probe_words(tensors) if grad else None
+    if words is not None:
+        notes.add(f"sizing oneDNN's LSTM workspace ran {words} once for real on the CPU ({_PROBE_WHY})")
+    size = rnn_workspace_bytes(tensors, scalars, grad)
     if size == 0:
         return out
     return output, hy, cy, workspace.new_empty((size,))
@@ -250,6 +266,43 @@ def _with_real_workspace(args: Tuple[Any, ...], kwargs: Mapping[str, Any], out: 
 _RNN_TENSORS = ("input", "weight0", "weight1", "weight2", "weight3", "hx_", "cx_")
 _RNN_SCALARS = ("reverse", "batch_sizes", "mode", "hidden_size", "num_layers", "has_biases", "bidirectional",
                 "batch_first", "train")
+#: the work of a workspace probe (one real CPU layer) from which it is said (a warning before it
+#: runs, a note on the estimate): 10^11 FLOPs, seconds to minutes on a few CPU cores
+PROBE_NOTED_FLOPS = 10**11
+
+
+def rnn_probe_cost(tensors: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> Tuple[int, int]:
+    """(FLOPs, bytes) of :func:`rnn_workspace_bytes`' real run of ``mkldnn_rnn_layer`` on operands
+    of these (shape, dtype)s (:data:`_RNN_TENSORS`' order): the gates' products, 2 x (steps x
+    rows) x (the input weight's + the hidden weight's elements); the zero operands it makes and
+    the output sequence (steps x rows x hidden)."""
+    (input_shape, dtype), (w_ih, _), (w_hh, _) = tensors[0], tensors[1], tensors[2]
+    rows = _product(input_shape[:-1])  # steps x batch
+    flops = 2 * rows * (_product(w_ih) + _product(w_hh))
+    hidden = w_hh[-1] if w_hh else 0
+    size = torch.empty((), dtype=dtype).element_size()
+    return flops, size * (sum(_product(shape) for shape, _ in tensors) + rows * hidden)
+
+
+def rnn_probe_words(tensors: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]) -> Optional[str]:
+    """The layer a probe of at least :data:`PROBE_NOTED_FLOPS` runs, in words (None: a smaller one)."""
+    flops, size = rnn_probe_cost(tensors)
+    if flops < PROBE_NOTED_FLOPS:
+        return None
+    (input_shape, _), (w_hh, _) = tensors[0], tensors[2]
+    return (f"a layer (input {list(input_shape)}, hidden {w_hh[-1]}: {flops / 1e9:,.0f} GFLOP, "
+            f"{size / 2**30:,.2f} GiB of zero tensors)")
+
+
+#: why the probe runs, said after each of its announcements
+_PROBE_WHY = "once per layer shape in the process; torch's meta kernel gives no workspace size"
+
+
+def _product(shape: Tuple[int, ...]) -> int:
+    total = 1
+    for extent in shape:
+        total *= extent
+    return total
 
 
 @functools.lru_cache(maxsize=256)
@@ -258,7 +311,12 @@ def rnn_workspace_bytes(tensors: Tuple[Tuple[Tuple[int, ...], torch.dtype], ...]
     (shape, dtype)s and these scalar arguments, in grad mode ``grad`` (it makes none without):
     oneDNN sizes it (``workspace_desc().get_size()``), so the real kernel runs once on zero
     tensors of those shapes, with every dispatch mode off (as :func:`check_like_cpu` probes).
-    0 when the real kernel refuses them."""
+    0 when the real kernel refuses them. A large probe (:func:`rnn_probe_words`) is announced by
+    a :class:`~flopcount.errors.FlopcountWarning` before it runs (it may take minutes)."""
+    words = rnn_probe_words(tensors) if grad else None
+    if words is not None:
+        warnings.warn(f"estimate_memory: sizing oneDNN's LSTM workspace runs {words} once for real on the CPU now: "
+                      f"this may take a while ({_PROBE_WHY})", FlopcountWarning, stacklevel=2)
     with torch._C._DisableTorchDispatch():
         operands = [torch.zeros(shape, dtype=dtype) for shape, dtype in tensors]
         try:
@@ -402,3 +460,17 @@ class RealKernelError(RuntimeError):
     def __init__(self, error: BaseException):
         super().__init__(str(error))
         self.error = error
+
+
+def refused_by_real_kernel(exc: BaseException) -> Optional[BaseException]:
+    """The real kernel's own exception when a fake run failed on its checks (the dtype checks of
+    :func:`check_like_cpu`, the index ranges of ``fake/indices.py``), somewhere in the exception's
+    chain; None otherwise."""
+    seen: Set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, RealKernelError):
+            return current.error
+        current = current.__cause__ or current.__context__
+    return None

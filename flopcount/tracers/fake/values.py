@@ -12,6 +12,11 @@ value by running the same op on the CPU values. A read of a known tensor is then
 with its true value. Anything derived from the model's inputs or weights (no value on meta),
 from a random op, or larger than ``LIMIT`` stays unknown; an in-place op that cannot be
 followed (a write into a meta tensor from an unknown value) forgets every value.
+
+The same holds for fake tensors (a fake copy's run: ``torch.arange(T)`` made in the forward of a
+model with real weights), which :class:`KnownValues` follows alike when told to
+(``fakes=True``): their values are computed on the CPU below every dispatch mode (the fake mode
+under the run would make a fake of a factory's result).
 """
 
 from __future__ import annotations
@@ -21,14 +26,19 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from flopcount.core.inputs import flatten_tensors, output_tensors
+from flopcount.core.inputs import fake_tensor_type, flatten_tensors, output_tensors
 
-__all__ = ["INTEGRAL", "LIMIT", "KnownValues", "Unknown", "cpu_value", "keep_value", "run_on_cpu"]
+__all__ = ["INTEGRAL", "LIMIT", "UNDECIDED", "KnownValues", "Unknown", "cpu_value", "keep_value", "run_on_cpu"]
 
 #: the largest tensor (elements) whose value is followed: position ids and masks of a few
 #: thousand tokens, not a (T x T) mask of a long context
 LIMIT = 1 << 16
 INTEGRAL = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+_aten = torch.ops.aten
+#: ops whose result has no value a real run decides (uninitialised memory)
+UNDECIDED = frozenset({
+    _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty, _aten.new_empty_strided, _aten.empty_permuted,
+})
 _CPU = torch.device("cpu")
 
 
@@ -108,46 +118,59 @@ def keep_value(values: Any, out: torch.Tensor, value: Any) -> bool:
 
 
 class KnownValues:
-    """Meta tensor -> its CPU value, for the tensors whose value the shapes decide."""
+    """Meta tensor (and, with ``fakes``, fake tensor) -> its CPU value, for the tensors whose
+    value the shapes decide."""
 
-    def __init__(self) -> None:
+    def __init__(self, fakes: bool = False) -> None:
         self._values = WeakIdKeyDictionary()
+        #: the fake tensor class when fakes are followed too, else None
+        self.fake: Any = fake_tensor_type() if fakes else None
 
     def value(self, tensor: Any) -> Optional[torch.Tensor]:
         """The CPU value of ``tensor`` when known, else None."""
-        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+        if not isinstance(tensor, torch.Tensor) or not self._followed(tensor):
             return None
         found = self._values.get(tensor)
         return found if isinstance(found, torch.Tensor) else None
 
-    def note(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], out: Any) -> None:
-        """Follow ``func(*args, **kwargs) -> out`` when its output's value is decided."""
-        if not isinstance(out, torch.Tensor) or out.device.type != "meta":
-            self._forget(func, args)
-            return
-        if out.dtype not in INTEGRAL or out.numel() > LIMIT or torch.Tag.nondeterministic_seeded in func.tags:
-            self._forget(func, args)
-            return
+    def note(self, func: Any, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], out: Any) -> bool:
+        """Follow ``func(*args, **kwargs) -> out`` when its output's value is decided; whether the
+        values known changed (one kept, or every one forgotten)."""
+        if not isinstance(out, torch.Tensor) or not self._followed(out):
+            return self._forget(func, args)
+        if (
+            out.dtype not in INTEGRAL or out.numel() > LIMIT or torch.Tag.nondeterministic_seeded in func.tags
+            or func.overloadpacket in UNDECIDED  # uninitialised memory: no value a real run decides
+        ):
+            return self._forget(func, args)
         try:
-            value = run_on_cpu(func, args, kwargs or {}, self._on_cpu, _meta_device)
+            # below every dispatch mode: a fake mode under the run would make a fake of a factory's result
+            with torch._C._DisableTorchDispatch():
+                value = run_on_cpu(func, args, kwargs or {}, self._on_cpu, _off_cpu)
         except Exception:  # an unknown input, or an op the CPU refuses: the value stays unknown
-            self._forget(func, args)
-            return
-        if not keep_value(self._values, out, value):
-            self._forget(func, args)
+            return self._forget(func, args)
+        return keep_value(self._values, out, value) or self._forget(func, args)
+
+    def _followed(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is of a kind followed here (its value may be known): meta, or a fake."""
+        return tensor.device.type == "meta" or (self.fake is not None and isinstance(tensor, self.fake))
 
     def _on_cpu(self, tensor: torch.Tensor) -> torch.Tensor:
-        return cpu_value(self._values, tensor, tensor.device.type == "meta", LIMIT)
+        return cpu_value(self._values, tensor, self._followed(tensor), LIMIT)
 
     def __bool__(self) -> bool:
         return len(self._values) > 0
 
-    def _forget(self, func: Any, args: Tuple[Any, ...]) -> None:
-        """An op that writes into a meta tensor and could not be followed: every value is
-        forgotten (the tensor written may be a view of a known one, or have known views)."""
-        if len(self._values) and func._schema.is_mutable and any(t.device.type == "meta" for t in output_tensors(args)):
+    def _forget(self, func: Any, args: Tuple[Any, ...]) -> bool:
+        """An op that writes into a followed tensor and could not be followed: every value is
+        forgotten (the tensor written may be a view of a known one, or have known views); whether
+        any was."""
+        if len(self._values) and func._schema.is_mutable and any(self._followed(t) for t in output_tensors(args)):
             self._values = WeakIdKeyDictionary()
+            return True
+        return False
 
 
-def _meta_device(value: Any) -> bool:
-    return isinstance(value, torch.device) and value.type == "meta"
+def _off_cpu(value: Any) -> bool:
+    """A device argument the CPU run replaces with the CPU's (meta, or a fake's device)."""
+    return isinstance(value, torch.device) and value.type != "cpu"

@@ -21,7 +21,7 @@ import torch
 
 from flopcount.core.diagnostics import first_line, module_place
 
-__all__ = ["function_failure", "transform_failure"]
+__all__ = ["function_failure", "linearize_failure", "transform_failure"]
 
 _APPLY_FILE = os.path.join("autograd", "function.py")
 _APPLY_CALL = re.compile(r"([A-Za-z_][\w.]*)\.apply\(")
@@ -78,6 +78,19 @@ def function_failure(exc: BaseException, where: str) -> Optional[str]:
 
 
 _FUNCTORCH_DIR = os.path.join("torch", "_functorch") + os.sep
+
+
+def linearize_failure(exc: BaseException, where: str) -> Optional[str]:
+    """One sentence when torch.jit failed inside ``torch.func.linearize`` (forward-mode AD, whose
+    jvp it traces with ``make_fx``: torch.jit's tracer fails on make_fx's proxies); None if no
+    frame of the failure is ``linearize`` in ``torch/_functorch``."""
+    if not any(_FUNCTORCH_DIR in file and name == "linearize" for file, name in frames(exc)):
+        return None
+    return (
+        f"the jit tracer cannot count this model: its forward uses forward-mode AD (torch.func.linearize in "
+        f"{module_place(where)}), whose jvp torch.jit cannot trace ({first_line(exc)}); use tracer='dispatch' "
+        "(or 'auto'), which counts it"
+    )
 
 
 def transform_failure(exc: BaseException, where: str) -> Optional[str]:
