@@ -30,6 +30,7 @@ from flopcount.core.inputs import (
     prepare_call,
     require_module,
 )
+from flopcount.core.ledger import expand_booked
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.core.state import left_as_found, preserved_random_modules
@@ -45,13 +46,14 @@ from flopcount.decoding.forwards import (
     refuse_without_prompt_input,
 )
 from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
+from flopcount.devices.roofline import kernel_flops
 from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace, trace_on_fakes
 from flopcount.tracers._real_run import run_for_output
 from flopcount.types import Trace
 
-__all__ = ["Counter", "Decoded", "count_decoding", "on_fakes"]
+__all__ = ["Counter", "Decoded", "count_decoding", "on_fakes", "skipped_flops"]
 
 
 @dataclass
@@ -60,7 +62,8 @@ class Decoded:
 
     ``held``: step index -> the bytes of the positions the cache keeps after that step
     (``cache_position_bytes``), for the traced steps; index -1 is after the prefill.
-    ``largest_write``: the most bytes one op of the prefill or of a traced step writes."""
+    ``largest_write``: the most bytes one op of the prefill or of a traced step writes.
+    ``prefill_skipped``: the prefill's FLOPs its kernels may skip (:func:`skipped_flops`)."""
 
     prefill: FlopResult
     steps: List[FlopResult]
@@ -70,6 +73,19 @@ class Decoded:
     held: Dict[int, int] = field(default_factory=dict)
     largest_write: int = 0
     wall_s: float = 0.0
+    prefill_skipped: float = 0.0
+
+
+def skipped_flops(costed: Costed) -> float:
+    """The FLOPs of ``costed``'s events that no kernel must perform: counted FLOPs minus
+    :func:`flopcount.devices.roofline.kernel_flops` (a causal attention's scores past the
+    diagonal; 0 for every other op). Each such op is booked under its own attention name
+    (no ``Cost.parts``), so these FLOPs are also among those booked under attention ops."""
+    skipped = 0.0
+    for event, cost in expand_booked(costed):
+        if cost is not None and cost.flops and not cost.parts:
+            skipped += cost.flops - kernel_flops(event.call, cost.flops)
+    return skipped
 
 
 def count_decoding(
@@ -127,7 +143,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
     model = counter.model
     held: Dict[int, int] = {}
     with counter.outputs() as last:
-        prefill, output = _prefill(counter, setup, last)
+        prefill, output, prefill_skipped = _prefill(counter, setup, last)
         state = Decoding(output, setup, encoder=last.encoder)
         if total > 0 and state.cache is None:
             raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
@@ -183,15 +199,17 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
             f"steps before them, not traced: the third step and the last step of each run were traced and matched it "
             f"(the skipped positions were fed in one uncounted forward){split}; trace_every_step=True traces each"
         )
-    return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write)
+    return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write, prefill_skipped=prefill_skipped)
 
 
-def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any]:
-    """The prefill's count and its output: one forward, or one per chunk (each chunk fed the
-    cache the one before returned), booked as one prefill; each as generate() makes it
-    (:meth:`Setup.prefill_call`: through the model's ``prepare_inputs_for_generation``)."""
+def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any, float]:
+    """The prefill's count, its output and the FLOPs its kernels may skip (:func:`skipped_flops`):
+    one forward, or one per chunk (each chunk fed the cache the one before returned), booked as
+    one prefill; each as generate() makes it (:meth:`Setup.prefill_call`: through the model's
+    ``prepare_inputs_for_generation``)."""
     if len(setup.prefill_calls) == 1:
-        return counter.count(setup.prefill_call(0))[2], last.take()
+        _, costed, result = counter.count(setup.prefill_call(0))
+        return result, last.take(), skipped_flops(costed)
     runs: List[Tuple[Trace, Costed]] = []
     output: Any = None
     for index in range(len(setup.prefill_calls)):
@@ -199,7 +217,7 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
         runs.append(counter.trace(setup.prefill_call(index, cache)))
         output = last.take()
     description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
-    return counter.combined(runs, description), output
+    return counter.combined(runs, description), output, sum(skipped_flops(costed) for _, costed in runs)
 
 
 def _encoder_name(model: nn.Module, names: Mapping[nn.Module, str]) -> str:

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
 from flopcount.errors import UsageError
+from flopcount.types import OpCall, TensorMeta
 
 Bound = Literal["compute", "memory"]
 #: Which program a latency bound is for: the eager per-op sum, or any implementation.
@@ -153,6 +154,34 @@ def op_family(op: str) -> Optional[str]:
     if name in CUDNN_RNN_OPS:
         return CONV
     return None
+
+
+def kernel_flops(call: OpCall, flops: float) -> float:
+    """The part of a call's counted ``flops`` a kernel cannot skip: all of it, except for a
+    causal attention (``is_causal``, or the efficient kernel's causal ``custom_mask_type``),
+    whose fused kernels (flash and memory-efficient, CPU and GPU) skip the key blocks past the
+    diagonal: of the Lq x Lk scores per head the count books (torch's convention), only the
+    m(m + 1) / 2 of the causal triangle, m = min(Lq, Lk), are needed whichever way the
+    triangle is aligned (torch's top-left, flash-attn's bottom-right)."""
+    lengths = _causal_lengths(call) if flops else None
+    if lengths is None:
+        return flops
+    lq, lk = lengths
+    m = min(lq, lk)
+    return flops * (m * (m + 1) / 2) / (lq * lk)
+
+
+def _causal_lengths(call: OpCall) -> Optional[Tuple[int, int]]:
+    """(Lq, Lk) of a causal attention kernel's query and key (None: not one, or not 4-D)."""
+    if op_family(call.op) != ATTENTION or not (call.arg("is_causal") or call.arg("custom_mask_type") in (1, 2)):
+        return None
+    query, key = call.arg("query"), call.arg("key")
+    if not (isinstance(query, TensorMeta) and isinstance(key, TensorMeta) and query.ndim == key.ndim == 4):
+        return None
+    # (B, L, H, E) for flash-attn's and the efficient kernel's own ops, (B, H, L, E) for the SDPA ops
+    axis = 1 if call.op.rpartition("::")[2].startswith(("_flash_attention", "_efficient_attention")) else 2
+    lq, lk = query.shape[axis], key.shape[axis]
+    return (lq, lk) if lq and lk else None
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from flopcount.core.ledger import Ledger
 from flopcount.core.rows import CostRow, TimeSource, category_of
-from flopcount.devices.roofline import Roofs, op_time
-from flopcount.profiling._bytes import call_dtype, kernel_flops
+from flopcount.devices.roofline import Roofs, kernel_flops, op_time
+from flopcount.profiling._bytes import call_dtype
 from flopcount.profiling._tree import Alignment, TopOp, attribute, cpu_total, shared_without_measure
 from flopcount.profiling.result import Overview, Unmatched
 from flopcount.types import Cost, OpEvent

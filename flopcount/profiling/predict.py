@@ -40,10 +40,10 @@ from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import BookedRows, CostRow
 from flopcount.core.traffic import element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
-from flopcount.devices.roofline import bound_seconds
+from flopcount.devices.roofline import bound_seconds, kernel_flops
 from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
-from flopcount.profiling._bytes import call_dtype, kernel_flops, traffic_as
+from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
 from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta, dtype_key, dtype_name
 from flopcount.units import format_count

@@ -44,7 +44,7 @@ from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
-from flopcount.decoding.counted import Counter, on_fakes
+from flopcount.decoding.counted import Counter, on_fakes, skipped_flops
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, NotAffine, cache_limits, paired, plan_runs, same_event
 from flopcount.devices.roofline import ATTENTION, op_family
@@ -66,6 +66,7 @@ _NOTHING = Cost()
 class Counted:
     """One batch size's figures. ``prefill_attention`` and ``step_attention``: the part of
     the prefill's and each step's FLOPs that attention ops perform (:func:`attention_flops`);
+    ``prefill_skipped``: the prefill's FLOPs its kernels may skip (:func:`skipped_flops`);
     ``held``: step -> the bytes of the positions the cache keeps after it (-1: after the
     prefill), at the steps measured (or derived) only; ``stored``: the storages the cache holds
     at the end (:func:`cache_bytes`); ``results``: every traced forward's result (their
@@ -84,6 +85,7 @@ class Counted:
     results: List[FlopResult] = field(default_factory=list)
     #: the cache's storage bytes after the prefill (-1) and the steps traced
     stored_early: Dict[int, float] = field(default_factory=dict)
+    prefill_skipped: float = 0.0
 
 
 @dataclass
@@ -173,7 +175,7 @@ def _count_b(
         continued.take(index, costed, result)
     counted = Counted(
         batch=setup.batch, prefill_flops=steps.prefill.flops, prefill_macs=steps.prefill.macs,
-        prefill_attention=steps.prefill_attention, step_flops=continued.flops, step_macs=continued.macs,
+        prefill_attention=steps.prefill_attention, prefill_skipped=steps.prefill_skipped, step_flops=continued.flops, step_macs=continued.macs,
         step_attention=continued.attention, held=steps.held, stored=steps.stored[total - 1],
         largest_write=counter.largest_write, results=steps.results(), stored_early=steps.stored,
     )
@@ -189,6 +191,7 @@ class _Steps:
         self.counter, self.last = counter, last
         _, costed, self.prefill = counter.count(setup.prefill_call(0))
         self.prefill_attention = booked_attention(costed)
+        self.prefill_skipped = skipped_flops(costed)
         self.state = Decoding(last.take(), setup, encoder=last.encoder)
         if self.state.cache is None:
             raise _Refused
@@ -248,7 +251,7 @@ def _count_wider(
     final_stored = one.stored + _extended(steps.stored, one.stored_early, total - 1)
     return Counted(
         batch=setup.batch, prefill_flops=steps.prefill.flops, prefill_macs=steps.prefill.macs,
-        prefill_attention=steps.prefill_attention, step_flops=continued.flops, step_macs=continued.macs,
+        prefill_attention=steps.prefill_attention, prefill_skipped=steps.prefill_skipped, step_flops=continued.flops, step_macs=continued.macs,
         step_attention=continued.attention, held=derived_held, stored=final_stored, largest_write=largest,
         results=steps.results(),
     )

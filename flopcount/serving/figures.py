@@ -27,7 +27,8 @@ class WeightTensor:
 class Phase:
     """One forward's work and its any-implementation bound on the part (per rank with tp);
     ``attention_flops``: the part of ``flops`` attention ops perform, priced at attention's
-    column (:meth:`flopcount.serving.pricing.Pricing.phase`)."""
+    column (:meth:`flopcount.serving.pricing.Pricing.phase`); ``skipped_flops``: the part of
+    those a causal attention's kernel skips (the scores past the diagonal), not priced."""
 
     flops: float
     macs: float
@@ -36,6 +37,7 @@ class Phase:
     memory_s: float
     comm_s: float = 0.0
     attention_flops: float = 0.0
+    skipped_flops: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -49,7 +51,8 @@ class Phase:
         return kind
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"flops": self.flops, "attention_flops": self.attention_flops, "macs": self.macs, "bytes": self.bytes,
+        return {"flops": self.flops, "attention_flops": self.attention_flops,
+                "skipped_flops": self.skipped_flops, "macs": self.macs, "bytes": self.bytes,
                 "seconds": self.seconds,
                 "compute_s": self.compute_s, "memory_s": self.memory_s, "comm_s": self.comm_s, "bound": self.bound}
 
@@ -101,7 +104,9 @@ class ServeBatch:
 class Work:
     """One forward's counted work: FLOPs, MACs, the cache bytes it reads and writes, and the
     part of its FLOPs attention ops perform (``attention_flops``: ops whose
-    :func:`flopcount.devices.roofline.op_family` is "attention"), per sequence in
+    :func:`flopcount.devices.roofline.op_family` is "attention") and the part of those no
+    kernel must perform (``skipped_flops``: a causal attention's scores past the diagonal,
+    :func:`flopcount.decoding.counted.skipped_flops`), per sequence in
     :attr:`ServeFacts.prefill` / :attr:`ServeFacts.steps`, the part no sequence adds in
     ``ServeFacts.fixed``."""
 
@@ -110,6 +115,7 @@ class Work:
     cache_read: float = 0.0
     cache_written: float = 0.0
     attention_flops: float = 0.0
+    skipped_flops: float = 0.0
 
     def times(self, batch: int, fixed: Optional[Work]) -> Work:
         """``batch x self + fixed``: this work at ``batch`` sequences."""

@@ -121,20 +121,24 @@ class Pricing:
 
     def phase(
         self, flops: float, macs: float, weight_bytes: float, other_bytes: float, tokens: float, *, attention_flops: float,
+        skipped_flops: float = 0.0,
     ) -> Phase:
-        """One forward's bound per rank: FLOPs / tp at the compute dtype's peak (the
-        ``attention_flops`` among them at attention's column, the rest at the matmul
-        family's: :meth:`Roofs.column`), weights / tp and cache bytes / min(tp, KV heads)
+        """One forward's bound per rank: the FLOPs a kernel must perform / tp at the compute
+        dtype's peak (``flops`` less the ``skipped_flops`` of causal attention's scores past
+        the diagonal, :func:`flopcount.devices.roofline.kernel_flops`; the attention FLOPs
+        among them at attention's column, the rest at the matmul family's:
+        :meth:`Roofs.column`), weights / tp and cache bytes / min(tp, KV heads)
         over the bandwidth, and with tp > 1 two ring all-reduces of tokens x hidden per layer
         over the link: 2 (tp - 1) / tp x bytes / link."""
         moved = weight_bytes / self.tp + other_bytes / self.kv_split
-        bound = any_implementation(self.roofs, self._work(flops / self.tp, attention_flops / self.tp), moved)
+        needed = self._work((flops - skipped_flops) / self.tp, (attention_flops - skipped_flops) / self.tp)
+        bound = any_implementation(self.roofs, needed, moved)
         comm = 0.0
         if self.tp > 1:
             size = tokens * self.facts.hidden * itemsize(self.dtype)
             comm = 2 * self.facts.layers * 2 * (self.tp - 1) / self.tp * size / self.link_bw
         return Phase(flops / self.tp, macs / self.tp, moved, bound.compute_s, bound.memory_s, comm,
-                     attention_flops=attention_flops / self.tp)
+                     attention_flops=attention_flops / self.tp, skipped_flops=skipped_flops / self.tp)
 
     def _work(self, flops: float, attention_flops: float) -> List[Tuple[float, str, str]]:
         """:func:`any_implementation`'s work items for ``flops`` of which ``attention_flops``
@@ -149,7 +153,7 @@ class Pricing:
         tokens = batch * self.facts.prompt_tokens
         work = self.facts.prefill_at(batch)
         return self.phase(work.flops, work.macs, self.weights_read(tokens), work.cache_written * self.scale, tokens,
-                          attention_flops=work.attention_flops)
+                          attention_flops=work.attention_flops, skipped_flops=work.skipped_flops)
 
     def step(self, batch: int, index: int) -> Phase:
         work = self.facts.step_at(batch, index)

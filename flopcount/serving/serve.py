@@ -219,7 +219,7 @@ def serve_facts(
 def _counted(decoded: Decoded) -> Counted:
     return Counted(
         batch=decoded.setup.batch, prefill_flops=decoded.prefill.flops, prefill_macs=decoded.prefill.macs,
-        prefill_attention=attention_flops(decoded.prefill), step_flops=[s.flops for s in decoded.steps],
+        prefill_attention=attention_flops(decoded.prefill), prefill_skipped=decoded.prefill_skipped, step_flops=[s.flops for s in decoded.steps],
         step_macs=[s.macs for s in decoded.steps], step_attention=[attention_flops(s) for s in decoded.steps],
         held={k: float(v) for k, v in decoded.held.items()}, stored=float(cache_bytes(decoded.cache)),
         largest_write=decoded.largest_write, results=[decoded.prefill, *decoded.steps],
@@ -238,7 +238,7 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
                         "activation_bytes": float(counted.largest_write)})
         works.append([
             Work(flops=float(counted.prefill_flops), macs=float(counted.prefill_macs), cache_written=held[-1],
-                 attention_flops=float(counted.prefill_attention)),
+                 attention_flops=float(counted.prefill_attention), skipped_flops=counted.prefill_skipped),
             # a decode step reads the positions cached before it and writes the new one
             *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]), cache_read=held[s - 1],
                    cache_written=max(0.0, held[s] - held[s - 1]), attention_flops=float(counted.step_attention[s]))

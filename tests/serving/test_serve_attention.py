@@ -79,6 +79,10 @@ def llama() -> Iterator[Tuple[ServeFacts, List[int]]]:
     yield facts, live
 
 
+#: of the prefill's 7 x 7 scores per head its causal kernel computes the 7 x 8 / 2 of the triangle
+TRIANGLE = (PROMPT * (PROMPT + 1) / 2) / (PROMPT * PROMPT)
+
+
 def _on_h100(facts: ServeFacts, dtype: str = "float32", **modes: bool) -> Any:
     return serve_on(facts, named_roofs("h100", **modes), "H100 SXM", None, "", dtype=dtype)
 
@@ -110,7 +114,8 @@ def test_float32_prices_attention_at_tf32_over_3_and_the_rest_at_fp32(llama):
     row = result.at(1)
     prefill = facts.prefill_at(1)
     assert row.prefill.attention_flops == live[0]
-    expected = live[0] / (TF32 / 3) + (prefill.flops - live[0]) / FP32
+    # the causal prefill's attention priced at its triangle (branch servecausal)
+    expected = live[0] * TRIANGLE / (TF32 / 3) + (prefill.flops - live[0]) / FP32
     assert row.prefill.compute_s == pytest.approx(expected, rel=1e-12)
     # the parent's bound, every FLOP at FP32, is above it
     assert row.prefill.compute_s < prefill.flops / FP32
@@ -120,23 +125,27 @@ def test_float32_prices_attention_at_tf32_over_3_and_the_rest_at_fp32(llama):
 
 
 def test_under_matmul_tf32_attention_and_matmuls_share_the_tf32_column(llama):
-    facts, _ = llama
+    facts, live = llama
     result = _on_h100(facts, matmul_tf32=True)
     assert result.float32_math() == {"matmul": "tfloat32", "attention": "tfloat32"}
     row = result.at(1)
-    # TF32 beats TF32 / 3: every FLOP at TF32, as one sum (the bound before the split)
-    assert row.prefill.compute_s == facts.prefill_at(1).flops / TF32
+    # TF32 beats TF32 / 3: every FLOP at TF32, as one sum (the bound before the split), the
+    # causal prefill's attention at its triangle
+    facts_flops, attention = facts.prefill_at(1).flops, live[0]
+    assert row.prefill.compute_s == pytest.approx((facts_flops - attention + attention * TRIANGLE) / TF32, rel=1e-12)
     assert row.last_step is not None and row.last_step.compute_s == facts.step_at(1, NEW - 2).flops / TF32
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_is_unchanged(llama, dtype):
-    facts, _ = llama
+    facts, live = llama
     result = _on_h100(facts, dtype)
     assert result.float32_math() == {}
     row = result.at(4)
-    # attention and matmuls share the column: FLOPs / the BF16 (= FP16) peak, exactly as before
-    assert row.prefill.compute_s == facts.prefill_at(4).flops / BF16
+    # attention and matmuls share the column: FLOPs / the BF16 (= FP16) peak, the causal
+    # prefill's attention at its triangle (4 sequences, each its own)
+    needed = facts.prefill_at(4).flops - 4 * live[0] * (1 - TRIANGLE)
+    assert row.prefill.compute_s == pytest.approx(needed / BF16, rel=1e-12)
     assert row.first_step is not None and row.first_step.compute_s == facts.step_at(4, 0).flops / BF16
 
 
