@@ -891,15 +891,6 @@ check("linearize", Lin(), (torch.randn(4, 6), torch.randn(4, 6)))
 
 
 # ---- linalg.multi_dot and chain_matmul orders
-class Ops(nn.Module):
-    def __init__(s, f):
-        super().__init__()
-        s.f = f
-
-    def forward(s, *a):
-        return s.f(*a)
-
-
 md = Ops(lambda *t: torch.linalg.multi_dot(list(t)))
 check("multi_dot 3", md, (torch.randn(10, 3), torch.randn(3, 20), torch.randn(20, 2)))
 check("multi_dot 3 other order", md, (torch.randn(2, 20), torch.randn(20, 3), torch.randn(3, 10)))
@@ -924,15 +915,6 @@ check(
 
 
 # ---- TransformerEncoderLayer fast path, GQA, expanded bmm, parametrize.cached, EmbeddingBag, MHA weights
-class Ops(nn.Module):
-    def __init__(s, f):
-        super().__init__()
-        s.f = f
-
-    def forward(s, *a):
-        return s.f(*a)
-
-
 enc = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
 x = torch.randn(3, 7, 16)
 mask = torch.zeros(3, 7, dtype=torch.bool)
