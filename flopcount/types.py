@@ -110,6 +110,12 @@ def dtype_key(text: str) -> str:
     return DTYPE_ALIASES.get(key, key)
 
 
+def out_of_place(op: str) -> str:
+    """The out-of-place name of an in-place op (``"aten::addmm_"`` -> ``"aten::addmm"``), the
+    name itself for any other op (dunders such as ``"aten::__and__"`` are not in place)."""
+    return op[:-1] if op.endswith("_") and not op.endswith("__") else op
+
+
 #: The counting convention, printed under every report.
 #: Version of the JSON report ``FlopResult.to_dict()`` and ``count --format json`` write;
 #: ``FlopResult.from_dict`` reads this version and refuses a newer one (docs/api.md).

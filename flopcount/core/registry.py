@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Set, Union, overload
 
 from flopcount.errors import DuplicateHandlerError, UsageError
-from flopcount.types import Handler
+from flopcount.types import Handler, out_of_place
 
 #: Returned by :meth:`HandlerRegistry.resolve` for ops that do no arithmetic.
 KNOWN_ZERO = "known-zero"
@@ -107,6 +107,6 @@ class HandlerRegistry:
 
 def _spellings(op: str) -> Iterator[str]:
     yield op
-    namespace, _, name = op.partition("::")
-    if name.endswith("_") and not name.endswith("__"):
-        yield f"{namespace}::{name[:-1]}"
+    base = out_of_place(op)
+    if base != op and "::" in op:
+        yield base

@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
 
 from flopcount.errors import UsageError
-from flopcount.types import OpCall, TensorMeta
+from flopcount.types import OpCall, TensorMeta, out_of_place
 
 Bound = Literal["compute", "memory"]
 #: Which program a latency bound is for: the eager per-op sum, or any implementation.
@@ -144,9 +144,7 @@ def op_family(op: str) -> Optional[str]:
     ("matmul", "attention", "conv") names that family."""
     if "conv" in op.lower():
         return CONV
-    name = op.rpartition("::")[2]
-    if name.endswith("_") and not name.endswith("__"):  # in place: "addmm_" is addmm
-        name = name[:-1]
+    name = out_of_place(op.rpartition("::")[2])  # in place: "addmm_" is addmm
     if name in MATMUL_OPS:
         return MATMUL
     if name in ATTENTION_OPS or name == ATTENTION:

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import any_complex, output_numel, per_grad_output
-from flopcount.types import Cost, Handler, OpCall, TensorMeta
+from flopcount.types import Cost, Handler, OpCall, TensorMeta, out_of_place
 
 __all__ = ["register", "INTEGER_DTYPES", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
 
@@ -126,8 +126,7 @@ COMPLEX_PER_ELEMENT = {
 
 def complex_flops(op: str, real: int) -> int:
     """FLOPs per element of ``op`` on complex operands, given its real constant ``real``."""
-    name = op[:-1] if op.endswith("_") and not op.endswith("__") else op
-    return COMPLEX_PER_ELEMENT.get(name, 2 * real)
+    return COMPLEX_PER_ELEMENT.get(out_of_place(op), 2 * real)
 
 
 def elementwise_flops(op: str, elements: int) -> int:

@@ -45,7 +45,7 @@ from flopcount.errors import UsageError
 from flopcount.handlers import default_registry
 from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
-from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta, dtype_key, dtype_name
+from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta, dtype_key, dtype_name, out_of_place
 from flopcount.units import format_count
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
@@ -287,7 +287,7 @@ def _read_whole(call: Any) -> Iterator[Tuple[int, ...]]:
     an in-place or out= op writes (``index_copy_`` into a cache reads none of it)."""
     if is_view_op(call.op):
         return
-    in_place = call.op.endswith("_") and not call.op.endswith("__")
+    in_place = out_of_place(call.op) != call.op
     for name, value in call.args.items():
         if name == "out" or (in_place and name == "self"):
             continue
