@@ -3,6 +3,7 @@ slow phase of a noisy machine hits every tool alike; medians and per-round ratio
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -64,3 +65,29 @@ def ratio(times: Dict[str, Optional[List[float]]], a: str, b: str) -> Optional[f
     if not ta or not tb:
         return None
     return statistics.median(x / y for x, y in zip(ta, tb))
+
+
+def paired_cpu(sides: Dict[str, Callable[[], Any]], rounds: int, per: int) -> Tuple[Dict[str, List[float]], List[float]]:
+    """Two sides (``"base"`` and ``"this"``) paired: each round runs one side ``per`` times and
+    then the other, in an order that alternates from round to round, with the garbage collector
+    off; CPU time of the calling thread. Every time per side, and each round's ratio of the two
+    sides' medians (this / base)."""
+    spent: Dict[str, List[float]] = {"base": [], "this": []}
+    ratios: List[float] = []
+    gc.collect()
+    gc.disable()
+    try:
+        for turn in range(rounds):
+            medians: Dict[str, float] = {}
+            for side in ("base", "this") if turn % 2 == 0 else ("this", "base"):
+                times = []
+                for _ in range(per):
+                    start = time.thread_time()
+                    sides[side]()
+                    times.append(time.thread_time() - start)
+                spent[side] += times
+                medians[side] = statistics.median(times)
+            ratios.append(medians["this"] / medians["base"])
+    finally:
+        gc.enable()
+    return spent, ratios

@@ -17,7 +17,7 @@ their quartiles; both must give the same ``to_dict()``. Models as ``count_varian
 from __future__ import annotations
 
 import argparse
-import gc
+import functools
 import io
 import re
 import statistics
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+from _interleave import paired_cpu  # noqa: E402
 from count_phases import _cases  # noqa: E402
 
 from flopcount import count_flops  # noqa: E402
@@ -90,25 +91,7 @@ def main() -> None:
         for model in args.models.split(","):
             (_, (net, inputs, _)), = _cases([model], real=args.real).items()
             same = sides["base"](net, inputs).to_dict() == sides["this"](net, inputs).to_dict()
-            spent: Dict[str, List[float]] = {"base": [], "this": []}
-            ratios: List[float] = []
-            gc.collect()
-            gc.disable()
-            try:
-                for turn in range(args.rounds):
-                    medians: Dict[str, float] = {}
-                    for side in ("base", "this") if turn % 2 == 0 else ("this", "base"):
-                        count = sides[side]
-                        times = []
-                        for _ in range(args.per):
-                            start = time.thread_time()
-                            count(net, inputs)
-                            times.append(time.thread_time() - start)
-                        spent[side] += times
-                        medians[side] = statistics.median(times)
-                    ratios.append(medians["this"] / medians["base"])
-            finally:
-                gc.enable()
+            spent, ratios = paired_cpu({side: functools.partial(sides[side], net, inputs) for side in sides}, args.rounds, args.per)
             low, middle, high = _quartiles(ratios)
             base, this = spent["base"], spent["this"]
             print(f"| {model} | {statistics.median(base) * 1e3:.2f} ({min(base) * 1e3:.2f}) | "

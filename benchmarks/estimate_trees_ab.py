@@ -12,7 +12,7 @@ learned position table (training step, AdamW), torchvision's ResNet-18 (inferenc
 from __future__ import annotations
 
 import argparse
-import gc
+import functools
 import statistics
 import sys
 import tempfile
@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+from _interleave import paired_cpu  # noqa: E402
 from count_trees_ab import _load, _quartiles, renamed_package  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -88,24 +89,8 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for label, (net, inputs, options) in _cases(args.models.split(",")).items():
             peaks = {side: estimate(net, inputs, **options).peak_bytes for side, estimate in sides.items()}
-            spent: Dict[str, List[float]] = {"base": [], "this": []}
-            ratios: List[float] = []
-            gc.collect()
-            gc.disable()
-            try:
-                for turn in range(args.rounds):
-                    medians: Dict[str, float] = {}
-                    for side in ("base", "this") if turn % 2 == 0 else ("this", "base"):
-                        times = []
-                        for _ in range(args.per):
-                            start = time.thread_time()
-                            sides[side](net, inputs, **options)
-                            times.append(time.thread_time() - start)
-                        spent[side] += times
-                        medians[side] = statistics.median(times)
-                    ratios.append(medians["this"] / medians["base"])
-            finally:
-                gc.enable()
+            spent, ratios = paired_cpu({side: functools.partial(sides[side], net, inputs, **options) for side in sides},
+                                       args.rounds, args.per)
             low, middle, high = _quartiles(ratios)
             base, this = spent["base"], spent["this"]
             print(f"| {label} | {statistics.median(base) * 1e3:.2f} ({min(base) * 1e3:.2f}) | "
