@@ -45,7 +45,7 @@ from flopcount.decoding.forwards import (
     is_encoder_decoder,
     refuse_without_prompt_input,
 )
-from flopcount.decoding.runs import Affine, Costed, cache_limits, mask_limits, plan_runs
+from flopcount.decoding.runs import Affine, Costed, Limits, cache_limits, mask_limits, plan_runs
 from flopcount.devices.roofline import attention_lengths, bottom_right_causal_flops, kernel_flops
 from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
@@ -247,15 +247,19 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
         return result, last.take(), skipped_flops(costed)
     runs: List[Tuple[Trace, Costed]] = []
     output: Any = None
-    skipped, causal = 0.0, frozenset[str]()
+    skipped, causal, limits = 0.0, frozenset[str](), Limits()
     for index in range(len(setup.prefill_calls)):
         cache = cache_of(output, setup) if index else None
         runs.append(counter.trace(setup.prefill_call(index, cache)))
         output = last.take()
         costed = runs[-1][1]
-        skipped += skipped_flops(costed, causal, setup.chunk_start(index))
-        if not index and not mask_limits(cache_of(output, setup), getattr(counter.model, "config", None)).within(1, setup.prompt):
-            causal = causal_modules(costed)  # no window or attention chunk inside the prompt: causal throughout
+        # a later chunk's mask is causal with its offset where no window or attention chunk of the
+        # model ends within the positions up to the chunk's last
+        whole = causal if not limits.within(1, setup.chunk_start(index + 1)) else frozenset[str]()
+        skipped += skipped_flops(costed, whole, setup.chunk_start(index))
+        if not index:
+            causal = causal_modules(costed)
+            limits = mask_limits(cache_of(output, setup), getattr(counter.model, "config", None))
     description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
     return counter.combined(runs, description), output, skipped
 

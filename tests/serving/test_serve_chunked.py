@@ -142,12 +142,14 @@ def test_a_short_last_chunk_is_aligned_at_its_own_offset():
     assert row.prefill.compute_s == pytest.approx((facts.prefill_at(2).flops - 2 * _skipped(200)) / BF16, rel=1e-12)
 
 
-def test_a_window_inside_the_prompt_keeps_later_chunks_whole():
-    """Mistral with a 256-position window over a 512-token prompt: the later chunks' masks are
-    not causal with an offset (their first keys fall out of the window), so only the first chunk,
-    causal by its own kernel, skips its triangle."""
-    facts = _facts("mistral", sliding_window=256)
-    assert _row(facts, 1).prefill.skipped_flops == pytest.approx(_attention(128 * 127 / 2), rel=1e-12)
+def test_a_chunk_past_the_window_keeps_its_mask_whole():
+    """Mistral with a 300-position window, chunks of 128: up to position 299 the window mask is
+    the causal one, so the second chunk (positions 128..255) runs at a bottom-right causal
+    kernel; the third and fourth reach past the window (position 383 no longer sees key 0): not
+    causal with an offset, priced in full. The first chunk is causal by its own kernel."""
+    facts = _facts("mistral", sliding_window=300)
+    first_two = _attention(128 * 127 / 2) * 2  # each of chunks 1 and 2 leaves out its own upper triangle
+    assert _row(facts, 1).prefill.skipped_flops == pytest.approx(first_two, rel=1e-12)
 
 
 def test_a_window_wider_than_the_prompt_is_the_causal_mask():
@@ -190,3 +192,33 @@ def test_transformers_hands_a_later_chunk_the_bottom_right_causal_mask():
     assert (queries, keys, is_causal) == (16, 32, False)
     allowed = mask if mask.dtype == torch.bool else mask == 0
     assert torch.equal(allowed.reshape(-1, 16, 32)[0], torch.ones(16, 32, dtype=torch.bool).tril(16))
+
+
+def _real_llama(prompt: int) -> Any:
+    cfg = transformers.AutoConfig.for_model("llama", **{**CONFIG, "max_position_embeddings": 2 * prompt},
+                                            attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.prefill_chunk_size = 32
+    return model
+
+
+def test_real_weights_price_the_same_triangle():
+    """The dispatch path (real weights and ids, 96 positions in chunks of 32) as the fake one."""
+    model = _real_llama(96)
+    facts = serve_facts(model, torch.randint(0, 50, (1, 96)), NEW)
+    prefill = facts.prefill_at(1)
+    assert prefill.attention_flops == sum(_attention(32 * 32 * k) for k in (1, 2, 3))
+    assert prefill.attention_flops - _row(facts, 1).prefill.skipped_flops == pytest.approx(
+        _attention(96 * 97 / 2), rel=1e-12)
+
+
+def test_a_padded_prompt_is_not_causal_with_an_offset():
+    """A real mask with padding: every chunk, the first too, runs with an explicit mask that is not
+    the causal one (the padded keys are masked too): nothing is priced at a triangle."""
+    model = _real_llama(96)
+    mask = torch.ones(1, 96, dtype=torch.int64)
+    mask[:, :5] = 0
+    facts = serve_facts(model, torch.randint(0, 50, (1, 96)), NEW, kwargs={"attention_mask": mask})
+    assert _row(facts, 1).prefill.skipped_flops == 0
