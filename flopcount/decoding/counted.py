@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -45,15 +45,15 @@ from flopcount.decoding.forwards import (
     is_encoder_decoder,
     refuse_without_prompt_input,
 )
-from flopcount.decoding.runs import Affine, Costed, cache_limits, plan_runs
-from flopcount.devices.roofline import kernel_flops
+from flopcount.decoding.runs import Affine, Costed, Limits, cache_limits, mask_limits, plan_runs
+from flopcount.devices.roofline import attention_lengths, bottom_right_causal_flops, kernel_flops
 from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace, trace_on_fakes
 from flopcount.tracers._real_run import run_for_output
-from flopcount.types import Trace
+from flopcount.types import OpCall, Trace
 
-__all__ = ["Counter", "Decoded", "count_decoding", "on_fakes", "skipped_flops"]
+__all__ = ["Counter", "Decoded", "causal_modules", "count_decoding", "on_fakes", "skipped_flops"]
 
 
 @dataclass
@@ -76,16 +76,51 @@ class Decoded:
     prefill_skipped: float = 0.0
 
 
-def skipped_flops(costed: Costed) -> float:
+def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: int = 0) -> float:
     """The FLOPs of ``costed``'s events that no kernel must perform: counted FLOPs minus
     :func:`flopcount.devices.roofline.kernel_flops` (a causal attention's scores past the
     diagonal; 0 for every other op). Each such op is booked under its own attention name
-    (no ``Cost.parts``), so these FLOPs are also among those booked under attention ops."""
+    (no ``Cost.parts``), so these FLOPs are also among those booked under attention ops.
+
+    A later chunk of a causal prefill (``past`` positions cached before it): an attention of a
+    module in ``causal`` (:func:`causal_modules` of the first chunk) whose keys are exactly the
+    ``past`` positions and the chunk's own runs with a mask that is causal with that offset,
+    priced as a bottom-right causal kernel computes it
+    (:func:`flopcount.devices.roofline.bottom_right_causal_flops`)."""
     skipped = 0.0
     for event, cost in expand_booked(costed):
-        if cost is not None and cost.flops and not cost.parts:
+        if cost is None or not cost.flops or cost.parts:
+            continue
+        if event.module in causal and _after(event.call, past):
+            skipped += cost.flops - bottom_right_causal_flops(event.call, cost.flops)
+        else:
             skipped += cost.flops - kernel_flops(event.call, cost.flops)
     return skipped
+
+
+def causal_modules(costed: Costed) -> FrozenSet[str]:
+    """The modules whose every attention op of a forward with no past (a prefill's first
+    chunk) ran a causal kernel over its own positions (``is_causal``, Lq = Lk): the model's
+    mask for them is the causal one, which in a later chunk it hands the kernel explicitly."""
+    causal: set[str] = set()
+    other: set[str] = set()
+    for event, cost in expand_booked(costed):
+        if cost is None or not cost.flops or cost.parts:
+            continue
+        lengths = attention_lengths(event.call)
+        if lengths is None:
+            continue
+        ran_causal = lengths[0] == lengths[1] and kernel_flops(event.call, cost.flops) < cost.flops
+        (causal if ran_causal else other).add(event.module)
+    return frozenset(causal - other)
+
+
+def _after(call: OpCall, past: int) -> bool:
+    """Whether attention ``call`` runs a chunk's queries over exactly ``past`` cached positions
+    and the chunk's own, with an explicit mask (not ``is_causal``)."""
+    lengths = attention_lengths(call)
+    return (lengths is not None and lengths[1] == past + lengths[0] and not call.arg("is_causal")
+            and call.arg("custom_mask_type") in (None, 0))
 
 
 def count_decoding(
@@ -212,12 +247,21 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
         return result, last.take(), skipped_flops(costed)
     runs: List[Tuple[Trace, Costed]] = []
     output: Any = None
+    skipped, causal, limits = 0.0, frozenset[str](), Limits()
     for index in range(len(setup.prefill_calls)):
         cache = cache_of(output, setup) if index else None
         runs.append(counter.trace(setup.prefill_call(index, cache)))
         output = last.take()
+        costed = runs[-1][1]
+        # a later chunk's mask is causal with its offset where no window or attention chunk of the
+        # model ends within the positions up to the chunk's last
+        whole = causal if not limits.within(1, setup.chunk_start(index + 1)) else frozenset[str]()
+        skipped += skipped_flops(costed, whole, setup.chunk_start(index))
+        if not index:
+            causal = causal_modules(costed)
+            limits = mask_limits(cache_of(output, setup), getattr(counter.model, "config", None))
     description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
-    return counter.combined(runs, description), output, sum(skipped_flops(costed) for _, costed in runs)
+    return counter.combined(runs, description), output, skipped
 
 
 def _encoder_name(model: nn.Module, names: Mapping[nn.Module, str]) -> str:

@@ -348,6 +348,10 @@ class Setup:
         self.preparer = _preparer(model, self.cache_key)
         self._prepare = self.preparer  # the prefill's: None after it failed once
 
+    def chunk_start(self, index: int) -> int:
+        """The prompt positions before prefill forward ``index`` (the ones its cache holds)."""
+        return sum(int(call[self._main].shape[-1]) for call in self.prefill_calls[:index])
+
     def _feed_as_generate(self, model: nn.Module, first: Dict[str, Any], *, static: bool) -> None:
         """A decoder-only prompt's position ids and mask as generate() hands them on: where the
         forward takes ``position_ids`` and none was given, the model's own

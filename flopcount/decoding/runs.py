@@ -23,7 +23,7 @@ from flopcount.core.results import FlopResult, reprice_deferred
 from flopcount.decoding.caches import items_of
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
-__all__ = ["Affine", "Limits", "NotAffine", "cache_limits", "paired", "plan_runs", "same_event"]
+__all__ = ["Affine", "Limits", "NotAffine", "cache_limits", "mask_limits", "paired", "plan_runs", "same_event"]
 
 # Attribute and config keys whose integer value is a context length at which a cache layer
 # or the position encoding may change behaviour.
@@ -31,6 +31,12 @@ _LIMIT_KEYS = frozenset({
     "sliding_window", "sliding_window_size", "attention_window", "local_window_size", "window_size",
     "max_cache_len", "attention_chunk_size", "conv_kernel", "conv_kernel_size", "d_conv", "mamba_d_conv",
     "conv_L_cache", "max_position_embeddings", "original_max_position_embeddings",
+})
+# The keys of _LIMIT_KEYS past which a layer's attention mask is no longer the causal one (a
+# window, an attention chunk): the others change the cache's size or the position encoding.
+_MASK_KEYS = frozenset({
+    "sliding_window", "sliding_window_size", "attention_window", "local_window_size", "window_size",
+    "attention_chunk_size",
 })
 # Keys whose value is a period: every multiple of it is a limit (chunked attention's chunks).
 _PERIOD_KEYS = frozenset({"attention_chunk_size"})
@@ -56,10 +62,10 @@ class Limits:
         return sorted(found)
 
 
-def cache_limits(cache: Any, config: Any) -> Limits:
+def cache_limits(cache: Any, config: Any, keys: FrozenSet[str] = _LIMIT_KEYS) -> Limits:
     """The limits read from the cache object (each layer's window, ``max_cache_len``, conv
     kernel) and from the model's config (``sliding_window``, ``attention_chunk_size`` with
-    ``layer_types``, rotary scaling lengths, in sub-configs too)."""
+    ``layer_types``, rotary scaling lengths, in sub-configs too); ``keys``: the names read."""
     windows: Set[int] = set()
     periods: Set[int] = set()
     sources: List[Any] = [cache]
@@ -67,23 +73,29 @@ def cache_limits(cache: Any, config: Any) -> Limits:
         to_dict = getattr(config, "to_dict", None)
         sources.append(to_dict() if callable(to_dict) else config)
     for source in sources:
-        for key, value in _keyed_ints(source, set()):
+        for key, value in _keyed_ints(source, set(), keys):
             if key in _PERIOD_KEYS:
                 periods.add(value)
             windows.add(value)
     return Limits(frozenset(w for w in windows if w > 0), frozenset(p for p in periods if p > 0))
 
 
-def _keyed_ints(obj: Any, visited: Set[int]) -> Iterator[Tuple[str, int]]:
-    """``(key, int)`` for every limit key found in ``obj``'s attributes, mappings and lists."""
+def mask_limits(cache: Any, config: Any) -> Limits:
+    """The context lengths past which a layer's attention mask may stop being the causal one:
+    :func:`cache_limits` of the windows and attention chunks only."""
+    return cache_limits(cache, config, _MASK_KEYS)
+
+
+def _keyed_ints(obj: Any, visited: Set[int], keys: FrozenSet[str]) -> Iterator[Tuple[str, int]]:
+    """``(key, int)`` for every key of ``keys`` found in ``obj``'s attributes, mappings and lists."""
     if id(obj) in visited or obj is None or isinstance(obj, (int, float, str, bool, bytes)):
         return
     visited.add(id(obj))
     for key, value in () if isinstance(obj, (torch.Tensor, torch.nn.Module)) else items_of(obj):
-        if isinstance(key, str) and key in _LIMIT_KEYS:
+        if isinstance(key, str) and key in keys:
             yield from ((key, v) for v in _ints(value))
         elif not isinstance(value, (int, float, str, bool)):
-            yield from _keyed_ints(value, visited)
+            yield from _keyed_ints(value, visited, keys)
 
 
 def _ints(value: Any) -> Iterator[int]:

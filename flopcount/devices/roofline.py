@@ -169,9 +169,32 @@ def kernel_flops(call: OpCall, flops: float) -> float:
     return flops * (m * (m + 1) / 2) / (lq * lk)
 
 
+def bottom_right_causal_flops(call: OpCall, flops: float) -> float:
+    """The part of an attention call's counted ``flops`` (Lq x Lk scores per head) a
+    bottom-right-aligned causal kernel computes, for a call whose caller knows its explicit
+    mask is exactly causal with the queries at the end of the keys (query i sees keys
+    0..Lk - Lq + i: a later chunk of a causal prefill, Lk - Lq positions cached before it):
+    the (Lk - Lq) Lq scores over the past and the Lq (Lq + 1) / 2 of the chunk's own triangle,
+    what flash-attn's causal kernels (varlen too, vLLM's chunked prefill) compute. All of
+    ``flops`` for any other call: not attention, not 4-D, or more queries than keys."""
+    lengths = attention_lengths(call) if flops else None
+    if lengths is None or lengths[0] > lengths[1]:
+        return flops
+    lq, lk = lengths
+    return flops * ((lk - lq) * lq + lq * (lq + 1) / 2) / (lq * lk)
+
+
 def _causal_lengths(call: OpCall) -> Optional[Tuple[int, int]]:
     """(Lq, Lk) of a causal attention kernel's query and key (None: not one, or not 4-D)."""
     if op_family(call.op) != ATTENTION or not (call.arg("is_causal") or call.arg("custom_mask_type") in (1, 2)):
+        return None
+    return attention_lengths(call)
+
+
+def attention_lengths(call: OpCall) -> Optional[Tuple[int, int]]:
+    """(Lq, Lk) of an attention call's 4-D query and key (None: not attention, not 4-D, or a
+    length 0)."""
+    if op_family(call.op) != ATTENTION:
         return None
     query, key = call.arg("query"), call.arg("key")
     if not (isinstance(query, TensorMeta) and isinstance(key, TensorMeta) and query.ndim == key.ndim == 4):

@@ -84,20 +84,4 @@ def test_a_decode_step_attends_to_every_key_and_is_priced_in_full(facts):
     assert row.last_step.compute_s == last.flops / BF16
 
 
-def test_a_chunked_prefill_skips_the_triangle_of_the_chunk_run_causal():
-    """``prefill_chunk_size=128``: transformers runs the first chunk (no past) as a causal SDPA and
-    each later chunk with an explicit mask over past + chunk keys (a kernel given a mask computes
-    every block), so only the first chunk's 128 x 128 square has a triangle to skip."""
-    cfg = transformers.AutoConfig.for_model("llama", **CONFIG)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.prefill_chunk_size = chunk = 128
-    facts = serve_facts(model, torch.zeros(1, PROMPT, dtype=torch.int64, device="meta"), NEW)
-    prefill = facts.prefill_at(2)
-    chunks = sum(_attention(chunk * chunk * k) for k in range(1, PROMPT // chunk + 1))  # chunk k: k x chunk keys
-    assert prefill.attention_flops == 2 * chunks
-    skipped = 2 * (_attention(chunk * chunk) - _attention(chunk * (chunk + 1) / 2))
-    assert prefill.skipped_flops == pytest.approx(skipped, rel=1e-12)
-    row = _row(facts, 2)
-    assert row.prefill.compute_s == pytest.approx((prefill.flops - skipped) / BF16, rel=1e-12)
+# a chunked prefill (the first chunk causal, later chunks at a bottom-right causal kernel): test_serve_chunked.py
