@@ -312,6 +312,26 @@ def _tensordot_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optio
     return "aten::tensordot", {"self": a, "other": b, "dims_self": dims_a, "dims_other": dims_b}
 
 
+def _values_only_binder(overload: Any, op: str) -> Binder:
+    """``svdvals``/``eigvalsh``/``eigvals``: torch computes the values only when no gradient can
+    be asked of the input (``_may_require_fw_or_bw_grad``: grad mode on and the input requiring
+    grad, or a tangent), else the full decomposition, vectors too. Under a dispatch mode torch
+    cannot rule a gradient out and always runs the full one, so the call is recorded whole (its
+    handler prices the values) when the user's own run computes values only; otherwise it is
+    left to the leaf ops, which run what the user's run runs. (Tangents and vmap: left to the
+    leaf ops before any binder, see ``_any_batched``.)"""
+    schema = _schema_binder(overload, op)
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        found = schema(args, kwargs)
+        matrix = next(iter(found[1].values()), None) if found is not None else None
+        if not isinstance(matrix, torch.Tensor) or (matrix.requires_grad and torch.is_grad_enabled()):
+            return None
+        return found
+
+    return bind
+
+
 def _mha_binder() -> Binder:
     python = _python_binder(F.multi_head_attention_forward, MHA_OP)
 
@@ -379,6 +399,8 @@ def _entries() -> List[Callable[[], Tuple[Any, Binder]]]:
             _python_binder(F.adaptive_max_pool1d_with_indices, "aten::adaptive_max_pool1d", {"input": "self"}),
         ),
     ]
+    for op in ("svdvals", "eigvalsh", "eigvals"):
+        entries.append(lambda op=op: (getattr(torch.linalg, op), _values_only_binder(getattr(aten, f"linalg_{op}").default, f"aten::linalg_{op}")))  # type: ignore[misc]
     for op in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
         entries.append(lambda op=op: (getattr(torch, op), _rnn_binder(op)))  # type: ignore[misc]
     for op in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"):
@@ -409,6 +431,10 @@ def _composites() -> Dict[Any, Binder]:
         except (AttributeError, RuntimeError, ValueError):  # not in this torch build
             continue
         table[func] = binder
+    for name in ("linalg_svdvals", "linalg_eigvalsh", "linalg_eigvals"):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            table[getattr(packet, overload)] = _values_only_binder(getattr(packet, overload), f"aten::{name}")
     for name in _OVERLOAD_COMPOSITES:
         packet = getattr(torch.ops.aten, name, None)
         if packet is None:
