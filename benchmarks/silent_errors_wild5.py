@@ -4,7 +4,7 @@ independent oracles: ``torch.utils.flop_counter.FlopCounterMode`` run live on th
 (and backward), and a hand count from docs/conventions.md where it counts nothing (LAPACK,
 comparisons, reductions, sparse products, CPU flash attention...).
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/silent_errors_wild5.py`` (about 1 min of CPU).
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/silent_errors_wild5.py`` (about 1 min of CPU; 70 lines).
 Line formats as in wild4 (helpers in ``_silent_errors.py``): ``fcm=`` lines compare 2 x MACs per
 tracer with FlopCounterMode (or ``hand=``), ``hand=`` lines without ``fcm=`` compare all FLOPs
 (or one operator's). Lines marked "(fixed)" DIFF on main; docs/performance.md (branch wild5) has
