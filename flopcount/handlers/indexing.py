@@ -55,6 +55,14 @@ def _scatter_reduce(call: OpCall) -> Cost:
     return Cost.from_flops(flops)
 
 
+def _index_reduce(call: OpCall) -> Cost:
+    """One reduction op per source element; "mean" + a divide per element of ``self`` (as scatter_reduce)."""
+    flops = call.tensor("source").numel
+    if call.arg("reduce") == "mean":
+        flops += call.tensor("self").numel
+    return Cost.from_flops(flops)
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"], _embedding_bag)
     registry.register(["aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward"], _embedding_bag_backward)
@@ -66,6 +74,7 @@ def register(registry: HandlerRegistry) -> None:
     # plain scatter is a copy; scatter(..., reduce="add"/"multiply") accumulates
     registry.register("aten::scatter", _per("index", "reduce"))
     registry.register("aten::scatter_reduce", _scatter_reduce)
+    registry.register("aten::index_reduce", _index_reduce)
     registry.register(["aten::index_put", "aten::_index_put_impl"], _per("values", "accumulate"))
     # put(..., accumulate=True) (autograd's backward of take) adds one element per index
     registry.register("aten::put", _per("index", "accumulate"))

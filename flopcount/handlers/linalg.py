@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import broadcast, first_output, is_complex, maybe_tensor, output_numel
-from flopcount.handlers.reduce import _norm
+from flopcount.handlers.reduce import _norm, norm_flops
 from flopcount.types import Cost, OpCall, TensorMeta
 
 __all__ = [
@@ -199,6 +199,89 @@ def _eigh(call: OpCall) -> Cost:
 def _eig(call: OpCall) -> Cost:
     a = _mat(call, "self", "A")
     return _scale(call, eig_flops(a.shape[-1], call.op != "aten::linalg_eigvals"), _batch(a.shape))
+
+
+def _values(a: TensorMeta, rows: int, cols: int, hermitian: bool = False) -> Tuple[str, Cost]:
+    """The singular values (the eigenvalues when ``hermitian``) of each ``rows`` x ``cols``
+    matrix of ``a``, as the C++ matrix functions compute them (``linalg_svdvals`` /
+    ``linalg_eigvalsh``: values only, docs/conventions.md "Values only")."""
+    batch = a.numel // (rows * cols) if rows * cols else 0
+    factor = COMPLEX if is_complex(a) else 1
+    if hermitian:
+        return "aten::linalg_eigvalsh", Cost.from_flops(round(eigh_flops(rows, False) * batch * factor))
+    return "aten::linalg_svdvals", Cost.from_flops(round(svd_flops(rows, cols, False, False) * batch * factor))
+
+
+def _matrix_norm_parts(a: TensorMeta, ord: object, dims: Sequence[int] = (-2, -1)) -> Tuple[Tuple[str, Cost], ...]:
+    """``linalg.matrix_norm`` (LinearAlgebra.cpp) over dims (rows, cols), b matrices of k = min
+    singular values: 2 / -2 singular values + amax / amin (b k); "nuc" + sum (b k); "fro" the
+    2-norm over both dims; 1 / -1 the 1-norm of each column + amax / amin over the columns;
+    inf / -inf the same over the rows."""
+    rows, cols = (a.shape[d % a.ndim] for d in dims)
+    n, k = a.numel, min(rows, cols)
+    batch = n // (rows * cols) if rows * cols else 0
+    if ord == "fro":
+        return (("aten::linalg_vector_norm", Cost.from_flops(norm_flops(n, batch, 2))),)
+    if ord in (2, -2, "nuc"):
+        reduce = {2: "aten::amax", -2: "aten::amin", "nuc": "aten::sum"}[ord]
+        return _values(a, rows, cols), (reduce, Cost.from_flops(batch * k))
+    summed = rows if ord in (1, -1) else cols  # 1 / -1: each column's 1-norm, inf / -inf: each row's
+    out = n // summed if summed else 0
+    reduce = "aten::amax" if ord in (1, float("inf")) else "aten::amin"
+    return ("aten::linalg_vector_norm", Cost.from_flops(norm_flops(n, out, 1))), (reduce, Cost.from_flops(out))
+
+
+def _matrix_norm(call: OpCall) -> Cost:
+    return Cost.split(*_matrix_norm_parts(call.tensor("self"), call.arg("ord", "fro"), call.arg("dim") or (-2, -1)))
+
+
+def _linalg_norm(call: OpCall) -> Cost:
+    """``linalg.norm``: a matrix norm when ``dim`` names two dims (or, with an ``ord``, the input
+    is 2-D), else a vector norm (of the flattened input without ``dim``)."""
+    a, ord, dim = call.tensor("self"), call.arg("ord"), call.arg("dim")
+    dims = (dim,) if isinstance(dim, int) else dim
+    if (dims is not None and len(dims) == 2) or (dims is None and ord is not None and a.ndim == 2):
+        return Cost.split(*_matrix_norm_parts(a, "fro" if ord is None else ord, dims or (-2, -1)))
+    return Cost.split(("aten::linalg_vector_norm", _norm(call)))
+
+
+def _cond(call: OpCall) -> Cost:
+    """``linalg.cond`` (LinearAlgebra.cpp): p None / 2 / -2: the singular values and one divide
+    per matrix; "nuc": the singular values, their reciprocals and two sums (3 b k) and a
+    product per matrix; any other p: the inverse (``linalg_inv_ex``, 2 n^3), a ``masked_fill_`` of it
+    (N), the p-norm of A and of its inverse, their product and ``nan_to_num_`` (one each per
+    matrix)."""
+    a = call.tensor("self")
+    p = call.arg("p")
+    n = a.shape[-1]
+    batch = _batch(a.shape)
+    if p in (None, 2, -2):
+        return Cost.split(_values(a, a.shape[-2], n), ("aten::div", Cost.from_flops(batch)))
+    if p == "nuc":
+        k = batch * min(a.shape[-2], n)
+        sums = (("aten::sum", Cost.from_flops(k)),) * 2
+        return Cost.split(_values(a, a.shape[-2], n), ("aten::reciprocal", Cost.from_flops(k)), *sums, ("aten::mul", Cost.from_flops(batch)))
+    inverse = ("aten::linalg_inv_ex", _scale(call, 2 * n**3, batch))
+    norms = _matrix_norm_parts(a, p) * 2
+    tail = (("aten::mul", Cost.from_flops(batch)), ("aten::nan_to_num_", Cost.from_flops(batch)))
+    return Cost.split(inverse, ("aten::masked_fill_", Cost.from_flops(a.numel)), *norms, *tail)
+
+
+def _matrix_rank(call: OpCall) -> Cost:
+    """``linalg.matrix_rank`` (LinearAlgebra.cpp), b matrices, k values each: the singular values
+    (sorted: the largest is read, not searched), rtol x the largest and the maximum with atol
+    (b each), the values above it counted (gt, sum: 2 b k); hermitian: the eigenvalues, their
+    abs and amax (2 b k) first."""
+    a = _mat(call, "self", "input")
+    rows, cols = a.shape[-2], a.shape[-1]
+    batch, k = _batch(a.shape), min(rows, cols)
+    hermitian = bool(call.arg("hermitian", False))
+    parts = [_values(a, rows, cols, hermitian)]
+    if hermitian:
+        parts += [("aten::abs", Cost.from_flops(batch * k)), ("aten::amax", Cost.from_flops(batch * k))]
+    parts += [("aten::mul", Cost.from_flops(batch)), ("aten::maximum", Cost.from_flops(batch))]
+    parts += [("aten::gt", Cost.from_flops(batch * k)), ("aten::sum", Cost.from_flops(batch * k))]
+    return Cost.split(*parts)
 
 
 def _pinv(call: OpCall) -> Cost:
@@ -410,6 +493,10 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::linalg_eigh", "aten::_linalg_eigh", "aten::linalg_eigvalsh"], _eigh)
     registry.register(["aten::linalg_eig", "aten::linalg_eigvals"], _eig)
     registry.register(["aten::linalg_pinv", "aten::pinverse"], _pinv)
+    registry.register("aten::linalg_matrix_norm", _matrix_norm)
+    registry.register("aten::linalg_cond", _cond)
+    registry.register("aten::linalg_norm", _linalg_norm)
+    registry.register("aten::linalg_matrix_rank", _matrix_rank)
     registry.register("aten::linalg_lstsq", _lstsq)
     registry.register("aten::linalg_matrix_power", _matrix_power)
     registry.register(["aten::cdist", "aten::_cdist_forward"], _cdist)

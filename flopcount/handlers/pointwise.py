@@ -13,7 +13,7 @@ from math import prod
 from typing import Callable, Dict, Tuple
 
 from flopcount.core.registry import HandlerRegistry
-from flopcount.handlers._common import any_complex, output_numel, per_grad_output
+from flopcount.handlers._common import any_complex, broadcast, output_numel, per_grad_output
 from flopcount.types import Cost, Handler, OpCall, TensorMeta, out_of_place
 
 __all__ = ["register", "INTEGER_DTYPES", "PER_ELEMENT", "complex_flops", "per_element", "elementwise_flops", "integer_only"]
@@ -36,7 +36,7 @@ _ONE = (
     "logical_and", "logical_or", "logical_xor", "logical_not",
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
     "__and__", "__or__", "__xor__", "__lshift__", "__rshift__",
-    "isnan", "isinf", "isfinite", "isneginf", "isposinf", "isclose", "nan_to_num",
+    "isnan", "isinf", "isfinite", "isneginf", "isposinf", "nan_to_num",
     # angle: a sign select for real input, atan2(imag, real) for complex
     "angle",
     # backward selects: grad where the forward passed, else 0
@@ -158,6 +158,43 @@ def per_element(flops: int) -> Handler:
     return handler
 
 
+def _on(op: str, elements: int, complex_operand: bool) -> Tuple[str, Cost]:
+    """One part of a composite: ``elements`` applications of ``op`` (on complex operands when asked)."""
+    per = complex_flops(op, PER_ELEMENT[op]) if complex_operand else PER_ELEMENT[op]
+    return op, Cost.from_flops(per * elements)
+
+
+def _isclose_parts(call: OpCall) -> Tuple[Tuple[str, Cost], ...]:
+    """``isclose`` as torch runs it (TensorCompare.cpp, composite: jit records it whole, the
+    dispatch tracer sees these ops), N = broadcast elements, O = ``other``'s: ``self == other``
+    (N; integer and bool inputs compare as integers: 0), with ``equal_nan`` ``isnan`` of each
+    input; unless rtol = atol = 0, ``atol + |rtol * other|`` (3 O, integers cast to float first)
+    and ``|self - other| <= it`` where finite: sub, abs, abs + ne + eq (isfinite), le (6 N)."""
+    a, b = call.tensor("self"), call.tensor("other")
+    n, o = prod(broadcast(a.shape, b.shape)), b.numel
+    integral, cplx = a.dtype in INTEGER_DTYPES, any_complex(call)
+    parts = [("aten::eq", Cost() if integral else _on("aten::eq", n, cplx)[1])]
+    if call.arg("equal_nan", False) and not integral:
+        parts += [_on("aten::isnan", a.numel, cplx), _on("aten::isnan", o, cplx)]
+    if call.arg("rtol", 1e-05) == 0 and call.arg("atol", 1e-08) == 0:
+        return tuple(parts)
+    parts += [_on("aten::mul", o, cplx), _on("aten::abs", o, cplx), _on("aten::add", o, False)]
+    parts += [_on("aten::sub", n, cplx), _on("aten::abs", n, cplx)]
+    parts += [_on(op, n, False) for op in ("aten::abs", "aten::ne", "aten::eq", "aten::le")]
+    return tuple(parts)
+
+
+def _isclose(call: OpCall) -> Cost:
+    return Cost.split(*_isclose_parts(call))
+
+
+def _allclose(call: OpCall) -> Cost:
+    """``isclose(...).all()`` in one kernel (no op below it reaches a dispatch mode): the
+    isclose parts + one ``all`` over its N elements."""
+    a, b = call.tensor("self"), call.tensor("other")
+    return Cost.split(*_isclose_parts(call), ("aten::all", Cost.from_flops(prod(broadcast(a.shape, b.shape)))))
+
+
 def _gelu(table: Dict[str, int]) -> Handler:
     """``table[approximate]`` FLOPs per output element (unknown forms as the exact one)."""
     return lambda call: Cost.from_flops(table.get(call.arg("approximate") or "none", table["none"]) * output_numel(call))
@@ -201,6 +238,8 @@ def register(registry: HandlerRegistry) -> None:
         registry.register(op, per_element(flops))
     # forward-mode AD's formulas (torch.func.jvp) combine an op's tangent terms with prims
     registry.register(["prims::add", "prims::sub", "prims::mul", "prims::div"], per_element(1))
+    registry.register("aten::isclose", _isclose)
+    registry.register("aten::allclose", _allclose)
     registry.register("aten::gelu", _gelu(GELU))
     registry.register("aten::gelu_backward", _gelu(GELU_BACKWARD))
     registry.register("aten::elu", _elu)

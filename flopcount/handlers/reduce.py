@@ -99,6 +99,23 @@ def _mean(call: OpCall) -> Cost:
     return Cost.from_flops(factor * mean_flops(x.numel, _out_elements(call)))
 
 
+def _nanmean(call: OpCall) -> Cost:
+    """``nansum(x) / (x == x).sum()`` as torch runs it (ReduceOps.cpp, composite: jit records
+    it whole, the dispatch tracer sees these ops): the not-NaN test ``ne`` and its count (N
+    each), nansum (N), a divide per output element (M)."""
+    n, m = _input(call).numel, _out_elements(call)
+    parts = (("aten::ne", n), ("aten::sum", n), ("aten::nansum", n), ("aten::div", m))
+    return Cost.split(*((op, Cost.from_flops(flops)) for op, flops in parts))
+
+
+def _segment_reduce(call: OpCall) -> Cost:
+    """One op per data element into its segment; "mean" + a divide per output element."""
+    flops = call.tensor("data").numel
+    if call.arg("reduce") == "mean":
+        flops += _out_elements(call)
+    return Cost.from_flops(flops)
+
+
 def _var(roots: int) -> Handler:
     """var_flops(N, M), and ``roots`` square roots per output element (std: 1)."""
 
@@ -230,12 +247,16 @@ def register(registry: HandlerRegistry) -> None:
             "aten::all", "aten::any", "aten::count_nonzero", "aten::cumsum", "aten::cumprod", "aten::cummax",
             "aten::cummin", "aten::median", "aten::nanmedian", "aten::kthvalue", "aten::mode", "aten::topk",
             "aten::equal", "aten::histc",
+            # torch.distributions' argument checks (``_is_all_true``): an all/any over a bool tensor
+            "aten::_is_all_true", "aten::_is_any_true",
         ],
         _reduce,
     )
     registry.register(["aten::max", "aten::min"], _max_min)
     registry.register("aten::aminmax", lambda call: Cost.from_flops(2 * _input(call).numel))
-    registry.register(["aten::mean", "aten::nanmean"], _mean)
+    registry.register("aten::mean", _mean)
+    registry.register("aten::nanmean", _nanmean)
+    registry.register("aten::segment_reduce", _segment_reduce)
     registry.register(["aten::var", "aten::var_mean"], _var(0))
     registry.register(["aten::std", "aten::std_mean"], _var(1))
     registry.register(["aten::norm", "aten::linalg_vector_norm", "aten::frobenius_norm"], _norm)

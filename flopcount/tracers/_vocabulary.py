@@ -312,6 +312,69 @@ def _tensordot_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optio
     return "aten::tensordot", {"self": a, "other": b, "dims_self": dims_a, "dims_other": dims_b}
 
 
+def _values_only(binder: Binder, uses_values: Callable[[Dict[str, Any]], bool] = lambda values: True) -> Binder:
+    """``binder``'s binding of a call whose work is ``svdvals``/``eigvalsh``/``eigvals`` (when
+    ``uses_values`` says so of its arguments), kept only when the user's own run computes values
+    only: no gradient can be asked of the matrix, the first tensor argument
+    (``_may_require_fw_or_bw_grad``: grad mode on and it requires grad; tangents and vmap are
+    left to the leaf ops before any binder, see ``_any_batched``). Under a dispatch mode torch
+    cannot rule a gradient out and always runs the full decomposition, vectors too: the call is
+    recorded whole (its handler prices the values); otherwise it is left to the leaf ops, which
+    run what the user's run runs."""
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+        found = binder(args, kwargs)
+        if found is None or not uses_values(found[1]):
+            return None
+        matrix = next(iter(found[1].values()), None)
+        if not isinstance(matrix, torch.Tensor) or (matrix.requires_grad and torch.is_grad_enabled()):
+            return None
+        return found
+
+    return bind
+
+
+_SVD_ORDS = (2, -2, "nuc")
+
+
+def _svd_matrix_norm(values: Dict[str, Any]) -> bool:
+    return values.get("ord") in _SVD_ORDS
+
+
+def _svd_linalg_norm(values: Dict[str, Any]) -> bool:
+    """``linalg.norm`` with an SVD ``ord`` over two dims (named, or a 2-D input's): its matrix norm."""
+    x, dim = values.get("self"), values.get("dim")
+    two_dims = isinstance(dim, (tuple, list)) and len(dim) == 2
+    return (two_dims or (dim is None and isinstance(x, torch.Tensor) and x.dim() == 2)) and _svd_matrix_norm(values)
+
+
+def _nuclear_norm_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``torch.norm(input, p="nuc", dim=None, ...)`` (and ``Tensor.norm``): ``linalg.matrix_norm``
+    over ``dim`` (every dim when None); any other ``p`` is a vector norm, left to the leaf ops."""
+    names = ("input", "p", "dim", "keepdim", "out", "dtype")
+    values = {name: args[i] if i < len(args) else kwargs.get(name) for i, name in enumerate(names)}
+    x = values["input"]
+    if values["p"] != "nuc" or values["out"] is not None or not isinstance(x, torch.Tensor):
+        return None
+    dim = values["dim"]
+    return "aten::linalg_matrix_norm", {"self": x, "ord": "nuc", "dim": list(range(x.dim())) if dim is None else dim}
+
+
+def _matrix_rank_binder(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``linalg.matrix_rank(A, tol=None, hermitian=False, *, atol=None, rtol=None)``: the matrix
+    and ``hermitian`` are all its cost depends on (tolerances are compared, not computed)."""
+    matrix = args[0] if args else kwargs.get("A", kwargs.get("input"))
+    hermitian = args[2] if len(args) > 2 else kwargs.get("hermitian", False)
+    if not isinstance(matrix, torch.Tensor) or kwargs.get("out") is not None:
+        return None
+    return "aten::linalg_matrix_rank", {"self": matrix, "hermitian": bool(hermitian)}
+
+
+def _values_only_binder(overload: Any, op: str) -> Binder:
+    """``svdvals``/``eigvalsh``/``eigvals`` (docs/conventions.md, "Values only")."""
+    return _values_only(_schema_binder(overload, op))
+
+
 def _mha_binder() -> Binder:
     python = _python_binder(F.multi_head_attention_forward, MHA_OP)
 
@@ -379,6 +442,20 @@ def _entries() -> List[Callable[[], Tuple[Any, Binder]]]:
             _python_binder(F.adaptive_max_pool1d_with_indices, "aten::adaptive_max_pool1d", {"input": "self"}),
         ),
     ]
+    for op in ("svdvals", "eigvalsh", "eigvals"):
+        entries.append(lambda op=op: (getattr(torch.linalg, op), _values_only_binder(getattr(aten, f"linalg_{op}").default, f"aten::linalg_{op}")))  # type: ignore[misc]
+    # the C++ matrix functions that call svdvals / eigvalsh below the torch-function level
+    entries += [
+        lambda: (torch.linalg.matrix_norm, _values_only(_schema_binder(aten.linalg_matrix_norm.default), _svd_matrix_norm)),
+        lambda: (
+            torch.linalg.norm,
+            _values_only(_schema_binder(aten.linalg_norm.default, "aten::linalg_norm"), _svd_linalg_norm),
+        ),
+        lambda: (torch.linalg.cond, _values_only(_schema_binder(aten.linalg_cond.default), lambda v: v.get("p") in (None, 2, -2, "nuc"))),
+        lambda: (torch.norm, _values_only(_nuclear_norm_binder)),
+        lambda: (torch.Tensor.norm, _values_only(_nuclear_norm_binder)),
+        lambda: (torch.linalg.matrix_rank, _values_only(_matrix_rank_binder)),
+    ]
     for op in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
         entries.append(lambda op=op: (getattr(torch, op), _rnn_binder(op)))  # type: ignore[misc]
     for op in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"):
@@ -409,6 +486,10 @@ def _composites() -> Dict[Any, Binder]:
         except (AttributeError, RuntimeError, ValueError):  # not in this torch build
             continue
         table[func] = binder
+    for name in ("linalg_svdvals", "linalg_eigvalsh", "linalg_eigvals"):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            table[getattr(packet, overload)] = _values_only_binder(getattr(packet, overload), f"aten::{name}")
     for name in _OVERLOAD_COMPOSITES:
         packet = getattr(torch.ops.aten, name, None)
         if packet is None:

@@ -186,8 +186,8 @@ def test_linalg_lapack_formulas():
 
 
 def test_linalg_values_only_under_jit():
-    # without a gradient torch computes eigen/singular values only; under a TorchDispatchMode
-    # torch cannot rule a gradient out and computes the vectors too (docs/conventions.md)
+    # without a gradient torch computes eigen/singular values only (docs/conventions.md, "Values
+    # only"; every tracer: tests/tracers/test_values_only_linalg.py)
     n, b = 6, 2
     a = nc(b, n, n)
     assert count_flops(Fn(torch.linalg.eigvalsh), a, tracer="jit").flops == round(b * 4 * n**3 / 3)
