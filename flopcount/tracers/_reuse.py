@@ -1775,7 +1775,7 @@ def _signature(
 # beyond its forward, and a trace saved one time fewer than there are calls). Fitted to paired counts
 # on this project's 2-vCPU VM (docs/performance.md, branch resnet11): stacks of blocks of 3, 9 and 25
 # modules in groups of 2, 3 and 6, and ResNet-50's bottlenecks (8 modules) in groups of 2, 3 and 5;
-# a block of 3 modules pays from ~5 calls, a bottleneck from 3, a block of 25 from 2.
+# a block of 3 modules pays from 6 calls, of 4 from 4, a bottleneck from 3, a block of 25 from 2.
 _SAVED = -100.0
 _SAVED_PER_MODULE = 60.0
 _SPENT = 200.0
