@@ -16,7 +16,9 @@ count before it (the tables booked at once), ``deferred`` the default itself. ``
 is the count before branch resnet9 (Python's and numpy's generators set back on every count's way
 out, numpy's key arrays compared elementwise). ``containers-checked-all+eligible-in-full`` is the count
 before branch resnet10 (a first call's state check asked every int and tuple attribute whether it is a
-plain object; install tested a leaf's dictionaries before its children).
+plain object; install tested a leaf's dictionaries before its children). ``always-keyed`` is the
+policy before branch resnet11 (``FLOPCOUNT_REUSE=always``: every twin group keyed, whatever its
+size and its blocks').
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_variants.py [--model resnet50|bert|gpt2|70b]
         [--rounds 41] [--only reuse-off,eager,torch-untracked+eager] [--read by_module]
@@ -65,11 +67,11 @@ def _swapped(owner: Any, name: str, make: Callable[[Any], Any], bound: bool = Fa
     return Variant(lambda: setattr(owner, name, replacement), lambda: setattr(owner, name, original), bound)
 
 
-def _reuse_off() -> Variant:
+def _reuse_set(value: str) -> Variant:
     before = os.environ.get("FLOPCOUNT_REUSE")
 
     def on() -> None:
-        os.environ["FLOPCOUNT_REUSE"] = "0"
+        os.environ["FLOPCOUNT_REUSE"] = value
 
     def off() -> None:
         if before is None:
@@ -205,7 +207,8 @@ def _together(parts: List[Variant]) -> Variant:
 
 def variants() -> Dict[str, Variant]:
     return {
-        "reuse-off": _reuse_off(),
+        "reuse-off": _reuse_set("0"),
+        "always-keyed": _reuse_set("always"),
         "nothing-wrapped": _swapped(reuse.Reuse, "_eligible", _nothing_wrapped),
         "no-read-log": _swapped(reuse.Reuse, "_tracking_class", _no_read_log, bound=True),
         "torch-untracked": _swapped(reuse.Reuse, "_tracking_class", _torch_classes_untracked),

@@ -5,6 +5,8 @@ stack of ``n`` blocks on a (B, D) input is ``n * B * 2 * D * h`` MACs."""
 
 from __future__ import annotations
 
+import os
+
 from conftest import assert_same_state, snapshot
 from torch import nn
 
@@ -47,12 +49,14 @@ def rows(result):
 
 
 def off_and_on(monkeypatch, model, inputs, **options):
-    """The count with reuse off (``FLOPCOUNT_REUSE=0``: every call traced) and on; the model checked
+    """The count with reuse off (``FLOPCOUNT_REUSE=0``: every call traced) and on (under the policy
+    the test set, ``always`` with the ``reuse_always`` fixture, else the default); the model checked
     to be left as found by both."""
     before = snapshot(model)
+    on_as = "always" if os.environ.get("FLOPCOUNT_REUSE") == "always" else "1"
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = count_flops(model, inputs, **options)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", on_as)
     on = count_flops(model, inputs, **options)
     assert_same_state(model, before)
     return off, on

@@ -44,6 +44,14 @@ if _WORKERS > 1:
     torch.set_num_threads(max(1, _CORES // _WORKERS))
 
 
+@pytest.fixture
+def reuse_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Structural reuse keys every twin group (``FLOPCOUNT_REUSE=always``, the policy before branch
+    resnet11): for tests of the reuse key on stacks of 2 or 3 small blocks, whose groups the default
+    policy traces (keying them costs more than it saves: ``tracers._reuse._pays``)."""
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
+
+
 def _make_fn() -> Any:
     import torch
 

@@ -107,7 +107,8 @@ class FlopResult(Rendered):
     #: The key order of the document :meth:`from_dict` read (``to_dict`` writes it back in that order).
     _key_order: Tuple[str, ...] = field(default=(), repr=False)
     #: Submodule calls booked from an identical earlier call instead of traced (structural reuse,
-    #: docs/internals.md; ``FLOPCOUNT_REUSE=0`` turns it off): how the count was made, not part of
+    #: docs/internals.md; ``FLOPCOUNT_REUSE=0`` turns it off; only twin groups whose keying is expected to
+    #: pay are keyed, ``FLOPCOUNT_REUSE=always`` keys all): how the count was made, not part of
     #: it, so not in ``to_dict()`` (a count with reuse off has the same document).
     reused_calls: int = field(default=0, compare=False)
 

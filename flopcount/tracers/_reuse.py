@@ -51,7 +51,9 @@ call.
 
 Forward only: the caller installs this for forward-only fake runs (no autograd graph is
 needed for the events, and none is made). On by default; ``FLOPCOUNT_REUSE=0`` turns it off
-(every call traced, as before #32).
+(every call traced, as before #32). A twin group (modules of equal signature) is keyed only where
+keying is expected to cost less than tracing (the reuse policy, :func:`_pays`: by the group's calls
+and its blocks' size in modules); ``FLOPCOUNT_REUSE=always`` keys every group (branch resnet11).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_
 from flopcount.tracers.fake.indices import version_of
 from flopcount.types import ReplayedCall, expand
 
-__all__ = ["IndexRefused", "Reuse", "reuse_enabled"]
+__all__ = ["IndexRefused", "Reuse", "reuse_enabled", "reuse_policy"]
 
 _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format})
 # the scalars equal only to values of their own type, keyed as themselves; a number (bool, int,
@@ -167,10 +169,21 @@ class _Watch:
         self.dirty = False
 
 
+def reuse_policy() -> str:
+    """Structural reuse's policy, from ``FLOPCOUNT_REUSE``: ``"auto"`` by default (a twin group is
+    keyed when its expected saving beats its bookkeeping: :func:`_pays`), ``"always"`` (every twin
+    group keyed, the policy before branch resnet11: what tests of the key on a 2-block stack ask
+    for), ``"off"`` for 0, false, no or off (every call traced; docs/internals.md)."""
+    value = os.environ.get("FLOPCOUNT_REUSE", "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return "off"
+    return "always" if value == "always" else "auto"
+
+
 def reuse_enabled() -> bool:
     """Whether structural reuse is on: by default; ``FLOPCOUNT_REUSE=0`` (or false, no, off)
     turns it off, for a count that traces every call (docs/internals.md)."""
-    return os.environ.get("FLOPCOUNT_REUSE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return reuse_policy() != "off"
 
 
 class _LogBox:
@@ -424,7 +437,7 @@ class Reuse:
         # a module with no twin (same class and parameter shapes) can only match its own
         # earlier call: its first call runs unkeyed (keying a call that cannot match costs
         # more than it saves), from its second on it is keyed as every other
-        twins: Dict[Any, int] = {}
+        twins: Dict[Any, List[nn.Module]] = {}
         memo: Dict[int, Any] = {}
         # the keys of the caller's tensors, read before the run (``LazyCopy.read_all``): a signature's
         # shapes and dtypes from them, not read again; as a dictionary while the signatures are made
@@ -432,9 +445,14 @@ class Reuse:
         keys = lazy.keys_read().as_dict() if lazy is not None else _NO_KEYS
         table: Dict[Any, int] = {}
         signatures = [_signature(module, memo, table, keys) for module in eligible]
-        for signature in signatures:
-            twins[signature] = twins.get(signature, 0) + 1
-        self._lonely = {id(module) for module, signature in zip(eligible, signatures) if twins[signature] == 1}
+        for module, signature in zip(eligible, signatures):
+            twins.setdefault(signature, []).append(module)
+        # a twin group the policy leaves traced is run as modules without a twin are (``_keyed_groups``)
+        keyed = _keyed_groups(twins, pool) if reuse_policy() == "auto" else None
+        self._lonely = {
+            id(module) for signature, members in twins.items()
+            if len(members) == 1 or (keyed is not None and signature not in keyed) for module in members
+        }
         before = len(self._wrapped)
         if lazy is None:
             for module in eligible:
@@ -1747,6 +1765,74 @@ def _signature(
         made = table.setdefault(made, len(table))
     memo[id(module)] = made
     return made
+
+
+# Structural reuse's default policy (``reuse_policy() == "auto"``): a twin group of ``calls`` blocks
+# of ``modules`` modules each (the block and everything below it) is keyed when
+# ``calls * (_SAVED + _SAVED_PER_MODULE * modules) > _SPENT + _SPENT_PER_MODULE * modules``, in
+# microseconds of CPU time: what each call of the group saves when keyed (traced, lazily copied and
+# faked, less a key and a replay) against what keying the group costs once (the first call's record
+# beyond its forward, and a trace saved one time fewer than there are calls). Fitted to paired counts
+# on this project's 2-vCPU VM (docs/performance.md, branch resnet11): stacks of blocks of 3, 9 and 25
+# modules in groups of 2, 3 and 6, and ResNet-50's bottlenecks (8 modules) in groups of 2, 3 and 5;
+# a block of 3 modules pays from 6 calls, of 4 from 4, a bottleneck from 3, a block of 25 from 2.
+_SAVED = -100.0
+_SAVED_PER_MODULE = 60.0
+_SPENT = 200.0
+_SPENT_PER_MODULE = 85.0
+
+
+def _pays(calls: int, modules: int) -> bool:
+    """Whether keying a twin group of ``calls`` calls of blocks of ``modules`` modules costs less than tracing them."""
+    return calls * (_SAVED + _SAVED_PER_MODULE * modules) > _SPENT + _SPENT_PER_MODULE * modules
+
+
+def _keyed_groups(twins: Mapping[Any, List[nn.Module]], names: Mapping[nn.Module, str]) -> set:
+    """The twin groups (by signature) the default policy keys, outermost first. A group's calls
+    are its members' but, for members inside members of a group keyed already, only those inside
+    one of those (the rest are inside calls booked from the first: a BERT layer's attention is
+    called once a count when the layers are keyed)."""
+    keyed: set = set()
+    inside_keyed: set[str] = set()  # names of the keyed groups' members
+    groups = sorted(
+        [(min([names[m].count(".") for m in members]), k, signature) for k, (signature, members) in enumerate(twins.items())
+         if len(members) > 1],
+        key=operator.itemgetter(0, 1),
+    )
+    for _, _, signature in groups:
+        members = twins[signature]
+        per_outer: Dict[Optional[str], int] = {}
+        for member in members:
+            outer = _keyed_ancestor(names[member], inside_keyed)
+            per_outer[outer] = per_outer.get(outer, 0) + 1
+        alone = per_outer.pop(None, 0)
+        if _pays(alone + max(per_outer.values(), default=0), _modules_in(members[0])):
+            keyed.add(signature)
+            inside_keyed.update([names[m] for m in members])
+    return keyed
+
+
+def _keyed_ancestor(name: str, keyed: set[str]) -> Optional[str]:
+    """The innermost module of the names in ``keyed`` that holds the module of qualified ``name``."""
+    parts = name.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        outer = ".".join(parts[:end])
+        if outer in keyed:
+            return outer
+    return None
+
+
+def _modules_in(module: nn.Module) -> int:
+    """How many modules a call of ``module`` can run: itself and those below it, each once."""
+    seen = {id(module)}
+    pending = [module]
+    while pending:
+        children = vars(pending.pop()).get("_modules")
+        for child in dict.values(raw_children(children)) if isinstance(children, dict) else ():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                pending.append(child)
+    return len(seen)
 
 
 def _items(value: Any) -> Tuple[Any, ...]:

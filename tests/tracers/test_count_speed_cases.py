@@ -14,6 +14,7 @@ and off (``FLOPCOUNT_REUSE=0``: every call traced) and against an independent fi
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Tuple
 
 import pytest
@@ -36,9 +37,10 @@ def _rows(result: Any) -> Any:
 
 
 def _both(monkeypatch: pytest.MonkeyPatch, model: nn.Module, inputs: Tuple[Any, ...], tracer: str = "auto") -> Any:
+    on_as = "always" if os.environ.get("FLOPCOUNT_REUSE") == "always" else "1"  # reuse_always's policy kept
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = count_flops(model, inputs, tracer=tracer)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", on_as)
     on = count_flops(model, inputs, tracer=tracer)
     assert _rows(on) == _rows(off)
     return on
@@ -216,6 +218,7 @@ class Outer(nn.Module):
         return x
 
 
+@pytest.mark.usefixtures("reuse_always")  # 3 small blocks: keyed (the default policy would trace them)
 def test_a_module_keeps_its_own_class_outside_first_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding (issue #32, count speed): every module of the copy ran as a read-logging subclass
     for the whole count, so each attribute read paid a Python ``__getattribute__`` (~3,200 reads

@@ -250,6 +250,7 @@ class _TwoBlocks(nn.Module):
         return self.first(a) + self.second(b)
 
 
+@pytest.mark.usefixtures("reuse_always")  # a 2-block stack: keyed (the default policy would trace it)
 def test_structural_reuse_books_no_block_whose_known_index_differs() -> None:
     """Two blocks of one key (same structure, arguments of one shape): the second is booked from
     the first only when its known index values are the first's (the key holds metadata only)."""

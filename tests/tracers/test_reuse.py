@@ -18,6 +18,10 @@ from flopcount.core.inputs import prepare_call
 from flopcount.examples.resnet import resnet50
 from flopcount.tracers import trace
 
+# the reuse key on stacks of 2 or 3 small blocks: every twin group keyed (the default policy would trace
+# them: tests/conftest.py, ``reuse_always``)
+pytestmark = pytest.mark.usefixtures("reuse_always")
+
 hf = pytest.importorskip("examples.hf")
 pytest.importorskip("transformers")
 
@@ -76,7 +80,7 @@ def _rows(result):
 @pytest.fixture(autouse=True)
 def _reuse_on(monkeypatch):
     # the default (FLOPCOUNT_REUSE unset) is on; set here so a run with it off still tests reuse
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
 
 
 def _reused(model, inputs) -> int:
@@ -86,7 +90,7 @@ def _reused(model, inputs) -> int:
 def _both(monkeypatch, model, inputs):
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = count_flops(model, inputs)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
     on = count_flops(model, inputs)
     return off, on
 
@@ -481,9 +485,9 @@ def test_a_forward_that_raises_leaves_the_model_as_found():
 
 def test_reuse_is_on_by_default_and_off_with_the_variable(monkeypatch):
     torch.manual_seed(0)
-    model, inputs = Stack([Block() for _ in range(3)]), (torch.randn(B, D),)
+    model, inputs = Stack([Block() for _ in range(8)]), (torch.randn(B, D),)
     monkeypatch.delenv("FLOPCOUNT_REUSE")
-    assert _reused(model, inputs) == 2  # blocks 1 and 2 booked from block 0
+    assert _reused(model, inputs) == 7  # blocks 1..7 booked from block 0 (8 such blocks pay: keyed by default)
     for off in ("0", "false", "off"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", off)
         assert _reused(model, inputs) == 0

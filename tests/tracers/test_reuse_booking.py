@@ -20,6 +20,10 @@ from flopcount.core.model_facts import model_facts
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace
 
+# the reuse key on stacks of 2 or 3 small blocks: every twin group keyed (the default policy would trace
+# them: tests/conftest.py, ``reuse_always``)
+pytestmark = pytest.mark.usefixtures("reuse_always")
+
 B, D, H = 3, 8, 16
 
 
@@ -82,7 +86,7 @@ def _tables(ledger: Ledger):
     )
 
 
-@pytest.mark.parametrize("reuse", ["1", "0"], ids=["reuse-on", "reuse-off"])
+@pytest.mark.parametrize("reuse", ["always", "0"], ids=["reuse-on", "reuse-off"])
 @pytest.mark.parametrize("make", [Aliased, TwoParents], ids=["aliased", "two-parents"])
 def test_the_tree_roll_up_books_what_the_per_group_booking_books(monkeypatch, make, reuse):
     monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
@@ -103,7 +107,7 @@ def test_the_tree_roll_up_books_what_the_per_group_booking_books(monkeypatch, ma
         # the shared block under its canonical name: both calls; each holder: its own call
         assert tree.modules["a.m"][1] == 2 * B * 2 * D * H
         assert tree.modules["a"][1] == tree.modules["b"][1] == B * 2 * D * H
-        assert int(run.shape_cache["reused_calls"]) == (1 if reuse == "1" else 0)
+        assert int(run.shape_cache["reused_calls"]) == (1 if reuse == "always" else 0)
 
 
 class Wrapped(nn.Module):
@@ -140,7 +144,7 @@ def test_replays_of_one_block_at_two_depths_are_credited_to_their_own_modules(mo
     torch.manual_seed(0)
     model, x = TwoDepths(), torch.randn(B, D)
     facts = model_facts(model)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
     run = trace(model, prepare_call((x,)), facts=facts)
     assert int(run.shape_cache["reused_calls"]) == 2  # shallow and deep.inner booked from first
     costed = cost_records(run.records, default_registry())

@@ -34,6 +34,10 @@ from transformers import (  # noqa: E402
 )
 from transformers.models.llama import modeling_llama  # noqa: E402
 
+# the reuse key on stacks of 2 or 3 small blocks: every twin group keyed (the default policy would trace
+# them: tests/conftest.py, ``reuse_always``)
+pytestmark = pytest.mark.usefixtures("reuse_always")
+
 VOCAB, LAYERS = 64, 4
 
 
@@ -103,7 +107,7 @@ def _rows(result: Any) -> Any:
 def _both(monkeypatch: Any, model: nn.Module, inputs: Any) -> Any:
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = count_flops(model, inputs)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
     on = count_flops(model, inputs)
     return off, on
 
@@ -114,7 +118,7 @@ def _reused(model: nn.Module, inputs: Any) -> int:
 
 @pytest.fixture(autouse=True)
 def _reuse_on(monkeypatch: Any) -> None:
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
 
 
 # every kind in eval on real weights; LLaMA also in train mode and on meta, the hybrid on meta
@@ -165,7 +169,7 @@ def test_llama_decoder_layers_given_a_cache_are_run_once(monkeypatch):
     # attention 2 x T^2 x 32 per sequence; LM head 32 x 64 per token
     tokens, t = 2 * 9, 9
     per_layer = tokens * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 48) + 2 * 2 * t * t * 32
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
     result = count_flops(model, inputs)
     contractions = sum(v for op, v in result.by_operator("macs").items()
                        if op in ("aten::linear", "aten::scaled_dot_product_attention"))
@@ -304,7 +308,7 @@ def test_count_generation_is_identical_on_and_off(monkeypatch, cache):
     ids = torch.randint(0, VOCAB, (2, 6))
     options = {"cache_implementation": "static"} if cache == "static" else {}
     results = []
-    for flag in ("0", "1"):
+    for flag in ("0", "always"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", flag)
         results.append(count_generation(model, ids, new_tokens=4, **options))
     off, on = results
@@ -320,7 +324,7 @@ def test_predict_is_identical_on_and_off(monkeypatch, kind):
     model = _model(kind)
     inputs = (torch.randint(0, VOCAB, (2, 9)),)
     results = []
-    for flag in ("0", "1"):
+    for flag in ("0", "always"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", flag)
         results.append(predict(model, inputs, on="t4"))
     off, on = results
@@ -372,7 +376,7 @@ def test_encoder_decoders_with_a_cross_attention_cache_give_identical_rows(monke
     model = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model(model_type, **sizes)).eval()
     ids, decoder_ids = torch.randint(2, VOCAB, (2, 9)), torch.randint(2, VOCAB, (2, 5))
     results = []
-    for flag in ("0", "1"):
+    for flag in ("0", "always"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", flag)
         results.append(count_flops(model, (ids,), {"decoder_input_ids": decoder_ids}))
     off, on = results

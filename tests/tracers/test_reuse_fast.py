@@ -20,6 +20,10 @@ from flopcount import count_flops
 from flopcount.tracers import _reuse as reuse
 from flopcount.tracers.fake import copies
 
+# the reuse key on stacks of 2 or 3 small blocks: every twin group keyed (the default policy would trace
+# them: tests/conftest.py, ``reuse_always``)
+pytestmark = pytest.mark.usefixtures("reuse_always")
+
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_a_count_reads_the_callers_tensors_once_before_the_run(monkeypatch, train):

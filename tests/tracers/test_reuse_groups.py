@@ -35,6 +35,10 @@ from flopcount.handlers import default_registry
 from flopcount.tracers import trace
 from flopcount.types import Cost, OpEvent, ReplayedCall
 
+# the reuse key on stacks of 2 or 3 small blocks: every twin group keyed (the default policy would trace
+# them: tests/conftest.py, ``reuse_always``)
+pytestmark = pytest.mark.usefixtures("reuse_always")
+
 B, D, H = 3, 8, 16
 
 
@@ -123,7 +127,7 @@ def _records(model: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
 
 
 def test_the_trace_grows_by_one_record_per_repeated_block(monkeypatch: Any) -> None:
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
     torch.manual_seed(0)
     x = torch.randn(B, D)
     small, large = _records(Stack(4).eval(), (x,)), _records(Stack(8).eval(), (x,))
@@ -138,7 +142,7 @@ def test_the_expanded_events_are_those_of_a_count_without_reuse(monkeypatch: Any
     torch.manual_seed(0)
     model, x = Stack(5, Outer).eval(), torch.randn(B, D)
     facts = model_facts(model)
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
     on = trace(model, prepare_call((x,)), facts=facts)
     monkeypatch.setenv("FLOPCOUNT_REUSE", "0")
     off = trace(model, prepare_call((x,)), facts=facts)
@@ -157,7 +161,7 @@ def test_the_expanded_events_are_those_of_a_count_without_reuse(monkeypatch: Any
 def test_a_count_with_reuse_equals_it_without(monkeypatch: Any, block: type, train: bool, tracer: str) -> None:
     torch.manual_seed(0)
     model, x = Stack(6, block).train(train), torch.randn(B, D)
-    on = _count(monkeypatch, "1", model, (x,), tracer=tracer)
+    on = _count(monkeypatch, "always", model, (x,), tracer=tracer)
     off = _count(monkeypatch, "0", model, (x,), tracer=tracer)
     assert _tables(on) == _tables(off)
     per = {Shared: 1, Outer: 2, Looped: 3 + 3 * 2}[block]  # Shared calls per block
@@ -174,7 +178,7 @@ def test_a_count_with_reuse_equals_it_without(monkeypatch: Any, block: type, tra
 def test_backward_phases_equal_with_and_without_reuse(monkeypatch: Any, train: bool) -> None:
     torch.manual_seed(0)
     model, x = Stack(4, Outer).train(train), torch.randn(B, D)
-    on = _count(monkeypatch, "1", model, (x,), backward=True)
+    on = _count(monkeypatch, "always", model, (x,), backward=True)
     off = _count(monkeypatch, "0", model, (x,), backward=True)
     assert _tables(on) == _tables(off)
     assert list(on.by_phase()) == ["forward", "backward"]
@@ -198,7 +202,7 @@ def test_an_unsupported_op_and_an_estimate_in_a_repeated_block(monkeypatch: Any)
     in, and the estimate notes with their calls, as event by event."""
     torch.manual_seed(0)
     model, x = Stack(5).eval(), torch.randn(B, D)
-    on = _count(monkeypatch, "1", model, (x,), handlers=_HANDLERS)
+    on = _count(monkeypatch, "always", model, (x,), handlers=_HANDLERS)
     off = _count(monkeypatch, "0", model, (x,), handlers=_HANDLERS)
     assert on.reused_calls == 4
     assert _tables(on) == _tables(off)
@@ -221,7 +225,7 @@ def test_a_repeated_block_with_no_costed_op(monkeypatch: Any) -> None:
     torch.manual_seed(0)
     model, x = Stack(4, Bare).eval(), torch.randn(B, D)
     handlers = {"aten::relu": _unsupported_norm}
-    on = _count(monkeypatch, "1", model, (x,), handlers=handlers)
+    on = _count(monkeypatch, "always", model, (x,), handlers=handlers)
     off = _count(monkeypatch, "0", model, (x,), handlers=handlers)
     assert on.reused_calls == 3 and _tables(on) == _tables(off)
     assert [(u.op, u.count, u.modules) for u in on.unsupported_details()] == [
@@ -242,7 +246,7 @@ def _ledger_tables(ledger: Ledger) -> Tuple[Any, ...]:
 def test_the_ledger_books_a_replay_as_its_events(monkeypatch: Any, block: type) -> None:
     """Oracle: the ledger's per-(stack, op, phase) booking of the expanded events (``rows=True``)
     and the tree booking of the same events one by one; a replay's tables are made once."""
-    monkeypatch.setenv("FLOPCOUNT_REUSE", "1")
+    monkeypatch.setenv("FLOPCOUNT_REUSE", "always")
     torch.manual_seed(0)
     model, x = Stack(6, block).eval(), torch.randn(B, D)
     facts = model_facts(model)
@@ -269,7 +273,7 @@ def test_the_ledger_books_a_replay_as_its_events(monkeypatch: Any, block: type) 
 
 def test_equal_module_tables_are_one_object(monkeypatch: Any) -> None:
     torch.manual_seed(0)
-    result = _count(monkeypatch, "1", Stack(6).eval(), (torch.randn(B, D),))
+    result = _count(monkeypatch, "always", Stack(6).eval(), (torch.randn(B, D),))
     tables = [result._module_ops[f"blocks.{i}"] for i in range(6)]
     assert all(t is tables[0] for t in tables)
     assert result._modules["blocks.1"] is result._modules["blocks.4"]
@@ -280,7 +284,7 @@ def test_predict_rows_of_a_repeated_model_equal_reuse_off(monkeypatch: Any) -> N
     torch.manual_seed(0)
     model, x = Stack(5, Outer).eval(), torch.randn(B, D)
     made: List[Any] = []
-    for reuse in ("1", "0"):
+    for reuse in ("always", "0"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
         made.append(flopcount.predict(model, (x,), on="h100"))
     on, off = made
@@ -296,7 +300,7 @@ def test_count_generation_equal_with_and_without_reuse(monkeypatch: Any) -> None
         num_key_value_heads=2, vocab_size=50, max_position_embeddings=128,
     )
     made = []
-    for reuse in ("1", "0"):
+    for reuse in ("always", "0"):
         monkeypatch.setenv("FLOPCOUNT_REUSE", reuse)
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
@@ -378,7 +382,7 @@ def test_a_module_replayed_at_two_depths_books_its_own_modules(monkeypatch: Any)
     modules deep); the last call, one deep, read its nodes at those lengths. Oracle: the count
     with reuse off, table by table, and the MACs by hand."""
     model, x, t = DiTLike(), torch.randn(B, D), torch.randn(B, 4)
-    on = _count(monkeypatch, "1", model, (x, t))
+    on = _count(monkeypatch, "always", model, (x, t))
     off = _count(monkeypatch, "0", model, (x, t))
     assert _tables(on) == _tables(off)
     per_call = B * (4 * D + D * D)  # Embedder's docstring

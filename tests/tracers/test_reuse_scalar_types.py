@@ -14,6 +14,10 @@ from _toy_stack import off_and_on as _both
 from _toy_stack import rows as _rows
 from torch import nn
 
+# the reuse key on stacks of 2 or 3 small blocks: every twin group keyed (the default policy would trace
+# them: tests/conftest.py, ``reuse_always``)
+pytestmark = pytest.mark.usefixtures("reuse_always")
+
 # not jit: torch.jit.trace cannot trace torch.full with a bool fill (an internal assert in its alias
 # analysis, torch 2.13), and the jit tracer does no structural reuse
 TRACERS = ["auto", "dispatch"]

@@ -18,6 +18,10 @@ from torch import nn
 
 from flopcount.core import state
 
+# the reuse key on stacks of 2 or 3 small blocks: every twin group keyed (the default policy would trace
+# them: tests/conftest.py, ``reuse_always``)
+pytestmark = pytest.mark.usefixtures("reuse_always")
+
 LAYERS = 4
 MATMUL = B * D * D  # one Linear(D, D) on a (B, D) activation
 
