@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -149,6 +149,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
     step, traced, contradicts the continuation predicted for it, :class:`FakeRefused` when a
     forward of a fake run could not be."""
     model = counter.model
+    counter.known_values = setup.known_values
     held: Dict[int, int] = {}
     with counter.outputs() as last:
         prefill, output, prefill_skipped = _prefill(counter, setup, last)
@@ -266,6 +267,8 @@ class Counter:
         self.model = model
         self.who = who
         self.prompt = prompt
+        #: the values of a forward's meta tensors that the decoding loop knows (Setup.known_values)
+        self.known_values: Optional[Callable[[Tuple[torch.Tensor, ...]], Tuple[Optional[torch.Tensor], ...]]] = None
         self.registry = default_registry()
         self.facts = model_facts(model)
         self.largest_write = 0
@@ -311,6 +314,9 @@ class Counter:
             return trace(self.model, prepared, tracer="dispatch", facts=self.facts, set_back=False,
                          module_output=encoder, run_name=run_name)
         keep = self._last.keep if self._last is not None else None
+        known = self.known_values(prepared.tensors) if self.known_values is not None else ()
+        if any(value is not None for value in known):  # a fake run's index checks read them
+            prepared = replace(prepared, known=known)
         run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep, module_output=encoder,
                              run_name=run_name or "auto tracer")
         if self._collections is not None:

@@ -229,3 +229,46 @@ def test_a_diffs_failing_side_is_named(workdir, capsys, a, b, begins):
     code, out, err = cli(capsys, "diff", a, b, "-i", "4x16", "-q")
     line = one_error_line(code, out, err)
     assert line.startswith(f"flopcount: error: {begins}"), line
+
+
+# -- count_generation and serve on meta: the table of positions is checked there too -------------
+
+
+def _meta_gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_positions=ROWS, n_embd=32, n_layer=1, n_head=2, vocab_size=VOCAB)
+    with torch.device("meta"):
+        return transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_meta_generation_past_the_table_is_refused_as_generate_refuses_it():
+    """Before: counted without a word (a 1,000-token GPT-2 prompt and 128 new tokens: 1,126 positions
+    of 1,024), though docs/conventions.md said count_generation is refused at the step that passes the
+    table on every path: generate() passes position ids, which count_generation made on meta without
+    values, so no index check could read them. The oracle is the real generate() (a 10-token prompt
+    takes 7 new tokens in 16 positions, not 8) and the count of the same model on real weights."""
+    real, prompt = _gpt2(), _prompt(10)
+    with pytest.raises(IndexError), torch.no_grad():
+        real.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    meta, meta_prompt = _meta_gpt2(), torch.zeros(1, 10, dtype=torch.int64, device="meta")
+    with pytest.raises(TraceError) as caught:
+        flopcount.count_generation(meta, meta_prompt, new_tokens=8)
+    assert ("(count_generation, decode step 6 counted from 0, feeding the token at position 16) with inputs "
+            "(Tensor[1, 10] int64 meta,): IndexError: aten::embedding reads index 16, but its table has 16 rows") in str(caught.value)
+    assert caught.value.decode_step == 6
+    with pytest.raises(TraceError, match=r"\(count_generation, prefill\) .* reads index 16"):
+        flopcount.count_generation(meta, torch.zeros(1, ROWS + 1, dtype=torch.int64, device="meta"), new_tokens=2)
+    # at the table's edge it counts, the same FLOPs as on real weights (a dense model: the ids change nothing)
+    on_meta = flopcount.count_generation(meta, meta_prompt, new_tokens=7)
+    on_cpu = flopcount.count_generation(real, prompt, new_tokens=7)
+    assert on_meta.flops == on_cpu.flops and [s.flops for s in on_meta.steps] == [s.flops for s in on_cpu.steps]
+
+
+def test_serve_on_meta_past_the_table_is_refused():
+    """Before: serve priced contexts past GPT-2's table without a word (docs/performance.md, papercuts3's
+    'left' list: serve hf:gpt2 --prompt 1000 --new 100)."""
+    meta, prompt = _meta_gpt2(), torch.zeros(1, 10, dtype=torch.int64, device="meta")
+    with pytest.raises(TraceError, match=r"\(serve, decode step 6 counted from 0, feeding the token at position 16\)"):
+        flopcount.serve(meta, prompt, 8, on="h100")
+    # at the edge it is priced; by hand, each token keeps K and V of 32 float32 numbers in its one layer
+    assert flopcount.serve(meta, prompt, 7, on="h100").kv_bytes_per_token == 2 * 32 * 4
