@@ -290,12 +290,12 @@ def _position_values(model: nn.Module, ids: torch.Tensor, mask: Optional[torch.T
         from transformers.generation.utils import GenerationMixin
     except ImportError:  # a model of its own with transformers' method name: its rule is not known
         return None
-    rule = getattr(type(model), "_prepare_position_ids_for_generation", None)
-    if rule is not GenerationMixin._prepare_position_ids_for_generation:
+    if not isinstance(model, GenerationMixin) or \
+            type(model)._prepare_position_ids_for_generation is not GenerationMixin._prepare_position_ids_for_generation:
         return None
     try:
         twin_mask = {"attention_mask": torch.ones(mask.shape, dtype=mask.dtype)} if mask is not None else {}
-        values = rule(model, torch.zeros(ids.shape, dtype=ids.dtype), twin_mask)
+        values = model._prepare_position_ids_for_generation(torch.zeros(ids.shape, dtype=ids.dtype), twin_mask)
     except Exception:  # transformers' own rule on plain CPU tensors: no value known, nothing checked
         return None
     return values if isinstance(values, torch.Tensor) and values.device.type == "cpu" else None
