@@ -46,13 +46,16 @@ class TraceError(FlopcountError, RuntimeError):
     """The model's forward failed, or the tracer could not record it.
 
     ``module_path`` is the qualified name of the innermost module that was running
-    ("" for the root), ``input_shapes`` describes the example inputs.
+    ("" for the root), ``input_shapes`` describes the example inputs. ``decode_step``: the
+    decode step of ``count_generation`` (counted from 0) whose forward failed, None for any
+    other forward (the prefill's, a count's): the prompt itself ran.
     """
 
     def __init__(self, message: str, module_path: str | None = None, input_shapes: str | None = None):
         super().__init__(message)
         self.module_path = module_path
         self.input_shapes = input_shapes
+        self.decode_step: int | None = None
 
 
 class NeedsDataError(UsageError, TraceError):

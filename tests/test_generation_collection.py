@@ -64,10 +64,10 @@ def collections(monkeypatch: pytest.MonkeyPatch) -> Iterator[Collections]:
     spy = Collections()
     run = counted.Counter._run
 
-    def traced(self: counted.Counter, prepared: Any) -> Any:
+    def traced(self: counted.Counter, prepared: Any, *named: Any) -> Any:  # named: the forward's name, its step
         spy.inside = True
         try:
-            return run(self, prepared)
+            return run(self, prepared, *named)
         finally:
             spy.inside = False
 
@@ -164,9 +164,9 @@ def test_only_fake_loops_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     during: Dict[str, List[bool]] = {"meta": [], "cpu": []}
     run = counted.Counter._run
 
-    def spying(self: counted.Counter, prepared: Any) -> Any:
+    def spying(self: counted.Counter, prepared: Any, *named: Any) -> Any:
         during["meta" if self.fast else "cpu"].append(gc.isenabled())
-        return run(self, prepared)
+        return run(self, prepared, *named)
 
     monkeypatch.setattr(counted.Counter, "_run", spying)
     for device in ("meta", "cpu"):

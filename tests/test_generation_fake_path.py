@@ -73,10 +73,10 @@ _SCRIPT = textwrap.dedent('''
 
     fake_runs, slow_runs = [0], [0]
     run = counted.Counter._run
-    def counting(self, prepared):
+    def counting(self, prepared, *named):  # named: the forward's name and decode step, for a failure's line
         fake_runs[0] += self.fast
         slow_runs[0] += not self.fast
-        return run(self, prepared)
+        return run(self, prepared, *named)
     counted.Counter._run = counting
 
     def config(kind):
@@ -228,9 +228,9 @@ def test_a_forward_fakes_cannot_run_is_counted_as_given(monkeypatch: Any) -> Non
     tried: List[bool] = []
     run = counted.Counter._run
 
-    def watching(self: Any, prepared: Any) -> Any:
+    def watching(self: Any, prepared: Any, *named: Any) -> Any:
         tried.append(self.fast)
-        return run(self, prepared)
+        return run(self, prepared, *named)
 
     monkeypatch.setattr(counted.Counter, "_run", watching)
     result = count_generation(model, torch.zeros(2, 6, dtype=torch.int64, device="meta"), new_tokens=4)

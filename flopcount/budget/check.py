@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import numbers
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -129,6 +130,21 @@ def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[
     return int(value) if float(value).is_integer() else float(value)
 
 
+def refuse_bad_limit(limit: Any, where: str, *, latency: bool = False) -> None:
+    """A :class:`UsageError` naming ``where`` unless ``limit`` is None or a number a budget can
+    hold: finite and >= 0 (a count, a size), or > 0 for a latency, which no run meets at 0
+    (the CLI's ``--max-latency 0ms`` is refused alike; a FLOPs or parameter limit of 0 is met by a
+    model without any)."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Real):
+        raise UsageError(f"{where}{limit!r}: a budget's limit is a number, got {type(limit).__name__}")
+    if not math.isfinite(limit) or limit < 0 or (latency and limit == 0):
+        rule = "finite and > 0" if latency else "finite and >= 0"
+        why = " (a latency budget of 0 is met by no run)" if latency and limit == 0 else ""
+        raise UsageError(f"{where}{limit!r}: a budget's limit must be {rule}{why}")
+
+
 @ms_aliases("max_latency")
 @dataclass(frozen=True, init=False)
 class Budget:
@@ -158,6 +174,10 @@ class Budget:
     ) -> None:
         # 0.2's milliseconds keep their positional slot, so Budget(..., 5) is still 5 ms (with a warning)
         latency_s = seconds_or_ms(max_latency_s, max_latency_ms, "Budget", "max_latency_s=", "max_latency_ms=")
+        given = {"max_params": max_params, "max_flops": max_flops, "max_macs": max_macs, "max_size_mb": max_size_mb,
+                 "max_latency_s": latency_s, "max_memory": max_memory}
+        for name, limit in given.items():
+            refuse_bad_limit(limit, f"Budget: {name}=", latency=name == "max_latency_s")
         object.__setattr__(self, "max_params", max_params)
         object.__setattr__(self, "max_flops", max_flops)
         object.__setattr__(self, "max_macs", max_macs)
@@ -440,6 +460,9 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
         if key == FILE_KEY_MS:
             latency_ms = parse_quantity(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
             continue
+        if key == "max-latency":  # the CLI's --max-latency 10ms: the file's key names its unit instead
+            raise UsageError(f"{source}: unknown key {raw_key!r}: the latency budget's key is max-latency-s, in seconds "
+                             f"(max-latency-s = 0.01 for --max-latency 10ms)")
         if key not in FILE_KEYS:
             known = ", ".join(FILE_KEYS)
             hint = did_you_mean(key, [*FILE_KEYS, *GATE_KEYS])
@@ -448,6 +471,8 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
         values[FILE_KEYS[key]] = parse(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
     latency_s = values.get("max_latency_s")
     values["max_latency_s"] = seconds_or_ms(latency_s, latency_ms, source, "max-latency-s", FILE_KEY_MS)
+    written = spelled.get("max-latency-s", spelled.get(FILE_KEY_MS))
+    refuse_bad_limit(values["max_latency_s"], f"{source}: {written} = ", latency=True)
     return Budget(**values)
 
 

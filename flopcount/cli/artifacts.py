@@ -467,6 +467,27 @@ def is_local_hf(text: str) -> bool:
     return "/" in text or "\\" in text or text.startswith((".", "~")) or text.lower().endswith(".json")
 
 
+#: a Hugging Face Hub id as its model pages spell it: ``org/name``
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def hub_hint(name: str, model_types: Sequence[str]) -> str:
+    """What to do with a Hugging Face Hub id given to ``hf:`` (``meta-llama/Llama-2-7b-hf``,
+    ``bert-base-uncased``): ``"; ..."`` saying that nothing is downloaded, with ``hf:TYPE`` where
+    the id's name begins with a model type (the longest, followed by a separator: ``llama`` in
+    ``Llama-2-7b-hf``) and the local-folder remedy; "" where ``name`` is neither an ``org/name`` id
+    nor begins with a model type."""
+    repo = name.rsplit("/", 1)[-1].lower()
+    family = max((t for t in model_types if len(repo) > len(t) and repo.startswith(t) and not repo[len(t)].isalnum()),
+                 key=len, default="")
+    if not family and not _HUB_ID.fullmatch(name):
+        return ""
+    default = (f"hf:{family} counts transformers' default {family} config (its sizes, which may not be this "
+               "checkpoint's); for the checkpoint's own, ") if family else ""
+    return (f"; it looks like a Hugging Face Hub name, and flopcount downloads nothing: {default}download its "
+            f"config.json (hf download {name} config.json --local-dir DIR) and give hf:./DIR")
+
+
 def local_hf_config(entry: str, text: str, overrides: Dict[str, Any]) -> Tuple[Any, Optional[str]]:
     """The config of a local Hugging Face folder or ``config.json`` (with ``--config``
     overrides), and the model class its ``architectures`` names, when transformers has it.
@@ -474,9 +495,11 @@ def local_hf_config(entry: str, text: str, overrides: Dict[str, Any]) -> Tuple[A
     (``auto_map``) is refused."""
     import json
 
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
     path = Path(text).expanduser()
     if not path.exists():
-        raise UsageError(f"bad ENTRY {entry!r}: no such folder or file: {text}")
+        raise UsageError(f"bad ENTRY {entry!r}: no such folder or file: {text}{hub_hint(text, list(CONFIG_MAPPING_NAMES))}")
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
         raise UsageError(f"bad ENTRY {entry!r}: {text} has no config.json")

@@ -271,7 +271,9 @@ def forward_hints(run: _Run) -> Iterator[None]:
         yield
     except TraceError as exc:
         found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
-        if not found and run.usual_inputs:  # nothing more specific: the inputs the ENTRY is known to take
+        # nothing more specific: the inputs the ENTRY is known to take (not where the prompt ran and
+        # a decode step failed: the prompt was not the fault)
+        if not found and run.usual_inputs and exc.decode_step is None:
             found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
         hints = (*run.hints, *found)
         if not hints:
@@ -747,12 +749,25 @@ def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
     _refuse_unread_report(name, text)
     args = side_args(args, side, text)
     progress(args, f"counting {name} = {_label(args)} ...")
-    run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode
-    result = _count(run, args, backward=args.backward)
-    sections: Dict[str, Any] = {"entry": _label(args)}
-    if args.memory:
-        sections["memory"] = _estimate_memory(run, args).to_dict()
+    with _naming_side(f"{name} = {_label(args)}"):
+        run = _training_mode(_prepare(args), args)  # as count --backward: a training step runs in train() mode
+        result = _count(run, args, backward=args.backward)
+        sections: Dict[str, Any] = {"entry": _label(args)}
+        if args.memory:
+            sections["memory"] = _estimate_memory(run, args).to_dict()
     return result.with_sections(**sections)
+
+
+@contextlib.contextmanager
+def _naming_side(side: str) -> Iterator[None]:
+    """A diff side's failure begun with the side (``B = new.py:build [hidden=48]: ...``): the
+    progress line that named it is not printed under --quiet, and both sides may share an ENTRY."""
+    try:
+        yield
+    except TraceError as exc:
+        raise TraceError(f"{side}: {exc}", module_path=exc.module_path, input_shapes=exc.input_shapes) from exc
+    except UsageError as exc:
+        raise UsageError(f"{side}: {exc}") from exc
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
@@ -803,4 +818,16 @@ def run_command(args: argparse.Namespace) -> int:
     written (before any long work starts)."""
     for flag in ("output", "plot", "trace"):
         _check_output(getattr(args, flag, None), f"--{flag}")
+    _refuse_plot_options_alone(args)
     return COMMANDS[args.command](args)
+
+
+def _refuse_plot_options_alone(args: argparse.Namespace) -> None:
+    """``--plot-kind`` / ``--plot-top`` shape the image ``--plot`` draws: without ``--plot`` nothing
+    reads them (as ``--matmul-tf32`` without ``--on``), so they are refused, not ignored."""
+    given = [flag for flag, value in (("--plot-kind", getattr(args, "plot_kind", None)),
+                                      ("--plot-top", getattr(args, "plot_top", None))) if value is not None]
+    if given and not getattr(args, "plot", None):
+        flags = " and ".join(given)
+        raise UsageError(f"{flags} shape{'s' if len(given) == 1 else ''} the image --plot FILE.png draws, and no --plot was "
+                         f"given: add --plot (e.g. --plot flops.png) or drop {flags}")

@@ -33,7 +33,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping,
 import torch
 from torch import nn
 
-from flopcount.cli.artifacts import is_local_hf, load_artifact, local_hf_config, looks_like_artifact
+from flopcount.cli.artifacts import hub_hint, is_local_hf, load_artifact, local_hf_config, looks_like_artifact
 from flopcount.cli.deadline import CommandTimeout
 from flopcount.cli.output import describe
 from flopcount.cli.parser import pairs_once
@@ -251,11 +251,12 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
         config, architecture = local_hf_config(entry, model_type, overrides)
         return _hf_model(entry, config, str(config.model_type), overrides, device, architecture)
     if model_type not in CONFIG_MAPPING_NAMES:
-        hint = did_you_mean(model_type, CONFIG_MAPPING_NAMES)
-        raise UsageError(
-            f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint} "
-            f"(a local folder or config.json is hf:./PATH)"
-        )
+        # model types only (transformers 5.24's table also holds a class name, EvollaModel, which
+        # "did you mean" offered for any word ending in "model")
+        types = [name for name in CONFIG_MAPPING_NAMES if name == name.lower()]
+        hub = hub_hint(model_type, types)  # it names the local-folder remedy itself
+        hint = hub or f"{did_you_mean(model_type, types)} (a local folder or config.json is hf:./PATH)"
+        raise UsageError(f"bad ENTRY {entry!r}: {model_type!r} is not a transformers model_type{hint}")
     with _as_usage_error(f"model construction failed: the default config of {entry}"):
         config = AutoConfig.for_model(model_type)
     config = config_with(config, overrides, lambda **values: AutoConfig.for_model(model_type, **values))

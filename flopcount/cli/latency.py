@@ -172,7 +172,7 @@ def run_profile(args: argparse.Namespace, prepare: Callable[[], Any], label: str
         raise UsageError("profile runs the model for real: use --device cpu or cuda, not meta")
     if args.tracer != "auto":
         raise UsageError("profile joins the profiler with flopcount's dispatch recorder on the real model: drop --tracer")
-    if args.plot_kind != "bars":
+    if args.plot_kind not in (None, "bars"):
         raise UsageError("profile --plot draws the roofline: drop --plot-kind")
     if args.depth is not None and args.by != "module":
         raise UsageError("--depth applies to --by module")

@@ -264,6 +264,14 @@ def _growth(text: str) -> Any:
 _QUANTITY = _type(lambda text: parse_quantity(text, "budget"))
 
 
+def _latency_ms(text: str) -> Any:
+    """``--max-latency-ms X``: a bare number of milliseconds, > 0 as ``--max-latency``'s (no run meets 0)."""
+    value = parse_quantity(text, "budget")
+    if value == 0:
+        raise UsageError(f"{text!r}: a latency budget must be > 0")
+    return value
+
+
 def _bytes(what: str) -> Any:
     """A size checked here, so argparse names the flag, and kept as written: ``check`` reads it
     (:func:`~flopcount.budget.check.parse_memory_budget`), where its warnings are said."""
@@ -480,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-flops", type=_QUANTITY, metavar="N", help="most FLOPs of one forward, e.g. 5G")
     limits.add_argument("--max-macs", type=_QUANTITY, metavar="N", help="most MACs of one forward, e.g. 2.5G")
     limits.add_argument("--max-size-mb", type=_QUANTITY, metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
-    limits.add_argument("--max-latency-ms", type=_QUANTITY, metavar="X", help="highest median latency in ms (runs the benchmark)")
+    limits.add_argument("--max-latency-ms", type=_type(_latency_ms), metavar="X", help="highest median latency in ms (runs the benchmark)")
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
                         help="highest latency with its unit (s, ms, us, ns), e.g. 10ms or 2.5s; a bare number is refused: measured "
                         "(median), or with --on PART its roofline lower bound")
@@ -736,7 +744,7 @@ def _add_common(p: argparse.ArgumentParser, formats: Any = FORMATS, optional_ent
                      help="module rows down to depth N (0 = whole model; default: all)")
     _add_format(run, formats, "table (default), tree, json, csv, markdown or html (one self-contained page: tables, tree, plot)")
     run.add_argument("--plot", metavar="FILE.png", help="also draw FLOPs by module (and latency, for bench) into an image; needs flopcount[plot]")
-    run.add_argument("--plot-kind", choices=("bars", "sunburst"), default="bars",
+    run.add_argument("--plot-kind", choices=("bars", "sunburst"), default=None,  # None: not given (bars)
                      help="bars (default: the top modules) or sunburst (rings by depth, --depth rings, default 3)")
     run.add_argument("--plot-top", type=_int_at_least(1, "--plot-top"), default=None, metavar="N",
                      help="modules in the plot (default 15); profile: operators labelled on the roofline (default 6)")

@@ -31,13 +31,16 @@ class PreparedCall:
     result's description, benchmarking, memory): the positional and keyword arguments by
     flopcount's convention (:func:`as_call_args`), every tensor inside them in order,
     and their description. ``with_tensors`` gives the same call with other tensors in
-    their places (fake twins, copies on another device)."""
+    their places (fake twins, copies on another device). ``known``: by place in :attr:`tensors`,
+    the value a tensor without data stands for where its maker knows it (a CPU tensor, or None):
+    the decoding loop's position ids on meta, which a fake run's index checks read."""
 
     args: Tuple[Any, ...]
     kwargs: Dict[str, Any]
     tensors: Tuple[torch.Tensor, ...]
     rebuild: Callable[[Sequence[torch.Tensor]], Any] = dataclasses.field(repr=False, compare=False)
     description: str = ""
+    known: Tuple[Optional[torch.Tensor], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def with_tensors(self, tensors: Sequence[torch.Tensor]) -> PreparedCall:
         """The same call with ``tensors`` in the places of :attr:`tensors`."""

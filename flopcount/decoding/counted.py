@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -144,14 +144,15 @@ def count_decoding(
     model = uncompiled(model)
     refuse_without_prompt_input(model, who)
     resolved = generation_options(model, int(input_ids.shape[-1]), new_tokens, dict(options or {}))
+    prompt = describe_inputs((input_ids,), kwargs)  # a failing forward's line names the caller's inputs
 
     def attempt(fast: bool) -> Decoded:
         # each attempt on a Setup of its own: a forward with real weights fills the cache the
         # Setup hands the prefill in place, and a retry must not start from what a failed one filled
         try:
-            return _count(Counter(model, fast), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, trace_every_step)
+            return _count(Counter(model, fast, who, prompt), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, trace_every_step)
         except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
-            counted = _count(Counter(model, fast), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, True)
+            counted = _count(Counter(model, fast, who, prompt), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, True)
             counted.notes.insert(0, f"{why}: every decode step was traced")
             return counted
 
@@ -167,6 +168,13 @@ def count_decoding(
     return counted
 
 
+def decode_step(index: int, base: int) -> str:
+    """How a failure line names decode step ``index`` (0-based, as docs/llm.md and the notes
+    count them): with the position of the token it feeds, ``base`` (the positions the prefill
+    cached) + ``index``, which a model's table of positions must hold."""
+    return f"decode step {index} counted from 0, feeding the token at position {base + index}"
+
+
 class _Mismatch(Exception):
     """A traced step is not the continuation predicted for the steps before it."""
 
@@ -176,6 +184,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
     step, traced, contradicts the continuation predicted for it, :class:`FakeRefused` when a
     forward of a fake run could not be."""
     model = counter.model
+    counter.known_values = setup.known_values
     held: Dict[int, int] = {}
     with counter.outputs() as last:
         prefill, output, prefill_skipped = _prefill(counter, setup, last)
@@ -189,7 +198,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
         shortcut = not every_step
 
         def step(index: int) -> Tuple[Trace, Costed]:
-            run, costed, result = counter.count(state.call(index))
+            run, costed, result = counter.count(state.call(index), decode_step(index, setup.base), step=index)
             state.advance(last.take())
             held[index] = cache_position_bytes(state.cache)
             steps.append(result)
@@ -243,14 +252,14 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
     one prefill; each as generate() makes it (:meth:`Setup.prefill_call`: through the model's
     ``prepare_inputs_for_generation``)."""
     if len(setup.prefill_calls) == 1:
-        _, costed, result = counter.count(setup.prefill_call(0))
+        _, costed, result = counter.count(setup.prefill_call(0), "prefill")
         return result, last.take(), skipped_flops(costed)
     runs: List[Tuple[Trace, Costed]] = []
     output: Any = None
     skipped, causal, limits = 0.0, frozenset[str](), Limits()
     for index in range(len(setup.prefill_calls)):
         cache = cache_of(output, setup) if index else None
-        runs.append(counter.trace(setup.prefill_call(index, cache)))
+        runs.append(counter.trace(setup.prefill_call(index, cache), f"prefill chunk {index + 1} of {len(setup.prefill_calls)}"))
         output = last.take()
         costed = runs[-1][1]
         # a later chunk's mask is causal with its offset where no window or attention chunk of the
@@ -294,10 +303,16 @@ class Counter:
     runs on fake copies of the model and its arguments (the KV cache included), with the
     shape cache and structural reuse (:func:`flopcount.tracers.trace_on_fakes`), else with the
     dispatch tracer on the model as given. Enter :meth:`outputs` around the loop to get each
-    forward's output; a forward fakes cannot run raises :class:`FakeRefused`."""
+    forward's output; a forward fakes cannot run raises :class:`FakeRefused`. A forward that
+    fails is named by ``who`` (the function called) and the forward's part of generate() (the
+    prefill, decode step s), with ``prompt``, the caller's inputs, not the call the loop made."""
 
-    def __init__(self, model: nn.Module, fast: bool = False):
+    def __init__(self, model: nn.Module, fast: bool = False, who: str = "count_generation", prompt: str = ""):
         self.model = model
+        self.who = who
+        self.prompt = prompt
+        #: the values of a forward's meta tensors that the decoding loop knows (Setup.known_values)
+        self.known_values: Optional[Callable[[Tuple[torch.Tensor, ...]], Tuple[Optional[torch.Tensor], ...]]] = None
         self.registry = default_registry()
         self.facts = model_facts(model)
         self.largest_write = 0
@@ -326,14 +341,28 @@ class Counter:
             finally:
                 self._collections = None
 
-    def _run(self, prepared: PreparedCall) -> Trace:
+    def _run(self, prepared: PreparedCall, forward: str = "", step: Optional[int] = None) -> Trace:
+        try:
+            return self._traced(prepared, forward)
+        except TraceError as exc:
+            exc.decode_step = step
+            raise
+
+    def _traced(self, prepared: PreparedCall, forward: str) -> Trace:
         # an encoder-decoder's encoder output, as its encoder returns it in the prefill: what generate() hands each step
         encoder = (self._encoder, self._last.keep_encoder) if self._last is not None and self._encoder else None
+        run_name = f"{self.who}, {forward}" if forward else None
+        if run_name is not None and self.prompt:  # what a failure line says the inputs were
+            prepared = replace(prepared, description=self.prompt)
         if not self.fast:
             return trace(self.model, prepared, tracer="dispatch", facts=self.facts, set_back=False,
-                         module_output=encoder)
+                         module_output=encoder, run_name=run_name)
         keep = self._last.keep if self._last is not None else None
-        run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep, module_output=encoder)
+        known = self.known_values(prepared.tensors) if self.known_values is not None else ()
+        if any(value is not None for value in known):  # a fake run's index checks read them
+            prepared = replace(prepared, known=known)
+        run = trace_on_fakes(self.model, prepared, facts=self.facts, on_output=keep, module_output=encoder,
+                             run_name=run_name or "auto tracer")
         if self._collections is not None:
             self._collections.tidy()
         if run is None:
@@ -358,8 +387,9 @@ class Counter:
                 self.largest_write = cost.bytes_written
         return costed
 
-    def trace(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed]:
-        run = self._run(prepare_call((), call))
+    def trace(self, call: Mapping[str, Any], forward: str = "") -> Tuple[Trace, Costed]:
+        """``call`` traced; ``forward`` names it in a failure line (``"prefill"``), with :attr:`who`."""
+        run = self._run(prepare_call((), call), forward)
         return run, self._costed(run)
 
     def combined(self, runs: List[Tuple[Trace, Costed]], description: str) -> FlopResult:
@@ -403,9 +433,11 @@ class Counter:
         described as a traced one would be)."""
         return self._described(prepare_call((), call))
 
-    def count(self, call: Mapping[str, Any]) -> Tuple[Trace, Costed, FlopResult]:
+    def count(self, call: Mapping[str, Any], forward: str = "", step: Optional[int] = None) -> Tuple[Trace, Costed, FlopResult]:
+        """``call`` traced and booked as one forward's FlopResult; ``forward`` as for :meth:`trace`,
+        ``step`` the decode step's index a failure carries (:attr:`TraceError.decode_step`)."""
         prepared = prepare_call((), call)
-        run = self._run(prepared)
+        run = self._run(prepared, forward, step)
         costed = self._costed(run)
         result = self._result(costed, run.module_calls, self._described(prepared), run.warnings, run.gaps,
                               reused_calls=run.reused_calls)

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from flopcount.core.inputs import is_dataless
 from flopcount.errors import TraceError, UsageError, int_at_least
@@ -279,6 +280,27 @@ def _next_tokens(logits: Any) -> torch.Tensor:
         return logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
 
+def _position_values(model: nn.Module, ids: torch.Tensor, mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The values of the position ids transformers' ``_prepare_position_ids_for_generation`` makes for a
+    meta prompt of ``ids``' shape with ``mask`` (count_generation's own: all ones) or none, made again on
+    CPU twins: that rule reads the mask and the shape only (a cumulative sum of the mask, else an
+    arange), not the token ids. None for a model with a rule of its own (multimodal position ids),
+    which may read more, and where the rule fails on the CPU."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:  # a model of its own with transformers' method name: its rule is not known
+        return None
+    if not isinstance(model, GenerationMixin) or \
+            type(model)._prepare_position_ids_for_generation is not GenerationMixin._prepare_position_ids_for_generation:
+        return None
+    try:
+        twin_mask = {"attention_mask": torch.ones(mask.shape, dtype=mask.dtype)} if mask is not None else {}
+        values = model._prepare_position_ids_for_generation(torch.zeros(ids.shape, dtype=ids.dtype), twin_mask)
+    except Exception:  # transformers' own rule on plain CPU tensors: no value known, nothing checked
+        return None
+    return values if isinstance(values, torch.Tensor) and values.device.type == "cpu" else None
+
+
 class Setup:
     """The prefill call (prompt, mask, decoder start, ``logits_to_keep``) and what decoding needs;
     ``first``: the prefill's arguments as given to the model's preparer; ``prefill_calls``: the
@@ -337,6 +359,8 @@ class Setup:
                 first[self.cache_key] = _new_cache(model, None)
         #: the prompt's position ids as generate() makes them (None: generate() passes none)
         self.positions: Optional[torch.Tensor] = None
+        # the values of position ids made on meta, where they are known (:meth:`known_values`)
+        self._position_values: WeakIdKeyDictionary = WeakIdKeyDictionary()
         if not self.encoder_decoder and input_ids.dtype in _INT:
             self._feed_as_generate(model, first, static=options.static_len is not None)
         self.first = first
@@ -366,6 +390,10 @@ class Setup:
         if "position_ids" in self.parameters and first.get("position_ids") is None and callable(make_positions):
             self.positions = make_positions(first[self._main_key], {"attention_mask": mask} if mask is not None else {})
             first["position_ids"] = self.positions
+            if is_dataless(self.positions) and (mask is None or self._own_mask):
+                values = _position_values(model, first[self._main_key], mask)
+                if values is not None and values.shape == self.positions.shape:
+                    self._position_values[self.positions] = values
         elif isinstance(first.get("position_ids"), torch.Tensor):
             self.positions = first["position_ids"]
         if not isinstance(mask, torch.Tensor) or (static and _flash_attention(model)) or not _drops_all_ones_mask():
@@ -384,10 +412,22 @@ class Setup:
         if self.positions is None:
             return None
         if is_dataless(self.positions):  # meta: no values to continue (an add on meta runs torch's Python refs)
-            return self.positions.new_empty((*self.positions.shape[:-1], width))
+            made = self.positions.new_empty((*self.positions.shape[:-1], width))
+            values = self._position_values.get(self.positions)
+            if values is not None:  # where the prompt's are known, so are these (the same rule on the CPU)
+                self._position_values[made] = values[..., -1:] + torch.arange(step + 1, step + width + 1, dtype=values.dtype)
+            return made
         last = self.positions[..., -1:]
         offsets = torch.arange(step + 1, step + width + 1, dtype=self.positions.dtype, device=self.positions.device)
         return last + offsets
+
+    def known_values(self, tensors: Any) -> Tuple[Optional[torch.Tensor], ...]:
+        """By place in ``tensors`` (a forward's), the value of each position-id tensor this setup made
+        on meta whose value is known, else None: on meta, the prompt's position ids count_generation
+        made from its own mask (all ones by construction) with the model's own rule, run again on the
+        CPU (:func:`_position_values`), and each decode step's, which continue them. A fake run's
+        index checks read them (``PreparedCall.known``): a table of positions is not read past on meta either."""
+        return tuple(self._position_values.get(t) if isinstance(t, torch.Tensor) else None for t in tensors)
 
     def prefill_call(self, index: int, cache: Any = None) -> Dict[str, Any]:
         """Prefill forward ``index`` as generate()'s ``_prefill`` makes it: the call passed

@@ -189,6 +189,7 @@ class _Steps:
 
     def __init__(self, counter: Counter, setup: Setup, last: LastOutput):
         self.counter, self.last = counter, last
+        counter.known_values = setup.known_values  # meta position ids' values: read past its table, the count refuses
         _, costed, self.prefill = counter.count(setup.prefill_call(0))
         self.prefill_attention = booked_attention(costed)
         self.prefill_skipped = skipped_flops(costed)

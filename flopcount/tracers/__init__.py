@@ -58,6 +58,7 @@ def trace(
     facts: Optional[ModelFacts] = None,
     set_back: bool = True,
     module_output: Optional[ModuleOutput] = None,
+    run_name: Optional[str] = None,
 ) -> Trace:
     """Run ``model`` once with the chosen tracer and return its op events.
 
@@ -78,6 +79,8 @@ def trace(
     loop: the next step starts where it left them, and the loop sets them back).
     ``module_output`` (dispatch and auto): (a module's qualified name, a callable given that
     module's output as it returns; see :func:`flopcount.tracers.dispatch.trace`).
+    ``run_name`` (dispatch and auto): what a failure line calls the run, in place of the
+    tracer's name (``"count_generation, decode step 2 (0-based) at position 32"``).
     """
     if tracer not in TRACERS:
         raise UsageError(f"tracer must be one of {', '.join(TRACERS)}; got {tracer!r}")
@@ -92,7 +95,8 @@ def trace(
     modules = (module for _, module in facts.modules)
     try:
         with preserved_random_modules(set_back) as drawn, left_as_found(modules, set_back=set_back):
-            return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn, module_output=module_output)
+            return _traced(model, call, tracer, backward, loss_fn, optimizer, facts, drawn, module_output=module_output,
+                           run_name=run_name)
     except TraceError as exc:
         hinted = with_input_hint(exc, call, model.forward)
         if hinted is exc:
@@ -103,7 +107,7 @@ def trace(
 def _traced(
     model: nn.Module, call: PreparedCall, tracer: str, backward: bool, loss_fn: Optional[LossFn],
     optimizer: Optional[OptimizerSpec], facts: ModelFacts, drawn: FoundRandom,
-    module_output: Optional[ModuleOutput] = None,
+    module_output: Optional[ModuleOutput] = None, run_name: Optional[str] = None,
 ) -> Trace:
     from flopcount.tracers import dispatch, jit
 
@@ -113,6 +117,7 @@ def _traced(
         # as real weights; what fakes cannot run is counted as given, as before.
         run, why = _fake_run(
             model, call, facts, drawn, backward=backward, loss_fn=loss_fn, optimizer=optimizer, module_output=module_output,
+            run_name=run_name or "auto tracer",
         )
         if run is not None:
             return run
@@ -131,7 +136,7 @@ def _traced(
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(
             run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts,
-            module_output=module_output, run_name=f"{tracer} tracer",  # auto's real run: the tracer chosen
+            module_output=module_output, run_name=run_name or f"{tracer} tracer",  # auto's real run: the tracer chosen
         )
     notes = tuple(filter(None, (note, _scripted_note(facts))))
     return dataclasses.replace(run, warnings=notes + run.warnings) if notes else run
@@ -159,20 +164,23 @@ def trace_on_fakes(
     facts: Optional[ModelFacts] = None,
     on_output: Optional[Callable[[Any], None]] = None,
     module_output: Optional[ModuleOutput] = None,
+    run_name: str = "auto tracer",
 ) -> Optional[Trace]:
     """The forward traced on fake copies, as ``tracer="auto"`` traces it first (shape cache,
     structural reuse), with no real run behind it: None where "auto" would count a real run
     (lazy modules, packed or sparse tensors, a forward fakes cannot run, sparse outputs).
     ``on_output`` is given the copy's outputs (the decoding loop continues from its cache), and
-    ``module_output`` one module's (see :func:`flopcount.tracers.dispatch.trace`)."""
+    ``module_output`` one module's (see :func:`flopcount.tracers.dispatch.trace`); ``run_name`` is
+    what a failure line calls the run."""
     call = prepare_call(inputs)
     facts = model_facts(model) if facts is None else facts
     # a step of the decoding loop: its draws from Python's and numpy's generators are left for the next step
-    return _fake_run(model, call, facts, FoundRandom(random_states()), on_output=on_output, module_output=module_output)[0]
+    return _fake_run(model, call, facts, FoundRandom(random_states()), on_output=on_output, module_output=module_output,
+                     run_name=run_name)[0]
 
 
 def _fake_run(
-    model: nn.Module, call: PreparedCall, facts: ModelFacts, drawn: FoundRandom, **options: Any
+    model: nn.Module, call: PreparedCall, facts: ModelFacts, drawn: FoundRandom, run_name: str = "auto tracer", **options: Any
 ) -> Tuple[Optional[Trace], str]:
     """The forward on fake copies and "", or None and why it was not run there (what fakes
     cannot copy or keep) or could not run. A fake run's garbage holds no data: automatic
@@ -200,13 +208,13 @@ def _fake_run(
     unchanged = False
     try:
         with PausedCollections():
-            run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, run_name="auto tracer", **options)
+            run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=watch, run_name=run_name, **options)
         if run.reused_calls and not watch:
             unchanged = same_random_states(drawn.states, random_states())
             if not unchanged:
                 set_random_states(drawn.states)
                 with PausedCollections():
-                    run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, run_name="auto tracer", **options)
+                    run = dispatch.trace(model, call, fake_copy=True, facts=facts, watch_random=True, run_name=run_name, **options)
     except FakeRunError as exc:
         return None, exc.reason
     if _made_sparse(run):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -292,7 +292,7 @@ def _trace(
                     recorder.indices.followed = branches.values.value
                     branches.values.checks_indices = False
                     recorder.known.fake = None  # they follow the fakes' values already: not twice
-                recorder.indices.seed(flat_inputs, call.tensors)
+                recorder.indices.seed(flat_inputs, _with_known(call))
             with attribution or contextlib.nullcontext(), interceptor, recorder, branches:
                 try:
                     outputs = run_model(*args, **kw)
@@ -367,6 +367,14 @@ def _fake_mode(tensors: Iterable[torch.Tensor]) -> Any:
         if isinstance(tensor, fake):
             return tensor.fake_mode  # type: ignore[attr-defined]  # isinstance(tensor, FakeTensor) above
     return None
+
+
+def _with_known(call: PreparedCall) -> Sequence[torch.Tensor]:
+    """The call's tensors, each one without data whose value the caller knows (``call.known``)
+    replaced by that value: what the index checks take each fake input to stand for."""
+    if not call.known:
+        return call.tensors
+    return [known if known is not None else tensor for tensor, known in zip(call.tensors, call.known)]
 
 
 def _backward_error(exc: BaseException, recorder: Recorder, inputs_text: str, run_name: str) -> TraceError:
