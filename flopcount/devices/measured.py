@@ -15,7 +15,8 @@ Sanity (:func:`sanity`): a compute roof below a tenth of the ISA peak (:mod:`.cp
 measurement above the ISA peak (the peak is then raised, and said), bf16 below half of
 float32 on a CPU with bf16 instructions, two passes more than 25 % apart, or a load average
 above the cores: the roofs are measured again (``tries``), and if still not sane they are
-used for this call but never cached, and the result says why.
+used for this call but never cached, and the result says why (``details["not_cached"]``, and
+``Roofs.doubts``: a bound on them is an estimate, not a bound).
 
 Cache: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache`` without it), the only file
 flopcount writes on its own: roofs measured here are written there when sane, so the next call
@@ -187,7 +188,9 @@ def machine_roofs(
         details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
         if problems:
             details["not_cached"] = problems
-            return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details)
+            # rates below what the machine does: a bound on them may be above a real run (Roofs.doubts)
+            return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details,
+                           doubts=tuple(problems))
         roofs = replace(roofs, details=details)
         if cache:
             if key in stored:
