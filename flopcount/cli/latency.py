@@ -138,7 +138,8 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str,
     if doubts:
         basis += f" on roofs measured under load ({'; '.join(doubts)})"
     progress(args, f"latency {basis}: {format_seconds(seconds)} (eager per-op sum {format_seconds(result.latency_s)}, "
-                   f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
+                   f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); "
+                   + ("an estimate, not a bound" if doubts else "a bound, not a forecast"))
     return float(seconds), basis, not doubts
 
 

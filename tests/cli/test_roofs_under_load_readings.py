@@ -117,6 +117,16 @@ def test_count_on_a_datasheet_part_is_a_lower_bound_as_before(machine, capsys):
     assert predict["bound_certain"] is True and predict["bound_doubts"] == [] and predict["roofs"]["doubts"] == []
 
 
+def test_check_on_this_machine_under_load_says_so_on_stderr_too(machine, capsys):
+    """boundcheck's verdict (UNDECIDED, tests/cli/test_check_roofs_under_load.py) stays; the progress
+    line said "a bound, not a forecast" beside it."""
+    machine([LOAD])
+    code, out, err = cli(capsys, "check", "bcmodels.py:Mlp", "-i", "8x16", "--max-latency", "1ms", "--on", "this machine")
+    assert code == 3, (out, err)
+    assert "an estimate, not a bound\n" in err and "a bound, not a forecast" not in err
+    assert f"warning: predict: each latency bound is an estimate, not a bound: roofs measured under load ({LOAD})" in err
+
+
 # ---------------------------------------------------------------------------------------- profile
 
 
