@@ -218,7 +218,7 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
         f"Eager {what} on {roofs.device}: {marked(format_seconds(eager_s), roofs)}: the per-op sum "
         f"{format_seconds(result.latency_s)} (compute {format_seconds(result.compute_s)}, memory "
         f"{format_seconds(result.memory_s)} if each ran alone)"
-        + (", or the any-implementation figure below where larger" if eager_s > result.latency_s else ""),
+        + (f", or the any-implementation {'bound' if roofs.certain else what} below where larger" if eager_s > result.latency_s else ""),
     ]
     if result.any_bound is not None:
         lines.append(
