@@ -34,7 +34,7 @@ the datasheet bound exceeds its fastest run by more than 2 %.
 
 ``--break`` adds a second list (:func:`breaking_cases`, branch boundcheck): cases chosen to break
 the bound — causal attention at long sequence (the CPU flash kernel skips the masked half),
-dynamic int8 Linear (fbgemm's int8 products), GRU, grouped and depthwise convolutions in
+dynamic int8 Linear (fbgemm's int8 products), ``torch._int_mm``, GRU, grouped and depthwise convolutions in
 channels_last, a weight reused from cache, ops that are only overhead, an EmbeddingBag, batch
 64, one thread.
 
@@ -348,6 +348,25 @@ def quantized_mlp(batch: int, width: int = 2048):
     return build
 
 
+class IntMm(nn.Module):
+    """``torch._int_mm`` called directly (int8 x int8 in int32): the int8 roof measures it since
+    branch hwroofs (it ran above fbgemm's dynamic linear, which alone set the roof before)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.randint(-128, 128, (width, width), dtype=torch.int8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._int_mm(x, self.weight)
+
+
+def int_mm(rows: int, width: int):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        return IntMm(width), (torch.randint(-128, 128, (rows, width), dtype=torch.int8),), {}
+
+    return build
+
+
 class Reused(nn.Module):
     """One Linear applied ``times`` times: its weight stays in cache after the first call."""
 
@@ -473,6 +492,9 @@ def breaking_cases() -> List[Case]:
         Case("int8 dynamic mlp 2x2048 b64", quantized_mlp(64)),
         Case("int8 dynamic mlp 2x2048 b64 1 thread", quantized_mlp(64), threads=1),
         Case("int8 dynamic mlp 2x2048 b256", quantized_mlp(256)),
+        Case("int8 _int_mm 64x2048x2048", int_mm(64, 2048)),
+        Case("int8 _int_mm 512x2048x2048", int_mm(512, 2048)),
+        Case("int8 _int_mm 1024x1024x1024", int_mm(1024, 1024)),
         Case("mlp 2x2048 b64 fp32", mlp(64)),
         Case("mlp 2x2048 b64 bf16", mlp(64, bf16)),
         Case("mlp 2x2048 b64 bf16 1 thread", mlp(64, bf16), threads=1),

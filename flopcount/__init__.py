@@ -34,6 +34,7 @@ _EXPORTS: Dict[str, str] = {
     "register_handler": "handlers",
     "FlopcountError": "errors",
     "FlopcountWarning": "errors",
+    "EstimatedBoundWarning": "errors",
     "HandlerError": "errors",
     "TraceError": "errors",
     "UnsupportedOpError": "errors",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
     from flopcount.diffs import DiffResult as DiffResult
     from flopcount.diffs import GrowthReport as GrowthReport
     from flopcount.diffs import diff as diff
+    from flopcount.errors import EstimatedBoundWarning as EstimatedBoundWarning
     from flopcount.errors import FlopcountError as FlopcountError
     from flopcount.errors import FlopcountWarning as FlopcountWarning
     from flopcount.errors import HandlerError as HandlerError

@@ -87,6 +87,13 @@ class UnsupportedOpsWarning(FlopcountWarning):
     ``unsupported_ops()``); filter this class alone to silence just that warning."""
 
 
+class EstimatedBoundWarning(FlopcountWarning):
+    """A reading's bounds (``predict``, ``profile``'s attainable times, ``serve``) rest on this
+    machine's roofs measured under load, which failed the sanity check (``Roofs.doubts``): rates
+    below what the machine does, so each bound is an estimate, not a bound (the result's
+    ``bound_certain`` is False); filter this class alone to silence just that warning."""
+
+
 def is_int_at_least(value: object, low: int) -> bool:
     """Whether ``value`` is an int of at least ``low``; a bool is not one here (Python's True is
     an int equal to 1, never a count a caller means)."""

@@ -52,7 +52,8 @@ class Status(str, Enum):
 
 #: What a diagnostic says about a count: an op without a handler ran (``unsupported``), the
 #: tracer could not see some work or a placeholder decided a value (``gap``): both make the
-#: count incomplete; an op's figure depends on data (``estimate``); anything else (``warning``).
+#: count incomplete; an op's figure depends on data, or a bound rests on roofs measured under
+#: load (``estimate``); anything else (``warning``).
 DiagnosticKind = Literal["unsupported", "gap", "estimate", "warning"]
 
 

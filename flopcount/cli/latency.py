@@ -134,11 +134,12 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str,
     math = float32_math_text(result.float32_math())
     # a FAIL is certain under the math the bound assumed (--matmul-tf32 for an engine that runs TF32)
     basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}" + (f" with {math}" if math else "")
-    doubts = tuple(result.roofs.details.get("not_cached", ()))
+    doubts = result.roofs.doubts
     if doubts:
         basis += f" on roofs measured under load ({'; '.join(doubts)})"
     progress(args, f"latency {basis}: {format_seconds(seconds)} (eager per-op sum {format_seconds(result.latency_s)}, "
-                   f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); a bound, not a forecast")
+                   f"any implementation {format_seconds(result.any_s)}; {result.roofs.source}); "
+                   + ("an estimate, not a bound" if doubts else "a bound, not a forecast"))
     return float(seconds), basis, not doubts
 
 

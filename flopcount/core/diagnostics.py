@@ -5,10 +5,15 @@ records instead of parsing sentences."""
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Tuple
+import warnings
+from typing import TYPE_CHECKING, Dict, Iterable, Mapping, Tuple
 
+from flopcount.errors import EstimatedBoundWarning
 from flopcount.types import Diagnostic
 from flopcount.units import ROOT_LABEL
+
+if TYPE_CHECKING:
+    from flopcount.devices.roofline import Roofs
 
 
 def unsupported_ops(counts: Mapping[str, int]) -> Tuple[Diagnostic, ...]:
@@ -25,6 +30,33 @@ def module_place(path: str) -> str:
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type's name when the message is empty)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def estimated_text(roofs: Roofs, figures: str) -> str:
+    """The sentence a reading on ``roofs`` with doubts stores and warns, ``figures`` naming what
+    it computed on them ("predict: each latency bound"): "... is an estimate, not a bound: roofs
+    measured under load (load average 5.60 above the 2 cores)"; "" without doubts."""
+    from flopcount.devices.roofline import doubts_text
+
+    return f"{figures} is {doubts_text(roofs.doubts)}" if roofs.doubts else ""
+
+
+def warn_estimated(roofs: Roofs, figures: str, stacklevel: int = 3) -> Tuple[str, ...]:
+    """Warn once (:class:`~flopcount.errors.EstimatedBoundWarning`, at the reading's caller) that
+    ``figures`` on ``roofs`` are estimates, where the roofs have doubts; the sentence, to store
+    on the result (none without doubts). ``stacklevel``: the caller's frame as seen from here
+    (3: the caller of the function that called this one)."""
+    text = estimated_text(roofs, figures)
+    if not text:
+        return ()
+    warnings.warn(text, EstimatedBoundWarning, stacklevel=stacklevel)
+    return (text,)
+
+
+def estimate_diagnostics(roofs: Roofs, figures: str) -> Tuple[Diagnostic, ...]:
+    """One "estimate" record, :func:`estimated_text`'s sentence, where ``roofs`` have doubts."""
+    text = estimated_text(roofs, figures)
+    return (Diagnostic("estimate", text),) if text else ()
 
 
 def unique(records: Iterable[Diagnostic]) -> Tuple[Diagnostic, ...]:

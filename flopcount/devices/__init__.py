@@ -80,8 +80,11 @@ def gpu_ceiling(measured: Roofs, sheet: Roofs) -> Roofs:
     peaks = {**sheet.peak_flops, **{dtype: max(rate, sheet.peak_flops.get(dtype, 0.0)) for dtype, rate in measured.peak_flops.items()}}
     ceiling = f"each rate the higher of the measured one and the {sheet.device} datasheet's (tuned kernels beat a measured GPU rate)"
     details = {**measured.details, "ceiling": ceiling, "datasheet": sheet.to_dict()}
+    # a rate measured under load is raised to the datasheet's like any other; one the datasheet
+    # lacks stays as measured, and so do the doubts about it
+    doubts = measured.doubts if any(dtype not in sheet.peak_flops for dtype in measured.peak_flops) else ()
     return Roofs(peaks, max(measured.bandwidth, sheet.bandwidth), measured.device, "measured, datasheet ceiling",
-                 details, sheet.levels or measured.levels, sheet.math)
+                 details, sheet.levels or measured.levels, sheet.math, doubts)
 
 
 def default_bound(roofs: Roofs) -> BoundKind:

@@ -4,8 +4,9 @@ sanity-checked, cached per machine.
 Compute roof per dtype: the highest rate among the libraries torch dispatches to, a square
 GEMM (BLAS), two 3x3 convolutions in channels_last (oneDNN) and a batched ``linear``; each the
 best of several timed calls within its share of ``budget_s``. On a CPU also int8, the roof of
-quantized kernels (``quantize_dynamic``'s Linear): the best of fbgemm's dynamic quantized
-linear at three shapes (its int8 products ran at 2-4x the float32 roof on an AVX-512 VNNI CPU). Bandwidth per level (the
+quantized kernels (``quantize_dynamic``'s Linear) and int8 products: the best of fbgemm's dynamic
+quantized linear and aten's ``_int_mm`` at three shapes each (int8 products ran at 2-4x the float32
+roof on an AVX-512 VNNI CPU). Bandwidth per level (the
 Cache-Aware Roofline Model): the best of ``out += b``, ``out = a + b`` and ``out.copy_(a)``
 (bytes read + written, the profile's convention) over working sets sized to each data cache
 (half of what ``threads`` threads hold in it, from /sys) and to main memory; each level's
@@ -15,7 +16,8 @@ Sanity (:func:`sanity`): a compute roof below a tenth of the ISA peak (:mod:`.cp
 measurement above the ISA peak (the peak is then raised, and said), bf16 below half of
 float32 on a CPU with bf16 instructions, two passes more than 25 % apart, or a load average
 above the cores: the roofs are measured again (``tries``), and if still not sane they are
-used for this call but never cached, and the result says why.
+used for this call but never cached, and the result says why (``details["not_cached"]``, and
+``Roofs.doubts``: a bound on them is an estimate, not a bound).
 
 Cache: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache`` without it), the only file
 flopcount writes on its own: roofs measured here are written there when sane, so the next call
@@ -187,7 +189,9 @@ def machine_roofs(
         details.setdefault("how", "best of GEMM/conv/linear per dtype; streams per memory level")
         if problems:
             details["not_cached"] = problems
-            return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details)
+            # rates below what the machine does: a bound on them may be above a real run (Roofs.doubts)
+            return replace(roofs, source="measured (not cached: " + "; ".join(problems) + ")", details=details,
+                           doubts=tuple(problems))
         roofs = replace(roofs, details=details)
         if cache:
             if key in stored:
@@ -434,25 +438,53 @@ def _conv3x3(dev: torch.device, dtype: torch.dtype, n: int, c: int, hw: int) -> 
 
 
 def _int8_kernels(dev: torch.device) -> List[Tuple[str, Tuple[Callable[[], Any], float]]]:
-    """fbgemm's dynamic quantized linear, what ``quantize_dynamic``'s Linear calls (the activations
-    quantized per call, the products int8 x int8 in int32), at three shapes (64 rows ran 10 %
-    above 256 on the project's AMD VM), with their FLOPs (2 per multiply-add); none on a device or
-    build without fbgemm (``torch._int_mm`` would be a private torch symbol: left out)."""
-    if dev.type != "cpu" or "fbgemm" not in torch.backends.quantized.supported_engines:
+    """The int8 products a model can call on a CPU, each at three shapes (64 rows ran 10 % above
+    256 on the project's AMD VM), with their FLOPs (2 per multiply-add): fbgemm's dynamic
+    quantized linear, what ``quantize_dynamic``'s Linear calls (the activations quantized per
+    call, the products int8 x int8 in int32; none on a build without fbgemm), and aten's
+    ``_int_mm`` (int8 x int8 in int32, no quantized tensors), which ran above it here (843
+    GFLOP/s at 1024^3 against fbgemm's best 646, under load 6.6: a roof without it was beaten
+    by a model calling it). Read as a dispatcher key (``torch.ops.aten._int_mm.default``), as
+    the handler tables name ops; none where this torch has no such operator."""
+    if dev.type != "cpu":
         return []
+    shapes = ((64, 2048), (256, 2048), (1024, 1024))
     kernels = []
-    for rows, width in ((64, 2048), (256, 2048), (1024, 1024)):
-        with warnings.catch_warnings(), contextlib.suppress(RuntimeError):
-            warnings.simplefilter("ignore")  # quantized tensors are deprecated; quantize_dynamic still makes them
-            kernels.append((f"linear {rows}x{width}x{width} quantized dynamic", _quantized_linear(dev, rows, width)))
+    if "fbgemm" in torch.backends.quantized.supported_engines:
+        for rows, width in shapes:
+            with contextlib.suppress(RuntimeError):
+                kernels.append((f"linear {rows}x{width}x{width} quantized dynamic", _quantized_linear(dev, rows, width)))
+    for rows, width in shapes:
+        with contextlib.suppress(AttributeError, RuntimeError):  # AttributeError: no such operator in this torch
+            kernels.append((f"{rows}x{width}x{width} _int_mm", _int8_product(dev, rows, width)))
     return kernels
 
 
+#: the operators read as dispatcher keys here (``_aten._int_mm.default``), as the tracers' are
+_aten = torch.ops.aten
+#: the deprecation ``torch.quantize_per_tensor`` raises (once per process, from C++), which
+#: measuring the int8 roof is not the user's use of; every other warning stays as it was
+_QUANTIZED_DEPRECATION = r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor creation"
+
+
 def _quantized_linear(dev: torch.device, rows: int, width: int) -> Tuple[Callable[[], Any], float]:
-    weight = torch.quantize_per_tensor(_operand(dev, torch.float32, width, width), 0.05, 0, torch.qint8)
+    with warnings.catch_warnings():
+        # only this message, only around this call (simplefilter("ignore") around the whole
+        # kernel silenced every warning, any thread's, while it ran)
+        warnings.filterwarnings("ignore", message=_QUANTIZED_DEPRECATION, category=UserWarning)
+        weight = torch.quantize_per_tensor(_operand(dev, torch.float32, width, width), 0.05, 0, torch.qint8)
     packed = torch.ops.quantized.linear_prepack(weight, None)
     x = _operand(dev, torch.float32, rows, width)
     return (lambda: torch.ops.quantized.linear_dynamic(x, packed, True)), 2.0 * rows * width * width
+
+
+def _int8_product(dev: torch.device, rows: int, width: int) -> Tuple[Callable[[], Any], float]:
+    """``(rows, width) @ (width, width)`` in int8, accumulated in int32."""
+    product = _aten._int_mm.default
+    a = _operand(dev, torch.int8, rows, width)
+    b = _operand(dev, torch.int8, width, width)
+    product(a, b)  # a shape or build it does not take raises here, before it is timed
+    return (lambda: product(a, b)), 2.0 * rows * width * width
 
 
 def _gemm_rate(dev: torch.device, dtype: torch.dtype, budget_s: float, timer: Callable[[Callable[[], Any]], float]) -> Tuple[float, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Sequence, Tuple
 
 from flopcount.errors import UsageError
 from flopcount.types import OpCall, TensorMeta, out_of_place
@@ -39,6 +39,18 @@ def bound_seconds(kind: str, latency_s: float, any_s: float) -> float:
     if kind == "any":
         return any_s
     raise UsageError(f"bound must be 'eager' or 'any', got {kind!r}")
+
+
+#: the mark beside a figure computed on roofs with doubts (:attr:`Roofs.doubts`), as ``check``'s
+#: line has it (``~ 8.012 ms``): an estimate, not a bound
+ESTIMATE_MARK = "~"
+
+
+def doubts_text(doubts: Sequence[str]) -> str:
+    """What a figure computed on roofs with ``doubts`` is, in words: "an estimate, not a bound:
+    roofs measured under load (load average 5.60 above the 2 cores)"; "" without doubts."""
+    return f"an estimate, not a bound: roofs measured under load ({'; '.join(doubts)})" if doubts else ""
+
 
 #: How a profile's figures are made, printed under every profile report.
 PROFILE_CONVENTION = (
@@ -229,7 +241,12 @@ class Roofs:
     first; main memory (``bandwidth``) is always the last level. ``math``: op family ->
     the column its float32 work is priced at (``{"conv": "tfloat32"}`` for cuDNN's
     default TF32 convolutions and RNN layers), the modeled device's math modes, never the
-    host's flags; attention's column follows from them (:meth:`column`).
+    host's flags; attention's column follows from them (:meth:`column`). ``doubts``: why a
+    bound on these roofs may be above what the device runs (empty: none): the sanity problems
+    of this machine's roofs measured now and found not sane (a load average above the cores,
+    two passes apart: rates below what the machine does), so each figure computed on them is
+    an estimate, not a bound (docs/devices.md, "Roofs measured under load"). Sane measured,
+    cached, datasheet and given roofs have none.
     """
 
     peak_flops: Mapping[str, float]
@@ -239,6 +256,7 @@ class Roofs:
     details: Mapping[str, Any] = field(default_factory=dict)
     levels: Tuple[MemoryLevel, ...] = ()
     math: Mapping[str, str] = field(default_factory=dict)
+    doubts: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -365,6 +383,11 @@ class Roofs:
         modes = "".join(f"; float32 {fam} as {col}" for fam, col in self.math.items())
         return f"{self.device or 'device'}: {peaks}; bandwidth {self.bandwidth / 1e9:.4g} GB/s{caches}{modes} ({self.source})"
 
+    @property
+    def certain(self) -> bool:
+        """Whether a bound on these roofs is one: no :attr:`doubts`."""
+        return not self.doubts
+
     def to_dict(self) -> Dict[str, Any]:
         return {
             "device": self.device,
@@ -374,19 +397,26 @@ class Roofs:
             "levels": [lv.to_dict() for lv in self.levels],
             "math": dict(self.math),
             "details": dict(self.details),
+            "doubts": list(self.doubts),
         }
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Roofs:
+        details = dict(data.get("details", {}))
+        source = str(data.get("source", "given"))
+        doubts = data.get("doubts")
+        if doubts is None and source.startswith("measured (not cached"):  # written before "doubts" was a field
+            doubts = details.get("not_cached", ())
         return Roofs(
             {str(k): float(v) for k, v in data["peak_flops"].items()},
             float(data["bandwidth"]),
             str(data.get("device", "")),
-            str(data.get("source", "given")),
-            dict(data.get("details", {})),
+            source,
+            details,
             tuple(MemoryLevel(str(lv["name"]), *(None if lv.get(k) is None else float(lv[k]) for k in ("capacity", "bandwidth")))
                   for lv in data.get("levels", ())),
             {str(k): str(v) for k, v in data.get("math", {}).items()},
+            tuple(str(d) for d in doubts or ()),
         )
 
 

@@ -48,11 +48,13 @@ def totals_of(result: FlopResult) -> Dict[str, Number]:
     return values
 
 
-def bound_of(result: FlopResult) -> Optional[Tuple[float, str]]:
+def bound_of(result: FlopResult) -> Optional[Tuple[float, str, bool]]:
     """The latency bound a ``count --on PART`` report holds, as ``check --on`` holds a budget
     to it there (the any-implementation bound on a datasheet part, the eager one on this
-    machine), and what it is: ``(seconds, "any-implementation lower bound on H100 SXM,
-    bfloat16")``; None when the report holds none."""
+    machine), what it is and whether it is one: ``(seconds, "any-implementation lower bound
+    on H100 SXM, bfloat16", True)``; on this machine's roofs measured under load an estimate
+    (``"eager estimate on ..., not a bound: roofs measured under load (...)", False``); None
+    when the report holds none."""
     saved = result.sections.get("predict")
     if not isinstance(saved, Mapping) or not isinstance(saved.get("roofs"), Mapping):
         return None
@@ -60,8 +62,11 @@ def bound_of(result: FlopResult) -> Optional[Tuple[float, str]]:
     kind = default_bound(roofs)
     seconds = bound_seconds(kind, float(saved["latency_s"]), float(saved.get("any_s") or 0.0))
     dtype = saved.get("dtype")
-    basis = f"{BOUND_NAMES[kind]} lower bound on {roofs.device}" + (f", {dtype}" if dtype else "")
-    return seconds, basis
+    what = "lower bound" if roofs.certain else "estimate"
+    basis = f"{BOUND_NAMES[kind]} {what} on {roofs.device}" + (f", {dtype}" if dtype else "")
+    if not roofs.certain:
+        basis += f", not a bound: roofs measured under load ({'; '.join(roofs.doubts)})"
+    return seconds, basis, roofs.certain
 
 
 def _values(first: str, value: Number, t: Union[CostRow, Totals]) -> Dict[str, Number]:
@@ -118,7 +123,8 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
     result_b, label_b = as_result(b, "B")
     totals_a, totals_b = totals_of(result_a), totals_of(result_b)
     bound_a, bound_b = bound_of(result_a), bound_of(result_b)
-    if bound_a is not None and bound_b is not None and bound_a[1] == bound_b[1]:  # the same bound on the same part
+    # the same bound on the same part; an estimate (roofs measured under load) is compared with nothing
+    if bound_a is not None and bound_b is not None and bound_a[1] == bound_b[1] and bound_a[2] and bound_b[2]:
         totals_a["latency_bound"], totals_b["latency_bound"] = bound_a[0], bound_b[0]
     both = [m for m in METRICS if m in totals_a and m in totals_b]
     totals = Change("total", "", "", 0, _status(totals_a, totals_b),

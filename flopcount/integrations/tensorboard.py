@@ -42,17 +42,19 @@ def write_tensorboard(
 def profile_scalars(result: Any, top: int = 10, prefix: str = "flopcount/profile") -> Dict[str, float]:
     """``{tag: value}`` of a :class:`~flopcount.profiling.ProfileResult`: the step time (ms),
     its FLOPs, the achieved TFLOP/s, and for the ``top`` operators by time their time (ms) and
-    efficiency against the roofs (attainable time / measured time)."""
+    efficiency against the roofs (attainable time / measured time; tagged ``op_efficiency_estimate``
+    where the roofs were measured under load: ``result.bound_certain`` False)."""
     step_s = float(result.total_time_s)
     flops = float(sum(r.flops for r in result.rows))
     scalars = {f"{prefix}/step_ms": step_s * 1e3, f"{prefix}/flops": flops}
     if step_s > 0:
         scalars[f"{prefix}/tflops_per_s"] = flops / step_s / 1e12
     operators = sorted(result.by_operator().items(), key=lambda kv: -kv[1].time_s)[:top]
+    efficiency = "op_efficiency" if getattr(result, "bound_certain", True) else "op_efficiency_estimate"
     for name, row in operators:
         scalars[f"{prefix}/op_ms/{name}"] = float(row.time_s) * 1e3
         if row.efficiency is not None:
-            scalars[f"{prefix}/op_efficiency/{name}"] = float(row.efficiency)
+            scalars[f"{prefix}/{efficiency}/{name}"] = float(row.efficiency)
     return scalars
 
 

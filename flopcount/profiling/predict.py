@@ -29,7 +29,7 @@ import torch
 
 from flopcount.core.analysis import cost_events, is_view_op, uncompiled
 from flopcount.core.deprecation import modeled_part
-from flopcount.core.diagnostics import from_texts
+from flopcount.core.diagnostics import estimate_diagnostics, from_texts, warn_estimated
 from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import require_module
 from flopcount.core.ledger import Ledger
@@ -47,6 +47,9 @@ from flopcount.profiling._bytes import call_dtype, traffic_as
 from flopcount.tracers import trace
 from flopcount.types import Cost, Diagnostic, OpEvent, TensorMeta, dtype_key, dtype_name, out_of_place
 from flopcount.units import format_count
+
+#: what predict computes on its roofs, as the sentence on roofs measured under load names it
+ESTIMATED = "predict: each latency bound"
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
 PredictRow = CostRow
@@ -75,9 +78,16 @@ class PredictResult(BookedRows, Rendered):
     reused_calls: int = field(default=0, compare=False)
 
     def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """Ops without a handler, left out of the bound ("unsupported"), then the warnings ("warning")."""
-        return from_texts((Diagnostic("unsupported", f"{op} has no handler: left out of the bound", op) for op in self.unsupported),
-                          self.warnings)
+        """Ops without a handler, left out of the bound ("unsupported"), that the bounds are
+        estimates ("estimate": roofs measured under load), then the warnings ("warning")."""
+        unsupported = [Diagnostic("unsupported", f"{op} has no handler: left out of the bound", op) for op in self.unsupported]
+        return from_texts([*unsupported, *estimate_diagnostics(self.roofs, ESTIMATED)], self.warnings)
+
+    @property
+    def bound_certain(self) -> bool:
+        """False when the roofs have doubts (this machine's, measured under load: :attr:`Roofs.doubts`):
+        each figure is then an estimate, not a bound."""
+        return self.roofs.certain
 
     @property
     def latency_s(self) -> float:
@@ -130,6 +140,8 @@ class PredictResult(BookedRows, Rendered):
             "unsupported": list(self.unsupported),
             "rows": [r.to_dict() for r in self.rows],
             "warnings": list(self.warnings),
+            "bound_certain": self.bound_certain,
+            "bound_doubts": list(self.roofs.doubts),
             "note": ("lower bounds, not forecasts: latency_s (eager) = sum over ops of max(FLOPs / peak, bytes / bandwidth of "
                      "the fastest level holding the op's working set); any_s (any implementation) = max(FLOPs / peak, "
                      "unavoidable bytes / bandwidth)"),
@@ -217,6 +229,7 @@ def predict(
     if unsupported:
         warnings += (f"ops without a handler are left out of the bound: {', '.join(unsupported)}",)
     warnings += _unpriced_notes(roofs, unpriced)
+    warnings += warn_estimated(roofs, ESTIMATED)
     return PredictResult(
         tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced),
         ledger.cost_rows("operators"), ledger.cost_rows("modules"), ledger.cost_rows("phases"),

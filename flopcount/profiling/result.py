@@ -7,14 +7,18 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
-from flopcount.core.diagnostics import FromWarnings
+from flopcount.core.diagnostics import FromWarnings, estimate_diagnostics, from_texts
 from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, BookedRows, Category, CostRow, TimeSource
 from flopcount.devices.roofline import PROFILE_CONVENTION, Roofs
+from flopcount.types import Diagnostic
 
 __all__ = [
     "ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "Category", "Overview", "ProfileResult", "ProfileRow", "TimeSource", "Unmatched",
 ]
+
+#: what a profile computes on its roofs, as the sentence on roofs measured under load names it
+ESTIMATED = "profile: each attainable time (and the efficiency and bound read from it)"
 
 #: profile's rows are the ledger's rows (0.2 name kept)
 ProfileRow = CostRow
@@ -78,6 +82,18 @@ class ProfileResult(FromWarnings, BookedRows, Rendered):
         return self.overview.step_s
 
     @property
+    def bound_certain(self) -> bool:
+        """False when the roofs have doubts (this machine's, measured under load:
+        :attr:`Roofs.doubts`): each attainable time, and the efficiency and bound read from
+        it, is then an estimate, not a bound."""
+        return self.roofs.certain
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """That the attainable times are estimates ("estimate": roofs measured under load),
+        then the warnings ("warning"), each once."""
+        return from_texts(estimate_diagnostics(self.roofs, ESTIMATED), self.warnings)
+
+    @property
     def op_time_s(self) -> float:
         """Sum of the joined rows' times per step."""
         return self.column_sum("measured_s")
@@ -107,6 +123,8 @@ class ProfileResult(FromWarnings, BookedRows, Rendered):
             "data_movement": [r.to_dict() for r in self.data_movement().values()],
             "unmatched": [asdict(u) for u in self.unmatched],
             "warnings": list(self.warnings),
+            "bound_certain": self.bound_certain,
+            "bound_doubts": list(self.roofs.doubts),
             "convention": PROFILE_CONVENTION,
         }
 

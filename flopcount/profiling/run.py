@@ -20,6 +20,7 @@ from torch import nn
 
 from flopcount.bench.device import real_run, synchronize
 from flopcount.core.analysis import cost_events, uncompiled
+from flopcount.core.diagnostics import warn_estimated
 from flopcount.core.inputs import PreparedCall, prepare_call, require_module
 from flopcount.core.model_facts import model_facts
 from flopcount.core.registry import HandlerRegistry
@@ -29,7 +30,7 @@ from flopcount.devices.roofline import TF32X3, Roofs
 from flopcount.errors import UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.profiling import _book, _tree
-from flopcount.profiling.result import ProfileResult
+from flopcount.profiling.result import ESTIMATED, ProfileResult
 from flopcount.step.loss import backward_roots, differentiable, needs_backward, nothing_to_differentiate, unique_tensors
 from flopcount.tracers import dispatch
 from flopcount.tracers.fake.copies import has_lazy_parameters, shared_tensor_copy
@@ -178,7 +179,8 @@ def profile(
         warmup=warmup,
         backward=backward,
         timing="device" if dev.type == "cuda" else "cpu",
-        warnings=tuple(trace.warnings) + _swap_notes(measured.swaps, count),
+        # stacklevel 4: the caller, above one_at_a_time's wrapper
+        warnings=tuple(trace.warnings) + _swap_notes(measured.swaps, count) + warn_estimated(roof, ESTIMATED, stacklevel=4),
         trace=captured.get("trace"),
         trace_args=args,
         _operators=ledger.cost_rows("operators"),

@@ -9,7 +9,7 @@ from typing import Any, List
 from tabulate import tabulate
 
 from flopcount.core.rendering import renders
-from flopcount.devices.roofline import FAMILIES, FAMILY_NAMES
+from flopcount.devices.roofline import FAMILIES, FAMILY_NAMES, doubts_text
 from flopcount.units import format_bytes
 
 
@@ -38,6 +38,9 @@ def roofs_table(roofs: Any, fmt: str = "simple") -> str:
     keys = ("isa_formula", "measured_at", "load", "threads", "how", "not_cached", "raised_to_achieved")
     lines += [f"{key}: {roofs.details[key]}" for key in keys if key in roofs.details]
     lines += [f"{key}: {value}" for key, value in roofs.details.items() if key.startswith(("compute_", "bandwidth"))]
+    if roofs.doubts:
+        lines.append(f"A bound on these roofs is {doubts_text(roofs.doubts)}: rates below what this machine does "
+                     "(count --on, check --on, profile and serve mark each figure on them ~)")
     return "\n".join(lines) + "\n"
 
 

@@ -125,7 +125,7 @@ def unlike_sides(diff: DiffResult) -> List[str]:
 
 def _bound_notes(diff: DiffResult) -> List[str]:
     """What the latency bound row is, or why there is none though a side holds one."""
-    if diff.a_bound and diff.a_bound == diff.b_bound:
+    if diff.a_bound and diff.a_bound == diff.b_bound and diff.totals.before("latency_bound") is not None:
         return [f"latency bound: the {diff.a_bound} (count --on), a bound, not a measurement"]
     if diff.a_bound and diff.b_bound:
         return [f"latency bounds not compared: A's is the {diff.a_bound}, B's the {diff.b_bound}"]

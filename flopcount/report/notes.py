@@ -1,10 +1,12 @@
-"""What a report must say besides its numbers: why a count may be short, and every
-warning of the result (tracer, fallback, benchmark). Shared by every text report."""
+"""What a report must say besides its numbers: why a count may be short, every warning of
+the result (tracer, fallback, benchmark), and that a figure on roofs measured under load is an
+estimate, not a bound. Shared by every text report."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Tuple
 
+from flopcount.devices.roofline import ESTIMATE_MARK, Roofs, doubts_text
 from flopcount.units import ROOT_LABEL
 
 if TYPE_CHECKING:
@@ -51,3 +53,18 @@ def _md(text: str) -> str:
     for char in ("\\", "*", "_", "|"):
         text = text.replace(char, "\\" + char)
     return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def estimate_line(roofs: Roofs) -> str:
+    """The line a report on ``roofs`` with doubts prints with its figures ("" without doubts):
+    what the ``~`` beside a figure means, and why."""
+    if roofs.certain:
+        return ""
+    return (f"{ESTIMATE_MARK} marks {doubts_text(roofs.doubts)}: rates below what this machine does, so a real run "
+            "can be faster than such a figure (measure the roofs again when the load is below the cores: "
+            "flopcount roofs --remeasure)")
+
+
+def marked(text: str, roofs: Roofs) -> str:
+    """``text`` (a figure) with the estimate mark before it where ``roofs`` have doubts."""
+    return text if roofs.certain else f"{ESTIMATE_MARK} {text}"

@@ -10,7 +10,8 @@ import io
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from flopcount.core.rendering import renders
-from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound, float32_math_text
+from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound, Roofs, doubts_text, float32_math_text
+from flopcount.report.notes import estimate_line, marked
 from flopcount.report.table import grid
 from flopcount.units import ROOT_LABEL, format_bytes, format_count, format_seconds, format_share
 
@@ -29,8 +30,14 @@ def _ratio(value: Optional[float]) -> str:
 FLAGGED, APPORTIONED = "!", "~"
 
 
-def _efficiency_cell(row: ProfileRow) -> str:
-    return APPORTIONED if row.time_source != "measured" else _ratio(row.efficiency) + (FLAGGED if row.flag else "")
+def _efficiency_cell(row: ProfileRow, roofs: Roofs) -> str:
+    """The row's efficiency (its attainable time over its time), ``~`` before it on roofs with
+    doubts; ``~`` alone where the time was apportioned."""
+    if row.time_source != "measured":
+        return APPORTIONED
+    if row.efficiency is None:
+        return "-"
+    return marked(_ratio(row.efficiency), roofs) + (FLAGGED if row.flag else "")
 
 
 def _rows_for(result: ProfileResult, by: str, depth: Optional[int] = None) -> List[ProfileRow]:
@@ -65,7 +72,7 @@ def _time_cells(row: ProfileRow, total: float) -> List[str]:
             format_share(row.measured_s, total)]
 
 
-def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
+def _cells(row: ProfileRow, by: str, total: float, roofs: Roofs) -> List[str]:
     return [
         row.module or ROOT_LABEL if by == "module" else row.name,
         *([row.module or ROOT_LABEL, row.phase] if by == "op" else []),
@@ -76,8 +83,8 @@ def _cells(row: ProfileRow, by: str, total: float) -> List[str]:
         format_count(row.achieved_flops_per_s),
         _ratio(row.intensity),
         row.bound if row.attainable_s > 0 else "-",
-        format_seconds(row.attainable_s),
-        _efficiency_cell(row),
+        marked(format_seconds(row.attainable_s), roofs),
+        _efficiency_cell(row, roofs),
     ]
 
 
@@ -105,7 +112,7 @@ def data_movement_table(result: ProfileResult, *, limit: Optional[int] = 10, fmt
         [
             [r.name, f"{r.calls:g}", format_bytes(r.bytes), *_time_cells(r, total),
              format_count(r.achieved_bytes_per_s) + "B/s" if r.achieved_bytes_per_s else "-",
-             format_seconds(r.attainable_s), _efficiency_cell(r)]
+             marked(format_seconds(r.attainable_s), result.roofs), _efficiency_cell(r, result.roofs)]
             for r in shown
         ],
         ["data movement (no FLOPs)", "calls", "bytes", f"time ({result.timing})", "share", "achieved bandwidth", "attainable",
@@ -128,11 +135,12 @@ def profile_table(
         rows.sort(key=lambda r: -r.measured_s)
     total = result.total_time_s
     shown = rows if limit is None else rows[:limit]
-    body = grid([_cells(r, by, total) for r in shown], _header(by, result.timing), fmt, disable_numparse=True)
+    body = grid([_cells(r, by, total, result.roofs) for r in shown], _header(by, result.timing), fmt, disable_numparse=True)
     lines = [body]
     if limit is not None and len(rows) > limit:
         lines.append(f"... {len(rows) - limit} more rows (limit={limit})")
     lines += marks_lines(shown)
+    lines += [line for line in (estimate_line(result.roofs),) if line]
     if by != "module":
         movement = data_movement_table(result, fmt=fmt)
         if movement:
@@ -146,7 +154,7 @@ def profile_table(
     ]
     lines += unmatched_lines(result)
     lines.append(PROFILE_CONVENTION)
-    lines += [f"warning: {w}" for w in result.warnings]
+    lines += [f"warning: {d.text}" for d in result.diagnostics() if d.kind == "warning"]  # the estimate: its ~ line
     return ("\n\n" if fmt == "github" else "\n").join(lines)
 
 
@@ -166,59 +174,70 @@ def unmatched_lines(result: ProfileResult, limit: int = 8) -> List[str]:
 _CSV_FIELDS = (
     "name", "module", "phase", "calls", "flops", "macs", "bytes", "time_s", "host_time_s",
     "achieved_flops_per_s", "intensity", "bound", "compute_s", "memory_s", "attainable_s", "efficiency", "dtype",
-    "time_source", "category", "achieved_bytes_per_s", "flag",
+    "time_source", "category", "achieved_bytes_per_s", "flag", "bound_certain", "bound_doubts",
 )
 
 
 @renders("ProfileResult", "csv")
 def profile_csv(result: ProfileResult, *, by: str = "op") -> str:
-    """One CSV line per row (per op by default), every figure unformatted."""
+    """One CSV line per row (per op by default), every figure unformatted; the last two columns
+    say whether the row's attainable time and efficiency are bounds (``bound_certain``) and,
+    where not, why (``bound_doubts``: the roofs were measured under load)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(_CSV_FIELDS)
+    doubts = {"bound_certain": result.roofs.certain, "bound_doubts": doubts_text(result.roofs.doubts)}
     for row in _rows_for(result, by):
-        data: Dict[str, Any] = row.to_dict()
+        data: Dict[str, Any] = {**row.to_dict(), **doubts}
         writer.writerow(["" if data[f] is None else data[f] for f in _CSV_FIELDS])
     return buffer.getvalue()
 
 
 @renders("PredictResult", "table")
 def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str = "simple") -> str:
-    """The per-operator lower bounds, largest first, and the total."""
+    """The per-operator lower bounds, largest first, and the total; on roofs with doubts
+    (measured under load) each figure marked ``~`` and named an estimate."""
+    roofs = result.roofs
     rows: Sequence[Any] = list(result.by_operator().values())
     shown = rows if limit is None else rows[:limit]
     body = grid(
         [
             [r.name, f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
              r.bound if r.latency_s > 0 else "-",
-             format_seconds(r.latency_s), format_share(r.latency_s, result.latency_s)]
+             marked(format_seconds(r.latency_s), roofs), format_share(r.latency_s, result.latency_s)]
             for r in shown
         ],
-        ["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound", "share"],
+        ["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound" if roofs.certain else "estimate", "share"],
         fmt,
         disable_numparse=True,
     )
     eager_s = result.bound_s("eager")
+    what = "lower bound" if roofs.certain else "estimate"
     lines = [
         body,
-        f"Eager lower bound on {result.roofs.device}: {format_seconds(eager_s)}: the per-op sum "
+        f"Eager {what} on {roofs.device}: {marked(format_seconds(eager_s), roofs)}: the per-op sum "
         f"{format_seconds(result.latency_s)} (compute {format_seconds(result.compute_s)}, memory "
         f"{format_seconds(result.memory_s)} if each ran alone)"
-        + (", or the any-implementation bound below where larger" if eager_s > result.latency_s else ""),
+        + (f", or the any-implementation {'bound' if roofs.certain else what} below where larger" if eager_s > result.latency_s else ""),
     ]
     if result.any_bound is not None:
         lines.append(
-            f"Any implementation (fused or not): {format_seconds(result.any_s)} = max(all FLOPs / peak "
+            f"Any implementation (fused or not): {marked(format_seconds(result.any_s), roofs)} = max(all FLOPs / peak "
             f"{format_seconds(result.any_bound.compute_s)}, {_unavoidable_memory(result.any_bound)})")
     math = float32_math_text(result.float32_math())
     if math:
         lines.append(f"Math: {math} (the part's math modes for float32 work)")
     lines += [
-        f"Roofs: {result.roofs.describe()}",
+        f"Roofs: {roofs.describe()}",
         "Bounds, not forecasts: the first is the sum over ops of max(FLOPs / peak, bytes / bandwidth of the fastest "
         "memory level holding them), for this eager program; real runs add launch and framework overhead and "
-        "imperfect kernels, and an engine that fuses ops can beat it but not the any-implementation bound.",
+        "imperfect kernels, and an engine that fuses ops can beat it but not the any-implementation bound."
+        if roofs.certain else
+        "Estimates, not bounds: the same sums (each op's max(FLOPs / peak, bytes / bandwidth), and the "
+        "any-implementation max) on roofs below what this machine does.",
     ]
+    if not roofs.certain:
+        lines.insert(1, estimate_line(roofs))
     lines += [f"Note: {w}" for w in result.warnings if "has no peak for" in w]
     return ("\n\n" if fmt == "github" else "\n").join(lines)
 
@@ -241,9 +260,10 @@ def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator"
 
     from flopcount.report.html import page
 
-    rows = [_cells(r, by, result.total_time_s) for r in _rows_for(result, by, depth)]
+    rows = [_cells(r, by, result.total_time_s, result.roofs) for r in _rows_for(result, by, depth)]
     body = grid(rows, _header(by, result.timing), "html", disable_numparse=True)
-    notes = [*marks_lines(_rows_for(result, by)), overview_line(result), f"Roofs: {result.roofs.describe()}",
+    notes = [*marks_lines(_rows_for(result, by)), *(line for line in (estimate_line(result.roofs),) if line),
+             overview_line(result), f"Roofs: {result.roofs.describe()}",
              *unmatched_lines(result)]
     try:
         from flopcount.report.roofline_plot import roofline_svg
@@ -278,7 +298,13 @@ _US = {"attainable_s": "attainable_us"}
 
 @renders("ProfileResult", "chrome_trace")
 def profile_chrome_trace(result: ProfileResult) -> Dict[str, Any]:
-    """The profile's kept Chrome trace with each joined op's figures (``ProfileResult.trace_args``)."""
+    """The profile's kept Chrome trace with each joined op's figures (``ProfileResult.trace_args``);
+    on roofs with doubts each also says that its attainable time is an estimate (``bound_certain``
+    false, ``bound_doubts`` why)."""
     if result.trace is None:
         raise ValueError("this profile kept no trace (profile(..., keep_trace=False))")
-    return enriched_trace(result.trace, result.trace_args)
+    args = result.trace_args
+    if not result.roofs.certain:
+        doubts = {"bound_certain": False, "bound_doubts": doubts_text(result.roofs.doubts)}
+        args = {key: {**value, **doubts} for key, value in args.items()}
+    return enriched_trace(result.trace, args)

@@ -127,7 +127,8 @@ def draw_roofline(result: ProfileResult, *, by: str = "operator", label_top: int
     _log_axes(ax, (low, high), (min(ys + [roofs.peak(None)]) / 20, max(roofs.peak_flops.values()) * 3),
               "arithmetic intensity (FLOPs / byte moved)", "achieved FLOP/s",
               f"Roofline: {roofs.device or result.device} (roofs {roofs.source})\n"
-              "point area = share of the step's time; orange compute-bound, purple memory-bound")
+              + ("" if roofs.certain else "roofs measured under load: below what this machine does, estimates, not ceilings\n")
+              + "point area = share of the step's time; orange compute-bound, purple memory-bound")
     if moving:
         _draw_data_movement(figure.add_subplot(1, 2, 2), result, moving, by, total, label_top)
     figure.tight_layout()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from flopcount.core.rendering import renders
-from flopcount.devices.roofline import float32_math_text
+from flopcount.devices.roofline import ESTIMATE_MARK, Roofs, float32_math_text
+from flopcount.report.notes import estimate_line, marked
 from flopcount.report.table import grid
 from flopcount.units import format_bytes, format_count, format_seconds
 
@@ -13,25 +14,29 @@ if TYPE_CHECKING:
     from flopcount.serving.result import Phase, ServeResult
 
 
-def _rate(value: Optional[float]) -> str:
-    return "-" if value is None else (f"{value:,.1f}" if value < 1e6 else format_count(value))
+def _rate(value: Optional[float], roofs: Roofs) -> str:
+    return "-" if value is None else marked(f"{value:,.1f}" if value < 1e6 else format_count(value), roofs)
 
 
-def _phase(phase: Optional[Phase]) -> str:
-    return "-" if phase is None else f"{format_seconds(phase.seconds)} ({phase.bound})"
+def _phase(phase: Optional[Phase], roofs: Roofs) -> str:
+    return "-" if phase is None else marked(f"{format_seconds(phase.seconds)} ({phase.bound})", roofs)
 
 
 @renders("ServeResult", "table")
 def serve_table(result: ServeResult, fmt: str = "simple") -> str:
     """One row per batch size, then memory, capacity and what the bounds leave out."""
     facts = result.facts
+    roofs = result.roofs
     rows = [
-        [str(row.batch), _phase(row.prefill), _phase(row.first_step), _phase(row.last_step),
-         _rate(row.tokens_per_s_per_sequence), _rate(row.tokens_per_s), format_bytes(row.memory_bytes),
+        [str(row.batch), _phase(row.prefill, roofs), _phase(row.first_step, roofs), _phase(row.last_step, roofs),
+         _rate(row.tokens_per_s_per_sequence, roofs), _rate(row.tokens_per_s, roofs), format_bytes(row.memory_bytes),
          "-" if row.fits is None else ("yes" if row.fits else "NO")]
         for row in result.batches
     ]
-    table = grid(rows, ["batch", "TTFT >=", "ITL first >=", "ITL last >=", "tok/s/seq <=", "tok/s <=", "memory", "fits"], fmt)
+    at_least, at_most = (">=", "<=") if roofs.certain else (ESTIMATE_MARK, ESTIMATE_MARK)
+    heads = ["batch", f"TTFT {at_least}", f"ITL first {at_least}", f"ITL last {at_least}", f"tok/s/seq {at_most}",
+             f"tok/s {at_most}", "memory", "fits"]
+    table = grid(rows, heads, fmt)
     steps = len(facts.steps)
     context = (f"prompt {facts.prompt_tokens}, {facts.new_tokens} new tokens (decode context "
                f"{facts.prompt_tokens + 1}..{facts.prompt_tokens + steps})" if steps else
@@ -56,8 +61,9 @@ def serve_table(result: ServeResult, fmt: str = "simple") -> str:
         )
     lines.append("decode turns compute-bound at batch " + (str(result.compute_bound_batch) if result.compute_bound_batch
                                                             else "- (never: the cache's bytes grow with the FLOPs)"))
+    lines += [line for line in (estimate_line(roofs),) if line]
     lines.append(result.leaves_out)
-    lines += [f"note: {w}" for w in result.warnings]
+    lines += [f"note: {d.text}" for d in result.diagnostics() if d.kind == "warning"]  # the estimate: its ~ line
     return "\n".join(lines)
 
 
@@ -82,6 +88,7 @@ def serve_dict(result: ServeResult) -> Dict[str, Any]:
         "prefill_flops_per_sequence": facts.prefill.flops,
         "decode_flops_per_token": sum(s.flops for s in facts.steps) / max(1, len(facts.steps)),
         "complete": result.complete, "leaves_out": result.leaves_out, "warnings": list(result.warnings),
+        "bound_certain": result.bound_certain, "bound_doubts": list(result.roofs.doubts),
     }
 
 
@@ -101,7 +108,8 @@ def plot_serving(results: Sequence[ServeResult], path: str, batches: Sequence[in
         ys = [result.at(b).tokens_per_s or 0.0 for b in xs]
         wall = result.max_batch if result.max_batch is not None else top
         fits = [(x, y) for x, y in zip(xs, ys) if x <= wall]
-        label = f"{result.part} ({result.weight_dtype}, tp={result.tp})"
+        label = f"{result.part} ({result.weight_dtype}, tp={result.tp})" + (
+            "" if result.bound_certain else f" {ESTIMATE_MARK} estimates: roofs measured under load")
         if fits:
             ax.plot(*zip(*fits), marker="o", color=colour, label=label)
         beyond = [(x, y) for x, y in zip(xs, ys) if x >= (fits[-1][0] if fits else 0)]

@@ -5,21 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from flopcount.core.diagnostics import FromWarnings
+from flopcount.core.diagnostics import FromWarnings, estimate_diagnostics, from_texts
 from flopcount.core.rendering import Rendered
 from flopcount.devices import Roofs
 from flopcount.devices.roofline import ATTENTION, MATMUL
 from flopcount.errors import int_at_least
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 from flopcount.serving.pricing import price_batch
+from flopcount.types import Diagnostic
 
-__all__ = ["LEAVES_OUT", "Phase", "ServeBatch", "ServeFacts", "ServeResult", "WeightTensor"]
+__all__ = ["ESTIMATED", "LEAVES_OUT", "Phase", "ServeBatch", "ServeFacts", "ServeResult", "WeightTensor"]
 
 #: What the bounds leave out, in the docs and under every report.
 LEAVES_OUT = (
     "These are any-implementation lower bounds (ceilings on speed): they leave out scheduling, paging, the batching "
     "policy, kernel launch and host overheads, imperfect kernels and speculative decoding; greedy search, beam width 1."
 )
+
+#: what serve computes on its roofs, as the sentence on roofs measured under load names it
+ESTIMATED = "serve: each time bound (TTFT, inter-token latency) and tokens/s ceiling"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,17 @@ class ServeResult(FromWarnings, Rendered):
     @property
     def prompt_tokens(self) -> int:
         return self.facts.prompt_tokens
+
+    @property
+    def bound_certain(self) -> bool:
+        """False when the roofs have doubts (this machine's, measured under load:
+        :attr:`Roofs.doubts`): each time and tokens/s figure is then an estimate, not a bound."""
+        return self.roofs.certain
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """That the figures are estimates ("estimate": roofs measured under load), then the
+        warnings ("warning"), each once."""
+        return from_texts(estimate_diagnostics(self.roofs, ESTIMATED), self.warnings)
 
     @property
     def new_tokens(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from flopcount.core.diagnostics import estimated_text, warn_estimated
 from flopcount.core.dtypes import parse_dtype
 from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
@@ -35,7 +36,7 @@ from flopcount.serving.pricing import (
     weight_note,
     weights_held,
 )
-from flopcount.serving.result import ServeResult
+from flopcount.serving.result import ESTIMATED, ServeResult
 from flopcount.types import ParamSummary, dtype_key, dtype_name
 
 __all__ = ["check_before_count", "serve", "serve_facts", "serve_on"]
@@ -76,6 +77,7 @@ def serve(
     facts = serve_facts(model, input_ids, new_tokens, kwargs=kwargs)
     result = serve_on(facts, roofs, part_name, capacity, link, batch=batch, dtype=dtype, weight_dtype=weight_dtype,
                       tp=tp, reserve=reserve)
+    warn_estimated(roofs, ESTIMATED)  # serve_on stored the sentence on the result
     return ServeResult(**{**result.__dict__, "wall_s": time.perf_counter() - started})
 
 
@@ -179,6 +181,8 @@ def serve_on(
     if facts.top_k:
         warnings.append("mixture of experts: a forward over T tokens reads E x (1 - (1 - k/E)^T) of each layer's E "
                         "experts (uniform, independent routing, in expectation)")
+    if not roofs.certain:
+        warnings.append(estimated_text(roofs, ESTIMATED))
     return ServeResult(
         part=part, roofs=roofs, dtype=compute, weight_dtype=weights_as, tp=tp, facts=facts, batches=rows,
         weight_bytes=weights_held(facts, weights_as, compute) / tp, weight_note=weight_note(weights_as, compute),
