@@ -37,3 +37,20 @@ def one_error_line(code: int, out: str, err: str) -> str:
     assert "Traceback" not in err
     assert err.count("\n") == 1, err
     return err
+
+
+def toy_machine(tmp_path, monkeypatch, roofs):
+    """``MLP_SOURCE`` written as ``bcmodels.py`` in ``tmp_path`` (the working folder), and this
+    machine's roofs ``roofs``, measured (no cache); the function returned sets the sanity
+    problems the measurement finds (branches boundcheck and hwroofs)."""
+    from flopcount.devices import measured
+
+    (tmp_path / "bcmodels.py").write_text(MLP_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLOPCOUNT_NO_ROOFS_CACHE", "1")
+    monkeypatch.setattr(measured, "measure_roofs", lambda *a, **k: roofs)
+
+    def problems(found):
+        monkeypatch.setattr(measured, "sanity", lambda *a, **k: list(found))
+
+    return problems

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from flopcount.devices import Roofs
-from tests.cli._cli_run import MLP_SOURCE, cli
+from tests.cli._cli_run import cli, toy_machine
 
 # 8 x 16 -> 32 -> 8: 2 * 8 * (16 * 32 + 32 * 8) MAC FLOPs + 8 * 32 ReLU = 12,544 FLOPs; at the
 # toy 1 MFLOP/s float32 roof (memory at 1 TB/s never binds) the eager bound is 12.544 ms
@@ -21,17 +21,7 @@ TOY = Roofs({"float32": 1e6}, 1e12, "toy cpu", "measured")
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
     """This machine's roofs are the toy ones, measured (no cache), with the sanity problems given."""
-    from flopcount.devices import measured
-
-    (tmp_path / "bcmodels.py").write_text(MLP_SOURCE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FLOPCOUNT_NO_ROOFS_CACHE", "1")
-    monkeypatch.setattr(measured, "measure_roofs", lambda *a, **k: TOY)
-
-    def problems(found):
-        monkeypatch.setattr(measured, "sanity", lambda *a, **k: list(found))
-
-    return problems
+    return toy_machine(tmp_path, monkeypatch, TOY)
 
 
 def test_a_bound_on_roofs_measured_under_load_does_not_fail_a_budget(machine, capsys):

@@ -29,7 +29,7 @@ import flopcount
 from flopcount.devices import Roofs, datasheet_roofs, gpu_ceiling
 from flopcount.devices import measured as measured_module
 from flopcount.errors import EstimatedBoundWarning
-from tests.cli._cli_run import MLP_SOURCE, cli
+from tests.cli._cli_run import cli, toy_machine
 
 # 8 x 16 -> 32 -> 8: 2 * 8 * (16 * 32 + 32 * 8) MAC FLOPs + 8 * 32 ReLU = 12,544 FLOPs; at the
 # toy 1 MFLOP/s float32 roof (memory at 1 TB/s never binds) the eager bound is 12.544 ms
@@ -46,15 +46,7 @@ LLAMA = ["hf:llama", "--config", "num_hidden_layers=1", "--config", "hidden_size
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
     """This machine's roofs are the toy ones, measured (no cache), with the sanity problems given."""
-    (tmp_path / "bcmodels.py").write_text(MLP_SOURCE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FLOPCOUNT_NO_ROOFS_CACHE", "1")
-    monkeypatch.setattr(measured_module, "measure_roofs", lambda *a, **k: TOY)
-
-    def problems(found):
-        monkeypatch.setattr(measured_module, "sanity", lambda *a, **k: list(found))
-
-    return problems
+    return toy_machine(tmp_path, monkeypatch, TOY)
 
 
 def _mlp() -> nn.Module:
