@@ -1,14 +1,18 @@
-"""serve's time-to-first-token bound with and without a chunked prefill: LLaMA-2-7B's shapes in
-bfloat16 on an H100 SXM, built on meta (no download), batch 1, 8 new tokens, at each prompt
-length, prefilled in one forward and in chunks (``generation_config.prefill_chunk_size``, as
-``generate()`` reads it; serve has no flag of its own). One JSON line per run: the prefill's
-counted FLOPs, its attention FLOPs, the FLOPs the bound leaves out (``skipped``: the causal
-scores a kernel need not compute), the bound and its terms, and the count's CPU time.
+"""serve's time-to-first-token bound with and without a chunked prefill: LLaMA-2-7B's shapes (or
+Mistral-7B's, ``--model mistral-7b``: a sliding window of 4,096 on every layer) in bfloat16 on an
+H100 SXM, built on meta (no download), batch 1, 8 new tokens, at each prompt length, prefilled in
+one forward and in chunks (``generation_config.prefill_chunk_size``, as ``generate()`` reads it;
+serve has no flag of its own). One JSON line per run: the prefill's counted FLOPs, its attention
+FLOPs, the FLOPs the bound leaves out (``skipped``: the scores outside the causal or windowed mask
+a kernel need not compute), the bound and its terms, and the count's CPU time.
 
     PYTHONPATH=. .venv/bin/python benchmarks/serve_chunked.py [--prompt 8192 32768] [--chunk 2048]
+        [--model llama-2-7b|mistral-7b]
 
 A tree without the rule (the parent) prices later chunks in full; with it, chunk after chunk the
-attention priced is the prompt's one P(P + 1)/2 triangle, as the one-forward prefill's.
+attention priced is the prompt's one P(P + 1)/2 triangle, as the one-forward prefill's. Mistral-7B:
+before branch servewindow every attention whose window ends inside the prompt was priced in full;
+with it, at the window's band, W(W + 1)/2 + (P - W) W scores per head and layer, chunked or not.
 """
 
 from __future__ import annotations
@@ -26,12 +30,17 @@ sys.path.insert(0, str(ROOT))
 # meta-llama/Llama-2-7b-hf's config.json, with positions for a 32k prompt
 LLAMA_2_7B = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
                   intermediate_size=11008, vocab_size=32000, max_position_embeddings=32768)
+# mistralai/Mistral-7B-v0.1's config.json
+MISTRAL_7B = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                  intermediate_size=14336, vocab_size=32000, sliding_window=4096, max_position_embeddings=32768)
+MODELS = {"llama-2-7b": ("llama", LLAMA_2_7B), "mistral-7b": ("mistral", MISTRAL_7B)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", type=int, nargs="+", default=[8192, 32768])
     parser.add_argument("--chunk", type=int, default=2048)
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama-2-7b")
     args = parser.parse_args()
 
     import torch
@@ -41,7 +50,8 @@ def main() -> None:
     from flopcount.serving import serve_facts, serve_on
 
     warnings.filterwarnings("ignore")
-    config = transformers.AutoConfig.for_model("llama", **LLAMA_2_7B)
+    model_type, shapes = MODELS[args.model]
+    config = transformers.AutoConfig.for_model(model_type, **shapes)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     model.generation_config.eos_token_id = None
@@ -53,7 +63,8 @@ def main() -> None:
             cpu = time.process_time() - started
             row = serve_on(facts, named_roofs("h100"), "H100 SXM", None, "", batch=[1], dtype="bfloat16").at(1)
             prefill = row.prefill
-            print(json.dumps(dict(prompt=prompt, chunk=chunk, flops=prefill.flops, attention=prefill.attention_flops,
+            print(json.dumps(dict(model=args.model, prompt=prompt, chunk=chunk, flops=prefill.flops,
+                                  attention=prefill.attention_flops,
                                   skipped=prefill.skipped_flops, ttft_ms=round(row.ttft_s * 1e3, 3),
                                   compute_ms=round(prefill.compute_s * 1e3, 3), memory_ms=round(prefill.memory_s * 1e3, 3),
                                   cpu_s=round(cpu, 2))))

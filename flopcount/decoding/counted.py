@@ -45,8 +45,8 @@ from flopcount.decoding.forwards import (
     is_encoder_decoder,
     refuse_without_prompt_input,
 )
-from flopcount.decoding.runs import Affine, Costed, Limits, cache_limits, mask_limits, plan_runs
-from flopcount.devices.roofline import attention_lengths, bottom_right_causal_flops, kernel_flops
+from flopcount.decoding.runs import Affine, Costed, LayerMask, Limits, cache_limits, layer_masks, mask_limits, plan_runs
+from flopcount.devices.roofline import attention_lengths, bottom_right_causal_flops, kernel_flops, windowed_causal_flops
 from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace, trace_on_fakes
@@ -76,7 +76,8 @@ class Decoded:
     prefill_skipped: float = 0.0
 
 
-def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: int = 0) -> float:
+def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: int = 0,
+                  masks: Optional[Mapping[str, LayerMask]] = None) -> float:
     """The FLOPs of ``costed``'s events that no kernel must perform: counted FLOPs minus
     :func:`flopcount.devices.roofline.kernel_flops` (a causal attention's scores past the
     diagonal; 0 for every other op). Each such op is booked under its own attention name
@@ -86,12 +87,20 @@ def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: in
     module in ``causal`` (:func:`causal_modules` of the first chunk) whose keys are exactly the
     ``past`` positions and the chunk's own runs with a mask that is causal with that offset,
     priced as a bottom-right causal kernel computes it
-    (:func:`flopcount.devices.roofline.bottom_right_causal_flops`)."""
+    (:func:`flopcount.devices.roofline.bottom_right_causal_flops`).
+
+    A prefill forward or chunk of an unpadded prompt (:attr:`Setup.unpadded`): an attention
+    with an explicit mask of a module whose sliding window or attention chunk ``masks`` knows
+    (:func:`flopcount.decoding.runs.layer_masks`) is priced at the scores that mask admits
+    (:func:`flopcount.devices.roofline.windowed_causal_flops`)."""
     skipped = 0.0
     for event, cost in expand_booked(costed):
         if cost is None or not cost.flops or cost.parts:
             continue
-        if event.module in causal and _after(event.call, past):
+        mask = (masks or {}).get(event.module)
+        if mask is not None and (mask.window or mask.chunk) and _explicit(event.call):
+            skipped += cost.flops - windowed_causal_flops(event.call, cost.flops, past, mask.window, mask.chunk)
+        elif event.module in causal and _after(event.call, past):
             skipped += cost.flops - bottom_right_causal_flops(event.call, cost.flops)
         else:
             skipped += cost.flops - kernel_flops(event.call, cost.flops)
@@ -119,8 +128,12 @@ def _after(call: OpCall, past: int) -> bool:
     """Whether attention ``call`` runs a chunk's queries over exactly ``past`` cached positions
     and the chunk's own, with an explicit mask (not ``is_causal``)."""
     lengths = attention_lengths(call)
-    return (lengths is not None and lengths[1] == past + lengths[0] and not call.arg("is_causal")
-            and call.arg("custom_mask_type") in (None, 0))
+    return lengths is not None and lengths[1] == past + lengths[0] and _explicit(call)
+
+
+def _explicit(call: OpCall) -> bool:
+    """Whether ``call`` is handed its mask (not causal by its own arguments)."""
+    return not call.arg("is_causal") and call.arg("custom_mask_type") in (None, 0)
 
 
 def count_decoding(
@@ -253,24 +266,34 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
     ``prepare_inputs_for_generation``)."""
     if len(setup.prefill_calls) == 1:
         _, costed, result = counter.count(setup.prefill_call(0), "prefill")
-        return result, last.take(), skipped_flops(costed)
+        taken = last.take()
+        return result, taken, skipped_flops(costed, masks=_known_masks(counter, setup, taken))
     runs: List[Tuple[Trace, Costed]] = []
     output: Any = None
-    skipped, causal, limits = 0.0, frozenset[str](), Limits()
+    skipped, causal, limits, masks = 0.0, frozenset[str](), Limits(), dict[str, LayerMask]()
     for index in range(len(setup.prefill_calls)):
         cache = cache_of(output, setup) if index else None
         runs.append(counter.trace(setup.prefill_call(index, cache), f"prefill chunk {index + 1} of {len(setup.prefill_calls)}"))
         output = last.take()
         costed = runs[-1][1]
-        # a later chunk's mask is causal with its offset where no window or attention chunk of the
-        # model ends within the positions up to the chunk's last
-        whole = causal if not limits.within(1, setup.chunk_start(index + 1)) else frozenset[str]()
-        skipped += skipped_flops(costed, whole, setup.chunk_start(index))
         if not index:
             causal = causal_modules(costed)
             limits = mask_limits(cache_of(output, setup), getattr(counter.model, "config", None))
+            masks = _known_masks(counter, setup, output)
+        # a later chunk's mask is causal with its offset where no window or attention chunk of the
+        # model ends within the positions up to the chunk's last, and on a layer the config and
+        # cache say has neither (a Gemma's full layers)
+        full = frozenset(module for module in causal if masks.get(module) == LayerMask())
+        whole = causal if not limits.within(1, setup.chunk_start(index + 1)) else full
+        skipped += skipped_flops(costed, whole, setup.chunk_start(index), masks)
     description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
     return counter.combined(runs, description), output, skipped
+
+
+def _known_masks(counter: Counter, setup: Setup, output: Any) -> Dict[str, LayerMask]:
+    """Each attention module's mask as the config and the cache the prefill returned know it
+    (:func:`flopcount.decoding.runs.layer_masks`), for an unpadded prompt only: none otherwise."""
+    return layer_masks(counter.model, cache_of(output, setup)) if setup.unpadded else {}
 
 
 def _encoder_name(model: nn.Module, names: Mapping[nn.Module, str]) -> str:

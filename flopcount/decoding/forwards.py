@@ -364,6 +364,10 @@ class Setup:
         if not self.encoder_decoder and input_ids.dtype in _INT:
             self._feed_as_generate(model, first, static=options.static_len is not None)
         self.first = first
+        #: whether the prompt's keys are exactly its positions, nothing masked but by the model's own
+        #: rule: no mask is handed on (none given, or one of all ones dropped as generate() drops it)
+        #: and no argument but a mask was given (no position ids, token types or images of the caller's)
+        self.unpadded = "attention_mask" not in first and not set(kwargs or {}) - {"attention_mask"}
         self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
         self.base = 1 if self.encoder_decoder else self.prompt

@@ -12,6 +12,7 @@ the last exactly. Otherwise every step is traced.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
@@ -23,7 +24,10 @@ from flopcount.core.results import FlopResult, reprice_deferred
 from flopcount.decoding.caches import items_of
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
-__all__ = ["Affine", "Limits", "NotAffine", "cache_limits", "mask_limits", "paired", "plan_runs", "same_event"]
+__all__ = [
+    "Affine", "LayerMask", "Limits", "NotAffine", "cache_limits", "layer_masks", "mask_limits", "paired", "plan_runs",
+    "same_event",
+]
 
 # Attribute and config keys whose integer value is a context length at which a cache layer
 # or the position encoding may change behaviour.
@@ -84,6 +88,66 @@ def mask_limits(cache: Any, config: Any) -> Limits:
     """The context lengths past which a layer's attention mask may stop being the causal one:
     :func:`cache_limits` of the windows and attention chunks only."""
     return cache_limits(cache, config, _MASK_KEYS)
+
+
+@dataclass(frozen=True)
+class LayerMask:
+    """An attention layer's causal mask: within a sliding ``window`` (W keys up to the query's
+    own), within an attention ``chunk`` (C-aligned blocks), or, with neither, all earlier keys."""
+
+    window: Optional[int] = None
+    chunk: Optional[int] = None
+
+
+# transformers' cache layers whose keys are every position fed (DynamicLayer) or the latest
+# W - 1 of them and the call's own (DynamicSlidingWindowLayer, also for an attention chunk of W)
+_FULL_LAYER, _SLIDING_LAYER = "DynamicLayer", "DynamicSlidingWindowLayer"
+
+
+def layer_masks(model: Any, cache: Any) -> Dict[str, LayerMask]:
+    """Qualified module name -> the causal mask its attention runs, for the modules with an
+    integer ``layer_idx`` whose layer the config and the cache agree on: transformers' own
+    rule gives the layer's type (``cache_utils.get_layer_types_and_kwargs``: ``layer_types``,
+    or per layer ``sliding_window`` / ``attention_chunk_size``), and the cache holds that layer
+    as the dynamic layer of that type and window. Empty where transformers has no such rule,
+    or the cache no such ``layers``; a layer they disagree on, or of any other type, is left out."""
+    config = getattr(model, "config", None)
+    layers = getattr(cache, "layers", None)
+    # a transformers cache has loaded its module: nothing is imported here
+    layer_types = getattr(sys.modules.get("transformers.cache_utils"), "get_layer_types_and_kwargs", None)
+    if config is None or not isinstance(layers, (list, tuple)) or not callable(layer_types):
+        return {}
+    try:
+        types, options = layer_types(config.get_text_config(decoder=True))
+    except (AttributeError, TypeError, ValueError):
+        return {}
+    known: Dict[int, LayerMask] = {}
+    for index, (kind, option) in enumerate(zip(types, options)):
+        if index < len(layers):
+            mask = _agreed_mask(kind, option.get("sliding_window"), layers[index])
+            if mask is not None:
+                known[index] = mask
+    found: Dict[str, LayerMask] = {}
+    for name, module in model.named_modules():
+        layer = getattr(module, "layer_idx", None)
+        if isinstance(layer, int) and not isinstance(layer, bool) and layer in known:
+            found[name] = known[layer]
+    return found
+
+
+def _agreed_mask(kind: Any, size: Any, layer: Any) -> Optional[LayerMask]:
+    """The mask of a layer of type ``kind`` (window or chunk ``size``) whose cache layer is
+    ``layer``, where the two agree; None otherwise."""
+    held = type(layer).__name__
+    if kind == "full_attention" and held == _FULL_LAYER:
+        return LayerMask()
+    if not (isinstance(size, int) and size > 0 and held == _SLIDING_LAYER and getattr(layer, "sliding_window", None) == size):
+        return None
+    if kind == "sliding_attention":
+        return LayerMask(window=size)
+    if kind == "chunked_attention":
+        return LayerMask(chunk=size)
+    return None
 
 
 def _keyed_ints(obj: Any, visited: Set[int], keys: FrozenSet[str]) -> Iterator[Tuple[str, int]]:

@@ -196,6 +196,42 @@ def bottom_right_causal_flops(call: OpCall, flops: float) -> float:
     return flops * ((lk - lq) * lq + lq * (lq + 1) / 2) / (lq * lk)
 
 
+def windowed_causal_flops(call: OpCall, flops: float, past: int, window: Optional[int] = None,
+                          chunk: Optional[int] = None) -> float:
+    """The part of an attention call's counted ``flops`` (Lq x Lk scores per head) a kernel
+    that knows the call's mask computes, for a call whose caller knows the mask: the Lq queries
+    at absolute positions past..past + Lq - 1, each seeing the causal keys of its sliding
+    ``window`` (position p: the min(W, p + 1) keys p - W + 1..p, transformers' and flash-attn's
+    ``window_size=(W - 1, 0)`` convention) or of its attention ``chunk`` (the p mod C + 1 keys
+    from C floor(p / C) to p, Llama-4's chunked attention), or, with neither, all p + 1 keys
+    (the bottom-right causal kernel of :func:`bottom_right_causal_flops`). The keys must be
+    the ``past`` positions and the call's own (Lk = past + Lq), or at least the W - 1 (C - 1)
+    latest positions before them (a sliding cache keeps W - 1): all of ``flops`` otherwise."""
+    lengths = attention_lengths(call) if flops else None
+    if lengths is None or past < 0:
+        return flops
+    lq, lk = lengths
+    size = window or chunk
+    cached = lk - lq
+    if cached != past and not (size and past > cached >= size - 1):
+        return flops
+    return flops * (_scores_before(past + lq, window, chunk) - _scores_before(past, window, chunk)) / (lq * lk)
+
+
+def _scores_before(positions: int, window: Optional[int], chunk: Optional[int]) -> int:
+    """The scores the queries at positions 0..positions - 1 compute, each seeing its causal keys
+    within ``window`` or ``chunk`` (:func:`windowed_causal_flops`): sum of min(W, p + 1), of
+    p mod C + 1, or of p + 1."""
+    def triangle(n: int) -> int:
+        return n * (n + 1) // 2
+
+    if window:
+        return triangle(positions) if positions <= window else triangle(window) + (positions - window) * window
+    if chunk:
+        return positions // chunk * triangle(chunk) + triangle(positions % chunk)
+    return triangle(positions)
+
+
 def _causal_lengths(call: OpCall) -> Optional[Tuple[int, int]]:
     """(Lq, Lk) of a causal attention kernel's query and key (None: not one, or not 4-D)."""
     if op_family(call.op) != ATTENTION or not (call.arg("is_causal") or call.arg("custom_mask_type") in (1, 2)):

@@ -142,14 +142,18 @@ def test_a_short_last_chunk_is_aligned_at_its_own_offset():
     assert row.prefill.compute_s == pytest.approx((facts.prefill_at(2).flops - 2 * _skipped(200)) / BF16, rel=1e-12)
 
 
-def test_a_chunk_past_the_window_keeps_its_mask_whole():
+def test_a_chunk_past_the_window_is_priced_at_the_window():
     """Mistral with a 300-position window, chunks of 128: up to position 299 the window mask is
     the causal one, so the second chunk (positions 128..255) runs at a bottom-right causal
-    kernel; the third and fourth reach past the window (position 383 no longer sees key 0): not
-    causal with an offset, priced in full. The first chunk is causal by its own kernel."""
+    kernel; the third and fourth reach past the window (position 383 no longer sees key 0):
+    priced at the window's band, min(300, p + 1) keys for query p (branch servewindow: they were
+    priced in full), over the keys the sliding cache hands them (its 299 latest positions at
+    most, and the chunk's own). The first chunk is causal by its own kernel."""
     facts = _facts("mistral", sliding_window=300)
-    first_two = _attention(128 * 127 / 2) * 2  # each of chunks 1 and 2 leaves out its own upper triangle
-    assert _row(facts, 1).prefill.skipped_flops == pytest.approx(first_two, rel=1e-12)
+    counted = sum(128 * (min(start, 299) + 128) for start in range(0, PROMPT, 128))
+    band = 300 * 301 // 2 + (PROMPT - 300) * 300  # the window's scores over the prompt, per head and layer
+    assert facts.prefill_at(1).attention_flops == _attention(counted)
+    assert _row(facts, 1).prefill.skipped_flops == pytest.approx(_attention(counted - band), rel=1e-12)
 
 
 def test_a_window_wider_than_the_prompt_is_the_causal_mask():
