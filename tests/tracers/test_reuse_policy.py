@@ -109,3 +109,31 @@ def test_a_traced_groups_block_called_again_is_keyed_from_its_second_call(monkey
     result = count_flops(Twice(), _inputs())
     assert result.macs == 4 * B * 2 * D * H
     assert result.reused_calls == 1  # a's third call; b's one call traced
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_one_shared_block_called_in_a_loop_keeps_its_replays_by_default(monkeypatch, train):
+    """ALBERT's shape: one block object called ``n`` times and no twin group at all. Its repeats
+    are seen only while the forward runs, so nothing decided before the run may take them away
+    (branch resnet12's whole-model decision did: ALBERT-base 11.7 -> 20.4 ms, docs/performance.md).
+    The first call unkeyed, the second keyed and traced, the other n - 2 booked from it."""
+    monkeypatch.delenv("FLOPCOUNT_REUSE", raising=False)
+    torch.manual_seed(0)
+
+    class Looped(nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.n, self.block = n, Block()
+
+        def forward(self, x):
+            for _ in range(self.n):
+                x = self.block(x)
+            return x
+
+    model = Looped(6).train(train)
+    result = count_flops(model, _inputs())
+    assert result.macs == 6 * B * 2 * D * H  # hand count: 6 calls of up and down
+    assert [m.calls for m in result.modules if m.name == "block"] == [6]
+    assert result.reused_calls == 4
+    off, _ = off_and_on(monkeypatch, model, _inputs())
+    assert rows(result) == rows(off)
