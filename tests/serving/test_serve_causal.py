@@ -12,28 +12,17 @@ MAC x layers x heads x scores x head dim) and the H100 SXM datasheet's dense BF1
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
+from _serve_shapes import BF16, CONFIG, NEW, PROMPT
+from _serve_shapes import attention_flops as _attention
 
 from flopcount.devices import named_roofs
 from flopcount.serving import ServeFacts, serve_facts, serve_on
 
 transformers = pytest.importorskip("transformers")
-
-BF16 = 989.5e12
-LAYERS, HEADS, HEAD_DIM, PROMPT, NEW = 2, 4, 16, 512, 8
-CONFIG: Dict[str, Any] = dict(hidden_size=HEADS * HEAD_DIM, intermediate_size=128, num_hidden_layers=LAYERS,
-                              num_attention_heads=HEADS, num_key_value_heads=2, vocab_size=50,
-                              max_position_embeddings=2 * PROMPT)
-
-
-def _attention(scores: float) -> float:
-    """Attention FLOPs of one sequence's forward computing ``scores`` scores per head and layer:
-    Q K^T and P V, each a MAC (2 FLOPs) per score and head dimension."""
-    return 2 * 2 * LAYERS * HEADS * scores * HEAD_DIM
-
 
 FULL = _attention(PROMPT * PROMPT)
 TRIANGLE = _attention(PROMPT * (PROMPT + 1) / 2)

@@ -16,10 +16,12 @@ per MAC x layers x heads x scores x head dim) and the H100 SXM datasheet's dense
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List
+from typing import Any, List
 
 import pytest
 import torch
+from _serve_shapes import BF16, CONFIG, NEW, PROMPT
+from _serve_shapes import attention_flops as _attention
 
 from flopcount.devices import named_roofs
 from flopcount.devices.roofline import kernel_flops
@@ -27,18 +29,6 @@ from flopcount.serving import ServeFacts, serve_facts, serve_on
 from flopcount.types import OpCall, TensorMeta
 
 transformers = pytest.importorskip("transformers")
-
-BF16 = 989.5e12
-LAYERS, HEADS, HEAD_DIM, PROMPT, NEW = 2, 4, 16, 512, 8
-CONFIG: Dict[str, Any] = dict(hidden_size=HEADS * HEAD_DIM, intermediate_size=128, num_hidden_layers=LAYERS,
-                              num_attention_heads=HEADS, num_key_value_heads=2, vocab_size=50,
-                              max_position_embeddings=2 * PROMPT)
-
-
-def _attention(scores: float) -> float:
-    """Attention FLOPs of one sequence's forward computing ``scores`` scores per head and layer."""
-    return 2 * 2 * LAYERS * HEADS * scores * HEAD_DIM
-
 
 def _mask_scores(queries: int, keys: int) -> int:
     """The scores a bottom-right causal mask lets through: query i sees keys 0..keys - queries + i."""
