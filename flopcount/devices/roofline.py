@@ -188,12 +188,12 @@ def bottom_right_causal_flops(call: OpCall, flops: float) -> float:
     0..Lk - Lq + i: a later chunk of a causal prefill, Lk - Lq positions cached before it):
     the (Lk - Lq) Lq scores over the past and the Lq (Lq + 1) / 2 of the chunk's own triangle,
     what flash-attn's causal kernels (varlen too, vLLM's chunked prefill) compute. All of
-    ``flops`` for any other call: not attention, not 4-D, or more queries than keys."""
+    ``flops`` for any other call: not attention, not 4-D, or more queries than keys. The
+    window-less case of :func:`windowed_causal_flops`, its past the Lk - Lq cached keys."""
     lengths = attention_lengths(call) if flops else None
-    if lengths is None or lengths[0] > lengths[1]:
+    if lengths is None:
         return flops
-    lq, lk = lengths
-    return flops * ((lk - lq) * lq + lq * (lq + 1) / 2) / (lq * lk)
+    return windowed_causal_flops(call, flops, past=lengths[1] - lengths[0])  # past < 0 (Lq > Lk): all of flops
 
 
 def windowed_causal_flops(call: OpCall, flops: float, past: int, window: Optional[int] = None,
