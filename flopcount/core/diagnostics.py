@@ -6,7 +6,7 @@ records instead of parsing sentences."""
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Dict, Iterable, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Tuple
 
 from flopcount.errors import EstimatedBoundWarning
 from flopcount.types import Diagnostic
@@ -80,3 +80,28 @@ class FromWarnings:
     def diagnostics(self) -> Tuple[Diagnostic, ...]:
         """The reading's warnings as typed "warning" records, each once."""
         return from_texts((), self.warnings)
+
+
+class OnRoofs:
+    """A reading whose figures are computed on its ``roofs`` (a mixin of its dataclass:
+    ``predict``, ``profile``, ``serve``), naming them in ``ESTIMATED`` ("predict: each latency
+    bound"): where the roofs have doubts (this machine's, measured under load:
+    :attr:`~flopcount.devices.roofline.Roofs.doubts`) each figure is an estimate, not a bound."""
+
+    roofs: Roofs
+    warnings: Tuple[str, ...]
+    ESTIMATED = ""
+
+    @property
+    def bound_certain(self) -> bool:
+        """False when the roofs have doubts: each figure is then an estimate, not a bound."""
+        return self.roofs.certain
+
+    def bound_fields(self) -> Dict[str, Any]:
+        """``bound_certain`` and the doubts (``bound_doubts``), as the result's JSON has them."""
+        return {"bound_certain": self.bound_certain, "bound_doubts": list(self.roofs.doubts)}
+
+    def diagnostics(self) -> Tuple[Diagnostic, ...]:
+        """That the figures are estimates ("estimate": roofs measured under load), then the
+        warnings ("warning"), each once."""
+        return from_texts(estimate_diagnostics(self.roofs, self.ESTIMATED), self.warnings)

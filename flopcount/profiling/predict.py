@@ -29,7 +29,7 @@ import torch
 
 from flopcount.core.analysis import cost_events, is_view_op, uncompiled
 from flopcount.core.deprecation import modeled_part
-from flopcount.core.diagnostics import estimate_diagnostics, from_texts, warn_estimated
+from flopcount.core.diagnostics import OnRoofs, estimate_diagnostics, from_texts, warn_estimated
 from flopcount.core.dtypes import parse_dtype
 from flopcount.core.inputs import require_module
 from flopcount.core.ledger import Ledger
@@ -56,10 +56,12 @@ PredictRow = CostRow
 
 
 @dataclass(frozen=True)
-class PredictResult(BookedRows, Rendered):
+class PredictResult(OnRoofs, BookedRows, Rendered):
     """Lower bounds per op row (op, module, phase) and in total (``latency_s``) on ``roofs``,
     as the ledger booked them: a fused op under the operations it performs, modules credited
     by call stack with their aliases, as :func:`flopcount.count_flops` books them."""
+
+    ESTIMATED = ESTIMATED  # what its figures are (OnRoofs)
 
     rows: Tuple[CostRow, ...]
     roofs: Roofs
@@ -82,12 +84,6 @@ class PredictResult(BookedRows, Rendered):
         estimates ("estimate": roofs measured under load), then the warnings ("warning")."""
         unsupported = [Diagnostic("unsupported", f"{op} has no handler: left out of the bound", op) for op in self.unsupported]
         return from_texts([*unsupported, *estimate_diagnostics(self.roofs, ESTIMATED)], self.warnings)
-
-    @property
-    def bound_certain(self) -> bool:
-        """False when the roofs have doubts (this machine's, measured under load: :attr:`Roofs.doubts`):
-        each figure is then an estimate, not a bound."""
-        return self.roofs.certain
 
     @property
     def latency_s(self) -> float:
@@ -140,8 +136,7 @@ class PredictResult(BookedRows, Rendered):
             "unsupported": list(self.unsupported),
             "rows": [r.to_dict() for r in self.rows],
             "warnings": list(self.warnings),
-            "bound_certain": self.bound_certain,
-            "bound_doubts": list(self.roofs.doubts),
+            **self.bound_fields(),
             "note": ("lower bounds, not forecasts: latency_s (eager) = sum over ops of max(FLOPs / peak, bytes / bandwidth of "
                      "the fastest level holding the op's working set); any_s (any implementation) = max(FLOPs / peak, "
                      "unavoidable bytes / bandwidth)"),

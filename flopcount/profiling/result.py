@@ -7,11 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
-from flopcount.core.diagnostics import FromWarnings, estimate_diagnostics, from_texts
+from flopcount.core.diagnostics import OnRoofs
 from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import ROOF_BELOW_ACHIEVED, ROOF_FLAG, BookedRows, Category, CostRow, TimeSource
 from flopcount.devices.roofline import PROFILE_CONVENTION, Roofs
-from flopcount.types import Diagnostic
 
 __all__ = [
     "ROOF_BELOW_ACHIEVED", "ROOF_FLAG", "Category", "Overview", "ProfileResult", "ProfileRow", "TimeSource", "Unmatched",
@@ -54,12 +53,14 @@ class Overview:
 
 
 @dataclass(frozen=True)
-class ProfileResult(FromWarnings, BookedRows, Rendered):
+class ProfileResult(OnRoofs, BookedRows, Rendered):
     """Per-op rows (name, module, phase) of a profiled run, largest time first.
 
     ``total_time_s`` is the mean wall time of a profiled step; ``roofs`` the roofs used
     (``roofs.source`` says where from); ``unmatched`` what could not be joined.
     """
+
+    ESTIMATED = ESTIMATED  # what its figures are (OnRoofs)
 
     rows: Tuple[CostRow, ...]
     unmatched: Tuple[Unmatched, ...]
@@ -80,18 +81,6 @@ class ProfileResult(FromWarnings, BookedRows, Rendered):
     @property
     def total_time_s(self) -> float:
         return self.overview.step_s
-
-    @property
-    def bound_certain(self) -> bool:
-        """False when the roofs have doubts (this machine's, measured under load:
-        :attr:`Roofs.doubts`): each attainable time, and the efficiency and bound read from
-        it, is then an estimate, not a bound."""
-        return self.roofs.certain
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """That the attainable times are estimates ("estimate": roofs measured under load),
-        then the warnings ("warning"), each once."""
-        return from_texts(estimate_diagnostics(self.roofs, ESTIMATED), self.warnings)
 
     @property
     def op_time_s(self) -> float:
@@ -123,8 +112,7 @@ class ProfileResult(FromWarnings, BookedRows, Rendered):
             "data_movement": [r.to_dict() for r in self.data_movement().values()],
             "unmatched": [asdict(u) for u in self.unmatched],
             "warnings": list(self.warnings),
-            "bound_certain": self.bound_certain,
-            "bound_doubts": list(self.roofs.doubts),
+            **self.bound_fields(),
             "convention": PROFILE_CONVENTION,
         }
 

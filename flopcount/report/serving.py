@@ -88,7 +88,7 @@ def serve_dict(result: ServeResult) -> Dict[str, Any]:
         "prefill_flops_per_sequence": facts.prefill.flops,
         "decode_flops_per_token": sum(s.flops for s in facts.steps) / max(1, len(facts.steps)),
         "complete": result.complete, "leaves_out": result.leaves_out, "warnings": list(result.warnings),
-        "bound_certain": result.bound_certain, "bound_doubts": list(result.roofs.doubts),
+        **result.bound_fields(),
     }
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from flopcount.core.diagnostics import FromWarnings, estimate_diagnostics, from_texts
+from flopcount.core.diagnostics import OnRoofs
 from flopcount.core.rendering import Rendered
 from flopcount.devices import Roofs
 from flopcount.devices.roofline import ATTENTION, MATMUL
 from flopcount.errors import int_at_least
 from flopcount.serving.figures import Phase, ServeBatch, ServeFacts, WeightTensor
 from flopcount.serving.pricing import price_batch
-from flopcount.types import Diagnostic
 
 __all__ = ["ESTIMATED", "LEAVES_OUT", "Phase", "ServeBatch", "ServeFacts", "ServeResult", "WeightTensor"]
 
@@ -27,7 +26,7 @@ ESTIMATED = "serve: each time bound (TTFT, inter-token latency) and tokens/s cei
 
 
 @dataclass(frozen=True)
-class ServeResult(FromWarnings, Rendered):
+class ServeResult(OnRoofs, Rendered):
     """Serving bounds of one model on one part: prefill (TTFT), decode (inter-token latency,
     tokens/s ceilings), memory (weights, KV cache per sequence, activations, the largest
     batch that fits) and the batch at which decode turns compute-bound.
@@ -35,6 +34,8 @@ class ServeResult(FromWarnings, Rendered):
     Every time is an any-implementation lower bound (``max(FLOPs / peak, unavoidable bytes /
     bandwidth)``, :func:`flopcount.devices.any_implementation`), per tensor-parallel rank,
     with the all-reduces over the part's link; see :data:`LEAVES_OUT`."""
+
+    ESTIMATED = ESTIMATED  # what its figures are (OnRoofs)
 
     part: str
     roofs: Roofs
@@ -58,17 +59,6 @@ class ServeResult(FromWarnings, Rendered):
     @property
     def prompt_tokens(self) -> int:
         return self.facts.prompt_tokens
-
-    @property
-    def bound_certain(self) -> bool:
-        """False when the roofs have doubts (this machine's, measured under load:
-        :attr:`Roofs.doubts`): each time and tokens/s figure is then an estimate, not a bound."""
-        return self.roofs.certain
-
-    def diagnostics(self) -> Tuple[Diagnostic, ...]:
-        """That the figures are estimates ("estimate": roofs measured under load), then the
-        warnings ("warning"), each once."""
-        return from_texts(estimate_diagnostics(self.roofs, ESTIMATED), self.warnings)
 
     @property
     def new_tokens(self) -> int:
