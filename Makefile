@@ -53,7 +53,16 @@ test: lint
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+# torch 2.14.1's CUDA build takes ~6 GB installed: say so before pip fails halfway with ENOSPC
+# (a CI run on a disk that other jobs' clones had filled died there, 2026-11-29).
+ZOO_NEEDS_GB ?= 7
+
 $(ZOO_STAMP): pyproject.toml
+	@free_kb=$$(df -Pk . | awk 'NR==2 {print $$4}'); \
+	if [ "$$free_kb" -lt $$(( $(ZOO_NEEDS_GB) * 1048576 )) ]; then \
+	  echo "make: $(ZOO_VENV) (torch 2.14.1, a CUDA build: ~6 GB installed) needs $(ZOO_NEEDS_GB) GB free on this disk; $$(( free_kb / 1048576 )) GB free (df -h .)" >&2; \
+	  exit 1; \
+	fi
 	$(PYTHON) -m venv $(ZOO_VENV)
 	$(ZOO_VENV)/bin/python -m pip install -q $(ZOO_TORCH) transformers tabulate numpy
 	$(ZOO_VENV)/bin/python -m pip install -q --no-deps -e .
