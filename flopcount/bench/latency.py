@@ -153,12 +153,25 @@ def benchmark(
     for note in notes:
         warnings.warn(note, FlopcountWarning, stacklevel=2)
     return BenchmarkResult(
-        stats=stats, device=str(dev), timing="cuda_event" if dev.type == "cuda" else "perf_counter", warmup=warmup,
-        batch_size=batch, batch_source=batch_source, dtype=None if dtype is None else dtype_name(dtype),
-        compiled=bool(compile), compile_s=compile_s, wall_s=wall_ns * 1e-9, flops=flop_count, peak_flops=peak,
-        peak_source=source, peak_memory_bytes=peak_mem,
+        stats=stats,
+        device=str(dev),
+        timing="cuda_event" if dev.type == "cuda" else "perf_counter",
+        warmup=warmup,
+        batch_size=batch,
+        batch_source=batch_source,
+        dtype=None if dtype is None else dtype_name(dtype),
+        compiled=bool(compile),
+        compile_s=compile_s,
+        wall_s=wall_ns * 1e-9,
+        flops=flop_count,
+        peak_flops=peak,
+        peak_source=source,
+        peak_memory_bytes=peak_mem,
         memory_kind=None if peak_mem is None else ("cuda max_memory_allocated" if dev.type == "cuda" else "cpu RSS growth"),
-        threads=torch.get_num_threads(), training=training, noise_threshold=noise_threshold, warnings=tuple(notes),
+        threads=torch.get_num_threads(),
+        training=training,
+        noise_threshold=noise_threshold,
+        warnings=tuple(notes),
     )
 
 

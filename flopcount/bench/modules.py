@@ -220,14 +220,21 @@ def module_latency(
         stats = compute_stats(samples_s=values) if values else None
         rows.append(
             ModuleLatency(
-                name=name, type_name=type(module).__name__, depth=0 if name == "" else name.count(".") + 1,
-                calls=calls_seen.get(name, 0), median_s=None if stats is None else stats.median_s,
-                mean_s=None if stats is None else stats.mean_s, min_s=None if stats is None else stats.min_s,
+                name=name,
+                type_name=type(module).__name__,
+                depth=0 if name == "" else name.count(".") + 1,
+                calls=calls_seen.get(name, 0),
+                median_s=None if stats is None else stats.median_s,
+                mean_s=None if stats is None else stats.mean_s,
+                min_s=None if stats is None else stats.min_s,
                 flops=None if flop_map is None or name not in flop_map else float(flop_map[name]),
             )
         )
     return ModuleLatencyResult(
-        modules=tuple(rows), iters=iters, warmup=warmup, device=str(dev),
+        modules=tuple(rows),
+        iters=iters,
+        warmup=warmup,
+        device=str(dev),
         timing="cuda_event" if use_events else "perf_counter",
         unhooked_median_s=compute_stats(samples_s=unhooked).median_s,
     )

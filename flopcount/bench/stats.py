@@ -89,7 +89,16 @@ def compute_stats(samples_ms: Optional[Sequence[float]] = None, *, samples_s: Op
     std = float(values.std(ddof=1)) if n > 1 else 0.0
     iqr = p75 - p25
     return LatencyStats(
-        iters=n, median_s=median, mean_s=mean, p90_s=p90, p99_s=p99, min_s=float(values.min()),
-        max_s=float(values.max()), std_s=std, cv=std / mean if mean > 0 else 0.0, iqr_s=iqr,
-        rel_iqr=iqr / median if median > 0 else 0.0, samples_s=tuple(float(v) for v in values),
+        iters=n,
+        median_s=median,
+        mean_s=mean,
+        p90_s=p90,
+        p99_s=p99,
+        min_s=float(values.min()),
+        max_s=float(values.max()),
+        std_s=std,
+        cv=std / mean if mean > 0 else 0.0,
+        iqr_s=iqr,
+        rel_iqr=iqr / median if median > 0 else 0.0,
+        samples_s=tuple(float(v) for v in values),
     )

@@ -128,11 +128,15 @@ def summarize_steps(
         if peak_flops:
             mfu = CostSummary(avg=avg / peak_flops, min=min(rates) / peak_flops, max=max(rates) / peak_flops)
     return StepSummary(
-        steps=len(records), reader_cost=_summary(readers, sum(readers) / len(readers)),
+        steps=len(records),
+        reader_cost=_summary(readers, sum(readers) / len(readers)),
         batch_cost=_summary(batches, total_batch / len(batches)),
         reader_ratio=sum(readers) / total_batch if total_batch > 0 else 0.0,
         ips=_summary(per_step_ips, sum(samples) / total_batch if total_batch > 0 else float("inf")),
-        ips_unit="samples/s" if with_samples else "steps/s", flops_per_step=flops_per_step, tflops=tflops, mfu=mfu,
+        ips_unit="samples/s" if with_samples else "steps/s",
+        flops_per_step=flops_per_step,
+        tflops=tflops,
+        mfu=mfu,
     )
 
 

@@ -416,9 +416,17 @@ def check_result(
     latency_s = seconds_or_ms(latency_s, latency_ms, "check_result", "latency_s=", "latency_ms=")
     reasons = tuple(result.incomplete_reasons())
     return check_budget(
-        budget, params=result.params, flops=result.flops, macs=result.macs, size_bytes=result.parameters.size_bytes,
-        latency_s=latency_s, memory_bytes=memory_bytes, incomplete_reasons=reasons,
-        lower_bound=bool(reasons) and not result.gaps, allow_incomplete=allow_incomplete, latency_bound=latency_bound,
+        budget,
+        params=result.params,
+        flops=result.flops,
+        macs=result.macs,
+        size_bytes=result.parameters.size_bytes,
+        latency_s=latency_s,
+        memory_bytes=memory_bytes,
+        incomplete_reasons=reasons,
+        lower_bound=bool(reasons) and not result.gaps,
+        allow_incomplete=allow_incomplete,
+        latency_bound=latency_bound,
         latency_basis=latency_basis,
     )
 

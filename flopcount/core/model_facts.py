@@ -247,8 +247,17 @@ def model_facts(model: nn.Module) -> ModelFacts:
             first.setdefault(id(module), (name, module))
         modules = tuple(first.values())
     return ModelFacts(
-        model, modules, aliases, owned, tuple(parameters.values()), tuple(buffers.values()), lazy,
-        packed[0][0] if packed else None, tuple(packed), tuple(attributes), tuple(experts),
+        model,
+        modules,
+        aliases,
+        owned,
+        tuple(parameters.values()),
+        tuple(buffers.values()),
+        lazy,
+        packed[0][0] if packed else None,
+        tuple(packed),
+        tuple(attributes),
+        tuple(experts),
     )
 
 

@@ -395,12 +395,18 @@ def _unbooked(
 ) -> FlopResult:
     """The result of a count before its tables: what it is, its unsupported ops and notes."""
     return FlopResult(
-        flops=0, macs=0, params=parameters.total, tracer=tracer, modules=tuple(modules), parameters=parameters,
+        flops=0,
+        macs=0,
+        params=parameters.total,
+        tracer=tracer,
+        modules=tuple(modules),
+        parameters=parameters,
         input_description=input_description,
         _unsupported=tuple(UnsupportedOp(op, n, tuple(mods)) for op, (n, mods) in sorted(ledger.unsupported.items())),
         _aliases=ledger.aliases,
         warnings=tuple(warnings) + tuple(_estimate_text(op, note, n) for (op, note), n in ledger.notes.items()),
-        _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()), gaps=tuple(gaps),
+        _estimates=tuple((op, note, n) for (op, note), n in ledger.notes.items()),
+        gaps=tuple(gaps),
         reused_calls=reused_calls,
     )
 

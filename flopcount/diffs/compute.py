@@ -145,9 +145,17 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
         Change("operator", op, "", 0, _status(ops_a.get(op), ops_b.get(op)), ops_a.get(op), ops_b.get(op)) for op in names
     )
     return DiffResult(
-        a_label=a_label or label_a, b_label=b_label or label_b, totals=totals, modules=tuple(modules),
-        operators=operators, a_incomplete=result_a.incomplete_reasons(), b_incomplete=result_b.incomplete_reasons(),
-        a_phases=" + ".join(result_a.by_phase()) or "forward", b_phases=" + ".join(result_b.by_phase()) or "forward",
-        a_inputs=result_a.input_description, b_inputs=result_b.input_description,
-        a_bound="" if bound_a is None else bound_a[1], b_bound="" if bound_b is None else bound_b[1],
+        a_label=a_label or label_a,
+        b_label=b_label or label_b,
+        totals=totals,
+        modules=tuple(modules),
+        operators=operators,
+        a_incomplete=result_a.incomplete_reasons(),
+        b_incomplete=result_b.incomplete_reasons(),
+        a_phases=" + ".join(result_a.by_phase()) or "forward",
+        b_phases=" + ".join(result_b.by_phase()) or "forward",
+        a_inputs=result_a.input_description,
+        b_inputs=result_b.input_description,
+        a_bound="" if bound_a is None else bound_a[1],
+        b_bound="" if bound_b is None else bound_b[1],
     )

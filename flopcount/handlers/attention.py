@@ -156,7 +156,8 @@ def _mha_forward(call: OpCall) -> Cost:
     parts += mha_parts(
         lq, lk, batch, q.shape[-1], heads,
         projections=projections, need_weights=need_weights, average_weights=bool(call.arg("average_attn_weights")),
-        masked=kpm is not None or mask is not None, dropout=dropout, kv_features=kv_features, added_keys=added_keys,
+        masked=kpm is not None or mask is not None, dropout=dropout, kv_features=kv_features,
+        added_keys=added_keys,
     )
     return Cost.split(*parts)
 

@@ -571,7 +571,11 @@ def _collect(
         retained = sum(max(0, b - a) for a, b in zip(before, after))
         modules.append(
             ModuleMemory(
-                name, type(module).__name__, name.count(".") + 1 if name else 0, len(before), retained,
+                name,
+                type(module).__name__,
+                name.count(".") + 1 if name else 0,
+                len(before),
+                retained,
                 figures.module_peaks.get(fqn, 0) if fqn is not None else 0,
             )
         )

@@ -159,8 +159,11 @@ def unmatched(facts: Sequence[EventFacts], measured: Measured, steps: int) -> Tu
 def overview(measured: Measured, steps: int) -> Overview:
     per = 1e-6 / steps
     return Overview(
-        measured.step_us * per, measured.category["flops"] * per, measured.category["data movement"] * per,
-        measured.category["other"] * per, max(0.0, measured.step_us - measured.covered_us) * per,
+        measured.step_us * per,
+        measured.category["flops"] * per,
+        measured.category["data movement"] * per,
+        measured.category["other"] * per,
+        max(0.0, measured.step_us - measured.covered_us) * per,
     )
 
 

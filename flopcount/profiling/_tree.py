@@ -57,8 +57,12 @@ def from_profiler(events: Iterable[Any]) -> List[Node]:
     ordered = list(events)
     for event in ordered:
         made[id(event)] = Node(
-            event.name, float(event.time_range.start), float(event.time_range.end), float(event.self_cpu_time_total),
-            float(getattr(event, "self_device_time_total", 0.0) or 0.0), _shapes(getattr(event, "input_shapes", None)),
+            event.name,
+            float(event.time_range.start),
+            float(event.time_range.end),
+            float(event.self_cpu_time_total),
+            float(getattr(event, "self_device_time_total", 0.0) or 0.0),
+            _shapes(getattr(event, "input_shapes", None)),
             int(event.id),
         )
     for event in ordered:
