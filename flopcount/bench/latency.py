@@ -1,20 +1,10 @@
 """benchmark(): latency and throughput of a model's forward, measured honestly.
 
-Built from separate pieces, each testable on its own:
-
-* measurement — flopcount.bench.loop (the timing loop and its iteration control)
-  with a CPU clock or CUDA events;
-* statistics — flopcount.bench.stats, a pure function from samples to
-  :class:`LatencyStats`;
-* rendering — flopcount.report.bench.
-
-What is measured: the wall time of one ``model(*args, **kwargs)`` call under
-``torch.inference_mode()``, after ``warmup`` untimed calls. On CPU each iteration is
-bracketed by ``time.perf_counter_ns()`` (or the injected ``timer``); on CUDA by a pair
-of ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream, read after
-a synchronisation, so asynchronous kernel launches are not mistaken for completed
-work. The library never prints; warnings use :class:`~flopcount.errors.FlopcountWarning`
-and are also stored on the result.
+Measurement (flopcount.bench.loop: the timing loop and its iteration control, a CPU clock or
+CUDA events), statistics (flopcount.bench.stats, a pure function from samples to
+:class:`LatencyStats`) and rendering (flopcount.report.bench) are separate pieces. What is
+timed, and how: docs/benchmarking.md. The library never prints; warnings use
+:class:`~flopcount.errors.FlopcountWarning` and are also stored on the result.
 """
 
 from __future__ import annotations

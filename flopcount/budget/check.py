@@ -178,12 +178,7 @@ class Budget:
                  "max_latency_s": latency_s, "max_memory": max_memory}
         for name, limit in given.items():
             refuse_bad_limit(limit, f"Budget: {name}=", latency=name == "max_latency_s")
-        object.__setattr__(self, "max_params", max_params)
-        object.__setattr__(self, "max_flops", max_flops)
-        object.__setattr__(self, "max_macs", max_macs)
-        object.__setattr__(self, "max_size_mb", max_size_mb)
-        object.__setattr__(self, "max_latency_s", latency_s)
-        object.__setattr__(self, "max_memory", max_memory)
+            object.__setattr__(self, name, limit)
 
     def merged(self, override: Budget) -> Budget:
         """This budget with every limit ``override`` sets replaced (flags win over the file)."""

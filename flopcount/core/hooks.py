@@ -1,20 +1,13 @@
 """Which hooks a module, or the process, has: the one place that answers it.
 
-torch keeps a module's hooks in dictionaries in the module's ``__dict__`` (``register_forward_hook``
-adds to one, its handle removes from it) and the process-wide module hooks
-(``torch.nn.modules.module.register_module_forward_hook`` and the other ``register_module_*``
-functions) in dictionaries of ``torch.nn.modules.module``. Their names are private and have grown
-with torch (``with_kwargs``, ``always_called``, backward pre-hooks, registration hooks). Instead of
-naming each one, this module finds them by one convention: **a hook container is a dictionary
-held in a private attribute whose name contains "hook"**; a module's *call* hooks (those a forward or backward of the
-module runs) are the ones whose name also says "forward" or "backward". A hook kind torch adds
-later under the same convention is found without a change here; ``tests/test_private_torch.py``
-registers every kind through torch's public API and checks each is seen (docs/internals.md).
-
-No torch dictionary is named here, and nothing is changed: callers that put hooks back
-(tracers/_state.py) or leave them out of a copy (integrations/_counting.py) do so on the
-dictionaries this module hands them. :func:`around_modules` is the one pair of process-wide
-hooks the jit tracer adds around some modules' forwards (through torch's public functions).
+No torch hook dictionary is named here: **a hook container is a dictionary held in a private
+attribute whose name contains "hook"** (a module's, or ``torch.nn.modules.module``'s for the
+process-wide ones); a module's *call* hooks are those whose name also says "forward" or
+"backward". A hook kind torch adds later under the same convention is found without a change
+(``tests/test_private_torch.py`` checks every kind; docs/internals.md). Nothing is changed here:
+callers put hooks back or leave them out of a copy on the dictionaries this module hands them.
+:func:`around_modules` is the one pair of process-wide hooks the jit tracer adds around some
+modules' forwards (through torch's public functions).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from torch import nn
 
 from flopcount.core.inputs import is_uninitialized
 from flopcount.core.packed import held_tensors
-from flopcount.core.params import EXPERT_COUNTS, class_answers, summary_of
+from flopcount.core.params import counts_no_experts, summary_of
 from flopcount.core.results import ModuleInfo
 from flopcount.types import ParamSummary
 
@@ -176,7 +176,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
     plain: Set[type] = set()  # types of attribute values that are neither ScriptObjects nor tensors
     attributes: List[Tuple[str, torch.Tensor]] = []
     experts: List[int] = []
-    quiet: Dict[type, bool] = {}  # class -> it answers neither expert-count name (params.class_answers)
+    quiet: Dict[type, bool] = {}  # class -> it answers neither expert-count name (params.counts_no_experts)
     lazy = False
     # every name of the walk, kept for the exact ``owned`` (ties, aliases): two lists of references,
     # not the walk's pair per module
@@ -214,13 +214,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
             if tensor is not None:
                 buffers.setdefault(id(tensor), tensor)
                 lazy = lazy or is_uninitialized(tensor)
-        kind = type(module)
-        calm = quiet.get(kind)
-        if calm is None:
-            calm = quiet[kind] = not any(class_answers(kind, key) for key in EXPERT_COUNTS)
-        if not (calm and EXPERT_COUNTS.isdisjoint(state) and EXPERT_COUNTS.isdisjoint(state.get("_modules", ()))
-                and EXPERT_COUNTS.isdisjoint(own) and EXPERT_COUNTS.isdisjoint(state["_buffers"])) \
-                or (isinstance(module, nn.ModuleList) and name.rpartition(".")[2].endswith("experts")):
+        if not counts_no_experts(module, quiet) or (isinstance(module, nn.ModuleList) and name.rpartition(".")[2].endswith("experts")):
             experts.append(distinct)
         distinct += 1
         # packed quantized weights (core.packed.packed_objects) and tensors kept as plain

@@ -101,16 +101,9 @@ def routed_experts(
     (transformers 5's experts modules; their (E, out) biases count too), and an ``nn.ModuleList`` named ``experts`` (or ``...experts``) of E
     identical modules. Shared experts live outside these blocks and count as always active."""
     looked: Dict[Tuple[type, str], bool] = {}
-    silent: Dict[type, bool] = {}  # class -> it answers neither name (no __getattr__ of its own, no attribute)
+    silent: Dict[type, bool] = {}
     for name, module in model.named_modules() if modules is None else modules:
-        kind = type(module)
-        quiet = silent.get(kind)
-        if quiet is None:
-            quiet = silent[kind] = not any(class_answers(kind, key) for key in EXPERT_COUNTS)
-        state = vars(module)
-        if quiet and EXPERT_COUNTS.isdisjoint(state) and EXPERT_COUNTS.isdisjoint(state.get("_modules", ())) \
-                and EXPERT_COUNTS.isdisjoint(state.get("_parameters", ())) \
-                and EXPERT_COUNTS.isdisjoint(state.get("_buffers", ())):
+        if counts_no_experts(module, silent):
             count = None  # what _declared answers for both names (most modules: one check)
         else:
             count = _declared(module, "num_experts", looked) or _declared(module, "num_local_experts", looked)
@@ -125,6 +118,19 @@ def routed_experts(
 
 _MODULE_GETATTR = nn.Module.__getattr__
 EXPERT_COUNTS = frozenset({"num_experts", "num_local_experts"})
+
+
+def counts_no_experts(module: nn.Module, silent: Dict[type, bool]) -> bool:
+    """Whether ``module`` surely holds neither name of :data:`EXPERT_COUNTS`: its class answers
+    neither (:func:`class_answers`; ``silent``: class -> that, for this walk) and neither is in
+    its ``__dict__`` or its tables of children, parameters and buffers."""
+    kind = type(module)
+    quiet = silent.get(kind)
+    if quiet is None:
+        quiet = silent[kind] = not any(class_answers(kind, key) for key in EXPERT_COUNTS)
+    state = vars(module)
+    return quiet and EXPERT_COUNTS.isdisjoint(state) and EXPERT_COUNTS.isdisjoint(state.get("_modules", ())) \
+        and EXPERT_COUNTS.isdisjoint(state.get("_parameters", ())) and EXPERT_COUNTS.isdisjoint(state.get("_buffers", ()))
 
 
 def class_answers(kind: type, name: str) -> bool:

@@ -323,25 +323,17 @@ def _frozen_tables(tables: Dict[str, Any], rows: Dict[Tuple[int, ...], Totals]) 
 
 
 def _with_tables(
-    base: FlopResult,
-    operators: Mapping[str, Totals],
-    modules: Mapping[str, Totals],
-    module_ops: Mapping[str, Mapping[str, Totals]],
-    phases: Mapping[str, Totals],
+    base: FlopResult, operators: Mapping[str, Totals], modules: Mapping[str, Totals],
+    module_ops: Mapping[str, Mapping[str, Totals]], phases: Mapping[str, Totals], totals: Optional[Sequence[int]] = None,
 ) -> FlopResult:
-    """``base`` holding these tables, its totals those of the whole model (module "")."""
-    total = modules.get("", Totals())
-    return replace(
-        base,
-        flops=total.flops,
-        macs=total.macs,
-        bytes_read=total.bytes_read,
-        bytes_written=total.bytes_written,
-        _operators=operators,
-        _modules=modules,
-        _module_ops=module_ops,
-        _phases=phases,
-    )
+    """``base`` holding these tables and these totals (MACs, FLOPs, bytes read, bytes written),
+    by default those of the whole model (module "")."""
+    if totals is None:
+        whole = modules.get("", Totals())
+        totals = (whole.macs, whole.flops, whole.bytes_read, whole.bytes_written)
+    macs, flops, read, written = totals
+    return replace(base, macs=macs, flops=flops, bytes_read=read, bytes_written=written,
+                   _operators=operators, _modules=modules, _module_ops=module_ops, _phases=phases)
 
 
 def aggregate(
@@ -479,17 +471,8 @@ def _deferred(
 ) -> FlopResult:
     """``base`` with these totals (MACs, FLOPs, bytes read, bytes written) and tables made on
     first use (the per-operator table by ``operators`` where given, else by ``tables``)."""
-    return replace(
-        base,
-        macs=totals[0],
-        flops=totals[1],
-        bytes_read=totals[2],
-        bytes_written=totals[3],
-        _operators=_LazyTable(operators or tables, 0),
-        _modules=_LazyTable(tables, 1),
-        _module_ops=_LazyTable(tables, 2),
-        _phases=_LazyTable(tables, 3),
-    )
+    return _with_tables(base, _LazyTable(operators or tables, 0), _LazyTable(tables, 1), _LazyTable(tables, 2),
+                        _LazyTable(tables, 3), totals)
 
 
 def _estimate_text(op: str, note: str, count: int) -> str:
@@ -539,9 +522,7 @@ def reprice_deferred(result: FlopResult, groups: Sequence[Tuple[Sequence[OpEvent
                 into[i] += len(events) * v
     if not changed:
         return result
-    named = dict(zip(TOTAL_FIELDS, sums))
-    totals = (result.macs + named["macs"], result.flops + named["flops"], result.bytes_read + named["bytes_read"],
-              result.bytes_written + named["bytes_written"])
+    totals = [getattr(result, field) + change for field, change in zip(TOTAL_FIELDS[1:], sums[1:])]  # all but calls
     tables = _Deferred(lambda: reprice_groups(result, groups))
     # its operators table only is read: the other three are result's, unread
     operator_table = _Deferred(lambda: replace(result, _operators=_plus(result._operators, operators)))
@@ -736,18 +717,15 @@ def _result_from_dict(cls: Type[FlopResult], data: Mapping[str, Any], source: st
         unsupported.append(UnsupportedOp(op, read.int(row, "count", where), tuple(str(m) for m in mods)))
     reasons = read.strings(data, "incomplete_reasons")
     gaps = reasons[len(unsupported):]
-    tracer = read.get(data, "tracer")
-    inputs = read.get(data, "inputs")
-    result = cls(
-        flops=read.int(data, "flops"), macs=read.int(data, "macs"), params=params, tracer=str(tracer),
-        modules=tuple(modules), parameters=summary, input_description=str(inputs),
+    return cls(  # tracer and inputs read first, as their errors were named before the totals'
+        tracer=str(read.get(data, "tracer")), input_description=str(read.get(data, "inputs")),
+        flops=read.int(data, "flops"), macs=read.int(data, "macs"), params=params, modules=tuple(modules), parameters=summary,
         _operators=operators, _modules=module_totals, _module_ops={}, _phases=phases, _unsupported=tuple(unsupported),
         warnings=read.strings(data, "warnings"), gaps=gaps,
         bytes_read=read.int(data, "bytes_read"), bytes_written=read.int(data, "bytes_written"),
         _sections={key: value for key, value in data.items() if key not in _COUNT_KEYS},
         _key_order=tuple(data),
     )
-    return result
 
 
 def load_report(path: Any) -> FlopResult:

@@ -1,48 +1,14 @@
 """Memory traffic of one op call: the bytes it reads and writes (the roofline's memory side).
 
-The general rule (docs/conventions.md, "Bytes"): an op reads every tensor argument it
-is given (lists flattened, each argument once as passed, ``numel x element size``) and
-writes every tensor it returns. So:
+The general rule: an op reads every tensor argument it is given (each as passed, ``numel x
+element size``) and writes every tensor it returns; a view or an allocation that fills nothing
+moves nothing; a fused composite moves its own inputs and outputs only. Op families whose
+traffic is not their arguments' size (gathers, in-place indexed writes, identities, factories
+of another's options, a gather's backward in place: :data:`BACKWARD_IN_PLACE`) have their own
+rule in :data:`RULES`, one small function each. The formulas: docs/conventions.md, "Bytes".
 
-* a **view** (its result aliases an input: ``view``, ``t``, ``expand``, ``select``...)
-  moves nothing: 0 read, 0 written;
-* an **in-place** op (``add_``) reads its arguments, ``self`` included, and writes
-  ``self``; an op whose outputs the tracer cannot see as tensors (a list, ``None``)
-  is taken to write as many bytes as its ``self`` argument (``_foreach_*``);
-* an **allocation** that fills nothing (``empty``, ``empty_like``...) moves nothing;
-* a **fused composite** (``aten::linear``, ``scaled_dot_product_attention`` and its
-  flash/efficient/cuDNN kernels, a fused encoder layer) moves its own inputs and outputs
-  only: the ideal kernel keeps intermediates on chip. A split cost books the composite's
-  bytes under its first part.
-
-Op families whose traffic is not their arguments' size have their own rule
-(:data:`RULES`, one small function each; the formulas are in docs/conventions.md):
-
-* **gathers** (``embedding``, ``embedding_bag``, ``index_select``, ``gather``, ``take``,
-  ``index``): the indices and the elements gathered are read, not the whole table;
-* **in-place indexed writes** (``index_copy_``, ``index_put_``, ``index_add_``,
-  ``index_fill_``, ``scatter_``/``scatter_add_``/``scatter_reduce_``, ``put_``,
-  ``masked_fill_``, ``masked_scatter_``, ``copy_`` into a slice, ``fill_``/``zero_``):
-  the indices (or mask) and the source are read, the updated elements written, and read
-  too only when the op accumulates into them. How many elements a mask selects is data
-  no tracer sees: the bytes take the least it can be (none), the mask itself is read;
-* **identities** (eval-mode dropout, a ``to``/``type_as`` to the dtype the tensor
-  already has, shape and size queries) move nothing; a ``clone`` does move its bytes;
-* **factories that only read options** (``zeros_like``, ``new_zeros``, ``full_like``,
-  ``rand_like``...) read nothing and write their output.
-
-The out-of-place forms (``index_put``, ``scatter_add``...) copy their ``self`` into a
-new tensor first, so the general rule (whole ``self`` read, whole output written) holds
-for them. Autograd's backward of a gather is the exception: its formulas fill fresh zeros
-with ``index_add_``, ``scatter_add_``, ``put_``, ``_index_put_impl_`` **in place**, and take
-the out-of-place spelling only when a dispatch mode or a tensor subclass is active, which
-is how flopcount traces. In the backward phase those ops are priced as the in-place ops the
-program runs without flopcount (:data:`BACKWARD_IN_PLACE`); the zeros are booked by their
-own ``new_zeros``/``zeros_like`` event.
-
-Element sizes come from the dtype name; a tensor whose dtype a tracer could not see is
-taken as float32 (4 bytes). No torch here (:func:`is_floating` asks torch on first use):
-whether an op is a view is told by the caller.
+No torch here (:func:`is_floating` asks torch on first use): whether an op is a view is told
+by the caller; a tensor whose dtype a tracer could not see is taken as float32 (4 bytes).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What this CPU says about itself: its ISA peak FLOP/s (the physical ceiling a measured
 roof must stay under) and its data caches, read from /proc/cpuinfo and /sys. No torch.
 
-ISA peak per dtype = cores x FMA units x vector lanes x 2 (an FMA is two FLOPs) x max clock.
-The flags give the vector width (avx512f: 16 float32 lanes, avx2+fma: 8, else sse: 4); bf16
-dot-product instructions (avx512_bf16, avx512_fp16) double the float32 rate, AMX tiles
-(amx_bf16, amx_fp16) do 1024 FLOPs per cycle per core (Intel's "1,024 BF16 operations per
-cycle", Intel Xeon Sapphire Rapids product brief). int8 (quantized kernels): four byte
-products per float32 lane (pmaddubsw, AVX-512 VNNI's vpdpbusd), 4x the float32 rate; AMX
-tiles 2048 per cycle per core ("2,048 INT8 operations per cycle", the same brief). The FMA unit count is not in the flags: two are
-assumed (Zen 4/5, Intel server cores with two 512-bit ports), the most any x86 core has, so the
-figure stays a ceiling. Cores are the logical CPUs this process may run on (SMT siblings
-counted: an upper figure again). The clock is cpufreq's ``cpuinfo_max_freq``, else lscpu's
-"CPU max MHz", else the highest "cpu MHz" in /proc/cpuinfo (a VM often shows only that).
+ISA peak per dtype = cores x FMA units x vector lanes x 2 (an FMA is two FLOPs) x max clock,
+each figure taken at its upper end (two FMA units, SMT siblings counted as cores), so it stays
+a ceiling; lanes per flag, AMX tiles and the clock's sources: docs/devices.md, "This machine's
+roofs" (ISA peak).
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
-"""This machine's roofs, measured here: compute per dtype and bandwidth per memory level,
-sanity-checked, cached per machine.
-
-Compute roof per dtype: the highest rate among the libraries torch dispatches to, a square
-GEMM (BLAS), two 3x3 convolutions in channels_last (oneDNN) and a batched ``linear``; each the
-best of several timed calls within its share of ``budget_s``. On a CPU also int8, the roof of
-quantized kernels (``quantize_dynamic``'s Linear) and int8 products: the best of fbgemm's dynamic
-quantized linear and aten's ``_int_mm`` at three shapes each (int8 products ran at 2-4x the float32
-roof on an AVX-512 VNNI CPU). Bandwidth per level (the
-Cache-Aware Roofline Model): the best of ``out += b``, ``out = a + b`` and ``out.copy_(a)``
-(bytes read + written, the profile's convention) over working sets sized to each data cache
-(half of what ``threads`` threads hold in it, from /sys) and to main memory; each level's
-recorded capacity is the working set it was shown at.
-
-Sanity (:func:`sanity`): a compute roof below a tenth of the ISA peak (:mod:`.cpu`), a
-measurement above the ISA peak (the peak is then raised, and said), bf16 below half of
-float32 on a CPU with bf16 instructions, two passes more than 25 % apart, or a load average
-above the cores: the roofs are measured again (``tries``), and if still not sane they are
-used for this call but never cached, and the result says why (``details["not_cached"]``, and
-``Roofs.doubts``: a bound on them is an estimate, not a bound).
-
-Cache: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (``~/.cache`` without it), the only file
-flopcount writes on its own: roofs measured here are written there when sane, so the next call
-reads them instead of measuring again; set ``FLOPCOUNT_NO_ROOFS_CACHE=1`` to neither read nor
-write it (every call that needs this machine's roofs then measures them). The key names the host, the
-processor or GPU, the thread count, torch's version and the math-mode flags (TF32 matmul
-and cuDNN, float32 matmul precision, oneDNN on). A cached entry says when and how it was
-measured; ``refresh=True`` (``flopcount roofs --remeasure``) measures again and keeps the
-best of both (load only ever slows a measurement down).
-
-Threads: measuring and the cache's read-modify-write hold one lock in this process, so two
-threads asking at once do not measure against each other, and neither loses the other's entry
-(the second reads what the first wrote). Two processes may still both measure; the file is
-replaced atomically (a scratch file per process and thread, then ``os.replace``).
+"""This machine's roofs, measured here: compute per dtype (the best of BLAS GEMM, oneDNN
+convolutions and a batched ``linear``; int8 on a CPU), bandwidth per memory level (the best
+stream over working sets sized to each data cache and to main memory), sanity-checked
+(:func:`sanity`: roofs that fail it twice are used for the call, never cached, and carry
+``Roofs.doubts``) and cached in ``$XDG_CACHE_HOME/flopcount/roofs.json`` unless
+``FLOPCOUNT_NO_ROOFS_CACHE=1``. Measuring and the cache's read-modify-write hold one lock in
+this process; the file is replaced atomically. Details: docs/devices.md, "This machine's roofs".
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ bytes / bandwidth)``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Sequence, Tuple
 
@@ -514,9 +514,7 @@ class AnyBound:
         return max(self.compute_s, self.memory_s)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"seconds": self.seconds, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "unavoidable_bytes": self.unavoidable_bytes, "level": self.level,
-                "faster_bytes": self.faster_bytes, "level_bandwidth": self.level_bandwidth}
+        return {"seconds": self.seconds, **asdict(self)}
 
 
 def any_implementation(roofs: Roofs, work: Iterable[Tuple[float, Optional[str], str]], unavoidable_bytes: float) -> AnyBound:

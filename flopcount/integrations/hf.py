@@ -2,33 +2,13 @@
 
 >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[FlopcountCallback()])  # doctest: +SKIP
 
-How it sees the batch: HF callbacks receive no inputs, so the callback registers a
-forward pre-hook on the trainer's model at ``on_train_begin`` (removed at
-``on_train_end``, or by :meth:`FlopcountCallback.remove`). When ``train()`` raises, HF calls
-no callback, so at ``on_init_end`` the callback puts a thin wrapper around that Trainer's
-``train`` (an instance attribute; the class is not touched) whose ``finally`` removes the
-hooks on every exit path: a failure in the forward, the loss, the backward, the optimizer
-step, the data, an evaluation or a reporter. The wrapper goes when the Trainer no longer
-holds a FlopcountCallback. A callback added with ``trainer.add_callback`` after the Trainer
-was made is first seen at ``on_train_begin``, inside ``train()``: it wraps ``train`` for the
-later calls, and in that first call a forward that raised still removes the hooks at once
-(an ``always_call`` forward hook sees it), while after a failure elsewhere the hook removes
-itself at the model's first forward outside that ``train()``, recording nothing, or at the
-next ``on_train_begin``. The hook records each call's
-signature (shapes, dtypes, flags); only a call with a new signature keeps a reference to
-its inputs, until the step ends. At ``on_step_end`` each new signature is counted on fake
-copies (forward + backward of the loss the model returns), the optimizer once; every
-other step is a dictionary lookup. Forward calls outside a training step (evaluation,
-prediction) are counted as forwards and logged separately. Counts run on a hookless twin
-of the model (same parameters, none of its hooks): the user's hooks are never replayed.
-Each ``train()`` starts afresh (its counts, ``total_flops``), so a callback reused by a
-second Trainer or a second ``train()`` logs and corrects ``total_flos`` again.
-
-``state.total_flos``: HF adds ``6 x tokens x non-embedding parameters`` per micro-batch;
-at each step end the callback adds the difference between the exact count of that step
-and HF's figure for the same micro-batches, so ``total_flos`` (in the final metrics, the
-logs and ``trainer_state.json``) becomes the exact FLOPs of every counted step
-(forward, backward and optimizer).
+HF callbacks receive no inputs, so a forward pre-hook on the trainer's model (``on_train_begin``
+to ``on_train_end``, or :meth:`FlopcountCallback.remove`) records each call's signature and keeps
+the inputs of a new one until the step ends, when it is counted on fake copies of a hookless twin
+(every other step is a lookup). HF calls no callback when ``train()`` raises, so the callback
+wraps that Trainer's ``train`` (the instance attribute) to remove the hooks on every exit path.
+``state.total_flos`` is corrected to the exact FLOPs of every counted step. How it sees the
+batch, what is and is not counted: docs/integrations.md, "Hugging Face `Trainer`".
 """
 
 from __future__ import annotations

@@ -2,18 +2,10 @@
 
 >>> trainer = L.Trainer(callbacks=[FlopcountMonitor()])  # doctest: +SKIP
 
-Lightning hands callbacks the batch, so nothing is hooked: at ``on_train_batch_start`` a
-batch of a new signature (shapes, dtypes, flags) is counted once on fake copies —
-``training_step(batch, batch_idx)`` forward, the backward of the loss it returns, and the
-optimizer step the first time — and every later batch of that signature is a dictionary
-lookup. ``validation_step`` batches are counted as forwards and logged apart
-(``flopcount/val_flops`` per validation run). Metrics go through ``pl_module.log`` once per
-optimizer step (so every Lightning logger gets them, at ``log_every_n_steps``).
-
-With ``ThroughputMonitor``: the monitor sets ``pl_module.flops_per_batch`` (the batch's
-forward + backward, plus the optimizer step on the batch that steps it) before each
-training batch, which is what ``ThroughputMonitor`` reads; the attribute is removed when
-training ends, and never set when the module defines its own.
+Lightning hands callbacks the batch, so nothing is hooked: a batch of a new signature is counted
+once on fake copies, every later one is a lookup; metrics go through ``pl_module.log`` once per
+optimizer step, and ``pl_module.flops_per_batch`` is set for ``ThroughputMonitor`` (docs/integrations.md,
+"Lightning").
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The join of profiled op calls with counted op events (plain data; no torch).
 
-The profiler records every dispatcher call as a node (``aten::conv2d`` ->
-``aten::convolution`` -> ``aten::_convolution`` -> a kernel); flopcount records one event
-per op below autograd (``aten::convolution``) or per composite (``aten::linear``). The
-*join step* runs the model once under the profiler with flopcount's dispatch recorder,
-which wraps the run of each recorded op in a profiler range ``flopcount#<event index>``:
-
-* an op's marker lies inside the op's own node: that node (and everything under it)
-  belongs to the event;
-* a composite's marker encloses the top-level op nodes the composite ran.
-
-So for each top-level op node of the join step (an op node with no op above it) we know
-its events and where in its subtree each event's node sits (a path of child positions,
-markers spliced out). The timed steps run without the recorder; their top-level op
-sequences are aligned to the join step's by (name, input shapes), and each timed
-top-level node's time goes to the events its join-step twin carries: the whole subtree
-when it carries one event, else each event the subtree of its own node and the rest of
-the top-level node's time in proportion.
+The join step runs under the profiler with flopcount's dispatch recorder, which wraps each
+recorded op in a profiler range ``flopcount#<event index>``: an op's marker lies inside its own
+node, a composite's encloses the top-level op nodes it ran. The timed steps' top-level op
+sequences are aligned to the join step's by (name, input shapes), and each timed node's time
+goes to its twin's events (docs/profile.md, "The join step").
 """
 
 from __future__ import annotations

@@ -1,51 +1,13 @@
 """The parent's forward proven to treat every middle layer alike before a replay (issue #32).
 
-:mod:`flopcount.step.replay` computes an N-layer step from the step run on the model cut to 3
-layers, checked by the 4-layer run. The layers are proven the same, but the code *around* them
-(the parent's forward: the loop over the stack, anything between two layers, anything after)
-only ever ran for 3 and 4 layers: a parent that does something at layer 6 of 8 (one more op,
-one tensor kept longer, a layer called twice or skipped) would be replayed wrong.
-
-So the parent's forward runs once more on the whole model and once on the model cut to 3
-layers, with every call of a stack layer answered by a stand-in (the layer's real forward runs
-once per distinct input, to learn what it returns; every call then returns fresh tensors of
-that metadata). What the parent does is recorded as a walk, cut into blocks: before the first
-layer, then each layer's call and the parent's ops after it until the next call. Each record:
-
-* an op the parent ran (outside every layer): its name, every argument and output by metadata
-  (shape, stride, offset, dtype, device, requires_grad), Python values by value, other objects
-  by identity, and for each tensor argument which earlier record made it;
-* a layer call: the layer's index (calls must come in order, each layer once, none inside
-  another), its arguments likewise, the grad mode and autocast state, the layer's whole state
-  (every plain attribute, parameter and buffer metadata, hook dictionaries, ``training``: a
-  parent that changes a layer mid-run is seen) and whether process-wide module hooks exist;
-* each tensor hook the parent registers (a public ``TorchFunctionMode`` sees the call) and, at
-  each block's end, the autograd node of each tensor the block made that is alive (a custom
-  ``autograd.Function``'s backward is code of its own);
-* when each tensor the parent handled died (a weak reference's callback; the garbage
-  collector is off while the walk runs, so deaths are those of reference counts).
-
-Positions are written relative: a record that reads, or a death in, another layer's block says
-how many layers back or on (the layer before, the layer after), a block that is neither says
-which (the part before the layers, the first, the last, or middle layer ``j``). The proof: the
-whole model's walk is the cut model's with its middle block repeated, block for block (the
-first, each middle layer against the cut model's layer 1, the last, the part before). Then
-the parent's Python sees every middle layer alike: the same ops with the same metadata, fed by
-the same relative producers, its tensors dying at the same relative places, the same layer
-called once with the same arguments in the same state.
-
-Where the layers alternate between kinds (:attr:`flopcount.step.replay.Stack.period` ``p``), the
-cut model holds 3 units of ``p`` layers and the middle unit's ``p`` blocks are repeated; a block
-outside the layers names a layer of the first or the last unit by its place in the unit. A
-head of layers of other kinds before the run (:attr:`flopcount.step.replay.Stack.head`) is kept
-whole in the cut model; its blocks come before the first unit's and are named by place with them.
-
-Seen: the Python data bound to the globals the forwards name (a flag the parent sets per layer
-is part of each layer call's state; a counter a layer advances changes :func:`model_state`). Not
-seen (said in docs/memory.md): other state outside the model that the parent or a layer reads
-and that changes from layer to layer (a global named only by a function of another Python module, the RNG:
-LayerDrop's random skips make any one step's figure a draw), and an object argument (a cache) passed to every layer whose
-content a layer's forward reads and the parent changes per layer.
+:mod:`flopcount.step.replay`'s cut runs run the code *around* the layers for 3 and 4 units
+only. So the parent's forward is walked on the whole model and on the model cut to 3 units,
+each stack layer's call answered by a stand-in, and recorded as blocks (before the layers,
+then each layer's call and the parent's ops after it): ops by metadata with their relative
+producers, layer calls with their arguments and state, tensor hooks, autograd nodes and tensor
+deaths. The proof: the whole model's walk is the cut model's with its middle block repeated.
+What it sees and what it assumes: docs/memory.md, "The forward around the layers, proven on
+the whole model".
 """
 
 from __future__ import annotations

@@ -1,52 +1,13 @@
 """A training step's repeated layers replayed exactly instead of traced (issue #32).
 
-A step's memory figures (the peak, the categories at the peak, the modules running then,
-each module's own peak and the activation bytes each forward call kept) are functions of
-the tracker's *timeline*: the live bytes by device and category after every op, with the
-modules running and the phase, plus the bytes at each module's forward entry and exit.
-When a model's layers are N copies of one block, the timeline of the N-layer step is the
-3-layer step's with the middle layer's stretch repeated: layer ``j``'s forward (backward,
-optimizer) stretch is layer 1's with every byte count shifted by what ``j - 1`` more
-middle layers left alive entering it, and the names moved from ``layers.1`` to
-``layers.j``. So the step runs twice on a copy of the model cut to its first layers: 3
-layers (the template: first, middle, last) and 4 layers (the check), the check's whole
-timeline (every record, every byte, every name) is compared with the template's
-stretched to 4 layers, and only when they are identical is the N-layer figure computed
-from the template, stretch by stretch (the highest total of a stretch is its template's
-plus the shift), without building the N-layer timeline.
-
-Used only where the repetition is proven as far as flopcount can see: one ``ModuleList``
-or ``Sequential`` of at least :data:`MIN_LAYERS` layers whose subtrees are the same
-(class and forward, parameters' and buffers' metadata, every plain attribute equal, a
-function object one function in effect: :func:`_same_callable`; an
-attribute that differs between layers, transformers' ``layer_idx``, is replaced on the
-cut copy by a stand-in that raises if the step reads it), no module hook anywhere, no
-layer module or parameter reachable twice, a per-parameter optimizer whose step touches
-one layer's tensors at a time (the labels of its ops come from the tensors they touch),
-and phases and layers met in the order a step meets them, and the parent's forward (the
-code around the layers, which the cut runs only ever run for 3 and 4 layers) proven on the
-whole model to treat every middle layer alike (:mod:`flopcount.step.parent_walk`: its walk
-over all the layers is its walk over 3 with the middle block repeated, ops, layer calls and
-tensor deaths). Anything else is traced in full. ``FLOPCOUNT_REUSE=0`` turns this off (and
-the count's reuse with it).
-
-Layers that alternate between kinds (Gemma-2's sliding and full attention in turn, a 5 : 1
-pattern) are the same thing one level up: where the stack is a repetition of one block of ``p``
-layers (layer ``j`` the same as layer ``j + p`` in every test above, ``p`` dividing the stack,
-:attr:`Stack.period`), the *unit* replayed is that block: the template is 3 units, the check 4,
-the labels, pieces and shifts count units, and a name moved to another unit keeps its place in
-the unit. Period 1 (identical layers) is tried first and is the case above, unchanged.
-
-A list whose first layers are of other kinds (DeepSeek-V2/V3, Kimi-K2, GLM-4.5-MoE: the first
-``first_k_dense_replace`` layers hold a dense MLP, the rest a mixture of experts) is the same thing
-after a *head*: where the whole list is no run (the cases above are tried first, unchanged), the
-longest run after a head of ``h`` layers is taken (:attr:`Stack.head`; the run is every layer from
-``h`` on, identical or of one period, with every test above within the run, and holds
-:data:`MIN_LAYERS` units: the head is not counted). The head's layers are anything: they run as they
-are in every cut run (the cut copies keep the head and the run's first 3 and 4 units,
-:meth:`Stack.kept`), belong to no unit (their records are the code's around the run: fixed, not
-stretched, their names their own), and the run's layer ``i`` is the list's layer ``h + i``. The
-whole-timeline check and the parent's walk decide as before; ``h = 0`` is the case above, the same code.
+The step's memory figures are functions of MemTracker's timeline (live bytes by device and
+category after every op, the modules running, the phase). For a stack of identical layers (or
+of one repeated unit of ``period`` layers, after a ``head`` of other kinds) the N-layer timeline
+is the 3-unit step's with the middle unit's stretch repeated, shifted and renamed: the step runs
+on a copy cut to 3 units (the template) and 4 (the check), and only where the check's whole
+timeline is the template's stretched to 4 are the N-unit figures computed from the template.
+Where it applies (:func:`find_stack`), and why not elsewhere: docs/memory.md, "Reused since:
+the step's repeated layers". Anything else is traced in full; ``FLOPCOUNT_REUSE=0`` turns it off.
 """
 
 from __future__ import annotations
