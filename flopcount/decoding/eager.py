@@ -48,9 +48,9 @@ def score_ops(events: Sequence[Tuple[OpEvent, Optional[Cost]]], modules: Abstrac
     scores by (..., Lk, dv). The ops between that read the scores and write their shape, one
     or more FLOPs per score (elementwise), are priced by score too; so are those over the
     scores with one column appended by a ``cat`` along the keys (GPT-OSS's sinks), elementwise
-    or a reduction along the keys; the others are not. A module whose products do not pair exactly so (a second
-    score product before the first is used, a product between, a product left unpaired) gives
-    nothing: its ops stay priced in full."""
+    or a reduction along the keys; the others are not. A module whose products do not pair
+    exactly so (a second score product before the first is used, a product between, a product
+    left unpaired) gives nothing: its ops stay priced in full."""
     by_module: Dict[str, List[int]] = {}
     for index, (event, _) in enumerate(events):
         if event.module in modules:
@@ -72,9 +72,9 @@ def _module_calls(module: str, indices: List[int], events: Sequence[Tuple[OpEven
     for index in indices:
         call, cost = events[index][0].call, events[index][1]
         if op_family(call.op) == MATMUL:
-            if scores is None:
-                scores, sunk = _query_key(call, queries), None
-                priced, sinks = [index], []  # a product that is not Q K^T (none is booked here in transformers) is not priced
+            if scores is None:  # a product that is not Q K^T (a projection written inline) is left as counted
+                scores = _query_key(call, queries)
+                priced, sinks, sunk = [index], [], None
                 continue
             if _probabilities_value(call, scores):
                 calls.append(ScoreOps(module, scores[-2], scores[-1], (*priced, index), tuple(sinks)))
