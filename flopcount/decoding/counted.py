@@ -35,6 +35,7 @@ from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
 from flopcount.core.state import left_as_found, preserved_random_modules
 from flopcount.decoding.caches import cache_position_bytes
+from flopcount.decoding.eager import ScoreOps, score_ops
 from flopcount.decoding.forwards import (
     Decoding,
     FakeRefused,
@@ -46,14 +47,37 @@ from flopcount.decoding.forwards import (
     refuse_without_prompt_input,
 )
 from flopcount.decoding.runs import Affine, Costed, LayerMask, Limits, cache_limits, layer_masks, mask_limits, plan_runs
-from flopcount.devices.roofline import attention_lengths, bottom_right_causal_flops, kernel_flops, windowed_causal_flops
+from flopcount.devices.roofline import (
+    attention_lengths,
+    bottom_right_causal_flops,
+    kernel_flops,
+    masked_flops,
+    sink_flops,
+    windowed_causal_flops,
+)
 from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace, trace_on_fakes
 from flopcount.tracers._real_run import run_for_output
 from flopcount.types import OpCall, Trace
 
-__all__ = ["Counter", "Decoded", "causal_modules", "count_decoding", "on_fakes", "skipped_flops"]
+__all__ = [
+    "Counter", "Decoded", "Skipped", "causal_modules", "count_decoding", "eager_masks", "on_fakes", "prefill_skipped",
+    "skipped_flops",
+]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A forward's FLOPs that no kernel must perform (:func:`skipped_flops`): ``flops`` in all,
+    ``attention`` the part of them booked under attention ops (the rest are an eager
+    attention's score matmuls and elementwise ops, booked under their own names)."""
+
+    flops: float = 0.0
+    attention: float = 0.0
+
+    def __add__(self, other: Skipped) -> Skipped:
+        return Skipped(self.flops + other.flops, self.attention + other.attention)
 
 
 @dataclass
@@ -73,11 +97,12 @@ class Decoded:
     held: Dict[int, int] = field(default_factory=dict)
     largest_write: int = 0
     wall_s: float = 0.0
-    prefill_skipped: float = 0.0
+    prefill_skipped: Skipped = field(default_factory=Skipped)
 
 
 def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: int = 0,
-                  masks: Optional[Mapping[str, LayerMask]] = None) -> float:
+                  masks: Optional[Mapping[str, LayerMask]] = None,
+                  eager: Optional[Mapping[str, LayerMask]] = None, queries: int = 0) -> Skipped:
     """The FLOPs of ``costed``'s events that no kernel must perform: counted FLOPs minus
     :func:`flopcount.devices.roofline.kernel_flops` (a causal attention's scores past the
     diagonal; 0 for every other op). Each such op is booked under its own attention name
@@ -92,19 +117,35 @@ def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: in
     A prefill forward or chunk of an unpadded prompt (:attr:`Setup.unpadded`): an attention
     with an explicit mask of a module whose sliding window or attention chunk ``masks`` knows
     (:func:`flopcount.decoding.runs.layer_masks`) is priced at the scores that mask admits
-    (:func:`flopcount.devices.roofline.windowed_causal_flops`)."""
-    skipped = 0.0
-    for event, cost in expand_booked(costed):
+    (:func:`flopcount.devices.roofline.windowed_causal_flops`); so are the score matmuls and
+    the elementwise ops on the scores of each eager attention call of a module whose mask
+    ``eager`` knows (:func:`eager_masks`), found over the forward's ``queries`` positions
+    (:func:`flopcount.decoding.eager.score_ops`), at
+    :func:`flopcount.devices.roofline.masked_flops` (:func:`~flopcount.devices.roofline.sink_flops`
+    over GPT-OSS's scores with their sink column): these are not attention ops."""
+    booked = list(expand_booked(costed))
+    by_score: Dict[int, Tuple[ScoreOps, bool]] = {}  # event index -> its call, and whether over a sink column too
+    for found in score_ops(booked, frozenset(eager or ()), queries) if eager else ():
+        by_score.update((index, (found, False)) for index in found.events)
+        by_score.update((index, (found, True)) for index in found.sinks)
+    attention = other = 0.0
+    for index, (event, cost) in enumerate(booked):
         if cost is None or not cost.flops or cost.parts:
+            continue
+        scored = by_score.get(index)
+        if scored is not None:
+            (found, sunk), layer = scored, (eager or {})[scored[0].module]
+            priced = sink_flops if sunk else masked_flops
+            other += cost.flops - priced(cost.flops, found.lq, found.lk, past, layer.window, layer.chunk)
             continue
         mask = (masks or {}).get(event.module)
         if mask is not None and (mask.window or mask.chunk) and _explicit(event.call):
-            skipped += cost.flops - windowed_causal_flops(event.call, cost.flops, past, mask.window, mask.chunk)
+            attention += cost.flops - windowed_causal_flops(event.call, cost.flops, past, mask.window, mask.chunk)
         elif event.module in causal and _after(event.call, past):
-            skipped += cost.flops - bottom_right_causal_flops(event.call, cost.flops)
+            attention += cost.flops - bottom_right_causal_flops(event.call, cost.flops)
         else:
-            skipped += cost.flops - kernel_flops(event.call, cost.flops)
-    return skipped
+            attention += cost.flops - kernel_flops(event.call, cost.flops)
+    return Skipped(attention + other, attention)
 
 
 def causal_modules(costed: Costed) -> FrozenSet[str]:
@@ -200,7 +241,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
     counter.known_values = setup.known_values
     held: Dict[int, int] = {}
     with counter.outputs() as last:
-        prefill, output, prefill_skipped = _prefill(counter, setup, last)
+        prefill, output, skipped = _prefill(counter, setup, last)
         state = Decoding(output, setup, encoder=last.encoder)
         if total > 0 and state.cache is None:
             raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
@@ -256,10 +297,10 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
             f"steps before them, not traced: the third step and the last step of each run were traced and matched it "
             f"(the skipped positions were fed in one uncounted forward){split}; trace_every_step=True traces each"
         )
-    return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write, prefill_skipped=prefill_skipped)
+    return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write, prefill_skipped=skipped)
 
 
-def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any, float]:
+def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any, Skipped]:
     """The prefill's count, its output and the FLOPs its kernels may skip (:func:`skipped_flops`):
     one forward, or one per chunk (each chunk fed the cache the one before returned), booked as
     one prefill; each as generate() makes it (:meth:`Setup.prefill_call`: through the model's
@@ -267,10 +308,11 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
     if len(setup.prefill_calls) == 1:
         _, costed, result = counter.count(setup.prefill_call(0), "prefill")
         taken = last.take()
-        return result, taken, skipped_flops(costed, masks=_known_masks(counter, setup, taken))
+        return result, taken, prefill_skipped(counter.model, setup, costed, taken)
     runs: List[Tuple[Trace, Costed]] = []
     output: Any = None
-    skipped, causal, limits, masks = 0.0, frozenset[str](), Limits(), dict[str, LayerMask]()
+    skipped, causal, limits = Skipped(), frozenset[str](), Limits()
+    masks, eager = dict[str, LayerMask](), dict[str, LayerMask]()
     for index in range(len(setup.prefill_calls)):
         cache = cache_of(output, setup) if index else None
         runs.append(counter.trace(setup.prefill_call(index, cache), f"prefill chunk {index + 1} of {len(setup.prefill_calls)}"))
@@ -279,21 +321,41 @@ def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResu
         if not index:
             causal = causal_modules(costed)
             limits = mask_limits(cache_of(output, setup), getattr(counter.model, "config", None))
-            masks = _known_masks(counter, setup, output)
+            masks = _known_masks(counter.model, setup, output)
+            eager = eager_masks(counter.model, masks)
         # a later chunk's mask is causal with its offset where no window or attention chunk of the
         # model ends within the positions up to the chunk's last, and on a layer the config and
         # cache say has neither (a Gemma's full layers)
         full = frozenset(module for module in causal if masks.get(module) == LayerMask())
         whole = causal if not limits.within(1, setup.chunk_start(index + 1)) else full
-        skipped += skipped_flops(costed, whole, setup.chunk_start(index), masks)
+        start = setup.chunk_start(index)
+        skipped += skipped_flops(costed, whole, start, masks, eager, setup.chunk_start(index + 1) - start)
     description = f"{prepare_call((), setup.first).description} in {len(runs)} chunks"
     return counter.combined(runs, description), output, skipped
 
 
-def _known_masks(counter: Counter, setup: Setup, output: Any) -> Dict[str, LayerMask]:
+def prefill_skipped(model: nn.Module, setup: Setup, costed: Costed, output: Any) -> Skipped:
+    """:func:`skipped_flops` of a prefill run as one forward (``costed``, which returned
+    ``output``): its masks as the config and the cache it returned know them."""
+    masks = _known_masks(model, setup, output)
+    return skipped_flops(costed, masks=masks, eager=eager_masks(model, masks), queries=setup.chunk_start(1))
+
+
+def _known_masks(model: nn.Module, setup: Setup, output: Any) -> Dict[str, LayerMask]:
     """Each attention module's mask as the config and the cache the prefill returned know it
     (:func:`flopcount.decoding.runs.layer_masks`), for an unpadded prompt only: none otherwise."""
-    return layer_masks(counter.model, cache_of(output, setup)) if setup.unpadded else {}
+    return layer_masks(model, cache_of(output, setup)) if setup.unpadded else {}
+
+
+def eager_masks(model: nn.Module, masks: Mapping[str, LayerMask]) -> Dict[str, LayerMask]:
+    """The modules of ``masks`` whose eager attention calls' scores the prefill may price at
+    their mask (:func:`flopcount.decoding.eager.score_ops`): those transformers marks causal
+    (``is_causal``, the flag its SDPA path reads; False for an encoder's or a bidirectional
+    model's attention), since an eager call hands no ``is_causal`` of its own."""
+    if not masks:
+        return {}
+    modules = dict(model.named_modules())
+    return {name: mask for name, mask in masks.items() if getattr(modules.get(name), "is_causal", None) is True}
 
 
 def _encoder_name(model: nn.Module, names: Mapping[nn.Module, str]) -> str:

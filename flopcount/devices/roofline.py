@@ -199,23 +199,46 @@ def bottom_right_causal_flops(call: OpCall, flops: float) -> float:
 def windowed_causal_flops(call: OpCall, flops: float, past: int, window: Optional[int] = None,
                           chunk: Optional[int] = None) -> float:
     """The part of an attention call's counted ``flops`` (Lq x Lk scores per head) a kernel
-    that knows the call's mask computes, for a call whose caller knows the mask: the Lq queries
-    at absolute positions past..past + Lq - 1, each seeing the causal keys of its sliding
-    ``window`` (position p: the min(W, p + 1) keys p - W + 1..p, transformers' and flash-attn's
-    ``window_size=(W - 1, 0)`` convention) or of its attention ``chunk`` (the p mod C + 1 keys
-    from C floor(p / C) to p, Llama-4's chunked attention), or, with neither, all p + 1 keys
-    (the bottom-right causal kernel of :func:`bottom_right_causal_flops`). The keys must be
-    the ``past`` positions and the call's own (Lk = past + Lq), or at least the W - 1 (C - 1)
-    latest positions before them (a sliding cache keeps W - 1): all of ``flops`` otherwise."""
+    that knows the call's mask computes, for a call whose caller knows the mask:
+    :func:`masked_flops` over the call's query and key lengths. All of ``flops`` for a call
+    that is not a 4-D attention."""
     lengths = attention_lengths(call) if flops else None
-    if lengths is None or past < 0:
-        return flops
-    lq, lk = lengths
+    return flops if lengths is None else masked_flops(flops, lengths[0], lengths[1], past, window, chunk)
+
+
+def masked_flops(flops: float, lq: int, lk: int, past: int, window: Optional[int] = None,
+                 chunk: Optional[int] = None) -> float:
+    """The part of ``flops`` spent evenly over an Lq x Lk score matrix (an attention kernel's,
+    or an eager attention's score matmuls and the elementwise ops on its scores) that the
+    call's causal mask admits: the Lq queries at absolute positions past..past + Lq - 1, each
+    seeing the causal keys of its sliding ``window`` (position p: the min(W, p + 1) keys
+    p - W + 1..p, transformers' and flash-attn's ``window_size=(W - 1, 0)`` convention) or of
+    its attention ``chunk`` (the p mod C + 1 keys from C floor(p / C) to p, Llama-4's chunked
+    attention), or, with neither, all p + 1 keys (the bottom-right causal kernel of
+    :func:`bottom_right_causal_flops`). The keys must be the ``past`` positions and the call's
+    own (Lk = past + Lq), or at least the W - 1 (C - 1) latest positions before them (a
+    sliding cache keeps W - 1): all of ``flops`` otherwise."""
+    admitted = admitted_scores(lq, lk, past, window, chunk) if flops else None
+    return flops if admitted is None else flops * admitted / (lq * lk)
+
+
+def sink_flops(flops: float, lq: int, lk: int, past: int, window: Optional[int] = None,
+               chunk: Optional[int] = None) -> float:
+    """:func:`masked_flops` for ``flops`` spent evenly over the Lq x (Lk + 1) entries of the
+    scores and one sink logit per query (GPT-OSS's attention sinks, which every query's softmax
+    sees: flash-attn's and vLLM's ``sinks``): the admitted scores and the Lq sinks."""
+    admitted = admitted_scores(lq, lk, past, window, chunk) if flops else None
+    return flops if admitted is None else flops * (admitted + lq) / (lq * (lk + 1))
+
+
+def admitted_scores(lq: int, lk: int, past: int, window: Optional[int] = None, chunk: Optional[int] = None) -> Optional[int]:
+    """The entries of an Lq x Lk score matrix per head that the causal mask of
+    :func:`masked_flops` admits; None where the keys are not the positions it requires."""
     size = window or chunk
     cached = lk - lq
-    if cached != past and not (size and past > cached >= size - 1):
-        return flops
-    return flops * (_scores_before(past + lq, window, chunk) - _scores_before(past, window, chunk)) / (lq * lk)
+    if lq <= 0 or past < 0 or (cached != past and not (size and past > cached >= size - 1)):
+        return None
+    return _scores_before(past + lq, window, chunk) - _scores_before(past, window, chunk)
 
 
 def _scores_before(positions: int, window: Optional[int], chunk: Optional[int]) -> int:

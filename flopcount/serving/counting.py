@@ -44,7 +44,7 @@ from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
-from flopcount.decoding.counted import Counter, on_fakes, skipped_flops
+from flopcount.decoding.counted import Counter, Skipped, on_fakes, prefill_skipped
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, NotAffine, cache_limits, paired, plan_runs, same_event
 from flopcount.devices.roofline import ATTENTION, op_family
@@ -66,7 +66,7 @@ _NOTHING = Cost()
 class Counted:
     """One batch size's figures. ``prefill_attention`` and ``step_attention``: the part of
     the prefill's and each step's FLOPs that attention ops perform (:func:`attention_flops`);
-    ``prefill_skipped``: the prefill's FLOPs its kernels may skip (:func:`skipped_flops`);
+    ``prefill_skipped``: the prefill's FLOPs its kernels may skip (:func:`prefill_skipped`);
     ``held``: step -> the bytes of the positions the cache keeps after it (-1: after the
     prefill), at the steps measured (or derived) only; ``stored``: the storages the cache holds
     at the end (:func:`cache_bytes`); ``results``: every traced forward's result (their
@@ -85,7 +85,7 @@ class Counted:
     results: List[FlopResult] = field(default_factory=list)
     #: the cache's storage bytes after the prefill (-1) and the steps traced
     stored_early: Dict[int, float] = field(default_factory=dict)
-    prefill_skipped: float = 0.0
+    prefill_skipped: Skipped = field(default_factory=Skipped)
 
 
 @dataclass
@@ -192,8 +192,9 @@ class _Steps:
         counter.known_values = setup.known_values  # meta position ids' values: read past its table, the count refuses
         _, costed, self.prefill = counter.count(setup.prefill_call(0))
         self.prefill_attention = booked_attention(costed)
-        self.prefill_skipped = skipped_flops(costed)
-        self.state = Decoding(last.take(), setup, encoder=last.encoder)
+        output = last.take()
+        self.prefill_skipped = prefill_skipped(counter.model, setup, costed, output)
+        self.state = Decoding(output, setup, encoder=last.encoder)
         if self.state.cache is None:
             raise _Refused
         self.held: Dict[int, float] = {}

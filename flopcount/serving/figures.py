@@ -28,7 +28,8 @@ class Phase:
     """One forward's work and its any-implementation bound on the part (per rank with tp);
     ``attention_flops``: the part of ``flops`` attention ops perform, priced at attention's
     column (:meth:`flopcount.serving.pricing.Pricing.phase`); ``skipped_flops``: the part of
-    those a causal attention's kernel skips (the scores past the diagonal), not priced."""
+    ``flops`` a kernel that knows the mask skips (the scores a causal or windowed mask leaves
+    out, in attention ops or an eager attention's matmuls and elementwise ops), not priced."""
 
     flops: float
     macs: float
@@ -104,9 +105,10 @@ class ServeBatch:
 class Work:
     """One forward's counted work: FLOPs, MACs, the cache bytes it reads and writes, and the
     part of its FLOPs attention ops perform (``attention_flops``: ops whose
-    :func:`flopcount.devices.roofline.op_family` is "attention") and the part of those no
-    kernel must perform (``skipped_flops``: a causal attention's scores past the diagonal,
-    :func:`flopcount.decoding.counted.skipped_flops`), per sequence in
+    :func:`flopcount.devices.roofline.op_family` is "attention"), the part of its FLOPs no
+    kernel must perform (``skipped_flops``: the scores a causal or windowed mask leaves out,
+    :func:`flopcount.decoding.counted.skipped_flops`) and of those the part attention ops
+    perform (``skipped_attention_flops``; the rest are an eager attention's), per sequence in
     :attr:`ServeFacts.prefill` / :attr:`ServeFacts.steps`, the part no sequence adds in
     ``ServeFacts.fixed``."""
 
@@ -116,6 +118,7 @@ class Work:
     cache_written: float = 0.0
     attention_flops: float = 0.0
     skipped_flops: float = 0.0
+    skipped_attention_flops: float = 0.0
 
     def times(self, batch: int, fixed: Optional[Work]) -> Work:
         """``batch x self + fixed``: this work at ``batch`` sequences."""

@@ -121,17 +121,18 @@ class Pricing:
 
     def phase(
         self, flops: float, macs: float, weight_bytes: float, other_bytes: float, tokens: float, *, attention_flops: float,
-        skipped_flops: float = 0.0,
+        skipped_flops: float = 0.0, skipped_attention_flops: float = 0.0,
     ) -> Phase:
         """One forward's bound per rank: the FLOPs a kernel must perform / tp at the compute
-        dtype's peak (``flops`` less the ``skipped_flops`` of causal attention's scores past
-        the diagonal, :func:`flopcount.devices.roofline.kernel_flops`; the attention FLOPs
-        among them at attention's column, the rest at the matmul family's:
+        dtype's peak (``flops`` less the ``skipped_flops`` of the scores a causal or windowed
+        mask leaves out, :func:`flopcount.decoding.counted.skipped_flops`; the attention FLOPs
+        among them, less ``skipped_attention_flops``, at attention's column, the rest at the
+        matmul family's:
         :meth:`Roofs.column`), weights / tp and cache bytes / min(tp, KV heads)
         over the bandwidth, and with tp > 1 two ring all-reduces of tokens x hidden per layer
         over the link: 2 (tp - 1) / tp x bytes / link."""
         moved = weight_bytes / self.tp + other_bytes / self.kv_split
-        needed = self._work((flops - skipped_flops) / self.tp, (attention_flops - skipped_flops) / self.tp)
+        needed = self._work((flops - skipped_flops) / self.tp, (attention_flops - skipped_attention_flops) / self.tp)
         bound = any_implementation(self.roofs, needed, moved)
         comm = 0.0
         if self.tp > 1:
@@ -153,7 +154,8 @@ class Pricing:
         tokens = batch * self.facts.prompt_tokens
         work = self.facts.prefill_at(batch)
         return self.phase(work.flops, work.macs, self.weights_read(tokens), work.cache_written * self.scale, tokens,
-                          attention_flops=work.attention_flops, skipped_flops=work.skipped_flops)
+                          attention_flops=work.attention_flops, skipped_flops=work.skipped_flops,
+                          skipped_attention_flops=work.skipped_attention_flops)
 
     def step(self, batch: int, index: int) -> Phase:
         work = self.facts.step_at(batch, index)

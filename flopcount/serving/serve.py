@@ -242,7 +242,8 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
                         "activation_bytes": float(counted.largest_write)})
         works.append([
             Work(flops=float(counted.prefill_flops), macs=float(counted.prefill_macs), cache_written=held[-1],
-                 attention_flops=float(counted.prefill_attention), skipped_flops=counted.prefill_skipped),
+                 attention_flops=float(counted.prefill_attention), skipped_flops=counted.prefill_skipped.flops,
+                 skipped_attention_flops=counted.prefill_skipped.attention),
             # a decode step reads the positions cached before it and writes the new one
             *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]), cache_read=held[s - 1],
                    cache_written=max(0.0, held[s] - held[s - 1]), attention_flops=float(counted.step_attention[s]))
