@@ -227,6 +227,7 @@ def _counted(decoded: Decoded) -> Counted:
         step_macs=[s.macs for s in decoded.steps], step_attention=[attention_flops(s) for s in decoded.steps],
         held={k: float(v) for k, v in decoded.held.items()}, stored=float(cache_bytes(decoded.cache)),
         largest_write=decoded.largest_write, results=[decoded.prefill, *decoded.steps],
+        step_skipped=list(decoded.step_skipped), masks=decoded.masks,
     )
 
 
@@ -236,16 +237,22 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     b, n = one.batch, len(one.step_flops)
     scalars: List[Dict[str, float]] = []
     works: List[List[Work]] = []
+    base = setup.base
     for counted in (one, two):
-        held = held_per_step(counted.held, n)
-        scalars.append({"cache_held": counted.stored, "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
+        masks = counted.masks
+        # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s)
+        held = {s: bytes_held - masks.empty_bytes(base + s + 1) for s, bytes_held in held_per_step(counted.held, n).items()}
+        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n),
+                        "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
+        skipped = counted.step_skipped or [0.0] * n
         works.append([
             Work(flops=float(counted.prefill_flops), macs=float(counted.prefill_macs), cache_written=held[-1],
                  attention_flops=float(counted.prefill_attention), skipped_flops=counted.prefill_skipped),
-            # a decode step reads the positions cached before it and writes the new one
-            *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]), cache_read=held[s - 1],
-                   cache_written=max(0.0, held[s] - held[s - 1]), attention_flops=float(counted.step_attention[s]))
+            # a decode step reads the positions cached before it that its masks admit, and writes the new one
+            *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]),
+                   cache_read=held[s - 1] - masks.unread_bytes(base + s), cache_written=max(0.0, held[s] - held[s - 1]),
+                   attention_flops=float(counted.step_attention[s]), skipped_flops=skipped[s])
               for s in range(n)),
         ])
     slopes: Dict[str, Any] = {key: scalars[1][key] - first for key, first in scalars[0].items()}
