@@ -86,7 +86,9 @@ class DecodeMasks:
 
     def indices(self, costed: Costed) -> List[int]:
         """The places in ``costed`` (a decode step's events) of the events of :attr:`modules`."""
-        return [index for index, (event, _) in enumerate(costed) if self.modules and event.module in self.modules]
+        if not self.modules:
+            return []
+        return [index for index, (event, _) in enumerate(costed) if event.module in self.modules]
 
     def skipped_flops(self, costed: Costed, position: int) -> float:
         """The FLOPs of the decode step at ``position`` (its one new token's) that a kernel knowing
@@ -94,11 +96,16 @@ class DecodeMasks:
         hides (an earlier attention chunk's, a static cache's empty slots), by
         :func:`flopcount.devices.roofline.one_position_flops`."""
         skipped = 0.0
-        for event, cost in expand_booked(costed):
+        priced: Dict[Tuple[int, LayerMask, float], float] = {}  # one call object in many layers: priced once
+        for event, cost in expand_booked(costed) if self.modules else ():
             mask = self.modules.get(event.module)
-            if mask is None or cost is None or not cost.flops or cost.parts or not _explicit(event.call):
+            if mask is None or cost is None or not cost.flops or cost.parts:
                 continue
-            skipped += cost.flops - one_position_flops(event.call, cost.flops, position, mask.window, mask.chunk, mask.slots)
+            key = (id(event.call), mask, cost.flops)
+            if key not in priced:
+                priced[key] = cost.flops - one_position_flops(event.call, cost.flops, position, mask.window, mask.chunk,
+                                                              mask.slots) if _explicit(event.call) else 0.0
+            skipped += priced[key]
         return skipped
 
     def unread_bytes(self, position: int) -> float:
@@ -133,7 +140,7 @@ def decode_masks(model: nn.Module, setup: Setup, cache: Any) -> DecodeMasks:
             continue
         known[index] = mask
         sizes.append((mask, (keys.numel() * keys.element_size() + values.numel() * values.element_size()) / held))
-    return DecodeMasks(module_masks(model, known), tuple(sizes))
+    return DecodeMasks(module_masks(model, known), tuple(sizes)) if known else DecodeMasks()
 
 
 @dataclass

@@ -264,6 +264,8 @@ class Affine:
         self._members: Dict[Tuple[int, Phase, Cost], List[OpEvent]] = {}
         #: each varying event's group (in the order of :attr:`varying`)
         self._groups: List[int] = []
+        #: the index in a step's events -> its group, for the varying events (made when first asked)
+        self._group_of: Optional[Dict[int, int]] = None
         for varying in self.varying:
             index, a, b = varying
             group = groups.setdefault(_pair_key(a.call, b.call), len(groups))
@@ -308,7 +310,9 @@ class Affine:
         """The events at ``indices`` of the run's step ``step`` with their costs: one that does not
         vary as at the first step, one that varies as its continued call (each distinct pair of
         calls among them continued and priced once)."""
-        group_of = {index: group for (index, _, _), group in zip(self.varying, self._groups)}
+        if self._group_of is None:
+            self._group_of = {index: group for (index, _, _), group in zip(self.varying, self._groups)}
+        group_of = self._group_of
         groups = sorted({group_of[i] for i in indices if i in group_of})
         heads = [OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
                  for a, b in (self._firsts[group][1:] for group in groups)]

@@ -264,6 +264,11 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     heads, kv_heads = _heads_of(model)
     results = [*one.results, *two.results]
     notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
+    slots = sorted({mask.slots for mask, _ in one.masks.layers if mask.slots})
+    if slots:
+        notes.append(f"a static cache of {slots[0]} slots: priced at the positions written ({setup.base} after the prefill, "
+                     f"{setup.base + n} at the end: the attention's live keys, the cache read and written, the memory), as an "
+                     f"engine with a paged cache holds them; transformers allocates all {slots[0]}")
     reasons = [r for res in results for r in res.incomplete_reasons()]
     if reasons:
         notes.append("the count is incomplete, the bounds leave that work out: " + "; ".join(dict.fromkeys(reasons)))

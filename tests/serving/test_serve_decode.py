@@ -286,6 +286,7 @@ def test_static_cache_steps_are_priced_at_the_live_positions(chunk):
         assert facts.steps[step].cache_written == POSITION_BYTES
     assert facts.cache_held == (prompt + new - 1) * POSITION_BYTES
     assert facts.kv_bytes_per_token == POSITION_BYTES
+    assert any("a static cache of 100 slots" in note and "47 at the end" in note for note in facts.warnings)
     ours, theirs = _row(facts, 4), _row(dynamic, 4)
     for mine, other in ((ours.first_step, theirs.first_step), (ours.last_step, theirs.last_step), (ours.prefill, theirs.prefill)):
         assert mine.memory_s == pytest.approx(other.memory_s, rel=1e-12)
