@@ -46,12 +46,24 @@ from flopcount.decoding.forwards import (
     is_encoder_decoder,
     refuse_without_prompt_input,
 )
-from flopcount.decoding.runs import Affine, Costed, LayerMask, Limits, cache_limits, layer_masks, mask_limits, plan_runs
+from flopcount.decoding.runs import (
+    Affine,
+    Costed,
+    LayerMask,
+    Limits,
+    cache_layer_masks,
+    cache_limits,
+    layer_masks,
+    mask_limits,
+    module_masks,
+    plan_runs,
+)
 from flopcount.devices.roofline import (
     attention_lengths,
     bottom_right_causal_flops,
     kernel_flops,
     masked_flops,
+    one_position_flops,
     sink_flops,
     windowed_causal_flops,
 )
@@ -62,8 +74,8 @@ from flopcount.tracers._real_run import run_for_output
 from flopcount.types import OpCall, Trace
 
 __all__ = [
-    "Counter", "Decoded", "Skipped", "causal_modules", "count_decoding", "eager_masks", "on_fakes", "prefill_skipped",
-    "skipped_flops",
+    "Counter", "DecodeMasks", "Decoded", "Skipped", "causal_modules", "count_decoding", "decode_masks", "eager_masks",
+    "on_fakes", "prefill_skipped", "skipped_flops",
 ]
 
 
@@ -80,6 +92,76 @@ class Skipped:
         return Skipped(self.flops + other.flops, self.attention + other.attention)
 
 
+@dataclass(frozen=True)
+class DecodeMasks:
+    """What a decode step's kernels need not touch where the config and the cache say which mask
+    each layer runs (:func:`decode_masks`): the attention modules of its chunked-attention layers
+    and of a static cache's layers (``modules``, by qualified name), and those cache layers
+    (``layers``: each layer's mask and the bytes one position takes in it, keys and values of
+    every sequence). Empty where none is known."""
+
+    modules: Mapping[str, LayerMask] = field(default_factory=dict)
+    layers: Tuple[Tuple[LayerMask, float], ...] = ()
+
+    def indices(self, costed: Costed) -> List[int]:
+        """The places in ``costed`` (a decode step's events) of the events of :attr:`modules`."""
+        if not self.modules:
+            return []
+        return [index for index, (event, _) in enumerate(costed) if event.module in self.modules]
+
+    def skipped_flops(self, costed: Costed, position: int) -> float:
+        """The FLOPs of the decode step at ``position`` (its one new token's) that a kernel knowing
+        each layer's mask does not perform: of an attention handed its mask, the keys the mask
+        hides (an earlier attention chunk's, a static cache's empty slots), by
+        :func:`flopcount.devices.roofline.one_position_flops`."""
+        skipped = 0.0
+        priced: Dict[Tuple[int, LayerMask, float], float] = {}  # one call object in many layers: priced once
+        for event, cost in expand_booked(costed) if self.modules else ():
+            mask = self.modules.get(event.module)
+            if mask is None or cost is None or not cost.flops or cost.parts:
+                continue
+            key = (id(event.call), mask, cost.flops)
+            if key not in priced:
+                priced[key] = cost.flops - one_position_flops(event.call, cost.flops, position, mask.window, mask.chunk,
+                                                              mask.slots) if _explicit(event.call) else 0.0
+            skipped += priced[key]
+        return skipped
+
+    def unread_bytes(self, position: int) -> float:
+        """The bytes a chunked layer holds before the decode step at ``position`` p and its mask
+        hides: min(p, C - 1) positions held, the p mod C of p's own chunk admitted."""
+        return sum(size * (min(position, mask.chunk - 1) - position % mask.chunk)
+                   for mask, size in self.layers if mask.chunk)
+
+    def empty_bytes(self, live: int) -> float:
+        """The bytes of a static cache's slots no position fills while it holds ``live`` positions."""
+        return sum(size * max(0, mask.slots - live) for mask, size in self.layers if mask.slots)
+
+
+def decode_masks(model: nn.Module, setup: Setup, cache: Any) -> DecodeMasks:
+    """The :class:`DecodeMasks` of ``cache``, as the prefill returned it, for an unpadded prompt
+    (:attr:`Setup.unpadded`) only: the layers :func:`flopcount.decoding.runs.cache_layer_masks`
+    knows as chunked attention or a static cache's, each holding what its kind holds after the
+    ``setup.base`` positions of the prefill (min(P, C - 1) positions; the static cache's slots)."""
+    layers = getattr(cache, "layers", None)
+    if not setup.unpadded or not isinstance(layers, (list, tuple)):
+        return DecodeMasks()
+    known: Dict[int, LayerMask] = {}
+    sizes: List[Tuple[LayerMask, float]] = []
+    for index, mask in cache_layer_masks(model, cache).items():
+        if not (mask.chunk or mask.slots):
+            continue
+        keys, values = getattr(layers[index], "keys", None), getattr(layers[index], "values", None)
+        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.dim() == values.dim() == 4):
+            continue
+        held = mask.slots if mask.slots else min(setup.base, (mask.chunk or 0) - 1)
+        if not keys.shape[-2] == values.shape[-2] == held or not held:
+            continue
+        known[index] = mask
+        sizes.append((mask, (keys.numel() * keys.element_size() + values.numel() * values.element_size()) / held))
+    return DecodeMasks(module_masks(model, known), tuple(sizes)) if known else DecodeMasks()
+
+
 @dataclass
 class Decoded:
     """The counted forwards of one greedy ``generate()`` run and the cache it ends with.
@@ -87,7 +169,8 @@ class Decoded:
     ``held``: step index -> the bytes of the positions the cache keeps after that step
     (``cache_position_bytes``), for the traced steps; index -1 is after the prefill.
     ``largest_write``: the most bytes one op of the prefill or of a traced step writes.
-    ``prefill_skipped``: the prefill's FLOPs its kernels may skip (:func:`skipped_flops`)."""
+    ``prefill_skipped``: the prefill's FLOPs its kernels may skip (:func:`skipped_flops`);
+    ``step_skipped``: each decode step's (:meth:`DecodeMasks.skipped_flops` of ``masks``)."""
 
     prefill: FlopResult
     steps: List[FlopResult]
@@ -98,6 +181,8 @@ class Decoded:
     largest_write: int = 0
     wall_s: float = 0.0
     prefill_skipped: Skipped = field(default_factory=Skipped)
+    step_skipped: List[float] = field(default_factory=list)
+    masks: DecodeMasks = DecodeMasks()
 
 
 def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: int = 0,
@@ -117,7 +202,8 @@ def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: in
     A prefill forward or chunk of an unpadded prompt (:attr:`Setup.unpadded`): an attention
     with an explicit mask of a module whose sliding window or attention chunk ``masks`` knows
     (:func:`flopcount.decoding.runs.layer_masks`) is priced at the scores that mask admits
-    (:func:`flopcount.devices.roofline.windowed_causal_flops`); so are the score matmuls and
+    (:func:`flopcount.devices.roofline.windowed_causal_flops`), and so is a later chunk over a
+    static cache's slots (the causal mask with its offset, the empty slots hidden); so are the score matmuls and
     the elementwise ops on the scores of each eager attention call of a module whose mask
     ``eager`` knows (:func:`eager_masks`), found over the forward's ``queries`` positions
     (:func:`flopcount.decoding.eager.score_ops`), at
@@ -139,8 +225,8 @@ def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: in
             other += cost.flops - priced(cost.flops, found.lq, found.lk, past, layer.window, layer.chunk)
             continue
         mask = (masks or {}).get(event.module)
-        if mask is not None and (mask.window or mask.chunk) and _explicit(event.call):
-            attention += cost.flops - windowed_causal_flops(event.call, cost.flops, past, mask.window, mask.chunk)
+        if mask is not None and (mask.window or mask.chunk or mask.slots) and _explicit(event.call):
+            attention += cost.flops - windowed_causal_flops(event.call, cost.flops, past, mask.window, mask.chunk, mask.slots)
         elif event.module in causal and _after(event.call, past):
             attention += cost.flops - bottom_right_causal_flops(event.call, cost.flops)
         else:
@@ -241,12 +327,14 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
     counter.known_values = setup.known_values
     held: Dict[int, int] = {}
     with counter.outputs() as last:
-        prefill, output, skipped = _prefill(counter, setup, last)
+        prefill, output, prefill_skips = _prefill(counter, setup, last)
         state = Decoding(output, setup, encoder=last.encoder)
         if total > 0 and state.cache is None:
             raise UsageError(f"count_generation: {type(model).__name__} returned no past_key_values (no KV cache to decode with)")
         held[-1] = cache_position_bytes(state.cache)
         limits = cache_limits(state.cache, getattr(model, "config", None))
+        masks = decode_masks(model, setup, state.cache)
+        skipped: List[float] = []
         steps: List[FlopResult] = []
         predicted: List[Tuple[int, int]] = []
         shortcut = not every_step
@@ -256,6 +344,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
             state.advance(last.take())
             held[index] = cache_position_bytes(state.cache)
             steps.append(result)
+            skipped.append(masks.skipped_flops(costed, setup.base + index))
             return run, costed
 
         for first, final, predictable in plan_runs(total, setup.base, limits, every_step):
@@ -272,10 +361,13 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
                     continue
                 # a continued step was not traced: none of its calls reused (its base's figure is not its own)
                 base_result = replace(steps[first], reused_calls=0) if steps[first].reused_calls else steps[first]
+                masked = masks.indices(affine.first)
                 for continued in range(index, final):
                     # described by its own inputs (a growing mask, CpmAnt's whole sequence), not its base's
                     result = affine.result_at(continued - first, base_result)
                     steps.append(replace(result, input_description=counter.describe(state.call(continued))))
+                    skipped.append(masks.skipped_flops(affine.costed_at(continued - first, masked), setup.base + continued)
+                                   if masked else 0.0)
                 predicted.append((index, final - 1))
                 try:
                     counter.catch_up(state.call(index, width=final - index))
@@ -297,7 +389,8 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
             f"steps before them, not traced: the third step and the last step of each run were traced and matched it "
             f"(the skipped positions were fed in one uncounted forward){split}; trace_every_step=True traces each"
         )
-    return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write, prefill_skipped=skipped)
+    return Decoded(prefill, steps, state.cache, notes, setup, held, counter.largest_write, prefill_skipped=prefill_skips,
+                   step_skipped=skipped, masks=masks)
 
 
 def _prefill(counter: Counter, setup: Setup, last: LastOutput) -> Tuple[FlopResult, Any, Skipped]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -25,8 +25,8 @@ from flopcount.decoding.caches import items_of
 from flopcount.types import Cost, OpCall, OpEvent, Phase, TensorMeta, Trace
 
 __all__ = [
-    "Affine", "LayerMask", "Limits", "NotAffine", "cache_limits", "layer_masks", "mask_limits", "paired", "plan_runs",
-    "same_event",
+    "Affine", "LayerMask", "Limits", "NotAffine", "cache_layer_masks", "cache_limits", "layer_masks", "mask_limits",
+    "module_masks", "paired", "plan_runs", "same_event",
 ]
 
 # Attribute and config keys whose integer value is a context length at which a cache layer
@@ -93,15 +93,19 @@ def mask_limits(cache: Any, config: Any) -> Limits:
 @dataclass(frozen=True)
 class LayerMask:
     """An attention layer's causal mask: within a sliding ``window`` (W keys up to the query's
-    own), within an attention ``chunk`` (C-aligned blocks), or, with neither, all earlier keys."""
+    own), within an attention ``chunk`` (C-aligned blocks), or, with neither, all earlier keys;
+    ``slots``: the keys are a static cache's that many slots (position i in slot i, the slots
+    not yet written masked), not the positions."""
 
     window: Optional[int] = None
     chunk: Optional[int] = None
+    slots: Optional[int] = None
 
 
-# transformers' cache layers whose keys are every position fed (DynamicLayer) or the latest
-# W - 1 of them and the call's own (DynamicSlidingWindowLayer, also for an attention chunk of W)
-_FULL_LAYER, _SLIDING_LAYER = "DynamicLayer", "DynamicSlidingWindowLayer"
+# transformers' cache layers whose keys are every position fed (DynamicLayer), the latest
+# W - 1 of them and the call's own (DynamicSlidingWindowLayer, also for an attention chunk of W),
+# or ``max_cache_len`` slots written at the positions' indices (StaticLayer)
+_FULL_LAYER, _SLIDING_LAYER, _STATIC_LAYER = "DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer"
 
 
 def layer_masks(model: Any, cache: Any) -> Dict[str, LayerMask]:
@@ -109,8 +113,14 @@ def layer_masks(model: Any, cache: Any) -> Dict[str, LayerMask]:
     integer ``layer_idx`` whose layer the config and the cache agree on: transformers' own
     rule gives the layer's type (``cache_utils.get_layer_types_and_kwargs``: ``layer_types``,
     or per layer ``sliding_window`` / ``attention_chunk_size``), and the cache holds that layer
-    as the dynamic layer of that type and window. Empty where transformers has no such rule,
+    as the dynamic layer of that type and window (a full layer also as a static cache's
+    ``StaticLayer``, its slots known). Empty where transformers has no such rule,
     or the cache no such ``layers``; a layer they disagree on, or of any other type, is left out."""
+    return module_masks(model, cache_layer_masks(model, cache))
+
+
+def cache_layer_masks(model: Any, cache: Any) -> Dict[int, LayerMask]:
+    """:func:`layer_masks` by the cache's layer index: each layer the config and the cache agree on."""
     config = getattr(model, "config", None)
     layers = getattr(cache, "layers", None)
     # a transformers cache has loaded its module: nothing is imported here
@@ -127,6 +137,11 @@ def layer_masks(model: Any, cache: Any) -> Dict[str, LayerMask]:
             mask = _agreed_mask(kind, option.get("sliding_window"), layers[index])
             if mask is not None:
                 known[index] = mask
+    return known
+
+
+def module_masks(model: Any, known: Mapping[int, LayerMask]) -> Dict[str, LayerMask]:
+    """Qualified module name -> ``known``'s mask of its ``layer_idx``, for the modules with one."""
     found: Dict[str, LayerMask] = {}
     for name, module in model.named_modules():
         layer = getattr(module, "layer_idx", None)
@@ -141,6 +156,9 @@ def _agreed_mask(kind: Any, size: Any, layer: Any) -> Optional[LayerMask]:
     held = type(layer).__name__
     if kind == "full_attention" and held == _FULL_LAYER:
         return LayerMask()
+    slots = getattr(layer, "max_cache_len", None)
+    if kind == "full_attention" and held == _STATIC_LAYER and isinstance(slots, int) and slots > 0:
+        return LayerMask(slots=slots)
     if not (isinstance(size, int) and size > 0 and held == _SLIDING_LAYER and getattr(layer, "sliding_window", None) == size):
         return None
     if kind == "sliding_attention":
@@ -246,6 +264,8 @@ class Affine:
         self._members: Dict[Tuple[int, Phase, Cost], List[OpEvent]] = {}
         #: each varying event's group (in the order of :attr:`varying`)
         self._groups: List[int] = []
+        #: the index in a step's events -> its group, for the varying events (made when first asked)
+        self._group_of: Optional[Dict[int, int]] = None
         for varying in self.varying:
             index, a, b = varying
             group = groups.setdefault(_pair_key(a.call, b.call), len(groups))
@@ -285,6 +305,26 @@ class Affine:
         for (index, a, _), group in zip(self.varying, self._groups):
             events[index] = OpEvent(calls[group], a.module_stack, a.phase)
         return events
+
+    def costed_at(self, step: int, indices: Sequence[int]) -> Costed:
+        """The events at ``indices`` of the run's step ``step`` with their costs: one that does not
+        vary as at the first step, one that varies as its continued call (each distinct pair of
+        calls among them continued and priced once)."""
+        if self._group_of is None:
+            self._group_of = {index: group for (index, _, _), group in zip(self.varying, self._groups)}
+        group_of = self._group_of
+        groups = sorted({group_of[i] for i in indices if i in group_of})
+        heads = [OpEvent(_moved_call(a, b, step), a.module_stack, a.phase)
+                 for a, b in (self._firsts[group][1:] for group in groups)]
+        moved = dict(zip(groups, cost_events(heads, self.registry)))
+        out: Costed = []
+        for index in indices:
+            event, cost = self.first[index]
+            if index in group_of:
+                head, cost = moved[group_of[index]]
+                event = OpEvent(head.call, event.module_stack, event.phase)
+            out.append((event, cost))
+        return out
 
     def changes(self, step: int) -> List[Tuple[List[OpEvent], Cost, Cost]]:
         """The varying events at ``step`` as (events, cost at the run's first step, cost now),

@@ -197,17 +197,17 @@ def bottom_right_causal_flops(call: OpCall, flops: float) -> float:
 
 
 def windowed_causal_flops(call: OpCall, flops: float, past: int, window: Optional[int] = None,
-                          chunk: Optional[int] = None) -> float:
+                          chunk: Optional[int] = None, slots: Optional[int] = None) -> float:
     """The part of an attention call's counted ``flops`` (Lq x Lk scores per head) a kernel
     that knows the call's mask computes, for a call whose caller knows the mask:
     :func:`masked_flops` over the call's query and key lengths. All of ``flops`` for a call
     that is not a 4-D attention."""
     lengths = attention_lengths(call) if flops else None
-    return flops if lengths is None else masked_flops(flops, lengths[0], lengths[1], past, window, chunk)
+    return flops if lengths is None else masked_flops(flops, lengths[0], lengths[1], past, window, chunk, slots)
 
 
 def masked_flops(flops: float, lq: int, lk: int, past: int, window: Optional[int] = None,
-                 chunk: Optional[int] = None) -> float:
+                 chunk: Optional[int] = None, slots: Optional[int] = None) -> float:
     """The part of ``flops`` spent evenly over an Lq x Lk score matrix (an attention kernel's,
     or an eager attention's score matmuls and the elementwise ops on its scores) that the
     call's causal mask admits: the Lq queries at absolute positions past..past + Lq - 1, each
@@ -217,8 +217,9 @@ def masked_flops(flops: float, lq: int, lk: int, past: int, window: Optional[int
     attention), or, with neither, all p + 1 keys (the bottom-right causal kernel of
     :func:`bottom_right_causal_flops`). The keys must be the ``past`` positions and the call's
     own (Lk = past + Lq), or at least the W - 1 (C - 1) latest positions before them (a
-    sliding cache keeps W - 1): all of ``flops`` otherwise."""
-    admitted = admitted_scores(lq, lk, past, window, chunk) if flops else None
+    sliding cache keeps W - 1), or a static cache's ``slots`` (Lk = slots >= past + Lq, position
+    i in slot i, the slots not yet written masked): all of ``flops`` otherwise."""
+    admitted = admitted_scores(lq, lk, past, window, chunk, slots) if flops else None
     return flops if admitted is None else flops * admitted / (lq * lk)
 
 
@@ -231,14 +232,39 @@ def sink_flops(flops: float, lq: int, lk: int, past: int, window: Optional[int] 
     return flops if admitted is None else flops * (admitted + lq) / (lq * (lk + 1))
 
 
-def admitted_scores(lq: int, lk: int, past: int, window: Optional[int] = None, chunk: Optional[int] = None) -> Optional[int]:
+def admitted_scores(lq: int, lk: int, past: int, window: Optional[int] = None, chunk: Optional[int] = None,
+                    slots: Optional[int] = None) -> Optional[int]:
     """The entries of an Lq x Lk score matrix per head that the causal mask of
     :func:`masked_flops` admits; None where the keys are not the positions it requires."""
     size = window or chunk
     cached = lk - lq
-    if lq <= 0 or past < 0 or (cached != past and not (size and past > cached >= size - 1)):
+    if lq <= 0 or past < 0 or (cached != past and not (size and past > cached >= size - 1)
+                                   and not (slots and lk == slots >= past + lq)):
         return None
     return _scores_before(past + lq, window, chunk) - _scores_before(past, window, chunk)
+
+
+def one_position_flops(call: OpCall, flops: float, position: int, window: Optional[int] = None,
+                       chunk: Optional[int] = None, slots: Optional[int] = None) -> float:
+    """The part of an attention call's counted ``flops`` (Lq x Lk scores per head) a kernel that
+    knows the call's mask computes, for a call whose every query is the one token at absolute
+    ``position`` p (a decode step's: its Lq rows are that token, or its heads packed in by
+    grouped-query attention, transformers' ``pack_gqa``): of the Lk keys, the ones the mask
+    admits, as :func:`windowed_causal_flops` admits them to a query at p (min(W, p + 1) keys
+    of a sliding ``window``, the p mod C + 1 of an attention ``chunk``, else all p + 1). The
+    keys must hold them as a cache holds positions: the p earlier ones and its own (Lk = p + 1),
+    the latest W - 1 (C - 1) of them and its own (a sliding cache), or a static cache's
+    ``slots`` (Lk = slots > p, position i in slot i, the empty ones masked). All of ``flops``
+    otherwise."""
+    lengths = attention_lengths(call) if flops else None
+    if lengths is None or position < 0:
+        return flops
+    lk = lengths[1]
+    size = window or chunk
+    held = lk == position + 1 or bool(size and lk == min(position, size - 1) + 1) or bool(slots and lk == slots > position)
+    if not held:
+        return flops
+    return flops * (_scores_before(position + 1, window, chunk) - _scores_before(position, window, chunk)) / lk
 
 
 def _scores_before(positions: int, window: Optional[int], chunk: Optional[int]) -> int:

@@ -44,7 +44,7 @@ from flopcount.core.results import FlopResult
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
-from flopcount.decoding.counted import Counter, Skipped, on_fakes, prefill_skipped
+from flopcount.decoding.counted import Counter, DecodeMasks, Skipped, decode_masks, on_fakes, prefill_skipped
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, NotAffine, cache_limits, paired, plan_runs, same_event
 from flopcount.devices.roofline import ATTENTION, op_family
@@ -86,6 +86,10 @@ class Counted:
     #: the cache's storage bytes after the prefill (-1) and the steps traced
     stored_early: Dict[int, float] = field(default_factory=dict)
     prefill_skipped: Skipped = field(default_factory=Skipped)
+    #: each decode step's FLOPs its kernels may skip (:meth:`DecodeMasks.skipped_flops`; none: 0)
+    step_skipped: List[float] = field(default_factory=list)
+    #: the layers whose held positions a decode step's kernels need not all touch
+    masks: DecodeMasks = DecodeMasks()
 
 
 @dataclass
@@ -170,14 +174,15 @@ def _count_b(
     final = steps.step(total - 1)
     if not affine.matches(total - 1, final[0], final[1]):
         raise _Refused
-    continued = _continued(affine, traced[0], total)
+    continued = _continued(affine, traced[0], total, steps.masks, setup.base)
     for index, (_, costed, result) in zip((0, 1, 2, total - 1), steps.traced):
-        continued.take(index, costed, result)
+        continued.take(index, costed, result, steps.masks.skipped_flops(costed, setup.base + index))
     counted = Counted(
         batch=setup.batch, prefill_flops=steps.prefill.flops, prefill_macs=steps.prefill.macs,
         prefill_attention=steps.prefill_attention, prefill_skipped=steps.prefill_skipped, step_flops=continued.flops, step_macs=continued.macs,
         step_attention=continued.attention, held=steps.held, stored=steps.stored[total - 1],
         largest_write=counter.largest_write, results=steps.results(), stored_early=steps.stored,
+        step_skipped=continued.skipped, masks=steps.masks,
     )
     return counted, steps.state.cache, affine, traced[1][1], list(steps.state.notes)
 
@@ -197,6 +202,7 @@ class _Steps:
         self.state = Decoding(output, setup, encoder=last.encoder)
         if self.state.cache is None:
             raise _Refused
+        self.masks = decode_masks(counter.model, setup, self.state.cache)
         self.held: Dict[int, float] = {}
         self.stored: Dict[int, float] = {}
         self.traced: List[Tuple[Trace, Costed, FlopResult]] = []
@@ -237,9 +243,9 @@ def _count_wider(
                 or Affine.check([(run, costed) for run, costed, _ in steps.traced], counter.registry) is None:
             raise _Refused
     wider = Affine(costed0, costed1, counter.registry)
-    continued = _continued(wider, first, total)
+    continued = _continued(wider, first, total, steps.masks, setup.base)
     for index, (_, costed, result) in enumerate(steps.traced):
-        continued.take(index, costed, result)
+        continued.take(index, costed, result, steps.masks.skipped_flops(costed, setup.base + index))
     # the largest write of the steps a full count traces (2 and the last), predicted
     largest = max(counter.largest_write, continued.written.get(2, 0), continued.written.get(total - 1, 0))
     # the cache's bytes: B's (measured at -1, 0, 1, 2 and the last step) plus a difference affine
@@ -255,7 +261,7 @@ def _count_wider(
         batch=setup.batch, prefill_flops=steps.prefill.flops, prefill_macs=steps.prefill.macs,
         prefill_attention=steps.prefill_attention, prefill_skipped=steps.prefill_skipped, step_flops=continued.flops, step_macs=continued.macs,
         step_attention=continued.attention, held=derived_held, stored=final_stored, largest_write=largest,
-        results=steps.results(),
+        results=steps.results(), step_skipped=continued.skipped, masks=steps.masks,
     )
 
 
@@ -310,25 +316,33 @@ class _Continued:
     macs: List[int]
     attention: List[int]
     written: Dict[int, int]
+    skipped: List[float]
 
-    def take(self, index: int, costed: Costed, result: FlopResult) -> None:
-        """Step ``index`` as traced (its events ``costed``, booked as ``result``), in place of
-        its continuation."""
+    def take(self, index: int, costed: Costed, result: FlopResult, skipped: float) -> None:
+        """Step ``index`` as traced (its events ``costed``, booked as ``result``, ``skipped`` FLOPs
+        its kernels may skip), in place of its continuation."""
         self.flops[index], self.macs[index] = result.flops, result.macs
         self.attention[index] = booked_attention(costed)
+        self.skipped[index] = skipped
 
 
-def _continued(affine: Affine, first: Tuple[Trace, Costed, FlopResult], total: int) -> _Continued:
+def _continued(affine: Affine, first: Tuple[Trace, Costed, FlopResult], total: int, masks: DecodeMasks,
+               base: int) -> _Continued:
     """Every step's FLOPs, MACs and attention FLOPs as ``affine`` continues step 0 (``first``,
     as traced): step 0's plus, for each event that varies, its cost at the step minus its cost
     at step 0 (each distinct varying call priced once per step: :meth:`Affine.changes`); the
     attention FLOPs change by the change booked under attention ops (:func:`cost_change`, the
     names a fused op's parts are booked under, as :func:`attention_flops` reads them). Also the
-    most bytes one varying op writes, per step."""
+    most bytes one varying op writes, per step, and the FLOPs its kernels may skip
+    (:meth:`DecodeMasks.skipped_flops` of the events of ``masks``' modules as continued; step s
+    feeds the token at position ``base`` + s)."""
     _, costed, result = first
     out = _Continued(flops=[result.flops] * total, macs=[result.macs] * total,
-                     attention=[booked_attention(costed)] * total, written={})
+                     attention=[booked_attention(costed)] * total, written={}, skipped=[0.0] * total)
+    masked = masks.indices(affine.first)
     for s in range(1, total):
+        if masked:
+            out.skipped[s] = masks.skipped_flops(affine.costed_at(s, masked), base + s)
         out.written[s] = 0
         for events, old, new in affine.changes(s):
             out.flops[s] += len(events) * (new.flops - old.flops)

@@ -161,7 +161,8 @@ class Pricing:
         work = self.facts.step_at(batch, index)
         other = (work.cache_read + work.cache_written) * self.scale
         return self.phase(work.flops, work.macs, self.weights_read(batch), other, batch,
-                          attention_flops=work.attention_flops)
+                          attention_flops=work.attention_flops, skipped_flops=work.skipped_flops,
+                          skipped_attention_flops=work.skipped_attention_flops)
 
     def memory(self, batch: int) -> float:
         """Per rank: weights held, the cache of ``batch`` sequences at the final context, and
@@ -212,9 +213,12 @@ def compute_bound_batch(pricing: Pricing, limit: int = 1 << 24) -> Optional[int]
         works = [facts.step_at(batch, i) for i in range(n)]
         flops = sum(w.flops for w in works) / n
         attention = sum(w.attention_flops for w in works) / n
+        skipped = sum(w.skipped_flops for w in works) / n
+        skipped_attention = sum(w.skipped_attention_flops for w in works) / n
         cache = sum(w.cache_read + w.cache_written for w in works) / n
         weights = pricing.weights_read(batch)
-        phase = pricing.phase(flops, 0.0, weights, cache * pricing.scale, batch, attention_flops=attention)
+        phase = pricing.phase(flops, 0.0, weights, cache * pricing.scale, batch, attention_flops=attention,
+                              skipped_flops=skipped, skipped_attention_flops=skipped_attention)
         return phase.compute_s >= phase.memory_s
 
     high = 1

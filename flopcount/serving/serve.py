@@ -227,6 +227,7 @@ def _counted(decoded: Decoded) -> Counted:
         step_macs=[s.macs for s in decoded.steps], step_attention=[attention_flops(s) for s in decoded.steps],
         held={k: float(v) for k, v in decoded.held.items()}, stored=float(cache_bytes(decoded.cache)),
         largest_write=decoded.largest_write, results=[decoded.prefill, *decoded.steps],
+        step_skipped=list(decoded.step_skipped), masks=decoded.masks,
     )
 
 
@@ -236,17 +237,25 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     b, n = one.batch, len(one.step_flops)
     scalars: List[Dict[str, float]] = []
     works: List[List[Work]] = []
+    base = setup.base
     for counted in (one, two):
-        held = held_per_step(counted.held, n)
-        scalars.append({"cache_held": counted.stored, "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
+        masks = counted.masks
+        # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s)
+        held = {s: bytes_held - masks.empty_bytes(base + s + 1) for s, bytes_held in held_per_step(counted.held, n).items()}
+        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n),
+                        "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
+        skipped = counted.step_skipped or [0.0] * n
         works.append([
             Work(flops=float(counted.prefill_flops), macs=float(counted.prefill_macs), cache_written=held[-1],
                  attention_flops=float(counted.prefill_attention), skipped_flops=counted.prefill_skipped.flops,
                  skipped_attention_flops=counted.prefill_skipped.attention),
-            # a decode step reads the positions cached before it and writes the new one
-            *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]), cache_read=held[s - 1],
-                   cache_written=max(0.0, held[s] - held[s - 1]), attention_flops=float(counted.step_attention[s]))
+            # a decode step reads the positions cached before it that its masks admit, and writes the new one;
+            # what its masks leave out is an attention op's (DecodeMasks.skipped_flops)
+            *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]),
+                   cache_read=held[s - 1] - masks.unread_bytes(base + s), cache_written=max(0.0, held[s] - held[s - 1]),
+                   attention_flops=float(counted.step_attention[s]), skipped_flops=skipped[s],
+                   skipped_attention_flops=skipped[s])
               for s in range(n)),
         ])
     slopes: Dict[str, Any] = {key: scalars[1][key] - first for key, first in scalars[0].items()}
@@ -258,6 +267,11 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     heads, kv_heads = _heads_of(model)
     results = [*one.results, *two.results]
     notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
+    slots = sorted({mask.slots for mask, _ in one.masks.layers if mask.slots})
+    if slots:
+        notes.append(f"a static cache of {slots[0]} slots: priced at the positions written ({setup.base} after the prefill, "
+                     f"{setup.base + n} at the end: the attention's live keys, the cache read and written, the memory), as an "
+                     f"engine with a paged cache holds them; transformers allocates all {slots[0]}")
     reasons = [r for res in results for r in res.incomplete_reasons()]
     if reasons:
         notes.append("the count is incomplete, the bounds leave that work out: " + "; ".join(dict.fromkeys(reasons)))
