@@ -344,3 +344,23 @@ def test_llama2_7b_static_cache_by_hand(llama2_7b_static):
     assert row.last_step.memory_s == pytest.approx(other.last_step.memory_s, abs=position_s)
     assert row.decode_s == pytest.approx(other.decode_s, abs=127 * position_s)
     assert row.tokens_per_s == pytest.approx(other.tokens_per_s, rel=1e-7)
+
+
+def test_a_static_steps_left_out_keys_come_off_attentions_own_column_in_float32():
+    """float32 on an H100: attention ops have a column of their own (3xTF32, the serving roof's),
+    the matmuls the FP32 one. The keys a static cache's step leaves out are an attention op's, so
+    its compute term is the dynamic cache's, step by step (merging servedecode with serveeager,
+    which split the skipped FLOPs by column, first took them off the matmuls' column)."""
+    prompt, new, slots = 40, 8, 100
+    ids = torch.randint(1, 50, (1, prompt))
+    model = _real("llama")
+    dynamic = serve_facts(model, ids, new)
+    facts = serve_facts(_static(model, slots), ids, new)
+
+    def fp32(f: ServeFacts) -> Any:
+        return serve_on(f, named_roofs("h100"), "H100 SXM", None, "", batch=4, dtype="float32").at(4)
+
+    ours, theirs = fp32(facts), fp32(dynamic)
+    assert facts.steps[0].skipped_attention_flops == facts.steps[0].skipped_flops > 0
+    for mine, other in ((ours.first_step, theirs.first_step), (ours.last_step, theirs.last_step)):
+        assert mine.compute_s == pytest.approx(other.compute_s, rel=1e-9)
