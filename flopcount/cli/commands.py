@@ -72,18 +72,27 @@ def _check_device(text: str) -> str:
     return str(device)
 
 
-def _check_output(path: Optional[str], flag: str) -> None:
-    """Refuse an output path that cannot be written before any long work starts."""
+def _check_output(path: Optional[str], flag: str, *, folder: bool = False) -> None:
+    """Refuse an output path that cannot be written before any long work starts: a FILE that is
+    a folder (a DIR, ``folder``, that is a file), a path through a file, a place not writable.
+    Missing folders are no reason: they are made when it is written (:func:`~flopcount.cli.output.written`),
+    as ``--tensorboard DIR`` always made its own."""
     if path is None:
         return
     target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory")
-    folder = target.parent  # "." for a bare file name
-    if not folder.is_dir():
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    if target.exists() and target.is_dir() != folder:
+        raise UsageError(f"{flag} {path}: is a {'file' if folder else 'directory'}; {flag} takes a {'folder' if folder else 'file'}")
+    existing = _nearest_existing(target)
+    if existing != target and not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file, not a folder")
+    writable = existing if existing != target else target.parent
+    if not os.access(writable, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path}: not writable")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path``, or the nearest of its parents that exists (``.`` or ``/`` at the last)."""
+    return next((p for p in (path, *path.parents) if p.exists()), Path("."))
 
 
 def _entry_file(entry: str) -> Optional[Path]:
@@ -816,8 +825,8 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
 def run_command(args: argparse.Namespace) -> int:
     """The command ``args`` names, after refusing a report, plot or trace path that cannot be
     written (before any long work starts)."""
-    for flag in ("output", "plot", "trace"):
-        _check_output(getattr(args, flag, None), f"--{flag}")
+    for flag in ("output", "plot", "trace", "tensorboard"):
+        _check_output(getattr(args, flag, None), f"--{flag}", folder=flag == "tensorboard")
     _refuse_plot_options_alone(args)
     return COMMANDS[args.command](args)
 

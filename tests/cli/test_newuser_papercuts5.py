@@ -1,0 +1,132 @@
+"""A new user's rough edges, fifth pass (docs/performance.md, branch papercuts5): every path the CLI
+writes makes its missing folders (``--tensorboard DIR`` always did; ``--output``/``--plot``/``--trace``
+refused them) and a path that cannot be written is refused before the count; a negative budget is
+called negative; serve builds its estimate sentence once. Each CLI error is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from _cli_run import MLP_SOURCE, cli, one_error_line
+
+# the MLP of MLP_SOURCE on a 4 x 16 input: Linear 16 -> 32 and 32 -> 8, one MAC per weight and row
+MACS = 4 * (16 * 32 + 32 * 8)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "models.py").write_text(MLP_SOURCE + "\ndef mlp():\n    return Mlp()\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# -- 1. output paths: one rule for --output, --plot, --trace and --tensorboard -------------------
+
+
+def test_output_makes_its_missing_folders_as_tensorboard_does(workdir, capsys):
+    """Before: '--output reports/run1/r.json: folder reports/run1 does not exist' (exit 2), while
+    --tensorboard runs/x made its folders; docs/cli.md's own example writes docs/img/... ."""
+    code, out, err = cli(capsys, "count", "models.py:mlp", "-i", "4x16", "-f", "json", "-o", "reports/run1/r.json")
+    assert code == 0 and out == ""
+    assert "wrote reports/run1/r.json (made the folder reports/run1)" in err
+    assert json.loads((workdir / "reports" / "run1" / "r.json").read_text())["macs"] == MACS
+
+
+def test_plot_makes_its_missing_folders(workdir, capsys):
+    pytest.importorskip("matplotlib")
+    code, _, err = cli(capsys, "count", "models.py:mlp", "-i", "4x16", "--plot", "docs/img/mlp.png")
+    assert code == 0, err
+    assert (workdir / "docs" / "img" / "mlp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_tensorboard_dir_that_is_a_file_is_refused_before_the_count(workdir, capsys):
+    """Before: the count printed its table on stdout, then '--tensorboard models.py: File exists'."""
+    pytest.importorskip("tensorboard")
+    line = one_error_line(*cli(capsys, "count", "models.py:mlp", "-i", "4x16", "--tensorboard", "models.py"))
+    assert "--tensorboard models.py: is a file; --tensorboard takes a folder" in line
+
+
+@pytest.mark.parametrize("flag, path", [("-o", "models.py/r.json"), ("--tensorboard", "models.py/tb")])
+def test_a_path_through_a_file_names_the_file(workdir, capsys, flag, path):
+    """Before: '--output models.py/r.json: folder models.py does not exist' (it exists: a file);
+    --tensorboard said 'Not a directory' after the count."""
+    if flag == "--tensorboard":
+        pytest.importorskip("tensorboard")
+    line = one_error_line(*cli(capsys, "count", "models.py:mlp", "-i", "4x16", flag, path))
+    assert f"{path}: models.py is a file, not a folder" in line
+
+
+def test_profile_trace_makes_its_folder(workdir, capsys):
+    code, _, err = cli(capsys, "profile", "models.py:mlp", "-i", "4x16", "--steps", "1", "--warmup", "0",
+                       "--trace", "traces/mlp.json")
+    assert code == 0, err
+    events = json.loads((workdir / "traces" / "mlp.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::addmm" for e in events)
+
+
+# -- 4. budgets: negative, zero, garbage --------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--max-memory", "-1GB", "'-1GB' is negative: a size below 0 is not allowed"),
+    ("--max-memory", "-512MiB", "'-512MiB' is negative: a size below 0 is not allowed"),
+    ("--max-flops", "-5G", "'-5G' is negative: a number below 0 is not allowed"),
+    ("--max-params", "-1", "'-1' is negative"),
+    ("--max-size-mb", "-1", "'-1' is negative"),
+    ("--max-latency-ms", "-5", "'-5': a latency budget must be > 0"),
+    ("--max-latency-ms", "abc", "'abc' is not a number (examples: 10, 2.5, 0.8)"),
+    ("--max-size-mb", "120MB", "'120MB' is not a number (examples: 120, 0.5, 2K)"),
+])
+def test_a_bad_budget_says_what_is_wrong_with_it(workdir, capsys, flag, value, fragment):
+    """Before: '-1GB' 'is not a size'; -5 'must be a finite number >= 0' for a latency in ms (0
+    was 'a latency budget must be > 0'); a latency in ms and a size in MB offered '25M, 5G, 1.5T'."""
+    line = one_error_line(*cli(capsys, "check", "models.py:mlp", "-i", "4x16", flag, value))
+    assert f"argument {flag}" in line and fragment in line
+
+
+def test_a_negative_memory_budget_in_pyproject_is_called_negative(workdir, capsys):
+    (workdir / "pyproject.toml").write_text('[tool.flopcount]\nmax-memory = "-2GB"\n')
+    line = one_error_line(*cli(capsys, "check", "models.py:mlp", "-i", "4x16"))
+    assert "max-memory: '-2GB' is negative: a size below 0 is not allowed" in line
+
+
+@pytest.mark.parametrize("flag, value", [("--max-memory", "0B"), ("--max-flops", "0")])
+def test_a_budget_of_zero_is_a_budget_every_model_exceeds(workdir, capsys, flag, value):
+    code, out, _ = cli(capsys, "check", "models.py:mlp", "-i", "4x16", flag, value)
+    assert code == 1 and "FAIL" in out
+
+
+# -- 6. serve's estimate sentence: built once ------------------------------------------------------
+
+
+def test_serve_builds_its_estimate_sentence_once(monkeypatch):
+    """Before: serve_on built it for the result's warnings and serve() built it again to warn it."""
+    transformers = pytest.importorskip("transformers")
+    import flopcount
+    from flopcount.devices import Roofs
+    from flopcount.devices import roofline
+    from flopcount.errors import EstimatedBoundWarning
+
+    made = []
+    real = roofline.doubts_text
+
+    def counted(doubts):
+        made.append(tuple(doubts))
+        return real(doubts)
+
+    monkeypatch.setattr(roofline, "doubts_text", counted)
+    config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=64)
+    model = transformers.LlamaForCausalLM(config)
+    roofs = Roofs({"float32": 1e12}, 1e11, "toy", "measured", doubts=("load average 7.04 above the 2 cores",))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = flopcount.serve(model, torch.zeros(1, 8, dtype=torch.int64), 2, on=roofs)
+    sentence = ("serve: each time bound (TTFT, inter-token latency) and tokens/s ceiling is an estimate, not a bound: "
+                "roofs measured under load (load average 7.04 above the 2 cores)")
+    assert made == [("load average 7.04 above the 2 cores",)]
+    assert [str(w.message) for w in caught if issubclass(w.category, EstimatedBoundWarning)] == [sentence]
+    assert sentence in result.warnings
