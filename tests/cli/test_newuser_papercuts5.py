@@ -130,3 +130,53 @@ def test_serve_builds_its_estimate_sentence_once(monkeypatch):
     assert made == [("load average 7.04 above the 2 cores",)]
     assert [str(w.message) for w in caught if issubclass(w.category, EstimatedBoundWarning)] == [sentence]
     assert sentence in result.warnings
+
+
+# -- 2. check --format tree: the count's module tree under the verdict (already so; a guard) -----
+
+
+def test_check_tree_is_the_module_tree_under_the_verdict(workdir, capsys):
+    """papercuts4 listed 'check --format tree prints the budget table, as table does': it prints the
+    budget table and the verdict, then the module tree count --format tree prints (table does not)."""
+    code, tree, _ = cli(capsys, "check", "models.py:mlp", "-i", "4x16", "--max-flops", "1G", "-f", "tree")
+    assert code == 0
+    _, table, _ = cli(capsys, "check", "models.py:mlp", "-i", "4x16", "--max-flops", "1G", "-f", "table")
+    _, count_tree, _ = cli(capsys, "count", "models.py:mlp", "-i", "4x16", "-f", "tree")
+    verdict = "PASS: all 1 budget(s) met"
+    assert verdict in table and "(l1): Linear" not in table
+    # l1: 16 x 32 + 32 weights and biases, 4 x 16 x 32 MACs
+    assert tree.index(verdict) < tree.index(f"(l1): Linear  [{16 * 32 + 32} params, {4 * 16 * 32 / 1000:.3f} KMACs")
+    assert tree.endswith(count_tree)
+
+
+# -- 3. times side by side share one unit; no non-zero figure reads 0 ---------------------------
+
+
+def test_a_tiny_models_bounds_share_one_unit_and_none_reads_zero(workdir, capsys):
+    """Before: the relu's bound read '0.0 ns' (128 FLOPs / 67 TFLOP/s = 1.9e-12 s) and the eager line
+    'compute 0.1 ns, memory 0.0 us': 0 spelled in microseconds beside nanoseconds."""
+    code, out, _ = cli(capsys, "count", "models.py:mlp", "-i", "4x16", "--on", "h100")
+    assert code == 0
+    # each operator row ends "lower bound, its unit, share"
+    rows = {line.split()[0]: line.split()[-3:-1] for line in out.splitlines() if line.startswith("aten::")}
+    # the H100 SXM datasheet's float32 peak, 67 TFLOP/s; compute binds (the bytes sit in the L2,
+    # whose bandwidth is unpublished): relu 4 x 32 FLOPs, the linears 2 x 4 x (16 x 32 + 32 x 8) FLOPs
+    assert rows["aten::relu"] == [f"{4 * 32 / 67e12 * 1e9:.4f}", "ns"]  # 0.0019 ns
+    assert rows["aten::linear"] == [f"{2 * MACS / 67e12 * 1e9:.1f}", "ns"]  # 0.1 ns
+    eager = next(line for line in out.splitlines() if line.startswith("Eager lower bound"))
+    assert "memory 0.0 ns if each ran alone" in eager and " us" not in eager
+
+
+@pytest.mark.parametrize("seconds, like, text", [
+    (2e-12, None, "0.0020 ns"),  # 2e-12 s = 0.002 ns: two significant digits, not "0.0 ns"
+    (0.0, 9e-11, "0.0 ns"),  # a 0 beside 0.09 ns takes its unit, not "0.0 us"
+    (2e-7, 1.2e-2, "0.0002000 ms"),  # 200.0 ns in a column of milliseconds: 2e-7 s x 1e3, 4 significant digits
+    (517.8e-9, 13.8e-6, "0.5178 us"),  # 517.8 ns beside 13.8 us, as precise as in nanoseconds
+    (3e-6, 5e-3, "0.0030 ms"),  # 3.0 us: its own resolution, 0.1 us = 0.0001 ms
+    (1.23e-3, None, "1.230 ms"),
+    (200.0, None, "3 min 20 s"),
+])
+def test_format_seconds_takes_a_neighbours_unit_and_never_reads_zero(seconds, like, text):
+    from flopcount.units import format_seconds
+
+    assert format_seconds(seconds, like=like) == text
