@@ -106,8 +106,7 @@ def test_serve_builds_its_estimate_sentence_once(monkeypatch):
     """Before: serve_on built it for the result's warnings and serve() built it again to warn it."""
     transformers = pytest.importorskip("transformers")
     import flopcount
-    from flopcount.devices import Roofs
-    from flopcount.devices import roofline
+    from flopcount.devices import Roofs, roofline
     from flopcount.errors import EstimatedBoundWarning
 
     made = []
