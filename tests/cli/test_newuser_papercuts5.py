@@ -179,3 +179,34 @@ def test_format_seconds_takes_a_neighbours_unit_and_never_reads_zero(seconds, li
     from flopcount.units import format_seconds
 
     assert format_seconds(seconds, like=like) == text
+
+
+# -- 5. multimodal position rules (Qwen2-VL's M-RoPE): nothing to check on meta; the model as found --
+
+
+def _qwen2_vl(device: str = "cpu"):
+    transformers = pytest.importorskip("transformers")
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                vocab_size=64, max_position_embeddings=16, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2))
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
+def test_a_multimodal_position_rule_leaves_the_model_as_found_and_runs_past_max_positions():
+    """Qwen2-VL's own _prepare_position_ids_for_generation (M-RoPE) sets model.model.rope_deltas;
+    count_generation and serve called it on the caller's model and left it set (None before).
+    Its positions feed rotary embeddings, no table of positions: 12 + 8 = 20 positions past
+    max_position_embeddings = 16 are counted (generate() runs them too) on meta as with real weights."""
+    import flopcount
+
+    real, meta = _qwen2_vl(), _qwen2_vl("meta")
+    assert real.model.rope_deltas is None and meta.model.rope_deltas is None
+    found = {name: dict(vars(module)) for name, module in real.named_modules()}
+    on_cpu = flopcount.count_generation(real, torch.randint(0, 50, (1, 12)), new_tokens=8)
+    on_meta = flopcount.count_generation(meta, torch.zeros(1, 12, dtype=torch.int64, device="meta"), new_tokens=8)
+    flopcount.serve(meta, torch.zeros(1, 12, dtype=torch.int64, device="meta"), 8)
+    assert real.model.rope_deltas is None and meta.model.rope_deltas is None
+    assert {name: dict(vars(module)) for name, module in real.named_modules()} == found
+    assert on_meta.flops == on_cpu.flops and on_cpu.steps and len(on_cpu.steps) == 7
