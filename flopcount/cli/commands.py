@@ -257,6 +257,24 @@ def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
             f"--dtype {given} casts the model to the inputs' dtype")
 
 
+def _shape_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
+    """What the module a forward failed in takes, where its shape rule is one line: a Linear's
+    input ends in ``in_features``, a ConvNd's has ``in_channels`` before its N spatial dimensions
+    (``--input 4x17`` into Linear(16, 32): torch says "mat1 and mat2 shapes cannot be multiplied
+    (4x17 and 16x32)", which names neither); None for any other module."""
+    from torch import nn
+
+    failed = dict(run.model.named_modules()).get(failed_in or "") if failed_in else None
+    if isinstance(failed, nn.Linear) and not isinstance(failed, nn.modules.lazy.LazyModuleMixin):
+        return (f"'{failed_in}' is a Linear({failed.in_features} -> {failed.out_features}): "
+                f"the last dimension of its input must be {failed.in_features}")
+    if isinstance(failed, nn.modules.conv._ConvNd) and not isinstance(failed, nn.modules.lazy.LazyModuleMixin):
+        spatial = "x".join("HWD"[i] if len(failed.kernel_size) > 1 else "L" for i in range(len(failed.kernel_size)))
+        return (f"'{failed_in}' is a {type(failed).__name__} with {failed.in_channels} input channels: its input is "
+                f"Nx{failed.in_channels}x{spatial} (or {failed.in_channels}x{spatial} unbatched)")
+    return None
+
+
 def _device_hint(run: _Run) -> Optional[str]:
     """Inputs on another device than the model's parameters (a factory that builds on meta, inputs
     made on cpu): the ``--device`` that puts them together; None when they agree."""
@@ -281,9 +299,11 @@ def forward_hints(run: _Run) -> Iterator[None]:
     except TraceError as exc:
         found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
         # nothing more specific: the inputs the ENTRY is known to take (not where the prompt ran and
-        # a decode step failed: the prompt was not the fault)
+        # a decode step failed: the prompt was not the fault), else the shape the failing layer takes
         if not found and run.usual_inputs and exc.decode_step is None:
             found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
+        elif not found:
+            found = tuple(filter(None, (_shape_hint(run, exc.module_path),)))
         hints = (*run.hints, *found)
         if not hints:
             raise

@@ -210,3 +210,34 @@ def test_a_multimodal_position_rule_leaves_the_model_as_found_and_runs_past_max_
     assert real.model.rope_deltas is None and meta.model.rope_deltas is None
     assert {name: dict(vars(module)) for name, module in real.named_modules()} == found
     assert on_meta.flops == on_cpu.flops and on_cpu.steps and len(on_cpu.steps) == 7
+
+
+# -- a new user's walk: a wrong shape, a misspelt part ---------------------------------------------
+
+CONV_SOURCE = """
+from torch import nn
+
+def net():
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+"""
+
+
+def test_a_wrong_input_shape_says_what_the_layer_takes(workdir, capsys):
+    """Before: "mat1 and mat2 shapes cannot be multiplied (4x17 and 16x32)" and nothing more: which of
+    the two is the input, and what should it be? l1 is Linear(16, 32) (MLP_SOURCE)."""
+    line = one_error_line(*cli(capsys, "count", "models.py:mlp", "-i", "4x17"))
+    assert "forward failed in module 'l1'" in line
+    assert line.rstrip().endswith("'l1' is a Linear(16 -> 32): the last dimension of its input must be 16")
+
+
+def test_a_wrong_channel_count_says_what_the_conv_takes(workdir, capsys):
+    (workdir / "convs.py").write_text(CONV_SOURCE)
+    line = one_error_line(*cli(capsys, "count", "convs.py:net", "-i", "1x4x32x32"))
+    assert line.rstrip().endswith("'0' is a Conv2d with 3 input channels: its input is Nx3xHxW (or 3xHxW unbatched)")
+
+
+@pytest.mark.parametrize("argv", [("count", "models.py:mlp", "-i", "4x16", "--on", "h1000"), ("roofs", "h1000")])
+def test_a_misspelt_part_offers_the_close_names(workdir, capsys, argv):
+    """Before: the 18 parts listed, none offered; 'h1000' is one key away from the alias 'h100'."""
+    line = one_error_line(*cli(capsys, *argv))
+    assert "unknown part 'h1000'; known parts: H100 SXM" in line and line.rstrip().endswith("; did you mean h100, v100, h200?")
