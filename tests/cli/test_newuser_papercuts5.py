@@ -241,3 +241,17 @@ def test_a_misspelt_part_offers_the_close_names(workdir, capsys, argv):
     """Before: the 18 parts listed, none offered; 'h1000' is one key away from the alias 'h100'."""
     line = one_error_line(*cli(capsys, *argv))
     assert "unknown part 'h1000'; known parts: H100 SXM" in line and line.rstrip().endswith("; did you mean h100, v100, h200?")
+
+
+def test_generation_of_a_model_without_a_head_says_so():
+    """serve hf:qwen2_vl builds Qwen2VLModel (count's class for the type): before, 'the model returned
+    no (batch, positions, vocab) logits', not why. A LlamaModel returns hidden states only."""
+    transformers = pytest.importorskip("transformers")
+    import flopcount
+    from flopcount.errors import UsageError
+
+    config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=64)
+    with pytest.raises(UsageError, match=r"returned hidden states \(last_hidden_state\) and no logits, a model without a "
+                                         r"language-model head"):
+        flopcount.count_generation(transformers.LlamaModel(config), torch.zeros(1, 8, dtype=torch.int64), new_tokens=2)
