@@ -268,7 +268,7 @@ def _shape_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
     if isinstance(failed, nn.Linear) and not isinstance(failed, nn.modules.lazy.LazyModuleMixin):
         return (f"'{failed_in}' is a Linear({failed.in_features} -> {failed.out_features}): "
                 f"the last dimension of its input must be {failed.in_features}")
-    if isinstance(failed, nn.modules.conv._ConvNd) and not isinstance(failed, nn.modules.lazy.LazyModuleMixin):
+    if isinstance(failed, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and not isinstance(failed, nn.modules.lazy.LazyModuleMixin):
         spatial = "x".join("HWD"[i] if len(failed.kernel_size) > 1 else "L" for i in range(len(failed.kernel_size)))
         return (f"'{failed_in}' is a {type(failed).__name__} with {failed.in_channels} input channels: its input is "
                 f"Nx{failed.in_channels}x{spatial} (or {failed.in_channels}x{spatial} unbatched)")
