@@ -3,7 +3,8 @@ so a reading (``budget``) and the renderers in ``report`` share one spelling of 
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import math
+from typing import Optional, Tuple, Union
 
 _PREFIXES = ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
 
@@ -53,19 +54,43 @@ def format_share(part: float, whole: float) -> str:
     return "-" if whole <= 0 else f"{100.0 * part / whole:.1f}%"
 
 
-def format_seconds(value: Optional[float], decimals: int = 3) -> str:
+def format_seconds(value: Optional[float], decimals: int = 3, *, like: Optional[float] = None) -> str:
     """The one spelling of a time: ``0.00123 -> '1.230 ms'``, ``2.5 -> '2.500 s'``; microseconds
     below a millisecond, nanoseconds below a microsecond, minutes from two (``'3 min 20 s'``).
-    ``decimals`` sets the digits of seconds and milliseconds (fewer for an estimate)."""
+    ``decimals`` sets the digits of seconds and milliseconds (fewer for an estimate). ``like``: a
+    figure shown beside it (the largest of a column), whose unit it takes, so that figures side
+    by side share one (``0.0 ns`` beside ``0.1 ns``, not ``0.0 us``), each as precise as in its
+    own unit up to 4 significant digits (517.8 ns beside 13.8 us: ``0.5178 us``). A figure that
+    is not 0 never reads 0: it gets the digits that show two significant ones (``2e-12 -> '0.0020 ns'``)."""
     if value is None:
         return "-"
     if value >= 120:
         return f"{int(value // 60)} min {int(value % 60)} s"
+    own_scale, _ = _time_unit(value)
+    scale, name = _time_unit(value if like is None else min(like, 119.0))
+    digits = _digits(scale, decimals)
+    scaled = value / scale
+    if scaled and scale > own_scale:  # in a larger unit than its own: as precise as in its own, to 4 significant digits
+        own = _digits(own_scale, decimals) + round(math.log10(scale / own_scale))
+        digits = max(digits, min(own, 3 - math.floor(math.log10(abs(scaled)))))
+    if scaled and abs(scaled) < 10.0 ** -digits / 2:  # would round to 0 at the unit's digits
+        digits = 1 - math.floor(math.log10(abs(scaled)))
+    return f"{scaled:.{digits}f} {name}"
+
+
+def _digits(scale: float, decimals: int) -> int:
+    """The decimals :func:`format_seconds` gives a unit of ``scale`` seconds."""
+    return decimals if scale >= 1e-3 else 1
+
+
+def _time_unit(value: float) -> Tuple[float, str]:
+    """The unit :func:`format_seconds` spells ``value`` (below two minutes) in: (its seconds, its name);
+    0 in microseconds."""
     if value >= 1.0:
-        return f"{value:.{decimals}f} s"
+        return 1.0, "s"
     if value >= 1e-3:
-        return f"{value * 1e3:.{decimals}f} ms"
-    return f"{value * 1e6:.1f} us" if value >= 1e-6 or value == 0 else f"{value * 1e9:.1f} ns"
+        return 1e-3, "ms"
+    return (1e-6, "us") if value >= 1e-6 or value == 0 else (1e-9, "ns")
 
 
 def format_ms(value: Optional[float]) -> str:

@@ -70,7 +70,8 @@ _NAMES = {
 #: a count with the unit a report prints after it ("10 GFLOPs", "4.000 GMACs", "25M params")
 _COUNT_UNIT = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*(?i:flops?|macs?|params?)\s*$")
 
-_BYTES = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+# signed, so that "-1GB" is refused as negative, not as "not a size"
+_BYTES = re.compile(r"^\s*([+-]?[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _BYTE_UNITS = {"": 1, "B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
 _BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGT", 1)})
 
@@ -89,7 +90,9 @@ def _parse(text: Union[str, int, float], what: str, pattern: Any, units: Mapping
             raise UsageError(f"{what}: {text!r} is not a {noun} (examples: {examples})")
         number, unit = match.groups()
         value = float(number.replace("_", "")) * units[(unit or "").upper()]
-    if not math.isfinite(value) or value < 0:
+    if value < 0:
+        raise UsageError(f"{what}: {text!r} is negative: a {noun} below 0 is not allowed (examples: {examples})")
+    if not math.isfinite(value):
         raise UsageError(f"{what}: {text!r} must be a finite {noun} >= 0")
     return value
 
@@ -116,17 +119,23 @@ def parse_memory_budget(text: Union[str, int, float], what: str) -> int:
     return value
 
 
-def parse_quantity(text: Union[str, int, float], what: str = "number") -> Union[int, float]:
+#: what a budget's number looks like, by its file key (the CLI's flag without ``--``)
+QUANTITY_EXAMPLES = {"max-size-mb": "120, 0.5, 2K", "max-latency-s": "0.01, 2.5", "max-latency-ms": "10, 2.5, 0.8"}
+
+
+def parse_quantity(text: Union[str, int, float], what: str = "number", *,
+                   examples: str = "25M, 5G, 1.5T, 3e9, 120") -> Union[int, float]:
     """``"25M" -> 25_000_000``, ``"1.5T" -> 1.5e12``, ``"5e9" -> 5_000_000_000``.
 
     Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
-    finite and >= 0. Integral values come back as ``int``."""
+    finite and >= 0 (``examples`` are named where it is not a number or negative). Integral
+    values come back as ``int``."""
     unit = _COUNT_UNIT.match(text) if isinstance(text, str) else None
     if unit is not None:  # "4.000 GMACs" as the budget table prints it: the metric's unit is implied
         bare = "".join(unit.groups())
         raise UsageError(f"{what}: {text!r} is not a number: give it without the unit, in the budget's own "
                          f"(max-flops in FLOPs, max-macs in MACs, max-params in parameters), e.g. {bare}")
-    value = _parse(text, what, _QUANTITY, _SUFFIXES, "number", "a number", "25M, 5G, 1.5T, 3e9, 120")
+    value = _parse(text, what, _QUANTITY, _SUFFIXES, "number", "a number", examples)
     return int(value) if float(value).is_integer() else float(value)
 
 
@@ -453,7 +462,8 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
             raise UsageError(f"{source}: {spelled[key]!r} and {raw_key!r} are the same key; keep one")
         spelled[key] = raw_key
         if key == FILE_KEY_MS:
-            latency_ms = parse_quantity(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
+            latency_ms = parse_quantity(_file_value(raw, raw_key, source), f"{source}: {raw_key}",
+                                        examples=QUANTITY_EXAMPLES[FILE_KEY_MS])
             continue
         if key == "max-latency":  # the CLI's --max-latency 10ms: the file's key names its unit instead
             raise UsageError(f"{source}: unknown key {raw_key!r}: the latency budget's key is max-latency-s, in seconds "
@@ -462,8 +472,9 @@ def budget_from_mapping(table: Mapping[str, Any], source: str) -> Budget:
             known = ", ".join(FILE_KEYS)
             hint = did_you_mean(key, [*FILE_KEYS, *GATE_KEYS])
             raise UsageError(f"{source}: unknown key {raw_key!r}{hint} (known: {known}, {', '.join(GATE_KEYS)})")
-        parse = parse_memory_budget if key == "max-memory" else parse_quantity
-        values[FILE_KEYS[key]] = parse(_file_value(raw, raw_key, source), f"{source}: {raw_key}")
+        value, where = _file_value(raw, raw_key, source), f"{source}: {raw_key}"
+        values[FILE_KEYS[key]] = parse_memory_budget(value, where) if key == "max-memory" else \
+            parse_quantity(value, where, **({"examples": QUANTITY_EXAMPLES[key]} if key in QUANTITY_EXAMPLES else {}))
     latency_s = values.get("max_latency_s")
     values["max_latency_s"] = seconds_or_ms(latency_s, latency_ms, source, "max-latency-s", FILE_KEY_MS)
     written = spelled.get("max-latency-s", spelled.get(FILE_KEY_MS))

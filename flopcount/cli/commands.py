@@ -72,18 +72,27 @@ def _check_device(text: str) -> str:
     return str(device)
 
 
-def _check_output(path: Optional[str], flag: str) -> None:
-    """Refuse an output path that cannot be written before any long work starts."""
+def _check_output(path: Optional[str], flag: str, *, folder: bool = False) -> None:
+    """Refuse an output path that cannot be written before any long work starts: a FILE that is
+    a folder (a DIR, ``folder``, that is a file), a path through a file, a place not writable.
+    Missing folders are no reason: they are made when it is written (:func:`~flopcount.cli.output.written`),
+    as ``--tensorboard DIR`` always made its own."""
     if path is None:
         return
     target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory")
-    folder = target.parent  # "." for a bare file name
-    if not folder.is_dir():
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    if target.exists() and target.is_dir() != folder:
+        raise UsageError(f"{flag} {path}: is a {'file' if folder else 'directory'}; {flag} takes a {'folder' if folder else 'file'}")
+    existing = _nearest_existing(target)
+    if existing != target and not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file, not a folder")
+    writable = existing if existing != target else target.parent
+    if not os.access(writable, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {path}: not writable")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path``, or the nearest of its parents that exists (``.`` or ``/`` at the last)."""
+    return next((p for p in (path, *path.parents) if p.exists()), Path("."))
 
 
 def _entry_file(entry: str) -> Optional[Path]:
@@ -248,6 +257,24 @@ def _dtype_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
             f"--dtype {given} casts the model to the inputs' dtype")
 
 
+def _shape_hint(run: _Run, failed_in: Optional[str]) -> Optional[str]:
+    """What the module a forward failed in takes, where its shape rule is one line: a Linear's
+    input ends in ``in_features``, a ConvNd's has ``in_channels`` before its N spatial dimensions
+    (``--input 4x17`` into Linear(16, 32): torch says "mat1 and mat2 shapes cannot be multiplied
+    (4x17 and 16x32)", which names neither); None for any other module."""
+    from torch import nn
+
+    failed = dict(run.model.named_modules()).get(failed_in or "") if failed_in else None
+    if isinstance(failed, nn.Linear) and not isinstance(failed, nn.modules.lazy.LazyModuleMixin):
+        return (f"'{failed_in}' is a Linear({failed.in_features} -> {failed.out_features}): "
+                f"the last dimension of its input must be {failed.in_features}")
+    if isinstance(failed, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and not isinstance(failed, nn.modules.lazy.LazyModuleMixin):
+        spatial = "x".join("HWD"[i] if len(failed.kernel_size) > 1 else "L" for i in range(len(failed.kernel_size)))
+        return (f"'{failed_in}' is a {type(failed).__name__} with {failed.in_channels} input channels: its input is "
+                f"Nx{failed.in_channels}x{spatial} (or {failed.in_channels}x{spatial} unbatched)")
+    return None
+
+
 def _device_hint(run: _Run) -> Optional[str]:
     """Inputs on another device than the model's parameters (a factory that builds on meta, inputs
     made on cpu): the ``--device`` that puts them together; None when they agree."""
@@ -272,9 +299,11 @@ def forward_hints(run: _Run) -> Iterator[None]:
     except TraceError as exc:
         found = tuple(filter(None, (_dtype_hint(run, exc.module_path), _device_hint(run))))
         # nothing more specific: the inputs the ENTRY is known to take (not where the prompt ran and
-        # a decode step failed: the prompt was not the fault)
+        # a decode step failed: the prompt was not the fault), else the shape the failing layer takes
         if not found and run.usual_inputs and exc.decode_step is None:
             found = (f"{run.entry}'s own input is {run.usual_inputs} (leave --input out for it)",)
+        elif not found:
+            found = tuple(filter(None, (_shape_hint(run, exc.module_path),)))
         hints = (*run.hints, *found)
         if not hints:
             raise
@@ -816,8 +845,8 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
 def run_command(args: argparse.Namespace) -> int:
     """The command ``args`` names, after refusing a report, plot or trace path that cannot be
     written (before any long work starts)."""
-    for flag in ("output", "plot", "trace"):
-        _check_output(getattr(args, flag, None), f"--{flag}")
+    for flag in ("output", "plot", "trace", "tensorboard"):
+        _check_output(getattr(args, flag, None), f"--{flag}", folder=flag == "tensorboard")
     _refuse_plot_options_alone(args)
     return COMMANDS[args.command](args)
 

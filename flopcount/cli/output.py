@@ -122,13 +122,17 @@ def with_section(text: str, fmt: str, flag: str, key: str, data: Dict[str, Any],
 
 
 def written(args: argparse.Namespace, flag: str, path: str, write: Callable[[], Any], said: str = "") -> None:
-    """Run ``write`` (it writes ``path``, the value of ``flag``), then say ``said`` (default ``wrote
-    PATH``) on stderr; an OSError there is the user's (a full disk, a folder gone): one line naming the flag."""
+    """Make the missing folders above ``path`` (the value of ``flag``), run ``write`` (it writes
+    ``path``), then say ``said`` (default ``wrote PATH``) on stderr, and the folder made; an
+    OSError there is the user's (a full disk, a folder gone): one line naming the flag."""
+    folder = Path(path).parent
+    made = next((p for p in (folder, *folder.parents) if not p.exists() and p.name != ".."), None)  # the deepest
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         write()
     except OSError as exc:
         raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from exc
-    progress(args, said or f"wrote {path}")
+    progress(args, (said or f"wrote {path}") + (f" (made the folder {made})" if made is not None else ""))
 
 
 def iteration_progress(label: str = "timed calls") -> Callable[[int, Optional[int]], None]:

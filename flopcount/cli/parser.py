@@ -10,7 +10,7 @@ import sys
 import textwrap
 from typing import Any, Dict, Iterable, List, NoReturn, Set, Tuple
 
-from flopcount.budget.check import parse_bytes, parse_quantity
+from flopcount.budget.check import QUANTITY_EXAMPLES, parse_bytes, parse_quantity
 from flopcount.cli.output import DefaultFormat
 from flopcount.core.deprecation import renamed
 from flopcount.errors import UsageError, did_you_mean
@@ -262,12 +262,14 @@ def _growth(text: str) -> Any:
 
 #: a budget's number (argparse names the flag before the message)
 _QUANTITY = _type(lambda text: parse_quantity(text, "budget"))
+_SIZE_MB = _type(lambda text: parse_quantity(text, "budget", examples=QUANTITY_EXAMPLES["max-size-mb"]))
 
 
 def _latency_ms(text: str) -> Any:
-    """``--max-latency-ms X``: a bare number of milliseconds, > 0 as ``--max-latency``'s (no run meets 0)."""
-    value = parse_quantity(text, "budget")
-    if value == 0:
+    """``--max-latency-ms X``: a bare number of milliseconds, > 0 as ``--max-latency``'s (no run
+    meets 0), refused in its words (``-5`` too, not as a negative count)."""
+    value = parse_quantity(text.strip().lstrip("-"), "budget", examples=QUANTITY_EXAMPLES["max-latency-ms"])
+    if value == 0 or text.strip().startswith("-"):
         raise UsageError(f"{text!r}: a latency budget must be > 0")
     return value
 
@@ -487,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-params", type=_QUANTITY, metavar="N", help="most parameters, e.g. 25M")
     limits.add_argument("--max-flops", type=_QUANTITY, metavar="N", help="most FLOPs of one forward, e.g. 5G")
     limits.add_argument("--max-macs", type=_QUANTITY, metavar="N", help="most MACs of one forward, e.g. 2.5G")
-    limits.add_argument("--max-size-mb", type=_QUANTITY, metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
+    limits.add_argument("--max-size-mb", type=_SIZE_MB, metavar="X", help="most MB (1 MB = 10^6 bytes) of parameters + buffers, as the count's 'weights' line")
     limits.add_argument("--max-latency-ms", type=_type(_latency_ms), metavar="X", help="highest median latency in ms (runs the benchmark)")
     limits.add_argument("--max-latency", type=_type(parse_duration_ms), metavar="TIME", dest="max_latency",
                         help="highest latency with its unit (s, ms, us, ns), e.g. 10ms or 2.5s; a bare number is refused: measured "

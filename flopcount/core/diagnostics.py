@@ -47,10 +47,15 @@ def warn_estimated(roofs: Roofs, figures: str, stacklevel: int = 3) -> Tuple[str
     on the result (none without doubts). ``stacklevel``: the caller's frame as seen from here
     (3: the caller of the function that called this one)."""
     text = estimated_text(roofs, figures)
-    if not text:
-        return ()
-    warnings.warn(text, EstimatedBoundWarning, stacklevel=stacklevel)
-    return (text,)
+    say_estimated(text, stacklevel + 1)
+    return (text,) if text else ()
+
+
+def say_estimated(text: str, stacklevel: int = 3) -> None:
+    """Warn :func:`estimated_text`'s sentence ``text``, made already (:class:`~flopcount.errors.EstimatedBoundWarning`,
+    at the reading's caller: ``stacklevel`` as :func:`warn_estimated`'s); nothing for ""."""
+    if text:
+        warnings.warn(text, EstimatedBoundWarning, stacklevel=stacklevel)
 
 
 def estimate_diagnostics(roofs: Roofs, figures: str) -> Tuple[Diagnostic, ...]:

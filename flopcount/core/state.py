@@ -830,6 +830,26 @@ def left_as_found(modules: Iterable[torch.nn.Module] = (), set_back: bool = True
             found.set_back()
 
 
+@contextlib.contextmanager
+def module_attributes_kept(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
+    """Each of ``modules``' own attributes (``vars()``: its parameter, buffer and child registries
+    by identity, its flags, what its code set on it) bound again as found on exit, also when the
+    work raises, and those the work added removed. The decoding loop calls the caller's model's own
+    generation rules, which write on it as generate() lets them (Qwen2-VL's
+    ``_prepare_position_ids_for_generation`` sets ``model.model.rope_deltas``); the forwards run
+    on copies. One shallow copy of each module's ``__dict__``."""
+    found = [(vars(module), dict(vars(module))) for module in modules]
+    try:
+        yield
+    finally:
+        for own, attributes in found:
+            for name in [name for name in own if name not in attributes]:
+                del own[name]
+            for name, value in attributes.items():
+                if own.get(name, _NOT_BOUND) is not value:
+                    own[name] = value
+
+
 def _holder(value: Any) -> Optional[Any]:
     """The own attributes of ``value`` that a path from a global goes on through: a Python
     module's, a class's or a plain object's (:func:`plain_object`); None for anything else."""

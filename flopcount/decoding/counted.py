@@ -33,7 +33,7 @@ from flopcount.core.inputs import (
 from flopcount.core.ledger import expand_booked
 from flopcount.core.model_facts import model_facts
 from flopcount.core.results import FlopResult, aggregate
-from flopcount.core.state import left_as_found, preserved_random_modules
+from flopcount.core.state import left_as_found, module_attributes_kept, preserved_random_modules
 from flopcount.decoding.caches import cache_position_bytes
 from flopcount.decoding.eager import ScoreOps, score_ops
 from flopcount.decoding.forwards import (
@@ -289,12 +289,15 @@ def count_decoding(
     def attempt(fast: bool) -> Decoded:
         # each attempt on a Setup of its own: a forward with real weights fills the cache the
         # Setup hands the prefill in place, and a retry must not start from what a failed one filled
-        try:
-            return _count(Counter(model, fast, who, prompt), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, trace_every_step)
-        except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
-            counted = _count(Counter(model, fast, who, prompt), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, True)
-            counted.notes.insert(0, f"{why}: every decode step was traced")
-            return counted
+        # the model's own generation rules run on it and may write on it (Qwen2-VL's rope_deltas): set back
+        with module_attributes_kept(model.modules()):
+            try:
+                return _count(Counter(model, fast, who, prompt), Setup(model, input_ids, kwargs, resolved), new_tokens - 1,
+                              trace_every_step)
+            except _Mismatch as why:  # the shortcut failed its check: start again, tracing every step
+                counted = _count(Counter(model, fast, who, prompt), Setup(model, input_ids, kwargs, resolved), new_tokens - 1, True)
+                counted.notes.insert(0, f"{why}: every decode step was traced")
+                return counted
 
     fast = on_fakes(model)
     try:

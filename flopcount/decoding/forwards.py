@@ -273,9 +273,13 @@ def _encoder_outputs(output: Any, encoder: Any, given: Any) -> Any:
     return BaseModelOutput(last_hidden_state=_field(output, "encoder_last_hidden_state"))
 
 
-def _next_tokens(logits: Any) -> torch.Tensor:
+def _next_tokens(logits: Any, output: Any = None) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
-        raise UsageError("count_generation: the model returned no (batch, positions, vocab) logits")
+        # a base model (hf:qwen2_vl builds Qwen2VLModel, as count does): hidden states, no head
+        headless = "" if _field(output, "last_hidden_state") is None else (
+            ": it returned hidden states (last_hidden_state) and no logits, a model without a language-model head; "
+            "generate() runs a class with one (...ForCausalLM, ...ForConditionalGeneration)")
+        raise UsageError(f"count_generation: the model returned no (batch, positions, vocab) logits{headless}")
     with torch.no_grad():
         return logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
@@ -520,7 +524,7 @@ class Decoding:
             # a fake run's logits: the greedy token's shape and stride taken on a meta stand-in (the
             # same meta kernels; a fake's ops outside its mode cost ~10x as much), fed as the prompt was
             logits = torch.empty_strided(logits.shape, logits.stride(), dtype=logits.dtype, device="meta")
-        tokens = _next_tokens(logits)
+        tokens = _next_tokens(logits, output)
         if self.setup.device.type == "meta" and tokens.device.type != "meta":
             # a fake run's greedy tokens (valueless either way): fed as the meta prompt was
             tokens = torch.empty_strided(tokens.shape, tokens.stride(), dtype=tokens.dtype, device="meta")

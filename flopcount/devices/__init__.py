@@ -11,7 +11,17 @@ import dataclasses
 from typing import Any, Optional, Union
 
 from flopcount.devices.datasheet import datasheet_roofs, part_roofs
-from flopcount.devices.parts import LINKS, PARTS, MathModes, Part, column_of, find_part, known_names, resolve_part
+from flopcount.devices.parts import (
+    LINKS,
+    PARTS,
+    MathModes,
+    Part,
+    column_of,
+    find_part,
+    known_names,
+    part_hint,
+    resolve_part,
+)
 from flopcount.devices.roofline import (
     BOUND_KINDS,
     AnyBound,
@@ -33,7 +43,7 @@ THIS_GPU = ("this gpu", "this-gpu", "gpu", "cuda")
 __all__ = [
     "BOUND_KINDS", "LINKS", "PARTS", "THIS_MACHINE", "AnyBound", "Bound", "BoundKind", "MathModes", "MemoryLevel",
     "OpTime", "Part", "Roofs", "THIS_GPU", "any_implementation", "gpu_ceiling", "column_of", "datasheet_roofs", "default_bound", "find_part",
-    "is_this_machine", "known_names", "named_roofs", "op_time", "part_roofs", "resolve_part",
+    "is_this_machine", "known_names", "named_roofs", "op_time", "part_hint", "part_roofs", "resolve_part",
     "roofs_for",
 ]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Dict, Mapping, Optional, Tuple
 
-from flopcount.errors import UsageError
+from flopcount.errors import UsageError, close_names
 from flopcount.types import dtype_key
 
 #: peak columns, as torch spells the dtypes (tfloat32: TF32 tensor cores on float32 data)
@@ -188,6 +188,15 @@ def known_names() -> str:
     return ", ".join(PARTS)
 
 
+def part_hint(name: str) -> str:
+    """``"; did you mean h100, v100?"``: the names or aliases closest to ``name`` (a typo), one per
+    part; "" when none is close."""
+    closest: Dict[int, str] = {}
+    for key in close_names(normalise(str(name)), list(_BY_NAME)):
+        closest.setdefault(id(_BY_NAME[key]), key)
+    return f"; did you mean {', '.join(closest.values())}?" if closest else ""
+
+
 def find_part(name: str) -> Optional[Part]:
     """The part ``name`` names, exactly or by a documented alias; None when none does.
 
@@ -205,7 +214,7 @@ def resolve_part(name: str) -> Part:
             raise UsageError(f"{name!r} names {len(listed)} parts; one part goes here (serve compares several: "
                              f"serve --on {name})")
         raise UsageError(f"unknown part {name!r}; known parts: {known_names()} (aliases in docs/devices.md), "
-                         "or 'this machine'")
+                         f"or 'this machine'{part_hint(name)}")
     return part
 
 

@@ -23,7 +23,7 @@ from flopcount.core.inputs import as_call_args, describe_inputs, flatten_tensors
 from flopcount.core.ledger import TOTAL_FIELDS, Ledger
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.state import FoundState, forward_globals, left_as_found, preserved_random_modules, preserved_rng
-from flopcount.devices import column_of, find_part, is_this_machine, known_names, op_time, part_roofs
+from flopcount.devices import column_of, find_part, is_this_machine, known_names, op_time, part_hint, part_roofs
 from flopcount.errors import FlopcountWarning, TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.planning.result import CommRow, LinkSpec, PlanResult, StepTimeBounds, links_by_dim, ring_factor
@@ -241,7 +241,7 @@ def gpu_key(device: Optional[str]) -> Optional[str]:
     part = find_part(str(device))
     if part is None:  # the words count and serve use (not their 'this machine')
         raise UsageError(f"unknown part {device!r}; known parts: {known_names()} (aliases in docs/devices.md), "
-                         "or on left out for no step times")
+                         f"or on left out for no step times{part_hint(str(device))}")
     return part.name
 
 

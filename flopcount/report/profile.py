@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import csv
 import io
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from flopcount.core.rendering import renders
 from flopcount.devices.roofline import PROFILE_CONVENTION, AnyBound, Roofs, doubts_text, float32_math_text
@@ -200,11 +200,12 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     roofs = result.roofs
     rows: Sequence[Any] = list(result.by_operator().values())
     shown = rows if limit is None else rows[:limit]
+    column = max((r.latency_s for r in shown), default=0.0)  # one unit for the column: its largest figure's
     body = grid(
         [
             [r.name, f"{r.calls:g}", format_count(r.flops), format_bytes(r.bytes), _ratio(r.intensity),
              r.bound if r.latency_s > 0 else "-",
-             marked(format_seconds(r.latency_s), roofs), format_share(r.latency_s, result.latency_s)]
+             marked(format_seconds(r.latency_s, like=column), roofs), format_share(r.latency_s, result.latency_s)]
             for r in shown
         ],
         ["operator", "calls", "FLOPs", "bytes", "FLOP/B", "bound", "lower bound" if roofs.certain else "estimate", "share"],
@@ -213,17 +214,19 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     )
     eager_s = result.bound_s("eager")
     what = "lower bound" if roofs.certain else "estimate"
+    eager = _beside(eager_s, result.latency_s, result.compute_s, result.memory_s)
     lines = [
         body,
-        f"Eager {what} on {roofs.device}: {marked(format_seconds(eager_s), roofs)}: the per-op sum "
-        f"{format_seconds(result.latency_s)} (compute {format_seconds(result.compute_s)}, memory "
-        f"{format_seconds(result.memory_s)} if each ran alone)"
+        f"Eager {what} on {roofs.device}: {marked(eager(eager_s), roofs)}: the per-op sum "
+        f"{eager(result.latency_s)} (compute {eager(result.compute_s)}, memory "
+        f"{eager(result.memory_s)} if each ran alone)"
         + (f", or the any-implementation {'bound' if roofs.certain else what} below where larger" if eager_s > result.latency_s else ""),
     ]
     if result.any_bound is not None:
+        shown_any = _beside(result.any_s, result.any_bound.compute_s, result.any_bound.memory_s)
         lines.append(
-            f"Any implementation (fused or not): {marked(format_seconds(result.any_s), roofs)} = max(all FLOPs / peak "
-            f"{format_seconds(result.any_bound.compute_s)}, {_unavoidable_memory(result.any_bound)})")
+            f"Any implementation (fused or not): {marked(shown_any(result.any_s), roofs)} = max(all FLOPs / peak "
+            f"{shown_any(result.any_bound.compute_s)}, {_unavoidable_memory(result.any_bound, shown_any)})")
     math = float32_math_text(result.float32_math())
     if math:
         lines.append(f"Math: {math} (the part's math modes for float32 work)")
@@ -242,16 +245,24 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     return ("\n\n" if fmt == "github" else "\n").join(lines)
 
 
-def _unavoidable_memory(any_bound: AnyBound) -> str:
+def _beside(*figures: float) -> Callable[[float], str]:
+    """How one sentence spells its times ``figures``: each in its own unit, a 0 in its largest
+    figure's (``compute 0.1 ns, memory 0.0 ns``: 0 alone would read ``0.0 us``)."""
+    largest = max(figures)
+    return lambda seconds: format_seconds(seconds, like=largest if seconds == 0 else None)
+
+
+def _unavoidable_memory(any_bound: AnyBound, seconds: Callable[[float], str] = format_seconds) -> str:
     """The any-implementation bound's memory term as the division it is: the unavoidable bytes
-    less what the faster levels hold, over the bandwidth of the level holding the rest."""
+    less what the faster levels hold, over the bandwidth of the level holding the rest (its time
+    spelled by ``seconds``)."""
     unavoidable = format_bytes(any_bound.unavoidable_bytes)
     if any_bound.level_bandwidth is None:
         return f"unavoidable {unavoidable} held in the {any_bound.level}, whose bandwidth is unpublished: no memory term"
     if any_bound.faster_bytes:
         return (f"unavoidable {unavoidable} less the {format_bytes(any_bound.faster_bytes)} the faster levels hold "
-                f"/ {any_bound.level} bandwidth {format_seconds(any_bound.memory_s)}")
-    return f"unavoidable {unavoidable} / {any_bound.level} bandwidth {format_seconds(any_bound.memory_s)}"
+                f"/ {any_bound.level} bandwidth {seconds(any_bound.memory_s)}")
+    return f"unavoidable {unavoidable} / {any_bound.level} bandwidth {seconds(any_bound.memory_s)}"
 
 
 def profile_html(result: ProfileResult, *, entry: str = "", by: str = "operator", depth: Optional[int] = None) -> str:

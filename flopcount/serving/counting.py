@@ -41,6 +41,7 @@ from torch import nn
 from flopcount.core.analysis import uncompiled
 from flopcount.core.ledger import TOTAL_FIELDS, cost_change, expand_booked
 from flopcount.core.results import FlopResult
+from flopcount.core.state import module_attributes_kept
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
@@ -121,7 +122,7 @@ def derive(
     model = uncompiled(model)
     counter = Counter(model, on_fakes(model))  # on fake copies for meta weights, as count_generation
     try:
-        with counter.outputs() as last:
+        with counter.outputs() as last, module_attributes_kept(model.modules()):  # as count_generation: its rules write on the model
             setup, options_notes = _setup(model, input_ids, new_tokens, kwargs)
             if not _one_run(total, setup.base, None, model):  # the config's limits: refuse before any forward
                 return None

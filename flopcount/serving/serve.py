@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from flopcount.core.diagnostics import estimated_text, warn_estimated
+from flopcount.core.diagnostics import estimated_text, say_estimated
 from flopcount.core.dtypes import parse_dtype
 from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
@@ -75,9 +75,10 @@ def serve(
         raise UsageError(f"serve: reserve must be a fraction in [0, 1), got {reserve!r}")
     check_before_count(model, tp, dtype, weight_dtype)
     facts = serve_facts(model, input_ids, new_tokens, kwargs=kwargs)
-    result = serve_on(facts, roofs, part_name, capacity, link, batch=batch, dtype=dtype, weight_dtype=weight_dtype,
-                      tp=tp, reserve=reserve)
-    warn_estimated(roofs, ESTIMATED)  # serve_on stored the sentence on the result
+    estimate = estimated_text(roofs, ESTIMATED)  # built once: stored on the result and warned
+    result = _priced(facts, roofs, part_name, capacity, link, estimate, batch=batch, dtype=dtype,
+                     weight_dtype=weight_dtype, tp=tp, reserve=reserve)
+    say_estimated(estimate)
     return ServeResult(**{**result.__dict__, "wall_s": time.perf_counter() - started})
 
 
@@ -165,6 +166,16 @@ def serve_on(
 ) -> ServeResult:
     """Price counted :class:`ServeFacts` on a part (no torch runs: comparing parts and batch
     sizes costs one count)."""
+    return _priced(facts, roofs, part, capacity, link, estimated_text(roofs, ESTIMATED), batch=batch, dtype=dtype,
+                   weight_dtype=weight_dtype, tp=tp, reserve=reserve)
+
+
+def _priced(
+    facts: ServeFacts, roofs: Roofs, part: str, capacity: Optional[float], link: str, estimate: str, *,
+    batch: Union[None, int, Sequence[int]], dtype: Any, weight_dtype: Any, tp: int, reserve: float,
+) -> ServeResult:
+    """:func:`serve_on`, with ``estimate``: the sentence saying the figures are estimates ("" where
+    the roofs have no doubts), stored among the result's warnings."""
     _whole_heads(facts.heads, facts.kv_heads, tp)
     compute_name, weight_name = dtype_names(dtype, weight_dtype)
     compute = column_of(compute_name) if compute_name is not None else facts.model_dtype
@@ -181,8 +192,8 @@ def serve_on(
     if facts.top_k:
         warnings.append("mixture of experts: a forward over T tokens reads E x (1 - (1 - k/E)^T) of each layer's E "
                         "experts (uniform, independent routing, in expectation)")
-    if not roofs.certain:
-        warnings.append(estimated_text(roofs, ESTIMATED))
+    if estimate:
+        warnings.append(estimate)
     return ServeResult(
         part=part, roofs=roofs, dtype=compute, weight_dtype=weights_as, tp=tp, facts=facts, batches=rows,
         weight_bytes=weights_held(facts, weights_as, compute) / tp, weight_note=weight_note(weights_as, compute),

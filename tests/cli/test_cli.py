@@ -190,8 +190,8 @@ def test_formats(workdir, capsys):
 
 
 def test_output_file(workdir, capsys):
-    code, out, _ = cli(capsys, "count", "models.py:mlp", "-i", "4x16", "-f", "json", "-o", "out/../r.json")
-    assert code == 2  # folder out/ does not exist
+    code, out, _ = cli(capsys, "count", "models.py:mlp", "-i", "4x16", "-f", "json", "-o", "models.py/r.json")
+    assert code == 2  # models.py is a file, not a folder (a missing folder is made: branch papercuts5)
     code, out, err = cli(capsys, "count", "models.py:mlp", "-i", "4x16", "-f", "json", "-o", "r.json")
     assert code == 0 and out == "" and "wrote r.json" in err
     assert json.loads((workdir / "r.json").read_text())["macs"] == MACS_FC1 + MACS_FC2
@@ -288,7 +288,7 @@ BAD_INPUTS = [
     (["count", "models.py:mlp", "-i", "4x16", "-i", "4x16"], "too many positional arguments"),
     (["count", "models.py:mlp"], "missing a required argument: 'x'"),
     (["count", "models.py:mlp", "-i", "4x16", "--format", "yaml"], "invalid choice: 'yaml'"),
-    (["count", "models.py:mlp", "-i", "4x16", "-o", "no/such/dir/out.json"], "does not exist"),
+    (["count", "models.py:mlp", "-i", "4x16", "-o", "models.py/out.json"], "models.py is a file, not a folder"),
     (["count", "models.py:mlp", "-i", "4x16", "-o", "."], "is a directory"),
     (["count", "models.py:mlp", "-i", "4x16", "--device", "tpu"], "not a device"),
     (["count", "models.py:mlp", "-i", "4x16", "--device", "meta", "--tracer", "jit"], "needs the dispatch tracer"),
