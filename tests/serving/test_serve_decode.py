@@ -22,6 +22,7 @@ import torch
 from flopcount.devices import named_roofs
 from flopcount.serving import ServeFacts, serve_facts, serve_on
 from flopcount.types import OpCall, TensorMeta
+from tests.serving._sdpa_masks import AdmittedScores, generated, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,51 +36,17 @@ TINY: Dict[str, Any] = dict(hidden_size=HEADS * HEAD_DIM, intermediate_size=128,
 POSITION_BYTES = LAYERS * 2 * KV_HEADS * HEAD_DIM * 4
 
 
-class _StepScores(torch.overrides.TorchFunctionMode):
-    """The scores each SDPA call's mask admits (times its heads and batch rows), call by call:
-    the True entries of an explicit mask, the triangle of an ``is_causal`` call, all of a call
-    with neither; and each call's key length."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scores: List[int] = []
-        self.keys: List[int] = []
-        self.rows: List[int] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            query, key = args[0], args[1]
-            batch, heads, lq, lk = query.shape[0], query.shape[1], query.shape[-2], key.shape[-2]
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-            if mask is None:
-                causal = kwargs.get("is_causal", False)
-                allowed = torch.ones(lq, lk, dtype=torch.bool)
-                self.scores.append(int((allowed.tril() if causal else allowed).sum()) * batch * heads)
-            else:
-                allowed = (mask if mask.dtype == torch.bool else mask == 0).expand(batch, heads, lq, lk)
-                self.scores.append(int(allowed.sum()))
-                self.rows.append(int(allowed[0, 0].sum(-1).max()))
-            self.keys.append(lk)
-        return func(*args, **kwargs)
-
-
 def _real(model_type: str, **config: Any) -> Any:
-    if model_type == "llama4_text":
-        cfg: Any = transformers.Llama4TextConfig(**{**TINY, "intermediate_size_mlp": 128, "num_local_experts": 2},
-                                                 **config, attn_implementation="sdpa")
-    else:
-        cfg = transformers.AutoConfig.for_model(model_type, **TINY, **config, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    model.generation_config.eos_token_id = None
-    return model
+    return tiny_causal_lm(model_type, TINY, **config)
 
 
-def _live(model: Any, ids: torch.Tensor, new: int, **kwargs: Any) -> _StepScores:
-    with torch.no_grad(), _StepScores() as seen:
-        model.generate(ids, max_new_tokens=new, do_sample=False, **kwargs)
-    return seen
+def _live(model: Any, ids: torch.Tensor, new: int, **kwargs: Any) -> AdmittedScores:
+    return generated(model, ids, new, **kwargs)
+
+
+def _rows(seen: AdmittedScores) -> List[int]:
+    """Of each call handed an explicit mask, the most keys one query row admits."""
+    return [int(mask.sum(-1).max()) for mask in seen.masks]
 
 
 def _per_forward(values: List[int], forwards: int) -> List[int]:
@@ -116,7 +83,7 @@ def test_a_chunked_decode_step_is_handed_its_sliding_cache_and_admits_its_chunk(
     seen = _live(model, torch.randint(1, 50, (1, prompt)), new)
     decode_keys = seen.keys[LAYERS:]
     assert decode_keys == [CHUNK] * (LAYERS * (new - 1))
-    assert seen.rows[LAYERS:] == [p % CHUNK + 1 for p in range(prompt, prompt + new - 1) for _ in range(LAYERS)]
+    assert _rows(seen)[LAYERS:] == [p % CHUNK + 1 for p in range(prompt, prompt + new - 1) for _ in range(LAYERS)]
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         out = model(torch.randint(1, 50, (1, prompt)), past_key_values=cache, use_cache=True)
@@ -132,7 +99,7 @@ def test_a_static_decode_step_is_handed_every_slot_and_admits_its_positions():
     prompt, new = 40, 6
     seen = _live(model, torch.randint(1, 50, (1, prompt)), new)
     assert seen.keys[LAYERS:] == [100] * (LAYERS * (new - 1))
-    assert seen.rows == [p + 1 for p in range(prompt, prompt + new - 1) for _ in range(LAYERS)]
+    assert _rows(seen) == [p + 1 for p in range(prompt, prompt + new - 1) for _ in range(LAYERS)]
 
 
 # the kernel's rule --------------------------------------------------------------------------------

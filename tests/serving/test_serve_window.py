@@ -13,7 +13,7 @@ SDPA), and hand formulas for Mistral-7B's shapes (W = 4,096) at a 32k prompt; ea
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ import torch
 from flopcount.devices import named_roofs
 from flopcount.serving import ServeFacts, serve_facts, serve_on
 from flopcount.types import OpCall, TensorMeta
+from tests.serving._sdpa_masks import AdmittedScores, generated, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,43 +59,8 @@ def _mask_scores(past: int, queries: int, keys: int, window: Optional[int] = Non
     return int(allowed.sum())
 
 
-class _AdmittedScores(torch.overrides.TorchFunctionMode):
-    """Sums, over every SDPA call, the scores its mask admits per head, times the heads and
-    batch rows: the True entries of an explicit mask, the triangle of an ``is_causal`` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scores = 0
-        self.masks: List[torch.Tensor] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            query, key = args[0], args[1]
-            batch, heads, lq, lk = query.shape[0], query.shape[1], query.shape[-2], key.shape[-2]
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-            if mask is None:
-                causal = kwargs.get("is_causal", False)
-                allowed = torch.ones(lq, lk, dtype=torch.bool).tril() if causal else torch.ones(lq, lk, dtype=torch.bool)
-                self.scores += int(allowed.sum()) * batch * heads
-            else:
-                allowed = (mask if mask.dtype == torch.bool else mask == 0).expand(batch, heads, lq, lk)
-                self.masks.append(allowed[0, 0])
-                self.scores += int(allowed.sum())
-        return func(*args, **kwargs)
-
-
 def _real(model_type: str, chunk: Optional[int] = None, **config: Any) -> Any:
-    if model_type == "llama4_text":
-        cfg: Any = transformers.Llama4TextConfig(**{**TINY, "intermediate_size_mlp": 128, "num_local_experts": 2},
-                                                 **config, attn_implementation="sdpa")
-    else:
-        cfg = transformers.AutoConfig.for_model(model_type, **TINY, **config, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.prefill_chunk_size = chunk
-    return model
+    return tiny_causal_lm(model_type, TINY, chunk, **config)
 
 
 def _row(facts: ServeFacts, batch: int = 1, dtype: str = "bfloat16") -> Any:
@@ -106,11 +72,9 @@ def _priced(facts: ServeFacts, batch: int = 1) -> float:
     return facts.prefill_at(batch).attention_flops - _row(facts, batch).prefill.skipped_flops
 
 
-def _live(model: Any, ids: torch.Tensor, **kwargs: Any) -> _AdmittedScores:
+def _live(model: Any, ids: torch.Tensor, **kwargs: Any) -> AdmittedScores:
     """The scores transformers' own generate() admits in its prefill (one new token: no decode step)."""
-    with torch.no_grad(), _AdmittedScores() as seen:
-        model.generate(ids, max_new_tokens=1, do_sample=False, **kwargs)
-    return seen
+    return generated(model, ids, 1, **kwargs)
 
 
 def test_transformers_window_is_w_keys_up_to_the_query():
@@ -184,7 +148,7 @@ def test_the_prefill_is_priced_at_the_scores_transformers_mask_admits(model_type
     explicitly masked call in full before: above both."""
     model = _real(model_type, chunk, **config)
     ids = torch.randint(1, 50, (1, PROMPT))
-    live = _live(model, ids).scores
+    live = sum(_live(model, ids).scores)
     assert live == HEADS * hand
     facts = serve_facts(model, ids, 4)
     assert _priced(facts) == pytest.approx(4 * HEAD_DIM * live, rel=1e-12)
@@ -228,7 +192,7 @@ def test_a_window_wider_than_the_prompt_is_the_causal_triangle():
     """One forward within the window: transformers runs a causal kernel, priced at its triangle as before."""
     model = _real("mistral", sliding_window=4 * PROMPT)
     ids = torch.randint(1, 50, (1, PROMPT))
-    assert _live(model, ids).scores == LAYERS * HEADS * _triangle(PROMPT)
+    assert sum(_live(model, ids).scores) == LAYERS * HEADS * _triangle(PROMPT)
     assert _priced(serve_facts(model, ids, 4)) == pytest.approx(4 * HEAD_DIM * LAYERS * HEADS * _triangle(PROMPT), rel=1e-12)
 
 
