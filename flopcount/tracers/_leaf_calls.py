@@ -1,32 +1,34 @@
-"""A call of one of torch's own batch-norm modules answered from an earlier call of the same key
-(issue #32, branch resnet13), on structural reuse's path (forward-only fake runs of a lazy copy).
+"""A call of one of torch's own batch-norm or convolution modules answered from an earlier call of
+the same key (issue #32, branch resnet13), on structural reuse's path (forward-only fake runs of a
+lazy copy).
 
 Structural reuse keys modules with children; a leaf's ops are answered by the shape cache one torch
-function at a time (``Recorder.run_function``: ``F.batch_norm``). Around that function a BatchNorm2d
-call still ran its forward in Python and made a fake for each of the four tensors it reads: ~75 us of
-CPU a call in a ResNet-50 count on this project's VM, 35 calls a count. Here the copy of a module of
-exactly one of :data:`_CLASSES`, whose forward and the functions it calls are bound as they were when
-this module was imported (:func:`_intact`: a class method or ``torch.nn.functional`` function rebound
-since is run as written), holds a small ``forward`` (:class:`LeafCall`) that keys the call and, for a
-key answered before, appends the events that call's ops recorded (the same calls, under this call's
-module stack) and returns a fresh fake of the recorded metadata: its forward does not run and its
-tensors are not faked. (A Conv2d call,
-~44 us, cost as much keyed as run: not answered.)
+function at a time (``Recorder.run_function``: ``F.batch_norm``, ``F.conv2d``). Around that function
+a BatchNorm2d call still ran its forward in Python and made a fake for each of the four tensors it
+reads: ~75 us of CPU a call in a ResNet-50 count on this project's VM (a Conv2d ~44 us), 35 calls of
+each a count. Here the copy of a module of exactly one of :data:`_CLASSES`, whose forward and the
+functions it calls are bound as they were when this module was imported (:func:`_intact`: a class
+method or ``torch.nn.functional`` function rebound since is run as written), holds a small
+``forward`` (:class:`LeafCall`) that keys the call and, for a key answered before, appends the events
+that call's ops recorded (the same calls, under this call's module stack) and returns a fresh fake of
+the recorded metadata: its forward does not run and its tensors are not faked.
 
 The key is everything that forward reads: the class; every plain attribute of the module by type and
-value (``training``, ``eps``, ``momentum``, ``track_running_stats``...; a float zero with its sign,
-since handlers see -0.0 apart; NaN never matches); each parameter and buffer by the key its fake will
-have (``Pending.key``: shape, stride, dtype, device, requires_grad) and the real tensor's type; the
-argument's metadata (shape, stride, offset, dtype, device, requires_grad, inference); and the process
-settings structural reuse keys (``_reuse._settings``: grad and inference mode, autocast, default
-dtype, cuDNN on or off...). A module holding anything else (a tensor faked already, whose fake the
-forward may have changed since; one tensor under two names; a child; an attribute of another kind) is
-run. An answer is kept only from a call that ran as ``run_function`` keeps a function's: every op known to the shape cache by its key, none writing an
-argument, no placeholder, fallback, stand-in kernel, index check or ``torch.cond``, every event under
-the module's own stack, one fresh fake returned; so a training BatchNorm that tracks its statistics
-(written in place) is never answered. Only without autograd or autocast, outside ``make_fx`` and any
-muted or marked run. Answers are kept per process, like the shape cache's results (a pure function
-of the key; nothing of a tensor is kept), and let go at :data:`_MAX_ANSWERS`.
+value (``training``, ``eps``, ``momentum``, ``stride``, ``padding``, ``padding_mode``, the reversed
+padding list...; a float zero with its sign, since handlers see -0.0 apart; NaN never matches); each
+parameter and buffer by the key its fake will have (``Pending.key``: shape, stride, dtype, device,
+requires_grad) and the real tensor's type; the argument's metadata (shape, stride, offset, dtype,
+device, requires_grad, inference); and the process settings structural reuse keys
+(``_reuse._settings``: grad and inference mode, autocast, default dtype, cuDNN on or off...). A
+module holding anything else (a tensor faked already, whose fake the forward may have changed since;
+one tensor under two names; a child; an attribute of another kind) is run. An answer is kept only
+from a call that ran as ``run_function`` keeps a function's: every op known to the shape cache by
+its key, none writing an argument, no placeholder, fallback, stand-in kernel, index check or
+``torch.cond``, every event under the module's own stack, one fresh fake returned; so a training
+BatchNorm that tracks its statistics (written in place) is never answered. Only without autograd or
+autocast, outside ``make_fx`` and any muted or marked run. Answers are kept per process, like the
+shape cache's results (a pure function of the key; nothing of a tensor is kept), and let go at
+:data:`_MAX_ANSWERS`.
 
 A first call of structural reuse runs its subtree's modules under tracking classes (their reads are
 logged): a module whose class is not exactly one of :data:`_CLASSES` is run, so those calls run as
@@ -66,6 +68,9 @@ _CLASSES: Dict[type, Tuple[Tuple[Any, str, Any], ...]] = {
     nn.BatchNorm1d: _places(nn.BatchNorm1d, ("forward", "_check_input_dim"), ("batch_norm",)),
     nn.BatchNorm2d: _places(nn.BatchNorm2d, ("forward", "_check_input_dim"), ("batch_norm",)),
     nn.BatchNorm3d: _places(nn.BatchNorm3d, ("forward", "_check_input_dim"), ("batch_norm",)),
+    nn.Conv1d: _places(nn.Conv1d, ("forward", "_conv_forward"), ("conv1d", "pad")),
+    nn.Conv2d: _places(nn.Conv2d, ("forward", "_conv_forward"), ("conv2d", "pad")),
+    nn.Conv3d: _places(nn.Conv3d, ("forward", "_conv_forward"), ("conv3d", "pad")),
 }
 #: answers kept per process: key -> (the ops' calls, the result's metadata)
 _ANSWERS: Dict[Tuple[Any, ...], Tuple[Tuple[Any, ...], Any]] = {}

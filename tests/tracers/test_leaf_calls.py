@@ -181,3 +181,36 @@ def test_a_norm_whose_tensors_were_read_first_runs(monkeypatch, fresh_answers):
     fresh_answers.clear()
     count_flops(model, _inputs())
     assert len(fresh_answers) == 6 * 4  # every call runs: a tensor faked already is not keyed
+
+
+class Convs(nn.Module):
+    """Six Conv2d(C, C, 3) keeping the shape (padding 1): the odd ones with ``odd`` options."""
+
+    def __init__(self, **odd) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(C, C, 3, padding=1, **(odd if k % 2 else {})) for k in range(6))
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = conv(x)
+        return x
+
+
+@pytest.mark.parametrize("odd", [{}, {"padding_mode": "reflect"}, {"bias": False}, {"groups": 4}],
+                         ids=["equal", "reflect", "no bias", "groups"])
+def test_equal_convolution_calls_are_answered_and_different_ones_run(monkeypatch, fresh_answers, odd):
+    # a Conv2d(C, C, 3) on (1, C, H, W): C * C/groups * 9 MACs per output element, H * W * C of them
+    torch.manual_seed(0)
+    model = Convs(**odd).eval()
+    h = w = 5
+    inputs = (torch.randn(1, C, h, w, generator=torch.Generator().manual_seed(0)),)
+    groups = odd.get("groups", 1)
+    macs = 3 * h * w * C * C * 9 + 3 * h * w * C * (C // groups) * 9
+    off, on = off_and_on(monkeypatch, model, inputs)
+    assert on.macs == off.macs == count_flops(model, inputs, tracer="dispatch").macs == macs
+    assert rows(on) == rows(off)
+    fresh_answers.clear()
+    monkeypatch.setattr(_leaf_calls, "_ANSWERS", {})
+    count_flops(model, inputs)
+    even = 2  # weight and bias, faked once: the first even call runs, the two after it are answered
+    assert len(fresh_answers) == (even if not odd else even + (1 if odd.get("bias") is False else 2))
