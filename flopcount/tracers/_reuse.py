@@ -91,6 +91,7 @@ from flopcount.core.state import (
     still_bound,
 )
 from flopcount.core.weakcache import PerObject
+from flopcount.tracers._leaf_calls import LeafCall, LeafCalls, answerable
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, tensor_key
 from flopcount.tracers.fake.indices import version_of
@@ -361,6 +362,7 @@ class Reuse:
         self._maker = lazy.copier.faker.maker if lazy is not None and lazy.copier is not None else None
         self._entries: Dict[Tuple[Any, ...], List[_Entry]] = {}
         self._meta = torch.device("meta")
+        self._leaves = LeafCalls(recorder, shape_cache, fake_type, fake_mode, _settings, lazy.fakes_made if lazy is not None else dict)
         self.reused = 0
         self.traced = 0
         self._model = model
@@ -473,8 +475,16 @@ class Reuse:
         return module is not self._root and "forward" not in state and _plain(state) and bool(dict.__len__(raw_children(state["_modules"])))
 
     def _adopt(self, module: nn.Module, original: nn.Module) -> None:
-        """Wrap ``module`` (a copy of ``original``) when it is eligible."""
-        if original not in (self._originals if self._lazy is not None else self._names) or not self._eligible(original):
+        """Wrap ``module`` (a copy of ``original``) when it is eligible; a copy of one of torch's own
+        convolution and batch-norm modules (exactly) is answered from an earlier call of its key
+        (``_leaf_calls``)."""
+        if original not in (self._originals if self._lazy is not None else self._names):
+            return
+        if self._lazy is not None and answerable(type(original)) and "forward" not in vars(original):
+            vars(module)["forward"] = LeafCall(self._leaves, module)
+            self._wrapped.append(module)
+            return
+        if not self._eligible(original):
             return
         # straight into the instance's dictionary: nn.Module.__setattr__'s registry checks
         # find nothing for a callable (a thousand modules on a 70B model)

@@ -1,0 +1,219 @@
+"""A call of one of torch's own batch-norm or convolution modules answered from an earlier call of
+the same key (issue #32, branch resnet13), on structural reuse's path (forward-only fake runs of a
+lazy copy).
+
+Structural reuse keys modules with children; a leaf's ops are answered by the shape cache one torch
+function at a time (``Recorder.run_function``: ``F.batch_norm``, ``F.conv2d``). Around that function
+a BatchNorm2d call still ran its forward in Python and made a fake for each of the four tensors it
+reads: ~75 us of CPU a call in a ResNet-50 count on this project's VM (a Conv2d ~44 us), 35 calls of
+each a count. Here the copy of a module of exactly one of :data:`_CLASSES`, whose forward and the
+functions it calls are bound as they were when this module was imported (:func:`_intact`: a class
+method or ``torch.nn.functional`` function rebound since is run as written), holds a small
+``forward`` (:class:`LeafCall`) that keys the call and, for a key answered before, appends the events
+that call's ops recorded (the same calls, under this call's module stack) and returns a fresh fake of
+the recorded metadata: its forward does not run and its tensors are not faked.
+
+The key is everything that forward reads: the class; every plain attribute of the module by type and
+value (``training``, ``eps``, ``momentum``, ``stride``, ``padding``, ``padding_mode``, the reversed
+padding list...; a float zero with its sign, since handlers see -0.0 apart; NaN never matches); each
+parameter and buffer by the key its fake will have (``Pending.key``: shape, stride, dtype, device,
+requires_grad) and the real tensor's type; the argument's metadata (shape, stride, offset, dtype,
+device, requires_grad, inference); and the process settings structural reuse keys
+(``_reuse._settings``: grad and inference mode, autocast, default dtype, cuDNN on or off...). A
+module holding anything else (a tensor faked already, whose fake the forward may have changed since;
+one tensor under two names; a child; an attribute of another kind) is run. An answer is kept only
+from a call that ran as ``run_function`` keeps a function's: every op known to the shape cache by
+its key, none writing an argument, no placeholder, fallback, stand-in kernel, index check or
+``torch.cond``, every event under the module's own stack, one fresh fake returned; so a training
+BatchNorm that tracks its statistics (written in place) is never answered. Only without autograd or
+autocast, outside ``make_fx`` and any muted or marked run. Answers are kept per process, like the
+shape cache's results (a pure function of the key; nothing of a tensor is kept), and let go at
+:data:`_MAX_ANSWERS`.
+
+A first call of structural reuse runs its subtree's modules under tracking classes (their reads are
+logged): a module whose class is not exactly one of :data:`_CLASSES` is run, so those calls run as
+before. ``FLOPCOUNT_REUSE=0`` answers none.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.nn import functional
+
+from flopcount.tracers._recorder import (
+    _shared as shared_call,  # the recorder's per-key calls, as run_function keeps them
+)
+from flopcount.tracers._vocabulary import _autocast_on as autocast_on
+from flopcount.tracers.fake.copies import Pending, outside_modes, raw_children
+from flopcount.types import OpEvent
+
+__all__ = ["LeafCall", "LeafCalls", "answerable"]
+
+
+def _places(kind: type, methods: Tuple[str, ...], functions: Tuple[str, ...]) -> Tuple[Tuple[Any, str, Any], ...]:
+    """(owner, name, what it held when this module was imported) for the methods of ``kind`` and the
+    ``torch.nn.functional`` functions its forward calls."""
+    return tuple((kind, name, getattr(kind, name)) for name in methods) + tuple(
+        (functional, name, getattr(functional, name)) for name in functions
+    )
+
+
+#: the classes answered (exact types), each with the places its forward's code is read from
+_CLASSES: Dict[type, Tuple[Tuple[Any, str, Any], ...]] = {
+    nn.BatchNorm1d: _places(nn.BatchNorm1d, ("forward", "_check_input_dim"), ("batch_norm",)),
+    nn.BatchNorm2d: _places(nn.BatchNorm2d, ("forward", "_check_input_dim"), ("batch_norm",)),
+    nn.BatchNorm3d: _places(nn.BatchNorm3d, ("forward", "_check_input_dim"), ("batch_norm",)),
+    nn.Conv1d: _places(nn.Conv1d, ("forward", "_conv_forward"), ("conv1d", "pad")),
+    nn.Conv2d: _places(nn.Conv2d, ("forward", "_conv_forward"), ("conv2d", "pad")),
+    nn.Conv3d: _places(nn.Conv3d, ("forward", "_conv_forward"), ("conv3d", "pad")),
+}
+#: answers kept per process: key -> (the ops' calls, the result's metadata)
+_ANSWERS: Dict[Tuple[Any, ...], Tuple[Tuple[Any, ...], Any]] = {}
+_MAX_ANSWERS = 50_000
+_STRIDED = torch.strided
+
+
+def answerable(kind: type) -> bool:
+    """Whether a module of class ``kind`` (exactly) may be answered from an earlier call."""
+    return kind in _CLASSES
+
+
+def _intact(kind: type) -> bool:
+    """Whether ``kind``'s forward and what it calls are still what they were at import."""
+    return all(getattr(owner, name) is held for owner, name, held in _CLASSES[kind])
+
+
+class LeafCall:
+    """The ``forward`` the copy of an answerable module holds while the run lasts."""
+
+    __slots__ = ("calls", "module")
+    __flopcount_reuse__ = True  # structural reuse's own: not an instance-level forward of the user's
+
+    def __init__(self, calls: LeafCalls, module: nn.Module):
+        self.calls = calls
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.calls.call(self.module, args, kwargs)
+
+
+class LeafCalls:
+    """The leaf calls of one run: ``recorder`` (its events, counters and module stack), ``cache`` (the
+    shape cache: the results it makes), ``fake_type`` and ``mode`` (the run's fakes), ``settings`` (the
+    process settings in the key: structural reuse's), ``fakes`` (the lazy copy's fakes made so far, by
+    ``id`` of the caller's tensor: a :class:`Pending` read already has one, which the forward may have
+    changed since)."""
+
+    def __init__(
+        self, recorder: Any, cache: Any, fake_type: type, mode: Any, settings: Callable[[], Tuple[Any, ...]],
+        fakes: Callable[[], Mapping[int, Any]],
+    ):
+        self._recorder = recorder
+        self._fakes = fakes
+        self._cache = cache
+        self._fake_type = fake_type
+        self._mode = mode
+        self._settings = settings
+        #: calls answered from an earlier one in this run
+        self.answered = 0
+
+    def call(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        kind = type(module)
+        forward = kind.forward.__get__(module)
+        recorder, cache = self._recorder, self._cache
+        if (
+            kwargs or len(args) != 1 or kind not in _CLASSES or cache is None or recorder.muted
+            or recorder.phase != "forward" or recorder.marker is not None or torch.is_grad_enabled() or autocast_on()
+            or get_proxy_mode() is not None or type(args[0]) is not self._fake_type or not _intact(kind)
+        ):
+            return forward(*args, **kwargs)
+        x = args[0]
+        # the argument's metadata read (and an answer made) below the run's torch-function modes: one pass
+        out, key = outside_modes(self._answer, [x], module, x)
+        if out is not None:
+            return out
+        start, unkeyed, checked = len(recorder.events), recorder.unkeyed, recorder.indices_checked
+        before = (len(recorder.assumptions), recorder.conds, len(cache.disabled))
+        out = forward(x)
+        if key is None or recorder.unkeyed != unkeyed or recorder.indices_checked != checked:
+            return out
+        if (len(recorder.assumptions), recorder.conds, len(cache.disabled)) != before or out is x:
+            return out
+        stack, phase = recorder.module_stack(), recorder.phase
+        window = recorder.events[start:]
+        if not all(type(e) is OpEvent and e.module_stack == stack and e.phase == phase for e in window):
+            return out
+        described = outside_modes(cache.fresh_result, [out], out, args) if isinstance(out, torch.Tensor) else None
+        if described is not None:
+            if len(_ANSWERS) >= _MAX_ANSWERS:
+                _ANSWERS.clear()
+            _ANSWERS[key] = (tuple([shared_call(e.call) for e in window]), described)
+        return out
+
+    def _answer(self, module: nn.Module, x: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
+        """(a fresh result, None) for a key answered before, its events appended; else (None, the
+        call's key, or None when it cannot be keyed). Runs below the torch-function modes."""
+        key = self._key(module, x)
+        if key is None:
+            return None, None
+        found = _ANSWERS.get(key)
+        if found is None:
+            return None, key
+        ops, described = found
+        out = self._cache.made(type(module).forward, described)
+        if out is None:  # make_fx tracing, or a constructor that changed: run as written
+            return None, None
+        recorder = self._recorder
+        stack, phase = recorder.module_stack(), recorder.phase
+        recorder.events.extend([OpEvent(call, stack, phase) for call in ops])
+        self.answered += 1
+        return out, None
+
+    def _key(self, module: nn.Module, x: Any) -> Optional[Tuple[Any, ...]]:
+        """What the call of ``module`` on ``x`` depends on (module docstring), or None: not keyed."""
+        if x.fake_mode is not self._mode or x.constant is not None or x.layout is not _STRIDED:
+            return None
+        parts: List[Any] = [type(module)]
+        held: List[int] = []
+        made = self._fakes()
+        for name, value in vars(module).items():
+            if name in _REGISTRIES:  # torch's hooks and registries: run around the forward, not in it
+                continue
+            kind = type(value)
+            if kind is bool or kind is int or kind is str or value is None:
+                parts.append((name, kind, value))
+            elif kind is float:
+                # -0.0 == 0.0, yet an argument shown to handlers keeps its sign (NaN: never equal, never answered)
+                parts.append((name, kind, value, math.copysign(1.0, value)) if value == 0.0 else (name, kind, value))
+            elif name == "_parameters" or name == "_buffers":
+                tensors: List[Any] = []
+                for key, tensor in dict.items(value):
+                    if tensor is None:
+                        tensors.append((key, None))
+                    elif type(tensor) is Pending and id(tensor.real) not in made:
+                        tensors.append((key, tensor.key, type(tensor.real)))
+                        held.append(id(tensor))
+                    else:
+                        return None  # faked already (read before: the fake may have changed since), or held another way
+                parts.append((name, tuple(tensors)))
+            elif (kind is tuple or kind is list) and all(type(item) is int for item in value):
+                parts.append((name, kind, tuple(value)))  # a stride, a padding (a list: the reversed padding)
+            elif name == "_modules":
+                if raw_children(value):
+                    return None
+            elif name != "forward" or kind is not LeafCall:  # this call's own wrapper, or anything else
+                return None
+        if len(set(held)) != len(held):
+            return None  # one tensor under two names
+        argument = (tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.fake_device, x.requires_grad, x.is_inference())
+        return (tuple(parts), argument, self._settings())
+
+
+#: torch's own per-module hook dictionaries, their flags and registries (every name a bare module holds
+#: but its training flag and its parameter, buffer and child dictionaries): read around a forward, not in it
+_REGISTRIES = frozenset(vars(nn.Module())) - {"training", "_parameters", "_buffers", "_modules"}
