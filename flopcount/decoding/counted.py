@@ -45,6 +45,7 @@ from flopcount.decoding.forwards import (
     generation_options,
     is_encoder_decoder,
     refuse_without_prompt_input,
+    split_prompt,
 )
 from flopcount.decoding.runs import (
     Affine,
@@ -278,8 +279,7 @@ def count_decoding(
     caller in errors. See :func:`flopcount.count_generation` for the conventions."""
     started = time.perf_counter()
     require_module(model, who)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
-        raise UsageError(f"{who}: input_ids must be a (batch, prompt length) tensor")
+    input_ids, kwargs = split_prompt(model, input_ids, kwargs, who)
     int_at_least(new_tokens, 1, f"{who}: new_tokens")
     model = uncompiled(model)
     refuse_without_prompt_input(model, who)
