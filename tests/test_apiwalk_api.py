@@ -109,3 +109,24 @@ def test_a_list_a_forward_takes_gets_no_hint():
     with pytest.raises(TraceError) as raised:
         flopcount.count_flops(Sum(), [torch.randn(4, 5), torch.randn(4, 5)])
     assert "a list is one input" not in str(raised.value)
+
+
+@pytest.mark.parametrize("reading", ["count_flops", "benchmark"])
+def test_inputs_in_another_dtype_than_the_model_say_both(reading):
+    """A float16 input into a float32 Linear: before, torch's 'mat1 and mat2 must have the same dtype,
+    but got Half and Float' alone (which is the input?); the CLI said it (--dtype), the API did not."""
+    model = nn.Sequential(nn.Linear(16, 32))
+    call = getattr(flopcount, reading)
+    options = {"iters": 1, "warmup": 0} if reading == "benchmark" else {}
+    with pytest.raises(TraceError, match=r"same dtype, but got Half and Float; the floating inputs are float16 but the model's "
+                                         r"parameters are float32: give the inputs as x\.to\(torch\.float32\), or cast the "
+                                         r"model, model\.to\(torch\.float16\)$"):
+        call(model, torch.randn(4, 16, dtype=torch.float16), **options)
+    assert flopcount.count_flops(model, torch.randn(4, 16)).macs == 4 * 16 * 32  # the inputs cast: counted
+
+
+def test_inputs_in_the_models_dtype_get_no_dtype_hint():
+    model = nn.Sequential(nn.Linear(16, 32))
+    with pytest.raises(TraceError) as raised:
+        flopcount.count_flops(model, torch.randn(4, 17))
+    assert "floating inputs are" not in str(raised.value)

@@ -113,11 +113,26 @@ def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any], who: str = 
             f"to pass its entries as keyword arguments give it as kwargs=, e.g. {who}(model, kwargs=batch)")
 
 
+def dtype_mismatch(call: PreparedCall, model: Any) -> Optional[str]:
+    """The floating inputs in one dtype and ``model``'s floating parameters in another (a float16
+    input into a float32 model: torch says "mat1 and mat2 must have the same dtype"), as a sentence
+    naming both and the two casts that make them agree, or None."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    given = {t.dtype for t in call.tensors if t.is_floating_point()}
+    held = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(given) != 1 or len(held) != 1 or given == held:
+        return None
+    inputs, weights = (str(dtype).replace("torch.", "") for dtype in (given.pop(), held.pop()))
+    return (f"the floating inputs are {inputs} but the model's parameters are {weights}: give the inputs as "
+            f"x.to(torch.{weights}), or cast the model, model.to(torch.{inputs})")
+
+
 def with_input_hint(error: TraceError, call: PreparedCall, forward: Callable[..., Any], who: str = "count_flops") -> TraceError:
     """``error`` (a forward that failed on ``call``) with :func:`misgiven_inputs`' sentence added
     after a ``;``, or ``error`` itself when there is none: the one wording of every reading that
     runs the forward (``count_flops``, ``benchmark``, ``profile``...)."""
-    hint = misgiven_inputs(call, forward, who, str(error))
+    hint = misgiven_inputs(call, forward, who, str(error)) or dtype_mismatch(call, getattr(forward, "__self__", None))
     if hint is None:
         return error
     return type(error)(f"{error}; {hint}", module_path=error.module_path, input_shapes=error.input_shapes)
