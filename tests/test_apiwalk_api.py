@@ -77,11 +77,9 @@ def test_a_tokenizers_output_without_the_prompt_and_a_key_given_twice_are_named(
 @pytest.mark.parametrize("prompt, said", [
     ([[1, 2, 3]], r"input_ids must be a \(batch, prompt length\) tensor, got list: make it one, e\.g\. torch\.tensor\(\[\[1, 2, 3\]\]\)"),
     (torch.arange(8), r"input_ids must be a \(batch, prompt length\) tensor, got one of shape \(8,\): add the batch dimension, e\.g\. input_ids\[None\]"),
-    (torch.zeros(1, 8), r"input_ids are token ids, integers \(torch\.int64\), got float32"),
 ])
 def test_a_prompt_of_the_wrong_kind_says_what_it_is(prompt, said):
-    """Before: the list and the 1-D tensor got 'must be a (batch, prompt length) tensor' alone; float
-    ids failed in the embedding's forward with torch's 'Expected tensor for argument #1 indices'."""
+    """Before: the list and the 1-D tensor got 'must be a (batch, prompt length) tensor' alone."""
     for call in (lambda: flopcount.count_generation(_llama(), prompt, new_tokens=2), lambda: flopcount.serve(_llama(), prompt, 2)):
         with pytest.raises(UsageError, match=said):
             call()

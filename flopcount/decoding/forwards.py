@@ -666,7 +666,8 @@ def split_prompt(
     """The prompt tensor and the prefill's keyword arguments from what the caller gave. A tokenizer's
     output (a ``BatchEncoding``, any mapping holding the prompt's key) is split as ``generate(**encoding)``
     splits it: the prompt, and every other entry (``attention_mask``) a keyword argument. Anything
-    else must be a (batch, prompt length) tensor (token ids: integers); a UsageError says what it is instead."""
+    else must be a (batch, prompt length) tensor; a UsageError says what it is instead (float ids fail in
+    the embedding's forward, which names the module, and the CLI adds SPEC:int64)."""
     key = main_input_key(model)
     if isinstance(input_ids, Mapping):
         entries = dict(input_ids)
@@ -685,8 +686,6 @@ def split_prompt(
     if input_ids.dim() < 2:
         raise UsageError(f"{who}: {key} must be a (batch, prompt length) tensor, got one of shape {tuple(input_ids.shape)}: "
                          f"add the batch dimension, e.g. {key}[None]")
-    if key == "input_ids" and (input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool):
-        raise UsageError(f"{who}: input_ids are token ids, integers (torch.int64), got {str(input_ids.dtype).replace('torch.', '')}")
     return input_ids, None if kwargs is None else dict(kwargs)
 
 
