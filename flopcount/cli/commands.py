@@ -141,7 +141,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     from flopcount.cli.specs import make_inputs, token_range
 
     stage(args, f"the import and construction of the model ({args.entry}: its module, factory or config)")
-    loaded = load_entry(args.entry, device=device, config=config)
+    loaded = load_entry(args.entry, device=device, config=config, generating=bool(getattr(args, "generate", None)))
     stage(args, f"making the example inputs of {args.entry}")
     # a package.module ENTRY has a file now that it is imported
     _check_not_entry(args.output, "--output", args.entry)

@@ -22,6 +22,7 @@ wrong, chained to the cause.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -52,32 +53,43 @@ TV_PREFIXES = ("tv:", "torchvision:")
 EXAMPLE_PREFIXES = ("example:",)
 
 
-def meta_builder(args: Any, dtype: Optional[str], graph_device: Optional[str] = None) -> Callable[[], nn.Module]:
+def meta_builder(
+    args: Any, dtype: Optional[str], graph_device: Optional[str] = None, *, generating: bool = False
+) -> Callable[[], nn.Module]:
     """Builds the model ``args.entry`` names (with ``--config``) on the meta device, cast to ``dtype``
-    when given: ``plan`` (once per rank) and ``serve``. Bad ``--config`` or ``--dtype``: said at once."""
+    when given: ``plan`` (once per rank) and ``serve`` (``generating``: an ``hf:`` name builds the class
+    generate() runs). Bad ``--config`` or ``--dtype``: said at once."""
     config = pairs_once(args.config, "--config")
     cast = parse_dtype(dtype, "--dtype") if dtype else None
 
     def build() -> nn.Module:
-        model = load_entry(args.entry, device="meta", config=config, graph_device=graph_device).model
+        model = load_entry(args.entry, device="meta", config=config, graph_device=graph_device, generating=generating).model
         return model.to(cast) if cast is not None else model
 
     return build
 
 
 def load_entry(
-    entry: str, *, device: str = "cpu", config: Optional[Mapping[str, Any]] = None, graph_device: Optional[str] = None
+    entry: str,
+    *,
+    device: str = "cpu",
+    config: Optional[Mapping[str, Any]] = None,
+    graph_device: Optional[str] = None,
+    generating: bool = False,
 ) -> LoadedEntry:
     """Import or build the model ENTRY names, in eval mode, on ``device``.
 
     ``device="meta"`` builds factories under ``torch.device("meta")`` (no memory, no
     data: shapes only); ``"cuda"`` builds on the CPU and moves the model. ``graph_device``:
-    where an exported program's graph runs, when not ``device`` (``plan``: cpu)."""
+    where an exported program's graph runs, when not ``device`` (``plan``: cpu). ``generating``
+    (``serve``, ``count --generate``): an ``hf:`` name builds the class generate() runs, with its
+    language-model head (:func:`_hf_generator`), where count's class for the type has none."""
     text = entry.strip()
     overrides = dict(config or {})
     if not text:
         raise UsageError(f"empty ENTRY; {ENTRY_HELP}")
-    zoos = ((HF_PREFIXES, _load_hf), (TV_PREFIXES, _load_torchvision), (EXAMPLE_PREFIXES, _load_example))
+    load_hf: Callable[[str, str, Dict[str, Any], str], LoadedEntry] = functools.partial(_load_hf, generating=generating)
+    zoos = ((HF_PREFIXES, load_hf), (TV_PREFIXES, _load_torchvision), (EXAMPLE_PREFIXES, _load_example))
     zoo = next(((prefix, load) for prefixes, load in zoos for prefix in prefixes if text.lower().startswith(prefix)), None)
     if zoo is not None:
         loaded = zoo[1](entry, text[len(zoo[0]):].strip(), overrides, device)
@@ -239,7 +251,7 @@ def _inputs_to(inputs: Any, kwargs: Optional[Dict[str, Any]], device: str) -> Tu
 # --------------------------------------------------------------------------- model zoos
 
 
-def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str) -> LoadedEntry:
+def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str, *, generating: bool = False) -> LoadedEntry:
     try:
         import transformers  # noqa: F401
     except ImportError as exc:
@@ -249,7 +261,7 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
 
     if is_local_hf(model_type):
         config, architecture = local_hf_config(entry, model_type, overrides)
-        return _hf_model(entry, config, str(config.model_type), overrides, device, architecture)
+        return _hf_model(entry, config, str(config.model_type), overrides, device, architecture, generating)
     if model_type not in CONFIG_MAPPING_NAMES:
         # model types only (transformers 5.24's table also holds a class name, EvollaModel, which
         # "did you mean" offered for any word ending in "model")
@@ -260,12 +272,15 @@ def _load_hf(entry: str, model_type: str, overrides: Dict[str, Any], device: str
     with _as_usage_error(f"model construction failed: the default config of {entry}"):
         config = AutoConfig.for_model(model_type)
     config = config_with(config, overrides, lambda **values: AutoConfig.for_model(model_type, **values))
-    return _hf_model(entry, config, model_type, overrides, device, None)
+    return _hf_model(entry, config, model_type, overrides, device, None, generating)
 
 
-def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any], device: str, architecture: Optional[str]) -> LoadedEntry:
+def _hf_model(
+    entry: str, config: Any, model_type: str, overrides: Dict[str, Any], device: str, architecture: Optional[str], generating: bool
+) -> LoadedEntry:
     """The model for ``config`` with random weights: the class its ``architectures`` names
-    (a local checkpoint's config says what shipped), else one chosen by model type."""
+    (a local checkpoint's config says what shipped), else one chosen by model type; ``generating``:
+    one generate() can run where those have no language-model head (:func:`_hf_generator`)."""
     import transformers
     from transformers.models.auto import modeling_auto as names
 
@@ -276,8 +291,13 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     causal = model_type in names.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in names.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     named = getattr(transformers, architecture, None) if architecture else None
+    if generating and isinstance(named, type) and not _can_generate(named):
+        named = None  # a config.json naming a base model (Qwen2VLModel): generate() runs the class with the head
+    generator = _hf_generator(model_type) if generating and not seq2seq and not causal else None
     if isinstance(named, type) and issubclass(named, nn.Module):
         build: Callable[[Any], Any] = named
+    elif generator is not None:
+        build = generator.from_config
     elif seq2seq and model_type in names.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
         build = transformers.AutoModelForSpeechSeq2Seq.from_config
     elif seq2seq and model_type in names.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
@@ -297,6 +317,31 @@ def _hf_model(entry: str, config: Any, model_type: str, overrides: Dict[str, Any
     if dual and getattr(model, "main_input_name", "input_ids") == "input_ids" and _takes(model, "pixel_values"):
         default_kwargs["pixel_values"] = _image_spec(getattr(config, "vision_config", config))
     return LoadedEntry(entry, model, default_specs=_hf_default_specs(model, config), default_kwargs=default_kwargs)
+
+
+def _hf_generator(model_type: str) -> Optional[Any]:
+    """The auto class whose mapping gives ``model_type`` a class generate() runs on a text prompt,
+    where it is no causal LM (a vision-language decoder: Qwen2-VL, LLaVA, PaliGemma -> their
+    ...ForConditionalGeneration; an audio-text one: Qwen2-Audio), or None. Looked up by name:
+    older transformers lack some of these tables."""
+    import transformers
+    from transformers.models.auto import modeling_auto as names
+
+    for table, auto in (("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText"),
+                        ("MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", "AutoModelForMultimodalLM"),
+                        ("MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", "AutoModelForVision2Seq")):
+        if model_type in getattr(names, table, {}) and hasattr(transformers, auto):
+            return getattr(transformers, auto)
+    return None
+
+
+def _can_generate(cls: type) -> bool:
+    """Whether transformers says generate() runs on ``cls`` (its ``can_generate()``)."""
+    check = getattr(cls, "can_generate", None)
+    try:
+        return bool(check()) if callable(check) else False
+    except Exception:  # a class's own check failing: not one to generate with
+        return False
 
 
 def _text_length(limit: Any) -> int:

@@ -48,7 +48,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--reserve must be a fraction in [0, 1), got {args.reserve}")
     # bad --on / --tp / math flags on this machine: one line before any work
     targets = [(name, _part(name, args.tp, modes=math_modes(args, name))) for name in parts]
-    build = meta_builder(args, args.dtype)
+    build = meta_builder(args, args.dtype, generating=True)
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
     model = build()
     check_before_count(model, args.tp, None, args.weight_dtype)

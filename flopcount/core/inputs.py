@@ -70,15 +70,21 @@ def prepare_call(inputs: Union[Any, PreparedCall] = (), kwargs: Optional[Mapping
     return PreparedCall(args, kw, tuple(tensors), rebuild, describe_inputs(inputs, kwargs))
 
 
-def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any], who: str = "count_flops") -> Optional[str]:
+def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any], who: str = "count_flops", failure: str = "") -> Optional[str]:
     """What a forward that failed may have been given in place of its inputs, as a sentence, or
     None: a shape (``(4, 16)``, a ``torch.Size``) or a CLI SPEC string (``"4x16"``) where example
-    tensors go, a dict of ``forward``'s keyword arguments (a tokenizer's output) given as its one
-    positional input, or positional inputs for keyword-only parameters; ``kwargs=`` takes the last
-    two (the example calls ``who``, the function the user called)."""
+    tensors go, a list of tensors where ``failure`` (the error's text) says an op got a list (a
+    list is one input, a tuple is unpacked), a dict of ``forward``'s keyword arguments (a
+    tokenizer's output) given as its one positional input, or positional inputs for keyword-only
+    parameters; ``kwargs=`` takes the last two (the example calls ``who``, the function the user called)."""
     args = call.args
     if not args:
         return None
+    listed = args[0] if not call.kwargs and len(args) == 1 and isinstance(args[0], list) else None
+    if listed and all(isinstance(item, torch.Tensor) for item in listed) and "list" in failure:
+        names = "x," if len(listed) == 1 else ", ".join(f"x{i}" for i in range(len(listed)))
+        return (f"the list of {len(listed)} tensor{'s' if len(listed) > 1 else ''} went in as forward's one argument "
+                f"(a list is one input; a tuple is unpacked into forward's arguments): give {who}(model, ({names}))")
     numbers = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
     if not call.kwargs and numbers and all(isinstance(arg, int) and not isinstance(arg, bool) for arg in numbers):
         shape = ", ".join(str(arg) for arg in numbers)
@@ -107,11 +113,26 @@ def misgiven_inputs(call: PreparedCall, forward: Callable[..., Any], who: str = 
             f"to pass its entries as keyword arguments give it as kwargs=, e.g. {who}(model, kwargs=batch)")
 
 
+def dtype_mismatch(call: PreparedCall, model: Any) -> Optional[str]:
+    """The floating inputs in one dtype and ``model``'s floating parameters in another (a float16
+    input into a float32 model: torch says "mat1 and mat2 must have the same dtype"), as a sentence
+    naming both and the two casts that make them agree, or None."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    given = {t.dtype for t in call.tensors if t.is_floating_point()}
+    held = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(given) != 1 or len(held) != 1 or given == held:
+        return None
+    inputs, weights = (str(dtype).replace("torch.", "") for dtype in (given.pop(), held.pop()))
+    return (f"the floating inputs are {inputs} but the model's parameters are {weights}: give the inputs as "
+            f"x.to(torch.{weights}), or cast the model, model.to(torch.{inputs})")
+
+
 def with_input_hint(error: TraceError, call: PreparedCall, forward: Callable[..., Any], who: str = "count_flops") -> TraceError:
     """``error`` (a forward that failed on ``call``) with :func:`misgiven_inputs`' sentence added
     after a ``;``, or ``error`` itself when there is none: the one wording of every reading that
     runs the forward (``count_flops``, ``benchmark``, ``profile``...)."""
-    hint = misgiven_inputs(call, forward, who)
+    hint = misgiven_inputs(call, forward, who, str(error)) or dtype_mismatch(call, getattr(forward, "__self__", None))
     if hint is None:
         return error
     return type(error)(f"{error}; {hint}", module_path=error.module_path, input_shapes=error.input_shapes)

@@ -45,6 +45,7 @@ from flopcount.decoding.forwards import (
     generation_options,
     is_encoder_decoder,
     refuse_without_prompt_input,
+    split_prompt,
 )
 from flopcount.decoding.runs import (
     Affine,
@@ -278,11 +279,10 @@ def count_decoding(
     caller in errors. See :func:`flopcount.count_generation` for the conventions."""
     started = time.perf_counter()
     require_module(model, who)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
-        raise UsageError(f"{who}: input_ids must be a (batch, prompt length) tensor")
     int_at_least(new_tokens, 1, f"{who}: new_tokens")
     model = uncompiled(model)
-    refuse_without_prompt_input(model, who)
+    refuse_without_prompt_input(model, who)  # a model that takes no prompt first: what it is given is then moot
+    input_ids, kwargs = split_prompt(model, input_ids, kwargs, who)
     resolved = generation_options(model, int(input_ids.shape[-1]), new_tokens, dict(options or {}))
     prompt = describe_inputs((input_ids,), kwargs)  # a failing forward's line names the caller's inputs
 

@@ -660,6 +660,35 @@ def main_input_key(model: nn.Module) -> str:
     return getattr(model, "main_input_name", "input_ids") if is_encoder_decoder(model) else "input_ids"
 
 
+def split_prompt(
+    model: nn.Module, input_ids: Any, kwargs: Optional[Mapping[str, Any]], who: str
+) -> Tuple[torch.Tensor, Optional[Dict[str, Any]]]:
+    """The prompt tensor and the prefill's keyword arguments from what the caller gave. A tokenizer's
+    output (a ``BatchEncoding``, any mapping holding the prompt's key) is split as ``generate(**encoding)``
+    splits it: the prompt, and every other entry (``attention_mask``) a keyword argument. Anything
+    else must be a (batch, prompt length) tensor; a UsageError says what it is instead (float ids fail in
+    the embedding's forward, which names the module, and the CLI adds SPEC:int64)."""
+    key = main_input_key(model)
+    if isinstance(input_ids, Mapping):
+        entries = dict(input_ids)
+        if key not in entries:
+            raise UsageError(f"{who}: the {type(input_ids).__name__} given as the prompt has no {key!r} "
+                             f"(its keys: {', '.join(map(str, entries)) or 'none'})")
+        both = sorted(set(entries) & set(kwargs or {}) - {key})
+        if both:
+            raise UsageError(f"{who}: {', '.join(both)} given twice: in the {type(input_ids).__name__} given as the prompt and in kwargs")
+        prompt = entries.pop(key)
+        input_ids, kwargs = prompt, {**entries, **dict(kwargs or {})} or None
+    if not isinstance(input_ids, torch.Tensor):
+        raise UsageError(f"{who}: {key} must be a (batch, prompt length) tensor, got {type(input_ids).__name__}"
+                         + (": make it one, e.g. torch.tensor([[1, 2, 3]]) for one prompt of 3 tokens"
+                            if isinstance(input_ids, (list, tuple)) else ""))
+    if input_ids.dim() < 2:
+        raise UsageError(f"{who}: {key} must be a (batch, prompt length) tensor, got one of shape {tuple(input_ids.shape)}: "
+                         f"add the batch dimension, e.g. {key}[None]")
+    return input_ids, None if kwargs is None else dict(kwargs)
+
+
 def is_encoder_decoder(model: nn.Module) -> bool:
     """Whether the model's config says it is an encoder-decoder (T5, Whisper...)."""
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))

@@ -21,6 +21,7 @@ from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, route
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, count_decoding
+from flopcount.decoding.forwards import split_prompt
 from flopcount.devices import MathModes, Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError, int_at_least
 from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step
@@ -215,8 +216,7 @@ def serve_facts(
     only, and every continued step's FLOPs from the calls that change, priced once per
     distinct call (:mod:`flopcount.serving.counting`: the same figures, checked as it goes);
     where a check fails, or with ``derived=False``, both batch sizes are counted in full."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
-        raise UsageError("serve: input_ids must be a (batch, prompt length) tensor")
+    input_ids, kwargs = split_prompt(model, input_ids, kwargs, "serve")
     batch = int(input_ids.shape[0])
     wider = torch.cat([input_ids, input_ids[:1]])
     more = None if kwargs is None else {
