@@ -199,7 +199,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
             else:
                 by_module[module] = name
         state = vars(module)
-        own = state["_parameters"]
+        own = state["_parameters"] if "_parameters" in state else module._parameters  # a TracedModule: a property
         size = 0
         for tensor in own.values():
             if tensor is not None:
@@ -210,7 +210,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
                 else:
                     size += tensor.numel()
         sizes.append(interned.setdefault(size, size))
-        for tensor in state["_buffers"].values():
+        for tensor in (state["_buffers"] if "_buffers" in state else module._buffers).values():
             if tensor is not None:
                 buffers.setdefault(id(tensor), tensor)
                 lazy = lazy or is_uninitialized(tensor)
