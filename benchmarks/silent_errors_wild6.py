@@ -168,8 +168,10 @@ class Ensemble(nn.Module):
         s.w, s.b = nn.Parameter(stacked["weight"]), nn.Parameter(stacked["bias"])
 
     def forward(s, x):
-        call = lambda w, b, x: torch.func.functional_call(base, {"weight": w, "bias": b}, (x,))
-        return torch.vmap(call, in_dims=(0, 0, None))(s.w, s.b, x)
+        def one(w, b, x):
+            return torch.func.functional_call(base, {"weight": w, "bias": b}, (x,))
+
+        return torch.vmap(one, in_dims=(0, 0, None))(s.w, s.b, x)
 
 
 check("vmap(functional_call) ensemble (FCM: bmm's b)", Ensemble(), (torch.randn(3, 6),), tracers=("auto", "dispatch"), expect=2 * 4 * 3 * 30)
@@ -292,7 +294,7 @@ def outcome(name, model, args):
     for tracer in ("auto", "dispatch", "jit"):
         try:
             row.append(f"{tracer}={flopcount.count_flops(model, args, tracer=tracer).flops}")
-        except Exception as e:  # noqa: BLE001 - the point is which error a user gets
+        except Exception as e:  # the point is which error a user gets
             row.append(f"{tracer}={type(e).__name__}")
     print(" | ".join(row), flush=True)
 
