@@ -5,7 +5,7 @@ independent oracles: ``torch.utils.flop_counter.FlopCounterMode`` run live on th
 reductions, quantized kernels, complex element-wise products...). The model zoo (torchvision,
 timm, diffusers built from code) is in ``silent_errors_wild6_zoo.py``.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/silent_errors_wild6.py`` (about 30 s of CPU).
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/silent_errors_wild6.py`` (about 10 s of CPU; 53 lines + 6).
 Line formats as in wild4/wild5 (helpers in ``_silent_errors.py``): ``fcm=`` lines compare 2 x MACs
 per tracer with FlopCounterMode (or ``hand=``), ``hand=`` lines without ``fcm=`` compare all FLOPs
 (or one operator's). Lines marked "(fixed)" DIFF or raise on main; docs/performance.md (branch
