@@ -199,7 +199,10 @@ def model_facts(model: nn.Module) -> ModelFacts:
             else:
                 by_module[module] = name
         state = vars(module)
-        own = state["_parameters"]
+        try:
+            own, own_buffers = state["_parameters"], state["_buffers"]
+        except KeyError:  # a torch.jit.trace-d module keeps them behind properties, not in its __dict__
+            own, own_buffers = module._parameters, module._buffers
         size = 0
         for tensor in own.values():
             if tensor is not None:
@@ -210,7 +213,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
                 else:
                     size += tensor.numel()
         sizes.append(interned.setdefault(size, size))
-        for tensor in state["_buffers"].values():
+        for tensor in own_buffers.values():
             if tensor is not None:
                 buffers.setdefault(id(tensor), tensor)
                 lazy = lazy or is_uninitialized(tensor)

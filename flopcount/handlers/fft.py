@@ -1,5 +1,5 @@
 """Fast Fourier transforms: the ``torch.fft`` functions (jit) and the three kernels they
-run (dispatch: ``_fft_r2c``, ``_fft_c2r``, ``_fft_c2c``), plus ``stft``.
+run (dispatch: ``_fft_r2c``, ``_fft_c2r``, ``_fft_c2c``), plus ``stft`` and ``istft``.
 
 FLOPs follow FFTW's benchmark convention (benchFFT, "FFT Benchmark Methodology"): a
 complex transform of N points (N = product of the transformed sizes) costs
@@ -155,6 +155,42 @@ def _stft(call: OpCall) -> Cost:
     return Cost.from_flops(fft_flops(n_fft, transforms, per) + window + norm)
 
 
+def _istft_length(n_fft: int, hop: int, frames: int, center: bool, length: Any) -> int:
+    """The samples istft keeps of its overlap-added signal: n_fft + hop (frames - 1), less
+    n_fft // 2 at each end when ``center``, cut to ``length`` (a longer ``length`` is zero
+    padding after the division)."""
+    expected = n_fft + hop * (frames - 1)
+    start = n_fft // 2 if center else 0
+    if length is not None:
+        end = start + int(length)
+    else:
+        end = expected - start if center else expected
+    return max(min(end, expected) - start, 0)
+
+
+def _istft(call: OpCall) -> Cost:
+    """istft (jit; the dispatch tracer sees the ops it runs, SpectralOps.cpp): per signal
+    and frame an inverse FFT of n_fft points (c2r, or c2c with ``return_complex``) and its
+    normalisation (always: by n or, ``normalized``, by sqrt n), the window multiply (n_fft;
+    complex 6), the overlap-add (n_fft per frame, ``unfold_backward``); the window envelope
+    (square n_fft, overlap-add n_fft per frame); its check on the L kept samples (abs L,
+    min L, lt and equal 1); the division by it (L per signal; complex 11)."""
+    x = call.tensor("self")
+    n_fft = int(call.arg("n_fft"))
+    hop = int(call.arg("hop_length") or n_fft // 4)
+    frames, signals = x.shape[-1], prod(x.shape[:-2])
+    transforms = signals * frames
+    complex_out = bool(call.arg("return_complex"))
+    per_sample = transforms * n_fft
+    inverse = fft_flops(n_fft, transforms, C2C if complex_out else REAL) + per_sample * (2 if complex_out else 1)
+    window = per_sample * (6 if complex_out else 1)
+    envelope = n_fft + frames * n_fft
+    kept = _istft_length(n_fft, hop, frames, bool(call.arg("center", True)), call.arg("length"))
+    check = 2 * kept + 2
+    divide = signals * kept * (11 if complex_out else 1)
+    return Cost.from_flops(inverse + window + per_sample + envelope + check + divide)
+
+
 def _hermitian_n_dim(kind: str, inverse: bool, default_dims: Optional[Tuple[int, ...]]):  # type: ignore[no-untyped-def]
     """hfft2/hfftn (c2c over the leading dims, then c2r over the last) and ihfft2/ihfftn
     (r2c over the last dim, a conjugation, then c2c over the leading dims): the two
@@ -217,6 +253,7 @@ def register(registry: HandlerRegistry) -> None:
         registry.register(f"aten::fft_{name}2", n_dim(kind, inverse, (-2, -1)))
         registry.register(f"aten::fft_{name}n", n_dim(kind, inverse, None))
     registry.register("aten::stft", _stft)
+    registry.register("aten::istft", _istft)
     registry.register(list(WINDOWS), _window)
     # conj_physical negates the imaginary part: one FLOP per complex element
     registry.register(

@@ -14,7 +14,7 @@ from typing import Any, Tuple
 
 from flopcount.core.registry import HandlerRegistry
 from flopcount.handlers._common import COMPLEX_ADD, broadcast, first_output, is_complex, maybe_tensor, per_grad_output
-from flopcount.handlers.pointwise import per_element
+from flopcount.handlers.pointwise import complex_flops, per_element
 from flopcount.types import Cost, Handler, OpCall, TensorMeta
 
 __all__ = [
@@ -233,6 +233,17 @@ def _diff(call: OpCall) -> Cost:
     return Cost.from_flops(rows * sum(max(length - k, 0) for k in range(1, n + 1)))
 
 
+def _vecdot(call: OpCall) -> Cost:
+    """linalg.vecdot(x, y, dim) on the broadcast shape (N elements), as torch decomposes it,
+    ``(x.conj() * y).sum(dim)`` (the dispatch tracer sees those two ops; jit records the
+    composite): the product N (complex 6N) and the sum N (complex 2N). Its operands are
+    floating or complex of one dtype (torch refuses anything else)."""
+    x, y = call.tensor("x"), call.tensor("y")
+    n = prod(broadcast(x.shape, y.shape))
+    product, add = (complex_flops("aten::mul", 1), COMPLEX_ADD) if is_complex(x) else (1, 1)
+    return Cost.split(("aten::mul", Cost.from_flops(product * n)), ("aten::sum", Cost.from_flops(add * n)))
+
+
 def _dist(call: OpCall) -> Cost:
     # norm(self - other, p): subtract (N) + the norm
     n = prod(broadcast(call.tensor("self").shape, call.tensor("other").shape))
@@ -272,6 +283,7 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(["aten::sort", "aten::argsort"], _sort)
     registry.register("aten::msort", _msort)
     registry.register("aten::dist", _dist)
+    registry.register("aten::linalg_vecdot", _vecdot)
     registry.register(["aten::quantile", "aten::nanquantile"], _quantile)
     registry.register("aten::trapezoid", _trapezoid)
     registry.register("aten::cumulative_trapezoid", _cumulative_trapezoid)
