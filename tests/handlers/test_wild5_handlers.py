@@ -24,17 +24,7 @@ import torch
 from torch import nn
 
 from flopcount import count_flops
-
-TRACERS = ["auto", "dispatch", "jit"]
-
-
-class Fn(nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+from tests.handlers._fn import TRACERS, Fn
 
 
 def _isclose_hand(n: int, o: int, equal_nan: bool = False, zero_tol: bool = False, integral: bool = False, n_self: int = 0) -> int:

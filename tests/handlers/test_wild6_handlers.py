@@ -26,18 +26,7 @@ import torch
 from torch import nn
 
 from flopcount import count_flops
-
-TRACERS = ["auto", "dispatch", "jit"]
-
-
-class Fn(nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
-
+from tests.handlers._fn import TRACERS, Fn
 
 # ---- linalg.vecdot: the product (N; complex 6 N) and its sum (N; complex 2 N), N broadcast elements
 VECDOT = [
