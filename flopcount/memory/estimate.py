@@ -65,7 +65,7 @@ from flopcount.tracers.dispatch import _in_chain
 from flopcount.tracers.fake.copies import FakeRunError, fake_copies, quiet_fake_logs
 from flopcount.tracers.fake.hf_tracing import real_branches, seed_running, uses_transformers
 from flopcount.tracers.fake.indices import IndexChecks
-from flopcount.tracers.fake.meta_kernels import KernelStandIns
+from flopcount.tracers.fake.meta_kernels import KernelStandIns, refused_by_real_kernel
 from flopcount.types import Phase, dtype_name
 
 Mode = Literal["inference", "forward+backward", "training step"]
@@ -537,9 +537,10 @@ def _real_step_fallback(
 
 def _step_error(exc: Exception, where: str, description: str) -> TraceError:
     hint = " (fake tensors have no values: the step reads tensor data, e.g. .item() or nonzero())" if _needs_value(exc) else ""
+    shown = refused_by_real_kernel(exc) or exc  # a real kernel's refusal, said as the real call says it
     return TraceError(
         f"estimate_memory: the step failed in {module_place(where)} with inputs {description}: "
-        f"{type(exc).__name__}: {first_line(exc)}{hint}",
+        f"{type(shown).__name__}: {first_line(shown)}{hint}",
         module_path=where,
         input_shapes=description,
     )

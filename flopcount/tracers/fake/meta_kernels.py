@@ -190,7 +190,8 @@ class KernelStandIns(TorchDispatchMode):
     they would the real output. Entered last (innermost), so that it sees the refusal first.
     ``where()``: the module running (the hint of an error); the notes of the stand-ins taken
     are added to ``notes``. ``checks`` (a ``fake/indices.py`` ``IndexChecks``, or None): shown
-    each op before and after it runs, it raises the real kernel's error for an index out of range."""
+    each op before and after it runs, it raises the real kernel's error for an index out of range;
+    and so for operands of two dtypes the real CPU kernel refuses (:func:`check_like_cpu`)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -206,6 +207,8 @@ class KernelStandIns(TorchDispatchMode):
         checks = self.checks
         if checks is not None and id(func) in checks.indexed:  # an op that reads through an index
             checks.before(func, args, kwargs)
+        if func in CHECKED:  # operands of two dtypes the meta kernel accepts (a float16 input, a float32 Linear)
+            check_like_cpu(func, args, kwargs)
         try:
             out = func(*args, **(kwargs or {}))
         except Exception as exc:
