@@ -111,7 +111,8 @@ def load_entry(
 
 def _import_target(text: str) -> Any:
     module_part, sep, attr = text.rpartition(":")
-    if not sep or not module_part or (len(module_part) == 1 and module_part.isalpha()):
+    drive = len(module_part) == 1 and module_part.isalpha() and attr[:1] in ("\\", "/")  # C:\models\m.py, no attr
+    if not sep or not module_part or drive:
         hint = f" (did you mean {text}:ATTR?)" if text.endswith(".py") or "/" in text or "\\" in text else ""
         raise UsageError(f"bad ENTRY {text!r}: no ':attr' part{hint}; {ENTRY_HELP}")
     if not attr or not all(part.isidentifier() for part in attr.split(".")):
