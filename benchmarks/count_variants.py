@@ -90,6 +90,17 @@ def _nothing_wrapped(original: Any) -> Any:
     return eligible
 
 
+def _keyed_from(calls: int) -> Callable[[Any], Any]:
+    # the default policy's decision replaced by a group size: a twin group keyed from ``calls`` calls
+    def make(original: Any) -> Any:
+        def pays(count: int, modules: int, answered: int = 0) -> bool:
+            return count >= calls
+
+        return pays
+
+    return make
+
+
 def _no_read_log(original: Any) -> Any:
     # the tracking classes without their __getattribute__: no read is logged, none keyed (wrong)
     def tracking_class(self: Any, cls: type) -> Any:
@@ -210,6 +221,9 @@ def variants() -> Dict[str, Variant]:
         "reuse-off": _reuse_set("0"),
         "always-keyed": _reuse_set("always"),
         "nothing-wrapped": _swapped(reuse.Reuse, "_eligible", _nothing_wrapped),
+        "none-keyed": _swapped(reuse, "_pays", _keyed_from(10**9)),
+        "keyed-from-5": _swapped(reuse, "_pays", _keyed_from(5)),
+        "keyed-from-3": _swapped(reuse, "_pays", _keyed_from(3)),
         "no-read-log": _swapped(reuse.Reuse, "_tracking_class", _no_read_log, bound=True),
         "torch-untracked": _swapped(reuse.Reuse, "_tracking_class", _torch_classes_untracked),
         "deferred": _swapped(analysis, "aggregate", _deferred_tables),

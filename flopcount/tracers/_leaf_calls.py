@@ -52,7 +52,7 @@ from flopcount.tracers._vocabulary import _autocast_on as autocast_on
 from flopcount.tracers.fake.copies import Pending, outside_modes, raw_children
 from flopcount.types import OpEvent
 
-__all__ = ["LeafCall", "LeafCalls", "answerable"]
+__all__ = ["LeafCall", "LeafCalls", "answerable", "answered_leaf"]
 
 
 def _places(kind: type, methods: Tuple[str, ...], functions: Tuple[str, ...]) -> Tuple[Tuple[Any, str, Any], ...]:
@@ -81,6 +81,17 @@ _STRIDED = torch.strided
 def answerable(kind: type) -> bool:
     """Whether a module of class ``kind`` (exactly) may be answered from an earlier call."""
     return kind in _CLASSES
+
+
+def answered_leaf(module: nn.Module) -> bool:
+    """Whether a traced call of ``module`` (a caller's module, before the run) is expected to be answered
+    from an earlier call of its key: of an answerable class, its forward its class's, and not a batch
+    norm that tracks its statistics in training (written in place: it runs every call). What structural
+    reuse's policy weighs a block's leaves by; a guess only (the key decides at the call)."""
+    state = vars(module)
+    if type(module) not in _CLASSES or "forward" in state:
+        return False
+    return not (state.get("training") and state.get("track_running_stats"))
 
 
 def _intact(kind: type) -> bool:

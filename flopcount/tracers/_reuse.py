@@ -91,7 +91,7 @@ from flopcount.core.state import (
     still_bound,
 )
 from flopcount.core.weakcache import PerObject
-from flopcount.tracers._leaf_calls import LeafCall, LeafCalls, answerable
+from flopcount.tracers._leaf_calls import LeafCall, LeafCalls, answerable, answered_leaf
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, tensor_key
 from flopcount.tracers.fake.indices import version_of
@@ -1778,23 +1778,33 @@ def _signature(
 
 
 # Structural reuse's default policy (``reuse_policy() == "auto"``): a twin group of ``calls`` blocks
-# of ``modules`` modules each (the block and everything below it) is keyed when
-# ``calls * (_SAVED + _SAVED_PER_MODULE * modules) > _SPENT + _SPENT_PER_MODULE * modules``, in
-# microseconds of CPU time: what each call of the group saves when keyed (traced, lazily copied and
-# faked, less a key and a replay) against what keying the group costs once (the first call's record
-# beyond its forward, and a trace saved one time fewer than there are calls). Fitted to paired counts
-# on this project's 2-vCPU VM (docs/performance.md, branch resnet11): stacks of blocks of 3, 9 and 25
-# modules in groups of 2, 3 and 6, and ResNet-50's bottlenecks (8 modules) in groups of 2, 3 and 5;
-# a block of 3 modules pays from 6 calls, of 4 from 4, a bottleneck from 3, a block of 25 from 2.
+# of ``modules`` modules each (the block and everything below it), ``answered`` of them leaves a traced
+# call answers from an earlier call of their key (``_leaf_calls``: torch's own convolutions and batch
+# norms), is keyed when
+# ``calls * (_SAVED + _SAVED_PER_MODULE * (modules - answered) + _SAVED_PER_ANSWERED * answered)
+# > _SPENT + _SPENT_PER_MODULE * modules + _SPENT_PER_ANSWERED * answered``, in microseconds of CPU
+# time: what each call of the group saves when keyed (traced, lazily copied and faked, less a key and a
+# replay) against what keying the group costs once (the first call's record beyond its forward, and a
+# trace saved one time fewer than there are calls). Fitted to paired counts on this project's 2-vCPU VM
+# (docs/performance.md, branch resnet11): stacks of blocks of 3, 9 and 25 modules in groups of 2, 3 and
+# 6, and ResNet-50's bottlenecks (8 modules) in groups of 2, 3 and 5; a block of 3 modules pays from 6
+# calls, of 4 from 4, a block of 25 from 2. An answered leaf (branch resnet14, from ResNet-50's
+# bottlenecks timed per call: traced ~0.39 ms, a first call ~1.2-1.5 ms, a replay ~0.15 ms) saves less
+# when its block is booked (its traced call is a key and a fresh result) and costs more in a first call
+# (which runs it, its reads logged): a ResNet-50 bottleneck (6 of its 8 modules answered) pays from 5 calls.
 _SAVED = -100.0
 _SAVED_PER_MODULE = 60.0
+_SAVED_PER_ANSWERED = 35.0
 _SPENT = 200.0
 _SPENT_PER_MODULE = 85.0
+_SPENT_PER_ANSWERED = 25.0
 
 
-def _pays(calls: int, modules: int) -> bool:
-    """Whether keying a twin group of ``calls`` calls of blocks of ``modules`` modules costs less than tracing them."""
-    return calls * (_SAVED + _SAVED_PER_MODULE * modules) > _SPENT + _SPENT_PER_MODULE * modules
+def _pays(calls: int, modules: int, answered: int = 0) -> bool:
+    """Whether keying a twin group of ``calls`` calls of blocks of ``modules`` modules, ``answered`` of them
+    leaves a traced call answers (:func:`_block_size`), costs less than tracing them."""
+    saved = _SAVED + _SAVED_PER_MODULE * (modules - answered) + _SAVED_PER_ANSWERED * answered
+    return calls * saved > _SPENT + _SPENT_PER_MODULE * modules + _SPENT_PER_ANSWERED * answered
 
 
 def _keyed_groups(twins: Mapping[Any, List[nn.Module]], names: Mapping[nn.Module, str]) -> set:
@@ -1816,7 +1826,7 @@ def _keyed_groups(twins: Mapping[Any, List[nn.Module]], names: Mapping[nn.Module
             outer = _keyed_ancestor(names[member], inside_keyed)
             per_outer[outer] = per_outer.get(outer, 0) + 1
         alone = per_outer.pop(None, 0)
-        if _pays(alone + max(per_outer.values(), default=0), _modules_in(members[0])):
+        if _pays(alone + max(per_outer.values(), default=0), *_block_size(members[0])):
             keyed.add(signature)
             inside_keyed.update([names[m] for m in members])
     return keyed
@@ -1832,17 +1842,20 @@ def _keyed_ancestor(name: str, keyed: set[str]) -> Optional[str]:
     return None
 
 
-def _modules_in(module: nn.Module) -> int:
-    """How many modules a call of ``module`` can run: itself and those below it, each once."""
+def _block_size(module: nn.Module) -> Tuple[int, int]:
+    """How many modules a call of ``module`` can run (itself and those below it, each once), and how
+    many of them are leaves its traced call would answer from an earlier call (``answered_leaf``)."""
     seen = {id(module)}
     pending = [module]
+    answered = 0
     while pending:
         children = vars(pending.pop()).get("_modules")
         for child in dict.values(raw_children(children)) if isinstance(children, dict) else ():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
                 pending.append(child)
-    return len(seen)
+                answered += answered_leaf(child)
+    return len(seen), answered
 
 
 def _items(value: Any) -> Tuple[Any, ...]:
