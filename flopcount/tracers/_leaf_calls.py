@@ -18,8 +18,9 @@ value (``training``, ``eps``, ``momentum``, ``stride``, ``padding``, ``padding_m
 padding list...; a float zero with its sign, since handlers see -0.0 apart; NaN never matches); each
 parameter and buffer by the key its fake will have (``Pending.key``: shape, stride, dtype, device,
 requires_grad) and the real tensor's type; the argument's metadata (shape, stride, offset, dtype,
-device, requires_grad, inference); and the process settings structural reuse keys
-(``_reuse._settings``: grad and inference mode, autocast, default dtype, cuDNN on or off...). A
+device, requires_grad, inference); and the process settings structural reuse keys but grad mode and
+autocast, off wherever a call is answered or kept (``_reuse._switches``: inference mode, default
+dtype, cuDNN on or off, deterministic algorithms...). A
 module holding anything else (a tensor faked already, whose fake the forward may have changed since;
 one tensor under two names; a child; an attribute of another kind) is run. An answer is kept only
 from a call that ran as ``run_function`` keeps a function's: every op known to the shape cache by
@@ -76,6 +77,8 @@ _CLASSES: Dict[type, Tuple[Tuple[Any, str, Any], ...]] = {
 _ANSWERS: Dict[Tuple[Any, ...], Tuple[Tuple[Any, ...], Any]] = {}
 _MAX_ANSWERS = 50_000
 _STRIDED = torch.strided
+#: the attribute types keyed by value as they are (with their type: ``True == 1 == 1.0``)
+_PLAIN = frozenset({bool, int, str, type(None)})
 
 
 def answerable(kind: type) -> bool:
@@ -191,37 +194,42 @@ class LeafCalls:
             return None
         parts: List[Any] = [type(module)]
         held: List[int] = []
-        made = self._fakes()
+        registries, plain = _REGISTRIES, _PLAIN
         for name, value in vars(module).items():
-            if name in _REGISTRIES:  # torch's hooks and registries: run around the forward, not in it
+            if name in registries:  # torch's hooks and registries: run around the forward, not in it
                 continue
             kind = type(value)
-            if kind is bool or kind is int or kind is str or value is None:
+            if kind in plain:
                 parts.append((name, kind, value))
             elif kind is float:
                 # -0.0 == 0.0, yet an argument shown to handlers keeps its sign (NaN: never equal, never answered)
                 parts.append((name, kind, value, math.copysign(1.0, value)) if value == 0.0 else (name, kind, value))
+            elif kind is tuple or kind is list:  # a stride, a padding (a list: the reversed padding)
+                for item in value:
+                    if type(item) is not int:
+                        return None
+                parts.append((name, kind, tuple(value)))
             elif name == "_parameters" or name == "_buffers":
                 tensors: List[Any] = []
-                for key, tensor in dict.items(value):
-                    if tensor is None:
-                        tensors.append((key, None))
-                    elif type(tensor) is Pending and id(tensor.real) not in made:
-                        tensors.append((key, tensor.key, type(tensor.real)))
-                        held.append(id(tensor))
-                    else:
-                        return None  # faked already (read before: the fake may have changed since), or held another way
+                if value:
+                    made = self._fakes()
+                    for key, tensor in dict.items(value):
+                        if tensor is None:
+                            tensors.append((key, None))
+                        elif type(tensor) is Pending and id(tensor.real) not in made:
+                            tensors.append((key, tensor.key, type(tensor.real)))
+                            held.append(id(tensor))
+                        else:
+                            return None  # faked already (read before: the fake may have changed since), or held another way
                 parts.append((name, tuple(tensors)))
-            elif (kind is tuple or kind is list) and all(type(item) is int for item in value):
-                parts.append((name, kind, tuple(value)))  # a stride, a padding (a list: the reversed padding)
             elif name == "_modules":
                 if raw_children(value):
                     return None
             elif name != "forward" or kind is not LeafCall:  # this call's own wrapper, or anything else
                 return None
-        if len(set(held)) != len(held):
+        if len(held) > 1 and len(set(held)) != len(held):
             return None  # one tensor under two names
-        argument = (tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.fake_device, x.requires_grad, x.is_inference())
+        argument = (x.shape, x.stride(), x.storage_offset(), x.dtype, x.fake_device, x.requires_grad, x.is_inference())
         return (tuple(parts), argument, self._settings())
 
 

@@ -362,7 +362,7 @@ class Reuse:
         self._maker = lazy.copier.faker.maker if lazy is not None and lazy.copier is not None else None
         self._entries: Dict[Tuple[Any, ...], List[_Entry]] = {}
         self._meta = torch.device("meta")
-        self._leaves = LeafCalls(recorder, shape_cache, fake_type, fake_mode, _settings, lazy.fakes_made if lazy is not None else dict)
+        self._leaves = LeafCalls(recorder, shape_cache, fake_type, fake_mode, _switches, lazy.fakes_made if lazy is not None else dict)
         self.reused = 0
         self.traced = 0
         self._model = model
@@ -1979,6 +1979,20 @@ def _settings() -> Tuple[Any, ...]:
     cuDNN on or off): before branch ``advreuse2`` a parent setting one between two blocks was not
     seen. Not the switches that choose a kernel inside an op (TF32, cuDNN's benchmark and
     deterministic flags): ~0.3-0.9 us each, on every keyed call."""
+    return (
+        *_switches(),
+        torch.is_grad_enabled(),
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+    )
+
+
+def _switches() -> Tuple[Any, ...]:
+    """:func:`_settings` but grad mode and autocast: what a call keyed only where grad mode and every
+    autocast are off (a leaf answered from an earlier call, ``_leaf_calls``) is keyed by (autocast's
+    dtypes choose nothing while it is off: ~1.6 us less a call)."""
     backends = torch.backends
     return (
         torch.are_deterministic_algorithms_enabled(),
@@ -1990,10 +2004,5 @@ def _settings() -> Tuple[Any, ...]:
         backends.cuda.cudnn_sdp_enabled(),
         backends.cudnn.enabled,
         torch.get_default_dtype(),
-        torch.is_grad_enabled(),
         torch.is_inference_mode_enabled(),
-        torch.is_autocast_enabled("cpu"),
-        torch.get_autocast_dtype("cpu"),
-        torch.is_autocast_enabled("cuda"),
-        torch.get_autocast_dtype("cuda"),
     )
