@@ -30,6 +30,7 @@ import itertools
 from collections import Counter
 from contextlib import contextmanager
 from functools import cache
+from types import FunctionType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
@@ -38,6 +39,7 @@ from torch.autograd import forward_ad
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flopcount.core.rebound import called_function, torch_own
 from flopcount.types import TensorMeta, dtype_name
 
 __all__ = ["CANONICAL", "CompositeInterceptor", "MHA_OP", "canonical"]
@@ -552,7 +554,9 @@ def _replayable() -> frozenset:
     models: batch norm, layer norm, convolution. On a fake copy without autograd the recorder
     keeps what one call recorded and books the next call of the same arguments from it."""
     found = [F.batch_norm, torch.batch_norm, F.layer_norm, torch.layer_norm, torch.conv1d, torch.conv2d, torch.conv3d]
-    return frozenset(found)
+    # torch's own only: a wrapper the caller bound under one of these names before this first ran
+    # is run as written (its call is handed on as the function it wraps, core/rebound.py)
+    return frozenset(f for f in found if torch_own(f))
 
 
 def _is_batched() -> Callable[[Any], bool]:
@@ -668,8 +672,11 @@ class CompositeInterceptor(TorchFunctionMode):
         # on fake copies: the shape cache's runner for a whole composite (no autograd only)
         self._cached = cached
         self._fresh = _fresh_composites()
+        self._called: Dict[Any, Any] = {}  # core/rebound.py: a Python function handed -> what it calls
 
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if type(func) is FunctionType:  # F.relu, F.batch_norm...: or a wrapper the caller bound under its name
+            func = self._called.get(func) or called_function(func, self._called)
         binder = self._table.get(func)
         recorder = self._recorder
         if binder is None or recorder.muted:  # most calls (.shape, .dim(), ops): straight through
