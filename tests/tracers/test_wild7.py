@@ -31,9 +31,11 @@ import torch
 import torch.nn.functional as F
 from conftest import ROOT
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopcount import count_flops
+from flopcount.errors import TraceError
 
 
 def _live_flops(model: nn.Module, args, backward: bool = False) -> int:
@@ -253,3 +255,119 @@ def test_a_function_rebound_before_import_is_run_as_written(fresh_python):
     lines = run.stdout.strip().splitlines()
     assert lines.count("call") == 3
     assert json.loads(lines[-1]) == _CONV_MACS
+
+
+# ---- a composite under two transforms (hessian = jacfwd(jacrev(f))): jvp's tangent under jacrev's wrapper
+def test_a_composite_under_a_hessian_is_counted_at_its_physical_ops():
+    """The matmul inside ``hessian`` was booked once at the primal's shape (15 MACs) and its aten ops
+    muted: jvp's wrapper sits under jacrev's, where forward_ad reads no tangent. Torch runs six mm (live
+    under FlopCounterMode): the primal twice (1 x 5 x 3), its tangent over the 5 basis vectors
+    (5 x 5 x 3), the backward's (1 x 3 x 5) twice and its tangent (5 x 3 x 5): 210 MACs."""
+    weight = torch.ones(5, 3)
+
+    def hessian_of(x):
+        return torch.func.hessian(lambda z: torch.tanh(z @ weight).sum())(x)
+
+    x = torch.randn(5)
+    with FlopCounterMode(display=False) as counter:
+        hessian_of(x)
+    for tracer in ("auto", "dispatch"):
+        result = count_flops(_Call(hessian_of), (x,), tracer=tracer)
+        assert result.macs == 4 * 15 + 2 * 75 and 2 * result.macs == counter.get_total_flops()
+
+
+class _PhysicalMacs(TorchDispatchMode):
+    """The MACs of the mm / addmm / bmm torch runs, at the shapes a dispatch mode sees them (below
+    functorch's wrappers: physical, batched)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.macs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        a, b = [t for t in args if isinstance(t, torch.Tensor)][-2:] if name in ("mm", "addmm", "bmm") else (None, None)
+        if name in ("mm", "addmm"):
+            self.macs += a.shape[0] * a.shape[1] * b.shape[1]
+        elif name == "bmm":
+            self.macs += a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+        return func(*args, **(kwargs or {}))
+
+
+class _HessianOfLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+
+    def forward(self, x):
+        return torch.func.hessian(lambda z: self.mlp(z).sum())(x)
+
+
+def test_linear_layers_under_a_hessian_are_counted_at_their_physical_ops():
+    """With parameters FlopCounterMode raises inside hessian ("A leaf node was passed to
+    _will_engine_execute_node"): the oracle is the mm/addmm/bmm a dispatch mode sees run (1,230 MACs;
+    the parent booked 600, each Linear at its primal shape)."""
+    torch.manual_seed(0)
+    model, x = _HessianOfLayers(), torch.randn(6)
+    with _PhysicalMacs() as physical, torch.no_grad():
+        model(x)
+    for tracer in ("auto", "dispatch"):
+        assert count_flops(model, (x,), tracer=tracer).macs == physical.macs == 1230
+
+
+class _Call(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+# ---- what torch cannot run under a tracer is refused naming it
+class _NestedLinear(nn.Module):
+    def __init__(self, layout) -> None:
+        super().__init__()
+        self.layout = layout
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        nested = torch.nested.nested_tensor([x[0, :3], x[1, :5]], layout=self.layout)
+        return self.proj(nested).to_padded_tensor(0.0)
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch", "jit"])
+def test_a_nested_jagged_tensor_is_refused_as_one(tracer):
+    """torch's own message named a backend kernel ('Could not run aten::_nested_get_values with
+    arguments from the NestedTensorCPU backend', jit: 'Unsupported value kind'); FlopCounterMode
+    fails on the same forward."""
+    model, x = _NestedLinear(torch.jagged), torch.randn(2, 5, 8)
+    with pytest.raises(Exception):
+        with FlopCounterMode(display=False):
+            model(x)
+    with pytest.raises(TraceError, match=r"nested tensors \(torch\.nested.*to_padded_tensor"):
+        count_flops(model, (x,), tracer=tracer)
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+def test_a_strided_nested_tensor_is_refused_as_one(tracer):
+    """torch said "Internal error: NestedTensorImpl doesn't support sizes. Please file an issue"."""
+    with pytest.raises(TraceError, match=r"nested tensors \(torch\.nested"):
+        count_flops(_NestedLinear(torch.strided), (torch.randn(2, 5, 8),), tracer=tracer)
+
+
+def test_flex_attention_under_jit_is_refused_by_name():
+    """The sentence blamed a torch.func transform of the caller's and sent them to tracer='dispatch',
+    which refuses flex_attention too."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(2, 3, 8, 16)
+    with pytest.raises(TraceError, match="higher-order op flex_attention") as raised:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            count_flops(_Call(lambda a: flex_attention(a, a, a)), (q,), tracer="jit")
+    assert "torch.func transform" not in str(raised.value)
+    with pytest.raises(TraceError, match="higher-order op torch.ops.higher_order.flex_attention"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            count_flops(_Call(lambda a: flex_attention(a, a, a)), (q,), tracer="dispatch")
