@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount.core.inputs import flat_values, is_dataless
+from flopcount.core.rebound import called_function
 from flopcount.core.weakcache import PerObject
 
 #: the roots of modules whose threads never draw torch random numbers: a notebook kernel's and
@@ -401,6 +402,7 @@ class PrivateRandomCalls(TorchFunctionMode):
         self._entered = False
         #: calls that drew on a private generator
         self.redirected_calls = 0
+        self._called: Dict[Any, Any] = {}  # core/rebound.py: a Python function handed -> what it calls
 
     @property
     def fell_back(self) -> bool:
@@ -430,6 +432,8 @@ class PrivateRandomCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if type(func) is FunctionType:  # or a wrapper the caller bound under a torch function's name
+            func = self._called.get(func) or called_function(func, self._called)
         if not _may_draw(getattr(func, "__name__", "")):
             return func(*args, **kwargs)
         before = self.random.redirected

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import threading
+from types import FunctionType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 
+from flopcount.core.rebound import called_function
 from flopcount.errors import UsageError
 from flopcount.step.loss import backward_roots, differentiable, nothing_to_differentiate, unique_tensors
 from flopcount.tracers._modules import ModuleStack
@@ -79,6 +81,7 @@ class StandIns(TorchFunctionMode):
         super().__init__()
         self._by_real: Dict[int, torch.Tensor] = {}
         self._by_stand_in: Dict[int, torch.Tensor] = {}
+        self._called: Dict[Any, Any] = {}  # core/rebound.py: a Python function handed -> what it calls
         for tensor in tensors:
             if id(tensor) in self._by_real or not _can_stand_in(tensor):
                 continue
@@ -117,6 +120,8 @@ class StandIns(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if type(func) is FunctionType:  # or a wrapper the caller bound under a torch function's name
+            func = self._called.get(func) or called_function(func, self._called)
         if func is torch.autograd.grad or func is torch.autograd.backward:
             return func(*args, **kwargs)  # run_backward names the tensors to differentiate itself
         if getattr(func, "__name__", "") == "__get__":

@@ -46,6 +46,7 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.nn import functional
 
+from flopcount.core.rebound import torch_own
 from flopcount.tracers._recorder import (
     _shared as shared_call,  # the recorder's per-key calls, as run_function keeps them
 )
@@ -73,6 +74,8 @@ _CLASSES: Dict[type, Tuple[Tuple[Any, str, Any], ...]] = {
     nn.Conv2d: _places(nn.Conv2d, ("forward", "_conv_forward"), ("conv2d", "pad")),
     nn.Conv3d: _places(nn.Conv3d, ("forward", "_conv_forward"), ("conv3d", "pad")),
 }
+#: the classes whose places held torch's own code at import (core/rebound.torch_own)
+_OWN = frozenset(kind for kind, places in _CLASSES.items() if all(torch_own(held) for _, _, held in places))
 #: answers kept per process: key -> (the ops' calls, the result's metadata)
 _ANSWERS: Dict[Tuple[Any, ...], Tuple[Tuple[Any, ...], Any]] = {}
 _MAX_ANSWERS = 50_000
@@ -98,8 +101,9 @@ def answered_leaf(module: nn.Module) -> bool:
 
 
 def _intact(kind: type) -> bool:
-    """Whether ``kind``'s forward and what it calls are still what they were at import."""
-    return all(getattr(owner, name) is held for owner, name, held in _CLASSES[kind])
+    """Whether ``kind``'s forward and what it calls are torch's own, as they were at import (a
+    function the caller rebound before this module was imported is not torch's own: run)."""
+    return kind in _OWN and all(getattr(owner, name) is held for owner, name, held in _CLASSES[kind])
 
 
 class LeafCall:

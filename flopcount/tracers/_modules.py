@@ -3,6 +3,7 @@ stack seen through process-wide forward hooks, and the error naming the failing 
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -126,13 +127,39 @@ def _error_line(exc: BaseException) -> str:
     return f"{error} (in TorchScript, {files[-1]}: {lines[marks[-1] - 1]})"
 
 
+#: what torch says when a nested tensor meets a dispatch mode (jagged: its subclass's ops; strided: its sizes)
+_NESTED_SAYS = ("NestedTensor", "aten::_nested_")
+_NESTED_CODE = os.sep + os.path.join("torch", "nested") + os.sep
+
+
+def _nested_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch failing to run a nested tensor (``torch.nested``) under the run's
+    modes: its message names the nested tensor's kernels, or it was raised in torch.nested's code."""
+    text = str(exc)
+    if any(said in text for said in _NESTED_SAYS):
+        return True
+    frame = exc.__traceback__
+    while frame is not None:
+        if _NESTED_CODE in frame.tb_frame.f_code.co_filename:
+            return True
+        frame = frame.tb_next
+    return False
+
+
 def forward_error(exc: BaseException, where: str, inputs_text: str, run: str) -> TraceError:
     """A TraceError naming the module that failed, what ran the forward (``run``: the tracer the
     caller chose, ``"auto tracer"`` for the default count, or ``"benchmark"``) and the inputs given,
-    chained to ``exc``."""
+    chained to ``exc``; a nested tensor's failure says so (branch wild7: torch's own message named
+    a backend kernel or an "internal error")."""
     place = module_place(where)
+    nested = (
+        "nested tensors (torch.nested, jagged or strided) do not run under a torch dispatch mode or "
+        "torch.jit in this torch (FlopCounterMode fails on them too), so flopcount cannot count them: count "
+        "the model on the padded tensors (nt.to_padded_tensor(0.0)); torch said "
+        if run != "benchmark" and _nested_failure(exc) else ""
+    )
     err = TraceError(
-        f"forward failed in {place} ({run}) with inputs {inputs_text}: {_error_line(exc)}",
+        f"forward failed in {place} ({run}) with inputs {inputs_text}: {nested}{_error_line(exc)}",
         module_path=where,
         input_shapes=inputs_text,
     )

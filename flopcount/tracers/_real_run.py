@@ -66,8 +66,15 @@ def model_kept(model: nn.Module, modules: ModuleStack, *, private_random: Option
     """``model``'s state given back as found (``preserved_model_state(own_buffers=True)``:
     buffers copied for the run, random numbers drawn on private generators unless
     ``private_random=False``), with ``modules`` (the run's module stack) entered inside it;
-    another thread's calls of the model seen by the stack leave the state as that thread has it."""
-    with preserved_model_state(model, own_buffers=True, private_random=private_random) as watch, modules:
+    another thread's calls of the model seen by the stack leave the state as that thread has it.
+
+    TorchScript code in the model (a scripted, traced or ``torch.jit.freeze``-d module, a scripted
+    function) runs as written, without the executor's optimisations (``torch.jit.optimized_execution``,
+    this thread only): a frozen module's first two calls compile it, and the compiler's constant
+    pooling compares its constants with ``aten::equal``, which the run recorded as the model's ops
+    (a frozen MLP counted 1,512, then 2,316, then 1,200 FLOPs on three counts, branch wild7)."""
+    with preserved_model_state(model, own_buffers=True, private_random=private_random) as watch, modules, \
+            torch.jit.optimized_execution(False):
         watch.concurrent = lambda: modules.foreign_calls > 0
         yield watch
 

@@ -83,7 +83,8 @@ def preserved_model_state(
     # A shallow copy of each module's attributes, and of its buffer dict (buffers can be
     # reassigned through it): the forward's own ``self.x = ...`` are undone on exit.
     attributes = [dict(vars(m), _buffers=dict(m._buffers)) for m in modules]
-    flags = [(m, m.training) for m in modules]
+    # a torch.jit.freeze-d module has no `training` attribute (freezing drops it): none to keep
+    flags = [(m, m.training) for m in modules if hasattr(m, "training")]
     buffers = []
     for m in modules:
         for name, buf in m._buffers.items():

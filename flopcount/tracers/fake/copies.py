@@ -1133,7 +1133,27 @@ class _TreeCopier(TreeCopier):
         memo, pending = self.memo, self._pending
         unread = [t for t in tensors if id(t) not in memo and id(t) not in pending and isinstance(t, torch.Tensor)]
         if unread and self.lazy:
-            self.read_ahead = KeyTable(unread, _read_keys(self.faker, unread, self._keys))
+            keys = _read_keys(self.faker, unread, self._keys)
+            if None in keys:
+                unread, keys = self._fake_slow_ones(unread, keys)
+            self.read_ahead = KeyTable(unread, keys)
+
+    def _fake_slow_ones(self, tensors: List[Any], keys: List[Any]) -> Tuple[List[Any], List[Any]]:
+        """Fakes now, above the dispatch, those of ``tensors`` the fast constructor cannot make (key
+        None: a ``Parameter`` or tensor subclass, a sparse or quantized tensor), and gives back the
+        others and their keys. Those are made by ``FakeTensorMode.from_tensor``, which refuses to
+        run below the dispatch, where a module below the root is copied (:meth:`LazyCopy.copy_of`):
+        a model holding one there was counted by a real run instead (wild7). One that fails here
+        stays in the read-ahead and is tried again there, as before."""
+        memo, faker = self.memo, self.faker
+        for tensor, key in zip(tensors, keys):
+            if key is None and not is_uninitialized(tensor):
+                try:
+                    memo[id(tensor)] = faker.fake(tensor)
+                except Exception:
+                    continue
+        kept = [i for i, tensor in enumerate(tensors) if id(tensor) not in memo]
+        return [tensors[i] for i in kept], [keys[i] for i in kept]
 
     def raw_keys(self, tensors: Sequence[Any], found_at: Optional[List[int]] = None) -> List[Any]:
         """See :meth:`LazyCopy.tensor_keys`: what :meth:`_lazy` will hold for each of ``tensors``, keyed."""

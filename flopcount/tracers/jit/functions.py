@@ -21,7 +21,7 @@ import torch
 
 from flopcount.core.diagnostics import first_line, module_place
 
-__all__ = ["function_failure", "linearize_failure", "transform_failure"]
+__all__ = ["function_failure", "higher_order_failure", "linearize_failure", "transform_failure"]
 
 _APPLY_FILE = os.path.join("autograd", "function.py")
 _APPLY_CALL = re.compile(r"([A-Za-z_][\w.]*)\.apply\(")
@@ -90,6 +90,30 @@ def linearize_failure(exc: BaseException, where: str) -> Optional[str]:
         f"the jit tracer cannot count this model: its forward uses forward-mode AD (torch.func.linearize in "
         f"{module_place(where)}), whose jvp torch.jit cannot trace ({first_line(exc)}); use tracer='dispatch' "
         "(or 'auto'), which counts it"
+    )
+
+
+#: where torch keeps the eager code of its higher-order ops and of the attention functions built on them
+_HIGHER_ORDER_DIRS = (os.path.join("torch", "_higher_order_ops") + os.sep, os.path.join("torch", "nn", "attention") + os.sep)
+
+
+#: the higher-order ops the dispatch tracer counts (tracers/_recorder.py): their jit failure is said as before
+_COUNTED_HIGHER_ORDER = frozenset({"cond"})
+
+
+def higher_order_failure(exc: BaseException, where: str) -> Optional[str]:
+    """One sentence when torch.jit failed inside a higher-order op's eager code (``flex_attention``
+    runs its score function under ``vmap``; before, the sentence blamed a torch.func transform of the
+    user's and sent them to tracer='dispatch', which refuses the op too); None if no frame of the
+    failure is in ``torch/_higher_order_ops`` or ``torch/nn/attention``."""
+    found = [name for file, name in frames(exc) if any(folder in file for folder in _HIGHER_ORDER_DIRS)]
+    if not found or found[0] in _COUNTED_HIGHER_ORDER:
+        return None
+    op = found[0]  # the outermost: the function the forward called
+    return (
+        f"the jit tracer cannot trace this model: torch.jit fails inside the higher-order op {op} in "
+        f"{module_place(where)} ({first_line(exc)}); no tracer counts it yet (tracer='dispatch' and 'auto' "
+        "refuse it by name, and torch's FlopCounterMode cannot run it either)"
     )
 
 

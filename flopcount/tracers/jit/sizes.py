@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
+from types import FunctionType
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
@@ -30,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from flopcount.core.diagnostics import first_line, module_place
 from flopcount.core.hooks import around_modules
+from flopcount.core.rebound import called_function
 from flopcount.tracers.jit.functions import frames
 
 __all__ = ["StaticUnpoolSizes", "meta_kernel_failure", "static_unpool_sizes", "unpool_failure"]
@@ -78,8 +80,14 @@ class StaticUnpoolSizes(TorchFunctionMode):
     """Passes every call through; a ``F.max_unpool*d`` call without ``output_size`` made
     while jit traces gets its default output size as ints."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._called: Dict[Any, Any] = {}  # core/rebound.py: a Python function handed -> what it calls
+
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if type(func) is FunctionType:  # or a wrapper the caller bound under a torch function's name
+            func = called_function(func, self._called)
         dims = _UNPOOL.get(func)
         if dims is None or not torch.jit.is_tracing():
             return func(*args, **kwargs)

@@ -25,7 +25,13 @@ from flopcount.tracers._real_run import model_kept
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake.hf_tracing import jit_branches
-from flopcount.tracers.jit.functions import function_failure, linearize_failure, tangent_refusal, transform_failure
+from flopcount.tracers.jit.functions import (
+    function_failure,
+    higher_order_failure,
+    linearize_failure,
+    tangent_refusal,
+    transform_failure,
+)
 from flopcount.tracers.jit.graph import (
     FUNCTION_CALL,
     PLUMBING,
@@ -279,7 +285,7 @@ def _graph_events(
 
 
 #: the sentences for failures torch.jit has with some models, the first that applies (else forward_error's)
-_REFUSALS = (unpool_failure, meta_kernel_failure, function_failure, linearize_failure, transform_failure)
+_REFUSALS = (unpool_failure, meta_kernel_failure, function_failure, linearize_failure, higher_order_failure, transform_failure)
 
 #: torch.jit's tracing state and the module map swapped in below are process-wide: two
 #: threads tracing with jit at once take turns (the dispatch tracer needs no lock).
