@@ -88,7 +88,7 @@ class Counted:
     stored_early: Dict[int, float] = field(default_factory=dict)
     prefill_skipped: Skipped = field(default_factory=Skipped)
     #: each decode step's FLOPs its kernels may skip (:meth:`DecodeMasks.skipped_flops`; none: 0)
-    step_skipped: List[float] = field(default_factory=list)
+    step_skipped: List[Skipped] = field(default_factory=list)
     #: the layers whose held positions a decode step's kernels need not all touch
     masks: DecodeMasks = DecodeMasks()
 
@@ -317,9 +317,9 @@ class _Continued:
     macs: List[int]
     attention: List[int]
     written: Dict[int, int]
-    skipped: List[float]
+    skipped: List[Skipped]
 
-    def take(self, index: int, costed: Costed, result: FlopResult, skipped: float) -> None:
+    def take(self, index: int, costed: Costed, result: FlopResult, skipped: Skipped) -> None:
         """Step ``index`` as traced (its events ``costed``, booked as ``result``, ``skipped`` FLOPs
         its kernels may skip), in place of its continuation."""
         self.flops[index], self.macs[index] = result.flops, result.macs
@@ -339,7 +339,7 @@ def _continued(affine: Affine, first: Tuple[Trace, Costed, FlopResult], total: i
     feeds the token at position ``base`` + s)."""
     _, costed, result = first
     out = _Continued(flops=[result.flops] * total, macs=[result.macs] * total,
-                     attention=[booked_attention(costed)] * total, written={}, skipped=[0.0] * total)
+                     attention=[booked_attention(costed)] * total, written={}, skipped=[Skipped()] * total)
     masked = masks.indices(affine.first)
     for s in range(1, total):
         if masked:

@@ -20,7 +20,7 @@ from flopcount.core.dtypes import parse_dtype
 from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
-from flopcount.decoding.counted import Decoded, count_decoding
+from flopcount.decoding.counted import Decoded, Skipped, count_decoding
 from flopcount.decoding.forwards import split_prompt
 from flopcount.devices import MathModes, Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError, int_at_least
@@ -256,17 +256,17 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n),
                         "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
-        skipped = counted.step_skipped or [0.0] * n
+        skipped = counted.step_skipped or [Skipped()] * n
         works.append([
             Work(flops=float(counted.prefill_flops), macs=float(counted.prefill_macs), cache_written=held[-1],
                  attention_flops=float(counted.prefill_attention), skipped_flops=counted.prefill_skipped.flops,
                  skipped_attention_flops=counted.prefill_skipped.attention),
             # a decode step reads the positions cached before it that its masks admit, and writes the new one;
-            # what its masks leave out is an attention op's (DecodeMasks.skipped_flops)
+            # what its masks leave out is an attention op's or an eager attention's (DecodeMasks.skipped_flops)
             *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]),
                    cache_read=held[s - 1] - masks.unread_bytes(base + s), cache_written=max(0.0, held[s] - held[s - 1]),
-                   attention_flops=float(counted.step_attention[s]), skipped_flops=skipped[s],
-                   skipped_attention_flops=skipped[s])
+                   attention_flops=float(counted.step_attention[s]), skipped_flops=skipped[s].flops,
+                   skipped_attention_flops=skipped[s].attention)
               for s in range(n)),
         ])
     slopes: Dict[str, Any] = {key: scalars[1][key] - first for key, first in scalars[0].items()}
@@ -278,7 +278,8 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     heads, kv_heads = _heads_of(model)
     results = [*one.results, *two.results]
     notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
-    slots = sorted({mask.slots for mask, _ in one.masks.layers if mask.slots})
+    # the static cache's length: its full layers' slots (a sliding layer keeps min(W, max_cache_len))
+    slots = sorted({mask.slots for mask, _ in one.masks.layers if mask.slots}, reverse=True)
     if slots:
         notes.append(f"a static cache of {slots[0]} slots: priced at the positions written ({setup.base} after the prefill, "
                      f"{setup.base + n} at the end: the attention's live keys, the cache read and written, the memory), as an "
