@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -24,7 +24,7 @@ from flopcount.decoding.counted import Decoded, Skipped, count_decoding
 from flopcount.decoding.forwards import split_prompt
 from flopcount.devices import MathModes, Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError, int_at_least
-from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step
+from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step, real_prefills
 from flopcount.serving.figures import ServeFacts, WeightTensor, Work
 from flopcount.serving.pricing import (
     WEIGHT_FORMATS,
@@ -228,7 +228,30 @@ def serve_facts(
         one = count_decoding(model, input_ids, new_tokens, kwargs, who="serve")
         two = count_decoding(model, wider, new_tokens, more, who="serve")
         counts = Derived(_counted(one), _counted(two), one.cache, one.setup, one.notes)
+    if counts.setup.rows is not None:
+        counts = _padded(counts, real_prefills(model, input_ids, counts.setup.rows))
     return _facts(model, counts, new_tokens)
+
+
+def _padded(counts: Derived, real: Skipped) -> Derived:
+    """A padded prompt's counts (``Setup.rows``: its sequences proved by the mask) priced at its
+    sequences' real tokens: the prefill at ``real`` (:func:`real_prefills`: each sequence
+    prefilled alone), the rest of the counted prefill left out; the decode steps' attention at
+    each sequence's own positions and the pads' cache bytes left out, where the cache's layers
+    are known (``DecodeMasks.pads``). B + 1 (the first row repeated) at B's figures per sequence:
+    every sequence costs the counted batch's mean, so any batch size is priced from it."""
+    one, two, rows = counts.one, counts.two, len(counts.setup.rows or ())
+    ratio = (rows + 1) / rows
+    pads = one.masks.pad_bytes()
+    one = replace(one, prefill_skipped=Skipped(one.prefill_flops - real.flops, one.prefill_attention - real.attention),
+                  pad_bytes=pads)
+    two = replace(two, prefill_skipped=Skipped(two.prefill_flops - real.flops * ratio, two.prefill_attention - real.attention * ratio),
+                  step_skipped=[Skipped(s.flops * ratio, s.attention * ratio) for s in one.step_skipped], pad_bytes=pads * ratio)
+    note = (f"a padded prompt ({rows} sequences of {', '.join(str(length) for _, length in counts.setup.rows or ())} tokens "
+            f"in {counts.setup.prompt} positions): priced at each sequence's real tokens, as an engine that packs them runs "
+            f"them (the prefill of each alone{'; each decode step over its own positions' if one.masks.pads else ''}), "
+            "and any batch as sequences of the counted ones' mean; the count is what transformers computes, pads included")
+    return replace(counts, one=one, two=two, notes=[*counts.notes, note])
 
 
 def _counted(decoded: Decoded) -> Counted:
@@ -251,9 +274,11 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     base = setup.base
     for counted in (one, two):
         masks = counted.masks
-        # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s)
-        held = {s: bytes_held - masks.empty_bytes(base + s + 1) for s, bytes_held in held_per_step(counted.held, n).items()}
-        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n),
+        # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s);
+        # of a padded prompt's, the sequences' own
+        held = {s: bytes_held - masks.empty_bytes(base + s + 1) - counted.pad_bytes
+                for s, bytes_held in held_per_step(counted.held, n).items()}
+        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n) - counted.pad_bytes,
                         "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
         skipped = counted.step_skipped or [Skipped()] * n
