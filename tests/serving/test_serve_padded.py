@@ -24,7 +24,6 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.decoding.forwards import padded_rows
 from flopcount.devices import named_roofs
 from flopcount.serving import ServeFacts, serve_facts, serve_on
 from tests.serving._sdpa_masks import generated, tiny_causal_lm
@@ -147,14 +146,18 @@ def test_an_eager_padded_step_is_priced_off_the_matmuls_column():
 
 
 def test_any_batch_is_priced_as_sequences_of_the_mean():
-    """Every figure left out is the counted batch's mean per sequence: batch 4 leaves out twice
-    batch 2's, batch 1 half."""
+    """Any batch b is priced as b sequences of the counted pair's mean: the prefill at b / 2 x the two
+    prompts alone, each step leaving out b / 2 x the short row's 15 pad keys per head and layer (by
+    hand), its cache read b / 2 x the two rows' positions."""
     model = tiny_causal_lm("llama", TINY)
-    facts = serve_facts(model, _ids(), 4, kwargs={"attention_mask": _mask("left")})
-    for batch in (1, 4):
-        assert _priced(facts.prefill_at(batch)) == pytest.approx(_priced(facts.prefill_at(2)) * batch / 2, rel=1e-9)
-        assert facts.step_at(batch, 1).skipped_flops == pytest.approx(facts.step_at(2, 1).skipped_flops * batch / 2)
-        assert facts.step_at(batch, 1).cache_read == pytest.approx(facts.step_at(2, 1).cache_read * batch / 2, abs=64)
+    ids, mask = _ids(), _mask("left")
+    facts = serve_facts(model, ids, 4, kwargs={"attention_mask": mask})
+    alone = sum(_priced(serve_facts(model, ids[row:row + 1, mask[row].bool()], 4).prefill_at(1)) for row in range(2))
+    for batch in (1, 2, 4):
+        assert _priced(facts.prefill_at(batch)) == pytest.approx(alone * batch / 2, rel=1e-12)
+        step = facts.step_at(batch, 1)
+        assert step.skipped_flops == pytest.approx((PROMPT - SHORT) * LAYERS * HEADS * PER_SCORE * batch / 2, rel=1e-12)
+        assert step.cache_read == pytest.approx((PROMPT + SHORT + 2) * POSITION_BYTES * batch / 2, abs=64)
 
 
 def test_a_meta_model_with_a_cpu_mask_is_priced_by_the_masks_values():
@@ -188,10 +191,14 @@ def test_a_meta_model_with_a_cpu_mask_is_priced_by_the_masks_values():
     ([[2, 1, 1, 1], [1, 1, 1, 1]], None),                    # not a 0/1 mask
 ])
 def test_padded_rows_are_proved_from_the_masks_values(mask, rows):
+    from flopcount.decoding.forwards import padded_rows  # new in servepad
+
     assert padded_rows(torch.tensor(mask), 2, 4) == rows
 
 
 def test_a_mask_without_values_is_not_proved():
+    from flopcount.decoding.forwards import padded_rows  # new in servepad
+
     assert padded_rows(torch.ones(2, 4, dtype=torch.int64, device="meta"), 2, 4) is None
     assert padded_rows(torch.tensor([[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]), 2, 4) is None  # a float mask
 
