@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from flopcount.core.inputs import is_dataless
 from flopcount.errors import TraceError, UsageError, int_at_least
 
-__all__ = ["Decoding", "FakeRefused", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options"]
+__all__ = ["Decoding", "FakeRefused", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options", "padded_rows"]
 
 # transformers 5's cache implementations (``generation/configuration_utils.py``): the ones
 # whose cache is a StaticCache of ``max_cache_len`` positions, and the dynamic ones.
