@@ -67,9 +67,11 @@ def serve(
     ``dtype``: the compute dtype (default the model's); ``weight_dtype``: weights stored as
     "int8", "int4", "fp8" weight-only quantization would store them (scales included) or a
     float dtype; ``tp``: tensor-parallel ranks (per-rank work, and two all-reduces per layer
-    over the part's first link); ``reserve``: the share of the part's memory kept back.
-    Times are any-implementation lower bounds (see ``ServeResult.leaves_out``). The model
-    and ``input_ids`` are left as found."""
+    over the part's first link); ``reserve``: the share of the part's memory kept back;
+    ``kwargs``: the forward's other arguments (an ``attention_mask`` with padding whose values
+    are known, on the CPU beside a meta model too, prices each sequence at its real tokens:
+    docs/llm.md, "A padded prompt"). Times are any-implementation lower bounds (see
+    ``ServeResult.leaves_out``). The model and ``input_ids`` are left as found."""
     started = time.perf_counter()
     roofs, part_name, capacity, link = _part(on, tp)
     if not isinstance(reserve, (int, float)) or not 0 <= reserve < 1:
