@@ -72,7 +72,7 @@ from flopcount.errors import TraceError, UsageError, int_at_least
 from flopcount.handlers import default_registry
 from flopcount.tracers import trace, trace_on_fakes
 from flopcount.tracers._real_run import run_for_output
-from flopcount.types import OpCall, Trace
+from flopcount.types import OpCall, TensorMeta, Trace
 
 __all__ = [
     "Counter", "DecodeMasks", "Decoded", "Skipped", "causal_modules", "count_decoding", "decode_masks", "eager_masks",
@@ -99,10 +99,16 @@ class DecodeMasks:
     each layer runs (:func:`decode_masks`): the attention modules of its chunked-attention layers
     and of a static cache's layers (``modules``, by qualified name), and those cache layers
     (``layers``: each layer's mask and the bytes one position takes in it, keys and values of
-    every sequence). Empty where none is known."""
+    every sequence); ``eager``: the modules among them whose eager attention's score ops are
+    priced by score (:func:`eager_masks`); ``pads``: of a padded prompt whose mask is proved
+    (:attr:`~flopcount.decoding.forwards.Setup.rows`), each sequence's pad positions, which
+    every full-attention layer holds and hands each step among its keys, masked. Empty where
+    none is known."""
 
     modules: Mapping[str, LayerMask] = field(default_factory=dict)
     layers: Tuple[Tuple[LayerMask, float], ...] = ()
+    eager: FrozenSet[str] = frozenset()
+    pads: Tuple[int, ...] = ()
 
     def indices(self, costed: Costed) -> List[int]:
         """The places in ``costed`` (a decode step's events) of the events of :attr:`modules`."""
@@ -110,23 +116,60 @@ class DecodeMasks:
             return []
         return [index for index, (event, _) in enumerate(costed) if event.module in self.modules]
 
-    def skipped_flops(self, costed: Costed, position: int) -> float:
+    def skipped_flops(self, costed: Costed, position: int) -> Skipped:
         """The FLOPs of the decode step at ``position`` (its one new token's) that a kernel knowing
         each layer's mask does not perform: of an attention handed its mask, the keys the mask
         hides (an earlier attention chunk's, a static cache's empty slots), by
-        :func:`flopcount.devices.roofline.one_position_flops`."""
-        skipped = 0.0
+        :func:`flopcount.devices.roofline.one_position_flops`; of an eager attention of
+        :attr:`eager` (its one query row's score ops, :func:`flopcount.decoding.eager.score_ops`),
+        the same keys' share of each op priced by score, as the prefill prices them
+        (:func:`~flopcount.devices.roofline.masked_flops` of one query at ``position``;
+        :func:`~flopcount.devices.roofline.sink_flops` over GPT-OSS's scores and sink), booked
+        apart from attention's."""
+        if not self.modules:
+            return Skipped()
+        booked = list(expand_booked(costed))
+        by_score: Dict[int, Tuple[ScoreOps, bool]] = {}  # event index -> its call, and whether over a sink column too
+        for found in score_ops(booked, self.eager, 1) if self.eager else ():
+            by_score.update((index, (found, False)) for index in found.events)
+            by_score.update((index, (found, True)) for index in found.sinks)
+        attention = other = 0.0
         priced: Dict[Tuple[int, LayerMask, float], float] = {}  # one call object in many layers: priced once
-        for event, cost in expand_booked(costed) if self.modules else ():
+        for index, (event, cost) in enumerate(booked):
             mask = self.modules.get(event.module)
             if mask is None or cost is None or not cost.flops or cost.parts:
                 continue
+            scored = by_score.get(index)
+            if scored is not None:  # its one query at ``position``: a forward of one position past the others
+                found, sunk = scored
+                priced_by_score = sink_flops if sunk else masked_flops
+                if self.pads:  # each sequence's share at its own position, its pads among the keys (as slots)
+                    other += cost.flops - sum(priced_by_score(cost.flops / len(self.pads), found.lq, found.lk,
+                                                              position - pad, slots=found.lk) for pad in self.pads)
+                else:
+                    other += cost.flops - priced_by_score(cost.flops, found.lq, found.lk, position, mask.window,
+                                                          mask.chunk, mask.slots)
+                continue
             key = (id(event.call), mask, cost.flops)
             if key not in priced:
-                priced[key] = cost.flops - one_position_flops(event.call, cost.flops, position, mask.window, mask.chunk,
-                                                              mask.slots) if _explicit(event.call) else 0.0
-            skipped += priced[key]
-        return skipped
+                priced[key] = cost.flops - self._kept(event.call, cost.flops, position, mask) if _explicit(event.call) else 0.0
+            attention += priced[key]
+        return Skipped(attention + other, attention)
+
+    def _kept(self, call: OpCall, flops: float, position: int, mask: LayerMask) -> float:
+        """The part of a decode step's attention ``call`` a kernel knowing its mask computes
+        (:func:`one_position_flops`); of a padded prompt's batch, each sequence's share (its
+        query row) at its own position p - pad, the call's keys its slots, the pads masked."""
+        if not self.pads:
+            return one_position_flops(call, flops, position, mask.window, mask.chunk, mask.slots)
+        query, lengths = call.arg("query"), attention_lengths(call)
+        if lengths is None or not isinstance(query, TensorMeta) or query.shape[0] != len(self.pads):
+            return flops
+        return sum(one_position_flops(call, flops / len(self.pads), position - pad, slots=lengths[1]) for pad in self.pads)
+
+    def pad_bytes(self) -> float:
+        """The bytes a padded prompt's pad positions take in the cache (every layer's keys and values)."""
+        return sum(size for _, size in self.layers) * sum(self.pads) / len(self.pads) if self.pads else 0.0
 
     def unread_bytes(self, position: int) -> float:
         """The bytes a chunked layer holds before the decode step at ``position`` p and its mask
@@ -145,6 +188,8 @@ def decode_masks(model: nn.Module, setup: Setup, cache: Any) -> DecodeMasks:
     knows as chunked attention or a static cache's, each holding what its kind holds after the
     ``setup.base`` positions of the prefill (min(P, C - 1) positions; the static cache's slots)."""
     layers = getattr(cache, "layers", None)
+    if setup.rows is not None and isinstance(layers, (list, tuple)):
+        return _padded_masks(model, setup, cache, layers)
     if not setup.unpadded or not isinstance(layers, (list, tuple)):
         return DecodeMasks()
     known: Dict[int, LayerMask] = {}
@@ -160,7 +205,31 @@ def decode_masks(model: nn.Module, setup: Setup, cache: Any) -> DecodeMasks:
             continue
         known[index] = mask
         sizes.append((mask, (keys.numel() * keys.element_size() + values.numel() * values.element_size()) / held))
-    return DecodeMasks(module_masks(model, known), tuple(sizes)) if known else DecodeMasks()
+    if not known:
+        return DecodeMasks()
+    modules = module_masks(model, known)
+    return DecodeMasks(modules, tuple(sizes), frozenset(eager_masks(model, modules)))
+
+
+def _padded_masks(model: nn.Module, setup: Setup, cache: Any, layers: Any) -> DecodeMasks:
+    """The :class:`DecodeMasks` of a padded prompt's cache (:attr:`Setup.rows`): where the config
+    and the cache say every layer is a full-attention ``DynamicLayer`` holding the P positions
+    of each of the B sequences, pads included, each step's query row of sequence b sits at its
+    position p - pad_b and its keys are the layer's positions, the pads masked; else none."""
+    assert setup.rows is not None
+    known = cache_layer_masks(model, cache)
+    if len(known) != len(layers) or any(mask != LayerMask() for mask in known.values()):
+        return DecodeMasks()
+    sizes: List[Tuple[LayerMask, float]] = []
+    for layer in layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.dim() == values.dim() == 4
+                and keys.shape[0] == setup.batch and keys.shape[-2] == values.shape[-2] == setup.base):
+            return DecodeMasks()
+        sizes.append((LayerMask(), (keys.numel() * keys.element_size() + values.numel() * values.element_size()) / setup.base))
+    modules = module_masks(model, known)
+    return DecodeMasks(modules, tuple(sizes), frozenset(eager_masks(model, modules)),
+                       tuple(setup.prompt - length for _, length in setup.rows))
 
 
 @dataclass
@@ -182,7 +251,7 @@ class Decoded:
     largest_write: int = 0
     wall_s: float = 0.0
     prefill_skipped: Skipped = field(default_factory=Skipped)
-    step_skipped: List[float] = field(default_factory=list)
+    step_skipped: List[Skipped] = field(default_factory=list)
     masks: DecodeMasks = DecodeMasks()
 
 
@@ -223,7 +292,7 @@ def skipped_flops(costed: Costed, causal: FrozenSet[str] = frozenset(), past: in
         if scored is not None:
             (found, sunk), layer = scored, (eager or {})[scored[0].module]
             priced = sink_flops if sunk else masked_flops
-            other += cost.flops - priced(cost.flops, found.lq, found.lk, past, layer.window, layer.chunk)
+            other += cost.flops - priced(cost.flops, found.lq, found.lk, past, layer.window, layer.chunk, layer.slots)
             continue
         mask = (masks or {}).get(event.module)
         if mask is not None and (mask.window or mask.chunk or mask.slots) and _explicit(event.call):
@@ -337,7 +406,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
         held[-1] = cache_position_bytes(state.cache)
         limits = cache_limits(state.cache, getattr(model, "config", None))
         masks = decode_masks(model, setup, state.cache)
-        skipped: List[float] = []
+        skipped: List[Skipped] = []
         steps: List[FlopResult] = []
         predicted: List[Tuple[int, int]] = []
         shortcut = not every_step
@@ -370,7 +439,7 @@ def _count(counter: Counter, setup: Setup, total: int, every_step: bool) -> Deco
                     result = affine.result_at(continued - first, base_result)
                     steps.append(replace(result, input_description=counter.describe(state.call(continued))))
                     skipped.append(masks.skipped_flops(affine.costed_at(continued - first, masked), setup.base + continued)
-                                   if masked else 0.0)
+                                   if masked else Skipped())
                 predicted.append((index, final - 1))
                 try:
                     counter.catch_up(state.call(index, width=final - index))

@@ -4,7 +4,9 @@ With ``attn_implementation="eager"`` transformers has no attention op: its
 ``eager_attention_forward`` runs ``matmul(q, k^T)``, then elementwise ops over the Lq x Lk
 scores (scaling, Gemma-2's soft-capping ``div``/``tanh``/``mul``, the mask's ``add``,
 ``softmax``, ``dropout``; GPT-OSS's over the scores and a sink column), then ``matmul(p, v)``,
-all booked under the attention module. A
+all booked under the attention module; some models write the scores' product as a
+``baddbmm`` over the heads folded into the batch (GPT-2's ``reorder_and_upcast_attn``: (B H, Lq,
+Lk) scores, viewed back as (B, H, Lq, Lk) for the ops after it) or as a two-operand ``einsum``. A
 kernel that knows the call's mask computes only the scores it admits, and so the prefill's
 bound may price these ops at those scores, as it prices an attention op
 (:func:`flopcount.devices.roofline.masked_flops`). Nothing here reads a mask: the caller says
@@ -22,8 +24,9 @@ from flopcount.types import Cost, OpCall, OpEvent, TensorMeta
 __all__ = ["ScoreOps", "score_ops"]
 
 #: the products eager attention writes its two score matmuls with (torch.matmul; bmm where
-#: matmul's dispatch is recorded as its leaf)
-_PRODUCTS = frozenset({"aten::matmul", "aten::bmm"})
+#: matmul's dispatch is recorded as its leaf; baddbmm, its added tensor broadcast to the product)
+_PRODUCTS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm"})
+_EINSUM = "aten::einsum"
 
 
 @dataclass(frozen=True)
@@ -93,21 +96,62 @@ def _module_calls(module: str, indices: List[int], events: Sequence[Tuple[OpEven
 
 
 def _pair(call: OpCall) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, ...]]]:
-    """The two inputs' and the output's shapes of a matmul or bmm of two batched matrices with
-    the same batch dimensions; None for any other call."""
+    """The shapes (..., M, K) and (..., K, N) of the two batched matrices a product multiplies,
+    and its output's (..., M, N): a matmul or bmm of two with the same batch dimensions, a
+    baddbmm (its added tensor broadcast to the output), or a two-operand :func:`_einsum_pair`;
+    None for any other call."""
+    if call.op == _EINSUM:
+        return _einsum_pair(call)
     if call.op not in _PRODUCTS:
         return None
     inputs = call.tensors()
     try:
-        out = call.out(0)
+        out = tuple(call.out(0).shape)
     except KeyError:
         return None
+    if call.op == "aten::baddbmm":  # (added, batch1, batch2)
+        if len(inputs) != 3 or not _broadcasts(inputs[0], out):
+            return None
+        inputs = inputs[1:]
     if len(inputs) != 2:
         return None
-    a, b = inputs[0].shape, inputs[1].shape
-    if len(a) < 3 or len(a) != len(b) or a[:-2] != b[:-2] or a[-1] != b[-2] or tuple(out.shape) != (*a[:-1], b[-1]):
+    a, b = tuple(inputs[0].shape), tuple(inputs[1].shape)
+    if len(a) < 3 or len(a) != len(b) or a[:-2] != b[:-2] or a[-1] != b[-2] or out != (*a[:-1], b[-1]):
         return None
-    return tuple(a), tuple(b), tuple(out.shape)
+    return a, b, out
+
+
+def _einsum_pair(call: OpCall) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, ...]]]:
+    """:func:`_pair` of an ``einsum`` of two operands, each subscript once in each, that is a
+    batched matrix product written with subscripts ("bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd"): one
+    subscript contracted, one free in each operand, the rest batch subscripts of both; the output
+    written as the batch subscripts then the two free ones, in that order. Its shapes as the
+    matmul of the same product: (batch..., M, K), (batch..., K, N) and the output's."""
+    equation, operands = call.arg("equation"), call.arg("tensors")
+    if not (isinstance(equation, str) and isinstance(operands, (tuple, list)) and len(operands) == 2
+            and all(isinstance(t, TensorMeta) for t in operands)) or "." in equation or equation.count("->") != 1:
+        return None
+    inputs, output = equation.replace(" ", "").split("->")
+    letters = inputs.split(",")
+    try:
+        out = tuple(call.out(0).shape)
+    except KeyError:
+        return None
+    if len(letters) != 2 or any(len(set(x)) != len(x) for x in (*letters, output)) or len(output) != len(out):
+        return None
+    sizes: Dict[str, int] = {}
+    for subscripts, shape in zip((*letters, output), (*(tuple(t.shape) for t in operands), out)):
+        if len(subscripts) != len(shape) or any(sizes.setdefault(x, n) != n for x, n in zip(subscripts, shape)):
+            return None
+    a, b = letters
+    batch = [x for x in a if x in b and x in output]
+    contracted = [x for x in a if x in b and x not in output]
+    free_a, free_b = [x for x in a if x not in b], [x for x in b if x not in a]
+    if len(contracted) != 1 or len(free_a) != 1 or len(free_b) != 1 or output != "".join([*batch, *free_a, *free_b]):
+        return None
+    leading = tuple(sizes[x] for x in batch)
+    m, k, n = sizes[free_a[0]], sizes[contracted[0]], sizes[free_b[0]]
+    return (*leading, m, k), (*leading, k, n), out
 
 
 def _query_key(call: OpCall, queries: int) -> Optional[Tuple[int, ...]]:
@@ -122,20 +166,27 @@ def _query_key(call: OpCall, queries: int) -> Optional[Tuple[int, ...]]:
 def _probabilities_value(call: OpCall, scores: Tuple[int, ...]) -> bool:
     """Whether ``call`` is P V: the (..., Lq, Lk) ``scores`` times (..., Lk, dv)."""
     shapes = _pair(call)
-    return shapes is not None and shapes[0] == scores
+    return shapes is not None and _as_scores(shapes[0], scores)
+
+
+def _as_scores(shape: Tuple[int, ...], scores: Tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` holds the (..., Lq, Lk) ``scores``, their heads and batch
+    rows as they are or folded into one dimension, or unfolded (a view of them): the same Lq x Lk
+    planes, as many of them."""
+    return tuple(shape[-2:]) == tuple(scores[-2:]) and _count(tuple(shape)) == _count(scores)
 
 
 def _on_scores(call: OpCall, cost: Cost, scores: Tuple[int, ...]) -> bool:
-    """Whether ``call`` is an elementwise op on the ``scores``: it reads a tensor of their shape,
-    its other tensors broadcast to it, it writes their shape, and it is priced per score (its
-    FLOPs a whole multiple of the scores' count)."""
+    """Whether ``call`` is an elementwise op on the ``scores``: it reads a tensor of their shape
+    (:func:`_as_scores`), its other tensors broadcast to it, it writes that shape, and it is
+    priced per score (its FLOPs a whole multiple of the scores' count)."""
     try:
-        out = call.out(0)
+        out = tuple(call.out(0).shape)
     except KeyError:
         return False
     inputs = call.tensors()
-    return (tuple(out.shape) == scores and any(tuple(t.shape) == scores for t in inputs)
-            and all(_broadcasts(t, scores) for t in inputs) and cost.flops > 0 and cost.flops % _count(scores) == 0)
+    return (_as_scores(out, scores) and any(tuple(t.shape) == out for t in inputs)
+            and all(_broadcasts(t, out) for t in inputs) and cost.flops > 0 and cost.flops % _count(scores) == 0)
 
 
 def _sink_column(call: OpCall, scores: Tuple[int, ...]) -> bool:

@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from flopcount.core.inputs import is_dataless
 from flopcount.errors import TraceError, UsageError, int_at_least
 
-__all__ = ["Decoding", "FakeRefused", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options"]
+__all__ = ["Decoding", "FakeRefused", "GenerationOptions", "LastOutput", "Setup", "cache_of", "generation_options", "padded_rows"]
 
 # transformers 5's cache implementations (``generation/configuration_utils.py``): the ones
 # whose cache is a StaticCache of ``max_cache_len`` positions, and the dynamic ones.
@@ -373,6 +373,13 @@ class Setup:
         #: and no argument but a mask was given (no position ids, token types or images of the caller's)
         self.unpadded = "attention_mask" not in first and not set(kwargs or {}) - {"attention_mask"}
         self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
+        #: a padded prompt's sequences, where the mask proves them: per row, (start, length) of its real
+        #: tokens (:func:`padded_rows`), for a decoder-only prompt given a mask and no other argument,
+        #: prefilled in one forward; None otherwise (unpadded, or not proved)
+        self.rows: Optional[Tuple[Tuple[int, int], ...]] = None
+        if not self.encoder_decoder and not self.unpadded and set(kwargs or {}) == {"attention_mask"} \
+                and len(self.prefill_calls) == 1 and first.get("attention_mask") is (kwargs or {}).get("attention_mask"):
+            self.rows = padded_rows(first["attention_mask"], self.batch, self.prompt)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
         self.base = 1 if self.encoder_decoder else self.prompt
         self._main = main
@@ -474,6 +481,29 @@ class Setup:
         if self.encoder_decoder or cache is None or linear is None or all(linear):
             return None
         return self.prompt
+
+
+def padded_rows(mask: Any, batch: int, prompt: int) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """Per row of a padded prompt's ``attention_mask``, the (start, length) of its real tokens,
+    where the mask's values prove them: a (``batch``, ``prompt``) tensor with values (not meta
+    or fake) of zeros and ones, each row's ones one run of at least one that starts or ends the
+    row (left or right padding), some row padded. None for any other mask."""
+    if not isinstance(mask, torch.Tensor) or is_dataless(mask) or tuple(mask.shape) != (batch, prompt) \
+            or mask.dtype.is_floating_point or mask.dtype.is_complex:
+        return None
+    values = mask.detach().to("cpu", torch.int64)
+    if not bool(((values == 0) | (values == 1)).all()) or bool((values == 1).all()):
+        return None
+    rows = []
+    for row in values:
+        ones = torch.nonzero(row).flatten()
+        if not len(ones):
+            return None
+        start, length = int(ones[0]), len(ones)
+        if int(ones[-1]) - start + 1 != length or (start and start + length != prompt):
+            return None
+        rows.append((start, length))
+    return tuple(rows)
 
 
 def _chunks(first: Dict[str, Any], main: str, size: int) -> List[Dict[str, Any]]:

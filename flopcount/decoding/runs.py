@@ -104,8 +104,13 @@ class LayerMask:
 
 # transformers' cache layers whose keys are every position fed (DynamicLayer), the latest
 # W - 1 of them and the call's own (DynamicSlidingWindowLayer, also for an attention chunk of W),
-# or ``max_cache_len`` slots written at the positions' indices (StaticLayer)
+# or ``max_cache_len`` slots written at the positions' indices (StaticLayer); a static cache's
+# sliding layer (StaticSlidingWindowLayer) keeps m = min(W, max_cache_len) slots: position i in
+# slot i while they last, then the W latest positions (rolled), and hands a call that fills or
+# passes them the positions before it and its own (all of them from an empty cache, else at
+# least the W - 1 latest): the keys masked_flops and one_position_flops take for a window and slots
 _FULL_LAYER, _SLIDING_LAYER, _STATIC_LAYER = "DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer"
+_STATIC_SLIDING_LAYER = "StaticSlidingWindowLayer"
 
 
 def layer_masks(model: Any, cache: Any) -> Dict[str, LayerMask]:
@@ -114,7 +119,8 @@ def layer_masks(model: Any, cache: Any) -> Dict[str, LayerMask]:
     rule gives the layer's type (``cache_utils.get_layer_types_and_kwargs``: ``layer_types``,
     or per layer ``sliding_window`` / ``attention_chunk_size``), and the cache holds that layer
     as the dynamic layer of that type and window (a full layer also as a static cache's
-    ``StaticLayer``, its slots known). Empty where transformers has no such rule,
+    ``StaticLayer``, a sliding layer as its ``StaticSlidingWindowLayer`` of at most W slots,
+    the slots known). Empty where transformers has no such rule,
     or the cache no such ``layers``; a layer they disagree on, or of any other type, is left out."""
     return module_masks(model, cache_layer_masks(model, cache))
 
@@ -159,6 +165,9 @@ def _agreed_mask(kind: Any, size: Any, layer: Any) -> Optional[LayerMask]:
     slots = getattr(layer, "max_cache_len", None)
     if kind == "full_attention" and held == _STATIC_LAYER and isinstance(slots, int) and slots > 0:
         return LayerMask(slots=slots)
+    if (kind == "sliding_attention" and held == _STATIC_SLIDING_LAYER and isinstance(size, int)
+            and isinstance(slots, int) and 0 < slots <= size):
+        return LayerMask(window=size, slots=slots)
     if not (isinstance(size, int) and size > 0 and held == _SLIDING_LAYER and getattr(layer, "sliding_window", None) == size):
         return None
     if kind == "sliding_attention":

@@ -224,11 +224,11 @@ def masked_flops(flops: float, lq: int, lk: int, past: int, window: Optional[int
 
 
 def sink_flops(flops: float, lq: int, lk: int, past: int, window: Optional[int] = None,
-               chunk: Optional[int] = None) -> float:
+               chunk: Optional[int] = None, slots: Optional[int] = None) -> float:
     """:func:`masked_flops` for ``flops`` spent evenly over the Lq x (Lk + 1) entries of the
     scores and one sink logit per query (GPT-OSS's attention sinks, which every query's softmax
     sees: flash-attn's and vLLM's ``sinks``): the admitted scores and the Lq sinks."""
-    admitted = admitted_scores(lq, lk, past, window, chunk) if flops else None
+    admitted = admitted_scores(lq, lk, past, window, chunk, slots) if flops else None
     return flops if admitted is None else flops * (admitted + lq) / (lq * (lk + 1))
 
 

@@ -33,26 +33,35 @@ returns None and serve counts both batch sizes in full (every figure is then tod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from flopcount.core.analysis import uncompiled
+from flopcount.core.inputs import is_dataless
 from flopcount.core.ledger import TOTAL_FIELDS, cost_change, expand_booked
 from flopcount.core.results import FlopResult
 from flopcount.core.state import module_attributes_kept
 from flopcount.decoding.caches import cache_bytes, cache_position_bytes
 
 # generate()'s forwards are traced, costed and booked by the one counter count_generation uses
-from flopcount.decoding.counted import Counter, DecodeMasks, Skipped, decode_masks, on_fakes, prefill_skipped
+from flopcount.decoding.counted import (
+    Counter,
+    DecodeMasks,
+    Skipped,
+    count_decoding,
+    decode_masks,
+    on_fakes,
+    prefill_skipped,
+)
 from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, NotAffine, cache_limits, paired, plan_runs, same_event
 from flopcount.devices.roofline import ATTENTION, op_family
 from flopcount.errors import TraceError, UsageError
 from flopcount.types import Cost, OpCall, Trace
 
-__all__ = ["Counted", "Derived", "attention_flops", "derive", "held_per_step"]
+__all__ = ["Counted", "Derived", "attention_flops", "derive", "held_per_step", "real_prefills"]
 
 #: decode steps below which both batch sizes are counted in full (steps 0, 1, 2 and the last
 #: are traced anyway, with at least one step between them to continue)
@@ -88,9 +97,11 @@ class Counted:
     stored_early: Dict[int, float] = field(default_factory=dict)
     prefill_skipped: Skipped = field(default_factory=Skipped)
     #: each decode step's FLOPs its kernels may skip (:meth:`DecodeMasks.skipped_flops`; none: 0)
-    step_skipped: List[float] = field(default_factory=list)
+    step_skipped: List[Skipped] = field(default_factory=list)
     #: the layers whose held positions a decode step's kernels need not all touch
     masks: DecodeMasks = DecodeMasks()
+    #: the bytes of a padded prompt's pad positions in the cache (no engine that packs the sequences holds them)
+    pad_bytes: float = 0.0
 
 
 @dataclass
@@ -288,6 +299,25 @@ def held_per_step(known: Mapping[int, float], total: int) -> Dict[int, float]:
     return out
 
 
+def real_prefills(model: nn.Module, input_ids: torch.Tensor, rows: Sequence[Tuple[int, int]]) -> Skipped:
+    """What a padded prompt's sequences need in the prefill, each prefilled alone over its real
+    tokens (``rows``: per row, the (start, length) the mask proves, ``Setup.rows``), as an engine
+    that packs them (varlen attention) runs them: summed over the rows, the FLOPs the bound prices
+    for that one-row prompt (counted less :func:`prefill_skipped`'s), in ``flops``, and those of
+    its attention ops in ``attention``. One count per distinct row (by length, on ids without values)."""
+    seen: Dict[Any, Skipped] = {}
+    total = Skipped()
+    for index, (start, length) in enumerate(rows):
+        ids = input_ids[index:index + 1, start:start + length]
+        key = length if is_dataless(ids) else (length, tuple(ids.flatten().tolist()))
+        if key not in seen:
+            decoded = count_decoding(model, ids, 1, who="serve")
+            skipped = decoded.prefill_skipped
+            seen[key] = Skipped(decoded.prefill.flops - skipped.flops, attention_flops(decoded.prefill) - skipped.attention)
+        total += seen[key]
+    return total
+
+
 def attention_flops(result: FlopResult) -> int:
     """The FLOPs ``result`` books under attention ops (:func:`op_family` "attention"): the
     part of a forward a float32 bound may price at attention's column, not the matmuls'."""
@@ -317,9 +347,9 @@ class _Continued:
     macs: List[int]
     attention: List[int]
     written: Dict[int, int]
-    skipped: List[float]
+    skipped: List[Skipped]
 
-    def take(self, index: int, costed: Costed, result: FlopResult, skipped: float) -> None:
+    def take(self, index: int, costed: Costed, result: FlopResult, skipped: Skipped) -> None:
         """Step ``index`` as traced (its events ``costed``, booked as ``result``, ``skipped`` FLOPs
         its kernels may skip), in place of its continuation."""
         self.flops[index], self.macs[index] = result.flops, result.macs
@@ -339,7 +369,7 @@ def _continued(affine: Affine, first: Tuple[Trace, Costed, FlopResult], total: i
     feeds the token at position ``base`` + s)."""
     _, costed, result = first
     out = _Continued(flops=[result.flops] * total, macs=[result.macs] * total,
-                     attention=[booked_attention(costed)] * total, written={}, skipped=[0.0] * total)
+                     attention=[booked_attention(costed)] * total, written={}, skipped=[Skipped()] * total)
     masked = masks.indices(affine.first)
     for s in range(1, total):
         if masked:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -20,11 +20,11 @@ from flopcount.core.dtypes import parse_dtype
 from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
-from flopcount.decoding.counted import Decoded, count_decoding
+from flopcount.decoding.counted import Decoded, Skipped, count_decoding
 from flopcount.decoding.forwards import split_prompt
 from flopcount.devices import MathModes, Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError, int_at_least
-from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step
+from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step, real_prefills
 from flopcount.serving.figures import ServeFacts, WeightTensor, Work
 from flopcount.serving.pricing import (
     WEIGHT_FORMATS,
@@ -67,9 +67,11 @@ def serve(
     ``dtype``: the compute dtype (default the model's); ``weight_dtype``: weights stored as
     "int8", "int4", "fp8" weight-only quantization would store them (scales included) or a
     float dtype; ``tp``: tensor-parallel ranks (per-rank work, and two all-reduces per layer
-    over the part's first link); ``reserve``: the share of the part's memory kept back.
-    Times are any-implementation lower bounds (see ``ServeResult.leaves_out``). The model
-    and ``input_ids`` are left as found."""
+    over the part's first link); ``reserve``: the share of the part's memory kept back;
+    ``kwargs``: the forward's other arguments (an ``attention_mask`` with padding whose values
+    are known, on the CPU beside a meta model too, prices each sequence at its real tokens:
+    docs/llm.md, "A padded prompt"). Times are any-implementation lower bounds (see
+    ``ServeResult.leaves_out``). The model and ``input_ids`` are left as found."""
     started = time.perf_counter()
     roofs, part_name, capacity, link = _part(on, tp)
     if not isinstance(reserve, (int, float)) or not 0 <= reserve < 1:
@@ -228,7 +230,30 @@ def serve_facts(
         one = count_decoding(model, input_ids, new_tokens, kwargs, who="serve")
         two = count_decoding(model, wider, new_tokens, more, who="serve")
         counts = Derived(_counted(one), _counted(two), one.cache, one.setup, one.notes)
+    if counts.setup.rows is not None:
+        counts = _padded(counts, real_prefills(model, input_ids, counts.setup.rows))
     return _facts(model, counts, new_tokens)
+
+
+def _padded(counts: Derived, real: Skipped) -> Derived:
+    """A padded prompt's counts (``Setup.rows``: its sequences proved by the mask) priced at its
+    sequences' real tokens: the prefill at ``real`` (:func:`real_prefills`: each sequence
+    prefilled alone), the rest of the counted prefill left out; the decode steps' attention at
+    each sequence's own positions and the pads' cache bytes left out, where the cache's layers
+    are known (``DecodeMasks.pads``). B + 1 (the first row repeated) at B's figures per sequence:
+    every sequence costs the counted batch's mean, so any batch size is priced from it."""
+    one, two, rows = counts.one, counts.two, len(counts.setup.rows or ())
+    ratio = (rows + 1) / rows
+    pads = one.masks.pad_bytes()
+    one = replace(one, prefill_skipped=Skipped(one.prefill_flops - real.flops, one.prefill_attention - real.attention),
+                  pad_bytes=pads)
+    two = replace(two, prefill_skipped=Skipped(two.prefill_flops - real.flops * ratio, two.prefill_attention - real.attention * ratio),
+                  step_skipped=[Skipped(s.flops * ratio, s.attention * ratio) for s in one.step_skipped], pad_bytes=pads * ratio)
+    note = (f"a padded prompt ({rows} sequences of {', '.join(str(length) for _, length in counts.setup.rows or ())} tokens "
+            f"in {counts.setup.prompt} positions): priced at each sequence's real tokens, as an engine that packs them runs "
+            f"them (the prefill of each alone{'; each decode step over its own positions' if one.masks.pads else ''}), "
+            "and any batch as sequences of the counted ones' mean; the count is what transformers computes, pads included")
+    return replace(counts, one=one, two=two, notes=[*counts.notes, note])
 
 
 def _counted(decoded: Decoded) -> Counted:
@@ -251,22 +276,24 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     base = setup.base
     for counted in (one, two):
         masks = counted.masks
-        # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s)
-        held = {s: bytes_held - masks.empty_bytes(base + s + 1) for s, bytes_held in held_per_step(counted.held, n).items()}
-        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n),
+        # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s);
+        # of a padded prompt's, the sequences' own
+        held = {s: bytes_held - masks.empty_bytes(base + s + 1) - counted.pad_bytes
+                for s, bytes_held in held_per_step(counted.held, n).items()}
+        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n) - counted.pad_bytes,
                         "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
-        skipped = counted.step_skipped or [0.0] * n
+        skipped = counted.step_skipped or [Skipped()] * n
         works.append([
             Work(flops=float(counted.prefill_flops), macs=float(counted.prefill_macs), cache_written=held[-1],
                  attention_flops=float(counted.prefill_attention), skipped_flops=counted.prefill_skipped.flops,
                  skipped_attention_flops=counted.prefill_skipped.attention),
             # a decode step reads the positions cached before it that its masks admit, and writes the new one;
-            # what its masks leave out is an attention op's (DecodeMasks.skipped_flops)
+            # what its masks leave out is an attention op's or an eager attention's (DecodeMasks.skipped_flops)
             *(Work(flops=float(counted.step_flops[s]), macs=float(counted.step_macs[s]),
                    cache_read=held[s - 1] - masks.unread_bytes(base + s), cache_written=max(0.0, held[s] - held[s - 1]),
-                   attention_flops=float(counted.step_attention[s]), skipped_flops=skipped[s],
-                   skipped_attention_flops=skipped[s])
+                   attention_flops=float(counted.step_attention[s]), skipped_flops=skipped[s].flops,
+                   skipped_attention_flops=skipped[s].attention)
               for s in range(n)),
         ])
     slopes: Dict[str, Any] = {key: scalars[1][key] - first for key, first in scalars[0].items()}
@@ -278,7 +305,8 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
     heads, kv_heads = _heads_of(model)
     results = [*one.results, *two.results]
     notes = list(dict.fromkeys([*counts.notes, *(w for r in results for w in r.warnings)]))
-    slots = sorted({mask.slots for mask, _ in one.masks.layers if mask.slots})
+    # the static cache's length: its full layers' slots (a sliding layer keeps min(W, max_cache_len))
+    slots = sorted({mask.slots for mask, _ in one.masks.layers if mask.slots}, reverse=True)
     if slots:
         notes.append(f"a static cache of {slots[0]} slots: priced at the positions written ({setup.base} after the prefill, "
                      f"{setup.base + n} at the end: the attention's live keys, the cache read and written, the memory), as an "

@@ -197,14 +197,24 @@ def test_a_window_wider_than_the_prompt_is_the_causal_triangle():
 
 
 @pytest.mark.parametrize("chunk", [None, 32])
-def test_a_padded_prompt_is_priced_in_full(chunk):
-    """A mask with padding: the window counts positions with the padded ones among them, which serve
-    does not prove; every attention runs with an explicit mask, priced in full (nothing skipped)."""
+def test_a_padded_prompt_is_priced_as_its_sequence_or_in_full(chunk):
+    """A mask with padding, every attention handed it explicitly: in one forward, the mask proves the
+    sequence (its 91 real tokens), priced as that prompt alone (its band; branch servepad); in chunks,
+    not proved, priced in full (nothing skipped)."""
     model = _real("mistral", chunk, sliding_window=WINDOW)
     mask = torch.ones(1, PROMPT, dtype=torch.int64)
     mask[:, :5] = 0
-    facts = serve_facts(model, torch.randint(1, 50, (1, PROMPT)), 4, kwargs={"attention_mask": mask})
-    assert _row(facts).prefill.skipped_flops == 0
+    ids = torch.randint(1, 50, (1, PROMPT))
+    facts = serve_facts(model, ids, 4, kwargs={"attention_mask": mask})
+    if chunk is not None:
+        assert _row(facts).prefill.skipped_flops == 0
+        return
+    alone = serve_facts(model, ids[:, 5:], 4)
+    prefill = facts.prefill_at(1)
+    assert prefill.attention_flops - prefill.skipped_attention_flops == \
+        pytest.approx(4 * HEAD_DIM * LAYERS * HEADS * _band(PROMPT - 5, WINDOW), rel=1e-12)
+    priced, by_itself = facts.prefill_at(1), alone.prefill_at(1)
+    assert priced.flops - priced.skipped_flops == by_itself.flops - by_itself.skipped_flops
 
 
 def test_a_mask_of_all_ones_given_is_no_padding():
