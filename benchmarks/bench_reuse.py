@@ -20,13 +20,17 @@ allocations: events, rows, the fake copy's objects) for LLaMA-2-70B's config on 
 returns (its per-module rows: the result alone, read after a full collection with it and without
 it; CPython's free lists keep blocks a count let go, which a plain reading takes for the result's)
 and the slope from 20 to 80 layers: the peak's growth per layer and the part of it that is not the
-result's rows (the count's own working set, issue #32 step 3); and the peak of each stage of the
-count (facts, trace, pricing, booking), which says where that working set is.
+result's rows (the count's own working set, issue #32 step 3); then that working set beyond the
+model's own output too (what a plain forward's output holds on meta, its KV cache, with each of its
+tensors as the fake a count makes: the forward runs under a fake mode), at the peak and at the
+forward's end (where a deep count with a KV cache peaks; read there after a full collection with
+CPython's type cache emptied, which makes it the same to a few bytes from run to run); and the peak
+of each stage of the count (facts, trace, pricing, booking), which says where that working set is.
 
 With ``--cpu`` the models are timed again by process CPU time (the same interleaving): on a machine
 other processes load, wall time counts their share of the cores too.
 
-    .venv/bin/python benchmarks/bench_reuse.py [--repeats 8] [--threads 1] [--skip-70b] [--skip-memory] [--cpu]
+    .venv/bin/python benchmarks/bench_reuse.py [--repeats 8] [--threads 1] [--skip-70b] [--skip-memory] [--only-memory] [--cpu]
 """
 
 from __future__ import annotations
@@ -265,6 +269,9 @@ def memory(tokens: int = 4096) -> None:
     kept: Dict[int, int] = {}
     ended: Dict[int, int] = {}
     read_kept: Dict[int, int] = {}
+    outputs: Dict[int, float] = {}  # the model's own output as a count holds it (:func:`_own_output`)
+    at_end: Dict[int, int] = {}  # alive at the forward's end (:func:`_at_forwards_end`)
+    excess = _fake_beyond_meta()
     for layers in (20, 40, 80):
         config = llama2_70b_config()
         config.num_hidden_layers = layers
@@ -304,6 +311,10 @@ def memory(tokens: int = 4096) -> None:
         read_kept[layers] = with_it - tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         read = f"{read_peak / 2**20:.1f} MiB; {read_kept[layers] / 2**20:.2f} MiB, {read_kept[layers] / layers / 2**10:.1f} KiB"
+        _at_forwards_end(model, ids)  # the reading's own first time (a process's first one holds more)
+        at_end[layers] = _at_forwards_end(model, ids)
+        plain, tensors = _own_output(model, ids)
+        outputs[layers] = plain + tensors * excess
         rows = f"{kept[layers] / 2**20:.2f} MiB, {kept[layers] / layers / 2**10:.1f} KiB"
         end = f"{ended[layers] / 2**20:.2f} MiB, {ended[layers] / layers / 2**10:.1f} KiB"
         print(f"| {layers} | {cells[0]} | {cells[1]} | {rows} | {end} | {read} | {_events(model, ids)} |")
@@ -316,7 +327,119 @@ def memory(tokens: int = 4096) -> None:
           f"(at the peak of the stage whose peak is highest: the table below). The reading before 2026-11-27 "
           f"(all that is allocated when the count returns, free-list blocks included, taken for rows): "
           f"+{end_slope:.1f} KiB, working set +{slope - end_slope:.1f} KiB")
+    output_slope, end_at_slope = ((d[80] - d[20]) / 60 / 2**10 for d in (outputs, at_end))
+    print(f"reuse on, per layer from 20 to 80 layers: the model's own output as a count holds it +{output_slope:.2f} KiB "
+          f"(a plain forward's output on meta, live, and each of its tensors as a fake: {excess:.0f} B beyond a meta "
+          f"tensor); the count's own working set beyond the result's rows and that output: "
+          f"+{slope - rows_slope - output_slope:.2f} KiB at the peak, +{end_at_slope - rows_slope - output_slope:.2f} KiB "
+          f"at the forward's end (alive +{end_at_slope:.2f} KiB there, after a full collection with CPython's type cache "
+          f"emptied: the same to a few bytes run to run; the rows beyond the names are made after it)")
     _stages(tokens)
+
+
+def _fake_beyond_meta() -> float:
+    """What a fake as a count makes it (``FakeMaker``: a ``FakeTensor`` and its Python state) holds
+    beyond a meta tensor of the same metadata, per tensor, both live over 1,024 (``tracemalloc``)."""
+    import gc
+    import tracemalloc
+
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from flopcount.tracers.fake.making import FakeMaker
+
+    maker = FakeMaker(FakeTensorMode(), FakeTensor)
+    shape, stride, meta = (1, 64, 128), (8192, 128, 1), torch.device("meta")
+    maker.make(shape, stride, torch.float32, meta)  # the first: its state read once
+    held = []
+    for make in (lambda: maker.make(shape, stride, torch.float32, meta),
+                 lambda: torch.empty_strided(shape, stride, dtype=torch.float32, device=meta)):
+        gc.collect()
+        sys._clear_type_cache()
+        tracemalloc.start()
+        made: list = [None] * 1024
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1024):
+            made[i] = make()
+        held.append(tracemalloc.get_traced_memory()[0] - before)
+        tracemalloc.stop()
+        del made
+    return (held[0] - held[1]) / 1024
+
+
+def _own_output(model: nn.Module, ids: torch.Tensor) -> Tuple[int, int]:
+    """(what a plain forward's output holds alive, the tensors in it): the model on meta without
+    flopcount (a LLaMA's: its KV cache, a ``DynamicLayer`` and two meta tensors a layer, and the
+    logits), read after a full collection with the output and without it."""
+    import gc
+    import tracemalloc
+
+    with torch.no_grad():
+        model(ids)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with torch.no_grad():
+            out = model(ids)
+        tensors = _tensors_in(out)
+        gc.collect()
+        with_it = tracemalloc.get_traced_memory()[0]
+        del out
+        gc.collect()
+        return with_it - tracemalloc.get_traced_memory()[0], tensors
+    finally:
+        tracemalloc.stop()
+
+
+def _tensors_in(root: Any) -> int:
+    """The tensors an object graph holds (a forward's output: the logits and the KV cache)."""
+    import gc
+
+    seen, pending, found = {id(root)}, [root], 0
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            found += 1
+            continue
+        for inner in gc.get_referents(item):
+            if id(inner) not in seen and not isinstance(inner, (type, str, int, float)):
+                seen.add(id(inner))
+                pending.append(inner)
+    return found
+
+
+def _at_forwards_end(model: nn.Module, ids: torch.Tensor) -> int:
+    """Python memory alive (``tracemalloc``, above what was before the count) when the copy's
+    outermost decoder stack (``LlamaModel.forward``) returns in a warm count, reuse on: where a deep
+    count with a KV cache peaks, read after a full collection and with CPython's type attribute cache
+    emptied (it keeps the last name looked up in each slot, which moves the peak by ~0.2 KiB a layer
+    from run to run)."""
+    import gc
+    import tracemalloc
+
+    run = _count(model, (ids,), reuse=True)
+    run()
+    seen: Dict[str, int] = {}
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code.co_name == "forward" and type(frame.f_locals.get("self")).__name__ == "LlamaModel":
+            sys.setprofile(None)
+            gc.collect()
+            sys._clear_type_cache()
+            seen["end"] = tracemalloc.get_traced_memory()[0]
+
+    gc.collect()
+    sys._clear_type_cache()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        sys.setprofile(watch)
+        try:
+            run()
+        finally:
+            sys.setprofile(None)
+        return seen["end"] - before
+    finally:
+        tracemalloc.stop()
 
 
 def _stages(tokens: int) -> None:
@@ -403,6 +526,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-70b", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--only-memory", action="store_true", help="the memory tables alone")
     parser.add_argument("--cpu", action="store_true", help="also time the models by process CPU time (a loaded machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -410,11 +534,12 @@ def main() -> None:
         load = f.read().split()[:3]
     print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), median of {args.repeats}, "
           f"load average {' '.join(load)} at start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    models(args.repeats)
-    if args.cpu:
-        models(args.repeats, cpu=True)
-    if not args.skip_70b:
-        llama70b(args.repeats)
+    if not args.only_memory:
+        models(args.repeats)
+        if args.cpu:
+            models(args.repeats, cpu=True)
+        if not args.skip_70b:
+            llama70b(args.repeats)
     if not args.skip_memory:
         memory()
 

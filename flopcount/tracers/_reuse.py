@@ -68,9 +68,10 @@ import threading
 import weakref
 from abc import ABCMeta
 from array import array
+from bisect import bisect_left
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast, overload
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, cast, overload
 
 import torch
 from torch import nn
@@ -378,7 +379,7 @@ class Reuse:
         self._classes: Dict[type, Optional[type]] = {}
         self._owners: Dict[type, type] = {}
         self._made_with: Dict[type, frozenset[str]] = {}  # a tracking class -> the names it was made with
-        self._lonely: set[int] = set()  # modules with no twin: their first call runs unkeyed
+        self._lonely = _Ids(())  # modules with no twin: their first call runs unkeyed
         # the positions in the read-ahead (``LazyCopy.read_all``) of the keys the call being keyed found:
         # let go if it is booked (its subtree is never copied for it), else left (its copies take them)
         self._found: Optional[List[int]] = None
@@ -451,10 +452,11 @@ class Reuse:
             twins.setdefault(signature, []).append(module)
         # a twin group the policy leaves traced is run as modules without a twin are (``_keyed_groups``)
         keyed = _keyed_groups(twins, pool) if reuse_policy() == "auto" else None
-        self._lonely = {
+        # read as each copy is made, through the forward: kept as a sorted array (issue #32)
+        self._lonely = _Ids([
             id(module) for signature, members in twins.items()
             if len(members) == 1 or (keyed is not None and signature not in keyed) for module in members
-        }
+        ])
         before = len(self._wrapped)
         if lazy is None:
             for module in eligible:
@@ -1805,6 +1807,26 @@ def _pays(calls: int, modules: int, answered: int = 0) -> bool:
     leaves a traced call answers (:func:`_block_size`), costs less than tracing them."""
     saved = _SAVED + _SAVED_PER_MODULE * (modules - answered) + _SAVED_PER_ANSWERED * answered
     return calls * saved > _SPENT + _SPENT_PER_MODULE * modules + _SPENT_PER_ANSWERED * answered
+
+
+class _Ids:
+    """A fixed set of object ids as a sorted array, found by bisection: 8 B an id where a ``set``
+    of them held ~50-80 B (the ``int`` object and the table's slots). :attr:`Reuse._lonely` is one:
+    two ids a LLaMA layer (its attention and MLP, left unkeyed inside keyed layers), alive
+    through the forward (issue #32: the count's own memory per layer)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: Iterable[int]) -> None:
+        self._ids = array("Q", sorted(ids))
+
+    def __contains__(self, ident: int) -> bool:
+        ids = self._ids
+        at = bisect_left(ids, ident)
+        return at < len(ids) and ids[at] == ident
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 def _keyed_groups(twins: Mapping[Any, List[nn.Module]], names: Mapping[nn.Module, str]) -> set:
