@@ -12,7 +12,7 @@ from tabulate import tabulate
 from flopcount.core.rendering import renders
 from flopcount.diffs.result import MODULE_METRICS, OPERATOR_METRICS
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
-from flopcount.units import ROOT_LABEL, escape_markdown, format_bytes, format_count, format_seconds
+from flopcount.units import ROOT_LABEL, escape_markdown, format_bytes, format_count, format_seconds, markdown_code
 
 if TYPE_CHECKING:
     from flopcount.diffs.gate import GrowthReport
@@ -170,7 +170,7 @@ def diff_markdown(diff: DiffResult, max_depth: Optional[int] = None, top: int = 
     """A pull-request comment: heading, summary line, totals, the top changes, then every
     changed module and operator folded in ``<details>``."""
     parts = [
-        f"### flopcount diff: `{escape_markdown(diff.a_label)}` → `{escape_markdown(diff.b_label)}`",
+        f"### flopcount diff: {markdown_code(diff.a_label)} → {markdown_code(diff.b_label)}",
         f"**{escape_markdown(summary_line(diff))}**",
         _table(_totals_rows(diff), headers=_TOTAL_HEADERS, tablefmt="github", colalign=_TOTAL_ALIGN),
     ]
@@ -243,6 +243,10 @@ def diff_to_csv(diff: DiffResult, max_depth: Optional[int] = None) -> str:
     return out.getvalue()
 
 
+#: how the current value of a growth line reads: ``>= x`` can only be higher, ``~ x`` either way
+_GROWTH_MARK = {"exact": "", "lower": ">= ", "estimate": "~ "}
+
+
 @renders("GrowthReport", "table")
 def growth_table(report: GrowthReport, fmt: str = "simple") -> str:
     """Metric, baseline, current, change, allowance and status per line."""
@@ -250,8 +254,11 @@ def growth_table(report: GrowthReport, fmt: str = "simple") -> str:
     for line in report.lines:
         metric = "peak_memory" if line.metric == "memory" else line.metric
         rel = line.relative
-        change = signed(metric, line.delta) + ("" if rel is None else f" ({100 * rel:+.2f}%)")
-        rows.append([line.metric, show(metric, line.baseline), ("~ " if line.bound != "exact" else "") + show(metric, line.current),
+        if line.allowance.percent is not None:  # the change as the allowance reads, apart from it
+            change = signed(metric, line.delta) + ("" if rel is None else f" ({line.growth_text()})")
+        else:
+            change = line.growth_text() + ("" if rel is None else f" ({100 * rel:+.2f}%)")
+        rows.append([line.metric, show(metric, line.baseline), _GROWTH_MARK[line.bound] + show(metric, line.current),
                      change, str(line.allowance), str(line.status)])
     return _table(rows, headers=["Growth", "Baseline", "Current", "Change", "Allowed", "Status"], tablefmt=fmt,
                     colalign=("left", "right", "right", "right", "right", "left"))
