@@ -298,3 +298,23 @@ def test_a_diffs_report_as_the_baseline_is_named_as_such(workdir, capsys, base):
     assert json.loads((workdir / "diff.json").read_text())["kind"] == "diff"
     err = one_error_line(*cli(capsys, "check", "gw_models.py:build", "-i", "4x16", "--baseline", "diff.json"))
     assert "--baseline diff.json is a diff's report (flopcount diff --format json), not a count's" in err
+
+
+# -- finding 10: the pre-commit hook did not run when the .pt2 a team gates was committed -----------
+
+def test_the_pre_commit_hook_runs_when_a_saved_program_is_staged():
+    """pre-commit runs a hook only for staged files its ``files`` pattern matches (re.search on
+    each path); it matched .py, .toml and .json, so committing a new model.pt2, the ENTRY of a
+    team that gates the artifact it ships, ran no check."""
+    from pathlib import Path
+
+    from flopcount.cli.artifacts import ARTIFACT_SUFFIXES
+
+    yaml = pytest.importorskip("yaml")
+    (hook,) = yaml.safe_load((Path(__file__).parents[2] / ".pre-commit-hooks.yaml").read_text())
+    pattern = re.compile(hook["files"])
+    for suffix in set(ARTIFACT_SUFFIXES) - {".ts", ".zip"}:  # left out: TypeScript, archives of anything
+        assert pattern.search(f"models/model{suffix}"), suffix
+    for name in ("my_model.py", "pyproject.toml", "flopcount-baseline.json"):
+        assert pattern.search(name)
+    assert not pattern.search("README.md") and not pattern.search("src/app.ts")
