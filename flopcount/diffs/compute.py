@@ -147,9 +147,10 @@ def _merged_order(a_keys: Iterable[Tuple[str, str]], b_keys: Iterable[Tuple[str,
 
 def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[str] = None) -> DiffResult:
     """What changes from A to B, per module (matched by path and type, a module torch.export
-    rebuilt matching the other side's module of its path: added, removed, changed), per operator (by name) and in total: params, MACs, FLOPs, bytes moved, and
-    peak memory and latency when both reports hold them, and the latency bound when both
-    hold one on the same part (``count --on``, :func:`bound_of`). ``a`` and ``b``: a
+    rebuilt matching the other side's module of its path: added, removed, changed), per
+    operator (by name) and in total: params, MACs, FLOPs, bytes moved, and peak memory and
+    latency when both reports hold them, and the latency bound when both hold one on the same
+    part (``count --on``, :func:`bound_of`). ``a`` and ``b``: a
     :class:`~flopcount.core.results.FlopResult`, a JSON report's path (``count --format json
     --output``) or its dict. Delta = B - A; relative = (B - A) / A."""
     result_a, label_a = as_result(a, "A")
