@@ -208,6 +208,23 @@ def test_a_lower_bound_over_the_allowance_is_a_certain_fail(workdir, capsys, bas
     assert "INCOMPLETE" in out
 
 
+def test_a_growth_passed_on_an_incomplete_count_says_so(workdir, capsys):
+    """--allow-incomplete lets the counts decide, and the verdict says "on an incomplete count", as a
+    budget's does (docs/cli.md); the growth verdict said a plain PASS. Params alone never depend on
+    the count: no remark."""
+    code, _, err = cli(capsys, "count", "gw_models.py:build", "-i", "4x16", "--config", "mystery=true", "--format", "json",
+                       "-o", "short.json")
+    assert code == 0, err
+    code, out, err = cli(capsys, "check", "gw_models.py:build", "-i", "4x16", "--config", "mystery=true",
+                         "--baseline", "short.json", "--allow-incomplete")
+    assert code == 0, err
+    assert "PASS: all 3 metric(s) within the allowed growth (on an incomplete count, allowed)" in out
+    code, out, err = cli(capsys, "check", "gw_models.py:build", "-i", "4x16", "--config", "mystery=true",
+                         "--baseline", "short.json", "--max-growth", "params=0")
+    assert code == 0, err
+    assert "PASS: all 1 metric(s) within the allowed growth\n" in out
+
+
 # -- finding 5: the pull-request comment: repeated layers' * and __names__ became emphasis ----------
 
 def _rendered(markdown: str) -> str:
