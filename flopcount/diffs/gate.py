@@ -85,6 +85,8 @@ def parse_allowance(metric: str, text: Union[str, int, float], source: str) -> A
 def parse_growth(text: str, source: str = "--max-growth") -> Dict[str, Allowance]:
     """``"flops=2%,params=0,memory=5%"`` -> one :class:`Allowance` per metric."""
     found: Dict[str, Allowance] = {}
+    if ";" in str(text):  # no allowance holds one: the list was written with the wrong separator
+        raise UsageError(f"{source}: {str(text)!r}: allowances are separated by commas (e.g. flops=2%,params=0)")
     for part in str(text).split(","):
         if not part.strip():
             continue

@@ -225,6 +225,14 @@ def test_a_growth_passed_on_an_incomplete_count_says_so(workdir, capsys):
     assert "PASS: all 1 metric(s) within the allowed growth\n" in out
 
 
+def test_allowances_written_with_semicolons_are_told_the_separator(workdir, capsys, base):
+    """'flops=2%;params=0' read as flops = '2%;params=0', "is not a number"."""
+    code, out, err = cli(capsys, "check", "gw_models.py:build", "-i", "4x16", "--baseline", base,
+                         "--max-growth", "flops=2%;params=0")
+    assert code == 2 and out == ""
+    assert "allowances are separated by commas (e.g. flops=2%,params=0)" in err
+
+
 # -- finding 5: the pull-request comment: repeated layers' * and __names__ became emphasis ----------
 
 def _rendered(markdown: str) -> str:
