@@ -842,8 +842,9 @@ def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[in
 def baseline_report(path: str) -> Any:
     """The saved report ``check --baseline`` compares with."""
     if not Path(path).is_file():
+        here = path.replace("\\", "/") if slash_hint(path) else path
         raise UsageError(f"--baseline {path}: no such file{slash_hint(path)} "
-                         f"(write it with: flopcount count ENTRY --format json --output {path})")
+                         f"(write it with: flopcount count ENTRY --format json --output {here})")
     return read_report(path, f"--baseline {path}")
 
 

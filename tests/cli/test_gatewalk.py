@@ -314,7 +314,8 @@ def test_a_windows_path_says_what_it_would_be_here(workdir, capsys, base):
     assert "file not found: models\\gw_models.py (written with \\, as on Windows: folders are separated by / here, " \
            "models/gw_models.py exists)" in err
     err = one_error_line(*cli(capsys, "check", "gw_models.py:build", "-i", "4x16", "--baseline", "reports\\base.json"))
-    assert "folders are separated by / here, reports/base.json)" in err
+    assert "folders are separated by / here, reports/base.json) (write it with: flopcount count ENTRY --format json " \
+           "--output reports/base.json)" in err
 
 
 def test_a_diffs_report_as_the_baseline_is_named_as_such(workdir, capsys, base):
