@@ -93,6 +93,17 @@ MODELS = textwrap.dedent(
 
     def moe(h=8):
         return Moe(h)
+
+    class Wide(nn.Module):
+        def __init__(self, n=1500):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(n)])
+
+        def forward(self, x):
+            return sum(block(x) for block in self.blocks)
+
+    def wide(n=1500):
+        return Wide(n)
     """
 )
 
@@ -251,6 +262,27 @@ def test_the_pr_comment_shows_module_names_as_written(workdir, capsys):
     # four experts, each Linear(8, 8) -> Linear(16, 16): +(16 x 16 + 16) - (8 x 8 + 8) = 200 params each
     assert "layers.*.experts.*.w (x4)" in cells
     assert "__gate__" in cells
+
+
+def test_the_pr_comment_stays_within_githubs_limit(workdir, capsys):
+    """GitHub refuses a comment longer than 65,536 characters ("Body is too long"); a model whose
+    1,500 layers all changed (a 70B model's hidden size: ~1,000 rows) made a 110 kB comment. The
+    folded module table keeps its first rows and says how many more; the operators' stays whole."""
+    code, out, err = cli(capsys, "diff", "gw_models.py:wide", "gw_models.py:wide", "--a-input", "2x4", "--b-input", "3x4",
+                         "--format", "markdown")
+    assert code == 0, err
+    assert len(out) <= 65_536
+    changed = 1 + 1 + 1500  # the model, the ModuleList, each Linear: a batch of 3 for 2 costs 3/2
+    assert f"<summary>All changed modules ({changed})</summary>" in out
+    details = out.split("<summary>All changed modules", 1)[1].split("</details>", 1)
+    shown = details[0].count("\n| ") - 1  # the rows, less the header
+    left = int(re.search(r"_([\d,]+) more rows not shown", details[1]).group(1).replace(",", ""))
+    assert shown + left == changed and shown > 500
+    assert "| aten::linear | changed | 0 | +24.000 K |" in out  # 1,500 x (3 - 2) x 4 x 4 MACs, in the whole operators' table
+    code, small, err = cli(capsys, "diff", "gw_models.py:wide", "gw_models.py:wide", "--a-input", "2x4", "--b-input", "3x4",
+                           "--config", "n=10", "--format", "markdown")
+    # every row, and the ten alike as one in the top changes
+    assert "more rows not shown" not in small and small.count("\n| blocks.") == 10 + 1 and "| blocks.\\* (x10) |" in small
 
 
 def test_the_pr_comment_heading_shows_a_windows_path_as_written(workdir, capsys, base):
