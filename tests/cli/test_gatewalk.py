@@ -133,7 +133,7 @@ def test_the_hand_formulas_are_torchs():
         assert sum(p.numel() for p in net.parameters()) == params(h)
 
 
-# -- finding 1: a budget a hair under the count read "6.272 KFLOPs > 6.272 KFLOPs" ------------------
+# -- findings 1 and 1b (docs/performance.md, branch gatewalk): a limit and an actual that read alike
 
 def test_a_budget_a_hair_under_the_count_reads_apart_from_it(workdir, capsys):
     limit = flops(32) - 0.1  # 6271.9
@@ -161,7 +161,7 @@ def test_a_latency_bound_below_a_nanosecond_does_not_read_zero(workdir, capsys):
     assert row.split()[1:] == ["1.000", "ms", ">=", f"{bound_ns * 1e-6:.6f}", "ms", "UNDECIDED"]
 
 
-# -- findings 2 and 3: the growth verdict compared a percentage with an amount, or read "x > x" -----
+# -- findings 2, 3 and 5: growth read "x > x", compared a percentage with an amount; bytes= in bytes
 
 def test_growth_past_a_percentage_reads_apart_from_it(workdir, capsys, base):
     growth = 100 * (params(48) - params(32)) / params(32)  # 49.505 %
@@ -199,7 +199,7 @@ def test_a_bytes_allowance_takes_byte_units(workdir, capsys, base):
     assert code == 0, err
 
 
-# -- finding 4: a count short by an op without a handler, over the allowance already, read INCOMPLETE ----
+# -- findings 4, 12 and 13: a lower bound over the allowance; --allow-incomplete said; semicolons
 
 def test_a_lower_bound_over_the_allowance_is_a_certain_fail(workdir, capsys, base):
     """Net(64) with a custom op: its count (12,288 + 256 FLOPs, the op not counted) can only be
@@ -244,7 +244,7 @@ def test_allowances_written_with_semicolons_are_told_the_separator(workdir, caps
     assert "allowances are separated by commas (e.g. flops=2%,params=0)" in err
 
 
-# -- finding 5: the pull-request comment: repeated layers' * and __names__ became emphasis ----------
+# -- findings 6 and 14: the pull-request comment: * and __names__ became emphasis; over GitHub's limit
 
 def _rendered(markdown: str) -> str:
     markdown_it = pytest.importorskip("markdown_it")
@@ -293,7 +293,7 @@ def test_the_pr_comment_heading_shows_a_windows_path_as_written(workdir, capsys,
     assert "<code>reports\\base.json (gw_models.py:build)</code>" in heading
 
 
-# -- finding 6: the eager model against the .pt2 it ships read as two different models --------------
+# -- finding 7: the eager model against the .pt2 it ships read as two different models
 
 def _export(workdir, h: int, name: str) -> str:
     import gw_models  # the file the fixture wrote, on sys.path as the CLI put it there
@@ -317,7 +317,7 @@ def test_the_shipped_program_matches_its_eager_model(workdir, capsys, base, monk
     assert f"(most in l1 (Linear) +{IN * 16 + 16}, l2 (Linear) +{16 * OUT})" in out
 
 
-# -- finding 7: a .pt2 calling a custom op this process lacks: a message cut mid-node ---------------
+# -- finding 8: a .pt2 calling a custom op this process lacks: a message cut mid-node
 
 def test_a_program_calling_an_unregistered_op_names_it(workdir, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(workdir))
@@ -337,7 +337,7 @@ def test_a_program_calling_an_unregistered_op_names_it(workdir, capsys, monkeypa
     assert "module:attr" in err
 
 
-# -- findings 8 and 9: Windows paths on Linux; a diff's report as the baseline ---------------------
+# -- findings 9 and 10: Windows paths on Linux; a diff's report as the baseline
 
 def test_a_windows_path_says_what_it_would_be_here(workdir, capsys, base):
     (workdir / "models").mkdir()
@@ -358,7 +358,7 @@ def test_a_diffs_report_as_the_baseline_is_named_as_such(workdir, capsys, base):
     assert "--baseline diff.json is a diff's report (flopcount diff --format json), not a count's" in err
 
 
-# -- finding 10: the pre-commit hook did not run when the .pt2 a team gates was committed -----------
+# -- finding 11: the pre-commit hook did not run when the .pt2 a team gates was committed
 
 def test_the_pre_commit_hook_runs_when_a_saved_program_is_staged():
     """pre-commit runs a hook only for staged files its ``files`` pattern matches (re.search on
