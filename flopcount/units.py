@@ -24,9 +24,9 @@ def format_count(value: Optional[float], digits: int = 3) -> str:
     return f"{sign}{value:g}" if isinstance(value, float) else f"{sign}{value}"
 
 
-def with_unit(value: Optional[float], unit: str) -> str:
+def with_unit(value: Optional[float], unit: str, digits: int = 3) -> str:
     """``(4.089e9, "MACs") -> '4.089 GMACs'``; ``(12, "FLOPs") -> '12 FLOPs'``."""
-    text = format_count(value)
+    text = format_count(value, digits)
     return f"{text}{unit}" if text[-1:].isalpha() else f"{text} {unit}"
 
 
@@ -35,19 +35,41 @@ def with_unit(value: Optional[float], unit: str) -> str:
 SIZE_UNITS = "1 MB = 10^6 bytes"
 
 
-def format_bytes(value: float) -> str:
+def format_bytes(value: float, decimals: int = 2) -> str:
     """Decimal units: ``102_440_000 -> '102.44 MB'`` (1 MB = 10^6 bytes)."""
     size = float(value)
     for unit in ("B", "kB", "MB", "GB"):
         if abs(size) < 1000:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.{decimals}f} {unit}"
         size /= 1000
-    return f"{size:.2f} TB"
+    return f"{size:.{decimals}f} TB"
 
 
 def escape_markdown(cell: object) -> str:
-    """A table cell safe inside a GitHub markdown table (``|`` would end the cell)."""
-    return str(cell).replace("\\", "\\\\").replace("|", "\\|")
+    """Text that GitHub markdown shows as written, in a table cell or a paragraph: ``|`` would end
+    the cell, two ``*`` (``layers.*.experts.*.w1``, a diff's repeated layers) or ``_`` at a word's
+    edge (``__x__``) would pair into emphasis, ``<b>`` would be HTML, a backtick would open code;
+    ``_`` inside a word (``q_proj``) is never emphasis and stays as it is."""
+    text = str(cell)
+    out = []
+    for i, ch in enumerate(text):
+        if ch in "\\|*`<" or (ch == "_" and not (0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum())):
+            out.append("\\")
+        out.append(ch)
+    return "".join(out)
+
+
+def markdown_code(text: object) -> str:
+    """``text`` as a markdown code span, shown exactly as written (backslashes of a Windows path
+    included: a code span has no escapes), its fence longer than any run of backticks inside."""
+    text = str(text)
+    longest = run = 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def format_share(part: float, whole: float) -> str:
@@ -97,15 +119,54 @@ def format_ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f} ms"
 
 
-def show_value(value: Union[int, float], unit: str) -> str:
-    """A budget's limit or actual value in its unit (``s``, shown in milliseconds; ``MB``; ``bytes``
-    or a count)."""
-    if unit == "s":
-        return format_ms(float(value) * 1e3)
-    if unit == "ms":
-        return format_ms(float(value))
-    if unit == "MB":
-        return format_bytes(float(value) * 10**6)
-    if unit == "bytes":
-        return format_bytes(int(value))
-    return with_unit(value, unit) if unit else format_count(value)
+def show_value(value: Union[int, float], unit: str, extra: int = 0, *, time_unit: Tuple[float, str] = (1e-3, "ms")) -> str:
+    """A budget's limit or actual value in its unit (``s``, shown in milliseconds, or in
+    ``time_unit``; ``MB``; ``bytes`` or a count); ``extra`` digits more than the usual (:func:`show_apart`)."""
+    if unit in ("s", "ms"):
+        seconds = float(value) * (1.0 if unit == "s" else 1e-3)
+        scale, name = time_unit
+        return f"{seconds / scale:.{3 + extra}f} {name}"
+    if unit in ("MB", "bytes"):
+        return format_bytes(float(value) * 10**6 if unit == "MB" else int(value), 2 + extra)
+    return with_unit(value, unit, 3 + extra) if unit else format_count(value, 3 + extra)
+
+
+#: how many digits :func:`show_apart` adds at most
+_MOST_EXTRA_DIGITS = 12
+
+
+def show_apart(actual: Union[int, float], limit: Union[int, float], unit: str) -> Tuple[str, str]:
+    """``actual`` and ``limit`` as :func:`show_value` spells them, with the digits that keep
+    them apart: two different values never read the same (``6.2720 KFLOPs`` beside ``6.2719
+    KFLOPs``, not ``6.272`` twice: both get digits) and a value that is not 0 never reads 0 (a
+    0.1 ns latency bound beside a 1 ms budget: ``0.0000001 ms``, not ``0.000 ms``: that value gets
+    them; below a microsecond a time takes the larger value's unit: ``0.094 ns`` beside
+    ``0.050 ns``), so a verdict never reads "x > x"."""
+    time_unit = (1e-3, "ms")
+
+    def spelt(value: Union[int, float], extra: int) -> str:
+        return show_value(value, unit, extra, time_unit=time_unit)
+
+    if unit in ("s", "ms") and not _kept_apart(actual, limit, spelt(actual, 0), spelt(limit, 0)):
+        largest = max(abs(float(actual)), abs(float(limit))) * (1.0 if unit == "s" else 1e-3)
+        time_unit = _time_unit(largest) if 0 < largest < 1e-3 else time_unit
+
+    common = next((extra for extra in range(_MOST_EXTRA_DIGITS) if actual == limit or spelt(actual, extra) != spelt(limit, extra)),
+                  _MOST_EXTRA_DIGITS)
+
+    def own(value: Union[int, float]) -> str:
+        extra = next((e for e in range(common, _MOST_EXTRA_DIGITS) if not value or _reads_nonzero(spelt(value, e))), _MOST_EXTRA_DIGITS)
+        return spelt(value, extra)
+
+    return own(actual), own(limit)
+
+
+def _kept_apart(actual: Union[int, float], limit: Union[int, float], actual_text: str, limit_text: str) -> bool:
+    """Different values read differently, and no value but 0 reads 0."""
+    if actual != limit and actual_text == limit_text:
+        return False
+    return all(_reads_nonzero(text) for value, text in ((actual, actual_text), (limit, limit_text)) if value)
+
+
+def _reads_nonzero(text: str) -> bool:
+    return any(ch in "123456789" for ch in text.split(" ")[0])

@@ -36,7 +36,7 @@ from flopcount.core.deprecation import in_ms, ms_aliases, seconds_or_ms, warn_re
 from flopcount.core.rendering import render
 from flopcount.errors import UsageError, close_names, did_you_mean
 from flopcount.types import Status
-from flopcount.units import show_value
+from flopcount.units import show_apart
 
 # decimal multipliers, like the units the reports print (1 G = 10^9)
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -252,7 +252,8 @@ class BudgetLine:
         relation = "<=" if self.passed else ">"
         at_least = {"exact": "", "lower": ">= ", "estimate": "~"}[self.bound]
         basis = f" ({self.basis})" if self.basis else ""
-        return f"{self.name} {at_least}{show_value(self.actual, self.unit)} {relation} {show_value(self.limit, self.unit)}{basis}"
+        actual, limit = show_apart(self.actual, self.limit, self.unit)
+        return f"{self.name} {at_least}{actual} {relation} {limit}{basis}"
 
 
 @dataclass(frozen=True)

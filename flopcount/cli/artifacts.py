@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from flopcount.cli.output import describe
+from flopcount.cli.output import describe, slash_hint
 from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, make_tensor
 from flopcount.errors import UsageError
 from flopcount.types import dtype_name
@@ -76,7 +76,7 @@ def artifact_file(entry: str) -> Optional[Path]:
 
 def _read(entry: str, path: Path) -> bytes:
     if not path.exists():
-        raise UsageError(f"bad ENTRY: file not found: {entry}")
+        raise UsageError(f"bad ENTRY: file not found: {entry}{slash_hint(entry)}")
     if path.is_dir():
         hint = f"; for a Hugging Face checkpoint folder use hf:{entry}" if (path / "config.json").is_file() else ""
         raise UsageError(f"bad ENTRY: {entry} is a folder, not a model file{hint}")
@@ -211,6 +211,8 @@ def _load_torchscript(entry: str, data: bytes, device: str) -> LoadedEntry:
 
 
 _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
+#: a node of the program whose operator torch.export.load could not resolve (a custom op)
+_NODE_TARGET = re.compile(r"Failed deserializing node Node\(target='torch\.ops\.(\w+)\.(\w+)(?:\.(\w+))?'")
 # packages whose output types flopcount may import to read a program (installed code, named
 # by the file: only these, never an arbitrary module)
 _KNOWN_PACKAGES = ("transformers.",)
@@ -247,10 +249,33 @@ def _load_export(entry: str, data: bytes, device: str, graph_device: Optional[st
                     "registered with torch's pytree here (flopcount imports transformers' types itself; for others, "
                     "count the model's code as module:attr)"
                 ) from exc
+            unknown = _unregistered_op(causes)
+            if unknown is not None:
+                raise UsageError(
+                    f"bad ENTRY: {entry} calls the operator {unknown}, which is not registered in this process (a custom "
+                    "op: torch.export.load needs the library that defines it imported first, and flopcount imports none "
+                    "named by a file); count the code that builds the model as module:attr or path.py:attr, whose "
+                    "import registers it"
+                ) from exc
             raise UsageError(f"bad ENTRY: torch.export.load could not read {entry}: {causes[0][:300]}") from exc
         finally:
             logger.removeFilter(log)
     return artifact_from_program(entry, program, device, graph_device)
+
+
+def _unregistered_op(causes: List[str]) -> Optional[str]:
+    """``ns::name`` of a program node's operator that this process does not have (torch's own
+    message of it is a page long, cut short mid-node), else None."""
+    for cause in causes:
+        found = _NODE_TARGET.search(cause)
+        if found is None:
+            continue
+        namespace, name = found.group(1), found.group(2)
+        try:
+            getattr(getattr(torch.ops, namespace), name)
+        except (AttributeError, RuntimeError):
+            return f"{namespace}::{name}"
+    return None
 
 
 def _import_owner(type_name: str) -> bool:

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -25,7 +26,16 @@ from flopcount.cli.latency import (
     run_profile,
     with_prediction,
 )
-from flopcount.cli.output import emit, progress, refuse_without_section_form, report_notes, say, with_section, written
+from flopcount.cli.output import (
+    emit,
+    progress,
+    refuse_without_section_form,
+    report_notes,
+    say,
+    slash_hint,
+    with_section,
+    written,
+)
 from flopcount.cli.parser import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_OK, pairs_once
 from flopcount.cli.serving import count_generation_command, run_serve
 from flopcount.core.rendering import render
@@ -774,7 +784,7 @@ def count_side(args: argparse.Namespace, side: str, text: str) -> Any:
         own = [f"--{side}-{flag[2:]}" for attr, flag in _SHARED if getattr(args, f"{side}_{attr}")]
         if own:
             raise UsageError(f"{', '.join(own)}: {name} is a saved report ({text}), not an ENTRY to count")
-        return load_report(text)
+        return read_report(text, f"{name} = {text}")
     _refuse_unread_report(name, text)
     args = side_args(args, side, text)
     progress(args, f"counting {name} = {_label(args)} ...")
@@ -832,8 +842,34 @@ def render_diff(change: Any, fmt: str, *, depth: Optional[int], top: Optional[in
 def baseline_report(path: str) -> Any:
     """The saved report ``check --baseline`` compares with."""
     if not Path(path).is_file():
-        raise UsageError(f"--baseline {path}: no such file (write it with: flopcount count ENTRY --format json --output {path})")
-    return load_report(path)
+        here = path.replace("\\", "/") if slash_hint(path) else path
+        raise UsageError(f"--baseline {path}: no such file{slash_hint(path)} "
+                         f"(write it with: flopcount count ENTRY --format json --output {here})")
+    return read_report(path, f"--baseline {path}")
+
+
+def read_report(path: str, what: str) -> Any:
+    """A saved count's report; one that is not a count's, said as what it is: a diff's
+    (``diff --format json``), which a count's reader would call a report missing its params."""
+    if not Path(path).is_file():
+        raise UsageError(f"report {path}: no such file{slash_hint(path)}")
+    try:
+        return load_report(path)
+    except UsageError:
+        if _report_kind(path) == "diff":
+            raise UsageError(f"{what} is a diff's report (flopcount diff --format json), not a count's: give the "
+                             "report count --format json wrote (a diff holds two counts' totals, not one)") from None
+        raise
+
+
+def _report_kind(path: str) -> Optional[str]:
+    """The ``kind`` a JSON report names (``"diff"``), or None."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    kind = data.get("kind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {

@@ -36,7 +36,7 @@ from torch import nn
 
 from flopcount.cli.artifacts import hub_hint, is_local_hf, load_artifact, local_hf_config, looks_like_artifact
 from flopcount.cli.deadline import CommandTimeout
-from flopcount.cli.output import describe
+from flopcount.cli.output import describe, slash_hint
 from flopcount.cli.parser import pairs_once
 from flopcount.cli.specs import InputSpec, LoadedEntry, config_with, parse_spec
 from flopcount.core.dtypes import parse_dtype
@@ -134,7 +134,7 @@ def _import_target(text: str) -> Any:
 def _import_file(path_text: str) -> Any:
     path = Path(path_text).expanduser()
     if not path.exists():
-        raise UsageError(f"bad ENTRY: file not found: {path_text}")
+        raise UsageError(f"bad ENTRY: file not found: {path_text}{slash_hint(path_text)}")
     if not path.is_file():
         raise UsageError(f"bad ENTRY: {path_text} is not a file")
     if path.suffix != ".py":

@@ -22,6 +22,17 @@ def say(message: str, kind: str = "") -> None:
     print(f"flopcount: {kind}: {message}" if kind else f"flopcount: {message}", file=sys.stderr, flush=True)
 
 
+def slash_hint(text: str) -> str:
+    """For a missing path written with backslashes on a system whose folders are separated by
+    ``/`` (a Windows path in a CI step or a pyproject.toml run on Linux): what it would be here,
+    and whether that exists; "" otherwise."""
+    if "\\" not in text or os.sep == "\\":
+        return ""
+    here = text.replace("\\", "/")
+    found = " exists" if Path(here).expanduser().exists() else ""
+    return f" (written with \\, as on Windows: folders are separated by / here, {here}{found})"
+
+
 def one_line(text: str) -> str:
     return " ".join(text.split())
 

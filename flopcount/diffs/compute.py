@@ -79,8 +79,41 @@ def _modules(result: FlopResult) -> Dict[Tuple[str, str], Tuple[int, Dict[str, N
             for info in result.modules}
 
 
+#: the classes torch.export rebuilds a program's modules as (``torch.export.unflatten``; fx's
+#: ``GraphModule`` for a program read flat): they keep each module's path but not its class
+REBUILT_TYPES = frozenset({"InterpreterModule", "UnflattenedModule", "GraphModule"})
+
+ModuleKey = Tuple[str, str]
+
+
+def _matched_rebuilt(mods_a: Dict[ModuleKey, Any], mods_b: Dict[ModuleKey, Any]) -> Tuple[Dict[ModuleKey, Any], Dict[ModuleKey, Any]]:
+    """Both sides' modules with a rebuilt module (an exported program's ``InterpreterModule``)
+    keyed as the module of the same path on the other side, that one's class named: the eager
+    model against the ``.pt2`` it ships is one model, each path matched, not every module removed
+    and added. A path the other side lacks, or has as a rebuilt type too, is left as it is."""
+
+    def rekeyed(mine: Dict[ModuleKey, Any], other: Dict[ModuleKey, Any]) -> Dict[ModuleKey, Any]:
+        by_path: Dict[str, List[str]] = {}
+        for name, type_name in other:
+            if type_name not in REBUILT_TYPES:
+                by_path.setdefault(name, []).append(type_name)
+        out = {}
+        for (name, type_name), value in mine.items():
+            types = by_path.get(name, [])
+            rebuilt = type_name in REBUILT_TYPES and (name, type_name) not in other and len(types) == 1
+            out[(name, types[0]) if rebuilt else (name, type_name)] = value
+        return out
+
+    return rekeyed(mods_a, mods_b), rekeyed(mods_b, mods_a)
+
+
 def _operators(result: FlopResult) -> Dict[str, Dict[str, Number]]:
     return {op: _values("count", t.calls, t) for op, t in result.operator_totals().items()}
+
+
+def _lower_bound(result: FlopResult) -> bool:
+    """Incomplete only by ops without a handler: its MACs, FLOPs and bytes can only be higher."""
+    return not result.complete and not result.gaps
 
 
 def _status(a: Optional[Mapping[str, Number]], b: Optional[Mapping[str, Number]]) -> Status:
@@ -113,10 +146,11 @@ def _merged_order(a_keys: Iterable[Tuple[str, str]], b_keys: Iterable[Tuple[str,
 
 
 def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[str] = None) -> DiffResult:
-    """What changes from A to B, per module (matched by path and type: added, removed,
-    changed), per operator (by name) and in total: params, MACs, FLOPs, bytes moved, and
-    peak memory and latency when both reports hold them, and the latency bound when both
-    hold one on the same part (``count --on``, :func:`bound_of`). ``a`` and ``b``: a
+    """What changes from A to B, per module (matched by path and type, a module torch.export
+    rebuilt matching the other side's module of its path: added, removed, changed), per
+    operator (by name) and in total: params, MACs, FLOPs, bytes moved, and peak memory and
+    latency when both reports hold them, and the latency bound when both hold one on the same
+    part (``count --on``, :func:`bound_of`). ``a`` and ``b``: a
     :class:`~flopcount.core.results.FlopResult`, a JSON report's path (``count --format json
     --output``) or its dict. Delta = B - A; relative = (B - A) / A."""
     result_a, label_a = as_result(a, "A")
@@ -130,7 +164,7 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
     totals = Change("total", "", "", 0, _status(totals_a, totals_b),
                     {m: totals_a[m] for m in both}, {m: totals_b[m] for m in both})
 
-    mods_a, mods_b = _modules(result_a), _modules(result_b)
+    mods_a, mods_b = _matched_rebuilt(_modules(result_a), _modules(result_b))
     modules: List[Change] = []
     for key in _merged_order(mods_a, mods_b):
         side_a, side_b = mods_a.get(key), mods_b.get(key)
@@ -152,6 +186,8 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
         operators=operators,
         a_incomplete=result_a.incomplete_reasons(),
         b_incomplete=result_b.incomplete_reasons(),
+        a_lower=_lower_bound(result_a),
+        b_lower=_lower_bound(result_b),
         a_phases=" + ".join(result_a.by_phase()) or "forward",
         b_phases=" + ".join(result_b.by_phase()) or "forward",
         a_inputs=result_a.input_description,

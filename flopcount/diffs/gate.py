@@ -19,7 +19,7 @@ from flopcount.core.rendering import render
 from flopcount.diffs.result import Change, DiffResult, Number
 from flopcount.errors import UsageError, did_you_mean
 from flopcount.types import Status
-from flopcount.units import format_count
+from flopcount.units import format_bytes, format_count
 
 #: allowance name -> the diff metric it limits
 GROWTH_METRICS: Dict[str, str] = {"params": "params", "flops": "flops", "macs": "macs", "bytes": "bytes", "memory": "peak_memory"}
@@ -57,7 +57,8 @@ def _number(value: Fraction) -> str:
 
 
 def parse_allowance(metric: str, text: Union[str, int, float], source: str) -> Allowance:
-    """``("flops", "2%")``, ``("params", 0)``, ``("params", "1M")``, ``("memory", "512MiB")``."""
+    """``("flops", "2%")``, ``("params", 0)``, ``("params", "1M")``, ``("memory", "512MiB")``,
+    ``("bytes", "4KiB")``."""
     from flopcount.budget.check import parse_bytes, parse_quantity
 
     name = metric.strip().lower()
@@ -74,14 +75,18 @@ def parse_allowance(metric: str, text: Union[str, int, float], source: str) -> A
         if percent < 0:
             raise UsageError(f"{source}: {name}={raw!r}: an allowance cannot be negative")
         return Allowance(name, percent=percent)
-    # both parsers refuse a negative amount ("must be a finite ... >= 0")
-    value = parse_bytes(raw, f"{source}: {name}") if name == "memory" else parse_quantity(raw, f"{source}: {name}")
+    # both parsers refuse a negative amount ("must be a finite ... >= 0"); bytes moved are bytes
+    # as a peak is: 4KiB and 1MB read as sizes, 4K as a count
+    in_bytes = name == "memory" or (name == "bytes" and raw.upper().endswith("B"))
+    value = parse_bytes(raw, f"{source}: {name}") if in_bytes else parse_quantity(raw, f"{source}: {name}")
     return Allowance(name, absolute=int(value))
 
 
 def parse_growth(text: str, source: str = "--max-growth") -> Dict[str, Allowance]:
     """``"flops=2%,params=0,memory=5%"`` -> one :class:`Allowance` per metric."""
     found: Dict[str, Allowance] = {}
+    if ";" in str(text):  # no allowance holds one: the list was written with the wrong separator
+        raise UsageError(f"{source}: {str(text)!r}: allowances are separated by commas (e.g. flops=2%,params=0)")
     for part in str(text).split(","):
         if not part.strip():
             continue
@@ -142,7 +147,9 @@ class GrowthLine:
     baseline: Number
     current: Number
     allowance: Allowance
-    #: exact, or ``estimate`` when the metric rests on an incomplete count on either side
+    #: exact; ``lower`` when the current count is short only by ops without a handler and the
+    #: baseline is complete (the current value, so the growth, can only be higher: over the
+    #: allowance is a certain FAIL); ``estimate`` when it rests on an incomplete count otherwise
     bound: str = "exact"
 
     @property
@@ -163,9 +170,25 @@ class GrowthLine:
 
     @property
     def status(self) -> Status:
-        if self.bound != "exact":
-            return Status.INCOMPLETE
-        return Status.PASS if self.passed else Status.FAIL
+        if self.bound == "exact":
+            return Status.PASS if self.passed else Status.FAIL
+        return Status.FAIL if self.bound == "lower" and not self.passed else Status.INCOMPLETE
+
+    def growth_text(self) -> str:
+        """The growth in the allowance's own terms, with the digits that keep it apart from the
+        allowance: ``+49.505%`` against ``+49.5%`` (not ``+49.50%``), ``+3,136`` against an
+        amount of ``+3,135``; ``new`` for a percentage of a baseline of 0."""
+        if self.allowance.percent is None:
+            return f"{self.delta:+,}" if self.delta else "0"
+        if self.baseline == 0:
+            return "new"
+        percent = Fraction(self.delta) / Fraction(self.baseline) * 100
+        allowed = self.allowance.percent
+        for digits in range(2, 16):  # more digits while the rounded growth reads as within the allowance
+            text = f"{float(percent):+.{digits}f}"
+            if (Fraction(text) > allowed) == (percent > allowed) and (Fraction(text) != allowed or percent == allowed):
+                break
+        return text + "%"
 
     @property
     def note(self) -> str:
@@ -224,10 +247,19 @@ class GrowthReport:
             parts = []
             for line in self.exceeded:
                 grew = self.grew_most().get(line.metric, ())
-                where = f" (most in {', '.join(f'{row.name} ({row.type_name}{_times(row.repeats)}) +{format_count(row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
-                parts.append(f"{line.metric} {_signed_percent(line.relative)} > {line.allowance}{where}")
-            return f"FAIL: {len(parts)} of {n} metric(s) grew past the allowance: " + "; ".join(parts)
-        return f"PASS: all {n} metric(s) within the allowed growth"
+                where = f" (most in {', '.join(f'{row.name} ({row.type_name}{_times(row.repeats)}) +{_amount(line.metric, row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
+                at_least = ">= " if line.bound == "lower" else ""
+                share = f" ({100 * line.relative:+.2f}%)" if line.allowance.percent is None and line.relative is not None else ""
+                parts.append(f"{line.metric} {at_least}{line.growth_text()}{share} > {line.allowance}{where}")
+            return f"FAIL: {len(parts)} of {n} metric(s) grew past the allowance{self._short()}: " + "; ".join(parts)
+        return f"PASS: all {n} metric(s) within the allowed growth{self._short()}"
+
+    def _short(self) -> str:
+        """`` (on an incomplete count[, allowed])`` when a counted metric rests on an incomplete
+        count, as a budget's verdict says it; "" when only params and peak memory were checked."""
+        if all(line.bound == "exact" for line in self.lines):
+            return ""
+        return " (on an incomplete count" + (", allowed)" if self.allow_incomplete else ")")
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -255,12 +287,13 @@ class GrowthReport:
         return str(render(self, "table", fmt=fmt))
 
 
+def _amount(metric: str, value: Optional[Number]) -> str:
+    """A module's growth in its metric's unit: bytes as a size (``1.34 kB``), counts with K/M/G."""
+    return format_bytes(value or 0) if metric == "bytes" else format_count(value)
+
+
 def _times(repeats: int) -> str:
     return f" x{repeats}" if repeats > 1 else ""
-
-
-def _signed_percent(value: Optional[float]) -> str:
-    return "new" if value is None else f"{100 * value:+.2f}%"
 
 
 def check_growth(diff: DiffResult, allowances: Mapping[str, Allowance], *, allow_incomplete: bool = False) -> GrowthReport:
@@ -268,7 +301,7 @@ def check_growth(diff: DiffResult, allowances: Mapping[str, Allowance], *, allow
     one side lacks (peak memory without ``count --memory``) raises a :class:`UsageError`
     saying how to write it."""
     lines = []
-    incomplete = not diff.complete
+    counted = _counted_bound(diff)
     for name, allowance in allowances.items():
         metric = GROWTH_METRICS[name]
         baseline, current = diff.totals.before(metric), diff.totals.after(metric)
@@ -276,6 +309,14 @@ def check_growth(diff: DiffResult, allowances: Mapping[str, Allowance], *, allow
             side = "the baseline" if baseline is None else "the current count"
             hint = " (write the baseline with count --memory --format json)" if name == "memory" else ""
             raise UsageError(f"max-growth {name}: {side} has no {metric.replace('_', ' ')}{hint}")
-        bound = "estimate" if incomplete and name in COUNTED else "exact"
-        lines.append(GrowthLine(name, baseline, current, allowance, bound))
+        lines.append(GrowthLine(name, baseline, current, allowance, counted if name in COUNTED else "exact"))
     return GrowthReport(tuple(lines), diff, allow_incomplete)
+
+
+def _counted_bound(diff: DiffResult) -> str:
+    """How far a counted metric's growth can be trusted: exact (both counts complete); lower
+    (the baseline complete, the current count short only by ops without a handler: it can only
+    be higher); else an estimate (a short baseline's growth may be smaller or larger)."""
+    if diff.complete:
+        return "exact"
+    return "lower" if not diff.a_incomplete and diff.b_lower else "estimate"

@@ -115,6 +115,11 @@ class DiffResult(Rendered):
     #: why each side's count may be short (empty when complete)
     a_incomplete: Tuple[str, ...] = ()
     b_incomplete: Tuple[str, ...] = ()
+    #: each side's count is short only by ops without a handler (no gap: nothing a placeholder
+    #: or an unseen piece of work may have moved either way), so its MACs, FLOPs and bytes
+    #: are lower bounds; False for a complete side
+    a_lower: bool = False
+    b_lower: bool = False
     #: what each side covers: forward, forward + backward...; and its inputs
     a_phases: str = "forward"
     b_phases: str = "forward"

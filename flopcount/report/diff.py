@@ -12,7 +12,7 @@ from tabulate import tabulate
 from flopcount.core.rendering import renders
 from flopcount.diffs.result import MODULE_METRICS, OPERATOR_METRICS
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
-from flopcount.units import ROOT_LABEL, escape_markdown, format_bytes, format_count, format_seconds
+from flopcount.units import ROOT_LABEL, escape_markdown, format_bytes, format_count, format_seconds, markdown_code
 
 if TYPE_CHECKING:
     from flopcount.diffs.gate import GrowthReport
@@ -165,30 +165,62 @@ def diff_table(diff: DiffResult, max_depth: Optional[int] = None, top: Optional[
     return "\n".join(parts)
 
 
+#: the longest comment (and issue or pull-request body) GitHub accepts, in characters: a longer
+#: one is refused ("Body is too long (maximum is 65536 characters)")
+COMMENT_LIMIT = 65_536
+
+
 @renders("DiffResult", "markdown")
-def diff_markdown(diff: DiffResult, max_depth: Optional[int] = None, top: int = 10) -> str:
+def diff_markdown(diff: DiffResult, max_depth: Optional[int] = None, top: int = 10, limit: int = COMMENT_LIMIT) -> str:
     """A pull-request comment: heading, summary line, totals, the top changes, then every
-    changed module and operator folded in ``<details>``."""
-    parts = [
-        f"### flopcount diff: `{escape_markdown(diff.a_label)}` → `{escape_markdown(diff.b_label)}`",
+    changed module and operator folded in ``<details>``; at most ``limit`` characters
+    (GitHub's :data:`COMMENT_LIMIT`): the folded tables keep their first rows that fit and say
+    how many more there are (a 70B model whose every layer changed has thousands)."""
+    head = [
+        f"### flopcount diff: {markdown_code(diff.a_label)} → {markdown_code(diff.b_label)}",
         f"**{escape_markdown(summary_line(diff))}**",
         _table(_totals_rows(diff), headers=_TOTAL_HEADERS, tablefmt="github", colalign=_TOTAL_ALIGN),
     ]
     best = diff.top_changes(top, max_depth)
     if best:
-        parts += [f"#### Top {len(best)} module changes",
-                  _table(_rows(best), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
-    folded = (("All changed modules", diff.changed_modules(max_depth), _MODULE_HEADERS, _MODULE_ALIGN),
-              ("Changed operators", [row for row in diff.operators if row.changed], _OPERATOR_HEADERS, _OPERATOR_ALIGN))
-    for title, rows, headers, align in folded:
-        if rows:
-            table = _table(_rows(rows), headers=headers, tablefmt="github", colalign=align)
-            parts.append(f"<details><summary>{title} ({len(rows)})</summary>\n\n{table}\n\n</details>")
-    notes = [f"- {escape_markdown(n)}" for n in _notes(diff)]
-    if notes:
-        parts.append("\n".join(notes))
-    parts.append(f"_Δ = B - A; {CONVENTION}_")
-    return "\n\n".join(parts) + "\n"
+        head += [f"#### Top {len(best)} module changes",
+                 _table(_rows(best), headers=_MODULE_HEADERS, tablefmt="github", colalign=_MODULE_ALIGN)]
+    tail = [f"- {escape_markdown(n)}" for n in _notes(diff)]
+    tail = (["\n".join(tail)] if tail else []) + [f"_Δ = B - A; {CONVENTION}_"]
+    folded = [(title, _table(_rows(rows), headers=headers, tablefmt="github", colalign=align).split("\n"))
+              for title, rows, headers, align in (
+                  ("All changed modules", diff.changed_modules(max_depth), _MODULE_HEADERS, _MODULE_ALIGN),
+                  ("Changed operators", [row for row in diff.operators if row.changed], _OPERATOR_HEADERS, _OPERATOR_ALIGN))
+              if rows]
+    whole = "\n\n".join(head + [_details(title, lines, len(lines) - 2) for title, lines in folded] + tail) + "\n"
+    if len(whole) <= limit:
+        return whole
+    # too long: each folded table keeps the rows that fit in what the rest leaves (its frame, header
+    # and a line saying how many more there are counted first), the shorter table served first (the
+    # operators' few rows whole, the thousands of module rows cut)
+    frames = [_details(title, lines[:2], len(lines) - 2) + _cut(len(lines) - 2, limit) for title, lines in folded]
+    room = limit - len("\n\n".join(head + frames + tail) + "\n")
+    shown = [0] * len(folded)
+    for i in sorted(range(len(folded)), key=lambda i: len(folded[i][1])):
+        for row in folded[i][1][2:]:
+            if len(row) + 1 > room:
+                break
+            room -= len(row) + 1
+            shown[i] += 1
+    parts = list(head)
+    for (title, lines), n in zip(folded, shown):
+        rows = lines[2:]
+        parts.append(_details(title, lines[:2] + rows[:n], len(rows)) + (_cut(len(rows) - n, limit) if n < len(rows) else ""))
+    return "\n\n".join(parts + tail) + "\n"
+
+
+def _details(title: str, lines: Sequence[str], rows: int) -> str:
+    return f"<details><summary>{title} ({rows})</summary>\n\n" + "\n".join(lines) + "\n\n</details>"
+
+
+def _cut(left_out: int, limit: int) -> str:
+    return (f"\n\n_{left_out:,} more rows not shown: the comment is kept within {limit:,} characters (GitHub's limit); "
+            "`flopcount diff --format table` (or `json`, `csv`) has every row._")
 
 
 def _values(row: Change, metrics: Sequence[str]) -> Dict[str, Any]:
@@ -243,6 +275,10 @@ def diff_to_csv(diff: DiffResult, max_depth: Optional[int] = None) -> str:
     return out.getvalue()
 
 
+#: how the current value of a growth line reads: ``>= x`` can only be higher, ``~ x`` either way
+_GROWTH_MARK = {"exact": "", "lower": ">= ", "estimate": "~ "}
+
+
 @renders("GrowthReport", "table")
 def growth_table(report: GrowthReport, fmt: str = "simple") -> str:
     """Metric, baseline, current, change, allowance and status per line."""
@@ -250,8 +286,11 @@ def growth_table(report: GrowthReport, fmt: str = "simple") -> str:
     for line in report.lines:
         metric = "peak_memory" if line.metric == "memory" else line.metric
         rel = line.relative
-        change = signed(metric, line.delta) + ("" if rel is None else f" ({100 * rel:+.2f}%)")
-        rows.append([line.metric, show(metric, line.baseline), ("~ " if line.bound != "exact" else "") + show(metric, line.current),
+        if line.allowance.percent is not None:  # the change as the allowance reads, apart from it
+            change = signed(metric, line.delta) + ("" if rel is None else f" ({line.growth_text()})")
+        else:
+            change = line.growth_text() + ("" if rel is None else f" ({100 * rel:+.2f}%)")
+        rows.append([line.metric, show(metric, line.baseline), _GROWTH_MARK[line.bound] + show(metric, line.current),
                      change, str(line.allowance), str(line.status)])
     return _table(rows, headers=["Growth", "Baseline", "Current", "Change", "Allowed", "Status"], tablefmt=fmt,
                     colalign=("left", "right", "right", "right", "right", "left"))

@@ -207,13 +207,22 @@ def _incomplete(data):
                 complete=False, incomplete_reasons=["aten::mystery ran 2x without a handler"])
 
 
+def _gap(data):
+    """A count a placeholder may have moved either way: an estimate, not a lower bound."""
+    return dict(data, complete=False, incomplete_reasons=["a placeholder decided a value on meta tensors"])
+
+
 def test_growth_on_an_incomplete_side_is_incomplete_but_a_params_failure_is_certain():
     base = count(MLP(H1)).to_dict()
     current = count(MLP(H2)).to_dict()
     allow = parse_growth("flops=0")
     assert check_growth(flopcount.diff(_incomplete(base), current), allow).status == "INCOMPLETE"
-    assert check_growth(flopcount.diff(base, _incomplete(current)), allow).status == "INCOMPLETE"
-    assert check_growth(flopcount.diff(base, _incomplete(current)), allow, allow_incomplete=True).status == "FAIL"
+    assert check_growth(flopcount.diff(base, _gap(current)), allow).status == "INCOMPLETE"
+    assert check_growth(flopcount.diff(base, _gap(current)), allow, allow_incomplete=True).status == "FAIL"
+    # short only by ops without a handler against a complete baseline: a lower bound, and over the
+    # allowance already (branch gatewalk: tests/cli/test_gatewalk.py has the CLI's case)
+    assert check_growth(flopcount.diff(base, _incomplete(current)), allow).status == "FAIL"
+    assert check_growth(flopcount.diff(base, _incomplete(base)), allow).status == "INCOMPLETE"
     both = parse_growth("flops=0,params=0")
     assert check_growth(flopcount.diff(base, _incomplete(current)), both).status == "FAIL"  # params never depend on the count
     assert flopcount.FlopResult.from_dict(_incomplete(base)).incomplete_reasons() == ("aten::mystery ran 2x without a handler",)
@@ -272,5 +281,5 @@ def test_repeated_layers_are_one_row_summed():
     dh = H2 - H1
     assert top[0].delta("macs") == 3 * N * IN * dh and top[0].delta("params") == 3 * (IN + 1) * dh
     assert top[1].delta("params") == 3 * dh * IN  # the second Linear's bias (IN) does not change
-    assert "blocks.*.0 (x3)" in d.to_markdown()
+    assert "blocks.\\*.0 (x3)" in d.to_markdown()  # the * escaped: GitHub would pair two into emphasis
     assert [row.name for row in d.grew_most("params", 1)] == ["blocks.*.0"]
