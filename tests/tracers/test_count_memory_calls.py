@@ -16,6 +16,7 @@ from torch import nn
 from flopcount import count_flops
 from flopcount.core.inputs import prepare_call
 from flopcount.tracers import _reuse, trace
+from tests.tracers._tiny_llama import tiny_llama
 
 pytest.importorskip("transformers")
 
@@ -23,14 +24,7 @@ LAYERS = 24
 
 
 def _llama_like(layers: int = LAYERS, device: str = "meta") -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )
-    with torch.device(device):
-        return LlamaForCausalLM(config)
+    return tiny_llama(layers, device=device)
 
 
 class Inner(nn.Module):

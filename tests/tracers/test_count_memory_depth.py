@@ -24,6 +24,7 @@ from flopcount import count_flops
 from flopcount.core.inputs import prepare_call
 from flopcount.core.model_facts import model_facts
 from flopcount.tracers import trace
+from tests.tracers._tiny_llama import tiny_llama
 
 pytest.importorskip("transformers")
 
@@ -32,14 +33,7 @@ TUPLE, OBJECT, ITEM = 16 + 24, 16 + 16, 8
 
 
 def _llama_like(layers: int) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )
-    with torch.device("meta"):
-        return LlamaForCausalLM(config).eval()
+    return tiny_llama(layers).eval()
 
 
 def _ids() -> torch.Tensor:

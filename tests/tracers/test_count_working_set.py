@@ -33,6 +33,7 @@ import pytest
 import torch
 
 from flopcount import count_flops
+from tests.tracers._tiny_llama import tiny_llama
 
 pytest.importorskip("transformers")
 
@@ -40,14 +41,7 @@ DEPTHS = (8, 16, 32)
 
 
 def _llama_like(layers: int) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )
-    with torch.device("meta"):
-        return LlamaForCausalLM(config).eval()
+    return tiny_llama(layers).eval()
 
 
 def _ids() -> torch.Tensor:

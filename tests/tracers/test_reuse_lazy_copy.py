@@ -31,6 +31,7 @@ from torch import nn
 from flopcount import count_flops
 from flopcount.tracers import _containers, _reuse
 from flopcount.tracers.fake import copies
+from tests.tracers._tiny_llama import tiny_llama
 
 
 def _macs(blocks: int) -> int:
@@ -306,14 +307,7 @@ def test_a_model_counted_again_after_a_parameter_changed_shape(monkeypatch):
 
 
 def _llama_like(layers: int, use_cache: bool = True) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, use_cache=use_cache,
-    )
-    with torch.device("meta"):
-        return LlamaForCausalLM(config).eval()
+    return tiny_llama(layers, use_cache=use_cache).eval()
 
 
 def _memory(layers: int, use_cache: bool = True):
