@@ -28,8 +28,8 @@ import io
 import math
 import numbers
 import re
-from decimal import Decimal
 from dataclasses import asdict, dataclass, fields, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 

@@ -140,6 +140,11 @@ def _notes(diff: DiffResult) -> List[str]:
     if diff.a_phases != diff.b_phases:
         notes.append(f"A counts {diff.a_phases}, B counts {diff.b_phases}: the totals differ in what they cover")
     notes += _bound_notes(diff)
+    in_a, in_b = diff.respelled()
+    if in_a or in_b:
+        notes.append(f"operators: {' + '.join(in_a) or '-'} (A) and {' + '.join(in_b) or '-'} (B) are the same work spelled "
+                     "two ways (equal MACs, FLOPs and bytes), not a change: a TorchScript program's linear runs below "
+                     "Python, where it is counted as the t + addmm it becomes")
     for side, reasons in (("A", diff.a_incomplete), ("B", diff.b_incomplete)):
         if reasons:
             notes.append(f"INCOMPLETE: {side}'s count may be short: " + "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""))
