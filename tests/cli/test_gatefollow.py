@@ -184,3 +184,70 @@ def test_a_grown_torchscript_program_is_still_a_change(workdir, capsys):
     assert ops["aten::addmm"]["b"]["macs"] - ops["aten::linear"]["a"]["macs"] == macs(4, 48) - macs(4, 32)
     code, out, err = cli(capsys, "diff", "gf_models.py:build", saved, "-i", "4x16")
     assert "Changed operators" in out and "same work spelled" not in out
+
+
+# -- 3. module names with wide characters keep their table's columns
+
+WIDE_MODELS = textwrap.dedent(
+    """
+    from torch import nn
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.层 = nn.Linear(16, 32)
+            self.act = nn.ReLU()
+            setattr(self, "火箭🚀", nn.Linear(32, 8))
+
+        def forward(self, x):
+            return getattr(self, "火箭🚀")(self.act(self.层(x)))
+
+    def build():
+        return Wide()
+    """
+)
+
+#: the columns a terminal gives each non-ASCII character used here: East Asian Width W (Unicode
+#: UAX #11: CJK ideographs, U+1F680 ROCKET), two each
+WIDE = {"层": 2, "火": 2, "箭": 2, "🚀": 2}
+
+
+def _shown_width(text: str) -> int:
+    return sum(WIDE.get(ch, 1) if not ch.isascii() else 1 for ch in text)
+
+
+def _columns_at(line: str) -> list:
+    """The display columns where each run of non-blank text starts (a cell, or a rule's dashes)."""
+    starts, column, blank = [], 0, True
+    for ch in line:
+        if ch != " " and blank:
+            starts.append(column)
+        blank = ch == " "
+        column += _shown_width(ch)
+    return starts
+
+
+def _aligned(table_lines: list) -> None:
+    rule = next(line for line in table_lines if set(line) <= {"-", " "})
+    widths = {_shown_width(line) for line in table_lines}
+    assert len(widths) == 1, table_lines
+    for line in table_lines:
+        assert _columns_at(line)[:2] == _columns_at(rule)[:2], (line, rule)
+
+
+def test_wide_module_names_keep_the_tables_columns(workdir, capsys):
+    assert all(not ch.isascii() for ch in WIDE)
+    (workdir / "gf_wide.py").write_text(WIDE_MODELS)
+    code, out, err = cli(capsys, "count", "gf_wide.py:build", "-i", "4x16")
+    assert code == 0, err
+    lines = out.splitlines()
+    table = lines[:lines.index(next(line for line in lines if line.startswith("Total")))]
+    assert any("层" in line for line in table) and any("火箭🚀" in line for line in table)
+    _aligned(table)
+    code, out, err = cli(capsys, "diff", "gf_models.py:build", "gf_wide.py:build", "-i", "4x16")
+    assert code == 0, err
+    lines = out.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("Changed modules"))) + 1
+    modules = lines[start:lines.index("", start)]
+    assert any("火箭🚀" in line for line in modules)
+    _aligned(modules)
