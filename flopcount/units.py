@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from typing import Optional, Tuple, Union
 
-_PREFIXES = ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
+#: decimal, as budgets read them back (``flopcount.budget.check``): a 70B model's training step
+#: (~10^18 FLOPs) reads ``1.680 EFLOPs``, not ``1680000.000 TFLOPs``
+_PREFIXES = ((10**18, "E"), (10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "K"))
 
 #: the whole model's row in every per-module table (its qualified name is "")
 ROOT_LABEL = "(model)"
@@ -36,13 +38,13 @@ SIZE_UNITS = "1 MB = 10^6 bytes"
 
 
 def format_bytes(value: float, decimals: int = 2) -> str:
-    """Decimal units: ``102_440_000 -> '102.44 MB'`` (1 MB = 10^6 bytes)."""
+    """Decimal units: ``102_440_000 -> '102.44 MB'`` (1 MB = 10^6 bytes), up to EB (10^18)."""
     size = float(value)
-    for unit in ("B", "kB", "MB", "GB"):
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
         if abs(size) < 1000:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.{decimals}f} {unit}"
         size /= 1000
-    return f"{size:.{decimals}f} TB"
+    return f"{size:.{decimals}f} EB"
 
 
 def escape_markdown(cell: object) -> str:

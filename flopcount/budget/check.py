@@ -29,6 +29,7 @@ import math
 import numbers
 import re
 from dataclasses import asdict, dataclass, fields, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
@@ -38,9 +39,13 @@ from flopcount.errors import UsageError, close_names, did_you_mean
 from flopcount.types import Status
 from flopcount.units import show_apart
 
-# decimal multipliers, like the units the reports print (1 G = 10^9)
-_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_QUANTITY = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*$")
+# decimal multipliers, like the units the reports print (1 G = 10^9, 1 P = 10^15, 1 E = 10^18);
+# "1E" is 10^18, "1E5" is 10^5 (an exponent has digits)
+_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGTPE]?)\s*$")
+#: a number with letters after it that are not a unit (``5X``, ``2p``: SI's p is pico, ``120MB`` as a count)
+_TRAILING_LETTERS = re.compile(r"^\s*[+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*([A-Za-z]+)\s*$")
+_UNITS_SAID = "K, M, G, T, P, E: 10^3 to 10^18"
 
 
 Number = Union[int, float]
@@ -68,28 +73,38 @@ _NAMES = {
 }
 
 #: a count with the unit a report prints after it ("10 GFLOPs", "4.000 GMACs", "25M params")
-_COUNT_UNIT = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGT]?)\s*(?i:flops?|macs?|params?)\s*$")
+_COUNT_UNIT = re.compile(r"^\s*([+-]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([KkMGTPE]?)\s*(?i:flops?|macs?|params?)\s*$")
 
 # signed, so that "-1GB" is refused as negative, not as "not a size"
-_BYTES = re.compile(r"^\s*([+-]?[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_BYTE_UNITS = {"": 1, "B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGT", 1)}}
-_BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGT", 1)})
+_BYTES = re.compile(r"^\s*([+-]?[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([KMGTPE]i?B|B)?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "B": 1, **{p + "B": 1000**i for i, p in enumerate("KMGTPE", 1)}}
+_BYTE_UNITS.update({p + "IB": 1024**i for i, p in enumerate("KMGTPE", 1)})
+_BYTE_UNITS_SAID = "B, kB, MB, GB, TB, PB, EB: 10^3 to 10^18 bytes; KiB ... EiB: 2^10 to 2^60"
 
 
 def _parse(text: Union[str, int, float], what: str, pattern: Any, units: Mapping[str, int], noun: str, expected: str,
-           examples: str) -> float:
+           examples: str, units_said: str) -> Union[int, float]:
     """``text`` (a number, or digits with an optional unit of ``units`` as ``pattern`` reads
-    them) as a finite value >= 0; a UsageError naming ``what`` otherwise."""
+    them) as a finite value >= 0; a UsageError naming ``what`` otherwise (``units_said``: the
+    units, named where the text has letters that are none). Exact: digits times a unit are
+    multiplied as decimals (``2.3E`` is 2,300,000,000,000,000,000, where 2.3 * 10^18 in floats
+    is 2,299,999,999,999,999,744), an integral value comes back as an ``int``."""
     if isinstance(text, bool):
         raise UsageError(f"{what}: expected {expected}, got a bool")
+    value: Union[int, float]
     if isinstance(text, (int, float)):
-        value: float = text
+        value = text
     else:
         match = pattern.match(str(text))
         if not match:
-            raise UsageError(f"{what}: {text!r} is not a {noun} (examples: {examples})")
+            letters = _TRAILING_LETTERS.match(str(text))
+            hint = f"; {letters.group(1)!r} is not a unit ({units_said})" if letters else ""
+            raise UsageError(f"{what}: {text!r} is not a {noun} (examples: {examples}){hint}")
         number, unit = match.groups()
-        value = float(number.replace("_", "")) * units[(unit or "").upper()]
+        exact = Decimal(number.replace("_", "")) * units[(unit or "").upper()]
+        value = float(exact)
+        if math.isfinite(value) and exact == exact.to_integral_value():
+            value = int(exact)
     if value < 0:
         raise UsageError(f"{what}: {text!r} is negative: a {noun} below 0 is not allowed (examples: {examples})")
     if not math.isfinite(value):
@@ -99,7 +114,7 @@ def _parse(text: Union[str, int, float], what: str, pattern: Any, units: Mapping
 
 def parse_bytes(text: Union[str, int, float], what: str = "memory") -> int:
     """``"16GB" -> 16 * 10**9``, ``"16GiB" -> 16 * 2**30``, ``"512MiB"``, ``2e9`` (bytes)."""
-    return int(float(_parse(text, what, _BYTES, _BYTE_UNITS, "size", "a size in bytes", "16GB, 16GiB, 512MiB, 2e9")))
+    return int(_parse(text, what, _BYTES, _BYTE_UNITS, "size", "a size in bytes", "16GB, 16GiB, 512MiB, 2e9", _BYTE_UNITS_SAID))
 
 
 def parse_memory_budget(text: Union[str, int, float], what: str) -> int:
@@ -127,7 +142,8 @@ def parse_quantity(text: Union[str, int, float], what: str = "number", *,
                    examples: str = "25M, 5G, 1.5T, 3e9, 120") -> Union[int, float]:
     """``"25M" -> 25_000_000``, ``"1.5T" -> 1.5e12``, ``"5e9" -> 5_000_000_000``.
 
-    Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12); the value must be
+    Suffixes are decimal (K = 10^3, M = 10^6, G = 10^9, T = 10^12, P = 10^15, E = 10^18; ``1E``
+    is 10^18, ``1E5`` 10^5), multiplied exactly (``2.3E`` is 23 * 10^17); the value must be
     finite and >= 0 (``examples`` are named where it is not a number or negative). Integral
     values come back as ``int``."""
     unit = _COUNT_UNIT.match(text) if isinstance(text, str) else None
@@ -135,7 +151,7 @@ def parse_quantity(text: Union[str, int, float], what: str = "number", *,
         bare = "".join(unit.groups())
         raise UsageError(f"{what}: {text!r} is not a number: give it without the unit, in the budget's own "
                          f"(max-flops in FLOPs, max-macs in MACs, max-params in parameters), e.g. {bare}")
-    value = _parse(text, what, _QUANTITY, _SUFFIXES, "number", "a number", examples)
+    value = _parse(text, what, _QUANTITY, _SUFFIXES, "number", "a number", examples, _UNITS_SAID)
     return int(value) if float(value).is_integer() else float(value)
 
 

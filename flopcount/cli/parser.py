@@ -63,8 +63,8 @@ SPEC
   for tv:, the model's usual input for example: (1x3x224x224 for resnet50), the
   program's own input shapes for a .pt2.
 
-Numbers accept K/M/G/T suffixes (10^3..10^12) and scientific notation: 25M, 5G,
-1.5T, 3e9.
+Numbers accept K/M/G/T/P/E suffixes (10^3..10^18) and scientific notation: 25M,
+5G, 1.5T, 2P, 3e9.
 
 Exit codes: 0 ok; 1 a budget certainly exceeded (check); 2 usage error / bad
 ENTRY / bad SPEC / model construction or forward failure (one line on stderr;
@@ -485,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_CHECK_EPILOG,
     )
     _add_common(check, optional_entry=True)
-    limits = check.add_argument_group("budgets (K/M/G/T suffixes and 1e9 notation accepted)")
+    limits = check.add_argument_group("budgets (K/M/G/T/P/E suffixes and 1e9 notation accepted)")
     limits.add_argument("--max-params", type=_QUANTITY, metavar="N", help="most parameters, e.g. 25M")
     limits.add_argument("--max-flops", type=_QUANTITY, metavar="N", help="most FLOPs of one forward, e.g. 5G")
     limits.add_argument("--max-macs", type=_QUANTITY, metavar="N", help="most MACs of one forward, e.g. 2.5G")

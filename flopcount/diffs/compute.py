@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Union
 
 from flopcount.core.results import FlopResult, Totals, load_report
 from flopcount.core.rows import CostRow
@@ -111,6 +111,31 @@ def _operators(result: FlopResult) -> Dict[str, Dict[str, Number]]:
     return {op: _values("count", t.calls, t) for op, t in result.operator_totals().items()}
 
 
+#: the spellings of one linear (or matrix product) that tracers produce: ``aten::linear`` as
+#: Python called it (the eager model, a ``.pt2``); ``aten::t`` + ``aten::addmm`` (or a view,
+#: ``aten::mm`` and a bias ``aten::add`` where the input has more than two dimensions) as it
+#: runs below Python, where the dispatch tracer sees a TorchScript program's ``linear``
+LINEAR_SPELLINGS = frozenset({"aten::linear", "aten::matmul", "aten::addmm", "aten::mm", "aten::bmm", "aten::t",
+                              "aten::add", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::expand"})
+
+
+def _respelled(ops_a: Mapping[str, Mapping[str, Number]], ops_b: Mapping[str, Mapping[str, Number]]) -> FrozenSet[str]:
+    """The changed operators that only respell the same work: all of :data:`LINEAR_SPELLINGS`,
+    ``aten::linear`` or ``aten::matmul`` on one side only, and their MACs, FLOPs and bytes
+    summed equal on both sides (exactly); empty otherwise (a change is then shown as one)."""
+    changed = {op for op in set(ops_a) | set(ops_b) if _status(ops_a.get(op), ops_b.get(op)) != "unchanged"}
+    composite = {"aten::linear", "aten::matmul"}
+    if not changed or not changed <= LINEAR_SPELLINGS or not (composite & changed):
+        return frozenset()
+    if any(op in ops_a and op in ops_b for op in composite & changed):  # a composite on both sides: a real change
+        return frozenset()
+
+    def summed(ops: Mapping[str, Mapping[str, Number]]) -> Tuple[Number, ...]:
+        return tuple(sum(ops[op].get(k, 0) for op in changed if op in ops) for k in ("macs", "flops", "bytes"))
+
+    return frozenset(changed) if summed(ops_a) == summed(ops_b) else frozenset()
+
+
 def _lower_bound(result: FlopResult) -> bool:
     """Incomplete only by ops without a handler: its MACs, FLOPs and bytes can only be higher."""
     return not result.complete and not result.gaps
@@ -148,7 +173,8 @@ def _merged_order(a_keys: Iterable[Tuple[str, str]], b_keys: Iterable[Tuple[str,
 def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[str] = None) -> DiffResult:
     """What changes from A to B, per module (matched by path and type, a module torch.export
     rebuilt matching the other side's module of its path: added, removed, changed), per
-    operator (by name) and in total: params, MACs, FLOPs, bytes moved, and peak memory and
+    operator (by name; rows that only respell one linear, ``aten::linear`` against ``aten::t`` +
+    ``aten::addmm`` with equal MACs, FLOPs and bytes, ``respelled``) and in total: params, MACs, FLOPs, bytes moved, and peak memory and
     latency when both reports hold them, and the latency bound when both hold one on the same
     part (``count --on``, :func:`bound_of`). ``a`` and ``b``: a
     :class:`~flopcount.core.results.FlopResult`, a JSON report's path (``count --format json
@@ -175,8 +201,10 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
 
     ops_a, ops_b = _operators(result_a), _operators(result_b)
     names = sorted(set(ops_a) | set(ops_b), key=lambda op: (-max(ops_a.get(op, {}).get("flops", 0), ops_b.get(op, {}).get("flops", 0)), op))
+    respelled = _respelled(ops_a, ops_b)
     operators = tuple(
-        Change("operator", op, "", 0, _status(ops_a.get(op), ops_b.get(op)), ops_a.get(op), ops_b.get(op)) for op in names
+        Change("operator", op, "", 0, "respelled" if op in respelled else _status(ops_a.get(op), ops_b.get(op)),
+               ops_a.get(op), ops_b.get(op)) for op in names
     )
     return DiffResult(
         a_label=a_label or label_a,

@@ -21,7 +21,11 @@ METRICS: Tuple[str, ...] = ("params", "macs", "flops", "bytes", "peak_memory", "
 MODULE_METRICS: Tuple[str, ...] = ("params", "macs", "flops", "bytes")
 OPERATOR_METRICS: Tuple[str, ...] = ("count", "macs", "flops", "bytes")
 
-Status = Literal["added", "removed", "changed", "unchanged"]
+#: ``respelled``: an operator row whose change is only a spelling of the same work, its MACs,
+#: FLOPs and bytes moving to other rows of the same operation (``aten::linear`` in A,
+#: ``aten::addmm`` + ``aten::t`` in B: a TorchScript program's linear, as the dispatch tracer
+#: sees it run below Python); see :func:`flopcount.diffs.compute.diff`
+Status = Literal["added", "removed", "changed", "unchanged", "respelled"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class Change:
 
     @property
     def changed(self) -> bool:
-        return self.status != "unchanged"
+        return self.status not in ("unchanged", "respelled")
 
 
 def _pattern(name: str) -> str:
@@ -146,6 +150,12 @@ class DiffResult(Rendered):
 
     def changed_modules(self, max_depth: Optional[int] = None) -> Tuple[Change, ...]:
         return tuple(m for m in self.modules if m.changed and (max_depth is None or m.depth <= max_depth))
+
+    def respelled(self) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+        """The operators whose change is only a spelling (status ``respelled``): A's names, B's."""
+        rows = [row for row in self.operators if row.status == "respelled"]
+        return (tuple(r.name for r in rows if r.a is not None and (r.before("count") or 0) > (r.after("count") or 0)),
+                tuple(r.name for r in rows if r.b is not None and (r.after("count") or 0) > (r.before("count") or 0)))
 
     def counts(self) -> Dict[str, int]:
         """``{"added": n, "removed": n, "changed": n, "unchanged": n}`` of the module rows."""

@@ -7,10 +7,9 @@ import csv
 import io
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from tabulate import tabulate
-
 from flopcount.core.rendering import renders
 from flopcount.diffs.result import MODULE_METRICS, OPERATOR_METRICS
+from flopcount.report.table import text_table
 from flopcount.types import CONVENTION, REPORT_SCHEMA_VERSION
 from flopcount.units import ROOT_LABEL, escape_markdown, format_bytes, format_count, format_seconds, markdown_code
 
@@ -26,7 +25,7 @@ def _table(rows: Any, *, headers: Sequence[str], colalign: Sequence[str], tablef
     """A table of cells that are already text: GitHub markdown written directly, each cell
     escaped (tabulate's type sniffing took 0.2 s on a 70B diff's rows), the text form through tabulate."""
     if tablefmt != "github":
-        return tabulate(rows, headers=headers, colalign=colalign, disable_numparse=True)
+        return text_table(rows, headers, colalign=colalign, disable_numparse=True)
     rule = {"left": ":---", "right": "---:"}
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(rule.get(a, "---") for a in colalign) + "|"]
     lines += ["| " + " | ".join(escape_markdown(cell) for cell in row) + " |" for row in rows]
@@ -140,6 +139,11 @@ def _notes(diff: DiffResult) -> List[str]:
     if diff.a_phases != diff.b_phases:
         notes.append(f"A counts {diff.a_phases}, B counts {diff.b_phases}: the totals differ in what they cover")
     notes += _bound_notes(diff)
+    in_a, in_b = diff.respelled()
+    if in_a or in_b:
+        notes.append(f"operators: {' + '.join(in_a) or '-'} (A) and {' + '.join(in_b) or '-'} (B) are the same work spelled "
+                     "two ways (equal MACs, FLOPs and bytes), not a change: a TorchScript program's linear runs below "
+                     "Python, where it is counted as the t + addmm it becomes")
     for side, reasons in (("A", diff.a_incomplete), ("B", diff.b_incomplete)):
         if reasons:
             notes.append(f"INCOMPLETE: {side}'s count may be short: " + "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""))

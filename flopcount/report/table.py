@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
+import tabulate as _tabulate
 from tabulate import tabulate
 
 from flopcount.core.rendering import renders
@@ -15,13 +17,36 @@ if TYPE_CHECKING:
     from flopcount.core.results import FlopResult, ModuleInfo, Totals
 
 
+#: a private-use character, written after each wide character while tabulate lays a table out
+#: (it counts one column a character) and removed from the table it returns
+_SECOND_COLUMN = "\ue000"
+
+
+def _widened(cell: Any) -> Any:
+    """``cell`` with :data:`_SECOND_COLUMN` after each character a terminal shows two columns
+    wide (Unicode East Asian Width W or F: CJK, fullwidth forms, emoji); other cells as they are."""
+    if not isinstance(cell, str) or cell.isascii():
+        return cell
+    return "".join(ch + _SECOND_COLUMN if unicodedata.east_asian_width(ch) in ("W", "F") else ch for ch in cell)
+
+
+def text_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], **options: Any) -> str:
+    """``tabulate(rows, headers, **options)`` with wide characters (a module named ``层`` or
+    ``🚀``) counted as the two columns they take, so their rows stay aligned; tabulate counts
+    them so itself only with the optional ``wcwidth`` installed (then the table is its own)."""
+    if getattr(_tabulate, "wcwidth", None) is not None and getattr(_tabulate, "WIDE_CHARS_MODE", False):
+        return tabulate(rows, headers=headers, **options)
+    widened = [[_widened(cell) for cell in row] for row in rows]
+    return tabulate(widened, headers=[_widened(h) for h in headers], **options).replace(_SECOND_COLUMN, "")
+
+
 def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simple", align: Optional[Sequence[str]] = None,
          **options: Any) -> str:
     """The one table of the reports: ``rows`` under ``headers`` in tabulate's ``fmt`` (``align``: each
     column's), every cell escaped in a GitHub markdown table (``|`` would end the cell)."""
     if fmt == "github":
         rows = [[escape_markdown(cell) for cell in row] for row in rows]
-    return tabulate(rows, headers=headers, tablefmt=fmt, colalign=align, **options)
+    return text_table(rows, headers, tablefmt=fmt, colalign=align, **options)
 
 
 def module_rows(result: FlopResult, max_depth: Optional[int] = None) -> Iterator[Tuple[ModuleInfo, Totals]]:
