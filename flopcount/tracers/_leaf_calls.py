@@ -51,10 +51,10 @@ from flopcount.tracers._recorder import (
     _shared as shared_call,  # the recorder's per-key calls, as run_function keeps them
 )
 from flopcount.tracers._vocabulary import _autocast_on as autocast_on
-from flopcount.tracers.fake.copies import Pending, outside_modes, raw_children
+from flopcount.tracers.fake.copies import Pending, UnreadTensors, outside_modes, raw_children
 from flopcount.types import OpEvent
 
-__all__ = ["LeafCall", "LeafCalls", "answerable", "answered_leaf"]
+__all__ = ["ANSWERABLE", "LeafCall", "LeafCalls", "answerable", "answered_leaf"]
 
 
 def _places(kind: type, methods: Tuple[str, ...], functions: Tuple[str, ...]) -> Tuple[Tuple[Any, str, Any], ...]:
@@ -74,6 +74,8 @@ _CLASSES: Dict[type, Tuple[Tuple[Any, str, Any], ...]] = {
     nn.Conv2d: _places(nn.Conv2d, ("forward", "_conv_forward"), ("conv2d", "pad")),
     nn.Conv3d: _places(nn.Conv3d, ("forward", "_conv_forward"), ("conv3d", "pad")),
 }
+#: the classes answered, exactly (a lazy copy's copies of them hold unread tensor dictionaries)
+ANSWERABLE = frozenset(_CLASSES)
 #: the classes whose places held torch's own code at import (core/rebound.torch_own)
 _OWN = frozenset(kind for kind, places in _CLASSES.items() if all(torch_own(held) for _, _, held in places))
 #: answers kept per process: key -> (the ops' calls, the result's metadata)
@@ -215,14 +217,24 @@ class LeafCalls:
                 parts.append((name, kind, tuple(value)))
             elif name == "_parameters" or name == "_buffers":
                 tensors: List[Any] = []
-                if value:
+                if type(value) is UnreadTensors:  # not taken in (an answered call never reads them)
+                    unread = value.unread_keys()
+                    if unread is None:
+                        return None
+                    for key, tensor_key, real in unread:
+                        if real is None:
+                            tensors.append((key, None))
+                        else:
+                            tensors.append((key, tensor_key, type(real)))
+                            held.append(id(real))
+                elif value:
                     made = self._fakes()
                     for key, tensor in dict.items(value):
                         if tensor is None:
                             tensors.append((key, None))
                         elif type(tensor) is Pending and id(tensor.real) not in made:
                             tensors.append((key, tensor.key, type(tensor.real)))
-                            held.append(id(tensor))
+                            held.append(id(tensor.real))  # one Pending per tensor: as an unread one's
                         else:
                             return None  # faked already (read before: the fake may have changed since), or held another way
                 parts.append((name, tuple(tensors)))

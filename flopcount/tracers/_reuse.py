@@ -92,9 +92,9 @@ from flopcount.core.state import (
     still_bound,
 )
 from flopcount.core.weakcache import PerObject
-from flopcount.tracers._leaf_calls import LeafCall, LeafCalls, answerable, answered_leaf
+from flopcount.tracers._leaf_calls import ANSWERABLE, LeafCall, LeafCalls, answerable, answered_leaf
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
-from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, tensor_key
+from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, raw_tensors, tensor_key
 from flopcount.tracers.fake.indices import version_of
 from flopcount.types import ReplayedCall, expand
 
@@ -467,6 +467,7 @@ class Reuse:
                 if made is not None:  # copied already (the root)
                     self._adopt(made, original)
             lazy.adopt = self._adopt
+            lazy.unread_kinds = ANSWERABLE  # their copies' tensors read when used: an answered call reads none
         return len(self._wrapped) - before
 
     def _eligible(self, module: nn.Module) -> bool:
@@ -1250,7 +1251,7 @@ class Reuse:
         for module in order:  # as :func:`_tensors_of` gives them
             original = module in originals
             for which in ("_parameters", "_buffers"):
-                for t in dict.values(_STATE(module)[which]):
+                for t in dict.values(raw_tensors(_STATE(module)[which])):
                     if t is None:
                         continue
                     position += 1
@@ -1729,7 +1730,7 @@ def _tensors_of(order: List[nn.Module]) -> List[Any]:
     found: List[Any] = []
     for state in map(_STATE, order):
         held = state["_parameters"]
-        if held:
+        if held:  # an unread dictionary (fake.copies.UnreadTensors) takes its entries in here
             found += dict.values(held)
         held = state["_buffers"]
         if held:
@@ -1761,7 +1762,7 @@ def _signature(
             (p.key[0], p.key[3]) if type(p) is Pending
             else (key[0], key[3]) if (key := keys.get(id(p))) is not None
             else (tuple(p.shape), p.dtype)
-            for p in dict.values(module._parameters) if p is not None
+            for p in dict.values(raw_tensors(module._parameters)) if p is not None
         ])
     except Exception:  # a lazy parameter has no shape yet: a signature of its own
         params = (("unique", id(module)),)
@@ -1941,8 +1942,8 @@ def _fingerprint(module: nn.Module, order: List[nn.Module], into: List[Any], see
     state = vars(module)
     into.append(module)
     into.append((*map(id, state.values()),))
-    into.append((*map(id, dict.values(state["_parameters"])),))  # raw: a Pending is not faked by a look
-    into.append((*map(id, dict.values(state["_buffers"])),))
+    into.append((*map(id, dict.values(raw_tensors(state["_parameters"]))),))  # raw: a Pending is not faked by a look
+    into.append((*map(id, dict.values(raw_tensors(state["_buffers"]))),))
     into.append(hooks.call_hook_sizes(state))  # hooks live in dictionaries changed in place: their sizes
     for child in dict.values(raw_children(state["_modules"])):
         if child is not None:

@@ -214,3 +214,109 @@ def test_equal_convolution_calls_are_answered_and_different_ones_run(monkeypatch
     count_flops(model, inputs)
     even = 2  # weight and bias, faked once: the first even call runs, the two after it are answered
     assert len(fresh_answers) == (even if not odd else even + (1 if odd.get("bias") is False else 2))
+
+
+# --- resnet15: the copy of an answerable module holds its parameter and buffer dictionaries unread
+# (fake/copies.UnreadTensors): an answered call makes no Pending for them; anything that reads them
+# (its forward, the parent's code, a hook) takes them in first, as a copy made before did
+
+
+@pytest.fixture
+def pendings(monkeypatch):
+    """The caller's tensors a Pending was made for (one per tensor of a dictionary taken in)."""
+    made = []
+    pending_of = copies._TreeCopier._pending_of
+
+    def counted(self, tensor, key):
+        made.append(tensor)
+        return pending_of(self, tensor, key)
+
+    monkeypatch.setattr(copies._TreeCopier, "_pending_of", counted)
+    return made
+
+
+def test_an_answered_norm_makes_no_pending(monkeypatch, fresh_answers, pendings):
+    # the first of six equal norms runs (its 5 tensors: weight, bias, running mean and variance, the
+    # counter); the five answered hold their dictionaries unread (the parent: 6 x 5 Pendings)
+    torch.manual_seed(0)
+    model = Norms(6).eval()
+    before = snapshot(model)
+    result = count_flops(model, _inputs())
+    assert_same_state(model, before)
+    assert result.flops == 6 * _eval_flops()
+    first = model.norms[0]
+    assert [id(t) for t in pendings] == [id(t) for t in (first.weight, first.bias, *first.buffers())]
+    pendings.clear()
+    assert count_flops(model, _inputs()).flops == 6 * _eval_flops()  # all six answered from the count before
+    assert pendings == []
+
+
+class ReadsAfter(nn.Module):
+    """Six norms, the parent's code reading each one's weight after its call (``norm.weight``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(nn.BatchNorm1d(C) for _ in range(6))
+
+    def forward(self, x):
+        for norm in self.norms:
+            x = norm(x) * norm.weight
+        return x
+
+
+def test_a_weight_the_parent_reads_after_an_answered_call_is_the_copy_s(monkeypatch, fresh_answers, pendings):
+    # each norm's eval FLOPs and B x C multiplications by its weight; the five answered norms' parameter
+    # dictionaries taken in when the weight is read (weight and bias: 2 Pendings each), their buffers never
+    torch.manual_seed(0)
+    model = ReadsAfter().eval()
+    _same_as_off_and_real(monkeypatch, model, _inputs(), 6 * (_eval_flops() + B * C))
+    fresh_answers.clear()
+    pendings.clear()
+    monkeypatch.setattr(_leaf_calls, "_ANSWERS", {})
+    count_flops(model, _inputs())
+    assert len(pendings) == 5 + 5 * 2
+    assert len(fresh_answers) == 4 + 5  # the first call's four tensors, then each answered norm's weight
+
+
+def test_a_hook_that_reads_the_weight_of_an_answered_norm(monkeypatch, fresh_answers, pendings):
+    # a forward hook on each of the caller's norms scales the output by the module's weight: the hook
+    # runs on the copy and reads the copy's weight (taken in then)
+    torch.manual_seed(0)
+    model = Norms(6).eval()
+    handles = [norm.register_forward_hook(lambda module, args, out: out * module.weight) for norm in model.norms]
+    try:
+        _same_as_off_and_real(monkeypatch, model, _inputs(), 6 * (_eval_flops() + B * C))
+        fresh_answers.clear()
+        pendings.clear()
+        monkeypatch.setattr(_leaf_calls, "_ANSWERS", {})
+        count_flops(model, _inputs())
+        assert len(pendings) == 5 + 5 * 2 and len(fresh_answers) == 4 + 5
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class TiedAfterARead(nn.Module):
+    """``a``, ``b``, ``c``: equal norms, ``c`` holding ``a``'s weight. ``b`` runs first; ``a`` is answered,
+    then the parent reads ``a.weight`` (its fake made: the forward could change it); ``c`` must then run,
+    its dictionary unread but its weight faked already through ``a``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.BatchNorm1d(C), nn.BatchNorm1d(C), nn.BatchNorm1d(C)
+        self.c.weight = self.a.weight
+
+    def forward(self, x):
+        x = self.a(self.b(x)) * self.a.weight
+        return self.c(x)
+
+
+def test_a_norm_whose_tied_weight_was_faked_through_another_module_runs(monkeypatch, fresh_answers):
+    torch.manual_seed(0)
+    model = TiedAfterARead().eval()
+    _same_as_off_and_real(monkeypatch, model, _inputs(), 3 * _eval_flops() + B * C)
+    fresh_answers.clear()
+    monkeypatch.setattr(_leaf_calls, "_ANSWERS", {})
+    count_flops(model, _inputs())
+    # b runs (4 fakes), a answered then its weight read (1), c runs: its bias and statistics (3)
+    assert len(fresh_answers) == 4 + 1 + 3

@@ -899,3 +899,72 @@ def test_a_replayed_layers_kv_cache_slot_is_filled_as_the_models_own_forward_fil
         assert tuple(slot.keys.shape) == tuple(slot.values.shape) == (batch, kv_heads, tokens, head)
     # the five booked from it (the parent: 184 B each against the model's 208)
     assert [sys.getsizeof(vars(slot)) for slot in slots[1:]] == [filled_by_the_model] * (layers - 1)
+
+
+def _lazy_norm_tensors():
+    """A lazy copy of a Sequential(BatchNorm1d(4)) whose norm's copy holds its dictionaries unread
+    (as structural reuse's leaf calls ask: ``LazyCopy.unread_kinds``), that parameter dictionary, the copy."""
+    from flopcount.core.model_facts import model_facts
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm1d(4)).eval()
+    facts = model_facts(model)
+    made = copies.fake_copies(model, [], lazy=True, names=facts.names, shared_hooks=copies.SharedHooks(),
+                              attributes=facts.tensor_attributes, modules=facts.modules)
+    made.lazy.unread_kinds = frozenset({nn.BatchNorm1d})
+    norm = made.model[0]
+    return model, vars(norm)["_parameters"], made
+
+
+def _tensors_plain(value):
+    """``value`` with each fake by its metadata, each Pending by its key."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.requires_grad, isinstance(value, nn.Parameter))
+    if type(value) is copies.Pending:
+        return ("pending", value.key)
+    if isinstance(value, dict):
+        return ("dict", type(value) is dict, [(k, _tensors_plain(v)) for k, v in dict.items(value)])
+    if isinstance(value, (list, tuple)):
+        return [_tensors_plain(v) for v in value]
+    if hasattr(value, "__next__"):
+        return list(value)
+    return value
+
+
+_READ_TENSORS_WITH = {name: tuple("weight" if a == "blocks" else a for a in args) for name, args in _READ_WITH.items()}
+
+
+@pytest.mark.parametrize("name", sorted(_READ_TENSORS_WITH))
+def test_a_tensor_dictionary_not_used_yet_answers_every_method_as_one_taken_in(name):
+    # resnet15: an answerable leaf's parameter dictionary (UnreadTensors), on each method of dict that reads
+    # or writes the entries, answers as the LazyTensors the copy made before (the caller's tensors as
+    # Pendings, faked when read), and is left as that one is left; the caller's model as found. The
+    # oracle: the same method on a second copy's dictionary, taken in first by a len()
+    model, unread, made = _lazy_norm_tensors()
+    assert type(unread) is copies.UnreadTensors and dict.__len__(unread) == 0
+    before = snapshot(model)
+    _, taken, _ = _lazy_norm_tensors()
+    assert len(taken) == 2 and type(taken) is copies.LazyTensors
+    args = _READ_TENSORS_WITH[name]
+    got, expected = getattr(unread, name)(*args), getattr(taken, name)(*args)
+    if name == "__repr__":
+        got, expected = got.replace(hex(id(unread)), ""), expected.replace(hex(id(taken)), "")
+    if name == "__reduce__":
+        got, expected = (got[0], _tensors_plain(list(got[1][0]))), (expected[0], _tensors_plain(list(expected[1][0])))
+    if name not in ("__ior__", "__init__", "__repr__"):
+        assert _tensors_plain(got) == _tensors_plain(expected)
+    assert type(unread) is type(taken) is copies.LazyTensors
+    assert _tensors_plain(dict(dict.items(unread))) == _tensors_plain(dict(dict.items(taken)))
+    assert_same_state(model, before)
+
+
+def test_a_leaf_key_reads_an_unread_tensor_dictionary_without_taking_it_in():
+    model, unread, made = _lazy_norm_tensors()
+    keys = unread.unread_keys()
+    assert [(name, key, real) for name, key, real in keys] == [
+        ("weight", copies.reuse_key(model[0].weight, made.lazy.copier.faker.fake_type), model[0].weight),
+        ("bias", copies.reuse_key(model[0].bias, made.lazy.copier.faker.fake_type), model[0].bias),
+    ]
+    assert type(unread) is copies.UnreadTensors and dict.__len__(unread) == 0
+    copies.raw_tensors(unread)
+    assert type(unread) is copies.LazyTensors and [p.real for p in dict.values(unread)] == [model[0].weight, model[0].bias]

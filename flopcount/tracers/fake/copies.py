@@ -55,6 +55,7 @@ __all__ = [
     "Pending",
     "SharedHooks",
     "UnreadModules",
+    "UnreadTensors",
     "fake_copies",
     "give_back",
     "has_lazy_parameters",
@@ -287,9 +288,11 @@ class LazyTensors(dict):
     :class:`Pending` until then, and stays one, so the identity of what a module holds does not
     change when it is read. Only structural reuse reads raw values (keys, fingerprints)."""
 
-    __slots__ = ("faker",)
+    __slots__ = ("faker", "lazy", "source")
 
     faker: _Faker
+    lazy: LazyCopy
+    source: Optional[Dict[str, Any]]
 
     def _fake(self, value: Any) -> Any:
         if type(value) is not Pending:
@@ -486,7 +489,7 @@ class LazyCopy:
     when set, is told of each module copied from then on (structural reuse wraps it).
     :meth:`release` ends it when the run ends (the copier and the copies refer to each other)."""
 
-    __slots__ = ("copier", "originals", "names", "adopt", "root")
+    __slots__ = ("copier", "originals", "names", "adopt", "root", "unread_kinds")
 
     def __init__(self, copier: _TreeCopier, originals: Mapping[nn.Module, str], root: nn.Module):
         self.copier: Optional[_TreeCopier] = copier
@@ -494,6 +497,8 @@ class LazyCopy:
         self.names: Dict[nn.Module, str] = {}
         self.adopt: Optional[Callable[[nn.Module, nn.Module], None]] = None
         self.root = root
+        #: the classes (exactly) whose copies, their forward their class's, hold :class:`UnreadTensors`
+        self.unread_kinds: frozenset = frozenset()
 
     def read_all(self) -> None:
         """Reads the key of every parameter and buffer of the caller's modules (``originals``) now,
@@ -692,10 +697,10 @@ _READS_ENTRIES = (
 )
 
 
-def _taking_in_first(name: str) -> Callable[..., Any]:
-    method = getattr(LazyModules, name)
+def _taking_in_first(name: str, taken_in: type = LazyModules) -> Callable[..., Any]:
+    method = getattr(taken_in, name)
 
-    def taking_in_first(self: UnreadModules, *args: Any, **kwargs: Any) -> Any:
+    def taking_in_first(self: Any, *args: Any, **kwargs: Any) -> Any:
         return method(self._take_in(), *args, **kwargs)
 
     taking_in_first.__name__ = taking_in_first.__qualname__ = name
@@ -704,6 +709,90 @@ def _taking_in_first(name: str) -> Callable[..., Any]:
 
 for _name in _READS_ENTRIES:
     setattr(UnreadModules, _name, _taking_in_first(_name))
+
+
+class UnreadTensors(LazyTensors):
+    """A :class:`LazyTensors` not used yet (issue #32, resnet15): the parameter or buffer dictionary
+    of the copy of a module whose call may be answered from an earlier call of its key
+    (``_leaf_calls``: torch's own convolutions and batch norms), which then never reads it. It holds
+    no entry itself; its entries are those the caller's module's own dictionary (``source``) gives
+    :meth:`_TreeCopier._lazy`, put in on the first use of any kind (:data:`_READS_ENTRIES`, as
+    :class:`UnreadModules`), below the run's dispatch as a copy is made, and it is from then on a
+    :class:`LazyTensors` (its class set to that one), as if made so. Read without taking the entries
+    in: :meth:`unread_keys` (the leaf call's key); every other raw reader takes them in
+    (:func:`raw_tensors`)."""
+
+    __slots__ = ()
+
+    def _take_in(self) -> LazyTensors:
+        source, self.source = self.source, None
+        if source is not None:
+            copier = self.lazy.copier
+            if copier is None:  # the run has ended: each tensor's fake, as a read would have made it
+                faker = self.faker
+                for name, tensor in source.items():
+                    dict.__setitem__(self, name, None if tensor is None else faker.fake(tensor))
+            else:
+                try:
+                    with torch._C._DisableTorchDispatch():  # as the copy is made (LazyCopy.copy_of)
+                        if torch.is_inference_mode_enabled() == copier.faker.inference:
+                            copier.lazy_into(self, source)
+                        else:
+                            with torch.inference_mode(copier.faker.inference):
+                                copier.lazy_into(self, source)
+                except UsageError:
+                    raise
+                except Exception as exc:
+                    raise FakeRunError(f"the model could not be copied with fake tensors ({_one_line(exc)})") from exc
+        self.__class__ = LazyTensors  # type: ignore[assignment]  # from now on one as if made so
+        return self
+
+    def unread_keys(self) -> Optional[List[Tuple[str, Any, Any]]]:
+        """(name, the key its copy's fake will have, the caller's tensor) for each entry (a None
+        entry: (name, None, None)), read without taking the entries in; None where one cannot be
+        said so (its fake made already, which the forward may have changed since; one faked
+        another way; the run ended): taken in, a read there would see a fake, not a :class:`Pending`."""
+        source, lazy = self.source, self.lazy
+        copier = lazy.copier
+        if source is None or copier is None:
+            return None
+        # as :meth:`_TreeCopier.raw_keys` finds them, the common cases inline (a key read ahead, a
+        # tensor's one Pending made for another module): ~110 such dictionaries a ResNet-50 count
+        made, pending, ahead = copier.faker.memo, copier._pending, copier.read_ahead
+        ids, keys = ahead.ids, ahead.keys
+        size = len(ids)
+        found: List[Tuple[str, Any, Any]] = []
+        for name, tensor in source.items():
+            if tensor is None:
+                found.append((name, None, None))
+                continue
+            ident = id(tensor)
+            if ident in made:
+                return None  # faked already: the forward may have changed its fake since
+            waiting = pending.get(ident)
+            if waiting is not None:
+                key = waiting.key
+            else:
+                i = bisect_left(ids, ident)
+                key = keys[i] if i < size and ids[i] == ident else _TAKEN
+                if key is _TAKEN:
+                    key = lazy.tensor_keys([tensor])[0]
+            if type(key) is not tuple:
+                return None  # faked another way (a fake, or None: not the fast way)
+            found.append((name, key, tensor))
+        return found
+
+
+for _name in _READS_ENTRIES:
+    setattr(UnreadTensors, _name, _taking_in_first(_name, LazyTensors))
+
+
+def raw_tensors(tensors: Any) -> Any:
+    """A parameter or buffer dictionary whose raw values (``dict.values``) are what the copy holds:
+    ``tensors`` itself, an :class:`UnreadTensors` after taking its entries in."""
+    if type(tensors) is UnreadTensors:
+        tensors._take_in()
+    return tensors
 
 
 def raw_children(children: Dict[str, Any]) -> Dict[str, Any]:
@@ -1102,7 +1191,13 @@ class _TreeCopier(TreeCopier):
                         self._set_ids.append(id(value))
                         self._set_copies.append(made)
             elif self.lazy and kind is dict and (key == "_parameters" or key == "_buffers"):
-                state[key] = self._lazy(value)
+                lazy = self.lazy_copy
+                if lazy is not None and type(module) in lazy.unread_kinds and "forward" not in attributes:
+                    unread = dict.__new__(UnreadTensors)  # not through ``__init__``, which takes in
+                    unread.faker, unread.lazy, unread.source = self.faker, lazy, value
+                    state[key] = unread
+                else:
+                    state[key] = self._lazy(value)
             elif kind is dict and key == "_modules" and self.lazy_copy is not None:
                 # the caller's children, taken in when first used, each copied when first read
                 children = dict.__new__(UnreadModules)  # not through ``__init__``, which takes in
@@ -1194,6 +1289,11 @@ class _TreeCopier(TreeCopier):
         others not read ahead, in one call, its place in the dictionary kept."""
         made = LazyTensors()
         made.faker = self.faker
+        self.lazy_into(made, tensors)
+        return made
+
+    def lazy_into(self, made: LazyTensors, tensors: Dict[str, Any]) -> None:
+        """:meth:`_lazy`'s entries, put into ``made`` (empty)."""
         # not in the memo: a module's own parameter or buffer dictionary, held by nothing else
         memo, pending = self.memo, self._pending
         ahead = self.read_ahead
@@ -1233,7 +1333,6 @@ class _TreeCopier(TreeCopier):
         if taken:  # the Pendings and fakes hold what it held for them; not made again here, where a call
             # being keyed may hold positions found in it (``LazyCopy.tensor_keys``)
             ahead.take(taken, remake=False)
-        return made
 
     def _pending_of(self, tensor: torch.Tensor, key: Tuple[Any, ...]) -> Pending:
         """The one :class:`Pending` of ``tensor`` (made now, holding the one key equal to ``key``)."""
