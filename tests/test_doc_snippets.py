@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -29,8 +30,11 @@ def test_docs_have_examples():
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
-def test_python_examples_run(path: Path, monkeypatch, stored_machine_roofs, fresh_python):
+def test_python_examples_run(path: Path, monkeypatch, tmp_path, stored_machine_roofs, fresh_python):
     real_run = subprocess.run
+    # the examples' tempfile.mkdtemp() folders (docs/profile.md's trace and plot, 1.2 MB a run) go
+    # under pytest's tmp_path, not the machine's /tmp, where each suite run left one behind
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def run(args, *rest, **kwargs):
         if not rest and isinstance(args, list) and args[:1] == [sys.executable] and args[1:2] in (["-c"], ["-m"]):
