@@ -518,14 +518,8 @@ class LazyCopy:
         found = copier.memo.get(id(original))
         if found is not None:
             return found
-        # copied inside the run: below the recorder's and the fake mode's dispatch (its fakes are
-        # not ops of the model), in the inference mode the copy was begun in (as LazyTensors does)
-        try:
-            with torch._C._DisableTorchDispatch():
-                if torch.is_inference_mode_enabled() == copier.faker.inference:
-                    return copier.module(original)
-                with torch.inference_mode(copier.faker.inference):
-                    return copier.module(original)
+        try:  # copied inside the run (:meth:`_TreeCopier.inside_run`, as LazyTensors does)
+            return copier.inside_run(copier.module, original)
         except UsageError:
             raise
         except Exception as exc:
@@ -734,12 +728,7 @@ class UnreadTensors(LazyTensors):
                     dict.__setitem__(self, name, None if tensor is None else faker.fake(tensor))
             else:
                 try:
-                    with torch._C._DisableTorchDispatch():  # as the copy is made (LazyCopy.copy_of)
-                        if torch.is_inference_mode_enabled() == copier.faker.inference:
-                            copier.lazy_into(self, source)
-                        else:
-                            with torch.inference_mode(copier.faker.inference):
-                                copier.lazy_into(self, source)
+                    copier.inside_run(copier.lazy_into, self, source)  # as the copy is made (LazyCopy.copy_of)
                 except UsageError:
                     raise
                 except Exception as exc:
@@ -1338,6 +1327,15 @@ class _TreeCopier(TreeCopier):
         """The one :class:`Pending` of ``tensor`` (made now, holding the one key equal to ``key``)."""
         made = self._pending[id(tensor)] = Pending(tensor, self._keys.setdefault(key, key))
         return made
+
+    def inside_run(self, make: Callable[..., Any], *args: Any) -> Any:
+        """``make(*args)`` as a copy is made inside the run: below the recorder's and the fake mode's
+        dispatch (its fakes are not ops of the model), in the inference mode the copy was begun in."""
+        with torch._C._DisableTorchDispatch():
+            if torch.is_inference_mode_enabled() == self.faker.inference:
+                return make(*args)
+            with torch.inference_mode(self.faker.inference):
+                return make(*args)
 
     def value(self, value: Any) -> Any:
         kind = type(value)
