@@ -1,15 +1,31 @@
 """The peak an MFU is measured against: one resolver for ``benchmark``, ``StepTimer`` and the
-trainer callbacks (``integrations._rates.resolve_peak`` words its absence)."""
+trainer callbacks (``integrations._rates.resolve_peak`` words its absence); and the model
+FLOPs it divides (:func:`model_flops`: the trainer callbacks' and ``plan``'s)."""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
 from flopcount.devices import peaks
 from flopcount.devices.parts import resolve_part
 from flopcount.errors import UsageError
+
+
+def model_flops(forward: int, hardware: int, frozen: bool) -> int:
+    """Model FLOPs of a training step: PaLM's 3 x its ``forward`` FLOPs (a matmul's backward is
+    twice its forward; torchtitan's MFU), which assumes every parameter is trained. With
+    ``frozen`` parameters (a frozen backbone under a trainable head, adapters) the step computes
+    fewer gradients than that: at most the ``hardware`` FLOPs it ran (forward, backward with any
+    recomputation, optimizer step), so such a step's MFU never exceeds its HFU (plan printed an
+    MFU of 299 % at its step-time bound for a frozen 2048-wide backbone)."""
+    return min(3 * forward, hardware) if frozen else 3 * forward
+
+
+def has_frozen(model: Any) -> bool:
+    """Whether a floating parameter of ``model`` does not require grad (frozen)."""
+    return any(not p.requires_grad for p in model.parameters() if p.is_floating_point())
 
 
 def checked_peak(peak_flops: Optional[float]) -> Optional[float]:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
+from flopcount.bench.peak import has_frozen
 from flopcount.core.analysis import uncompiled
 from flopcount.core.hooks import call_hook_dicts
 from flopcount.counting.count import count_flops
@@ -96,6 +97,8 @@ class PassCost:
     forward: int
     backward: int
     forward_macs: int
+    #: a floating parameter of the model did not require grad (MFU's model FLOPs: bench.peak.model_flops)
+    frozen: bool = False
 
     @property
     def flops(self) -> int:
@@ -135,7 +138,7 @@ class StepCounter:
         result = self._count(model, args, kwargs, options, "training step")  # None: it failed
         phases = {} if result is None else result.by_phase()
         cost = None if result is None else PassCost(phases.get("forward", 0), phases.get("backward", 0),
-                                                    result.by_phase("macs").get("forward", 0))
+                                                    result.by_phase("macs").get("forward", 0), has_frozen(model))
         self.train[sig] = cost
         if with_optimizer:
             self.optimizer[id(optimizer)] = None if result is None else phases.get("optimizer", 0)

@@ -3,7 +3,8 @@ functions), and the peak they are measured against.
 
 MFU (model FLOPs utilisation) counts :func:`model_flops`: 3 x the forward FLOPs of the model as
 written (PaLM's 6N + 12·L·H·Q·T per token is 3 x its forward; no recomputation, no fused
-attention backward's extra work). HFU (hardware FLOPs utilisation) counts every FLOP the step
+attention backward's extra work); with frozen parameters at most every FLOP the step ran (a
+frozen backbone's step does less than 3 x its forward): such a step's MFU never exceeds its HFU. HFU (hardware FLOPs utilisation) counts every FLOP the step
 ran as flopcount counted it: forward, backward (recomputation under activation checkpointing
 and the fused attention backward's 2.5x included) and the optimizer step."""
 
@@ -14,15 +15,11 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from flopcount.bench.peak import mfu_peak
+from flopcount.bench.peak import mfu_peak, model_flops
+
+__all__ = ["PREFIX", "Window", "model_device", "model_dtype", "model_flops", "resolve_peak", "window_metrics"]
 
 PREFIX = "flopcount/"
-
-
-def model_flops(forward_flops: int) -> int:
-    """Model FLOPs of a training micro-batch: 3 x its forward FLOPs (the backward of a
-    matmul is twice its forward), PaLM's convention, which torchtitan's MFU uses."""
-    return 3 * forward_flops
 
 
 @dataclass

@@ -174,7 +174,8 @@ class FlopcountCallback(TrainerCallback):
             hf = [self._hf_estimate.get(sig) for sig, _, _ in calls]
             if all(h is not None for h in hf):  # HF adds its own estimate for these micro-batches
                 state.total_flos += flops - sum(h for h in hf if h is not None)
-            step_model_flops = sum(model_flops(c.forward) for c in costs if c is not None)
+            done = [c for c in costs if c is not None]
+            step_model_flops = model_flops(sum(c.forward for c in done), flops, any(c.frozen for c in done))
             tokens = [tokens for _, _, (_, tokens) in calls]  # None for a call without token ids
             total_tokens = None if None in tokens else sum(t or 0 for t in tokens)
             self._window.add(flops, seconds, total_tokens, sum(samples for _, _, (samples, _) in calls), model_flops=step_model_flops)

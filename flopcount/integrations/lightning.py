@@ -88,8 +88,9 @@ class FlopcountMonitor(Callback):
         self._t0 = 0.0
         self._global_step = 0
         self._batch_flops: Optional[int] = None
-        self._batch_model_flops = 0
-        self._step_model_flops = 0
+        self._batch_forward = 0
+        self._step_forward = 0
+        self._frozen = False
         self._val_flops = 0
 
     # -- setup / teardown -----------------------------------------------------------
@@ -127,7 +128,8 @@ class FlopcountMonitor(Callback):
         cost = self.counter.train.get(sig)
         opt = self.counter.optimizer_flops(optimizer)
         self._batch_flops = None if cost is None else cost.flops
-        self._batch_model_flops = 0 if cost is None else model_flops(cost.forward)
+        self._batch_forward = 0 if cost is None else cost.forward
+        self._frozen = cost is not None and cost.frozen
         if self._set_attribute is not None:
             steps = _steps_optimizer(trainer, batch_idx)
             pl_module.flops_per_batch = None if cost is None or opt is None else cost.flops + (opt if steps else 0)
@@ -141,7 +143,7 @@ class FlopcountMonitor(Callback):
         self._step_samples += _batch_size(batch)
         if self._step_flops is not None:
             self._step_flops = None if self._batch_flops is None else self._step_flops + self._batch_flops
-        self._step_model_flops += self._batch_model_flops
+        self._step_forward += self._batch_forward
         if trainer.global_step == self._global_step:
             return  # accumulating gradients: the optimizer has not stepped yet
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -149,13 +151,14 @@ class FlopcountMonitor(Callback):
         flops = None if self._step_flops is None or opt is None else self._step_flops + opt
         if flops is not None:
             self.total_flops += flops
-            self._window.add(flops, self._step_seconds, None, self._step_samples, model_flops=self._step_model_flops)
+            self._window.add(flops, self._step_seconds, None, self._step_samples,
+                             model_flops=model_flops(self._step_forward, flops, self._frozen))
             metrics = window_metrics(self._window, self._peak)
             metrics[PREFIX + "total_flops"] = float(self.total_flops)
             for name, value in metrics.items():
                 pl_module.log(name, value, on_step=True, on_epoch=False)
         self._window = Window()
-        self._step_flops, self._step_seconds, self._step_samples, self._step_model_flops = 0, 0.0, 0, 0
+        self._step_flops, self._step_seconds, self._step_samples, self._step_forward = 0, 0.0, 0, 0
 
     # -- validation -----------------------------------------------------------------
     def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set,
 import torch
 from torch import nn
 
+from flopcount.bench.peak import model_flops
 from flopcount.core.analysis import cost_events
 from flopcount.core.collection import PausedCollections
 from flopcount.core.deprecation import modeled_part
@@ -210,7 +211,7 @@ def plan(
     bounds = _bounds(costed, comm, gpu, dtype, bool(links) or not dims)
     notes = _notes(unsupported, bool(links) or not dims, gpu) + record.notes
     with preserved_rng():
-        model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, costs)
+        model_flops, why = _model_flops(build, args, kw, tp, flops, loss_fn, costs, record.frozen)
     if why:
         notes += (why,)
     bounds = _utilisation(bounds, model_flops, sum(flops.values()))
@@ -360,7 +361,7 @@ def _cut_steps(
     record = StepRecord(
         tuple(template.spread(units, stamps3, events3)),
         tuple(template.spread(units, rec3.collective_stamps, rec3.collectives)),
-        peak, state, {}, record3.gradless | record4.gradless, record3.notes,
+        peak, state, {}, record3.gradless | record4.gradless, notes=record3.notes, frozen=record3.frozen or record4.frozen,
     )
     return prefix, wrapped3 + extra * (wrapped4 - wrapped3), record, dtype
 
@@ -559,10 +560,12 @@ def _utilisation(bounds: Optional[StepTimeBounds], model_flops: Optional[int], h
 
 def _model_flops(
     build: Callable[[], nn.Module], args: Tuple[Any, ...], kw: Mapping[str, Any], tp: int,
-    flops: Mapping[str, int], loss_fn: Optional[Callable[[Any], Any]], registry: HandlerRegistry,
+    flops: Mapping[str, int], loss_fn: Optional[Callable[[Any], Any]], registry: HandlerRegistry, frozen: bool = False,
 ) -> Tuple[Optional[int], str]:
     """One rank's model FLOPs: 3 x the forward FLOPs (loss included) of the model as written,
-    unsharded, on the rank's micro-batch, divided by ``tp`` (the ranks sharing that micro-batch).
+    unsharded, on the rank's micro-batch, divided by ``tp`` (the ranks sharing that micro-batch),
+    and with ``frozen`` parameters (some do not require grad) at most the rank's hardware FLOPs
+    (:func:`flopcount.bench.peak.model_flops`: a frozen backbone's step does less than 3 x its forward).
 
     3 x forward is PaLM's convention (6N + 12·L·H·Q·T per token: a matmul's backward is twice
     its forward; attention's QK^T and AV at the full Lq x Lk product, no causal halving): no
@@ -571,7 +574,7 @@ def _model_flops(
     forward (FSDP changes no op's FLOPs); with TP the unsharded model is counted again, on
     the meta device, by the default count (fake copies, repeated blocks reused). ``(None, why)`` when that trace fails."""
     if tp == 1:
-        return 3 * flops.get("forward", 0), ""
+        return model_flops(flops.get("forward", 0), sum(flops.values()), frozen), ""
     tensors, rebuild = flatten_tensors((args, dict(kw)))
     metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
     meta_args, meta_kw = rebuild(metas)
@@ -583,7 +586,7 @@ def _model_flops(
     except Exception as exc:  # the plan stands without an MFU
         return None, f"MFU not computed: the unsharded forward failed on the meta device ({type(exc).__name__}: {exc})"
     forward = sum(cost.flops for event, cost in cost_events(run.events, registry) if cost is not None and not _skipped(event.call.op))
-    return 3 * forward // tp, ""
+    return model_flops(forward, tp * sum(flops.values()), frozen) // tp, ""
 
 
 class _WithLoss(nn.Module):

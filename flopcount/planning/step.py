@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 import torch
 from torch import nn
 
+from flopcount.bench.peak import has_frozen
 from flopcount.core.inputs import flat_values, output_tensors
 from flopcount.planning.world import PlanError, private
 from flopcount.step.autocast import amp_device
@@ -86,6 +87,8 @@ class StepRecord:
     #: names of the trainable parameters the step gave no gradient (a layer the forward skips,
     #: an unused head) that hold optimizer state: a real run's steady state holds none for them
     gradless: FrozenSet[str] = frozenset()
+    #: a floating parameter of the model does not require grad (MFU's model FLOPs: bench.peak.model_flops)
+    frozen: bool = False
     #: what the reading's warnings say about the step (transformers' tracing path taken on fakes)
     notes: Tuple[str, ...] = ()
 
@@ -320,6 +323,6 @@ def record_step(
     return StepRecord(
         tuple(recorder.events), tuple(recorder.collectives), categories(tracker.peak_snapshot), state_bytes(model, optimizer),
         dict(modules.calls),
-        gradless(model, optimizer),
+        gradless(model, optimizer), frozen=has_frozen(model),
     )
 

@@ -24,7 +24,7 @@ def _sections(result: PlanResult) -> List[Tuple[str, List[str], List[List[str]]]
     phases = [[p, format_count(result.flops[p]), format_count(result.macs.get(p, 0))] for p in result.flops]
     phases.append(["total (HFU's FLOPs)", format_count(result.total_flops), format_count(sum(result.macs.values()))])
     if result.model_flops is not None:
-        phases.append(["model FLOPs (MFU's: 3 x forward of the model as written / tp)", format_count(result.model_flops), ""])
+        phases.append(["model FLOPs (MFU's: 3 x forward of the model as written / tp; with frozen parameters at most the rank's FLOPs)", format_count(result.model_flops), ""])
     memory = [[name, format_bytes(value)] for name, value in result.memory.items() if value]
     memory.append(["peak (MemTracker)", format_bytes(result.peak_bytes)])
     state = [[name, format_bytes(value)] for name, value in result.state_bytes.items()]

@@ -85,7 +85,7 @@ def test_window_metrics_by_hand():
     window.add(1, 1.0, None, 1)  # a step without token ids or model FLOPs: no tokens_per_s, no mfu
     assert "flopcount/tokens_per_s" not in window_metrics(window, None) and "flopcount/hfu" not in window_metrics(window, None)
     assert "flopcount/mfu" not in window_metrics(window, 2e12) and "flopcount/hfu" in window_metrics(window, 2e12)
-    assert model_flops(7) == 21
+    assert model_flops(7, 10, False) == model_flops(7, 30, True) == 21 and model_flops(7, 10, True) == 10  # frozen: at most the step's FLOPs
 
 
 def test_no_peak_on_cpu_unless_given(tmp_path, monkeypatch):
