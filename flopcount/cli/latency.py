@@ -130,6 +130,8 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str,
 
     result = _predict(run, args, args.on)
     kind = getattr(args, "bound", None) or default_bound(result.roofs)
+    if result.compiled:  # a torch.compile-d model's eager bound is the any-implementation one: named so
+        kind = "any"
     seconds = result.bound_s(kind)
     math = float32_math_text(result.float32_math())
     # a FAIL is certain under the math the bound assumed (--matmul-tf32 for an engine that runs TF32)

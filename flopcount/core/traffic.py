@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from flopcount.types import OpCall, TensorMeta
 
-__all__ = ["BACKWARD_IN_PLACE", "ITEMSIZE", "RULES", "broadcast", "call_traffic", "element_size", "first_output", "general_traffic", "is_complex", "is_floating", "maybe_tensor"]
+__all__ = ["BACKWARD_IN_PLACE", "GATHER_SOURCES", "ITEMSIZE", "RULES", "broadcast", "call_traffic", "element_size", "first_output", "general_traffic", "is_complex", "is_floating", "maybe_tensor"]
 
 #: Bytes per element, by the dtype names tracers give (``str(torch.float32)`` less ``torch.``).
 ITEMSIZE: Dict[str, int] = {
@@ -317,15 +317,27 @@ _LIKE_FACTORIES = (
 )
 _DROPOUTS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
 
+#: gathers: op -> (the source it picks elements of, its index arguments); ``narrow_copy``
+#: picks a slice by its scalar arguments
+_GATHERS: Dict[str, Tuple[str, ...]] = {
+    "aten::embedding": ("weight", "indices"),
+    "aten::index_select": ("self", "index"),
+    "aten::gather": ("self", "index"),
+    "aten::take": ("self", "index"),
+    "aten::take_along_dim": ("self", "indices"),
+    "aten::index": ("self", "indices"),
+    "aten::_unsafe_index": ("self", "indices"),
+    "aten::narrow_copy": ("self",),
+}
+_BAGS = ("aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only")
+
+#: op -> the argument of which it reads only the elements (rows) it picks, never the whole:
+#: the gathers and the embedding bags
+GATHER_SOURCES: Dict[str, str] = {**{op: spec[0] for op, spec in _GATHERS.items()}, **dict.fromkeys(_BAGS, "weight")}
+
 #: op -> its byte rule, for the families whose traffic is not "arguments + outputs".
 RULES: Dict[str, ByteRule] = {
-    "aten::embedding": _gathered("weight", "indices"),
-    "aten::index_select": _gathered("self", "index"),
-    "aten::gather": _gathered("self", "index"),
-    "aten::take": _gathered("self", "index"),
-    "aten::take_along_dim": _gathered("self", "indices"),
-    "aten::index": _gathered("self", "indices"),
-    "aten::_unsafe_index": _gathered("self", "indices"),
+    **{op: _gathered(*spec) for op, spec in _GATHERS.items()},
     "aten::embedding_bag": _embedding_bag,
     "aten::embedding_renorm_": _embedding_renorm,
     "aten::index_copy_": _index_copy,

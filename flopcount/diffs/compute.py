@@ -60,7 +60,7 @@ def bound_of(result: FlopResult) -> Optional[Tuple[float, str, bool]]:
         return None
     roofs = Roofs.from_dict(saved["roofs"])
     kind = default_bound(roofs)
-    seconds = bound_seconds(kind, float(saved["latency_s"]), float(saved.get("any_s") or 0.0))
+    seconds = bound_seconds(kind, float(saved["latency_s"]), float(saved.get("any_s") or 0.0), bool(saved.get("compiled")))
     dtype = saved.get("dtype")
     what = "lower bound" if roofs.certain else "estimate"
     basis = f"{BOUND_NAMES[kind]} {what} on {roofs.device}" + (f", {dtype}" if dtype else "")

@@ -38,7 +38,7 @@ from flopcount.core.params import lookup_tables
 from flopcount.core.registry import HandlerRegistry
 from flopcount.core.rendering import Rendered, render
 from flopcount.core.rows import BookedRows, CostRow
-from flopcount.core.traffic import element_size, is_floating
+from flopcount.core.traffic import GATHER_SOURCES, element_size, is_floating
 from flopcount.devices import AnyBound, BoundKind, Roofs, any_implementation, column_of, named_roofs, op_time
 from flopcount.devices.roofline import bound_seconds, kernel_flops
 from flopcount.errors import UsageError
@@ -50,6 +50,10 @@ from flopcount.units import format_count
 
 #: what predict computes on its roofs, as the sentence on roofs measured under load names it
 ESTIMATED = "predict: each latency bound"
+
+#: said of a ``torch.compile``-d model (its warning and table line)
+COMPILED = ("a torch.compile-d model: the per-op rows and their sum bound the eager program it was compiled from, "
+            "not its fused kernels (which move fewer bytes), so its eager bound is the any-implementation bound")
 
 #: predict's rows are the ledger's rows (0.2 name kept): ``latency_s`` is ``attainable_s``
 PredictRow = CostRow
@@ -75,6 +79,9 @@ class PredictResult(OnRoofs, BookedRows, Rendered):
     _operators: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _modules: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
     _phases: Mapping[str, CostRow] = field(default_factory=dict, repr=False)
+    #: the model given was a ``torch.compile`` wrapper: the per-op sum bounds the eager program
+    #: it compiles, not its fused kernels, so the eager bound is the any-implementation one
+    compiled: bool = False
     #: submodule calls booked from an identical earlier call instead of traced (as
     #: ``FlopResult.reused_calls``): how the bound was made, so not in ``to_dict()``
     reused_calls: int = field(default=0, compare=False)
@@ -98,8 +105,9 @@ class PredictResult(OnRoofs, BookedRows, Rendered):
 
     def bound_s(self, kind: BoundKind) -> float:
         """"any": :attr:`any_s`; "eager": the larger of the per-op sum :attr:`latency_s` and
-        :attr:`any_s` (the eager program is one implementation, so both bound it)."""
-        return bound_seconds(kind, self.latency_s, self.any_s)
+        :attr:`any_s` (the eager program is one implementation, so both bound it); :attr:`any_s`
+        for a :attr:`compiled` model, whose fused kernels can beat the per-op sum."""
+        return bound_seconds(kind, self.latency_s, self.any_s, self.compiled)
 
     def float32_math(self) -> Dict[str, str]:
         """The math the bound priced its float32 work at, per op family that did float32 FLOPs
@@ -128,7 +136,7 @@ class PredictResult(OnRoofs, BookedRows, Rendered):
         return {
             "device": self.roofs.device,
             "roofs": self.roofs.to_dict(),
-            **{key: getattr(self, key) for key in ("dtype", "latency_s", "any_s")},
+            **{key: getattr(self, key) for key in ("dtype", "latency_s", "any_s", "compiled")},
             "any_bound": None if self.any_bound is None else self.any_bound.to_dict(),
             "unpriced_dtypes": list(self.unpriced),
             "float32_math": self.float32_math(),
@@ -176,6 +184,7 @@ def predict(
     as_dtype = None if dtype is None else column_of(dtype_name(_priced_dtype(dtype)))
     roofs = on if isinstance(on, Roofs) else named_roofs(on)
     table = registry if registry is not None else default_registry()
+    compiled = uncompiled(model) is not model
     model = uncompiled(model)
     facts = model_facts(model)
     run = trace(model, () if inputs is None else inputs, kwargs, backward=backward, loss_fn=loss_fn, facts=facts)
@@ -225,10 +234,12 @@ def predict(
         warnings += (f"ops without a handler are left out of the bound: {', '.join(unsupported)}",)
     warnings += _unpriced_notes(roofs, unpriced)
     warnings += warn_estimated(roofs, ESTIMATED)
+    if compiled:
+        warnings += (COMPILED,)
     return PredictResult(
         tuple(rows), roofs, as_dtype, tuple(unsupported), warnings, any_bound, tuple(unpriced),
         ledger.cost_rows("operators"), ledger.cost_rows("modules"), ledger.cost_rows("phases"),
-        reused_calls=run.reused_calls,
+        compiled=compiled, reused_calls=run.reused_calls,
     )
 
 
@@ -291,13 +302,16 @@ def _lookup_modules(model: Any, tables: FrozenSet[int]) -> FrozenSet[str]:
 
 def _read_whole(call: Any) -> Iterator[Tuple[int, ...]]:
     """The shapes of the tensors ``call`` reads whole: none for a view (it reads nothing; a
-    slice of a table is read by the op that takes the slice), and not the ``self`` or ``out``
-    an in-place or out= op writes (``index_copy_`` into a cache reads none of it)."""
+    slice of a table is read by the op that takes the slice), not the ``self`` or ``out``
+    an in-place or out= op writes (``index_copy_`` into a cache reads none of it), and not the
+    source a gather picks elements of (``GATHER_SOURCES``: 16 rows of a 64 MiB tensor read
+    are 32 KiB, 128x below a real run when counted whole)."""
     if is_view_op(call.op):
         return
     in_place = out_of_place(call.op) != call.op
+    gathered = GATHER_SOURCES.get(call.op)
     for name, value in call.args.items():
-        if name == "out" or (in_place and name == "self"):
+        if name == "out" or name == gathered or (in_place and name == "self"):
             continue
         if isinstance(value, TensorMeta):
             yield value.shape
@@ -320,7 +334,8 @@ def _unavoidable_bytes(
     stays a lower bound: a parameter of a module never called (a head left unused, an expert no
     token was routed to), a tensor only sliced or written in place (a positional table read up
     to the sequence's length, a static KV cache written at one position: 39x above a real run
-    when counted whole), the outputs, and a lazy module's parameters not yet materialised (their
+    when counted whole), the source of a gather (``index_select``, ``gather``, ``x[ids]``: the
+    elements picked, priced per op), the outputs, and a lazy module's parameters not yet materialised (their
     size is not known before its first forward). ``called`` or ``read_whole`` None: not used."""
     import torch
     from torch.nn.parameter import is_lazy

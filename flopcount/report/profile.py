@@ -217,6 +217,10 @@ def predict_table(result: PredictResult, *, limit: Optional[int] = 25, fmt: str 
     eager = _beside(eager_s, result.latency_s, result.compute_s, result.memory_s)
     lines = [
         body,
+        f"Eager {what} on {roofs.device}: {marked(eager(eager_s), roofs)}: the any-implementation "
+        f"{'bound' if roofs.certain else what} below, for a torch.compile-d model (the per-op sum "
+        f"{eager(result.latency_s)} bounds the eager program it was compiled from, not its fused kernels)"
+        if result.compiled else
         f"Eager {what} on {roofs.device}: {marked(eager(eager_s), roofs)}: the per-op sum "
         f"{eager(result.latency_s)} (compute {eager(result.compute_s)}, memory "
         f"{eager(result.memory_s)} if each ran alone)"
