@@ -45,6 +45,8 @@ PLAUSIBLE_FRACTION = 0.1
 REPEAT_SPREAD = 0.25
 #: each of machine_roofs' two passes keeps to this budget per kernel family (about the old single pass)
 PASS_BUDGET_S = 0.5
+#: how often :class:`_OthersRunning` counts the threads of other processes while the passes run
+RUN_QUEUE_EVERY_S = 0.02
 
 
 def cache_path() -> Path:
@@ -121,6 +123,7 @@ def machine_roofs(
     cores: Optional[int] = None,
     tries: int = 2,
     now: Optional[Callable[[], datetime]] = None,
+    running: Optional[Callable[[], Optional[int]]] = None,
 ) -> Roofs:
     """This machine's measured roofs for ``device`` (default CPU), from the cache when it
     has sane ones for this key; otherwise measured (seconds), checked by :func:`sanity`
@@ -128,7 +131,8 @@ def machine_roofs(
     measures again (the cache keeps the best of both); ``cache=False`` (or the environment
     variable ``FLOPCOUNT_NO_ROOFS_CACHE=1``) neither reads nor writes the cache.
     ``loadavg``, ``cores`` and ``now`` replace ``os.getloadavg``, the usable CPUs and the
-    clock (tests). Writes: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (:func:`cache_path`),
+    clock (tests); ``running`` replaces :func:`others_running` (the threads of other processes
+    running now, counted every 20 ms while the passes run: the load average lags a minute). Writes: ``$XDG_CACHE_HOME/flopcount/roofs.json`` (:func:`cache_path`),
     only after measuring. Thread-safe: one thread measures at a time."""
     dev = torch.device(device or "cpu")
     with _CACHE_LOCK:
@@ -150,11 +154,13 @@ def machine_roofs(
         roofs: Optional[Roofs] = None
         for _ in range(max(1, tries)):
             before = load()[0]
-            first, second = take(dev), take(dev)
+            with _OthersRunning(running or others_running) as others:
+                first, second = take(dev), take(dev)
             after = load()[0]
             roofs = best_of(first, second) if roofs is None else best_of(roofs, first, second)
-            problems = sanity(first, second, max(before, after), ncores if dev.type == "cpu" else None)
-            if not problems or any(p.startswith("load average") for p in problems):
+            problems = sanity(first, second, max(before, after), ncores if dev.type == "cpu" else None,
+                              others.median if dev.type == "cpu" else None)
+            if not problems or any(p.startswith(BUSY) for p in problems):
                 break  # sane, or the machine is busy: measuring again now would not help
         assert roofs is not None
         stamp = (now or (lambda: datetime.now(timezone.utc)))().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -193,11 +199,23 @@ def remember_roofs(roofs: Roofs, device: Union[None, str, torch.device] = None) 
     return roofs
 
 
-def sanity(first: Roofs, second: Roofs, load: float, cores: Optional[int]) -> List[str]:
-    """Why two passes of a measurement may not stand as this machine's roofs (empty: they may)."""
+#: how a sanity problem that says the machine was busy begins (measuring again now would not help)
+BUSY = ("load average", "other processes")
+
+
+def sanity(first: Roofs, second: Roofs, load: float, cores: Optional[int], others: Optional[float] = None) -> List[str]:
+    """Why two passes of a measurement may not stand as this machine's roofs (empty: they may).
+    ``others``: the threads of other processes running while the passes ran (the median of
+    :class:`_OthersRunning`'s counts; None: not counted), which with the passes' own threads
+    must fit in the ``cores``: the load average, a minute's mean, lags a job that started
+    seconds before (two processes measuring at once each see the other's threads only here)."""
     problems = []
     if cores is not None and load > cores:
         problems.append(f"load average {load:.2f} above the {cores} cores")
+    threads = int(first.details.get("threads", 1) or 1)
+    if cores is not None and others is not None and others + threads > cores:
+        problems.append(f"other processes ran {others:g} thread(s) beside this measurement's {threads} on the "
+                        f"{cores} cores (the median of the counts taken while it ran)")
     isa = {**first.details.get("isa_peak_flops", {})}
     for dtype, value in first.peak_flops.items():
         other = second.peak_flops.get(dtype)
@@ -215,6 +233,58 @@ def sanity(first: Roofs, second: Roofs, load: float, cores: Optional[int]) -> Li
     if flags and fp32 and bf16 and bf16 < 0.5 * fp32:
         problems.append(f"bfloat16 roof {bf16 / 1e9:.4g} below half of float32's {fp32 / 1e9:.4g} GFLOP/s on a CPU with {flags}")
     return problems
+
+
+def others_running(path: str = "/proc") -> Optional[int]:
+    """Threads of other processes running or runnable now: the kernel's count of runnable
+    threads (``/proc/loadavg``'s fourth field, "running/total") less this process's running
+    threads (state R in ``/proc/self/task/*/stat``); None where ``/proc`` has neither (not Linux)."""
+    try:
+        with open(os.path.join(path, "loadavg")) as fh:
+            runnable = int(fh.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir(os.path.join(path, "self", "task")):
+            with contextlib.suppress(OSError):
+                with open(os.path.join(path, "self", "task", task, "stat")) as fh:
+                    own += fh.read().rpartition(")")[2].split()[0] == "R"
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, runnable - own)
+
+
+class _OthersRunning:
+    """Counts the threads of other processes running (``count``, :func:`others_running`) every
+    :data:`RUN_QUEUE_EVERY_S` in a thread of its own while the ``with`` block runs; ``median``
+    is the median count, None with fewer than 3 counts (a block too short to judge) or where
+    nothing could be counted."""
+
+    def __init__(self, count: Callable[[], Optional[int]]) -> None:
+        self._count = count
+        self._counts: List[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flopcount-run-queue", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(RUN_QUEUE_EVERY_S):
+            found = self._count()
+            if found is not None:
+                self._counts.append(found)
+
+    def __enter__(self) -> _OthersRunning:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def median(self) -> Optional[float]:
+        counts = sorted(self._counts)
+        if len(counts) < 3:
+            return None
+        middle = len(counts) // 2
+        return float(counts[middle]) if len(counts) % 2 else (counts[middle - 1] + counts[middle]) / 2
 
 
 def best_of(*measured: Roofs) -> Roofs:
