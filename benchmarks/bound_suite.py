@@ -38,7 +38,12 @@ dynamic int8 Linear (fbgemm's int8 products), ``torch._int_mm``, GRU, grouped an
 channels_last, a weight reused from cache, ops that are only overhead, an EmbeddingBag, batch
 64, one thread.
 
-Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--break] [--only TEXT]
+``--break2`` adds a third (:func:`second_pass_cases`, branch boundcheck2): transposed
+convolutions, upsampling, norm-heavy blocks, GQA, FFTs, sort/topk/cumsum, gathers from and
+indexed writes into 64 MiB, fp16, and training steps (``predict(backward=True)`` against a
+forward + backward), frozen layers included.
+
+Run: ``PYTHONPATH=. python benchmarks/bound_suite.py [--runs 5] [--quick] [--break] [--break2] [--skip-first] [--only TEXT]
 [--device cuda] [--json FILE]``.
 """
 
@@ -516,6 +521,122 @@ def breaking_cases() -> List[Case]:
     ]
 
 
+class Picked(nn.Module):
+    """One call on its inputs (and the module's ``source`` buffer where given): the ops of the
+    second pass (:func:`second_pass_cases`) each in a model of its own."""
+
+    def __init__(self, call: Callable[..., torch.Tensor], source: Optional[torch.Tensor] = None, **layers: nn.Module) -> None:
+        super().__init__()
+        self.call = call
+        if source is not None:
+            self.register_buffer("source", source)
+        for name, layer in layers.items():
+            self.add_module(name, layer)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.call(self, *inputs)
+
+
+def picked(call: Callable[..., torch.Tensor], *inputs: Callable[[], torch.Tensor],
+           source: Optional[Callable[[], torch.Tensor]] = None, **layers: Callable[[], nn.Module]):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        model = Picked(call, None if source is None else source(), **{k: v() for k, v in layers.items()})
+        return model.eval(), tuple(make() for make in inputs), {}
+
+    return build
+
+
+def _repeated(layer: str, times: int = 8):
+    def call(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(times):
+            x = getattr(m, layer)(x)
+        return x
+
+    return call
+
+
+def _frozen(build, trainable: int = 2):
+    """``build``'s model with all but its last ``trainable`` parameters frozen."""
+    def frozen() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        model, args, kwargs = build()
+        for p in list(model.parameters())[:-trainable]:
+            p.requires_grad_(False)
+        return model.train(), args, kwargs
+
+    return frozen
+
+
+def _deep_mlp(batch: int, width: int, depth: int):
+    def build() -> Tuple[nn.Module, Tuple[Any, ...], Dict[str, Any]]:
+        layers: List[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        return nn.Sequential(*layers[:-1]), (torch.randn(batch, width),), {}
+
+    return build
+
+
+def second_pass_cases() -> List[Case]:
+    """Cases of the second adversarial pass (``--break2``, branch boundcheck2): op families the
+    first two lists do not hold (transposed convolutions, upsampling, norm-heavy blocks, GQA,
+    FFTs, sorts, scans, gathers and indexed writes into 64 MiB, fp16 on a CPU without fp16
+    units) and training steps (``predict(backward=True)`` against forward + backward), frozen
+    layers included."""
+    f16, bf16 = torch.float16, torch.bfloat16
+    rows = lambda: torch.randn(32768, 512)  # noqa: E731  (64 MiB)
+    ids16 = lambda: torch.randint(0, 32768, (16,))  # noqa: E731
+    return [
+        Case("convtranspose 64->64 k4 s2 b1 56", picked(lambda m, x: m.up(x), lambda: torch.randn(1, 64, 56, 56),
+                                                         up=lambda: nn.ConvTranspose2d(64, 64, 4, 2, 1))),
+        Case("convtranspose 256->128 k2 s2 b4 28", picked(lambda m, x: m.up(x), lambda: torch.randn(4, 256, 28, 28),
+                                                           up=lambda: nn.ConvTranspose2d(256, 128, 2, 2))),
+        Case("interpolate nearest x2 1x64x112", picked(lambda m, x: nn.functional.interpolate(x, scale_factor=2),
+                                                        lambda: torch.randn(1, 64, 112, 112))),
+        Case("interpolate bilinear x2 1x64x112", picked(lambda m, x: nn.functional.interpolate(x, scale_factor=2, mode="bilinear"),
+                                                         lambda: torch.randn(1, 64, 112, 112))),
+        Case("layernorm x8 8x512x768", picked(_repeated("norm"), lambda: torch.randn(8, 512, 768), norm=lambda: nn.LayerNorm(768))),
+        Case("layernorm x8 8x512x768 bf16", picked(_repeated("norm"), lambda: torch.randn(8, 512, 768, dtype=bf16),
+                                                    norm=lambda: nn.LayerNorm(768).to(bf16))),
+        Case("groupnorm x8 8x256x32x32", picked(_repeated("norm"), lambda: torch.randn(8, 256, 32, 32),
+                                                 norm=lambda: nn.GroupNorm(32, 256))),
+        Case("gqa sdpa causal 32q/8kv s1024 d64", picked(
+            lambda m, q, k, v: nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            lambda: torch.randn(1, 32, 1024, 64), lambda: torch.randn(1, 8, 1024, 64), lambda: torch.randn(1, 8, 1024, 64))),
+        Case("gqa decode 32q/8kv past 4096 d128", picked(
+            lambda m, q, k, v: nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            lambda: torch.randn(1, 32, 1, 128), lambda: torch.randn(1, 8, 4096, 128), lambda: torch.randn(1, 8, 4096, 128))),
+        Case("fft rfft2 64x256x256", picked(lambda m, x: torch.fft.rfft2(x), lambda: torch.randn(64, 256, 256))),
+        Case("fft fft2 complex64 1024x1024", picked(lambda m, x: torch.fft.fft2(x), lambda: torch.randn(1024, 1024, dtype=torch.complex64))),
+        Case("sort 4M", picked(lambda m, x: torch.sort(x)[0], lambda: torch.randn(1 << 22))),
+        Case("topk 16 of 8x1M", picked(lambda m, x: torch.topk(x, 16)[0], lambda: torch.randn(8, 1 << 20))),
+        Case("cumsum 4096x4096 dim 1", picked(lambda m, x: torch.cumsum(x, 1), lambda: torch.randn(4096, 4096))),
+        Case("gather 16x2048 of 64 MiB", picked(lambda m, x, i: torch.gather(x, 2, i), lambda: torch.randn(16, 2048, 512),
+                                                 lambda: torch.randint(0, 512, (16, 2048, 1)))),
+        Case("index_select 16 rows of 64 MiB", picked(lambda m, x, i: x.index_select(0, i), rows, ids16)),
+        Case("x[ids] 16 rows of 64 MiB", picked(lambda m, x, i: x[i], rows, ids16)),
+        Case("take 16 of 64 MiB", picked(lambda m, x, i: torch.take(x, i), rows, ids16)),
+        Case("scatter_add_ 16 rows into 64 MiB", picked(lambda m, i, v: m.source.scatter_add_(0, i, v),
+                                                         lambda: torch.randint(0, 32768, (16, 512)), lambda: torch.randn(16, 512), source=rows)),
+        Case("index_put_ accumulate 16 rows into 64 MiB", picked(lambda m, i, v: m.source.index_put_((i,), v, accumulate=True),
+                                                                  ids16, lambda: torch.randn(16, 512), source=rows)),
+        Case("tiny ops x400 b1 on 8 floats", small(Tiny, (1, 8))),
+        Case("mlp 2x2048 b128 fp16", mlp(128, f16)),
+        Case("conv 4x3x3 b1 fp16", conv_stack(False, 1, f16)),
+        Case("conv 4x3x3 b1 bf16 (NCHW)", conv_stack(False, 1, bf16)),
+        Case("matmul 2048 x 2048^T", picked(lambda m, a, b: a @ b.t(), lambda: torch.randn(2048, 2048), lambda: torch.randn(2048, 2048))),
+        Case("train mlp 2x2048 b128 1 thread", mlp(128), threads=1, train=True),
+        Case("train linear 2048 b256", _deep_mlp(256, 2048, 1), train=True),
+        Case("train mlp 2x2048 b128 first layer frozen", _frozen(mlp(128), trainable=2), train=True),
+        Case("train frozen 2x2048 backbone + head b128", _frozen(lambda: (nn.Sequential(
+            nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)), (torch.randn(128, 2048),), {})),
+            train=True),
+        Case("train mlp 2x2048 b128 bf16", mlp(128, bf16), train=True),
+        Case("train conv 4x3x3 b2 1 thread", conv_stack(False, 2), threads=1, train=True),
+        Case("train gpt2-small b1 s128", gpt2_prefill(1), train=True),
+        Case("train lstm 2x512 b16 s32", lstm(16), train=True),
+    ]
+
+
 def gpu_cases() -> List[Case]:
     """Work large enough that a GPU is not launch-bound: how close the bound comes to a real run."""
     bf16 = torch.bfloat16
@@ -571,9 +692,10 @@ def roofs_here(n_threads: int, budget_s: float) -> Roofs:
 
 
 def chosen(args: argparse.Namespace) -> List[Case]:
-    """The first list (``--quick``: its first 8), then with ``--break`` the second; ``--only``
-    keeps the cases whose name holds that text."""
-    every = cases(args.quick) + (breaking_cases() if args.breaking else [])
+    """The first list (``--quick``: its first 8), then with ``--break`` the second, with
+    ``--break2`` the third (``--skip-first``: without the first); ``--only`` keeps the cases whose name holds that text."""
+    first = [] if args.skip_first else cases(args.quick)
+    every = first + (breaking_cases() if args.breaking else []) + (second_pass_cases() if args.second else [])
     return [case for case in every if args.only in case.name]
 
 
@@ -720,6 +842,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the first 8 cases only")
     parser.add_argument("--break", dest="breaking", action="store_true",
                         help="also the cases chosen to break the bound (breaking_cases)")
+    parser.add_argument("--break2", dest="second", action="store_true",
+                        help="also the second pass's cases (second_pass_cases: new op families, training steps)")
+    parser.add_argument("--skip-first", action="store_true", help="leave the first list out (with --break or --break2)")
     parser.add_argument("--only", default="", help="only the cases whose name holds this text")
     parser.add_argument("--skip-published", action="store_true")
     parser.add_argument("--json", default=None, help="write every figure to this file")
