@@ -337,6 +337,27 @@ def _grads_set_aside(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
                 hooks.update(held)
 
 
+def real_step_backward(
+    roots: Sequence[torch.Tensor], seeds: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor], plain: bool
+) -> None:
+    """A timed step's backward of ``roots`` (``profile``'s real steps): ``autograd.grad`` of
+    ``leaves``, which writes no ``.grad``; ``plain`` (the graph holds a reentrant checkpoint,
+    :func:`needs_plain_backward`, which refuses ``autograd.grad``) a plain backward, the
+    ``.grad`` and post-accumulate-grad hooks of ``leaves`` set aside and put back."""
+    if not plain:
+        torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
+        return
+    with _grads_set_aside(leaves):
+        torch.autograd.backward(list(roots), grad_tensors=list(seeds))
+
+
+def needs_plain_backward(roots: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Tuple[bool, List[torch.Tensor]]:
+    """Whether the graph of ``roots`` holds a reentrant checkpoint, and the leaves it
+    accumulates into (:func:`_reentrant_checkpoint`)."""
+    found, leaves = _reentrant_checkpoint(roots, inputs)
+    return found is not None, leaves
+
+
 def run_backward(
     model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: Any
 ) -> Set[int]:
