@@ -7,6 +7,7 @@ only (``profile``'s row was not ``count_flops``'s)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any, Callable, List
 
@@ -147,3 +148,33 @@ def test_lstm_backward_bytes_are_the_same_on_real_and_fake_tensors() -> None:
     assert counted.bytes_read == hand == 69_504
     assert profiled["aten::mkldnn_rnn_layer_backward"].bytes_read == hand
     assert profiled["aten::mkldnn_rnn_layer_backward"].bytes_written == counted.bytes_written
+
+
+class _InnerStep(nn.Module):
+    """A MAML-style forward: one inner gradient step on its own loss (create_graph), then the
+    forward with the adapted weights; ``enable`` turns grad mode on around the inner step."""
+
+    def __init__(self, enable: bool) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.enable = enable
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad() if self.enable else contextlib.nullcontext():
+            params = dict(self.net.named_parameters())
+            inner = torch.func.functional_call(self.net, params, (x,)).pow(2).mean()
+            grads = torch.autograd.grad(inner, list(params.values()), create_graph=True)
+            fast = {name: p - 0.1 * g for (name, p), g in zip(params.items(), grads)}
+            return torch.func.functional_call(self.net, fast, (x,))
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+def test_a_forward_that_differentiates_is_refused_naming_grad_mode_and_counted_with_it_on(tracer: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    with pytest.raises(flopcount.TraceError, match=r"differentiates inside itself.*torch\.enable_grad\(\)"):
+        flopcount.count_flops(_InnerStep(enable=False), (x,), tracer=tracer)
+    model = _InnerStep(enable=True)
+    with FlopCounterMode(display=False) as counter:
+        copy.deepcopy(model)(x)
+    assert 2 * flopcount.count_flops(model, (x,), tracer=tracer).macs == counter.get_total_flops() == 57_344
