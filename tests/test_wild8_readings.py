@@ -178,3 +178,26 @@ def test_a_forward_that_differentiates_is_refused_naming_grad_mode_and_counted_w
     with FlopCounterMode(display=False) as counter:
         copy.deepcopy(model)(x)
     assert 2 * flopcount.count_flops(model, (x,), tracer=tracer).macs == counter.get_total_flops() == 57_344
+
+
+class _SparseLookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table, self.head = nn.Embedding(100, 16, sparse=True), nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(ids))
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.SGD(ps, lr=0.1), lambda ps: torch.optim.SparseAdam(ps)], ids=["sgd", "sparse-adam"])
+def test_an_optimizer_step_over_a_sparse_gradient_is_refused_naming_it(make: Callable[[Any], torch.optim.Optimizer]) -> None:
+    torch.manual_seed(0)
+    model, ids = _SparseLookup(), torch.randint(0, 100, (4, 6))
+    real = copy.deepcopy(model)
+    real(ids).sum().backward()
+    grad = real.table.weight.grad
+    # the real step adds the looked-up rows only: SGD's add_ of a sparse gradient with 24 rows of 16,
+    # 384 FLOPs where a dense step over the table's 1,600 elements would be counted
+    assert grad is not None and grad.is_sparse and grad._nnz() * 16 == 384
+    with pytest.raises(flopcount.UsageError, match=r"'table' makes a sparse gradient"):
+        flopcount.count_flops(model, (ids,), backward=True, optimizer=make([model.table.weight]))
