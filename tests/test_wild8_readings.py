@@ -201,3 +201,17 @@ def test_an_optimizer_step_over_a_sparse_gradient_is_refused_naming_it(make: Cal
     assert grad is not None and grad.is_sparse and grad._nnz() * 16 == 384
     with pytest.raises(flopcount.UsageError, match=r"'table' makes a sparse gradient"):
         flopcount.count_flops(model, (ids,), backward=True, optimizer=make([model.table.weight]))
+
+
+@pytest.mark.parametrize("tracer", ["auto", "dispatch"])
+def test_a_forward_that_differentiates_its_parameters_is_counted_with_its_backward(tracer: str) -> None:
+    torch.manual_seed(0)
+    model, x = _InnerStep(enable=True), torch.randn(8, 16)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    before = snapshot(model)
+    with FlopCounterMode(display=False) as counter:
+        copy.deepcopy(model)(x).sum().backward()  # the inner step's gradient, the forward, the backward of both
+    result = flopcount.count_flops(model, (x,), tracer=tracer, backward=True)
+    assert 2 * result.macs == counter.get_total_flops() == 147_456
+    assert_same_state(model, before)
