@@ -136,7 +136,7 @@ class StandIns(TorchFunctionMode):
         if isinstance(inputs, torch.Tensor):
             picked: Any = pick(inputs)
         else:
-            picked = type(inputs)(map(pick, inputs)) if isinstance(inputs, (list, tuple)) else inputs
+            picked = type(inputs)(map(pick, inputs)) if type(inputs) in (list, tuple) else inputs  # not a GradientEdge
         if len(args) > 1:
             return (args[0], picked, *args[2:]), kwargs
         return args, {**kwargs, "inputs": picked}
