@@ -133,10 +133,11 @@ class StandIns(TorchFunctionMode):
             stand_in = self.of(tensor) if isinstance(tensor, torch.Tensor) else tensor
             return stand_in if id(stand_in) in reached else tensor
 
+        picked: Any = inputs
         if isinstance(inputs, torch.Tensor):
-            picked: Any = pick(inputs)
-        else:
-            picked = type(inputs)(map(pick, inputs)) if type(inputs) in (list, tuple) else inputs  # not a GradientEdge
+            picked = pick(inputs)
+        elif type(inputs) is list or type(inputs) is tuple:  # not a GradientEdge (a NamedTuple)
+            picked = type(inputs)(pick(tensor) for tensor in inputs)
         if len(args) > 1:
             return (args[0], picked, *args[2:]), kwargs
         return args, {**kwargs, "inputs": picked}
