@@ -295,6 +295,16 @@ def _same_dtype_identity(call: OpCall) -> Traffic:
     return _nbytes(self_meta), _nbytes(out)
 
 
+def _rnn_layer(call: OpCall) -> Traffic:
+    """oneDNN's RNN layer (``mkldnn_rnn_layer``, its backward): the general rule less the
+    ``workspace`` the forward returns and its backward reads, a buffer only the real kernel
+    sizes (empty on fake tensors), as the composite layer that writes it (``aten::lstm``)
+    books only its own inputs and outputs."""
+    args = {name: value for name, value in call.args.items() if name != "workspace"}
+    outputs = call.outputs[:3] if call.op == "aten::mkldnn_rnn_layer" else call.outputs
+    return general_traffic(OpCall(call.op, args, outputs), view=False)
+
+
 def _nothing(call: OpCall) -> Traffic:
     """a size or shape query: no tensor data moves."""
     return 0, 0
@@ -355,6 +365,8 @@ RULES: Dict[str, ByteRule] = {
     "aten::fill_": _overwriting("value"),
     "aten::zero_": _overwriting("value"),
     "aten::to": _same_dtype_identity,
+    "aten::mkldnn_rnn_layer": _rnn_layer,
+    "aten::mkldnn_rnn_layer_backward": _rnn_layer,
     "aten::type_as": _same_dtype_identity,
     **{f"aten::{name}": _dropout for name in _DROPOUTS},
     **{f"aten::{name}": _nothing for name in _QUERIES},

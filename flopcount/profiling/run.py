@@ -33,6 +33,7 @@ from flopcount.profiling import _book, _tree
 from flopcount.profiling.result import ESTIMATED, ProfileResult
 from flopcount.step.loss import backward_roots, differentiable, needs_backward, nothing_to_differentiate, unique_tensors
 from flopcount.tracers import dispatch
+from flopcount.tracers._backward import needs_plain_backward, real_step_backward
 from flopcount.tracers.fake.copies import has_lazy_parameters, shared_tensor_copy
 
 __all__ = ["profile"]
@@ -247,7 +248,9 @@ def _swap_notes(swaps: Mapping[str, int], steps: int) -> Tuple[str, ...]:
 
 class _Step:
     """One step as the dispatch tracer counts it: the forward (no grad), or the forward
-    and ``autograd.grad`` of the loss with ones seeds (made once, outside timed steps).
+    and ``autograd.grad`` of the loss with ones seeds (made once, outside timed steps); a
+    graph with a reentrant checkpoint, which refuses ``autograd.grad``, gets a plain backward,
+    every ``.grad`` it would write set aside and put back (as the count's own backward).
 
     Inputs holding state the forward changes (a KV cache it appends to) are copied before
     each step (:meth:`fresh`, outside the timed ranges), so every step runs the same call
@@ -261,6 +264,8 @@ class _Step:
         self.stateful = _has_objects((self.args, self.kwargs))
         self.call = (self.args, self.kwargs)
         self.seeds: Optional[List[torch.Tensor]] = None
+        self.plain = False  # a reentrant checkpoint in the graph: a plain backward (read once, with the seeds)
+        self.set_aside: List[torch.Tensor] = []  # the tensors whose .grad a plain backward sets aside
 
     def fresh(self) -> Any:
         """The call arguments for the next step: the originals, or a copy of their objects
@@ -285,7 +290,9 @@ class _Step:
                 raise UsageError(nothing)
             if self.seeds is None:
                 self.seeds = [torch.ones_like(r) for r in roots]
-            torch.autograd.grad(roots, leaves, grad_outputs=self.seeds, allow_unused=True)
+                self.plain, graph_leaves = needs_plain_backward(roots, [t for t in self.flat if isinstance(t, torch.Tensor)])
+                self.set_aside = unique_tensors(leaves + graph_leaves) if self.plain else []
+            real_step_backward(roots, self.seeds, self.set_aside or leaves, self.plain)
 
 
 _PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)

@@ -102,9 +102,11 @@ def _rebuilt(optimizer: torch.optim.Optimizer, twins: Mapping[int, torch.Tensor]
                 f"{caller}: param group {index} of the optimizer holds {len(missing)} tensor(s) that are not "
                 f"parameters of the model (first shape {tuple(missing[0].shape)})"
             )
-        groups.append({**group, "params": [twins[id(p)] for p in group["params"]]})
+        options = {key: _own_constant(value) for key, value in group.items() if key != "params"}
+        groups.append({**options, "params": [twins[id(p)] for p in group["params"]]})
+    defaults = {key: _own_constant(value) for key, value in _constructor_defaults(optimizer).items()}
     try:
-        made = type(optimizer)(groups, **_constructor_defaults(optimizer))
+        made = type(optimizer)(groups, **defaults)
     except Exception as exc:
         raise UsageError(
             f"{caller} could not rebuild {type(optimizer).__name__} on fake parameters as "
@@ -112,6 +114,17 @@ def _rebuilt(optimizer: torch.optim.Optimizer, twins: Mapping[int, torch.Tensor]
         ) from exc
     _set_foreach_defaults(made)
     return made
+
+
+def _own_constant(value: Any) -> Any:
+    """A tensor option (a tensor ``lr``, ``betas`` of tensors) made again with its value, in
+    whichever tensor mode builds the optimizer: under the fake twins' mode a fake constant, which
+    the constructor's checks (``0.0 <= lr``) and the step (``lr.item()``) read as the real one."""
+    if isinstance(value, torch.Tensor):
+        return torch.tensor(value.tolist(), dtype=value.dtype, device=value.device)
+    if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_own_constant(v) for v in value)
+    return value
 
 
 def _constructor_defaults(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:

@@ -82,6 +82,7 @@ class StandIns(TorchFunctionMode):
         self._by_real: Dict[int, torch.Tensor] = {}
         self._by_stand_in: Dict[int, torch.Tensor] = {}
         self._called: Dict[Any, Any] = {}  # core/rebound.py: a Python function handed -> what it calls
+        self.differentiating = False  # run_backward's own autograd call is running
         for tensor in tensors:
             if id(tensor) in self._by_real or not _can_stand_in(tensor):
                 continue
@@ -118,11 +119,36 @@ class StandIns(TorchFunctionMode):
             return value if all(changed[k] is value[k] for k in value) else type(value)(changed)
         return value
 
+    def _reached(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        """The forward's own ``autograd.grad(outputs, inputs)`` (a MAML inner step) with each
+        caller's tensor in ``inputs`` given as its stand-in where the graph of ``outputs`` reached
+        the stand-in (built by torch functions), as itself where it reached the tensor (a custom
+        Function's ``apply`` takes its arguments as they are)."""
+        outputs = args[0] if args else kwargs.get("outputs")
+        inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+        roots = [outputs] if isinstance(outputs, torch.Tensor) else [t for t in outputs or () if isinstance(t, torch.Tensor)]
+        reached = {id(t) for t in _reentrant_checkpoint(roots)[1]}
+
+        def pick(tensor: Any) -> Any:
+            stand_in = self.of(tensor) if isinstance(tensor, torch.Tensor) else tensor
+            return stand_in if id(stand_in) in reached else tensor
+
+        picked: Any = inputs
+        if isinstance(inputs, torch.Tensor):
+            picked = pick(inputs)
+        elif type(inputs) is list or type(inputs) is tuple:  # not a GradientEdge (a NamedTuple)
+            picked = type(inputs)(pick(tensor) for tensor in inputs)
+        if len(args) > 1:
+            return (args[0], picked, *args[2:]), kwargs
+        return args, {**kwargs, "inputs": picked}
+
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if type(func) is FunctionType:  # or a wrapper the caller bound under a torch function's name
             func = self._called.get(func) or called_function(func, self._called)
         if func is torch.autograd.grad or func is torch.autograd.backward:
+            if func is torch.autograd.grad and not self.differentiating:
+                args, kwargs = self._reached(args, kwargs)
             return func(*args, **kwargs)  # run_backward names the tensors to differentiate itself
         if getattr(func, "__name__", "") == "__get__":
             # reading an attribute (``p.grad``, ``p.shape``) reads the caller's own tensor, unless
@@ -337,6 +363,27 @@ def _grads_set_aside(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
                 hooks.update(held)
 
 
+def real_step_backward(
+    roots: Sequence[torch.Tensor], seeds: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor], plain: bool
+) -> None:
+    """A timed step's backward of ``roots`` (``profile``'s real steps): ``autograd.grad`` of
+    ``leaves``, which writes no ``.grad``; ``plain`` (the graph holds a reentrant checkpoint,
+    :func:`needs_plain_backward`, which refuses ``autograd.grad``) a plain backward, the
+    ``.grad`` and post-accumulate-grad hooks of ``leaves`` set aside and put back."""
+    if not plain:
+        torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)
+        return
+    with _grads_set_aside(leaves):
+        torch.autograd.backward(list(roots), grad_tensors=list(seeds))
+
+
+def needs_plain_backward(roots: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Tuple[bool, List[torch.Tensor]]:
+    """Whether the graph of ``roots`` holds a reentrant checkpoint, and the leaves it
+    accumulates into (:func:`_reentrant_checkpoint`)."""
+    found, leaves = _reentrant_checkpoint(roots, inputs)
+    return found is not None, leaves
+
+
 def run_backward(
     model: nn.Module, outputs: Any, inputs: Sequence[torch.Tensor], loss_fn: Optional[Callable[[Any], Any]], recorder: Any
 ) -> Set[int]:
@@ -371,6 +418,18 @@ def run_backward(
     own = {id(leaf) for leaf in leaves}
     leaves += [leaf for leaf in unique_tensors(graph_leaves) if id(leaf) not in own]
     recorder.phase = "backward"
+    stand_ins.differentiating = True
+    try:
+        return _differentiated(roots, seeds, leaves, graph_leaves, reentrant, stand_ins)
+    finally:
+        stand_ins.differentiating = False
+
+
+def _differentiated(
+    roots: Sequence[torch.Tensor], seeds: Sequence[torch.Tensor], leaves: List[torch.Tensor],
+    graph_leaves: List[torch.Tensor], reentrant: Optional[str], stand_ins: StandIns,
+) -> Set[int]:
+    """:func:`run_backward`'s backward itself: the ids of the caller's leaves that got a gradient."""
     if reentrant is None:
         # autograd.grad writes no .grad and runs no post-accumulate-grad hook: real leaves are safe here
         grads = torch.autograd.grad(roots, leaves, grad_outputs=seeds, allow_unused=True)

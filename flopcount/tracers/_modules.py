@@ -7,6 +7,7 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+import torch
 from torch import nn
 
 from flopcount.core.diagnostics import module_place
@@ -132,6 +133,16 @@ _NESTED_SAYS = ("NestedTensor", "aten::_nested_")
 _NESTED_CODE = os.sep + os.path.join("torch", "nested") + os.sep
 
 
+#: what torch says when a forward run with grad mode off differentiates a tensor it made
+_GRADLESS_SAYS = ("does not require grad and does not have a grad_fn", "One of the differentiated Tensors does not require grad")
+
+
+def _differentiates_without_grad(exc: BaseException) -> bool:
+    """Whether ``exc`` is the forward's own ``autograd.grad``/``backward`` failing because the
+    run turned grad mode off (a forward-only count: asked while that run is still on)."""
+    return not torch.is_grad_enabled() and isinstance(exc, RuntimeError) and any(said in str(exc) for said in _GRADLESS_SAYS)
+
+
 def _nested_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is torch failing to run a nested tensor (``torch.nested``) under the run's
     modes: its message names the nested tensor's kernels, or it was raised in torch.nested's code."""
@@ -158,6 +169,12 @@ def forward_error(exc: BaseException, where: str, inputs_text: str, run: str) ->
         "the model on the padded tensors (nt.to_padded_tensor(0.0)); torch said "
         if run != "benchmark" and _nested_failure(exc) else ""
     )
+    if not nested and _differentiates_without_grad(exc):
+        nested = (
+            "the forward differentiates inside itself (torch.autograd.grad or .backward(): a MAML inner step, a "
+            "gradient penalty) and a forward-only count runs it with grad mode off, as inference: enable grad "
+            "where the forward differentiates (with torch.enable_grad(): ...), or count with backward=True; torch said "
+        )
     err = TraceError(
         f"forward failed in {place} ({run}) with inputs {inputs_text}: {nested}{_error_line(exc)}",
         module_path=where,

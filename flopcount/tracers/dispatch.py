@@ -350,8 +350,20 @@ def _cache_stats(shape_cache: Optional[ShapeCache], reuse: Optional[Reuse]) -> D
     return stats
 
 
+#: modules whose weight gradient is sparse with ``sparse=True``
+_SPARSE_GRADIENTS = (nn.Embedding, nn.EmbeddingBag)
+
+
 def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[bool], recorder: Recorder) -> None:
     """Record one step of ``spec`` on fake twins of ``model``'s parameters (phase "optimizer")."""
+    sparse = [name for name, module in model.named_modules() if isinstance(module, _SPARSE_GRADIENTS)
+              and module.sparse and module.weight.requires_grad]
+    if sparse:  # the twins' gradients are dense: SGD would be priced over the whole table
+        raise UsageError(
+            f"count_flops: {repr(sparse[0]) if sparse[0] else 'the model'} makes a sparse gradient (sparse=True), and an optimizer step over "
+            "it costs the rows the batch looked up, which the step on fake parameters does not see (it would price "
+            "the whole table); count without optimizer=, or with sparse=False"
+        )
     step = FakeOptimizerStep(spec, list(model.parameters()), trained, "count_flops")
     recorder.phase = "optimizer"
     recorder.answer_reads = False  # the step reads its step counters: the fake mode knows them
