@@ -214,36 +214,42 @@ class LeafCalls:
         children = state.get("_modules")
         if attributes is None or (children is not None and raw_children(children)):
             return None
-        parts: List[Any] = [cls, attributes]
         held: List[int] = []
-        for name in ("_parameters", "_buffers"):
-            value = state.get(name)
-            tensors: List[Any] = []
-            if type(value) is UnreadTensors:  # not taken in (an answered call never reads them)
-                unread = value.unread_keys()
-                if unread is None:
-                    return None
-                for key, tensor_key, real in unread:
-                    if real is None:
-                        tensors.append((key, None))
-                    else:
-                        tensors.append((key, tensor_key, type(real)))
-                        held.append(id(real))
-            elif value:
-                made = self._fakes()
-                for key, tensor in dict.items(value):
-                    if tensor is None:
-                        tensors.append((key, None))
-                    elif type(tensor) is Pending and id(tensor.real) not in made:
-                        tensors.append((key, tensor.key, type(tensor.real)))
-                        held.append(id(tensor.real))  # one Pending per tensor: as an unread one's
-                    else:
-                        return None  # faked already (read before: the fake may have changed since), or held another way
-            parts.append((name, tuple(tensors)))
+        parameters = self._tensors_key(state.get("_parameters"), held)
+        buffers = self._tensors_key(state.get("_buffers"), held)
+        if parameters is None or buffers is None:
+            return None
         if len(held) > 1 and len(set(held)) != len(held):
             return None  # one tensor under two names
         argument = (x.shape, x.stride(), x.storage_offset(), x.dtype, x.fake_device, x.requires_grad, x.is_inference())
-        return (tuple(parts), argument, self._settings())
+        return ((cls, attributes, parameters, buffers), argument, self._settings())
+
+    def _tensors_key(self, value: Any, held: List[int]) -> Optional[Tuple[Any, ...]]:
+        """A parameter or buffer dictionary's part of the key: each entry by name, its fake's key and
+        the real tensor's type (``held`` gets the real tensors' ids); None where one is faked already
+        (read before: the fake may have changed since) or held another way."""
+        tensors: List[Any] = []
+        if type(value) is UnreadTensors:  # not taken in (an answered call never reads them)
+            unread = value.unread_keys()
+            if unread is None:
+                return None
+            for key, tensor_key, real in unread:
+                if real is None:
+                    tensors.append((key, None))
+                else:
+                    tensors.append((key, tensor_key, type(real)))
+                    held.append(id(real))
+        elif value:
+            made = self._fakes()
+            for key, tensor in dict.items(value):
+                if tensor is None:
+                    tensors.append((key, None))
+                elif type(tensor) is Pending and id(tensor.real) not in made:
+                    tensors.append((key, tensor.key, type(tensor.real)))
+                    held.append(id(tensor.real))  # one Pending per tensor: as an unread one's
+                else:
+                    return None
+        return tuple(tensors)
 
 
 def leaf_attributes(state: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
