@@ -1819,9 +1819,9 @@ def _signature(
 # bottlenecks timed per call: traced ~0.39 ms, a first call ~1.2-1.5 ms, a replay ~0.15 ms) saves less
 # when its block is booked (its traced call is a key and a fresh result) and costs more in a first call
 # (which runs it, its reads logged): a ResNet-50 bottleneck (6 of its 8 modules answered) pays from 5 calls.
-# Since branch resnet16 a first call answers its leaves too (~1.06 ms, not ~1.42, for ResNet-50's first
-# bottleneck, of which ~0.2 ms the count's first tracking classes and code reads): keying its group of 3
-# was measured and is still slower (1.038 of this policy, paired), so the constants stay.
+# Since branch resnet16 a first call answers its leaves too (~1.14-1.19 ms, not ~1.39-1.45, for ResNet-50's
+# first bottleneck, of which ~0.2 ms the count's first tracking classes and code reads): keying its group
+# of 3 was measured and is still not faster (1.007-1.038 of this policy, paired), so the constants stay.
 _SAVED = -100.0
 _SAVED_PER_MODULE = 60.0
 _SAVED_PER_ANSWERED = 35.0
