@@ -40,6 +40,7 @@ holds :func:`leaf_attributes`, what its key held; branch resnet16). ``FLOPCOUNT_
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
@@ -85,7 +86,7 @@ _MAX_ANSWERS = 50_000
 _STRIDED = torch.strided
 #: the attribute types keyed by value as they are (with their type: ``True == 1 == 1.0``)
 _PLAIN = frozenset({bool, int, str, type(None)})
-_NO_CLASSES: Mapping[type, type] = {}
+_NO_CLASSES: Mapping[type, type] = MappingProxyType({})
 
 
 def answerable(kind: type) -> bool:
