@@ -32,14 +32,16 @@ shape cache's results (a pure function of the key; nothing of a tensor is kept),
 :data:`_MAX_ANSWERS`.
 
 A first call of structural reuse runs its subtree's modules under tracking classes (their reads are
-logged): a module whose class is not exactly one of :data:`_CLASSES` is run, so those calls run as
-before. ``FLOPCOUNT_REUSE=0`` answers none.
+logged): a leaf there is answered as under its own class (``tracked``: a tracking class -> the class it
+tracks), and, its forward not run, logs one read for its reads (:data:`LEAF_READ`: the first call's entry
+holds :func:`leaf_attributes`, what its key held; branch resnet16). ``FLOPCOUNT_REUSE=0`` answers none.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
 from torch import nn
@@ -54,7 +56,7 @@ from flopcount.tracers._vocabulary import _autocast_on as autocast_on
 from flopcount.tracers.fake.copies import Pending, UnreadTensors, outside_modes, raw_children
 from flopcount.types import OpEvent
 
-__all__ = ["ANSWERABLE", "LeafCall", "LeafCalls", "answerable", "answered_leaf"]
+__all__ = ["ANSWERABLE", "LEAF_READ", "LeafCall", "LeafCalls", "answerable", "answered_leaf", "leaf_attributes"]
 
 
 def _places(kind: type, methods: Tuple[str, ...], functions: Tuple[str, ...]) -> Tuple[Tuple[Any, str, Any], ...]:
@@ -84,6 +86,7 @@ _MAX_ANSWERS = 50_000
 _STRIDED = torch.strided
 #: the attribute types keyed by value as they are (with their type: ``True == 1 == 1.0``)
 _PLAIN = frozenset({bool, int, str, type(None)})
+_NO_CLASSES: Mapping[type, type] = MappingProxyType({})
 
 
 def answerable(kind: type) -> bool:
@@ -131,9 +134,11 @@ class LeafCalls:
 
     def __init__(
         self, recorder: Any, cache: Any, fake_type: type, mode: Any, settings: Callable[[], Tuple[Any, ...]],
-        fakes: Callable[[], Mapping[int, Any]],
+        fakes: Callable[[], Mapping[int, Any]], tracked: Mapping[type, type] = _NO_CLASSES, reads: Any = None,
     ):
         self._recorder = recorder
+        self._tracked = tracked
+        self._reads = reads
         self._fakes = fakes
         self._cache = cache
         self._fake_type = fake_type
@@ -145,6 +150,9 @@ class LeafCalls:
     def call(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         kind = type(module)
         forward = kind.forward.__get__(module)
+        tracked = self._tracked.get(kind)  # under its tracking class: a first call of structural reuse runs
+        if tracked is not None:
+            kind = tracked
         recorder, cache = self._recorder, self._cache
         if (
             kwargs or len(args) != 1 or kind not in _CLASSES or cache is None or recorder.muted
@@ -154,8 +162,10 @@ class LeafCalls:
             return forward(*args, **kwargs)
         x = args[0]
         # the argument's metadata read (and an answer made) below the run's torch-function modes: one pass
-        out, key = outside_modes(self._answer, [x], module, x)
+        out, key = outside_modes(self._answer, [x], module, kind, x)
         if out is not None:
+            if tracked is not None and self._reads is not None and self._reads.log is not None:
+                self._reads.log.append((module, LEAF_READ))  # its forward's reads, not made: what its key held
             return out
         start, unkeyed, checked = len(recorder.events), recorder.unkeyed, recorder.indices_checked
         before = (len(recorder.assumptions), recorder.conds, len(cache.disabled))
@@ -175,10 +185,11 @@ class LeafCalls:
             _ANSWERS[key] = (tuple([shared_call(e.call) for e in window]), described)
         return out
 
-    def _answer(self, module: nn.Module, x: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
+    def _answer(self, module: nn.Module, kind: type, x: Any) -> Tuple[Any, Optional[Tuple[Any, ...]]]:
         """(a fresh result, None) for a key answered before, its events appended; else (None, the
-        call's key, or None when it cannot be keyed). Runs below the torch-function modes."""
-        key = self._key(module, x)
+        call's key, or None when it cannot be keyed). ``kind``: the module's class (of a module under
+        its tracking class, the class it tracks). Runs below the torch-function modes."""
+        key = self._key(module, kind, x)
         if key is None:
             return None, None
         found = _ANSWERS.get(key)
@@ -194,61 +205,88 @@ class LeafCalls:
         self.answered += 1
         return out, None
 
-    def _key(self, module: nn.Module, x: Any) -> Optional[Tuple[Any, ...]]:
-        """What the call of ``module`` on ``x`` depends on (module docstring), or None: not keyed."""
+    def _key(self, module: nn.Module, cls: type, x: Any) -> Optional[Tuple[Any, ...]]:
+        """What the call of ``module`` (of class ``cls``) on ``x`` depends on (module docstring), or
+        None: not keyed."""
         if x.fake_mode is not self._mode or x.constant is not None or x.layout is not _STRIDED:
             return None
-        parts: List[Any] = [type(module)]
+        state = _STATE(module)  # past a tracking class's logging: an answer logs its reads as one (``call``)
+        attributes = leaf_attributes(state)
+        children = state.get("_modules")
+        if attributes is None or (children is not None and raw_children(children)):
+            return None
         held: List[int] = []
-        registries, plain = _REGISTRIES, _PLAIN
-        for name, value in vars(module).items():
-            if name in registries:  # torch's hooks and registries: run around the forward, not in it
-                continue
-            kind = type(value)
-            if kind in plain:
-                parts.append((name, kind, value))
-            elif kind is float:
-                # -0.0 == 0.0, yet an argument shown to handlers keeps its sign (NaN: never equal, never answered)
-                parts.append((name, kind, value, math.copysign(1.0, value)) if value == 0.0 else (name, kind, value))
-            elif kind is tuple or kind is list:  # a stride, a padding (a list: the reversed padding)
-                for item in value:
-                    if type(item) is not int:
-                        return None
-                parts.append((name, kind, tuple(value)))
-            elif name == "_parameters" or name == "_buffers":
-                tensors: List[Any] = []
-                if type(value) is UnreadTensors:  # not taken in (an answered call never reads them)
-                    unread = value.unread_keys()
-                    if unread is None:
-                        return None
-                    for key, tensor_key, real in unread:
-                        if real is None:
-                            tensors.append((key, None))
-                        else:
-                            tensors.append((key, tensor_key, type(real)))
-                            held.append(id(real))
-                elif value:
-                    made = self._fakes()
-                    for key, tensor in dict.items(value):
-                        if tensor is None:
-                            tensors.append((key, None))
-                        elif type(tensor) is Pending and id(tensor.real) not in made:
-                            tensors.append((key, tensor.key, type(tensor.real)))
-                            held.append(id(tensor.real))  # one Pending per tensor: as an unread one's
-                        else:
-                            return None  # faked already (read before: the fake may have changed since), or held another way
-                parts.append((name, tuple(tensors)))
-            elif name == "_modules":
-                if raw_children(value):
-                    return None
-            elif name != "forward" or kind is not LeafCall:  # this call's own wrapper, or anything else
-                return None
+        parameters = self._tensors_key(state.get("_parameters"), held)
+        buffers = self._tensors_key(state.get("_buffers"), held)
+        if parameters is None or buffers is None:
+            return None
         if len(held) > 1 and len(set(held)) != len(held):
             return None  # one tensor under two names
         argument = (x.shape, x.stride(), x.storage_offset(), x.dtype, x.fake_device, x.requires_grad, x.is_inference())
-        return (tuple(parts), argument, self._settings())
+        return ((cls, attributes, parameters, buffers), argument, self._settings())
+
+    def _tensors_key(self, value: Any, held: List[int]) -> Optional[Tuple[Any, ...]]:
+        """A parameter or buffer dictionary's part of the key: each entry by name, its fake's key and
+        the real tensor's type (``held`` gets the real tensors' ids); None where one is faked already
+        (read before: the fake may have changed since) or held another way."""
+        tensors: List[Any] = []
+        if type(value) is UnreadTensors:  # not taken in (an answered call never reads them)
+            unread = value.unread_keys()
+            if unread is None:
+                return None
+            for key, tensor_key, real in unread:
+                if real is None:
+                    tensors.append((key, None))
+                else:
+                    tensors.append((key, tensor_key, type(real)))
+                    held.append(id(real))
+        elif value:
+            made = self._fakes()
+            for key, tensor in dict.items(value):
+                if tensor is None:
+                    tensors.append((key, None))
+                elif type(tensor) is Pending and id(tensor.real) not in made:
+                    tensors.append((key, tensor.key, type(tensor.real)))
+                    held.append(id(tensor.real))  # one Pending per tensor: as an unread one's
+                else:
+                    return None
+        return tuple(tensors)
+
+
+def leaf_attributes(state: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
+    """The plain attributes of an answerable module (its ``__dict__``, ``state``) its call's key holds:
+    every one but torch's hooks and registries (run around the forward, not in it), its tensor and
+    child dictionaries and its :class:`LeafCall`, by name, type and value; None where one is of
+    another kind (the call is run). What a first call of structural reuse that got this call's answer
+    keys the module by (:data:`LEAF_READ`)."""
+    parts: List[Any] = []
+    plain = _PLAIN
+    for name, value in state.items():
+        if name in _NOT_ATTRIBUTES:
+            continue
+        kind = type(value)
+        if kind in plain:
+            parts.append((name, kind, value))
+        elif kind is float:
+            # -0.0 == 0.0, yet an argument shown to handlers keeps its sign (NaN: never equal, never answered)
+            parts.append((name, kind, value, math.copysign(1.0, value)) if value == 0.0 else (name, kind, value))
+        elif kind is tuple or kind is list:  # a stride, a padding (a list: the reversed padding)
+            for item in value:
+                if type(item) is not int:
+                    return None
+            parts.append((name, kind, tuple(value)))
+        elif name != "forward" or kind is not LeafCall:  # this call's own wrapper, or anything else
+            return None
+    return tuple(parts)
 
 
 #: torch's own per-module hook dictionaries, their flags and registries (every name a bare module holds
 #: but its training flag and its parameter, buffer and child dictionaries): read around a forward, not in it
 _REGISTRIES = frozenset(vars(nn.Module())) - {"training", "_parameters", "_buffers", "_modules"}
+#: the names :func:`leaf_attributes` leaves to the key's other parts, or out
+_NOT_ATTRIBUTES = _REGISTRIES | {"_parameters", "_buffers", "_modules"}
+#: a module's ``__dict__``, read past any ``__getattribute__`` (a first call's tracking class)
+_STATE = cast(Callable[[nn.Module], Dict[str, Any]], vars(nn.Module)["__dict__"].__get__)
+#: the read a first call of structural reuse logs for a leaf it got answered under its tracking class
+#: (its forward not run, so none of its reads logged): its key's plain attributes, :func:`leaf_attributes`
+LEAF_READ = "\0leaf"

@@ -92,7 +92,15 @@ from flopcount.core.state import (
     still_bound,
 )
 from flopcount.core.weakcache import PerObject
-from flopcount.tracers._leaf_calls import ANSWERABLE, LeafCall, LeafCalls, answerable, answered_leaf
+from flopcount.tracers._leaf_calls import (
+    ANSWERABLE,
+    LEAF_READ,
+    LeafCall,
+    LeafCalls,
+    answerable,
+    answered_leaf,
+    leaf_attributes,
+)
 from flopcount.tracers._reuse_cache import INDEX_ATTRIBUTE, LayerIndex, SlotList, States, Unkeyable, cache_type
 from flopcount.tracers.fake.copies import LazyCopy, Pending, outside_modes, raw_children, raw_tensors, tensor_key
 from flopcount.tracers.fake.indices import version_of
@@ -363,7 +371,6 @@ class Reuse:
         self._maker = lazy.copier.faker.maker if lazy is not None and lazy.copier is not None else None
         self._entries: Dict[Tuple[Any, ...], List[_Entry]] = {}
         self._meta = torch.device("meta")
-        self._leaves = LeafCalls(recorder, shape_cache, fake_type, fake_mode, _switches, lazy.fakes_made if lazy is not None else dict)
         self.reused = 0
         self.traced = 0
         self._model = model
@@ -378,6 +385,10 @@ class Reuse:
         # a tracking class -> the class it tracks. Per class, not per module (issue #32: nothing per layer)
         self._classes: Dict[type, Optional[type]] = {}
         self._owners: Dict[type, type] = {}
+        # a leaf under its tracking class (a first call runs) is answered as one under its own class
+        # (its reads logged as one, ``LEAF_READ``: its forward does not run)
+        self._leaves = LeafCalls(recorder, shape_cache, fake_type, fake_mode, _switches,
+                                 lazy.fakes_made if lazy is not None else dict, self._owners, self._box)
         self._made_with: Dict[type, frozenset[str]] = {}  # a tracking class -> the names it was made with
         self._lonely = _Ids(())  # modules with no twin: their first call runs unkeyed
         # the positions in the read-ahead (``LazyCopy.read_all``) of the keys the call being keyed found:
@@ -512,7 +523,7 @@ class Reuse:
         self._swapped = []
         self._entries = {}
         self._classes = {}
-        self._owners = {}
+        self._owners.clear()  # the leaf calls hold it
         self._owns = {}
         self._long_keys = {}
         self._long_contents = {}
@@ -732,6 +743,8 @@ class Reuse:
                     original = module in originals  # not copied yet: its attributes as its copy will hold them
                 if name == "*":
                     values.append(tuple([(k, attribute(v, original)) for k, v in state.items() if k not in _SKIP]))
+                elif name == LEAF_READ:  # a leaf answered in the first call: what its key held (plain values only)
+                    values.append(leaf_attributes(state))
                 else:
                     # most reads are of names the instance does not hold (methods, children, parameters)
                     value = state.get(name, _MISSING)
@@ -848,7 +861,9 @@ class Reuse:
             if again != fingerprint or self._containers(order) != containers:
                 return  # the call changed its own subtree's state (a counter, a new attribute)
             slots, made = self._effects(watch, tensors) if watch is not None else (None, [])
-            entry.outputs = self._describe(out, tensors, {id(t) for t in made})
+            # the outputs' metadata read below the run's torch-function modes (one pass, not one per read:
+            # ~30 us of a ResNet-50 bottleneck's first call)
+            entry.outputs = outside_modes(self._describe, _outputs_of(out), out, tensors, {id(t) for t in made})
             reads = self._reads(order, log, read_from)
             if watch is not None:  # a stand-in's index was not used but to index the cache: not keyed
                 proxied = {i for i, _ in watch.proxies}
@@ -1738,6 +1753,15 @@ def _tensors_of(order: List[nn.Module]) -> List[Any]:
     return [t for t in found if t is not None]
 
 
+def _outputs_of(out: Any) -> List[Any]:
+    """The tensors a call returned (itself, or the items of a tuple or list), for :func:`outside_modes`."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if type(out) is tuple or type(out) is list:
+        return [o for o in out if isinstance(o, torch.Tensor)]
+    return []
+
+
 def _changed(grads: Tuple[bool, ...], keyed: Tuple[bool, ...], where: List[int]) -> Tuple[Tuple[int, bool], ...]:
     """Where (among the subtree's tensors) a fake's ``requires_grad`` is not what the key holds: (position, flag now)."""
     return tuple([(at, now) for at, now, then in zip(where, grads, keyed) if now is not then])
@@ -1795,6 +1819,9 @@ def _signature(
 # bottlenecks timed per call: traced ~0.39 ms, a first call ~1.2-1.5 ms, a replay ~0.15 ms) saves less
 # when its block is booked (its traced call is a key and a fresh result) and costs more in a first call
 # (which runs it, its reads logged): a ResNet-50 bottleneck (6 of its 8 modules answered) pays from 5 calls.
+# Since branch resnet16 a first call answers its leaves too (~1.14-1.19 ms, not ~1.39-1.45, for ResNet-50's
+# first bottleneck, of which ~0.2 ms the count's first tracking classes and code reads): keying its group
+# of 3 was measured and is still not faster (1.007-1.038 of this policy, paired), so the constants stay.
 _SAVED = -100.0
 _SAVED_PER_MODULE = 60.0
 _SAVED_PER_ANSWERED = 35.0
