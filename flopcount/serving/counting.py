@@ -33,7 +33,7 @@ returns None and serve counts both batch sizes in full (every figure is then tod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -100,8 +100,9 @@ class Counted:
     step_skipped: List[Skipped] = field(default_factory=list)
     #: the layers whose held positions a decode step's kernels need not all touch
     masks: DecodeMasks = DecodeMasks()
-    #: the bytes of a padded prompt's pad positions in the cache (no engine that packs the sequences holds them)
-    pad_bytes: float = 0.0
+    #: the bytes of a padded prompt's pad positions in the cache once so many positions were fed (no
+    #: engine that packs the sequences holds them): DecodeMasks.pad_bytes, at the batch's mean row
+    pad_bytes: Callable[[int, bool], float] = lambda written, stored: 0.0
 
 
 @dataclass

@@ -283,11 +283,12 @@ def _padded(counts: Derived, real: Skipped) -> Derived:
     every sequence costs the counted batch's mean, so any batch size is priced from it."""
     one, two, rows = counts.one, counts.two, len(counts.setup.rows or ())
     ratio = (rows + 1) / rows
-    pads = one.masks.pad_bytes()
+    masks = one.masks
     one = replace(one, prefill_skipped=Skipped(one.prefill_flops - real.flops, one.prefill_attention - real.attention),
-                  pad_bytes=pads)
+                  pad_bytes=masks.pad_bytes)
     two = replace(two, prefill_skipped=Skipped(two.prefill_flops - real.flops * ratio, two.prefill_attention - real.attention * ratio),
-                  step_skipped=[Skipped(s.flops * ratio, s.attention * ratio) for s in one.step_skipped], pad_bytes=pads * ratio)
+                  step_skipped=[Skipped(s.flops * ratio, s.attention * ratio) for s in one.step_skipped],
+                  pad_bytes=lambda written, stored: masks.pad_bytes(written, stored) * ratio)
     note = (f"a padded prompt ({rows} sequences of {', '.join(str(length) for _, length in counts.setup.rows or ())} tokens "
             f"in {counts.setup.prompt} positions): priced at each sequence's real tokens, as an engine that packs them runs "
             f"them (the prefill of each alone{'; each decode step over its own positions' if one.masks.pads else ''}), "
@@ -317,9 +318,9 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         masks = counted.masks
         # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s);
         # of a padded prompt's, the sequences' own
-        held = {s: bytes_held - masks.empty_bytes(base + s + 1) - counted.pad_bytes
+        held = {s: bytes_held - masks.empty_bytes(base + s + 1) - counted.pad_bytes(base + s + 1, False)
                 for s, bytes_held in held_per_step(counted.held, n).items()}
-        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n) - counted.pad_bytes,
+        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n) - counted.pad_bytes(base + n, True),
                         "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
         skipped = counted.step_skipped or [Skipped()] * n
