@@ -102,8 +102,8 @@ class DecodeMasks:
     every sequence); ``eager``: the modules among them whose eager attention's score ops are
     priced by score (:func:`eager_masks`); ``pads``: of a padded prompt whose mask is proved
     (:attr:`~flopcount.decoding.forwards.Setup.rows`), each sequence's pad positions, which
-    every full-attention layer holds and hands each step among its keys, masked. Empty where
-    none is known."""
+    every layer of :func:`_padded_masks` holds (a sliding one until they roll out) and hands each
+    step among its keys, masked. Empty where none is known."""
 
     modules: Mapping[str, LayerMask] = field(default_factory=dict)
     layers: Tuple[Tuple[LayerMask, float], ...] = ()
