@@ -634,11 +634,16 @@ def build_parser() -> argparse.ArgumentParser:
     shape_of = server.add_argument_group("the workload and the part")
     shape_of.add_argument("--on", default="h100", metavar="PARTS",
                           help="part(s), comma-separated: h100, h200, 'a100 40gb', l4, t4, 'this machine'... (default h100)")
-    shape_of.add_argument("--prompt", type=_int_at_least(1, "--prompt"), default=2048, metavar="P",
-                          help="prompt tokens per sequence (default 2048)")
+    shape_of.add_argument("--prompt", type=_int_at_least(1, "--prompt"), default=None, metavar="P",
+                          help="prompt tokens per sequence (default 2048; with --prompt-lengths, the longest)")
+    shape_of.add_argument("--prompt-lengths", default=None, metavar="L[,L...]",
+                          help="a padded batch: each prompt's real tokens, left-padded to --prompt; each sequence is "
+                          "priced at its own tokens, as a varlen/paged engine runs it, and any --batch as sequences "
+                          "of their mean (default --batch: one per length)")
     shape_of.add_argument("--new", type=_int_at_least(1, "--new"), default=256, metavar="N",
                           help="new tokens per sequence (default 256)")
-    shape_of.add_argument("--batch", default="1", metavar="B[,B...]", help="batch sizes to price, e.g. 1,8,64 (default 1)")
+    shape_of.add_argument("--batch", default=None, metavar="B[,B...]",
+                          help="batch sizes to price, e.g. 1,8,64 (default 1, or the --prompt-lengths given)")
     shape_of.add_argument("--dtype", type=_float_dtype, choices=("float32", "bfloat16", "float16"), default=None,
                           help="cast the model to this compute dtype first (default: as built)")
     shape_of.add_argument("--weight-dtype", default=None, metavar="DTYPE",

@@ -19,15 +19,15 @@ from flopcount.errors import UsageError
 __all__ = ["count_generation_command", "run_serve"]
 
 
-def _ints(text: str, flag: str) -> List[int]:
+def _ints(text: str, flag: str, what: str = "batch sizes", example: str = "1,8,64") -> List[int]:
     values: List[int] = []
     for part in text.split(","):
         try:
             value = int(part.strip())
         except ValueError:
-            raise UsageError(f"{flag}: {part.strip()!r} is not an integer (e.g. {flag} 1,8,64)") from None
+            raise UsageError(f"{flag}: {part.strip()!r} is not an integer (e.g. {flag} {example})") from None
         if value < 1:
-            raise UsageError(f"{flag}: batch sizes must be >= 1, got {value}")
+            raise UsageError(f"{flag}: {what} must be >= 1, got {value}")
         values.append(value)
     return values
 
@@ -40,7 +40,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from flopcount.core.rendering import render
     from flopcount.serving.serve import _part, check_before_count, serve_facts, serve_on
 
-    batches = _ints(args.batch, "--batch")
+    lengths = _ints(args.prompt_lengths, "--prompt-lengths", "lengths", "512,2048") if args.prompt_lengths else None
+    prompt = args.prompt if args.prompt is not None else max(lengths) if lengths else 2048
+    batches = _ints(args.batch, "--batch") if args.batch else [len(lengths) if lengths else 1]
     parts = [p.strip() for p in args.on.split(",") if p.strip()]
     if not parts:
         raise UsageError("--on needs a part: h100, l4, 'a100 40gb', 'this machine'...")
@@ -52,11 +54,13 @@ def run_serve(args: argparse.Namespace) -> int:
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
     model = build()
     check_before_count(model, args.tp, None, args.weight_dtype)
-    ids = torch.zeros(1, args.prompt, dtype=torch.int64, device="meta")
-    progress(args, f"counting generate() of {args.new} new tokens after a {args.prompt}-token prompt (meta) ...")
+    ids = torch.zeros(len(lengths) if lengths else 1, prompt, dtype=torch.int64, device="meta")
+    prompts = f"{len(lengths)} prompts of {','.join(map(str, lengths))} tokens left-padded to {prompt}" if lengths \
+        else f"a {prompt}-token prompt"
+    progress(args, f"counting generate() of {args.new} new tokens after {prompts} (meta) ...")
     stage(args, f"the generation count of {args.entry}")
     with _without_cache_rename_notice():
-        facts = serve_facts(model, ids, args.new)
+        facts = serve_facts(model, ids, args.new, prompt_lengths=lengths)
     results = [
         serve_on(facts, roofs, part, capacity, link, batch=batches, weight_dtype=args.weight_dtype, tp=args.tp,
                  reserve=args.reserve)
@@ -69,7 +73,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps({"entry": args.entry, "parts": [r.to_dict() for r in results]}, indent=2)
     else:
-        heading = f"{args.entry} | serve: prompt {args.prompt}, {args.new} new tokens"
+        shown = f"prompts {','.join(map(str, lengths))} padded to {prompt}" if lengths else f"prompt {prompt}"
+        heading = f"{args.entry} | serve: {shown}, {args.new} new tokens"
         text = "\n\n".join([heading] + [render(r, args.format) for r in results])
     emit(text, args)
     return EXIT_OK if facts.complete else EXIT_INCOMPLETE

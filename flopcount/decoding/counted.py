@@ -102,8 +102,8 @@ class DecodeMasks:
     every sequence); ``eager``: the modules among them whose eager attention's score ops are
     priced by score (:func:`eager_masks`); ``pads``: of a padded prompt whose mask is proved
     (:attr:`~flopcount.decoding.forwards.Setup.rows`), each sequence's pad positions, which
-    every full-attention layer holds and hands each step among its keys, masked. Empty where
-    none is known."""
+    every layer of :func:`_padded_masks` holds (a sliding one until they roll out) and hands each
+    step among its keys, masked. Empty where none is known."""
 
     modules: Mapping[str, LayerMask] = field(default_factory=dict)
     layers: Tuple[Tuple[LayerMask, float], ...] = ()
@@ -145,7 +145,8 @@ class DecodeMasks:
                 priced_by_score = sink_flops if sunk else masked_flops
                 if self.pads:  # each sequence's share at its own position, its pads among the keys (as slots)
                     other += cost.flops - sum(priced_by_score(cost.flops / len(self.pads), found.lq, found.lk,
-                                                              position - pad, slots=found.lk) for pad in self.pads)
+                                                              position - pad, mask.window, slots=found.lk)
+                                              for pad in self.pads)
                 else:
                     other += cost.flops - priced_by_score(cost.flops, found.lq, found.lk, position, mask.window,
                                                           mask.chunk, mask.slots)
@@ -159,17 +160,31 @@ class DecodeMasks:
     def _kept(self, call: OpCall, flops: float, position: int, mask: LayerMask) -> float:
         """The part of a decode step's attention ``call`` a kernel knowing its mask computes
         (:func:`one_position_flops`); of a padded prompt's batch, each sequence's share (its
-        query row) at its own position p - pad, the call's keys its slots, the pads masked."""
+        query row) at its own position p - pad, the call's keys its slots, the pads masked (within a
+        sliding window W, the min(W, p - pad + 1) of its own: of a left-padded row, the real keys among
+        the slots p - W + 1..p that transformers' mask admits)."""
         if not self.pads:
             return one_position_flops(call, flops, position, mask.window, mask.chunk, mask.slots)
         query, lengths = call.arg("query"), attention_lengths(call)
         if lengths is None or not isinstance(query, TensorMeta) or query.shape[0] != len(self.pads):
             return flops
-        return sum(one_position_flops(call, flops / len(self.pads), position - pad, slots=lengths[1]) for pad in self.pads)
+        return sum(one_position_flops(call, flops / len(self.pads), position - pad, mask.window, slots=lengths[1])
+                   for pad in self.pads)
 
-    def pad_bytes(self) -> float:
-        """The bytes a padded prompt's pad positions take in the cache (every layer's keys and values)."""
-        return sum(size for _, size in self.layers) * sum(self.pads) / len(self.pads) if self.pads else 0.0
+    def pad_bytes(self, written: int, stored: bool = False) -> float:
+        """The bytes a padded prompt's pad positions take in the cache (every row's, every layer's
+        keys and values), once ``written`` positions (pads included) were fed: a full-attention
+        layer holds every pad; a sliding-window layer (W) the latest min(written, W - 1) positions
+        (``stored``: the storage they are a view of, the last forward's concatenation of them and
+        its own, min(written, W) after a decode step), of which the pads not yet rolled out (a
+        left-padded row's first ``pad``)."""
+        if not self.pads:
+            return 0.0
+        total = 0.0
+        for mask, size in self.layers:
+            held = min(written, mask.window - (0 if stored else 1)) if mask.window else written
+            total += size * sum(max(0, pad - (written - held)) for pad in self.pads) / len(self.pads)
+        return total
 
     def unread_bytes(self, position: int) -> float:
         """The bytes a chunked layer holds before the decode step at ``position`` p and its mask
@@ -214,22 +229,38 @@ def decode_masks(model: nn.Module, setup: Setup, cache: Any) -> DecodeMasks:
 def _padded_masks(model: nn.Module, setup: Setup, cache: Any, layers: Any) -> DecodeMasks:
     """The :class:`DecodeMasks` of a padded prompt's cache (:attr:`Setup.rows`): where the config
     and the cache say every layer is a full-attention ``DynamicLayer`` holding the P positions
-    of each of the B sequences, pads included, each step's query row of sequence b sits at its
-    position p - pad_b and its keys are the layer's positions, the pads masked; else none."""
+    of each of the B sequences, pads included, a static cache's full-attention ``StaticLayer`` of S
+    slots (position i in slot i, the pads' slots and the empty ones masked), or, with every row
+    left-padded, a sliding-window ``DynamicSlidingWindowLayer`` (W) holding the latest min(P, W - 1)
+    of them, each step's query row of sequence b sits at its position p - pad_b and its keys are
+    the layer's positions, the pads masked (a sliding layer's window counts slots, p - W + 1..p: a
+    left-padded row's real keys among them are its own latest min(W, p - pad_b + 1), read live; a
+    right-padded row's are fewer than its sequence's, a function of its own, and left in full);
+    else none (a static cache's sliding layer, whose slots roll: not proved)."""
     assert setup.rows is not None
     known = cache_layer_masks(model, cache)
-    if len(known) != len(layers) or any(mask != LayerMask() for mask in known.values()):
+    left = all(start + length == setup.prompt for start, length in setup.rows)
+    if len(known) != len(layers) or not all(_padded_layer(mask, left) for mask in known.values()):
         return DecodeMasks()
     sizes: List[Tuple[LayerMask, float]] = []
-    for layer in layers:
+    for index, layer in enumerate(layers):
+        mask = known[index]
+        held = mask.slots or (min(setup.base, mask.window - 1) if mask.window else setup.base)
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.dim() == values.dim() == 4
-                and keys.shape[0] == setup.batch and keys.shape[-2] == values.shape[-2] == setup.base):
+        if not (held and isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.dim() == values.dim() == 4
+                and keys.shape[0] == setup.batch and keys.shape[-2] == values.shape[-2] == held):
             return DecodeMasks()
-        sizes.append((LayerMask(), (keys.numel() * keys.element_size() + values.numel() * values.element_size()) / setup.base))
+        sizes.append((mask, (keys.numel() * keys.element_size() + values.numel() * values.element_size()) / held))
     modules = module_masks(model, known)
     return DecodeMasks(modules, tuple(sizes), frozenset(eager_masks(model, modules)),
                        tuple(setup.prompt - length for _, length in setup.rows))
+
+
+def _padded_layer(mask: LayerMask, left: bool) -> bool:
+    """Whether a padded prompt's decode steps over a layer of ``mask`` are priced at each row's own
+    positions (:func:`_padded_masks`): full attention over the positions or a static cache's slots;
+    a sliding window over the positions where every row is left-padded (``left``)."""
+    return mask in (LayerMask(), LayerMask(slots=mask.slots)) or (left and mask == LayerMask(window=mask.window))
 
 
 @dataclass

@@ -375,10 +375,12 @@ class Setup:
         self.prefill_calls = [first] if options.prefill_chunk is None else _chunks(first, main, options.prefill_chunk)
         #: a padded prompt's sequences, where the mask proves them: per row, (start, length) of its real
         #: tokens (:func:`padded_rows`), for a decoder-only prompt given a mask and no other argument,
-        #: prefilled in one forward; None otherwise (unpadded, or not proved)
+        #: prefilled in one forward or in chunks (each chunk handed the mask up to its end, the cache
+        #: holding every row's positions, pads included, as one forward leaves it: read live); None
+        #: otherwise (unpadded, or not proved)
         self.rows: Optional[Tuple[Tuple[int, int], ...]] = None
         if not self.encoder_decoder and not self.unpadded and set(kwargs or {}) == {"attention_mask"} \
-                and len(self.prefill_calls) == 1 and first.get("attention_mask") is (kwargs or {}).get("attention_mask"):
+                and first.get("attention_mask") is (kwargs or {}).get("attention_mask"):
             self.rows = padded_rows(first["attention_mask"], self.batch, self.prompt)
         # positions the cache holds after the prefill: the prompt, or the decoder's first token
         self.base = 1 if self.encoder_decoder else self.prompt

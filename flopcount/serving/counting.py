@@ -33,7 +33,7 @@ returns None and serve counts both batch sizes in full (every figure is then tod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -55,7 +55,7 @@ from flopcount.decoding.counted import (
     on_fakes,
     prefill_skipped,
 )
-from flopcount.decoding.forwards import Decoding, LastOutput, Setup, generation_options
+from flopcount.decoding.forwards import Decoding, FakeRefused, LastOutput, Setup, generation_options
 from flopcount.decoding.runs import Affine, Costed, NotAffine, cache_limits, paired, plan_runs, same_event
 from flopcount.devices.roofline import ATTENTION, op_family
 from flopcount.errors import TraceError, UsageError
@@ -100,8 +100,9 @@ class Counted:
     step_skipped: List[Skipped] = field(default_factory=list)
     #: the layers whose held positions a decode step's kernels need not all touch
     masks: DecodeMasks = DecodeMasks()
-    #: the bytes of a padded prompt's pad positions in the cache (no engine that packs the sequences holds them)
-    pad_bytes: float = 0.0
+    #: the bytes of a padded prompt's pad positions in the cache once so many positions were fed (no
+    #: engine that packs the sequences holds them): DecodeMasks.pad_bytes, at the batch's mean row
+    pad_bytes: Callable[[int, bool], float] = lambda written, stored: 0.0
 
 
 @dataclass
@@ -304,18 +305,47 @@ def real_prefills(model: nn.Module, input_ids: torch.Tensor, rows: Sequence[Tupl
     tokens (``rows``: per row, the (start, length) the mask proves, ``Setup.rows``), as an engine
     that packs them (varlen attention) runs them: summed over the rows, the FLOPs the bound prices
     for that one-row prompt (counted less :func:`prefill_skipped`'s), in ``flops``, and those of
-    its attention ops in ``attention``. One count per distinct row (by length, on ids without values)."""
+    its attention ops in ``attention``. One prefill forward traced per distinct row (by length, on
+    ids without values), all by one :class:`Counter` (the model's facts read once), each row's
+    attention FLOPs read from its events (:func:`booked_attention`, no table booked): what
+    ``count_decoding(model, row, 1)``'s prefill gives, without its per-row setup."""
+    model = uncompiled(model)
+    fast = on_fakes(model)
+    try:
+        return _real_prefills(model, input_ids, rows, fast)
+    except FakeRefused:  # a forward fakes cannot run: every row by the dispatch tracer, as count_decoding retries
+        if not fast:
+            raise
+        return _real_prefills(model, input_ids, rows, False)
+
+
+def _real_prefills(model: nn.Module, input_ids: torch.Tensor, rows: Sequence[Tuple[int, int]], fast: bool) -> Skipped:
+    counter = Counter(model, fast, who="serve")
     seen: Dict[Any, Skipped] = {}
     total = Skipped()
-    for index, (start, length) in enumerate(rows):
-        ids = input_ids[index:index + 1, start:start + length]
-        key = length if is_dataless(ids) else (length, tuple(ids.flatten().tolist()))
-        if key not in seen:
-            decoded = count_decoding(model, ids, 1, who="serve")
-            skipped = decoded.prefill_skipped
-            seen[key] = Skipped(decoded.prefill.flops - skipped.flops, attention_flops(decoded.prefill) - skipped.attention)
-        total += seen[key]
+    with counter.outputs() as last, module_attributes_kept(model.modules()):  # as count_decoding: its rules write on the model
+        for index, (start, length) in enumerate(rows):
+            ids = input_ids[index:index + 1, start:start + length]
+            key = length if is_dataless(ids) else (length, tuple(ids.flatten().tolist()))
+            if key not in seen:
+                seen[key] = _prefill_alone(counter, model, ids, last)
+            total += seen[key]
     return total
+
+
+def _prefill_alone(counter: Counter, model: nn.Module, ids: torch.Tensor, last: LastOutput) -> Skipped:
+    """The priced prefill of the one-row prompt ``ids`` (no mask given), as ``count_decoding(model,
+    ids, 1)`` prices it: its FLOPs less :func:`prefill_skipped`'s, and its attention ops' less theirs.
+    A prompt generate() would prefill in chunks is counted so, by ``count_decoding``."""
+    setup = Setup(model, ids, None, generation_options(model, int(ids.shape[-1]), 1, {}))
+    if len(setup.prefill_calls) != 1:
+        decoded = count_decoding(model, ids, 1, who="serve")
+        skipped = decoded.prefill_skipped
+        return Skipped(decoded.prefill.flops - skipped.flops, attention_flops(decoded.prefill) - skipped.attention)
+    counter.known_values = setup.known_values
+    _, costed, result = counter.count(setup.prefill_call(0), "prefill")
+    skipped = prefill_skipped(counter.model, setup, costed, last.take())
+    return Skipped(result.flops - skipped.flops, booked_attention(costed) - skipped.attention)
 
 
 def attention_flops(result: FlopResult) -> int:

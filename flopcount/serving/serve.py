@@ -17,11 +17,12 @@ from torch import nn
 
 from flopcount.core.diagnostics import estimated_text, say_estimated
 from flopcount.core.dtypes import parse_dtype
+from flopcount.core.inputs import is_dataless
 from flopcount.core.params import TOP_K_KEYS, config_value, lookup_tables, routed_experts
 from flopcount.core.traffic import is_floating
 from flopcount.decoding.caches import cache_bytes, cache_dtype
 from flopcount.decoding.counted import Decoded, Skipped, count_decoding
-from flopcount.decoding.forwards import split_prompt
+from flopcount.decoding.forwards import is_encoder_decoder, split_prompt
 from flopcount.devices import MathModes, Roofs, column_of, find_part, is_this_machine, named_roofs
 from flopcount.errors import UsageError, int_at_least
 from flopcount.serving.counting import Counted, Derived, attention_flops, derive, held_per_step, real_prefills
@@ -40,7 +41,7 @@ from flopcount.serving.pricing import (
 from flopcount.serving.result import ESTIMATED, ServeResult
 from flopcount.types import ParamSummary, dtype_key, dtype_name
 
-__all__ = ["check_before_count", "serve", "serve_facts", "serve_on"]
+__all__ = ["check_before_count", "serve", "serve_facts", "serve_on", "stated_mask"]
 
 #: the share of the part's memory kept back (vLLM's default gpu_memory_utilization is 0.9)
 DEFAULT_RESERVE = 0.10
@@ -58,6 +59,7 @@ def serve(
     tp: int = 1,
     reserve: float = DEFAULT_RESERVE,
     kwargs: Optional[Mapping[str, Any]] = None,
+    prompt_lengths: Optional[Sequence[int]] = None,
 ) -> ServeResult:
     """Serving bounds of ``model.generate(input_ids, max_new_tokens=new_tokens)`` (greedy)
     on the part ``on`` ("h100", "l4", "a100 40gb"..., "this machine", or a Roofs).
@@ -70,14 +72,16 @@ def serve(
     over the part's first link); ``reserve``: the share of the part's memory kept back;
     ``kwargs``: the forward's other arguments (an ``attention_mask`` with padding whose values
     are known, on the CPU beside a meta model too, prices each sequence at its real tokens:
-    docs/llm.md, "A padded prompt"). Times are any-implementation lower bounds (see
-    ``ServeResult.leaves_out``). The model and ``input_ids`` are left as found."""
+    docs/llm.md, "A padded prompt"); ``prompt_lengths``: instead of such a mask, each row's real
+    tokens, the row left-padded to P (one length per row, each 1..P: the mask generate() is handed
+    for it, made on the CPU, which a meta prompt cannot carry). Times are any-implementation lower
+    bounds (see ``ServeResult.leaves_out``). The model and ``input_ids`` are left as found."""
     started = time.perf_counter()
     roofs, part_name, capacity, link = _part(on, tp)
     if not isinstance(reserve, (int, float)) or not 0 <= reserve < 1:
         raise UsageError(f"serve: reserve must be a fraction in [0, 1), got {reserve!r}")
     check_before_count(model, tp, dtype, weight_dtype)
-    facts = serve_facts(model, input_ids, new_tokens, kwargs=kwargs)
+    facts = serve_facts(model, input_ids, new_tokens, kwargs=kwargs, prompt_lengths=prompt_lengths)
     estimate = estimated_text(roofs, ESTIMATED)  # built once: stored on the result and warned
     result = _priced(facts, roofs, part_name, capacity, link, estimate, batch=batch, dtype=dtype,
                      weight_dtype=weight_dtype, tp=tp, reserve=reserve)
@@ -208,7 +212,7 @@ def _priced(
 
 def serve_facts(
     model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, kwargs: Optional[Mapping[str, Any]] = None,
-    derived: bool = True,
+    derived: bool = True, prompt_lengths: Optional[Sequence[int]] = None,
 ) -> ServeFacts:
     """Count ``generate()``'s forwards at the prompt's batch B and at B + 1 (the first row
     repeated), and keep each figure as its per-sequence slope and the part no sequence adds:
@@ -217,8 +221,17 @@ def serve_facts(
     ``derived`` (default): B + 1 is counted through its prefill and first two decode steps
     only, and every continued step's FLOPs from the calls that change, priced once per
     distinct call (:mod:`flopcount.serving.counting`: the same figures, checked as it goes);
-    where a check fails, or with ``derived=False``, both batch sizes are counted in full."""
+    where a check fails, or with ``derived=False``, both batch sizes are counted in full.
+    ``prompt_lengths``: each row's real tokens, the row left-padded (:func:`stated_mask`)."""
     input_ids, kwargs = split_prompt(model, input_ids, kwargs, "serve")
+    if prompt_lengths is not None:
+        if kwargs and kwargs.get("attention_mask") is not None:
+            raise UsageError("serve: an attention_mask and prompt_lengths were both given: give one (prompt_lengths "
+                             "stands for the mask of left-padded rows)")
+        if is_encoder_decoder(model):
+            raise UsageError("serve: prompt_lengths prices a decoder-only model's padded prompt; an encoder-decoder's "
+                             "padded encoder input is priced as given (pass its attention_mask in kwargs)")
+        kwargs = {**(kwargs or {}), "attention_mask": stated_mask(prompt_lengths, input_ids)}
     batch = int(input_ids.shape[0])
     wider = torch.cat([input_ids, input_ids[:1]])
     more = None if kwargs is None else {
@@ -235,6 +248,32 @@ def serve_facts(
     return _facts(model, counts, new_tokens)
 
 
+def stated_mask(lengths: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """The ``attention_mask`` of a (B, P) prompt whose row b holds ``lengths[b]`` real tokens after
+    P - lengths[b] pads (left padding, as generate() expects of a decoder-only model): int64 zeros
+    and ones, on the prompt's device, or on the CPU for a prompt without values (meta, fake), where
+    its values prove each row's sequence (:func:`flopcount.decoding.forwards.padded_rows`). A
+    UsageError says what is wrong with ``lengths``: not one whole number per row, or one outside 1..P."""
+    batch, prompt = int(input_ids.shape[0]), int(input_ids.shape[-1])
+    if isinstance(lengths, torch.Tensor) and lengths.dim() == 1 and not is_dataless(lengths) \
+            and not (lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool):
+        lengths = lengths.tolist()
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) \
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+        raise UsageError(f"serve: prompt_lengths must be one whole number per prompt row (e.g. [512, 2048]), got {lengths!r}")
+    if len(lengths) != batch:
+        raise UsageError(f"serve: prompt_lengths gives {len(lengths)} lengths for the prompt's {batch} rows "
+                         f"(input_ids of shape {tuple(input_ids.shape)}): give one per row")
+    wrong = [n for n in lengths if not 1 <= n <= prompt]
+    if wrong:
+        raise UsageError(f"serve: prompt_lengths must each be 1..{prompt} (the prompt's {prompt} positions, input_ids of "
+                         f"shape {tuple(input_ids.shape)}), got {', '.join(map(str, wrong))}")
+    device = torch.device("cpu") if is_dataless(input_ids) else input_ids.device
+    positions = torch.arange(prompt, device=device)
+    starts = torch.tensor([prompt - n for n in lengths], device=device)
+    return (positions[None, :] >= starts[:, None]).to(torch.int64)
+
+
 def _padded(counts: Derived, real: Skipped) -> Derived:
     """A padded prompt's counts (``Setup.rows``: its sequences proved by the mask) priced at its
     sequences' real tokens: the prefill at ``real`` (:func:`real_prefills`: each sequence
@@ -244,11 +283,12 @@ def _padded(counts: Derived, real: Skipped) -> Derived:
     every sequence costs the counted batch's mean, so any batch size is priced from it."""
     one, two, rows = counts.one, counts.two, len(counts.setup.rows or ())
     ratio = (rows + 1) / rows
-    pads = one.masks.pad_bytes()
+    masks = one.masks
     one = replace(one, prefill_skipped=Skipped(one.prefill_flops - real.flops, one.prefill_attention - real.attention),
-                  pad_bytes=pads)
+                  pad_bytes=masks.pad_bytes)
     two = replace(two, prefill_skipped=Skipped(two.prefill_flops - real.flops * ratio, two.prefill_attention - real.attention * ratio),
-                  step_skipped=[Skipped(s.flops * ratio, s.attention * ratio) for s in one.step_skipped], pad_bytes=pads * ratio)
+                  step_skipped=[Skipped(s.flops * ratio, s.attention * ratio) for s in one.step_skipped],
+                  pad_bytes=lambda written, stored: masks.pad_bytes(written, stored) * ratio)
     note = (f"a padded prompt ({rows} sequences of {', '.join(str(length) for _, length in counts.setup.rows or ())} tokens "
             f"in {counts.setup.prompt} positions): priced at each sequence's real tokens, as an engine that packs them runs "
             f"them (the prefill of each alone{'; each decode step over its own positions' if one.masks.pads else ''}), "
@@ -278,9 +318,9 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         masks = counted.masks
         # the positions a cache holds; of a static cache's slots, the ones written (step s feeds position base + s);
         # of a padded prompt's, the sequences' own
-        held = {s: bytes_held - masks.empty_bytes(base + s + 1) - counted.pad_bytes
+        held = {s: bytes_held - masks.empty_bytes(base + s + 1) - counted.pad_bytes(base + s + 1, False)
                 for s, bytes_held in held_per_step(counted.held, n).items()}
-        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n) - counted.pad_bytes,
+        scalars.append({"cache_held": counted.stored - masks.empty_bytes(base + n) - counted.pad_bytes(base + n, True),
                         "kv_bytes_per_token": held[0] - held[-1] if n else 0.0,
                         "activation_bytes": float(counted.largest_write)})
         skipped = counted.step_skipped or [Skipped()] * n

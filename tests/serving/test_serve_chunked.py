@@ -208,11 +208,15 @@ def test_real_weights_price_the_same_triangle():
         _attention(96 * 97 / 2), rel=1e-12)
 
 
-def test_a_padded_prompt_is_not_causal_with_an_offset():
+def test_a_padded_prompt_in_chunks_is_priced_as_its_sequence():
     """A real mask with padding: every chunk, the first too, runs with an explicit mask that is not
-    the causal one (the padded keys are masked too): nothing is priced at a triangle."""
+    the causal one (the padded keys are masked too), so no chunk of it is priced at a triangle; the
+    mask proves the sequence (91 real tokens), priced as that prompt alone, chunked as generate()
+    chunks it (branch servepad2: before, the padded chunks were priced in full, nothing skipped)."""
     model = _real_llama(96)
     mask = torch.ones(1, 96, dtype=torch.int64)
     mask[:, :5] = 0
-    facts = serve_facts(model, torch.randint(0, 50, (1, 96)), NEW, kwargs={"attention_mask": mask})
-    assert _row(facts, 1).prefill.skipped_flops == 0
+    ids = torch.randint(0, 50, (1, 96))
+    facts = serve_facts(model, ids, NEW, kwargs={"attention_mask": mask})
+    priced, alone = facts.prefill_at(1), serve_facts(model, ids[:, 5:], NEW).prefill_at(1)
+    assert priced.flops - priced.skipped_flops == alone.flops - alone.skipped_flops

@@ -261,14 +261,17 @@ def test_static_cache_steps_are_priced_at_the_live_positions(chunk):
     assert facts.cache_held == dynamic.cache_held  # per sequence: the memory's cache term
 
 
-def test_a_padded_prompt_over_a_static_cache_is_priced_in_full():
-    """A padded mask: the positions written are not the slots serve would prove; every slot stays priced."""
+def test_a_padded_prompt_over_a_static_cache_is_priced_at_its_sequences_slots():
+    """A padded mask (5 pads): step s at slot 40 + s is handed the 100 slots and needs its sequence's
+    36 + s (branch servepad2: before, every slot stayed priced); it reads the 35 + s real positions
+    written before it (by hand)."""
     model = _static(_real("llama"), 100)
     mask = torch.ones(1, 40, dtype=torch.int64)
     mask[:, :5] = 0
     facts = serve_facts(model, torch.randint(1, 50, (1, 40)), 6, kwargs={"attention_mask": mask})
-    assert all(step.skipped_flops == 0 for step in facts.steps)
-    assert all(step.cache_read == 100 * POSITION_BYTES for step in facts.steps)
+    for s, step in enumerate(facts.steps):
+        assert step.skipped_flops == (100 - (36 + s)) * LAYERS * HEADS * 4 * HEAD_DIM
+        assert step.cache_read == pytest.approx((35 + s) * POSITION_BYTES, abs=64)
 
 
 LLAMA2_7B: Dict[str, Any] = dict(num_hidden_layers=2, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,

@@ -176,16 +176,14 @@ def test_gemma2_9b_is_priced_at_its_band_and_triangle(gemma2_9b, prompt):
 
 @pytest.mark.parametrize("chunk", [None, 32])
 def test_a_padded_prompt_is_priced_as_its_sequence_or_in_full(chunk):
-    """A mask with padding: in one forward the mask proves the sequence, priced as its 91 real tokens
-    alone (branch servepad); chunked, not proved: every score priced, nothing left out."""
+    """A mask with padding: the mask proves the sequence, priced as its 91 real tokens alone, in one
+    forward (branch servepad) and in chunks (branch servepad2: before, every score priced, nothing
+    left out)."""
     model = _real("gemma2", chunk)
     mask = torch.ones(1, PROMPT, dtype=torch.int64)
     mask[:, :5] = 0
     ids = torch.randint(1, 50, (1, PROMPT))
     facts = serve_facts(model, ids, 4, kwargs={"attention_mask": mask})
-    if chunk is not None:
-        assert _row(facts).prefill.skipped_flops == 0
-        return
     alone = serve_facts(model, ids[:, 5:], 4)
     priced, by_itself = facts.prefill_at(1), alone.prefill_at(1)
     assert priced.flops - priced.skipped_flops == by_itself.flops - by_itself.skipped_flops
