@@ -132,6 +132,10 @@ class DiffResult(Rendered):
     #: what each side's latency bound is ("any-implementation lower bound on H100 SXM"; "" without one)
     a_bound: str = ""
     b_bound: str = ""
+    #: each side's TorchScript modules whose submodules' costs are booked on them (their rows
+    #: compared by params only; ``""`` is the whole model); empty without such a module
+    a_scripted: Tuple[str, ...] = ()
+    b_scripted: Tuple[str, ...] = ()
 
     def diagnostics(self) -> Tuple[Diagnostic, ...]:
         """Why each side's count may be short, as "gap" records (each text prefixed with its
