@@ -10,10 +10,10 @@ the call and not booked, the composite reads its operands as passed. Other ops' 
 as ``aten::_to_copy``.
 
 While the trace runs under autocast, :class:`AutocastCasts`, a pass-through TorchFunctionMode,
-marks every cast node added while one torch function runs that is not itself a conversion:
-inside a composite of the vocabulary (muted: the composite reads the cast's input), elsewhere
-(named ``aten::_to_copy``). A cast the user wrote is a call of its own (``Tensor.to``) and is
-left as jit records it.
+marks the cast nodes added while a composite of the vocabulary runs (muted: the composite reads
+the cast's input) and those of a conversion the user called (``Tensor.to``, ``.float()``...: left
+as jit records them). Every other cast that changes the dtype was added below Python to another
+op (a convolution's, ``addmm``'s) and is named ``aten::_to_copy``, as the dispatch tracers see it.
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ from torch.overrides import TorchFunctionMode
 from flopcount.core.rebound import called_function
 from flopcount.tracers._vocabulary import _any_batched, _autocast_on, _composites
 
-__all__ = ["MARK", "MUTED", "RENAMED", "AutocastCasts", "autocast_cast", "autocast_on"]
+__all__ = ["CASTS", "MARK", "MUTED", "RENAMED", "USER", "AutocastCasts", "autocast_cast", "autocast_on"]
 
 #: the node attribute the mark is kept in (attributes survive torch's passes and graph copies)
 MARK = "flopcount_autocast"
 MUTED = "inside"  # a cast inside a composite: not booked, its output read as its input
-RENAMED = "aten::_to_copy"  # a cast autocast added to another op: the dispatch tracers' name
+USER = "user"  # the user's own conversion (``x.to(torch.bfloat16)``): as jit records it
+#: what the dispatch tracers call a cast that changes the dtype (autocast's, below Python)
+RENAMED = "aten::_to_copy"
 
-_CASTS = frozenset({"aten::to", "aten::_to_copy"})
+CASTS = frozenset({"aten::to", "aten::_to_copy"})
 
 #: torch functions that are a conversion themselves: the cast node they add is the user's own
 _CONVERSIONS = frozenset(
@@ -52,14 +54,17 @@ def autocast_on() -> bool:
 
 
 def autocast_cast(node: Any) -> Optional[str]:
-    """The mark :class:`AutocastCasts` left on ``node`` (MUTED or RENAMED), or None."""
+    """The mark :class:`AutocastCasts` left on ``node`` (MUTED or USER), or None."""
     return node.s(MARK) if node.hasAttribute(MARK) else None
 
 
 class AutocastCasts(TorchFunctionMode):
-    """Pushed around a jit trace that starts under autocast: marks the cast nodes autocast adds
+    """Pushed around a jit trace that starts under autocast: marks the cast nodes a composite's call
+    adds (MUTED) and those of the user's own conversions (USER); every other cast the trace holds
+    then is one a torch function added below Python, named as the dispatch tracers name it
     (module docstring). Every call passes through unchanged, as the dispatch tracers' mode passes
-    it (a Python function the caller rebound is called as the function it stands for)."""
+    it (a Python function the caller rebound is called as the function it stands for); a call that
+    is neither touches no graph."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,23 +75,26 @@ class AutocastCasts(TorchFunctionMode):
         if type(func) is FunctionType:
             func = self._called.get(func) or called_function(func, self._called)
         kwargs = kwargs or {}
-        state = torch._C._get_tracing_state()
-        if state is None or func in _CONVERSIONS or not _autocast_on():
-            return func(*args, **kwargs)
         binder = self._composites.get(func)
-        whole = binder is not None and not _any_batched(args, kwargs) and binder(args, kwargs) is not None
+        if binder is not None:
+            mark = MUTED if not _any_batched(args, kwargs) and binder(args, kwargs) is not None else None
+        else:
+            mark = USER if func in _CONVERSIONS else None
+        state = torch._C._get_tracing_state() if mark is not None else None
+        if mark is None or state is None:
+            return func(*args, **kwargs)
         graph = state.graph()
         point = graph.insertPoint()
         last = point.prev()
         out = func(*args, **kwargs)
         if graph.insertPoint() == point:  # else the call opened a module's block: left as recorded
-            _mark_casts(point.prev(), last, MUTED if whole else RENAMED)
+            _mark_casts(point.prev(), last, mark)
         return out
 
 
 def _mark_casts(node: Any, stop: Any, mark: str) -> None:
     """Mark the cast nodes from ``node`` back to (not including) ``stop``: those one call added."""
     while node != stop and node.kind() != "prim::Param":
-        if node.kind() in _CASTS:
+        if node.kind() in CASTS:
             node.s_(MARK, mark)
         node = node.prev()

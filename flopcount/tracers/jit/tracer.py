@@ -26,7 +26,7 @@ from flopcount.tracers._real_run import model_kept
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake.hf_tracing import jit_branches
-from flopcount.tracers.jit.autocast import MUTED, AutocastCasts, autocast_cast, autocast_on
+from flopcount.tracers.jit.autocast import CASTS, MUTED, RENAMED, USER, AutocastCasts, autocast_cast, autocast_on
 from flopcount.tracers.jit.functions import (
     function_failure,
     higher_order_failure,
@@ -240,6 +240,11 @@ def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[An
     return True
 
 
+def _changes_dtype(node: Any, inputs: Sequence[Any], reader: _ValueReader) -> bool:
+    before, after = reader.read(inputs[0]), reader.read(node.outputsAt(0))
+    return isinstance(before, TensorMeta) and isinstance(after, TensorMeta) and before.dtype != after.dtype
+
+
 def _graph_events(
     graph: Any,
     scope_of: Optional[Mapping[int, str]] = None,
@@ -276,14 +281,14 @@ def _graph_events(
                 events.extend(_graph_events(body, scope_all=scope, autocast=autocast))
                 continue
         inputs = list(node.inputs())
-        cast = autocast_cast(node) if autocast else None
+        cast = autocast_cast(node) if autocast and kind in CASTS else None
         if cast == MUTED:
             reader.read_as(node.outputsAt(0), inputs[0])
             continue
-        if cast is not None:
-            kind = cast
         if sizes and _shape_arithmetic(kind, node, inputs, sizes, trace_only):
             continue
+        if autocast and kind in CASTS and cast != USER and _changes_dtype(node, inputs, reader):
+            kind = RENAMED  # a cast added below Python (autocast's), as the dispatch tracers name it
         # aten, quantized and custom-library ops carry a schema; prim nodes do not
         names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
         if names is None or len(names) < len(inputs):
