@@ -177,8 +177,13 @@ class DiffResult(Rendered):
 
     def grew_most(self, metric: str, n: int = 3) -> Tuple[Change, ...]:
         """The modules whose ``metric`` grew most (largest B - A first), containers that only
-        pass their children's growth through left out, repeated layers summed into one row."""
+        pass their children's growth through left out, repeated layers summed into one row; where
+        no module below the model has the metric's growth, a TorchScript module (the model itself
+        too) whose submodules' costs are booked on it (``a_scripted``, ``b_scripted``)."""
         rows = _grouped([m for m in self.modules if m.name and (m.delta(metric) or 0) > 0 and not self._passes_through(m, (metric,))])
+        if not rows:  # a TorchScript module's layers carry no costs (their work is booked on it): it
+            scripted = set(self.a_scripted + self.b_scripted)
+            rows = [m for m in self.modules if m.name in scripted and (m.delta(metric) or 0) > 0]
         rows.sort(key=lambda r: (-(r.delta(metric) or 0), -r.depth, r.name))
         return tuple(rows[:n])
 

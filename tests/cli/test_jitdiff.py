@@ -108,10 +108,12 @@ def test_a_grown_torchscript_program_shows_its_change_by_module(workdir, capsys)
     code, out, err = cli(capsys, "count", "jd_models.py:build", "-i", f"{N}x{IN}", "--format", "json", "--output", "base.json")
     assert code == 0, err
     code, out, err = cli(capsys, "check", _save(workdir, 48, "script"), "-i", f"{N}x{IN}", "--baseline", "base.json",
-                         "--max-growth", "params=0")
+                         "--max-growth", "params=0,flops=1%")
     assert code == 1, err
     assert "different models" not in err
     assert f"(most in l1 (Linear) +{IN * 16 + 16}, l2 (Linear) +{16 * OUT})" in out
+    # the layers' FLOPs are booked on the scripted model: its growth is named there
+    assert flops(48) - flops(32) == 3136 and "flops +50.00% > +1% (most in (model) (Net) +3.136 K)" in out
 
 
 def test_a_scripted_layer_of_an_eager_model_is_matched_by_path(workdir):
