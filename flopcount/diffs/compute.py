@@ -80,31 +80,87 @@ def _modules(result: FlopResult) -> Dict[Tuple[str, str], Tuple[int, Dict[str, N
 
 
 #: the classes torch.export rebuilds a program's modules as (``torch.export.unflatten``; fx's
-#: ``GraphModule`` for a program read flat): they keep each module's path but not its class
-REBUILT_TYPES = frozenset({"InterpreterModule", "UnflattenedModule", "GraphModule"})
+#: ``GraphModule`` for a program read flat), and the class of every module of a loaded TorchScript
+#: program (``torch.jit.load``): they keep each module's path but not its class
+SCRIPTED_TYPE = "RecursiveScriptModule"
+REBUILT_TYPES = frozenset({"InterpreterModule", "UnflattenedModule", "GraphModule", SCRIPTED_TYPE})
 
 ModuleKey = Tuple[str, str]
 
 
 def _matched_rebuilt(mods_a: Dict[ModuleKey, Any], mods_b: Dict[ModuleKey, Any]) -> Tuple[Dict[ModuleKey, Any], Dict[ModuleKey, Any]]:
-    """Both sides' modules with a rebuilt module (an exported program's ``InterpreterModule``)
-    keyed as the module of the same path on the other side, that one's class named: the eager
-    model against the ``.pt2`` it ships is one model, each path matched, not every module removed
-    and added. A path the other side lacks, or has as a rebuilt type too, is left as it is."""
+    """Both sides' modules with a rebuilt module (an exported program's ``InterpreterModule``, a
+    TorchScript program's ``RecursiveScriptModule``) keyed as the module of the same path on the
+    other side, that one's class named (of two rebuilt classes, the first by name, on both sides):
+    the eager model against the ``.pt2`` or ``.pt`` it ships, or the two files, is one model, each
+    path matched, not every module removed and added. A path the other side lacks, or has under
+    more than one class, is left as it is."""
 
     def rekeyed(mine: Dict[ModuleKey, Any], other: Dict[ModuleKey, Any]) -> Dict[ModuleKey, Any]:
         by_path: Dict[str, List[str]] = {}
         for name, type_name in other:
-            if type_name not in REBUILT_TYPES:
-                by_path.setdefault(name, []).append(type_name)
+            by_path.setdefault(name, []).append(type_name)
         out = {}
         for (name, type_name), value in mine.items():
             types = by_path.get(name, [])
-            rebuilt = type_name in REBUILT_TYPES and (name, type_name) not in other and len(types) == 1
-            out[(name, types[0]) if rebuilt else (name, type_name)] = value
+            key = (name, type_name)
+            if type_name in REBUILT_TYPES and key not in other and len(types) == 1:
+                theirs = types[0]
+                key = (name, min(type_name, theirs) if theirs in REBUILT_TYPES else theirs)
+            out[key] = value
         return out
 
     return rekeyed(mods_a, mods_b), rekeyed(mods_b, mods_a)
+
+
+#: a module row's costs (its params are its own whoever runs it)
+_COSTS = ("macs", "flops", "bytes")
+
+
+def scripted_roots(result: FlopResult) -> Tuple[str, ...]:
+    """The outermost TorchScript modules with submodules (``RecursiveScriptModule``): TorchScript
+    runs their submodules without Python's module hooks, so the submodules' work is booked on them
+    and the submodules' own rows read 0 (the count's warning says so)."""
+    parents = {info.name.rpartition(".")[0] for info in result.modules if info.name}
+    roots: List[str] = []
+    for info in result.modules:
+        if info.type_name == SCRIPTED_TYPE and info.name in parents and not any(_inside(info.name, root) for root in roots):
+            roots.append(info.name)
+    return tuple(roots)
+
+
+def _inside(name: str, root: str) -> bool:
+    """Whether module ``name`` is strictly below module ``root``."""
+    return name != root and (root == "" or name.startswith(root + "."))
+
+
+def _unmeasured(result: FlopResult) -> FrozenSet[str]:
+    """The modules below a TorchScript module (:func:`scripted_roots`) whose rows read no cost:
+    their MACs, FLOPs and bytes are not known (booked on the scripted module), only their params."""
+    roots = scripted_roots(result)
+    if not roots:
+        return frozenset()
+    return frozenset(
+        info.name for info in result.modules
+        if any(_inside(info.name, root) for root in roots) and not _costs(result._module_sums(info.name))
+    )
+
+
+def _costs(totals: Totals) -> bool:
+    return bool(totals.macs or totals.flops or totals.bytes)
+
+
+def _params_only(row: Tuple[int, Dict[str, Number]]) -> Tuple[int, Dict[str, Number]]:
+    depth, values = row
+    return depth, {k: v for k, v in values.items() if k not in _COSTS}
+
+
+def _module_status(a: Optional[Mapping[str, Number]], b: Optional[Mapping[str, Number]]) -> Status:
+    """:func:`_status` over the metrics both sides know (a TorchScript submodule's row: params only)."""
+    if a is None or b is None:
+        return _status(a, b)
+    known = set(a) & set(b)
+    return _status({k: a[k] for k in known}, {k: b[k] for k in known})
 
 
 def _operators(result: FlopResult) -> Dict[str, Dict[str, Number]]:
@@ -191,13 +247,18 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
                     {m: totals_a[m] for m in both}, {m: totals_b[m] for m in both})
 
     mods_a, mods_b = _matched_rebuilt(_modules(result_a), _modules(result_b))
+    unmeasured_a, unmeasured_b = _unmeasured(result_a), _unmeasured(result_b)
     modules: List[Change] = []
     for key in _merged_order(mods_a, mods_b):
         side_a, side_b = mods_a.get(key), mods_b.get(key)
+        if side_a is not None and key[0] in unmeasured_a:
+            side_a = _params_only(side_a)
+        if side_b is not None and key[0] in unmeasured_b:
+            side_b = _params_only(side_b)
         depth = (side_b or side_a or (0, {}))[0]
         values_a = side_a[1] if side_a else None
         values_b = side_b[1] if side_b else None
-        modules.append(Change("module", key[0], key[1], depth, _status(values_a, values_b), values_a, values_b))
+        modules.append(Change("module", key[0], key[1], depth, _module_status(values_a, values_b), values_a, values_b))
 
     ops_a, ops_b = _operators(result_a), _operators(result_b)
     names = sorted(set(ops_a) | set(ops_b), key=lambda op: (-max(ops_a.get(op, {}).get("flops", 0), ops_b.get(op, {}).get("flops", 0)), op))
@@ -222,4 +283,6 @@ def diff(a: Side, b: Side, *, a_label: Optional[str] = None, b_label: Optional[s
         b_inputs=result_b.input_description,
         a_bound="" if bound_a is None else bound_a[1],
         b_bound="" if bound_b is None else bound_b[1],
+        a_scripted=scripted_roots(result_a) if unmeasured_a else (),
+        b_scripted=scripted_roots(result_b) if unmeasured_b else (),
     )

@@ -19,7 +19,7 @@ from flopcount.core.rendering import render
 from flopcount.diffs.result import Change, DiffResult, Number
 from flopcount.errors import UsageError, did_you_mean
 from flopcount.types import Status
-from flopcount.units import format_bytes, format_count
+from flopcount.units import ROOT_LABEL, format_bytes, format_count
 
 #: allowance name -> the diff metric it limits
 GROWTH_METRICS: Dict[str, str] = {"params": "params", "flops": "flops", "macs": "macs", "bytes": "bytes", "memory": "peak_memory"}
@@ -247,7 +247,7 @@ class GrowthReport:
             parts = []
             for line in self.exceeded:
                 grew = self.grew_most().get(line.metric, ())
-                where = f" (most in {', '.join(f'{row.name} ({row.type_name}{_times(row.repeats)}) +{_amount(line.metric, row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
+                where = f" (most in {', '.join(f'{row.name or ROOT_LABEL} ({row.type_name}{_times(row.repeats)}) +{_amount(line.metric, row.delta(GROWTH_METRICS[line.metric]))}' for row in grew)})" if grew else ""
                 at_least = ">= " if line.bound == "lower" else ""
                 share = f" ({100 * line.relative:+.2f}%)" if line.allowance.percent is None and line.relative is not None else ""
                 parts.append(f"{line.metric} {at_least}{line.growth_text()}{share} > {line.allowance}{where}")

@@ -132,6 +132,10 @@ class DiffResult(Rendered):
     #: what each side's latency bound is ("any-implementation lower bound on H100 SXM"; "" without one)
     a_bound: str = ""
     b_bound: str = ""
+    #: each side's TorchScript modules whose submodules' costs are booked on them (their rows
+    #: compared by params only; ``""`` is the whole model); empty without such a module
+    a_scripted: Tuple[str, ...] = ()
+    b_scripted: Tuple[str, ...] = ()
 
     def diagnostics(self) -> Tuple[Diagnostic, ...]:
         """Why each side's count may be short, as "gap" records (each text prefixed with its
@@ -173,8 +177,13 @@ class DiffResult(Rendered):
 
     def grew_most(self, metric: str, n: int = 3) -> Tuple[Change, ...]:
         """The modules whose ``metric`` grew most (largest B - A first), containers that only
-        pass their children's growth through left out, repeated layers summed into one row."""
+        pass their children's growth through left out, repeated layers summed into one row; where
+        no module below the model has the metric's growth, a TorchScript module (the model itself
+        too) whose submodules' costs are booked on it (``a_scripted``, ``b_scripted``)."""
         rows = _grouped([m for m in self.modules if m.name and (m.delta(metric) or 0) > 0 and not self._passes_through(m, (metric,))])
+        if not rows:  # a TorchScript module's layers carry no costs (their work is booked on it): it
+            scripted = set(self.a_scripted + self.b_scripted)
+            rows = [m for m in self.modules if m.name in scripted and (m.delta(metric) or 0) > 0]
         rows.sort(key=lambda r: (-(r.delta(metric) or 0), -r.depth, r.name))
         return tuple(rows[:n])
 

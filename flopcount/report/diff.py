@@ -144,6 +144,11 @@ def _notes(diff: DiffResult) -> List[str]:
         notes.append(f"operators: {' + '.join(in_a) or '-'} (A) and {' + '.join(in_b) or '-'} (B) are the same work spelled "
                      "two ways (equal MACs, FLOPs and bytes), not a change: a TorchScript program's linear runs below "
                      "Python, where it is counted as the t + addmm it becomes")
+    for side, roots in (("A", diff.a_scripted), ("B", diff.b_scripted)):
+        if roots:
+            places = ", ".join(name or ROOT_LABEL for name in roots)
+            notes.append(f"{side} runs {places} as TorchScript, whose submodules run without Python module hooks: their "
+                         f"MACs, FLOPs and bytes are booked on {places}, so their rows compare params only ('-' where unknown)")
     for side, reasons in (("A", diff.a_incomplete), ("B", diff.b_incomplete)):
         if reasons:
             notes.append(f"INCOMPLETE: {side}'s count may be short: " + "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""))
@@ -247,6 +252,7 @@ def diff_to_dict(diff: DiffResult, max_depth: Optional[int] = None) -> Dict[str,
         "a": diff.a_label,
         "b": diff.b_label,
         **{key: getattr(diff, key) for key in ("a_inputs", "b_inputs", "a_phases", "b_phases", "a_bound", "b_bound")},
+        **{key: list(getattr(diff, key)) for key in ("a_scripted", "b_scripted")},
         "metrics": list(metrics),
         "totals": {m: {"a": diff.totals.before(m), "b": diff.totals.after(m), "delta": diff.totals.delta(m),
                        "relative": diff.totals.relative(m)} for m in metrics},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import tabulate as _tabulate
 from tabulate import tabulate
@@ -21,23 +21,71 @@ if TYPE_CHECKING:
 #: (it counts one column a character) and removed from the table it returns
 _SECOND_COLUMN = "\ue000"
 
+#: where the stand-ins for characters with zero-width marks start (Unicode plane 15, private use:
+#: one column each for tabulate)
+_STAND_INS = 0xF0000
+_STAND_IN_COUNT = 0xFFFE
 
-def _widened(cell: Any) -> Any:
-    """``cell`` with :data:`_SECOND_COLUMN` after each character a terminal shows two columns
-    wide (Unicode East Asian Width W or F: CJK, fullwidth forms, emoji); other cells as they are."""
+#: general categories a terminal shows in no column of their own: nonspacing and enclosing marks
+#: (U+0301 COMBINING ACUTE ACCENT, U+20DD ENCLOSING CIRCLE), format characters (U+200B ZERO
+#: WIDTH SPACE, U+200D ZERO WIDTH JOINER); not the spacing marks (Mc: a Devanagari vowel sign
+#: takes its column), nor U+00AD SOFT HYPHEN (format, but shown as a hyphen)
+_ZERO_WIDTH = frozenset({"Mn", "Me", "Cf"})
+_SHOWN_FORMAT = "\u00ad"
+
+
+def _zero_width(ch: str) -> bool:
+    return unicodedata.category(ch) in _ZERO_WIDTH and ch != _SHOWN_FORMAT
+
+
+def _widened(cell: Any, stand_ins: Optional[Dict[str, str]] = None) -> Any:
+    """``cell`` as tabulate should measure it: :data:`_SECOND_COLUMN` after each character a
+    terminal shows two columns wide (Unicode East Asian Width W or F: CJK, fullwidth forms, emoji),
+    and each character with the zero-width characters after it (``e`` + U+0301: one column, ``é``)
+    replaced by a one-column stand-in recorded in ``stand_ins`` (text -> stand-in); other cells as
+    they are."""
     if not isinstance(cell, str) or cell.isascii():
         return cell
-    return "".join(ch + _SECOND_COLUMN if unicodedata.east_asian_width(ch) in ("W", "F") else ch for ch in cell)
+    out: List[str] = []
+    for glyph in _glyphs(cell):
+        if len(glyph) > 1 and stand_ins is not None and len(stand_ins) < _STAND_IN_COUNT:
+            out.append(stand_ins.setdefault(glyph, chr(_STAND_INS + len(stand_ins))))
+        else:
+            out.append(glyph)
+        visible = next((ch for ch in glyph if not _zero_width(ch)), None)
+        if visible is not None and unicodedata.east_asian_width(visible) in ("W", "F"):
+            out.append(_SECOND_COLUMN)
+    return "".join(out)
+
+
+def _glyphs(text: str) -> Iterator[str]:
+    """``text`` cut into glyphs: a character with the zero-width characters after it (those before
+    the first visible character go with it)."""
+    glyph, visible = "", False
+    for ch in text:
+        zero = _zero_width(ch)
+        if visible and not zero:
+            yield glyph
+            glyph, visible = "", False
+        glyph += ch
+        visible = visible or not zero
+    if glyph:
+        yield glyph
 
 
 def text_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], **options: Any) -> str:
-    """``tabulate(rows, headers, **options)`` with wide characters (a module named ``层`` or
-    ``🚀``) counted as the two columns they take, so their rows stay aligned; tabulate counts
-    them so itself only with the optional ``wcwidth`` installed (then the table is its own)."""
+    """``tabulate(rows, headers, **options)`` with each character counted as the columns a terminal
+    gives it (a module named ``层`` or ``🚀``: two; a combining accent: none), so rows stay aligned;
+    tabulate counts them so itself only with the optional ``wcwidth`` installed (then the table is
+    its own)."""
     if getattr(_tabulate, "wcwidth", None) is not None and getattr(_tabulate, "WIDE_CHARS_MODE", False):
         return tabulate(rows, headers=headers, **options)
-    widened = [[_widened(cell) for cell in row] for row in rows]
-    return tabulate(widened, headers=[_widened(h) for h in headers], **options).replace(_SECOND_COLUMN, "")
+    stand_ins: Dict[str, str] = {}
+    widened = [[_widened(cell, stand_ins) for cell in row] for row in rows]
+    table = tabulate(widened, headers=[_widened(h, stand_ins) for h in headers], **options).replace(_SECOND_COLUMN, "")
+    for glyph, stand_in in stand_ins.items():
+        table = table.replace(stand_in, glyph)
+    return table
 
 
 def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str = "simple", align: Optional[Sequence[str]] = None,

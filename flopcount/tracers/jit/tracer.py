@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from contextlib import nullcontext
 from functools import cache
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -25,6 +26,7 @@ from flopcount.tracers._real_run import model_kept
 from flopcount.tracers._sparse import sparse_meta
 from flopcount.tracers._vocabulary import canonical
 from flopcount.tracers.fake.hf_tracing import jit_branches
+from flopcount.tracers.jit.autocast import CASTS, MUTED, RENAMED, USER, AutocastCasts, autocast_cast, autocast_on
 from flopcount.tracers.jit.functions import (
     function_failure,
     higher_order_failure,
@@ -108,6 +110,11 @@ class _ValueReader:
         self._cache: Dict[Any, Any] = {}
         # graph inputs that are sparse tensors: jit types them without sizes or values
         self._sparse = sparse_inputs or {}
+
+    def read_as(self, value: Any, source: Any) -> None:
+        """Read ``value`` as ``source`` (an autocast cast inside a composite: the composite reads
+        its operand as passed, tracers/jit/autocast.py)."""
+        self._cache[value] = self.read(source)
 
     def read(self, value: Any) -> Any:
         if value in self._cache:
@@ -233,12 +240,20 @@ def _shape_arithmetic(kind: str, node: Any, inputs: Sequence[Any], sizes: Set[An
     return True
 
 
+def _changes_dtype(node: Any, inputs: Sequence[Any], reader: _ValueReader) -> bool:
+    before, after = reader.read(inputs[0]), reader.read(node.outputsAt(0))
+    return isinstance(before, TensorMeta) and isinstance(after, TensorMeta) and before.dtype != after.dtype
+
+
 def _graph_events(
     graph: Any,
     scope_of: Optional[Mapping[int, str]] = None,
     scope_all: Optional[str] = None,
     inputs: Sequence[torch.Tensor] = (),
+    autocast: bool = False,
 ) -> List[OpEvent]:
+    """The graph's ops as events. ``autocast``: the trace ran under autocast, and its casts carry
+    the marks of tracers/jit/autocast.py (muted inside a composite, else named ``_to_copy``)."""
     graph_inputs = list(graph.inputs())
     sparse = {
         value: tensor
@@ -263,11 +278,17 @@ def _graph_events(
         if kind == FUNCTION_CALL:
             body = function_body(node)
             if body is not None:  # counted as the ops inside it, in the Function's module
-                events.extend(_graph_events(body, scope_all=scope))
+                events.extend(_graph_events(body, scope_all=scope, autocast=autocast))
                 continue
         inputs = list(node.inputs())
+        cast = autocast_cast(node) if autocast and kind in CASTS else None
+        if cast == MUTED:
+            reader.read_as(node.outputsAt(0), inputs[0])
+            continue
         if sizes and _shape_arithmetic(kind, node, inputs, sizes, trace_only):
             continue
+        if autocast and kind in CASTS and cast != USER and _changes_dtype(node, inputs, reader):
+            kind = RENAMED  # a cast added below Python (autocast's), as the dispatch tracers name it
         # aten, quantized and custom-library ops carry a schema; prim nodes do not
         names = _argument_names(node.schema()) if not kind.startswith("prim::") else None
         if names is None or len(names) < len(inputs):
@@ -334,6 +355,7 @@ def trace(
         keep_unread_results(torch._C._get_tracing_state().graph())
         return outputs
 
+    under_autocast = autocast_on()  # its casts marked as the trace runs (tracers/jit/autocast.py)
     names = facts.names
     scope_map = {module: name for module, name in names.items() if name}
     caught: List[warnings.WarningMessage] = []
@@ -348,7 +370,7 @@ def trace(
             with warnings.catch_warnings(), torch.no_grad(), static_unpool_sizes(model), jit_branches(facts.modules):
                 warnings.simplefilter("always")
                 warnings.showwarning = recording_warnings(caught)
-                with private_random_calls() as random:
+                with private_random_calls() as random, AutocastCasts() if under_autocast else nullcontext():
                     graph, _ = torch._C._create_graph_by_tracing(run, flat + state, lambda value: "", False, False)
         except Exception as exc:
             refusal = next(filter(None, (refuse(exc, modules.current) for refuse in _REFUSALS)), None)
@@ -361,7 +383,7 @@ def trace(
         refusal = tangent_refusal(graph)
         if refusal is not None:
             raise TraceError(refusal, module_path="", input_shapes=call.description)
-        events = _graph_events(graph, inlined_scopes, inputs=flat + state)
+        events = _graph_events(graph, inlined_scopes, inputs=flat + state, autocast=under_autocast)
         # the run's draws went to private generators (tracers/jit/random.py); the process's RNG is
         # set back only if one went elsewhere: a draw jit recorded outside the calls redirected
         # (a TorchScript function's randn), or an op the private generators cannot serve
