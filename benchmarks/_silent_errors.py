@@ -6,6 +6,7 @@ import copy
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import flopcount
@@ -96,3 +97,29 @@ class Ops(nn.Module):
 
     def forward(s, *a):
         return s.f(*a)
+
+
+#: docs/conventions.md's FLOPs per element of the ops an optimizer step runs (the step oracle's prices)
+STEP_PRICES = {n: 1 for n in "add add_ sub sub_ rsub mul mul_ div div_ neg sqrt sqrt_ sign sign_ abs maximum pow".split()}
+STEP_PRICES.update({"addcmul": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 3, "lerp": 3})
+#: ops a step runs that cost nothing by the conventions (bookkeeping, copies, fills)
+STEP_FREE = {"_local_scalar_dense", "_record_function_enter_new", "_record_function_exit", "copy_", "clone",
+             "zeros_like", "zero_"}
+
+
+class StepOps(TorchDispatchMode):
+    """A real optimizer step's op stream priced by :data:`STEP_PRICES` (``flops``); any op neither
+    priced nor free is listed in ``unpriced`` (the oracle would be incomplete)."""
+
+    def __init__(s):
+        super().__init__()
+        s.flops, s.unpriced = 0, set()
+
+    def __torch_dispatch__(s, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.split("::")[1]
+        if name in STEP_PRICES:
+            s.flops += STEP_PRICES[name] * (out if isinstance(out, torch.Tensor) else args[0]).numel()
+        elif name not in STEP_FREE:
+            s.unpriced.add(name)
+        return out

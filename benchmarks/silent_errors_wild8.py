@@ -31,9 +31,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as ckpt
-from _silent_errors import check
+from _silent_errors import StepOps, check
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import flopcount
@@ -313,23 +312,6 @@ said("MAML inner step, forward only, grad mode left to the count (fixed: torch's
      lambda: flopcount.count_flops(InnerStep(False), (x16,)), "differentiates inside itself")
 
 # ---- B. optimizer= against the real step's op stream, priced by docs/conventions.md
-PRICE = {n: 1 for n in "add add_ sub sub_ rsub mul mul_ div div_ neg sqrt sqrt_ sign sign_ abs maximum pow".split()}
-PRICE.update({"addcmul": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 3, "lerp": 3})
-
-
-class StepOps(TorchDispatchMode):
-    def __init__(s):
-        super().__init__()
-        s.flops, s.unpriced = 0, set()
-
-    def __torch_dispatch__(s, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func._schema.name.split("::")[1]
-        if name in PRICE:
-            s.flops += PRICE[name] * (out if isinstance(out, torch.Tensor) else args[0]).numel()
-        elif name not in ("_local_scalar_dense", "_record_function_enter_new", "_record_function_exit", "copy_", "clone", "zeros_like"):
-            s.unpriced.add(name)
-        return out
 
 
 def real_step_flops(model, x, make):

@@ -24,10 +24,9 @@ import io
 import warnings
 
 import torch
-from _silent_errors import check
+from _silent_errors import StepOps, check
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.utils._python_dispatch import TorchDispatchMode
 from wild_memory import _NoHook, real_peak
 
 import flopcount
@@ -160,23 +159,6 @@ vit.set_grad_checkpointing(True)
 checked("timm vit_tiny, set_grad_checkpointing", vit.train(), (torch.randn(2, 3, 32, 32),), backward=True, tracers=("auto", "dispatch"))
 
 print("\n## timm's optimizers against the real step's ops (conventions' prices)")
-PRICE = {n: 1 for n in "add add_ sub sub_ rsub mul mul_ div div_ neg sqrt sqrt_ sign sign_ abs maximum pow".split()}
-PRICE.update({"addcmul": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 3, "lerp": 3})
-
-
-class StepOps(TorchDispatchMode):
-    def __init__(s):
-        super().__init__()
-        s.flops, s.unpriced = 0, set()
-
-    def __torch_dispatch__(s, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func._schema.name.split("::")[1]
-        if name in PRICE:
-            s.flops += PRICE[name] * (out if isinstance(out, torch.Tensor) else args[0]).numel()
-        elif name not in ("_local_scalar_dense", "_record_function_enter_new", "_record_function_exit", "zero_", "copy_", "clone"):
-            s.unpriced.add(name)
-        return out
 
 
 model, x = timm.create_model("resnet18", pretrained=False, num_classes=10), torch.randn(2, 3, 32, 32)
