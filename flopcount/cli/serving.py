@@ -42,6 +42,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
     lengths = _ints(args.prompt_lengths, "--prompt-lengths", "lengths", "512,2048") if args.prompt_lengths else None
     prompt = args.prompt if args.prompt is not None else max(lengths) if lengths else 2048
+    longer = [n for n in lengths or () if n > prompt]
+    if longer:  # in the flags' terms, before the model is built
+        raise UsageError(f"--prompt-lengths: lengths must each be 1..{prompt} (the rows are left-padded to --prompt "
+                         f"{prompt}), got {', '.join(map(str, longer))}: raise --prompt or leave it out (the longest)")
     batches = _ints(args.batch, "--batch") if args.batch else [len(lengths) if lengths else 1]
     parts = [p.strip() for p in args.on.split(",") if p.strip()]
     if not parts:

@@ -78,7 +78,7 @@ def serve_dict(result: ServeResult) -> Dict[str, Any]:
     return {
         "part": result.part, "dtype": result.dtype, "weight_dtype": result.weight_dtype, "tp": result.tp,
         "link": result.link, "roofs": result.roofs.to_dict(), "float32_math": result.float32_math(),
-        "prompt_tokens": facts.prompt_tokens,
+        "prompt_tokens": facts.prompt_tokens, "sequence_lengths": list(facts.sequence_lengths),
         "new_tokens": facts.new_tokens, "batches": [row.to_dict() for row in result.batches],
         "weight_bytes": result.weight_bytes, "weight_note": result.weight_note,
         "kv_bytes_per_token": result.kv_bytes_per_token, "kv_bytes_per_sequence": result.kv_bytes_per_sequence,

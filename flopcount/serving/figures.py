@@ -155,6 +155,9 @@ class ServeFacts:
     encoder_decoder: bool = False
     complete: bool = True
     warnings: Tuple[str, ...] = ()
+    #: a padded prompt's sequences, each row's real tokens (from ``prompt_lengths`` or a mask whose
+    #: values prove them), the lengths the bounds priced; () when every row is the whole prompt
+    sequence_lengths: Tuple[int, ...] = ()
 
     def kv_split(self, tp: int) -> int:
         """How many of ``tp`` ranks the cache is split over (at most the KV heads)."""

@@ -361,7 +361,8 @@ def _facts(model: nn.Module, counts: Derived, new_tokens: int) -> ServeFacts:
         layers=config_value(model, ("num_hidden_layers", "n_layer", "num_layers")) or 0,
         hidden=config_value(model, ("hidden_size", "n_embd", "d_model")) or 0,
         heads=heads, kv_heads=kv_heads,
-        encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes), **slopes,
+        encoder_decoder=setup.encoder_decoder, complete=not reasons, warnings=tuple(notes),
+        sequence_lengths=tuple(length for _, length in setup.rows or ()), **slopes,
     )
 
 

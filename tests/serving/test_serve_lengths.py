@@ -118,3 +118,29 @@ def test_the_cli_says_what_is_wrong_with_prompt_lengths(capsys, args, words):
     code = main(["serve", *LLAMA, "--on", "h100", "--new", "3", *args])
     _, err = capsys.readouterr()
     assert code == 2 and words in err
+
+
+def test_the_cli_refuses_a_length_above_prompt_in_its_flags_terms(capsys):
+    """walk27: a length above ``--prompt`` is named with both flags before the model is built (it
+    was refused after the build, as ``serve: prompt_lengths must each be 1..30 (... input_ids of
+    shape (2, 30))``, arguments the user never wrote)."""
+    code = main(["serve", *LLAMA, "--on", "h100", "--new", "3", "--prompt", "30", "--prompt-lengths", "40,25,31"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "--prompt-lengths: lengths must each be 1..30 (the rows are left-padded to --prompt 30), got 40, 31" in err
+    assert "counting generate()" not in err and "input_ids" not in err
+
+
+def test_the_lengths_priced_are_in_the_facts_and_the_json(capsys):
+    """walk27: the sequences' lengths the bounds priced are data (``facts.sequence_lengths``, JSON
+    ``sequence_lengths``), not only a note's text: stated, proved by a CPU mask (by hand), or none."""
+    model = _meta_llama()
+    ids = torch.zeros(3, 12, dtype=torch.int64, device="meta")
+    mask = torch.tensor([[0] * 5 + [1] * 7, [1] * 12, [0] * 9 + [1] * 3])
+    assert serve_facts(model, ids, 2, kwargs={"attention_mask": mask}).sequence_lengths == (7, 12, 3)
+    assert serve_facts(model, ids, 2, prompt_lengths=[12, 4, 1]).sequence_lengths == (12, 4, 1)
+    assert serve_facts(model, ids, 2).sequence_lengths == ()
+    code = main(["serve", *LLAMA, "--on", "h100,l4", "--prompt-lengths", "40,25", "--new", "2", "-f", "json", "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [part["sequence_lengths"] for part in json.loads(out)["parts"]] == [[40, 25], [40, 25]]
