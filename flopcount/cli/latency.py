@@ -130,12 +130,14 @@ def predicted_latency_s(run: Any, args: argparse.Namespace) -> Tuple[float, str,
 
     result = _predict(run, args, args.on)
     kind = getattr(args, "bound", None) or default_bound(result.roofs)
-    if result.compiled:  # a torch.compile-d model's eager bound is the any-implementation one: named so
+    # a torch.compile-d model's eager bound is the any-implementation one: named so, and why where eager was meant
+    why = ", which is a torch.compile-d model's eager bound" if result.compiled and kind == "eager" else ""
+    if result.compiled:
         kind = "any"
     seconds = result.bound_s(kind)
     math = float32_math_text(result.float32_math())
     # a FAIL is certain under the math the bound assumed (--matmul-tf32 for an engine that runs TF32)
-    basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}" + (f" with {math}" if math else "")
+    basis = f"{BOUND_NAMES[kind]} lower bound on {result.roofs.device}" + (f" with {math}" if math else "") + why
     doubts = result.roofs.doubts
     if doubts:
         basis += f" on roofs measured under load ({'; '.join(doubts)})"

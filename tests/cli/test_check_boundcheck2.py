@@ -61,3 +61,15 @@ def test_a_model_that_meets_its_budget_is_not_failed(machine, capsys, spec, shap
     code, out, err = cli(capsys, "check", spec, "-i", shape, "--max-latency", budget, "--on", "this machine")
     assert "FAIL" not in out, (out, err)
     assert code == 3, (out, err)  # a bound under the budget decides nothing without measuring: UNDECIDED
+
+
+@pytest.mark.parametrize("bound", [["--bound", "eager"], []])  # this machine's default bound is eager
+def test_a_compiled_models_eager_bound_says_why_it_is_the_any_implementation_bound(machine, capsys, bound):
+    """walk27: asked for the eager bound (or by default on this machine), a ``torch.compile``-d
+    model's check reads "any-implementation": its verdict says why (docs/profile.md: its eager
+    bound is the any-implementation bound); main named the other bound without a word. 1 MiB read
+    once at 10 GB/s is 0.105 ms > 0.01 ms: a certain FAIL."""
+    code, out, err = cli(capsys, "check", "bcmodels.py:compiled_chain", "-i", "256x1024", "--max-latency", "0.01ms",
+                         "--on", "this machine", *bound)
+    assert code == 1, (out, err)
+    assert "any-implementation lower bound on toy cpu, which is a torch.compile-d model's eager bound" in out, out
