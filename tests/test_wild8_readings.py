@@ -203,6 +203,37 @@ def test_an_optimizer_step_over_a_sparse_gradient_is_refused_naming_it(make: Cal
         flopcount.count_flops(model, (ids,), backward=True, optimizer=make([model.table.weight]))
 
 
+@pytest.mark.parametrize("optimizer", [None, "sgd"])
+def test_a_sparse_gradients_memory_and_plan_are_refused_naming_it(optimizer: Any) -> None:
+    """walk27: count_flops refuses the step (above); estimate_memory and plan failed on it with
+    ``NeedsValues: aten::_sparse_coo_tensor_with_dims_and_tensors on a meta/fake tensor`` at the
+    root module (MemTracker reads every tensor's storage, which a sparse gradient has not, fake
+    or real). They refuse it naming the module and what to do, and leave the model as found."""
+    model, ids = _SparseLookup(), torch.randint(0, 100, (4, 6))
+    before = snapshot(model)
+    with pytest.raises(flopcount.TraceError, match=r"^estimate_memory: 'table' makes a sparse gradient") as refused:
+        flopcount.estimate_memory(model, (ids,), backward=True, optimizer=optimizer)
+    assert refused.value.module_path == "table"  # docs/memory.md: refused with a TraceError, naming it
+    assert_same_state(model, before)
+    with pytest.raises(flopcount.TraceError, match=r"^plan: 'table' makes a sparse gradient") as refused:
+        flopcount.plan(_SparseLookup, (ids,), optimizer=optimizer or "sgd")
+    assert refused.value.module_path == "table"
+
+
+def test_a_frozen_or_forward_only_sparse_table_is_estimated_as_a_dense_one() -> None:
+    """The refusal is of a sparse gradient only: forward-only, or with the table frozen, no gradient
+    is made, and the estimate equals the same model's with ``sparse=False`` (the flag changes
+    nothing else)."""
+    ids = torch.randint(0, 100, (4, 6))
+    models = [_SparseLookup(), _SparseLookup()]
+    models[1].table.sparse = False
+    assert len({flopcount.estimate_memory(m, (ids,)).peak_bytes for m in models}) == 1
+    for m in models:
+        m.table.weight.requires_grad_(False)
+    peaks = {flopcount.estimate_memory(m, (ids,), backward=True, optimizer="sgd").peak_bytes for m in models}
+    assert len(peaks) == 1
+
+
 @pytest.mark.parametrize("tracer", ["auto", "dispatch"])
 def test_a_forward_that_differentiates_its_parameters_is_counted_with_its_backward(tracer: str) -> None:
     torch.manual_seed(0)

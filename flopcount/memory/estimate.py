@@ -44,7 +44,15 @@ from flopcount.core.state import FoundState, left_as_found, preserved_random_mod
 from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, UsageError
 from flopcount.step.autocast import ambient_autocast_note, amp_device
 from flopcount.step.loss import LossFn
-from flopcount.step.optimizers import OptimizerSpec, build_optimizer, check_spec, gradless, per_parameter, warm_up
+from flopcount.step.optimizers import (
+    OptimizerSpec,
+    build_optimizer,
+    check_spec,
+    gradless,
+    per_parameter,
+    sparse_gradients,
+    warm_up,
+)
 from flopcount.step.parent_walk import model_state, parent_proven
 from flopcount.step.replay import (
     Figures,
@@ -217,6 +225,8 @@ def estimate_memory(
     if loss_fn is not None and not backward:
         raise UsageError("estimate_memory: loss_fn is only used with backward=True")
     _refuse_lazy(model)
+    if backward:
+        _refuse_sparse_gradients(model)
     cast = optional_dtype(dtype, "estimate_memory: dtype", "floating")
     amp = optional_dtype(autocast, "estimate_memory: autocast", "floating")
     request = _Request(prepare_call(inputs, kwargs), backward, optimizer, loss_fn, cast, amp)
@@ -259,6 +269,20 @@ class _Request:
 
 class _StateWritten(Exception):
     """The replay's cut runs (or the walk of the parent) wrote the model's state."""
+
+
+def _refuse_sparse_gradients(model: nn.Module) -> None:
+    """A sparse gradient (``Embedding(sparse=True)``) cannot be measured: torch's MemTracker
+    reads every tensor's storage, which a sparse tensor has not, on fakes and in a real step
+    alike (it raised "Cannot access storage of SparseTensorImpl"): refused, naming the module."""
+    sparse = sparse_gradients(model)
+    if sparse:
+        raise TraceError(
+            f"estimate_memory: {repr(sparse[0]) if sparse[0] else 'the model'} makes a sparse gradient (sparse=True), "
+            "which torch's MemTracker cannot measure (a sparse tensor has no storage to track); estimate without "
+            "backward=True, or with sparse=False (a dense gradient of the whole table)",
+            module_path=sparse[0],
+        )
 
 
 def _refuse_lazy(model: nn.Module) -> None:

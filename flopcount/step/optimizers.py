@@ -36,7 +36,8 @@ from torch import nn
 from flopcount.errors import UsageError
 from flopcount.types import OPTIMIZERS
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "gradless", "per_parameter", "warm_up"]
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "gradless", "per_parameter",
+           "sparse_gradients", "warm_up"]
 
 OptimizerSpec = Union[str, torch.optim.Optimizer, Type[torch.optim.Optimizer], Callable[[List[torch.Tensor]], Any]]
 
@@ -161,6 +162,13 @@ _PER_PARAMETER = frozenset(
 def per_parameter(opt: Any) -> bool:
     """Whether ``opt`` is one of torch's per-parameter optimizers (:data:`_PER_PARAMETER`)."""
     return type(opt) in _PER_PARAMETER
+
+
+def sparse_gradients(model: nn.Module) -> List[str]:
+    """The names of ``model``'s modules whose weight gradient is sparse (``Embedding`` or
+    ``EmbeddingBag`` with ``sparse=True`` and a trained weight; the root as "")."""
+    return [name for name, module in model.named_modules() if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+            and module.sparse and module.weight.requires_grad]
 
 
 def gradless(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], skip: Collection[nn.Parameter] = ()) -> FrozenSet[str]:

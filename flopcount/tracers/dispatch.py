@@ -30,7 +30,7 @@ from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, p
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.errors import NeedsDataError, TraceError, UsageError
 from flopcount.step.loss import needs_backward
-from flopcount.step.optimizers import OptimizerSpec
+from flopcount.step.optimizers import OptimizerSpec, sparse_gradients
 from flopcount.tracers._backward import BackwardAttribution, cut_from_callers_graph, run_backward
 from flopcount.tracers._modules import ModuleOutput, ModuleStack, forward_error
 from flopcount.tracers._optimizer import FakeOptimizerStep
@@ -350,14 +350,9 @@ def _cache_stats(shape_cache: Optional[ShapeCache], reuse: Optional[Reuse]) -> D
     return stats
 
 
-#: modules whose weight gradient is sparse with ``sparse=True``
-_SPARSE_GRADIENTS = (nn.Embedding, nn.EmbeddingBag)
-
-
 def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[bool], recorder: Recorder) -> None:
     """Record one step of ``spec`` on fake twins of ``model``'s parameters (phase "optimizer")."""
-    sparse = [name for name, module in model.named_modules() if isinstance(module, _SPARSE_GRADIENTS)
-              and module.sparse and module.weight.requires_grad]
+    sparse = sparse_gradients(model)
     if sparse:  # the twins' gradients are dense: SGD would be priced over the whole table
         raise UsageError(
             f"count_flops: {repr(sparse[0]) if sparse[0] else 'the model'} makes a sparse gradient (sparse=True), and an optimizer step over "
