@@ -176,7 +176,8 @@ def settle_format(args: argparse.Namespace) -> None:
     """``--format`` as the command runs it: where the user gave none, the one ``--output``'s suffix
     names if the command writes it (``-o report.json`` writes JSON, which ``diff`` and ``check
     --baseline`` read back), else ``table``; where the user gave one that another suffix names
-    (``-f csv -o report.json``), it is kept and a warning says so."""
+    (``-f csv -o report.json``), it is kept and a warning says so; so for a suffix naming a format
+    the command does not write (``roofs -o roofs.csv``: a table, said)."""
     chosen = getattr(args, "format", None)
     if not isinstance(chosen, str):
         return
@@ -184,6 +185,9 @@ def settle_format(args: argparse.Namespace) -> None:
     implied = SUFFIX_FORMATS.get(Path(output).suffix.lower()) if output else None
     if isinstance(chosen, DefaultFormat):
         args.format = implied if implied in chosen.formats else "table"
+        if implied is not None and args.format != implied and not getattr(args, "quiet", False):
+            say(f"--output {output} gets --format table: this command writes {' or '.join(chosen.formats)}, not the "
+                f"{implied} its suffix names", "warning")
     elif implied is not None and implied != chosen and not getattr(args, "quiet", False):
         say(f"--output {output} gets --format {chosen}, not the {implied} its suffix names", "warning")
 

@@ -68,3 +68,15 @@ def test_a_suffix_the_command_cannot_write_keeps_the_table(workdir, capsys):
     code, out, err = run_cli(capsys, "diff", "base.json", "base.json", "-o", "changes.html")  # diff has no html
     assert code == 0, err
     assert (workdir / "changes.html").read_text().startswith("flopcount diff: A = base.json")
+
+
+def test_a_suffix_the_command_cannot_write_is_said(workdir, capsys):
+    """walk27: ``--help`` promises that the suffix picks the format; where the command cannot write
+    it (``roofs`` writes table or json) the table it writes instead is said, as a ``--format`` that
+    overrides the suffix is (main wrote a table into roofs.csv without a word)."""
+    code, out, err = run_cli(capsys, "roofs", "h100", "-o", "roofs.csv")
+    assert code == 0, err
+    assert "--output roofs.csv gets --format table: this command writes table or json, not the csv its suffix names" in err
+    assert (workdir / "roofs.csv").read_text().startswith("H100 SXM")
+    code, out, err = run_cli(capsys, "roofs", "h100", "-o", "roofs.csv", "-q")
+    assert code == 0 and "warning" not in err
