@@ -38,6 +38,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from flopcount.cli.entry import meta_builder
     from flopcount.core.rendering import render
+    from flopcount.decoding.forwards import is_encoder_decoder
     from flopcount.serving.serve import _part, check_before_count, serve_facts, serve_on
 
     lengths = _ints(args.prompt_lengths, "--prompt-lengths", "lengths", "512,2048") if args.prompt_lengths else None
@@ -58,6 +59,9 @@ def run_serve(args: argparse.Namespace) -> int:
     stage(args, f"the import and construction of the model ({args.entry}, on the meta device)")
     model = build()
     check_before_count(model, args.tp, None, args.weight_dtype)
+    if lengths and is_encoder_decoder(model):  # in the flag's terms (the API's names kwargs), before the count
+        raise UsageError(f"--prompt-lengths prices a decoder-only model's padded prompt, and {args.entry} is an "
+                         "encoder-decoder: leave --prompt-lengths out (its --prompt is priced unpadded)")
     ids = torch.zeros(len(lengths) if lengths else 1, prompt, dtype=torch.int64, device="meta")
     prompts = f"{len(lengths)} prompts of {','.join(map(str, lengths))} tokens left-padded to {prompt}" if lengths \
         else f"a {prompt}-token prompt"

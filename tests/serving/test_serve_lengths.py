@@ -144,3 +144,17 @@ def test_the_lengths_priced_are_in_the_facts_and_the_json(capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert [part["sequence_lengths"] for part in json.loads(out)["parts"]] == [[40, 25], [40, 25]]
+
+
+def test_the_cli_refuses_prompt_lengths_for_an_encoder_decoder_in_its_flags_terms(capsys):
+    """walk27: docs/llm.md says prompt_lengths is not for an encoder-decoder; the CLI said so in the
+    API's terms ("pass its attention_mask in kwargs", which no flag does), after the progress line
+    of a count it would not run."""
+    t5 = ["hf:t5", *(f for key, value in dict(num_layers=1, num_decoder_layers=1, d_model=32, d_ff=64, num_heads=2,
+                                              d_kv=16, vocab_size=100).items() for f in ("--config", f"{key}={value}"))]
+    code = main(["serve", *t5, "--on", "h100", "--new", "2", "--prompt-lengths", "4,8"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert ("--prompt-lengths prices a decoder-only model's padded prompt, and hf:t5 is an encoder-decoder: leave "
+            "--prompt-lengths out (its --prompt is priced unpadded)") in err
+    assert "kwargs" not in err and "counting generate()" not in err
