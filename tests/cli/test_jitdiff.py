@@ -90,6 +90,18 @@ def test_a_torchscript_program_diffs_unchanged_against_its_pt2(workdir, capsys):
     assert "no cost change (modules: 0 changed, 0 added, 0 removed)" in out
 
 
+def test_two_torchscript_programs_diff_by_their_original_classes(workdir, capsys):
+    """Branch jitrows: a traced ``.pt`` against a grown scripted one names each layer's class (before:
+    ``RecursiveScriptModule`` on every row) and its FLOPs change by hand (before: ``-``)."""
+    code, out, err = cli(capsys, "diff", _save(workdir, 32, "trace"), _save(workdir, 48, "script"), "-i", f"{N}x{IN}",
+                         "--format", "json")
+    assert code == 0, err
+    rows = {row["name"]: row for row in json.loads(out)["modules"]}
+    assert {name: row["type"] for name, row in rows.items()} == {"": "Net", "l1": "Linear", "act": "ReLU", "l2": "Linear"}
+    assert "RecursiveScriptModule" not in out
+    assert rows["l1"]["delta"]["flops"] == 2 * N * IN * 16 and rows["l2"]["delta"]["flops"] == 2 * N * 16 * OUT
+
+
 def test_a_grown_torchscript_program_shows_its_change_by_module(workdir, capsys):
     """h 32 -> 48: the totals and the root's costs by hand; each Linear's params and FLOPs by path
     (branch jitrows: booked from the program's graph, no longer '-'); the ReLU's FLOPs grow by N*16."""

@@ -164,3 +164,21 @@ def test_a_scripted_module_with_control_flow_is_still_run():
     result = _count(program, x)
     assert result.flops == _count(model, x).flops
     assert any("TorchScript runs the submodules" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_a_torchscript_program_shows_its_original_classes(how, tmp_path):
+    """Before: every row of a loaded program read ``RecursiveScriptModule`` (in process, a traced
+    one ``TopLevelTracedModule``/``TracedModule``); now the classes of the eager model, row by row."""
+    model, x = Net().eval(), torch.randn(N, 16)
+    expected = {name: type(module).__name__ for name, module in model.named_modules()}
+    for program in (_program(model, x, how), _program(model, x, how, tmp_path)):
+        assert {info.name: info.type_name for info in _count(program, x).modules} == expected
+
+
+def test_a_program_run_unseen_keeps_its_torchscript_class():
+    """The fallback (a scripted batch norm's control flow): the submodules ran without Python's
+    hooks, and their rows keep ``RecursiveScriptModule``, which the diff reads as unknown costs."""
+    model, x = ConvNet().eval(), torch.randn(2, 3, 8, 8)
+    types = {info.name: info.type_name for info in _count(_program(model, x, "script"), x).modules}
+    assert set(types.values()) == {"RecursiveScriptModule"}
