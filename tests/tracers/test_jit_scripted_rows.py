@@ -182,3 +182,18 @@ def test_a_program_run_unseen_keeps_its_torchscript_class():
     model, x = ConvNet().eval(), torch.randn(2, 3, 8, 8)
     types = {info.name: info.type_name for info in _count(_program(model, x, "script"), x).modules}
     assert set(types.values()) == {"RecursiveScriptModule"}
+
+
+def test_a_traced_resnet18_books_every_row_as_the_fake_tracer():
+    """68 modules (examples/resnet.py, 1x3x64x64): every row's FLOPs and MACs, every class name and
+    every costing op equal the fake tracer's on the eager model; the stem conv by hand (7 x 7 x 3
+    taps, 64 channels, 32 x 32 outputs). Before: 67 rows read 0."""
+    from flopcount.examples.resnet import resnet18
+
+    model, x = resnet18().eval(), torch.randn(1, 3, 64, 64)
+    eager, jitted = _count(model, x), _count(_program(model, x, "trace"), x)
+    assert jitted.tracer == "jit" and len(jitted.modules) == 68
+    assert _rows(jitted) == _rows(eager)
+    assert _rows(jitted)["conv1"][1] == 7 * 7 * 3 * 64 * 32 * 32
+    assert [info.type_name for info in jitted.modules] == [info.type_name for info in eager.modules]
+    assert _ops(jitted) == _ops(eager)
