@@ -48,7 +48,15 @@ MLP_FLOPS = 2 * MLP_MACS + 4 * 32
 HEAD_MACS = 4 * 8 * 4
 
 
-@pytest.mark.parametrize("build, place", [(lambda: _scripted(Mlp()), "the root module"), (WithScripted, "module 'inner'")])
+def test_jit_tracer_reads_a_torchscript_models_graph_per_layer():
+    """Branch jitrows: a TorchScript root is read from its graph (before: refused), each Linear on its row."""
+    model = _scripted(Mlp())
+    result = count_flops(model, torch.randn(4, 16), tracer="jit")
+    assert result.macs == MLP_MACS
+    assert result.by_module("macs")["l1"] == 4 * 16 * 32 and result.by_module("macs")["l2"] == 4 * 32 * 8
+
+
+@pytest.mark.parametrize("build, place", [(WithScripted, "module 'inner'")])
 def test_jit_tracer_refuses_a_torchscript_module_naming_it(build, place):
     """torch.jit cannot trace a ScriptModule again: before, torch's "not part of the active trace"."""
     model = build()

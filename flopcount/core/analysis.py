@@ -65,7 +65,8 @@ def _analyzed(
     facts = model_facts(model)
     run = trace(model, call, tracer=tracer, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=facts)
     costed = cost_records(run.records, table)
-    modules = facts.module_infos(run.module_calls)
+    # the jit tracer counts TorchScript only from its graph, each op under its layer (tracers/jit/scripted.py)
+    modules = facts.module_infos(run.module_calls, script_classes=run.tracer == "jit")
     parameters, aliases = facts.summary, facts.aliases
     used, notes, gaps = run.tracer, run.warnings, run.gaps
     reused = run.reused_calls

@@ -68,6 +68,15 @@ class ModulePairs(Sequence[Tuple[str, nn.Module]]):
         return zip(reversed(self.by_module.values()), reversed(self.by_module.keys()))
 
 
+def _class_name(module: nn.Module, script_classes: bool) -> str:
+    """The class a module row shows: a TorchScript module's original class where ``script_classes``."""
+    if script_classes and isinstance(module, torch.jit.ScriptModule):
+        original = getattr(module, "original_name", None)
+        if isinstance(original, str) and original:
+            return original
+    return type(module).__name__
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelFacts:
     """The facts of one model, as :func:`model_facts` reads them.
@@ -137,13 +146,18 @@ class ModelFacts:
             experts=[pair for index, pair in enumerate(self.modules) if index in wanted],
         )
 
-    def module_infos(self, calls: Mapping[str, int]) -> List[ModuleInfo]:
-        """Each module with its type, depth, ``calls`` (from a trace) and parameters."""
+    def module_infos(self, calls: Mapping[str, int], *, script_classes: bool = False) -> List[ModuleInfo]:
+        """Each module with its type, depth, ``calls`` (from a trace) and parameters.
+
+        ``script_classes``: the trace booked a TorchScript program's ops per layer (read from its
+        graph), so its modules are named by their original class (TorchScript's ``original_name``:
+        ``Linear``, not ``RecursiveScriptModule``); otherwise a TorchScript module keeps the class
+        it has in Python, which tells the diff its submodules ran unseen (diffs/compute.py)."""
         owned, get = self.owned, calls.get
         infos = []
         for name, module in self.modules:
             depth = name.count(".") + 1 if name else 0
-            infos.append(ModuleInfo(name, type(module).__name__, depth, get(name, 0), owned.get(name, 0)))
+            infos.append(ModuleInfo(name, _class_name(module, script_classes), depth, get(name, 0), owned.get(name, 0)))
         return infos
 
     def names_on(self, twins: Mapping[int, object]) -> Dict[nn.Module, str]:

@@ -112,7 +112,13 @@ def _traced(
     from flopcount.tracers import dispatch, jit
 
     note = ""
-    if tracer == "auto":
+    scripted = None
+    if isinstance(model, torch.jit.ScriptModule) and tracer in ("auto", "jit") and not backward and optimizer is None \
+            and module_output is None:
+        # a TorchScript program read from its graph, each op under the submodule that runs it
+        # (tracers/jit/scripted.py); one the graph cannot answer is counted as before
+        scripted = jit.trace_scripted(model, call, facts=facts)
+    if tracer == "auto" and scripted is None:
         # Meta or fake weights get the fake path too (fake copies, shape cache): the same events
         # as real weights; what fakes cannot run is counted as given, as before.
         run, why = _fake_run(
@@ -132,12 +138,16 @@ def _traced(
     # A real run (_real_run.py): on a private twin of the module tree, the caller's inputs given back
     run_model, run_facts = real_run_model(model, facts)
     with inputs_kept(call.tensors):
-        if tracer == "jit":
+        if tracer == "jit" and scripted is None:
             return jit.trace(run_model, call, facts=run_facts)
         run = dispatch.trace(
             run_model, call, backward=backward, loss_fn=loss_fn, optimizer=optimizer, facts=run_facts,
             module_output=module_output, run_name=run_name or f"{tracer} tracer",  # auto's real run: the tracer chosen
         )
+    if scripted is not None:
+        # the graph's shape analysis checks no argument: the program is run as before, so a call
+        # it refuses (a wrong input shape) fails as a run does; its ops are booked from the graph
+        return scripted
     notes = tuple(filter(None, (note, _scripted_note(facts))))
     return dataclasses.replace(run, warnings=notes + run.warnings) if notes else run
 

@@ -80,8 +80,8 @@ def test_a_torchscript_program_diffs_unchanged_against_its_eager_model(workdir, 
         assert code == 0, err
         assert "no cost change (modules: 0 changed, 0 added, 0 removed)" in out
         assert "different models" not in out
-        side = "A" if a == program else "B"
-        assert f"{side} runs (model) as TorchScript" in out
+        # branch jitrows: the program's layers are booked from its graph, each compared by its costs
+        assert "as TorchScript" not in out
 
 
 def test_a_torchscript_program_diffs_unchanged_against_its_pt2(workdir, capsys):
@@ -90,21 +90,33 @@ def test_a_torchscript_program_diffs_unchanged_against_its_pt2(workdir, capsys):
     assert "no cost change (modules: 0 changed, 0 added, 0 removed)" in out
 
 
+def test_two_torchscript_programs_diff_by_their_original_classes(workdir, capsys):
+    """Branch jitrows: a traced ``.pt`` against a grown scripted one names each layer's class (before:
+    ``RecursiveScriptModule`` on every row) and its FLOPs change by hand (before: ``-``)."""
+    code, out, err = cli(capsys, "diff", _save(workdir, 32, "trace"), _save(workdir, 48, "script"), "-i", f"{N}x{IN}",
+                         "--format", "json")
+    assert code == 0, err
+    rows = {row["name"]: row for row in json.loads(out)["modules"]}
+    assert {name: row["type"] for name, row in rows.items()} == {"": "Net", "l1": "Linear", "act": "ReLU", "l2": "Linear"}
+    assert "RecursiveScriptModule" not in out
+    assert rows["l1"]["delta"]["flops"] == 2 * N * IN * 16 and rows["l2"]["delta"]["flops"] == 2 * N * 16 * OUT
+
+
 def test_a_grown_torchscript_program_shows_its_change_by_module(workdir, capsys):
-    """h 32 -> 48: the totals and the root's costs by hand; each Linear's params by path (their
-    MACs, FLOPs and bytes are booked on the scripted root: '-'); the ReLU has no params: unchanged."""
+    """h 32 -> 48: the totals and the root's costs by hand; each Linear's params and FLOPs by path
+    (branch jitrows: booked from the program's graph, no longer '-'); the ReLU's FLOPs grow by N*16."""
     code, out, err = cli(capsys, "diff", "jd_models.py:build", _save(workdir, 48, "trace"), "-i", f"{N}x{IN}", "--format", "json")
     assert code == 0, err
     data = json.loads(out)
-    assert data["summary"] == {"added": 0, "removed": 0, "changed": 3, "unchanged": 1}
-    assert data["b_scripted"] == [""] and data["a_scripted"] == []
+    assert data["summary"] == {"added": 0, "removed": 0, "changed": 4, "unchanged": 0}
+    assert data["b_scripted"] == [] and data["a_scripted"] == []
     rows = {row["name"]: row for row in data["modules"]}
     assert rows[""]["type"] == "Net" and rows[""]["delta"]["flops"] == flops(48) - flops(32)
     assert rows[""]["delta"]["params"] == params(48) - params(32)
     assert rows["l1"]["type"] == "Linear" and rows["l1"]["delta"]["params"] == IN * 16 + 16
-    assert rows["l1"]["delta"]["flops"] is None and rows["l1"]["b"] == {"params": IN * 48 + 48}
-    assert rows["l2"]["delta"]["params"] == 16 * OUT
-    assert rows["act"]["status"] == "unchanged"
+    assert rows["l1"]["delta"]["flops"] == 2 * N * IN * 16 and rows["l1"]["b"]["params"] == IN * 48 + 48
+    assert rows["l2"]["delta"]["params"] == 16 * OUT and rows["l2"]["delta"]["flops"] == 2 * N * 16 * OUT
+    assert rows["act"]["delta"]["flops"] == N * 16
     code, out, err = cli(capsys, "count", "jd_models.py:build", "-i", f"{N}x{IN}", "--format", "json", "--output", "base.json")
     assert code == 0, err
     code, out, err = cli(capsys, "check", _save(workdir, 48, "script"), "-i", f"{N}x{IN}", "--baseline", "base.json",
@@ -112,8 +124,9 @@ def test_a_grown_torchscript_program_shows_its_change_by_module(workdir, capsys)
     assert code == 1, err
     assert "different models" not in err
     assert f"(most in l1 (Linear) +{IN * 16 + 16}, l2 (Linear) +{16 * OUT})" in out
-    # the layers' FLOPs are booked on the scripted model: its growth is named there
-    assert flops(48) - flops(32) == 3136 and "flops +50.00% > +1% (most in (model) (Net) +3.136 K)" in out
+    # branch jitrows: the layer that grew is named (before: "most in (model) (Net) +3.136 K")
+    assert flops(48) - flops(32) == 3136 and 2 * N * IN * 16 == 2048 and 2 * N * 16 * OUT == 1024
+    assert "flops +50.00% > +1% (most in l1 (Linear) +2.048 K, l2 (Linear) +1.024 K" in out
 
 
 def test_a_scripted_layer_of_an_eager_model_is_matched_by_path(workdir):

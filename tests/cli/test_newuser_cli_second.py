@@ -35,13 +35,22 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_jit_on_a_scripted_factory_is_a_usage_error_not_an_internal_one(workdir, capsys):
+def test_jit_on_a_scripted_factory_reads_its_graph(workdir, capsys):
     """Before: exit 4, "internal error in flopcount ... get_submodule is not supported on ScriptModules"
-    (the dtype hint looked the failing module up with get_submodule)."""
-    code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x16", "--tracer", "jit")
+    (the dtype hint looked the failing module up with get_submodule); then a refusal ("cannot trace a
+    TorchScript module again"); since branch jitrows the program's graph, each Linear on its row."""
+    code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x16", "--tracer", "jit", "--format", "csv")
+    assert code == 0, err
+    rows = {line.split(",")[0]: line.split(",") for line in out.splitlines()[1:]}
+    assert int(rows[""][5]) == MLP_MACS and int(rows["l1"][5]) == 4 * 16 * 32 and int(rows["l2"][5]) == 4 * 32 * 8
+
+
+@pytest.mark.parametrize("tracer", ["auto", "jit"])
+def test_a_scripted_model_given_the_wrong_shape_fails_under_either_tracer(workdir, capsys, tracer):
+    """The graph's shape analysis does not check a Linear's width: the program still runs first."""
+    code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x15", "--tracer", tracer)
     line = one_error_line(code, out, err)
-    assert "the jit tracer cannot trace a TorchScript module again (the root module (model)" in line
-    assert "use tracer='dispatch' or 'auto'" in line
+    assert "forward failed in the root module (model)" in line
 
 
 def test_a_scripted_model_given_the_wrong_shape_names_the_failing_call(workdir, capsys):
@@ -51,12 +60,13 @@ def test_a_scripted_model_given_the_wrong_shape_names_the_failing_call(workdir, 
     assert "(in TorchScript, File " in line and "F.linear(input, self.weight, self.bias)" in line
 
 
-def test_a_scripted_model_counts_and_says_where_the_submodules_work_went(workdir, capsys):
+def test_a_scripted_model_counts_each_layer_on_its_row(workdir, capsys):
+    """Before branch jitrows: the root row held every MAC, the layers' rows 0, and a warning said so."""
     code, out, err = cli(capsys, "count", "models.py:scripted", "--input", "4x16", "--format", "csv")
     assert code == 0, err
-    rows = [line.split(",") for line in out.splitlines()]
-    assert rows[1][0] == "" and int(rows[1][5]) == MLP_MACS  # the root row holds every MAC
-    assert "TorchScript runs the submodules of the root module (model) without Python module hooks" in err
+    rows = {line.split(",")[0]: line.split(",") for line in out.splitlines()[1:]}
+    assert int(rows[""][5]) == MLP_MACS and int(rows["l1"][5]) == 4 * 16 * 32 and int(rows["l2"][5]) == 4 * 32 * 8
+    assert "TorchScript runs the submodules" not in err
 
 
 @pytest.mark.parametrize(

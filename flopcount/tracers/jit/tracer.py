@@ -43,6 +43,7 @@ from flopcount.tracers.jit.graph import (
     tensor_meta,
 )
 from flopcount.tracers.jit.random import private_random_calls, recording_warnings
+from flopcount.tracers.jit.scripted import scripted_graph, scripted_scopes
 from flopcount.tracers.jit.sizes import meta_kernel_failure, static_unpool_sizes, unpool_failure
 from flopcount.types import OpCall, OpEvent, TensorMeta, Trace, dtype_name
 
@@ -399,6 +400,36 @@ def trace(
     )
     gaps = _silent_modules(facts.modules, events, modules.calls)
     return Trace(tuple(events), "jit", dict(modules.calls), notes + gaps, gaps=gaps)
+
+
+def trace_scripted(model: nn.Module, inputs: Any = (), kwargs: Optional[Mapping[str, Any]] = None, *,
+                   facts: Optional[ModelFacts] = None) -> Optional[Trace]:
+    """The op events of a TorchScript ``model`` read from its inlined graph (tracers/jit/scripted.py),
+    each booked under the submodule that runs it; None when the graph is not one fixed sequence
+    of ops with known shapes for these inputs (then the model is run, its work booked on it).
+    Nothing runs: the graph is a copy, typed with the inputs' and the module's tensors' shapes."""
+    if not isinstance(model, torch.jit.ScriptModule) or not is_available():
+        return None
+    call = prepare_call(inputs, kwargs)
+    if call.kwargs or len(call.args) != len(call.tensors) or not all(
+        isinstance(arg, torch.Tensor) for arg in call.args
+    ):
+        return None
+    facts = model_facts(model) if facts is None else facts
+    tensors = list(call.tensors)
+    with _JIT_LOCK:
+        graph = scripted_graph(model, tensors)
+        if graph is None:
+            return None
+        scope_of, calls, unread = scripted_scopes(graph, facts.names)
+        events = _graph_events(graph, scope_of)
+    gaps: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
+    if unread:
+        listing = ", ".join(repr(h) for h in unread[:5]) + (", ..." if len(unread) > 5 else "")
+        notes = (f"jit: the module path of some TorchScript ops could not be read (module hierarchy {listing}): "
+                 "they are booked on the nearest module that is known",)
+    return Trace(tuple(events), "jit", calls, notes, gaps=gaps)
 
 
 def _silent_modules(
