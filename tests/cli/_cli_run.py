@@ -24,6 +24,28 @@ MLP_SOURCE = textwrap.dedent(
 )
 
 
+#: a model file with ``build(h=32)``: ``Net(h)``, Linear(16, h) -> ReLU -> Linear(h, 8), the model the
+#: gate's tests save, widen and diff (``h`` is the width that grows)
+NET_SOURCE = textwrap.dedent(
+    """
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self, h=32):
+            super().__init__()
+            self.l1 = nn.Linear(16, h)
+            self.act = nn.ReLU()
+            self.l2 = nn.Linear(h, 8)
+
+        def forward(self, x):
+            return self.l2(self.act(self.l1(x)))
+
+    def build(h=32):
+        return Net(h)
+    """
+)
+
+
 def cli(capsys, *args: str):
     code = main(list(args))
     out, err = capsys.readouterr()

@@ -11,30 +11,13 @@ import warnings
 
 import pytest
 import torch
-from _cli_run import cli, one_error_line
+from _cli_run import NET_SOURCE, cli, one_error_line
 from conftest import torch_contraction_flops
 
 # Net(h): Linear(16, h) -> ReLU -> Linear(h, 8) on an N x 16 batch
 IN, OUT = 16, 8
 
-MODELS = textwrap.dedent(
-    """
-    from torch import nn
-
-    class Net(nn.Module):
-        def __init__(self, h=32):
-            super().__init__()
-            self.l1 = nn.Linear(16, h)
-            self.act = nn.ReLU()
-            self.l2 = nn.Linear(h, 8)
-
-        def forward(self, x):
-            return self.l2(self.act(self.l1(x)))
-
-    def build(h=32):
-        return Net(h)
-    """
-)
+MODELS = NET_SOURCE
 
 
 def flops(n: int, h: int) -> int:

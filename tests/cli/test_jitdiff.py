@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from _cli_run import cli
+from _cli_run import NET_SOURCE, cli
 
 import flopcount
 from flopcount.report.table import grid, text_table
@@ -19,24 +19,7 @@ from flopcount.report.table import grid, text_table
 # Net(h): Linear(16, h) -> ReLU -> Linear(h, 8) on a 4 x 16 batch
 N, IN, OUT = 4, 16, 8
 
-MODELS = textwrap.dedent(
-    """
-    from torch import nn
-
-    class Net(nn.Module):
-        def __init__(self, h=32):
-            super().__init__()
-            self.l1 = nn.Linear(16, h)
-            self.act = nn.ReLU()
-            self.l2 = nn.Linear(h, 8)
-
-        def forward(self, x):
-            return self.l2(self.act(self.l1(x)))
-
-    def build(h=32):
-        return Net(h)
-    """
-)
+MODELS = NET_SOURCE
 
 
 def params(h: int) -> int:
