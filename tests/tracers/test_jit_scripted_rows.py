@@ -197,3 +197,28 @@ def test_a_traced_resnet18_books_every_row_as_the_fake_tracer():
     assert _rows(jitted)["conv1"][1] == 7 * 7 * 3 * 64 * 32 * 32
     assert [info.type_name for info in jitted.modules] == [info.type_name for info in eager.modules]
     assert _ops(jitted) == _ops(eager)
+
+
+def test_under_autocast_a_scripted_program_is_run_not_read_from_its_fp32_graph():
+    """Under ``torch.autocast`` TorchScript casts as it runs (its graph then holds
+    ``aten::_autocast_to_reduced_precision`` nodes): the graph read booked float32 bytes and left
+    those casts unsupported (an incomplete count); the program is run as before. Oracles: a
+    FlopCounterMode run live, the ReLU by the conventions, the bytes of the real run (tracer="dispatch")."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
+    scripted = torch.jit.script(model)
+    x = torch.randn(8, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result = flopcount.count_flops(scripted, (x,))
+        with FlopCounterMode(display=False) as oracle:
+            scripted(x)
+    assert not result.unsupported_ops()
+    # the two products (FlopCounterMode's) and the ReLU, one FLOP an element (docs/conventions.md)
+    assert oracle.get_total_flops() == 2 * 8 * (64 * 32 + 32 * 16)
+    assert result.flops == oracle.get_total_flops() + 8 * 32
+    assert "aten::_to_copy" in result.by_operator()  # the casts autocast ran, booked
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        real = flopcount.count_flops(scripted, (x,), tracer="dispatch")
+    assert (result.bytes_read, result.bytes_written) == (real.bytes_read, real.bytes_written)

@@ -408,7 +408,9 @@ def trace_scripted(model: nn.Module, inputs: Any = (), kwargs: Optional[Mapping[
     each booked under the submodule that runs it; None when the graph is not one fixed sequence
     of ops with known shapes for these inputs (then the model is run, its work booked on it).
     Nothing runs: the graph is a copy, typed with the inputs' and the module's tensors' shapes."""
-    if not isinstance(model, torch.jit.ScriptModule) or not is_available():
+    if not isinstance(model, torch.jit.ScriptModule) or not is_available() or autocast_on():
+        # under autocast TorchScript casts as it runs (``_autocast_to_reduced_precision`` nodes the
+        # graph read cannot size): the program's dtypes are not the graph's, so it is run as before
         return None
     call = prepare_call(inputs, kwargs)
     if call.kwargs or len(call.args) != len(call.tensors) or not all(
