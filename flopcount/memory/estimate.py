@@ -45,12 +45,13 @@ from flopcount.errors import FlopcountError, FlopcountWarning, TraceError, Usage
 from flopcount.step.autocast import ambient_autocast_note, amp_device
 from flopcount.step.loss import LossFn
 from flopcount.step.optimizers import (
+    UNTRACKED_SPARSE,
     OptimizerSpec,
     build_optimizer,
     check_spec,
     gradless,
     per_parameter,
-    sparse_gradients,
+    sparse_gradient,
     warm_up,
 )
 from flopcount.step.parent_walk import model_state, parent_proven
@@ -275,14 +276,10 @@ def _refuse_sparse_gradients(model: nn.Module) -> None:
     """A sparse gradient (``Embedding(sparse=True)``) cannot be measured: torch's MemTracker
     reads every tensor's storage, which a sparse tensor has not, on fakes and in a real step
     alike (it raised "Cannot access storage of SparseTensorImpl"): refused, naming the module."""
-    sparse = sparse_gradients(model)
-    if sparse:
-        raise TraceError(
-            f"estimate_memory: {repr(sparse[0]) if sparse[0] else 'the model'} makes a sparse gradient (sparse=True), "
-            "which torch's MemTracker cannot measure (a sparse tensor has no storage to track); estimate without "
-            "backward=True, or with sparse=False (a dense gradient of the whole table)",
-            module_path=sparse[0],
-        )
+    found = sparse_gradient(model, "estimate_memory", UNTRACKED_SPARSE + "estimate without backward=True, or with "
+                            "sparse=False (a dense gradient of the whole table)")
+    if found is not None:
+        raise TraceError(found[1], module_path=found[0])
 
 
 def _refuse_lazy(model: nn.Module) -> None:

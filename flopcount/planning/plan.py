@@ -48,7 +48,7 @@ from flopcount.planning.world import (
     transformer_blocks,
 )
 from flopcount.step.loss import default_loss
-from flopcount.step.optimizers import check_spec, sparse_gradients, warm_up
+from flopcount.step.optimizers import UNTRACKED_SPARSE, check_spec, sparse_gradient, warm_up
 from flopcount.step.parent_walk import globals_state, model_state, parent_proven
 from flopcount.step.replay import Replay, Stack, Template, categories, find_stack, truncated
 from flopcount.tracers import trace
@@ -271,14 +271,9 @@ def _built(build: Callable[[], nn.Module]) -> nn.Module:
             f"plan: {type(model).__name__} has no parameters, so a training step has nothing to shard or update; "
             "plan a model with parameters (estimate_memory and count_flops take any model)"
         )
-    sparse = sparse_gradients(model)
-    if sparse:  # MemTracker reads every tensor's storage, which a sparse gradient has not
-        raise TraceError(
-            f"plan: {repr(sparse[0]) if sparse[0] else 'the model'} makes a sparse gradient (sparse=True), which torch's "
-            "MemTracker cannot measure (a sparse tensor has no storage to track); plan it with sparse=False (a dense "
-            "gradient of the whole table)",
-            module_path=sparse[0],
-        )
+    found = sparse_gradient(model, "plan", UNTRACKED_SPARSE + "plan it with sparse=False (a dense gradient of the whole table)")
+    if found is not None:  # MemTracker reads every tensor's storage, which a sparse gradient has not
+        raise TraceError(found[1], module_path=found[0])
     return model.train()
 
 

@@ -37,7 +37,7 @@ from flopcount.errors import UsageError
 from flopcount.types import OPTIMIZERS
 
 __all__ = ["OPTIMIZERS", "OptimizerSpec", "build_optimizer", "check_spec", "foreach_default", "gradless", "per_parameter",
-           "sparse_gradients", "warm_up"]
+           "UNTRACKED_SPARSE", "sparse_gradient", "warm_up"]
 
 OptimizerSpec = Union[str, torch.optim.Optimizer, Type[torch.optim.Optimizer], Callable[[List[torch.Tensor]], Any]]
 
@@ -164,11 +164,19 @@ def per_parameter(opt: Any) -> bool:
     return type(opt) in _PER_PARAMETER
 
 
-def sparse_gradients(model: nn.Module) -> List[str]:
-    """The names of ``model``'s modules whose weight gradient is sparse (``Embedding`` or
-    ``EmbeddingBag`` with ``sparse=True`` and a trained weight; the root as "")."""
-    return [name for name, module in model.named_modules() if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
-            and module.sparse and module.weight.requires_grad]
+def sparse_gradient(model: nn.Module, caller: str, consequence: str) -> Optional[Tuple[str, str]]:
+    """(the module's name, ``caller``'s refusal) for the first module of ``model`` whose weight
+    gradient is sparse (``Embedding`` or ``EmbeddingBag`` with ``sparse=True`` and a trained weight;
+    the root as ""), the message naming it and going on with ``consequence``; None when none is."""
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse and module.weight.requires_grad:
+            who = repr(name) if name else "the model"
+            return name, f"{caller}: {who} makes a sparse gradient (sparse=True){consequence}"
+    return None
+
+
+#: why ``estimate_memory`` and ``plan`` refuse a sparse gradient (:func:`sparse_gradient`'s ``consequence``)
+UNTRACKED_SPARSE = ", which torch's MemTracker cannot measure (a sparse tensor has no storage to track); "
 
 
 def gradless(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], skip: Collection[nn.Parameter] = ()) -> FrozenSet[str]:

@@ -30,7 +30,7 @@ from flopcount.core.inputs import PreparedCall, fake_tensor_type, is_dataless, p
 from flopcount.core.model_facts import ModelFacts, model_facts
 from flopcount.errors import NeedsDataError, TraceError, UsageError
 from flopcount.step.loss import needs_backward
-from flopcount.step.optimizers import OptimizerSpec, sparse_gradients
+from flopcount.step.optimizers import OptimizerSpec, sparse_gradient
 from flopcount.tracers._backward import BackwardAttribution, cut_from_callers_graph, run_backward
 from flopcount.tracers._modules import ModuleOutput, ModuleStack, forward_error
 from flopcount.tracers._optimizer import FakeOptimizerStep
@@ -352,13 +352,11 @@ def _cache_stats(shape_cache: Optional[ShapeCache], reuse: Optional[Reuse]) -> D
 
 def _record_optimizer_step(spec: OptimizerSpec, model: nn.Module, trained: List[bool], recorder: Recorder) -> None:
     """Record one step of ``spec`` on fake twins of ``model``'s parameters (phase "optimizer")."""
-    sparse = sparse_gradients(model)
-    if sparse:  # the twins' gradients are dense: SGD would be priced over the whole table
-        raise UsageError(
-            f"count_flops: {repr(sparse[0]) if sparse[0] else 'the model'} makes a sparse gradient (sparse=True), and an optimizer step over "
-            "it costs the rows the batch looked up, which the step on fake parameters does not see (it would price "
-            "the whole table); count without optimizer=, or with sparse=False"
-        )
+    found = sparse_gradient(model, "count_flops", ", and an optimizer step over it costs the rows the batch looked up, which "
+                            "the step on fake parameters does not see (it would price the whole table); count without "
+                            "optimizer=, or with sparse=False")
+    if found is not None:  # the twins' gradients are dense: SGD would be priced over the whole table
+        raise UsageError(found[1])
     step = FakeOptimizerStep(spec, list(model.parameters()), trained, "count_flops")
     recorder.phase = "optimizer"
     recorder.answer_reads = False  # the step reads its step counters: the fake mode knows them
